@@ -1,0 +1,98 @@
+/* engine/backend.h - the one compute-backend interface.
+ *
+ * A backend owns everything that lives in compute memory: the weights (taken
+ * from the host mapping once, at load), the activations, and the paged KV
+ * cache pool. The host side (engine, scheduler, kv_cache bookkeeping) only
+ * ever hands it block ids and token ids, and gets logits back. One forward()
+ * call runs a whole batched step - every layer, every sequence - so a GPU
+ * backend can launch it as one CUDA graph and a CPU backend can keep its
+ * threads hot across layers.
+ *
+ * KV layout contract (shared by both backends, so the same block tables drive
+ * either): the pool has n_blocks blocks of block_size token slots; token t of
+ * a sequence lives in block block_table[t / block_size], slot t % block_size,
+ * for every layer. What a block holds inside is the backend's business.
+ *
+ * Threading: a backend is driven by one thread at a time (the engine's owner
+ * thread); it may parallelise inside a call. */
+#ifndef RL_BACKEND_H
+#define RL_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "model.h"
+
+/* One sequence's share of a step. Positions are implicit: the new tokens
+ * sit at positions n_past .. n_past + n_new - 1 (Qwen3 has no gaps). */
+struct be_seq {
+    int32_t n_past;              /* tokens already in the KV cache */
+    int32_t n_new;               /* tokens computed in this step, >= 1 */
+    const int32_t *block_table;  /* (ceil((n_past + n_new) / block_size)) */
+    int32_t logits_from;         /* logits for new tokens [logits_from, n_new):
+                                    n_new - 1 = last only, n_new = none, 0 = all */
+};
+
+struct be_batch {
+    int32_t n_seqs;
+    const struct be_seq *seqs;   /* (n_seqs) */
+    int32_t n_tokens;            /* sum of n_new */
+    const int32_t *tokens;       /* (n_tokens) seq 0's new tokens, then seq 1's... */
+    int32_t n_logits;            /* sum of n_new - logits_from */
+    float *logits;               /* (n_logits, n_vocab) out, caller-owned host
+                                    memory, rows in token order */
+};
+
+enum be_kv_dtype { BE_KV_AUTO = 0, BE_KV_F32, BE_KV_BF16 };
+
+struct be_options {
+    int n_threads;        /* CPU: worker threads incl. the caller; 0 = all cores */
+    const char *isa;      /* CPU: "auto", "avx512bf16", "avx2", "scalar"; NULL = auto */
+    enum be_kv_dtype kv_dtype; /* AUTO: f32 for f32 checkpoints, else bf16 */
+    int device;           /* CUDA: device ordinal */
+};
+
+struct be_ops {
+    const char *name;
+    /* required: take the weights (host memory valid only during the call)
+     * and size activations for up to max_tokens tokens per step. */
+    int (*load)(void *ctx, const struct model_config *cfg,
+                const struct model_weights *w, int max_tokens,
+                struct rl_err *err);
+    /* required: bytes one KV block takes, for sizing the pool from a budget. */
+    size_t (*kv_block_bytes)(void *ctx, int block_size);
+    /* required: (re)allocates the KV pool; earlier contents are lost. */
+    int (*kv_init)(void *ctx, int n_blocks, int block_size, struct rl_err *err);
+    /* required: one batched forward step; writes batch->logits. */
+    int (*forward)(void *ctx, const struct be_batch *batch, struct rl_err *err);
+    /* optional: copies the first n_tokens slots of block src into dst
+     * (copy-on-write of a shared, partly filled block). */
+    int (*kv_copy)(void *ctx, int32_t dst, int32_t src, int n_tokens,
+                   struct rl_err *err);
+    /* optional: a one-line description ("cpu avx512bf16, 2 threads"). */
+    const char *(*describe)(void *ctx);
+    /* required */
+    void (*free)(void *ctx);
+};
+
+struct backend {
+    const struct be_ops *ops;
+    void *ctx;
+};
+
+/* Creates backend `name` ("cpu", or "cuda" when built with CUDA=1). The
+ * caller owns *out and frees it with be_free(). */
+int be_create(struct backend **out, const char *name,
+              const struct be_options *opt, struct rl_err *err);
+void be_free(struct backend *be);
+
+/* Each implementation's constructor (be_create picks one). */
+int cpu_backend_create(struct backend **out, const struct be_options *opt,
+                       struct rl_err *err);
+#ifdef REDLM_CUDA
+int cuda_backend_create(struct backend **out, const struct be_options *opt,
+                        struct rl_err *err);
+#endif
+
+#endif

@@ -1,0 +1,59 @@
+/* engine/cpu/kernels.h - the CPU backend's inner loops, one table per ISA.
+ *
+ * The backend picks a table once (cpu_kernels_get) and calls through it, so
+ * every path - AVX-512 with BF16 dot products, AVX2+FMA, portable scalar -
+ * runs the same callers and the tests can force each one.
+ *
+ * Batch invariance contract, for every gemm_* here: the value written for
+ * output (m, n) depends only on row m of x, row n of w and K. The reduction
+ * over k runs in one fixed order that is the same for M = 1 and M = 512,
+ * whatever n0/n1 are and wherever (m, n) falls inside a register tile. So a
+ * sequence's logits are bit-identical alone or in a batch, and under any
+ * split of the work across threads. Different ISAs may round differently. */
+#ifndef RL_CPU_KERNELS_H
+#define RL_CPU_KERNELS_H
+
+#include <stdint.h>
+
+enum cpu_isa { CPU_ISA_SCALAR = 0, CPU_ISA_AVX2, CPU_ISA_AVX512BF16, CPU_ISA_N };
+
+/* The best ISA this CPU and this build support. */
+enum cpu_isa cpu_isa_detect(void);
+/* "scalar" | "avx2" | "avx512bf16" | "auto"; -1 when unknown. */
+int cpu_isa_parse(const char *s);
+const char *cpu_isa_name(enum cpu_isa isa);
+
+struct cpu_kernels {
+    enum cpu_isa isa;
+
+    /* y[m*ldy + n] = sum_k x[m*ldx + k] * w[n*K + k]
+     * for m in [0, M), n in [n0, n1). w is (N, K) row-major, the Hugging
+     * Face layout. Writes only y[., n0..n1). */
+    void (*gemm_f32)(int M, int n0, int n1, int K, const float *x, int ldx,
+                     const float *w, float *y, int ldy);
+    /* x already rounded to bf16 (f32_to_bf16 below); f32 accumulation. */
+    void (*gemm_bf16)(int M, int n0, int n1, int K, const uint16_t *x,
+                      int ldx, const uint16_t *w, float *y, int ldy);
+    /* IEEE half weights, f32 activations. */
+    void (*gemm_f16)(int M, int n0, int n1, int K, const float *x, int ldx,
+                     const uint16_t *w, float *y, int ldy);
+
+    /* y[i] = bf16(x[i]), round to nearest even. */
+    void (*f32_to_bf16)(const float *x, uint16_t *y, int n);
+    void (*bf16_to_f32)(const uint16_t *x, float *y, int n);
+
+    /* Attention helpers, over one head's vectors. */
+    float (*dot_f32)(const float *a, const float *b, int n);
+    float (*dot_bf16_f32)(const uint16_t *a, const float *b, int n);
+    void (*axpy_f32)(float a, const float *x, float *y, int n);     /* y += a x */
+    void (*axpy_bf16)(float a, const uint16_t *x, float *y, int n); /* y += a x */
+};
+
+/* The table for `isa`; NULL when this CPU cannot run it. */
+const struct cpu_kernels *cpu_kernels_get(enum cpu_isa isa);
+
+/* Rows of w each gemm call should get at least, so thread splits land on
+ * whole register tiles. */
+#define CPU_GEMM_N_ALIGN 16
+
+#endif

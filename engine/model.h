@@ -1,0 +1,93 @@
+/* engine/model.h - a Qwen3 dense checkpoint: its config and weight table.
+ *
+ * model_load() reads config.json and the safetensors shards of a Hugging
+ * Face Qwen3 directory, checks every tensor against the config (name, shape,
+ * dtype) and fills public records that backends consume. Weights are not
+ * copied: tensors point into the read-only mapping owned by the model. */
+#ifndef RL_MODEL_H
+#define RL_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+enum model_dtype { MODEL_F32 = 0, MODEL_BF16, MODEL_F16, MODEL_F8_E4M3 };
+
+struct model_config {
+    int hidden;            /* hidden_size */
+    int intermediate;      /* intermediate_size */
+    int n_layers;          /* num_hidden_layers */
+    int n_heads;           /* num_attention_heads */
+    int n_kv_heads;        /* num_key_value_heads */
+    int head_dim;          /* head_dim (default hidden / n_heads) */
+    int vocab;             /* vocab_size */
+    int max_pos;           /* max_position_embeddings (after YaRN scaling) */
+    float rms_eps;         /* rms_norm_eps */
+    float rope_theta;      /* rope_theta */
+    int tied;              /* tie_word_embeddings */
+    /* rope_scaling {"rope_type": "yarn", ...}; yarn_factor 0 = none */
+    float yarn_factor;
+    int yarn_orig_max_pos; /* original_max_position_embeddings */
+    float yarn_beta_fast, yarn_beta_slow;
+    float yarn_attn_factor; /* multiplies cos/sin; 0.1 ln(factor) + 1 unless given */
+    /* quantization_config {"quant_method": "fp8", "weight_block_size": [128,128]} */
+    int fp8_block_rows, fp8_block_cols; /* 0 when not an FP8 checkpoint */
+    enum model_dtype dtype; /* torch_dtype, the dtype of unquantized tensors */
+    int bos_id, eos_id;    /* -1 when absent */
+};
+
+/* A weight as the checkpoint stores it. Matrices are row-major (rows = out
+ * features, cols = in features), exactly the Hugging Face layout. */
+struct model_tensor {
+    enum model_dtype dtype;
+    int64_t rows, cols;          /* vectors: rows = 1 */
+    const void *data;            /* host mapping, owned by struct model */
+    const float *scale_f32;      /* FP8 only, else NULL: weight_scale_inv as f32,
+                                    (ceil(rows/br), ceil(cols/bc)), owned by model */
+    const char *name;            /* checkpoint name, for messages */
+};
+
+struct model_layer {
+    struct model_tensor attn_norm;  /* (1, hidden) input_layernorm */
+    struct model_tensor wq;         /* (n_heads*head_dim, hidden) */
+    struct model_tensor wk;         /* (n_kv_heads*head_dim, hidden) */
+    struct model_tensor wv;         /* (n_kv_heads*head_dim, hidden) */
+    struct model_tensor wo;         /* (hidden, n_heads*head_dim) */
+    struct model_tensor q_norm;     /* (1, head_dim) */
+    struct model_tensor k_norm;     /* (1, head_dim) */
+    struct model_tensor mlp_norm;   /* (1, hidden) post_attention_layernorm */
+    struct model_tensor w_gate;     /* (intermediate, hidden) */
+    struct model_tensor w_up;       /* (intermediate, hidden) */
+    struct model_tensor w_down;     /* (hidden, intermediate) */
+};
+
+struct model_weights {
+    struct model_tensor embed;      /* (vocab, hidden) */
+    struct model_tensor final_norm; /* (1, hidden) */
+    struct model_tensor lm_head;    /* (vocab, hidden); == embed when tied */
+    int n_layers;
+    struct model_layer *layers;     /* (n_layers), owned by struct model */
+};
+
+struct model; /* opaque: config, weights and the mappings behind them */
+
+/* Loads DIR. The caller owns *out (model_free). Errors name the file and
+ * the field or tensor. */
+int model_load(struct model **out, const char *dir, struct rl_err *err);
+void model_free(struct model *m);
+
+const struct model_config *model_get_config(const struct model *m);
+const struct model_weights *model_get_weights(const struct model *m);
+const char *model_get_dir(const struct model *m);
+/* Bytes of weights one decode step reads (all matrices + lm_head), for
+ * roofline figures. */
+size_t model_weight_bytes_per_token(const struct model *m);
+
+/* Parses config.json text alone (tests, the model maker). */
+int model_parse_config(struct model_config *cfg, const char *json,
+                       const char *path, struct rl_err *err);
+
+const char *model_dtype_name(enum model_dtype dt);
+
+#endif

@@ -1,0 +1,15 @@
+/* worker/cli/cmds.h - the subcommands of build/redlm. Each takes the
+ * arguments after its name (argv[0] is the subcommand), prints its result
+ * as JSON on stdout, errors on stderr, and returns the process exit code. */
+#ifndef RL_CLI_CMDS_H
+#define RL_CLI_CMDS_H
+
+int cmd_logits(int argc, char **argv);       /* cmd_engine.c */
+int cmd_run(int argc, char **argv);          /* cmd_engine.c */
+int cmd_bench_engine(int argc, char **argv); /* cmd_engine.c */
+int cmd_mkmodel(int argc, char **argv);      /* cmd_mkmodel.c */
+int cmd_tokenize(int argc, char **argv);     /* cmd_tok.c */
+int cmd_detokenize(int argc, char **argv);   /* cmd_tok.c */
+int cmd_template(int argc, char **argv);     /* cmd_tok.c */
+
+#endif

@@ -1,0 +1,45 @@
+/* worker/cli/main.c - build/redlm, the multi-tool: one table of
+ * subcommands, each in its own file. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cmds.h"
+
+struct cli_cmd {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+};
+
+static const struct cli_cmd cmds[] = {
+    {"logits", cmd_logits, "-m DIR --tokens 1,2,3 [--all]: print logits as JSON"},
+    {"run", cmd_run, "-m DIR --tokens 1,2,3 -n N [--temperature 0] [--ignore-eos]: generate"},
+    {"bench-engine", cmd_bench_engine, "-m DIR --prompt P --gen G --batch B: engine speed"},
+    {"mkmodel", cmd_mkmodel, "--out DIR --shape NAME|... --dtype f32|bf16|fp8: random checkpoint"},
+    {"tokenize", cmd_tokenize, "--tokenizer DIR (--text S | --file F): print ids"},
+    {"detokenize", cmd_detokenize, "--tokenizer DIR --ids 1,2,3 [--skip-special]: print text"},
+    {"template", cmd_template, "--tokenizer DIR --messages F.json [--tools T.json] [--no-think]"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: redlm COMMAND [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        fprintf(f, "  %-13s %s\n", cmds[i].name, cmds[i].help);
+    fprintf(f, "\nevery command takes --threads N where it computes; "
+               "`redlm COMMAND --help` for details\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (!strcmp(argv[1], cmds[i].name))
+            return cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "redlm: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
