@@ -33,7 +33,8 @@ int rl_err_wrap(struct rl_err *err, const char *fmt, ...)
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    /* precision bounds keep the result inside msg; long tails are cut */
+    snprintf(err->msg, sizeof err->msg, "%.200s: %.300s", prefix, old);
     return -err->code;
 }
 
