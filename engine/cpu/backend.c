@@ -1,0 +1,782 @@
+/* engine/cpu/backend.c - the CPU implementation of engine/backend.h.
+ *
+ * A forward step is a fixed sequence of parallel loops over a persistent
+ * thread pool (pool.h); all arithmetic goes through one kernel table
+ * (kernels.h) chosen at create time, so the scalar, AVX2 and AVX-512 paths
+ * run the same code around them.
+ *
+ * Per layer: rmsnorm -> {q,k,v} projections (one loop over their stacked
+ * rows) -> q/k rmsnorm + rotary + KV-cache write -> attention -> o projection
+ * -> residual -> rmsnorm -> {gate,up} projections fused with SwiGLU -> down
+ * projection -> residual. Logits only for the rows the batch asks for.
+ *
+ * Batch invariance (engine issue): nothing a token computes depends on the
+ * other tokens of the step except through its own sequence's KV cache. The
+ * gemm kernels promise per-(row, column) reduction orders independent of M;
+ * norms and rotary are per row; attention for a query at position p always
+ * reads keys 0..p from the cache in ascending order, so prefill (many
+ * queries), chunked prefill and decode (one query) give identical bits.
+ *
+ * Weights: F32, BF16 and F16 matrices are used in place from the model's
+ * mapping. FP8 matrices are widened to BF16 once at load (the CPU has no FP8
+ * dot product), norm vectors are copied to F32. Activations are F32; they
+ * are rounded to BF16 only as the input of a BF16 matrix product.
+ *
+ * Threading: driven by one thread; every loop runs on the pool. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "dtype.h"
+#include "kernels.h"
+#include "pool.h"
+
+struct cpu_mat {
+    enum model_dtype dt;  /* F32, BF16 or F16 (FP8 is widened at load) */
+    int rows, cols;
+    const void *w;        /* (rows, cols) row-major */
+    void *owned;          /* the widened copy, when we made one */
+};
+
+struct cpu_layer {
+    float *attn_norm, *mlp_norm; /* (hidden) */
+    float *q_norm, *k_norm;      /* (head_dim) */
+    struct cpu_mat wq, wk, wv, wo, gate, up, down;
+};
+
+struct cpu_ctx {
+    struct cpu_pool *pool;
+    const struct cpu_kernels *k;
+    int n_threads;
+    enum be_kv_dtype kv_req;
+    enum be_kv_dtype kv_dtype;
+    struct model_config cfg;
+    int loaded;
+
+    struct cpu_layer *layers;  /* (n_layers) */
+    struct cpu_mat embed;      /* (vocab, hidden) */
+    struct cpu_mat lm_head;    /* (vocab, hidden) */
+    float *final_norm;         /* (hidden) */
+    float *inv_freq;           /* (head_dim / 2) */
+    float rope_mscale;         /* YaRN attention factor on cos/sin */
+
+    int max_tokens;
+    float *x;       /* (max_tokens, hidden) residual stream */
+    float *xn;      /* (max_tokens, max(hidden, q_dim)) normed f32 input */
+    uint16_t *xb;   /* (max_tokens, max(hidden, q_dim, inter)) bf16 copy */
+    float *q;       /* (max_tokens, n_heads * head_dim) */
+    float *kx, *vx; /* (max_tokens, n_kv * head_dim) */
+    float *att;     /* (max_tokens, n_heads * head_dim) */
+    float *g;       /* (max_tokens, inter) gate, then SwiGLU output */
+    float *u;       /* (max_tokens, inter) up */
+    float *tmp;     /* (max_tokens, hidden) projection output */
+    int32_t *tok_seq, *tok_pos; /* (max_tokens) */
+
+    int n_blocks, block_size;
+    void *kcache, *vcache; /* (n_layers, n_blocks, n_kv, block_size, head_dim) */
+    float *scratch;        /* (n_threads, ctx_max + head_dim) attention rows */
+    int ctx_max;
+
+    char desc[96];
+};
+
+/* ---- load ---- */
+
+static void mat_free(struct cpu_mat *m)
+{
+    free(m->owned);
+    m->owned = NULL;
+}
+
+static int mat_bind(struct cpu_mat *m, const struct model_tensor *t, const struct model_config *cfg,
+                    struct rl_err *err)
+{
+    m->rows = (int)t->rows;
+    m->cols = (int)t->cols;
+    m->owned = NULL;
+    if (t->dtype != MODEL_F8_E4M3) {
+        m->dt = t->dtype;
+        m->w = t->data;
+        return 0;
+    }
+    /* FP8 -> BF16 with the 128x128 block scale folded in. */
+    uint16_t *o = malloc((size_t)m->rows * (size_t)m->cols * 2);
+    if (!o)
+        return rl_errf(err, RL_ENOMEM, "out of memory widening \"%s\"", t->name);
+    const uint8_t *src = t->data;
+    int bc = (m->cols + cfg->fp8_block_cols - 1) / cfg->fp8_block_cols;
+    for (int r = 0; r < m->rows; r++) {
+        const float *srow = t->scale_f32 + (size_t)(r / cfg->fp8_block_rows) * (size_t)bc;
+        for (int c = 0; c < m->cols; c++) {
+            size_t i = (size_t)r * (size_t)m->cols + (size_t)c;
+            o[i] = f32_to_bf16(f8e4m3_to_f32(src[i]) * srow[c / cfg->fp8_block_cols]);
+        }
+    }
+    m->dt = MODEL_BF16;
+    m->w = o;
+    m->owned = o;
+    return 0;
+}
+
+static float *vec_f32(const struct model_tensor *t)
+{
+    int n = (int)t->cols;
+    float *v = malloc((size_t)n * sizeof *v);
+    if (!v)
+        return NULL;
+    for (int i = 0; i < n; i++) {
+        switch (t->dtype) {
+        case MODEL_F32: memcpy(&v[i], (const char *)t->data + 4 * (size_t)i, 4); break;
+        case MODEL_BF16: {
+            uint16_t h;
+            memcpy(&h, (const char *)t->data + 2 * (size_t)i, 2);
+            v[i] = bf16_to_f32(h);
+            break;
+        }
+        case MODEL_F16: {
+            uint16_t h;
+            memcpy(&h, (const char *)t->data + 2 * (size_t)i, 2);
+            v[i] = f16_to_f32(h);
+            break;
+        }
+        case MODEL_F8_E4M3: v[i] = f8e4m3_to_f32(((const uint8_t *)t->data)[i]); break;
+        }
+    }
+    return v;
+}
+
+/* Rotary frequencies, with YaRN when the config asks (transformers'
+ * _compute_yarn_parameters, which Qwen3's long-context guide uses). */
+static int rope_init(struct cpu_ctx *c)
+{
+    const struct model_config *cfg = &c->cfg;
+    int half = cfg->head_dim / 2, dim = cfg->head_dim;
+    c->inv_freq = malloc((size_t)half * sizeof(float));
+    if (!c->inv_freq)
+        return -1;
+    double base = cfg->rope_theta;
+    c->rope_mscale = 1.0f;
+    for (int i = 0; i < half; i++)
+        c->inv_freq[i] = (float)(1.0 / pow(base, (double)(2 * i) / dim));
+    if (cfg->yarn_factor > 0) {
+        double f = cfg->yarn_factor, om = cfg->yarn_orig_max_pos;
+        double lo = floor(dim * log(om / (cfg->yarn_beta_fast * 2 * M_PI)) / (2 * log(base)));
+        double hi = ceil(dim * log(om / (cfg->yarn_beta_slow * 2 * M_PI)) / (2 * log(base)));
+        if (lo < 0)
+            lo = 0;
+        if (hi > dim - 1)
+            hi = dim - 1;
+        if (lo == hi)
+            hi += 0.001;
+        for (int i = 0; i < half; i++) {
+            double pf = pow(base, (double)(2 * i) / dim);
+            double extra = 1.0 / pf, inter = 1.0 / (f * pf);
+            double ramp = (i - lo) / (hi - lo);
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            double ef = 1.0 - ramp;
+            c->inv_freq[i] = (float)(inter * (1 - ef) + extra * ef);
+        }
+        c->rope_mscale = cfg->yarn_attn_factor;
+    }
+    return 0;
+}
+
+static void free_weights(struct cpu_ctx *c)
+{
+    if (c->layers) {
+        for (int l = 0; l < c->cfg.n_layers; l++) {
+            struct cpu_layer *L = &c->layers[l];
+            free(L->attn_norm), free(L->mlp_norm), free(L->q_norm), free(L->k_norm);
+            mat_free(&L->wq), mat_free(&L->wk), mat_free(&L->wv), mat_free(&L->wo);
+            mat_free(&L->gate), mat_free(&L->up), mat_free(&L->down);
+        }
+        free(c->layers);
+        c->layers = NULL;
+    }
+    if (c->lm_head.owned != c->embed.owned)
+        mat_free(&c->lm_head);
+    mat_free(&c->embed);
+    free(c->final_norm), free(c->inv_freq);
+    c->final_norm = NULL, c->inv_freq = NULL;
+    free(c->x), free(c->xn), free(c->xb), free(c->q), free(c->kx), free(c->vx);
+    free(c->att), free(c->g), free(c->u), free(c->tmp), free(c->tok_seq), free(c->tok_pos);
+    c->x = c->xn = c->q = c->kx = c->vx = c->att = c->g = c->u = c->tmp = NULL;
+    c->xb = NULL, c->tok_seq = c->tok_pos = NULL;
+    c->loaded = 0;
+}
+
+static int cpu_load(void *ctx, const struct model_config *cfg, const struct model_weights *w,
+                    int max_tokens, struct rl_err *err)
+{
+    struct cpu_ctx *c = ctx;
+    if (max_tokens < 1)
+        return rl_errf(err, RL_EINVAL, "max_tokens must be >= 1");
+    free_weights(c);
+    c->cfg = *cfg;
+    int rc;
+    c->layers = calloc((size_t)cfg->n_layers, sizeof *c->layers);
+    if (!c->layers)
+        goto oom;
+    if ((rc = mat_bind(&c->embed, &w->embed, cfg, err)))
+        goto fail;
+    if (cfg->tied)
+        c->lm_head = c->embed;
+    else if ((rc = mat_bind(&c->lm_head, &w->lm_head, cfg, err)))
+        goto fail;
+    if (!(c->final_norm = vec_f32(&w->final_norm)))
+        goto oom;
+    for (int l = 0; l < cfg->n_layers; l++) {
+        const struct model_layer *S = &w->layers[l];
+        struct cpu_layer *L = &c->layers[l];
+        if (!(L->attn_norm = vec_f32(&S->attn_norm)) || !(L->mlp_norm = vec_f32(&S->mlp_norm)) ||
+            !(L->q_norm = vec_f32(&S->q_norm)) || !(L->k_norm = vec_f32(&S->k_norm)))
+            goto oom;
+        if ((rc = mat_bind(&L->wq, &S->wq, cfg, err)) || (rc = mat_bind(&L->wk, &S->wk, cfg, err)) ||
+            (rc = mat_bind(&L->wv, &S->wv, cfg, err)) || (rc = mat_bind(&L->wo, &S->wo, cfg, err)) ||
+            (rc = mat_bind(&L->gate, &S->w_gate, cfg, err)) ||
+            (rc = mat_bind(&L->up, &S->w_up, cfg, err)) ||
+            (rc = mat_bind(&L->down, &S->w_down, cfg, err)))
+            goto fail;
+    }
+    if (rope_init(c))
+        goto oom;
+    size_t T = (size_t)max_tokens, H = (size_t)cfg->hidden, I = (size_t)cfg->intermediate;
+    size_t Q = (size_t)cfg->n_heads * (size_t)cfg->head_dim;
+    size_t KV = (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim;
+    size_t wide = H > Q ? H : Q;
+    size_t widest = wide > I ? wide : I;
+    c->max_tokens = max_tokens;
+    if (!(c->x = malloc(T * H * 4)) || !(c->xn = malloc(T * wide * 4)) ||
+        !(c->xb = malloc(T * widest * 2)) || !(c->q = malloc(T * Q * 4)) ||
+        !(c->kx = malloc(T * KV * 4)) || !(c->vx = malloc(T * KV * 4)) ||
+        !(c->att = malloc(T * Q * 4)) || !(c->g = malloc(T * I * 4)) ||
+        !(c->u = malloc(T * I * 4)) || !(c->tmp = malloc(T * H * 4)) ||
+        !(c->tok_seq = malloc(T * 4)) || !(c->tok_pos = malloc(T * 4)))
+        goto oom;
+    c->kv_dtype = c->kv_req != BE_KV_AUTO ? c->kv_req
+                  : cfg->dtype == MODEL_F32 && w->layers[0].wq.dtype == MODEL_F32 ? BE_KV_F32
+                                                                       : BE_KV_BF16;
+    c->loaded = 1;
+    return 0;
+oom:
+    rc = rl_errf(err, RL_ENOMEM, "cpu backend: out of memory loading weights");
+fail:
+    free_weights(c);
+    return rc;
+}
+
+/* ---- KV cache ---- */
+
+static size_t kv_elem(const struct cpu_ctx *c) { return c->kv_dtype == BE_KV_F32 ? 4 : 2; }
+
+static size_t cpu_kv_block_bytes(void *ctx, int block_size)
+{
+    struct cpu_ctx *c = ctx;
+    return 2 * (size_t)c->cfg.n_layers * (size_t)c->cfg.n_kv_heads * (size_t)c->cfg.head_dim *
+           (size_t)block_size * kv_elem(c);
+}
+
+static int cpu_kv_init(void *ctx, int n_blocks, int block_size, struct rl_err *err)
+{
+    struct cpu_ctx *c = ctx;
+    if (!c->loaded)
+        return rl_errf(err, RL_EINVAL, "cpu backend: kv_init before load");
+    if (n_blocks < 1 || block_size < 1)
+        return rl_errf(err, RL_EINVAL, "cpu backend: kv pool needs n_blocks >= 1 and block_size >= 1");
+    free(c->kcache), free(c->vcache), free(c->scratch);
+    c->kcache = c->vcache = NULL;
+    c->scratch = NULL;
+    size_t half = cpu_kv_block_bytes(c, block_size) / 2 * (size_t)n_blocks;
+    c->ctx_max = n_blocks * block_size;
+    /* calloc: fresh pages are zero, and untouched blocks cost no memory. */
+    c->kcache = calloc(1, half);
+    c->vcache = calloc(1, half);
+    c->scratch = malloc((size_t)c->n_threads * (size_t)(c->ctx_max + c->cfg.head_dim) * 4);
+    if (!c->kcache || !c->vcache || !c->scratch) {
+        free(c->kcache), free(c->vcache), free(c->scratch);
+        c->kcache = c->vcache = NULL;
+        c->scratch = NULL;
+        return rl_errf(err, RL_ENOMEM, "cpu backend: cannot allocate %zu bytes of KV cache", 2 * half);
+    }
+    c->n_blocks = n_blocks;
+    c->block_size = block_size;
+    return 0;
+}
+
+/* Address of (layer, block, kv head, slot) in a cache array. */
+static inline void *kv_at(const struct cpu_ctx *c, void *base, int layer, int block, int h, int slot)
+{
+    size_t hd = (size_t)c->cfg.head_dim, nkv = (size_t)c->cfg.n_kv_heads, bs = (size_t)c->block_size;
+    size_t idx = ((((size_t)layer * (size_t)c->n_blocks + (size_t)block) * nkv + (size_t)h) * bs +
+                  (size_t)slot) * hd;
+    return (char *)base + idx * kv_elem(c);
+}
+
+static int cpu_kv_copy(void *ctx, int32_t dst, int32_t src, int n_tokens, struct rl_err *err)
+{
+    struct cpu_ctx *c = ctx;
+    if (dst < 0 || src < 0 || dst >= c->n_blocks || src >= c->n_blocks || n_tokens < 0 ||
+        n_tokens > c->block_size)
+        return rl_errf(err, RL_EINVAL, "cpu backend: kv_copy(%d, %d, %d) out of range", dst, src, n_tokens);
+    size_t n = (size_t)n_tokens * (size_t)c->cfg.head_dim * kv_elem(c);
+    for (int l = 0; l < c->cfg.n_layers; l++)
+        for (int h = 0; h < c->cfg.n_kv_heads; h++) {
+            memcpy(kv_at(c, c->kcache, l, dst, h, 0), kv_at(c, c->kcache, l, src, h, 0), n);
+            memcpy(kv_at(c, c->vcache, l, dst, h, 0), kv_at(c, c->vcache, l, src, h, 0), n);
+        }
+    return 0;
+}
+
+/* ---- parallel loops ---- */
+
+/* Up to three matrices sharing one input, their rows stacked and split
+ * across threads in CPU_GEMM_N_ALIGN steps. */
+struct mm_job {
+    const struct cpu_kernels *k;
+    int M, n_mats;
+    const struct cpu_mat *mat[3];
+    float *y[3];
+    int ldy[3];
+    const float *x;      /* (M, K) f32, for F32/F16 matrices */
+    const uint16_t *xb;  /* (M, K) bf16, for BF16 matrices */
+    int ldx;
+    /* SwiGLU fusion: when set, mat[0] = gate and mat[1] = up over the same
+     * rows; each thread turns its own columns of y[0] into silu(g) * u. */
+    int swiglu;
+    uint16_t *hb;        /* (M, rows) bf16 copy of the SwiGLU output, or NULL */
+};
+
+static void mm_one(const struct mm_job *j, int i, int n0, int n1)
+{
+    const struct cpu_mat *m = j->mat[i];
+    switch (m->dt) {
+    case MODEL_BF16:
+        j->k->gemm_bf16(j->M, n0, n1, m->cols, j->xb, j->ldx, m->w, j->y[i], j->ldy[i]);
+        break;
+    case MODEL_F32:
+        j->k->gemm_f32(j->M, n0, n1, m->cols, j->x, j->ldx, m->w, j->y[i], j->ldy[i]);
+        break;
+    default:
+        j->k->gemm_f16(j->M, n0, n1, m->cols, j->x, j->ldx, m->w, j->y[i], j->ldy[i]);
+        break;
+    }
+}
+
+static void split_range(int total, int ith, int nth, int *a, int *b)
+{
+    int chunk = (total + nth - 1) / nth;
+    chunk = (chunk + CPU_GEMM_N_ALIGN - 1) / CPU_GEMM_N_ALIGN * CPU_GEMM_N_ALIGN;
+    *a = ith * chunk < total ? ith * chunk : total;
+    *b = *a + chunk < total ? *a + chunk : total;
+}
+
+static void mm_task(void *arg, int ith, int nth)
+{
+    const struct mm_job *j = arg;
+    if (j->swiglu) {
+        int n0, n1;
+        split_range(j->mat[0]->rows, ith, nth, &n0, &n1);
+        if (n0 >= n1)
+            return;
+        mm_one(j, 0, n0, n1);
+        mm_one(j, 1, n0, n1);
+        for (int m = 0; m < j->M; m++) {
+            float *g = j->y[0] + (size_t)m * (size_t)j->ldy[0];
+            const float *u = j->y[1] + (size_t)m * (size_t)j->ldy[1];
+            for (int n = n0; n < n1; n++)
+                g[n] = g[n] / (1.0f + expf(-g[n])) * u[n];
+            if (j->hb)
+                j->k->f32_to_bf16(g + n0, j->hb + (size_t)m * (size_t)j->ldy[0] + n0, n1 - n0);
+        }
+        return;
+    }
+    int total = 0;
+    for (int i = 0; i < j->n_mats; i++)
+        total += j->mat[i]->rows;
+    int a, b;
+    split_range(total, ith, nth, &a, &b);
+    int base = 0;
+    for (int i = 0; i < j->n_mats && a < b; i++) {
+        int r = j->mat[i]->rows;
+        int lo = a > base ? a - base : 0, hi = b - base < r ? b - base : r;
+        if (lo < hi)
+            mm_one(j, i, lo, hi);
+        base += r;
+    }
+}
+
+/* RMSNorm of rows of x into xn (f32) and, when bf16 is set, xb. */
+struct norm_job {
+    const struct cpu_kernels *k;
+    const float *x;
+    int ldx;
+    const int32_t *rows; /* which rows of x, or NULL for 0..n-1 */
+    int n, dim;
+    const float *w;
+    float eps;
+    float *xn;
+    uint16_t *xb;
+};
+
+static void rmsnorm_row(const float *x, const float *w, float *y, int n, float eps)
+{
+    /* Double accumulation: cheap at these sizes and independent of order
+     * worries; the result is still a pure function of the row. */
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++)
+        y[i] = w[i] * (x[i] * r);
+}
+
+static void norm_task(void *arg, int ith, int nth)
+{
+    const struct norm_job *j = arg;
+    for (int i = ith; i < j->n; i += nth) {
+        int src = j->rows ? j->rows[i] : i;
+        float *y = j->xn + (size_t)i * (size_t)j->dim;
+        rmsnorm_row(j->x + (size_t)src * (size_t)j->ldx, j->w, y, j->dim, j->eps);
+        if (j->xb)
+            j->k->f32_to_bf16(y, j->xb + (size_t)i * (size_t)j->dim, j->dim);
+    }
+}
+
+static void run(struct cpu_ctx *c, cpu_pool_fn fn, void *arg, int n_items)
+{
+    if (n_items <= 1) /* not worth waking the pool */
+        fn(arg, 0, 1);
+    else
+        cpu_pool_run(c->pool, fn, arg);
+}
+
+/* q/k norm + rotary + KV write, one token per iteration. */
+struct rope_job {
+    struct cpu_ctx *c;
+    const struct cpu_layer *L;
+    int layer, n_tokens;
+    const struct be_batch *b;
+};
+
+static void rope_apply(float *v, const float *cs, const float *sn, int half)
+{
+    for (int i = 0; i < half; i++) {
+        float x0 = v[i], x1 = v[i + half];
+        v[i] = x0 * cs[i] - x1 * sn[i];
+        v[i + half] = x1 * cs[i] + x0 * sn[i];
+    }
+}
+
+static void rope_task(void *arg, int ith, int nth)
+{
+    const struct rope_job *j = arg;
+    struct cpu_ctx *c = j->c;
+    const struct model_config *cfg = &c->cfg;
+    int hd = cfg->head_dim, half = hd / 2;
+    float cs[512], sn[512], tmp[1024];
+    for (int t = ith; t < j->n_tokens; t += nth) {
+        int pos = c->tok_pos[t];
+        const struct be_seq *s = &j->b->seqs[c->tok_seq[t]];
+        for (int i = 0; i < half; i++) {
+            float a = (float)pos * c->inv_freq[i];
+            cs[i] = cosf(a) * c->rope_mscale;
+            sn[i] = sinf(a) * c->rope_mscale;
+        }
+        for (int h = 0; h < cfg->n_heads; h++) {
+            float *q = c->q + ((size_t)t * (size_t)cfg->n_heads + (size_t)h) * (size_t)hd;
+            rmsnorm_row(q, j->L->q_norm, q, hd, cfg->rms_eps);
+            rope_apply(q, cs, sn, half);
+        }
+        int blk = s->block_table[pos / c->block_size], slot = pos % c->block_size;
+        for (int h = 0; h < cfg->n_kv_heads; h++) {
+            float *k = c->kx + ((size_t)t * (size_t)cfg->n_kv_heads + (size_t)h) * (size_t)hd;
+            const float *v = c->vx + ((size_t)t * (size_t)cfg->n_kv_heads + (size_t)h) * (size_t)hd;
+            memcpy(tmp, k, (size_t)hd * 4);
+            rmsnorm_row(tmp, j->L->k_norm, tmp, hd, cfg->rms_eps);
+            rope_apply(tmp, cs, sn, half);
+            void *kd = kv_at(c, c->kcache, j->layer, blk, h, slot);
+            void *vd = kv_at(c, c->vcache, j->layer, blk, h, slot);
+            if (c->kv_dtype == BE_KV_F32) {
+                memcpy(kd, tmp, (size_t)hd * 4);
+                memcpy(vd, v, (size_t)hd * 4);
+            } else {
+                c->k->f32_to_bf16(tmp, kd, hd);
+                c->k->f32_to_bf16(v, vd, hd);
+            }
+        }
+    }
+}
+
+/* Attention: one (token, q head) per item, keys 0..pos from the cache. */
+struct attn_job {
+    struct cpu_ctx *c;
+    int layer, n_tokens;
+    const struct be_batch *b;
+};
+
+static void attn_task(void *arg, int ith, int nth)
+{
+    const struct attn_job *j = arg;
+    struct cpu_ctx *c = j->c;
+    const struct model_config *cfg = &c->cfg;
+    const struct cpu_kernels *k = c->k;
+    int hd = cfg->head_dim, group = cfg->n_heads / cfg->n_kv_heads, bs = c->block_size;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *sc = c->scratch + (size_t)ith * (size_t)(c->ctx_max + hd);
+    int bf = c->kv_dtype == BE_KV_BF16;
+    int n_items = j->n_tokens * cfg->n_heads;
+    for (int it = ith; it < n_items; it += nth) {
+        int t = it / cfg->n_heads, h = it % cfg->n_heads, g = h / group;
+        int pos = c->tok_pos[t];
+        const struct be_seq *s = &j->b->seqs[c->tok_seq[t]];
+        const float *q = c->q + ((size_t)t * (size_t)cfg->n_heads + (size_t)h) * (size_t)hd;
+        float *out = c->att + ((size_t)t * (size_t)cfg->n_heads + (size_t)h) * (size_t)hd;
+        float mx = -INFINITY;
+        for (int p = 0; p <= pos; p++) {
+            const void *kp = kv_at(c, c->kcache, j->layer, s->block_table[p / bs], g, p % bs);
+            float d = bf ? k->dot_bf16_f32(kp, q, hd) : k->dot_f32(kp, q, hd);
+            sc[p] = d * scale;
+            if (sc[p] > mx)
+                mx = sc[p];
+        }
+        float sum = 0;
+        for (int p = 0; p <= pos; p++) {
+            sc[p] = expf(sc[p] - mx);
+            sum += sc[p];
+        }
+        memset(out, 0, (size_t)hd * 4);
+        for (int p = 0; p <= pos; p++) {
+            const void *vp = kv_at(c, c->vcache, j->layer, s->block_table[p / bs], g, p % bs);
+            if (bf)
+                k->axpy_bf16(sc[p], vp, out, hd);
+            else
+                k->axpy_f32(sc[p], vp, out, hd);
+        }
+        float inv = 1.0f / sum;
+        for (int d = 0; d < hd; d++)
+            out[d] *= inv;
+    }
+}
+
+struct embed_job {
+    struct cpu_ctx *c;
+    const int32_t *tokens;
+    int n;
+};
+
+static void embed_task(void *arg, int ith, int nth)
+{
+    const struct embed_job *j = arg;
+    const struct cpu_mat *e = &j->c->embed;
+    int H = e->cols;
+    for (int t = ith; t < j->n; t += nth) {
+        float *x = j->c->x + (size_t)t * (size_t)H;
+        size_t off = (size_t)j->tokens[t] * (size_t)H;
+        if (e->dt == MODEL_F32)
+            memcpy(x, (const float *)e->w + off, (size_t)H * 4);
+        else if (e->dt == MODEL_BF16)
+            j->c->k->bf16_to_f32((const uint16_t *)e->w + off, x, H);
+        else
+            for (int i = 0; i < H; i++)
+                x[i] = f16_to_f32(((const uint16_t *)e->w)[off + (size_t)i]);
+    }
+}
+
+struct add_job {
+    float *x;
+    const float *y;
+    size_t n;
+};
+
+static void add_task(void *arg, int ith, int nth)
+{
+    const struct add_job *j = arg;
+    size_t chunk = (j->n + (size_t)nth - 1) / (size_t)nth;
+    size_t a = (size_t)ith * chunk, b = a + chunk < j->n ? a + chunk : j->n;
+    for (size_t i = a; i < b; i++)
+        j->x[i] += j->y[i];
+}
+
+static int needs_bf16(const struct cpu_mat *m) { return m->dt == MODEL_BF16; }
+
+/* ---- forward ---- */
+
+static int check_batch(const struct cpu_ctx *c, const struct be_batch *b, struct rl_err *err)
+{
+    if (!c->loaded || !c->kcache)
+        return rl_errf(err, RL_EINVAL, "cpu backend: forward before load/kv_init");
+    if (b->n_tokens < 1 || b->n_tokens > c->max_tokens)
+        return rl_errf(err, RL_EINVAL, "cpu backend: batch has %d tokens; this backend takes 1..%d",
+                       b->n_tokens, c->max_tokens);
+    int nt = 0, nl = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const struct be_seq *q = &b->seqs[s];
+        if (q->n_new < 1 || q->n_past < 0 || q->logits_from < 0 || q->logits_from > q->n_new)
+            return rl_errf(err, RL_EINVAL, "cpu backend: sequence %d has a bad shape", s);
+        int end = q->n_past + q->n_new;
+        if (end > c->ctx_max || end > c->cfg.max_pos)
+            return rl_errf(err, RL_EINVAL, "cpu backend: sequence %d reaches position %d, beyond the context",
+                           s, end);
+        for (int i = 0; i < (end + c->block_size - 1) / c->block_size; i++)
+            if (q->block_table[i] < 0 || q->block_table[i] >= c->n_blocks)
+                return rl_errf(err, RL_EINVAL, "cpu backend: sequence %d names KV block %d of %d", s,
+                               q->block_table[i], c->n_blocks);
+        nt += q->n_new;
+        nl += q->n_new - q->logits_from;
+    }
+    if (nt != b->n_tokens || nl != b->n_logits)
+        return rl_errf(err, RL_EINVAL, "cpu backend: batch counts do not add up (%d/%d tokens, %d/%d logits)",
+                       nt, b->n_tokens, nl, b->n_logits);
+    for (int t = 0; t < b->n_tokens; t++)
+        if (b->tokens[t] < 0 || b->tokens[t] >= c->cfg.vocab)
+            return rl_errf(err, RL_EINVAL, "cpu backend: token id %d outside the vocabulary (%d)",
+                           b->tokens[t], c->cfg.vocab);
+    return 0;
+}
+
+static void project(struct cpu_ctx *c, int M, const float *xn, const uint16_t *xb, int ldx,
+                    const struct cpu_mat *m0, float *y0, const struct cpu_mat *m1, float *y1,
+                    const struct cpu_mat *m2, float *y2)
+{
+    struct mm_job j = {.k = c->k, .M = M, .x = xn, .xb = xb, .ldx = ldx};
+    const struct cpu_mat *ms[3] = {m0, m1, m2};
+    float *ys[3] = {y0, y1, y2};
+    for (int i = 0; i < 3 && ms[i]; i++) {
+        j.mat[i] = ms[i];
+        j.y[i] = ys[i];
+        j.ldy[i] = ms[i]->rows;
+        j.n_mats++;
+    }
+    cpu_pool_run(c->pool, mm_task, &j);
+}
+
+static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
+{
+    struct cpu_ctx *c = ctx;
+    int rc = check_batch(c, b, err);
+    if (rc)
+        return rc;
+    const struct model_config *cfg = &c->cfg;
+    int T = b->n_tokens, H = cfg->hidden, I = cfg->intermediate;
+    int Q = cfg->n_heads * cfg->head_dim;
+    for (int s = 0, t = 0; s < b->n_seqs; s++)
+        for (int i = 0; i < b->seqs[s].n_new; i++, t++) {
+            c->tok_seq[t] = s;
+            c->tok_pos[t] = b->seqs[s].n_past + i;
+        }
+    struct embed_job ej = {c, b->tokens, T};
+    run(c, embed_task, &ej, T);
+    for (int l = 0; l < cfg->n_layers; l++) {
+        const struct cpu_layer *L = &c->layers[l];
+        struct norm_job nj = {c->k, c->x, H, NULL, T, H, L->attn_norm, cfg->rms_eps, c->xn,
+                              needs_bf16(&L->wq) || needs_bf16(&L->wk) || needs_bf16(&L->wv) ? c->xb : NULL};
+        run(c, norm_task, &nj, T);
+        project(c, T, c->xn, c->xb, H, &L->wq, c->q, &L->wk, c->kx, &L->wv, c->vx);
+        struct rope_job rj = {c, L, l, T, b};
+        run(c, rope_task, &rj, T);
+        struct attn_job aj = {c, l, T, b};
+        run(c, attn_task, &aj, T * cfg->n_heads);
+        if (needs_bf16(&L->wo))
+            c->k->f32_to_bf16(c->att, c->xb, T * Q);
+        project(c, T, c->att, c->xb, Q, &L->wo, c->tmp, NULL, NULL, NULL, NULL);
+        struct add_job adj = {c->x, c->tmp, (size_t)T * (size_t)H};
+        run(c, add_task, &adj, T);
+        struct norm_job mj = {c->k, c->x, H, NULL, T, H, L->mlp_norm, cfg->rms_eps, c->xn,
+                              needs_bf16(&L->gate) ? c->xb : NULL};
+        run(c, norm_task, &mj, T);
+        struct mm_job gj = {.k = c->k, .M = T, .n_mats = 2, .mat = {&L->gate, &L->up},
+                            .y = {c->g, c->u}, .ldy = {I, I}, .x = c->xn, .xb = c->xb, .ldx = H,
+                            .swiglu = 1, .hb = needs_bf16(&L->down) ? c->xb : NULL};
+        cpu_pool_run(c->pool, mm_task, &gj);
+        project(c, T, c->g, c->xb, I, &L->down, c->tmp, NULL, NULL, NULL, NULL);
+        run(c, add_task, &adj, T);
+    }
+    if (b->n_logits == 0)
+        return 0;
+    /* Final norm on the rows that want logits, then the vocabulary matrix. */
+    int32_t *rows = c->tok_pos; /* positions are no longer needed: reuse */
+    int n = 0;
+    for (int s = 0, t = 0; s < b->n_seqs; s++) {
+        const struct be_seq *q = &b->seqs[s];
+        for (int i = 0; i < q->n_new; i++, t++)
+            if (i >= q->logits_from)
+                rows[n++] = t;
+    }
+    struct norm_job fj = {c->k, c->x, H, rows, n, H, c->final_norm, cfg->rms_eps, c->xn,
+                          needs_bf16(&c->lm_head) ? c->xb : NULL};
+    run(c, norm_task, &fj, n);
+    struct mm_job lj = {.k = c->k, .M = n, .n_mats = 1, .mat = {&c->lm_head}, .y = {b->logits},
+                        .ldy = {cfg->vocab}, .x = c->xn, .xb = c->xb, .ldx = H};
+    cpu_pool_run(c->pool, mm_task, &lj);
+    return 0;
+}
+
+static const char *cpu_describe(void *ctx)
+{
+    struct cpu_ctx *c = ctx;
+    return c->desc;
+}
+
+static void cpu_free(void *ctx)
+{
+    struct cpu_ctx *c = ctx;
+    if (!c)
+        return;
+    free_weights(c);
+    free(c->kcache), free(c->vcache), free(c->scratch);
+    cpu_pool_free(c->pool);
+    free(c);
+}
+
+static const struct be_ops cpu_ops = {
+    .name = "cpu",
+    .load = cpu_load,
+    .kv_block_bytes = cpu_kv_block_bytes,
+    .kv_init = cpu_kv_init,
+    .forward = cpu_forward,
+    .kv_copy = cpu_kv_copy,
+    .describe = cpu_describe,
+    .free = cpu_free,
+};
+
+int cpu_backend_create(struct backend **out, const struct be_options *opt, struct rl_err *err)
+{
+    *out = NULL;
+    struct be_options def = {0};
+    if (!opt)
+        opt = &def;
+    enum cpu_isa isa = cpu_isa_detect();
+    if (opt->isa && strcmp(opt->isa, "auto")) {
+        int want = cpu_isa_parse(opt->isa);
+        if (want < 0)
+            return rl_errf(err, RL_EINVAL, "unknown ISA \"%s\" (auto, avx512bf16, avx2, scalar)", opt->isa);
+        if (want > (int)isa)
+            return rl_errf(err, RL_EUNSUPPORTED, "this CPU cannot run ISA \"%s\" (best: %s)", opt->isa,
+                           cpu_isa_name(isa));
+        isa = (enum cpu_isa)want;
+    }
+    const struct cpu_kernels *k = cpu_kernels_get(isa);
+    if (!k)
+        return rl_errf(err, RL_EUNSUPPORTED, "no kernels for ISA %s", cpu_isa_name(isa));
+    struct cpu_ctx *c = calloc(1, sizeof *c);
+    struct backend *be = calloc(1, sizeof *be);
+    if (!c || !be) {
+        free(c), free(be);
+        return rl_errf(err, RL_ENOMEM, "out of memory");
+    }
+    int rc = cpu_pool_create(&c->pool, opt->n_threads, err);
+    if (rc) {
+        free(c), free(be);
+        return rc;
+    }
+    c->k = k;
+    c->n_threads = cpu_pool_n_threads(c->pool);
+    c->kv_req = opt->kv_dtype;
+    snprintf(c->desc, sizeof c->desc, "cpu %s, %d threads", cpu_isa_name(isa), c->n_threads);
+    be->ops = &cpu_ops;
+    be->ctx = c;
+    *out = be;
+    return 0;
+}
