@@ -19,7 +19,7 @@ CFLAGS  ?= -O2 -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter \
            -Wshadow -Wstrict-prototypes -fno-strict-aliasing -pthread -MMD -MP \
            -I. -Icommon -Iengine
-LDLIBS  += -lcjson -lpcre2-8 -lutf8proc -lm -pthread
+LDLIBS  += -lhiredis -lconfig -lcjson -lpcre2-8 -lutf8proc -lm -pthread
 
 DEB_PKGS = build-essential clang pkg-config libhiredis-dev libcjson-dev \
            libconfig-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev \

@@ -6,6 +6,8 @@
 
 int cmd_logits(int argc, char **argv);       /* cmd_engine.c */
 int cmd_run(int argc, char **argv);          /* cmd_engine.c */
+/* `redlm run --batch FILE.jsonl ...`: cmd_run hands over when --batch is given */
+int cmd_run_batch(int argc, char **argv);    /* cmd_batch.c */
 int cmd_bench_engine(int argc, char **argv); /* cmd_engine.c */
 int cmd_mkmodel(int argc, char **argv);      /* cmd_mkmodel.c */
 int cmd_tokenize(int argc, char **argv);     /* cmd_tok.c */

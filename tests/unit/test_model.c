@@ -1,0 +1,551 @@
+/* tests/unit/test_model.c - config parsing, weight binding errors, and the
+ * CPU forward pass against ../shared/models/tiny-qwen3-a/reference.json
+ * (llama.cpp F32 logits and greedy continuations), on every kernel path this
+ * CPU has; BF16 against F32 on the same weights; batch and chunk invariance. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "cpu/kernels.h"
+#include "dtype.h"
+#include "model.h"
+#include "safetensors.h"
+
+static const char *shared_dir(void)
+{
+    const char *s = getenv("REDLM_SHARED");
+    return s ? s : "../shared";
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    if (b)
+        b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+/* ---- a loaded model on a backend, with one sequence's KV pool ---- */
+
+struct rig {
+    struct model *m;
+    struct backend *be;
+    const struct model_config *cfg;
+    int32_t table[512];
+};
+
+static void rig_open(struct rig *r, const char *dir, const char *isa, int threads, int max_tokens)
+{
+    struct rl_err err = {0};
+    memset(r, 0, sizeof *r);
+    int rc = model_load(&r->m, dir, &err);
+    if (rc)
+        fail_msg("model_load %s: %s", dir, err.msg);
+    struct be_options o = {.n_threads = threads, .isa = isa};
+    assert_int_equal(be_create(&r->be, "cpu", &o, &err), 0);
+    r->cfg = model_get_config(r->m);
+    rc = r->be->ops->load(r->be->ctx, r->cfg, model_get_weights(r->m), max_tokens, &err);
+    if (rc)
+        fail_msg("load: %s", err.msg);
+    rc = r->be->ops->kv_init(r->be->ctx, 512, 16, &err);
+    if (rc)
+        fail_msg("kv_init: %s", err.msg);
+    for (int i = 0; i < 512; i++)
+        r->table[i] = i;
+}
+
+static void rig_close(struct rig *r)
+{
+    be_free(r->be);
+    model_free(r->m);
+}
+
+/* One forward of n tokens after `past`, logits for every new token. */
+static void rig_step(struct rig *r, int past, const int32_t *ids, int n, float *logits,
+                     const int32_t *table)
+{
+    struct rl_err err = {0};
+    struct be_seq s = {past, n, table ? table : r->table, 0};
+    struct be_batch b = {1, &s, n, ids, n, logits};
+    int rc = r->be->ops->forward(r->be->ctx, &b, &err);
+    if (rc)
+        fail_msg("forward: %s", err.msg);
+}
+
+static int argmax(const float *v, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}
+
+static int ids_from_json(const cJSON *a, int32_t *out, int cap)
+{
+    int n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, a)
+    {
+        if (n < cap)
+            out[n] = it->valueint;
+        n++;
+    }
+    return n;
+}
+
+static char model_dir[1024];
+static cJSON *reference;
+
+static int setup_ref(void **state)
+{
+    snprintf(model_dir, sizeof model_dir, "%s/models/tiny-qwen3-a", shared_dir());
+    char path[1200];
+    snprintf(path, sizeof path, "%s/reference.json", model_dir);
+    char *txt = slurp(path);
+    if (!txt) {
+        fprintf(stderr, "cannot read %s (set REDLM_SHARED)\n", path);
+        return -1;
+    }
+    reference = cJSON_Parse(txt);
+    free(txt);
+    return reference ? 0 : -1;
+}
+
+static int teardown_ref(void **state)
+{
+    cJSON_Delete(reference);
+    return 0;
+}
+
+/* Every prompt: listed logits within 1e-3, and the 32-token greedy path. */
+static void check_reference(const char *isa)
+{
+    if (cpu_isa_parse(isa) > (int)cpu_isa_detect()) {
+        printf("  (skipping %s: this CPU lacks it)\n", isa);
+        return;
+    }
+    struct rig r;
+    rig_open(&r, model_dir, isa, 2, 512);
+    int V = r.cfg->vocab;
+    const cJSON *prompts = cJSON_GetObjectItem(reference, "prompts");
+    const cJSON *p;
+    int n_prompts = 0;
+    cJSON_ArrayForEach(p, prompts)
+    {
+        int32_t ids[512], greedy[64];
+        int n = ids_from_json(cJSON_GetObjectItem(p, "ids"), ids, 512);
+        int ng = ids_from_json(cJSON_GetObjectItem(p, "greedy"), greedy, 64);
+        float *lg = malloc((size_t)n * (size_t)V * sizeof(float));
+        rig_step(&r, 0, ids, n, lg, NULL);
+        const cJSON *pos = cJSON_GetObjectItem(p, "positions");
+        const cJSON *rows = cJSON_GetObjectItem(p, "logits");
+        double worst = 0;
+        for (int k = 0; k < cJSON_GetArraySize(pos); k++) {
+            int at = cJSON_GetArrayItem(pos, k)->valueint;
+            const cJSON *row = cJSON_GetArrayItem(rows, k);
+            for (int v = 0; v < V; v++) {
+                double d = fabs(lg[(size_t)at * (size_t)V + (size_t)v] -
+                                cJSON_GetArrayItem(row, v)->valuedouble);
+                if (d > worst)
+                    worst = d;
+            }
+        }
+        if (worst > 1e-3)
+            fail_msg("%s/%s: max |dlogit| %g > 1e-3", isa,
+                     cJSON_GetObjectItem(p, "name")->valuestring, worst);
+        /* greedy continuation, one token per step through the KV cache */
+        int tok = argmax(lg + (size_t)(n - 1) * (size_t)V, V);
+        for (int g = 0; g < ng; g++) {
+            if (tok != greedy[g])
+                fail_msg("%s/%s: greedy token %d is %d, reference %d", isa,
+                         cJSON_GetObjectItem(p, "name")->valuestring, g, tok, greedy[g]);
+            int32_t t = tok;
+            rig_step(&r, n + g, &t, 1, lg, NULL);
+            tok = argmax(lg, V);
+        }
+        free(lg);
+        n_prompts++;
+    }
+    assert_int_equal(n_prompts, 6);
+    rig_close(&r);
+}
+
+static void test_reference_scalar(void **state) { check_reference("scalar"); }
+static void test_reference_avx2(void **state) { check_reference("avx2"); }
+static void test_reference_avx512(void **state) { check_reference("avx512bf16"); }
+
+/* Several sequences in one step give the same bits as each alone, and a
+ * prompt fed in chunks gives the same bits as in one piece. */
+static void test_batch_and_chunk_invariance(void **state)
+{
+    struct rig r;
+    rig_open(&r, model_dir, "auto", 2, 512);
+    int V = r.cfg->vocab;
+    enum { NS = 4 };
+    int lens[NS] = {7, 33, 1, 20};
+    int32_t ids[NS][40];
+    uint32_t x = 12345;
+    for (int s = 0; s < NS; s++)
+        for (int i = 0; i < lens[s]; i++) {
+            x = x * 1103515245u + 12345u;
+            ids[s][i] = (int32_t)((x >> 8) % (uint32_t)V);
+        }
+    float *alone = malloc((size_t)NS * (size_t)V * 4), *together = malloc((size_t)NS * (size_t)V * 4);
+    float *all = malloc(40 * (size_t)V * 4);
+    int32_t tables[NS][4];
+    for (int s = 0; s < NS; s++) {
+        for (int b = 0; b < 4; b++)
+            tables[s][b] = s * 4 + b;
+        rig_step(&r, 0, ids[s], lens[s], all, tables[s]);
+        memcpy(alone + (size_t)s * (size_t)V, all + (size_t)(lens[s] - 1) * (size_t)V, (size_t)V * 4);
+    }
+    /* all four prompts in one step, into other blocks */
+    struct be_seq seqs[NS];
+    int32_t flat[128], t2[NS][4];
+    int nt = 0;
+    for (int s = 0; s < NS; s++) {
+        for (int b = 0; b < 4; b++)
+            t2[s][b] = 100 + s * 4 + b;
+        seqs[s] = (struct be_seq){0, lens[s], t2[s], lens[s] - 1};
+        memcpy(flat + nt, ids[s], (size_t)lens[s] * 4);
+        nt += lens[s];
+    }
+    struct be_batch b = {NS, seqs, nt, flat, NS, together};
+    struct rl_err err = {0};
+    assert_int_equal(r.be->ops->forward(r.be->ctx, &b, &err), 0);
+    assert_memory_equal(alone, together, (size_t)NS * (size_t)V * 4);
+    float *prefill1 = malloc((size_t)V * 4);
+    memcpy(prefill1, alone + V, (size_t)V * 4);
+    /* decode one more token for all four together vs sequence 1 alone */
+    int32_t next[NS];
+    for (int s = 0; s < NS; s++) {
+        next[s] = argmax(together + (size_t)s * (size_t)V, V);
+        seqs[s] = (struct be_seq){lens[s], 1, t2[s], 0};
+    }
+    struct be_batch d = {NS, seqs, NS, next, NS, together};
+    assert_int_equal(r.be->ops->forward(r.be->ctx, &d, &err), 0);
+    rig_step(&r, lens[1], &next[1], 1, alone, tables[1]);
+    assert_memory_equal(alone, together + V, (size_t)V * 4);
+    /* chunked prefill of sequence 1 (33 tokens) in 5-token pieces */
+    int32_t t3[4] = {200, 201, 202, 203};
+    for (int at = 0; at < lens[1]; at += 5) {
+        int n = lens[1] - at < 5 ? lens[1] - at : 5;
+        rig_step(&r, at, ids[1] + at, n, all, t3);
+        if (at + n == lens[1])
+            assert_memory_equal(all + (size_t)(n - 1) * (size_t)V, prefill1, (size_t)V * 4);
+    }
+    rig_step(&r, lens[1], &next[1], 1, all, t3);
+    assert_memory_equal(all, together + V, (size_t)V * 4);
+    free(alone), free(together), free(all), free(prefill1);
+    rig_close(&r);
+}
+
+/* The scalar, AVX2 and AVX-512 paths agree within float tolerance. */
+static void test_paths_agree(void **state)
+{
+    const char *isas[] = {"scalar", "avx2", "avx512bf16"};
+    float *ref = NULL;
+    int32_t ids[33];
+    const cJSON *p = cJSON_GetArrayItem(cJSON_GetObjectItem(reference, "prompts"), 2);
+    int n = ids_from_json(cJSON_GetObjectItem(p, "ids"), ids, 33);
+    for (int i = 0; i < 3; i++) {
+        if (cpu_isa_parse(isas[i]) > (int)cpu_isa_detect())
+            continue;
+        struct rig r;
+        rig_open(&r, model_dir, isas[i], 1, 64);
+        size_t sz = (size_t)n * (size_t)r.cfg->vocab;
+        float *lg = malloc(sz * 4);
+        rig_step(&r, 0, ids, n, lg, NULL);
+        if (!ref) {
+            ref = lg;
+        } else {
+            for (size_t k = 0; k < sz; k++)
+                if (fabsf(lg[k] - ref[k]) > 1e-4f)
+                    fail_msg("%s vs scalar: logit %zu differs by %g", isas[i], k, fabsf(lg[k] - ref[k]));
+            free(lg);
+        }
+        rig_close(&r);
+    }
+    free(ref);
+}
+
+/* ---- checkpoints written here: BF16 copy, broken copies ---- */
+
+static char tmpdir[256];
+
+static void write_text(const char *dir, const char *name, const char *text)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Copies the tiny model to dir with every tensor in `dt` (F32 or BF16),
+ * optionally renaming one tensor or changing one shape, to make bad ones. */
+static void copy_model(const char *dir, enum st_dtype dt, const char *rename_from,
+                       const char *rename_to, const char *drop)
+{
+    struct rl_err err = {0};
+    struct st_file *src;
+    assert_int_equal(st_open(&src, model_dir, &err), 0);
+    struct st_writer *w;
+    assert_int_equal(st_writer_create(&w, &err), 0);
+    int n = st_n_tensors(src);
+    void **bufs = calloc((size_t)n, sizeof *bufs);
+    for (int i = 0; i < n; i++) {
+        const struct st_tensor *t = st_get(src, i);
+        if (drop && !strcmp(t->name, drop))
+            continue;
+        const char *name = rename_from && !strcmp(t->name, rename_from) ? rename_to : t->name;
+        size_t ne = t->n_bytes / 4;
+        const void *data = t->data;
+        if (dt == ST_BF16) {
+            uint16_t *b = malloc(ne * 2);
+            for (size_t k = 0; k < ne; k++) {
+                float f;
+                memcpy(&f, (const char *)t->data + 4 * k, 4);
+                b[k] = f32_to_bf16(f);
+            }
+            bufs[i] = b;
+            data = b;
+        }
+        assert_int_equal(st_writer_add(w, name, dt, t->n_dims, t->shape, data, &err), 0);
+    }
+    mkdir(dir, 0755);
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (st_writer_write(w, path, &err))
+        fail_msg("write: %s", err.msg);
+    st_writer_free(w);
+    for (int i = 0; i < n; i++)
+        free(bufs[i]);
+    free(bufs);
+    st_close(src);
+    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    char *cfg = slurp(path);
+    if (dt == ST_BF16) {
+        char *at = strstr(cfg, "\"float32\"");
+        assert_non_null(at);
+        memmove(at + 10, at + 9, strlen(at + 9) + 1);
+        memcpy(at, "\"bfloat16\"", 10);
+    }
+    write_text(dir, "config.json", cfg);
+    free(cfg);
+}
+
+static int setup_tmp(void **state)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/redlm-test-model-XXXXXX");
+    if (!mkdtemp(tmpdir))
+        return -1;
+    return setup_ref(state);
+}
+
+static int teardown_tmp(void **state)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd)) {
+    }
+    return teardown_ref(state);
+}
+
+/* BF16 copy vs F32 original, teacher-forced along the reference's greedy
+ * path: top-1 agrees where the F32 margin exceeds 0.1, top logits within
+ * 0.15. */
+static void test_bf16_vs_f32(void **state)
+{
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/bf16", tmpdir);
+    copy_model(dir, ST_BF16, NULL, NULL, NULL);
+    struct rig f, h;
+    rig_open(&f, model_dir, "auto", 2, 512);
+    rig_open(&h, dir, "auto", 2, 512);
+    int V = f.cfg->vocab, checked = 0;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, cJSON_GetObjectItem(reference, "prompts"))
+    {
+        int32_t ids[400];
+        int n = ids_from_json(cJSON_GetObjectItem(p, "ids"), ids, 400);
+        int ng = ids_from_json(cJSON_GetObjectItem(p, "greedy"), ids + n, 400 - n);
+        int tot = n + ng;
+        float *a = malloc((size_t)tot * (size_t)V * 4), *b = malloc((size_t)tot * (size_t)V * 4);
+        rig_step(&f, 0, ids, tot, a, NULL);
+        rig_step(&h, 0, ids, tot, b, NULL);
+        for (int t = n - 1; t < tot; t++) {
+            const float *ra = a + (size_t)t * (size_t)V, *rb = b + (size_t)t * (size_t)V;
+            int ta = argmax(ra, V), tb = argmax(rb, V);
+            float second = -INFINITY;
+            for (int v = 0; v < V; v++)
+                if (v != ta && ra[v] > second)
+                    second = ra[v];
+            if (ra[ta] - second > 0.1f && ta != tb)
+                fail_msg("position %d: bf16 top-1 %d, f32 top-1 %d (margin %g)", t, tb, ta,
+                         ra[ta] - second);
+            if (fabsf(ra[ta] - rb[ta]) > 0.15f)
+                fail_msg("position %d: top logit %g (f32) vs %g (bf16)", t, ra[ta], rb[ta]);
+            checked++;
+        }
+        free(a), free(b);
+    }
+    assert_true(checked > 150);
+    rig_close(&f), rig_close(&h);
+}
+
+static void expect_load_error(const char *dir, int code, const char *needle)
+{
+    struct model *m = NULL;
+    struct rl_err err = {0};
+    int rc = model_load(&m, dir, &err);
+    if (rc != -code || !strstr(err.msg, needle))
+        fail_msg("expected %s with \"%s\", got %d: %s", rl_code_name(code), needle, rc, err.msg);
+    assert_null(m);
+}
+
+static void test_bad_checkpoints(void **state)
+{
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/missing", tmpdir);
+    copy_model(dir, ST_F32, NULL, NULL, "model.layers.2.mlp.up_proj.weight");
+    expect_load_error(dir, RL_EFORMAT, "missing tensor \"model.layers.2.mlp.up_proj.weight\"");
+    snprintf(dir, sizeof dir, "%s/extra", tmpdir);
+    copy_model(dir, ST_F32, "model.layers.1.self_attn.q_norm.weight",
+               "model.layers.1.self_attn.q_norm.bias", NULL);
+    expect_load_error(dir, RL_EFORMAT, "missing tensor \"model.layers.1.self_attn.q_norm.weight\"");
+    /* a config that disagrees with the tensor shapes */
+    snprintf(dir, sizeof dir, "%s/shape", tmpdir);
+    copy_model(dir, ST_F32, NULL, NULL, NULL);
+    char p[512];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    char *cfg = slurp(p);
+    char *at = strstr(cfg, "\"intermediate_size\": 384");
+    assert_non_null(at);
+    memcpy(at, "\"intermediate_size\": 256", 24);
+    write_text(dir, "config.json", cfg);
+    free(cfg);
+    expect_load_error(dir, RL_EFORMAT, "has shape [256, 128], config says");
+    /* unexpected tensor */
+    snprintf(dir, sizeof dir, "%s/unexpected", tmpdir);
+    copy_model(dir, ST_F32, "model.layers.3.mlp.up_proj.weight", "model.layers.3.mlp.up_proj.weight", NULL);
+    {
+        struct rl_err err = {0};
+        struct st_file *src;
+        assert_int_equal(st_open(&src, dir, &err), 0);
+        struct st_writer *w;
+        assert_int_equal(st_writer_create(&w, &err), 0);
+        for (int i = 0; i < st_n_tensors(src); i++) {
+            const struct st_tensor *t = st_get(src, i);
+            assert_int_equal(st_writer_add(w, t->name, t->dtype, t->n_dims, t->shape, t->data, &err), 0);
+        }
+        float junk[4] = {0};
+        int64_t shp[1] = {4};
+        assert_int_equal(st_writer_add(w, "model.layers.0.mlp.extra.weight", ST_F32, 1, shp, junk, &err), 0);
+        char out[512];
+        snprintf(out, sizeof out, "%s/model2.safetensors", dir);
+        assert_int_equal(st_writer_write(w, out, &err), 0);
+        st_writer_free(w);
+        st_close(src);
+        char mv[1200];
+        snprintf(mv, sizeof mv, "mv '%s' '%s/model.safetensors'", out, dir);
+        assert_int_equal(system(mv), 0);
+    }
+    expect_load_error(dir, RL_EFORMAT, "unexpected tensor \"model.layers.0.mlp.extra.weight\"");
+    /* no config at all */
+    snprintf(dir, sizeof dir, "%s/noconfig", tmpdir);
+    mkdir(dir, 0755);
+    expect_load_error(dir, RL_EIO, "config.json");
+}
+
+struct cfg_case {
+    const char *json;
+    int code;
+    const char *needle;
+};
+
+static void test_config_cases(void **state)
+{
+#define BASE "\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 128, " \
+             "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, " \
+             "\"vocab_size\": 100"
+    static const struct cfg_case cases[] = {
+        {"{" BASE "}", 0, ""},
+        {"{" BASE ", \"head_dim\": 32}", 0, ""},
+        {"not json", RL_EFORMAT, "not valid JSON"},
+        {"[1]", RL_EFORMAT, "top level must be an object"},
+        {"{\"model_type\": \"llama\"}", RL_EUNSUPPORTED, "\"model_type\" = \"llama\""},
+        {"{\"model_type\": \"qwen3\", \"hidden_size\": 64}", RL_EFORMAT, "\"intermediate_size\""},
+        {"{" BASE ", \"head_dim\": 31}", RL_EFORMAT, "\"head_dim\" = 31"},
+        {"{" BASE ", \"num_key_value_heads\": 3}", RL_EFORMAT, "not a multiple"},
+        {"{" BASE ", \"rms_norm_eps\": \"x\"}", RL_EFORMAT, "\"rms_norm_eps\" must be a number"},
+        {"{" BASE ", \"hidden_size\": 64.5}", RL_EFORMAT, "\"hidden_size\" must be an integer"},
+        {"{" BASE ", \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2}}", RL_EUNSUPPORTED,
+         "\"rope_scaling.rope_type\" = \"linear\""},
+        {"{" BASE ", \"rope_scaling\": {\"rope_type\": \"yarn\"}}", RL_EFORMAT, "factor"},
+        {"{" BASE ", \"quantization_config\": {\"quant_method\": \"gptq\"}}", RL_EUNSUPPORTED,
+         "\"quantization_config.quant_method\""},
+        {"{" BASE ", \"quantization_config\": {\"quant_method\": \"fp8\"}}", RL_EFORMAT,
+         "weight_block_size"},
+        {"{" BASE ", \"torch_dtype\": \"int8\"}", RL_EUNSUPPORTED, "\"torch_dtype\""},
+        {"{" BASE ", \"use_sliding_window\": true}", RL_EUNSUPPORTED, "use_sliding_window"},
+        {"{" BASE ", \"tie_word_embeddings\": 1}", RL_EFORMAT, "tie_word_embeddings"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct model_config c;
+        struct rl_err err = {0};
+        int rc = model_parse_config(&c, cases[i].json, "config.json", &err);
+        if (rc != -cases[i].code || (rc && !strstr(err.msg, cases[i].needle)))
+            fail_msg("case %zu: want %s \"%s\", got %d \"%s\"", i, rl_code_name(cases[i].code),
+                     cases[i].needle, rc, err.msg);
+    }
+    /* YaRN as Qwen3's long-context guide writes it */
+    struct model_config c;
+    struct rl_err err = {0};
+    assert_int_equal(model_parse_config(&c, "{" BASE ", \"rope_scaling\": {\"rope_type\": \"yarn\", "
+                                        "\"factor\": 4.0, \"original_max_position_embeddings\": 32768}}",
+                                        "config.json", &err), 0);
+    assert_true(fabsf(c.yarn_factor - 4.0f) < 1e-6f);
+    assert_int_equal(c.yarn_orig_max_pos, 32768);
+    assert_true(fabsf(c.yarn_attn_factor - (0.1f * logf(4.0f) + 1.0f)) < 1e-6f);
+    assert_int_equal(c.head_dim, 16);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config_cases),
+        cmocka_unit_test(test_reference_scalar),
+        cmocka_unit_test(test_reference_avx2),
+        cmocka_unit_test(test_reference_avx512),
+        cmocka_unit_test(test_paths_agree),
+        cmocka_unit_test(test_batch_and_chunk_invariance),
+        cmocka_unit_test(test_bf16_vs_f32),
+        cmocka_unit_test(test_bad_checkpoints),
+    };
+    return cmocka_run_group_tests_name("model", tests, setup_tmp, teardown_tmp);
+}

@@ -1,0 +1,40 @@
+/* worker/cli/cli_util.h - small helpers the subcommands share: number and
+ * list parsing with clear errors, and opening a model on a backend. */
+#ifndef RL_CLI_UTIL_H
+#define RL_CLI_UTIL_H
+
+#include <stdint.h>
+
+#include "backend.h"
+#include "err.h"
+#include "model.h"
+
+/* Parses "1,2,3" into a malloc'd array (*out, caller frees). */
+int cli_parse_ids(const char *s, int32_t **out, int *n, struct rl_err *err);
+/* Parses a decimal integer in [lo, hi]; `what` names the flag in errors. */
+int cli_parse_int(const char *s, long lo, long hi, long *v, const char *what, struct rl_err *err);
+
+/* A model loaded on a backend with a KV pool, for the engine commands. */
+struct cli_model {
+    struct model *model;
+    struct backend *be;
+    int n_blocks, block_size;
+};
+
+struct cli_model_opts {
+    const char *dir;
+    const char *backend; /* "cpu" (default) or "cuda" */
+    int n_threads;       /* 0 = all cores */
+    const char *isa;     /* NULL = auto */
+    const char *kv;      /* "auto" | "f32" | "bf16" */
+    int max_tokens;      /* per forward step */
+    int n_blocks, block_size;
+};
+
+int cli_model_open(struct cli_model *cm, const struct cli_model_opts *o, struct rl_err *err);
+void cli_model_close(struct cli_model *cm);
+
+/* Prints a float so that it reads back to the same value. */
+void cli_print_float(float f);
+
+#endif
