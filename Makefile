@@ -3,6 +3,7 @@
 #   make CUDA=1     adds the CUDA backend (engine/cuda, nvcc + cuBLAS)
 #   make test       builds and runs every test; ends with "N passed, N failed"
 #   make bench      runs the benchmarks (figures go to BENCHMARKS.md by hand)
+#   make demo       makes a small random Qwen3 model and generates from a chat prompt
 #   make fuzz       builds the libFuzzer targets with clang
 #   make asan       the same build with AddressSanitizer + UBSan, in build-asan/
 #   make deps       installs the Debian packages the project needs (as root)
@@ -55,7 +56,7 @@ BENCH_BIN  := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/tests/%)
 LIBENGINE  := $(BUILD)/libredlm_engine.a
 LIBCOMMON  := $(BUILD)/libredlm_common.a
 
-.PHONY: all test bench fuzz asan deps clean install
+.PHONY: all test bench demo fuzz asan deps clean install
 all: $(BUILD)/redlm $(TEST_BIN) $(BENCH_BIN)
 
 $(BUILD)/%.o: %.c
@@ -90,6 +91,9 @@ test: all
 
 bench: all
 	BUILD=$(BUILD) bash tests/bench/run.sh
+
+demo: all
+	BUILD=$(BUILD) bash examples/demo.sh
 
 # libFuzzer targets: each links the whole engine with the fuzzer runtime.
 fuzz:

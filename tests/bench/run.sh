@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# make bench: the benchmarks whose figures BENCHMARKS.md records.
+# Makes the random-weight checkpoints it needs once (build/models/), then
+# prints one JSON line per measurement. Threads default to 2, the size of
+# the machines this project is measured on; override with THREADS=N.
+set -euo pipefail
+BUILD=${BUILD:-build}
+THREADS=${THREADS:-2}
+cd "$(dirname "$0")/../.."
+mkdir -p "$BUILD/models"
+M06="$BUILD/models/qwen3-0.6b-bf16"
+if [ ! -f "$M06/config.json" ]; then
+    "$BUILD/redlm" mkmodel --shape qwen3-0.6b --dtype bf16 --out "$M06" >/dev/null
+fi
+
+echo "# kernels (memory bandwidth, BF16 peak, GEMM rates)"
+"$BUILD/tests/bench_kernels" --threads "$THREADS"
+
+echo "# engine core: prefill 512 and decode 64 at batch 1, 4, 16 ($M06, $THREADS threads)"
+for b in 1 4 16; do
+    "$BUILD/redlm" bench-engine -m "$M06" --prompt 512 --gen 64 --batch "$b" --threads "$THREADS"
+done
+
+if [ -x "$BUILD/tests/bench_tokenizer" ]; then
+    echo "# tokenizer encode speed, one core"
+    "$BUILD/tests/bench_tokenizer" --tokenizer ../shared/tokenizer/qwen3
+fi
+if [ -x "$BUILD/tests/bench_batching" ]; then
+    echo "# continuous batching: prompt 128, output 128"
+    "$BUILD/tests/bench_batching" -m "$M06" --threads "$THREADS"
+fi
