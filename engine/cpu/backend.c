@@ -33,6 +33,14 @@
 #include "kernels.h"
 #include "pool.h"
 
+/* Rows of one attention item (queries x heads of a GQA group): the score
+ * tile for them stays in L2 for contexts of a few thousand tokens. */
+#define ATT_ROWS 64
+
+struct attn_item {
+    int32_t seq, g, t0, n; /* sequence, kv head, first token index, tokens */
+};
+
 struct cpu_mat {
     enum model_dtype dt;  /* F32, BF16 or F16 (FP8 is widened at load) */
     int rows, cols;
@@ -73,11 +81,17 @@ struct cpu_ctx {
     float *u;       /* (max_tokens, inter) up */
     float *tmp;     /* (max_tokens, hidden) projection output */
     int32_t *tok_seq, *tok_pos; /* (max_tokens) */
+    struct attn_item *items;    /* (max_tokens * n_kv_heads) */
 
     int n_blocks, block_size;
     void *kcache, *vcache; /* (n_layers, n_blocks, n_kv, block_size, head_dim) */
-    float *scratch;        /* (n_threads, ctx_max + head_dim) attention rows */
-    int ctx_max;
+    /* Attention scratch per thread: scores (ATT_ROWS, seq_max) f32 and the
+     * query tile (ATT_ROWS, head_dim) as f32 and bf16. */
+    float *scratch;
+    size_t scratch_per_thread; /* floats */
+    int ctx_max;               /* n_blocks * block_size */
+    int seq_max;               /* longest sequence: min(ctx_max, max_pos) */
+    int q_tile;                /* queries per attention item: ATT_ROWS / group */
 
     char desc[96];
 };
@@ -202,6 +216,8 @@ static void free_weights(struct cpu_ctx *c)
     c->final_norm = NULL, c->inv_freq = NULL;
     free(c->x), free(c->xn), free(c->xb), free(c->q), free(c->kx), free(c->vx);
     free(c->att), free(c->g), free(c->u), free(c->tmp), free(c->tok_seq), free(c->tok_pos);
+    free(c->items);
+    c->items = NULL;
     c->x = c->xn = c->q = c->kx = c->vx = c->att = c->g = c->u = c->tmp = NULL;
     c->xb = NULL, c->tok_seq = c->tok_pos = NULL;
     c->loaded = 0;
@@ -253,7 +269,8 @@ static int cpu_load(void *ctx, const struct model_config *cfg, const struct mode
         !(c->kx = malloc(T * KV * 4)) || !(c->vx = malloc(T * KV * 4)) ||
         !(c->att = malloc(T * Q * 4)) || !(c->g = malloc(T * I * 4)) ||
         !(c->u = malloc(T * I * 4)) || !(c->tmp = malloc(T * H * 4)) ||
-        !(c->tok_seq = malloc(T * 4)) || !(c->tok_pos = malloc(T * 4)))
+        !(c->tok_seq = malloc(T * 4)) || !(c->tok_pos = malloc(T * 4)) ||
+        !(c->items = malloc(T * (size_t)cfg->n_kv_heads * sizeof *c->items)))
         goto oom;
     c->kv_dtype = c->kv_req != BE_KV_AUTO ? c->kv_req
                   : cfg->dtype == MODEL_F32 && w->layers[0].wq.dtype == MODEL_F32 ? BE_KV_F32
@@ -290,10 +307,15 @@ static int cpu_kv_init(void *ctx, int n_blocks, int block_size, struct rl_err *e
     c->scratch = NULL;
     size_t half = cpu_kv_block_bytes(c, block_size) / 2 * (size_t)n_blocks;
     c->ctx_max = n_blocks * block_size;
+    c->seq_max = c->ctx_max < c->cfg.max_pos ? c->ctx_max : c->cfg.max_pos;
+    int group = c->cfg.n_heads / c->cfg.n_kv_heads;
+    c->q_tile = ATT_ROWS / group > 0 ? ATT_ROWS / group : 1;
+    size_t rows = (size_t)c->q_tile * (size_t)group;
+    c->scratch_per_thread = rows * (size_t)c->seq_max + rows * (size_t)c->cfg.head_dim * 2 + 64;
     /* calloc: fresh pages are zero, and untouched blocks cost no memory. */
     c->kcache = calloc(1, half);
     c->vcache = calloc(1, half);
-    c->scratch = malloc((size_t)c->n_threads * (size_t)(c->ctx_max + c->cfg.head_dim) * 4);
+    c->scratch = malloc((size_t)c->n_threads * c->scratch_per_thread * 4);
     if (!c->kcache || !c->vcache || !c->scratch) {
         free(c->kcache), free(c->vcache), free(c->scratch);
         c->kcache = c->vcache = NULL;
@@ -509,10 +531,18 @@ static void rope_task(void *arg, int ith, int nth)
     }
 }
 
-/* Attention: one (token, q head) per item, keys 0..pos from the cache. */
+/* Attention. One item = one sequence, one KV head and a tile of up to
+ * q_tile consecutive queries of that sequence; its rows are the tile's
+ * queries times the heads of the KV head's group (GQA), so the group shares
+ * every key and value it loads. Scores come from the gemm kernels with the
+ * keys of one cache block as the "weight" rows: each (query, key) score is
+ * one fixed-order dot product whatever the tile holds, which keeps decode
+ * (one query) and prefill (a tile) bit-identical. Softmax and the weighted
+ * sum of values then run per row, keys in ascending order. */
 struct attn_job {
     struct cpu_ctx *c;
-    int layer, n_tokens;
+    int layer, n_items;
+    const struct attn_item *items;
     const struct be_batch *b;
 };
 
@@ -523,41 +553,80 @@ static void attn_task(void *arg, int ith, int nth)
     const struct model_config *cfg = &c->cfg;
     const struct cpu_kernels *k = c->k;
     int hd = cfg->head_dim, group = cfg->n_heads / cfg->n_kv_heads, bs = c->block_size;
+    int smax = c->seq_max;
     float scale = 1.0f / sqrtf((float)hd);
-    float *sc = c->scratch + (size_t)ith * (size_t)(c->ctx_max + hd);
     int bf = c->kv_dtype == BE_KV_BF16;
-    int n_items = j->n_tokens * cfg->n_heads;
-    for (int it = ith; it < n_items; it += nth) {
-        int t = it / cfg->n_heads, h = it % cfg->n_heads, g = h / group;
-        int pos = c->tok_pos[t];
-        const struct be_seq *s = &j->b->seqs[c->tok_seq[t]];
-        const float *q = c->q + ((size_t)t * (size_t)cfg->n_heads + (size_t)h) * (size_t)hd;
-        float *out = c->att + ((size_t)t * (size_t)cfg->n_heads + (size_t)h) * (size_t)hd;
-        float mx = -INFINITY;
-        for (int p = 0; p <= pos; p++) {
-            const void *kp = kv_at(c, c->kcache, j->layer, s->block_table[p / bs], g, p % bs);
-            float d = bf ? k->dot_bf16_f32(kp, q, hd) : k->dot_f32(kp, q, hd);
-            sc[p] = d * scale;
-            if (sc[p] > mx)
-                mx = sc[p];
-        }
-        float sum = 0;
-        for (int p = 0; p <= pos; p++) {
-            sc[p] = expf(sc[p] - mx);
-            sum += sc[p];
-        }
-        memset(out, 0, (size_t)hd * 4);
-        for (int p = 0; p <= pos; p++) {
-            const void *vp = kv_at(c, c->vcache, j->layer, s->block_table[p / bs], g, p % bs);
+    float *S = c->scratch + (size_t)ith * c->scratch_per_thread;
+    float *qf = S + (size_t)c->q_tile * (size_t)group * (size_t)smax;
+    uint16_t *qb = (uint16_t *)(qf + (size_t)c->q_tile * (size_t)group * (size_t)hd);
+    for (int it = ith; it < j->n_items; it += nth) {
+        const struct attn_item *a = &j->items[it];
+        const struct be_seq *s = &j->b->seqs[a->seq];
+        int rows = a->n * group;
+        /* gather the tile's query rows: row r = (token a->t0 + r / group, head g*group + r % group) */
+        for (int r = 0; r < rows; r++) {
+            int t = a->t0 + r / group, h = a->g * group + r % group;
+            const float *q = c->q + ((size_t)t * (size_t)cfg->n_heads + (size_t)h) * (size_t)hd;
             if (bf)
-                k->axpy_bf16(sc[p], vp, out, hd);
+                k->f32_to_bf16(q, qb + (size_t)r * (size_t)hd, hd);
             else
-                k->axpy_f32(sc[p], vp, out, hd);
+                memcpy(qf + (size_t)r * (size_t)hd, q, (size_t)hd * 4);
         }
-        float inv = 1.0f / sum;
-        for (int d = 0; d < hd; d++)
-            out[d] *= inv;
+        int last = c->tok_pos[a->t0 + a->n - 1]; /* keys 0..last cover the tile */
+        for (int blk = 0; blk * bs <= last; blk++) {
+            int nk = last + 1 - blk * bs < bs ? last + 1 - blk * bs : bs;
+            const void *kb = kv_at(c, c->kcache, j->layer, s->block_table[blk], a->g, 0);
+            if (bf)
+                k->gemm_bf16(rows, 0, nk, hd, qb, hd, kb, S + (size_t)blk * (size_t)bs, smax);
+            else
+                k->gemm_f32(rows, 0, nk, hd, qf, hd, kb, S + (size_t)blk * (size_t)bs, smax);
+        }
+        for (int r = 0; r < rows; r++) {
+            int t = a->t0 + r / group, h = a->g * group + r % group;
+            int pos = c->tok_pos[t];
+            float *sc = S + (size_t)r * (size_t)smax;
+            float mx = -INFINITY;
+            for (int p = 0; p <= pos; p++) {
+                sc[p] *= scale;
+                if (sc[p] > mx)
+                    mx = sc[p];
+            }
+            float sum = 0;
+            for (int p = 0; p <= pos; p++) {
+                sc[p] = expf(sc[p] - mx);
+                sum += sc[p];
+            }
+            float *out = c->att + ((size_t)t * (size_t)cfg->n_heads + (size_t)h) * (size_t)hd;
+            memset(out, 0, (size_t)hd * 4);
+            for (int p = 0; p <= pos; p++) {
+                const void *vp = kv_at(c, c->vcache, j->layer, s->block_table[p / bs], a->g, p % bs);
+                if (bf)
+                    k->axpy_bf16(sc[p], vp, out, hd);
+                else
+                    k->axpy_f32(sc[p], vp, out, hd);
+            }
+            float inv = 1.0f / sum;
+            for (int d = 0; d < hd; d++)
+                out[d] *= inv;
+        }
     }
+}
+
+/* Splits the batch into attention items; longest work first would balance
+ * better, but interleaving items across threads is close and stays cheap. */
+static int attn_items(const struct cpu_ctx *c, const struct be_batch *b, struct attn_item *items)
+{
+    int n = 0;
+    for (int s = 0, t = 0; s < b->n_seqs; s++) {
+        int n_new = b->seqs[s].n_new;
+        for (int t0 = 0; t0 < n_new; t0 += c->q_tile) {
+            int cnt = n_new - t0 < c->q_tile ? n_new - t0 : c->q_tile;
+            for (int g = 0; g < c->cfg.n_kv_heads; g++)
+                items[n++] = (struct attn_item){s, g, t + t0, cnt};
+        }
+        t += n_new;
+    }
+    return n;
 }
 
 struct embed_job {
@@ -666,6 +735,7 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
             c->tok_seq[t] = s;
             c->tok_pos[t] = b->seqs[s].n_past + i;
         }
+    int n_items = attn_items(c, b, c->items);
     struct embed_job ej = {c, b->tokens, T};
     run(c, embed_task, &ej, T);
     for (int l = 0; l < cfg->n_layers; l++) {
@@ -676,8 +746,8 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         project(c, T, c->xn, c->xb, H, &L->wq, c->q, &L->wk, c->kx, &L->wv, c->vx);
         struct rope_job rj = {c, L, l, T, b};
         run(c, rope_task, &rj, T);
-        struct attn_job aj = {c, l, T, b};
-        run(c, attn_task, &aj, T * cfg->n_heads);
+        struct attn_job aj = {c, l, n_items, c->items, b};
+        run(c, attn_task, &aj, n_items);
         if (needs_bf16(&L->wo))
             c->k->f32_to_bf16(c->att, c->xb, T * Q);
         project(c, T, c->att, c->xb, Q, &L->wo, c->tmp, NULL, NULL, NULL, NULL);
