@@ -1,0 +1,605 @@
+/* engine/sample.c - penalties, temperature, min-p / top-k / top-p, draws.
+ *
+ * Runs once per generated token per sequence on the engine's owner thread,
+ * over a 151936-entry row, so the work is a handful of linear passes and
+ * never a full sort:
+ *   - greedy: one pass (argmax, ties to the lower id);
+ *   - top_k: one pass with a k-entry min-heap whose root is the weakest
+ *     survivor (most tokens cost one compare), then a sort of k entries;
+ *   - top_p without top_k: one pass for the normaliser Z, then a histogram
+ *     of the survivors' probabilities in 1024 log-spaced buckets above the
+ *     floor tau = (1 - top_p) Z / n_vocab. Tokens under tau can never be in
+ *     the nucleus (all of them together weigh at most (1 - top_p) Z, and
+ *     they all rank below every token above tau), so only the one bucket
+ *     where the mass crosses top_p Z is sorted. The nucleus is then "every
+ *     token ranked at or above the cut token", ranking by (probability
+ *     desc, id asc), and the final draw walks the row testing that.
+ * All ranking uses that one total order, so ties are decided by id and the
+ * result never depends on memory layout or qsort's stability.
+ *
+ * The row is scratch: penalties are applied in place and undone from a
+ * saved copy before returning. Raw log-probabilities (before penalties) are
+ * computed first, when asked for, with a double-precision log-sum-exp.
+ *
+ * The state's token map is open addressing from token id to a dense index;
+ * the dense arrays (id, output count, in-prompt flag) are what the penalty
+ * loop walks, so its cost is the number of distinct tokens seen, not the
+ * vocabulary. */
+#include "sample.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N_BUCKETS 1024
+
+struct cand {
+    float z;      /* (logit - max) / temperature, <= 0 */
+    float w;      /* expf(z), filled once selected */
+    int32_t id;
+};
+
+struct sample_state {
+    uint64_t rng[4];        /* xoshiro256** state */
+    /* token map */
+    int32_t *slot;          /* (1 << slot_bits) dense index, -1 = empty */
+    int slot_bits;
+    int32_t *key;           /* (cap) token id */
+    int32_t *count;         /* (cap) occurrences in the output */
+    uint8_t *in_prompt;     /* (cap) token occurs in the prompt */
+    float *saved;           /* (cap) logits before penalties, for restore */
+    int n, cap;
+    /* scratch, grown on demand */
+    struct cand *cand;      /* (n_cand_cap) heap / boundary bucket */
+    int n_cand_cap;
+    double *bmass;          /* (N_BUCKETS) probability mass per bucket */
+    int32_t *bcount;        /* (N_BUCKETS) tokens per bucket */
+};
+
+/* ---- RNG ---- */
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t xoshiro_next(uint64_t *s)
+{
+    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return r;
+}
+
+double sample_rng_uniform(struct sample_state *st)
+{
+    return (double)(xoshiro_next(st->rng) >> 11) * 0x1.0p-53;
+}
+
+/* ---- token map ---- */
+
+static uint32_t slot_of(const struct sample_state *st, int32_t tok)
+{
+    return (uint32_t)(((uint64_t)(uint32_t)tok * 0x9e3779b97f4a7c15ULL) >>
+                      (64 - st->slot_bits));
+}
+
+static int map_find(const struct sample_state *st, int32_t tok)
+{
+    if (!st->slot)
+        return -1;
+    uint32_t mask = (1u << st->slot_bits) - 1;
+    for (uint32_t i = slot_of(st, tok);; i = (i + 1) & mask) {
+        int32_t d = st->slot[i];
+        if (d < 0 || st->key[d] == tok)
+            return d;
+    }
+}
+
+/* Room for `want` distinct tokens; keeps the table at most half full. */
+static int map_reserve(struct sample_state *st, int want, struct rl_err *err)
+{
+    if (want > st->cap) {
+        int cap = st->cap ? st->cap : 64;
+        while (cap < want)
+            cap *= 2;
+        int32_t *k = realloc(st->key, sizeof *k * (size_t)cap);
+        if (k)
+            st->key = k;
+        int32_t *c = realloc(st->count, sizeof *c * (size_t)cap);
+        if (c)
+            st->count = c;
+        uint8_t *p = realloc(st->in_prompt, (size_t)cap);
+        if (p)
+            st->in_prompt = p;
+        float *s = realloc(st->saved, sizeof *s * (size_t)cap);
+        if (s)
+            st->saved = s;
+        if (!k || !c || !p || !s)
+            return rl_errf(err, RL_ENOMEM, "sample: out of memory for %d "
+                           "tokens", cap);
+        st->cap = cap;
+    }
+    if (!st->slot || want * 2 > (1 << st->slot_bits)) {
+        int bits = st->slot_bits ? st->slot_bits : 7;
+        while (want * 2 > (1 << bits))
+            bits++;
+        int32_t *slot = malloc(sizeof *slot << bits);
+        if (!slot)
+            return rl_errf(err, RL_ENOMEM, "sample: out of memory for the "
+                           "token map");
+        memset(slot, 0xff, sizeof *slot << bits);
+        free(st->slot);
+        st->slot = slot;
+        st->slot_bits = bits;
+        uint32_t mask = (1u << bits) - 1;
+        for (int d = 0; d < st->n; d++) {
+            uint32_t i = slot_of(st, st->key[d]);
+            while (st->slot[i] >= 0)
+                i = (i + 1) & mask;
+            st->slot[i] = d;
+        }
+    }
+    return 0;
+}
+
+/* Dense index of tok, inserting it; the caller reserved room. */
+static int map_insert(struct sample_state *st, int32_t tok)
+{
+    uint32_t mask = (1u << st->slot_bits) - 1;
+    uint32_t i = slot_of(st, tok);
+    for (; st->slot[i] >= 0; i = (i + 1) & mask)
+        if (st->key[st->slot[i]] == tok)
+            return st->slot[i];
+    int d = st->n++;
+    st->slot[i] = d;
+    st->key[d] = tok;
+    st->count[d] = 0;
+    st->in_prompt[d] = 0;
+    return d;
+}
+
+/* ---- state ---- */
+
+void sample_params_default(struct sample_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->temperature = 1.0f;
+    p->top_p = 1.0f;
+    p->repetition_penalty = 1.0f;
+}
+
+int sample_params_check(const struct sample_params *p, struct rl_err *err)
+{
+    if (!(p->temperature >= 0 && isfinite(p->temperature)))
+        return rl_errf(err, RL_EINVAL, "temperature %g: must be >= 0",
+                       (double)p->temperature);
+    if (p->top_k < 0)
+        return rl_errf(err, RL_EINVAL, "top_k %d: must be >= 0 (0 = off)",
+                       p->top_k);
+    if (!(p->top_p > 0 && p->top_p <= 1))
+        return rl_errf(err, RL_EINVAL, "top_p %g: must be in (0, 1]",
+                       (double)p->top_p);
+    if (!(p->min_p >= 0 && p->min_p <= 1))
+        return rl_errf(err, RL_EINVAL, "min_p %g: must be in [0, 1]",
+                       (double)p->min_p);
+    if (!isfinite(p->presence_penalty))
+        return rl_errf(err, RL_EINVAL, "presence_penalty is not finite");
+    if (!isfinite(p->frequency_penalty))
+        return rl_errf(err, RL_EINVAL, "frequency_penalty is not finite");
+    if (!(p->repetition_penalty > 0 && isfinite(p->repetition_penalty)))
+        return rl_errf(err, RL_EINVAL, "repetition_penalty %g: must be > 0",
+                       (double)p->repetition_penalty);
+    if (p->n_logprobs < 0 || p->n_logprobs > SAMPLE_MAX_LOGPROBS)
+        return rl_errf(err, RL_EINVAL, "n_logprobs %d: must be in 0..%d",
+                       p->n_logprobs, SAMPLE_MAX_LOGPROBS);
+    return 0;
+}
+
+int sample_state_create(struct sample_state **out, uint64_t seed,
+                        const int32_t *prompt, int n_prompt,
+                        struct rl_err *err)
+{
+    *out = NULL;
+    if (n_prompt < 0 || (n_prompt > 0 && !prompt))
+        return rl_errf(err, RL_EINVAL, "sample_state_create: n_prompt %d",
+                       n_prompt);
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0)
+            return rl_errf(err, RL_EINVAL, "sample_state_create: prompt "
+                           "token %d is %d", i, (int)prompt[i]);
+    struct sample_state *st = calloc(1, sizeof *st);
+    if (!st)
+        return rl_errf(err, RL_ENOMEM, "sample_state_create: out of memory");
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++)
+        st->rng[i] = splitmix64(&x);
+    int rc = map_reserve(st, 64, err);
+    for (int i = 0; i < n_prompt && !rc; i++) {
+        if (map_find(st, prompt[i]) >= 0)
+            continue;
+        if ((rc = map_reserve(st, st->n + 1, err)))
+            break;
+        st->in_prompt[map_insert(st, prompt[i])] = 1;
+    }
+    if (rc) {
+        sample_state_free(st);
+        return rc;
+    }
+    *out = st;
+    return 0;
+}
+
+void sample_state_free(struct sample_state *st)
+{
+    if (!st)
+        return;
+    free(st->slot);
+    free(st->key);
+    free(st->count);
+    free(st->in_prompt);
+    free(st->saved);
+    free(st->cand);
+    free(st->bmass);
+    free(st->bcount);
+    free(st);
+}
+
+int sample_observe(struct sample_state *st, int32_t token, struct rl_err *err)
+{
+    if (token < 0)
+        return rl_errf(err, RL_EINVAL, "sample_observe: token %d",
+                       (int)token);
+    int rc = map_reserve(st, st->n + 1, err);
+    if (rc)
+        return rc;
+    st->count[map_insert(st, token)]++;
+    return 0;
+}
+
+int sample_output_count(const struct sample_state *st, int32_t token)
+{
+    int d = map_find(st, token);
+    return d >= 0 ? st->count[d] : 0;
+}
+
+/* ---- selection helpers ---- */
+
+/* The one ranking: higher z first, then lower id. */
+static int better(float za, int32_t ia, float zb, int32_t ib)
+{
+    return za > zb || (za == zb && ia < ib);
+}
+
+static int cand_cmp(const void *a, const void *b)
+{
+    const struct cand *x = a, *y = b;
+    if (better(x->z, x->id, y->z, y->id))
+        return -1;
+    return better(y->z, y->id, x->z, x->id) ? 1 : 0;
+}
+
+static int cand_reserve(struct sample_state *st, int n, struct rl_err *err)
+{
+    if (n <= st->n_cand_cap)
+        return 0;
+    int cap = st->n_cand_cap ? st->n_cand_cap : 64;
+    while (cap < n)
+        cap *= 2;
+    struct cand *c = realloc(st->cand, sizeof *c * (size_t)cap);
+    if (!c)
+        return rl_errf(err, RL_ENOMEM, "sample: out of memory for %d "
+                       "candidates", cap);
+    st->cand = c;
+    st->n_cand_cap = cap;
+    return 0;
+}
+
+/* Min-heap on the ranking: h[0] is the weakest kept candidate. */
+static void heap_sift_down(struct cand *h, int n, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && better(h[m].z, h[m].id, h[l].z, h[l].id))
+            m = l;
+        if (r < n && better(h[m].z, h[m].id, h[r].z, h[r].id))
+            m = r;
+        if (m == i)
+            return;
+        struct cand t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+static void heap_sift_up(struct cand *h, int i)
+{
+    while (i > 0) {
+        int p = (i - 1) / 2;
+        if (!better(h[p].z, h[p].id, h[i].z, h[i].id))
+            return;
+        struct cand t = h[i];
+        h[i] = h[p];
+        h[p] = t;
+        i = p;
+    }
+}
+
+/* ---- the pipeline ---- */
+
+/* Bucket of z in [zlo, 0]: monotone in z, so buckets keep the ranking. */
+static int bucket_of(float z, float zlo, float scale)
+{
+    int b = (int)((z - zlo) * scale);
+    return b < 0 ? 0 : b >= N_BUCKETS ? N_BUCKETS - 1 : b;
+}
+
+static void apply_penalties(struct sample_state *st,
+                            const struct sample_params *p, float *logits,
+                            int n_vocab)
+{
+    float rep = p->repetition_penalty;
+    for (int d = 0; d < st->n; d++) {
+        int32_t t = st->key[d];
+        if (t >= n_vocab)
+            continue; /* an id beyond this row (padded vocab): nothing to do */
+        float l = logits[t];
+        st->saved[d] = l;
+        if (rep != 1.0f)
+            l = l > 0 ? l / rep : l * rep;
+        if (st->count[d] > 0) {
+            l -= p->frequency_penalty * (float)st->count[d];
+            l -= p->presence_penalty;
+        }
+        logits[t] = l;
+    }
+}
+
+void sample_apply_penalties(struct sample_state *st,
+                            const struct sample_params *p, float *logits,
+                            int n_vocab)
+{
+    apply_penalties(st, p, logits, n_vocab);
+}
+
+static void restore_logits(const struct sample_state *st, float *logits,
+                           int n_vocab)
+{
+    for (int d = 0; d < st->n; d++)
+        if (st->key[d] < n_vocab)
+            logits[st->key[d]] = st->saved[d];
+}
+
+/* Raw log-softmax facts: the log-sum-exp and the top n entries. */
+static double raw_logprobs(const float *logits, int n_vocab, int n_top,
+                           struct sample_out *out)
+{
+    float m = -INFINITY;
+    int n = 0;
+    struct sample_logprob *top = out->top;
+    for (int i = 0; i < n_vocab; i++) {
+        float l = logits[i];
+        if (l > m)
+            m = l;
+        if (n_top == 0 || (n == n_top && !better(l, i, top[n - 1].logprob,
+                                                 top[n - 1].id)))
+            continue;
+        /* insertion into the small sorted list (logprob holds the logit) */
+        int j = n < n_top ? n++ : n - 1;
+        while (j > 0 && better(l, i, top[j - 1].logprob, top[j - 1].id)) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        top[j].id = i;
+        top[j].logprob = l;
+    }
+    double s = 0;
+    for (int i = 0; i < n_vocab; i++)
+        s += exp((double)logits[i] - m);
+    double lse = m + log(s);
+    for (int j = 0; j < n; j++)
+        top[j].logprob = (float)(top[j].logprob - lse);
+    out->n_top = n;
+    return lse;
+}
+
+/* Random draw over the processed row. m: max of the penalised logits. Draws
+ * exactly one number from the stream unless it fails (ENOMEM) first. */
+static int sample_random(struct sample_state *st, const struct sample_params *p,
+                         const float *logits, int n_vocab, float m,
+                         int32_t *tok, struct rl_err *err)
+{
+    const float T = p->temperature;
+    const float zmin = p->min_p > 0 ? logf(p->min_p) : -INFINITY;
+    const int k = p->top_k > 0 && p->top_k < n_vocab ? p->top_k : 0;
+    int rc;
+
+    if (k) {
+        if ((rc = cand_reserve(st, k, err)))
+            return rc;
+        struct cand *h = st->cand;
+        int n = 0;
+        for (int i = 0; i < n_vocab; i++) {
+            float z = (logits[i] - m) / T;
+            if (!(z >= zmin))
+                continue;
+            if (n < k) {
+                h[n].z = z;
+                h[n].id = i;
+                heap_sift_up(h, n++);
+            } else if (better(z, i, h[0].z, h[0].id)) {
+                h[0].z = z;
+                h[0].id = i;
+                heap_sift_down(h, n, 0);
+            }
+        }
+        qsort(h, (size_t)n, sizeof *h, cand_cmp);
+        double Z = 0;
+        for (int i = 0; i < n; i++)
+            Z += h[i].w = expf(h[i].z);
+        if (p->top_p < 1) {
+            double cum = 0, goal = (double)p->top_p * Z;
+            int i = 0;
+            while (i < n && (cum += h[i].w, ++i, cum < goal))
+                ;
+            n = i;
+            Z = cum;
+        }
+        double target = sample_rng_uniform(st) * Z, cum = 0;
+        for (int i = 0; i < n; i++) {
+            cum += h[i].w;
+            if (target < cum) {
+                *tok = h[i].id;
+                return 0;
+            }
+        }
+        *tok = h[n - 1].id; /* rounding left target at the very end */
+        return 0;
+    }
+
+    double Z = 0;
+    for (int i = 0; i < n_vocab; i++) {
+        float z = (logits[i] - m) / T;
+        if (z >= zmin)
+            Z += expf(z);
+    }
+    /* the cut: include token i iff it ranks at or above (cut_z, cut_id) */
+    float cut_z = zmin;
+    int32_t cut_id = n_vocab; /* "at or above zmin, any id" */
+    double Zf = Z;
+    if (p->top_p < 1) {
+        if (!st->bmass) {
+            st->bmass = malloc(sizeof *st->bmass * N_BUCKETS);
+            st->bcount = malloc(sizeof *st->bcount * N_BUCKETS);
+            if (!st->bmass || !st->bcount) {
+                free(st->bmass);
+                free(st->bcount);
+                st->bmass = NULL;
+                st->bcount = NULL;
+                return rl_errf(err, RL_ENOMEM, "sample: out of memory for "
+                               "top_p buckets");
+            }
+        }
+        float zlo = (float)log((1.0 - (double)p->top_p) * Z / n_vocab);
+        if (zlo < zmin)
+            zlo = zmin;
+        const float scale = N_BUCKETS / -zlo; /* zlo < 0: see the essay */
+        memset(st->bmass, 0, sizeof *st->bmass * N_BUCKETS);
+        memset(st->bcount, 0, sizeof *st->bcount * N_BUCKETS);
+        for (int i = 0; i < n_vocab; i++) {
+            float z = (logits[i] - m) / T;
+            if (!(z >= zlo))
+                continue;
+            int b = bucket_of(z, zlo, scale);
+            st->bmass[b] += expf(z);
+            st->bcount[b]++;
+        }
+        double goal = (double)p->top_p * Z, cum = 0;
+        int bstar = N_BUCKETS - 1;
+        for (; bstar >= 0; bstar--) {
+            if (cum + st->bmass[bstar] >= goal)
+                break; /* nonempty: goal > 0, and cum < goal so far */
+            cum += st->bmass[bstar];
+        }
+        /* bstar < 0: rounding left the buckets' total under the goal
+         * (top_p within an ulp of 1), so nothing is cut */
+        if (bstar >= 0) {
+            if ((rc = cand_reserve(st, st->bcount[bstar], err)))
+                return rc;
+            struct cand *c = st->cand;
+            int n = 0;
+            for (int i = 0; i < n_vocab; i++) {
+                float z = (logits[i] - m) / T;
+                if (!(z >= zlo))
+                    continue;
+                if (bucket_of(z, zlo, scale) == bstar) {
+                    c[n].z = z;
+                    c[n].w = expf(z);
+                    c[n++].id = i;
+                }
+            }
+            qsort(c, (size_t)n, sizeof *c, cand_cmp);
+            int j = 0;
+            while (j < n && (cum += c[j].w, ++j, cum < goal))
+                ;
+            cut_z = c[j - 1].z;
+            cut_id = c[j - 1].id;
+            Zf = cum;
+        }
+    }
+    double target = sample_rng_uniform(st) * Zf, cum = 0;
+    int32_t last = -1;
+    for (int i = 0; i < n_vocab; i++) {
+        float z = (logits[i] - m) / T;
+        if (!(z >= zmin) || !(z > cut_z || (z == cut_z && i <= cut_id)))
+            continue;
+        cum += expf(z);
+        last = i;
+        if (target < cum) {
+            *tok = i;
+            return 0;
+        }
+    }
+    *tok = last; /* rounding: the total fell just short of target */
+    return 0;
+}
+
+int sample_next(struct sample_state *st, const struct sample_params *p,
+                float *logits, int n_vocab, struct sample_out *out,
+                struct rl_err *err)
+{
+    int rc;
+    memset(out, 0, offsetof(struct sample_out, top));
+    if ((rc = sample_params_check(p, err)))
+        return rc;
+    if (n_vocab <= 0 || !logits)
+        return rl_errf(err, RL_EINVAL, "sample_next: n_vocab %d", n_vocab);
+    /* everything that can fail for memory happens before the draw */
+    if ((rc = map_reserve(st, st->n + 1, err)))
+        return rc;
+
+    double lse = 0;
+    if (p->logprobs) {
+        int n_top = p->n_logprobs < n_vocab ? p->n_logprobs : n_vocab;
+        lse = raw_logprobs(logits, n_vocab, n_top, out);
+    }
+
+    apply_penalties(st, p, logits, n_vocab);
+    float m = -INFINITY;
+    int32_t arg = -1;
+    for (int i = 0; i < n_vocab; i++)
+        if (logits[i] > m) { /* strict: ties keep the lower id */
+            m = logits[i];
+            arg = i;
+        }
+    if (!isfinite(m)) {
+        restore_logits(st, logits, n_vocab);
+        return rl_errf(err, RL_EINVAL, "sample_next: no finite maximum in "
+                       "the logits row (max %g)", (double)m);
+    }
+    int32_t tok = arg;
+    if (p->temperature == 0) {
+        (void)sample_rng_uniform(st); /* one draw per token, always */
+    } else if ((rc = sample_random(st, p, logits, n_vocab, m, &tok, err))) {
+        restore_logits(st, logits, n_vocab);
+        return rc;
+    }
+    restore_logits(st, logits, n_vocab);
+
+    out->token = tok;
+    if (p->logprobs)
+        out->logprob = (float)((double)logits[tok] - lse);
+    st->count[map_insert(st, tok)]++;
+    return 0;
+}

@@ -1,0 +1,118 @@
+/* engine/sample.h - logits processing and sampling for one sequence row.
+ *
+ * Pipeline, in this order (vLLM's order):
+ *   1. repetition penalty (HF: positive logits divided, negative multiplied,
+ *      over every token seen in the prompt or the output);
+ *   2. frequency penalty (minus f * count in the output) and presence
+ *      penalty (minus p once if the token is in the output);
+ *   3. temperature 0: argmax of the penalised logits, ties to the lower id;
+ *      otherwise divide by the temperature and
+ *   4. min_p: drop tokens whose probability is below min_p times the top's;
+ *   5. top_k: keep the k most likely (ties broken towards lower ids);
+ *   6. top_p: keep the smallest most-likely-first set whose mass, under the
+ *      distribution renormalised after 4-5, reaches top_p;
+ *   7. draw one uniform number from the request's RNG and invert the CDF.
+ * The most likely token always survives 4-6, so the support is never empty.
+ *
+ * Log-probabilities are the raw model's (log-softmax of the logits as they
+ * came in, before penalties and temperature), as OpenAI reports them: they
+ * describe the model, not the sampler settings.
+ *
+ * Determinism: the n-th call of sample_next() on a state consumes exactly
+ * the n-th number of that state's stream (one draw per call, greedy
+ * included), and nothing outside the state and its inputs affects the
+ * choice, so a seeded request gives the same tokens whatever else shares
+ * its batch. Threading: a state is used by one thread at a time. */
+#ifndef RL_SAMPLE_H
+#define RL_SAMPLE_H
+
+#include <stdint.h>
+
+#include "err.h"
+
+#define SAMPLE_MAX_LOGPROBS 20
+
+/* Sampling settings of one request. sample_params_default() gives the
+ * neutral values (plain sampling at temperature 1, nothing filtered). */
+struct sample_params {
+    float temperature;        /* >= 0; 0 = greedy */
+    int top_k;                /* >= 0; 0 = off (whole vocabulary) */
+    float top_p;              /* (0, 1]; 1 = off */
+    float min_p;              /* [0, 1]; 0 = off */
+    float presence_penalty;   /* subtracted once from tokens in the output;
+                                 0 = off, OpenAI range [-2, 2] */
+    float frequency_penalty;  /* times the token's output count, subtracted;
+                                 0 = off */
+    float repetition_penalty; /* > 0; 1 = off; over prompt + output tokens */
+    uint64_t seed;            /* seeds the request's RNG (sample_state) */
+    int logprobs;             /* nonzero: fill sample_out.logprob and top */
+    int n_logprobs;           /* 0..SAMPLE_MAX_LOGPROBS top alternatives,
+                                 used when logprobs is set */
+};
+
+struct sample_logprob {
+    int32_t id;
+    float logprob;            /* raw model log-probability */
+};
+
+/* What sample_next() chose. */
+struct sample_out {
+    int32_t token;
+    float logprob;            /* raw logprob of token; 0 unless logprobs */
+    int n_top;                /* entries in top (min(n_logprobs, n_vocab)) */
+    struct sample_logprob top[SAMPLE_MAX_LOGPROBS]; /* most likely first,
+                                 ties to the lower id */
+};
+
+/* Per-request state: the RNG stream (xoshiro256** seeded through
+ * splitmix64), the set of prompt tokens, output token counts, and scratch
+ * memory that grows to what the request's settings need. */
+struct sample_state;
+
+void sample_params_default(struct sample_params *p);
+
+/* Checks every field; -RL_EINVAL naming the field, else 0. The engine
+ * should call it when a request is submitted. */
+int sample_params_check(const struct sample_params *p, struct rl_err *err);
+
+/* Creates a state for one request: seed starts its RNG stream; the prompt
+ * tokens (copied, may be NULL when n_prompt is 0) feed the repetition
+ * penalty. The caller owns *out and frees it with sample_state_free().
+ * Returns 0, -RL_EINVAL (negative token id) or -RL_ENOMEM. */
+int sample_state_create(struct sample_state **out, uint64_t seed,
+                        const int32_t *prompt, int n_prompt,
+                        struct rl_err *err);
+void sample_state_free(struct sample_state *st);
+
+/* Counts a token that joined the output without being sampled here (text
+ * the engine inserts, e.g. the end-of-thinking phrase), so penalties see
+ * it. sample_next() already observes the token it returns. Returns 0,
+ * -RL_EINVAL or -RL_ENOMEM. */
+int sample_observe(struct sample_state *st, int32_t token,
+                   struct rl_err *err);
+
+/* How many times token occurs in the output so far. */
+int sample_output_count(const struct sample_state *st, int32_t token);
+
+/* Picks the next token from logits (n_vocab floats, one row of be_batch
+ * logits). The row is used as scratch during the call - penalised entries
+ * are written - and restored exactly before return, so the caller sees it
+ * unchanged. Fills *out, counts the token as output (sample_observe), and
+ * returns 0; -RL_EINVAL for bad params or a row without a finite value,
+ * -RL_ENOMEM when scratch could not grow (nothing consumed then). */
+int sample_next(struct sample_state *st, const struct sample_params *p,
+                float *logits, int n_vocab, struct sample_out *out,
+                struct rl_err *err);
+
+/* Applies steps 1-2 (penalties) to logits in place and leaves them so:
+ * what sample_next() would sample from at temperature 1, for tests and for
+ * callers that want processed rather than raw log-probabilities. */
+void sample_apply_penalties(struct sample_state *st,
+                            const struct sample_params *p, float *logits,
+                            int n_vocab);
+
+/* The next raw number of a state's stream, in [0, 1) with 53 bits, for
+ * tests of the stream itself; consuming it shifts later samples. */
+double sample_rng_uniform(struct sample_state *st);
+
+#endif
