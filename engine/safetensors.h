@@ -63,6 +63,13 @@ const struct st_tensor *st_first_unused(const struct st_file *f);
 /* Bytes per element (F8 = 1); 0 for an invalid dtype. */
 size_t st_dtype_size(enum st_dtype dt);
 const char *st_dtype_name(enum st_dtype dt);
+/* "BF16" -> ST_BF16; returns 0, or -1 for a name outside the enum. */
+int st_dtype_from_name(const char *s, enum st_dtype *out);
+
+/* Asks the kernel to read every shard ahead (MADV_WILLNEED), for a loader
+ * about to touch all weights. Returns 0, or -RL_EIO if a hint failed
+ * (harmless: the data is still readable). */
+int st_prefetch(const struct st_file *f);
 
 /* Parses one file image already in memory (for the fuzz target and tests):
  * `buf` holds the whole file, `name` is used in error messages. The parsed
@@ -83,6 +90,18 @@ int st_writer_add(struct st_writer *w, const char *name, enum st_dtype dt,
 /* Writes the file (header with an optional __metadata__ {"format":"pt"}),
  * tensors in the order added, 8-byte aligned header as the format asks. */
 int st_writer_write(struct st_writer *w, const char *path, struct rl_err *err);
+
+/* Produces bytes [off, off + n) of a tensor into buf. st_writer_write calls
+ * it with increasing, contiguous ranges (n <= 8 MiB), once per byte, so a
+ * generator may keep sequential state in ctx. Returns 0 or a negative code
+ * with err filled (the writer prefixes the file and tensor). */
+typedef int (*st_fill_fn)(void *ctx, uint64_t off, void *buf, size_t n, struct rl_err *err);
+
+/* Like st_writer_add, but the data is produced at write time by `fill`, so
+ * a tensor never has to exist in memory whole. ctx must stay valid until
+ * st_writer_write() returns. */
+int st_writer_add_fill(struct st_writer *w, const char *name, enum st_dtype dt, int n_dims,
+                       const int64_t *shape, st_fill_fn fill, void *ctx, struct rl_err *err);
 void st_writer_free(struct st_writer *w);
 
 #endif
