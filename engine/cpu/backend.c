@@ -73,7 +73,9 @@ struct cpu_ctx {
     int max_tokens;
     float *x;       /* (max_tokens, hidden) residual stream */
     float *xn;      /* (max_tokens, max(hidden, q_dim)) normed f32 input */
-    uint16_t *xb;   /* (max_tokens, max(hidden, q_dim, inter)) bf16 copy */
+    uint16_t *xb;   /* (max_tokens, max(hidden, q_dim)) bf16 copy of xn / att */
+    uint16_t *hb;   /* (max_tokens, inter) bf16 SwiGLU output: apart from xb,
+                       which the gate/up gemms are still reading */
     float *q;       /* (max_tokens, n_heads * head_dim) */
     float *kx, *vx; /* (max_tokens, n_kv * head_dim) */
     float *att;     /* (max_tokens, n_heads * head_dim) */
@@ -216,8 +218,9 @@ static void free_weights(struct cpu_ctx *c)
     c->final_norm = NULL, c->inv_freq = NULL;
     free(c->x), free(c->xn), free(c->xb), free(c->q), free(c->kx), free(c->vx);
     free(c->att), free(c->g), free(c->u), free(c->tmp), free(c->tok_seq), free(c->tok_pos);
-    free(c->items);
+    free(c->items), free(c->hb);
     c->items = NULL;
+    c->hb = NULL;
     c->x = c->xn = c->q = c->kx = c->vx = c->att = c->g = c->u = c->tmp = NULL;
     c->xb = NULL, c->tok_seq = c->tok_pos = NULL;
     c->loaded = 0;
@@ -262,10 +265,9 @@ static int cpu_load(void *ctx, const struct model_config *cfg, const struct mode
     size_t Q = (size_t)cfg->n_heads * (size_t)cfg->head_dim;
     size_t KV = (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim;
     size_t wide = H > Q ? H : Q;
-    size_t widest = wide > I ? wide : I;
     c->max_tokens = max_tokens;
     if (!(c->x = malloc(T * H * 4)) || !(c->xn = malloc(T * wide * 4)) ||
-        !(c->xb = malloc(T * widest * 2)) || !(c->q = malloc(T * Q * 4)) ||
+        !(c->xb = malloc(T * wide * 2)) || !(c->hb = malloc(T * I * 2)) || !(c->q = malloc(T * Q * 4)) ||
         !(c->kx = malloc(T * KV * 4)) || !(c->vx = malloc(T * KV * 4)) ||
         !(c->att = malloc(T * Q * 4)) || !(c->g = malloc(T * I * 4)) ||
         !(c->u = malloc(T * I * 4)) || !(c->tmp = malloc(T * H * 4)) ||
@@ -758,9 +760,9 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         run(c, norm_task, &mj, T);
         struct mm_job gj = {.k = c->k, .M = T, .n_mats = 2, .mat = {&L->gate, &L->up},
                             .y = {c->g, c->u}, .ldy = {I, I}, .x = c->xn, .xb = c->xb, .ldx = H,
-                            .swiglu = 1, .hb = needs_bf16(&L->down) ? c->xb : NULL};
+                            .swiglu = 1, .hb = needs_bf16(&L->down) ? c->hb : NULL};
         cpu_pool_run(c->pool, mm_task, &gj);
-        project(c, T, c->g, c->xb, I, &L->down, c->tmp, NULL, NULL, NULL, NULL);
+        project(c, T, c->g, c->hb, I, &L->down, c->tmp, NULL, NULL, NULL, NULL);
         run(c, add_task, &adj, T);
     }
     if (b->n_logits == 0)

@@ -449,7 +449,7 @@ static void test_bad_checkpoints(void **state)
     memcpy(at, "\"intermediate_size\": 256", 24);
     write_text(dir, "config.json", cfg);
     free(cfg);
-    expect_load_error(dir, RL_EFORMAT, "has shape [256, 128], config says");
+    expect_load_error(dir, RL_EFORMAT, "has shape [384, 128], config says [256, 128]");
     /* unexpected tensor */
     snprintf(dir, sizeof dir, "%s/unexpected", tmpdir);
     copy_model(dir, ST_F32, "model.layers.3.mlp.up_proj.weight", "model.layers.3.mlp.up_proj.weight", NULL);
@@ -501,7 +501,9 @@ static void test_config_cases(void **state)
         {"{\"model_type\": \"llama\"}", RL_EUNSUPPORTED, "\"model_type\" = \"llama\""},
         {"{\"model_type\": \"qwen3\", \"hidden_size\": 64}", RL_EFORMAT, "\"intermediate_size\""},
         {"{" BASE ", \"head_dim\": 31}", RL_EFORMAT, "\"head_dim\" = 31"},
-        {"{" BASE ", \"num_key_value_heads\": 3}", RL_EFORMAT, "not a multiple"},
+        {"{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 128, "
+         "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 3, "
+         "\"vocab_size\": 100}", RL_EFORMAT, "not a multiple"},
         {"{" BASE ", \"rms_norm_eps\": \"x\"}", RL_EFORMAT, "\"rms_norm_eps\" must be a number"},
         {"{" BASE ", \"hidden_size\": 64.5}", RL_EFORMAT, "\"hidden_size\" must be an integer"},
         {"{" BASE ", \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2}}", RL_EUNSUPPORTED,

@@ -1,6 +1,358 @@
-/* worker/cli/cmd_engine.c - placeholder until the engine commands land. */
+/* worker/cli/cmd_engine.c - `redlm logits`, `redlm run`, `redlm bench-engine`:
+ * the model on a backend, driven directly (one sequence, or B identical-
+ * length sequences for the benchmark), without the batching engine. */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli_util.h"
 #include "cmds.h"
-int cmd_logits(int argc, char **argv) { fprintf(stderr, "logits: not built yet\n"); return 1; }
-int cmd_run(int argc, char **argv) { fprintf(stderr, "run: not built yet\n"); return 1; }
-int cmd_bench_engine(int argc, char **argv) { fprintf(stderr, "bench-engine: not built yet\n"); return 1; }
+#include "cpu/kernels.h"
+#include "cpu/machine.h"
+#include "cpu/pool.h"
+
+struct eng_args {
+    struct cli_model_opts mo;
+    const char *tokens;
+    int all, n_gen, ignore_eos;
+    double temperature;
+    int prompt, gen, batch;
+};
+
+static void eng_usage(const char *cmd)
+{
+    fprintf(stderr,
+            "usage: redlm %s -m DIR [options]\n"
+            "  -m, --model DIR     Hugging Face Qwen3 checkpoint directory\n"
+            "  --tokens 1,2,3      prompt token ids (logits, run)\n"
+            "  --all               logits: every position, not just the last\n"
+            "  -n N                run: tokens to generate (default 32)\n"
+            "  --temperature T     run: only 0 (greedy) here; sampling is the engine's\n"
+            "  --ignore-eos        run: do not stop at the end-of-sequence token\n"
+            "  --prompt P --gen G --batch B   bench-engine shape (512, 64, 1)\n"
+            "  --threads N         CPU threads (default: all cores)\n"
+            "  --isa auto|avx512bf16|avx2|scalar   CPU kernel path\n"
+            "  --kv auto|f32|bf16  KV cache dtype\n"
+            "  --backend cpu|cuda\n",
+            cmd);
+}
+
+static int eng_parse(int argc, char **argv, struct eng_args *a, struct rl_err *err)
+{
+    memset(a, 0, sizeof *a);
+    a->n_gen = 32;
+    a->prompt = 512, a->gen = 64, a->batch = 1;
+    a->mo.backend = "cpu";
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long x;
+        int rc = 0, takes = 1;
+        if (!strcmp(f, "-m") || !strcmp(f, "--model"))
+            a->mo.dir = v;
+        else if (!strcmp(f, "--tokens"))
+            a->tokens = v;
+        else if (!strcmp(f, "--backend"))
+            a->mo.backend = v;
+        else if (!strcmp(f, "--isa"))
+            a->mo.isa = v;
+        else if (!strcmp(f, "--kv"))
+            a->mo.kv = v;
+        else if (!strcmp(f, "--threads")) {
+            if (!(rc = cli_parse_int(v, 1, 1024, &x, f, err)))
+                a->mo.n_threads = (int)x;
+        } else if (!strcmp(f, "-n") || !strcmp(f, "--max-tokens")) {
+            if (!(rc = cli_parse_int(v, 0, 1 << 20, &x, f, err)))
+                a->n_gen = (int)x;
+        } else if (!strcmp(f, "--prompt")) {
+            if (!(rc = cli_parse_int(v, 1, 1 << 20, &x, f, err)))
+                a->prompt = (int)x;
+        } else if (!strcmp(f, "--gen")) {
+            if (!(rc = cli_parse_int(v, 1, 1 << 20, &x, f, err)))
+                a->gen = (int)x;
+        } else if (!strcmp(f, "--batch")) {
+            if (!(rc = cli_parse_int(v, 1, 4096, &x, f, err)))
+                a->batch = (int)x;
+        } else if (!strcmp(f, "--temperature")) {
+            char *end;
+            a->temperature = v ? strtod(v, &end) : -1;
+            if (!v || *end || a->temperature < 0)
+                rc = rl_errf(err, RL_EINVAL, "--temperature needs a number >= 0");
+        } else {
+            takes = 0;
+            if (!strcmp(f, "--all"))
+                a->all = 1;
+            else if (!strcmp(f, "--ignore-eos"))
+                a->ignore_eos = 1;
+            else if (!strcmp(f, "-h") || !strcmp(f, "--help"))
+                return 1;
+            else
+                rc = rl_errf(err, RL_EINVAL, "unknown option %s", f);
+        }
+        if (rc)
+            return rc;
+        if (takes) {
+            if (!v)
+                return rl_errf(err, RL_EINVAL, "%s needs a value", f);
+            i++;
+        }
+    }
+    if (!a->mo.dir)
+        return rl_errf(err, RL_EINVAL, "-m DIR is required");
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int argmax(const float *v, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best]) /* ties keep the lower id */
+            best = i;
+    return best;
+}
+
+static void table_identity(int32_t *t, int n, int first)
+{
+    for (int i = 0; i < n; i++)
+        t[i] = first + i;
+}
+
+/* Shared by logits and run: parses, loads, hands back the prompt. */
+static int eng_open(int argc, char **argv, const char *cmd, struct eng_args *a,
+                    struct cli_model *cm, int32_t **ids, int *n_ids, int extra_tokens)
+{
+    struct rl_err err = {0};
+    int rc = eng_parse(argc, argv, a, &err);
+    if (rc > 0) {
+        eng_usage(cmd);
+        return 1;
+    }
+    if (!rc && !a->tokens)
+        rc = rl_errf(&err, RL_EINVAL, "--tokens is required");
+    if (!rc)
+        rc = cli_parse_ids(a->tokens, ids, n_ids, &err);
+    if (!rc) {
+        int ctx = *n_ids + extra_tokens;
+        a->mo.max_tokens = *n_ids;
+        a->mo.block_size = 16;
+        a->mo.n_blocks = (ctx + 15) / 16;
+        rc = cli_model_open(cm, &a->mo, &err);
+    }
+    if (rc) {
+        fprintf(stderr, "redlm %s: %s\n", cmd, err.msg);
+        free(*ids);
+        *ids = NULL;
+        return 1;
+    }
+    return 0;
+}
+
+int cmd_logits(int argc, char **argv)
+{
+    struct eng_args a;
+    struct cli_model cm;
+    int32_t *ids = NULL;
+    int n = 0;
+    if (eng_open(argc, argv, "logits", &a, &cm, &ids, &n, 0))
+        return 1;
+    const struct model_config *cfg = model_get_config(cm.model);
+    int rows = a.all ? n : 1;
+    float *logits = malloc((size_t)rows * (size_t)cfg->vocab * sizeof(float));
+    int32_t *table = malloc((size_t)cm.n_blocks * sizeof(int32_t));
+    struct rl_err err = {0};
+    int rc = !logits || !table ? rl_errf(&err, RL_ENOMEM, "out of memory") : 0;
+    if (!rc) {
+        table_identity(table, cm.n_blocks, 0);
+        struct be_seq s = {0, n, table, a.all ? 0 : n - 1};
+        struct be_batch b = {1, &s, n, ids, rows, logits};
+        rc = cm.be->ops->forward(cm.be->ctx, &b, &err);
+    }
+    if (!rc) {
+        printf("{\"logits\": [");
+        for (int r = 0; r < rows; r++) {
+            printf(r ? ", [" : "[");
+            for (int i = 0; i < cfg->vocab; i++) {
+                if (i)
+                    printf(", ");
+                cli_print_float(logits[(size_t)r * (size_t)cfg->vocab + (size_t)i]);
+            }
+            printf("]");
+        }
+        printf("]}\n");
+    } else {
+        fprintf(stderr, "redlm logits: %s\n", err.msg);
+    }
+    free(logits), free(table), free(ids);
+    cli_model_close(&cm);
+    return rc ? 1 : 0;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--batch")) /* run --batch FILE.jsonl: the batching engine */
+            return cmd_run_batch(argc, argv);
+    struct eng_args a;
+    struct cli_model cm;
+    int32_t *ids = NULL;
+    int n = 0;
+    /* peek at -n before opening, to size the KV pool */
+    struct eng_args peek;
+    struct rl_err err = {0};
+    int prc = eng_parse(argc, argv, &peek, &err);
+    if (prc == 0 && peek.temperature != 0) {
+        fprintf(stderr, "redlm run: only --temperature 0 (greedy) is available without the "
+                        "batching engine\n");
+        return 1;
+    }
+    if (eng_open(argc, argv, "run", &a, &cm, &ids, &n, prc == 0 ? peek.n_gen : 0))
+        return 1;
+    const struct model_config *cfg = model_get_config(cm.model);
+    float *logits = malloc((size_t)cfg->vocab * sizeof(float));
+    int32_t *table = malloc((size_t)cm.n_blocks * sizeof(int32_t));
+    int32_t *out = malloc(((size_t)a.n_gen + 1) * sizeof(int32_t));
+    int rc = !logits || !table || !out ? rl_errf(&err, RL_ENOMEM, "out of memory") : 0;
+    int n_out = 0;
+    if (!rc)
+        table_identity(table, cm.n_blocks, 0);
+    int past = 0;
+    const int32_t *feed = ids;
+    int n_feed = n;
+    while (!rc && n_out < a.n_gen) {
+        struct be_seq s = {past, n_feed, table, n_feed - 1};
+        struct be_batch b = {1, &s, n_feed, feed, 1, logits};
+        if ((rc = cm.be->ops->forward(cm.be->ctx, &b, &err)))
+            break;
+        past += n_feed;
+        int tok = argmax(logits, cfg->vocab);
+        out[n_out++] = tok;
+        if (!a.ignore_eos && tok == cfg->eos_id)
+            break;
+        feed = &out[n_out - 1];
+        n_feed = 1;
+    }
+    if (!rc) {
+        printf("{\"tokens\": [");
+        for (int i = 0; i < n_out; i++)
+            printf(i ? ", %d" : "%d", out[i]);
+        printf("]}\n");
+    } else {
+        fprintf(stderr, "redlm run: %s\n", err.msg);
+    }
+    free(logits), free(table), free(out), free(ids);
+    cli_model_close(&cm);
+    return rc ? 1 : 0;
+}
+
+/* Prefill one P-token prompt, then B sequences decode G tokens each in
+ * lock step. Prints speeds next to the machine limits measured here. */
+int cmd_bench_engine(int argc, char **argv)
+{
+    struct eng_args a;
+    struct rl_err err = {0};
+    int rc = eng_parse(argc, argv, &a, &err);
+    if (rc > 0) {
+        eng_usage("bench-engine");
+        return 1;
+    }
+    if (rc) {
+        fprintf(stderr, "redlm bench-engine: %s\n", err.msg);
+        return 1;
+    }
+    int B = a.batch, P = a.prompt, G = a.gen;
+    int per_seq = (P + G + 15) / 16;
+    a.mo.max_tokens = P > B ? P : B;
+    a.mo.block_size = 16;
+    a.mo.n_blocks = per_seq * B;
+
+    /* Machine limits first, before the model's pages compete for cache. */
+    double bw = 0, peak = 0;
+    if (!strcmp(a.mo.backend, "cpu")) {
+        struct cpu_pool *pool;
+        if ((rc = cpu_pool_create(&pool, a.mo.n_threads, &err))) {
+            fprintf(stderr, "redlm bench-engine: %s\n", err.msg);
+            return 1;
+        }
+        bw = cpu_measure_read_bw(pool, (size_t)1 << 30);
+        int isa = a.mo.isa && strcmp(a.mo.isa, "auto") ? cpu_isa_parse(a.mo.isa) : (int)cpu_isa_detect();
+        const struct cpu_kernels *k = isa >= 0 ? cpu_kernels_get((enum cpu_isa)isa) : NULL;
+        peak = k ? cpu_measure_bf16_peak(pool, k) : 0;
+        cpu_pool_free(pool);
+    }
+
+    struct cli_model cm;
+    if ((rc = cli_model_open(&cm, &a.mo, &err))) {
+        fprintf(stderr, "redlm bench-engine: %s\n", err.msg);
+        return 1;
+    }
+    const struct model_config *cfg = model_get_config(cm.model);
+    size_t V = (size_t)cfg->vocab;
+    int32_t *tables = malloc((size_t)cm.n_blocks * sizeof(int32_t));
+    int32_t *prompt = malloc((size_t)P * sizeof(int32_t));
+    int32_t *next = malloc((size_t)B * sizeof(int32_t));
+    float *logits = malloc((size_t)B * V * sizeof(float));
+    struct be_seq *seqs = calloc((size_t)B, sizeof *seqs);
+    if (!tables || !prompt || !next || !logits || !seqs) {
+        fprintf(stderr, "redlm bench-engine: out of memory\n");
+        return 1;
+    }
+    table_identity(tables, cm.n_blocks, 0);
+    uint64_t r = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < P; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        prompt[i] = (int32_t)(r % (uint64_t)cfg->vocab);
+    }
+    /* Prefill: one warm-up sequence is not counted; then every sequence's
+     * prompt is prefilled in turn, and the mean rate reported. */
+    double t_prefill = 0;
+    for (int s = 0; s < B && !rc; s++) {
+        struct be_seq q = {0, P, tables + (size_t)s * (size_t)per_seq, P - 1};
+        struct be_batch b = {1, &q, P, prompt, 1, logits + (size_t)s * V};
+        double t0 = now_s();
+        rc = cm.be->ops->forward(cm.be->ctx, &b, &err);
+        t_prefill += now_s() - t0;
+        next[s] = argmax(logits + (size_t)s * V, cfg->vocab);
+    }
+    double t_decode = 0;
+    for (int g = 0; g < G - 1 && !rc; g++) {
+        for (int s = 0; s < B; s++)
+            seqs[s] = (struct be_seq){P + g, 1, tables + (size_t)s * (size_t)per_seq, 0};
+        struct be_batch b = {B, seqs, B, next, B, logits};
+        double t0 = now_s();
+        rc = cm.be->ops->forward(cm.be->ctx, &b, &err);
+        t_decode += now_s() - t0;
+        for (int s = 0; s < B; s++)
+            next[s] = argmax(logits + (size_t)s * V, cfg->vocab);
+    }
+    if (rc) {
+        fprintf(stderr, "redlm bench-engine: %s\n", err.msg);
+    } else {
+        size_t wbytes = model_weight_bytes_per_token(cm.model);
+        double pre = (double)P * B / t_prefill;
+        double dec = G > 1 ? (double)B * (G - 1) / t_decode : 0;
+        /* prefill FLOPs per token: the layers' matrices (lm_head runs for
+         * the last token only); attention's share is left out */
+        double Hd = cfg->hidden, Qd = (double)cfg->n_heads * cfg->head_dim,
+               KVd = (double)cfg->n_kv_heads * cfg->head_dim, Id = cfg->intermediate;
+        double flops_tok = 2.0 * cfg->n_layers * (Hd * (Qd + 2 * KVd) + Qd * Hd + 3 * Hd * Id);
+        printf("{\"backend\": \"%s\", \"prompt\": %d, \"gen\": %d, \"batch\": %d, "
+               "\"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"roofline_decode_tok_s\": %.2f, "
+               "\"mem_read_gb_s\": %.2f, \"bf16_peak_gflop_s\": %.1f, "
+               "\"prefill_gflop_s\": %.1f, \"weight_bytes_per_token\": %zu}\n",
+               cm.be->ops->describe ? cm.be->ops->describe(cm.be->ctx) : a.mo.backend, P, G, B,
+               pre, dec, bw > 0 ? bw * 1e9 / (double)wbytes : 0, bw, peak,
+               pre * flops_tok / 1e9, wbytes);
+    }
+    free(tables), free(prompt), free(next), free(logits), free(seqs);
+    cli_model_close(&cm);
+    return rc ? 1 : 0;
+}
