@@ -52,6 +52,23 @@ struct cpu_kernels {
 /* The table for `isa`; NULL when this CPU cannot run it. */
 const struct cpu_kernels *cpu_kernels_get(enum cpu_isa isa);
 
+
+/* The per-ISA tables behind cpu_kernels_get(), one per source file
+ * (kernels.c, kernels_avx2.c, kernels_avx512.c). Each returns NULL when the
+ * build has no such code (a non-x86 target); none checks the CPU, so call
+ * cpu_kernels_get() unless you know the CPU can run it. */
+const struct cpu_kernels *cpu_kernels_scalar(void);
+const struct cpu_kernels *cpu_kernels_avx2(void);
+const struct cpu_kernels *cpu_kernels_avx512bf16(void);
+
+/* Portable one-value conversions, identical to every table's f32_to_bf16 /
+ * bf16_to_f32: round to nearest even, NaN stays NaN (quietened), no
+ * flushing of subnormals. */
+uint16_t cpu_f32_to_bf16(float f);
+float cpu_bf16_to_f32(uint16_t h);
+/* IEEE binary16 -> binary32, exact (subnormals, inf, NaN kept). */
+float cpu_f16_to_f32(uint16_t h);
+
 /* Rows of w each gemm call should get at least, so thread splits land on
  * whole register tiles. */
 #define CPU_GEMM_N_ALIGN 16

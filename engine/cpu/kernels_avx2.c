@@ -1,0 +1,340 @@
+/* engine/cpu/kernels_avx2.c - the AVX2 + FMA + F16C table.
+ *
+ * Same design as kernels_avx512.c at half the width, compiled through
+ * function target attributes so the build stays generic x86-64: every
+ * output (m, n) owns one 8-lane f32 accumulator that walks k in steps of 8
+ * (bf16 widened by a zero-extend and a 16-bit shift, halves by vcvtph2ps),
+ * then one zero-padded step for the K tail, then red8()'s fixed tree. The
+ * 2x4 register tile (M > 1), the 8-row matrix-vector path (M = 1) and the
+ * edge tiles all run that same per-pair recipe, so results are batch
+ * invariant (kernels.h).
+ *
+ * red8() folds eight accumulators at once and performs, for each of them,
+ * exactly s1[l] = v[l] + v[l+4], s2[l] = s1[l] + s1[l+2], out = s2[0] + s2[1],
+ * whatever slot it sits in. */
+#include "cpu/kernels.h"
+
+#include <stddef.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define T2 __attribute__((target("avx2,fma,f16c")))
+#define AI __attribute__((always_inline)) inline
+
+#define MC_BYTES (512 * 1024)
+
+/* Output position 4j+q of red8() holds accumulator slot j+2q. */
+T2 static AI __m256 red8(const __m256 a[8])
+{
+    __m256 b[4], c[2];
+    for (int i = 0; i < 4; i++)
+        b[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; i++) {
+        __m256d p = _mm256_castps_pd(b[2 * i]), q = _mm256_castps_pd(b[2 * i + 1]);
+        c[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(p, q)),
+                             _mm256_castpd_ps(_mm256_unpackhi_pd(p, q)));
+    }
+    return _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88),
+                         _mm256_shuffle_ps(c[0], c[1], 0xdd));
+}
+
+T2 static AI __m256 ld_bf16(const uint16_t *p)
+{
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const void *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+T2 static AI __m256 ld_f16(const uint16_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const void *)p));
+}
+
+/* Tails: copy the last n < 8 elements into a zeroed block first; AVX2 has
+ * no 16-bit masked load, and the copy costs nothing next to K/8 steps. */
+T2 static AI __m256 ld_bf16_t(const uint16_t *p, int n)
+{
+    uint16_t b[8] = {0};
+    memcpy(b, p, (size_t)n * sizeof *p);
+    return ld_bf16(b);
+}
+
+T2 static AI __m256 ld_f16_t(const uint16_t *p, int n)
+{
+    uint16_t b[8] = {0};
+    memcpy(b, p, (size_t)n * sizeof *p);
+    return ld_f16(b);
+}
+
+T2 static AI __m256 ld_f32_t(const float *p, int n)
+{
+    float b[8] = {0};
+    memcpy(b, p, (size_t)n * sizeof *p);
+    return _mm256_loadu_ps(b);
+}
+
+#define BF_LX(p) ld_bf16(p)
+#define BF_LXT(p, n) ld_bf16_t(p, n)
+#define BF_LW BF_LX
+#define BF_LWT BF_LXT
+#define F32_LX(p) _mm256_loadu_ps(p)
+#define F32_LXT(p, n) ld_f32_t(p, n)
+#define F32_LW F32_LX
+#define F32_LWT F32_LXT
+#define F16_LX F32_LX
+#define F16_LXT F32_LXT
+#define F16_LW(p) ld_f16(p)
+#define F16_LWT(p, n) ld_f16_t(p, n)
+
+/* P##_tile(MR <= 2, NR <= 4): slot m + 2n, so red8's 128-bit lane m is
+ * y[m][0..3]. P##_row8: one x row against eight w rows, slot n/4 + 2(n%4),
+ * so red8's output is y[0..7] in order. */
+#define DEFINE_GEMM(P, XT, WT)                                                \
+    T2 static AI void P##_tile(const int MR, const int NR, int K,             \
+                               const XT *x, int ldx, const WT *w, float *y,   \
+                               int ldy)                                       \
+    {                                                                         \
+        __m256 acc[8];                                                        \
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) acc[i] =          \
+            _mm256_setzero_ps();                                              \
+        int k = 0;                                                            \
+        for (; k + 8 <= K; k += 8) {                                          \
+            __m256 wv[4];                                                     \
+            _Pragma("GCC unroll 4") for (int n = 0; n < NR; n++) wv[n] =      \
+                P##_LW(w + (size_t)n * K + k);                                \
+            _Pragma("GCC unroll 2") for (int m = 0; m < MR; m++)              \
+            {                                                                 \
+                __m256 xv = P##_LX(x + (size_t)m * ldx + k);                  \
+                _Pragma("GCC unroll 4") for (int n = 0; n < NR; n++)          \
+                    acc[m + 2 * n] = _mm256_fmadd_ps(xv, wv[n], acc[m + 2 * n]); \
+            }                                                                 \
+        }                                                                     \
+        if (k < K) {                                                          \
+            __m256 wv[4];                                                     \
+            _Pragma("GCC unroll 4") for (int n = 0; n < NR; n++) wv[n] =      \
+                P##_LWT(w + (size_t)n * K + k, K - k);                        \
+            _Pragma("GCC unroll 2") for (int m = 0; m < MR; m++)              \
+            {                                                                 \
+                __m256 xv = P##_LXT(x + (size_t)m * ldx + k, K - k);          \
+                _Pragma("GCC unroll 4") for (int n = 0; n < NR; n++)          \
+                    acc[m + 2 * n] = _mm256_fmadd_ps(xv, wv[n], acc[m + 2 * n]); \
+            }                                                                 \
+        }                                                                     \
+        __m256 r = red8(acc);                                                 \
+        __m128 r0 = _mm256_castps256_ps128(r), r1 = _mm256_extractf128_ps(r, 1); \
+        if (NR == 4) {                                                        \
+            _mm_storeu_ps(y, r0);                                             \
+            if (MR == 2)                                                      \
+                _mm_storeu_ps(y + ldy, r1);                                   \
+        } else {                                                              \
+            float t[8];                                                       \
+            _mm256_storeu_ps(t, r);                                           \
+            for (int m = 0; m < MR; m++)                                      \
+                for (int n = 0; n < NR; n++)                                  \
+                    y[(size_t)m * ldy + n] = t[4 * m + n];                    \
+        }                                                                     \
+    }                                                                         \
+                                                                              \
+    T2 static void P##_tile_any(int mr, int nr, int K, const XT *x, int ldx,  \
+                                const WT *w, float *y, int ldy)               \
+    {                                                                         \
+        switch (mr * 8 + nr) {                                                \
+        case 8 + 1: P##_tile(1, 1, K, x, ldx, w, y, ldy); break;              \
+        case 8 + 2: P##_tile(1, 2, K, x, ldx, w, y, ldy); break;              \
+        case 8 + 3: P##_tile(1, 3, K, x, ldx, w, y, ldy); break;              \
+        case 8 + 4: P##_tile(1, 4, K, x, ldx, w, y, ldy); break;              \
+        case 16 + 1: P##_tile(2, 1, K, x, ldx, w, y, ldy); break;             \
+        case 16 + 2: P##_tile(2, 2, K, x, ldx, w, y, ldy); break;             \
+        case 16 + 3: P##_tile(2, 3, K, x, ldx, w, y, ldy); break;             \
+        case 16 + 4: P##_tile(2, 4, K, x, ldx, w, y, ldy); break;             \
+        default: break;                                                       \
+        }                                                                     \
+    }                                                                         \
+                                                                              \
+    T2 static void P##_row8(int K, const XT *x, const WT *w, float *y)        \
+    {                                                                         \
+        __m256 acc[8];                                                        \
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) acc[i] =          \
+            _mm256_setzero_ps();                                              \
+        int k = 0;                                                            \
+        for (; k + 8 <= K; k += 8) {                                          \
+            __m256 xv = P##_LX(x + k);                                        \
+            _Pragma("GCC unroll 8") for (int n = 0; n < 8; n++)               \
+                acc[n / 4 + 2 * (n % 4)] = _mm256_fmadd_ps(                   \
+                    xv, P##_LW(w + (size_t)n * K + k), acc[n / 4 + 2 * (n % 4)]); \
+        }                                                                     \
+        if (k < K) {                                                          \
+            __m256 xv = P##_LXT(x + k, K - k);                                \
+            _Pragma("GCC unroll 8") for (int n = 0; n < 8; n++)               \
+                acc[n / 4 + 2 * (n % 4)] = _mm256_fmadd_ps(                   \
+                    xv, P##_LWT(w + (size_t)n * K + k, K - k),                \
+                    acc[n / 4 + 2 * (n % 4)]);                                \
+        }                                                                     \
+        _mm256_storeu_ps(y, red8(acc));                                       \
+    }                                                                         \
+                                                                              \
+    T2 static void P##_gemm(int M, int n0, int n1, int K, const XT *x,        \
+                            int ldx, const WT *w, float *y, int ldy)          \
+    {                                                                         \
+        if (M <= 0 || n1 <= n0 || K <= 0)                                     \
+            return;                                                           \
+        if (M == 1) {                                                         \
+            int n = n0;                                                       \
+            for (; n + 8 <= n1; n += 8)                                       \
+                P##_row8(K, x, w + (size_t)n * K, y + n);                     \
+            for (; n < n1; n += 4)                                            \
+                P##_tile_any(1, n1 - n < 4 ? n1 - n : 4, K, x, ldx,           \
+                             w + (size_t)n * K, y + n, ldy);                  \
+            return;                                                           \
+        }                                                                     \
+        int mc = (int)(MC_BYTES / ((size_t)K * sizeof(XT))) & ~1;             \
+        if (mc < 2)                                                           \
+            mc = 2;                                                           \
+        for (int m0 = 0; m0 < M; m0 += mc) {                                  \
+            int m1 = m0 + mc < M ? m0 + mc : M;                               \
+            for (int n = n0; n < n1; n += 4) {                                \
+                int nr = n1 - n < 4 ? n1 - n : 4;                             \
+                const WT *wt = w + (size_t)n * K;                             \
+                int m = m0;                                                   \
+                if (nr == 4)                                                  \
+                    for (; m + 2 <= m1; m += 2)                               \
+                        P##_tile(2, 4, K, x + (size_t)m * ldx, ldx, wt,       \
+                                 y + (size_t)m * ldy + n, ldy);               \
+                for (; m < m1; m += 2)                                        \
+                    P##_tile_any(m1 - m < 2 ? m1 - m : 2, nr, K,              \
+                                 x + (size_t)m * ldx, ldx, wt,                \
+                                 y + (size_t)m * ldy + n, ldy);               \
+            }                                                                 \
+        }                                                                     \
+    }
+
+DEFINE_GEMM(BF, uint16_t, uint16_t)
+DEFINE_GEMM(F32, float, float)
+DEFINE_GEMM(F16, float, uint16_t)
+
+/* ---- conversions and attention helpers ---------------------------------- */
+
+/* Same bits as cpu_f32_to_bf16(): RNE by integer add, NaN quietened. */
+T2 static AI __m256i cvt8_bf16(__m256 v)
+{
+    __m256i u = _mm256_castps_si256(v);
+    __m256i hi = _mm256_srli_epi32(u, 16);
+    __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    __m256i q = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
+    __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    return _mm256_castps_si256(
+        _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q), nan));
+}
+
+T2 static void av2_f32_to_bf16(const float *x, uint16_t *y, int n)
+{
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i a = cvt8_bf16(_mm256_loadu_ps(x + i));
+        __m256i b = cvt8_bf16(_mm256_loadu_ps(x + i + 8));
+        /* packus works per 128-bit lane; the permute restores order. */
+        __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
+        _mm256_storeu_si256((void *)(y + i), p);
+    }
+    for (; i < n; i++)
+        y[i] = cpu_f32_to_bf16(x[i]);
+}
+
+T2 static void av2_bf16_to_f32(const uint16_t *x, float *y, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, ld_bf16(x + i));
+    for (; i < n; i++)
+        y[i] = cpu_bf16_to_f32(x[i]);
+}
+
+T2 static AI float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+T2 static float av2_dot_f32(const float *a, const float *b, int n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i < n; i += 8) {
+        int r = n - i < 8 ? n - i : 8;
+        s0 = _mm256_fmadd_ps(ld_f32_t(a + i, r), ld_f32_t(b + i, r), s0);
+    }
+    return hsum8(_mm256_add_ps(s0, s1));
+}
+
+T2 static float av2_dot_bf16_f32(const uint16_t *a, const float *b, int n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(ld_bf16(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(ld_bf16(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i < n; i += 8) {
+        int r = n - i < 8 ? n - i : 8;
+        s0 = _mm256_fmadd_ps(ld_bf16_t(a + i, r), ld_f32_t(b + i, r), s0);
+    }
+    return hsum8(_mm256_add_ps(s0, s1));
+}
+
+T2 static void av2_axpy_f32(float a, const float *x, float *y, int n)
+{
+    __m256 av = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(x[i]), _mm_set_ss(y[i])));
+}
+
+T2 static void av2_axpy_bf16(float a, const uint16_t *x, float *y, int n)
+{
+    __m256 av = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, ld_bf16(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(cpu_bf16_to_f32(x[i])),
+                                          _mm_set_ss(y[i])));
+}
+
+static const struct cpu_kernels av2_table = {
+    .isa = CPU_ISA_AVX2,
+    .gemm_f32 = F32_gemm,
+    .gemm_bf16 = BF_gemm,
+    .gemm_f16 = F16_gemm,
+    .f32_to_bf16 = av2_f32_to_bf16,
+    .bf16_to_f32 = av2_bf16_to_f32,
+    .dot_f32 = av2_dot_f32,
+    .dot_bf16_f32 = av2_dot_bf16_f32,
+    .axpy_f32 = av2_axpy_f32,
+    .axpy_bf16 = av2_axpy_bf16,
+};
+
+const struct cpu_kernels *cpu_kernels_avx2(void)
+{
+    return &av2_table;
+}
+
+#else /* !__x86_64__ */
+
+const struct cpu_kernels *cpu_kernels_avx2(void)
+{
+    return NULL;
+}
+
+#endif

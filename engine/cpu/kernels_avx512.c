@@ -1,0 +1,381 @@
+/* engine/cpu/kernels_avx512.c - the AVX-512 table: BF16 dot products
+ * (vdpbf16ps), F16C-style half loads, f32 FMA.
+ *
+ * Everything here is compiled for the target through function attributes,
+ * not -march, so the build stays generic x86-64 and cpu_kernels_get() only
+ * hands this table out after cpuid says the CPU can run it.
+ *
+ * GEMM shape: "dot-product style". Every output (m, n) owns one 16-lane f32
+ * accumulator. It walks k in fixed vector steps (32 bf16 pairs, or 16 f32 /
+ * f16 elements), then one masked step for the K tail (zeros beyond K add
+ * nothing), and is folded to a scalar by red16()'s fixed tree. That per-pair
+ * recipe is identical in every code path - the 4x4 register tile used for
+ * M > 1, the 16-row matrix-vector path used for M = 1, and the edge tiles -
+ * which is what makes the kernels batch invariant (kernels.h): only *which*
+ * pairs share a loop changes with M, n0/n1, never the arithmetic of a pair.
+ *
+ * red16() folds sixteen accumulators at once with a transpose-add tree. It
+ * performs, for each accumulator, exactly the scalar tree
+ *   s1[l] = v[l] + v[l+8], s2[l] = s1[l] + s1[l+4], s3[l] = s2[l] + s2[l+2],
+ *   out = s3[0] + s3[1]
+ * whichever of the sixteen slots the accumulator sits in (f32 addition is
+ * commutative bit for bit), so a lone row and a row in a full tile agree;
+ * tests/unit/test_kernels.c checks exactly that.
+ *
+ * Blocking for M > 1: rows of x come in chunks of mc rows whose bf16 panel
+ * (mc x K) stays in the 1 MB L2; for each chunk we sweep n in tiles of four
+ * w rows (24 KB at K = 3072, so the tile stays in L1 while it is reused by
+ * every 4-row group of the chunk). K is not blocked: that would split the
+ * accumulator chain and change the reduction order.
+ *
+ * vdpbf16ps treats subnormal bf16 inputs as zero and flushes subnormal
+ * results (DAZ/FTZ in the instruction definition), so this table may differ
+ * from the scalar one on denormals - kernels.h allows ISAs to differ.
+ * The bf16 conversion, by contrast, is done with integer ops so it matches
+ * cpu_f32_to_bf16() bit for bit (vcvtneps2bf16 would flush subnormals). */
+#include "cpu/kernels.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define T512                                                                  \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,"   \
+                          "avx2,fma,f16c")))
+#define AI __attribute__((always_inline)) inline
+
+/* Bytes ahead of the current k each w row is prefetched in the M = 1 path,
+ * where the weights stream from DRAM once. Measured in bench_kernels. */
+#define PF_AHEAD 1024
+
+/* x chunk of the blocked path: at most this many bytes of x per chunk, so
+ * the panel plus the streaming w tiles fit the 1 MB L2. */
+#define MC_BYTES (512 * 1024)
+
+/* Output position 4j+q of red16() holds accumulator slot j+4q. */
+T512 static AI __m512 red16(const __m512 a[16])
+{
+    __m512 b[8], c[4], d[2];
+    for (int i = 0; i < 8; i++) {
+        __m512 lo = _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44);
+        __m512 hi = _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xee);
+        b[i] = _mm512_add_ps(lo, hi);
+    }
+    for (int i = 0; i < 4; i++) {
+        __m512 lo = _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88);
+        __m512 hi = _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xdd);
+        c[i] = _mm512_add_ps(lo, hi);
+    }
+    for (int i = 0; i < 2; i++) {
+        __m512d p = _mm512_castps_pd(c[2 * i]), q = _mm512_castps_pd(c[2 * i + 1]);
+        d[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(p, q)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(p, q)));
+    }
+    return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88),
+                         _mm512_shuffle_ps(d[0], d[1], 0xdd));
+}
+
+/* ---- element types: how a step loads and combines ------------------------ */
+
+/* bf16 x bf16 -> f32, 32 pairs per step */
+#define BF_KS 32
+#define BF_VX __m512i
+#define BF_VW __m512i
+#define BF_LX(p) _mm512_loadu_si512((const void *)(p))
+#define BF_LXM(msk, p) _mm512_maskz_loadu_epi16((__mmask32)(msk), (const void *)(p))
+#define BF_LW BF_LX
+#define BF_LWM BF_LXM
+#define BF_STEP(acc, xv, wv) _mm512_dpbf16_ps(acc, (__m512bh)(xv), (__m512bh)(wv))
+
+/* f32 x f32, 16 per step */
+#define F32_KS 16
+#define F32_VX __m512
+#define F32_VW __m512
+#define F32_LX(p) _mm512_loadu_ps((const void *)(p))
+#define F32_LXM(msk, p) _mm512_maskz_loadu_ps((__mmask16)(msk), (const void *)(p))
+#define F32_LW F32_LX
+#define F32_LWM F32_LXM
+#define F32_STEP(acc, xv, wv) _mm512_fmadd_ps(xv, wv, acc)
+
+/* f32 x f16, 16 per step */
+#define F16_KS 16
+#define F16_VX __m512
+#define F16_VW __m512
+#define F16_LX F32_LX
+#define F16_LXM F32_LXM
+#define F16_LW(p) _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(p)))
+#define F16_LWM(msk, p)                                                      \
+    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16)(msk), (const void *)(p)))
+#define F16_STEP F32_STEP
+
+/* ---- the three code paths, stamped out per element type ------------------
+ *
+ * P##_tile(MR, NR): MR <= 4 rows of x against NR <= 4 rows of w, accumulator
+ *   slot m + 4n, so red16's 128-bit lane m is y[m][0..3].
+ * P##_row16: one row of x against sixteen rows of w, slot n/4 + 4(n%4), so
+ *   red16's output is y[0..15] in order.
+ * Both call with compile-time MR/NR through P##_tile_any's switch. */
+#define DEFINE_GEMM(P, XT, WT)                                                \
+    T512 static AI void P##_tile(const int MR, const int NR, int K,           \
+                                 const XT *x, int ldx, const WT *w, float *y, \
+                                 int ldy)                                     \
+    {                                                                         \
+        __m512 acc[16];                                                       \
+        _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) acc[i] =        \
+            _mm512_setzero_ps();                                              \
+        int k = 0;                                                            \
+        for (; k + P##_KS <= K; k += P##_KS) {                                \
+            P##_VW wv[4];                                                     \
+            _Pragma("GCC unroll 4") for (int n = 0; n < NR; n++) wv[n] =      \
+                P##_LW(w + (size_t)n * K + k);                                \
+            _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)              \
+            {                                                                 \
+                P##_VX xv = P##_LX(x + (size_t)m * ldx + k);                  \
+                _Pragma("GCC unroll 4") for (int n = 0; n < NR; n++)          \
+                    acc[m + 4 * n] = P##_STEP(acc[m + 4 * n], xv, wv[n]);     \
+            }                                                                 \
+        }                                                                     \
+        if (k < K) {                                                          \
+            unsigned msk = (1u << (K - k)) - 1u;                              \
+            P##_VW wv[4];                                                     \
+            _Pragma("GCC unroll 4") for (int n = 0; n < NR; n++) wv[n] =      \
+                P##_LWM(msk, w + (size_t)n * K + k);                          \
+            _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)              \
+            {                                                                 \
+                P##_VX xv = P##_LXM(msk, x + (size_t)m * ldx + k);            \
+                _Pragma("GCC unroll 4") for (int n = 0; n < NR; n++)          \
+                    acc[m + 4 * n] = P##_STEP(acc[m + 4 * n], xv, wv[n]);     \
+            }                                                                 \
+        }                                                                     \
+        __m512 r = red16(acc);                                                \
+        /* Lane m of r is row m: store it with a mask from a base shifted \
+         * back by 4m floats, so no shuffle is needed. Masked-off lanes   \
+         * are never touched, so the shifted base is never dereferenced. */\
+        _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)                  \
+            _mm512_mask_storeu_ps(                                            \
+                (float *)((uintptr_t)(y + (size_t)m * ldy) - 16u * m),        \
+                (__mmask16)(((1u << NR) - 1u) << (4 * m)), r);                \
+    }                                                                         \
+                                                                              \
+    T512 static void P##_tile_any(int mr, int nr, int K, const XT *x,         \
+                                  int ldx, const WT *w, float *y, int ldy)    \
+    {                                                                         \
+        switch (mr * 8 + nr) {                                                \
+        case 8 + 1: P##_tile(1, 1, K, x, ldx, w, y, ldy); break;              \
+        case 8 + 2: P##_tile(1, 2, K, x, ldx, w, y, ldy); break;              \
+        case 8 + 3: P##_tile(1, 3, K, x, ldx, w, y, ldy); break;              \
+        case 8 + 4: P##_tile(1, 4, K, x, ldx, w, y, ldy); break;              \
+        case 16 + 1: P##_tile(2, 1, K, x, ldx, w, y, ldy); break;             \
+        case 16 + 2: P##_tile(2, 2, K, x, ldx, w, y, ldy); break;             \
+        case 16 + 3: P##_tile(2, 3, K, x, ldx, w, y, ldy); break;             \
+        case 16 + 4: P##_tile(2, 4, K, x, ldx, w, y, ldy); break;             \
+        case 24 + 1: P##_tile(3, 1, K, x, ldx, w, y, ldy); break;             \
+        case 24 + 2: P##_tile(3, 2, K, x, ldx, w, y, ldy); break;             \
+        case 24 + 3: P##_tile(3, 3, K, x, ldx, w, y, ldy); break;             \
+        case 24 + 4: P##_tile(3, 4, K, x, ldx, w, y, ldy); break;             \
+        case 32 + 1: P##_tile(4, 1, K, x, ldx, w, y, ldy); break;             \
+        case 32 + 2: P##_tile(4, 2, K, x, ldx, w, y, ldy); break;             \
+        case 32 + 3: P##_tile(4, 3, K, x, ldx, w, y, ldy); break;             \
+        case 32 + 4: P##_tile(4, 4, K, x, ldx, w, y, ldy); break;             \
+        default: break;                                                       \
+        }                                                                     \
+    }                                                                         \
+                                                                              \
+    T512 static void P##_row16(int K, const XT *x, const WT *w, float *y)     \
+    {                                                                         \
+        __m512 acc[16];                                                       \
+        _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) acc[i] =        \
+            _mm512_setzero_ps();                                              \
+        int k = 0;                                                            \
+        for (; k + P##_KS <= K; k += P##_KS) {                                \
+            P##_VX xv = P##_LX(x + k);                                        \
+            _Pragma("GCC unroll 16") for (int n = 0; n < 16; n++)             \
+            {                                                                 \
+                const WT *wp = w + (size_t)n * K + k;                         \
+                _mm_prefetch((const char *)wp + PF_AHEAD, _MM_HINT_T0);       \
+                acc[n / 4 + 4 * (n % 4)] =                                    \
+                    P##_STEP(acc[n / 4 + 4 * (n % 4)], xv, P##_LW(wp));       \
+            }                                                                 \
+        }                                                                     \
+        if (k < K) {                                                          \
+            unsigned msk = (1u << (K - k)) - 1u;                              \
+            P##_VX xv = P##_LXM(msk, x + k);                                  \
+            _Pragma("GCC unroll 16") for (int n = 0; n < 16; n++)             \
+                acc[n / 4 + 4 * (n % 4)] =                                    \
+                P##_STEP(acc[n / 4 + 4 * (n % 4)], xv,                        \
+                         P##_LWM(msk, w + (size_t)n * K + k));                \
+        }                                                                     \
+        _mm512_storeu_ps(y, red16(acc));                                      \
+    }                                                                         \
+                                                                              \
+    T512 static void P##_gemm(int M, int n0, int n1, int K, const XT *x,      \
+                              int ldx, const WT *w, float *y, int ldy)        \
+    {                                                                         \
+        if (M <= 0 || n1 <= n0 || K <= 0)                                     \
+            return;                                                           \
+        if (M == 1) {                                                         \
+            int n = n0;                                                       \
+            for (; n + 16 <= n1; n += 16)                                     \
+                P##_row16(K, x, w + (size_t)n * K, y + n);                    \
+            for (; n < n1; n += 4)                                            \
+                P##_tile_any(1, n1 - n < 4 ? n1 - n : 4, K, x, ldx,           \
+                             w + (size_t)n * K, y + n, ldy);                  \
+            return;                                                           \
+        }                                                                     \
+        int mc = (int)(MC_BYTES / ((size_t)K * sizeof(XT))) & ~3;             \
+        if (mc < 4)                                                           \
+            mc = 4;                                                           \
+        for (int m0 = 0; m0 < M; m0 += mc) {                                  \
+            int m1 = m0 + mc < M ? m0 + mc : M;                               \
+            for (int n = n0; n < n1; n += 4) {                                \
+                int nr = n1 - n < 4 ? n1 - n : 4;                             \
+                const WT *wt = w + (size_t)n * K;                             \
+                int m = m0;                                                   \
+                if (nr == 4)                                                  \
+                    for (; m + 4 <= m1; m += 4)                               \
+                        P##_tile(4, 4, K, x + (size_t)m * ldx, ldx, wt,       \
+                                 y + (size_t)m * ldy + n, ldy);               \
+                for (; m < m1; m += 4)                                        \
+                    P##_tile_any(m1 - m < 4 ? m1 - m : 4, nr, K,              \
+                                 x + (size_t)m * ldx, ldx, wt,                \
+                                 y + (size_t)m * ldy + n, ldy);               \
+            }                                                                 \
+        }                                                                     \
+    }
+
+DEFINE_GEMM(BF, uint16_t, uint16_t)
+DEFINE_GEMM(F32, float, float)
+DEFINE_GEMM(F16, float, uint16_t)
+
+/* ---- conversions and attention helpers ---------------------------------- */
+
+/* Same bits as cpu_f32_to_bf16(): RNE by integer add, NaN quietened. */
+T512 static AI __m256i cvt16_bf16(__m512 v)
+{
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, q));
+}
+
+T512 static void av512_f32_to_bf16(const float *x, uint16_t *y, int n)
+{
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((void *)(y + i), cvt16_bf16(_mm512_loadu_ps(x + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        _mm256_mask_storeu_epi16(y + i, m, cvt16_bf16(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+T512 static AI __m512 ld_bf16(const uint16_t *p)
+{
+    __m256i h = _mm256_loadu_si256((const void *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+T512 static AI __m512 ld_bf16_m(__mmask16 m, const uint16_t *p)
+{
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const void *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+T512 static void av512_bf16_to_f32(const uint16_t *x, float *y, int n)
+{
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, ld_bf16(x + i));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(y + i, m, ld_bf16_m(m, x + i));
+    }
+}
+
+T512 static float av512_dot_f32(const float *a, const float *b, int n)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+T512 static float av512_dot_bf16_f32(const uint16_t *a, const float *b, int n)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(ld_bf16(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(ld_bf16(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        s0 = _mm512_fmadd_ps(ld_bf16_m(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+T512 static void av512_axpy_f32(float a, const float *x, float *y, int n)
+{
+    __m512 av = _mm512_set1_ps(a);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i),
+                                                        _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+T512 static void av512_axpy_bf16(float a, const uint16_t *x, float *y, int n)
+{
+    __m512 av = _mm512_set1_ps(a);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, ld_bf16(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, ld_bf16_m(m, x + i),
+                                                        _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+static const struct cpu_kernels av512_table = {
+    .isa = CPU_ISA_AVX512BF16,
+    .gemm_f32 = F32_gemm,
+    .gemm_bf16 = BF_gemm,
+    .gemm_f16 = F16_gemm,
+    .f32_to_bf16 = av512_f32_to_bf16,
+    .bf16_to_f32 = av512_bf16_to_f32,
+    .dot_f32 = av512_dot_f32,
+    .dot_bf16_f32 = av512_dot_bf16_f32,
+    .axpy_f32 = av512_axpy_f32,
+    .axpy_bf16 = av512_axpy_bf16,
+};
+
+const struct cpu_kernels *cpu_kernels_avx512bf16(void)
+{
+    return &av512_table;
+}
+
+#else /* !__x86_64__ */
+
+const struct cpu_kernels *cpu_kernels_avx512bf16(void)
+{
+    return NULL;
+}
+
+#endif

@@ -1,0 +1,289 @@
+/* engine/cpu/machine.c - measures read bandwidth and compute peaks on the
+ * threads of a pool (see machine.h).
+ *
+ * These are the roofline denominators of bench_kernels: "decode runs at X%
+ * of bandwidth" only means something against a bandwidth measured the same
+ * way on the same threads. Every figure is the best of a few passes, timed
+ * by the owner thread around one cpu_pool_run(), so pool wake-up (a few us)
+ * is included but negligible next to the 0.1 s+ passes.
+ *
+ * The SIMD loops are compiled per function through target attributes, like
+ * the kernels, and only run after cpu_isa_detect() allows them. */
+#include "cpu/machine.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define T2 __attribute__((target("avx2,fma")))
+#endif
+
+#define N_PASSES 4
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Results land here so the compiler cannot drop the loops. */
+static volatile uint64_t sink_u64;
+static volatile float sink_f32;
+
+/* ------------------------------------------------------------- bandwidth */
+
+struct bw_job {
+    const uint8_t *buf;
+    size_t bytes;       /* multiple of 256 * nth */
+    enum cpu_isa isa;
+    int touch;          /* 1: write the buffer (first touch) instead */
+};
+
+#if defined(__x86_64__)
+T512 static uint64_t read512(const uint8_t *p, size_t n)
+{
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i < n; i += 256) {
+        a0 = _mm512_add_epi64(a0, _mm512_load_si512((const void *)(p + i)));
+        a1 = _mm512_add_epi64(a1, _mm512_load_si512((const void *)(p + i + 64)));
+        a2 = _mm512_add_epi64(a2, _mm512_load_si512((const void *)(p + i + 128)));
+        a3 = _mm512_add_epi64(a3, _mm512_load_si512((const void *)(p + i + 192)));
+    }
+    __m512i s = _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3));
+    return (uint64_t)_mm512_reduce_add_epi64(s);
+}
+
+T2 static uint64_t read256(const uint8_t *p, size_t n)
+{
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i < n; i += 128) {
+        a0 = _mm256_add_epi64(a0, _mm256_load_si256((const void *)(p + i)));
+        a1 = _mm256_add_epi64(a1, _mm256_load_si256((const void *)(p + i + 32)));
+        a2 = _mm256_add_epi64(a2, _mm256_load_si256((const void *)(p + i + 64)));
+        a3 = _mm256_add_epi64(a3, _mm256_load_si256((const void *)(p + i + 96)));
+    }
+    __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+    uint64_t t[4];
+    _mm256_storeu_si256((void *)t, s);
+    return t[0] + t[1] + t[2] + t[3];
+}
+#endif
+
+static uint64_t read_scalar(const uint8_t *p, size_t n)
+{
+    const uint64_t *q = (const uint64_t *)(const void *)p;
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    for (size_t i = 0; i < n / 8; i += 4) {
+        a0 += q[i];
+        a1 += q[i + 1];
+        a2 += q[i + 2];
+        a3 += q[i + 3];
+    }
+    return a0 + a1 + a2 + a3;
+}
+
+static void bw_fn(void *arg, int ith, int nth)
+{
+    struct bw_job *j = arg;
+    size_t share = j->bytes / (size_t)nth;
+    const uint8_t *p = j->buf + share * (size_t)ith;
+    if (j->touch) {
+        memset((void *)(uintptr_t)p, ith + 1, share);
+        return;
+    }
+    uint64_t s;
+#if defined(__x86_64__)
+    if (j->isa == CPU_ISA_AVX512BF16)
+        s = read512(p, share);
+    else if (j->isa == CPU_ISA_AVX2)
+        s = read256(p, share);
+    else
+#endif
+        s = read_scalar(p, share);
+    sink_u64 = s;
+}
+
+double cpu_measure_read_bw(struct cpu_pool *p, size_t bytes)
+{
+    int nth = cpu_pool_n_threads(p);
+    if (bytes == 0)
+        bytes = (size_t)1 << 30;
+    size_t unit = (size_t)256 * (size_t)nth;
+    bytes = bytes / unit * unit;
+    if (bytes == 0)
+        bytes = unit;
+    uint8_t *buf = aligned_alloc(4096, bytes);
+    if (!buf)
+        return -1.0;
+    struct bw_job j = {.buf = buf, .bytes = bytes, .isa = cpu_isa_detect(), .touch = 1};
+    cpu_pool_run(p, bw_fn, &j); /* fault the pages in on their threads */
+    j.touch = 0;
+    double best = 0;
+    for (int i = 0; i < N_PASSES; i++) {
+        double t0 = now_s();
+        cpu_pool_run(p, bw_fn, &j);
+        double gbs = (double)bytes / (now_s() - t0) * 1e-9;
+        if (gbs > best)
+            best = gbs;
+    }
+    free(buf);
+    return best;
+}
+
+/* ------------------------------------------------------------------ peaks */
+
+struct peak_job {
+    enum cpu_isa isa;
+    int bf16;           /* 1: vdpbf16ps, 0: f32 FMA */
+    long iters;
+};
+
+/* Operands come through volatiles so the compiler cannot fold them. */
+static volatile float src_a = 1.0f, src_b = 0.0f;
+
+#if defined(__x86_64__)
+/* Sixteen independent accumulators cover latency x throughput (about 6 x 2
+ * on current cores) with room to spare. */
+T512 static float peak_bf16_512(long iters)
+{
+    __m512bh a = (__m512bh)_mm512_set1_epi16((short)0x3f80); /* bf16 1.0 */
+    __m512bh b = (__m512bh)_mm512_set1_epi16((short)(src_b != 0.0f ? 0x3f80 : 0));
+    __m512 c[16];
+    for (int i = 0; i < 16; i++)
+        c[i] = _mm512_set1_ps(src_a);
+    for (long it = 0; it < iters; it++) {
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++)
+            c[i] = _mm512_dpbf16_ps(c[i], a, b);
+    }
+    __m512 s = c[0];
+    for (int i = 1; i < 16; i++)
+        s = _mm512_add_ps(s, c[i]);
+    return _mm512_reduce_add_ps(s);
+}
+
+T512 static float peak_f32_512(long iters)
+{
+    __m512 a = _mm512_set1_ps(src_a), b = _mm512_set1_ps(src_b);
+    __m512 c[16];
+    for (int i = 0; i < 16; i++)
+        c[i] = _mm512_set1_ps(src_a);
+    for (long it = 0; it < iters; it++) {
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++)
+            c[i] = _mm512_fmadd_ps(a, b, c[i]);
+    }
+    __m512 s = c[0];
+    for (int i = 1; i < 16; i++)
+        s = _mm512_add_ps(s, c[i]);
+    return _mm512_reduce_add_ps(s);
+}
+
+/* Twelve accumulators: AVX2 has only sixteen registers. */
+T2 static float peak_f32_256(long iters)
+{
+    __m256 a = _mm256_set1_ps(src_a), b = _mm256_set1_ps(src_b);
+    __m256 c[12];
+    for (int i = 0; i < 12; i++)
+        c[i] = _mm256_set1_ps(src_a);
+    for (long it = 0; it < iters; it++) {
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++)
+            c[i] = _mm256_fmadd_ps(a, b, c[i]);
+    }
+    __m256 s = c[0];
+    for (int i = 1; i < 12; i++)
+        s = _mm256_add_ps(s, c[i]);
+    float t[8];
+    _mm256_storeu_ps(t, s);
+    return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+}
+#endif
+
+static float peak_f32_scalar(long iters)
+{
+    float a = src_a, b = src_b, c[8];
+    for (int i = 0; i < 8; i++)
+        c[i] = a;
+    for (long it = 0; it < iters; it++)
+        for (int i = 0; i < 8; i++)
+            c[i] = c[i] * b + a;
+    return c[0] + c[1] + c[2] + c[3] + c[4] + c[5] + c[6] + c[7];
+}
+
+/* flop per inner iteration of each loop above */
+static double peak_flop_per_iter(enum cpu_isa isa, int bf16)
+{
+    if (bf16)
+        return 16.0 * 64.0;
+    if (isa == CPU_ISA_AVX512BF16)
+        return 16.0 * 32.0;
+    if (isa == CPU_ISA_AVX2)
+        return 12.0 * 16.0;
+    return 8.0 * 2.0;
+}
+
+static void peak_fn(void *arg, int ith, int nth)
+{
+    struct peak_job *j = arg;
+    float r;
+#if defined(__x86_64__)
+    if (j->bf16)
+        r = peak_bf16_512(j->iters);
+    else if (j->isa == CPU_ISA_AVX512BF16)
+        r = peak_f32_512(j->iters);
+    else if (j->isa == CPU_ISA_AVX2)
+        r = peak_f32_256(j->iters);
+    else
+#endif
+        r = peak_f32_scalar(j->iters);
+    sink_f32 = r;
+}
+
+static double measure_peak(struct cpu_pool *p, enum cpu_isa isa, int bf16)
+{
+    struct peak_job j = {.isa = isa, .bf16 = bf16, .iters = 1000};
+    double fpi = peak_flop_per_iter(isa, bf16);
+    /* Calibrate to ~0.1 s per pass so frequency ramps and timer noise
+     * do not matter. */
+    for (;;) {
+        double t0 = now_s();
+        cpu_pool_run(p, peak_fn, &j);
+        double dt = now_s() - t0;
+        if (dt > 0.02 || j.iters > (1L << 40))
+            break;
+        j.iters *= 4;
+    }
+    j.iters *= 5;
+    double best = 0;
+    for (int i = 0; i < N_PASSES - 1; i++) {
+        double t0 = now_s();
+        cpu_pool_run(p, peak_fn, &j);
+        double dt = now_s() - t0;
+        double g = fpi * (double)j.iters * cpu_pool_n_threads(p) / dt * 1e-9;
+        if (g > best)
+            best = g;
+    }
+    return best;
+}
+
+double cpu_measure_bf16_peak(struct cpu_pool *p, const struct cpu_kernels *k)
+{
+    enum cpu_isa isa = k ? k->isa : cpu_isa_detect();
+    if (isa != CPU_ISA_AVX512BF16 || cpu_isa_detect() < CPU_ISA_AVX512BF16)
+        return 0.0;
+    return measure_peak(p, isa, 1);
+}
+
+double cpu_measure_f32_peak(struct cpu_pool *p, const struct cpu_kernels *k)
+{
+    enum cpu_isa isa = k ? k->isa : cpu_isa_detect();
+    if (isa > cpu_isa_detect())
+        return 0.0;
+    return measure_peak(p, isa, 0);
+}

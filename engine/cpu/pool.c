@@ -1,0 +1,229 @@
+/* engine/cpu/pool.c - persistent worker threads for one parallel loop at a
+ * time (see pool.h).
+ *
+ * Protocol. The pool has a generation counter `gen`. cpu_pool_run():
+ *   1. stores fn/arg (plain fields) and pending = n - 1,
+ *   2. bumps gen with release order - this publishes fn/arg/pending,
+ *   3. if any worker may be asleep (n_sleep > 0), futex-wakes them all,
+ *   4. runs fn(arg, 0, n) itself,
+ *   5. spins until pending reaches 0 (acquire), which makes every worker's
+ *      writes inside fn visible to the caller.
+ * A worker remembers the last gen it served. It spins on gen (acquire) for
+ * up to SPIN_NS; on a change it reads fn/arg, runs its share and decrements
+ * pending (release). After SPIN_NS without work it goes to sleep:
+ *   n_sleep += 1 (seq_cst); re-read gen (seq_cst); FUTEX_WAIT(gen, seen).
+ * The caller's gen bump and its n_sleep load are seq_cst as well, so by the
+ * single total order either the caller sees n_sleep > 0 and wakes, or the
+ * worker sees the new gen and does not sleep; and FUTEX_WAIT itself returns
+ * at once when gen no longer holds the value it was given. No wakeup is lost.
+ *
+ * fn/arg are written only while every worker is idle (pending == 0 has been
+ * observed with acquire, and each worker read them before its release
+ * decrement), and read only after an acquire of the new gen, so they need
+ * no atomics: the accesses are ordered by happens-before.
+ *
+ * Threads are C11 <threads.h> ones: besides being the standard, that keeps
+ * <pthread.h> out, which pulls in <sched.h> and would find engine/sched.h
+ * through -Iengine.
+ *
+ * Thread: cpu_pool_run() and cpu_pool_free() from one owner thread. */
+#include "cpu/pool.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <threads.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <linux/futex.h>
+
+/* How long an idle worker spins before sleeping. A decode step issues its
+ * runs a few microseconds apart, so 100 us keeps workers hot through a step
+ * while an idle server goes quiet within a tenth of a millisecond. */
+#define SPIN_NS 100000
+/* Spin iterations between clock reads (a vDSO clock read is ~20 ns). */
+#define SPIN_CHECK 64
+
+struct cpu_pool;
+
+struct worker {
+    struct cpu_pool *pool;
+    int ith;
+    thrd_t tid;
+};
+
+struct cpu_pool {
+    int n_threads;            /* including the caller */
+    struct worker *workers;   /* (n_threads - 1) */
+    cpu_pool_fn fn;           /* current run; see the essay on ordering */
+    void *arg;
+    _Atomic uint32_t gen;     /* bumped once per run; the futex word */
+    _Atomic int pending;      /* workers not yet done with this run */
+    _Atomic int n_sleep;      /* workers in (or entering) FUTEX_WAIT */
+    _Atomic int stop;         /* set by free; seen with the gen bump */
+};
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void futex_wait(_Atomic uint32_t *addr, uint32_t val)
+{
+    /* EAGAIN (value changed) and EINTR both just mean "look again". */
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic uint32_t *addr)
+{
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+}
+
+/* Waits until gen differs from `seen`; returns the new value. */
+static uint32_t wait_gen(struct cpu_pool *p, uint32_t seen)
+{
+    for (;;) {
+        uint64_t t0 = now_ns();
+        for (;;) {
+            for (int i = 0; i < SPIN_CHECK; i++) {
+                uint32_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
+                if (g != seen)
+                    return g;
+                cpu_relax();
+            }
+            if (now_ns() - t0 > SPIN_NS)
+                break;
+        }
+        atomic_fetch_add_explicit(&p->n_sleep, 1, memory_order_seq_cst);
+        if (atomic_load_explicit(&p->gen, memory_order_seq_cst) == seen)
+            futex_wait(&p->gen, seen);
+        atomic_fetch_sub_explicit(&p->n_sleep, 1, memory_order_relaxed);
+        uint32_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
+        if (g != seen)
+            return g;
+    }
+}
+
+static int worker_main(void *v)
+{
+    struct worker *w = v;
+    struct cpu_pool *p = w->pool;
+    uint32_t seen = 0; /* gen starts at 0 and only the owner bumps it */
+    for (;;) {
+        seen = wait_gen(p, seen);
+        if (atomic_load_explicit(&p->stop, memory_order_relaxed))
+            break;
+        p->fn(p->arg, w->ith, p->n_threads);
+        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+    }
+    return 0;
+}
+
+static void bump_and_wake(struct cpu_pool *p)
+{
+    atomic_fetch_add_explicit(&p->gen, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&p->n_sleep, memory_order_seq_cst) > 0)
+        futex_wake_all(&p->gen);
+}
+
+/* Stops and joins the first n_started workers. */
+static void stop_workers(struct cpu_pool *p, int n_started)
+{
+    atomic_store_explicit(&p->stop, 1, memory_order_relaxed);
+    bump_and_wake(p);
+    for (int i = 0; i < n_started; i++)
+        thrd_join(p->workers[i].tid, NULL);
+}
+
+int cpu_pool_create(struct cpu_pool **out, int n_threads, struct rl_err *err)
+{
+    *out = NULL;
+    if (n_threads < 0 || n_threads > 1024)
+        return rl_errf(err, RL_EINVAL, "cpu pool: n_threads %d out of range 0..1024",
+                       n_threads);
+    if (n_threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = n > 0 ? (int)(n > 1024 ? 1024 : n) : 1;
+    }
+    struct cpu_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return rl_errf(err, RL_ENOMEM, "cpu pool: out of memory");
+    p->n_threads = n_threads;
+    atomic_init(&p->gen, 0);
+    atomic_init(&p->pending, 0);
+    atomic_init(&p->n_sleep, 0);
+    atomic_init(&p->stop, 0);
+    int rc = 0, started = 0;
+    if (n_threads > 1) {
+        p->workers = calloc((size_t)n_threads - 1, sizeof *p->workers);
+        if (!p->workers) {
+            rc = rl_errf(err, RL_ENOMEM, "cpu pool: out of memory");
+            goto fail;
+        }
+    }
+    for (; started < n_threads - 1; started++) {
+        struct worker *w = &p->workers[started];
+        w->pool = p;
+        w->ith = started + 1;
+        int e = thrd_create(&w->tid, worker_main, w);
+        if (e != thrd_success) {
+            rc = rl_errf(err, e == thrd_nomem ? RL_ENOMEM : RL_EINTERNAL,
+                         "cpu pool: cannot start thread %d of %d", started + 1, n_threads);
+            goto fail;
+        }
+    }
+    *out = p;
+    return 0;
+fail:
+    stop_workers(p, started);
+    free(p->workers);
+    free(p);
+    return rc;
+}
+
+void cpu_pool_free(struct cpu_pool *p)
+{
+    if (!p)
+        return;
+    stop_workers(p, p->n_threads - 1);
+    free(p->workers);
+    free(p);
+}
+
+int cpu_pool_n_threads(const struct cpu_pool *p)
+{
+    return p->n_threads;
+}
+
+void cpu_pool_run(struct cpu_pool *p, cpu_pool_fn fn, void *arg)
+{
+    if (p->n_threads == 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->arg = arg;
+    atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);
+    bump_and_wake(p); /* seq_cst RMW: also a release of fn/arg/pending */
+    fn(arg, 0, p->n_threads);
+    /* Workers run as long as we did, give or take; spin, and yield now and
+     * then in case the machine is oversubscribed. */
+    for (unsigned i = 1; atomic_load_explicit(&p->pending, memory_order_acquire) != 0; i++) {
+        cpu_relax();
+        if ((i & 0xffff) == 0)
+            thrd_yield();
+    }
+}

@@ -1,0 +1,255 @@
+/* tests/bench/bench_kernels.c - CPU kernel speed against this machine's own
+ * limits (the roofline from engine/cpu/machine.h).
+ *
+ *   build/tests/bench_kernels [--threads N] [--isa NAME] [--quick]
+ *
+ * Prints a table to stderr and one JSON object to stdout:
+ *   read bandwidth, bf16 and f32 peaks, pool round-trip latency,
+ *   decode (M = 1) gemm_bf16 GB/s and % of bandwidth per Qwen3-0.6B shape,
+ *   prefill (M = 512) gemm_bf16 GFLOP/s and % of the bf16 peak,
+ *   and the same two for gemm_f32 / gemm_f16 at one shape.
+ * Decode weights rotate through a buffer far larger than the last-level
+ * cache, so every call streams its matrix from DRAM, as a real decode step
+ * does. Threads split N in multiples of CPU_GEMM_N_ALIGN, like the backend. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cpu/kernels.h"
+#include "cpu/machine.h"
+#include "cpu/pool.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+enum dt { DT_BF16, DT_F32, DT_F16 };
+
+struct gemm_job {
+    const struct cpu_kernels *k;
+    enum dt dt;
+    int M, N, K;
+    const void *x;  /* (M, K) bf16 or f32 */
+    const void *w;  /* (N, K) */
+    float *y;       /* (M, N) */
+};
+
+static void gemm_fn(void *arg, int ith, int nth)
+{
+    struct gemm_job *j = arg;
+    int a = CPU_GEMM_N_ALIGN;
+    int per = (j->N / nth + a - 1) / a * a;
+    int n0 = per * ith, n1 = n0 + per < j->N ? n0 + per : j->N;
+    if (ith == nth - 1)
+        n1 = j->N;
+    if (n0 >= n1)
+        return;
+    switch (j->dt) {
+    case DT_BF16:
+        j->k->gemm_bf16(j->M, n0, n1, j->K, j->x, j->K, j->w, j->y, j->N);
+        break;
+    case DT_F32:
+        j->k->gemm_f32(j->M, n0, n1, j->K, j->x, j->K, j->w, j->y, j->N);
+        break;
+    case DT_F16:
+        j->k->gemm_f16(j->M, n0, n1, j->K, j->x, j->K, j->w, j->y, j->N);
+        break;
+    }
+}
+
+static void nop_fn(void *arg, int ith, int nth)
+{
+    (void)arg, (void)ith, (void)nth;
+}
+
+static void fill_fn(void *arg, int ith, int nth)
+{
+    struct { uint16_t *p; size_t n; } *f = arg;
+    size_t a = f->n * (size_t)ith / (size_t)nth, b = f->n * (size_t)(ith + 1) / (size_t)nth;
+    uint32_t s = 0x12345u + (uint32_t)ith * 7919u;
+    for (size_t i = a; i < b; i++) {
+        s = s * 1664525u + 1013904223u;
+        /* bf16 / f16 in about [-1, 1]: sign, small exponent, mantissa */
+        f->p[i] = (uint16_t)((s >> 16 & 0x8000u) | 0x3c00u | (s >> 9 & 0x7fu));
+    }
+}
+
+struct shape {
+    const char *name;
+    int N, K;
+};
+
+static const struct shape shapes[] = {
+    {"qkv.k/v", 1024, 1024}, {"q_proj", 2048, 1024}, {"o_proj", 1024, 2048},
+    {"gate/up", 3072, 1024}, {"down", 1024, 3072},   {"lm_head", 151936, 1024},
+};
+#define N_SHAPES (sizeof shapes / sizeof shapes[0])
+
+int main(int argc, char **argv)
+{
+    int n_threads = 2, quick = 0;
+    const char *isa_name = "auto";
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+            n_threads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc)
+            isa_name = argv[++i];
+        else if (strcmp(argv[i], "--quick") == 0)
+            quick = 1;
+        else {
+            fprintf(stderr, "usage: %s [--threads N] [--isa auto|avx512bf16|avx2|scalar] [--quick]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    int isa = cpu_isa_parse(isa_name);
+    const struct cpu_kernels *k = isa < 0 ? NULL : cpu_kernels_get((enum cpu_isa)isa);
+    if (!k) {
+        fprintf(stderr, "bench_kernels: ISA %s not available here\n", isa_name);
+        return 1;
+    }
+    struct cpu_pool *pool;
+    struct rl_err err;
+    if (cpu_pool_create(&pool, n_threads, &err) != 0) {
+        fprintf(stderr, "bench_kernels: %s\n", err.msg);
+        return 1;
+    }
+    n_threads = cpu_pool_n_threads(pool);
+    double tmin = quick ? 0.1 : 0.4; /* seconds per measurement */
+
+    double bw = cpu_measure_read_bw(pool, quick ? (size_t)256 << 20 : (size_t)1 << 30);
+    double bf_peak = cpu_measure_bf16_peak(pool, k);
+    double f32_peak = cpu_measure_f32_peak(pool, k);
+    fprintf(stderr, "isa %s, %d threads\nread bandwidth %.1f GB/s, bf16 peak %.0f GFLOP/s, f32 peak %.0f GFLOP/s\n",
+            cpu_isa_name(k->isa), n_threads, bw, bf_peak, f32_peak);
+
+    /* Pool round trip: back to back, and from sleep (after a 2 ms gap). */
+    int n_rt = quick ? 20000 : 200000;
+    for (int i = 0; i < 1000; i++)
+        cpu_pool_run(pool, nop_fn, NULL);
+    double t0 = now_s();
+    for (int i = 0; i < n_rt; i++)
+        cpu_pool_run(pool, nop_fn, NULL);
+    double pool_us = (now_s() - t0) / n_rt * 1e6;
+    double wake_us = 0;
+    for (int i = 0; i < 20; i++) {
+        usleep(2000);
+        t0 = now_s();
+        cpu_pool_run(pool, nop_fn, NULL);
+        wake_us += (now_s() - t0) / 20 * 1e6;
+    }
+    fprintf(stderr, "pool run() round trip %.2f us hot, %.1f us from sleep\n", pool_us, wake_us);
+
+    /* Weights buffer: 1 GiB (256 MiB quick) of bf16, many times any cache. */
+    size_t wbytes = quick ? (size_t)384 << 20 : (size_t)1 << 30; /* >= lm_head */
+    uint16_t *wbuf = aligned_alloc(4096, wbytes);
+    size_t mx = (size_t)512 * 3072;
+    uint16_t *xb = aligned_alloc(64, mx * 2);
+    float *xf = aligned_alloc(64, mx * 4);
+    float *y = aligned_alloc(64, (size_t)512 * 151936 * 4 > ((size_t)512 << 20) ? ((size_t)512 << 20) : (size_t)512 * 151936 * 4);
+    if (!wbuf || !xb || !xf || !y) {
+        fprintf(stderr, "bench_kernels: out of memory\n");
+        return 1;
+    }
+    struct { uint16_t *p; size_t n; } fill = {wbuf, wbytes / 2};
+    cpu_pool_run(pool, fill_fn, &fill);
+    for (size_t i = 0; i < mx; i++) {
+        xf[i] = (float)((int)(i * 2654435761u % 2001) - 1000) / 1000.0f;
+        xb[i] = cpu_f32_to_bf16(xf[i]);
+    }
+
+    printf("{\"isa\":\"%s\",\"threads\":%d,\"read_bw_gbs\":%.2f,\"bf16_peak_gflops\":%.1f,"
+           "\"f32_peak_gflops\":%.1f,\"pool_rt_us\":%.3f,\"pool_wake_us\":%.2f,\"decode\":[",
+           cpu_isa_name(k->isa), n_threads, bw, bf_peak, f32_peak, pool_us, wake_us);
+
+    fprintf(stderr, "\ndecode gemm_bf16, M=1 (weights from DRAM)\n%-8s %7s %5s %9s %8s %7s\n",
+            "shape", "N", "K", "us/call", "GB/s", "%bw");
+    for (size_t s = 0; s < N_SHAPES; s++) {
+        size_t mbytes = (size_t)shapes[s].N * shapes[s].K * 2;
+        size_t copies = wbytes / mbytes ? wbytes / mbytes : 1;
+        struct gemm_job j = {k, DT_BF16, 1, shapes[s].N, shapes[s].K, xb, NULL, y};
+        long calls = 0;
+        size_t c = 0;
+        t0 = now_s();
+        double t;
+        do {
+            j.w = wbuf + (mbytes / 2) * c;
+            c = (c + 1) % copies;
+            cpu_pool_run(pool, gemm_fn, &j);
+            calls++;
+        } while ((t = now_s() - t0) < tmin);
+        double gbs = (double)mbytes * calls / t * 1e-9;
+        fprintf(stderr, "%-8s %7d %5d %9.1f %8.1f %6.1f%%\n", shapes[s].name, shapes[s].N,
+                shapes[s].K, t / calls * 1e6, gbs, 100 * gbs / bw);
+        printf("%s{\"shape\":\"%s\",\"N\":%d,\"K\":%d,\"us\":%.2f,\"gbs\":%.2f,\"pct_bw\":%.1f}",
+               s ? "," : "", shapes[s].name, shapes[s].N, shapes[s].K, t / calls * 1e6, gbs,
+               100 * gbs / bw);
+    }
+    printf("],\"prefill\":[");
+
+    fprintf(stderr, "\nprefill gemm_bf16, M=512\n%-8s %7s %5s %9s %8s %7s\n", "shape", "N", "K",
+            "ms/call", "GFLOP/s", "%peak");
+    for (size_t s = 0; s + 1 < N_SHAPES; s++) {
+        struct gemm_job j = {k, DT_BF16, 512, shapes[s].N, shapes[s].K, xb, wbuf, y};
+        cpu_pool_run(pool, gemm_fn, &j);
+        long calls = 0;
+        t0 = now_s();
+        double t;
+        do {
+            cpu_pool_run(pool, gemm_fn, &j);
+            calls++;
+        } while ((t = now_s() - t0) < tmin);
+        double gf = 2.0 * 512 * shapes[s].N * shapes[s].K * calls / t * 1e-9;
+        double pk = bf_peak > 0 ? bf_peak : f32_peak;
+        fprintf(stderr, "%-8s %7d %5d %9.2f %8.1f %6.1f%%\n", shapes[s].name, shapes[s].N,
+                shapes[s].K, t / calls * 1e3, gf, 100 * gf / pk);
+        printf("%s{\"shape\":\"%s\",\"N\":%d,\"K\":%d,\"ms\":%.3f,\"gflops\":%.1f,\"pct_peak\":%.1f}",
+               s ? "," : "", shapes[s].name, shapes[s].N, shapes[s].K, t / calls * 1e3, gf,
+               100 * gf / pk);
+    }
+    printf("],\"other\":[");
+
+    /* f32 and f16 weights at the gate/up shape: decode GB/s and prefill. */
+    fprintf(stderr, "\nother dtypes, N=3072 K=1024\n%-10s %5s %9s %8s %8s\n", "kernel", "M",
+            "us/call", "GB/s", "GFLOP/s");
+    static const struct { enum dt dt; const char *name; int esz; } others[] = {
+        {DT_F32, "gemm_f32", 4}, {DT_F16, "gemm_f16", 2}};
+    int first = 1;
+    for (int o = 0; o < 2; o++) {
+        for (int M = 1; M <= 512; M += 511) {
+            size_t mbytes = (size_t)3072 * 1024 * others[o].esz;
+            size_t copies = M == 1 && wbytes / mbytes ? wbytes / mbytes : 1;
+            struct gemm_job j = {k, others[o].dt, M, 3072, 1024, xf, NULL, y};
+            long calls = 0;
+            size_t c = 0;
+            t0 = now_s();
+            double t;
+            do {
+                j.w = (const uint8_t *)wbuf + mbytes * c;
+                c = (c + 1) % copies;
+                cpu_pool_run(pool, gemm_fn, &j);
+                calls++;
+            } while ((t = now_s() - t0) < tmin / 2);
+            double us = t / calls * 1e6, gbs = (double)mbytes * calls / t * 1e-9;
+            double gf = 2.0 * M * 3072 * 1024 * calls / t * 1e-9;
+            fprintf(stderr, "%-10s %5d %9.1f %8.1f %8.1f\n", others[o].name, M, us, gbs, gf);
+            printf("%s{\"kernel\":\"%s\",\"M\":%d,\"us\":%.2f,\"gbs\":%.2f,\"gflops\":%.1f}",
+                   first ? "" : ",", others[o].name, M, us, gbs, gf);
+            first = 0;
+        }
+    }
+    printf("]}\n");
+
+    free(wbuf);
+    free(xb);
+    free(xf);
+    free(y);
+    cpu_pool_free(pool);
+    return 0;
+}
