@@ -338,7 +338,7 @@ static void copy_model(const char *dir, enum st_dtype dt, const char *rename_fro
         assert_int_equal(st_writer_add(w, name, dt, t->n_dims, t->shape, data, &err), 0);
     }
     mkdir(dir, 0755);
-    char path[512];
+    char path[1200];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if (st_writer_write(w, path, &err))
         fail_msg("write: %s", err.msg);
@@ -505,7 +505,8 @@ static void test_config_cases(void **state)
          "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 3, "
          "\"vocab_size\": 100}", RL_EFORMAT, "not a multiple"},
         {"{" BASE ", \"rms_norm_eps\": \"x\"}", RL_EFORMAT, "\"rms_norm_eps\" must be a number"},
-        {"{" BASE ", \"hidden_size\": 64.5}", RL_EFORMAT, "\"hidden_size\" must be an integer"},
+        {"{\"model_type\": \"qwen3\", \"hidden_size\": 64.5}", RL_EFORMAT,
+         "\"hidden_size\" must be an integer"},
         {"{" BASE ", \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2}}", RL_EUNSUPPORTED,
          "\"rope_scaling.rope_type\" = \"linear\""},
         {"{" BASE ", \"rope_scaling\": {\"rope_type\": \"yarn\"}}", RL_EFORMAT, "factor"},
