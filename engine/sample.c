@@ -35,7 +35,7 @@
 #define N_BUCKETS 1024
 
 struct cand {
-    float z;      /* (logit - max) / temperature, <= 0 */
+    float z;      /* the (penalised) logit: the ranking key */
     float w;      /* expf(z), filled once selected */
     int32_t id;
 };
@@ -49,6 +49,7 @@ struct sample_state {
     int32_t *count;         /* (cap) occurrences in the output */
     uint8_t *in_prompt;     /* (cap) token occurs in the prompt */
     float *saved;           /* (cap) logits before penalties, for restore */
+    int n_saved;            /* entries of saved valid in this call */
     int n, cap;
     /* scratch, grown on demand */
     struct cand *cand;      /* (n_cand_cap) heap / boundary bucket */
@@ -338,10 +339,11 @@ static void heap_sift_up(struct cand *h, int i)
 
 /* ---- the pipeline ---- */
 
-/* Bucket of z in [zlo, 0]: monotone in z, so buckets keep the ranking. */
-static int bucket_of(float z, float zlo, float scale)
+/* Bucket of logit l in [llo, max]: monotone in l, so buckets keep the
+ * ranking. */
+static int bucket_of(float l, float llo, float scale)
 {
-    int b = (int)((z - zlo) * scale);
+    int b = (int)((l - llo) * scale);
     return b < 0 ? 0 : b >= N_BUCKETS ? N_BUCKETS - 1 : b;
 }
 
@@ -350,6 +352,10 @@ static void apply_penalties(struct sample_state *st,
                             int n_vocab)
 {
     float rep = p->repetition_penalty;
+    st->n_saved = 0;
+    if (rep == 1.0f && p->frequency_penalty == 0 && p->presence_penalty == 0)
+        return; /* the common case costs nothing per seen token */
+    st->n_saved = st->n;
     for (int d = 0; d < st->n; d++) {
         int32_t t = st->key[d];
         if (t >= n_vocab)
@@ -376,7 +382,7 @@ void sample_apply_penalties(struct sample_state *st,
 static void restore_logits(const struct sample_state *st, float *logits,
                            int n_vocab)
 {
-    for (int d = 0; d < st->n; d++)
+    for (int d = 0; d < st->n_saved; d++)
         if (st->key[d] < n_vocab)
             logits[st->key[d]] = st->saved[d];
 }
@@ -406,7 +412,7 @@ static double raw_logprobs(const float *logits, int n_vocab, int n_top,
     }
     double s = 0;
     for (int i = 0; i < n_vocab; i++)
-        s += exp((double)logits[i] - m);
+        s += expf(logits[i] - m);
     double lse = m + log(s);
     for (int j = 0; j < n; j++)
         top[j].logprob = (float)(top[j].logprob - lse);
@@ -414,53 +420,59 @@ static double raw_logprobs(const float *logits, int n_vocab, int n_top,
     return lse;
 }
 
-/* Random draw over the processed row. m: max of the penalised logits. Draws
- * exactly one number from the stream unless it fails (ENOMEM) first. */
+/* Random draw over the processed row. m: max of the penalised logits.
+ * Ranking and filtering compare logits (the temperature is a monotone
+ * map), so a weight expf((l - m) / T) is computed only where it is summed.
+ * Draws exactly one number from the stream, after every allocation. */
 static int sample_random(struct sample_state *st, const struct sample_params *p,
                          const float *logits, int n_vocab, float m,
                          int32_t *tok, struct rl_err *err)
 {
-    const float T = p->temperature;
-    const float zmin = p->min_p > 0 ? logf(p->min_p) : -INFINITY;
+    const float invT = 1.0f / p->temperature;
+    /* min_p: p_i >= min_p * p_max  <=>  l_i >= m + T ln(min_p) */
+    const float lmin = p->min_p > 0 ? m + p->temperature * logf(p->min_p)
+                                    : -INFINITY;
     const int k = p->top_k > 0 && p->top_k < n_vocab ? p->top_k : 0;
     int rc;
 
     if (k) {
         if ((rc = cand_reserve(st, k, err)))
             return rc;
-        struct cand *h = st->cand;
-        int n = 0;
-        for (int i = 0; i < n_vocab; i++) {
-            float z = (logits[i] - m) / T;
-            if (!(z >= zmin))
+        struct cand *h = st->cand; /* .z holds the logit while selecting */
+        int n = 0, i = 0;
+        for (; i < n_vocab && n < k; i++) {
+            if (!(logits[i] >= lmin))
                 continue;
-            if (n < k) {
-                h[n].z = z;
-                h[n].id = i;
-                heap_sift_up(h, n++);
-            } else if (better(z, i, h[0].z, h[0].id)) {
-                h[0].z = z;
+            h[n].z = logits[i];
+            h[n].id = i;
+            heap_sift_up(h, n++);
+        }
+        for (; i < n_vocab; i++) {
+            /* ids rise, so an equal logit never beats the root: one compare
+             * rejects almost every token */
+            if (logits[i] > h[0].z && logits[i] >= lmin) {
+                h[0].z = logits[i];
                 h[0].id = i;
                 heap_sift_down(h, n, 0);
             }
         }
         qsort(h, (size_t)n, sizeof *h, cand_cmp);
         double Z = 0;
-        for (int i = 0; i < n; i++)
-            Z += h[i].w = expf(h[i].z);
+        for (int j = 0; j < n; j++)
+            Z += h[j].w = expf((h[j].z - m) * invT);
         if (p->top_p < 1) {
             double cum = 0, goal = (double)p->top_p * Z;
-            int i = 0;
-            while (i < n && (cum += h[i].w, ++i, cum < goal))
+            int j = 0;
+            while (j < n && (cum += h[j].w, ++j, cum < goal))
                 ;
-            n = i;
+            n = j;
             Z = cum;
         }
         double target = sample_rng_uniform(st) * Z, cum = 0;
-        for (int i = 0; i < n; i++) {
-            cum += h[i].w;
+        for (int j = 0; j < n; j++) {
+            cum += h[j].w;
             if (target < cum) {
-                *tok = h[i].id;
+                *tok = h[j].id;
                 return 0;
             }
         }
@@ -469,14 +481,12 @@ static int sample_random(struct sample_state *st, const struct sample_params *p,
     }
 
     double Z = 0;
-    for (int i = 0; i < n_vocab; i++) {
-        float z = (logits[i] - m) / T;
-        if (z >= zmin)
-            Z += expf(z);
-    }
-    /* the cut: include token i iff it ranks at or above (cut_z, cut_id) */
-    float cut_z = zmin;
-    int32_t cut_id = n_vocab; /* "at or above zmin, any id" */
+    for (int i = 0; i < n_vocab; i++)
+        if (logits[i] >= lmin)
+            Z += expf((logits[i] - m) * invT);
+    /* the cut: include token i iff it ranks at or above (cut_l, cut_id) */
+    float cut_l = lmin;
+    int32_t cut_id = n_vocab; /* "at or above lmin, any id" */
     double Zf = Z;
     if (p->top_p < 1) {
         if (!st->bmass) {
@@ -491,18 +501,22 @@ static int sample_random(struct sample_state *st, const struct sample_params *p,
                                "top_p buckets");
             }
         }
-        float zlo = (float)log((1.0 - (double)p->top_p) * Z / n_vocab);
-        if (zlo < zmin)
-            zlo = zmin;
-        const float scale = N_BUCKETS / -zlo; /* zlo < 0: see the essay */
+        /* the floor tau in logit space; tau < 1 because Z <= n_vocab, so
+         * llo < m and the bucket scale is positive */
+        float llo = m + p->temperature *
+                    (float)log((1.0 - (double)p->top_p) * Z / n_vocab);
+        if (llo < lmin)
+            llo = lmin;
+        if (!(llo < m))
+            llo = m - 1e-3f * (fabsf(m) + 1); /* tau rounded up to 1 */
+        const float scale = N_BUCKETS / (m - llo);
         memset(st->bmass, 0, sizeof *st->bmass * N_BUCKETS);
         memset(st->bcount, 0, sizeof *st->bcount * N_BUCKETS);
         for (int i = 0; i < n_vocab; i++) {
-            float z = (logits[i] - m) / T;
-            if (!(z >= zlo))
+            if (!(logits[i] >= llo))
                 continue;
-            int b = bucket_of(z, zlo, scale);
-            st->bmass[b] += expf(z);
+            int b = bucket_of(logits[i], llo, scale);
+            st->bmass[b] += expf((logits[i] - m) * invT);
             st->bcount[b]++;
         }
         double goal = (double)p->top_p * Z, cum = 0;
@@ -520,20 +534,18 @@ static int sample_random(struct sample_state *st, const struct sample_params *p,
             struct cand *c = st->cand;
             int n = 0;
             for (int i = 0; i < n_vocab; i++) {
-                float z = (logits[i] - m) / T;
-                if (!(z >= zlo))
+                if (!(logits[i] >= llo) ||
+                    bucket_of(logits[i], llo, scale) != bstar)
                     continue;
-                if (bucket_of(z, zlo, scale) == bstar) {
-                    c[n].z = z;
-                    c[n].w = expf(z);
-                    c[n++].id = i;
-                }
+                c[n].z = logits[i];
+                c[n].w = expf((logits[i] - m) * invT);
+                c[n++].id = i;
             }
             qsort(c, (size_t)n, sizeof *c, cand_cmp);
             int j = 0;
             while (j < n && (cum += c[j].w, ++j, cum < goal))
                 ;
-            cut_z = c[j - 1].z;
+            cut_l = c[j - 1].z;
             cut_id = c[j - 1].id;
             Zf = cum;
         }
@@ -541,10 +553,10 @@ static int sample_random(struct sample_state *st, const struct sample_params *p,
     double target = sample_rng_uniform(st) * Zf, cum = 0;
     int32_t last = -1;
     for (int i = 0; i < n_vocab; i++) {
-        float z = (logits[i] - m) / T;
-        if (!(z >= zmin) || !(z > cut_z || (z == cut_z && i <= cut_id)))
+        float l = logits[i];
+        if (!(l >= lmin) || !(l > cut_l || (l == cut_l && i <= cut_id)))
             continue;
-        cum += expf(z);
+        cum += expf((l - m) * invT);
         last = i;
         if (target < cum) {
             *tok = i;
