@@ -7,7 +7,8 @@
  *      penalty (minus p once if the token is in the output);
  *   3. temperature 0: argmax of the penalised logits, ties to the lower id;
  *      otherwise divide by the temperature and
- *   4. min_p: drop tokens whose probability is below min_p times the top's;
+ *   4. min_p: drop tokens whose probability is below min_p times the top's
+ *      (tested in logit space: logit >= max + temperature * ln(min_p));
  *   5. top_k: keep the k most likely (ties broken towards lower ids);
  *   6. top_p: keep the smallest most-likely-first set whose mass, under the
  *      distribution renormalised after 4-5, reaches top_p;
