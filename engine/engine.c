@@ -1,0 +1,886 @@
+/* engine/engine.c - the facade: one engine_step() = schedule -> forward ->
+ * sample -> events.
+ *
+ * Owns the model, the backend (weights, activations, KV pool memory), the
+ * KV bookkeeping (kv_cache.h), the scheduler (sched.h), the tokenizer when
+ * the model directory has one, and every live request. A request lives in
+ * `reqs` from engine_submit() until the step after its final event: the
+ * event of step N points into the request's buffers, so it can only be
+ * freed at the start of step N+1.
+ *
+ * Per request, per sampled row: sample_next() (one RNG draw), then accept()
+ * for the token: usage counters, the <think> state, stop token ids, the
+ * incremental detokenizer, stop strings, limits; then, if the request is
+ * inside <think> and over its thinking budget, the think-stop text's tokens
+ * are accepted the same way (sample_observe instead of a draw) and all of
+ * them go to the scheduler at once, to be computed as one chunk next step.
+ * The decision to force depends only on the request's own history, so
+ * forcing is as batch-invariant as sampling.
+ *
+ * Stop strings are matched on decoded text held back per channel
+ * (reasoning or content): after each token, the longest tail of the held
+ * text that is a prefix of some stop string stays held, everything before
+ * it is emitted. A match finishes the request and drops the stop string
+ * and whatever follows it. A stop string spanning </think> is not matched
+ * (the tag is a token of its own and never text).
+ *
+ * Threading: everything runs on the owner thread; the backend parallelises
+ * inside forward(). */
+#include "engine.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kv_cache.h"
+#include "sched.h"
+#include "tokenizer.h"
+
+/* A growable NUL-terminated byte buffer. */
+struct strbuf {
+    char *p;
+    size_t n, cap;
+};
+
+static int sb_add(struct strbuf *b, const char *s, size_t n)
+{
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 64;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q)
+            return -RL_ENOMEM;
+        b->p = q;
+        b->cap = cap;
+    }
+    if (n)
+        memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+    return 0;
+}
+
+static void sb_clear(struct strbuf *b)
+{
+    b->n = 0;
+    if (b->p)
+        b->p[0] = 0;
+}
+
+struct eng_req {
+    uint64_t id;
+    void *user;
+    struct sched_seq *seq;       /* NULL once finished */
+    struct sample_state *ss;
+    struct sample_params sp;
+    int n_prompt;
+    int max_tokens;              /* <= 0: none */
+    int context_limit;           /* prompt + output at most */
+    int max_think;               /* < 0: no budget */
+    bool ignore_eos;
+    int32_t *stop_ids;           /* (n_stop_ids) defaults + request's */
+    int n_stop_ids;
+    char **stop;                 /* (n_stop) stop strings */
+    int n_stop;
+    bool in_think, forced;
+    bool drop_tail;              /* a stop string matched: nothing after it */
+    struct engine_usage usage;
+    struct tok_stream *ts;       /* NULL without a tokenizer */
+    struct strbuf hold;          /* text held back for stop matching */
+
+    /* this step's event */
+    int32_t *ev_tok;             /* (cap_ev) */
+    float *ev_lp;                /* (cap_ev) */
+    struct sample_logprob *ev_top; /* (cap_ev, n_top) */
+    int n_ev, cap_ev, n_top;
+    struct strbuf ev_reason, ev_content;
+
+    enum engine_finish finish;
+    int err_code;
+    char err_msg[RL_ERR_MSG_MAX];
+    bool reported;               /* final event delivered: free next step */
+};
+
+struct engine {
+    struct model *model;
+    struct backend *be;
+    struct kv_cache *kv;
+    struct sched *sched;
+    struct tokenizer *tok;       /* NULL: ids only */
+    const struct model_config *cfg;
+    struct engine_options opt;
+    int block_size, n_blocks, max_context;
+
+    int32_t default_stop[4];     /* eos ids: <|im_end|>, <|endoftext|>, ... */
+    int n_default_stop;
+    int32_t think_open, think_close; /* -1 without a tokenizer */
+    int32_t *force_ids;          /* (n_force) the think-stop text */
+    int n_force;
+
+    struct eng_req **reqs;       /* (cap_reqs) live, submission order */
+    int n_reqs, cap_reqs;
+    uint64_t next_id;
+
+    float *logits;               /* (max_batch, vocab) */
+    struct be_seq *bseqs;        /* (max_batch) */
+    int32_t *btokens;            /* (token_budget) */
+    struct engine_event *events; /* (cap_events) */
+    int cap_events;
+
+    int64_t n_steps, n_generated;
+};
+
+double engine_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void engine_options_default(struct engine_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->backend = "cpu";
+    o->block_size = KV_DEFAULT_BLOCK_SIZE;
+    o->max_batch = 16;
+    o->token_budget = 512;
+}
+
+void engine_request_init(struct engine_request *r)
+{
+    memset(r, 0, sizeof *r);
+    r->mode = ENGINE_MODE_THINK;
+    r->temperature = -1;
+    r->top_p = -1;
+    r->top_k = -1;
+    r->min_p = -1;
+    r->repetition_penalty = 1;
+    r->n_logprobs = -1;
+    r->max_thinking_tokens = -1;
+}
+
+const char *engine_finish_name(enum engine_finish f)
+{
+    switch (f) {
+    case ENGINE_FINISH_STOP: return "stop";
+    case ENGINE_FINISH_LENGTH: return "length";
+    case ENGINE_FINISH_CANCELLED: return "cancelled";
+    case ENGINE_FINISH_DEADLINE: return "deadline";
+    case ENGINE_FINISH_ERROR: return "error";
+    default: return NULL;
+    }
+}
+
+static void add_default_stop(struct engine *e, int32_t id)
+{
+    if (id < 0 || id >= e->cfg->vocab)
+        return;
+    for (int i = 0; i < e->n_default_stop; i++)
+        if (e->default_stop[i] == id)
+            return;
+    if (e->n_default_stop < 4)
+        e->default_stop[e->n_default_stop++] = id;
+}
+
+static int32_t tok_id(const struct tokenizer *t, const char *s)
+{
+    return t ? tok_find(t, s, strlen(s)) : -1;
+}
+
+int engine_create(struct engine **out, const char *dir,
+                  const struct engine_options *o, struct rl_err *err)
+{
+    *out = NULL;
+    struct engine_options opt;
+    if (o)
+        opt = *o;
+    else
+        engine_options_default(&opt);
+    if (!opt.backend)
+        opt.backend = "cpu";
+    if (opt.block_size <= 0)
+        opt.block_size = KV_DEFAULT_BLOCK_SIZE;
+    if (opt.max_batch <= 0)
+        opt.max_batch = 16;
+    if (opt.token_budget <= 0)
+        opt.token_budget = 512;
+    if (opt.token_budget < opt.max_batch)
+        return rl_errf(err, RL_EINVAL,
+                       "engine: token_budget %d is below max_batch %d (every running "
+                       "sequence needs a token per step)", opt.token_budget, opt.max_batch);
+    if (opt.prefill_chunk <= 0 || opt.prefill_chunk > opt.token_budget)
+        opt.prefill_chunk = opt.token_budget;
+    if (opt.kv_blocks < 0 || opt.max_context < 0)
+        return rl_errf(err, RL_EINVAL, "engine: negative kv_blocks or max_context");
+
+    struct engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return rl_errf(err, RL_ENOMEM, "engine: out of memory");
+    e->opt = opt;
+    e->next_id = 1;
+    e->think_open = e->think_close = -1;
+    int rc = model_load(&e->model, dir, err);
+    if (rc)
+        goto fail;
+    e->cfg = model_get_config(e->model);
+    struct be_options bo = {.n_threads = opt.n_threads, .isa = opt.isa,
+                            .kv_dtype = opt.kv_dtype};
+    if ((rc = be_create(&e->be, opt.backend, &bo, err)))
+        goto fail;
+    if ((rc = e->be->ops->load(e->be->ctx, e->cfg, model_get_weights(e->model),
+                               opt.token_budget, err)))
+        goto fail;
+    e->block_size = opt.block_size;
+    e->n_blocks = opt.kv_blocks;
+    if (!e->n_blocks) {
+        size_t bytes = opt.kv_bytes ? opt.kv_bytes : (size_t)1 << 30;
+        size_t per = e->be->ops->kv_block_bytes(e->be->ctx, e->block_size);
+        size_t nb = per ? bytes / per : 0;
+        e->n_blocks = nb > (1u << 30) ? (1 << 30) : (int)nb;
+        if (e->n_blocks < 1) {
+            rc = rl_errf(err, RL_EINVAL,
+                         "engine: a KV budget of %zu bytes holds no block of %zu bytes",
+                         bytes, per);
+            goto fail;
+        }
+    }
+    if ((rc = e->be->ops->kv_init(e->be->ctx, e->n_blocks, e->block_size, err)))
+        goto fail;
+    if ((rc = kv_cache_create(&e->kv, e->n_blocks, e->block_size, err)))
+        goto fail;
+    struct sched_options so = {opt.max_batch, opt.token_budget, opt.prefill_chunk};
+    if ((rc = sched_create(&e->sched, e->kv, &so, err)))
+        goto fail;
+    long ctx = e->cfg->max_pos > 0 ? e->cfg->max_pos : (1 << 30);
+    if (opt.max_context && opt.max_context < ctx)
+        ctx = opt.max_context;
+    /* a sequence alone must always fit the pool, or preemption could never
+     * make room for it */
+    if ((long)e->n_blocks * e->block_size < ctx)
+        ctx = (long)e->n_blocks * e->block_size;
+    e->max_context = (int)ctx;
+
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (access(path, R_OK) == 0 && (rc = tok_load(&e->tok, dir, err))) {
+        rl_err_wrap(err, "engine: %s", dir);
+        goto fail;
+    }
+    add_default_stop(e, tok_id(e->tok, "<|im_end|>"));
+    add_default_stop(e, tok_id(e->tok, "<|endoftext|>"));
+    if (e->tok)
+        add_default_stop(e, tok_eos_id(e->tok));
+    add_default_stop(e, e->cfg->eos_id);
+    e->think_open = tok_id(e->tok, "<think>");
+    e->think_close = tok_id(e->tok, "</think>");
+    if (e->tok) {
+        const char *txt = opt.think_stop_text ? opt.think_stop_text : ENGINE_THINK_STOP_TEXT;
+        struct tok_ids ids = {0};
+        if ((rc = tok_encode(e->tok, txt, strlen(txt), TOK_ENCODE_NO_SPECIAL, &ids, err)))
+            goto fail;
+        e->force_ids = ids.ids;
+        e->n_force = (int)ids.n;
+    }
+
+    e->logits = malloc((size_t)opt.max_batch * (size_t)e->cfg->vocab * sizeof(float));
+    e->bseqs = calloc((size_t)opt.max_batch, sizeof *e->bseqs);
+    e->btokens = malloc((size_t)opt.token_budget * sizeof *e->btokens);
+    if (!e->logits || !e->bseqs || !e->btokens) {
+        rc = rl_errf(err, RL_ENOMEM, "engine: out of memory for step buffers");
+        goto fail;
+    }
+    *out = e;
+    return 0;
+fail:
+    engine_free(e);
+    return rc;
+}
+
+static void req_free(struct eng_req *r)
+{
+    if (!r)
+        return;
+    sample_state_free(r->ss);
+    tok_stream_free(r->ts);
+    free(r->stop_ids);
+    for (int i = 0; i < r->n_stop; i++)
+        free(r->stop[i]);
+    free(r->stop);
+    free(r->hold.p);
+    free(r->ev_tok);
+    free(r->ev_lp);
+    free(r->ev_top);
+    free(r->ev_reason.p);
+    free(r->ev_content.p);
+    free(r);
+}
+
+void engine_free(struct engine *e)
+{
+    if (!e)
+        return;
+    for (int i = 0; i < e->n_reqs; i++)
+        req_free(e->reqs[i]);
+    free(e->reqs);
+    sched_free(e->sched); /* before the kv_cache: it frees its kv_seqs */
+    kv_cache_free(e->kv);
+    if (e->tok)
+        tok_free(e->tok);
+    free(e->force_ids);
+    be_free(e->be);
+    model_free(e->model);
+    free(e->logits);
+    free(e->bseqs);
+    free(e->btokens);
+    free(e->events);
+    free(e);
+}
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* Validates r and fills a new eng_req; nothing of the engine changes. */
+static int req_build(struct engine *e, const struct engine_request *r, uint64_t id,
+                     const int32_t *prompt, int n_prompt, struct eng_req **out,
+                     struct rl_err *err)
+{
+    *out = NULL;
+    if (n_prompt < 1)
+        return rl_errf(err, RL_EINVAL, "EMPTY_PROMPT the request has no prompt tokens");
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->cfg->vocab)
+            return rl_errf(err, RL_EINVAL,
+                           "BAD_TOKEN prompt token %d is %d; the vocabulary has %d ids", i,
+                           prompt[i], e->cfg->vocab);
+    int limit = e->max_context;
+    if (r->context_limit > 0 && r->context_limit < limit)
+        limit = r->context_limit;
+    if (n_prompt >= limit)
+        return rl_errf(err, RL_EINVAL,
+                       "CONTEXT_TOO_LONG prompt has %d tokens; the context limit is %d",
+                       n_prompt, limit);
+    if (r->n_logprobs > SAMPLE_MAX_LOGPROBS)
+        return rl_errf(err, RL_EINVAL, "BAD_PARAM logprobs %d is above %d", r->n_logprobs,
+                       SAMPLE_MAX_LOGPROBS);
+    if (r->n_stop < 0 || r->n_stop_ids < 0 || (r->n_stop && !r->stop) ||
+        (r->n_stop_ids && !r->stop_ids))
+        return rl_errf(err, RL_EINVAL, "BAD_PARAM bad stop list");
+    if (r->n_stop && !e->tok)
+        return rl_errf(err, RL_EUNSUPPORTED,
+                       "NO_TOKENIZER stop strings need a tokenizer.json in the model dir");
+    if (r->max_thinking_tokens >= 0 && !e->tok)
+        return rl_errf(err, RL_EUNSUPPORTED,
+                       "NO_TOKENIZER a thinking budget needs a tokenizer.json");
+    for (int i = 0; i < r->n_stop; i++)
+        if (!r->stop[i] || !r->stop[i][0])
+            return rl_errf(err, RL_EINVAL, "BAD_PARAM stop string %d is empty", i);
+    for (int i = 0; i < r->n_stop_ids; i++)
+        if (r->stop_ids[i] < 0 || r->stop_ids[i] >= e->cfg->vocab)
+            return rl_errf(err, RL_EINVAL, "BAD_PARAM stop token id %d is out of range",
+                           r->stop_ids[i]);
+
+    struct sample_params sp;
+    sample_params_default(&sp);
+    bool think = r->mode != ENGINE_MODE_NO_THINK;
+    /* Qwen3's recommended settings per mode, for what the request leaves unset */
+    sp.temperature = r->temperature >= 0 ? r->temperature : think ? 0.6f : 0.7f;
+    sp.top_p = r->top_p > 0 ? r->top_p : think ? 0.95f : 0.8f;
+    sp.top_k = r->top_k >= 0 ? r->top_k : 20;
+    sp.min_p = r->min_p >= 0 ? r->min_p : 0.0f;
+    sp.presence_penalty = r->presence_penalty;
+    sp.frequency_penalty = r->frequency_penalty;
+    sp.repetition_penalty = r->repetition_penalty > 0 ? r->repetition_penalty : 1.0f;
+    sp.seed = r->has_seed ? r->seed : splitmix64(id);
+    sp.logprobs = r->n_logprobs >= 0;
+    sp.n_logprobs = r->n_logprobs > 0 ? r->n_logprobs : 0;
+    int rc = sample_params_check(&sp, err);
+    if (rc) {
+        rl_err_wrap(err, "BAD_PARAM");
+        return rc;
+    }
+
+    struct eng_req *q = calloc(1, sizeof *q);
+    if (!q)
+        return rl_errf(err, RL_ENOMEM, "engine: out of memory");
+    q->id = id;
+    q->user = r->user;
+    q->sp = sp;
+    q->n_prompt = n_prompt;
+    q->max_tokens = r->max_tokens;
+    q->context_limit = limit;
+    q->max_think = r->max_thinking_tokens;
+    q->ignore_eos = r->ignore_eos;
+    q->n_top = sp.logprobs ? sp.n_logprobs : 0;
+    int n_ids = r->n_stop_ids + (r->ignore_eos ? 0 : e->n_default_stop);
+    q->stop_ids = malloc(((size_t)n_ids + 1) * sizeof *q->stop_ids);
+    q->stop = calloc((size_t)r->n_stop + 1, sizeof *q->stop);
+    if (!q->stop_ids || !q->stop)
+        goto oom;
+    if (!r->ignore_eos)
+        for (int i = 0; i < e->n_default_stop; i++)
+            q->stop_ids[q->n_stop_ids++] = e->default_stop[i];
+    for (int i = 0; i < r->n_stop_ids; i++)
+        q->stop_ids[q->n_stop_ids++] = r->stop_ids[i];
+    for (int i = 0; i < r->n_stop; i++) {
+        if (!(q->stop[i] = strdup(r->stop[i])))
+            goto oom;
+        q->n_stop++;
+    }
+    /* a prompt whose last think tag is <think> (thinking templates that open
+     * it themselves) starts the output inside the reasoning */
+    for (int i = n_prompt - 1; i >= 0 && e->think_open >= 0; i--) {
+        if (prompt[i] == e->think_close)
+            break;
+        if (prompt[i] == e->think_open) {
+            q->in_think = true;
+            break;
+        }
+    }
+    if ((rc = sample_state_create(&q->ss, sp.seed, prompt, n_prompt, err)))
+        goto fail;
+    if (e->tok && (rc = tok_stream_create(&q->ts, e->tok, TOK_DECODE_SKIP_SPECIAL, err)))
+        goto fail;
+    *out = q;
+    return 0;
+oom:
+    rc = rl_errf(err, RL_ENOMEM, "engine: out of memory");
+fail:
+    req_free(q);
+    return rc;
+}
+
+int engine_submit(struct engine *e, const struct engine_request *r, uint64_t *id,
+                  struct rl_err *err)
+{
+    if (id)
+        *id = 0;
+    if (!r->prompt_ids && r->messages)
+        return rl_errf(err, RL_EUNSUPPORTED,
+                       "NO_TEMPLATE chat messages need engine/chat.h, not built yet");
+    if (!r->prompt_ids && r->n_prompt)
+        return rl_errf(err, RL_EINVAL, "EMPTY_PROMPT prompt_ids is NULL");
+    if (e->n_reqs == e->cap_reqs) {
+        int cap = e->cap_reqs ? e->cap_reqs * 2 : 32;
+        struct eng_req **g = realloc(e->reqs, (size_t)cap * sizeof *g);
+        if (!g)
+            return rl_errf(err, RL_ENOMEM, "engine: out of memory");
+        e->reqs = g;
+        e->cap_reqs = cap;
+    }
+    struct eng_req *q;
+    int rc = req_build(e, r, e->next_id, r->prompt_ids, r->n_prompt, &q, err);
+    if (rc)
+        return rc;
+    if ((rc = sched_add(e->sched, r->prompt_ids, r->n_prompt, r->priority, r->deadline, q,
+                        &q->seq, err))) {
+        req_free(q);
+        return rc;
+    }
+    q->usage.prompt_tokens = r->n_prompt;
+    e->reqs[e->n_reqs++] = q;
+    if (id)
+        *id = q->id;
+    e->next_id++;
+    return 0;
+}
+
+/* ---- per-token processing ---- */
+
+static int emit_text(struct eng_req *q, const char *s, size_t n)
+{
+    return sb_add(q->in_think ? &q->ev_reason : &q->ev_content, s, n);
+}
+
+/* Emits everything held back (channel switch or finish). */
+static int flush_hold(struct eng_req *q)
+{
+    int rc = emit_text(q, q->hold.p, q->hold.n);
+    sb_clear(&q->hold);
+    return rc;
+}
+
+static void finish_req(struct engine *e, struct eng_req *q, enum engine_finish why)
+{
+    if (q->finish != ENGINE_FINISH_NONE)
+        return;
+    q->finish = why;
+    if (!q->drop_tail) {
+        /* what is held back is no stop string: it is output */
+        if (q->ts) {
+            const char *t;
+            size_t n;
+            if (tok_stream_finish(q->ts, &t, &n, NULL) == 0)
+                sb_add(&q->hold, t, n);
+        }
+        flush_hold(q);
+    }
+    if (q->seq) {
+        q->usage.cached_prompt_tokens = sched_seq_n_cached_prompt(q->seq) > 0
+                                            ? sched_seq_n_cached_prompt(q->seq) : 0;
+        sched_remove(e->sched, q->seq);
+        q->seq = NULL;
+    }
+}
+
+static void fail_req(struct engine *e, struct eng_req *q, const struct rl_err *err)
+{
+    q->err_code = err && err->code ? err->code : RL_EINTERNAL;
+    snprintf(q->err_msg, sizeof q->err_msg, "%s", err && err->code ? err->msg : "internal error");
+    q->drop_tail = true;
+    finish_req(e, q, ENGINE_FINISH_ERROR);
+}
+
+/* Feeds decoded text through the stop-string matcher. Returns 1 when a
+ * stop string matched (the request is finished), 0, or a negative code. */
+static int feed_text(struct engine *e, struct eng_req *q, const char *t, size_t n)
+{
+    if (!q->n_stop)
+        return emit_text(q, t, n);
+    int rc = sb_add(&q->hold, t, n);
+    if (rc)
+        return rc;
+    size_t best = (size_t)-1;
+    for (int i = 0; i < q->n_stop; i++) {
+        const char *m = memmem(q->hold.p, q->hold.n, q->stop[i], strlen(q->stop[i]));
+        if (m && (size_t)(m - q->hold.p) < best)
+            best = (size_t)(m - q->hold.p);
+    }
+    if (best != (size_t)-1) {
+        q->hold.n = best;
+        flush_hold(q);
+        q->drop_tail = true;
+        finish_req(e, q, ENGINE_FINISH_STOP);
+        return 1;
+    }
+    /* keep the longest tail that could still grow into a stop string; it
+     * starts with a stop string's first byte, a UTF-8 lead byte, so what
+     * is emitted always ends on a character boundary */
+    size_t keep = 0;
+    for (int i = 0; i < q->n_stop; i++) {
+        size_t ls = strlen(q->stop[i]);
+        size_t k = ls - 1 < q->hold.n ? ls - 1 : q->hold.n;
+        for (; k > keep; k--)
+            if (!memcmp(q->hold.p + q->hold.n - k, q->stop[i], k))
+                break;
+        if (k > keep)
+            keep = k;
+    }
+    size_t out = q->hold.n - keep;
+    if ((rc = emit_text(q, q->hold.p, out)))
+        return rc;
+    memmove(q->hold.p, q->hold.p + out, keep);
+    q->hold.n = keep;
+    q->hold.p[keep] = 0;
+    return 0;
+}
+
+static int ev_reserve(struct eng_req *q, int n)
+{
+    if (q->n_ev + n <= q->cap_ev)
+        return 0;
+    int cap = q->cap_ev ? q->cap_ev : 8;
+    while (cap < q->n_ev + n)
+        cap *= 2;
+    int32_t *t = realloc(q->ev_tok, (size_t)cap * sizeof *t);
+    if (t)
+        q->ev_tok = t;
+    float *l = realloc(q->ev_lp, (size_t)cap * sizeof *l);
+    if (l)
+        q->ev_lp = l;
+    if (!t || !l)
+        return -RL_ENOMEM;
+    if (q->n_top) {
+        struct sample_logprob *p =
+            realloc(q->ev_top, (size_t)cap * (size_t)q->n_top * sizeof *p);
+        if (!p)
+            return -RL_ENOMEM;
+        q->ev_top = p;
+    }
+    q->cap_ev = cap;
+    return 0;
+}
+
+/* Takes one output token (sampled: so != NULL; forced: NULL). Returns 1
+ * when the request finished on it, 0 when it goes on, or a negative code
+ * (the request is then failed by the caller). */
+static int accept(struct engine *e, struct eng_req *q, int32_t tok,
+                  const struct sample_out *so, struct rl_err *err)
+{
+    if (ev_reserve(q, 1))
+        return rl_errf(err, RL_ENOMEM, "engine: out of memory for events");
+    int k = q->n_ev++;
+    q->ev_tok[k] = tok;
+    q->ev_lp[k] = so ? so->logprob : 0.0f;
+    for (int j = 0; j < q->n_top; j++) {
+        struct sample_logprob z = {-1, 0.0f};
+        q->ev_top[(size_t)k * (size_t)q->n_top + (size_t)j] =
+            so && j < so->n_top ? so->top[j] : z;
+    }
+    q->usage.completion_tokens++;
+    e->n_generated++;
+    bool is_open = tok == e->think_open, is_close = tok == e->think_close;
+    if (q->in_think || is_open)
+        q->usage.reasoning_tokens++;
+
+    for (int i = 0; i < q->n_stop_ids; i++)
+        if (q->stop_ids[i] == tok) {
+            finish_req(e, q, ENGINE_FINISH_STOP);
+            return 1;
+        }
+    int rc = 0;
+    size_t tlen;
+    if (is_open || is_close) {
+        /* tags switch channels and are never text themselves */
+        if ((rc = flush_hold(q)))
+            return rl_errf(err, RL_ENOMEM, "engine: out of memory for text");
+        q->in_think = is_open;
+    } else if (q->ts && tok_token_bytes(e->tok, tok, &tlen)) {
+        /* (ids past the tokenizer's table - padding rows of the embedding -
+         * are output without text) */
+        const char *t;
+        size_t n;
+        if ((rc = tok_stream_push(q->ts, tok, &t, &n, err)))
+            return rc;
+        rc = feed_text(e, q, t, n);
+        if (rc < 0)
+            return rl_errf(err, RL_ENOMEM, "engine: out of memory for text");
+        if (rc == 1)
+            return 1;
+    }
+    if ((q->max_tokens > 0 && q->usage.completion_tokens >= q->max_tokens) ||
+        sched_seq_n_tokens(q->seq) + 1 >= q->context_limit) {
+        finish_req(e, q, ENGINE_FINISH_LENGTH);
+        return 1;
+    }
+    if ((rc = sched_push_tokens(q->seq, &tok, 1, err)))
+        return rc;
+    return 0;
+}
+
+/* One sampled row for request q. */
+static void process_row(struct engine *e, struct eng_req *q, float *row)
+{
+    struct rl_err err = {0};
+    struct sample_out so;
+    int rc = sample_next(q->ss, &q->sp, row, e->cfg->vocab, &so, &err);
+    if (!rc)
+        rc = accept(e, q, so.token, &so, &err);
+    /* the thinking budget: Qwen3's recipe appends the early-stop phrase
+     * itself; the tokens go to the scheduler as one chunk */
+    if (rc == 0 && q->in_think && q->max_think >= 0 && !q->forced &&
+        q->usage.reasoning_tokens >= q->max_think) {
+        q->forced = true;
+        for (int i = 0; i < e->n_force && rc == 0; i++) {
+            if ((rc = sample_observe(q->ss, e->force_ids[i], &err)))
+                break;
+            rc = accept(e, q, e->force_ids[i], NULL, &err);
+        }
+    }
+    if (rc < 0)
+        fail_req(e, q, &err);
+}
+
+static void reset_event(struct eng_req *q)
+{
+    q->n_ev = 0;
+    sb_clear(&q->ev_reason);
+    sb_clear(&q->ev_content);
+}
+
+static int collect_events(struct engine *e, const struct engine_event **events,
+                          int *n_events, struct rl_err *err)
+{
+    if (e->cap_events < e->n_reqs) {
+        int cap = e->n_reqs * 2;
+        struct engine_event *g = realloc(e->events, (size_t)cap * sizeof *g);
+        if (!g)
+            return rl_errf(err, RL_ENOMEM, "engine: out of memory for events");
+        e->events = g;
+        e->cap_events = cap;
+    }
+    int n = 0;
+    for (int i = 0; i < e->n_reqs; i++) {
+        struct eng_req *q = e->reqs[i];
+        bool final = q->finish != ENGINE_FINISH_NONE && !q->reported;
+        if (!final && !q->n_ev && !q->ev_reason.n && !q->ev_content.n)
+            continue;
+        struct engine_event *ev = &e->events[n++];
+        memset(ev, 0, sizeof *ev);
+        ev->id = q->id;
+        ev->user = q->user;
+        ev->n_tokens = q->n_ev;
+        ev->tokens = q->ev_tok;
+        ev->logprobs = q->sp.logprobs ? q->ev_lp : NULL;
+        ev->n_top = q->n_top;
+        ev->top = q->n_top ? q->ev_top : NULL;
+        ev->reasoning = q->ev_reason.p ? q->ev_reason.p : "";
+        ev->n_reasoning = q->ev_reason.n;
+        ev->content = q->ev_content.p ? q->ev_content.p : "";
+        ev->n_content = q->ev_content.n;
+        ev->finish = q->finish;
+        if (q->seq) {
+            int c = sched_seq_n_cached_prompt(q->seq);
+            q->usage.cached_prompt_tokens = c > 0 ? c : 0;
+        }
+        ev->usage = q->usage;
+        if (q->finish == ENGINE_FINISH_ERROR) {
+            ev->error_code = q->err_code;
+            ev->error = q->err_msg;
+        }
+        if (final)
+            q->reported = true;
+    }
+    *events = e->events;
+    *n_events = n;
+    return 0;
+}
+
+int engine_step(struct engine *e, const struct engine_event **events, int *n_events,
+                struct rl_err *err)
+{
+    *events = NULL;
+    *n_events = 0;
+    /* requests whose final event went out last step can go now */
+    int k = 0;
+    for (int i = 0; i < e->n_reqs; i++) {
+        struct eng_req *q = e->reqs[i];
+        if (q->reported) {
+            req_free(q);
+            continue;
+        }
+        e->reqs[k++] = q;
+    }
+    e->n_reqs = k;
+    for (int i = 0; i < e->n_reqs; i++)
+        if (e->reqs[i]->finish == ENGINE_FINISH_NONE)
+            reset_event(e->reqs[i]); /* cancelled ones keep theirs */
+
+    struct sched_plan plan;
+    int rc = sched_schedule(e->sched, engine_now(), &plan, err);
+    if (rc)
+        return rc;
+    for (int i = 0; i < plan.n_expired; i++) {
+        struct sched_seq *s = plan.expired[i];
+        if (!s)
+            continue;
+        struct eng_req *q = sched_seq_user(s);
+        finish_req(e, q, ENGINE_FINISH_DEADLINE); /* removes s */
+    }
+
+    if (plan.n_items > 0) {
+        struct be_batch b = {0};
+        int nt = 0;
+        for (int i = 0; i < plan.n_items; i++) {
+            const struct sched_item *it = &plan.items[i];
+            e->bseqs[i] = (struct be_seq){
+                .n_past = it->n_past,
+                .n_new = it->n_new,
+                .block_table = it->block_table,
+                .logits_from = it->want_logits ? it->n_new - 1 : it->n_new,
+            };
+            memcpy(e->btokens + nt, it->tokens, (size_t)it->n_new * sizeof *e->btokens);
+            nt += it->n_new;
+        }
+        b.n_seqs = plan.n_items;
+        b.seqs = e->bseqs;
+        b.n_tokens = nt;
+        b.tokens = e->btokens;
+        b.n_logits = plan.n_logits;
+        b.logits = e->logits;
+        struct rl_err ferr = {0};
+        rc = e->be->ops->forward(e->be->ctx, &b, &ferr);
+        if (rc) {
+            /* the planned requests fail; the others are unaffected */
+            void *users[plan.n_items];
+            int n_users = plan.n_items;
+            for (int i = 0; i < n_users; i++)
+                users[i] = plan.items[i].user;
+            sched_abort(e->sched);
+            for (int i = 0; i < n_users; i++)
+                fail_req(e, users[i], &ferr);
+        } else {
+            /* commit before sampling: finishing a request removes its
+             * sequence, which the scheduler allows only after the commit */
+            struct eng_req *rows[plan.n_items];
+            int n_rows = 0;
+            for (int i = 0; i < plan.n_items; i++)
+                if (plan.items[i].want_logits)
+                    rows[n_rows++] = plan.items[i].user;
+            if ((rc = sched_commit(e->sched, err)))
+                return rc;
+            for (int r = 0; r < n_rows; r++)
+                process_row(e, rows[r], e->logits + (size_t)r * (size_t)e->cfg->vocab);
+        }
+        e->n_steps++;
+    }
+    return collect_events(e, events, n_events, err);
+}
+
+int engine_cancel(struct engine *e, uint64_t id, struct rl_err *err)
+{
+    for (int i = 0; i < e->n_reqs; i++) {
+        struct eng_req *q = e->reqs[i];
+        if (q->id == id && q->finish == ENGINE_FINISH_NONE) {
+            reset_event(q);
+            q->drop_tail = true; /* the caller gave up on the text */
+            finish_req(e, q, ENGINE_FINISH_CANCELLED);
+            return 0;
+        }
+    }
+    return rl_errf(err, RL_ENOTFOUND, "NOT_FOUND no running request %llu",
+                   (unsigned long long)id);
+}
+
+int engine_n_active(const struct engine *e)
+{
+    int n = 0;
+    for (int i = 0; i < e->n_reqs; i++)
+        n += e->reqs[i]->finish == ENGINE_FINISH_NONE || !e->reqs[i]->reported;
+    return n;
+}
+
+int engine_can_admit(const struct engine *e, int n_prompt_tokens)
+{
+    return sched_can_admit(e->sched, n_prompt_tokens);
+}
+
+void engine_get_stats(const struct engine *e, struct engine_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    struct sched_stats ss;
+    sched_get_stats(e->sched, &ss);
+    struct kv_stats ks;
+    kv_get_stats(e->kv, &ks);
+    st->n_running = ss.n_running;
+    st->n_waiting = ss.n_waiting;
+    for (int i = 0; i < e->n_reqs; i++)
+        st->n_active += e->reqs[i]->finish == ENGINE_FINISH_NONE;
+    st->kv_blocks = ks.n_blocks;
+    st->kv_used = ks.n_used;
+    st->kv_cached = ks.n_evictable;
+    st->kv_free = ks.n_free;
+    st->kv_usage = ks.n_blocks ? (double)ks.n_used / ks.n_blocks : 0;
+    st->prefix_hit_tokens = ks.hit_tokens;
+    st->prefix_miss_tokens = ks.miss_tokens;
+    st->prefix_hit_blocks = ks.hit_blocks;
+    st->evictions = ks.evictions;
+    st->n_preemptions = ss.n_preemptions;
+    st->n_steps = e->n_steps;
+    st->n_generated = e->n_generated;
+    st->block_size = e->block_size;
+    st->max_context = e->max_context;
+    st->max_batch = e->opt.max_batch;
+    st->token_budget = e->opt.token_budget;
+}
+
+const struct model_config *engine_get_config(const struct engine *e) { return e->cfg; }
+const struct tokenizer *engine_get_tokenizer(const struct engine *e) { return e->tok; }

@@ -1,0 +1,233 @@
+/* engine/engine.h - the continuous-batching engine: the facade the worker
+ * drives.
+ *
+ *   struct engine_options o; engine_options_default(&o);
+ *   engine_create(&e, "/models/Qwen3-0.6B", &o, err);
+ *   struct engine_request r; engine_request_init(&r);
+ *   r.prompt_ids = ids; r.n_prompt = n; r.max_tokens = 64;
+ *   engine_submit(e, &r, &id, err);
+ *   while (engine_n_active(e) > 0) {
+ *       engine_step(e, &ev, &n_ev, err);   // one batched forward
+ *       for each ev[i]: stream ev[i].content, check ev[i].finish
+ *   }
+ *   engine_free(e);
+ *
+ * One step = schedule (sched.h) -> one be_batch over every running
+ * sequence -> backend forward -> sample each sequence that produced a row
+ * -> stop checks -> events. The backend parallelises inside a step.
+ *
+ * Batch invariance: on the CPU backend a request's tokens and logprobs are
+ * bit-identical alone or in any batch, with or without prefix-cache hits,
+ * preemption or any prefill chunk size: the backend computes each row
+ * independently of its neighbours, each request owns its RNG stream (one
+ * draw per sampled token) and sampling state, and a preempted request
+ * recomputes prompt + generated tokens before it samples again.
+ *
+ * Text: when the model directory has a tokenizer.json, generated ids are
+ * decoded incrementally (UTF-8 safe: a character split over tokens comes
+ * out whole, later), split into reasoning (inside <think>...</think>) and
+ * content, and matched against stop strings across token boundaries; text
+ * that could still be the start of a stop string is held back, and the
+ * stop string itself is never emitted. Without a tokenizer the engine works
+ * on ids alone (no text, no stop strings, no chat messages).
+ *
+ * Threading: one owner thread calls every function on an engine. */
+#ifndef RL_ENGINE_H
+#define RL_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "backend.h"
+#include "err.h"
+#include "model.h"
+#include "sample.h"
+
+struct engine; /* model, backend, KV pool, scheduler, requests */
+
+/* Qwen3's own early-stop phrase for an exhausted thinking budget. */
+#define ENGINE_THINK_STOP_TEXT                                                       \
+    "\n\nConsidering the limited time by the user, I have to give the solution "   \
+    "based on the thinking directly now.\n</think>\n\n"
+
+struct engine_options {
+    const char *backend;      /* "cpu" (default) or "cuda" */
+    int n_threads;            /* backend threads; 0 = all cores */
+    const char *isa;          /* CPU kernel path; NULL = auto */
+    enum be_kv_dtype kv_dtype;
+    size_t kv_bytes;          /* KV pool budget in bytes (used when
+                                 kv_blocks is 0); 0 = 1 GiB */
+    int kv_blocks;            /* KV pool size in blocks; 0 = from kv_bytes */
+    int block_size;           /* tokens per block; 0 = 16 */
+    int max_batch;            /* running sequences at most; 0 = 16 */
+    int token_budget;         /* tokens per step; 0 = 512 */
+    int prefill_chunk;        /* prompt tokens of one sequence per step;
+                                 0 = token_budget */
+    int max_context;          /* tokens per sequence; 0 = the model's
+                                 max_position_embeddings (always capped by
+                                 what the pool holds) */
+    const char *think_stop_text; /* forced when the thinking budget runs
+                                    out; NULL = ENGINE_THINK_STOP_TEXT */
+};
+
+void engine_options_default(struct engine_options *o);
+
+enum engine_mode {
+    ENGINE_MODE_THINK = 0,    /* Qwen3 thinking (the model's default) */
+    ENGINE_MODE_NO_THINK,     /* /no_think: the template closes <think> */
+};
+
+/* A request. Fields marked "unset" take the mode's Qwen3 defaults
+ * (thinking: temperature 0.6, top_p 0.95, top_k 20, min_p 0; non-thinking:
+ * 0.7, 0.8, 20, 0). engine_request_init() sets every field to unset/off.
+ * engine_submit() copies everything it keeps: the caller's arrays and
+ * strings need not outlive the call. */
+struct engine_request {
+    const int32_t *prompt_ids;  /* (n_prompt) token ids, or NULL to use */
+    int n_prompt;
+    const cJSON *messages;      /* ... chat messages [{"role","content"}]
+                                   rendered with the chat template (needs a
+                                   tokenizer and engine/chat.h) */
+    const cJSON *tools;         /* optional tool list for the template */
+    enum engine_mode mode;
+
+    float temperature;          /* < 0 unset; 0 greedy */
+    float top_p;                /* <= 0 unset */
+    int top_k;                  /* < 0 unset; 0 off */
+    float min_p;                /* < 0 unset */
+    float presence_penalty;     /* 0 off */
+    float frequency_penalty;    /* 0 off */
+    float repetition_penalty;   /* 1 off (<= 0 also off) */
+    bool has_seed;              /* false: seed derived from the request id */
+    uint64_t seed;
+    int n_logprobs;             /* < 0: none; 0: the chosen token's; k: also
+                                   the top k (<= SAMPLE_MAX_LOGPROBS) */
+
+    int max_tokens;             /* generated tokens at most; <= 0: up to the
+                                   context limit */
+    const int32_t *stop_ids;    /* (n_stop_ids) extra stop token ids */
+    int n_stop_ids;
+    const char *const *stop;    /* (n_stop) stop strings, not emitted */
+    int n_stop;
+    bool ignore_eos;            /* do not stop at <|im_end|>/<|endoftext|>/
+                                   eos (stop_ids still apply) */
+    int context_limit;          /* prompt + output at most; 0 = engine's */
+    int max_thinking_tokens;    /* < 0: no budget. After this many tokens
+                                   inside <think>, the engine forces the
+                                   think-stop text and the answer follows */
+
+    int priority;               /* higher runs first; FIFO within one */
+    double deadline;            /* absolute, on engine_now()'s clock; <= 0
+                                   none. Past it: finish "deadline" */
+    void *user;                 /* opaque, handed back in events */
+};
+
+void engine_request_init(struct engine_request *r);
+
+enum engine_finish {
+    ENGINE_FINISH_NONE = 0,   /* still running */
+    ENGINE_FINISH_STOP,       /* stop token or stop string */
+    ENGINE_FINISH_LENGTH,     /* max_tokens or the context limit */
+    ENGINE_FINISH_CANCELLED,  /* engine_cancel() */
+    ENGINE_FINISH_DEADLINE,   /* past its deadline */
+    ENGINE_FINISH_ERROR,      /* see engine_event.error_code / error */
+};
+
+/* "stop", "length", "cancelled", "deadline", "error" (NULL for NONE). */
+const char *engine_finish_name(enum engine_finish f);
+
+struct engine_usage {
+    int prompt_tokens;
+    int completion_tokens;     /* generated plus forced tokens */
+    int reasoning_tokens;      /* of those, inside <think>...</think> */
+    int cached_prompt_tokens;  /* prompt tokens the prefix cache supplied */
+};
+
+/* What happened to one request in one step. Everything it points to is
+ * owned by the engine and valid until the next engine_step() or
+ * engine_free(). */
+struct engine_event {
+    uint64_t id;
+    void *user;
+    int n_tokens;                     /* new token ids this step */
+    const int32_t *tokens;            /* (n_tokens) */
+    const float *logprobs;            /* (n_tokens) raw logprob of each
+                                         token, NULL when n_logprobs < 0;
+                                         0 for forced tokens */
+    int n_top;                        /* top alternatives per token */
+    const struct sample_logprob *top; /* (n_tokens, n_top), or NULL */
+    const char *reasoning;            /* UTF-8 delta inside <think>, NUL-
+                                         terminated, "" when none */
+    size_t n_reasoning;
+    const char *content;              /* UTF-8 delta of the answer */
+    size_t n_content;
+    enum engine_finish finish;        /* NONE while running */
+    struct engine_usage usage;        /* totals so far; final at finish */
+    int error_code;                   /* RL_E* when finish is ERROR */
+    const char *error;                /* a sentence, when finish is ERROR */
+};
+
+struct engine_stats {
+    int n_running, n_waiting;   /* sequences in the scheduler */
+    int n_active;               /* submitted and not yet finished */
+    int kv_blocks;              /* pool size */
+    int kv_used;                /* referenced by a sequence */
+    int kv_cached;              /* unreferenced but holding a cached prefix */
+    int kv_free;                /* neither */
+    double kv_usage;            /* kv_used / kv_blocks */
+    int64_t prefix_hit_tokens, prefix_miss_tokens;
+    int64_t prefix_hit_blocks, evictions;
+    int64_t n_preemptions;
+    int64_t n_steps;
+    int64_t n_generated;        /* tokens generated (and forced) */
+    int block_size, max_context, max_batch, token_budget;
+};
+
+/* Loads the model in dir onto backend o->backend, sizes the KV pool and
+ * loads dir/tokenizer.json when present. The caller owns *out
+ * (engine_free). Errors name the file, option or backend at fault. */
+int engine_create(struct engine **out, const char *dir,
+                  const struct engine_options *o, struct rl_err *err);
+void engine_free(struct engine *e);
+
+/* Validates and queues a request; *id (if non-NULL) gets its id (>= 1).
+ * Returns 0 or -RL_EINVAL (the message leads with a stable code:
+ * "CONTEXT_TOO_LONG ...", "BAD_PARAM ...", "EMPTY_PROMPT ..."),
+ * -RL_EUNSUPPORTED (text features without a tokenizer) or -RL_ENOMEM. */
+int engine_submit(struct engine *e, const struct engine_request *r,
+                  uint64_t *id, struct rl_err *err);
+
+/* Runs one iteration. *events (n_events of them) are owned by the engine
+ * and valid until the next engine_step(). A step with nothing to run
+ * returns at once with what finished meanwhile (cancels, deadlines).
+ * A backend failure finishes the requests of that step with ERROR events
+ * and still returns 0; a negative return means the engine itself failed
+ * (out of memory, a broken invariant). */
+int engine_step(struct engine *e, const struct engine_event **events,
+                int *n_events, struct rl_err *err);
+
+/* Finishes request id at once: its slot and KV blocks are released before
+ * this returns; its "cancelled" event comes with the next engine_step().
+ * Returns 0, or -RL_ENOTFOUND when id is unknown or already finished. */
+int engine_cancel(struct engine *e, uint64_t id, struct rl_err *err);
+
+/* Requests submitted and not yet finished. */
+int engine_n_active(const struct engine *e);
+
+/* How many more requests of n_prompt_tokens the engine could admit now
+ * (sched_can_admit). */
+int engine_can_admit(const struct engine *e, int n_prompt_tokens);
+
+void engine_get_stats(const struct engine *e, struct engine_stats *st);
+
+const struct model_config *engine_get_config(const struct engine *e);
+/* The tokenizer, or NULL when the model directory has none. */
+const struct tokenizer *engine_get_tokenizer(const struct engine *e);
+
+/* Seconds on the engine's clock (CLOCK_MONOTONIC), for deadlines. */
+double engine_now(void);
+
+#endif

@@ -1,0 +1,685 @@
+/* tests/unit/test_engine.c - the batching engine on the real tiny model
+ * (../shared/models/tiny-qwen3-a, or $REDLM_SHARED/models/...): greedy
+ * output against reference.json, prefix-cache reuse, eviction, preemption
+ * with identical output, stop strings split over tokens, the thinking
+ * budget, cancellation, deadlines, batch invariance over random mixes of
+ * 16 requests, and chunk sizes 1/7/64. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "tokenizer.h"
+
+static char model_dir[1024];
+static cJSON *reference;
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    if (b)
+        b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+/* ---- a run: requests in, complete outputs out ---- */
+
+#define MAX_OUT 512
+
+struct result {
+    int32_t tokens[MAX_OUT];
+    float logprobs[MAX_OUT];
+    struct sample_logprob top[MAX_OUT][4];
+    int n_tokens, n_top;
+    char reasoning[8192], content[8192];
+    size_t n_reasoning, n_content;
+    int max_tokens_in_event;
+    enum engine_finish finish;
+    struct engine_usage usage;
+    uint64_t id;
+};
+
+static struct engine *open_engine(int kv_blocks, int max_batch, int chunk)
+{
+    struct engine_options o;
+    engine_options_default(&o);
+    o.n_threads = 1;
+    o.kv_blocks = kv_blocks;
+    o.max_batch = max_batch;
+    o.token_budget = 256;
+    o.prefill_chunk = chunk;
+    struct engine *e = NULL;
+    struct rl_err err = {0};
+    if (engine_create(&e, model_dir, &o, &err))
+        fail_msg("engine_create: %s", err.msg);
+    return e;
+}
+
+static void on_event(const struct engine_event *ev)
+{
+    struct result *r = ev->user;
+    assert_non_null(r);
+    assert_int_equal(ev->id, r->id);
+    assert_int_equal(r->finish, ENGINE_FINISH_NONE); /* nothing after the end */
+    if (ev->n_tokens > r->max_tokens_in_event)
+        r->max_tokens_in_event = ev->n_tokens;
+    for (int i = 0; i < ev->n_tokens; i++) {
+        assert_true(r->n_tokens < MAX_OUT);
+        r->tokens[r->n_tokens] = ev->tokens[i];
+        r->logprobs[r->n_tokens] = ev->logprobs ? ev->logprobs[i] : 0;
+        for (int j = 0; j < ev->n_top && j < 4; j++)
+            r->top[r->n_tokens][j] = ev->top[(size_t)i * (size_t)ev->n_top + (size_t)j];
+        r->n_tokens++;
+    }
+    r->n_top = ev->n_top;
+    assert_true(r->n_reasoning + ev->n_reasoning < sizeof r->reasoning);
+    memcpy(r->reasoning + r->n_reasoning, ev->reasoning, ev->n_reasoning);
+    r->n_reasoning += ev->n_reasoning;
+    assert_true(r->n_content + ev->n_content < sizeof r->content);
+    memcpy(r->content + r->n_content, ev->content, ev->n_content);
+    r->n_content += ev->n_content;
+    r->usage = ev->usage;
+    r->finish = ev->finish;
+}
+
+static void drain(struct engine *e)
+{
+    struct rl_err err = {0};
+    for (int guard = 0; engine_n_active(e) > 0; guard++) {
+        assert_true(guard < 100000);
+        const struct engine_event *ev;
+        int n;
+        if (engine_step(e, &ev, &n, &err))
+            fail_msg("engine_step: %s", err.msg);
+        for (int i = 0; i < n; i++)
+            on_event(&ev[i]);
+    }
+}
+
+static void submit(struct engine *e, struct engine_request *q, struct result *r)
+{
+    struct rl_err err = {0};
+    memset(r, 0, sizeof *r);
+    q->user = r;
+    if (engine_submit(e, q, &r->id, &err))
+        fail_msg("engine_submit: %s", err.msg);
+}
+
+static void greedy_req(struct engine_request *q, const int32_t *ids, int n, int max_tokens)
+{
+    engine_request_init(q);
+    q->prompt_ids = ids;
+    q->n_prompt = n;
+    q->temperature = 0;
+    q->ignore_eos = true;
+    q->max_tokens = max_tokens;
+    q->n_logprobs = 0;
+}
+
+static void assert_same(const struct result *a, const struct result *b)
+{
+    assert_int_equal(a->n_tokens, b->n_tokens);
+    assert_memory_equal(a->tokens, b->tokens, (size_t)a->n_tokens * sizeof a->tokens[0]);
+    /* bit-identical, not approximately equal */
+    assert_memory_equal(a->logprobs, b->logprobs, (size_t)a->n_tokens * sizeof(float));
+    assert_int_equal(a->n_top, b->n_top);
+    for (int i = 0; i < a->n_tokens; i++)
+        for (int j = 0; j < a->n_top && j < 4; j++) {
+            assert_int_equal(a->top[i][j].id, b->top[i][j].id);
+            assert_memory_equal(&a->top[i][j].logprob, &b->top[i][j].logprob, sizeof(float));
+        }
+    assert_int_equal(a->finish, b->finish);
+}
+
+static int ids_from_json(const cJSON *a, int32_t *out, int cap)
+{
+    int n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, a) {
+        if (n < cap)
+            out[n] = it->valueint;
+        n++;
+    }
+    return n;
+}
+
+/* ---- tests ---- */
+
+static void test_reference_greedy(void **state)
+{
+    (void)state;
+    struct engine *e = open_engine(512, 16, 0);
+    const cJSON *prompts = cJSON_GetObjectItem(reference, "prompts");
+    int np = cJSON_GetArraySize(prompts);
+    assert_true(np > 0 && np <= 8);
+    static int32_t ids[8][512];
+    static int32_t want[8][64];
+    int n_ids[8], n_want[8];
+    struct engine_request q[8];
+    static struct result r[8];
+    for (int i = 0; i < np; i++) {
+        const cJSON *p = cJSON_GetArrayItem(prompts, i);
+        n_ids[i] = ids_from_json(cJSON_GetObjectItem(p, "ids"), ids[i], 512);
+        n_want[i] = ids_from_json(cJSON_GetObjectItem(p, "greedy"), want[i], 64);
+        greedy_req(&q[i], ids[i], n_ids[i], 32);
+        submit(e, &q[i], &r[i]);
+    }
+    drain(e);
+    for (int i = 0; i < np; i++) {
+        assert_int_equal(r[i].n_tokens, n_want[i]);
+        assert_memory_equal(r[i].tokens, want[i], (size_t)n_want[i] * sizeof(int32_t));
+        assert_int_equal(r[i].finish, ENGINE_FINISH_LENGTH);
+        assert_int_equal(r[i].usage.prompt_tokens, n_ids[i]);
+        assert_int_equal(r[i].usage.completion_tokens, 32);
+    }
+    engine_free(e);
+}
+
+static void make_prompt(int32_t *ids, int n, uint32_t seed)
+{
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        ids[i] = (int32_t)((seed >> 8) % 700) + 10;
+    }
+}
+
+/* A second request with the same 40-token system prompt reuses its two
+ * full blocks: 32 cached prompt tokens, and the same output as without. */
+static void test_prefix_cache_reuse(void **state)
+{
+    (void)state;
+    int32_t a[60], b[60];
+    make_prompt(a, 40, 7);
+    memcpy(b, a, 40 * sizeof *a);
+    make_prompt(a + 40, 20, 100);
+    make_prompt(b + 40, 20, 200);
+    struct engine *e = open_engine(256, 8, 0);
+    struct engine_request q;
+    static struct result ra, rb, rb_cold;
+    greedy_req(&q, a, 60, 16);
+    submit(e, &q, &ra);
+    drain(e);
+    assert_int_equal(ra.usage.cached_prompt_tokens, 0);
+    struct engine_stats st0, st1;
+    engine_get_stats(e, &st0);
+    greedy_req(&q, b, 60, 16);
+    submit(e, &q, &rb);
+    drain(e);
+    engine_get_stats(e, &st1);
+    assert_int_equal(rb.usage.cached_prompt_tokens, 32);
+    assert_int_equal(st1.prefix_hit_tokens - st0.prefix_hit_tokens, 32);
+    assert_int_equal(st1.prefix_hit_blocks - st0.prefix_hit_blocks, 2);
+    engine_free(e);
+
+    e = open_engine(256, 8, 0);
+    submit(e, &q, &rb_cold);
+    drain(e);
+    assert_int_equal(rb_cold.usage.cached_prompt_tokens, 0);
+    assert_same(&rb, &rb_cold);
+    engine_free(e);
+}
+
+/* A pool too small to keep every prompt cached evicts LRU blocks; outputs
+ * do not change, and a prompt run again after eviction is recomputed. */
+static void test_eviction_under_pressure(void **state)
+{
+    (void)state;
+    struct engine *e = open_engine(12, 4, 0); /* 192 token slots */
+    static int32_t p[6][64];
+    static struct result r[6], again;
+    struct engine_request q;
+    for (int i = 0; i < 6; i++) {
+        make_prompt(p[i], 64, 1000 + (uint32_t)i);
+        greedy_req(&q, p[i], 64, 8);
+        submit(e, &q, &r[i]);
+        drain(e);
+    }
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    assert_true(st.evictions > 0);
+    assert_int_equal(st.kv_used, 0);
+    greedy_req(&q, p[0], 64, 8);
+    submit(e, &q, &again);
+    drain(e);
+    assert_int_equal(again.usage.cached_prompt_tokens, 0); /* evicted long ago */
+    assert_same(&r[0], &again);
+    engine_free(e);
+}
+
+static void sampled_req(struct engine_request *q, const int32_t *ids, int n, int max_tokens,
+                        uint32_t k)
+{
+    engine_request_init(q);
+    q->prompt_ids = ids;
+    q->n_prompt = n;
+    q->max_tokens = max_tokens;
+    q->ignore_eos = true;
+    q->n_logprobs = (int)(k % 4);
+    q->has_seed = true;
+    q->seed = 1234 + k;
+    switch (k % 4) {
+    case 0: q->temperature = 0; break;
+    case 1: q->temperature = 0.8f; q->top_k = 40; q->top_p = 0.9f; break;
+    case 2: q->temperature = 1.0f; q->min_p = 0.05f; q->repetition_penalty = 1.1f; break;
+    default:
+        q->temperature = 0.7f;
+        q->presence_penalty = 0.5f;
+        q->frequency_penalty = 0.3f;
+        break;
+    }
+}
+
+/* Four requests growing in a pool that cannot hold them all: the newest
+ * are preempted and recomputed, and every output equals its solo run. */
+static void test_preemption_identical(void **state)
+{
+    (void)state;
+    static int32_t p[4][24];
+    static struct result solo[4], mixed[4];
+    struct engine_request q[4];
+    for (int i = 0; i < 4; i++) {
+        make_prompt(p[i], 20 + i, 50 + (uint32_t)i);
+        sampled_req(&q[i], p[i], 20 + i, 60, (uint32_t)i);
+        struct engine *e = open_engine(64, 4, 0);
+        submit(e, &q[i], &solo[i]);
+        drain(e);
+        engine_free(e);
+    }
+    /* 4 x (24 + 60) tokens need 24 blocks at the end; 10 are there */
+    struct engine *e = open_engine(10, 4, 0);
+    for (int i = 0; i < 4; i++)
+        submit(e, &q[i], &mixed[i]);
+    drain(e);
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    assert_true(st.n_preemptions > 0);
+    for (int i = 0; i < 4; i++)
+        assert_same(&solo[i], &mixed[i]);
+    engine_free(e);
+}
+
+/* A stop string that spans two tokens of what the model says anyway ends
+ * the output just before it, and is not emitted. */
+static void test_stop_string_split(void **state)
+{
+    (void)state;
+    struct engine *e = open_engine(256, 4, 0);
+    const struct tokenizer *tok = engine_get_tokenizer(e);
+    assert_non_null(tok);
+    const cJSON *prompts = cJSON_GetObjectItem(reference, "prompts");
+    int32_t ids[512];
+    int n = ids_from_json(cJSON_GetObjectItem(cJSON_GetArrayItem(prompts, 4), "ids"), ids, 512);
+    struct engine_request q;
+    static struct result base, cut;
+    greedy_req(&q, ids, n, 48);
+    submit(e, &q, &base);
+    drain(e);
+    assert_true(base.n_content > 8);
+    /* find a token boundary, past the first few bytes, with printable text
+     * on both sides and where the stop string occurs for the first time */
+    char stop[16] = "";
+    size_t pos = 0, want = 0;
+    for (int i = 0; i + 1 < base.n_tokens && !stop[0]; i++) {
+        size_t la, lb;
+        const char *ta = tok_token_bytes(tok, base.tokens[i], &la);
+        const char *tb = tok_token_bytes(tok, base.tokens[i + 1], &lb);
+        if (!ta || tok_is_special(tok, base.tokens[i]))
+            continue;
+        pos += la;
+        if (!tb || tok_is_special(tok, base.tokens[i + 1]) || la < 2 || lb < 1 || pos < 10 ||
+            pos + 1 > base.n_content)
+            continue;
+        int ok = 1;
+        for (size_t k = la - 2; k < la; k++)
+            ok &= ta[k] >= 0x21 && ta[k] < 0x7f;
+        ok &= tb[0] >= 0x21 && tb[0] < 0x7f;
+        char cand[4] = {ta[la - 2], ta[la - 1], tb[0], 0};
+        char *hit = memmem(base.content, base.n_content, cand, 3);
+        if (ok && hit && (size_t)(hit - base.content) == pos - 2) {
+            memcpy(stop, cand, 4);
+            want = pos - 2;
+        }
+    }
+    if (!stop[0])
+        skip();
+    const char *stops[] = {"never-said-this", stop};
+    q.stop = stops;
+    q.n_stop = 2;
+    submit(e, &q, &cut);
+    drain(e);
+    assert_int_equal(cut.finish, ENGINE_FINISH_STOP);
+    assert_int_equal(cut.n_content, want);
+    assert_memory_equal(cut.content, base.content, want);
+    assert_true(cut.n_tokens <= base.n_tokens);
+    assert_memory_equal(cut.tokens, base.tokens, (size_t)cut.n_tokens * sizeof(int32_t));
+    engine_free(e);
+}
+
+/* Inside <think> with a budget of 5: the engine forces Qwen3's early-stop
+ * phrase right after the 5th reasoning token; the answer follows. */
+static void test_thinking_budget(void **state)
+{
+    (void)state;
+    struct engine *e = open_engine(256, 4, 0);
+    const struct tokenizer *tok = engine_get_tokenizer(e);
+    int32_t think = tok_find(tok, "<think>", 7), end = tok_find(tok, "</think>", 8);
+    assert_true(think > 0 && end > 0);
+    int32_t ids[12];
+    make_prompt(ids, 11, 99);
+    ids[11] = think;
+    struct engine_request q;
+    static struct result r;
+    greedy_req(&q, ids, 12, 120);
+    q.max_thinking_tokens = 5;
+    submit(e, &q, &r);
+    drain(e);
+    struct tok_ids force = {0};
+    struct rl_err err = {0};
+    const char *txt = ENGINE_THINK_STOP_TEXT;
+    assert_int_equal(tok_encode(tok, txt, strlen(txt), TOK_ENCODE_NO_SPECIAL, &force, &err), 0);
+    int close_at = -1;
+    for (int i = 0; i < r.n_tokens && close_at < 0; i++)
+        if (r.tokens[i] == end)
+            close_at = i;
+    /* the model did not close on its own within the budget */
+    assert_true(close_at >= 5);
+    assert_true(r.n_tokens >= 5 + (int)force.n);
+    assert_memory_equal(r.tokens + 5, force.ids, force.n * sizeof(int32_t));
+    int n_reason = 0;
+    for (size_t i = 0; i < force.n; i++)
+        if (force.ids[i] == end)
+            n_reason = 5 + (int)i + 1;
+    assert_int_equal(r.usage.reasoning_tokens, n_reason);
+    assert_int_equal(r.usage.completion_tokens, r.n_tokens);
+    const char *phrase = "Considering the limited time by the user";
+    assert_non_null(memmem(r.reasoning, r.n_reasoning, phrase, strlen(phrase)));
+    assert_null(memmem(r.content, r.n_content, "Considering", 11));
+    assert_true(r.n_content > 0);
+    tok_ids_free(&force);
+    engine_free(e);
+}
+
+/* Cancelling frees the request's blocks before engine_cancel returns. */
+static void test_cancel_frees_blocks(void **state)
+{
+    (void)state;
+    struct engine *e = open_engine(64, 4, 0);
+    int32_t a[40], b[40];
+    make_prompt(a, 40, 1);
+    make_prompt(b, 40, 2);
+    struct engine_request q;
+    static struct result ra, rb;
+    greedy_req(&q, a, 40, 200);
+    submit(e, &q, &ra);
+    greedy_req(&q, b, 40, 200);
+    submit(e, &q, &rb);
+    struct rl_err err = {0};
+    for (int i = 0; i < 4; i++) {
+        const struct engine_event *ev;
+        int n;
+        assert_int_equal(engine_step(e, &ev, &n, &err), 0);
+        for (int k = 0; k < n; k++)
+            on_event(&ev[k]);
+    }
+    struct engine_stats st0, st1;
+    engine_get_stats(e, &st0);
+    assert_int_equal(st0.n_running, 2);
+    assert_int_equal(engine_cancel(e, ra.id, &err), 0);
+    engine_get_stats(e, &st1);
+    assert_int_equal(st1.n_running, 1);
+    assert_true(st1.kv_used < st0.kv_used);
+    assert_int_equal(st1.kv_used, st0.kv_used - 3); /* 40 + 4 tokens: 3 blocks */
+    assert_int_equal(engine_cancel(e, ra.id, &err), -RL_ENOTFOUND);
+    assert_int_equal(engine_cancel(e, rb.id, &err), 0);
+    drain(e);
+    assert_int_equal(ra.finish, ENGINE_FINISH_CANCELLED);
+    assert_int_equal(rb.finish, ENGINE_FINISH_CANCELLED);
+    assert_int_equal(ra.n_tokens, 4);
+    engine_get_stats(e, &st1);
+    assert_int_equal(st1.kv_used, 0);
+    engine_free(e);
+}
+
+static void test_deadline(void **state)
+{
+    (void)state;
+    struct engine *e = open_engine(256, 4, 0);
+    int32_t a[16];
+    make_prompt(a, 16, 3);
+    struct engine_request q;
+    static struct result past, soon;
+    greedy_req(&q, a, 16, 0); /* no max_tokens: up to the context */
+    q.deadline = engine_now() - 1;
+    submit(e, &q, &past);
+    q.deadline = engine_now() + 0.05;
+    submit(e, &q, &soon);
+    drain(e);
+    assert_int_equal(past.finish, ENGINE_FINISH_DEADLINE);
+    assert_int_equal(past.n_tokens, 0);
+    assert_int_equal(soon.finish, ENGINE_FINISH_DEADLINE);
+    assert_true(soon.n_tokens > 0);
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    assert_int_equal(st.kv_used, 0);
+    engine_free(e);
+}
+
+/* ---- batch invariance ---- */
+
+#define N_MIX 16
+
+static int32_t mix_ids[N_MIX][96];
+static int mix_n[N_MIX];
+static struct engine_request mix_q[N_MIX];
+static struct result mix_solo[N_MIX];
+
+static void mix_setup(void)
+{
+    int32_t sys[48];
+    make_prompt(sys, 48, 4242);
+    for (int i = 0; i < N_MIX; i++) {
+        int n = 5 + (i * 37) % 80;
+        if (i % 3 == 0 && n > 50) { /* some share a system prompt */
+            memcpy(mix_ids[i], sys, 48 * sizeof(int32_t));
+            make_prompt(mix_ids[i] + 48, n - 48, 300 + (uint32_t)i);
+        } else {
+            make_prompt(mix_ids[i], n, 300 + (uint32_t)i);
+        }
+        mix_n[i] = n;
+        sampled_req(&mix_q[i], mix_ids[i], n, 12 + i % 5 * 6, (uint32_t)i);
+        mix_q[i].priority = i % 3 - 1;
+    }
+}
+
+static void test_batch_invariance(void **state)
+{
+    (void)state;
+    mix_setup();
+    for (int i = 0; i < N_MIX; i++) {
+        struct engine *e = open_engine(128, 16, 0);
+        submit(e, &mix_q[i], &mix_solo[i]);
+        drain(e);
+        engine_free(e);
+    }
+    /* random mixes: a random subset submitted at once, the rest arriving
+     * while it runs, in random order */
+    uint32_t rng = 77;
+    for (int round = 0; round < 3; round++) {
+        int order[N_MIX];
+        for (int i = 0; i < N_MIX; i++)
+            order[i] = i;
+        for (int i = N_MIX - 1; i > 0; i--) {
+            rng = rng * 1664525u + 1013904223u;
+            int j = (int)((rng >> 8) % (uint32_t)(i + 1));
+            int t = order[i];
+            order[i] = order[j];
+            order[j] = t;
+        }
+        static struct result got[N_MIX];
+        struct engine *e = open_engine(round == 2 ? 40 : 256, 16, round == 1 ? 7 : 0);
+        struct rl_err err = {0};
+        int next = 0;
+        rng = rng * 1664525u + 1013904223u;
+        int first = 4 + (int)((rng >> 8) % 12);
+        for (; next < first; next++)
+            submit(e, &mix_q[order[next]], &got[order[next]]);
+        while (engine_n_active(e) > 0 || next < N_MIX) {
+            if (next < N_MIX) {
+                submit(e, &mix_q[order[next]], &got[order[next]]);
+                next++;
+            }
+            const struct engine_event *ev;
+            int n;
+            assert_int_equal(engine_step(e, &ev, &n, &err), 0);
+            for (int k = 0; k < n; k++)
+                on_event(&ev[k]);
+        }
+        if (round == 2) {
+            struct engine_stats st;
+            engine_get_stats(e, &st);
+            assert_true(st.n_preemptions > 0); /* the small pool preempted */
+        }
+        for (int i = 0; i < N_MIX; i++)
+            assert_same(&mix_solo[i], &got[i]);
+        engine_free(e);
+    }
+}
+
+static void test_chunk_sizes(void **state)
+{
+    (void)state;
+    mix_setup();
+    static struct result ref[N_MIX], got[N_MIX];
+    int chunks[] = {64, 1, 7};
+    for (int c = 0; c < 3; c++) {
+        struct engine *e = open_engine(256, 16, chunks[c]);
+        for (int i = 0; i < N_MIX; i++)
+            submit(e, &mix_q[i], c ? &got[i] : &ref[i]);
+        drain(e);
+        for (int i = 0; c && i < N_MIX; i++)
+            assert_same(&ref[i], &got[i]);
+        engine_free(e);
+    }
+}
+
+static void test_submit_errors(void **state)
+{
+    (void)state;
+    struct engine *e = open_engine(4, 4, 0); /* 64-token context */
+    struct rl_err err = {0};
+    int32_t ids[80];
+    make_prompt(ids, 80, 5);
+    struct engine_request q;
+    greedy_req(&q, ids, 80, 4);
+    uint64_t id;
+    assert_int_equal(engine_submit(e, &q, &id, &err), -RL_EINVAL);
+    assert_memory_equal(err.msg, "CONTEXT_TOO_LONG", 16);
+    greedy_req(&q, ids, 0, 4);
+    assert_int_equal(engine_submit(e, &q, &id, &err), -RL_EINVAL);
+    ids[0] = 99999;
+    greedy_req(&q, ids, 3, 4);
+    assert_int_equal(engine_submit(e, &q, &id, &err), -RL_EINVAL);
+    ids[0] = 5;
+    greedy_req(&q, ids, 3, 4);
+    q.top_p = 1.5f;
+    assert_int_equal(engine_submit(e, &q, &id, &err), -RL_EINVAL);
+    assert_int_equal(engine_n_active(e), 0);
+    /* the context limit ends a long generation with "length" */
+    static struct result r;
+    greedy_req(&q, ids, 3, 0);
+    submit(e, &q, &r);
+    drain(e);
+    assert_int_equal(r.finish, ENGINE_FINISH_LENGTH);
+    assert_int_equal(r.n_tokens + 3, 64);
+    engine_free(e);
+}
+
+/* Mode defaults only fill what is unset; eos stops unless ignore_eos. */
+static void test_eos_and_defaults(void **state)
+{
+    (void)state;
+    struct engine *e = open_engine(256, 4, 0);
+    int32_t ids[8];
+    make_prompt(ids, 8, 11);
+    struct engine_request q;
+    static struct result r;
+    greedy_req(&q, ids, 8, 8);
+    q.ignore_eos = false;
+    int32_t stop_id;
+    /* stop on whatever greedy says first, as an extra stop id */
+    static struct result base;
+    submit(e, &q, &base);
+    drain(e);
+    stop_id = base.tokens[2];
+    q.stop_ids = &stop_id;
+    q.n_stop_ids = 1;
+    submit(e, &q, &r);
+    drain(e);
+    assert_int_equal(r.finish, ENGINE_FINISH_STOP);
+    int first = 0;
+    while (base.tokens[first] != stop_id)
+        first++;
+    assert_int_equal(r.n_tokens, first + 1);
+    engine_free(e);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    const char *s = getenv("REDLM_SHARED");
+    snprintf(model_dir, sizeof model_dir, "%s/models/tiny-qwen3-a", s ? s : "../shared");
+    char path[1100];
+    snprintf(path, sizeof path, "%s/reference.json", model_dir);
+    char *txt = slurp(path);
+    if (!txt) {
+        fprintf(stderr, "cannot read %s\n", path);
+        return -1;
+    }
+    reference = cJSON_Parse(txt);
+    free(txt);
+    return reference ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    cJSON_Delete(reference);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reference_greedy),
+        cmocka_unit_test(test_prefix_cache_reuse),
+        cmocka_unit_test(test_eviction_under_pressure),
+        cmocka_unit_test(test_preemption_identical),
+        cmocka_unit_test(test_stop_string_split),
+        cmocka_unit_test(test_thinking_budget),
+        cmocka_unit_test(test_cancel_frees_blocks),
+        cmocka_unit_test(test_deadline),
+        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_chunk_sizes),
+        cmocka_unit_test(test_submit_errors),
+        cmocka_unit_test(test_eos_and_defaults),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
