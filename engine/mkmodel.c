@@ -1,0 +1,1000 @@
+/* engine/mkmodel.c - the random checkpoint maker and dtype converter.
+ *
+ * mk_write() first builds a plan: one `struct gen` per output tensor, in HF
+ * order (embeddings, layers, final norm, lm_head), each knowing its name,
+ * shape, output dtype and where its values come from (a seeded PRNG, or a
+ * tensor of the --from checkpoint). Tensors are grouped into units (an FP8
+ * weight and its weight_scale_inv stay together) and units into shards.
+ * Each shard is then one st_writer whose tensors are produced by gen_fill()
+ * while the writer streams them to disk, so a 28 GB checkpoint needs a few
+ * MB of heap: values are made one band of rows at a time (128 rows for FP8,
+ * which is exactly one row of quantisation blocks; ~4 MB otherwise).
+ *
+ * Determinism: each tensor's PRNG is seeded from (seed, tensor name), and
+ * values are drawn in row-major order, so the F32, BF16 and FP8 models of
+ * one seed hold the same weights up to rounding, and sharding changes no
+ * value.
+ *
+ * FP8 follows Qwen/Qwen3-*-FP8 (DeepSeek-style block quantisation): per
+ * 128x128 block, scale_inv = amax / 448, stored value = e4m3(w / scale_inv),
+ * so dequantised w ~= e4m3 value * scale_inv. An FP8 weight is always added
+ * to the writer before its scale tensor: the scales are computed while the
+ * weight streams out and written right after.
+ *
+ * Called by the `redlm mkmodel` command and tests; single-threaded. */
+#include "mkmodel.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "dtype.h"
+#include "safetensors.h"
+
+#define MK_BLOCK 128             /* FP8 block edge, rows and cols */
+#define MK_BAND_BYTES (4u << 20) /* float staging per band for non-FP8 tensors */
+#define MK_PATTERN 65521         /* pattern length: prime, so rows don't line up */
+#define MK_FP8_MAX 448.0f
+
+/* ---- PRNG: splitmix64 to seed, xoshiro256** to draw ---- */
+
+struct rng {
+    uint64_t s[4];
+};
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void rng_seed(struct rng *r, uint64_t seed, const char *name)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a of the name */
+    for (const char *p = name; *p; p++)
+        h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+    uint64_t x = seed ^ h;
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix64(&x);
+}
+
+static inline uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+static inline uint64_t rng_next(struct rng *r)
+{
+    uint64_t *s = r->s, res = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return res;
+}
+
+/* Roughly standard normal: the sum of four 16-bit uniforms (Irwin-Hall),
+ * centred and scaled to unit variance. Bounded at +-3.46, which keeps random
+ * models free of outliers; one PRNG draw per value keeps it disk-bound. */
+static inline float rng_normal(struct rng *r)
+{
+    uint64_t v = rng_next(r);
+    int32_t s = (int32_t)(v & 0xffff) + (int32_t)((v >> 16) & 0xffff) +
+                (int32_t)((v >> 32) & 0xffff) + (int32_t)(v >> 48);
+    return (float)(s - 131070) * (1.0f / 37837.23f);
+}
+
+uint8_t mk_f32_to_e4m3(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+    u &= 0x7fffffffu;
+    if (u > 0x7f800000u)
+        return 0x7f;
+    float a;
+    memcpy(&a, &u, 4);
+    if (a >= MK_FP8_MAX)
+        return sign | 0x7e; /* E4M3fn has no infinity: saturate */
+    if (a < 0.015625f)      /* below 2^-6: subnormal, steps of 2^-9; 8 = min normal */
+        return sign | (uint8_t)nearbyintf(a * 512.0f);
+    /* normal: round the f32 mantissa to 3 bits, ties to even; a carry moves
+     * into the exponent by itself. Then rebias 127 -> 7. */
+    uint32_t r = (u + 0x7ffffu + ((u >> 20) & 1u)) >> 20;
+    return sign | (uint8_t)(r - (120u << 3));
+}
+
+/* ---- the plan ---- */
+
+enum gen_kind {
+    GEN_RANDOM, /* mean + std * normal */
+    GEN_SOURCE, /* converted from a --from tensor */
+    GEN_RAW,    /* a --from tensor copied byte for byte (non-float dtypes) */
+    GEN_SCALE,  /* the weight_scale_inv of the F8 weight `weight` */
+};
+
+struct gen {
+    char name[192];
+    enum gen_kind kind;
+    enum st_dtype out;
+    int n_dims;
+    int64_t shape[ST_MAX_DIMS];
+    int64_t rows, cols; /* shape folded to 2-D: rows = all but the last dim */
+    uint64_t n_bytes;
+    int shard;
+    /* GEN_RANDOM */
+    struct rng rng;
+    float mean, std;
+    int pattern;
+    /* GEN_SOURCE / GEN_RAW */
+    const struct st_tensor *src;
+    const struct st_tensor *src_scale; /* (ceil(rows/sbr), ceil(cols/sbc)) for an F8 source */
+    int src_br, src_bc;
+    /* FP8 */
+    struct gen *scale;  /* for an F8 weight: its scale tensor, which owns `scales` */
+    struct gen *weight; /* for GEN_SCALE */
+    float *scales;      /* (ceil(rows/128), ceil(cols/128)) f32, filled as the weight streams */
+    int scale_bf16;
+    /* streaming state */
+    int64_t next_row, band_rows;
+    float *fbuf;   /* (band_rows, cols) */
+    uint8_t *band; /* encoded bytes of the current band */
+    uint64_t band_off;
+    size_t band_len;
+    float *pat; /* (MK_PATTERN) when pattern */
+};
+
+static void gen_release(struct gen *g)
+{
+    free(g->fbuf);
+    free(g->band);
+    free(g->pat);
+    g->fbuf = NULL;
+    g->band = NULL;
+    g->pat = NULL;
+}
+
+/* Float value of element (r, c) of g's source tensor. */
+static float src_value(const struct gen *g, int64_t r, int64_t c)
+{
+    int64_t i = r * g->cols + c;
+    const uint8_t *p = g->src->data;
+    switch (g->src->dtype) {
+    case ST_F32: {
+        float v;
+        memcpy(&v, p + 4 * i, 4);
+        return v;
+    }
+    case ST_F64: {
+        double v;
+        memcpy(&v, p + 8 * i, 8);
+        return (float)v;
+    }
+    case ST_BF16: {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        return bf16_to_f32(h);
+    }
+    case ST_F16: {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        return f16_to_f32(h);
+    }
+    case ST_F8_E4M3: {
+        const struct st_tensor *s = g->src_scale;
+        int64_t bc = (g->cols + g->src_bc - 1) / g->src_bc, si = (r / g->src_br) * bc + c / g->src_bc;
+        float sc;
+        if (s->dtype == ST_F32) {
+            memcpy(&sc, (const uint8_t *)s->data + 4 * si, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, (const uint8_t *)s->data + 2 * si, 2);
+            sc = bf16_to_f32(h);
+        }
+        return f8e4m3_to_f32(p[i]) * sc;
+    }
+    default:
+        return 0.0f; /* planning sends other dtypes to GEN_RAW */
+    }
+}
+
+/* Quantises one band (nr <= 128 rows starting at a multiple of 128) of
+ * fbuf into F8 codes, recording each block's scale_inv. */
+static void quantize_band(struct gen *g, int64_t r0, int64_t nr)
+{
+    int64_t cols = g->cols, nbc = (cols + MK_BLOCK - 1) / MK_BLOCK;
+    for (int64_t j = 0; j < nbc; j++) {
+        int64_t c0 = j * MK_BLOCK, c1 = c0 + MK_BLOCK < cols ? c0 + MK_BLOCK : cols;
+        float amax = 0.0f;
+        for (int64_t r = 0; r < nr; r++)
+            for (int64_t c = c0; c < c1; c++) {
+                float a = fabsf(g->fbuf[r * cols + c]);
+                amax = a > amax ? a : amax;
+            }
+        float s = amax > 0.0f && isfinite(amax) ? amax / MK_FP8_MAX : 1.0f;
+        if (g->scale->scale_bf16)
+            s = bf16_to_f32(f32_to_bf16(s));
+        float inv = 1.0f / s;
+        g->scale->scales[(r0 / MK_BLOCK) * nbc + j] = s;
+        for (int64_t r = 0; r < nr; r++)
+            for (int64_t c = c0; c < c1; c++)
+                g->band[r * cols + c] = mk_f32_to_e4m3(g->fbuf[r * cols + c] * inv);
+    }
+}
+
+/* Produces the next band of rows of g into g->band. */
+static int next_band(struct gen *g, struct rl_err *err)
+{
+    size_t dsz = st_dtype_size(g->out);
+    if (!g->fbuf) {
+        if (g->out == ST_F8_E4M3)
+            g->band_rows = MK_BLOCK;
+        else
+            g->band_rows = (int64_t)(MK_BAND_BYTES / 4) / g->cols;
+        if (g->band_rows < 1)
+            g->band_rows = 1;
+        if (g->band_rows > g->rows)
+            g->band_rows = g->rows;
+        size_t ne = (size_t)(g->band_rows * g->cols);
+        g->fbuf = malloc(ne * sizeof *g->fbuf);
+        g->band = malloc(ne * dsz);
+        if (!g->fbuf || !g->band)
+            return rl_errf(err, RL_ENOMEM, "out of memory for tensor \"%s\"", g->name);
+        if (g->kind == GEN_RANDOM && g->pattern) {
+            if (!(g->pat = malloc(MK_PATTERN * sizeof *g->pat)))
+                return rl_errf(err, RL_ENOMEM, "out of memory for tensor \"%s\"", g->name);
+            for (int i = 0; i < MK_PATTERN; i++)
+                g->pat[i] = g->mean + g->std * rng_normal(&g->rng);
+        }
+    }
+    if (g->next_row >= g->rows)
+        return rl_errf(err, RL_EINTERNAL, "tensor \"%s\": asked for bytes past its end", g->name);
+    int64_t r0 = g->next_row, nr = g->rows - r0 < g->band_rows ? g->rows - r0 : g->band_rows;
+    size_t ne = (size_t)(nr * g->cols);
+    float *v = g->fbuf;
+    if (g->kind == GEN_RANDOM && g->pat) {
+        uint64_t e = (uint64_t)r0 * (uint64_t)g->cols;
+        for (size_t i = 0; i < ne;) {
+            size_t at = (size_t)((e + i) % MK_PATTERN), k = MK_PATTERN - at;
+            k = k < ne - i ? k : ne - i;
+            memcpy(v + i, g->pat + at, k * sizeof *v);
+            i += k;
+        }
+    } else if (g->kind == GEN_RANDOM) {
+        for (size_t i = 0; i < ne; i++)
+            v[i] = g->mean + g->std * rng_normal(&g->rng);
+    } else {
+        for (int64_t r = 0; r < nr; r++)
+            for (int64_t c = 0; c < g->cols; c++)
+                v[r * g->cols + c] = src_value(g, r0 + r, c);
+    }
+    switch (g->out) {
+    case ST_F32:
+        memcpy(g->band, v, ne * 4);
+        break;
+    case ST_BF16:
+        for (size_t i = 0; i < ne; i++) {
+            uint16_t h = f32_to_bf16(v[i]);
+            memcpy(g->band + 2 * i, &h, 2);
+        }
+        break;
+    case ST_F8_E4M3:
+        /* random FP8 weights stand for a BF16 model that was quantised */
+        if (g->kind == GEN_RANDOM)
+            for (size_t i = 0; i < ne; i++)
+                v[i] = bf16_to_f32(f32_to_bf16(v[i]));
+        quantize_band(g, r0, nr);
+        break;
+    default:
+        return rl_errf(err, RL_EINTERNAL, "tensor \"%s\": cannot generate %s", g->name,
+                       st_dtype_name(g->out));
+    }
+    g->band_off += g->band_len;
+    g->band_len = ne * dsz;
+    g->next_row = r0 + nr;
+    return 0;
+}
+
+static int scale_fill(struct gen *g, uint64_t off, uint8_t *out, size_t n, struct rl_err *err)
+{
+    const struct gen *w = g->weight;
+    if (w->next_row != w->rows)
+        return rl_errf(err, RL_EINTERNAL, "scales of \"%s\" wanted before the weight was written",
+                       w->name);
+    size_t dsz = g->scale_bf16 ? 2 : 4;
+    for (size_t i = 0; i < n; i += dsz) {
+        float s = g->scales[(off + i) / dsz];
+        if (g->scale_bf16) {
+            uint16_t h = f32_to_bf16(s);
+            memcpy(out + i, &h, 2);
+        } else {
+            memcpy(out + i, &s, 4);
+        }
+    }
+    return 0;
+}
+
+/* st_fill_fn for every planned tensor. */
+static int gen_fill(void *ctx, uint64_t off, void *buf, size_t n, struct rl_err *err)
+{
+    struct gen *g = ctx;
+    uint8_t *out = buf;
+    if (g->kind == GEN_SCALE)
+        return scale_fill(g, off, out, n, err);
+    if (g->kind == GEN_RAW) {
+        memcpy(out, (const uint8_t *)g->src->data + off, n);
+        return 0;
+    }
+    uint64_t end = off + n;
+    while (off < end) {
+        if (off >= g->band_off + g->band_len) {
+            int rc = next_band(g, err);
+            if (rc)
+                return rc;
+        }
+        if (off < g->band_off)
+            return rl_errf(err, RL_EINTERNAL, "tensor \"%s\": out-of-order fill", g->name);
+        size_t in = (size_t)(off - g->band_off), k = g->band_len - in;
+        k = k < end - off ? k : (size_t)(end - off);
+        memcpy(out, g->band + in, k);
+        out += k;
+        off += k;
+    }
+    if (end == g->n_bytes)
+        gen_release(g);
+    return 0;
+}
+
+struct plan {
+    struct gen *g;
+    int n, cap;
+};
+
+/* Appends a tensor to the plan; *out points at it until the next plan_add. */
+static int plan_add(struct plan *p, const char *name, int n_dims, const int64_t *shape,
+                    enum st_dtype out_dt, struct gen **out, struct rl_err *err)
+{
+    if (p->n == p->cap) {
+        int cap = p->cap ? p->cap * 2 : 256;
+        struct gen *g = realloc(p->g, (size_t)cap * sizeof *g);
+        if (!g)
+            return rl_errf(err, RL_ENOMEM, "out of memory");
+        /* scale <-> weight links are pointers: rebase them */
+        for (int i = 0; i < p->n; i++) {
+            if (g[i].scale)
+                g[i].scale = g + (g[i].scale - p->g);
+            if (g[i].weight)
+                g[i].weight = g + (g[i].weight - p->g);
+        }
+        p->g = g;
+        p->cap = cap;
+    }
+    if (strlen(name) >= sizeof p->g[0].name)
+        return rl_errf(err, RL_EINVAL, "tensor name \"%.100s...\" too long", name);
+    struct gen *g = &p->g[p->n++];
+    memset(g, 0, sizeof *g);
+    snprintf(g->name, sizeof g->name, "%s", name);
+    g->n_dims = n_dims;
+    g->rows = 1;
+    g->cols = 1;
+    for (int i = 0; i < n_dims; i++) {
+        g->shape[i] = shape[i];
+        if (i < n_dims - 1)
+            g->rows *= shape[i];
+        else
+            g->cols = shape[i];
+    }
+    g->out = out_dt;
+    g->n_bytes = (uint64_t)g->rows * (uint64_t)g->cols * st_dtype_size(out_dt);
+    *out = g;
+    return 0;
+}
+
+/* Adds the weight_scale_inv companion of F8 weight p->g[wi]. */
+static int plan_add_scale(struct plan *p, int wi, int scale_bf16, struct rl_err *err)
+{
+    char name[256];
+    snprintf(name, sizeof name, "%s_scale_inv", p->g[wi].name);
+    int64_t sh[2] = {(p->g[wi].rows + MK_BLOCK - 1) / MK_BLOCK,
+                     (p->g[wi].cols + MK_BLOCK - 1) / MK_BLOCK};
+    struct gen *s;
+    int rc = plan_add(p, name, 2, sh, scale_bf16 ? ST_BF16 : ST_F32, &s, err);
+    if (rc)
+        return rc;
+    struct gen *w = &p->g[wi];
+    s->kind = GEN_SCALE;
+    s->scale_bf16 = scale_bf16;
+    s->weight = w;
+    w->scale = s;
+    if (!(s->scales = calloc((size_t)(sh[0] * sh[1]), sizeof *s->scales)))
+        return rl_errf(err, RL_ENOMEM, "out of memory");
+    return 0;
+}
+
+static void plan_free(struct plan *p)
+{
+    for (int i = 0; i < p->n; i++) {
+        gen_release(&p->g[i]);
+        free(p->g[i].scales);
+    }
+    free(p->g);
+}
+
+static const char *const proj_suffix[7] = {
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+};
+
+static int is_proj(const char *name)
+{
+    size_t n = strlen(name);
+    for (int i = 0; i < 7; i++) {
+        size_t k = strlen(proj_suffix[i]);
+        if (n > k && name[n - k - 1] == '.' && !strcmp(name + n - k, proj_suffix[i]))
+            return 1;
+    }
+    return 0;
+}
+
+static enum st_dtype out_dtype(enum mk_dtype d, int proj)
+{
+    return d == MK_F32 ? ST_F32 : d == MK_FP8 && proj ? ST_F8_E4M3 : ST_BF16;
+}
+
+/* One random tensor: matrices get std 0.02 (activations stay O(1) through
+ * many layers), norm vectors 1 +- 0.02. */
+static int plan_random(struct plan *p, const struct mk_opts *o, const char *name, int64_t rows,
+                       int64_t cols, struct rl_err *err)
+{
+    int proj = rows && is_proj(name);
+    int64_t sh[2] = {rows, cols};
+    struct gen *g;
+    int rc = rows ? plan_add(p, name, 2, sh, out_dtype(o->dtype, proj), &g, err)
+                  : plan_add(p, name, 1, sh + 1, out_dtype(o->dtype, 0), &g, err);
+    if (rc)
+        return rc;
+    g->kind = GEN_RANDOM;
+    g->mean = rows ? 0.0f : 1.0f;
+    g->std = 0.02f;
+    g->pattern = o->pattern;
+    rng_seed(&g->rng, o->seed, name);
+    if (g->out == ST_F8_E4M3)
+        return plan_add_scale(p, p->n - 1, o->scale_bf16, err);
+    return 0;
+}
+
+static int plan_model(struct plan *p, const struct mk_opts *o, struct rl_err *err)
+{
+    int64_t H = o->hidden, I = o->intermediate, Q = (int64_t)o->n_heads * o->head_dim,
+            KV = (int64_t)o->n_kv_heads * o->head_dim, D = o->head_dim, V = o->vocab;
+    int rc;
+    if ((rc = plan_random(p, o, "model.embed_tokens.weight", V, H, err)))
+        return rc;
+    for (int l = 0; l < o->n_layers; l++) {
+        static const char *const sfx[11] = {
+            "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_norm.weight",
+            "self_attn.k_norm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+            "mlp.up_proj.weight", "mlp.down_proj.weight"};
+        const int64_t rows[11] = {0, Q, KV, KV, H, 0, 0, 0, I, I, H};
+        const int64_t cols[11] = {H, H, H, H, Q, D, D, H, H, H, I};
+        for (int i = 0; i < 11; i++) {
+            char n[160];
+            snprintf(n, sizeof n, "model.layers.%d.%s", l, sfx[i]);
+            if ((rc = plan_random(p, o, n, rows[i], cols[i], err)))
+                return rc;
+        }
+    }
+    if ((rc = plan_random(p, o, "model.norm.weight", 0, H, err)))
+        return rc;
+    if (!o->tied && (rc = plan_random(p, o, "lm_head.weight", V, H, err)))
+        return rc;
+    return 0;
+}
+
+static int is_float_dtype(enum st_dtype d)
+{
+    return d == ST_F32 || d == ST_F16 || d == ST_BF16 || d == ST_F8_E4M3 || d == ST_F64;
+}
+
+/* Plans the conversion of every tensor of `src` (scales are regenerated). */
+static int plan_from(struct plan *p, const struct mk_opts *o, const struct st_file *src,
+                     int src_br, int src_bc, struct rl_err *err)
+{
+    for (int i = 0; i < st_n_tensors(src); i++) {
+        const struct st_tensor *t = st_get(src, i);
+        size_t nl = strlen(t->name);
+        if (nl > 10 && !strcmp(t->name + nl - 10, "_scale_inv"))
+            continue; /* an input FP8 scale: folded into its weight */
+        const struct st_tensor *sc = NULL;
+        if (t->dtype == ST_F8_E4M3) {
+            char sn[256];
+            snprintf(sn, sizeof sn, "%s_scale_inv", t->name);
+            sc = st_find(src, sn);
+            int64_t r = 1;
+            for (int d = 0; d + 1 < t->n_dims; d++)
+                r *= t->shape[d];
+            int64_t c = t->n_dims ? t->shape[t->n_dims - 1] : 1;
+            if (!sc || sc->n_dims != 2 || (sc->dtype != ST_F32 && sc->dtype != ST_BF16) ||
+                sc->shape[0] != (r + src_br - 1) / src_br || sc->shape[1] != (c + src_bc - 1) / src_bc)
+                return rl_errf(err, RL_EFORMAT, "%s: F8 tensor \"%s\" lacks a matching F32/BF16 \"%s\"",
+                               t->file, t->name, sn);
+        }
+        int fl = is_float_dtype(t->dtype);
+        enum st_dtype out = fl ? out_dtype(o->dtype, t->n_dims == 2 && is_proj(t->name)) : t->dtype;
+        struct gen *g;
+        int rc = plan_add(p, t->name, t->n_dims, t->shape, out, &g, err);
+        if (rc)
+            return rc;
+        g->kind = fl ? GEN_SOURCE : GEN_RAW;
+        g->src = t;
+        g->src_scale = sc;
+        g->src_br = src_br;
+        g->src_bc = src_bc;
+        if (out == ST_F8_E4M3 && (rc = plan_add_scale(p, p->n - 1, o->scale_bf16, err)))
+            return rc;
+    }
+    return 0;
+}
+
+/* Assigns p->g[*].shard; returns the number of shards. */
+static int plan_shards(struct plan *p, const struct mk_opts *o)
+{
+    uint64_t total = 0;
+    for (int i = 0; i < p->n; i++)
+        total += p->g[i].n_bytes;
+    int shard = 0, want = o->n_shards > 1 ? o->n_shards : 1;
+    uint64_t cum = 0, cur = 0;
+    for (int i = 0; i < p->n;) {
+        /* a unit: a weight and, if F8, its scale */
+        int j = i + 1;
+        uint64_t ub = p->g[i].n_bytes;
+        if (p->g[i].scale) {
+            ub += p->g[j].n_bytes;
+            j++;
+        }
+        int s = shard;
+        if (o->shard_size) {
+            if (cur && cur + ub > o->shard_size)
+                s = shard + 1;
+        } else if (want > 1 && total) {
+            /* the shard whose slice of the byte range holds this unit's middle */
+            int k = (int)((double)(cum + ub / 2) * want / (double)total);
+            k = k >= want ? want - 1 : k;
+            s = k > shard && cur ? shard + 1 : shard; /* never leave a shard empty */
+        }
+        if (s != shard)
+            cur = 0;
+        shard = s;
+        for (int k = i; k < j; k++)
+            p->g[k].shard = shard;
+        cur += ub;
+        cum += ub;
+        i = j;
+    }
+    return shard + 1;
+}
+
+/* ---- files ---- */
+
+static int mkdir_p(const char *dir, struct rl_err *err)
+{
+    char buf[4096];
+    if ((size_t)snprintf(buf, sizeof buf, "%s", dir) >= sizeof buf)
+        return rl_errf(err, RL_EINVAL, "%s: path too long", dir);
+    for (char *s = buf + 1;; s++) {
+        if (*s == '/' || !*s) {
+            char c = *s;
+            *s = 0;
+            if (mkdir(buf, 0755) && errno != EEXIST)
+                return rl_errf(err, RL_EIO, "%s: mkdir: %s", buf, strerror(errno));
+            *s = c;
+            if (!c)
+                break;
+        }
+    }
+    struct stat st;
+    if (stat(dir, &st) || !S_ISDIR(st.st_mode))
+        return rl_errf(err, RL_EIO, "%s: not a directory", dir);
+    return 0;
+}
+
+static int write_text(const char *path, const char *text, struct rl_err *err)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return rl_errf(err, RL_EIO, "%s: %s", path, strerror(errno));
+    size_t n = strlen(text);
+    int bad = fwrite(text, 1, n, f) != n || fputc('\n', f) == EOF;
+    if (fclose(f) || bad)
+        return rl_errf(err, RL_EIO, "%s: write failed", path);
+    return 0;
+}
+
+static int write_json(const char *path, const cJSON *j, struct rl_err *err)
+{
+    char *s = cJSON_Print(j);
+    if (!s)
+        return rl_errf(err, RL_ENOMEM, "%s: out of memory", path);
+    int rc = write_text(path, s, err);
+    free(s);
+    return rc;
+}
+
+/* Copies dir/name to out/name; a missing source is fine unless `must`. */
+static int copy_file(const char *dir, const char *out, const char *name, int must,
+                     struct rl_err *err)
+{
+    char src[4096], dst[4096];
+    snprintf(src, sizeof src, "%s/%s", dir, name);
+    snprintf(dst, sizeof dst, "%s/%s", out, name);
+    int in = open(src, O_RDONLY | O_CLOEXEC);
+    if (in < 0) {
+        if (errno == ENOENT && !must)
+            return 0;
+        return rl_errf(err, errno == ENOENT ? RL_ENOTFOUND : RL_EIO, "%s: %s", src, strerror(errno));
+    }
+    int fd = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        close(in);
+        return rl_errf(err, RL_EIO, "%s: %s", dst, strerror(errno));
+    }
+    char buf[65536];
+    int rc = 0;
+    for (;;) {
+        ssize_t r = read(in, buf, sizeof buf);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            rc = rl_errf(err, RL_EIO, "%s: %s", src, strerror(errno));
+            break;
+        }
+        if (r == 0)
+            break;
+        for (ssize_t w = 0; w < r;) {
+            ssize_t k = write(fd, buf + w, (size_t)(r - w));
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k < 0) {
+                rc = rl_errf(err, RL_EIO, "%s: %s", dst, strerror(errno));
+                goto out;
+            }
+            w += k;
+        }
+    }
+out:
+    close(in);
+    if (close(fd) && !rc)
+        rc = rl_errf(err, RL_EIO, "%s: %s", dst, strerror(errno));
+    return rc;
+}
+
+static void set_item(cJSON *obj, const char *key, cJSON *v)
+{
+    if (cJSON_GetObjectItemCaseSensitive(obj, key))
+        cJSON_ReplaceItemInObjectCaseSensitive(obj, key, v);
+    else
+        cJSON_AddItemToObject(obj, key, v);
+}
+
+/* Sets torch_dtype and quantization_config for `dtype` in config `c`. */
+static void config_dtype(cJSON *c, const struct mk_opts *o)
+{
+    set_item(c, "torch_dtype", cJSON_CreateString(o->dtype == MK_F32 ? "float32" : "bfloat16"));
+    cJSON_DeleteItemFromObjectCaseSensitive(c, "quantization_config");
+    if (o->dtype != MK_FP8)
+        return;
+    cJSON *q = cJSON_CreateObject();
+    cJSON_AddStringToObject(q, "activation_scheme", "dynamic");
+    cJSON_AddStringToObject(q, "fmt", "e4m3");
+    cJSON_AddStringToObject(q, "quant_method", "fp8");
+    const int bs[2] = {MK_BLOCK, MK_BLOCK};
+    cJSON_AddItemToObject(q, "weight_block_size", cJSON_CreateIntArray(bs, 2));
+    cJSON_AddItemToObject(c, "quantization_config", q);
+}
+
+static cJSON *make_config(const struct mk_opts *o)
+{
+    cJSON *c = cJSON_CreateObject();
+    const char *arch = "Qwen3ForCausalLM";
+    cJSON_AddItemToObject(c, "architectures", cJSON_CreateStringArray(&arch, 1));
+    cJSON_AddFalseToObject(c, "attention_bias");
+    cJSON_AddNumberToObject(c, "attention_dropout", 0.0);
+    int bos = o->bos_id >= 0 ? o->bos_id : o->vocab > 151645 ? 151643 : o->vocab - 2;
+    int eos = o->eos_id >= 0 ? o->eos_id : o->vocab > 151645 ? 151645 : o->vocab - 1;
+    cJSON_AddNumberToObject(c, "bos_token_id", bos);
+    cJSON_AddNumberToObject(c, "eos_token_id", eos);
+    cJSON_AddNumberToObject(c, "head_dim", o->head_dim);
+    cJSON_AddStringToObject(c, "hidden_act", "silu");
+    cJSON_AddNumberToObject(c, "hidden_size", o->hidden);
+    cJSON_AddNumberToObject(c, "initializer_range", 0.02);
+    cJSON_AddNumberToObject(c, "intermediate_size", o->intermediate);
+    cJSON_AddNumberToObject(c, "max_position_embeddings", 40960);
+    cJSON_AddNumberToObject(c, "max_window_layers", o->n_layers);
+    cJSON_AddStringToObject(c, "model_type", "qwen3");
+    cJSON_AddNumberToObject(c, "num_attention_heads", o->n_heads);
+    cJSON_AddNumberToObject(c, "num_hidden_layers", o->n_layers);
+    cJSON_AddNumberToObject(c, "num_key_value_heads", o->n_kv_heads);
+    cJSON_AddNumberToObject(c, "rms_norm_eps", 1e-6);
+    if (o->yarn_factor > 0) {
+        cJSON *y = cJSON_AddObjectToObject(c, "rope_scaling");
+        cJSON_AddStringToObject(y, "rope_type", "yarn");
+        cJSON_AddNumberToObject(y, "factor", o->yarn_factor);
+        cJSON_AddNumberToObject(y, "original_max_position_embeddings", 32768);
+    } else {
+        cJSON_AddNullToObject(c, "rope_scaling");
+    }
+    cJSON_AddNumberToObject(c, "rope_theta", 1000000.0);
+    cJSON_AddNullToObject(c, "sliding_window");
+    cJSON_AddBoolToObject(c, "tie_word_embeddings", o->tied);
+    cJSON_AddStringToObject(c, "transformers_version", "4.51.0");
+    cJSON_AddTrueToObject(c, "use_cache");
+    cJSON_AddFalseToObject(c, "use_sliding_window");
+    cJSON_AddNumberToObject(c, "vocab_size", o->vocab);
+    config_dtype(c, o);
+    return c;
+}
+
+/* ---- options ---- */
+
+static const struct preset {
+    const char *name;
+    int hidden, inter, layers, heads, kv, head_dim, vocab, tied;
+} presets[] = {
+    /* from the Qwen/Qwen3-* config.json files on Hugging Face */
+    {"tiny", 128, 384, 4, 4, 2, 32, 768, 1},
+    {"qwen3-0.6b", 1024, 3072, 28, 16, 8, 128, 151936, 1},
+    {"qwen3-1.7b", 2048, 6144, 28, 16, 8, 128, 151936, 1},
+    {"qwen3-4b", 2560, 9728, 36, 32, 8, 128, 151936, 1},
+    {"qwen3-8b", 4096, 12288, 36, 32, 8, 128, 151936, 0},
+    {"qwen3-14b", 5120, 17408, 40, 40, 8, 128, 151936, 0},
+    {"qwen3-32b", 5120, 25600, 64, 64, 8, 128, 151936, 0},
+};
+
+int mk_opts_preset(struct mk_opts *o, const char *shape, struct rl_err *err)
+{
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        const struct preset *p = &presets[i];
+        if (strcmp(shape, p->name))
+            continue;
+        o->hidden = p->hidden;
+        o->intermediate = p->inter;
+        o->n_layers = p->layers;
+        o->n_heads = p->heads;
+        o->n_kv_heads = p->kv;
+        o->head_dim = p->head_dim;
+        o->vocab = p->vocab;
+        o->tied = p->tied;
+        return 0;
+    }
+    return rl_errf(err, RL_EINVAL,
+                   "unknown shape \"%s\" (tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen3-32b)",
+                   shape);
+}
+
+void mk_opts_init(struct mk_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    mk_opts_preset(o, "tiny", NULL);
+    o->dtype = MK_BF16;
+    o->bos_id = -1;
+    o->eos_id = -1;
+}
+
+static int check_opts(const struct mk_opts *o, struct rl_err *err)
+{
+    if (!o->out_dir || !*o->out_dir)
+        return rl_errf(err, RL_EINVAL, "no output directory (--out)");
+    if ((unsigned)o->dtype > MK_FP8)
+        return rl_errf(err, RL_EINVAL, "bad dtype %d", (int)o->dtype);
+    if (o->n_shards < 0 || (o->n_shards > 1 && o->shard_size))
+        return rl_errf(err, RL_EINVAL, "give --shards or --shard-size, not both");
+    if (o->n_shards > 99999)
+        return rl_errf(err, RL_EINVAL, "--shards %d: at most 99999", o->n_shards);
+    if (!(o->yarn_factor >= 0) || o->yarn_factor > 1000)
+        return rl_errf(err, RL_EINVAL, "--yarn %g: must be in (0, 1000]", o->yarn_factor);
+    if (o->from_dir)
+        return 0;
+    const struct {
+        const char *flag;
+        int v, max;
+    } dims[] = {
+        {"--hidden", o->hidden, 1 << 20},   {"--intermediate", o->intermediate, 1 << 20},
+        {"--layers", o->n_layers, 10000},   {"--heads", o->n_heads, 4096},
+        {"--kv-heads", o->n_kv_heads, 4096}, {"--head-dim", o->head_dim, 4096},
+        {"--vocab", o->vocab, 1 << 24},
+    };
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i].v < 1 || dims[i].v > dims[i].max)
+            return rl_errf(err, RL_EINVAL, "%s %d: must be in [1, %d]", dims[i].flag, dims[i].v,
+                           dims[i].max);
+    if (o->n_heads % o->n_kv_heads)
+        return rl_errf(err, RL_EINVAL, "--heads %d is not a multiple of --kv-heads %d", o->n_heads,
+                       o->n_kv_heads);
+    if (o->vocab < 2)
+        return rl_errf(err, RL_EINVAL, "--vocab %d: need at least 2 tokens", o->vocab);
+    if (o->bos_id >= o->vocab || o->eos_id >= o->vocab)
+        return rl_errf(err, RL_EINVAL, "bos/eos id beyond the vocab of %d", o->vocab);
+    return 0;
+}
+
+/* Reads the source config.json and its FP8 block size (default 128). */
+static int load_src_config(const char *dir, cJSON **out, int *br, int *bc, struct rl_err *err)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return rl_errf(err, errno == ENOENT ? RL_ENOTFOUND : RL_EIO, "%s: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t n = 0, cap = 0, r;
+    do {
+        if (n + 4096 > cap) {
+            cap = cap ? cap * 2 : 65536;
+            char *b = cap > (64u << 20) ? NULL : realloc(buf, cap);
+            if (!b) {
+                free(buf);
+                fclose(f);
+                return rl_errf(err, RL_EFORMAT, "%s: too large", path);
+            }
+            buf = b;
+        }
+        r = fread(buf + n, 1, cap - n, f);
+        n += r;
+    } while (r);
+    fclose(f);
+    cJSON *c = cJSON_ParseWithLength(buf, n);
+    free(buf);
+    if (!cJSON_IsObject(c)) {
+        cJSON_Delete(c);
+        return rl_errf(err, RL_EFORMAT, "%s: not a JSON object", path);
+    }
+    *br = *bc = MK_BLOCK;
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(c, "quantization_config");
+    const cJSON *bs = cJSON_IsObject(q) ? cJSON_GetObjectItemCaseSensitive(q, "weight_block_size") : NULL;
+    if (bs) {
+        const cJSON *a = cJSON_GetArrayItem(bs, 0), *b = cJSON_GetArrayItem(bs, 1);
+        if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2 || !cJSON_IsNumber(a) ||
+            !cJSON_IsNumber(b) || a->valueint < 1 || b->valueint < 1 || a->valueint > 65536 ||
+            b->valueint > 65536) {
+            cJSON_Delete(c);
+            return rl_errf(err, RL_EFORMAT, "%s: bad quantization_config.weight_block_size", path);
+        }
+        *br = a->valueint;
+        *bc = b->valueint;
+    }
+    *out = c;
+    return 0;
+}
+
+static int same_dir(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return !stat(a, &sa) && !stat(b, &sb) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+static int write_index(const char *out_dir, const struct plan *p, char (*fn)[64],
+                       struct rl_err *err)
+{
+    uint64_t total = 0;
+    for (int i = 0; i < p->n; i++)
+        total += p->g[i].n_bytes;
+    cJSON *root = cJSON_CreateObject();
+    cJSON *meta = cJSON_AddObjectToObject(root, "metadata");
+    cJSON_AddNumberToObject(meta, "total_size", (double)total);
+    cJSON *wm = cJSON_AddObjectToObject(root, "weight_map");
+    for (int i = 0; i < p->n; i++)
+        cJSON_AddStringToObject(wm, p->g[i].name, fn[p->g[i].shard]);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", out_dir);
+    int rc = write_json(path, root, err);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int mk_write(const struct mk_opts *o, struct mk_result *res, struct rl_err *err)
+{
+    int rc = check_opts(o, err);
+    if (rc)
+        return rc;
+    struct plan p = {0};
+    struct st_file *src = NULL;
+    cJSON *cfg = NULL;
+    char (*fn)[64] = NULL;
+    struct st_writer *w = NULL;
+    int n_shards = 0;
+    char path[4096];
+    if (o->from_dir) {
+        int br, bc;
+        if (same_dir(o->from_dir, o->out_dir)) {
+            rc = rl_errf(err, RL_EINVAL, "%s: --from and --out are the same directory", o->out_dir);
+            goto out;
+        }
+        if ((rc = load_src_config(o->from_dir, &cfg, &br, &bc, err)) ||
+            (rc = st_open(&src, o->from_dir, err)) || (rc = plan_from(&p, o, src, br, bc, err)))
+            goto out;
+        config_dtype(cfg, o);
+    } else {
+        if ((rc = plan_model(&p, o, err)))
+            goto out;
+        cfg = make_config(o);
+    }
+    if (!cfg) {
+        rc = rl_errf(err, RL_ENOMEM, "out of memory");
+        goto out;
+    }
+    n_shards = plan_shards(&p, o);
+    if (!(fn = calloc((size_t)n_shards, sizeof *fn))) {
+        rc = rl_errf(err, RL_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int s = 0; s < n_shards; s++) {
+        if (n_shards == 1)
+            snprintf(fn[s], sizeof fn[s], "model.safetensors");
+        else
+            snprintf(fn[s], sizeof fn[s], "model-%05d-of-%05d.safetensors", s + 1, n_shards);
+    }
+    if ((rc = mkdir_p(o->out_dir, err)))
+        goto out;
+    snprintf(path, sizeof path, "%s/config.json", o->out_dir);
+    if ((rc = write_json(path, cfg, err)))
+        goto out;
+    const char *tok = o->tokenizer_dir ? o->tokenizer_dir : o->from_dir;
+    /* an explicit --tokenizer must hold tokenizer.json; generation_config.json
+     * carries token ids, so it only travels with a converted model */
+    if (tok && ((rc = copy_file(tok, o->out_dir, "tokenizer.json", !!o->tokenizer_dir, err)) ||
+                (rc = copy_file(tok, o->out_dir, "tokenizer_config.json", 0, err))))
+        goto out;
+    if (o->from_dir && (rc = copy_file(o->from_dir, o->out_dir, "generation_config.json", 0, err)))
+        goto out;
+    /* a stale single file or index would contradict what we write now */
+    snprintf(path, sizeof path, "%s/%s", o->out_dir,
+             n_shards == 1 ? "model.safetensors.index.json" : "model.safetensors");
+    unlink(path);
+    uint64_t bytes = 0;
+    for (int s = 0, i = 0; s < n_shards; s++) {
+        if ((rc = st_writer_create(&w, err)))
+            goto out;
+        for (; i < p.n && p.g[i].shard == s; i++)
+            if ((rc = st_writer_add_fill(w, p.g[i].name, p.g[i].out, p.g[i].n_dims, p.g[i].shape,
+                                         gen_fill, &p.g[i], err)))
+                goto out;
+        snprintf(path, sizeof path, "%s/%s", o->out_dir, fn[s]);
+        if ((rc = st_writer_write(w, path, err)))
+            goto out;
+        st_writer_free(w);
+        w = NULL;
+        struct stat st;
+        if (!stat(path, &st))
+            bytes += (uint64_t)st.st_size;
+    }
+    if (n_shards > 1 && (rc = write_index(o->out_dir, &p, fn, err)))
+        goto out;
+    if (res) {
+        res->n_params = 0;
+        for (int i = 0; i < p.n; i++)
+            if (p.g[i].kind != GEN_SCALE)
+                res->n_params += p.g[i].rows * p.g[i].cols;
+        res->n_bytes = bytes;
+        res->n_files = n_shards;
+    }
+out:
+    st_writer_free(w);
+    free(fn);
+    cJSON_Delete(cfg);
+    plan_free(&p);
+    st_close(src);
+    return rc;
+}

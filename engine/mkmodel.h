@@ -1,0 +1,72 @@
+/* engine/mkmodel.h - writes Hugging Face Qwen3 checkpoints with random
+ * weights (or converts an existing one to another dtype), for tests and
+ * benchmarks that need a model of a given shape without downloading one.
+ *
+ * The output directory gets config.json, model.safetensors (or shards plus
+ * model.safetensors.index.json) with the exact HF Qwen3 tensor names, and
+ * the tokenizer files when a tokenizer directory is given. */
+#ifndef RL_MKMODEL_H
+#define RL_MKMODEL_H
+
+#include <stdint.h>
+
+#include "err.h"
+
+enum mk_dtype {
+    MK_F32 = 0, /* every tensor F32, torch_dtype "float32" */
+    MK_BF16,    /* every tensor BF16, torch_dtype "bfloat16" */
+    MK_FP8,     /* the 7 projections per layer F8_E4M3 + 128x128 block weight_scale_inv;
+                 * embeddings, norms, lm_head BF16 (as Qwen/Qwen3-*-FP8) */
+};
+
+struct mk_opts {
+    const char *out_dir;       /* created (with parents) if missing */
+    const char *from_dir;      /* non-NULL: convert this checkpoint to `dtype` instead of
+                                * making random weights; the shape fields are ignored */
+    const char *tokenizer_dir; /* copy tokenizer.json + tokenizer_config.json from here;
+                                * NULL: from from_dir when converting, else none */
+    int hidden;                /* hidden_size */
+    int intermediate;          /* intermediate_size */
+    int n_layers;              /* num_hidden_layers */
+    int n_heads;               /* num_attention_heads */
+    int n_kv_heads;            /* num_key_value_heads, divides n_heads */
+    int head_dim;
+    int vocab;                 /* vocab_size */
+    int tied;                  /* tie_word_embeddings: no lm_head.weight */
+    enum mk_dtype dtype;
+    uint64_t seed;             /* same seed + shape = same weights, whatever the dtype */
+    double yarn_factor;        /* > 0: rope_scaling yarn with this factor; 0: null */
+    int bos_id, eos_id;        /* < 0: 151643/151645, or vocab-2/vocab-1 when the vocab is smaller */
+    int n_shards;              /* > 1: split into about this many shards */
+    uint64_t shard_size;       /* > 0: start a new shard before one would exceed this many bytes */
+    int pattern;               /* fill each tensor by repeating a 65521-element random pattern:
+                                * much faster for huge checkpoints, still seed-deterministic */
+    int scale_bf16;            /* FP8: weight_scale_inv as BF16 (Qwen's dense FP8 releases) instead of F32 */
+};
+
+/* What mk_write produced. */
+struct mk_result {
+    int64_t n_params;  /* elements of all tensors except the FP8 scales */
+    uint64_t n_bytes;  /* total size of the .safetensors files */
+    int n_files;       /* number of .safetensors files */
+};
+
+/* Fills *o with the `tiny` shape, BF16, seed 0, one file, no output dir. */
+void mk_opts_init(struct mk_opts *o);
+
+/* Sets the shape fields (hidden .. tied) from a preset: "tiny", "qwen3-0.6b",
+ * "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b".
+ * Returns 0, or -RL_EINVAL naming the unknown preset. */
+int mk_opts_preset(struct mk_opts *o, const char *shape, struct rl_err *err);
+
+/* Writes the checkpoint described by *o. Validates every option before
+ * touching the disk. *res (may be NULL) gets the summary. Returns 0 or a
+ * negative code: RL_EINVAL for bad options, RL_EIO for file errors, the
+ * reader's codes for a bad --from checkpoint. */
+int mk_write(const struct mk_opts *o, struct mk_result *res, struct rl_err *err);
+
+/* Rounds f to the nearest OCP FP8 E4M3 (fn) value, ties to even,
+ * saturating at +-448; NaN gives 0x7f. */
+uint8_t mk_f32_to_e4m3(float f);
+
+#endif
