@@ -1,0 +1,341 @@
+/* common/event.c - JSON for the events, the dead letters and the codes.
+ *
+ * The worker calls these from its main thread once per step per running
+ * request (deltas) and once per finished request (done or error); the
+ * dispatcher calls ev_build_error/ev_build_dead for jobs it rejects. The
+ * output is compact JSON built with cJSON, so strings are escaped
+ * correctly whatever bytes the model produced; field order is fixed
+ * (seq, type, ...) so that event lists replayed from the result cache are
+ * byte-identical to the ones first published.
+ *
+ * The code table below is the single source of the stable error codes;
+ * schemas/errors.json mirrors it and tests/unit/test_event.c checks that
+ * the two agree, so a client-side table generated from the schema never
+ * drifts from what workers send. */
+#include "event.h"
+
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+    const char *name;
+    const char *meaning;
+} codes[EV_CODE_COUNT] = {
+    [EV_CODE_NONE] = {"", "no error"},
+    [EV_CODE_BAD_ENTRY] = {"BAD_ENTRY", "the stream entry has no `job` field"},
+    [EV_CODE_JOB_TOO_LARGE] = {"JOB_TOO_LARGE", "the job text is longer than the configured limit"},
+    [EV_CODE_BAD_UTF8] = {"BAD_UTF8", "the job text is not valid UTF-8"},
+    [EV_CODE_INVALID_JSON] = {"INVALID_JSON", "the job text does not parse as JSON"},
+    [EV_CODE_NOT_OBJECT] = {"NOT_OBJECT", "the job is valid JSON but not an object"},
+    [EV_CODE_UNKNOWN_FIELD] = {"UNKNOWN_FIELD", "a field the protocol does not define (misspelt parameters are never ignored)"},
+    [EV_CODE_DUPLICATE_FIELD] = {"DUPLICATE_FIELD", "the same field appears twice in one object"},
+    [EV_CODE_BAD_TYPE] = {"BAD_TYPE", "a field has the wrong JSON type (for example a string where an integer is required)"},
+    [EV_CODE_OUT_OF_RANGE] = {"OUT_OF_RANGE", "a number, length or count is outside its documented bounds"},
+    [EV_CODE_BAD_VALUE] = {"BAD_VALUE", "a string field is not one of its allowed values"},
+    [EV_CODE_BAD_ID] = {"BAD_ID", "id is not 1-128 characters of [A-Za-z0-9_.:-]"},
+    [EV_CODE_MISSING_PROMPT] = {"MISSING_PROMPT", "the job has none of messages, prompt and prompt_ids"},
+    [EV_CODE_CONFLICTING_PROMPT] = {"CONFLICTING_PROMPT", "the job has more than one of messages, prompt and prompt_ids, or tools without messages"},
+    [EV_CODE_MISSING_FIELD] = {"MISSING_FIELD", "a required field inside a message or tool is absent"},
+    [EV_CODE_UNKNOWN_POOL] = {"UNKNOWN_POOL", "the job names a pool that no worker is configured to serve"},
+    [EV_CODE_PROMPT_TOO_LONG] = {"PROMPT_TOO_LONG", "the rendered prompt plus max_tokens does not fit the model's context"},
+    [EV_CODE_INVALID_TOKEN] = {"INVALID_TOKEN", "a prompt_ids entry is not a token of the model's vocabulary"},
+    [EV_CODE_TEMPLATE_ERROR] = {"TEMPLATE_ERROR", "the messages cannot be rendered with the model's chat template"},
+    [EV_CODE_TOO_MANY_DELIVERIES] = {"TOO_MANY_DELIVERIES", "the job was delivered more than max_deliveries times (workers died running it)"},
+    [EV_CODE_CANCELLED] = {"CANCELLED", "the job was cancelled; clients see a done event with finish_reason cancelled, the code names the reason in dead letters and metrics"},
+    [EV_CODE_DEADLINE_EXCEEDED] = {"DEADLINE_EXCEEDED", "deadline_ms passed; clients see a done event with finish_reason deadline, the code names the reason in dead letters and metrics"},
+    [EV_CODE_ENGINE_ERROR] = {"ENGINE_ERROR", "the inference engine failed on this request"},
+    [EV_CODE_INTERNAL] = {"INTERNAL", "a bug in redlm: a broken invariant reported instead of crashing"},
+};
+
+const char *ev_code_name(enum ev_code code)
+{
+    if ((int)code < 0 || code >= EV_CODE_COUNT)
+        return "INTERNAL";
+    return codes[code].name;
+}
+
+const char *ev_code_meaning(enum ev_code code)
+{
+    if ((int)code < 0 || code >= EV_CODE_COUNT)
+        return codes[EV_CODE_INTERNAL].meaning;
+    return codes[code].meaning;
+}
+
+enum ev_code ev_code_from_name(const char *name)
+{
+    if (!name || !name[0])
+        return EV_CODE_NONE;
+    for (int i = 1; i < EV_CODE_COUNT; i++)
+        if (!strcmp(codes[i].name, name))
+            return (enum ev_code)i;
+    return EV_CODE_NONE;
+}
+
+const char *ev_finish_name(enum ev_finish f)
+{
+    static const char *const names[] = {"stop", "length", "cancelled", "deadline", "error"};
+    if ((int)f < 0 || (size_t)f >= sizeof names / sizeof names[0])
+        return NULL;
+    return names[f];
+}
+
+char *ev_stream_id(int64_t seq, char buf[EV_STREAM_ID_MAX])
+{
+    snprintf(buf, EV_STREAM_ID_MAX, "0-%" PRId64, seq + 1);
+    return buf;
+}
+
+/* cJSON stores numbers as doubles: exact for |n| < 2^53, which every count
+ * and millisecond we write stays far below. */
+static int add_int(cJSON *o, const char *k, int64_t v)
+{
+    return cJSON_AddItemToObject(o, k, cJSON_CreateNumber((double)v)) ? 0 : -1;
+}
+
+/* cJSON takes NUL-terminated strings; content arrives with a length and is
+ * not NUL-terminated inside the decoder's buffer. */
+static cJSON *str_n(const char *s, size_t n)
+{
+    char *tmp = malloc(n + 1);
+    if (!tmp)
+        return NULL;
+    memcpy(tmp, s, n);
+    tmp[n] = 0;
+    cJSON *j = cJSON_CreateString(tmp);
+    free(tmp);
+    return j;
+}
+
+static int finish(cJSON *root, char **out, struct rl_err *err)
+{
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!s)
+        return rl_errf(err, RL_ENOMEM, "event: out of memory serialising");
+    *out = s;
+    return 0;
+}
+
+/* Starts {"seq": n, "type": t}. */
+static cJSON *head(int64_t seq, const char *type)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    if (add_int(o, "seq", seq) || !cJSON_AddStringToObject(o, "type", type)) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
+int ev_build_delta(int64_t seq, const struct ev_delta *d, char **out, struct rl_err *err)
+{
+    *out = NULL;
+    if (seq < 0 || !d || d->n_token_ids < 0 || (d->n_token_ids && !d->token_ids))
+        return rl_errf(err, RL_EINVAL, "ev_build_delta: bad arguments (seq %" PRId64 ")", seq);
+    cJSON *o = head(seq, "delta");
+    if (!o)
+        goto oom;
+    cJSON *delta = cJSON_AddObjectToObject(o, "delta");
+    if (!delta)
+        goto oom;
+    if (d->content) {
+        cJSON *s = str_n(d->content, d->content_len);
+        if (!s || !cJSON_AddItemToObject(delta, "content", s))
+            goto oom;
+    }
+    if (d->reasoning_content) {
+        cJSON *s = str_n(d->reasoning_content, d->reasoning_len);
+        if (!s || !cJSON_AddItemToObject(delta, "reasoning_content", s))
+            goto oom;
+    }
+    cJSON *ids = cJSON_AddArrayToObject(o, "token_ids");
+    if (!ids)
+        goto oom;
+    for (int i = 0; i < d->n_token_ids; i++)
+        if (!cJSON_AddItemToArray(ids, cJSON_CreateNumber(d->token_ids[i])))
+            goto oom;
+    if (d->logprobs) {
+        cJSON *lps = cJSON_AddArrayToObject(o, "logprobs");
+        if (!lps)
+            goto oom;
+        for (int i = 0; i < d->n_token_ids; i++) {
+            const struct ev_logprob *lp = &d->logprobs[i];
+            cJSON *e = cJSON_CreateObject();
+            if (!e || !cJSON_AddItemToArray(lps, e) || add_int(e, "token_id", lp->token_id) ||
+                !cJSON_AddNumberToObject(e, "logprob", lp->logprob))
+                goto oom;
+            cJSON *top = cJSON_AddArrayToObject(e, "top");
+            if (!top)
+                goto oom;
+            for (int k = 0; k < lp->n_top; k++) {
+                cJSON *t = cJSON_CreateObject();
+                if (!t || !cJSON_AddItemToArray(top, t) || add_int(t, "token_id", lp->top_ids[k]) ||
+                    !cJSON_AddNumberToObject(t, "logprob", lp->top_logprobs[k]))
+                    goto oom;
+            }
+        }
+    }
+    return finish(o, out, err);
+oom:
+    cJSON_Delete(o);
+    return rl_errf(err, RL_ENOMEM, "ev_build_delta: out of memory (seq %" PRId64 ")", seq);
+}
+
+int ev_build_done(int64_t seq, const struct ev_done *d, char **out, struct rl_err *err)
+{
+    *out = NULL;
+    const char *fin = d ? ev_finish_name(d->finish_reason) : NULL;
+    if (seq < 0 || !fin)
+        return rl_errf(err, RL_EINVAL, "ev_build_done: bad arguments (seq %" PRId64 ")", seq);
+    if (d->tool_calls && !cJSON_IsArray(d->tool_calls))
+        return rl_errf(err, RL_EINVAL, "ev_build_done: tool_calls must be an array");
+    if (d->metadata && !cJSON_IsObject(d->metadata))
+        return rl_errf(err, RL_EINVAL, "ev_build_done: metadata must be an object");
+    cJSON *o = head(seq, "done");
+    if (!o || !cJSON_AddStringToObject(o, "finish_reason", fin))
+        goto oom;
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    if (!u || add_int(u, "prompt_tokens", d->prompt_tokens) ||
+        add_int(u, "completion_tokens", d->completion_tokens) ||
+        add_int(u, "reasoning_tokens", d->reasoning_tokens) ||
+        add_int(u, "cached_prompt_tokens", d->cached_prompt_tokens))
+        goto oom;
+    if (!cJSON_AddBoolToObject(o, "cached", d->cached))
+        goto oom;
+    cJSON *t = cJSON_AddObjectToObject(o, "timings");
+    if (!t || add_int(t, "queue_ms", d->queue_ms) || add_int(t, "ttft_ms", d->ttft_ms) ||
+        add_int(t, "total_ms", d->total_ms))
+        goto oom;
+    cJSON *tc = d->tool_calls ? cJSON_Duplicate(d->tool_calls, 1) : cJSON_CreateArray();
+    if (!tc || !cJSON_AddItemToObject(o, "tool_calls", tc))
+        goto oom;
+    if (d->metadata) {
+        cJSON *m = cJSON_Duplicate(d->metadata, 1);
+        if (!m || !cJSON_AddItemToObject(o, "metadata", m))
+            goto oom;
+    }
+    return finish(o, out, err);
+oom:
+    cJSON_Delete(o);
+    return rl_errf(err, RL_ENOMEM, "ev_build_done: out of memory (seq %" PRId64 ")", seq);
+}
+
+int ev_build_error(int64_t seq, enum ev_code code, const char *message, char **out,
+                   struct rl_err *err)
+{
+    *out = NULL;
+    if (seq < 0 || code <= EV_CODE_NONE || code >= EV_CODE_COUNT)
+        return rl_errf(err, RL_EINVAL, "ev_build_error: bad seq %" PRId64 " or code %d", seq,
+                       (int)code);
+    cJSON *o = head(seq, "error");
+    if (!o || !cJSON_AddStringToObject(o, "code", ev_code_name(code)) ||
+        !cJSON_AddStringToObject(o, "message", message ? message : ev_code_meaning(code))) {
+        cJSON_Delete(o);
+        return rl_errf(err, RL_ENOMEM, "ev_build_error: out of memory");
+    }
+    return finish(o, out, err);
+}
+
+int ev_build_dead(const struct ev_dead *d, char **out, struct rl_err *err)
+{
+    *out = NULL;
+    if (!d || d->code <= EV_CODE_NONE || d->code >= EV_CODE_COUNT)
+        return rl_errf(err, RL_EINVAL, "ev_build_dead: bad code");
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        goto oom;
+    cJSON *job = d->job_raw ? str_n(d->job_raw, d->job_raw_len) : cJSON_CreateNull();
+    if (!job || !cJSON_AddItemToObject(o, "job", job))
+        goto oom;
+    if (!cJSON_AddStringToObject(o, "id", d->job_id ? d->job_id : "") ||
+        !cJSON_AddStringToObject(o, "pool", d->pool ? d->pool : "") ||
+        !cJSON_AddStringToObject(o, "entry_id", d->entry_id ? d->entry_id : "") ||
+        !cJSON_AddStringToObject(o, "code", ev_code_name(d->code)) ||
+        !cJSON_AddStringToObject(o, "message", d->message ? d->message : ev_code_meaning(d->code)) ||
+        !cJSON_AddStringToObject(o, "worker", d->worker ? d->worker : "") ||
+        add_int(o, "deliveries", d->deliveries) || add_int(o, "time_ms", d->time_ms))
+        goto oom;
+    return finish(o, out, err);
+oom:
+    cJSON_Delete(o);
+    return rl_errf(err, RL_ENOMEM, "ev_build_dead: out of memory");
+}
+
+void ev_info_clear(struct ev_info *info)
+{
+    if (!info)
+        return;
+    free(info->token_ids);
+    memset(info, 0, sizeof *info);
+}
+
+int ev_parse(const char *json, size_t len, struct ev_info *out, struct rl_err *err)
+{
+    memset(out, 0, sizeof *out);
+    cJSON *o = cJSON_ParseWithLength(json, len);
+    int rc = 0;
+    if (!cJSON_IsObject(o)) {
+        rc = rl_errf(err, RL_EFORMAT, "event: not a JSON object");
+        goto done;
+    }
+    const cJSON *seq = cJSON_GetObjectItemCaseSensitive(o, "seq");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(o, "type");
+    if (!cJSON_IsNumber(seq) || seq->valuedouble < 0 ||
+        seq->valuedouble != (double)(int64_t)seq->valuedouble) {
+        rc = rl_errf(err, RL_EFORMAT, "event: seq missing or not a non-negative integer");
+        goto done;
+    }
+    out->seq = (int64_t)seq->valuedouble;
+    const char *t = cJSON_IsString(type) ? type->valuestring : "";
+    if (!strcmp(t, "delta")) {
+        out->type = EV_TYPE_DELTA;
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(o, "token_ids");
+        if (!cJSON_IsArray(ids)) {
+            rc = rl_errf(err, RL_EFORMAT, "event %" PRId64 ": delta without token_ids", out->seq);
+            goto done;
+        }
+        int n = cJSON_GetArraySize(ids);
+        out->token_ids = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+        if (!out->token_ids) {
+            rc = rl_errf(err, RL_ENOMEM, "event: out of memory");
+            goto done;
+        }
+        const cJSON *it;
+        cJSON_ArrayForEach(it, ids) {
+            if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble > INT32_MAX) {
+                rc = rl_errf(err, RL_EFORMAT, "event %" PRId64 ": bad token id", out->seq);
+                goto done;
+            }
+            out->token_ids[out->n_token_ids++] = (int32_t)it->valuedouble;
+        }
+    } else if (!strcmp(t, "done")) {
+        out->type = EV_TYPE_DONE;
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, "finish_reason");
+        int found = 0;
+        for (int i = 0; cJSON_IsString(f) && ev_finish_name((enum ev_finish)i); i++)
+            if (!strcmp(f->valuestring, ev_finish_name((enum ev_finish)i))) {
+                out->finish_reason = (enum ev_finish)i;
+                found = 1;
+            }
+        if (!found) {
+            rc = rl_errf(err, RL_EFORMAT, "event %" PRId64 ": bad finish_reason", out->seq);
+            goto done;
+        }
+    } else if (!strcmp(t, "error")) {
+        out->type = EV_TYPE_ERROR;
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(o, "code");
+        out->code = ev_code_from_name(cJSON_IsString(c) ? c->valuestring : NULL);
+    } else {
+        rc = rl_errf(err, RL_EFORMAT, "event %" PRId64 ": unknown type \"%.40s\"", out->seq, t);
+    }
+done:
+    if (rc)
+        ev_info_clear(out);
+    cJSON_Delete(o);
+    return rc;
+}

@@ -1,0 +1,1147 @@
+/* common/job.c - the job codec: text -> validated struct job -> text, and
+ * the result-cache key.
+ *
+ * The dispatcher calls job_parse on every request it routes and the worker
+ * again on every job it reads (a job may have been written by anyone with
+ * access to Redis), both from their main threads; nothing here is shared
+ * between calls, so it is thread-safe.
+ *
+ * Order of checks, so that each bad job gets the most precise code:
+ * size (JOB_TOO_LARGE), encoding (BAD_UTF8: cJSON passes raw bytes
+ * through, and the tokenizer must never see broken UTF-8), syntax
+ * (INVALID_JSON, with the byte offset), shape (NOT_OBJECT), then each
+ * member in document order: duplicate (DUPLICATE_FIELD: cJSON keeps both,
+ * and which one wins would be an accident), unknown name (UNKNOWN_FIELD),
+ * type (BAD_TYPE), bounds (OUT_OF_RANGE / BAD_VALUE / BAD_ID); last the
+ * cross-field rules (exactly one of messages, prompt, prompt_ids; tools
+ * only with messages). The first problem found is the one reported.
+ *
+ * Numbers: JSON has one number type and cJSON keeps doubles, so "integer"
+ * means a double with no fractional part (1.0 counts, as in JSON Schema),
+ * and integers must stay below 2^53 to be exact; seeds are bounded there. */
+#include "job.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#define MAX_SAFE_INT 9007199254740991.0 /* 2^53 - 1 */
+
+void job_opts_default(struct job_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->max_job_bytes = 4u << 20;
+    o->default_max_tokens = 1024;
+    o->max_max_tokens = JOB_MAX_TOKENS_MAX;
+    o->default_stream_ttl_s = 3600;
+    o->max_stream_ttl_s = 7 * 86400;
+    o->max_prompt_ids = JOB_MAX_TOKENS_MAX;
+    o->fallback_id = NULL;
+}
+
+/* Records the fault and the sentence; always returns -RL_EINVAL. */
+__attribute__((format(printf, 4, 5)))
+static int bad(struct job_fault *f, struct rl_err *err, enum ev_code code, const char *fmt, ...)
+{
+    char msg[RL_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    f->code = code;
+    return rl_errf(err, RL_EINVAL, "%s", msg);
+}
+
+static void set_field(struct job_fault *f, const char *path)
+{
+    snprintf(f->field, sizeof f->field, "%s", path);
+}
+
+/* Field paths ("messages[2].content[0].type"), cut at JOB_FIELD_MAX - 1
+ * bytes: a path that long is still enough to find the field. */
+static void sub(char out[JOB_FIELD_MAX], const char *base, const char *suffix)
+{
+    size_t a = strlen(base), b = strlen(suffix);
+    if (a > JOB_FIELD_MAX - 1)
+        a = JOB_FIELD_MAX - 1;
+    if (b > JOB_FIELD_MAX - 1 - a)
+        b = JOB_FIELD_MAX - 1 - a;
+    memmove(out, base, a);
+    memcpy(out + a, suffix, b);
+    out[a + b] = 0;
+}
+
+static void subi(char out[JOB_FIELD_MAX], const char *base, int i)
+{
+    char idx[16];
+    snprintf(idx, sizeof idx, "[%d]", i);
+    sub(out, base, idx);
+}
+
+/* Strict UTF-8 (RFC 3629): no overlongs, no surrogates, nothing past
+ * U+10FFFF. Returns the offset of the first bad byte, or len if none. */
+static size_t utf8_check(const unsigned char *s, size_t len)
+{
+    size_t i = 0;
+    while (i < len) {
+        unsigned c = s[i];
+        size_t n;
+        unsigned min;
+        if (c < 0x80) { i++; continue; }
+        else if ((c & 0xE0) == 0xC0) { n = 1; min = 0x80; c &= 0x1F; }
+        else if ((c & 0xF0) == 0xE0) { n = 2; min = 0x800; c &= 0x0F; }
+        else if ((c & 0xF8) == 0xF0) { n = 3; min = 0x10000; c &= 0x07; }
+        else return i;
+        for (size_t k = 1; k <= n; k++) {
+            if (i + k >= len || (s[i + k] & 0xC0) != 0x80)
+                return i;
+            c = (c << 6) | (s[i + k] & 0x3F);
+        }
+        if (c < min || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF))
+            return i;
+        i += n + 1;
+    }
+    return len;
+}
+
+/* The JSON grammar cJSON is lenient about: raw control characters (it
+ * skips any byte <= 0x20 as whitespace and accepts them inside strings)
+ * and number syntax (it hands "01" or "1." to strtod). RFC 8259 rejects
+ * both, and so does every other parser a client may test with, so we do
+ * too. Returns the offset of the first offence, or len. */
+static size_t json_lex_check(const char *s, size_t len)
+{
+    bool in_str = false;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20 && (in_str || (c != '\t' && c != '\n' && c != '\r')))
+            return i;
+        if (in_str) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_str = false;
+            continue;
+        }
+        if (c == '"') {
+            in_str = true;
+            continue;
+        }
+        if (c != '-' && (c < '0' || c > '9'))
+            continue;
+        /* a number: -? (0 | [1-9][0-9]*) (.[0-9]+)? ([eE][+-]?[0-9]+)? */
+        size_t st = i;
+        if (s[i] == '-')
+            i++;
+        if (i >= len || s[i] < '0' || s[i] > '9')
+            return st;
+        if (s[i] == '0') {
+            i++;
+        } else {
+            while (i < len && s[i] >= '0' && s[i] <= '9')
+                i++;
+        }
+        if (i < len && s[i] == '.') {
+            i++;
+            if (i >= len || s[i] < '0' || s[i] > '9')
+                return st;
+            while (i < len && s[i] >= '0' && s[i] <= '9')
+                i++;
+        }
+        if (i < len && (s[i] == 'e' || s[i] == 'E')) {
+            i++;
+            if (i < len && (s[i] == '+' || s[i] == '-'))
+                i++;
+            if (i >= len || s[i] < '0' || s[i] > '9')
+                return st;
+            while (i < len && s[i] >= '0' && s[i] <= '9')
+                i++;
+        }
+        if (i < len && ((s[i] >= '0' && s[i] <= '9') || s[i] == '.' || s[i] == 'e' ||
+                        s[i] == 'E' || s[i] == '+' || s[i] == '-'))
+            return st;
+        i--; /* the loop's i++ moves onto the byte after the number */
+    }
+    return len;
+}
+
+/* Common type/bounds helpers. Each returns 0 or -RL_EINVAL with the fault
+ * filled for path. */
+static int get_number(const cJSON *v, const char *path, double lo, double hi, bool lo_open,
+                      double *out, struct job_fault *f, struct rl_err *err)
+{
+    set_field(f, path);
+    if (!cJSON_IsNumber(v))
+        return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be a number", path);
+    double x = v->valuedouble;
+    if (!isfinite(x) || x > hi || (lo_open ? x <= lo : x < lo))
+        return bad(f, err, EV_CODE_OUT_OF_RANGE, "%s: %g is out of range %s%g, %g]", path, x,
+                   lo_open ? "(" : "[", lo, hi);
+    *out = x;
+    return 0;
+}
+
+static int get_integer(const cJSON *v, const char *path, double lo, double hi, double *out,
+                       struct job_fault *f, struct rl_err *err)
+{
+    set_field(f, path);
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an integer", path);
+    double x = v->valuedouble;
+    if (x != floor(x))
+        return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an integer, not %g", path, x);
+    if (x < lo || x > hi)
+        return bad(f, err, EV_CODE_OUT_OF_RANGE, "%s: %.0f is out of range [%.0f, %.0f]", path,
+                   x, lo, hi);
+    *out = x;
+    return 0;
+}
+
+static int get_bool(const cJSON *v, const char *path, bool *out, struct job_fault *f,
+                    struct rl_err *err)
+{
+    set_field(f, path);
+    if (!cJSON_IsBool(v))
+        return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be true or false", path);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+/* A string of min..max bytes. */
+static int get_string(const cJSON *v, const char *path, size_t min, size_t max,
+                      const char **out, struct job_fault *f, struct rl_err *err)
+{
+    set_field(f, path);
+    if (!cJSON_IsString(v) || !v->valuestring)
+        return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be a string", path);
+    size_t n = strlen(v->valuestring);
+    if (n < min || n > max)
+        return bad(f, err, EV_CODE_OUT_OF_RANGE, "%s: length %zu is out of range [%zu, %zu]",
+                   path, n, min, max);
+    *out = v->valuestring;
+    return 0;
+}
+
+/* Rejects a member name seen twice in obj; also checks each name against
+ * allowed (NULL-terminated list) when allowed is non-NULL. */
+static int check_members(const cJSON *obj, const char *path, const char *const *allowed,
+                         struct job_fault *f, struct rl_err *err)
+{
+    char p[JOB_FIELD_MAX];
+    for (const cJSON *a = obj->child; a; a = a->next) {
+        const char *k = a->string ? a->string : "";
+        snprintf(p, sizeof p, "%s%s%s", path, path[0] ? "." : "", k);
+        for (const cJSON *b = obj->child; b != a; b = b->next)
+            if (b->string && !strcmp(b->string, k)) {
+                set_field(f, p);
+                return bad(f, err, EV_CODE_DUPLICATE_FIELD, "%s: appears twice", p);
+            }
+        if (!allowed)
+            continue;
+        int ok = 0;
+        for (int i = 0; allowed[i] && !ok; i++)
+            ok = !strcmp(allowed[i], k);
+        if (!ok) {
+            set_field(f, p);
+            return bad(f, err, EV_CODE_UNKNOWN_FIELD, "%.80s: unknown field", p);
+        }
+    }
+    return 0;
+}
+
+static const cJSON *member(const cJSON *o, const char *k)
+{
+    return cJSON_GetObjectItemCaseSensitive(o, k);
+}
+
+/* A text content part list: [{"type": "text", "text": "..."}]. */
+static int check_content(const cJSON *c, const char *path, bool may_be_null,
+                         struct job_fault *f, struct rl_err *err)
+{
+    char p[JOB_FIELD_MAX];
+    set_field(f, path);
+    if (cJSON_IsString(c))
+        return 0;
+    if (cJSON_IsNull(c) && may_be_null)
+        return 0;
+    if (!cJSON_IsArray(c))
+        return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be a string or an array of text parts%s",
+                   path, may_be_null ? " or null" : "");
+    static const char *const part_keys[] = {"type", "text", NULL};
+    int i = 0;
+    for (const cJSON *part = c->child; part; part = part->next, i++) {
+        subi(p, path, i);
+        set_field(f, p);
+        if (!cJSON_IsObject(part))
+            return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", p);
+        int rc = check_members(part, p, part_keys, f, err);
+        if (rc)
+            return rc;
+        const cJSON *t = member(part, "type");
+        char q[JOB_FIELD_MAX];
+        sub(q, p, ".type");
+        const char *ts;
+        if (!t) {
+            set_field(f, q);
+            return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", q);
+        }
+        if ((rc = get_string(t, q, 0, 64, &ts, f, err)))
+            return rc;
+        if (strcmp(ts, "text"))
+            return bad(f, err, EV_CODE_BAD_VALUE, "%s: \"%.32s\" is not supported (only \"text\")", q, ts);
+        sub(q, p, ".text");
+        const char *txt;
+        if (!member(part, "text")) {
+            set_field(f, q);
+            return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", q);
+        }
+        if ((rc = get_string(member(part, "text"), q, 0, SIZE_MAX, &txt, f, err)))
+            return rc;
+    }
+    return 0;
+}
+
+/* tool_calls on an assistant message: [{"id", "type": "function",
+ * "function": {"name", "arguments"}}]. */
+static int check_tool_calls(const cJSON *tc, const char *path, struct job_fault *f,
+                            struct rl_err *err)
+{
+    static const char *const call_keys[] = {"id", "type", "function", NULL};
+    static const char *const fn_keys[] = {"name", "arguments", NULL};
+    char p[JOB_FIELD_MAX], q[JOB_FIELD_MAX];
+    const char *s;
+    int rc;
+    set_field(f, path);
+    if (!cJSON_IsArray(tc))
+        return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an array", path);
+    int i = 0;
+    for (const cJSON *c = tc->child; c; c = c->next, i++) {
+        subi(p, path, i);
+        set_field(f, p);
+        if (!cJSON_IsObject(c))
+            return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", p);
+        if ((rc = check_members(c, p, call_keys, f, err)))
+            return rc;
+        if (member(c, "id")) {
+            sub(q, p, ".id");
+            if ((rc = get_string(member(c, "id"), q, 0, 256, &s, f, err)))
+                return rc;
+        }
+        if (member(c, "type")) {
+            sub(q, p, ".type");
+            if ((rc = get_string(member(c, "type"), q, 0, 64, &s, f, err)))
+                return rc;
+            if (strcmp(s, "function"))
+                return bad(f, err, EV_CODE_BAD_VALUE, "%s: must be \"function\"", q);
+        }
+        const cJSON *fn = member(c, "function");
+        sub(q, p, ".function");
+        set_field(f, q);
+        if (!fn)
+            return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", q);
+        if (!cJSON_IsObject(fn))
+            return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", q);
+        if ((rc = check_members(fn, q, fn_keys, f, err)))
+            return rc;
+        char r[JOB_FIELD_MAX];
+        sub(r, q, ".name");
+        if (!member(fn, "name")) {
+            set_field(f, r);
+            return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", r);
+        }
+        if ((rc = get_string(member(fn, "name"), r, 1, 256, &s, f, err)))
+            return rc;
+        const cJSON *args = member(fn, "arguments");
+        sub(r, q, ".arguments");
+        set_field(f, r);
+        /* OpenAI sends arguments as a JSON-encoded string; accept an
+         * object too, since that is what a parser of our own output has */
+        if (args && !cJSON_IsString(args) && !cJSON_IsObject(args))
+            return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be a string or an object", r);
+    }
+    return 0;
+}
+
+static int check_messages(const cJSON *m, struct job_fault *f, struct rl_err *err)
+{
+    static const char *const msg_keys[] = {"role", "content", "name", "tool_calls",
+                                           "tool_call_id", "reasoning_content", NULL};
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool", NULL};
+    char p[JOB_FIELD_MAX], q[JOB_FIELD_MAX];
+    const char *s;
+    int rc;
+    set_field(f, "messages");
+    if (!cJSON_IsArray(m))
+        return bad(f, err, EV_CODE_BAD_TYPE, "messages: must be an array of message objects");
+    int n = cJSON_GetArraySize(m);
+    if (n < 1 || n > JOB_MESSAGES_MAX)
+        return bad(f, err, EV_CODE_OUT_OF_RANGE, "messages: %d messages is out of range [1, %d]",
+                   n, JOB_MESSAGES_MAX);
+    int i = 0;
+    for (const cJSON *msg = m->child; msg; msg = msg->next, i++) {
+        snprintf(p, sizeof p, "messages[%d]", i);
+        set_field(f, p);
+        if (!cJSON_IsObject(msg))
+            return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", p);
+        if ((rc = check_members(msg, p, msg_keys, f, err)))
+            return rc;
+        sub(q, p, ".role");
+        if (!member(msg, "role")) {
+            set_field(f, q);
+            return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", q);
+        }
+        if ((rc = get_string(member(msg, "role"), q, 0, 64, &s, f, err)))
+            return rc;
+        int ok = 0;
+        for (int k = 0; roles[k] && !ok; k++)
+            ok = !strcmp(roles[k], s);
+        if (!ok)
+            return bad(f, err, EV_CODE_BAD_VALUE,
+                       "%s: \"%.32s\" is not one of system, developer, user, assistant, tool", q, s);
+        bool assistant = !strcmp(s, "assistant"), tool = !strcmp(s, "tool");
+        const cJSON *tc = member(msg, "tool_calls");
+        sub(q, p, ".content");
+        if (!member(msg, "content") && !(assistant && tc)) {
+            set_field(f, q);
+            return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", q);
+        }
+        if (member(msg, "content") && (rc = check_content(member(msg, "content"), q, assistant, f, err)))
+            return rc;
+        if (member(msg, "name")) {
+            sub(q, p, ".name");
+            if ((rc = get_string(member(msg, "name"), q, 1, 256, &s, f, err)))
+                return rc;
+        }
+        if (tc) {
+            sub(q, p, ".tool_calls");
+            if (!assistant) {
+                set_field(f, q);
+                return bad(f, err, EV_CODE_BAD_VALUE, "%s: only assistant messages carry tool_calls", q);
+            }
+            if ((rc = check_tool_calls(tc, q, f, err)))
+                return rc;
+        }
+        if (member(msg, "tool_call_id")) {
+            sub(q, p, ".tool_call_id");
+            if ((rc = get_string(member(msg, "tool_call_id"), q, 0, 256, &s, f, err)))
+                return rc;
+            if (!tool)
+                return bad(f, err, EV_CODE_BAD_VALUE, "%s: only tool messages carry tool_call_id", q);
+        }
+        if (member(msg, "reasoning_content")) {
+            sub(q, p, ".reasoning_content");
+            if ((rc = get_string(member(msg, "reasoning_content"), q, 0, SIZE_MAX, &s, f, err)))
+                return rc;
+        }
+    }
+    return 0;
+}
+
+static int check_tools(const cJSON *t, struct job_fault *f, struct rl_err *err)
+{
+    static const char *const tool_keys[] = {"type", "function", NULL};
+    static const char *const fn_keys[] = {"name", "description", "parameters", "strict", NULL};
+    char p[JOB_FIELD_MAX], q[JOB_FIELD_MAX];
+    const char *s;
+    int rc;
+    set_field(f, "tools");
+    if (!cJSON_IsArray(t))
+        return bad(f, err, EV_CODE_BAD_TYPE, "tools: must be an array of tool objects");
+    int n = cJSON_GetArraySize(t);
+    if (n > JOB_TOOLS_MAX)
+        return bad(f, err, EV_CODE_OUT_OF_RANGE, "tools: %d tools is out of range [0, %d]", n,
+                   JOB_TOOLS_MAX);
+    int i = 0;
+    for (const cJSON *tool = t->child; tool; tool = tool->next, i++) {
+        snprintf(p, sizeof p, "tools[%d]", i);
+        set_field(f, p);
+        if (!cJSON_IsObject(tool))
+            return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", p);
+        if ((rc = check_members(tool, p, tool_keys, f, err)))
+            return rc;
+        sub(q, p, ".type");
+        if (!member(tool, "type")) {
+            set_field(f, q);
+            return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", q);
+        }
+        if ((rc = get_string(member(tool, "type"), q, 0, 64, &s, f, err)))
+            return rc;
+        if (strcmp(s, "function"))
+            return bad(f, err, EV_CODE_BAD_VALUE, "%s: must be \"function\"", q);
+        const cJSON *fn = member(tool, "function");
+        sub(q, p, ".function");
+        set_field(f, q);
+        if (!fn)
+            return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", q);
+        if (!cJSON_IsObject(fn))
+            return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", q);
+        if ((rc = check_members(fn, q, fn_keys, f, err)))
+            return rc;
+        char r[JOB_FIELD_MAX];
+        sub(r, q, ".name");
+        if (!member(fn, "name")) {
+            set_field(f, r);
+            return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", r);
+        }
+        if ((rc = get_string(member(fn, "name"), r, 1, 64, &s, f, err)))
+            return rc;
+        if (member(fn, "description")) {
+            sub(r, q, ".description");
+            if ((rc = get_string(member(fn, "description"), r, 0, SIZE_MAX, &s, f, err)))
+                return rc;
+        }
+        if (member(fn, "parameters")) {
+            sub(r, q, ".parameters");
+            set_field(f, r);
+            if (!cJSON_IsObject(member(fn, "parameters")))
+                return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object (a JSON Schema)", r);
+        }
+        if (member(fn, "strict")) {
+            sub(r, q, ".strict");
+            bool b;
+            if ((rc = get_bool(member(fn, "strict"), r, &b, f, err)))
+                return rc;
+        }
+    }
+    return 0;
+}
+
+static bool id_char(char c, bool pool)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '_' || c == '-' || (!pool && (c == '.' || c == ':'));
+}
+
+static int random_id(char out[JOB_ID_MAX + 1], struct rl_err *err)
+{
+    uint8_t b[16];
+    size_t got = 0;
+    while (got < sizeof b) {
+        ssize_t n = getrandom(b + got, sizeof b - got, 0);
+        if (n <= 0) {
+            /* no entropy source: time and address still make collisions
+             * between two workers vanishingly unlikely */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (uintptr_t)out;
+            for (; got < sizeof b; got++, x = x * 6364136223846793005ull + 1442695040888963407ull)
+                b[got] = (uint8_t)(x >> 56);
+            break;
+        }
+        got += (size_t)n;
+    }
+    static const char hx[] = "0123456789abcdef";
+    for (int i = 0; i < 16; i++) {
+        out[2 * i] = hx[b[i] >> 4];
+        out[2 * i + 1] = hx[b[i] & 15];
+    }
+    out[32] = 0;
+    (void)err;
+    return 0;
+}
+
+/* The top-level members, in the order job_to_json writes them. */
+enum kind {
+    K_ID, K_POOL, K_MESSAGES, K_TOOLS, K_PROMPT, K_PROMPT_IDS, K_MODE, K_MAX_TOKENS,
+    K_TEMPERATURE, K_TOP_P, K_TOP_K, K_MIN_P, K_PRESENCE, K_FREQUENCY, K_REPETITION,
+    K_SEED, K_STOP, K_IGNORE_EOS, K_MAX_THINKING, K_LOGPROBS, K_PRIORITY, K_DEADLINE,
+    K_CACHE, K_STREAM_TTL, K_METADATA,
+};
+static const struct {
+    const char *name;
+    enum kind kind;
+} top_fields[] = {
+    {"id", K_ID}, {"pool", K_POOL}, {"messages", K_MESSAGES}, {"tools", K_TOOLS},
+    {"prompt", K_PROMPT}, {"prompt_ids", K_PROMPT_IDS}, {"mode", K_MODE},
+    {"max_tokens", K_MAX_TOKENS}, {"temperature", K_TEMPERATURE}, {"top_p", K_TOP_P},
+    {"top_k", K_TOP_K}, {"min_p", K_MIN_P}, {"presence_penalty", K_PRESENCE},
+    {"frequency_penalty", K_FREQUENCY}, {"repetition_penalty", K_REPETITION},
+    {"seed", K_SEED}, {"stop", K_STOP}, {"ignore_eos", K_IGNORE_EOS},
+    {"max_thinking_tokens", K_MAX_THINKING}, {"logprobs", K_LOGPROBS},
+    {"priority", K_PRIORITY}, {"deadline_ms", K_DEADLINE}, {"cache", K_CACHE},
+    {"stream_ttl_s", K_STREAM_TTL}, {"metadata", K_METADATA},
+};
+#define N_TOP ((int)(sizeof top_fields / sizeof top_fields[0]))
+
+static int take_stop(struct job *j, const cJSON *v, struct job_fault *f, struct rl_err *err)
+{
+    const char *one[1];
+    const cJSON *items[JOB_STOP_MAX];
+    int n = 0, rc;
+    char p[JOB_FIELD_MAX];
+    set_field(f, "stop");
+    if (cJSON_IsString(v)) {
+        if ((rc = get_string(v, "stop", 1, JOB_STOP_LEN_MAX, &one[0], f, err)))
+            return rc;
+        items[n++] = v;
+    } else if (cJSON_IsArray(v)) {
+        int sz = cJSON_GetArraySize(v);
+        if (sz > JOB_STOP_MAX)
+            return bad(f, err, EV_CODE_OUT_OF_RANGE, "stop: %d strings is out of range [0, %d]",
+                       sz, JOB_STOP_MAX);
+        for (const cJSON *it = v->child; it; it = it->next, n++) {
+            snprintf(p, sizeof p, "stop[%d]", n);
+            if ((rc = get_string(it, p, 1, JOB_STOP_LEN_MAX, &one[0], f, err)))
+                return rc;
+            items[n] = it;
+        }
+    } else {
+        return bad(f, err, EV_CODE_BAD_TYPE, "stop: must be a string or an array of strings");
+    }
+    j->stop = calloc((size_t)(n ? n : 1), sizeof *j->stop);
+    if (!j->stop)
+        return -RL_ENOMEM;
+    for (int i = 0; i < n; i++) {
+        j->stop[i] = strdup(items[i]->valuestring);
+        if (!j->stop[i])
+            return -RL_ENOMEM;
+        j->n_stop = i + 1;
+    }
+    return 0;
+}
+
+static int take_prompt_ids(struct job *j, const cJSON *v, const struct job_opts *o,
+                           struct job_fault *f, struct rl_err *err)
+{
+    char p[JOB_FIELD_MAX];
+    set_field(f, "prompt_ids");
+    if (!cJSON_IsArray(v))
+        return bad(f, err, EV_CODE_BAD_TYPE, "prompt_ids: must be an array of integers");
+    int n = cJSON_GetArraySize(v);
+    if (n < 1 || n > o->max_prompt_ids)
+        return bad(f, err, EV_CODE_OUT_OF_RANGE, "prompt_ids: %d ids is out of range [1, %d]", n,
+                   o->max_prompt_ids);
+    j->prompt_ids = malloc(sizeof(int32_t) * (size_t)n);
+    if (!j->prompt_ids)
+        return -RL_ENOMEM;
+    int i = 0;
+    for (const cJSON *it = v->child; it; it = it->next, i++) {
+        double x;
+        snprintf(p, sizeof p, "prompt_ids[%d]", i);
+        int rc = get_integer(it, p, 0, INT32_MAX, &x, f, err);
+        if (rc)
+            return rc;
+        j->prompt_ids[i] = (int32_t)x;
+    }
+    j->n_prompt_ids = n;
+    return 0;
+}
+
+/* Takes one top-level member into j. */
+static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opts *o,
+                struct job_fault *f, struct rl_err *err)
+{
+    const char *name = v->string;
+    const char *s;
+    double x;
+    int rc = 0;
+    switch (k) {
+    case K_ID:
+        set_field(f, "id");
+        if (!cJSON_IsString(v))
+            return bad(f, err, EV_CODE_BAD_TYPE, "id: must be a string");
+        s = v->valuestring;
+        if (!s[0] || strlen(s) > JOB_ID_MAX)
+            return bad(f, err, EV_CODE_BAD_ID, "id: length %zu is out of range [1, %d]",
+                       strlen(s), JOB_ID_MAX);
+        for (const char *c = s; *c; c++)
+            if (!id_char(*c, false))
+                return bad(f, err, EV_CODE_BAD_ID,
+                           "id: character %d is not one of [A-Za-z0-9_.:-]", (int)(c - s));
+        memcpy(j->id, s, strlen(s) + 1);
+        j->given |= JOB_F_ID;
+        return 0;
+    case K_POOL:
+        if ((rc = get_string(v, "pool", 1, JOB_POOL_MAX, &s, f, err)))
+            return rc;
+        for (const char *c = s; *c; c++)
+            if (!id_char(*c, true))
+                return bad(f, err, EV_CODE_BAD_VALUE, "pool: \"%.64s\" is not [A-Za-z0-9_-]", s);
+        memcpy(j->pool, s, strlen(s) + 1);
+        j->given |= JOB_F_POOL;
+        return 0;
+    case K_MESSAGES:
+        if ((rc = check_messages(v, f, err)))
+            return rc;
+        if (!(j->messages = cJSON_Duplicate(v, 1)))
+            return -RL_ENOMEM;
+        return 0;
+    case K_TOOLS:
+        if ((rc = check_tools(v, f, err)))
+            return rc;
+        if (!(j->tools = cJSON_Duplicate(v, 1)))
+            return -RL_ENOMEM;
+        j->given |= JOB_F_TOOLS;
+        return 0;
+    case K_PROMPT:
+        if ((rc = get_string(v, "prompt", 1, SIZE_MAX, &s, f, err)))
+            return rc;
+        if (!(j->prompt = strdup(s)))
+            return -RL_ENOMEM;
+        j->prompt_len = strlen(s);
+        return 0;
+    case K_PROMPT_IDS:
+        return take_prompt_ids(j, v, o, f, err);
+    case K_MODE:
+        if ((rc = get_string(v, "mode", 0, 64, &s, f, err)))
+            return rc;
+        if (!strcmp(s, "think"))
+            j->mode = JOB_MODE_THINK;
+        else if (!strcmp(s, "no_think"))
+            j->mode = JOB_MODE_NO_THINK;
+        else
+            return bad(f, err, EV_CODE_BAD_VALUE, "mode: \"%.32s\" is not think or no_think", s);
+        j->given |= JOB_F_MODE;
+        return 0;
+    case K_MAX_TOKENS:
+        if ((rc = get_integer(v, name, 1, o->max_max_tokens, &x, f, err)))
+            return rc;
+        j->max_tokens = (int)x;
+        j->given |= JOB_F_MAX_TOKENS;
+        return 0;
+    case K_TEMPERATURE:
+        rc = get_number(v, name, 0, 2, false, &j->temperature, f, err);
+        j->given |= JOB_F_TEMPERATURE;
+        return rc;
+    case K_TOP_P:
+        rc = get_number(v, name, 0, 1, true, &j->top_p, f, err);
+        j->given |= JOB_F_TOP_P;
+        return rc;
+    case K_TOP_K:
+        if ((rc = get_integer(v, name, 0, 1000000, &x, f, err)))
+            return rc;
+        j->top_k = (int)x;
+        j->given |= JOB_F_TOP_K;
+        return 0;
+    case K_MIN_P:
+        rc = get_number(v, name, 0, 1, false, &j->min_p, f, err);
+        j->given |= JOB_F_MIN_P;
+        return rc;
+    case K_PRESENCE:
+        rc = get_number(v, name, -2, 2, false, &j->presence_penalty, f, err);
+        j->given |= JOB_F_PRESENCE;
+        return rc;
+    case K_FREQUENCY:
+        rc = get_number(v, name, -2, 2, false, &j->frequency_penalty, f, err);
+        j->given |= JOB_F_FREQUENCY;
+        return rc;
+    case K_REPETITION:
+        rc = get_number(v, name, 0, 2, true, &j->repetition_penalty, f, err);
+        j->given |= JOB_F_REPETITION;
+        return rc;
+    case K_SEED:
+        if ((rc = get_integer(v, name, 0, MAX_SAFE_INT, &x, f, err)))
+            return rc;
+        j->seed = (uint64_t)x;
+        j->has_seed = true;
+        j->given |= JOB_F_SEED;
+        return 0;
+    case K_STOP:
+        j->given |= JOB_F_STOP;
+        return take_stop(j, v, f, err);
+    case K_IGNORE_EOS:
+        j->given |= JOB_F_IGNORE_EOS;
+        return get_bool(v, name, &j->ignore_eos, f, err);
+    case K_MAX_THINKING:
+        if ((rc = get_integer(v, name, 0, o->max_max_tokens, &x, f, err)))
+            return rc;
+        j->max_thinking_tokens = (int)x;
+        j->given |= JOB_F_MAX_THINKING;
+        return 0;
+    case K_LOGPROBS:
+        set_field(f, "logprobs");
+        j->given |= JOB_F_LOGPROBS;
+        if (cJSON_IsBool(v)) {
+            j->logprobs = cJSON_IsTrue(v) ? 0 : -1;
+            return 0;
+        }
+        if (!cJSON_IsNumber(v))
+            return bad(f, err, EV_CODE_BAD_TYPE, "logprobs: must be true, false or an integer");
+        if ((rc = get_integer(v, name, 0, JOB_LOGPROBS_MAX, &x, f, err)))
+            return rc;
+        j->logprobs = (int)x;
+        return 0;
+    case K_PRIORITY:
+        if ((rc = get_integer(v, name, -1000, 1000, &x, f, err)))
+            return rc;
+        j->priority = (int)x;
+        j->given |= JOB_F_PRIORITY;
+        return 0;
+    case K_DEADLINE:
+        if ((rc = get_integer(v, name, 0, MAX_SAFE_INT, &x, f, err)))
+            return rc;
+        j->deadline_ms = (int64_t)x;
+        j->given |= JOB_F_DEADLINE;
+        return 0;
+    case K_CACHE:
+        j->given |= JOB_F_CACHE;
+        return get_bool(v, name, &j->cache, f, err);
+    case K_STREAM_TTL:
+        if ((rc = get_integer(v, name, 1, o->max_stream_ttl_s, &x, f, err)))
+            return rc;
+        j->stream_ttl_s = (int)x;
+        j->given |= JOB_F_STREAM_TTL;
+        return 0;
+    case K_METADATA:
+        set_field(f, "metadata");
+        if (!cJSON_IsObject(v))
+            return bad(f, err, EV_CODE_BAD_TYPE, "metadata: must be an object");
+        if (!(j->metadata = cJSON_Duplicate(v, 1)))
+            return -RL_ENOMEM;
+        j->given |= JOB_F_METADATA;
+        return 0;
+    }
+    return rl_errf(err, RL_EINTERNAL, "job: unhandled field kind %d", (int)k);
+}
+
+static void defaults(struct job *j, const struct job_opts *o)
+{
+    j->max_tokens = o->default_max_tokens;
+    j->temperature = 1.0;
+    j->top_p = 1.0;
+    j->top_k = 0;
+    j->min_p = 0.0;
+    j->repetition_penalty = 1.0;
+    j->max_thinking_tokens = -1;
+    j->logprobs = -1;
+    j->cache = true;
+    j->stream_ttl_s = o->default_stream_ttl_s;
+}
+
+void job_free(struct job *j)
+{
+    if (!j)
+        return;
+    cJSON_Delete(j->messages);
+    cJSON_Delete(j->tools);
+    cJSON_Delete(j->metadata);
+    free(j->prompt);
+    free(j->prompt_ids);
+    for (int i = 0; i < j->n_stop; i++)
+        free(j->stop[i]);
+    free(j->stop);
+    free(j);
+}
+
+int job_parse(const char *text, size_t len, const struct job_opts *opts, struct job **out,
+              struct job_fault *fault, struct rl_err *err)
+{
+    struct job_opts dflt;
+    struct job_fault fdummy;
+    if (!opts) {
+        job_opts_default(&dflt);
+        opts = &dflt;
+    }
+    if (!fault)
+        fault = &fdummy;
+    memset(fault, 0, sizeof *fault);
+    *out = NULL;
+    if (!text)
+        return bad(fault, err, EV_CODE_BAD_ENTRY, "job: the entry has no job field");
+    if (len > opts->max_job_bytes)
+        return bad(fault, err, EV_CODE_JOB_TOO_LARGE, "job: %zu bytes is over the limit of %zu",
+                   len, opts->max_job_bytes);
+    size_t badpos = utf8_check((const unsigned char *)text, len);
+    if (badpos != len)
+        return bad(fault, err, EV_CODE_BAD_UTF8, "job: invalid UTF-8 at byte %zu", badpos);
+
+    badpos = json_lex_check(text, len);
+    if (badpos != len)
+        return bad(fault, err, EV_CODE_INVALID_JSON, "job: not valid JSON (at byte %zu of %zu)",
+                   badpos, len);
+
+    /* cJSON wants a NUL-terminated buffer to reject trailing garbage */
+    char *buf = malloc(len + 1);
+    struct job *j = NULL;
+    cJSON *root = NULL;
+    int rc = 0;
+    if (!buf)
+        goto oom;
+    memcpy(buf, text, len);
+    buf[len] = 0;
+    const char *end = NULL;
+    root = cJSON_ParseWithOpts(buf, &end, 1);
+    if (!root) {
+        size_t at = end && end >= buf ? (size_t)(end - buf) : 0;
+        rc = bad(fault, err, EV_CODE_INVALID_JSON, "job: not valid JSON (at byte %zu of %zu)",
+                 at, len);
+        goto done;
+    }
+    if (!cJSON_IsObject(root)) {
+        rc = bad(fault, err, EV_CODE_NOT_OBJECT, "job: must be a JSON object");
+        goto done;
+    }
+    if ((rc = check_members(root, "", NULL, fault, err)))
+        goto done;
+
+    if (!(j = calloc(1, sizeof *j)))
+        goto oom;
+    defaults(j, opts);
+    for (const cJSON *v = root->child; v; v = v->next) {
+        int k = 0;
+        while (k < N_TOP && strcmp(top_fields[k].name, v->string))
+            k++;
+        if (k == N_TOP) {
+            set_field(fault, v->string);
+            rc = bad(fault, err, EV_CODE_UNKNOWN_FIELD, "%.80s: unknown field", v->string);
+            goto done;
+        }
+        if ((rc = take(j, top_fields[k].kind, v, opts, fault, err))) {
+            if (rc == -RL_ENOMEM)
+                goto oom;
+            goto done;
+        }
+    }
+    memset(fault, 0, sizeof *fault);
+
+    int n_inputs = !!j->messages + !!j->prompt + !!j->prompt_ids;
+    if (n_inputs == 0) {
+        rc = bad(fault, err, EV_CODE_MISSING_PROMPT,
+                 "job: one of messages, prompt or prompt_ids is required");
+        goto done;
+    }
+    if (n_inputs > 1) {
+        rc = bad(fault, err, EV_CODE_CONFLICTING_PROMPT,
+                 "job: give only one of messages, prompt and prompt_ids");
+        goto done;
+    }
+    if (j->tools && !j->messages) {
+        set_field(fault, "tools");
+        rc = bad(fault, err, EV_CODE_CONFLICTING_PROMPT, "tools: only allowed with messages");
+        goto done;
+    }
+    j->input = j->messages ? JOB_INPUT_MESSAGES : j->prompt ? JOB_INPUT_PROMPT : JOB_INPUT_IDS;
+    if (!(j->given & JOB_F_ID)) {
+        const char *fb = opts->fallback_id;
+        if (fb && fb[0] && strlen(fb) <= JOB_ID_MAX)
+            memcpy(j->id, fb, strlen(fb) + 1);
+        else
+            random_id(j->id, err);
+        j->id_generated = true;
+    }
+    *out = j;
+    j = NULL;
+    goto done;
+oom:
+    fault->code = EV_CODE_INTERNAL;
+    rc = rl_errf(err, RL_ENOMEM, "job: out of memory");
+done:
+    job_free(j);
+    cJSON_Delete(root);
+    free(buf);
+    return rc;
+}
+
+int job_check_pool(const struct job *j, const char *stream_pool, const char *const *pools,
+                   int n_pools, struct job_fault *fault, struct rl_err *err)
+{
+    struct job_fault fd;
+    if (!fault)
+        fault = &fd;
+    memset(fault, 0, sizeof *fault);
+    const char *want = j->pool[0] ? j->pool : stream_pool;
+    if (j->pool[0] && stream_pool && strcmp(j->pool, stream_pool)) {
+        set_field(fault, "pool");
+        return bad(fault, err, EV_CODE_UNKNOWN_POOL,
+                   "pool: job names \"%s\" but was queued on \"%s\"", j->pool, stream_pool);
+    }
+    for (int i = 0; want && i < n_pools; i++)
+        if (!strcmp(pools[i], want))
+            return 0;
+    set_field(fault, j->pool[0] ? "pool" : "");
+    return bad(fault, err, EV_CODE_UNKNOWN_POOL, "pool: \"%.64s\" is not a configured pool",
+               want ? want : "");
+}
+
+enum job_mode job_mode_on(const struct job *j, const char *pool)
+{
+    if (j->mode != JOB_MODE_POOL)
+        return j->mode;
+    return pool && !strcmp(pool, "think") ? JOB_MODE_THINK : JOB_MODE_NO_THINK;
+}
+
+bool job_is_deterministic(const struct job *j)
+{
+    return j->temperature == 0.0 || j->top_k == 1 || j->has_seed;
+}
+
+/* cJSON prints numbers with 15 significant digits and accepts the result
+ * if it is merely close, so 2^53-1 comes back as 9.00719925474099e+15 and
+ * 0.1 + 2^-55 as 0.1. We write numbers ourselves: integers exactly, doubles
+ * with the fewest digits that read back to the very same double. */
+static cJSON *num_exact(double x)
+{
+    char buf[40];
+    if (x == floor(x) && fabs(x) <= MAX_SAFE_INT) {
+        snprintf(buf, sizeof buf, "%.0f", x);
+    } else {
+        for (int prec = 15; prec <= 17; prec++) {
+            snprintf(buf, sizeof buf, "%.*g", prec, x);
+            if (strtod(buf, NULL) == x)
+                break;
+        }
+    }
+    return cJSON_CreateRaw(buf);
+}
+
+static bool add_num(cJSON *o, const char *k, double x)
+{
+    cJSON *n = num_exact(x);
+    return n && cJSON_AddItemToObject(o, k, n);
+}
+
+int job_to_json(const struct job *j, char **out, struct rl_err *err)
+{
+    *out = NULL;
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        goto oom;
+#define ADD(x) do { if (!(x)) goto oom; } while (0)
+    ADD(cJSON_AddStringToObject(o, "id", j->id));
+    if (j->given & JOB_F_POOL)
+        ADD(cJSON_AddStringToObject(o, "pool", j->pool));
+    if (j->messages) {
+        cJSON *m = cJSON_Duplicate(j->messages, 1);
+        ADD(m && cJSON_AddItemToObject(o, "messages", m));
+    }
+    if (j->tools) {
+        cJSON *t = cJSON_Duplicate(j->tools, 1);
+        ADD(t && cJSON_AddItemToObject(o, "tools", t));
+    }
+    if (j->prompt)
+        ADD(cJSON_AddStringToObject(o, "prompt", j->prompt));
+    if (j->prompt_ids) {
+        cJSON *a = cJSON_AddArrayToObject(o, "prompt_ids");
+        ADD(a);
+        for (int i = 0; i < j->n_prompt_ids; i++)
+            ADD(cJSON_AddItemToArray(a, num_exact(j->prompt_ids[i])));
+    }
+    if (j->given & JOB_F_MODE)
+        ADD(cJSON_AddStringToObject(o, "mode", j->mode == JOB_MODE_THINK ? "think" : "no_think"));
+    if (j->given & JOB_F_MAX_TOKENS)
+        ADD(add_num(o, "max_tokens", j->max_tokens));
+    if (j->given & JOB_F_TEMPERATURE)
+        ADD(add_num(o, "temperature", j->temperature));
+    if (j->given & JOB_F_TOP_P)
+        ADD(add_num(o, "top_p", j->top_p));
+    if (j->given & JOB_F_TOP_K)
+        ADD(add_num(o, "top_k", j->top_k));
+    if (j->given & JOB_F_MIN_P)
+        ADD(add_num(o, "min_p", j->min_p));
+    if (j->given & JOB_F_PRESENCE)
+        ADD(add_num(o, "presence_penalty", j->presence_penalty));
+    if (j->given & JOB_F_FREQUENCY)
+        ADD(add_num(o, "frequency_penalty", j->frequency_penalty));
+    if (j->given & JOB_F_REPETITION)
+        ADD(add_num(o, "repetition_penalty", j->repetition_penalty));
+    if (j->has_seed)
+        ADD(add_num(o, "seed", (double)j->seed));
+    if (j->given & JOB_F_STOP) {
+        cJSON *a = cJSON_AddArrayToObject(o, "stop");
+        ADD(a);
+        for (int i = 0; i < j->n_stop; i++)
+            ADD(cJSON_AddItemToArray(a, cJSON_CreateString(j->stop[i])));
+    }
+    if (j->given & JOB_F_IGNORE_EOS)
+        ADD(cJSON_AddBoolToObject(o, "ignore_eos", j->ignore_eos));
+    if (j->given & JOB_F_MAX_THINKING)
+        ADD(add_num(o, "max_thinking_tokens", j->max_thinking_tokens));
+    if (j->given & JOB_F_LOGPROBS) {
+        if (j->logprobs < 0)
+            ADD(cJSON_AddFalseToObject(o, "logprobs"));
+        else
+            ADD(add_num(o, "logprobs", j->logprobs));
+    }
+    if (j->given & JOB_F_PRIORITY)
+        ADD(add_num(o, "priority", j->priority));
+    if (j->given & JOB_F_DEADLINE)
+        ADD(add_num(o, "deadline_ms", (double)j->deadline_ms));
+    if (j->given & JOB_F_CACHE)
+        ADD(cJSON_AddBoolToObject(o, "cache", j->cache));
+    if (j->given & JOB_F_STREAM_TTL)
+        ADD(add_num(o, "stream_ttl_s", j->stream_ttl_s));
+    if (j->metadata) {
+        cJSON *m = cJSON_Duplicate(j->metadata, 1);
+        ADD(m && cJSON_AddItemToObject(o, "metadata", m));
+    }
+#undef ADD
+    *out = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!*out)
+        return rl_errf(err, RL_ENOMEM, "job_to_json: out of memory");
+    return 0;
+oom:
+    cJSON_Delete(o);
+    return rl_errf(err, RL_ENOMEM, "job_to_json: out of memory");
+}
+
+/* Little-endian, fixed-width encoders for the cache-key preimage. */
+static void put_u64(struct sha256_ctx *c, uint64_t v)
+{
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+    sha256_update(c, b, 8);
+}
+
+static void put_f64(struct sha256_ctx *c, double x)
+{
+    uint64_t u;
+    if (x == 0.0)
+        x = 0.0; /* -0.0 and 0.0 sample the same */
+    memcpy(&u, &x, sizeof u);
+    put_u64(c, u);
+}
+
+static void put_str(struct sha256_ctx *c, const char *s, size_t n)
+{
+    put_u64(c, n);
+    sha256_update(c, s, n);
+}
+
+int job_cache_key(const struct job *j, const char *model_id, const int32_t *ids, int n_ids,
+                  char out[JOB_CACHE_KEY_LEN + 1], struct rl_err *err)
+{
+    if (!j || !model_id || !model_id[0] || n_ids < 0 || (n_ids && !ids))
+        return rl_errf(err, RL_EINVAL, "job_cache_key: need a model id and the prompt ids");
+    struct sha256_ctx c;
+    sha256_init(&c);
+    /* bump the version whenever the encoding or the field list changes,
+     * so old entries simply stop matching */
+    static const char tag[] = "redlm-cache-v1";
+    sha256_update(&c, tag, sizeof tag);
+    put_str(&c, model_id, strlen(model_id));
+    put_u64(&c, (uint64_t)n_ids);
+    for (int i = 0; i < n_ids; i++) {
+        uint8_t b[4];
+        uint32_t v = (uint32_t)ids[i];
+        for (int k = 0; k < 4; k++)
+            b[k] = (uint8_t)(v >> (8 * k));
+        sha256_update(&c, b, 4);
+    }
+    put_u64(&c, (uint64_t)j->max_tokens);
+    put_f64(&c, j->temperature);
+    put_f64(&c, j->top_p);
+    put_u64(&c, (uint64_t)(int64_t)j->top_k);
+    put_f64(&c, j->min_p);
+    put_f64(&c, j->presence_penalty);
+    put_f64(&c, j->frequency_penalty);
+    put_f64(&c, j->repetition_penalty);
+    put_u64(&c, j->has_seed ? 1 : 0);
+    put_u64(&c, j->has_seed ? j->seed : 0);
+    put_u64(&c, (uint64_t)j->n_stop);
+    for (int i = 0; i < j->n_stop; i++)
+        put_str(&c, j->stop[i], strlen(j->stop[i]));
+    put_u64(&c, j->ignore_eos ? 1 : 0);
+    put_u64(&c, (uint64_t)(int64_t)j->max_thinking_tokens);
+    put_u64(&c, (uint64_t)(int64_t)j->logprobs);
+    uint8_t d[SHA256_DIGEST_LEN];
+    sha256_final(&c, d);
+    sha256_to_hex(d, out);
+    return 0;
+}

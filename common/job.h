@@ -1,0 +1,163 @@
+/* common/job.h - a job as the protocol defines it (schemas/job.schema.json):
+ * parse and validate the `job` field of a redlm:jobs:<pool> entry, write it
+ * back, and compute its result-cache key.
+ *
+ * Validation is complete before anything is returned: a job either parses
+ * into a struct job whose every field is within bounds, or fails with one
+ * stable protocol code (enum ev_code, common/event.h) and the path of the
+ * field at fault ("temperature", "messages[2].role", "stop[1]"), which the
+ * worker copies into an error event and a dead letter. */
+#ifndef RL_JOB_H
+#define RL_JOB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "event.h"
+#include "sha256.h"
+
+struct cJSON;
+
+#define JOB_ID_MAX 128        /* characters of [A-Za-z0-9_.:-] */
+#define JOB_POOL_MAX 64       /* characters of [A-Za-z0-9_-] */
+#define JOB_STOP_MAX 16       /* stop strings per job */
+#define JOB_STOP_LEN_MAX 256  /* bytes per stop string */
+#define JOB_LOGPROBS_MAX 20   /* top alternatives per token */
+#define JOB_MAX_TOKENS_MAX (1 << 20)
+#define JOB_MESSAGES_MAX 4096
+#define JOB_TOOLS_MAX 256
+#define JOB_CACHE_KEY_LEN SHA256_HEX_LEN
+
+enum job_input {
+    JOB_INPUT_MESSAGES = 1, /* messages (+ tools): rendered by the chat template */
+    JOB_INPUT_PROMPT,       /* raw text, tokenized as is */
+    JOB_INPUT_IDS,          /* token ids, used as is */
+};
+
+enum job_mode {
+    JOB_MODE_POOL = 0, /* not given: the pool's own (think on "think", else no_think) */
+    JOB_MODE_THINK,
+    JOB_MODE_NO_THINK,
+};
+
+/* Bits of struct job.given: which optional fields the job spelt out, so a
+ * worker can tell "temperature absent" (apply the model's default) from
+ * "temperature: 1.0", and job_to_json writes back only what was given. */
+enum job_field_bit {
+    JOB_F_ID = 1u << 0, JOB_F_MODE = 1u << 1, JOB_F_MAX_TOKENS = 1u << 2,
+    JOB_F_TEMPERATURE = 1u << 3, JOB_F_TOP_P = 1u << 4, JOB_F_TOP_K = 1u << 5,
+    JOB_F_MIN_P = 1u << 6, JOB_F_PRESENCE = 1u << 7, JOB_F_FREQUENCY = 1u << 8,
+    JOB_F_REPETITION = 1u << 9, JOB_F_SEED = 1u << 10, JOB_F_STOP = 1u << 11,
+    JOB_F_IGNORE_EOS = 1u << 12, JOB_F_MAX_THINKING = 1u << 13,
+    JOB_F_LOGPROBS = 1u << 14, JOB_F_PRIORITY = 1u << 15, JOB_F_DEADLINE = 1u << 16,
+    JOB_F_CACHE = 1u << 17, JOB_F_STREAM_TTL = 1u << 18, JOB_F_METADATA = 1u << 19,
+    JOB_F_POOL = 1u << 20, JOB_F_TOOLS = 1u << 21,
+};
+
+/* A validated job. Owned by whoever called job_parse; job_free releases it
+ * and everything it points to. Defaults are filled in for absent fields. */
+struct job {
+    char id[JOB_ID_MAX + 1];  /* client-chosen, or generated (id_generated) */
+    bool id_generated;
+    char pool[JOB_POOL_MAX + 1]; /* optional routing hint for the dispatcher; "" if absent */
+    unsigned given;           /* enum job_field_bit mask */
+
+    enum job_input input;
+    struct cJSON *messages;   /* JOB_INPUT_MESSAGES: validated array, owned */
+    struct cJSON *tools;      /* array or NULL; only with messages; owned */
+    char *prompt;             /* JOB_INPUT_PROMPT: NUL-terminated UTF-8, owned */
+    size_t prompt_len;        /* bytes, without the NUL */
+    int32_t *prompt_ids;      /* JOB_INPUT_IDS: (n_prompt_ids), owned */
+    int n_prompt_ids;
+
+    enum job_mode mode;
+    int max_tokens;           /* 1..JOB_MAX_TOKENS_MAX; default from job_opts */
+    double temperature;       /* 0..2; 0 = greedy. default 1 */
+    double top_p;             /* (0, 1]; default 1 */
+    int top_k;                /* 0 (off) .. 1e6; default 0 */
+    double min_p;             /* [0, 1]; default 0 */
+    double presence_penalty;  /* [-2, 2]; default 0 */
+    double frequency_penalty; /* [-2, 2]; default 0 */
+    double repetition_penalty;/* (0, 2]; default 1 */
+    bool has_seed;
+    uint64_t seed;            /* 0 .. 2^53-1 (exact in JSON) when has_seed */
+    char **stop;              /* (n_stop) NUL-terminated UTF-8, owned */
+    int n_stop;
+    bool ignore_eos;          /* default false */
+    int max_thinking_tokens;  /* -1 = no limit but max_tokens; else 0..max */
+    int logprobs;             /* -1 off; else chosen token + this many top alternatives */
+    int priority;             /* -1000..1000, higher first; default 0 */
+    int64_t deadline_ms;      /* Unix time in ms after which the job ends; 0 = none */
+    bool cache;               /* may use / fill the result cache; default true */
+    int stream_ttl_s;         /* redlm:out:<id> expires this long after done */
+    struct cJSON *metadata;   /* object or NULL, passed through untouched; owned */
+};
+
+/* What the parser needs from its caller: limits from the config, and the
+ * id to give a job that has none. */
+struct job_opts {
+    size_t max_job_bytes;     /* JOB_TOO_LARGE above this */
+    int default_max_tokens;
+    int max_max_tokens;       /* OUT_OF_RANGE above this (<= JOB_MAX_TOKENS_MAX) */
+    int default_stream_ttl_s;
+    int max_stream_ttl_s;
+    int max_prompt_ids;
+    /* id for a job without one: the dispatcher passes "r" + the
+     * redlm:requests entry ID, which the client got back from its XADD and
+     * so can find redlm:out:<id>. NULL: 32 random hex digits. */
+    const char *fallback_id;
+};
+
+/* The defaults the config table also documents. */
+void job_opts_default(struct job_opts *o);
+
+/* Why a job was refused: the protocol code and the field path ("" when
+ * the job as a whole is at fault). The sentence is in struct rl_err. */
+#define JOB_FIELD_MAX 96
+struct job_fault {
+    enum ev_code code;
+    char field[JOB_FIELD_MAX];
+};
+
+/* Parses and validates one job. text need not be NUL-terminated. On
+ * success returns 0 and *out is a new job (job_free). On a bad job returns
+ * -RL_EINVAL, fills *fault (code + field) and err (a sentence naming the
+ * field: "temperature: 2.5 is out of range [0, 2]"); *out stays NULL.
+ * -RL_ENOMEM is the only other failure (fault->code = EV_CODE_INTERNAL). */
+int job_parse(const char *text, size_t len, const struct job_opts *opts, struct job **out,
+              struct job_fault *fault, struct rl_err *err);
+
+void job_free(struct job *j);
+
+/* Checks the pool the job is meant for: the stream's pool must be in
+ * pools (n_pools entries), and a job that names a pool must name that one.
+ * Returns 0, or -RL_EINVAL with fault UNKNOWN_POOL. */
+int job_check_pool(const struct job *j, const char *stream_pool, const char *const *pools,
+                   int n_pools, struct job_fault *fault, struct rl_err *err);
+
+/* The effective mode on pool (JOB_MODE_THINK or JOB_MODE_NO_THINK). */
+enum job_mode job_mode_on(const struct job *j, const char *pool);
+
+/* Writes the job back as compact JSON: id always (so a generated id
+ * survives re-dispatch), the prompt, and every field that was given.
+ * job_parse(job_to_json(j)) yields an equal job. *out is malloc'd. */
+int job_to_json(const struct job *j, char **out, struct rl_err *err);
+
+/* Greedy (temperature 0 or top_k 1) or seeded: the same prompt gives the
+ * same tokens, so the result may be cached. */
+bool job_is_deterministic(const struct job *j);
+
+/* The result-cache key: lower-case hex SHA-256 over a versioned, length-
+ * prefixed binary encoding of model_id (whatever identifies the weights and
+ * tokenizer, e.g. a hash of config.json + file sizes), the rendered prompt
+ * ids (after the chat template, so mode and tools are inside them), and
+ * every parameter that changes the output: max_tokens, temperature, top_p,
+ * top_k, min_p, the three penalties, seed (or its absence), stop, ignore_eos,
+ * max_thinking_tokens, logprobs. Not: id, priority, deadline, cache,
+ * stream_ttl_s, metadata. Returns 0 or -RL_EINVAL. */
+int job_cache_key(const struct job *j, const char *model_id, const int32_t *ids, int n_ids,
+                  char out[JOB_CACHE_KEY_LEN + 1], struct rl_err *err);
+
+#endif

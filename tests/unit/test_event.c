@@ -1,0 +1,297 @@
+/* tests/unit/test_event.c - event and dead-letter JSON, the code table.
+ *
+ * The events built here are compared with schemas/examples/events.json and
+ * dead-letters.json, which tests/integration/test_schemas.py validates
+ * against the schemas: so what the C code writes is what the schemas allow.
+ * REDLM_WRITE_EXAMPLES=1 rewrites the two files from this code instead.
+ * Run from the repository root (tests/run_tests.sh does). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <cjson/cJSON.h>
+
+#include "event.h"
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
+        free(s);
+        s = NULL;
+    }
+    if (s)
+        s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+/* One request's events: two deltas, an error, and a done; then a second
+ * request with logprobs and tool calls. */
+static int build_events(char **out, int max)
+{
+    int n = 0;
+    struct ev_seq seq;
+    ev_seq_init(&seq);
+    const int32_t ids1[] = {151667, 8420}, ids2[] = {785, 6722, 315};
+    struct ev_delta d1 = {.reasoning_content = "Let me think", .reasoning_len = 12,
+                          .token_ids = ids1, .n_token_ids = 2};
+    struct ev_delta d2 = {.content = "The \"answer\"\n\xc3\xa9\xf0\x9f\x98\x80", .content_len = 19,
+                          .token_ids = ids2, .n_token_ids = 3};
+    assert_int_equal(ev_build_delta(ev_seq_take(&seq), &d1, &out[n++], NULL), 0);
+    assert_int_equal(ev_build_delta(ev_seq_take(&seq), &d2, &out[n++], NULL), 0);
+    cJSON *meta = cJSON_Parse("{\"user\":\"u-17\",\"trace\":{\"span\":\"ab12\"}}");
+    struct ev_done done = {.finish_reason = EV_FINISH_STOP, .prompt_tokens = 12,
+                           .completion_tokens = 5, .reasoning_tokens = 2,
+                           .cached_prompt_tokens = 8, .cached = false, .queue_ms = 3,
+                           .ttft_ms = 41, .total_ms = 97, .metadata = meta};
+    assert_int_equal(ev_build_done(ev_seq_take(&seq), &done, &out[n++], NULL), 0);
+
+    /* a job rejected before it ran: error at seq 0, then done "error" */
+    ev_seq_init(&seq);
+    assert_int_equal(ev_build_error(ev_seq_take(&seq), EV_CODE_OUT_OF_RANGE,
+                                    "temperature: 2.5 is out of range [0, 2]", &out[n++], NULL), 0);
+    struct ev_done derr = {.finish_reason = EV_FINISH_ERROR};
+    assert_int_equal(ev_build_done(ev_seq_take(&seq), &derr, &out[n++], NULL), 0);
+
+    /* logprobs, a tool call, cached replay */
+    ev_seq_init(&seq);
+    const int32_t one[] = {17}, top_ids[] = {17, 18};
+    const float top_lp[] = {-0.25f, -1.5f};
+    struct ev_logprob lp = {.token_id = 17, .logprob = -0.25f, .n_top = 2, .top_ids = top_ids,
+                            .top_logprobs = top_lp};
+    struct ev_delta d3 = {.content = "4", .content_len = 1, .token_ids = one, .n_token_ids = 1,
+                          .logprobs = &lp};
+    assert_int_equal(ev_build_delta(ev_seq_take(&seq), &d3, &out[n++], NULL), 0);
+    cJSON *tc = cJSON_Parse("[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"add\","
+                            "\"arguments\":\"{\\\"a\\\":2,\\\"b\\\":2}\"}}]");
+    struct ev_done d4 = {.finish_reason = EV_FINISH_LENGTH, .prompt_tokens = 40,
+                         .completion_tokens = 1, .cached = true, .tool_calls = tc};
+    assert_int_equal(ev_build_done(ev_seq_take(&seq), &d4, &out[n++], NULL), 0);
+    const char *fins[] = {"cancelled", "deadline"};
+    for (int i = 0; i < 2; i++) {
+        struct ev_done dc = {.finish_reason = i ? EV_FINISH_DEADLINE : EV_FINISH_CANCELLED,
+                             .prompt_tokens = 3};
+        assert_int_equal(ev_build_done(0, &dc, &out[n], NULL), 0);
+        assert_non_null(strstr(out[n++], fins[i]));
+    }
+    cJSON_Delete(meta);
+    cJSON_Delete(tc);
+    assert_true(n <= max);
+    return n;
+}
+
+static int build_dead(char **out)
+{
+    int n = 0;
+    struct ev_dead a = {.job_raw = "{\"prompt\":\"x\",\"temprature\":1}", .job_raw_len = 30,
+                        .job_id = "", .pool = "fast", .entry_id = "1700000000000-0",
+                        .code = EV_CODE_UNKNOWN_FIELD, .message = "temprature: unknown field",
+                        .worker = "gpu0", .deliveries = 1, .time_ms = 1700000000123};
+    assert_int_equal(ev_build_dead(&a, &out[n++], NULL), 0);
+    struct ev_dead b = {.job_raw = "{\"id\":\"j9\",\"prompt\":\"x\"}", .job_raw_len = 25,
+                        .job_id = "j9", .pool = "think", .entry_id = "1700000000001-4",
+                        .code = EV_CODE_TOO_MANY_DELIVERIES, .worker = "gpu1",
+                        .deliveries = 4, .time_ms = 1700000009999};
+    assert_int_equal(ev_build_dead(&b, &out[n++], NULL), 0);
+    struct ev_dead c = {.job_raw = NULL, .pool = "fast", .entry_id = "1-1",
+                        .code = EV_CODE_BAD_ENTRY, .worker = "dispatcher", .time_ms = 1};
+    assert_int_equal(ev_build_dead(&c, &out[n++], NULL), 0);
+    return n;
+}
+
+/* Compares built strings with a file holding a JSON array of the same
+ * documents, one per line; or writes the file. */
+static void check_file(const char *path, char **docs, int n)
+{
+    if (getenv("REDLM_WRITE_EXAMPLES")) {
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fprintf(f, "[\n");
+        for (int i = 0; i < n; i++)
+            fprintf(f, "  %s%s\n", docs[i], i + 1 < n ? "," : "");
+        fprintf(f, "]\n");
+        fclose(f);
+        return;
+    }
+    char *text = slurp(path);
+    if (!text)
+        fail_msg("%s: cannot read (run from the repository root)", path);
+    cJSON *arr = cJSON_Parse(text);
+    assert_true(cJSON_IsArray(arr));
+    assert_int_equal(cJSON_GetArraySize(arr), n);
+    for (int i = 0; i < n; i++) {
+        char *want = cJSON_PrintUnformatted(cJSON_GetArrayItem(arr, i));
+        if (strcmp(want, docs[i]))
+            fail_msg("%s[%d]:\n  file %s\n  code %s", path, i, want, docs[i]);
+        free(want);
+    }
+    cJSON_Delete(arr);
+    free(text);
+}
+
+static void test_events_match_examples(void **state)
+{
+    (void)state;
+    char *ev[16];
+    int n = build_events(ev, 16);
+    check_file("schemas/examples/events.json", ev, n);
+    char *dead[4];
+    int m = build_dead(dead);
+    check_file("schemas/examples/dead-letters.json", dead, m);
+    for (int i = 0; i < n; i++)
+        free(ev[i]);
+    for (int i = 0; i < m; i++)
+        free(dead[i]);
+}
+
+static void test_exact_shapes(void **state)
+{
+    (void)state;
+    char *s = NULL;
+    const int32_t ids[] = {1};
+    struct ev_delta d = {.content = "hi", .content_len = 2, .token_ids = ids, .n_token_ids = 1};
+    assert_int_equal(ev_build_delta(7, &d, &s, NULL), 0);
+    assert_string_equal(s, "{\"seq\":7,\"type\":\"delta\",\"delta\":{\"content\":\"hi\"},\"token_ids\":[1]}");
+    free(s);
+    assert_int_equal(ev_build_error(0, EV_CODE_UNKNOWN_POOL, NULL, &s, NULL), 0);
+    assert_string_equal(s, "{\"seq\":0,\"type\":\"error\",\"code\":\"UNKNOWN_POOL\",\"message\":\"the job "
+                           "names a pool that no worker is configured to serve\"}");
+    free(s);
+    struct ev_done dn = {.finish_reason = EV_FINISH_STOP, .total_ms = 1700000000123};
+    assert_int_equal(ev_build_done(3, &dn, &s, NULL), 0);
+    assert_string_equal(s, "{\"seq\":3,\"type\":\"done\",\"finish_reason\":\"stop\",\"usage\":{"
+                           "\"prompt_tokens\":0,\"completion_tokens\":0,\"reasoning_tokens\":0,"
+                           "\"cached_prompt_tokens\":0},\"cached\":false,\"timings\":{\"queue_ms\":0,"
+                           "\"ttft_ms\":0,\"total_ms\":1700000000123},\"tool_calls\":[]}");
+    free(s);
+    /* content given with a length is cut there, not at a NUL */
+    struct ev_delta cut = {.content = "abcdef", .content_len = 3, .token_ids = ids, .n_token_ids = 1};
+    assert_int_equal(ev_build_delta(0, &cut, &s, NULL), 0);
+    assert_non_null(strstr(s, "\"content\":\"abc\""));
+    free(s);
+}
+
+static void test_bad_arguments(void **state)
+{
+    (void)state;
+    char *s = (char *)1;
+    struct rl_err err = {0};
+    struct ev_delta d = {.n_token_ids = 1};
+    assert_int_equal(ev_build_delta(0, &d, &s, &err), -RL_EINVAL);
+    assert_null(s);
+    assert_int_equal(ev_build_delta(-1, &(struct ev_delta){0}, &s, &err), -RL_EINVAL);
+    assert_int_equal(ev_build_error(0, EV_CODE_NONE, "x", &s, &err), -RL_EINVAL);
+    assert_int_equal(ev_build_error(0, EV_CODE_COUNT, "x", &s, &err), -RL_EINVAL);
+    struct ev_done dn = {.finish_reason = (enum ev_finish)99};
+    assert_int_equal(ev_build_done(0, &dn, &s, &err), -RL_EINVAL);
+    cJSON *notarr = cJSON_CreateObject();
+    struct ev_done d2 = {.tool_calls = notarr};
+    assert_int_equal(ev_build_done(0, &d2, &s, &err), -RL_EINVAL);
+    cJSON_Delete(notarr);
+    assert_int_equal(ev_build_dead(&(struct ev_dead){.code = EV_CODE_NONE}, &s, &err), -RL_EINVAL);
+}
+
+static void test_parse_round_trip(void **state)
+{
+    (void)state;
+    char *ev[16];
+    int n = build_events(ev, 16);
+    struct ev_info info;
+    assert_int_equal(ev_parse(ev[1], strlen(ev[1]), &info, NULL), 0);
+    assert_int_equal(info.type, EV_TYPE_DELTA);
+    assert_int_equal(info.seq, 1);
+    assert_int_equal(info.n_token_ids, 3);
+    assert_int_equal(info.token_ids[2], 315);
+    ev_info_clear(&info);
+    assert_int_equal(ev_parse(ev[2], strlen(ev[2]), &info, NULL), 0);
+    assert_int_equal(info.type, EV_TYPE_DONE);
+    assert_int_equal(info.finish_reason, EV_FINISH_STOP);
+    ev_info_clear(&info);
+    assert_int_equal(ev_parse(ev[3], strlen(ev[3]), &info, NULL), 0);
+    assert_int_equal(info.type, EV_TYPE_ERROR);
+    assert_int_equal(info.code, EV_CODE_OUT_OF_RANGE);
+    ev_info_clear(&info);
+    assert_int_equal(ev_parse(ev[5], strlen(ev[5]), &info, NULL), 0);
+    assert_int_equal(info.seq, 0);
+    ev_info_clear(&info);
+    for (int i = 0; i < n; i++)
+        free(ev[i]);
+    const char *bad[] = {"", "[]", "{\"type\":\"delta\"}", "{\"seq\":-1,\"type\":\"delta\",\"token_ids\":[]}",
+                         "{\"seq\":1,\"type\":\"tick\"}", "{\"seq\":1,\"type\":\"delta\"}",
+                         "{\"seq\":1,\"type\":\"done\",\"finish_reason\":\"eos\"}",
+                         "{\"seq\":1.5,\"type\":\"done\",\"finish_reason\":\"stop\"}",
+                         "{\"seq\":1,\"type\":\"delta\",\"token_ids\":[\"a\"]}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct rl_err err = {0};
+        assert_int_equal(ev_parse(bad[i], strlen(bad[i]), &info, &err), -RL_EFORMAT);
+        assert_null(info.token_ids);
+    }
+}
+
+static void test_seq_and_stream_ids(void **state)
+{
+    (void)state;
+    struct ev_seq s;
+    ev_seq_init(&s);
+    assert_int_equal(ev_seq_take(&s), 0);
+    assert_int_equal(ev_seq_take(&s), 1);
+    ev_seq_resume(&s, 41);
+    assert_int_equal(ev_seq_take(&s), 42);
+    ev_seq_resume(&s, -1);
+    assert_int_equal(ev_seq_take(&s), 0);
+    char buf[EV_STREAM_ID_MAX];
+    assert_string_equal(ev_stream_id(0, buf), "0-1");
+    assert_string_equal(ev_stream_id(9007199254740991ll, buf), "0-9007199254740992");
+    assert_string_equal(ev_finish_name(EV_FINISH_DEADLINE), "deadline");
+    assert_null(ev_finish_name((enum ev_finish)5));
+}
+
+/* The C table, schemas/errors.json and their order agree. */
+static void test_codes_match_errors_json(void **state)
+{
+    (void)state;
+    char *text = slurp("schemas/errors.json");
+    if (!text)
+        fail_msg("schemas/errors.json: cannot read (run from the repository root)");
+    cJSON *root = cJSON_Parse(text);
+    cJSON *codes = cJSON_GetObjectItemCaseSensitive(root, "codes");
+    assert_int_equal(cJSON_GetArraySize(codes), EV_CODE_COUNT - 1);
+    for (int i = 1; i < EV_CODE_COUNT; i++) {
+        cJSON *e = cJSON_GetArrayItem(codes, i - 1);
+        const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "code"));
+        const char *meaning = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "meaning"));
+        assert_non_null(name);
+        assert_string_equal(name, ev_code_name((enum ev_code)i));
+        assert_string_equal(meaning, ev_code_meaning((enum ev_code)i));
+        assert_int_equal(ev_code_from_name(name), i);
+    }
+    assert_int_equal(ev_code_from_name("NO_SUCH_CODE"), EV_CODE_NONE);
+    assert_string_equal(ev_code_name(EV_CODE_COUNT), "INTERNAL");
+    cJSON_Delete(root);
+    free(text);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_events_match_examples),
+        cmocka_unit_test(test_exact_shapes),
+        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_parse_round_trip),
+        cmocka_unit_test(test_seq_and_stream_ids),
+        cmocka_unit_test(test_codes_match_errors_json),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

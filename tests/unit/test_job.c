@@ -1,0 +1,575 @@
+/* tests/unit/test_job.c - the job codec: 100+ malformed jobs each with its
+ * precise code and field, valid jobs with defaults, round trips, the
+ * cache key. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <cjson/cJSON.h>
+
+#include "job.h"
+
+#define P "\"prompt\":\"hi\""
+#define M "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
+
+/* One malformed job, the code it must get and the field it must name. */
+static const struct {
+    const char *json;
+    enum ev_code code;
+    const char *field;
+} bad_jobs[] = {
+    /* the text as a whole */
+    {"", EV_CODE_INVALID_JSON, ""},
+    {"{", EV_CODE_INVALID_JSON, ""},
+    {"{\"prompt\":\"hi\",}", EV_CODE_INVALID_JSON, ""},
+    {"{\"prompt\":'hi'}", EV_CODE_INVALID_JSON, ""},
+    {"{" P "} trailing", EV_CODE_INVALID_JSON, ""},
+    {"{" P "}{}", EV_CODE_INVALID_JSON, ""},
+    {"{prompt:\"hi\"}", EV_CODE_INVALID_JSON, ""},
+    {"{\"prompt\":\"\\ud800\"}", EV_CODE_INVALID_JSON, ""},
+    {"{\"prompt\":\"a\x01" "b\"}", EV_CODE_INVALID_JSON, ""},
+    {"\x01{" P "}", EV_CODE_INVALID_JSON, ""},
+    {"{" P ",\"top_p\":1.}", EV_CODE_INVALID_JSON, ""},
+    {"{" P ",\"top_p\":-.5}", EV_CODE_INVALID_JSON, ""},
+    {"{" P ",\"top_p\":1e}", EV_CODE_INVALID_JSON, ""},
+    {"{\"max_tokens\":01," P "}", EV_CODE_INVALID_JSON, ""},
+    {"{\"prompt\":\"\xff\"}", EV_CODE_BAD_UTF8, ""},
+    {"{\"prompt\":\"\xc0\xaf\"}", EV_CODE_BAD_UTF8, ""},
+    {"{\"prompt\":\"\xed\xa0\x80\"}", EV_CODE_BAD_UTF8, ""},
+    {"{\"prompt\":\"\xe2\x82\"}", EV_CODE_BAD_UTF8, ""},
+    {"{\"prompt\":\"\xf4\x90\x80\x80\"}", EV_CODE_BAD_UTF8, ""},
+    {"[]", EV_CODE_NOT_OBJECT, ""},
+    {"\"hi\"", EV_CODE_NOT_OBJECT, ""},
+    {"42", EV_CODE_NOT_OBJECT, ""},
+    {"null", EV_CODE_NOT_OBJECT, ""},
+    {"[{" P "}]", EV_CODE_NOT_OBJECT, ""},
+    /* members */
+    {"{" P ",\"temprature\":0.5}", EV_CODE_UNKNOWN_FIELD, "temprature"},
+    {"{" P ",\"n\":2}", EV_CODE_UNKNOWN_FIELD, "n"},
+    {"{" P ",\"Temperature\":0.5}", EV_CODE_UNKNOWN_FIELD, "Temperature"},
+    {"{" P ",\"stream\":true}", EV_CODE_UNKNOWN_FIELD, "stream"},
+    {"{" P ",\"\":1}", EV_CODE_UNKNOWN_FIELD, ""},
+    {"{" P ",\"prompt\":\"again\"}", EV_CODE_DUPLICATE_FIELD, "prompt"},
+    {"{" P ",\"seed\":1,\"seed\":2}", EV_CODE_DUPLICATE_FIELD, "seed"},
+    /* prompt choice */
+    {"{}", EV_CODE_MISSING_PROMPT, ""},
+    {"{\"max_tokens\":5}", EV_CODE_MISSING_PROMPT, ""},
+    {"{" P "," M "}", EV_CODE_CONFLICTING_PROMPT, ""},
+    {"{" P ",\"prompt_ids\":[1]}", EV_CODE_CONFLICTING_PROMPT, ""},
+    {"{" M ",\"prompt_ids\":[1]}", EV_CODE_CONFLICTING_PROMPT, ""},
+    {"{" P ",\"tools\":[]}", EV_CODE_CONFLICTING_PROMPT, "tools"},
+    /* id */
+    {"{" P ",\"id\":42}", EV_CODE_BAD_TYPE, "id"},
+    {"{" P ",\"id\":\"\"}", EV_CODE_BAD_ID, "id"},
+    {"{" P ",\"id\":\"a b\"}", EV_CODE_BAD_ID, "id"},
+    {"{" P ",\"id\":\"a/b\"}", EV_CODE_BAD_ID, "id"},
+    {"{" P ",\"id\":\"caf\xc3\xa9\"}", EV_CODE_BAD_ID, "id"},
+    {"{" P ",\"id\":\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}",
+     EV_CODE_BAD_ID, "id"},
+    {"{" P ",\"id\":\"a*\"}", EV_CODE_BAD_ID, "id"},
+    /* pool */
+    {"{" P ",\"pool\":1}", EV_CODE_BAD_TYPE, "pool"},
+    {"{" P ",\"pool\":\"\"}", EV_CODE_OUT_OF_RANGE, "pool"},
+    {"{" P ",\"pool\":\"a:b\"}", EV_CODE_BAD_VALUE, "pool"},
+    /* prompt */
+    {"{\"prompt\":\"\"}", EV_CODE_OUT_OF_RANGE, "prompt"},
+    {"{\"prompt\":1}", EV_CODE_BAD_TYPE, "prompt"},
+    {"{\"prompt\":[\"a\"]}", EV_CODE_BAD_TYPE, "prompt"},
+    {"{\"prompt\":null}", EV_CODE_BAD_TYPE, "prompt"},
+    /* prompt_ids */
+    {"{\"prompt_ids\":[]}", EV_CODE_OUT_OF_RANGE, "prompt_ids"},
+    {"{\"prompt_ids\":\"1 2\"}", EV_CODE_BAD_TYPE, "prompt_ids"},
+    {"{\"prompt_ids\":[1,\"2\"]}", EV_CODE_BAD_TYPE, "prompt_ids[1]"},
+    {"{\"prompt_ids\":[1,2.5]}", EV_CODE_BAD_TYPE, "prompt_ids[1]"},
+    {"{\"prompt_ids\":[-1]}", EV_CODE_OUT_OF_RANGE, "prompt_ids[0]"},
+    {"{\"prompt_ids\":[1,2,4294967296]}", EV_CODE_OUT_OF_RANGE, "prompt_ids[2]"},
+    {"{\"prompt_ids\":[[1]]}", EV_CODE_BAD_TYPE, "prompt_ids[0]"},
+    /* messages */
+    {"{\"messages\":\"hi\"}", EV_CODE_BAD_TYPE, "messages"},
+    {"{\"messages\":{}}", EV_CODE_BAD_TYPE, "messages"},
+    {"{\"messages\":[]}", EV_CODE_OUT_OF_RANGE, "messages"},
+    {"{\"messages\":[\"hi\"]}", EV_CODE_BAD_TYPE, "messages[0]"},
+    {"{\"messages\":[{\"content\":\"hi\"}]}", EV_CODE_MISSING_FIELD, "messages[0].role"},
+    {"{\"messages\":[{\"role\":\"user\"}]}", EV_CODE_MISSING_FIELD, "messages[0].content"},
+    {"{\"messages\":[{\"role\":\"robot\",\"content\":\"hi\"}]}", EV_CODE_BAD_VALUE, "messages[0].role"},
+    {"{\"messages\":[{\"role\":1,\"content\":\"hi\"}]}", EV_CODE_BAD_TYPE, "messages[0].role"},
+    {"{\"messages\":[{\"role\":\"user\",\"content\":5}]}", EV_CODE_BAD_TYPE, "messages[0].content"},
+    {"{\"messages\":[{\"role\":\"user\",\"content\":null}]}", EV_CODE_BAD_TYPE, "messages[0].content"},
+    {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\",\"content\":\"b\",\"x\":1}]}",
+     EV_CODE_UNKNOWN_FIELD, "messages[1].x"},
+    {"{\"messages\":[{\"role\":\"user\",\"role\":\"user\",\"content\":\"b\"}]}", EV_CODE_DUPLICATE_FIELD,
+     "messages[0].role"},
+    {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}",
+     EV_CODE_UNKNOWN_FIELD, "messages[0].content[0].image_url"},
+    {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\"}]}]}", EV_CODE_BAD_VALUE,
+     "messages[0].content[0].type"},
+    {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"text\":\"a\"}]}]}", EV_CODE_MISSING_FIELD,
+     "messages[0].content[0].type"},
+    {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}", EV_CODE_MISSING_FIELD,
+     "messages[0].content[0].text"},
+    {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":1}]}]}", EV_CODE_BAD_TYPE,
+     "messages[0].content[0].text"},
+    {"{\"messages\":[{\"role\":\"user\",\"content\":[\"a\"]}]}", EV_CODE_BAD_TYPE, "messages[0].content[0]"},
+    {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\",\"name\":\"\"}]}", EV_CODE_OUT_OF_RANGE,
+     "messages[0].name"},
+    {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\",\"tool_calls\":[]}]}", EV_CODE_BAD_VALUE,
+     "messages[0].tool_calls"},
+    {"{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":{}}]}", EV_CODE_BAD_TYPE, "messages[0].tool_calls"},
+    {"{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c1\"}]}]}", EV_CODE_MISSING_FIELD,
+     "messages[0].tool_calls[0].function"},
+    {"{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"type\":\"fn\",\"function\":{\"name\":\"f\"}}]}]}",
+     EV_CODE_BAD_VALUE, "messages[0].tool_calls[0].type"},
+    {"{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"arguments\":\"{}\"}}]}]}",
+     EV_CODE_MISSING_FIELD, "messages[0].tool_calls[0].function.name"},
+    {"{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":3}}]}]}",
+     EV_CODE_BAD_TYPE, "messages[0].tool_calls[0].function.arguments"},
+    {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\",\"tool_call_id\":\"c1\"}]}", EV_CODE_BAD_VALUE,
+     "messages[0].tool_call_id"},
+    {"{\"messages\":[{\"role\":\"tool\",\"content\":\"a\",\"tool_call_id\":7}]}", EV_CODE_BAD_TYPE,
+     "messages[0].tool_call_id"},
+    {"{\"messages\":[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning_content\":[]}]}", EV_CODE_BAD_TYPE,
+     "messages[0].reasoning_content"},
+    /* tools */
+    {"{" M ",\"tools\":{}}", EV_CODE_BAD_TYPE, "tools"},
+    {"{" M ",\"tools\":[1]}", EV_CODE_BAD_TYPE, "tools[0]"},
+    {"{" M ",\"tools\":[{\"function\":{\"name\":\"f\"}}]}", EV_CODE_MISSING_FIELD, "tools[0].type"},
+    {"{" M ",\"tools\":[{\"type\":\"code\",\"function\":{\"name\":\"f\"}}]}", EV_CODE_BAD_VALUE, "tools[0].type"},
+    {"{" M ",\"tools\":[{\"type\":\"function\"}]}", EV_CODE_MISSING_FIELD, "tools[0].function"},
+    {"{" M ",\"tools\":[{\"type\":\"function\",\"function\":{}}]}", EV_CODE_MISSING_FIELD, "tools[0].function.name"},
+    {"{" M ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[]}}]}",
+     EV_CODE_BAD_TYPE, "tools[0].function.parameters"},
+    {"{" M ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"params\":{}}}]}",
+     EV_CODE_UNKNOWN_FIELD, "tools[0].function.params"},
+    {"{" M ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"strict\":\"yes\"}}]}",
+     EV_CODE_BAD_TYPE, "tools[0].function.strict"},
+    /* mode */
+    {"{" P ",\"mode\":\"fast\"}", EV_CODE_BAD_VALUE, "mode"},
+    {"{" P ",\"mode\":\"THINK\"}", EV_CODE_BAD_VALUE, "mode"},
+    {"{" P ",\"mode\":true}", EV_CODE_BAD_TYPE, "mode"},
+    /* max_tokens */
+    {"{" P ",\"max_tokens\":0}", EV_CODE_OUT_OF_RANGE, "max_tokens"},
+    {"{" P ",\"max_tokens\":-5}", EV_CODE_OUT_OF_RANGE, "max_tokens"},
+    {"{" P ",\"max_tokens\":1.5}", EV_CODE_BAD_TYPE, "max_tokens"},
+    {"{" P ",\"max_tokens\":\"100\"}", EV_CODE_BAD_TYPE, "max_tokens"},
+    {"{" P ",\"max_tokens\":1e300}", EV_CODE_OUT_OF_RANGE, "max_tokens"},
+    {"{" P ",\"max_tokens\":null}", EV_CODE_BAD_TYPE, "max_tokens"},
+    /* sampling */
+    {"{" P ",\"temperature\":-0.1}", EV_CODE_OUT_OF_RANGE, "temperature"},
+    {"{" P ",\"temperature\":2.5}", EV_CODE_OUT_OF_RANGE, "temperature"},
+    {"{" P ",\"temperature\":\"0.7\"}", EV_CODE_BAD_TYPE, "temperature"},
+    {"{" P ",\"temperature\":true}", EV_CODE_BAD_TYPE, "temperature"},
+    {"{" P ",\"top_p\":0}", EV_CODE_OUT_OF_RANGE, "top_p"},
+    {"{" P ",\"top_p\":1.01}", EV_CODE_OUT_OF_RANGE, "top_p"},
+    {"{" P ",\"top_p\":[0.5]}", EV_CODE_BAD_TYPE, "top_p"},
+    {"{" P ",\"top_k\":-1}", EV_CODE_OUT_OF_RANGE, "top_k"},
+    {"{" P ",\"top_k\":2.5}", EV_CODE_BAD_TYPE, "top_k"},
+    {"{" P ",\"top_k\":1000001}", EV_CODE_OUT_OF_RANGE, "top_k"},
+    {"{" P ",\"min_p\":-0.5}", EV_CODE_OUT_OF_RANGE, "min_p"},
+    {"{" P ",\"min_p\":1.5}", EV_CODE_OUT_OF_RANGE, "min_p"},
+    {"{" P ",\"presence_penalty\":2.1}", EV_CODE_OUT_OF_RANGE, "presence_penalty"},
+    {"{" P ",\"presence_penalty\":\"high\"}", EV_CODE_BAD_TYPE, "presence_penalty"},
+    {"{" P ",\"frequency_penalty\":-3}", EV_CODE_OUT_OF_RANGE, "frequency_penalty"},
+    {"{" P ",\"frequency_penalty\":{}}", EV_CODE_BAD_TYPE, "frequency_penalty"},
+    {"{" P ",\"repetition_penalty\":0}", EV_CODE_OUT_OF_RANGE, "repetition_penalty"},
+    {"{" P ",\"repetition_penalty\":2.5}", EV_CODE_OUT_OF_RANGE, "repetition_penalty"},
+    {"{" P ",\"seed\":-1}", EV_CODE_OUT_OF_RANGE, "seed"},
+    {"{" P ",\"seed\":1.5}", EV_CODE_BAD_TYPE, "seed"},
+    {"{" P ",\"seed\":\"42\"}", EV_CODE_BAD_TYPE, "seed"},
+    {"{" P ",\"seed\":18446744073709551615}", EV_CODE_OUT_OF_RANGE, "seed"},
+    /* stop */
+    {"{" P ",\"stop\":5}", EV_CODE_BAD_TYPE, "stop"},
+    {"{" P ",\"stop\":\"\"}", EV_CODE_OUT_OF_RANGE, "stop"},
+    {"{" P ",\"stop\":[\"a\",\"\"]}", EV_CODE_OUT_OF_RANGE, "stop[1]"},
+    {"{" P ",\"stop\":[\"a\",3]}", EV_CODE_BAD_TYPE, "stop[1]"},
+    {"{" P ",\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\",\"12\",\"13\",\"14\",\"15\",\"16\",\"17\"]}",
+     EV_CODE_OUT_OF_RANGE, "stop"},
+    {"{" P ",\"stop\":{\"a\":1}}", EV_CODE_BAD_TYPE, "stop"},
+    {"{" P ",\"stop\":null}", EV_CODE_BAD_TYPE, "stop"},
+    /* flags and limits */
+    {"{" P ",\"ignore_eos\":1}", EV_CODE_BAD_TYPE, "ignore_eos"},
+    {"{" P ",\"ignore_eos\":\"true\"}", EV_CODE_BAD_TYPE, "ignore_eos"},
+    {"{" P ",\"max_thinking_tokens\":-1}", EV_CODE_OUT_OF_RANGE, "max_thinking_tokens"},
+    {"{" P ",\"max_thinking_tokens\":\"lots\"}", EV_CODE_BAD_TYPE, "max_thinking_tokens"},
+    {"{" P ",\"logprobs\":21}", EV_CODE_OUT_OF_RANGE, "logprobs"},
+    {"{" P ",\"logprobs\":-1}", EV_CODE_OUT_OF_RANGE, "logprobs"},
+    {"{" P ",\"logprobs\":\"yes\"}", EV_CODE_BAD_TYPE, "logprobs"},
+    {"{" P ",\"logprobs\":0.5}", EV_CODE_BAD_TYPE, "logprobs"},
+    {"{" P ",\"priority\":1001}", EV_CODE_OUT_OF_RANGE, "priority"},
+    {"{" P ",\"priority\":\"high\"}", EV_CODE_BAD_TYPE, "priority"},
+    {"{" P ",\"deadline_ms\":-1}", EV_CODE_OUT_OF_RANGE, "deadline_ms"},
+    {"{" P ",\"deadline_ms\":1.5}", EV_CODE_BAD_TYPE, "deadline_ms"},
+    {"{" P ",\"deadline_ms\":\"soon\"}", EV_CODE_BAD_TYPE, "deadline_ms"},
+    {"{" P ",\"cache\":\"no\"}", EV_CODE_BAD_TYPE, "cache"},
+    {"{" P ",\"cache\":0}", EV_CODE_BAD_TYPE, "cache"},
+    {"{" P ",\"stream_ttl_s\":0}", EV_CODE_OUT_OF_RANGE, "stream_ttl_s"},
+    {"{" P ",\"stream_ttl_s\":604801}", EV_CODE_OUT_OF_RANGE, "stream_ttl_s"},
+    {"{" P ",\"stream_ttl_s\":\"1h\"}", EV_CODE_BAD_TYPE, "stream_ttl_s"},
+    {"{" P ",\"metadata\":\"x\"}", EV_CODE_BAD_TYPE, "metadata"},
+    {"{" P ",\"metadata\":[1]}", EV_CODE_BAD_TYPE, "metadata"},
+    {"{" P ",\"metadata\":null}", EV_CODE_BAD_TYPE, "metadata"},
+};
+#define N_BAD ((int)(sizeof bad_jobs / sizeof bad_jobs[0]))
+
+static void test_bad_jobs(void **state)
+{
+    (void)state;
+    assert_true(N_BAD >= 100);
+    int failures = 0;
+    for (int i = 0; i < N_BAD; i++) {
+        struct job *j = (struct job *)1;
+        struct job_fault f;
+        struct rl_err err = {0};
+        int rc = job_parse(bad_jobs[i].json, strlen(bad_jobs[i].json), NULL, &j, &f, &err);
+        if (rc != -RL_EINVAL || j != NULL || f.code != bad_jobs[i].code ||
+            strcmp(f.field, bad_jobs[i].field) || !err.msg[0]) {
+            print_error("case %d: %s\n  want %s field \"%s\"\n  got rc %d %s field \"%s\": %s\n", i,
+                        bad_jobs[i].json, ev_code_name(bad_jobs[i].code), bad_jobs[i].field, rc,
+                        ev_code_name(f.code), f.field, err.msg);
+            failures++;
+        }
+        job_free(rc ? NULL : j);
+    }
+    assert_int_equal(failures, 0);
+}
+
+static void test_messages_name_the_field(void **state)
+{
+    (void)state;
+    const char *s = "{" P ",\"temperature\":2.5}";
+    struct job *j = NULL;
+    struct job_fault f;
+    struct rl_err err = {0};
+    assert_int_equal(job_parse(s, strlen(s), NULL, &j, &f, &err), -RL_EINVAL);
+    assert_string_equal(err.msg, "temperature: 2.5 is out of range [0, 2]");
+}
+
+static void test_size_limit_and_no_entry(void **state)
+{
+    (void)state;
+    struct job_opts o;
+    job_opts_default(&o);
+    o.max_job_bytes = 16;
+    struct job *j = NULL;
+    struct job_fault f;
+    const char *s = "{\"prompt\":\"0123456789\"}";
+    assert_int_equal(job_parse(s, strlen(s), &o, &j, &f, NULL), -RL_EINVAL);
+    assert_int_equal(f.code, EV_CODE_JOB_TOO_LARGE);
+    assert_int_equal(job_parse(NULL, 0, &o, &j, &f, NULL), -RL_EINVAL);
+    assert_int_equal(f.code, EV_CODE_BAD_ENTRY);
+    o.max_job_bytes = 1 << 20;
+    o.max_max_tokens = 100;
+    s = "{\"prompt\":\"x\",\"max_tokens\":101}";
+    assert_int_equal(job_parse(s, strlen(s), &o, &j, &f, NULL), -RL_EINVAL);
+    assert_int_equal(f.code, EV_CODE_OUT_OF_RANGE);
+}
+
+static struct job *ok(const char *s, const struct job_opts *o)
+{
+    struct job *j = NULL;
+    struct job_fault f;
+    struct rl_err err = {0};
+    int rc = job_parse(s, strlen(s), o, &j, &f, &err);
+    if (rc)
+        fail_msg("%s: %s %s: %s", s, ev_code_name(f.code), f.field, err.msg);
+    return j;
+}
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    struct job_opts o;
+    job_opts_default(&o);
+    o.fallback_id = "r1700000000000-3";
+    struct job *j = ok("{\"prompt\":\"hello\"}", &o);
+    assert_string_equal(j->id, "r1700000000000-3");
+    assert_true(j->id_generated);
+    assert_int_equal(j->input, JOB_INPUT_PROMPT);
+    assert_string_equal(j->prompt, "hello");
+    assert_int_equal(j->prompt_len, 5);
+    assert_int_equal(j->mode, JOB_MODE_POOL);
+    assert_int_equal(j->max_tokens, o.default_max_tokens);
+    assert_true(j->temperature == 1.0 && j->top_p == 1.0 && j->top_k == 0 && j->min_p == 0.0);
+    assert_true(j->repetition_penalty == 1.0 && j->presence_penalty == 0.0);
+    assert_false(j->has_seed);
+    assert_int_equal(j->n_stop, 0);
+    assert_int_equal(j->max_thinking_tokens, -1);
+    assert_int_equal(j->logprobs, -1);
+    assert_true(j->cache);
+    assert_int_equal(j->stream_ttl_s, o.default_stream_ttl_s);
+    assert_null(j->metadata);
+    assert_int_equal(j->given, 0);
+    assert_false(job_is_deterministic(j));
+    assert_int_equal(job_mode_on(j, "think"), JOB_MODE_THINK);
+    assert_int_equal(job_mode_on(j, "fast"), JOB_MODE_NO_THINK);
+    job_free(j);
+
+    /* no fallback: 32 random hex digits, different each time */
+    struct job *a = ok("{\"prompt\":\"x\"}", NULL), *b = ok("{\"prompt\":\"x\"}", NULL);
+    assert_int_equal(strlen(a->id), 32);
+    assert_string_not_equal(a->id, b->id);
+    job_free(a);
+    job_free(b);
+}
+
+static const char *full_job =
+    "{\"id\":\"job-1.a:b_C\",\"pool\":\"think\",\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},"
+    "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"what is 2+2?\"}]},"
+    "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+    "\"function\":{\"name\":\"add\",\"arguments\":\"{\\\"a\\\":2,\\\"b\\\":2}\"}}]},"
+    "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"4\"}],"
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"add\",\"description\":\"adds\","
+    "\"parameters\":{\"type\":\"object\"},\"strict\":true}}],"
+    "\"mode\":\"think\",\"max_tokens\":256,\"temperature\":0.6,\"top_p\":0.95,\"top_k\":20,"
+    "\"min_p\":0.05,\"presence_penalty\":0.5,\"frequency_penalty\":-0.25,\"repetition_penalty\":1.1,"
+    "\"seed\":9007199254740991,\"stop\":[\"</s>\",\"\\n\\n\"],\"ignore_eos\":true,"
+    "\"max_thinking_tokens\":128,\"logprobs\":5,\"priority\":-7,\"deadline_ms\":1700000000123,"
+    "\"cache\":false,\"stream_ttl_s\":60,\"metadata\":{\"user\":\"u1\",\"tags\":[1,{\"x\":null}]}}";
+
+static void test_full_job(void **state)
+{
+    (void)state;
+    struct job *j = ok(full_job, NULL);
+    assert_string_equal(j->id, "job-1.a:b_C");
+    assert_false(j->id_generated);
+    assert_string_equal(j->pool, "think");
+    assert_int_equal(j->input, JOB_INPUT_MESSAGES);
+    assert_int_equal(cJSON_GetArraySize(j->messages), 4);
+    assert_int_equal(cJSON_GetArraySize(j->tools), 1);
+    assert_int_equal(j->mode, JOB_MODE_THINK);
+    assert_int_equal(j->max_tokens, 256);
+    assert_true(j->temperature == 0.6 && j->top_p == 0.95 && j->top_k == 20 && j->min_p == 0.05);
+    assert_true(j->presence_penalty == 0.5 && j->frequency_penalty == -0.25);
+    assert_true(j->repetition_penalty == 1.1);
+    assert_true(j->has_seed);
+    assert_true(j->seed == 9007199254740991ull);
+    assert_int_equal(j->n_stop, 2);
+    assert_string_equal(j->stop[1], "\n\n");
+    assert_true(j->ignore_eos);
+    assert_int_equal(j->max_thinking_tokens, 128);
+    assert_int_equal(j->logprobs, 5);
+    assert_int_equal(j->priority, -7);
+    assert_true(j->deadline_ms == 1700000000123ll);
+    assert_false(j->cache);
+    assert_int_equal(j->stream_ttl_s, 60);
+    assert_non_null(j->metadata);
+    assert_true(job_is_deterministic(j));
+
+    const char *pools[] = {"fast", "think"};
+    struct job_fault f;
+    assert_int_equal(job_check_pool(j, "think", pools, 2, &f, NULL), 0);
+    assert_int_equal(job_check_pool(j, "fast", pools, 2, &f, NULL), -RL_EINVAL);
+    assert_int_equal(f.code, EV_CODE_UNKNOWN_POOL);
+    assert_int_equal(job_check_pool(j, "think", pools, 1, &f, NULL), -RL_EINVAL);
+    assert_int_equal(f.code, EV_CODE_UNKNOWN_POOL);
+    job_free(j);
+    j = ok("{\"prompt\":\"x\"}", NULL);
+    assert_int_equal(job_check_pool(j, "batch", pools, 2, &f, NULL), -RL_EINVAL);
+    assert_int_equal(f.code, EV_CODE_UNKNOWN_POOL);
+    assert_int_equal(job_check_pool(j, "fast", pools, 2, &f, NULL), 0);
+    job_free(j);
+}
+
+/* Other accepted spellings: stop as one string, logprobs as a bool, 1.0
+ * as an integer, a stream without a trailing NUL, whitespace. */
+static void test_accepted_forms(void **state)
+{
+    (void)state;
+    struct job *j = ok(" {\"prompt_ids\":[1, 2.0, 2147483647],\"stop\":\"END\",\"logprobs\":true,"
+                       "\"max_tokens\":8.0,\"temperature\":0,\"cache\":true} \n", NULL);
+    assert_int_equal(j->input, JOB_INPUT_IDS);
+    assert_int_equal(j->n_prompt_ids, 3);
+    assert_int_equal(j->prompt_ids[2], 2147483647);
+    assert_int_equal(j->n_stop, 1);
+    assert_string_equal(j->stop[0], "END");
+    assert_int_equal(j->logprobs, 0);
+    assert_int_equal(j->max_tokens, 8);
+    assert_true(job_is_deterministic(j));
+    job_free(j);
+
+    char buf[] = "{\"prompt\":\"abc\"}XXXX";
+    struct job *k = NULL;
+    assert_int_equal(job_parse(buf, 16, NULL, &k, NULL, NULL), 0);
+    assert_string_equal(k->prompt, "abc");
+    job_free(k);
+
+    j = ok("{\"messages\":[{\"role\":\"user\",\"content\":\"caf\xc3\xa9 \xf0\x9f\x98\x80\"}],\"logprobs\":false}", NULL);
+    assert_int_equal(j->logprobs, -1);
+    job_free(j);
+}
+
+static void test_round_trip(void **state)
+{
+    (void)state;
+    const char *inputs[] = {full_job, "{\"id\":\"a\",\"prompt\":\"x\"}",
+                            "{\"prompt_ids\":[5,6],\"logprobs\":false,\"seed\":0}"};
+    for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) {
+        struct job *a = ok(inputs[i], NULL);
+        char *s1 = NULL, *s2 = NULL;
+        assert_int_equal(job_to_json(a, &s1, NULL), 0);
+        struct job *b = ok(s1, NULL);
+        assert_int_equal(job_to_json(b, &s2, NULL), 0);
+        assert_string_equal(s1, s2);
+        assert_string_equal(a->id, b->id);
+        assert_int_equal(a->given | JOB_F_ID, b->given); /* the id is always written */
+        char k1[JOB_CACHE_KEY_LEN + 1], k2[JOB_CACHE_KEY_LEN + 1];
+        int32_t ids[] = {1, 2, 3};
+        assert_int_equal(job_cache_key(a, "m", ids, 3, k1, NULL), 0);
+        assert_int_equal(job_cache_key(b, "m", ids, 3, k2, NULL), 0);
+        assert_string_equal(k1, k2);
+        free(s1);
+        free(s2);
+        job_free(a);
+        job_free(b);
+    }
+}
+
+static void key_of(const char *json, const char *model, const int32_t *ids, int n,
+                   char out[JOB_CACHE_KEY_LEN + 1])
+{
+    struct job *j = ok(json, NULL);
+    assert_int_equal(job_cache_key(j, model, ids, n, out, NULL), 0);
+    assert_int_equal(strlen(out), JOB_CACHE_KEY_LEN);
+    job_free(j);
+}
+
+static void test_cache_key(void **state)
+{
+    (void)state;
+    int32_t ids[] = {10, 20, 30}, ids2[] = {10, 20, 31};
+    char base[65], k[65];
+    key_of("{\"prompt\":\"x\",\"temperature\":0}", "qwen3-0.6b", ids, 3, base);
+    /* what must not matter */
+    const char *same[] = {
+        "{\"prompt\":\"x\",\"temperature\":0,\"id\":\"other\"}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"priority\":5}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"metadata\":{\"a\":1}}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"stream_ttl_s\":5,\"cache\":true}",
+        "{\"prompt\":\"x\",\"temperature\":-0.0}",
+        "{\"prompt\":\"different text, same rendered ids\",\"temperature\":0}",
+    };
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        key_of(same[i], "qwen3-0.6b", ids, 3, k);
+        assert_string_equal(k, base);
+    }
+    /* what must */
+    const char *differ[] = {
+        "{\"prompt\":\"x\",\"temperature\":0,\"max_tokens\":5}",
+        "{\"prompt\":\"x\",\"temperature\":0.5}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"top_p\":0.9}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"top_k\":3}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"min_p\":0.1}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"presence_penalty\":0.1}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"frequency_penalty\":0.1}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"repetition_penalty\":1.1}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"seed\":0}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"stop\":\"a\"}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"stop\":[\"ab\"]}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"stop\":[\"a\",\"b\"]}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"ignore_eos\":true}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"max_thinking_tokens\":0}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"logprobs\":0}",
+    };
+    char seen[sizeof differ / sizeof differ[0]][65];
+    for (size_t i = 0; i < sizeof differ / sizeof differ[0]; i++) {
+        key_of(differ[i], "qwen3-0.6b", ids, 3, seen[i]);
+        assert_string_not_equal(seen[i], base);
+        for (size_t k2 = 0; k2 < i; k2++)
+            assert_string_not_equal(seen[i], seen[k2]);
+    }
+    key_of("{\"prompt\":\"x\",\"temperature\":0}", "qwen3-8b", ids, 3, k);
+    assert_string_not_equal(k, base);
+    key_of("{\"prompt\":\"x\",\"temperature\":0}", "qwen3-0.6b", ids2, 3, k);
+    assert_string_not_equal(k, base);
+    key_of("{\"prompt\":\"x\",\"temperature\":0}", "qwen3-0.6b", ids, 2, k);
+    assert_string_not_equal(k, base);
+
+    /* pinned: the key must be stable across builds and machines, since
+     * every worker shares the cache; changing it needs a version bump */
+    assert_string_equal(base, "1beb7b8e8db112500b5ef73d0925730b57395a1728b91b39c16450a3d274234b");
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
+        free(s);
+        s = NULL;
+    }
+    if (s)
+        s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+/* The shared corpus: schemas/examples/jobs-invalid.json holds bad jobs
+ * (as strings) with code and field, and tests/integration/test_schemas.py
+ * checks each also fails job.schema.json; jobs-valid.json must pass both.
+ * So the C parser and the schema agree on the same documents. */
+static void test_shared_corpus(void **state)
+{
+    (void)state;
+    char *text = slurp("schemas/examples/jobs-invalid.json");
+    if (!text)
+        fail_msg("schemas/examples/jobs-invalid.json: cannot read (run from the repository root)");
+    cJSON *arr = cJSON_Parse(text);
+    assert_true(cJSON_GetArraySize(arr) >= 100);
+    int i = 0, failures = 0;
+    for (const cJSON *e = arr->child; e; e = e->next, i++) {
+        const char *job = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "job"));
+        const char *code = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "code"));
+        const char *field = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "field"));
+        assert_non_null(job);
+        struct job *j = NULL;
+        struct job_fault f;
+        struct rl_err err = {0};
+        int rc = job_parse(job, strlen(job), NULL, &j, &f, &err);
+        if (rc != -RL_EINVAL || strcmp(ev_code_name(f.code), code) || strcmp(f.field, field)) {
+            print_error("jobs-invalid.json[%d] %s: want %s \"%s\", got %s \"%s\"\n", i, job, code,
+                        field, ev_code_name(f.code), f.field);
+            failures++;
+        }
+        job_free(j);
+    }
+    cJSON_Delete(arr);
+    free(text);
+    assert_int_equal(failures, 0);
+
+    text = slurp("schemas/examples/jobs-valid.json");
+    assert_non_null(text);
+    arr = cJSON_Parse(text);
+    assert_true(cJSON_GetArraySize(arr) > 0);
+    for (const cJSON *e = arr->child; e; e = e->next) {
+        char *s = cJSON_PrintUnformatted(e);
+        job_free(ok(s, NULL));
+        free(s);
+    }
+    cJSON_Delete(arr);
+    free(text);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_jobs),
+        cmocka_unit_test(test_messages_name_the_field),
+        cmocka_unit_test(test_size_limit_and_no_entry),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_full_job),
+        cmocka_unit_test(test_accepted_forms),
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_cache_key),
+        cmocka_unit_test(test_shared_corpus),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
