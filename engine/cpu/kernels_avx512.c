@@ -46,9 +46,10 @@
                           "avx2,fma,f16c")))
 #define AI __attribute__((always_inline)) inline
 
-/* Bytes ahead of the current k each w row is prefetched in the M = 1 path,
- * where the weights stream from DRAM once. Measured in bench_kernels. */
-#define PF_AHEAD 1024
+/* Cache level the M = 1 path prefetches the next block of w into. */
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T0
+#endif
 
 /* x chunk of the blocked path: at most this many bytes of x per chunk, so
  * the panel plus the streaming w tiles fit the 1 MB L2. */
@@ -191,10 +192,17 @@ T512 static AI __m512 red16(const __m512 a[16])
         int k = 0;                                                            \
         for (; k + P##_KS <= K; k += P##_KS) {                                \
             P##_VX xv = P##_LX(x + k);                                        \
+            /* Prefetch the next 16-row block linearly, one k-step's worth  \
+             * of bytes per k-step, so it is in cache when we get there: the \
+             * hardware streamer retrains on every short row otherwise. */    \
+            enum { PF_LINES = 16 * P##_KS * (int)sizeof(WT) / 64 };           \
+            const char *pf = (const char *)(w + (size_t)16 * K) +             \
+                             (size_t)k * (16 * sizeof(WT));                   \
+            _Pragma("GCC unroll 16") for (int i = 0; i < PF_LINES; i++)       \
+                _mm_prefetch(pf + 64 * i, PF_HINT);                           \
             _Pragma("GCC unroll 16") for (int n = 0; n < 16; n++)             \
             {                                                                 \
                 const WT *wp = w + (size_t)n * K + k;                         \
-                _mm_prefetch((const char *)wp + PF_AHEAD, _MM_HINT_T0);       \
                 acc[n / 4 + 4 * (n % 4)] =                                    \
                     P##_STEP(acc[n / 4 + 4 * (n % 4)], xv, P##_LW(wp));       \
             }                                                                 \

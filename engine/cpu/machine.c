@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #if defined(__x86_64__)
@@ -42,30 +43,69 @@ struct bw_job {
     size_t bytes;       /* multiple of 256 * nth */
     enum cpu_isa isa;
     int touch;          /* 1: write the buffer (first touch) instead */
+    int streams;        /* 1 or 4, see read512 */
 };
 
 #if defined(__x86_64__)
-T512 static uint64_t read512(const uint8_t *p, size_t n)
+/* Two read patterns, because which one saturates DRAM depends on the core:
+ * one sequential stream (the hardware prefetcher's best case), and four
+ * interleaved streams with software prefetch (more misses in flight, like
+ * the 16-row matrix-vector kernel). The figure reported is the better. */
+T512 static uint64_t read512(const uint8_t *p, size_t n, int streams)
 {
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t i = 0; i < n; i += 256) {
-        a0 = _mm512_add_epi64(a0, _mm512_load_si512((const void *)(p + i)));
-        a1 = _mm512_add_epi64(a1, _mm512_load_si512((const void *)(p + i + 64)));
-        a2 = _mm512_add_epi64(a2, _mm512_load_si512((const void *)(p + i + 128)));
-        a3 = _mm512_add_epi64(a3, _mm512_load_si512((const void *)(p + i + 192)));
+    if (streams == 1) {
+        for (size_t i = 0; i < n; i += 256) {
+            a0 = _mm512_add_epi64(a0, _mm512_load_si512((const void *)(p + i)));
+            a1 = _mm512_add_epi64(a1, _mm512_load_si512((const void *)(p + i + 64)));
+            a2 = _mm512_add_epi64(a2, _mm512_load_si512((const void *)(p + i + 128)));
+            a3 = _mm512_add_epi64(a3, _mm512_load_si512((const void *)(p + i + 192)));
+        }
+    } else {
+        size_t q = n / 4; /* n is a multiple of 256, so q of 64 */
+        const uint8_t *p0 = p, *p1 = p + q, *p2 = p + 2 * q, *p3 = p + 3 * q;
+        for (size_t i = 0; i < q; i += 64) {
+            _mm_prefetch((const char *)p0 + i + 1024, _MM_HINT_T0);
+            _mm_prefetch((const char *)p1 + i + 1024, _MM_HINT_T0);
+            _mm_prefetch((const char *)p2 + i + 1024, _MM_HINT_T0);
+            _mm_prefetch((const char *)p3 + i + 1024, _MM_HINT_T0);
+            a0 = _mm512_add_epi64(a0, _mm512_load_si512((const void *)(p0 + i)));
+            a1 = _mm512_add_epi64(a1, _mm512_load_si512((const void *)(p1 + i)));
+            a2 = _mm512_add_epi64(a2, _mm512_load_si512((const void *)(p2 + i)));
+            a3 = _mm512_add_epi64(a3, _mm512_load_si512((const void *)(p3 + i)));
+        }
     }
     __m512i s = _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3));
     return (uint64_t)_mm512_reduce_add_epi64(s);
 }
 
-T2 static uint64_t read256(const uint8_t *p, size_t n)
+T2 static uint64_t read256(const uint8_t *p, size_t n, int streams)
 {
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t i = 0; i < n; i += 128) {
-        a0 = _mm256_add_epi64(a0, _mm256_load_si256((const void *)(p + i)));
-        a1 = _mm256_add_epi64(a1, _mm256_load_si256((const void *)(p + i + 32)));
-        a2 = _mm256_add_epi64(a2, _mm256_load_si256((const void *)(p + i + 64)));
-        a3 = _mm256_add_epi64(a3, _mm256_load_si256((const void *)(p + i + 96)));
+    if (streams == 1) {
+        for (size_t i = 0; i < n; i += 128) {
+            a0 = _mm256_add_epi64(a0, _mm256_load_si256((const void *)(p + i)));
+            a1 = _mm256_add_epi64(a1, _mm256_load_si256((const void *)(p + i + 32)));
+            a2 = _mm256_add_epi64(a2, _mm256_load_si256((const void *)(p + i + 64)));
+            a3 = _mm256_add_epi64(a3, _mm256_load_si256((const void *)(p + i + 96)));
+        }
+    } else {
+        size_t q = n / 4;
+        const uint8_t *p0 = p, *p1 = p + q, *p2 = p + 2 * q, *p3 = p + 3 * q;
+        for (size_t i = 0; i < q; i += 64) {
+            _mm_prefetch((const char *)p0 + i + 1024, _MM_HINT_T0);
+            _mm_prefetch((const char *)p1 + i + 1024, _MM_HINT_T0);
+            _mm_prefetch((const char *)p2 + i + 1024, _MM_HINT_T0);
+            _mm_prefetch((const char *)p3 + i + 1024, _MM_HINT_T0);
+            a0 = _mm256_add_epi64(a0, _mm256_add_epi64(_mm256_load_si256((const void *)(p0 + i)),
+                                                       _mm256_load_si256((const void *)(p0 + i + 32))));
+            a1 = _mm256_add_epi64(a1, _mm256_add_epi64(_mm256_load_si256((const void *)(p1 + i)),
+                                                       _mm256_load_si256((const void *)(p1 + i + 32))));
+            a2 = _mm256_add_epi64(a2, _mm256_add_epi64(_mm256_load_si256((const void *)(p2 + i)),
+                                                       _mm256_load_si256((const void *)(p2 + i + 32))));
+            a3 = _mm256_add_epi64(a3, _mm256_add_epi64(_mm256_load_si256((const void *)(p3 + i)),
+                                                       _mm256_load_si256((const void *)(p3 + i + 32))));
+        }
     }
     __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
     uint64_t t[4];
@@ -99,9 +139,9 @@ static void bw_fn(void *arg, int ith, int nth)
     uint64_t s;
 #if defined(__x86_64__)
     if (j->isa == CPU_ISA_AVX512BF16)
-        s = read512(p, share);
+        s = read512(p, share, j->streams);
     else if (j->isa == CPU_ISA_AVX2)
-        s = read256(p, share);
+        s = read256(p, share, j->streams);
     else
 #endif
         s = read_scalar(p, share);
@@ -113,18 +153,22 @@ double cpu_measure_read_bw(struct cpu_pool *p, size_t bytes)
     int nth = cpu_pool_n_threads(p);
     if (bytes == 0)
         bytes = (size_t)1 << 30;
-    size_t unit = (size_t)256 * (size_t)nth;
+    size_t unit = (size_t)4096 * (size_t)nth;
     bytes = bytes / unit * unit;
     if (bytes == 0)
         bytes = unit;
     uint8_t *buf = aligned_alloc(4096, bytes);
     if (!buf)
         return -1.0;
+    /* Huge pages where the kernel allows them (THP "madvise" mode): fewer
+     * TLB misses and faster first touch; the backend's weights want it too. */
+    madvise(buf, bytes, MADV_HUGEPAGE);
     struct bw_job j = {.buf = buf, .bytes = bytes, .isa = cpu_isa_detect(), .touch = 1};
     cpu_pool_run(p, bw_fn, &j); /* fault the pages in on their threads */
     j.touch = 0;
     double best = 0;
-    for (int i = 0; i < N_PASSES; i++) {
+    for (int i = 0; i < 2 * N_PASSES; i++) {
+        j.streams = i % 2 ? 4 : 1;
         double t0 = now_s();
         cpu_pool_run(p, bw_fn, &j);
         double gbs = (double)bytes / (now_s() - t0) * 1e-9;

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -157,6 +158,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_kernels: out of memory\n");
         return 1;
     }
+    /* huge pages, as a backend should give its weights (THP madvise mode) */
+    madvise(wbuf, wbytes, MADV_HUGEPAGE);
     struct { uint16_t *p; size_t n; } fill = {wbuf, wbytes / 2};
     cpu_pool_run(pool, fill_fn, &fill);
     for (size_t i = 0; i < mx; i++) {

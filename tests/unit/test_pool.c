@@ -67,10 +67,10 @@ static void check_runs(int n_threads, int n_runs, int gap_us)
 }
 
 static void test_one_thread(void **state) { (void)state; check_runs(1, 1000, 0); }
-static void test_two_threads_back_to_back(void **state) { (void)state; check_runs(2, 200000, 0); }
+static void test_two_threads_back_to_back(void **state) { (void)state; check_runs(2, 50000, 0); }
 /* 300 us gaps: beyond the spin window, so workers sleep and get woken. */
 static void test_two_threads_sleeping(void **state) { (void)state; check_runs(2, 300, 300); }
-static void test_oversubscribed(void **state) { (void)state; check_runs(MAX_T, 3000, 0); }
+static void test_oversubscribed(void **state) { (void)state; check_runs(MAX_T, 1000, 0); }
 static void test_mixed_gaps(void **state) { (void)state; check_runs(3, 200, 120); }
 
 /* A real parallel loop: a sum over disjoint slices equals the serial one. */
