@@ -16,8 +16,10 @@ DESTDIR ?=
 
 # -std=c11 plus _GNU_SOURCE for mmap/pthread/clock extras; -MMD for header
 # dependencies. No -ffast-math: results must be reproducible bit for bit.
+# CFLAGS is the user's (optimisation, sanitizers); the flags the code needs
+# live in ALL_CFLAGS so that `make CFLAGS=...` cannot drop them.
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter \
+ALL_CFLAGS = $(CFLAGS) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter \
            -Wshadow -Wstrict-prototypes -fno-strict-aliasing -pthread -MMD -MP \
            -I. -Icommon -Iengine
 LDLIBS  += -lhiredis -lconfig -lcjson -lpcre2-8 -lutf8proc -lm -pthread
@@ -44,7 +46,7 @@ NVFLAGS    ?= -O3 -g -lineinfo -std=c++17 -Xcompiler -fPIC \
               -gencode arch=compute_80,code=sm_80 \
               -gencode arch=compute_90,code=sm_90 \
               -gencode arch=compute_90,code=compute_90
-CFLAGS     += -DREDLM_CUDA=1 -I$(CUDA_HOME)/include
+ALL_CFLAGS += -DREDLM_CUDA=1 -I$(CUDA_HOME)/include
 LDLIBS     += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
 endif
 
@@ -61,7 +63,7 @@ all: $(BUILD)/redlm $(TEST_BIN) $(BENCH_BIN)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
@@ -76,15 +78,15 @@ $(LIBENGINE): $(ENGINE_OBJ)
 	rm -f $@ && $(AR) rcs $@ $^
 
 $(BUILD)/redlm: $(CLI_OBJ) $(LIBENGINE) $(LIBCOMMON)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(CLI_OBJ) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(CLI_OBJ) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS)
 
 $(BUILD)/tests/test_%: $(BUILD)/tests/unit/test_%.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
 
 $(BUILD)/tests/bench_%: $(BUILD)/tests/bench/bench_%.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIBENGINE) $(LIBCOMMON) $(LDLIBS)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(LIBENGINE) $(LIBCOMMON) $(LDLIBS)
 
 test: all
 	BUILD=$(BUILD) bash tests/run_tests.sh
