@@ -32,6 +32,8 @@ DEB_PKGS = build-essential clang pkg-config libhiredis-dev libcjson-dev \
 COMMON_SRC := $(wildcard common/*.c)
 ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c)
 CLI_SRC    := $(wildcard worker/cli/*.c)
+WORKER_SRC := $(wildcard worker/*.c)
+DISP_SRC   := $(wildcard dispatcher/*.c)
 TEST_SRC   := $(wildcard tests/unit/test_*.c)
 BENCH_SRC  := $(wildcard tests/bench/bench_*.c)
 FUZZ_SRC   := $(wildcard tests/fuzz/fuzz_*.c)
@@ -53,13 +55,19 @@ endif
 COMMON_OBJ := $(COMMON_SRC:%.c=$(BUILD)/%.o)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/%.o) $(CUDA_OBJ)
 CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/%.o)
+WORKER_OBJ := $(WORKER_SRC:%.c=$(BUILD)/%.o)
+DISP_OBJ   := $(DISP_SRC:%.c=$(BUILD)/%.o)
+BINS       := $(BUILD)/redlm $(if $(WORKER_SRC),$(BUILD)/redlm-worker) \
+              $(if $(DISP_SRC),$(BUILD)/redlm-dispatcher)
+# the daemons talk HTTP (metrics, front door) and to systemd
+DAEMON_LIBS = -lmicrohttpd -lsystemd
 TEST_BIN   := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 BENCH_BIN  := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/tests/%)
 LIBENGINE  := $(BUILD)/libredlm_engine.a
 LIBCOMMON  := $(BUILD)/libredlm_common.a
 
 .PHONY: all test bench demo fuzz asan deps clean install
-all: $(BUILD)/redlm $(TEST_BIN) $(BENCH_BIN)
+all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -79,6 +87,12 @@ $(LIBENGINE): $(ENGINE_OBJ)
 
 $(BUILD)/redlm: $(CLI_OBJ) $(LIBENGINE) $(LIBCOMMON)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(CLI_OBJ) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS)
+
+$(BUILD)/redlm-worker: $(WORKER_OBJ) $(LIBENGINE) $(LIBCOMMON)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(WORKER_OBJ) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) $(DAEMON_LIBS)
+
+$(BUILD)/redlm-dispatcher: $(DISP_OBJ) $(LIBENGINE) $(LIBCOMMON)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(DISP_OBJ) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) $(DAEMON_LIBS)
 
 $(BUILD)/tests/test_%: $(BUILD)/tests/unit/test_%.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
