@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "chat.h"
 #include "kv_cache.h"
 #include "sched.h"
 #include "tokenizer.h"
@@ -458,16 +459,53 @@ fail:
     return rc;
 }
 
+/* Renders chat messages with the template and tokenizes them: *ids is
+ * malloc'd (caller frees). */
+static int render_messages(struct engine *e, const struct engine_request *r, int32_t **ids,
+                           int *n, struct rl_err *err)
+{
+    *ids = NULL;
+    *n = 0;
+    if (!e->tok)
+        return rl_errf(err, RL_EUNSUPPORTED,
+                       "NO_TOKENIZER chat messages need a tokenizer.json in the model dir");
+    struct chat_template_opts co = {
+        .add_generation_prompt = true,
+        .disable_thinking = r->mode == ENGINE_MODE_NO_THINK,
+    };
+    char *text = NULL;
+    size_t len = 0;
+    int rc = chat_render(r->messages, r->tools, &co, &text, &len, err);
+    if (rc) {
+        rl_err_wrap(err, "BAD_MESSAGES");
+        return rc;
+    }
+    struct tok_ids v = {0};
+    rc = tok_encode(e->tok, text, len, 0, &v, err); /* the template's specials are real */
+    free(text);
+    if (rc) {
+        tok_ids_free(&v);
+        return rc;
+    }
+    if (v.n > (size_t)e->max_context) {
+        size_t got = v.n;
+        tok_ids_free(&v);
+        return rl_errf(err, RL_EINVAL,
+                       "CONTEXT_TOO_LONG prompt has %zu tokens; the context limit is %d", got,
+                       e->max_context);
+    }
+    *ids = v.ids;
+    *n = (int)v.n;
+    return 0;
+}
+
 int engine_submit(struct engine *e, const struct engine_request *r, uint64_t *id,
                   struct rl_err *err)
 {
     if (id)
         *id = 0;
-    if (!r->prompt_ids && r->messages)
-        return rl_errf(err, RL_EUNSUPPORTED,
-                       "NO_TEMPLATE chat messages need engine/chat.h, not built yet");
-    if (!r->prompt_ids && r->n_prompt)
-        return rl_errf(err, RL_EINVAL, "EMPTY_PROMPT prompt_ids is NULL");
+    if (!r->prompt_ids && !r->messages)
+        return rl_errf(err, RL_EINVAL, "EMPTY_PROMPT neither prompt_ids nor messages");
     if (e->n_reqs == e->cap_reqs) {
         int cap = e->cap_reqs ? e->cap_reqs * 2 : 32;
         struct eng_req **g = realloc(e->reqs, (size_t)cap * sizeof *g);
@@ -476,16 +514,22 @@ int engine_submit(struct engine *e, const struct engine_request *r, uint64_t *id
         e->reqs = g;
         e->cap_reqs = cap;
     }
+    int32_t *rendered = NULL;
+    const int32_t *ids = r->prompt_ids;
+    int n = r->n_prompt, rc;
+    if (!ids) {
+        if ((rc = render_messages(e, r, &rendered, &n, err)))
+            return rc;
+        ids = rendered;
+    }
     struct eng_req *q;
-    int rc = req_build(e, r, e->next_id, r->prompt_ids, r->n_prompt, &q, err);
+    rc = req_build(e, r, e->next_id, ids, n, &q, err);
+    if (!rc && (rc = sched_add(e->sched, ids, n, r->priority, r->deadline, q, &q->seq, err)))
+        req_free(q);
+    free(rendered);
     if (rc)
         return rc;
-    if ((rc = sched_add(e->sched, r->prompt_ids, r->n_prompt, r->priority, r->deadline, q,
-                        &q->seq, err))) {
-        req_free(q);
-        return rc;
-    }
-    q->usage.prompt_tokens = r->n_prompt;
+    q->usage.prompt_tokens = n;
     e->reqs[e->n_reqs++] = q;
     if (id)
         *id = q->id;

@@ -88,9 +88,10 @@ enum engine_mode {
 struct engine_request {
     const int32_t *prompt_ids;  /* (n_prompt) token ids, or NULL to use */
     int n_prompt;
-    const cJSON *messages;      /* ... chat messages [{"role","content"}]
-                                   rendered with the chat template (needs a
-                                   tokenizer and engine/chat.h) */
+    const cJSON *messages;      /* ... chat messages (OpenAI format, chat.h)
+                                   rendered with Qwen3's template plus the
+                                   generation prompt; mode NO_THINK renders
+                                   enable_thinking=false. Needs a tokenizer */
     const cJSON *tools;         /* optional tool list for the template */
     enum engine_mode mode;
 

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat.h"
 #include "engine.h"
 #include "tokenizer.h"
 
@@ -641,6 +642,40 @@ static void test_eos_and_defaults(void **state)
     engine_free(e);
 }
 
+/* Chat messages go through the template and the tokenizer; the result is
+ * the same as submitting those ids. */
+static void test_chat_messages(void **state)
+{
+    (void)state;
+    struct engine *e = open_engine(256, 4, 0);
+    const struct tokenizer *tok = engine_get_tokenizer(e);
+    cJSON *msgs = cJSON_Parse("[{\"role\": \"system\", \"content\": \"Be brief.\"},"
+                              " {\"role\": \"user\", \"content\": \"The cat sat\"}]");
+    assert_non_null(msgs);
+    struct chat_template_opts co = {.add_generation_prompt = true, .disable_thinking = true};
+    char *text;
+    size_t len;
+    struct rl_err err = {0};
+    assert_int_equal(chat_render(msgs, NULL, &co, &text, &len, &err), 0);
+    struct tok_ids ids = {0};
+    assert_int_equal(tok_encode(tok, text, len, 0, &ids, &err), 0);
+    free(text);
+    struct engine_request q;
+    static struct result by_msgs, by_ids;
+    greedy_req(&q, NULL, 0, 10);
+    q.messages = msgs;
+    q.mode = ENGINE_MODE_NO_THINK;
+    submit(e, &q, &by_msgs);
+    greedy_req(&q, ids.ids, (int)ids.n, 10);
+    submit(e, &q, &by_ids);
+    drain(e);
+    assert_int_equal(by_msgs.usage.prompt_tokens, (int)ids.n);
+    assert_same(&by_msgs, &by_ids);
+    tok_ids_free(&ids);
+    cJSON_Delete(msgs);
+    engine_free(e);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -680,6 +715,7 @@ int main(void)
         cmocka_unit_test(test_chunk_sizes),
         cmocka_unit_test(test_submit_errors),
         cmocka_unit_test(test_eos_and_defaults),
+        cmocka_unit_test(test_chat_messages),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
