@@ -1,0 +1,985 @@
+/* common/rconn.c - a hiredis 0.14 connection that reconnects by itself, and
+ * the stream commands, with replies copied into owned records.
+ *
+ * Who calls: the worker's main thread (publish, ack, claim, cancel checks),
+ * its reader thread (a second struct rconn for the blocking XREADGROUP),
+ * and the dispatcher. One struct rconn belongs to one thread.
+ *
+ * Connection state: `ctx` is NULL while disconnected. Any I/O or protocol
+ * error from hiredis makes the context unusable (hiredis says so), so we
+ * free it at once and the next call reconnects: the first attempt right
+ * away, then after each failure a delay that doubles from backoff_min to
+ * backoff_max, with "equal jitter" (a uniform pick in [d/2, d]) so that a
+ * fleet of workers cut off by one Redis restart does not come back in
+ * lock step. A successful connect (TCP or unix socket, AUTH, CLIENT
+ * SETNAME) resets the delay. Calls made while a delay runs fail fast with
+ * -RL_EIO: the worker's loop must keep its engine stepping, never sleep
+ * in here.
+ *
+ * Redis errors that only mean "not now" (LOADING while an AOF is replayed
+ * after a restart, BUSY, TRYAGAIN, MASTERDOWN) come back as -RL_EIO too,
+ * with the connection kept, so callers treat them like an outage.
+ *
+ * Only what hiredis 0.14 and Redis 7.0 offer is used: RESP2 replies,
+ * redisCommandArgv, redisAppendFormattedCommand, redisSetTimeout,
+ * XAUTOCLAIM (6.2+) and XPENDING IDLE (6.2+). */
+#include "rconn.h"
+
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+struct rconn {
+    char *addr;          /* as given */
+    char *host;          /* TCP host, NULL for a unix socket */
+    int port;
+    char *path;          /* unix socket path, or NULL */
+    char *user, *password_file, *client_name;
+    int connect_timeout_ms, io_timeout_ms, backoff_min_ms, backoff_max_ms;
+
+    redisContext *ctx;   /* NULL while disconnected */
+    int n_failures;      /* consecutive failed attempts */
+    int64_t next_try_ms; /* monotonic ms before which we do not try */
+    int64_t n_connects;
+    uint64_t rng;        /* xorshift64 state for the jitter */
+};
+
+void rconn_opts_default(struct rconn_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->addr = "127.0.0.1:6379";
+    o->connect_timeout_ms = 1000;
+    o->io_timeout_ms = 5000;
+    o->backoff_min_ms = 50;
+    o->backoff_max_ms = 5000;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static struct timeval tv_ms(int ms)
+{
+    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+    return tv;
+}
+
+static char *dup_or_null(const char *s)
+{
+    return s && s[0] ? strdup(s) : NULL;
+}
+
+/* Splits addr into host/port or a unix path. */
+static int parse_addr(struct rconn *c, const char *addr, struct rl_err *err)
+{
+    if (!addr || !addr[0])
+        return rl_errf(err, RL_EINVAL, "redis address is empty");
+    if (!strncmp(addr, "unix:", 5) || addr[0] == '/' || addr[0] == '.') {
+        const char *p = !strncmp(addr, "unix:", 5) ? addr + 5 : addr;
+        if (!p[0])
+            return rl_errf(err, RL_EINVAL, "redis address \"%s\": empty socket path", addr);
+        c->path = strdup(p);
+        return c->path ? 0 : -RL_ENOMEM;
+    }
+    const char *colon, *hs = addr, *he;
+    if (addr[0] == '[') { /* [v6]:port */
+        he = strchr(addr, ']');
+        if (!he || he[1] != ':')
+            return rl_errf(err, RL_EINVAL, "redis address \"%s\": want [v6addr]:port", addr);
+        hs = addr + 1;
+        colon = he + 1;
+    } else {
+        colon = strrchr(addr, ':');
+        he = colon;
+    }
+    if (!colon || he == hs)
+        return rl_errf(err, RL_EINVAL, "redis address \"%s\": want host:port or a unix socket path",
+                       addr);
+    char *end;
+    errno = 0;
+    long port = strtol(colon + 1, &end, 10);
+    if (errno || end == colon + 1 || *end || port < 1 || port > 65535)
+        return rl_errf(err, RL_EINVAL, "redis address \"%s\": port must be 1-65535", addr);
+    c->host = strndup(hs, (size_t)(he - hs));
+    c->port = (int)port;
+    return c->host ? 0 : -RL_ENOMEM;
+}
+
+int rconn_create(struct rconn **out, const struct rconn_opts *o, struct rl_err *err)
+{
+    *out = NULL;
+    if (!o || o->connect_timeout_ms <= 0 || o->io_timeout_ms < 0 || o->backoff_min_ms <= 0 ||
+        o->backoff_max_ms < o->backoff_min_ms)
+        return rl_errf(err, RL_EINVAL, "rconn_create: bad timeouts or backoff");
+    struct rconn *c = calloc(1, sizeof *c);
+    if (!c)
+        return rl_errf(err, RL_ENOMEM, "rconn_create: out of memory");
+    int rc = parse_addr(c, o->addr, err);
+    if (rc)
+        goto fail;
+    c->addr = strdup(o->addr);
+    c->user = dup_or_null(o->user);
+    c->password_file = dup_or_null(o->password_file);
+    c->client_name = dup_or_null(o->client_name);
+    if (!c->addr || (o->user && o->user[0] && !c->user) ||
+        (o->password_file && o->password_file[0] && !c->password_file) ||
+        (o->client_name && o->client_name[0] && !c->client_name)) {
+        rc = rl_errf(err, RL_ENOMEM, "rconn_create: out of memory");
+        goto fail;
+    }
+    if (c->user && !c->password_file) {
+        rc = rl_errf(err, RL_EINVAL, "redis user \"%s\" needs a password file", c->user);
+        goto fail;
+    }
+    c->connect_timeout_ms = o->connect_timeout_ms;
+    c->io_timeout_ms = o->io_timeout_ms;
+    c->backoff_min_ms = o->backoff_min_ms;
+    c->backoff_max_ms = o->backoff_max_ms;
+    if (getrandom(&c->rng, sizeof c->rng, 0) != sizeof c->rng)
+        c->rng = (uint64_t)now_ms() ^ (uintptr_t)c;
+    c->rng |= 1;
+    *out = c;
+    return 0;
+fail:
+    rconn_free(c);
+    return rc ? rc : -RL_ENOMEM;
+}
+
+void rconn_free(struct rconn *c)
+{
+    if (!c)
+        return;
+    if (c->ctx)
+        redisFree(c->ctx);
+    free(c->addr);
+    free(c->host);
+    free(c->path);
+    free(c->user);
+    free(c->password_file);
+    free(c->client_name);
+    free(c);
+}
+
+bool rconn_connected(const struct rconn *c) { return c->ctx != NULL; }
+int64_t rconn_n_reconnects(const struct rconn *c) { return c->n_connects > 1 ? c->n_connects - 1 : 0; }
+const char *rconn_addr(const struct rconn *c) { return c->addr; }
+
+int64_t rconn_retry_in_ms(const struct rconn *c)
+{
+    if (c->ctx)
+        return 0;
+    int64_t d = c->next_try_ms - now_ms();
+    return d > 0 ? d : 0;
+}
+
+void rconn_disconnect(struct rconn *c)
+{
+    if (c->ctx) {
+        redisFree(c->ctx);
+        c->ctx = NULL;
+    }
+    c->next_try_ms = 0; /* a deliberate or first drop: retry at once */
+}
+
+/* After a failed attempt: the next one waits min * 2^(failures-1), capped,
+ * jittered to [d/2, d]. */
+static void schedule_retry(struct rconn *c)
+{
+    c->n_failures++;
+    int64_t d = c->backoff_min_ms;
+    for (int i = 1; i < c->n_failures && d < c->backoff_max_ms; i++)
+        d *= 2;
+    if (d > c->backoff_max_ms)
+        d = c->backoff_max_ms;
+    c->rng ^= c->rng << 13;
+    c->rng ^= c->rng >> 7;
+    c->rng ^= c->rng << 17;
+    int64_t half = d / 2;
+    c->next_try_ms = now_ms() + half + (int64_t)(c->rng % (uint64_t)(d - half + 1));
+}
+
+/* Reads the password: the whole file less trailing whitespace. */
+static int read_password(const char *path, char *buf, size_t cap, struct rl_err *err)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return rl_errf(err, RL_EIO, "redis password file %s: %s", path, strerror(errno));
+    size_t n = fread(buf, 1, cap - 1, f);
+    int bad = ferror(f) || !feof(f);
+    fclose(f);
+    if (bad)
+        return rl_errf(err, RL_EIO, "redis password file %s: unreadable or over %zu bytes", path,
+                       cap - 1);
+    while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
+        n--;
+    buf[n] = 0;
+    if (!n)
+        return rl_errf(err, RL_EIO, "redis password file %s: empty", path);
+    return 0;
+}
+
+/* One command on a fresh context during connect: 0 or a message in err. */
+static int setup_cmd(redisContext *ctx, const char *what, int argc, const char **argv,
+                     struct rl_err *err)
+{
+    redisReply *r = redisCommandArgv(ctx, argc, argv, NULL);
+    if (!r)
+        return rl_errf(err, RL_EIO, "%s: %s", what, ctx->errstr[0] ? ctx->errstr : "connection lost");
+    int rc = 0;
+    if (r->type == REDIS_REPLY_ERROR)
+        rc = rl_errf(err, RL_EIO, "%s: %.*s", what, (int)r->len, r->str);
+    freeReplyObject(r);
+    return rc;
+}
+
+static int try_connect(struct rconn *c, struct rl_err *err)
+{
+    struct timeval ct = tv_ms(c->connect_timeout_ms);
+    redisContext *ctx = c->path ? redisConnectUnixWithTimeout(c->path, ct)
+                                : redisConnectWithTimeout(c->host, c->port, ct);
+    char pw[1024];
+    int rc = 0;
+    if (!ctx)
+        return rl_errf(err, RL_ENOMEM, "redis %s: cannot allocate a context", c->addr);
+    if (ctx->err) {
+        rc = rl_errf(err, RL_EIO, "redis %s: %s", c->addr, ctx->errstr);
+        goto fail;
+    }
+    if (c->io_timeout_ms > 0 && redisSetTimeout(ctx, tv_ms(c->io_timeout_ms)) != REDIS_OK) {
+        rc = rl_errf(err, RL_EIO, "redis %s: cannot set timeout: %s", c->addr, ctx->errstr);
+        goto fail;
+    }
+    if (!c->path)
+        redisEnableKeepAlive(ctx); /* notice a dead peer on idle connections */
+    if (c->password_file) {
+        if ((rc = read_password(c->password_file, pw, sizeof pw, err)))
+            goto fail;
+        const char *argv[3] = {"AUTH", c->user ? c->user : pw, pw};
+        rc = setup_cmd(ctx, "AUTH", c->user ? 3 : 2, argv, err);
+        memset(pw, 0, sizeof pw);
+        if (rc) {
+            rl_err_wrap(err, "redis %s", c->addr);
+            goto fail;
+        }
+    }
+    if (c->client_name) {
+        const char *argv[3] = {"CLIENT", "SETNAME", c->client_name};
+        if ((rc = setup_cmd(ctx, "CLIENT SETNAME", 3, argv, err))) {
+            rl_err_wrap(err, "redis %s", c->addr);
+            goto fail;
+        }
+    }
+    c->ctx = ctx;
+    c->n_failures = 0;
+    c->next_try_ms = 0;
+    c->n_connects++;
+    return 0;
+fail:
+    redisFree(ctx);
+    return rc;
+}
+
+int rconn_ensure(struct rconn *c, struct rl_err *err)
+{
+    if (c->ctx)
+        return 0;
+    int64_t wait = rconn_retry_in_ms(c);
+    if (wait > 0)
+        return rl_errf(err, RL_EIO, "redis %s: not connected; next attempt in %lld ms", c->addr,
+                       (long long)wait);
+    int rc = try_connect(c, err);
+    if (rc == -RL_EIO)
+        schedule_retry(c);
+    return rc;
+}
+
+int rconn_wait(struct rconn *c, int timeout_ms, struct rl_err *err)
+{
+    int64_t until = now_ms() + timeout_ms;
+    for (;;) {
+        int rc = rconn_ensure(c, err);
+        if (rc != -RL_EIO)
+            return rc;
+        int64_t left = until - now_ms();
+        if (left <= 0)
+            return rc;
+        int64_t d = rconn_retry_in_ms(c);
+        if (d > left)
+            d = left;
+        if (d < 1)
+            d = 1;
+        struct timespec ts = {.tv_sec = d / 1000, .tv_nsec = (d % 1000) * 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* The context broke: drop it, first retry at once. */
+static int lost(struct rconn *c, const char *what, struct rl_err *err)
+{
+    int rc = rl_errf(err, RL_EIO, "redis %s: %s: %s", c->addr, what,
+                     c->ctx && c->ctx->errstr[0] ? c->ctx->errstr : "connection lost");
+    rconn_disconnect(c);
+    return rc;
+}
+
+/* Deep copy of a hiredis reply into *dst. */
+static int copy_reply(struct rconn_reply *dst, const redisReply *src)
+{
+    memset(dst, 0, sizeof *dst);
+    dst->type = src->type;
+    switch (src->type) {
+    case REDIS_REPLY_INTEGER:
+        dst->integer = src->integer;
+        return 0;
+    case REDIS_REPLY_STRING:
+    case REDIS_REPLY_STATUS:
+    case REDIS_REPLY_ERROR:
+        dst->str = malloc(src->len + 1);
+        if (!dst->str)
+            return -RL_ENOMEM;
+        memcpy(dst->str, src->str, src->len);
+        dst->str[src->len] = 0;
+        dst->len = src->len;
+        return 0;
+    case REDIS_REPLY_ARRAY:
+        if (!src->elements)
+            return 0;
+        dst->elem = calloc(src->elements, sizeof *dst->elem);
+        if (!dst->elem)
+            return -RL_ENOMEM;
+        dst->n_elem = src->elements;
+        for (size_t i = 0; i < src->elements; i++)
+            if (copy_reply(&dst->elem[i], src->element[i]))
+                return -RL_ENOMEM;
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+static void clear_reply(struct rconn_reply *r)
+{
+    for (size_t i = 0; i < r->n_elem; i++)
+        clear_reply(&r->elem[i]);
+    free(r->elem);
+    free(r->str);
+    memset(r, 0, sizeof *r);
+}
+
+void rconn_reply_free(struct rconn_reply *r)
+{
+    if (!r)
+        return;
+    clear_reply(r);
+    free(r);
+}
+
+bool rconn_reply_is_stale_id(const struct rconn_reply *r)
+{
+    return r && r->type == RCONN_ERROR && r->str && strstr(r->str, "equal or smaller");
+}
+
+static bool transient_error(const char *s)
+{
+    static const char *const pfx[] = {"LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN"};
+    /* whole first word: BUSYGROUP is not BUSY */
+    for (size_t i = 0; i < sizeof pfx / sizeof pfx[0]; i++) {
+        size_t n = strlen(pfx[i]);
+        if (!strncmp(s, pfx[i], n) && (s[n] == ' ' || !s[n]))
+            return true;
+    }
+    return false;
+}
+
+/* Runs one command and hands back the copied reply (always, when one was
+ * read). Error replies return -RL_EINVAL (or -RL_EIO when transient). */
+static int run(struct rconn *c, int argc, const char *const *argv, const size_t *lens,
+               struct rconn_reply **out, struct rl_err *err)
+{
+    *out = NULL;
+    int rc = rconn_ensure(c, err);
+    if (rc)
+        return rc;
+    redisReply *r = redisCommandArgv(c->ctx, argc, (const char **)argv, lens);
+    if (!r)
+        return lost(c, argv[0], err);
+    struct rconn_reply *cp = malloc(sizeof *cp);
+    if (!cp || copy_reply(cp, r)) {
+        if (cp) {
+            clear_reply(cp);
+            free(cp);
+        }
+        freeReplyObject(r);
+        return rl_errf(err, RL_ENOMEM, "redis %s: out of memory copying a reply", argv[0]);
+    }
+    freeReplyObject(r);
+    *out = cp;
+    if (cp->type == RCONN_ERROR)
+        return rl_errf(err, transient_error(cp->str) ? RL_EIO : RL_EINVAL, "%s: %s", argv[0],
+                       cp->str);
+    return 0;
+}
+
+int rconn_command(struct rconn *c, int argc, const char *const *argv, const size_t *lens,
+                  struct rconn_reply **out, struct rl_err *err)
+{
+    if (argc < 1 || !argv)
+        return rl_errf(err, RL_EINVAL, "rconn_command: no command");
+    struct rconn_reply *r = NULL;
+    int rc = run(c, argc, argv, lens, &r, err);
+    if (out)
+        *out = r;
+    else
+        rconn_reply_free(r);
+    return rc;
+}
+
+/* ---- pipelining ---- */
+
+struct rconn_batch {
+    int n, cap;
+    char **cmd;             /* (n) RESP-encoded by redisFormatCommandArgv */
+    int *cmd_len;           /* (n) */
+    struct rconn_reply *replies; /* (cap); [0, n_done) are valid */
+    int n_done;
+    int n_errors;
+};
+
+int rconn_batch_create(struct rconn_batch **out, struct rl_err *err)
+{
+    *out = calloc(1, sizeof **out);
+    return *out ? 0 : rl_errf(err, RL_ENOMEM, "rconn_batch_create: out of memory");
+}
+
+void rconn_batch_reset(struct rconn_batch *b)
+{
+    for (int i = 0; i < b->n; i++)
+        free(b->cmd[i]);
+    for (int i = 0; i < b->n_done; i++)
+        clear_reply(&b->replies[i]);
+    b->n = b->n_done = b->n_errors = 0;
+}
+
+void rconn_batch_free(struct rconn_batch *b)
+{
+    if (!b)
+        return;
+    rconn_batch_reset(b);
+    free(b->cmd);
+    free(b->cmd_len);
+    free(b->replies);
+    free(b);
+}
+
+int rconn_batch_add(struct rconn_batch *b, int argc, const char *const *argv,
+                    const size_t *lens, struct rl_err *err)
+{
+    if (argc < 1)
+        return rl_errf(err, RL_EINVAL, "rconn_batch_add: no command");
+    if (b->n == b->cap) {
+        int cap = b->cap ? 2 * b->cap : 16;
+        char **cmd = realloc(b->cmd, sizeof *cmd * (size_t)cap);
+        if (cmd)
+            b->cmd = cmd;
+        int *len = realloc(b->cmd_len, sizeof *len * (size_t)cap);
+        if (len)
+            b->cmd_len = len;
+        struct rconn_reply *rep = realloc(b->replies, sizeof *rep * (size_t)cap);
+        if (rep)
+            b->replies = rep;
+        if (!cmd || !len || !rep)
+            return rl_errf(err, RL_ENOMEM, "rconn_batch_add: out of memory");
+        b->cap = cap;
+    }
+    char *s = NULL;
+    int n = redisFormatCommandArgv(&s, argc, (const char **)argv, lens);
+    if (n < 0 || !s)
+        return rl_errf(err, RL_ENOMEM, "rconn_batch_add: cannot encode %s", argv[0]);
+    b->cmd[b->n] = s;
+    b->cmd_len[b->n] = n;
+    b->n++;
+    return 0;
+}
+
+int rconn_batch_add_xadd(struct rconn_batch *b, const char *key, const char *id, long maxlen,
+                         int n_fields, const char *const *names, const char *const *values,
+                         const size_t *value_lens, struct rl_err *err)
+{
+    if (n_fields < 1 || n_fields > 64)
+        return rl_errf(err, RL_EINVAL, "XADD %s: 1-64 fields", key);
+    const char *argv[6 + 2 * 64];
+    size_t lens[6 + 2 * 64];
+    char ml[24];
+    int a = 0;
+    argv[a] = "XADD", lens[a++] = 4;
+    argv[a] = key, lens[a++] = strlen(key);
+    if (maxlen > 0) {
+        snprintf(ml, sizeof ml, "%ld", maxlen);
+        argv[a] = "MAXLEN", lens[a++] = 6;
+        argv[a] = "~", lens[a++] = 1;
+        argv[a] = ml, lens[a++] = strlen(ml);
+    }
+    argv[a] = id ? id : "*", lens[a] = strlen(argv[a]), a++;
+    for (int i = 0; i < n_fields; i++) {
+        argv[a] = names[i], lens[a++] = strlen(names[i]);
+        argv[a] = values[i], lens[a++] = value_lens ? value_lens[i] : strlen(values[i]);
+    }
+    return rconn_batch_add(b, a, argv, lens, err);
+}
+
+int rconn_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
+{
+    if (b->n_done == b->n)
+        return 0;
+    int rc = rconn_ensure(c, err);
+    if (rc)
+        return rc;
+    for (int i = b->n_done; i < b->n; i++)
+        if (redisAppendFormattedCommand(c->ctx, b->cmd[i], (size_t)b->cmd_len[i]) != REDIS_OK)
+            return lost(c, "pipeline", err);
+    while (b->n_done < b->n) {
+        void *v = NULL;
+        if (redisGetReply(c->ctx, &v) != REDIS_OK || !v)
+            return lost(c, "pipeline", err);
+        redisReply *r = v;
+        struct rconn_reply *dst = &b->replies[b->n_done];
+        if (copy_reply(dst, r)) {
+            clear_reply(dst);
+            freeReplyObject(r);
+            /* the replies still in flight would pair with the wrong commands */
+            rconn_disconnect(c);
+            return rl_errf(err, RL_ENOMEM, "pipeline: out of memory copying a reply");
+        }
+        freeReplyObject(r);
+        if (dst->type == RCONN_ERROR)
+            b->n_errors++;
+        b->n_done++;
+    }
+    return 0;
+}
+
+int rconn_batch_count(const struct rconn_batch *b) { return b->n; }
+int rconn_batch_n_done(const struct rconn_batch *b) { return b->n_done; }
+int rconn_batch_n_errors(const struct rconn_batch *b) { return b->n_errors; }
+
+const struct rconn_reply *rconn_batch_reply(const struct rconn_batch *b, int i)
+{
+    return i >= 0 && i < b->n_done ? &b->replies[i] : NULL;
+}
+
+/* ---- streams ---- */
+
+void rconn_entries_free(struct rconn_entries *e)
+{
+    if (!e)
+        return;
+    for (int i = 0; i < e->n; i++) {
+        for (int k = 0; k < e->v[i].n_fields; k++) {
+            free(e->v[i].fields[k].name);
+            free(e->v[i].fields[k].value);
+        }
+        free(e->v[i].fields);
+    }
+    free(e->v);
+    e->n = 0;
+    e->v = NULL;
+}
+
+void rconn_ids_free(struct rconn_ids *ids)
+{
+    if (!ids)
+        return;
+    free(ids->v);
+    ids->v = NULL;
+    ids->n = 0;
+}
+
+const char *rconn_entry_field(const struct rconn_entry *e, const char *name, size_t *len)
+{
+    for (int i = 0; i < e->n_fields; i++)
+        if (!strcmp(e->fields[i].name, name)) {
+            if (len)
+                *len = e->fields[i].value_len;
+            return e->fields[i].value;
+        }
+    return NULL;
+}
+
+static int copy_id(char dst[RCONN_ID_MAX], const struct rconn_reply *r)
+{
+    if (!r || (r->type != RCONN_STRING && r->type != RCONN_STATUS) || r->len >= RCONN_ID_MAX)
+        return -1;
+    memcpy(dst, r->str, r->len + 1);
+    return 0;
+}
+
+/* Moves the entries of one reply array ([[id, [f, v, ...]], ...]) into
+ * out, moving strings rather than copying them again. */
+static int take_entries(struct rconn_reply *arr, int stream, struct rconn_entries *out,
+                        const char *cmd, struct rl_err *err)
+{
+    if (arr->type == RCONN_NIL)
+        return 0;
+    if (arr->type != RCONN_ARRAY)
+        return rl_errf(err, RL_EFORMAT, "%s: entries are not an array", cmd);
+    if (!arr->n_elem)
+        return 0;
+    struct rconn_entry *v = realloc(out->v, sizeof *v * ((size_t)out->n + arr->n_elem));
+    if (!v)
+        return rl_errf(err, RL_ENOMEM, "%s: out of memory", cmd);
+    out->v = v;
+    for (size_t i = 0; i < arr->n_elem; i++) {
+        struct rconn_reply *e = &arr->elem[i];
+        struct rconn_entry *d = &out->v[out->n];
+        memset(d, 0, sizeof *d);
+        d->stream = stream;
+        if (e->type != RCONN_ARRAY || e->n_elem != 2 || copy_id(d->id, &e->elem[0]))
+            return rl_errf(err, RL_EFORMAT, "%s: malformed entry", cmd);
+        struct rconn_reply *f = &e->elem[1];
+        out->n++;
+        if (f->type == RCONN_NIL) { /* in the PEL, but XDELed */
+            d->deleted = true;
+            continue;
+        }
+        if (f->type != RCONN_ARRAY || f->n_elem % 2)
+            return rl_errf(err, RL_EFORMAT, "%s: malformed fields of %s", cmd, d->id);
+        if (!f->n_elem)
+            continue;
+        d->fields = calloc(f->n_elem / 2, sizeof *d->fields);
+        if (!d->fields)
+            return rl_errf(err, RL_ENOMEM, "%s: out of memory", cmd);
+        for (size_t k = 0; k + 1 < f->n_elem; k += 2) {
+            struct rconn_field *fd = &d->fields[d->n_fields];
+            if (f->elem[k].type != RCONN_STRING || f->elem[k + 1].type != RCONN_STRING)
+                return rl_errf(err, RL_EFORMAT, "%s: non-string field in %s", cmd, d->id);
+            fd->name = f->elem[k].str, fd->name_len = f->elem[k].len;
+            fd->value = f->elem[k + 1].str, fd->value_len = f->elem[k + 1].len;
+            f->elem[k].str = f->elem[k + 1].str = NULL;
+            d->n_fields++;
+        }
+    }
+    return 0;
+}
+
+static int take_ids(const struct rconn_reply *arr, struct rconn_ids *out, const char *cmd,
+                    struct rl_err *err)
+{
+    out->n = 0;
+    out->v = NULL;
+    if (arr->type != RCONN_ARRAY)
+        return rl_errf(err, RL_EFORMAT, "%s: IDs are not an array", cmd);
+    if (!arr->n_elem)
+        return 0;
+    out->v = calloc(arr->n_elem, sizeof *out->v);
+    if (!out->v)
+        return rl_errf(err, RL_ENOMEM, "%s: out of memory", cmd);
+    for (size_t i = 0; i < arr->n_elem; i++) {
+        if (copy_id(out->v[out->n], &arr->elem[i])) {
+            rconn_ids_free(out);
+            return rl_errf(err, RL_EFORMAT, "%s: malformed ID", cmd);
+        }
+        out->n++;
+    }
+    return 0;
+}
+
+int rconn_xgroup_create(struct rconn *c, const char *key, const char *group, const char *start,
+                        struct rl_err *err)
+{
+    const char *argv[] = {"XGROUP", "CREATE", key, group, start ? start : "0", "MKSTREAM"};
+    struct rconn_reply *r = NULL;
+    int rc = run(c, 6, argv, NULL, &r, err);
+    if (rc == -RL_EINVAL && r && !strncmp(r->str, "BUSYGROUP", 9))
+        rc = 0;
+    if (rc == -RL_EINVAL)
+        rl_err_wrap(err, "%s", key);
+    rconn_reply_free(r);
+    return rc;
+}
+
+int rconn_xreadgroup(struct rconn *c, const char *group, const char *consumer, int n_keys,
+                     const char *const *keys, const char *id, int count, int block_ms,
+                     struct rconn_entries *out, struct rl_err *err)
+{
+    out->n = 0;
+    out->v = NULL;
+    if (n_keys < 1 || n_keys > 64 || count < 1)
+        return rl_errf(err, RL_EINVAL, "XREADGROUP: 1-64 keys and count >= 1");
+    const char *argv[10 + 2 * 64];
+    char cnt[16], blk[16];
+    int a = 0;
+    snprintf(cnt, sizeof cnt, "%d", count);
+    argv[a++] = "XREADGROUP", argv[a++] = "GROUP", argv[a++] = group, argv[a++] = consumer;
+    argv[a++] = "COUNT", argv[a++] = cnt;
+    if (block_ms >= 0) {
+        snprintf(blk, sizeof blk, "%d", block_ms);
+        argv[a++] = "BLOCK", argv[a++] = blk;
+    }
+    argv[a++] = "STREAMS";
+    for (int i = 0; i < n_keys; i++)
+        argv[a++] = keys[i];
+    for (int i = 0; i < n_keys; i++)
+        argv[a++] = id;
+
+    int rc = rconn_ensure(c, err);
+    if (rc)
+        return rc;
+    /* the socket timeout must outlast the BLOCK, or hiredis would call a
+     * quiet queue a dead connection */
+    bool widened = block_ms > 0 && c->io_timeout_ms > 0;
+    if (widened)
+        redisSetTimeout(c->ctx, tv_ms(c->io_timeout_ms + block_ms));
+    struct rconn_reply *r = NULL;
+    rc = run(c, a, argv, NULL, &r, err);
+    if (widened && c->ctx)
+        redisSetTimeout(c->ctx, tv_ms(c->io_timeout_ms));
+    if (rc || r->type == RCONN_NIL)
+        goto done;
+    if (r->type != RCONN_ARRAY) {
+        rc = rl_errf(err, RL_EFORMAT, "XREADGROUP: reply is not an array");
+        goto done;
+    }
+    for (size_t s = 0; s < r->n_elem && !rc; s++) {
+        struct rconn_reply *sr = &r->elem[s];
+        if (sr->type != RCONN_ARRAY || sr->n_elem != 2 || sr->elem[0].type != RCONN_STRING) {
+            rc = rl_errf(err, RL_EFORMAT, "XREADGROUP: malformed stream reply");
+            break;
+        }
+        int idx = 0;
+        while (idx < n_keys && strcmp(keys[idx], sr->elem[0].str))
+            idx++;
+        if (idx == n_keys) {
+            rc = rl_errf(err, RL_EFORMAT, "XREADGROUP: reply for a key not asked for");
+            break;
+        }
+        rc = take_entries(&sr->elem[1], idx, out, "XREADGROUP", err);
+    }
+done:
+    rconn_reply_free(r);
+    if (rc)
+        rconn_entries_free(out);
+    return rc;
+}
+
+int rconn_xack(struct rconn *c, const char *key, const char *group, int n_ids,
+               const char *const *ids, long long *n_acked, struct rl_err *err)
+{
+    if (n_ids < 1)
+        return rl_errf(err, RL_EINVAL, "XACK %s: no IDs", key);
+    const char **argv = malloc(sizeof *argv * (size_t)(3 + n_ids));
+    if (!argv)
+        return rl_errf(err, RL_ENOMEM, "XACK: out of memory");
+    argv[0] = "XACK", argv[1] = key, argv[2] = group;
+    memcpy(argv + 3, ids, sizeof *argv * (size_t)n_ids);
+    struct rconn_reply *r = NULL;
+    int rc = run(c, 3 + n_ids, argv, NULL, &r, err);
+    free(argv);
+    if (!rc && n_acked)
+        *n_acked = r->integer;
+    rconn_reply_free(r);
+    return rc;
+}
+
+int rconn_xadd(struct rconn *c, const char *key, const char *id, long maxlen, int n_fields,
+               const char *const *names, const char *const *values, const size_t *value_lens,
+               char out_id[RCONN_ID_MAX], bool *duplicate, struct rl_err *err)
+{
+    if (duplicate)
+        *duplicate = false;
+    struct rconn_batch b = {0};
+    int rc = rconn_batch_add_xadd(&b, key, id, maxlen, n_fields, names, values, value_lens, err);
+    if (!rc)
+        rc = rconn_batch_exec(c, &b, err);
+    if (!rc) {
+        const struct rconn_reply *r = &b.replies[0];
+        if (rconn_reply_is_stale_id(r) && duplicate) {
+            *duplicate = true;
+        } else if (r->type == RCONN_ERROR) {
+            rc = rl_errf(err, transient_error(r->str) ? RL_EIO : RL_EINVAL, "XADD %s: %s", key, r->str);
+        } else if (out_id && copy_id(out_id, r)) {
+            rc = rl_errf(err, RL_EFORMAT, "XADD %s: reply is not an ID", key);
+        }
+    }
+    rconn_batch_reset(&b);
+    free(b.cmd);
+    free(b.cmd_len);
+    free(b.replies);
+    return rc;
+}
+
+int rconn_xautoclaim(struct rconn *c, const char *key, const char *group, const char *consumer,
+                     int64_t min_idle_ms, const char *start, int count, struct rconn_entries *out,
+                     char next[RCONN_ID_MAX], struct rconn_ids *deleted, struct rl_err *err)
+{
+    out->n = 0;
+    out->v = NULL;
+    if (deleted)
+        deleted->n = 0, deleted->v = NULL;
+    char idle[24], cnt[16];
+    snprintf(idle, sizeof idle, "%lld", (long long)min_idle_ms);
+    snprintf(cnt, sizeof cnt, "%d", count > 0 ? count : 100);
+    const char *argv[] = {"XAUTOCLAIM", key, group, consumer, idle, start ? start : "0-0",
+                          "COUNT", cnt};
+    struct rconn_reply *r = NULL;
+    int rc = run(c, 8, argv, NULL, &r, err);
+    if (rc)
+        goto done;
+    /* [cursor, entries] in 6.2, [cursor, entries, deleted IDs] from 7.0 */
+    if (r->type != RCONN_ARRAY || r->n_elem < 2 || copy_id(next, &r->elem[0])) {
+        rc = rl_errf(err, RL_EFORMAT, "XAUTOCLAIM %s: malformed reply", key);
+        goto done;
+    }
+    if ((rc = take_entries(&r->elem[1], 0, out, "XAUTOCLAIM", err)))
+        goto done;
+    if (deleted && r->n_elem >= 3)
+        rc = take_ids(&r->elem[2], deleted, "XAUTOCLAIM", err);
+done:
+    rconn_reply_free(r);
+    if (rc)
+        rconn_entries_free(out);
+    return rc;
+}
+
+int rconn_xclaim_justid(struct rconn *c, const char *key, const char *group,
+                        const char *consumer, int64_t min_idle_ms, int n_ids,
+                        const char *const *ids, struct rconn_ids *claimed, struct rl_err *err)
+{
+    claimed->n = 0;
+    claimed->v = NULL;
+    if (n_ids < 1)
+        return rl_errf(err, RL_EINVAL, "XCLAIM %s: no IDs", key);
+    const char **argv = malloc(sizeof *argv * (size_t)(6 + n_ids));
+    if (!argv)
+        return rl_errf(err, RL_ENOMEM, "XCLAIM: out of memory");
+    char idle[24];
+    snprintf(idle, sizeof idle, "%lld", (long long)min_idle_ms);
+    argv[0] = "XCLAIM", argv[1] = key, argv[2] = group, argv[3] = consumer, argv[4] = idle;
+    memcpy(argv + 5, ids, sizeof *argv * (size_t)n_ids);
+    argv[5 + n_ids] = "JUSTID";
+    struct rconn_reply *r = NULL;
+    int rc = run(c, 6 + n_ids, argv, NULL, &r, err);
+    free(argv);
+    if (!rc)
+        rc = take_ids(r, claimed, "XCLAIM", err);
+    rconn_reply_free(r);
+    return rc;
+}
+
+int rconn_xrange(struct rconn *c, const char *key, const char *start, const char *end, int count,
+                 struct rconn_entries *out, struct rl_err *err)
+{
+    out->n = 0;
+    out->v = NULL;
+    char cnt[16];
+    snprintf(cnt, sizeof cnt, "%d", count);
+    const char *argv[] = {"XRANGE", key, start ? start : "-", end ? end : "+", "COUNT", cnt};
+    struct rconn_reply *r = NULL;
+    int rc = run(c, count > 0 ? 6 : 4, argv, NULL, &r, err);
+    if (!rc)
+        rc = take_entries(r, 0, out, "XRANGE", err);
+    rconn_reply_free(r);
+    if (rc)
+        rconn_entries_free(out);
+    return rc;
+}
+
+int rconn_xpending(struct rconn *c, const char *key, const char *group, int64_t min_idle_ms,
+                   const char *start, const char *end, int count, const char *consumer,
+                   struct rconn_pending **out, int *n_out, struct rl_err *err)
+{
+    *out = NULL;
+    *n_out = 0;
+    const char *argv[10];
+    char idle[24], cnt[16];
+    int a = 0;
+    argv[a++] = "XPENDING", argv[a++] = key, argv[a++] = group;
+    if (min_idle_ms > 0) {
+        snprintf(idle, sizeof idle, "%lld", (long long)min_idle_ms);
+        argv[a++] = "IDLE", argv[a++] = idle;
+    }
+    snprintf(cnt, sizeof cnt, "%d", count > 0 ? count : 100);
+    argv[a++] = start ? start : "-", argv[a++] = end ? end : "+", argv[a++] = cnt;
+    if (consumer)
+        argv[a++] = consumer;
+    struct rconn_reply *r = NULL;
+    int rc = run(c, a, argv, NULL, &r, err);
+    if (rc)
+        goto done;
+    if (r->type != RCONN_ARRAY) {
+        rc = rl_errf(err, RL_EFORMAT, "XPENDING %s: reply is not an array", key);
+        goto done;
+    }
+    if (!r->n_elem)
+        goto done;
+    *out = calloc(r->n_elem, sizeof **out);
+    if (!*out) {
+        rc = rl_errf(err, RL_ENOMEM, "XPENDING: out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < r->n_elem; i++) {
+        const struct rconn_reply *e = &r->elem[i];
+        struct rconn_pending *p = &(*out)[i];
+        if (e->type != RCONN_ARRAY || e->n_elem != 4 || copy_id(p->id, &e->elem[0]) ||
+            e->elem[1].type != RCONN_STRING || e->elem[1].len >= RCONN_NAME_MAX ||
+            e->elem[2].type != RCONN_INTEGER || e->elem[3].type != RCONN_INTEGER) {
+            rc = rl_errf(err, RL_EFORMAT, "XPENDING %s: malformed entry", key);
+            goto done;
+        }
+        memcpy(p->consumer, e->elem[1].str, e->elem[1].len + 1);
+        p->idle_ms = e->elem[2].integer;
+        p->deliveries = e->elem[3].integer;
+    }
+    *n_out = (int)r->n_elem;
+done:
+    if (rc) {
+        free(*out);
+        *out = NULL;
+        *n_out = 0;
+    }
+    rconn_reply_free(r);
+    return rc;
+}
+
+int rconn_expire(struct rconn *c, const char *key, int64_t seconds, bool *set, struct rl_err *err)
+{
+    char s[24];
+    snprintf(s, sizeof s, "%lld", (long long)seconds);
+    const char *argv[] = {"EXPIRE", key, s};
+    struct rconn_reply *r = NULL;
+    int rc = run(c, 3, argv, NULL, &r, err);
+    if (!rc && set)
+        *set = r->integer == 1;
+    rconn_reply_free(r);
+    return rc;
+}
+
+int rconn_publish(struct rconn *c, const char *channel, const char *msg, size_t len,
+                  long long *n_receivers, struct rl_err *err)
+{
+    const char *argv[] = {"PUBLISH", channel, msg};
+    size_t lens[] = {7, strlen(channel), len};
+    struct rconn_reply *r = NULL;
+    int rc = run(c, 3, argv, lens, &r, err);
+    if (!rc && n_receivers)
+        *n_receivers = r->integer;
+    rconn_reply_free(r);
+    return rc;
+}
+
+int rconn_exists(struct rconn *c, const char *key, bool *exists, struct rl_err *err)
+{
+    const char *argv[] = {"EXISTS", key};
+    struct rconn_reply *r = NULL;
+    int rc = run(c, 2, argv, NULL, &r, err);
+    if (!rc)
+        *exists = r->integer > 0;
+    rconn_reply_free(r);
+    return rc;
+}

@@ -1,0 +1,221 @@
+/* common/rconn.h - one Redis connection (hiredis 0.14, RESP2) that survives
+ * Redis restarts, plus the stream commands the worker and dispatcher use.
+ *
+ * A struct rconn is used by one thread. A worker holds two: one for the
+ * blocking XREADGROUP and one for everything else, so a blocked read never
+ * delays publishing tokens.
+ *
+ * Every reply is copied out of hiredis into the owned records below and
+ * the hiredis reply is freed before the call returns; callers free what
+ * they get with the matching *_free. Return values: 0, or
+ *   -RL_EIO     not connected / the connection broke / Redis is loading:
+ *               transient, retry later (the connection is re-made with
+ *               exponential backoff and jitter on the next call)
+ *   -RL_EINVAL  bad arguments, or Redis answered with an error (message
+ *               in err, e.g. "XACK: WRONGTYPE ...")
+ *   -RL_ENOMEM
+ * Job streams must never be trimmed (an unacknowledged job would be lost):
+ * pass maxlen 0 for them; only out-streams and redlm:dead may be capped. */
+#ifndef RL_RCONN_H
+#define RL_RCONN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+struct rconn;
+
+#define RCONN_ID_MAX 48    /* a stream ID "ms-seq": 20 + 1 + 20 digits + NUL */
+#define RCONN_NAME_MAX 128 /* consumer names we read back */
+
+struct rconn_opts {
+    const char *addr;          /* "host:port", "[v6addr]:port", "unix:/path" or "/path" */
+    const char *user;          /* ACL user, NULL or "" for AUTH <password> alone */
+    const char *password_file; /* NULL or "": no AUTH. Re-read at each connect, so a
+                                * rotated password needs no restart */
+    const char *client_name;   /* CLIENT SETNAME, NULL for none */
+    int connect_timeout_ms;    /* > 0 */
+    int io_timeout_ms;         /* per read/write; 0 = none. Blocking reads add
+                                * their BLOCK time to it */
+    int backoff_min_ms;        /* first retry delay after a failure, > 0 */
+    int backoff_max_ms;        /* cap of the doubling, >= backoff_min_ms */
+};
+
+/* connect 1000 ms, io 5000 ms, backoff 50..5000 ms, addr 127.0.0.1:6379. */
+void rconn_opts_default(struct rconn_opts *o);
+
+/* Checks and copies *o (the strings too); does not connect, so a worker
+ * can start while Redis is down. -RL_EINVAL for a bad address. */
+int rconn_create(struct rconn **out, const struct rconn_opts *o, struct rl_err *err);
+void rconn_free(struct rconn *c);
+
+/* Connected now, or connects if the backoff allows an attempt now.
+ * Returns 0 when connected; -RL_EIO when not (err says why and when the
+ * next attempt is due). Every command below calls this first. */
+int rconn_ensure(struct rconn *c, struct rl_err *err);
+/* Calls rconn_ensure until connected or timeout_ms passes, sleeping
+ * through the backoff. For start-up and tests, not the main loop. */
+int rconn_wait(struct rconn *c, int timeout_ms, struct rl_err *err);
+bool rconn_connected(const struct rconn *c);
+/* Milliseconds until the next connection attempt is allowed; 0 if now or
+ * already connected. A loop with nothing else to do sleeps this long. */
+int64_t rconn_retry_in_ms(const struct rconn *c);
+/* Drops the connection (the next call reconnects at once). */
+void rconn_disconnect(struct rconn *c);
+/* Successful connects after the first one: for the metrics. */
+int64_t rconn_n_reconnects(const struct rconn *c);
+/* The address as given, for log lines. */
+const char *rconn_addr(const struct rconn *c);
+
+/* A reply, deep-copied. type is one of enum rconn_type. */
+enum rconn_type {
+    RCONN_STRING = 1, RCONN_ARRAY = 2, RCONN_INTEGER = 3, RCONN_NIL = 4,
+    RCONN_STATUS = 5, RCONN_ERROR = 6,
+};
+struct rconn_reply {
+    int type;
+    long long integer;          /* RCONN_INTEGER */
+    char *str;                  /* STRING, STATUS, ERROR: NUL-terminated, len bytes */
+    size_t len;
+    size_t n_elem;              /* RCONN_ARRAY */
+    struct rconn_reply *elem;   /* (n_elem) */
+};
+/* Frees r and everything in it; NULL is fine. */
+void rconn_reply_free(struct rconn_reply *r);
+/* An error reply saying an explicit XADD ID is not above the stream's
+ * top: with ev_stream_id() IDs this means "already written". */
+bool rconn_reply_is_stale_id(const struct rconn_reply *r);
+
+/* Any command. lens NULL: each argv is a C string. *out (if out is
+ * non-NULL) gets the reply, error replies included, which then also make
+ * the return -RL_EINVAL; with out NULL the reply is dropped. */
+int rconn_command(struct rconn *c, int argc, const char *const *argv, const size_t *lens,
+                  struct rconn_reply **out, struct rl_err *err);
+
+/* Pipelining: queue commands, send them in one write, read all replies.
+ * The batch keeps each command encoded, so after -RL_EIO mid-way a second
+ * rconn_batch_exec re-sends exactly the commands whose replies were not
+ * read (n_done tells how many were). A command that Redis ran but whose
+ * reply was lost is sent again: make such commands idempotent (XADD with
+ * ev_stream_id() IDs, SET, EXPIRE). */
+struct rconn_batch;
+int rconn_batch_create(struct rconn_batch **out, struct rl_err *err);
+void rconn_batch_free(struct rconn_batch *b);
+/* Empties the batch for reuse (keeps its memory). */
+void rconn_batch_reset(struct rconn_batch *b);
+int rconn_batch_add(struct rconn_batch *b, int argc, const char *const *argv,
+                    const size_t *lens, struct rl_err *err);
+/* XADD key [MAXLEN ~ maxlen] id f1 v1 ...: maxlen 0 = no trimming. */
+int rconn_batch_add_xadd(struct rconn_batch *b, const char *key, const char *id, long maxlen,
+                         int n_fields, const char *const *names, const char *const *values,
+                         const size_t *value_lens, struct rl_err *err);
+/* Sends the commands not yet answered and reads their replies. Returns 0
+ * when every reply was read (check rconn_batch_n_errors for error
+ * replies), -RL_EIO when the connection failed part-way. */
+int rconn_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err);
+int rconn_batch_count(const struct rconn_batch *b);
+int rconn_batch_n_done(const struct rconn_batch *b);
+/* Error replies among the replies read so far. */
+int rconn_batch_n_errors(const struct rconn_batch *b);
+/* The reply to command i, owned by the batch, valid until reset/free;
+ * NULL if not read yet. */
+const struct rconn_reply *rconn_batch_reply(const struct rconn_batch *b, int i);
+
+/* Stream records. */
+struct rconn_field {
+    char *name;       /* NUL-terminated, name_len bytes */
+    size_t name_len;
+    char *value;      /* NUL-terminated, value_len bytes (binary safe) */
+    size_t value_len;
+};
+struct rconn_entry {
+    char id[RCONN_ID_MAX];
+    int stream;       /* index into the keys passed to rconn_xreadgroup; 0 otherwise */
+    bool deleted;     /* listed in the PEL but the entry was XDELed: no fields */
+    int n_fields;
+    struct rconn_field *fields; /* (n_fields) */
+};
+struct rconn_entries {
+    int n;
+    struct rconn_entry *v; /* (n) */
+};
+/* Frees what e holds and zeroes it. */
+void rconn_entries_free(struct rconn_entries *e);
+/* The value of field name, or NULL; *len gets its length. */
+const char *rconn_entry_field(const struct rconn_entry *e, const char *name, size_t *len);
+
+struct rconn_ids {
+    int n;
+    char (*v)[RCONN_ID_MAX]; /* (n) */
+};
+void rconn_ids_free(struct rconn_ids *ids);
+
+/* XGROUP CREATE key group start MKSTREAM; an existing group (BUSYGROUP)
+ * is success. start "0" serves what was queued before any worker came. */
+int rconn_xgroup_create(struct rconn *c, const char *key, const char *group, const char *start,
+                        struct rl_err *err);
+
+/* XREADGROUP GROUP group consumer COUNT count [BLOCK block_ms] STREAMS
+ * keys... id...: id ">" for new entries, "0" for this consumer's own
+ * pending ones. block_ms < 0: no BLOCK. A timeout gives 0 entries. Reads
+ * from all n_keys streams; entries come stream by stream in key order. */
+int rconn_xreadgroup(struct rconn *c, const char *group, const char *consumer, int n_keys,
+                     const char *const *keys, const char *id, int count, int block_ms,
+                     struct rconn_entries *out, struct rl_err *err);
+
+/* XACK key group ids...; *n_acked (may be NULL) gets Redis's count. */
+int rconn_xack(struct rconn *c, const char *key, const char *group, int n_ids,
+               const char *const *ids, long long *n_acked, struct rl_err *err);
+
+/* XADD key [MAXLEN ~ maxlen] id fields...; maxlen 0 = no trimming. id "*"
+ * or explicit. out_id (may be NULL) gets the new ID. An explicit id not
+ * above the top sets *duplicate and returns 0 (it was written before);
+ * with duplicate NULL that is -RL_EINVAL. */
+int rconn_xadd(struct rconn *c, const char *key, const char *id, long maxlen, int n_fields,
+               const char *const *names, const char *const *values, const size_t *value_lens,
+               char out_id[RCONN_ID_MAX], bool *duplicate, struct rl_err *err);
+
+/* XAUTOCLAIM key group consumer min_idle_ms start COUNT count: takes over
+ * entries idle at least min_idle_ms (their delivery count goes up by one).
+ * next gets the cursor for the next call ("0-0" when the scan is done);
+ * deleted (may be NULL) the IDs Redis dropped from the PEL because their
+ * entries were deleted (Redis 7). */
+int rconn_xautoclaim(struct rconn *c, const char *key, const char *group, const char *consumer,
+                     int64_t min_idle_ms, const char *start, int count, struct rconn_entries *out,
+                     char next[RCONN_ID_MAX], struct rconn_ids *deleted, struct rl_err *err);
+
+/* XCLAIM key group consumer min_idle_ms ids... JUSTID: lease renewal. Resets
+ * the idle time without counting a delivery; *claimed gets the IDs still
+ * pending (an ID missing from it was acknowledged or deleted meanwhile). */
+int rconn_xclaim_justid(struct rconn *c, const char *key, const char *group,
+                        const char *consumer, int64_t min_idle_ms, int n_ids,
+                        const char *const *ids, struct rconn_ids *claimed, struct rl_err *err);
+
+/* XRANGE key start end [COUNT count]; count 0 = all. Reading back a
+ * request's published events for resumption: XRANGE out - +. */
+int rconn_xrange(struct rconn *c, const char *key, const char *start, const char *end, int count,
+                 struct rconn_entries *out, struct rl_err *err);
+
+struct rconn_pending {
+    char id[RCONN_ID_MAX];
+    char consumer[RCONN_NAME_MAX];
+    int64_t idle_ms;
+    int64_t deliveries;
+};
+/* XPENDING key group [IDLE min_idle_ms] start end count [consumer]:
+ * min_idle_ms 0 = any, consumer NULL = all. *out is malloc'd (free()). */
+int rconn_xpending(struct rconn *c, const char *key, const char *group, int64_t min_idle_ms,
+                   const char *start, const char *end, int count, const char *consumer,
+                   struct rconn_pending **out, int *n_out, struct rl_err *err);
+
+/* EXPIRE key seconds; *set (may be NULL) tells whether the key existed. */
+int rconn_expire(struct rconn *c, const char *key, int64_t seconds, bool *set, struct rl_err *err);
+/* PUBLISH channel msg; *n_receivers may be NULL. */
+int rconn_publish(struct rconn *c, const char *channel, const char *msg, size_t len,
+                  long long *n_receivers, struct rl_err *err);
+/* EXISTS key (the cancel check). */
+int rconn_exists(struct rconn *c, const char *key, bool *exists, struct rl_err *err);
+
+#endif

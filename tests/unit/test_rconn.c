@@ -1,0 +1,595 @@
+/* tests/unit/test_rconn.c - rconn against a real redis-server.
+ *
+ * With REDLM_TEST_REDIS=host:port (CI) the tests use that server and skip
+ * the ones that must restart it. Otherwise the group setup starts its own
+ * `redis-server` on a free loopback port (and a unix socket), with no
+ * persistence, as a child process; teardown kills it. The reconnect test
+ * kills and restarts that child on the same port. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rconn.h"
+
+static char addr[256];        /* host:port of the server under test */
+static char sock_path[256];   /* its unix socket, "" if none */
+static char tmpdir[256];
+static int port;
+static pid_t server = -1;     /* our child, -1 when using REDLM_TEST_REDIS */
+static char prefix[64];       /* keys of this run: "redlm-test:<pid>:" */
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) ||
+        getsockname(fd, (struct sockaddr *)&sa, &len))
+        return -1;
+    int p = ntohs(sa.sin_port);
+    close(fd);
+    return p;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static struct rconn *mk(const char *a, const char *user, const char *pwfile)
+{
+    struct rconn_opts o;
+    rconn_opts_default(&o);
+    o.addr = a;
+    o.user = user;
+    o.password_file = pwfile;
+    o.client_name = "redlm-test";
+    o.backoff_min_ms = 20;
+    o.backoff_max_ms = 400;
+    o.io_timeout_ms = 2000;
+    struct rconn *c = NULL;
+    struct rl_err err = {0};
+    if (rconn_create(&c, &o, &err))
+        fail_msg("rconn_create(%s): %s", a, err.msg);
+    return c;
+}
+
+static int start_server(void)
+{
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        freopen("/dev/null", "w", stdout);
+        execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1",
+               "--save", "", "--appendonly", "no", "--daemonize", "no", "--unixsocket",
+               sock_path, "--unixsocketperm", "700", "--dir", tmpdir, (char *)NULL);
+        _exit(127);
+    }
+    server = pid;
+    /* ready when a PING answers */
+    struct rconn *c = mk(addr, NULL, NULL);
+    struct rl_err err;
+    int rc = rconn_wait(c, 10000, &err);
+    rconn_free(c);
+    return rc;
+}
+
+static void stop_server(int sig)
+{
+    if (server > 0) {
+        kill(server, sig);
+        waitpid(server, NULL, 0);
+        server = -1;
+    }
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    signal(SIGPIPE, SIG_IGN);
+    snprintf(prefix, sizeof prefix, "redlm-test:%d:", (int)getpid());
+    const char *env = getenv("REDLM_TEST_REDIS");
+    if (env && env[0]) {
+        snprintf(addr, sizeof addr, "%s", env);
+        return 0;
+    }
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/redlm-rconn-XXXXXX");
+    if (!mkdtemp(tmpdir))
+        return -1;
+    memcpy(sock_path, tmpdir, strlen(tmpdir));
+    strcpy(sock_path + strlen(tmpdir), "/redis.sock");
+    if ((port = free_port()) < 0)
+        return -1;
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    return start_server();
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    stop_server(SIGTERM);
+    if (tmpdir[0]) {
+        char p[300];
+        snprintf(p, sizeof p, "%s/pw", tmpdir);
+        unlink(p);
+        unlink(sock_path);
+        rmdir(tmpdir);
+    }
+    return 0;
+}
+
+static const char *key(const char *name)
+{
+    static char buf[8][160];
+    static int i;
+    i = (i + 1) % 8;
+    snprintf(buf[i], sizeof buf[i], "%s%s", prefix, name);
+    return buf[i];
+}
+
+static void cmd_ok(struct rconn *c, int argc, const char *const *argv)
+{
+    struct rl_err err = {0};
+    if (rconn_command(c, argc, argv, NULL, NULL, &err))
+        fail_msg("%s: %s", argv[0], err.msg);
+}
+
+static void test_bad_addresses(void **state)
+{
+    (void)state;
+    const char *bad[] = {"", "localhost", "host:", "host:0", "host:65536", "host:12x", ":6379",
+                         "[::1]6379", "unix:"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct rconn_opts o;
+        rconn_opts_default(&o);
+        o.addr = bad[i];
+        struct rconn *c = (struct rconn *)1;
+        struct rl_err err = {0};
+        assert_int_equal(rconn_create(&c, &o, &err), -RL_EINVAL);
+        assert_null(c);
+        assert_true(err.msg[0]);
+    }
+    struct rconn_opts o;
+    rconn_opts_default(&o);
+    o.user = "alice"; /* a user without a password file */
+    struct rconn *c = NULL;
+    assert_int_equal(rconn_create(&c, &o, NULL), -RL_EINVAL);
+    o.user = NULL;
+    o.addr = "[::1]:6379";
+    assert_int_equal(rconn_create(&c, &o, NULL), 0);
+    rconn_free(c);
+}
+
+static void test_command_binary_safe(void **state)
+{
+    (void)state;
+    struct rconn *c = mk(addr, NULL, NULL);
+    struct rl_err err = {0};
+    assert_int_equal(rconn_wait(c, 2000, &err), 0);
+    const char val[] = {'a', 0, 'b', '\n', (char)0xff};
+    const char *argv[] = {"SET", key("bin"), val};
+    size_t lens[] = {3, strlen(argv[1]), sizeof val};
+    assert_int_equal(rconn_command(c, 3, argv, lens, NULL, &err), 0);
+    const char *get[] = {"GET", key("bin")};
+    struct rconn_reply *r = NULL;
+    assert_int_equal(rconn_command(c, 2, get, NULL, &r, &err), 0);
+    assert_int_equal(r->type, RCONN_STRING);
+    assert_int_equal(r->len, sizeof val);
+    assert_memory_equal(r->str, val, sizeof val);
+    rconn_reply_free(r);
+    /* an error reply: -RL_EINVAL, connection kept */
+    const char *bad[] = {"INCR", key("bin")};
+    assert_int_equal(rconn_command(c, 2, bad, NULL, &r, &err), -RL_EINVAL);
+    assert_int_equal(r->type, RCONN_ERROR);
+    assert_non_null(strstr(err.msg, "INCR"));
+    rconn_reply_free(r);
+    assert_true(rconn_connected(c));
+    const char *name[] = {"CLIENT", "GETNAME"};
+    assert_int_equal(rconn_command(c, 2, name, NULL, &r, &err), 0);
+    assert_string_equal(r->str, "redlm-test");
+    rconn_reply_free(r);
+    bool ex = false;
+    assert_int_equal(rconn_exists(c, key("bin"), &ex, &err), 0);
+    assert_true(ex);
+    assert_int_equal(rconn_exists(c, key("nope"), &ex, &err), 0);
+    assert_false(ex);
+    rconn_free(c);
+}
+
+static void test_unix_socket(void **state)
+{
+    (void)state;
+    if (!sock_path[0])
+        skip();
+    char a[300];
+    snprintf(a, sizeof a, "unix:%s", sock_path);
+    struct rconn *c = mk(a, NULL, NULL);
+    struct rl_err err = {0};
+    assert_int_equal(rconn_wait(c, 2000, &err), 0);
+    const char *ping[] = {"PING"};
+    struct rconn_reply *r = NULL;
+    assert_int_equal(rconn_command(c, 1, ping, NULL, &r, &err), 0);
+    assert_string_equal(r->str, "PONG");
+    rconn_reply_free(r);
+    rconn_free(c);
+}
+
+static void test_acl_auth(void **state)
+{
+    (void)state;
+    struct rconn *admin = mk(addr, NULL, NULL);
+    const char *user = key("alice");
+    const char *setuser[] = {"ACL", "SETUSER", user, "on", ">s3cret pw", "~*", "&*", "+@all"};
+    cmd_ok(admin, 8, setuser);
+
+    char pw[300];
+    if (tmpdir[0])
+        snprintf(pw, sizeof pw, "%s/pw", tmpdir);
+    else
+        snprintf(pw, sizeof pw, "/tmp/redlm-rconn-pw-%d", (int)getpid());
+    FILE *f = fopen(pw, "w");
+    assert_non_null(f);
+    fputs("s3cret pw\n", f);
+    fclose(f);
+    struct rconn *c = mk(addr, user, pw);
+    struct rl_err err = {0};
+    assert_int_equal(rconn_wait(c, 2000, &err), 0);
+    const char *who[] = {"ACL", "WHOAMI"};
+    struct rconn_reply *r = NULL;
+    assert_int_equal(rconn_command(c, 2, who, NULL, &r, &err), 0);
+    assert_string_equal(r->str, user);
+    rconn_reply_free(r);
+    rconn_free(c);
+
+    /* wrong password: a connect failure with Redis's reason, and backoff */
+    f = fopen(pw, "w");
+    fputs("wrong\n", f);
+    fclose(f);
+    c = mk(addr, user, pw);
+    assert_int_equal(rconn_ensure(c, &err), -RL_EIO);
+    assert_non_null(strstr(err.msg, "WRONGPASS"));
+    assert_false(rconn_connected(c));
+    assert_true(rconn_retry_in_ms(c) > 0);
+    rconn_free(c);
+    /* missing file */
+    unlink(pw);
+    c = mk(addr, user, pw);
+    assert_int_equal(rconn_ensure(c, &err), -RL_EIO);
+    assert_non_null(strstr(err.msg, pw));
+    rconn_free(c);
+
+    const char *deluser[] = {"ACL", "DELUSER", user};
+    cmd_ok(admin, 3, deluser);
+    rconn_free(admin);
+}
+
+static void test_backoff_when_down(void **state)
+{
+    (void)state;
+    char a[64];
+    snprintf(a, sizeof a, "127.0.0.1:%d", free_port()); /* nothing listens */
+    struct rconn *c = mk(a, NULL, NULL);
+    struct rl_err err = {0};
+    int64_t prev = 0;
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(rconn_ensure(c, &err), -RL_EIO);
+        int64_t d = rconn_retry_in_ms(c);
+        /* jittered into [d/2, d] of 20, 40, 80, ... capped at 400 */
+        int64_t cap = 20LL << i;
+        if (cap > 400)
+            cap = 400;
+        assert_true(d <= cap && d >= cap / 2 - 1);
+        assert_true(d >= prev / 2);
+        prev = d;
+        /* a call during the delay fails fast without trying */
+        assert_int_equal(rconn_ensure(c, &err), -RL_EIO);
+        assert_non_null(strstr(err.msg, "next attempt"));
+        sleep_ms((int)d + 1);
+    }
+    const char *ping[] = {"PING"};
+    assert_int_equal(rconn_command(c, 1, ping, NULL, NULL, &err), -RL_EIO);
+    rconn_free(c);
+}
+
+static void test_streams(void **state)
+{
+    (void)state;
+    struct rconn *c = mk(addr, NULL, NULL);
+    struct rl_err err = {0};
+    const char *jobs = key("jobs:fast"), *jobs2 = key("jobs:think");
+    assert_int_equal(rconn_xgroup_create(c, jobs, "workers", "0", &err), 0);
+    assert_int_equal(rconn_xgroup_create(c, jobs, "workers", "0", &err), 0); /* BUSYGROUP */
+    assert_int_equal(rconn_xgroup_create(c, jobs2, "workers", "0", &err), 0);
+
+    char ids[3][RCONN_ID_MAX];
+    const char *names[] = {"job"};
+    for (int i = 0; i < 3; i++) {
+        char v[32];
+        snprintf(v, sizeof v, "{\"prompt\":\"%d\"}", i);
+        const char *vals[] = {v};
+        assert_int_equal(rconn_xadd(c, jobs, "*", 0, 1, names, vals, NULL, ids[i], NULL, &err), 0);
+    }
+    const char *tv[] = {"{\"prompt\":\"t\"}"};
+    char tid[RCONN_ID_MAX];
+    assert_int_equal(rconn_xadd(c, jobs2, "*", 0, 1, names, tv, NULL, tid, NULL, &err), 0);
+
+    struct rconn_entries e;
+    const char *keys[] = {jobs, jobs2};
+    assert_int_equal(rconn_xreadgroup(c, "workers", "w1", 2, keys, ">", 2, -1, &e, &err), 0);
+    assert_int_equal(e.n, 3); /* two from fast, one from think */
+    assert_string_equal(e.v[0].id, ids[0]);
+    assert_int_equal(e.v[0].stream, 0);
+    assert_int_equal(e.v[2].stream, 1);
+    size_t len;
+    assert_string_equal(rconn_entry_field(&e.v[1], "job", &len), "{\"prompt\":\"1\"}");
+    assert_int_equal(len, 14);
+    assert_null(rconn_entry_field(&e.v[1], "nope", NULL));
+    rconn_entries_free(&e);
+    assert_int_equal(rconn_xreadgroup(c, "workers", "w1", 1, keys, ">", 5, -1, &e, &err), 0);
+    assert_int_equal(e.n, 1);
+    assert_string_equal(e.v[0].id, ids[2]);
+    rconn_entries_free(&e);
+
+    /* nothing new: BLOCK times out with 0 entries, even past io_timeout */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(rconn_xreadgroup(c, "workers", "w1", 2, keys, ">", 5, 150, &e, &err), 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    assert_int_equal(e.n, 0);
+    double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    assert_true(ms >= 140);
+
+    /* own pending ones, after a restart of this consumer */
+    assert_int_equal(rconn_xreadgroup(c, "workers", "w1", 1, keys, "0", 10, -1, &e, &err), 0);
+    assert_int_equal(e.n, 3);
+    rconn_entries_free(&e);
+
+    struct rconn_pending *p = NULL;
+    int np = 0;
+    assert_int_equal(rconn_xpending(c, jobs, "workers", 0, "-", "+", 10, NULL, &p, &np, &err), 0);
+    assert_int_equal(np, 3);
+    assert_string_equal(p[0].consumer, "w1");
+    assert_int_equal(p[0].deliveries, 2); /* read by ">" then by "0" */
+    free(p);
+
+    /* w2 takes over w1's idle jobs */
+    sleep_ms(30);
+    char next[RCONN_ID_MAX];
+    struct rconn_ids del;
+    assert_int_equal(rconn_xautoclaim(c, jobs, "workers", "w2", 20, "0-0", 2, &e, next, &del, &err), 0);
+    assert_int_equal(e.n, 2);
+    assert_string_equal(e.v[0].id, ids[0]);
+    assert_non_null(rconn_entry_field(&e.v[0], "job", NULL));
+    assert_int_equal(del.n, 0);
+    rconn_entries_free(&e);
+    rconn_ids_free(&del);
+    assert_int_equal(rconn_xpending(c, jobs, "workers", 0, "-", "+", 10, "w2", &p, &np, &err), 0);
+    assert_int_equal(np, 2);
+    assert_int_equal(p[0].deliveries, 3);
+    free(p);
+    /* IDLE filter: w1's last one is idle, w2's are fresh */
+    assert_int_equal(rconn_xpending(c, jobs, "workers", 20, "-", "+", 10, NULL, &p, &np, &err), 0);
+    assert_int_equal(np, 1);
+    assert_string_equal(p[0].id, ids[2]);
+    free(p);
+
+    /* lease renewal: JUSTID resets idle and does not count a delivery */
+    sleep_ms(30);
+    const char *mine[] = {ids[0], ids[1], "1-1"};
+    struct rconn_ids claimed;
+    assert_int_equal(rconn_xclaim_justid(c, jobs, "workers", "w2", 0, 3, mine, &claimed, &err), 0);
+    assert_int_equal(claimed.n, 2); /* 1-1 was never pending */
+    rconn_ids_free(&claimed);
+    assert_int_equal(rconn_xpending(c, jobs, "workers", 0, "-", "+", 10, "w2", &p, &np, &err), 0);
+    assert_int_equal(p[0].deliveries, 3);
+    assert_true(p[0].idle_ms < 25);
+    free(p);
+
+    /* an XDELed pending entry: flagged by XREADGROUP 0, dropped by XAUTOCLAIM */
+    const char *xdel[] = {"XDEL", jobs, ids[2]};
+    cmd_ok(c, 3, xdel);
+    assert_int_equal(rconn_xreadgroup(c, "workers", "w1", 1, keys, "0", 10, -1, &e, &err), 0);
+    assert_int_equal(e.n, 1);
+    assert_true(e.v[0].deleted);
+    assert_int_equal(e.v[0].n_fields, 0);
+    rconn_entries_free(&e);
+    assert_int_equal(rconn_xautoclaim(c, jobs, "workers", "w3", 0, "0-0", 10, &e, next, &del, &err), 0);
+    assert_int_equal(del.n, 1);
+    assert_string_equal(del.v[0], ids[2]);
+    assert_string_equal(next, "0-0");
+    rconn_entries_free(&e);
+    rconn_ids_free(&del);
+
+    long long n = 0;
+    const char *ack[] = {ids[0], ids[1]};
+    assert_int_equal(rconn_xack(c, jobs, "workers", 2, ack, &n, &err), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(rconn_xack(c, jobs, "workers", 2, ack, &n, &err), 0);
+    assert_int_equal(n, 0);
+
+    const char *nogroup[] = {jobs};
+    assert_int_equal(rconn_xreadgroup(c, "nosuch", "w1", 1, nogroup, ">", 1, -1, &e, &err), -RL_EINVAL);
+    assert_non_null(strstr(err.msg, "NOGROUP"));
+    rconn_free(c);
+}
+
+static void test_out_stream_idempotent(void **state)
+{
+    (void)state;
+    struct rconn *c = mk(addr, NULL, NULL);
+    struct rl_err err = {0};
+    const char *out = key("out:req1");
+    const char *names[] = {"event"};
+    const char *e0[] = {"{\"seq\":0}"}, *e1[] = {"{\"seq\":1}"};
+    bool dup = true;
+    char id[RCONN_ID_MAX];
+    assert_int_equal(rconn_xadd(c, out, "0-1", 0, 1, names, e0, NULL, id, &dup, &err), 0);
+    assert_false(dup);
+    assert_string_equal(id, "0-1");
+    assert_int_equal(rconn_xadd(c, out, "0-2", 0, 1, names, e1, NULL, id, &dup, &err), 0);
+    assert_int_equal(rconn_xadd(c, out, "0-2", 0, 1, names, e1, NULL, id, &dup, &err), 0);
+    assert_true(dup); /* re-sent after a lost reply: not duplicated */
+    assert_int_equal(rconn_xadd(c, out, "0-1", 0, 1, names, e0, NULL, id, NULL, &err), -RL_EINVAL);
+
+    struct rconn_entries e;
+    assert_int_equal(rconn_xrange(c, out, "-", "+", 0, &e, &err), 0);
+    assert_int_equal(e.n, 2);
+    assert_string_equal(rconn_entry_field(&e.v[1], "event", NULL), "{\"seq\":1}");
+    rconn_entries_free(&e);
+    assert_int_equal(rconn_xrange(c, out, "(0-1", "+", 1, &e, &err), 0);
+    assert_int_equal(e.n, 1);
+    assert_string_equal(e.v[0].id, "0-2");
+    rconn_entries_free(&e);
+
+    bool set = false;
+    assert_int_equal(rconn_expire(c, out, 600, &set, &err), 0);
+    assert_true(set);
+    assert_int_equal(rconn_expire(c, key("nothing"), 600, &set, &err), 0);
+    assert_false(set);
+    long long nr = -1;
+    assert_int_equal(rconn_publish(c, key("tok:req1"), "x", 1, &nr, &err), 0);
+    assert_int_equal(nr, 0);
+
+    /* MAXLEN ~ on a capped stream keeps it near the cap */
+    const char *dead = key("dead");
+    for (int i = 0; i < 300; i++)
+        assert_int_equal(rconn_xadd(c, dead, "*", 100, 1, names, e0, NULL, NULL, NULL, &err), 0);
+    const char *xlen[] = {"XLEN", dead};
+    struct rconn_reply *r = NULL;
+    assert_int_equal(rconn_command(c, 2, xlen, NULL, &r, &err), 0);
+    assert_true(r->integer >= 100 && r->integer < 300);
+    rconn_reply_free(r);
+    rconn_free(c);
+}
+
+static void test_pipeline(void **state)
+{
+    (void)state;
+    struct rconn *c = mk(addr, NULL, NULL);
+    struct rl_err err = {0};
+    struct rconn_batch *b = NULL;
+    assert_int_equal(rconn_batch_create(&b, &err), 0);
+    const char *out = key("out:pipe");
+    const char *names[] = {"event"};
+    char ids[100][32], vals[100][32];
+    for (int i = 0; i < 100; i++) {
+        snprintf(ids[i], sizeof ids[i], "0-%d", i + 1);
+        snprintf(vals[i], sizeof vals[i], "{\"seq\":%d}", i);
+        const char *v[] = {vals[i]};
+        assert_int_equal(rconn_batch_add_xadd(b, out, ids[i], 0, 1, names, v, NULL, &err), 0);
+        if (i == 50) { /* one failing command in the middle */
+            const char *incr[] = {"INCR", out};
+            assert_int_equal(rconn_batch_add(b, 2, incr, NULL, &err), 0);
+        }
+    }
+    const char *expire[] = {"EXPIRE", out, "60"};
+    assert_int_equal(rconn_batch_add(b, 3, expire, NULL, &err), 0);
+    assert_int_equal(rconn_batch_count(b), 102);
+    assert_int_equal(rconn_batch_exec(c, b, &err), 0);
+    assert_int_equal(rconn_batch_n_done(b), 102);
+    assert_int_equal(rconn_batch_n_errors(b), 1);
+    assert_int_equal(rconn_batch_reply(b, 51)->type, RCONN_ERROR);
+    assert_string_equal(rconn_batch_reply(b, 0)->str, "0-1");
+    assert_int_equal(rconn_batch_reply(b, 101)->integer, 1);
+    assert_null(rconn_batch_reply(b, 102));
+    /* exec again: nothing left to send */
+    assert_int_equal(rconn_batch_exec(c, b, &err), 0);
+
+    /* the same events again: every XADD is recognised as already written */
+    rconn_batch_reset(b);
+    for (int i = 0; i < 100; i++) {
+        const char *v[] = {vals[i]};
+        assert_int_equal(rconn_batch_add_xadd(b, out, ids[i], 0, 1, names, v, NULL, &err), 0);
+    }
+    assert_int_equal(rconn_batch_exec(c, b, &err), 0);
+    assert_int_equal(rconn_batch_n_errors(b), 100);
+    for (int i = 0; i < 100; i++)
+        assert_true(rconn_reply_is_stale_id(rconn_batch_reply(b, i)));
+    rconn_batch_free(b);
+    rconn_free(c);
+}
+
+/* Kill the server under a live connection, restart it, and see every
+ * layer come back: commands fail fast with -RL_EIO meanwhile, a pending
+ * batch is re-sent whole once the server is back. */
+static void test_reconnect_after_restart(void **state)
+{
+    (void)state;
+    if (server < 0)
+        skip(); /* REDLM_TEST_REDIS: not ours to restart */
+    struct rconn *c = mk(addr, NULL, NULL);
+    struct rl_err err = {0};
+    const char *ping[] = {"PING"};
+    assert_int_equal(rconn_wait(c, 2000, &err), 0);
+    assert_int_equal(rconn_command(c, 1, ping, NULL, NULL, &err), 0);
+    assert_int_equal(rconn_n_reconnects(c), 0);
+
+    stop_server(SIGKILL);
+    assert_int_equal(rconn_command(c, 1, ping, NULL, NULL, &err), -RL_EIO);
+    assert_false(rconn_connected(c));
+    struct rconn_batch *b = NULL;
+    assert_int_equal(rconn_batch_create(&b, &err), 0);
+    const char *set1[] = {"SET", key("r1"), "1"}, *set2[] = {"SET", key("r2"), "2"};
+    assert_int_equal(rconn_batch_add(b, 3, set1, NULL, &err), 0);
+    assert_int_equal(rconn_batch_add(b, 3, set2, NULL, &err), 0);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(rconn_batch_exec(c, b, &err), -RL_EIO);
+        sleep_ms((int)rconn_retry_in_ms(c) + 1);
+    }
+    assert_int_equal(rconn_batch_n_done(b), 0);
+    assert_true(rconn_retry_in_ms(c) <= 400);
+
+    assert_int_equal(start_server(), 0);
+    assert_int_equal(rconn_wait(c, 5000, &err), 0);
+    assert_int_equal(rconn_batch_exec(c, b, &err), 0);
+    assert_int_equal(rconn_batch_n_done(b), 2);
+    assert_int_equal(rconn_batch_n_errors(b), 0);
+    struct rconn_reply *r = NULL;
+    const char *get[] = {"GET", key("r2")};
+    assert_int_equal(rconn_command(c, 2, get, NULL, &r, &err), 0);
+    assert_string_equal(r->str, "2");
+    rconn_reply_free(r);
+    assert_int_equal(rconn_n_reconnects(c), 1);
+    /* the connection is named again after the reconnect */
+    const char *name[] = {"CLIENT", "GETNAME"};
+    assert_int_equal(rconn_command(c, 2, name, NULL, &r, &err), 0);
+    assert_string_equal(r->str, "redlm-test");
+    rconn_reply_free(r);
+    rconn_batch_free(b);
+    rconn_free(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_addresses),
+        cmocka_unit_test(test_command_binary_safe),
+        cmocka_unit_test(test_unix_socket),
+        cmocka_unit_test(test_acl_auth),
+        cmocka_unit_test(test_backoff_when_down),
+        cmocka_unit_test(test_streams),
+        cmocka_unit_test(test_out_stream_idempotent),
+        cmocka_unit_test(test_pipeline),
+        cmocka_unit_test(test_reconnect_after_restart),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
