@@ -23,7 +23,9 @@
 #define T2 __attribute__((target("avx2,fma")))
 #endif
 
-#define N_PASSES 4
+/* Passes per figure, best taken: short passes, many of them, so a shared
+ * machine still yields some undisturbed ones. */
+#define N_PASSES 10
 
 static double now_s(void)
 {
@@ -293,19 +295,19 @@ static double measure_peak(struct cpu_pool *p, enum cpu_isa isa, int bf16)
 {
     struct peak_job j = {.isa = isa, .bf16 = bf16, .iters = 1000};
     double fpi = peak_flop_per_iter(isa, bf16);
-    /* Calibrate to ~0.1 s per pass so frequency ramps and timer noise
-     * do not matter. */
+    /* Calibrate to 20-40 ms per pass: long enough for timer noise and
+     * frequency ramps not to matter, short enough for many passes. */
     for (;;) {
         double t0 = now_s();
         cpu_pool_run(p, peak_fn, &j);
         double dt = now_s() - t0;
-        if (dt > 0.02 || j.iters > (1L << 40))
+        if (dt > 0.01 || j.iters > (1L << 40))
             break;
-        j.iters *= 4;
+        j.iters *= 2;
     }
-    j.iters *= 5;
+    j.iters *= 2;
     double best = 0;
-    for (int i = 0; i < N_PASSES - 1; i++) {
+    for (int i = 0; i < N_PASSES; i++) {
         double t0 = now_s();
         cpu_pool_run(p, peak_fn, &j);
         double dt = now_s() - t0;
