@@ -1,0 +1,453 @@
+/* engine/cuda/attn.cu - paged attention over the KV pool.
+ *
+ * Pool layout (one layer): (n_blocks, n_kv, block_size, head_dim), so the
+ * keys of one KV head inside a block are contiguous, as on the CPU. Token
+ * position p of a sequence lives at block table[p / bs], slot p % bs.
+ *
+ * Decode (one query per item, keys 0..pos): grid (items, kv heads, splits).
+ * A block serves all G query heads of its KV head (GQA: every key and value
+ * is loaded once for the G heads). The key range is cut into nsplit equal
+ * parts (split-K over the sequence, so one long sequence still fills the
+ * GPU); inside a block the 4 warps take interleaved 32-key tiles: lane j
+ * scores key j against the G queries (queries in shared memory, keys read
+ * straight from the pool with 16-byte loads), an online softmax keeps
+ * (max, sum, acc) per head, and the value rows are read coalesced, each
+ * lane owning head_dim/32 output dims. Warps then merge through shared
+ * memory; splits merge in attn_combine_kernel. The split count depends on
+ * the batch size only (and the longest context outside graphs), and the
+ * per-split range is computed on the device from the token's position, so
+ * a captured graph stays valid for any lengths.
+ *
+ * Prefill (many queries per sequence, causal): grid (tiles, kv heads); a
+ * tile is 32 consecutive (token, head-of-group) rows of one sequence's new
+ * tokens, 8 per warp. K and V tiles of 32 keys go through shared memory
+ * (K rows padded by one float so lane-per-key reads are conflict-free);
+ * each row masks keys beyond its own position. SIMT arithmetic; a tensor-
+ * core (mma) version is the next step for long prompts.
+ *
+ * Softmax arithmetic follows the CPU: score = dot(q, k) * 1/sqrt(hd), then
+ * exp(score - max), weighted sum of values, divided by the sum; the online
+ * form only reorders the same terms. */
+#include "ops.cuh"
+
+#define DEC_WARPS 4
+#define PF_WARPS 4
+#define PF_RPW (CU_ATTN_TILE_ROWS / PF_WARPS) /* rows per warp */
+#define PF_KEYS 32
+
+__device__ __forceinline__ void load8(const float *p, float *o)
+{
+    float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+    o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+}
+
+__device__ __forceinline__ void load8(const __nv_bfloat16 *p, float *o)
+{
+    uint4 u = *(const uint4 *)p;
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 f = __bfloat1622float2(h[i]);
+        o[2 * i] = f.x, o[2 * i + 1] = f.y;
+    }
+}
+
+/* Element offset of (position p, kv head g, dim 0) in one layer's pool. */
+__device__ __forceinline__ size_t kv_off(const int32_t *table, int p, int g, int NKV, int bs, int HD)
+{
+    return (((size_t)table[p / bs] * (size_t)NKV + (size_t)g) * (size_t)bs + (size_t)(p % bs)) * (size_t)HD;
+}
+
+template <typename KT, int HD>
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+attn_decode_kernel(const KT *__restrict__ q, const KT *__restrict__ kc, const KT *__restrict__ vc, int NH,
+                   int NKV, int bs, float scale, int nsplit, struct cu_attn_meta m, float *__restrict__ out,
+                   float *__restrict__ part_ml, float *__restrict__ part_acc)
+{
+    constexpr int ND = HD / 32;
+    constexpr int MG = CU_ATTN_MAXG;
+    __shared__ float qs[MG][HD];
+    __shared__ float rm[DEC_WARPS][MG], rl[DEC_WARPS][MG];
+    __shared__ float racc[DEC_WARPS][MG][HD];
+    const int G = NH / NKV;
+    int item = blockIdx.x, g = blockIdx.y, split = blockIdx.z;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int t = m.dec_tok[item], s = m.tok_seq[t], n = m.tok_pos[t] + 1;
+    const int32_t *table = m.bt + m.seq_bt_off[s];
+    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
+        int h = e / HD, d = e % HD;
+        qs[h][d] = cu_f(q[((size_t)t * (size_t)NH + (size_t)(g * G + h)) * HD + d]);
+    }
+    __syncthreads();
+    int chunk = (n + nsplit - 1) / nsplit;
+    int k0 = split * chunk, k1 = min(n, k0 + chunk);
+    float mx[MG], l[MG], acc[MG][ND];
+#pragma unroll
+    for (int h = 0; h < MG; h++) {
+        mx[h] = -INFINITY;
+        l[h] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < ND; c++)
+            acc[h][c] = 0.0f;
+    }
+    for (int base = k0 + warp * 32; base < k1; base += DEC_WARPS * 32) {
+        int p = base + lane;
+        bool valid = p < k1;
+        float sc[MG];
+#pragma unroll
+        for (int h = 0; h < MG; h++)
+            sc[h] = 0.0f;
+        if (valid) {
+            const KT *kp = kc + kv_off(table, p, g, NKV, bs, HD);
+#pragma unroll 2
+            for (int d = 0; d < HD; d += 8) {
+                float kf[8];
+                load8(kp + d, kf);
+#pragma unroll
+                for (int h = 0; h < MG; h++) {
+                    if (h < G) {
+                        float a = 0.0f;
+#pragma unroll
+                        for (int j = 0; j < 8; j++)
+                            a += qs[h][d + j] * kf[j];
+                        sc[h] += a;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < MG; h++) {
+            if (h < G) {
+                float sv = valid ? sc[h] * scale : -INFINITY;
+                float mn = fmaxf(mx[h], cu_warp_max(sv)); /* finite: lane 0 is valid */
+                float pr = valid ? expf(sv - mn) : 0.0f;
+                float corr = expf(mx[h] - mn);
+                l[h] = l[h] * corr + cu_warp_sum(pr);
+#pragma unroll
+                for (int c = 0; c < ND; c++)
+                    acc[h][c] *= corr;
+                mx[h] = mn;
+                sc[h] = pr;
+            }
+        }
+        int nv = min(32, k1 - base);
+        for (int j = 0; j < nv; j++) {
+            const KT *vp = vc + kv_off(table, base + j, g, NKV, bs, HD);
+            float vv[ND];
+#pragma unroll
+            for (int c = 0; c < ND; c++)
+                vv[c] = cu_f(vp[lane + 32 * c]);
+#pragma unroll
+            for (int h = 0; h < MG; h++) {
+                if (h < G) {
+                    float ph = __shfl_sync(0xffffffffu, sc[h], j);
+#pragma unroll
+                    for (int c = 0; c < ND; c++)
+                        acc[h][c] += ph * vv[c];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < MG; h++) {
+        if (h < G) {
+            if (lane == 0) {
+                rm[warp][h] = mx[h];
+                rl[warp][h] = l[h];
+            }
+#pragma unroll
+            for (int c = 0; c < ND; c++)
+                racc[warp][h][lane + 32 * c] = acc[h][c];
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
+        int h = e / HD, d = e % HD;
+        float M = -INFINITY;
+        for (int w = 0; w < DEC_WARPS; w++)
+            M = fmaxf(M, rm[w][h]);
+        float L = 0.0f, A = 0.0f;
+        if (M > -INFINITY)
+            for (int w = 0; w < DEC_WARPS; w++)
+                if (rm[w][h] > -INFINITY) {
+                    float f = expf(rm[w][h] - M);
+                    L += rl[w][h] * f;
+                    A += racc[w][h][d] * f;
+                }
+        int qh = g * G + h;
+        if (nsplit == 1) {
+            out[((size_t)t * (size_t)NH + (size_t)qh) * HD + d] = L > 0.0f ? A / L : 0.0f;
+        } else {
+            size_t idx = ((size_t)item * (size_t)NH + (size_t)qh) * (size_t)nsplit + (size_t)split;
+            part_acc[idx * HD + d] = A;
+            if (d == 0) {
+                part_ml[2 * idx] = M;
+                part_ml[2 * idx + 1] = L;
+            }
+        }
+    }
+}
+
+__global__ void attn_combine_kernel(const float *__restrict__ part_ml, const float *__restrict__ part_acc, int NH,
+                                    int HD, int nsplit, const int32_t *__restrict__ dec_tok, float *__restrict__ out)
+{
+    int item = blockIdx.x, h = blockIdx.y;
+    size_t base = ((size_t)item * (size_t)NH + (size_t)h) * (size_t)nsplit;
+    float M = -INFINITY;
+    for (int s = 0; s < nsplit; s++)
+        M = fmaxf(M, part_ml[2 * (base + s)]);
+    int t = dec_tok[item];
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+        float L = 0.0f, A = 0.0f;
+        if (M > -INFINITY)
+            for (int s = 0; s < nsplit; s++) {
+                float ms = part_ml[2 * (base + s)];
+                if (ms > -INFINITY) {
+                    float f = expf(ms - M);
+                    L += part_ml[2 * (base + s) + 1] * f;
+                    A += part_acc[(base + s) * (size_t)HD + d] * f;
+                }
+            }
+        out[((size_t)t * (size_t)NH + (size_t)h) * (size_t)HD + d] = L > 0.0f ? A / L : 0.0f;
+    }
+}
+
+template <int HD> static constexpr size_t pf_smem() { return (size_t)(32 * HD + 32 * (HD + 1) + 32 * HD) * 4; }
+
+template <typename KT, int HD>
+__global__ void __launch_bounds__(PF_WARPS * 32)
+attn_prefill_kernel(const KT *__restrict__ q, const KT *__restrict__ kc, const KT *__restrict__ vc, int NH, int NKV,
+                    int bs, float scale, struct cu_attn_meta m, float *__restrict__ out)
+{
+    constexpr int ND = HD / 32;
+    extern __shared__ float smem[];
+    float *Qs = smem;                       /* [32][HD] */
+    float *Ks = Qs + 32 * HD;               /* [32][HD + 1] */
+    float *Vs = Ks + 32 * (HD + 1);         /* [32][HD] */
+    const int G = NH / NKV;
+    int tile = blockIdx.x, g = blockIdx.y;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int s = m.tile_seq[tile], r0 = m.tile_r0[tile];
+    int tok0 = m.seq_tok0[s], nnew = m.seq_nnew[s], npast = m.seq_npast[s];
+    const int32_t *table = m.bt + m.seq_bt_off[s];
+    int rows_total = nnew * G;
+    int r_end = min(r0 + CU_ATTN_TILE_ROWS, rows_total);
+    int kmax = npast + (r_end - 1) / G + 1; /* keys 0..kmax-1 cover the tile */
+    for (int e = threadIdx.x; e < CU_ATTN_TILE_ROWS * HD; e += blockDim.x) {
+        int r = e / HD, d = e % HD, R = r0 + r;
+        float v = 0.0f;
+        if (R < rows_total)
+            v = cu_f(q[((size_t)(tok0 + R / G) * (size_t)NH + (size_t)(g * G + R % G)) * HD + d]);
+        Qs[r * HD + d] = v;
+    }
+    int rpos[PF_RPW];
+    int wmax = -1;
+#pragma unroll
+    for (int rr = 0; rr < PF_RPW; rr++) {
+        int R = r0 + warp * PF_RPW + rr;
+        rpos[rr] = R < rows_total ? npast + R / G : -1;
+        wmax = max(wmax, rpos[rr]);
+    }
+    float mx[PF_RPW], l[PF_RPW], acc[PF_RPW][ND];
+#pragma unroll
+    for (int rr = 0; rr < PF_RPW; rr++) {
+        mx[rr] = -INFINITY;
+        l[rr] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < ND; c++)
+            acc[rr][c] = 0.0f;
+    }
+    for (int kb = 0; kb < kmax; kb += PF_KEYS) {
+        __syncthreads(); /* the previous tile has been consumed */
+        for (int e = threadIdx.x; e < PF_KEYS * HD; e += blockDim.x) {
+            int j = e / HD, d = e % HD, p = kb + j;
+            float kv = 0.0f, vv = 0.0f;
+            if (p < kmax) {
+                size_t a = kv_off(table, p, g, NKV, bs, HD) + (size_t)d;
+                kv = cu_f(kc[a]);
+                vv = cu_f(vc[a]);
+            }
+            Ks[j * (HD + 1) + d] = kv;
+            Vs[j * HD + d] = vv;
+        }
+        __syncthreads();
+        if (wmax < kb) /* every row of this warp is before the tile (warp-uniform) */
+            continue;
+        float sc[PF_RPW];
+#pragma unroll
+        for (int rr = 0; rr < PF_RPW; rr++)
+            sc[rr] = 0.0f;
+        const float *kr = Ks + lane * (HD + 1);
+        const float *qr = Qs + warp * PF_RPW * HD;
+#pragma unroll 4
+        for (int d = 0; d < HD; d++) {
+            float kd = kr[d];
+#pragma unroll
+            for (int rr = 0; rr < PF_RPW; rr++)
+                sc[rr] += qr[rr * HD + d] * kd;
+        }
+        int p = kb + lane;
+#pragma unroll
+        for (int rr = 0; rr < PF_RPW; rr++) {
+            bool ok = p <= rpos[rr];
+            float sv = ok ? sc[rr] * scale : -INFINITY;
+            float tmax = cu_warp_max(sv);
+            if (tmax == -INFINITY) { /* row sees no key of this tile (uniform) */
+                sc[rr] = 0.0f;
+                continue;
+            }
+            float mn = fmaxf(mx[rr], tmax);
+            float pr = ok ? expf(sv - mn) : 0.0f;
+            float corr = expf(mx[rr] - mn);
+            l[rr] = l[rr] * corr + cu_warp_sum(pr);
+#pragma unroll
+            for (int c = 0; c < ND; c++)
+                acc[rr][c] *= corr;
+            mx[rr] = mn;
+            sc[rr] = pr;
+        }
+        for (int j = 0; j < PF_KEYS; j++) {
+            float vv[ND];
+#pragma unroll
+            for (int c = 0; c < ND; c++)
+                vv[c] = Vs[j * HD + lane + 32 * c];
+#pragma unroll
+            for (int rr = 0; rr < PF_RPW; rr++) {
+                float ph = __shfl_sync(0xffffffffu, sc[rr], j);
+#pragma unroll
+                for (int c = 0; c < ND; c++)
+                    acc[rr][c] += ph * vv[c];
+            }
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < PF_RPW; rr++) {
+        if (rpos[rr] < 0)
+            continue;
+        int R = r0 + warp * PF_RPW + rr;
+        float *o = out + ((size_t)(tok0 + R / G) * (size_t)NH + (size_t)(g * G + R % G)) * HD;
+        float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
+#pragma unroll
+        for (int c = 0; c < ND; c++)
+            o[lane + 32 * c] = acc[rr][c] * inv;
+    }
+}
+
+/* ---- launchers ---- */
+
+template <typename KT, int HD> static int pf_attr(struct rl_err *err)
+{
+    CU_CHECK(err, cudaFuncSetAttribute(attn_prefill_kernel<KT, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)pf_smem<HD>()));
+    return 0;
+}
+
+int cu_attn_init(struct rl_err *err)
+{
+    int rc;
+    if ((rc = pf_attr<float, 32>(err)) || (rc = pf_attr<float, 64>(err)) || (rc = pf_attr<float, 128>(err)) ||
+        (rc = pf_attr<float, 256>(err)) || (rc = pf_attr<__nv_bfloat16, 32>(err)) ||
+        (rc = pf_attr<__nv_bfloat16, 64>(err)) || (rc = pf_attr<__nv_bfloat16, 128>(err)) ||
+        (rc = pf_attr<__nv_bfloat16, 256>(err)))
+        return rc;
+    return 0;
+}
+
+int cu_attn_supports(int head_dim, int group)
+{
+    return (head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256) && group >= 1 &&
+           group <= CU_ATTN_MAXG;
+}
+
+int cu_attn_splits(int n_items, int n_kv, int sm_count, int max_len, int cap)
+{
+    if (n_items <= 0)
+        return 1;
+    long blocks = (long)n_items * n_kv;
+    int want = (int)((2L * sm_count + blocks - 1) / blocks);
+    int by_len = max_len > 0 ? (max_len + 63) / 64 : want;
+    int s = want < by_len ? want : by_len;
+    if (s > 32)
+        s = 32;
+    if (s < 1)
+        s = 1;
+    while (s > 1 && (long)n_items * s > cap)
+        s--;
+    return s;
+}
+
+template <typename KT, int HD>
+static void dec_launch(dim3 grid, cudaStream_t st, const void *q, const struct cu_kv_layer *kv, int NH, float scale,
+                       int nsplit, const struct cu_attn_meta *m, float *out, float *pml, float *pacc)
+{
+    attn_decode_kernel<KT, HD><<<grid, DEC_WARPS * 32, 0, st>>>((const KT *)q, (const KT *)kv->k, (const KT *)kv->v,
+                                                                NH, kv->n_kv, kv->block_size, scale, nsplit, *m,
+                                                                out, pml, pacc);
+}
+
+int cu_attn_decode(const void *q, const struct cu_kv_layer *kv, const struct cu_attn_meta *m, int n_dec, int n_heads,
+                   int nsplit, float *part_ml, float *part_acc, float *out, cudaStream_t st, struct rl_err *err)
+{
+    if (n_dec <= 0)
+        return 0;
+    int HD = kv->head_dim;
+    if (!cu_attn_supports(HD, n_heads / kv->n_kv))
+        return rl_errf(err, RL_EUNSUPPORTED, "attention: head_dim %d, group %d not built", HD, n_heads / kv->n_kv);
+    float scale = 1.0f / sqrtf((float)HD);
+    dim3 grid((unsigned)n_dec, (unsigned)kv->n_kv, (unsigned)nsplit);
+#define DEC(KT, D) dec_launch<KT, D>(grid, st, q, kv, n_heads, scale, nsplit, m, out, part_ml, part_acc)
+    if (kv->bf16) {
+        if (HD == 32) DEC(__nv_bfloat16, 32);
+        else if (HD == 64) DEC(__nv_bfloat16, 64);
+        else if (HD == 128) DEC(__nv_bfloat16, 128);
+        else DEC(__nv_bfloat16, 256);
+    } else {
+        if (HD == 32) DEC(float, 32);
+        else if (HD == 64) DEC(float, 64);
+        else if (HD == 128) DEC(float, 128);
+        else DEC(float, 256);
+    }
+#undef DEC
+    LAUNCH_CHECK(err, "attn_decode_kernel");
+    if (nsplit > 1) {
+        attn_combine_kernel<<<dim3((unsigned)n_dec, (unsigned)n_heads), HD < 128 ? HD : 128, 0, st>>>(
+            part_ml, part_acc, n_heads, HD, nsplit, m->dec_tok, out);
+        LAUNCH_CHECK(err, "attn_combine_kernel");
+    }
+    return 0;
+}
+
+template <typename KT, int HD>
+static void pf_launch(dim3 grid, cudaStream_t st, const void *q, const struct cu_kv_layer *kv, int NH, float scale,
+                      const struct cu_attn_meta *m, float *out)
+{
+    attn_prefill_kernel<KT, HD><<<grid, PF_WARPS * 32, pf_smem<HD>(), st>>>(
+        (const KT *)q, (const KT *)kv->k, (const KT *)kv->v, NH, kv->n_kv, kv->block_size, scale, *m, out);
+}
+
+int cu_attn_prefill(const void *q, const struct cu_kv_layer *kv, const struct cu_attn_meta *m, int n_tiles,
+                    int n_heads, float *out, cudaStream_t st, struct rl_err *err)
+{
+    if (n_tiles <= 0)
+        return 0;
+    int HD = kv->head_dim;
+    if (!cu_attn_supports(HD, n_heads / kv->n_kv))
+        return rl_errf(err, RL_EUNSUPPORTED, "attention: head_dim %d, group %d not built", HD, n_heads / kv->n_kv);
+    float scale = 1.0f / sqrtf((float)HD);
+    dim3 grid((unsigned)n_tiles, (unsigned)kv->n_kv);
+#define PF(KT, D) pf_launch<KT, D>(grid, st, q, kv, n_heads, scale, m, out)
+    if (kv->bf16) {
+        if (HD == 32) PF(__nv_bfloat16, 32);
+        else if (HD == 64) PF(__nv_bfloat16, 64);
+        else if (HD == 128) PF(__nv_bfloat16, 128);
+        else PF(__nv_bfloat16, 256);
+    } else {
+        if (HD == 32) PF(float, 32);
+        else if (HD == 64) PF(float, 64);
+        else if (HD == 128) PF(float, 128);
+        else PF(float, 256);
+    }
+#undef PF
+    LAUNCH_CHECK(err, "attn_prefill_kernel");
+    return 0;
+}

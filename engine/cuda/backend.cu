@@ -1,0 +1,1053 @@
+/* engine/cuda/backend.cu - the CUDA implementation of engine/backend.h.
+ *
+ * Same forward pass as engine/cpu/backend.c, on one device and one stream:
+ *   embed -> per layer: rmsnorm -> qkv (one fused matrix) -> q/k norm +
+ *   rotary + KV write -> attention (decode kernel for 1-token sequences,
+ *   prefill kernel for the rest) -> o -> residual add + rmsnorm (fused) ->
+ *   gate|up (one fused matrix) -> SwiGLU -> down -> residual add + next norm
+ *   -> final norm on the logits rows only -> lm_head (or tied embed).
+ * The residual stream is f32; each norm/activation writes the next matrix
+ * product's input directly in that matrix's activation dtype (f32 for F32
+ * weights, BF16 for BF16 and FP8, F16 for F16).
+ *
+ * Step metadata (token ids, positions, physical KV slots, block tables,
+ * attention work lists) is packed on the host into one page-locked buffer
+ * and sent with a single copy; every kernel reads its shapes from there.
+ * Decode steps are replayed as CUDA graphs, one per batch-size bucket:
+ * sequences are padded to the bucket with dummies that write into one spare
+ * KV block (block n_blocks, never handed out), and the buffer layout
+ * depends on the bucket only, so a graph captured once stays valid. The
+ * only synchronisation in a step is the one before returning, after the
+ * logits (or sampled ids) have been copied out.
+ *
+ * Weights are uploaded once in the checkpoint dtype; FP8 stays FP8 (see
+ * gemm.cu). The KV pool is f32 for F32 checkpoints (as the CPU does, so the
+ * tiny F32 model reproduces the reference) and BF16 otherwise.
+ *
+ * Threading: one thread drives a backend at a time; the CUDA device is made
+ * current at every entry. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.cuh"
+
+extern "C" {
+#include "cuda_backend.h"
+#include "dtype.h"
+}
+
+#define N_BUCKETS 10        /* graph buckets 1, 2, 4, ... 512 */
+#define LOGIT_ROWS_MAX 512  /* lm_head rows per pass; bounds the logits buffer */
+#define ROW_PAD 16          /* FP8 cuBLASLt rounds M up to 16 */
+
+struct cu_layer {
+    float *attn_norm, *mlp_norm; /* (hidden) */
+    float *q_norm, *k_norm;      /* (head_dim) */
+    struct cu_linear qkv;        /* (n_heads + 2 n_kv) * head_dim outputs */
+    struct cu_linear o;          /* hidden outputs */
+    struct cu_linear gu;         /* 2 * intermediate outputs: gate | up */
+    struct cu_linear down;       /* hidden outputs */
+};
+
+struct cu_graph {
+    int B;      /* bucket: sequences (= tokens) per step, 0 = not captured */
+    int nsplit; /* attention splits it was captured with */
+    cudaGraphExec_t exec;
+};
+
+/* Pointers into the step-metadata buffer (host or device copy). */
+struct meta_view {
+    int32_t *tokens, *pos, *seq, *slot; /* (capT) */
+    int32_t *dec;                       /* (capT) */
+    int32_t *lrow;                      /* (capL) token rows for lm_head, wanted ones first */
+    int32_t *tile_seq, *tile_r0;        /* (capTiles) */
+    int32_t *seq_tok0, *seq_nnew, *seq_npast, *seq_bt_off; /* (capS) */
+    int32_t *bt;                        /* the block tables, concatenated */
+};
+
+struct meta_caps {
+    int T, S, tiles, L;
+};
+
+struct step {
+    int T, n_dec, nsplit, n_tiles, n_lrows;
+    struct meta_view d;
+};
+
+struct cuda_ctx {
+    int device, sm_count, cc_major, cc_minor;
+    char dev_name[96];
+    cudaStream_t st;
+    struct cu_gemm *gemm;
+    enum be_kv_dtype kv_req, kv_dtype;
+    struct model_config cfg;
+    int loaded;
+
+    void **allocs; /* device weight allocations, freed together */
+    int n_allocs, cap_allocs;
+    struct cu_layer *layers; /* (n_layers) */
+    struct cu_mat embed;     /* (vocab, hidden) */
+    struct cu_linear lm_head;/* (vocab) outputs; its matrix is embed when tied */
+    float *final_norm;       /* (hidden) */
+    float *inv_freq;         /* (head_dim / 2) */
+    float mscale;
+
+    int max_tokens, rows;    /* rows = max_tokens + ROW_PAD */
+    int logit_rows;          /* lm_head rows per pass */
+    float *x;                /* (rows, hidden) residual stream */
+    float *qkv;              /* (rows, (n_heads + 2 n_kv) head_dim) */
+    float *tmp;              /* (rows, hidden) o / down outputs */
+    float *gu;               /* (rows, 2 intermediate) */
+    float *att;              /* (rows, n_heads head_dim) attention output */
+    void *xin;               /* (rows, max(hidden, q_dim, inter)) matrix input, any act type */
+    void *q;                 /* (rows, n_heads, head_dim) rotated q in the KV type */
+    float *logits;           /* (logit_rows + ROW_PAD, vocab) */
+    float *part_ml, *part_acc; /* attention split partials: (part_cap, n_heads, 2 | head_dim) */
+    int part_cap;
+    int32_t *ids_d, *ids_h;  /* (max_tokens) sampled ids, device and pinned host */
+    int n_ids;
+
+    int n_blocks, block_size; /* pool holds n_blocks + 1 blocks: the last is the graphs' spare */
+    void *kc, *vc;            /* (n_layers, n_blocks + 1, n_kv, block_size, head_dim) */
+    size_t layer_elems;
+    int ctx_max, seq_max;
+
+    int32_t *meta_h, *meta_d; /* step metadata, pinned host and device */
+    size_t meta_cap;          /* int32 elements */
+
+    struct cu_graph graphs[N_BUCKETS];
+    int use_graphs, device_argmax, fp8_path;
+    char desc[256];
+};
+
+static int cuda_load(void *ctx, const struct model_config *cfg, const struct model_weights *w, int max_tokens,
+                     struct rl_err *err);
+static size_t cuda_kv_block_bytes(void *ctx, int block_size);
+static int cuda_kv_init(void *ctx, int n_blocks, int block_size, struct rl_err *err);
+static int cuda_forward(void *ctx, const struct be_batch *b, struct rl_err *err);
+static int cuda_kv_copy(void *ctx, int32_t dst, int32_t src, int n_tokens, struct rl_err *err);
+static const char *cuda_describe(void *ctx);
+static void cuda_free(void *ctx);
+
+static const struct be_ops cuda_ops = {
+    "cuda",
+    cuda_load,
+    cuda_kv_block_bytes,
+    cuda_kv_init,
+    cuda_forward,
+    cuda_kv_copy,
+    cuda_describe,
+    cuda_free,
+};
+
+/* ---- allocation ---- */
+
+static int dev_alloc(struct cuda_ctx *c, void **p, size_t bytes, struct rl_err *err)
+{
+    *p = NULL;
+    if (c->n_allocs == c->cap_allocs) {
+        int n = c->cap_allocs ? 2 * c->cap_allocs : 64;
+        void **a = (void **)realloc(c->allocs, (size_t)n * sizeof *a);
+        if (!a)
+            return rl_errf(err, RL_ENOMEM, "out of memory");
+        c->allocs = a;
+        c->cap_allocs = n;
+    }
+    cudaError_t e = cudaMalloc(p, bytes ? bytes : 16);
+    if (e != cudaSuccess)
+        return rl_errf(err, RL_ENOMEM, "cudaMalloc(%zu bytes): %s (cudaError %d)", bytes, cudaGetErrorString(e),
+                       (int)e);
+    c->allocs[c->n_allocs++] = *p;
+    return 0;
+}
+
+static void graphs_reset(struct cuda_ctx *c)
+{
+    for (int i = 0; i < N_BUCKETS; i++) {
+        if (c->graphs[i].exec)
+            cudaGraphExecDestroy(c->graphs[i].exec);
+        memset(&c->graphs[i], 0, sizeof c->graphs[i]);
+    }
+}
+
+static void free_weights(struct cuda_ctx *c)
+{
+    graphs_reset(c);
+    for (int i = 0; i < c->n_allocs; i++)
+        cudaFree(c->allocs[i]);
+    c->n_allocs = 0;
+    free(c->layers);
+    c->layers = NULL;
+    cu_gemm_free(c->gemm);
+    c->gemm = NULL;
+    if (c->ids_h)
+        cudaFreeHost(c->ids_h);
+    c->ids_h = NULL;
+    c->loaded = 0;
+}
+
+static void free_kv(struct cuda_ctx *c)
+{
+    graphs_reset(c);
+    cudaFree(c->kc);
+    cudaFree(c->vc);
+    c->kc = c->vc = NULL;
+    c->n_blocks = 0;
+}
+
+static size_t dt_size(enum model_dtype dt)
+{
+    return dt == MODEL_F32 ? 4 : dt == MODEL_F8_E4M3 ? 1 : 2;
+}
+
+static size_t kv_esize(const struct cuda_ctx *c) { return c->kv_dtype == BE_KV_F32 ? 4 : 2; }
+
+/* ---- weights from a checkpoint ---- */
+
+static int vec_upload(struct cuda_ctx *c, float **out, const struct model_tensor *t, struct rl_err *err)
+{
+    int n = (int)t->cols;
+    float *h = (float *)malloc((size_t)n * sizeof *h);
+    if (!h)
+        return rl_errf(err, RL_ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        const char *p = (const char *)t->data;
+        uint16_t u;
+        switch (t->dtype) {
+        case MODEL_F32: memcpy(&h[i], p + 4 * (size_t)i, 4); break;
+        case MODEL_BF16: memcpy(&u, p + 2 * (size_t)i, 2); h[i] = bf16_to_f32(u); break;
+        case MODEL_F16: memcpy(&u, p + 2 * (size_t)i, 2); h[i] = f16_to_f32(u); break;
+        case MODEL_F8_E4M3: h[i] = f8e4m3_to_f32((uint8_t)p[i]); break;
+        }
+    }
+    int rc = dev_alloc(c, (void **)out, (size_t)n * 4, err);
+    if (!rc) {
+        cudaError_t e = cudaMemcpy(*out, h, (size_t)n * 4, cudaMemcpyHostToDevice);
+        if (e != cudaSuccess)
+            rc = rl_errf(err, RL_EBACKEND, "cudaMemcpy(%s): %s", t->name, cudaGetErrorString(e));
+    }
+    free(h);
+    return rc;
+}
+
+/* Stacks n tensors (same dtype and cols) into one device matrix, or keeps
+ * them apart when FP8 block rows would not line up. */
+static int lin_upload(struct cuda_ctx *c, struct cu_linear *l, const struct model_tensor *const *ts, int n,
+                      struct rl_err *err)
+{
+    const struct model_config *cfg = &c->cfg;
+    memset(l, 0, sizeof *l);
+    enum model_dtype dt = ts[0]->dtype;
+    int cols = (int)ts[0]->cols, fuse = 1, rows = 0;
+    for (int i = 0; i < n; i++) {
+        if (ts[i]->dtype != dt || ts[i]->cols != cols)
+            fuse = 0;
+        if (dt == MODEL_F8_E4M3 && i < n - 1 && ts[i]->rows % cfg->fp8_block_rows)
+            fuse = 0;
+        rows += (int)ts[i]->rows;
+    }
+    l->rows = rows;
+    int groups = fuse ? 1 : n;
+    for (int gi = 0, r0 = 0; gi < groups; gi++) {
+        int first = fuse ? 0 : gi, last = fuse ? n - 1 : gi;
+        struct cu_mat *m = &l->m[gi];
+        int mrows = 0;
+        for (int i = first; i <= last; i++)
+            mrows += (int)ts[i]->rows;
+        m->dt = ts[first]->dtype;
+        m->rows = mrows;
+        m->cols = (int)ts[first]->cols;
+        l->off[gi] = r0;
+        r0 += mrows;
+        size_t es = dt_size(m->dt), bytes = (size_t)mrows * (size_t)m->cols * es;
+        int rc = dev_alloc(c, &m->w, bytes, err);
+        if (rc)
+            return rc;
+        size_t at = 0;
+        for (int i = first; i <= last; i++) {
+            size_t b = (size_t)ts[i]->rows * (size_t)ts[i]->cols * es;
+            CU_CHECK(err, cudaMemcpy((char *)m->w + at, ts[i]->data, b, cudaMemcpyHostToDevice));
+            at += b;
+        }
+        if (m->dt == MODEL_F8_E4M3) {
+            m->br = cfg->fp8_block_rows;
+            m->bc = cfg->fp8_block_cols;
+            int nkb = (m->cols + m->bc - 1) / m->bc;
+            m->scale_ld = (nkb + 3) / 4 * 4;
+            int nrb = (mrows + m->br - 1) / m->br;
+            float *h = (float *)calloc((size_t)nrb * (size_t)m->scale_ld, sizeof *h);
+            if (!h)
+                return rl_errf(err, RL_ENOMEM, "out of memory");
+            int rb0 = 0;
+            for (int i = first; i <= last; i++) {
+                int prb = ((int)ts[i]->rows + m->br - 1) / m->br;
+                for (int rb = 0; rb < prb; rb++)
+                    memcpy(h + (size_t)(rb0 + rb) * (size_t)m->scale_ld, ts[i]->scale_f32 + (size_t)rb * (size_t)nkb,
+                           (size_t)nkb * 4);
+                rb0 += prb;
+            }
+            rc = dev_alloc(c, (void **)&m->scale, (size_t)nrb * (size_t)m->scale_ld * 4, err);
+            if (!rc) {
+                cudaError_t e = cudaMemcpy(m->scale, h, (size_t)nrb * (size_t)m->scale_ld * 4, cudaMemcpyHostToDevice);
+                if (e != cudaSuccess)
+                    rc = rl_errf(err, RL_EBACKEND, "cudaMemcpy(scales of %s): %s", ts[first]->name,
+                                 cudaGetErrorString(e));
+            }
+            free(h);
+            if (rc)
+                return rc;
+        }
+    }
+    l->n = groups;
+    return 0;
+}
+
+static int mat_upload(struct cuda_ctx *c, struct cu_mat *m, const struct model_tensor *t, struct rl_err *err)
+{
+    struct cu_linear l;
+    const struct model_tensor *ts[1] = {t};
+    int rc = lin_upload(c, &l, ts, 1, err);
+    if (!rc)
+        *m = l.m[0];
+    return rc;
+}
+
+/* Rotary frequencies: the CPU backend's rope_init(), same doubles. */
+static void rope_freqs(const struct model_config *cfg, float *inv_freq, float *mscale)
+{
+    int half = cfg->head_dim / 2, dim = cfg->head_dim;
+    double base = cfg->rope_theta;
+    *mscale = 1.0f;
+    for (int i = 0; i < half; i++)
+        inv_freq[i] = (float)(1.0 / pow(base, (double)(2 * i) / dim));
+    if (cfg->yarn_factor > 0) {
+        double f = cfg->yarn_factor, om = cfg->yarn_orig_max_pos;
+        double lo = floor(dim * log(om / (cfg->yarn_beta_fast * 2 * M_PI)) / (2 * log(base)));
+        double hi = ceil(dim * log(om / (cfg->yarn_beta_slow * 2 * M_PI)) / (2 * log(base)));
+        if (lo < 0)
+            lo = 0;
+        if (hi > dim - 1)
+            hi = dim - 1;
+        if (lo == hi)
+            hi += 0.001;
+        for (int i = 0; i < half; i++) {
+            double pf = pow(base, (double)(2 * i) / dim);
+            double extra = 1.0 / pf, inter = 1.0 / (f * pf);
+            double ramp = (i - lo) / (hi - lo);
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            double ef = 1.0 - ramp;
+            inv_freq[i] = (float)(inter * (1 - ef) + extra * ef);
+        }
+        *mscale = cfg->yarn_attn_factor;
+    }
+}
+
+static int check_config(const struct cuda_ctx *c, const struct model_config *cfg, int max_tokens, struct rl_err *err)
+{
+    if (max_tokens < 1)
+        return rl_errf(err, RL_EINVAL, "cuda backend: max_tokens must be >= 1");
+    if (cfg->n_kv_heads < 1 || cfg->n_heads % cfg->n_kv_heads)
+        return rl_errf(err, RL_EINVAL, "cuda backend: %d heads over %d KV heads", cfg->n_heads, cfg->n_kv_heads);
+    if (!cu_attn_supports(cfg->head_dim, cfg->n_heads / cfg->n_kv_heads))
+        return rl_errf(err, RL_EUNSUPPORTED,
+                       "cuda backend: head_dim %d / GQA group %d not built (head_dim 32, 64, 128, 256; group <= %d)",
+                       cfg->head_dim, cfg->n_heads / cfg->n_kv_heads, CU_ATTN_MAXG);
+    if (cfg->fp8_block_rows && (cfg->fp8_block_cols % 16 || cfg->hidden % 16 || cfg->intermediate % 16 ||
+                                (cfg->n_heads * cfg->head_dim) % 16))
+        return rl_errf(err, RL_EUNSUPPORTED, "cuda backend: FP8 needs 16-multiple block columns and matrix widths");
+    return 0;
+}
+
+/* Activations, rotary table and the gemm context: shared by both loads. */
+static int alloc_common(struct cuda_ctx *c, int max_tokens, struct rl_err *err)
+{
+    const struct model_config *cfg = &c->cfg;
+    int rc;
+    size_t H = (size_t)cfg->hidden, I = (size_t)cfg->intermediate, V = (size_t)cfg->vocab;
+    size_t Q = (size_t)cfg->n_heads * (size_t)cfg->head_dim, KV = (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim;
+    size_t widest = H > Q ? H : Q;
+    if (I > widest)
+        widest = I;
+    c->max_tokens = max_tokens;
+    c->rows = max_tokens + ROW_PAD;
+    c->logit_rows = max_tokens < LOGIT_ROWS_MAX ? max_tokens : LOGIT_ROWS_MAX;
+    size_t R = (size_t)c->rows;
+    size_t kvs = c->kv_dtype == BE_KV_F32 ? 4 : 2;
+    c->part_cap = 4 * c->sm_count / cfg->n_kv_heads + 64;
+    if ((rc = dev_alloc(c, (void **)&c->x, R * H * 4, err)) || (rc = dev_alloc(c, (void **)&c->qkv, R * (Q + 2 * KV) * 4, err)) ||
+        (rc = dev_alloc(c, (void **)&c->tmp, R * H * 4, err)) || (rc = dev_alloc(c, (void **)&c->gu, R * 2 * I * 4, err)) ||
+        (rc = dev_alloc(c, (void **)&c->att, R * Q * 4, err)) || (rc = dev_alloc(c, &c->xin, R * widest * 4, err)) ||
+        (rc = dev_alloc(c, &c->q, R * Q * kvs, err)) ||
+        (rc = dev_alloc(c, (void **)&c->logits, ((size_t)c->logit_rows + ROW_PAD) * V * 4, err)) ||
+        (rc = dev_alloc(c, (void **)&c->part_ml, (size_t)c->part_cap * (size_t)cfg->n_heads * 2 * 4, err)) ||
+        (rc = dev_alloc(c, (void **)&c->part_acc, (size_t)c->part_cap * Q * 4, err)) ||
+        (rc = dev_alloc(c, (void **)&c->ids_d, (size_t)max_tokens * 4, err)) ||
+        (rc = dev_alloc(c, (void **)&c->inv_freq, (size_t)cfg->head_dim / 2 * 4, err)))
+        return rc;
+    CU_CHECK(err, cudaHostAlloc((void **)&c->ids_h, (size_t)max_tokens * 4, cudaHostAllocDefault));
+    float fr[512];
+    rope_freqs(cfg, fr, &c->mscale);
+    CU_CHECK(err, cudaMemcpy(c->inv_freq, fr, (size_t)cfg->head_dim / 2 * 4, cudaMemcpyHostToDevice));
+    if ((rc = cu_gemm_create(&c->gemm, c->rows, (int)widest, c->cc_major, c->st, err)))
+        return rc;
+    if (c->fp8_path)
+        cu_gemm_force(c->gemm, (enum cu_gemm_path)c->fp8_path);
+    return cu_attn_init(err);
+}
+
+static int cuda_load(void *ctx, const struct model_config *cfg, const struct model_weights *w, int max_tokens,
+                     struct rl_err *err)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    int rc = check_config(c, cfg, max_tokens, err);
+    if (rc)
+        return rc;
+    CU_CHECK(err, cudaSetDevice(c->device));
+    free_kv(c);
+    free_weights(c);
+    c->cfg = *cfg;
+    c->kv_dtype = c->kv_req != BE_KV_AUTO ? c->kv_req
+                  : cfg->dtype == MODEL_F32 && w->layers[0].wq.dtype == MODEL_F32 ? BE_KV_F32
+                                                                         : BE_KV_BF16;
+    c->layers = (struct cu_layer *)calloc((size_t)cfg->n_layers, sizeof *c->layers);
+    if (!c->layers)
+        return rl_errf(err, RL_ENOMEM, "out of memory");
+    if ((rc = mat_upload(c, &c->embed, &w->embed, err)))
+        goto fail;
+    if (cfg->tied) {
+        memset(&c->lm_head, 0, sizeof c->lm_head);
+        c->lm_head.n = 1;
+        c->lm_head.m[0] = c->embed;
+        c->lm_head.rows = c->embed.rows;
+    } else {
+        const struct model_tensor *ts[1] = {&w->lm_head};
+        if ((rc = lin_upload(c, &c->lm_head, ts, 1, err)))
+            goto fail;
+    }
+    if ((rc = vec_upload(c, &c->final_norm, &w->final_norm, err)))
+        goto fail;
+    for (int l = 0; l < cfg->n_layers; l++) {
+        const struct model_layer *S = &w->layers[l];
+        struct cu_layer *L = &c->layers[l];
+        const struct model_tensor *qkv[3] = {&S->wq, &S->wk, &S->wv}, *o[1] = {&S->wo};
+        const struct model_tensor *gu[2] = {&S->w_gate, &S->w_up}, *dn[1] = {&S->w_down};
+        if ((rc = vec_upload(c, &L->attn_norm, &S->attn_norm, err)) || (rc = vec_upload(c, &L->mlp_norm, &S->mlp_norm, err)) ||
+            (rc = vec_upload(c, &L->q_norm, &S->q_norm, err)) || (rc = vec_upload(c, &L->k_norm, &S->k_norm, err)) ||
+            (rc = lin_upload(c, &L->qkv, qkv, 3, err)) || (rc = lin_upload(c, &L->o, o, 1, err)) ||
+            (rc = lin_upload(c, &L->gu, gu, 2, err)) || (rc = lin_upload(c, &L->down, dn, 1, err)))
+            goto fail;
+    }
+    if ((rc = alloc_common(c, max_tokens, err)))
+        goto fail;
+    c->loaded = 1;
+    return 0;
+fail:
+    free_weights(c);
+    return rl_err_wrap(err, "cuda backend load");
+}
+
+/* ---- random weights (benchmark) ---- */
+
+static int rand_mat(struct cuda_ctx *c, struct cu_mat *m, enum model_dtype dt, int rows, int cols, uint64_t seed,
+                    struct rl_err *err)
+{
+    memset(m, 0, sizeof *m);
+    m->dt = dt;
+    m->rows = rows;
+    m->cols = cols;
+    int rc = dev_alloc(c, &m->w, (size_t)rows * (size_t)cols * dt_size(dt), err);
+    if (rc)
+        return rc;
+    float amp = 1.7f / sqrtf((float)cols); /* unit-variance outputs for unit-variance inputs */
+    if (dt == MODEL_F8_E4M3) {
+        m->br = m->bc = 128;
+        int nkb = (cols + 127) / 128, nrb = (rows + 127) / 128;
+        m->scale_ld = (nkb + 3) / 4 * 4;
+        if ((rc = dev_alloc(c, (void **)&m->scale, (size_t)nrb * (size_t)m->scale_ld * 4, err)) ||
+            (rc = cu_fill_random(m->w, (size_t)rows * (size_t)cols, dt, 1.0f, seed, c->st, err)) ||
+            (rc = cu_fill_const(m->scale, (size_t)nrb * (size_t)m->scale_ld, amp, c->st, err)))
+            return rc;
+        return 0;
+    }
+    return cu_fill_random(m->w, (size_t)rows * (size_t)cols, dt, amp, seed, c->st, err);
+}
+
+static int rand_lin(struct cuda_ctx *c, struct cu_linear *l, enum model_dtype dt, int rows, int cols, uint64_t seed,
+                    struct rl_err *err)
+{
+    memset(l, 0, sizeof *l);
+    l->n = 1;
+    l->rows = rows;
+    return rand_mat(c, &l->m[0], dt, rows, cols, seed, err);
+}
+
+static int ones(struct cuda_ctx *c, float **p, int n, struct rl_err *err)
+{
+    int rc = dev_alloc(c, (void **)p, (size_t)n * 4, err);
+    return rc ? rc : cu_fill_const(*p, (size_t)n, 1.0f, c->st, err);
+}
+
+extern "C" int cuda_backend_load_random(struct backend *be, const struct model_config *cfg, enum model_dtype wdt,
+                                        int max_tokens, uint64_t seed, struct rl_err *err)
+{
+    if (!be || be->ops != &cuda_ops)
+        return rl_errf(err, RL_EINVAL, "cuda_backend_load_random: not a cuda backend");
+    if (wdt != MODEL_BF16 && wdt != MODEL_F8_E4M3)
+        return rl_errf(err, RL_EINVAL, "cuda_backend_load_random: dtype %s (bf16 or fp8)", model_dtype_name(wdt));
+    struct cuda_ctx *c = (struct cuda_ctx *)be->ctx;
+    struct model_config cf = *cfg;
+    if (wdt == MODEL_F8_E4M3)
+        cf.fp8_block_rows = cf.fp8_block_cols = 128;
+    cf.dtype = MODEL_BF16;
+    int rc = check_config(c, &cf, max_tokens, err);
+    if (rc)
+        return rc;
+    CU_CHECK(err, cudaSetDevice(c->device));
+    free_kv(c);
+    free_weights(c);
+    c->cfg = cf;
+    c->kv_dtype = c->kv_req == BE_KV_F32 ? BE_KV_F32 : BE_KV_BF16;
+    int H = cf.hidden, I = cf.intermediate, Q = cf.n_heads * cf.head_dim, KV = cf.n_kv_heads * cf.head_dim;
+    c->layers = (struct cu_layer *)calloc((size_t)cf.n_layers, sizeof *c->layers);
+    if (!c->layers)
+        return rl_errf(err, RL_ENOMEM, "out of memory");
+    uint64_t s = seed * 1000003u;
+    if ((rc = rand_mat(c, &c->embed, MODEL_BF16, cf.vocab, H, s++, err)) || (rc = ones(c, &c->final_norm, H, err)))
+        goto fail;
+    if (cf.tied) {
+        memset(&c->lm_head, 0, sizeof c->lm_head);
+        c->lm_head.n = 1;
+        c->lm_head.m[0] = c->embed;
+        c->lm_head.rows = cf.vocab;
+    } else if ((rc = rand_lin(c, &c->lm_head, MODEL_BF16, cf.vocab, H, s++, err))) {
+        goto fail;
+    }
+    for (int l = 0; l < cf.n_layers; l++) {
+        struct cu_layer *L = &c->layers[l];
+        if ((rc = ones(c, &L->attn_norm, H, err)) || (rc = ones(c, &L->mlp_norm, H, err)) ||
+            (rc = ones(c, &L->q_norm, cf.head_dim, err)) || (rc = ones(c, &L->k_norm, cf.head_dim, err)) ||
+            (rc = rand_lin(c, &L->qkv, wdt, Q + 2 * KV, H, s++, err)) || (rc = rand_lin(c, &L->o, wdt, H, Q, s++, err)) ||
+            (rc = rand_lin(c, &L->gu, wdt, 2 * I, H, s++, err)) || (rc = rand_lin(c, &L->down, wdt, H, I, s++, err)))
+            goto fail;
+    }
+    if ((rc = alloc_common(c, max_tokens, err)))
+        goto fail;
+    CU_CHECK(err, cudaStreamSynchronize(c->st));
+    c->loaded = 1;
+    return 0;
+fail:
+    free_weights(c);
+    return rl_err_wrap(err, "cuda backend random load");
+}
+
+/* ---- KV pool ---- */
+
+static size_t cuda_kv_block_bytes(void *ctx, int block_size)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    return 2 * (size_t)c->cfg.n_layers * (size_t)c->cfg.n_kv_heads * (size_t)c->cfg.head_dim * (size_t)block_size *
+           kv_esize(c);
+}
+
+static int cuda_kv_init(void *ctx, int n_blocks, int block_size, struct rl_err *err)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!c->loaded)
+        return rl_errf(err, RL_EINVAL, "cuda backend: kv_init before load");
+    if (n_blocks < 1 || block_size < 1)
+        return rl_errf(err, RL_EINVAL, "cuda backend: kv pool needs n_blocks >= 1 and block_size >= 1");
+    CU_CHECK(err, cudaSetDevice(c->device));
+    free_kv(c);
+    c->layer_elems = (size_t)(n_blocks + 1) * (size_t)c->cfg.n_kv_heads * (size_t)block_size * (size_t)c->cfg.head_dim;
+    size_t bytes = c->layer_elems * (size_t)c->cfg.n_layers * kv_esize(c);
+    cudaError_t e1 = cudaMalloc(&c->kc, bytes), e2 = e1 == cudaSuccess ? cudaMalloc(&c->vc, bytes) : e1;
+    if (e1 != cudaSuccess || e2 != cudaSuccess) {
+        free_kv(c);
+        return rl_errf(err, RL_ENOMEM, "cuda backend: cannot allocate 2 x %zu bytes of KV cache: %s", bytes,
+                       cudaGetErrorString(e1 != cudaSuccess ? e1 : e2));
+    }
+    /* Zeroed like the CPU's calloc: no kernel reads an unwritten slot, but
+     * a stray read then sees zeros, not NaN garbage. */
+    CU_CHECK(err, cudaMemsetAsync(c->kc, 0, bytes, c->st));
+    CU_CHECK(err, cudaMemsetAsync(c->vc, 0, bytes, c->st));
+    CU_CHECK(err, cudaStreamSynchronize(c->st));
+    c->n_blocks = n_blocks;
+    c->block_size = block_size;
+    c->ctx_max = n_blocks * block_size;
+    c->seq_max = c->ctx_max < c->cfg.max_pos ? c->ctx_max : c->cfg.max_pos;
+    return 0;
+}
+
+static int cuda_kv_copy(void *ctx, int32_t dst, int32_t src, int n_tokens, struct rl_err *err)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!c->kc)
+        return rl_errf(err, RL_EINVAL, "cuda backend: kv_copy before kv_init");
+    if (dst < 0 || src < 0 || dst >= c->n_blocks || src >= c->n_blocks || n_tokens < 0 || n_tokens > c->block_size)
+        return rl_errf(err, RL_EINVAL, "cuda backend: kv_copy(%d, %d, %d) out of range", dst, src, n_tokens);
+    CU_CHECK(err, cudaSetDevice(c->device));
+    int rc = cu_kv_copy(c->kc, c->vc, c->kv_dtype == BE_KV_BF16, c->cfg.n_layers, c->layer_elems, c->cfg.n_kv_heads,
+                        c->block_size, c->cfg.head_dim, dst, src, n_tokens, c->st, err);
+    if (rc)
+        return rc;
+    CU_CHECK(err, cudaStreamSynchronize(c->st));
+    return 0;
+}
+
+/* ---- step metadata ---- */
+
+static size_t meta_fixed(const struct meta_caps *k)
+{
+    return 5 * (size_t)k->T + (size_t)k->L + 2 * (size_t)k->tiles + 4 * (size_t)k->S;
+}
+
+static void meta_view_at(int32_t *base, const struct meta_caps *k, struct meta_view *v)
+{
+    int32_t *p = base;
+    v->tokens = p, p += k->T;
+    v->pos = p, p += k->T;
+    v->seq = p, p += k->T;
+    v->slot = p, p += k->T;
+    v->dec = p, p += k->T;
+    v->lrow = p, p += k->L;
+    v->tile_seq = p, p += k->tiles;
+    v->tile_r0 = p, p += k->tiles;
+    v->seq_tok0 = p, p += k->S;
+    v->seq_nnew = p, p += k->S;
+    v->seq_npast = p, p += k->S;
+    v->seq_bt_off = p, p += k->S;
+    v->bt = p;
+}
+
+static int meta_reserve(struct cuda_ctx *c, size_t need, struct rl_err *err)
+{
+    if (need <= c->meta_cap)
+        return 0;
+    size_t cap = need + need / 2 + 1024;
+    graphs_reset(c); /* graphs hold the old device address */
+    if (c->meta_h)
+        cudaFreeHost(c->meta_h);
+    cudaFree(c->meta_d);
+    c->meta_h = c->meta_d = NULL;
+    c->meta_cap = 0;
+    CU_CHECK(err, cudaHostAlloc((void **)&c->meta_h, cap * 4, cudaHostAllocDefault));
+    CU_CHECK(err, cudaMalloc((void **)&c->meta_d, cap * 4));
+    c->meta_cap = cap;
+    return 0;
+}
+
+static int n_tbl(const struct cuda_ctx *c, const struct be_seq *q)
+{
+    return (q->n_past + q->n_new + c->block_size - 1) / c->block_size;
+}
+
+/* Packs the batch (padded to B sequences when B > 0: a graph step) and
+ * sends it; fills *s with what the kernels need. */
+static int build_step(struct cuda_ctx *c, const struct be_batch *b, int B, struct step *s, struct rl_err *err)
+{
+    int G = c->cfg.n_heads / c->cfg.n_kv_heads;
+    struct meta_caps k;
+    size_t n_bt = 0;
+    int n_tiles = 0, max_len = 0;
+    for (int i = 0; i < b->n_seqs; i++) {
+        const struct be_seq *q = &b->seqs[i];
+        n_bt += (size_t)n_tbl(c, q);
+        if (q->n_new > 1)
+            n_tiles += (q->n_new * G + CU_ATTN_TILE_ROWS - 1) / CU_ATTN_TILE_ROWS;
+        else if (q->n_past + 1 > max_len)
+            max_len = q->n_past + 1;
+    }
+    if (B) {
+        k.T = k.S = k.L = B;
+        k.tiles = 0;
+        n_bt += 1; /* the spare block's one-entry table */
+    } else {
+        k.T = b->n_tokens;
+        k.S = b->n_seqs;
+        k.L = b->n_logits > 0 ? b->n_logits : 1;
+        k.tiles = n_tiles;
+    }
+    size_t total = meta_fixed(&k) + n_bt;
+    int rc = meta_reserve(c, total, err);
+    if (rc)
+        return rc;
+    struct meta_view h;
+    meta_view_at(c->meta_h, &k, &h);
+    int bs = c->block_size, T = b->n_tokens;
+    int n_dec = 0, nl = 0, nt = 0, bt_at = 0;
+    for (int i = 0, t = 0; i < b->n_seqs; i++) {
+        const struct be_seq *q = &b->seqs[i];
+        int nb = n_tbl(c, q);
+        memcpy(h.bt + bt_at, q->block_table, (size_t)nb * 4);
+        h.seq_tok0[i] = t;
+        h.seq_nnew[i] = q->n_new;
+        h.seq_npast[i] = q->n_past;
+        h.seq_bt_off[i] = bt_at;
+        bt_at += nb;
+        if (q->n_new > 1)
+            for (int r0 = 0; r0 < q->n_new * G; r0 += CU_ATTN_TILE_ROWS) {
+                h.tile_seq[nt] = i;
+                h.tile_r0[nt++] = r0;
+            }
+        for (int j = 0; j < q->n_new; j++, t++) {
+            int p = q->n_past + j;
+            h.tokens[t] = b->tokens[t];
+            h.pos[t] = p;
+            h.seq[t] = i;
+            h.slot[t] = q->block_table[p / bs] * bs + p % bs;
+            if (q->n_new == 1)
+                h.dec[n_dec++] = t;
+            if (j >= q->logits_from)
+                h.lrow[nl++] = t;
+        }
+    }
+    if (B) {
+        int spare = bt_at;
+        h.bt[bt_at++] = c->n_blocks;
+        for (int t = T; t < B; t++) { /* padding sequences, one token each */
+            h.tokens[t] = 0;
+            h.pos[t] = 0;
+            h.seq[t] = t;
+            h.slot[t] = c->n_blocks * bs;
+            h.dec[n_dec++] = t;
+            h.seq_tok0[t] = t;
+            h.seq_nnew[t] = 1;
+            h.seq_npast[t] = 0;
+            h.seq_bt_off[t] = spare;
+        }
+        /* lm_head runs on all B rows: wanted ones first, then every other
+         * row once (a row listed twice would get the residual added twice) */
+        for (int t = 0, i = 0; t < B; t++) {
+            const struct be_seq *q = t < T ? &b->seqs[t] : NULL;
+            if (q && q->logits_from == 0)
+                continue;
+            h.lrow[nl + i++] = t;
+        }
+        s->n_lrows = B;
+        s->nsplit = cu_attn_splits(B, c->cfg.n_kv_heads, c->sm_count, c->seq_max, c->part_cap);
+    } else {
+        s->n_lrows = b->n_logits;
+        s->nsplit = cu_attn_splits(n_dec, c->cfg.n_kv_heads, c->sm_count, max_len, c->part_cap);
+    }
+    s->T = k.T;
+    s->n_dec = n_dec;
+    s->n_tiles = nt;
+    meta_view_at(c->meta_d, &k, &s->d);
+    CU_CHECK(err, cudaMemcpyAsync(c->meta_d, c->meta_h, total * 4, cudaMemcpyHostToDevice, c->st));
+    return 0;
+}
+
+/* ---- the step ---- */
+
+static enum cu_act lin_act(const struct cu_linear *l) { return cu_act_for(l->m[0].dt); }
+
+/* Enqueues a whole step. out_logits: host rows to copy into (NULL in
+ * graph capture, where the caller copies after the launch). */
+static int run_step(struct cuda_ctx *c, const struct step *s, float *out_logits, struct rl_err *err)
+{
+    const struct model_config *cfg = &c->cfg;
+    int T = s->T, H = cfg->hidden, I = cfg->intermediate, V = cfg->vocab;
+    int NH = cfg->n_heads, Q = NH * cfg->head_dim;
+    float eps = cfg->rms_eps;
+    int rc;
+    struct cu_attn_meta am = {s->d.seq, s->d.pos, s->d.dec, s->d.tile_seq, s->d.tile_r0,
+                              s->d.seq_tok0, s->d.seq_nnew, s->d.seq_npast, s->d.seq_bt_off, s->d.bt};
+    size_t es = kv_esize(c);
+    if ((rc = cu_embed(&c->embed, s->d.tokens, T, c->x, c->st, err)))
+        return rc;
+    if ((rc = cu_rmsnorm(c->x, NULL, NULL, T, H, c->layers[0].attn_norm, eps, c->xin, lin_act(&c->layers[0].qkv),
+                         c->st, err)))
+        return rc;
+    for (int l = 0; l < cfg->n_layers; l++) {
+        const struct cu_layer *L = &c->layers[l];
+        struct cu_kv_layer kv = {(char *)c->kc + (size_t)l * c->layer_elems * es,
+                                 (char *)c->vc + (size_t)l * c->layer_elems * es, c->kv_dtype == BE_KV_BF16,
+                                 cfg->n_kv_heads, cfg->head_dim, c->block_size};
+        if ((rc = cu_linear_run(c->gemm, &L->qkv, T, c->xin, c->qkv, err)) ||
+            (rc = cu_qk_rope_write(c->qkv, T, NH, L->q_norm, L->k_norm, eps, c->inv_freq, c->mscale, s->d.pos,
+                                   s->d.slot, c->q, &kv, c->st, err)) ||
+            (rc = cu_attn_decode(c->q, &kv, &am, s->n_dec, NH, s->nsplit, c->part_ml, c->part_acc, c->att, c->st,
+                                 err)) ||
+            (rc = cu_attn_prefill(c->q, &kv, &am, s->n_tiles, NH, c->att, c->st, err)))
+            return rc;
+        const void *oin = c->att;
+        if (lin_act(&L->o) != CU_ACT_F32) {
+            if ((rc = cu_cast(c->att, (size_t)T * (size_t)Q, c->xin, lin_act(&L->o), c->st, err)))
+                return rc;
+            oin = c->xin;
+        }
+        if ((rc = cu_linear_run(c->gemm, &L->o, T, oin, c->tmp, err)) ||
+            (rc = cu_rmsnorm(c->x, c->tmp, NULL, T, H, L->mlp_norm, eps, c->xin, lin_act(&L->gu), c->st, err)) ||
+            (rc = cu_linear_run(c->gemm, &L->gu, T, c->xin, c->gu, err)) ||
+            (rc = cu_swiglu(c->gu, T, I, c->xin, lin_act(&L->down), c->st, err)) ||
+            (rc = cu_linear_run(c->gemm, &L->down, T, c->xin, c->tmp, err)))
+            return rc;
+        if (l + 1 < cfg->n_layers &&
+            (rc = cu_rmsnorm(c->x, c->tmp, NULL, T, H, c->layers[l + 1].attn_norm, eps, c->xin,
+                             lin_act(&c->layers[l + 1].qkv), c->st, err)))
+            return rc;
+    }
+    /* The last residual add happens inside the final norm, for the logits
+     * rows only; rows nobody asked logits for are finished. */
+    for (int r0 = 0; r0 < s->n_lrows; r0 += c->logit_rows) {
+        int n = s->n_lrows - r0 < c->logit_rows ? s->n_lrows - r0 : c->logit_rows;
+        if ((rc = cu_rmsnorm(c->x, c->tmp, s->d.lrow + r0, n, H, c->final_norm, eps, c->xin, lin_act(&c->lm_head),
+                             c->st, err)) ||
+            (rc = cu_linear_run(c->gemm, &c->lm_head, n, c->xin, c->logits, err)))
+            return rc;
+        if (c->device_argmax) {
+            if ((rc = cu_argmax(c->logits, n, V, c->ids_d + r0, c->st, err)))
+                return rc;
+        } else if (out_logits) {
+            CU_CHECK(err, cudaMemcpyAsync(out_logits + (size_t)r0 * (size_t)V, c->logits, (size_t)n * (size_t)V * 4,
+                                          cudaMemcpyDeviceToHost, c->st));
+        }
+    }
+    return 0;
+}
+
+static int check_batch(const struct cuda_ctx *c, const struct be_batch *b, struct rl_err *err)
+{
+    if (!c->loaded || !c->kc)
+        return rl_errf(err, RL_EINVAL, "cuda backend: forward before load/kv_init");
+    if (b->n_tokens < 1 || b->n_tokens > c->max_tokens || b->n_seqs < 1)
+        return rl_errf(err, RL_EINVAL, "cuda backend: batch has %d tokens in %d sequences; this backend takes 1..%d",
+                       b->n_tokens, b->n_seqs, c->max_tokens);
+    int nt = 0, nl = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const struct be_seq *q = &b->seqs[s];
+        if (q->n_new < 1 || q->n_past < 0 || q->logits_from < 0 || q->logits_from > q->n_new)
+            return rl_errf(err, RL_EINVAL, "cuda backend: sequence %d has a bad shape", s);
+        int end = q->n_past + q->n_new;
+        if (end > c->ctx_max || end > c->cfg.max_pos)
+            return rl_errf(err, RL_EINVAL, "cuda backend: sequence %d reaches position %d, beyond the context", s, end);
+        for (int i = 0; i < (end + c->block_size - 1) / c->block_size; i++)
+            if (q->block_table[i] < 0 || q->block_table[i] >= c->n_blocks)
+                return rl_errf(err, RL_EINVAL, "cuda backend: sequence %d names KV block %d of %d", s,
+                               q->block_table[i], c->n_blocks);
+        nt += q->n_new;
+        nl += q->n_new - q->logits_from;
+    }
+    if (nt != b->n_tokens || nl != b->n_logits)
+        return rl_errf(err, RL_EINVAL, "cuda backend: batch counts do not add up (%d/%d tokens, %d/%d logits)", nt,
+                       b->n_tokens, nl, b->n_logits);
+    for (int t = 0; t < b->n_tokens; t++)
+        if (b->tokens[t] < 0 || b->tokens[t] >= c->cfg.vocab)
+            return rl_errf(err, RL_EINVAL, "cuda backend: token id %d outside the vocabulary (%d)", b->tokens[t],
+                           c->cfg.vocab);
+    return 0;
+}
+
+/* Smallest bucket >= n (1, 2, 4, ...), or 0 when graphs cannot take it. */
+static int bucket_of(const struct cuda_ctx *c, int n, int *idx)
+{
+    int B = 1, i = 0;
+    while (B < n && i < N_BUCKETS - 1)
+        B *= 2, i++;
+    if (B < n || B > c->max_tokens || B > c->logit_rows)
+        return 0;
+    *idx = i;
+    return B;
+}
+
+static int graph_get(struct cuda_ctx *c, int idx, const struct step *s, cudaGraphExec_t *out, struct rl_err *err)
+{
+    struct cu_graph *g = &c->graphs[idx];
+    if (g->exec && g->B == s->T && g->nsplit == s->nsplit) {
+        *out = g->exec;
+        return 0;
+    }
+    if (g->exec)
+        cudaGraphExecDestroy(g->exec);
+    memset(g, 0, sizeof *g);
+    cudaGraph_t graph = NULL;
+    CU_CHECK(err, cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal));
+    int rc = run_step(c, s, NULL, err);
+    cudaError_t e = cudaStreamEndCapture(c->st, &graph);
+    if (rc) {
+        if (graph)
+            cudaGraphDestroy(graph);
+        return rl_err_wrap(err, "capturing the decode graph for %d sequences", s->T);
+    }
+    if (e != cudaSuccess)
+        return rl_errf(err, RL_EBACKEND, "cudaStreamEndCapture (bucket %d): %s (cudaError %d)", s->T,
+                       cudaGetErrorString(e), (int)e);
+    e = cudaGraphInstantiate(&g->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+        g->exec = NULL;
+        return rl_errf(err, RL_EBACKEND, "cudaGraphInstantiate (bucket %d): %s (cudaError %d)", s->T,
+                       cudaGetErrorString(e), (int)e);
+    }
+    g->B = s->T;
+    g->nsplit = s->nsplit;
+    *out = g->exec;
+    return 0;
+}
+
+static int cuda_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    int rc = check_batch(c, b, err);
+    if (rc)
+        return rc;
+    CU_CHECK(err, cudaSetDevice(c->device));
+    int all_decode = 1;
+    for (int i = 0; i < b->n_seqs && all_decode; i++)
+        all_decode = b->seqs[i].n_new == 1;
+    int idx = 0, B = c->use_graphs && all_decode ? bucket_of(c, b->n_seqs, &idx) : 0;
+    struct step s;
+    if ((rc = build_step(c, b, B, &s, err)))
+        return rc;
+    if (B) {
+        cudaGraphExec_t exec;
+        if ((rc = graph_get(c, idx, &s, &exec, err)))
+            return rc;
+        CU_CHECK(err, cudaGraphLaunch(exec, c->st));
+        if (!c->device_argmax && b->n_logits > 0)
+            CU_CHECK(err, cudaMemcpyAsync(b->logits, c->logits, (size_t)b->n_logits * (size_t)c->cfg.vocab * 4,
+                                          cudaMemcpyDeviceToHost, c->st));
+    } else if ((rc = run_step(c, &s, b->logits, err))) {
+        return rc;
+    }
+    if (c->device_argmax && b->n_logits > 0)
+        CU_CHECK(err, cudaMemcpyAsync(c->ids_h, c->ids_d, (size_t)b->n_logits * 4, cudaMemcpyDeviceToHost, c->st));
+    c->n_ids = b->n_logits;
+    /* The one synchronisation of the step; kernel faults surface here. */
+    CU_CHECK(err, cudaStreamSynchronize(c->st));
+    return 0;
+}
+
+static const char *cuda_describe(void *ctx)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    snprintf(c->desc, sizeof c->desc, "cuda %s (sm_%d%d, %d SMs), kv %s, graphs %s%s%s", c->dev_name, c->cc_major,
+             c->cc_minor, c->sm_count, c->kv_dtype == BE_KV_F32 ? "f32" : "bf16", c->use_graphs ? "on" : "off",
+             c->gemm && c->cfg.fp8_block_rows ? ", " : "", c->gemm && c->cfg.fp8_block_rows ? cu_gemm_fp8_path(c->gemm) : "");
+    return c->desc;
+}
+
+static void cuda_free(void *ctx)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!c)
+        return;
+    cudaSetDevice(c->device);
+    free_kv(c);
+    free_weights(c);
+    free(c->allocs);
+    if (c->meta_h)
+        cudaFreeHost(c->meta_h);
+    cudaFree(c->meta_d);
+    if (c->st)
+        cudaStreamDestroy(c->st);
+    free(c);
+}
+
+
+extern "C" int cuda_backend_create(struct backend **out, const struct be_options *opt, struct rl_err *err)
+{
+    *out = NULL;
+    struct be_options def;
+    memset(&def, 0, sizeof def);
+    if (!opt)
+        opt = &def;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+        return rl_errf(err, RL_EUNSUPPORTED, "cuda backend: no CUDA device (%s)",
+                       e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    if (opt->device < 0 || opt->device >= n)
+        return rl_errf(err, RL_EINVAL, "cuda backend: device %d of %d", opt->device, n);
+    if (opt->kv_dtype != BE_KV_AUTO && opt->kv_dtype != BE_KV_F32 && opt->kv_dtype != BE_KV_BF16)
+        return rl_errf(err, RL_EINVAL, "cuda backend: unknown kv dtype %d", (int)opt->kv_dtype);
+    struct cudaDeviceProp prop;
+    CU_CHECK(err, cudaGetDeviceProperties(&prop, opt->device));
+    if (prop.major < 8)
+        return rl_errf(err, RL_EUNSUPPORTED, "cuda backend: %s is sm_%d%d; this build needs sm_80 or newer", prop.name,
+                       prop.major, prop.minor);
+    struct cuda_ctx *c = (struct cuda_ctx *)calloc(1, sizeof *c);
+    struct backend *be = (struct backend *)calloc(1, sizeof *be);
+    if (!c || !be) {
+        free(c), free(be);
+        return rl_errf(err, RL_ENOMEM, "out of memory");
+    }
+    c->device = opt->device;
+    c->sm_count = prop.multiProcessorCount;
+    c->cc_major = prop.major;
+    c->cc_minor = prop.minor;
+    snprintf(c->dev_name, sizeof c->dev_name, "%s", prop.name);
+    c->kv_req = opt->kv_dtype;
+    c->use_graphs = 1;
+    e = cudaSetDevice(c->device);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        free(c), free(be);
+        return rl_errf(err, RL_EBACKEND, "cuda backend: creating the stream: %s (cudaError %d)", cudaGetErrorString(e),
+                       (int)e);
+    }
+    be->ops = &cuda_ops;
+    be->ctx = c;
+    *out = be;
+    return 0;
+}
+
+/* ---- the switches in cuda_backend.h ---- */
+
+static struct cuda_ctx *ctx_of(struct backend *be)
+{
+    return be && be->ops == &cuda_ops ? (struct cuda_ctx *)be->ctx : NULL;
+}
+
+extern "C" int cuda_backend_set_graphs(struct backend *be, int on)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (!c)
+        return -RL_EINVAL;
+    c->use_graphs = on != 0;
+    graphs_reset(c);
+    return 0;
+}
+
+extern "C" int cuda_backend_set_fp8_path(struct backend *be, int path)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (!c || path < 0 || path > 2)
+        return -RL_EINVAL;
+    c->fp8_path = path;
+    if (c->gemm)
+        cu_gemm_force(c->gemm, (enum cu_gemm_path)path);
+    graphs_reset(c);
+    return 0;
+}
+
+extern "C" int cuda_backend_set_device_argmax(struct backend *be, int on)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (!c)
+        return -RL_EINVAL;
+    c->device_argmax = on != 0;
+    graphs_reset(c);
+    return 0;
+}
+
+extern "C" const int32_t *cuda_backend_sampled(struct backend *be)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    return c && c->device_argmax ? c->ids_h : NULL;
+}
+
+extern "C" void *cuda_host_alloc(size_t bytes)
+{
+    void *p = NULL;
+    return cudaHostAlloc(&p, bytes, cudaHostAllocDefault) == cudaSuccess ? p : NULL;
+}
+
+extern "C" void cuda_host_free(void *p)
+{
+    if (p)
+        cudaFreeHost(p);
+}

@@ -1,0 +1,490 @@
+/* engine/cuda/gemm.cu - every projection of the forward pass: y = x . W^T
+ * with W in its checkpoint dtype, never widened in device memory.
+ *
+ * Orientation: W is HF row-major (N, K), x row-major (M, K), y row-major
+ * (M, ldy). In cuBLAS's column-major terms that is D (N x M, ld ldy) =
+ * op(A) B with A = W seen as a K x N column-major matrix (transa = T) and
+ * B = x seen as K x M (transb = N): the "TN" form, which is also the only
+ * one Hopper's FP8 tensor-core path takes.
+ *
+ * BF16, F16 and F32 go to cuBLASLt with f32 accumulation and f32 output
+ * (CUBLAS_COMPUTE_32F: no TF32 for F32 weights, so an F32 checkpoint gives
+ * reference-grade logits). FP8 E4M3 with 128x128 block scales:
+ *   - M <= 8 (decode): our kernel, a warp per output row streaming 16 weight
+ *     bytes per lane, dequantizing with the block scale on the fly, BF16
+ *     activations. Memory-bound, which is all decode needs.
+ *   - larger M on sm_90: cuBLASLt's block-scaled FP8 matmul (A scale mode
+ *     BLK128x128_32F on the weight, B scale mode VEC128_32F on activations
+ *     quantized here per 1x128 group). Scale layouts, as cuBLASLt and
+ *     PyTorch's _scaled_mm define them: weight scales (ceil(N/128),
+ *     ceil(K/128) padded to 4) row-major; activation scales (ceil(K/128), M)
+ *     with M fastest.
+ *   - otherwise (sm_80, no cuBLASLt algorithm, odd shapes): our tiled
+ *     kernel, SIMT, correct but slow.
+ *
+ * Plans (descriptors + heuristic result) are cached per shape so a decode
+ * step does no heuristic query after the first; cuBLASLt calls are graph-
+ * capturable as long as the workspace stays fixed, which it does. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.cuh"
+
+#define GEMM_WORKSPACE (32u << 20)
+#define GEMM_PLANS 96
+
+struct gemm_plan {
+    int used;
+    int kind; /* 0 plain, 1 FP8 block-scaled */
+    int dt, M, N, K, ldy, align;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+    int ok; /* 0: cuBLASLt has no algorithm for this shape */
+};
+
+struct cu_gemm {
+    cublasLtHandle_t lt;
+    cudaStream_t st;
+    void *ws;
+    int cc_major;
+    enum cu_gemm_path force;
+    int max_m, max_k;
+    uint8_t *q8;   /* (max_m, max_k) e4m3 activations */
+    float *q8s;    /* (ceil(max_k/128), max_m) their scales */
+    struct gemm_plan plans[GEMM_PLANS];
+    int next_evict;
+    int lt_fp8; /* -1 not tried, 0 unavailable, 1 used */
+};
+
+/* ---- kernels ---- */
+
+/* FP8 x BF16 for M <= 8: warp per output row, 16 bytes of weights per lane
+ * per step (512 contiguous bytes per warp), activations from L1/L2. */
+#define SKINNY_MAX_M 8
+__global__ void fp8_skinny_kernel(const uint8_t *__restrict__ W, const float *__restrict__ S, int sld,
+                                  int br, int bc, int N, int K, const __nv_bfloat16 *__restrict__ X,
+                                  int M, float *__restrict__ Y, int ldy)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int n = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (n >= N)
+        return;
+    float acc[SKINNY_MAX_M];
+#pragma unroll
+    for (int m = 0; m < SKINNY_MAX_M; m++)
+        acc[m] = 0.0f;
+    const uint8_t *wr = W + (size_t)n * (size_t)K;
+    const float *sr = S + (size_t)(n / br) * (size_t)sld;
+    for (int k = lane * 16; k < K; k += 32 * 16) {
+        uint4 wv = *(const uint4 *)(wr + k);
+        float s = sr[k / bc];
+        const uint8_t *wb = (const uint8_t *)&wv;
+        float wf[16];
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+            wf[j] = cu_fp8(wb[j]) * s;
+#pragma unroll
+        for (int m = 0; m < SKINNY_MAX_M; m++) {
+            if (m < M) {
+                const uint4 *xp = (const uint4 *)(X + (size_t)m * (size_t)K + k);
+                uint4 x0 = xp[0], x1 = xp[1];
+                const __nv_bfloat16 *a = (const __nv_bfloat16 *)&x0, *b = (const __nv_bfloat16 *)&x1;
+                float t = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    t += wf[j] * __bfloat162float(a[j]) + wf[8 + j] * __bfloat162float(b[j]);
+                acc[m] += t;
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < SKINNY_MAX_M; m++) {
+        if (m < M) {
+            float t = cu_warp_sum(acc[m]);
+            if (lane == 0)
+                Y[(size_t)m * (size_t)ldy + n] = t;
+        }
+    }
+}
+
+/* FP8 x BF16, any M: 64x64 output tile, K in steps of 32, 4x4 per thread. */
+#define TB_M 64
+#define TB_N 64
+#define TB_K 32
+__global__ void __launch_bounds__(256) fp8_tiled_kernel(const uint8_t *__restrict__ W,
+                                                        const float *__restrict__ S, int sld, int br,
+                                                        int bc, int N, int K,
+                                                        const __nv_bfloat16 *__restrict__ X, int M,
+                                                        float *__restrict__ Y, int ldy)
+{
+    __shared__ float As[TB_K][TB_M + 4];
+    __shared__ float Bs[TB_K][TB_N + 4];
+    int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    int m0 = blockIdx.y * TB_M, n0 = blockIdx.x * TB_N;
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < K; k0 += TB_K) {
+#pragma unroll
+        for (int i = 0; i < (TB_M * TB_K) / 256; i++) {
+            int e = tid + i * 256, r = e / TB_K, kk = e % TB_K;
+            int m = m0 + r, n = n0 + r, k = k0 + kk;
+            As[kk][r] = (m < M && k < K) ? __bfloat162float(X[(size_t)m * (size_t)K + k]) : 0.0f;
+            Bs[kk][r] = (n < N && k < K)
+                            ? cu_fp8(W[(size_t)n * (size_t)K + k]) * S[(size_t)(n / br) * (size_t)sld + k / bc]
+                            : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < TB_K; kk++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                a[i] = As[kk][ty * 4 + i];
+                b[i] = Bs[kk][tx * 4 + i];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int m = m0 + ty * 4 + i;
+        if (m >= M)
+            continue;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int n = n0 + tx * 4 + j;
+            if (n < N)
+                Y[(size_t)m * (size_t)ldy + n] = acc[i][j];
+        }
+    }
+}
+
+/* BF16 activations -> E4M3 per 1x128 group: warp per (row, group). Rows
+ * M..Mp-1 (the padding cuBLASLt computes too) are zeros with scale 1. */
+__global__ void quant_fp8_kernel(const __nv_bfloat16 *__restrict__ X, int M, int Mp, int K,
+                                 uint8_t *__restrict__ Q, float *__restrict__ Sc)
+{
+    int nkb = (K + 127) / 128;
+    long gw = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (gw >= (long)Mp * nkb)
+        return;
+    int m = (int)(gw / nkb), kb = (int)(gw % nkb);
+    float v[4];
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int k = kb * 128 + lane * 4 + j;
+        v[j] = (m < M && k < K) ? __bfloat162float(X[(size_t)m * (size_t)K + k]) : 0.0f;
+        amax = fmaxf(amax, fabsf(v[j]));
+    }
+    amax = cu_warp_max(amax);
+    float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    float inv = 1.0f / scale;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int k = kb * 128 + lane * 4 + j;
+        if (k < K)
+            Q[(size_t)m * (size_t)K + k] =
+                (uint8_t)__nv_cvt_float_to_fp8(v[j] * inv, __NV_SATFINITE, __NV_E4M3);
+    }
+    if (lane == 0)
+        Sc[(size_t)kb * (size_t)Mp + m] = scale;
+}
+
+/* ---- launchers ---- */
+
+static cudaDataType_t lt_type(enum model_dtype dt)
+{
+    switch (dt) {
+    case MODEL_F32: return CUDA_R_32F;
+    case MODEL_F16: return CUDA_R_16F;
+    case MODEL_F8_E4M3: return CUDA_R_8F_E4M3;
+    default: return CUDA_R_16BF;
+    }
+}
+
+static int ptr_align(const void *p)
+{
+    uintptr_t u = (uintptr_t)p;
+    int a = 256;
+    while (a > 1 && (u % (uintptr_t)a))
+        a >>= 1;
+    return a;
+}
+
+static void plan_release(struct gemm_plan *p)
+{
+    if (!p->used)
+        return;
+    if (p->desc)
+        cublasLtMatmulDescDestroy(p->desc);
+    if (p->a)
+        cublasLtMatrixLayoutDestroy(p->a);
+    if (p->b)
+        cublasLtMatrixLayoutDestroy(p->b);
+    if (p->d)
+        cublasLtMatrixLayoutDestroy(p->d);
+    memset(p, 0, sizeof *p);
+}
+
+/* Finds or builds the plan for this shape. For FP8 the scale pointers are
+ * set per call by the caller (they differ per matrix). */
+static int plan_get(struct cu_gemm *g, int kind, enum model_dtype dt, int M, int N, int K, int ldy,
+                    int align, const float *a_scale, const float *b_scale, struct gemm_plan **out,
+                    struct rl_err *err)
+{
+    for (int i = 0; i < GEMM_PLANS; i++) {
+        struct gemm_plan *p = &g->plans[i];
+        if (p->used && p->kind == kind && p->dt == (int)dt && p->M == M && p->N == N && p->K == K &&
+            p->ldy == ldy && p->align == align) {
+            *out = p;
+            return 0;
+        }
+    }
+    int slot = -1;
+    for (int i = 0; i < GEMM_PLANS && slot < 0; i++)
+        if (!g->plans[i].used)
+            slot = i;
+    if (slot < 0) { /* full: evict round-robin; prefill shapes come and go */
+        slot = g->next_evict;
+        g->next_evict = (g->next_evict + 1) % GEMM_PLANS;
+        plan_release(&g->plans[slot]);
+    }
+    struct gemm_plan *p = &g->plans[slot];
+    memset(p, 0, sizeof *p);
+    int rc = 0;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cudaDataType_t at = lt_type(dt);
+    cudaDataType_t bt = kind == 1 ? CUDA_R_8F_E4M3 : at;
+    size_t ws = GEMM_WORKSPACE;
+    uint32_t al = (uint32_t)align;
+    int n_res = 0;
+    cublasLtMatmulHeuristicResult_t res;
+    memset(&res, 0, sizeof res);
+    BLAS_CHECK_GOTO(err, rc, fail, cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    BLAS_CHECK_GOTO(err, rc, fail,
+                    cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    BLAS_CHECK_GOTO(err, rc, fail,
+                    cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (kind == 1) {
+        int32_t am = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, bm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+        BLAS_CHECK_GOTO(err, rc, fail,
+                        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am));
+        BLAS_CHECK_GOTO(err, rc, fail,
+                        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm));
+        BLAS_CHECK_GOTO(err, rc, fail,
+                        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                       &a_scale, sizeof a_scale));
+        BLAS_CHECK_GOTO(err, rc, fail,
+                        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                       &b_scale, sizeof b_scale));
+    }
+    BLAS_CHECK_GOTO(err, rc, fail, cublasLtMatrixLayoutCreate(&p->a, at, (uint64_t)K, (uint64_t)N, K));
+    BLAS_CHECK_GOTO(err, rc, fail, cublasLtMatrixLayoutCreate(&p->b, bt, (uint64_t)K, (uint64_t)M, K));
+    BLAS_CHECK_GOTO(err, rc, fail, cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, (uint64_t)N, (uint64_t)M, ldy));
+    BLAS_CHECK_GOTO(err, rc, fail, cublasLtMatmulPreferenceCreate(&pref));
+    BLAS_CHECK_GOTO(err, rc, fail,
+                    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    /* The heuristic otherwise assumes 256-byte aligned operands; part
+     * outputs (y + column offset) can be less aligned. */
+    BLAS_CHECK_GOTO(err, rc, fail,
+                    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al));
+    BLAS_CHECK_GOTO(err, rc, fail,
+                    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al));
+    BLAS_CHECK_GOTO(err, rc, fail,
+                    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al));
+    BLAS_CHECK_GOTO(err, rc, fail,
+                    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
+    {
+        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->a, p->b, p->d, p->d, pref, 1,
+                                                          &res, &n_res);
+        /* NOT_SUPPORTED here means "no algorithm", a result we cache. */
+        if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED) {
+            rc = rl_errf(err, RL_EBACKEND, "cublasLtMatmulAlgoGetHeuristic (M=%d N=%d K=%d %s): %s (%d)", M,
+                         N, K, model_dtype_name(dt), cublasLtGetStatusString(s), (int)s);
+            goto fail;
+        }
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    p->used = 1;
+    p->kind = kind;
+    p->dt = (int)dt;
+    p->M = M, p->N = N, p->K = K, p->ldy = ldy, p->align = align;
+    p->ok = n_res > 0;
+    if (p->ok)
+        p->algo = res.algo;
+    *out = p;
+    return 0;
+fail:
+    if (pref)
+        cublasLtMatmulPreferenceDestroy(pref);
+    p->used = 1; /* so plan_release frees what was made */
+    plan_release(p);
+    return rc;
+}
+
+static int lt_run(struct cu_gemm *g, struct gemm_plan *p, const void *w, const void *x, float *y,
+                  struct rl_err *err)
+{
+    float alpha = 1.0f, beta = 0.0f;
+    BLAS_CHECK(err, cublasLtMatmul(g->lt, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->d, y, p->d,
+                                   &p->algo, g->ws, GEMM_WORKSPACE, g->st));
+    return 0;
+}
+
+static int fp8_own(struct cu_gemm *g, const struct cu_mat *m, int M, const void *x, float *y, int ldy,
+                   struct rl_err *err)
+{
+    const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
+    if (M <= SKINNY_MAX_M) {
+        fp8_skinny_kernel<<<cu_blocks((size_t)m->rows, 8), 256, 0, g->st>>>(
+            (const uint8_t *)m->w, m->scale, m->scale_ld, m->br, m->bc, m->rows, m->cols, xb, M, y, ldy);
+        LAUNCH_CHECK(err, "fp8_skinny_kernel");
+        return 0;
+    }
+    dim3 grid(cu_blocks((size_t)m->rows, TB_N), cu_blocks((size_t)M, TB_M));
+    fp8_tiled_kernel<<<grid, 256, 0, g->st>>>((const uint8_t *)m->w, m->scale, m->scale_ld, m->br, m->bc,
+                                              m->rows, m->cols, xb, M, y, ldy);
+    LAUNCH_CHECK(err, "fp8_tiled_kernel");
+    return 0;
+}
+
+static int fp8_lt(struct cu_gemm *g, const struct cu_mat *m, int M, const void *x, float *y, int ldy,
+                  int *done, struct rl_err *err)
+{
+    *done = 0;
+    int Mp = (M + 15) / 16 * 16, K = m->cols;
+    if (Mp > g->max_m || K > g->max_k)
+        return rl_errf(err, RL_EINTERNAL, "fp8 gemm: %d x %d beyond the scratch (%d x %d)", Mp, K, g->max_m,
+                       g->max_k);
+    int align = ptr_align(y) < ptr_align(m->w) ? ptr_align(y) : ptr_align(m->w);
+    struct gemm_plan *p;
+    int rc = plan_get(g, 1, m->dt, Mp, m->rows, K, ldy, align, m->scale, g->q8s, &p, err);
+    if (rc)
+        return rc;
+    if (!p->ok) {
+        if (g->lt_fp8 < 0)
+            g->lt_fp8 = 0;
+        return 0;
+    }
+    long groups = (long)Mp * ((K + 127) / 128);
+    quant_fp8_kernel<<<cu_blocks((size_t)groups, 8), 256, 0, g->st>>>((const __nv_bfloat16 *)x, M, Mp, K,
+                                                                        g->q8, g->q8s);
+    LAUNCH_CHECK(err, "quant_fp8_kernel");
+    const float *as = m->scale, *bs = g->q8s;
+    BLAS_CHECK(err, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &as, sizeof as));
+    BLAS_CHECK(err, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bs, sizeof bs));
+    if ((rc = lt_run(g, p, m->w, g->q8, y, err)))
+        return rc;
+    g->lt_fp8 = 1;
+    *done = 1;
+    return 0;
+}
+
+/* ---- entry points ---- */
+
+int cu_gemm_create(struct cu_gemm **out, int max_m, int max_k, int cc_major, cudaStream_t st,
+                   struct rl_err *err)
+{
+    *out = NULL;
+    struct cu_gemm *g = (struct cu_gemm *)calloc(1, sizeof *g);
+    if (!g)
+        return rl_errf(err, RL_ENOMEM, "out of memory");
+    int rc = 0;
+    g->st = st;
+    g->cc_major = cc_major;
+    g->lt_fp8 = -1;
+    g->max_m = (max_m + 15) / 16 * 16;
+    g->max_k = max_k;
+    BLAS_CHECK_GOTO(err, rc, fail, cublasLtCreate(&g->lt));
+    CU_CHECK_GOTO(err, rc, fail, cudaMalloc(&g->ws, GEMM_WORKSPACE));
+    CU_CHECK_GOTO(err, rc, fail, cudaMalloc((void **)&g->q8, (size_t)g->max_m * (size_t)max_k));
+    CU_CHECK_GOTO(err, rc, fail,
+                  cudaMalloc((void **)&g->q8s, (size_t)g->max_m * (size_t)((max_k + 127) / 128) * 4));
+    *out = g;
+    return 0;
+fail:
+    cu_gemm_free(g);
+    return rc;
+}
+
+void cu_gemm_free(struct cu_gemm *g)
+{
+    if (!g)
+        return;
+    for (int i = 0; i < GEMM_PLANS; i++)
+        plan_release(&g->plans[i]);
+    if (g->lt)
+        cublasLtDestroy(g->lt);
+    cudaFree(g->ws);
+    cudaFree(g->q8);
+    cudaFree(g->q8s);
+    free(g);
+}
+
+void cu_gemm_force(struct cu_gemm *g, enum cu_gemm_path p) { g->force = p; }
+
+const char *cu_gemm_fp8_path(const struct cu_gemm *g)
+{
+    if (g->cc_major < 9)
+        return "fp8 via own dequant kernels (no FP8 tensor cores before sm_90)";
+    return g->lt_fp8 == 1   ? "fp8: own kernel M<=8, cuBLASLt block-scaled above"
+           : g->lt_fp8 == 0 ? "fp8: own kernels (cuBLASLt offered no block-scaled algorithm)"
+                            : "fp8: own kernel M<=8, cuBLASLt block-scaled above (untried)";
+}
+
+int cu_gemm_run(struct cu_gemm *g, const struct cu_mat *m, int M, const void *x, float *y, int ldy,
+                struct rl_err *err)
+{
+    if (M <= 0)
+        return 0;
+    if (m->dt == MODEL_F8_E4M3) {
+        int lt_ok = g->cc_major >= 9 && m->br == 128 && m->bc == 128 && m->cols % 128 == 0 &&
+                    m->rows % 16 == 0 && ldy % 16 == 0;
+        int want_lt = g->force == CU_GEMM_LT || (g->force == CU_GEMM_AUTO && M > SKINNY_MAX_M);
+        if (g->force == CU_GEMM_LT && !lt_ok)
+            return rl_errf(err, RL_EUNSUPPORTED, "fp8 gemm %dx%d: cuBLASLt block-scaled path needs sm_90 and "
+                           "128-multiple shapes", m->rows, m->cols);
+        if (want_lt && lt_ok) {
+            int done, rc = fp8_lt(g, m, M, x, y, ldy, &done, err);
+            if (rc || done)
+                return rc;
+            if (g->force == CU_GEMM_LT)
+                return rl_errf(err, RL_EUNSUPPORTED, "cuBLASLt has no block-scaled FP8 algorithm for %dx%dx%d",
+                               M, m->rows, m->cols);
+        }
+        return fp8_own(g, m, M, x, y, ldy, err);
+    }
+    int align = ptr_align(y);
+    if (ptr_align(x) < align)
+        align = ptr_align(x);
+    if (ptr_align(m->w) < align)
+        align = ptr_align(m->w);
+    struct gemm_plan *p;
+    int rc = plan_get(g, 0, m->dt, M, m->rows, m->cols, ldy, align, NULL, NULL, &p, err);
+    if (rc)
+        return rc;
+    if (!p->ok)
+        return rl_errf(err, RL_EUNSUPPORTED, "cuBLASLt has no algorithm for %s %dx%dx%d (ldy %d, align %d)",
+                       model_dtype_name(m->dt), M, m->rows, m->cols, ldy, align);
+    return lt_run(g, p, m->w, x, y, err);
+}
+
+int cu_linear_run(struct cu_gemm *g, const struct cu_linear *l, int M, const void *x, float *y,
+                  struct rl_err *err)
+{
+    for (int i = 0; i < l->n; i++) {
+        int rc = cu_gemm_run(g, &l->m[i], M, x, y + l->off[i], l->rows, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}

@@ -1,0 +1,139 @@
+/* engine/cuda/ops.cuh - the launchers each op family offers the backend.
+ *
+ * Everything here takes device pointers and the one stream, enqueues work
+ * and returns 0 or a negative RL_E* code with the error filled; nothing
+ * synchronises. Shapes are row-major unless a comment says otherwise. This
+ * header is internal to engine/cuda/ (C++ only); the plain C surface is
+ * engine/backend.h and engine/cuda/cuda_backend.h. */
+#ifndef RL_CUDA_OPS_CUH
+#define RL_CUDA_OPS_CUH
+
+#include "common.cuh"
+
+/* ---- gemm.cu: matrix products against checkpoint weights ---- */
+
+/* A weight matrix on the device, in its checkpoint dtype. */
+struct cu_mat {
+    enum model_dtype dt;
+    int rows, cols;   /* HF layout: rows = out features, cols = in features */
+    void *w;          /* (rows, cols) row-major */
+    float *scale;     /* FP8 only: (ceil(rows/br), scale_ld) f32, else NULL */
+    int br, bc;       /* FP8 block shape (128x128 in Qwen3-FP8) */
+    int scale_ld;     /* floats per scale row: ceil(cols/bc) rounded up to 4,
+                         the padding cuBLASLt's 128x128 mode expects */
+};
+
+/* Up to three matrices over the same input whose outputs sit side by side:
+ * output column off[i] + r is row r of m[i]. When the parts could be stacked
+ * into one matrix at load (always, except FP8 parts whose rows are not a
+ * multiple of the scale block) n == 1. */
+struct cu_linear {
+    int n;
+    struct cu_mat m[3];
+    int off[3];
+    int rows; /* total output columns */
+};
+
+enum cu_gemm_path { CU_GEMM_AUTO = 0, CU_GEMM_LT = 1, CU_GEMM_OWN = 2 };
+
+struct cu_gemm; /* opaque: cuBLASLt handle, workspace, plan cache, FP8 scratch */
+
+/* max_m: most rows one call takes (already padded by the caller for the
+ * 16-row rounding the FP8 path uses), max_k: widest input. */
+int cu_gemm_create(struct cu_gemm **out, int max_m, int max_k, int cc_major, cudaStream_t st,
+                   struct rl_err *err);
+void cu_gemm_free(struct cu_gemm *g);
+/* Tests: force cuBLASLt or our kernels for FP8 (BF16/F16/F32 always use
+ * cuBLASLt). */
+void cu_gemm_force(struct cu_gemm *g, enum cu_gemm_path p);
+const char *cu_gemm_fp8_path(const struct cu_gemm *g);
+/* y[:, 0:m->rows] (M rows, leading dim ldy, f32) = x (M, cols) . W^T.
+ * x has element type cu_act_for(m->dt). y must have room for M rounded up
+ * to 16 rows (the FP8 cuBLASLt path writes the padding rows). */
+int cu_gemm_run(struct cu_gemm *g, const struct cu_mat *m, int M, const void *x, float *y, int ldy,
+                struct rl_err *err);
+int cu_linear_run(struct cu_gemm *g, const struct cu_linear *l, int M, const void *x, float *y,
+                  struct rl_err *err);
+
+/* ---- norm.cu: embedding gather, RMSNorm with the residual add ---- */
+
+/* x (n, hidden) f32 = rows tokens[i] of e (F32/BF16/F16/FP8). */
+int cu_embed(const struct cu_mat *e, const int32_t *tokens, int n, float *x, cudaStream_t st,
+             struct rl_err *err);
+/* For i < n, with r = rows ? rows[i] : i: when add is set x[r] += add[r]
+ * (the residual update, written back); then y[i] = w * x[r] / rms(x[r]).
+ * x, add: (*, dim) f32; y: (n, dim) of type yt. */
+int cu_rmsnorm(float *x, const float *add, const int32_t *rows, int n, int dim, const float *w,
+               float eps, void *y, enum cu_act yt, cudaStream_t st, struct rl_err *err);
+
+/* ---- act.cu: SwiGLU, casts, greedy argmax ---- */
+
+/* gu (M, 2*inter) f32 = [gate | up]; h (M, inter) = silu(gate) * up. */
+int cu_swiglu(const float *gu, int M, int inter, void *h, enum cu_act ht, cudaStream_t st,
+              struct rl_err *err);
+int cu_cast(const float *x, size_t n, void *y, enum cu_act yt, cudaStream_t st, struct rl_err *err);
+/* ids[i] = argmax of logits row i (n rows of vocab), lower id on ties. */
+int cu_argmax(const float *logits, int n, int vocab, int32_t *ids, cudaStream_t st,
+              struct rl_err *err);
+/* Fills n elements of dt (BF16, F16, F32 or FP8 bytes) with uniform
+ * values in [-amp, amp] from (seed, index); FP8 bytes never encode NaN. */
+int cu_fill_random(void *p, size_t n, enum model_dtype dt, float amp, uint64_t seed,
+                   cudaStream_t st, struct rl_err *err);
+int cu_fill_const(float *p, size_t n, float v, cudaStream_t st, struct rl_err *err);
+
+/* ---- rope.cu: q/k RMSNorm + rotary + paged KV write, KV block copy ---- */
+
+/* KV pool of one layer: (n_blocks, n_kv, block_size, head_dim), f32 or
+ * bf16. Physical slot s = block * block_size + offset. */
+struct cu_kv_layer {
+    void *k, *v;
+    int bf16;
+    int n_kv, head_dim, block_size;
+};
+
+/* qkv (T, (n_heads + 2 n_kv) head_dim) f32 as the fused projection wrote
+ * it. Per token: q heads and k heads RMSNorm'd (q_norm/k_norm, (head_dim))
+ * and rotated (NEOX, cos/sin = cos/sin(pos * inv_freq) * mscale); q goes to
+ * q_out (T, n_heads, head_dim) in the KV element type; k and v go to
+ * slot[t] of the cache. */
+int cu_qk_rope_write(const float *qkv, int T, int n_heads, const float *q_norm,
+                     const float *k_norm, float eps, const float *inv_freq, float mscale,
+                     const int32_t *pos, const int32_t *slot, void *q_out,
+                     const struct cu_kv_layer *kv, cudaStream_t st, struct rl_err *err);
+/* Copies slots [0, n_tokens) of block src to block dst in every layer.
+ * layer_elems: elements between consecutive layers of k (and of v). */
+int cu_kv_copy(void *k, void *v, int bf16, int n_layers, size_t layer_elems, int n_kv, int bs,
+               int hd, int dst, int src, int n_tokens, cudaStream_t st, struct rl_err *err);
+
+/* ---- attn.cu: paged attention ---- */
+
+#define CU_ATTN_MAXG 8       /* query heads per KV head one block serves */
+#define CU_ATTN_TILE_ROWS 32 /* prefill: (token, head) rows per block */
+
+/* Step metadata on the device (see backend.cu for how it is packed). */
+struct cu_attn_meta {
+    const int32_t *tok_seq, *tok_pos; /* (T) */
+    const int32_t *dec_tok;           /* (n_dec) tokens served by the decode kernel */
+    const int32_t *tile_seq, *tile_r0;  /* (n_tiles) prefill tiles */
+    const int32_t *seq_tok0, *seq_nnew, *seq_npast, *seq_bt_off; /* (n_seqs) */
+    const int32_t *bt;                /* block tables, seq s at bt + seq_bt_off[s] */
+};
+
+int cu_attn_init(struct rl_err *err);
+/* Head dims the kernels are built for. */
+int cu_attn_supports(int head_dim, int group);
+/* Split count for n_items decode queries: enough blocks to fill the GPU,
+ * none shorter than 64 keys for max_len, n_items * splits <= cap. */
+int cu_attn_splits(int n_items, int n_kv, int sm_count, int max_len, int cap);
+/* One query token per item (keys 0..pos), GQA group per block, the keys
+ * split nsplit ways and merged. q: (T, n_heads, hd) in the KV type; out:
+ * (T, n_heads, hd) f32. part_ml (cap, n_heads, 2), part_acc (cap, n_heads,
+ * hd) with cap >= n_dec * nsplit; unused when nsplit == 1. */
+int cu_attn_decode(const void *q, const struct cu_kv_layer *kv, const struct cu_attn_meta *m,
+                   int n_dec, int n_heads, int nsplit, float *part_ml, float *part_acc, float *out,
+                   cudaStream_t st, struct rl_err *err);
+/* Causal attention for whole tiles of a sequence's new tokens. */
+int cu_attn_prefill(const void *q, const struct cu_kv_layer *kv, const struct cu_attn_meta *m,
+                    int n_tiles, int n_heads, float *out, cudaStream_t st, struct rl_err *err);
+
+#endif

@@ -1,0 +1,115 @@
+/* engine/cuda/rope.cu - per-head q/k RMSNorm, NEOX rotary and the write of
+ * k and v into the paged KV pool, one fused pass per token; plus the block
+ * copy behind kv_copy (copy-on-write of a shared, partly filled block).
+ *
+ * A block per token, a warp per head. The head is normed into shared
+ * memory first, so the rotate-half pairs (i, i + head_dim/2) can be read by
+ * any lane whatever head_dim is. cos/sin are computed once per token from
+ * the host's inv_freq table (YaRN already folded in, as rope_init() in the
+ * CPU backend builds it) with the accurate cosf/sinf, times the YaRN
+ * attention factor - the CPU's exact recipe. q leaves in the KV element
+ * type: the CPU rounds q to BF16 before the score products when the cache
+ * is BF16, and so do we. */
+#include "ops.cuh"
+
+#define ROPE_WARPS 4
+#define ROPE_MAX_HD 512
+
+template <typename KT>
+__global__ void __launch_bounds__(ROPE_WARPS * 32)
+qk_rope_kernel(const float *__restrict__ qkv, int NH, int NKV, int HD, const float *__restrict__ qn,
+               const float *__restrict__ kn, float eps, const float *__restrict__ inv_freq, float mscale,
+               const int32_t *__restrict__ pos, const int32_t *__restrict__ slot, KT *__restrict__ q_out,
+               KT *__restrict__ kc, KT *__restrict__ vc, int bs)
+{
+    __shared__ float cs[ROPE_MAX_HD / 2], sn[ROPE_MAX_HD / 2];
+    __shared__ float buf[ROPE_WARPS][ROPE_MAX_HD];
+    int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, half = HD / 2;
+    float p = (float)pos[t];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float a = p * inv_freq[i];
+        cs[i] = cosf(a) * mscale;
+        sn[i] = sinf(a) * mscale;
+    }
+    __syncthreads();
+    const float *row = qkv + (size_t)t * (size_t)(NH + 2 * NKV) * (size_t)HD;
+    int s = slot[t], blk = s / bs, off = s % bs;
+    for (int h = warp; h < NH + NKV; h += ROPE_WARPS) {
+        const float *src = row + (size_t)h * (size_t)HD;
+        const float *w = h < NH ? qn : kn;
+        float ss = 0.0f;
+        for (int d = lane; d < HD; d += 32)
+            ss += src[d] * src[d];
+        ss = cu_warp_sum(ss);
+        float inv = 1.0f / sqrtf(ss / (float)HD + eps);
+        for (int d = lane; d < HD; d += 32)
+            buf[warp][d] = w[d] * (src[d] * inv);
+        __syncwarp();
+        KT *dst;
+        if (h < NH)
+            dst = q_out + ((size_t)t * (size_t)NH + (size_t)h) * (size_t)HD;
+        else
+            dst = kc + (((size_t)blk * (size_t)NKV + (size_t)(h - NH)) * (size_t)bs + (size_t)off) * (size_t)HD;
+        for (int i = lane; i < half; i += 32) {
+            float x0 = buf[warp][i], x1 = buf[warp][i + half];
+            dst[i] = cu_from<KT>(x0 * cs[i] - x1 * sn[i]);
+            dst[i + half] = cu_from<KT>(x1 * cs[i] + x0 * sn[i]);
+        }
+        __syncwarp(); /* buf is rewritten by the next head */
+    }
+    const float *v = row + (size_t)(NH + NKV) * (size_t)HD;
+    for (int h = warp; h < NKV; h += ROPE_WARPS) {
+        KT *dst = vc + (((size_t)blk * (size_t)NKV + (size_t)h) * (size_t)bs + (size_t)off) * (size_t)HD;
+        for (int d = lane; d < HD; d += 32)
+            dst[d] = cu_from<KT>(v[(size_t)h * (size_t)HD + d]);
+    }
+}
+
+int cu_qk_rope_write(const float *qkv, int T, int n_heads, const float *q_norm, const float *k_norm, float eps,
+                     const float *inv_freq, float mscale, const int32_t *pos, const int32_t *slot, void *q_out,
+                     const struct cu_kv_layer *kv, cudaStream_t st, struct rl_err *err)
+{
+    if (T <= 0)
+        return 0;
+    if (kv->head_dim > ROPE_MAX_HD || kv->head_dim % 2)
+        return rl_errf(err, RL_EUNSUPPORTED, "rotary: head_dim %d (even, at most %d)", kv->head_dim, ROPE_MAX_HD);
+    if (kv->bf16)
+        qk_rope_kernel<__nv_bfloat16><<<T, ROPE_WARPS * 32, 0, st>>>(
+            qkv, n_heads, kv->n_kv, kv->head_dim, q_norm, k_norm, eps, inv_freq, mscale, pos, slot,
+            (__nv_bfloat16 *)q_out, (__nv_bfloat16 *)kv->k, (__nv_bfloat16 *)kv->v, kv->block_size);
+    else
+        qk_rope_kernel<float><<<T, ROPE_WARPS * 32, 0, st>>>(qkv, n_heads, kv->n_kv, kv->head_dim, q_norm, k_norm,
+                                                             eps, inv_freq, mscale, pos, slot, (float *)q_out,
+                                                             (float *)kv->k, (float *)kv->v, kv->block_size);
+    LAUNCH_CHECK(err, "qk_rope_kernel");
+    return 0;
+}
+
+/* grid (n_layers * n_kv, 2): one (layer, head, k|v) run of n*hd elements. */
+template <typename KT>
+__global__ void kv_copy_kernel(KT *k, KT *v, size_t layer_elems, int n_kv, int bs, int hd, int dst, int src, int n)
+{
+    int l = blockIdx.x / n_kv, h = blockIdx.x % n_kv;
+    KT *base = (blockIdx.y ? v : k) + (size_t)l * layer_elems;
+    size_t run = (size_t)n * (size_t)hd;
+    KT *d = base + ((size_t)dst * (size_t)n_kv + (size_t)h) * (size_t)bs * (size_t)hd;
+    const KT *s = base + ((size_t)src * (size_t)n_kv + (size_t)h) * (size_t)bs * (size_t)hd;
+    for (size_t e = threadIdx.x; e < run; e += blockDim.x)
+        d[e] = s[e];
+}
+
+int cu_kv_copy(void *k, void *v, int bf16, int n_layers, size_t layer_elems, int n_kv, int bs, int hd, int dst,
+               int src, int n_tokens, cudaStream_t st, struct rl_err *err)
+{
+    if (n_tokens <= 0 || dst == src)
+        return 0;
+    dim3 grid((unsigned)(n_layers * n_kv), 2);
+    if (bf16)
+        kv_copy_kernel<__nv_bfloat16><<<grid, 256, 0, st>>>((__nv_bfloat16 *)k, (__nv_bfloat16 *)v, layer_elems,
+                                                            n_kv, bs, hd, dst, src, n_tokens);
+    else
+        kv_copy_kernel<float><<<grid, 256, 0, st>>>((float *)k, (float *)v, layer_elems, n_kv, bs, hd, dst, src,
+                                                    n_tokens);
+    LAUNCH_CHECK(err, "kv_copy_kernel");
+    return 0;
+}
