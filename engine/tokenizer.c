@@ -105,6 +105,7 @@ struct tokenizer {
     uint32_t vocab_cap; /* power of two */
 
     struct merge_ent *merge_tab; /* (merge_cap) */
+    int32_t *merge_id;           /* (n_merges) merged token of each rank */
     uint32_t merge_cap;          /* power of two */
 
     int32_t byte_id[256]; /* token of each single byte */
@@ -857,6 +858,9 @@ static int build(struct tokenizer *t, const cJSON *root, const cJSON *cfg, const
     if (!t->merge_tab)
         return rl_errf(err, RL_ENOMEM, "%s: out of memory for merges", name);
     memset(t->merge_tab, 0xff, t->merge_cap * sizeof *t->merge_tab);
+    t->merge_id = malloc(((size_t)n_merges + 1) * sizeof *t->merge_id);
+    if (!t->merge_id)
+        return rl_errf(err, RL_ENOMEM, "%s: out of memory for merges", name);
     struct sbuf tmp = {0};
     int32_t rank = 0;
     cJSON_ArrayForEach(c, merges) {
@@ -903,6 +907,7 @@ static int build(struct tokenizer *t, const cJSON *root, const cJSON *cfg, const
         }
         free(split);
         merge_put(t, ids[0], ids[1], rank, ids[2]);
+        t->merge_id[rank] = ids[2];
         rank++;
     }
     free(tmp.p);
@@ -1035,6 +1040,7 @@ void tok_free(struct tokenizer *t)
     free(t->vocab_tab);
     free(t->merge_tab);
     free(t->byte_pair);
+    free(t->merge_id);
     free(t->nfc_inert);
     free(t->added);
     free(t);
@@ -1072,8 +1078,11 @@ int32_t tok_find(const struct tokenizer *t, const char *text, size_t len)
 
 /* ---- encoding ----------------------------------------------------------- */
 
+/* A candidate merge of the pair starting at pos. It is current exactly when
+ * prank[pos] still equals rank: a merge rank names one pair of ids, and the
+ * ids at a position only ever grow, so a pair never comes back. */
 struct heap_ent {
-    int32_t rank, pos, right, left_id, right_id, new_id;
+    int32_t rank, pos;
 };
 
 /* Per-call state: what makes tok_encode reentrant. */
@@ -1086,7 +1095,8 @@ struct enc_ctx {
     /* BPE scratch, grown to the longest piece seen in this call */
     size_t cap;
     int32_t *sym, *prev, *next; /* (cap) symbol ids and links, -1 = none */
-    struct heap_ent *heap;      /* (3 * cap) */
+    int32_t *prank;             /* (cap) rank of the pair (i, next[i]), -1 = none */
+    struct heap_ent *heap;      /* (3 * cap): n-1 initial pairs + 2 per merge */
 };
 
 static bool heap_less(const struct heap_ent *a, const struct heap_ent *b)
@@ -1142,10 +1152,13 @@ static int ctx_grow(struct enc_ctx *c, size_t n)
     int32_t *d = realloc(c->next, cap * sizeof *d);
     if (d)
         c->next = d;
+    int32_t *r = realloc(c->prank, cap * sizeof *r);
+    if (r)
+        c->prank = r;
     struct heap_ent *h = realloc(c->heap, 3 * cap * sizeof *h);
     if (h)
         c->heap = h;
-    if (!a || !b || !d || !h)
+    if (!a || !b || !d || !r || !h)
         return rl_errf(c->err, RL_ENOMEM, "tokenizer: out of memory for a %zu-byte piece", n);
     c->cap = cap;
     return 0;
@@ -1154,11 +1167,10 @@ static int ctx_grow(struct enc_ctx *c, size_t n)
 static void try_pair(const struct tokenizer *t, struct enc_ctx *c, size_t *nh, int32_t i)
 {
     int32_t j = c->next[i];
-    if (j < 0)
-        return;
-    const struct merge_ent *m = merge_get(t, c->sym[i], c->sym[j]);
+    const struct merge_ent *m = j < 0 ? NULL : merge_get(t, c->sym[i], c->sym[j]);
+    c->prank[i] = m ? m->rank : -1;
     if (m)
-        heap_push(c->heap, nh, (struct heap_ent){m->rank, i, j, c->sym[i], c->sym[j], m->id});
+        heap_push(c->heap, nh, (struct heap_ent){m->rank, i});
 }
 
 static int push_id(struct enc_ctx *c, int32_t id)
@@ -1241,26 +1253,25 @@ static int bpe_piece(struct enc_ctx *c, const uint8_t *p, size_t n)
     }
     size_t nh = 0;
     for (size_t i = 0; i + 1 < n; i++) {
-        struct byte_pair bp = t->byte_pair[p[i] * 256 + p[i + 1]];
-        if (bp.rank >= 0)
-            heap_push(c->heap, &nh, (struct heap_ent){bp.rank, (int32_t)i, (int32_t)i + 1,
-                                                     c->sym[i], c->sym[i + 1], bp.id});
+        int32_t rank = t->byte_pair[p[i] * 256 + p[i + 1]].rank;
+        c->prank[i] = rank;
+        if (rank >= 0)
+            heap_push(c->heap, &nh, (struct heap_ent){rank, (int32_t)i});
     }
+    c->prank[n - 1] = -1;
     while (nh) {
         struct heap_ent e = heap_pop(c->heap, &nh);
-        /* stale entries: the left symbol was absorbed (its id or its right
-         * link changed) or the right symbol grew; ids only ever get longer,
-         * so equal ids mean the pair is still the one that was pushed */
-        if (c->sym[e.pos] != e.left_id || c->next[e.pos] != e.right ||
-            c->sym[e.right] != e.right_id)
-            continue;
-        c->sym[e.pos] = e.new_id;
-        int32_t nx = c->next[e.right];
+        if (c->prank[e.pos] != e.rank)
+            continue; /* stale: the pair at pos changed since */
+        int32_t right = c->next[e.pos];
+        c->sym[e.pos] = t->merge_id[e.rank];
+        int32_t nx = c->next[right];
         c->next[e.pos] = nx;
         if (nx >= 0)
             c->prev[nx] = e.pos;
-        c->sym[e.right] = -1;
-        c->next[e.right] = -1;
+        c->sym[right] = -1;
+        c->next[right] = -1;
+        c->prank[right] = -1;
         if (c->prev[e.pos] >= 0)
             try_pair(t, c, &nh, c->prev[e.pos]);
         try_pair(t, c, &nh, e.pos);
@@ -1464,6 +1475,7 @@ done:
     free(c.sym);
     free(c.prev);
     free(c.next);
+    free(c.prank);
     free(c.heap);
     free(fixed);
     if (rc)
