@@ -1,0 +1,768 @@
+/* common/config.c - the option table and everything made from it.
+ *
+ * `options[]` below is the only place an option is declared. Each row
+ * names the option, its type, its default (as text, parsed by the same
+ * code as a flag value, so a default can never be out of its own
+ * bounds without a test failing), its bounds or allowed values, the
+ * programs it is for, whether SIGHUP may change it, where it lives in
+ * struct cfg, and one help sentence. The loader (libconfig), the flag
+ * parser, --help and cfg_write_sample() all walk this table.
+ *
+ * Loading never half-applies: the file and the flags are applied to a
+ * copy, checked, and only then swapped in, so a bad SIGHUP reload leaves
+ * the running config alone. Called from main threads only, at start and
+ * on SIGHUP (never from a signal handler). */
+#include "config.h"
+
+#include <errno.h>
+#include <libconfig.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "job.h"
+#include "rconn.h"
+
+enum opt_type { T_STR, T_INT, T_BOOL, T_ENUM, T_LIST };
+
+#define F_LIVE 1u  /* SIGHUP may change it */
+#define F_NAMES 2u /* list items / string: [A-Za-z0-9_-], 1-64 chars */
+
+struct opt {
+    const char *name;
+    enum opt_type type;
+    size_t off;
+    const char *dflt;    /* as a flag value would spell it */
+    long long lo, hi;    /* T_INT bounds */
+    const char *choices; /* T_ENUM: "a|b|c" */
+    unsigned who;        /* enum cfg_who */
+    unsigned flags;
+    const char *help;
+};
+
+#define O(f) offsetof(struct cfg, f)
+static const struct opt options[] = {
+    /* Redis */
+    {"redis", T_STR, O(redis), "127.0.0.1:6379", 0, 0, NULL, CFG_BOTH, 0,
+     "Redis address: host:port, [v6addr]:port, unix:/path or /path (a unix socket)."},
+    {"redis_user", T_STR, O(redis_user), "", 0, 0, NULL, CFG_BOTH, 0,
+     "ACL user to AUTH as; empty for the default user (needs redis_password_file)."},
+    {"redis_password_file", T_STR, O(redis_password_file), "", 0, 0, NULL, CFG_BOTH, 0,
+     "File holding the Redis password (trailing newline ignored), re-read on every reconnect; empty: no AUTH."},
+    {"redis_connect_timeout_ms", T_INT, O(redis_connect_timeout_ms), "1000", 1, 60000, NULL, CFG_BOTH, 0,
+     "Timeout of one connection attempt."},
+    {"redis_io_timeout_ms", T_INT, O(redis_io_timeout_ms), "5000", 0, 600000, NULL, CFG_BOTH, 0,
+     "Timeout of one command's round trip (a blocking read adds its block_ms); 0 = none."},
+    {"redis_backoff_max_ms", T_INT, O(redis_backoff_max_ms), "5000", 10, 600000, NULL, CFG_BOTH, 0,
+     "Longest wait between reconnect attempts (the wait doubles from 50 ms, with jitter)."},
+    {"prefix", T_STR, O(prefix), "redlm:", 0, 0, NULL, CFG_BOTH, 0,
+     "Prefix of every Redis key (jobs:<pool>, out:<id>, cancel:<id>, dead, cache:<key>)."},
+    /* what is served */
+    {"pools", T_LIST, O(pools), "fast,think", 0, 0, NULL, CFG_BOTH, F_NAMES,
+     "Pools served, in the order they are read (worker); pools that exist (dispatcher)."},
+    {"name", T_STR, O(name), "", 0, 0, NULL, CFG_BOTH, 0,
+     "Consumer name in the workers group; must be unique and stable across restarts; empty = the host name."},
+    {"default_pool", T_STR, O(default_pool), "fast", 0, 0, NULL, CFG_DISPATCHER, F_NAMES | F_LIVE,
+     "Pool for requests that name none; must be one of pools."},
+    /* engine */
+    {"model", T_STR, O(model), "", 0, 0, NULL, CFG_WORKER, 0,
+     "Model directory (config.json, tokenizer.json, *.safetensors)."},
+    {"backend", T_ENUM, O(backend), "cpu", 0, 0, "cpu|cuda", CFG_WORKER, 0,
+     "Compute backend."},
+    {"threads", T_INT, O(threads), "0", 0, 1024, NULL, CFG_WORKER, 0,
+     "CPU threads; 0 = one per core."},
+    {"kv_budget_mb", T_INT, O(kv_budget_mb), "0", 0, 16777216, NULL, CFG_WORKER, 0,
+     "Memory for the KV cache in MiB; 0 = most of what the device has free after the weights."},
+    {"max_batch", T_INT, O(max_batch), "64", 1, 4096, NULL, CFG_WORKER, 0,
+     "Most requests running at once."},
+    {"max_batch_tokens", T_INT, O(max_batch_tokens), "8192", 16, 1048576, NULL, CFG_WORKER, 0,
+     "Most tokens computed in one step, prefill and decode together."},
+    {"prefill_chunk", T_INT, O(prefill_chunk), "512", 16, 1048576, NULL, CFG_WORKER, 0,
+     "Most prompt tokens of one request per step (chunked prefill)."},
+    /* jobs */
+    {"default_max_tokens", T_INT, O(default_max_tokens), "1024", 1, 1048576, NULL, CFG_BOTH, F_LIVE,
+     "max_tokens of a job that gives none."},
+    {"max_job_kb", T_INT, O(max_job_kb), "4096", 1, 1048576, NULL, CFG_BOTH, F_LIVE,
+     "Largest job text accepted, in KiB (JOB_TOO_LARGE above)."},
+    {"stream_ttl_s", T_INT, O(stream_ttl_s), "3600", 1, 604800, NULL, CFG_BOTH, F_LIVE,
+     "How long redlm:out:<id> lives after done, for jobs that give no stream_ttl_s."},
+    {"max_stream_ttl_s", T_INT, O(max_stream_ttl_s), "604800", 1, 604800, NULL, CFG_BOTH, F_LIVE,
+     "Largest stream_ttl_s a job may ask for."},
+    {"result_cache", T_BOOL, O(result_cache), "true", 0, 0, NULL, CFG_WORKER, F_LIVE,
+     "Answer repeated deterministic jobs (greedy or seeded) from redlm:cache:<sha256>."},
+    {"cache_ttl_s", T_INT, O(cache_ttl_s), "86400", 1, 2592000, NULL, CFG_WORKER, F_LIVE,
+     "Lifetime of a result-cache entry."},
+    {"publish_channel", T_BOOL, O(publish_channel), "false", 0, 0, NULL, CFG_WORKER, F_LIVE,
+     "Also PUBLISH every event on redlm:tok:<id>."},
+    {"dead_maxlen", T_INT, O(dead_maxlen), "100000", 0, 1000000000, NULL, CFG_BOTH, F_LIVE,
+     "Approximate cap of the dead-letter stream (XADD MAXLEN ~); 0 = no cap. Job streams are never trimmed."},
+    /* queue */
+    {"block_ms", T_INT, O(block_ms), "1000", 1, 60000, NULL, CFG_BOTH, F_LIVE,
+     "XREADGROUP BLOCK time when idle."},
+    {"claim_idle_ms", T_INT, O(claim_idle_ms), "30000", 1000, 3600000, NULL, CFG_WORKER, F_LIVE,
+     "A job pending this long without a lease renewal is taken over (XAUTOCLAIM) from its dead worker."},
+    {"claim_interval_ms", T_INT, O(claim_interval_ms), "5000", 100, 600000, NULL, CFG_WORKER, F_LIVE,
+     "How often to look for such jobs (and once at start)."},
+    {"lease_renew_ms", T_INT, O(lease_renew_ms), "5000", 100, 600000, NULL, CFG_WORKER, F_LIVE,
+     "How often a worker renews its claim on its running jobs (XCLAIM JUSTID); must be below claim_idle_ms."},
+    {"max_deliveries", T_INT, O(max_deliveries), "3", 1, 100, NULL, CFG_WORKER, F_LIVE,
+     "A job delivered more often than this goes to the dead letters (TOO_MANY_DELIVERIES)."},
+    /* process */
+    {"drain_timeout_s", T_INT, O(drain_timeout_s), "60", 0, 3600, NULL, CFG_BOTH, F_LIVE,
+     "On SIGTERM, how long running jobs may take to finish before exit."},
+    {"heartbeat_interval_ms", T_INT, O(heartbeat_interval_ms), "2000", 100, 60000, NULL, CFG_BOTH, F_LIVE,
+     "How often the heartbeat key is written."},
+    {"heartbeat_ttl_s", T_INT, O(heartbeat_ttl_s), "10", 1, 3600, NULL, CFG_BOTH, F_LIVE,
+     "TTL of the heartbeat key."},
+    {"http_port", T_INT, O(http_port), "9464", 0, 65535, NULL, CFG_BOTH, 0,
+     "Loopback port of /healthz and /metrics; 0 = off."},
+    {"log_level", T_ENUM, O(log_level), "info", 0, 0, "error|warn|info|debug", CFG_BOTH, F_LIVE,
+     "Log lines above this level are dropped."},
+};
+#undef O
+#define N_OPTS ((int)(sizeof options / sizeof options[0]))
+
+static void *field(struct cfg *c, const struct opt *o) { return (char *)c + o->off; }
+static const void *cfield(const struct cfg *c, const struct opt *o) { return (const char *)c + o->off; }
+
+static void list_free(struct cfg_strlist *l)
+{
+    for (int i = 0; i < l->n; i++)
+        free(l->v[i]);
+    free(l->v);
+    l->n = 0;
+    l->v = NULL;
+}
+
+void cfg_free(struct cfg *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &options[i];
+        if (o->type == T_STR || o->type == T_ENUM) {
+            char **s = field(c, o);
+            free(*s);
+            *s = NULL;
+        } else if (o->type == T_LIST) {
+            list_free(field(c, o));
+        }
+    }
+}
+
+static bool name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n < 1 || n > 64)
+        return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '_' || *s == '-'))
+            return false;
+    return true;
+}
+
+static bool choice_ok(const char *choices, const char *v)
+{
+    size_t n = strlen(v);
+    for (const char *p = choices; *p;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && !strncmp(p, v, n))
+            return true;
+        if (!bar)
+            break;
+        p = bar + 1;
+    }
+    return false;
+}
+
+/* Stores a string value; `where` prefixes messages ("FILE:LINE" or
+ * "--flag"). */
+static int set_str(struct cfg *c, const struct opt *o, const char *v, const char *where,
+                   struct rl_err *err)
+{
+    if (o->type == T_ENUM && !choice_ok(o->choices, v))
+        return rl_errf(err, RL_EINVAL, "%s: %s must be one of %s, not \"%.64s\"", where, o->name,
+                       o->choices, v);
+    if ((o->flags & F_NAMES) && !name_ok(v))
+        return rl_errf(err, RL_EINVAL, "%s: %s \"%.64s\" must be 1-64 characters of [A-Za-z0-9_-]",
+                       where, o->name, v);
+    char *d = strdup(v);
+    if (!d)
+        return rl_errf(err, RL_ENOMEM, "config: out of memory");
+    char **s = field(c, o);
+    free(*s);
+    *s = d;
+    return 0;
+}
+
+static int set_int(struct cfg *c, const struct opt *o, long long v, const char *where,
+                   struct rl_err *err)
+{
+    if (v < o->lo || v > o->hi)
+        return rl_errf(err, RL_EINVAL, "%s: %s = %lld is out of range [%lld, %lld]", where, o->name,
+                       v, o->lo, o->hi);
+    *(int *)field(c, o) = (int)v;
+    return 0;
+}
+
+/* Replaces a list with items[0..n); checks names and duplicates. */
+static int set_list(struct cfg *c, const struct opt *o, const char *const *items, int n,
+                    const char *where, struct rl_err *err)
+{
+    if (n < 1)
+        return rl_errf(err, RL_EINVAL, "%s: %s must not be empty", where, o->name);
+    for (int i = 0; i < n; i++) {
+        if ((o->flags & F_NAMES) && !name_ok(items[i]))
+            return rl_errf(err, RL_EINVAL, "%s: %s item \"%.64s\" must be 1-64 characters of [A-Za-z0-9_-]",
+                           where, o->name, items[i]);
+        for (int k = 0; k < i; k++)
+            if (!strcmp(items[i], items[k]))
+                return rl_errf(err, RL_EINVAL, "%s: %s lists \"%.64s\" twice", where, o->name, items[i]);
+    }
+    struct cfg_strlist l = {0, calloc((size_t)n, sizeof(char *))};
+    if (!l.v)
+        return rl_errf(err, RL_ENOMEM, "config: out of memory");
+    for (; l.n < n; l.n++)
+        if (!(l.v[l.n] = strdup(items[l.n]))) {
+            list_free(&l);
+            return rl_errf(err, RL_ENOMEM, "config: out of memory");
+        }
+    list_free(field(c, o));
+    *(struct cfg_strlist *)field(c, o) = l;
+    return 0;
+}
+
+/* A value written as text (a flag, a default). */
+static int set_text(struct cfg *c, const struct opt *o, const char *v, const char *where,
+                    struct rl_err *err)
+{
+    switch (o->type) {
+    case T_STR:
+    case T_ENUM:
+        return set_str(c, o, v, where, err);
+    case T_INT: {
+        char *end;
+        errno = 0;
+        long long x = strtoll(v, &end, 10);
+        if (errno || end == v || *end)
+            return rl_errf(err, RL_EINVAL, "%s: %s must be an integer, not \"%.64s\"", where, o->name, v);
+        return set_int(c, o, x, where, err);
+    }
+    case T_BOOL:
+        if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "on") || !strcmp(v, "1"))
+            *(bool *)field(c, o) = true;
+        else if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "off") || !strcmp(v, "0"))
+            *(bool *)field(c, o) = false;
+        else
+            return rl_errf(err, RL_EINVAL, "%s: %s must be true or false, not \"%.64s\"", where,
+                           o->name, v);
+        return 0;
+    case T_LIST: {
+        /* comma-separated; blanks around items are dropped */
+        char *copy = strdup(v);
+        const char *items[64];
+        int n = 0, rc = 0;
+        if (!copy)
+            return rl_errf(err, RL_ENOMEM, "config: out of memory");
+        /* strsep, not strtok: "a,,b" must fail on its empty item, not
+         * quietly become "a,b" */
+        for (char *rest = copy, *t; (t = strsep(&rest, ",")) != NULL;) {
+            while (*t == ' ')
+                t++;
+            char *e = t + strlen(t);
+            while (e > t && e[-1] == ' ')
+                *--e = 0;
+            if (n == 64) {
+                rc = rl_errf(err, RL_EINVAL, "%s: %s has more than 64 items", where, o->name);
+                break;
+            }
+            items[n++] = t;
+        }
+        if (!rc)
+            rc = set_list(c, o, items, n, where, err);
+        free(copy);
+        return rc;
+    }
+    }
+    return rl_errf(err, RL_EINTERNAL, "config: option %s has no type", o->name);
+}
+
+int cfg_defaults(struct cfg *c, struct rl_err *err)
+{
+    memset(c, 0, sizeof *c);
+    for (int i = 0; i < N_OPTS; i++) {
+        int rc = set_text(c, &options[i], options[i].dflt, "default", err);
+        if (rc) {
+            cfg_free(c);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* Deep copy, for the apply-to-a-copy-then-swap pattern. */
+static int cfg_copy(struct cfg *dst, const struct cfg *src, struct rl_err *err)
+{
+    memcpy(dst, src, sizeof *dst);
+    for (int i = 0; i < N_OPTS; i++) { /* first forget the borrowed pointers */
+        const struct opt *o = &options[i];
+        if (o->type == T_STR || o->type == T_ENUM)
+            *(char **)field(dst, o) = NULL;
+        else if (o->type == T_LIST)
+            memset(field(dst, o), 0, sizeof(struct cfg_strlist));
+    }
+    for (int i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &options[i];
+        int rc = 0;
+        if (o->type == T_STR || o->type == T_ENUM) {
+            const char *s = *(char *const *)cfield(src, o);
+            if (s && !(*(char **)field(dst, o) = strdup(s)))
+                rc = -RL_ENOMEM;
+        } else if (o->type == T_LIST) {
+            const struct cfg_strlist *l = cfield(src, o);
+            if (l->n)
+                rc = set_list(dst, o, (const char *const *)l->v, l->n, "copy", err);
+        }
+        if (rc) {
+            cfg_free(dst);
+            return rl_errf(err, RL_ENOMEM, "config: out of memory");
+        }
+    }
+    return 0;
+}
+
+static const struct opt *find(const char *name, size_t len)
+{
+    for (int i = 0; i < N_OPTS; i++)
+        if (strlen(options[i].name) == len && !strncmp(options[i].name, name, len))
+            return &options[i];
+    return NULL;
+}
+
+static int apply_setting(struct cfg *c, const config_setting_t *s, const char *path,
+                         struct rl_err *err)
+{
+    char where[600];
+    const char *file = config_setting_source_file(s);
+    snprintf(where, sizeof where, "%.500s:%u", file ? file : path, config_setting_source_line(s));
+    const char *name = config_setting_name(s);
+    const struct opt *o = name ? find(name, strlen(name)) : NULL;
+    if (!o)
+        return rl_errf(err, RL_EINVAL, "%s: unknown option \"%.64s\"", where, name ? name : "");
+    int t = config_setting_type(s);
+    switch (o->type) {
+    case T_STR:
+    case T_ENUM:
+        if (t != CONFIG_TYPE_STRING)
+            return rl_errf(err, RL_EINVAL, "%s: %s must be a string (in double quotes)", where, o->name);
+        return set_str(c, o, config_setting_get_string(s), where, err);
+    case T_INT:
+        if (t == CONFIG_TYPE_INT)
+            return set_int(c, o, config_setting_get_int(s), where, err);
+        if (t == CONFIG_TYPE_INT64)
+            return set_int(c, o, config_setting_get_int64(s), where, err);
+        return rl_errf(err, RL_EINVAL, "%s: %s must be an integer", where, o->name);
+    case T_BOOL:
+        if (t != CONFIG_TYPE_BOOL)
+            return rl_errf(err, RL_EINVAL, "%s: %s must be true or false", where, o->name);
+        *(bool *)field(c, o) = config_setting_get_bool(s);
+        return 0;
+    case T_LIST: {
+        if (t != CONFIG_TYPE_ARRAY && t != CONFIG_TYPE_LIST)
+            return rl_errf(err, RL_EINVAL, "%s: %s must be a list of strings, like [\"a\", \"b\"]",
+                           where, o->name);
+        int n = config_setting_length(s);
+        if (n > 64)
+            return rl_errf(err, RL_EINVAL, "%s: %s has more than 64 items", where, o->name);
+        const char *items[64];
+        for (int i = 0; i < n; i++) {
+            const config_setting_t *e = config_setting_get_elem(s, (unsigned)i);
+            if (config_setting_type(e) != CONFIG_TYPE_STRING)
+                return rl_errf(err, RL_EINVAL, "%s: %s item %d must be a string", where, o->name, i);
+            items[i] = config_setting_get_string(e);
+        }
+        return set_list(c, o, items, n, where, err);
+    }
+    }
+    return rl_errf(err, RL_EINTERNAL, "config: option %s has no type", o->name);
+}
+
+int cfg_load_file(struct cfg *c, const char *path, struct rl_err *err)
+{
+    config_t lc;
+    struct cfg tmp;
+    int rc = cfg_copy(&tmp, c, err);
+    if (rc)
+        return rc;
+    config_init(&lc);
+    /* fopen first only for a clear errno message: libconfig reports a
+     * missing file as a parse error on line 0 */
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        rc = rl_errf(err, RL_EIO, "%s: %s", path, strerror(errno));
+        goto done;
+    }
+    fclose(f);
+    if (config_read_file(&lc, path) != CONFIG_TRUE) {
+        const char *ef = config_error_file(&lc);
+        rc = rl_errf(err, RL_EINVAL, "%s:%d: %s", ef ? ef : path, config_error_line(&lc),
+                     config_error_text(&lc) ? config_error_text(&lc) : "syntax error");
+        goto done;
+    }
+    const config_setting_t *root = config_root_setting(&lc);
+    for (int i = 0; i < config_setting_length(root) && !rc; i++) {
+        const config_setting_t *s = config_setting_get_elem(root, (unsigned)i);
+        if (config_setting_is_group(s)) {
+            char where[600];
+            snprintf(where, sizeof where, "%.500s:%u", path, config_setting_source_line(s));
+            rc = rl_errf(err, RL_EINVAL, "%s: unknown option \"%.64s\" (options are not grouped)",
+                         where, config_setting_name(s) ? config_setting_name(s) : "");
+            break;
+        }
+        rc = apply_setting(&tmp, s, path, err);
+    }
+done:
+    config_destroy(&lc);
+    if (rc) {
+        cfg_free(&tmp);
+        return rc;
+    }
+    cfg_free(c);
+    *c = tmp;
+    return 0;
+}
+
+static bool is_meta(const char *a)
+{
+    return !strcmp(a, "-h") || !strcmp(a, "--help") || !strcmp(a, "--print-config");
+}
+
+int cfg_apply_args(struct cfg *c, int argc, char **argv, unsigned who, struct rl_err *err)
+{
+    struct cfg tmp;
+    int rc = cfg_copy(&tmp, c, err);
+    if (rc)
+        return rc;
+    for (int i = 1; i < argc && !rc; i++) {
+        const char *a = argv[i];
+        if (is_meta(a))
+            continue;
+        if (!strcmp(a, "-c") || !strcmp(a, "--config")) {
+            i++; /* cfg_load reads the file */
+            continue;
+        }
+        if (!strncmp(a, "--config=", 9))
+            continue;
+        if (strncmp(a, "--", 2) || !a[2]) {
+            rc = rl_errf(err, RL_EINVAL, "unexpected argument \"%.64s\" (see --help)", a);
+            break;
+        }
+        /* --name[=value], dashes standing for underscores */
+        char name[80];
+        const char *eq = strchr(a + 2, '=');
+        size_t len = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+        if (len >= sizeof name) {
+            rc = rl_errf(err, RL_EINVAL, "unknown flag %.64s", a);
+            break;
+        }
+        memcpy(name, a + 2, len);
+        name[len] = 0;
+        for (char *p = name; *p; p++)
+            if (*p == '-')
+                *p = '_';
+        const struct opt *o = find(name, len);
+        bool negated = false;
+        if (!o && !strncmp(name, "no_", 3) && !eq) {
+            o = find(name + 3, len - 3);
+            negated = o && o->type == T_BOOL;
+            if (!negated)
+                o = NULL;
+        }
+        if (!o) {
+            rc = rl_errf(err, RL_EINVAL, "unknown flag %.64s (see --help)", a);
+            break;
+        }
+        if (!(o->who & who)) {
+            rc = rl_errf(err, RL_EINVAL, "--%s is not an option of this program (see --help)",
+                         o->name);
+            break;
+        }
+        char where[100];
+        snprintf(where, sizeof where, "--%.80s", o->name);
+        const char *v;
+        if (eq) {
+            v = eq + 1;
+        } else if (o->type == T_BOOL) {
+            v = negated ? "false" : "true";
+        } else if (i + 1 < argc) {
+            v = argv[++i];
+        } else {
+            rc = rl_errf(err, RL_EINVAL, "%s needs a value", where);
+            break;
+        }
+        rc = set_text(&tmp, o, v, where, err);
+    }
+    if (rc) {
+        cfg_free(&tmp);
+        return rc;
+    }
+    cfg_free(c);
+    *c = tmp;
+    return 0;
+}
+
+int cfg_check(const struct cfg *c, unsigned who, struct rl_err *err)
+{
+    if (c->lease_renew_ms >= c->claim_idle_ms)
+        return rl_errf(err, RL_EINVAL,
+                       "lease_renew_ms (%d) must be below claim_idle_ms (%d), or running jobs "
+                       "would be taken over from live workers",
+                       c->lease_renew_ms, c->claim_idle_ms);
+    if (c->stream_ttl_s > c->max_stream_ttl_s)
+        return rl_errf(err, RL_EINVAL, "stream_ttl_s (%d) is above max_stream_ttl_s (%d)",
+                       c->stream_ttl_s, c->max_stream_ttl_s);
+    if (c->heartbeat_interval_ms >= c->heartbeat_ttl_s * 1000)
+        return rl_errf(err, RL_EINVAL,
+                       "heartbeat_interval_ms (%d) must be below heartbeat_ttl_s (%d s), or the "
+                       "heartbeat key lapses between beats",
+                       c->heartbeat_interval_ms, c->heartbeat_ttl_s);
+    bool found = false;
+    for (int i = 0; i < c->pools.n; i++)
+        found |= !strcmp(c->pools.v[i], c->default_pool);
+    if (!found && (who & CFG_DISPATCHER))
+        return rl_errf(err, RL_EINVAL, "default_pool \"%s\" is not one of pools", c->default_pool);
+    if (c->redis_user[0] && !c->redis_password_file[0])
+        return rl_errf(err, RL_EINVAL, "redis_user \"%s\" needs redis_password_file", c->redis_user);
+    if (!c->prefix[0])
+        return rl_errf(err, RL_EINVAL, "prefix must not be empty");
+    return 0;
+}
+
+int cfg_load(struct cfg *c, int argc, char **argv, unsigned who, enum cfg_action *action,
+             struct rl_err *err)
+{
+    *action = CFG_RUN;
+    int rc = cfg_defaults(c, err);
+    if (rc)
+        return rc;
+    const char *file = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))
+            *action = CFG_HELP;
+        else if (!strcmp(argv[i], "--print-config") && *action == CFG_RUN)
+            *action = CFG_PRINT_CONFIG;
+        else if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) {
+                rc = rl_errf(err, RL_EINVAL, "%s needs a file name", argv[i]);
+                goto fail;
+            }
+            file = argv[++i];
+        } else if (!strncmp(argv[i], "--config=", 9))
+            file = argv[i] + 9;
+    }
+    if (*action == CFG_HELP)
+        return 0;
+    if (file && (rc = cfg_load_file(c, file, err)))
+        goto fail;
+    if ((rc = cfg_apply_args(c, argc, argv, who, err)))
+        goto fail;
+    if ((rc = cfg_check(c, who, err)))
+        goto fail;
+    return 0;
+fail:
+    cfg_free(c);
+    return rc;
+}
+
+int cfg_apply_live(struct cfg *dst, const struct cfg *src, unsigned who, struct rl_err *err)
+{
+    struct cfg tmp;
+    int rc = cfg_copy(&tmp, dst, err);
+    for (int i = 0; i < N_OPTS && !rc; i++) {
+        const struct opt *o = &options[i];
+        if (!(o->flags & F_LIVE))
+            continue;
+        switch (o->type) {
+        case T_STR:
+        case T_ENUM:
+            rc = set_str(&tmp, o, *(char *const *)cfield(src, o), "reload", err);
+            break;
+        case T_INT:
+            *(int *)field(&tmp, o) = *(const int *)cfield(src, o);
+            break;
+        case T_BOOL:
+            *(bool *)field(&tmp, o) = *(const bool *)cfield(src, o);
+            break;
+        case T_LIST: {
+            const struct cfg_strlist *l = cfield(src, o);
+            rc = set_list(&tmp, o, (const char *const *)l->v, l->n, "reload", err);
+            break;
+        }
+        }
+    }
+    if (!rc)
+        rc = cfg_check(&tmp, who, err);
+    if (rc) {
+        cfg_free(&tmp);
+        return rc;
+    }
+    cfg_free(dst);
+    *dst = tmp;
+    return 0;
+}
+
+/* How a default reads in a libconfig file. */
+static void write_value(FILE *f, const struct opt *o)
+{
+    switch (o->type) {
+    case T_STR:
+    case T_ENUM:
+        fprintf(f, "\"%s\"", o->dflt); /* no default holds a quote or backslash */
+        break;
+    case T_INT:
+    case T_BOOL:
+        fputs(o->dflt, f);
+        break;
+    case T_LIST: {
+        fputc('[', f);
+        const char *p = o->dflt;
+        for (int first = 1; *p; first = 0) {
+            const char *comma = strchr(p, ',');
+            size_t n = comma ? (size_t)(comma - p) : strlen(p);
+            fprintf(f, "%s\"%.*s\"", first ? "" : ", ", (int)n, p);
+            p += n + (comma ? 1 : 0);
+        }
+        fputc(']', f);
+        break;
+    }
+    }
+}
+
+static const char *type_word(const struct opt *o)
+{
+    static const char *const w[] = {"string", "integer", "boolean", "one of", "list of strings"};
+    return w[o->type];
+}
+
+/* Writes text as "# "-prefixed lines of at most ~76 columns. */
+static void write_wrapped(FILE *f, const char *lead, const char *text)
+{
+    int col = fprintf(f, "%s", lead);
+    const char *p = text;
+    while (*p) {
+        const char *sp = strchr(p, ' ');
+        int n = sp ? (int)(sp - p) : (int)strlen(p);
+        if (col + 1 + n > 78 && col > (int)strlen(lead)) {
+            col = fprintf(f, "\n%s", lead) - 1;
+        } else if (col > (int)strlen(lead)) {
+            fputc(' ', f);
+            col++;
+        }
+        col += fprintf(f, "%.*s", n, p);
+        p += n;
+        while (*p == ' ')
+            p++;
+    }
+    fputc('\n', f);
+}
+
+static void describe(FILE *f, const struct opt *o, const char *lead)
+{
+    char line[200];
+    const char *who = o->who == CFG_BOTH ? "worker, dispatcher"
+                      : o->who == CFG_WORKER ? "worker" : "dispatcher";
+    if (o->type == T_INT)
+        snprintf(line, sizeof line, "%s in [%lld, %lld]; %s%s", type_word(o), o->lo, o->hi, who,
+                 o->flags & F_LIVE ? "; SIGHUP reloads it" : "");
+    else if (o->type == T_ENUM)
+        snprintf(line, sizeof line, "%s %s; %s%s", type_word(o), o->choices, who,
+                 o->flags & F_LIVE ? "; SIGHUP reloads it" : "");
+    else
+        snprintf(line, sizeof line, "%s; %s%s", type_word(o), who,
+                 o->flags & F_LIVE ? "; SIGHUP reloads it" : "");
+    write_wrapped(f, lead, o->help);
+    write_wrapped(f, lead, line);
+}
+
+void cfg_write_sample(FILE *f)
+{
+    fputs("# config/redlm.conf - every option of redlm-worker and redlm-dispatcher,\n"
+          "# set to its default. Generated from the option table in common/config.c\n"
+          "# (cfg_write_sample, `redlm-worker --print-config`); do not edit by hand:\n"
+          "# tests/unit/test_config.c fails when this file and the table differ.\n"
+          "#\n"
+          "# libconfig syntax: name = value; strings in double quotes, lists as\n"
+          "# [\"a\", \"b\"]. Flags override the file: --name VALUE (or --name-with-dashes),\n"
+          "# and the programs run without any file: redlm-worker --redis HOST:PORT\n"
+          "# --model DIR --pools fast,think --name NAME --backend cpu|cuda --threads N\n",
+          f);
+    for (int i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &options[i];
+        fputc('\n', f);
+        describe(f, o, "# ");
+        fprintf(f, "%s = ", o->name);
+        write_value(f, o);
+        fputs(";\n", f);
+    }
+}
+
+void cfg_print_help(FILE *f, const char *prog, unsigned who)
+{
+    fprintf(f,
+            "usage: %s [-c FILE] [--OPTION VALUE ...]\n"
+            "  -c, --config FILE   read options from a libconfig file (flags override it)\n"
+            "  -h, --help          this text\n"
+            "  --print-config      write the documented config file with every default\n"
+            "\noptions (in a file: name = value;  as a flag: --name VALUE):\n",
+            prog);
+    for (int i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &options[i];
+        if (!(o->who & who))
+            continue;
+        char flag[100];
+        snprintf(flag, sizeof flag, "--%s", o->name);
+        for (char *p = flag + 2; *p; p++)
+            if (*p == '_')
+                *p = '-';
+        fprintf(f, "\n  %s (default: %s%s%s)\n", flag, o->type == T_STR ? "\"" : "", o->dflt,
+                o->type == T_STR ? "\"" : "");
+        describe(f, o, "      ");
+    }
+}
+
+void cfg_worker_name(const struct cfg *c, char *buf, size_t size)
+{
+    if (c->name && c->name[0]) {
+        snprintf(buf, size, "%s", c->name);
+        return;
+    }
+    if (gethostname(buf, size) || !buf[0])
+        snprintf(buf, size, "worker");
+    buf[size - 1] = 0;
+}
+
+void cfg_job_opts(const struct cfg *c, struct job_opts *o)
+{
+    job_opts_default(o);
+    o->max_job_bytes = (size_t)c->max_job_kb * 1024;
+    o->default_max_tokens = c->default_max_tokens;
+    o->default_stream_ttl_s = c->stream_ttl_s;
+    o->max_stream_ttl_s = c->max_stream_ttl_s;
+}
+
+void cfg_rconn_opts(const struct cfg *c, struct rconn_opts *o)
+{
+    rconn_opts_default(o);
+    o->addr = c->redis;
+    o->user = c->redis_user;
+    o->password_file = c->redis_password_file;
+    o->connect_timeout_ms = c->redis_connect_timeout_ms;
+    o->io_timeout_ms = c->redis_io_timeout_ms;
+    o->backoff_max_ms = c->redis_backoff_max_ms;
+    if (o->backoff_min_ms > o->backoff_max_ms)
+        o->backoff_min_ms = o->backoff_max_ms;
+}

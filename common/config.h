@@ -1,0 +1,129 @@
+/* common/config.h - the options of the worker and the dispatcher.
+ *
+ * One table in config.c holds every option (name, type, default, bounds,
+ * help, where it lives in struct cfg, whether SIGHUP can change it). The
+ * libconfig file loader, the command-line flags, --help and the documented
+ * sample file config/redlm.conf are all driven by that table, so they
+ * cannot disagree. Precedence: defaults < file (-c FILE) < flags. The
+ * worker runs with no file at all. */
+#ifndef RL_CONFIG_H
+#define RL_CONFIG_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "err.h"
+
+struct job_opts;
+struct rconn_opts;
+
+/* A list of strings ("fast", "think"), owned by the struct cfg. */
+struct cfg_strlist {
+    int n;
+    char **v; /* (n) NUL-terminated */
+};
+
+/* Every option, after loading. Strings and lists are owned by the struct
+ * (cfg_free); see config/redlm.conf or --help for each option's meaning,
+ * default and bounds. */
+struct cfg {
+    /* Redis */
+    char *redis;                  /* host:port, [v6]:port, unix:/path or /path */
+    char *redis_user;             /* ACL user, "" = none */
+    char *redis_password_file;    /* "" = no AUTH */
+    int redis_connect_timeout_ms;
+    int redis_io_timeout_ms;
+    int redis_backoff_max_ms;
+    char *prefix;                 /* key prefix, "redlm:" */
+    /* what this worker serves */
+    struct cfg_strlist pools;     /* in the order they are read */
+    char *name;                   /* consumer name; "" = the host name */
+    char *default_pool;           /* dispatcher: jobs naming no pool go here */
+    /* engine */
+    char *model;                  /* model directory */
+    char *backend;                /* "cpu" or "cuda" */
+    int threads;                  /* 0 = one per core */
+    int kv_budget_mb;             /* 0 = most of what the device has free */
+    int max_batch;                /* running requests */
+    int max_batch_tokens;         /* tokens per step */
+    int prefill_chunk;            /* prompt tokens per request per step */
+    /* jobs */
+    int default_max_tokens;
+    int max_job_kb;
+    int stream_ttl_s;
+    int max_stream_ttl_s;
+    bool result_cache;
+    int cache_ttl_s;
+    bool publish_channel;
+    int dead_maxlen;              /* cap of redlm:dead; 0 = none */
+    /* queue */
+    int block_ms;
+    int claim_idle_ms;
+    int claim_interval_ms;
+    int lease_renew_ms;
+    int max_deliveries;
+    /* process */
+    int drain_timeout_s;
+    int heartbeat_interval_ms;
+    int heartbeat_ttl_s;
+    int http_port;                /* 127.0.0.1 only; 0 = off */
+    char *log_level;              /* error|warn|info|debug */
+};
+
+/* Which program an option is for (--help shows only the program's own;
+ * a file may hold both programs' options). */
+enum cfg_who { CFG_WORKER = 1u << 0, CFG_DISPATCHER = 1u << 1, CFG_BOTH = 3u };
+
+/* What cfg_load found on the command line besides options. */
+enum cfg_action { CFG_RUN = 0, CFG_HELP, CFG_PRINT_CONFIG };
+
+/* Fills *c with the defaults. cfg_free releases it. Returns 0 or
+ * -RL_ENOMEM. */
+int cfg_defaults(struct cfg *c, struct rl_err *err);
+void cfg_free(struct cfg *c);
+
+/* Applies a libconfig file over *c. Every setting must be a known option
+ * of the right type within bounds; errors read "FILE:LINE: reason". On
+ * error *c is unchanged. */
+int cfg_load_file(struct cfg *c, const char *path, struct rl_err *err);
+
+/* Applies flags over *c: --opt VALUE, --opt=VALUE (underscores in option
+ * names may be written as dashes), --opt / --no-opt for booleans. Only
+ * the options of who are accepted as flags. -c/--config FILE, -h/--help
+ * and --print-config are recognised and skipped (cfg_load handles them).
+ * On error *c is unchanged. */
+int cfg_apply_args(struct cfg *c, int argc, char **argv, unsigned who, struct rl_err *err);
+
+/* The whole sequence for program who (CFG_WORKER or CFG_DISPATCHER):
+ * defaults, the file from -c/--config if any, the flags, then the checks
+ * across options. *action says whether --help (then nothing else is
+ * checked) or --print-config was asked for. On error *c is left empty
+ * (cfg_free is still safe). */
+int cfg_load(struct cfg *c, int argc, char **argv, unsigned who, enum cfg_action *action,
+             struct rl_err *err);
+
+/* The checks across options that matter to who (lease_renew_ms <
+ * claim_idle_ms, default_pool in pools for the dispatcher, ...). */
+int cfg_check(const struct cfg *c, unsigned who, struct rl_err *err);
+
+/* SIGHUP: copies into *dst the options marked live from *src (a freshly
+ * loaded config), then runs cfg_check; the others keep their values. On
+ * error *dst is unchanged. */
+int cfg_apply_live(struct cfg *dst, const struct cfg *src, unsigned who, struct rl_err *err);
+
+/* The usage text for prog, listing the options for who. */
+void cfg_print_help(FILE *f, const char *prog, unsigned who);
+
+/* The documented sample file, every option at its default: what
+ * config/redlm.conf holds (a unit test keeps the two equal). */
+void cfg_write_sample(FILE *f);
+
+/* c->name, or the host name when it is empty. */
+void cfg_worker_name(const struct cfg *c, char *buf, size_t size);
+
+/* Fills the option records of the modules the options are for. The
+ * strings point into *c and live as long as it. */
+void cfg_job_opts(const struct cfg *c, struct job_opts *o);
+void cfg_rconn_opts(const struct cfg *c, struct rconn_opts *o);
+
+#endif
