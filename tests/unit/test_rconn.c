@@ -297,9 +297,10 @@ static void test_backoff_when_down(void **state)
         int64_t cap = 20LL << i;
         if (cap > 400)
             cap = 400;
-        assert_true(d <= cap && d >= cap / 2 - 1);
-        assert_true(d >= prev / 2);
-        prev = d;
+        /* (less the few ms since the attempt; loose so a loaded CI
+         * machine cannot fail it) */
+        assert_true(d <= cap && d >= cap / 2 - 15);
+        (void)prev;
         /* a call during the delay fails fast without trying */
         assert_int_equal(rconn_ensure(c, &err), -RL_EIO);
         assert_non_null(strstr(err.msg, "next attempt"));
@@ -372,10 +373,10 @@ static void test_streams(void **state)
     free(p);
 
     /* w2 takes over w1's idle jobs */
-    sleep_ms(30);
+    sleep_ms(200);
     char next[RCONN_ID_MAX];
     struct rconn_ids del;
-    assert_int_equal(rconn_xautoclaim(c, jobs, "workers", "w2", 20, "0-0", 2, &e, next, &del, &err), 0);
+    assert_int_equal(rconn_xautoclaim(c, jobs, "workers", "w2", 150, "0-0", 2, &e, next, &del, &err), 0);
     assert_int_equal(e.n, 2);
     assert_string_equal(e.v[0].id, ids[0]);
     assert_non_null(rconn_entry_field(&e.v[0], "job", NULL));
@@ -387,13 +388,17 @@ static void test_streams(void **state)
     assert_int_equal(p[0].deliveries, 3);
     free(p);
     /* IDLE filter: w1's last one is idle, w2's are fresh */
-    assert_int_equal(rconn_xpending(c, jobs, "workers", 20, "-", "+", 10, NULL, &p, &np, &err), 0);
+    assert_int_equal(rconn_xpending(c, jobs, "workers", 150, "-", "+", 10, NULL, &p, &np, &err), 0);
     assert_int_equal(np, 1);
     assert_string_equal(p[0].id, ids[2]);
     free(p);
 
     /* lease renewal: JUSTID resets idle and does not count a delivery */
-    sleep_ms(30);
+    sleep_ms(50);
+    assert_int_equal(rconn_xpending(c, jobs, "workers", 0, "-", "+", 10, "w2", &p, &np, &err), 0);
+    int64_t idle_before = p[0].idle_ms;
+    assert_true(idle_before >= 50);
+    free(p);
     const char *mine[] = {ids[0], ids[1], "1-1"};
     struct rconn_ids claimed;
     assert_int_equal(rconn_xclaim_justid(c, jobs, "workers", "w2", 0, 3, mine, &claimed, &err), 0);
@@ -401,7 +406,7 @@ static void test_streams(void **state)
     rconn_ids_free(&claimed);
     assert_int_equal(rconn_xpending(c, jobs, "workers", 0, "-", "+", 10, "w2", &p, &np, &err), 0);
     assert_int_equal(p[0].deliveries, 3);
-    assert_true(p[0].idle_ms < 25);
+    assert_true(p[0].idle_ms < idle_before);
     free(p);
 
     /* an XDELed pending entry: flagged by XREADGROUP 0, dropped by XAUTOCLAIM */
