@@ -21,7 +21,8 @@ DESTDIR ?=
 CFLAGS  ?= -O2 -g
 ALL_CFLAGS = $(CFLAGS) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter \
            -Wshadow -Wstrict-prototypes -fno-strict-aliasing -pthread -MMD -MP \
-           -I. -Icommon -Iengine
+           -iquote . -iquote common -iquote engine
+# -iquote, not -I: engine/sched.h must not hide the system <sched.h>
 LDLIBS  += -lhiredis -lconfig -lcjson -lpcre2-8 -lutf8proc -lm -pthread
 
 DEB_PKGS = build-essential clang pkg-config libhiredis-dev libcjson-dev \
@@ -118,7 +119,7 @@ fuzz:
 	@mkdir -p build-fuzz/fuzz
 	for f in $(FUZZ_SRC); do \
 	  n=$$(basename $$f .c); \
-	  clang -O1 -g -std=c11 -D_GNU_SOURCE -I. -Icommon -Iengine -fsanitize=fuzzer,address,undefined \
+	  clang -O1 -g -std=c11 -D_GNU_SOURCE -iquote . -iquote common -iquote engine -fsanitize=fuzzer,address,undefined \
 	    $$f build-fuzz/libredlm_engine.a build-fuzz/libredlm_common.a $(LDLIBS) -o build-fuzz/fuzz/$$n || exit 1; \
 	done
 
