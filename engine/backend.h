@@ -51,6 +51,9 @@ struct be_options {
     const char *isa;      /* CPU: "auto", "avx512bf16", "avx2", "scalar"; NULL = auto */
     enum be_kv_dtype kv_dtype; /* AUTO: f32 for f32 checkpoints, else bf16 */
     int device;           /* CUDA: device ordinal */
+    int mmap_weights;     /* CPU: 1 = run on the checkpoint's file mapping
+                             (no copy, 4 KiB pages); 0 = copy the matrices
+                             into 2 MiB pages at load (faster decode) */
 };
 
 struct be_ops {
