@@ -157,3 +157,40 @@ int cu_fill_const(float *p, size_t n, float v, cudaStream_t st, struct rl_err *e
     LAUNCH_CHECK(err, "fill_const_kernel");
     return 0;
 }
+
+__global__ void widen_bf16_kernel(const __nv_bfloat16 *__restrict__ x, size_t n, float *__restrict__ y)
+{
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
+        y[e] = __bfloat162float(x[e]);
+}
+
+int cu_widen_bf16(const void *x, size_t n, float *y, cudaStream_t st, struct rl_err *err)
+{
+    if (!n)
+        return 0;
+    widen_bf16_kernel<<<grid_for(n), 256, 0, st>>>((const __nv_bfloat16 *)x, n, y);
+    LAUNCH_CHECK(err, "widen_bf16_kernel");
+    return 0;
+}
+
+/* ---- test entry point ---- */
+
+extern "C" {
+#include "cuda_backend.h"
+}
+
+extern "C" int cuda_test_swiglu(int M, int inter, const float *gu, float *h, struct rl_err *err)
+{
+    void *dg = NULL, *dh = NULL;
+    size_t n = (size_t)M * (size_t)inter;
+    int rc;
+    if (!(rc = cu_test_up(&dg, gu, n * 2 * 4, err)) && !(rc = cu_test_up(&dh, NULL, n * 4, err)) &&
+        !(rc = cu_swiglu((const float *)dg, M, inter, dh, CU_ACT_F32, 0, err))) {
+        cudaError_t e = cudaMemcpy(h, dh, n * 4, cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess)
+            rc = rl_errf(err, RL_EBACKEND, "cudaMemcpy(swiglu out): %s", cudaGetErrorString(e));
+    }
+    cudaFree(dg);
+    cudaFree(dh);
+    return rc;
+}

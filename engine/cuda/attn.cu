@@ -451,3 +451,105 @@ int cu_attn_prefill(const void *q, const struct cu_kv_layer *kv, const struct cu
     LAUNCH_CHECK(err, "attn_prefill_kernel");
     return 0;
 }
+
+/* ---- test entry point ---- */
+
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "cuda_backend.h"
+}
+
+extern "C" int cuda_test_attention(int kv_bf16, int n_heads, int n_kv, int hd, int bs, int n_blocks,
+                                   const float *k_pool, const float *v_pool, int n_seqs, const struct be_seq *seqs,
+                                   const float *q, float *out, int mode, int nsplit, struct rl_err *err)
+{
+    int G = n_heads / n_kv, T = 0, n_bt = 0, max_len = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        T += seqs[s].n_new;
+        n_bt += (seqs[s].n_past + seqs[s].n_new + bs - 1) / bs;
+    }
+    int max_tiles = 0;
+    for (int s = 0; s < n_seqs; s++)
+        max_tiles += (seqs[s].n_new * G + CU_ATTN_TILE_ROWS - 1) / CU_ATTN_TILE_ROWS;
+    /* one host block: tok_seq, tok_pos, dec (T each), tiles (2 x max_tiles),
+     * seq_tok0/nnew/npast/bt_off (4 x n_seqs), bt (n_bt) */
+    size_t n_int = 3 * (size_t)T + 2 * (size_t)max_tiles + 4 * (size_t)n_seqs + (size_t)n_bt;
+    int32_t *h = (int32_t *)calloc(n_int, 4);
+    if (!h)
+        return rl_errf(err, RL_ENOMEM, "out of memory");
+    int32_t *tseq = h, *tpos = tseq + T, *dec = tpos + T, *tile_seq = dec + T, *tile_r0 = tile_seq + max_tiles;
+    int32_t *s_tok0 = tile_r0 + max_tiles, *s_nnew = s_tok0 + n_seqs, *s_npast = s_nnew + n_seqs;
+    int32_t *s_bt = s_npast + n_seqs, *bt = s_bt + n_seqs;
+    int n_dec = 0, n_tiles = 0;
+    for (int s = 0, t = 0, at = 0; s < n_seqs; s++) {
+        const struct be_seq *sq = &seqs[s];
+        int nb = (sq->n_past + sq->n_new + bs - 1) / bs;
+        memcpy(bt + at, sq->block_table, (size_t)nb * 4);
+        s_tok0[s] = t, s_nnew[s] = sq->n_new, s_npast[s] = sq->n_past, s_bt[s] = at;
+        at += nb;
+        int use_dec = mode == 1 || (mode == 0 && sq->n_new == 1);
+        if (!use_dec)
+            for (int r0 = 0; r0 < sq->n_new * G; r0 += CU_ATTN_TILE_ROWS)
+                tile_seq[n_tiles] = s, tile_r0[n_tiles++] = r0;
+        for (int j = 0; j < sq->n_new; j++, t++) {
+            tseq[t] = s;
+            tpos[t] = sq->n_past + j;
+            if (use_dec) {
+                dec[n_dec++] = t;
+                if (tpos[t] + 1 > max_len)
+                    max_len = tpos[t] + 1;
+            }
+        }
+    }
+    struct cudaDeviceProp p;
+    size_t pool = (size_t)n_blocks * (size_t)n_kv * (size_t)bs * (size_t)hd, nq = (size_t)T * n_heads * hd;
+    void *dh = NULL, *dkf = NULL, *dvf = NULL, *dqf = NULL, *dk = NULL, *dv = NULL, *dq = NULL, *dout = NULL;
+    void *dml = NULL, *dacc = NULL;
+    int cap = n_dec * 32 + 1, rc;
+    struct cu_kv_layer kv;
+    struct cu_attn_meta m;
+    CU_CHECK_GOTO(err, rc, out, cudaGetDeviceProperties(&p, 0));
+    if (nsplit <= 0)
+        nsplit = cu_attn_splits(n_dec, n_kv, p.multiProcessorCount, max_len, cap);
+    if (nsplit > 32)
+        nsplit = 32;
+    if ((rc = cu_attn_init(err)) || (rc = cu_test_up(&dh, h, n_int * 4, err)) ||
+        (rc = cu_test_up(&dkf, k_pool, pool * 4, err)) || (rc = cu_test_up(&dvf, v_pool, pool * 4, err)) ||
+        (rc = cu_test_up(&dqf, q, nq * 4, err)) || (rc = cu_test_up(&dout, NULL, nq * 4, err)) ||
+        (rc = cu_test_up(&dml, NULL, (size_t)cap * n_heads * 2 * 4, err)) ||
+        (rc = cu_test_up(&dacc, NULL, (size_t)cap * n_heads * hd * 4, err)))
+        goto out;
+    if (kv_bf16) {
+        if ((rc = cu_test_up(&dk, NULL, pool * 2, err)) || (rc = cu_test_up(&dv, NULL, pool * 2, err)) ||
+            (rc = cu_test_up(&dq, NULL, nq * 2, err)) ||
+            (rc = cu_cast((const float *)dkf, pool, dk, CU_ACT_BF16, 0, err)) ||
+            (rc = cu_cast((const float *)dvf, pool, dv, CU_ACT_BF16, 0, err)) ||
+            (rc = cu_cast((const float *)dqf, nq, dq, CU_ACT_BF16, 0, err)))
+            goto out;
+    } else {
+        dk = dkf, dv = dvf, dq = dqf;
+    }
+    {
+        const int32_t *b = (const int32_t *)dh;
+        size_t o_tseq = 0, o_tpos = (size_t)T, o_dec = 2 * (size_t)T, o_ts = 3 * (size_t)T,
+               o_tr = o_ts + (size_t)max_tiles, o_s0 = o_tr + (size_t)max_tiles;
+        m.tok_seq = b + o_tseq, m.tok_pos = b + o_tpos, m.dec_tok = b + o_dec;
+        m.tile_seq = b + o_ts, m.tile_r0 = b + o_tr;
+        m.seq_tok0 = b + o_s0, m.seq_nnew = m.seq_tok0 + n_seqs, m.seq_npast = m.seq_nnew + n_seqs;
+        m.seq_bt_off = m.seq_npast + n_seqs, m.bt = m.seq_bt_off + n_seqs;
+    }
+    kv.k = dk, kv.v = dv, kv.bf16 = kv_bf16, kv.n_kv = n_kv, kv.head_dim = hd, kv.block_size = bs;
+    if ((rc = cu_attn_decode(dq, &kv, &m, n_dec, n_heads, nsplit, (float *)dml, (float *)dacc, (float *)dout, 0,
+                             err)) ||
+        (rc = cu_attn_prefill(dq, &kv, &m, n_tiles, n_heads, (float *)dout, 0, err)))
+        goto out;
+    CU_CHECK_GOTO(err, rc, out, cudaMemcpy(out, dout, nq * 4, cudaMemcpyDeviceToHost));
+out:
+    if (kv_bf16)
+        cudaFree(dk), cudaFree(dv), cudaFree(dq);
+    cudaFree(dh), cudaFree(dkf), cudaFree(dvf), cudaFree(dqf), cudaFree(dout), cudaFree(dml), cudaFree(dacc);
+    free(h);
+    return rc;
+}

@@ -138,4 +138,15 @@ __device__ __forceinline__ float cu_block_sum(float v, float *red)
 
 static inline unsigned cu_blocks(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }
 
+/* For the per-op test entry points: cudaMalloc + optional upload. On
+ * failure *d may hold an allocation the caller still frees. */
+static inline int cu_test_up(void **d, const void *h, size_t bytes, struct rl_err *err)
+{
+    *d = NULL;
+    CU_CHECK(err, cudaMalloc(d, bytes ? bytes : 16));
+    if (h)
+        CU_CHECK(err, cudaMemcpy(*d, h, bytes, cudaMemcpyHostToDevice));
+    return 0;
+}
+
 #endif

@@ -488,3 +488,57 @@ int cu_linear_run(struct cu_gemm *g, const struct cu_linear *l, int M, const voi
     }
     return 0;
 }
+
+/* ---- test entry point ---- */
+
+extern "C" {
+#include "cuda_backend.h"
+}
+
+extern "C" int cuda_test_gemm(int M, int N, int K, enum model_dtype dt, const void *w, const float *scale, int br,
+                              int bc, const float *x, float *y, int path, struct rl_err *err)
+{
+    struct cudaDeviceProp p;
+    CU_CHECK(err, cudaGetDeviceProperties(&p, 0));
+    struct cu_gemm *g = NULL;
+    struct cu_mat m;
+    memset(&m, 0, sizeof m);
+    m.dt = dt;
+    m.rows = N;
+    m.cols = K;
+    size_t es = dt == MODEL_F32 ? 4 : dt == MODEL_F8_E4M3 ? 1 : 2;
+    void *dx = NULL, *dxa = NULL, *dy = NULL;
+    float *hs = NULL;
+    int rc;
+    if ((rc = cu_test_up(&m.w, w, (size_t)N * (size_t)K * es, err)))
+        goto out;
+    if (dt == MODEL_F8_E4M3) {
+        m.br = br, m.bc = bc;
+        int nkb = (K + bc - 1) / bc, nrb = (N + br - 1) / br;
+        m.scale_ld = (nkb + 3) / 4 * 4;
+        hs = (float *)calloc((size_t)nrb * (size_t)m.scale_ld, 4);
+        if (!hs) {
+            rc = rl_errf(err, RL_ENOMEM, "out of memory");
+            goto out;
+        }
+        for (int r = 0; r < nrb; r++)
+            memcpy(hs + (size_t)r * (size_t)m.scale_ld, scale + (size_t)r * (size_t)nkb, (size_t)nkb * 4);
+        if ((rc = cu_test_up((void **)&m.scale, hs, (size_t)nrb * (size_t)m.scale_ld * 4, err)))
+            goto out;
+    }
+    if ((rc = cu_test_up(&dx, x, (size_t)M * (size_t)K * 4, err)) ||
+        (rc = cu_test_up(&dxa, NULL, (size_t)M * (size_t)K * 4, err)) ||
+        (rc = cu_test_up(&dy, NULL, (size_t)(M + 16) * (size_t)N * 4, err)) ||
+        (rc = cu_cast((const float *)dx, (size_t)M * (size_t)K, dxa, cu_act_for(dt), 0, err)) ||
+        (rc = cu_gemm_create(&g, M + 16, K, p.major, 0, err)))
+        goto out;
+    cu_gemm_force(g, (enum cu_gemm_path)path);
+    if ((rc = cu_gemm_run(g, &m, M, dxa, (float *)dy, N, err)))
+        goto out;
+    CU_CHECK_GOTO(err, rc, out, cudaMemcpy(y, dy, (size_t)M * (size_t)N * 4, cudaMemcpyDeviceToHost));
+out:
+    cu_gemm_free(g);
+    cudaFree(m.w), cudaFree(m.scale), cudaFree(dx), cudaFree(dxa), cudaFree(dy);
+    free(hs);
+    return rc;
+}

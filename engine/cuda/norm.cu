@@ -107,3 +107,29 @@ int cu_rmsnorm(float *x, const float *add, const int32_t *rows, int n, int dim, 
     LAUNCH_CHECK(err, "rmsnorm_kernel");
     return 0;
 }
+
+/* ---- test entry point ---- */
+
+extern "C" {
+#include "cuda_backend.h"
+}
+
+extern "C" int cuda_test_rmsnorm(int n, int dim, float *x, const float *add, const float *w, float eps, float *y,
+                                 struct rl_err *err)
+{
+    void *dx = NULL, *da = NULL, *dw = NULL, *dy = NULL;
+    size_t b = (size_t)n * (size_t)dim * 4;
+    int rc;
+    if (!(rc = cu_test_up(&dx, x, b, err)) && !(rc = cu_test_up(&da, add, add ? b : 0, err)) &&
+        !(rc = cu_test_up(&dw, w, (size_t)dim * 4, err)) && !(rc = cu_test_up(&dy, NULL, b, err)) &&
+        !(rc = cu_rmsnorm((float *)dx, add ? (const float *)da : NULL, NULL, n, dim, (const float *)dw, eps, dy,
+                          CU_ACT_F32, 0, err))) {
+        cudaError_t e = cudaMemcpy(y, dy, b, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess)
+            e = cudaMemcpy(x, dx, b, cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess)
+            rc = rl_errf(err, RL_EBACKEND, "cudaMemcpy(rmsnorm out): %s", cudaGetErrorString(e));
+    }
+    cudaFree(dx), cudaFree(da), cudaFree(dw), cudaFree(dy);
+    return rc;
+}

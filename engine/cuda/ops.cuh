@@ -80,6 +80,8 @@ int cu_argmax(const float *logits, int n, int vocab, int32_t *ids, cudaStream_t 
 int cu_fill_random(void *p, size_t n, enum model_dtype dt, float amp, uint64_t seed,
                    cudaStream_t st, struct rl_err *err);
 int cu_fill_const(float *p, size_t n, float v, cudaStream_t st, struct rl_err *err);
+/* y (n) f32 = x (n) bf16 (tests read BF16 pools back with it). */
+int cu_widen_bf16(const void *x, size_t n, float *y, cudaStream_t st, struct rl_err *err);
 
 /* ---- rope.cu: q/k RMSNorm + rotary + paged KV write, KV block copy ---- */
 

@@ -113,3 +113,55 @@ int cu_kv_copy(void *k, void *v, int bf16, int n_layers, size_t layer_elems, int
     LAUNCH_CHECK(err, "kv_copy_kernel");
     return 0;
 }
+
+/* ---- test entry point ---- */
+
+extern "C" {
+#include "cuda_backend.h"
+}
+
+extern "C" int cuda_test_rope(int T, int n_heads, int n_kv, int hd, const float *qkv, const float *q_norm,
+                              const float *k_norm, float eps, const float *inv_freq, float mscale, const int32_t *pos,
+                              const int32_t *slot, int kv_bf16, int n_blocks, int bs, float *q_out, float *k_pool,
+                              float *v_pool, struct rl_err *err)
+{
+    size_t pool = (size_t)n_blocks * (size_t)n_kv * (size_t)bs * (size_t)hd, nq = (size_t)T * n_heads * hd;
+    size_t es = kv_bf16 ? 2 : 4;
+    void *dqkv = NULL, *dqn = NULL, *dkn = NULL, *dfr = NULL, *dpos = NULL, *dslot = NULL, *dq = NULL;
+    void *dk = NULL, *dv = NULL, *dkf = NULL, *dvf = NULL, *dqf = NULL;
+    int rc;
+    struct cu_kv_layer kv;
+    if ((rc = cu_test_up(&dqkv, qkv, (size_t)T * (size_t)(n_heads + 2 * n_kv) * hd * 4, err)) ||
+        (rc = cu_test_up(&dqn, q_norm, (size_t)hd * 4, err)) || (rc = cu_test_up(&dkn, k_norm, (size_t)hd * 4, err)) ||
+        (rc = cu_test_up(&dfr, inv_freq, (size_t)hd / 2 * 4, err)) || (rc = cu_test_up(&dpos, pos, (size_t)T * 4, err)) ||
+        (rc = cu_test_up(&dslot, slot, (size_t)T * 4, err)) || (rc = cu_test_up(&dq, NULL, nq * es, err)) ||
+        (rc = cu_test_up(&dkf, k_pool, pool * 4, err)) || (rc = cu_test_up(&dvf, v_pool, pool * 4, err)) ||
+        (rc = cu_test_up(&dqf, NULL, nq * 4, err)))
+        goto out;
+    if (kv_bf16) {
+        if ((rc = cu_test_up(&dk, NULL, pool * 2, err)) || (rc = cu_test_up(&dv, NULL, pool * 2, err)) ||
+            (rc = cu_cast((const float *)dkf, pool, dk, CU_ACT_BF16, 0, err)) ||
+            (rc = cu_cast((const float *)dvf, pool, dv, CU_ACT_BF16, 0, err)))
+            goto out;
+    } else {
+        dk = dkf, dv = dvf;
+    }
+    kv.k = dk, kv.v = dv, kv.bf16 = kv_bf16, kv.n_kv = n_kv, kv.head_dim = hd, kv.block_size = bs;
+    if ((rc = cu_qk_rope_write((const float *)dqkv, T, n_heads, (const float *)dqn, (const float *)dkn, eps,
+                               (const float *)dfr, mscale, (const int32_t *)dpos, (const int32_t *)dslot, dq, &kv, 0,
+                               err)))
+        goto out;
+    if (kv_bf16 && ((rc = cu_widen_bf16(dk, pool, (float *)dkf, 0, err)) ||
+                    (rc = cu_widen_bf16(dv, pool, (float *)dvf, 0, err)) ||
+                    (rc = cu_widen_bf16(dq, nq, (float *)dqf, 0, err))))
+        goto out;
+    CU_CHECK_GOTO(err, rc, out, cudaMemcpy(q_out, kv_bf16 ? dqf : dq, nq * 4, cudaMemcpyDeviceToHost));
+    CU_CHECK_GOTO(err, rc, out, cudaMemcpy(k_pool, dkf, pool * 4, cudaMemcpyDeviceToHost));
+    CU_CHECK_GOTO(err, rc, out, cudaMemcpy(v_pool, dvf, pool * 4, cudaMemcpyDeviceToHost));
+out:
+    if (kv_bf16)
+        cudaFree(dk), cudaFree(dv);
+    cudaFree(dqkv), cudaFree(dqn), cudaFree(dkn), cudaFree(dfr), cudaFree(dpos), cudaFree(dslot), cudaFree(dq);
+    cudaFree(dkf), cudaFree(dvf), cudaFree(dqf);
+    return rc;
+}
