@@ -1,0 +1,174 @@
+/* worker/cache.c - the result cache: the complete event list of a
+ * deterministic job, stored under
+ *   <prefix>cache:<sha256(model identity, rendered prompt ids, every
+ *                          parameter that changes the output)>
+ * (job_cache_key in common/job.c) with a TTL, and replayed for the next
+ * identical job without touching the engine.
+ *
+ * What is deterministic: greedy (temperature 0 or top_k 1) or seeded
+ * jobs (job_is_deterministic). Only jobs that ran to "stop" or "length"
+ * on this worker from seq 0 are stored: a cancelled, timed-out, failed or
+ * resumed job is not the full answer. The value is a JSON array of the
+ * events exactly as published; a replay sends them again with the same
+ * seq numbers, and changes only the done event: cached becomes true, the
+ * timings are this job's, and the metadata is this job's own.
+ *
+ * The model identity is a SHA-256 over config.json, tokenizer.json,
+ * tokenizer_config.json and the names and sizes of the *.safetensors
+ * files, so a new checkpoint in the same directory never answers from an
+ * old entry. Main thread only. */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "worker.h"
+
+static void hash_file(struct sha256_ctx *c, const char *dir, const char *name)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    sha256_update(c, name, strlen(name) + 1);
+    if (!f)
+        return;
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        sha256_update(c, buf, n);
+    fclose(f);
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int w_model_id(const char *dir, char out[SHA256_HEX_LEN + 1], struct rl_err *err)
+{
+    struct sha256_ctx c;
+    sha256_init(&c);
+    sha256_update(&c, "redlm-model-id-v1", 17);
+    hash_file(&c, dir, "config.json");
+    hash_file(&c, dir, "tokenizer.json");
+    hash_file(&c, dir, "tokenizer_config.json");
+    DIR *d = opendir(dir);
+    if (!d)
+        return rl_errf(err, RL_EIO, "%s: cannot list the model directory", dir);
+    char *names[4096];
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < 4096) {
+        size_t l = strlen(de->d_name);
+        if (l > 12 && !strcmp(de->d_name + l - 12, ".safetensors"))
+            if ((names[n] = strdup(de->d_name)))
+                n++;
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof names[0], cmp_str); /* readdir order is arbitrary */
+    for (int i = 0; i < n; i++) {
+        char path[4096];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        long long size = stat(path, &st) == 0 ? (long long)st.st_size : -1;
+        char rec[64];
+        snprintf(rec, sizeof rec, ":%lld;", size);
+        sha256_update(&c, names[i], strlen(names[i]));
+        sha256_update(&c, rec, strlen(rec));
+        free(names[i]);
+    }
+    uint8_t dg[SHA256_DIGEST_LEN];
+    sha256_final(&c, dg);
+    sha256_to_hex(dg, out);
+    return 0;
+}
+
+int w_cache_key(struct worker *w, struct wjob *j, struct rl_err *err)
+{
+    j->cache_fill = false;
+    if (w->opt.cache_ttl_s <= 0 || !j->job || !j->job->cache || !job_is_deterministic(j->job))
+        return 0;
+    char hex[JOB_CACHE_KEY_LEN + 1];
+    int rc = job_cache_key(j->job, w->model_id, j->ids, j->n_ids, hex, err);
+    if (rc)
+        return rc;
+    snprintf(j->cache_key, sizeof j->cache_key, "%scache:%s", w->opt.prefix, hex);
+    j->cache_fill = true;
+    return 0;
+}
+
+int w_cache_build(struct wjob *j, struct rl_err *err)
+{
+    size_t n = 3;
+    for (int i = 0; i < j->n_hist; i++)
+        n += strlen(j->hist[i]) + 1;
+    char *v = malloc(n);
+    if (!v)
+        return rl_errf(err, RL_ENOMEM, "cache: out of memory");
+    char *p = v;
+    *p++ = '[';
+    for (int i = 0; i < j->n_hist; i++) {
+        size_t l = strlen(j->hist[i]);
+        if (i)
+            *p++ = ',';
+        memcpy(p, j->hist[i], l);
+        p += l;
+    }
+    *p++ = ']';
+    *p = 0;
+    j->cache_value = v;
+    return 0;
+}
+
+int w_cache_replay(struct worker *w, struct wjob *j, const char *value, size_t len,
+                   struct rl_err *err)
+{
+    cJSON *a = cJSON_ParseWithLength(value, len);
+    int n = a && cJSON_IsArray(a) ? cJSON_GetArraySize(a) : 0;
+    int rc = 0;
+    if (n < 1) {
+        rc = rl_errf(err, RL_EFORMAT, "%s: not a non-empty JSON array", j->cache_key);
+        goto out;
+    }
+    /* check the whole list before queueing any of it */
+    for (int i = 0; i < n; i++) {
+        cJSON *e = cJSON_GetArrayItem(a, i);
+        cJSON *seq = cJSON_GetObjectItemCaseSensitive(e, "seq");
+        cJSON *type = cJSON_GetObjectItemCaseSensitive(e, "type");
+        bool last = i == n - 1;
+        if (!cJSON_IsNumber(seq) || seq->valuedouble != i || !cJSON_IsString(type) ||
+            (!strcmp(type->valuestring, "done") != last)) {
+            rc = rl_errf(err, RL_EFORMAT, "%s: event %d is not seq %d of a complete list",
+                         j->cache_key, i, i);
+            goto out;
+        }
+    }
+    int64_t now = w_now_ms();
+    int64_t t0 = j->t_enqueued > 0 && j->t_enqueued <= now ? j->t_enqueued : now;
+    for (int i = 0; i < n; i++) {
+        cJSON *e = cJSON_GetArrayItem(a, i);
+        if (i == n - 1) {
+            cJSON_ReplaceItemInObjectCaseSensitive(e, "cached", cJSON_CreateTrue());
+            cJSON *t = cJSON_CreateObject();
+            cJSON_AddNumberToObject(t, "queue_ms", (double)(now - t0));
+            cJSON_AddNumberToObject(t, "ttft_ms", (double)(now - t0));
+            cJSON_AddNumberToObject(t, "total_ms", (double)(now - t0));
+            cJSON_ReplaceItemInObjectCaseSensitive(e, "timings", t);
+            cJSON_DeleteItemFromObjectCaseSensitive(e, "metadata");
+            if (j->job->metadata)
+                cJSON_AddItemToObject(e, "metadata", cJSON_Duplicate(j->job->metadata, 1));
+        }
+        char *s = cJSON_PrintUnformatted(e);
+        if (!s) {
+            rc = rl_errf(err, RL_ENOMEM, "cache: out of memory");
+            goto out;
+        }
+        ev_seq_take(&j->seq);
+        if ((rc = w_push_event(j, s)))
+            goto out;
+    }
+out:
+    cJSON_Delete(a);
+    return rc;
+}

@@ -1,0 +1,730 @@
+/* worker/loop.c - the pull loop: read what the engine can take, step the
+ * engine, turn its events into protocol events, flush.
+ *
+ * One iteration:
+ *   1. timers: reclaim idle jobs of dead consumers (resume.c), systemd
+ *      watchdog, SIGHUP reload;
+ *   2. admission: k = engine_can_admit() capped by free batch slots; when
+ *      nothing runs and nothing waits to be sent, XREADGROUP BLOCKs (on its
+ *      own connection, so a blocked read never holds up publishing);
+ *      otherwise it polls without BLOCK, pool by pool in priority order, so
+ *      a busy worker takes only what it can run and never hoards jobs;
+ *   3. engine_step(): every running request advances one token (or one
+ *      prefill chunk);
+ *   4. w_flush(): all new events, acks and cancel checks in one pipelined
+ *      round trip (publish.c).
+ * Redis being away never stops the engine: reads fail fast, the outbox
+ * keeps what was not confirmed, and the next successful flush sends it.
+ *
+ * Admission validates everything before the engine sees a job: a job that
+ * does not parse, names another pool, cannot be rendered, or does not fit
+ * the context gets an error event, a dead letter and an XACK; the loop goes
+ * on. Main thread only. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <systemd/sd-daemon.h>
+#include <time.h>
+
+#include "tokenizer.h"
+#include "worker.h"
+
+int64_t w_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void w_job_free(struct wjob *j)
+{
+    if (!j)
+        return;
+    job_free(j->job);
+    for (int i = 0; i < j->n_out; i++)
+        free(j->out[i].json);
+    free(j->out);
+    free(j->dead);
+    for (int i = 0; i < j->n_hist; i++)
+        free(j->hist[i]);
+    free(j->hist);
+    free(j->cache_value);
+    free(j->ids);
+    chat_parser_free(j->parser);
+    cJSON_Delete(j->tool_calls);
+    free(j);
+}
+
+int w_jobs_add(struct worker *w, struct wjob *j)
+{
+    if (w->n_jobs == w->cap_jobs) {
+        int cap = w->cap_jobs ? 2 * w->cap_jobs : 32;
+        struct wjob **g = realloc(w->jobs, (size_t)cap * sizeof *g);
+        if (!g)
+            return -RL_ENOMEM;
+        w->jobs = g;
+        w->cap_jobs = cap;
+    }
+    w->jobs[w->n_jobs++] = j;
+    return 0;
+}
+
+/* The id of a job that failed validation, when it has a usable one, so
+ * that its client still gets the error event on redlm:out:<id>. */
+static void guess_id(const char *raw, size_t len, char out[JOB_ID_MAX + 1])
+{
+    out[0] = 0;
+    cJSON *o = cJSON_ParseWithLength(raw, len);
+    const cJSON *id = o ? cJSON_GetObjectItemCaseSensitive(o, "id") : NULL;
+    if (cJSON_IsString(id)) {
+        size_t n = strlen(id->valuestring);
+        bool ok = n >= 1 && n <= JOB_ID_MAX;
+        for (size_t i = 0; ok && i < n; i++) {
+            char c = id->valuestring[i];
+            ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                 c == '_' || c == '.' || c == ':' || c == '-';
+        }
+        if (ok)
+            memcpy(out, id->valuestring, n + 1);
+    }
+    cJSON_Delete(o);
+}
+
+static void set_id(struct worker *w, struct wjob *j, const char *id)
+{
+    snprintf(j->id, sizeof j->id, "%s", id);
+    if (id[0])
+        snprintf(j->out_key, sizeof j->out_key, "%sout:%s", w->opt.prefix, id);
+    else
+        j->out_key[0] = 0;
+}
+
+/* Renders the job's prompt into j->ids, as the engine itself would (chat
+ * template + tokenizer with the template's special tokens live), so that
+ * the cache key, the length check and resumption all see the very ids the
+ * engine runs. Returns 0 or fills *code. */
+static int render(struct worker *w, struct wjob *j, enum ev_code *code, struct rl_err *err)
+{
+    const struct job *jb = j->job;
+    const struct tokenizer *tok = engine_get_tokenizer(w->eng);
+    const struct model_config *cfg = engine_get_config(w->eng);
+    if (jb->input == JOB_INPUT_IDS) {
+        int32_t vocab = cfg->vocab;
+        for (int i = 0; i < jb->n_prompt_ids; i++)
+            if (jb->prompt_ids[i] < 0 || jb->prompt_ids[i] >= vocab) {
+                *code = EV_CODE_INVALID_TOKEN;
+                return rl_errf(err, RL_EINVAL, "prompt_ids[%d]: %d is outside the vocabulary "
+                               "[0, %d)", i, (int)jb->prompt_ids[i], (int)vocab);
+            }
+        j->ids = malloc(((size_t)jb->n_prompt_ids + 1) * sizeof *j->ids);
+        if (!j->ids)
+            goto oom;
+        memcpy(j->ids, jb->prompt_ids, (size_t)jb->n_prompt_ids * sizeof *j->ids);
+        j->n_ids = jb->n_prompt_ids;
+        return 0;
+    }
+    if (!tok) {
+        *code = EV_CODE_BAD_VALUE;
+        return rl_errf(err, RL_EINVAL, "%s: this model has no tokenizer.json; send prompt_ids",
+                       jb->input == JOB_INPUT_MESSAGES ? "messages" : "prompt");
+    }
+    char *text = NULL;
+    size_t len = 0;
+    int rc;
+    if (jb->input == JOB_INPUT_MESSAGES) {
+        struct chat_template_opts co = {
+            .add_generation_prompt = true,
+            .disable_thinking = job_mode_on(jb, w->pools[j->pool]) == JOB_MODE_NO_THINK,
+        };
+        if ((rc = chat_render(jb->messages, jb->tools, &co, &text, &len, err))) {
+            *code = EV_CODE_TEMPLATE_ERROR;
+            return rc;
+        }
+    }
+    struct tok_ids v = {0};
+    rc = text ? tok_encode(tok, text, len, 0, &v, err)
+              : tok_encode(tok, jb->prompt, jb->prompt_len, 0, &v, err);
+    free(text);
+    if (rc) {
+        tok_ids_free(&v);
+        *code = EV_CODE_INTERNAL;
+        return rc;
+    }
+    j->ids = v.ids;
+    j->n_ids = (int)v.n;
+    return 0;
+oom:
+    *code = EV_CODE_INTERNAL;
+    return rl_errf(err, RL_ENOMEM, "out of memory");
+}
+
+/* Answers a job that will not run: error event + done(error) + dead
+ * letter, acknowledged once all three are confirmed. */
+static void reject(struct worker *w, struct wjob *j, const char *raw, size_t raw_len,
+                   enum ev_code code, const char *msg)
+{
+    w_push_error(w, j, code, msg);
+    w_set_dead(w, j, raw, raw_len, code, msg);
+    j->state = WJ_CLOSING;
+}
+
+static int submit(struct worker *w, struct wjob *j, struct rl_err *err)
+{
+    const struct job *jb = j->job;
+    struct engine_request r;
+    engine_request_init(&r);
+    r.prompt_ids = j->ids;
+    r.n_prompt = j->n_ids;
+    r.mode = job_mode_on(jb, w->pools[j->pool]) == JOB_MODE_THINK ? ENGINE_MODE_THINK
+                                                                    : ENGINE_MODE_NO_THINK;
+    /* the protocol's defaults (temperature 1, top_p 1, top_k off), which
+     * job_parse has filled in, not the model's per-mode suggestions */
+    r.temperature = (float)jb->temperature;
+    r.top_p = (float)jb->top_p;
+    r.top_k = jb->top_k;
+    r.min_p = (float)jb->min_p;
+    r.presence_penalty = (float)jb->presence_penalty;
+    r.frequency_penalty = (float)jb->frequency_penalty;
+    r.repetition_penalty = (float)jb->repetition_penalty;
+    r.has_seed = jb->has_seed;
+    r.seed = jb->seed;
+    r.n_logprobs = jb->logprobs;
+    r.max_tokens = jb->max_tokens - j->n_prev;
+    r.stop = (const char *const *)jb->stop;
+    r.n_stop = jb->n_stop;
+    r.ignore_eos = jb->ignore_eos;
+    if (jb->max_thinking_tokens >= 0) {
+        int left = jb->max_thinking_tokens - j->prev_reasoning;
+        r.max_thinking_tokens = left > 0 ? left : 0;
+    }
+    r.priority = jb->priority;
+    if (jb->deadline_ms > 0) {
+        double left = (double)(jb->deadline_ms - w_now_ms()) / 1000.0;
+        double d = engine_now() + left;
+        r.deadline = d > 1e-6 ? d : 1e-6; /* <= 0 would mean "none" */
+    }
+    r.user = j;
+    return engine_submit(w->eng, &r, &j->eng_id, err);
+}
+
+/* EXISTS <prefix>cancel:<id> and GET of the cache entry, in one round
+ * trip. A Redis failure here counts as "not cancelled, not cached": the
+ * per-step check catches a cancel soon after. */
+static void precheck(struct worker *w, struct wjob *j, bool *cancelled, char **cached,
+                     size_t *cached_len)
+{
+    *cancelled = false;
+    *cached = NULL;
+    struct rl_err err;
+    char ck[W_KEY_MAX + 16];
+    snprintf(ck, sizeof ck, "%scancel:%s", w->opt.prefix, j->id);
+    rconn_batch_reset(w->batch);
+    const char *a1[2] = {"EXISTS", ck};
+    if (rconn_batch_add(w->batch, 2, a1, NULL, &err))
+        return;
+    if (j->cache_fill) {
+        const char *a2[2] = {"GET", j->cache_key};
+        if (rconn_batch_add(w->batch, 2, a2, NULL, &err))
+            return;
+    }
+    if (rconn_batch_exec(w->rc, w->batch, &err))
+        return;
+    const struct rconn_reply *r = rconn_batch_reply(w->batch, 0);
+    *cancelled = r && r->type == RCONN_INTEGER && r->integer > 0;
+    if (j->cache_fill) {
+        r = rconn_batch_reply(w->batch, 1);
+        if (r && r->type == RCONN_STRING) {
+            *cached = malloc(r->len + 1);
+            if (*cached) {
+                memcpy(*cached, r->str, r->len + 1);
+                *cached_len = r->len;
+            }
+        }
+    }
+}
+
+int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t deliveries,
+            bool resumed)
+{
+    struct wjob *j = calloc(1, sizeof *j);
+    if (!j)
+        return -RL_ENOMEM;
+    j->pool = pool;
+    j->state = WJ_CLOSING;
+    j->deliveries = deliveries;
+    snprintf(j->entry_id, sizeof j->entry_id, "%s", e->id);
+    j->t_enqueued = strtoll(e->id, NULL, 10);
+    j->t_admitted = w_now_ms();
+    j->stream_ttl_s = w->opt.default_stream_ttl_s;
+    ev_seq_init(&j->seq);
+    if (w_jobs_add(w, j)) {
+        free(j);
+        return -RL_ENOMEM;
+    }
+    if (e->deleted) { /* XDELed while pending: nothing left to run */
+        j->state = WJ_ACKING;
+        return 0;
+    }
+    size_t raw_len = 0;
+    const char *raw = rconn_entry_field(e, "job", &raw_len);
+    if (!raw) {
+        reject(w, j, NULL, 0, EV_CODE_BAD_ENTRY, "the stream entry has no `job` field");
+        return 0;
+    }
+    char fallback[RCONN_ID_MAX + 2];
+    snprintf(fallback, sizeof fallback, "j%s", e->id);
+    struct job_opts jo = w->jopts;
+    jo.fallback_id = fallback;
+    struct job_fault fault;
+    struct rl_err err;
+    if (job_parse(raw, raw_len, &jo, &j->job, &fault, &err)) {
+        char id[JOB_ID_MAX + 1];
+        guess_id(raw, raw_len, id);
+        set_id(w, j, id);
+        reject(w, j, raw, raw_len, fault.code, err.msg);
+        return 0;
+    }
+    set_id(w, j, j->job->id);
+    j->stream_ttl_s = j->job->stream_ttl_s;
+    if (job_check_pool(j->job, w->pools[pool], w->pool_names, w->n_pools, &fault, &err)) {
+        reject(w, j, raw, raw_len, fault.code, err.msg);
+        return 0;
+    }
+    enum ev_code code = EV_CODE_NONE;
+    if (render(w, j, &code, &err)) {
+        reject(w, j, raw, raw_len, code, err.msg);
+        return 0;
+    }
+    struct engine_stats st;
+    engine_get_stats(w->eng, &st);
+    if ((int64_t)j->n_ids + j->job->max_tokens > st.max_context) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "prompt has %d tokens and max_tokens is %d; the context is %d",
+                 j->n_ids, j->job->max_tokens, st.max_context);
+        reject(w, j, raw, raw_len, EV_CODE_PROMPT_TOO_LONG, msg);
+        return 0;
+    }
+    if (resumed) {
+        int r = w_resume_prepare(w, j, &err);
+        if (r < 0) { /* cannot read it back now: leave it pending for a later claim */
+            RL_LOG(&w->log, RL_LOG_WARN, "job %s: resume: %s", j->id, err.msg);
+            w->n_jobs--;
+            w_job_free(j);
+            return 0;
+        }
+        if (r == 1) { /* done already published: only the XACK was missing */
+            j->state = WJ_ACKING;
+            return 0;
+        }
+        if (r == 2) { /* an error was published but not its done */
+            w_push_done(w, j, EV_FINISH_ERROR, NULL);
+            return 0;
+        }
+        if (j->n_prev >= j->job->max_tokens) { /* it died right after its last token */
+            struct engine_usage u = {.prompt_tokens = j->n_ids};
+            w_push_done(w, j, EV_FINISH_LENGTH, &u);
+            return 0;
+        }
+        if (deliveries > w->opt.max_deliveries) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "the job was delivered %" PRId64 " times, more than "
+                     "max_deliveries (%d): workers died running it", deliveries,
+                     w->opt.max_deliveries);
+            reject(w, j, raw, raw_len, EV_CODE_TOO_MANY_DELIVERIES, msg);
+            return 0;
+        }
+    }
+    if (j->job->deadline_ms > 0 && w_now_ms() >= j->job->deadline_ms) {
+        w_push_done(w, j, EV_FINISH_DEADLINE, NULL);
+        wm_error(&w->m, EV_CODE_DEADLINE_EXCEEDED);
+        return 0;
+    }
+    if (!resumed && w_cache_key(w, j, &err))
+        RL_LOG(&w->log, RL_LOG_WARN, "job %s: no cache key: %s", j->id, err.msg);
+    bool cancelled;
+    char *cached = NULL;
+    size_t cached_len = 0;
+    precheck(w, j, &cancelled, &cached, &cached_len);
+    if (cancelled) {
+        free(cached);
+        j->cache_fill = false;
+        w_push_done(w, j, EV_FINISH_CANCELLED, NULL);
+        return 0;
+    }
+    if (cached) {
+        j->cache_fill = false; /* the replay is not a new entry */
+        int rc = w_cache_replay(w, j, cached, cached_len, &err);
+        free(cached);
+        if (rc == 0) {
+            pthread_mutex_lock(&w->m.mu);
+            w->m.cache_hits++;
+            pthread_mutex_unlock(&w->m.mu);
+            j->cache_fill = false;
+            j->state = WJ_CLOSING;
+            RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: answered from the result cache", j->id);
+            return 0;
+        }
+        RL_LOG(&w->log, RL_LOG_WARN, "job %s: unusable cache entry: %s", j->id, err.msg);
+    } else if (j->cache_fill) {
+        pthread_mutex_lock(&w->m.mu);
+        w->m.cache_misses++;
+        pthread_mutex_unlock(&w->m.mu);
+    }
+    if (j->job->tools) {
+        struct chat_parser_opts po = {.think_open = false, .no_tools = false};
+        if (chat_parser_create(&j->parser, &po, &err) == 0)
+            j->tool_calls = cJSON_CreateArray();
+    }
+    if (submit(w, j, &err)) {
+        enum ev_code c = !strncmp(err.msg, "CONTEXT_TOO_LONG", 16) ? EV_CODE_PROMPT_TOO_LONG
+                         : !strncmp(err.msg, "BAD_PARAM", 9)       ? EV_CODE_OUT_OF_RANGE
+                                                                   : EV_CODE_ENGINE_ERROR;
+        j->cache_fill = false;
+        reject(w, j, raw, raw_len, c, err.msg);
+        return 0;
+    }
+    j->state = WJ_RUNNING;
+    pthread_mutex_lock(&w->m.mu);
+    wm_observe(&w->m.queue_wait, (double)(j->t_admitted > j->t_enqueued
+                                              ? j->t_admitted - j->t_enqueued : 0));
+    pthread_mutex_unlock(&w->m.mu);
+    RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: admitted from %s (%d prompt tokens%s)", j->id,
+           w->pools[pool], j->n_ids, resumed ? ", resumed" : "");
+    return 0;
+}
+
+/* Text growing by pieces for one delta. */
+struct sbuf {
+    char *p;
+    size_t n, cap;
+};
+static int sb_add(struct sbuf *s, const char *t, size_t n)
+{
+    if (!n)
+        return 0;
+    if (s->n + n + 1 > s->cap) {
+        size_t cap = (s->n + n + 1) * 2;
+        char *g = realloc(s->p, cap);
+        if (!g)
+            return -RL_ENOMEM;
+        s->p = g;
+        s->cap = cap;
+    }
+    memcpy(s->p + s->n, t, n);
+    s->n += n;
+    s->p[s->n] = 0;
+    return 0;
+}
+
+/* Content through the tool-call parser: plain text stays content, each
+ * complete <tool_call> block becomes an entry of the done event's
+ * tool_calls. */
+static void parse_content(struct wjob *j, const char *text, size_t len, bool finish,
+                          struct sbuf *content)
+{
+    const struct chat_event *ce = NULL;
+    size_t n_ce = 0;
+    struct rl_err err;
+    for (int pass = 0; pass < 2; pass++) {
+        int rc = pass == 0 ? chat_parser_feed(j->parser, text, len, &ce, &n_ce, &err)
+                           : chat_parser_finish(j->parser, &ce, &n_ce, &err);
+        if (pass == 1 && !finish)
+            break;
+        if (rc)
+            continue;
+        for (size_t i = 0; i < n_ce; i++) {
+            if (ce[i].type == CHAT_EVENT_TOOL_CALL && j->tool_calls) {
+                char cid[32];
+                snprintf(cid, sizeof cid, "call_%d", cJSON_GetArraySize(j->tool_calls) + 1);
+                cJSON *c = cJSON_CreateObject(), *f = cJSON_CreateObject();
+                cJSON_AddStringToObject(c, "id", cid);
+                cJSON_AddStringToObject(c, "type", "function");
+                cJSON_AddStringToObject(f, "name", ce[i].name);
+                cJSON_AddStringToObject(f, "arguments", ce[i].arguments);
+                cJSON_AddItemToObject(c, "function", f);
+                cJSON_AddItemToArray(j->tool_calls, c);
+            } else {
+                sb_add(content, ce[i].text, ce[i].len);
+            }
+        }
+    }
+}
+
+static enum ev_finish map_finish(enum engine_finish f)
+{
+    switch (f) {
+    case ENGINE_FINISH_LENGTH: return EV_FINISH_LENGTH;
+    case ENGINE_FINISH_CANCELLED: return EV_FINISH_CANCELLED;
+    case ENGINE_FINISH_DEADLINE: return EV_FINISH_DEADLINE;
+    case ENGINE_FINISH_ERROR: return EV_FINISH_ERROR;
+    default: return EV_FINISH_STOP;
+    }
+}
+
+static void on_event(struct worker *w, const struct engine_event *ev)
+{
+    struct wjob *j = ev->user;
+    if (!j || j->state != WJ_RUNNING)
+        return;
+    int64_t now = w_now_ms();
+    bool fin = ev->finish != ENGINE_FINISH_NONE;
+    struct sbuf content = {0};
+    if (j->parser)
+        parse_content(j, ev->content, ev->n_content, fin, &content);
+    else
+        sb_add(&content, ev->content, ev->n_content);
+    if (ev->n_tokens > 0 || content.n || ev->n_reasoning) {
+        struct ev_logprob *lp = NULL;
+        int32_t *top_ids = NULL;
+        float *top_lp = NULL;
+        if (ev->logprobs && ev->n_tokens > 0) {
+            int nt = ev->top ? ev->n_top : 0;
+            lp = calloc((size_t)ev->n_tokens, sizeof *lp);
+            top_ids = calloc((size_t)ev->n_tokens * (size_t)(nt ? nt : 1), sizeof *top_ids);
+            top_lp = calloc((size_t)ev->n_tokens * (size_t)(nt ? nt : 1), sizeof *top_lp);
+            if (lp && top_ids && top_lp) {
+                for (int i = 0; i < ev->n_tokens; i++) {
+                    lp[i].token_id = ev->tokens[i];
+                    lp[i].logprob = ev->logprobs[i] <= 0 ? ev->logprobs[i] : 0;
+                    lp[i].n_top = nt;
+                    for (int k = 0; k < nt; k++) {
+                        top_ids[i * nt + k] = ev->top[i * nt + k].id;
+                        float l = ev->top[i * nt + k].logprob;
+                        top_lp[i * nt + k] = l <= 0 ? l : 0;
+                    }
+                    lp[i].top_ids = top_ids + i * nt;
+                    lp[i].top_logprobs = top_lp + i * nt;
+                }
+            } else {
+                free(lp);
+                lp = NULL;
+            }
+        }
+        struct ev_delta d = {
+            .content = content.n ? content.p : NULL, .content_len = content.n,
+            .reasoning_content = ev->n_reasoning ? ev->reasoning : NULL,
+            .reasoning_len = ev->n_reasoning, .token_ids = ev->tokens,
+            .n_token_ids = ev->n_tokens, .logprobs = lp};
+        char *json;
+        struct rl_err err;
+        if (ev_build_delta(ev_seq_take(&j->seq), &d, &json, &err) == 0)
+            w_push_event(j, json);
+        else
+            RL_LOG(&w->log, RL_LOG_ERROR, "job %s: %s", j->id, err.msg);
+        free(lp);
+        free(top_ids);
+        free(top_lp);
+        if (ev->n_tokens > 0) {
+            pthread_mutex_lock(&w->m.mu);
+            if (!j->t_first)
+                wm_observe(&w->m.ttft, (double)(now - (j->t_enqueued ? j->t_enqueued : now)));
+            else
+                wm_observe(&w->m.tpot, (double)(now - j->t_last_tok) / ev->n_tokens);
+            w->m.tokens_out += ev->n_tokens;
+            pthread_mutex_unlock(&w->m.mu);
+            if (!j->t_first)
+                j->t_first = now;
+            j->t_last_tok = now;
+            j->n_gen += ev->n_tokens;
+            w->rate_tokens += ev->n_tokens;
+        }
+    }
+    free(content.p);
+    if (!fin)
+        return;
+    j->eng_id = 0;
+    if (ev->finish != ENGINE_FINISH_STOP && ev->finish != ENGINE_FINISH_LENGTH)
+        j->cache_fill = false;
+    if (ev->finish == ENGINE_FINISH_ERROR) {
+        RL_LOG(&w->log, RL_LOG_ERROR, "job %s: engine error: %s", j->id,
+               ev->error ? ev->error : "?");
+        w_push_error(w, j, EV_CODE_ENGINE_ERROR, ev->error);
+    } else {
+        w_push_done(w, j, map_finish(ev->finish), &ev->usage);
+    }
+    pthread_mutex_lock(&w->m.mu);
+    w->m.jobs_done++;
+    pthread_mutex_unlock(&w->m.mu);
+    RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: %s after %d tokens", j->id,
+           engine_finish_name(ev->finish), ev->usage.completion_tokens);
+}
+
+static void ensure_groups(struct worker *w)
+{
+    if (w->groups_ok)
+        return;
+    struct rl_err err;
+    for (int p = 0; p < w->n_pools; p++)
+        if (rconn_xgroup_create(w->rc, w->pool_keys[p], w->opt.group, "0", &err)) {
+            RL_LOG(&w->log, RL_LOG_DEBUG, "XGROUP CREATE %s: %s", w->pool_keys[p], err.msg);
+            return;
+        }
+    w->groups_ok = true;
+}
+
+static void read_failed(struct worker *w, const struct rl_err *err)
+{
+    if (strstr(err->msg, "NOGROUP")) {
+        w->groups_ok = false; /* Redis lost the group (restarted without data) */
+        ensure_groups(w);
+    }
+    RL_LOG(&w->log, RL_LOG_DEBUG, "XREADGROUP: %s", err->msg);
+}
+
+/* Reads up to k new jobs: one BLOCKing read over every pool when block_ms
+ * >= 0, then non-blocking reads in pool order for the rest. */
+static void read_jobs(struct worker *w, int k, int block_ms)
+{
+    struct rconn_entries ents = {0};
+    struct rl_err err;
+    if (block_ms >= 0) {
+        if (rconn_xreadgroup(w->rc_read, w->opt.group, w->opt.name, w->n_pools,
+                             w->pool_key_ptrs, ">", 1, block_ms, &ents,
+                             &err)) {
+            read_failed(w, &err);
+            return;
+        }
+        for (int i = 0; i < ents.n; i++)
+            w_admit(w, ents.v[i].stream, &ents.v[i], 1, false);
+        k -= ents.n;
+        rconn_entries_free(&ents);
+    }
+    for (int p = 0; p < w->n_pools && k > 0; p++) {
+        const char *key = w->pool_keys[p];
+        if (rconn_xreadgroup(w->rc_read, w->opt.group, w->opt.name, 1, &key, ">", k, -1, &ents,
+                             &err)) {
+            read_failed(w, &err);
+            return;
+        }
+        for (int i = 0; i < ents.n; i++)
+            w_admit(w, p, &ents.v[i], 1, false);
+        k -= ents.n;
+        rconn_entries_free(&ents);
+    }
+}
+
+static int admissible(struct worker *w)
+{
+    struct engine_stats st;
+    engine_get_stats(w->eng, &st);
+    int k = engine_can_admit(w->eng, 64);
+    int slots = st.max_batch - st.n_active;
+    return k < slots ? k : slots;
+}
+
+static void update_metrics(struct worker *w, bool draining)
+{
+    struct engine_stats st;
+    engine_get_stats(w->eng, &st);
+    int64_t now = mono_ms();
+    if (now - w->rate_t_ms >= 1000) {
+        double r = (double)w->rate_tokens * 1000.0 / (double)(now - w->rate_t_ms);
+        w->tok_rate = 0.5 * w->tok_rate + 0.5 * r;
+        w->rate_tokens = 0;
+        w->rate_t_ms = now;
+    }
+    pthread_mutex_lock(&w->m.mu);
+    w->m.running = st.n_running;
+    w->m.waiting = st.n_waiting;
+    w->m.kv_blocks = st.kv_blocks;
+    w->m.kv_used = st.kv_used;
+    w->m.prefix_hit_tokens = st.prefix_hit_tokens;
+    w->m.prefix_miss_tokens = st.prefix_miss_tokens;
+    w->m.tokens_per_s = w->tok_rate;
+    w->m.draining = draining;
+    w->m.redis_up = rconn_connected(w->rc);
+    w->m.redis_reconnects = rconn_n_reconnects(w->rc);
+    pthread_mutex_unlock(&w->m.mu);
+}
+
+int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *reload,
+          struct rl_err *err)
+{
+    bool draining = false;
+    int64_t drain_until = 0;
+    bool was_up = true;
+    w->rate_t_ms = mono_ms();
+    ensure_groups(w);
+    w_claim_own(w, err);
+    w->next_claim_ms = 0;
+    for (;;) {
+        int64_t now = w_now_ms();
+        if (*reload) {
+            *reload = 0;
+            w_reload(w);
+        }
+        if (*stop && !draining) {
+            draining = true;
+            drain_until = mono_ms() + (int64_t)w->opt.drain_timeout_s * 1000;
+            RL_LOG(&w->log, RL_LOG_INFO, "draining: %d jobs held, %d s at most", w->n_jobs,
+                   w->opt.drain_timeout_s);
+            sd_notify(0, "STOPPING=1");
+        }
+        if (draining) {
+            if (w->n_jobs == 0)
+                break;
+            if (mono_ms() >= drain_until) {
+                RL_LOG(&w->log, RL_LOG_WARN, "drain timeout: leaving %d jobs pending for "
+                       "another worker to resume", w->n_jobs);
+                break;
+            }
+        }
+        ensure_groups(w);
+        if (!draining && now >= w->next_claim_ms) {
+            w_claim(w, err);
+            w->next_claim_ms = now + w->opt.claim_interval_ms;
+        }
+        if (w->watchdog_usec && now >= w->next_wd_ms) {
+            sd_notify(0, "WATCHDOG=1");
+            w->next_wd_ms = now + (int64_t)(w->watchdog_usec / 2000);
+        }
+        int active = engine_n_active(w->eng);
+        if (!draining) {
+            int k = admissible(w);
+            bool idle = active == 0 && !w_has_pending(w);
+            if (k > 0)
+                read_jobs(w, k, idle ? w->opt.read_block_ms : -1);
+            active = engine_n_active(w->eng);
+        }
+        if (active > 0) {
+            const struct engine_event *evs;
+            int n_ev = 0;
+            if (engine_step(w->eng, &evs, &n_ev, err)) {
+                RL_LOG(&w->log, RL_LOG_ERROR, "engine: %s", err->msg);
+                return -err->code;
+            }
+            for (int i = 0; i < n_ev; i++)
+                on_event(w, &evs[i]);
+        }
+        int frc = w_flush(w, err);
+        bool up = frc == 0 && rconn_connected(w->rc);
+        if (up != was_up) {
+            RL_LOG(&w->log, up ? RL_LOG_INFO : RL_LOG_WARN, "redis %s: %s", rconn_addr(w->rc),
+                   up ? "connected" : err->msg);
+            was_up = up;
+        }
+        update_metrics(w, draining);
+        if (!up && engine_n_active(w->eng) == 0) {
+            /* nothing to compute: wait for the reconnect instead of spinning */
+            int64_t ms = rconn_retry_in_ms(w->rc);
+            if (ms < 5)
+                ms = 5;
+            if (ms > 100)
+                ms = 100;
+            struct timespec ts = {0, (long)ms * 1000000L};
+            nanosleep(&ts, NULL);
+        } else if (draining && engine_n_active(w->eng) == 0 && w_has_pending(w)) {
+            struct timespec ts = {0, 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,214 @@
+/* worker/resume.c - taking over jobs whose worker died, and resuming them
+ * so that the client sees every token exactly once.
+ *
+ * A job stays in its pool's pending list (PEL) until a worker XACKs it
+ * after its done event. A live worker renews its claim on what it holds
+ * every lease_renew_ms (publish.c), so an entry idle longer than
+ * claim_idle_ms belongs to a worker that is gone. w_claim() takes such
+ * entries over with XAUTOCLAIM, on start and every claim_interval_ms, no
+ * more than the engine can admit; w_claim_own() re-reads this consumer's
+ * own PEL after a restart under the same name.
+ *
+ * Resumption (w_resume_prepare): XRANGE <prefix>out:<id> - + gives the
+ * events the dead worker managed to publish. Their token ids are appended
+ * to the rendered prompt, max_tokens shrinks by as many, and seq goes on
+ * from one past the last published event. With greedy decoding the
+ * continuation is the very sequence an uninterrupted run gives (the
+ * engine is batch-invariant on the CPU backend); a sampled job continues
+ * with a fresh RNG stream, so its tail differs from what the dead worker
+ * would have drawn. Two workers writing the same job by accident cannot
+ * duplicate an event: IDs are 0-<seq+1> and Redis refuses a second write.
+ * Text held back by the engine's streaming decoder or the tool-call
+ * parser at the moment of death (a partial UTF-8 character, a possible
+ * stop-string prefix, an unfinished <tool_call>) is not recovered.
+ *
+ * Main thread only; uses the main connection. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokenizer.h"
+#include "worker.h"
+
+static int64_t deliveries_of(struct worker *w, const char *key, const char *id)
+{
+    struct rconn_pending *pe = NULL;
+    int n = 0;
+    struct rl_err err;
+    int64_t d = 1;
+    if (rconn_xpending(w->rc, key, w->opt.group, 0, id, id, 1, NULL, &pe, &n, &err) == 0 && n > 0)
+        d = pe[0].deliveries;
+    free(pe);
+    return d;
+}
+
+static int admissible(struct worker *w)
+{
+    struct engine_stats st;
+    engine_get_stats(w->eng, &st);
+    int k = engine_can_admit(w->eng, 64);
+    int slots = st.max_batch - st.n_active;
+    return k < slots ? k : slots;
+}
+
+static bool held(const struct worker *w, int pool, const char *id)
+{
+    for (int i = 0; i < w->n_jobs; i++)
+        if (w->jobs[i]->pool == pool && !strcmp(w->jobs[i]->entry_id, id))
+            return true;
+    return false;
+}
+
+int w_claim(struct worker *w, struct rl_err *err)
+{
+    for (int p = 0; p < w->n_pools; p++) {
+        int k = admissible(w);
+        if (k <= 0)
+            return 0;
+        if (!w->claim_cursor[p][0])
+            snprintf(w->claim_cursor[p], RCONN_ID_MAX, "0-0");
+        struct rconn_entries ents = {0};
+        struct rconn_ids deleted = {0};
+        char next[RCONN_ID_MAX];
+        int rc = rconn_xautoclaim(w->rc, w->pool_keys[p], w->opt.group, w->opt.name,
+                                  w->opt.claim_idle_ms, w->claim_cursor[p], k, &ents, next,
+                                  &deleted, err);
+        rconn_ids_free(&deleted);
+        if (rc) {
+            RL_LOG(&w->log, RL_LOG_DEBUG, "XAUTOCLAIM %s: %s", w->pool_keys[p], err->msg);
+            return rc;
+        }
+        snprintf(w->claim_cursor[p], RCONN_ID_MAX, "%s", next);
+        for (int i = 0; i < ents.n; i++) {
+            if (held(w, p, ents.v[i].id))
+                continue; /* ours and still running (a lease we were late to renew) */
+            int64_t d = deliveries_of(w, w->pool_keys[p], ents.v[i].id);
+            RL_LOG(&w->log, RL_LOG_INFO, "reclaimed entry %s on %s (delivery %" PRId64 ")",
+                   ents.v[i].id, w->pools[p], d);
+            pthread_mutex_lock(&w->m.mu);
+            w->m.reclaimed++;
+            pthread_mutex_unlock(&w->m.mu);
+            w_admit(w, p, &ents.v[i], d, true);
+        }
+        rconn_entries_free(&ents);
+    }
+    return 0;
+}
+
+int w_claim_own(struct worker *w, struct rl_err *err)
+{
+    for (int p = 0; p < w->n_pools; p++) {
+        const char *key = w->pool_keys[p];
+        struct rconn_entries ents = {0};
+        int rc = rconn_xreadgroup(w->rc, w->opt.group, w->opt.name, 1, &key, "0",
+                                  w->opt.max_batch, -1, &ents, err);
+        if (rc)
+            return rc;
+        for (int i = 0; i < ents.n; i++) {
+            if (held(w, p, ents.v[i].id))
+                continue;
+            int64_t d = deliveries_of(w, key, ents.v[i].id);
+            RL_LOG(&w->log, RL_LOG_INFO, "resuming our own pending entry %s on %s",
+                   ents.v[i].id, w->pools[p]);
+            w_admit(w, p, &ents.v[i], d, true);
+        }
+        rconn_entries_free(&ents);
+    }
+    return 0;
+}
+
+int w_resume_prepare(struct worker *w, struct wjob *j, struct rl_err *err)
+{
+    if (!j->out_key[0])
+        return 0;
+    struct rconn_entries ents = {0};
+    int rc = rconn_xrange(w->rc, j->out_key, "-", "+", 0, &ents, err);
+    if (rc)
+        return rc;
+    int64_t last = -1;
+    bool done = false, error = false;
+    int n_tok = 0, cap = 0;
+    int32_t *tok = NULL;
+    for (int i = 0; i < ents.n && !done; i++) {
+        size_t len;
+        const char *v = rconn_entry_field(&ents.v[i], "event", &len);
+        struct ev_info info;
+        if (!v || ev_parse(v, len, &info, err))
+            continue;
+        if (info.seq != last + 1) {
+            RL_LOG(&w->log, RL_LOG_WARN, "job %s: published events jump from seq %" PRId64
+                   " to %" PRId64, j->id, last, info.seq);
+        }
+        last = info.seq;
+        if (info.type == EV_TYPE_DONE)
+            done = true;
+        else if (info.type == EV_TYPE_ERROR)
+            error = true;
+        else if (info.n_token_ids > 0) {
+            if (n_tok + info.n_token_ids > cap) {
+                cap = (n_tok + info.n_token_ids) * 2;
+                int32_t *g = realloc(tok, (size_t)cap * sizeof *g);
+                if (!g) {
+                    ev_info_clear(&info);
+                    rc = rl_errf(err, RL_ENOMEM, "resume: out of memory");
+                    goto out;
+                }
+                tok = g;
+            }
+            memcpy(tok + n_tok, info.token_ids, (size_t)info.n_token_ids * sizeof *tok);
+            n_tok += info.n_token_ids;
+        }
+        ev_info_clear(&info);
+    }
+    ev_seq_resume(&j->seq, last);
+    if (done) {
+        rc = 1;
+        goto out;
+    }
+    if (error) {
+        rc = 2;
+        goto out;
+    }
+    if (n_tok > 0) {
+        int32_t *g = realloc(j->ids, ((size_t)j->n_ids + (size_t)n_tok) * sizeof *g);
+        if (!g) {
+            rc = rl_errf(err, RL_ENOMEM, "resume: out of memory");
+            goto out;
+        }
+        j->ids = g;
+        /* reasoning tokens so far: those after the last <think> that no
+         * </think> has closed, counted the way the engine counts them */
+        const struct tokenizer *t = engine_get_tokenizer(w->eng);
+        int32_t open = t ? tok_find(t, "<think>", 7) : -1;
+        int32_t close = t ? tok_find(t, "</think>", 8) : -1;
+        bool in_think = false;
+        for (int i = j->n_ids - 1; i >= 0 && open >= 0; i--) {
+            if (j->ids[i] == close)
+                break;
+            if (j->ids[i] == open) {
+                in_think = true;
+                break;
+            }
+        }
+        for (int i = 0; i < n_tok; i++) {
+            if (tok[i] == open || in_think)
+                j->prev_reasoning++;
+            if (tok[i] == open)
+                in_think = true;
+            else if (tok[i] == close)
+                in_think = false;
+        }
+        memcpy(j->ids + j->n_ids, tok, (size_t)n_tok * sizeof *tok);
+        j->n_ids += n_tok;
+        j->n_prev = n_tok;
+    }
+    j->t_first = n_tok > 0 ? j->t_admitted : 0;
+    RL_LOG(&w->log, RL_LOG_INFO, "job %s: resuming after %d published tokens at seq %" PRId64,
+           j->id, n_tok, j->seq.next);
+    rc = 0;
+out:
+    free(tok);
+    rconn_entries_free(&ents);
+    return rc;
+}

@@ -1,0 +1,218 @@
+/* worker/worker.h - the records the worker's files share: the worker, and
+ * one job it holds from delivery until its XACK.
+ *
+ * This header is private to worker/ (main, loop, publish, resume, cache,
+ * metrics): the worker is one program, and its parts work on one set of
+ * records, so they are spelt out here rather than hidden behind handles.
+ * Nothing outside worker/ includes it.
+ *
+ * A job's life (struct wjob.state):
+ *   WJ_RUNNING   submitted to the engine; its events go into the outbox
+ *   WJ_CLOSING   done (or the final error) is in the outbox: no more events
+ *   WJ_ACKING    every event, the dead letter and the cache entry are
+ *                confirmed by Redis; the XACK goes out with the next flush
+ *   (freed)      once the XACK's reply is read.
+ * Jobs are only ever acknowledged after their last event is confirmed, so
+ * a worker that dies at any point leaves the job pending for another to
+ * reclaim and resume.
+ *
+ * Threading: everything here belongs to the main thread, except struct
+ * wmetrics, which the HTTP thread reads under its mutex. */
+#ifndef RL_WORKER_H
+#define RL_WORKER_H
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "chat.h"
+#include "engine.h"
+#include "err.h"
+#include "event.h"
+#include "job.h"
+#include "log.h"
+#include "rconn.h"
+#include "wopts.h"
+
+#define W_KEY_MAX 256
+
+/* One event waiting for Redis to confirm its XADD. */
+struct wout {
+    int64_t seq;
+    char *json;      /* the `event` field, malloc'd */
+    size_t len;
+    bool is_done;    /* EXPIRE the stream after it */
+    int n_fail;      /* error replies so far (not counting lost connections) */
+};
+
+enum wj_state { WJ_RUNNING = 1, WJ_CLOSING, WJ_ACKING };
+
+struct wjob {
+    enum wj_state state;
+    struct job *job;              /* NULL for a job that did not parse */
+    char id[JOB_ID_MAX + 1];      /* "" when no usable id (no events then) */
+    int pool;                     /* index into worker.pools */
+    char entry_id[RCONN_ID_MAX];  /* its entry in the pool stream */
+    char out_key[W_KEY_MAX];      /* <prefix>out:<id> */
+    int64_t deliveries;
+
+    uint64_t eng_id;              /* engine request id, 0 when not in the engine */
+    bool cancel_sent;             /* engine_cancel called */
+    struct ev_seq seq;
+    int stream_ttl_s;
+
+    struct wout *out;             /* (n_out) the outbox, in seq order */
+    int n_out, cap_out;
+    char *dead;                   /* dead letter JSON waiting for its XADD, or NULL */
+
+    /* result cache: the full event list of a deterministic job, kept
+     * until done so it can be written in one SET */
+    bool cache_fill;
+    char cache_key[W_KEY_MAX];
+    char **hist;                  /* (n_hist) copies of every event */
+    int n_hist, cap_hist;
+    char *cache_value;            /* the SET value, built at done */
+
+    /* prompt and resumption */
+    int32_t *ids;                 /* (n_ids) rendered prompt, owned */
+    int n_ids;
+    int n_prev;                   /* tokens already published by an earlier worker */
+    int prev_reasoning;           /* of those, inside <think> */
+
+    /* tool calls, parsed from content when the job has tools */
+    struct chat_parser *parser;
+    cJSON *tool_calls;            /* array, owned */
+
+    /* timings, ms on the Unix clock */
+    int64_t t_enqueued, t_admitted, t_first, t_last_tok;
+    int n_gen;                    /* tokens this worker generated */
+};
+
+/* Counters and histograms behind /metrics. */
+#define WM_BUCKETS 12
+struct whist {
+    int64_t bucket[WM_BUCKETS]; /* counts <= wm_bounds[i] ms (cumulative at render) */
+    int64_t count;
+    double sum_ms;
+};
+struct wmetrics {
+    pthread_mutex_t mu;
+    struct whist queue_wait, ttft, tpot;
+    int64_t tokens_out, jobs_done, cache_hits, cache_misses, reclaimed, redis_reconnects;
+    int64_t errors[EV_CODE_COUNT];
+    int running, waiting, kv_blocks, kv_used;
+    int64_t prefix_hit_tokens, prefix_miss_tokens;
+    double tokens_per_s;
+    bool ready, draining, redis_up;
+};
+
+struct wmetrics_server; /* the libmicrohttpd daemon */
+
+struct worker {
+    struct wopts opt;
+    int argc;                     /* the flags, kept for SIGHUP's re-parse */
+    char **argv;
+    struct rl_log log;
+    struct engine *eng;
+    struct job_opts jopts;
+    char model_id[SHA256_HEX_LEN + 1];
+
+    struct rconn *rc;             /* publish, ack, claim, cancel checks */
+    struct rconn *rc_read;        /* the (blocking) XREADGROUP only */
+    struct rconn_batch *batch;
+
+    char pools[WOPTS_MAX_POOLS][64];
+    char pool_keys[WOPTS_MAX_POOLS][W_KEY_MAX]; /* <prefix>jobs:<pool> */
+    const char *pool_names[WOPTS_MAX_POOLS];     /* -> pools[i] */
+    const char *pool_key_ptrs[WOPTS_MAX_POOLS];  /* -> pool_keys[i] */
+    int n_pools;
+    bool groups_ok;               /* XGROUP CREATE done since the last NOGROUP */
+
+    struct wjob **jobs;           /* (n_jobs) every job we hold */
+    int n_jobs, cap_jobs;
+
+    int64_t next_claim_ms, next_lease_ms, next_hb_ms, next_wd_ms;
+    char claim_cursor[WOPTS_MAX_POOLS][RCONN_ID_MAX];
+    uint64_t watchdog_usec;
+    int64_t t_start_ms;
+    double tok_rate;              /* tokens/s, exponentially smoothed */
+    int64_t rate_t_ms, rate_tokens;
+
+    struct wmetrics m;
+    struct wmetrics_server *http;
+};
+
+/* Unix time in ms. */
+int64_t w_now_ms(void);
+
+/* main.c: SIGHUP - re-reads the config file and flags, applies what can
+ * change while jobs run (timers, limits, cache TTL, log level). */
+void w_reload(struct worker *w);
+
+/* loop.c */
+/* Runs until *stop is set and the drain is over. Returns 0, or negative
+ * when the engine itself failed. */
+int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *reload,
+          struct rl_err *err);
+/* Takes the entry (from a read or a claim) into the worker: validates it,
+ * checks cancellation and the cache, submits it or answers it at once. */
+int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t deliveries,
+            bool resumed);
+void w_job_free(struct wjob *j);
+int w_jobs_add(struct worker *w, struct wjob *j);
+
+/* publish.c */
+/* Appends an event to j's outbox (taking json), and to its cache history. */
+int w_push_event(struct wjob *j, char *json);
+/* Builds and queues an error event followed by done(error). */
+int w_push_error(struct worker *w, struct wjob *j, enum ev_code code, const char *msg);
+/* Builds and queues a done event with the usage and timings of j. */
+int w_push_done(struct worker *w, struct wjob *j, enum ev_finish fin,
+                const struct engine_usage *u);
+/* Writes a dead letter for j into its pending slot (sent with the flush). */
+int w_set_dead(struct worker *w, struct wjob *j, const char *raw, size_t raw_len,
+               enum ev_code code, const char *msg);
+/* One pipelined round trip: every outbox event, dead letters, acks, cache
+ * writes, the cancel checks of running jobs, and (when due) lease renewal
+ * and the heartbeat. Returns 0, or -RL_EIO when Redis is unreachable (what
+ * was not confirmed stays queued). */
+int w_flush(struct worker *w, struct rl_err *err);
+bool w_has_pending(const struct worker *w);
+
+/* resume.c */
+/* XAUTOCLAIM idle jobs of dead consumers on every pool and admit them,
+ * resuming from what was already published. */
+int w_claim(struct worker *w, struct rl_err *err);
+/* Our own pending entries (a restart under the same name). */
+int w_claim_own(struct worker *w, struct rl_err *err);
+/* Reads back out_key and prepares j to continue: n_prev, seq, and the
+ * prompt extended by the published tokens. Returns 1 when the stream
+ * already holds done (nothing to run), 0 to run, negative on failure. */
+int w_resume_prepare(struct worker *w, struct wjob *j, struct rl_err *err);
+
+/* cache.c */
+/* Computes the model identity from config.json, tokenizer.json and the
+ * weight file sizes in dir. */
+int w_model_id(const char *dir, char out[SHA256_HEX_LEN + 1], struct rl_err *err);
+/* Sets j->cache_fill / cache_key for a deterministic job with cache on. */
+int w_cache_key(struct worker *w, struct wjob *j, struct rl_err *err);
+/* Replays a cached event list (the GET reply) into j's outbox with
+ * cached:true. Returns 0, or -RL_EFORMAT when the value is unusable. */
+int w_cache_replay(struct worker *w, struct wjob *j, const char *value, size_t len,
+                   struct rl_err *err);
+/* Builds j->cache_value from j->hist. */
+int w_cache_build(struct wjob *j, struct rl_err *err);
+
+/* metrics.c */
+void wm_init(struct wmetrics *m);
+void wm_observe(struct whist *h, double ms);
+void wm_error(struct wmetrics *m, enum ev_code code);
+int wm_start(struct worker *w, struct rl_err *err);
+void wm_stop(struct worker *w);
+/* The heartbeat value: JSON with pools, running, free KV blocks, tokens/s. */
+char *wm_heartbeat_json(struct worker *w);
+
+#endif
