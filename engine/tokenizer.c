@@ -18,11 +18,11 @@
  *  - added tokens: bucketed by first byte, longest first.
  *
  * The only mutable state after load is the piece cache: 64 shards, each a
- * direct-mapped table behind its own spinlock (a C11 atomic_flag: the
- * critical section is one <= 80-byte copy, shorter than a futex round trip,
- * and <pthread.h> cannot be included here while engine/sched.h shadows the
- * system <sched.h> on the -Iengine path), so concurrent encoders contend
- * only when they hash to the same shard. Everything a call needs besides
+ * direct-mapped table behind its own mutex (the critical section is one
+ * <= 80-byte copy, so an uncontended lock is the whole cost), so concurrent
+ * encoders contend only when they hash to the same shard. A mutex rather
+ * than a spinlock: encoding threads share cores with compute threads, and a
+ * preempted spinlock holder would stall every spinner for a time slice. Everything a call needs besides
  * that (PCRE2 match data, BPE scratch) lives in a per-call context, which is
  * what makes tok_encode thread-safe without a session object.
  *
@@ -35,7 +35,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pcre2.h>
-#include <stdatomic.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,7 +83,7 @@ struct cache_slot {
 };
 
 struct cache_shard {
-    atomic_flag busy;
+    pthread_mutex_t mu;
     struct cache_slot *slots; /* (CACHE_SLOTS) */
 };
 
@@ -954,7 +954,7 @@ static int build(struct tokenizer *t, const cJSON *root, const cJSON *cfg, const
         t->cache[i].slots = calloc(CACHE_SLOTS, sizeof(struct cache_slot));
         if (!t->cache[i].slots)
             return rl_errf(err, RL_ENOMEM, "%s: out of memory for the cache", name);
-        atomic_flag_clear(&t->cache[i].busy);
+        pthread_mutex_init(&t->cache[i].mu, NULL);
     }
     return 0;
 }
@@ -1028,6 +1028,8 @@ void tok_free(struct tokenizer *t)
         pcre2_code_free(t->stages[i].re);
     if (t->cache) {
         for (int i = 0; i < CACHE_SHARDS; i++) {
+            if (t->cache[i].slots)
+                pthread_mutex_destroy(&t->cache[i].mu);
             free(t->cache[i].slots);
         }
         free(t->cache);
@@ -1180,16 +1182,8 @@ static int push_id(struct enc_ctx *c, int32_t id)
     return 0;
 }
 
-static void shard_lock(struct cache_shard *sh)
-{
-    while (atomic_flag_test_and_set_explicit(&sh->busy, memory_order_acquire))
-        ;
-}
-
-static void shard_unlock(struct cache_shard *sh)
-{
-    atomic_flag_clear_explicit(&sh->busy, memory_order_release);
-}
+static void shard_lock(struct cache_shard *sh) { pthread_mutex_lock(&sh->mu); }
+static void shard_unlock(struct cache_shard *sh) { pthread_mutex_unlock(&sh->mu); }
 
 static bool cache_get(const struct tokenizer *t, uint64_t h, const uint8_t *p, size_t n,
                       struct enc_ctx *c, int *rc)
