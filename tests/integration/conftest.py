@@ -1,0 +1,298 @@
+"""Fixtures for the worker's integration tests: a real redis-server, worker
+processes, a client that sends jobs and reads their event streams, schema
+validation, and reference outputs from `redlm run --batch`.
+
+Redis: CI exports REDLM_TEST_REDIS=127.0.0.1:PORT of a server it started;
+without it a private redis-server is started on a free loopback port. Each
+test uses its own key prefix (the worker's --prefix), so tests never see
+each other's keys on a shared server. Tests that restart Redis start their
+own server (RedisServer) in a temporary directory.
+
+The tiny model lives under $REDLM_SHARED (default ../shared, relative to
+the repo root, where the tests run from).
+"""
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+
+import jsonschema
+import pytest
+import redis
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BUILD = ROOT / os.environ.get("BUILD", "build")
+WORKER = BUILD / "redlm-worker"
+CLI = BUILD / "redlm"
+SHARED = pathlib.Path(os.environ.get("REDLM_SHARED", str(ROOT / ".." / "shared")))
+if not SHARED.is_absolute():
+    SHARED = ROOT / SHARED
+MODEL = SHARED / "models" / "tiny-qwen3-a"
+SCHEMAS = ROOT / "schemas"
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class RedisServer:
+    """A redis-server of our own, on a free loopback port, in dir."""
+
+    def __init__(self, dir, aof=False):
+        self.dir = pathlib.Path(dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.aof = aof
+        self.proc = None
+        self.start()
+
+    def start(self):
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                "--dir", str(self.dir), "--save", "", "--logfile", str(self.dir / "redis.log")]
+        if self.aof:
+            args += ["--appendonly", "yes", "--appendfsync", "always"]
+        else:
+            args += ["--appendonly", "no"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        r = redis.Redis(port=self.port)
+        for _ in range(200):
+            try:
+                if r.ping():
+                    return
+            except redis.exceptions.RedisError:
+                pass
+            time.sleep(0.02)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self, kill=False):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            self.proc.wait(10)
+        self.proc = None
+
+    @property
+    def addr(self):
+        return f"127.0.0.1:{self.port}"
+
+
+@pytest.fixture(scope="session")
+def redis_addr(tmp_path_factory):
+    addr = os.environ.get("REDLM_TEST_REDIS")
+    if addr:
+        yield addr
+        return
+    srv = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield srv.addr
+    srv.stop()
+
+
+def connect(addr):
+    host, port = addr.rsplit(":", 1)
+    return redis.Redis(host=host, port=int(port), decode_responses=True)
+
+
+@pytest.fixture(scope="session")
+def built():
+    if not WORKER.exists() or not CLI.exists():
+        pytest.skip(f"{WORKER} or {CLI} not built (run make)")
+    if not (MODEL / "config.json").exists():
+        pytest.skip(f"tiny model missing at {MODEL}")
+
+
+@pytest.fixture
+def prefix():
+    return f"t{uuid.uuid4().hex[:8]}:"
+
+
+class Worker:
+    def __init__(self, addr, prefix, name, logdir, extra=(), pools="fast,think"):
+        self.name = name
+        self.log_path = pathlib.Path(logdir) / f"worker-{name}.log"
+        self.args = [str(WORKER), "--redis", addr, "--model", str(MODEL), "--pools", pools,
+                     "--name", name, "--threads", "1", "--prefix", prefix,
+                     "--read-block-ms", "100", "--heartbeat-ms", "500", *extra]
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT,
+                                     cwd=ROOT)
+        self.r = connect(addr)
+        self.prefix = prefix
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited: {self.log_path.read_text()}")
+            if "ready:" in self.log_path.read_text():
+                return
+            time.sleep(0.02)
+        raise RuntimeError("worker did not get ready")
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def wait(self, timeout=30):
+        return self.proc.wait(timeout)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def workers(built, redis_addr, prefix, tmp_path):
+    """start(name, *flags) -> Worker; every worker is stopped at the end."""
+    started = []
+
+    def start(name="w1", *extra, addr=None, pools="fast,think"):
+        w = Worker(addr or redis_addr, prefix, name, tmp_path, extra, pools)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.stop()
+
+
+def validator(name):
+    schema = json.loads((SCHEMAS / name).read_text())
+    cls = jsonschema.validators.validator_for(schema)
+    return cls(schema, format_checker=jsonschema.FormatChecker())
+
+
+@pytest.fixture(scope="session")
+def event_validator():
+    return validator("event.schema.json")
+
+
+@pytest.fixture(scope="session")
+def dead_validator():
+    return validator("dead-letter.schema.json")
+
+
+class Client:
+    """Sends jobs and reads redlm:out:<id> until done, riding out Redis
+    restarts (connection errors are retried)."""
+
+    def __init__(self, addr, prefix):
+        self.addr = addr
+        self.prefix = prefix
+        self.r = connect(addr)
+
+    def submit(self, job, pool="fast", raw=None):
+        text = raw if raw is not None else json.dumps(job)
+        for _ in range(500):
+            try:
+                return self.r.xadd(f"{self.prefix}jobs:{pool}", {"job": text})
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.02)
+        raise RuntimeError("cannot submit")
+
+    def events(self, job_id, timeout=60, r=None):
+        """Every event of job_id as (entry_id, dict), up to and including done."""
+        r = r or connect(self.addr)
+        key = f"{self.prefix}out:{job_id}"
+        out, last = [], "0-0"
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                res = r.xread({key: last}, block=200, count=1000)
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.05)
+                continue
+            for _, entries in res:
+                for eid, fields in entries:
+                    last = eid
+                    ev = json.loads(fields["event"])
+                    out.append((eid, ev))
+                    if ev["type"] == "done":
+                        return out
+        raise AssertionError(f"job {job_id}: no done within {timeout}s; got {len(out)} events")
+
+
+@pytest.fixture
+def client(redis_addr, prefix):
+    return Client(redis_addr, prefix)
+
+
+def check_stream(events, validator):
+    """Schema-valid, seq gapless from 0, entry IDs 0-<seq+1>, ends with done.
+    Returns (token ids, done event)."""
+    tokens = []
+    for i, (eid, ev) in enumerate(events):
+        validator.validate(ev)
+        assert ev["seq"] == i, f"seq {ev['seq']} at position {i}"
+        assert eid == f"0-{i + 1}"
+        if ev["type"] == "delta":
+            tokens += ev["token_ids"]
+    assert events[-1][1]["type"] == "done"
+    return tokens, events[-1][1]
+
+
+def reference(jobs, tmp_path):
+    """Greedy outputs of `redlm run --batch` for jobs (prompt_ids, max_tokens,
+    temperature 0, ignore_eos): a list of token lists in the same order."""
+    path = tmp_path / f"ref-{uuid.uuid4().hex[:6]}.jsonl"
+    with open(path, "w") as f:
+        for j in jobs:
+            f.write(json.dumps({"prompt_ids": j["prompt_ids"], "max_tokens": j["max_tokens"],
+                                "temperature": 0, "ignore_eos": True}) + "\n")
+    out = subprocess.run([str(CLI), "run", "-m", str(MODEL), "--batch", str(path),
+                          "--threads", "1"], capture_output=True, text=True, check=True,
+                         timeout=300)
+    lines = [json.loads(l) for l in out.stdout.splitlines() if l.strip()]
+    assert len(lines) == len(jobs)
+    return [l["tokens"] for l in lines]
+
+
+def greedy_jobs(n, seed, max_tokens=(4, 12), prompt_len=(2, 24), tag="j"):
+    import random
+    rnd = random.Random(seed)
+    jobs = []
+    for i in range(n):
+        jobs.append({"id": f"{tag}{i}",
+                     "prompt_ids": [rnd.randrange(0, 736) for _ in range(rnd.randint(*prompt_len))],
+                     "max_tokens": rnd.randint(*max_tokens), "temperature": 0,
+                     "ignore_eos": True, "cache": False})
+    return jobs
+
+
+def run_threads(fn, items, n_threads):
+    """Runs fn(item) for every item on n_threads threads; re-raises the first failure."""
+    errors, lock, it = [], threading.Lock(), iter(list(enumerate(items)))
+    results = [None] * len(items)
+
+    def loop():
+        while True:
+            with lock:
+                try:
+                    i, x = next(it)
+                except StopIteration:
+                    return
+            try:
+                results[i] = fn(x)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+                return
+
+    ts = [threading.Thread(target=loop) for _ in range(n_threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results

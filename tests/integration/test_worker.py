@@ -1,0 +1,253 @@
+"""The worker against a real redis-server with the tiny model: load, schema,
+seq, greedy equality with `redlm run --batch`, malformed jobs, cancellation,
+deadlines, the result cache, heartbeat, metrics and SIGTERM drain.
+
+Run with Debian's interpreter: /usr/bin/python3 -m pytest tests/integration
+"""
+import json
+import signal
+import time
+import urllib.request
+
+import pytest
+
+from conftest import (check_stream, connect, free_port, greedy_jobs, reference,
+                      run_threads)
+
+ROOT_SCHEMAS = __import__("conftest").SCHEMAS
+
+
+def wait_len(r, key, n, timeout=20):
+    deadline = time.time() + timeout
+    while r.xlen(key) < n:
+        assert time.time() < deadline, f"{key}: fewer than {n} events after {timeout}s"
+        time.sleep(0.005)
+
+
+def test_200_jobs_20_threads(workers, client, event_validator, tmp_path):
+    workers("w1")
+    jobs = greedy_jobs(200, seed=5)
+    ref = reference(jobs, tmp_path)
+
+    def one(job):
+        client.submit(job, pool="fast" if int(job["id"][1:]) % 3 else "think")
+        return client.events(job["id"], timeout=120)
+
+    streams = run_threads(one, jobs, 20)
+    for job, evs, want in zip(jobs, streams, ref):
+        tokens, done = check_stream(evs, event_validator)
+        assert tokens == want, job["id"]
+        assert done["finish_reason"] == "length"
+        assert done["usage"]["completion_tokens"] == job["max_tokens"]
+        assert done["usage"]["prompt_tokens"] == len(job["prompt_ids"])
+        assert done["cached"] is False
+    r = client.r
+    for pool in ("fast", "think"):
+        assert r.xpending(f"{client.prefix}jobs:{pool}", "workers")["pending"] == 0
+
+
+def test_text_and_chat_jobs(workers, client, event_validator):
+    workers("w1")
+    client.submit({"id": "chat1", "messages": [{"role": "user", "content": "hello"}],
+                   "max_tokens": 6, "temperature": 0, "metadata": {"k": [1, 2]}})
+    client.submit({"id": "text1", "prompt": "once upon", "max_tokens": 5, "temperature": 0.8,
+                   "seed": 7, "logprobs": 2})
+    _, done = check_stream(client.events("chat1"), event_validator)
+    assert done["metadata"] == {"k": [1, 2]}
+    evs = client.events("text1")
+    check_stream(evs, event_validator)
+    deltas = [e for _, e in evs if e["type"] == "delta"]
+    assert all(len(d["logprobs"]) == len(d["token_ids"]) for d in deltas)
+
+
+def malformed_cases():
+    corpus = json.loads((ROOT_SCHEMAS / "examples" / "jobs-invalid.json").read_text())
+    cases = [(c["job"], c["code"]) for c in corpus[:92]]
+    cases += [
+        ('{"prompt_ids":[1,2],"max_tokens":1048576}', "PROMPT_TOO_LONG"),
+        ('{"prompt_ids":[1,99999],"max_tokens":2}', "INVALID_TOKEN"),
+        ('{"prompt_ids":[1,2],"pool":"nope"}', "UNKNOWN_POOL"),
+        ('{"prompt_ids":[1,2],"pool":"think"}', "UNKNOWN_POOL"),
+        ('{"messages":[{"role":"user"}],"max_tokens":2}', None),
+        ('{"prompt_ids":[1],"temperature":-1}', "OUT_OF_RANGE"),
+        ('{"prompt_ids":[1],"top_k":"5"}', "BAD_TYPE"),
+        ('{"prompt_ids":[1],"mode":"fast"}', "BAD_VALUE"),
+    ]
+    return cases[:100]
+
+
+def with_id(raw, i):
+    """The job with an id put first, when it is a JSON object without one:
+    then its client can read the error event too."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return raw, None
+    if not isinstance(doc, dict) or "id" in doc or not raw.lstrip().startswith("{"):
+        return raw, None
+    body = raw.lstrip()[1:]
+    jid = f"bad{i}"
+    sep = "" if body.lstrip().startswith("}") else ","
+    return '{"id":"%s"%s%s' % (jid, sep, body), jid
+
+
+def test_100_malformed_jobs(workers, client, event_validator, dead_validator, tmp_path):
+    workers("w1")
+    cases = malformed_cases()
+    assert len(cases) == 100
+    good = greedy_jobs(20, seed=9, tag="ok")
+    ref = reference(good, tmp_path)
+    sent = []  # (entry id, raw, code, job id)
+    for i, (raw, code) in enumerate(cases):
+        raw2, jid = with_id(raw, i)
+        sent.append((client.submit(None, raw=raw2), raw2, code, jid))
+        if i % 5 == 0:
+            client.submit(good[i // 5])
+    client.r.xadd(f"{client.prefix}jobs:fast", {"notjob": "x"})  # BAD_ENTRY
+    for job, want in zip(good, ref):
+        tokens, _ = check_stream(client.events(job["id"]), event_validator)
+        assert tokens == want
+    # every bad job: a dead letter with its code, and the error event when it has an id
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        dead = client.r.xrange(f"{client.prefix}dead")
+        if len(dead) >= 101:
+            break
+        time.sleep(0.1)
+    by_entry = {}
+    for _, f in dead:
+        d = json.loads(f["dead"])
+        dead_validator.validate(d)
+        by_entry[d["entry_id"]] = d
+    assert len(by_entry) == 101
+    assert any(d["code"] == "BAD_ENTRY" for d in by_entry.values())
+    for entry, raw, code, jid in sent:
+        d = by_entry[entry]
+        assert d["job"] == raw
+        assert d["worker"] == "w1"
+        if code:
+            assert d["code"] == code, (raw, d)
+        else:
+            assert d["code"] in ("MISSING_FIELD", "TEMPLATE_ERROR"), d
+        assert d["message"]
+        if jid and d["code"] not in ("INVALID_JSON", "BAD_UTF8", "JOB_TOO_LARGE"):
+            evs = client.events(jid, timeout=10)
+            check_stream(evs, event_validator)
+            err = evs[0][1]
+            assert err["type"] == "error" and err["code"] == d["code"]
+            assert evs[-1][1]["finish_reason"] == "error"
+    assert client.r.xpending(f"{client.prefix}jobs:fast", "workers")["pending"] == 0
+
+
+def test_cancel_frees_slot(workers, client, event_validator):
+    workers("w1", "--max-batch", "1")
+    client.submit({"id": "long", "prompt_ids": [1, 2, 3], "max_tokens": 30000,
+                   "temperature": 0, "ignore_eos": True})
+    client.submit({"id": "next", "prompt_ids": [4, 5], "max_tokens": 3, "temperature": 0,
+                   "ignore_eos": True})
+    r = connect(client.addr)
+    key = f"{client.prefix}out:long"
+    wait_len(r, key, 5)
+    n_at_cancel = r.xlen(key)
+    r.set(f"{client.prefix}cancel:long", 1, ex=600)
+    evs = client.events("long")
+    _, done = check_stream(evs, event_validator)
+    assert done["finish_reason"] == "cancelled"
+    # the check runs with every step's flush: a handful of steps at most
+    assert len(evs) - n_at_cancel <= 4, (n_at_cancel, len(evs))
+    _, done2 = check_stream(client.events("next"), event_validator)
+    assert done2["finish_reason"] == "length"
+    # cancelled before admission: done at once, nothing generated
+    r.set(f"{client.prefix}cancel:pre", 1, ex=600)
+    client.submit({"id": "pre", "prompt_ids": [1], "max_tokens": 50})
+    evs = client.events("pre")
+    _, done = check_stream(evs, event_validator)
+    assert done["finish_reason"] == "cancelled" and len(evs) == 1
+
+
+def test_deadline(workers, client, event_validator):
+    workers("w1")
+    now = int(time.time() * 1000)
+    client.submit({"id": "dl", "prompt_ids": [1, 2], "max_tokens": 30000,
+                   "temperature": 0, "ignore_eos": True, "deadline_ms": now + 300})
+    client.submit({"id": "dl0", "prompt_ids": [1, 2], "max_tokens": 5,
+                   "deadline_ms": now - 1000})
+    t0 = time.time()
+    _, done = check_stream(client.events("dl"), event_validator)
+    assert done["finish_reason"] == "deadline"
+    assert time.time() - t0 < 5
+    _, done = check_stream(client.events("dl0"), event_validator)
+    assert done["finish_reason"] == "deadline"
+
+
+def test_result_cache(workers, client, event_validator):
+    workers("w1")
+    job = {"prompt_ids": [7, 8, 9, 10], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    client.submit({**job, "id": "c1", "metadata": {"n": 1}})
+    first = client.events("c1")
+    client.submit({**job, "id": "c2", "metadata": {"n": 2}})
+    second = client.events("c2")
+    check_stream(first, event_validator)
+    check_stream(second, event_validator)
+    a, b = first[-1][1], second[-1][1]
+    assert a["cached"] is False and b["cached"] is True
+    assert b["metadata"] == {"n": 2}
+    strip = lambda e: {k: v for k, v in e.items() if k not in ("cached", "timings", "metadata")}
+    assert [strip(e) for _, e in first] == [strip(e) for _, e in second]
+    # a sampled job without a seed is never cached
+    client.submit({"id": "s1", "prompt_ids": [7, 8], "max_tokens": 4, "temperature": 1})
+    client.submit({"id": "s2", "prompt_ids": [7, 8], "max_tokens": 4, "temperature": 1})
+    assert client.events("s1")[-1][1]["cached"] is False
+    assert client.events("s2")[-1][1]["cached"] is False
+    # cache: false opts out
+    client.submit({**job, "id": "c3", "cache": False})
+    assert client.events("c3")[-1][1]["cached"] is False
+
+
+def test_heartbeat_metrics_and_drain(workers, client, event_validator):
+    port = free_port()
+    w = workers("hb", "--metrics-port", str(port), "--heartbeat-ttl-s", "3")
+    hb_key = f"{client.prefix}worker:hb"
+    deadline = time.time() + 5
+    while not client.r.exists(hb_key) and time.time() < deadline:
+        time.sleep(0.05)
+    hb = json.loads(client.r.get(hb_key))
+    assert hb["pools"] == ["fast", "think"] and "kv_free_blocks" in hb and "tokens_per_s" in hb
+    assert 0 < client.r.ttl(hb_key) <= 3
+    base = f"http://127.0.0.1:{port}"
+    assert urllib.request.urlopen(base + "/healthz", timeout=5).status == 200
+    client.submit({"id": "m1", "prompt_ids": [1, 2], "max_tokens": 4, "temperature": 0})
+    client.events("m1")
+    text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+    for name in ("redlm_tokens_total", "redlm_ttft_seconds_bucket", "redlm_queue_wait_seconds",
+                 "redlm_tpot_seconds", "redlm_running", "redlm_kv_usage_ratio",
+                 "redlm_result_cache_hits_total", "redlm_prefix_cache_hit_tokens_total"):
+        assert name in text, name
+    # SIGTERM mid-job: the job finishes, then exit 0
+    client.submit({"id": "drain", "prompt_ids": [1, 2], "max_tokens": 300, "temperature": 0,
+                   "ignore_eos": True})
+    key = f"{client.prefix}out:drain"
+    wait_len(client.r, key, 2)
+    w.kill(signal.SIGTERM)
+    assert w.wait(30) == 0
+    _, done = check_stream(client.events("drain", timeout=5), event_validator)
+    assert done["finish_reason"] == "length"
+    assert client.r.xpending(f"{client.prefix}jobs:fast", "workers")["pending"] == 0
+
+
+def test_too_many_deliveries(workers, client, event_validator, dead_validator):
+    """A job that keeps killing its workers goes to the dead letters."""
+    r = client.r
+    key = f"{client.prefix}jobs:fast"
+    r.xgroup_create(key, "workers", id="0", mkstream=True)
+    entry = client.submit({"id": "poison", "prompt_ids": [1], "max_tokens": 3})
+    for i in range(4):  # four deliveries to consumers that then vanish
+        r.xreadgroup("workers", f"ghost{i}", {key: ">" if i == 0 else "0"}, count=1)
+        if i:
+            r.xclaim(key, "workers", f"ghost{i}", 0, [entry])
+    workers("w1", "--claim-idle-ms", "50", "--claim-interval-ms", "100", "--max-deliveries", "3")
+    evs = client.events("poison", timeout=10)
+    check_stream(evs, event_validator)
+    assert evs[0][1]["code"] == "TOO_MANY_DELIVERIES"
+    dead = [json.loads(f["dead"]) for _, f in r.xrange(f"{client.prefix}dead")]
+    assert dead[-1]["code"] == "TOO_MANY_DELIVERIES" and dead[-1]["deliveries"] > 3
