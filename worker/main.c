@@ -43,6 +43,7 @@ static void fill_job_opts(struct worker *w)
     w->jopts.default_max_tokens = w->opt.default_max_tokens;
     w->jopts.max_max_tokens = w->opt.max_max_tokens;
     w->jopts.default_stream_ttl_s = w->opt.default_stream_ttl_s;
+    w->jopts.max_stream_ttl_s = w->opt.max_stream_ttl_s;
 }
 
 void w_reload(struct worker *w)
@@ -70,6 +71,7 @@ void w_reload(struct worker *w)
     w->opt.default_max_tokens = n.default_max_tokens;
     w->opt.max_max_tokens = n.max_max_tokens;
     w->opt.default_stream_ttl_s = n.default_stream_ttl_s;
+    w->opt.max_stream_ttl_s = n.max_stream_ttl_s;
     w->opt.publish = n.publish;
     int lvl = rl_log_parse_level(n.log_level);
     if (lvl >= 0) {
@@ -96,11 +98,6 @@ static int setup(struct worker *w, struct rl_err *err)
         w->pool_names[p] = w->pools[p];
         w->pool_key_ptrs[p] = w->pool_keys[p];
     }
-    if (!w->opt.name[0]) {
-        char host[128] = "worker";
-        gethostname(host, sizeof host - 1);
-        snprintf(w->opt.name, sizeof w->opt.name, "%s-%d", host, (int)getpid());
-    }
     fill_job_opts(w);
 
     struct engine_options eo;
@@ -110,6 +107,7 @@ static int setup(struct worker *w, struct rl_err *err)
     eo.kv_bytes = (size_t)w->opt.kv_mb << 20;
     eo.max_batch = w->opt.max_batch;
     eo.token_budget = w->opt.token_budget;
+    eo.prefill_chunk = w->opt.prefill_chunk;
     RL_LOG(&w->log, RL_LOG_INFO, "loading %s on %s", w->opt.model, w->opt.backend);
     if ((rc = engine_create(&w->eng, w->opt.model, &eo, err)))
         return rc;
@@ -122,15 +120,21 @@ static int setup(struct worker *w, struct rl_err *err)
     ro.user = w->opt.redis_user;
     ro.password_file = w->opt.redis_password_file;
     ro.client_name = w->opt.name;
-    ro.backoff_max_ms = 2000; /* a restarted Redis is back within seconds */
+    ro.connect_timeout_ms = w->opt.redis_connect_timeout_ms;
+    ro.io_timeout_ms = w->opt.redis_io_timeout_ms;
+    ro.backoff_max_ms = w->opt.redis_backoff_max_ms;
+    if (ro.backoff_min_ms > ro.backoff_max_ms)
+        ro.backoff_min_ms = ro.backoff_max_ms;
     if ((rc = rconn_create(&w->rc, &ro, err)))
         return rc;
     if ((rc = rconn_create(&w->rc_read, &ro, err)))
         return rc;
     if ((rc = rconn_batch_create(&w->batch, err)))
         return rc;
-    if ((rc = wm_start(w, err)))
-        return rc;
+    /* a busy port costs the metrics, not the jobs */
+    struct rl_err merr;
+    if (wm_start(w, &merr))
+        RL_LOG(&w->log, RL_LOG_ERROR, "%s; running without /metrics", merr.msg);
     return 0;
 }
 
@@ -145,8 +149,8 @@ int main(int argc, char **argv)
     }
     wm_init(&w->m);
     w->log = (struct rl_log){.level = RL_LOG_INFO, .ident = "worker"};
-    w->argc = argc - 1;
-    w->argv = argv + 1;
+    w->argc = argc; /* cfg_load skips argv[0] itself */
+    w->argv = argv;
     w->t_start_ms = w_now_ms();
     wopts_default(&w->opt);
     int rc = wopts_parse_args(&w->opt, w->argc, w->argv, &err);

@@ -119,7 +119,7 @@ class Worker:
         self.log_path = pathlib.Path(logdir) / f"worker-{name}.log"
         self.args = [str(WORKER), "--redis", addr, "--model", str(MODEL), "--pools", pools,
                      "--name", name, "--threads", "1", "--prefix", prefix,
-                     "--read-block-ms", "100", "--heartbeat-ms", "500", *extra]
+                     "--block-ms", "100", "--heartbeat-interval-ms", "500", "--http-port", "0", *extra]
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT,
                                      cwd=ROOT)

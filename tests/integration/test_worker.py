@@ -206,7 +206,7 @@ def test_result_cache(workers, client, event_validator):
 
 def test_heartbeat_metrics_and_drain(workers, client, event_validator):
     port = free_port()
-    w = workers("hb", "--metrics-port", str(port), "--heartbeat-ttl-s", "3")
+    w = workers("hb", "--http-port", str(port), "--heartbeat-ttl-s", "3")
     hb_key = f"{client.prefix}worker:hb"
     deadline = time.time() + 5
     while not client.r.exists(hb_key) and time.time() < deadline:
@@ -245,7 +245,8 @@ def test_too_many_deliveries(workers, client, event_validator, dead_validator):
         r.xreadgroup("workers", f"ghost{i}", {key: ">" if i == 0 else "0"}, count=1)
         if i:
             r.xclaim(key, "workers", f"ghost{i}", 0, [entry])
-    workers("w1", "--claim-idle-ms", "50", "--claim-interval-ms", "100", "--max-deliveries", "3")
+    workers("w1", "--claim-idle-ms", "1000", "--claim-interval-ms", "100", "--lease-renew-ms", "300",
+            "--max-deliveries", "3")
     evs = client.events("poison", timeout=10)
     check_stream(evs, event_validator)
     assert evs[0][1]["code"] == "TOO_MANY_DELIVERIES"

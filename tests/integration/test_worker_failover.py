@@ -10,7 +10,7 @@ import time
 
 from conftest import RedisServer, Client, check_stream, greedy_jobs, reference, run_threads
 
-FAST_CLAIM = ["--claim-idle-ms", "800", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
+FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
 
 
 def test_kill9_mid_generation(workers, client, event_validator, tmp_path):
@@ -47,8 +47,8 @@ def test_redis_restart_with_aof(workers, prefix, event_validator, tmp_path):
     srv = RedisServer(tmp_path / "redis-aof", aof=True)
     try:
         client = Client(srv.addr, prefix)
-        workers("w1", "--claim-idle-ms", "5000", addr=srv.addr)
-        workers("w2", "--claim-idle-ms", "5000", addr=srv.addr)
+        workers("w1", "--claim-idle-ms", "5000", "--lease-renew-ms", "500", addr=srv.addr)
+        workers("w2", "--claim-idle-ms", "5000", "--lease-renew-ms", "500", addr=srv.addr)
         jobs = greedy_jobs(24, seed=33, max_tokens=(100, 200), tag="a")
         ref = reference(jobs, tmp_path)
         for j in jobs[:16]:
