@@ -89,6 +89,8 @@ struct wjob {
     /* timings, ms on the Unix clock */
     int64_t t_enqueued, t_admitted, t_first, t_last_tok;
     int n_gen;                    /* tokens this worker generated */
+    double t_submit_s;            /* engine_now() at engine_submit, for the
+                                     in-engine time to first token (debug log) */
 };
 
 /* Counters and histograms behind /metrics. */
