@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The demo `make demo` runs: makes a small random-weight Qwen3 checkpoint
 # with the real Qwen3 tokenizer, renders a chat prompt with the official
-# template, generates greedily on the CPU backend and prints the text.
+# template, samples through the batching engine on the CPU backend and prints the text.
 # (Random weights: the words are nonsense, the pipeline is the real one.)
 set -euo pipefail
 BUILD=${BUILD:-build}
@@ -13,14 +13,16 @@ if [ ! -f "$model/config.json" ]; then
     "$BUILD/redlm" mkmodel --shape tiny --hidden 256 --intermediate 768 --heads 4 --kv-heads 2 \
         --head-dim 64 --vocab 151936 --dtype bf16 --tokenizer "$SHARED/tokenizer/qwen3" --out "$model" >/dev/null
 fi
-msgs=$(mktemp)
-trap 'rm -f "$msgs"' EXIT
+msgs=$(mktemp) prompt_file=$(mktemp) jobs=$(mktemp)
+trap 'rm -f "$msgs" "$prompt_file" "$jobs"' EXIT
 printf '[{"role": "user", "content": "%s"}]' "${1:-Tell me about Redis streams.}" >"$msgs"
-prompt=$("$BUILD/redlm" template --tokenizer "$model" --messages "$msgs" --no-think)
-printf -- '--- prompt (Qwen3 chat template, thinking off) ---\n%s\n' "$prompt"
-ids=$("$BUILD/redlm" tokenize --tokenizer "$model" --text "$prompt" | sed 's/.*\[\(.*\)\].*/\1/; s/ //g')
-echo "--- $(echo "$ids" | tr ',' '\n' | wc -l) prompt tokens; generating 24 tokens greedily ---"
-out=$("$BUILD/redlm" run -m "$model" --tokens "$ids" -n 24 --temperature 0 --ignore-eos)
-gen=$(echo "$out" | sed 's/.*\[\(.*\)\].*/\1/; s/ //g')
+# the prompt goes through a file: $(...) would drop its trailing newlines
+"$BUILD/redlm" template --tokenizer "$model" --messages "$msgs" --no-think >"$prompt_file"
+printf -- '--- prompt (Qwen3 chat template, thinking off) ---\n'; cat "$prompt_file"
+ids=$("$BUILD/redlm" tokenize --tokenizer "$model" --file "$prompt_file" | sed 's/.*\[\(.*\)\].*/\1/; s/ //g')
+echo "--- $(echo "$ids" | tr ',' '\n' | wc -l) prompt tokens; sampling 24 tokens (temperature 0.8, seed 7) ---"
+printf '{"prompt_ids": [%s], "max_tokens": 24, "temperature": 0.8, "seed": 7, "ignore_eos": true}\n' "$ids" >"$jobs"
+out=$("$BUILD/redlm" run -m "$model" --batch "$jobs")
+gen=$(echo "$out" | sed 's/.*"tokens": *\[\([^]]*\)\].*/\1/; s/ //g')
 echo "token ids: $gen"
 "$BUILD/redlm" detokenize --tokenizer "$model" --ids "$gen"
