@@ -15,37 +15,13 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "test_util.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "chat.h"
-
-static const char *shared_dir(void)
-{
-    const char *s = getenv("REDLM_SHARED");
-    return s && *s ? s : "../shared";
-}
-
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b)
-        b[n] = 0;
-    *len = (size_t)n;
-    return b;
-}
 
 static cJSON *parse(const char *s)
 {
@@ -80,8 +56,8 @@ static void test_template_shared(void **state)
 {
     char path[1024];
     size_t len = 0;
-    snprintf(path, sizeof path, "%s/tokenizer/qwen3/template_cases.json", shared_dir());
-    char *s = slurp(path, &len);
+    snprintf(path, sizeof path, "%s/tokenizer/qwen3/template_cases.json", tu_shared_dir());
+    char *s = tu_slurp(path, &len);
     if (!s)
         fail_msg("cannot read %s (set REDLM_SHARED to the shared/ folder)", path);
     struct rl_err err = {0};

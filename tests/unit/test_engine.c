@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "test_util.h"
+
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,25 +23,6 @@
 
 static char model_dir[1024];
 static cJSON *reference;
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    if (b)
-        b[n] = 0;
-    fclose(f);
-    return b;
-}
 
 /* ---- a run: requests in, complete outputs out ---- */
 
@@ -683,7 +666,7 @@ static int setup(void **state)
     snprintf(model_dir, sizeof model_dir, "%s/models/tiny-qwen3-a", s ? s : "../shared");
     char path[1100];
     snprintf(path, sizeof path, "%s/reference.json", model_dir);
-    char *txt = slurp(path);
+    char *txt = tu_slurp(path, NULL);
     if (!txt) {
         fprintf(stderr, "cannot read %s\n", path);
         return -1;

@@ -14,28 +14,11 @@
 #include <string.h>
 
 #include <cmocka.h>
+
+#include "test_util.h"
 #include <cjson/cJSON.h>
 
 #include "event.h"
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
-        free(s);
-        s = NULL;
-    }
-    if (s)
-        s[n] = 0;
-    fclose(f);
-    return s;
-}
 
 /* One request's events: two deltas, an error, and a done; then a second
  * request with logprobs and tool calls. */
@@ -125,7 +108,7 @@ static void check_file(const char *path, char **docs, int n)
         fclose(f);
         return;
     }
-    char *text = slurp(path);
+    char *text = tu_slurp(path, NULL);
     if (!text)
         fail_msg("%s: cannot read (run from the repository root)", path);
     cJSON *arr = cJSON_Parse(text);
@@ -262,7 +245,7 @@ static void test_seq_and_stream_ids(void **state)
 static void test_codes_match_errors_json(void **state)
 {
     (void)state;
-    char *text = slurp("schemas/errors.json");
+    char *text = tu_slurp("schemas/errors.json", NULL);
     if (!text)
         fail_msg("schemas/errors.json: cannot read (run from the repository root)");
     cJSON *root = cJSON_Parse(text);

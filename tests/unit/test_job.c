@@ -10,6 +10,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+
+#include "test_util.h"
 #include <cjson/cJSON.h>
 
 #include "job.h"
@@ -493,25 +495,6 @@ static void test_cache_key(void **state)
     assert_string_equal(base, "1beb7b8e8db112500b5ef73d0925730b57395a1728b91b39c16450a3d274234b");
 }
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
-        free(s);
-        s = NULL;
-    }
-    if (s)
-        s[n] = 0;
-    fclose(f);
-    return s;
-}
-
 /* The shared corpus: schemas/examples/jobs-invalid.json holds bad jobs
  * (as strings) with code and field, and tests/integration/test_schemas.py
  * checks each also fails job.schema.json; jobs-valid.json must pass both.
@@ -519,7 +502,7 @@ static char *slurp(const char *path)
 static void test_shared_corpus(void **state)
 {
     (void)state;
-    char *text = slurp("schemas/examples/jobs-invalid.json");
+    char *text = tu_slurp("schemas/examples/jobs-invalid.json", NULL);
     if (!text)
         fail_msg("schemas/examples/jobs-invalid.json: cannot read (run from the repository root)");
     cJSON *arr = cJSON_Parse(text);
@@ -545,7 +528,7 @@ static void test_shared_corpus(void **state)
     free(text);
     assert_int_equal(failures, 0);
 
-    text = slurp("schemas/examples/jobs-valid.json");
+    text = tu_slurp("schemas/examples/jobs-valid.json", NULL);
     assert_non_null(text);
     arr = cJSON_Parse(text);
     assert_true(cJSON_GetArraySize(arr) > 0);

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "test_util.h"
+
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -21,31 +23,6 @@
 #include "dtype.h"
 #include "model.h"
 #include "safetensors.h"
-
-static const char *shared_dir(void)
-{
-    const char *s = getenv("REDLM_SHARED");
-    return s ? s : "../shared";
-}
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    if (b)
-        b[n] = 0;
-    fclose(f);
-    return b;
-}
 
 /* ---- a loaded model on a backend, with one sequence's KV pool ---- */
 
@@ -121,10 +98,10 @@ static cJSON *reference;
 
 static int setup_ref(void **state)
 {
-    snprintf(model_dir, sizeof model_dir, "%s/models/tiny-qwen3-a", shared_dir());
+    snprintf(model_dir, sizeof model_dir, "%s/models/tiny-qwen3-a", tu_shared_dir());
     char path[1200];
     snprintf(path, sizeof path, "%s/reference.json", model_dir);
-    char *txt = slurp(path);
+    char *txt = tu_slurp(path, NULL);
     if (!txt) {
         fprintf(stderr, "cannot read %s (set REDLM_SHARED)\n", path);
         return -1;
@@ -348,7 +325,7 @@ static void copy_model(const char *dir, enum st_dtype dt, const char *rename_fro
     free(bufs);
     st_close(src);
     snprintf(path, sizeof path, "%s/config.json", model_dir);
-    char *cfg = slurp(path);
+    char *cfg = tu_slurp(path, NULL);
     if (dt == ST_BF16) {
         char *at = strstr(cfg, "\"float32\"");
         assert_non_null(at);
@@ -443,7 +420,7 @@ static void test_bad_checkpoints(void **state)
     copy_model(dir, ST_F32, NULL, NULL, NULL);
     char p[512];
     snprintf(p, sizeof p, "%s/config.json", dir);
-    char *cfg = slurp(p);
+    char *cfg = tu_slurp(p, NULL);
     char *at = strstr(cfg, "\"intermediate_size\": 384");
     assert_non_null(at);
     memcpy(at, "\"intermediate_size\": 256", 24);

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "test_util.h"
+
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,38 +22,11 @@
 
 #include "tokenizer.h"
 
-static const char *shared_dir(void)
-{
-    const char *s = getenv("REDLM_SHARED");
-    return s && *s ? s : "../shared";
-}
-
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b)
-        b[n] = 0;
-    if (len)
-        *len = (size_t)n;
-    return b;
-}
-
 static cJSON *load_json(const char *rel)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/%s", shared_dir(), rel);
-    char *s = slurp(path, NULL);
+    snprintf(path, sizeof path, "%s/%s", tu_shared_dir(), rel);
+    char *s = tu_slurp(path, NULL);
     if (!s)
         fail_msg("cannot read %s (set REDLM_SHARED to the shared/ folder)", path);
     cJSON *j = cJSON_Parse(s);
@@ -66,12 +41,12 @@ static int setup(void **state)
 {
     struct rl_err err = {0};
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s/tokenizer/qwen3", shared_dir());
+    snprintf(dir, sizeof dir, "%s/tokenizer/qwen3", tu_shared_dir());
     if (tok_load(&qwen3, dir, &err)) {
         fprintf(stderr, "load %s: %s\n", dir, err.msg);
         return -1;
     }
-    snprintf(dir, sizeof dir, "%s/models/tiny-qwen3-a", shared_dir());
+    snprintf(dir, sizeof dir, "%s/models/tiny-qwen3-a", tu_shared_dir());
     if (tok_load(&tiny, dir, &err)) {
         fprintf(stderr, "load %s: %s\n", dir, err.msg);
         return -1;
