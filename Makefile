@@ -70,13 +70,22 @@ LIBCOMMON  := $(BUILD)/libredlm_common.a
 .PHONY: all test bench demo fuzz asan deps clean install
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
+ifeq ($(CUDA),1)
+# GPU op tests: built only with CUDA=1; each skips (exit 0) without a device
+BACKEND_TEST_BIN := $(patsubst tests/backend/%.c,$(BUILD)/tests/%,$(wildcard tests/backend/test_*.c))
+all: $(BACKEND_TEST_BIN)
+$(BUILD)/tests/test_backend_%: $(BUILD)/tests/backend/test_backend_%.o $(LIBENGINE) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
+endif
+
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -I. -Icommon -Iengine -c $< -o $@
+	$(NVCC) $(NVFLAGS) -Xcompiler "-iquote . -iquote common -iquote engine" -c $< -o $@
 
 $(LIBCOMMON): $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
