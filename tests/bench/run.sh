@@ -16,6 +16,8 @@ fi
 echo "# kernels (memory bandwidth, BF16 peak, GEMM rates)"
 "$BUILD/tests/bench_kernels" --threads "$THREADS"
 
+echo "# engine core: decode from an empty context, as llama-bench's tg64 measures it"
+"$BUILD/redlm" bench-engine -m "$M06" --prompt 1 --gen 64 --batch 1 --threads "$THREADS"
 echo "# engine core: prefill 512 and decode 64 at batch 1, 4, 16 ($M06, $THREADS threads)"
 for b in 1 4 16; do
     "$BUILD/redlm" bench-engine -m "$M06" --prompt 512 --gen 64 --batch "$b" --threads "$THREADS"
