@@ -502,6 +502,35 @@ void model_free(struct model *m)
     free(m);
 }
 
+void model_rope_inv_freq(const struct model_config *cfg, float *inv_freq, float *mscale)
+{
+    int half = cfg->head_dim / 2, dim = cfg->head_dim;
+    double base = cfg->rope_theta;
+    *mscale = 1.0f;
+    for (int i = 0; i < half; i++)
+        inv_freq[i] = (float)(1.0 / pow(base, (double)(2 * i) / dim));
+    if (cfg->yarn_factor > 0) {
+        double f = cfg->yarn_factor, om = cfg->yarn_orig_max_pos;
+        double lo = floor(dim * log(om / (cfg->yarn_beta_fast * 2 * M_PI)) / (2 * log(base)));
+        double hi = ceil(dim * log(om / (cfg->yarn_beta_slow * 2 * M_PI)) / (2 * log(base)));
+        if (lo < 0)
+            lo = 0;
+        if (hi > dim - 1)
+            hi = dim - 1;
+        if (lo == hi)
+            hi += 0.001;
+        for (int i = 0; i < half; i++) {
+            double pf = pow(base, (double)(2 * i) / dim);
+            double extra = 1.0 / pf, inter = 1.0 / (f * pf);
+            double ramp = (i - lo) / (hi - lo);
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            double ef = 1.0 - ramp;
+            inv_freq[i] = (float)(inter * (1 - ef) + extra * ef);
+        }
+        *mscale = cfg->yarn_attn_factor;
+    }
+}
+
 const struct model_config *model_get_config(const struct model *m) { return &m->cfg; }
 const struct model_weights *model_get_weights(const struct model *m) { return &m->w; }
 const char *model_get_dir(const struct model *m) { return m->dir; }

@@ -84,6 +84,12 @@ const char *model_get_dir(const struct model *m);
  * roofline figures. */
 size_t model_weight_bytes_per_token(const struct model *m);
 
+/* Rotary frequencies for cfg: inv_freq (head_dim / 2) and the factor that
+ * multiplies cos/sin (1, or YaRN's attention factor). The one definition
+ * both backends use: transformers' default rope and _compute_yarn_parameters,
+ * in doubles, rounded to float once. */
+void model_rope_inv_freq(const struct model_config *cfg, float *inv_freq, float *mscale);
+
 /* Parses config.json text alone (tests, the model maker). */
 int model_parse_config(struct model_config *cfg, const char *json,
                        const char *path, struct rl_err *err);

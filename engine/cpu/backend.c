@@ -227,39 +227,12 @@ static float *vec_f32(const struct model_tensor *t)
     return v;
 }
 
-/* Rotary frequencies, with YaRN when the config asks (transformers'
- * _compute_yarn_parameters, which Qwen3's long-context guide uses). */
 static int rope_init(struct cpu_ctx *c)
 {
-    const struct model_config *cfg = &c->cfg;
-    int half = cfg->head_dim / 2, dim = cfg->head_dim;
-    c->inv_freq = malloc((size_t)half * sizeof(float));
+    c->inv_freq = malloc((size_t)(c->cfg.head_dim / 2) * sizeof(float));
     if (!c->inv_freq)
         return -1;
-    double base = cfg->rope_theta;
-    c->rope_mscale = 1.0f;
-    for (int i = 0; i < half; i++)
-        c->inv_freq[i] = (float)(1.0 / pow(base, (double)(2 * i) / dim));
-    if (cfg->yarn_factor > 0) {
-        double f = cfg->yarn_factor, om = cfg->yarn_orig_max_pos;
-        double lo = floor(dim * log(om / (cfg->yarn_beta_fast * 2 * M_PI)) / (2 * log(base)));
-        double hi = ceil(dim * log(om / (cfg->yarn_beta_slow * 2 * M_PI)) / (2 * log(base)));
-        if (lo < 0)
-            lo = 0;
-        if (hi > dim - 1)
-            hi = dim - 1;
-        if (lo == hi)
-            hi += 0.001;
-        for (int i = 0; i < half; i++) {
-            double pf = pow(base, (double)(2 * i) / dim);
-            double extra = 1.0 / pf, inter = 1.0 / (f * pf);
-            double ramp = (i - lo) / (hi - lo);
-            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
-            double ef = 1.0 - ramp;
-            c->inv_freq[i] = (float)(inter * (1 - ef) + extra * ef);
-        }
-        c->rope_mscale = cfg->yarn_attn_factor;
-    }
+    model_rope_inv_freq(&c->cfg, c->inv_freq, &c->rope_mscale);
     return 0;
 }
 

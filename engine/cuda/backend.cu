@@ -314,36 +314,6 @@ static int mat_upload(struct cuda_ctx *c, struct cu_mat *m, const struct model_t
     return rc;
 }
 
-/* Rotary frequencies: the CPU backend's rope_init(), same doubles. */
-static void rope_freqs(const struct model_config *cfg, float *inv_freq, float *mscale)
-{
-    int half = cfg->head_dim / 2, dim = cfg->head_dim;
-    double base = cfg->rope_theta;
-    *mscale = 1.0f;
-    for (int i = 0; i < half; i++)
-        inv_freq[i] = (float)(1.0 / pow(base, (double)(2 * i) / dim));
-    if (cfg->yarn_factor > 0) {
-        double f = cfg->yarn_factor, om = cfg->yarn_orig_max_pos;
-        double lo = floor(dim * log(om / (cfg->yarn_beta_fast * 2 * M_PI)) / (2 * log(base)));
-        double hi = ceil(dim * log(om / (cfg->yarn_beta_slow * 2 * M_PI)) / (2 * log(base)));
-        if (lo < 0)
-            lo = 0;
-        if (hi > dim - 1)
-            hi = dim - 1;
-        if (lo == hi)
-            hi += 0.001;
-        for (int i = 0; i < half; i++) {
-            double pf = pow(base, (double)(2 * i) / dim);
-            double extra = 1.0 / pf, inter = 1.0 / (f * pf);
-            double ramp = (i - lo) / (hi - lo);
-            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
-            double ef = 1.0 - ramp;
-            inv_freq[i] = (float)(inter * (1 - ef) + extra * ef);
-        }
-        *mscale = cfg->yarn_attn_factor;
-    }
-}
-
 static int check_config(const struct cuda_ctx *c, const struct model_config *cfg, int max_tokens, struct rl_err *err)
 {
     if (max_tokens < 1)
@@ -388,7 +358,7 @@ static int alloc_common(struct cuda_ctx *c, int max_tokens, struct rl_err *err)
         return rc;
     CU_CHECK(err, cudaHostAlloc((void **)&c->ids_h, (size_t)max_tokens * 4, cudaHostAllocDefault));
     float fr[512];
-    rope_freqs(cfg, fr, &c->mscale);
+    model_rope_inv_freq(cfg, fr, &c->mscale);
     CU_CHECK(err, cudaMemcpy(c->inv_freq, fr, (size_t)cfg->head_dim / 2 * 4, cudaMemcpyHostToDevice));
     if ((rc = cu_gemm_create(&c->gemm, c->rows, (int)widest, c->cc_major, c->st, err)))
         return rc;

@@ -513,6 +513,22 @@ static void test_config_cases(void **state)
     assert_int_equal(c.yarn_orig_max_pos, 32768);
     assert_true(fabsf(c.yarn_attn_factor - (0.1f * logf(4.0f) + 1.0f)) < 1e-6f);
     assert_int_equal(c.head_dim, 16);
+
+    /* rotary frequencies: the fastest dimensions keep their frequency, the
+     * slowest are interpolated by the factor, the ramp is monotone */
+    c.head_dim = 128;
+    c.rope_theta = 1e6f;
+    float f[64], ms;
+    model_rope_inv_freq(&c, f, &ms);
+    assert_true(fabsf(ms - (0.1f * logf(4.0f) + 1.0f)) < 1e-6f);
+    assert_true(f[0] == 1.0f);
+    assert_true(fabs(f[63] - 1.0 / (4.0 * pow(1e6, 126.0 / 128))) < 1e-12);
+    for (int i = 1; i < 64; i++)
+        assert_true(f[i] < f[i - 1]);
+    c.yarn_factor = 0;
+    model_rope_inv_freq(&c, f, &ms);
+    assert_true(ms == 1.0f);
+    assert_true(fabs(f[63] - 1.0 / pow(1e6, 126.0 / 128)) < 1e-12);
 }
 
 int main(void)
