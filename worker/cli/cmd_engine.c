@@ -126,16 +126,22 @@ static void table_identity(int32_t *t, int n, int first)
         t[i] = first + i;
 }
 
-/* Shared by logits and run: parses, loads, hands back the prompt. */
+/* Shared by logits and run: parses, loads, hands back the prompt. `run`
+ * also reserves KV room for the -n tokens it will generate. */
 static int eng_open(int argc, char **argv, const char *cmd, struct eng_args *a,
-                    struct cli_model *cm, int32_t **ids, int *n_ids, int extra_tokens)
+                    struct cli_model *cm, int32_t **ids, int *n_ids)
 {
     struct rl_err err = {0};
+    int is_run = !strcmp(cmd, "run");
     int rc = eng_parse(argc, argv, a, &err);
     if (rc > 0) {
         eng_usage(cmd);
         return 1;
     }
+    if (!rc && is_run && a->temperature != 0)
+        rc = rl_errf(&err, RL_EINVAL, "only --temperature 0 (greedy) is available without the "
+                                      "batching engine; use --batch FILE.jsonl for sampling");
+    int extra_tokens = is_run ? a->n_gen : 0;
     if (!rc && !a->tokens)
         rc = rl_errf(&err, RL_EINVAL, "--tokens is required");
     if (!rc)
@@ -162,7 +168,7 @@ int cmd_logits(int argc, char **argv)
     struct cli_model cm;
     int32_t *ids = NULL;
     int n = 0;
-    if (eng_open(argc, argv, "logits", &a, &cm, &ids, &n, 0))
+    if (eng_open(argc, argv, "logits", &a, &cm, &ids, &n))
         return 1;
     const struct model_config *cfg = model_get_config(cm.model);
     int rows = a.all ? n : 1;
@@ -205,17 +211,9 @@ int cmd_run(int argc, char **argv)
     struct cli_model cm;
     int32_t *ids = NULL;
     int n = 0;
-    /* peek at -n before opening, to size the KV pool */
-    struct eng_args peek;
+    if (eng_open(argc, argv, "run", &a, &cm, &ids, &n))
+        return 1;
     struct rl_err err = {0};
-    int prc = eng_parse(argc, argv, &peek, &err);
-    if (prc == 0 && peek.temperature != 0) {
-        fprintf(stderr, "redlm run: only --temperature 0 (greedy) is available without the "
-                        "batching engine\n");
-        return 1;
-    }
-    if (eng_open(argc, argv, "run", &a, &cm, &ids, &n, prc == 0 ? peek.n_gen : 0))
-        return 1;
     const struct model_config *cfg = model_get_config(cm.model);
     float *logits = malloc((size_t)cfg->vocab * sizeof(float));
     int32_t *table = malloc((size_t)cm.n_blocks * sizeof(int32_t));
