@@ -91,7 +91,7 @@ struct dhttp {
     struct rconn_opts ropts;
     struct job_opts jopts;
     struct oai_limits lim;
-    int port, timeout_s, drain_s, max_conn;
+    int port, timeout_s, drain_s, max_conn, idle_s;
     int64_t started_s;
     atomic_bool stopping;
     /* Redis connections not in use */
@@ -667,6 +667,10 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
 {
     struct dhttp *h = q->h;
     struct oai_error e;
+    /* a request waiting for its events is not idle: libmicrohttpd would
+     * count our blocking in the handler and the reader as silence and
+     * close it. The idle timeout is set again when the request ends. */
+    MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     new_id(q->id);
     int64_t now = wall_ms();
     int64_t deadline = h->timeout_s ? now + (int64_t)h->timeout_s * 1000 : 0;
@@ -889,6 +893,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         cancel_job(q);
         BUMP(h, client_cancels);
     }
+    if (q->route == R_CHAT)
+        MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)h->idle_s);
     count_status(h, q->status ? q->status : 500);
     if (q->enqueued)
         RL_LOG(h->log, RL_LOG_DEBUG, "http: %s done: %d%s", q->id, q->status,
@@ -974,6 +980,7 @@ int dhttp_start(struct dhttp **out, const struct cfg *cfg, const struct rl_log *
     h->timeout_s = cfg->http_timeout_s;
     h->drain_s = cfg->drain_timeout_s;
     h->max_conn = cfg->http_max_connections;
+    h->idle_s = cfg->http_idle_timeout_s;
     h->started_s = wall_ms() / 1000;
     h->prefix = strdup(cfg->prefix);
     h->model = strdup(cfg->served_model_name);

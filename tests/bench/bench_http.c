@@ -71,6 +71,7 @@ static int serve(int argc, char **argv)
     struct dhttp *h = NULL;
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
+    signal(SIGPIPE, SIG_IGN); /* a peer that left is an error return, not a death */
     if (dhttp_start(&h, &c, &log, &hooks, &err)) {
         fprintf(stderr, "bench_http: %s\n", err.msg);
         cfg_free(&c);
@@ -282,6 +283,7 @@ int main(int argc, char **argv)
                 argv[k] = argv[k + 1];
             return serve(argc - 1, argv);
         }
+    signal(SIGPIPE, SIG_IGN);
     struct shared s = {.n_req = 300, .n_tok = 8, .redis = "127.0.0.1:6379"};
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--redis"))

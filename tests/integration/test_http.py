@@ -613,3 +613,39 @@ def test_models_healthz_metrics(front, workers, prefix):
     assert "redlm_http_first_event_seconds_count 1" in text
     # the host's own metrics come through the hook
     assert ("redlm_bench_http_hook 1" in text) or ("redlm_dispatcher" in text) or ("redlm_disp" in text)
+
+
+def test_slow_events_outlive_idle_timeout(front, redis_addr, prefix):
+    """http_idle_timeout_s closes idle keep-alive connections, never a
+    request that is waiting for its job's events."""
+    f = front("--http-idle-timeout-s", "1")
+    r = connect(redis_addr)
+    delta = {"seq": 0, "type": "delta", "delta": {"content": "late"}, "token_ids": [1]}
+    done = {"seq": 1, "type": "done", "finish_reason": "stop",
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "reasoning_tokens": 0,
+                      "cached_prompt_tokens": 0},
+            "cached": False, "timings": {"queue_ms": 0, "ttft_ms": 0, "total_ms": 0},
+            "tool_calls": []}
+
+    def slow_worker():
+        time.sleep(2.5)
+        play_worker_error(r, prefix, [delta])
+        time.sleep(2.5)
+        jid = [json.loads(x["job"])["id"] for _, x in r.xrange(f"{prefix}jobs:fast")][-1]
+        r.xadd(f"{prefix}out:{jid}", {"event": json.dumps(done)}, id="0-2")
+
+    t = threading.Thread(target=slow_worker)
+    t.start()
+    resp, chunks = chat_stream(f, {"model": MODEL_NAME, "messages": MSGS, "stream": True})
+    t.join()
+    assert chunks[0]["choices"][0]["delta"]["content"] == "late"
+    assert chunks[1]["choices"][0]["finish_reason"] == "stop" and chunks[2] == "[DONE]"
+    # and an idle keep-alive connection is closed after a request ended
+    s = socket.create_connection(("127.0.0.1", f.port))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+    s.settimeout(10)
+    got = s.recv(65536)
+    assert got.startswith(b"HTTP/1.1 400")
+    time.sleep(2.5)
+    assert s.recv(65536) == b"", "the idle connection was kept open"
+    s.close()
