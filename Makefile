@@ -29,6 +29,9 @@ DEB_PKGS = build-essential clang pkg-config libhiredis-dev libcjson-dev \
            libconfig-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev \
            libsystemd-dev libcmocka-dev redis-server python3-pytest \
            python3-redis python3-jsonschema
+# the example web backend's browser test: headless Chromium driven over the
+# DevTools protocol from Python (tests/integration/test_web.py)
+DEB_PKGS += chromium python3-websocket
 
 COMMON_SRC := $(wildcard common/*.c)
 ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c)
