@@ -3,7 +3,7 @@
 #   make CUDA=1     adds the CUDA backend (engine/cuda, nvcc + cuBLAS)
 #   make test       builds and runs every test; ends with "N passed, N failed"
 #   make bench      runs the benchmarks (figures go to BENCHMARKS.md by hand)
-#   make demo       makes a small random Qwen3 model and generates from a chat prompt
+#   make demo       the whole system on one machine: Redis, a CPU worker, the dispatcher, the chat page
 #   make fuzz       builds the libFuzzer targets with clang
 #   make asan       the same build with AddressSanitizer + UBSan, in build-asan/
 #   make deps       installs the Debian packages the project needs (as root)

@@ -111,13 +111,14 @@ start worker "$BUILD/redlm-worker" --redis "$redis" --model "$model" --pools fas
     --name demo-cpu0 --threads "$threads" --http-port 0
 wait_for worker "ready:" 120
 
-web_args=()
+web_args=() chat_args=""
 if [ -x "$BUILD/redlm-dispatcher" ]; then
     start dispatcher "$BUILD/redlm-dispatcher" --redis "$redis" --name demo-disp0
     wait_for dispatcher "ready" 30
     route="redlm:requests -> redlm-dispatcher -> redlm:jobs:fast|think"
 else
     web_args=(--pool fast) # no dispatcher built: straight to the pool
+    chat_args=" --pool fast"
     route="redlm:jobs:fast (no dispatcher built)"
 fi
 
@@ -134,7 +135,7 @@ cat <<EOF
 
   redlm demo is up
     chat page   $url
-    terminal    $BUILD/redlm chat --redis $redis
+    terminal    $BUILD/redlm chat --redis $redis$chat_args
     Redis       $redis (private; try: redis-cli -p $rport XRANGE redlm:out:<id> - +)
     model       $model on the CPU backend, $threads threads
     jobs go to  $route
