@@ -2,7 +2,6 @@
  * the HTTP client, through the front door (dispatcher/http.c).
  *
  *   build/tests/bench_http --redis 127.0.0.1:6379 [--requests 300] [--tokens 8]
- *   build/tests/bench_http --serve --redis ADDR --http PORT [dispatcher options]
  *
  * Benchmark mode runs the front door in this process on a free loopback
  * port, under the key prefix "bench<pid>:", and plays both of its
@@ -15,11 +14,7 @@
  * event written, so every event is measured alone. The first event of a
  * request goes through the access handler (status still open), the
  * others through the streaming reader; they are reported apart, as JSON
- * lines with the median, p90 and p99 in milliseconds.
- *
- * Serve mode just runs the front door with the dispatcher's options until
- * SIGINT/SIGTERM: the integration tests use it where no dispatcher is
- * running. */
+ * lines with the median, p90 and p99 in milliseconds. */
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <netinet/in.h>
@@ -36,54 +31,6 @@
 #include "config.h"
 #include "dispatcher/http.h"
 #include "rconn.h"
-
-static volatile sig_atomic_t g_stop;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    g_stop = 1;
-}
-
-static char *hook_metrics(void *ctx)
-{
-    (void)ctx;
-    return strdup("# TYPE redlm_bench_http_hook gauge\nredlm_bench_http_hook 1\n");
-}
-
-static bool hook_ready(void *ctx)
-{
-    (void)ctx;
-    return true;
-}
-
-static int serve(int argc, char **argv)
-{
-    struct cfg c;
-    struct rl_err err = {0};
-    enum cfg_action act;
-    if (cfg_load(&c, argc, argv, CFG_DISPATCHER, &act, &err)) {
-        fprintf(stderr, "bench_http: %s\n", err.msg);
-        return 2;
-    }
-    struct rl_log log = {.level = rl_log_parse_level(c.log_level), .ident = "bench_http"};
-    struct dhttp_hooks hooks = {hook_metrics, hook_ready, NULL};
-    struct dhttp *h = NULL;
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGPIPE, SIG_IGN); /* a peer that left is an error return, not a death */
-    if (dhttp_start(&h, &c, &log, &hooks, &err)) {
-        fprintf(stderr, "bench_http: %s\n", err.msg);
-        cfg_free(&c);
-        return 1;
-    }
-    fprintf(stderr, "bench_http: ready: serving on port %d\n", c.http);
-    while (!g_stop)
-        usleep(20 * 1000);
-    dhttp_stop(h);
-    cfg_free(&c);
-    return 0;
-}
 
 /* ---- benchmark ---- */
 
@@ -277,12 +224,6 @@ static int free_port(void)
 
 int main(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--serve")) {
-            for (int k = i; k + 1 < argc; k++) /* cfg_load must not see it */
-                argv[k] = argv[k + 1];
-            return serve(argc - 1, argv);
-        }
     signal(SIGPIPE, SIG_IGN);
     struct shared s = {.n_req = 300, .n_tok = 8, .redis = "127.0.0.1:6379"};
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -293,7 +234,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tokens"))
             s.n_tok = atoi(argv[i + 1]);
         else {
-            fprintf(stderr, "usage: bench_http [--redis ADDR] [--requests N] [--tokens N] | --serve ...\n");
+            fprintf(stderr, "usage: bench_http [--redis ADDR] [--requests N] [--tokens N]\n");
             return 2;
         }
     }
