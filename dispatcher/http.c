@@ -409,7 +409,7 @@ static bool client_gone(int fd)
     return false;
 }
 
-static void cancel_job(struct req *q)
+static void cancel_job(struct req *q, const char *why)
 {
     struct dhttp *h = q->h;
     char key[320];
@@ -425,7 +425,7 @@ static void cancel_job(struct req *q)
     if (rc)
         RL_LOG(h->log, RL_LOG_ERROR, "http: %s: cannot cancel: %s", q->id, err.msg);
     else
-        RL_LOG(h->log, RL_LOG_INFO, "http: %s: client left, job cancelled", q->id);
+        RL_LOG(h->log, RL_LOG_INFO, "http: %s: job cancelled: %s", q->id, why);
     q->job_ended = true;
 }
 
@@ -575,12 +575,12 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
             oai_error_set(&q->err, 504, "server_error", "DEADLINE_EXCEEDED", NULL,
                           "no answer within http_timeout_s");
             if (!q->job_ended)
-                cancel_job(q);
+                cancel_job(q, "http_timeout_s passed");
             oai_sse_error(&q->err, &q->sse);
             q->finished = true;
         } else if (rc != P_OK) {
             if (!q->job_ended) {
-                cancel_job(q);
+                cancel_job(q, rc == P_GONE ? "the client left" : "shutting down");
                 if (rc == P_GONE)
                     BUMP(q->h, client_cancels);
             }
@@ -718,7 +718,8 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
 
     int rc = pump(q);
     if (rc == P_GONE || rc == P_STOPPING || rc == P_NOMEM) {
-        cancel_job(q);
+        cancel_job(q, rc == P_GONE ? "the client left" : rc == P_STOPPING ? "shutting down"
+                                                                          : "out of memory");
         if (rc == P_GONE) {
             BUMP(h, client_cancels);
             return MHD_NO; /* nobody to answer: close */
@@ -729,7 +730,7 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         return respond_error(q, conn, &e);
     }
     if (rc == P_TIMEOUT) {
-        cancel_job(q);
+        cancel_job(q, "http_timeout_s passed");
         oai_error_set(&e, 504, "server_error", "DEADLINE_EXCEEDED", NULL,
                       "no answer within http_timeout_s (%d s)", h->timeout_s);
         return respond_error(q, conn, &e);
@@ -890,7 +891,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!q)
         return;
     if (q->enqueued && !q->job_ended) {
-        cancel_job(q);
+        cancel_job(q, "the connection ended");
         BUMP(h, client_cancels);
     }
     if (q->route == R_CHAT)

@@ -634,3 +634,21 @@ def test_dispatcher_backpressure_is_503(front, redis_addr, prefix):
     assert json.loads(data)["error"]["code"] == "OVERLOADED"
     for s in held:
         s.close()
+
+
+def test_timeout_is_504_and_cancels(front, redis_addr, prefix):
+    """No worker: after http_timeout_s (plus the 5 s the worker gets to
+    report its deadline) the client gets 504 and the job is cancelled; the
+    job carried the deadline too."""
+    f = front("--http-timeout-s", "1")
+    t0 = time.time()
+    status, headers, data = f.request("POST", "/v1/chat/completions",
+                                      {"model": MODEL_NAME, "messages": MSGS})
+    assert status == 504 and json.loads(data)["error"]["code"] == "DEADLINE_EXCEEDED"
+    assert 5.5 <= time.time() - t0 < 15
+    r = connect(redis_addr)
+    job_id = headers["X-Request-Id"]
+    assert r.get(f"{prefix}cancel:{job_id}") == "1"
+    jobs = [json.loads(x["job"]) for p in ("fast", "think") for _, x in r.xrange(f"{prefix}jobs:{p}")]
+    (job,) = [j for j in jobs if j["id"] == job_id]
+    assert 0 < job["deadline_ms"] - t0 * 1000 < 3000
