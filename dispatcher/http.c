@@ -59,7 +59,7 @@
 #include "openai.h"
 #include "rconn.h"
 
-#define POLL_MS 200           /* XREAD BLOCK between disconnect checks */
+#define POLL_MS 200           /* XREAD BLOCK between disconnect checks (at most) */
 #define KEEPALIVE_MS 15000    /* an SSE comment after this long without a byte */
 #define KEYS_RECHECK_MS 1000  /* how often the keys file's mtime is looked at */
 #define CANCEL_TTL_S "600"
@@ -92,6 +92,7 @@ struct dhttp {
     struct job_opts jopts;
     struct oai_limits lim;
     int port, timeout_s, drain_s, max_conn, idle_s;
+    char block[16];      /* XREAD BLOCK ms: POLL_MS, or less under a short redis_io_timeout_ms */
     int64_t started_s;
     atomic_bool stopping;
     /* Redis connections not in use */
@@ -506,7 +507,7 @@ enum pump { P_OK = 0, P_GONE = -1, P_STOPPING = -2, P_TIMEOUT = -3, P_NOMEM = -4
 static int pump(struct req *q)
 {
     struct dhttp *h = q->h;
-    const char *argv[] = {"XREAD", "COUNT", "512", "BLOCK", "200", "STREAMS", q->out_key, q->last};
+    const char *argv[] = {"XREAD", "COUNT", "512", "BLOCK", h->block, "STREAMS", q->out_key, q->last};
     for (;;) {
         bool have = q->finished || q->failed || (q->oreq.stream && q->sse.n > q->sse_off);
         if (have)
@@ -982,6 +983,10 @@ int dhttp_start(struct dhttp **out, const struct cfg *cfg, const struct rl_log *
     h->drain_s = cfg->drain_timeout_s;
     h->max_conn = cfg->http_max_connections;
     h->idle_s = cfg->http_idle_timeout_s;
+    /* rconn waits io_timeout for a reply: a BLOCK as long would read as a
+     * dead connection */
+    int io = cfg->redis_io_timeout_ms;
+    snprintf(h->block, sizeof h->block, "%d", io > 0 && io / 2 < POLL_MS ? (io / 2 > 0 ? io / 2 : 1) : POLL_MS);
     h->started_s = wall_ms() / 1000;
     h->prefix = strdup(cfg->prefix);
     h->model = strdup(cfg->served_model_name);
