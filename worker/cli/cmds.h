@@ -13,5 +13,11 @@ int cmd_mkmodel(int argc, char **argv);      /* cmd_mkmodel.c */
 int cmd_tokenize(int argc, char **argv);     /* cmd_tok.c */
 int cmd_detokenize(int argc, char **argv);   /* cmd_tok.c */
 int cmd_template(int argc, char **argv);     /* cmd_tok.c */
+int cmd_enqueue(int argc, char **argv);      /* cmd_client.c */
+int cmd_tail(int argc, char **argv);         /* cmd_client.c */
+int cmd_cancel(int argc, char **argv);       /* cmd_client.c */
+int cmd_chat(int argc, char **argv);         /* cmd_client.c */
+int cmd_stats(int argc, char **argv);        /* cmd_stats.c */
+int cmd_top(int argc, char **argv);          /* cmd_stats.c */
 
 #endif
