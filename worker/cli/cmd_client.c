@@ -665,7 +665,7 @@ static void chat_usage(void)
             "an answer streams cancels it.\n"
             "  --mode think|no_think|auto   starting mode (default: the pool's, or auto)\n"
             "  --system TEXT        a system message first\n"
-            "  --max-tokens N  --temperature T  --seed S\n"
+            "  --max-tokens N  --temperature T  --seed S  --ignore-eos (answers of max-tokens)\n"
             "  --pool NAME          straight to <prefix>jobs:NAME (default: <prefix>requests)\n"
             "  --no-reasoning       do not show the reasoning\n"
             "  --color auto|always|never\n"
@@ -698,7 +698,7 @@ int cmd_chat(int argc, char **argv)
     struct rl_err err = {0};
     const char *pool = NULL, *system = NULL, *color = NULL, *mode = NULL;
     const char *max_tokens = NULL, *temperature = NULL, *seed = NULL;
-    bool hide = false;
+    bool hide = false, ignore_eos = false;
     int rc = 0;
     for (int i = 1; i < argc && !rc; i++) {
         const char *f = argv[i];
@@ -721,6 +721,8 @@ int cmd_chat(int argc, char **argv)
             i++;
         } else if (!strcmp(f, "--no-reasoning"))
             hide = true;
+        else if (!strcmp(f, "--ignore-eos"))
+            ignore_eos = true;
         else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             chat_usage();
             return 0;
@@ -755,6 +757,8 @@ int cmd_chat(int argc, char **argv)
         rconn_free(c);
         return 2;
     }
+    if (ignore_eos)
+        cJSON_AddTrueToObject(params, "ignore_eos");
     if (system) {
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "role", "system");
