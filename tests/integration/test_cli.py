@@ -316,6 +316,34 @@ def test_unreachable_redis_is_a_clear_error(built):
         assert f"cannot reach Redis at {addr}: " in out.stderr, (args, out.stderr)
 
 
+def test_acl_user_and_password_file(built, tmp_path):
+    from conftest import RedisServer, connect
+    srv = RedisServer(tmp_path / "acl")
+    try:
+        r = connect(srv.addr)
+        r.execute_command("ACL", "SETUSER", "ops", "on", ">s3cret", "~*", "&*", "+@all")
+        r.execute_command("ACL", "SETUSER", "default", "off")
+        good = tmp_path / "pw"
+        good.write_text("s3cret\n")
+        bad = tmp_path / "bad"
+        bad.write_text("nope\n")
+        base = [str(CLI), "stats", "--json", "--redis", srv.addr, "--prefix", "acl:", "--user", "ops"]
+        out = subprocess.run(base + ["--password-file", str(good)], capture_output=True, text=True,
+                             timeout=20)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["prefix"] == "acl:"
+        out = subprocess.run(base + ["--password-file", str(bad)], capture_output=True, text=True,
+                             timeout=20)
+        assert out.returncode == 1
+        assert f"cannot reach Redis at {srv.addr}: " in out.stderr and "WRONGPASS" in out.stderr
+        # without credentials the default user is off
+        out = subprocess.run([str(CLI), "enqueue", "--redis", srv.addr, "--prompt", "x"],
+                             capture_output=True, text=True, timeout=20)
+        assert out.returncode == 1 and "redlm enqueue: " in out.stderr
+    finally:
+        srv.stop()
+
+
 # ---- chat ----
 
 def test_chat_two_turns_with_no_think(workers, client, redis_addr, prefix, ptys):

@@ -71,7 +71,14 @@ int cli_redis_connect(struct rconn **out, const struct cli_redis_args *a, const 
     if (rc)
         return rc;
     if ((rc = rconn_ensure(c, err))) {
-        rl_err_wrap(err, "cannot reach Redis at %s", a->addr);
+        /* rconn's sentence names the address already: say it once */
+        char lead[CLI_KEY_MAX];
+        snprintf(lead, sizeof lead, "redis %s: ", a->addr);
+        const char *why = err && !strncmp(err->msg, lead, strlen(lead)) ? err->msg + strlen(lead)
+                          : err ? err->msg : "";
+        char tmp[RL_ERR_MSG_MAX];
+        snprintf(tmp, sizeof tmp, "%s", why);
+        rl_errf(err, -rc, "cannot reach Redis at %s: %s", a->addr, tmp);
         rconn_free(c);
         return rc;
     }
