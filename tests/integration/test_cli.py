@@ -504,6 +504,20 @@ def test_top_draws_and_q_restores_the_terminal(workers, redis_addr, prefix, ptys
     assert attrs[3] & termios.ECHO and attrs[3] & termios.ICANON
 
 
+def test_top_fits_a_small_terminal_and_quits_on_ctrl_c(built, redis_addr, prefix, ptys):
+    p = Pty([str(CLI), "top", "--redis", redis_addr, "--prefix", prefix], rows=8, cols=50)
+    try:
+        screen = p.read_until(rb"q quits")
+        lines = re.sub(rb"\033\[[0-9;?]*[A-Za-z]", b"", screen).split(b"\r\n")
+        assert len(lines) <= 8  # the last row is the hint
+        assert max(len(l.decode()) for l in lines) <= 50, lines  # clipped, never wrapped
+        p.send(b"\x03")
+        assert p.wait() == 0
+        assert termios.tcgetattr(p.fd)[3] & termios.ECHO
+    finally:
+        p.close()
+
+
 def test_top_quits_on_ctrl_c(built, redis_addr, prefix, ptys):
     p = ptys("top", "--redis", redis_addr, "--prefix", prefix)
     p.read_until(rb"q quits")

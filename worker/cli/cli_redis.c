@@ -285,6 +285,14 @@ static long long num(const cJSON *o, const char *name)
     return cJSON_IsNumber(v) ? (long long)v->valuedouble : 0;
 }
 
+void cli_render_stop(struct cli_render *r)
+{
+    leave_reasoning(r);
+    newline(r);
+    if (r->out)
+        fflush(r->out);
+}
+
 int cli_render_event(struct cli_render *r, const char *json, size_t len, struct rl_err *err)
 {
     cJSON *ev = cJSON_ParseWithLength(json, len);

@@ -72,6 +72,9 @@ void cli_render_init(struct cli_render *r, FILE *out, FILE *info, bool color);
 /* One event (the `event` field's JSON). Returns 0, or -RL_EFORMAT for an
  * event that does not parse (shown as a warning and skipped by callers). */
 int cli_render_event(struct cli_render *r, const char *json, size_t len, struct rl_err *err);
+/* Ends the output early (interrupted, timed out): closes the reasoning
+ * part (resets the terminal's dim) and the line. */
+void cli_render_stop(struct cli_render *r);
 void cli_render_free(struct cli_render *r);
 
 /* Random lower-case hex into buf (n digits + NUL). */

@@ -183,18 +183,22 @@ static int follow(struct rconn *c, const char *prefix, const char *id, const str
     while (!r->done) {
         if (g_interrupted) {
             g_interrupted = 0;
-            if (!fo->cancel_on_int || t_cancel)
+            if (!fo->cancel_on_int || t_cancel) {
+                cli_render_stop(r);
                 return 1; /* a second Ctrl-C stops waiting */
+            }
             if ((rc = cli_cancel(c, prefix, id, err)))
                 return rc;
             t_cancel = now_ms();
         }
         /* a cancel nobody acts on (no worker has the job): stop waiting */
         if (t_cancel && now_ms() - t_cancel > 5000) {
+            cli_render_stop(r);
             fprintf(stderr, "[cancel requested; no worker answered within 5 s]\n");
             return 1;
         }
         if (fo->timeout_s && now_ms() - t_event > (int64_t)fo->timeout_s * 1000) {
+            cli_render_stop(r);
             rl_errf(err, RL_EIO, "no event for %s within %d s", id, fo->timeout_s);
             return 1;
         }
@@ -207,8 +211,10 @@ static int follow(struct rconn *c, const char *prefix, const char *id, const str
             nanosleep(&ts, NULL);
             continue;
         }
-        if (rc)
+        if (rc) {
+            cli_render_stop(r);
             return rc;
+        }
         for (int i = 0; i < es.n && !r->done; i++) {
             memcpy(last, es.v[i].id, sizeof last);
             size_t n;
@@ -328,7 +334,7 @@ int cmd_enqueue(int argc, char **argv)
     cli_redis_args_default(&ra);
     struct rl_err err = {0};
     const char *file = NULL, *pool = NULL;
-    bool do_follow = false, json = false, flags_set = false;
+    bool do_follow = false, json = false;
     cJSON *o = cJSON_CreateObject();
     char *base = NULL, *text = NULL;
     struct rconn *c = NULL;
@@ -379,7 +385,6 @@ int cmd_enqueue(int argc, char **argv)
                 found = true;
                 rc = set_number(o, nums[k].field, f, v, &err);
                 i++;
-                flags_set = true;
             }
         if (found)
             continue;
@@ -392,15 +397,15 @@ int cmd_enqueue(int argc, char **argv)
                  strcmp(f, "--follow") && strcmp(f, "--json") && strcmp(f, "-h") && strcmp(f, "--help"))
             rc = rl_errf(&err, RL_EINVAL, "%s needs a value (or is unknown)", f);
         else if (!strcmp(f, "--message") || !strcmp(f, "-m"))
-            rc = add_message(o, "user", v, &err), flags_set = true;
+            rc = add_message(o, "user", v, &err);
         else if (!strcmp(f, "--system"))
-            rc = add_message(o, "system", v, &err), flags_set = true;
+            rc = add_message(o, "system", v, &err);
         else if (!strcmp(f, "--prompt"))
-            rc = set_string(o, "prompt", v), flags_set = true;
+            rc = set_string(o, "prompt", v);
         else if (!strcmp(f, "--id"))
-            rc = set_string(o, "id", v), flags_set = true;
+            rc = set_string(o, "id", v);
         else if (!strcmp(f, "--mode"))
-            rc = set_string(o, "mode", v), flags_set = true;
+            rc = set_string(o, "mode", v);
         else if (!strcmp(f, "--prompt-ids")) {
             int32_t *ids;
             int n;
@@ -411,7 +416,6 @@ int cmd_enqueue(int argc, char **argv)
                 if (!a || !cJSON_AddItemToObject(o, "prompt_ids", a))
                     rc = rl_errf(&err, RL_ENOMEM, "out of memory");
             }
-            flags_set = true;
         } else if (!strcmp(f, "--stop")) {
             cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "stop");
             if (!s)
@@ -420,7 +424,6 @@ int cmd_enqueue(int argc, char **argv)
                 rc = rl_errf(&err, RL_EINVAL, "--stop: the file's stop is not an array");
             else
                 cJSON_AddItemToArray(s, cJSON_CreateString(v));
-            flags_set = true;
         } else if (!strcmp(f, "--metadata")) {
             cJSON *m = cJSON_Parse(v);
             if (!m)
@@ -429,10 +432,8 @@ int cmd_enqueue(int argc, char **argv)
                 cJSON_DeleteItemFromObjectCaseSensitive(o, "metadata");
                 cJSON_AddItemToObject(o, "metadata", m);
             }
-            flags_set = true;
         } else {
             takes = false;
-            flags_set = true;
             if (!strcmp(f, "--ignore-eos"))
                 cJSON_DeleteItemFromObjectCaseSensitive(o, "ignore_eos"),
                     cJSON_AddTrueToObject(o, "ignore_eos");
@@ -498,7 +499,6 @@ int cmd_enqueue(int argc, char **argv)
             goto out;
         }
     }
-    (void)flags_set;
     len = strlen(text);
     char id[JOB_ID_MAX + 1], *send = NULL;
     const char *code;

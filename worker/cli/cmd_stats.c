@@ -666,6 +666,29 @@ int cmd_stats(int argc, char **argv)
     return 0;
 }
 
+/* Bytes of line (n bytes) that fill at most cols columns (0 = no limit):
+ * escape sequences take none, a UTF-8 character one. */
+static size_t clip(const char *line, size_t n, int cols)
+{
+    if (cols <= 0)
+        return n;
+    int w = 0;
+    size_t i = 0;
+    while (i < n) {
+        if (line[i] == '\033' && i + 1 < n && line[i + 1] == '[') {
+            i += 2;
+            while (i < n && !(line[i] >= '@' && line[i] <= '~'))
+                i++;
+            i++;
+            continue;
+        }
+        if (((unsigned char)line[i] & 0xC0) != 0x80 && w++ == cols)
+            return i;
+        i++;
+    }
+    return n;
+}
+
 int cmd_top(int argc, char **argv)
 {
     struct stats_args a;
@@ -711,10 +734,11 @@ int cmd_top(int argc, char **argv)
         else /* Redis away: say so and keep trying, as a monitor should */
             put(&t, "redlm top: %s\n(retrying every %d ms; q quits)\n", err.msg, a.interval_ms);
         cJSON_Delete(s);
-        int rows = 0;
+        int rows = 0, cols = 0;
         if (out_tty) {
             struct winsize ws;
-            rows = ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 ? ws.ws_row : 0;
+            if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0)
+                rows = ws.ws_row, cols = ws.ws_col;
             fputs("\033[H", stdout); /* home; each line erases its rest */
         }
         int line = 0;
@@ -722,8 +746,9 @@ int cmd_top(int argc, char **argv)
             e = strchr(p, '\n');
             if (!e)
                 e = p + strlen(p);
-            fwrite(p, 1, (size_t)(e - p), stdout);
-            fputs(out_tty ? "\033[K\n" : "\n", stdout);
+            /* no wrapping: a wrapped line would push the screen down */
+            fwrite(p, 1, clip(p, (size_t)(e - p), cols), stdout);
+            fputs(out_tty ? "\033[0m\033[K\n" : "\n", stdout);
             if (!*e)
                 break;
         }
