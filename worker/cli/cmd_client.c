@@ -733,8 +733,6 @@ int cmd_chat(int argc, char **argv)
         rc = check_pool_name(pool, &err);
     if (!rc && mode && strcmp(mode, "think") && strcmp(mode, "no_think") && strcmp(mode, "auto"))
         rc = rl_errf(&err, RL_EINVAL, "--mode: \"%s\" is not think, no_think or auto", mode);
-    if (!rc && mode && pool && !strcmp(mode, "auto"))
-        rc = rl_errf(&err, RL_EINVAL, "--mode auto is the dispatcher's: not with --pool");
     if (rc) {
         fprintf(stderr, "redlm chat: %s\n", err.msg);
         return 2;
