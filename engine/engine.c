@@ -482,18 +482,12 @@ static int render_messages(struct engine *e, const struct engine_request *r, int
         .add_generation_prompt = true,
         .disable_thinking = r->mode == ENGINE_MODE_NO_THINK,
     };
-    char *text = NULL;
-    size_t len = 0;
-    int rc = chat_render(r->messages, r->tools, &co, &text, &len, err);
-    if (rc) {
-        rl_err_wrap(err, "BAD_MESSAGES");
-        return rc;
-    }
     struct tok_ids v = {0};
-    rc = tok_encode(e->tok, text, len, 0, &v, err); /* the template's specials are real */
-    free(text);
+    int rc = chat_tokenize(e->tok, r->messages, r->tools, &co, &v, err);
     if (rc) {
         tok_ids_free(&v);
+        if (rc == -RL_EINVAL)
+            rl_err_wrap(err, "BAD_MESSAGES");
         return rc;
     }
     if (v.n > (size_t)e->max_context) {

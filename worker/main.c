@@ -24,6 +24,7 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include "modelid.h"
 #include "worker.h"
 
 static volatile sig_atomic_t g_stop, g_reload;
@@ -140,7 +141,7 @@ static int setup(struct worker *w, struct rl_err *err)
     RL_LOG(&w->log, RL_LOG_INFO, "loading %s on %s", w->opt.model, w->opt.backend);
     if ((rc = engine_create(&w->eng, w->opt.model, &eo, err)))
         return rc;
-    if ((rc = w_model_id(w->opt.model, w->model_id, err)))
+    if ((rc = modelid_compute(w->opt.model, w->model_id, err)))
         return rc;
 
     struct rconn_opts ro;

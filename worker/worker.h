@@ -195,10 +195,7 @@ int w_claim_own(struct worker *w, struct rl_err *err);
  * already holds done (nothing to run), 0 to run, negative on failure. */
 int w_resume_prepare(struct worker *w, struct wjob *j, struct rl_err *err);
 
-/* cache.c */
-/* Computes the model identity from config.json, tokenizer.json and the
- * weight file sizes in dir. */
-int w_model_id(const char *dir, char out[SHA256_HEX_LEN + 1], struct rl_err *err);
+/* cache.c (the model identity is modelid_compute, common/modelid.h) */
 /* Sets j->cache_fill / cache_key for a deterministic job with cache on. */
 int w_cache_key(struct worker *w, struct wjob *j, struct rl_err *err);
 /* Replays a cached event list (the GET reply) into j's outbox with
