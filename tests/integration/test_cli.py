@@ -389,6 +389,45 @@ def test_chat_two_turns_with_no_think(workers, client, redis_addr, prefix, ptys)
         assert answer.strip().replace("\n", "\r\n").encode() in first
 
 
+def test_chat_through_the_dispatcher(dispatchers, workers, client, redis_addr, prefix, ptys):
+    """The default target: chat's jobs go to redlm:requests and the
+    dispatcher routes them by mode; /think sends the next turn to the think
+    pool. stats sees the dispatcher and the requests stream."""
+    workers("w1")
+    dispatchers("d1", "--think-ratio", "0")
+    p = ptys("chat", "--redis", redis_addr, "--prefix", prefix, "--max-tokens", "4",
+             "--temperature", "0")
+    p.read_until(rb"> ")
+    p.send("hi\n")
+    p.read_until(rb"\[done\][^\n]*\n")
+    p.read_until(rb"> ")
+    p.send("/think\n")
+    p.read_until(rb"\[mode think\]")
+    p.send("why\n")
+    p.read_until(rb"\[done\][^\n]*\n")
+    p.read_until(rb"> ")
+    p.send("/exit\n")
+    assert p.wait() == 0
+    requests = jobs_in(client.r, f"{prefix}requests")
+    assert len(requests) == 2 and "mode" not in requests[0] and requests[1]["mode"] == "think"
+    [fast] = jobs_in(client.r, f"{prefix}jobs:fast")
+    [think] = jobs_in(client.r, f"{prefix}jobs:think")
+    assert fast["id"] == requests[0]["id"] and think["id"] == requests[1]["id"]
+    assert [m["role"] for m in think["messages"]] == ["user", "assistant", "user"]
+
+    deadline = time.time() + 10
+    while True:
+        s = stats(redis_addr, prefix)
+        if s["dispatchers"] and sum(s["dispatchers"][0]["routed"].values()) == 2:
+            break
+        assert time.time() < deadline, s
+        time.sleep(0.1)
+    assert s["dispatchers"][0]["name"] == "d1"
+    assert s["dispatchers"][0]["routed"] == {"fast": 1, "think": 1}
+    assert s["requests"]["length"] == 2 and s["requests"]["group"] is True
+    assert s["requests"]["waiting"] == 0 and s["requests"]["pending"] == 0
+
+
 def test_chat_ctrl_c_cancels_the_answer(workers, client, redis_addr, prefix, ptys):
     workers("w1")
     p = ptys("chat", "--redis", redis_addr, "--prefix", prefix, "--pool", "fast",
