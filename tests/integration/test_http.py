@@ -669,3 +669,40 @@ def test_timeout_is_504_and_cancels(front, redis_addr, prefix):
     jobs = [json.loads(x["job"]) for p in ("fast", "think") for _, x in r.xrange(f"{prefix}jobs:{p}")]
     (job,) = [j for j in jobs if j["id"] == job_id]
     assert 0 < job["deadline_ms"] - t0 * 1000 < 3000
+
+
+def test_tool_calls_reach_the_client(front, redis_addr, prefix):
+    """A done event with tool calls (the worker's chat parser found them):
+    streamed as a tool_calls delta with indices and finish_reason
+    tool_calls; not streamed as message.tool_calls with content null."""
+    f = front()
+    r = connect(redis_addr)
+    calls = [{"id": "call_0", "type": "function",
+              "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]
+    done = {"seq": 0, "type": "done", "finish_reason": "stop",
+            "usage": {"prompt_tokens": 30, "completion_tokens": 12, "reasoning_tokens": 0,
+                      "cached_prompt_tokens": 0},
+            "cached": False, "timings": {"queue_ms": 0, "ttft_ms": 0, "total_ms": 0},
+            "tool_calls": calls}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    body = {"model": MODEL_NAME, "messages": MSGS, "tools": tools}
+    t = threading.Thread(target=play_worker_error, args=(r, prefix, [done]))
+    t.start()
+    status, _, data = f.request("POST", "/v1/chat/completions", body)
+    t.join()
+    assert status == 200, data
+    ch = json.loads(data)["choices"][0]
+    assert ch["finish_reason"] == "tool_calls"
+    assert ch["message"]["content"] is None and ch["message"]["tool_calls"] == calls
+    t = threading.Thread(target=play_worker_error, args=(r, prefix, [done]))
+    t.start()
+    resp, chunks = chat_stream(f, {**body, "stream": True})
+    t.join()
+    delta = chunks[0]["choices"][0]["delta"]
+    assert delta["role"] == "assistant"
+    assert delta["tool_calls"] == [{**calls[0], "index": 0}]
+    assert chunks[1]["choices"][0]["finish_reason"] == "tool_calls" and chunks[2] == "[DONE]"
+    # the tools went into the job
+    jobs = [json.loads(x["job"]) for p in ("fast", "think") for _, x in r.xrange(f"{prefix}jobs:{p}")]
+    assert all(j["tools"] == tools for j in jobs)
