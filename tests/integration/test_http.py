@@ -706,3 +706,29 @@ def test_tool_calls_reach_the_client(front, redis_addr, prefix):
     # the tools went into the job
     jobs = [json.loads(x["job"]) for p in ("fast", "think") for _, x in r.xrange(f"{prefix}jobs:{p}")]
     assert all(j["tools"] == tools for j in jobs)
+
+
+def test_disconnect_before_first_event_cancels(front, redis_addr, prefix):
+    """The client leaves while the job still waits in its pool (no worker):
+    the front door notices within its poll interval and cancels."""
+    f = front()
+    r = connect(redis_addr)
+    s = socket.create_connection(("127.0.0.1", f.port))
+    body = json.dumps({"model": MODEL_NAME, "messages": MSGS, "stream": True})
+    s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+    job = None
+    deadline = time.time() + 10
+    while job is None and time.time() < deadline:
+        for p in ("fast", "think"):
+            for _, x in r.xrange(f"{prefix}jobs:{p}"):
+                job = json.loads(x["job"])
+        time.sleep(0.02)
+    assert job
+    s.close()
+    deadline = time.time() + 5
+    while time.time() < deadline and not r.exists(f"{prefix}cancel:{job['id']}"):
+        time.sleep(0.02)
+    assert r.get(f"{prefix}cancel:{job['id']}") == "1"
+    st, _, data = f.request("GET", "/metrics")
+    assert "redlm_http_client_cancels_total 1" in data.decode()
