@@ -537,7 +537,7 @@ static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
              * stays pending and is retried from our own PEL */
             RL_LOG(&d->log, RL_LOG_WARN, "job %s (request %s): transaction failed: %s",
                    q->id[0] ? q->id : "-", q->e->id, r->str ? r->str : "nil");
-            d->own_pending = true;
+            d->own_again = true;
             continue;
         }
         for (size_t k = 0; k < r->n_elem; k++)
@@ -568,7 +568,7 @@ static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
     pthread_mutex_unlock(&d->m.mu);
     d->rate_n += handled;
     if (xrc)
-        d->own_pending = true;
+        d->own_again = true;
     return xrc;
 }
 
@@ -613,7 +613,8 @@ static void ensure_groups(struct disp *d)
             return;
         }
     d->groups_ok = true;
-    d->own_pending = true;
+    d->own_again = true; /* a restart under the same name finds its entries */
+    d->next_own_ms = 0;
     pthread_mutex_lock(&d->m.mu);
     d->m.ready = true;
     pthread_mutex_unlock(&d->m.mu);
@@ -693,6 +694,9 @@ int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *re
             sd_notify(0, "WATCHDOG=1");
             d->next_wd_ms = now + (int64_t)(d->watchdog_usec / 2000);
         }
+        struct rl_err cerr;
+        if (!rconn_connected(d->rc) && rconn_ensure(d->rc, &cerr) == 0)
+            d->own_again = true; /* a round may have broken off: re-read what we hold */
         ensure_groups(d);
         bool up = d->groups_ok && rconn_connected(d->rc);
         if (up != was_up) {
@@ -731,16 +735,25 @@ int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *re
             block = d->cfg.block_ms;
         if (block < 1)
             block = 1;
+        if (!d->own_pending && d->own_again && now >= d->next_own_ms) {
+            d->own_pending = true;
+            d->own_again = false;
+            strcpy(d->own_cursor, "0");
+            d->next_own_ms = now + 100;
+        }
         bool own = d->own_pending;
-        if (rconn_xreadgroup(d->rc, GROUP_REQ, d->name, 1, &key, own ? "0" : ">", D_BATCH,
-                             own ? -1 : (int)block, &ents, &err)) {
+        if (rconn_xreadgroup(d->rc, GROUP_REQ, d->name, 1, &key, own ? d->own_cursor : ">",
+                             D_BATCH, own ? -1 : (int)block, &ents, &err)) {
             if (strstr(err.msg, "NOGROUP"))
                 d->groups_ok = false; /* Redis lost it (restarted empty) */
+            d->own_again = true;      /* the read may have delivered before it broke */
             RL_LOG(&d->log, RL_LOG_DEBUG, "XREADGROUP: %s", err.msg);
             continue;
         }
         if (own && ents.n == 0)
             d->own_pending = false;
+        else if (own)
+            snprintf(d->own_cursor, sizeof d->own_cursor, "%s", ents.v[ents.n - 1].id);
         handle(d, &ents);
         rconn_entries_free(&ents);
     }

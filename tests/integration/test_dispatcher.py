@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import MODEL, check_stream, connect
+from conftest import MODEL, RedisServer, check_stream, connect
 
 ROOT_SCHEMAS = __import__("conftest").SCHEMAS
 
@@ -336,6 +336,34 @@ def test_kill9_loses_nothing(dispatchers, redis_addr, prefix):
     # B routed at least what A held when it died
     wait_hb(r, prefix, "dB", lambda h: sum(h["routed"].values()) >= pending)
     assert "took over" in b.text()
+
+
+def test_redis_killed_mid_routing(dispatchers, prefix, tmp_path):
+    """Redis (appendfsync always) is killed -9 while the dispatcher routes
+    and started again: the dispatcher reconnects, re-reads what it held,
+    and every request lands exactly once."""
+    srv = RedisServer(tmp_path / "redis-aof", aof=True)
+    try:
+        r = connect(srv.addr)
+        d = dispatchers("d1", addr=srv.addr)
+        n = 4000
+        jobs = [{"id": f"q{i}", "prompt_ids": [1, i % 500]} for i in range(n)]
+        send_many(r, prefix, jobs)
+        deadline = time.time() + 20
+        while r.xlen(f"{prefix}jobs:fast") + r.xlen(f"{prefix}jobs:think") < 200:
+            assert time.time() < deadline
+            time.sleep(0.002)
+        srv.stop(kill=True)
+        time.sleep(0.5)
+        srv.start()
+        r = connect(srv.addr)
+        assert r.xlen(f"{prefix}jobs:fast") + r.xlen(f"{prefix}jobs:think") < n  # mid-way
+        wait_handled(r, prefix, n, timeout=60)
+        got = [j["id"] for p in ("fast", "think") for j in pool_jobs(r, prefix, p)]
+        assert len(got) == n and len(set(got)) == n
+        assert "connected" in d.text()
+    finally:
+        srv.stop()
 
 
 def test_sighup_reload_and_sigterm(dispatchers, redis_addr, prefix, tmp_path):
