@@ -76,14 +76,19 @@ def main():
         run_mix(r, d, prefix, "cache_miss",
                 [chat(f"question {i}: what is {i} + {i}?", id=f"m{i}", temperature=0)
                  for i in range(n)])
-        # one run through a worker fills the cache entry the hits replay
+        # one run through a worker fills the cache entry the hits replay;
+        # the jobs forwarded above are dropped first, or it would run them all
+        for pool in ("fast", "think"):
+            r.xtrim(f"{prefix}jobs:{pool}", maxlen=0, approximate=False)
         w = Worker(srv.addr, prefix, "w1", tmp, ["--threads", "1"])
         hit = chat("what is the capital of France?", temperature=0, ignore_eos=True, mode="no_think")
         r.xadd(f"{prefix}requests", {"job": json.dumps({**hit, "id": "seed"})})
         deadline = time.time() + 60
         while not any(json.loads(f["event"])["type"] == "done"
                       for _, f in r.xrange(f"{prefix}out:seed")):
-            assert time.time() < deadline, "the worker did not answer"
+            assert time.time() < deadline, ("the worker did not answer",
+                                            r.xinfo_groups(f"{prefix}jobs:fast"),
+                                            r.xinfo_groups(f"{prefix}requests"))
             time.sleep(0.05)
         while not r.keys(f"{prefix}cache:*") and time.time() < deadline:
             time.sleep(0.05)
