@@ -31,26 +31,23 @@ int prompt_render(const struct job *j, enum job_mode mode, const struct tokenize
         return rl_errf(err, RL_EINVAL, "%s: this model has no tokenizer.json; send prompt_ids",
                        j->input == JOB_INPUT_MESSAGES ? "messages" : "prompt");
     }
-    char *text = NULL;
-    size_t len = 0;
     int rc;
+    struct tok_ids v = {0};
     if (j->input == JOB_INPUT_MESSAGES) {
         struct chat_template_opts co = {
             .add_generation_prompt = true,
             .disable_thinking = mode == JOB_MODE_NO_THINK,
         };
-        if ((rc = chat_render(j->messages, j->tools, &co, &text, &len, err))) {
-            *code = EV_CODE_TEMPLATE_ERROR;
-            return rc;
-        }
+        /* message content is text, never control tokens (chat_tokenize) */
+        rc = chat_tokenize(tok, j->messages, j->tools, &co, &v, err);
+        *code = rc == -RL_EINVAL ? EV_CODE_TEMPLATE_ERROR : EV_CODE_INTERNAL;
+    } else {
+        /* a raw prompt is the sender's own template: its tags are tokens */
+        rc = tok_encode(tok, j->prompt, j->prompt_len, 0, &v, err);
+        *code = EV_CODE_INTERNAL;
     }
-    struct tok_ids v = {0};
-    rc = text ? tok_encode(tok, text, len, 0, &v, err)
-              : tok_encode(tok, j->prompt, j->prompt_len, 0, &v, err);
-    free(text);
     if (rc) {
         tok_ids_free(&v);
-        *code = EV_CODE_INTERNAL;
         return rc;
     }
     *ids = v.ids;

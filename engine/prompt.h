@@ -16,9 +16,10 @@
 struct tokenizer;
 
 /* Renders j's prompt with the effective mode (JOB_MODE_THINK or
- * JOB_MODE_NO_THINK, see job_mode_on): messages (+ tools) through the chat
- * template (no_think adds the empty think block) then the tokenizer with
- * special tokens live; prompt text through the tokenizer; prompt_ids
+ * JOB_MODE_NO_THINK, see job_mode_on): messages (+ tools) through
+ * chat_tokenize (no_think adds the empty think block; the template's tags
+ * are tokens, the messages' text never is); prompt text through the
+ * tokenizer with its tags live (the sender wrote the template); prompt_ids
  * copied as they are (the caller checks them against its vocabulary). On
  * success *ids (malloc'd, caller frees; one spare slot) and *n_ids are
  * set. On failure *code says which protocol error it is: TEMPLATE_ERROR,

@@ -109,8 +109,8 @@ static void set_id(struct worker *w, struct wjob *j, const char *id)
 }
 
 /* Renders the job's prompt into j->ids, as the engine itself would (chat
- * template + tokenizer with the template's special tokens live, through
- * engine/prompt.c, which the dispatcher's cache fast path shares), so that
+ * template + chat_tokenize, through engine/prompt.c, which the
+ * dispatcher's cache fast path shares), so that
  * the cache key, the length check and resumption all see the very ids the
  * engine runs. Returns 0 or fills *code. */
 static int render(struct worker *w, struct wjob *j, enum ev_code *code, struct rl_err *err)
