@@ -46,13 +46,6 @@
 #define GROUP_REQ "dispatchers"
 #define GROUP_WORKERS "workers"
 
-int64_t d_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 enum dact { A_ACK = 1, A_REJECT, A_OVERLOAD, A_CACHE, A_FORWARD };
 
 /* One request of a round. */
