@@ -328,7 +328,7 @@ static void refresh_stats(struct disp *d)
         .threshold_ms = d->cfg.adaptive_wait_ms,
         .think_wait_ms = tp >= 0 ? d->pools[tp].wait_ms : 0, .fast_wait_ms = d->pools[fp].wait_ms};
     double eff = route_effective_ratio(&a);
-    if (eff != route_get_ratio(d->router) && route_ratio_ppm(eff) != route_ratio_ppm(route_get_ratio(d->router)))
+    if (route_ratio_ppm(eff) != route_ratio_ppm(route_get_ratio(d->router)))
         RL_LOG(&d->log, RL_LOG_INFO, "adaptive: think ratio %.3f -> %.3f (wait think %" PRId64
                " ms, fast %" PRId64 " ms)", route_get_ratio(d->router), eff, a.think_wait_ms,
                a.fast_wait_ms);
@@ -406,6 +406,15 @@ static void decide(struct disp *d, struct dreq *qs, int n)
     for (int i = 0; i < n; i++) {
         if (qs[i].act != A_FORWARD || !qs[i].lookup)
             continue;
+        /* a popular request repeated within the round is fetched once */
+        int same = -1;
+        for (int k = i - 1; k >= 0 && same < 0; k--)
+            if (qs[k].act == A_FORWARD && qs[k].lookup && !strcmp(qs[k].cache_key, qs[i].cache_key))
+                same = k;
+        if (same >= 0) {
+            qs[i].get_idx = qs[same].get_idx;
+            continue;
+        }
         const char *argv[2] = {"GET", qs[i].cache_key};
         qs[i].get_idx = rconn_batch_count(b);
         if (rconn_batch_add(b, 2, argv, NULL, &err)) {

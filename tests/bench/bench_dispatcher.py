@@ -15,7 +15,7 @@ pending). Mixes:
               forward.
   cache_hit:  the same greedy chat request N times (distinct ids) after a
               worker ran it once: render, tokenize, GET (a hit), and replay
-              its events onto redlm:out:<id> (11 XADDs + EXPIRE each).
+              its events onto redlm:out:<id> (9 XADDs + EXPIRE each).
 Prints one JSON line per mix.
 """
 import argparse
