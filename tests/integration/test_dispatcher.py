@@ -113,6 +113,33 @@ def test_1000_auto_requests_split_300_700(dispatchers, redis_addr, prefix):
               "requests_per_s", "pool_waiting", "pool_wait_ms"):
         assert k in hb, k
     assert hb["pool_waiting"]["think"] == len(think)  # no worker took them
+    assert 0 < r.ttl(f"{prefix}dispatcher:d1") <= 10
+
+
+def test_two_dispatchers_share_the_requests(dispatchers, redis_addr, prefix):
+    """Two copies consume the same group: each routes a part, none twice;
+    each keeps its own split, so the total is within two of the ratio."""
+    r = connect(redis_addr)
+    dispatchers("d1", "--think-ratio", "0.3")
+    dispatchers("d2", "--think-ratio", "0.3")
+    n = 2000
+    jobs = [{"id": f"s{i}", "prompt_ids": [1]} for i in range(n)]
+    for k in range(0, n, 50):  # small bursts, so both get some
+        send_many(r, prefix, jobs[k:k + 50])
+        time.sleep(0.002)
+    wait_handled(r, prefix, n)
+    think, fast = pool_jobs(r, prefix, "think"), pool_jobs(r, prefix, "fast")
+    ids = [j["id"] for j in think + fast]
+    assert len(ids) == n and len(set(ids)) == n
+    assert 598 <= len(think) <= 602, len(think)
+    h1 = wait_hb(r, prefix, "d1", lambda h: True)
+    h2 = wait_hb(r, prefix, "d2", lambda h: True)
+    deadline = time.time() + 5
+    while sum(h1["routed"].values()) + sum(h2["routed"].values()) < n:
+        assert time.time() < deadline
+        time.sleep(0.1)
+        h1, h2 = heartbeat(r, prefix, "d1"), heartbeat(r, prefix, "d2")
+    assert sum(h1["routed"].values()) > 0 and sum(h2["routed"].values()) > 0
 
 
 def test_modes_switches_rules_and_pools(dispatchers, redis_addr, prefix):
