@@ -211,7 +211,8 @@ void wm_observe(struct whist *h, double ms);
 void wm_error(struct wmetrics *m, enum ev_code code);
 int wm_start(struct worker *w, struct rl_err *err);
 void wm_stop(struct worker *w);
-/* The heartbeat value: JSON with pools, running, free KV blocks, tokens/s. */
+/* The heartbeat value: JSON with pools, running, free KV blocks, tokens/s,
+ * and the counters since start (jobs_done, tokens_out, cache hits/misses). */
 char *wm_heartbeat_json(struct worker *w);
 
 #endif
