@@ -27,6 +27,11 @@
  * The one way to duplicate: a live dispatcher stalled longer than
  * claim_idle_ms between its read and its EXEC, whose entries another one
  * claims meanwhile. The default 30 s is far above a round's milliseconds.
+ * The one way to lose: Redis runs the XACK of a transaction whose XADD
+ * failed at run time (transactions do not roll back); XADD fails so only
+ * on a pool key of another type, which start-up refuses already (the
+ * XGROUP CREATE of the workers group fails), so that needs someone to
+ * replace the key while we run; it is logged as an error naming the job.
  *
  * Main thread only; the counters go to struct dmetrics under its mutex. */
 #include <inttypes.h>
@@ -496,8 +501,10 @@ static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
     for (int i = 0; i < n; i++) {
         struct dreq *q = &qs[i];
         q->exec_idx = -1;
-        if (!q->act)
+        if (!q->act) { /* could not be prepared (memory): try it again later */
+            d->own_again = true;
             continue;
+        }
         const char *multi[1] = {"MULTI"}, *exec[1] = {"EXEC"};
         int rc = rconn_batch_add(b, 1, multi, NULL, err);
         if (!rc && q->act != A_FORWARD && q->act != A_ACK)
@@ -544,7 +551,8 @@ static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
         }
         for (size_t k = 0; k < r->n_elem; k++)
             if (r->elem[k].type == RCONN_ERROR && !rconn_reply_is_stale_id(&r->elem[k]))
-                RL_LOG(&d->log, RL_LOG_WARN, "job %s: %s", q->id[0] ? q->id : "-",
+                RL_LOG(&d->log, q->act == A_FORWARD ? RL_LOG_ERROR : RL_LOG_WARN,
+                       "job %s (request %s): %s", q->id[0] ? q->id : "-", q->e->id,
                        r->elem[k].str);
         handled++;
         switch (q->act) {
