@@ -741,6 +741,8 @@ int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *re
         struct rl_err err;
         const char *key = d->req_key;
         int64_t block = d->next_hb_ms - d_now_ms();
+        if (d->watchdog_usec && d->next_wd_ms - d_now_ms() < block)
+            block = d->next_wd_ms - d_now_ms(); /* a blocked read must not starve the watchdog */
         if (block > d->cfg.block_ms)
             block = d->cfg.block_ms;
         if (block < 1)

@@ -418,3 +418,48 @@ def test_sighup_reload_and_sigterm(dispatchers, redis_addr, prefix, tmp_path):
     assert "stopping" in d.text()
     # a clean exit with nothing pending leaves no consumer behind
     assert r.xinfo_consumers(f"{prefix}requests", "dispatchers") == []
+
+
+def test_systemd_notify(redis_addr, prefix, tmp_path):
+    """READY=1 once connected, WATCHDOG=1 pings at half of WATCHDOG_USEC
+    (even while idle in a 5 s blocking read), STOPPING=1 on SIGTERM: read
+    from a NOTIFY_SOCKET of our own."""
+    import os
+    import socket
+    import subprocess
+    from conftest import DISPATCHER
+    if not DISPATCHER.exists():
+        pytest.skip("dispatcher not built")
+    path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(10)
+    env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="200000")
+    log = open(tmp_path / "d.log", "w")
+    p = subprocess.Popen([str(DISPATCHER), "--redis", redis_addr, "--prefix", prefix,
+                          "--name", "sd", "--http-port", "0", "--block-ms", "5000",
+                          "--heartbeat-interval-ms", "5000", "--heartbeat-ttl-s", "10"],
+                         env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        got = []
+        while "READY=1" not in got:
+            got.append(sock.recv(4096).decode())
+        t0 = time.time()
+        while got.count("WATCHDOG=1") < 5:
+            got.append(sock.recv(4096).decode())
+        assert time.time() - t0 < 1.5, got  # 5 pings at ~100 ms, not one per blocked read
+        p.terminate()
+        assert p.wait(10) == 0
+        rest = []
+        sock.settimeout(1)
+        try:
+            while True:
+                rest.append(sock.recv(4096).decode())
+        except socket.timeout:
+            pass
+        assert "STOPPING=1" in rest, rest
+    finally:
+        if p.poll() is None:
+            p.kill()
+        log.close()
+        sock.close()
