@@ -159,6 +159,11 @@ clean:
 $(BUILD)/tests/test_route: $(BUILD)/tests/unit/test_route.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
+# test_dmetrics renders the dispatcher's /metrics text and heartbeat from
+# dispatcher/metrics.c alone.
+$(BUILD)/tests/test_dmetrics: $(BUILD)/tests/unit/test_dmetrics.o $(BUILD)/dispatcher/metrics.o $(LIBENGINE) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
 
 # --- HTTP front door (branch http) ------------------------------------------
 # The front door's code lives in dispatcher/, not in a library: its unit

@@ -32,6 +32,10 @@ if [ -x "$BUILD/tests/bench_batching" ]; then
     "$BUILD/tests/bench_batching" -m "$M06" --threads "$THREADS"
 fi
 
+# --- dispatcher (branch disp) ---
+echo "# dispatcher: requests routed per second (route, cache-miss and cache-hit mixes)"
+/usr/bin/python3 tests/bench/bench_dispatcher.py --requests "${DISP_REQUESTS:-20000}"
+
 # --- HTTP front door (branch http) ---
 if [ -x "$BUILD/tests/bench_http" ] && command -v redis-server >/dev/null; then
     echo "# HTTP front door: token event XADD on redlm:out:<id> -> its SSE chunk at the client (no model)"
