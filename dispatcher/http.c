@@ -27,7 +27,11 @@
  * ends the request, and a request whose job has not ended sets
  * <prefix>cancel:<id> (SET ... EX 600), which the worker checks every
  * step. libmicrohttpd's completion callback does the same for a client
- * lost while writing.
+ * lost while writing. A request in progress has no idle timeout (its wait
+ * is ours, bounded by http_timeout_s); http_idle_timeout_s applies to
+ * keep-alive connections between requests. A stream quiet for
+ * KEEPALIVE_MS gets an SSE comment, which clients skip and proxies take as
+ * a sign of life.
  *
  * Rate limits are fixed one-minute windows in Redis, so every dispatcher
  * copy shares them: <prefix>ratelimit:<tenant>:rpm:<minute> counts
