@@ -64,7 +64,7 @@ static const struct opt options[] = {
     {"pools", T_LIST, O(pools), "fast,think", 0, 0, NULL, CFG_BOTH, F_NAMES,
      "Pools served, in the order they are read (worker); pools that exist (dispatcher)."},
     {"name", T_STR, O(name), "", 0, 0, NULL, CFG_BOTH, 0,
-     "Consumer name in the workers group; must be unique and stable across restarts; empty = the host name."},
+     "Consumer name in the workers group (a worker; must be unique and stable across restarts; empty = the host name) or the dispatchers group (a dispatcher; empty = host-pid)."},
     {"default_pool", T_STR, O(default_pool), "fast", 0, 0, NULL, CFG_DISPATCHER, F_NAMES | F_LIVE,
      "Pool for requests that name none; must be one of pools."},
     /* engine */
