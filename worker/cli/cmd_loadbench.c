@@ -207,7 +207,8 @@ static void lb_usage(FILE *f)
 "  --timeout S          per request, then it is cancelled and counted TIMEOUT (120)\n"
 "  --out FILE           full result JSON; latency.png and throughput.png beside it\n"
 "  --label S            a name for this run in the JSON and the plot titles\n"
-"  --no-check           skip the check that a dispatcher / worker heartbeat exists\n"
+"  --no-check           skip the check (waiting up to 5 s) that a dispatcher or worker\n"
+"                       heartbeat exists\n"
 "  --no-plots           do not run gnuplot\n");
 }
 
@@ -1151,8 +1152,16 @@ static int preflight(const struct lb_opts *o, struct rl_err *err)
     bool disp = o->target == LB_TARGET_DISPATCHER;
     snprintf(pat, sizeof pat, "%s%s:*", o->prefix, disp ? "dispatcher" : "worker");
     long n = 0;
-    if ((rc = count_keys(c, pat, &n, err)) < 0)
-        goto out;
+    /* a deployment started a moment ago may not have written its first
+     * heartbeat yet: give it a few seconds */
+    for (double until = mono_s() + 5; ; ) {
+        if ((rc = count_keys(c, pat, &n, err)) < 0)
+            goto out;
+        if (n > 0 || mono_s() >= until)
+            break;
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
     if (n == 0)
         rc = disp ? rl_errf(err, RL_ENOTFOUND,
                             "no dispatcher heartbeat (%s) in %s: start redlm-dispatcher, or send "
