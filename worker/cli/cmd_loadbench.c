@@ -1142,10 +1142,8 @@ static int preflight(const struct lb_opts *o, struct rl_err *err)
     int rc = rconn_create(&c, &ro, err);
     if (rc < 0)
         return rc;
-    if ((rc = rconn_wait(c, 3000, err)) < 0) {
-        rl_err_wrap(err, "redis %s", o->redis);
+    if ((rc = rconn_wait(c, 3000, err)) < 0) /* the message names the address */
         goto out;
-    }
     if (!o->check)
         goto out;
     char pat[256];
@@ -1258,38 +1256,47 @@ static int write_plots(const struct lb_opts *o, const char *dir, const struct lb
     gp_str(qd2, sizeof qd2, dat2);
     gp_str(qp1, sizeof qp1, png1);
     gp_str(qp2, sizeof qp2, png2);
-    double lo = lv[0].level, hi = lv[0].level;
-    for (int i = 1; i < n_lv; i++) {
+    /* explicit y ranges with headroom: an autoscaled range ends at the
+     * highest point, which then hides under the border or the key */
+    double lo = lv[0].level, hi = lv[0].level, y_lat = 0, y_tpot = 0, y_tok = 0, y_req = 0;
+    for (int i = 0; i < n_lv; i++) {
         lo = fmin(lo, lv[i].level);
         hi = fmax(hi, lv[i].level);
+        y_lat = fmax(y_lat, fmax(lv[i].e2e.p99, lv[i].ttft.p99));
+        y_tpot = fmax(y_tpot, lv[i].tpot.p99);
+        y_tok = fmax(y_tok, lv[i].tok_per_s);
+        y_req = fmax(y_req, lv[i].req_per_s);
     }
+#define YTOP(y) ((y) > 0 ? (y) * 1.25 : 1.0)
     if (!(f = fopen(gp, "w")))
         return rl_errf(err, RL_EIO, "%s: %s", gp, strerror(errno));
     fprintf(f, "# made by redlm bench; run: gnuplot %s\n", gp);
     fprintf(f, "set terminal pngcairo size 1500,480 font ',10'\n");
     fprintf(f, "set output '%s'\nset grid\nset key top left box opaque\n", qp1);
-    fprintf(f, "set offsets graph 0.05, graph 0.05, graph 0.05, 0\n");
+    fprintf(f, "set offsets graph 0.05, graph 0.05, 0, 0\n");
     if (hi >= 4 * lo)
         fprintf(f, "set logscale x 2\n");
     if (hi == lo) /* one level: a range around it, not gnuplot's empty-range warning */
         fprintf(f, "set xrange [%g:%g]\n", lo * 0.5, lo * 1.5);
     fprintf(f, "set multiplot layout 1,3 title 'redlm bench: latency against load (%s)'\n", label);
-    fprintf(f, "set xlabel '%s'\nset ylabel 'latency (ms)'\nset yrange [0:*]\n", xl);
+    fprintf(f, "set xlabel '%s'\nset ylabel 'latency (ms)'\nset yrange [0:%g]\n", xl, YTOP(y_lat));
     fprintf(f, "set title 'end-to-end and time to first token'\n");
     fprintf(f, "plot '%s' u 1:5 w lp lw 2 t 'E2E p50', '' u 1:7 w lp lw 2 t 'E2E p99', "
                "'' u 1:2 w lp t 'TTFT p50', '' u 1:4 w lp t 'TTFT p99'\n", qd1);
-    fprintf(f, "set title 'time per output token'\nset ylabel 'TPOT (ms/token)'\n");
+    fprintf(f, "set title 'time per output token'\nset ylabel 'TPOT (ms/token)'\nset yrange [0:%g]\n",
+            YTOP(y_tpot));
     fprintf(f, "plot '%s' u 1:8 w lp lw 2 t 'TPOT p50', '' u 1:9 w lp t 'TPOT p90', "
                "'' u 1:10 w lp t 'TPOT p99'\n", qd1);
     fprintf(f, "set title 'throughput'\nset ylabel 'output tokens/s'\nset y2label 'requests/s'\n"
-               "set y2tics\nset y2range [0:*]\n");
+               "set y2tics\nset yrange [0:%g]\nset y2range [0:%g]\n", YTOP(y_tok), YTOP(y_req));
+#undef YTOP
     fprintf(f, "plot '%s' u 1:12 w lp lw 2 t 'output tokens/s', '' u 1:11 axes x1y2 w lp t 'requests/s'\n", qd1);
     fprintf(f, "unset multiplot\nunset y2tics\nunset y2label\nunset logscale x\nset offsets 0,0,0,0\n");
     fprintf(f, "set output '%s'\nset terminal pngcairo size 1200,720 font ',10'\n", qp2);
     fprintf(f, "set multiplot layout 2,1 title 'redlm bench: throughput over time, 1 s buckets (%s)'\n", label);
     fprintf(f, "set xlabel 'time since the level started (s)'\nset key top right box opaque\n");
     fprintf(f, "set xrange [0:%d]\n", max_nb);
-    fprintf(f, "set title ''\nset ylabel 'output tokens/s'\nset yrange [0:*]\nplot ");
+    fprintf(f, "set title ''\nset ylabel 'output tokens/s'\nset yrange [0:*]\nset offsets 0, 0, graph 0.15, 0\nplot ");
     for (int i = 0; i < n_lv; i++)
         fprintf(f, "%s'%s' index %d u 1:3 w l lw 2 t '%g %s'", i ? ", " : "", qd2, i, lv[i].level, unit);
     fprintf(f, "\nset ylabel 'completed requests/s'\nplot ");
