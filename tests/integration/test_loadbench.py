@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from conftest import CLI
+from conftest import CLI, connect
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -155,3 +155,19 @@ def test_refusals(built, redis_addr, prefix, tmp_path):
     assert p.returncode == 1 and "bad.jsonl:1" in p.stderr and "temperature" in p.stderr
     p = run("--help")
     assert p.returncode == 0 and "--sweep" in p.stdout
+
+
+def test_timeout_cancels(built, redis_addr, prefix, tmp_path):
+    """Nobody serves the pool: each request times out, is counted TIMEOUT and
+    cancelled through <prefix>cancel:<id>, and the command still reports."""
+    out = tmp_path / "result.json"
+    _, full, _ = bench(redis_addr, prefix, out, "--target", "pool:nobody", "--no-check",
+                       "--clients", "2", "--requests", "3", "--timeout", "0.5", "--no-plots")
+    (lv,) = full["levels"]
+    assert lv["completed"] == 0 and lv["errors"] == {"TIMEOUT": 3}
+    r = connect(redis_addr)
+    for q in lv["requests"]:
+        assert q["error"] == "TIMEOUT" and q["e2e_ms"] >= 500
+        assert r.get(f"{prefix}cancel:{q['id']}") == "1"
+        assert 0 < r.ttl(f"{prefix}cancel:{q['id']}") <= 600
+    assert r.xlen(f"{prefix}jobs:nobody") == 3

@@ -1208,11 +1208,12 @@ static int write_plots(const struct lb_opts *o, const char *dir, const struct lb
                        cJSON *plots, struct rl_err *err)
 {
     char dat1[4096], dat2[4096], gp[4096], png1[4096], png2[4096];
-    snprintf(dat1, sizeof dat1, "%s/load.dat", dir);
-    snprintf(dat2, sizeof dat2, "%s/timeline.dat", dir);
-    snprintf(gp, sizeof gp, "%s/plots.gp", dir);
-    snprintf(png1, sizeof png1, "%s/latency.png", dir);
-    snprintf(png2, sizeof png2, "%s/throughput.png", dir);
+    if (snprintf(dat1, sizeof dat1, "%s/load.dat", dir) >= (int)sizeof dat1 ||
+        snprintf(dat2, sizeof dat2, "%s/timeline.dat", dir) >= (int)sizeof dat2 ||
+        snprintf(gp, sizeof gp, "%s/plots.gp", dir) >= (int)sizeof gp ||
+        snprintf(png1, sizeof png1, "%s/latency.png", dir) >= (int)sizeof png1 ||
+        snprintf(png2, sizeof png2, "%s/throughput.png", dir) >= (int)sizeof png2)
+        return rl_errf(err, RL_EINVAL, "%.200s...: directory name too long", dir);
     FILE *f = fopen(dat1, "w");
     if (!f)
         return rl_errf(err, RL_EIO, "%s: %s", dat1, strerror(errno));
