@@ -136,26 +136,22 @@ static int render(struct worker *w, struct wjob *j, enum ev_code *code, struct r
         return rl_errf(err, RL_EINVAL, "%s: this model has no tokenizer.json; send prompt_ids",
                        jb->input == JOB_INPUT_MESSAGES ? "messages" : "prompt");
     }
-    char *text = NULL;
-    size_t len = 0;
     int rc;
+    struct tok_ids v = {0};
     if (jb->input == JOB_INPUT_MESSAGES) {
         struct chat_template_opts co = {
             .add_generation_prompt = true,
             .disable_thinking = job_mode_on(jb, w->pools[j->pool]) == JOB_MODE_NO_THINK,
         };
-        if ((rc = chat_render(jb->messages, jb->tools, &co, &text, &len, err))) {
-            *code = EV_CODE_TEMPLATE_ERROR;
-            return rc;
-        }
+        rc = chat_tokenize(tok, jb->messages, jb->tools, &co, &v, err);
+        *code = rc == -RL_EINVAL ? EV_CODE_TEMPLATE_ERROR : EV_CODE_INTERNAL;
+    } else {
+        /* a raw prompt is the sender's own template: its tags are tokens */
+        rc = tok_encode(tok, jb->prompt, jb->prompt_len, 0, &v, err);
+        *code = EV_CODE_INTERNAL;
     }
-    struct tok_ids v = {0};
-    rc = text ? tok_encode(tok, text, len, 0, &v, err)
-              : tok_encode(tok, jb->prompt, jb->prompt_len, 0, &v, err);
-    free(text);
     if (rc) {
         tok_ids_free(&v);
-        *code = EV_CODE_INTERNAL;
         return rc;
     }
     j->ids = v.ids;
