@@ -198,7 +198,7 @@ static void lb_usage(FILE *f)
 "                       prompt or prompt_ids, and optionally max_tokens\n"
 "  --output-len N|A..B  max_tokens, sent with ignore_eos (32)\n"
 "  --think F            fraction of requests with mode think (0)\n"
-"  --auto F             fraction with mode auto, for the dispatcher (0)\n"
+"  --auto F             fraction sent without a mode (auto: the dispatcher decides) (0)\n"
 "  --repeat F           fraction re-sending one of the --hot prompts at temperature 0 (0)\n"
 "  --hot K              number of repeated prompts (4)\n"
 "  --temperature T      temperature of the other requests (0.7)\n"
@@ -606,7 +606,10 @@ static char *build_job(const struct lb_run *run, int i, struct lb_req *q)
         cJSON_AddStringToObject(m, "content", text ? text : "");
         free(text);
     }
-    cJSON_AddStringToObject(job, "mode", mode_names[q->mode]);
+    /* auto is the dispatcher's default for a job without a mode: leaving
+     * the field out asks for it with every version of the protocol */
+    if (q->mode != LB_MODE_AUTO)
+        cJSON_AddStringToObject(job, "mode", mode_names[q->mode]);
     cJSON_AddNumberToObject(job, "max_tokens", q->max_tokens);
     cJSON_AddNumberToObject(job, "temperature", q->repeated ? 0 : o->temperature);
     cJSON_AddBoolToObject(job, "ignore_eos", 1);
