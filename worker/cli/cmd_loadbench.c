@@ -39,6 +39,9 @@
  * output token and throughput against load) and throughput.png (output
  * tokens/s and requests/s over time, per-second buckets). Without gnuplot
  * the JSON is still written and a warning says why there are no plots.
+ * Exit status: 0 when the run completed (failed requests are part of the
+ * measurement, counted by code), 1 when it could not run (Redis, no
+ * consumer, files), 2 for bad usage.
  *
  * Threads: the main thread parses, starts the clients of a level, joins
  * them and does all the statistics (loadstats.c); a client thread writes
