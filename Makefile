@@ -160,3 +160,10 @@ $(BUILD)/tests/test_loadstats: $(BUILD)/tests/unit/test_loadstats.o $(BUILD)/wor
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# --- dispatcher (branch disp) ---------------------------------------------
+# test_route checks the dispatcher's routing policy, which lives in
+# dispatcher/route.c rather than a library: link that one object in.
+$(BUILD)/tests/test_route: $(BUILD)/tests/unit/test_route.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
