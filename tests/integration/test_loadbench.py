@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from conftest import CLI, connect
+from conftest import CLI, MODEL, connect
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -171,3 +171,35 @@ def test_timeout_cancels(built, redis_addr, prefix, tmp_path):
         assert r.get(f"{prefix}cancel:{q['id']}") == "1"
         assert 0 < r.ttl(f"{prefix}cancel:{q['id']}") <= 600
     assert r.xlen(f"{prefix}jobs:nobody") == 3
+
+
+def test_through_the_dispatcher(workers, dispatchers, client, redis_addr, prefix, tmp_path):
+    """The default target: jobs go to <prefix>requests, the dispatcher routes
+    them by mode (auto: no mode, its ratio decides) and answers repeated
+    greedy prompts from the result cache itself once a worker has filled it."""
+    workers("w1")
+    dispatchers("d1", "--model", str(MODEL))
+    out = tmp_path / "result.json"
+    _, full, _ = bench(redis_addr, prefix, out, "--clients", "4", "--requests", "20",
+                       "--think", "0.3", "--auto", "0.3", "--repeat", "0.5", "--hot", "1",
+                       "--output-len", "4..8", "--prompt-len", "3..8", "--seed", "4", "--no-plots")
+    assert full["target"] == "dispatcher"
+    (lv,) = full["levels"]
+    assert lv["completed"] == 20 and lv["n_errors"] == 0
+    r = client.r
+    assert r.xlen(f"{prefix}requests") == 20
+    streams = out_streams(r, prefix)
+    dones = [evs[-1] for evs in streams.values() if evs and evs[-1]["type"] == "done"]
+    assert len(dones) == 20
+    assert lv["output_tokens"] == sum(d["usage"]["completion_tokens"] for d in dones)
+    assert lv["cached"] == sum(d["cached"] for d in dones) >= 1
+    pool_of = {}
+    for pool in ("fast", "think"):
+        for _, f in r.xrange(f"{prefix}jobs:{pool}"):
+            pool_of[json.loads(f["job"])["id"]] = pool
+    assert len(pool_of) <= 20 - 1  # at least one answered by the cache, never forwarded
+    modes = {q["mode"] for q in lv["requests"]}
+    assert modes <= {"think", "no_think", "auto"} and "auto" in modes
+    for q in lv["requests"]:
+        if q["id"] in pool_of and q["mode"] != "auto":
+            assert pool_of[q["id"]] == ("think" if q["mode"] == "think" else "fast"), q
