@@ -5,21 +5,22 @@
 # each (this machine has 2 cores), and, when build/ has one, a dispatcher
 # per deployment. Deployments live side by side under their own key
 # prefixes (an idle worker costs no CPU: it waits in XREADGROUP), so the
-# configurations compared can take turns level by level: on a shared, noisy
-# machine the load drifts over minutes, and interleaving keeps that drift
-# out of the ratios.
+# two configurations of a comparison take turns, A B B A, each for half of
+# $DURATION: on a shared, noisy machine the load drifts over minutes, and
+# the turns cancel a steady drift out of the ratios.
 #
-#   one-worker/c<N>  1 worker,  N closed-loop clients     } in turns, for
-#   two-workers/c<N> 2 workers, N closed-loop clients     } N in $SWEEP
-#   open-loop        2 workers, Poisson arrivals, a sweep over $RATES req/s
-#   cache-on         2 workers, $CACHE_CLIENTS clients, half the requests
-#                    repeat one of 4 greedy prompts: the result cache answers
-#   cache-off        the same on 2 workers started with --no-result-cache
-#                    (and a dispatcher without the cache fast path)
+#   one-worker/c<N>/r1,r2   1 worker,  N closed-loop clients  } in turns,
+#   two-workers/c<N>/r1,r2  2 workers, N closed-loop clients  } N in $SWEEP
+#   open-loop               2 workers, Poisson arrivals, a sweep over $RATES req/s
+#   cache-on/r1,r2          2 workers, $CACHE_CLIENTS clients, half the requests
+#                           repeat one of 4 greedy prompts: the cache answers } in
+#   cache-off/r1,r2         the same on 2 workers with --no-result-cache, and } turns
+#                           a dispatcher without the cache fast path
 #
 # Every run writes build/bench-load/<run>/result.json, latency.png and
 # throughput.png; build/bench-load/compare.png puts one worker against two;
-# a table and the ratios go to stdout. Bounded: $DURATION seconds (or
+# a table (the two turns of a configuration pooled, bench_load_report.py)
+# and the ratios go to stdout. Bounded: $DURATION seconds (or
 # $REQUESTS requests) per level.
 #   DURATION=10 SWEEP=1,2,4,8 RATES=1,2,4 bash tests/bench/bench_load.sh
 set -euo pipefail
@@ -108,63 +109,39 @@ run() { # $1 = run name, $2 = prefix, then extra bench flags
     "$BUILD/redlm" bench "${args[@]}" >/dev/null
 }
 
+half=(--duration "$(awk "BEGIN { print $DURATION / 2 }")" --requests $(((REQUESTS + 1) / 2)))
+turns() { # $1 = name A, $2 = prefix A, $3 = name B, $4 = prefix B, then bench flags: A B B A
+    local a=$1 pa=$2 b=$3 pb=$4
+    shift 4
+    run "$a/r1" "$pa" "$@" "${half[@]}"
+    run "$b/r1" "$pb" "$@" "${half[@]}"
+    run "$b/r2" "$pb" "$@" "${half[@]}"
+    run "$a/r2" "$pa" "$@" "${half[@]}"
+}
+
 start_redis
 deploy one: 1
 deploy two: 2
-for n in ${SWEEP//,/ }; do # taking turns, level by level
-    run "one-worker/c$n" one: --clients "$n" --seed 1
-    run "two-workers/c$n" two: --clients "$n" --seed 1
+for n in ${SWEEP//,/ }; do
+    turns "one-worker/c$n" one: "two-workers/c$n" two: --clients "$n" --seed 1
 done
 run open-loop two: --rate 1 --sweep "$RATES" --clients 64 --seed 3
 cleanup
 start_redis
 deploy con: 2
 deploy coff: 2 --no-result-cache
-run cache-on con: --clients "$CACHE_CLIENTS" --repeat 0.5 --hot 4 --seed 2
-run cache-off coff: --clients "$CACHE_CLIENTS" --repeat 0.5 --hot 4 --seed 2
+# cache-on's second turn finds the hot prompts cached by its first: the
+# steady state of a deployment whose cache has warmed up
+turns cache-on con: cache-off coff: --clients "$CACHE_CLIENTS" --repeat 0.5 --hot 4 --seed 2
 cleanup
 
-/usr/bin/python3 - "$OUT" "$SWEEP" "${target[two:]}" <<'EOF'
-import json, sys
-out, sweep, tgt = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], sys.argv[3]
-def level(path):
-    return json.load(open(f"{out}/{path}/result.json"))["levels"]
-rows = [(f"one-worker", lv) for n in sweep for lv in level(f"one-worker/c{n}")]
-rows += [(f"two-workers", lv) for n in sweep for lv in level(f"two-workers/c{n}")]
-rows += [("open-loop", lv) for lv in level("open-loop")]
-rows += [(n, lv) for n in ("cache-on", "cache-off") for lv in level(n)]
-print(f"# redlm bench, target {tgt}; results and plots under {out}/<run>/")
-hdr = ("run", "load", "req/s", "tok/s", "ttft p50", "tpot p50", "e2e p50", "e2e p99", "cached", "errors")
-print("| " + " | ".join(hdr) + " |")
-print("|" + "---|" * len(hdr))
-for name, lv in rows:
-    load = f"{lv['level']:g} req/s" if lv["loop"] == "open" else f"{lv['level']:g} clients"
-    print(f"| {name} | {load} | {lv['requests_per_s']:.2f} | {lv['output_tokens_per_s']:.1f} | "
-          f"{lv['ttft_ms']['p50']:.0f} ms | {lv['tpot_ms']['p50']:.1f} ms | {lv['e2e_ms']['p50']:.0f} ms | "
-          f"{lv['e2e_ms']['p99']:.0f} ms | {100 * lv['cached_fraction']:.0f}% | {lv['n_errors']} |")
-print()
-with open(f"{out}/compare.dat", "w") as f:
-    f.write("# clients one_tok_s two_tok_s one_e2e_p50 one_e2e_p99 two_e2e_p50 two_e2e_p99\n")
-    ratios = []
-    for n in sweep:
-        (a,), (b,) = level(f"one-worker/c{n}"), level(f"two-workers/c{n}")
-        f.write(f"{n} {a['output_tokens_per_s']:.3f} {b['output_tokens_per_s']:.3f} {a['e2e_ms']['p50']:.3f} "
-                f"{a['e2e_ms']['p99']:.3f} {b['e2e_ms']['p50']:.3f} {b['e2e_ms']['p99']:.3f}\n")
-        if a["output_tokens_per_s"] > 0:
-            ratios.append(f"{n} clients {b['output_tokens_per_s'] / a['output_tokens_per_s']:.2f}x")
-print("two workers / one worker, output tokens/s: " + ", ".join(ratios))
-(on,), (off,) = level("cache-on"), level("cache-off")
-if off["requests_per_s"] > 0:
-    print(f"result cache on / off: requests/s {on['requests_per_s'] / off['requests_per_s']:.2f}x, "
-          f"e2e p50 {on['e2e_ms']['p50']:.0f} vs {off['e2e_ms']['p50']:.0f} ms, "
-          f"cached {100 * on['cached_fraction']:.0f}% vs {100 * off['cached_fraction']:.0f}%")
-EOF
+/usr/bin/python3 tests/bench/bench_load_report.py "$OUT" "$SWEEP" "${target[two:]}"
 
 if command -v gnuplot >/dev/null; then
     gnuplot <<GP
 set terminal pngcairo size 1200,480 font ',10'
 set output '$OUT/compare.png'
-set multiplot layout 1,2 title 'redlm bench: one worker against two (--threads 1 each, closed loop, levels in turns)'
+set multiplot layout 1,2 title 'redlm bench: one worker against two (--threads 1 each, closed loop, in turns A B B A)'
 set grid
 set key top left box opaque
 set logscale x 2

@@ -1029,6 +1029,11 @@ static cJSON *level_json(const struct lb_opts *o, const struct lb_level *lv, con
         cJSON_AddNumberToObject(r, "sched_ms", round(q->t_sched * 1e6) / 1e3);
         cJSON_AddNumberToObject(r, "ttft_ms", q->t_first >= 0 ? round((q->t_first - q->t_sched) * 1e6) / 1e3 : -1);
         cJSON_AddNumberToObject(r, "e2e_ms", q->t_done >= 0 ? round((q->t_done - q->t_sched) * 1e6) / 1e3 : -1);
+        if (q->ok && q->completion_tokens >= 2 && q->t_first >= 0)
+            cJSON_AddNumberToObject(r, "tpot_ms", round((q->t_last - q->t_first) * 1e6 /
+                                                        (double)(q->completion_tokens - 1)) / 1e3);
+        else
+            cJSON_AddNullToObject(r, "tpot_ms");
         cJSON_AddNumberToObject(r, "events", q->n_ev);
         cJSON_AddNumberToObject(r, "prompt_tokens", (double)q->prompt_tokens);
         cJSON_AddNumberToObject(r, "completion_tokens", (double)q->completion_tokens);
