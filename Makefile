@@ -151,6 +151,14 @@ deps:
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz
 
+# ---- redlm bench (worker/cli/cmd_loadbench.c) ----
+# its plots are drawn by gnuplot; its statistics (worker/cli/loadstats.c)
+# live with the CLI, so their unit test links that object too
+DEB_PKGS += gnuplot-nox
+$(BUILD)/tests/test_loadstats: $(BUILD)/tests/unit/test_loadstats.o $(BUILD)/worker/cli/loadstats.o $(LIBENGINE) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
 # --- dispatcher (branch disp) ---------------------------------------------

@@ -48,3 +48,11 @@ if [ -x "$BUILD/tests/bench_http" ] && command -v redis-server >/dev/null; then
     kill "$(cat "$rdir/redis.pid")" 2>/dev/null || true
     rm -rf "$rdir"
 fi
+
+# ---- the load benchmark of a deployment (redlm bench; tests/bench/bench_load.sh) ----
+if command -v redis-server >/dev/null && [ -x "$BUILD/redlm-worker" ]; then
+    echo "# load: redlm bench through a private redis-server, 1 vs 2 workers, result cache on vs off"
+    BUILD="$BUILD" bash tests/bench/bench_load.sh
+else
+    echo "# load: skipped (needs redis-server and $BUILD/redlm-worker)"
+fi
