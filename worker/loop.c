@@ -661,8 +661,13 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
         if (!draining) {
             int k = admissible(w);
             bool idle = active == 0 && !w_has_pending(w);
+            int block = w->opt.read_block_ms;
+            /* an idle worker must still ping the watchdog on time: a BLOCK
+             * longer than the time to the next ping would let systemd kill it */
+            if (w->watchdog_usec && w->next_wd_ms - now < block)
+                block = w->next_wd_ms > now ? (int)(w->next_wd_ms - now) : 1; /* BLOCK 0 waits forever */
             if (k > 0)
-                read_jobs(w, k, idle ? w->opt.read_block_ms : -1);
+                read_jobs(w, k, idle ? block : -1);
             active = engine_n_active(w->eng);
         }
         if (active > 0) {
