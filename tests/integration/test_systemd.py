@@ -1,0 +1,413 @@
+"""systemd integration: `make install` lays out the files, the installed
+units pass `systemd-analyze verify`, and the worker speaks the sd_notify
+protocol the units rely on (Type=notify, WatchdogSec=, KillSignal=SIGTERM
+with TimeoutStopSec= above the drain).
+
+The notify tests play systemd's part: they bind an AF_UNIX datagram
+socket, start the worker with NOTIFY_SOCKET and WATCHDOG_USEC pointing at
+it, and read what it sends. They prove READY=1 only after the model is
+loaded (the model's config.json is a FIFO the test holds shut), WATCHDOG=1
+pings at half the interval, idle and busy, STOPPING=1 on SIGTERM, a job in
+flight finished before exit 0, and a load failure that never says READY=1.
+
+What systemd itself does with these messages (restart on a crash, the
+watchdog kill) is tested in test_systemd_manager.py under a real systemd
+user manager where the machine allows one.
+"""
+import configparser
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import MODEL, ROOT, WORKER, connect
+
+UNITS = ["redlm-worker@.service", "redlm.target"]
+if (ROOT / "dispatcher").is_dir() and any((ROOT / "dispatcher").glob("*.c")):
+    UNITS.append("redlm-dispatcher.service")
+BINS = ["redlm", "redlm-worker"] + (["redlm-dispatcher"] if "redlm-dispatcher.service" in UNITS
+                                    else [])
+
+
+def make_install(dest, *extra, target="install"):
+    env = dict(os.environ, BUILD=os.environ.get("BUILD", "build"))
+    build = env["BUILD"]
+    r = subprocess.run(["make", "-s", f"BUILD={build}", target, f"DESTDIR={dest}", *extra],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def files_under(root):
+    root = pathlib.Path(root)
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir())
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    if not WORKER.exists():
+        pytest.skip(f"{WORKER} not built (run make)")
+    dest = tmp_path_factory.mktemp("destdir")
+    make_install(dest)
+    return dest
+
+
+def test_install_layout(installed):
+    have = set(files_under(installed))
+    want = {f"usr/local/bin/{b}" for b in BINS}
+    want |= {f"usr/local/lib/systemd/system/{u}" for u in UNITS}
+    want |= {"usr/local/lib/sysusers.d/redlm.conf", "etc/redlm/redlm.conf", "etc/redlm/redlm.env",
+             "usr/local/share/redlm/redis-acl.conf", "usr/local/share/redlm/redis-users.acl",
+             "usr/local/share/redlm/redlm.conf"}
+    want |= {f"usr/local/share/redlm/schemas/{p.name}" for p in (ROOT / "schemas").glob("*.json")}
+    want |= {f"usr/local/share/redlm/schemas/examples/{p.name}"
+             for p in (ROOT / "schemas" / "examples").glob("*.json")}
+    assert want <= have, sorted(want - have)
+    for b in BINS:
+        p = installed / "usr/local/bin" / b
+        assert os.access(p, os.X_OK) and p.read_bytes() == (WORKER.parent / b).read_bytes()
+    unit = (installed / "usr/local/lib/systemd/system/redlm-worker@.service").read_text()
+    assert "@BINDIR@" not in unit and "@SYSCONFDIR@" not in unit
+    assert "exec /usr/local/bin/redlm-worker --config /etc/redlm/redlm.conf" in unit
+    assert (installed / "etc/redlm/redlm.conf").read_text() == \
+        (ROOT / "config/redlm.conf").read_text()
+    acl = (installed / "usr/local/share/redlm/redis-users.acl").read_text()
+    assert "#" not in acl.split("\n")[0] and acl.startswith("user default off")
+
+
+def test_install_prefix_and_unitdir(tmp_path):
+    if not WORKER.exists():
+        pytest.skip(f"{WORKER} not built (run make)")
+    make_install(tmp_path, "PREFIX=/usr", "SYSTEMD_UNITDIR=/lib/systemd/system",
+                 "SYSCONFDIR=/opt/etc", "SYSTEMD_VERSION=254")
+    have = set(files_under(tmp_path))
+    assert "usr/bin/redlm-worker" in have and "usr/share/redlm/schemas/job.schema.json" in have
+    assert "lib/systemd/system/redlm-worker@.service" in have
+    assert "opt/etc/redlm/redlm.conf" in have
+    # systemd >= 254 gets the growing restart delay as a drop-in
+    assert "lib/systemd/system/redlm-worker@.service.d/restart-backoff.conf" in have
+    unit = (tmp_path / "lib/systemd/system/redlm-worker@.service").read_text()
+    assert "exec /usr/bin/redlm-worker --config /opt/etc/redlm/redlm.conf" in unit
+    assert "EnvironmentFile=-/opt/etc/redlm/redlm.env" in unit
+
+
+def test_install_keeps_edited_config_and_uninstall(tmp_path):
+    if not WORKER.exists():
+        pytest.skip(f"{WORKER} not built (run make)")
+    make_install(tmp_path, "SYSTEMD_VERSION=252")
+    assert not any("restart-backoff" in f for f in files_under(tmp_path))
+    conf = tmp_path / "etc/redlm/redlm.conf"
+    conf.write_text(conf.read_text() + 'model = "/srv/models/qwen3-8b";\n')
+    make_install(tmp_path, "SYSTEMD_VERSION=252")
+    assert "/srv/models/qwen3-8b" in conf.read_text(), "install overwrote an edited config"
+    make_install(tmp_path, target="uninstall")
+    # only the edited config survives, the untouched redlm.env is gone
+    assert files_under(tmp_path) == ["etc/redlm/redlm.conf"]
+
+
+def unit_sections(path):
+    p = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
+    p.optionxform = str
+    # repeated keys (DeviceAllow=, Environment=) are legal in units; keep the last
+    p.read_string(re.sub(r"^#.*$", "", pathlib.Path(path).read_text(), flags=re.M))
+    return p
+
+
+def seconds(v):
+    m = re.fullmatch(r"(\d+)(min|s)?", v)
+    return int(m.group(1)) * (60 if m.group(2) == "min" else 1)
+
+
+def test_unit_settings(installed):
+    u = unit_sections(installed / "usr/local/lib/systemd/system/redlm-worker@.service")
+    s = u["Service"]
+    assert s["Type"] == "notify" and s["Restart"] == "on-failure"
+    assert s["KillSignal"] == "SIGTERM"
+    drain = int(re.search(r"^drain_timeout_s = (\d+);", (ROOT / "config/redlm.conf").read_text(),
+                          re.M).group(1))
+    assert seconds(s["TimeoutStopSec"]) > drain, "systemd would SIGKILL a draining worker"
+    assert seconds(s["WatchdogSec"]) >= 10
+    for k, v in {"ProtectSystem": "strict", "PrivateTmp": "yes", "NoNewPrivileges": "yes",
+                 "DevicePolicy": "closed", "User": "redlm"}.items():
+        assert s[k] == v, k
+    assert "PrivateDevices" not in s, "PrivateDevices hides /dev/nvidia*"
+    assert "ProcSubset" not in s, "ProcSubset=pid hides /proc/driver/nvidia"
+    # ordered after a local Redis, never requiring one (it may be remote)
+    assert "redis-server.service" in u["Unit"]["After"]
+    assert "redis-server" not in u["Unit"].get("Wants", "") + u["Unit"].get("Requires", "")
+    assert u["Install"]["WantedBy"] == "redlm.target"
+
+
+@pytest.fixture(scope="module")
+def verify_root(installed, tmp_path_factory):
+    """The installed units with /usr/local/bin and /etc/redlm pointing into
+    the DESTDIR tree, so verify checks the binaries that were installed."""
+    if not shutil.which("systemd-analyze"):
+        pytest.skip("systemd-analyze is not installed")
+    out = tmp_path_factory.mktemp("verify")
+    src = installed / "usr/local/lib/systemd/system"
+    for u in UNITS:
+        text = (src / u).read_text()
+        text = text.replace("/usr/local/bin/", f"{installed}/usr/local/bin/")
+        text = text.replace("/etc/redlm/", f"{installed}/etc/redlm/")
+        (out / u).write_text(text)
+    return out
+
+
+def verify(dir, names):
+    return subprocess.run(["systemd-analyze", "verify", "--man=no", *names], cwd=dir,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_units_verify(verify_root):
+    names = [u.replace("@.", "@0.") for u in UNITS]
+    r = verify(verify_root, names)
+    assert r.returncode == 0, r.stderr
+    # unknown keys are only warnings to verify: allow none on this systemd
+    assert r.stderr.strip() == "", r.stderr
+    # the binary behind the worker's sh -c is the one installed
+    unit = (verify_root / "redlm-worker@.service").read_text()
+    exe = re.search(r"exec (\S+/redlm-worker) ", unit).group(1)
+    assert os.access(exe, os.X_OK), exe
+
+
+def test_units_verify_catches_breakage(verify_root, tmp_path):
+    """The check above can fail: a unit whose binary is missing does."""
+    if "redlm-dispatcher.service" in UNITS:
+        name, key = "redlm-dispatcher.service", "redlm-dispatcher "
+    else:
+        name, key = "redlm.target", None
+    text = (verify_root / name).read_text()
+    if key:
+        text = text.replace(key, "redlm-missing ")
+    else:
+        text = text.replace("[Unit]", "[Unit]\nAfter=\nBogusKey=1")
+    (tmp_path / name).write_text(text)
+    r = verify(tmp_path, [name])
+    assert r.returncode != 0 or r.stderr.strip(), "verify accepted a broken unit"
+
+
+# ---- the sd_notify protocol, with the test as systemd ----------------------
+
+class Notify:
+    """An AF_UNIX datagram socket standing in for systemd's notify socket;
+    a thread records (monotonic time, message) pairs."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.1)
+        self.msgs = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.t = threading.Thread(target=self.loop, daemon=True)
+        self.t.start()
+
+    def loop(self):
+        while not self.stop.is_set():
+            try:
+                data = self.sock.recv(4096)
+            except socket.timeout:
+                continue
+            now = time.monotonic()
+            with self.lock:
+                for line in data.decode().split("\n"):
+                    if line:
+                        self.msgs.append((now, line))
+
+    def seen(self, msg):
+        with self.lock:
+            return [t for t, m in self.msgs if m == msg]
+
+    def wait_for(self, msg, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.seen(msg):
+                return self.seen(msg)[0]
+            time.sleep(0.01)
+        raise AssertionError(f"no {msg} within {timeout}s; got {self.msgs}")
+
+    def close(self):
+        self.stop.set()
+        self.t.join()
+        self.sock.close()
+
+
+class GatedModel:
+    """A copy of the tiny model whose config.json is a FIFO: the worker's
+    load blocks in open() until the gate opens, and every later reader
+    gets the real file's bytes."""
+
+    def __init__(self, dir):
+        self.dir = pathlib.Path(dir)
+        self.dir.mkdir()
+        for f in MODEL.iterdir():
+            if f.name != "config.json":
+                (self.dir / f.name).symlink_to(f)
+        self.fifo = self.dir / "config.json"
+        os.mkfifo(self.fifo)
+        self.data = (MODEL / "config.json").read_bytes()
+        self.gate = threading.Event()
+        self.stop = threading.Event()
+        self.served = []
+        self.t = threading.Thread(target=self.loop, daemon=True)
+        self.t.start()
+
+    def loop(self):
+        while not self.stop.is_set():
+            if not self.gate.is_set():
+                time.sleep(0.005)
+                continue
+            try:
+                fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # ENXIO: nobody is reading yet
+                time.sleep(0.005)
+                continue
+            os.set_blocking(fd, True)
+            self.served.append(time.monotonic())
+            try:
+                os.write(fd, self.data)  # < PIPE_BUF: one atomic write
+            except OSError:  # EPIPE: a reader that had its EOF closed first
+                pass
+            finally:
+                os.close(fd)
+            # let this reader see EOF and close before the next open, which
+            # would otherwise pair with the same reader again
+            time.sleep(0.05)
+
+    def close(self):
+        self.stop.set()
+        self.t.join()
+
+
+def start_worker(redis_addr, prefix, model, notify, log, *extra, watchdog_usec=1000000):
+    env = dict(os.environ, NOTIFY_SOCKET=notify.path, WATCHDOG_USEC=str(watchdog_usec))
+    env.pop("WATCHDOG_PID", None)
+    args = [str(WORKER), "--redis", redis_addr, "--model", str(model), "--pools", "fast",
+            "--name", "sd1", "--threads", "1", "--prefix", prefix, "--block-ms", "100",
+            "--http-port", "0", *extra]
+    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+
+
+@pytest.fixture
+def notify(tmp_path):
+    n = Notify(tmp_path / "notify.sock")
+    yield n
+    n.close()
+
+
+def test_notify_ready_watchdog_stopping_drain(built, redis_addr, prefix, notify, tmp_path):
+    model = GatedModel(tmp_path / "model")
+    log = open(tmp_path / "worker.log", "w")
+    p = start_worker(redis_addr, prefix, model.dir, notify, log, "--drain-timeout-s", "120")
+    try:
+        # the model cannot load while the gate is shut: no READY=1
+        time.sleep(1.5)
+        assert p.poll() is None, (tmp_path / "worker.log").read_text()
+        assert notify.seen("READY=1") == [] and notify.seen("WATCHDOG=1") == []
+        assert "loading" in (tmp_path / "worker.log").read_text()
+        model.gate.set()
+        t_ready = notify.wait_for("READY=1", 30)
+        assert model.served and model.served[0] < t_ready, "READY=1 before the model was read"
+        assert "ready:" in (tmp_path / "worker.log").read_text()
+        # WATCHDOG_USEC=1 s: a ping every 0.5 s while idle
+        time.sleep(2.2)
+        idle = [t for t in notify.seen("WATCHDOG=1") if t > t_ready]
+        assert len(idle) >= 3, idle
+        # a job in flight at SIGTERM: about a second long at this machine's
+        # speed now (a short job measures it), so it cannot end before the
+        # signal, which follows its 20th event within milliseconds
+        r = connect(redis_addr)
+        key = f"{prefix}jobs:fast"
+
+        def job(i, n):
+            r.xadd(key, {"job": json.dumps({"id": i, "prompt_ids": [5, 6, 7], "max_tokens": n,
+                                            "temperature": 0, "ignore_eos": True})})
+
+        t0 = time.monotonic()
+        job("cal", 300)
+        while not r.xlen(f"{prefix}out:cal") > 300:
+            assert time.monotonic() - t0 < 60
+            time.sleep(0.005)
+        rate = 300 / (time.monotonic() - t0)
+        n = int(min(max(rate, 1000), 4000))
+        job("d1", n)
+        deadline = time.time() + 30
+        while r.xlen(f"{prefix}out:d1") < 20:
+            assert time.time() < deadline
+            time.sleep(0.005)
+        p.send_signal(signal.SIGTERM)
+        t_term = time.monotonic()
+        assert r.xlen(f"{prefix}out:d1") < n + 1, "the job ended before SIGTERM"
+        assert p.wait(120) == 0
+        t_exit = time.monotonic()
+        t_stop = notify.wait_for("STOPPING=1", 1)
+        assert t_stop >= t_term
+        # pings never paused long enough for systemd's watchdog to fire,
+        # busy or draining
+        pings = [t for t in notify.seen("WATCHDOG=1") if t > t_ready] + [t_exit]
+        assert max(b - a for a, b in zip(pings, pings[1:])) < 1.0
+        evs = [json.loads(f["event"]) for _, f in r.xrange(f"{prefix}out:d1")]
+        assert evs[-1]["type"] == "done" and evs[-1]["finish_reason"] == "length"
+        assert evs[-1]["usage"]["completion_tokens"] == n
+        assert [e["seq"] for e in evs] == list(range(len(evs)))
+        assert r.xpending(f"{prefix}jobs:fast", "workers")["pending"] == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        model.close()
+        log.close()
+
+
+def test_notify_drain_timeout_leaves_job_pending(built, redis_addr, prefix, notify, tmp_path):
+    log = open(tmp_path / "worker.log", "w")
+    p = start_worker(redis_addr, prefix, MODEL, notify, log, "--drain-timeout-s", "0")
+    try:
+        notify.wait_for("READY=1", 30)
+        r = connect(redis_addr)
+        r.xadd(f"{prefix}jobs:fast", {"job": json.dumps(
+            {"id": "d2", "prompt_ids": [5, 6, 7], "max_tokens": 20000, "temperature": 0,
+             "ignore_eos": True})})
+        deadline = time.time() + 30
+        while r.xlen(f"{prefix}out:d2") < 5:
+            assert time.time() < deadline
+            time.sleep(0.005)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+        notify.wait_for("STOPPING=1", 1)
+        evs = [json.loads(f["event"]) for _, f in r.xrange(f"{prefix}out:d2")]
+        assert evs[-1]["type"] != "done"
+        # left for another worker to resume
+        assert r.xpending(f"{prefix}jobs:fast", "workers")["pending"] == 1
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        log.close()
+
+
+def test_notify_no_ready_when_load_fails(built, redis_addr, prefix, notify, tmp_path):
+    bad = tmp_path / "bad-model"
+    bad.mkdir()
+    (bad / "config.json").write_text("{")
+    log = open(tmp_path / "worker.log", "w")
+    p = start_worker(redis_addr, prefix, bad, notify, log)
+    try:
+        assert p.wait(30) != 0  # systemd sees a failed start (and restarts it)
+        time.sleep(0.2)
+        assert notify.seen("READY=1") == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        log.close()
