@@ -3,7 +3,7 @@
 #   make CUDA=1     adds the CUDA backend (engine/cuda, nvcc + cuBLAS)
 #   make test       builds and runs every test; ends with "N passed, N failed"
 #   make bench      runs the benchmarks (figures go to BENCHMARKS.md by hand)
-#   make demo       makes a small random Qwen3 model and generates from a chat prompt
+#   make demo       the whole system on one machine: Redis, a CPU worker, the dispatcher, the chat page
 #   make fuzz       builds the libFuzzer targets with clang
 #   make asan       the same build with AddressSanitizer + UBSan, in build-asan/
 #   make deps       installs the Debian packages the project needs (as root)
@@ -29,6 +29,9 @@ DEB_PKGS = build-essential clang pkg-config libhiredis-dev libcjson-dev \
            libconfig-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev \
            libsystemd-dev libcmocka-dev redis-server python3-pytest \
            python3-redis python3-jsonschema
+# the example web backend's browser test: headless Chromium driven over the
+# DevTools protocol from Python (tests/integration/test_web.py)
+DEB_PKGS += chromium python3-websocket
 
 COMMON_SRC := $(wildcard common/*.c)
 ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c)
@@ -210,3 +213,10 @@ uninstall:
 	done; rmdir $(DESTDIR)$(SYSCONFDIR)/redlm 2>/dev/null || true
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# --- dispatcher (branch disp) ---------------------------------------------
+# test_route checks the dispatcher's routing policy, which lives in
+# dispatcher/route.c rather than a library: link that one object in.
+$(BUILD)/tests/test_route: $(BUILD)/tests/unit/test_route.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka

@@ -68,6 +68,15 @@ struct cfg {
     int heartbeat_ttl_s;
     int http_port;                /* 127.0.0.1 only; 0 = off */
     char *log_level;              /* error|warn|info|debug */
+    /* dispatcher routing */
+    double think_ratio;           /* [0, 1]: share of auto requests sent to think */
+    bool adaptive;                /* shift auto requests away from a backed-up pool */
+    int adaptive_wait_ms;         /* queue wait that counts as backed up */
+    double adaptive_min_ratio;    /* bounds of the effective ratio */
+    double adaptive_max_ratio;
+    struct cfg_strlist think_rules; /* PCRE2 patterns; may be empty */
+    int max_waiting;              /* OVERLOADED above this many waiting jobs; 0 = off */
+    int retry_after_ms;           /* told to overloaded clients */
 };
 
 /* Which program an option is for (--help shows only the program's own;

@@ -40,6 +40,8 @@ enum job_mode {
     JOB_MODE_POOL = 0, /* not given: the pool's own (think on "think", else no_think) */
     JOB_MODE_THINK,
     JOB_MODE_NO_THINK,
+    JOB_MODE_AUTO,     /* "auto": the dispatcher chooses (rules, think_ratio); a
+                          worker treats it as JOB_MODE_POOL */
 };
 
 /* Bits of struct job.given: which optional fields the job spelt out, so a
@@ -137,7 +139,8 @@ void job_free(struct job *j);
 int job_check_pool(const struct job *j, const char *stream_pool, const char *const *pools,
                    int n_pools, struct job_fault *fault, struct rl_err *err);
 
-/* The effective mode on pool (JOB_MODE_THINK or JOB_MODE_NO_THINK). */
+/* The effective mode on pool (JOB_MODE_THINK or JOB_MODE_NO_THINK); an
+ * absent or auto mode is the pool's own: think on "think", else no_think. */
 enum job_mode job_mode_on(const struct job *j, const char *pool);
 
 /* Writes the job back as compact JSON: id always (so a generated id

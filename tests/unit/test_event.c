@@ -152,6 +152,12 @@ static void test_exact_shapes(void **state)
     assert_string_equal(s, "{\"seq\":0,\"type\":\"error\",\"code\":\"UNKNOWN_POOL\",\"message\":\"the job "
                            "names a pool that no worker is configured to serve\"}");
     free(s);
+    assert_int_equal(ev_build_error_retry(0, EV_CODE_OVERLOADED, "pool think has 12 waiting jobs",
+                                          1500, &s, NULL), 0);
+    assert_string_equal(s, "{\"seq\":0,\"type\":\"error\",\"code\":\"OVERLOADED\",\"message\":"
+                           "\"pool think has 12 waiting jobs\",\"retry_after_ms\":1500}");
+    free(s);
+    assert_int_equal(ev_build_error_retry(0, EV_CODE_OVERLOADED, NULL, -1, &s, NULL), -RL_EINVAL);
     struct ev_done dn = {.finish_reason = EV_FINISH_STOP, .total_ms = 1700000000123};
     assert_int_equal(ev_build_done(3, &dn, &s, NULL), 0);
     assert_string_equal(s, "{\"seq\":3,\"type\":\"done\",\"finish_reason\":\"stop\",\"usage\":{"
