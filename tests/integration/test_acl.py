@@ -20,7 +20,7 @@ import time
 import pytest
 import redis
 
-from conftest import ROOT, Worker, free_port
+from conftest import MODEL, ROOT, Worker, free_port
 
 ACL_SRC = ROOT / "config" / "redis-acl.conf"
 USERS = ("admin", "worker", "dispatcher", "client")
@@ -262,6 +262,10 @@ def test_worker_job_life_as_acl_user(built, acl_redis, tmp_path):
         assert [e["seq"] for e in evs] == list(range(len(evs)))
         assert evs[-1]["usage"]["completion_tokens"] == n_long
         assert "resuming" in b.log_path.read_text()
+        # acknowledged just after the done event
+        deadline = time.time() + 10
+        while time.time() < deadline and admin.xpending("redlm:jobs:fast", "workers")["pending"]:
+            time.sleep(0.02)
         assert admin.xpending("redlm:jobs:fast", "workers")["pending"] == 0
         denied = [e for e in admin.acl_log(count=100) if e["username"] == "worker"]
         assert denied == [], denied
@@ -269,3 +273,56 @@ def test_worker_job_life_as_acl_user(built, acl_redis, tmp_path):
         a.stop()
         if b:
             b.stop()
+
+
+def test_dispatcher_and_worker_as_acl_users(built, acl_redis, tmp_path):
+    """The whole path with least privilege on every hop: a client enqueues
+    on redlm:requests, the dispatcher (user `dispatcher`) routes it, the
+    worker (user `worker`) answers, the client reads the answer; then a
+    cache replay by the dispatcher alone, a malformed request, and a clean
+    stop (XGROUP DELCONSUMER). No ACL denial for either daemon."""
+    from conftest import DISPATCHER, Dispatcher
+    if not DISPATCHER.exists():
+        pytest.skip(f"{DISPATCHER} not built (run make)")
+    pw = {}
+    for u in ("worker", "dispatcher"):
+        pw[u] = tmp_path / f"{u}.password"
+        pw[u].write_text(PW[u] + "\n")
+    admin = acl_redis.as_user("admin")
+    client = acl_redis.as_user("client")
+    d = Dispatcher(acl_redis.addr, "redlm:", "acl-d", tmp_path,
+                   ["--redis-user", "dispatcher", "--redis-password-file", str(pw["dispatcher"]),
+                    "--model", str(MODEL), "--think-ratio", "0"])
+    w = Worker(acl_redis.addr, "redlm:", "acl-w", tmp_path,
+               ["--redis-user", "worker", "--redis-password-file", str(pw["worker"])])
+    try:
+        job = {"prompt_ids": [9, 8, 7], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+        client.xadd("redlm:requests", {"job": json.dumps({**job, "id": "r1"})})
+        first = out_events(client, "r1")
+        assert first[-1]["finish_reason"] == "length" and first[-1]["cached"] is False
+        deadline = time.time() + 10
+        while time.time() < deadline and not admin.keys("redlm:cache:*"):
+            time.sleep(0.02)
+        # the dispatcher answers the same job from the cache by itself
+        w.stop()
+        client.xadd("redlm:requests", {"job": json.dumps({**job, "id": "r2"})})
+        assert out_events(client, "r2", timeout=20)[-1]["cached"] is True
+        # malformed: error events to the client, a dead letter
+        client.xadd("redlm:requests", {"job": '{"id":"bad","prompt_ids":"x"}'})
+        evs = out_events(client, "bad", timeout=20)
+        assert evs[0]["type"] == "error" and evs[-1]["finish_reason"] == "error"
+        assert admin.xlen("redlm:dead") == 1
+        deadline = time.time() + 10
+        while time.time() < deadline and not admin.exists("redlm:dispatcher:acl-d"):
+            time.sleep(0.05)
+        assert json.loads(admin.get("redlm:dispatcher:acl-d"))["name"] == "acl-d"
+        d.signal(signal.SIGTERM)
+        assert d.wait(30) == 0
+        consumers = admin.xinfo_consumers("redlm:requests", "dispatchers")
+        assert "acl-d" not in [c["name"] for c in consumers]
+        denied = [e for e in admin.acl_log(count=100)
+                  if e["username"] in ("worker", "dispatcher")]
+        assert denied == [], denied
+    finally:
+        w.stop()
+        d.stop()
