@@ -34,7 +34,7 @@ import time
 
 import pytest
 
-from conftest import MODEL, ROOT, WORKER, connect
+from conftest import MODEL, ROOT, WORKER, connect, free_port
 
 UNITS = ["redlm-worker@.service", "redlm.target"]
 if (ROOT / "dispatcher").is_dir() and any((ROOT / "dispatcher").glob("*.c")):
@@ -457,6 +457,11 @@ class UserManager:
         script = "".join(f"mkdir {c} && echo $$ > {c}/cgroup.procs && " for c in self.cgroups)
         script += ("exec unshare --mount --propagation private sh -c '"
                    "mount -t tmpfs redlm-test /run/systemd && mkdir /run/systemd/system && "
+                   # what PID 1 makes at boot: the nodes that ProtectHome=,
+                   # ProtectKernelLogs= etc. mount over what they hide
+                   "cd /run/systemd && mkdir inaccessible && cd inaccessible && "
+                   "mkdir dir && touch reg && mkfifo fifo && mknod chr c 0 0 && "
+                   "mknod blk b 0 0 && chmod 0000 dir reg fifo chr blk && cd / && "
                    f"exec {SYSTEMD} --user'")
         self.log = open(self.dir / "manager.log", "w")
         self.proc = subprocess.Popen(["sh", "-c", script], env=self.env, stdout=self.log,
@@ -533,6 +538,45 @@ def user_manager_usable():
     return None
 
 
+def user_unit(m, installed, tmp_path, name, log, settings):
+    """Puts the installed unit `name` (paths into the DESTDIR tree) into the
+    manager with a drop-in: the test's differences are no user switch (a
+    user manager cannot), a short watchdog and restart delay, the log in a
+    file (there is no journal), and the test trees (under /tmp) visible
+    through PrivateTmp=; every other hardening setting of the unit stays
+    in force, and `settings` adds the program's arguments."""
+    src = (installed / "usr/local/lib/systemd/system" / name).read_text()
+    src = src.replace("/usr/local/bin/", f"{installed}/usr/local/bin/")
+    src = src.replace("/etc/redlm/", f"{installed}/etc/redlm/")
+    (m.unit_dir / name).write_text(src)
+    (m.unit_dir / "redlm.target").write_text(
+        (installed / "usr/local/lib/systemd/system/redlm.target").read_text())
+    d = m.unit_dir / f"{name}.d"
+    d.mkdir()
+    (d / "test.conf").write_text(f"""[Service]
+User=
+Group=
+BindReadOnlyPaths={tmp_path} {installed}
+WatchdogSec=2s
+RestartSec=200ms
+StandardOutput=append:{log}
+StandardError=inherit
+""" + settings)
+
+
+def hardening_of(pid):
+    """What the kernel says about a service's process: NoNewPrivileges=,
+    CapabilityBoundingSet=, a seccomp filter (RestrictNamespaces=,
+    RestrictAddressFamilies=, SystemCallFilter= ... are made of one), and
+    whether it has a mount namespace of its own (ProtectSystem= etc.)."""
+    st = dict(l.split(":", 1) for l in pathlib.Path(f"/proc/{pid}/status").read_text()
+              .splitlines() if ":" in l)
+    return {"no_new_privs": st["NoNewPrivs"].strip() == "1",
+            "caps_bounded": int(st["CapBnd"], 16) == 0,
+            "seccomp": st["Seccomp"].strip() == "2",
+            "own_mount_ns": os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")}
+
+
 def test_worker_unit_under_systemd(built, installed, redis_addr, prefix, tmp_path):
     why = user_manager_usable()
     if why:
@@ -543,33 +587,9 @@ def test_worker_unit_under_systemd(built, installed, redis_addr, prefix, tmp_pat
     unit = "redlm-worker@0.service"
     print(f"worker log: {log}")  # shown when the test fails
     try:
-        src = (installed / "usr/local/lib/systemd/system/redlm-worker@.service").read_text()
-        src = src.replace("/usr/local/bin/", f"{installed}/usr/local/bin/")
-        src = src.replace("/etc/redlm/", f"{installed}/etc/redlm/")
-        (m.unit_dir / "redlm-worker@.service").write_text(src)
-        (m.unit_dir / "redlm.target").write_text(
-            (installed / "usr/local/lib/systemd/system/redlm.target").read_text())
-        # the test's differences: no user switch (a user manager cannot),
-        # the test's Redis and model, a short watchdog and restart delay,
-        # the log in a file (there is no journal), metrics off (port 0 + 0),
-        # the test tree (under /tmp) visible through PrivateTmp=, and the
-        # three settings that remount /proc, which this VM refuses
-        # (226/NAMESPACE even for /bin/true); the rest of the hardening stays
-        d = m.unit_dir / "redlm-worker@.service.d"
-        d.mkdir()
-        (d / "test.conf").write_text(f"""[Service]
-User=
-Group=
-BindReadOnlyPaths={tmp_path} {installed}
-ProtectProc=default
-ProtectKernelTunables=no
-ProtectKernelLogs=no
+        user_unit(m, installed, tmp_path, "redlm-worker@.service", log, f"""
 Environment=REDLM_WORKER_HTTP_PORT_BASE=0
 Environment="REDLM_WORKER_ARGS=--redis {redis_addr} --model {model.dir} --pools fast --prefix {prefix} --threads 1 --block-ms 100 --heartbeat-interval-ms 500"
-WatchdogSec=2s
-RestartSec=200ms
-StandardOutput=append:{log}
-StandardError=inherit
 """)
         m.ctl("daemon-reload")
         m.ctl("start", "--no-block", unit)
@@ -579,6 +599,8 @@ StandardError=inherit
         model.gate.set()
         st = m.wait_state(unit, 30, ActiveState="active", SubState="running")
         pid = m.show(unit, "MainPID")["MainPID"]
+        assert hardening_of(pid) == {"no_new_privs": True, "caps_bounded": True,
+                                     "seccomp": True, "own_mount_ns": True}
         assert "ready:" in log.read_text()
         assert f"as {socket.gethostname()}-gpu0" in log.read_text()
         # WatchdogSec=2s: the pings keep it alive
@@ -619,3 +641,53 @@ StandardError=inherit
     finally:
         m.close()
         model.close()
+
+
+def test_dispatcher_unit_under_systemd(built, installed, prefix, tmp_path):
+    """READY=1 only once Redis answers (Type=notify keeps the unit
+    "activating" while it is down), routing under the unit's hardening
+    (its SystemCallFilter= included), the watchdog, a clean stop."""
+    why = user_manager_usable()
+    if why:
+        pytest.skip(why)
+    if "redlm-dispatcher.service" not in UNITS:
+        pytest.skip("no dispatcher in this tree")
+    log = tmp_path / "dispatcher.log"
+    port = free_port()
+    m = UserManager(tmp_path / "sd")
+    unit = "redlm-dispatcher.service"
+    redis_proc = None
+    print(f"dispatcher log: {log}")
+    try:
+        user_unit(m, installed, tmp_path, unit, log, f"""
+Environment="REDLM_DISPATCHER_ARGS=--redis 127.0.0.1:{port} --prefix {prefix} --name sd-d --http-port 0 --block-ms 100 --heartbeat-interval-ms 200"
+""")
+        m.ctl("daemon-reload")
+        m.ctl("start", "--no-block", unit)
+        time.sleep(1.5)
+        assert m.show(unit, "ActiveState")["ActiveState"] == "activating", log.read_text()
+        redis_proc = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(tmp_path)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        m.wait_state(unit, 30, ActiveState="active", SubState="running")
+        pid = m.show(unit, "MainPID")["MainPID"]
+        assert hardening_of(pid) == {"no_new_privs": True, "caps_bounded": True,
+                                     "seccomp": True, "own_mount_ns": True}
+        r = connect(f"127.0.0.1:{port}")
+        r.xadd(f"{prefix}requests", {"job": json.dumps({"id": "q1", "prompt_ids": [1, 2]})})
+        deadline = time.time() + 10
+        while r.xlen(f"{prefix}jobs:fast") < 1:
+            assert time.time() < deadline, log.read_text()
+            time.sleep(0.02)
+        assert json.loads(r.xrange(f"{prefix}jobs:fast")[0][1]["job"])["id"] == "q1"
+        time.sleep(3)  # WatchdogSec=2s
+        assert m.show(unit, "NRestarts", "MainPID") == {"NRestarts": "0", "MainPID": pid}
+        m.ctl("stop", unit)
+        st = m.show(unit, "ActiveState", "Result", "ExecMainStatus")
+        assert st == {"ActiveState": "inactive", "Result": "success", "ExecMainStatus": "0"}, st
+    finally:
+        m.close()
+        if redis_proc:
+            redis_proc.terminate()
+            redis_proc.wait(10)
