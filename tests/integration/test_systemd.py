@@ -660,7 +660,7 @@ def test_dispatcher_unit_under_systemd(built, installed, prefix, tmp_path):
     print(f"dispatcher log: {log}")
     try:
         user_unit(m, installed, tmp_path, unit, log, f"""
-Environment="REDLM_DISPATCHER_ARGS=--redis 127.0.0.1:{port} --prefix {prefix} --name sd-d --http-port 0 --block-ms 100 --heartbeat-interval-ms 200"
+Environment="REDLM_DISPATCHER_ARGS=--redis 127.0.0.1:{port} --prefix {prefix} --http-port 0 --block-ms 100 --heartbeat-interval-ms 200 --model {MODEL}"
 """)
         m.ctl("daemon-reload")
         m.ctl("start", "--no-block", unit)
@@ -681,6 +681,9 @@ Environment="REDLM_DISPATCHER_ARGS=--redis 127.0.0.1:{port} --prefix {prefix} --
             assert time.time() < deadline, log.read_text()
             time.sleep(0.02)
         assert json.loads(r.xrange(f"{prefix}jobs:fast")[0][1]["job"])["id"] == "q1"
+        # the tokenizer (PCRE2 JIT) loaded under the filter; the unit names it
+        assert "fast path on" in log.read_text()
+        assert r.exists(f"{prefix}dispatcher:{socket.gethostname()}-dispatcher")
         time.sleep(3)  # WatchdogSec=2s
         assert m.show(unit, "NRestarts", "MainPID") == {"NRestarts": "0", "MainPID": pid}
         m.ctl("stop", unit)
