@@ -135,7 +135,7 @@ static const struct opt options[] = {
     {"think_rules", T_LIST, O(think_rules), "", 0, 0, NULL, CFG_DISPATCHER, F_LIVE | F_EMPTY,
      "PCRE2 patterns matched against the last user message (or the prompt) of auto requests; a match sends the request to think before the ratio applies. As a flag, comma-separated."},
     {"max_waiting", T_INT, O(max_waiting), "10000", 0, 100000000, NULL, CFG_DISPATCHER, F_LIVE,
-     "When a pool's stream holds more than this many jobs no worker has taken, new requests for it get an OVERLOADED error at once; 0 = no limit."},
+     "When a pool's stream already holds this many jobs no worker has taken, new requests for it get an OVERLOADED error at once instead of being forwarded; 0 = no limit."},
     {"retry_after_ms", T_INT, O(retry_after_ms), "1000", 0, 3600000, NULL, CFG_DISPATCHER, F_LIVE,
      "The retry_after_ms an OVERLOADED error tells the client."},
 };

@@ -62,7 +62,15 @@ struct disp {
     struct dpool pools[D_MAX_POOLS];
     int n_pools;
     bool groups_ok;
-    bool own_pending;             /* re-read our own PEL before new entries */
+    /* Our own pending entries (read, not yet acknowledged: after a start
+     * under the same name, or a round that failed) are read again, from
+     * own_cursor on, before new ones; a pass ends when such a read comes
+     * back empty. A failure during a pass asks for another one
+     * (own_again), which starts no sooner than next_own_ms, so an entry
+     * that keeps failing cannot spin the loop. */
+    bool own_pending, own_again;
+    char own_cursor[RCONN_ID_MAX];
+    int64_t next_own_ms;
 
     /* the result-cache fast path: off when model is "" */
     struct tokenizer *tok;

@@ -27,6 +27,11 @@
  * The one way to duplicate: a live dispatcher stalled longer than
  * claim_idle_ms between its read and its EXEC, whose entries another one
  * claims meanwhile. The default 30 s is far above a round's milliseconds.
+ * The one way to lose: Redis runs the XACK of a transaction whose XADD
+ * failed at run time (transactions do not roll back); XADD fails so only
+ * on a pool key of another type, which start-up refuses already (the
+ * XGROUP CREATE of the workers group fails), so that needs someone to
+ * replace the key while we run; it is logged as an error naming the job.
  *
  * Main thread only; the counters go to struct dmetrics under its mutex. */
 #include <inttypes.h>
@@ -45,13 +50,6 @@
 #define STATS_MS 100       /* pool state is at most this old when routing */
 #define GROUP_REQ "dispatchers"
 #define GROUP_WORKERS "workers"
-
-int64_t d_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 enum dact { A_ACK = 1, A_REJECT, A_OVERLOAD, A_CACHE, A_FORWARD };
 
@@ -335,7 +333,7 @@ static void refresh_stats(struct disp *d)
         .threshold_ms = d->cfg.adaptive_wait_ms,
         .think_wait_ms = tp >= 0 ? d->pools[tp].wait_ms : 0, .fast_wait_ms = d->pools[fp].wait_ms};
     double eff = route_effective_ratio(&a);
-    if (eff != route_get_ratio(d->router) && route_ratio_ppm(eff) != route_ratio_ppm(route_get_ratio(d->router)))
+    if (route_ratio_ppm(eff) != route_ratio_ppm(route_get_ratio(d->router)))
         RL_LOG(&d->log, RL_LOG_INFO, "adaptive: think ratio %.3f -> %.3f (wait think %" PRId64
                " ms, fast %" PRId64 " ms)", route_get_ratio(d->router), eff, a.think_wait_ms,
                a.fast_wait_ms);
@@ -413,6 +411,15 @@ static void decide(struct disp *d, struct dreq *qs, int n)
     for (int i = 0; i < n; i++) {
         if (qs[i].act != A_FORWARD || !qs[i].lookup)
             continue;
+        /* a popular request repeated within the round is fetched once */
+        int same = -1;
+        for (int k = i - 1; k >= 0 && same < 0; k--)
+            if (qs[k].act == A_FORWARD && qs[k].lookup && !strcmp(qs[k].cache_key, qs[i].cache_key))
+                same = k;
+        if (same >= 0) {
+            qs[i].get_idx = qs[same].get_idx;
+            continue;
+        }
         const char *argv[2] = {"GET", qs[i].cache_key};
         qs[i].get_idx = rconn_batch_count(b);
         if (rconn_batch_add(b, 2, argv, NULL, &err)) {
@@ -494,8 +501,10 @@ static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
     for (int i = 0; i < n; i++) {
         struct dreq *q = &qs[i];
         q->exec_idx = -1;
-        if (!q->act)
+        if (!q->act) { /* could not be prepared (memory): try it again later */
+            d->own_again = true;
             continue;
+        }
         const char *multi[1] = {"MULTI"}, *exec[1] = {"EXEC"};
         int rc = rconn_batch_add(b, 1, multi, NULL, err);
         if (!rc && q->act != A_FORWARD && q->act != A_ACK)
@@ -537,12 +546,13 @@ static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
              * stays pending and is retried from our own PEL */
             RL_LOG(&d->log, RL_LOG_WARN, "job %s (request %s): transaction failed: %s",
                    q->id[0] ? q->id : "-", q->e->id, r->str ? r->str : "nil");
-            d->own_pending = true;
+            d->own_again = true;
             continue;
         }
         for (size_t k = 0; k < r->n_elem; k++)
             if (r->elem[k].type == RCONN_ERROR && !rconn_reply_is_stale_id(&r->elem[k]))
-                RL_LOG(&d->log, RL_LOG_WARN, "job %s: %s", q->id[0] ? q->id : "-",
+                RL_LOG(&d->log, q->act == A_FORWARD ? RL_LOG_ERROR : RL_LOG_WARN,
+                       "job %s (request %s): %s", q->id[0] ? q->id : "-", q->e->id,
                        r->elem[k].str);
         handled++;
         switch (q->act) {
@@ -568,7 +578,7 @@ static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
     pthread_mutex_unlock(&d->m.mu);
     d->rate_n += handled;
     if (xrc)
-        d->own_pending = true;
+        d->own_again = true;
     return xrc;
 }
 
@@ -613,7 +623,8 @@ static void ensure_groups(struct disp *d)
             return;
         }
     d->groups_ok = true;
-    d->own_pending = true;
+    d->own_again = true; /* a restart under the same name finds its entries */
+    d->next_own_ms = 0;
     pthread_mutex_lock(&d->m.mu);
     d->m.ready = true;
     pthread_mutex_unlock(&d->m.mu);
@@ -693,6 +704,9 @@ int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *re
             sd_notify(0, "WATCHDOG=1");
             d->next_wd_ms = now + (int64_t)(d->watchdog_usec / 2000);
         }
+        struct rl_err cerr;
+        if (!rconn_connected(d->rc) && rconn_ensure(d->rc, &cerr) == 0)
+            d->own_again = true; /* a round may have broken off: re-read what we hold */
         ensure_groups(d);
         bool up = d->groups_ok && rconn_connected(d->rc);
         if (up != was_up) {
@@ -727,20 +741,31 @@ int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *re
         struct rl_err err;
         const char *key = d->req_key;
         int64_t block = d->next_hb_ms - d_now_ms();
+        if (d->watchdog_usec && d->next_wd_ms - d_now_ms() < block)
+            block = d->next_wd_ms - d_now_ms(); /* a blocked read must not starve the watchdog */
         if (block > d->cfg.block_ms)
             block = d->cfg.block_ms;
         if (block < 1)
             block = 1;
+        if (!d->own_pending && d->own_again && now >= d->next_own_ms) {
+            d->own_pending = true;
+            d->own_again = false;
+            strcpy(d->own_cursor, "0");
+            d->next_own_ms = now + 100;
+        }
         bool own = d->own_pending;
-        if (rconn_xreadgroup(d->rc, GROUP_REQ, d->name, 1, &key, own ? "0" : ">", D_BATCH,
-                             own ? -1 : (int)block, &ents, &err)) {
+        if (rconn_xreadgroup(d->rc, GROUP_REQ, d->name, 1, &key, own ? d->own_cursor : ">",
+                             D_BATCH, own ? -1 : (int)block, &ents, &err)) {
             if (strstr(err.msg, "NOGROUP"))
                 d->groups_ok = false; /* Redis lost it (restarted empty) */
+            d->own_again = true;      /* the read may have delivered before it broke */
             RL_LOG(&d->log, RL_LOG_DEBUG, "XREADGROUP: %s", err.msg);
             continue;
         }
         if (own && ents.n == 0)
             d->own_pending = false;
+        else if (own)
+            snprintf(d->own_cursor, sizeof d->own_cursor, "%s", ents.v[ents.n - 1].id);
         handle(d, &ents);
         rconn_entries_free(&ents);
     }

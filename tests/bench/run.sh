@@ -31,3 +31,7 @@ if [ -x "$BUILD/tests/bench_batching" ]; then
     echo "# continuous batching: prompt 128, output 128"
     "$BUILD/tests/bench_batching" -m "$M06" --threads "$THREADS"
 fi
+
+# --- dispatcher (branch disp) ---
+echo "# dispatcher: requests routed per second (route, cache-miss and cache-hit mixes)"
+/usr/bin/python3 tests/bench/bench_dispatcher.py --requests "${DISP_REQUESTS:-20000}"

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import MODEL, check_stream, connect
+from conftest import MODEL, RedisServer, check_stream, connect
 
 ROOT_SCHEMAS = __import__("conftest").SCHEMAS
 
@@ -113,6 +113,33 @@ def test_1000_auto_requests_split_300_700(dispatchers, redis_addr, prefix):
               "requests_per_s", "pool_waiting", "pool_wait_ms"):
         assert k in hb, k
     assert hb["pool_waiting"]["think"] == len(think)  # no worker took them
+    assert 0 < r.ttl(f"{prefix}dispatcher:d1") <= 10
+
+
+def test_two_dispatchers_share_the_requests(dispatchers, redis_addr, prefix):
+    """Two copies consume the same group: each routes a part, none twice;
+    each keeps its own split, so the total is within two of the ratio."""
+    r = connect(redis_addr)
+    dispatchers("d1", "--think-ratio", "0.3")
+    dispatchers("d2", "--think-ratio", "0.3")
+    n = 2000
+    jobs = [{"id": f"s{i}", "prompt_ids": [1]} for i in range(n)]
+    for k in range(0, n, 50):  # small bursts, so both get some
+        send_many(r, prefix, jobs[k:k + 50])
+        time.sleep(0.002)
+    wait_handled(r, prefix, n)
+    think, fast = pool_jobs(r, prefix, "think"), pool_jobs(r, prefix, "fast")
+    ids = [j["id"] for j in think + fast]
+    assert len(ids) == n and len(set(ids)) == n
+    assert 598 <= len(think) <= 602, len(think)
+    h1 = wait_hb(r, prefix, "d1", lambda h: True)
+    h2 = wait_hb(r, prefix, "d2", lambda h: True)
+    deadline = time.time() + 5
+    while sum(h1["routed"].values()) + sum(h2["routed"].values()) < n:
+        assert time.time() < deadline
+        time.sleep(0.1)
+        h1, h2 = heartbeat(r, prefix, "d1"), heartbeat(r, prefix, "d2")
+    assert sum(h1["routed"].values()) > 0 and sum(h2["routed"].values()) > 0
 
 
 def test_modes_switches_rules_and_pools(dispatchers, redis_addr, prefix):
@@ -338,6 +365,34 @@ def test_kill9_loses_nothing(dispatchers, redis_addr, prefix):
     assert "took over" in b.text()
 
 
+def test_redis_killed_mid_routing(dispatchers, prefix, tmp_path):
+    """Redis (appendfsync always) is killed -9 while the dispatcher routes
+    and started again: the dispatcher reconnects, re-reads what it held,
+    and every request lands exactly once."""
+    srv = RedisServer(tmp_path / "redis-aof", aof=True)
+    try:
+        r = connect(srv.addr)
+        d = dispatchers("d1", addr=srv.addr)
+        n = 4000
+        jobs = [{"id": f"q{i}", "prompt_ids": [1, i % 500]} for i in range(n)]
+        send_many(r, prefix, jobs)
+        deadline = time.time() + 20
+        while r.xlen(f"{prefix}jobs:fast") + r.xlen(f"{prefix}jobs:think") < 200:
+            assert time.time() < deadline
+            time.sleep(0.002)
+        srv.stop(kill=True)
+        time.sleep(0.5)
+        srv.start()
+        r = connect(srv.addr)
+        assert r.xlen(f"{prefix}jobs:fast") + r.xlen(f"{prefix}jobs:think") < n  # mid-way
+        wait_handled(r, prefix, n, timeout=60)
+        got = [j["id"] for p in ("fast", "think") for j in pool_jobs(r, prefix, p)]
+        assert len(got) == n and len(set(got)) == n
+        assert "connected" in d.text()
+    finally:
+        srv.stop()
+
+
 def test_sighup_reload_and_sigterm(dispatchers, redis_addr, prefix, tmp_path):
     r = connect(redis_addr)
     conf = tmp_path / "d.conf"
@@ -363,3 +418,48 @@ def test_sighup_reload_and_sigterm(dispatchers, redis_addr, prefix, tmp_path):
     assert "stopping" in d.text()
     # a clean exit with nothing pending leaves no consumer behind
     assert r.xinfo_consumers(f"{prefix}requests", "dispatchers") == []
+
+
+def test_systemd_notify(redis_addr, prefix, tmp_path):
+    """READY=1 once connected, WATCHDOG=1 pings at half of WATCHDOG_USEC
+    (even while idle in a 5 s blocking read), STOPPING=1 on SIGTERM: read
+    from a NOTIFY_SOCKET of our own."""
+    import os
+    import socket
+    import subprocess
+    from conftest import DISPATCHER
+    if not DISPATCHER.exists():
+        pytest.skip("dispatcher not built")
+    path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(10)
+    env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="200000")
+    log = open(tmp_path / "d.log", "w")
+    p = subprocess.Popen([str(DISPATCHER), "--redis", redis_addr, "--prefix", prefix,
+                          "--name", "sd", "--http-port", "0", "--block-ms", "5000",
+                          "--heartbeat-interval-ms", "5000", "--heartbeat-ttl-s", "10"],
+                         env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        got = []
+        while "READY=1" not in got:
+            got.append(sock.recv(4096).decode())
+        t0 = time.time()
+        while got.count("WATCHDOG=1") < 5:
+            got.append(sock.recv(4096).decode())
+        assert time.time() - t0 < 1.5, got  # 5 pings at ~100 ms, not one per blocked read
+        p.terminate()
+        assert p.wait(10) == 0
+        rest = []
+        sock.settimeout(1)
+        try:
+            while True:
+                rest.append(sock.recv(4096).decode())
+        except socket.timeout:
+            pass
+        assert "STOPPING=1" in rest, rest
+    finally:
+        if p.poll() is None:
+            p.kill()
+        log.close()
+        sock.close()

@@ -69,6 +69,11 @@ static int build_events(char **out, int max)
         assert_int_equal(ev_build_done(0, &dc, &out[n], NULL), 0);
         assert_non_null(strstr(out[n++], fins[i]));
     }
+    /* the dispatcher's answer to a full pool */
+    assert_int_equal(ev_build_error_retry(0, EV_CODE_OVERLOADED, "pool think has 500 jobs "
+                                          "waiting for a worker (max_waiting 500)", 1000,
+                                          &out[n++], NULL), 0);
+    assert_int_equal(ev_build_done(1, &derr, &out[n++], NULL), 0);
     cJSON_Delete(meta);
     cJSON_Delete(tc);
     assert_true(n <= max);
