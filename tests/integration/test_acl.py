@@ -20,10 +20,10 @@ import time
 import pytest
 import redis
 
-from conftest import MODEL, ROOT, Worker, free_port
+from conftest import CLI, MODEL, ROOT, Worker, free_port
 
 ACL_SRC = ROOT / "config" / "redis-acl.conf"
-USERS = ("admin", "worker", "dispatcher", "client")
+USERS = ("admin", "worker", "dispatcher", "client", "monitor")
 PW = {u: f"test-{u}-pw" for u in USERS}
 
 
@@ -316,6 +316,31 @@ def test_dispatcher_and_worker_as_acl_users(built, acl_redis, tmp_path):
         while time.time() < deadline and not admin.exists("redlm:dispatcher:acl-d"):
             time.sleep(0.05)
         assert json.loads(admin.get("redlm:dispatcher:acl-d"))["name"] == "acl-d"
+        # the redlm command as `client` (enqueue, tail, cancel) and as
+        # `monitor` (stats)
+        def cli(user, *args):
+            pwf = tmp_path / f"{user}.password"
+            pwf.write_text(PW[user])
+            return subprocess.run([str(CLI), *args, "--redis", acl_redis.addr, "--user", user,
+                                   "--password-file", str(pwf)],
+                                  capture_output=True, text=True, timeout=60)
+        out = cli("client", "enqueue", "--prompt-ids", "9,8,7", "--max-tokens", "6",
+                  "--temperature", "0", "--ignore-eos")
+        assert out.returncode == 0, out.stderr
+        tail = cli("client", "tail", out.stdout.strip(), "--json")
+        assert tail.returncode == 0 and '"cached":true' in tail.stdout.replace(" ", ""), tail
+        assert cli("client", "cancel", "some-id").returncode == 0
+        assert admin.exists("redlm:cancel:some-id")
+        st = cli("monitor", "stats", "--json")
+        assert st.returncode == 0, st.stderr
+        s = json.loads(st.stdout)
+        assert s["dead"]["count"] == 1, s
+        denied = [e for e in admin.acl_log(count=100)
+                  if e["username"] in ("worker", "dispatcher", "monitor")]
+        assert denied == [], denied
+        # and neither can do the other's part
+        assert cli("monitor", "enqueue", "--prompt-ids", "1").returncode != 0
+        assert cli("client", "stats", "--json").returncode != 0
         d.signal(signal.SIGTERM)
         assert d.wait(30) == 0
         consumers = admin.xinfo_consumers("redlm:requests", "dispatchers")
