@@ -304,6 +304,13 @@ def start_worker(redis_addr, prefix, model, notify, log, *extra, watchdog_usec=1
     return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
 
+def wait_log(path, text, timeout=10):
+    deadline = time.time() + timeout
+    while text not in path.read_text():
+        assert time.time() < deadline, f"no {text!r} in {path}"
+        time.sleep(0.02)
+
+
 def start_long_job(r, prefix, job_id):
     """Enqueues a greedy job about a second long at this machine's speed
     now (a short job measures it), so that a signal sent just after its
@@ -344,7 +351,6 @@ def test_notify_ready_watchdog_stopping_drain(built, redis_addr, prefix, notify,
         model.gate.set()
         t_ready = notify.wait_for("READY=1", 30)
         assert model.served and model.served[0] < t_ready, "READY=1 before the model was read"
-        assert "ready:" in (tmp_path / "worker.log").read_text()
         # WATCHDOG_USEC=1 s: a ping every 0.5 s while idle
         time.sleep(2.2)
         idle = [t for t in notify.seen("WATCHDOG=1") if t > t_ready]
@@ -601,18 +607,14 @@ Environment="REDLM_WORKER_ARGS=--redis {redis_addr} --model {model.dir} --pools 
         pid = m.show(unit, "MainPID")["MainPID"]
         assert hardening_of(pid) == {"no_new_privs": True, "caps_bounded": True,
                                      "seccomp": True, "own_mount_ns": True}
-        assert "ready:" in log.read_text()
-        assert f"as {socket.gethostname()}-gpu0" in log.read_text()
+        wait_log(log, f"as {socket.gethostname()}-gpu0")  # logged just after READY=1
         # WatchdogSec=2s: the pings keep it alive
         time.sleep(3)
         assert m.show(unit, "NRestarts", "MainPID", "ActiveState") == \
             {"NRestarts": "0", "MainPID": pid, "ActiveState": "active"}
         # reload = SIGHUP, same process
         m.ctl("reload", unit)
-        deadline = time.time() + 10
-        while "SIGHUP: settings reloaded" not in log.read_text():
-            assert time.time() < deadline
-            time.sleep(0.05)
+        wait_log(log, "SIGHUP: settings reloaded")
         assert m.show(unit, "MainPID")["MainPID"] == pid
         # a crash: restarted after RestartSec
         os.kill(int(pid), signal.SIGSEGV)
