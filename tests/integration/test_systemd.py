@@ -435,6 +435,13 @@ def test_notify_no_ready_when_load_fails(built, redis_addr, prefix, notify, tmp_
 SYSTEMD = pathlib.Path("/lib/systemd/systemd")
 
 
+def die_with_parent():
+    """PR_SET_PDEATHSIG: should pytest itself be killed, the manager gets
+    SIGTERM and stops its units instead of living on."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+
+
 class UserManager:
     """`systemd --user` for this test alone, on a machine whose PID 1 is not
     systemd (a container). systemd refuses to start unless
@@ -471,7 +478,7 @@ class UserManager:
                    f"exec {SYSTEMD} --user'")
         self.log = open(self.dir / "manager.log", "w")
         self.proc = subprocess.Popen(["sh", "-c", script], env=self.env, stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         deadline = time.time() + 20
         while not (self.dir / "run/systemd/private").exists():
             if self.proc.poll() is not None or time.time() > deadline:
