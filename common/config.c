@@ -64,7 +64,7 @@ static const struct opt options[] = {
     {"pools", T_LIST, O(pools), "fast,think", 0, 0, NULL, CFG_BOTH, F_NAMES,
      "Pools served, in the order they are read (worker); pools that exist (dispatcher)."},
     {"name", T_STR, O(name), "", 0, 0, NULL, CFG_BOTH, 0,
-     "Consumer name in the workers group; must be unique and stable across restarts; empty = the host name."},
+     "Consumer name in the workers group (a worker; must be unique and stable across restarts; empty = the host name) or the dispatchers group (a dispatcher; empty = host-pid)."},
     {"default_pool", T_STR, O(default_pool), "fast", 0, 0, NULL, CFG_DISPATCHER, F_NAMES | F_LIVE,
      "Pool for requests that name none; must be one of pools."},
     /* engine */
@@ -138,6 +138,27 @@ static const struct opt options[] = {
      "When a pool's stream already holds this many jobs no worker has taken, new requests for it get an OVERLOADED error at once instead of being forwarded; 0 = no limit."},
     {"retry_after_ms", T_INT, O(retry_after_ms), "1000", 0, 3600000, NULL, CFG_DISPATCHER, F_LIVE,
      "The retry_after_ms an OVERLOADED error tells the client."},
+    /* dispatcher: the OpenAI-compatible HTTP front door (dispatcher/http.c) */
+    {"http", T_INT, O(http), "0", 0, 65535, NULL, CFG_DISPATCHER, 0,
+     "Port of the OpenAI-compatible HTTP API (POST /v1/chat/completions, GET /v1/models, /healthz, /metrics); 0 = off."},
+    {"http_bind", T_STR, O(http_bind), "127.0.0.1", 0, 0, NULL, CFG_DISPATCHER, 0,
+     "Address the HTTP API listens on (IPv4 or IPv6); put a TLS proxy in front before opening it beyond loopback."},
+    {"api_keys_file", T_STR, O(api_keys_file), "", 0, 0, NULL, CFG_DISPATCHER, 0,
+     "API keys, one per line: KEY TENANT [RPM [TPM]] (requests and tokens per minute per tenant, 0 = no limit); re-read when it changes; empty = no authentication."},
+    {"served_model_name", T_STR, O(served_model_name), "redlm", 0, 0, NULL, CFG_DISPATCHER, 0,
+     "Model name /v1/models lists; a request naming another model gets 404."},
+    {"max_body_kb", T_INT, O(max_body_kb), "4096", 1, 1048576, NULL, CFG_DISPATCHER, 0,
+     "Largest HTTP request body, in KiB (413 above)."},
+    {"max_messages", T_INT, O(max_messages), "1024", 1, 4096, NULL, CFG_DISPATCHER, 0,
+     "Most messages in one chat request (400 above)."},
+    {"http_max_tokens", T_INT, O(http_max_tokens), "32768", 1, 1048576, NULL, CFG_DISPATCHER, 0,
+     "Largest max_tokens / max_completion_tokens an HTTP request may ask for (400 above)."},
+    {"http_max_connections", T_INT, O(http_max_connections), "256", 1, 65536, NULL, CFG_DISPATCHER, 0,
+     "Most HTTP connections at once (one thread and one Redis connection each)."},
+    {"http_timeout_s", T_INT, O(http_timeout_s), "600", 0, 86400, NULL, CFG_DISPATCHER, 0,
+     "An HTTP request's deadline (sent as the job's deadline_ms; 504 if nothing came by then); 0 = none."},
+    {"http_idle_timeout_s", T_INT, O(http_idle_timeout_s), "60", 1, 3600, NULL, CFG_DISPATCHER, 0,
+     "An idle keep-alive HTTP connection is closed after this long."},
 };
 #undef O
 #define N_OPTS ((int)(sizeof options / sizeof options[0]))

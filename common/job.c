@@ -940,6 +940,23 @@ done:
     return rc;
 }
 
+int job_check_text(const char *text, size_t len, const char *what, struct job_fault *fault,
+                   struct rl_err *err)
+{
+    struct job_fault fdummy;
+    if (!fault)
+        fault = &fdummy;
+    memset(fault, 0, sizeof *fault);
+    size_t badpos = utf8_check((const unsigned char *)text, len);
+    if (badpos != len)
+        return bad(fault, err, EV_CODE_BAD_UTF8, "%s: invalid UTF-8 at byte %zu", what, badpos);
+    badpos = json_lex_check(text, len);
+    if (badpos != len)
+        return bad(fault, err, EV_CODE_INVALID_JSON, "%s: not valid JSON (at byte %zu of %zu)",
+                   what, badpos, len);
+    return 0;
+}
+
 int job_check_pool(const struct job *j, const char *stream_pool, const char *const *pools,
                    int n_pools, struct job_fault *fault, struct rl_err *err)
 {

@@ -133,6 +133,15 @@ int job_parse(const char *text, size_t len, const struct job_opts *opts, struct 
 
 void job_free(struct job *j);
 
+/* The text checks job_parse runs before parsing, for other JSON documents
+ * that reach us from clients (the HTTP front door's request bodies):
+ * strict UTF-8 (BAD_UTF8) and the RFC 8259 lexical rules cJSON is lenient
+ * about (INVALID_JSON: raw control characters, "01", "1."). what names the
+ * document in the sentence ("body: not valid JSON (at byte 7 of 20)").
+ * Returns 0, or -RL_EINVAL with fault->code and err filled. */
+int job_check_text(const char *text, size_t len, const char *what, struct job_fault *fault,
+                   struct rl_err *err);
+
 /* Checks the pool the job is meant for: the stream's pool must be in
  * pools (n_pools entries), and a job that names a pool must name that one.
  * Returns 0, or -RL_EINVAL with fault UNKNOWN_POOL. */

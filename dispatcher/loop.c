@@ -588,8 +588,10 @@ static void handle(struct disp *d, const struct rconn_entries *ents)
         return;
     struct dreq *qs = calloc((size_t)ents->n, sizeof *qs);
     struct rl_err err;
-    if (!qs)
-        return; /* they stay pending */
+    if (!qs) {
+        d->own_again = true; /* they stay pending; read again later */
+        return;
+    }
     if (d_now_ms() >= d->next_stats_ms)
         refresh_stats(d);
     for (int i = 0; i < ents->n; i++) {

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "disp.h"
+#include "http.h"
 #include "modelid.h"
 #include "tokenizer.h"
 
@@ -142,8 +143,14 @@ static int setup(struct disp *d, struct rl_err *err)
     return rconn_batch_create(&d->batch, err);
 }
 
+/* The HTTP front door's hooks (http.h): typed wrappers, since calling
+ * through a cast function pointer is undefined. */
+static char *http_metrics(void *ctx) { return disp_metrics_text(ctx); }
+static bool http_ready(void *ctx) { return disp_ready(ctx); }
+
 int main(int argc, char **argv)
 {
+    struct dhttp *http = NULL; /* the OpenAI-compatible API, when the option http is set */
     struct disp *d = calloc(1, sizeof *d);
     struct rl_err err = {0};
     int status = 1;
@@ -194,10 +201,18 @@ int main(int argc, char **argv)
     RL_LOG(&d->log, RL_LOG_INFO, "starting: redis %s, pools %d, default %s, think_ratio %.3f%s, "
            "max_waiting %d", d->cfg.redis, d->n_pools, d->cfg.default_pool, d->cfg.think_ratio,
            d->cfg.adaptive ? " (adaptive)" : "", d->cfg.max_waiting);
+    struct dhttp_hooks hooks = {http_metrics, http_ready, d};
+    if (dhttp_start(&http, &d->cfg, &d->log, &hooks, &err)) {
+        RL_LOG(&d->log, RL_LOG_ERROR, "%s", err.msg);
+        goto out;
+    }
     if (d_run(d, &g_stop, &g_reload) == 0)
         status = 0;
     RL_LOG(&d->log, RL_LOG_INFO, "exiting (%d)", status);
 out:
+    /* after the loop: streams whose jobs are with workers finish within
+     * drain_timeout_s; the rest are cancelled */
+    dhttp_stop(http);
     route_free(d->router);
     rconn_batch_free(d->batch);
     rconn_free(d->rc);

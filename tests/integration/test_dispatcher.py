@@ -88,6 +88,7 @@ def events(r, prefix, jid, timeout=30):
 
 def test_1000_auto_requests_split_300_700(dispatchers, redis_addr, prefix):
     d = dispatchers("d1", "--think-ratio", "0.3")
+    assert "result-cache fast path off" in d.text()  # no --model
     r = connect(redis_addr)
     jobs = [{"id": f"a{i}", "prompt_ids": [1, 2, i % 700]} for i in range(1000)]
     for k in range(0, 1000, 100):  # in chunks, so several rounds are involved

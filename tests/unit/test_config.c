@@ -199,6 +199,16 @@ static void test_file_overrides(void **state)
     assert_int_equal(c.think_rules.n, 2);
     assert_string_equal(c.think_rules.v[1], "theorem");
     cfg_free(&c);
+    /* flags override the file */
+    p = write_tmp("think_ratio = 0.2;\nmax_waiting = 7;\nredis = \"10.0.0.1:1\";\n");
+    char *f[] = {"redlm-dispatcher", "-c", (char *)p, "--think-ratio", "0.4", "--redis",
+                 "127.0.0.1:7000", NULL};
+    assert_int_equal(cfg_load(&c, 7, f, CFG_DISPATCHER, &act, &err), 0);
+    assert_true(c.think_ratio == 0.4);
+    assert_int_equal(c.max_waiting, 7);
+    assert_string_equal(c.redis, "127.0.0.1:7000");
+    cfg_free(&c);
+    unlink(p);
     char *b[] = {"redlm-dispatcher", "--adaptive-min-ratio", "0.8", NULL};
     assert_int_equal(cfg_load(&c, 3, b, CFG_DISPATCHER, &act, &err), -RL_EINVAL);
     assert_non_null(strstr(err.msg, "adaptive_min_ratio"));

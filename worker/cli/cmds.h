@@ -20,5 +20,6 @@ int cmd_mkmodel(int argc, char **argv);      /* cmd_mkmodel.c */
 int cmd_tokenize(int argc, char **argv);     /* cmd_tok.c */
 int cmd_detokenize(int argc, char **argv);   /* cmd_tok.c */
 int cmd_template(int argc, char **argv);     /* cmd_tok.c */
+int cmd_loadbench(int argc, char **argv);    /* cmd_loadbench.c: `redlm bench` */
 
 #endif

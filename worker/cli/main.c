@@ -25,6 +25,7 @@ static const struct cli_cmd cmds[] = {
     {"tokenize", cmd_tokenize, "--tokenizer DIR (--text S | --file F): print ids"},
     {"detokenize", cmd_detokenize, "--tokenizer DIR --ids 1,2,3 [--skip-special]: print text"},
     {"template", cmd_template, "--tokenizer DIR --messages F.json [--tools T.json] [--no-think]"},
+    {"bench", cmd_loadbench, "--redis ADDR --clients N|--rate R [--sweep ...]: load a deployment"},
 };
 
 static void usage(FILE *f)
