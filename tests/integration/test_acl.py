@@ -14,6 +14,7 @@ import hashlib
 import json
 import pathlib
 import signal
+import socket
 import subprocess
 import time
 
@@ -351,3 +352,62 @@ def test_dispatcher_and_worker_as_acl_users(built, acl_redis, tmp_path):
     finally:
         w.stop()
         d.stop()
+
+
+def test_http_front_door_as_dispatcher_user(built, acl_redis, tmp_path):
+    """The HTTP front door inside redlm-dispatcher works with the
+    `dispatcher` user's rights alone: a request (XADD requests, XREAD of
+    its out stream), a streamed one, per-tenant request and token limits
+    (MULTI/INCR/EXPIRE/GET/EXEC, INCRBY), a client that disconnects (SET
+    cancel), /healthz (PING). No ACL denial for it or the worker."""
+    from conftest import DISPATCHER
+    if not DISPATCHER.exists():
+        pytest.skip(f"{DISPATCHER} not built (run make)")
+    from test_http import MODEL_NAME, Front
+    pw = {}
+    for u in ("worker", "dispatcher"):
+        pw[u] = tmp_path / f"{u}.password"
+        pw[u].write_text(PW[u] + "\n")
+    keys = tmp_path / "api-keys"
+    keys.write_text("sk-acl-00000001 team-a 100 100000\n")
+    admin = acl_redis.as_user("admin")
+    f = Front(acl_redis.addr, "redlm:", tmp_path,
+              ["--redis-user", "dispatcher", "--redis-password-file", str(pw["dispatcher"]),
+               "--api-keys-file", str(keys)])
+    w = Worker(acl_redis.addr, "redlm:", "acl-hw", tmp_path,
+               ["--redis-user", "worker", "--redis-password-file", str(pw["worker"])])
+    auth = {"Authorization": "Bearer sk-acl-00000001"}
+    try:
+        msgs = [{"role": "user", "content": "Hello"}]
+        status, _, data = f.request("POST", "/v1/chat/completions",
+                                    {"model": MODEL_NAME, "messages": msgs, "max_tokens": 5,
+                                     "ignore_eos": True}, auth)
+        assert status == 200, data
+        assert json.loads(data)["usage"]["completion_tokens"] == 5
+        status, _, data = f.request("POST", "/v1/chat/completions",
+                                    {"model": MODEL_NAME, "messages": msgs, "max_tokens": 5,
+                                     "ignore_eos": True, "stream": True}, auth)
+        assert status == 200 and data.rstrip().endswith(b"data: [DONE]"), data
+        assert admin.keys("redlm:ratelimit:team-a:*")  # the counters were written
+        # a client that goes away mid-stream: its job is cancelled
+        s = socket.create_connection(("127.0.0.1", f.port))
+        body = json.dumps({"model": MODEL_NAME, "messages": msgs, "stream": True,
+                           "max_tokens": 4000, "ignore_eos": True})
+        s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                   f"Authorization: Bearer sk-acl-00000001\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+        got = b""
+        while b"data: " not in got:
+            got += s.recv(65536)
+        job_id = [l.split(":", 1)[1].strip() for l in got.decode().split("\r\n")
+                  if l.lower().startswith("x-request-id:")][0]
+        s.close()
+        done = out_events(admin, job_id)[-1]
+        assert done["finish_reason"] == "cancelled"
+        assert f.request("GET", "/healthz")[0] == 200
+        denied = [e for e in admin.acl_log(count=100)
+                  if e["username"] in ("worker", "dispatcher")]
+        assert denied == [], denied
+    finally:
+        w.stop()
+        f.stop()
