@@ -654,22 +654,23 @@ Environment="REDLM_WORKER_ARGS=--redis {redis_addr} --model {model.dir} --pools 
 
 def test_dispatcher_unit_under_systemd(built, installed, prefix, tmp_path):
     """READY=1 only once Redis answers (Type=notify keeps the unit
-    "activating" while it is down), routing under the unit's hardening
-    (its SystemCallFilter= included), the watchdog, a clean stop."""
+    "activating" while it is down), routing and the HTTP front door under
+    the unit's hardening (its SystemCallFilter= included), the watchdog, a
+    clean stop."""
     why = user_manager_usable()
     if why:
         pytest.skip(why)
     if "redlm-dispatcher.service" not in UNITS:
         pytest.skip("no dispatcher in this tree")
     log = tmp_path / "dispatcher.log"
-    port = free_port()
+    port, http_port = free_port(), free_port()
     m = UserManager(tmp_path / "sd")
     unit = "redlm-dispatcher.service"
     redis_proc = None
     print(f"dispatcher log: {log}")
     try:
         user_unit(m, installed, tmp_path, unit, log, f"""
-Environment="REDLM_DISPATCHER_ARGS=--redis 127.0.0.1:{port} --prefix {prefix} --http-port 0 --block-ms 100 --heartbeat-interval-ms 200 --model {MODEL}"
+Environment="REDLM_DISPATCHER_ARGS=--redis 127.0.0.1:{port} --prefix {prefix} --http-port 0 --block-ms 100 --heartbeat-interval-ms 200 --model {MODEL} --http {http_port} --served-model-name tiny"
 """)
         m.ctl("daemon-reload")
         m.ctl("start", "--no-block", unit)
@@ -693,6 +694,12 @@ Environment="REDLM_DISPATCHER_ARGS=--redis 127.0.0.1:{port} --prefix {prefix} --
         # the tokenizer (PCRE2 JIT) loaded under the filter; the unit names it
         assert "fast path on" in log.read_text()
         assert r.exists(f"{prefix}dispatcher:{socket.gethostname()}-dispatcher")
+        # its HTTP front door answers under the same hardening
+        import urllib.request
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v1/models", timeout=10) as u:
+            assert json.loads(u.read())["data"][0]["id"] == "tiny"
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthz", timeout=10) as u:
+            assert u.status == 200
         time.sleep(3)  # WatchdogSec=2s
         assert m.show(unit, "NRestarts", "MainPID") == {"NRestarts": "0", "MainPID": pid}
         m.ctl("stop", unit)
