@@ -151,6 +151,67 @@ deps:
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz
 
+# ---- make install / make uninstall (systemd units, config, schemas) ----
+#   make install [PREFIX=/usr/local] [DESTDIR=] [SYSCONFDIR=/etc]
+#                [SYSTEMD_UNITDIR=$(PREFIX)/lib/systemd/system]
+# Binaries to $(BINDIR), units (with @BINDIR@/@SYSCONFDIR@ filled in) to
+# $(SYSTEMD_UNITDIR), the redlm user to $(SYSUSERSDIR), schemas and the
+# sample Redis ACL file to $(DATADIR)/redlm, and the config files to
+# $(SYSCONFDIR)/redlm only when they are absent: an edited config is never
+# overwritten. Then, on the target: systemd-sysusers; systemctl
+# daemon-reload. The restart back-off drop-in needs systemd >= 254
+# (RestartSteps=); SYSTEMD_VERSION says which systemd the target runs and
+# defaults to this machine's.
+.PHONY: uninstall
+BINDIR          ?= $(PREFIX)/bin
+DATADIR         ?= $(PREFIX)/share
+SYSCONFDIR      ?= /etc
+SYSTEMD_UNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR     ?= $(PREFIX)/lib/sysusers.d
+SYSTEMD_VERSION ?= $(shell systemctl --version 2>/dev/null | awk 'NR == 1 {print $$2 + 0}')
+UNITS      := redlm-worker@.service $(if $(DISP_SRC),redlm-dispatcher.service)
+UNIT_SED    = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g'
+SCHEMA_FILES := $(wildcard schemas/*.json schemas/*.md)
+SCHEMA_EXAMPLES := $(wildcard schemas/examples/*.json)
+
+install: $(BINS)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SYSTEMD_UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
+	  $(DESTDIR)$(DATADIR)/redlm/schemas/examples $(DESTDIR)$(SYSCONFDIR)/redlm
+	install -m 755 $(BINS) $(DESTDIR)$(BINDIR)/
+	for u in $(UNITS); do \
+	  $(UNIT_SED) systemd/$$u.in > $(DESTDIR)$(SYSTEMD_UNITDIR)/$$u && \
+	  chmod 644 $(DESTDIR)$(SYSTEMD_UNITDIR)/$$u || exit 1; \
+	  if [ "$(SYSTEMD_VERSION)" -ge 254 ] 2>/dev/null; then \
+	    install -d $(DESTDIR)$(SYSTEMD_UNITDIR)/$$u.d && \
+	    install -m 644 systemd/restart-backoff.conf $(DESTDIR)$(SYSTEMD_UNITDIR)/$$u.d/ || exit 1; \
+	  fi; \
+	done
+	install -m 644 systemd/redlm.target $(DESTDIR)$(SYSTEMD_UNITDIR)/
+	install -m 644 systemd/redlm.sysusers $(DESTDIR)$(SYSUSERSDIR)/redlm.conf
+	install -m 644 $(SCHEMA_FILES) $(DESTDIR)$(DATADIR)/redlm/schemas/
+	install -m 644 $(SCHEMA_EXAMPLES) $(DESTDIR)$(DATADIR)/redlm/schemas/examples/
+	install -m 644 config/redis-acl.conf config/redlm.conf $(DESTDIR)$(DATADIR)/redlm/
+	grep -v '^#' config/redis-acl.conf > $(DESTDIR)$(DATADIR)/redlm/redis-users.acl
+	chmod 644 $(DESTDIR)$(DATADIR)/redlm/redis-users.acl
+	for f in redlm.conf redlm.env; do \
+	  [ -e $(DESTDIR)$(SYSCONFDIR)/redlm/$$f ] || \
+	    install -m 644 config/$$f $(DESTDIR)$(SYSCONFDIR)/redlm/$$f || exit 1; \
+	done
+
+# Removes what install put there; a config file goes only if it is still
+# the shipped one, so local settings (and passwords) stay.
+uninstall:
+	rm -f $(addprefix $(DESTDIR)$(BINDIR)/,redlm redlm-worker redlm-dispatcher)
+	for u in redlm-worker@.service redlm-dispatcher.service; do \
+	  rm -f $(DESTDIR)$(SYSTEMD_UNITDIR)/$$u $(DESTDIR)$(SYSTEMD_UNITDIR)/$$u.d/restart-backoff.conf; \
+	  rmdir $(DESTDIR)$(SYSTEMD_UNITDIR)/$$u.d 2>/dev/null || true; \
+	done
+	rm -f $(DESTDIR)$(SYSTEMD_UNITDIR)/redlm.target $(DESTDIR)$(SYSUSERSDIR)/redlm.conf
+	rm -rf $(DESTDIR)$(DATADIR)/redlm
+	for f in redlm.conf redlm.env; do \
+	  cmp -s config/$$f $(DESTDIR)$(SYSCONFDIR)/redlm/$$f && rm -f $(DESTDIR)$(SYSCONFDIR)/redlm/$$f; \
+	done; rmdir $(DESTDIR)$(SYSCONFDIR)/redlm 2>/dev/null || true
+
 # ---- redlm bench (worker/cli/cmd_loadbench.c) ----
 # its plots are drawn by gnuplot; its statistics (worker/cli/loadstats.c)
 # live with the CLI, so their unit test links that object too
