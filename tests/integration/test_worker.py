@@ -148,8 +148,12 @@ def test_cancel_frees_slot(workers, client, event_validator):
     r = connect(client.addr)
     key = f"{client.prefix}out:long"
     wait_len(r, key, 5)
-    n_at_cancel = r.xlen(key)
-    r.set(f"{client.prefix}cancel:long", 1, ex=600)
+    # SET and XLEN in one transaction: the count is exact at the moment the
+    # cancel exists, however late this process gets the CPU
+    p = r.pipeline(transaction=True)
+    p.set(f"{client.prefix}cancel:long", 1, ex=600)
+    p.xlen(key)
+    n_at_cancel = p.execute()[1]
     evs = client.events("long")
     _, done = check_stream(evs, event_validator)
     assert done["finish_reason"] == "cancelled"
