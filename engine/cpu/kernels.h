@@ -47,7 +47,23 @@ struct cpu_kernels {
     float (*dot_bf16_f32)(const uint16_t *a, const float *b, int n);
     void (*axpy_f32)(float a, const float *x, float *y, int n);     /* y += a x */
     void (*axpy_bf16)(float a, const uint16_t *x, float *y, int n); /* y += a x */
+
+    /* Optional (NULL where the ISA has no use for it): the same product as
+     * gemm_bf16 on a matrix repacked once by cpu_pack_bf16() below, for a
+     * register tile that needs no horizontal sums. Needs N % 16 == 0,
+     * K and ldx even, n0 and n1 multiples of 16. Its own fixed reduction
+     * order (one f32 chain per output over k pairs, ascending) differs
+     * from gemm_bf16's, but like every gemm here it does not depend on M,
+     * n0/n1 or the tile, so it is batch invariant on its own. */
+    void (*gemm_bf16p)(int M, int n0, int n1, int K, const uint16_t *x,
+                       int ldx, const uint16_t *wp, float *y, int ldy);
 };
+
+/* The panel layout gemm_bf16p reads: rows in panels of 16, each panel
+ * (K/2 pairs x 16 rows x 2) contiguous, so element (n, k) of w sits at
+ * ((n/16) * (K/2) + k/2) * 32 + (n%16) * 2 + k%2. Same size as w.
+ * Needs N % 16 == 0 and K even. */
+void cpu_pack_bf16(const uint16_t *w, int N, int K, uint16_t *out);
 
 /* The table for `isa`; NULL when this CPU cannot run it. */
 const struct cpu_kernels *cpu_kernels_get(enum cpu_isa isa);

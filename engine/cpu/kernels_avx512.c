@@ -37,6 +37,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -242,6 +243,94 @@ DEFINE_GEMM(BF, uint16_t, uint16_t)
 DEFINE_GEMM(F32, float, float)
 DEFINE_GEMM(F16, float, uint16_t)
 
+/* ---- packed BF16 gemm (cpu_pack_bf16 layout) ------------------------------
+ *
+ * "Outer-product style": accumulator (m, j) holds y[m][n + 16j .. +15], one
+ * lane per output. A k step loads NV 64-byte vectors of the panels (the same
+ * pair of k for 16 rows each), broadcasts one bf16 pair of each of the MR
+ * rows of x, and issues MR x NV vdpbf16ps. No horizontal sums, MR + NV loads
+ * per MR x NV dot products, 6 x 4 = 24 accumulators.
+ *
+ * Reduction order: every output is one f32 chain over the pairs k/2 = 0, 1,
+ * ..., K/2-1, starting from +0. K may be cut in chunks (prefill: KC elements,
+ * so the 64-column weight tile of a chunk, 32 KB, stays in L1 while every
+ * row tile of x passes over it); a chunk reloads the chain's value from y,
+ * which is exact, so chunking changes no bits, and neither do MR, NV, M or
+ * n0/n1: a row alone (decode) and the same row in a prompt agree. */
+#define PK_MR 6
+#define PK_NV 4
+#define PK_KC 256
+
+T512 static AI void pk_tile(const int MR, const int NV, int kp0, int kp1, int first,
+                            const uint16_t *x, int ldx, const uint16_t *wp, size_t pstride,
+                            float *y, int ldy)
+{
+    __m512 acc[PK_MR][PK_NV];
+    _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+            acc[m][j] = first ? _mm512_setzero_ps()
+                              : _mm512_loadu_ps(y + (size_t)m * ldy + 16 * j);
+    const uint16_t *w = wp + (size_t)kp0 * 32;
+    const uint16_t *xp = x + (size_t)kp0 * 2;
+    for (int kp = kp0; kp < kp1; kp++, w += 32, xp += 2) {
+        __m512i wv[PK_NV];
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+            wv[j] = _mm512_load_si512((const void *)(w + (size_t)j * pstride));
+        _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+        {
+            int32_t pair;
+            memcpy(&pair, xp + (size_t)m * ldx, 4);
+            __m512i xv = _mm512_set1_epi32(pair);
+            _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+                acc[m][j] = _mm512_dpbf16_ps(acc[m][j], (__m512bh)xv, (__m512bh)wv[j]);
+        }
+    }
+    _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+            _mm512_storeu_ps(y + (size_t)m * ldy + 16 * j, acc[m][j]);
+}
+
+#define PK_CASE(mr, nv)                                                       \
+    case (mr) * 8 + (nv):                                                     \
+        pk_tile(mr, nv, kp0, kp1, first, x, ldx, wp, pstride, y, ldy);        \
+        break;
+#define PK_CASES(mr) PK_CASE(mr, 1) PK_CASE(mr, 2) PK_CASE(mr, 3) PK_CASE(mr, 4)
+
+T512 static void pk_tile_any(int mr, int nv, int kp0, int kp1, int first, const uint16_t *x,
+                             int ldx, const uint16_t *wp, size_t pstride, float *y, int ldy)
+{
+    switch (mr * 8 + nv) {
+        PK_CASES(1) PK_CASES(2) PK_CASES(3) PK_CASES(4) PK_CASES(5) PK_CASES(6)
+    default: break;
+    }
+}
+
+T512 static void av512_gemm_bf16p(int M, int n0, int n1, int K, const uint16_t *x, int ldx,
+                                  const uint16_t *wp, float *y, int ldy)
+{
+    if (M <= 0 || n1 <= n0 || K <= 0)
+        return;
+    size_t pstride = (size_t)16 * (size_t)K; /* elements per panel */
+    /* Few rows (decode, small batches): one pass over K, the weights
+     * stream from memory once and the tile's rows share every load. */
+    int kc = M <= 4 * PK_MR ? K : PK_KC;
+    for (int k0 = 0; k0 < K; k0 += kc) {
+        int kp0 = k0 / 2, kp1 = (k0 + kc < K ? k0 + kc : K) / 2;
+        for (int n = n0; n < n1; n += 16 * PK_NV) {
+            int nv = (n1 - n) / 16 < PK_NV ? (n1 - n) / 16 : PK_NV;
+            const uint16_t *wt = wp + (size_t)(n / 16) * pstride;
+            int m = 0;
+            if (nv == PK_NV)
+                for (; m + PK_MR <= M; m += PK_MR)
+                    pk_tile(PK_MR, PK_NV, kp0, kp1, k0 == 0, x + (size_t)m * ldx, ldx, wt,
+                            pstride, y + (size_t)m * ldy + n, ldy);
+            for (; m < M; m += PK_MR)
+                pk_tile_any(M - m < PK_MR ? M - m : PK_MR, nv, kp0, kp1, k0 == 0,
+                            x + (size_t)m * ldx, ldx, wt, pstride, y + (size_t)m * ldy + n, ldy);
+        }
+    }
+}
+
 /* ---- conversions and attention helpers ---------------------------------- */
 
 /* Same bits as cpu_f32_to_bf16(): RNE by integer add, NaN quietened. */
@@ -357,6 +446,7 @@ static const struct cpu_kernels av512_table = {
     .dot_bf16_f32 = av512_dot_bf16_f32,
     .axpy_f32 = av512_axpy_f32,
     .axpy_bf16 = av512_axpy_bf16,
+    .gemm_bf16p = av512_gemm_bf16p,
 };
 
 const struct cpu_kernels *cpu_kernels_avx512bf16(void)

@@ -30,7 +30,7 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-enum dt { DT_BF16, DT_F32, DT_F16 };
+enum dt { DT_BF16, DT_F32, DT_F16, DT_BF16P };
 
 struct gemm_job {
     const struct cpu_kernels *k;
@@ -60,6 +60,9 @@ static void gemm_fn(void *arg, int ith, int nth)
         break;
     case DT_F16:
         j->k->gemm_f16(j->M, n0, n1, j->K, j->x, j->K, j->w, j->y, j->N);
+        break;
+    case DT_BF16P: /* the timing does not depend on what the panels hold */
+        j->k->gemm_bf16p(j->M, n0, n1, j->K, j->x, j->K, j->w, j->y, j->N);
         break;
     }
 }
@@ -121,13 +124,15 @@ static const struct shape shapes[] = {
 
 int main(int argc, char **argv)
 {
-    int n_threads = 2, quick = 0;
+    int n_threads = 2, quick = 0, ab = 0;
     const char *isa_name = "auto";
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
             n_threads = atoi(argv[++i]);
         else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc)
             isa_name = argv[++i];
+        else if (strcmp(argv[i], "--ab") == 0)
+            ab = 1;
         else if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
         else {
@@ -204,6 +209,35 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < mx; i++) {
         xf[i] = (float)((int)(i * 2654435761u % 2001) - 1000) / 1000.0f;
         xb[i] = cpu_f32_to_bf16(xf[i]);
+    }
+
+    if (ab && k->gemm_bf16p) {
+        /* --ab: gemm_bf16 against gemm_bf16p (packed panels), interleaved
+         * rounds of best-of trials, so both see the same machine load. */
+        static const int Ms[] = {1, 16, 512};
+        for (size_t s = 0; s + 1 < N_SHAPES; s++)
+            for (int mi = 0; mi < 3; mi++) {
+                int M = Ms[mi];
+                size_t mbytes = (size_t)shapes[s].N * shapes[s].K * 2;
+                size_t copies = M < 512 && wbytes / mbytes ? wbytes / mbytes : 1;
+                double best[2] = {1e30, 1e30};
+                for (int r = 0; r < 3; r++)
+                    for (int v = 0; v < 2; v++) {
+                        struct gemm_job j = {k, v ? DT_BF16P : DT_BF16, M, shapes[s].N,
+                                             shapes[s].K, xb, wbuf, y};
+                        double t = time_calls(pool, &j, (const uint8_t *)wbuf, mbytes, copies,
+                                              3, M < 512 ? 0.01 : 0);
+                        if (t < best[v])
+                            best[v] = t;
+                    }
+                double f = 2.0 * M * shapes[s].N * shapes[s].K * 1e-9;
+                printf("{\"ab\":\"%s\",\"M\":%d,\"old_us\":%.1f,\"packed_us\":%.1f,"
+                       "\"old_gflops\":%.1f,\"packed_gflops\":%.1f,\"packed_gbs\":%.1f,\"speedup\":%.2f}\n",
+                       shapes[s].name, M, best[0] * 1e6, best[1] * 1e6, f / best[0], f / best[1],
+                       (double)mbytes * 1e-9 / best[1], best[0] / best[1]);
+                fflush(stdout);
+            }
+        return 0;
     }
 
     printf("{\"isa\":\"%s\",\"threads\":%d,\"read_bw_gbs\":%.2f,\"bf16_peak_gflops\":%.1f,"

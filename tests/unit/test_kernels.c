@@ -468,6 +468,72 @@ static void test_invariance_big_m(void **state)
     prob_free(&p);
 }
 
+
+/* ---- packed BF16 panels (gemm_bf16p) ------------------------------------ */
+
+/* gemm_bf16p on cpu_pack_bf16's panels: within the bf16 tolerance of the
+ * reference, and bit-identical whatever M, the row grouping, the n split or
+ * the K chunking (M > 24 takes the K-chunked prefill path, K = 1000 and
+ * 3072 cross its 256-element chunks). */
+static void test_packed_bf16(void **state)
+{
+    (void)state;
+    const struct cpu_kernels *ks[CPU_ISA_N];
+    int nk = available(ks), tested = 0;
+    static const int Ks[] = {2, 34, 1000, 3072};
+    for (int t = 0; t < nk; t++) {
+        if (!ks[t]->gemm_bf16p)
+            continue;
+        const char *isa = cpu_isa_name(ks[t]->isa);
+        for (int ki = 0; ki < 4; ki++) {
+            enum { M = 40, N = 96 };
+            int K = Ks[ki];
+            struct prob p;
+            prob_init(&p, DT_BF16, M, N, K, 6, 5);
+            uint16_t *wp = aligned_alloc(64, ((size_t)N * K * 2 + 63) / 64 * 64);
+            assert_non_null(wp);
+            cpu_pack_bf16(p.wb, N, K, wp);
+            /* the layout: element (n, k) where kernels.h says */
+            for (int n = 0; n < N; n += 7)
+                for (int kk = 0; kk < K; kk += 3)
+                    assert_int_equal(wp[((size_t)(n / 16) * (K / 2) + kk / 2) * 32 + (n % 16) * 2 + kk % 2],
+                                     p.wb[(size_t)n * K + kk]);
+            float *full = new_y(&p), *y = new_y(&p);
+            ks[t]->gemm_bf16p(M, 0, N, K, p.xb, p.ldx, wp, full, p.ldy);
+            check_gemm(isa, &p, 0, N, full);
+            for (int m = 0; m < M; m++)
+                ks[t]->gemm_bf16p(1, 0, N, K, p.xb + (size_t)m * p.ldx, p.ldx, wp,
+                                  y + (size_t)m * p.ldy, p.ldy);
+            for (size_t i = 0; i < (size_t)M * p.ldy; i++)
+                if (f_bits(full[i]) != f_bits(y[i]))
+                    fail_msg("%s packed K=%d: (%zu,%zu) alone %.9g != in M=40 %.9g", isa, K,
+                             i / p.ldy, i % p.ldy, y[i], full[i]);
+            /* uneven row groups and a split n range, each row at another
+             * tile position and with another chunking than above */
+            static const int groups[] = {3, 5, 1, 4, 27};
+            free(y);
+            y = new_y(&p);
+            for (int g = 0, m = 0; g < 5; m += groups[g], g++) {
+                ks[t]->gemm_bf16p(groups[g], 0, 32, K, p.xb + (size_t)m * p.ldx, p.ldx, wp,
+                                  y + (size_t)m * p.ldy, p.ldy);
+                ks[t]->gemm_bf16p(groups[g], 32, N, K, p.xb + (size_t)m * p.ldx, p.ldx, wp,
+                                  y + (size_t)m * p.ldy, p.ldy);
+            }
+            assert_memory_equal(full, y, (size_t)M * p.ldy * sizeof(float));
+            /* a column range leaves the rest alone */
+            free(y);
+            y = new_y(&p);
+            ks[t]->gemm_bf16p(M, 16, 48, K, p.xb, p.ldx, wp, y, p.ldy);
+            check_gemm(isa, &p, 16, 48, y);
+            free(full), free(y), free(wp);
+            prob_free(&p);
+            tested++;
+        }
+    }
+    if (!tested)
+        printf("  (no table here has gemm_bf16p)\n");
+}
+
 /* ---- scalar vs SIMD ----------------------------------------------------- */
 
 static void test_cross_isa(void **state)
@@ -586,6 +652,7 @@ int main(void)
         cmocka_unit_test(test_invariance_f32),
         cmocka_unit_test(test_invariance_f16),
         cmocka_unit_test(test_invariance_big_m),
+        cmocka_unit_test(test_packed_bf16),
         cmocka_unit_test(test_cross_isa),
         cmocka_unit_test(test_dot_axpy),
     };
