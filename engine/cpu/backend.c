@@ -37,6 +37,8 @@
 /* Rows of one attention item (queries x heads of a GQA group): the score
  * tile for them stays in L2 for contexts of a few thousand tokens. */
 #define ATT_ROWS 64
+/* Rows of a tile that go through P x V together, sharing each V block. */
+#define ATT_PV_ROWS 8
 
 struct attn_item {
     int32_t seq, g, t0, n; /* sequence, kv head, first token index, tokens */
@@ -407,11 +409,14 @@ static int cpu_kv_init(void *ctx, int n_blocks, int block_size, struct rl_err *e
     int group = c->cfg.n_heads / c->cfg.n_kv_heads;
     c->q_tile = ATT_ROWS / group > 0 ? ATT_ROWS / group : 1;
     size_t rows = (size_t)c->q_tile * (size_t)group;
-    c->scratch_per_thread = rows * (size_t)c->seq_max + rows * (size_t)c->cfg.head_dim * 2 + 64;
+    /* scores, f32 queries, bf16 queries (half of that), the output rows
+     * O, their softmax sums, and 64-byte alignment slack */
+    c->scratch_per_thread = rows * (size_t)c->seq_max + rows * (size_t)c->cfg.head_dim * 3 + rows + 64;
+    c->scratch_per_thread = (c->scratch_per_thread + 15) & ~(size_t)15;
     /* calloc: fresh pages are zero, and untouched blocks cost no memory. */
     c->kcache = calloc(1, half);
     c->vcache = calloc(1, half);
-    c->scratch = malloc((size_t)c->n_threads * c->scratch_per_thread * 4);
+    c->scratch = amalloc((size_t)c->n_threads * c->scratch_per_thread * 4);
     if (!c->kcache || !c->vcache || !c->scratch) {
         free(c->kcache), free(c->vcache), free(c->scratch);
         c->kcache = c->vcache = NULL;
@@ -658,6 +663,8 @@ static void attn_task(void *arg, int ith, int nth)
     float *S = c->scratch + (size_t)ith * c->scratch_per_thread;
     float *qf = S + (size_t)c->q_tile * (size_t)group * (size_t)smax;
     uint16_t *qb = (uint16_t *)(qf + (size_t)c->q_tile * (size_t)group * (size_t)hd);
+    float *O = qf + (size_t)c->q_tile * (size_t)group * (size_t)hd * 2;
+    float *sum = O + (size_t)c->q_tile * (size_t)group * (size_t)hd;
     for (int it = ith; it < j->n_items; it += nth) {
         const struct attn_item *a = &j->items[it];
         const struct be_seq *s = &j->b->seqs[a->seq];
@@ -675,38 +682,83 @@ static void attn_task(void *arg, int ith, int nth)
         for (int blk = 0; blk * bs <= last; blk++) {
             int nk = last + 1 - blk * bs < bs ? last + 1 - blk * bs : bs;
             const void *kb = kv_at(c, c->kcache, j->layer, s->block_table[blk], a->g, 0);
-            if (bf)
+            if (bf && k->scores_bf16 && hd % 32 == 0)
+                k->scores_bf16(rows, nk, qb, hd, kb, hd, S + (size_t)blk * (size_t)bs, smax);
+            else if (bf)
                 k->gemm_bf16(rows, 0, nk, hd, qb, hd, kb, S + (size_t)blk * (size_t)bs, smax);
             else
                 k->gemm_f32(rows, 0, nk, hd, qf, hd, kb, S + (size_t)blk * (size_t)bs, smax);
         }
+        /* softmax per row over its own keys 0..pos */
         for (int r = 0; r < rows; r++) {
-            int t = a->t0 + r / group, h = a->g * group + r % group;
-            int pos = c->tok_pos[t];
+            int pos = c->tok_pos[a->t0 + r / group];
             float *sc = S + (size_t)r * (size_t)smax;
+            if (k->softmax) {
+                sum[r] = k->softmax(sc, pos + 1, scale);
+                continue;
+            }
             float mx = -INFINITY;
             for (int p = 0; p <= pos; p++) {
                 sc[p] *= scale;
                 if (sc[p] > mx)
                     mx = sc[p];
             }
-            float sum = 0;
+            float acc = 0;
             for (int p = 0; p <= pos; p++) {
                 sc[p] = expf(sc[p] - mx);
-                sum += sc[p];
+                acc += sc[p];
             }
+            sum[r] = acc;
+        }
+        /* P x V into O (rows, hd), keys in ascending order for every row */
+        memset(O, 0, (size_t)rows * (size_t)hd * 4);
+        if ((bf ? k->pv_bf16 != NULL : k->pv_f32 != NULL) && hd % 16 == 0) {
+            /* Rows in chunks that share each V block from L1; rows are
+             * sorted by position (token-major), so within a block the keys
+             * a row needs are a prefix and later rows need at least as many:
+             * rows i.. take keys [done, cnt_i) together. */
+            for (int r0 = 0; r0 < rows; r0 += ATT_PV_ROWS) {
+                int R = rows - r0 < ATT_PV_ROWS ? rows - r0 : ATT_PV_ROWS;
+                int plast = c->tok_pos[a->t0 + (r0 + R - 1) / group];
+                for (int blk = 0; blk * bs <= plast; blk++) {
+                    const void *vb = kv_at(c, c->vcache, j->layer, s->block_table[blk], a->g, 0);
+                    int done = 0;
+                    for (int i = 0; i < R; i++) {
+                        int cnt = c->tok_pos[a->t0 + (r0 + i) / group] + 1 - blk * bs;
+                        cnt = cnt < bs ? cnt : bs;
+                        if (cnt <= done)
+                            continue;
+                        const float *pp = S + (size_t)(r0 + i) * (size_t)smax + (size_t)blk * (size_t)bs + (size_t)done;
+                        float *oo = O + (size_t)(r0 + i) * (size_t)hd;
+                        if (bf)
+                            k->pv_bf16(R - i, cnt - done, pp, smax, (const uint16_t *)vb + (size_t)done * (size_t)hd, hd, oo, hd);
+                        else
+                            k->pv_f32(R - i, cnt - done, pp, smax, (const float *)vb + (size_t)done * (size_t)hd, hd, oo, hd);
+                        done = cnt;
+                    }
+                }
+            }
+        } else {
+            for (int r = 0; r < rows; r++) {
+                int pos = c->tok_pos[a->t0 + r / group];
+                const float *sc = S + (size_t)r * (size_t)smax;
+                float *o = O + (size_t)r * (size_t)hd;
+                for (int p = 0; p <= pos; p++) {
+                    const void *vp = kv_at(c, c->vcache, j->layer, s->block_table[p / bs], a->g, p % bs);
+                    if (bf)
+                        k->axpy_bf16(sc[p], vp, o, hd);
+                    else
+                        k->axpy_f32(sc[p], vp, o, hd);
+                }
+            }
+        }
+        for (int r = 0; r < rows; r++) {
+            int t = a->t0 + r / group, h = a->g * group + r % group;
             float *out = c->att + ((size_t)t * (size_t)cfg->n_heads + (size_t)h) * (size_t)hd;
-            memset(out, 0, (size_t)hd * 4);
-            for (int p = 0; p <= pos; p++) {
-                const void *vp = kv_at(c, c->vcache, j->layer, s->block_table[p / bs], a->g, p % bs);
-                if (bf)
-                    k->axpy_bf16(sc[p], vp, out, hd);
-                else
-                    k->axpy_f32(sc[p], vp, out, hd);
-            }
-            float inv = 1.0f / sum;
+            const float *o = O + (size_t)r * (size_t)hd;
+            float inv = 1.0f / sum[r];
             for (int d = 0; d < hd; d++)
-                out[d] *= inv;
+                out[d] = o[d] * inv;
         }
     }
 }

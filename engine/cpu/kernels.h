@@ -57,6 +57,27 @@ struct cpu_kernels {
      * n0/n1 or the tile, so it is batch invariant on its own. */
     void (*gemm_bf16p)(int M, int n0, int n1, int K, const uint16_t *x,
                        int ldx, const uint16_t *wp, float *y, int ldy);
+
+    /* Optional attention pieces (NULL: the backend runs its portable loops).
+     * softmax: s[i] = exp(s[i] * scale - max_j(s[j] * scale)) for i < n,
+     * returns the sum of the new s[i]; the order of every operation is a
+     * function of n alone. */
+    float (*softmax)(float *s, int n, float scale);
+    /* P x V for R rows over n keys, values accumulated in registers:
+     * o[r*ldo + d] += p[r*ldp + j] * v[j*hd + d] for j = 0..n-1 ascending,
+     * one fused multiply-add per (j, d), for d < hd (hd % 16 == 0). The
+     * result of each row depends only on that row, so callers may group
+     * rows and cut the keys into ranges freely. */
+    /* Scores: s[r*lds + j] = q_r . k_j for r < R, j < n, q rows of hd
+     * bf16 at stride ldq, keys k_j = k + j*hd; hd % 32 == 0. Bit-identical
+     * to gemm_bf16(R, 0, n, hd, q, ldq, k, s, lds) on the same table (same
+     * chains, same fold), only without its per-call and tile overheads. */
+    void (*scores_bf16)(int R, int n, const uint16_t *q, int ldq,
+                        const uint16_t *k, int hd, float *s, int lds);
+    void (*pv_bf16)(int R, int n, const float *p, int ldp, const uint16_t *v,
+                    int hd, float *o, int ldo);
+    void (*pv_f32)(int R, int n, const float *p, int ldp, const float *v,
+                   int hd, float *o, int ldo);
 };
 
 /* The panel layout gemm_bf16p reads: rows in panels of 16, each panel
