@@ -97,6 +97,8 @@ struct cpu_ctx {
     float *g;       /* (max_tokens, inter) gate, then SwiGLU output */
     float *u;       /* (max_tokens, inter) up */
     float *tmp;     /* (max_tokens, hidden) projection output */
+    float *rope;    /* (max_tokens, head_dim) cos then sin of each token's
+                       position, once per step for all layers */
     int32_t *tok_seq, *tok_pos; /* (max_tokens) */
     struct attn_item *items;    /* (max_tokens * n_kv_heads) */
 
@@ -191,8 +193,10 @@ static void mat_bind(struct cpu_mat *m, const struct model_tensor *t, const stru
  * the 16-row rate of gemm_bf16 (bench_kernels --ab). Only when the kernel
  * table has it, the weights were copied (the file mapping is read-only), and
  * every matrix splits into whole panels - the thread split of stacked
- * matrices (split_range) then lands on panel boundaries. The embedding stays
- * row-major: the token lookup reads its rows (so a tied lm_head does too). */
+ * matrices (split_range) then lands on panel boundaries. A tied embedding is
+ * packed too, for the lm_head product (at 16 rows the row-major kernel cost
+ * 3x the weight streaming); the token lookup gathers its row from the
+ * panels (embed_task). */
 static int pack_ok(const struct cpu_mat *m)
 {
     return m->dt == MODEL_BF16 && m->rows % 16 == 0 && m->cols % 2 == 0;
@@ -203,8 +207,8 @@ static int pack_ok(const struct cpu_mat *m)
 static int pack_list(struct cpu_ctx *c, int l, struct cpu_mat *out[7])
 {
     if (l < 0) {
-        out[0] = &c->lm_head;
-        return !c->cfg.tied && pack_ok(&c->lm_head);
+        out[0] = c->cfg.tied ? &c->embed : &c->lm_head;
+        return pack_ok(out[0]);
     }
     struct cpu_layer *L = &c->layers[l];
     struct cpu_mat *ms[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down};
@@ -234,6 +238,8 @@ static int pack_weights(struct cpu_ctx *c)
             cpu_pack_bf16(tmp, ms[i]->rows, ms[i]->cols, (uint16_t *)ms[i]->w);
             ms[i]->packed = 1;
         }
+    if (c->cfg.tied)
+        c->lm_head = c->embed;
     free(tmp);
     return 0;
 }
@@ -306,7 +312,8 @@ static void free_weights(struct cpu_ctx *c)
     c->final_norm = NULL, c->inv_freq = NULL;
     free(c->x), free(c->xn), free(c->xb), free(c->q), free(c->kx), free(c->vx);
     free(c->att), free(c->g), free(c->u), free(c->tmp), free(c->tok_seq), free(c->tok_pos);
-    free(c->items), free(c->hb);
+    free(c->items), free(c->hb), free(c->rope);
+    c->rope = NULL;
     c->items = NULL;
     c->hb = NULL;
     c->x = c->xn = c->q = c->kx = c->vx = c->att = c->g = c->u = c->tmp = NULL;
@@ -367,6 +374,7 @@ static int cpu_load(void *ctx, const struct model_config *cfg, const struct mode
         !(c->kx = amalloc(T * KV * 4)) || !(c->vx = amalloc(T * KV * 4)) ||
         !(c->att = amalloc(T * Q * 4)) || !(c->g = amalloc(T * I * 4)) ||
         !(c->u = amalloc(T * I * 4)) || !(c->tmp = amalloc(T * H * 4)) ||
+        !(c->rope = amalloc(T * (size_t)cfg->head_dim * 4)) ||
         !(c->tok_seq = amalloc(T * 4)) || !(c->tok_pos = amalloc(T * 4)) ||
         !(c->items = amalloc(T * (size_t)cfg->n_kv_heads * sizeof *c->items)))
         goto oom;
@@ -511,8 +519,11 @@ static void mm_task(void *arg, int ith, int nth)
         for (int m = 0; m < j->M; m++) {
             float *g = j->y[0] + (size_t)m * (size_t)j->ldy[0];
             const float *u = j->y[1] + (size_t)m * (size_t)j->ldy[1];
-            for (int n = n0; n < n1; n++)
-                g[n] = g[n] / (1.0f + expf(-g[n])) * u[n];
+            if (j->k->swiglu)
+                j->k->swiglu(g + n0, u + n0, n1 - n0);
+            else
+                for (int n = n0; n < n1; n++)
+                    g[n] = g[n] / (1.0f + expf(-g[n])) * u[n];
             if (j->hb)
                 j->k->f32_to_bf16(g + n0, j->hb + (size_t)m * (size_t)j->ldy[0] + n0, n1 - n0);
         }
@@ -558,13 +569,22 @@ static void rmsnorm_row(const float *x, const float *w, float *y, int n, float e
         y[i] = w[i] * (x[i] * r);
 }
 
+static void norm_row(const struct cpu_kernels *k, const float *x, const float *w, float *y, int n,
+                     float eps)
+{
+    if (k->rmsnorm)
+        k->rmsnorm(x, w, y, n, eps);
+    else
+        rmsnorm_row(x, w, y, n, eps);
+}
+
 static void norm_task(void *arg, int ith, int nth)
 {
     const struct norm_job *j = arg;
     for (int i = ith; i < j->n; i += nth) {
         int src = j->rows ? j->rows[i] : i;
         float *y = j->xn + (size_t)i * (size_t)j->dim;
-        rmsnorm_row(j->x + (size_t)src * (size_t)j->ldx, j->w, y, j->dim, j->eps);
+        norm_row(j->k, j->x + (size_t)src * (size_t)j->ldx, j->w, y, j->dim, j->eps);
         if (j->xb)
             j->k->f32_to_bf16(y, j->xb + (size_t)i * (size_t)j->dim, j->dim);
     }
@@ -601,18 +621,14 @@ static void rope_task(void *arg, int ith, int nth)
     struct cpu_ctx *c = j->c;
     const struct model_config *cfg = &c->cfg;
     int hd = cfg->head_dim, half = hd / 2;
-    float cs[512], sn[512], tmp[1024];
+    float tmp[1024];
     for (int t = ith; t < j->n_tokens; t += nth) {
         int pos = c->tok_pos[t];
         const struct be_seq *s = &j->b->seqs[c->tok_seq[t]];
-        for (int i = 0; i < half; i++) {
-            float a = (float)pos * c->inv_freq[i];
-            cs[i] = cosf(a) * c->rope_mscale;
-            sn[i] = sinf(a) * c->rope_mscale;
-        }
+        const float *cs = c->rope + (size_t)t * (size_t)hd, *sn = cs + half;
         for (int h = 0; h < cfg->n_heads; h++) {
             float *q = c->q + ((size_t)t * (size_t)cfg->n_heads + (size_t)h) * (size_t)hd;
-            rmsnorm_row(q, j->L->q_norm, q, hd, cfg->rms_eps);
+            norm_row(c->k, q, j->L->q_norm, q, hd, cfg->rms_eps);
             rope_apply(q, cs, sn, half);
         }
         int blk = s->block_table[pos / c->block_size], slot = pos % c->block_size;
@@ -620,7 +636,7 @@ static void rope_task(void *arg, int ith, int nth)
             float *k = c->kx + ((size_t)t * (size_t)cfg->n_kv_heads + (size_t)h) * (size_t)hd;
             const float *v = c->vx + ((size_t)t * (size_t)cfg->n_kv_heads + (size_t)h) * (size_t)hd;
             memcpy(tmp, k, (size_t)hd * 4);
-            rmsnorm_row(tmp, j->L->k_norm, tmp, hd, cfg->rms_eps);
+            norm_row(c->k, tmp, j->L->k_norm, tmp, hd, cfg->rms_eps);
             rope_apply(tmp, cs, sn, half);
             void *kd = kv_at(c, c->kcache, j->layer, blk, h, slot);
             void *vd = kv_at(c, c->vcache, j->layer, blk, h, slot);
@@ -645,6 +661,8 @@ static void rope_task(void *arg, int ith, int nth)
  * sum of values then run per row, keys in ascending order. */
 struct attn_job {
     struct cpu_ctx *c;
+    uint16_t *ob;       /* bf16 output rows (the o projection's input), or
+                           NULL for f32 rows in c->att */
     int layer, n_items;
     const struct attn_item *items;
     const struct be_batch *b;
@@ -755,10 +773,16 @@ static void attn_task(void *arg, int ith, int nth)
         for (int r = 0; r < rows; r++) {
             int t = a->t0 + r / group, h = a->g * group + r % group;
             float *out = c->att + ((size_t)t * (size_t)cfg->n_heads + (size_t)h) * (size_t)hd;
-            const float *o = O + (size_t)r * (size_t)hd;
+            float *o = O + (size_t)r * (size_t)hd;
             float inv = 1.0f / sum[r];
-            for (int d = 0; d < hd; d++)
-                out[d] = o[d] * inv;
+            if (j->ob) {
+                for (int d = 0; d < hd; d++)
+                    o[d] *= inv;
+                k->f32_to_bf16(o, j->ob + (out - c->att), hd);
+            } else {
+                for (int d = 0; d < hd; d++)
+                    out[d] = o[d] * inv;
+            }
         }
     }
 }
@@ -791,10 +815,25 @@ static void embed_task(void *arg, int ith, int nth)
     const struct embed_job *j = arg;
     const struct cpu_mat *e = &j->c->embed;
     int H = e->cols;
+    int half = j->c->cfg.head_dim / 2;
     for (int t = ith; t < j->n; t += nth) {
+        /* this token's rotary cos/sin, for every layer's rope_task */
+        float *cs = j->c->rope + (size_t)t * (size_t)j->c->cfg.head_dim, *sn = cs + half;
+        for (int i = 0; i < half; i++) {
+            float a = (float)j->c->tok_pos[t] * j->c->inv_freq[i];
+            cs[i] = cosf(a) * j->c->rope_mscale;
+            sn[i] = sinf(a) * j->c->rope_mscale;
+        }
         float *x = j->c->x + (size_t)t * (size_t)H;
         size_t off = (size_t)j->tokens[t] * (size_t)H;
-        if (e->dt == MODEL_F32)
+        if (e->packed) { /* row n of the panels: pairs 64 bytes apart */
+            const uint16_t *p = (const uint16_t *)e->w +
+                                (size_t)(j->tokens[t] / 16) * (size_t)H * 16 + (size_t)(j->tokens[t] % 16) * 2;
+            for (int i = 0; i < H; i += 2) {
+                x[i] = bf16_to_f32(p[(size_t)i * 16]);
+                x[i + 1] = bf16_to_f32(p[(size_t)i * 16 + 1]);
+            }
+        } else if (e->dt == MODEL_F32)
             memcpy(x, (const float *)e->w + off, (size_t)H * 4);
         else if (e->dt == MODEL_BF16)
             j->c->k->bf16_to_f32((const uint16_t *)e->w + off, x, H);
@@ -897,10 +936,10 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         project(c, T, c->xn, c->xb, H, &L->wq, c->q, &L->wk, c->kx, &L->wv, c->vx);
         struct rope_job rj = {c, L, l, T, b};
         run(c, rope_task, &rj, T);
-        struct attn_job aj = {c, l, n_items, c->items, b};
+        /* a BF16 o projection reads only the bf16 rows: attention writes
+         * them itself, no separate conversion pass */
+        struct attn_job aj = {c, needs_bf16(&L->wo) ? c->xb : NULL, l, n_items, c->items, b};
         run(c, attn_task, &aj, n_items);
-        if (needs_bf16(&L->wo))
-            c->k->f32_to_bf16(c->att, c->xb, T * Q);
         project(c, T, c->att, c->xb, Q, &L->wo, c->tmp, NULL, NULL, NULL, NULL);
         struct add_job adj = {c->x, c->tmp, (size_t)T * (size_t)H};
         run(c, add_task, &adj, T);

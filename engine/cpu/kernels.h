@@ -78,6 +78,13 @@ struct cpu_kernels {
                     int hd, float *o, int ldo);
     void (*pv_f32)(int R, int n, const float *p, int ldp, const float *v,
                    int hd, float *o, int ldo);
+
+    /* Optional row helpers (NULL: the backend's portable loops).
+     * rmsnorm: y[i] = w[i] * (x[i] * r), r = 1 / sqrt(mean(x^2) + eps),
+     * the mean summed in double; y may be x. swiglu: g[i] = silu(g[i]) *
+     * u[i]. Both are functions of the row alone. */
+    void (*rmsnorm)(const float *x, const float *w, float *y, int n, float eps);
+    void (*swiglu)(float *g, const float *u, int n);
 };
 
 /* The panel layout gemm_bf16p reads: rows in panels of 16, each panel

@@ -596,6 +596,50 @@ T512 static float av512_softmax(float *s, int n, float scale)
 DEFINE_PV(av512_pv_bf16, uint16_t, ld_bf16)
 DEFINE_PV(av512_pv_f32, float, PV_LD_F32)
 
+/* ---- row helpers --------------------------------------------------------- */
+
+T512 static void av512_rmsnorm(const float *x, const float *w, float *y, int n, float eps)
+{
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+        __m512d hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1));
+        s0 = _mm512_fmadd_pd(lo, lo, s0);
+        s1 = _mm512_fmadd_pd(hi, hi, s1);
+    }
+    double ss = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+    for (; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / n + eps));
+    __m512 rv = _mm512_set1_ps(r);
+    for (i = 0; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(w + i),
+                                              _mm512_mul_ps(_mm512_loadu_ps(x + i), rv)));
+    for (; i < n; i++)
+        y[i] = w[i] * (x[i] * r);
+}
+
+T512 static void av512_swiglu(float *g, const float *u, int n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 gv = _mm512_loadu_ps(g + i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)),
+                                              _mm512_loadu_ps(u + i)));
+    }
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        __m512 gv = _mm512_maskz_loadu_ps(m, g + i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)),
+                                                      _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+
 static const struct cpu_kernels av512_table = {
     .isa = CPU_ISA_AVX512BF16,
     .gemm_f32 = F32_gemm,
@@ -612,6 +656,8 @@ static const struct cpu_kernels av512_table = {
     .scores_bf16 = av512_scores_bf16,
     .pv_bf16 = av512_pv_bf16,
     .pv_f32 = av512_pv_f32,
+    .rmsnorm = av512_rmsnorm,
+    .swiglu = av512_swiglu,
 };
 
 const struct cpu_kernels *cpu_kernels_avx512bf16(void)

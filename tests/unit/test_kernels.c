@@ -642,6 +642,56 @@ static void test_attention_pieces(void **state)
         printf("  (no table here has the attention pieces)\n");
 }
 
+
+/* rmsnorm and swiglu against double references, tails included, and
+ * rmsnorm in place (y == x) equal to out of place. */
+static void test_row_helpers(void **state)
+{
+    (void)state;
+    const struct cpu_kernels *ks[CPU_ISA_N];
+    int nk = available(ks);
+    static const int ns[] = {1, 16, 37, 1024};
+    for (int t = 0; t < nk; t++) {
+        const struct cpu_kernels *k = ks[t];
+        for (int i = 0; i < 4; i++) {
+            int n = ns[i];
+            float *x = malloc((size_t)n * 4), *w = malloc((size_t)n * 4), *y = malloc((size_t)n * 4),
+                  *u = malloc((size_t)n * 4);
+            double ss = 0;
+            for (int j = 0; j < n; j++) {
+                x[j] = 3 * rnd_f(), w[j] = rnd_f(), u[j] = rnd_f();
+                ss += (double)x[j] * x[j];
+            }
+            double r = 1.0 / sqrt(ss / n + 1e-6);
+            if (k->rmsnorm) {
+                k->rmsnorm(x, w, y, n, 1e-6f);
+                for (int j = 0; j < n; j++)
+                    if (fabs(y[j] - w[j] * x[j] * r) > 1e-6 * fabs(w[j] * x[j] * r) + 1e-30)
+                        fail_msg("%s rmsnorm n=%d [%d]: %.9g vs %.9g", cpu_isa_name(k->isa), n, j,
+                                 y[j], w[j] * x[j] * r);
+                float *z = malloc((size_t)n * 4);
+                memcpy(z, x, (size_t)n * 4);
+                k->rmsnorm(z, w, z, n, 1e-6f);
+                assert_memory_equal(z, y, (size_t)n * 4);
+                free(z);
+            }
+            if (k->swiglu) {
+                memcpy(y, x, (size_t)n * 4);
+                x[0] = -200.0f; /* exp overflows: silu is -0, not NaN */
+                y[0] = -200.0f;
+                k->swiglu(y, u, n);
+                for (int j = 0; j < n; j++) {
+                    double e = x[j] / (1.0 + exp(-(double)x[j])) * u[j];
+                    if (!(fabs(y[j] - e) <= 2e-6 * fabs(e) + 1e-30))
+                        fail_msg("%s swiglu n=%d [%d] x=%g: %.9g vs %.9g", cpu_isa_name(k->isa), n,
+                                 j, x[j], y[j], e);
+                }
+            }
+            free(x), free(w), free(y), free(u);
+        }
+    }
+}
+
 /* ---- scalar vs SIMD ----------------------------------------------------- */
 
 static void test_cross_isa(void **state)
@@ -762,6 +812,7 @@ int main(void)
         cmocka_unit_test(test_invariance_big_m),
         cmocka_unit_test(test_packed_bf16),
         cmocka_unit_test(test_attention_pieces),
+        cmocka_unit_test(test_row_helpers),
         cmocka_unit_test(test_cross_isa),
         cmocka_unit_test(test_dot_axpy),
     };
