@@ -24,6 +24,7 @@
  *
  * Threading: driven by one thread; every loop runs on the pool. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,7 +194,7 @@ static void mat_bind(struct cpu_mat *m, const struct model_tensor *t, const stru
  * the 16-row rate of gemm_bf16 (bench_kernels --ab). Only when the kernel
  * table has it, the weights were copied (the file mapping is read-only), and
  * every matrix splits into whole panels - the thread split of stacked
- * matrices (split_range) then lands on panel boundaries. A tied embedding is
+ * matrices (chunk_rows) then lands on panel boundaries. A tied embedding is
  * packed too, for the lm_head product (at 16 rows the row-major kernel cost
  * 3x the weight streaming); the token lookup gathers its row from the
  * panels (embed_task). */
@@ -477,6 +478,7 @@ struct mm_job {
      * rows; each thread turns its own columns of y[0] into silu(g) * u. */
     int swiglu;
     uint16_t *hb;        /* (M, rows) bf16 copy of the SwiGLU output, or NULL */
+    _Atomic int next;    /* next chunk to hand out (starts at 0) */
 };
 
 static void mm_one(const struct mm_job *j, int i, int n0, int n1)
@@ -498,49 +500,54 @@ static void mm_one(const struct mm_job *j, int i, int n0, int n1)
     }
 }
 
-static void split_range(int total, int ith, int nth, int *a, int *b)
+/* Rows per chunk of a dynamically shared loop: about four chunks per
+ * thread, whole 64-row register tiles (so packed panels stay whole too).
+ * Chunks rather than one fixed share per thread: on a shared machine a
+ * thread that loses its core for a while no longer holds the other one at
+ * the barrier, the other simply takes more chunks; and which thread
+ * computes a row changes no bits (kernels.h). */
+static int chunk_rows(int total, int nth)
 {
-    int chunk = (total + nth - 1) / nth;
-    chunk = (chunk + CPU_GEMM_N_ALIGN - 1) / CPU_GEMM_N_ALIGN * CPU_GEMM_N_ALIGN;
-    *a = ith * chunk < total ? ith * chunk : total;
-    *b = *a + chunk < total ? *a + chunk : total;
+    int ch = (total / (nth * 4) + 63) / 64 * 64;
+    return ch < 64 ? 64 : ch;
 }
 
 static void mm_task(void *arg, int ith, int nth)
 {
-    const struct mm_job *j = arg;
-    if (j->swiglu) {
-        int n0, n1;
-        split_range(j->mat[0]->rows, ith, nth, &n0, &n1);
-        if (n0 >= n1)
-            return;
-        mm_one(j, 0, n0, n1);
-        mm_one(j, 1, n0, n1);
-        for (int m = 0; m < j->M; m++) {
-            float *g = j->y[0] + (size_t)m * (size_t)j->ldy[0];
-            const float *u = j->y[1] + (size_t)m * (size_t)j->ldy[1];
-            if (j->k->swiglu)
-                j->k->swiglu(g + n0, u + n0, n1 - n0);
-            else
-                for (int n = n0; n < n1; n++)
-                    g[n] = g[n] / (1.0f + expf(-g[n])) * u[n];
-            if (j->hb)
-                j->k->f32_to_bf16(g + n0, j->hb + (size_t)m * (size_t)j->ldy[0] + n0, n1 - n0);
-        }
-        return;
-    }
+    struct mm_job *j = arg;
     int total = 0;
-    for (int i = 0; i < j->n_mats; i++)
+    for (int i = 0; i < (j->swiglu ? 1 : j->n_mats); i++)
         total += j->mat[i]->rows;
-    int a, b;
-    split_range(total, ith, nth, &a, &b);
-    int base = 0;
-    for (int i = 0; i < j->n_mats && a < b; i++) {
-        int r = j->mat[i]->rows;
-        int lo = a > base ? a - base : 0, hi = b - base < r ? b - base : r;
-        if (lo < hi)
-            mm_one(j, i, lo, hi);
-        base += r;
+    int ch = chunk_rows(total, nth);
+    for (;;) {
+        int a = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed) * ch;
+        if (a >= total)
+            return;
+        int b = a + ch < total ? a + ch : total;
+        if (j->swiglu) {
+            mm_one(j, 0, a, b);
+            mm_one(j, 1, a, b);
+            for (int m = 0; m < j->M; m++) {
+                float *g = j->y[0] + (size_t)m * (size_t)j->ldy[0];
+                const float *u = j->y[1] + (size_t)m * (size_t)j->ldy[1];
+                if (j->k->swiglu)
+                    j->k->swiglu(g + a, u + a, b - a);
+                else
+                    for (int n = a; n < b; n++)
+                        g[n] = g[n] / (1.0f + expf(-g[n])) * u[n];
+                if (j->hb)
+                    j->k->f32_to_bf16(g + a, j->hb + (size_t)m * (size_t)j->ldy[0] + a, b - a);
+            }
+            continue;
+        }
+        int base = 0;
+        for (int i = 0; i < j->n_mats; i++) {
+            int r = j->mat[i]->rows;
+            int lo = a > base ? a - base : 0, hi = b - base < r ? b - base : r;
+            if (lo < hi)
+                mm_one(j, i, lo, hi);
+            base += r;
+        }
     }
 }
 
@@ -666,11 +673,12 @@ struct attn_job {
     int layer, n_items;
     const struct attn_item *items;
     const struct be_batch *b;
+    _Atomic int next;   /* next item to hand out (starts at 0) */
 };
 
 static void attn_task(void *arg, int ith, int nth)
 {
-    const struct attn_job *j = arg;
+    struct attn_job *j = arg;
     struct cpu_ctx *c = j->c;
     const struct model_config *cfg = &c->cfg;
     const struct cpu_kernels *k = c->k;
@@ -683,8 +691,13 @@ static void attn_task(void *arg, int ith, int nth)
     uint16_t *qb = (uint16_t *)(qf + (size_t)c->q_tile * (size_t)group * (size_t)hd);
     float *O = qf + (size_t)c->q_tile * (size_t)group * (size_t)hd * 2;
     float *sum = O + (size_t)c->q_tile * (size_t)group * (size_t)hd;
-    for (int it = ith; it < j->n_items; it += nth) {
-        const struct attn_item *a = &j->items[it];
+    for (;;) {
+        /* dynamic, and from the end: the last tiles of a prompt see the
+         * most keys, so the big items go first and the small ones fill in */
+        int it = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (it >= j->n_items)
+            break;
+        const struct attn_item *a = &j->items[j->n_items - 1 - it];
         const struct be_seq *s = &j->b->seqs[a->seq];
         int rows = a->n * group;
         /* gather the tile's query rows: row r = (token a->t0 + r / group, head g*group + r % group) */
@@ -938,7 +951,7 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         run(c, rope_task, &rj, T);
         /* a BF16 o projection reads only the bf16 rows: attention writes
          * them itself, no separate conversion pass */
-        struct attn_job aj = {c, needs_bf16(&L->wo) ? c->xb : NULL, l, n_items, c->items, b};
+        struct attn_job aj = {c, needs_bf16(&L->wo) ? c->xb : NULL, l, n_items, c->items, b, 0};
         run(c, attn_task, &aj, n_items);
         project(c, T, c->att, c->xb, Q, &L->wo, c->tmp, NULL, NULL, NULL, NULL);
         struct add_job adj = {c->x, c->tmp, (size_t)T * (size_t)H};
