@@ -554,7 +554,7 @@ static void mm_task(void *arg, int ith, int nth)
 /* RMSNorm of rows of x into xn (f32) and, when bf16 is set, xb. */
 struct norm_job {
     const struct cpu_kernels *k;
-    const float *x;
+    float *x;
     int ldx;
     const int32_t *rows; /* which rows of x, or NULL for 0..n-1 */
     int n, dim;
@@ -562,6 +562,10 @@ struct norm_job {
     float eps;
     float *xn;
     uint16_t *xb;
+    const float *add;    /* residual first: x += add, row for row (rows NULL,
+                            same stride), then the norm; one pass, one
+                            barrier fewer than a separate add */
+    _Atomic int next;    /* next chunk of rows to hand out (starts at 0) */
 };
 
 static void rmsnorm_row(const float *x, const float *w, float *y, int n, float eps)
@@ -587,13 +591,25 @@ static void norm_row(const struct cpu_kernels *k, const float *x, const float *w
 
 static void norm_task(void *arg, int ith, int nth)
 {
-    const struct norm_job *j = arg;
-    for (int i = ith; i < j->n; i += nth) {
-        int src = j->rows ? j->rows[i] : i;
-        float *y = j->xn + (size_t)i * (size_t)j->dim;
-        norm_row(j->k, j->x + (size_t)src * (size_t)j->ldx, j->w, y, j->dim, j->eps);
-        if (j->xb)
-            j->k->f32_to_bf16(y, j->xb + (size_t)i * (size_t)j->dim, j->dim);
+    struct norm_job *j = arg;
+    int ch = j->n / (nth * 4) > 1 ? j->n / (nth * 4) : 1;
+    for (;;) {
+        int i0 = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed) * ch;
+        if (i0 >= j->n)
+            return;
+        for (int i = i0; i < j->n && i < i0 + ch; i++) {
+            int src = j->rows ? j->rows[i] : i;
+            float *x = j->x + (size_t)src * (size_t)j->ldx;
+            if (j->add) {
+                const float *a = j->add + (size_t)src * (size_t)j->ldx;
+                for (int d = 0; d < j->dim; d++)
+                    x[d] += a[d];
+            }
+            float *y = j->xn + (size_t)i * (size_t)j->dim;
+            norm_row(j->k, x, j->w, y, j->dim, j->eps);
+            if (j->xb)
+                j->k->f32_to_bf16(y, j->xb + (size_t)i * (size_t)j->dim, j->dim);
+        }
     }
 }
 
@@ -943,8 +959,10 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
     run(c, embed_task, &ej, T);
     for (int l = 0; l < cfg->n_layers; l++) {
         const struct cpu_layer *L = &c->layers[l];
+        /* after layer 0 this also adds the previous layer's down projection */
         struct norm_job nj = {c->k, c->x, H, NULL, T, H, L->attn_norm, cfg->rms_eps, c->xn,
-                              needs_bf16(&L->wq) || needs_bf16(&L->wk) || needs_bf16(&L->wv) ? c->xb : NULL};
+                              needs_bf16(&L->wq) || needs_bf16(&L->wk) || needs_bf16(&L->wv) ? c->xb : NULL,
+                              l > 0 ? c->tmp : NULL, 0};
         run(c, norm_task, &nj, T);
         project(c, T, c->xn, c->xb, H, &L->wq, c->q, &L->wk, c->kx, &L->wv, c->vx);
         struct rope_job rj = {c, L, l, T, b};
@@ -954,17 +972,18 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         struct attn_job aj = {c, needs_bf16(&L->wo) ? c->xb : NULL, l, n_items, c->items, b, 0};
         run(c, attn_task, &aj, n_items);
         project(c, T, c->att, c->xb, Q, &L->wo, c->tmp, NULL, NULL, NULL, NULL);
-        struct add_job adj = {c->x, c->tmp, (size_t)T * (size_t)H};
-        run(c, add_task, &adj, T);
         struct norm_job mj = {c->k, c->x, H, NULL, T, H, L->mlp_norm, cfg->rms_eps, c->xn,
-                              needs_bf16(&L->gate) ? c->xb : NULL};
+                              needs_bf16(&L->gate) ? c->xb : NULL, c->tmp, 0};
         run(c, norm_task, &mj, T);
         struct mm_job gj = {.k = c->k, .M = T, .n_mats = 2, .mat = {&L->gate, &L->up},
                             .y = {c->g, c->u}, .ldy = {I, I}, .x = c->xn, .xb = c->xb, .ldx = H,
                             .swiglu = 1, .hb = needs_bf16(&L->down) ? c->hb : NULL};
         cpu_pool_run(c->pool, mm_task, &gj);
         project(c, T, c->g, c->hb, I, &L->down, c->tmp, NULL, NULL, NULL, NULL);
-        run(c, add_task, &adj, T);
+        if (l + 1 == cfg->n_layers) { /* else the next layer's norm adds it */
+            struct add_job adj = {c->x, c->tmp, (size_t)T * (size_t)H};
+            run(c, add_task, &adj, T);
+        }
     }
     if (b->n_logits == 0)
         return 0;
@@ -978,7 +997,7 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
                 rows[n++] = t;
     }
     struct norm_job fj = {c->k, c->x, H, rows, n, H, c->final_norm, cfg->rms_eps, c->xn,
-                          needs_bf16(&c->lm_head) ? c->xb : NULL};
+                          needs_bf16(&c->lm_head) ? c->xb : NULL, NULL, 0};
     run(c, norm_task, &fj, n);
     struct mm_job lj = {.k = c->k, .M = n, .n_mats = 1, .mat = {&c->lm_head}, .y = {b->logits},
                         .ldy = {cfg->vocab}, .x = c->xn, .xb = c->xb, .ldx = H};
