@@ -621,6 +621,17 @@ static void run(struct cpu_ctx *c, cpu_pool_fn fn, void *arg, int n_items)
         cpu_pool_run(c->pool, fn, arg);
 }
 
+/* For the tasks that take their work from a shared counter (mm, norm,
+ * attention): a worker that has not started when the caller is done is
+ * not waited for (pool.h). */
+static void run_dyn(struct cpu_ctx *c, cpu_pool_fn fn, void *arg, int n_items)
+{
+    if (n_items <= 1)
+        fn(arg, 0, 1);
+    else
+        cpu_pool_run_dyn(c->pool, fn, arg);
+}
+
 /* q/k norm + rotary + KV write, one token per iteration. */
 struct rope_job {
     struct cpu_ctx *c;
@@ -937,7 +948,7 @@ static void project(struct cpu_ctx *c, int M, const float *xn, const uint16_t *x
         j.ldy[i] = ms[i]->rows;
         j.n_mats++;
     }
-    cpu_pool_run(c->pool, mm_task, &j);
+    cpu_pool_run_dyn(c->pool, mm_task, &j);
 }
 
 static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
@@ -963,22 +974,22 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         struct norm_job nj = {c->k, c->x, H, NULL, T, H, L->attn_norm, cfg->rms_eps, c->xn,
                               needs_bf16(&L->wq) || needs_bf16(&L->wk) || needs_bf16(&L->wv) ? c->xb : NULL,
                               l > 0 ? c->tmp : NULL, 0};
-        run(c, norm_task, &nj, T);
+        run_dyn(c, norm_task, &nj, T);
         project(c, T, c->xn, c->xb, H, &L->wq, c->q, &L->wk, c->kx, &L->wv, c->vx);
         struct rope_job rj = {c, L, l, T, b};
         run(c, rope_task, &rj, T);
         /* a BF16 o projection reads only the bf16 rows: attention writes
          * them itself, no separate conversion pass */
         struct attn_job aj = {c, needs_bf16(&L->wo) ? c->xb : NULL, l, n_items, c->items, b, 0};
-        run(c, attn_task, &aj, n_items);
+        run_dyn(c, attn_task, &aj, n_items);
         project(c, T, c->att, c->xb, Q, &L->wo, c->tmp, NULL, NULL, NULL, NULL);
         struct norm_job mj = {c->k, c->x, H, NULL, T, H, L->mlp_norm, cfg->rms_eps, c->xn,
                               needs_bf16(&L->gate) ? c->xb : NULL, c->tmp, 0};
-        run(c, norm_task, &mj, T);
+        run_dyn(c, norm_task, &mj, T);
         struct mm_job gj = {.k = c->k, .M = T, .n_mats = 2, .mat = {&L->gate, &L->up},
                             .y = {c->g, c->u}, .ldy = {I, I}, .x = c->xn, .xb = c->xb, .ldx = H,
                             .swiglu = 1, .hb = needs_bf16(&L->down) ? c->hb : NULL};
-        cpu_pool_run(c->pool, mm_task, &gj);
+        cpu_pool_run_dyn(c->pool, mm_task, &gj);
         project(c, T, c->g, c->hb, I, &L->down, c->tmp, NULL, NULL, NULL, NULL);
         if (l + 1 == cfg->n_layers) { /* else the next layer's norm adds it */
             struct add_job adj = {c->x, c->tmp, (size_t)T * (size_t)H};
@@ -998,10 +1009,10 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
     }
     struct norm_job fj = {c->k, c->x, H, rows, n, H, c->final_norm, cfg->rms_eps, c->xn,
                           needs_bf16(&c->lm_head) ? c->xb : NULL, NULL, 0};
-    run(c, norm_task, &fj, n);
+    run_dyn(c, norm_task, &fj, n);
     struct mm_job lj = {.k = c->k, .M = n, .n_mats = 1, .mat = {&c->lm_head}, .y = {b->logits},
                         .ldy = {cfg->vocab}, .x = c->xn, .xb = c->xb, .ldx = H};
-    cpu_pool_run(c->pool, mm_task, &lj);
+    cpu_pool_run_dyn(c->pool, mm_task, &lj);
     return 0;
 }
 
