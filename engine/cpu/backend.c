@@ -5,10 +5,15 @@
  * (kernels.h) chosen at create time, so the scalar, AVX2 and AVX-512 paths
  * run the same code around them.
  *
- * Per layer: rmsnorm -> {q,k,v} projections (one loop over their stacked
- * rows) -> q/k rmsnorm + rotary + KV-cache write -> attention -> o projection
- * -> residual -> rmsnorm -> {gate,up} projections fused with SwiGLU -> down
- * projection -> residual. Logits only for the rows the batch asks for.
+ * Per layer: (previous layer's residual +) rmsnorm -> {q,k,v} projections
+ * (one loop over their stacked rows) -> q/k rmsnorm + rotary + KV-cache
+ * write -> attention (writing the o projection's bf16 input) -> o
+ * projection -> residual + rmsnorm in one pass -> {gate,up} projections
+ * fused with SwiGLU -> down projection (its residual joins the next layer's
+ * norm). Logits only for the rows the batch asks for. Seven pool runs per
+ * layer; the products, norms and attention take their work from a counter
+ * in chunks (cpu_pool_run_dyn), so a thread that loses its core on a shared
+ * machine does not hold the other at the barrier.
  *
  * Batch invariance (engine issue): nothing a token computes depends on the
  * other tokens of the step except through its own sequence's KV cache. The
@@ -17,9 +22,11 @@
  * reads keys 0..p from the cache in ascending order, so prefill (many
  * queries), chunked prefill and decode (one query) give identical bits.
  *
- * Weights: F32, BF16 and F16 matrices are used in place from the model's
- * mapping. FP8 matrices are widened to BF16 once at load (the CPU has no FP8
- * dot product), norm vectors are copied to F32. Activations are F32; they
+ * Weights: copied into 2 MiB pages at load (or used in place from the
+ * mapping with mmap_weights). FP8 matrices are widened to BF16 once at load
+ * (the CPU has no FP8 dot product), norm vectors are copied to F32. On the
+ * AVX-512 table the BF16 matrices are then repacked into 16-row panels for
+ * gemm_bf16p (pack_weights). Activations are F32; they
  * are rounded to BF16 only as the input of a BF16 matrix product.
  *
  * Threading: driven by one thread; every loop runs on the pool. */
@@ -712,11 +719,14 @@ static void rope_task(void *arg, int ith, int nth)
 /* Attention. One item = one sequence, one KV head and a tile of up to
  * q_tile consecutive queries of that sequence; its rows are the tile's
  * queries times the heads of the KV head's group (GQA), so the group shares
- * every key and value it loads. Scores come from the gemm kernels with the
- * keys of one cache block as the "weight" rows: each (query, key) score is
- * one fixed-order dot product whatever the tile holds, which keeps decode
- * (one query) and prefill (a tile) bit-identical. Softmax and the weighted
- * sum of values then run per row, keys in ascending order. */
+ * every key and value it loads. Scores come from scores_bf16 (or the gemm
+ * kernels) with the keys of one cache block as the "weight" rows: each
+ * (query, key) score is one fixed-order dot product whatever the tile
+ * holds, which keeps decode (one query) and prefill (a tile) bit-identical.
+ * Softmax then runs per row over its own keys; P x V (pv_*) keeps up to 8
+ * rows' outputs in registers across a cache block, each value row loaded
+ * once for all of them, every row still adding its keys in ascending order
+ * with one fused multiply-add each. */
 struct attn_job {
     struct cpu_ctx *c;
     uint16_t *ob;       /* bf16 output rows (the o projection's input), or

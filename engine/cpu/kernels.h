@@ -51,7 +51,7 @@ struct cpu_kernels {
     /* Optional (NULL where the ISA has no use for it): the same product as
      * gemm_bf16 on a matrix repacked once by cpu_pack_bf16() below, for a
      * register tile that needs no horizontal sums. Needs N % 16 == 0,
-     * K and ldx even, n0 and n1 multiples of 16. Its own fixed reduction
+     * K and ldx even, n0 and n1 multiples of 16, wp 64-byte aligned. Its own fixed reduction
      * order (one f32 chain per output over k pairs, ascending) differs
      * from gemm_bf16's, but like every gemm here it does not depend on M,
      * n0/n1 or the tile, so it is batch invariant on its own. */

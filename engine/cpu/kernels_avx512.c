@@ -1,5 +1,8 @@
 /* engine/cpu/kernels_avx512.c - the AVX-512 table: BF16 dot products
- * (vdpbf16ps), F16C-style half loads, f32 FMA.
+ * (vdpbf16ps), F16C-style half loads, f32 FMA; and the optional entries the
+ * backend's hot paths use: gemm_bf16p on packed panels (the BF16 weights'
+ * kernel, documented at its definition below), attention scores / softmax
+ * / P x V, rmsnorm and SwiGLU.
  *
  * Everything here is compiled for the target through function attributes,
  * not -march, so the build stays generic x86-64 and cpu_kernels_get() only
