@@ -3,7 +3,7 @@
 #   make CUDA=1     adds the CUDA backend (engine/cuda, nvcc + cuBLAS)
 #   make test       builds and runs every test; ends with "N passed, N failed"
 #   make bench      runs the benchmarks (figures go to BENCHMARKS.md by hand)
-#   make demo       makes a small random Qwen3 model and generates from a chat prompt
+#   make demo       the whole system on one machine: Redis, a CPU worker, the dispatcher, the chat page
 #   make fuzz       builds the libFuzzer targets with clang
 #   make asan       the same build with AddressSanitizer + UBSan, in build-asan/
 #   make deps       installs the Debian packages the project needs (as root)
@@ -29,6 +29,9 @@ DEB_PKGS = build-essential clang pkg-config libhiredis-dev libcjson-dev \
            libconfig-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev \
            libsystemd-dev libcmocka-dev redis-server python3-pytest \
            python3-redis python3-jsonschema
+# the example web backend's browser test: headless Chromium driven over the
+# DevTools protocol from Python (tests/integration/test_web.py)
+DEB_PKGS += chromium python3-websocket
 
 COMMON_SRC := $(wildcard common/*.c)
 ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c)
@@ -59,7 +62,7 @@ CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/%.o)
 WORKER_OBJ := $(WORKER_SRC:%.c=$(BUILD)/%.o)
 DISP_OBJ   := $(DISP_SRC:%.c=$(BUILD)/%.o)
 BINS       := $(BUILD)/redlm $(if $(WORKER_SRC),$(BUILD)/redlm-worker) \
-              $(if $(DISP_SRC),$(BUILD)/redlm-dispatcher)
+              $(if $(wildcard dispatcher/main.c),$(BUILD)/redlm-dispatcher)
 # the daemons talk HTTP (metrics, front door) and to systemd
 DAEMON_LIBS = -lmicrohttpd -lsystemd
 TEST_BIN   := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
@@ -129,7 +132,7 @@ fuzz:
 	for f in $(FUZZ_SRC); do \
 	  n=$$(basename $$f .c); \
 	  clang -O1 -g -std=c11 -D_GNU_SOURCE -iquote . -iquote common -iquote engine -fsanitize=fuzzer,address,undefined \
-	    $$f build-fuzz/libredlm_engine.a build-fuzz/libredlm_common.a $(LDLIBS) -o build-fuzz/fuzz/$$n || exit 1; \
+	    $$f $(FUZZ_EXTRA_SRC) build-fuzz/libredlm_engine.a build-fuzz/libredlm_common.a $(LDLIBS) -o build-fuzz/fuzz/$$n || exit 1; \
 	done
 
 asan:
@@ -148,4 +151,98 @@ deps:
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz
 
+# ---- make install / make uninstall (systemd units, config, schemas) ----
+#   make install [PREFIX=/usr/local] [DESTDIR=] [SYSCONFDIR=/etc]
+#                [SYSTEMD_UNITDIR=$(PREFIX)/lib/systemd/system]
+# Binaries to $(BINDIR), units (with @BINDIR@/@SYSCONFDIR@ filled in) to
+# $(SYSTEMD_UNITDIR), the redlm user to $(SYSUSERSDIR), schemas and the
+# sample Redis ACL file to $(DATADIR)/redlm, and the config files to
+# $(SYSCONFDIR)/redlm only when they are absent: an edited config is never
+# overwritten. Then, on the target: systemd-sysusers; systemctl
+# daemon-reload. The restart back-off drop-in needs systemd >= 254
+# (RestartSteps=); SYSTEMD_VERSION says which systemd the target runs and
+# defaults to this machine's.
+.PHONY: uninstall
+BINDIR          ?= $(PREFIX)/bin
+DATADIR         ?= $(PREFIX)/share
+SYSCONFDIR      ?= /etc
+SYSTEMD_UNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR     ?= $(PREFIX)/lib/sysusers.d
+SYSTEMD_VERSION ?= $(shell systemctl --version 2>/dev/null | awk 'NR == 1 {print $$2 + 0}')
+UNITS      := redlm-worker@.service $(if $(DISP_SRC),redlm-dispatcher.service)
+UNIT_SED    = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g'
+SCHEMA_FILES := $(wildcard schemas/*.json schemas/*.md)
+SCHEMA_EXAMPLES := $(wildcard schemas/examples/*.json)
+
+install: $(BINS)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SYSTEMD_UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
+	  $(DESTDIR)$(DATADIR)/redlm/schemas/examples $(DESTDIR)$(SYSCONFDIR)/redlm
+	install -m 755 $(BINS) $(DESTDIR)$(BINDIR)/
+	for u in $(UNITS); do \
+	  $(UNIT_SED) systemd/$$u.in > $(DESTDIR)$(SYSTEMD_UNITDIR)/$$u && \
+	  chmod 644 $(DESTDIR)$(SYSTEMD_UNITDIR)/$$u || exit 1; \
+	  if [ "$(SYSTEMD_VERSION)" -ge 254 ] 2>/dev/null; then \
+	    install -d $(DESTDIR)$(SYSTEMD_UNITDIR)/$$u.d && \
+	    install -m 644 systemd/restart-backoff.conf $(DESTDIR)$(SYSTEMD_UNITDIR)/$$u.d/ || exit 1; \
+	  fi; \
+	done
+	install -m 644 systemd/redlm.target $(DESTDIR)$(SYSTEMD_UNITDIR)/
+	install -m 644 systemd/redlm.sysusers $(DESTDIR)$(SYSUSERSDIR)/redlm.conf
+	install -m 644 $(SCHEMA_FILES) $(DESTDIR)$(DATADIR)/redlm/schemas/
+	install -m 644 $(SCHEMA_EXAMPLES) $(DESTDIR)$(DATADIR)/redlm/schemas/examples/
+	install -m 644 config/redis-acl.conf config/redlm.conf $(DESTDIR)$(DATADIR)/redlm/
+	grep -v '^#' config/redis-acl.conf > $(DESTDIR)$(DATADIR)/redlm/redis-users.acl
+	chmod 644 $(DESTDIR)$(DATADIR)/redlm/redis-users.acl
+	for f in redlm.conf redlm.env; do \
+	  [ -e $(DESTDIR)$(SYSCONFDIR)/redlm/$$f ] || \
+	    install -m 644 config/$$f $(DESTDIR)$(SYSCONFDIR)/redlm/$$f || exit 1; \
+	done
+
+# Removes what install put there; a config file goes only if it is still
+# the shipped one, so local settings (and passwords) stay.
+uninstall:
+	rm -f $(addprefix $(DESTDIR)$(BINDIR)/,redlm redlm-worker redlm-dispatcher)
+	for u in redlm-worker@.service redlm-dispatcher.service; do \
+	  rm -f $(DESTDIR)$(SYSTEMD_UNITDIR)/$$u $(DESTDIR)$(SYSTEMD_UNITDIR)/$$u.d/restart-backoff.conf; \
+	  rmdir $(DESTDIR)$(SYSTEMD_UNITDIR)/$$u.d 2>/dev/null || true; \
+	done
+	rm -f $(DESTDIR)$(SYSTEMD_UNITDIR)/redlm.target $(DESTDIR)$(SYSUSERSDIR)/redlm.conf
+	rm -rf $(DESTDIR)$(DATADIR)/redlm
+	for f in redlm.conf redlm.env; do \
+	  cmp -s config/$$f $(DESTDIR)$(SYSCONFDIR)/redlm/$$f && rm -f $(DESTDIR)$(SYSCONFDIR)/redlm/$$f; \
+	done; rmdir $(DESTDIR)$(SYSCONFDIR)/redlm 2>/dev/null || true
+
+# ---- redlm bench (worker/cli/cmd_loadbench.c) ----
+# its plots are drawn by gnuplot; its statistics (worker/cli/loadstats.c)
+# live with the CLI, so their unit test links that object too
+DEB_PKGS += gnuplot-nox
+$(BUILD)/tests/test_loadstats: $(BUILD)/tests/unit/test_loadstats.o $(BUILD)/worker/cli/loadstats.o $(LIBENGINE) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# --- dispatcher (branch disp) ---------------------------------------------
+# test_route checks the dispatcher's routing policy, which lives in
+# dispatcher/route.c rather than a library: link that one object in.
+$(BUILD)/tests/test_route: $(BUILD)/tests/unit/test_route.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
+# test_dmetrics renders the dispatcher's /metrics text and heartbeat from
+# dispatcher/metrics.c alone.
+$(BUILD)/tests/test_dmetrics: $(BUILD)/tests/unit/test_dmetrics.o $(BUILD)/dispatcher/metrics.o $(LIBENGINE) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
+
+# --- HTTP front door (branch http) ------------------------------------------
+# The front door's code lives in dispatcher/, not in a library: its unit
+# test, benchmark and fuzz target link the objects they need. The fuzz
+# targets are compiled by clang in one loop above; FUZZ_EXTRA_SRC is
+# compiled into each (the others never call it).
+FUZZ_EXTRA_SRC := dispatcher/openai.c
+$(BUILD)/tests/test_openai: $(BUILD)/tests/unit/test_openai.o $(BUILD)/dispatcher/openai.o $(LIBENGINE) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
+$(BUILD)/tests/bench_http: $(BUILD)/tests/bench/bench_http.o $(BUILD)/dispatcher/http.o $(BUILD)/dispatcher/openai.o $(LIBENGINE) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) $(DAEMON_LIBS)

@@ -25,17 +25,18 @@
 #include "job.h"
 #include "rconn.h"
 
-enum opt_type { T_STR, T_INT, T_BOOL, T_ENUM, T_LIST };
+enum opt_type { T_STR, T_INT, T_BOOL, T_ENUM, T_LIST, T_DOUBLE };
 
 #define F_LIVE 1u  /* SIGHUP may change it */
 #define F_NAMES 2u /* list items / string: [A-Za-z0-9_-], 1-64 chars */
+#define F_EMPTY 4u /* T_LIST: may have no items (default "" = none) */
 
 struct opt {
     const char *name;
     enum opt_type type;
     size_t off;
     const char *dflt;    /* as a flag value would spell it */
-    long long lo, hi;    /* T_INT bounds */
+    long long lo, hi;    /* T_INT bounds; T_DOUBLE bounds too (whole numbers suffice) */
     const char *choices; /* T_ENUM: "a|b|c" */
     unsigned who;        /* enum cfg_who */
     unsigned flags;
@@ -63,12 +64,12 @@ static const struct opt options[] = {
     {"pools", T_LIST, O(pools), "fast,think", 0, 0, NULL, CFG_BOTH, F_NAMES,
      "Pools served, in the order they are read (worker); pools that exist (dispatcher)."},
     {"name", T_STR, O(name), "", 0, 0, NULL, CFG_BOTH, 0,
-     "Consumer name in the workers group; must be unique and stable across restarts; empty = the host name."},
+     "Consumer name in the workers group (a worker; must be unique and stable across restarts; empty = the host name) or the dispatchers group (a dispatcher; empty = host-pid)."},
     {"default_pool", T_STR, O(default_pool), "fast", 0, 0, NULL, CFG_DISPATCHER, F_NAMES | F_LIVE,
      "Pool for requests that name none; must be one of pools."},
     /* engine */
-    {"model", T_STR, O(model), "", 0, 0, NULL, CFG_WORKER, 0,
-     "Model directory (config.json, tokenizer.json, *.safetensors)."},
+    {"model", T_STR, O(model), "", 0, 0, NULL, CFG_BOTH, 0,
+     "Model directory (config.json, tokenizer.json, *.safetensors); the dispatcher loads only its tokenizer, for the result-cache fast path (off when empty)."},
     {"backend", T_ENUM, O(backend), "cpu", 0, 0, "cpu|cuda", CFG_WORKER, 0,
      "Compute backend."},
     {"threads", T_INT, O(threads), "0", 0, 1024, NULL, CFG_WORKER, 0,
@@ -101,9 +102,9 @@ static const struct opt options[] = {
     /* queue */
     {"block_ms", T_INT, O(block_ms), "1000", 1, 60000, NULL, CFG_BOTH, F_LIVE,
      "XREADGROUP BLOCK time when idle."},
-    {"claim_idle_ms", T_INT, O(claim_idle_ms), "30000", 1000, 3600000, NULL, CFG_WORKER, F_LIVE,
+    {"claim_idle_ms", T_INT, O(claim_idle_ms), "30000", 1000, 3600000, NULL, CFG_BOTH, F_LIVE,
      "A job pending this long without a lease renewal is taken over (XAUTOCLAIM) from its dead worker."},
-    {"claim_interval_ms", T_INT, O(claim_interval_ms), "5000", 100, 600000, NULL, CFG_WORKER, F_LIVE,
+    {"claim_interval_ms", T_INT, O(claim_interval_ms), "5000", 100, 600000, NULL, CFG_BOTH, F_LIVE,
      "How often to look for such jobs (and once at start)."},
     {"lease_renew_ms", T_INT, O(lease_renew_ms), "5000", 100, 600000, NULL, CFG_WORKER, F_LIVE,
      "How often a worker renews its claim on its running jobs (XCLAIM JUSTID); must be below claim_idle_ms."},
@@ -120,6 +121,44 @@ static const struct opt options[] = {
      "Loopback port of /healthz and /metrics; 0 = off."},
     {"log_level", T_ENUM, O(log_level), "info", 0, 0, "error|warn|info|debug", CFG_BOTH, F_LIVE,
      "Log lines above this level are dropped."},
+    /* dispatcher routing (dispatcher/route.c) */
+    {"think_ratio", T_DOUBLE, O(think_ratio), "0.3", 0, 1, NULL, CFG_DISPATCHER, F_LIVE,
+     "Share of auto requests sent to the think pool (the rest go to default_pool), split smoothly: over any run of n auto requests the think count is within one of n * think_ratio."},
+    {"adaptive", T_BOOL, O(adaptive), "false", 0, 0, NULL, CFG_DISPATCHER, F_LIVE,
+     "Shift auto requests away from a pool whose queue wait passes adaptive_wait_ms, within [adaptive_min_ratio, adaptive_max_ratio]; back to think_ratio when it clears."},
+    {"adaptive_wait_ms", T_INT, O(adaptive_wait_ms), "2000", 1, 3600000, NULL, CFG_DISPATCHER, F_LIVE,
+     "Queue wait (age of the oldest job no worker has taken yet) above which a pool counts as backed up."},
+    {"adaptive_min_ratio", T_DOUBLE, O(adaptive_min_ratio), "0.1", 0, 1, NULL, CFG_DISPATCHER, F_LIVE,
+     "Lowest effective think ratio adaptive routing may use (when the think pool is backed up)."},
+    {"adaptive_max_ratio", T_DOUBLE, O(adaptive_max_ratio), "0.6", 0, 1, NULL, CFG_DISPATCHER, F_LIVE,
+     "Highest effective think ratio adaptive routing may use (when the fast pool is backed up)."},
+    {"think_rules", T_LIST, O(think_rules), "", 0, 0, NULL, CFG_DISPATCHER, F_LIVE | F_EMPTY,
+     "PCRE2 patterns matched against the last user message (or the prompt) of auto requests; a match sends the request to think before the ratio applies. As a flag, comma-separated."},
+    {"max_waiting", T_INT, O(max_waiting), "10000", 0, 100000000, NULL, CFG_DISPATCHER, F_LIVE,
+     "When a pool's stream already holds this many jobs no worker has taken, new requests for it get an OVERLOADED error at once instead of being forwarded; 0 = no limit."},
+    {"retry_after_ms", T_INT, O(retry_after_ms), "1000", 0, 3600000, NULL, CFG_DISPATCHER, F_LIVE,
+     "The retry_after_ms an OVERLOADED error tells the client."},
+    /* dispatcher: the OpenAI-compatible HTTP front door (dispatcher/http.c) */
+    {"http", T_INT, O(http), "0", 0, 65535, NULL, CFG_DISPATCHER, 0,
+     "Port of the OpenAI-compatible HTTP API (POST /v1/chat/completions, GET /v1/models, /healthz, /metrics); 0 = off."},
+    {"http_bind", T_STR, O(http_bind), "127.0.0.1", 0, 0, NULL, CFG_DISPATCHER, 0,
+     "Address the HTTP API listens on (IPv4 or IPv6); put a TLS proxy in front before opening it beyond loopback."},
+    {"api_keys_file", T_STR, O(api_keys_file), "", 0, 0, NULL, CFG_DISPATCHER, 0,
+     "API keys, one per line: KEY TENANT [RPM [TPM]] (requests and tokens per minute per tenant, 0 = no limit); re-read when it changes; empty = no authentication."},
+    {"served_model_name", T_STR, O(served_model_name), "redlm", 0, 0, NULL, CFG_DISPATCHER, 0,
+     "Model name /v1/models lists; a request naming another model gets 404."},
+    {"max_body_kb", T_INT, O(max_body_kb), "4096", 1, 1048576, NULL, CFG_DISPATCHER, 0,
+     "Largest HTTP request body, in KiB (413 above)."},
+    {"max_messages", T_INT, O(max_messages), "1024", 1, 4096, NULL, CFG_DISPATCHER, 0,
+     "Most messages in one chat request (400 above)."},
+    {"http_max_tokens", T_INT, O(http_max_tokens), "32768", 1, 1048576, NULL, CFG_DISPATCHER, 0,
+     "Largest max_tokens / max_completion_tokens an HTTP request may ask for (400 above)."},
+    {"http_max_connections", T_INT, O(http_max_connections), "256", 1, 65536, NULL, CFG_DISPATCHER, 0,
+     "Most HTTP connections at once (one thread and one Redis connection each)."},
+    {"http_timeout_s", T_INT, O(http_timeout_s), "600", 0, 86400, NULL, CFG_DISPATCHER, 0,
+     "An HTTP request's deadline (sent as the job's deadline_ms; 504 if nothing came by then); 0 = none."},
+    {"http_idle_timeout_s", T_INT, O(http_idle_timeout_s), "60", 1, 3600, NULL, CFG_DISPATCHER, 0,
+     "An idle keep-alive HTTP connection is closed after this long."},
 };
 #undef O
 #define N_OPTS ((int)(sizeof options / sizeof options[0]))
@@ -209,11 +248,21 @@ static int set_int(struct cfg *c, const struct opt *o, long long v, const char *
     return 0;
 }
 
+static int set_double(struct cfg *c, const struct opt *o, double v, const char *where,
+                      struct rl_err *err)
+{
+    if (!(v >= (double)o->lo && v <= (double)o->hi)) /* NaN fails too */
+        return rl_errf(err, RL_EINVAL, "%s: %s = %g is out of range [%lld, %lld]", where, o->name,
+                       v, o->lo, o->hi);
+    *(double *)field(c, o) = v;
+    return 0;
+}
+
 /* Replaces a list with items[0..n); checks names and duplicates. */
 static int set_list(struct cfg *c, const struct opt *o, const char *const *items, int n,
                     const char *where, struct rl_err *err)
 {
-    if (n < 1)
+    if (n < 1 && !(o->flags & F_EMPTY))
         return rl_errf(err, RL_EINVAL, "%s: %s must not be empty", where, o->name);
     for (int i = 0; i < n; i++) {
         if ((o->flags & F_NAMES) && !name_ok(items[i]))
@@ -223,7 +272,7 @@ static int set_list(struct cfg *c, const struct opt *o, const char *const *items
             if (!strcmp(items[i], items[k]))
                 return rl_errf(err, RL_EINVAL, "%s: %s lists \"%.64s\" twice", where, o->name, items[i]);
     }
-    struct cfg_strlist l = {0, calloc((size_t)n, sizeof(char *))};
+    struct cfg_strlist l = {0, calloc(n > 0 ? (size_t)n : 1, sizeof(char *))};
     if (!l.v)
         return rl_errf(err, RL_ENOMEM, "config: out of memory");
     for (; l.n < n; l.n++)
@@ -261,7 +310,17 @@ static int set_text(struct cfg *c, const struct opt *o, const char *v, const cha
             return rl_errf(err, RL_EINVAL, "%s: %s must be true or false, not \"%.64s\"", where,
                            o->name, v);
         return 0;
+    case T_DOUBLE: {
+        char *end;
+        errno = 0;
+        double x = strtod(v, &end);
+        if (errno || end == v || *end)
+            return rl_errf(err, RL_EINVAL, "%s: %s must be a number, not \"%.64s\"", where, o->name, v);
+        return set_double(c, o, x, where, err);
+    }
     case T_LIST: {
+        if (!v[0] && (o->flags & F_EMPTY))
+            return set_list(c, o, NULL, 0, where, err);
         /* comma-separated; blanks around items are dropped */
         char *copy = strdup(v);
         const char *items[64];
@@ -366,6 +425,12 @@ static int apply_setting(struct cfg *c, const config_setting_t *s, const char *p
         if (t == CONFIG_TYPE_INT64)
             return set_int(c, o, config_setting_get_int64(s), where, err);
         return rl_errf(err, RL_EINVAL, "%s: %s must be an integer", where, o->name);
+    case T_DOUBLE:
+        if (t == CONFIG_TYPE_FLOAT)
+            return set_double(c, o, config_setting_get_float(s), where, err);
+        if (t == CONFIG_TYPE_INT || t == CONFIG_TYPE_INT64)
+            return set_double(c, o, (double)config_setting_get_int64(s), where, err);
+        return rl_errf(err, RL_EINVAL, "%s: %s must be a number", where, o->name);
     case T_BOOL:
         if (t != CONFIG_TYPE_BOOL)
             return rl_errf(err, RL_EINVAL, "%s: %s must be true or false", where, o->name);
@@ -378,7 +443,7 @@ static int apply_setting(struct cfg *c, const config_setting_t *s, const char *p
         int n = config_setting_length(s);
         if (n > 64)
             return rl_errf(err, RL_EINVAL, "%s: %s has more than 64 items", where, o->name);
-        const char *items[64];
+        const char *items[64] = {NULL};
         for (int i = 0; i < n; i++) {
             const config_setting_t *e = config_setting_get_elem(s, (unsigned)i);
             if (config_setting_type(e) != CONFIG_TYPE_STRING)
@@ -517,7 +582,7 @@ int cfg_apply_args(struct cfg *c, int argc, char **argv, unsigned who, struct rl
 
 int cfg_check(const struct cfg *c, unsigned who, struct rl_err *err)
 {
-    if (c->lease_renew_ms >= c->claim_idle_ms)
+    if ((who & CFG_WORKER) && c->lease_renew_ms >= c->claim_idle_ms) /* the dispatcher holds no leases */
         return rl_errf(err, RL_EINVAL,
                        "lease_renew_ms (%d) must be below claim_idle_ms (%d), or running jobs "
                        "would be taken over from live workers",
@@ -539,6 +604,9 @@ int cfg_check(const struct cfg *c, unsigned who, struct rl_err *err)
         return rl_errf(err, RL_EINVAL, "redis_user \"%s\" needs redis_password_file", c->redis_user);
     if (!c->prefix[0])
         return rl_errf(err, RL_EINVAL, "prefix must not be empty");
+    if (c->adaptive_min_ratio > c->adaptive_max_ratio)
+        return rl_errf(err, RL_EINVAL, "adaptive_min_ratio (%g) is above adaptive_max_ratio (%g)",
+                       c->adaptive_min_ratio, c->adaptive_max_ratio);
     return 0;
 }
 
@@ -597,6 +665,9 @@ int cfg_apply_live(struct cfg *dst, const struct cfg *src, unsigned who, struct 
         case T_BOOL:
             *(bool *)field(&tmp, o) = *(const bool *)cfield(src, o);
             break;
+        case T_DOUBLE:
+            *(double *)field(&tmp, o) = *(const double *)cfield(src, o);
+            break;
         case T_LIST: {
             const struct cfg_strlist *l = cfield(src, o);
             rc = set_list(&tmp, o, (const char *const *)l->v, l->n, "reload", err);
@@ -625,6 +696,7 @@ static void write_value(FILE *f, const struct opt *o)
         break;
     case T_INT:
     case T_BOOL:
+    case T_DOUBLE: /* every double default is written with a decimal point */
         fputs(o->dflt, f);
         break;
     case T_LIST: {
@@ -644,7 +716,8 @@ static void write_value(FILE *f, const struct opt *o)
 
 static const char *type_word(const struct opt *o)
 {
-    static const char *const w[] = {"string", "integer", "boolean", "one of", "list of strings"};
+    static const char *const w[] = {"string", "integer", "boolean", "one of", "list of strings",
+                                    "number"};
     return w[o->type];
 }
 
@@ -675,7 +748,7 @@ static void describe(FILE *f, const struct opt *o, const char *lead)
     char line[200];
     const char *who = o->who == CFG_BOTH ? "worker, dispatcher"
                       : o->who == CFG_WORKER ? "worker" : "dispatcher";
-    if (o->type == T_INT)
+    if (o->type == T_INT || o->type == T_DOUBLE)
         snprintf(line, sizeof line, "%s in [%lld, %lld]; %s%s", type_word(o), o->lo, o->hi, who,
                  o->flags & F_LIVE ? "; SIGHUP reloads it" : "");
     else if (o->type == T_ENUM)

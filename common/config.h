@@ -68,6 +68,26 @@ struct cfg {
     int heartbeat_ttl_s;
     int http_port;                /* 127.0.0.1 only; 0 = off */
     char *log_level;              /* error|warn|info|debug */
+    /* dispatcher routing */
+    double think_ratio;           /* [0, 1]: share of auto requests sent to think */
+    bool adaptive;                /* shift auto requests away from a backed-up pool */
+    int adaptive_wait_ms;         /* queue wait that counts as backed up */
+    double adaptive_min_ratio;    /* bounds of the effective ratio */
+    double adaptive_max_ratio;
+    struct cfg_strlist think_rules; /* PCRE2 patterns; may be empty */
+    int max_waiting;              /* OVERLOADED above this many waiting jobs; 0 = off */
+    int retry_after_ms;           /* told to overloaded clients */
+    /* dispatcher: the OpenAI-compatible HTTP front door (dispatcher/http.c) */
+    int http;                     /* port; 0 = off */
+    char *http_bind;              /* listen address, 127.0.0.1 */
+    char *api_keys_file;          /* "" = no authentication */
+    char *served_model_name;      /* the name /v1/models lists and requests must use */
+    int max_body_kb;
+    int max_messages;
+    int http_max_tokens;
+    int http_max_connections;     /* one thread each */
+    int http_timeout_s;           /* a request's deadline; 0 = none */
+    int http_idle_timeout_s;
 };
 
 /* Which program an option is for (--help shows only the program's own;

@@ -48,6 +48,7 @@ static const struct {
     [EV_CODE_DEADLINE_EXCEEDED] = {"DEADLINE_EXCEEDED", "deadline_ms passed; clients see a done event with finish_reason deadline, the code names the reason in dead letters and metrics"},
     [EV_CODE_ENGINE_ERROR] = {"ENGINE_ERROR", "the inference engine failed on this request"},
     [EV_CODE_INTERNAL] = {"INTERNAL", "a bug in redlm: a broken invariant reported instead of crashing"},
+    [EV_CODE_OVERLOADED] = {"OVERLOADED", "the pool's queue holds more waiting jobs than the dispatcher's max_waiting; retry after retry_after_ms"},
 };
 
 const char *ev_code_name(enum ev_code code)
@@ -237,6 +238,23 @@ int ev_build_error(int64_t seq, enum ev_code code, const char *message, char **o
         !cJSON_AddStringToObject(o, "message", message ? message : ev_code_meaning(code))) {
         cJSON_Delete(o);
         return rl_errf(err, RL_ENOMEM, "ev_build_error: out of memory");
+    }
+    return finish(o, out, err);
+}
+
+int ev_build_error_retry(int64_t seq, enum ev_code code, const char *message,
+                         int64_t retry_after_ms, char **out, struct rl_err *err)
+{
+    *out = NULL;
+    if (seq < 0 || code <= EV_CODE_NONE || code >= EV_CODE_COUNT || retry_after_ms < 0)
+        return rl_errf(err, RL_EINVAL, "ev_build_error_retry: bad seq %" PRId64 ", code %d or "
+                       "retry_after_ms %" PRId64, seq, (int)code, retry_after_ms);
+    cJSON *o = head(seq, "error");
+    if (!o || !cJSON_AddStringToObject(o, "code", ev_code_name(code)) ||
+        !cJSON_AddStringToObject(o, "message", message ? message : ev_code_meaning(code)) ||
+        add_int(o, "retry_after_ms", retry_after_ms)) {
+        cJSON_Delete(o);
+        return rl_errf(err, RL_ENOMEM, "ev_build_error_retry: out of memory");
     }
     return finish(o, out, err);
 }

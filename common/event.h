@@ -46,6 +46,7 @@ enum ev_code {
     EV_CODE_DEADLINE_EXCEEDED,   /* deadline passed before admission */
     EV_CODE_ENGINE_ERROR,        /* the engine failed on this request */
     EV_CODE_INTERNAL,            /* a bug: broken invariant in the worker */
+    EV_CODE_OVERLOADED,          /* the dispatcher refused: the pool's queue is full */
     EV_CODE_COUNT
 };
 
@@ -128,6 +129,11 @@ int ev_build_done(int64_t seq, const struct ev_done *d, char **out, struct rl_er
  * code's meaning. */
 int ev_build_error(int64_t seq, enum ev_code code, const char *message, char **out,
                    struct rl_err *err);
+
+/* ev_build_error with a retry_after_ms field (>= 0): when the client may
+ * send the request again. The dispatcher's OVERLOADED answer. */
+int ev_build_error_retry(int64_t seq, enum ev_code code, const char *message,
+                         int64_t retry_after_ms, char **out, struct rl_err *err);
 
 /* A dead letter: the job exactly as received (any bytes; kept as a JSON
  * string, since it may not be JSON), why it died, and who killed it. */

@@ -694,8 +694,11 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
             j->mode = JOB_MODE_THINK;
         else if (!strcmp(s, "no_think"))
             j->mode = JOB_MODE_NO_THINK;
+        else if (!strcmp(s, "auto"))
+            j->mode = JOB_MODE_AUTO;
         else
-            return bad(f, err, EV_CODE_BAD_VALUE, "mode: \"%.32s\" is not think or no_think", s);
+            return bad(f, err, EV_CODE_BAD_VALUE, "mode: \"%.32s\" is not think, no_think or auto",
+                       s);
         j->given |= JOB_F_MODE;
         return 0;
     case K_MAX_TOKENS:
@@ -937,6 +940,23 @@ done:
     return rc;
 }
 
+int job_check_text(const char *text, size_t len, const char *what, struct job_fault *fault,
+                   struct rl_err *err)
+{
+    struct job_fault fdummy;
+    if (!fault)
+        fault = &fdummy;
+    memset(fault, 0, sizeof *fault);
+    size_t badpos = utf8_check((const unsigned char *)text, len);
+    if (badpos != len)
+        return bad(fault, err, EV_CODE_BAD_UTF8, "%s: invalid UTF-8 at byte %zu", what, badpos);
+    badpos = json_lex_check(text, len);
+    if (badpos != len)
+        return bad(fault, err, EV_CODE_INVALID_JSON, "%s: not valid JSON (at byte %zu of %zu)",
+                   what, badpos, len);
+    return 0;
+}
+
 int job_check_pool(const struct job *j, const char *stream_pool, const char *const *pools,
                    int n_pools, struct job_fault *fault, struct rl_err *err)
 {
@@ -960,7 +980,7 @@ int job_check_pool(const struct job *j, const char *stream_pool, const char *con
 
 enum job_mode job_mode_on(const struct job *j, const char *pool)
 {
-    if (j->mode != JOB_MODE_POOL)
+    if (j->mode == JOB_MODE_THINK || j->mode == JOB_MODE_NO_THINK)
         return j->mode;
     return pool && !strcmp(pool, "think") ? JOB_MODE_THINK : JOB_MODE_NO_THINK;
 }
@@ -1022,7 +1042,9 @@ int job_to_json(const struct job *j, char **out, struct rl_err *err)
             ADD(cJSON_AddItemToArray(a, num_exact(j->prompt_ids[i])));
     }
     if (j->given & JOB_F_MODE)
-        ADD(cJSON_AddStringToObject(o, "mode", j->mode == JOB_MODE_THINK ? "think" : "no_think"));
+        ADD(cJSON_AddStringToObject(o, "mode", j->mode == JOB_MODE_THINK      ? "think"
+                                               : j->mode == JOB_MODE_AUTO ? "auto"
+                                                                          : "no_think"));
     if (j->given & JOB_F_MAX_TOKENS)
         ADD(add_num(o, "max_tokens", j->max_tokens));
     if (j->given & JOB_F_TEMPERATURE)

@@ -40,6 +40,8 @@ enum job_mode {
     JOB_MODE_POOL = 0, /* not given: the pool's own (think on "think", else no_think) */
     JOB_MODE_THINK,
     JOB_MODE_NO_THINK,
+    JOB_MODE_AUTO,     /* "auto": the dispatcher chooses (rules, think_ratio); a
+                          worker treats it as JOB_MODE_POOL */
 };
 
 /* Bits of struct job.given: which optional fields the job spelt out, so a
@@ -131,13 +133,23 @@ int job_parse(const char *text, size_t len, const struct job_opts *opts, struct 
 
 void job_free(struct job *j);
 
+/* The text checks job_parse runs before parsing, for other JSON documents
+ * that reach us from clients (the HTTP front door's request bodies):
+ * strict UTF-8 (BAD_UTF8) and the RFC 8259 lexical rules cJSON is lenient
+ * about (INVALID_JSON: raw control characters, "01", "1."). what names the
+ * document in the sentence ("body: not valid JSON (at byte 7 of 20)").
+ * Returns 0, or -RL_EINVAL with fault->code and err filled. */
+int job_check_text(const char *text, size_t len, const char *what, struct job_fault *fault,
+                   struct rl_err *err);
+
 /* Checks the pool the job is meant for: the stream's pool must be in
  * pools (n_pools entries), and a job that names a pool must name that one.
  * Returns 0, or -RL_EINVAL with fault UNKNOWN_POOL. */
 int job_check_pool(const struct job *j, const char *stream_pool, const char *const *pools,
                    int n_pools, struct job_fault *fault, struct rl_err *err);
 
-/* The effective mode on pool (JOB_MODE_THINK or JOB_MODE_NO_THINK). */
+/* The effective mode on pool (JOB_MODE_THINK or JOB_MODE_NO_THINK); an
+ * absent or auto mode is the pool's own: think on "think", else no_think. */
 enum job_mode job_mode_on(const struct job *j, const char *pool);
 
 /* Writes the job back as compact JSON: id always (so a generated id

@@ -46,6 +46,14 @@ struct be_batch {
 
 enum be_kv_dtype { BE_KV_AUTO = 0, BE_KV_F32, BE_KV_BF16 };
 
+/* Load progress: load() calls it as the weights are taken in, with the
+ * bytes done so far and the bytes in all (the matrices the backend takes,
+ * as the checkpoint stores them), at most once per progress_every bytes and
+ * once more at the end (done == total). Loading a large checkpoint reads
+ * tens of GB from disk, minutes that would otherwise pass in silence. It
+ * runs on the loading thread; it must not call into the backend. */
+typedef void (*be_progress_fn)(void *user, size_t done, size_t total);
+
 struct be_options {
     int n_threads;        /* CPU: worker threads incl. the caller; 0 = all cores */
     const char *isa;      /* CPU: "auto", "avx512bf16", "avx2", "scalar"; NULL = auto */
@@ -54,6 +62,9 @@ struct be_options {
     int mmap_weights;     /* CPU: 1 = run on the checkpoint's file mapping
                              (no copy, 4 KiB pages); 0 = copy the matrices
                              into 2 MiB pages at load (faster decode) */
+    be_progress_fn progress;  /* NULL: none */
+    void *progress_user;      /* handed to progress */
+    size_t progress_every;    /* bytes between calls; 0 = 64 MiB */
 };
 
 struct be_ops {

@@ -33,6 +33,9 @@ struct cbuf {
     char *p;
     size_t n, cap;
     bool oom;
+    bool want_spans;        /* record where message content went */
+    struct tok_span *spans; /* (n_spans) in order, malloc'd */
+    int n_spans, cap_spans;
 };
 
 static void cb_add(struct cbuf *b, const char *s, size_t n)
@@ -57,6 +60,31 @@ static void cb_add(struct cbuf *b, const char *s, size_t n)
 }
 
 static void cb_str(struct cbuf *b, const char *s) { cb_add(b, s, strlen(s)); }
+
+/* Records b[from, b->n) as text that came from the request (a message's
+ * content, a tool definition) when spans are wanted: the tokenizer then
+ * never reads control tokens out of it. */
+static void cb_mark(struct cbuf *b, size_t from)
+{
+    if (!b->want_spans || b->oom || from >= b->n)
+        return;
+    struct tok_span *last = b->n_spans ? &b->spans[b->n_spans - 1] : NULL;
+    if (last && last->off + last->len == from) {
+        last->len = b->n - last->off; /* adjacent: one span */
+        return;
+    }
+    if (b->n_spans == b->cap_spans) {
+        int cap = b->cap_spans ? 2 * b->cap_spans : 16;
+        struct tok_span *p = realloc(b->spans, (size_t)cap * sizeof *p);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->spans = p;
+        b->cap_spans = cap;
+    }
+    b->spans[b->n_spans++] = (struct tok_span){from, b->n - from};
+}
 
 /* ---- JSON: parse keeping number spellings ------------------------------- */
 
@@ -424,6 +452,13 @@ static struct slice rstrip_nl(struct slice s)
 }
 
 static void cb_slice(struct cbuf *b, struct slice s) { cb_add(b, s.s, s.n); }
+/* A slice of a user, system or tool message: ordinary text, never tokens. */
+static void cb_content(struct cbuf *b, struct slice s)
+{
+    size_t at = b->n;
+    cb_add(b, s.s, s.n);
+    cb_mark(b, at);
+}
 
 static const char *role_of(const cJSON *m)
 {
@@ -559,7 +594,7 @@ static int render(struct cbuf *b, const cJSON *messages, const cJSON *tools,
     if (have_tools) {
         cb_str(b, "<|im_start|>system\n");
         if (first_system) {
-            cb_slice(b, content[0]);
+            cb_content(b, content[0]);
             cb_str(b, "\n\n");
         }
         cb_str(b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -567,15 +602,17 @@ static int render(struct cbuf *b, const cJSON *messages, const cJSON *tools,
         const cJSON *t;
         cJSON_ArrayForEach(t, tools) {
             cb_str(b, "\n");
+            size_t at = b->n;
             if ((rc = dump_into(b, t, err)))
                 goto out;
+            cb_mark(b, at);
         }
         cb_str(b, "\n</tools>\n\nFor each function call, return a json object with function name and "
                   "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
                   "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n");
     } else if (first_system) {
         cb_str(b, "<|im_start|>system\n");
-        cb_slice(b, content[0]);
+        cb_content(b, content[0]);
         cb_str(b, "<|im_end|>\n");
     }
 
@@ -597,7 +634,7 @@ static int render(struct cbuf *b, const cJSON *messages, const cJSON *tools,
             cb_str(b, "<|im_start|>");
             cb_str(b, role);
             cb_str(b, "\n");
-            cb_slice(b, content[i]);
+            cb_content(b, content[i]);
             cb_str(b, "<|im_end|>\n");
         } else if (!strcmp(role, "assistant")) {
             if ((rc = render_assistant(b, msg[i], i, last, last_query, content[i], err)))
@@ -606,7 +643,7 @@ static int render(struct cbuf *b, const cJSON *messages, const cJSON *tools,
             if (i == 0 || strcmp(role_of(msg[i - 1]), "tool"))
                 cb_str(b, "<|im_start|>user");
             cb_str(b, "\n<tool_response>\n");
-            cb_slice(b, content[i]);
+            cb_content(b, content[i]);
             cb_str(b, "\n</tool_response>");
             if (last || strcmp(role_of(msg[i + 1]), "tool"))
                 cb_str(b, "<|im_end|>\n");
@@ -630,23 +667,48 @@ out:
     return rc;
 }
 
+static int render_top(const cJSON *messages, const cJSON *tools,
+                      const struct chat_template_opts *o, struct cbuf *b, struct rl_err *err)
+{
+    int rc = render(b, messages, tools, o, err);
+    if (!rc && !b->p) {
+        cb_add(b, "", 0);
+        if (b->oom)
+            rc = rl_errf(err, RL_ENOMEM, "out of memory");
+    }
+    if (!rc && b->oom)
+        rc = rl_errf(err, RL_ENOMEM, "out of memory rendering the prompt");
+    if (rc) {
+        free(b->p);
+        free(b->spans);
+    }
+    return rc;
+}
+
 int chat_render(const cJSON *messages, const cJSON *tools, const struct chat_template_opts *o,
                 char **out, size_t *len, struct rl_err *err)
 {
     *out = NULL;
     struct cbuf b = {0};
-    int rc = render(&b, messages, tools, o, err);
-    if (!rc && !b.p) {
-        cb_add(&b, "", 0);
-        if (b.oom)
-            rc = rl_errf(err, RL_ENOMEM, "out of memory");
-    }
-    if (rc) {
-        free(b.p);
+    int rc = render_top(messages, tools, o, &b, err);
+    if (rc)
         return rc;
-    }
     *out = b.p;
     if (len)
         *len = b.n;
     return 0;
+}
+
+int chat_tokenize(const struct tokenizer *tok, const cJSON *messages, const cJSON *tools,
+                  const struct chat_template_opts *o, struct tok_ids *ids, struct rl_err *err)
+{
+    struct cbuf b = {.want_spans = true};
+    int rc = render_top(messages, tools, o, &b, err);
+    if (rc)
+        return rc;
+    /* the template's own tags are real tokens; the request's text is text */
+    rc = tok_encode_spans(tok, b.p, b.n, 0, b.spans, b.n_spans, ids, err);
+    free(b.p);
+    free(b.spans);
+    return rc;
 }

@@ -27,6 +27,7 @@
 #include <cjson/cJSON.h>
 
 #include "err.h"
+#include "tokenizer.h"
 
 struct chat_template_opts {
     bool add_generation_prompt; /* end with "<|im_start|>assistant\n" */
@@ -42,6 +43,19 @@ struct chat_template_opts {
  * list of text parts, a tool call without arguments, ...). */
 int chat_render(const cJSON *messages, const cJSON *tools, const struct chat_template_opts *o,
                 char **out, size_t *len, struct rl_err *err);
+
+/* Renders like chat_render and tokenizes the prompt into ids (appended; the
+ * caller owns them, tok_ids_free). The template's own tags (<|im_start|>,
+ * <think> of the generation prompt, ...) become their tokens; the content
+ * of user, system and tool messages and the tool definitions are ordinary
+ * text even where they spell a control token, so an end user cannot close
+ * their turn or open a system one by typing "<|im_end|>" (tok_encode_spans).
+ * Assistant messages are the model's own earlier output and keep their
+ * tags. This is what every component that turns messages into ids (engine,
+ * worker, dispatcher cache keys) must call, so their ids agree. Returns
+ * chat_render's errors (-RL_EINVAL) or the tokenizer's. */
+int chat_tokenize(const struct tokenizer *tok, const cJSON *messages, const cJSON *tools,
+                  const struct chat_template_opts *o, struct tok_ids *ids, struct rl_err *err);
 
 /* Parses JSON text like cJSON_ParseWithLength, but also keeps each number's
  * spelling (in the number item's valuestring, freed by cJSON_Delete) so

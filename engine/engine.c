@@ -21,8 +21,14 @@
  * (reasoning or content): after each token, the longest tail of the held
  * text that is a prefix of some stop string stays held, everything before
  * it is emitted. A match finishes the request and drops the stop string
- * and whatever follows it. A stop string spanning </think> is not matched
- * (the tag is a token of its own and never text).
+ * and whatever follows it. The <think> and </think> tags are tokens of
+ * their own and never output text, but a stop string may contain them (as
+ * in servers that match on the raw text, stop: ["</think>"] ends a request
+ * with its reasoning): with stop strings, a tag's text goes into the held
+ * text too, marked (tag_at, tag_len), so a match can span it; the marked
+ * bytes are skipped on output, text before them goes to the channel before
+ * the switch. One tag is held at a time: a second tag while one is still
+ * held flushes the first.
  *
  * Threading: everything runs on the owner thread; the backend parallelises
  * inside forward(). */
@@ -92,6 +98,8 @@ struct eng_req {
     struct engine_usage usage;
     struct tok_stream *ts;       /* NULL without a tokenizer */
     struct strbuf hold;          /* text held back for stop matching */
+    size_t tag_at, tag_len;      /* hold[tag_at, +tag_len) is a held think tag
+                                    (never output); tag_len 0: none */
 
     /* this step's event */
     int32_t *ev_tok;             /* (cap_ev) */
@@ -229,7 +237,8 @@ int engine_create(struct engine **out, const char *dir,
         goto fail;
     e->cfg = model_get_config(e->model);
     struct be_options bo = {.n_threads = opt.n_threads, .isa = opt.isa,
-                            .kv_dtype = opt.kv_dtype};
+                            .kv_dtype = opt.kv_dtype, .progress = opt.progress,
+                            .progress_user = opt.progress_user};
     if ((rc = be_create(&e->be, opt.backend, &bo, err)))
         goto fail;
     if ((rc = e->be->ops->load(e->be->ctx, e->cfg, model_get_weights(e->model),
@@ -473,18 +482,12 @@ static int render_messages(struct engine *e, const struct engine_request *r, int
         .add_generation_prompt = true,
         .disable_thinking = r->mode == ENGINE_MODE_NO_THINK,
     };
-    char *text = NULL;
-    size_t len = 0;
-    int rc = chat_render(r->messages, r->tools, &co, &text, &len, err);
-    if (rc) {
-        rl_err_wrap(err, "BAD_MESSAGES");
-        return rc;
-    }
     struct tok_ids v = {0};
-    rc = tok_encode(e->tok, text, len, 0, &v, err); /* the template's specials are real */
-    free(text);
+    int rc = chat_tokenize(e->tok, r->messages, r->tools, &co, &v, err);
     if (rc) {
         tok_ids_free(&v);
+        if (rc == -RL_EINVAL)
+            rl_err_wrap(err, "BAD_MESSAGES");
         return rc;
     }
     if (v.n > (size_t)e->max_context) {
@@ -544,11 +547,42 @@ static int emit_text(struct eng_req *q, const char *s, size_t n)
     return sb_add(q->in_think ? &q->ev_reason : &q->ev_content, s, n);
 }
 
+/* Emits the first n held bytes and drops them from the hold. Bytes before
+ * a held tag belong to the channel before the switch (q->in_think already
+ * tells the one after); the tag's own bytes are skipped. */
+static int emit_held(struct eng_req *q, size_t n)
+{
+    if (!n)
+        return 0;
+    int rc;
+    if (q->tag_len) {
+        size_t ts = q->tag_at, te = q->tag_at + q->tag_len;
+        struct strbuf *before = q->in_think ? &q->ev_content : &q->ev_reason;
+        rc = sb_add(before, q->hold.p, n < ts ? n : ts);
+        if (!rc && n > te)
+            rc = emit_text(q, q->hold.p + te, n - te);
+        if (n >= te) {
+            q->tag_len = 0;
+        } else if (n > ts) {
+            q->tag_len = te - n;
+            q->tag_at = 0;
+        } else {
+            q->tag_at = ts - n;
+        }
+    } else {
+        rc = emit_text(q, q->hold.p, n);
+    }
+    memmove(q->hold.p, q->hold.p + n, q->hold.n - n);
+    q->hold.n -= n;
+    q->hold.p[q->hold.n] = 0;
+    return rc;
+}
+
 /* Emits everything held back (channel switch or finish). */
 static int flush_hold(struct eng_req *q)
 {
-    int rc = emit_text(q, q->hold.p, q->hold.n);
-    sb_clear(&q->hold);
+    int rc = emit_held(q, q->hold.n);
+    q->tag_len = 0;
     return rc;
 }
 
@@ -599,7 +633,11 @@ static int feed_text(struct engine *e, struct eng_req *q, const char *t, size_t 
             best = (size_t)(m - q->hold.p);
     }
     if (best != (size_t)-1) {
-        q->hold.n = best;
+        q->hold.n = best; /* the match and all after it are dropped */
+        if (q->tag_len && q->tag_at >= best)
+            q->tag_len = 0;
+        else if (q->tag_len && q->tag_at + q->tag_len > best)
+            q->tag_len = best - q->tag_at;
         flush_hold(q);
         q->drop_tail = true;
         finish_req(e, q, ENGINE_FINISH_STOP);
@@ -618,13 +656,7 @@ static int feed_text(struct engine *e, struct eng_req *q, const char *t, size_t 
         if (k > keep)
             keep = k;
     }
-    size_t out = q->hold.n - keep;
-    if ((rc = emit_text(q, q->hold.p, out)))
-        return rc;
-    memmove(q->hold.p, q->hold.p + out, keep);
-    q->hold.n = keep;
-    q->hold.p[keep] = 0;
-    return 0;
+    return emit_held(q, q->hold.n - keep);
 }
 
 static int ev_reserve(struct eng_req *q, int n)
@@ -683,10 +715,21 @@ static int accept(struct engine *e, struct eng_req *q, int32_t tok,
     int rc = 0;
     size_t tlen;
     if (is_open || is_close) {
-        /* tags switch channels and are never text themselves */
-        if ((rc = flush_hold(q)))
+        /* tags switch channels and are never text themselves, but stop
+         * strings see them (the essay at the top) */
+        const char *tt = q->n_stop && q->ts ? tok_token_bytes(e->tok, tok, &tlen) : NULL;
+        if ((!tt || q->tag_len) && (rc = flush_hold(q)))
             return rl_errf(err, RL_ENOMEM, "engine: out of memory for text");
         q->in_think = is_open;
+        if (tt) {
+            q->tag_at = q->hold.n;
+            q->tag_len = tlen;
+            rc = feed_text(e, q, tt, tlen);
+            if (rc < 0)
+                return rl_errf(err, RL_ENOMEM, "engine: out of memory for text");
+            if (rc == 1)
+                return 1;
+        }
     } else if (q->ts && tok_token_bytes(e->tok, tok, &tlen)) {
         /* (ids past the tokenizer's table - padding rows of the embedding -
          * are output without text) */

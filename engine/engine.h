@@ -71,6 +71,8 @@ struct engine_options {
                                  what the pool holds) */
     const char *think_stop_text; /* forced when the thinking budget runs
                                     out; NULL = ENGINE_THINK_STOP_TEXT */
+    be_progress_fn progress;  /* weight loading progress (backend.h); NULL none */
+    void *progress_user;
 };
 
 void engine_options_default(struct engine_options *o);

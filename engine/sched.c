@@ -13,7 +13,9 @@
  *      token_budget: a long prompt can never stall the decodes;
  *   3. waiting sequences are admitted from the head while the blocks their
  *      whole known token list needs (after prefix hits) fit next to what
- *      running prefills still need, and take what budget is left.
+ *      running prefills still need, and take what budget is left; a head
+ *      that does not fit (blocks or max_seqs) preempts running sequences
+ *      of strictly lower priority, tail first, until it does.
  * Planning an item appends its tokens to the kv_seq, which reserves the
  * slots; when a block cannot be had, the tail of `running` (lowest
  * priority, newest) is preempted - unplanned if it was already in the plan
@@ -53,7 +55,10 @@ struct sched {
     struct sched_seq **running, **waiting; /* (max_seqs) and (cap_waiting) */
     int n_running, n_waiting, cap_waiting;
     uint64_t next_arrival;
-    struct sched_item *items; /* (max_seqs) */
+    struct sched_item *items; /* (2 * max_seqs): live items plus the holes
+                                 that preempting planned sequences leaves
+                                 until compaction; victims were running at
+                                 the start of the step, so at most max_seqs */
     int n_items;
     struct sched_seq **expired; /* (cap_expired) */
     int n_expired, cap_expired;
@@ -125,7 +130,7 @@ int sched_create(struct sched **out, struct kv_cache *kv,
     s->kv = kv;
     s->opt = o;
     s->running = calloc((size_t)o.max_seqs, sizeof *s->running);
-    s->items = calloc((size_t)o.max_seqs, sizeof *s->items);
+    s->items = calloc(2 * (size_t)o.max_seqs, sizeof *s->items);
     if (!s->running || !s->items || grow_waiting(s, err)) {
         sched_free(s);
         return rl_errf(err, RL_ENOMEM, "sched_create: out of memory");
@@ -334,6 +339,24 @@ static int pending(const struct sched_seq *q)
     return q->n_tokens - kv_seq_n_tokens(q->kv);
 }
 
+/* Preempts the tail of `running` (lowest priority, newest) for q, a waiting
+ * sequence that cannot be admitted, when the tail's priority is strictly
+ * lower. Keeps *reserved (blocks running sequences still need) and *budget
+ * (a planned victim's tokens come back) true. Returns whether it did. */
+static bool make_room(struct sched *s, const struct sched_seq *q, int *reserved, int *budget)
+{
+    if (s->n_running == 0)
+        return false;
+    struct sched_seq *victim = s->running[s->n_running - 1];
+    if (victim->priority >= q->priority)
+        return false;
+    if (victim->item >= 0)
+        *budget += s->items[victim->item].n_new;
+    *reserved -= kv_blocks_needed(s->kv, victim->kv, pending(victim));
+    preempt(s, victim);
+    return true;
+}
+
 int sched_schedule(struct sched *s, double now, struct sched_plan *plan,
                    struct rl_err *err)
 {
@@ -372,12 +395,18 @@ int sched_schedule(struct sched *s, double now, struct sched_plan *plan,
     for (int i = 0; i < s->n_running; i++)
         reserved += kv_blocks_needed(s->kv, s->running[i]->kv, pending(s->running[i]));
 
-    while (s->n_waiting > 0 && s->n_running < s->opt.max_seqs && budget > 0) {
+    while (s->n_waiting > 0 && budget > 0) {
         struct sched_seq *q = s->waiting[0];
         int n_cached = 0;
         int need = kv_probe_prefix(s->kv, q->tokens, q->n_tokens, &n_cached);
-        if (!kv_can_allocate(s->kv, need + reserved))
-            break;
+        if (s->n_running >= s->opt.max_seqs || !kv_can_allocate(s->kv, need + reserved)) {
+            /* No room: a strictly lower-priority running sequence makes
+             * way (vLLM's priority policy). Equal priorities never preempt
+             * each other, so FIFO requests cannot thrash. */
+            if (!make_room(s, q, &reserved, &budget))
+                break;
+            continue; /* the probe changes: freed blocks may hold its prefix */
+        }
         if ((rc = kv_seq_create(s->kv, &q->kv, err)))
             return rc;
         if ((rc = kv_seq_match_prefix(q->kv, q->tokens, q->n_tokens, &n_cached, err))) {

@@ -31,7 +31,10 @@
  *
  * Preemption: when a running sequence needs a block and none is free, the
  * lowest-priority, newest running sequence gives up all its blocks and goes
- * back to the waiting queue at its original place. Its committed full
+ * back to the waiting queue at its original place. The same happens when
+ * the head of the waiting queue cannot be admitted (blocks or max_seqs)
+ * while a running sequence of strictly lower priority holds room: a
+ * high-priority request never waits behind low-priority work. Its committed full
  * blocks stay in the prefix cache, so re-admission (kv_seq_match_prefix
  * over prompt + tokens generated so far) usually recomputes only the tail.
  * Recompute is exact on a batch-invariant backend, so nothing is lost.

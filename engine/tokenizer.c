@@ -1093,6 +1093,8 @@ struct enc_ctx {
     struct tok_ids *out;
     struct rl_err *err;
     unsigned flags;
+    const struct tok_span *plain; /* (n_plain) sorted: no added token overlaps them */
+    int n_plain;
     pcre2_match_data *md[TOK_MAX_STAGES];
     /* BPE scratch, grown to the longest piece seen in this call */
     size_t cap;
@@ -1340,6 +1342,20 @@ static bool is_space_byte(uint8_t b)
     return b == ' ' || (b >= '\t' && b <= '\r');
 }
 
+/* Whether s[b, e) overlaps a plain span. Spans are few (one per message)
+ * and this runs only for a candidate match, so a linear scan will do. */
+static bool in_plain(const struct enc_ctx *c, size_t b, size_t e)
+{
+    for (int i = 0; i < c->n_plain; i++) {
+        const struct tok_span *p = &c->plain[i];
+        if (p->off >= e)
+            break;
+        if (p->off + p->len > b)
+            return true;
+    }
+    return false;
+}
+
 /* Finds the leftmost, then longest, added token in s[from..n) whose
  * normalized flag equals `normalized`; returns its index or -1, and the span
  * it covers (after lstrip/rstrip) in *ms and *me. */
@@ -1355,6 +1371,10 @@ static int find_added(const struct enc_ctx *c, const uint8_t *s, size_t n, size_
             if (a->normalized != normalized || (no_special && a->special))
                 continue;
             if (a->len > n - i || memcmp(s + i, t->bytes + a->off, a->len))
+                continue;
+            /* plain spans are in the caller's coordinates: the first pass
+             * only (the normalized pass works on a copy) */
+            if (!normalized && c->n_plain && in_plain(c, i, i + a->len))
                 continue;
             size_t b = i, e = i + a->len;
             if (a->single_word && ((b > 0 && is_word_byte(s[b - 1])) || (e < n && is_word_byte(s[e]))))
@@ -1434,12 +1454,26 @@ static int encode_segment(struct enc_ctx *c, const uint8_t *s, size_t n)
 int tok_encode(const struct tokenizer *t, const char *text, size_t len, unsigned flags,
                struct tok_ids *out, struct rl_err *err)
 {
-    struct enc_ctx c = {.t = t, .out = out, .err = err, .flags = flags};
+    return tok_encode_spans(t, text, len, flags, NULL, 0, out, err);
+}
+
+int tok_encode_spans(const struct tokenizer *t, const char *text, size_t len, unsigned flags,
+                     const struct tok_span *plain, int n_plain, struct tok_ids *out,
+                     struct rl_err *err)
+{
+    struct enc_ctx c = {.t = t, .out = out, .err = err, .flags = flags,
+                        .plain = plain, .n_plain = n_plain};
     size_t n0 = out->n;
     int rc = 0;
     const uint8_t *s = (const uint8_t *)text;
     char *fixed = NULL;
+    for (int i = 0; i < n_plain; i++)
+        if (plain[i].off + plain[i].len > len || (i && plain[i].off < plain[i - 1].off + plain[i - 1].len))
+            return rl_errf(err, RL_EINVAL, "tok_encode_spans: span %d (%zu+%zu) is out of order "
+                           "or past the text's %zu bytes", i, plain[i].off, plain[i].len, len);
     if (utf8_valid_len(s, len) != len) {
+        if (n_plain)
+            return rl_errf(err, RL_EINVAL, "tok_encode_spans: the text is not valid UTF-8");
         fixed = tok_utf8_sanitize(text, len, &len);
         if (!fixed)
             return rl_errf(err, RL_ENOMEM, "tokenizer: out of memory");

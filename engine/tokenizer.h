@@ -45,6 +45,11 @@ enum {
     TOK_ENCODE_NO_SPECIAL = 1u << 0,
 };
 
+/* A byte range of the text given to tok_encode_spans. */
+struct tok_span {
+    size_t off, len;
+};
+
 /* Flags of tok_decode and tok_stream_create. */
 enum {
     TOK_DECODE_SKIP_SPECIAL = 1u << 0, /* drop ids of special=true added tokens */
@@ -71,6 +76,17 @@ void tok_free(struct tokenizer *t);
  * (a regex engine failure) with *out left at its old length. */
 int tok_encode(const struct tokenizer *t, const char *text, size_t len, unsigned flags,
                struct tok_ids *out, struct rl_err *err);
+
+/* tok_encode, except that no added token is matched where it would overlap
+ * one of the plain spans (sorted, not overlapping, within len): their bytes
+ * are always ordinary text. The chat template marks the messages' content
+ * this way, so a user who types "<|im_end|>" or "<think>" gets those
+ * characters, not the control tokens (llama.cpp's parse_special=false,
+ * for the user's part of the prompt only). The text must be valid UTF-8
+ * (sanitizing would move the spans): -RL_EINVAL otherwise. */
+int tok_encode_spans(const struct tokenizer *t, const char *text, size_t len, unsigned flags,
+                     const struct tok_span *plain, int n_plain, struct tok_ids *out,
+                     struct rl_err *err);
 
 /* Decodes n ids into a malloc'd NUL-terminated UTF-8 string (*text, caller
  * frees; *len excludes the NUL). Returns -RL_EINVAL naming the first id that

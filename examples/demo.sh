@@ -1,28 +1,168 @@
 #!/usr/bin/env bash
-# The demo `make demo` runs: makes a small random-weight Qwen3 checkpoint
-# with the real Qwen3 tokenizer, renders a chat prompt with the official
-# template, samples through the batching engine on the CPU backend and prints the text.
-# (Random weights: the words are nonsense, the pipeline is the real one.)
+# The demo `make demo` runs: the whole system on one machine.
+#
+#   redis-server (private, on a free loopback port, in a temp dir)
+#   redlm-worker on the CPU backend, pools fast and think, serving a small
+#       random-weight Qwen3 checkpoint with the real Qwen3 vocabulary
+#       (made once into $BUILD/models/demo-qwen3; the words are nonsense,
+#       the pipeline is the real one)
+#   redlm-dispatcher, routing redlm:requests to the pools (when it is built;
+#       without it the web backend writes to redlm:jobs:fast itself)
+#   the example web backend and chat page (examples/web/server.py)
+#
+# It prints the chat page's URL and a `redlm chat` command line, then waits.
+# Ctrl-C stops every process it started (SIGTERM, then SIGKILL after 15 s),
+# removes the temp dir and exits 0. A child that dies on its own stops the
+# demo with its log and exit status 1.
+#
+#   examples/demo.sh [--smoke] [MESSAGE]
+#   --smoke (or DEMO_SMOKE=1): bring everything up, send MESSAGE through the
+#       web backend, print the streamed answer, shut down; the exit status
+#       says whether the answer arrived.
+#   DEMO_PORT (default 8080; 0 or busy: a free port), DEMO_THREADS (worker
+#   threads, default all cores), DEMO_MAX_TOKENS (default 128), BUILD, REDLM_SHARED.
 set -euo pipefail
 BUILD=${BUILD:-build}
 SHARED=${REDLM_SHARED:-../shared}
+PY=/usr/bin/python3 # Debian's, with python3-redis
 cd "$(dirname "$0")/.."
+
+smoke=${DEMO_SMOKE:-0} message="Tell me about Redis streams."
+for a in "$@"; do
+    case $a in
+    --smoke) smoke=1 ;;
+    -h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "demo: unknown option $a (try --help)" >&2; exit 2 ;;
+    *) message=$a ;;
+    esac
+done
+for f in "$BUILD/redlm" "$BUILD/redlm-worker"; do
+    [ -x "$f" ] || { echo "demo: $f is not built (run make)" >&2; exit 1; }
+done
+command -v redis-server >/dev/null || { echo "demo: redis-server is missing (sudo make deps)" >&2; exit 1; }
+
 model="$BUILD/models/demo-qwen3"
 if [ ! -f "$model/config.json" ]; then
-    echo "making a random Qwen3 checkpoint (hidden 256, 4 layers, real vocabulary) in $model"
+    echo "demo: making a random Qwen3 checkpoint (hidden 256, 4 layers, real vocabulary) in $model"
+    # into a temp dir first, so an interrupted run never leaves half a model
+    rm -rf "$model.tmp.$$"
     "$BUILD/redlm" mkmodel --shape tiny --hidden 256 --intermediate 768 --heads 4 --kv-heads 2 \
-        --head-dim 64 --vocab 151936 --dtype bf16 --tokenizer "$SHARED/tokenizer/qwen3" --out "$model" >/dev/null
+        --head-dim 64 --vocab 151936 --dtype bf16 --tokenizer "$SHARED/tokenizer/qwen3" \
+        --out "$model.tmp.$$" >/dev/null
+    mv -T "$model.tmp.$$" "$model" 2>/dev/null || rm -rf "$model.tmp.$$" # lost a race: theirs is fine
 fi
-msgs=$(mktemp) prompt_file=$(mktemp) jobs=$(mktemp)
-trap 'rm -f "$msgs" "$prompt_file" "$jobs"' EXIT
-printf '[{"role": "user", "content": "%s"}]' "${1:-Tell me about Redis streams.}" >"$msgs"
-# the prompt goes through a file: $(...) would drop its trailing newlines
-"$BUILD/redlm" template --tokenizer "$model" --messages "$msgs" --no-think >"$prompt_file"
-printf -- '--- prompt (Qwen3 chat template, thinking off) ---\n'; cat "$prompt_file"
-ids=$("$BUILD/redlm" tokenize --tokenizer "$model" --file "$prompt_file" | sed 's/.*\[\(.*\)\].*/\1/; s/ //g')
-echo "--- $(echo "$ids" | tr ',' '\n' | wc -l) prompt tokens; sampling 24 tokens (temperature 0.8, seed 7) ---"
-printf '{"prompt_ids": [%s], "max_tokens": 24, "temperature": 0.8, "seed": 7, "ignore_eos": true}\n' "$ids" >"$jobs"
-out=$("$BUILD/redlm" run -m "$model" --batch "$jobs")
-gen=$(echo "$out" | sed 's/.*"tokens": *\[\([^]]*\)\].*/\1/; s/ //g')
-echo "token ids: $gen"
-"$BUILD/redlm" detokenize --tokenizer "$model" --ids "$gen"
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/redlm-demo.XXXXXX")
+names=() pids=()
+
+# Stops the children newest first (the web backend before the workers
+# before Redis), each with SIGTERM and up to 15 s to finish, then removes
+# the temp dir. Runs once, on any way out.
+cleanup() {
+    trap - INT TERM EXIT
+    local i pid
+    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+        pid=${pids[i]}
+        kill -TERM "$pid" 2>/dev/null || continue
+        for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        if kill -0 "$pid" 2>/dev/null; then
+            echo "demo: ${names[i]} did not stop in 15 s; killing it" >&2
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$tmp"
+}
+trap 'echo; echo "demo: stopping"; cleanup; echo "demo: stopped"; exit 0' INT TERM
+trap 'cleanup' EXIT
+
+# start NAME CMD...: runs CMD in the background, its output in $tmp/NAME.log
+start() {
+    local name=$1
+    shift
+    "$@" >"$tmp/$name.log" 2>&1 &
+    names+=("$name") pids+=($!)
+}
+
+# wait_for NAME PATTERN SECONDS: until NAME's log has PATTERN; fails if it died
+wait_for() {
+    local i=$((${#pids[@]} - 1)) deadline=$((SECONDS + $3))
+    while ! grep -q "$2" "$tmp/$1.log" 2>/dev/null; do
+        if ! kill -0 "${pids[i]}" 2>/dev/null || [ $SECONDS -ge $deadline ]; then
+            echo "demo: $1 did not start; its log:" >&2
+            tail -n 20 "$tmp/$1.log" >&2
+            exit 1
+        fi
+        sleep 0.05
+    done
+}
+
+free_port() { $PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port_free() { $PY -c 'import socket, sys; s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1])))' "$1" 2>/dev/null; }
+
+rport=$(free_port)
+redis="127.0.0.1:$rport"
+start redis redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "$tmp" --logfile ''
+wait_for redis "Ready to accept connections" 20
+
+threads=${DEMO_THREADS:-$(nproc 2>/dev/null || echo 2)}
+start worker "$BUILD/redlm-worker" --redis "$redis" --model "$model" --pools fast,think \
+    --name demo-cpu0 --threads "$threads" --http-port 0
+wait_for worker "ready:" 120
+
+web_args=() chat_args=""
+if [ -x "$BUILD/redlm-dispatcher" ]; then
+    start dispatcher "$BUILD/redlm-dispatcher" --redis "$redis" --name demo-disp0
+    wait_for dispatcher "ready" 30
+    route="redlm:requests -> redlm-dispatcher -> redlm:jobs:fast|think"
+else
+    web_args=(--pool fast) # no dispatcher built: straight to the pool
+    chat_args=" --pool fast"
+    route="redlm:jobs:fast (no dispatcher built)"
+fi
+
+wport=${DEMO_PORT:-8080}
+[ "$wport" != 0 ] && ! port_free "$wport" && wport=0
+start web $PY examples/web/server.py --redis "$redis" --listen "127.0.0.1:$wport" \
+    --max-tokens "${DEMO_MAX_TOKENS:-128}" "${web_args[@]}"
+wait_for web "listening on" 30
+url=$(sed -n 's/.*listening on \(http[^ ]*\).*/\1/p' "$tmp/web.log" | head -n 1)
+
+summary=""
+for i in "${!names[@]}"; do summary+=" ${names[i]}=${pids[i]}"; done
+cat <<EOF
+
+  redlm demo is up
+    chat page   $url
+    terminal    $BUILD/redlm chat --redis $redis$chat_args
+    Redis       $redis (private; try: redis-cli -p $rport XRANGE redlm:out:<id> - +)
+    model       $model on the CPU backend, $threads threads
+    jobs go to  $route
+    logs        $tmp/*.log
+  demo: pids$summary
+  demo: temp dir $tmp
+
+EOF
+
+if [ "$smoke" = 1 ]; then
+    echo "demo: smoke test: asking \"$message\""
+    rc=0
+    $PY examples/web/ask.py "$url" "$message" --max-tokens "${DEMO_MAX_TOKENS:-32}" --timeout 120 || rc=$?
+    echo "demo: smoke test $([ $rc = 0 ] && echo passed || echo "failed ($rc)")"
+    cleanup
+    exit $rc
+fi
+
+echo "Press Ctrl-C to stop everything."
+# wait -n returns when a child exits (a trapped Ctrl-C interrupts it first)
+while :; do
+    wait -n "${pids[@]}" || true
+    for i in "${!pids[@]}"; do
+        if ! kill -0 "${pids[i]}" 2>/dev/null; then
+            echo "demo: ${names[i]} exited unexpectedly; its log:" >&2
+            tail -n 20 "$tmp/${names[i]}.log" >&2
+            exit 1
+        fi
+    done
+done

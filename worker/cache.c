@@ -13,76 +13,16 @@
  * seq numbers, and changes only the done event: cached becomes true, the
  * timings are this job's, and the metadata is this job's own.
  *
- * The model identity is a SHA-256 over config.json, tokenizer.json,
- * tokenizer_config.json and the names and sizes of the *.safetensors
- * files, so a new checkpoint in the same directory never answers from an
- * old entry. Main thread only. */
-#include <dirent.h>
+ * The model identity is common/modelid.c's SHA-256 over config.json,
+ * tokenizer.json, tokenizer_config.json and the names and sizes of the
+ * *.safetensors files, so a new checkpoint in the same directory never
+ * answers from an old entry; the dispatcher computes the same identity
+ * for its fast path (dispatcher/cache.c). Main thread only. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "worker.h"
-
-static void hash_file(struct sha256_ctx *c, const char *dir, const char *name)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "rb");
-    sha256_update(c, name, strlen(name) + 1);
-    if (!f)
-        return;
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-        sha256_update(c, buf, n);
-    fclose(f);
-}
-
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-int w_model_id(const char *dir, char out[SHA256_HEX_LEN + 1], struct rl_err *err)
-{
-    struct sha256_ctx c;
-    sha256_init(&c);
-    sha256_update(&c, "redlm-model-id-v1", 17);
-    hash_file(&c, dir, "config.json");
-    hash_file(&c, dir, "tokenizer.json");
-    hash_file(&c, dir, "tokenizer_config.json");
-    DIR *d = opendir(dir);
-    if (!d)
-        return rl_errf(err, RL_EIO, "%s: cannot list the model directory", dir);
-    char *names[4096];
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(d)) && n < 4096) {
-        size_t l = strlen(de->d_name);
-        if (l > 12 && !strcmp(de->d_name + l - 12, ".safetensors"))
-            if ((names[n] = strdup(de->d_name)))
-                n++;
-    }
-    closedir(d);
-    qsort(names, (size_t)n, sizeof names[0], cmp_str); /* readdir order is arbitrary */
-    for (int i = 0; i < n; i++) {
-        char path[4096];
-        struct stat st;
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        long long size = stat(path, &st) == 0 ? (long long)st.st_size : -1;
-        char rec[64];
-        snprintf(rec, sizeof rec, ":%lld;", size);
-        sha256_update(&c, names[i], strlen(names[i]));
-        sha256_update(&c, rec, strlen(rec));
-        free(names[i]);
-    }
-    uint8_t dg[SHA256_DIGEST_LEN];
-    sha256_final(&c, dg);
-    sha256_to_hex(dg, out);
-    return 0;
-}
 
 int w_cache_key(struct worker *w, struct wjob *j, struct rl_err *err)
 {

@@ -27,6 +27,7 @@
 #include <systemd/sd-daemon.h>
 #include <time.h>
 
+#include "prompt.h"
 #include "tokenizer.h"
 #include "worker.h"
 
@@ -108,7 +109,8 @@ static void set_id(struct worker *w, struct wjob *j, const char *id)
 }
 
 /* Renders the job's prompt into j->ids, as the engine itself would (chat
- * template + tokenizer with the template's special tokens live), so that
+ * template + chat_tokenize, through engine/prompt.c, which the
+ * dispatcher's cache fast path shares), so that
  * the cache key, the length check and resumption all see the very ids the
  * engine runs. Returns 0 or fills *code. */
 static int render(struct worker *w, struct wjob *j, enum ev_code *code, struct rl_err *err)
@@ -124,46 +126,9 @@ static int render(struct worker *w, struct wjob *j, enum ev_code *code, struct r
                 return rl_errf(err, RL_EINVAL, "prompt_ids[%d]: %d is outside the vocabulary "
                                "[0, %d)", i, (int)jb->prompt_ids[i], (int)vocab);
             }
-        j->ids = malloc(((size_t)jb->n_prompt_ids + 1) * sizeof *j->ids);
-        if (!j->ids)
-            goto oom;
-        memcpy(j->ids, jb->prompt_ids, (size_t)jb->n_prompt_ids * sizeof *j->ids);
-        j->n_ids = jb->n_prompt_ids;
-        return 0;
     }
-    if (!tok) {
-        *code = EV_CODE_BAD_VALUE;
-        return rl_errf(err, RL_EINVAL, "%s: this model has no tokenizer.json; send prompt_ids",
-                       jb->input == JOB_INPUT_MESSAGES ? "messages" : "prompt");
-    }
-    char *text = NULL;
-    size_t len = 0;
-    int rc;
-    if (jb->input == JOB_INPUT_MESSAGES) {
-        struct chat_template_opts co = {
-            .add_generation_prompt = true,
-            .disable_thinking = job_mode_on(jb, w->pools[j->pool]) == JOB_MODE_NO_THINK,
-        };
-        if ((rc = chat_render(jb->messages, jb->tools, &co, &text, &len, err))) {
-            *code = EV_CODE_TEMPLATE_ERROR;
-            return rc;
-        }
-    }
-    struct tok_ids v = {0};
-    rc = text ? tok_encode(tok, text, len, 0, &v, err)
-              : tok_encode(tok, jb->prompt, jb->prompt_len, 0, &v, err);
-    free(text);
-    if (rc) {
-        tok_ids_free(&v);
-        *code = EV_CODE_INTERNAL;
-        return rc;
-    }
-    j->ids = v.ids;
-    j->n_ids = (int)v.n;
-    return 0;
-oom:
-    *code = EV_CODE_INTERNAL;
-    return rl_errf(err, RL_ENOMEM, "out of memory");
+    return prompt_render(jb, job_mode_on(jb, w->pools[j->pool]), tok, &j->ids, &j->n_ids, code,
+                         err);
 }
 
 /* Answers a job that will not run: error event + done(error) + dead
@@ -696,8 +661,13 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
         if (!draining) {
             int k = admissible(w);
             bool idle = active == 0 && !w_has_pending(w);
+            int block = w->opt.read_block_ms;
+            /* an idle worker must still ping the watchdog on time: a BLOCK
+             * longer than the time to the next ping would let systemd kill it */
+            if (w->watchdog_usec && w->next_wd_ms - now < block)
+                block = w->next_wd_ms > now ? (int)(w->next_wd_ms - now) : 1; /* BLOCK 0 waits forever */
             if (k > 0)
-                read_jobs(w, k, idle ? w->opt.read_block_ms : -1);
+                read_jobs(w, k, idle ? block : -1);
             active = engine_n_active(w->eng);
         }
         if (active > 0) {

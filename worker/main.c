@@ -24,6 +24,7 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include "modelid.h"
 #include "worker.h"
 
 static volatile sig_atomic_t g_stop, g_reload;
@@ -82,6 +83,32 @@ void w_reload(struct worker *w)
     RL_LOG(&w->log, RL_LOG_INFO, "SIGHUP: settings reloaded");
 }
 
+/* Weight-loading progress (be_progress_fn) into the log at info level:
+ * a line per tenth of the weights, and the loaded size with the time. */
+struct load_progress {
+    struct worker *w;
+    int64_t t0_ms;
+    int next_tenth;
+};
+
+static void on_load_progress(void *user, size_t done, size_t total)
+{
+    struct load_progress *p = user;
+    int tenth = total ? (int)((double)done * 10.0 / (double)total) : 10;
+    if (tenth < p->next_tenth)
+        return;
+    p->next_tenth = tenth + 1;
+    int gb = total >= 1000000000u;
+    double unit = gb ? 1e9 : 1e6;
+    const char *u = gb ? "GB" : "MB";
+    if (done >= total)
+        RL_LOG(&p->w->log, RL_LOG_INFO, "loaded %s: %.1f %s in %.1f s", p->w->opt.model,
+               (double)total / unit, u, (double)(w_now_ms() - p->t0_ms) / 1000.0);
+    else
+        RL_LOG(&p->w->log, RL_LOG_INFO, "loading %s: %.1f/%.1f %s  %d%%", p->w->opt.model,
+               (double)done / unit, (double)total / unit, u, tenth * 10);
+}
+
 static int setup(struct worker *w, struct rl_err *err)
 {
     int rc;
@@ -108,10 +135,13 @@ static int setup(struct worker *w, struct rl_err *err)
     eo.max_batch = w->opt.max_batch;
     eo.token_budget = w->opt.token_budget;
     eo.prefill_chunk = w->opt.prefill_chunk;
+    struct load_progress lp = {w, w_now_ms(), 1};
+    eo.progress = on_load_progress;
+    eo.progress_user = &lp;
     RL_LOG(&w->log, RL_LOG_INFO, "loading %s on %s", w->opt.model, w->opt.backend);
     if ((rc = engine_create(&w->eng, w->opt.model, &eo, err)))
         return rc;
-    if ((rc = w_model_id(w->opt.model, w->model_id, err)))
+    if ((rc = modelid_compute(w->opt.model, w->model_id, err)))
         return rc;
 
     struct rconn_opts ro;

@@ -218,6 +218,16 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddNumberToObject(o, "time_ms", (double)w_now_ms());
     cJSON_AddNumberToObject(o, "uptime_s", (double)((w_now_ms() - w->t_start_ms) / 1000));
     cJSON_AddStringToObject(o, "model", w->opt.model);
+    /* counters since start, for redlm stats/top: totals and hit rates */
+    pthread_mutex_lock(&w->m.mu);
+    cJSON_AddNumberToObject(o, "jobs_done", (double)w->m.jobs_done);
+    cJSON_AddNumberToObject(o, "tokens_out", (double)w->m.tokens_out);
+    cJSON_AddNumberToObject(o, "cache_hits", (double)w->m.cache_hits);
+    cJSON_AddNumberToObject(o, "cache_misses", (double)w->m.cache_misses);
+    cJSON_AddNumberToObject(o, "prefix_hit_tokens", (double)w->m.prefix_hit_tokens);
+    cJSON_AddNumberToObject(o, "prefix_miss_tokens", (double)w->m.prefix_miss_tokens);
+    cJSON_AddNumberToObject(o, "reclaimed", (double)w->m.reclaimed);
+    pthread_mutex_unlock(&w->m.mu);
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return s;

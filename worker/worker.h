@@ -195,10 +195,7 @@ int w_claim_own(struct worker *w, struct rl_err *err);
  * already holds done (nothing to run), 0 to run, negative on failure. */
 int w_resume_prepare(struct worker *w, struct wjob *j, struct rl_err *err);
 
-/* cache.c */
-/* Computes the model identity from config.json, tokenizer.json and the
- * weight file sizes in dir. */
-int w_model_id(const char *dir, char out[SHA256_HEX_LEN + 1], struct rl_err *err);
+/* cache.c (the model identity is modelid_compute, common/modelid.h) */
 /* Sets j->cache_fill / cache_key for a deterministic job with cache on. */
 int w_cache_key(struct worker *w, struct wjob *j, struct rl_err *err);
 /* Replays a cached event list (the GET reply) into j's outbox with
@@ -214,7 +211,8 @@ void wm_observe(struct whist *h, double ms);
 void wm_error(struct wmetrics *m, enum ev_code code);
 int wm_start(struct worker *w, struct rl_err *err);
 void wm_stop(struct worker *w);
-/* The heartbeat value: JSON with pools, running, free KV blocks, tokens/s. */
+/* The heartbeat value: JSON with pools, running, free KV blocks, tokens/s,
+ * and the counters since start (jobs_done, tokens_out, cache hits/misses). */
 char *wm_heartbeat_json(struct worker *w);
 
 #endif

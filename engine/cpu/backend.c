@@ -85,6 +85,7 @@ struct cpu_ctx {
     int loaded;
 
     int mmap_weights;          /* use matrices in place from the file mapping */
+    struct be_options opt;     /* as created: the load progress callback */
     struct cpu_arena arena;    /* copied / widened matrices */
     struct cpu_layer *layers;  /* (n_layers) */
     struct cpu_mat embed;      /* (vocab, hidden) */
@@ -162,10 +163,32 @@ static void arena_free(struct cpu_arena *a)
     a->size = a->used = 0;
 }
 
+/* Load progress (be_options.progress) in checkpoint bytes. */
+struct cpu_progress {
+    const struct be_options *o;
+    size_t done, total, next;
+};
+
+static size_t src_bytes(const struct model_tensor *t)
+{
+    size_t el = t->dtype == MODEL_F32 ? 4 : t->dtype == MODEL_F8_E4M3 ? 1 : 2;
+    return (size_t)t->rows * (size_t)t->cols * el;
+}
+
+static void progress_add(struct cpu_progress *p, size_t n)
+{
+    p->done += n;
+    if (p->o->progress && (p->done >= p->next || p->done == p->total)) {
+        p->o->progress(p->o->progress_user, p->done, p->total);
+        p->next = p->done + (p->o->progress_every ? p->o->progress_every : (size_t)64 << 20);
+    }
+}
+
 /* Binds matrix t: in place from the mapping, or copied (widened for FP8)
- * into the arena when `copy` is set or the dtype needs widening. */
+ * into the arena when `copy` is set or the dtype needs widening. The copy
+ * goes in progress-sized pieces: it is where the file is actually read. */
 static void mat_bind(struct cpu_mat *m, const struct model_tensor *t, const struct model_config *cfg,
-                     struct cpu_arena *a, int copy)
+                     struct cpu_arena *a, int copy, struct cpu_progress *pg)
 {
     m->rows = (int)t->rows;
     m->cols = (int)t->cols;
@@ -174,10 +197,17 @@ static void mat_bind(struct cpu_mat *m, const struct model_tensor *t, const stru
         m->dt = t->dtype;
         m->w = t->data;
         if (copy) {
-            void *dst = a->base + a->used;
-            memcpy(dst, t->data, n * (t->dtype == MODEL_F32 ? 4 : 2));
+            char *dst = a->base + a->used;
+            size_t bytes = n * (t->dtype == MODEL_F32 ? 4 : 2), piece = (size_t)16 << 20;
+            for (size_t off = 0; off < bytes; off += piece) {
+                size_t k = bytes - off < piece ? bytes - off : piece;
+                memcpy(dst + off, (const char *)t->data + off, k);
+                progress_add(pg, k);
+            }
             a->used += mat_bytes(t);
             m->w = dst;
+        } else {
+            progress_add(pg, src_bytes(t));
         }
         return;
     }
@@ -192,6 +222,7 @@ static void mat_bind(struct cpu_mat *m, const struct model_tensor *t, const stru
             size_t i = (size_t)r * (size_t)m->cols + (size_t)c;
             o[i] = f32_to_bf16(f8e4m3_to_f32(src[i]) * srow[c / cfg->fp8_block_cols]);
         }
+        progress_add(pg, (size_t)m->cols);
     }
     m->dt = MODEL_BF16;
     m->w = o;
@@ -343,16 +374,23 @@ static int cpu_load(void *ctx, const struct model_config *cfg, const struct mode
     if (!c->layers)
         goto oom;
     int copy = !c->mmap_weights;
+    struct cpu_progress pg = {.o = &c->opt};
+    pg.total = src_bytes(&w->embed) + (cfg->tied ? 0 : src_bytes(&w->lm_head));
+    for (int l = 0; l < cfg->n_layers; l++) {
+        const struct model_layer *S = &w->layers[l];
+        pg.total += src_bytes(&S->wq) + src_bytes(&S->wk) + src_bytes(&S->wv) + src_bytes(&S->wo) +
+                    src_bytes(&S->w_gate) + src_bytes(&S->w_up) + src_bytes(&S->w_down);
+    }
     if (arena_init(&c->arena, arena_need(cfg, w, copy))) {
         rc = rl_errf(err, RL_ENOMEM, "cpu backend: cannot map %zu bytes for the weights",
                      arena_need(cfg, w, copy));
         goto fail;
     }
-    mat_bind(&c->embed, &w->embed, cfg, &c->arena, copy);
+    mat_bind(&c->embed, &w->embed, cfg, &c->arena, copy, &pg);
     if (cfg->tied)
         c->lm_head = c->embed;
     else
-        mat_bind(&c->lm_head, &w->lm_head, cfg, &c->arena, copy);
+        mat_bind(&c->lm_head, &w->lm_head, cfg, &c->arena, copy, &pg);
     if (!(c->final_norm = vec_f32(&w->final_norm)))
         goto oom;
     for (int l = 0; l < cfg->n_layers; l++) {
@@ -361,13 +399,13 @@ static int cpu_load(void *ctx, const struct model_config *cfg, const struct mode
         if (!(L->attn_norm = vec_f32(&S->attn_norm)) || !(L->mlp_norm = vec_f32(&S->mlp_norm)) ||
             !(L->q_norm = vec_f32(&S->q_norm)) || !(L->k_norm = vec_f32(&S->k_norm)))
             goto oom;
-        mat_bind(&L->wq, &S->wq, cfg, &c->arena, copy);
-        mat_bind(&L->wk, &S->wk, cfg, &c->arena, copy);
-        mat_bind(&L->wv, &S->wv, cfg, &c->arena, copy);
-        mat_bind(&L->wo, &S->wo, cfg, &c->arena, copy);
-        mat_bind(&L->gate, &S->w_gate, cfg, &c->arena, copy);
-        mat_bind(&L->up, &S->w_up, cfg, &c->arena, copy);
-        mat_bind(&L->down, &S->w_down, cfg, &c->arena, copy);
+        mat_bind(&L->wq, &S->wq, cfg, &c->arena, copy, &pg);
+        mat_bind(&L->wk, &S->wk, cfg, &c->arena, copy, &pg);
+        mat_bind(&L->wv, &S->wv, cfg, &c->arena, copy, &pg);
+        mat_bind(&L->wo, &S->wo, cfg, &c->arena, copy, &pg);
+        mat_bind(&L->gate, &S->w_gate, cfg, &c->arena, copy, &pg);
+        mat_bind(&L->up, &S->w_up, cfg, &c->arena, copy, &pg);
+        mat_bind(&L->down, &S->w_down, cfg, &c->arena, copy, &pg);
     }
     if (pack_weights(c))
         goto oom;
@@ -1113,6 +1151,8 @@ int cpu_backend_create(struct backend **out, const struct be_options *opt, struc
     c->n_threads = cpu_pool_n_threads(c->pool);
     c->kv_req = opt->kv_dtype;
     c->mmap_weights = opt->mmap_weights;
+    c->opt = *opt;
+    c->opt.isa = NULL; /* not kept: the caller's string */
     snprintf(c->desc, sizeof c->desc, "cpu %s, %d threads", cpu_isa_name(isa), c->n_threads);
     be->ops = &cpu_ops;
     be->ctx = c;

@@ -82,6 +82,8 @@ struct cuda_ctx {
     cudaStream_t st;
     struct cu_gemm *gemm;
     enum be_kv_dtype kv_req, kv_dtype;
+    be_progress_fn progress;   /* load progress, once per layer; may be NULL */
+    void *progress_user;
     struct model_config cfg;
     int loaded;
 
@@ -371,6 +373,7 @@ static int cuda_load(void *ctx, const struct model_config *cfg, const struct mod
                      struct rl_err *err)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    size_t pg_head = 0, pg_layer = 0, pg_total = 0; /* load progress, checkpoint bytes */
     int rc = check_config(c, cfg, max_tokens, err);
     if (rc)
         return rc;
@@ -398,9 +401,26 @@ static int cuda_load(void *ctx, const struct model_config *cfg, const struct mod
     }
     if ((rc = vec_upload(c, &c->final_norm, &w->final_norm, err)))
         goto fail;
+    /* progress in checkpoint bytes: the embedding (and lm_head), then a layer at a time */
+    {
+        const struct model_tensor *hs[2] = {&w->embed, cfg->tied ? NULL : &w->lm_head};
+        const struct model_layer *S = &w->layers[0];
+        const struct model_tensor *ls[7] = {&S->wq, &S->wk, &S->wv, &S->wo, &S->w_gate, &S->w_up, &S->w_down};
+        for (int i = 0; i < 9; i++) {
+            const struct model_tensor *t = i < 2 ? hs[i] : ls[i - 2];
+            size_t b = t ? (size_t)t->rows * (size_t)t->cols *
+                               (t->dtype == MODEL_F32 ? 4 : t->dtype == MODEL_F8_E4M3 ? 1 : 2) : 0;
+            *(i < 2 ? &pg_head : &pg_layer) += b;
+        }
+    }
+    pg_total = pg_head + pg_layer * (size_t)cfg->n_layers;
+    if (c->progress)
+        c->progress(c->progress_user, pg_head, pg_total);
     for (int l = 0; l < cfg->n_layers; l++) {
         const struct model_layer *S = &w->layers[l];
         struct cu_layer *L = &c->layers[l];
+        if (c->progress && l)
+            c->progress(c->progress_user, pg_head + pg_layer * (size_t)l, pg_total);
         const struct model_tensor *qkv[3] = {&S->wq, &S->wk, &S->wv}, *o[1] = {&S->wo};
         const struct model_tensor *gu[2] = {&S->w_gate, &S->w_up}, *dn[1] = {&S->w_down};
         if ((rc = vec_upload(c, &L->attn_norm, &S->attn_norm, err)) || (rc = vec_upload(c, &L->mlp_norm, &S->mlp_norm, err)) ||
@@ -411,6 +431,8 @@ static int cuda_load(void *ctx, const struct model_config *cfg, const struct mod
     }
     if ((rc = alloc_common(c, max_tokens, err)))
         goto fail;
+    if (c->progress)
+        c->progress(c->progress_user, pg_total, pg_total);
     c->loaded = 1;
     return 0;
 fail:
@@ -950,6 +972,8 @@ extern "C" int cuda_backend_create(struct backend **out, const struct be_options
     c->cc_minor = prop.minor;
     snprintf(c->dev_name, sizeof c->dev_name, "%s", prop.name);
     c->kv_req = opt->kv_dtype;
+    c->progress = opt->progress;
+    c->progress_user = opt->progress_user;
     c->use_graphs = 1;
     e = cudaSetDevice(c->device);
     if (e == cudaSuccess)

@@ -31,3 +31,28 @@ if [ -x "$BUILD/tests/bench_batching" ]; then
     echo "# continuous batching: prompt 128, output 128"
     "$BUILD/tests/bench_batching" -m "$M06" --threads "$THREADS"
 fi
+
+# --- dispatcher (branch disp) ---
+echo "# dispatcher: requests routed per second (route, cache-miss and cache-hit mixes)"
+/usr/bin/python3 tests/bench/bench_dispatcher.py --requests "${DISP_REQUESTS:-20000}"
+
+# --- HTTP front door (branch http) ---
+if [ -x "$BUILD/tests/bench_http" ] && command -v redis-server >/dev/null; then
+    echo "# HTTP front door: token event XADD on redlm:out:<id> -> its SSE chunk at the client (no model)"
+    rdir=$(mktemp -d)
+    rport=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    redis-server --port "$rport" --bind 127.0.0.1 --dir "$rdir" --save "" --appendonly no \
+        --logfile "$rdir/redis.log" --daemonize yes --pidfile "$rdir/redis.pid"
+    for _ in $(seq 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.05; done
+    "$BUILD/tests/bench_http" --redis "127.0.0.1:$rport" --requests 500 --tokens 8 || true
+    kill "$(cat "$rdir/redis.pid")" 2>/dev/null || true
+    rm -rf "$rdir"
+fi
+
+# ---- the load benchmark of a deployment (redlm bench; tests/bench/bench_load.sh) ----
+if command -v redis-server >/dev/null && [ -x "$BUILD/redlm-worker" ]; then
+    echo "# load: redlm bench through a private redis-server, 1 vs 2 workers, result cache on vs off"
+    BUILD="$BUILD" bash tests/bench/bench_load.sh
+else
+    echo "# load: skipped (needs redis-server and $BUILD/redlm-worker)"
+fi

@@ -296,3 +296,67 @@ def run_threads(fn, items, n_threads):
     if errors:
         raise errors[0]
     return results
+
+
+# --- the dispatcher (branch disp) -------------------------------------------
+DISPATCHER = BUILD / "redlm-dispatcher"
+
+
+class Dispatcher:
+    """A redlm-dispatcher process on the test's prefix; ready once it logs
+    "ready:" (connected, groups made)."""
+
+    def __init__(self, addr, prefix, name, logdir, extra=()):
+        self.name = name
+        self.log_path = pathlib.Path(logdir) / f"dispatcher-{name}.log"
+        self.args = [str(DISPATCHER), "--redis", addr, "--prefix", prefix, "--name", name,
+                     "--http-port", "0", "--block-ms", "100", "--heartbeat-interval-ms", "200",
+                     *extra]
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT,
+                                     cwd=ROOT)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"dispatcher exited: {self.log_path.read_text()}")
+            if "ready:" in self.log_path.read_text():
+                return
+            time.sleep(0.02)
+        raise RuntimeError("dispatcher did not get ready")
+
+    def signal(self, sig):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def wait(self, timeout=30):
+        return self.proc.wait(timeout)
+
+    def text(self):
+        return self.log_path.read_text()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def dispatchers(redis_addr, prefix, tmp_path):
+    """start(name, *flags) -> Dispatcher; every one is stopped at the end."""
+    if not DISPATCHER.exists():
+        pytest.skip(f"{DISPATCHER} not built (run make)")
+    started = []
+
+    def start(name="d1", *extra, addr=None):
+        d = Dispatcher(addr or redis_addr, prefix, name, tmp_path, extra)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()

@@ -134,7 +134,11 @@ static void test_help(void **state)
     assert_non_null(strstr(w, "one of cpu|cuda"));
     assert_null(strstr(w, "--default-pool")); /* dispatcher only */
     assert_non_null(strstr(d, "--default-pool"));
-    assert_null(strstr(d, "--model"));
+    assert_non_null(strstr(d, "--model ")); /* the dispatcher's cache fast path */
+    assert_null(strstr(d, "--backend"));
+    assert_non_null(strstr(d, "--think-ratio"));
+    assert_non_null(strstr(d, "number in [0, 1]"));
+    assert_null(strstr(w, "--think-ratio"));
     free(w);
     free(d);
 }
@@ -163,6 +167,56 @@ static void test_file_overrides(void **state)
     assert_int_equal(c.kv_budget_mb, 40000);
     cfg_free(&c);
     unlink(p);
+
+    /* the dispatcher's routing block: doubles (written as 1 too), an
+     * empty list, patterns with commas */
+    p = write_tmp("think_ratio = 0.25;\nadaptive_max_ratio = 1;\nthink_rules = [];\n"
+                  "adaptive = true;\n");
+    assert_int_equal(cfg_defaults(&c, NULL), 0);
+    assert_true(c.think_ratio == 0.3 && c.think_rules.n == 0 && !c.adaptive);
+    if (cfg_load_file(&c, p, &err))
+        fail_msg("%s", err.msg);
+    assert_true(c.think_ratio == 0.25 && c.adaptive_max_ratio == 1.0 && c.adaptive);
+    assert_int_equal(c.think_rules.n, 0);
+    cfg_free(&c);
+    p = write_tmp("think_rules = [\"(?i)prove\", \"\\\\d{2,}\"];\n");
+    assert_int_equal(cfg_defaults(&c, NULL), 0);
+    if (cfg_load_file(&c, p, &err))
+        fail_msg("%s", err.msg);
+    assert_int_equal(c.think_rules.n, 2);
+    assert_string_equal(c.think_rules.v[1], "\\d{2,}");
+    cfg_free(&c);
+    unlink(p);
+
+    /* flags: --think-ratio, --max-waiting, --think-rules a,b; the
+     * bounds cross-check */
+    char *a[] = {"redlm-dispatcher", "--think-ratio", "0.7", "--max-waiting=5", "--think-rules",
+                 "proof,theorem", "--no-adaptive", NULL};
+    enum cfg_action act;
+    assert_int_equal(cfg_load(&c, 7, a, CFG_DISPATCHER, &act, &err), 0);
+    assert_true(c.think_ratio == 0.7);
+    assert_int_equal(c.max_waiting, 5);
+    assert_int_equal(c.think_rules.n, 2);
+    assert_string_equal(c.think_rules.v[1], "theorem");
+    cfg_free(&c);
+    /* flags override the file */
+    p = write_tmp("think_ratio = 0.2;\nmax_waiting = 7;\nredis = \"10.0.0.1:1\";\n");
+    char *f[] = {"redlm-dispatcher", "-c", (char *)p, "--think-ratio", "0.4", "--redis",
+                 "127.0.0.1:7000", NULL};
+    assert_int_equal(cfg_load(&c, 7, f, CFG_DISPATCHER, &act, &err), 0);
+    assert_true(c.think_ratio == 0.4);
+    assert_int_equal(c.max_waiting, 7);
+    assert_string_equal(c.redis, "127.0.0.1:7000");
+    cfg_free(&c);
+    unlink(p);
+    char *b[] = {"redlm-dispatcher", "--adaptive-min-ratio", "0.8", NULL};
+    assert_int_equal(cfg_load(&c, 3, b, CFG_DISPATCHER, &act, &err), -RL_EINVAL);
+    assert_non_null(strstr(err.msg, "adaptive_min_ratio"));
+    cfg_free(&c);
+    char *d[] = {"redlm-dispatcher", "--think-ratio", "x", NULL};
+    assert_int_equal(cfg_load(&c, 3, d, CFG_DISPATCHER, &act, &err), -RL_EINVAL);
+    assert_non_null(strstr(err.msg, "think_ratio must be a number"));
+    cfg_free(&c);
 }
 
 /* Each bad file: the message names file:line and the reason. */
@@ -189,6 +243,9 @@ static void test_bad_files(void **state)
         {"threads = 4;\nmax_batch = = 2;\n", 2, "syntax error"},
         {"max_batch = 0;\n", 1, "out of range [1, 4096]"},
         {"threads = 1.5;\n", 1, "threads must be an integer"},
+        {"think_ratio = 1.5;\n", 1, "think_ratio = 1.5 is out of range [0, 1]"},
+        {"think_ratio = \"0.3\";\n", 1, "think_ratio must be a number"},
+        {"think_rules = \"x\";\n", 1, "think_rules must be a list of strings"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *p = write_tmp(cases[i].text);
@@ -253,9 +310,9 @@ static void test_flags(void **state)
     a2[0] = "redlm-worker"; /* the worker has no default_pool to care about */
     assert_int_equal(cfg_load(&c, 3, a2, CFG_WORKER, &act, &err), 0);
     cfg_free(&c);
-    char *a4[] = {"redlm-dispatcher", "--model", "/m", NULL};
+    char *a4[] = {"redlm-dispatcher", "--backend", "cpu", NULL};
     assert_int_equal(cfg_load(&c, 3, a4, CFG_DISPATCHER, &act, &err), -RL_EINVAL);
-    assert_non_null(strstr(err.msg, "--model is not an option of this program"));
+    assert_non_null(strstr(err.msg, "--backend is not an option of this program"));
     cfg_free(&c);
 
     /* no file at all */

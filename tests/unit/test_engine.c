@@ -407,6 +407,63 @@ static void test_thinking_budget(void **state)
     engine_free(e);
 }
 
+/* Stop strings see the think tags as text (tags are never output): a stop
+ * string spanning </think> ends the request there, "</think>" alone ends
+ * it with its reasoning, and one that never matches leaves both channels
+ * exactly as without it. The thinking budget forces known text around the
+ * tag: "... directly now.\n</think>\n\n". */
+static void test_stop_string_spans_think_tag(void **state)
+{
+    (void)state;
+    struct engine *e = open_engine(256, 4, 0);
+    const struct tokenizer *tok = engine_get_tokenizer(e);
+    int32_t think = tok_find(tok, "<think>", 7);
+    int32_t ids[12];
+    make_prompt(ids, 11, 99);
+    ids[11] = think;
+    struct engine_request q;
+    static struct result base, r;
+    greedy_req(&q, ids, 12, 60);
+    q.max_thinking_tokens = 5;
+    submit(e, &q, &base);
+    drain(e);
+    const char *tail = "directly now.\n";
+    char *at = memmem(base.reasoning, base.n_reasoning, tail, strlen(tail));
+    assert_non_null(at);
+    size_t cut = (size_t)(at - base.reasoning) + strlen("directly ");
+    assert_true(base.n_content > 0);
+
+    const char *cases[][2] = {
+        /* stop strings          reasoning kept up to */
+        {"now.\n</think>\n", "cut"},
+        {"</think>", "all"},
+        {"never-said-this", "same"},
+        {"\n</think>\n\n", "before-newline"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const char *stops[] = {cases[c][0]};
+        q.stop = stops;
+        q.n_stop = 1;
+        submit(e, &q, &r);
+        drain(e);
+        if (!strcmp(cases[c][1], "same")) {
+            assert_int_equal(r.n_reasoning, base.n_reasoning);
+            assert_memory_equal(r.reasoning, base.reasoning, base.n_reasoning);
+            assert_int_equal(r.n_content, base.n_content);
+            assert_memory_equal(r.content, base.content, base.n_content);
+            continue;
+        }
+        size_t want = !strcmp(cases[c][1], "cut") ? cut
+                    : !strcmp(cases[c][1], "all") ? (size_t)(at - base.reasoning) + strlen(tail)
+                    : (size_t)(at - base.reasoning) + strlen(tail) - 1;
+        assert_int_equal(r.finish, ENGINE_FINISH_STOP);
+        assert_int_equal(r.n_reasoning, want);
+        assert_memory_equal(r.reasoning, base.reasoning, want);
+        assert_int_equal(r.n_content, 0);
+    }
+    engine_free(e);
+}
+
 /* Cancelling frees the request's blocks before engine_cancel returns. */
 static void test_cancel_frees_blocks(void **state)
 {
@@ -697,6 +754,7 @@ int main(void)
         cmocka_unit_test(test_eviction_under_pressure),
         cmocka_unit_test(test_preemption_identical),
         cmocka_unit_test(test_stop_string_split),
+        cmocka_unit_test(test_stop_string_spans_think_tag),
         cmocka_unit_test(test_thinking_budget),
         cmocka_unit_test(test_cancel_frees_blocks),
         cmocka_unit_test(test_deadline),

@@ -69,6 +69,11 @@ static int build_events(char **out, int max)
         assert_int_equal(ev_build_done(0, &dc, &out[n], NULL), 0);
         assert_non_null(strstr(out[n++], fins[i]));
     }
+    /* the dispatcher's answer to a full pool */
+    assert_int_equal(ev_build_error_retry(0, EV_CODE_OVERLOADED, "pool think has 500 jobs "
+                                          "waiting for a worker (max_waiting 500)", 1000,
+                                          &out[n++], NULL), 0);
+    assert_int_equal(ev_build_done(1, &derr, &out[n++], NULL), 0);
     cJSON_Delete(meta);
     cJSON_Delete(tc);
     assert_true(n <= max);
@@ -152,6 +157,12 @@ static void test_exact_shapes(void **state)
     assert_string_equal(s, "{\"seq\":0,\"type\":\"error\",\"code\":\"UNKNOWN_POOL\",\"message\":\"the job "
                            "names a pool that no worker is configured to serve\"}");
     free(s);
+    assert_int_equal(ev_build_error_retry(0, EV_CODE_OVERLOADED, "pool think has 12 waiting jobs",
+                                          1500, &s, NULL), 0);
+    assert_string_equal(s, "{\"seq\":0,\"type\":\"error\",\"code\":\"OVERLOADED\",\"message\":"
+                           "\"pool think has 12 waiting jobs\",\"retry_after_ms\":1500}");
+    free(s);
+    assert_int_equal(ev_build_error_retry(0, EV_CODE_OVERLOADED, NULL, -1, &s, NULL), -RL_EINVAL);
     struct ev_done dn = {.finish_reason = EV_FINISH_STOP, .total_ms = 1700000000123};
     assert_int_equal(ev_build_done(3, &dn, &s, NULL), 0);
     assert_string_equal(s, "{\"seq\":3,\"type\":\"done\",\"finish_reason\":\"stop\",\"usage\":{"

@@ -408,7 +408,8 @@ static void test_round_trip(void **state)
 {
     (void)state;
     const char *inputs[] = {full_job, "{\"id\":\"a\",\"prompt\":\"x\"}",
-                            "{\"prompt_ids\":[5,6],\"logprobs\":false,\"seed\":0}"};
+                            "{\"prompt_ids\":[5,6],\"logprobs\":false,\"seed\":0}",
+                            "{\"id\":\"b\",\"prompt\":\"x\",\"mode\":\"auto\"}"};
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) {
         struct job *a = ok(inputs[i], NULL);
         char *s1 = NULL, *s2 = NULL;
@@ -428,6 +429,42 @@ static void test_round_trip(void **state)
         job_free(a);
         job_free(b);
     }
+}
+
+/* mode "auto": the dispatcher's to decide; a worker runs it as if the
+ * mode were absent (the pool's own), and it survives a round trip. */
+static void test_mode_auto(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json;
+        enum job_mode mode;
+        bool given;
+        enum job_mode on_think, on_fast;
+    } cases[] = {
+        {"{\"prompt\":\"x\"}", JOB_MODE_POOL, false, JOB_MODE_THINK, JOB_MODE_NO_THINK},
+        {"{\"prompt\":\"x\",\"mode\":\"auto\"}", JOB_MODE_AUTO, true, JOB_MODE_THINK, JOB_MODE_NO_THINK},
+        {"{\"prompt\":\"x\",\"mode\":\"think\"}", JOB_MODE_THINK, true, JOB_MODE_THINK, JOB_MODE_THINK},
+        {"{\"prompt\":\"x\",\"mode\":\"no_think\"}", JOB_MODE_NO_THINK, true, JOB_MODE_NO_THINK, JOB_MODE_NO_THINK},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct job *j = ok(cases[i].json, NULL);
+        assert_int_equal(j->mode, cases[i].mode);
+        assert_int_equal(!!(j->given & JOB_F_MODE), cases[i].given);
+        assert_int_equal(job_mode_on(j, "think"), cases[i].on_think);
+        assert_int_equal(job_mode_on(j, "fast"), cases[i].on_fast);
+        char *s = NULL;
+        assert_int_equal(job_to_json(j, &s, NULL), 0);
+        assert_int_equal(strstr(s, "\"mode\":\"auto\"") != NULL, cases[i].mode == JOB_MODE_AUTO);
+        free(s);
+        job_free(j);
+    }
+    struct job_fault f;
+    struct job *j = NULL;
+    const char *bad_mode = "{\"prompt\":\"x\",\"mode\":\"Auto\"}";
+    assert_int_equal(job_parse(bad_mode, strlen(bad_mode), NULL, &j, &f, NULL), -RL_EINVAL);
+    assert_int_equal(f.code, EV_CODE_BAD_VALUE);
+    assert_null(j);
 }
 
 static void key_of(const char *json, const char *model, const int32_t *ids, int n,
@@ -551,6 +588,7 @@ int main(void)
         cmocka_unit_test(test_full_job),
         cmocka_unit_test(test_accepted_forms),
         cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_mode_auto),
         cmocka_unit_test(test_cache_key),
         cmocka_unit_test(test_shared_corpus),
     };

@@ -189,6 +189,50 @@ static void test_priority_preempts_lower(void **state)
     rig_close(&r);
 }
 
+/* A waiting request of higher priority takes the room of running lower-
+ * priority ones, for blocks and for max_seqs; equal priorities wait. */
+static void test_waiting_priority_preempts_running(void **state)
+{
+    (void)state;
+    struct rig r;
+    /* 4 blocks of 16 tokens; two low sequences of 20 tokens fill the pool
+     * (and decode within their second block) */
+    rig_open(&r, 4, 16, 8, 64, 0);
+    struct sched_seq *lo1 = add(&r, 20, 0, 1, 0);
+    struct sched_seq *lo2 = add(&r, 20, 0, 2, 0);
+    step(&r, 0);
+    assert_int_equal(r.plan.n_items, 2);
+    struct sched_seq *eq = add(&r, 20, 0, 3, 0);
+    step(&r, 0);
+    assert_int_equal(sched_seq_state(eq), SCHED_WAITING); /* equal: waits */
+    assert_int_equal(r.plan.n_preempted, 0);
+    struct sched_seq *hi = add(&r, 20, 5, 4, 0);
+    step(&r, 0);
+    /* hi needs 2 blocks: the newest low one (lo2) gives them up */
+    assert_int_equal(sched_seq_state(hi), SCHED_RUNNING);
+    assert_non_null(item_of(&r, hi));
+    assert_int_equal(item_of(&r, hi)->n_new, 20);
+    assert_int_equal(sched_seq_state(lo2), SCHED_WAITING);
+    assert_int_equal(sched_seq_state(lo1), SCHED_RUNNING);
+    assert_null(item_of(&r, lo2));
+    assert_int_equal(r.plan.n_preempted, 1);
+    rig_close(&r);
+
+    /* max_seqs: one slot, held by a low one; a high one takes it */
+    rig_open(&r, 64, 4, 1, 64, 0);
+    struct sched_seq *a = add(&r, 5, -1, 5, 0);
+    step(&r, 0);
+    struct sched_seq *b = add(&r, 5, 1, 6, 0);
+    step(&r, 0);
+    assert_int_equal(sched_seq_state(b), SCHED_RUNNING);
+    assert_int_equal(sched_seq_state(a), SCHED_WAITING);
+    sched_remove(r.s, b);
+    step(&r, 0); /* a comes back, its prompt block from the cache */
+    assert_int_equal(sched_seq_state(a), SCHED_RUNNING);
+    assert_true(item_of(&r, a)->n_past > 0);
+    rig_close(&r);
+}
+
 static void test_deadline_and_remove(void **state)
 {
     (void)state;
@@ -281,6 +325,7 @@ int main(void)
         cmocka_unit_test(test_budget_decodes_first_and_chunks),
         cmocka_unit_test(test_preemption_and_resume),
         cmocka_unit_test(test_priority_preempts_lower),
+        cmocka_unit_test(test_waiting_priority_preempts_running),
         cmocka_unit_test(test_deadline_and_remove),
         cmocka_unit_test(test_can_admit),
         cmocka_unit_test(test_add_errors),

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 int cli_parse_int(const char *s, long lo, long hi, long *v, const char *what, struct rl_err *err)
 {
@@ -64,7 +66,10 @@ int cli_model_open(struct cli_model *cm, const struct cli_model_opts *o, struct 
     int rc = model_load(&cm->model, o->dir, err);
     if (rc)
         return rc;
-    struct be_options bo = {.n_threads = o->n_threads, .isa = o->isa};
+    struct cli_progress pg;
+    cli_progress_init(&pg, o->dir);
+    struct be_options bo = {.n_threads = o->n_threads, .isa = o->isa,
+                            .progress = cli_progress_show, .progress_user = &pg};
     if (o->kv && !strcmp(o->kv, "f32"))
         bo.kv_dtype = BE_KV_F32;
     else if (o->kv && !strcmp(o->kv, "bf16"))
@@ -101,4 +106,41 @@ void cli_print_float(float f)
         printf("%.9g", (double)f);
     else
         printf("null");
+}
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void cli_format_size(char *buf, size_t n, size_t done, size_t total)
+{
+    int gb = total >= 1000000000u;
+    double unit = gb ? 1e9 : 1e6;
+    snprintf(buf, n, "%.1f/%.1f %s", (double)done / unit, (double)total / unit, gb ? "GB" : "MB");
+}
+
+void cli_progress_init(struct cli_progress *p, const char *what)
+{
+    p->what = what ? what : "model";
+    p->tty = isatty(STDERR_FILENO);
+    p->t0 = mono_s();
+}
+
+void cli_progress_show(void *user, size_t done, size_t total)
+{
+    struct cli_progress *p = user;
+    int last = done >= total;
+    if (!p->tty && !last)
+        return;
+    char size[64];
+    cli_format_size(size, sizeof size, done, total);
+    int pct = total ? (int)((double)done * 100.0 / (double)total) : 100;
+    /* \r + erase-line redraws in place; the final line keeps its newline */
+    fprintf(stderr, "%sloading %s: %s  %3d%%", p->tty ? "\r\033[K" : "", p->what, size, pct);
+    if (last)
+        fprintf(stderr, "  %.1f s\n", mono_s() - p->t0);
+    fflush(stderr);
 }

@@ -3,6 +3,7 @@
 #ifndef RL_CLI_UTIL_H
 #define RL_CLI_UTIL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "backend.h"
@@ -31,8 +32,23 @@ struct cli_model_opts {
     int n_blocks, block_size;
 };
 
+/* Loads with the progress display below on stderr. */
 int cli_model_open(struct cli_model *cm, const struct cli_model_opts *o, struct rl_err *err);
 void cli_model_close(struct cli_model *cm);
+
+/* Weight-loading progress on stderr, as a be_progress_fn (user = a struct
+ * cli_progress): "loading DIR: 12.3/28.0 GB  44%" redrawn in place on a
+ * terminal, and only the final line ("... 100%  4.2 s") otherwise, so logs
+ * and pipes get one line per load. */
+struct cli_progress {
+    const char *what; /* the model directory, named in the line */
+    int tty;          /* stderr is a terminal */
+    double t0;        /* monotonic seconds at init */
+};
+void cli_progress_init(struct cli_progress *p, const char *what);
+void cli_progress_show(void *user, size_t done, size_t total);
+/* "12.3/28.0 GB" (or MB below 1 GB) into buf. */
+void cli_format_size(char *buf, size_t n, size_t done, size_t total);
 
 /* Prints a float so that it reads back to the same value. */
 void cli_print_float(float f);

@@ -289,6 +289,10 @@ int cmd_run_batch(int argc, char **argv)
     fclose(in);
 
     struct engine *e = NULL;
+    struct cli_progress pg;
+    cli_progress_init(&pg, dir);
+    eo.progress = cli_progress_show;
+    eo.progress_user = &pg;
     if (!rc && engine_create(&e, dir, &eo, &err)) {
         fprintf(stderr, "redlm run --batch: %s\n", err.msg);
         rc = 1;

@@ -4,6 +4,13 @@
 #ifndef RL_CLI_CMDS_H
 #define RL_CLI_CMDS_H
 
+int cmd_enqueue(int argc, char **argv);      /* cmd_client.c */
+int cmd_tail(int argc, char **argv);         /* cmd_client.c */
+int cmd_cancel(int argc, char **argv);       /* cmd_client.c */
+int cmd_chat(int argc, char **argv);         /* cmd_client.c */
+int cmd_stats(int argc, char **argv);        /* cmd_stats.c */
+int cmd_top(int argc, char **argv);          /* cmd_stats.c */
+
 int cmd_logits(int argc, char **argv);       /* cmd_engine.c */
 int cmd_run(int argc, char **argv);          /* cmd_engine.c */
 /* `redlm run --batch FILE.jsonl ...`: cmd_run hands over when --batch is given */
@@ -13,5 +20,6 @@ int cmd_mkmodel(int argc, char **argv);      /* cmd_mkmodel.c */
 int cmd_tokenize(int argc, char **argv);     /* cmd_tok.c */
 int cmd_detokenize(int argc, char **argv);   /* cmd_tok.c */
 int cmd_template(int argc, char **argv);     /* cmd_tok.c */
+int cmd_loadbench(int argc, char **argv);    /* cmd_loadbench.c: `redlm bench` */
 
 #endif

@@ -12,6 +12,12 @@ struct cli_cmd {
 };
 
 static const struct cli_cmd cmds[] = {
+    {"enqueue", cmd_enqueue, "--message TEXT | --file F [--pool P] ...: send a job, print its id"},
+    {"tail", cmd_tail, "ID [--json]: follow a request's events"},
+    {"cancel", cmd_cancel, "ID...: cancel requests"},
+    {"chat", cmd_chat, "[--mode M] [--pool P]: chat in the terminal through the queue"},
+    {"stats", cmd_stats, "[--json]: workers, dispatchers, pools, dead letters"},
+    {"top", cmd_top, "the same, live (q quits)"},
     {"logits", cmd_logits, "-m DIR --tokens 1,2,3 [--all]: print logits as JSON"},
     {"run", cmd_run, "-m DIR --tokens 1,2,3 -n N [--temperature 0] [--ignore-eos]: generate"},
     {"bench-engine", cmd_bench_engine, "-m DIR --prompt P --gen G --batch B: engine speed"},
@@ -19,6 +25,7 @@ static const struct cli_cmd cmds[] = {
     {"tokenize", cmd_tokenize, "--tokenizer DIR (--text S | --file F): print ids"},
     {"detokenize", cmd_detokenize, "--tokenizer DIR --ids 1,2,3 [--skip-special]: print text"},
     {"template", cmd_template, "--tokenizer DIR --messages F.json [--tools T.json] [--no-think]"},
+    {"bench", cmd_loadbench, "--redis ADDR --clients N|--rate R [--sweep ...]: load a deployment"},
 };
 
 static void usage(FILE *f)

@@ -1,0 +1,20 @@
+/* common/modelid.h - what identifies a model for the result cache.
+ *
+ * The worker (which fills redlm:cache:<key>) and the dispatcher (which
+ * answers from it without a worker) must compute the very same identity,
+ * or the dispatcher's fast path never hits; so both call this. */
+#ifndef RL_MODELID_H
+#define RL_MODELID_H
+
+#include "err.h"
+#include "sha256.h"
+
+/* A SHA-256 (lower-case hex) over config.json, tokenizer.json and
+ * tokenizer_config.json of dir (each by name and content; a missing file
+ * counts as empty) and the names and sizes of its *.safetensors files, so
+ * a new checkpoint in the same directory never answers from an old cache
+ * entry. Reads the JSON files, not the weights. Returns 0, or -RL_EIO
+ * when dir cannot be listed. */
+int modelid_compute(const char *dir, char out[SHA256_HEX_LEN + 1], struct rl_err *err);
+
+#endif

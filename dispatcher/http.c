@@ -1,0 +1,1095 @@
+/* dispatcher/http.c - the OpenAI-compatible HTTP front door (libmicrohttpd).
+ *
+ * Threads. libmicrohttpd runs one thread per connection
+ * (MHD_USE_THREAD_PER_CONNECTION); each request borrows a Redis connection
+ * of its own from a small pool for as long as it lives, so every stream
+ * has its own blocking XREAD on <prefix>out:<id> and no request waits on
+ * another. The only shared state is the pool, the key table and the
+ * counters, each behind its own mutex, held for microseconds.
+ *
+ * A chat request: the access handler collects the body (413 past
+ * max_body_kb, checked against Content-Length before anything is read),
+ * checks the key (401) before that, converts the body to a job
+ * (openai.c; 400 with the field at fault), checks the tenant's rate limits
+ * (429), XADDs the job to <prefix>requests, then blocks reading the job's
+ * events until the first one arrives. Only then is the status decided: an
+ * error event that comes before any byte was sent (OVERLOADED, a bad
+ * prompt) becomes the HTTP status and an OpenAI error body. For stream:
+ * true the response is a callback response (chunked encoding, no length):
+ * its reader hands libmicrohttpd the bytes of the events it already has,
+ * and when it has none it blocks on the next XREAD; every event's chunk is
+ * written the moment its event is read, and nothing is kept back for
+ * batching (the reader returns whatever it holds, at once). For stream:
+ * false the handler reads until done and answers one chat.completion.
+ *
+ * Disconnects. While it waits for events, a thread looks at its client's
+ * socket every POLL_MS (an XREAD BLOCK of that length): a closed socket
+ * ends the request, and a request whose job has not ended sets
+ * <prefix>cancel:<id> (SET ... EX 600), which the worker checks every
+ * step. libmicrohttpd's completion callback does the same for a client
+ * lost while writing. A request in progress has no idle timeout (its wait
+ * is ours, bounded by http_timeout_s); http_idle_timeout_s applies to
+ * keep-alive connections between requests. A stream quiet for
+ * KEEPALIVE_MS gets an SSE comment, which clients skip and proxies take as
+ * a sign of life.
+ *
+ * Rate limits are fixed one-minute windows in Redis, so every dispatcher
+ * copy shares them: <prefix>ratelimit:<tenant>:rpm:<minute> counts
+ * requests (INCR in MULTI with its EXPIRE), :tpm:<minute> counts prompt +
+ * completion tokens, charged when a request's done arrives. A request is
+ * refused while its tenant's count for the current minute is over the
+ * limit, with Retry-After = the seconds left in the minute. Refused
+ * requests count against the request limit too. */
+#include "http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "job.h"
+#include "openai.h"
+#include "rconn.h"
+
+#define POLL_MS 200           /* XREAD BLOCK between disconnect checks (at most) */
+#define KEEPALIVE_MS 15000    /* an SSE comment after this long without a byte */
+#define KEYS_RECHECK_MS 1000  /* how often the keys file's mtime is looked at */
+#define CANCEL_TTL_S "600"
+#define RL_WINDOW_TTL_S "120" /* a minute window outlives its minute */
+#define BLOCK_SIZE (16 * 1024)
+#define N_BUCKETS 14
+
+static const double bucket_ms[N_BUCKETS] = {1, 2, 5, 10, 25, 50, 100, 250, 500,
+                                            1000, 2500, 5000, 10000, 30000};
+static const int status_codes[] = {200, 400, 401, 404, 405, 413, 429, 500, 502, 503, 504};
+#define N_STATUS ((int)(sizeof status_codes / sizeof status_codes[0]))
+
+struct counters {
+    int64_t by_status[N_STATUS + 1]; /* the last slot: any other */
+    int64_t chat_stream, chat_plain, client_cancels, rate_limited, auth_failures, sse_events;
+    int64_t first_event[N_BUCKETS + 1]; /* XADD -> first event read, ms buckets; last = +Inf */
+    int64_t first_event_n;
+    double first_event_sum_ms;
+    int active;
+};
+
+struct dhttp {
+    struct MHD_Daemon *d;
+    const struct rl_log *log;
+    struct dhttp_hooks hooks;
+    /* options, copied */
+    char *prefix, *model, *keys_path, *bind;
+    char *redis_addr, *redis_user, *redis_pw;
+    struct rconn_opts ropts;
+    struct job_opts jopts;
+    struct oai_limits lim;
+    int port, timeout_s, drain_s, max_conn, idle_s;
+    char block[16];      /* XREAD BLOCK ms: POLL_MS, or less under a short redis_io_timeout_ms */
+    int64_t started_s;
+    atomic_bool stopping;
+    /* Redis connections not in use */
+    pthread_mutex_t pool_mu;
+    struct rconn **idle; /* (n_idle) */
+    int n_idle, cap_idle;
+    /* API keys; auth is on when keys_path is set */
+    pthread_mutex_t keys_mu;
+    struct oai_keys keys;
+    struct timespec keys_mtime;
+    off_t keys_size;
+    int64_t keys_checked_ms;
+    /* metrics */
+    pthread_mutex_t m_mu;
+    struct counters m;
+};
+
+enum route { R_CHAT, R_MODELS, R_MODEL, R_HEALTHZ, R_METRICS, R_NOT_FOUND, R_BAD_METHOD };
+
+/* One HTTP request, from its headers to its completion callback; lives in
+ * libmicrohttpd's per-request pointer and is touched only by its
+ * connection's thread. */
+struct req {
+    struct dhttp *h;
+    enum route route;
+    const char *allow;         /* R_BAD_METHOD: the methods the path takes */
+    int fd;                    /* the client's socket (for disconnect checks) */
+    struct oai_buf body;
+    bool too_big, responded;
+    /* the caller's tenant (auth on) */
+    bool has_tenant;
+    char tenant[OAI_TENANT_MAX + 1];
+    int64_t rpm, tpm;
+    /* chat */
+    char id[64];
+    char out_key[320];
+    char last[RCONN_ID_MAX];   /* last entry read from out_key */
+    struct rconn *rc;
+    struct oai_request oreq;
+    struct oai_resp *resp;
+    struct oai_buf sse;        /* bytes produced and not yet handed to MHD */
+    size_t sse_off;
+    bool enqueued;             /* the job is in Redis */
+    bool job_ended;            /* done or error seen: nothing to cancel */
+    bool finished;             /* the response's last byte is in sse */
+    bool failed;               /* err holds an error not yet delivered */
+    bool headers_sent;         /* the streaming response was queued */
+    struct oai_error err;
+    int64_t give_up_ms;        /* monotonic; 0 = never */
+    int64_t t_xadd_ms, t_last_byte_ms;
+    bool first_seen;
+    int status;
+};
+
+static int64_t mono_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static int64_t wall_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* ---- Redis connections ---- */
+
+static struct rconn *pool_get(struct dhttp *h, struct rl_err *err)
+{
+    struct rconn *c = NULL;
+    pthread_mutex_lock(&h->pool_mu);
+    if (h->n_idle)
+        c = h->idle[--h->n_idle];
+    pthread_mutex_unlock(&h->pool_mu);
+    if (!c && rconn_create(&c, &h->ropts, err))
+        return NULL;
+    return c;
+}
+
+static void pool_put(struct dhttp *h, struct rconn *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&h->pool_mu);
+    if (rconn_connected(c) && h->n_idle < h->cap_idle) {
+        h->idle[h->n_idle++] = c;
+        c = NULL;
+    }
+    pthread_mutex_unlock(&h->pool_mu);
+    rconn_free(c);
+}
+
+/* ---- metrics ---- */
+
+static void count_status(struct dhttp *h, int status)
+{
+    int i = 0;
+    while (i < N_STATUS && status_codes[i] != status)
+        i++;
+    pthread_mutex_lock(&h->m_mu);
+    h->m.by_status[i]++;
+    pthread_mutex_unlock(&h->m_mu);
+}
+
+#define BUMP(h, field)                                                                         \
+    do {                                                                                       \
+        pthread_mutex_lock(&(h)->m_mu);                                                        \
+        (h)->m.field++;                                                                        \
+        pthread_mutex_unlock(&(h)->m_mu);                                                      \
+    } while (0)
+
+static void observe_first_event(struct dhttp *h, double ms)
+{
+    int i = 0;
+    while (i < N_BUCKETS && ms > bucket_ms[i])
+        i++;
+    pthread_mutex_lock(&h->m_mu);
+    h->m.first_event[i]++;
+    h->m.first_event_n++;
+    h->m.first_event_sum_ms += ms;
+    pthread_mutex_unlock(&h->m_mu);
+}
+
+__attribute__((format(printf, 2, 3))) static void put(struct oai_buf *b, const char *fmt, ...)
+{
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (k > 0)
+        oai_buf_put(b, line, (size_t)k < sizeof line ? (size_t)k : sizeof line - 1);
+}
+
+static char *render_metrics(struct dhttp *h)
+{
+    struct oai_buf b = {0};
+    struct counters m;
+    pthread_mutex_lock(&h->m_mu);
+    m = h->m;
+    pthread_mutex_unlock(&h->m_mu);
+    put(&b, "# HELP redlm_http_requests_total HTTP requests answered, by status\n"
+            "# TYPE redlm_http_requests_total counter\n");
+    for (int i = 0; i <= N_STATUS; i++)
+        if (i < N_STATUS)
+            put(&b, "redlm_http_requests_total{code=\"%d\"} %lld\n", status_codes[i],
+                (long long)m.by_status[i]);
+        else
+            put(&b, "redlm_http_requests_total{code=\"other\"} %lld\n", (long long)m.by_status[i]);
+    put(&b, "# TYPE redlm_http_chat_requests_total counter\n"
+            "redlm_http_chat_requests_total{stream=\"true\"} %lld\n"
+            "redlm_http_chat_requests_total{stream=\"false\"} %lld\n",
+        (long long)m.chat_stream, (long long)m.chat_plain);
+    put(&b, "# HELP redlm_http_active_requests requests in flight\n"
+            "# TYPE redlm_http_active_requests gauge\nredlm_http_active_requests %d\n", m.active);
+    put(&b, "# HELP redlm_http_client_cancels_total jobs cancelled because their client left\n"
+            "# TYPE redlm_http_client_cancels_total counter\nredlm_http_client_cancels_total %lld\n",
+        (long long)m.client_cancels);
+    put(&b, "# TYPE redlm_http_rate_limited_total counter\nredlm_http_rate_limited_total %lld\n",
+        (long long)m.rate_limited);
+    put(&b, "# TYPE redlm_http_auth_failures_total counter\nredlm_http_auth_failures_total %lld\n",
+        (long long)m.auth_failures);
+    put(&b, "# HELP redlm_http_sse_events_total server-sent events written\n"
+            "# TYPE redlm_http_sse_events_total counter\nredlm_http_sse_events_total %lld\n",
+        (long long)m.sse_events);
+    put(&b, "# HELP redlm_http_first_event_seconds time from the job's XADD to its first event\n"
+            "# TYPE redlm_http_first_event_seconds histogram\n");
+    int64_t cum = 0;
+    for (int i = 0; i < N_BUCKETS; i++) {
+        cum += m.first_event[i];
+        put(&b, "redlm_http_first_event_seconds_bucket{le=\"%g\"} %lld\n", bucket_ms[i] / 1000,
+            (long long)cum);
+    }
+    put(&b, "redlm_http_first_event_seconds_bucket{le=\"+Inf\"} %lld\n"
+            "redlm_http_first_event_seconds_sum %.6f\nredlm_http_first_event_seconds_count %lld\n",
+        (long long)m.first_event_n, m.first_event_sum_ms / 1000, (long long)m.first_event_n);
+    if (h->hooks.metrics_text) {
+        char *more = h->hooks.metrics_text(h->hooks.ctx);
+        if (more) {
+            oai_buf_put(&b, more, strlen(more));
+            free(more);
+        }
+    }
+    if (!b.p)
+        oai_buf_put(&b, "", 0);
+    return b.p;
+}
+
+/* ---- API keys ---- */
+
+/* Loads the keys file if it changed since the last look (at most once a
+ * second). Caller holds keys_mu. A file that no longer parses keeps the
+ * old keys (and says so in the log). */
+static int keys_refresh(struct dhttp *h, bool force, struct rl_err *err)
+{
+    int64_t now = mono_ms();
+    if (!force && now - h->keys_checked_ms < KEYS_RECHECK_MS)
+        return 0;
+    h->keys_checked_ms = now;
+    struct stat st;
+    if (stat(h->keys_path, &st))
+        return rl_errf(err, RL_EIO, "%s: %s", h->keys_path, strerror(errno));
+    if (!force && st.st_mtim.tv_sec == h->keys_mtime.tv_sec &&
+        st.st_mtim.tv_nsec == h->keys_mtime.tv_nsec && st.st_size == h->keys_size)
+        return 0;
+    FILE *f = fopen(h->keys_path, "rb");
+    if (!f)
+        return rl_errf(err, RL_EIO, "%s: %s", h->keys_path, strerror(errno));
+    struct oai_buf b = {0};
+    char chunk[4096];
+    size_t k;
+    int rc = 0;
+    while ((k = fread(chunk, 1, sizeof chunk, f)) > 0 && !rc)
+        if (oai_buf_put(&b, chunk, k))
+            rc = rl_errf(err, RL_ENOMEM, "%s: out of memory", h->keys_path);
+    fclose(f);
+    struct oai_keys keys;
+    if (!rc)
+        rc = oai_keys_parse(b.p ? b.p : "", b.n, h->keys_path, &keys, err);
+    oai_buf_free(&b);
+    if (rc)
+        return rc;
+    oai_keys_free(&h->keys);
+    h->keys = keys;
+    h->keys_mtime = st.st_mtim;
+    h->keys_size = st.st_size;
+    if (!force)
+        RL_LOG(h->log, RL_LOG_INFO, "http: %s re-read: %d keys", h->keys_path, keys.n);
+    return 0;
+}
+
+/* Fills q's tenant from the Authorization header; false = 401. */
+static bool authorize(struct req *q, struct MHD_Connection *conn)
+{
+    struct dhttp *h = q->h;
+    if (!h->keys_path)
+        return true;
+    const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    pthread_mutex_lock(&h->keys_mu);
+    struct rl_err err = {0};
+    if (keys_refresh(h, false, &err))
+        RL_LOG(h->log, RL_LOG_ERROR, "http: keeping the old API keys: %s", err.msg);
+    const struct oai_key *k = oai_keys_find(&h->keys, auth);
+    if (k) {
+        q->has_tenant = true;
+        memcpy(q->tenant, k->tenant, sizeof q->tenant);
+        q->rpm = k->rpm;
+        q->tpm = k->tpm;
+    }
+    pthread_mutex_unlock(&h->keys_mu);
+    if (!k)
+        BUMP(h, auth_failures);
+    return k != NULL;
+}
+
+/* ---- responses ---- */
+
+static enum MHD_Result respond(struct req *q, struct MHD_Connection *conn, int status,
+                               const char *ctype, char *body, const struct oai_error *e)
+{
+    if (!body)
+        return MHD_NO;
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body,
+                                                             MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", ctype);
+    if (q->id[0])
+        MHD_add_response_header(r, "X-Request-Id", q->id);
+    if (e && e->retry_after_s > 0) {
+        char ra[16];
+        snprintf(ra, sizeof ra, "%d", e->retry_after_s);
+        MHD_add_response_header(r, "Retry-After", ra);
+    }
+    if (status == 401)
+        MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (status == 405 && q->allow)
+        MHD_add_response_header(r, "Allow", q->allow);
+    enum MHD_Result rc = MHD_queue_response(conn, (unsigned)status, r);
+    MHD_destroy_response(r);
+    q->responded = true;
+    q->status = status;
+    return rc;
+}
+
+static enum MHD_Result respond_error(struct req *q, struct MHD_Connection *conn,
+                                     const struct oai_error *e)
+{
+    if (e->status >= 500)
+        RL_LOG(q->h->log, RL_LOG_WARN, "http: %s %d %s: %s", q->id[0] ? q->id : "-", e->status,
+               e->code, e->message);
+    return respond(q, conn, e->status, "application/json", oai_error_json(e), e);
+}
+
+/* ---- the job's events ---- */
+
+static bool client_gone(int fd)
+{
+    if (fd < 0)
+        return false;
+    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0)
+        return false;
+    if (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL))
+        return true;
+    if (p.revents & POLLIN) { /* data is a pipelined request; EOF is a goodbye */
+        char c;
+        return recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+    }
+    return false;
+}
+
+static void cancel_job(struct req *q, const char *why)
+{
+    struct dhttp *h = q->h;
+    char key[320];
+    snprintf(key, sizeof key, "%scancel:%s", h->prefix, q->id);
+    const char *argv[] = {"SET", key, "1", "EX", CANCEL_TTL_S};
+    struct rl_err err = {0};
+    struct rconn *c = q->rc ? q->rc : pool_get(h, &err);
+    int rc = c ? rconn_command(c, 5, argv, NULL, NULL, &err) : -RL_EIO;
+    if (rc && c) /* one retry: the request's connection may have been mid-read */
+        rc = rconn_command(c, 5, argv, NULL, NULL, &err);
+    if (c != q->rc)
+        pool_put(h, c);
+    if (rc)
+        RL_LOG(h->log, RL_LOG_ERROR, "http: %s: cannot cancel: %s", q->id, err.msg);
+    else
+        RL_LOG(h->log, RL_LOG_INFO, "http: %s: job cancelled: %s", q->id, why);
+    q->job_ended = true;
+}
+
+/* Adds prompt + completion tokens to the tenant's current minute. */
+static void charge_tokens(struct req *q)
+{
+    int64_t n = oai_resp_total_tokens(q->resp);
+    if (!q->has_tenant || !q->tpm || n <= 0)
+        return;
+    char key[320], num[24];
+    snprintf(key, sizeof key, "%sratelimit:%s:tpm:%lld", q->h->prefix, q->tenant,
+             (long long)(wall_ms() / 60000));
+    snprintf(num, sizeof num, "%lld", (long long)n);
+    const char *a1[] = {"INCRBY", key, num};
+    const char *a2[] = {"EXPIRE", key, RL_WINDOW_TTL_S};
+    struct rl_err err = {0};
+    if (rconn_command(q->rc, 3, a1, NULL, NULL, &err) ||
+        rconn_command(q->rc, 3, a2, NULL, NULL, &err))
+        RL_LOG(q->h->log, RL_LOG_WARN, "http: %s: tokens not charged to %s: %s", q->id,
+               q->tenant, err.msg);
+}
+
+/* Feeds the entries of one XREAD reply. */
+static int take_events(struct req *q, const struct rconn_reply *r)
+{
+    if (r->type != RCONN_ARRAY || r->n_elem < 1)
+        return 0;
+    const struct rconn_reply *s = &r->elem[0];
+    if (s->type != RCONN_ARRAY || s->n_elem != 2 || s->elem[1].type != RCONN_ARRAY)
+        return -RL_EFORMAT;
+    const struct rconn_reply *es = &s->elem[1];
+    for (size_t i = 0; i < es->n_elem && !q->finished && !q->failed; i++) {
+        const struct rconn_reply *en = &es->elem[i];
+        if (en->type != RCONN_ARRAY || en->n_elem != 2 || en->elem[0].type != RCONN_STRING)
+            return -RL_EFORMAT;
+        snprintf(q->last, sizeof q->last, "%s", en->elem[0].str);
+        const struct rconn_reply *f = &en->elem[1];
+        const char *ev = NULL;
+        size_t ev_len = 0;
+        for (size_t k = 0; f->type == RCONN_ARRAY && k + 1 < f->n_elem; k += 2)
+            if (f->elem[k].str && !strcmp(f->elem[k].str, "event")) {
+                ev = f->elem[k + 1].str;
+                ev_len = f->elem[k + 1].len;
+            }
+        if (!q->first_seen) {
+            q->first_seen = true;
+            observe_first_event(q->h, (double)(mono_ms() - q->t_xadd_ms));
+        }
+        size_t before = q->sse.n;
+        int rc = oai_resp_feed(q->resp, ev, ev_len, &q->sse, &q->err);
+        if (rc < 0)
+            return rc;
+        if (q->sse.n > before)
+            BUMP(q->h, sse_events);
+        if (rc == OAI_END) {
+            q->job_ended = q->finished = true;
+            charge_tokens(q);
+        } else if (rc == OAI_FAILED) {
+            q->job_ended = true;
+            if (q->headers_sent || q->sse.n > q->sse_off) {
+                /* bytes are out (or about to be): the error is a chunk */
+                oai_sse_error(&q->err, &q->sse);
+                q->finished = true;
+            } else {
+                q->failed = true;
+            }
+        }
+    }
+    return 0;
+}
+
+enum pump { P_OK = 0, P_GONE = -1, P_STOPPING = -2, P_TIMEOUT = -3, P_NOMEM = -4 };
+
+/* Reads events until there is something to deliver: in stream mode any
+ * new bytes, or the end; otherwise the end. Blocks at most POLL_MS per
+ * XREAD, looking at the client's socket, the deadline and shutdown in
+ * between. Returns an enum pump. */
+static int pump(struct req *q)
+{
+    struct dhttp *h = q->h;
+    const char *argv[] = {"XREAD", "COUNT", "512", "BLOCK", h->block, "STREAMS", q->out_key, q->last};
+    for (;;) {
+        bool have = q->finished || q->failed || (q->oreq.stream && q->sse.n > q->sse_off);
+        if (have)
+            return P_OK;
+        if (atomic_load(&h->stopping))
+            return P_STOPPING;
+        if (client_gone(q->fd))
+            return P_GONE;
+        int64_t now = mono_ms();
+        if (q->give_up_ms && now > q->give_up_ms)
+            return P_TIMEOUT;
+        if (q->headers_sent && now - q->t_last_byte_ms > KEEPALIVE_MS) {
+            /* an SSE comment: clients skip it, proxies see the stream alive */
+            if (oai_buf_put(&q->sse, ": keep-alive\n\n", 14))
+                return P_NOMEM;
+            continue;
+        }
+        struct rconn_reply *r = NULL;
+        struct rl_err err = {0};
+        argv[7] = q->last;
+        int rc = rconn_command(q->rc, 8, argv, NULL, &r, &err);
+        if (rc) {
+            rconn_reply_free(r);
+            RL_LOG(h->log, RL_LOG_WARN, "http: %s: reading events: %s", q->id, err.msg);
+            int64_t wait = rconn_retry_in_ms(q->rc);
+            usleep((useconds_t)(wait > 0 && wait < POLL_MS ? wait : 50) * 1000);
+            continue;
+        }
+        rc = take_events(q, r);
+        rconn_reply_free(r);
+        if (rc == -RL_ENOMEM)
+            return P_NOMEM;
+        if (rc) {
+            oai_error_set(&q->err, 502, "server_error", "BAD_EVENT", NULL,
+                          "the job's event stream is malformed");
+            q->failed = !q->headers_sent;
+            if (q->headers_sent) {
+                oai_sse_error(&q->err, &q->sse);
+                q->finished = true;
+            }
+        }
+    }
+}
+
+/* libmicrohttpd's reader for a streamed response: hands over what is
+ * produced, blocking on the next event only when nothing is. */
+static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct req *q = cls;
+    for (;;) {
+        if (q->sse_off < q->sse.n) {
+            size_t k = q->sse.n - q->sse_off;
+            if (k > max)
+                k = max;
+            memcpy(buf, q->sse.p + q->sse_off, k);
+            q->sse_off += k;
+            if (q->sse_off == q->sse.n)
+                q->sse.n = q->sse_off = 0; /* keep the memory, drop the bytes */
+            q->t_last_byte_ms = mono_ms();
+            return (ssize_t)k;
+        }
+        if (q->finished)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        int rc = pump(q);
+        if (rc == P_TIMEOUT) {
+            oai_error_set(&q->err, 504, "server_error", "DEADLINE_EXCEEDED", NULL,
+                          "no answer within http_timeout_s");
+            if (!q->job_ended)
+                cancel_job(q, "http_timeout_s passed");
+            oai_sse_error(&q->err, &q->sse);
+            q->finished = true;
+        } else if (rc != P_OK) {
+            if (!q->job_ended) {
+                cancel_job(q, rc == P_GONE ? "the client left" : "shutting down");
+                if (rc == P_GONE)
+                    BUMP(q->h, client_cancels);
+            }
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+}
+
+/* ---- routes ---- */
+
+static void new_id(char out[64])
+{
+    unsigned char r[12];
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
+        uint64_t t = (uint64_t)wall_ms() ^ ((uint64_t)getpid() << 32);
+        memcpy(r, &t, 8);
+        memcpy(r + 8, &t, 4);
+    }
+    int n = snprintf(out, 64, "chatcmpl-");
+    for (int i = 0; i < 12; i++)
+        n += snprintf(out + n, 64 - (size_t)n, "%02x", r[i]);
+}
+
+static int rate_limit(struct req *q, struct oai_error *e)
+{
+    struct dhttp *h = q->h;
+    if (!q->has_tenant || (!q->rpm && !q->tpm))
+        return 0;
+    int64_t now = wall_ms();
+    long long minute = (long long)(now / 60000);
+    int retry = (int)(60 - (now / 1000) % 60);
+    char rk[320], tk[320];
+    snprintf(rk, sizeof rk, "%sratelimit:%s:rpm:%lld", h->prefix, q->tenant, minute);
+    snprintf(tk, sizeof tk, "%sratelimit:%s:tpm:%lld", h->prefix, q->tenant, minute);
+    const char *multi[] = {"MULTI"}, *incr[] = {"INCR", rk},
+               *exp[] = {"EXPIRE", rk, RL_WINDOW_TTL_S}, *get[] = {"GET", tk},
+               *exec[] = {"EXEC"};
+    struct rconn_batch *b = NULL;
+    struct rl_err err = {0};
+    int rc = rconn_batch_create(&b, &err);
+    if (!rc)
+        rc = rconn_batch_add(b, 1, multi, NULL, &err);
+    if (!rc)
+        rc = rconn_batch_add(b, 2, incr, NULL, &err);
+    if (!rc)
+        rc = rconn_batch_add(b, 3, exp, NULL, &err);
+    if (!rc)
+        rc = rconn_batch_add(b, 2, get, NULL, &err);
+    if (!rc)
+        rc = rconn_batch_add(b, 1, exec, NULL, &err);
+    if (!rc)
+        rc = rconn_batch_exec(q->rc, b, &err);
+    const struct rconn_reply *x = rc ? NULL : rconn_batch_reply(b, 4);
+    if (!x || x->type != RCONN_ARRAY || x->n_elem != 3 || x->elem[0].type != RCONN_INTEGER) {
+        rconn_batch_free(b);
+        oai_error_set(e, 503, "server_error", "REDIS_UNAVAILABLE", NULL,
+                      "the rate limiter cannot reach Redis");
+        e->retry_after_s = 1;
+        RL_LOG(h->log, RL_LOG_ERROR, "http: rate limit for %s: %s", q->tenant,
+               rc ? err.msg : "unexpected EXEC reply");
+        return -1;
+    }
+    long long n_req = x->elem[0].integer;
+    long long n_tok = x->elem[2].type == RCONN_STRING ? atoll(x->elem[2].str) : 0;
+    rconn_batch_free(b);
+    if (q->rpm && n_req > q->rpm) {
+        oai_error_set(e, 429, "requests", "rate_limit_exceeded", NULL,
+                      "Rate limit reached for %s: %lld requests per minute. Retry in %d s.",
+                      q->tenant, (long long)q->rpm, retry);
+        e->retry_after_s = retry;
+    } else if (q->tpm && n_tok >= q->tpm) {
+        oai_error_set(e, 429, "tokens", "rate_limit_exceeded", NULL,
+                      "Rate limit reached for %s: %lld tokens per minute (used %lld). Retry in %d s.",
+                      q->tenant, (long long)q->tpm, n_tok, retry);
+        e->retry_after_s = retry;
+    } else {
+        return 0;
+    }
+    BUMP(h, rate_limited);
+    return -1;
+}
+
+static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
+{
+    struct dhttp *h = q->h;
+    struct oai_error e;
+    /* a request waiting for its events is not idle: libmicrohttpd would
+     * count our blocking in the handler and the reader as silence and
+     * close it. The idle timeout is set again when the request ends. */
+    MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    new_id(q->id);
+    int64_t now = wall_ms();
+    int64_t deadline = h->timeout_s ? now + (int64_t)h->timeout_s * 1000 : 0;
+    if (q->too_big) {
+        oai_error_set(&e, 413, "invalid_request_error", "JOB_TOO_LARGE", NULL,
+                      "body: over the limit of %zu bytes", h->lim.max_body_bytes);
+        return respond_error(q, conn, &e);
+    }
+    if (oai_parse_request(q->body.p ? q->body.p : "", q->body.n, &h->lim, q->id, deadline,
+                          &q->oreq, &e))
+        return respond_error(q, conn, &e);
+    if (q->oreq.stream)
+        BUMP(h, chat_stream);
+    else
+        BUMP(h, chat_plain);
+    struct rl_err err = {0};
+    if (!(q->rc = pool_get(h, &err))) {
+        oai_error_set(&e, 500, "server_error", "INTERNAL", NULL, "%s", err.msg);
+        return respond_error(q, conn, &e);
+    }
+    if (rate_limit(q, &e))
+        return respond_error(q, conn, &e);
+    if (oai_resp_create(&q->resp, q->id, h->model, now / 1000, &q->oreq, &err)) {
+        oai_error_set(&e, 500, "server_error", "INTERNAL", NULL, "%s", err.msg);
+        return respond_error(q, conn, &e);
+    }
+    char key[300];
+    snprintf(key, sizeof key, "%srequests", h->prefix);
+    snprintf(q->out_key, sizeof q->out_key, "%sout:%s", h->prefix, q->id);
+    snprintf(q->last, sizeof q->last, "0-0");
+    const char *names[] = {"job"};
+    const char *values[] = {q->oreq.job};
+    size_t lens[] = {q->oreq.job_len};
+    q->t_xadd_ms = mono_ms();
+    q->give_up_ms = h->timeout_s ? q->t_xadd_ms + (int64_t)h->timeout_s * 1000 + 5000 : 0;
+    if (rconn_xadd(q->rc, key, "*", 0, 1, names, values, lens, NULL, NULL, &err)) {
+        oai_error_set(&e, 503, "server_error", "REDIS_UNAVAILABLE", NULL,
+                      "the request queue is unavailable: %s", err.msg);
+        e.retry_after_s = 1;
+        return respond_error(q, conn, &e);
+    }
+    q->enqueued = true;
+    RL_LOG(h->log, RL_LOG_DEBUG, "http: %s queued%s%s", q->id, q->has_tenant ? " for " : "",
+           q->has_tenant ? q->tenant : "");
+
+    int rc = pump(q);
+    if (rc == P_GONE || rc == P_STOPPING || rc == P_NOMEM) {
+        cancel_job(q, rc == P_GONE ? "the client left" : rc == P_STOPPING ? "shutting down"
+                                                                          : "out of memory");
+        if (rc == P_GONE) {
+            BUMP(h, client_cancels);
+            return MHD_NO; /* nobody to answer: close */
+        }
+        oai_error_set(&e, rc == P_NOMEM ? 500 : 503, "server_error",
+                      rc == P_NOMEM ? "INTERNAL" : "SHUTTING_DOWN", NULL,
+                      rc == P_NOMEM ? "out of memory" : "the server is shutting down");
+        return respond_error(q, conn, &e);
+    }
+    if (rc == P_TIMEOUT) {
+        cancel_job(q, "http_timeout_s passed");
+        oai_error_set(&e, 504, "server_error", "DEADLINE_EXCEEDED", NULL,
+                      "no answer within http_timeout_s (%d s)", h->timeout_s);
+        return respond_error(q, conn, &e);
+    }
+    if (q->failed)
+        return respond_error(q, conn, &q->err);
+    if (!q->oreq.stream) {
+        char *body = oai_resp_completion(q->resp);
+        return respond(q, conn, 200, "application/json", body, NULL);
+    }
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, BLOCK_SIZE, sse_reader, q, NULL);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", "text/event-stream; charset=utf-8");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    MHD_add_response_header(r, "X-Accel-Buffering", "no"); /* nginx: do not buffer */
+    MHD_add_response_header(r, "X-Request-Id", q->id);
+    q->headers_sent = true;
+    q->t_last_byte_ms = mono_ms();
+    enum MHD_Result mr = MHD_queue_response(conn, 200, r);
+    MHD_destroy_response(r);
+    q->responded = true;
+    q->status = 200;
+    return mr;
+}
+
+static char *models_json(struct dhttp *h, bool one)
+{
+    char *s = NULL;
+    const char *fmt = one ? "{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"redlm\"}"
+                          : "{\"object\":\"list\",\"data\":[{\"id\":\"%s\",\"object\":\"model\","
+                            "\"created\":%lld,\"owned_by\":\"redlm\"}]}";
+    /* the name is checked at start to need no JSON escaping */
+    if (asprintf(&s, fmt, h->model, (long long)h->started_s) < 0)
+        return NULL;
+    return s;
+}
+
+static bool redis_ok(struct dhttp *h)
+{
+    struct rl_err err = {0};
+    struct rconn *c = pool_get(h, &err);
+    const char *argv[] = {"PING"};
+    bool ok = c && !rconn_command(c, 1, argv, NULL, NULL, &err);
+    pool_put(h, c);
+    return ok;
+}
+
+static enum route route_of(struct dhttp *h, const char *method, const char *url,
+                           const char **allow)
+{
+    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    enum route r;
+    if (!strcmp(url, "/v1/chat/completions")) {
+        *allow = "POST";
+        return !strcmp(method, "POST") ? R_CHAT : R_BAD_METHOD;
+    }
+    if (!strcmp(url, "/v1/models"))
+        r = R_MODELS;
+    else if (!strncmp(url, "/v1/models/", 11) && !strcmp(url + 11, h->model))
+        r = R_MODEL;
+    else if (!strcmp(url, "/healthz"))
+        r = R_HEALTHZ;
+    else if (!strcmp(url, "/metrics"))
+        r = R_METRICS;
+    else
+        return R_NOT_FOUND;
+    *allow = "GET, HEAD";
+    return get ? r : R_BAD_METHOD;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls)
+{
+    struct dhttp *h = cls;
+    struct req *q = *con_cls;
+    struct oai_error e;
+    if (!q) { /* headers are in; the body (if any) is not */
+        if (!(q = calloc(1, sizeof *q)))
+            return MHD_NO;
+        q->h = h;
+        q->fd = -1;
+        *con_cls = q;
+        pthread_mutex_lock(&h->m_mu);
+        h->m.active++;
+        pthread_mutex_unlock(&h->m_mu);
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (ci)
+            q->fd = ci->connect_fd;
+        q->route = route_of(h, method, url, &q->allow);
+        switch (q->route) {
+        case R_CHAT: {
+            if (!authorize(q, conn)) {
+                oai_error_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
+                              "Incorrect or missing API key: send \"Authorization: Bearer KEY\".");
+                return respond_error(q, conn, &e);
+            }
+            const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+            if (cl && strtoull(cl, NULL, 10) > h->lim.max_body_bytes) {
+                oai_error_set(&e, 413, "invalid_request_error", "JOB_TOO_LARGE", NULL,
+                              "body: %s bytes is over the limit of %zu", cl,
+                              h->lim.max_body_bytes);
+                return respond_error(q, conn, &e);
+            }
+            return MHD_YES; /* read the body */
+        }
+        case R_MODELS:
+        case R_MODEL:
+            if (!authorize(q, conn)) {
+                oai_error_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
+                              "Incorrect or missing API key: send \"Authorization: Bearer KEY\".");
+                return respond_error(q, conn, &e);
+            }
+            return respond(q, conn, 200, "application/json", models_json(h, q->route == R_MODEL),
+                           NULL);
+        case R_HEALTHZ: {
+            bool ok = (!h->hooks.ready || h->hooks.ready(h->hooks.ctx)) &&
+                      !atomic_load(&h->stopping) && redis_ok(h);
+            return respond(q, conn, ok ? 200 : 503, "text/plain; charset=utf-8",
+                           strdup(ok ? "ok\n" : "unavailable\n"), NULL);
+        }
+        case R_METRICS:
+            return respond(q, conn, 200, "text/plain; version=0.0.4", render_metrics(h), NULL);
+        case R_BAD_METHOD:
+            oai_error_set(&e, 405, "invalid_request_error", "method_not_allowed", NULL,
+                          "%s is not allowed on %.200s (use %s)", method, url, q->allow);
+            return respond_error(q, conn, &e);
+        case R_NOT_FOUND:
+            oai_error_set(&e, 404, "invalid_request_error", "not_found", NULL,
+                          "no such endpoint: %.200s", url);
+            return respond_error(q, conn, &e);
+        }
+        return MHD_NO;
+    }
+    if (*upload_size) {
+        if (!q->responded && !q->too_big) {
+            if (q->body.n + *upload_size > h->lim.max_body_bytes)
+                q->too_big = true; /* read on, answer 413 at the end */
+            else if (oai_buf_put(&q->body, upload, *upload_size))
+                return MHD_NO;
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (q->responded)
+        return MHD_YES;
+    return chat(q, conn);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    struct dhttp *h = cls;
+    struct req *q = *con_cls;
+    if (!q)
+        return;
+    if (q->enqueued && !q->job_ended) {
+        cancel_job(q, "the connection ended");
+        BUMP(h, client_cancels);
+    }
+    if (q->route == R_CHAT)
+        MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)h->idle_s);
+    count_status(h, q->status ? q->status : 500);
+    if (q->enqueued)
+        RL_LOG(h->log, RL_LOG_DEBUG, "http: %s done: %d%s", q->id, q->status,
+               toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection lost)");
+    pool_put(h, q->rc);
+    oai_resp_free(q->resp);
+    oai_request_clear(&q->oreq);
+    oai_buf_free(&q->body);
+    oai_buf_free(&q->sse);
+    free(q);
+    *con_cls = NULL;
+    pthread_mutex_lock(&h->m_mu);
+    h->m.active--;
+    pthread_mutex_unlock(&h->m_mu);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    struct dhttp *h = cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && msg[n - 1] == '\n')
+        msg[--n] = 0;
+    RL_LOG(h->log, RL_LOG_WARN, "http: %s", msg);
+}
+
+/* ---- start and stop ---- */
+
+static void free_dhttp(struct dhttp *h)
+{
+    if (!h)
+        return;
+    for (int i = 0; i < h->n_idle; i++)
+        rconn_free(h->idle[i]);
+    free(h->idle);
+    oai_keys_free(&h->keys);
+    free(h->prefix);
+    free(h->model);
+    free(h->keys_path);
+    free(h->bind);
+    free(h->redis_addr);
+    free(h->redis_user);
+    free(h->redis_pw);
+    pthread_mutex_destroy(&h->pool_mu);
+    pthread_mutex_destroy(&h->keys_mu);
+    pthread_mutex_destroy(&h->m_mu);
+    free(h);
+}
+
+static bool model_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n < 1 || n > 200)
+        return false;
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x21 || *s == '"' || *s == '\\' || *s == '/' ||
+            (unsigned char)*s > 0x7e)
+            return false;
+    return true;
+}
+
+int dhttp_start(struct dhttp **out, const struct cfg *cfg, const struct rl_log *log,
+                const struct dhttp_hooks *hooks, struct rl_err *err)
+{
+    *out = NULL;
+    if (!cfg->http)
+        return 0;
+    if (!model_name_ok(cfg->served_model_name))
+        return rl_errf(err, RL_EINVAL,
+                       "served_model_name \"%.64s\" must be 1-200 printable characters without "
+                       "blanks, quotes, backslashes or slashes", cfg->served_model_name);
+    struct dhttp *h = calloc(1, sizeof *h);
+    if (!h)
+        return rl_errf(err, RL_ENOMEM, "http: out of memory");
+    pthread_mutex_init(&h->pool_mu, NULL);
+    pthread_mutex_init(&h->keys_mu, NULL);
+    pthread_mutex_init(&h->m_mu, NULL);
+    h->log = log;
+    if (hooks)
+        h->hooks = *hooks;
+    h->port = cfg->http;
+    h->timeout_s = cfg->http_timeout_s;
+    h->drain_s = cfg->drain_timeout_s;
+    h->max_conn = cfg->http_max_connections;
+    h->idle_s = cfg->http_idle_timeout_s;
+    /* rconn waits io_timeout for a reply: a BLOCK as long would read as a
+     * dead connection */
+    int io = cfg->redis_io_timeout_ms;
+    snprintf(h->block, sizeof h->block, "%d", io > 0 && io / 2 < POLL_MS ? (io / 2 > 0 ? io / 2 : 1) : POLL_MS);
+    h->started_s = wall_ms() / 1000;
+    h->prefix = strdup(cfg->prefix);
+    h->model = strdup(cfg->served_model_name);
+    h->bind = strdup(cfg->http_bind);
+    h->keys_path = cfg->api_keys_file[0] ? strdup(cfg->api_keys_file) : NULL;
+    h->redis_addr = strdup(cfg->redis);
+    h->redis_user = strdup(cfg->redis_user);
+    h->redis_pw = strdup(cfg->redis_password_file);
+    h->cap_idle = h->max_conn < 64 ? h->max_conn : 64;
+    h->idle = calloc((size_t)h->cap_idle, sizeof *h->idle);
+    int rc = 0;
+    if (!h->prefix || !h->model || !h->bind || !h->redis_addr || !h->redis_user ||
+        !h->redis_pw || !h->idle || (cfg->api_keys_file[0] && !h->keys_path)) {
+        rc = rl_errf(err, RL_ENOMEM, "http: out of memory");
+        goto fail;
+    }
+    cfg_rconn_opts(cfg, &h->ropts);
+    h->ropts.addr = h->redis_addr;
+    h->ropts.user = h->redis_user;
+    h->ropts.password_file = h->redis_pw;
+    h->ropts.client_name = "redlm-http";
+    cfg_job_opts(cfg, &h->jopts);
+    oai_limits_default(&h->lim);
+    h->lim.max_body_bytes = (size_t)cfg->max_body_kb * 1024;
+    h->lim.max_messages = cfg->max_messages;
+    h->lim.max_tokens = cfg->http_max_tokens;
+    h->lim.model = h->model;
+    h->lim.job = &h->jopts;
+    if (h->keys_path) {
+        if ((rc = keys_refresh(h, true, err)))
+            goto fail;
+        RL_LOG(log, RL_LOG_INFO, "http: %d API keys from %s", h->keys.n, h->keys_path);
+    } else {
+        RL_LOG(log, RL_LOG_WARN, "http: no api_keys_file: the HTTP API takes requests "
+                                 "without authentication");
+    }
+
+    union {
+        struct sockaddr sa;
+        struct sockaddr_in v4;
+        struct sockaddr_in6 v6;
+    } addr;
+    memset(&addr, 0, sizeof addr);
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                     MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_USE_ITC;
+    if (inet_pton(AF_INET, h->bind, &addr.v4.sin_addr) == 1) {
+        addr.v4.sin_family = AF_INET;
+        addr.v4.sin_port = htons((uint16_t)h->port);
+    } else if (inet_pton(AF_INET6, h->bind, &addr.v6.sin6_addr) == 1) {
+        addr.v6.sin6_family = AF_INET6;
+        addr.v6.sin6_port = htons((uint16_t)h->port);
+        flags |= MHD_USE_IPv6;
+    } else {
+        rc = rl_errf(err, RL_EINVAL, "http_bind: \"%.64s\" is not an IPv4 or IPv6 address",
+                     h->bind);
+        goto fail;
+    }
+    /* connection memory: the request headers plus one BLOCK_SIZE write
+     * buffer for the streamed body */
+    h->d = MHD_start_daemon(
+        flags, (uint16_t)h->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+        h, MHD_OPTION_SOCK_ADDR, &addr.sa,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)h->max_conn, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)cfg->http_idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)(BLOCK_SIZE * 4), MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
+        MHD_OPTION_END);
+    if (!h->d) {
+        rc = rl_errf(err, RL_EIO, "http: cannot listen on %s port %d", h->bind, h->port);
+        goto fail;
+    }
+    RL_LOG(log, RL_LOG_INFO, "http: OpenAI API on %s:%d, model \"%s\"", h->bind, h->port,
+           h->model);
+    *out = h;
+    return 0;
+fail:
+    free_dhttp(h);
+    return rc;
+}
+
+void dhttp_stop(struct dhttp *h)
+{
+    if (!h)
+        return;
+    MHD_socket lsock = MHD_quiesce_daemon(h->d);
+    int64_t until = mono_ms() + (int64_t)h->drain_s * 1000;
+    for (;;) {
+        pthread_mutex_lock(&h->m_mu);
+        int active = h->m.active;
+        pthread_mutex_unlock(&h->m_mu);
+        if (!active || mono_ms() >= until)
+            break;
+        usleep(50 * 1000);
+    }
+    /* the rest end within POLL_MS, cancelling their jobs */
+    atomic_store(&h->stopping, true);
+    MHD_stop_daemon(h->d);
+    if (lsock != MHD_INVALID_SOCKET)
+        close(lsock);
+    RL_LOG(h->log, RL_LOG_INFO, "http: stopped");
+    free_dhttp(h);
+}

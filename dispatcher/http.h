@@ -1,0 +1,48 @@
+/* dispatcher/http.h - the OpenAI-compatible HTTP front door.
+ *
+ *   POST /v1/chat/completions   stream true (server-sent events) or false
+ *   GET  /v1/models, /v1/models/<name>
+ *   GET  /healthz, /metrics
+ *
+ * It needs only Redis: a request becomes a job XADDed to
+ * <prefix>requests (the dispatcher routes it like any other), and its
+ * answer is read from <prefix>out:<id>. It knows nothing of the
+ * dispatcher's insides; main() passes the hooks below. Started from the
+ * dispatcher's main when the option `http` is a port (0 = off). */
+#ifndef RL_DHTTP_H
+#define RL_DHTTP_H
+
+#include <stdbool.h>
+
+#include "config.h"
+#include "err.h"
+#include "log.h"
+
+struct dhttp;
+
+/* What the front door asks of its host. Both functions are called from the
+ * HTTP connection threads, concurrently, so they must be thread-safe. */
+struct dhttp_hooks {
+    /* More Prometheus text for /metrics (the dispatcher's own), malloc'd,
+     * freed by the caller with free(); NULL = none. The hook may be NULL. */
+    char *(*metrics_text)(void *ctx);
+    /* /healthz answers 503 while this is false. NULL = always ready. */
+    bool (*ready)(void *ctx);
+    void *ctx;
+};
+
+/* Starts listening on cfg->http_bind:cfg->http with the options of cfg
+ * (copied: cfg may change or go after the call). log and hooks->ctx are
+ * borrowed and must outlive the front door. cfg->http == 0: *out = NULL
+ * and 0 (off). The keys file, when set, must load (its errors name file
+ * and line). Returns 0 or -RL_EINVAL / -RL_EIO (cannot listen) /
+ * -RL_ENOMEM. */
+int dhttp_start(struct dhttp **out, const struct cfg *cfg, const struct rl_log *log,
+                const struct dhttp_hooks *hooks, struct rl_err *err);
+
+/* Stops accepting connections, lets the requests in flight finish for up
+ * to cfg->drain_timeout_s, then closes the rest (their jobs are
+ * cancelled) and frees everything. NULL is fine. */
+void dhttp_stop(struct dhttp *h);
+
+#endif

@@ -1,0 +1,779 @@
+/* dispatcher/loop.c - the routing loop: read requests, decide, answer or
+ * forward, acknowledge.
+ *
+ * One round handles up to D_BATCH entries of <prefix>requests read with
+ * XREADGROUP (group "dispatchers"), in three round trips to Redis:
+ *   1. (when due, at most every STATS_MS) the pools' queue state:
+ *      XINFO GROUPS (last-delivered-id and lag of group "workers") and the
+ *      oldest undelivered entry, for backpressure and adaptive routing;
+ *   2. GET of the result-cache key of every deterministic request (the
+ *      key is the worker's own: same model identity, same rendered ids);
+ *   3. one MULTI ... EXEC per request, all pipelined, each ending in the
+ *      XACK of its requests entry:
+ *        forward:  XADD <prefix>jobs:<pool> * job <json>, XACK
+ *        cached:   XADD out:<id> 0-1 .. 0-n (the cached events, done with
+ *                  cached:true and this request's timings), EXPIRE, XACK
+ *        invalid:  error + done(error) on out:<id>, EXPIRE, XADD dead, XACK
+ *        overload: error OVERLOADED (+ retry_after_ms) + done, EXPIRE, XACK
+ * Because the XACK is inside the transaction with what it answers, a
+ * request is either fully handled or still pending: never forwarded twice,
+ * never lost. A round that fails part-way (Redis gone) leaves the rest
+ * pending; the loop then re-reads its own pending entries (XREADGROUP 0)
+ * before new ones, and a pipelined MULTI block is never re-sent on a new
+ * connection half-way (rconn_batch would re-send only the unanswered part,
+ * which would run outside the transaction). Entries of a dispatcher that
+ * died are taken over with XAUTOCLAIM after claim_idle_ms.
+ *
+ * The one way to duplicate: a live dispatcher stalled longer than
+ * claim_idle_ms between its read and its EXEC, whose entries another one
+ * claims meanwhile. The default 30 s is far above a round's milliseconds.
+ * The one way to lose: Redis runs the XACK of a transaction whose XADD
+ * failed at run time (transactions do not roll back); XADD fails so only
+ * on a pool key of another type, which start-up refuses already (the
+ * XGROUP CREATE of the workers group fails), so that needs someone to
+ * replace the key while we run; it is logged as an error naming the job.
+ *
+ * Main thread only; the counters go to struct dmetrics under its mutex. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <systemd/sd-daemon.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "disp.h"
+#include "event.h"
+#include "prompt.h"
+
+#define STATS_MS 100       /* pool state is at most this old when routing */
+#define GROUP_REQ "dispatchers"
+#define GROUP_WORKERS "workers"
+
+enum dact { A_ACK = 1, A_REJECT, A_OVERLOAD, A_CACHE, A_FORWARD };
+
+/* One request of a round. */
+struct dreq {
+    const struct rconn_entry *e;
+    enum dact act;
+    int64_t t0;                   /* ms of the requests entry ID: when it was queued */
+    char id[JOB_ID_MAX + 1];      /* "" when the request has no usable id */
+    struct job *job;              /* NULL when it did not parse */
+    const char *raw;              /* the job field, in e */
+    size_t raw_len;
+    struct route_decision dec;
+    enum ev_code code;            /* A_REJECT */
+    char msg[RL_ERR_MSG_MAX];
+    bool lookup;                  /* GET cache_key in round trip 2 */
+    char cache_key[D_KEY_MAX];
+    int get_idx;
+    char **events;                /* (n_events) to XADD as 0-1 .. 0-n */
+    int n_events;
+    int stream_ttl_s;
+    char *dead;                   /* dead letter JSON */
+    char *fwd;                    /* the forwarded job JSON */
+    int exec_idx;                 /* index of the EXEC reply in the batch */
+};
+
+static void dreq_clear(struct dreq *q)
+{
+    job_free(q->job);
+    for (int i = 0; i < q->n_events; i++)
+        free(q->events[i]);
+    free(q->events);
+    free(q->dead);
+    free(q->fwd);
+    memset(q, 0, sizeof *q);
+}
+
+static int push_event(struct dreq *q, char *json)
+{
+    if (!json)
+        return -RL_ENOMEM;
+    char **g = realloc(q->events, (size_t)(q->n_events + 1) * sizeof *g);
+    if (!g) {
+        free(json);
+        return -RL_ENOMEM;
+    }
+    q->events = g;
+    q->events[q->n_events++] = json;
+    return 0;
+}
+
+/* The id of a request that failed validation, when it names a usable one;
+ * when it names none, the id it would have been given ("r" + entry ID),
+ * which the client knows from its XADD. */
+static void guess_id(const char *raw, size_t len, const char *fallback, char out[JOB_ID_MAX + 1])
+{
+    out[0] = 0;
+    cJSON *o = raw ? cJSON_ParseWithLength(raw, len) : NULL;
+    const cJSON *id = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "id") : NULL;
+    if (cJSON_IsString(id)) {
+        size_t n = strlen(id->valuestring);
+        bool ok = n >= 1 && n <= JOB_ID_MAX;
+        for (size_t i = 0; ok && i < n; i++) {
+            char c = id->valuestring[i];
+            ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                 c == '_' || c == '.' || c == ':' || c == '-';
+        }
+        if (ok)
+            memcpy(out, id->valuestring, n + 1);
+    } else if (!id) {
+        snprintf(out, JOB_ID_MAX + 1, "%s", fallback);
+    }
+    cJSON_Delete(o);
+}
+
+/* done(error) after an error event, with this request's timings. */
+static char *error_done(const struct dreq *q, int64_t seq, int64_t now)
+{
+    struct ev_done dn = {.finish_reason = EV_FINISH_ERROR,
+                         .metadata = q->job ? q->job->metadata : NULL};
+    int64_t t0 = q->t0 > 0 && q->t0 <= now ? q->t0 : now;
+    dn.queue_ms = now - t0;
+    dn.total_ms = now - t0;
+    char *s = NULL;
+    ev_build_done(seq, &dn, &s, NULL);
+    return s;
+}
+
+static void reject(struct disp *d, struct dreq *q, enum ev_code code, const char *msg)
+{
+    q->act = A_REJECT;
+    q->code = code;
+    snprintf(q->msg, sizeof q->msg, "%s", msg);
+    int64_t now = d_now_ms();
+    if (q->id[0]) {
+        char *s = NULL;
+        ev_build_error(0, code, msg, &s, NULL);
+        push_event(q, s);
+        push_event(q, error_done(q, 1, now));
+    }
+    struct ev_dead dl = {.job_raw = q->raw, .job_raw_len = q->raw_len, .job_id = q->id,
+                         .pool = "requests", .entry_id = q->e->id, .code = code, .message = msg,
+                         .worker = d->name, .deliveries = 0, .time_ms = now};
+    ev_build_dead(&dl, &q->dead, NULL);
+    RL_LOG(&d->log, RL_LOG_WARN, "job %s (request %s): dead letter %s: %s",
+           q->id[0] ? q->id : "-", q->e->id, ev_code_name(code), msg);
+}
+
+static void overload(struct disp *d, struct dreq *q, const struct dpool *p)
+{
+    q->act = A_OVERLOAD;
+    char msg[256];
+    snprintf(msg, sizeof msg, "pool %s has %" PRId64 " jobs waiting for a worker (max_waiting %d)",
+             p->name, p->waiting, d->cfg.max_waiting);
+    char *s = NULL;
+    ev_build_error_retry(0, EV_CODE_OVERLOADED, msg, d->cfg.retry_after_ms, &s, NULL);
+    push_event(q, s);
+    push_event(q, error_done(q, 1, d_now_ms()));
+    RL_LOG(&d->log, RL_LOG_INFO, "job %s: OVERLOADED: %s", q->id, msg);
+}
+
+/* The cached event list (the GET value) replayed as this request's:
+ * checked whole first, as the worker's w_cache_replay does; the done event
+ * gets cached:true, this request's timings and its own metadata. Returns
+ * 0, or -RL_EFORMAT when the value is not a complete event list. */
+static int replay(struct dreq *q, const char *value, size_t len, struct rl_err *err)
+{
+    cJSON *a = cJSON_ParseWithLength(value, len);
+    int n = a && cJSON_IsArray(a) ? cJSON_GetArraySize(a) : 0;
+    int rc = 0;
+    if (n < 1) {
+        rc = rl_errf(err, RL_EFORMAT, "%s: not a non-empty JSON array", q->cache_key);
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        cJSON *e = cJSON_GetArrayItem(a, i);
+        cJSON *seq = cJSON_GetObjectItemCaseSensitive(e, "seq");
+        cJSON *type = cJSON_GetObjectItemCaseSensitive(e, "type");
+        bool last = i == n - 1;
+        if (!cJSON_IsNumber(seq) || seq->valuedouble != i || !cJSON_IsString(type) ||
+            (!strcmp(type->valuestring, "done") != last)) {
+            rc = rl_errf(err, RL_EFORMAT, "%s: event %d is not seq %d of a complete list",
+                         q->cache_key, i, i);
+            goto out;
+        }
+    }
+    int64_t now = d_now_ms();
+    int64_t t0 = q->t0 > 0 && q->t0 <= now ? q->t0 : now;
+    for (int i = 0; i < n; i++) {
+        cJSON *e = cJSON_GetArrayItem(a, i);
+        if (i == n - 1) {
+            cJSON_ReplaceItemInObjectCaseSensitive(e, "cached", cJSON_CreateTrue());
+            cJSON *t = cJSON_CreateObject();
+            cJSON_AddNumberToObject(t, "queue_ms", (double)(now - t0));
+            cJSON_AddNumberToObject(t, "ttft_ms", (double)(now - t0));
+            cJSON_AddNumberToObject(t, "total_ms", (double)(now - t0));
+            cJSON_ReplaceItemInObjectCaseSensitive(e, "timings", t);
+            cJSON_DeleteItemFromObjectCaseSensitive(e, "metadata");
+            if (q->job->metadata)
+                cJSON_AddItemToObject(e, "metadata", cJSON_Duplicate(q->job->metadata, 1));
+        }
+        if ((rc = push_event(q, cJSON_PrintUnformatted(e)))) {
+            rl_errf(err, RL_ENOMEM, "cache: out of memory");
+            goto out;
+        }
+    }
+out:
+    cJSON_Delete(a);
+    return rc;
+}
+
+/* Round trip 1: XINFO GROUPS of every pool, then the oldest undelivered
+ * entry of each (and a count when Redis cannot give the lag). */
+static void refresh_stats(struct disp *d)
+{
+    struct rconn_batch *b = d->batch;
+    struct rl_err err;
+    char last[D_MAX_POOLS][RCONN_ID_MAX];
+    bool has_group[D_MAX_POOLS] = {false}, lag_known[D_MAX_POOLS] = {false};
+    int64_t lag[D_MAX_POOLS] = {0};
+    rconn_batch_reset(b);
+    for (int p = 0; p < d->n_pools; p++) {
+        const char *argv[3] = {"XINFO", "GROUPS", d->pools[p].key};
+        if (rconn_batch_add(b, 3, argv, NULL, &err))
+            return;
+    }
+    if (rconn_batch_exec(d->rc, b, &err)) {
+        RL_LOG(&d->log, RL_LOG_DEBUG, "pool stats: %s", err.msg);
+        return;
+    }
+    for (int p = 0; p < d->n_pools; p++) {
+        const struct rconn_reply *r = rconn_batch_reply(b, p);
+        strcpy(last[p], "0-0");
+        if (!r || r->type != RCONN_ARRAY)
+            continue; /* no such key yet: nothing waits */
+        for (size_t g = 0; g < r->n_elem; g++) {
+            const struct rconn_reply *gr = &r->elem[g];
+            bool ours = false;
+            const char *ld = NULL;
+            const struct rconn_reply *lg = NULL;
+            for (size_t k = 0; gr->type == RCONN_ARRAY && k + 1 < gr->n_elem; k += 2) {
+                const char *f = gr->elem[k].str ? gr->elem[k].str : "";
+                const struct rconn_reply *v = &gr->elem[k + 1];
+                if (!strcmp(f, "name"))
+                    ours = v->str && !strcmp(v->str, GROUP_WORKERS);
+                else if (!strcmp(f, "last-delivered-id"))
+                    ld = v->str;
+                else if (!strcmp(f, "lag"))
+                    lg = v;
+            }
+            if (!ours)
+                continue;
+            has_group[p] = true;
+            if (ld && strlen(ld) < RCONN_ID_MAX)
+                memcpy(last[p], ld, strlen(ld) + 1);
+            if (lg && lg->type == RCONN_INTEGER) {
+                lag_known[p] = true;
+                lag[p] = lg->integer;
+            }
+        }
+    }
+    /* the oldest undelivered entry: first one after last-delivered-id; the
+     * count by XRANGE when the lag is unknown (deletions in the stream),
+     * capped a little above max_waiting since only "over it" matters */
+    rconn_batch_reset(b);
+    int cap = d->cfg.max_waiting > 0 ? d->cfg.max_waiting + 1 : 10000;
+    char start[D_MAX_POOLS][RCONN_ID_MAX + 1], capbuf[32];
+    snprintf(capbuf, sizeof capbuf, "%d", cap);
+    int idx_first[D_MAX_POOLS], idx_count[D_MAX_POOLS];
+    for (int p = 0; p < d->n_pools; p++) {
+        snprintf(start[p], sizeof start[p], "(%.46s", last[p]);
+        const char *s = has_group[p] ? start[p] : "-";
+        const char *a1[6] = {"XRANGE", d->pools[p].key, s, "+", "COUNT", "1"};
+        idx_first[p] = rconn_batch_count(b);
+        if (rconn_batch_add(b, 6, a1, NULL, &err))
+            return;
+        idx_count[p] = -1;
+        if (!lag_known[p]) {
+            if (has_group[p]) {
+                const char *a2[6] = {"XRANGE", d->pools[p].key, s, "+", "COUNT", capbuf};
+                idx_count[p] = rconn_batch_count(b);
+                if (rconn_batch_add(b, 6, a2, NULL, &err))
+                    return;
+            } else {
+                const char *a2[2] = {"XLEN", d->pools[p].key};
+                idx_count[p] = rconn_batch_count(b);
+                if (rconn_batch_add(b, 2, a2, NULL, &err))
+                    return;
+            }
+        }
+    }
+    if (rconn_batch_exec(d->rc, b, &err)) {
+        RL_LOG(&d->log, RL_LOG_DEBUG, "pool stats: %s", err.msg);
+        return;
+    }
+    int64_t now = d_now_ms();
+    for (int p = 0; p < d->n_pools; p++) {
+        struct dpool *pl = &d->pools[p];
+        const struct rconn_reply *r = rconn_batch_reply(b, idx_first[p]);
+        pl->wait_ms = 0;
+        if (r && r->type == RCONN_ARRAY && r->n_elem > 0 && r->elem[0].type == RCONN_ARRAY &&
+            r->elem[0].n_elem > 0 && r->elem[0].elem[0].str) {
+            int64_t ms = strtoll(r->elem[0].elem[0].str, NULL, 10);
+            pl->wait_ms = now > ms ? now - ms : 0;
+        }
+        if (lag_known[p]) {
+            pl->waiting = lag[p];
+        } else {
+            const struct rconn_reply *c = rconn_batch_reply(b, idx_count[p]);
+            pl->waiting = !c ? 0 : c->type == RCONN_ARRAY ? (int64_t)c->n_elem
+                                 : c->type == RCONN_INTEGER ? c->integer : 0;
+        }
+        if (pl->waiting == 0)
+            pl->wait_ms = 0;
+    }
+    /* adaptive routing follows the fresh waits */
+    int tp = route_think_pool(d->router), fp = route_fast_pool(d->router);
+    struct route_adapt a = {
+        .adaptive = d->cfg.adaptive && tp >= 0 && tp != fp, .ratio = d->cfg.think_ratio,
+        .min_ratio = d->cfg.adaptive_min_ratio, .max_ratio = d->cfg.adaptive_max_ratio,
+        .threshold_ms = d->cfg.adaptive_wait_ms,
+        .think_wait_ms = tp >= 0 ? d->pools[tp].wait_ms : 0, .fast_wait_ms = d->pools[fp].wait_ms};
+    double eff = route_effective_ratio(&a);
+    if (route_ratio_ppm(eff) != route_ratio_ppm(route_get_ratio(d->router)))
+        RL_LOG(&d->log, RL_LOG_INFO, "adaptive: think ratio %.3f -> %.3f (wait think %" PRId64
+               " ms, fast %" PRId64 " ms)", route_get_ratio(d->router), eff, a.think_wait_ms,
+               a.fast_wait_ms);
+    route_set_ratio(d->router, eff);
+    pthread_mutex_lock(&d->m.mu);
+    for (int p = 0; p < d->n_pools; p++) {
+        d->m.pool_waiting[p] = d->pools[p].waiting;
+        d->m.pool_wait_ms[p] = d->pools[p].wait_ms;
+    }
+    d->m.ratio = d->cfg.think_ratio;
+    d->m.ratio_effective = route_get_ratio(d->router);
+    d->m.adaptive = d->cfg.adaptive;
+    pthread_mutex_unlock(&d->m.mu);
+    d->next_stats_ms = now + STATS_MS;
+}
+
+/* Validation, routing and the cache key: no Redis. */
+static void prepare(struct disp *d, struct dreq *q)
+{
+    struct rl_err err = {0};
+    q->t0 = strtoll(q->e->id, NULL, 10);
+    q->stream_ttl_s = d->cfg.stream_ttl_s;
+    if (q->e->deleted) { /* XDELed while pending: nothing to route */
+        q->act = A_ACK;
+        return;
+    }
+    char fallback[RCONN_ID_MAX + 2];
+    snprintf(fallback, sizeof fallback, "r%s", q->e->id);
+    q->raw = rconn_entry_field(q->e, "job", &q->raw_len);
+    if (!q->raw) {
+        snprintf(q->id, sizeof q->id, "%s", fallback);
+        reject(d, q, EV_CODE_BAD_ENTRY, "the stream entry has no `job` field");
+        return;
+    }
+    struct job_opts jo = d->jopts;
+    jo.fallback_id = fallback;
+    struct job_fault fault;
+    if (job_parse(q->raw, q->raw_len, &jo, &q->job, &fault, &err)) {
+        guess_id(q->raw, q->raw_len, fallback, q->id);
+        reject(d, q, fault.code, err.msg);
+        return;
+    }
+    snprintf(q->id, sizeof q->id, "%s", q->job->id);
+    q->stream_ttl_s = q->job->stream_ttl_s;
+    enum ev_code code = EV_CODE_NONE;
+    if (route_decide(d->router, q->job, &q->dec, &code, &err)) {
+        reject(d, q, code, err.msg);
+        return;
+    }
+    q->act = A_FORWARD;
+    if (!d->model_id[0] || !q->job->cache || !job_is_deterministic(q->job))
+        return;
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    char hex[JOB_CACHE_KEY_LEN + 1];
+    if (prompt_render(q->job, q->dec.mode, d->tok, &ids, &n_ids, &code, &err) ||
+        job_cache_key(q->job, d->model_id, ids, n_ids, hex, &err)) {
+        /* the worker will say what is wrong with it */
+        RL_LOG(&d->log, RL_LOG_DEBUG, "job %s: no cache lookup: %s", q->id, err.msg);
+        free(ids);
+        return;
+    }
+    free(ids);
+    snprintf(q->cache_key, sizeof q->cache_key, "%scache:%s", d->cfg.prefix, hex);
+    q->lookup = true;
+}
+
+/* Round trip 2, then the decision for each valid request. */
+static void decide(struct disp *d, struct dreq *qs, int n)
+{
+    struct rconn_batch *b = d->batch;
+    struct rl_err err;
+    int n_get = 0;
+    rconn_batch_reset(b);
+    for (int i = 0; i < n; i++) {
+        if (qs[i].act != A_FORWARD || !qs[i].lookup)
+            continue;
+        /* a popular request repeated within the round is fetched once */
+        int same = -1;
+        for (int k = i - 1; k >= 0 && same < 0; k--)
+            if (qs[k].act == A_FORWARD && qs[k].lookup && !strcmp(qs[k].cache_key, qs[i].cache_key))
+                same = k;
+        if (same >= 0) {
+            qs[i].get_idx = qs[same].get_idx;
+            continue;
+        }
+        const char *argv[2] = {"GET", qs[i].cache_key};
+        qs[i].get_idx = rconn_batch_count(b);
+        if (rconn_batch_add(b, 2, argv, NULL, &err)) {
+            qs[i].lookup = false;
+            continue;
+        }
+        n_get++;
+    }
+    bool got = n_get > 0 && rconn_batch_exec(d->rc, b, &err) == 0;
+    int64_t hits = 0, misses = 0;
+    for (int i = 0; i < n; i++) {
+        struct dreq *q = &qs[i];
+        if (q->act != A_FORWARD)
+            continue;
+        if (q->lookup && got) {
+            const struct rconn_reply *r = rconn_batch_reply(b, q->get_idx);
+            if (r && r->type == RCONN_STRING) {
+                if (replay(q, r->str, r->len, &err) == 0) {
+                    q->act = A_CACHE;
+                    hits++;
+                    RL_LOG(&d->log, RL_LOG_DEBUG, "job %s: answered from the result cache", q->id);
+                    continue;
+                }
+                RL_LOG(&d->log, RL_LOG_WARN, "job %s: unusable cache entry: %s", q->id, err.msg);
+                for (int k = 0; k < q->n_events; k++)
+                    free(q->events[k]);
+                q->n_events = 0;
+            }
+            misses++;
+        }
+        struct dpool *p = &d->pools[q->dec.pool];
+        if (d->cfg.max_waiting > 0 && p->waiting >= d->cfg.max_waiting) {
+            overload(d, q, p);
+            continue;
+        }
+        /* the worker gets the decision spelt out: the effective mode, so it
+         * renders exactly what the cache key above was computed over */
+        q->job->mode = q->dec.mode;
+        q->job->given |= JOB_F_MODE;
+        if (job_to_json(q->job, &q->fwd, &err)) {
+            q->act = 0; /* out of memory: left pending, retried later */
+            continue;
+        }
+        p->waiting++;
+    }
+    pthread_mutex_lock(&d->m.mu);
+    d->m.cache_hits += hits;
+    d->m.cache_misses += misses;
+    pthread_mutex_unlock(&d->m.mu);
+}
+
+static int add_events(struct disp *d, struct dreq *q, struct rl_err *err)
+{
+    char key[D_KEY_MAX + JOB_ID_MAX], idbuf[EV_STREAM_ID_MAX], ttl[32];
+    const char *names[1] = {"event"};
+    snprintf(key, sizeof key, "%sout:%s", d->cfg.prefix, q->id);
+    int rc = 0;
+    for (int k = 0; k < q->n_events && !rc; k++) {
+        const char *vals[1] = {q->events[k]};
+        size_t lens[1] = {strlen(q->events[k])};
+        rc = rconn_batch_add_xadd(d->batch, key, ev_stream_id(k, idbuf), 0, 1, names, vals, lens,
+                                  err);
+    }
+    if (!rc && q->n_events) {
+        snprintf(ttl, sizeof ttl, "%d", q->stream_ttl_s);
+        const char *argv[3] = {"EXPIRE", key, ttl};
+        rc = rconn_batch_add(d->batch, 3, argv, NULL, err);
+    }
+    return rc;
+}
+
+/* Round trip 3: one transaction per request. Returns 0, or -RL_EIO when
+ * the pipeline broke (the unanswered requests stay pending). */
+static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
+{
+    struct rconn_batch *b = d->batch;
+    rconn_batch_reset(b);
+    int n_tx = 0;
+    for (int i = 0; i < n; i++) {
+        struct dreq *q = &qs[i];
+        q->exec_idx = -1;
+        if (!q->act) { /* could not be prepared (memory): try it again later */
+            d->own_again = true;
+            continue;
+        }
+        const char *multi[1] = {"MULTI"}, *exec[1] = {"EXEC"};
+        int rc = rconn_batch_add(b, 1, multi, NULL, err);
+        if (!rc && q->act != A_FORWARD && q->act != A_ACK)
+            rc = add_events(d, q, err);
+        if (!rc && q->dead) {
+            const char *vals[1] = {q->dead}, *dn[1] = {"dead"};
+            size_t lens[1] = {strlen(q->dead)};
+            rc = rconn_batch_add_xadd(b, d->dead_key, "*", d->cfg.dead_maxlen, 1, dn, vals, lens,
+                                      err);
+        }
+        if (!rc && q->act == A_FORWARD) {
+            const char *vals[1] = {q->fwd}, *fn[1] = {"job"};
+            size_t lens[1] = {strlen(q->fwd)};
+            rc = rconn_batch_add_xadd(b, d->pools[q->dec.pool].key, "*", 0, 1, fn, vals, lens,
+                                      err);
+        }
+        const char *ack[4] = {"XACK", d->req_key, GROUP_REQ, q->e->id};
+        if (!rc)
+            rc = rconn_batch_add(b, 4, ack, NULL, err);
+        if (!rc)
+            rc = rconn_batch_add(b, 1, exec, NULL, err);
+        if (rc)
+            return rc; /* out of memory: nothing sent, all stay pending */
+        q->exec_idx = rconn_batch_count(b) - 1;
+        n_tx++;
+    }
+    if (!n_tx)
+        return 0;
+    int xrc = rconn_batch_exec(d->rc, b, err);
+    int64_t routed[D_MAX_POOLS] = {0}, auto_routed[D_MAX_POOLS] = {0};
+    int64_t invalid = 0, overloaded = 0, handled = 0;
+    for (int i = 0; i < n; i++) {
+        struct dreq *q = &qs[i];
+        const struct rconn_reply *r = q->exec_idx >= 0 ? rconn_batch_reply(b, q->exec_idx) : NULL;
+        if (!r)
+            continue;
+        if (r->type != RCONN_ARRAY) {
+            /* EXECABORT or a nil: the transaction did not run; the entry
+             * stays pending and is retried from our own PEL */
+            RL_LOG(&d->log, RL_LOG_WARN, "job %s (request %s): transaction failed: %s",
+                   q->id[0] ? q->id : "-", q->e->id, r->str ? r->str : "nil");
+            d->own_again = true;
+            continue;
+        }
+        for (size_t k = 0; k < r->n_elem; k++)
+            if (r->elem[k].type == RCONN_ERROR && !rconn_reply_is_stale_id(&r->elem[k]))
+                RL_LOG(&d->log, q->act == A_FORWARD ? RL_LOG_ERROR : RL_LOG_WARN,
+                       "job %s (request %s): %s", q->id[0] ? q->id : "-", q->e->id,
+                       r->elem[k].str);
+        handled++;
+        switch (q->act) {
+        case A_FORWARD:
+            routed[q->dec.pool]++;
+            auto_routed[q->dec.pool] += q->dec.is_auto;
+            RL_LOG(&d->log, RL_LOG_DEBUG, "job %s: routed to %s (%s, %s)", q->id,
+                   d->pools[q->dec.pool].name, route_reason_name(q->dec.reason),
+                   q->dec.mode == JOB_MODE_THINK ? "think" : "no_think");
+            break;
+        case A_REJECT: invalid++; break;
+        case A_OVERLOAD: overloaded++; break;
+        default: break;
+        }
+    }
+    pthread_mutex_lock(&d->m.mu);
+    for (int p = 0; p < d->n_pools; p++) {
+        d->m.routed[p] += routed[p];
+        d->m.auto_routed[p] += auto_routed[p];
+    }
+    d->m.invalid += invalid;
+    d->m.overloaded += overloaded;
+    pthread_mutex_unlock(&d->m.mu);
+    d->rate_n += handled;
+    if (xrc)
+        d->own_again = true;
+    return xrc;
+}
+
+static void handle(struct disp *d, const struct rconn_entries *ents)
+{
+    if (ents->n == 0)
+        return;
+    struct dreq *qs = calloc((size_t)ents->n, sizeof *qs);
+    struct rl_err err;
+    if (!qs) {
+        d->own_again = true; /* they stay pending; read again later */
+        return;
+    }
+    if (d_now_ms() >= d->next_stats_ms)
+        refresh_stats(d);
+    for (int i = 0; i < ents->n; i++) {
+        qs[i].e = &ents->v[i];
+        prepare(d, &qs[i]);
+    }
+    decide(d, qs, ents->n);
+    if (commit(d, qs, ents->n, &err))
+        RL_LOG(&d->log, RL_LOG_WARN, "redis %s: %s; unanswered requests stay pending",
+               rconn_addr(d->rc), err.msg);
+    for (int i = 0; i < ents->n; i++)
+        dreq_clear(&qs[i]);
+    free(qs);
+}
+
+static void ensure_groups(struct disp *d)
+{
+    if (d->groups_ok)
+        return;
+    struct rl_err err;
+    if (rconn_xgroup_create(d->rc, d->req_key, GROUP_REQ, "0", &err)) {
+        RL_LOG(&d->log, RL_LOG_DEBUG, "XGROUP CREATE %s: %s", d->req_key, err.msg);
+        return;
+    }
+    /* the workers' group too, from the start of each pool stream as the
+     * worker makes it, so that the queue state can be read before any
+     * worker came */
+    for (int p = 0; p < d->n_pools; p++)
+        if (rconn_xgroup_create(d->rc, d->pools[p].key, GROUP_WORKERS, "0", &err)) {
+            RL_LOG(&d->log, RL_LOG_DEBUG, "XGROUP CREATE %s: %s", d->pools[p].key, err.msg);
+            return;
+        }
+    d->groups_ok = true;
+    d->own_again = true; /* a restart under the same name finds its entries */
+    d->next_own_ms = 0;
+    pthread_mutex_lock(&d->m.mu);
+    d->m.ready = true;
+    pthread_mutex_unlock(&d->m.mu);
+}
+
+static void claim(struct disp *d)
+{
+    struct rconn_entries ents = {0};
+    char next[RCONN_ID_MAX];
+    struct rl_err err;
+    if (rconn_xautoclaim(d->rc, d->req_key, GROUP_REQ, d->name, d->cfg.claim_idle_ms,
+                         d->claim_cursor, D_BATCH, &ents, next, NULL, &err)) {
+        RL_LOG(&d->log, RL_LOG_DEBUG, "XAUTOCLAIM: %s", err.msg);
+        return;
+    }
+    snprintf(d->claim_cursor, sizeof d->claim_cursor, "%s", next);
+    if (ents.n) {
+        RL_LOG(&d->log, RL_LOG_INFO, "took over %d requests of a dead dispatcher", ents.n);
+        pthread_mutex_lock(&d->m.mu);
+        d->m.reclaimed += ents.n;
+        pthread_mutex_unlock(&d->m.mu);
+        handle(d, &ents);
+    }
+    rconn_entries_free(&ents);
+}
+
+static void heartbeat(struct disp *d)
+{
+    int64_t now = d_now_ms();
+    if (now - d->rate_t_ms >= 500) {
+        double r = (double)d->rate_n * 1000.0 / (double)(now - d->rate_t_ms);
+        pthread_mutex_lock(&d->m.mu);
+        d->m.requests_per_s = 0.5 * d->m.requests_per_s + 0.5 * r;
+        pthread_mutex_unlock(&d->m.mu);
+        d->rate_n = 0;
+        d->rate_t_ms = now;
+    }
+    char *v = dm_heartbeat_json(d);
+    if (!v)
+        return;
+    char key[D_KEY_MAX + RCONN_NAME_MAX], ttl[32];
+    snprintf(key, sizeof key, "%sdispatcher:%s", d->cfg.prefix, d->name);
+    snprintf(ttl, sizeof ttl, "%d", d->cfg.heartbeat_ttl_s);
+    const char *argv[5] = {"SET", key, v, "EX", ttl};
+    struct rl_err err;
+    if (rconn_command(d->rc, 5, argv, NULL, NULL, &err))
+        RL_LOG(&d->log, RL_LOG_DEBUG, "heartbeat: %s", err.msg);
+    free(v);
+}
+
+/* A clean exit with nothing pending removes our consumer, so that
+ * host+pid names do not pile up in the group. */
+static void leave_group(struct disp *d)
+{
+    struct rconn_pending *p = NULL;
+    int n = 0;
+    struct rl_err err;
+    if (rconn_xpending(d->rc, d->req_key, GROUP_REQ, 0, "-", "+", 1, d->name, &p, &n, &err) == 0 &&
+        n == 0) {
+        const char *argv[5] = {"XGROUP", "DELCONSUMER", d->req_key, GROUP_REQ, d->name};
+        rconn_command(d->rc, 5, argv, NULL, NULL, &err);
+    }
+    free(p);
+}
+
+int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *reload)
+{
+    bool was_up = true, notified = false;
+    d->rate_t_ms = d_now_ms();
+    while (!*stop) {
+        int64_t now = d_now_ms();
+        if (*reload) {
+            *reload = 0;
+            d_reload(d);
+        }
+        if (d->watchdog_usec && now >= d->next_wd_ms) {
+            sd_notify(0, "WATCHDOG=1");
+            d->next_wd_ms = now + (int64_t)(d->watchdog_usec / 2000);
+        }
+        struct rl_err cerr;
+        if (!rconn_connected(d->rc) && rconn_ensure(d->rc, &cerr) == 0)
+            d->own_again = true; /* a round may have broken off: re-read what we hold */
+        ensure_groups(d);
+        bool up = d->groups_ok && rconn_connected(d->rc);
+        if (up != was_up) {
+            RL_LOG(&d->log, up ? RL_LOG_INFO : RL_LOG_WARN, "redis %s: %s", rconn_addr(d->rc),
+                   up ? "connected" : "unreachable; retrying");
+            was_up = up;
+        }
+        pthread_mutex_lock(&d->m.mu);
+        d->m.ready = up;
+        pthread_mutex_unlock(&d->m.mu);
+        if (!up) {
+            int64_t ms = rconn_retry_in_ms(d->rc);
+            struct timespec ts = {0, (long)(ms < 5 ? 5 : ms > 100 ? 100 : ms) * 1000000L};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        if (!notified) {
+            sd_notify(0, "READY=1");
+            RL_LOG(&d->log, RL_LOG_INFO, "ready: routing %s as %s", d->req_key, d->name);
+            notified = true;
+        }
+        if (now >= d->next_hb_ms) {
+            refresh_stats(d);
+            heartbeat(d);
+            d->next_hb_ms = now + d->cfg.heartbeat_interval_ms;
+        }
+        if (now >= d->next_claim_ms) {
+            claim(d);
+            d->next_claim_ms = now + d->cfg.claim_interval_ms;
+        }
+        struct rconn_entries ents = {0};
+        struct rl_err err;
+        const char *key = d->req_key;
+        int64_t block = d->next_hb_ms - d_now_ms();
+        if (d->watchdog_usec && d->next_wd_ms - d_now_ms() < block)
+            block = d->next_wd_ms - d_now_ms(); /* a blocked read must not starve the watchdog */
+        if (block > d->cfg.block_ms)
+            block = d->cfg.block_ms;
+        if (block < 1)
+            block = 1;
+        if (!d->own_pending && d->own_again && now >= d->next_own_ms) {
+            d->own_pending = true;
+            d->own_again = false;
+            strcpy(d->own_cursor, "0");
+            d->next_own_ms = now + 100;
+        }
+        bool own = d->own_pending;
+        if (rconn_xreadgroup(d->rc, GROUP_REQ, d->name, 1, &key, own ? d->own_cursor : ">",
+                             D_BATCH, own ? -1 : (int)block, &ents, &err)) {
+            if (strstr(err.msg, "NOGROUP"))
+                d->groups_ok = false; /* Redis lost it (restarted empty) */
+            d->own_again = true;      /* the read may have delivered before it broke */
+            RL_LOG(&d->log, RL_LOG_DEBUG, "XREADGROUP: %s", err.msg);
+            continue;
+        }
+        if (own && ents.n == 0)
+            d->own_pending = false;
+        else if (own)
+            snprintf(d->own_cursor, sizeof d->own_cursor, "%s", ents.v[ents.n - 1].id);
+        handle(d, &ents);
+        rconn_entries_free(&ents);
+    }
+    sd_notify(0, "STOPPING=1");
+    RL_LOG(&d->log, RL_LOG_INFO, "stopping");
+    if (rconn_connected(d->rc))
+        leave_group(d);
+    return 0;
+}

@@ -1,0 +1,224 @@
+/* dispatcher/main.c - redlm-dispatcher: options, Redis, the tokenizer of
+ * the result-cache fast path, signals and systemd, then the routing loop
+ * (loop.c) until SIGTERM.
+ *
+ *   redlm-dispatcher -c config/redlm.conf
+ *   redlm-dispatcher --redis 127.0.0.1:6379 --think-ratio 0.3 --max-waiting 500
+ *
+ * It runs without a config file (every option has a default and a flag).
+ * Several copies may run: each is one consumer of the group "dispatchers"
+ * on <prefix>requests, named by the name option or, when that is empty,
+ * host-pid. With the model option set it loads only the model's tokenizer
+ * (no weights) to compute result-cache keys exactly as the worker does,
+ * and answers cached requests itself; without it that fast path is off.
+ *
+ * Signals only set the two flags below (the only globals: a handler can
+ * reach nothing else). SIGTERM/SIGINT: finish the round in hand, then exit
+ * 0 (what was read but not handled stays pending for another dispatcher).
+ * SIGHUP: re-read the config file and flags and apply the live options
+ * (ratio, rules, adaptive bounds, limits, timers, log level). READY=1 goes
+ * to systemd once Redis is reached and the groups exist; WATCHDOG=1 at
+ * half of WATCHDOG_USEC when asked. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include "disp.h"
+#include "http.h"
+#include "modelid.h"
+#include "tokenizer.h"
+
+static volatile sig_atomic_t g_stop, g_reload;
+
+static void on_signal(int sig)
+{
+    if (sig == SIGHUP)
+        g_reload = 1;
+    else
+        g_stop = 1;
+}
+
+int d_make_router(struct disp *d, struct rl_err *err)
+{
+    const char *pools[D_MAX_POOLS];
+    for (int p = 0; p < d->n_pools; p++)
+        pools[p] = d->pools[p].name;
+    struct route_opts o = {.pools = pools, .n_pools = d->n_pools,
+                           .default_pool = d->cfg.default_pool,
+                           .rules = (const char *const *)d->cfg.think_rules.v,
+                           .n_rules = d->cfg.think_rules.n, .ratio = d->cfg.think_ratio};
+    struct router *r;
+    int rc = route_create(&r, &o, err);
+    if (rc)
+        return rc;
+    route_free(d->router);
+    d->router = r;
+    pthread_mutex_lock(&d->m.mu);
+    d->m.ratio = d->cfg.think_ratio;
+    d->m.ratio_effective = route_get_ratio(r);
+    d->m.adaptive = d->cfg.adaptive;
+    pthread_mutex_unlock(&d->m.mu);
+    d->next_stats_ms = 0; /* adaptive state is recomputed at once */
+    return 0;
+}
+
+void d_reload(struct disp *d)
+{
+    struct cfg fresh;
+    struct rl_err err;
+    enum cfg_action act;
+    if (cfg_load(&fresh, d->argc, d->argv, CFG_DISPATCHER, &act, &err)) {
+        RL_LOG(&d->log, RL_LOG_ERROR, "SIGHUP: keeping the old settings: %s", err.msg);
+        return;
+    }
+    /* only the live options change; the Redis address, pools and name need
+     * a restart */
+    int rc = cfg_apply_live(&d->cfg, &fresh, CFG_DISPATCHER, &err);
+    cfg_free(&fresh);
+    if (rc) {
+        RL_LOG(&d->log, RL_LOG_ERROR, "SIGHUP: keeping the old settings: %s", err.msg);
+        return;
+    }
+    if (d_make_router(d, &err))
+        RL_LOG(&d->log, RL_LOG_ERROR, "SIGHUP: keeping the old routing rules: %s", err.msg);
+    cfg_job_opts(&d->cfg, &d->jopts);
+    int lvl = rl_log_parse_level(d->cfg.log_level);
+    if (lvl >= 0)
+        d->log.level = lvl;
+    RL_LOG(&d->log, RL_LOG_INFO, "SIGHUP: settings reloaded (think_ratio %.3f, adaptive %s, "
+           "%d think rules, max_waiting %d)", d->cfg.think_ratio, d->cfg.adaptive ? "on" : "off",
+           d->cfg.think_rules.n, d->cfg.max_waiting);
+}
+
+static int setup(struct disp *d, struct rl_err *err)
+{
+    int rc;
+    if (d->cfg.name[0]) {
+        snprintf(d->name, sizeof d->name, "%s", d->cfg.name);
+    } else {
+        char host[64] = "";
+        if (gethostname(host, sizeof host) || !host[0])
+            snprintf(host, sizeof host, "dispatcher");
+        host[sizeof host - 1] = 0;
+        snprintf(d->name, sizeof d->name, "%s-%d", host, (int)getpid());
+    }
+    if (d->cfg.pools.n > D_MAX_POOLS)
+        return rl_errf(err, RL_EINVAL, "pools: more than %d pools", D_MAX_POOLS);
+    d->n_pools = d->cfg.pools.n;
+    for (int p = 0; p < d->n_pools; p++) {
+        snprintf(d->pools[p].name, sizeof d->pools[p].name, "%s", d->cfg.pools.v[p]);
+        snprintf(d->pools[p].key, sizeof d->pools[p].key, "%.128sjobs:%s", d->cfg.prefix,
+                 d->cfg.pools.v[p]);
+    }
+    snprintf(d->req_key, sizeof d->req_key, "%.200srequests", d->cfg.prefix);
+    snprintf(d->dead_key, sizeof d->dead_key, "%.200sdead", d->cfg.prefix);
+    strcpy(d->claim_cursor, "0-0");
+    cfg_job_opts(&d->cfg, &d->jopts);
+    if ((rc = d_make_router(d, err)))
+        return rc;
+    if (route_think_pool(d->router) < 0)
+        RL_LOG(&d->log, RL_LOG_WARN, "no pool named \"think\": every auto request goes to %s",
+               route_pool_name(d->router, route_fast_pool(d->router)));
+
+    if (d->cfg.model[0]) {
+        if ((rc = tok_load(&d->tok, d->cfg.model, err)))
+            return rl_err_wrap(err, "model %s (for the result-cache fast path)", d->cfg.model);
+        if ((rc = modelid_compute(d->cfg.model, d->model_id, err)))
+            return rc;
+        RL_LOG(&d->log, RL_LOG_INFO, "result-cache fast path on: tokenizer of %s, model id %.12s",
+               d->cfg.model, d->model_id);
+    } else {
+        RL_LOG(&d->log, RL_LOG_INFO, "result-cache fast path off: no model configured (--model "
+               "DIR loads its tokenizer); cached requests go to the workers");
+    }
+
+    struct rconn_opts ro;
+    cfg_rconn_opts(&d->cfg, &ro);
+    ro.client_name = d->name;
+    if ((rc = rconn_create(&d->rc, &ro, err)))
+        return rc;
+    return rconn_batch_create(&d->batch, err);
+}
+
+/* The HTTP front door's hooks (http.h): typed wrappers, since calling
+ * through a cast function pointer is undefined. */
+static char *http_metrics(void *ctx) { return disp_metrics_text(ctx); }
+static bool http_ready(void *ctx) { return disp_ready(ctx); }
+
+int main(int argc, char **argv)
+{
+    struct dhttp *http = NULL; /* the OpenAI-compatible API, when the option http is set */
+    struct disp *d = calloc(1, sizeof *d);
+    struct rl_err err = {0};
+    int status = 1;
+    if (!d) {
+        fprintf(stderr, "redlm-dispatcher: out of memory\n");
+        return 1;
+    }
+    dm_init(&d->m);
+    d->log = (struct rl_log){.level = RL_LOG_INFO, .ident = "dispatcher"};
+    d->argc = argc;
+    d->argv = argv;
+    d->t_start_ms = d_now_ms();
+    enum cfg_action act;
+    if (cfg_load(&d->cfg, argc, argv, CFG_DISPATCHER, &act, &err)) {
+        fprintf(stderr, "redlm-dispatcher: %s\n", err.msg);
+        goto out;
+    }
+    if (act == CFG_HELP) {
+        cfg_print_help(stdout, "redlm-dispatcher", CFG_DISPATCHER);
+        status = 0;
+        goto out;
+    }
+    if (act == CFG_PRINT_CONFIG) {
+        cfg_write_sample(stdout);
+        status = 0;
+        goto out;
+    }
+    int lvl = rl_log_parse_level(d->cfg.log_level);
+    if (lvl >= 0)
+        d->log.level = lvl;
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN); /* a dropped Redis socket is an error return, not a death */
+
+    if (setup(d, &err)) {
+        RL_LOG(&d->log, RL_LOG_ERROR, "%s", err.msg);
+        goto out;
+    }
+    uint64_t usec = 0;
+    if (sd_watchdog_enabled(0, &usec) > 0)
+        d->watchdog_usec = usec;
+    RL_LOG(&d->log, RL_LOG_INFO, "starting: redis %s, pools %d, default %s, think_ratio %.3f%s, "
+           "max_waiting %d", d->cfg.redis, d->n_pools, d->cfg.default_pool, d->cfg.think_ratio,
+           d->cfg.adaptive ? " (adaptive)" : "", d->cfg.max_waiting);
+    struct dhttp_hooks hooks = {http_metrics, http_ready, d};
+    if (dhttp_start(&http, &d->cfg, &d->log, &hooks, &err)) {
+        RL_LOG(&d->log, RL_LOG_ERROR, "%s", err.msg);
+        goto out;
+    }
+    if (d_run(d, &g_stop, &g_reload) == 0)
+        status = 0;
+    RL_LOG(&d->log, RL_LOG_INFO, "exiting (%d)", status);
+out:
+    /* after the loop: streams whose jobs are with workers finish within
+     * drain_timeout_s; the rest are cancelled */
+    dhttp_stop(http);
+    route_free(d->router);
+    rconn_batch_free(d->batch);
+    rconn_free(d->rc);
+    tok_free(d->tok);
+    cfg_free(&d->cfg);
+    pthread_mutex_destroy(&d->m.mu);
+    free(d);
+    return status;
+}

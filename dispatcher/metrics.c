@@ -1,0 +1,152 @@
+/* dispatcher/metrics.c - the dispatcher's counters as Prometheus text
+ * (disp_metrics_text, for the HTTP front door's /metrics) and as the
+ * heartbeat JSON of <prefix>dispatcher:<name> (format in the notes on the
+ * key namespace). Both read struct dmetrics under its mutex, so they may
+ * run on any thread; the main loop holds the mutex only to bump counters. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "disp.h"
+
+int64_t d_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void dm_init(struct dmetrics *m)
+{
+    memset(m, 0, sizeof *m);
+    pthread_mutex_init(&m->mu, NULL);
+}
+
+struct text {
+    char *p;
+    size_t n, cap;
+    bool oom;
+};
+
+__attribute__((format(printf, 2, 3))) static void put(struct text *t, const char *fmt, ...)
+{
+    while (!t->oom) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = t->p ? vsnprintf(t->p + t->n, t->cap - t->n, fmt, ap) : -1;
+        va_end(ap);
+        if (k >= 0 && t->n + (size_t)k < t->cap) {
+            t->n += (size_t)k;
+            return;
+        }
+        size_t cap = t->cap ? t->cap * 2 : 4096;
+        char *g = realloc(t->p, cap);
+        if (!g) {
+            t->oom = true;
+            return;
+        }
+        t->p = g;
+        t->cap = cap;
+    }
+}
+
+/* One labelled family: a counter or gauge per pool. */
+static void per_pool(struct text *t, const struct disp *d, const char *name, const char *type,
+                     const char *help, const int64_t *v)
+{
+    put(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    for (int p = 0; p < d->n_pools; p++)
+        put(t, "%s{pool=\"%s\"} %lld\n", name, d->pools[p].name, (long long)v[p]);
+}
+
+char *disp_metrics_text(struct disp *d)
+{
+    struct text t = {0};
+    struct dmetrics *m = &d->m;
+    pthread_mutex_lock(&m->mu);
+    per_pool(&t, d, "redlm_dispatcher_routed_total", "counter",
+             "requests forwarded to each pool", m->routed);
+    per_pool(&t, d, "redlm_dispatcher_auto_routed_total", "counter",
+             "of those, auto requests placed by a think rule or the ratio", m->auto_routed);
+    per_pool(&t, d, "redlm_dispatcher_pool_waiting", "gauge",
+             "jobs in the pool stream no worker has taken yet", m->pool_waiting);
+    per_pool(&t, d, "redlm_dispatcher_pool_wait_ms", "gauge",
+             "age of the oldest job no worker has taken yet, ms", m->pool_wait_ms);
+    put(&t, "# HELP redlm_dispatcher_think_ratio configured share of auto requests sent to think\n"
+            "# TYPE redlm_dispatcher_think_ratio gauge\nredlm_dispatcher_think_ratio %.6f\n",
+        m->ratio);
+    put(&t, "# HELP redlm_dispatcher_think_ratio_effective the share in use (adaptive routing "
+            "moves it)\n# TYPE redlm_dispatcher_think_ratio_effective gauge\n"
+            "redlm_dispatcher_think_ratio_effective %.6f\n", m->ratio_effective);
+    put(&t, "# TYPE redlm_dispatcher_cache_hits_total counter\n"
+            "redlm_dispatcher_cache_hits_total %lld\n", (long long)m->cache_hits);
+    put(&t, "# TYPE redlm_dispatcher_cache_misses_total counter\n"
+            "redlm_dispatcher_cache_misses_total %lld\n", (long long)m->cache_misses);
+    put(&t, "# HELP redlm_dispatcher_invalid_total requests refused as invalid (error event + "
+            "dead letter)\n# TYPE redlm_dispatcher_invalid_total counter\n"
+            "redlm_dispatcher_invalid_total %lld\n", (long long)m->invalid);
+    put(&t, "# HELP redlm_dispatcher_overloaded_total requests refused with OVERLOADED\n"
+            "# TYPE redlm_dispatcher_overloaded_total counter\n"
+            "redlm_dispatcher_overloaded_total %lld\n", (long long)m->overloaded);
+    put(&t, "# TYPE redlm_dispatcher_reclaimed_total counter\n"
+            "redlm_dispatcher_reclaimed_total %lld\n", (long long)m->reclaimed);
+    put(&t, "# TYPE redlm_dispatcher_requests_per_second gauge\n"
+            "redlm_dispatcher_requests_per_second %.2f\n", m->requests_per_s);
+    put(&t, "# TYPE redlm_dispatcher_ready gauge\nredlm_dispatcher_ready %d\n", m->ready ? 1 : 0);
+    pthread_mutex_unlock(&m->mu);
+    if (t.oom) {
+        free(t.p);
+        return NULL;
+    }
+    return t.p;
+}
+
+bool disp_ready(struct disp *d)
+{
+    pthread_mutex_lock(&d->m.mu);
+    bool r = d->m.ready;
+    pthread_mutex_unlock(&d->m.mu);
+    return r;
+}
+
+char *dm_heartbeat_json(struct disp *d)
+{
+    struct dmetrics *m = &d->m;
+    int64_t now = d_now_ms();
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", d->name);
+    cJSON_AddNumberToObject(o, "pid", (double)getpid());
+    cJSON_AddNumberToObject(o, "time_ms", (double)now);
+    cJSON_AddNumberToObject(o, "uptime_s", (double)((now - d->t_start_ms) / 1000));
+    cJSON *routed = cJSON_AddObjectToObject(o, "routed");
+    cJSON *auto_routed = cJSON_AddObjectToObject(o, "auto_routed");
+    cJSON *waiting = NULL, *wait_ms = NULL;
+    pthread_mutex_lock(&m->mu);
+    for (int p = 0; p < d->n_pools; p++) {
+        cJSON_AddNumberToObject(routed, d->pools[p].name, (double)m->routed[p]);
+        cJSON_AddNumberToObject(auto_routed, d->pools[p].name, (double)m->auto_routed[p]);
+    }
+    cJSON_AddNumberToObject(o, "think_ratio", m->ratio);
+    cJSON_AddNumberToObject(o, "think_ratio_effective", m->ratio_effective);
+    cJSON_AddBoolToObject(o, "adaptive", m->adaptive);
+    cJSON_AddNumberToObject(o, "cache_hits", (double)m->cache_hits);
+    cJSON_AddNumberToObject(o, "cache_misses", (double)m->cache_misses);
+    cJSON_AddNumberToObject(o, "invalid", (double)m->invalid);
+    cJSON_AddNumberToObject(o, "overloaded", (double)m->overloaded);
+    cJSON_AddNumberToObject(o, "requests_per_s", (double)(int64_t)(m->requests_per_s * 10) / 10.0);
+    waiting = cJSON_AddObjectToObject(o, "pool_waiting");
+    wait_ms = cJSON_AddObjectToObject(o, "pool_wait_ms");
+    for (int p = 0; p < d->n_pools; p++) {
+        cJSON_AddNumberToObject(waiting, d->pools[p].name, (double)m->pool_waiting[p]);
+        cJSON_AddNumberToObject(wait_ms, d->pools[p].name, (double)m->pool_wait_ms[p]);
+    }
+    pthread_mutex_unlock(&m->mu);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}

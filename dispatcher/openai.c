@@ -1,0 +1,1170 @@
+/* dispatcher/openai.c - OpenAI Chat Completions <-> redlm jobs and events.
+ *
+ * Requests. A body is checked in the order job_parse checks a job, so the
+ * two report alike: size (413), UTF-8 and strict JSON lexing (shared with
+ * job.c through job_check_text), syntax, object shape, then each member in
+ * document order (unknown name, duplicate, type, bounds of the fields this
+ * file owns), then the rules across members. The OpenAI names that the
+ * job protocol shares (temperature, top_p, seed, stop, the penalties,
+ * top_k, min_p, repetition_penalty, ignore_eos, mode, messages, tools) are
+ * copied into the job as they came, and job_parse() then checks them with
+ * the very code the dispatcher and the worker run: one definition of "a
+ * valid temperature", and its error names the field the client wrote. The
+ * renamed ones (max_completion_tokens, logprobs + top_logprobs,
+ * chat_template_kwargs.enable_thinking) are checked here. JSON null means
+ * "absent" for every optional member, as OpenAI treats it, and null
+ * members inside messages are dropped (clients that append the assistant
+ * message they got back send "refusal": null and the like).
+ *
+ * Responses. Each event of redlm:out:<id> maps to at most one SSE chunk,
+ * produced at once; the done event adds a tool-call chunk when the model
+ * called tools, the final chunk with finish_reason, the usage chunk when
+ * asked for, and "data: [DONE]". An error event ends the response: the
+ * HTTP layer turns it into a status when no byte was sent yet, and into an
+ * error chunk (oai_sse_error) otherwise. Logprobs carry token ids, not
+ * token text (events hold ids only): each token is written "token_id:N",
+ * the form vLLM uses with --return-tokens-as-token-ids.
+ *
+ * Everything here runs on the calling thread with no shared state; the
+ * HTTP layer calls it from its connection threads. */
+#include "openai.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "event.h"
+#include "sha256.h"
+
+/* ---- buffers ---- */
+
+int oai_buf_put(struct oai_buf *b, const char *s, size_t len)
+{
+    if (b->n + len + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->n + len + 1)
+            cap *= 2;
+        char *g = realloc(b->p, cap);
+        if (!g)
+            return -RL_ENOMEM;
+        b->p = g;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, len);
+    b->n += len;
+    b->p[b->n] = 0; /* keeps the text printable while debugging */
+    return 0;
+}
+
+void oai_buf_free(struct oai_buf *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+void oai_limits_default(struct oai_limits *l)
+{
+    memset(l, 0, sizeof *l);
+    l->max_body_bytes = 4u << 20;
+    l->max_messages = 1024;
+    l->max_tokens = 32768;
+    l->model = "redlm";
+}
+
+/* ---- errors ---- */
+
+static const char T_INVALID[] = "invalid_request_error";
+static const char T_SERVER[] = "server_error";
+
+void oai_error_set(struct oai_error *e, int status, const char *type, const char *code,
+                   const char *param, const char *fmt, ...)
+{
+    memset(e, 0, sizeof *e);
+    e->status = status;
+    e->type = type;
+    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+}
+
+char *oai_error_json(const struct oai_error *e)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *o = cJSON_AddObjectToObject(root, "error");
+    if (!o) {
+        cJSON_Delete(root);
+        return NULL;
+    }
+    cJSON_AddStringToObject(o, "message", e->message);
+    cJSON_AddStringToObject(o, "type", e->type ? e->type : T_SERVER);
+    if (e->param[0])
+        cJSON_AddStringToObject(o, "param", e->param);
+    else
+        cJSON_AddNullToObject(o, "param");
+    if (e->code[0])
+        cJSON_AddStringToObject(o, "code", e->code);
+    else
+        cJSON_AddNullToObject(o, "code");
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+void oai_error_from_event(const char *code, const char *message, int64_t retry_after_ms,
+                          struct oai_error *e)
+{
+    enum ev_code c = ev_code_from_name(code ? code : "");
+    const char *msg = message && message[0] ? message : "the request failed";
+    if (code && !strcmp(code, "OVERLOADED")) {
+        /* the dispatcher's backpressure: the queue is full for now. 503,
+         * not 429: the client is within its own limits, the service is
+         * not; both make the OpenAI SDKs retry after Retry-After */
+        oai_error_set(e, 503, T_SERVER, "OVERLOADED", NULL, "%s", msg);
+        e->retry_after_s = retry_after_ms > 0 ? (int)((retry_after_ms + 999) / 1000) : 1;
+        return;
+    }
+    switch (c) {
+    case EV_CODE_JOB_TOO_LARGE:
+        oai_error_set(e, 413, T_INVALID, code, NULL, "%s", msg);
+        return;
+    case EV_CODE_PROMPT_TOO_LONG:
+        oai_error_set(e, 400, T_INVALID, "context_length_exceeded", "messages", "%s", msg);
+        return;
+    case EV_CODE_BAD_ENTRY: case EV_CODE_BAD_UTF8: case EV_CODE_INVALID_JSON:
+    case EV_CODE_NOT_OBJECT: case EV_CODE_UNKNOWN_FIELD: case EV_CODE_DUPLICATE_FIELD:
+    case EV_CODE_BAD_TYPE: case EV_CODE_OUT_OF_RANGE: case EV_CODE_BAD_VALUE:
+    case EV_CODE_BAD_ID: case EV_CODE_MISSING_PROMPT: case EV_CODE_CONFLICTING_PROMPT:
+    case EV_CODE_MISSING_FIELD: case EV_CODE_UNKNOWN_POOL: case EV_CODE_INVALID_TOKEN:
+    case EV_CODE_TEMPLATE_ERROR: {
+        /* job.c's sentences start with the field path ("temperature: 2.5
+         * is out of range"); a path holds no blank, and "job: ..." names
+         * the job as a whole */
+        char param[JOB_FIELD_MAX] = "";
+        const char *colon = strstr(msg, ": ");
+        if (colon && colon > msg && (size_t)(colon - msg) < sizeof param &&
+            !memchr(msg, ' ', (size_t)(colon - msg)) && strncmp(msg, "job", 3)) {
+            memcpy(param, msg, (size_t)(colon - msg));
+            param[colon - msg] = 0;
+        }
+        oai_error_set(e, 400, T_INVALID, code, param, "%s", msg);
+        return;
+    }
+    case EV_CODE_DEADLINE_EXCEEDED:
+        oai_error_set(e, 504, T_SERVER, code, NULL, "%s", msg);
+        return;
+    default:
+        oai_error_set(e, 500, T_SERVER, code && code[0] ? code : "INTERNAL", NULL, "%s", msg);
+        return;
+    }
+}
+
+/* ---- requests ---- */
+
+enum kind {
+    K_MODEL, K_MESSAGES, K_STREAM, K_STREAM_OPTIONS, K_MAX_TOKENS, K_MAX_COMPLETION_TOKENS,
+    K_COPY, K_TOP_K, K_N, K_LOGPROBS, K_TOP_LOGPROBS, K_TOOLS, K_TOOL_CHOICE, K_BOOL_IGNORED,
+    K_CTK, K_MODE, K_STRING_IGNORED, K_RESPONSE_FORMAT, K_LOGIT_BIAS,
+};
+
+static const struct {
+    const char *name;
+    enum kind kind;
+} fields[] = {
+    {"model", K_MODEL},
+    {"messages", K_MESSAGES},
+    {"stream", K_STREAM},
+    {"stream_options", K_STREAM_OPTIONS},
+    {"max_tokens", K_MAX_TOKENS},
+    {"max_completion_tokens", K_MAX_COMPLETION_TOKENS},
+    {"temperature", K_COPY},
+    {"top_p", K_COPY},
+    {"seed", K_COPY},
+    {"stop", K_COPY},
+    {"presence_penalty", K_COPY},
+    {"frequency_penalty", K_COPY},
+    {"min_p", K_COPY},              /* extension, as vLLM */
+    {"repetition_penalty", K_COPY}, /* extension, as vLLM */
+    {"ignore_eos", K_COPY},         /* extension, as vLLM */
+    {"top_k", K_TOP_K},             /* extension, as vLLM (-1 = off) */
+    {"n", K_N},
+    {"logprobs", K_LOGPROBS},
+    {"top_logprobs", K_TOP_LOGPROBS},
+    {"tools", K_TOOLS},
+    {"tool_choice", K_TOOL_CHOICE},
+    {"parallel_tool_calls", K_BOOL_IGNORED},
+    {"chat_template_kwargs", K_CTK}, /* extension, as vLLM: enable_thinking */
+    {"mode", K_MODE},                /* extension: redlm's think / no_think */
+    {"user", K_STRING_IGNORED},
+    {"response_format", K_RESPONSE_FORMAT},
+    {"logit_bias", K_LOGIT_BIAS},
+};
+#define N_FIELDS ((int)(sizeof fields / sizeof fields[0]))
+
+static int bad400(struct oai_error *e, const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int bad400(struct oai_error *e, const char *code, const char *param, const char *fmt, ...)
+{
+    char msg[RL_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    oai_error_set(e, 400, T_INVALID, code, param, "%s", msg);
+    return -RL_EINVAL;
+}
+
+static bool is_integer(const cJSON *v)
+{
+    return cJSON_IsNumber(v) && isfinite(v->valuedouble) && floor(v->valuedouble) == v->valuedouble;
+}
+
+/* A positive token count bounded by the limit. */
+static int get_tokens(const cJSON *v, const char *name, int max, int *out, struct oai_error *e)
+{
+    if (!cJSON_IsNumber(v))
+        return bad400(e, "BAD_TYPE", name, "%s: must be an integer", name);
+    if (!is_integer(v))
+        return bad400(e, "BAD_TYPE", name, "%s: must be an integer, not %g", name, v->valuedouble);
+    if (v->valuedouble < 1 || v->valuedouble > max)
+        return bad400(e, "OUT_OF_RANGE", name, "%s: %.0f is out of range [1, %d]", name,
+                      v->valuedouble, max);
+    *out = (int)v->valuedouble;
+    return 0;
+}
+
+static int get_bool(const cJSON *v, const char *name, bool *out, struct oai_error *e)
+{
+    if (!cJSON_IsBool(v))
+        return bad400(e, "BAD_TYPE", name, "%s: must be true or false", name);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+/* The copy of messages that goes into the job: null members dropped
+ * (except content, which may be null on an assistant turn with tool
+ * calls), and empty annotations arrays that the SDKs echo back. */
+static cJSON *clean_messages(const cJSON *m)
+{
+    cJSON *c = cJSON_Duplicate(m, 1);
+    if (!c)
+        return NULL;
+    for (cJSON *msg = c->child; msg; msg = msg->next) {
+        if (!cJSON_IsObject(msg))
+            continue;
+        for (cJSON *f = msg->child, *next; f; f = next) {
+            next = f->next;
+            bool drop = (cJSON_IsNull(f) && f->string && strcmp(f->string, "content")) ||
+                        (f->string && !strcmp(f->string, "annotations") && cJSON_IsArray(f) &&
+                         !f->child);
+            if (drop)
+                cJSON_Delete(cJSON_DetachItemViaPointer(msg, f));
+        }
+    }
+    return c;
+}
+
+void oai_request_clear(struct oai_request *r)
+{
+    free(r->job);
+    memset(r, 0, sizeof *r);
+}
+
+/* What a job_parse fault looks like to the client: the job field is
+ * renamed back to the request field it came from. */
+static void job_fault_error(const struct job_fault *f, const struct rl_err *jerr,
+                            const char *max_tokens_name, struct oai_error *e)
+{
+    const char *code = ev_code_name(f->code);
+    const char *param = f->field;
+    if (!strcmp(param, "id") || !strcmp(param, "deadline_ms")) {
+        oai_error_set(e, 500, T_SERVER, "INTERNAL", NULL, "the front door built a bad job: %s",
+                      jerr->msg);
+        return;
+    }
+    if (f->code == EV_CODE_JOB_TOO_LARGE) {
+        oai_error_set(e, 413, T_INVALID, code, NULL, "%s", jerr->msg);
+        return;
+    }
+    const char *msg = jerr->msg;
+    if (!strcmp(param, "max_tokens") && strcmp(max_tokens_name, "max_tokens")) {
+        /* "max_tokens: ..." -> "max_completion_tokens: ..." */
+        oai_error_set(e, 400, T_INVALID, code, max_tokens_name, "%s%s", max_tokens_name,
+                      msg + (strncmp(msg, "max_tokens", 10) ? 0 : 10));
+        return;
+    }
+    oai_error_set(e, 400, T_INVALID, code, param, "%s", msg);
+}
+
+int oai_parse_request(const char *body, size_t len, const struct oai_limits *lim, const char *id,
+                      int64_t deadline_ms, struct oai_request *out, struct oai_error *e)
+{
+    struct oai_limits dl;
+    if (!lim) {
+        oai_limits_default(&dl);
+        lim = &dl;
+    }
+    memset(out, 0, sizeof *out);
+    memset(e, 0, sizeof *e);
+    if (len > lim->max_body_bytes) {
+        oai_error_set(e, 413, T_INVALID, "JOB_TOO_LARGE", NULL,
+                      "body: %zu bytes is over the limit of %zu", len, lim->max_body_bytes);
+        return -RL_EINVAL;
+    }
+    struct job_fault fault;
+    struct rl_err jerr = {0};
+    if (job_check_text(body, len, "body", &fault, &jerr))
+        return bad400(e, ev_code_name(fault.code), NULL, "%s", jerr.msg);
+
+    int rc = -RL_EINVAL;
+    char *buf = malloc(len + 1);
+    cJSON *root = NULL, *job = NULL;
+    if (!buf)
+        goto oom;
+    memcpy(buf, body, len);
+    buf[len] = 0;
+    const char *end = NULL;
+    root = cJSON_ParseWithOpts(buf, &end, 1);
+    if (!root) {
+        size_t at = end && end >= buf ? (size_t)(end - buf) : 0;
+        bad400(e, "INVALID_JSON", NULL, "body: not valid JSON (at byte %zu of %zu)", at, len);
+        goto done;
+    }
+    if (!cJSON_IsObject(root)) {
+        bad400(e, "NOT_OBJECT", NULL, "body: must be a JSON object");
+        goto done;
+    }
+    if (!(job = cJSON_CreateObject()) || !cJSON_AddStringToObject(job, "id", id))
+        goto oom;
+
+    uint64_t seen = 0;
+    const cJSON *messages = NULL, *tools = NULL, *stream_options = NULL, *tool_choice = NULL;
+    const cJSON *mode = NULL;
+    int max_tokens = 0, max_completion_tokens = 0;
+    int enable_thinking = -1; /* -1 absent, else 0/1 */
+    bool logprobs = false, top_logprobs_given = false;
+    int top_logprobs = 0;
+    for (const cJSON *v = root->child; v; v = v->next) {
+        int k = 0;
+        while (k < N_FIELDS && strcmp(fields[k].name, v->string))
+            k++;
+        if (k == N_FIELDS) {
+            bad400(e, "UNKNOWN_FIELD", v->string, "%.80s: unknown or unsupported parameter",
+                   v->string);
+            goto done;
+        }
+        const char *name = fields[k].name;
+        if (seen & (1ull << k)) {
+            bad400(e, "DUPLICATE_FIELD", name, "%s: given twice", name);
+            goto done;
+        }
+        seen |= 1ull << k;
+        if (cJSON_IsNull(v))
+            continue; /* null = absent, as OpenAI reads it */
+        switch (fields[k].kind) {
+        case K_MODEL:
+            if (!cJSON_IsString(v)) {
+                bad400(e, "BAD_TYPE", name, "model: must be a string");
+                goto done;
+            }
+            if (lim->model && strcmp(v->valuestring, lim->model)) {
+                oai_error_set(e, 404, T_INVALID, "model_not_found", "model",
+                              "The model `%.200s` does not exist; this server serves `%.200s`.",
+                              v->valuestring, lim->model);
+                goto done;
+            }
+            break;
+        case K_MESSAGES:
+            if (!cJSON_IsArray(v)) {
+                bad400(e, "BAD_TYPE", name, "messages: must be an array");
+                goto done;
+            }
+            messages = v;
+            break;
+        case K_STREAM:
+            if (get_bool(v, name, &out->stream, e))
+                goto done;
+            break;
+        case K_STREAM_OPTIONS:
+            if (!cJSON_IsObject(v)) {
+                bad400(e, "BAD_TYPE", name, "stream_options: must be an object");
+                goto done;
+            }
+            stream_options = v;
+            for (const cJSON *o = v->child; o; o = o->next) {
+                char p[JOB_FIELD_MAX];
+                snprintf(p, sizeof p, "stream_options.%.60s", o->string);
+                if (strcmp(o->string, "include_usage")) {
+                    bad400(e, "UNKNOWN_FIELD", p, "%s: unknown or unsupported parameter", p);
+                    goto done;
+                }
+                if (!cJSON_IsNull(o) && get_bool(o, p, &out->include_usage, e))
+                    goto done;
+            }
+            break;
+        case K_MAX_TOKENS:
+            if (get_tokens(v, name, lim->max_tokens, &max_tokens, e))
+                goto done;
+            break;
+        case K_MAX_COMPLETION_TOKENS:
+            if (get_tokens(v, name, lim->max_tokens, &max_completion_tokens, e))
+                goto done;
+            break;
+        case K_COPY: {
+            cJSON *c = cJSON_Duplicate(v, 1);
+            if (!c || !cJSON_AddItemToObject(job, name, c)) {
+                cJSON_Delete(c);
+                goto oom;
+            }
+            break;
+        }
+        case K_TOP_K:
+            if (cJSON_IsNumber(v) && v->valuedouble == -1)
+                break; /* vLLM's "off"; the job's off is 0, its default */
+            {
+                cJSON *c = cJSON_Duplicate(v, 1);
+                if (!c || !cJSON_AddItemToObject(job, name, c)) {
+                    cJSON_Delete(c);
+                    goto oom;
+                }
+            }
+            break;
+        case K_N:
+            if (!is_integer(v)) {
+                bad400(e, "BAD_TYPE", name, "n: must be an integer");
+                goto done;
+            }
+            if (v->valuedouble != 1) {
+                bad400(e, "OUT_OF_RANGE", name, "n: only 1 choice per request is supported, not %g",
+                       v->valuedouble);
+                goto done;
+            }
+            break;
+        case K_LOGPROBS:
+            if (get_bool(v, name, &logprobs, e))
+                goto done;
+            break;
+        case K_TOP_LOGPROBS:
+            if (!is_integer(v)) {
+                bad400(e, "BAD_TYPE", name, "top_logprobs: must be an integer");
+                goto done;
+            }
+            if (v->valuedouble < 0 || v->valuedouble > JOB_LOGPROBS_MAX) {
+                bad400(e, "OUT_OF_RANGE", name, "top_logprobs: %g is out of range [0, %d]",
+                       v->valuedouble, JOB_LOGPROBS_MAX);
+                goto done;
+            }
+            top_logprobs = (int)v->valuedouble;
+            top_logprobs_given = true;
+            break;
+        case K_TOOLS:
+            tools = v;
+            break;
+        case K_TOOL_CHOICE:
+            if (!cJSON_IsString(v) ||
+                (strcmp(v->valuestring, "auto") && strcmp(v->valuestring, "none"))) {
+                bad400(e, "BAD_VALUE", name,
+                       "tool_choice: only \"auto\" and \"none\" are supported");
+                goto done;
+            }
+            tool_choice = v;
+            break;
+        case K_BOOL_IGNORED: {
+            bool b;
+            if (get_bool(v, name, &b, e))
+                goto done;
+            break;
+        }
+        case K_CTK:
+            if (!cJSON_IsObject(v)) {
+                bad400(e, "BAD_TYPE", name, "chat_template_kwargs: must be an object");
+                goto done;
+            }
+            for (const cJSON *o = v->child; o; o = o->next) {
+                char p[JOB_FIELD_MAX];
+                snprintf(p, sizeof p, "chat_template_kwargs.%.60s", o->string);
+                if (strcmp(o->string, "enable_thinking")) {
+                    bad400(e, "UNKNOWN_FIELD", p, "%s: unknown or unsupported parameter", p);
+                    goto done;
+                }
+                bool b = false;
+                if (cJSON_IsNull(o))
+                    continue;
+                if (get_bool(o, p, &b, e))
+                    goto done;
+                enable_thinking = b;
+            }
+            break;
+        case K_MODE:
+            mode = v;
+            break;
+        case K_STRING_IGNORED:
+            if (!cJSON_IsString(v)) {
+                bad400(e, "BAD_TYPE", name, "%s: must be a string", name);
+                goto done;
+            }
+            break;
+        case K_RESPONSE_FORMAT: {
+            const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
+            if (!cJSON_IsObject(v) || !cJSON_IsString(t) || strcmp(t->valuestring, "text") ||
+                cJSON_GetArraySize(v) != 1) {
+                bad400(e, "BAD_VALUE", name,
+                       "response_format: only {\"type\": \"text\"} is supported");
+                goto done;
+            }
+            break;
+        }
+        case K_LOGIT_BIAS:
+            if (!cJSON_IsObject(v) || v->child) {
+                bad400(e, "BAD_VALUE", name, "logit_bias: not supported (give none or {})");
+                goto done;
+            }
+            break;
+        }
+    }
+
+    /* rules across members */
+    if (!messages) {
+        bad400(e, "MISSING_FIELD", "messages", "messages: required");
+        goto done;
+    }
+    int n_msg = cJSON_GetArraySize(messages);
+    if (n_msg > lim->max_messages) {
+        bad400(e, "OUT_OF_RANGE", "messages", "messages: %d messages is over the limit of %d",
+               n_msg, lim->max_messages);
+        goto done;
+    }
+    if (stream_options && !out->stream) {
+        bad400(e, "BAD_VALUE", "stream_options",
+               "stream_options: only allowed when stream is true");
+        goto done;
+    }
+    if (top_logprobs_given && !logprobs) {
+        bad400(e, "BAD_VALUE", "top_logprobs", "top_logprobs: requires logprobs: true");
+        goto done;
+    }
+    if (mode && enable_thinking >= 0 && cJSON_IsString(mode) &&
+        strcmp(mode->valuestring, enable_thinking ? "think" : "no_think")) {
+        bad400(e, "BAD_VALUE", "mode",
+               "mode: \"%.20s\" contradicts chat_template_kwargs.enable_thinking: %s",
+               mode->valuestring, enable_thinking ? "true" : "false");
+        goto done;
+    }
+
+    cJSON *m = clean_messages(messages);
+    if (!m || !cJSON_AddItemToObject(job, "messages", m)) {
+        cJSON_Delete(m);
+        goto oom;
+    }
+    if (tools && !(tool_choice && !strcmp(tool_choice->valuestring, "none"))) {
+        cJSON *t = cJSON_Duplicate(tools, 1);
+        if (!t || !cJSON_AddItemToObject(job, "tools", t)) {
+            cJSON_Delete(t);
+            goto oom;
+        }
+    }
+    const char *max_tokens_name = "max_tokens";
+    if (max_completion_tokens) { /* the newer name wins, as OpenAI reads them */
+        max_tokens = max_completion_tokens;
+        max_tokens_name = "max_completion_tokens";
+    }
+    if (max_tokens && !cJSON_AddNumberToObject(job, "max_tokens", max_tokens))
+        goto oom;
+    if (logprobs && !cJSON_AddNumberToObject(job, "logprobs", top_logprobs))
+        goto oom;
+    if (mode) {
+        cJSON *c = cJSON_Duplicate(mode, 1);
+        if (!c || !cJSON_AddItemToObject(job, "mode", c)) {
+            cJSON_Delete(c);
+            goto oom;
+        }
+    } else if (enable_thinking >= 0 &&
+               !cJSON_AddStringToObject(job, "mode", enable_thinking ? "think" : "no_think")) {
+        goto oom;
+    }
+    if (deadline_ms > 0 && !cJSON_AddNumberToObject(job, "deadline_ms", (double)deadline_ms))
+        goto oom;
+
+    char *text = cJSON_PrintUnformatted(job);
+    if (!text)
+        goto oom;
+    struct job *j = NULL;
+    int jrc = job_parse(text, strlen(text), lim->job, &j, &fault, &jerr);
+    job_free(j);
+    if (jrc) {
+        free(text);
+        if (jrc == -RL_ENOMEM)
+            goto oom;
+        job_fault_error(&fault, &jerr, max_tokens_name, e);
+        goto done;
+    }
+    out->job = text;
+    out->job_len = strlen(text);
+    out->logprobs = logprobs;
+    out->top_logprobs = top_logprobs;
+    rc = 0;
+    goto done;
+oom:
+    oai_error_set(e, 500, T_SERVER, "INTERNAL", NULL, "out of memory");
+    rc = -RL_ENOMEM;
+done:
+    if (rc) {
+        bool stream = out->stream;
+        memset(out, 0, sizeof *out);
+        out->stream = stream; /* so the caller knows how the client wanted it */
+    }
+    cJSON_Delete(job);
+    cJSON_Delete(root);
+    free(buf);
+    return rc;
+}
+
+/* ---- responses ---- */
+
+struct oai_resp {
+    char id[JOB_ID_MAX + 1];
+    char *model;
+    int64_t created;
+    bool stream, include_usage, logprobs;
+    int top_logprobs;
+    int64_t next_seq;          /* the seq the next event must have */
+    int state;                 /* OAI_MORE, OAI_END, OAI_FAILED */
+    struct oai_error failure;  /* when state is OAI_FAILED */
+    bool role_sent;
+    /* non-stream accumulation */
+    struct oai_buf content, reasoning;
+    cJSON *lp_content;         /* array of OpenAI logprob entries, or NULL */
+    /* from done */
+    cJSON *tool_calls;         /* array (possibly empty) */
+    const char *finish;        /* the OpenAI finish_reason, static */
+    int64_t prompt_tokens, completion_tokens, reasoning_tokens, cached_tokens;
+};
+
+int oai_resp_create(struct oai_resp **out, const char *id, const char *model, int64_t created,
+                    const struct oai_request *req, struct rl_err *err)
+{
+    struct oai_resp *r = calloc(1, sizeof *r);
+    if (!r || !(r->model = strdup(model ? model : ""))) {
+        free(r);
+        return rl_errf(err, RL_ENOMEM, "oai_resp_create: out of memory");
+    }
+    snprintf(r->id, sizeof r->id, "%s", id);
+    r->created = created;
+    r->stream = req->stream;
+    r->include_usage = req->include_usage;
+    r->logprobs = req->logprobs;
+    r->top_logprobs = req->top_logprobs;
+    *out = r;
+    return 0;
+}
+
+void oai_resp_free(struct oai_resp *r)
+{
+    if (!r)
+        return;
+    free(r->model);
+    oai_buf_free(&r->content);
+    oai_buf_free(&r->reasoning);
+    cJSON_Delete(r->lp_content);
+    cJSON_Delete(r->tool_calls);
+    free(r);
+}
+
+static int fail(struct oai_resp *r, struct oai_error *e)
+{
+    r->state = OAI_FAILED;
+    r->failure = *e;
+    return OAI_FAILED;
+}
+
+/* A chunk's frame: id, object, created, model, and choices[0] with index
+ * (returned through *choice), or no choices (usage chunk). */
+static cJSON *chunk_new(const struct oai_resp *r, cJSON **choice)
+{
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "id", r->id);
+    cJSON_AddStringToObject(c, "object", "chat.completion.chunk");
+    cJSON_AddNumberToObject(c, "created", (double)r->created);
+    cJSON_AddStringToObject(c, "model", r->model);
+    cJSON *choices = cJSON_AddArrayToObject(c, "choices");
+    if (choice) {
+        *choice = cJSON_CreateObject();
+        cJSON_AddNumberToObject(*choice, "index", 0);
+        cJSON_AddItemToArray(choices, *choice);
+    }
+    return c;
+}
+
+/* Writes "data: <json>\n\n" and frees c. */
+static int sse_put(cJSON *c, struct oai_buf *sse)
+{
+    char *s = c ? cJSON_PrintUnformatted(c) : NULL;
+    cJSON_Delete(c);
+    if (!s)
+        return -RL_ENOMEM;
+    int rc = oai_buf_put(sse, "data: ", 6);
+    if (!rc)
+        rc = oai_buf_put(sse, s, strlen(s));
+    if (!rc)
+        rc = oai_buf_put(sse, "\n\n", 2);
+    free(s);
+    return rc;
+}
+
+static cJSON *usage_json(const struct oai_resp *r)
+{
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)r->prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)r->completion_tokens);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(r->prompt_tokens + r->completion_tokens));
+    cJSON *pd = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(pd, "cached_tokens", (double)r->cached_tokens);
+    cJSON *cd = cJSON_AddObjectToObject(u, "completion_tokens_details");
+    cJSON_AddNumberToObject(cd, "reasoning_tokens", (double)r->reasoning_tokens);
+    return u;
+}
+
+/* The OpenAI logprob entries of one delta event's logprobs array. */
+static cJSON *logprob_entries(const struct oai_resp *r, const cJSON *lps)
+{
+    cJSON *arr = cJSON_CreateArray();
+    const cJSON *lp;
+    cJSON_ArrayForEach(lp, lps)
+    {
+        const cJSON *tid = cJSON_GetObjectItemCaseSensitive(lp, "token_id");
+        const cJSON *l = cJSON_GetObjectItemCaseSensitive(lp, "logprob");
+        if (!cJSON_IsNumber(tid) || !cJSON_IsNumber(l))
+            continue;
+        char tok[40];
+        snprintf(tok, sizeof tok, "token_id:%.0f", tid->valuedouble);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "token", tok);
+        cJSON_AddNumberToObject(o, "logprob", l->valuedouble);
+        cJSON_AddNullToObject(o, "bytes");
+        cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
+        const cJSON *t;
+        int n = 0;
+        cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(lp, "top"))
+        {
+            const cJSON *ti = cJSON_GetObjectItemCaseSensitive(t, "token_id");
+            const cJSON *tl = cJSON_GetObjectItemCaseSensitive(t, "logprob");
+            if (n >= r->top_logprobs || !cJSON_IsNumber(ti) || !cJSON_IsNumber(tl))
+                continue;
+            snprintf(tok, sizeof tok, "token_id:%.0f", ti->valuedouble);
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddStringToObject(x, "token", tok);
+            cJSON_AddNumberToObject(x, "logprob", tl->valuedouble);
+            cJSON_AddNullToObject(x, "bytes");
+            cJSON_AddItemToArray(top, x);
+            n++;
+        }
+        cJSON_AddItemToArray(arr, o);
+    }
+    return arr;
+}
+
+static const char *str_member(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static int64_t int_member(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 9e15 ? (int64_t)v->valuedouble : 0;
+}
+
+static int feed_delta(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse)
+{
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(ev, "delta");
+    const char *content = str_member(d, "content");
+    const char *reasoning = str_member(d, "reasoning_content");
+    const cJSON *lps = cJSON_GetObjectItemCaseSensitive(ev, "logprobs");
+    bool want_lp = r->logprobs && cJSON_IsArray(lps) && lps->child;
+    if (!r->stream) {
+        if (content && oai_buf_put(&r->content, content, strlen(content)))
+            return -RL_ENOMEM;
+        if (reasoning && oai_buf_put(&r->reasoning, reasoning, strlen(reasoning)))
+            return -RL_ENOMEM;
+        if (want_lp) {
+            if (!r->lp_content && !(r->lp_content = cJSON_CreateArray()))
+                return -RL_ENOMEM;
+            cJSON *a = logprob_entries(r, lps);
+            for (cJSON *x = a ? a->child : NULL, *next; x; x = next) {
+                next = x->next;
+                cJSON_AddItemToArray(r->lp_content, cJSON_DetachItemViaPointer(a, x));
+            }
+            cJSON_Delete(a);
+        }
+        return OAI_MORE;
+    }
+    bool has_text = (content && content[0]) || (reasoning && reasoning[0]);
+    if (!has_text && !want_lp && r->role_sent)
+        return OAI_MORE; /* nothing a client could see (a partial character) */
+    cJSON *choice;
+    cJSON *c = chunk_new(r, &choice);
+    cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
+    if (!r->role_sent) {
+        cJSON_AddStringToObject(delta, "role", "assistant");
+        r->role_sent = true;
+    }
+    if (content || !reasoning)
+        cJSON_AddStringToObject(delta, "content", content ? content : "");
+    if (reasoning)
+        cJSON_AddStringToObject(delta, "reasoning_content", reasoning);
+    if (want_lp) {
+        cJSON *l = cJSON_AddObjectToObject(choice, "logprobs");
+        cJSON_AddItemToObject(l, "content", logprob_entries(r, lps));
+    } else {
+        cJSON_AddNullToObject(choice, "logprobs");
+    }
+    cJSON_AddNullToObject(choice, "finish_reason");
+    if (r->include_usage)
+        cJSON_AddNullToObject(c, "usage");
+    int rc = sse_put(c, sse);
+    return rc ? rc : OAI_MORE;
+}
+
+static int feed_done(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse,
+                     struct oai_error *e)
+{
+    const char *fr = str_member(ev, "finish_reason");
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(ev, "tool_calls");
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(ev, "usage");
+    r->prompt_tokens = int_member(u, "prompt_tokens");
+    r->completion_tokens = int_member(u, "completion_tokens");
+    r->reasoning_tokens = int_member(u, "reasoning_tokens");
+    r->cached_tokens = int_member(u, "cached_prompt_tokens");
+    if (!(r->tool_calls = cJSON_IsArray(tc) ? cJSON_Duplicate(tc, 1) : cJSON_CreateArray()))
+        return -RL_ENOMEM;
+    bool tools = r->tool_calls->child != NULL;
+    if (!fr || !strcmp(fr, "error")) {
+        oai_error_set(e, 500, T_SERVER, "ENGINE_ERROR", NULL, "the job ended with an error");
+        return fail(r, e);
+    }
+    /* stop/length as OpenAI; "tool_calls" when the model called tools;
+     * cancelled and deadline are redlm's own and passed through */
+    r->finish = !strcmp(fr, "stop") ? (tools ? "tool_calls" : "stop")
+                : !strcmp(fr, "length") ? "length"
+                : !strcmp(fr, "cancelled") ? "cancelled"
+                : !strcmp(fr, "deadline") ? "deadline" : "stop";
+    r->state = OAI_END;
+    if (!r->stream)
+        return OAI_END;
+    int rc = 0;
+    cJSON *choice, *c, *delta;
+    if (tools) {
+        c = chunk_new(r, &choice);
+        delta = cJSON_AddObjectToObject(choice, "delta");
+        if (!r->role_sent) {
+            cJSON_AddStringToObject(delta, "role", "assistant");
+            r->role_sent = true;
+        }
+        cJSON *arr = cJSON_AddArrayToObject(delta, "tool_calls");
+        int i = 0;
+        const cJSON *t;
+        cJSON_ArrayForEach(t, r->tool_calls)
+        {
+            cJSON *x = cJSON_Duplicate(t, 1);
+            if (!x)
+                continue;
+            cJSON_AddItemToObject(x, "index", cJSON_CreateNumber(i++));
+            cJSON_AddItemToArray(arr, x);
+        }
+        cJSON_AddNullToObject(choice, "logprobs");
+        cJSON_AddNullToObject(choice, "finish_reason");
+        if (r->include_usage)
+            cJSON_AddNullToObject(c, "usage");
+        if ((rc = sse_put(c, sse)))
+            return rc;
+    }
+    c = chunk_new(r, &choice);
+    delta = cJSON_AddObjectToObject(choice, "delta");
+    if (!r->role_sent) {
+        cJSON_AddStringToObject(delta, "role", "assistant");
+        cJSON_AddStringToObject(delta, "content", "");
+        r->role_sent = true;
+    }
+    cJSON_AddNullToObject(choice, "logprobs");
+    cJSON_AddStringToObject(choice, "finish_reason", r->finish);
+    if (r->include_usage)
+        cJSON_AddNullToObject(c, "usage");
+    if ((rc = sse_put(c, sse)))
+        return rc;
+    if (r->include_usage) {
+        c = chunk_new(r, NULL);
+        cJSON_AddItemToObject(c, "usage", usage_json(r));
+        if ((rc = sse_put(c, sse)))
+            return rc;
+    }
+    if ((rc = oai_buf_put(sse, "data: [DONE]\n\n", 14)))
+        return rc;
+    return OAI_END;
+}
+
+int oai_resp_feed(struct oai_resp *r, const char *event, size_t len, struct oai_buf *sse,
+                  struct oai_error *e)
+{
+    if (r->state == OAI_FAILED) {
+        *e = r->failure;
+        return OAI_FAILED;
+    }
+    if (r->state == OAI_END)
+        return OAI_END;
+    cJSON *ev = event ? cJSON_ParseWithLength(event, len) : NULL;
+    int rc;
+    const cJSON *seq = cJSON_GetObjectItemCaseSensitive(ev, "seq");
+    const char *type = str_member(ev, "type");
+    if (!cJSON_IsObject(ev) || !cJSON_IsNumber(seq) || !type) {
+        oai_error_set(e, 502, T_SERVER, "BAD_EVENT", NULL,
+                      "event %lld of the job is not a valid event", (long long)r->next_seq);
+        rc = fail(r, e);
+        goto done;
+    }
+    if (seq->valuedouble != (double)r->next_seq) {
+        oai_error_set(e, 502, T_SERVER, "BAD_EVENT", NULL, "event seq %.0f, expected %lld",
+                      seq->valuedouble, (long long)r->next_seq);
+        rc = fail(r, e);
+        goto done;
+    }
+    r->next_seq++;
+    if (!strcmp(type, "delta")) {
+        rc = feed_delta(r, ev, sse);
+    } else if (!strcmp(type, "done")) {
+        rc = feed_done(r, ev, sse, e);
+    } else if (!strcmp(type, "error")) {
+        const cJSON *ra = cJSON_GetObjectItemCaseSensitive(ev, "retry_after_ms");
+        oai_error_from_event(str_member(ev, "code"), str_member(ev, "message"),
+                             cJSON_IsNumber(ra) && ra->valuedouble > 0 && ra->valuedouble < 1e9
+                                 ? (int64_t)ra->valuedouble : 0,
+                             e);
+        rc = fail(r, e);
+    } else {
+        oai_error_set(e, 502, T_SERVER, "BAD_EVENT", NULL, "event type \"%.20s\" is unknown", type);
+        rc = fail(r, e);
+    }
+done:
+    cJSON_Delete(ev);
+    return rc;
+}
+
+int oai_sse_error(const struct oai_error *e, struct oai_buf *sse)
+{
+    char *s = oai_error_json(e);
+    if (!s)
+        return -RL_ENOMEM;
+    int rc = oai_buf_put(sse, "data: ", 6);
+    if (!rc)
+        rc = oai_buf_put(sse, s, strlen(s));
+    if (!rc)
+        rc = oai_buf_put(sse, "\n\ndata: [DONE]\n\n", 16);
+    free(s);
+    return rc;
+}
+
+char *oai_resp_completion(const struct oai_resp *r)
+{
+    if (r->state != OAI_END)
+        return NULL;
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "id", r->id);
+    cJSON_AddStringToObject(c, "object", "chat.completion");
+    cJSON_AddNumberToObject(c, "created", (double)r->created);
+    cJSON_AddStringToObject(c, "model", r->model);
+    cJSON *choices = cJSON_AddArrayToObject(c, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, ch);
+    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON *m = cJSON_AddObjectToObject(ch, "message");
+    cJSON_AddStringToObject(m, "role", "assistant");
+    bool tools = r->tool_calls && r->tool_calls->child;
+    if (r->content.n || !tools)
+        cJSON_AddStringToObject(m, "content", r->content.p ? r->content.p : "");
+    else
+        cJSON_AddNullToObject(m, "content");
+    if (r->reasoning.n)
+        cJSON_AddStringToObject(m, "reasoning_content", r->reasoning.p);
+    if (tools)
+        cJSON_AddItemToObject(m, "tool_calls", cJSON_Duplicate(r->tool_calls, 1));
+    if (r->logprobs) {
+        cJSON *l = cJSON_AddObjectToObject(ch, "logprobs");
+        cJSON_AddItemToObject(l, "content",
+                              r->lp_content ? cJSON_Duplicate(r->lp_content, 1) : cJSON_CreateArray());
+    } else {
+        cJSON_AddNullToObject(ch, "logprobs");
+    }
+    cJSON_AddStringToObject(ch, "finish_reason", r->finish);
+    cJSON_AddItemToObject(c, "usage", usage_json(r));
+    char *s = cJSON_PrintUnformatted(c);
+    cJSON_Delete(c);
+    return s;
+}
+
+int64_t oai_resp_total_tokens(const struct oai_resp *r)
+{
+    return r->state == OAI_END ? r->prompt_tokens + r->completion_tokens : 0;
+}
+
+/* ---- API keys ---- */
+
+static bool tenant_ok(const char *s, size_t n)
+{
+    if (n < 1 || n > OAI_TENANT_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.'))
+            return false;
+    }
+    return true;
+}
+
+void oai_keys_free(struct oai_keys *k)
+{
+    free(k->v);
+    k->v = NULL;
+    k->n = 0;
+}
+
+/* A rate: digits only, 0 .. 10^12. */
+static int parse_rate(const char *s, size_t n, int64_t *out)
+{
+    if (n < 1 || n > 12)
+        return -1;
+    int64_t v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    *out = v;
+    return 0;
+}
+
+int oai_keys_parse(const char *text, size_t len, const char *path, struct oai_keys *out,
+                   struct rl_err *err)
+{
+    struct oai_keys k = {0};
+    int cap = 0, line = 0, rc = 0;
+    for (size_t pos = 0; pos < len && !rc;) {
+        const char *ls = text + pos;
+        const char *nl = memchr(ls, '\n', len - pos);
+        size_t ll = nl ? (size_t)(nl - ls) : len - pos;
+        pos += ll + (nl ? 1 : 0);
+        line++;
+        if (ll && ls[ll - 1] == '\r')
+            ll--;
+        /* split on blanks */
+        const char *tok[5];
+        size_t tl[5];
+        int nt = 0;
+        for (size_t i = 0; i < ll;) {
+            while (i < ll && (ls[i] == ' ' || ls[i] == '\t'))
+                i++;
+            if (i >= ll)
+                break;
+            size_t st = i;
+            while (i < ll && ls[i] != ' ' && ls[i] != '\t')
+                i++;
+            if (nt == 5) {
+                nt++;
+                break;
+            }
+            tok[nt] = ls + st;
+            tl[nt++] = i - st;
+        }
+        if (nt == 0 || tok[0][0] == '#')
+            continue;
+        if (nt < 2 || nt > 4) {
+            rc = rl_errf(err, RL_EINVAL, "%s:%d: expected KEY TENANT [RPM [TPM]]", path, line);
+            break;
+        }
+        if (tl[0] < 8 || tl[0] > 256) {
+            rc = rl_errf(err, RL_EINVAL, "%s:%d: a key must be 8-256 characters", path, line);
+            break;
+        }
+        for (size_t i = 0; i < tl[0]; i++)
+            if ((unsigned char)tok[0][i] < 0x21 || (unsigned char)tok[0][i] > 0x7e) {
+                rc = rl_errf(err, RL_EINVAL, "%s:%d: a key must be printable ASCII", path, line);
+                break;
+            }
+        if (rc)
+            break;
+        if (!tenant_ok(tok[1], tl[1])) {
+            rc = rl_errf(err, RL_EINVAL, "%s:%d: tenant must be 1-%d characters of [A-Za-z0-9_.-]",
+                         path, line, OAI_TENANT_MAX);
+            break;
+        }
+        struct oai_key e = {0};
+        memcpy(e.tenant, tok[1], tl[1]);
+        if ((nt > 2 && parse_rate(tok[2], tl[2], &e.rpm)) ||
+            (nt > 3 && parse_rate(tok[3], tl[3], &e.tpm))) {
+            rc = rl_errf(err, RL_EINVAL,
+                         "%s:%d: RPM and TPM must be whole numbers (0 = no limit)", path, line);
+            break;
+        }
+        struct sha256_ctx sc;
+        sha256_init(&sc);
+        sha256_update(&sc, tok[0], tl[0]);
+        sha256_final(&sc, e.digest);
+        for (int i = 0; i < k.n; i++)
+            if (!memcmp(k.v[i].digest, e.digest, sizeof e.digest)) {
+                rc = rl_errf(err, RL_EINVAL, "%s:%d: the same key is listed twice", path, line);
+                break;
+            }
+        if (rc)
+            break;
+        if (k.n == cap) {
+            int nc = cap ? cap * 2 : 16;
+            struct oai_key *g = realloc(k.v, (size_t)nc * sizeof *g);
+            if (!g) {
+                rc = rl_errf(err, RL_ENOMEM, "%s: out of memory", path);
+                break;
+            }
+            k.v = g;
+            cap = nc;
+        }
+        k.v[k.n++] = e;
+    }
+    if (rc) {
+        oai_keys_free(&k);
+        return rc;
+    }
+    *out = k;
+    return 0;
+}
+
+const struct oai_key *oai_keys_find(const struct oai_keys *k, const char *authorization)
+{
+    if (!authorization || strncasecmp(authorization, "Bearer ", 7))
+        return NULL;
+    const char *key = authorization + 7;
+    while (*key == ' ')
+        key++;
+    size_t n = strlen(key);
+    while (n && (key[n - 1] == ' ' || key[n - 1] == '\t'))
+        n--;
+    if (n < 8 || n > 256)
+        return NULL;
+    uint8_t d[SHA256_DIGEST_LEN];
+    struct sha256_ctx sc;
+    sha256_init(&sc);
+    sha256_update(&sc, key, n);
+    sha256_final(&sc, d);
+    const struct oai_key *found = NULL;
+    for (int i = 0; i < k->n; i++) {
+        unsigned diff = 0;
+        for (int b = 0; b < SHA256_DIGEST_LEN; b++)
+            diff |= (unsigned)(k->v[i].digest[b] ^ d[b]);
+        if (!diff)
+            found = &k->v[i]; /* no break: every entry costs the same */
+    }
+    return found;
+}

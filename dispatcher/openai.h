@@ -1,0 +1,164 @@
+/* dispatcher/openai.h - the OpenAI Chat Completions wire format on one side,
+ * redlm jobs and events on the other; and the API-key table.
+ *
+ * Pure conversion: no I/O, no clock, no randomness. The caller (http.c)
+ * passes the request id, the creation time and the deadline in, so the
+ * unit tests (tests/unit/test_openai.c) and the fuzzer
+ * (tests/fuzz/fuzz_openai.c) drive every function here directly.
+ *
+ * Request side: oai_parse_request() turns a POST /v1/chat/completions body
+ * into the job JSON that goes to redlm:requests, or into an oai_error (the
+ * HTTP status and the OpenAI error object). The job is validated with
+ * job_parse(), the same code the dispatcher and the worker run, so a bad
+ * request is refused with a 400 before it is queued, naming the field.
+ *
+ * Response side: an oai_resp is fed the events of redlm:out:<id> one at a
+ * time. In stream mode each event turns at once into the server-sent-event
+ * bytes it stands for, appended to a caller's buffer; nothing is held back.
+ * In non-stream mode it accumulates the text and builds one
+ * chat.completion object at the end. */
+#ifndef RL_OPENAI_H
+#define RL_OPENAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "job.h"
+
+/* A growable byte buffer. p is malloc'd (or NULL while empty); n bytes
+ * used of cap. */
+struct oai_buf {
+    char *p;
+    size_t n, cap;
+};
+/* Appends len bytes; -RL_ENOMEM on failure (the buffer is unchanged). */
+int oai_buf_put(struct oai_buf *b, const char *s, size_t len);
+void oai_buf_free(struct oai_buf *b);
+
+/* What a request may ask for; from the dispatcher's options. */
+struct oai_limits {
+    size_t max_body_bytes;      /* 413 above (max_body_kb) */
+    int max_messages;           /* 400 above (max_messages) */
+    int max_tokens;             /* the largest max_tokens / max_completion_tokens (http_max_tokens) */
+    const char *model;          /* the served model name (served_model_name); borrowed */
+    const struct job_opts *job; /* job_parse limits; NULL: job_opts_default() */
+};
+/* 4 MiB body, 1024 messages, 32768 tokens, model "redlm", job NULL. */
+void oai_limits_default(struct oai_limits *l);
+
+/* An error as the client sees it: the HTTP status and the fields of the
+ * OpenAI error object {"error": {"message", "type", "param", "code"}}. */
+#define OAI_CODE_MAX 48
+struct oai_error {
+    int status;                  /* 400, 401, 404, 405, 413, 429, 500, 502, 503, 504 */
+    const char *type;            /* static: "invalid_request_error", "server_error", ... */
+    char code[OAI_CODE_MAX];     /* "" is written as null */
+    char param[JOB_FIELD_MAX];   /* "" is written as null */
+    char message[RL_ERR_MSG_MAX];
+    int retry_after_s;           /* > 0: the response carries Retry-After */
+};
+
+/* Fills *e; code and param may be NULL. */
+void oai_error_set(struct oai_error *e, int status, const char *type, const char *code,
+                   const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* {"error":{...}} as compact JSON, malloc'd; NULL when out of memory. */
+char *oai_error_json(const struct oai_error *e);
+/* The status and error object for an error event of the queue: code is the
+ * event's code (UNKNOWN_FIELD ... OVERLOADED), retry_after_ms the event's
+ * retry_after_ms (0 if absent). Validation codes give 400 (JOB_TOO_LARGE
+ * 413, PROMPT_TOO_LONG 400 with code context_length_exceeded), OVERLOADED
+ * 503 with Retry-After, DEADLINE_EXCEEDED 504, the rest 500. */
+void oai_error_from_event(const char *code, const char *message, int64_t retry_after_ms,
+                          struct oai_error *e);
+
+/* A parsed request. */
+struct oai_request {
+    bool stream;
+    bool include_usage;   /* stream_options.include_usage */
+    bool logprobs;        /* choices[].logprobs wanted */
+    int top_logprobs;     /* alternatives per token, 0..20 */
+    char *job;            /* the job JSON for redlm:requests, NUL-terminated, malloc'd */
+    size_t job_len;
+};
+void oai_request_clear(struct oai_request *r);
+
+/* Parses and checks one request body (len bytes, need not be
+ * NUL-terminated). id becomes the job id (and the completion id);
+ * deadline_ms > 0 is written as the job's deadline_ms. Returns 0 and fills
+ * *out (oai_request_clear frees it), or -RL_EINVAL with *e filled (400,
+ * 404 for another model, 413 for a body over the limit), or -RL_ENOMEM
+ * (e: 500). Nothing is allocated on failure. */
+int oai_parse_request(const char *body, size_t len, const struct oai_limits *lim, const char *id,
+                      int64_t deadline_ms, struct oai_request *out, struct oai_error *e);
+
+/* ---- responses ---- */
+
+struct oai_resp;
+
+enum oai_feed {
+    OAI_MORE = 0, /* keep reading events */
+    OAI_END,      /* done seen: the response is complete */
+    OAI_FAILED,   /* an error event or a broken stream: *e says what */
+};
+
+/* id: the completion id; model: the name to echo; created: Unix seconds.
+ * Strings are copied. Returns 0 or -RL_ENOMEM. */
+int oai_resp_create(struct oai_resp **out, const char *id, const char *model, int64_t created,
+                    const struct oai_request *req, struct rl_err *err);
+void oai_resp_free(struct oai_resp *r);
+
+/* Feeds the next event (the `event` field of the next entry of
+ * redlm:out:<id>). In stream mode the SSE bytes it produces ("data:
+ * {chunk}\n\n" lines; after done also the usage chunk and "data: [DONE]")
+ * are appended to *sse; in non-stream mode nothing is. Returns an enum
+ * oai_feed, or -RL_ENOMEM. After OAI_END or OAI_FAILED further events are
+ * ignored (OAI_END / OAI_FAILED again). */
+int oai_resp_feed(struct oai_resp *r, const char *event, size_t len, struct oai_buf *sse,
+                  struct oai_error *e);
+
+/* Stream mode, after OAI_FAILED once bytes were sent: the error as one
+ * SSE event ({"error": {...}}) followed by "data: [DONE]". */
+int oai_sse_error(const struct oai_error *e, struct oai_buf *sse);
+
+/* Non-stream mode, after OAI_END: the chat.completion object, malloc'd
+ * compact JSON; NULL when out of memory. */
+char *oai_resp_completion(const struct oai_resp *r);
+
+/* Tokens the request used, after OAI_END (for the tokens-per-minute limit):
+ * prompt + completion. 0 before. */
+int64_t oai_resp_total_tokens(const struct oai_resp *r);
+
+/* ---- API keys ----
+ *
+ * The keys file (option api_keys_file): one key per line,
+ *     KEY TENANT [RPM [TPM]]
+ * KEY: 8-256 printable ASCII characters without spaces (the value of
+ * "Authorization: Bearer KEY"); TENANT: 1-64 of [A-Za-z0-9_.-], several
+ * keys may share one and then share its limits; RPM: requests per minute,
+ * TPM: prompt + completion tokens per minute, 0 or absent = no limit.
+ * Blank lines and lines starting with # are ignored. Only SHA-256 digests
+ * of the keys are kept in memory, and a key is found by comparing every
+ * digest in full (no early exit), so neither memory dumps nor response
+ * times give a key away. */
+#define OAI_TENANT_MAX 64
+struct oai_key {
+    uint8_t digest[32];               /* SHA-256 of the key */
+    char tenant[OAI_TENANT_MAX + 1];
+    int64_t rpm, tpm;                 /* 0 = no limit */
+};
+struct oai_keys {
+    int n;
+    struct oai_key *v; /* (n) */
+};
+/* Parses a keys file's text; errors read "PATH:LINE: reason". Returns 0
+ * and fills *out (oai_keys_free), or -RL_EINVAL / -RL_ENOMEM. */
+int oai_keys_parse(const char *text, size_t len, const char *path, struct oai_keys *out,
+                   struct rl_err *err);
+void oai_keys_free(struct oai_keys *k);
+/* The entry for the value of an Authorization header ("Bearer KEY"), or
+ * NULL for a missing, malformed or unknown key. */
+const struct oai_key *oai_keys_find(const struct oai_keys *k, const char *authorization);
+
+#endif

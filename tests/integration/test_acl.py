@@ -1,0 +1,413 @@
+"""Least-privilege Redis ACLs (config/redis-acl.conf): a redis-server of our
+own loads the file the way the comment header says (comments stripped, as
+`aclfile`; or as is, through `include`), with test passwords added the
+documented way (" #<sha256 of the password>" appended to a user's line).
+
+What is proved: the worker does a whole job life as ACL user `worker`
+(cache fill and hit, cancel key, dead letter, heartbeat, pub/sub, lease
+renewal, and a takeover after SIGKILL: XAUTOCLAIM, XPENDING, XRANGE) and
+Redis's ACL LOG holds no denial for it; a `client` can enqueue, read its
+out stream, cancel and subscribe, and everything else it tries is NOPERM;
+`default` can do nothing; users shipped without a password cannot log in.
+"""
+import hashlib
+import json
+import pathlib
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+import redis
+
+from conftest import CLI, MODEL, ROOT, Worker, free_port
+
+ACL_SRC = ROOT / "config" / "redis-acl.conf"
+USERS = ("admin", "worker", "dispatcher", "client", "monitor")
+PW = {u: f"test-{u}-pw" for u in USERS}
+
+
+def acl_lines():
+    """The file without its comment header: what goes into `aclfile`."""
+    return [l for l in ACL_SRC.read_text().splitlines() if l.strip() and not l.startswith("#")]
+
+
+def with_passwords(lines):
+    out = []
+    for l in lines:
+        name = l.split()[1]
+        if name in PW:
+            l += " #" + hashlib.sha256(PW[name].encode()).hexdigest()
+        out.append(l)
+    return out
+
+
+class AclRedis:
+    """redis-server on a free loopback port with `aclfile` (or `include`)."""
+
+    def __init__(self, dir, lines, mode="aclfile"):
+        self.dir = pathlib.Path(dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        args = ["redis-server"]
+        if mode == "include":
+            conf = self.dir / "redis.conf"
+            conf.write_text(f"include {ACL_SRC}\n")
+            args.append(str(conf))
+        else:
+            acl = self.dir / "users.acl"
+            acl.write_text("\n".join(lines) + "\n")
+            args += ["--aclfile", str(acl)]
+        args += ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+                 "--save", "", "--appendonly", "no", "--logfile", str(self.dir / "redis.log")]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                redis.Redis(port=self.port).ping()
+            except redis.exceptions.AuthenticationError:
+                return  # up, and refusing the unauthenticated default user
+            except redis.exceptions.ResponseError:
+                return
+            except redis.exceptions.ConnectionError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError((self.dir / "redis.log").read_text())
+                time.sleep(0.02)
+            else:
+                raise AssertionError("the default user can PING without AUTH")
+        raise RuntimeError("redis-server did not start")
+
+    @property
+    def addr(self):
+        return f"127.0.0.1:{self.port}"
+
+    def as_user(self, user, password=None):
+        return redis.Redis(port=self.port, username=user,
+                           password=password if password is not None else PW[user],
+                           decode_responses=True)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def acl_redis(tmp_path):
+    srv = AclRedis(tmp_path / "redis", with_passwords(acl_lines()))
+    yield srv
+    srv.stop()
+
+
+def cannot_log_in(r):
+    with pytest.raises((redis.exceptions.AuthenticationError, redis.exceptions.ResponseError),
+                       match="WRONGPASS"):
+        r.ping()
+
+
+def noperm(fn, *args, **kw):
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        fn(*args, **kw)
+
+
+def test_acl_file_loads_as_aclfile_and_as_include(acl_redis, tmp_path):
+    admin = acl_redis.as_user("admin")
+    assert set(admin.acl_users()) == {"default", *USERS}
+    assert "off" in admin.acl_getuser("default")["flags"]
+    inc = AclRedis(tmp_path / "inc", None, mode="include")
+    try:
+        # shipped as is: no passwords, so nobody can log in, not even admin
+        for u in USERS:
+            cannot_log_in(inc.as_user(u, "anything"))
+            cannot_log_in(inc.as_user(u, ""))
+        cannot_log_in(inc.as_user("default", ""))
+    finally:
+        inc.stop()
+
+
+def test_default_user_can_do_nothing(acl_redis):
+    r = redis.Redis(port=acl_redis.port)
+    with pytest.raises(redis.exceptions.AuthenticationError, match="Authentication required"):
+        r.get("redlm:requests")
+    cannot_log_in(acl_redis.as_user("default", ""))
+    cannot_log_in(acl_redis.as_user("worker", PW["client"]))
+
+
+def test_client_may_enqueue_read_cancel_and_nothing_else(acl_redis):
+    admin = acl_redis.as_user("admin")
+    admin.xadd("redlm:out:c1", {"event": '{"seq":0}'}, id="0-1")
+    admin.xadd("redlm:jobs:fast", {"job": "{}"})
+    admin.set("redlm:cache:" + "0" * 64, "[]")
+    admin.xadd("redlm:dead", {"dead": "{}"})
+    admin.set("redlm:worker:w1", "{}")
+    admin.set("redlm:dispatcher:d1", "{}")
+    c = acl_redis.as_user("client")
+    # allowed: enqueue, read its out stream, cancel, subscribe to tokens
+    assert c.xadd("redlm:requests", {"job": '{"id":"c1","prompt":"hi"}'})
+    assert c.xrange("redlm:out:c1") == [("0-1", {"event": '{"seq":0}'})]
+    assert c.xread({"redlm:out:c1": "0-0"}, count=10)[0][1][0][0] == "0-1"
+    assert c.set("redlm:cancel:c1", "1", ex=600)
+    p = c.pubsub()
+    p.subscribe("redlm:tok:c1")
+    assert p.get_message(timeout=2)["type"] == "subscribe"
+    p.close()
+    c.ping()
+    # denied: the jobs streams (read, consume, or write around the dispatcher)
+    noperm(c.xrange, "redlm:jobs:fast")
+    noperm(c.xadd, "redlm:jobs:fast", {"job": "{}"})
+    noperm(c.xreadgroup, "workers", "x", {"redlm:jobs:fast": ">"})
+    noperm(c.xlen, "redlm:requests")
+    noperm(c.xrange, "redlm:requests")
+    # the cache, dead letters, heartbeats
+    noperm(c.get, "redlm:cache:" + "0" * 64)
+    noperm(c.xrange, "redlm:dead")
+    noperm(c.get, "redlm:worker:w1")
+    noperm(c.get, "redlm:dispatcher:d1")
+    # writing events, on the stream or the channel
+    noperm(c.xadd, "redlm:out:c1", {"event": "{}"}, id="0-2")
+    noperm(c.publish, "redlm:tok:c1", "{}")
+    # SET only as the cancel: not on other keys, not reading back with GET
+    noperm(c.set, "redlm:requests", "x")
+    noperm(c.set, "redlm:out:c1", "x")
+    noperm(c.execute_command, "SET", "redlm:cancel:c1", "1", "GET")
+    noperm(c.delete, "redlm:cancel:c1")
+    # the key space, the server
+    noperm(c.keys, "*")
+    noperm(c.scan)
+    noperm(c.flushall)
+    noperm(c.config_get, "*")
+    noperm(c.get, "unrelated")
+    assert admin.xlen("redlm:out:c1") == 1
+    assert admin.type("redlm:requests") == "stream"
+
+
+def test_worker_user_cannot_step_outside(acl_redis):
+    w = acl_redis.as_user("worker")
+    noperm(w.xadd, "redlm:requests", {"job": "{}"})
+    noperm(w.xrange, "redlm:requests")
+    noperm(w.set, "redlm:cancel:x", "1")
+    noperm(w.get, "redlm:worker:w1")  # writes its heartbeat, reads none
+    noperm(w.set, "redlm:dispatcher:d1", "{}")
+    noperm(w.keys, "*")
+    noperm(w.flushall)
+    noperm(w.set, "redlm:jobs:fast", "x")  # streams only, with stream commands
+
+
+def out_events(r, job_id, timeout=60):
+    key, last, out = f"redlm:out:{job_id}", "0-0", []
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for _, entries in r.xread({key: last}, block=200, count=1000) or []:
+            for eid, f in entries:
+                last = eid
+                ev = json.loads(f["event"])
+                out.append(ev)
+                if ev["type"] == "done":
+                    return out
+    raise AssertionError(f"{job_id}: no done within {timeout}s; got {out}")
+
+
+FAST = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
+
+
+def test_worker_job_life_as_acl_user(built, acl_redis, tmp_path):
+    pwf = tmp_path / "worker.password"
+    pwf.write_text(PW["worker"] + "\n")
+    auth = ["--redis-user", "worker", "--redis-password-file", str(pwf), "--publish-channel",
+            "--max-batch", "4", *FAST]
+    admin = acl_redis.as_user("admin")
+    client = acl_redis.as_user("client")
+    a = Worker(acl_redis.addr, "redlm:", "acl-a", tmp_path, auth, pools="fast")
+    b = None
+    try:
+        def job(i, n=6, **kw):
+            return {"id": i, "prompt_ids": [1, 2, 3, i.__len__()], "max_tokens": n,
+                    "temperature": 0, "ignore_eos": True, **kw}
+
+        # the dispatcher user is the one that writes jobs:<pool>
+        disp = acl_redis.as_user("dispatcher")
+        disp.xadd("redlm:jobs:fast", {"job": json.dumps(job("j1"))})
+        first = out_events(client, "j1")
+        assert first[-1]["finish_reason"] == "length" and not first[-1]["cached"]
+        # same prompt and parameters: answered from redlm:cache:* (written
+        # with the XACK, just after the done event)
+        deadline = time.time() + 10
+        while time.time() < deadline and not admin.keys("redlm:cache:*"):
+            time.sleep(0.02)
+        again = dict(job("j1"), id="j1b")
+        disp.xadd("redlm:jobs:fast", {"job": json.dumps(again)})
+        assert out_events(client, "j1b")[-1]["cached"] is True
+        # cancel key set by the client before the worker admits the job
+        client.set("redlm:cancel:jc", "1", ex=600)
+        disp.xadd("redlm:jobs:fast", {"job": json.dumps(job("jc", n=50))})
+        assert out_events(client, "jc")[-1]["finish_reason"] == "cancelled"
+        # a malformed job goes to the dead letters
+        disp.xadd("redlm:jobs:fast", {"job": "not json"})
+        deadline = time.time() + 20
+        while time.time() < deadline and admin.xlen("redlm:dead") == 0:
+            time.sleep(0.05)
+        assert admin.xlen("redlm:dead") == 1
+        assert json.loads(admin.get("redlm:worker:acl-a"))["name"] == "acl-a"
+        # a long job, its worker killed mid-way: another takes it over
+        n_long = 3000
+        disp.xadd("redlm:jobs:fast", {"job": json.dumps(job("jl", n=n_long))})
+        deadline = time.time() + 30
+        while time.time() < deadline and admin.xlen("redlm:out:jl") < 20:
+            time.sleep(0.005)
+        time.sleep(0.3)  # at least one lease renewal (XCLAIM JUSTID)
+        a.kill(signal.SIGKILL)
+        a.wait(10)
+        assert admin.xlen("redlm:out:jl") < n_long + 1, "the job ended before the kill"
+        b = Worker(acl_redis.addr, "redlm:", "acl-b", tmp_path, auth, pools="fast")
+        evs = out_events(client, "jl", timeout=120)
+        assert [e["seq"] for e in evs] == list(range(len(evs)))
+        assert evs[-1]["usage"]["completion_tokens"] == n_long
+        assert "resuming" in b.log_path.read_text()
+        # acknowledged just after the done event
+        deadline = time.time() + 10
+        while time.time() < deadline and admin.xpending("redlm:jobs:fast", "workers")["pending"]:
+            time.sleep(0.02)
+        assert admin.xpending("redlm:jobs:fast", "workers")["pending"] == 0
+        denied = [e for e in admin.acl_log(count=100) if e["username"] == "worker"]
+        assert denied == [], denied
+    finally:
+        a.stop()
+        if b:
+            b.stop()
+
+
+def test_dispatcher_and_worker_as_acl_users(built, acl_redis, tmp_path):
+    """The whole path with least privilege on every hop: a client enqueues
+    on redlm:requests, the dispatcher (user `dispatcher`) routes it, the
+    worker (user `worker`) answers, the client reads the answer; then a
+    cache replay by the dispatcher alone, a malformed request, and a clean
+    stop (XGROUP DELCONSUMER). No ACL denial for either daemon."""
+    from conftest import DISPATCHER, Dispatcher
+    if not DISPATCHER.exists():
+        pytest.skip(f"{DISPATCHER} not built (run make)")
+    pw = {}
+    for u in ("worker", "dispatcher"):
+        pw[u] = tmp_path / f"{u}.password"
+        pw[u].write_text(PW[u] + "\n")
+    admin = acl_redis.as_user("admin")
+    client = acl_redis.as_user("client")
+    d = Dispatcher(acl_redis.addr, "redlm:", "acl-d", tmp_path,
+                   ["--redis-user", "dispatcher", "--redis-password-file", str(pw["dispatcher"]),
+                    "--model", str(MODEL), "--think-ratio", "0"])
+    w = Worker(acl_redis.addr, "redlm:", "acl-w", tmp_path,
+               ["--redis-user", "worker", "--redis-password-file", str(pw["worker"])])
+    try:
+        job = {"prompt_ids": [9, 8, 7], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+        client.xadd("redlm:requests", {"job": json.dumps({**job, "id": "r1"})})
+        first = out_events(client, "r1")
+        assert first[-1]["finish_reason"] == "length" and first[-1]["cached"] is False
+        deadline = time.time() + 10
+        while time.time() < deadline and not admin.keys("redlm:cache:*"):
+            time.sleep(0.02)
+        # the dispatcher answers the same job from the cache by itself
+        w.stop()
+        client.xadd("redlm:requests", {"job": json.dumps({**job, "id": "r2"})})
+        assert out_events(client, "r2", timeout=20)[-1]["cached"] is True
+        # malformed: error events to the client, a dead letter
+        client.xadd("redlm:requests", {"job": '{"id":"bad","prompt_ids":"x"}'})
+        evs = out_events(client, "bad", timeout=20)
+        assert evs[0]["type"] == "error" and evs[-1]["finish_reason"] == "error"
+        assert admin.xlen("redlm:dead") == 1
+        deadline = time.time() + 10
+        while time.time() < deadline and not admin.exists("redlm:dispatcher:acl-d"):
+            time.sleep(0.05)
+        assert json.loads(admin.get("redlm:dispatcher:acl-d"))["name"] == "acl-d"
+        # the redlm command as `client` (enqueue, tail, cancel) and as
+        # `monitor` (stats)
+        def cli(user, *args):
+            pwf = tmp_path / f"{user}.password"
+            pwf.write_text(PW[user])
+            return subprocess.run([str(CLI), *args, "--redis", acl_redis.addr, "--user", user,
+                                   "--password-file", str(pwf)],
+                                  capture_output=True, text=True, timeout=60)
+        out = cli("client", "enqueue", "--prompt-ids", "9,8,7", "--max-tokens", "6",
+                  "--temperature", "0", "--ignore-eos")
+        assert out.returncode == 0, out.stderr
+        tail = cli("client", "tail", out.stdout.strip(), "--json")
+        assert tail.returncode == 0 and '"cached":true' in tail.stdout.replace(" ", ""), tail
+        assert cli("client", "cancel", "some-id").returncode == 0
+        assert admin.exists("redlm:cancel:some-id")
+        st = cli("monitor", "stats", "--json")
+        assert st.returncode == 0, st.stderr
+        s = json.loads(st.stdout)
+        assert s["dead"]["count"] == 1, s
+        denied = [e for e in admin.acl_log(count=100)
+                  if e["username"] in ("worker", "dispatcher", "monitor")]
+        assert denied == [], denied
+        # and neither can do the other's part
+        assert cli("monitor", "enqueue", "--prompt-ids", "1").returncode != 0
+        assert cli("client", "stats", "--json").returncode != 0
+        d.signal(signal.SIGTERM)
+        assert d.wait(30) == 0
+        consumers = admin.xinfo_consumers("redlm:requests", "dispatchers")
+        assert "acl-d" not in [c["name"] for c in consumers]
+        denied = [e for e in admin.acl_log(count=100)
+                  if e["username"] in ("worker", "dispatcher")]
+        assert denied == [], denied
+    finally:
+        w.stop()
+        d.stop()
+
+
+def test_http_front_door_as_dispatcher_user(built, acl_redis, tmp_path):
+    """The HTTP front door inside redlm-dispatcher works with the
+    `dispatcher` user's rights alone: a request (XADD requests, XREAD of
+    its out stream), a streamed one, per-tenant request and token limits
+    (MULTI/INCR/EXPIRE/GET/EXEC, INCRBY), a client that disconnects (SET
+    cancel), /healthz (PING). No ACL denial for it or the worker."""
+    from conftest import DISPATCHER
+    if not DISPATCHER.exists():
+        pytest.skip(f"{DISPATCHER} not built (run make)")
+    from test_http import MODEL_NAME, Front
+    pw = {}
+    for u in ("worker", "dispatcher"):
+        pw[u] = tmp_path / f"{u}.password"
+        pw[u].write_text(PW[u] + "\n")
+    keys = tmp_path / "api-keys"
+    keys.write_text("sk-acl-00000001 team-a 100 100000\n")
+    admin = acl_redis.as_user("admin")
+    f = Front(acl_redis.addr, "redlm:", tmp_path,
+              ["--redis-user", "dispatcher", "--redis-password-file", str(pw["dispatcher"]),
+               "--api-keys-file", str(keys)])
+    w = Worker(acl_redis.addr, "redlm:", "acl-hw", tmp_path,
+               ["--redis-user", "worker", "--redis-password-file", str(pw["worker"])])
+    auth = {"Authorization": "Bearer sk-acl-00000001"}
+    try:
+        msgs = [{"role": "user", "content": "Hello"}]
+        status, _, data = f.request("POST", "/v1/chat/completions",
+                                    {"model": MODEL_NAME, "messages": msgs, "max_tokens": 5,
+                                     "ignore_eos": True}, auth)
+        assert status == 200, data
+        assert json.loads(data)["usage"]["completion_tokens"] == 5
+        status, _, data = f.request("POST", "/v1/chat/completions",
+                                    {"model": MODEL_NAME, "messages": msgs, "max_tokens": 5,
+                                     "ignore_eos": True, "stream": True}, auth)
+        assert status == 200 and data.rstrip().endswith(b"data: [DONE]"), data
+        assert admin.keys("redlm:ratelimit:team-a:*")  # the counters were written
+        # a client that goes away mid-stream: its job is cancelled
+        s = socket.create_connection(("127.0.0.1", f.port))
+        body = json.dumps({"model": MODEL_NAME, "messages": msgs, "stream": True,
+                           "max_tokens": 4000, "ignore_eos": True})
+        s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                   f"Authorization: Bearer sk-acl-00000001\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+        got = b""
+        while b"data: " not in got:
+            got += s.recv(65536)
+        job_id = [l.split(":", 1)[1].strip() for l in got.decode().split("\r\n")
+                  if l.lower().startswith("x-request-id:")][0]
+        s.close()
+        done = out_events(admin, job_id)[-1]
+        assert done["finish_reason"] == "cancelled"
+        assert f.request("GET", "/healthz")[0] == 200
+        denied = [e for e in admin.acl_log(count=100)
+                  if e["username"] in ("worker", "dispatcher")]
+        assert denied == [], denied
+    finally:
+        w.stop()
+        f.stop()

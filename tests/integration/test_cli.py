@@ -1,0 +1,602 @@
+"""The `redlm` client commands against a real redis-server and a real worker
+on the tiny model: enqueue (flags, file, stdin; bad jobs refused with the
+worker's own code), tail (the text the events hold, reasoning apart), chat
+and top driven through a pseudo-terminal (two turns with /no_think, Ctrl-C
+cancelling an answer, q restoring the terminal), stats --json against what
+was done, and the progress line of model loading.
+
+Run with Debian's interpreter: /usr/bin/python3 -m pytest tests/integration/test_cli.py
+"""
+import fcntl
+import json
+import os
+import pty
+import re
+import select
+import signal
+import struct
+import subprocess
+import termios
+import time
+
+import pytest
+
+from conftest import CLI, MODEL, check_stream, free_port
+
+
+def cli(redis_addr, prefix, *args, input=None, timeout=60):
+    return subprocess.run([str(CLI), args[0], "--redis", redis_addr, "--prefix", prefix, *args[1:]],
+                          capture_output=True, text=True, input=input, timeout=timeout)
+
+
+def render(events):
+    """What `redlm tail` prints for events when stdout is not a terminal:
+    content as is, reasoning between [reasoning] / [/reasoning] lines, and a
+    final newline."""
+    out = ""
+    inr = False
+
+    def nl():
+        nonlocal out
+        if out and not out.endswith("\n"):
+            out += "\n"
+
+    for ev in events:
+        if ev["type"] == "delta":
+            r = ev["delta"].get("reasoning_content", "")
+            c = ev["delta"].get("content", "")
+            if r:
+                if not inr:
+                    nl()
+                    out += "[reasoning]\n"
+                    inr = True
+                out += r
+            if c:
+                if inr:
+                    nl()
+                    out += "[/reasoning]\n"
+                    inr = False
+                out += c
+        elif ev["type"] in ("done", "error"):
+            if inr:
+                nl()
+                out += "[/reasoning]\n"
+                inr = False
+            nl()
+    return out
+
+
+def jobs_in(r, key):
+    return [json.loads(f["job"]) for _, f in r.xrange(key)]
+
+
+class Pty:
+    """A command on a pseudo-terminal: what a user at a terminal sees and types."""
+
+    def __init__(self, args, rows=40, cols=160):
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: exec at once
+            try:
+                os.execv(args[0], args)
+            finally:
+                os._exit(127)
+        fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        self.buf = b""
+        self.status = None
+
+    def read_until(self, pattern, timeout=30):
+        """Reads until pattern (bytes regex) matches what came after the last
+        match; returns the text up to and including it."""
+        deadline = time.time() + timeout
+        while True:
+            m = re.search(pattern, self.buf, re.S)
+            if m:
+                got, self.buf = self.buf[:m.end()], self.buf[m.end():]
+                return got
+            left = deadline - time.time()
+            assert left > 0, f"no {pattern!r} within {timeout}s; got {self.buf[-2000:]!r}"
+            rl, _, _ = select.select([self.fd], [], [], min(left, 0.2))
+            if rl:
+                try:
+                    data = os.read(self.fd, 65536)
+                except OSError:  # EIO: the child is gone
+                    data = b""
+                if not data:
+                    assert re.search(pattern, self.buf, re.S), \
+                        f"exited before {pattern!r}; got {self.buf[-2000:]!r}"
+                self.buf += data
+
+    def send(self, data):
+        os.write(self.fd, data if isinstance(data, bytes) else data.encode())
+
+    def wait(self, timeout=10):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:  # drain, or a child blocked on a full pty never exits
+                while select.select([self.fd], [], [], 0)[0]:
+                    data = os.read(self.fd, 65536)
+                    if not data:
+                        break
+                    self.buf += data
+            except OSError:
+                pass
+            pid, st = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.status = os.waitstatus_to_exitcode(st)
+                return self.status
+            time.sleep(0.05)
+        raise AssertionError(f"still running after {timeout}s; output {self.buf[-2000:]!r}")
+
+    def close(self):
+        if self.status is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        os.close(self.fd)
+
+
+@pytest.fixture
+def ptys():
+    started = []
+
+    def start(*args):
+        p = Pty([str(CLI), *args])
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.close()
+
+
+# ---- enqueue and tail ----
+
+def test_enqueue_flags_then_tail_shows_the_events(workers, client, redis_addr, prefix):
+    workers("w1")
+    out = cli(redis_addr, prefix, "enqueue", "--pool", "fast", "--id", "e1", "--system", "be brief",
+              "--message", "hello", "--max-tokens", "9", "--temperature", "0", "--seed", "5",
+              "--stop", "xyz", "--ignore-eos", "--priority", "3", "--no-cache",
+              "--metadata", '{"k": 1}')
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "e1\n"
+    [job] = jobs_in(client.r, f"{prefix}jobs:fast")
+    assert job == {"id": "e1", "messages": [{"role": "system", "content": "be brief"},
+                                            {"role": "user", "content": "hello"}],
+                   "max_tokens": 9, "temperature": 0, "seed": 5, "stop": ["xyz"],
+                   "ignore_eos": True, "priority": 3, "cache": False, "metadata": {"k": 1}}
+    events = [e for _, e in client.events("e1")]
+    tail = cli(redis_addr, prefix, "tail", "e1")
+    assert tail.returncode == 0, tail.stderr
+    assert tail.stdout == render(events)
+    text = "".join(e["delta"].get("content", "") for e in events if e["type"] == "delta")
+    assert text and tail.stdout == text + ("" if text.endswith("\n") else "\n")
+    done = events[-1]
+    assert (f"[done] finish_reason={done['finish_reason']} prompt_tokens="
+            f"{done['usage']['prompt_tokens']} completion_tokens=9 ") in tail.stderr
+    # --json: the events themselves, one per line
+    raw = cli(redis_addr, prefix, "tail", "e1", "--json")
+    assert [json.loads(l) for l in raw.stdout.splitlines()] == events
+
+
+def test_tail_keeps_reasoning_apart(workers, client, redis_addr, prefix):
+    workers("w1")
+    # a raw prompt ending in <think> starts the output inside the reasoning
+    out = cli(redis_addr, prefix, "enqueue", "--pool", "fast", "--prompt", "why<think>",
+              "--max-tokens", "24", "--ignore-eos", "--temperature", "0")
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.strip()
+    events = [e for _, e in client.events(job_id)]
+    reasoning = "".join(e["delta"].get("reasoning_content", "") for e in events if e["type"] == "delta")
+    assert reasoning and events[-1]["usage"]["reasoning_tokens"] > 0
+    tail = cli(redis_addr, prefix, "tail", job_id)
+    assert tail.stdout == render(events)
+    assert tail.stdout.startswith("[reasoning]\n" + reasoning)
+    hidden = cli(redis_addr, prefix, "tail", job_id, "--no-reasoning")
+    assert "[reasoning]" not in hidden.stdout and reasoning not in hidden.stdout
+
+    # both parts, in a stream written by hand: markers on their own lines,
+    # the text byte for byte (newlines, multi-byte characters)
+    key = f"{prefix}out:handmade"
+    evs = [{"seq": 0, "type": "delta", "delta": {"reasoning_content": "think é"}, "token_ids": [1]},
+           {"seq": 1, "type": "delta", "delta": {"reasoning_content": "\nmore\n"}, "token_ids": [2]},
+           {"seq": 2, "type": "delta", "delta": {"content": "answer ∑"}, "token_ids": [3]},
+           {"seq": 3, "type": "delta", "delta": {"content": " done"}, "token_ids": [4]},
+           {"seq": 4, "type": "done", "finish_reason": "stop", "cached": False, "tool_calls": [],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 4, "reasoning_tokens": 2,
+                      "cached_prompt_tokens": 0},
+            "timings": {"queue_ms": 1, "ttft_ms": 2, "total_ms": 3}}]
+    for e in evs:
+        client.r.xadd(key, {"event": json.dumps(e, ensure_ascii=False)}, id=f"0-{e['seq'] + 1}")
+    tail = cli(redis_addr, prefix, "tail", "handmade")
+    assert tail.stdout == "[reasoning]\nthink é\nmore\n[/reasoning]\nanswer ∑ done\n"
+    assert tail.stdout == render(evs)
+    assert "finish_reason=stop prompt_tokens=3 completion_tokens=4 reasoning_tokens=2" in tail.stderr
+    colored = cli(redis_addr, prefix, "tail", "handmade", "--color", "always")
+    assert colored.stdout == "\033[2mthink é\nmore\n\033[0manswer ∑ done\n"
+
+
+def test_tail_of_an_error_exits_non_zero(workers, client, redis_addr, prefix):
+    workers("w1")
+    client.submit({"id": "bad1", "prompt_ids": [1, 99999]})
+    tail = cli(redis_addr, prefix, "tail", "bad1", "--timeout", "30")
+    assert tail.returncode == 1
+    assert "[error] INVALID_TOKEN:" in tail.stderr
+    # nothing ever comes for an unknown id: --timeout gives up
+    t = cli(redis_addr, prefix, "tail", "nobody", "--timeout", "1")
+    assert t.returncode == 1 and "no event for nobody within 1 s" in t.stderr
+
+
+def test_enqueue_from_file_and_stdin(workers, client, redis_addr, prefix, tmp_path):
+    workers("w1")
+    f = tmp_path / "job.json"
+    f.write_text(json.dumps({"prompt_ids": [5, 6, 7], "max_tokens": 4, "temperature": 0}))
+    out = cli(redis_addr, prefix, "enqueue", "--pool", "think", "--file", str(f))
+    assert out.returncode == 0, out.stderr
+    gen_id = out.stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{32}", gen_id)  # generated, and sent with the job
+    [job] = jobs_in(client.r, f"{prefix}jobs:think")
+    assert job == {"prompt_ids": [5, 6, 7], "max_tokens": 4, "temperature": 0, "id": gen_id}
+    _, done = check_stream(client.events(gen_id), __import__("conftest").validator("event.schema.json"))
+    assert done["usage"]["prompt_tokens"] == 3
+
+    # stdin, with flags on top of the file's fields
+    out = cli(redis_addr, prefix, "enqueue", "--pool", "think", "--file", "-", "--max-tokens", "2",
+              "--id", "s1", input='{"prompt": "hi", "max_tokens": 50}')
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "s1\n"
+    job = jobs_in(client.r, f"{prefix}jobs:think")[1]
+    assert job == {"prompt": "hi", "max_tokens": 2, "id": "s1"}
+    assert client.events("s1")[-1][1]["usage"]["completion_tokens"] <= 2
+
+
+INVALID = [
+    ('{"prompt": "x", "temperatur": 0.5}', "UNKNOWN_FIELD"),
+    ('{"prompt": "x", "temperature": 5}', "OUT_OF_RANGE"),
+    ('{"prompt": "x", "max_tokens": "9"}', "BAD_TYPE"),
+    ('{"prompt": "x", "mode": "fast"}', "BAD_VALUE"),
+    ('{"prompt": "x", "id": "a b"}', "BAD_ID"),
+    ('{"max_tokens": 3}', "MISSING_PROMPT"),
+    ('{"prompt": "x", "prompt_ids": [1]}', "CONFLICTING_PROMPT"),
+    ('{"prompt": "x",', "INVALID_JSON"),
+    ('[1, 2]', "NOT_OBJECT"),
+    ('{"prompt": "x", "prompt": "y"}', "DUPLICATE_FIELD"),
+]
+
+
+def test_invalid_jobs_are_refused_with_the_workers_code(workers, client, redis_addr, prefix, tmp_path):
+    workers("w1")
+    for i, (raw, code) in enumerate(INVALID):
+        f = tmp_path / f"bad{i}.json"
+        f.write_text(raw)
+        out = cli(redis_addr, prefix, "enqueue", "--pool", "fast", "--file", str(f))
+        assert out.returncode == 3, (raw, out.stderr)
+        assert out.stderr.startswith(f"redlm enqueue: {code}: "), (raw, out.stderr)
+        assert out.stdout == ""
+    assert client.r.xlen(f"{prefix}jobs:fast") == 0  # nothing was sent
+    # the worker, given the same jobs directly, answers with the same codes
+    for i, (raw, code) in enumerate(INVALID[:7]):
+        job = json.loads(raw)
+        job["id"] = f"direct{i}" if code != "BAD_ID" else job["id"]
+        if code == "BAD_ID":
+            continue
+        client.submit(None, raw=json.dumps(job))
+        ev = [e for _, e in client.events(f"direct{i}") if e["type"] == "error"]
+        assert ev and ev[0]["code"] == code
+    # flags build jobs through the same check
+    out = cli(redis_addr, prefix, "enqueue", "--pool", "fast", "--prompt", "x", "--temperature", "3")
+    assert out.returncode == 3 and "OUT_OF_RANGE: temperature: 3 is out of range" in out.stderr
+    # mode auto, straight to a pool: the CLI agrees with the worker, whichever
+    # way this build's job codec reads it (the dispatcher branch adds auto)
+    out = cli(redis_addr, prefix, "enqueue", "--pool", "fast", "--prompt", "x", "--mode", "auto",
+              "--max-tokens", "1", "--id", "auto1")
+    client.submit({"id": "auto2", "prompt": "x", "mode": "auto", "max_tokens": 1})
+    worker_err = [e["code"] for _, e in client.events("auto2") if e["type"] == "error"]
+    if worker_err:
+        assert out.returncode == 3 and out.stderr.startswith(f"redlm enqueue: {worker_err[0]}: ")
+    else:
+        assert out.returncode == 0 and out.stdout == "auto1\n"
+    # a flag that does not exist is a usage error, not a job error
+    out = cli(redis_addr, prefix, "enqueue", "--prompt", "x", "--temperatur", "3")
+    assert out.returncode == 2 and "--temperatur" in out.stderr
+
+
+def test_enqueue_defaults_to_the_dispatcher_stream(redis_addr, prefix, built):
+    r = __import__("conftest").connect(redis_addr)
+    out = cli(redis_addr, prefix, "enqueue", "--message", "hi", "--mode", "auto", "--id", "d1")
+    assert out.returncode == 0, out.stderr
+    out = cli(redis_addr, prefix, "enqueue", "--message", "hi", "--mode", "no_think", "--id", "d2")
+    assert out.returncode == 0, out.stderr
+    jobs = jobs_in(r, f"{prefix}requests")
+    assert [j["id"] for j in jobs] == ["d1", "d2"]
+    assert [j["mode"] for j in jobs] == ["auto", "no_think"]
+    assert r.keys(f"{prefix}jobs:*") == []
+
+
+def test_unreachable_redis_is_a_clear_error(built):
+    addr = f"127.0.0.1:{free_port()}"
+    for args in (["enqueue", "--message", "hi"], ["tail", "x"], ["stats"], ["top"], ["chat"],
+                 ["cancel", "x"]):
+        out = subprocess.run([str(CLI), *args, "--redis", addr], capture_output=True, text=True,
+                             timeout=20, stdin=subprocess.DEVNULL)
+        assert out.returncode == 1, (args, out.stderr)
+        assert f"cannot reach Redis at {addr}: " in out.stderr, (args, out.stderr)
+
+
+def test_acl_user_and_password_file(built, tmp_path):
+    from conftest import RedisServer, connect
+    srv = RedisServer(tmp_path / "acl")
+    try:
+        r = connect(srv.addr)
+        r.execute_command("ACL", "SETUSER", "ops", "on", ">s3cret", "~*", "&*", "+@all")
+        r.execute_command("ACL", "SETUSER", "default", "off")
+        good = tmp_path / "pw"
+        good.write_text("s3cret\n")
+        bad = tmp_path / "bad"
+        bad.write_text("nope\n")
+        base = [str(CLI), "stats", "--json", "--redis", srv.addr, "--prefix", "acl:", "--user", "ops"]
+        out = subprocess.run(base + ["--password-file", str(good)], capture_output=True, text=True,
+                             timeout=20)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["prefix"] == "acl:"
+        out = subprocess.run(base + ["--password-file", str(bad)], capture_output=True, text=True,
+                             timeout=20)
+        assert out.returncode == 1
+        assert f"cannot reach Redis at {srv.addr}: " in out.stderr and "WRONGPASS" in out.stderr
+        # without credentials the default user is off
+        out = subprocess.run([str(CLI), "enqueue", "--redis", srv.addr, "--prompt", "x"],
+                             capture_output=True, text=True, timeout=20)
+        assert out.returncode == 1 and "redlm enqueue: " in out.stderr
+    finally:
+        srv.stop()
+
+
+# ---- chat ----
+
+def test_chat_two_turns_with_no_think(workers, client, redis_addr, prefix, ptys):
+    workers("w1")
+    p = ptys("chat", "--redis", redis_addr, "--prefix", prefix, "--pool", "fast",
+             "--max-tokens", "6", "--temperature", "0")
+    p.read_until(rb"> ")
+    p.send("hello\n")
+    first = p.read_until(rb"\[done\][^\n]*\n")
+    p.read_until(rb"> ")
+    p.send("/no_think\n")
+    p.read_until(rb"\[mode no_think\]")
+    p.read_until(rb"> ")
+    p.send("and again\n")
+    p.read_until(rb"\[done\][^\n]*\n")
+    p.read_until(rb"> ")
+    p.send("/exit\n")
+    assert p.wait() == 0
+
+    jobs = jobs_in(client.r, f"{prefix}jobs:fast")
+    assert len(jobs) == 2
+    j1, j2 = jobs
+    assert j1["messages"] == [{"role": "user", "content": "hello"}]
+    assert "mode" not in j1 and j1["max_tokens"] == 6 and j1["temperature"] == 0
+    answer = "".join(e["delta"].get("content", "") for _, e in client.events(j1["id"])
+                     if e["type"] == "delta")
+    # the conversation so far goes with the second turn, and the mode changed
+    assert j2["messages"] == [{"role": "user", "content": "hello"},
+                              {"role": "assistant", "content": answer},
+                              {"role": "user", "content": "and again"}]
+    assert j2["mode"] == "no_think"
+    assert client.events(j2["id"])[-1][1]["finish_reason"] in ("stop", "length")
+    # the answer streamed to the terminal (the pty turns \n into \r\n)
+    if answer.strip():
+        assert answer.strip().replace("\n", "\r\n").encode() in first
+
+
+def test_chat_through_the_dispatcher(dispatchers, workers, client, redis_addr, prefix, ptys):
+    """The default target: chat's jobs go to redlm:requests and the
+    dispatcher routes them by mode; /think sends the next turn to the think
+    pool. stats sees the dispatcher and the requests stream."""
+    workers("w1")
+    dispatchers("d1", "--think-ratio", "0")
+    p = ptys("chat", "--redis", redis_addr, "--prefix", prefix, "--max-tokens", "4",
+             "--temperature", "0")
+    p.read_until(rb"> ")
+    p.send("hi\n")
+    p.read_until(rb"\[done\][^\n]*\n")
+    p.read_until(rb"> ")
+    p.send("/think\n")
+    p.read_until(rb"\[mode think\]")
+    p.send("why\n")
+    p.read_until(rb"\[done\][^\n]*\n")
+    p.read_until(rb"> ")
+    p.send("/exit\n")
+    assert p.wait() == 0
+    requests = jobs_in(client.r, f"{prefix}requests")
+    assert len(requests) == 2 and "mode" not in requests[0] and requests[1]["mode"] == "think"
+    [fast] = jobs_in(client.r, f"{prefix}jobs:fast")
+    [think] = jobs_in(client.r, f"{prefix}jobs:think")
+    assert fast["id"] == requests[0]["id"] and think["id"] == requests[1]["id"]
+    assert [m["role"] for m in think["messages"]] == ["user", "assistant", "user"]
+
+    deadline = time.time() + 10
+    while True:
+        s = stats(redis_addr, prefix)
+        if s["dispatchers"] and sum(s["dispatchers"][0]["routed"].values()) == 2:
+            break
+        assert time.time() < deadline, s
+        time.sleep(0.1)
+    assert s["dispatchers"][0]["name"] == "d1"
+    assert s["dispatchers"][0]["routed"] == {"fast": 1, "think": 1}
+    assert s["requests"]["length"] == 2 and s["requests"]["group"] is True
+    assert s["requests"]["waiting"] == 0 and s["requests"]["pending"] == 0
+
+
+def test_chat_ctrl_c_cancels_the_answer(workers, client, redis_addr, prefix, ptys):
+    workers("w1")
+    p = ptys("chat", "--redis", redis_addr, "--prefix", prefix, "--pool", "fast",
+             "--max-tokens", "30000", "--ignore-eos", "--temperature", "0.7")
+    p.read_until(rb"> ")
+    p.send("tell me everything\n")
+    # wait until the answer is streaming
+    deadline = time.time() + 30
+    while not client.r.keys(f"{prefix}out:*") or \
+            client.r.xlen(client.r.keys(f"{prefix}out:*")[0]) < 5:
+        assert time.time() < deadline, "the answer did not start"
+        time.sleep(0.05)
+    [job] = jobs_in(client.r, f"{prefix}jobs:fast")
+    p.send(b"\x03")  # Ctrl-C, as the terminal's line discipline delivers it
+    p.read_until(rb"\[cancelled\]")
+    p.read_until(rb"> ")
+    assert client.r.exists(f"{prefix}cancel:{job['id']}")
+    done = client.events(job["id"])[-1][1]
+    assert done["type"] == "done" and done["finish_reason"] == "cancelled"
+    assert done["usage"]["completion_tokens"] < 30000
+    # the cancelled turn is not part of the conversation any more
+    p.send("/exit\n")
+    assert p.wait() == 0
+
+
+# ---- stats and top ----
+
+def stats(redis_addr, prefix):
+    out = cli(redis_addr, prefix, "stats", "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_stats_json_matches_what_was_done(workers, client, redis_addr, prefix):
+    workers("w1")
+    r = client.r
+    # 5 jobs run, one of them again (a result-cache hit), 2 bad ones (dead letters)
+    ids = []
+    for i in range(5):
+        out = cli(redis_addr, prefix, "enqueue", "--pool", "fast" if i % 2 else "think",
+                  "--prompt-ids", f"{i + 1},{i + 2}", "--max-tokens", "3", "--temperature", "0",
+                  "--ignore-eos")
+        assert out.returncode == 0, out.stderr
+        ids.append(out.stdout.strip())
+    for i in ids:
+        client.events(i)
+    time.sleep(0.3)  # the cache entry is written in the same flush as the last done
+    client.submit({"id": "again", "prompt_ids": [1, 2], "max_tokens": 3, "temperature": 0,
+                   "ignore_eos": True}, pool="think")
+    assert client.events("again")[-1][1]["cached"] is True
+    client.submit(None, pool="fast", raw='{"id": "bad1", "prompt": 1}')
+    client.submit(None, pool="fast", raw="not json")
+    client.events("bad1")
+    # a pool nobody serves: 3 waiting
+    for i in range(3):
+        r.xadd(f"{prefix}jobs:idle", {"job": json.dumps({"prompt_ids": [1]})})
+    # a pool whose consumer took 2 jobs and died: 2 pending, 1 waiting
+    r.xgroup_create(f"{prefix}jobs:held", "workers", id="0", mkstream=True)
+    for i in range(3):
+        r.xadd(f"{prefix}jobs:held", {"job": json.dumps({"prompt_ids": [1]})})
+    r.xreadgroup("workers", "ghost", {f"{prefix}jobs:held": ">"}, count=2)
+    time.sleep(0.05)
+
+    deadline = time.time() + 15
+    while True:  # the heartbeat lags by up to one interval
+        s = stats(redis_addr, prefix)
+        if s["totals"]["jobs_done"] == 5 and s["totals"]["cache_hits"] == 1 \
+                and s["dead"]["count"] == 2:
+            break
+        assert time.time() < deadline, s
+        time.sleep(0.2)
+    [w] = s["workers"]
+    assert w["name"] == "w1" and w["pools"] == ["fast", "think"] and w["jobs_done"] == 5
+    assert w["tokens_out"] == 15 and s["totals"]["tokens_out"] == 15
+    assert w["cache_misses"] == 5 and s["totals"]["cache_hit_rate"] == pytest.approx(1 / 6)
+    assert w["age_ms"] < 5000
+    pools = {p["name"]: p for p in s["pools"]}
+    assert set(pools) == {"fast", "think", "idle", "held"}
+    assert pools["fast"]["length"] == 4 and pools["think"]["length"] == 4
+    for name in ("fast", "think"):
+        assert pools[name]["waiting"] == 0 and pools[name]["pending"] == 0
+        assert pools[name]["workers"] == 1 and pools[name]["consumers"] == 1
+    assert pools["idle"]["waiting"] == 3 and pools["idle"]["pending"] == 0
+    assert pools["idle"]["group"] is False and pools["idle"]["workers"] == 0
+    assert pools["idle"]["oldest_wait_ms"] >= 50
+    assert pools["held"]["waiting"] == 1 and pools["held"]["pending"] == 2
+    assert pools["held"]["oldest_pending_ms"] >= 50
+    assert s["totals"]["waiting"] == 4 and s["totals"]["pending"] == 2
+    assert s["dead"]["count"] == 2 and s["dead"]["last"]["code"] == "INVALID_JSON"
+    assert s["dispatchers"] == [] and s["requests"]["length"] == 0
+
+    # a dispatcher heartbeat is listed as it is
+    hb = {"name": "d1", "pid": 1, "time_ms": s["time_ms"], "uptime_s": 3, "routed": {"fast": 7},
+          "cache_hits": 2, "cache_misses": 2, "requests_per_s": 1.5}
+    r.set(f"{prefix}dispatcher:d1", json.dumps(hb), ex=30)
+    s = stats(redis_addr, prefix)
+    assert s["dispatchers"][0]["routed"] == {"fast": 7}
+    assert s["totals"]["dispatcher_cache_hit_rate"] == 0.5
+
+    # the table says the same
+    table = cli(redis_addr, prefix, "stats").stdout
+    assert re.search(r"jobs done 5 ", table)
+    assert re.search(r"^jobs:held +3 +1 +\S+ +2 ", table, re.M)
+    assert "DEAD LETTERS 2" in table and "WORKERS 1" in table and "DISPATCHERS 1" in table
+
+
+def test_top_draws_and_q_restores_the_terminal(workers, redis_addr, prefix, ptys):
+    workers("w1")
+    p = ptys("top", "--redis", redis_addr, "--prefix", prefix, "--interval", "200")
+    screen = p.read_until(rb"q quits")
+    assert screen.startswith(b"\033[?1049h")  # the alternate screen
+    # redrawn from the top until the worker's first heartbeat shows
+    screen = p.read_until(rb"\033\[H(?:(?!\033\[H).)*WORKERS 1.*?q quits", timeout=15)
+    assert b"w1" in screen and b"jobs:fast" in screen
+    attrs = termios.tcgetattr(p.fd)
+    assert not attrs[3] & termios.ECHO  # no echo while it runs
+    p.send("q")
+    assert p.wait() == 0
+    assert p.buf.endswith(b"\033[?25h\033[?1049l")  # cursor and screen back
+    attrs = termios.tcgetattr(p.fd)
+    assert attrs[3] & termios.ECHO and attrs[3] & termios.ICANON
+
+
+def test_top_fits_a_small_terminal_and_quits_on_ctrl_c(built, redis_addr, prefix, ptys):
+    p = Pty([str(CLI), "top", "--redis", redis_addr, "--prefix", prefix], rows=8, cols=50)
+    try:
+        screen = p.read_until(rb"q quits")
+        lines = re.sub(rb"\033\[[0-9;?]*[A-Za-z]", b"", screen).split(b"\r\n")
+        assert len(lines) <= 8  # the last row is the hint
+        assert max(len(l.decode()) for l in lines) <= 50, lines  # clipped, never wrapped
+        p.send(b"\x03")
+        assert p.wait() == 0
+        assert termios.tcgetattr(p.fd)[3] & termios.ECHO
+    finally:
+        p.close()
+
+
+def test_top_quits_on_ctrl_c(built, redis_addr, prefix, ptys):
+    p = ptys("top", "--redis", redis_addr, "--prefix", prefix)
+    p.read_until(rb"q quits")
+    p.send(b"\x03")
+    assert p.wait() == 0
+    assert termios.tcgetattr(p.fd)[3] & termios.ECHO
+
+
+# ---- load progress ----
+
+def test_progress_lines_when_loading(workers, built, tmp_path):
+    out = subprocess.run([str(CLI), "run", "-m", str(MODEL), "--tokens", "1,2", "-n", "2",
+                          "--threads", "1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    # not a terminal: one final line
+    assert re.fullmatch(rf"loading {re.escape(str(MODEL))}: 3\.5/3\.5 MB  100%  [\d.]+ s\n", out.stderr)
+    json.loads(out.stdout)
+    # a terminal: redrawn in place
+    p = Pty([str(CLI), "run", "-m", str(MODEL), "--tokens", "1,2", "-n", "2", "--threads", "1"])
+    try:
+        got = p.read_until(rb"100%  [\d.]+ s")
+        assert b"\r\033[Kloading " in got
+        assert p.wait(60) == 0
+    finally:
+        p.close()
+    # the batching engine path too
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text('{"prompt_ids": [1, 2], "max_tokens": 2}\n')
+    out = subprocess.run([str(CLI), "run", "-m", str(MODEL), "--batch", str(jobs), "--threads", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "MB  100%" in out.stderr
+    # the worker logs it at info level
+    w = workers("w1")
+    log = w.log_path.read_text()
+    assert re.search(rf" I loaded {re.escape(str(MODEL))}: 3\.5 MB in [\d.]+ s\n", log)

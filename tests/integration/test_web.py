@@ -1,0 +1,411 @@
+"""The example web backend (examples/web/server.py) and its chat page,
+end to end: a real redis-server, the backend, a real worker, and the page in
+headless Chromium driven over the DevTools protocol (cdp_browser.py).
+
+What the browser tests prove:
+- a real worker's answer streams into the page: the answer element takes
+  at least two partial values before the request is done, and ends equal
+  to the concatenated content deltas of redlm:out:<id>;
+- nothing buffers on the way: with the test playing the worker, each event
+  is written only after the page shows the one before it;
+- with Thinking on the job has mode think, reasoning_content lands in the
+  collapsible Reasoning block and not in the answer;
+- the conversation is kept (the second job carries the first answer), an
+  error event is shown as an alert with its code, and Stop cancels the job
+  (redlm:cancel:<id> is set by the backend when the browser goes away).
+Screenshots go to build/test-artifacts/.
+
+The HTTP tests (no browser) check bad input is a 400 with a code, the
+job's shape against schemas/job.schema.json, and cancel on disconnect.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conftest import BUILD, CLI, ROOT, SHARED, WORKER, connect, validator
+import cdp_browser
+
+SERVER = ROOT / "examples" / "web" / "server.py"
+ARTIFACTS = ROOT / "build" / "test-artifacts"
+
+
+@pytest.fixture(scope="session")
+def vocab_model(tmp_path_factory):
+    """A small random checkpoint with the real Qwen3 vocabulary, so the
+    page shows words (random ones); made once per session."""
+    tok = SHARED / "tokenizer" / "qwen3"
+    if not CLI.exists() or not WORKER.exists():
+        pytest.skip(f"{CLI} or {WORKER} not built (run make)")
+    if not (tok / "tokenizer.json").exists():
+        pytest.skip(f"Qwen3 tokenizer missing at {tok}")
+    out = tmp_path_factory.mktemp("model") / "qwen3-web"
+    subprocess.run([str(CLI), "mkmodel", "--shape", "tiny", "--hidden", "64", "--intermediate", "128",
+                    "--heads", "2", "--kv-heads", "1", "--head-dim", "32", "--layers", "2",
+                    "--vocab", "151936", "--dtype", "bf16", "--tokenizer", str(tok), "--out", str(out)],
+                   check=True, capture_output=True, timeout=300)
+    return out
+
+
+class Web:
+    """The example backend on a free loopback port."""
+
+    def __init__(self, redis_addr, prefix, logdir, *extra):
+        self.log_path = logdir / "web.log"
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            ["/usr/bin/python3", str(SERVER), "--redis", redis_addr, "--prefix", prefix,
+             "--listen", "127.0.0.1:0", "--poll-ms", "100", "-v", *extra],
+            stdout=subprocess.PIPE, stderr=self.log, text=True)
+        line = self.proc.stdout.readline()
+        if "listening on" not in line:
+            self.stop()
+            raise RuntimeError(f"web backend did not start: {line!r} {self.log_path.read_text()}")
+        self.url = line.split("listening on ", 1)[1].split()[0]
+
+    def post(self, body, raw=None):
+        data = raw if raw is not None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + "api/chat", data=data,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as f:
+                return f.status, f.headers, f.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers, e.read().decode()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.log.close()
+
+
+@pytest.fixture
+def web_factory(redis_addr, prefix, tmp_path):
+    started = []
+
+    def start(*extra):
+        w = Web(redis_addr, prefix, tmp_path, *extra)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.stop()
+    # every backend exits cleanly on SIGTERM
+    assert all(w.proc.returncode == 0 for w in started), [w.proc.returncode for w in started]
+
+
+@pytest.fixture
+def browser():
+    why = cdp_browser.missing()
+    if why:
+        pytest.skip(why)
+    b = cdp_browser.Browser()
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def real_worker(vocab_model, redis_addr, prefix, tmp_path):
+    log_path = tmp_path / "worker.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen([str(WORKER), "--redis", redis_addr, "--model", str(vocab_model),
+                             "--pools", "fast,think", "--name", "web-w1", "--threads", "1",
+                             "--prefix", prefix, "--block-ms", "100", "--http-port", "0"],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    deadline = time.time() + 60
+    while "ready:" not in log_path.read_text():
+        assert proc.poll() is None, log_path.read_text()
+        assert time.time() < deadline, "worker did not get ready"
+        time.sleep(0.05)
+    yield proc
+    proc.terminate()
+    proc.wait(15)
+    log.close()
+
+
+def sse_events(text):
+    """[(event, data dict, id)] of a text/event-stream body."""
+    out = []
+    for block in text.split("\n\n"):
+        ev, data, eid = "message", None, None
+        for line in block.splitlines():
+            if line.startswith("event: "):
+                ev = line[7:]
+            elif line.startswith("data: "):
+                data = json.loads(line[6:])
+            elif line.startswith("id: "):
+                eid = line[4:]
+        if data is not None:
+            out.append((ev, data, eid))
+    return out
+
+
+# Records every value the newest answer / reasoning element takes, even
+# when several updates land in one task: each record's added text node
+# carries the value it was set to.
+RECORDER = """
+(() => {
+  window.__answers = []; window.__reasonings = [];
+  new MutationObserver((recs) => {
+    for (const r of recs) {
+      const t = r.target;
+      const list = t.classList.contains('answer') ? window.__answers
+                 : t.classList.contains('reasoning-text') ? window.__reasonings : null;
+      if (!list) continue;
+      const m = t.closest('.msg');
+      for (const n of r.addedNodes) list.push({text: n.data || n.textContent, state: m.dataset.state});
+    }
+  }).observe(document.getElementById('log'), {childList: true, subtree: true});
+  return true;
+})()
+"""
+
+LAST = "document.querySelector('#log .msg.assistant:last-of-type')"
+
+
+def send_message(b, text):
+    n = b.eval("document.querySelectorAll('#log .msg.assistant').length")
+    b.type("#input", text)
+    b.click("#send")
+    b.wait(f"document.querySelectorAll('#log .msg.assistant').length === {n + 1}", 10,
+           "the assistant bubble")
+    return b.wait(f"{LAST}.dataset.jobId", 10, "the job id")
+
+
+def read_job(r, key, timeout=10):
+    """The next job XADDed to key (the test plays the worker)."""
+    res = r.xread({key: "0-0"}, block=timeout * 1000, count=1)
+    assert res, f"no job on {key}"
+    eid, fields = res[0][1][0]
+    r.xdel(key, eid)
+    return json.loads(fields["job"])
+
+
+def put(r, prefix, job_id, seq, ev):
+    ev = {"seq": seq, **ev}
+    r.xadd(f"{prefix}out:{job_id}", {"event": json.dumps(ev)}, id=f"0-{seq + 1}")
+
+
+DONE = {"type": "done", "finish_reason": "stop", "cached": False, "tool_calls": [],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 4, "reasoning_tokens": 2,
+                  "cached_prompt_tokens": 0},
+        "timings": {"queue_ms": 1, "ttft_ms": 2, "total_ms": 3}}
+
+
+# ---------------------------------------------------------------- browser
+
+def test_chat_page_streams_a_real_workers_answer(browser, real_worker, web_factory, redis_addr,
+                                                  prefix):
+    web = web_factory("--pool", "fast", "--max-tokens", "24")
+    b = browser
+    b.goto(web.url)
+    assert b.eval("document.title") == "redlm chat"
+    assert b.eval("document.getElementById('think').checked") is False
+    b.eval(RECORDER)
+    job_id = send_message(b, "Tell me about Redis streams.")
+    b.wait(f"{LAST}.dataset.state !== 'streaming'", 120, "the answer to complete")
+    assert b.eval(f"{LAST}.dataset.state") == "done", b.eval(f"{LAST}.innerText")
+
+    r = connect(redis_addr)
+    entries = r.xrange(f"{prefix}out:{job_id}")
+    events = [json.loads(f["event"]) for _, f in entries]
+    ev_check = validator("event.schema.json")
+    for ev in events:
+        ev_check.validate(ev)
+    assert events[-1]["type"] == "done" and events[-1]["finish_reason"] == "length"
+    content = "".join(e["delta"].get("content", "") for e in events if e["type"] == "delta")
+    assert content.strip(), "the model produced no text"
+    assert b.eval(f"{LAST}.querySelector('.answer').textContent") == content
+    # no thinking: no reasoning block shown
+    assert b.eval(f"{LAST}.querySelector('.reasoning').hidden") is True
+    # streamed: the answer took several partial values while still streaming
+    partial = [u["text"] for u in b.eval("window.__answers")
+               if u["state"] == "streaming" and u["text"] != content]
+    assert len(set(partial)) >= 2, partial
+    assert all(content.startswith(p) for p in partial), partial
+    assert "24 tokens" in b.eval(f"{LAST}.querySelector('.meta').textContent")
+    b.screenshot(ARTIFACTS / "web-chat.png")
+
+
+def test_chat_page_thinking_history_errors_and_stop(browser, web_factory, redis_addr, prefix):
+    """The test plays the worker, so it controls when each event exists."""
+    r = connect(redis_addr)
+    web = web_factory("--pool", "think")
+    pool = f"{prefix}jobs:think"
+    b = browser
+    b.goto(web.url)
+    b.eval(RECORDER)
+    b.click(".switch .slider")  # the visible switch, as a user clicks it
+    assert b.eval("document.getElementById('think').checked") is True
+
+    job_id = send_message(b, "Why is the sky blue?")
+    job = read_job(r, pool)
+    validator("job.schema.json").validate(job)
+    assert job["id"] == job_id and job["mode"] == "think"
+    assert job["messages"] == [{"role": "user", "content": "Why is the sky blue?"}]
+
+    # each event is written only once the page shows the one before: no buffering
+    steps = [({"reasoning_content": "Light scatters"}, "reasoning-text", "Light scatters"),
+             ({"reasoning_content": " off air molecules."}, "reasoning-text",
+              "Light scatters off air molecules."),
+             ({"content": "Rayleigh"}, "answer", "Rayleigh"),
+             ({"content": " scattering."}, "answer", "Rayleigh scattering.")]
+    for seq, (delta, cls, shown) in enumerate(steps):
+        put(r, prefix, job_id, seq, {"type": "delta", "delta": delta, "token_ids": [1]})
+        b.wait(f"{LAST}.querySelector('.{cls}').textContent === {json.dumps(shown)}", 10,
+               f"the page to show {shown!r}")
+        assert b.eval(f"{LAST}.dataset.state") == "streaming"
+    assert b.eval(f"{LAST}.querySelector('.reasoning').hidden") is False
+    put(r, prefix, job_id, 4, DONE)
+    b.wait(f"{LAST}.dataset.state === 'done'", 10)
+    # reasoning and answer are apart
+    assert b.eval(f"{LAST}.querySelector('.answer').textContent") == "Rayleigh scattering."
+    assert b.eval(f"{LAST}.querySelector('.reasoning-text').textContent") == \
+        "Light scatters off air molecules."
+    b.screenshot(ARTIFACTS / "web-chat-thinking.png")
+    # the reasoning block collapses
+    assert b.eval(f"{LAST}.querySelector('.reasoning').open") is True
+    b.click("#log .msg.assistant:last-of-type .reasoning summary")
+    assert b.eval(f"{LAST}.querySelector('.reasoning').open") is False
+    assert b.eval(f"{LAST}.querySelector('.reasoning-text').checkVisibility()") is False
+
+    # second turn: the conversation is kept; the worker answers with an error
+    job2_id = send_message(b, "And at sunset?")
+    job2 = read_job(r, pool)
+    assert job2["id"] == job2_id
+    assert job2["messages"] == [{"role": "user", "content": "Why is the sky blue?"},
+                                {"role": "assistant", "content": "Rayleigh scattering."},
+                                {"role": "user", "content": "And at sunset?"}]
+    put(r, prefix, job2_id, 0, {"type": "error", "code": "CONTEXT_TOO_LONG",
+                                "message": "prompt has 40961 tokens; the model's context is 40960"})
+    put(r, prefix, job2_id, 1, {**DONE, "finish_reason": "error"})
+    b.wait(f"{LAST}.dataset.state === 'error'", 10, "the error to show")
+    alert = b.eval(f"{LAST}.querySelector('[role=alert]').textContent")
+    assert "CONTEXT_TOO_LONG" in alert and "40960" in alert
+    b.screenshot(ARTIFACTS / "web-chat-error.png")
+
+    # third turn: Stop closes the stream; the backend cancels the job. The
+    # failed turn is not part of the conversation.
+    job3_id = send_message(b, "Tell me more.")
+    job3 = read_job(r, pool)
+    assert [m["content"] for m in job3["messages"]] == \
+        ["Why is the sky blue?", "Rayleigh scattering.", "Tell me more."]
+    put(r, prefix, job3_id, 0, {"type": "delta", "delta": {"content": "Well"}, "token_ids": [1]})
+    b.wait(f"{LAST}.querySelector('.answer').textContent === 'Well'", 10)
+    assert b.eval("document.getElementById('send').textContent") == "Stop"
+    b.click("#send")
+    b.wait(f"{LAST}.dataset.state === 'cancelled'", 10)
+    deadline = time.time() + 10
+    while r.get(f"{prefix}cancel:{job3_id}") != "1":
+        assert time.time() < deadline, "the backend did not set the cancel key"
+        time.sleep(0.05)
+    assert r.ttl(f"{prefix}cancel:{job3_id}") > 0
+
+    # the conversation survives a reload
+    b.goto(web.url)
+    texts = b.eval("[...document.querySelectorAll('#log .msg .text, #log .msg .answer')]"
+                   ".map(e => e.textContent)")
+    assert texts == ["Why is the sky blue?", "Rayleigh scattering.", "Tell me more.", "Well"]
+
+
+def test_chat_page_shows_backend_errors(browser, web_factory, redis_addr, prefix):
+    """No worker and a short timeout: the page says so instead of hanging."""
+    web = web_factory("--pool", "nobody", "--first-event-timeout-s", "0.5")
+    b = browser
+    b.goto(web.url)
+    send_message(b, "Anyone there?")
+    b.wait(f"{LAST}.dataset.state === 'error'", 20)
+    assert "NO_WORKER" in b.eval(f"{LAST}.querySelector('[role=alert]').textContent")
+
+
+# ---------------------------------------------------------------- HTTP
+
+def test_backend_streams_events_with_sse_headers(web_factory, redis_addr, prefix):
+    """The default target is the dispatcher's redlm:requests; the response is
+    the events as written, one SSE event each, in order."""
+    r = connect(redis_addr)
+    web = web_factory()
+    import threading
+    got = {}
+    t = threading.Thread(target=lambda: got.update(
+        zip(("status", "headers", "body"),
+            web.post({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 7}))))
+    t.start()
+    job = read_job(r, f"{prefix}requests")
+    validator("job.schema.json").validate(job)
+    assert job["max_tokens"] == 7 and job["mode"] == "no_think"
+    put(r, prefix, job["id"], 0, {"type": "delta", "delta": {"content": "a"}, "token_ids": [5]})
+    put(r, prefix, job["id"], 1, {**DONE})
+    t.join(30)
+    assert got["status"] == 200
+    h = got["headers"]
+    assert h["Content-Type"].startswith("text/event-stream")
+    assert "no-cache" in h["Cache-Control"] and h["X-Accel-Buffering"] == "no"
+    evs = sse_events(got["body"])
+    assert [e[0] for e in evs] == ["job", "delta", "done"]
+    assert evs[0][1]["id"] == job["id"]
+    assert [e[2] for e in evs[1:]] == ["0-1", "0-2"]
+    assert evs[1][1]["delta"] == {"content": "a"}
+
+
+@pytest.mark.parametrize("body,code", [
+    ({}, "BAD_MESSAGES"),
+    ({"messages": []}, "BAD_MESSAGES"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "BAD_MESSAGES"),
+    ({"messages": [{"role": "user", "content": 5}]}, "BAD_MESSAGES"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]},
+     "BAD_MESSAGES"),
+    ({"messages": [{"role": "user", "content": "x"}], "think": "yes"}, "BAD_FIELD"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "BAD_FIELD"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10 ** 9}, "BAD_FIELD"),
+    ([1, 2], "BAD_JSON"),
+    (b"{not json", "BAD_JSON"),
+])
+def test_backend_rejects_bad_input(web_factory, redis_addr, prefix, body, code):
+    web = web_factory("--pool", "fast")
+    raw = body if isinstance(body, bytes) else None
+    status, _, text = web.post(body, raw=raw)
+    assert status == 400
+    assert json.loads(text)["code"] == code
+    assert connect(redis_addr).xlen(f"{prefix}jobs:fast") == 0  # nothing enqueued
+
+
+def test_backend_cancels_when_the_client_disconnects(web_factory, redis_addr, prefix):
+    r = connect(redis_addr)
+    web = web_factory("--pool", "fast")
+    host, port = web.url.split("//")[1].rstrip("/").split(":")
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
+    s = socket.create_connection((host, int(port)))
+    s.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    job = read_job(r, f"{prefix}jobs:fast")
+    s.recv(4096)  # headers and the job event
+    assert r.get(f"{prefix}cancel:{job['id']}") is None
+    s.close()
+    deadline = time.time() + 10
+    while r.get(f"{prefix}cancel:{job['id']}") != "1":
+        assert time.time() < deadline, "no cancel after the client went away"
+        time.sleep(0.05)
+
+
+def test_backend_serves_the_page_and_nothing_else(web_factory):
+    web = web_factory()
+    for path, ctype in (("", "text/html"), ("app.js", "text/javascript"), ("style.css", "text/css")):
+        with urllib.request.urlopen(web.url + path, timeout=10) as f:
+            assert f.headers["Content-Type"].startswith(ctype)
+            body = f.read().decode()
+            assert "http://" not in body and "https://" not in body  # no CDN
+    for path in ("../server.py", "%2e%2e/server.py", "nope.html", "api/chat"):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(web.url + path, timeout=10)
+        assert e.value.code == 404
+    with urllib.request.urlopen(web.url + "api/health", timeout=10) as f:
+        assert json.load(f)["ok"] is True
