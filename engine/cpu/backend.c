@@ -5,10 +5,15 @@
  * (kernels.h) chosen at create time, so the scalar, AVX2 and AVX-512 paths
  * run the same code around them.
  *
- * Per layer: rmsnorm -> {q,k,v} projections (one loop over their stacked
- * rows) -> q/k rmsnorm + rotary + KV-cache write -> attention -> o projection
- * -> residual -> rmsnorm -> {gate,up} projections fused with SwiGLU -> down
- * projection -> residual. Logits only for the rows the batch asks for.
+ * Per layer: (previous layer's residual +) rmsnorm -> {q,k,v} projections
+ * (one loop over their stacked rows) -> q/k rmsnorm + rotary + KV-cache
+ * write -> attention (writing the o projection's bf16 input) -> o
+ * projection -> residual + rmsnorm in one pass -> {gate,up} projections
+ * fused with SwiGLU -> down projection (its residual joins the next layer's
+ * norm). Logits only for the rows the batch asks for. Seven pool runs per
+ * layer; the products, norms and attention take their work from a counter
+ * in chunks (cpu_pool_run_dyn), so a thread that loses its core on a shared
+ * machine does not hold the other at the barrier.
  *
  * Batch invariance (engine issue): nothing a token computes depends on the
  * other tokens of the step except through its own sequence's KV cache. The
@@ -17,13 +22,16 @@
  * reads keys 0..p from the cache in ascending order, so prefill (many
  * queries), chunked prefill and decode (one query) give identical bits.
  *
- * Weights: F32, BF16 and F16 matrices are used in place from the model's
- * mapping. FP8 matrices are widened to BF16 once at load (the CPU has no FP8
- * dot product), norm vectors are copied to F32. Activations are F32; they
+ * Weights: copied into 2 MiB pages at load (or used in place from the
+ * mapping with mmap_weights). FP8 matrices are widened to BF16 once at load
+ * (the CPU has no FP8 dot product), norm vectors are copied to F32. On the
+ * AVX-512 table the BF16 matrices are then repacked into 16-row panels for
+ * gemm_bf16p (pack_weights). Activations are F32; they
  * are rounded to BF16 only as the input of a BF16 matrix product.
  *
  * Threading: driven by one thread; every loop runs on the pool. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +45,8 @@
 /* Rows of one attention item (queries x heads of a GQA group): the score
  * tile for them stays in L2 for contexts of a few thousand tokens. */
 #define ATT_ROWS 64
+/* Rows of a tile that go through P x V together, sharing each V block. */
+#define ATT_PV_ROWS 8
 
 struct attn_item {
     int32_t seq, g, t0, n; /* sequence, kv head, first token index, tokens */
@@ -45,7 +55,8 @@ struct attn_item {
 struct cpu_mat {
     enum model_dtype dt;  /* F32, BF16 or F16 (FP8 is widened at load) */
     int rows, cols;
-    const void *w;        /* (rows, cols) row-major */
+    const void *w;        /* (rows, cols) row-major, or panels when packed */
+    int packed;           /* BF16 in cpu_pack_bf16's layout, for gemm_bf16p */
 };
 
 /* Weights copied out of the file mapping into one anonymous region backed
@@ -95,11 +106,14 @@ struct cpu_ctx {
     float *g;       /* (max_tokens, inter) gate, then SwiGLU output */
     float *u;       /* (max_tokens, inter) up */
     float *tmp;     /* (max_tokens, hidden) projection output */
+    float *rope;    /* (max_tokens, head_dim) cos then sin of each token's
+                       position, once per step for all layers */
     int32_t *tok_seq, *tok_pos; /* (max_tokens) */
     struct attn_item *items;    /* (max_tokens * n_kv_heads) */
 
     int n_blocks, block_size;
     void *kcache, *vcache; /* (n_layers, n_blocks, n_kv, block_size, head_dim) */
+    size_t kv_half;        /* bytes of each (kv_map) */
     /* Attention scratch per thread: scores (ATT_ROWS, seq_max) f32 and the
      * query tile (ATT_ROWS, head_dim) as f32 and bf16. */
     float *scratch;
@@ -214,6 +228,62 @@ static void mat_bind(struct cpu_mat *m, const struct model_tensor *t, const stru
     m->w = o;
 }
 
+/* Repacks the arena's BF16 matrices into gemm_bf16p's panels, once, after
+ * the copy: the packed kernel reaches about 1.4x the prefill rate and 1.7x
+ * the 16-row rate of gemm_bf16 (bench_kernels --ab). Only when the kernel
+ * table has it, the weights were copied (the file mapping is read-only), and
+ * every matrix splits into whole panels - the thread split of stacked
+ * matrices (chunk_rows) then lands on panel boundaries. A tied embedding is
+ * packed too, for the lm_head product (at 16 rows the row-major kernel cost
+ * 3x the weight streaming); the token lookup gathers its row from the
+ * panels (embed_task). */
+static int pack_ok(const struct cpu_mat *m)
+{
+    return m->dt == MODEL_BF16 && m->rows % 16 == 0 && m->cols % 2 == 0;
+}
+
+/* The matrices pack_weights() packs: lm_head (untied only) as index -1,
+ * then each layer's seven. Returns how many it put in out. */
+static int pack_list(struct cpu_ctx *c, int l, struct cpu_mat *out[7])
+{
+    if (l < 0) {
+        out[0] = c->cfg.tied ? &c->embed : &c->lm_head;
+        return pack_ok(out[0]);
+    }
+    struct cpu_layer *L = &c->layers[l];
+    struct cpu_mat *ms[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down};
+    memcpy(out, ms, sizeof ms);
+    return 7;
+}
+
+static int pack_weights(struct cpu_ctx *c)
+{
+    if (!c->k->gemm_bf16p || c->mmap_weights)
+        return 0;
+    struct cpu_mat *ms[7];
+    size_t biggest = 0;
+    for (int l = -1; l < c->cfg.n_layers; l++)
+        for (int i = 0, n = pack_list(c, l, ms); i < n; i++) {
+            if (l >= 0 && !pack_ok(ms[i]))
+                return 0; /* all layers packed or none: simpler to reason about */
+            size_t bytes = (size_t)ms[i]->rows * (size_t)ms[i]->cols * 2;
+            biggest = bytes > biggest ? bytes : biggest;
+        }
+    uint16_t *tmp = malloc(biggest);
+    if (!tmp)
+        return -1;
+    for (int l = -1; l < c->cfg.n_layers; l++)
+        for (int i = 0, n = pack_list(c, l, ms); i < n; i++) {
+            memcpy(tmp, ms[i]->w, (size_t)ms[i]->rows * (size_t)ms[i]->cols * 2);
+            cpu_pack_bf16(tmp, ms[i]->rows, ms[i]->cols, (uint16_t *)ms[i]->w);
+            ms[i]->packed = 1;
+        }
+    if (c->cfg.tied)
+        c->lm_head = c->embed;
+    free(tmp);
+    return 0;
+}
+
 /* Bytes the arena needs for the matrices that will live in it. */
 static size_t arena_need(const struct model_config *cfg, const struct model_weights *w, int copy)
 {
@@ -282,7 +352,8 @@ static void free_weights(struct cpu_ctx *c)
     c->final_norm = NULL, c->inv_freq = NULL;
     free(c->x), free(c->xn), free(c->xb), free(c->q), free(c->kx), free(c->vx);
     free(c->att), free(c->g), free(c->u), free(c->tmp), free(c->tok_seq), free(c->tok_pos);
-    free(c->items), free(c->hb);
+    free(c->items), free(c->hb), free(c->rope);
+    c->rope = NULL;
     c->items = NULL;
     c->hb = NULL;
     c->x = c->xn = c->q = c->kx = c->vx = c->att = c->g = c->u = c->tmp = NULL;
@@ -336,6 +407,8 @@ static int cpu_load(void *ctx, const struct model_config *cfg, const struct mode
         mat_bind(&L->up, &S->w_up, cfg, &c->arena, copy, &pg);
         mat_bind(&L->down, &S->w_down, cfg, &c->arena, copy, &pg);
     }
+    if (pack_weights(c))
+        goto oom;
     if (rope_init(c))
         goto oom;
     size_t T = (size_t)max_tokens, H = (size_t)cfg->hidden, I = (size_t)cfg->intermediate;
@@ -348,6 +421,7 @@ static int cpu_load(void *ctx, const struct model_config *cfg, const struct mode
         !(c->kx = amalloc(T * KV * 4)) || !(c->vx = amalloc(T * KV * 4)) ||
         !(c->att = amalloc(T * Q * 4)) || !(c->g = amalloc(T * I * 4)) ||
         !(c->u = amalloc(T * I * 4)) || !(c->tmp = amalloc(T * H * 4)) ||
+        !(c->rope = amalloc(T * (size_t)cfg->head_dim * 4)) ||
         !(c->tok_seq = amalloc(T * 4)) || !(c->tok_pos = amalloc(T * 4)) ||
         !(c->items = amalloc(T * (size_t)cfg->n_kv_heads * sizeof *c->items)))
         goto oom;
@@ -374,6 +448,29 @@ static size_t cpu_kv_block_bytes(void *ctx, int block_size)
            (size_t)block_size * kv_elem(c);
 }
 
+/* The KV arrays: anonymous mappings, so untouched blocks cost no memory
+ * (fresh pages read as zero), with a transparent-huge-page hint: the first
+ * write into each page faults, and on this VM a fault costs more than the
+ * zeroing - at 4 KiB pages the first pass of a batch through its blocks
+ * spent about 3 % of a step in page faults. */
+static void *kv_map(size_t bytes)
+{
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    madvise(p, bytes, MADV_HUGEPAGE); /* a hint; without THP we still run */
+    return p;
+}
+
+static void kv_unmap(struct cpu_ctx *c)
+{
+    if (c->kcache)
+        munmap(c->kcache, c->kv_half);
+    if (c->vcache)
+        munmap(c->vcache, c->kv_half);
+    c->kcache = c->vcache = NULL;
+}
+
 static int cpu_kv_init(void *ctx, int n_blocks, int block_size, struct rl_err *err)
 {
     struct cpu_ctx *c = ctx;
@@ -381,8 +478,8 @@ static int cpu_kv_init(void *ctx, int n_blocks, int block_size, struct rl_err *e
         return rl_errf(err, RL_EINVAL, "cpu backend: kv_init before load");
     if (n_blocks < 1 || block_size < 1)
         return rl_errf(err, RL_EINVAL, "cpu backend: kv pool needs n_blocks >= 1 and block_size >= 1");
-    free(c->kcache), free(c->vcache), free(c->scratch);
-    c->kcache = c->vcache = NULL;
+    kv_unmap(c);
+    free(c->scratch);
     c->scratch = NULL;
     size_t half = cpu_kv_block_bytes(c, block_size) / 2 * (size_t)n_blocks;
     c->ctx_max = n_blocks * block_size;
@@ -390,14 +487,17 @@ static int cpu_kv_init(void *ctx, int n_blocks, int block_size, struct rl_err *e
     int group = c->cfg.n_heads / c->cfg.n_kv_heads;
     c->q_tile = ATT_ROWS / group > 0 ? ATT_ROWS / group : 1;
     size_t rows = (size_t)c->q_tile * (size_t)group;
-    c->scratch_per_thread = rows * (size_t)c->seq_max + rows * (size_t)c->cfg.head_dim * 2 + 64;
-    /* calloc: fresh pages are zero, and untouched blocks cost no memory. */
-    c->kcache = calloc(1, half);
-    c->vcache = calloc(1, half);
-    c->scratch = malloc((size_t)c->n_threads * c->scratch_per_thread * 4);
+    /* scores, f32 queries, bf16 queries (half of that), the output rows
+     * O, their softmax sums, and 64-byte alignment slack */
+    c->scratch_per_thread = rows * (size_t)c->seq_max + rows * (size_t)c->cfg.head_dim * 3 + rows + 64;
+    c->scratch_per_thread = (c->scratch_per_thread + 15) & ~(size_t)15;
+    c->kv_half = half;
+    c->kcache = kv_map(half);
+    c->vcache = kv_map(half);
+    c->scratch = amalloc((size_t)c->n_threads * c->scratch_per_thread * 4);
     if (!c->kcache || !c->vcache || !c->scratch) {
-        free(c->kcache), free(c->vcache), free(c->scratch);
-        c->kcache = c->vcache = NULL;
+        kv_unmap(c);
+        free(c->scratch);
         c->scratch = NULL;
         return rl_errf(err, RL_ENOMEM, "cpu backend: cannot allocate %zu bytes of KV cache", 2 * half);
     }
@@ -447,6 +547,7 @@ struct mm_job {
      * rows; each thread turns its own columns of y[0] into silu(g) * u. */
     int swiglu;
     uint16_t *hb;        /* (M, rows) bf16 copy of the SwiGLU output, or NULL */
+    _Atomic int next;    /* next chunk to hand out (starts at 0) */
 };
 
 static void mm_one(const struct mm_job *j, int i, int n0, int n1)
@@ -454,7 +555,10 @@ static void mm_one(const struct mm_job *j, int i, int n0, int n1)
     const struct cpu_mat *m = j->mat[i];
     switch (m->dt) {
     case MODEL_BF16:
-        j->k->gemm_bf16(j->M, n0, n1, m->cols, j->xb, j->ldx, m->w, j->y[i], j->ldy[i]);
+        if (m->packed)
+            j->k->gemm_bf16p(j->M, n0, n1, m->cols, j->xb, j->ldx, m->w, j->y[i], j->ldy[i]);
+        else
+            j->k->gemm_bf16(j->M, n0, n1, m->cols, j->xb, j->ldx, m->w, j->y[i], j->ldy[i]);
         break;
     case MODEL_F32:
         j->k->gemm_f32(j->M, n0, n1, m->cols, j->x, j->ldx, m->w, j->y[i], j->ldy[i]);
@@ -465,53 +569,61 @@ static void mm_one(const struct mm_job *j, int i, int n0, int n1)
     }
 }
 
-static void split_range(int total, int ith, int nth, int *a, int *b)
+/* Rows per chunk of a dynamically shared loop: about four chunks per
+ * thread, whole 64-row register tiles (so packed panels stay whole too).
+ * Chunks rather than one fixed share per thread: on a shared machine a
+ * thread that loses its core for a while no longer holds the other one at
+ * the barrier, the other simply takes more chunks; and which thread
+ * computes a row changes no bits (kernels.h). */
+static int chunk_rows(int total, int nth)
 {
-    int chunk = (total + nth - 1) / nth;
-    chunk = (chunk + CPU_GEMM_N_ALIGN - 1) / CPU_GEMM_N_ALIGN * CPU_GEMM_N_ALIGN;
-    *a = ith * chunk < total ? ith * chunk : total;
-    *b = *a + chunk < total ? *a + chunk : total;
+    int ch = (total / (nth * 4) + 63) / 64 * 64;
+    return ch < 64 ? 64 : ch;
 }
 
 static void mm_task(void *arg, int ith, int nth)
 {
-    const struct mm_job *j = arg;
-    if (j->swiglu) {
-        int n0, n1;
-        split_range(j->mat[0]->rows, ith, nth, &n0, &n1);
-        if (n0 >= n1)
-            return;
-        mm_one(j, 0, n0, n1);
-        mm_one(j, 1, n0, n1);
-        for (int m = 0; m < j->M; m++) {
-            float *g = j->y[0] + (size_t)m * (size_t)j->ldy[0];
-            const float *u = j->y[1] + (size_t)m * (size_t)j->ldy[1];
-            for (int n = n0; n < n1; n++)
-                g[n] = g[n] / (1.0f + expf(-g[n])) * u[n];
-            if (j->hb)
-                j->k->f32_to_bf16(g + n0, j->hb + (size_t)m * (size_t)j->ldy[0] + n0, n1 - n0);
-        }
-        return;
-    }
+    struct mm_job *j = arg;
     int total = 0;
-    for (int i = 0; i < j->n_mats; i++)
+    for (int i = 0; i < (j->swiglu ? 1 : j->n_mats); i++)
         total += j->mat[i]->rows;
-    int a, b;
-    split_range(total, ith, nth, &a, &b);
-    int base = 0;
-    for (int i = 0; i < j->n_mats && a < b; i++) {
-        int r = j->mat[i]->rows;
-        int lo = a > base ? a - base : 0, hi = b - base < r ? b - base : r;
-        if (lo < hi)
-            mm_one(j, i, lo, hi);
-        base += r;
+    int ch = chunk_rows(total, nth);
+    for (;;) {
+        int a = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed) * ch;
+        if (a >= total)
+            return;
+        int b = a + ch < total ? a + ch : total;
+        if (j->swiglu) {
+            mm_one(j, 0, a, b);
+            mm_one(j, 1, a, b);
+            for (int m = 0; m < j->M; m++) {
+                float *g = j->y[0] + (size_t)m * (size_t)j->ldy[0];
+                const float *u = j->y[1] + (size_t)m * (size_t)j->ldy[1];
+                if (j->k->swiglu)
+                    j->k->swiglu(g + a, u + a, b - a);
+                else
+                    for (int n = a; n < b; n++)
+                        g[n] = g[n] / (1.0f + expf(-g[n])) * u[n];
+                if (j->hb)
+                    j->k->f32_to_bf16(g + a, j->hb + (size_t)m * (size_t)j->ldy[0] + a, b - a);
+            }
+            continue;
+        }
+        int base = 0;
+        for (int i = 0; i < j->n_mats; i++) {
+            int r = j->mat[i]->rows;
+            int lo = a > base ? a - base : 0, hi = b - base < r ? b - base : r;
+            if (lo < hi)
+                mm_one(j, i, lo, hi);
+            base += r;
+        }
     }
 }
 
 /* RMSNorm of rows of x into xn (f32) and, when bf16 is set, xb. */
 struct norm_job {
     const struct cpu_kernels *k;
-    const float *x;
+    float *x;
     int ldx;
     const int32_t *rows; /* which rows of x, or NULL for 0..n-1 */
     int n, dim;
@@ -519,6 +631,10 @@ struct norm_job {
     float eps;
     float *xn;
     uint16_t *xb;
+    const float *add;    /* residual first: x += add, row for row (rows NULL,
+                            same stride), then the norm; one pass, one
+                            barrier fewer than a separate add */
+    _Atomic int next;    /* next chunk of rows to hand out (starts at 0) */
 };
 
 static void rmsnorm_row(const float *x, const float *w, float *y, int n, float eps)
@@ -533,15 +649,36 @@ static void rmsnorm_row(const float *x, const float *w, float *y, int n, float e
         y[i] = w[i] * (x[i] * r);
 }
 
+static void norm_row(const struct cpu_kernels *k, const float *x, const float *w, float *y, int n,
+                     float eps)
+{
+    if (k->rmsnorm)
+        k->rmsnorm(x, w, y, n, eps);
+    else
+        rmsnorm_row(x, w, y, n, eps);
+}
+
 static void norm_task(void *arg, int ith, int nth)
 {
-    const struct norm_job *j = arg;
-    for (int i = ith; i < j->n; i += nth) {
-        int src = j->rows ? j->rows[i] : i;
-        float *y = j->xn + (size_t)i * (size_t)j->dim;
-        rmsnorm_row(j->x + (size_t)src * (size_t)j->ldx, j->w, y, j->dim, j->eps);
-        if (j->xb)
-            j->k->f32_to_bf16(y, j->xb + (size_t)i * (size_t)j->dim, j->dim);
+    struct norm_job *j = arg;
+    int ch = j->n / (nth * 4) > 1 ? j->n / (nth * 4) : 1;
+    for (;;) {
+        int i0 = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed) * ch;
+        if (i0 >= j->n)
+            return;
+        for (int i = i0; i < j->n && i < i0 + ch; i++) {
+            int src = j->rows ? j->rows[i] : i;
+            float *x = j->x + (size_t)src * (size_t)j->ldx;
+            if (j->add) {
+                const float *a = j->add + (size_t)src * (size_t)j->ldx;
+                for (int d = 0; d < j->dim; d++)
+                    x[d] += a[d];
+            }
+            float *y = j->xn + (size_t)i * (size_t)j->dim;
+            norm_row(j->k, x, j->w, y, j->dim, j->eps);
+            if (j->xb)
+                j->k->f32_to_bf16(y, j->xb + (size_t)i * (size_t)j->dim, j->dim);
+        }
     }
 }
 
@@ -551,6 +688,17 @@ static void run(struct cpu_ctx *c, cpu_pool_fn fn, void *arg, int n_items)
         fn(arg, 0, 1);
     else
         cpu_pool_run(c->pool, fn, arg);
+}
+
+/* For the tasks that take their work from a shared counter (mm, norm,
+ * attention): a worker that has not started when the caller is done is
+ * not waited for (pool.h). */
+static void run_dyn(struct cpu_ctx *c, cpu_pool_fn fn, void *arg, int n_items)
+{
+    if (n_items <= 1)
+        fn(arg, 0, 1);
+    else
+        cpu_pool_run_dyn(c->pool, fn, arg);
 }
 
 /* q/k norm + rotary + KV write, one token per iteration. */
@@ -576,18 +724,14 @@ static void rope_task(void *arg, int ith, int nth)
     struct cpu_ctx *c = j->c;
     const struct model_config *cfg = &c->cfg;
     int hd = cfg->head_dim, half = hd / 2;
-    float cs[512], sn[512], tmp[1024];
+    float tmp[1024];
     for (int t = ith; t < j->n_tokens; t += nth) {
         int pos = c->tok_pos[t];
         const struct be_seq *s = &j->b->seqs[c->tok_seq[t]];
-        for (int i = 0; i < half; i++) {
-            float a = (float)pos * c->inv_freq[i];
-            cs[i] = cosf(a) * c->rope_mscale;
-            sn[i] = sinf(a) * c->rope_mscale;
-        }
+        const float *cs = c->rope + (size_t)t * (size_t)hd, *sn = cs + half;
         for (int h = 0; h < cfg->n_heads; h++) {
             float *q = c->q + ((size_t)t * (size_t)cfg->n_heads + (size_t)h) * (size_t)hd;
-            rmsnorm_row(q, j->L->q_norm, q, hd, cfg->rms_eps);
+            norm_row(c->k, q, j->L->q_norm, q, hd, cfg->rms_eps);
             rope_apply(q, cs, sn, half);
         }
         int blk = s->block_table[pos / c->block_size], slot = pos % c->block_size;
@@ -595,7 +739,7 @@ static void rope_task(void *arg, int ith, int nth)
             float *k = c->kx + ((size_t)t * (size_t)cfg->n_kv_heads + (size_t)h) * (size_t)hd;
             const float *v = c->vx + ((size_t)t * (size_t)cfg->n_kv_heads + (size_t)h) * (size_t)hd;
             memcpy(tmp, k, (size_t)hd * 4);
-            rmsnorm_row(tmp, j->L->k_norm, tmp, hd, cfg->rms_eps);
+            norm_row(c->k, tmp, j->L->k_norm, tmp, hd, cfg->rms_eps);
             rope_apply(tmp, cs, sn, half);
             void *kd = kv_at(c, c->kcache, j->layer, blk, h, slot);
             void *vd = kv_at(c, c->vcache, j->layer, blk, h, slot);
@@ -613,21 +757,27 @@ static void rope_task(void *arg, int ith, int nth)
 /* Attention. One item = one sequence, one KV head and a tile of up to
  * q_tile consecutive queries of that sequence; its rows are the tile's
  * queries times the heads of the KV head's group (GQA), so the group shares
- * every key and value it loads. Scores come from the gemm kernels with the
- * keys of one cache block as the "weight" rows: each (query, key) score is
- * one fixed-order dot product whatever the tile holds, which keeps decode
- * (one query) and prefill (a tile) bit-identical. Softmax and the weighted
- * sum of values then run per row, keys in ascending order. */
+ * every key and value it loads. Scores come from scores_bf16 (or the gemm
+ * kernels) with the keys of one cache block as the "weight" rows: each
+ * (query, key) score is one fixed-order dot product whatever the tile
+ * holds, which keeps decode (one query) and prefill (a tile) bit-identical.
+ * Softmax then runs per row over its own keys; P x V (pv_*) keeps up to 8
+ * rows' outputs in registers across a cache block, each value row loaded
+ * once for all of them, every row still adding its keys in ascending order
+ * with one fused multiply-add each. */
 struct attn_job {
     struct cpu_ctx *c;
+    uint16_t *ob;       /* bf16 output rows (the o projection's input), or
+                           NULL for f32 rows in c->att */
     int layer, n_items;
     const struct attn_item *items;
     const struct be_batch *b;
+    _Atomic int next;   /* next item to hand out (starts at 0) */
 };
 
 static void attn_task(void *arg, int ith, int nth)
 {
-    const struct attn_job *j = arg;
+    struct attn_job *j = arg;
     struct cpu_ctx *c = j->c;
     const struct model_config *cfg = &c->cfg;
     const struct cpu_kernels *k = c->k;
@@ -638,8 +788,15 @@ static void attn_task(void *arg, int ith, int nth)
     float *S = c->scratch + (size_t)ith * c->scratch_per_thread;
     float *qf = S + (size_t)c->q_tile * (size_t)group * (size_t)smax;
     uint16_t *qb = (uint16_t *)(qf + (size_t)c->q_tile * (size_t)group * (size_t)hd);
-    for (int it = ith; it < j->n_items; it += nth) {
-        const struct attn_item *a = &j->items[it];
+    float *O = qf + (size_t)c->q_tile * (size_t)group * (size_t)hd * 2;
+    float *sum = O + (size_t)c->q_tile * (size_t)group * (size_t)hd;
+    for (;;) {
+        /* dynamic, and from the end: the last tiles of a prompt see the
+         * most keys, so the big items go first and the small ones fill in */
+        int it = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (it >= j->n_items)
+            break;
+        const struct attn_item *a = &j->items[j->n_items - 1 - it];
         const struct be_seq *s = &j->b->seqs[a->seq];
         int rows = a->n * group;
         /* gather the tile's query rows: row r = (token a->t0 + r / group, head g*group + r % group) */
@@ -655,38 +812,89 @@ static void attn_task(void *arg, int ith, int nth)
         for (int blk = 0; blk * bs <= last; blk++) {
             int nk = last + 1 - blk * bs < bs ? last + 1 - blk * bs : bs;
             const void *kb = kv_at(c, c->kcache, j->layer, s->block_table[blk], a->g, 0);
-            if (bf)
+            if (bf && k->scores_bf16 && hd % 32 == 0)
+                k->scores_bf16(rows, nk, qb, hd, kb, hd, S + (size_t)blk * (size_t)bs, smax);
+            else if (bf)
                 k->gemm_bf16(rows, 0, nk, hd, qb, hd, kb, S + (size_t)blk * (size_t)bs, smax);
             else
                 k->gemm_f32(rows, 0, nk, hd, qf, hd, kb, S + (size_t)blk * (size_t)bs, smax);
         }
+        /* softmax per row over its own keys 0..pos */
         for (int r = 0; r < rows; r++) {
-            int t = a->t0 + r / group, h = a->g * group + r % group;
-            int pos = c->tok_pos[t];
+            int pos = c->tok_pos[a->t0 + r / group];
             float *sc = S + (size_t)r * (size_t)smax;
+            if (k->softmax) {
+                sum[r] = k->softmax(sc, pos + 1, scale);
+                continue;
+            }
             float mx = -INFINITY;
             for (int p = 0; p <= pos; p++) {
                 sc[p] *= scale;
                 if (sc[p] > mx)
                     mx = sc[p];
             }
-            float sum = 0;
+            float acc = 0;
             for (int p = 0; p <= pos; p++) {
                 sc[p] = expf(sc[p] - mx);
-                sum += sc[p];
+                acc += sc[p];
             }
+            sum[r] = acc;
+        }
+        /* P x V into O (rows, hd), keys in ascending order for every row */
+        memset(O, 0, (size_t)rows * (size_t)hd * 4);
+        if ((bf ? k->pv_bf16 != NULL : k->pv_f32 != NULL) && hd % 16 == 0) {
+            /* Rows in chunks that share each V block from L1; rows are
+             * sorted by position (token-major), so within a block the keys
+             * a row needs are a prefix and later rows need at least as many:
+             * rows i.. take keys [done, cnt_i) together. */
+            for (int r0 = 0; r0 < rows; r0 += ATT_PV_ROWS) {
+                int R = rows - r0 < ATT_PV_ROWS ? rows - r0 : ATT_PV_ROWS;
+                int plast = c->tok_pos[a->t0 + (r0 + R - 1) / group];
+                for (int blk = 0; blk * bs <= plast; blk++) {
+                    const void *vb = kv_at(c, c->vcache, j->layer, s->block_table[blk], a->g, 0);
+                    int done = 0;
+                    for (int i = 0; i < R; i++) {
+                        int cnt = c->tok_pos[a->t0 + (r0 + i) / group] + 1 - blk * bs;
+                        cnt = cnt < bs ? cnt : bs;
+                        if (cnt <= done)
+                            continue;
+                        const float *pp = S + (size_t)(r0 + i) * (size_t)smax + (size_t)blk * (size_t)bs + (size_t)done;
+                        float *oo = O + (size_t)(r0 + i) * (size_t)hd;
+                        if (bf)
+                            k->pv_bf16(R - i, cnt - done, pp, smax, (const uint16_t *)vb + (size_t)done * (size_t)hd, hd, oo, hd);
+                        else
+                            k->pv_f32(R - i, cnt - done, pp, smax, (const float *)vb + (size_t)done * (size_t)hd, hd, oo, hd);
+                        done = cnt;
+                    }
+                }
+            }
+        } else {
+            for (int r = 0; r < rows; r++) {
+                int pos = c->tok_pos[a->t0 + r / group];
+                const float *sc = S + (size_t)r * (size_t)smax;
+                float *o = O + (size_t)r * (size_t)hd;
+                for (int p = 0; p <= pos; p++) {
+                    const void *vp = kv_at(c, c->vcache, j->layer, s->block_table[p / bs], a->g, p % bs);
+                    if (bf)
+                        k->axpy_bf16(sc[p], vp, o, hd);
+                    else
+                        k->axpy_f32(sc[p], vp, o, hd);
+                }
+            }
+        }
+        for (int r = 0; r < rows; r++) {
+            int t = a->t0 + r / group, h = a->g * group + r % group;
             float *out = c->att + ((size_t)t * (size_t)cfg->n_heads + (size_t)h) * (size_t)hd;
-            memset(out, 0, (size_t)hd * 4);
-            for (int p = 0; p <= pos; p++) {
-                const void *vp = kv_at(c, c->vcache, j->layer, s->block_table[p / bs], a->g, p % bs);
-                if (bf)
-                    k->axpy_bf16(sc[p], vp, out, hd);
-                else
-                    k->axpy_f32(sc[p], vp, out, hd);
+            float *o = O + (size_t)r * (size_t)hd;
+            float inv = 1.0f / sum[r];
+            if (j->ob) {
+                for (int d = 0; d < hd; d++)
+                    o[d] *= inv;
+                k->f32_to_bf16(o, j->ob + (out - c->att), hd);
+            } else {
+                for (int d = 0; d < hd; d++)
+                    out[d] = o[d] * inv;
             }
-            float inv = 1.0f / sum;
-            for (int d = 0; d < hd; d++)
-                out[d] *= inv;
         }
     }
 }
@@ -719,10 +927,25 @@ static void embed_task(void *arg, int ith, int nth)
     const struct embed_job *j = arg;
     const struct cpu_mat *e = &j->c->embed;
     int H = e->cols;
+    int half = j->c->cfg.head_dim / 2;
     for (int t = ith; t < j->n; t += nth) {
+        /* this token's rotary cos/sin, for every layer's rope_task */
+        float *cs = j->c->rope + (size_t)t * (size_t)j->c->cfg.head_dim, *sn = cs + half;
+        for (int i = 0; i < half; i++) {
+            float a = (float)j->c->tok_pos[t] * j->c->inv_freq[i];
+            cs[i] = cosf(a) * j->c->rope_mscale;
+            sn[i] = sinf(a) * j->c->rope_mscale;
+        }
         float *x = j->c->x + (size_t)t * (size_t)H;
         size_t off = (size_t)j->tokens[t] * (size_t)H;
-        if (e->dt == MODEL_F32)
+        if (e->packed) { /* row n of the panels: pairs 64 bytes apart */
+            const uint16_t *p = (const uint16_t *)e->w +
+                                (size_t)(j->tokens[t] / 16) * (size_t)H * 16 + (size_t)(j->tokens[t] % 16) * 2;
+            for (int i = 0; i < H; i += 2) {
+                x[i] = bf16_to_f32(p[(size_t)i * 16]);
+                x[i + 1] = bf16_to_f32(p[(size_t)i * 16 + 1]);
+            }
+        } else if (e->dt == MODEL_F32)
             memcpy(x, (const float *)e->w + off, (size_t)H * 4);
         else if (e->dt == MODEL_BF16)
             j->c->k->bf16_to_f32((const uint16_t *)e->w + off, x, H);
@@ -797,7 +1020,7 @@ static void project(struct cpu_ctx *c, int M, const float *xn, const uint16_t *x
         j.ldy[i] = ms[i]->rows;
         j.n_mats++;
     }
-    cpu_pool_run(c->pool, mm_task, &j);
+    cpu_pool_run_dyn(c->pool, mm_task, &j);
 }
 
 static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
@@ -819,28 +1042,31 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
     run(c, embed_task, &ej, T);
     for (int l = 0; l < cfg->n_layers; l++) {
         const struct cpu_layer *L = &c->layers[l];
+        /* after layer 0 this also adds the previous layer's down projection */
         struct norm_job nj = {c->k, c->x, H, NULL, T, H, L->attn_norm, cfg->rms_eps, c->xn,
-                              needs_bf16(&L->wq) || needs_bf16(&L->wk) || needs_bf16(&L->wv) ? c->xb : NULL};
-        run(c, norm_task, &nj, T);
+                              needs_bf16(&L->wq) || needs_bf16(&L->wk) || needs_bf16(&L->wv) ? c->xb : NULL,
+                              l > 0 ? c->tmp : NULL, 0};
+        run_dyn(c, norm_task, &nj, T);
         project(c, T, c->xn, c->xb, H, &L->wq, c->q, &L->wk, c->kx, &L->wv, c->vx);
         struct rope_job rj = {c, L, l, T, b};
         run(c, rope_task, &rj, T);
-        struct attn_job aj = {c, l, n_items, c->items, b};
-        run(c, attn_task, &aj, n_items);
-        if (needs_bf16(&L->wo))
-            c->k->f32_to_bf16(c->att, c->xb, T * Q);
+        /* a BF16 o projection reads only the bf16 rows: attention writes
+         * them itself, no separate conversion pass */
+        struct attn_job aj = {c, needs_bf16(&L->wo) ? c->xb : NULL, l, n_items, c->items, b, 0};
+        run_dyn(c, attn_task, &aj, n_items);
         project(c, T, c->att, c->xb, Q, &L->wo, c->tmp, NULL, NULL, NULL, NULL);
-        struct add_job adj = {c->x, c->tmp, (size_t)T * (size_t)H};
-        run(c, add_task, &adj, T);
         struct norm_job mj = {c->k, c->x, H, NULL, T, H, L->mlp_norm, cfg->rms_eps, c->xn,
-                              needs_bf16(&L->gate) ? c->xb : NULL};
-        run(c, norm_task, &mj, T);
+                              needs_bf16(&L->gate) ? c->xb : NULL, c->tmp, 0};
+        run_dyn(c, norm_task, &mj, T);
         struct mm_job gj = {.k = c->k, .M = T, .n_mats = 2, .mat = {&L->gate, &L->up},
                             .y = {c->g, c->u}, .ldy = {I, I}, .x = c->xn, .xb = c->xb, .ldx = H,
                             .swiglu = 1, .hb = needs_bf16(&L->down) ? c->hb : NULL};
-        cpu_pool_run(c->pool, mm_task, &gj);
+        cpu_pool_run_dyn(c->pool, mm_task, &gj);
         project(c, T, c->g, c->hb, I, &L->down, c->tmp, NULL, NULL, NULL, NULL);
-        run(c, add_task, &adj, T);
+        if (l + 1 == cfg->n_layers) { /* else the next layer's norm adds it */
+            struct add_job adj = {c->x, c->tmp, (size_t)T * (size_t)H};
+            run(c, add_task, &adj, T);
+        }
     }
     if (b->n_logits == 0)
         return 0;
@@ -854,11 +1080,11 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
                 rows[n++] = t;
     }
     struct norm_job fj = {c->k, c->x, H, rows, n, H, c->final_norm, cfg->rms_eps, c->xn,
-                          needs_bf16(&c->lm_head) ? c->xb : NULL};
-    run(c, norm_task, &fj, n);
+                          needs_bf16(&c->lm_head) ? c->xb : NULL, NULL, 0};
+    run_dyn(c, norm_task, &fj, n);
     struct mm_job lj = {.k = c->k, .M = n, .n_mats = 1, .mat = {&c->lm_head}, .y = {b->logits},
                         .ldy = {cfg->vocab}, .x = c->xn, .xb = c->xb, .ldx = H};
-    cpu_pool_run(c->pool, mm_task, &lj);
+    cpu_pool_run_dyn(c->pool, mm_task, &lj);
     return 0;
 }
 
@@ -874,7 +1100,8 @@ static void cpu_free(void *ctx)
     if (!c)
         return;
     free_weights(c);
-    free(c->kcache), free(c->vcache), free(c->scratch);
+    kv_unmap(c);
+    free(c->scratch);
     cpu_pool_free(c->pool);
     free(c);
 }

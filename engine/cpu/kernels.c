@@ -175,6 +175,21 @@ static void sc_axpy_bf16(float a, const uint16_t *x, float *y, int n)
         y[i] += a * cpu_bf16_to_f32(x[i]);
 }
 
+void cpu_pack_bf16(const uint16_t *w, int N, int K, uint16_t *out)
+{
+    size_t kp = (size_t)K / 2;
+    for (int p = 0; p < N / 16; p++) {
+        uint16_t *o = out + (size_t)p * kp * 32;
+        for (int c = 0; c < 16; c++) {
+            const uint16_t *r = w + ((size_t)p * 16 + (size_t)c) * (size_t)K;
+            for (size_t i = 0; i < kp; i++) {
+                o[i * 32 + (size_t)c * 2] = r[2 * i];
+                o[i * 32 + (size_t)c * 2 + 1] = r[2 * i + 1];
+            }
+        }
+    }
+}
+
 static const struct cpu_kernels sc_table = {
     .isa = CPU_ISA_SCALAR,
     .gemm_f32 = sc_gemm_f32,

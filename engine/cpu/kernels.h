@@ -47,7 +47,51 @@ struct cpu_kernels {
     float (*dot_bf16_f32)(const uint16_t *a, const float *b, int n);
     void (*axpy_f32)(float a, const float *x, float *y, int n);     /* y += a x */
     void (*axpy_bf16)(float a, const uint16_t *x, float *y, int n); /* y += a x */
+
+    /* Optional (NULL where the ISA has no use for it): the same product as
+     * gemm_bf16 on a matrix repacked once by cpu_pack_bf16() below, for a
+     * register tile that needs no horizontal sums. Needs N % 16 == 0,
+     * K and ldx even, n0 and n1 multiples of 16, wp 64-byte aligned. Its own fixed reduction
+     * order (one f32 chain per output over k pairs, ascending) differs
+     * from gemm_bf16's, but like every gemm here it does not depend on M,
+     * n0/n1 or the tile, so it is batch invariant on its own. */
+    void (*gemm_bf16p)(int M, int n0, int n1, int K, const uint16_t *x,
+                       int ldx, const uint16_t *wp, float *y, int ldy);
+
+    /* Optional attention pieces (NULL: the backend runs its portable loops).
+     * softmax: s[i] = exp(s[i] * scale - max_j(s[j] * scale)) for i < n,
+     * returns the sum of the new s[i]; the order of every operation is a
+     * function of n alone. */
+    float (*softmax)(float *s, int n, float scale);
+    /* P x V for R rows over n keys, values accumulated in registers:
+     * o[r*ldo + d] += p[r*ldp + j] * v[j*hd + d] for j = 0..n-1 ascending,
+     * one fused multiply-add per (j, d), for d < hd (hd % 16 == 0). The
+     * result of each row depends only on that row, so callers may group
+     * rows and cut the keys into ranges freely. */
+    /* Scores: s[r*lds + j] = q_r . k_j for r < R, j < n, q rows of hd
+     * bf16 at stride ldq, keys k_j = k + j*hd; hd % 32 == 0. Bit-identical
+     * to gemm_bf16(R, 0, n, hd, q, ldq, k, s, lds) on the same table (same
+     * chains, same fold), only without its per-call and tile overheads. */
+    void (*scores_bf16)(int R, int n, const uint16_t *q, int ldq,
+                        const uint16_t *k, int hd, float *s, int lds);
+    void (*pv_bf16)(int R, int n, const float *p, int ldp, const uint16_t *v,
+                    int hd, float *o, int ldo);
+    void (*pv_f32)(int R, int n, const float *p, int ldp, const float *v,
+                   int hd, float *o, int ldo);
+
+    /* Optional row helpers (NULL: the backend's portable loops).
+     * rmsnorm: y[i] = w[i] * (x[i] * r), r = 1 / sqrt(mean(x^2) + eps),
+     * the mean summed in double; y may be x. swiglu: g[i] = silu(g[i]) *
+     * u[i]. Both are functions of the row alone. */
+    void (*rmsnorm)(const float *x, const float *w, float *y, int n, float eps);
+    void (*swiglu)(float *g, const float *u, int n);
 };
+
+/* The panel layout gemm_bf16p reads: rows in panels of 16, each panel
+ * (K/2 pairs x 16 rows x 2) contiguous, so element (n, k) of w sits at
+ * ((n/16) * (K/2) + k/2) * 32 + (n%16) * 2 + k%2. Same size as w.
+ * Needs N % 16 == 0 and K even. */
+void cpu_pack_bf16(const uint16_t *w, int N, int K, uint16_t *out);
 
 /* The table for `isa`; NULL when this CPU cannot run it. */
 const struct cpu_kernels *cpu_kernels_get(enum cpu_isa isa);

@@ -1,5 +1,8 @@
 /* engine/cpu/kernels_avx512.c - the AVX-512 table: BF16 dot products
- * (vdpbf16ps), F16C-style half loads, f32 FMA.
+ * (vdpbf16ps), F16C-style half loads, f32 FMA; and the optional entries the
+ * backend's hot paths use: gemm_bf16p on packed panels (the BF16 weights'
+ * kernel, documented at its definition below), attention scores / softmax
+ * / P x V, rmsnorm and SwiGLU.
  *
  * Everything here is compiled for the target through function attributes,
  * not -march, so the build stays generic x86-64 and cpu_kernels_get() only
@@ -35,8 +38,10 @@
  * cpu_f32_to_bf16() bit for bit (vcvtneps2bf16 would flush subnormals). */
 #include "cpu/kernels.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -242,6 +247,94 @@ DEFINE_GEMM(BF, uint16_t, uint16_t)
 DEFINE_GEMM(F32, float, float)
 DEFINE_GEMM(F16, float, uint16_t)
 
+/* ---- packed BF16 gemm (cpu_pack_bf16 layout) ------------------------------
+ *
+ * "Outer-product style": accumulator (m, j) holds y[m][n + 16j .. +15], one
+ * lane per output. A k step loads NV 64-byte vectors of the panels (the same
+ * pair of k for 16 rows each), broadcasts one bf16 pair of each of the MR
+ * rows of x, and issues MR x NV vdpbf16ps. No horizontal sums, MR + NV loads
+ * per MR x NV dot products, 6 x 4 = 24 accumulators.
+ *
+ * Reduction order: every output is one f32 chain over the pairs k/2 = 0, 1,
+ * ..., K/2-1, starting from +0. K may be cut in chunks (prefill: KC elements,
+ * so the 64-column weight tile of a chunk, 32 KB, stays in L1 while every
+ * row tile of x passes over it); a chunk reloads the chain's value from y,
+ * which is exact, so chunking changes no bits, and neither do MR, NV, M or
+ * n0/n1: a row alone (decode) and the same row in a prompt agree. */
+#define PK_MR 6
+#define PK_NV 4
+#define PK_KC 256
+
+T512 static AI void pk_tile(const int MR, const int NV, int kp0, int kp1, int first,
+                            const uint16_t *x, int ldx, const uint16_t *wp, size_t pstride,
+                            float *y, int ldy)
+{
+    __m512 acc[PK_MR][PK_NV];
+    _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+            acc[m][j] = first ? _mm512_setzero_ps()
+                              : _mm512_loadu_ps(y + (size_t)m * ldy + 16 * j);
+    const uint16_t *w = wp + (size_t)kp0 * 32;
+    const uint16_t *xp = x + (size_t)kp0 * 2;
+    for (int kp = kp0; kp < kp1; kp++, w += 32, xp += 2) {
+        __m512i wv[PK_NV];
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+            wv[j] = _mm512_load_si512((const void *)(w + (size_t)j * pstride));
+        _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+        {
+            int32_t pair;
+            memcpy(&pair, xp + (size_t)m * ldx, 4);
+            __m512i xv = _mm512_set1_epi32(pair);
+            _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+                acc[m][j] = _mm512_dpbf16_ps(acc[m][j], (__m512bh)xv, (__m512bh)wv[j]);
+        }
+    }
+    _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+            _mm512_storeu_ps(y + (size_t)m * ldy + 16 * j, acc[m][j]);
+}
+
+#define PK_CASE(mr, nv)                                                       \
+    case (mr) * 8 + (nv):                                                     \
+        pk_tile(mr, nv, kp0, kp1, first, x, ldx, wp, pstride, y, ldy);        \
+        break;
+#define PK_CASES(mr) PK_CASE(mr, 1) PK_CASE(mr, 2) PK_CASE(mr, 3) PK_CASE(mr, 4)
+
+T512 static void pk_tile_any(int mr, int nv, int kp0, int kp1, int first, const uint16_t *x,
+                             int ldx, const uint16_t *wp, size_t pstride, float *y, int ldy)
+{
+    switch (mr * 8 + nv) {
+        PK_CASES(1) PK_CASES(2) PK_CASES(3) PK_CASES(4) PK_CASES(5) PK_CASES(6)
+    default: break;
+    }
+}
+
+T512 static void av512_gemm_bf16p(int M, int n0, int n1, int K, const uint16_t *x, int ldx,
+                                  const uint16_t *wp, float *y, int ldy)
+{
+    if (M <= 0 || n1 <= n0 || K <= 0)
+        return;
+    size_t pstride = (size_t)16 * (size_t)K; /* elements per panel */
+    /* Few rows (decode, small batches): one pass over K, the weights
+     * stream from memory once and the tile's rows share every load. */
+    int kc = M <= 4 * PK_MR ? K : PK_KC;
+    for (int k0 = 0; k0 < K; k0 += kc) {
+        int kp0 = k0 / 2, kp1 = (k0 + kc < K ? k0 + kc : K) / 2;
+        for (int n = n0; n < n1; n += 16 * PK_NV) {
+            int nv = (n1 - n) / 16 < PK_NV ? (n1 - n) / 16 : PK_NV;
+            const uint16_t *wt = wp + (size_t)(n / 16) * pstride;
+            int m = 0;
+            if (nv == PK_NV)
+                for (; m + PK_MR <= M; m += PK_MR)
+                    pk_tile(PK_MR, PK_NV, kp0, kp1, k0 == 0, x + (size_t)m * ldx, ldx, wt,
+                            pstride, y + (size_t)m * ldy + n, ldy);
+            for (; m < M; m += PK_MR)
+                pk_tile_any(M - m < PK_MR ? M - m : PK_MR, nv, kp0, kp1, k0 == 0,
+                            x + (size_t)m * ldx, ldx, wt, pstride, y + (size_t)m * ldy + n, ldy);
+        }
+    }
+}
+
 /* ---- conversions and attention helpers ---------------------------------- */
 
 /* Same bits as cpu_f32_to_bf16(): RNE by integer add, NaN quietened. */
@@ -346,6 +439,210 @@ T512 static void av512_axpy_bf16(float a, const uint16_t *x, float *y, int n)
     }
 }
 
+/* Scores for two query rows against eight keys in one red16: slot of
+ * (row r, key c) is chosen so red16's output lane r*8 + c holds it (output
+ * position 4j+q holds slot j+4q). Each chain is gemm_bf16's: dp over the
+ * 32-element steps of hd ascending, from zero, then red16's tree, so the
+ * bits equal BF_gemm's for the same pair. Missing rows/keys (tails) repeat
+ * the last valid one and are not stored. */
+T512 static void av512_scores_bf16(int R, int n, const uint16_t *q, int ldq, const uint16_t *k,
+                                   int hd, float *s, int lds)
+{
+    for (int r = 0; r < R; r += 2) {
+        const uint16_t *q0 = q + (size_t)r * ldq;
+        const uint16_t *q1 = r + 1 < R ? q0 + ldq : q0;
+        for (int c0 = 0; c0 < n; c0 += 8) {
+            __m512 acc[16];
+            _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+            for (int d = 0; d < hd; d += 32) {
+                __m512i a0 = _mm512_loadu_si512((const void *)(q0 + d));
+                __m512i a1 = _mm512_loadu_si512((const void *)(q1 + d));
+                _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++)
+                {
+                    int kc = c0 + c < n ? c0 + c : n - 1;
+                    __m512i kv = _mm512_loadu_si512((const void *)(k + (size_t)kc * hd + d));
+                    int p0 = c, p1 = 8 + c; /* output positions */
+                    acc[p0 / 4 + 4 * (p0 % 4)] =
+                        _mm512_dpbf16_ps(acc[p0 / 4 + 4 * (p0 % 4)], (__m512bh)a0, (__m512bh)kv);
+                    acc[p1 / 4 + 4 * (p1 % 4)] =
+                        _mm512_dpbf16_ps(acc[p1 / 4 + 4 * (p1 % 4)], (__m512bh)a1, (__m512bh)kv);
+                }
+            }
+            __m512 res = red16(acc);
+            int nc = n - c0 < 8 ? n - c0 : 8;
+            __mmask8 m = (__mmask8)((1u << nc) - 1u);
+            _mm256_mask_storeu_ps(s + (size_t)r * lds + c0, m, _mm512_castps512_ps256(res));
+            if (r + 1 < R)
+                _mm256_mask_storeu_ps(s + (size_t)(r + 1) * lds + c0, m,
+                                      _mm512_extractf32x8_ps(res, 1));
+        }
+    }
+}
+
+/* ---- attention: softmax and P x V ---------------------------------------- */
+
+/* exp(x) for x <= 0 (softmax arguments; larger x would also work up to 88):
+ * 2^n * p(r), n = round(x / ln2), r = x - n ln2 in two parts, p the degree-6
+ * Taylor/minimax polynomial of Cephes' expf (about 1 ulp on [-ln2/2, ln2/2]).
+ * scalef takes 2^n without building exponent bits, and flushes cleanly to 0
+ * far below -88. */
+T512 static AI __m512 exp16(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 r2 = _mm512_mul_ps(r, r);
+    p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+T512 static float av512_softmax(float *s, int n, float scale)
+{
+    __m512 sc = _mm512_set1_ps(scale), mx = _mm512_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(s + i), sc);
+        _mm512_storeu_ps(s + i, v);
+        mx = _mm512_max_ps(mx, v);
+    }
+    __mmask16 tm = (__mmask16)((1u << (n - i)) - 1u);
+    if (i < n) {
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(tm, s + i), sc);
+        _mm512_mask_storeu_ps(s + i, tm, v);
+        mx = _mm512_mask_max_ps(mx, tm, mx, v);
+    }
+    __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 sum = _mm512_setzero_ps();
+    for (i = 0; i + 16 <= n; i += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + i), m));
+        _mm512_storeu_ps(s + i, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    if (i < n) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tm, s + i), m));
+        _mm512_mask_storeu_ps(s + i, tm, e);
+        sum = _mm512_mask_add_ps(sum, tm, sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+/* R rows (<= 4) x 64 columns of the output in 16 registers; each key's 64
+ * values are loaded (and widened, for bf16) once for all R rows. */
+#define DEFINE_PV(NAME, VT, LOADV)                                            \
+    T512 static AI void NAME##_tile(const int R, int n, const float *p,       \
+                                    int ldp, const VT *v, int hd, float *o,   \
+                                    int ldo)                                  \
+    {                                                                         \
+        __m512 acc[4][4];                                                     \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                   \
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)               \
+                acc[r][c] = _mm512_loadu_ps(o + (size_t)r * ldo + 16 * c);    \
+        for (int j = 0; j < n; j++) {                                         \
+            const VT *vj = v + (size_t)j * hd;                                \
+            __m512 vv[4];                                                     \
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)               \
+                vv[c] = LOADV(vj + 16 * c);                                   \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)               \
+            {                                                                 \
+                __m512 pr = _mm512_set1_ps(p[(size_t)r * ldp + j]);           \
+                _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)           \
+                    acc[r][c] = _mm512_fmadd_ps(pr, vv[c], acc[r][c]);        \
+            }                                                                 \
+        }                                                                     \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                   \
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)               \
+                _mm512_storeu_ps(o + (size_t)r * ldo + 16 * c, acc[r][c]);    \
+    }                                                                         \
+    /* one row, 16 columns: the hd % 64 tail */                               \
+    T512 static AI void NAME##_col(int n, const float *p, const VT *v, int hd,\
+                                   float *o)                                  \
+    {                                                                         \
+        __m512 acc = _mm512_loadu_ps(o);                                      \
+        for (int j = 0; j < n; j++)                                           \
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), LOADV(v + (size_t)j * hd), acc); \
+        _mm512_storeu_ps(o, acc);                                             \
+    }                                                                         \
+    T512 static void NAME(int R, int n, const float *p, int ldp, const VT *v, \
+                          int hd, float *o, int ldo)                          \
+    {                                                                         \
+        int d = 0;                                                            \
+        for (; d + 64 <= hd; d += 64) {                                       \
+            int r = 0;                                                        \
+            for (; r + 4 <= R; r += 4)                                        \
+                NAME##_tile(4, n, p + (size_t)r * ldp, ldp, v + d, hd,        \
+                            o + (size_t)r * ldo + d, ldo);                    \
+            switch (R - r) {                                                  \
+            case 3: NAME##_tile(3, n, p + (size_t)r * ldp, ldp, v + d, hd,    \
+                                o + (size_t)r * ldo + d, ldo); break;         \
+            case 2: NAME##_tile(2, n, p + (size_t)r * ldp, ldp, v + d, hd,    \
+                                o + (size_t)r * ldo + d, ldo); break;         \
+            case 1: NAME##_tile(1, n, p + (size_t)r * ldp, ldp, v + d, hd,    \
+                                o + (size_t)r * ldo + d, ldo); break;         \
+            default: break;                                                   \
+            }                                                                 \
+        }                                                                     \
+        for (; d < hd; d += 16)                                               \
+            for (int r = 0; r < R; r++)                                       \
+                NAME##_col(n, p + (size_t)r * ldp, v + d, hd,                 \
+                           o + (size_t)r * ldo + d);                          \
+    }
+
+#define PV_LD_F32(q) _mm512_loadu_ps(q)
+DEFINE_PV(av512_pv_bf16, uint16_t, ld_bf16)
+DEFINE_PV(av512_pv_f32, float, PV_LD_F32)
+
+/* ---- row helpers --------------------------------------------------------- */
+
+T512 static void av512_rmsnorm(const float *x, const float *w, float *y, int n, float eps)
+{
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+        __m512d hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1));
+        s0 = _mm512_fmadd_pd(lo, lo, s0);
+        s1 = _mm512_fmadd_pd(hi, hi, s1);
+    }
+    double ss = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+    for (; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / n + eps));
+    __m512 rv = _mm512_set1_ps(r);
+    for (i = 0; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(w + i),
+                                              _mm512_mul_ps(_mm512_loadu_ps(x + i), rv)));
+    for (; i < n; i++)
+        y[i] = w[i] * (x[i] * r);
+}
+
+T512 static void av512_swiglu(float *g, const float *u, int n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 gv = _mm512_loadu_ps(g + i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)),
+                                              _mm512_loadu_ps(u + i)));
+    }
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        __m512 gv = _mm512_maskz_loadu_ps(m, g + i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)),
+                                                      _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+
 static const struct cpu_kernels av512_table = {
     .isa = CPU_ISA_AVX512BF16,
     .gemm_f32 = F32_gemm,
@@ -357,6 +654,13 @@ static const struct cpu_kernels av512_table = {
     .dot_bf16_f32 = av512_dot_bf16_f32,
     .axpy_f32 = av512_axpy_f32,
     .axpy_bf16 = av512_axpy_bf16,
+    .gemm_bf16p = av512_gemm_bf16p,
+    .softmax = av512_softmax,
+    .scores_bf16 = av512_scores_bf16,
+    .pv_bf16 = av512_pv_bf16,
+    .pv_f32 = av512_pv_f32,
+    .rmsnorm = av512_rmsnorm,
+    .swiglu = av512_swiglu,
 };
 
 const struct cpu_kernels *cpu_kernels_avx512bf16(void)

@@ -22,6 +22,18 @@
  * decrement), and read only after an acquire of the new gen, so they need
  * no atomics: the accesses are ordered by happens-before.
  *
+ * Joining (cpu_pool_run_dyn). Each run also publishes `slots` = gen << 32 |
+ * (n - 1), stored with release after fn/arg. A worker that
+ * sees the new gen joins by a CAS that takes one slot, and only if the gen
+ * field still names the gen it woke for; only then does it read fn/arg,
+ * run, and decrement pending. cpu_pool_run never closes the run, so every
+ * worker joins. cpu_pool_run_dyn closes it when the caller's own fn returns:
+ * it swaps slots to zero, and the workers that had not joined (descheduled
+ * on a shared machine) are taken off pending, so the caller waits only for
+ * the ones that are really running. A late worker's CAS then fails (no
+ * slots, or a newer gen), it never touches that run's fn/arg, and it goes
+ * straight on to the current gen.
+ *
  * Threads are C11 <threads.h> ones: besides being the standard, that keeps
  * <pthread.h> out, which pulls in <sched.h> and would find engine/sched.h
  * through -Iengine.
@@ -63,6 +75,7 @@ struct cpu_pool {
     _Atomic int pending;      /* workers not yet done with this run */
     _Atomic int n_sleep;      /* workers in (or entering) FUTEX_WAIT */
     _Atomic int stop;         /* set by free; seen with the gen bump */
+    _Atomic uint64_t slots;   /* gen << 32 | workers that may still join */
 };
 
 static inline void cpu_relax(void)
@@ -126,6 +139,14 @@ static int worker_main(void *v)
         seen = wait_gen(p, seen);
         if (atomic_load_explicit(&p->stop, memory_order_relaxed))
             break;
+        uint64_t sl = atomic_load_explicit(&p->slots, memory_order_acquire);
+        int joined = 0;
+        while (!joined && sl >> 32 == seen && (uint32_t)sl)
+            joined = atomic_compare_exchange_weak_explicit(&p->slots, &sl, sl - 1,
+                                                           memory_order_acq_rel,
+                                                           memory_order_acquire);
+        if (!joined)
+            continue; /* that run closed without us */
         p->fn(p->arg, w->ith, p->n_threads);
         atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
     }
@@ -166,6 +187,7 @@ int cpu_pool_create(struct cpu_pool **out, int n_threads, struct rl_err *err)
     atomic_init(&p->pending, 0);
     atomic_init(&p->n_sleep, 0);
     atomic_init(&p->stop, 0);
+    atomic_init(&p->slots, 0);
     int rc = 0, started = 0;
     if (n_threads > 1) {
         p->workers = calloc((size_t)n_threads - 1, sizeof *p->workers);
@@ -208,7 +230,7 @@ int cpu_pool_n_threads(const struct cpu_pool *p)
     return p->n_threads;
 }
 
-void cpu_pool_run(struct cpu_pool *p, cpu_pool_fn fn, void *arg)
+static void run(struct cpu_pool *p, cpu_pool_fn fn, void *arg, int dyn)
 {
     if (p->n_threads == 1) {
         fn(arg, 0, 1);
@@ -216,9 +238,16 @@ void cpu_pool_run(struct cpu_pool *p, cpu_pool_fn fn, void *arg)
     }
     p->fn = fn;
     p->arg = arg;
+    uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;
     atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);
+    atomic_store_explicit(&p->slots, (uint64_t)g << 32 | (uint32_t)(p->n_threads - 1),
+                          memory_order_release);
     bump_and_wake(p); /* seq_cst RMW: also a release of fn/arg/pending */
     fn(arg, 0, p->n_threads);
+    if (dyn) {
+        uint64_t sl = atomic_exchange_explicit(&p->slots, (uint64_t)g << 32, memory_order_acq_rel);
+        atomic_fetch_sub_explicit(&p->pending, (int)(uint32_t)sl, memory_order_relaxed);
+    }
     /* Workers run as long as we did, give or take; spin, and yield now and
      * then in case the machine is oversubscribed. */
     for (unsigned i = 1; atomic_load_explicit(&p->pending, memory_order_acquire) != 0; i++) {
@@ -226,4 +255,14 @@ void cpu_pool_run(struct cpu_pool *p, cpu_pool_fn fn, void *arg)
         if ((i & 0xffff) == 0)
             thrd_yield();
     }
+}
+
+void cpu_pool_run(struct cpu_pool *p, cpu_pool_fn fn, void *arg)
+{
+    run(p, fn, arg, 0);
+}
+
+void cpu_pool_run_dyn(struct cpu_pool *p, cpu_pool_fn fn, void *arg)
+{
+    run(p, fn, arg, 1);
 }

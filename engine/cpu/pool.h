@@ -23,4 +23,12 @@ int cpu_pool_n_threads(const struct cpu_pool *p);
  * are done. Not reentrant: call from one thread, never from inside fn. */
 void cpu_pool_run(struct cpu_pool *p, cpu_pool_fn fn, void *arg);
 
+/* The same for an fn whose threads take their work from a shared counter
+ * until none is left, so that the caller's fn(arg, 0, n) alone would do all
+ * of it: returns as soon as the caller's share is done and every worker
+ * that had started has finished; a worker that had not started by then
+ * (its core taken by another process) skips this run. Some ith may never
+ * be called - fn must not split work by ith. */
+void cpu_pool_run_dyn(struct cpu_pool *p, cpu_pool_fn fn, void *arg);
+
 #endif

@@ -1,13 +1,18 @@
 /* tests/bench/bench_kernels.c - CPU kernel speed against this machine's own
  * limits (the roofline from engine/cpu/machine.h).
  *
- *   build/tests/bench_kernels [--threads N] [--isa NAME] [--quick]
+ *   build/tests/bench_kernels [--threads N] [--isa NAME] [--quick] [--ab]
  *
  * Prints a table to stderr and one JSON object to stdout:
  *   read bandwidth, bf16 and f32 peaks, pool round-trip latency,
- *   decode (M = 1) gemm_bf16 GB/s and % of bandwidth per Qwen3-0.6B shape,
- *   prefill (M = 512) gemm_bf16 GFLOP/s and % of the bf16 peak,
- *   and the same two for gemm_f32 / gemm_f16 at one shape.
+ *   decode (M = 1) GB/s and % of bandwidth per Qwen3-0.6B shape,
+ *   prefill (M = 512) GFLOP/s and % of the bf16 peak - both for the kernel
+ *   the backend runs on BF16 weights (gemm_bf16p on packed panels where the
+ *   table has it, else gemm_bf16) - and the same two for gemm_f32 /
+ *   gemm_f16 at one shape.
+ * --ab instead prints one JSON line per shape and M = 1, 16, 512: the
+ *   row-major gemm_bf16 against gemm_bf16p, timed in alternating rounds so
+ *   both see the same machine load.
  * Decode weights rotate through a buffer far larger than the last-level
  * cache, so every call streams its matrix from DRAM, as a real decode step
  * does. Threads split N in multiples of CPU_GEMM_N_ALIGN, like the backend. */
@@ -30,7 +35,7 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-enum dt { DT_BF16, DT_F32, DT_F16 };
+enum dt { DT_BF16, DT_F32, DT_F16, DT_BF16P };
 
 struct gemm_job {
     const struct cpu_kernels *k;
@@ -60,6 +65,9 @@ static void gemm_fn(void *arg, int ith, int nth)
         break;
     case DT_F16:
         j->k->gemm_f16(j->M, n0, n1, j->K, j->x, j->K, j->w, j->y, j->N);
+        break;
+    case DT_BF16P: /* the timing does not depend on what the panels hold */
+        j->k->gemm_bf16p(j->M, n0, n1, j->K, j->x, j->K, j->w, j->y, j->N);
         break;
     }
 }
@@ -121,13 +129,15 @@ static const struct shape shapes[] = {
 
 int main(int argc, char **argv)
 {
-    int n_threads = 2, quick = 0;
+    int n_threads = 2, quick = 0, ab = 0;
     const char *isa_name = "auto";
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
             n_threads = atoi(argv[++i]);
         else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc)
             isa_name = argv[++i];
+        else if (strcmp(argv[i], "--ab") == 0)
+            ab = 1;
         else if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
         else {
@@ -206,40 +216,74 @@ int main(int argc, char **argv)
         xb[i] = cpu_f32_to_bf16(xf[i]);
     }
 
+    if (ab && k->gemm_bf16p) {
+        /* --ab: gemm_bf16 against gemm_bf16p (packed panels), interleaved
+         * rounds of best-of trials, so both see the same machine load. */
+        static const int Ms[] = {1, 16, 512};
+        for (size_t s = 0; s + 1 < N_SHAPES; s++)
+            for (int mi = 0; mi < 3; mi++) {
+                int M = Ms[mi];
+                size_t mbytes = (size_t)shapes[s].N * shapes[s].K * 2;
+                size_t copies = M < 512 && wbytes / mbytes ? wbytes / mbytes : 1;
+                double best[2] = {1e30, 1e30};
+                for (int r = 0; r < 3; r++)
+                    for (int v = 0; v < 2; v++) {
+                        struct gemm_job j = {k, v ? DT_BF16P : DT_BF16, M, shapes[s].N,
+                                             shapes[s].K, xb, wbuf, y};
+                        double t = time_calls(pool, &j, (const uint8_t *)wbuf, mbytes, copies,
+                                              3, M < 512 ? 0.01 : 0);
+                        if (t < best[v])
+                            best[v] = t;
+                    }
+                double f = 2.0 * M * shapes[s].N * shapes[s].K * 1e-9;
+                printf("{\"ab\":\"%s\",\"M\":%d,\"old_us\":%.1f,\"packed_us\":%.1f,"
+                       "\"old_gflops\":%.1f,\"packed_gflops\":%.1f,\"packed_gbs\":%.1f,\"speedup\":%.2f}\n",
+                       shapes[s].name, M, best[0] * 1e6, best[1] * 1e6, f / best[0], f / best[1],
+                       (double)mbytes * 1e-9 / best[1], best[0] / best[1]);
+                fflush(stdout);
+            }
+        return 0;
+    }
+
     printf("{\"isa\":\"%s\",\"threads\":%d,\"read_bw_gbs\":%.2f,\"bf16_peak_gflops\":%.1f,"
            "\"f32_peak_gflops\":%.1f,\"pool_rt_us\":%.3f,\"pool_wake_us\":%.2f,\"decode\":[",
            cpu_isa_name(k->isa), n_threads, bw, bf_peak, f32_peak, pool_us, wake_us);
 
-    fprintf(stderr, "\ndecode gemm_bf16, M=1 (weights from DRAM)\n%-8s %7s %5s %9s %8s %7s\n",
+    /* The decode and prefill tables time the kernel the backend runs on
+     * BF16 weights: the packed one where the table has it (--ab compares
+     * it with the row-major gemm_bf16). */
+    enum dt bdt = k->gemm_bf16p ? DT_BF16P : DT_BF16;
+    const char *bname = k->gemm_bf16p ? "gemm_bf16p" : "gemm_bf16";
+    fprintf(stderr, "\ndecode %s, M=1 (weights from DRAM)\n%-8s %7s %5s %9s %8s %7s\n", bname,
             "shape", "N", "K", "us/call", "GB/s", "%bw");
     for (size_t s = 0; s < N_SHAPES; s++) {
         size_t mbytes = (size_t)shapes[s].N * shapes[s].K * 2;
         size_t copies = wbytes / mbytes ? wbytes / mbytes : 1;
-        struct gemm_job j = {k, DT_BF16, 1, shapes[s].N, shapes[s].K, xb, wbuf, y};
+        struct gemm_job j = {k, bdt, 1, shapes[s].N, shapes[s].K, xb, wbuf, y};
         double t = time_calls(pool, &j, (const uint8_t *)wbuf, mbytes, copies, n_trials,
                               s + 1 == N_SHAPES ? 0 : 0.01);
         long calls = 1;
         double gbs = (double)mbytes * calls / t * 1e-9;
         fprintf(stderr, "%-8s %7d %5d %9.1f %8.1f %6.1f%%\n", shapes[s].name, shapes[s].N,
                 shapes[s].K, t / calls * 1e6, gbs, 100 * gbs / bw);
-        printf("%s{\"shape\":\"%s\",\"N\":%d,\"K\":%d,\"us\":%.2f,\"gbs\":%.2f,\"pct_bw\":%.1f}",
-               s ? "," : "", shapes[s].name, shapes[s].N, shapes[s].K, t / calls * 1e6, gbs,
+        printf("%s{\"kernel\":\"%s\",\"shape\":\"%s\",\"N\":%d,\"K\":%d,\"us\":%.2f,\"gbs\":%.2f,\"pct_bw\":%.1f}",
+               s ? "," : "", bname, shapes[s].name, shapes[s].N, shapes[s].K, t / calls * 1e6, gbs,
                100 * gbs / bw);
     }
     printf("],\"prefill\":[");
 
-    fprintf(stderr, "\nprefill gemm_bf16, M=512\n%-8s %7s %5s %9s %8s %7s\n", "shape", "N", "K",
+    fprintf(stderr, "\nprefill %s, M=512\n%-8s %7s %5s %9s %8s %7s\n", bname, "shape", "N", "K",
             "ms/call", "GFLOP/s", "%peak");
     for (size_t s = 0; s + 1 < N_SHAPES; s++) {
-        struct gemm_job j = {k, DT_BF16, 512, shapes[s].N, shapes[s].K, xb, wbuf, y};
+        struct gemm_job j = {k, bdt, 512, shapes[s].N, shapes[s].K, xb, wbuf, y};
         double t = time_calls(pool, &j, NULL, 0, 1, quick ? 3 : 10, 0);
         long calls = 1;
         double gf = 2.0 * 512 * shapes[s].N * shapes[s].K * calls / t * 1e-9;
         double pk = bf_peak > 0 ? bf_peak : f32_peak;
         fprintf(stderr, "%-8s %7d %5d %9.2f %8.1f %6.1f%%\n", shapes[s].name, shapes[s].N,
                 shapes[s].K, t / calls * 1e3, gf, 100 * gf / pk);
-        printf("%s{\"shape\":\"%s\",\"N\":%d,\"K\":%d,\"ms\":%.3f,\"gflops\":%.1f,\"pct_peak\":%.1f}",
-               s ? "," : "", shapes[s].name, shapes[s].N, shapes[s].K, t / calls * 1e3, gf,
+        printf("%s{\"kernel\":\"%s\",\"shape\":\"%s\",\"N\":%d,\"K\":%d,\"ms\":%.3f,\"gflops\":%.1f,\"pct_peak\":%.1f}",
+               s ? "," : "", bname, shapes[s].name, shapes[s].N, shapes[s].K, t / calls * 1e3, gf,
                100 * gf / pk);
     }
     printf("],\"other\":[");

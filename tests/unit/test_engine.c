@@ -66,7 +66,13 @@ static void on_event(const struct engine_event *ev)
     if (ev->n_tokens > r->max_tokens_in_event)
         r->max_tokens_in_event = ev->n_tokens;
     for (int i = 0; i < ev->n_tokens; i++) {
-        assert_true(r->n_tokens < MAX_OUT);
+        /* test_deadline runs to its deadline, not to a length: a fast
+         * engine passes MAX_OUT there. Count every token, keep the first
+         * MAX_OUT (the tests that compare tokens stop well before). */
+        if (r->n_tokens >= MAX_OUT) {
+            r->n_tokens++;
+            continue;
+        }
         r->tokens[r->n_tokens] = ev->tokens[i];
         r->logprobs[r->n_tokens] = ev->logprobs ? ev->logprobs[i] : 0;
         for (int j = 0; j < ev->n_top && j < 4; j++)

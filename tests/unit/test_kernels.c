@@ -468,6 +468,230 @@ static void test_invariance_big_m(void **state)
     prob_free(&p);
 }
 
+
+/* ---- packed BF16 panels (gemm_bf16p) ------------------------------------ */
+
+/* gemm_bf16p on cpu_pack_bf16's panels: within the bf16 tolerance of the
+ * reference, and bit-identical whatever M, the row grouping, the n split or
+ * the K chunking (M > 24 takes the K-chunked prefill path, K = 1000 and
+ * 3072 cross its 256-element chunks). */
+static void test_packed_bf16(void **state)
+{
+    (void)state;
+    const struct cpu_kernels *ks[CPU_ISA_N];
+    int nk = available(ks), tested = 0;
+    static const int Ks[] = {2, 34, 1000, 3072};
+    for (int t = 0; t < nk; t++) {
+        if (!ks[t]->gemm_bf16p)
+            continue;
+        const char *isa = cpu_isa_name(ks[t]->isa);
+        for (int ki = 0; ki < 4; ki++) {
+            enum { M = 40, N = 96 };
+            int K = Ks[ki];
+            struct prob p;
+            prob_init(&p, DT_BF16, M, N, K, 6, 5);
+            uint16_t *wp = aligned_alloc(64, ((size_t)N * K * 2 + 63) / 64 * 64);
+            assert_non_null(wp);
+            cpu_pack_bf16(p.wb, N, K, wp);
+            /* the layout: element (n, k) where kernels.h says */
+            for (int n = 0; n < N; n += 7)
+                for (int kk = 0; kk < K; kk += 3)
+                    assert_int_equal(wp[((size_t)(n / 16) * (K / 2) + kk / 2) * 32 + (n % 16) * 2 + kk % 2],
+                                     p.wb[(size_t)n * K + kk]);
+            float *full = new_y(&p), *y = new_y(&p);
+            ks[t]->gemm_bf16p(M, 0, N, K, p.xb, p.ldx, wp, full, p.ldy);
+            check_gemm(isa, &p, 0, N, full);
+            for (int m = 0; m < M; m++)
+                ks[t]->gemm_bf16p(1, 0, N, K, p.xb + (size_t)m * p.ldx, p.ldx, wp,
+                                  y + (size_t)m * p.ldy, p.ldy);
+            for (size_t i = 0; i < (size_t)M * p.ldy; i++)
+                if (f_bits(full[i]) != f_bits(y[i]))
+                    fail_msg("%s packed K=%d: (%zu,%zu) alone %.9g != in M=40 %.9g", isa, K,
+                             i / p.ldy, i % p.ldy, y[i], full[i]);
+            /* uneven row groups and a split n range, each row at another
+             * tile position and with another chunking than above */
+            static const int groups[] = {3, 5, 1, 4, 27};
+            free(y);
+            y = new_y(&p);
+            for (int g = 0, m = 0; g < 5; m += groups[g], g++) {
+                ks[t]->gemm_bf16p(groups[g], 0, 32, K, p.xb + (size_t)m * p.ldx, p.ldx, wp,
+                                  y + (size_t)m * p.ldy, p.ldy);
+                ks[t]->gemm_bf16p(groups[g], 32, N, K, p.xb + (size_t)m * p.ldx, p.ldx, wp,
+                                  y + (size_t)m * p.ldy, p.ldy);
+            }
+            assert_memory_equal(full, y, (size_t)M * p.ldy * sizeof(float));
+            /* a column range leaves the rest alone */
+            free(y);
+            y = new_y(&p);
+            ks[t]->gemm_bf16p(M, 16, 48, K, p.xb, p.ldx, wp, y, p.ldy);
+            check_gemm(isa, &p, 16, 48, y);
+            free(full), free(y), free(wp);
+            prob_free(&p);
+            tested++;
+        }
+    }
+    if (!tested)
+        printf("  (no table here has gemm_bf16p)\n");
+}
+
+
+/* ---- attention pieces: softmax, P x V ----------------------------------- */
+
+/* softmax against double exp (2 ulp-ish), its sum; scores bit-identical to
+ * gemm_bf16 (sentinels stay outside [0, n)); P x V bit-identical to
+ * the same table's axpy loop (both are one fused multiply-add per key and
+ * column, keys ascending), for row counts that cross the 4-row tile, head
+ * sizes with and without a 64-column tail, and row/key ranges cut apart. */
+static void test_attention_pieces(void **state)
+{
+    (void)state;
+    const struct cpu_kernels *ks[CPU_ISA_N];
+    int nk = available(ks), tested = 0;
+    for (int t = 0; t < nk; t++) {
+        const struct cpu_kernels *k = ks[t];
+        const char *isa = cpu_isa_name(k->isa);
+        if (k->softmax) {
+            static const int ns[] = {1, 15, 16, 17, 100, 1000};
+            for (int i = 0; i < 6; i++) {
+                int n = ns[i];
+                float *s = malloc((size_t)n * 4);
+                double *ref = malloc((size_t)n * 8), mx = -INFINITY, rs = 0;
+                for (int j = 0; j < n; j++) {
+                    s[j] = 30 * rnd_f();
+                    mx = fmax(mx, (double)(s[j] * 0.125f));
+                }
+                for (int j = 0; j < n; j++)
+                    rs += ref[j] = exp((double)(s[j] * 0.125f) - mx);
+                float sum = k->softmax(s, n, 0.125f);
+                for (int j = 0; j < n; j++)
+                    if (fabs(s[j] - ref[j]) > 1e-6 * ref[j] + 1e-38)
+                        fail_msg("%s softmax n=%d [%d]: %.9g vs %.9g", isa, n, j, s[j], ref[j]);
+                assert_true(fabs(sum - rs) <= 1e-5 * rs);
+                free(s), free(ref);
+            }
+            tested++;
+        }
+        if (k->scores_bf16) {
+            /* scores: the same bits as gemm_bf16, rows and keys with tails */
+            static const int Rs[] = {1, 2, 3, 8}, ns[] = {1, 7, 8, 16};
+            for (int hd = 32; hd <= 128; hd += 96)
+                for (int ri = 0; ri < 4; ri++)
+                    for (int ni = 0; ni < 4; ni++) {
+                        int R = Rs[ri], n = ns[ni], ldq = hd + 32, lds = 19;
+                        uint16_t *q = malloc((size_t)R * ldq * 2), *kk = malloc((size_t)n * hd * 2);
+                        float *a = malloc((size_t)R * lds * 4), *e = malloc((size_t)R * lds * 4);
+                        for (int i = 0; i < R * ldq; i++)
+                            q[i] = cpu_f32_to_bf16(rnd_f());
+                        for (int i = 0; i < n * hd; i++)
+                            kk[i] = cpu_f32_to_bf16(rnd_f());
+                        for (int i = 0; i < R * lds; i++)
+                            a[i] = e[i] = SENTINEL;
+                        k->scores_bf16(R, n, q, ldq, kk, hd, a, lds);
+                        k->gemm_bf16(R, 0, n, hd, q, ldq, kk, e, lds);
+                        for (int i = 0; i < R * lds; i++)
+                            if (f_bits(a[i]) != f_bits(e[i]))
+                                fail_msg("%s scores R=%d n=%d hd=%d: [%d] %.9g vs gemm %.9g", isa,
+                                         R, n, hd, i, a[i], e[i]);
+                        free(q), free(kk), free(a), free(e);
+                    }
+            tested++;
+        }
+        for (int b = 0; b < 2; b++) {
+            if (b ? !k->pv_bf16 : !k->pv_f32)
+                continue;
+            static const int hds[] = {16, 80, 128};
+            for (int hi = 0; hi < 3; hi++)
+                for (int R = 1; R <= 9; R += 4) {
+                    int hd = hds[hi], n = 21, ldp = 37;
+                    float *p = malloc((size_t)R * ldp * 4), *o = malloc((size_t)R * hd * 4),
+                          *e = malloc((size_t)R * hd * 4), *vf = malloc((size_t)n * hd * 4);
+                    uint16_t *vb = malloc((size_t)n * hd * 2);
+                    for (int i = 0; i < R * ldp; i++)
+                        p[i] = (rnd_f() + 1) / 2;
+                    for (int i = 0; i < n * hd; i++) {
+                        vb[i] = cpu_f32_to_bf16(rnd_f());
+                        vf[i] = rnd_f();
+                    }
+                    for (int i = 0; i < R * hd; i++)
+                        o[i] = e[i] = rnd_f();
+                    for (int r = 0; r < R; r++)
+                        for (int j = 0; j < n; j++) {
+                            if (b)
+                                k->axpy_bf16(p[r * ldp + j], vb + (size_t)j * hd, e + (size_t)r * hd, hd);
+                            else
+                                k->axpy_f32(p[r * ldp + j], vf + (size_t)j * hd, e + (size_t)r * hd, hd);
+                        }
+                    /* keys in two ranges, the first for all rows at once */
+                    if (b) {
+                        k->pv_bf16(R, 8, p, ldp, vb, hd, o, hd);
+                        k->pv_bf16(R, n - 8, p + 8, ldp, vb + (size_t)8 * hd, hd, o, hd);
+                    } else {
+                        k->pv_f32(R, 8, p, ldp, vf, hd, o, hd);
+                        k->pv_f32(R, n - 8, p + 8, ldp, vf + (size_t)8 * hd, hd, o, hd);
+                    }
+                    for (int i = 0; i < R * hd; i++)
+                        if (f_bits(o[i]) != f_bits(e[i]))
+                            fail_msg("%s pv_%s R=%d hd=%d: [%d] %.9g vs axpy %.9g", isa,
+                                     b ? "bf16" : "f32", R, hd, i, o[i], e[i]);
+                    free(p), free(o), free(e), free(vf), free(vb);
+                }
+            tested++;
+        }
+    }
+    if (!tested)
+        printf("  (no table here has the attention pieces)\n");
+}
+
+
+/* rmsnorm and swiglu against double references, tails included, and
+ * rmsnorm in place (y == x) equal to out of place. */
+static void test_row_helpers(void **state)
+{
+    (void)state;
+    const struct cpu_kernels *ks[CPU_ISA_N];
+    int nk = available(ks);
+    static const int ns[] = {1, 16, 37, 1024};
+    for (int t = 0; t < nk; t++) {
+        const struct cpu_kernels *k = ks[t];
+        for (int i = 0; i < 4; i++) {
+            int n = ns[i];
+            float *x = malloc((size_t)n * 4), *w = malloc((size_t)n * 4), *y = malloc((size_t)n * 4),
+                  *u = malloc((size_t)n * 4);
+            double ss = 0;
+            for (int j = 0; j < n; j++) {
+                x[j] = 3 * rnd_f(), w[j] = rnd_f(), u[j] = rnd_f();
+                ss += (double)x[j] * x[j];
+            }
+            double r = 1.0 / sqrt(ss / n + 1e-6);
+            if (k->rmsnorm) {
+                k->rmsnorm(x, w, y, n, 1e-6f);
+                for (int j = 0; j < n; j++)
+                    if (fabs(y[j] - w[j] * x[j] * r) > 1e-6 * fabs(w[j] * x[j] * r) + 1e-30)
+                        fail_msg("%s rmsnorm n=%d [%d]: %.9g vs %.9g", cpu_isa_name(k->isa), n, j,
+                                 y[j], w[j] * x[j] * r);
+                float *z = malloc((size_t)n * 4);
+                memcpy(z, x, (size_t)n * 4);
+                k->rmsnorm(z, w, z, n, 1e-6f);
+                assert_memory_equal(z, y, (size_t)n * 4);
+                free(z);
+            }
+            if (k->swiglu) {
+                memcpy(y, x, (size_t)n * 4);
+                x[0] = -200.0f; /* exp overflows: silu is -0, not NaN */
+                y[0] = -200.0f;
+                k->swiglu(y, u, n);
+                for (int j = 0; j < n; j++) {
+                    double e = x[j] / (1.0 + exp(-(double)x[j])) * u[j];
+                    if (!(fabs(y[j] - e) <= 2e-6 * fabs(e) + 1e-30))
+                        fail_msg("%s swiglu n=%d [%d] x=%g: %.9g vs %.9g", cpu_isa_name(k->isa), n,
+                                 j, x[j], y[j], e);
+                }
+            }
+            free(x), free(w), free(y), free(u);
+        }
+    }
+}
+
 /* ---- scalar vs SIMD ----------------------------------------------------- */
 
 static void test_cross_isa(void **state)
@@ -586,6 +810,9 @@ int main(void)
         cmocka_unit_test(test_invariance_f32),
         cmocka_unit_test(test_invariance_f16),
         cmocka_unit_test(test_invariance_big_m),
+        cmocka_unit_test(test_packed_bf16),
+        cmocka_unit_test(test_attention_pieces),
+        cmocka_unit_test(test_row_helpers),
         cmocka_unit_test(test_cross_isa),
         cmocka_unit_test(test_dot_axpy),
     };

@@ -176,10 +176,10 @@ static void test_reference_avx512(void **state) { check_reference("avx512bf16");
 
 /* Several sequences in one step give the same bits as each alone, and a
  * prompt fed in chunks gives the same bits as in one piece. */
-static void test_batch_and_chunk_invariance(void **state)
+static void invariance_on(const char *dir, const char *isa)
 {
     struct rig r;
-    rig_open(&r, model_dir, "auto", 2, 512);
+    rig_open(&r, dir, isa, 2, 512);
     int V = r.cfg->vocab;
     enum { NS = 4 };
     int lens[NS] = {7, 33, 1, 20};
@@ -239,6 +239,8 @@ static void test_batch_and_chunk_invariance(void **state)
     free(alone), free(together), free(all), free(prefill1);
     rig_close(&r);
 }
+
+static void test_batch_and_chunk_invariance(void **state) { invariance_on(model_dir, "auto"); }
 
 /* The scalar, AVX2 and AVX-512 paths agree within float tolerance. */
 static void test_paths_agree(void **state)
@@ -395,6 +397,20 @@ static void test_bf16_vs_f32(void **state)
     rig_close(&f), rig_close(&h);
 }
 
+/* The same on a BF16 checkpoint, on every path this CPU has: the AVX-512
+ * path repacks BF16 matrices into panels (gemm_bf16p), whose prefill
+ * (K-chunked) and decode loops must still agree bit for bit. */
+static void test_bf16_invariance(void **state)
+{
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/bf16inv", tmpdir);
+    copy_model(dir, ST_BF16, NULL, NULL, NULL);
+    const char *isas[] = {"scalar", "avx2", "avx512bf16"};
+    for (int i = 0; i < 3; i++)
+        if (cpu_isa_parse(isas[i]) <= (int)cpu_isa_detect())
+            invariance_on(dir, isas[i]);
+}
+
 static void expect_load_error(const char *dir, int code, const char *needle)
 {
     struct model *m = NULL;
@@ -541,6 +557,7 @@ int main(void)
         cmocka_unit_test(test_paths_agree),
         cmocka_unit_test(test_batch_and_chunk_invariance),
         cmocka_unit_test(test_bf16_vs_f32),
+        cmocka_unit_test(test_bf16_invariance),
         cmocka_unit_test(test_bad_checkpoints),
     };
     return cmocka_run_group_tests_name("model", tests, setup_tmp, teardown_tmp);

@@ -2,7 +2,7 @@
  * once per run, results written by workers are visible to the caller when
  * run() returns, and this holds back to back (spinning workers), after idle
  * gaps (sleeping workers woken by futex), with one thread, and with more
- * threads than cores. */
+ * threads than cores; and dynamic runs, which may leave late workers out. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -90,6 +90,64 @@ static void sum_fn(void *arg, int ith, int nth)
     s->part[ith] = t;
 }
 
+
+/* cpu_pool_run_dyn: threads claim items from a counter; every item is done
+ * exactly once per run and its (plain) result is visible on return, with
+ * static runs mixed in (a worker skipped by a dynamic run must still join
+ * the next static one), back to back and oversubscribed (MAX_T threads on
+ * 2 cores: workers often miss runs, which is the point). */
+#define DYN_ITEMS 64
+struct dyn_job {
+    _Atomic int next;
+    uint32_t done[DYN_ITEMS]; /* round number written by whoever did it */
+    uint32_t round;
+};
+
+static void dyn_fn(void *arg, int ith, int nth)
+{
+    (void)ith, (void)nth;
+    struct dyn_job *j = arg;
+    for (int i; (i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < DYN_ITEMS;)
+        j->done[i] = j->round;
+}
+
+static void check_dyn(int n_threads, int n_runs)
+{
+    struct cpu_pool *p = NULL;
+    assert_int_equal(cpu_pool_create(&p, n_threads, NULL), 0);
+    struct dyn_job *d = calloc(1, sizeof *d);
+    struct job *j = calloc(1, sizeof *j);
+    assert_non_null(d);
+    assert_non_null(j);
+    for (int r = 1; r <= n_runs; r++) {
+        atomic_store(&d->next, 0);
+        d->round = (uint32_t)r;
+        cpu_pool_run_dyn(p, dyn_fn, d);
+        for (int i = 0; i < DYN_ITEMS; i++)
+            if (d->done[i] != (uint32_t)r)
+                fail_msg("%d threads, dyn run %d: item %d has round %u", n_threads, r, i, d->done[i]);
+        if (r % 7 == 0) { /* a static run: every ith exactly once */
+            memset(j->hits, 0, sizeof j->hits);
+            j->round = (uint64_t)r;
+            cpu_pool_run(p, job_fn, j);
+            for (int i = 0; i < n_threads; i++)
+                if (atomic_load(&j->hits[i]) != 1 || j->out[i] != (uint64_t)r * 1000 + (uint64_t)i)
+                    fail_msg("%d threads, static run after dyn %d: thread %d hits %d", n_threads, r,
+                             i, atomic_load(&j->hits[i]));
+        }
+    }
+    free(d), free(j);
+    cpu_pool_free(p);
+}
+
+static void test_dyn_runs(void **state)
+{
+    (void)state;
+    check_dyn(1, 100);
+    check_dyn(2, 2000);
+    check_dyn(MAX_T, 100);
+}
+
 static void test_parallel_sum(void **state)
 {
     (void)state;
@@ -146,6 +204,7 @@ int main(void)
         cmocka_unit_test(test_mixed_gaps),
         cmocka_unit_test(test_oversubscribed),
         cmocka_unit_test(test_parallel_sum),
+        cmocka_unit_test(test_dyn_runs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
