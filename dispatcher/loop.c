@@ -44,6 +44,7 @@
 #include <cjson/cJSON.h>
 
 #include "disp.h"
+#include "cache.h"
 #include "event.h"
 #include "prompt.h"
 
@@ -177,47 +178,19 @@ static void overload(struct disp *d, struct dreq *q, const struct dpool *p)
  * 0, or -RL_EFORMAT when the value is not a complete event list. */
 static int replay(struct dreq *q, const char *value, size_t len, struct rl_err *err)
 {
-    cJSON *a = cJSON_ParseWithLength(value, len);
-    int n = a && cJSON_IsArray(a) ? cJSON_GetArraySize(a) : 0;
-    int rc = 0;
-    if (n < 1) {
-        rc = rl_errf(err, RL_EFORMAT, "%s: not a non-empty JSON array", q->cache_key);
-        goto out;
-    }
-    for (int i = 0; i < n; i++) {
-        cJSON *e = cJSON_GetArrayItem(a, i);
-        cJSON *seq = cJSON_GetObjectItemCaseSensitive(e, "seq");
-        cJSON *type = cJSON_GetObjectItemCaseSensitive(e, "type");
-        bool last = i == n - 1;
-        if (!cJSON_IsNumber(seq) || seq->valuedouble != i || !cJSON_IsString(type) ||
-            (!strcmp(type->valuestring, "done") != last)) {
-            rc = rl_errf(err, RL_EFORMAT, "%s: event %d is not seq %d of a complete list",
-                         q->cache_key, i, i);
-            goto out;
-        }
-    }
-    int64_t now = d_now_ms();
-    int64_t t0 = q->t0 > 0 && q->t0 <= now ? q->t0 : now;
-    for (int i = 0; i < n; i++) {
-        cJSON *e = cJSON_GetArrayItem(a, i);
-        if (i == n - 1) {
-            cJSON_ReplaceItemInObjectCaseSensitive(e, "cached", cJSON_CreateTrue());
-            cJSON *t = cJSON_CreateObject();
-            cJSON_AddNumberToObject(t, "queue_ms", (double)(now - t0));
-            cJSON_AddNumberToObject(t, "ttft_ms", (double)(now - t0));
-            cJSON_AddNumberToObject(t, "total_ms", (double)(now - t0));
-            cJSON_ReplaceItemInObjectCaseSensitive(e, "timings", t);
-            cJSON_DeleteItemFromObjectCaseSensitive(e, "metadata");
-            if (q->job->metadata)
-                cJSON_AddItemToObject(e, "metadata", cJSON_Duplicate(q->job->metadata, 1));
-        }
-        if ((rc = push_event(q, cJSON_PrintUnformatted(e)))) {
+    char **ev;
+    int n;
+    int rc = cache_replay_events(value, len, q->cache_key, q->t0, d_now_ms(), q->job->metadata,
+                                 &ev, &n, err);
+    if (rc)
+        return rc;
+    for (int i = 0; i < n && !rc; i++) {
+        rc = push_event(q, ev[i]); /* takes the string, also on failure */
+        ev[i] = NULL;
+        if (rc)
             rl_errf(err, RL_ENOMEM, "cache: out of memory");
-            goto out;
-        }
     }
-out:
-    cJSON_Delete(a);
+    cache_events_free(ev, n);
     return rc;
 }
 

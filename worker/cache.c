@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "worker.h"
+#include "cache.h"
 
 int w_cache_key(struct worker *w, struct wjob *j, struct rl_err *err)
 {
@@ -64,51 +65,17 @@ int w_cache_build(struct wjob *j, struct rl_err *err)
 int w_cache_replay(struct worker *w, struct wjob *j, const char *value, size_t len,
                    struct rl_err *err)
 {
-    cJSON *a = cJSON_ParseWithLength(value, len);
-    int n = a && cJSON_IsArray(a) ? cJSON_GetArraySize(a) : 0;
-    int rc = 0;
-    if (n < 1) {
-        rc = rl_errf(err, RL_EFORMAT, "%s: not a non-empty JSON array", j->cache_key);
-        goto out;
-    }
-    /* check the whole list before queueing any of it */
-    for (int i = 0; i < n; i++) {
-        cJSON *e = cJSON_GetArrayItem(a, i);
-        cJSON *seq = cJSON_GetObjectItemCaseSensitive(e, "seq");
-        cJSON *type = cJSON_GetObjectItemCaseSensitive(e, "type");
-        bool last = i == n - 1;
-        if (!cJSON_IsNumber(seq) || seq->valuedouble != i || !cJSON_IsString(type) ||
-            (!strcmp(type->valuestring, "done") != last)) {
-            rc = rl_errf(err, RL_EFORMAT, "%s: event %d is not seq %d of a complete list",
-                         j->cache_key, i, i);
-            goto out;
-        }
-    }
-    int64_t now = w_now_ms();
-    int64_t t0 = j->t_enqueued > 0 && j->t_enqueued <= now ? j->t_enqueued : now;
-    for (int i = 0; i < n; i++) {
-        cJSON *e = cJSON_GetArrayItem(a, i);
-        if (i == n - 1) {
-            cJSON_ReplaceItemInObjectCaseSensitive(e, "cached", cJSON_CreateTrue());
-            cJSON *t = cJSON_CreateObject();
-            cJSON_AddNumberToObject(t, "queue_ms", (double)(now - t0));
-            cJSON_AddNumberToObject(t, "ttft_ms", (double)(now - t0));
-            cJSON_AddNumberToObject(t, "total_ms", (double)(now - t0));
-            cJSON_ReplaceItemInObjectCaseSensitive(e, "timings", t);
-            cJSON_DeleteItemFromObjectCaseSensitive(e, "metadata");
-            if (j->job->metadata)
-                cJSON_AddItemToObject(e, "metadata", cJSON_Duplicate(j->job->metadata, 1));
-        }
-        char *s = cJSON_PrintUnformatted(e);
-        if (!s) {
-            rc = rl_errf(err, RL_ENOMEM, "cache: out of memory");
-            goto out;
-        }
+    char **ev;
+    int n;
+    int rc = cache_replay_events(value, len, j->cache_key, j->t_enqueued, w_now_ms(),
+                                 j->job->metadata, &ev, &n, err);
+    if (rc)
+        return rc;
+    for (int i = 0; i < n && !rc; i++) {
         ev_seq_take(&j->seq);
-        if ((rc = w_push_event(j, s)))
-            goto out;
+        rc = w_push_event(j, ev[i]);
+        ev[i] = NULL;
     }
-out:
-    cJSON_Delete(a);
+    cache_events_free(ev, n);
     return rc;
 }
