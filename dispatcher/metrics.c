@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 
 #include "disp.h"
+#include "text.h"
 
 int64_t d_now_ms(void)
 {
@@ -27,41 +28,13 @@ void dm_init(struct dmetrics *m)
     pthread_mutex_init(&m->mu, NULL);
 }
 
-struct text {
-    char *p;
-    size_t n, cap;
-    bool oom;
-};
-
-__attribute__((format(printf, 2, 3))) static void put(struct text *t, const char *fmt, ...)
-{
-    while (!t->oom) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = t->p ? vsnprintf(t->p + t->n, t->cap - t->n, fmt, ap) : -1;
-        va_end(ap);
-        if (k >= 0 && t->n + (size_t)k < t->cap) {
-            t->n += (size_t)k;
-            return;
-        }
-        size_t cap = t->cap ? t->cap * 2 : 4096;
-        char *g = realloc(t->p, cap);
-        if (!g) {
-            t->oom = true;
-            return;
-        }
-        t->p = g;
-        t->cap = cap;
-    }
-}
-
 /* One labelled family: a counter or gauge per pool. */
 static void per_pool(struct text *t, const struct disp *d, const char *name, const char *type,
                      const char *help, const int64_t *v)
 {
-    put(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    text_printf(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
     for (int p = 0; p < d->n_pools; p++)
-        put(t, "%s{pool=\"%s\"} %lld\n", name, d->pools[p].name, (long long)v[p]);
+        text_printf(t, "%s{pool=\"%s\"} %lld\n", name, d->pools[p].name, (long long)v[p]);
 }
 
 char *disp_metrics_text(struct disp *d)
@@ -77,27 +50,27 @@ char *disp_metrics_text(struct disp *d)
              "jobs in the pool stream no worker has taken yet", m->pool_waiting);
     per_pool(&t, d, "redlm_dispatcher_pool_wait_ms", "gauge",
              "age of the oldest job no worker has taken yet, ms", m->pool_wait_ms);
-    put(&t, "# HELP redlm_dispatcher_think_ratio configured share of auto requests sent to think\n"
+    text_printf(&t, "# HELP redlm_dispatcher_think_ratio configured share of auto requests sent to think\n"
             "# TYPE redlm_dispatcher_think_ratio gauge\nredlm_dispatcher_think_ratio %.6f\n",
         m->ratio);
-    put(&t, "# HELP redlm_dispatcher_think_ratio_effective the share in use (adaptive routing "
+    text_printf(&t, "# HELP redlm_dispatcher_think_ratio_effective the share in use (adaptive routing "
             "moves it)\n# TYPE redlm_dispatcher_think_ratio_effective gauge\n"
             "redlm_dispatcher_think_ratio_effective %.6f\n", m->ratio_effective);
-    put(&t, "# TYPE redlm_dispatcher_cache_hits_total counter\n"
+    text_printf(&t, "# TYPE redlm_dispatcher_cache_hits_total counter\n"
             "redlm_dispatcher_cache_hits_total %lld\n", (long long)m->cache_hits);
-    put(&t, "# TYPE redlm_dispatcher_cache_misses_total counter\n"
+    text_printf(&t, "# TYPE redlm_dispatcher_cache_misses_total counter\n"
             "redlm_dispatcher_cache_misses_total %lld\n", (long long)m->cache_misses);
-    put(&t, "# HELP redlm_dispatcher_invalid_total requests refused as invalid (error event + "
+    text_printf(&t, "# HELP redlm_dispatcher_invalid_total requests refused as invalid (error event + "
             "dead letter)\n# TYPE redlm_dispatcher_invalid_total counter\n"
             "redlm_dispatcher_invalid_total %lld\n", (long long)m->invalid);
-    put(&t, "# HELP redlm_dispatcher_overloaded_total requests refused with OVERLOADED\n"
+    text_printf(&t, "# HELP redlm_dispatcher_overloaded_total requests refused with OVERLOADED\n"
             "# TYPE redlm_dispatcher_overloaded_total counter\n"
             "redlm_dispatcher_overloaded_total %lld\n", (long long)m->overloaded);
-    put(&t, "# TYPE redlm_dispatcher_reclaimed_total counter\n"
+    text_printf(&t, "# TYPE redlm_dispatcher_reclaimed_total counter\n"
             "redlm_dispatcher_reclaimed_total %lld\n", (long long)m->reclaimed);
-    put(&t, "# TYPE redlm_dispatcher_requests_per_second gauge\n"
+    text_printf(&t, "# TYPE redlm_dispatcher_requests_per_second gauge\n"
             "redlm_dispatcher_requests_per_second %.2f\n", m->requests_per_s);
-    put(&t, "# TYPE redlm_dispatcher_ready gauge\nredlm_dispatcher_ready %d\n", m->ready ? 1 : 0);
+    text_printf(&t, "# TYPE redlm_dispatcher_ready gauge\nredlm_dispatcher_ready %d\n", m->ready ? 1 : 0);
     pthread_mutex_unlock(&m->mu);
     if (t.oom) {
         free(t.p);

@@ -22,6 +22,7 @@
  * Reentrant; no state outside the arguments. The streaming output parser is
  * in chat_parse.c. */
 #include "chat.h"
+#include "text.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -29,10 +30,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The prompt being rendered, and where the request's own text went in it. */
 struct cbuf {
-    char *p;
-    size_t n, cap;
-    bool oom;
+    struct text t;          /* appends stop at the first failed one (t.oom) */
     bool want_spans;        /* record where message content went */
     struct tok_span *spans; /* (n_spans) in order, malloc'd */
     int n_spans, cap_spans;
@@ -40,50 +40,35 @@ struct cbuf {
 
 static void cb_add(struct cbuf *b, const char *s, size_t n)
 {
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
+    if (!b->t.oom)
+        text_add(&b->t, s, n);
 }
 
 static void cb_str(struct cbuf *b, const char *s) { cb_add(b, s, strlen(s)); }
 
-/* Records b[from, b->n) as text that came from the request (a message's
+/* Records b->t.p[from, b->t.n) as text that came from the request (a message's
  * content, a tool definition) when spans are wanted: the tokenizer then
  * never reads control tokens out of it. */
 static void cb_mark(struct cbuf *b, size_t from)
 {
-    if (!b->want_spans || b->oom || from >= b->n)
+    if (!b->want_spans || b->t.oom || from >= b->t.n)
         return;
     struct tok_span *last = b->n_spans ? &b->spans[b->n_spans - 1] : NULL;
     if (last && last->off + last->len == from) {
-        last->len = b->n - last->off; /* adjacent: one span */
+        last->len = b->t.n - last->off; /* adjacent: one span */
         return;
     }
     if (b->n_spans == b->cap_spans) {
         int cap = b->cap_spans ? 2 * b->cap_spans : 16;
         struct tok_span *p = realloc(b->spans, (size_t)cap * sizeof *p);
         if (!p) {
-            b->oom = true;
+            b->t.oom = true;
             return;
         }
         b->spans = p;
         b->cap_spans = cap;
     }
-    b->spans[b->n_spans++] = (struct tok_span){from, b->n - from};
+    b->spans[b->n_spans++] = (struct tok_span){from, b->t.n - from};
 }
 
 /* ---- JSON: parse keeping number spellings ------------------------------- */
@@ -338,7 +323,7 @@ static int dump_into(struct cbuf *b, const cJSON *v, struct rl_err *err)
 {
     if (dump_value(b, v, 0))
         return rl_errf(err, RL_EINVAL, "JSON nested deeper than 512 levels");
-    if (b->oom)
+    if (b->t.oom)
         return rl_errf(err, RL_ENOMEM, "out of memory serializing JSON");
     return 0;
 }
@@ -347,18 +332,18 @@ char *chat_json_dumps(const cJSON *v, size_t *len, struct rl_err *err)
 {
     struct cbuf b = {0};
     if (dump_into(&b, v, err)) {
-        free(b.p);
+        free(b.t.p);
         return NULL;
     }
-    if (!b.p)
+    if (!b.t.p)
         cb_add(&b, "", 0);
-    if (b.oom) {
+    if (b.t.oom) {
         rl_errf(err, RL_ENOMEM, "out of memory serializing JSON");
         return NULL;
     }
     if (len)
-        *len = b.n;
-    return b.p;
+        *len = b.t.n;
+    return b.t.p;
 }
 
 /* ---- the template ------------------------------------------------------- */
@@ -391,18 +376,18 @@ static int get_content(const cJSON *m, int i, struct slice *out, char **owned, s
         const char *type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(part, "type"));
         const char *text = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(part, "text"));
         if (!type || strcmp(type, "text") || !text) {
-            free(b.p);
+            free(b.t.p);
             return rl_errf(err, RL_EINVAL, "messages[%d].content[%d] is not a text part", i, k);
         }
         cb_str(&b, text);
         k++;
     }
-    if (b.oom) {
-        free(b.p);
+    if (b.t.oom) {
+        free(b.t.p);
         return rl_errf(err, RL_ENOMEM, "out of memory");
     }
-    *owned = b.p;
-    *out = (struct slice){b.p ? b.p : "", b.n};
+    *owned = b.t.p;
+    *out = (struct slice){b.t.p ? b.t.p : "", b.t.n};
     return 0;
 }
 
@@ -455,7 +440,7 @@ static void cb_slice(struct cbuf *b, struct slice s) { cb_add(b, s.s, s.n); }
 /* A slice of a user, system or tool message: ordinary text, never tokens. */
 static void cb_content(struct cbuf *b, struct slice s)
 {
-    size_t at = b->n;
+    size_t at = b->t.n;
     cb_add(b, s.s, s.n);
     cb_mark(b, at);
 }
@@ -602,7 +587,7 @@ static int render(struct cbuf *b, const cJSON *messages, const cJSON *tools,
         const cJSON *t;
         cJSON_ArrayForEach(t, tools) {
             cb_str(b, "\n");
-            size_t at = b->n;
+            size_t at = b->t.n;
             if ((rc = dump_into(b, t, err)))
                 goto out;
             cb_mark(b, at);
@@ -655,7 +640,7 @@ static int render(struct cbuf *b, const cJSON *messages, const cJSON *tools,
         if (o->disable_thinking)
             cb_str(b, "<think>\n\n</think>\n\n");
     }
-    if (b->oom)
+    if (b->t.oom)
         rc = rl_errf(err, RL_ENOMEM, "out of memory rendering the prompt");
 out:
     if (owned)
@@ -671,15 +656,15 @@ static int render_top(const cJSON *messages, const cJSON *tools,
                       const struct chat_template_opts *o, struct cbuf *b, struct rl_err *err)
 {
     int rc = render(b, messages, tools, o, err);
-    if (!rc && !b->p) {
+    if (!rc && !b->t.p) {
         cb_add(b, "", 0);
-        if (b->oom)
+        if (b->t.oom)
             rc = rl_errf(err, RL_ENOMEM, "out of memory");
     }
-    if (!rc && b->oom)
+    if (!rc && b->t.oom)
         rc = rl_errf(err, RL_ENOMEM, "out of memory rendering the prompt");
     if (rc) {
-        free(b->p);
+        free(b->t.p);
         free(b->spans);
     }
     return rc;
@@ -693,9 +678,9 @@ int chat_render(const cJSON *messages, const cJSON *tools, const struct chat_tem
     int rc = render_top(messages, tools, o, &b, err);
     if (rc)
         return rc;
-    *out = b.p;
+    *out = b.t.p;
     if (len)
-        *len = b.n;
+        *len = b.t.n;
     return 0;
 }
 
@@ -707,8 +692,8 @@ int chat_tokenize(const struct tokenizer *tok, const cJSON *messages, const cJSO
     if (rc)
         return rc;
     /* the template's own tags are real tokens; the request's text is text */
-    rc = tok_encode_spans(tok, b.p, b.n, 0, b.spans, b.n_spans, ids, err);
-    free(b.p);
+    rc = tok_encode_spans(tok, b.t.p, b.t.n, 0, b.spans, b.n_spans, ids, err);
+    free(b.t.p);
     free(b.spans);
     return rc;
 }

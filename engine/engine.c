@@ -45,38 +45,7 @@
 #include "kv_cache.h"
 #include "sched.h"
 #include "tokenizer.h"
-
-/* A growable NUL-terminated byte buffer. */
-struct strbuf {
-    char *p;
-    size_t n, cap;
-};
-
-static int sb_add(struct strbuf *b, const char *s, size_t n)
-{
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q)
-            return -RL_ENOMEM;
-        b->p = q;
-        b->cap = cap;
-    }
-    if (n)
-        memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-    return 0;
-}
-
-static void sb_clear(struct strbuf *b)
-{
-    b->n = 0;
-    if (b->p)
-        b->p[0] = 0;
-}
+#include "text.h"
 
 struct eng_req {
     uint64_t id;
@@ -97,7 +66,7 @@ struct eng_req {
     bool drop_tail;              /* a stop string matched: nothing after it */
     struct engine_usage usage;
     struct tok_stream *ts;       /* NULL without a tokenizer */
-    struct strbuf hold;          /* text held back for stop matching */
+    struct text hold;          /* text held back for stop matching */
     size_t tag_at, tag_len;      /* hold[tag_at, +tag_len) is a held think tag
                                     (never output); tag_len 0: none */
 
@@ -106,7 +75,7 @@ struct eng_req {
     float *ev_lp;                /* (cap_ev) */
     struct sample_logprob *ev_top; /* (cap_ev, n_top) */
     int n_ev, cap_ev, n_top;
-    struct strbuf ev_reason, ev_content;
+    struct text ev_reason, ev_content;
 
     enum engine_finish finish;
     int err_code;
@@ -544,7 +513,7 @@ int engine_submit(struct engine *e, const struct engine_request *r, uint64_t *id
 
 static int emit_text(struct eng_req *q, const char *s, size_t n)
 {
-    return sb_add(q->in_think ? &q->ev_reason : &q->ev_content, s, n);
+    return text_add(q->in_think ? &q->ev_reason : &q->ev_content, s, n);
 }
 
 /* Emits the first n held bytes and drops them from the hold. Bytes before
@@ -557,8 +526,8 @@ static int emit_held(struct eng_req *q, size_t n)
     int rc;
     if (q->tag_len) {
         size_t ts = q->tag_at, te = q->tag_at + q->tag_len;
-        struct strbuf *before = q->in_think ? &q->ev_content : &q->ev_reason;
-        rc = sb_add(before, q->hold.p, n < ts ? n : ts);
+        struct text *before = q->in_think ? &q->ev_content : &q->ev_reason;
+        rc = text_add(before, q->hold.p, n < ts ? n : ts);
         if (!rc && n > te)
             rc = emit_text(q, q->hold.p + te, n - te);
         if (n >= te) {
@@ -597,7 +566,7 @@ static void finish_req(struct engine *e, struct eng_req *q, enum engine_finish w
             const char *t;
             size_t n;
             if (tok_stream_finish(q->ts, &t, &n, NULL) == 0)
-                sb_add(&q->hold, t, n);
+                text_add(&q->hold, t, n);
         }
         flush_hold(q);
     }
@@ -623,7 +592,7 @@ static int feed_text(struct engine *e, struct eng_req *q, const char *t, size_t 
 {
     if (!q->n_stop)
         return emit_text(q, t, n);
-    int rc = sb_add(&q->hold, t, n);
+    int rc = text_add(&q->hold, t, n);
     if (rc)
         return rc;
     size_t best = (size_t)-1;
@@ -779,8 +748,8 @@ static void process_row(struct engine *e, struct eng_req *q, float *row)
 static void reset_event(struct eng_req *q)
 {
     q->n_ev = 0;
-    sb_clear(&q->ev_reason);
-    sb_clear(&q->ev_content);
+    text_clear(&q->ev_reason);
+    text_clear(&q->ev_content);
 }
 
 static int collect_events(struct engine *e, const struct engine_event **events,

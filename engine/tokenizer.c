@@ -29,6 +29,7 @@
  * Callers: the engine front (prompt encoding, streaming detokenization of
  * generated ids), the CLI (tokenize/detokenize), the fuzzer. */
 #include "tokenizer.h"
+#include "text.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <cjson/cJSON.h>
@@ -138,36 +139,6 @@ struct tokenizer {
 };
 
 /* ---- small helpers ------------------------------------------------------ */
-
-struct sbuf {
-    char *p;
-    size_t n, cap;
-};
-
-static int sbuf_reserve(struct sbuf *b, size_t extra)
-{
-    if (b->n + extra + 1 <= b->cap)
-        return 0;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap < b->n + extra + 1)
-        cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p)
-        return -1;
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
-
-static int sbuf_add(struct sbuf *b, const void *s, size_t n)
-{
-    if (sbuf_reserve(b, n))
-        return -1;
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-    return 0;
-}
 
 /* 64-bit hash of a short byte string: 8 bytes per step, multiply-xorshift
  * finish. Quality only matters for table spread, not security. */
@@ -283,14 +254,14 @@ static size_t utf8_valid_len(const uint8_t *s, size_t n)
 /* Appends s[0..n) to b with invalid subparts replaced by U+FFFD. With final
  * false an unfinished character at the end is not consumed; *consumed says
  * how many bytes were. */
-static int utf8_fix_append(struct sbuf *b, const uint8_t *s, size_t n, bool final,
+static int utf8_fix_append(struct text *b, const uint8_t *s, size_t n, bool final,
                            size_t *consumed)
 {
     static const char fffd[] = "\xEF\xBF\xBD";
     size_t i = 0;
     while (i < n) {
         size_t v = utf8_valid_len(s + i, n - i);
-        if (v && sbuf_add(b, s + i, v))
+        if (v && text_add(b, s + i, v))
             return -1;
         i += v;
         if (i == n)
@@ -301,7 +272,7 @@ static int utf8_fix_append(struct sbuf *b, const uint8_t *s, size_t n, bool fina
                 break;
             k = -(int)(n - i); /* the unfinished tail is one maximal subpart */
         }
-        if (sbuf_add(b, fffd, 3))
+        if (text_add(b, fffd, 3))
             return -1;
         i += (size_t)(-k);
     }
@@ -312,8 +283,8 @@ static int utf8_fix_append(struct sbuf *b, const uint8_t *s, size_t n, bool fina
 
 char *tok_utf8_sanitize(const char *src, size_t len, size_t *out_len)
 {
-    struct sbuf b = {0};
-    if (sbuf_reserve(&b, len) || utf8_fix_append(&b, (const uint8_t *)src, len, true, NULL)) {
+    struct text b = {0};
+    if (text_reserve(&b, len) || utf8_fix_append(&b, (const uint8_t *)src, len, true, NULL)) {
         free(b.p);
         return NULL;
     }
@@ -342,7 +313,7 @@ static void byte_level_inverse(int16_t inv[324])
 
 /* Converts a byte-level token string to raw bytes (appended to arena).
  * Returns the byte length or -1 when a character is outside the alphabet. */
-static long byte_level_decode(const int16_t inv[324], const char *s, struct sbuf *arena)
+static long byte_level_decode(const int16_t inv[324], const char *s, struct text *arena)
 {
     size_t start = arena->n;
     const uint8_t *p = (const uint8_t *)s;
@@ -354,7 +325,7 @@ static long byte_level_decode(const int16_t inv[324], const char *s, struct sbuf
         if (k <= 0 || cp < 0 || cp >= 324 || inv[cp] < 0)
             return -1;
         char c = (char)inv[cp];
-        if (sbuf_add(arena, &c, 1))
+        if (text_add(arena, &c, 1))
             return -2;
         i += (size_t)k;
     }
@@ -438,11 +409,11 @@ static int read_file(const char *path, char **out, size_t *len, struct rl_err *e
     FILE *f = fopen(path, "rb");
     if (!f)
         return rl_errf(err, RL_EIO, "%s: %s", path, strerror(errno));
-    struct sbuf b = {0};
+    struct text b = {0};
     char tmp[65536];
     size_t k;
     while ((k = fread(tmp, 1, sizeof tmp, f)) > 0) {
-        if (sbuf_add(&b, tmp, k)) {
+        if (text_add(&b, tmp, k)) {
             fclose(f);
             free(b.p);
             return rl_errf(err, RL_ENOMEM, "%s: out of memory", path);
@@ -454,7 +425,7 @@ static int read_file(const char *path, char **out, size_t *len, struct rl_err *e
         free(b.p);
         return rl_errf(err, RL_EIO, "%s: read error", path);
     }
-    if (!b.p && sbuf_reserve(&b, 0))
+    if (!b.p && text_reserve(&b, 0))
         return rl_errf(err, RL_ENOMEM, "%s: out of memory", path);
     *out = b.p;
     *len = b.n;
@@ -767,7 +738,7 @@ static int build(struct tokenizer *t, const cJSON *root, const cJSON *cfg, const
     /* pass 2: vocab bytes */
     int16_t inv[324];
     byte_level_inverse(inv);
-    struct sbuf arena = {0};
+    struct text arena = {0};
     cJSON_ArrayForEach(c, vocab) {
         int32_t id = (int32_t)c->valuedouble;
         if (t->tok_kind[id] != KIND_HOLE) {
@@ -804,7 +775,7 @@ static int build(struct tokenizer *t, const cJSON *root, const cJSON *cfg, const
         size_t len = strlen(content);
         a->off = (uint32_t)arena.n;
         a->len = (uint32_t)len;
-        if (sbuf_add(&arena, content, len)) {
+        if (text_add(&arena, content, len)) {
             free(arena.p);
             return rl_errf(err, RL_ENOMEM, "%s: out of memory", name);
         }
@@ -861,7 +832,7 @@ static int build(struct tokenizer *t, const cJSON *root, const cJSON *cfg, const
     t->merge_id = malloc(((size_t)n_merges + 1) * sizeof *t->merge_id);
     if (!t->merge_id)
         return rl_errf(err, RL_ENOMEM, "%s: out of memory for merges", name);
-    struct sbuf tmp = {0};
+    struct text tmp = {0};
     int32_t rank = 0;
     cJSON_ArrayForEach(c, merges) {
         const char *l = NULL, *r = NULL;
@@ -1530,11 +1501,11 @@ int tok_decode(const struct tokenizer *t, const int32_t *ids, size_t n, unsigned
         if (rc)
             return rc;
     }
-    struct sbuf raw = {0};
+    struct text raw = {0};
     for (size_t i = 0; i < n; i++) {
         if ((flags & TOK_DECODE_SKIP_SPECIAL) && t->tok_special[ids[i]])
             continue;
-        if (sbuf_add(&raw, t->bytes + t->tok_off[ids[i]], (size_t)t->tok_len[ids[i]])) {
+        if (text_add(&raw, t->bytes + t->tok_off[ids[i]], (size_t)t->tok_len[ids[i]])) {
             free(raw.p);
             return rl_errf(err, RL_ENOMEM, "decode: out of memory");
         }
@@ -1552,7 +1523,7 @@ struct tok_stream {
     unsigned flags;
     uint8_t pend[4]; /* an unfinished character held back (at most 3 bytes) */
     size_t n_pend;
-    struct sbuf in, out;
+    struct text in, out;
 };
 
 int tok_stream_create(struct tok_stream **out, const struct tokenizer *t, unsigned flags,
@@ -1572,8 +1543,8 @@ static int stream_run(struct tok_stream *s, const char *bytes, size_t n, bool fi
     s->in.n = 0;
     s->out.n = 0;
     size_t used = 0;
-    if (sbuf_add(&s->in, s->pend, s->n_pend) || (n && sbuf_add(&s->in, bytes, n)) ||
-        sbuf_reserve(&s->out, s->in.n + 8) ||
+    if (text_add(&s->in, s->pend, s->n_pend) || (n && text_add(&s->in, bytes, n)) ||
+        text_reserve(&s->out, s->in.n + 8) ||
         utf8_fix_append(&s->out, (const uint8_t *)s->in.p, s->in.n, final, &used))
         return rl_errf(err, RL_ENOMEM, "tok_stream: out of memory");
     s->n_pend = s->in.n - used;

@@ -30,6 +30,7 @@
 #include "prompt.h"
 #include "tokenizer.h"
 #include "worker.h"
+#include "text.h"
 
 int64_t w_now_ms(void)
 {
@@ -367,34 +368,11 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
     return 0;
 }
 
-/* Text growing by pieces for one delta. */
-struct sbuf {
-    char *p;
-    size_t n, cap;
-};
-static int sb_add(struct sbuf *s, const char *t, size_t n)
-{
-    if (!n)
-        return 0;
-    if (s->n + n + 1 > s->cap) {
-        size_t cap = (s->n + n + 1) * 2;
-        char *g = realloc(s->p, cap);
-        if (!g)
-            return -RL_ENOMEM;
-        s->p = g;
-        s->cap = cap;
-    }
-    memcpy(s->p + s->n, t, n);
-    s->n += n;
-    s->p[s->n] = 0;
-    return 0;
-}
-
 /* Content through the tool-call parser: plain text stays content, each
  * complete <tool_call> block becomes an entry of the done event's
  * tool_calls. */
 static void parse_content(struct wjob *j, const char *text, size_t len, bool finish,
-                          struct sbuf *content)
+                          struct text *content)
 {
     const struct chat_event *ce = NULL;
     size_t n_ce = 0;
@@ -418,7 +396,7 @@ static void parse_content(struct wjob *j, const char *text, size_t len, bool fin
                 cJSON_AddItemToObject(c, "function", f);
                 cJSON_AddItemToArray(j->tool_calls, c);
             } else {
-                sb_add(content, ce[i].text, ce[i].len);
+                text_add(content, ce[i].text, ce[i].len);
             }
         }
     }
@@ -442,11 +420,11 @@ static void on_event(struct worker *w, const struct engine_event *ev)
         return;
     int64_t now = w_now_ms();
     bool fin = ev->finish != ENGINE_FINISH_NONE;
-    struct sbuf content = {0};
+    struct text content = {0};
     if (j->parser)
         parse_content(j, ev->content, ev->n_content, fin, &content);
     else
-        sb_add(&content, ev->content, ev->n_content);
+        text_add(&content, ev->content, ev->n_content);
     if (ev->n_tokens > 0 || content.n || ev->n_reasoning) {
         struct ev_logprob *lp = NULL;
         int32_t *top_ids = NULL;

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "worker.h"
+#include "text.h"
 
 /* histogram bucket upper bounds in ms */
 static const double wm_bounds[WM_BUCKETS] = {1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000};
@@ -51,40 +52,15 @@ void wm_error(struct wmetrics *m, enum ev_code code)
     pthread_mutex_unlock(&m->mu);
 }
 
-struct text {
-    char *p;
-    size_t n, cap;
-};
-
-__attribute__((format(printf, 2, 3))) static void put(struct text *t, const char *fmt, ...)
-{
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = t->p ? vsnprintf(t->p + t->n, t->cap - t->n, fmt, ap) : -1;
-        va_end(ap);
-        if (k >= 0 && t->n + (size_t)k < t->cap) {
-            t->n += (size_t)k;
-            return;
-        }
-        size_t cap = t->cap ? t->cap * 2 : 8192;
-        char *g = realloc(t->p, cap);
-        if (!g)
-            return;
-        t->p = g;
-        t->cap = cap;
-    }
-}
-
 static void put_hist(struct text *t, const char *name, const char *help, const struct whist *h)
 {
-    put(t, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    text_printf(t, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     int64_t cum = 0;
     for (int i = 0; i < WM_BUCKETS; i++) {
         cum += h->bucket[i];
-        put(t, "%s_bucket{le=\"%g\"} %lld\n", name, wm_bounds[i] / 1000.0, (long long)cum);
+        text_printf(t, "%s_bucket{le=\"%g\"} %lld\n", name, wm_bounds[i] / 1000.0, (long long)cum);
     }
-    put(t, "%s_bucket{le=\"+Inf\"} %lld\n%s_sum %.6f\n%s_count %lld\n", name,
+    text_printf(t, "%s_bucket{le=\"+Inf\"} %lld\n%s_sum %.6f\n%s_count %lld\n", name,
         (long long)h->count, name, h->sum_ms / 1000.0, name, (long long)h->count);
 }
 
@@ -97,34 +73,34 @@ static char *render(struct worker *w)
              &m->queue_wait);
     put_hist(&t, "redlm_ttft_seconds", "time from XADD of the job to its first token", &m->ttft);
     put_hist(&t, "redlm_tpot_seconds", "time per output token after the first", &m->tpot);
-    put(&t, "# TYPE redlm_tokens_total counter\nredlm_tokens_total %lld\n",
+    text_printf(&t, "# TYPE redlm_tokens_total counter\nredlm_tokens_total %lld\n",
         (long long)m->tokens_out);
-    put(&t, "# TYPE redlm_jobs_done_total counter\nredlm_jobs_done_total %lld\n",
+    text_printf(&t, "# TYPE redlm_jobs_done_total counter\nredlm_jobs_done_total %lld\n",
         (long long)m->jobs_done);
-    put(&t, "# TYPE redlm_running gauge\nredlm_running %d\n", m->running);
-    put(&t, "# TYPE redlm_waiting gauge\nredlm_waiting %d\n", m->waiting);
-    put(&t, "# TYPE redlm_kv_blocks gauge\nredlm_kv_blocks %d\n", m->kv_blocks);
-    put(&t, "# TYPE redlm_kv_used_blocks gauge\nredlm_kv_used_blocks %d\n", m->kv_used);
-    put(&t, "# TYPE redlm_kv_usage_ratio gauge\nredlm_kv_usage_ratio %.4f\n",
+    text_printf(&t, "# TYPE redlm_running gauge\nredlm_running %d\n", m->running);
+    text_printf(&t, "# TYPE redlm_waiting gauge\nredlm_waiting %d\n", m->waiting);
+    text_printf(&t, "# TYPE redlm_kv_blocks gauge\nredlm_kv_blocks %d\n", m->kv_blocks);
+    text_printf(&t, "# TYPE redlm_kv_used_blocks gauge\nredlm_kv_used_blocks %d\n", m->kv_used);
+    text_printf(&t, "# TYPE redlm_kv_usage_ratio gauge\nredlm_kv_usage_ratio %.4f\n",
         m->kv_blocks ? (double)m->kv_used / m->kv_blocks : 0.0);
-    put(&t, "# TYPE redlm_prefix_cache_hit_tokens_total counter\n"
+    text_printf(&t, "# TYPE redlm_prefix_cache_hit_tokens_total counter\n"
             "redlm_prefix_cache_hit_tokens_total %lld\n", (long long)m->prefix_hit_tokens);
-    put(&t, "# TYPE redlm_prefix_cache_miss_tokens_total counter\n"
+    text_printf(&t, "# TYPE redlm_prefix_cache_miss_tokens_total counter\n"
             "redlm_prefix_cache_miss_tokens_total %lld\n", (long long)m->prefix_miss_tokens);
-    put(&t, "# TYPE redlm_result_cache_hits_total counter\nredlm_result_cache_hits_total %lld\n",
+    text_printf(&t, "# TYPE redlm_result_cache_hits_total counter\nredlm_result_cache_hits_total %lld\n",
         (long long)m->cache_hits);
-    put(&t, "# TYPE redlm_result_cache_misses_total counter\n"
+    text_printf(&t, "# TYPE redlm_result_cache_misses_total counter\n"
             "redlm_result_cache_misses_total %lld\n", (long long)m->cache_misses);
-    put(&t, "# TYPE redlm_reclaimed_total counter\nredlm_reclaimed_total %lld\n",
+    text_printf(&t, "# TYPE redlm_reclaimed_total counter\nredlm_reclaimed_total %lld\n",
         (long long)m->reclaimed);
-    put(&t, "# TYPE redlm_redis_reconnects_total counter\nredlm_redis_reconnects_total %lld\n",
+    text_printf(&t, "# TYPE redlm_redis_reconnects_total counter\nredlm_redis_reconnects_total %lld\n",
         (long long)m->redis_reconnects);
-    put(&t, "# TYPE redlm_tokens_per_second gauge\nredlm_tokens_per_second %.2f\n",
+    text_printf(&t, "# TYPE redlm_tokens_per_second gauge\nredlm_tokens_per_second %.2f\n",
         m->tokens_per_s);
-    put(&t, "# TYPE redlm_errors_total counter\n");
+    text_printf(&t, "# TYPE redlm_errors_total counter\n");
     for (int c = 1; c < EV_CODE_COUNT; c++)
         if (m->errors[c])
-            put(&t, "redlm_errors_total{code=\"%s\"} %lld\n", ev_code_name((enum ev_code)c),
+            text_printf(&t, "redlm_errors_total{code=\"%s\"} %lld\n", ev_code_name((enum ev_code)c),
                 (long long)m->errors[c]);
     pthread_mutex_unlock(&m->mu);
     return t.p;

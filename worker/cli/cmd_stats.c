@@ -41,6 +41,7 @@
 #include "cli_redis.h"
 #include "cli_util.h"
 #include "cmds.h"
+#include "text.h"
 
 #define MAX_KEYS 4096 /* heartbeats / pool streams listed at most */
 
@@ -446,31 +447,6 @@ fail:
 
 /* ---- rendering ---- */
 
-struct text {
-    char *p;
-    size_t n, cap;
-};
-
-__attribute__((format(printf, 2, 3))) static void put(struct text *t, const char *fmt, ...)
-{
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = t->p ? vsnprintf(t->p + t->n, t->cap - t->n, fmt, ap) : -1;
-        va_end(ap);
-        if (k >= 0 && t->n + (size_t)k < t->cap) {
-            t->n += (size_t)k;
-            return;
-        }
-        size_t cap = t->cap ? t->cap * 2 : 4096;
-        char *g = realloc(t->p, cap);
-        if (!g)
-            return;
-        t->p = g;
-        t->cap = cap;
-    }
-}
-
 /* "850ms", "12.3s", "4m05s", "2h13m", "3d04h"; "-" for 0. */
 static const char *dur(char buf[24], double ms)
 {
@@ -502,7 +478,7 @@ static const char *pct(char buf[16], const cJSON *t, const char *name)
 static void stream_row(struct text *t, const char *name, const cJSON *p)
 {
     char a[24], b[24];
-    put(t, "%-16s %8.0f %8.0f %10s %8.0f %10s %9.0f\n", name, num(p, "length"), num(p, "waiting"),
+    text_printf(t, "%-16s %8.0f %8.0f %10s %8.0f %10s %9.0f\n", name, num(p, "length"), num(p, "waiting"),
         dur(a, num(p, "oldest_wait_ms")), num(p, "pending"), dur(b, num(p, "oldest_pending_ms")),
         num(p, "consumers"));
 }
@@ -520,20 +496,20 @@ static void render(struct text *t, const cJSON *s, bool bold)
     strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tmv);
     const cJSON *ra = cJSON_GetObjectItemCaseSensitive(s, "redis");
     const cJSON *pf = cJSON_GetObjectItemCaseSensitive(s, "prefix");
-    put(t, "%sredlm%s  redis %s  prefix %s  %s\n", B, N, cJSON_IsString(ra) ? ra->valuestring : "",
+    text_printf(t, "%sredlm%s  redis %s  prefix %s  %s\n", B, N, cJSON_IsString(ra) ? ra->valuestring : "",
         cJSON_IsString(pf) ? pf->valuestring : "", when);
-    put(t, "tokens/s %.1f   jobs done %.0f   tokens out %.0f   running %.0f   waiting %.0f   "
+    text_printf(t, "tokens/s %.1f   jobs done %.0f   tokens out %.0f   running %.0f   waiting %.0f   "
            "pending %.0f\n",
         num(tot, "tokens_per_s"), num(tot, "jobs_done"), num(tot, "tokens_out"), num(tot, "running"),
         num(tot, "waiting"), num(tot, "pending"));
-    put(t, "result cache %.0f hits / %.0f misses (%s)   prefix cache %s   dispatcher cache %s\n\n",
+    text_printf(t, "result cache %.0f hits / %.0f misses (%s)   prefix cache %s   dispatcher cache %s\n\n",
         num(tot, "cache_hits"), num(tot, "cache_misses"), pct(p1, tot, "cache_hit_rate"),
         pct(p2, tot, "prefix_hit_rate"), pct(p3, tot, "dispatcher_cache_hit_rate"));
 
     const cJSON *ws = cJSON_GetObjectItemCaseSensitive(s, "workers");
-    put(t, "%sWORKERS %d%s\n", B, cJSON_GetArraySize(ws), N);
+    text_printf(t, "%sWORKERS %d%s\n", B, cJSON_GetArraySize(ws), N);
     if (cJSON_GetArraySize(ws))
-        put(t, "%-16s %-14s %4s %5s %5s %13s %8s %8s %9s %7s %7s\n", "name", "pools", "run", "wait",
+        text_printf(t, "%-16s %-14s %4s %5s %5s %13s %8s %8s %9s %7s %7s\n", "name", "pools", "run", "wait",
             "held", "kv free/total", "tok/s", "done", "tokens", "uptime", "seen");
     const cJSON *w;
     cJSON_ArrayForEach(w, ws) {
@@ -543,27 +519,27 @@ static void render(struct text *t, const cJSON *s, bool bold)
             if (cJSON_IsString(p) && strlen(pools) + strlen(p->valuestring) + 2 < sizeof pools)
                 strcat(strcat(pools, pools[0] ? "," : ""), p->valuestring);
         snprintf(kv, sizeof kv, "%.0f/%.0f", num(w, "kv_free_blocks"), num(w, "kv_blocks"));
-        put(t, "%-16.16s %-14.14s %4.0f %5.0f %5.0f %13s %8.1f %8.0f %9.0f %7s %7s\n",
+        text_printf(t, "%-16.16s %-14.14s %4.0f %5.0f %5.0f %13s %8.1f %8.0f %9.0f %7s %7s\n",
             cJSON_IsString(nm) ? nm->valuestring : "?", pools, num(w, "running"), num(w, "waiting"),
             num(w, "held"), kv, num(w, "tokens_per_s"), num(w, "jobs_done"), num(w, "tokens_out"),
             dur(d1, num(w, "uptime_s") * 1000), dur(d2, num(w, "age_ms")));
     }
     const cJSON *ds = cJSON_GetObjectItemCaseSensitive(s, "dispatchers");
-    put(t, "\n%sDISPATCHERS %d%s\n", B, cJSON_GetArraySize(ds), N);
+    text_printf(t, "\n%sDISPATCHERS %d%s\n", B, cJSON_GetArraySize(ds), N);
     if (cJSON_GetArraySize(ds))
-        put(t, "%-16s %8s %9s %8s %11s %8s %7s %7s\n", "name", "req/s", "routed", "invalid",
+        text_printf(t, "%-16s %8s %9s %8s %11s %8s %7s %7s\n", "name", "req/s", "routed", "invalid",
             "overloaded", "think", "uptime", "seen");
     cJSON_ArrayForEach(w, ds) {
         double routed = 0;
         const cJSON *p, *nm = cJSON_GetObjectItemCaseSensitive(w, "name");
         cJSON_ArrayForEach(p, cJSON_GetObjectItemCaseSensitive(w, "routed"))
             routed += cJSON_IsNumber(p) ? p->valuedouble : 0;
-        put(t, "%-16.16s %8.1f %9.0f %8.0f %11.0f %8.2f %7s %7s\n",
+        text_printf(t, "%-16.16s %8.1f %9.0f %8.0f %11.0f %8.2f %7s %7s\n",
             cJSON_IsString(nm) ? nm->valuestring : "?", num(w, "requests_per_s"), routed,
             num(w, "invalid"), num(w, "overloaded"), num(w, "think_ratio_effective"),
             dur(d1, num(w, "uptime_s") * 1000), dur(d2, num(w, "age_ms")));
     }
-    put(t, "\n%sSTREAMS%s\n%-16s %8s %8s %10s %8s %10s %9s\n", B, N, "stream", "length", "waiting",
+    text_printf(t, "\n%sSTREAMS%s\n%-16s %8s %8s %10s %8s %10s %9s\n", B, N, "stream", "length", "waiting",
         "oldest", "pending", "oldest pnd", "consumers");
     const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "requests");
     if (num(req, "length") > 0 || cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(req, "group")))
@@ -576,15 +552,15 @@ static void render(struct text *t, const cJSON *s, bool bold)
     }
     const cJSON *dead = cJSON_GetObjectItemCaseSensitive(s, "dead");
     const cJSON *last = cJSON_GetObjectItemCaseSensitive(dead, "last");
-    put(t, "\n%sDEAD LETTERS %.0f%s", B, num(dead, "count"), N);
+    text_printf(t, "\n%sDEAD LETTERS %.0f%s", B, num(dead, "count"), N);
     if (last) {
         const cJSON *code = cJSON_GetObjectItemCaseSensitive(last, "code");
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(last, "id");
-        put(t, "   last: %s%s%s, %s ago", cJSON_IsString(code) ? code->valuestring : "?",
+        text_printf(t, "   last: %s%s%s, %s ago", cJSON_IsString(code) ? code->valuestring : "?",
             cJSON_IsString(id) && id->valuestring[0] ? " job " : "",
             cJSON_IsString(id) ? id->valuestring : "", dur(d1, num(last, "age_ms")));
     }
-    put(t, "\n");
+    text_printf(t, "\n");
 }
 
 /* ---- the commands ---- */
@@ -732,7 +708,7 @@ int cmd_top(int argc, char **argv)
         if (collect(c, a.ra.prefix, a.ra.addr, &s, &err) == 0)
             render(&t, s, out_tty);
         else /* Redis away: say so and keep trying, as a monitor should */
-            put(&t, "redlm top: %s\n(retrying every %d ms; q quits)\n", err.msg, a.interval_ms);
+            text_printf(&t, "redlm top: %s\n(retrying every %d ms; q quits)\n", err.msg, a.interval_ms);
         cJSON_Delete(s);
         int rows = 0, cols = 0;
         if (out_tty) {
