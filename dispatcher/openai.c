@@ -246,6 +246,30 @@ static int get_bool(const cJSON *v, const char *name, bool *out, struct oai_erro
     return 0;
 }
 
+/* An object whose only member may be `key`, a boolean or null: the shape
+ * of stream_options and chat_template_kwargs. *out is -1 when the member is
+ * absent or null, else 0 or 1. */
+static int get_flag_object(const cJSON *v, const char *name, const char *key, int *out,
+                           struct oai_error *e)
+{
+    *out = -1;
+    if (!cJSON_IsObject(v))
+        return bad400(e, "BAD_TYPE", name, "%s: must be an object", name);
+    for (const cJSON *o = v->child; o; o = o->next) {
+        char p[JOB_FIELD_MAX];
+        snprintf(p, sizeof p, "%s.%.60s", name, o->string);
+        if (strcmp(o->string, key))
+            return bad400(e, "UNKNOWN_FIELD", p, "%s: unknown or unsupported parameter", p);
+        bool b = false;
+        if (cJSON_IsNull(o))
+            continue;
+        if (get_bool(o, p, &b, e))
+            return -RL_EINVAL;
+        *out = b;
+    }
+    return 0;
+}
+
 /* The copy of messages that goes into the job: null members dropped
  * (except content, which may be null on an assistant turn with tool
  * calls), and empty annotations arrays that the SDKs echo back. */
@@ -390,23 +414,15 @@ int oai_parse_request(const char *body, size_t len, const struct oai_limits *lim
             if (get_bool(v, name, &out->stream, e))
                 goto done;
             break;
-        case K_STREAM_OPTIONS:
-            if (!cJSON_IsObject(v)) {
-                bad400(e, "BAD_TYPE", name, "stream_options: must be an object");
+        case K_STREAM_OPTIONS: {
+            int usage;
+            if (get_flag_object(v, name, "include_usage", &usage, e))
                 goto done;
-            }
             stream_options = v;
-            for (const cJSON *o = v->child; o; o = o->next) {
-                char p[JOB_FIELD_MAX];
-                snprintf(p, sizeof p, "stream_options.%.60s", o->string);
-                if (strcmp(o->string, "include_usage")) {
-                    bad400(e, "UNKNOWN_FIELD", p, "%s: unknown or unsupported parameter", p);
-                    goto done;
-                }
-                if (!cJSON_IsNull(o) && get_bool(o, p, &out->include_usage, e))
-                    goto done;
-            }
+            if (usage >= 0)
+                out->include_usage = usage;
             break;
+        }
         case K_MAX_TOKENS:
             if (get_tokens(v, name, lim->max_tokens, &max_tokens, e))
                 goto done;
@@ -415,6 +431,12 @@ int oai_parse_request(const char *body, size_t len, const struct oai_limits *lim
             if (get_tokens(v, name, lim->max_tokens, &max_completion_tokens, e))
                 goto done;
             break;
+        case K_TOP_K:
+            /* -1 is vLLM's "off"; the job's off is 0, its default. Any
+             * other value is the job's top_k, checked there. */
+            if (cJSON_IsNumber(v) && v->valuedouble == -1)
+                break;
+            /* fall through */
         case K_COPY: {
             cJSON *c = cJSON_Duplicate(v, 1);
             if (!c || !cJSON_AddItemToObject(job, name, c)) {
@@ -423,17 +445,6 @@ int oai_parse_request(const char *body, size_t len, const struct oai_limits *lim
             }
             break;
         }
-        case K_TOP_K:
-            if (cJSON_IsNumber(v) && v->valuedouble == -1)
-                break; /* vLLM's "off"; the job's off is 0, its default */
-            {
-                cJSON *c = cJSON_Duplicate(v, 1);
-                if (!c || !cJSON_AddItemToObject(job, name, c)) {
-                    cJSON_Delete(c);
-                    goto oom;
-                }
-            }
-            break;
         case K_N:
             if (!is_integer(v)) {
                 bad400(e, "BAD_TYPE", name, "n: must be an integer");
@@ -481,24 +492,8 @@ int oai_parse_request(const char *body, size_t len, const struct oai_limits *lim
             break;
         }
         case K_CTK:
-            if (!cJSON_IsObject(v)) {
-                bad400(e, "BAD_TYPE", name, "chat_template_kwargs: must be an object");
+            if (get_flag_object(v, name, "enable_thinking", &enable_thinking, e))
                 goto done;
-            }
-            for (const cJSON *o = v->child; o; o = o->next) {
-                char p[JOB_FIELD_MAX];
-                snprintf(p, sizeof p, "chat_template_kwargs.%.60s", o->string);
-                if (strcmp(o->string, "enable_thinking")) {
-                    bad400(e, "UNKNOWN_FIELD", p, "%s: unknown or unsupported parameter", p);
-                    goto done;
-                }
-                bool b = false;
-                if (cJSON_IsNull(o))
-                    continue;
-                if (get_bool(o, p, &b, e))
-                    goto done;
-                enable_thinking = b;
-            }
             break;
         case K_MODE:
             mode = v;
