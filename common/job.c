@@ -259,6 +259,23 @@ static const cJSON *member(const cJSON *o, const char *k)
     return cJSON_GetObjectItemCaseSensitive(o, k);
 }
 
+/* obj's member key: required, a string of min..max bytes. path gets
+ * base.key, which the caller's later errors about the value name too. */
+static int get_required_string(const cJSON *obj, const char *base, const char *key, size_t min,
+                               size_t max, char path[JOB_FIELD_MAX], const char **out,
+                               struct job_fault *f, struct rl_err *err)
+{
+    char suffix[72];
+    snprintf(suffix, sizeof suffix, ".%s", key);
+    sub(path, base, suffix);
+    const cJSON *v = member(obj, key);
+    if (!v) {
+        set_field(f, path);
+        return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", path);
+    }
+    return get_string(v, path, min, max, out, f, err);
+}
+
 /* A text content part list: [{"type": "text", "text": "..."}]. */
 static int check_content(const cJSON *c, const char *path, bool may_be_null,
                          struct job_fault *f, struct rl_err *err)
@@ -282,25 +299,14 @@ static int check_content(const cJSON *c, const char *path, bool may_be_null,
         int rc = check_members(part, p, part_keys, f, err);
         if (rc)
             return rc;
-        const cJSON *t = member(part, "type");
         char q[JOB_FIELD_MAX];
-        sub(q, p, ".type");
         const char *ts;
-        if (!t) {
-            set_field(f, q);
-            return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", q);
-        }
-        if ((rc = get_string(t, q, 0, 64, &ts, f, err)))
+        if ((rc = get_required_string(part, p, "type", 0, 64, q, &ts, f, err)))
             return rc;
         if (strcmp(ts, "text"))
             return bad(f, err, EV_CODE_BAD_VALUE, "%s: \"%.32s\" is not supported (only \"text\")", q, ts);
-        sub(q, p, ".text");
         const char *txt;
-        if (!member(part, "text")) {
-            set_field(f, q);
-            return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", q);
-        }
-        if ((rc = get_string(member(part, "text"), q, 0, SIZE_MAX, &txt, f, err)))
+        if ((rc = get_required_string(part, p, "text", 0, SIZE_MAX, q, &txt, f, err)))
             return rc;
     }
     return 0;
@@ -349,12 +355,7 @@ static int check_tool_calls(const cJSON *tc, const char *path, struct job_fault 
         if ((rc = check_members(fn, q, fn_keys, f, err)))
             return rc;
         char r[JOB_FIELD_MAX];
-        sub(r, q, ".name");
-        if (!member(fn, "name")) {
-            set_field(f, r);
-            return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", r);
-        }
-        if ((rc = get_string(member(fn, "name"), r, 1, 256, &s, f, err)))
+        if ((rc = get_required_string(fn, q, "name", 1, 256, r, &s, f, err)))
             return rc;
         const cJSON *args = member(fn, "arguments");
         sub(r, q, ".arguments");
@@ -390,12 +391,7 @@ static int check_messages(const cJSON *m, struct job_fault *f, struct rl_err *er
             return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", p);
         if ((rc = check_members(msg, p, msg_keys, f, err)))
             return rc;
-        sub(q, p, ".role");
-        if (!member(msg, "role")) {
-            set_field(f, q);
-            return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", q);
-        }
-        if ((rc = get_string(member(msg, "role"), q, 0, 64, &s, f, err)))
+        if ((rc = get_required_string(msg, p, "role", 0, 64, q, &s, f, err)))
             return rc;
         int ok = 0;
         for (int k = 0; roles[k] && !ok; k++)
@@ -464,12 +460,7 @@ static int check_tools(const cJSON *t, struct job_fault *f, struct rl_err *err)
             return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", p);
         if ((rc = check_members(tool, p, tool_keys, f, err)))
             return rc;
-        sub(q, p, ".type");
-        if (!member(tool, "type")) {
-            set_field(f, q);
-            return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", q);
-        }
-        if ((rc = get_string(member(tool, "type"), q, 0, 64, &s, f, err)))
+        if ((rc = get_required_string(tool, p, "type", 0, 64, q, &s, f, err)))
             return rc;
         if (strcmp(s, "function"))
             return bad(f, err, EV_CODE_BAD_VALUE, "%s: must be \"function\"", q);
@@ -483,12 +474,7 @@ static int check_tools(const cJSON *t, struct job_fault *f, struct rl_err *err)
         if ((rc = check_members(fn, q, fn_keys, f, err)))
             return rc;
         char r[JOB_FIELD_MAX];
-        sub(r, q, ".name");
-        if (!member(fn, "name")) {
-            set_field(f, r);
-            return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", r);
-        }
-        if ((rc = get_string(member(fn, "name"), r, 1, 64, &s, f, err)))
+        if ((rc = get_required_string(fn, q, "name", 1, 64, r, &s, f, err)))
             return rc;
         if (member(fn, "description")) {
             sub(r, q, ".description");
