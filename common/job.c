@@ -503,6 +503,24 @@ static bool id_char(char c, bool pool)
            c == '_' || c == '-' || (!pool && (c == '.' || c == ':'));
 }
 
+void job_guess_id(const char *raw, size_t len, const char *fallback, char out[JOB_ID_MAX + 1])
+{
+    out[0] = 0;
+    cJSON *o = raw ? cJSON_ParseWithLength(raw, len) : NULL;
+    const cJSON *id = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "id") : NULL;
+    if (cJSON_IsString(id)) {
+        size_t n = strlen(id->valuestring);
+        bool ok = n >= 1 && n <= JOB_ID_MAX;
+        for (size_t i = 0; ok && i < n; i++)
+            ok = id_char(id->valuestring[i], false);
+        if (ok)
+            memcpy(out, id->valuestring, n + 1);
+    } else if (!id && fallback) {
+        snprintf(out, JOB_ID_MAX + 1, "%s", fallback);
+    }
+    cJSON_Delete(o);
+}
+
 static int random_id(char out[JOB_ID_MAX + 1], struct rl_err *err)
 {
     uint8_t b[16];

@@ -157,6 +157,13 @@ enum job_mode job_mode_on(const struct job *j, const char *pool);
  * job_parse(job_to_json(j)) yields an equal job. *out is malloc'd. */
 int job_to_json(const struct job *j, char **out, struct rl_err *err);
 
+/* The id to answer a job that failed validation on, so its client still
+ * gets the error event on redlm:out:<id>: the job's own `id` when raw is a
+ * JSON object naming a valid one (1-128 of [A-Za-z0-9_.:-]); when it names
+ * none at all, fallback (NULL: none). "" when there is nowhere to answer
+ * (not JSON, an invalid id, no id and no fallback). */
+void job_guess_id(const char *raw, size_t len, const char *fallback, char out[JOB_ID_MAX + 1]);
+
 /* Greedy (temperature 0 or top_k 1) or seeded: the same prompt gives the
  * same tokens, so the result may be cached. */
 bool job_is_deterministic(const struct job *j);

@@ -102,30 +102,6 @@ static int push_event(struct dreq *q, char *json)
     return 0;
 }
 
-/* The id of a request that failed validation, when it names a usable one;
- * when it names none, the id it would have been given ("r" + entry ID),
- * which the client knows from its XADD. */
-static void guess_id(const char *raw, size_t len, const char *fallback, char out[JOB_ID_MAX + 1])
-{
-    out[0] = 0;
-    cJSON *o = raw ? cJSON_ParseWithLength(raw, len) : NULL;
-    const cJSON *id = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "id") : NULL;
-    if (cJSON_IsString(id)) {
-        size_t n = strlen(id->valuestring);
-        bool ok = n >= 1 && n <= JOB_ID_MAX;
-        for (size_t i = 0; ok && i < n; i++) {
-            char c = id->valuestring[i];
-            ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                 c == '_' || c == '.' || c == ':' || c == '-';
-        }
-        if (ok)
-            memcpy(out, id->valuestring, n + 1);
-    } else if (!id) {
-        snprintf(out, JOB_ID_MAX + 1, "%s", fallback);
-    }
-    cJSON_Delete(o);
-}
-
 /* done(error) after an error event, with this request's timings. */
 static char *error_done(const struct dreq *q, int64_t seq, int64_t now)
 {
@@ -345,7 +321,7 @@ static void prepare(struct disp *d, struct dreq *q)
     jo.fallback_id = fallback;
     struct job_fault fault;
     if (job_parse(q->raw, q->raw_len, &jo, &q->job, &fault, &err)) {
-        guess_id(q->raw, q->raw_len, fallback, q->id);
+        job_guess_id(q->raw, q->raw_len, fallback, q->id);
         reject(d, q, fault.code, err.msg);
         return;
     }

@@ -79,27 +79,6 @@ int w_jobs_add(struct worker *w, struct wjob *j)
     return 0;
 }
 
-/* The id of a job that failed validation, when it has a usable one, so
- * that its client still gets the error event on redlm:out:<id>. */
-static void guess_id(const char *raw, size_t len, char out[JOB_ID_MAX + 1])
-{
-    out[0] = 0;
-    cJSON *o = cJSON_ParseWithLength(raw, len);
-    const cJSON *id = o ? cJSON_GetObjectItemCaseSensitive(o, "id") : NULL;
-    if (cJSON_IsString(id)) {
-        size_t n = strlen(id->valuestring);
-        bool ok = n >= 1 && n <= JOB_ID_MAX;
-        for (size_t i = 0; ok && i < n; i++) {
-            char c = id->valuestring[i];
-            ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                 c == '_' || c == '.' || c == ':' || c == '-';
-        }
-        if (ok)
-            memcpy(out, id->valuestring, n + 1);
-    }
-    cJSON_Delete(o);
-}
-
 static void set_id(struct worker *w, struct wjob *j, const char *id)
 {
     snprintf(j->id, sizeof j->id, "%s", id);
@@ -254,7 +233,7 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
     struct rl_err err;
     if (job_parse(raw, raw_len, &jo, &j->job, &fault, &err)) {
         char id[JOB_ID_MAX + 1];
-        guess_id(raw, raw_len, id);
+        job_guess_id(raw, raw_len, NULL, id);
         set_id(w, j, id);
         reject(w, j, raw, raw_len, fault.code, err.msg);
         return 0;

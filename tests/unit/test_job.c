@@ -578,6 +578,38 @@ static void test_shared_corpus(void **state)
     free(text);
 }
 
+/* Where a refused job's error goes: its own valid id, the fallback when it
+ * names none, nowhere when it names a bad one or is not an object. */
+static void test_guess_id(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *raw, *fallback, *want;
+    } cases[] = {
+        {"{\"id\":\"job-1.a:b_c\",\"temperature\":9}", "r1-0", "job-1.a:b_c"},
+        {"{\"temperature\":9}", "r1-0", "r1-0"},
+        {"{\"temperature\":9}", NULL, ""},
+        {"{\"id\":\"bad id\"}", "r1-0", ""},
+        {"{\"id\":\"\"}", "r1-0", ""},
+        {"{\"id\":7}", "r1-0", ""},
+        {"[{\"id\":\"x\"}]", "r1-0", "r1-0"},
+        {"not json", "r1-0", "r1-0"},
+        {NULL, "r1-0", "r1-0"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char out[JOB_ID_MAX + 1] = "junk";
+        const char *raw = cases[i].raw;
+        job_guess_id(raw, raw ? strlen(raw) : 0, cases[i].fallback, out);
+        if (strcmp(out, cases[i].want))
+            fail_msg("case %zu: \"%s\", want \"%s\"", i, out, cases[i].want);
+    }
+    char long_id[JOB_ID_MAX + 20];
+    snprintf(long_id, sizeof long_id, "{\"id\":\"%0*d\"}", JOB_ID_MAX + 1, 0);
+    char out[JOB_ID_MAX + 1];
+    job_guess_id(long_id, strlen(long_id), "r1-0", out);
+    assert_string_equal(out, "");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -591,6 +623,7 @@ int main(void)
         cmocka_unit_test(test_mode_auto),
         cmocka_unit_test(test_cache_key),
         cmocka_unit_test(test_shared_corpus),
+        cmocka_unit_test(test_guess_id),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -62,6 +62,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "cli_util.h"
 #include "cmds.h"
 #include "err.h"
 #include "event.h"
@@ -231,21 +232,6 @@ static int parse_double(const char *s, double lo, double hi, double *v, const ch
     return 0;
 }
 
-static int parse_int(const char *s, long lo, long hi, long *v, const char *what, struct rl_err *err)
-{
-    if (!s || !*s)
-        return rl_errf(err, RL_EINVAL, "%s needs a number", what);
-    char *end;
-    errno = 0;
-    long x = strtol(s, &end, 10);
-    if (errno || *end)
-        return rl_errf(err, RL_EINVAL, "%s: \"%s\" is not an integer", what, s);
-    if (x < lo || x > hi)
-        return rl_errf(err, RL_EINVAL, "%s: %ld is out of range [%ld, %ld]", what, x, lo, hi);
-    *v = x;
-    return 0;
-}
-
 /* "127.0.0.1:6379", "localhost:6379", "[::1]:6379", "unix:/path" or "/path". */
 static int check_loopback(const char *addr, struct rl_err *err)
 {
@@ -351,7 +337,7 @@ static int lb_parse(int argc, char **argv, struct lb_opts *o, struct rl_err *err
             } else
                 rc = rl_errf(err, RL_EINVAL, "--target: \"%s\" is not dispatcher, pools or pool:NAME", v);
         } else if (!strcmp(f, "--clients")) {
-            rc = parse_int(v, 1, LB_CLIENTS_MAX, &n, f, err);
+            rc = cli_parse_int(v, 1, LB_CLIENTS_MAX, &n, f, err);
             o->clients = (int)n;
             o->clients_given = true;
         } else if (!strcmp(f, "--rate"))
@@ -359,10 +345,10 @@ static int lb_parse(int argc, char **argv, struct lb_opts *o, struct rl_err *err
         else if (!strcmp(f, "--sweep"))
             sweep = v;
         else if (!strcmp(f, "--requests")) {
-            rc = parse_int(v, 1, LB_REQUESTS_MAX, &n, f, err);
+            rc = cli_parse_int(v, 1, LB_REQUESTS_MAX, &n, f, err);
             o->requests = (int)n;
         } else if (!strcmp(f, "--warmup"))
-            rc = parse_int(v, 0, LB_REQUESTS_MAX, &warmup, f, err);
+            rc = cli_parse_int(v, 0, LB_REQUESTS_MAX, &warmup, f, err);
         else if (!strcmp(f, "--duration"))
             rc = parse_double(v, 0.1, 86400, &o->duration_s, f, err);
         else if (!strcmp(f, "--timeout"))
@@ -380,12 +366,12 @@ static int lb_parse(int argc, char **argv, struct lb_opts *o, struct rl_err *err
         else if (!strcmp(f, "--repeat"))
             rc = parse_double(v, 0, 1, &o->repeat, f, err);
         else if (!strcmp(f, "--hot")) {
-            rc = parse_int(v, 1, LB_HOT_MAX, &n, f, err);
+            rc = cli_parse_int(v, 1, LB_HOT_MAX, &n, f, err);
             o->hot = (int)n;
         } else if (!strcmp(f, "--temperature"))
             rc = parse_double(v, 0, 2, &o->temperature, f, err);
         else if (!strcmp(f, "--seed")) {
-            rc = parse_int(v, 0, (1L << 53), &n, f, err);
+            rc = cli_parse_int(v, 0, (1L << 53), &n, f, err);
             o->seed = (uint64_t)n;
         } else if (!strcmp(f, "--out"))
             o->out = v;
