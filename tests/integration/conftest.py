@@ -113,28 +113,39 @@ def prefix():
     return f"t{uuid.uuid4().hex[:8]}:"
 
 
-class Worker:
-    def __init__(self, addr, prefix, name, logdir, extra=(), pools="fast,think"):
-        self.name = name
-        self.log_path = pathlib.Path(logdir) / f"worker-{name}.log"
-        self.args = [str(WORKER), "--redis", addr, "--model", str(MODEL), "--pools", pools,
-                     "--name", name, "--threads", "1", "--prefix", prefix,
-                     "--block-ms", "100", "--heartbeat-interval-ms", "500", "--http-port", "0", *extra]
+class Daemon:
+    """A redlm process a test started, its output in log_path. Subclasses
+    build the command line and call start() with a readiness check."""
+
+    kind = "process"
+
+    def start(self, args, log_path, ready, timeout=30):
+        self.args = args
+        self.log_path = pathlib.Path(log_path)
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT,
-                                     cwd=ROOT)
-        self.r = connect(addr)
-        self.prefix = prefix
-        deadline = time.time() + 30
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited: {self.log_path.read_text()}")
-            if "ready:" in self.log_path.read_text():
+                raise RuntimeError(f"{self.kind} exited: {self.text()}")
+            if ready():
                 return
             time.sleep(0.02)
-        raise RuntimeError("worker did not get ready")
+        raise RuntimeError(f"{self.kind} did not get ready")
 
+    def text(self):
+        return self.log_path.read_text()
+
+    def logged_ready(self):
+        """The worker's and the dispatcher's "ready:" log line."""
+        return "ready:" in self.text()
+
+    # kill() comes before signal(): in the class body the method would
+    # shadow the signal module in kill's default argument
     def kill(self, sig=signal.SIGKILL):
+        self.signal(sig)
+
+    def signal(self, sig):
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
 
@@ -150,6 +161,19 @@ class Worker:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+
+
+class Worker(Daemon):
+    kind = "worker"
+
+    def __init__(self, addr, prefix, name, logdir, extra=(), pools="fast,think"):
+        self.name = name
+        self.r = connect(addr)
+        self.prefix = prefix
+        args = [str(WORKER), "--redis", addr, "--model", str(MODEL), "--pools", pools,
+                "--name", name, "--threads", "1", "--prefix", prefix,
+                "--block-ms", "100", "--heartbeat-interval-ms", "500", "--http-port", "0", *extra]
+        self.start(args, pathlib.Path(logdir) / f"worker-{name}.log", self.logged_ready)
 
 
 @pytest.fixture
@@ -302,47 +326,18 @@ def run_threads(fn, items, n_threads):
 DISPATCHER = BUILD / "redlm-dispatcher"
 
 
-class Dispatcher:
+class Dispatcher(Daemon):
     """A redlm-dispatcher process on the test's prefix; ready once it logs
     "ready:" (connected, groups made)."""
 
+    kind = "dispatcher"
+
     def __init__(self, addr, prefix, name, logdir, extra=()):
         self.name = name
-        self.log_path = pathlib.Path(logdir) / f"dispatcher-{name}.log"
-        self.args = [str(DISPATCHER), "--redis", addr, "--prefix", prefix, "--name", name,
-                     "--http-port", "0", "--block-ms", "100", "--heartbeat-interval-ms", "200",
-                     *extra]
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT,
-                                     cwd=ROOT)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"dispatcher exited: {self.log_path.read_text()}")
-            if "ready:" in self.log_path.read_text():
-                return
-            time.sleep(0.02)
-        raise RuntimeError("dispatcher did not get ready")
-
-    def signal(self, sig):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-
-    def wait(self, timeout=30):
-        return self.proc.wait(timeout)
-
-    def text(self):
-        return self.log_path.read_text()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+        args = [str(DISPATCHER), "--redis", addr, "--prefix", prefix, "--name", name,
+                "--http-port", "0", "--block-ms", "100", "--heartbeat-interval-ms", "200",
+                *extra]
+        self.start(args, pathlib.Path(logdir) / f"dispatcher-{name}.log", self.logged_ready)
 
 
 @pytest.fixture

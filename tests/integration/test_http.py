@@ -36,35 +36,32 @@ import time
 
 import pytest
 
-from conftest import BUILD, ROOT, connect, free_port
+from conftest import BUILD, ROOT, Daemon, connect, free_port
 
 DISPATCHER = BUILD / "redlm-dispatcher"
 MODEL_NAME = "tiny-qwen3"
 
 
-class Front:
+class Front(Daemon):
     """The front door on a free port; .request() speaks HTTP to it."""
+
+    kind = "front door"
 
     def __init__(self, addr, prefix, tmp, extra=()):
         self.port = free_port()
         self.addr = addr
         self.prefix = prefix
-        self.log_path = pathlib.Path(tmp) / f"front-{self.port}.log"
         args = [str(DISPATCHER), "--redis", addr, "--prefix", prefix, "--http", str(self.port),
                 "--served-model-name", MODEL_NAME, "--log-level", "debug", "--http-port", "0",
                 "--block-ms", "100", "--heartbeat-interval-ms", "500", *extra]
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"front door exited: {self.log_path.read_text()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("front door did not listen")
+        self.start(args, pathlib.Path(tmp) / f"front-{self.port}.log", self.listening, timeout=20)
+
+    def listening(self):
+        try:
+            socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+            return True
+        except OSError:
+            return False
 
     def conn(self, timeout=60):
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -80,16 +77,6 @@ class Front:
         data = r.read()
         c.close()
         return r.status, dict(r.getheaders()), data
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
 
 
 @pytest.fixture
