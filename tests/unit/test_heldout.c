@@ -22,59 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
 #include "mkmodel.h"
-#include "model.h"
+#include "test_rig.h"
 
 #define MAX_TOK 128
-
-struct rig {
-    struct model *m;
-    struct backend *be;
-    const struct model_config *cfg;
-    int32_t table[MAX_TOK / 16 + 1];
-};
-
-static void rig_open(struct rig *r, const char *dir)
-{
-    struct rl_err err = {0};
-    memset(r, 0, sizeof *r);
-    if (model_load(&r->m, dir, &err))
-        fail_msg("model_load %s: %s", dir, err.msg);
-    struct be_options o = {.n_threads = 2, .isa = "auto"};
-    assert_int_equal(be_create(&r->be, "cpu", &o, &err), 0);
-    r->cfg = model_get_config(r->m);
-    if (r->be->ops->load(r->be->ctx, r->cfg, model_get_weights(r->m), MAX_TOK, &err))
-        fail_msg("load %s: %s", dir, err.msg);
-    if (r->be->ops->kv_init(r->be->ctx, MAX_TOK / 16 + 1, 16, &err))
-        fail_msg("kv_init: %s", err.msg);
-    for (int i = 0; i <= MAX_TOK / 16; i++)
-        r->table[i] = i;
-}
-
-static void rig_close(struct rig *r)
-{
-    be_free(r->be);
-    model_free(r->m);
-}
-
-static void rig_step(struct rig *r, int past, const int32_t *ids, int n, float *logits)
-{
-    struct rl_err err = {0};
-    struct be_seq s = {past, n, r->table, 0};
-    struct be_batch b = {1, &s, n, ids, n, logits};
-    if (r->be->ops->forward(r->be->ctx, &b, &err))
-        fail_msg("forward: %s", err.msg);
-}
-
-static int argmax(const float *v, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best])
-            best = i;
-    return best;
-}
 
 struct shape {
     const char *name;
@@ -119,8 +70,8 @@ static void check_shape(const struct shape *s, const char *tmp)
     make(d32, s, MK_F32);
     make(d16, s, MK_BF16);
     struct rig f, h;
-    rig_open(&f, d32);
-    rig_open(&h, d16);
+    rig_open(&f, d32, "auto", 2, MAX_TOK);
+    rig_open(&h, d16, "auto", 2, MAX_TOK);
     int V = f.cfg->vocab;
     assert_int_equal(V, s->vocab);
 
@@ -133,12 +84,12 @@ static void check_shape(const struct shape *s, const char *tmp)
         ids[i] = (int32_t)((x >> 8) % (uint32_t)V);
     }
     float *lf = malloc((size_t)N_PROMPT * (size_t)V * sizeof(float));
-    rig_step(&f, 0, ids, N_PROMPT, lf);
+    rig_step(&f, 0, ids, N_PROMPT, lf, NULL);
     int tok = argmax(lf + (size_t)(N_PROMPT - 1) * (size_t)V, V);
     for (int g = 0; g < N_GEN; g++) {
         ids[N_PROMPT + g] = tok;
         if (g + 1 < N_GEN) {
-            rig_step(&f, N_PROMPT + g, &ids[N_PROMPT + g], 1, lf);
+            rig_step(&f, N_PROMPT + g, &ids[N_PROMPT + g], 1, lf, NULL);
             tok = argmax(lf, V);
         }
     }
@@ -148,8 +99,8 @@ static void check_shape(const struct shape *s, const char *tmp)
     int tot = N_PROMPT + N_GEN;
     float *a = malloc((size_t)tot * (size_t)V * sizeof(float));
     float *b = malloc((size_t)tot * (size_t)V * sizeof(float));
-    rig_step(&f, 0, ids, tot, a);
-    rig_step(&h, 0, ids, tot, b);
+    rig_step(&f, 0, ids, tot, a, NULL);
+    rig_step(&h, 0, ids, tot, b, NULL);
     int clear = 0;
     double worst = 0;
     for (int t = N_PROMPT - 1; t < tot; t++) {
