@@ -62,6 +62,13 @@ struct be_options {
     int mmap_weights;     /* CPU: 1 = run on the checkpoint's file mapping
                              (no copy, 4 KiB pages); 0 = copy the matrices
                              into 2 MiB pages at load (faster decode) */
+    int kv_prefault;      /* CPU: touch every page of the KV pool at kv_init,
+                             so steps never stop for a first-touch page
+                             fault (each costs a 2 MiB zeroing) and the
+                             memory is committed at start, not mid-request.
+                             Serving and benchmarks want it; 0 leaves the
+                             pages to fault in as blocks are first used
+                             (tests, short-lived tools) */
     be_progress_fn progress;  /* NULL: none */
     void *progress_user;      /* handed to progress */
     size_t progress_every;    /* bytes between calls; 0 = 64 MiB */
@@ -84,6 +91,11 @@ struct be_ops {
      * (copy-on-write of a shared, partly filled block). */
     int (*kv_copy)(void *ctx, int32_t dst, int32_t src, int n_tokens,
                    struct rl_err *err);
+    /* optional: where the forward steps since the last call spent their
+     * wall time, per phase, as one JSON object ({"attn_ms": 12.5, ...})
+     * written into out (n bytes, NUL-terminated), then zeroes the counters.
+     * For benchmarks and tuning; returns the length, or -1 on truncation. */
+    int (*profile)(void *ctx, char *out, size_t n);
     /* optional: a one-line description ("cpu avx512bf16, 2 threads"). */
     const char *(*describe)(void *ctx);
     /* required */

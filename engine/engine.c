@@ -206,7 +206,8 @@ int engine_create(struct engine **out, const char *dir,
         goto fail;
     e->cfg = model_get_config(e->model);
     struct be_options bo = {.n_threads = opt.n_threads, .isa = opt.isa,
-                            .kv_dtype = opt.kv_dtype, .progress = opt.progress,
+                            .kv_dtype = opt.kv_dtype, .kv_prefault = opt.kv_prefault,
+                            .progress = opt.progress,
                             .progress_user = opt.progress_user};
     if ((rc = be_create(&e->be, opt.backend, &bo, err)))
         goto fail;

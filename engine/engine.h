@@ -71,6 +71,8 @@ struct engine_options {
                                  what the pool holds) */
     const char *think_stop_text; /* forced when the thinking budget runs
                                     out; NULL = ENGINE_THINK_STOP_TEXT */
+    int kv_prefault;          /* commit the KV pool's memory at create
+                                 (be_options.kv_prefault); 0 = lazily */
     be_progress_fn progress;  /* weight loading progress (backend.h); NULL none */
     void *progress_user;
 };

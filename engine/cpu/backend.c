@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "backend.h"
 #include "dtype.h"
@@ -75,6 +76,13 @@ struct cpu_layer {
     struct cpu_mat wq, wk, wv, wo, gate, up, down;
 };
 
+/* Phases of a forward step, for the profile op: wall time of each pool run
+ * as the driving thread sees it (barrier waits included, which is the
+ * point: a phase that balances badly shows up as its own cost). */
+enum cpu_phase { PH_EMBED, PH_NORM, PH_QKV, PH_ROPE, PH_ATTN, PH_O, PH_GATEUP, PH_DOWN, PH_LOGITS, PH_N };
+static const char *const phase_name[PH_N] = {"embed", "norm", "qkv", "rope", "attn",
+                                             "o", "gate_up", "down", "logits"};
+
 struct cpu_ctx {
     struct cpu_pool *pool;
     const struct cpu_kernels *k;
@@ -85,6 +93,7 @@ struct cpu_ctx {
     int loaded;
 
     int mmap_weights;          /* use matrices in place from the file mapping */
+    int kv_prefault;           /* be_options.kv_prefault */
     struct be_options opt;     /* as created: the load progress callback */
     struct cpu_arena arena;    /* copied / widened matrices */
     struct cpu_layer *layers;  /* (n_layers) */
@@ -122,8 +131,27 @@ struct cpu_ctx {
     int seq_max;               /* longest sequence: min(ctx_max, max_pos) */
     int q_tile;                /* queries per attention item: ATT_ROWS / group */
 
+    double prof[PH_N];         /* seconds per phase since the last profile() */
+    long prof_steps;           /* forward calls since then */
+    int64_t prof_tokens;       /* tokens through them */
+
     char desc[96];
 };
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Closes the phase that started at *t: adds its time, starts the next. */
+static void prof_mark(struct cpu_ctx *c, enum cpu_phase ph, double *t)
+{
+    double now = mono_s();
+    c->prof[ph] += now - *t;
+    *t = now;
+}
 
 /* ---- load ---- */
 
@@ -462,6 +490,24 @@ static void *kv_map(size_t bytes)
     return p;
 }
 
+/* Touches one byte per 4 KiB page of both KV arrays, the pages split
+ * across the pool's threads (the kernel zeroes each page at its fault, and
+ * that zeroing is the cost worth spreading). */
+struct prefault_job {
+    struct cpu_ctx *c;
+};
+
+static void prefault_task(void *arg, int ith, int nth)
+{
+    const struct prefault_job *j = arg;
+    size_t pages = (j->c->kv_half + 4095) / 4096;
+    size_t a = pages * (size_t)ith / (size_t)nth, b = pages * (size_t)(ith + 1) / (size_t)nth;
+    for (size_t p = a; p < b; p++) {
+        ((volatile char *)j->c->kcache)[p * 4096] = 0;
+        ((volatile char *)j->c->vcache)[p * 4096] = 0;
+    }
+}
+
 static void kv_unmap(struct cpu_ctx *c)
 {
     if (c->kcache)
@@ -503,6 +549,10 @@ static int cpu_kv_init(void *ctx, int n_blocks, int block_size, struct rl_err *e
     }
     c->n_blocks = n_blocks;
     c->block_size = block_size;
+    if (c->kv_prefault) {
+        struct prefault_job pj = {c};
+        cpu_pool_run(c->pool, prefault_task, &pj);
+    }
     return 0;
 }
 
@@ -775,6 +825,13 @@ struct attn_job {
     _Atomic int next;   /* next item to hand out (starts at 0) */
 };
 
+/* Asks for a KV block's cache lines ahead of use. */
+static inline void prefetch_block(const void *p, size_t bytes)
+{
+    for (size_t o = 0; o < bytes; o += 64)
+        __builtin_prefetch((const char *)p + o, 0, 3);
+}
+
 static void attn_task(void *arg, int ith, int nth)
 {
     struct attn_job *j = arg;
@@ -809,9 +866,18 @@ static void attn_task(void *arg, int ith, int nth)
                 memcpy(qf + (size_t)r * (size_t)hd, q, (size_t)hd * 4);
         }
         int last = c->tok_pos[a->t0 + a->n - 1]; /* keys 0..last cover the tile */
+        size_t blk_bytes = (size_t)bs * (size_t)hd * (bf ? 2 : 4);
+        prefetch_block(kv_at(c, c->kcache, j->layer, s->block_table[0], a->g, 0), blk_bytes);
         for (int blk = 0; blk * bs <= last; blk++) {
             int nk = last + 1 - blk * bs < bs ? last + 1 - blk * bs : bs;
             const void *kb = kv_at(c, c->kcache, j->layer, s->block_table[blk], a->g, 0);
+            /* the blocks of a sequence lie anywhere in the pool, so the
+             * hardware prefetcher cannot guess the next one: ask for it
+             * while this one is computed (and for V's first at the end) */
+            if ((blk + 1) * bs <= last)
+                prefetch_block(kv_at(c, c->kcache, j->layer, s->block_table[blk + 1], a->g, 0), blk_bytes);
+            else
+                prefetch_block(kv_at(c, c->vcache, j->layer, s->block_table[0], a->g, 0), blk_bytes);
             if (bf && k->scores_bf16 && hd % 32 == 0)
                 k->scores_bf16(rows, nk, qb, hd, kb, hd, S + (size_t)blk * (size_t)bs, smax);
             else if (bf)
@@ -852,6 +918,9 @@ static void attn_task(void *arg, int ith, int nth)
                 int plast = c->tok_pos[a->t0 + (r0 + R - 1) / group];
                 for (int blk = 0; blk * bs <= plast; blk++) {
                     const void *vb = kv_at(c, c->vcache, j->layer, s->block_table[blk], a->g, 0);
+                    if ((blk + 1) * bs <= plast)
+                        prefetch_block(kv_at(c, c->vcache, j->layer, s->block_table[blk + 1], a->g, 0),
+                                       blk_bytes);
                     int done = 0;
                     for (int i = 0; i < R; i++) {
                         int cnt = c->tok_pos[a->t0 + (r0 + i) / group] + 1 - blk * bs;
@@ -1038,8 +1107,12 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
             c->tok_pos[t] = b->seqs[s].n_past + i;
         }
     int n_items = attn_items(c, b, c->items);
+    double tp = mono_s(); /* start of the phase being timed */
+    c->prof_steps++;
+    c->prof_tokens += T;
     struct embed_job ej = {c, b->tokens, T};
     run(c, embed_task, &ej, T);
+    prof_mark(c, PH_EMBED, &tp);
     for (int l = 0; l < cfg->n_layers; l++) {
         const struct cpu_layer *L = &c->layers[l];
         /* after layer 0 this also adds the previous layer's down projection */
@@ -1047,26 +1120,34 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
                               needs_bf16(&L->wq) || needs_bf16(&L->wk) || needs_bf16(&L->wv) ? c->xb : NULL,
                               l > 0 ? c->tmp : NULL, 0};
         run_dyn(c, norm_task, &nj, T);
+        prof_mark(c, PH_NORM, &tp);
         project(c, T, c->xn, c->xb, H, &L->wq, c->q, &L->wk, c->kx, &L->wv, c->vx);
+        prof_mark(c, PH_QKV, &tp);
         struct rope_job rj = {c, L, l, T, b};
         run(c, rope_task, &rj, T);
+        prof_mark(c, PH_ROPE, &tp);
         /* a BF16 o projection reads only the bf16 rows: attention writes
          * them itself, no separate conversion pass */
         struct attn_job aj = {c, needs_bf16(&L->wo) ? c->xb : NULL, l, n_items, c->items, b, 0};
         run_dyn(c, attn_task, &aj, n_items);
+        prof_mark(c, PH_ATTN, &tp);
         project(c, T, c->att, c->xb, Q, &L->wo, c->tmp, NULL, NULL, NULL, NULL);
+        prof_mark(c, PH_O, &tp);
         struct norm_job mj = {c->k, c->x, H, NULL, T, H, L->mlp_norm, cfg->rms_eps, c->xn,
                               needs_bf16(&L->gate) ? c->xb : NULL, c->tmp, 0};
         run_dyn(c, norm_task, &mj, T);
+        prof_mark(c, PH_NORM, &tp);
         struct mm_job gj = {.k = c->k, .M = T, .n_mats = 2, .mat = {&L->gate, &L->up},
                             .y = {c->g, c->u}, .ldy = {I, I}, .x = c->xn, .xb = c->xb, .ldx = H,
                             .swiglu = 1, .hb = needs_bf16(&L->down) ? c->hb : NULL};
         cpu_pool_run_dyn(c->pool, mm_task, &gj);
+        prof_mark(c, PH_GATEUP, &tp);
         project(c, T, c->g, c->hb, I, &L->down, c->tmp, NULL, NULL, NULL, NULL);
         if (l + 1 == cfg->n_layers) { /* else the next layer's norm adds it */
             struct add_job adj = {c->x, c->tmp, (size_t)T * (size_t)H};
             run(c, add_task, &adj, T);
         }
+        prof_mark(c, PH_DOWN, &tp);
     }
     if (b->n_logits == 0)
         return 0;
@@ -1085,7 +1166,28 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
     struct mm_job lj = {.k = c->k, .M = n, .n_mats = 1, .mat = {&c->lm_head}, .y = {b->logits},
                         .ldy = {cfg->vocab}, .x = c->xn, .xb = c->xb, .ldx = H};
     cpu_pool_run_dyn(c->pool, mm_task, &lj);
+    prof_mark(c, PH_LOGITS, &tp);
     return 0;
+}
+
+static int cpu_profile(void *ctx, char *out, size_t n)
+{
+    struct cpu_ctx *c = ctx;
+    double total = 0;
+    for (int i = 0; i < PH_N; i++)
+        total += c->prof[i];
+    /* each snprintf gets what is left; once out is full, len passes n and
+     * the later calls write nothing */
+    size_t len = (size_t)snprintf(out, n, "{\"steps\": %ld, \"tokens\": %lld, \"total_ms\": %.2f",
+                                  c->prof_steps, (long long)c->prof_tokens, 1e3 * total);
+    for (int i = 0; i < PH_N; i++)
+        len += (size_t)snprintf(out + (len < n ? len : n), len < n ? n - len : 0, ", \"%s_ms\": %.2f",
+                                phase_name[i], 1e3 * c->prof[i]);
+    len += (size_t)snprintf(out + (len < n ? len : n), len < n ? n - len : 0, "}");
+    memset(c->prof, 0, sizeof c->prof);
+    c->prof_steps = 0;
+    c->prof_tokens = 0;
+    return len < n ? (int)len : -1;
 }
 
 static const char *cpu_describe(void *ctx)
@@ -1113,6 +1215,7 @@ static const struct be_ops cpu_ops = {
     .kv_init = cpu_kv_init,
     .forward = cpu_forward,
     .kv_copy = cpu_kv_copy,
+    .profile = cpu_profile,
     .describe = cpu_describe,
     .free = cpu_free,
 };
@@ -1151,6 +1254,7 @@ int cpu_backend_create(struct backend **out, const struct be_options *opt, struc
     c->n_threads = cpu_pool_n_threads(c->pool);
     c->kv_req = opt->kv_dtype;
     c->mmap_weights = opt->mmap_weights;
+    c->kv_prefault = opt->kv_prefault;
     c->opt = *opt;
     c->opt.isa = NULL; /* not kept: the caller's string */
     snprintf(c->desc, sizeof c->desc, "cpu %s, %d threads", cpu_isa_name(isa), c->n_threads);

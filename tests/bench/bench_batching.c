@@ -127,6 +127,7 @@ int main(int argc, char **argv)
     o.n_threads = threads;
     o.max_batch = max_conc;
     o.token_budget = 512 > max_conc ? 512 : max_conc;
+    o.kv_prefault = 1; /* as the worker runs it */
     int per = (prompt + gen + 15) / 16, per_p = (pprompt + 1 + 15) / 16;
     struct engine *e;
     struct rl_err err = {0};

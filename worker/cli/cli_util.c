@@ -69,7 +69,7 @@ int cli_model_open(struct cli_model *cm, const struct cli_model_opts *o, struct 
     struct cli_progress pg;
     cli_progress_init(&pg, o->dir);
     struct be_options bo = {.n_threads = o->n_threads, .isa = o->isa,
-                            .progress = cli_progress_show, .progress_user = &pg};
+                            .kv_prefault = o->kv_prefault, .progress = cli_progress_show, .progress_user = &pg};
     if (o->kv && !strcmp(o->kv, "f32"))
         bo.kv_dtype = BE_KV_F32;
     else if (o->kv && !strcmp(o->kv, "bf16"))

@@ -30,6 +30,7 @@ struct cli_model_opts {
     const char *kv;      /* "auto" | "f32" | "bf16" */
     int max_tokens;      /* per forward step */
     int n_blocks, block_size;
+    int kv_prefault;     /* be_options.kv_prefault */
 };
 
 /* Loads with the progress display below on stderr. */

@@ -271,6 +271,7 @@ int cmd_bench_engine(int argc, char **argv)
     a.mo.max_tokens = P > B ? P : B;
     a.mo.block_size = 16;
     a.mo.n_blocks = per_seq * B;
+    a.mo.kv_prefault = 1; /* steady state: a server's pool is warm */
 
     /* Machine limits first, before the model's pages compete for cache. */
     double bw = 0, peak = 0;
@@ -320,6 +321,10 @@ int cmd_bench_engine(int argc, char **argv)
         t_prefill += now_s() - t0;
         next[s] = argmax(logits + (size_t)s * V, cfg->vocab);
     }
+    /* where the time went, prefill and decode apart (backends that can say) */
+    char prof_pre[1024] = "null", prof_dec[1024] = "null";
+    if (cm.be->ops->profile && cm.be->ops->profile(cm.be->ctx, prof_pre, sizeof prof_pre) < 0)
+        strcpy(prof_pre, "null");
     double t_decode = 0;
     for (int g = 0; g < G - 1 && !rc; g++) {
         for (int s = 0; s < B; s++)
@@ -331,6 +336,8 @@ int cmd_bench_engine(int argc, char **argv)
         for (int s = 0; s < B; s++)
             next[s] = argmax(logits + (size_t)s * V, cfg->vocab);
     }
+    if (cm.be->ops->profile && cm.be->ops->profile(cm.be->ctx, prof_dec, sizeof prof_dec) < 0)
+        strcpy(prof_dec, "null");
     if (rc) {
         fprintf(stderr, "redlm bench-engine: %s\n", err.msg);
     } else {
@@ -345,10 +352,11 @@ int cmd_bench_engine(int argc, char **argv)
         printf("{\"backend\": \"%s\", \"prompt\": %d, \"gen\": %d, \"batch\": %d, "
                "\"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"roofline_decode_tok_s\": %.2f, "
                "\"mem_read_gb_s\": %.2f, \"bf16_peak_gflop_s\": %.1f, "
-               "\"prefill_gflop_s\": %.1f, \"weight_bytes_per_token\": %zu}\n",
+               "\"prefill_gflop_s\": %.1f, \"weight_bytes_per_token\": %zu, "
+               "\"profile_prefill\": %s, \"profile_decode\": %s}\n",
                cm.be->ops->describe ? cm.be->ops->describe(cm.be->ctx) : a.mo.backend, P, G, B,
                pre, dec, bw > 0 ? bw * 1e9 / (double)wbytes : 0, bw, peak,
-               pre * flops_tok / 1e9, wbytes);
+               pre * flops_tok / 1e9, wbytes, prof_pre, prof_dec);
     }
     free(tables), free(prompt), free(next), free(logits), free(seqs);
     cli_model_close(&cm);
