@@ -29,6 +29,12 @@
  * gemm_bf16p (pack_weights). Activations are F32; they
  * are rounded to BF16 only as the input of a BF16 matrix product.
  *
+ * KV cache: bf16 (f32 for F32 checkpoints). On the AVX-512 table, with
+ * 16-token blocks, every (layer, block, kv head) is kept in the packed K
+ * and V layouts of kernels.h, so attention runs as outer-product tiles
+ * with BF16 dot products (attn_packed: P rounded to bf16 for P x V, as
+ * GPU flash attention does); elsewhere slot-major rows (attn_slots).
+ *
  * Threading: driven by one thread; every loop runs on the pool. */
 #include <math.h>
 #include <stdatomic.h>
@@ -122,13 +128,20 @@ struct cpu_ctx {
 
     int n_blocks, block_size;
     void *kcache, *vcache; /* (n_layers, n_blocks, n_kv, block_size, head_dim) */
+    int kv_packed;         /* each (layer, block, kv head) in the kernels'
+                              packed K / V layouts (kernels.h), for the
+                              packed attention path; else slot-major rows */
     size_t kv_half;        /* bytes of each (kv_map) */
-    /* Attention scratch per thread: scores (ATT_ROWS, seq_max) f32 and the
-     * query tile (ATT_ROWS, head_dim) as f32 and bf16. */
+    /* Attention scratch per thread: scores (ATT_ROWS, s_ld) f32, the query
+     * tile (ATT_ROWS, head_dim) as f32 and bf16, its output rows and sums;
+     * for the packed path also P as bf16 (ATT_ROWS, s_ld) and the tile's
+     * K and V block addresses. */
     float *scratch;
     size_t scratch_per_thread; /* floats */
     int ctx_max;               /* n_blocks * block_size */
     int seq_max;               /* longest sequence: min(ctx_max, max_pos) */
+    int s_ld;                  /* row stride of the score tile: seq_max
+                                  rounded up to whole blocks */
     int q_tile;                /* queries per attention item: ATT_ROWS / group */
 
     double prof[PH_N];         /* seconds per phase since the last profile() */
@@ -533,9 +546,16 @@ static int cpu_kv_init(void *ctx, int n_blocks, int block_size, struct rl_err *e
     int group = c->cfg.n_heads / c->cfg.n_kv_heads;
     c->q_tile = ATT_ROWS / group > 0 ? ATT_ROWS / group : 1;
     size_t rows = (size_t)c->q_tile * (size_t)group;
+    const struct cpu_kernels *k = c->k;
+    c->kv_packed = c->kv_dtype == BE_KV_BF16 && block_size == 16 && c->cfg.head_dim % 32 == 0 &&
+                   k->kv_put_bf16p && k->scores_bf16p && k->pv_bf16p && k->softmax;
+    c->s_ld = (c->seq_max + block_size - 1) / block_size * block_size;
+    size_t n_blk = (size_t)(c->seq_max + block_size - 1) / (size_t)block_size;
     /* scores, f32 queries, bf16 queries (half of that), the output rows
-     * O, their softmax sums, and 64-byte alignment slack */
-    c->scratch_per_thread = rows * (size_t)c->seq_max + rows * (size_t)c->cfg.head_dim * 3 + rows + 64;
+     * O, their softmax sums, P in bf16 (half the scores), two block
+     * address lists (two floats per pointer), and alignment slack */
+    c->scratch_per_thread = rows * (size_t)c->s_ld + rows * (size_t)c->cfg.head_dim * 3 + rows +
+                            rows * (size_t)c->s_ld / 2 + 4 * n_blk + 64;
     c->scratch_per_thread = (c->scratch_per_thread + 15) & ~(size_t)15;
     c->kv_half = half;
     c->kcache = kv_map(half);
@@ -571,7 +591,9 @@ static int cpu_kv_copy(void *ctx, int32_t dst, int32_t src, int n_tokens, struct
     if (dst < 0 || src < 0 || dst >= c->n_blocks || src >= c->n_blocks || n_tokens < 0 ||
         n_tokens > c->block_size)
         return rl_errf(err, RL_EINVAL, "cpu backend: kv_copy(%d, %d, %d) out of range", dst, src, n_tokens);
-    size_t n = (size_t)n_tokens * (size_t)c->cfg.head_dim * kv_elem(c);
+    /* packed blocks interleave their slots: copy all of it (what lies past
+     * n_tokens is dead in both) */
+    size_t n = (size_t)(c->kv_packed ? c->block_size : n_tokens) * (size_t)c->cfg.head_dim * kv_elem(c);
     for (int l = 0; l < c->cfg.n_layers; l++)
         for (int h = 0; h < c->cfg.n_kv_heads; h++) {
             memcpy(kv_at(c, c->kcache, l, dst, h, 0), kv_at(c, c->kcache, l, src, h, 0), n);
@@ -791,6 +813,11 @@ static void rope_task(void *arg, int ith, int nth)
             memcpy(tmp, k, (size_t)hd * 4);
             norm_row(c->k, tmp, j->L->k_norm, tmp, hd, cfg->rms_eps);
             rope_apply(tmp, cs, sn, half);
+            if (c->kv_packed) {
+                c->k->kv_put_bf16p(tmp, v, hd, slot, kv_at(c, c->kcache, j->layer, blk, h, 0),
+                                   kv_at(c, c->vcache, j->layer, blk, h, 0));
+                continue;
+            }
             void *kd = kv_at(c, c->kcache, j->layer, blk, h, slot);
             void *vd = kv_at(c, c->vcache, j->layer, blk, h, slot);
             if (c->kv_dtype == BE_KV_F32) {
@@ -832,6 +859,137 @@ static inline void prefetch_block(const void *p, size_t bytes)
         __builtin_prefetch((const char *)p + o, 0, 3);
 }
 
+/* One attention item on the packed cache (kernels.h): scores of the
+ * tile's rows against whole blocks, softmax per row over its own keys into
+ * bf16 P (zero past them), P x V over the blocks up to the tile's last key.
+ * Leaves unnormalised rows in O and their sums in sum. */
+static void attn_packed(struct cpu_ctx *c, int layer, const struct attn_item *a, const struct be_seq *s,
+                        int rows, int last, const uint16_t *qb, float *S, uint16_t *P,
+                        const uint16_t **kp, const uint16_t **vp, float *O, float *sum)
+{
+    const struct cpu_kernels *k = c->k;
+    int hd = c->cfg.head_dim, group = c->cfg.n_heads / c->cfg.n_kv_heads, ld = c->s_ld;
+    int nb = last / 16 + 1;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int b = 0; b < nb; b++) {
+        kp[b] = kv_at(c, c->kcache, layer, s->block_table[b], a->g, 0);
+        vp[b] = kv_at(c, c->vcache, layer, s->block_table[b], a->g, 0);
+    }
+    k->scores_bf16p(rows, nb, qb, hd, kp, hd, S, ld);
+    /* V's first block is wanted right after the softmax */
+    prefetch_block(vp[0], (size_t)16 * (size_t)hd * 2);
+    for (int r = 0; r < rows; r++) {
+        int n = c->tok_pos[a->t0 + r / group] + 1;
+        float *sc = S + (size_t)r * (size_t)ld;
+        uint16_t *pr = P + (size_t)r * (size_t)ld;
+        sum[r] = k->softmax(sc, n, scale);
+        k->f32_to_bf16(sc, pr, n);
+        memset(pr + n, 0, (size_t)(nb * 16 - n) * 2);
+    }
+    memset(O, 0, (size_t)rows * (size_t)hd * 4);
+    k->pv_bf16p(rows, nb, last % 16 + 1, P, ld, vp, hd, O, hd);
+}
+
+/* One attention item on the slot-major cache (f32 KV, other block sizes,
+ * tables without the packed kernels): scores block by block, softmax per
+ * row, P x V in row chunks sharing each V block. Leaves unnormalised rows
+ * in O and their sums in sum. */
+static void attn_slots(struct cpu_ctx *c, int layer, const struct attn_item *a, const struct be_seq *s,
+                       int rows, int last, const float *qf, const uint16_t *qb, float *S, float *O,
+                       float *sum)
+{
+    const struct cpu_kernels *k = c->k;
+    int hd = c->cfg.head_dim, group = c->cfg.n_heads / c->cfg.n_kv_heads, bs = c->block_size;
+    int smax = c->s_ld;
+    float scale = 1.0f / sqrtf((float)hd);
+    int bf = c->kv_dtype == BE_KV_BF16;
+    size_t blk_bytes = (size_t)bs * (size_t)hd * (bf ? 2 : 4);
+    prefetch_block(kv_at(c, c->kcache, layer, s->block_table[0], a->g, 0), blk_bytes);
+    for (int blk = 0; blk * bs <= last; blk++) {
+        int nk = last + 1 - blk * bs < bs ? last + 1 - blk * bs : bs;
+        const void *kb = kv_at(c, c->kcache, layer, s->block_table[blk], a->g, 0);
+        /* the blocks of a sequence lie anywhere in the pool, so the
+         * hardware prefetcher cannot guess the next one: ask for it
+         * while this one is computed (and for V's first at the end) */
+        if ((blk + 1) * bs <= last)
+            prefetch_block(kv_at(c, c->kcache, layer, s->block_table[blk + 1], a->g, 0), blk_bytes);
+        else
+            prefetch_block(kv_at(c, c->vcache, layer, s->block_table[0], a->g, 0), blk_bytes);
+        if (bf && k->scores_bf16 && hd % 32 == 0)
+            k->scores_bf16(rows, nk, qb, hd, kb, hd, S + (size_t)blk * (size_t)bs, smax);
+        else if (bf)
+            k->gemm_bf16(rows, 0, nk, hd, qb, hd, kb, S + (size_t)blk * (size_t)bs, smax);
+        else
+            k->gemm_f32(rows, 0, nk, hd, qf, hd, kb, S + (size_t)blk * (size_t)bs, smax);
+    }
+    /* softmax per row over its own keys 0..pos */
+    for (int r = 0; r < rows; r++) {
+        int pos = c->tok_pos[a->t0 + r / group];
+        float *sc = S + (size_t)r * (size_t)smax;
+        if (k->softmax) {
+            sum[r] = k->softmax(sc, pos + 1, scale);
+            continue;
+        }
+        float mx = -INFINITY;
+        for (int p = 0; p <= pos; p++) {
+            sc[p] *= scale;
+            if (sc[p] > mx)
+                mx = sc[p];
+        }
+        float acc = 0;
+        for (int p = 0; p <= pos; p++) {
+            sc[p] = expf(sc[p] - mx);
+            acc += sc[p];
+        }
+        sum[r] = acc;
+    }
+    /* P x V into O (rows, hd), keys in ascending order for every row */
+    memset(O, 0, (size_t)rows * (size_t)hd * 4);
+    if ((bf ? k->pv_bf16 != NULL : k->pv_f32 != NULL) && hd % 16 == 0) {
+        /* Rows in chunks that share each V block from L1; rows are
+         * sorted by position (token-major), so within a block the keys
+         * a row needs are a prefix and later rows need at least as many:
+         * rows i.. take keys [done, cnt_i) together. */
+        for (int r0 = 0; r0 < rows; r0 += ATT_PV_ROWS) {
+            int R = rows - r0 < ATT_PV_ROWS ? rows - r0 : ATT_PV_ROWS;
+            int plast = c->tok_pos[a->t0 + (r0 + R - 1) / group];
+            for (int blk = 0; blk * bs <= plast; blk++) {
+                const void *vb = kv_at(c, c->vcache, layer, s->block_table[blk], a->g, 0);
+                if ((blk + 1) * bs <= plast)
+                    prefetch_block(kv_at(c, c->vcache, layer, s->block_table[blk + 1], a->g, 0),
+                                   blk_bytes);
+                int done = 0;
+                for (int i = 0; i < R; i++) {
+                    int cnt = c->tok_pos[a->t0 + (r0 + i) / group] + 1 - blk * bs;
+                    cnt = cnt < bs ? cnt : bs;
+                    if (cnt <= done)
+                        continue;
+                    const float *pp = S + (size_t)(r0 + i) * (size_t)smax + (size_t)blk * (size_t)bs + (size_t)done;
+                    float *oo = O + (size_t)(r0 + i) * (size_t)hd;
+                    if (bf)
+                        k->pv_bf16(R - i, cnt - done, pp, smax, (const uint16_t *)vb + (size_t)done * (size_t)hd, hd, oo, hd);
+                    else
+                        k->pv_f32(R - i, cnt - done, pp, smax, (const float *)vb + (size_t)done * (size_t)hd, hd, oo, hd);
+                    done = cnt;
+                }
+            }
+        }
+    } else {
+        for (int r = 0; r < rows; r++) {
+            int pos = c->tok_pos[a->t0 + r / group];
+            const float *sc = S + (size_t)r * (size_t)smax;
+            float *o = O + (size_t)r * (size_t)hd;
+            for (int p = 0; p <= pos; p++) {
+                const void *vr = kv_at(c, c->vcache, layer, s->block_table[p / bs], a->g, p % bs);
+                if (bf)
+                    k->axpy_bf16(sc[p], vr, o, hd);
+                else
+                    k->axpy_f32(sc[p], vr, o, hd);
+            }
+        }
+    }
+}
+
 static void attn_task(void *arg, int ith, int nth)
 {
     struct attn_job *j = arg;
@@ -839,14 +997,18 @@ static void attn_task(void *arg, int ith, int nth)
     const struct model_config *cfg = &c->cfg;
     const struct cpu_kernels *k = c->k;
     int hd = cfg->head_dim, group = cfg->n_heads / cfg->n_kv_heads, bs = c->block_size;
-    int smax = c->seq_max;
-    float scale = 1.0f / sqrtf((float)hd);
+    int smax = c->s_ld;
     int bf = c->kv_dtype == BE_KV_BF16;
+    size_t tile_rows = (size_t)c->q_tile * (size_t)group;
     float *S = c->scratch + (size_t)ith * c->scratch_per_thread;
-    float *qf = S + (size_t)c->q_tile * (size_t)group * (size_t)smax;
-    uint16_t *qb = (uint16_t *)(qf + (size_t)c->q_tile * (size_t)group * (size_t)hd);
-    float *O = qf + (size_t)c->q_tile * (size_t)group * (size_t)hd * 2;
-    float *sum = O + (size_t)c->q_tile * (size_t)group * (size_t)hd;
+    float *qf = S + tile_rows * (size_t)smax;
+    uint16_t *qb = (uint16_t *)(qf + tile_rows * (size_t)hd);
+    float *O = qf + tile_rows * (size_t)hd * 2;
+    float *sum = O + tile_rows * (size_t)hd;
+    uint16_t *P = (uint16_t *)(sum + tile_rows);
+    /* the block address lists, on a cache line of their own */
+    const uint16_t **kp = (const uint16_t **)(((uintptr_t)(P + tile_rows * (size_t)smax) + 63) & ~(uintptr_t)63);
+    const uint16_t **vp = kp + smax / bs;
     for (;;) {
         /* dynamic, and from the end: the last tiles of a prompt see the
          * most keys, so the big items go first and the small ones fill in */
@@ -866,91 +1028,10 @@ static void attn_task(void *arg, int ith, int nth)
                 memcpy(qf + (size_t)r * (size_t)hd, q, (size_t)hd * 4);
         }
         int last = c->tok_pos[a->t0 + a->n - 1]; /* keys 0..last cover the tile */
-        size_t blk_bytes = (size_t)bs * (size_t)hd * (bf ? 2 : 4);
-        prefetch_block(kv_at(c, c->kcache, j->layer, s->block_table[0], a->g, 0), blk_bytes);
-        for (int blk = 0; blk * bs <= last; blk++) {
-            int nk = last + 1 - blk * bs < bs ? last + 1 - blk * bs : bs;
-            const void *kb = kv_at(c, c->kcache, j->layer, s->block_table[blk], a->g, 0);
-            /* the blocks of a sequence lie anywhere in the pool, so the
-             * hardware prefetcher cannot guess the next one: ask for it
-             * while this one is computed (and for V's first at the end) */
-            if ((blk + 1) * bs <= last)
-                prefetch_block(kv_at(c, c->kcache, j->layer, s->block_table[blk + 1], a->g, 0), blk_bytes);
-            else
-                prefetch_block(kv_at(c, c->vcache, j->layer, s->block_table[0], a->g, 0), blk_bytes);
-            if (bf && k->scores_bf16 && hd % 32 == 0)
-                k->scores_bf16(rows, nk, qb, hd, kb, hd, S + (size_t)blk * (size_t)bs, smax);
-            else if (bf)
-                k->gemm_bf16(rows, 0, nk, hd, qb, hd, kb, S + (size_t)blk * (size_t)bs, smax);
-            else
-                k->gemm_f32(rows, 0, nk, hd, qf, hd, kb, S + (size_t)blk * (size_t)bs, smax);
-        }
-        /* softmax per row over its own keys 0..pos */
-        for (int r = 0; r < rows; r++) {
-            int pos = c->tok_pos[a->t0 + r / group];
-            float *sc = S + (size_t)r * (size_t)smax;
-            if (k->softmax) {
-                sum[r] = k->softmax(sc, pos + 1, scale);
-                continue;
-            }
-            float mx = -INFINITY;
-            for (int p = 0; p <= pos; p++) {
-                sc[p] *= scale;
-                if (sc[p] > mx)
-                    mx = sc[p];
-            }
-            float acc = 0;
-            for (int p = 0; p <= pos; p++) {
-                sc[p] = expf(sc[p] - mx);
-                acc += sc[p];
-            }
-            sum[r] = acc;
-        }
-        /* P x V into O (rows, hd), keys in ascending order for every row */
-        memset(O, 0, (size_t)rows * (size_t)hd * 4);
-        if ((bf ? k->pv_bf16 != NULL : k->pv_f32 != NULL) && hd % 16 == 0) {
-            /* Rows in chunks that share each V block from L1; rows are
-             * sorted by position (token-major), so within a block the keys
-             * a row needs are a prefix and later rows need at least as many:
-             * rows i.. take keys [done, cnt_i) together. */
-            for (int r0 = 0; r0 < rows; r0 += ATT_PV_ROWS) {
-                int R = rows - r0 < ATT_PV_ROWS ? rows - r0 : ATT_PV_ROWS;
-                int plast = c->tok_pos[a->t0 + (r0 + R - 1) / group];
-                for (int blk = 0; blk * bs <= plast; blk++) {
-                    const void *vb = kv_at(c, c->vcache, j->layer, s->block_table[blk], a->g, 0);
-                    if ((blk + 1) * bs <= plast)
-                        prefetch_block(kv_at(c, c->vcache, j->layer, s->block_table[blk + 1], a->g, 0),
-                                       blk_bytes);
-                    int done = 0;
-                    for (int i = 0; i < R; i++) {
-                        int cnt = c->tok_pos[a->t0 + (r0 + i) / group] + 1 - blk * bs;
-                        cnt = cnt < bs ? cnt : bs;
-                        if (cnt <= done)
-                            continue;
-                        const float *pp = S + (size_t)(r0 + i) * (size_t)smax + (size_t)blk * (size_t)bs + (size_t)done;
-                        float *oo = O + (size_t)(r0 + i) * (size_t)hd;
-                        if (bf)
-                            k->pv_bf16(R - i, cnt - done, pp, smax, (const uint16_t *)vb + (size_t)done * (size_t)hd, hd, oo, hd);
-                        else
-                            k->pv_f32(R - i, cnt - done, pp, smax, (const float *)vb + (size_t)done * (size_t)hd, hd, oo, hd);
-                        done = cnt;
-                    }
-                }
-            }
-        } else {
-            for (int r = 0; r < rows; r++) {
-                int pos = c->tok_pos[a->t0 + r / group];
-                const float *sc = S + (size_t)r * (size_t)smax;
-                float *o = O + (size_t)r * (size_t)hd;
-                for (int p = 0; p <= pos; p++) {
-                    const void *vp = kv_at(c, c->vcache, j->layer, s->block_table[p / bs], a->g, p % bs);
-                    if (bf)
-                        k->axpy_bf16(sc[p], vp, o, hd);
-                    else
-                        k->axpy_f32(sc[p], vp, o, hd);
-                }
-            }
-        }
+        if (c->kv_packed)
+            attn_packed(c, j->layer, a, s, rows, last, qb, S, P, kp, vp, O, sum);
+        else
+            attn_slots(c, j->layer, a, s, rows, last, qf, qb, S, O, sum);
         for (int r = 0; r < rows; r++) {
             int t = a->t0 + r / group, h = a->g * group + r % group;
             float *out = c->att + ((size_t)t * (size_t)cfg->n_heads + (size_t)h) * (size_t)hd;

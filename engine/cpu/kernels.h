@@ -79,6 +79,39 @@ struct cpu_kernels {
     void (*pv_f32)(int R, int n, const float *p, int ldp, const float *v,
                    int hd, float *o, int ldo);
 
+    /* Optional packed-KV attention (all three or none). With blocks of 16
+     * tokens and bf16 KV the backend may keep each (layer, block, kv head)
+     * of the cache in these two layouts, so that scores and P x V become
+     * outer-product tiles like gemm_bf16p: BF16 dot products, no
+     * horizontal sums, one weight-like vector load per 16 outputs.
+     *   K block (16 x hd): cpu_pack_bf16 of the keys, element (slot s,
+     *     dim d) at (d/2)*32 + s*2 + d%2;
+     *   V block (hd x 16): cpu_pack_bf16 of the transposed values,
+     *     element (slot s, dim d) at ((d/16)*8 + s/2)*32 + (d%16)*2 + s%2.
+     * Blocks start on 64-byte boundaries; hd % 32 == 0.
+     *
+     * kv_put_bf16p: writes one token's key and value (f32, rounded as
+     * f32_to_bf16 does) into slot `slot` of a K and a V block. */
+    void (*kv_put_bf16p)(const float *k, const float *v, int hd, int slot,
+                         uint16_t *kblk, uint16_t *vblk);
+    /* s[r*lds + 16*b + j] = q_r . (key j of block kb[b]) for r < R,
+     * b < nb, j < 16; q rows bf16 at stride ldq (even). Every score is one
+     * f32 chain over the pairs of d ascending from +0, whatever R and nb:
+     * a decode query and the same query inside a prefill tile agree bit
+     * for bit. Scores of slots past a sequence's end are garbage for the
+     * caller to ignore. */
+    void (*scores_bf16p)(int R, int nb, const uint16_t *q, int ldq,
+                         const uint16_t *const *kb, int hd, float *s, int lds);
+    /* o[r*ldo + d] += sum_j p[r*ldp + j] * v_j[d], v_j = slot j % 16 of
+     * block vb[j / 16], over j < 16*(nb-1) + n_last (1 <= n_last <= 16),
+     * in key pairs (2i, 2i+1) ascending, one f32 chain per (r, d); p bf16
+     * rows at stride ldp (even). Values past n_last are never added (a
+     * slot past a sequence's end may hold anything). A key whose p is +0
+     * adds exactly nothing, so a row may run over more keys than it needs:
+     * the result of a row depends on that row and its own keys alone. */
+    void (*pv_bf16p)(int R, int nb, int n_last, const uint16_t *p, int ldp,
+                     const uint16_t *const *vb, int hd, float *o, int ldo);
+
     /* Optional row helpers (NULL: the backend's portable loops).
      * rmsnorm: y[i] = w[i] * (x[i] * r), r = 1 / sqrt(mean(x^2) + eps),
      * the mean summed in double; y may be x. swiglu: g[i] = silu(g[i]) *

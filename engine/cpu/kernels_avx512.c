@@ -599,6 +599,195 @@ T512 static float av512_softmax(float *s, int n, float scale)
 DEFINE_PV(av512_pv_bf16, uint16_t, ld_bf16)
 DEFINE_PV(av512_pv_f32, float, PV_LD_F32)
 
+/* ---- packed-KV attention (kernels.h has the layouts) --------------------
+ *
+ * Both products are gemm_bf16p's tile turned to attention: scores take the
+ * K blocks as 16-row panels (NB blocks of 16 keys per tile), P x V takes
+ * the V blocks as panels of 16 dimensions over key pairs. Decode runs them
+ * with the two query rows of a GQA group, prefill with a tile of up to 64;
+ * the chains are per output, so the bits agree.
+ *
+ * Memory: in decode every block comes from DRAM, and the blocks of a
+ * sequence lie anywhere in the pool, out of the hardware prefetcher's
+ * sight. Scores walk NB blocks side by side, one line of each per pair
+ * step, and ask for the line PF_AHEAD steps on in the same block; P x V
+ * asks for the next block's lines while it works on the current one. */
+#define AT_PF_AHEAD 8
+
+T512 static AI void sc_tile(const int MR, const int NB, int npairs, const uint16_t *q, int ldq,
+                            const uint16_t *const *kb, float *s, int lds, int pf)
+{
+    __m512 acc[6][8];
+    _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) acc[m][b] = _mm512_setzero_ps();
+    if (pf)
+        for (int b = 0; b < NB; b++)
+            for (int i = 0; i < AT_PF_AHEAD && i < npairs; i++)
+                _mm_prefetch((const char *)(kb[b] + (size_t)i * 32), _MM_HINT_T0);
+    for (int kp = 0; kp < npairs; kp++) {
+        __m512i wv[8];
+        _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++)
+        {
+            if (pf && kp + AT_PF_AHEAD < npairs)
+                _mm_prefetch((const char *)(kb[b] + (size_t)(kp + AT_PF_AHEAD) * 32), _MM_HINT_T0);
+            wv[b] = _mm512_load_si512((const void *)(kb[b] + (size_t)kp * 32));
+        }
+        _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+        {
+            int32_t pair;
+            memcpy(&pair, q + (size_t)m * ldq + 2 * kp, 4);
+            __m512i xv = _mm512_set1_epi32(pair);
+            _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++)
+                acc[m][b] = _mm512_dpbf16_ps(acc[m][b], (__m512bh)xv, (__m512bh)wv[b]);
+        }
+    }
+    _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++)
+            _mm512_storeu_ps(s + (size_t)m * lds + 16 * b, acc[m][b]);
+}
+
+#define SC_CASE(mr, nb)                                                       \
+    case (mr) * 16 + (nb):                                                    \
+        sc_tile(mr, nb, npairs, q, ldq, kb, s, lds, pf);                      \
+        break;
+
+/* Row tiles of 6 against 4 blocks (24 accumulators, prefill), or of up to
+ * 2 rows against 8 blocks (decode: 16 chains in flight, not 8). */
+T512 static void sc_tile_any(int mr, int nb, int npairs, const uint16_t *q, int ldq,
+                             const uint16_t *const *kb, float *s, int lds, int pf)
+{
+    switch (mr * 16 + nb) {
+        SC_CASE(1, 1) SC_CASE(1, 2) SC_CASE(1, 3) SC_CASE(1, 4)
+        SC_CASE(1, 5) SC_CASE(1, 6) SC_CASE(1, 7) SC_CASE(1, 8)
+        SC_CASE(2, 1) SC_CASE(2, 2) SC_CASE(2, 3) SC_CASE(2, 4)
+        SC_CASE(2, 5) SC_CASE(2, 6) SC_CASE(2, 7) SC_CASE(2, 8)
+        SC_CASE(3, 1) SC_CASE(3, 2) SC_CASE(3, 3) SC_CASE(3, 4)
+        SC_CASE(4, 1) SC_CASE(4, 2) SC_CASE(4, 3) SC_CASE(4, 4)
+        SC_CASE(5, 1) SC_CASE(5, 2) SC_CASE(5, 3) SC_CASE(5, 4)
+        SC_CASE(6, 1) SC_CASE(6, 2) SC_CASE(6, 3) SC_CASE(6, 4)
+    default: break;
+    }
+}
+
+T512 static void av512_scores_bf16p(int R, int nb, const uint16_t *q, int ldq,
+                                    const uint16_t *const *kb, int hd, float *s, int lds)
+{
+    int mr = R <= 2 ? R : 6, nbt = R <= 2 ? 8 : 4;
+    for (int b0 = 0; b0 < nb; b0 += nbt) {
+        int n = nb - b0 < nbt ? nb - b0 : nbt;
+        /* the first row tile brings the blocks in; the others find them
+         * in L1/L2 */
+        for (int m = 0; m < R; m += mr)
+            sc_tile_any(R - m < mr ? R - m : mr, n, hd / 2, q + (size_t)m * ldq, ldq, kb + b0,
+                        s + (size_t)m * lds + 16 * b0, lds, m == 0);
+    }
+}
+
+T512 static AI void pvp_tile(const int MR, const int NV, int nb, int n_last, const uint16_t *p,
+                             int ldp, const uint16_t *const *vb, int panel0, float *o, int ldo,
+                             int pf)
+{
+    __m512 acc[6][8];
+    _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 8") for (int j = 0; j < NV; j++)
+            acc[m][j] = _mm512_loadu_ps(o + (size_t)m * ldo + 16 * j);
+    for (int b = 0; b < nb; b++) {
+        const uint16_t *v = vb[b] + (size_t)panel0 * 256;
+        int nk = b + 1 < nb ? 16 : n_last, full = nk / 2;
+        const uint16_t *pb = p + (size_t)b * 16;
+        for (int i = 0; i < full; i++) {
+            __m512i vv[8];
+            _Pragma("GCC unroll 8") for (int j = 0; j < NV; j++)
+            {
+                if (pf && b + 1 < nb)
+                    _mm_prefetch((const char *)(vb[b + 1] + (size_t)(panel0 + j) * 256 + (size_t)i * 32),
+                                 _MM_HINT_T0);
+                vv[j] = _mm512_load_si512((const void *)(v + (size_t)j * 256 + (size_t)i * 32));
+            }
+            _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+            {
+                int32_t pair;
+                memcpy(&pair, pb + (size_t)m * ldp + 2 * i, 4);
+                __m512i pv = _mm512_set1_epi32(pair);
+                _Pragma("GCC unroll 8") for (int j = 0; j < NV; j++)
+                    acc[m][j] = _mm512_dpbf16_ps(acc[m][j], (__m512bh)pv, (__m512bh)vv[j]);
+            }
+        }
+        if (nk & 1) {
+            /* the last key alone: its pair's other half (slot nk) is past
+             * the end, so both its value and its p are zeroed */
+            const __m512i lo = _mm512_set1_epi32(0xffff);
+            __m512i vv[8];
+            _Pragma("GCC unroll 8") for (int j = 0; j < NV; j++)
+                vv[j] = _mm512_and_si512(
+                    _mm512_load_si512((const void *)(v + (size_t)j * 256 + (size_t)full * 32)), lo);
+            _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+            {
+                __m512i pv = _mm512_set1_epi32((int32_t)pb[(size_t)m * ldp + 2 * full]);
+                _Pragma("GCC unroll 8") for (int j = 0; j < NV; j++)
+                    acc[m][j] = _mm512_dpbf16_ps(acc[m][j], (__m512bh)pv, (__m512bh)vv[j]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 8") for (int j = 0; j < NV; j++)
+            _mm512_storeu_ps(o + (size_t)m * ldo + 16 * j, acc[m][j]);
+}
+
+#define PVP_CASE(mr, nv)                                                      \
+    case (mr) * 16 + (nv):                                                    \
+        pvp_tile(mr, nv, nb, n_last, p, ldp, vb, panel0, o, ldo, pf);         \
+        break;
+
+T512 static void pvp_tile_any(int mr, int nv, int nb, int n_last, const uint16_t *p, int ldp,
+                              const uint16_t *const *vb, int panel0, float *o, int ldo, int pf)
+{
+    switch (mr * 16 + nv) {
+        PVP_CASE(1, 1) PVP_CASE(1, 2) PVP_CASE(1, 3) PVP_CASE(1, 4)
+        PVP_CASE(1, 5) PVP_CASE(1, 6) PVP_CASE(1, 7) PVP_CASE(1, 8)
+        PVP_CASE(2, 1) PVP_CASE(2, 2) PVP_CASE(2, 3) PVP_CASE(2, 4)
+        PVP_CASE(2, 5) PVP_CASE(2, 6) PVP_CASE(2, 7) PVP_CASE(2, 8)
+        PVP_CASE(3, 1) PVP_CASE(3, 2) PVP_CASE(3, 3) PVP_CASE(3, 4)
+        PVP_CASE(4, 1) PVP_CASE(4, 2) PVP_CASE(4, 3) PVP_CASE(4, 4)
+        PVP_CASE(5, 1) PVP_CASE(5, 2) PVP_CASE(5, 3) PVP_CASE(5, 4)
+        PVP_CASE(6, 1) PVP_CASE(6, 2) PVP_CASE(6, 3) PVP_CASE(6, 4)
+    default: break;
+    }
+}
+
+T512 static void av512_pv_bf16p(int R, int nb, int n_last, const uint16_t *p, int ldp,
+                                const uint16_t *const *vb, int hd, float *o, int ldo)
+{
+    int mr = R <= 2 ? R : 6, nvt = R <= 2 ? 8 : 4, panels = hd / 16;
+    for (int m = 0; m < R; m += mr)
+        for (int j0 = 0; j0 < panels; j0 += nvt)
+            pvp_tile_any(R - m < mr ? R - m : mr, panels - j0 < nvt ? panels - j0 : nvt, nb, n_last,
+                         p + (size_t)m * ldp, ldp, vb, j0, o + (size_t)m * ldo + 16 * j0, ldo,
+                         m == 0);
+}
+
+T512 static void av512_kv_put_bf16p(const float *k, const float *v, int hd, int slot,
+                                    uint16_t *kblk, uint16_t *vblk)
+{
+    /* K: the pair (d, d+1) is one dword, 64 bytes (16 dwords) from the next */
+    const __m512i idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(16));
+    for (int d = 0; d < hd; d += 32) {
+        __m256i lo = cvt16_bf16(_mm512_loadu_ps(k + d)), hi = cvt16_bf16(_mm512_loadu_ps(k + d + 16));
+        __m512i pairs = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        _mm512_i32scatter_epi32((void *)(kblk + (size_t)(d / 2) * 32 + (size_t)slot * 2), idx, pairs, 4);
+    }
+    /* V: sixteen dimensions of a panel go to every other 16-bit lane of the
+     * slot pair's 64-byte row, the even or the odd ones */
+    __mmask32 half = (slot & 1) ? (__mmask32)0xaaaaaaaau : (__mmask32)0x55555555u;
+    for (int d = 0; d < hd; d += 16) {
+        __m512i w = _mm512_cvtepu16_epi32(cvt16_bf16(_mm512_loadu_ps(v + d)));
+        if (slot & 1)
+            w = _mm512_slli_epi32(w, 16);
+        _mm512_mask_storeu_epi16((void *)(vblk + ((size_t)(d / 16) * 8 + (size_t)(slot / 2)) * 32), half, w);
+    }
+}
+
 /* ---- row helpers --------------------------------------------------------- */
 
 T512 static void av512_rmsnorm(const float *x, const float *w, float *y, int n, float eps)
@@ -659,6 +848,9 @@ static const struct cpu_kernels av512_table = {
     .scores_bf16 = av512_scores_bf16,
     .pv_bf16 = av512_pv_bf16,
     .pv_f32 = av512_pv_f32,
+    .kv_put_bf16p = av512_kv_put_bf16p,
+    .scores_bf16p = av512_scores_bf16p,
+    .pv_bf16p = av512_pv_bf16p,
     .rmsnorm = av512_rmsnorm,
     .swiglu = av512_swiglu,
 };

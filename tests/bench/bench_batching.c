@@ -5,8 +5,12 @@
  *
  * For each concurrency C, C requests (distinct random prompts, greedy,
  * ignore_eos) are submitted at once and run to the end; one JSON line:
- * aggregate generated tokens/s over the whole run, mean and p50/max time to
- * first token, mean time per output token (after the first). Then the
+ * aggregate generated tokens/s over the whole run (prompts' prefill
+ * included), the decode rate (tokens generated once every request had its
+ * first token, over that stretch of time: all C sequences decoding, no
+ * prefill, which is what llama.cpp's batched-bench calls S_TG), mean and
+ * p50/max time to first token, mean time per output token (after the
+ * first). Then the
  * prefix-cache figure: a request whose prompt shares X% with one that ran
  * before (its blocks cached) against the same request on a cold cache,
  * time to first token of each. */
@@ -35,23 +39,42 @@ static void rand_prompt(int32_t *ids, int n, uint32_t seed, int vocab)
     }
 }
 
+/* What run_all saw of the decode phase: from the step at which the last
+ * request got its first token to the end. */
+struct decode_phase {
+    double t0, t1;
+    long tokens;
+};
+
 /* Runs every submitted request to the end, stamping first/last tokens. */
-static int run_all(struct engine *e, struct rl_err *err)
+static int run_all(struct engine *e, int n_req, struct decode_phase *dp, struct rl_err *err)
 {
+    int started = 0;
+    if (dp)
+        memset(dp, 0, sizeof *dp);
     while (engine_n_active(e) > 0) {
         const struct engine_event *ev;
         int n;
         if (engine_step(e, &ev, &n, err))
             return -1;
         double now = engine_now();
+        int all_before = started == n_req;
         for (int i = 0; i < n; i++) {
             struct bench_req *r = ev[i].user;
-            if (ev[i].n_tokens && !r->n)
+            if (ev[i].n_tokens && !r->n) {
                 r->t_first = now;
+                started++;
+            }
             if (ev[i].n_tokens)
                 r->t_last = now;
             r->n += ev[i].n_tokens;
+            if (dp && all_before)
+                dp->tokens += ev[i].n_tokens;
         }
+        if (dp && !all_before && started == n_req)
+            dp->t0 = now;
+        if (dp)
+            dp->t1 = now;
     }
     return 0;
 }
@@ -163,7 +186,8 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bench_batching: %s\n", err.msg);
                 return 1;
             }
-        if (run_all(e, &err)) {
+        struct decode_phase dp;
+        if (run_all(e, C, &dp, &err)) {
             fprintf(stderr, "bench_batching: %s\n", err.msg);
             return 1;
         }
@@ -180,9 +204,10 @@ int main(int argc, char **argv)
         qsort(ttft, (size_t)C, sizeof *ttft, cmp_double);
         printf("{\"bench\": \"batching\", \"concurrency\": %d, \"prompt\": %d, \"gen\": %d, "
                "\"threads\": %d, \"generated\": %ld, \"seconds\": %.3f, "
-               "\"tokens_per_s\": %.1f, \"ttft_ms_mean\": %.1f, \"ttft_ms_p50\": %.1f, "
-               "\"ttft_ms_max\": %.1f, \"tpot_ms_mean\": %.2f}\n",
+               "\"tokens_per_s\": %.1f, \"decode_tokens_per_s\": %.1f, \"ttft_ms_mean\": %.1f, "
+               "\"ttft_ms_p50\": %.1f, \"ttft_ms_max\": %.1f, \"tpot_ms_mean\": %.2f}\n",
                C, prompt, gen, threads, total, t1 - t0, (double)total / (t1 - t0),
+               dp.t1 > dp.t0 ? (double)dp.tokens / (dp.t1 - dp.t0) : 0.0,
                1e3 * ttft_sum / C, 1e3 * ttft[C / 2], 1e3 * ttft[C - 1], 1e3 * tpot / C);
         fflush(stdout);
     }
@@ -202,8 +227,8 @@ int main(int argc, char **argv)
         memcpy(probe, base, (size_t)n_sh * sizeof *probe);
         rand_prompt(probe + n_sh, pprompt - n_sh, seed++ * 15485863u, vocab);
         struct bench_req warm, hit;
-        if (submit(e, base, pprompt, 1, &warm, &err) || run_all(e, &err) ||
-            submit(e, probe, pprompt, 1, &hit, &err) || run_all(e, &err)) {
+        if (submit(e, base, pprompt, 1, &warm, &err) || run_all(e, 1, NULL, &err) ||
+            submit(e, probe, pprompt, 1, &hit, &err) || run_all(e, 1, NULL, &err)) {
             fprintf(stderr, "bench_batching: %s\n", err.msg);
             return 1;
         }

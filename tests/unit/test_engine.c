@@ -19,9 +19,15 @@
 
 #include "chat.h"
 #include "engine.h"
+#include "mkmodel.h"
 #include "tokenizer.h"
 
-static char model_dir[1024];
+static char model_dir[1024];  /* the model open_engine() opens */
+static char f32_dir[1024];    /* the shared tiny model (F32) */
+static char bf16_dir[1100];   /* its BF16 copy, made in setup: on AVX-512 its
+                                 KV cache is bf16 in the packed layouts, so
+                                 the invariance tests also cover that path */
+static char tmpdir[64];
 static cJSON *reference;
 
 /* ---- a run: requests in, complete outputs out ---- */
@@ -627,6 +633,18 @@ static void test_chunk_sizes(void **state)
     }
 }
 
+/* The invariance tests again on the BF16 copy. */
+static void on_bf16(void (*test)(void **), void **state)
+{
+    strcpy(model_dir, bf16_dir);
+    test(state);
+    strcpy(model_dir, f32_dir);
+}
+
+static void test_batch_invariance_bf16(void **state) { on_bf16(test_batch_invariance, state); }
+static void test_chunk_sizes_bf16(void **state) { on_bf16(test_chunk_sizes, state); }
+static void test_preemption_identical_bf16(void **state) { on_bf16(test_preemption_identical, state); }
+
 static void test_submit_errors(void **state)
 {
     (void)state;
@@ -727,6 +745,21 @@ static int setup(void **state)
     (void)state;
     const char *s = getenv("REDLM_SHARED");
     snprintf(model_dir, sizeof model_dir, "%s/models/tiny-qwen3-a", s ? s : "../shared");
+    strcpy(f32_dir, model_dir);
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/redlm-test-engine-XXXXXX");
+    if (!mkdtemp(tmpdir))
+        return -1;
+    snprintf(bf16_dir, sizeof bf16_dir, "%s/bf16", tmpdir);
+    struct mk_opts mo;
+    mk_opts_init(&mo);
+    mo.from_dir = f32_dir;
+    mo.out_dir = bf16_dir;
+    mo.dtype = MK_BF16;
+    struct rl_err err = {0};
+    if (mk_write(&mo, NULL, &err)) {
+        fprintf(stderr, "cannot make the BF16 copy: %s\n", err.msg);
+        return -1;
+    }
     char path[1100];
     snprintf(path, sizeof path, "%s/reference.json", model_dir);
     char *txt = tu_slurp(path, NULL);
@@ -742,6 +775,10 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (tmpdir[0] && system(cmd)) {
+    }
     cJSON_Delete(reference);
     return 0;
 }
@@ -760,6 +797,9 @@ int main(void)
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_chunk_sizes),
+        cmocka_unit_test(test_batch_invariance_bf16),
+        cmocka_unit_test(test_chunk_sizes_bf16),
+        cmocka_unit_test(test_preemption_identical_bf16),
         cmocka_unit_test(test_submit_errors),
         cmocka_unit_test(test_eos_and_defaults),
         cmocka_unit_test(test_chat_messages),

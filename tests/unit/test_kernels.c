@@ -642,6 +642,107 @@ static void test_attention_pieces(void **state)
         printf("  (no table here has the attention pieces)\n");
 }
 
+/* Packed-KV attention (kernels.h): tokens written with kv_put_bf16p land
+ * where the layouts say; scores_bf16p and pv_bf16p agree with a double
+ * reference on the same bf16 inputs, and each output's bits do not depend
+ * on R, on the number of blocks or on the keys past a row's own (p = 0),
+ * and pv never adds a value past n_last even when that slot holds NaN. */
+static void test_packed_attention(void **state)
+{
+    (void)state;
+    const struct cpu_kernels *ks[CPU_ISA_N];
+    int nk = available(ks), tested = 0;
+    for (int t = 0; t < nk; t++) {
+        const struct cpu_kernels *k = ks[t];
+        if (!k->kv_put_bf16p || !k->scores_bf16p || !k->pv_bf16p)
+            continue;
+        const char *isa = cpu_isa_name(k->isa);
+        enum { NB = 5, HD = 64, R = 9, LD = NB * 16 };
+        uint16_t *kb[NB], *vb[NB];
+        static uint16_t kx[NB * 16][HD], vx[NB * 16][HD]; /* what went in, as bf16 */
+        for (int b = 0; b < NB; b++) {
+            kb[b] = aligned_alloc(64, 16 * HD * 2);
+            vb[b] = aligned_alloc(64, 16 * HD * 2);
+            memset(kb[b], 0xff, 16 * HD * 2); /* NaN everywhere not written */
+            memset(vb[b], 0xff, 16 * HD * 2);
+        }
+        int n_keys = 16 * (NB - 1) + 7; /* the last block holds 7 */
+        for (int j = 0; j < n_keys; j++) {
+            float kf[HD], vf[HD];
+            for (int d = 0; d < HD; d++) {
+                kf[d] = rnd_f();
+                vf[d] = rnd_f();
+                kx[j][d] = cpu_f32_to_bf16(kf[d]);
+                vx[j][d] = cpu_f32_to_bf16(vf[d]);
+            }
+            k->kv_put_bf16p(kf, vf, HD, j % 16, kb[j / 16], vb[j / 16]);
+        }
+        for (int j = 0; j < n_keys; j++)
+            for (int d = 0; d < HD; d++) {
+                int s = j % 16;
+                assert_int_equal(kb[j / 16][(d / 2) * 32 + s * 2 + d % 2], kx[j][d]);
+                assert_int_equal(vb[j / 16][((d / 16) * 8 + s / 2) * 32 + (d % 16) * 2 + s % 2], vx[j][d]);
+            }
+        /* scores: all R rows and blocks at once, against the reference and
+         * against one row / one block at a time */
+        static uint16_t q[R][HD];
+        static float sc[R][LD], one[1][16];
+        for (int r = 0; r < R; r++)
+            for (int d = 0; d < HD; d++)
+                q[r][d] = cpu_f32_to_bf16(rnd_f());
+        k->scores_bf16p(R, NB, &q[0][0], HD, (const uint16_t *const *)kb, HD, &sc[0][0], LD);
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < n_keys; j++) {
+                double ref = 0;
+                for (int d = 0; d < HD; d++)
+                    ref += (double)cpu_bf16_to_f32(q[r][d]) * cpu_bf16_to_f32(kx[j][d]);
+                if (fabs(sc[r][j] - ref) > 1e-4 * (1 + fabs(ref)))
+                    fail_msg("%s scores_bf16p [%d][%d]: %.9g vs %.9g", isa, r, j, sc[r][j], ref);
+            }
+        for (int r = 0; r < R; r++)
+            for (int b = 0; b < NB; b++) {
+                k->scores_bf16p(1, 1, q[r], HD, (const uint16_t *const *)&kb[b], HD, &one[0][0], 16);
+                for (int j = 0; j < 16 && b * 16 + j < n_keys; j++)
+                    if (f_bits(one[0][j]) != f_bits(sc[r][b * 16 + j]))
+                        fail_msg("%s scores_bf16p row %d block %d key %d: alone %.9g, in the tile %.9g",
+                                 isa, r, b, j, one[0][j], sc[r][b * 16 + j]);
+            }
+        /* P x V: row r uses keys 0..len[r]-1 (zeros after); all rows over
+         * every key, then each row alone over just its own keys */
+        static uint16_t p[R][LD];
+        static float o[R][HD], o1[HD];
+        int len[R];
+        for (int r = 0; r < R; r++) {
+            len[r] = r == R - 1 ? n_keys : 1 + (r * 13) % n_keys;
+            for (int j = 0; j < LD; j++)
+                p[r][j] = j < len[r] ? cpu_f32_to_bf16((rnd_f() + 1) / 2) : 0;
+        }
+        memset(o, 0, sizeof o);
+        k->pv_bf16p(R, NB, n_keys - 16 * (NB - 1), &p[0][0], LD, (const uint16_t *const *)vb, HD, &o[0][0], HD);
+        for (int r = 0; r < R; r++) {
+            for (int d = 0; d < HD; d++) {
+                double ref = 0;
+                for (int j = 0; j < len[r]; j++)
+                    ref += (double)cpu_bf16_to_f32(p[r][j]) * cpu_bf16_to_f32(vx[j][d]);
+                if (fabs(o[r][d] - ref) > 1e-4 * (1 + fabs(ref)))
+                    fail_msg("%s pv_bf16p [%d][%d]: %.9g vs %.9g", isa, r, d, o[r][d], ref);
+            }
+            memset(o1, 0, sizeof o1);
+            int nb = (len[r] + 15) / 16;
+            k->pv_bf16p(1, nb, len[r] - 16 * (nb - 1), p[r], LD, (const uint16_t *const *)vb, HD, o1, HD);
+            for (int d = 0; d < HD; d++)
+                if (f_bits(o1[d]) != f_bits(o[r][d]))
+                    fail_msg("%s pv_bf16p row %d (%d keys) dim %d: alone %.9g, in the tile %.9g", isa,
+                             r, len[r], d, o1[d], o[r][d]);
+        }
+        for (int b = 0; b < NB; b++)
+            free(kb[b]), free(vb[b]);
+        tested++;
+    }
+    if (!tested)
+        printf("  (no table here has the packed attention kernels)\n");
+}
+
 
 /* rmsnorm and swiglu against double references, tails included, and
  * rmsnorm in place (y == x) equal to out of place. */
@@ -812,6 +913,7 @@ int main(void)
         cmocka_unit_test(test_invariance_big_m),
         cmocka_unit_test(test_packed_bf16),
         cmocka_unit_test(test_attention_pieces),
+        cmocka_unit_test(test_packed_attention),
         cmocka_unit_test(test_row_helpers),
         cmocka_unit_test(test_cross_isa),
         cmocka_unit_test(test_dot_axpy),
