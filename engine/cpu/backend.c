@@ -790,6 +790,25 @@ static void rope_apply(float *v, const float *cs, const float *sn, int half)
     }
 }
 
+/* A token's write into a packed block touches every line of its K block
+ * (each line holds one pair of dimensions for all 16 slots) and one line
+ * per 16 dimensions of its V block: in decode those blocks are cold, and
+ * the writes would wait on each line in turn. So when a token opens a
+ * block, ask for all of it for writing first, while its queries are normed
+ * and rotated. */
+static void kv_prefetch_put(const struct cpu_ctx *c, int layer, int blk, int slot)
+{
+    int hd = c->cfg.head_dim;
+    for (int h = 0; h < c->cfg.n_kv_heads; h++) {
+        const char *kb = kv_at(c, c->kcache, layer, blk, h, 0);
+        const char *vb = kv_at(c, c->vcache, layer, blk, h, 0);
+        for (int i = 0; i < hd * 32; i += 64)
+            __builtin_prefetch(kb + i, 1, 3);
+        for (int p = 0; p < hd / 16; p++)
+            __builtin_prefetch(vb + ((size_t)p * 8 + (size_t)slot / 2) * 64, 1, 3);
+    }
+}
+
 static void rope_task(void *arg, int ith, int nth)
 {
     const struct rope_job *j = arg;
@@ -797,16 +816,22 @@ static void rope_task(void *arg, int ith, int nth)
     const struct model_config *cfg = &c->cfg;
     int hd = cfg->head_dim, half = hd / 2;
     float tmp[1024];
-    for (int t = ith; t < j->n_tokens; t += nth) {
+    /* contiguous shares, not every nth token: a prompt's consecutive
+     * tokens share their packed blocks' lines, which two cores writing in
+     * turn would pass back and forth */
+    int t0 = (int)((int64_t)j->n_tokens * ith / nth), t1 = (int)((int64_t)j->n_tokens * (ith + 1) / nth);
+    for (int t = t0; t < t1; t++) {
         int pos = c->tok_pos[t];
         const struct be_seq *s = &j->b->seqs[c->tok_seq[t]];
         const float *cs = c->rope + (size_t)t * (size_t)hd, *sn = cs + half;
+        int blk = s->block_table[pos / c->block_size], slot = pos % c->block_size;
+        if (c->kv_packed && (t == t0 || slot == 0 || c->tok_seq[t - 1] != c->tok_seq[t]))
+            kv_prefetch_put(c, j->layer, blk, slot);
         for (int h = 0; h < cfg->n_heads; h++) {
             float *q = c->q + ((size_t)t * (size_t)cfg->n_heads + (size_t)h) * (size_t)hd;
             norm_row(c->k, q, j->L->q_norm, q, hd, cfg->rms_eps);
             rope_apply(q, cs, sn, half);
         }
-        int blk = s->block_table[pos / c->block_size], slot = pos % c->block_size;
         for (int h = 0; h < cfg->n_kv_heads; h++) {
             float *k = c->kx + ((size_t)t * (size_t)cfg->n_kv_heads + (size_t)h) * (size_t)hd;
             const float *v = c->vx + ((size_t)t * (size_t)cfg->n_kv_heads + (size_t)h) * (size_t)hd;
