@@ -665,6 +665,12 @@ static void mm_task(void *arg, int ith, int nth)
         if (a >= total)
             return;
         int b = a + ch < total ? a + ch : total;
+        if (j->swiglu && j->hb && j->k->gemm_bf16p_glu && j->mat[0]->packed && j->mat[1]->packed) {
+            /* gate, up and SwiGLU in one pass: h never exists as f32 */
+            j->k->gemm_bf16p_glu(j->M, a, b, j->mat[0]->cols, j->xb, j->ldx, j->mat[0]->w, j->mat[1]->w,
+                                 j->y[0], j->y[1], j->ldy[0], j->hb, j->ldy[0]);
+            continue;
+        }
         if (j->swiglu) {
             mm_one(j, 0, a, b);
             mm_one(j, 1, a, b);
@@ -827,17 +833,25 @@ static void rope_task(void *arg, int ith, int nth)
         int blk = s->block_table[pos / c->block_size], slot = pos % c->block_size;
         if (c->kv_packed && (t == t0 || slot == 0 || c->tok_seq[t - 1] != c->tok_seq[t]))
             kv_prefetch_put(c, j->layer, blk, slot);
-        for (int h = 0; h < cfg->n_heads; h++) {
-            float *q = c->q + ((size_t)t * (size_t)cfg->n_heads + (size_t)h) * (size_t)hd;
-            norm_row(c->k, q, j->L->q_norm, q, hd, cfg->rms_eps);
-            rope_apply(q, cs, sn, half);
-        }
+        float *qt = c->q + (size_t)t * (size_t)cfg->n_heads * (size_t)hd;
+        if (c->k->norm_rope && hd % 32 == 0)
+            c->k->norm_rope(qt, cfg->n_heads, hd, j->L->q_norm, cfg->rms_eps, cs, sn);
+        else
+            for (int h = 0; h < cfg->n_heads; h++) {
+                float *q = qt + (size_t)h * (size_t)hd;
+                norm_row(c->k, q, j->L->q_norm, q, hd, cfg->rms_eps);
+                rope_apply(q, cs, sn, half);
+            }
         for (int h = 0; h < cfg->n_kv_heads; h++) {
             float *k = c->kx + ((size_t)t * (size_t)cfg->n_kv_heads + (size_t)h) * (size_t)hd;
             const float *v = c->vx + ((size_t)t * (size_t)cfg->n_kv_heads + (size_t)h) * (size_t)hd;
             memcpy(tmp, k, (size_t)hd * 4);
-            norm_row(c->k, tmp, j->L->k_norm, tmp, hd, cfg->rms_eps);
-            rope_apply(tmp, cs, sn, half);
+            if (c->k->norm_rope && hd % 32 == 0)
+                c->k->norm_rope(tmp, 1, hd, j->L->k_norm, cfg->rms_eps, cs, sn);
+            else {
+                norm_row(c->k, tmp, j->L->k_norm, tmp, hd, cfg->rms_eps);
+                rope_apply(tmp, cs, sn, half);
+            }
             if (c->kv_packed) {
                 c->k->kv_put_bf16p(tmp, v, hd, slot, kv_at(c, c->kcache, j->layer, blk, h, 0),
                                    kv_at(c, c->vcache, j->layer, blk, h, 0));

@@ -58,6 +58,18 @@ struct cpu_kernels {
     void (*gemm_bf16p)(int M, int n0, int n1, int K, const uint16_t *x,
                        int ldx, const uint16_t *wp, float *y, int ldy);
 
+    /* Optional, with gemm_bf16p: the gate and up products of a SwiGLU MLP
+     * in one pass, h[m*ldh + n] = bf16(silu(g) * u) for n in [n0, n1),
+     * g and u the gemm_bf16p products of x with the packed gate (wg) and
+     * up (wu) matrices, with the same bits, and silu(g) * u computed as
+     * the table's swiglu() does. yg and yu (ldy) take partial sums between
+     * K chunks when M is large (their contents are then undefined); the
+     * SwiGLU output never goes through memory as f32. n0 and n1 multiples
+     * of 16. */
+    void (*gemm_bf16p_glu)(int M, int n0, int n1, int K, const uint16_t *x,
+                           int ldx, const uint16_t *wg, const uint16_t *wu,
+                           float *yg, float *yu, int ldy, uint16_t *h, int ldh);
+
     /* Optional attention pieces (NULL: the backend runs its portable loops).
      * softmax: s[i] = exp(s[i] * scale - max_j(s[j] * scale)) for i < n,
      * returns the sum of the new s[i]; the order of every operation is a
@@ -118,6 +130,13 @@ struct cpu_kernels {
      * u[i]. Both are functions of the row alone. */
     void (*rmsnorm)(const float *x, const float *w, float *y, int n, float eps);
     void (*swiglu)(float *g, const float *u, int n);
+    /* Qwen3's per-head q/k step: each of n rows of hd floats (stride hd)
+     * gets rmsnorm(row) * w as rmsnorm() computes it, then the rotate-half
+     * rotary embedding with cos cs[i] / sin sn[i] for i < hd/2:
+     * (a, b) -> (a cs - b sn, b cs + a sn). In place; a function of each
+     * row alone. hd % 32 == 0. */
+    void (*norm_rope)(float *x, int n, int hd, const float *w, float eps,
+                      const float *cs, const float *sn);
 };
 
 /* The panel layout gemm_bf16p reads: rows in panels of 16, each panel

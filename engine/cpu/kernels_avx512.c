@@ -247,6 +247,43 @@ DEFINE_GEMM(BF, uint16_t, uint16_t)
 DEFINE_GEMM(F32, float, float)
 DEFINE_GEMM(F16, float, uint16_t)
 
+/* ---- value helpers shared below ---------------------------------------- */
+
+/* Same bits as cpu_f32_to_bf16(): RNE by integer add, NaN quietened. */
+T512 static AI __m256i cvt16_bf16(__m512 v)
+{
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, q));
+}
+
+/* exp(x) for x <= 0 (softmax arguments; larger x would also work up to 88):
+ * 2^n * p(r), n = round(x / ln2), r = x - n ln2 in two parts, p the degree-6
+ * Taylor/minimax polynomial of Cephes' expf (about 1 ulp on [-ln2/2, ln2/2]).
+ * scalef takes 2^n without building exponent bits, and flushes cleanly to 0
+ * far below -88. */
+T512 static AI __m512 exp16(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 r2 = _mm512_mul_ps(r, r);
+    p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
 /* ---- packed BF16 gemm (cpu_pack_bf16 layout) ------------------------------
  *
  * "Outer-product style": accumulator (m, j) holds y[m][n + 16j .. +15], one
@@ -267,22 +304,41 @@ DEFINE_GEMM(F16, float, uint16_t)
 #define PK_NV 4
 #define PK_KC 256
 
-T512 static AI void pk_tile(const int MR, const int NV, int kp0, int kp1, int first,
-                            const uint16_t *x, int ldx, const uint16_t *wp, size_t pstride,
-                            float *y, int ldy, const uint16_t *pf, int pf0, int pf1)
+/* SwiGLU of one register of gate and up sums, as av512_swiglu computes it. */
+T512 static AI __m256i glu16(__m512 g, __m512 u)
 {
+    __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    return cvt16_bf16(_mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u));
+}
+
+/* MR rows of x against NV panels from w (the strip's first panel), over k
+ * pairs kp0..kp1, sums into y (ldy). Fused mode (GLU, for
+ * gemm_bf16p_glu): the first NV/2 panels are gate's, the others up's at
+ * w + d2 (same output columns), up's sums go to y2, and the last K chunk
+ * writes h = bf16(silu(g) * u) (ldh) instead of the sums. PF: each k step
+ * also asks for line kp of panels pf0..pf1-1 counted from pf (PK_PF_AHEAD,
+ * below, says why and which); a compile-time switch, so the prefill tiles'
+ * loop carries nothing for it. */
+T512 static AI void pk_tile(const int MR, const int NV, const int GLU, const int PF, int kp0,
+                            int kp1, int first, int last, const uint16_t *x, int ldx,
+                            const uint16_t *w, ptrdiff_t d2, size_t pstride, float *y, float *y2,
+                            int ldy, uint16_t *h, int ldh, const uint16_t *pf, int pf0, int pf1)
+{
+    const int HALF = GLU ? NV / 2 : NV;
     __m512 acc[PK_MR][PK_NV];
     _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
             acc[m][j] = first ? _mm512_setzero_ps()
-                              : _mm512_loadu_ps(y + (size_t)m * ldy + 16 * j);
-    const uint16_t *w = wp + (size_t)kp0 * 32;
+                              : _mm512_loadu_ps(j < HALF ? y + (size_t)m * ldy + 16 * j
+                                                         : y2 + (size_t)m * ldy + 16 * (j - HALF));
+    w += (size_t)kp0 * 32;
     const uint16_t *xp = x + (size_t)kp0 * 2;
     for (int kp = kp0; kp < kp1; kp++, w += 32, xp += 2) {
         __m512i wv[PK_NV];
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
-            wv[j] = _mm512_load_si512((const void *)(w + (size_t)j * pstride));
-        if (pf)
+            wv[j] = _mm512_load_si512((const void *)(j < HALF ? w + (size_t)j * pstride
+                                                              : w + d2 + (size_t)(j - HALF) * pstride));
+        if (PF)
             for (int j = pf0; j < pf1; j++)
                 _mm_prefetch((const char *)(pf + (size_t)j * pstride + (size_t)kp * 32), _MM_HINT_T0);
         _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
@@ -294,23 +350,40 @@ T512 static AI void pk_tile(const int MR, const int NV, int kp0, int kp1, int fi
                 acc[m][j] = _mm512_dpbf16_ps(acc[m][j], (__m512bh)xv, (__m512bh)wv[j]);
         }
     }
+    if (GLU && last) {
+        _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+            _Pragma("GCC unroll 2") for (int j = 0; j < HALF; j++)
+                _mm256_storeu_si256((void *)(h + (size_t)m * ldh + 16 * j), glu16(acc[m][j], acc[m][j + HALF]));
+        return;
+    }
     _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
-            _mm512_storeu_ps(y + (size_t)m * ldy + 16 * j, acc[m][j]);
+            _mm512_storeu_ps(j < HALF ? y + (size_t)m * ldy + 16 * j : y2 + (size_t)m * ldy + 16 * (j - HALF),
+                             acc[m][j]);
 }
 
-#define PK_CASE(mr, nv)                                                       \
-    case (mr) * 8 + (nv):                                                     \
-        pk_tile(mr, nv, kp0, kp1, first, x, ldx, wp, pstride, y, ldy, pf, pf0, pf1); \
+/* Every tile shape, plain (G = 0) or fused (G = 1), without prefetch
+ * (P = 0) or, for full-width strips, with (P = 1). */
+#define PK_ARGS kp0, kp1, first, last, x, ldx, w, d2, pstride, y, y2, ldy, h, ldh, pf, pf0, pf1
+#define PK_CASE(g, p, mr, nv)                                                 \
+    case ((g) * 2 + (p)) * 64 + (mr) * 8 + (nv):                              \
+        pk_tile(mr, nv, g, p, PK_ARGS);                                       \
         break;
-#define PK_CASES(mr) PK_CASE(mr, 1) PK_CASE(mr, 2) PK_CASE(mr, 3) PK_CASE(mr, 4)
+#define PK_ROWS(g, p, nv)                                                     \
+    PK_CASE(g, p, 1, nv) PK_CASE(g, p, 2, nv) PK_CASE(g, p, 3, nv)            \
+    PK_CASE(g, p, 4, nv) PK_CASE(g, p, 5, nv) PK_CASE(g, p, 6, nv)
 
-T512 static void pk_tile_any(int mr, int nv, int kp0, int kp1, int first, const uint16_t *x,
-                             int ldx, const uint16_t *wp, size_t pstride, float *y, int ldy,
+T512 static void pk_tile_any(int glu, int mr, int nv, int kp0, int kp1, int first, int last,
+                             const uint16_t *x, int ldx, const uint16_t *w, ptrdiff_t d2,
+                             size_t pstride, float *y, float *y2, int ldy, uint16_t *h, int ldh,
                              const uint16_t *pf, int pf0, int pf1)
 {
-    switch (mr * 8 + nv) {
-        PK_CASES(1) PK_CASES(2) PK_CASES(3) PK_CASES(4) PK_CASES(5) PK_CASES(6)
+    int p = pf && nv == PK_NV;
+    switch ((glu * 2 + p) * 64 + mr * 8 + nv) {
+        PK_ROWS(0, 0, 1) PK_ROWS(0, 0, 2) PK_ROWS(0, 0, 3) PK_ROWS(0, 0, 4)
+        PK_ROWS(0, 1, 4)
+        PK_ROWS(1, 0, 2) PK_ROWS(1, 0, 4)
+        PK_ROWS(1, 1, 4)
     default: break;
     }
 }
@@ -323,62 +396,79 @@ T512 static void pk_tile_any(int mr, int nv, int kp0, int kp1, int first, const 
  * find the strip in L2, ask for the next strip's lines, a share of its
  * panels each. Only from M = 5: a lighter tile streams as fast without.
  * Measured on Zen 5 with 2 MiB pages: 1.1-1.5x at M = 6..24, and 0.9-1.0x
- * at M = 1..4 (hence the cut). */
+ * at M = 1..4 (hence the cut). (Fused mode prefetches gate's panels only:
+ * up's stream beside them at the same offsets.) */
 #define PK_PF_AHEAD 32
 
-T512 static void av512_gemm_bf16p(int M, int n0, int n1, int K, const uint16_t *x, int ldx,
-                                  const uint16_t *wp, float *y, int ldy)
+/* Both products: strips of PK_NV panels (fused: PK_NV/2 of gate and of up,
+ * so half as many output columns per strip). wu and yu are gate's
+ * partners in fused mode (h, ldh its output), else NULL. */
+T512 static void pk_run(int M, int n0, int n1, int K, const uint16_t *x, int ldx,
+                        const uint16_t *wp, const uint16_t *wu, float *yp, float *yu, int ldy,
+                        uint16_t *hp, int ldh)
 {
     if (M <= 0 || n1 <= n0 || K <= 0)
         return;
-    size_t pstride = (size_t)16 * (size_t)K; /* elements per panel */
+    int glu = wu != NULL, per = glu ? PK_NV / 2 : PK_NV; /* output panels per strip */
+    size_t pstride = (size_t)16 * (size_t)K;
+    ptrdiff_t d2 = glu ? wu - wp : 0;
     /* Few rows (decode, small batches): one pass over K, the weights
      * stream from memory once and the tile's rows share every load. */
     int kc = M <= 4 * PK_MR ? K : PK_KC;
     int stream = kc == K && M > 4, mtiles = (M + PK_MR - 1) / PK_MR;
     for (int k0 = 0; k0 < K; k0 += kc) {
-        int kp0 = k0 / 2, kp1 = (k0 + kc < K ? k0 + kc : K) / 2;
-        for (int n = n0; n < n1; n += 16 * PK_NV) {
-            int nv = (n1 - n) / 16 < PK_NV ? (n1 - n) / 16 : PK_NV;
-            int nvn = (n1 - n) / 16 - PK_NV; /* panels of the next strip */
-            nvn = nvn < 0 ? 0 : nvn < PK_NV ? nvn : PK_NV;
-            const uint16_t *wt = wp + (size_t)(n / 16) * pstride;
-            for (int m = 0, mi = 0; m < M; m += PK_MR, mi++) {
-                const uint16_t *pf = NULL;
-                int j0 = 0, j1 = 0;
-                if (stream && mi == 0) {
-                    pf = wt + (size_t)PK_PF_AHEAD * 32;
-                    j1 = nv;
-                } else if (stream && nvn > 0) {
-                    pf = wt + (size_t)PK_NV * pstride;
-                    j0 = nvn * (mi - 1) / (mtiles - 1);
-                    j1 = nvn * mi / (mtiles - 1);
+        int kp0 = k0 / 2, kp1 = (k0 + kc < K ? k0 + kc : K) / 2, first = k0 == 0, last = k0 + kc >= K;
+        for (int n = n0; n < n1; n += 16 * per) {
+            int nv = (n1 - n) / 16 < per ? (n1 - n) / 16 : per, nt = glu ? 2 * nv : nv;
+            const uint16_t *w = wp + (size_t)(n / 16) * pstride;
+            const uint16_t *pf = NULL;
+            int pf0 = 0, pf1 = 0, m = 0;
+            if (!stream && nt == PK_NV) /* the prefill loop: full tiles, no prefetch */
+                for (; m + PK_MR <= M; m += PK_MR) {
+                    const uint16_t *xt = x + (size_t)m * ldx;
+                    float *yt = yp + (size_t)m * ldy + n;
+                    if (glu)
+                        pk_tile(PK_MR, PK_NV, 1, 0, kp0, kp1, first, last, xt, ldx, w, d2, pstride, yt,
+                                yu + (size_t)m * ldy + n, ldy, hp + (size_t)m * ldh + n, ldh, NULL, 0, 0);
+                    else
+                        pk_tile(PK_MR, PK_NV, 0, 0, kp0, kp1, first, last, xt, ldx, w, 0, pstride, yt,
+                                NULL, ldy, NULL, 0, NULL, 0, 0);
                 }
-                if (nv == PK_NV && m + PK_MR <= M)
-                    pk_tile(PK_MR, PK_NV, kp0, kp1, k0 == 0, x + (size_t)m * ldx, ldx, wt, pstride,
-                            y + (size_t)m * ldy + n, ldy, pf, j0, j1);
-                else
-                    pk_tile_any(M - m < PK_MR ? M - m : PK_MR, nv, kp0, kp1, k0 == 0,
-                                x + (size_t)m * ldx, ldx, wt, pstride, y + (size_t)m * ldy + n, ldy,
-                                pf, j0, j1);
+            int nvn = (n1 - n) / 16 - per; /* output panels of the next strip */
+            nvn = nvn < 0 ? 0 : nvn < per ? nvn : per;
+            for (int mi = m / PK_MR; m < M; m += PK_MR, mi++) {
+                pf = NULL, pf0 = pf1 = 0;
+                if (stream && mi == 0) {
+                    pf = w + (size_t)PK_PF_AHEAD * 32;
+                    pf1 = nv;
+                } else if (stream && nvn > 0) {
+                    pf = w + (size_t)per * pstride;
+                    pf0 = nvn * (mi - 1) / (mtiles - 1);
+                    pf1 = nvn * mi / (mtiles - 1);
+                }
+                pk_tile_any(glu, M - m < PK_MR ? M - m : PK_MR, nt, kp0, kp1, first, last,
+                            x + (size_t)m * ldx, ldx, w, d2, pstride, yp + (size_t)m * ldy + n,
+                            glu ? yu + (size_t)m * ldy + n : NULL, ldy,
+                            glu ? hp + (size_t)m * ldh + n : NULL, ldh, pf, pf0, pf1);
             }
         }
     }
 }
 
-/* ---- conversions and attention helpers ---------------------------------- */
-
-/* Same bits as cpu_f32_to_bf16(): RNE by integer add, NaN quietened. */
-T512 static AI __m256i cvt16_bf16(__m512 v)
+T512 static void av512_gemm_bf16p(int M, int n0, int n1, int K, const uint16_t *x, int ldx,
+                                  const uint16_t *wp, float *y, int ldy)
 {
-    __m512i u = _mm512_castps_si512(v);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(
-        _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-    __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, q));
+    pk_run(M, n0, n1, K, x, ldx, wp, NULL, y, NULL, ldy, NULL, 0);
 }
+
+T512 static void av512_gemm_bf16p_glu(int M, int n0, int n1, int K, const uint16_t *x, int ldx,
+                                      const uint16_t *wg, const uint16_t *wu, float *yg, float *yu,
+                                      int ldy, uint16_t *h, int ldh)
+{
+    pk_run(M, n0, n1, K, x, ldx, wg, wu, yg, yu, ldy, h, ldh);
+}
+
+/* ---- conversions and attention helpers ---------------------------------- */
 
 T512 static void av512_f32_to_bf16(const float *x, uint16_t *y, int n)
 {
@@ -511,29 +601,6 @@ T512 static void av512_scores_bf16(int R, int n, const uint16_t *q, int ldq, con
 }
 
 /* ---- attention: softmax and P x V ---------------------------------------- */
-
-/* exp(x) for x <= 0 (softmax arguments; larger x would also work up to 88):
- * 2^n * p(r), n = round(x / ln2), r = x - n ln2 in two parts, p the degree-6
- * Taylor/minimax polynomial of Cephes' expf (about 1 ulp on [-ln2/2, ln2/2]).
- * scalef takes 2^n without building exponent bits, and flushes cleanly to 0
- * far below -88. */
-T512 static AI __m512 exp16(__m512 x)
-{
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    __m512 r2 = _mm512_mul_ps(r, r);
-    p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
 
 T512 static float av512_softmax(float *s, int n, float scale)
 {
@@ -844,6 +911,22 @@ T512 static void av512_rmsnorm(const float *x, const float *w, float *y, int n, 
         y[i] = w[i] * (x[i] * r);
 }
 
+T512 static void av512_norm_rope(float *x, int n, int hd, const float *w, float eps, const float *cs,
+                                 const float *sn)
+{
+    int half = hd / 2;
+    for (int r = 0; r < n; r++) {
+        float *v = x + (size_t)r * (size_t)hd;
+        av512_rmsnorm(v, w, v, hd, eps);
+        for (int i = 0; i < half; i += 16) {
+            __m512 a = _mm512_loadu_ps(v + i), b = _mm512_loadu_ps(v + i + half);
+            __m512 c = _mm512_loadu_ps(cs + i), s = _mm512_loadu_ps(sn + i);
+            _mm512_storeu_ps(v + i, _mm512_fmsub_ps(a, c, _mm512_mul_ps(b, s)));
+            _mm512_storeu_ps(v + i + half, _mm512_fmadd_ps(b, c, _mm512_mul_ps(a, s)));
+        }
+    }
+}
+
 T512 static void av512_swiglu(float *g, const float *u, int n)
 {
     const __m512 one = _mm512_set1_ps(1.0f);
@@ -875,6 +958,7 @@ static const struct cpu_kernels av512_table = {
     .axpy_f32 = av512_axpy_f32,
     .axpy_bf16 = av512_axpy_bf16,
     .gemm_bf16p = av512_gemm_bf16p,
+    .gemm_bf16p_glu = av512_gemm_bf16p_glu,
     .softmax = av512_softmax,
     .scores_bf16 = av512_scores_bf16,
     .pv_bf16 = av512_pv_bf16,
@@ -884,6 +968,7 @@ static const struct cpu_kernels av512_table = {
     .pv_bf16p = av512_pv_bf16p,
     .rmsnorm = av512_rmsnorm,
     .swiglu = av512_swiglu,
+    .norm_rope = av512_norm_rope,
 };
 
 const struct cpu_kernels *cpu_kernels_avx512bf16(void)

@@ -534,6 +534,109 @@ static void test_packed_bf16(void **state)
         printf("  (no table here has gemm_bf16p)\n");
 }
 
+/* The fused gate/up product: h equals bf16(swiglu(g, u)) of two separate
+ * gemm_bf16p products bit for bit, for M that take one pass over K (decode)
+ * and M that cut K in chunks (prefill), on column ranges with a 16-panel
+ * tail, rows alone or together. */
+static void test_packed_glu(void **state)
+{
+    (void)state;
+    const struct cpu_kernels *ks[CPU_ISA_N];
+    int nk = available(ks), tested = 0;
+    for (int t = 0; t < nk; t++) {
+        const struct cpu_kernels *k = ks[t];
+        if (!k->gemm_bf16p_glu)
+            continue;
+        const char *isa = cpu_isa_name(k->isa);
+        static const int Ms[] = {1, 5, 16, 40};
+        enum { N = 80, K = 1000 };
+        for (int mi = 0; mi < 4; mi++) {
+            int M = Ms[mi];
+            struct prob g, u;
+            prob_init(&g, DT_BF16, M, N, K, 6, 5);
+            prob_init(&u, DT_BF16, M, N, K, 6, 5);
+            for (size_t i = 0; i < (size_t)N * K; i++) /* another up matrix, same x */
+                u.wb[i] = g.wb[((size_t)N * K - 1 - i)];
+            uint16_t *wg = aligned_alloc(64, (size_t)N * K * 2), *wu = aligned_alloc(64, (size_t)N * K * 2);
+            cpu_pack_bf16(g.wb, N, K, wg);
+            cpu_pack_bf16(u.wb, N, K, wu);
+            float *yg = new_y(&g), *yu = new_y(&g), *sg = new_y(&g), *su = new_y(&g);
+            uint16_t *h = calloc((size_t)M * N, 2), *e = calloc((size_t)M * N, 2);
+            k->gemm_bf16p(M, 0, N, K, g.xb, g.ldx, wg, yg, g.ldy);
+            k->gemm_bf16p(M, 0, N, K, g.xb, g.ldx, wu, yu, g.ldy);
+            for (int m = 0; m < M; m++) {
+                k->swiglu(yg + (size_t)m * g.ldy, yu + (size_t)m * g.ldy, N);
+                k->f32_to_bf16(yg + (size_t)m * g.ldy, e + (size_t)m * N, N);
+            }
+            /* two column ranges (the second ends in a lone panel) */
+            k->gemm_bf16p_glu(M, 0, 32, K, g.xb, g.ldx, wg, wu, sg, su, g.ldy, h, N);
+            k->gemm_bf16p_glu(M, 32, N, K, g.xb, g.ldx, wg, wu, sg, su, g.ldy, h, N);
+            for (size_t i = 0; i < (size_t)M * N; i++)
+                if (h[i] != e[i])
+                    fail_msg("%s glu M=%d (%zu,%zu): 0x%04x, separate products 0x%04x", isa, M,
+                             i / N, i % N, h[i], e[i]);
+            /* each row alone */
+            memset(h, 0, (size_t)M * N * 2);
+            for (int m = 0; m < M; m++)
+                k->gemm_bf16p_glu(1, 0, N, K, g.xb + (size_t)m * g.ldx, g.ldx, wg, wu, sg, su, g.ldy,
+                                  h + (size_t)m * N, N);
+            assert_memory_equal(h, e, (size_t)M * N * 2);
+            free(yg), free(yu), free(sg), free(su), free(h), free(e), free(wg), free(wu);
+            prob_free(&g);
+            prob_free(&u);
+            tested++;
+        }
+    }
+    if (!tested)
+        printf("  (no table here has gemm_bf16p_glu)\n");
+}
+
+/* norm_rope against rmsnorm then the rotation in double, on rows that
+ * share cos/sin; a row alone equals the same row among others. */
+static void test_norm_rope(void **state)
+{
+    (void)state;
+    const struct cpu_kernels *ks[CPU_ISA_N];
+    int nk = available(ks), tested = 0;
+    for (int t = 0; t < nk; t++) {
+        const struct cpu_kernels *k = ks[t];
+        if (!k->norm_rope)
+            continue;
+        enum { N = 5, HD = 128 };
+        static float x[N][HD], y[N][HD], one[HD], w[HD], cs[HD / 2], sn[HD / 2];
+        for (int d = 0; d < HD; d++)
+            w[d] = 1 + rnd_f() / 2;
+        for (int i = 0; i < HD / 2; i++) {
+            double a = (i + 1) * 0.37;
+            cs[i] = (float)cos(a);
+            sn[i] = (float)sin(a);
+        }
+        for (int r = 0; r < N; r++)
+            for (int d = 0; d < HD; d++)
+                x[r][d] = y[r][d] = 3 * rnd_f();
+        k->norm_rope(&y[0][0], N, HD, w, 1e-6f, cs, sn);
+        for (int r = 0; r < N; r++) {
+            double ss = 0, n[HD];
+            for (int d = 0; d < HD; d++)
+                ss += (double)x[r][d] * x[r][d];
+            for (int d = 0; d < HD; d++)
+                n[d] = w[d] * (x[r][d] / sqrt(ss / HD + 1e-6));
+            for (int i = 0; i < HD / 2; i++) {
+                double a = n[i] * cs[i] - n[i + HD / 2] * sn[i], b = n[i + HD / 2] * cs[i] + n[i] * sn[i];
+                if (fabs(y[r][i] - a) > 1e-5 * (1 + fabs(a)) || fabs(y[r][i + HD / 2] - b) > 1e-5 * (1 + fabs(b)))
+                    fail_msg("%s norm_rope row %d pair %d: (%.9g, %.9g) vs (%.9g, %.9g)",
+                             cpu_isa_name(k->isa), r, i, y[r][i], y[r][i + HD / 2], a, b);
+            }
+            memcpy(one, x[r], sizeof one);
+            k->norm_rope(one, 1, HD, w, 1e-6f, cs, sn);
+            assert_memory_equal(one, y[r], sizeof one);
+        }
+        tested++;
+    }
+    if (!tested)
+        printf("  (no table here has norm_rope)\n");
+}
+
 
 /* ---- attention pieces: softmax, P x V ----------------------------------- */
 
@@ -912,6 +1015,8 @@ int main(void)
         cmocka_unit_test(test_invariance_f16),
         cmocka_unit_test(test_invariance_big_m),
         cmocka_unit_test(test_packed_bf16),
+        cmocka_unit_test(test_packed_glu),
+        cmocka_unit_test(test_norm_rope),
         cmocka_unit_test(test_attention_pieces),
         cmocka_unit_test(test_packed_attention),
         cmocka_unit_test(test_row_helpers),
