@@ -339,8 +339,12 @@ T512 static AI void pk_tile(const int MR, const int NV, const int GLU, const int
             wv[j] = _mm512_load_si512((const void *)(j < HALF ? w + (size_t)j * pstride
                                                               : w + d2 + (size_t)(j - HALF) * pstride));
         if (PF)
-            for (int j = pf0; j < pf1; j++)
-                _mm_prefetch((const char *)(pf + (size_t)j * pstride + (size_t)kp * 32), _MM_HINT_T0);
+            for (int j = pf0; j < pf1; j++) {
+                const uint16_t *q = pf + (size_t)j * pstride + (size_t)kp * 32;
+                _mm_prefetch((const char *)q, _MM_HINT_T0);
+                if (GLU) /* up's panel beside gate's */
+                    _mm_prefetch((const char *)(q + d2), _MM_HINT_T0);
+            }
         _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
         {
             int32_t pair;
@@ -396,8 +400,8 @@ T512 static void pk_tile_any(int glu, int mr, int nv, int kp0, int kp1, int firs
  * find the strip in L2, ask for the next strip's lines, a share of its
  * panels each. Only from M = 5: a lighter tile streams as fast without.
  * Measured on Zen 5 with 2 MiB pages: 1.1-1.5x at M = 6..24, and 0.9-1.0x
- * at M = 1..4 (hence the cut). (Fused mode prefetches gate's panels only:
- * up's stream beside them at the same offsets.) */
+ * at M = 1..4 (hence the cut). In fused mode the shares count output
+ * panels, and each brings gate's and up's. */
 #define PK_PF_AHEAD 32
 
 /* Both products: strips of PK_NV panels (fused: PK_NV/2 of gate and of up,
