@@ -619,7 +619,7 @@ struct mm_job {
      * rows; each thread turns its own columns of y[0] into silu(g) * u. */
     int swiglu;
     uint16_t *hb;        /* (M, rows) bf16 copy of the SwiGLU output, or NULL */
-    _Atomic int next;    /* next chunk to hand out (starts at 0) */
+    _Atomic int next;    /* first row not yet handed out (starts at 0) */
 };
 
 static void mm_one(const struct mm_job *j, int i, int n0, int n1)
@@ -641,21 +641,36 @@ static void mm_one(const struct mm_job *j, int i, int n0, int n1)
     }
 }
 
-/* Rows per chunk of a dynamically shared loop: about four chunks per
- * thread, whole 64-row register tiles (so packed panels stay whole too).
- * Chunks rather than one fixed share per thread: on a shared machine a
- * thread that loses its core for a while no longer holds the other one at
- * the barrier, the other simply takes more chunks; and which thread
- * computes a row changes no bits (kernels.h). With few rows (M <= 24,
- * decode) the weights stream from memory and every chunk starts its
- * stream cold, so chunks are at least 512 rows: on the 1024-row o and down
- * projections at M = 16, 128-row chunks cost them 15-20 %. */
-static int chunk_rows(int total, int nth, int M)
+/* Takes the next rows [*a, *b) of a dynamically shared product off the
+ * job's counter. Chunks rather than one fixed share per thread: on a
+ * shared machine a thread that loses its core for a while no longer holds
+ * the other one at the barrier, the other simply takes more chunks; and
+ * which thread computes a row changes no bits (kernels.h). Guided sizes: a
+ * chunk is a share of what is left (remaining / 2 nth, whole 64-row
+ * tiles, so packed panels stay whole), so they shrink towards the end and
+ * the first thread to run out waits for a small one, not for an eighth of
+ * the product (fixed eighths cost prefill about 3 % at the barriers).
+ * With few rows (M <= 24, decode) the weights stream from memory and every
+ * chunk starts its stream cold, so chunks are at least 512 rows: on the
+ * 1024-row o and down projections at M = 16, 128-row chunks cost them
+ * 15-20 %. */
+static int take_rows(_Atomic int *next, int total, int nth, int M, int *a, int *b)
 {
-    int ch = (total / (nth * 4) + 63) / 64 * 64;
-    if (M <= 24 && ch < 512)
-        ch = 512;
-    return ch < 64 ? 64 : ch;
+    int floor = M <= 24 ? 512 : 64;
+    int cur = atomic_load_explicit(next, memory_order_relaxed);
+    for (;;) {
+        if (cur >= total)
+            return 0;
+        int ch = ((total - cur) / (2 * nth) + 63) / 64 * 64;
+        ch = ch < floor ? floor : ch;
+        int end = total - cur > ch ? cur + ch : total;
+        if (atomic_compare_exchange_weak_explicit(next, &cur, end, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *a = cur;
+            *b = end;
+            return 1;
+        }
+    }
 }
 
 static void mm_task(void *arg, int ith, int nth)
@@ -664,12 +679,8 @@ static void mm_task(void *arg, int ith, int nth)
     int total = 0;
     for (int i = 0; i < (j->swiglu ? 1 : j->n_mats); i++)
         total += j->mat[i]->rows;
-    int ch = chunk_rows(total, nth, j->M);
-    for (;;) {
-        int a = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed) * ch;
-        if (a >= total)
-            return;
-        int b = a + ch < total ? a + ch : total;
+    int a, b;
+    while (take_rows(&j->next, total, nth, j->M, &a, &b)) {
         if (j->swiglu && j->hb && j->k->gemm_bf16p_glu && j->mat[0]->packed && j->mat[1]->packed) {
             /* gate, up and SwiGLU in one pass: h never exists as f32 */
             j->k->gemm_bf16p_glu(j->M, a, b, j->mat[0]->cols, j->xb, j->ldx, j->mat[0]->w, j->mat[1]->w,
