@@ -311,6 +311,30 @@ T512 static AI __m256i glu16(__m512 g, __m512 u)
     return cvt16_bf16(_mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u));
 }
 
+/* The step every packed tile is made of: acc[m][j] += x_m . v[j] for
+ * m < MR, j < NV, where x_m is the bf16 pair at x + m*ldx broadcast to all
+ * lanes and v[j] holds one pair for each of 16 outputs. */
+T512 static AI void op_step(const int MR, const int NV, __m512 acc[][8], const __m512i *v,
+                            const uint16_t *x, size_t ldx)
+{
+    _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+    {
+        int32_t pair;
+        memcpy(&pair, x + (size_t)m * ldx, 4);
+        __m512i xv = _mm512_set1_epi32(pair);
+        _Pragma("GCC unroll 8") for (int j = 0; j < NV; j++)
+            acc[m][j] = _mm512_dpbf16_ps(acc[m][j], (__m512bh)xv, (__m512bh)v[j]);
+    }
+}
+
+/* acc[m][j] to y + m*ldy + 16j. */
+T512 static AI void op_store(const int MR, const int NV, __m512 acc[][8], float *y, size_t ldy)
+{
+    _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 8") for (int j = 0; j < NV; j++)
+            _mm512_storeu_ps(y + (size_t)m * ldy + 16 * j, acc[m][j]);
+}
+
 /* MR rows of x against NV panels from w (the strip's first panel), over k
  * pairs kp0..kp1, sums into y (ldy). Fused mode (GLU, for
  * gemm_bf16p_glu): the first NV/2 panels are gate's, the others up's at
@@ -325,7 +349,7 @@ T512 static AI void pk_tile(const int MR, const int NV, const int GLU, const int
                             int ldy, uint16_t *h, int ldh, const uint16_t *pf, int pf0, int pf1)
 {
     const int HALF = GLU ? NV / 2 : NV;
-    __m512 acc[PK_MR][PK_NV];
+    __m512 acc[PK_MR][8];
     _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
             acc[m][j] = first ? _mm512_setzero_ps()
@@ -345,14 +369,7 @@ T512 static AI void pk_tile(const int MR, const int NV, const int GLU, const int
                 if (GLU) /* up's panel beside gate's */
                     _mm_prefetch((const char *)(q + d2), _MM_HINT_T0);
             }
-        _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
-        {
-            int32_t pair;
-            memcpy(&pair, xp + (size_t)m * ldx, 4);
-            __m512i xv = _mm512_set1_epi32(pair);
-            _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
-                acc[m][j] = _mm512_dpbf16_ps(acc[m][j], (__m512bh)xv, (__m512bh)wv[j]);
-        }
+        op_step(MR, NV, acc, wv, xp, (size_t)ldx);
     }
     if (GLU && last) {
         _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
@@ -360,10 +377,15 @@ T512 static AI void pk_tile(const int MR, const int NV, const int GLU, const int
                 _mm256_storeu_si256((void *)(h + (size_t)m * ldh + 16 * j), glu16(acc[m][j], acc[m][j + HALF]));
         return;
     }
-    _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
-        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
-            _mm512_storeu_ps(j < HALF ? y + (size_t)m * ldy + 16 * j : y2 + (size_t)m * ldy + 16 * (j - HALF),
-                             acc[m][j]);
+    if (!GLU) {
+        op_store(MR, NV, acc, y, (size_t)ldy);
+        return;
+    }
+    _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++) /* partial sums between K chunks */
+        _Pragma("GCC unroll 2") for (int j = 0; j < HALF; j++) {
+            _mm512_storeu_ps(y + (size_t)m * ldy + 16 * j, acc[m][j]);
+            _mm512_storeu_ps(y2 + (size_t)m * ldy + 16 * j, acc[m][j + HALF]);
+        }
 }
 
 /* Every tile shape, plain (G = 0) or fused (G = 1), without prefetch
@@ -734,19 +756,18 @@ T512 static AI void sc_tile(const int MR, const int NB, int npairs, const uint16
                 _mm_prefetch((const char *)(kb[b] + (size_t)(kp + AT_PF_AHEAD) * 32), _MM_HINT_T0);
             wv[b] = _mm512_load_si512((const void *)(kb[b] + (size_t)kp * 32));
         }
-        _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
-        {
-            int32_t pair;
-            memcpy(&pair, q + (size_t)m * ldq + 2 * kp, 4);
-            __m512i xv = _mm512_set1_epi32(pair);
-            _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++)
-                acc[m][b] = _mm512_dpbf16_ps(acc[m][b], (__m512bh)xv, (__m512bh)wv[b]);
-        }
+        op_step(MR, NB, acc, wv, q + 2 * kp, (size_t)ldq);
     }
-    _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
-        _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++)
-            _mm512_storeu_ps(s + (size_t)m * lds + 16 * b, acc[m][b]);
+    op_store(MR, NB, acc, s, (size_t)lds);
 }
+
+/* The attention tiles' shapes (rows x blocks or panels): up to 2 rows
+ * against up to 8 (decode), up to 6 against up to 4 (prefill). */
+#define AT_SHAPES(X)                                                          \
+    X(1, 1) X(1, 2) X(1, 3) X(1, 4) X(1, 5) X(1, 6) X(1, 7) X(1, 8)           \
+    X(2, 1) X(2, 2) X(2, 3) X(2, 4) X(2, 5) X(2, 6) X(2, 7) X(2, 8)           \
+    X(3, 1) X(3, 2) X(3, 3) X(3, 4) X(4, 1) X(4, 2) X(4, 3) X(4, 4)           \
+    X(5, 1) X(5, 2) X(5, 3) X(5, 4) X(6, 1) X(6, 2) X(6, 3) X(6, 4)
 
 #define SC_CASE(mr, nb)                                                       \
     case (mr) * 16 + (nb):                                                    \
@@ -759,14 +780,7 @@ T512 static void sc_tile_any(int mr, int nb, int npairs, const uint16_t *q, int 
                              const uint16_t *const *kb, float *s, int lds, int pf)
 {
     switch (mr * 16 + nb) {
-        SC_CASE(1, 1) SC_CASE(1, 2) SC_CASE(1, 3) SC_CASE(1, 4)
-        SC_CASE(1, 5) SC_CASE(1, 6) SC_CASE(1, 7) SC_CASE(1, 8)
-        SC_CASE(2, 1) SC_CASE(2, 2) SC_CASE(2, 3) SC_CASE(2, 4)
-        SC_CASE(2, 5) SC_CASE(2, 6) SC_CASE(2, 7) SC_CASE(2, 8)
-        SC_CASE(3, 1) SC_CASE(3, 2) SC_CASE(3, 3) SC_CASE(3, 4)
-        SC_CASE(4, 1) SC_CASE(4, 2) SC_CASE(4, 3) SC_CASE(4, 4)
-        SC_CASE(5, 1) SC_CASE(5, 2) SC_CASE(5, 3) SC_CASE(5, 4)
-        SC_CASE(6, 1) SC_CASE(6, 2) SC_CASE(6, 3) SC_CASE(6, 4)
+        AT_SHAPES(SC_CASE)
     default: break;
     }
 }
@@ -806,14 +820,7 @@ T512 static AI void pvp_tile(const int MR, const int NV, int nb, int n_last, con
                                  _MM_HINT_T0);
                 vv[j] = _mm512_load_si512((const void *)(v + (size_t)j * 256 + (size_t)i * 32));
             }
-            _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
-            {
-                int32_t pair;
-                memcpy(&pair, pb + (size_t)m * ldp + 2 * i, 4);
-                __m512i pv = _mm512_set1_epi32(pair);
-                _Pragma("GCC unroll 8") for (int j = 0; j < NV; j++)
-                    acc[m][j] = _mm512_dpbf16_ps(acc[m][j], (__m512bh)pv, (__m512bh)vv[j]);
-            }
+            op_step(MR, NV, acc, vv, pb + 2 * i, (size_t)ldp);
         }
         if (nk & 1) {
             /* the last key alone: its pair's other half (slot nk) is past
@@ -831,9 +838,7 @@ T512 static AI void pvp_tile(const int MR, const int NV, int nb, int n_last, con
             }
         }
     }
-    _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
-        _Pragma("GCC unroll 8") for (int j = 0; j < NV; j++)
-            _mm512_storeu_ps(o + (size_t)m * ldo + 16 * j, acc[m][j]);
+    op_store(MR, NV, acc, o, (size_t)ldo);
 }
 
 #define PVP_CASE(mr, nv)                                                      \
@@ -845,14 +850,7 @@ T512 static void pvp_tile_any(int mr, int nv, int nb, int n_last, const uint16_t
                               const uint16_t *const *vb, int panel0, float *o, int ldo, int pf)
 {
     switch (mr * 16 + nv) {
-        PVP_CASE(1, 1) PVP_CASE(1, 2) PVP_CASE(1, 3) PVP_CASE(1, 4)
-        PVP_CASE(1, 5) PVP_CASE(1, 6) PVP_CASE(1, 7) PVP_CASE(1, 8)
-        PVP_CASE(2, 1) PVP_CASE(2, 2) PVP_CASE(2, 3) PVP_CASE(2, 4)
-        PVP_CASE(2, 5) PVP_CASE(2, 6) PVP_CASE(2, 7) PVP_CASE(2, 8)
-        PVP_CASE(3, 1) PVP_CASE(3, 2) PVP_CASE(3, 3) PVP_CASE(3, 4)
-        PVP_CASE(4, 1) PVP_CASE(4, 2) PVP_CASE(4, 3) PVP_CASE(4, 4)
-        PVP_CASE(5, 1) PVP_CASE(5, 2) PVP_CASE(5, 3) PVP_CASE(5, 4)
-        PVP_CASE(6, 1) PVP_CASE(6, 2) PVP_CASE(6, 3) PVP_CASE(6, 4)
+        AT_SHAPES(PVP_CASE)
     default: break;
     }
 }
