@@ -76,6 +76,10 @@ static const struct opt options[] = {
      "CPU threads; 0 = one per core."},
     {"kv_budget_mb", T_INT, O(kv_budget_mb), "0", 0, 16777216, NULL, CFG_WORKER, 0,
      "Memory for the KV cache in MiB; 0 = most of what the device has free after the weights."},
+    {"kv_prefault", T_BOOL, O(kv_prefault), "true", 0, 0, NULL, CFG_WORKER, 0,
+     "Commit the KV cache's memory at start: no page fault in the middle of a step, and a budget "
+     "the machine cannot give fails at start, not mid-request. false: pages come in as blocks are "
+     "first used (CPU backend)."},
     {"max_batch", T_INT, O(max_batch), "64", 1, 4096, NULL, CFG_WORKER, 0,
      "Most requests running at once."},
     {"max_batch_tokens", T_INT, O(max_batch_tokens), "8192", 16, 1048576, NULL, CFG_WORKER, 0,

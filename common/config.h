@@ -44,6 +44,7 @@ struct cfg {
     char *backend;                /* "cpu" or "cuda" */
     int threads;                  /* 0 = one per core */
     int kv_budget_mb;             /* 0 = most of what the device has free */
+    bool kv_prefault;             /* commit the KV pool at start */
     int max_batch;                /* running requests */
     int max_batch_tokens;         /* tokens per step */
     int prefill_chunk;            /* prompt tokens per request per step */

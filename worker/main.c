@@ -132,7 +132,7 @@ static int setup(struct worker *w, struct rl_err *err)
     eo.backend = w->opt.backend;
     eo.n_threads = w->opt.threads;
     eo.kv_bytes = (size_t)w->opt.kv_mb << 20;
-    eo.kv_prefault = 1; /* memory committed at start, no faults mid-step */
+    eo.kv_prefault = w->opt.kv_prefault;
     eo.max_batch = w->opt.max_batch;
     eo.token_budget = w->opt.token_budget;
     eo.prefill_chunk = w->opt.prefill_chunk;

@@ -44,6 +44,7 @@ static int from_cfg(struct wopts *o, const struct cfg *c, struct rl_err *err)
     copy(o->metrics_addr, sizeof o->metrics_addr, "127.0.0.1");
     o->threads = c->threads;
     o->kv_mb = c->kv_budget_mb;
+    o->kv_prefault = c->kv_prefault;
     o->max_batch = c->max_batch;
     o->token_budget = c->max_batch_tokens;
     o->prefill_chunk = c->prefill_chunk;

@@ -30,6 +30,7 @@ struct wopts {
     char metrics_addr[64];           /* always loopback */
     int threads;
     int kv_mb;                       /* 0: the engine's default */
+    int kv_prefault;                 /* engine_options.kv_prefault */
     int max_batch;
     int token_budget;
     int prefill_chunk;
