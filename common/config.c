@@ -75,7 +75,7 @@ static const struct opt options[] = {
     {"threads", T_INT, O(threads), "0", 0, 1024, NULL, CFG_WORKER, 0,
      "CPU threads; 0 = one per core."},
     {"kv_budget_mb", T_INT, O(kv_budget_mb), "0", 0, 16777216, NULL, CFG_WORKER, 0,
-     "Memory for the KV cache in MiB; 0 = most of what the device has free after the weights."},
+     "Memory for the KV cache in MiB; 0 = 1024 (the engine's default)."},
     {"kv_prefault", T_BOOL, O(kv_prefault), "true", 0, 0, NULL, CFG_WORKER, 0,
      "Commit the KV cache's memory at start: no page fault in the middle of a step, and a budget "
      "the machine cannot give fails at start, not mid-request. false: pages come in as blocks are "

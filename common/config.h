@@ -43,7 +43,7 @@ struct cfg {
     char *model;                  /* model directory */
     char *backend;                /* "cpu" or "cuda" */
     int threads;                  /* 0 = one per core */
-    int kv_budget_mb;             /* 0 = most of what the device has free */
+    int kv_budget_mb;             /* 0 = the engine's default, 1 GiB */
     bool kv_prefault;             /* commit the KV pool at start */
     int max_batch;                /* running requests */
     int max_batch_tokens;         /* tokens per step */
