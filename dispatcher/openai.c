@@ -695,18 +695,25 @@ static cJSON *chunk_new(const struct oai_resp *r, cJSON **choice)
     return c;
 }
 
-/* Writes "data: <json>\n\n" and frees c. */
+/* Writes one SSE event, "data: <json>\n\n". */
+static int sse_data(const char *json, struct oai_buf *sse)
+{
+    int rc = oai_buf_put(sse, "data: ", 6);
+    if (!rc)
+        rc = oai_buf_put(sse, json, strlen(json));
+    if (!rc)
+        rc = oai_buf_put(sse, "\n\n", 2);
+    return rc;
+}
+
+/* Writes c as one SSE event and frees c. */
 static int sse_put(cJSON *c, struct oai_buf *sse)
 {
     char *s = c ? cJSON_PrintUnformatted(c) : NULL;
     cJSON_Delete(c);
     if (!s)
         return -RL_ENOMEM;
-    int rc = oai_buf_put(sse, "data: ", 6);
-    if (!rc)
-        rc = oai_buf_put(sse, s, strlen(s));
-    if (!rc)
-        rc = oai_buf_put(sse, "\n\n", 2);
+    int rc = sse_data(s, sse);
     free(s);
     return rc;
 }
@@ -954,11 +961,9 @@ int oai_sse_error(const struct oai_error *e, struct oai_buf *sse)
     char *s = oai_error_json(e);
     if (!s)
         return -RL_ENOMEM;
-    int rc = oai_buf_put(sse, "data: ", 6);
+    int rc = sse_data(s, sse);
     if (!rc)
-        rc = oai_buf_put(sse, s, strlen(s));
-    if (!rc)
-        rc = oai_buf_put(sse, "\n\ndata: [DONE]\n\n", 16);
+        rc = oai_buf_put(sse, "data: [DONE]\n\n", 14);
     free(s);
     return rc;
 }
