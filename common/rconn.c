@@ -24,6 +24,7 @@
  * redisCommandArgv, redisAppendFormattedCommand, redisSetTimeout,
  * XAUTOCLAIM (6.2+) and XPENDING IDLE (6.2+). */
 #include "rconn.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <hiredis/hiredis.h>
@@ -56,13 +57,6 @@ void rconn_opts_default(struct rconn_opts *o)
     o->io_timeout_ms = 5000;
     o->backoff_min_ms = 50;
     o->backoff_max_ms = 5000;
-}
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static struct timeval tv_ms(int ms)
@@ -143,7 +137,7 @@ int rconn_create(struct rconn **out, const struct rconn_opts *o, struct rl_err *
     c->backoff_min_ms = o->backoff_min_ms;
     c->backoff_max_ms = o->backoff_max_ms;
     if (getrandom(&c->rng, sizeof c->rng, 0) != sizeof c->rng)
-        c->rng = (uint64_t)now_ms() ^ (uintptr_t)c;
+        c->rng = (uint64_t)rl_mono_ms() ^ (uintptr_t)c;
     c->rng |= 1;
     *out = c;
     return 0;
@@ -175,7 +169,7 @@ int64_t rconn_retry_in_ms(const struct rconn *c)
 {
     if (c->ctx)
         return 0;
-    int64_t d = c->next_try_ms - now_ms();
+    int64_t d = c->next_try_ms - rl_mono_ms();
     return d > 0 ? d : 0;
 }
 
@@ -202,7 +196,7 @@ static void schedule_retry(struct rconn *c)
     c->rng ^= c->rng >> 7;
     c->rng ^= c->rng << 17;
     int64_t half = d / 2;
-    c->next_try_ms = now_ms() + half + (int64_t)(c->rng % (uint64_t)(d - half + 1));
+    c->next_try_ms = rl_mono_ms() + half + (int64_t)(c->rng % (uint64_t)(d - half + 1));
 }
 
 /* Reads the password: the whole file less trailing whitespace. */
@@ -302,12 +296,12 @@ int rconn_ensure(struct rconn *c, struct rl_err *err)
 
 int rconn_wait(struct rconn *c, int timeout_ms, struct rl_err *err)
 {
-    int64_t until = now_ms() + timeout_ms;
+    int64_t until = rl_mono_ms() + timeout_ms;
     for (;;) {
         int rc = rconn_ensure(c, err);
         if (rc != -RL_EIO)
             return rc;
-        int64_t left = until - now_ms();
+        int64_t left = until - rl_mono_ms();
         if (left <= 0)
             return rc;
         int64_t d = rconn_retry_in_ms(c);

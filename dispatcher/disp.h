@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "clock.h"
 #include "config.h"
 #include "dispatcher.h"
 #include "job.h"
@@ -84,9 +85,6 @@ struct disp {
 
     struct dmetrics m;
 };
-
-/* Unix time in ms. */
-int64_t d_now_ms(void);
 
 /* loop.c: runs until *stop; SIGHUP (*reload) re-reads the options. */
 int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *reload);

@@ -41,6 +41,7 @@
  * limit, with Retry-After = the seconds left in the minute. Refused
  * requests count against the request limit too. */
 #include "http.h"
+#include "clock.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -150,20 +151,6 @@ struct req {
     bool first_seen;
     int status;
 };
-
-static int64_t mono_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
-
-static int64_t wall_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
 
 /* ---- Redis connections ---- */
 
@@ -295,7 +282,7 @@ static char *render_metrics(struct dhttp *h)
  * old keys (and says so in the log). */
 static int keys_refresh(struct dhttp *h, bool force, struct rl_err *err)
 {
-    int64_t now = mono_ms();
+    int64_t now = rl_mono_ms();
     if (!force && now - h->keys_checked_ms < KEYS_RECHECK_MS)
         return 0;
     h->keys_checked_ms = now;
@@ -442,7 +429,7 @@ static void charge_tokens(struct req *q)
         return;
     char key[320], num[24];
     snprintf(key, sizeof key, "%sratelimit:%s:tpm:%lld", q->h->prefix, q->tenant,
-             (long long)(wall_ms() / 60000));
+             (long long)(rl_wall_ms() / 60000));
     snprintf(num, sizeof num, "%lld", (long long)n);
     const char *a1[] = {"INCRBY", key, num};
     const char *a2[] = {"EXPIRE", key, RL_WINDOW_TTL_S};
@@ -477,7 +464,7 @@ static int take_events(struct req *q, const struct rconn_reply *r)
             }
         if (!q->first_seen) {
             q->first_seen = true;
-            observe_first_event(q->h, (double)(mono_ms() - q->t_xadd_ms));
+            observe_first_event(q->h, (double)(rl_mono_ms() - q->t_xadd_ms));
         }
         size_t before = q->sse.n;
         int rc = oai_resp_feed(q->resp, ev, ev_len, &q->sse, &q->err);
@@ -520,7 +507,7 @@ static int pump(struct req *q)
             return P_STOPPING;
         if (client_gone(q->fd))
             return P_GONE;
-        int64_t now = mono_ms();
+        int64_t now = rl_mono_ms();
         if (q->give_up_ms && now > q->give_up_ms)
             return P_TIMEOUT;
         if (q->headers_sent && now - q->t_last_byte_ms > KEEPALIVE_MS) {
@@ -570,7 +557,7 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
             q->sse_off += k;
             if (q->sse_off == q->sse.n)
                 q->sse.n = q->sse_off = 0; /* keep the memory, drop the bytes */
-            q->t_last_byte_ms = mono_ms();
+            q->t_last_byte_ms = rl_mono_ms();
             return (ssize_t)k;
         }
         if (q->finished)
@@ -600,7 +587,7 @@ static void new_id(char out[64])
 {
     unsigned char r[12];
     if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
-        uint64_t t = (uint64_t)wall_ms() ^ ((uint64_t)getpid() << 32);
+        uint64_t t = (uint64_t)rl_wall_ms() ^ ((uint64_t)getpid() << 32);
         memcpy(r, &t, 8);
         memcpy(r + 8, &t, 4);
     }
@@ -614,7 +601,7 @@ static int rate_limit(struct req *q, struct oai_error *e)
     struct dhttp *h = q->h;
     if (!q->has_tenant || (!q->rpm && !q->tpm))
         return 0;
-    int64_t now = wall_ms();
+    int64_t now = rl_wall_ms();
     long long minute = (long long)(now / 60000);
     int retry = (int)(60 - (now / 1000) % 60);
     char rk[320], tk[320];
@@ -677,7 +664,7 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
      * close it. The idle timeout is set again when the request ends. */
     MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     new_id(q->id);
-    int64_t now = wall_ms();
+    int64_t now = rl_wall_ms();
     int64_t deadline = h->timeout_s ? now + (int64_t)h->timeout_s * 1000 : 0;
     if (q->too_big) {
         oai_error_set(&e, 413, "invalid_request_error", "JOB_TOO_LARGE", NULL,
@@ -709,7 +696,7 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     const char *names[] = {"job"};
     const char *values[] = {q->oreq.job};
     size_t lens[] = {q->oreq.job_len};
-    q->t_xadd_ms = mono_ms();
+    q->t_xadd_ms = rl_mono_ms();
     q->give_up_ms = h->timeout_s ? q->t_xadd_ms + (int64_t)h->timeout_s * 1000 + 5000 : 0;
     if (rconn_xadd(q->rc, key, "*", 0, 1, names, values, lens, NULL, NULL, &err)) {
         oai_error_set(&e, 503, "server_error", "REDIS_UNAVAILABLE", NULL,
@@ -755,7 +742,7 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     MHD_add_response_header(r, "X-Accel-Buffering", "no"); /* nginx: do not buffer */
     MHD_add_response_header(r, "X-Request-Id", q->id);
     q->headers_sent = true;
-    q->t_last_byte_ms = mono_ms();
+    q->t_last_byte_ms = rl_mono_ms();
     enum MHD_Result mr = MHD_queue_response(conn, 200, r);
     MHD_destroy_response(r);
     q->responded = true;
@@ -991,7 +978,7 @@ int dhttp_start(struct dhttp **out, const struct cfg *cfg, const struct rl_log *
      * dead connection */
     int io = cfg->redis_io_timeout_ms;
     snprintf(h->block, sizeof h->block, "%d", io > 0 && io / 2 < POLL_MS ? (io / 2 > 0 ? io / 2 : 1) : POLL_MS);
-    h->started_s = wall_ms() / 1000;
+    h->started_s = rl_wall_ms() / 1000;
     h->prefix = strdup(cfg->prefix);
     h->model = strdup(cfg->served_model_name);
     h->bind = strdup(cfg->http_bind);
@@ -1076,12 +1063,12 @@ void dhttp_stop(struct dhttp *h)
     if (!h)
         return;
     MHD_socket lsock = MHD_quiesce_daemon(h->d);
-    int64_t until = mono_ms() + (int64_t)h->drain_s * 1000;
+    int64_t until = rl_mono_ms() + (int64_t)h->drain_s * 1000;
     for (;;) {
         pthread_mutex_lock(&h->m_mu);
         int active = h->m.active;
         pthread_mutex_unlock(&h->m_mu);
-        if (!active || mono_ms() >= until)
+        if (!active || rl_mono_ms() >= until)
             break;
         usleep(50 * 1000);
     }

@@ -120,7 +120,7 @@ static void reject(struct disp *d, struct dreq *q, enum ev_code code, const char
     q->act = A_REJECT;
     q->code = code;
     snprintf(q->msg, sizeof q->msg, "%s", msg);
-    int64_t now = d_now_ms();
+    int64_t now = rl_wall_ms();
     if (q->id[0]) {
         char *s = NULL;
         ev_build_error(0, code, msg, &s, NULL);
@@ -144,7 +144,7 @@ static void overload(struct disp *d, struct dreq *q, const struct dpool *p)
     char *s = NULL;
     ev_build_error_retry(0, EV_CODE_OVERLOADED, msg, d->cfg.retry_after_ms, &s, NULL);
     push_event(q, s);
-    push_event(q, error_done(q, 1, d_now_ms()));
+    push_event(q, error_done(q, 1, rl_wall_ms()));
     RL_LOG(&d->log, RL_LOG_INFO, "job %s: OVERLOADED: %s", q->id, msg);
 }
 
@@ -156,7 +156,7 @@ static int replay(struct dreq *q, const char *value, size_t len, struct rl_err *
 {
     char **ev;
     int n;
-    int rc = cache_replay_events(value, len, q->cache_key, q->t0, d_now_ms(), q->job->metadata,
+    int rc = cache_replay_events(value, len, q->cache_key, q->t0, rl_wall_ms(), q->job->metadata,
                                  &ev, &n, err);
     if (rc)
         return rc;
@@ -254,7 +254,7 @@ static void refresh_stats(struct disp *d)
         RL_LOG(&d->log, RL_LOG_DEBUG, "pool stats: %s", err.msg);
         return;
     }
-    int64_t now = d_now_ms();
+    int64_t now = rl_wall_ms();
     for (int p = 0; p < d->n_pools; p++) {
         struct dpool *pl = &d->pools[p];
         const struct rconn_reply *r = rconn_batch_reply(b, idx_first[p]);
@@ -541,7 +541,7 @@ static void handle(struct disp *d, const struct rconn_entries *ents)
         d->own_again = true; /* they stay pending; read again later */
         return;
     }
-    if (d_now_ms() >= d->next_stats_ms)
+    if (rl_wall_ms() >= d->next_stats_ms)
         refresh_stats(d);
     for (int i = 0; i < ents->n; i++) {
         qs[i].e = &ents->v[i];
@@ -604,7 +604,7 @@ static void claim(struct disp *d)
 
 static void heartbeat(struct disp *d)
 {
-    int64_t now = d_now_ms();
+    int64_t now = rl_wall_ms();
     if (now - d->rate_t_ms >= 500) {
         double r = (double)d->rate_n * 1000.0 / (double)(now - d->rate_t_ms);
         pthread_mutex_lock(&d->m.mu);
@@ -644,9 +644,9 @@ static void leave_group(struct disp *d)
 int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *reload)
 {
     bool was_up = true, notified = false;
-    d->rate_t_ms = d_now_ms();
+    d->rate_t_ms = rl_wall_ms();
     while (!*stop) {
-        int64_t now = d_now_ms();
+        int64_t now = rl_wall_ms();
         if (*reload) {
             *reload = 0;
             d_reload(d);
@@ -691,9 +691,9 @@ int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *re
         struct rconn_entries ents = {0};
         struct rl_err err;
         const char *key = d->req_key;
-        int64_t block = d->next_hb_ms - d_now_ms();
-        if (d->watchdog_usec && d->next_wd_ms - d_now_ms() < block)
-            block = d->next_wd_ms - d_now_ms(); /* a blocked read must not starve the watchdog */
+        int64_t block = d->next_hb_ms - rl_wall_ms();
+        if (d->watchdog_usec && d->next_wd_ms - rl_wall_ms() < block)
+            block = d->next_wd_ms - rl_wall_ms(); /* a blocked read must not starve the watchdog */
         if (block > d->cfg.block_ms)
             block = d->cfg.block_ms;
         if (block < 1)

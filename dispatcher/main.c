@@ -162,7 +162,7 @@ int main(int argc, char **argv)
     d->log = (struct rl_log){.level = RL_LOG_INFO, .ident = "dispatcher"};
     d->argc = argc;
     d->argv = argv;
-    d->t_start_ms = d_now_ms();
+    d->t_start_ms = rl_wall_ms();
     enum cfg_action act;
     if (cfg_load(&d->cfg, argc, argv, CFG_DISPATCHER, &act, &err)) {
         fprintf(stderr, "redlm-dispatcher: %s\n", err.msg);

@@ -15,13 +15,6 @@
 #include "disp.h"
 #include "text.h"
 
-int64_t d_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 void dm_init(struct dmetrics *m)
 {
     memset(m, 0, sizeof *m);
@@ -90,7 +83,7 @@ bool disp_ready(struct disp *d)
 char *dm_heartbeat_json(struct disp *d)
 {
     struct dmetrics *m = &d->m;
-    int64_t now = d_now_ms();
+    int64_t now = rl_wall_ms();
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", d->name);
     cJSON_AddNumberToObject(o, "pid", (double)getpid());

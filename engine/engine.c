@@ -33,6 +33,7 @@
  * Threading: everything runs on the owner thread; the backend parallelises
  * inside forward(). */
 #include "engine.h"
+#include "clock.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -114,9 +115,7 @@ struct engine {
 
 double engine_now(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    return rl_mono_s();
 }
 
 void engine_options_default(struct engine_options *o)

@@ -67,7 +67,7 @@ int w_cache_replay(struct worker *w, struct wjob *j, const char *value, size_t l
 {
     char **ev;
     int n;
-    int rc = cache_replay_events(value, len, j->cache_key, j->t_enqueued, w_now_ms(),
+    int rc = cache_replay_events(value, len, j->cache_key, j->t_enqueued, rl_wall_ms(),
                                  j->job->metadata, &ev, &n, err);
     if (rc)
         return rc;

@@ -27,24 +27,11 @@
 #include <systemd/sd-daemon.h>
 #include <time.h>
 
+#include "clock.h"
 #include "prompt.h"
 #include "tokenizer.h"
 #include "worker.h"
 #include "text.h"
-
-int64_t w_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 void w_job_free(struct wjob *j)
 {
@@ -152,7 +139,7 @@ static int submit(struct worker *w, struct wjob *j, struct rl_err *err)
     }
     r.priority = jb->priority;
     if (jb->deadline_ms > 0) {
-        double left = (double)(jb->deadline_ms - w_now_ms()) / 1000.0;
+        double left = (double)(jb->deadline_ms - rl_wall_ms()) / 1000.0;
         double d = engine_now() + left;
         r.deadline = d > 1e-6 ? d : 1e-6; /* <= 0 would mean "none" */
     }
@@ -208,7 +195,7 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
     j->deliveries = deliveries;
     snprintf(j->entry_id, sizeof j->entry_id, "%s", e->id);
     j->t_enqueued = strtoll(e->id, NULL, 10);
-    j->t_admitted = w_now_ms();
+    j->t_admitted = rl_wall_ms();
     j->stream_ttl_s = w->opt.default_stream_ttl_s;
     ev_seq_init(&j->seq);
     if (w_jobs_add(w, j)) {
@@ -288,7 +275,7 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
             return 0;
         }
     }
-    if (j->job->deadline_ms > 0 && w_now_ms() >= j->job->deadline_ms) {
+    if (j->job->deadline_ms > 0 && rl_wall_ms() >= j->job->deadline_ms) {
         w_push_done(w, j, EV_FINISH_DEADLINE, NULL);
         wm_error(&w->m, EV_CODE_DEADLINE_EXCEEDED);
         return 0;
@@ -397,7 +384,7 @@ static void on_event(struct worker *w, const struct engine_event *ev)
     struct wjob *j = ev->user;
     if (!j || j->state != WJ_RUNNING)
         return;
-    int64_t now = w_now_ms();
+    int64_t now = rl_wall_ms();
     bool fin = ev->finish != ENGINE_FINISH_NONE;
     struct text content = {0};
     if (j->parser)
@@ -552,7 +539,7 @@ static void update_metrics(struct worker *w, bool draining)
 {
     struct engine_stats st;
     engine_get_stats(w->eng, &st);
-    int64_t now = mono_ms();
+    int64_t now = rl_mono_ms();
     if (now - w->rate_t_ms >= 1000) {
         double r = (double)w->rate_tokens * 1000.0 / (double)(now - w->rate_t_ms);
         w->tok_rate = 0.5 * w->tok_rate + 0.5 * r;
@@ -579,19 +566,19 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
     bool draining = false;
     int64_t drain_until = 0;
     bool was_up = true;
-    w->rate_t_ms = mono_ms();
+    w->rate_t_ms = rl_mono_ms();
     ensure_groups(w);
     w_claim_own(w, err);
     w->next_claim_ms = 0;
     for (;;) {
-        int64_t now = w_now_ms();
+        int64_t now = rl_wall_ms();
         if (*reload) {
             *reload = 0;
             w_reload(w);
         }
         if (*stop && !draining) {
             draining = true;
-            drain_until = mono_ms() + (int64_t)w->opt.drain_timeout_s * 1000;
+            drain_until = rl_mono_ms() + (int64_t)w->opt.drain_timeout_s * 1000;
             RL_LOG(&w->log, RL_LOG_INFO, "draining: %d jobs held, %d s at most", w->n_jobs,
                    w->opt.drain_timeout_s);
             sd_notify(0, "STOPPING=1");
@@ -599,7 +586,7 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
         if (draining) {
             if (w->n_jobs == 0)
                 break;
-            if (mono_ms() >= drain_until) {
+            if (rl_mono_ms() >= drain_until) {
                 RL_LOG(&w->log, RL_LOG_WARN, "drain timeout: leaving %d jobs pending for "
                        "another worker to resume", w->n_jobs);
                 break;

@@ -103,7 +103,7 @@ static void on_load_progress(void *user, size_t done, size_t total)
     const char *u = gb ? "GB" : "MB";
     if (done >= total)
         RL_LOG(&p->w->log, RL_LOG_INFO, "loaded %s: %.1f %s in %.1f s", p->w->opt.model,
-               (double)total / unit, u, (double)(w_now_ms() - p->t0_ms) / 1000.0);
+               (double)total / unit, u, (double)(rl_wall_ms() - p->t0_ms) / 1000.0);
     else
         RL_LOG(&p->w->log, RL_LOG_INFO, "loading %s: %.1f/%.1f %s  %d%%", p->w->opt.model,
                (double)done / unit, (double)total / unit, u, tenth * 10);
@@ -136,7 +136,7 @@ static int setup(struct worker *w, struct rl_err *err)
     eo.max_batch = w->opt.max_batch;
     eo.token_budget = w->opt.token_budget;
     eo.prefill_chunk = w->opt.prefill_chunk;
-    struct load_progress lp = {w, w_now_ms(), 1};
+    struct load_progress lp = {w, rl_wall_ms(), 1};
     eo.progress = on_load_progress;
     eo.progress_user = &lp;
     RL_LOG(&w->log, RL_LOG_INFO, "loading %s on %s", w->opt.model, w->opt.backend);
@@ -182,7 +182,7 @@ int main(int argc, char **argv)
     w->log = (struct rl_log){.level = RL_LOG_INFO, .ident = "worker"};
     w->argc = argc; /* cfg_load skips argv[0] itself */
     w->argv = argv;
-    w->t_start_ms = w_now_ms();
+    w->t_start_ms = rl_wall_ms();
     wopts_default(&w->opt);
     int rc = wopts_parse_args(&w->opt, w->argc, w->argv, &err);
     if (rc == 1) {

@@ -191,8 +191,8 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddNumberToObject(o, "kv_free_blocks", st.kv_free + st.kv_cached);
     cJSON_AddNumberToObject(o, "kv_blocks", st.kv_blocks);
     cJSON_AddNumberToObject(o, "tokens_per_s", (double)(int64_t)(w->tok_rate * 10) / 10.0);
-    cJSON_AddNumberToObject(o, "time_ms", (double)w_now_ms());
-    cJSON_AddNumberToObject(o, "uptime_s", (double)((w_now_ms() - w->t_start_ms) / 1000));
+    cJSON_AddNumberToObject(o, "time_ms", (double)rl_wall_ms());
+    cJSON_AddNumberToObject(o, "uptime_s", (double)((rl_wall_ms() - w->t_start_ms) / 1000));
     cJSON_AddStringToObject(o, "model", w->opt.model);
     /* counters since start, for redlm stats/top: totals and hit rates */
     pthread_mutex_lock(&w->m.mu);

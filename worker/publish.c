@@ -74,7 +74,7 @@ int w_push_event(struct wjob *j, char *json)
 int w_push_done(struct worker *w, struct wjob *j, enum ev_finish fin,
                 const struct engine_usage *u)
 {
-    int64_t now = w_now_ms();
+    int64_t now = rl_wall_ms();
     struct ev_done d = {.finish_reason = fin, .tool_calls = j->tool_calls,
                         .metadata = j->job ? j->job->metadata : NULL};
     if (u) {
@@ -124,7 +124,7 @@ int w_set_dead(struct worker *w, struct wjob *j, const char *raw, size_t raw_len
     struct ev_dead d = {.job_raw = raw, .job_raw_len = raw_len, .job_id = j->id,
                         .pool = w->pools[j->pool], .entry_id = j->entry_id, .code = code,
                         .message = msg, .worker = w->opt.name, .deliveries = j->deliveries,
-                        .time_ms = w_now_ms()};
+                        .time_ms = rl_wall_ms()};
     struct rl_err err;
     free(j->dead);
     j->dead = NULL;
@@ -175,7 +175,7 @@ int w_flush(struct worker *w, struct rl_err *err)
     struct rconn_batch *b = w->batch;
     struct item *items = NULL;
     int n_items = 0, cap_items = 0, rc = 0;
-    int64_t now = w_now_ms();
+    int64_t now = rl_wall_ms();
     bool lease = now >= w->next_lease_ms, hb = now >= w->next_hb_ms;
     char buf[W_KEY_MAX + WOPTS_STR_MAX + 64], idbuf[EV_STREAM_ID_MAX], ttl[32];
     const char *names[1] = {"event"};

@@ -28,6 +28,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "clock.h"
 #include "chat.h"
 #include "engine.h"
 #include "err.h"
@@ -146,9 +147,6 @@ struct worker {
     struct wmetrics m;
     struct wmetrics_server *http;
 };
-
-/* Unix time in ms. */
-int64_t w_now_ms(void);
 
 /* main.c: SIGHUP - re-reads the config file and flags, applies what can
  * change while jobs run (timers, limits, cache TTL, log level). */

@@ -42,8 +42,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 
+#include "clock.h"
 #include "backend.h"
 #include "dtype.h"
 #include "kernels.h"
@@ -151,17 +151,10 @@ struct cpu_ctx {
     char desc[96];
 };
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Closes the phase that started at *t: adds its time, starts the next. */
 static void prof_mark(struct cpu_ctx *c, enum cpu_phase ph, double *t)
 {
-    double now = mono_s();
+    double now = rl_mono_s();
     c->prof[ph] += now - *t;
     *t = now;
 }
@@ -1243,7 +1236,7 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
             c->tok_pos[t] = b->seqs[s].n_past + i;
         }
     int n_items = attn_items(c, b, c->items);
-    double tp = mono_s(); /* start of the phase being timed */
+    double tp = rl_mono_s(); /* start of the phase being timed */
     c->prof_steps++;
     c->prof_tokens += T;
     struct embed_job ej = {c, b->tokens, T};

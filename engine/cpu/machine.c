@@ -10,6 +10,7 @@
  * The SIMD loops are compiled per function through target attributes, like
  * the kernels, and only run after cpu_isa_detect() allows them. */
 #include "cpu/machine.h"
+#include "clock.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -26,13 +27,6 @@
 /* Passes per figure, best taken: short passes, many of them, so a shared
  * machine still yields some undisturbed ones. */
 #define N_PASSES 10
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Results land here so the compiler cannot drop the loops. */
 static volatile uint64_t sink_u64;
@@ -171,9 +165,9 @@ double cpu_measure_read_bw(struct cpu_pool *p, size_t bytes)
     double best = 0;
     for (int i = 0; i < 2 * N_PASSES; i++) {
         j.streams = i % 2 ? 4 : 1;
-        double t0 = now_s();
+        double t0 = rl_mono_s();
         cpu_pool_run(p, bw_fn, &j);
-        double gbs = (double)bytes / (now_s() - t0) * 1e-9;
+        double gbs = (double)bytes / (rl_mono_s() - t0) * 1e-9;
         if (gbs > best)
             best = gbs;
     }
@@ -301,9 +295,9 @@ static double measure_peak(struct cpu_pool *p, enum cpu_isa isa, int bf16)
         double dt = 1e30; /* best of three: a preempted pass must not stop
                            * the calibration early */
         for (int r = 0; r < 3; r++) {
-            double t0 = now_s();
+            double t0 = rl_mono_s();
             cpu_pool_run(p, peak_fn, &j);
-            double d = now_s() - t0;
+            double d = rl_mono_s() - t0;
             if (d < dt)
                 dt = d;
         }
@@ -314,9 +308,9 @@ static double measure_peak(struct cpu_pool *p, enum cpu_isa isa, int bf16)
     j.iters *= 2;
     double best = 0;
     for (int i = 0; i < N_PASSES; i++) {
-        double t0 = now_s();
+        double t0 = rl_mono_s();
         cpu_pool_run(p, peak_fn, &j);
-        double dt = now_s() - t0;
+        double dt = rl_mono_s() - t0;
         double g = fpi * (double)j.iters * cpu_pool_n_threads(p) / dt * 1e-9;
         if (g > best)
             best = g;

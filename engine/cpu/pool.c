@@ -40,6 +40,7 @@
  *
  * Thread: cpu_pool_run() and cpu_pool_free() from one owner thread. */
 #include "cpu/pool.h"
+#include "clock.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -87,13 +88,6 @@ static inline void cpu_relax(void)
 #endif
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static void futex_wait(_Atomic uint32_t *addr, uint32_t val)
 {
     /* EAGAIN (value changed) and EINTR both just mean "look again". */
@@ -109,7 +103,7 @@ static void futex_wake_all(_Atomic uint32_t *addr)
 static uint32_t wait_gen(struct cpu_pool *p, uint32_t seen)
 {
     for (;;) {
-        uint64_t t0 = now_ns();
+        uint64_t t0 = rl_mono_ns();
         for (;;) {
             for (int i = 0; i < SPIN_CHECK; i++) {
                 uint32_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
@@ -117,7 +111,7 @@ static uint32_t wait_gen(struct cpu_pool *p, uint32_t seen)
                     return g;
                 cpu_relax();
             }
-            if (now_ns() - t0 > SPIN_NS)
+            if (rl_mono_ns() - t0 > SPIN_NS)
                 break;
         }
         atomic_fetch_add_explicit(&p->n_sleep, 1, memory_order_seq_cst);

@@ -30,16 +30,10 @@ int main(void)
 #include <time.h>
 
 #include "backend.h"
+#include "clock.h"
 #include "cuda/cuda_backend.h"
 
 #define BS 16
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static struct rl_err err;
 #define RUN(call)                                                                                          \
@@ -111,7 +105,7 @@ static double decode(struct backend *be, int n_seqs, int ctx0, int steps, float 
 {
     struct be_seq *seqs = calloc((size_t)n_seqs, sizeof *seqs);
     int32_t *tok = calloc((size_t)n_seqs, sizeof *tok);
-    double t0 = now();
+    double t0 = rl_mono_s();
     for (int st = 0; st < steps; st++) {
         for (int s = 0; s < n_seqs; s++)
             seqs[s] = (struct be_seq){ctx0 + st, 1, tables + (size_t)s * per_seq_blocks, 0};
@@ -121,7 +115,7 @@ static double decode(struct backend *be, int n_seqs, int ctx0, int steps, float 
         for (int s = 0; s < n_seqs; s++)
             tok[s] = ids ? ids[s] : 0;
     }
-    double dt = now() - t0;
+    double dt = rl_mono_s() - t0;
     free(seqs), free(tok);
     return dt;
 }
@@ -133,7 +127,7 @@ static void run_dtype(enum model_dtype dt, const char *name, int quick, struct f
     struct be_options o = {0};
     int max_tokens = 4096;
     RUN(be_create(&be, "cuda", &o, &err));
-    double t0 = now();
+    double t0 = rl_mono_s();
     RUN(cuda_backend_load_random(be, &cfg, dt, max_tokens, 7, &err));
     int max_seqs = quick ? 64 : 256, ctx = 512 + 256 + 16;
     per_seq_blocks = (ctx + BS - 1) / BS;
@@ -144,7 +138,7 @@ static void run_dtype(enum model_dtype dt, const char *name, int quick, struct f
     tables = malloc((size_t)n_blocks * sizeof *tables);
     for (int i = 0; i < n_blocks; i++)
         tables[i] = i;
-    fprintf(stderr, "# %s: random weights on the device in %.1f s; %s\n", name, now() - t0, be->ops->describe(be->ctx));
+    fprintf(stderr, "# %s: random weights on the device in %.1f s; %s\n", name, rl_mono_s() - t0, be->ops->describe(be->ctx));
     int32_t *ids = calloc((size_t)max_tokens, sizeof *ids);
     for (int i = 0; i < max_tokens; i++)
         ids[i] = (i * 7919) % cfg.vocab;
@@ -177,11 +171,11 @@ static void run_dtype(enum model_dtype dt, const char *name, int quick, struct f
 
     /* prefill 2048 */
     prefill(be, 1, 0, 2048, max_tokens, ids); /* warm-up */
-    t0 = now();
+    t0 = rl_mono_s();
     int reps = 3;
     for (int r = 0; r < reps; r++)
         prefill(be, 1, 0, 2048, max_tokens, ids);
-    f->prefill = reps * 2048 / (now() - t0);
+    f->prefill = reps * 2048 / (rl_mono_s() - t0);
     f->prefill_ceiling = f->gemm / (2.0 * matrix_params(&cfg, 0));
     printf("{\"bench\":\"prefill\",\"dtype\":\"%s\",\"prompt\":2048,\"tok_s\":%.0f,\"ceiling_tok_s\":%.0f,"
            "\"fraction\":%.3f}\n",
@@ -196,9 +190,9 @@ static void run_dtype(enum model_dtype dt, const char *name, int quick, struct f
             continue;
         }
         decode(be, B, 0, 2, NULL); /* graph capture for this bucket */
-        double tp = now();
+        double tp = rl_mono_s();
         prefill(be, B, 0, 512, max_tokens, ids);
-        double pre = now() - tp;
+        double pre = rl_mono_s() - tp;
         int out = quick ? 64 : 256;
         double dd = decode(be, B, 512, out, NULL);
         f->agg[i] = (double)B * out / dd;

@@ -24,16 +24,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "cpu/kernels.h"
 #include "cpu/machine.h"
 #include "cpu/pool.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 enum dt { DT_BF16, DT_F32, DT_F16, DT_BF16P };
 
@@ -84,7 +78,7 @@ static double time_calls(struct cpu_pool *pool, struct gemm_job *j, const uint8_
     size_t c = 0;
     for (int r = 0; r < n_trials; r++) {
         long calls = 0;
-        double t0 = now_s(), t;
+        double t0 = rl_mono_s(), t;
         do {
             if (copies > 1) {
                 j->w = wbase + mbytes * c;
@@ -92,7 +86,7 @@ static double time_calls(struct cpu_pool *pool, struct gemm_job *j, const uint8_
             }
             cpu_pool_run(pool, gemm_fn, j);
             calls++;
-        } while ((t = now_s() - t0) < trial_s);
+        } while ((t = rl_mono_s() - t0) < trial_s);
         if (t / calls < best)
             best = t / calls;
     }
@@ -172,10 +166,10 @@ int main(int argc, char **argv)
         cpu_pool_run(pool, nop_fn, NULL);
     double pool_us = 1e30, wake_us = 1e30, t0;
     for (int r = 0; r < n_trials; r++) {
-        t0 = now_s();
+        t0 = rl_mono_s();
         for (int i = 0; i < 2000; i++)
             cpu_pool_run(pool, nop_fn, NULL);
-        double us = (now_s() - t0) / 2000 * 1e6;
+        double us = (rl_mono_s() - t0) / 2000 * 1e6;
         if (us < pool_us)
             pool_us = us;
     }
@@ -183,9 +177,9 @@ int main(int argc, char **argv)
     double wk[25];
     for (int i = 0; i < 25; i++) {
         usleep(2000);
-        t0 = now_s();
+        t0 = rl_mono_s();
         cpu_pool_run(pool, nop_fn, NULL);
-        wk[i] = (now_s() - t0) * 1e6;
+        wk[i] = (rl_mono_s() - t0) * 1e6;
     }
     for (int i = 1; i < 25; i++)
         for (int q = i; q > 0 && wk[q] < wk[q - 1]; q--) {

@@ -23,7 +23,7 @@ static struct disp *make(void)
     d->n_pools = 2;
     snprintf(d->pools[0].name, sizeof d->pools[0].name, "fast");
     snprintf(d->pools[1].name, sizeof d->pools[1].name, "think");
-    d->t_start_ms = d_now_ms() - 5000;
+    d->t_start_ms = rl_wall_ms() - 5000;
     d->m.routed[0] = 700;
     d->m.routed[1] = 301;
     d->m.auto_routed[0] = 690;

@@ -1,5 +1,6 @@
 /* worker/cli/cli_util.c - see cli_util.h. */
 #include "cli_util.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <math.h>
@@ -108,13 +109,6 @@ void cli_print_float(float f)
         printf("null");
 }
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 void cli_format_size(char *buf, size_t n, size_t done, size_t total)
 {
     int gb = total >= 1000000000u;
@@ -126,7 +120,7 @@ void cli_progress_init(struct cli_progress *p, const char *what)
 {
     p->what = what ? what : "model";
     p->tty = isatty(STDERR_FILENO);
-    p->t0 = mono_s();
+    p->t0 = rl_mono_s();
 }
 
 void cli_progress_show(void *user, size_t done, size_t total)
@@ -141,6 +135,6 @@ void cli_progress_show(void *user, size_t done, size_t total)
     /* \r + erase-line redraws in place; the final line keeps its newline */
     fprintf(stderr, "%sloading %s: %s  %3d%%", p->tty ? "\r\033[K" : "", p->what, size, pct);
     if (last)
-        fprintf(stderr, "  %.1f s\n", mono_s() - p->t0);
+        fprintf(stderr, "  %.1f s\n", rl_mono_s() - p->t0);
     fflush(stderr);
 }

@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "cli_redis.h"
 #include "cli_util.h"
 #include "cmds.h"
@@ -53,13 +54,6 @@ static void catch_sigint(void)
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
-}
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static bool use_color(const char *when, FILE *f)
@@ -179,7 +173,7 @@ static int follow(struct rconn *c, const char *prefix, const char *id, const str
     cli_render_init(r, fo->json ? NULL : stdout, fo->json ? NULL : stderr, fo->color);
     r->hide_reasoning = fo->hide_reasoning;
     char last[RCONN_ID_MAX] = "0-0";
-    int64_t t_event = now_ms(), t_cancel = 0;
+    int64_t t_event = rl_wall_ms(), t_cancel = 0;
     while (!r->done) {
         if (g_interrupted) {
             g_interrupted = 0;
@@ -189,15 +183,15 @@ static int follow(struct rconn *c, const char *prefix, const char *id, const str
             }
             if ((rc = cli_cancel(c, prefix, id, err)))
                 return rc;
-            t_cancel = now_ms();
+            t_cancel = rl_wall_ms();
         }
         /* a cancel nobody acts on (no worker has the job): stop waiting */
-        if (t_cancel && now_ms() - t_cancel > 5000) {
+        if (t_cancel && rl_wall_ms() - t_cancel > 5000) {
             cli_render_stop(r);
             fprintf(stderr, "[cancel requested; no worker answered within 5 s]\n");
             return 1;
         }
-        if (fo->timeout_s && now_ms() - t_event > (int64_t)fo->timeout_s * 1000) {
+        if (fo->timeout_s && rl_wall_ms() - t_event > (int64_t)fo->timeout_s * 1000) {
             cli_render_stop(r);
             rl_errf(err, RL_EIO, "no event for %s within %d s", id, fo->timeout_s);
             return 1;
@@ -221,7 +215,7 @@ static int follow(struct rconn *c, const char *prefix, const char *id, const str
             const char *ev = rconn_entry_field(&es.v[i], "event", &n);
             if (!ev)
                 continue;
-            t_event = now_ms();
+            t_event = rl_wall_ms();
             if (fo->json) {
                 fwrite(ev, 1, n, stdout);
                 fputc('\n', stdout);

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "cli_util.h"
 #include "cmds.h"
 #include "cpu/kernels.h"
@@ -102,13 +103,6 @@ static int eng_parse(int argc, char **argv, struct eng_args *a, struct rl_err *e
     if (!a->mo.dir)
         return rl_errf(err, RL_EINVAL, "-m DIR is required");
     return 0;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static int argmax(const float *v, int n)
@@ -327,9 +321,9 @@ int cmd_bench_engine(int argc, char **argv)
     for (int s = 0; s < B && !rc; s++) {
         struct be_seq q = {0, P, tables + (size_t)s * (size_t)per_seq, P - 1};
         struct be_batch b = {1, &q, P, prompt, 1, logits + (size_t)s * V};
-        double t0 = now_s();
+        double t0 = rl_mono_s();
         rc = cm.be->ops->forward(cm.be->ctx, &b, &err);
-        t_prefill += now_s() - t0;
+        t_prefill += rl_mono_s() - t0;
         next[s] = argmax(logits + (size_t)s * V, cfg->vocab);
     }
     if (cm.be->ops->profile && cm.be->ops->profile(cm.be->ctx, prof_pre, sizeof prof_pre) < 0)
@@ -339,9 +333,9 @@ int cmd_bench_engine(int argc, char **argv)
         for (int s = 0; s < B; s++)
             seqs[s] = (struct be_seq){P + g, 1, tables + (size_t)s * (size_t)per_seq, 0};
         struct be_batch b = {B, seqs, B, next, B, logits};
-        double t0 = now_s();
+        double t0 = rl_mono_s();
         rc = cm.be->ops->forward(cm.be->ctx, &b, &err);
-        t_decode += now_s() - t0;
+        t_decode += rl_mono_s() - t0;
         for (int s = 0; s < B; s++)
             next[s] = argmax(logits + (size_t)s * V, cfg->vocab);
     }

@@ -62,6 +62,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "clock.h"
 #include "cli_util.h"
 #include "cmds.h"
 #include "err.h"
@@ -160,13 +161,6 @@ struct lb_run {
     bool stop;
     char err_msg[RL_ERR_MSG_MAX]; /* the first connection error, for the report */
 };
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void sleep_until(double t)
 {
@@ -709,7 +703,7 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
     char *job = build_job(run, i, q);
     if (!job) {
         set_code(q, "CLIENT_NOMEM");
-        q->t_done = mono_s() - run->t0;
+        q->t_done = rl_mono_s() - run->t0;
         return;
     }
     if (o->target == LB_TARGET_DISPATCHER)
@@ -723,7 +717,7 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
     size_t lens[] = {strlen(job)};
     int rc = rconn_xadd(c, key, "*", 0, 1, names, values, lens, NULL, NULL, &err);
     free(job);
-    double now = mono_s() - run->t0;
+    double now = rl_mono_s() - run->t0;
     if (rc < 0) {
         note_redis_error(run, &err);
         set_code(q, "REDIS");
@@ -734,7 +728,7 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
     double deadline = q->t_sent + o->timeout_s;
     char last[RCONN_ID_MAX] = "0-0";
     for (;;) {
-        now = mono_s() - run->t0;
+        now = rl_mono_s() - run->t0;
         if (now >= deadline) {
             char ck[256];
             snprintf(ck, sizeof ck, "%scancel:%s", o->prefix, q->id);
@@ -754,7 +748,7 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
         const char *argv[] = {"XREAD", "COUNT", "1000", "BLOCK", bs, "STREAMS", out_key, last};
         struct rconn_reply *r = NULL;
         rc = rconn_command(c, 8, argv, NULL, &r, &err);
-        double t = mono_s() - run->t0; /* every event of this reply arrived now */
+        double t = rl_mono_s() - run->t0; /* every event of this reply arrived now */
         if (rc < 0) {
             rconn_reply_free(r);
             if (rc == -RL_EIO) { /* rconn reconnects; the stream keeps the events */
@@ -814,7 +808,7 @@ static void *client_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&run->mu);
         int i = run->next;
-        double now = mono_s() - run->t0;
+        double now = rl_mono_s() - run->t0;
         double at = run->open ? run->arrivals[i < o->requests ? i : 0] : now;
         if (run->stop || i >= o->requests || at >= o->duration_s || now >= o->duration_s) {
             run->stop = true;
@@ -1071,7 +1065,7 @@ static int run_level(const struct lb_opts *o, const struct lb_prompts *prompts, 
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, 256 * 1024); /* blocked on a socket; 1024 of them fit */
-    run->t0 = mono_s();
+    run->t0 = rl_mono_s();
     int started = 0, rc = 0;
     for (; started < run->n_clients; started++)
         if (pthread_create(&th[started], &attr, client_main, run)) {
@@ -1149,10 +1143,10 @@ static int preflight(const struct lb_opts *o, struct rl_err *err)
     long n = 0;
     /* a deployment started a moment ago may not have written its first
      * heartbeat yet: give it a few seconds */
-    for (double until = mono_s() + 5; ; ) {
+    for (double until = rl_mono_s() + 5; ; ) {
         if ((rc = count_keys(c, pat, &n, err)) < 0)
             goto out;
-        if (n > 0 || mono_s() >= until)
+        if (n > 0 || rl_mono_s() >= until)
             break;
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
