@@ -824,13 +824,28 @@ static void kv_prefetch_put(const struct cpu_ctx *c, int layer, int blk, int slo
     }
 }
 
+/* Qwen3's per-head rmsnorm then rotary on n rows of one token, in place. */
+static void norm_rope_rows(const struct cpu_ctx *c, float *x, int n, const float *w, const float *cs,
+                           const float *sn)
+{
+    int hd = c->cfg.head_dim;
+    if (c->k->norm_rope && hd % 32 == 0) {
+        c->k->norm_rope(x, n, hd, w, c->cfg.rms_eps, cs, sn);
+        return;
+    }
+    for (int h = 0; h < n; h++) {
+        float *v = x + (size_t)h * (size_t)hd;
+        norm_row(c->k, v, w, v, hd, c->cfg.rms_eps);
+        rope_apply(v, cs, sn, hd / 2);
+    }
+}
+
 static void rope_task(void *arg, int ith, int nth)
 {
     const struct rope_job *j = arg;
     struct cpu_ctx *c = j->c;
     const struct model_config *cfg = &c->cfg;
-    int hd = cfg->head_dim, half = hd / 2;
-    float tmp[1024];
+    int hd = cfg->head_dim, nkv = cfg->n_kv_heads;
     /* contiguous shares, not every nth token: a prompt's consecutive
      * tokens share their packed blocks' lines, which two cores writing in
      * turn would pass back and forth */
@@ -838,41 +853,31 @@ static void rope_task(void *arg, int ith, int nth)
     for (int t = t0; t < t1; t++) {
         int pos = c->tok_pos[t];
         const struct be_seq *s = &j->b->seqs[c->tok_seq[t]];
-        const float *cs = c->rope + (size_t)t * (size_t)hd, *sn = cs + half;
+        const float *cs = c->rope + (size_t)t * (size_t)hd, *sn = cs + hd / 2;
         int blk = s->block_table[pos / c->block_size], slot = pos % c->block_size;
         if (c->kv_packed && (t == t0 || slot == 0 || c->tok_seq[t - 1] != c->tok_seq[t]))
             kv_prefetch_put(c, j->layer, blk, slot);
-        float *qt = c->q + (size_t)t * (size_t)cfg->n_heads * (size_t)hd;
-        if (c->k->norm_rope && hd % 32 == 0)
-            c->k->norm_rope(qt, cfg->n_heads, hd, j->L->q_norm, cfg->rms_eps, cs, sn);
-        else
-            for (int h = 0; h < cfg->n_heads; h++) {
-                float *q = qt + (size_t)h * (size_t)hd;
-                norm_row(c->k, q, j->L->q_norm, q, hd, cfg->rms_eps);
-                rope_apply(q, cs, sn, half);
-            }
-        for (int h = 0; h < cfg->n_kv_heads; h++) {
-            float *k = c->kx + ((size_t)t * (size_t)cfg->n_kv_heads + (size_t)h) * (size_t)hd;
-            const float *v = c->vx + ((size_t)t * (size_t)cfg->n_kv_heads + (size_t)h) * (size_t)hd;
-            memcpy(tmp, k, (size_t)hd * 4);
-            if (c->k->norm_rope && hd % 32 == 0)
-                c->k->norm_rope(tmp, 1, hd, j->L->k_norm, cfg->rms_eps, cs, sn);
-            else {
-                norm_row(c->k, tmp, j->L->k_norm, tmp, hd, cfg->rms_eps);
-                rope_apply(tmp, cs, sn, half);
-            }
+        /* q and k in place: the projections' outputs are this step's
+         * scratch, read by nothing else */
+        norm_rope_rows(c, c->q + (size_t)t * (size_t)cfg->n_heads * (size_t)hd, cfg->n_heads,
+                       j->L->q_norm, cs, sn);
+        float *kt = c->kx + (size_t)t * (size_t)nkv * (size_t)hd;
+        norm_rope_rows(c, kt, nkv, j->L->k_norm, cs, sn);
+        for (int h = 0; h < nkv; h++) {
+            const float *k = kt + (size_t)h * (size_t)hd;
+            const float *v = c->vx + ((size_t)t * (size_t)nkv + (size_t)h) * (size_t)hd;
             if (c->kv_packed) {
-                c->k->kv_put_bf16p(tmp, v, hd, slot, kv_at(c, c->kcache, j->layer, blk, h, 0),
+                c->k->kv_put_bf16p(k, v, hd, slot, kv_at(c, c->kcache, j->layer, blk, h, 0),
                                    kv_at(c, c->vcache, j->layer, blk, h, 0));
                 continue;
             }
             void *kd = kv_at(c, c->kcache, j->layer, blk, h, slot);
             void *vd = kv_at(c, c->vcache, j->layer, blk, h, slot);
             if (c->kv_dtype == BE_KV_F32) {
-                memcpy(kd, tmp, (size_t)hd * 4);
+                memcpy(kd, k, (size_t)hd * 4);
                 memcpy(vd, v, (size_t)hd * 4);
             } else {
-                c->k->f32_to_bf16(tmp, kd, hd);
+                c->k->f32_to_bf16(k, kd, hd);
                 c->k->f32_to_bf16(v, vd, hd);
             }
         }
