@@ -29,17 +29,9 @@
 #include "disp.h"
 #include "http.h"
 #include "modelid.h"
+#include "signals.h"
 #include "tokenizer.h"
 
-static volatile sig_atomic_t g_stop, g_reload;
-
-static void on_signal(int sig)
-{
-    if (sig == SIGHUP)
-        g_reload = 1;
-    else
-        g_stop = 1;
-}
 
 int d_make_router(struct disp *d, struct rl_err *err)
 {
@@ -182,14 +174,8 @@ int main(int argc, char **argv)
     if (lvl >= 0)
         d->log.level = lvl;
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN); /* a dropped Redis socket is an error return, not a death */
+    volatile sig_atomic_t *stop, *reload;
+    rl_signals_install(&stop, &reload);
 
     if (setup(d, &err)) {
         RL_LOG(&d->log, RL_LOG_ERROR, "%s", err.msg);
@@ -206,7 +192,7 @@ int main(int argc, char **argv)
         RL_LOG(&d->log, RL_LOG_ERROR, "%s", err.msg);
         goto out;
     }
-    if (d_run(d, &g_stop, &g_reload) == 0)
+    if (d_run(d, stop, reload) == 0)
         status = 0;
     RL_LOG(&d->log, RL_LOG_INFO, "exiting (%d)", status);
 out:

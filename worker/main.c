@@ -25,17 +25,9 @@
 #include <unistd.h>
 
 #include "modelid.h"
+#include "signals.h"
 #include "worker.h"
 
-static volatile sig_atomic_t g_stop, g_reload;
-
-static void on_signal(int sig)
-{
-    if (sig == SIGHUP)
-        g_reload = 1;
-    else
-        g_stop = 1;
-}
 
 static void fill_job_opts(struct worker *w)
 {
@@ -201,14 +193,8 @@ int main(int argc, char **argv)
     }
     w->log.level = lvl;
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN); /* a dropped Redis socket is an error return, not a death */
+    volatile sig_atomic_t *stop, *reload;
+    rl_signals_install(&stop, &reload);
 
     if (setup(w, &err)) {
         RL_LOG(&w->log, RL_LOG_ERROR, "%s", err.msg);
@@ -223,7 +209,7 @@ int main(int argc, char **argv)
     sd_notify(0, "READY=1");
     RL_LOG(&w->log, RL_LOG_INFO, "ready: %s as %s, pools %s, redis %s", w->opt.model, w->opt.name,
            w->opt.pools, w->opt.redis);
-    if (w_run(w, &g_stop, &g_reload, &err) == 0)
+    if (w_run(w, stop, reload, &err) == 0)
         status = 0;
     RL_LOG(&w->log, RL_LOG_INFO, "exiting (%d)", status);
 out:
