@@ -303,6 +303,8 @@ T512 static AI __m512 exp16(__m512 x)
 #define PK_MR 6
 #define PK_NV 4
 #define PK_KC 256
+#define PK_SPREAD_MAX 4 /* decode tiles, PK_PF_SPREAD below says why */
+#define PK_PF_SPREAD 16
 
 /* SwiGLU of one register of gate and up sums, as av512_swiglu computes it. */
 T512 static AI __m256i glu16(__m512 g, __m512 u)
@@ -327,42 +329,51 @@ T512 static AI void op_step(const int MR, const int NV, __m512 acc[][8], const _
     }
 }
 
-/* acc[m][j] to y + m*ldy + 16j. */
-T512 static AI void op_store(const int MR, const int NV, __m512 acc[][8], float *y, size_t ldy)
+/* acc[m][j] to y + m*ldy + j*ys (ys = 16 where the panels are adjacent). */
+T512 static AI void op_store(const int MR, const int NV, __m512 acc[][8], float *y, size_t ldy,
+                             size_t ys)
 {
     _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
         _Pragma("GCC unroll 8") for (int j = 0; j < NV; j++)
-            _mm512_storeu_ps(y + (size_t)m * ldy + 16 * j, acc[m][j]);
+            _mm512_storeu_ps(y + (size_t)m * ldy + j * ys, acc[m][j]);
 }
 
-/* MR rows of x against NV panels from w (the strip's first panel), over k
- * pairs kp0..kp1, sums into y (ldy). Fused mode (GLU, for
- * gemm_bf16p_glu): the first NV/2 panels are gate's, the others up's at
- * w + d2 (same output columns), up's sums go to y2, and the last K chunk
- * writes h = bf16(silu(g) * u) (ldh) instead of the sums. PF: each k step
- * also asks for line kp of panels pf0..pf1-1 counted from pf (PK_PF_AHEAD,
- * below, says why and which); a compile-time switch, so the prefill tiles'
- * loop carries nothing for it. */
+/* MR rows of x against NV panels from w (the strip's first panel; panel j
+ * at w + j*pstride), over k pairs kp0..kp1, sums into y (ldy; panel j's
+ * outputs at y + j*ys). Fused mode (GLU, for gemm_bf16p_glu): the first
+ * NV/2 panels are gate's, the others up's at w + d2 (same output
+ * columns), up's sums go to y2, and the last K chunk writes h =
+ * bf16(silu(g) * u) (ldh) instead of the sums. PF: each k step also asks
+ * for line kp of panels pf0..pf1-1 counted from pf (PK_PF_AHEAD, below,
+ * says why and which); a compile-time switch, so the prefill tiles' loop
+ * carries nothing for it. */
 T512 static AI void pk_tile(const int MR, const int NV, const int GLU, const int PF, int kp0,
                             int kp1, int first, int last, const uint16_t *x, int ldx,
-                            const uint16_t *w, ptrdiff_t d2, size_t pstride, float *y, float *y2,
-                            int ldy, uint16_t *h, int ldh, const uint16_t *pf, int pf0, int pf1)
+                            const uint16_t *w, ptrdiff_t d2, size_t pstride, size_t ys, float *y,
+                            float *y2, int ldy, uint16_t *h, int ldh, const uint16_t *pf, int pf0,
+                            int pf1)
 {
     const int HALF = GLU ? NV / 2 : NV;
     __m512 acc[PK_MR][8];
     _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
             acc[m][j] = first ? _mm512_setzero_ps()
-                              : _mm512_loadu_ps(j < HALF ? y + (size_t)m * ldy + 16 * j
-                                                         : y2 + (size_t)m * ldy + 16 * (j - HALF));
+                              : _mm512_loadu_ps(j < HALF ? y + (size_t)m * ldy + j * ys
+                                                         : y2 + (size_t)m * ldy + (j - HALF) * ys);
     w += (size_t)kp0 * 32;
     const uint16_t *xp = x + (size_t)kp0 * 2;
     for (int kp = kp0; kp < kp1; kp++, w += 32, xp += 2) {
         __m512i wv[PK_NV];
+        if (PF == 2) /* every panel its own line, PK_PF_SPREAD steps ahead */
+            _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+                _mm_prefetch((const char *)((j < HALF ? w + (size_t)j * pstride
+                                                      : w + d2 + (size_t)(j - HALF) * pstride) +
+                                            PK_PF_SPREAD * 32),
+                             _MM_HINT_T0);
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
             wv[j] = _mm512_load_si512((const void *)(j < HALF ? w + (size_t)j * pstride
                                                               : w + d2 + (size_t)(j - HALF) * pstride));
-        if (PF)
+        if (PF == 1)
             for (int j = pf0; j < pf1; j++) {
                 const uint16_t *q = pf + (size_t)j * pstride + (size_t)kp * 32;
                 _mm_prefetch((const char *)q, _MM_HINT_T0);
@@ -374,42 +385,42 @@ T512 static AI void pk_tile(const int MR, const int NV, const int GLU, const int
     if (GLU && last) {
         _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
             _Pragma("GCC unroll 2") for (int j = 0; j < HALF; j++)
-                _mm256_storeu_si256((void *)(h + (size_t)m * ldh + 16 * j), glu16(acc[m][j], acc[m][j + HALF]));
+                _mm256_storeu_si256((void *)(h + (size_t)m * ldh + j * ys), glu16(acc[m][j], acc[m][j + HALF]));
         return;
     }
     if (!GLU) {
-        op_store(MR, NV, acc, y, (size_t)ldy);
+        op_store(MR, NV, acc, y, (size_t)ldy, ys);
         return;
     }
     _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++) /* partial sums between K chunks */
         _Pragma("GCC unroll 2") for (int j = 0; j < HALF; j++) {
-            _mm512_storeu_ps(y + (size_t)m * ldy + 16 * j, acc[m][j]);
-            _mm512_storeu_ps(y2 + (size_t)m * ldy + 16 * j, acc[m][j + HALF]);
+            _mm512_storeu_ps(y + (size_t)m * ldy + j * ys, acc[m][j]);
+            _mm512_storeu_ps(y2 + (size_t)m * ldy + j * ys, acc[m][j + HALF]);
         }
 }
 
 /* Every tile shape, plain (G = 0) or fused (G = 1), without prefetch
  * (P = 0) or, for full-width strips, with (P = 1). */
-#define PK_ARGS kp0, kp1, first, last, x, ldx, w, d2, pstride, y, y2, ldy, h, ldh, pf, pf0, pf1
+#define PK_ARGS kp0, kp1, first, last, x, ldx, w, d2, pstride, ys, y, y2, ldy, h, ldh, pf, pf0, pf1
 #define PK_CASE(g, p, mr, nv)                                                 \
-    case ((g) * 2 + (p)) * 64 + (mr) * 8 + (nv):                              \
+    case ((g) * 3 + (p)) * 64 + (mr) * 8 + (nv):                              \
         pk_tile(mr, nv, g, p, PK_ARGS);                                       \
         break;
 #define PK_ROWS(g, p, nv)                                                     \
     PK_CASE(g, p, 1, nv) PK_CASE(g, p, 2, nv) PK_CASE(g, p, 3, nv)            \
     PK_CASE(g, p, 4, nv) PK_CASE(g, p, 5, nv) PK_CASE(g, p, 6, nv)
 
-T512 static void pk_tile_any(int glu, int mr, int nv, int kp0, int kp1, int first, int last,
+T512 static void pk_tile_any(int glu, int spread, int mr, int nv, int kp0, int kp1, int first, int last,
                              const uint16_t *x, int ldx, const uint16_t *w, ptrdiff_t d2,
-                             size_t pstride, float *y, float *y2, int ldy, uint16_t *h, int ldh,
-                             const uint16_t *pf, int pf0, int pf1)
+                             size_t pstride, size_t ys, float *y, float *y2, int ldy, uint16_t *h,
+                             int ldh, const uint16_t *pf, int pf0, int pf1)
 {
-    int p = pf && nv == PK_NV;
-    switch ((glu * 2 + p) * 64 + mr * 8 + nv) {
+    int p = nv != PK_NV ? 0 : spread ? 2 : pf != NULL;
+    switch ((glu * 3 + p) * 64 + mr * 8 + nv) {
         PK_ROWS(0, 0, 1) PK_ROWS(0, 0, 2) PK_ROWS(0, 0, 3) PK_ROWS(0, 0, 4)
-        PK_ROWS(0, 1, 4)
+        PK_ROWS(0, 1, 4) PK_ROWS(0, 2, 4)
         PK_ROWS(1, 0, 2) PK_ROWS(1, 0, 4)
-        PK_ROWS(1, 1, 4)
+        PK_ROWS(1, 1, 4) PK_ROWS(1, 2, 4)
     default: break;
     }
 }
@@ -426,6 +437,36 @@ T512 static void pk_tile_any(int glu, int mr, int nv, int kp0, int kp1, int firs
  * panels, and each brings gate's and up's. */
 #define PK_PF_AHEAD 32
 
+/* Decode (M <= PK_SPREAD_MAX, one pass over K): a tile's NV panels are not
+ * neighbours but a share apart, panels i, i + q, i + 2q, ... of the rows
+ * [n0, n1) (q = their panels / NV), and each asks for its own line
+ * PK_PF_SPREAD steps ahead. Neighbouring panels are 16K elements apart
+ * (32-96 KB), and NV streams at such a spacing read at about 70 GB/s on
+ * two Zen 5 cores where NV streams a quarter of the chunk apart, with the
+ * prefetch, read at 80-84 (the bandwidth probe's best pattern, 4 far
+ * streams, reads at 84-86); neither change helps alone. Which panels share
+ * a tile changes no bits: every output keeps its own chain. */
+
+/* The decode path described above, for M <= PK_SPREAD_MAX. */
+T512 static void pk_spread(int glu, int M, int n0, int n1, int K, const uint16_t *x, int ldx,
+                           const uint16_t *wp, ptrdiff_t d2, float *yp, float *yu, int ldy,
+                           uint16_t *hp, int ldh)
+{
+    int per = glu ? PK_NV / 2 : PK_NV, np = (n1 - n0) / 16, q = np / per;
+    size_t pstride = (size_t)16 * (size_t)K;
+    for (int i = 0; i < q; i++) {
+        int n = n0 + 16 * i;
+        const uint16_t *w = wp + (size_t)(n / 16) * pstride;
+        pk_tile_any(glu, 1, M, PK_NV, 0, K / 2, 1, 1, x, ldx, w, d2, pstride * (size_t)q,
+                    (size_t)16 * (size_t)q, yp + n, glu ? yu + n : NULL, ldy, glu ? hp + n : NULL, ldh,
+                    NULL, 0, 0);
+    }
+    int r = np - q * per, n = n0 + 16 * q * per; /* the panels left over, side by side */
+    if (r > 0)
+        pk_tile_any(glu, 0, M, glu ? 2 * r : r, 0, K / 2, 1, 1, x, ldx, wp + (size_t)(n / 16) * pstride, d2,
+                    pstride, 16, yp + n, glu ? yu + n : NULL, ldy, glu ? hp + n : NULL, ldh, NULL, 0, 0);
+}
+
 /* Both products: strips of PK_NV panels (fused: PK_NV/2 of gate and of up,
  * so half as many output columns per strip). wu and yu are gate's
  * partners in fused mode (h, ldh its output), else NULL. */
@@ -438,6 +479,10 @@ T512 static void pk_run(int M, int n0, int n1, int K, const uint16_t *x, int ldx
     int glu = wu != NULL, per = glu ? PK_NV / 2 : PK_NV; /* output panels per strip */
     size_t pstride = (size_t)16 * (size_t)K;
     ptrdiff_t d2 = glu ? wu - wp : 0;
+    if (M <= PK_SPREAD_MAX) {
+        pk_spread(glu, M, n0, n1, K, x, ldx, wp, d2, yp, yu, ldy, hp, ldh);
+        return;
+    }
     /* Few rows (decode, small batches): one pass over K, the weights
      * stream from memory once and the tile's rows share every load. */
     int kc = M <= 4 * PK_MR ? K : PK_KC;
@@ -454,10 +499,10 @@ T512 static void pk_run(int M, int n0, int n1, int K, const uint16_t *x, int ldx
                     const uint16_t *xt = x + (size_t)m * ldx;
                     float *yt = yp + (size_t)m * ldy + n;
                     if (glu)
-                        pk_tile(PK_MR, PK_NV, 1, 0, kp0, kp1, first, last, xt, ldx, w, d2, pstride, yt,
+                        pk_tile(PK_MR, PK_NV, 1, 0, kp0, kp1, first, last, xt, ldx, w, d2, pstride, 16, yt,
                                 yu + (size_t)m * ldy + n, ldy, hp + (size_t)m * ldh + n, ldh, NULL, 0, 0);
                     else
-                        pk_tile(PK_MR, PK_NV, 0, 0, kp0, kp1, first, last, xt, ldx, w, 0, pstride, yt,
+                        pk_tile(PK_MR, PK_NV, 0, 0, kp0, kp1, first, last, xt, ldx, w, 0, pstride, 16, yt,
                                 NULL, ldy, NULL, 0, NULL, 0, 0);
                 }
             int nvn = (n1 - n) / 16 - per; /* output panels of the next strip */
@@ -472,8 +517,8 @@ T512 static void pk_run(int M, int n0, int n1, int K, const uint16_t *x, int ldx
                     pf0 = nvn * (mi - 1) / (mtiles - 1);
                     pf1 = nvn * mi / (mtiles - 1);
                 }
-                pk_tile_any(glu, M - m < PK_MR ? M - m : PK_MR, nt, kp0, kp1, first, last,
-                            x + (size_t)m * ldx, ldx, w, d2, pstride, yp + (size_t)m * ldy + n,
+                pk_tile_any(glu, 0, M - m < PK_MR ? M - m : PK_MR, nt, kp0, kp1, first, last,
+                            x + (size_t)m * ldx, ldx, w, d2, pstride, 16, yp + (size_t)m * ldy + n,
                             glu ? yu + (size_t)m * ldy + n : NULL, ldy,
                             glu ? hp + (size_t)m * ldh + n : NULL, ldh, pf, pf0, pf1);
             }
@@ -758,7 +803,7 @@ T512 static AI void sc_tile(const int MR, const int NB, int npairs, const uint16
         }
         op_step(MR, NB, acc, wv, q + 2 * kp, (size_t)ldq);
     }
-    op_store(MR, NB, acc, s, (size_t)lds);
+    op_store(MR, NB, acc, s, (size_t)lds, 16);
 }
 
 /* The attention tiles' shapes (rows x blocks or panels): up to 2 rows
@@ -838,7 +883,7 @@ T512 static AI void pvp_tile(const int MR, const int NV, int nb, int n_last, con
             }
         }
     }
-    op_store(MR, NV, acc, o, (size_t)ldo);
+    op_store(MR, NV, acc, o, (size_t)ldo, 16);
 }
 
 #define PVP_CASE(mr, nv)                                                      \

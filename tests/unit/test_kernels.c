@@ -534,6 +534,60 @@ static void test_packed_bf16(void **state)
         printf("  (no table here has gemm_bf16p)\n");
 }
 
+/* Decode rows (M = 1..4) take tiles of panels far apart (a share of the
+ * column range each, kernels_avx512.c): on ranges of many panels, with a
+ * remainder of 1-3 panels and starting off zero, every row in groups of
+ * 1..4 equals the same row of one M = 40 product bit for bit, and nothing
+ * outside the range is written. */
+static void test_packed_spread(void **state)
+{
+    (void)state;
+    const struct cpu_kernels *ks[CPU_ISA_N];
+    int nk = available(ks), tested = 0;
+    static const int Ks[] = {34, 1000};
+    /* column ranges: 23 panels (5 per share, 3 left), 22, 7, 1, 4 */
+    static const int rng[][2] = {{0, 368}, {16, 368}, {48, 160}, {352, 368}, {64, 128}};
+    for (int t = 0; t < nk; t++) {
+        if (!ks[t]->gemm_bf16p)
+            continue;
+        const char *isa = cpu_isa_name(ks[t]->isa);
+        for (int ki = 0; ki < 2; ki++) {
+            enum { M = 40, N = 368 };
+            int K = Ks[ki];
+            struct prob p;
+            prob_init(&p, DT_BF16, M, N, K, 6, 5);
+            uint16_t *wp = aligned_alloc(64, ((size_t)N * K * 2 + 63) / 64 * 64);
+            assert_non_null(wp);
+            cpu_pack_bf16(p.wb, N, K, wp);
+            float *full = new_y(&p);
+            ks[t]->gemm_bf16p(M, 0, N, K, p.xb, p.ldx, wp, full, p.ldy);
+            for (int r = 0; r < 5; r++) {
+                int n0 = rng[r][0], n1 = rng[r][1];
+                float *y = new_y(&p);
+                for (int m = 0, g = 1; m < M; m += g, g = g % 4 + 1) {
+                    int rows = M - m < g ? M - m : g;
+                    ks[t]->gemm_bf16p(rows, n0, n1, K, p.xb + (size_t)m * p.ldx, p.ldx, wp,
+                                      y + (size_t)m * p.ldy, p.ldy);
+                }
+                for (int m = 0; m < M; m++)
+                    for (int n = 0; n < p.ldy; n++) {
+                        float got = y[(size_t)m * p.ldy + n];
+                        float want = n >= n0 && n < n1 ? full[(size_t)m * p.ldy + n] : SENTINEL;
+                        if (f_bits(got) != f_bits(want))
+                            fail_msg("%s spread K=%d [%d,%d) (%d,%d): %.9g, want %.9g", isa, K, n0,
+                                     n1, m, n, got, want);
+                    }
+                free(y);
+            }
+            free(full), free(wp);
+            prob_free(&p);
+            tested++;
+        }
+    }
+    if (!tested)
+        printf("  (no table here has gemm_bf16p)\n");
+}
+
 /* The fused gate/up product: h equals bf16(swiglu(g, u)) of two separate
  * gemm_bf16p products bit for bit, for M that take one pass over K (decode)
  * and M that cut K in chunks (prefill), on column ranges with a 16-panel
@@ -548,9 +602,10 @@ static void test_packed_glu(void **state)
         if (!k->gemm_bf16p_glu)
             continue;
         const char *isa = cpu_isa_name(k->isa);
-        static const int Ms[] = {1, 5, 16, 40};
-        enum { N = 80, K = 1000 };
-        for (int mi = 0; mi < 4; mi++) {
+        static const int Ms[] = {1, 3, 5, 16, 40};
+        /* 11 panels: decode tiles pair panel i with i + 5, and 32..N leaves one over */
+        enum { N = 176, K = 1000 };
+        for (int mi = 0; mi < 5; mi++) {
             int M = Ms[mi];
             struct prob g, u;
             prob_init(&g, DT_BF16, M, N, K, 6, 5);
@@ -1015,6 +1070,7 @@ int main(void)
         cmocka_unit_test(test_invariance_f16),
         cmocka_unit_test(test_invariance_big_m),
         cmocka_unit_test(test_packed_bf16),
+        cmocka_unit_test(test_packed_spread),
         cmocka_unit_test(test_packed_glu),
         cmocka_unit_test(test_norm_rope),
         cmocka_unit_test(test_attention_pieces),
