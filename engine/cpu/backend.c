@@ -599,6 +599,7 @@ static int cpu_kv_copy(void *ctx, int32_t dst, int32_t src, int n_tokens, struct
 
 /* Up to three matrices sharing one input, their rows stacked and split
  * across threads in CPU_GEMM_N_ALIGN steps. */
+#define MM_MAX_RANGES (3 * 64) /* matrices x threads of the decode split */
 struct mm_job {
     const struct cpu_kernels *k;
     int M, n_mats;
@@ -613,6 +614,10 @@ struct mm_job {
     int swiglu;
     uint16_t *hb;        /* (M, rows) bf16 copy of the SwiGLU output, or NULL */
     _Atomic int next;    /* first row not yet handed out (starts at 0) */
+    /* Decode (mm_tiles, set by mm_run): range[i * nth + h] holds thread
+     * h's share of matrix i as tiles lo..hi-1 of its rows, lo | hi << 32 */
+    int tiles, nth;
+    _Atomic uint64_t range[MM_MAX_RANGES];
 };
 
 static void mm_one(const struct mm_job *j, int i, int n0, int n1)
@@ -666,9 +671,70 @@ static int take_rows(_Atomic int *next, int total, int nth, int M, int *a, int *
     }
 }
 
+/* Decode products (M <= CPU_SPREAD_MAX_M, packed BF16 weights): each
+ * matrix's rows are cut into one share per thread, and each share into the
+ * kernel's tiles (gemm_bf16p_tiles), whose weights stream as one range. A
+ * thread takes its own shares' tiles from the front, one at a time, then
+ * the others' from the back until none is left: its own tiles keep one
+ * stream going (the prefetch runs on from tile to tile), a thread that
+ * loses its core is covered, and the threads end within a tile of each
+ * other. Chunks of rows, as below, left 5-8 % of the threads' time idle
+ * at the ends of the decode products, a whole chunk of one thread against
+ * nothing of the other. Which thread computes a tile changes no bits. */
+static int mm_share(const struct mm_job *j, int i, int h)
+{
+    return (int)((int64_t)j->mat[i]->rows * h / j->nth) / 64 * 64;
+}
+
+static void mm_tile(const struct mm_job *j, int i, int h, int t)
+{
+    const struct cpu_mat *m = j->mat[i];
+    int n0 = mm_share(j, i, h), n1 = h + 1 == j->nth ? m->rows : mm_share(j, i, h + 1);
+    if (j->swiglu)
+        j->k->gemm_bf16p_tiles(j->M, n0, n1, t, t + 1, m->cols, j->xb, j->ldx, m->w, j->mat[1]->w,
+                               j->y[0], j->y[1], j->ldy[0], j->hb, j->ldy[0]);
+    else
+        j->k->gemm_bf16p_tiles(j->M, n0, n1, t, t + 1, m->cols, j->xb, j->ldx, m->w, NULL, j->y[i],
+                               NULL, j->ldy[i], NULL, 0);
+}
+
+/* Takes one tile of range r, from the front (own) or the back; -1 when
+ * none is left. */
+static int mm_take(struct mm_job *j, int r, int own)
+{
+    uint64_t s = atomic_load_explicit(&j->range[r], memory_order_relaxed);
+    for (;;) {
+        uint32_t lo = (uint32_t)s, hi = (uint32_t)(s >> 32);
+        if (lo >= hi)
+            return -1;
+        uint64_t to = own ? s + 1 : s - ((uint64_t)1 << 32);
+        if (atomic_compare_exchange_weak_explicit(&j->range[r], &s, to, memory_order_relaxed,
+                                                  memory_order_relaxed))
+            return own ? (int)lo : (int)hi - 1;
+    }
+}
+
+static void mm_tiles(struct mm_job *j, int ith)
+{
+    int n = j->swiglu ? 1 : j->n_mats, t;
+    for (int i = 0; i < n; i++)
+        while ((t = mm_take(j, i * j->nth + ith, 1)) >= 0)
+            mm_tile(j, i, ith, t);
+    for (int d = 1; d < j->nth; d++) {
+        int h = (ith + d) % j->nth;
+        for (int i = 0; i < n; i++)
+            while ((t = mm_take(j, i * j->nth + h, 0)) >= 0)
+                mm_tile(j, i, h, t);
+    }
+}
+
 static void mm_task(void *arg, int ith, int nth)
 {
     struct mm_job *j = arg;
+    if (j->tiles) {
+        mm_tiles(j, ith);
+        return;
+    }
     int total = 0;
     for (int i = 0; i < (j->swiglu ? 1 : j->n_mats); i++)
         total += j->mat[i]->rows;
@@ -1210,6 +1276,26 @@ static int check_batch(const struct cpu_ctx *c, const struct be_batch *b, struct
     return 0;
 }
 
+/* Runs a product job on the pool, the decode split (mm_tiles) where it
+ * applies. */
+static void mm_run(struct cpu_ctx *c, struct mm_job *j)
+{
+    int n = j->swiglu ? 1 : j->n_mats, nth = cpu_pool_n_threads(c->pool);
+    int ok = j->M <= CPU_SPREAD_MAX_M && c->k->gemm_bf16p_tiles && n * nth <= MM_MAX_RANGES &&
+             (!j->swiglu || (j->hb && j->mat[1]->packed));
+    for (int i = 0; i < j->n_mats; i++)
+        ok = ok && j->mat[i]->dt == MODEL_BF16 && j->mat[i]->packed;
+    j->tiles = ok;
+    j->nth = nth;
+    for (int i = 0; ok && i < n; i++)
+        for (int h = 0; h < nth; h++) {
+            int n0 = mm_share(j, i, h), n1 = h + 1 == nth ? j->mat[i]->rows : mm_share(j, i, h + 1);
+            uint64_t hi = (uint64_t)cpu_spread_tiles(n1 - n0, j->swiglu);
+            atomic_init(&j->range[i * nth + h], hi << 32);
+        }
+    cpu_pool_run_dyn(c->pool, mm_task, j);
+}
+
 static void project(struct cpu_ctx *c, int M, const float *xn, const uint16_t *xb, int ldx,
                     const struct cpu_mat *m0, float *y0, const struct cpu_mat *m1, float *y1,
                     const struct cpu_mat *m2, float *y2)
@@ -1223,7 +1309,7 @@ static void project(struct cpu_ctx *c, int M, const float *xn, const uint16_t *x
         j.ldy[i] = ms[i]->rows;
         j.n_mats++;
     }
-    cpu_pool_run_dyn(c->pool, mm_task, &j);
+    mm_run(c, &j);
 }
 
 static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
@@ -1274,7 +1360,7 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         struct mm_job gj = {.k = c->k, .M = T, .n_mats = 2, .mat = {&L->gate, &L->up},
                             .y = {c->g, c->u}, .ldy = {I, I}, .x = c->xn, .xb = c->xb, .ldx = H,
                             .swiglu = 1, .hb = needs_bf16(&L->down) ? c->hb : NULL};
-        cpu_pool_run_dyn(c->pool, mm_task, &gj);
+        mm_run(c, &gj);
         prof_mark(c, PH_GATEUP, &tp);
         project(c, T, c->g, c->hb, I, &L->down, c->tmp, NULL, NULL, NULL, NULL);
         if (l + 1 == cfg->n_layers) { /* else the next layer's norm adds it */
@@ -1299,7 +1385,7 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
     run_dyn(c, norm_task, &fj, n);
     struct mm_job lj = {.k = c->k, .M = n, .n_mats = 1, .mat = {&c->lm_head}, .y = {b->logits},
                         .ldy = {cfg->vocab}, .x = c->xn, .xb = c->xb, .ldx = H};
-    cpu_pool_run_dyn(c->pool, mm_task, &lj);
+    mm_run(c, &lj);
     prof_mark(c, PH_LOGITS, &tp);
     return 0;
 }

@@ -58,6 +58,18 @@ struct cpu_kernels {
     void (*gemm_bf16p)(int M, int n0, int n1, int K, const uint16_t *x,
                        int ldx, const uint16_t *wp, float *y, int ldy);
 
+    /* Optional, with gemm_bf16p, for M <= CPU_SPREAD_MAX_M (decode): the
+     * same product (plain, wu NULL, or fused as gemm_bf16p_glu, y and yu
+     * then only scratch) in pieces. The rows [n0, n1) are a fixed set of
+     * tiles, cpu_spread_tiles(n1 - n0, wu != NULL) of them, whose weights
+     * stream as one range (kernels_avx512.c says why); this computes tiles
+     * t0..t1-1 only, with gemm_bf16p's bits, so that threads can share a
+     * range tile by tile, each taking from its own end and from the
+     * other's, without cutting it into ranges of their own. */
+    void (*gemm_bf16p_tiles)(int M, int n0, int n1, int t0, int t1, int K, const uint16_t *x,
+                             int ldx, const uint16_t *wp, const uint16_t *wu, float *y,
+                             float *yu, int ldy, uint16_t *h, int ldh);
+
     /* Optional, with gemm_bf16p: the gate and up products of a SwiGLU MLP
      * in one pass, h[m*ldh + n] = bf16(silu(g) * u) for n in [n0, n1),
      * g and u the gemm_bf16p products of x with the packed gate (wg) and
@@ -138,6 +150,16 @@ struct cpu_kernels {
     void (*norm_rope)(float *x, int n, int hd, const float *w, float eps,
                       const float *cs, const float *sn);
 };
+
+/* gemm_bf16p_tiles' tiles over n rows: 4 panels of 16 rows each (fused:
+ * 2 output panels, gate's and up's), and one tile more for the panels left
+ * over. */
+#define CPU_SPREAD_MAX_M 4
+static inline int cpu_spread_tiles(int n, int glu)
+{
+    int np = n / 16, per = glu ? 2 : 4;
+    return np / per + (np % per != 0);
+}
 
 /* The panel layout gemm_bf16p reads: rows in panels of 16, each panel
  * (K/2 pairs x 16 rows x 2) contiguous, so element (n, k) of w sits at

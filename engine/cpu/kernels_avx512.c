@@ -303,7 +303,7 @@ T512 static AI __m512 exp16(__m512 x)
 #define PK_MR 6
 #define PK_NV 4
 #define PK_KC 256
-#define PK_SPREAD_MAX 4 /* decode tiles, PK_PF_SPREAD below says why */
+#define PK_SPREAD_MAX CPU_SPREAD_MAX_M /* decode tiles, PK_PF_SPREAD below says why */
 #define PK_PF_SPREAD 16
 
 /* SwiGLU of one register of gate and up sums, as av512_swiglu computes it. */
@@ -451,24 +451,28 @@ T512 static void pk_tile_any(int glu, int spread, int mr, int nv, int kp0, int k
  * pairs), the KV writes and attention gaining most. Which panels share a
  * tile changes no bits: every output keeps its own chain. */
 
-/* The decode path described above, for M <= PK_SPREAD_MAX. */
-T512 static void pk_spread(int glu, int M, int n0, int n1, int K, const uint16_t *x, int ldx,
-                           const uint16_t *wp, ptrdiff_t d2, float *yp, float *yu, int ldy,
+/* The decode path described above, for M <= PK_SPREAD_MAX: tiles t0..t1-1
+ * of the rows [n0, n1), tile i < q being panels i, i + q, ... and tile q
+ * (when the panels do not divide evenly) the ones left over, side by side
+ * (cpu_spread_tiles() in kernels.h counts them). */
+T512 static void pk_spread(int glu, int M, int n0, int n1, int t0, int t1, int K, const uint16_t *x,
+                           int ldx, const uint16_t *wp, ptrdiff_t d2, float *yp, float *yu, int ldy,
                            uint16_t *hp, int ldh)
 {
-    int per = glu ? PK_NV / 2 : PK_NV, np = (n1 - n0) / 16, q = np / per;
+    int per = glu ? PK_NV / 2 : PK_NV, np = (n1 - n0) / 16, q = np / per, r = np - q * per;
     size_t pstride = (size_t)16 * (size_t)K;
-    for (int i = 0; i < q; i++) {
+    for (int i = t0; i < t1 && i < q; i++) {
         int n = n0 + 16 * i;
         const uint16_t *w = wp + (size_t)(n / 16) * pstride;
         pk_tile_any(glu, 1, M, PK_NV, 0, K / 2, 1, 1, x, ldx, w, d2, pstride * (size_t)q,
                     (size_t)16 * (size_t)q, yp + n, glu ? yu + n : NULL, ldy, glu ? hp + n : NULL, ldh,
                     NULL, 0, 0);
     }
-    int r = np - q * per, n = n0 + 16 * q * per; /* the panels left over, side by side */
-    if (r > 0)
+    if (r > 0 && t0 <= q && q < t1) {
+        int n = n0 + 16 * q * per;
         pk_tile_any(glu, 0, M, glu ? 2 * r : r, 0, K / 2, 1, 1, x, ldx, wp + (size_t)(n / 16) * pstride, d2,
                     pstride, 16, yp + n, glu ? yu + n : NULL, ldy, glu ? hp + n : NULL, ldh, NULL, 0, 0);
+    }
 }
 
 /* Both products: strips of PK_NV panels (fused: PK_NV/2 of gate and of up,
@@ -484,7 +488,8 @@ T512 static void pk_run(int M, int n0, int n1, int K, const uint16_t *x, int ldx
     size_t pstride = (size_t)16 * (size_t)K;
     ptrdiff_t d2 = glu ? wu - wp : 0;
     if (M <= PK_SPREAD_MAX) {
-        pk_spread(glu, M, n0, n1, K, x, ldx, wp, d2, yp, yu, ldy, hp, ldh);
+        pk_spread(glu, M, n0, n1, 0, cpu_spread_tiles(n1 - n0, glu), K, x, ldx, wp, d2, yp, yu, ldy,
+                  hp, ldh);
         return;
     }
     /* Few rows (decode, small batches): one pass over K, the weights
@@ -541,6 +546,16 @@ T512 static void av512_gemm_bf16p_glu(int M, int n0, int n1, int K, const uint16
                                       int ldy, uint16_t *h, int ldh)
 {
     pk_run(M, n0, n1, K, x, ldx, wg, wu, yg, yu, ldy, h, ldh);
+}
+
+T512 static void av512_gemm_bf16p_tiles(int M, int n0, int n1, int t0, int t1, int K,
+                                        const uint16_t *x, int ldx, const uint16_t *wp,
+                                        const uint16_t *wu, float *y, float *yu, int ldy,
+                                        uint16_t *h, int ldh)
+{
+    if (M <= 0 || M > PK_SPREAD_MAX || n1 <= n0 || K <= 0)
+        return;
+    pk_spread(wu != NULL, M, n0, n1, t0, t1, K, x, ldx, wp, wu ? wu - wp : 0, y, yu, ldy, h, ldh);
 }
 
 /* ---- conversions and attention helpers ---------------------------------- */
@@ -1010,6 +1025,7 @@ static const struct cpu_kernels av512_table = {
     .axpy_bf16 = av512_axpy_bf16,
     .gemm_bf16p = av512_gemm_bf16p,
     .gemm_bf16p_glu = av512_gemm_bf16p_glu,
+    .gemm_bf16p_tiles = av512_gemm_bf16p_tiles,
     .softmax = av512_softmax,
     .scores_bf16 = av512_scores_bf16,
     .pv_bf16 = av512_pv_bf16,

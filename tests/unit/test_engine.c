@@ -47,11 +47,13 @@ struct result {
     uint64_t id;
 };
 
+static int n_threads = 1; /* for open_engine; test_thread_counts changes it */
+
 static struct engine *open_engine(int kv_blocks, int max_batch, int chunk)
 {
     struct engine_options o;
     engine_options_default(&o);
-    o.n_threads = 1;
+    o.n_threads = n_threads;
     o.kv_blocks = kv_blocks;
     o.max_batch = max_batch;
     o.token_budget = 256;
@@ -633,6 +635,28 @@ static void test_chunk_sizes(void **state)
     }
 }
 
+/* The same outputs, bit for bit, on 2 and 3 threads as on one: the
+ * products' rows are shared out differently (decode on packed BF16: each
+ * thread's share of tiles, and what the others take from its end), and
+ * 3 threads on this 2-core machine lose their cores now and then. */
+static void test_thread_counts(void **state)
+{
+    (void)state;
+    mix_setup();
+    static struct result ref[N_MIX], got[N_MIX];
+    for (int t = 1; t <= 3; t++) {
+        n_threads = t;
+        struct engine *e = open_engine(256, 16, 0);
+        for (int i = 0; i < N_MIX; i++)
+            submit(e, &mix_q[i], t > 1 ? &got[i] : &ref[i]);
+        drain(e);
+        for (int i = 0; t > 1 && i < N_MIX; i++)
+            assert_same(&ref[i], &got[i]);
+        engine_free(e);
+    }
+    n_threads = 1;
+}
+
 /* The invariance tests again on the BF16 copy. */
 static void on_bf16(void (*test)(void **), void **state)
 {
@@ -644,6 +668,7 @@ static void on_bf16(void (*test)(void **), void **state)
 static void test_batch_invariance_bf16(void **state) { on_bf16(test_batch_invariance, state); }
 static void test_chunk_sizes_bf16(void **state) { on_bf16(test_chunk_sizes, state); }
 static void test_preemption_identical_bf16(void **state) { on_bf16(test_preemption_identical, state); }
+static void test_thread_counts_bf16(void **state) { on_bf16(test_thread_counts, state); }
 
 static void test_submit_errors(void **state)
 {
@@ -800,6 +825,8 @@ int main(void)
         cmocka_unit_test(test_batch_invariance_bf16),
         cmocka_unit_test(test_chunk_sizes_bf16),
         cmocka_unit_test(test_preemption_identical_bf16),
+        cmocka_unit_test(test_thread_counts),
+        cmocka_unit_test(test_thread_counts_bf16),
         cmocka_unit_test(test_submit_errors),
         cmocka_unit_test(test_eos_and_defaults),
         cmocka_unit_test(test_chat_messages),

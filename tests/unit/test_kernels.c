@@ -578,6 +578,26 @@ static void test_packed_spread(void **state)
                                      n1, m, n, got, want);
                     }
                 free(y);
+                /* the same range tile by tile, back to front, rows 1..4 at a time */
+                if (!ks[t]->gemm_bf16p_tiles)
+                    continue;
+                y = new_y(&p);
+                int nt = cpu_spread_tiles(n1 - n0, 0);
+                for (int m = 0, g = 1; m < M; m += g, g = g % 4 + 1) {
+                    int rows = M - m < g ? M - m : g;
+                    for (int tile = nt - 1; tile >= 0; tile--)
+                        ks[t]->gemm_bf16p_tiles(rows, n0, n1, tile, tile + 1, K, p.xb + (size_t)m * p.ldx,
+                                                p.ldx, wp, NULL, y + (size_t)m * p.ldy, NULL, p.ldy, NULL, 0);
+                }
+                for (int m = 0; m < M; m++)
+                    for (int n = 0; n < p.ldy; n++) {
+                        float got = y[(size_t)m * p.ldy + n];
+                        float want = n >= n0 && n < n1 ? full[(size_t)m * p.ldy + n] : SENTINEL;
+                        if (f_bits(got) != f_bits(want))
+                            fail_msg("%s tiles K=%d [%d,%d) (%d,%d): %.9g, want %.9g", isa, K, n0, n1,
+                                     m, n, got, want);
+                    }
+                free(y);
             }
             free(full), free(wp);
             prob_free(&p);
@@ -630,6 +650,16 @@ static void test_packed_glu(void **state)
                 if (h[i] != e[i])
                     fail_msg("%s glu M=%d (%zu,%zu): 0x%04x, separate products 0x%04x", isa, M,
                              i / N, i % N, h[i], e[i]);
+            /* decode rows: tile by tile, last first, over two ranges */
+            if (k->gemm_bf16p_tiles && M <= CPU_SPREAD_MAX_M) {
+                memset(h, 0, (size_t)M * N * 2);
+                static const int cut[3] = {0, 64, N};
+                for (int part = 0; part < 2; part++)
+                    for (int tile = cpu_spread_tiles(cut[part + 1] - cut[part], 1) - 1; tile >= 0; tile--)
+                        k->gemm_bf16p_tiles(M, cut[part], cut[part + 1], tile, tile + 1, K, g.xb, g.ldx,
+                                            wg, wu, sg, su, g.ldy, h, N);
+                assert_memory_equal(h, e, (size_t)M * N * 2);
+            }
             /* each row alone */
             memset(h, 0, (size_t)M * N * 2);
             for (int m = 0; m < M; m++)
