@@ -304,7 +304,7 @@ T512 static AI __m512 exp16(__m512 x)
 #define PK_NV 4
 #define PK_KC 256
 #define PK_SPREAD_MAX CPU_SPREAD_MAX_M /* decode tiles, PK_PF_SPREAD below says why */
-#define PK_PF_SPREAD 16
+#define PK_PF_SPREAD 24 /* lines */
 
 /* SwiGLU of one register of gate and up sums, as av512_swiglu computes it. */
 T512 static AI __m256i glu16(__m512 g, __m512 u)
@@ -448,8 +448,11 @@ T512 static void pk_tile_any(int glu, int spread, int mr, int nv, int kp0, int k
  * non-temporal: lines read once need no place in L2, and on Zen (whose L3
  * takes what L2 evicts) the weights then no longer push the KV cache and
  * activations out; tg64 went 63.6 -> 65.3 tok/s (median of 5 alternating
- * pairs), the KV writes and attention gaining most. Which panels share a
- * tile changes no bits: every output keeps its own chain. */
+ * pairs), the KV writes and attention gaining most. How far ahead: 16
+ * lines were best in the microbenchmark with T0; with the non-temporal
+ * hint, in the engine, 24 beat 16 in 7 of 8 alternating tg64 pairs (69.0
+ * against 65.7 tok/s, medians), 20 about ties with 24 and 28 loses. Which
+ * panels share a tile changes no bits: every output keeps its own chain. */
 
 /* The decode path described above, for M <= PK_SPREAD_MAX: tiles t0..t1-1
  * of the rows [n0, n1), tile i < q being panels i, i + q, ... and tile q
