@@ -648,7 +648,8 @@ static void mm_one(const struct mm_job *j, int i, int n0, int n1)
  * tiles, so packed panels stay whole), so they shrink towards the end and
  * the first thread to run out waits for a small one, not for an eighth of
  * the product (fixed eighths cost prefill about 3 % at the barriers).
- * With few rows (M <= 24, decode) the weights stream from memory and every
+ * With few rows (M <= 24: decode batches, and decode where mm_tiles does
+ * not apply) the weights stream from memory and every
  * chunk starts its stream cold, so chunks are at least 512 rows: on the
  * 1024-row o and down projections at M = 16, 128-row chunks cost them
  * 15-20 %. */

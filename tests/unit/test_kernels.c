@@ -471,6 +471,15 @@ static void test_invariance_big_m(void **state)
 
 /* ---- packed BF16 panels (gemm_bf16p) ------------------------------------ */
 
+/* cpu_pack_bf16's panels of p's weights (the caller frees them). */
+static uint16_t *pack_prob(const struct prob *p)
+{
+    uint16_t *wp = aligned_alloc(64, ((size_t)p->N * p->K * 2 + 63) / 64 * 64);
+    assert_non_null(wp);
+    cpu_pack_bf16(p->wb, p->N, p->K, wp);
+    return wp;
+}
+
 /* gemm_bf16p on cpu_pack_bf16's panels: within the bf16 tolerance of the
  * reference, and bit-identical whatever M, the row grouping, the n split or
  * the K chunking (M > 24 takes the K-chunked prefill path, K = 1000 and
@@ -490,9 +499,7 @@ static void test_packed_bf16(void **state)
             int K = Ks[ki];
             struct prob p;
             prob_init(&p, DT_BF16, M, N, K, 6, 5);
-            uint16_t *wp = aligned_alloc(64, ((size_t)N * K * 2 + 63) / 64 * 64);
-            assert_non_null(wp);
-            cpu_pack_bf16(p.wb, N, K, wp);
+            uint16_t *wp = pack_prob(&p);
             /* the layout: element (n, k) where kernels.h says */
             for (int n = 0; n < N; n += 7)
                 for (int kk = 0; kk < K; kk += 3)
@@ -534,6 +541,21 @@ static void test_packed_bf16(void **state)
         printf("  (no table here has gemm_bf16p)\n");
 }
 
+/* y equals full bit for bit on columns [n0, n1) and was not written
+ * elsewhere (still SENTINEL). */
+static void same_in_range(const char *isa, const char *what, const struct prob *p, int n0, int n1,
+                          const float *full, const float *y)
+{
+    for (int m = 0; m < p->M; m++)
+        for (int n = 0; n < p->ldy; n++) {
+            float got = y[(size_t)m * p->ldy + n];
+            float want = n >= n0 && n < n1 ? full[(size_t)m * p->ldy + n] : SENTINEL;
+            if (f_bits(got) != f_bits(want))
+                fail_msg("%s %s K=%d [%d,%d) (%d,%d): %.9g, want %.9g", isa, what, p->K, n0, n1, m, n,
+                         got, want);
+        }
+}
+
 /* Decode rows (M = 1..4) take tiles of panels far apart (a share of the
  * column range each, kernels_avx512.c): on ranges of many panels, with a
  * remainder of 1-3 panels and starting off zero, every row in groups of
@@ -556,9 +578,7 @@ static void test_packed_spread(void **state)
             int K = Ks[ki];
             struct prob p;
             prob_init(&p, DT_BF16, M, N, K, 6, 5);
-            uint16_t *wp = aligned_alloc(64, ((size_t)N * K * 2 + 63) / 64 * 64);
-            assert_non_null(wp);
-            cpu_pack_bf16(p.wb, N, K, wp);
+            uint16_t *wp = pack_prob(&p);
             float *full = new_y(&p);
             ks[t]->gemm_bf16p(M, 0, N, K, p.xb, p.ldx, wp, full, p.ldy);
             for (int r = 0; r < 5; r++) {
@@ -569,14 +589,7 @@ static void test_packed_spread(void **state)
                     ks[t]->gemm_bf16p(rows, n0, n1, K, p.xb + (size_t)m * p.ldx, p.ldx, wp,
                                       y + (size_t)m * p.ldy, p.ldy);
                 }
-                for (int m = 0; m < M; m++)
-                    for (int n = 0; n < p.ldy; n++) {
-                        float got = y[(size_t)m * p.ldy + n];
-                        float want = n >= n0 && n < n1 ? full[(size_t)m * p.ldy + n] : SENTINEL;
-                        if (f_bits(got) != f_bits(want))
-                            fail_msg("%s spread K=%d [%d,%d) (%d,%d): %.9g, want %.9g", isa, K, n0,
-                                     n1, m, n, got, want);
-                    }
+                same_in_range(isa, "spread", &p, n0, n1, full, y);
                 free(y);
                 /* the same range tile by tile, back to front, rows 1..4 at a time */
                 if (!ks[t]->gemm_bf16p_tiles)
@@ -589,14 +602,7 @@ static void test_packed_spread(void **state)
                         ks[t]->gemm_bf16p_tiles(rows, n0, n1, tile, tile + 1, K, p.xb + (size_t)m * p.ldx,
                                                 p.ldx, wp, NULL, y + (size_t)m * p.ldy, NULL, p.ldy, NULL, 0);
                 }
-                for (int m = 0; m < M; m++)
-                    for (int n = 0; n < p.ldy; n++) {
-                        float got = y[(size_t)m * p.ldy + n];
-                        float want = n >= n0 && n < n1 ? full[(size_t)m * p.ldy + n] : SENTINEL;
-                        if (f_bits(got) != f_bits(want))
-                            fail_msg("%s tiles K=%d [%d,%d) (%d,%d): %.9g, want %.9g", isa, K, n0, n1,
-                                     m, n, got, want);
-                    }
+                same_in_range(isa, "tiles", &p, n0, n1, full, y);
                 free(y);
             }
             free(full), free(wp);
