@@ -682,15 +682,24 @@ static int take_rows(_Atomic int *next, int total, int nth, int M, int *a, int *
  * other. Chunks of rows, as below, left 5-8 % of the threads' time idle
  * at the ends of the decode products, a whole chunk of one thread against
  * nothing of the other. Which thread computes a tile changes no bits. */
-static int mm_share(const struct mm_job *j, int i, int h)
+static int mm_cut(const struct mm_job *j, int i, int h)
 {
-    return (int)((int64_t)j->mat[i]->rows * h / j->nth) / 64 * 64;
+    return h == j->nth ? j->mat[i]->rows : (int)((int64_t)j->mat[i]->rows * h / j->nth) / 64 * 64;
+}
+
+/* Thread h's share of matrix i: rows [*n0, *n1), whole 64-row tiles but
+ * for the last share's end. */
+static void mm_share(const struct mm_job *j, int i, int h, int *n0, int *n1)
+{
+    *n0 = mm_cut(j, i, h);
+    *n1 = mm_cut(j, i, h + 1);
 }
 
 static void mm_tile(const struct mm_job *j, int i, int h, int t)
 {
     const struct cpu_mat *m = j->mat[i];
-    int n0 = mm_share(j, i, h), n1 = h + 1 == j->nth ? m->rows : mm_share(j, i, h + 1);
+    int n0, n1;
+    mm_share(j, i, h, &n0, &n1);
     if (j->swiglu)
         j->k->gemm_bf16p_tiles(j->M, n0, n1, t, t + 1, m->cols, j->xb, j->ldx, m->w, j->mat[1]->w,
                                j->y[0], j->y[1], j->ldy[0], j->hb, j->ldy[0]);
@@ -1290,7 +1299,8 @@ static void mm_run(struct cpu_ctx *c, struct mm_job *j)
     j->nth = nth;
     for (int i = 0; ok && i < n; i++)
         for (int h = 0; h < nth; h++) {
-            int n0 = mm_share(j, i, h), n1 = h + 1 == nth ? j->mat[i]->rows : mm_share(j, i, h + 1);
+            int n0, n1;
+            mm_share(j, i, h, &n0, &n1);
             uint64_t hi = (uint64_t)cpu_spread_tiles(n1 - n0, j->swiglu);
             atomic_init(&j->range[i * nth + h], hi << 32);
         }

@@ -245,8 +245,6 @@ int cmd_run(int argc, char **argv)
     return rc ? 1 : 0;
 }
 
-/* Prefill one P-token prompt, then B sequences decode G tokens each in
- * lock step. Prints speeds next to the machine limits measured here. */
 /* The CPU's read bandwidth in GB/s on a pool of its own (n_threads), or
  * -1 with err set. */
 static double read_bw_cpu(int n_threads, struct rl_err *err)
@@ -261,6 +259,8 @@ static double read_bw_cpu(int n_threads, struct rl_err *err)
     return bw;
 }
 
+/* Prefill one P-token prompt, then B sequences decode G tokens each in
+ * lock step. Prints speeds next to the machine limits measured here. */
 int cmd_bench_engine(int argc, char **argv)
 {
     struct eng_args a;
