@@ -620,6 +620,10 @@ struct mm_job {
     _Atomic uint64_t range[MM_MAX_RANGES];
 };
 
+/* The matrices whose rows the job shares out (fused gate/up: gate's rows
+ * stand for both). */
+static int mm_n_split(const struct mm_job *j) { return j->swiglu ? 1 : j->n_mats; }
+
 static void mm_one(const struct mm_job *j, int i, int n0, int n1)
 {
     const struct cpu_mat *m = j->mat[i];
@@ -726,7 +730,7 @@ static int mm_take(struct mm_job *j, int r, int own)
 
 static void mm_tiles(struct mm_job *j, int ith)
 {
-    int n = j->swiglu ? 1 : j->n_mats, t;
+    int n = mm_n_split(j), t;
     for (int i = 0; i < n; i++)
         while ((t = mm_take(j, i * j->nth + ith, 1)) >= 0)
             mm_tile(j, i, ith, t);
@@ -746,7 +750,7 @@ static void mm_task(void *arg, int ith, int nth)
         return;
     }
     int total = 0;
-    for (int i = 0; i < (j->swiglu ? 1 : j->n_mats); i++)
+    for (int i = 0; i < mm_n_split(j); i++)
         total += j->mat[i]->rows;
     int a, b;
     while (take_rows(&j->next, total, nth, j->M, &a, &b)) {
@@ -1290,7 +1294,7 @@ static int check_batch(const struct cpu_ctx *c, const struct be_batch *b, struct
  * applies. */
 static void mm_run(struct cpu_ctx *c, struct mm_job *j)
 {
-    int n = j->swiglu ? 1 : j->n_mats, nth = cpu_pool_n_threads(c->pool);
+    int n = mm_n_split(j), nth = cpu_pool_n_threads(c->pool);
     int ok = j->M <= CPU_SPREAD_MAX_M && c->k->gemm_bf16p_tiles && n * nth <= MM_MAX_RANGES &&
              (!j->swiglu || (j->hb && j->mat[1]->packed));
     for (int i = 0; i < j->n_mats; i++)
