@@ -19,6 +19,7 @@
 
 #include "chat.h"
 #include "engine.h"
+#include "cpu/kernels.h"
 #include "mkmodel.h"
 #include "tokenizer.h"
 
@@ -54,6 +55,7 @@ static enum spec_mode spec_mode_on;
 static spec_draft_fn spec_source;
 static void *spec_source_user;
 static int spec_k;
+static const char *engine_isa; /* for open_engine; NULL = auto */
 
 static struct engine *open_engine(int kv_blocks, int max_batch, int chunk)
 {
@@ -63,6 +65,7 @@ static struct engine *open_engine(int kv_blocks, int max_batch, int chunk)
     o.spec_draft = spec_source;
     o.spec_draft_user = spec_source_user;
     o.spec_tokens = spec_k;
+    o.isa = engine_isa;
     o.n_threads = n_threads;
     o.kv_blocks = kv_blocks;
     o.max_batch = max_batch;
@@ -784,9 +787,9 @@ static void spec_run(struct engine *e, struct result *got, uint32_t rng)
  * are always right, right but every 2nd or 3rd token wrong, from prompt
  * lookup; in a roomy pool, with 7-token prefill chunks, and in a pool so
  * small that requests are preempted with drafts in flight. */
-static void test_spec_identical(void **state)
+static void spec_identical_on(const char *isa)
 {
-    (void)state;
+    engine_isa = isa;
     spec_mode_on = SPEC_OFF;
     struct engine *pe = open_engine(256, 16, 0);
     spec_mix_setup(pe);
@@ -858,6 +861,21 @@ static void test_spec_identical(void **state)
     }
     spec_mode_on = SPEC_OFF;
     spec_source = NULL;
+    engine_isa = NULL;
+}
+
+/* ... on every kernel path this CPU has */
+static void test_spec_identical(void **state)
+{
+    (void)state;
+    const char *isas[] = {"avx512bf16", "avx2", "scalar"};
+    for (int i = 0; i < 3; i++) {
+        if (cpu_isa_parse(isas[i]) > (int)cpu_isa_detect()) {
+            printf("  (skipping %s: this CPU lacks it)\n", isas[i]);
+            continue;
+        }
+        spec_identical_on(isas[i]);
+    }
 }
 
 /* Prompt lookup on a prompt that repeats itself drafts tokens, and a
