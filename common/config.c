@@ -86,6 +86,12 @@ static const struct opt options[] = {
      "Most tokens computed in one step, prefill and decode together."},
     {"prefill_chunk", T_INT, O(prefill_chunk), "512", 16, 1048576, NULL, CFG_WORKER, 0,
      "Most prompt tokens of one request per step (chunked prefill)."},
+    {"speculative", T_ENUM, O(speculative), "off", 0, 0, "off|ngram", CFG_WORKER, 0,
+     "Speculative decoding: ngram drafts tokens by prompt lookup (the last 1-4 tokens matched in the "
+     "prompt and output) and verifies them in the decode step; outputs are bit-identical to off. "
+     "A job may turn it off (\"speculative\": false)."},
+    {"spec_tokens", T_INT, O(spec_tokens), "4", 1, 16, NULL, CFG_WORKER, 0,
+     "Most draft tokens per request per step (speculative = ngram); fewer while acceptance is low."},
     /* jobs */
     {"default_max_tokens", T_INT, O(default_max_tokens), "1024", 1, 1048576, NULL, CFG_BOTH, F_LIVE,
      "max_tokens of a job that gives none."},

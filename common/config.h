@@ -48,6 +48,8 @@ struct cfg {
     int max_batch;                /* running requests */
     int max_batch_tokens;         /* tokens per step */
     int prefill_chunk;            /* prompt tokens per request per step */
+    char *speculative;            /* "off" or "ngram" */
+    int spec_tokens;              /* draft tokens per request per step */
     /* jobs */
     int default_max_tokens;
     int max_job_kb;

@@ -212,6 +212,17 @@ int ev_build_done(int64_t seq, const struct ev_done *d, char **out, struct rl_er
     if (!t || add_int(t, "queue_ms", d->queue_ms) || add_int(t, "ttft_ms", d->ttft_ms) ||
         add_int(t, "total_ms", d->total_ms))
         goto oom;
+    if (d->speculated) {
+        /* the rate as a fraction with 4 decimals; 0 when nothing was drafted */
+        double rate = d->spec_drafted > 0
+                          ? (double)(int64_t)(10000.0 * (double)d->spec_accepted /
+                                                  (double)d->spec_drafted + 0.5) / 10000.0
+                          : 0.0;
+        if (add_int(t, "spec_drafted", d->spec_drafted) ||
+            add_int(t, "spec_accepted", d->spec_accepted) ||
+            !cJSON_AddNumberToObject(t, "spec_acceptance", rate))
+            goto oom;
+    }
     cJSON *tc = d->tool_calls ? cJSON_Duplicate(d->tool_calls, 1) : cJSON_CreateArray();
     if (!tc || !cJSON_AddItemToObject(o, "tool_calls", tc))
         goto oom;

@@ -117,6 +117,10 @@ struct ev_done {
     int64_t cached_prompt_tokens; /* prefix-cache hits in the prompt */
     bool cached;                 /* replayed from the result cache */
     int64_t queue_ms, ttft_ms, total_ms;
+    bool speculated;             /* the job ran with speculative decoding:
+                                    timings then give the counts below */
+    int64_t spec_drafted;        /* draft tokens verified */
+    int64_t spec_accepted;       /* of those, kept */
     const struct cJSON *tool_calls; /* array or NULL (written as []); borrowed */
     const struct cJSON *metadata;   /* the job's metadata or NULL (left out); borrowed */
 };

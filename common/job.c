@@ -554,7 +554,7 @@ enum kind {
     K_ID, K_POOL, K_MESSAGES, K_TOOLS, K_PROMPT, K_PROMPT_IDS, K_MODE, K_MAX_TOKENS,
     K_TEMPERATURE, K_TOP_P, K_TOP_K, K_MIN_P, K_PRESENCE, K_FREQUENCY, K_REPETITION,
     K_SEED, K_STOP, K_IGNORE_EOS, K_MAX_THINKING, K_LOGPROBS, K_PRIORITY, K_DEADLINE,
-    K_CACHE, K_STREAM_TTL, K_METADATA,
+    K_CACHE, K_STREAM_TTL, K_METADATA, K_SPECULATIVE,
 };
 static const struct {
     const char *name;
@@ -569,6 +569,7 @@ static const struct {
     {"max_thinking_tokens", K_MAX_THINKING}, {"logprobs", K_LOGPROBS},
     {"priority", K_PRIORITY}, {"deadline_ms", K_DEADLINE}, {"cache", K_CACHE},
     {"stream_ttl_s", K_STREAM_TTL}, {"metadata", K_METADATA},
+    {"speculative", K_SPECULATIVE},
 };
 #define N_TOP ((int)(sizeof top_fields / sizeof top_fields[0]))
 
@@ -788,6 +789,9 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
     case K_CACHE:
         j->given |= JOB_F_CACHE;
         return get_bool(v, name, &j->cache, f, err);
+    case K_SPECULATIVE:
+        j->given |= JOB_F_SPECULATIVE;
+        return get_bool(v, name, &j->speculative, f, err);
     case K_STREAM_TTL:
         if ((rc = get_integer(v, name, 1, o->max_stream_ttl_s, &x, f, err)))
             return rc;
@@ -817,6 +821,7 @@ static void defaults(struct job *j, const struct job_opts *o)
     j->max_thinking_tokens = -1;
     j->logprobs = -1;
     j->cache = true;
+    j->speculative = true;
     j->stream_ttl_s = o->default_stream_ttl_s;
 }
 
@@ -1091,6 +1096,8 @@ int job_to_json(const struct job *j, char **out, struct rl_err *err)
         ADD(cJSON_AddBoolToObject(o, "cache", j->cache));
     if (j->given & JOB_F_STREAM_TTL)
         ADD(add_num(o, "stream_ttl_s", j->stream_ttl_s));
+    if (j->given & JOB_F_SPECULATIVE)
+        ADD(cJSON_AddBoolToObject(o, "speculative", j->speculative));
     if (j->metadata) {
         cJSON *m = cJSON_Duplicate(j->metadata, 1);
         ADD(m && cJSON_AddItemToObject(o, "metadata", m));

@@ -55,7 +55,7 @@ enum job_field_bit {
     JOB_F_IGNORE_EOS = 1u << 12, JOB_F_MAX_THINKING = 1u << 13,
     JOB_F_LOGPROBS = 1u << 14, JOB_F_PRIORITY = 1u << 15, JOB_F_DEADLINE = 1u << 16,
     JOB_F_CACHE = 1u << 17, JOB_F_STREAM_TTL = 1u << 18, JOB_F_METADATA = 1u << 19,
-    JOB_F_POOL = 1u << 20, JOB_F_TOOLS = 1u << 21,
+    JOB_F_POOL = 1u << 20, JOB_F_TOOLS = 1u << 21, JOB_F_SPECULATIVE = 1u << 22,
 };
 
 /* A validated job. Owned by whoever called job_parse; job_free releases it
@@ -93,6 +93,9 @@ struct job {
     int priority;             /* -1000..1000, higher first; default 0 */
     int64_t deadline_ms;      /* Unix time in ms after which the job ends; 0 = none */
     bool cache;               /* may use / fill the result cache; default true */
+    bool speculative;         /* false: plain decoding even on a worker that
+                                 speculates; default true. Not in the cache
+                                 key: the tokens are the same either way */
     int stream_ttl_s;         /* redlm:out:<id> expires this long after done */
     struct cJSON *metadata;   /* object or NULL, passed through untouched; owned */
 };

@@ -133,6 +133,7 @@ static int submit(struct worker *w, struct wjob *j, struct rl_err *err)
     r.stop = (const char *const *)jb->stop;
     r.n_stop = jb->n_stop;
     r.ignore_eos = jb->ignore_eos;
+    r.no_speculative = !jb->speculative;
     if (jb->max_thinking_tokens >= 0) {
         int left = jb->max_thinking_tokens - j->prev_reasoning;
         r.max_thinking_tokens = left > 0 ? left : 0;
@@ -553,6 +554,8 @@ static void update_metrics(struct worker *w, bool draining)
     w->m.kv_used = st.kv_used;
     w->m.prefix_hit_tokens = st.prefix_hit_tokens;
     w->m.prefix_miss_tokens = st.prefix_miss_tokens;
+    w->m.spec_drafted = st.spec_drafted;
+    w->m.spec_accepted = st.spec_accepted;
     w->m.tokens_per_s = w->tok_rate;
     w->m.draining = draining;
     w->m.redis_up = rconn_connected(w->rc);

@@ -128,6 +128,9 @@ static int setup(struct worker *w, struct rl_err *err)
     eo.max_batch = w->opt.max_batch;
     eo.token_budget = w->opt.token_budget;
     eo.prefill_chunk = w->opt.prefill_chunk;
+    if (spec_mode_parse(w->opt.speculative, &eo.speculative))
+        return rl_errf(err, RL_EINVAL, "speculative: unknown mode \"%s\"", w->opt.speculative);
+    eo.spec_tokens = w->opt.spec_tokens;
     struct load_progress lp = {w, rl_wall_ms(), 1};
     eo.progress = on_load_progress;
     eo.progress_user = &lp;

@@ -87,6 +87,12 @@ static char *render(struct worker *w)
             "redlm_prefix_cache_hit_tokens_total %lld\n", (long long)m->prefix_hit_tokens);
     text_printf(&t, "# TYPE redlm_prefix_cache_miss_tokens_total counter\n"
             "redlm_prefix_cache_miss_tokens_total %lld\n", (long long)m->prefix_miss_tokens);
+    text_printf(&t, "# HELP redlm_spec_drafted_tokens_total draft tokens verified (speculative decoding)\n"
+            "# TYPE redlm_spec_drafted_tokens_total counter\n"
+            "redlm_spec_drafted_tokens_total %lld\n", (long long)m->spec_drafted);
+    text_printf(&t, "# HELP redlm_spec_accepted_tokens_total draft tokens kept as output\n"
+            "# TYPE redlm_spec_accepted_tokens_total counter\n"
+            "redlm_spec_accepted_tokens_total %lld\n", (long long)m->spec_accepted);
     text_printf(&t, "# TYPE redlm_result_cache_hits_total counter\nredlm_result_cache_hits_total %lld\n",
         (long long)m->cache_hits);
     text_printf(&t, "# TYPE redlm_result_cache_misses_total counter\n"

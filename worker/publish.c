@@ -87,6 +87,9 @@ int w_push_done(struct worker *w, struct wjob *j, enum ev_finish fin,
         d.reasoning_tokens = u->reasoning_tokens + j->prev_reasoning;
         d.cached_prompt_tokens = u->cached_prompt_tokens < d.prompt_tokens
                                      ? u->cached_prompt_tokens : d.prompt_tokens;
+        d.speculated = strcmp(w->opt.speculative, "off") && j->job && j->job->speculative;
+        d.spec_drafted = u->spec_drafted;
+        d.spec_accepted = u->spec_accepted;
     } else if (j->job) {
         d.prompt_tokens = j->n_ids - j->n_prev > 0 ? j->n_ids - j->n_prev : 0;
     }

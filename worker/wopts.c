@@ -48,6 +48,8 @@ static int from_cfg(struct wopts *o, const struct cfg *c, struct rl_err *err)
     o->max_batch = c->max_batch;
     o->token_budget = c->max_batch_tokens;
     o->prefill_chunk = c->prefill_chunk;
+    copy(o->speculative, sizeof o->speculative, c->speculative);
+    o->spec_tokens = c->spec_tokens;
     o->read_block_ms = c->block_ms;
     o->claim_idle_ms = c->claim_idle_ms;
     o->claim_interval_ms = c->claim_interval_ms;

@@ -34,6 +34,8 @@ struct wopts {
     int max_batch;
     int token_budget;
     int prefill_chunk;
+    char speculative[16];            /* "off" or "ngram" */
+    int spec_tokens;
     int read_block_ms;       /* XREADGROUP BLOCK when idle */
     int claim_idle_ms;       /* XAUTOCLAIM jobs idle longer than this */
     int claim_interval_ms;   /* how often to look for them */

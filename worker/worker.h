@@ -108,6 +108,7 @@ struct wmetrics {
     int64_t errors[EV_CODE_COUNT];
     int running, waiting, kv_blocks, kv_used;
     int64_t prefix_hit_tokens, prefix_miss_tokens;
+    int64_t spec_drafted, spec_accepted;
     double tokens_per_s;
     bool ready, draining, redis_up;
 };
