@@ -74,6 +74,16 @@ static int build_events(char **out, int max)
                                           "waiting for a worker (max_waiting 500)", 1000,
                                           &out[n++], NULL), 0);
     assert_int_equal(ev_build_done(1, &derr, &out[n++], NULL), 0);
+    /* a job that ran with speculative decoding: its counts in timings */
+    const int32_t sids[] = {603, 1378, 2326};
+    struct ev_delta sd = {.content = "one two three", .content_len = 13, .token_ids = sids,
+                          .n_token_ids = 3};
+    assert_int_equal(ev_build_delta(0, &sd, &out[n++], NULL), 0);
+    struct ev_done ds = {.finish_reason = EV_FINISH_LENGTH, .prompt_tokens = 30,
+                         .completion_tokens = 3, .cached_prompt_tokens = 16, .queue_ms = 1,
+                         .ttft_ms = 35, .total_ms = 60, .speculated = true,
+                         .spec_drafted = 4, .spec_accepted = 2};
+    assert_int_equal(ev_build_done(1, &ds, &out[n++], NULL), 0);
     cJSON_Delete(meta);
     cJSON_Delete(tc);
     assert_true(n <= max);
