@@ -92,6 +92,9 @@ static const struct opt options[] = {
      "A job may turn it off (\"speculative\": false)."},
     {"spec_tokens", T_INT, O(spec_tokens), "4", 1, 16, NULL, CFG_WORKER, 0,
      "Most draft tokens per request per step (speculative = ngram); fewer while acceptance is low."},
+    {"spec_max_rows", T_INT, O(spec_max_rows), "0", 0, 1048576, NULL, CFG_WORKER, 0,
+     "Drafts go into a step only while it computes fewer tokens than this: past it a step is "
+     "compute-bound and a draft row costs more than it can win; 0 = the backend's (cpu 8, cuda 64)."},
     /* jobs */
     {"default_max_tokens", T_INT, O(default_max_tokens), "1024", 1, 1048576, NULL, CFG_BOTH, F_LIVE,
      "max_tokens of a job that gives none."},

@@ -50,6 +50,7 @@ struct cfg {
     int prefill_chunk;            /* prompt tokens per request per step */
     char *speculative;            /* "off" or "ngram" */
     int spec_tokens;              /* draft tokens per request per step */
+    int spec_max_rows;            /* no drafts in a step of this many tokens; 0 = backend's */
     /* jobs */
     int default_max_tokens;
     int max_job_kb;

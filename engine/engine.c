@@ -261,7 +261,13 @@ int engine_create(struct engine **out, const char *dir,
         goto fail;
     if ((rc = kv_cache_create(&e->kv, e->n_blocks, e->block_size, err)))
         goto fail;
-    struct sched_options so = {opt.max_batch, opt.token_budget, opt.prefill_chunk};
+    if (opt.spec_max_rows < 0)
+        return rl_errf(err, RL_EINVAL, "engine: negative spec_max_rows");
+    if (!opt.spec_max_rows) /* where a step stops being memory-bound (BENCHMARKS.md) */
+        opt.spec_max_rows = !strcmp(opt.backend, "cuda") ? 64 : 8;
+    e->opt.spec_max_rows = opt.spec_max_rows;
+    struct sched_options so = {opt.max_batch, opt.token_budget, opt.prefill_chunk,
+                               opt.spec_max_rows};
     if ((rc = sched_create(&e->sched, e->kv, &so, err)))
         goto fail;
     long ctx = e->cfg->max_pos > 0 ? e->cfg->max_pos : (1 << 30);

@@ -87,6 +87,10 @@ struct engine_options {
     enum spec_mode speculative; /* SPEC_OFF (default) or SPEC_NGRAM */
     int spec_tokens;          /* draft tokens per step at most, 1..
                                  SPEC_MAX_TOKENS; 0 = SPEC_DEFAULT_TOKENS */
+    int spec_max_rows;        /* drafts only while a step has fewer tokens:
+                                 past it a step is compute-bound and a
+                                 draft row costs more than it wins; 0 =
+                                 the backend's (cpu 8, cuda 64) */
     spec_draft_fn spec_draft; /* replaces the n-gram lookup when set and
                                  speculative is on (benchmark oracles,
                                  tests); NULL = spec_ngram_propose */

@@ -17,7 +17,8 @@
  *      that does not fit (blocks or max_seqs) preempts running sequences
  *      of strictly lower priority, tail first, until it does;
  *   4. speculative drafts (sched_seq_set_draft) extend planned decodes
- *      with what budget is left and only with blocks that are free after
+ *      with what budget is left, while the step stays under draft_rows
+ *      tokens, and only with blocks that are free after
  *      what running prefills still need: a draft never preempts anyone and
  *      never delays a prompt, it only fills a step that has room.
  * Planning an item appends its tokens to the kv_seq, which reserves the
@@ -140,6 +141,8 @@ int sched_create(struct sched **out, struct kv_cache *kv,
         o.token_budget = 512;
     if (o.prefill_chunk <= 0 || o.prefill_chunk > o.token_budget)
         o.prefill_chunk = o.token_budget;
+    if (o.draft_rows <= 0 || o.draft_rows > o.token_budget)
+        o.draft_rows = o.token_budget;
     struct sched *s = calloc(1, sizeof *s);
     if (!s)
         return rl_errf(err, RL_ENOMEM, "sched_create: out of memory");
@@ -497,13 +500,16 @@ int sched_schedule(struct sched *s, double now, struct sched_plan *plan,
     }
 
     /* drafts: planned decodes grow by their speculative tokens with what
-     * budget is left and only with blocks nobody else is owed */
-    for (int i = 0; i < s->n_items && budget > 0; i++) {
+     * budget is left, up to draft_rows tokens in the step, and only with
+     * blocks nobody else is owed */
+    int rows = s->opt.token_budget - budget;
+    int room = s->opt.draft_rows - rows < budget ? s->opt.draft_rows - rows : budget;
+    for (int i = 0; i < s->n_items && room > 0; i++) {
         struct sched_item *it = &s->items[i];
         struct sched_seq *q = it->seq;
         if (!q || q->n_draft <= 0 || it->n_new != 1 || pending(q) != 0)
             continue;
-        int d = q->n_draft < budget ? q->n_draft : budget;
+        int d = q->n_draft < room ? q->n_draft : room;
         while (d > 0 && kv_blocks_needed(s->kv, q->kv, d) > kv_free_blocks(s->kv) - reserved)
             d--;
         if (d <= 0)
@@ -513,6 +519,7 @@ int sched_schedule(struct sched *s, double now, struct sched_plan *plan,
         it->n_new += d;
         it->n_draft = d;
         budget -= d;
+        room -= d;
     }
 
     /* compact (preemption may have unplanned items) and fill the views;

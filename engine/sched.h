@@ -55,6 +55,10 @@ struct sched_options {
                           The backend must be loaded for this many. */
     int prefill_chunk; /* tokens of one sequence in one step; <= 0 means
                           token_budget */
+    int draft_rows;    /* drafts go in only while the step has fewer tokens
+                          than this (beyond it a step is compute-bound and
+                          a draft row costs more than it can win); <= 0:
+                          token_budget */
 };
 
 struct sched;      /* the queues and the plan buffers */

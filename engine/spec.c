@@ -3,10 +3,11 @@
  *
  * The adaptation is a small state machine, chosen so that the worst case
  * is bounded rather than the average tuned:
- *   - every proposal that is accepted whole lets the next one grow by a
- *     token (up to spec_tokens), and never shrinks it; a partly accepted one sets the next size
- *     to what was accepted plus one, so a steady acceptance of m tokens
- *     settles at drafts of m + 1;
+ *   - a request starts with drafts of 2 (a first guess costs little when
+ *     wrong); a proposal accepted whole doubles the next one (up to
+ *     spec_tokens) and never shrinks it; a partly accepted one sets the
+ *     next size to what was accepted plus one, so a steady acceptance of
+ *     m tokens settles at drafts of m + 1;
  *   - a verification that accepts nothing halves the size; two in a row
  *     start a cool-down of `backoff` decode steps without drafts, and each
  *     further miss after a cool-down doubles backoff (up to 256), while any
@@ -71,7 +72,7 @@ void spec_adapt_init(struct spec_adapt *a, int k_max)
 {
     memset(a, 0, sizeof *a);
     a->k_max = k_max > SPEC_MAX_TOKENS ? SPEC_MAX_TOKENS : k_max;
-    a->k_cur = a->k_max;
+    a->k_cur = a->k_max < 2 ? a->k_max : 2;
     a->backoff = BACKOFF_START;
 }
 
@@ -94,8 +95,8 @@ void spec_adapt_update(struct spec_adapt *a, int n_drafted, int n_accepted)
         a->misses = 0;
         a->backoff = BACKOFF_START;
         int k = n_accepted + 1;
-        if (n_accepted == n_drafted && a->k_cur > k)
-            k = a->k_cur; /* a short draft (little to look up) is no reason to shrink */
+        if (n_accepted == n_drafted) /* a short draft (little to look up) is no reason to shrink */
+            k = 2 * (a->k_cur > n_drafted ? a->k_cur : n_drafted);
         a->k_cur = k > a->k_max ? a->k_max : k;
         return;
     }

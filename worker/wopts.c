@@ -50,6 +50,7 @@ static int from_cfg(struct wopts *o, const struct cfg *c, struct rl_err *err)
     o->prefill_chunk = c->prefill_chunk;
     copy(o->speculative, sizeof o->speculative, c->speculative);
     o->spec_tokens = c->spec_tokens;
+    o->spec_max_rows = c->spec_max_rows;
     o->read_block_ms = c->block_ms;
     o->claim_idle_ms = c->claim_idle_ms;
     o->claim_interval_ms = c->claim_interval_ms;

@@ -36,6 +36,7 @@ struct wopts {
     int prefill_chunk;
     char speculative[16];            /* "off" or "ngram" */
     int spec_tokens;
+    int spec_max_rows;
     int read_block_ms;       /* XREADGROUP BLOCK when idle */
     int claim_idle_ms;       /* XAUTOCLAIM jobs idle longer than this */
     int claim_interval_ms;   /* how often to look for them */

@@ -55,6 +55,7 @@ static enum spec_mode spec_mode_on;
 static spec_draft_fn spec_source;
 static void *spec_source_user;
 static int spec_k;
+static int spec_rows; /* engine_options.spec_max_rows */
 static const char *engine_isa; /* for open_engine; NULL = auto */
 
 static struct engine *open_engine(int kv_blocks, int max_batch, int chunk)
@@ -65,6 +66,7 @@ static struct engine *open_engine(int kv_blocks, int max_batch, int chunk)
     o.spec_draft = spec_source;
     o.spec_draft_user = spec_source_user;
     o.spec_tokens = spec_k;
+    o.spec_max_rows = spec_rows;
     o.isa = engine_isa;
     o.n_threads = n_threads;
     o.kv_blocks = kv_blocks;
@@ -819,14 +821,17 @@ static void spec_identical_on(const char *isa)
 
     static struct result got[N_MIX];
     struct oracle orc = {got, spec_plain, 0};
-    const struct { int source; int m; int kv_blocks, chunk; } runs[] = {
-        {1, 0, 256, 0}, {1, 2, 256, 7}, {1, 3, 40, 0}, {1, 0, 36, 5}, {0, 0, 256, 0}, {0, 0, 40, 7},
+    /* rows 0: the CPU's default cap on a step's tokens with drafts (8) */
+    const struct { int source; int m; int kv_blocks, chunk, rows; } runs[] = {
+        {1, 0, 256, 0, 256}, {1, 2, 256, 7, 256}, {1, 3, 40, 0, 256}, {1, 0, 36, 5, 256},
+        {1, 0, 256, 0, 0}, {0, 0, 256, 0, 256}, {0, 0, 40, 7, 256},
     };
     for (size_t c = 0; c < sizeof runs / sizeof runs[0]; c++) {
         spec_mode_on = SPEC_NGRAM;
         spec_source = runs[c].source ? oracle_draft : NULL;
         spec_source_user = &orc;
         orc.m = runs[c].m;
+        spec_rows = runs[c].rows;
         struct engine *e = open_engine(runs[c].kv_blocks, 16, runs[c].chunk);
         spec_run(e, got, 91 + (uint32_t)c);
         struct engine_stats st;
@@ -861,6 +866,7 @@ static void spec_identical_on(const char *isa)
     }
     spec_mode_on = SPEC_OFF;
     spec_source = NULL;
+    spec_rows = 0;
     engine_isa = NULL;
 }
 

@@ -28,7 +28,7 @@ static void rig_open(struct rig *r, int n_blocks, int block_size, int max_seqs, 
     struct rl_err err = {0};
     memset(r, 0, sizeof *r);
     assert_int_equal(kv_cache_create(&r->kv, n_blocks, block_size, &err), 0);
-    struct sched_options o = {max_seqs, budget, chunk};
+    struct sched_options o = {max_seqs, budget, chunk, 0};
     assert_int_equal(sched_create(&r->s, r->kv, &o, &err), 0);
 }
 
@@ -378,6 +378,23 @@ static void test_drafts(void **state)
     int32_t bad = -1;
     assert_int_equal(sched_seq_set_draft(a, &bad, 1, &err), -RL_EINVAL);
     rig_close(&r);
+
+    /* draft_rows 3: two decodes leave room for one draft token */
+    struct rig c;
+    assert_int_equal(kv_cache_create(&c.kv, 8, 4, &err), 0);
+    struct sched_options o = {4, 16, 0, 3};
+    assert_int_equal(sched_create(&c.s, c.kv, &o, &err), 0);
+    a = add(&c, 3, 0, 1, 0);
+    b = add(&c, 3, 0, 2, 0);
+    step(&c, 0);
+    assert_int_equal(sched_seq_set_draft(a, d, 4, &err), 0);
+    assert_int_equal(sched_seq_set_draft(b, d, 4, &err), 0);
+    assert_int_equal(sched_schedule(c.s, 0, &c.plan, &err), 0);
+    assert_int_equal(item_of(&c, a)->n_draft, 1);
+    assert_int_equal(item_of(&c, b)->n_draft, 0);
+    assert_int_equal(c.plan.n_tokens, 3);
+    assert_int_equal(sched_commit(c.s, &err), 0);
+    rig_close(&c);
 }
 
 int main(void)

@@ -41,19 +41,22 @@ static void test_ngram_cases(void **state)
     }
 }
 
-/* Accepted whole: grows to k; partly: accepted + 1; misses halve it and
- * then pause, the pause doubling while misses go on; a hit resets it. */
+/* Starts at 2; accepted whole: doubles up to k; partly: accepted + 1;
+ * misses halve it and then pause, the pause doubling while misses go on;
+ * a hit resets it. */
 static void test_adapt(void **state)
 {
     (void)state;
     struct spec_adapt a;
     spec_adapt_init(&a, 4);
+    assert_int_equal(spec_adapt_want(&a), 2);
+    spec_adapt_update(&a, 2, 2);
     assert_int_equal(spec_adapt_want(&a), 4);
     spec_adapt_update(&a, 4, 1);
     assert_int_equal(spec_adapt_want(&a), 2);
-    spec_adapt_update(&a, 2, 2);
-    assert_int_equal(spec_adapt_want(&a), 3);
     spec_adapt_update(&a, 1, 1); /* a short draft accepted: no shrink */
+    assert_int_equal(spec_adapt_want(&a), 4);
+    spec_adapt_update(&a, 4, 2);
     assert_int_equal(spec_adapt_want(&a), 3);
     spec_adapt_update(&a, 3, 0);
     assert_int_equal(spec_adapt_want(&a), 1);
@@ -76,6 +79,9 @@ static void test_adapt(void **state)
     spec_adapt_update(&a, 1, 1);
     assert_int_equal(a.backoff, 8);
     assert_int_equal(spec_adapt_want(&a), 2);
+    struct spec_adapt one;
+    spec_adapt_init(&one, 1);
+    assert_int_equal(spec_adapt_want(&one), 1);
     struct spec_adapt off;
     spec_adapt_init(&off, 0);
     assert_int_equal(spec_adapt_want(&off), 0);

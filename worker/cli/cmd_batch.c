@@ -42,6 +42,7 @@ static void batch_usage(void)
             "  --speculative off|ngram   speculative decoding by prompt lookup (off);\n"
             "                      the tokens are the same, \"spec\" counts the drafts\n"
             "  --spec-tokens K     draft tokens per step at most (4)\n"
+            "  --spec-max-rows N   drafts only in steps of fewer tokens (cpu 8, cuda 64)\n"
             "each line: {\"prompt_ids\": [...], \"max_tokens\": N, \"temperature\": T,\n"
             "  \"top_p\", \"top_k\", \"min_p\", \"presence_penalty\", \"frequency_penalty\",\n"
             "  \"repetition_penalty\", \"seed\", \"stop\", \"ignore_eos\", \"logprobs\", \"priority\",\n"
@@ -238,6 +239,9 @@ int cmd_run_batch(int argc, char **argv)
         } else if (!strcmp(f, "--spec-tokens")) {
             if (!(rc = cli_parse_int(v, 1, SPEC_MAX_TOKENS, &x, f, &err)))
                 eo.spec_tokens = (int)x;
+        } else if (!strcmp(f, "--spec-max-rows")) {
+            if (!(rc = cli_parse_int(v, 1, 1 << 20, &x, f, &err)))
+                eo.spec_max_rows = (int)x;
         } else if (!strcmp(f, "--kv-blocks")) {
             if (!(rc = cli_parse_int(v, 1, 1 << 30, &x, f, &err)))
                 eo.kv_blocks = (int)x;

@@ -39,7 +39,7 @@ struct spec_args {
     int n_gen, ignore_eos, threads;
     int prompt, gen, batch, reps, repeat, correct;
     enum spec_mode mode;
-    int spec_tokens;
+    int spec_tokens, spec_max_rows;
 };
 
 static void spec_usage(void)
@@ -52,6 +52,7 @@ static void spec_usage(void)
             "                 [--repeat] [--threads N] [--isa X]\n"
             "  --speculative off|ngram|oracle  draft source (oracle: bench-engine only)\n"
             "  --spec-tokens K     draft tokens per step at most (4)\n"
+            "  --spec-max-rows N   drafts only in steps of fewer tokens (cpu 8, cuda 64)\n"
             "  --spec-correct PCT  oracle: share of its draft tokens that are right (100)\n"
             "  --reps R            plain and speculating runs each, alternating (3)\n"
             "  --repeat            prompts of a document followed by the same document\n");
@@ -99,6 +100,9 @@ static int spec_parse(int argc, char **argv, struct spec_args *a, struct rl_err 
         } else if (!strcmp(f, "--spec-tokens")) {
             if (!(rc = cli_parse_int(v, 1, SPEC_MAX_TOKENS, &x, f, err)))
                 a->spec_tokens = (int)x;
+        } else if (!strcmp(f, "--spec-max-rows")) {
+            if (!(rc = cli_parse_int(v, 1, 1 << 20, &x, f, err)))
+                a->spec_max_rows = (int)x;
         } else if (!strcmp(f, "--spec-correct")) {
             if (!(rc = cli_parse_int(v, 0, 100, &x, f, err)))
                 a->correct = (int)x;
@@ -149,6 +153,7 @@ static int open_engine(const struct spec_args *a, int max_batch, int kv_blocks,
     eo.kv_prefault = 1; /* steady state: a server's pool is warm */
     eo.speculative = a->mode;
     eo.spec_tokens = a->spec_tokens;
+    eo.spec_max_rows = a->spec_max_rows;
     eo.spec_draft = src;
     eo.spec_draft_user = src_user;
     return engine_create(e, a->dir, &eo, err);
@@ -420,9 +425,10 @@ int cmd_bench_spec(int argc, char **argv)
     if (!rc) {
         printf("{\"bench\": \"speculative\", \"source\": \"%s\", \"correct_pct\": %d, "
                "\"repeat\": %s, \"batch\": %d, \"prompt\": %d, \"gen\": %d, "
-               "\"spec_tokens\": %d, \"reps\": %d, \"runs_plain_tok_s\": [",
+               "\"spec_tokens\": %d, \"spec_max_rows\": %d, \"reps\": %d, "
+               "\"runs_plain_tok_s\": [",
                a.source, oracle ? a.correct : -1, a.repeat ? "true" : "false", B, P, G,
-               a.spec_tokens, R);
+               a.spec_tokens, a.spec_max_rows, R);
         for (int r = 0; r < R; r++)
             printf(r ? ", %.2f" : "%.2f", plain[r]);
         printf("], \"runs_spec_tok_s\": [");
