@@ -23,6 +23,20 @@ for b in 1 4 16; do
     "$BUILD/redlm" bench-engine -m "$M06" --prompt 512 --gen 64 --batch "$b" --threads "$THREADS"
 done
 
+echo "# speculative decoding (issue 18): plain and speculating runs of one engine, alternating,"
+echo "# medians of 5 (batch 1) or 3 (batch 16) each; oracle drafts right 100/75/50/0 % of the"
+echo "# time, then prompt lookup on prompts that repeat themselves ($M06, $THREADS threads,"
+echo "# prompt 128, output 64)"
+for b in 1 16; do
+    reps=$([ "$b" = 1 ] && echo 5 || echo 3)
+    for c in 100 75 50 0; do
+        "$BUILD/redlm" bench-engine -m "$M06" --speculative oracle --spec-correct "$c" \
+            --batch "$b" --prompt 128 --gen 64 --reps "$reps" --threads "$THREADS"
+    done
+    "$BUILD/redlm" bench-engine -m "$M06" --speculative ngram --repeat \
+        --batch "$b" --prompt 128 --gen 64 --reps "$reps" --threads "$THREADS"
+done
+
 if [ -x "$BUILD/tests/bench_tokenizer" ]; then
     echo "# tokenizer encode speed, one core"
     "$BUILD/tests/bench_tokenizer" --tokenizer ../shared/tokenizer/qwen3
