@@ -223,6 +223,10 @@ int engine_create(struct engine **out, const char *dir,
     if (opt.speculative != SPEC_OFF && opt.speculative != SPEC_NGRAM)
         return rl_errf(err, RL_EINVAL, "engine: unknown speculative mode %d",
                        (int)opt.speculative);
+    if (opt.spec_max_rows < 0)
+        return rl_errf(err, RL_EINVAL, "engine: negative spec_max_rows");
+    if (!opt.spec_max_rows) /* where a step stops being memory-bound (BENCHMARKS.md) */
+        opt.spec_max_rows = !strcmp(opt.backend, "cuda") ? 64 : 8;
 
     struct engine *e = calloc(1, sizeof *e);
     if (!e)
@@ -261,11 +265,6 @@ int engine_create(struct engine **out, const char *dir,
         goto fail;
     if ((rc = kv_cache_create(&e->kv, e->n_blocks, e->block_size, err)))
         goto fail;
-    if (opt.spec_max_rows < 0)
-        return rl_errf(err, RL_EINVAL, "engine: negative spec_max_rows");
-    if (!opt.spec_max_rows) /* where a step stops being memory-bound (BENCHMARKS.md) */
-        opt.spec_max_rows = !strcmp(opt.backend, "cuda") ? 64 : 8;
-    e->opt.spec_max_rows = opt.spec_max_rows;
     struct sched_options so = {opt.max_batch, opt.token_budget, opt.prefill_chunk,
                                opt.spec_max_rows};
     if ((rc = sched_create(&e->sched, e->kv, &so, err)))

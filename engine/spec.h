@@ -56,10 +56,13 @@ typedef int (*spec_draft_fn)(void *src_user, void *req_user, const int32_t *toke
 int spec_ngram_propose(const int32_t *tokens, int n_tokens, int n_min, int n_max,
                        int32_t *out, int max_n);
 
-/* Per-request adaptation. Plain record, zero-initialised then spec_adapt_init. */
+/* Per-request adaptation (spec.c's essay). Plain record, set up by
+ * spec_adapt_init. */
 struct spec_adapt {
     int k_max;       /* spec_tokens */
     int k_cur;       /* what the next proposal may hold */
+    float hits;      /* decayed count of draft positions accepted ... */
+    float tries;     /* ... of those examined: p = hits / tries */
     int misses;      /* verifications in a row that accepted nothing */
     int cooldown;    /* decode steps left without proposing */
     int backoff;     /* the next cool-down's length */
