@@ -32,6 +32,8 @@ for c in 100 75 50 0; do
     spec --speculative oracle --spec-correct "$c" --batch 1 --reps 5
 done
 spec --speculative ngram --repeat --batch 1 --reps 5
+# the off-switch over a longer output: its first few misses weigh less
+spec --speculative oracle --spec-correct 0 --batch 1 --reps 5 --gen 256
 spec --speculative oracle --spec-correct 100 --batch 16 --reps 3
 spec --speculative oracle --spec-correct 100 --batch 16 --reps 3 --spec-max-rows 512
 spec --speculative oracle --spec-correct 0 --batch 16 --reps 3
