@@ -675,6 +675,30 @@ static void test_thread_counts(void **state)
 
 /* ---- speculative decoding ---- */
 
+/* Bad speculation options fail engine_create with a message naming them. */
+static void test_spec_options(void **state)
+{
+    (void)state;
+    struct engine_options o;
+    struct engine *e = NULL;
+    struct rl_err err = {0};
+    const struct { int tokens, rows, mode; const char *word; } bad[] = {
+        {17, 0, SPEC_NGRAM, "spec_tokens"},
+        {-1, 0, SPEC_NGRAM, "spec_tokens"},
+        {4, -1, SPEC_NGRAM, "spec_max_rows"},
+        {4, 0, 7, "speculative"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        engine_options_default(&o);
+        o.speculative = (enum spec_mode)bad[i].mode;
+        o.spec_tokens = bad[i].tokens;
+        o.spec_max_rows = bad[i].rows;
+        assert_int_equal(engine_create(&e, model_dir, &o, &err), -RL_EINVAL);
+        assert_null(e);
+        assert_non_null(strstr(err.msg, bad[i].word));
+    }
+}
+
 /* A mix of 16 requests with everything that sees the token sequence:
  * greedy and seeded sampling with penalties (mix_setup), thinking budgets,
  * stop strings taken from what the plain run says, eos stops. */
@@ -1088,6 +1112,7 @@ int main(void)
         cmocka_unit_test(test_preemption_identical_bf16),
         cmocka_unit_test(test_thread_counts),
         cmocka_unit_test(test_thread_counts_bf16),
+        cmocka_unit_test(test_spec_options),
         cmocka_unit_test(test_spec_identical),
         cmocka_unit_test(test_spec_identical_bf16),
         cmocka_unit_test(test_spec_ngram_repeat),
