@@ -500,16 +500,30 @@ int sched_schedule(struct sched *s, double now, struct sched_plan *plan,
     }
 
     /* drafts: planned decodes grow by their speculative tokens with what
-     * budget is left, up to draft_rows tokens in the step, and only with
-     * blocks nobody else is owed */
+     * budget is left, up to draft_rows tokens in the step, shared out one
+     * token at a time in plan order (so a short room is split, not taken
+     * by the first), and only with blocks nobody else is owed */
     int rows = s->opt.token_budget - budget;
     int room = s->opt.draft_rows - rows < budget ? s->opt.draft_rows - rows : budget;
-    for (int i = 0; i < s->n_items && room > 0; i++) {
+    for (bool more = true; room > 0 && more;) {
+        more = false;
+        for (int i = 0; i < s->n_items && room > 0; i++) {
+            struct sched_item *it = &s->items[i];
+            struct sched_seq *q = it->seq;
+            if (!q || it->n_draft >= q->n_draft || it->n_new != 1 || pending(q) != 0)
+                continue;
+            it->n_draft++; /* a share for now; appended below */
+            room--;
+            more = true;
+        }
+    }
+    for (int i = 0; i < s->n_items; i++) {
         struct sched_item *it = &s->items[i];
         struct sched_seq *q = it->seq;
-        if (!q || q->n_draft <= 0 || it->n_new != 1 || pending(q) != 0)
+        int d = it->n_draft;
+        it->n_draft = 0;
+        if (!q || d <= 0)
             continue;
-        int d = q->n_draft < room ? q->n_draft : room;
         while (d > 0 && kv_blocks_needed(s->kv, q->kv, d) > kv_free_blocks(s->kv) - reserved)
             d--;
         if (d <= 0)
@@ -519,7 +533,6 @@ int sched_schedule(struct sched *s, double now, struct sched_plan *plan,
         it->n_new += d;
         it->n_draft = d;
         budget -= d;
-        room -= d;
     }
 
     /* compact (preemption may have unplanned items) and fill the views;

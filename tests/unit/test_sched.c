@@ -333,10 +333,9 @@ static void test_drafts(void **state)
     step(&r, 0); /* both prefill 3 and push a token: 4 known, 3 computed */
     int32_t d[6] = {11, 12, 13, 14, 15, 16};
     assert_int_equal(sched_seq_set_draft(a, d, 6, &err), 0);
-    assert_int_equal(sched_seq_set_draft(b, d, 2, &err), 0);
     assert_int_equal(sched_schedule(r.s, 0, &r.plan, &err), 0);
     /* budget 8: two decodes, then a's draft takes the 6 left (4 + 6
-     * tokens: 3 blocks, a's own and the 2 free ones); b's gets nothing */
+     * tokens: 3 blocks, a's own and the 2 free ones); b has none */
     const struct sched_item *ia = item_of(&r, a), *ib = item_of(&r, b);
     assert_int_equal(ia->n_draft, 6);
     assert_int_equal(ia->n_new, 7);
@@ -379,10 +378,11 @@ static void test_drafts(void **state)
     assert_int_equal(sched_seq_set_draft(a, &bad, 1, &err), -RL_EINVAL);
     rig_close(&r);
 
-    /* draft_rows 3: two decodes leave room for one draft token */
+    /* draft_rows 5: two decodes leave room for three draft tokens, shared
+     * out a token at a time: two for a, one for b */
     struct rig c;
     assert_int_equal(kv_cache_create(&c.kv, 8, 4, &err), 0);
-    struct sched_options o = {4, 16, 0, 3};
+    struct sched_options o = {4, 16, 0, 5};
     assert_int_equal(sched_create(&c.s, c.kv, &o, &err), 0);
     a = add(&c, 3, 0, 1, 0);
     b = add(&c, 3, 0, 2, 0);
@@ -390,9 +390,10 @@ static void test_drafts(void **state)
     assert_int_equal(sched_seq_set_draft(a, d, 4, &err), 0);
     assert_int_equal(sched_seq_set_draft(b, d, 4, &err), 0);
     assert_int_equal(sched_schedule(c.s, 0, &c.plan, &err), 0);
-    assert_int_equal(item_of(&c, a)->n_draft, 1);
-    assert_int_equal(item_of(&c, b)->n_draft, 0);
-    assert_int_equal(c.plan.n_tokens, 3);
+    assert_int_equal(item_of(&c, a)->n_draft, 2);
+    assert_int_equal(item_of(&c, b)->n_draft, 1);
+    assert_int_equal(c.plan.n_tokens, 5);
+    assert_int_equal(c.plan.n_logits, 5);
     assert_int_equal(sched_commit(c.s, &err), 0);
     rig_close(&c);
 }
