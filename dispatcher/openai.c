@@ -191,6 +191,7 @@ static const struct {
     {"min_p", K_COPY},              /* extension, as vLLM */
     {"repetition_penalty", K_COPY}, /* extension, as vLLM */
     {"ignore_eos", K_COPY},         /* extension, as vLLM */
+    {"speculative", K_COPY},        /* extension: false = plain decoding (issue 18) */
     {"top_k", K_TOP_K},             /* extension, as vLLM (-1 = off) */
     {"n", K_N},
     {"logprobs", K_LOGPROBS},

@@ -48,6 +48,8 @@ static const struct {
      "{\"id\":\"" ID "\",\"top_k\":20,\"min_p\":0.05,\"repetition_penalty\":1.1,\"ignore_eos\":true," JMSG "}",
      false, false, false, 0},
     {"{" MSG ",\"top_k\":-1}", "{\"id\":\"" ID "\"," JMSG "}", false, false, false, 0},
+    {"{" MSG ",\"speculative\":false}", "{\"id\":\"" ID "\",\"speculative\":false," JMSG "}",
+     false, false, false, 0},
     /* stop: a string or a list */
     {"{" MSG ",\"stop\":\"\\n\\n\"}", "{\"id\":\"" ID "\",\"stop\":\"\\n\\n\"," JMSG "}", false,
      false, false, 0},
