@@ -6,13 +6,14 @@ Run with Debian's interpreter: /usr/bin/python3 -m pytest tests/integration
 """
 import json
 import signal
+import subprocess
 import time
 import urllib.request
 
 import pytest
 
-from conftest import (check_stream, connect, free_port, greedy_jobs, reference,
-                      run_threads)
+from conftest import (MODEL, WORKER, check_stream, connect, free_port, greedy_jobs,
+                      reference, run_threads)
 
 ROOT_SCHEMAS = __import__("conftest").SCHEMAS
 
@@ -256,3 +257,45 @@ def test_too_many_deliveries(workers, client, event_validator, dead_validator):
     assert evs[0][1]["code"] == "TOO_MANY_DELIVERIES"
     dead = [json.loads(f["dead"]) for _, f in r.xrange(f"{client.prefix}dead")]
     assert dead[-1]["code"] == "TOO_MANY_DELIVERIES" and dead[-1]["deliveries"] > 3
+
+
+def test_model_without_tokenizer_warns(workers, client, tmp_path, event_validator):
+    """A model directory with no tokenizer.json: the worker says at start
+    that only prompt_ids jobs will work, serves those, and refuses a chat
+    job with a clear error (not a crash)."""
+    bare = tmp_path / "bare-model"
+    bare.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        (bare / f).symlink_to(MODEL / f)
+    w = workers("notok", "--model", str(bare))
+    log = w.text()
+    assert "has no tokenizer.json: only prompt_ids jobs will work" in log, log
+    client.submit({"id": "ids", "prompt_ids": [1, 2], "max_tokens": 2, "temperature": 0})
+    _, done = check_stream(client.events("ids"), event_validator)
+    assert done["finish_reason"] == "length"
+    client.submit({"id": "chat", "messages": [{"role": "user", "content": "hi"}],
+                   "max_tokens": 2})
+    evs = [e for _, e in client.events("chat")]
+    assert evs[0]["type"] == "error" and evs[0]["code"] == "BAD_VALUE"
+    assert "no tokenizer.json" in evs[0]["message"]
+    assert evs[-1]["type"] == "done" and evs[-1]["finish_reason"] == "error"
+    assert client.r.xlen(f"{client.prefix}dead") == 1
+
+
+@pytest.mark.parametrize("name,kind,needle", [
+    ("Qwen3-0.6B-Q8_0.gguf", "file", "is a GGUF file, which redlm does not read"),
+    ("repo", "dir", "has no config.json: expected a Hugging Face Qwen3 checkpoint directory"),
+])
+def test_model_path_not_a_checkpoint(built, redis_addr, tmp_path, name, kind, needle):
+    """A .gguf file or a folder that is not a checkpoint: the worker exits
+    non-zero with a sentence about what it expects."""
+    path = tmp_path / name
+    if kind == "file":
+        path.write_bytes(b"GGUF\x03\x00\x00\x00")
+    else:
+        (path / "models" / "tiny").mkdir(parents=True)
+    out = subprocess.run([str(WORKER), "--redis", redis_addr, "--model", str(path), "--threads", "1"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0
+    assert needle in out.stderr, out.stderr
+    assert "Not a directory" not in out.stderr
