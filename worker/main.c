@@ -198,6 +198,7 @@ int main(int argc, char **argv)
         goto out;
     }
     w->log.level = lvl;
+    wm_set_model(&w->m, w->opt.model);
 
     volatile sig_atomic_t *stop, *reload;
     rl_signals_install(&stop, &reload);
