@@ -32,6 +32,9 @@ DEB_PKGS = build-essential clang pkg-config libhiredis-dev libcjson-dev \
 # the example web backend's browser test: headless Chromium driven over the
 # DevTools protocol from Python (tests/integration/test_web.py)
 DEB_PKGS += chromium python3-websocket
+# promtool (Debian's prometheus package) lints both daemons' /metrics in
+# tests/integration (test_worker.py, test_http.py)
+DEB_PKGS += prometheus
 
 COMMON_SRC := $(wildcard common/*.c)
 ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c)
