@@ -349,3 +349,22 @@ def test_metrics_promtool_and_vllm_set(workers, client):
                    k.split('le="')[1][:-2] not in ("+Inf",) and float(k.split('le="')[1][:-2]) > 60
                    for k in v), h
     assert f"redlm_preemptions_total{{{mn}}}" in v
+
+
+def test_metrics_count_preemptions(workers, client):
+    """A KV pool of 1 MiB (about 500 tokens of tiny-qwen3-a) and four jobs
+    that together need twice that: the scheduler preempts, and /metrics
+    says how often."""
+    port = free_port()
+    workers("pre", "--http-port", str(port), "--kv-budget-mb", "1")
+    ids = [f"pre{i}" for i in range(4)]
+    for i, jid in enumerate(ids):
+        client.submit({"id": jid, "prompt_ids": [1 + i] * 40, "max_tokens": 200,
+                       "temperature": 0, "ignore_eos": True})
+    for jid in ids:
+        assert client.events(jid, timeout=120)[-1][1]["finish_reason"] == "length"
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    v = metric_values(text)
+    mn = 'model_name="tiny-qwen3-a"'
+    assert v[f"redlm_preemptions_total{{{mn}}}"] >= 1, text
+    assert v[f'redlm_requests_finished_total{{{mn},finished_reason="length"}}'] == 4
