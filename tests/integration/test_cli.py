@@ -480,7 +480,7 @@ def test_chat_line_editing_history_and_multiline_in_tmux(workers, client, redis_
                                                          tmp_path):
     """In a real terminal (tmux), redlm chat edits the line (cursor keys,
     Home/End, Ctrl-A, Ctrl-W, backspace), recalls earlier lines with Up,
-    keeps them in its history file across sessions, and sends multi-line
+    keeps them in its history file across sessions (Ctrl-R finds them), and sends multi-line
     messages (a trailing backslash, and a \"\"\" block)."""
     workers("w1")
     home = tmp_path / "home"
@@ -554,6 +554,11 @@ def test_chat_line_editing_history_and_multiline_in_tmux(workers, client, redis_
         t.wait_screen(r'^> end"""$')
         t.keys("Up", "Up", "Up", "Up")
         t.wait_screen(r"^> second line$")
+        # Ctrl-R searches back through the history, as in readline
+        t.keys("C-u")
+        t.keys("C-r")
+        t.keys("hello", literal=True)
+        t.wait_screen(r"^> again: hello there\nbck:hello")
     finally:
         t.close()
 

@@ -8,7 +8,7 @@
  * is installed without SA_RESTART); el_gets returns NULL with the terminal
  * back in cooked mode and this file returns -2. Emacs key bindings (the
  * default a readline user expects: arrows, Home/End, Ctrl-A/E/K/U/W,
- * Ctrl-R search through ~/.editrc's "bind" if the user wants vi) and
+ * Ctrl-R incremental search; `bind -v` in ~/.editrc for vi) and
  * ~/.editrc are honoured.
  *
  * History holds physical lines (a multi-line message is several entries),
@@ -91,6 +91,8 @@ int chat_input_create(struct chat_input **out, bool edit, bool color, const char
             {"\033[4~", "ed-move-to-end"}, {"\033[8~", "ed-move-to-end"},
             {"\033[3~", "ed-delete-next-char"},
             {"\033[1;5C", "em-next-word"}, {"\033[1;5D", "ed-prev-word"},
+            /* readline's reverse search (libedit's emacs map redraws on ^R) */
+            {"^R", "em-inc-search-prev"},
         };
         for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
             el_set(in->el, EL_BIND, keys[i][0], keys[i][1], NULL);
