@@ -482,6 +482,60 @@ def test_chat_page_markdown_reload_regenerate_and_conversations(browser, web_fac
     assert titles == ["Another topic"]
 
 
+# Markdown.render (static/markdown.js): input -> exact HTML. HTML in the
+# text, unsafe link targets and quotes that would break out of an attribute
+# all come out as text.
+MD_CASES = [
+    ("plain", "<p>plain</p>"),
+    ("", ""),
+    ("a\nb\n\nc", "<p>a<br>b</p><p>c</p>"),
+    ("# Title", "<h1>Title</h1>"),
+    ("### three ###", "<h3>three</h3>"),
+    ("#no space", "<p>#no space</p>"),
+    ("- a\n- b", "<ul><li>a</li><li>b</li></ul>"),
+    ("3. c\n4. d", '<ol start="3"><li>c</li><li>d</li></ol>'),
+    ("- a\n  - a1\n- b", "<ul><li>a<ul><li>a1</li></ul></li><li>b</li></ul>"),
+    ("use `x<y>`", "<p>use <code>x&lt;y&gt;</code></p>"),
+    ("``a`b``", "<p><code>a`b</code></p>"),
+    ("**b** and *i*", "<p><strong>b</strong> and <em>i</em></p>"),
+    ("2 * 3 * 4", "<p>2 * 3 * 4</p>"),
+    ("[r](https://redis.io/)",
+     '<p><a href="https://redis.io/" target="_blank" rel="noopener noreferrer">r</a></p>'),
+    ("[m](mailto:a@b.c)",
+     '<p><a href="mailto:a@b.c" target="_blank" rel="noopener noreferrer">m</a></p>'),
+    ("[x](javascript:alert(1))", "<p>[x](javascript:alert(1))</p>"),
+    ("[x](data:text/html,hi)", "<p>[x](data:text/html,hi)</p>"),
+    ('[x](https://a/"onmouseover="alert(1))',
+     '<p><a href="https://a/&quot;onmouseover=&quot;alert(1" target="_blank" '
+     'rel="noopener noreferrer">x</a>)</p>'),
+    ("<script>alert(1)</script>", "<p>&lt;script&gt;alert(1)&lt;/script&gt;</p>"),
+    ("<img src=x onerror=alert(1)>", "<p>&lt;img src=x onerror=alert(1)&gt;</p>"),
+    ("**<b>x</b>**", "<p><strong>&lt;b&gt;x&lt;/b&gt;</strong></p>"),
+    ("```py\nif a < b:\n    pass\n```",
+     '<div class="code-block"><div class="code-head"><span class="lang">py</span>'
+     '<button type="button" class="copy" title="Copy the code">Copy</button></div>'
+     '<pre><code class="language-py">if a &lt; b:\n    pass</code></pre></div>'),
+    ("```\nopen",
+     '<div class="code-block open"><div class="code-head"><span class="lang">code</span>'
+     '<button type="button" class="copy" title="Copy the code">Copy</button></div>'
+     "<pre><code>open</code></pre></div>"),
+    ('```x" onclick="y\nz\n```', '<p>```x&quot; onclick=&quot;y<br>z</p><div class="code-block open">'
+     '<div class="code-head"><span class="lang">code</span><button type="button" class="copy" '
+     'title="Copy the code">Copy</button></div><pre><code></code></pre></div>'),
+]
+
+
+def test_markdown_renderer_cases(browser, web_factory):
+    web = web_factory()
+    b = browser
+    b.goto(web.url)
+    got = b.eval("JSON.stringify(%s.map(s => Markdown.render(s)))" % json.dumps([c[0] for c in MD_CASES]))
+    got = json.loads(got)
+    assert len(got) == len(MD_CASES)
+    for (src, want), html in zip(MD_CASES, got):
+        assert html == want, (src, html)
+
+
 # ---------------------------------------------------------------- HTTP
 
 def test_backend_streams_events_with_sse_headers(web_factory, redis_addr, prefix):
