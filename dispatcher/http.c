@@ -236,7 +236,8 @@ static char *render_metrics(struct dhttp *h)
                 (long long)m.by_status[i]);
         else
             put(&b, "redlm_http_requests_total{code=\"other\"} %lld\n", (long long)m.by_status[i]);
-    put(&b, "# TYPE redlm_http_chat_requests_total counter\n"
+    put(&b, "# HELP redlm_http_chat_requests_total chat completion requests, streamed or not\n"
+            "# TYPE redlm_http_chat_requests_total counter\n"
             "redlm_http_chat_requests_total{stream=\"true\"} %lld\n"
             "redlm_http_chat_requests_total{stream=\"false\"} %lld\n",
         (long long)m.chat_stream, (long long)m.chat_plain);
@@ -245,9 +246,11 @@ static char *render_metrics(struct dhttp *h)
     put(&b, "# HELP redlm_http_client_cancels_total jobs cancelled because their client left\n"
             "# TYPE redlm_http_client_cancels_total counter\nredlm_http_client_cancels_total %lld\n",
         (long long)m.client_cancels);
-    put(&b, "# TYPE redlm_http_rate_limited_total counter\nredlm_http_rate_limited_total %lld\n",
+    put(&b, "# HELP redlm_http_rate_limited_total requests refused with 429 by a tenant's limits\n"
+            "# TYPE redlm_http_rate_limited_total counter\nredlm_http_rate_limited_total %lld\n",
         (long long)m.rate_limited);
-    put(&b, "# TYPE redlm_http_auth_failures_total counter\nredlm_http_auth_failures_total %lld\n",
+    put(&b, "# HELP redlm_http_auth_failures_total requests refused for a missing or unknown "
+            "API key\n# TYPE redlm_http_auth_failures_total counter\nredlm_http_auth_failures_total %lld\n",
         (long long)m.auth_failures);
     put(&b, "# HELP redlm_http_sse_events_total server-sent events written\n"
             "# TYPE redlm_http_sse_events_total counter\nredlm_http_sse_events_total %lld\n",

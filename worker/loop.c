@@ -328,7 +328,7 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
     j->state = WJ_RUNNING;
     pthread_mutex_lock(&w->m.mu);
     wm_observe(&w->m.queue_wait, (double)(j->t_admitted > j->t_enqueued
-                                              ? j->t_admitted - j->t_enqueued : 0));
+                                              ? j->t_admitted - j->t_enqueued : 0) / 1000.0);
     pthread_mutex_unlock(&w->m.mu);
     RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: admitted from %s (%d prompt tokens%s)", j->id,
            w->pools[pool], j->n_ids, resumed ? ", resumed" : "");
@@ -435,10 +435,15 @@ static void on_event(struct worker *w, const struct engine_event *ev)
         free(top_lp);
         if (ev->n_tokens > 0) {
             pthread_mutex_lock(&w->m.mu);
-            if (!j->t_first)
-                wm_observe(&w->m.ttft, (double)(now - (j->t_enqueued ? j->t_enqueued : now)));
-            else
-                wm_observe(&w->m.tpot, (double)(now - j->t_last_tok) / ev->n_tokens);
+            if (!j->t_first) {
+                wm_observe(&w->m.ttft, (double)(now - (j->t_enqueued ? j->t_enqueued : now)) / 1000.0);
+                wm_observe(&w->m.prefill, (double)(now > j->t_admitted ? now - j->t_admitted : 0) / 1000.0);
+            } else {
+                /* a step that brings several tokens spreads its gap over them */
+                double gap = (double)(now - j->t_last_tok) / 1000.0 / ev->n_tokens;
+                for (int i = 0; i < ev->n_tokens; i++)
+                    wm_observe(&w->m.inter_token, gap);
+            }
             w->m.tokens_out += ev->n_tokens;
             pthread_mutex_unlock(&w->m.mu);
             if (!j->t_first) {
@@ -468,6 +473,14 @@ static void on_event(struct worker *w, const struct engine_event *ev)
     }
     pthread_mutex_lock(&w->m.mu);
     w->m.jobs_done++;
+    w->m.finished[map_finish(ev->finish)]++;
+    int64_t t0 = j->t_enqueued && j->t_enqueued <= now ? j->t_enqueued : now;
+    wm_observe(&w->m.e2e, (double)(now - t0) / 1000.0);
+    if (j->t_first)
+        wm_observe(&w->m.decode, (double)(now > j->t_first ? now - j->t_first : 0) / 1000.0);
+    wm_observe(&w->m.prompt_len, ev->usage.prompt_tokens);
+    wm_observe(&w->m.gen_len, ev->usage.completion_tokens);
+    w->m.prompt_tokens += ev->usage.prompt_tokens;
     pthread_mutex_unlock(&w->m.mu);
     RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: %s after %d tokens", j->id,
            engine_finish_name(ev->finish), ev->usage.completion_tokens);
@@ -556,6 +569,7 @@ static void update_metrics(struct worker *w, bool draining)
     w->m.prefix_miss_tokens = st.prefix_miss_tokens;
     w->m.spec_drafted = st.spec_drafted;
     w->m.spec_accepted = st.spec_accepted;
+    w->m.preemptions = st.n_preemptions;
     w->m.tokens_per_s = w->tok_rate;
     w->m.draining = draining;
     w->m.redis_up = rconn_connected(w->rc);

@@ -140,6 +140,12 @@ static int setup(struct worker *w, struct rl_err *err)
         return rc;
     if ((rc = modelid_compute(w->opt.model, w->model_id, err)))
         return rc;
+    /* the worker still serves token-id jobs without one, so this is a
+     * warning, but said once here rather than as a dead letter per job */
+    if (!engine_get_tokenizer(w->eng))
+        RL_LOG(&w->log, RL_LOG_WARN,
+               "%s has no tokenizer.json: only prompt_ids jobs will work; jobs with messages or "
+               "a prompt string will be refused with BAD_VALUE", w->opt.model);
 
     struct rconn_opts ro;
     rconn_opts_default(&ro);
@@ -196,6 +202,7 @@ int main(int argc, char **argv)
         goto out;
     }
     w->log.level = lvl;
+    wm_set_model(&w->m, w->opt.model);
 
     volatile sig_atomic_t *stop, *reload;
     rl_signals_install(&stop, &reload);

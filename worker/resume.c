@@ -204,6 +204,7 @@ int w_resume_prepare(struct worker *w, struct wjob *j, struct rl_err *err)
         j->n_prev = n_tok;
     }
     j->t_first = n_tok > 0 ? j->t_admitted : 0;
+    j->t_last_tok = j->t_first; /* the first gap is measured from here, not from 1970 */
     RL_LOG(&w->log, RL_LOG_INFO, "job %s: resuming after %d published tokens at seq %" PRId64,
            j->id, n_tok, j->seq.next);
     rc = 0;

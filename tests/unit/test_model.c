@@ -418,6 +418,22 @@ static void test_bad_checkpoints(void **state)
     snprintf(dir, sizeof dir, "%s/noconfig", tmpdir);
     mkdir(dir, 0755);
     expect_load_error(dir, RL_EIO, "config.json");
+    /* a folder above the checkpoint says what it should hold */
+    expect_load_error(dir, RL_EIO, "has no config.json: expected a Hugging Face Qwen3 checkpoint directory");
+    /* a .gguf file, and any other file, are named as such, never
+     * "config.json: Not a directory" */
+    char file[600];
+    snprintf(file, sizeof file, "%s/Qwen3-0.6B-Q8_0.gguf", tmpdir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs("GGUF", f);
+    fclose(f);
+    expect_load_error(file, RL_EFORMAT, "is a GGUF file, which redlm does not read; expected a Hugging Face");
+    snprintf(file, sizeof file, "%s/noconfig/weights.bin", tmpdir);
+    f = fopen(file, "w");
+    assert_non_null(f);
+    fclose(f);
+    expect_load_error(file, RL_EFORMAT, "is a file, not a directory; expected");
 }
 
 struct cfg_case {

@@ -34,6 +34,7 @@
 
 #include "clock.h"
 #include "cli_redis.h"
+#include "chat_input.h"
 #include "cli_util.h"
 #include "cmds.h"
 #include "job.h"
@@ -654,35 +655,21 @@ static void chat_usage(void)
     fprintf(stderr,
             "usage: redlm chat [options]\n"
             "A conversation through the queue. Type a message and Enter; the answer streams\n"
-            "as it comes, reasoning dim. Commands: /think, /no_think, /auto (the mode of the\n"
-            "next turns), /reset (forget the conversation), /exit (or Ctrl-D). Ctrl-C while\n"
-            "an answer streams cancels it.\n"
+            "as it comes, reasoning dim. On a terminal the line can be edited (emacs keys,\n"
+            "arrows, Up/Down for history, ~/.editrc). A line ending in \\ continues on the\n"
+            "next; \"\"\" opens a block of lines that a line ending in \"\"\" closes.\n"
+            "Commands: /think, /no_think, /auto (the mode of the next turns), /reset (forget\n"
+            "the conversation), /exit (or Ctrl-D). Ctrl-C while an answer streams cancels it.\n"
             "  --mode think|no_think|auto   starting mode (default: the pool's, or auto)\n"
             "  --system TEXT        a system message first\n"
             "  --max-tokens N  --temperature T  --seed S  --ignore-eos (answers of max-tokens)\n"
             "  --pool NAME          straight to <prefix>jobs:NAME (default: <prefix>requests)\n"
             "  --no-reasoning       do not show the reasoning\n"
+            "  --history FILE       line history file (default ~/.redlm_chat_history on a\n"
+            "                       terminal; \"\" = this session only)\n"
             "  --color auto|always|never\n"
             "%s",
             cli_redis_help);
-}
-
-/* One line from stdin without its newline (malloc'd into *line); -1 at
- * EOF, -2 when Ctrl-C interrupted the read. */
-static int read_line(char **line, size_t *cap)
-{
-    errno = 0;
-    ssize_t n = getline(line, cap, stdin);
-    if (n < 0) {
-        if (errno == EINTR || g_interrupted) {
-            clearerr(stdin);
-            return -2;
-        }
-        return -1;
-    }
-    while (n > 0 && ((*line)[n - 1] == '\n' || (*line)[n - 1] == '\r'))
-        (*line)[--n] = 0;
-    return 0;
 }
 
 int cmd_chat(int argc, char **argv)
@@ -691,7 +678,7 @@ int cmd_chat(int argc, char **argv)
     cli_redis_args_default(&ra);
     struct rl_err err = {0};
     const char *pool = NULL, *system = NULL, *color = NULL, *mode = NULL;
-    const char *max_tokens = NULL, *temperature = NULL, *seed = NULL;
+    const char *max_tokens = NULL, *temperature = NULL, *seed = NULL, *hist_file = NULL;
     bool hide = false, ignore_eos = false;
     int rc = 0;
     for (int i = 1; i < argc && !rc; i++) {
@@ -709,6 +696,7 @@ int cmd_chat(int argc, char **argv)
                            : !strcmp(f, "--max-tokens")  ? &max_tokens
                            : !strcmp(f, "--temperature") ? &temperature
                            : !strcmp(f, "--seed")        ? &seed
+                           : !strcmp(f, "--history")     ? &hist_file
                                                          : NULL;
         if (dst && v) {
             *dst = v;
@@ -767,14 +755,31 @@ int cmd_chat(int argc, char **argv)
     if (tty)
         fprintf(stderr, "redlm chat on %s%s%s (mode %s). /think /no_think /auto /reset /exit\n",
                 ra.addr, pool ? ", pool " : "", pool ? pool : "", cur_mode[0] ? cur_mode : "default");
+    /* history: a file in $HOME on a terminal unless told otherwise */
+    char hpath[4096] = "";
+    if (hist_file)
+        snprintf(hpath, sizeof hpath, "%s", hist_file);
+    else if (tty && getenv("HOME") && *getenv("HOME"))
+        snprintf(hpath, sizeof hpath, "%s/.redlm_chat_history", getenv("HOME"));
+    struct chat_input *in = NULL;
+    if (chat_input_create(&in, tty, col, hpath, &g_interrupted, &err)) {
+        fprintf(stderr, "redlm chat: %s\n", err.msg);
+        cJSON_Delete(history), cJSON_Delete(params);
+        rconn_free(c);
+        return 1;
+    }
+    struct text msg = {0};
     char *line = NULL;
-    size_t cap = 0;
     int status = 0;
     for (int turn = 1;; turn++) {
         g_interrupted = 0;
-        fputs(col ? "\033[1m> \033[0m" : "> ", stdout);
-        fflush(stdout);
-        int lr = read_line(&line, &cap);
+        int lr = chat_input_read(in, &msg);
+        line = msg.p;
+        if (lr == -RL_ENOMEM) {
+            fprintf(stderr, "redlm chat: out of memory\n");
+            status = 1;
+            break;
+        }
         if (lr == -1) {
             fputc('\n', stdout);
             break;
@@ -858,7 +863,8 @@ int cmd_chat(int argc, char **argv)
         fflush(stdout);
         cli_render_free(&r);
     }
-    free(line);
+    text_free(&msg);
+    chat_input_free(in);
     cJSON_Delete(history);
     cJSON_Delete(params);
     rconn_free(c);
