@@ -108,10 +108,12 @@ static void reject(struct worker *w, struct wjob *j, const char *raw, size_t raw
     j->state = WJ_CLOSING;
 }
 
-/* The seed of a job that gives none: FNV-1a over its id and its pool
- * entry ID, both the same for every worker that ever runs this delivery,
- * so a resumed job continues the one stream it started (the engine's own
- * default, derived from its request counter, differs per worker). */
+/* The seed of a job that gives none: FNV-1a over its id, "\n" and its
+ * pool entry ID, both the same for every worker that ever runs this
+ * delivery, so a resumed job continues the one stream it started (the
+ * engine's own default, derived from its request counter, differs per
+ * worker). Kept to 53 bits, so the same job with "seed": <this> in it,
+ * which the protocol can carry exactly, runs the same tokens. */
 static uint64_t derived_seed(const struct wjob *j)
 {
     uint64_t h = 0xcbf29ce484222325ull;
@@ -120,7 +122,7 @@ static uint64_t derived_seed(const struct wjob *j)
     h = (h ^ '\n') * 0x100000001b3ull;
     for (const char *s = j->entry_id; *s; s++)
         h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-    return h;
+    return h & ((1ull << 53) - 1);
 }
 
 static int submit(struct worker *w, struct wjob *j, struct rl_err *err)

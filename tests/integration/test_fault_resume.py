@@ -3,7 +3,8 @@
 Real processes against a real redis-server with appendonly + appendfsync
 always: two CPU workers share a mix of greedy, seeded sampled (temperature
 with top-p, top-k, min-p) and penalised (frequency, presence, repetition)
-jobs, and one fault is injected per test:
+jobs (and unseeded sampled ones, whose seed the worker derives from id and
+entry ID), and one fault is injected per test:
 
   - kill -9 of the worker holding jobs in mid-generation;
   - a Redis restart that lasts longer than claim_idle_ms, with one worker
@@ -46,7 +47,17 @@ KINDS = [
     ("repetition", {"temperature": 0.8, "repetition_penalty": 1.3}),
     ("all", {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.02,
              "frequency_penalty": 0.4, "presence_penalty": 0.4, "repetition_penalty": 1.1}),
+    ("unseeded", {"temperature": 0.9, "top_k": 50}),
 ]
+
+
+def derived_seed(job_id, entry_id):
+    """The seed the worker gives a job without one (worker/loop.c): FNV-1a
+    over id, "\\n", pool entry ID, kept to 53 bits."""
+    h = 0xcbf29ce484222325
+    for b in job_id.encode() + b"\n" + entry_id.encode():
+        h = ((h ^ b) * 0x100000001b3) & (2**64 - 1)
+    return h & (2**53 - 1)
 NEUTRAL = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "frequency_penalty": 0.0,
            "presence_penalty": 0.0, "repetition_penalty": 1.0}
 
@@ -60,17 +71,36 @@ def mixed_jobs(n, seed, tag, max_tokens=(120, 200)):
                                               for _ in range(rnd.randint(4, 24))],
              "max_tokens": rnd.randint(*max_tokens), "ignore_eos": True, "cache": False,
              "seed": rnd.randrange(1 << 40), **NEUTRAL, **fields}
+        if kind == "unseeded":
+            del j["seed"]
         jobs.append((kind, j))
     return jobs
 
 
-def reference(jobs, tmp_path):
-    """Token ids of an uninterrupted run of every job, in order."""
+def plan_entries(jobs):
+    """The pool entry ID each job will be XADDed under (submit_all), chosen
+    beforehand so that the reference can give an unseeded job the seed the
+    worker will derive."""
+    t = int(time.time() * 1000)
+    return {j["id"]: f"{t}-{i + 1}" for i, (_, j) in enumerate(jobs)}
+
+
+def submit_all(client, jobs, entries):
+    for _, j in jobs:
+        client.r.xadd(f"{client.prefix}jobs:fast", {"job": json.dumps(j)}, id=entries[j["id"]])
+
+
+def reference(jobs, tmp_path, entries):
+    """Token ids of an uninterrupted run of every job, in order; entries
+    gives the pool entry IDs the unseeded jobs' seeds derive from."""
     path = tmp_path / f"ref-{uuid.uuid4().hex[:6]}.jsonl"
-    keep = ("prompt_ids", "max_tokens", "ignore_eos", "seed", *NEUTRAL)
+    keep = ("prompt_ids", "max_tokens", "ignore_eos", *NEUTRAL)
     with open(path, "w") as f:
         for _, j in jobs:
-            f.write(json.dumps({k: j[k] for k in keep}) + "\n")
+            line = {k: j[k] for k in keep}
+            line["seed"] = j["seed"] if "seed" in j else derived_seed(j["id"],
+                                                                       entries[j["id"]])
+            f.write(json.dumps(line) + "\n")
     out = subprocess.run([str(CLI), "run", "-m", str(MODEL), "--batch", str(path), "--threads",
                           "1"], capture_output=True, text=True, check=True, timeout=300)
     lines = [json.loads(l) for l in out.stdout.splitlines() if l.strip()]
@@ -172,10 +202,10 @@ def test_kill9_mixed_sampling_token_exact(workers, prefix, event_validator, tmp_
         client = Client(srv.addr, prefix)
         a = workers("wa", *FAST_CLAIM, addr=srv.addr)
         b = workers("wb", *FAST_CLAIM, addr=srv.addr)
-        jobs = mixed_jobs(24, seed=1401, tag="k")
-        ref = reference(jobs, tmp_path)
-        for _, j in jobs:
-            client.submit(j)
+        jobs = mixed_jobs(27, seed=1401, tag="k")
+        entries = plan_entries(jobs)
+        ref = reference(jobs, tmp_path, entries)
+        submit_all(client, jobs, entries)
         wait_streams(client, jobs, who="wa", n=6)
         a.kill(signal.SIGKILL)
         a.wait(10)
@@ -191,11 +221,12 @@ def test_redis_restart_past_claim_idle_token_exact(workers, prefix, event_valida
     try:
         client = Client(srv.addr, prefix)
         a = workers("wa", *FAST_CLAIM, addr=srv.addr)
-        b = workers("wb", *FAST_CLAIM, addr=srv.addr)
-        jobs = mixed_jobs(24, seed=1402, tag="r")
-        ref = reference(jobs, tmp_path)
-        for _, j in jobs:
-            client.submit(j)
+        # wb has room to take all of wa's jobs over besides its own
+        b = workers("wb", *FAST_CLAIM, "--max-batch", "32", addr=srv.addr)
+        jobs = mixed_jobs(27, seed=1402, tag="r")
+        entries = plan_entries(jobs)
+        ref = reference(jobs, tmp_path, entries)
+        submit_all(client, jobs, entries)
         wait_streams(client, jobs, who="wa", n=6)
         # wa stalls through the outage (a frozen VM, a long page-in), so
         # that its leases are surely past claim_idle_ms when Redis is back
@@ -228,10 +259,10 @@ def test_drain_timeout_handover_token_exact(workers, prefix, event_validator, tm
         client = Client(srv.addr, prefix)
         a = workers("wa", *FAST_CLAIM, "--drain-timeout-s", "0", addr=srv.addr)
         b = workers("wb", *FAST_CLAIM, addr=srv.addr)
-        jobs = mixed_jobs(24, seed=1403, tag="d")
-        ref = reference(jobs, tmp_path)
-        for _, j in jobs:
-            client.submit(j)
+        jobs = mixed_jobs(27, seed=1403, tag="d")
+        entries = plan_entries(jobs)
+        ref = reference(jobs, tmp_path, entries)
+        submit_all(client, jobs, entries)
         wait_streams(client, jobs, who="wa", n=6)
         a.kill(signal.SIGTERM)
         assert a.wait(15) == 0
