@@ -9,7 +9,9 @@
  * Order of checks, so that each bad job gets the most precise code:
  * size (JOB_TOO_LARGE), encoding (BAD_UTF8: cJSON passes raw bytes
  * through, and the tokenizer must never see broken UTF-8), syntax
- * (INVALID_JSON, with the byte offset), shape (NOT_OBJECT), then each
+ * (INVALID_JSON, with the byte offset), a \u0000 escape in any string
+ * (BAD_ID in the id, BAD_VALUE elsewhere: cJSON would cut the string
+ * there), shape (NOT_OBJECT), then each
  * member in document order: duplicate (DUPLICATE_FIELD: cJSON keeps both,
  * and which one wins would be an accident), unknown name (UNKNOWN_FIELD),
  * type (BAD_TYPE), bounds (OUT_OF_RANGE / BAD_VALUE / BAD_ID); last the

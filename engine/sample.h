@@ -25,7 +25,8 @@
  * choice, so a seeded request gives the same tokens whatever else shares
  * its batch. sample_skip() consumes numbers without a choice, so a caller
  * that keeps "draw n belongs to output token n" (tokens it inserts
- * itself, a request resumed after n published tokens) can keep it. Threading: a state is used by one thread at a time. */
+ * itself, a request resumed after n published tokens) can keep it.
+ * Threading: a state is used by one thread at a time. */
 #ifndef RL_SAMPLE_H
 #define RL_SAMPLE_H
 
