@@ -139,8 +139,15 @@ int ev_build_error(int64_t seq, enum ev_code code, const char *message, char **o
 int ev_build_error_retry(int64_t seq, enum ev_code code, const char *message,
                          int64_t retry_after_ms, char **out, struct rl_err *err);
 
-/* A dead letter: the job exactly as received (any bytes; kept as a JSON
- * string, since it may not be JSON), why it died, and who killed it. */
+/* A dead letter: the job as received (kept as a JSON string, since it may
+ * not be JSON), why it died, and who killed it. The result is always valid
+ * JSON text in UTF-8, whatever bytes the job had: a byte that does not
+ * start a well-formed UTF-8 character (or a NUL) becomes U+FFFD, and the
+ * job string stops before EV_DEAD_JOB_MAX bytes (never inside a
+ * character), so a 10 MB job does not make a 10 MB dead letter. When
+ * either happened the letter also says job_bytes (the size received),
+ * job_truncated and job_replaced_bytes. message gets the same repair. */
+#define EV_DEAD_JOB_MAX 16384
 struct ev_dead {
     const char *job_raw;  /* may be NULL when the entry had no job field */
     size_t job_raw_len;

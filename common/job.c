@@ -9,7 +9,9 @@
  * Order of checks, so that each bad job gets the most precise code:
  * size (JOB_TOO_LARGE), encoding (BAD_UTF8: cJSON passes raw bytes
  * through, and the tokenizer must never see broken UTF-8), syntax
- * (INVALID_JSON, with the byte offset), shape (NOT_OBJECT), then each
+ * (INVALID_JSON, with the byte offset), a \u0000 escape in any string
+ * (BAD_ID in the id, BAD_VALUE elsewhere: cJSON would cut the string
+ * there), shape (NOT_OBJECT), then each
  * member in document order: duplicate (DUPLICATE_FIELD: cJSON keeps both,
  * and which one wins would be an accident), unknown name (UNKNOWN_FIELD),
  * type (BAD_TYPE), bounds (OUT_OF_RANGE / BAD_VALUE / BAD_ID); last the
@@ -169,6 +171,63 @@ static size_t json_lex_check(const char *s, size_t len)
     }
     return len;
 }
+
+/* cJSON decodes the escape \u0000 into a NUL byte and hands out C
+ * strings, so a string holding one reaches us cut short: an id
+ * "req-42\u0000zz" would become "req-42" and write into another job's
+ * stream, message content would lose its tail without a word. redlm
+ * carries no NUL in any string; this finds the first \u0000 escape in any
+ * string of s (which passed json_lex_check), and *id_at gets the first one
+ * inside the value of the top-level member "id" (len when none). Returns
+ * the first offset, or len. */
+static size_t json_nul_check(const char *s, size_t len, size_t *id_at)
+{
+    int depth = 0;
+    bool in_str = false, expect_key = false, is_key = false, key_is_id = false,
+         val_is_id = false;
+    size_t str_at = 0, first = len;
+    *id_at = len;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (in_str) {
+            if (c == '\\') {
+                if (i + 5 < len && s[i + 1] == 'u' && !memcmp(s + i + 2, "0000", 4)) {
+                    if (first == len)
+                        first = i;
+                    if (val_is_id && *id_at == len)
+                        *id_at = i;
+                }
+                i++;
+            } else if (c == '"') {
+                in_str = false;
+                if (is_key)
+                    key_is_id = i - str_at == 3 && !memcmp(s + str_at + 1, "id", 2);
+            }
+            continue;
+        }
+        if (c == '"') {
+            in_str = true;
+            str_at = i;
+            is_key = depth == 1 && expect_key;
+            val_is_id = depth == 1 && !expect_key && key_is_id;
+        } else if (c == '{' || c == '[') {
+            depth++;
+            expect_key = depth == 1 && c == '{';
+        } else if (c == '}' || c == ']') {
+            depth--;
+        } else if (depth == 1 && c == ',') {
+            expect_key = true;
+        } else if (depth == 1 && c == ':') {
+            expect_key = false;
+        }
+    }
+    return first;
+}
+
+/* The NUL rule for a whole text: BAD_ID when the escape is in the id,
+ * BAD_VALUE anywhere else. Returns 0 or -RL_EINVAL with the fault. */
+static int nul_rule(const char *text, size_t len, const char *what, struct job_fault *f,
+                    struct rl_err *err);
 
 /* Common type/bounds helpers. Each returns 0 or -RL_EINVAL with the fault
  * filled for path. */
@@ -506,6 +565,9 @@ static bool id_char(char c, bool pool)
 void job_guess_id(const char *raw, size_t len, const char *fallback, char out[JOB_ID_MAX + 1])
 {
     out[0] = 0;
+    size_t id_at;
+    if (raw && (json_nul_check(raw, len, &id_at), id_at < len))
+        return; /* its id is cut at a NUL: no usable id, never a shorter one */
     cJSON *o = raw ? cJSON_ParseWithLength(raw, len) : NULL;
     const cJSON *id = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "id") : NULL;
     if (cJSON_IsString(id)) {
@@ -867,6 +929,9 @@ int job_parse(const char *text, size_t len, const struct job_opts *opts, struct 
         return bad(fault, err, EV_CODE_INVALID_JSON, "job: not valid JSON (at byte %zu of %zu)",
                    badpos, len);
 
+    if (nul_rule(text, len, "job", fault, err))
+        return -RL_EINVAL;
+
     /* cJSON wants a NUL-terminated buffer to reject trailing garbage */
     char *buf = malloc(len + 1);
     struct job *j = NULL;
@@ -963,6 +1028,23 @@ int job_check_text(const char *text, size_t len, const char *what, struct job_fa
     if (badpos != len)
         return bad(fault, err, EV_CODE_INVALID_JSON, "%s: not valid JSON (at byte %zu of %zu)",
                    what, badpos, len);
+    return nul_rule(text, len, what, fault, err);
+}
+
+static int nul_rule(const char *text, size_t len, const char *what, struct job_fault *f,
+                    struct rl_err *err)
+{
+    size_t id_at;
+    size_t at = json_nul_check(text, len, &id_at);
+    if (id_at < len) {
+        set_field(f, "id");
+        return bad(f, err, EV_CODE_BAD_ID, "id: contains \\u0000 (NUL) at byte %zu; an id is "
+                   "1-%d of [A-Za-z0-9_.:-]", id_at, JOB_ID_MAX);
+    }
+    if (at < len)
+        return bad(f, err, EV_CODE_BAD_VALUE, "%s: a string contains \\u0000 (NUL) at byte "
+                   "%zu; NUL is refused in every string, since it would cut the text short",
+                   what, at);
     return 0;
 }
 

@@ -676,7 +676,8 @@ int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *re
         }
         if (!notified) {
             sd_notify(0, "READY=1");
-            RL_LOG(&d->log, RL_LOG_INFO, "ready: routing %s as %s", d->req_key, d->name);
+            RL_LOG(&d->log, RL_LOG_INFO, "ready: routing %s as %s, redis %s answered",
+                   d->req_key, d->name, rconn_addr(d->rc));
             notified = true;
         }
         if (now >= d->next_hb_ms) {

@@ -12,7 +12,9 @@
  * for the token: usage counters, the <think> state, stop token ids, the
  * incremental detokenizer, stop strings, limits; then, if the request is
  * inside <think> and over its thinking budget, the think-stop text's tokens
- * are accepted the same way (sample_observe instead of a draw) and all of
+ * are accepted the same way (sample_observe, and the draw each would have
+ * taken is skipped, so that draw n is always output token n's and a
+ * resumed request knows where its stream stands) and all of
  * them go to the scheduler at once, to be computed as one chunk next step.
  * The decision to force depends only on the request's own history, so
  * forcing is as batch-invariant as sampling.
@@ -390,6 +392,10 @@ static int req_build(struct engine *e, const struct engine_request *r, uint64_t 
         return rl_errf(err, RL_EINVAL,
                        "CONTEXT_TOO_LONG prompt has %d tokens; the context limit is %d",
                        n_prompt, limit);
+    if (r->n_resumed < 0 || r->n_resumed >= n_prompt || (r->n_resumed && !r->prompt_ids))
+        return rl_errf(err, RL_EINVAL,
+                       "BAD_PARAM n_resumed %d: must be in [0, %d) and needs prompt_ids",
+                       r->n_resumed, n_prompt);
     if (r->n_logprobs > SAMPLE_MAX_LOGPROBS)
         return rl_errf(err, RL_EINVAL, "BAD_PARAM logprobs %d is above %d", r->n_logprobs,
                        SAMPLE_MAX_LOGPROBS);
@@ -469,8 +475,15 @@ static int req_build(struct engine *e, const struct engine_request *r, uint64_t 
     }
     q->spec = e->opt.speculative != SPEC_OFF && !r->no_speculative;
     spec_adapt_init(&q->adapt, q->spec ? e->opt.spec_tokens : 0);
-    if ((rc = sample_state_create(&q->ss, sp.seed, prompt, n_prompt, err)))
+    /* a resumed request: the earlier output counts as output for the
+     * penalties, and its draws are spent, so draw n stays output token n */
+    int n_real = n_prompt - r->n_resumed;
+    if ((rc = sample_state_create(&q->ss, sp.seed, prompt, n_real, err)))
         goto fail;
+    for (int i = n_real; i < n_prompt; i++)
+        if ((rc = sample_observe(q->ss, prompt[i], err)))
+            goto fail;
+    sample_skip(q->ss, r->n_resumed);
     if (e->tok && (rc = tok_stream_create(&q->ts, e->tok, TOK_DECODE_SKIP_SPECIAL, err)))
         goto fail;
     *out = q;
@@ -788,6 +801,7 @@ static bool process_row(struct engine *e, struct eng_req *q, float *row, int32_t
         for (int i = 0; i < e->n_force && rc == 0; i++) {
             if ((rc = sample_observe(q->ss, e->force_ids[i], &err)))
                 break;
+            sample_skip(q->ss, 1); /* its draw: draw n stays output token n */
             rc = accept(e, q, e->force_ids[i], NULL, &err);
         }
     }

@@ -20,7 +20,8 @@
  * bit-identical alone or in any batch, with or without prefix-cache hits,
  * preemption or any prefill chunk size: the backend computes each row
  * independently of its neighbours, each request owns its RNG stream (one
- * draw per sampled token) and sampling state, and a preempted request
+ * draw per output token: a sampled one draws, a forced one skips a draw)
+ * and sampling state, and a preempted request
  * recomputes prompt + generated tokens before it samples again.
  *
  * Text: when the model directory has a tokenizer.json, generated ids are
@@ -146,6 +147,19 @@ struct engine_request {
 
     bool no_speculative;        /* true: plain decoding for this request
                                    even when the engine speculates */
+
+    int n_resumed;              /* resumption: the last n_resumed tokens of
+                                   the prompt (< n_prompt; 0 = none) are
+                                   output an earlier run of this request
+                                   already produced. The penalties count
+                                   them as output, not prompt, and the RNG
+                                   stream starts at draw n_resumed (one
+                                   draw per output token), so the request
+                                   continues as if never interrupted.
+                                   usage still counts them in
+                                   prompt_tokens; max_tokens and the
+                                   thinking budget are the caller's to
+                                   shrink. Needs prompt_ids */
 
     int priority;               /* higher runs first; FIFO within one */
     double deadline;            /* absolute, on engine_now()'s clock; <= 0

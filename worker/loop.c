@@ -108,6 +108,23 @@ static void reject(struct worker *w, struct wjob *j, const char *raw, size_t raw
     j->state = WJ_CLOSING;
 }
 
+/* The seed of a job that gives none: FNV-1a over its id, "\n" and its
+ * pool entry ID, both the same for every worker that ever runs this
+ * delivery, so a resumed job continues the one stream it started (the
+ * engine's own default, derived from its request counter, differs per
+ * worker). Kept to 53 bits, so the same job with "seed": <this> in it,
+ * which the protocol can carry exactly, runs the same tokens. */
+static uint64_t derived_seed(const struct wjob *j)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *s = j->id; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    h = (h ^ '\n') * 0x100000001b3ull;
+    for (const char *s = j->entry_id; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h & ((1ull << 53) - 1);
+}
+
 static int submit(struct worker *w, struct wjob *j, struct rl_err *err)
 {
     const struct job *jb = j->job;
@@ -126,10 +143,11 @@ static int submit(struct worker *w, struct wjob *j, struct rl_err *err)
     r.presence_penalty = (float)jb->presence_penalty;
     r.frequency_penalty = (float)jb->frequency_penalty;
     r.repetition_penalty = (float)jb->repetition_penalty;
-    r.has_seed = jb->has_seed;
-    r.seed = jb->seed;
+    r.has_seed = true;
+    r.seed = jb->has_seed ? jb->seed : derived_seed(j);
     r.n_logprobs = jb->logprobs;
     r.max_tokens = jb->max_tokens - j->n_prev;
+    r.n_resumed = j->n_prev; /* penalties and the RNG stream go on from there */
     r.stop = (const char *const *)jb->stop;
     r.n_stop = jb->n_stop;
     r.ignore_eos = jb->ignore_eos;

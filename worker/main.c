@@ -7,7 +7,8 @@
  * Start-up order: options (file, then flags), the model (minutes for a
  * large one; Redis is not needed yet), the two Redis connections (the
  * worker starts even while Redis is down: rconn reconnects with backoff),
- * the metrics endpoint, then READY=1 to systemd. WATCHDOG=1 pings go out
+ * the metrics endpoint, then a PING until Redis answers, and only then
+ * READY=1 to systemd and the "ready:" log line. WATCHDOG=1 pings go out
  * from the loop at half of WATCHDOG_USEC when systemd asks for them.
  *
  * Signals only set flags (the two volatile sig_atomic_t below are this
@@ -22,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <systemd/sd-daemon.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "modelid.h"
@@ -171,6 +173,41 @@ static int setup(struct worker *w, struct rl_err *err)
     return 0;
 }
 
+/* READY=1 tells systemd (and whoever waits on the unit) that the worker
+ * serves; with Redis unreachable it does not, so the worker waits here
+ * until a PING is answered, saying once in the log what it waits for and
+ * keeping the watchdog fed. Returns 0 once Redis answered, 1 when a
+ * SIGTERM came first. */
+static int wait_for_redis(struct worker *w, volatile sig_atomic_t *stop)
+{
+    bool said = false;
+    int64_t next_wd = 0;
+    while (!*stop) {
+        struct rl_err err;
+        const char *ping[1] = {"PING"};
+        if (rconn_command(w->rc, 1, ping, NULL, NULL, &err) == 0) {
+            if (said)
+                RL_LOG(&w->log, RL_LOG_INFO, "redis %s answered", w->opt.redis);
+            return 0;
+        }
+        if (!said) {
+            RL_LOG(&w->log, RL_LOG_WARN, "redis %s: %s; not ready until it answers",
+                   w->opt.redis, err.msg);
+            said = true;
+        }
+        int64_t now = rl_mono_ms();
+        if (w->watchdog_usec && now >= next_wd) {
+            sd_notify(0, "WATCHDOG=1");
+            next_wd = now + (int64_t)(w->watchdog_usec / 2000);
+        }
+        int64_t ms = rconn_retry_in_ms(w->rc);
+        ms = ms < 5 ? 5 : ms > 100 ? 100 : ms;
+        struct timespec ts = {0, (long)ms * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     struct worker *w = calloc(1, sizeof *w);
@@ -214,12 +251,17 @@ int main(int argc, char **argv)
     uint64_t usec = 0;
     if (sd_watchdog_enabled(0, &usec) > 0)
         w->watchdog_usec = usec;
+    if (wait_for_redis(w, stop)) {
+        RL_LOG(&w->log, RL_LOG_INFO, "stopped before redis %s answered", w->opt.redis);
+        status = 0;
+        goto out;
+    }
     pthread_mutex_lock(&w->m.mu);
     w->m.ready = true;
     pthread_mutex_unlock(&w->m.mu);
     sd_notify(0, "READY=1");
-    RL_LOG(&w->log, RL_LOG_INFO, "ready: %s as %s, pools %s, redis %s", w->opt.model, w->opt.name,
-           w->opt.pools, w->opt.redis);
+    RL_LOG(&w->log, RL_LOG_INFO, "ready: %s as %s, pools %s, redis %s answered", w->opt.model,
+           w->opt.name, w->opt.pools, w->opt.redis);
     if (w_run(w, stop, reload, &err) == 0)
         status = 0;
     RL_LOG(&w->log, RL_LOG_INFO, "exiting (%d)", status);

@@ -330,6 +330,58 @@ static void test_preemption_identical(void **state)
     engine_free(e);
 }
 
+/* Resumption (engine_request.n_resumed): a request cut after k tokens and
+ * submitted again as prompt + those k tokens continues token for token
+ * (and logprob for logprob) as the uninterrupted run, for greedy, seeded
+ * top-k/top-p, min-p with the repetition penalty, and the frequency and
+ * presence penalties, at several cut points. Without n_resumed the
+ * penalised and sampled tails differ: the test would catch its loss. */
+static void test_resume_exact(void **state)
+{
+    (void)state;
+    enum { N_OUT = 40 };
+    static int32_t p[4][24 + N_OUT];
+    static struct result whole[4], tail, plain;
+    struct engine_request q;
+    struct engine *e = open_engine(64, 4, 0);
+    int n_differs = 0;
+    for (int i = 0; i < 4; i++) {
+        make_prompt(p[i], 20, 70 + (uint32_t)i);
+        sampled_req(&q, p[i], 20, N_OUT, (uint32_t)i);
+        submit(e, &q, &whole[i]);
+        drain(e);
+        assert_int_equal(whole[i].n_tokens, N_OUT);
+        static const int cuts[] = {1, 7, 23, N_OUT - 1};
+        for (int c = 0; c < 4; c++) {
+            int k = cuts[c];
+            memcpy(p[i] + 20, whole[i].tokens, (size_t)k * sizeof(int32_t));
+            sampled_req(&q, p[i], 20 + k, N_OUT - k, (uint32_t)i);
+            q.n_resumed = k;
+            submit(e, &q, &tail);
+            drain(e);
+            assert_int_equal(tail.n_tokens, N_OUT - k);
+            assert_memory_equal(tail.tokens, whole[i].tokens + k,
+                                (size_t)(N_OUT - k) * sizeof(int32_t));
+            assert_memory_equal(tail.logprobs, whole[i].logprobs + k,
+                                (size_t)(N_OUT - k) * sizeof(float));
+            q.n_resumed = 0; /* the old way: earlier output as plain prompt */
+            submit(e, &q, &plain);
+            drain(e);
+            n_differs += memcmp(plain.tokens, whole[i].tokens + k,
+                                (size_t)(N_OUT - k) * sizeof(int32_t)) != 0;
+        }
+    }
+    assert_true(n_differs > 0);
+    /* n_resumed must leave at least one real prompt token */
+    struct rl_err err = {0};
+    sampled_req(&q, p[0], 20, 8, 1);
+    q.n_resumed = 20;
+    uint64_t id;
+    assert_int_equal(engine_submit(e, &q, &id, &err), -RL_EINVAL);
+    assert_non_null(strstr(err.msg, "BAD_PARAM"));
+    engine_free(e);
+}
+
 /* A stop string that spans two tokens of what the model says anyway ends
  * the output just before it, and is not emitted. */
 static void test_stop_string_split(void **state)
@@ -1100,6 +1152,7 @@ int main(void)
         cmocka_unit_test(test_prefix_cache_reuse),
         cmocka_unit_test(test_eviction_under_pressure),
         cmocka_unit_test(test_preemption_identical),
+        cmocka_unit_test(test_resume_exact),
         cmocka_unit_test(test_stop_string_split),
         cmocka_unit_test(test_stop_string_spans_think_tag),
         cmocka_unit_test(test_thinking_budget),
