@@ -369,7 +369,15 @@ def test_two_models_one_redis(hub, procs, redis_addr, prefix, tmp_path):
     assert cached_run("c3", a) == (True, ref[a])
     assert cached_run("c4", b) == (True, ref[b])
 
-    # a streamed-free HTTP completion for the big model, echoing its name
+    # `redlm enqueue --model` names it too
+    p = subprocess.run([str(CLI), "enqueue", "--redis", redis_addr, "--prefix", prefix,
+                        "--model", b, "--prompt-ids", ",".join(map(str, ids)), "--max-tokens", "8",
+                        "--temperature", "0", "--ignore-eos", "--no-cache", "--mode", "no_think"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert tokens(events(r, prefix, p.stdout.strip())) == ref[b]
+
+    # a non-streamed HTTP completion for the big model, echoing its name
     st, c = http_req(port, "POST", "/v1/chat/completions",
                      {"model": b, "messages": [{"role": "user", "content": "Hi"}],
                       "max_tokens": 4, "temperature": 0})

@@ -251,6 +251,7 @@ static void enqueue_usage(void)
             "  --file F             the job as JSON (- = stdin); flags set fields on top\n"
             "  --id ID              the job id (default: generated)\n"
             "  --mode think|no_think|auto   auto: the dispatcher decides\n"
+            "  --model NAME         the served model (needed when several are served)\n"
             "  --max-tokens N  --temperature T  --top-p P  --top-k K  --min-p P  --seed S\n"
             "  --stop TEXT (repeatable)  --ignore-eos  --max-thinking-tokens N  --logprobs N\n"
             "  --priority N  --deadline-ms UNIX_MS  --stream-ttl S  --no-cache  --metadata JSON\n"
@@ -400,6 +401,8 @@ int cmd_enqueue(int argc, char **argv)
             rc = set_string(o, "id", v);
         else if (!strcmp(f, "--mode"))
             rc = set_string(o, "mode", v);
+        else if (!strcmp(f, "--model"))
+            rc = set_string(o, "model", v);
         else if (!strcmp(f, "--prompt-ids")) {
             int32_t *ids;
             int n;
