@@ -109,6 +109,9 @@ static int setup(struct worker *w, struct rl_err *err)
         return rl_errf(err, RL_EINVAL, "no model: give --model DIR or model = \"DIR\"");
     if ((rc = modelref_resolve(w->opt.model, &w->model, err)))
         return rc;
+    if (strlen(w->opt.served_name) > MODELREF_NAME_MAX)
+        return rl_errf(err, RL_EINVAL, "served_model_name: longer than %d characters",
+                       MODELREF_NAME_MAX);
     if (w->opt.served_name[0])
         snprintf(w->model.name, sizeof w->model.name, "%.128s", w->opt.served_name);
     if (!modelref_name_ok(w->model.name))
