@@ -377,6 +377,19 @@ def test_two_models_one_redis(hub, procs, redis_addr, prefix, tmp_path):
     assert p.returncode == 0, p.stderr
     assert tokens(events(r, prefix, p.stdout.strip())) == ref[b]
 
+    # `redlm chat --model` too; without it, with two models served, the
+    # turn is refused MODEL_REQUIRED
+    def chat(*flags):
+        return subprocess.run([str(CLI), "chat", "--redis", redis_addr, "--prefix", prefix,
+                               "--max-tokens", "3", "--mode", "no_think", "--color", "never",
+                               *flags], input="Hi\n/exit\n", capture_output=True, text=True,
+                              timeout=60)
+    p = chat("--model", b)
+    assert p.returncode == 0 and "MODEL_REQUIRED" not in p.stdout + p.stderr, p
+    assert "[done] finish_reason=length" in p.stderr and "completion_tokens=3" in p.stderr, p
+    p = chat()
+    assert "MODEL_REQUIRED" in p.stdout + p.stderr, p
+
     # a non-streamed HTTP completion for the big model, echoing its name
     st, c = http_req(port, "POST", "/v1/chat/completions",
                      {"model": b, "messages": [{"role": "user", "content": "Hi"}],

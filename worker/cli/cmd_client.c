@@ -664,6 +664,7 @@ static void chat_usage(void)
             "  --system TEXT        a system message first\n"
             "  --max-tokens N  --temperature T  --seed S  --ignore-eos (answers of max-tokens)\n"
             "  --pool NAME          straight to <prefix>jobs:NAME (default: <prefix>requests)\n"
+            "  --model NAME         the served model (needed when several are served)\n"
             "  --no-reasoning       do not show the reasoning\n"
             "  --color auto|always|never\n"
             "%s",
@@ -694,7 +695,7 @@ int cmd_chat(int argc, char **argv)
     cli_redis_args_default(&ra);
     struct rl_err err = {0};
     const char *pool = NULL, *system = NULL, *color = NULL, *mode = NULL;
-    const char *max_tokens = NULL, *temperature = NULL, *seed = NULL;
+    const char *max_tokens = NULL, *temperature = NULL, *seed = NULL, *model = NULL;
     bool hide = false, ignore_eos = false;
     int rc = 0;
     for (int i = 1; i < argc && !rc; i++) {
@@ -712,6 +713,7 @@ int cmd_chat(int argc, char **argv)
                            : !strcmp(f, "--max-tokens")  ? &max_tokens
                            : !strcmp(f, "--temperature") ? &temperature
                            : !strcmp(f, "--seed")        ? &seed
+                           : !strcmp(f, "--model")       ? &model
                                                          : NULL;
         if (dst && v) {
             *dst = v;
@@ -748,7 +750,8 @@ int cmd_chat(int argc, char **argv)
     if (!history || !params ||
         (max_tokens && set_number(params, "max_tokens", "--max-tokens", max_tokens, &e2)) ||
         (temperature && set_number(params, "temperature", "--temperature", temperature, &e2)) ||
-        (seed && set_number(params, "seed", "--seed", seed, &e2))) {
+        (seed && set_number(params, "seed", "--seed", seed, &e2)) ||
+        (model && set_string(params, "model", model))) {
         fprintf(stderr, "redlm chat: %s\n", history && params ? e2.msg : "out of memory");
         cJSON_Delete(history), cJSON_Delete(params);
         rconn_free(c);
