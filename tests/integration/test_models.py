@@ -402,9 +402,16 @@ def test_two_models_one_redis(hub, procs, redis_addr, prefix, tmp_path):
     evs = events(r, prefix, "wrongq")
     assert evs[0]["code"] == "MODEL_NOT_FOUND"
 
-    # a model whose last worker is gone leaves /v1/models (heartbeat TTL)
-    st, m = http_req(port, "GET", "/v1/models")
-    assert sorted(x["id"] for x in m["data"]) == [a, b]
+    # `redlm stats` names each model's pools as their streams do
+    p = subprocess.run([str(CLI), "stats", "--json", "--redis", redis_addr, "--prefix", prefix],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    pools = {x["name"]: x for x in json.loads(p.stdout)["pools"]}
+    for mdl in (a, b):
+        for pool in ("fast", "think"):
+            assert pools[f"{mdl}:{pool}"]["workers"] == 1, pools.keys()
+            assert pools[f"{mdl}:{pool}"]["key"] == f"{prefix}jobs:{mdl}:{pool}"
+    assert pools.get("fast", {"workers": 0})["workers"] == 0  # nobody reads the shared one
 
 
 def test_single_model_unchanged(procs, redis_addr, prefix, tmp_path):
