@@ -88,6 +88,7 @@ struct disp {
     pthread_mutex_t models_mu;    /* guards models_json, read by the HTTP threads */
     char *models_json;            /* [{"id","object","created","owned_by"}...], malloc'd */
     char fast_name[MODELREF_NAME_MAX + 1]; /* served name of the fast path's model */
+    bool shared_warned;           /* logged once: several names on the shared pools */
     bool groups_ok;
     /* Our own pending entries (read, not yet acknowledged: after a start
      * under the same name, or a round that failed) are read again, from

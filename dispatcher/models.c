@@ -248,6 +248,16 @@ void d_models_refresh(struct disp *d)
                        : fresh[i].scoped ? "its own pools" : "the shared pools");
             d->models[d->n_models++] = fresh[i];
         }
+    int n_shared_names = 0;
+    for (int i = 0; i < d->n_models; i++)
+        n_shared_names += !d->models[i].scoped && !d->models[i].alias;
+    if (n_shared_names > 1 && !d->shared_warned) {
+        /* a job naming one of them may be taken by a worker of another,
+         * which refuses it (MODEL_NOT_FOUND) */
+        RL_LOG(&d->log, RL_LOG_WARN, "models: %d served names share the pools %sjobs:<pool>; "
+               "give each model's workers pool_scope = model", n_shared_names, d->cfg.prefix);
+        d->shared_warned = true;
+    }
     publish_json(d);
 out:
     free(argv);

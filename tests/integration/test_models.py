@@ -440,3 +440,19 @@ def test_single_model_unchanged(procs, redis_addr, prefix, tmp_path):
     st, c = http_req(port, "POST", "/v1/chat/completions",
                      {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})
     assert st == 200 and c["model"] == MODEL.name, c
+
+    # --served-model-name: a second worker of the same pools under another
+    # name; both names are served, and the shared pools still count as one
+    # destination, so a job without `model` is not refused
+    procs["worker"]("s2", MODEL, "--served-model-name", "tiny-alias")
+    assert heartbeat(r, prefix, "s2")["model"] == "tiny-alias"
+    st, m = wait_models(port, [MODEL.name, "tiny-alias"])
+    assert sorted(x["id"] for x in m["data"]) == sorted([MODEL.name, "tiny-alias"])
+    r.xadd(f"{prefix}requests", {"job": json.dumps(
+        {"id": "plain2", "prompt_ids": [1, 2, 3], "max_tokens": 3, "mode": "no_think"})})
+    assert events(r, prefix, "plain2")[-1]["finish_reason"] in ("length", "stop")
+    # a served name must be one clients can send
+    p = subprocess.run([str(WORKER), "--model", str(MODEL), "--served-model-name", "bad name",
+                        "--http-port", "0", "--redis", redis_addr], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode != 0 and "served_model_name" in p.stdout + p.stderr
