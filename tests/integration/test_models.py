@@ -287,7 +287,7 @@ def test_two_models_one_redis(hub, procs, redis_addr, prefix, tmp_path):
     a, b = SMALL["repo"], BIG["repo"]
     port = free_port()
     procs["worker"]("wa", a, "--pool-scope", "model", env=env)
-    procs["worker"]("wb", b, "--pool-scope", "model", env=env)
+    wb = procs["worker"]("wb", b, "--pool-scope", "model", "--heartbeat-ttl-s", "2", env=env)
     procs["dispatcher"]("--model", a, "--think-ratio", "0.5", env=env, http_port=port)
 
     # /v1/models: what the live workers serve
@@ -412,6 +412,20 @@ def test_two_models_one_redis(hub, procs, redis_addr, prefix, tmp_path):
             assert pools[f"{mdl}:{pool}"]["workers"] == 1, pools.keys()
             assert pools[f"{mdl}:{pool}"]["key"] == f"{prefix}jobs:{mdl}:{pool}"
     assert pools.get("fast", {"workers": 0})["workers"] == 0  # nobody reads the shared one
+
+    # the big model's last worker stops: once its heartbeat expires it is no
+    # longer served; a job for it is MODEL_NOT_FOUND, and one naming no model
+    # goes to the one model left
+    wb.stop()
+    st, m = wait_models(port, [a])
+    assert [x["id"] for x in m["data"]] == [a], m
+    r.xadd(f"{prefix}requests", {"job": json.dumps(
+        {"id": "gone", "model": b, "prompt_ids": ids, "max_tokens": 2})})
+    assert events(r, prefix, "gone")[0]["code"] == "MODEL_NOT_FOUND"
+    r.xadd(f"{prefix}requests", {"job": json.dumps(
+        {"id": "onlyone", "prompt_ids": ids, "max_tokens": 8, "temperature": 0,
+         "ignore_eos": True, "cache": False, "mode": "no_think"})})
+    assert tokens(events(r, prefix, "onlyone")) == ref[a]
 
 
 def test_single_model_unchanged(procs, redis_addr, prefix, tmp_path):
