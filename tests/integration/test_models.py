@@ -390,6 +390,22 @@ def test_two_models_one_redis(hub, procs, redis_addr, prefix, tmp_path):
     p = chat()
     assert "MODEL_REQUIRED" in p.stdout + p.stderr, p
 
+    # the example web backend with --model (and without: the error event)
+    server = pathlib.Path(__file__).resolve().parents[2] / "examples" / "web"
+    for flags, ok in ((["--model", b], True), ([], False)):
+        web = subprocess.Popen(["/usr/bin/python3", str(server / "server.py"), "--redis",
+                                redis_addr, "--prefix", prefix, "--listen", "127.0.0.1:0", *flags],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            url = web.stdout.readline().split("listening on ", 1)[1].split()[0]
+            p = subprocess.run(["/usr/bin/python3", str(server / "ask.py"), url, "Hi",
+                                "--max-tokens", "3"], capture_output=True, text=True, timeout=60)
+        finally:
+            web.terminate()
+            web.wait(10)
+        assert (p.returncode == 0) == ok, p
+        assert ("MODEL_REQUIRED" in p.stdout + p.stderr) != ok, p
+
     # a non-streamed HTTP completion for the big model, echoing its name
     st, c = http_req(port, "POST", "/v1/chat/completions",
                      {"model": b, "messages": [{"role": "user", "content": "Hi"}],
