@@ -390,6 +390,15 @@ def test_two_models_one_redis(hub, procs, redis_addr, prefix, tmp_path):
     p = chat()
     assert "MODEL_REQUIRED" in p.stdout + p.stderr, p
 
+    # `redlm bench --model`: every request answered by that model
+    p = subprocess.run([str(CLI), "bench", "--redis", redis_addr, "--prefix", prefix,
+                        "--model", b, "--clients", "1", "--requests", "3", "--output-len", "2",
+                        "--no-plots", "--out", str(tmp_path / "lb" / "r.json")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lv = json.loads(p.stdout)["levels"][0]
+    assert lv["completed"] == 3 and not lv.get("errors"), lv
+
     # the example web backend with --model (and without: the error event)
     server = pathlib.Path(__file__).resolve().parents[2] / "examples" / "web"
     for flags, ok in ((["--model", b], True), ([], False)):
