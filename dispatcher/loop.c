@@ -2,7 +2,9 @@
  * forward, acknowledge.
  *
  * One round handles up to D_BATCH entries of <prefix>requests read with
- * XREADGROUP (group "dispatchers"), in three round trips to Redis:
+ * XREADGROUP (group "dispatchers"). Each request first finds its model
+ * (models.c: the table of what live workers serve, re-read every
+ * heartbeat) and with it its pools and router; then three round trips:
  *   1. (when due, at most every STATS_MS) the pools' queue state:
  *      XINFO GROUPS (last-delivered-id and lag of group "workers") and the
  *      oldest undelivered entry, for backpressure and adaptive routing;
@@ -362,10 +364,9 @@ static void prepare(struct disp *d, struct dreq *q)
     q->act = A_FORWARD;
     if (!d->model_id[0] || !q->job->cache || !job_is_deterministic(q->job))
         return;
-    /* the fast path knows one model's tokenizer and identity: only that
-     * model's requests may be answered from it (the key holds the model
-     * identity, but a prompt rendered with the wrong tokenizer over the
-     * wrong identity could still meet that model's entry) */
+    /* the fast path knows one model's tokenizer and identity: the key it
+     * computes is that model's, so for another model's request it would
+     * find this model's answer. Only this model's requests look it up */
     if (m && !m->alias && strcmp(m->name, d->fast_name))
         return;
     int32_t *ids = NULL;
