@@ -111,10 +111,10 @@ static void publish_json(struct disp *d)
     pthread_mutex_unlock(&d->models_mu);
 }
 
-/* Adds the pools of one heartbeat to a scoped model under construction. */
-static void add_pools(struct dmodel *m, char pools[][JOB_POOL_MAX + 1], int *n, const cJSON *arr)
+/* Adds the pool names of one heartbeat (arr) to a scoped model's list
+ * (pools, *n of them), each once. */
+static void add_pools(char pools[][JOB_POOL_MAX + 1], int *n, const cJSON *arr)
 {
-    (void)m;
     const cJSON *p;
     cJSON_ArrayForEach(p, arr) {
         if (!cJSON_IsString(p) || !p->valuestring[0] || strlen(p->valuestring) > JOB_POOL_MAX)
@@ -204,7 +204,7 @@ void d_models_refresh(struct disp *d)
             m->scoped = true;
         }
         if (m && !m->alias && scoped)
-            add_pools(m, pools[m - fresh], &n_pools[m - fresh],
+            add_pools(pools[m - fresh], &n_pools[m - fresh],
                       cJSON_GetObjectItemCaseSensitive(hb, "pools"));
         cJSON_Delete(hb);
     }
