@@ -25,7 +25,6 @@ import http.client
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import time
 
