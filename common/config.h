@@ -40,7 +40,9 @@ struct cfg {
     char *name;                   /* consumer name; "" = the host name */
     char *default_pool;           /* dispatcher: jobs naming no pool go here */
     /* engine */
-    char *model;                  /* model directory */
+    char *model;                  /* model directory or Hugging Face repo id (modelref.h) */
+    char *served_model_name;      /* "" = derived from model (modelref.h) */
+    char *pool_scope;             /* "shared" (jobs:<pool>) or "model" (jobs:<name>:<pool>) */
     char *backend;                /* "cpu" or "cuda" */
     int threads;                  /* 0 = one per core */
     int kv_budget_mb;             /* 0 = the engine's default, 1 GiB */
@@ -85,7 +87,6 @@ struct cfg {
     int http;                     /* port; 0 = off */
     char *http_bind;              /* listen address, 127.0.0.1 */
     char *api_keys_file;          /* "" = no authentication */
-    char *served_model_name;      /* the name /v1/models lists and requests must use */
     int max_body_kb;
     int max_messages;
     int http_max_tokens;

@@ -49,6 +49,8 @@ static const struct {
     [EV_CODE_ENGINE_ERROR] = {"ENGINE_ERROR", "the inference engine failed on this request"},
     [EV_CODE_INTERNAL] = {"INTERNAL", "a bug in redlm: a broken invariant reported instead of crashing"},
     [EV_CODE_OVERLOADED] = {"OVERLOADED", "the pool's queue holds more waiting jobs than the dispatcher's max_waiting; retry after retry_after_ms"},
+    [EV_CODE_MODEL_NOT_FOUND] = {"MODEL_NOT_FOUND", "the job (or HTTP request) names a model no live worker serves; the message lists the models that are served"},
+    [EV_CODE_MODEL_REQUIRED] = {"MODEL_REQUIRED", "several models are served and the job names none; it must say which in `model`"},
 };
 
 const char *ev_code_name(enum ev_code code)

@@ -47,6 +47,8 @@ enum ev_code {
     EV_CODE_ENGINE_ERROR,        /* the engine failed on this request */
     EV_CODE_INTERNAL,            /* a bug: broken invariant in the worker */
     EV_CODE_OVERLOADED,          /* the dispatcher refused: the pool's queue is full */
+    EV_CODE_MODEL_NOT_FOUND,     /* job names a model nobody serves (or not this worker's) */
+    EV_CODE_MODEL_REQUIRED,      /* no model named while several are served */
     EV_CODE_COUNT
 };
 

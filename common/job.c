@@ -22,6 +22,7 @@
  * means a double with no fractional part (1.0 counts, as in JSON Schema),
  * and integers must stay below 2^53 to be exact; seeds are bounded there. */
 #include "job.h"
+#include "modelref.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -613,7 +614,7 @@ static int random_id(char out[JOB_ID_MAX + 1], struct rl_err *err)
 
 /* The top-level members, in the order job_to_json writes them. */
 enum kind {
-    K_ID, K_POOL, K_MESSAGES, K_TOOLS, K_PROMPT, K_PROMPT_IDS, K_MODE, K_MAX_TOKENS,
+    K_ID, K_MODEL, K_POOL, K_MESSAGES, K_TOOLS, K_PROMPT, K_PROMPT_IDS, K_MODE, K_MAX_TOKENS,
     K_TEMPERATURE, K_TOP_P, K_TOP_K, K_MIN_P, K_PRESENCE, K_FREQUENCY, K_REPETITION,
     K_SEED, K_STOP, K_IGNORE_EOS, K_MAX_THINKING, K_LOGPROBS, K_PRIORITY, K_DEADLINE,
     K_CACHE, K_STREAM_TTL, K_METADATA, K_SPECULATIVE,
@@ -622,7 +623,7 @@ static const struct {
     const char *name;
     enum kind kind;
 } top_fields[] = {
-    {"id", K_ID}, {"pool", K_POOL}, {"messages", K_MESSAGES}, {"tools", K_TOOLS},
+    {"id", K_ID}, {"model", K_MODEL}, {"pool", K_POOL}, {"messages", K_MESSAGES}, {"tools", K_TOOLS},
     {"prompt", K_PROMPT}, {"prompt_ids", K_PROMPT_IDS}, {"mode", K_MODE},
     {"max_tokens", K_MAX_TOKENS}, {"temperature", K_TEMPERATURE}, {"top_p", K_TOP_P},
     {"top_k", K_TOP_K}, {"min_p", K_MIN_P}, {"presence_penalty", K_PRESENCE},
@@ -722,6 +723,16 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
                            "id: character %d is not one of [A-Za-z0-9_.:-]", (int)(c - s));
         memcpy(j->id, s, strlen(s) + 1);
         j->given |= JOB_F_ID;
+        return 0;
+    case K_MODEL:
+        if ((rc = get_string(v, "model", 1, JOB_MODEL_MAX, &s, f, err)))
+            return rc;
+        if (!modelref_name_ok(s))
+            return bad(f, err, EV_CODE_BAD_VALUE,
+                       "model: \"%.128s\" is not a model name ([A-Za-z0-9._:/-], not starting "
+                       "with '/' or '.')", s);
+        memcpy(j->model, s, strlen(s) + 1);
+        j->given |= JOB_F_MODEL;
         return 0;
     case K_POOL:
         if ((rc = get_string(v, "pool", 1, JOB_POOL_MAX, &s, f, err)))
@@ -1114,6 +1125,8 @@ int job_to_json(const struct job *j, char **out, struct rl_err *err)
         goto oom;
 #define ADD(x) do { if (!(x)) goto oom; } while (0)
     ADD(cJSON_AddStringToObject(o, "id", j->id));
+    if (j->given & JOB_F_MODEL)
+        ADD(cJSON_AddStringToObject(o, "model", j->model));
     if (j->given & JOB_F_POOL)
         ADD(cJSON_AddStringToObject(o, "pool", j->pool));
     if (j->messages) {

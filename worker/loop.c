@@ -250,6 +250,15 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
         reject(w, j, raw, raw_len, fault.code, err.msg);
         return 0;
     }
+    if (j->job->model[0] && strcmp(j->job->model, w->model.name)) {
+        /* queued where another model's jobs go (a shared pool, or by hand):
+         * running it on these weights would answer for the wrong model */
+        char msg[384];
+        snprintf(msg, sizeof msg, "model: the job asks for \"%s\"; this worker (pool %s) serves "
+                 "\"%s\"", j->job->model, w->pools[pool], w->model.name);
+        reject(w, j, raw, raw_len, EV_CODE_MODEL_NOT_FOUND, msg);
+        return 0;
+    }
     enum ev_code code = EV_CODE_NONE;
     if (render(w, j, &code, &err)) {
         reject(w, j, raw, raw_len, code, err.msg);

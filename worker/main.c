@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "modelid.h"
+#include "modelref.h"
 #include "signals.h"
 #include "worker.h"
 
@@ -108,6 +109,17 @@ static int setup(struct worker *w, struct rl_err *err)
     int rc;
     if (!w->opt.model[0])
         return rl_errf(err, RL_EINVAL, "no model: give --model DIR or model = \"DIR\"");
+    if ((rc = modelref_resolve(w->opt.model, &w->model, err)))
+        return rc;
+    if (strlen(w->opt.served_name) > MODELREF_NAME_MAX)
+        return rl_errf(err, RL_EINVAL, "served_model_name: longer than %d characters",
+                       MODELREF_NAME_MAX);
+    if (w->opt.served_name[0])
+        snprintf(w->model.name, sizeof w->model.name, "%.128s", w->opt.served_name);
+    if (!modelref_name_ok(w->model.name))
+        return rl_errf(err, RL_EINVAL,
+                       "served_model_name \"%.200s\" must be 1-%d of [A-Za-z0-9._:/-], not "
+                       "starting with '/' or '.'", w->model.name, MODELREF_NAME_MAX);
     char pools[WOPTS_MAX_POOLS][64];
     int n = wopts_pools(&w->opt, pools, err);
     if (n < 0)
@@ -115,7 +127,11 @@ static int setup(struct worker *w, struct rl_err *err)
     w->n_pools = n;
     for (int p = 0; p < n; p++) {
         memcpy(w->pools[p], pools[p], sizeof pools[p]);
-        snprintf(w->pool_keys[p], W_KEY_MAX, "%.64sjobs:%.64s", w->opt.prefix, pools[p]);
+        if (w->opt.pool_scope_model) /* schemas/README.md: the key layout */
+            snprintf(w->pool_keys[p], W_KEY_MAX, "%.64sjobs:%s:%.64s", w->opt.prefix,
+                     w->model.name, pools[p]);
+        else
+            snprintf(w->pool_keys[p], W_KEY_MAX, "%.64sjobs:%.64s", w->opt.prefix, pools[p]);
         w->pool_names[p] = w->pools[p];
         w->pool_key_ptrs[p] = w->pool_keys[p];
     }
@@ -137,10 +153,13 @@ static int setup(struct worker *w, struct rl_err *err)
     struct load_progress lp = {w, rl_wall_ms(), 1};
     eo.progress = on_load_progress;
     eo.progress_user = &lp;
-    RL_LOG(&w->log, RL_LOG_INFO, "loading %s on %s", w->opt.model, w->opt.backend);
-    if ((rc = engine_create(&w->eng, w->opt.model, &eo, err)))
+    if (strcmp(w->model.dir, w->opt.model))
+        RL_LOG(&w->log, RL_LOG_INFO, "model %s: %s", w->opt.model, w->model.dir);
+    RL_LOG(&w->log, RL_LOG_INFO, "loading %s on %s, serving it as \"%s\"", w->model.dir,
+           w->opt.backend, w->model.name);
+    if ((rc = engine_create(&w->eng, w->model.dir, &eo, err)))
         return rc;
-    if ((rc = modelid_compute(w->opt.model, w->model_id, err)))
+    if ((rc = modelid_compute(w->model.dir, w->model_id, err)))
         return rc;
     /* the worker still serves token-id jobs without one, so this is a
      * warning, but said once here rather than as a dead letter per job */

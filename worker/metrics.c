@@ -296,7 +296,13 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddNumberToObject(o, "tokens_per_s", (double)(int64_t)(w->tok_rate * 10) / 10.0);
     cJSON_AddNumberToObject(o, "time_ms", (double)rl_wall_ms());
     cJSON_AddNumberToObject(o, "uptime_s", (double)((rl_wall_ms() - w->t_start_ms) / 1000));
-    cJSON_AddStringToObject(o, "model", w->opt.model);
+    /* the served name, what jobs and HTTP requests select it by; the
+     * dispatcher builds its model table from these (schemas/README.md) */
+    cJSON_AddStringToObject(o, "model", w->model.name);
+    cJSON_AddStringToObject(o, "model_dir", w->model.dir);
+    cJSON_AddNumberToObject(o, "model_created", (double)w->model.created);
+    cJSON_AddStringToObject(o, "model_owned_by", w->model.owned_by);
+    cJSON_AddStringToObject(o, "pool_scope", w->opt.pool_scope_model ? "model" : "shared");
     /* counters since start, for redlm stats/top: totals and hit rates */
     pthread_mutex_lock(&w->m.mu);
     cJSON_AddNumberToObject(o, "jobs_done", (double)w->m.jobs_done);

@@ -295,6 +295,20 @@ int w_flush(struct worker *w, struct rl_err *err)
             if (rc || (rc = add_item(&items, &n_items, &cap_items,
                                      (struct item){IT_OTHER, NULL, 0})))
                 goto out;
+            /* the registry of workers (schemas/README.md): the dispatcher
+             * reads its members' heartbeats instead of SCANning the key
+             * space; names silent for a day are pruned */
+            char reg[W_KEY_MAX], score[32], old[32];
+            snprintf(reg, sizeof reg, "%sworkers", w->opt.prefix);
+            snprintf(score, sizeof score, "%lld", (long long)now);
+            snprintf(old, sizeof old, "(%lld", (long long)(now - 86400000));
+            const char *za[4] = {"ZADD", reg, score, w->opt.name};
+            const char *zr[4] = {"ZREMRANGEBYSCORE", reg, "-inf", old};
+            if ((rc = rconn_batch_add(b, 4, za, NULL, err)) ||
+                (rc = add_item(&items, &n_items, &cap_items, (struct item){IT_OTHER, NULL, 0})) ||
+                (rc = rconn_batch_add(b, 4, zr, NULL, err)) ||
+                (rc = add_item(&items, &n_items, &cap_items, (struct item){IT_OTHER, NULL, 0})))
+                goto out;
         }
     }
     if (rconn_batch_count(b) == 0)

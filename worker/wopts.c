@@ -39,6 +39,8 @@ static int from_cfg(struct wopts *o, const struct cfg *c, struct rl_err *err)
         snprintf(o->pools + used, sizeof o->pools - used, "%s%s", i ? "," : "", c->pools.v[i]);
     }
     copy(o->model, sizeof o->model, c->model);
+    copy(o->served_name, sizeof o->served_name, c->served_model_name);
+    o->pool_scope_model = !strcmp(c->pool_scope, "model");
     copy(o->backend, sizeof o->backend, c->backend);
     copy(o->log_level, sizeof o->log_level, c->log_level);
     copy(o->metrics_addr, sizeof o->metrics_addr, "127.0.0.1");

@@ -24,7 +24,9 @@ struct wopts {
     char group[64];                  /* consumer group on every pool stream: "workers" */
     char name[WOPTS_STR_MAX];        /* consumer name */
     char pools[WOPTS_STR_MAX];       /* comma list in priority order */
-    char model[WOPTS_STR_MAX];
+    char model[WOPTS_STR_MAX];       /* as given: a directory or a repo id (modelref.h) */
+    char served_name[WOPTS_STR_MAX]; /* served_model_name; "" = derived from model */
+    bool pool_scope_model;           /* pool_scope = model: streams jobs:<name>:<pool> */
     char backend[16];
     char log_level[16];
     char metrics_addr[64];           /* always loopback */

@@ -35,10 +35,11 @@
 #include "event.h"
 #include "job.h"
 #include "log.h"
+#include "modelref.h"
 #include "rconn.h"
 #include "wopts.h"
 
-#define W_KEY_MAX 256
+#define W_KEY_MAX 384 /* <prefix>jobs:<served name>:<pool> fits */
 
 /* One event waiting for Redis to confirm its XADD. */
 struct wout {
@@ -137,6 +138,7 @@ struct worker {
     struct engine *eng;
     struct job_opts jopts;
     char model_id[SHA256_HEX_LEN + 1];
+    struct modelref model;        /* the resolved --model; model.name is the served name */
 
     struct rconn *rc;             /* publish, ack, claim, cancel checks */
     struct rconn *rc_read;        /* the (blocking) XREADGROUP only */

@@ -1,5 +1,6 @@
 /* worker/cli/cli_util.c - see cli_util.h. */
 #include "cli_util.h"
+#include "modelref.h"
 #include "clock.h"
 
 #include <errno.h>
@@ -64,7 +65,11 @@ int cli_parse_ids(const char *s, int32_t **out, int *n, struct rl_err *err)
 int cli_model_open(struct cli_model *cm, const struct cli_model_opts *o, struct rl_err *err)
 {
     memset(cm, 0, sizeof *cm);
-    int rc = model_load(&cm->model, o->dir, err);
+    struct modelref ref; /* a directory, or a repo id in the Hugging Face cache */
+    int rc = modelref_resolve(o->dir, &ref, err);
+    if (rc)
+        return rc;
+    rc = model_load(&cm->model, ref.dir, err);
     if (rc)
         return rc;
     struct cli_progress pg;

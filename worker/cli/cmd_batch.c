@@ -11,6 +11,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "modelref.h"
 #include "cli_util.h"
 #include "cmds.h"
 #include "engine.h"
@@ -304,6 +305,13 @@ int cmd_run_batch(int argc, char **argv)
     fclose(in);
 
     struct engine *e = NULL;
+    struct modelref ref; /* a directory, or a repo id in the Hugging Face cache */
+    if (!rc && modelref_resolve(dir, &ref, &err)) {
+        fprintf(stderr, "redlm run --batch: %s\n", err.msg);
+        rc = 1;
+    }
+    if (!rc)
+        dir = ref.dir;
     struct cli_progress pg;
     cli_progress_init(&pg, dir);
     eo.progress = cli_progress_show;

@@ -252,6 +252,7 @@ static void enqueue_usage(void)
             "  --file F             the job as JSON (- = stdin); flags set fields on top\n"
             "  --id ID              the job id (default: generated)\n"
             "  --mode think|no_think|auto   auto: the dispatcher decides\n"
+            "  --model NAME         the served model (needed when several are served)\n"
             "  --max-tokens N  --temperature T  --top-p P  --top-k K  --min-p P  --seed S\n"
             "  --stop TEXT (repeatable)  --ignore-eos  --max-thinking-tokens N  --logprobs N\n"
             "  --priority N  --deadline-ms UNIX_MS  --stream-ttl S  --no-cache  --metadata JSON\n"
@@ -401,6 +402,8 @@ int cmd_enqueue(int argc, char **argv)
             rc = set_string(o, "id", v);
         else if (!strcmp(f, "--mode"))
             rc = set_string(o, "mode", v);
+        else if (!strcmp(f, "--model"))
+            rc = set_string(o, "model", v);
         else if (!strcmp(f, "--prompt-ids")) {
             int32_t *ids;
             int n;
@@ -664,6 +667,7 @@ static void chat_usage(void)
             "  --system TEXT        a system message first\n"
             "  --max-tokens N  --temperature T  --seed S  --ignore-eos (answers of max-tokens)\n"
             "  --pool NAME          straight to <prefix>jobs:NAME (default: <prefix>requests)\n"
+            "  --model NAME         the served model (needed when several are served)\n"
             "  --no-reasoning       do not show the reasoning\n"
             "  --history FILE       line history file (default ~/.redlm_chat_history on a\n"
             "                       terminal; \"\" = this session only)\n"
@@ -679,6 +683,7 @@ int cmd_chat(int argc, char **argv)
     struct rl_err err = {0};
     const char *pool = NULL, *system = NULL, *color = NULL, *mode = NULL;
     const char *max_tokens = NULL, *temperature = NULL, *seed = NULL, *hist_file = NULL;
+    const char *model = NULL;
     bool hide = false, ignore_eos = false;
     int rc = 0;
     for (int i = 1; i < argc && !rc; i++) {
@@ -697,6 +702,7 @@ int cmd_chat(int argc, char **argv)
                            : !strcmp(f, "--temperature") ? &temperature
                            : !strcmp(f, "--seed")        ? &seed
                            : !strcmp(f, "--history")     ? &hist_file
+                           : !strcmp(f, "--model")       ? &model
                                                          : NULL;
         if (dst && v) {
             *dst = v;
@@ -733,7 +739,8 @@ int cmd_chat(int argc, char **argv)
     if (!history || !params ||
         (max_tokens && set_number(params, "max_tokens", "--max-tokens", max_tokens, &e2)) ||
         (temperature && set_number(params, "temperature", "--temperature", temperature, &e2)) ||
-        (seed && set_number(params, "seed", "--seed", seed, &e2))) {
+        (seed && set_number(params, "seed", "--seed", seed, &e2)) ||
+        (model && set_string(params, "model", model))) {
         fprintf(stderr, "redlm chat: %s\n", history && params ? e2.msg : "out of memory");
         cJSON_Delete(history), cJSON_Delete(params);
         rconn_free(c);

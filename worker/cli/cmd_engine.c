@@ -26,7 +26,8 @@ static void eng_usage(const char *cmd)
 {
     fprintf(stderr,
             "usage: redlm %s -m DIR [options]\n"
-            "  -m, --model DIR     Hugging Face Qwen3 checkpoint directory\n"
+            "  -m, --model DIR     Qwen3 checkpoint directory, or a Hugging Face repo id\n"
+            "                      ORG/NAME[@REV] found in the Hugging Face cache (offline)\n"
             "  --tokens 1,2,3      prompt token ids (logits, run)\n"
             "  --all               logits: every position, not just the last\n"
             "  -n N                run: tokens to generate (default 32)\n"

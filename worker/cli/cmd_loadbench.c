@@ -104,6 +104,7 @@ struct lb_opts {
     int hot;
     double temperature;
     uint64_t seed;
+    const char *model;            /* every job's `model`; NULL = none */
     const char *out;
     const char *label;
     bool check, plots;
@@ -197,6 +198,7 @@ static void lb_usage(FILE *f)
 "                       prompt or prompt_ids, and optionally max_tokens\n"
 "  --output-len N|A..B  max_tokens, sent with ignore_eos (32)\n"
 "  --think F            fraction of requests with mode think (0)\n"
+"  --model NAME         the served model every job names (several served: needed)\n"
 "  --auto F             fraction sent without a mode (auto: the dispatcher decides) (0)\n"
 "  --repeat F           fraction re-sending one of the --hot prompts at temperature 0 (0)\n"
 "  --hot K              number of repeated prompts (4)\n"
@@ -356,6 +358,8 @@ static int lb_parse(int argc, char **argv, struct lb_opts *o, struct rl_err *err
             o->prompts_path = v;
         else if (!strcmp(f, "--think"))
             rc = parse_double(v, 0, 1, &o->think, f, err);
+        else if (!strcmp(f, "--model"))
+            o->model = v;
         else if (!strcmp(f, "--auto"))
             rc = parse_double(v, 0, 1, &o->auto_frac, f, err);
         else if (!strcmp(f, "--repeat"))
@@ -594,6 +598,8 @@ static char *build_job(const struct lb_run *run, int i, struct lb_req *q)
      * the field out asks for it with every version of the protocol */
     if (q->mode != LB_MODE_AUTO)
         cJSON_AddStringToObject(job, "mode", mode_names[q->mode]);
+    if (o->model)
+        cJSON_AddStringToObject(job, "model", o->model);
     cJSON_AddNumberToObject(job, "max_tokens", q->max_tokens);
     cJSON_AddNumberToObject(job, "temperature", q->repeated ? 0 : o->temperature);
     cJSON_AddBoolToObject(job, "ignore_eos", 1);

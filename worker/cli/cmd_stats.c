@@ -286,6 +286,18 @@ static double ratio(double a, double b)
     return a + b > 0 ? a / (a + b) : -1;
 }
 
+/* The pool name of pool as worker w reads it: "<model>:<pool>" when its
+ * heartbeat says pool_scope "model" (schemas/README.md), else pool. */
+static const char *worker_pool(const cJSON *w, const char *pool, char *buf, size_t size)
+{
+    const cJSON *sc = cJSON_GetObjectItemCaseSensitive(w, "pool_scope");
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(w, "model");
+    if (!cJSON_IsString(sc) || strcmp(sc->valuestring, "model") || !cJSON_IsString(m))
+        return pool;
+    snprintf(buf, size, "%s:%s", m->valuestring, pool);
+    return buf;
+}
+
 /* The whole snapshot (see the essay). *out is the caller's (cJSON_Delete). */
 static int collect(struct rconn *c, const char *prefix, const char *addr, cJSON **out,
                    struct rl_err *err)
@@ -318,12 +330,17 @@ static int collect(struct rconn *c, const char *prefix, const char *addr, cJSON 
         (rc = heartbeats(c, pat, now, disps, err)))
         goto fail;
 
-    /* pools: what workers serve, what dispatchers routed to, what exists */
+    /* pools: what workers serve, what dispatchers routed to, what exists.
+     * A worker with pool_scope "model" reads jobs:<model>:<pool>, so its
+     * pools are named "<model>:<pool>" (as the stream keys and the
+     * dispatcher's metrics name them) */
     const cJSON *w;
+    char pname[512];
     cJSON_ArrayForEach(w, workers) {
         const cJSON *p;
         cJSON_ArrayForEach(p, cJSON_GetObjectItemCaseSensitive(w, "pools"))
-            if (cJSON_IsString(p) && keys_add(&names, p->valuestring))
+            if (cJSON_IsString(p) && keys_add(&names, worker_pool(w, p->valuestring, pname,
+                                                                  sizeof pname)))
                 goto oom;
     }
     cJSON_ArrayForEach(w, disps) {
@@ -352,7 +369,9 @@ static int collect(struct rconn *c, const char *prefix, const char *addr, cJSON 
         cJSON_ArrayForEach(w, workers) {
             const cJSON *q;
             cJSON_ArrayForEach(q, cJSON_GetObjectItemCaseSensitive(w, "pools"))
-                n_workers += cJSON_IsString(q) && !strcmp(q->valuestring, names.v[i]);
+                n_workers += cJSON_IsString(q) &&
+                             !strcmp(worker_pool(w, q->valuestring, pname, sizeof pname),
+                                     names.v[i]);
         }
         cJSON_AddNumberToObject(p, "workers", n_workers);
         if ((rc = stream_stats(c, key, "workers", now, p, err)))
