@@ -7,11 +7,13 @@
  * then one zero-padded step for the K tail, then red8()'s fixed tree. The
  * 2x4 register tile (M > 1), the 8-row matrix-vector path (M = 1) and the
  * edge tiles all run that same per-pair recipe, so results are batch
- * invariant (kernels.h).
+ * invariant (kernels.h) whichever of them the shared driver
+ * (gemm_driver.h) hands an output to.
  *
  * red8() folds eight accumulators at once and performs, for each of them,
  * exactly s1[l] = v[l] + v[l+4], s2[l] = s1[l] + s1[l+2], out = s2[0] + s2[1],
  * whatever slot it sits in. */
+#include "cpu/gemm_driver.h"
 #include "cpu/kernels.h"
 
 #include <stddef.h>
@@ -22,8 +24,6 @@
 
 #define T2 __attribute__((target("avx2,fma,f16c")))
 #define AI __attribute__((always_inline)) inline
-
-#define MC_BYTES (512 * 1024)
 
 /* Output position 4j+q of red8() holds accumulator slot j+2q. */
 T2 static AI __m256 red8(const __m256 a[8])
@@ -90,7 +90,8 @@ T2 static AI __m256 ld_f32_t(const float *p, int n)
 
 /* P##_tile(MR <= 2, NR <= 4): slot m + 2n, so red8's 128-bit lane m is
  * y[m][0..3]. P##_row8: one x row against eight w rows, slot n/4 + 2(n%4),
- * so red8's output is y[0..7] in order. */
+ * so red8's output is y[0..7] in order. gemm_driver.h stamps P##_tile_any
+ * and P##_gemm over them: full tiles of 2 x 4, rows of 8. */
 #define DEFINE_GEMM(P, XT, WT)                                                \
     T2 static AI void P##_tile(const int MR, const int NR, int K,             \
                                const XT *x, int ldx, const WT *w, float *y,   \
@@ -137,22 +138,6 @@ T2 static AI __m256 ld_f32_t(const float *p, int n)
         }                                                                     \
     }                                                                         \
                                                                               \
-    T2 static void P##_tile_any(int mr, int nr, int K, const XT *x, int ldx,  \
-                                const WT *w, float *y, int ldy)               \
-    {                                                                         \
-        switch (mr * 8 + nr) {                                                \
-        case 8 + 1: P##_tile(1, 1, K, x, ldx, w, y, ldy); break;              \
-        case 8 + 2: P##_tile(1, 2, K, x, ldx, w, y, ldy); break;              \
-        case 8 + 3: P##_tile(1, 3, K, x, ldx, w, y, ldy); break;              \
-        case 8 + 4: P##_tile(1, 4, K, x, ldx, w, y, ldy); break;              \
-        case 16 + 1: P##_tile(2, 1, K, x, ldx, w, y, ldy); break;             \
-        case 16 + 2: P##_tile(2, 2, K, x, ldx, w, y, ldy); break;             \
-        case 16 + 3: P##_tile(2, 3, K, x, ldx, w, y, ldy); break;             \
-        case 16 + 4: P##_tile(2, 4, K, x, ldx, w, y, ldy); break;             \
-        default: break;                                                       \
-        }                                                                     \
-    }                                                                         \
-                                                                              \
     T2 static void P##_row8(int K, const XT *x, const WT *w, float *y)        \
     {                                                                         \
         __m256 acc[8];                                                        \
@@ -175,40 +160,7 @@ T2 static AI __m256 ld_f32_t(const float *p, int n)
         _mm256_storeu_ps(y, red8(acc));                                       \
     }                                                                         \
                                                                               \
-    T2 static void P##_gemm(int M, int n0, int n1, int K, const XT *x,        \
-                            int ldx, const WT *w, float *y, int ldy)          \
-    {                                                                         \
-        if (M <= 0 || n1 <= n0 || K <= 0)                                     \
-            return;                                                           \
-        if (M == 1) {                                                         \
-            int n = n0;                                                       \
-            for (; n + 8 <= n1; n += 8)                                       \
-                P##_row8(K, x, w + (size_t)n * K, y + n);                     \
-            for (; n < n1; n += 4)                                            \
-                P##_tile_any(1, n1 - n < 4 ? n1 - n : 4, K, x, ldx,           \
-                             w + (size_t)n * K, y + n, ldy);                  \
-            return;                                                           \
-        }                                                                     \
-        int mc = (int)(MC_BYTES / ((size_t)K * sizeof(XT))) & ~1;             \
-        if (mc < 2)                                                           \
-            mc = 2;                                                           \
-        for (int m0 = 0; m0 < M; m0 += mc) {                                  \
-            int m1 = m0 + mc < M ? m0 + mc : M;                               \
-            for (int n = n0; n < n1; n += 4) {                                \
-                int nr = n1 - n < 4 ? n1 - n : 4;                             \
-                const WT *wt = w + (size_t)n * K;                             \
-                int m = m0;                                                   \
-                if (nr == 4)                                                  \
-                    for (; m + 2 <= m1; m += 2)                               \
-                        P##_tile(2, 4, K, x + (size_t)m * ldx, ldx, wt,       \
-                                 y + (size_t)m * ldy + n, ldy);               \
-                for (; m < m1; m += 2)                                        \
-                    P##_tile_any(m1 - m < 2 ? m1 - m : 2, nr, K,              \
-                                 x + (size_t)m * ldx, ldx, wt,                \
-                                 y + (size_t)m * ldy + n, ldy);               \
-            }                                                                 \
-        }                                                                     \
-    }
+    CPU_GEMM_DRIVER(T2, P, XT, WT, 2, 8)
 
 DEFINE_GEMM(BF, uint16_t, uint16_t)
 DEFINE_GEMM(F32, float, float)
