@@ -213,56 +213,41 @@ T2 static AI float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-T2 static float av2_dot_f32(const float *a, const float *b, int n)
-{
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+/* dot (two chains of 8 lanes, then the zero-padded tail into the first)
+ * and axpy over a row of AT elements against f32: the same loops for f32
+ * and bf16 rows, only the loads of the row differ (LD a full vector of 8,
+ * LDT(p, n) the last n < 8, SC one element as a float). */
+#define F32_LD(p) _mm256_loadu_ps(p)
+#define F32_SC(v) (v)
+#define DEFINE_DOT_AXPY(DOT, AXPY, AT, LD, LDT, SC)                           \
+    T2 static float DOT(const AT *a, const float *b, int n)                   \
+    {                                                                         \
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();            \
+        int i = 0;                                                            \
+        for (; i + 16 <= n; i += 16) {                                        \
+            s0 = _mm256_fmadd_ps(LD(a + i), _mm256_loadu_ps(b + i), s0);      \
+            s1 = _mm256_fmadd_ps(LD(a + i + 8), _mm256_loadu_ps(b + i + 8), s1); \
+        }                                                                     \
+        for (; i < n; i += 8) {                                               \
+            int r = n - i < 8 ? n - i : 8;                                    \
+            s0 = _mm256_fmadd_ps(LDT(a + i, r), ld_f32_t(b + i, r), s0);      \
+        }                                                                     \
+        return hsum8(_mm256_add_ps(s0, s1));                                  \
+    }                                                                         \
+                                                                              \
+    T2 static void AXPY(float a, const AT *x, float *y, int n)                \
+    {                                                                         \
+        __m256 av = _mm256_set1_ps(a);                                        \
+        int i = 0;                                                            \
+        for (; i + 8 <= n; i += 8)                                            \
+            _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, LD(x + i), _mm256_loadu_ps(y + i))); \
+        for (; i < n; i++)                                                    \
+            y[i] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(SC(x[i])), \
+                                              _mm_set_ss(y[i])));             \
     }
-    for (; i < n; i += 8) {
-        int r = n - i < 8 ? n - i : 8;
-        s0 = _mm256_fmadd_ps(ld_f32_t(a + i, r), ld_f32_t(b + i, r), s0);
-    }
-    return hsum8(_mm256_add_ps(s0, s1));
-}
 
-T2 static float av2_dot_bf16_f32(const uint16_t *a, const float *b, int n)
-{
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(ld_bf16(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(ld_bf16(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    for (; i < n; i += 8) {
-        int r = n - i < 8 ? n - i : 8;
-        s0 = _mm256_fmadd_ps(ld_bf16_t(a + i, r), ld_f32_t(b + i, r), s0);
-    }
-    return hsum8(_mm256_add_ps(s0, s1));
-}
-
-T2 static void av2_axpy_f32(float a, const float *x, float *y, int n)
-{
-    __m256 av = _mm256_set1_ps(a);
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++)
-        y[i] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(x[i]), _mm_set_ss(y[i])));
-}
-
-T2 static void av2_axpy_bf16(float a, const uint16_t *x, float *y, int n)
-{
-    __m256 av = _mm256_set1_ps(a);
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, ld_bf16(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++)
-        y[i] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(cpu_bf16_to_f32(x[i])),
-                                          _mm_set_ss(y[i])));
-}
+DEFINE_DOT_AXPY(av2_dot_f32, av2_axpy_f32, float, F32_LD, ld_f32_t, F32_SC)
+DEFINE_DOT_AXPY(av2_dot_bf16_f32, av2_axpy_bf16, uint16_t, ld_bf16, ld_bf16_t, cpu_bf16_to_f32)
 
 static const struct cpu_kernels av2_table = {
     .isa = CPU_ISA_AVX2,

@@ -538,61 +538,43 @@ T512 static void av512_bf16_to_f32(const uint16_t *x, float *y, int n)
     }
 }
 
-T512 static float av512_dot_f32(const float *a, const float *b, int n)
-{
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+/* dot (two chains of 16 lanes, then the masked tail into the first) and
+ * axpy over a row of AT elements against f32: the same loops for f32 and
+ * bf16 rows, only the loads of the row differ (LD a full vector of 16,
+ * LDM(m, p) the lanes of mask m). */
+#define F32_LD(p) _mm512_loadu_ps(p)
+#define F32_LDM(m, p) _mm512_maskz_loadu_ps(m, p)
+#define DEFINE_DOT_AXPY(DOT, AXPY, AT, LD, LDM)                               \
+    T512 static float DOT(const AT *a, const float *b, int n)                 \
+    {                                                                         \
+        __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();            \
+        int i = 0;                                                            \
+        for (; i + 32 <= n; i += 32) {                                        \
+            s0 = _mm512_fmadd_ps(LD(a + i), _mm512_loadu_ps(b + i), s0);      \
+            s1 = _mm512_fmadd_ps(LD(a + i + 16), _mm512_loadu_ps(b + i + 16), s1); \
+        }                                                                     \
+        for (; i < n; i += 16) {                                              \
+            __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u); \
+            s0 = _mm512_fmadd_ps(LDM(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0); \
+        }                                                                     \
+        return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));                   \
+    }                                                                         \
+                                                                              \
+    T512 static void AXPY(float a, const AT *x, float *y, int n)              \
+    {                                                                         \
+        __m512 av = _mm512_set1_ps(a);                                        \
+        int i = 0;                                                            \
+        for (; i + 16 <= n; i += 16)                                          \
+            _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, LD(x + i), _mm512_loadu_ps(y + i))); \
+        if (i < n) {                                                          \
+            __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);                  \
+            _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, LDM(m, x + i),  \
+                                                            _mm512_maskz_loadu_ps(m, y + i))); \
+        }                                                                     \
     }
-    for (; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
-        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-}
 
-T512 static float av512_dot_bf16_f32(const uint16_t *a, const float *b, int n)
-{
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        s0 = _mm512_fmadd_ps(ld_bf16(a + i), _mm512_loadu_ps(b + i), s0);
-        s1 = _mm512_fmadd_ps(ld_bf16(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
-    }
-    for (; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
-        s0 = _mm512_fmadd_ps(ld_bf16_m(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-}
-
-T512 static void av512_axpy_f32(float a, const float *x, float *y, int n)
-{
-    __m512 av = _mm512_set1_ps(a);
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
-    if (i < n) {
-        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
-        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i),
-                                                        _mm512_maskz_loadu_ps(m, y + i)));
-    }
-}
-
-T512 static void av512_axpy_bf16(float a, const uint16_t *x, float *y, int n)
-{
-    __m512 av = _mm512_set1_ps(a);
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, ld_bf16(x + i), _mm512_loadu_ps(y + i)));
-    if (i < n) {
-        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
-        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, ld_bf16_m(m, x + i),
-                                                        _mm512_maskz_loadu_ps(m, y + i)));
-    }
-}
+DEFINE_DOT_AXPY(av512_dot_f32, av512_axpy_f32, float, F32_LD, F32_LDM)
+DEFINE_DOT_AXPY(av512_dot_bf16_f32, av512_axpy_bf16, uint16_t, ld_bf16, ld_bf16_m)
 
 /* Scores for two query rows against eight keys in one red16: slot of
  * (row r, key c) is chosen so red16's output lane r*8 + c holds it (output
