@@ -24,22 +24,33 @@
 
 #include "worker.h"
 
+/* Room for element n of the array v of *cap elements of size bytes,
+ * doubling from first: v itself when it has room, the grown array (*cap
+ * updated), or NULL when out of memory (v is then unchanged and still the
+ * caller's). */
+static void *grow(void *v, int n, int *cap, size_t size, int first)
+{
+    if (n < *cap)
+        return v;
+    int c = *cap ? 2 * *cap : first;
+    void *g = realloc(v, (size_t)c * size);
+    if (g)
+        *cap = c;
+    return g;
+}
+
 int w_push_event(struct wjob *j, char *json)
 {
     if (!j->out_key[0]) { /* no usable id: nowhere to write */
         free(json);
         return 0;
     }
-    if (j->n_out == j->cap_out) {
-        int cap = j->cap_out ? 2 * j->cap_out : 8;
-        struct wout *o = realloc(j->out, (size_t)cap * sizeof *o);
-        if (!o) {
-            free(json);
-            return -RL_ENOMEM;
-        }
-        j->out = o;
-        j->cap_out = cap;
+    struct wout *o = grow(j->out, j->n_out, &j->cap_out, sizeof *o, 8);
+    if (!o) {
+        free(json);
+        return -RL_ENOMEM;
     }
+    j->out = o;
     struct ev_info info;
     struct rl_err err;
     int64_t seq = j->seq.next - 1;
@@ -52,16 +63,12 @@ int w_push_event(struct wjob *j, char *json)
     j->out[j->n_out++] = (struct wout){.seq = seq, .json = json, .len = strlen(json),
                                        .is_done = is_done};
     if (j->cache_fill) {
-        if (j->n_hist == j->cap_hist) {
-            int cap = j->cap_hist ? 2 * j->cap_hist : 16;
-            char **h = realloc(j->hist, (size_t)cap * sizeof *h);
-            if (!h) {
-                j->cache_fill = false; /* no cache entry, the job itself goes on */
-                return 0;
-            }
-            j->hist = h;
-            j->cap_hist = cap;
+        char **h = grow(j->hist, j->n_hist, &j->cap_hist, sizeof *h, 16);
+        if (!h) {
+            j->cache_fill = false; /* no cache entry, the job itself goes on */
+            return 0;
         }
+        j->hist = h;
         char *copy = strdup(json);
         if (!copy)
             j->cache_fill = false;
@@ -163,14 +170,10 @@ struct flush {
 
 static int add_item(struct flush *f, struct item it)
 {
-    if (f->n_items == f->cap_items) {
-        int c = f->cap_items ? 2 * f->cap_items : 64;
-        struct item *g = realloc(f->items, (size_t)c * sizeof *g);
-        if (!g)
-            return -RL_ENOMEM;
-        f->items = g;
-        f->cap_items = c;
-    }
+    struct item *g = grow(f->items, f->n_items, &f->cap_items, sizeof *g, 64);
+    if (!g)
+        return -RL_ENOMEM;
+    f->items = g;
     f->items[f->n_items++] = it;
     return 0;
 }
