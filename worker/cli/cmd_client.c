@@ -49,11 +49,7 @@ static void on_sigint(int sig)
 /* SIGINT without SA_RESTART, so a prompt's read returns at once. */
 static void catch_sigint(void)
 {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
+    cli_on_signal(SIGINT, on_sigint);
 }
 
 static bool use_color(const char *when, FILE *f)
@@ -665,10 +661,8 @@ int cmd_tail(int argc, char **argv)
     }
     fo.color = use_color(color, stdout);
     struct rconn *c;
-    if ((rc = cli_redis_connect(&c, &ra, "redlm-tail", &err))) {
-        fprintf(stderr, "redlm tail: %s\n", err.msg);
+    if (cli_redis_open(&c, &ra, "tail"))
         return 1;
-    }
     catch_sigint();
     struct cli_render r;
     rc = follow(c, ra.prefix, id, &fo, &r, &err);
@@ -705,10 +699,8 @@ int cmd_cancel(int argc, char **argv)
         return 2;
     }
     struct rconn *c;
-    if ((rc = cli_redis_connect(&c, &ra, "redlm-cancel", &err))) {
-        fprintf(stderr, "redlm cancel: %s\n", err.msg);
+    if (cli_redis_open(&c, &ra, "cancel"))
         return 1;
-    }
     for (int i = 0; i < n && !rc; i++)
         rc = cli_cancel(c, ra.prefix, ids[i], &err);
     if (rc)
@@ -802,10 +794,8 @@ int cmd_chat(int argc, char **argv)
         return 2;
     }
     struct rconn *c;
-    if ((rc = cli_redis_connect(&c, &ra, "redlm-chat", &err))) {
-        fprintf(stderr, "redlm chat: %s\n", err.msg);
+    if (cli_redis_open(&c, &ra, "chat"))
         return 1;
-    }
     char cur_mode[16] = "";
     if (mode)
         snprintf(cur_mode, sizeof cur_mode, "%s", mode);
