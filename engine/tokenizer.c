@@ -464,32 +464,53 @@ static int json_id(const cJSON *v, int32_t *out)
     return 0;
 }
 
+/* A normalizer or pre_tokenizer section: its "type" (NULL when the section
+ * is absent or null) and, for a Sequence, its array of sections. */
+struct section {
+    const char *type;
+    const cJSON *list;
+};
+
+/* Reads section o (what: "normalizer" or "pre_tokenizer"; a Sequence's
+ * array is o[list_key]) into *sec. Returns 0 or a negative code. */
+static int section_get(const cJSON *o, const char *what, const char *list_key,
+                       struct section *sec, const char *name, struct rl_err *err)
+{
+    *sec = (struct section){0};
+    if (!o || cJSON_IsNull(o))
+        return 0;
+    if (!(sec->type = json_type_str(o, "type")))
+        return rl_errf(err, RL_EFORMAT, "%s: %s.type missing", name, what);
+    if (strcmp(sec->type, "Sequence"))
+        return 0;
+    sec->list = cJSON_GetObjectItemCaseSensitive(o, list_key);
+    if (!cJSON_IsArray(sec->list))
+        return rl_errf(err, RL_EFORMAT, "%s: %s.%s is not an array", name, what, list_key);
+    return 0;
+}
+
 static int load_normalizer(struct tokenizer *t, const cJSON *n, const char *name,
                            struct rl_err *err)
 {
-    if (!n || cJSON_IsNull(n))
-        return 0;
-    const char *type = json_type_str(n, "type");
-    if (!type)
-        return rl_errf(err, RL_EFORMAT, "%s: normalizer.type missing", name);
-    if (!strcmp(type, "Sequence")) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
-        if (!cJSON_IsArray(list))
-            return rl_errf(err, RL_EFORMAT, "%s: normalizer.normalizers is not an array", name);
-        if (cJSON_GetArraySize(list) > 1)
+    struct section sec;
+    int rc = section_get(n, "normalizer", "normalizers", &sec, name, err);
+    if (rc || !sec.type)
+        return rc;
+    if (sec.list) {
+        if (cJSON_GetArraySize(sec.list) > 1)
             return rl_errf(err, RL_EUNSUPPORTED, "%s: normalizer Sequence of more than one", name);
-        return load_normalizer(t, list->child, name, err);
+        return load_normalizer(t, sec.list->child, name, err);
     }
-    if (!strcmp(type, "NFC"))
+    if (!strcmp(sec.type, "NFC"))
         t->norm = UTF8PROC_STABLE | UTF8PROC_COMPOSE;
-    else if (!strcmp(type, "NFD"))
+    else if (!strcmp(sec.type, "NFD"))
         t->norm = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE;
-    else if (!strcmp(type, "NFKC"))
+    else if (!strcmp(sec.type, "NFKC"))
         t->norm = UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
-    else if (!strcmp(type, "NFKD"))
+    else if (!strcmp(sec.type, "NFKD"))
         t->norm = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
     else
-        return rl_errf(err, RL_EUNSUPPORTED, "%s: normalizer type \"%s\"", name, type);
+        return rl_errf(err, RL_EUNSUPPORTED, "%s: normalizer type \"%s\"", name, sec.type);
     return 0;
 }
 
@@ -522,27 +543,20 @@ static int add_stage(struct tokenizer *t, const char *pat, bool literal,
 
 static int load_pretok(struct tokenizer *t, const cJSON *p, const char *name, struct rl_err *err)
 {
-    if (!p || cJSON_IsNull(p))
-        return 0;
-    const char *type = json_type_str(p, "type");
-    if (!type)
-        return rl_errf(err, RL_EFORMAT, "%s: pre_tokenizer.type missing", name);
-    if (!strcmp(type, "Sequence")) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
-        if (!cJSON_IsArray(list))
-            return rl_errf(err, RL_EFORMAT, "%s: pre_tokenizer.pretokenizers is not an array",
-                           name);
+    struct section sec;
+    int rc = section_get(p, "pre_tokenizer", "pretokenizers", &sec, name, err);
+    if (rc || !sec.type)
+        return rc;
+    if (sec.list) {
         const cJSON *c;
-        cJSON_ArrayForEach(c, list) {
-            int rc = load_pretok(t, c, name, err);
-            if (rc)
+        cJSON_ArrayForEach(c, sec.list)
+            if ((rc = load_pretok(t, c, name, err)))
                 return rc;
-        }
         return 0;
     }
-    if (!strcmp(type, "ByteLevel")) {
+    if (!strcmp(sec.type, "ByteLevel")) {
         bool aps, use_re;
-        int rc = json_bool(p, "add_prefix_space", false, &aps, name, "pre_tokenizer", err);
+        rc = json_bool(p, "add_prefix_space", false, &aps, name, "pre_tokenizer", err);
         if (!rc)
             rc = json_bool(p, "use_regex", true, &use_re, name, "pre_tokenizer", err);
         if (rc)
@@ -552,7 +566,7 @@ static int load_pretok(struct tokenizer *t, const cJSON *p, const char *name, st
         /* the byte mapping itself is folded into the vocab at load */
         return use_re ? add_stage(t, gpt2_pattern, false, SPLIT_ISOLATED, name, err) : 0;
     }
-    if (!strcmp(type, "Split")) {
+    if (!strcmp(sec.type, "Split")) {
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
         const char *re = json_type_str(pat, "Regex");
         const char *lit = json_type_str(pat, "String");
@@ -570,14 +584,14 @@ static int load_pretok(struct tokenizer *t, const cJSON *p, const char *name, st
         else
             return rl_errf(err, RL_EUNSUPPORTED, "%s: Split behavior \"%s\"", name, beh);
         bool invert;
-        int rc = json_bool(p, "invert", false, &invert, name, "Split", err);
+        rc = json_bool(p, "invert", false, &invert, name, "Split", err);
         if (rc)
             return rc;
         if (invert)
             return rl_errf(err, RL_EUNSUPPORTED, "%s: Split invert=true", name);
         return add_stage(t, re ? re : lit, !re, b, name, err);
     }
-    return rl_errf(err, RL_EUNSUPPORTED, "%s: pre_tokenizer type \"%s\"", name, type);
+    return rl_errf(err, RL_EUNSUPPORTED, "%s: pre_tokenizer type \"%s\"", name, sec.type);
 }
 
 static int cmp_added(const void *a, const void *b, void *arena)
@@ -1203,6 +1217,18 @@ static struct heap_ent heap_pop(struct heap_ent *h, size_t *n)
     return top;
 }
 
+/* *v grown to cap ids; false, *v unchanged, when out of memory. */
+static bool grow_ids(int32_t **v, size_t cap)
+{
+    int32_t *g = realloc(*v, cap * sizeof *g);
+    if (g)
+        *v = g;
+    return g != NULL;
+}
+
+/* Room for a piece of n bytes in every scratch array. Each array that
+ * could grow keeps its new size even when another could not (cap is only
+ * raised when all did), so nothing is lost or freed twice. */
 static int ctx_grow(struct enc_ctx *c, size_t n)
 {
     if (n <= c->cap)
@@ -1210,22 +1236,14 @@ static int ctx_grow(struct enc_ctx *c, size_t n)
     size_t cap = c->cap ? c->cap : 64;
     while (cap < n)
         cap *= 2;
-    int32_t *a = realloc(c->sym, cap * sizeof *a);
-    if (a)
-        c->sym = a;
-    int32_t *b = realloc(c->prev, cap * sizeof *b);
-    if (b)
-        c->prev = b;
-    int32_t *d = realloc(c->next, cap * sizeof *d);
-    if (d)
-        c->next = d;
-    int32_t *r = realloc(c->prank, cap * sizeof *r);
-    if (r)
-        c->prank = r;
+    bool ok = grow_ids(&c->sym, cap);
+    ok = grow_ids(&c->prev, cap) && ok;
+    ok = grow_ids(&c->next, cap) && ok;
+    ok = grow_ids(&c->prank, cap) && ok;
     struct heap_ent *h = realloc(c->heap, 3 * cap * sizeof *h);
     if (h)
         c->heap = h;
-    if (!a || !b || !d || !r || !h)
+    if (!ok || !h)
         return rl_errf(c->err, RL_ENOMEM, "tokenizer: out of memory for a %zu-byte piece", n);
     c->cap = cap;
     return 0;
