@@ -88,6 +88,9 @@ T2 static AI __m256 ld_f32_t(const float *p, int n)
 #define F16_LW(p) ld_f16(p)
 #define F16_LWT(p, n) ld_f16_t(p, n)
 
+/* Every accumulator of a tile or row to +0. */
+#define ACC_ZERO(acc) _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps()
+
 /* P##_tile(MR <= 2, NR <= 4): slot m + 2n, so red8's 128-bit lane m is
  * y[m][0..3]. P##_row8: one x row against eight w rows, slot n/4 + 2(n%4),
  * so red8's output is y[0..7] in order. gemm_driver.h stamps P##_tile_any
@@ -98,8 +101,7 @@ T2 static AI __m256 ld_f32_t(const float *p, int n)
                                int ldy)                                       \
     {                                                                         \
         __m256 acc[8];                                                        \
-        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) acc[i] =          \
-            _mm256_setzero_ps();                                              \
+        ACC_ZERO(acc);                                                        \
         int k = 0;                                                            \
         for (; k + 8 <= K; k += 8) {                                          \
             __m256 wv[4];                                                     \
@@ -141,8 +143,7 @@ T2 static AI __m256 ld_f32_t(const float *p, int n)
     T2 static void P##_row8(int K, const XT *x, const WT *w, float *y)        \
     {                                                                         \
         __m256 acc[8];                                                        \
-        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) acc[i] =          \
-            _mm256_setzero_ps();                                              \
+        ACC_ZERO(acc);                                                        \
         int k = 0;                                                            \
         for (; k + 8 <= K; k += 8) {                                          \
             __m256 xv = P##_LX(x + k);                                        \
