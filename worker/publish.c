@@ -4,8 +4,8 @@
  * and stays there until Redis has confirmed its XADD. w_flush() sends, in
  * one pipeline: every unconfirmed event of every job (XADD with the
  * explicit ID 0-<seq+1>, then EXPIRE after done, then PUBLISH when
- * configured), pending dead letters, the XACK and cache SET of jobs whose
- * events are all confirmed, one EXISTS per running job for cancellation,
+ * configured) with a finished job's result-cache SET ahead of its done,
+ * pending dead letters, the XACK of jobs whose events are all confirmed, one EXISTS per running job for cancellation,
  * and, when due, the XCLAIM JUSTID lease renewal and the heartbeat SET.
  *
  * Why it is safe to resend everything that was not confirmed: event IDs
@@ -153,7 +153,7 @@ bool w_has_pending(const struct worker *w)
 /* ---- w_flush: queue every command, send once, apply the replies --------- */
 
 /* What a command of the flush was for: reply i answers items[i]. */
-enum item_kind { IT_EVENT, IT_OTHER, IT_DEAD, IT_ACK, IT_CANCEL };
+enum item_kind { IT_EVENT, IT_OTHER, IT_DEAD, IT_ACK, IT_CANCEL, IT_CACHE };
 struct item {
     enum item_kind kind;
     struct wjob *j;
@@ -196,6 +196,28 @@ static int queue_xadd(struct flush *f, struct item it, const char *key, const ch
     return rc ? rc : add_item(f, it);
 }
 
+/* The result-cache entry goes out ahead of the done event, in the same
+ * pipeline: a client that has read done and sends the same job again must
+ * find it (one flush later, that job's GET could run first). The entry is
+ * the complete answer whether or not the done XADD lands; a broken
+ * pipeline resends it with the events. */
+static int queue_cache(struct worker *w, struct flush *f, struct wjob *j)
+{
+    if (j->state != WJ_RUNNING && j->cache_fill && !j->cache_value) {
+        struct rl_err e2;
+        if (w_cache_build(j, &e2)) {
+            RL_LOG(&w->log, RL_LOG_WARN, "job %s: no cache entry: %s", j->id, e2.msg);
+            j->cache_fill = false;
+        }
+    }
+    if (!j->cache_value)
+        return 0;
+    char ttl[32];
+    snprintf(ttl, sizeof ttl, "%d", w->opt.cache_ttl_s);
+    const char *argv[5] = {"SET", j->cache_key, j->cache_value, "EX", ttl};
+    return queue_cmd(f, (struct item){IT_CACHE, j, 0}, 5, argv, NULL);
+}
+
 /* Every unconfirmed event of j: its XADD (explicit id 0-<seq+1>), the
  * EXPIRE after done, the PUBLISH when configured. */
 static int queue_events(struct worker *w, struct flush *f, struct wjob *j)
@@ -225,11 +247,11 @@ static int queue_events(struct worker *w, struct flush *f, struct wjob *j)
     return 0;
 }
 
-/* j's pending dead letter, its cache SET and XACK once it is acknowledged,
- * and the EXISTS of its cancel key while it runs. */
+/* j's pending dead letter, its XACK once it is acknowledged, and the
+ * EXISTS of its cancel key while it runs. */
 static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j)
 {
-    char buf[W_KEY_MAX + WOPTS_STR_MAX + 64], ttl[32];
+    char buf[W_KEY_MAX + WOPTS_STR_MAX + 64];
     int rc;
     if (j->dead) {
         snprintf(buf, sizeof buf, "%sdead", w->opt.prefix);
@@ -238,12 +260,6 @@ static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j)
             return rc;
     }
     if (j->state == WJ_ACKING) {
-        if (j->cache_value) {
-            snprintf(ttl, sizeof ttl, "%d", w->opt.cache_ttl_s);
-            const char *argv[5] = {"SET", j->cache_key, j->cache_value, "EX", ttl};
-            if ((rc = queue_cmd(f, (struct item){IT_OTHER, j, 0}, 5, argv, NULL)))
-                return rc;
-        }
         const char *argv[4] = {"XACK", w->pool_keys[j->pool], w->opt.group, j->entry_id};
         if ((rc = queue_cmd(f, (struct item){IT_ACK, j, 0}, 4, argv, NULL)))
             return rc;
@@ -327,6 +343,13 @@ static void apply_reply(struct worker *w, struct item *it, const struct rconn_re
         }
         break;
     }
+    case IT_CACHE: /* best effort: a refused SET is logged, not retried */
+        if (is_err)
+            RL_LOG(&w->log, RL_LOG_WARN, "job %s: cache SET: %s", it->j->id, r->str);
+        free(it->j->cache_value);
+        it->j->cache_value = NULL;
+        it->j->cache_fill = false;
+        break;
     case IT_DEAD:
         if (!is_err) {
             free(it->j->dead);
@@ -367,7 +390,7 @@ static void remove_job(struct worker *w, int i)
 
 /* After the replies: compact outboxes, drop acknowledged jobs, and move a
  * closing job whose events are all confirmed to ACKING (acknowledged with
- * the next flush), building its cache entry. */
+ * the next flush). */
 static void settle_jobs(struct worker *w)
 {
     for (int i = 0; i < w->n_jobs; i++) {
@@ -384,14 +407,8 @@ static void settle_jobs(struct worker *w)
             remove_job(w, i);
             continue;
         }
-        if (j->state == WJ_CLOSING && j->n_out == 0 && !j->dead) {
+        if (j->state == WJ_CLOSING && j->n_out == 0 && !j->dead)
             j->state = WJ_ACKING; /* acknowledged with the next flush */
-            if (j->cache_fill && !j->cache_value) {
-                struct rl_err e2;
-                if (w_cache_build(j, &e2))
-                    RL_LOG(&w->log, RL_LOG_WARN, "job %s: no cache entry: %s", j->id, e2.msg);
-            }
-        }
         i++;
     }
 }
@@ -405,7 +422,7 @@ int w_flush(struct worker *w, struct rl_err *err)
 
     rconn_batch_reset(f.b);
     for (int i = 0; i < w->n_jobs && !rc; i++)
-        if (!(rc = queue_events(w, &f, w->jobs[i])))
+        if (!(rc = queue_cache(w, &f, w->jobs[i])) && !(rc = queue_events(w, &f, w->jobs[i])))
             rc = queue_job_state(w, &f, w->jobs[i]);
     if (!rc && lease)
         rc = queue_lease(w, &f);
