@@ -132,7 +132,10 @@ int modelref_resolve(const char *spec, struct modelref *m, struct rl_err *err)
         return rl_errf(err, RL_EINVAL, "no model: give --model DIR or a Hugging Face repo id");
     if (strlen(spec) >= MODELREF_PATH_MAX)
         return rl_errf(err, RL_EINVAL, "model: the path is too long");
-    if (is_dir(spec)) {
+    struct stat st;
+    /* an existing file (a .gguf, a config.json given by mistake) goes to
+     * the model loader as it is, which says what it expects instead */
+    if (is_dir(spec) || stat(spec, &st) == 0) {
         snprintf(m->dir, sizeof m->dir, "%s", spec);
         dir_name(spec, m->name, sizeof m->name);
         snprintf(m->owned_by, sizeof m->owned_by, "redlm");

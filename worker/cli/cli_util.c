@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,4 +143,13 @@ void cli_progress_show(void *user, size_t done, size_t total)
     if (last)
         fprintf(stderr, "  %.1f s\n", rl_mono_s() - p->t0);
     fflush(stderr);
+}
+
+void cli_on_signal(int sig, void (*fn)(int))
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = fn;
+    sigemptyset(&sa.sa_mask);
+    sigaction(sig, &sa, NULL);
 }
