@@ -809,10 +809,11 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
 static void defaults(struct job *j, const struct job_opts *o)
 {
     j->max_tokens = o->default_max_tokens;
-    j->temperature = 1.0;
-    j->top_p = 1.0;
-    j->top_k = 0;
-    j->min_p = 0.0;
+    /* unset: the engine applies the model's defaults (engine.h) */
+    j->temperature = -1.0;
+    j->top_p = -1.0;
+    j->top_k = -1;
+    j->min_p = -1.0;
     j->repetition_penalty = 1.0;
     j->max_thinking_tokens = -1;
     j->logprobs = -1;
@@ -1130,8 +1131,9 @@ static void put_str(struct sha256_ctx *c, const char *s, size_t n)
     sha256_update(c, s, n);
 }
 
-int job_cache_key(const struct job *j, const char *model_id, const int32_t *ids, int n_ids,
-                  char out[JOB_CACHE_KEY_LEN + 1], struct rl_err *err)
+int job_cache_key(const struct job *j, enum job_mode mode, const char *model_id,
+                  const int32_t *ids, int n_ids, char out[JOB_CACHE_KEY_LEN + 1],
+                  struct rl_err *err)
 {
     if (!j || !model_id || !model_id[0] || n_ids < 0 || (n_ids && !ids))
         return rl_errf(err, RL_EINVAL, "job_cache_key: need a model id and the prompt ids");
@@ -1139,7 +1141,7 @@ int job_cache_key(const struct job *j, const char *model_id, const int32_t *ids,
     sha256_init(&c);
     /* bump the version whenever the encoding or the field list changes,
      * so old entries simply stop matching */
-    static const char tag[] = "redlm-cache-v1";
+    static const char tag[] = "redlm-cache-v2";
     sha256_update(&c, tag, sizeof tag);
     put_str(&c, model_id, strlen(model_id));
     put_u64(&c, (uint64_t)n_ids);
@@ -1166,6 +1168,9 @@ int job_cache_key(const struct job *j, const char *model_id, const int32_t *ids,
     put_u64(&c, j->ignore_eos ? 1 : 0);
     put_u64(&c, (uint64_t)(int64_t)j->max_thinking_tokens);
     put_u64(&c, (uint64_t)(int64_t)j->logprobs);
+    /* v2: unset sampling fields take per-mode defaults, and prompt or
+     * prompt_ids carry no mode of their own */
+    put_u64(&c, mode == JOB_MODE_THINK ? 1 : 0);
     uint8_t d[SHA256_DIGEST_LEN];
     sha256_final(&c, d);
     sha256_to_hex(d, out);

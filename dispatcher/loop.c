@@ -339,7 +339,7 @@ static void prepare(struct disp *d, struct dreq *q)
     int n_ids = 0;
     char hex[JOB_CACHE_KEY_LEN + 1];
     if (prompt_render(q->job, q->dec.mode, d->tok, &ids, &n_ids, &code, &err) ||
-        job_cache_key(q->job, d->model_id, ids, n_ids, hex, &err)) {
+        job_cache_key(q->job, q->dec.mode, d->model_id, ids, n_ids, hex, &err)) {
         /* the worker will say what is wrong with it */
         RL_LOG(&d->log, RL_LOG_DEBUG, "job %s: no cache lookup: %s", q->id, err.msg);
         free(ids);

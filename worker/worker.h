@@ -134,6 +134,7 @@ struct worker {
     int n_pools;
     bool groups_ok;               /* XGROUP CREATE done since the last NOGROUP */
 
+    int last_prompt_len;          /* rendered length of the last job admitted */
     struct wjob **jobs;           /* (n_jobs) every job we hold */
     int n_jobs, cap_jobs;
 
@@ -161,6 +162,9 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
  * checks cancellation and the cache, submits it or answers it at once. */
 int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t deliveries,
             bool resumed);
+/* How many jobs to read or claim now: the engine's room (engine_can_admit
+ * at the last admitted prompt's length) capped by free batch slots. */
+int w_admissible(struct worker *w);
 void w_job_free(struct wjob *j);
 int w_jobs_add(struct worker *w, struct wjob *j);
 
