@@ -476,6 +476,22 @@ static void on_event(struct worker *w, const struct engine_event *ev)
            engine_finish_name(ev->finish), ev->usage.completion_tokens);
 }
 
+/* SIGHUP: the options the config table marks live, from a fresh load of
+ * the file and flags (wopts_reload); the rest keep their running values. */
+static void apply_reload(struct worker *w)
+{
+    struct rl_err err;
+    if (wopts_reload(&w->opt, &w->cfg, w->argc, w->argv, &err)) {
+        RL_LOG(&w->log, RL_LOG_ERROR, "SIGHUP: keeping the old settings: %s", err.msg);
+        return;
+    }
+    int lvl = rl_log_parse_level(w->opt.log_level);
+    if (lvl >= 0)
+        w->log.level = lvl;
+    wopts_job_opts(&w->opt, &w->jopts);
+    RL_LOG(&w->log, RL_LOG_INFO, "SIGHUP: settings reloaded");
+}
+
 static void ensure_groups(struct worker *w)
 {
     if (w->groups_ok)
@@ -583,7 +599,7 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
         int64_t now = rl_wall_ms();
         if (*reload) {
             *reload = 0;
-            w_reload(w);
+            apply_reload(w);
         }
         if (*stop && !draining) {
             draining = true;

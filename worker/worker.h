@@ -30,6 +30,7 @@
 
 #include "clock.h"
 #include "chat.h"
+#include "config.h"
 #include "engine.h"
 #include "err.h"
 #include "event.h"
@@ -116,6 +117,8 @@ struct wmetrics_server; /* the libmicrohttpd daemon */
 
 struct worker {
     struct wopts opt;
+    struct cfg cfg;               /* the loaded options opt is copied from;
+                                     SIGHUP applies live ones to it */
     int argc;                     /* the flags, kept for SIGHUP's re-parse */
     char **argv;
     struct rl_log log;
@@ -148,10 +151,6 @@ struct worker {
     struct wmetrics m;
     struct wmetrics_server *http;
 };
-
-/* main.c: SIGHUP - re-reads the config file and flags, applies what can
- * change while jobs run (timers, limits, cache TTL, log level). */
-void w_reload(struct worker *w);
 
 /* loop.c */
 /* Runs until *stop is set and the drain is over. Returns 0, or negative
