@@ -312,6 +312,44 @@ static int check_content(const cJSON *c, const char *path, bool may_be_null,
     return 0;
 }
 
+/* The {"type": "function", "function": {"name", ...}} shape that an
+ * assistant's tool_calls entries and the tools list share, checked in one
+ * place: type (required when type_required) must be "function"; function
+ * must be an object with only fn_keys and a name of 1..name_max bytes.
+ * *fn gets the function object, fpath its path ("tools[0].function"). */
+static int check_function_entry(const cJSON *o, const char *p, bool type_required,
+                                const char *const *fn_keys, size_t name_max,
+                                const cJSON **fn, char fpath[JOB_FIELD_MAX],
+                                struct job_fault *f, struct rl_err *err)
+{
+    char q[JOB_FIELD_MAX];
+    const char *s;
+    int rc;
+    if (type_required || member(o, "type")) {
+        if (type_required)
+            rc = get_required_string(o, p, "type", 0, 64, q, &s, f, err);
+        else {
+            sub(q, p, ".type");
+            rc = get_string(member(o, "type"), q, 0, 64, &s, f, err);
+        }
+        if (rc)
+            return rc;
+        if (strcmp(s, "function"))
+            return bad(f, err, EV_CODE_BAD_VALUE, "%s: must be \"function\"", q);
+    }
+    *fn = member(o, "function");
+    sub(fpath, p, ".function");
+    set_field(f, fpath);
+    if (!*fn)
+        return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", fpath);
+    if (!cJSON_IsObject(*fn))
+        return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", fpath);
+    if ((rc = check_members(*fn, fpath, fn_keys, f, err)))
+        return rc;
+    char r[JOB_FIELD_MAX];
+    return get_required_string(*fn, fpath, "name", 1, name_max, r, &s, f, err);
+}
+
 /* tool_calls on an assistant message: [{"id", "type": "function",
  * "function": {"name", "arguments"}}]. */
 static int check_tool_calls(const cJSON *tc, const char *path, struct job_fault *f,
@@ -338,25 +376,10 @@ static int check_tool_calls(const cJSON *tc, const char *path, struct job_fault 
             if ((rc = get_string(member(c, "id"), q, 0, 256, &s, f, err)))
                 return rc;
         }
-        if (member(c, "type")) {
-            sub(q, p, ".type");
-            if ((rc = get_string(member(c, "type"), q, 0, 64, &s, f, err)))
-                return rc;
-            if (strcmp(s, "function"))
-                return bad(f, err, EV_CODE_BAD_VALUE, "%s: must be \"function\"", q);
-        }
-        const cJSON *fn = member(c, "function");
-        sub(q, p, ".function");
-        set_field(f, q);
-        if (!fn)
-            return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", q);
-        if (!cJSON_IsObject(fn))
-            return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", q);
-        if ((rc = check_members(fn, q, fn_keys, f, err)))
+        const cJSON *fn;
+        if ((rc = check_function_entry(c, p, false, fn_keys, 256, &fn, q, f, err)))
             return rc;
         char r[JOB_FIELD_MAX];
-        if ((rc = get_required_string(fn, q, "name", 1, 256, r, &s, f, err)))
-            return rc;
         const cJSON *args = member(fn, "arguments");
         sub(r, q, ".arguments");
         set_field(f, r);
@@ -460,22 +483,10 @@ static int check_tools(const cJSON *t, struct job_fault *f, struct rl_err *err)
             return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", p);
         if ((rc = check_members(tool, p, tool_keys, f, err)))
             return rc;
-        if ((rc = get_required_string(tool, p, "type", 0, 64, q, &s, f, err)))
-            return rc;
-        if (strcmp(s, "function"))
-            return bad(f, err, EV_CODE_BAD_VALUE, "%s: must be \"function\"", q);
-        const cJSON *fn = member(tool, "function");
-        sub(q, p, ".function");
-        set_field(f, q);
-        if (!fn)
-            return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", q);
-        if (!cJSON_IsObject(fn))
-            return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", q);
-        if ((rc = check_members(fn, q, fn_keys, f, err)))
+        const cJSON *fn;
+        if ((rc = check_function_entry(tool, p, true, fn_keys, 64, &fn, q, f, err)))
             return rc;
         char r[JOB_FIELD_MAX];
-        if ((rc = get_required_string(fn, q, "name", 1, 64, r, &s, f, err)))
-            return rc;
         if (member(fn, "description")) {
             sub(r, q, ".description");
             if ((rc = get_string(member(fn, "description"), r, 0, SIZE_MAX, &s, f, err)))
