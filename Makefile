@@ -6,7 +6,7 @@
 #   make demo       the whole system on one machine: Redis, a CPU worker, the dispatcher, the chat page
 #   make fuzz       builds the libFuzzer targets with clang
 #   make asan       the same build with AddressSanitizer + UBSan, in build-asan/
-#   make deps       installs the Debian packages the project needs (as root)
+#   make deps       installs the Debian packages the project needs (through sudo when not root)
 
 BUILD   ?= build
 CC      ?= cc
@@ -139,13 +139,16 @@ asan:
 	$(MAKE) BUILD=build-asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  LDFLAGS="-fsanitize=address,undefined" test
 
+# root installs directly (a container or CI has no sudo); anyone else
+# through sudo, so the README's first command is the same for both
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else echo "all Debian packages present"; fi
 
 clean:
@@ -191,6 +194,8 @@ install: $(BINS)
 	install -m 644 $(SCHEMA_FILES) $(DESTDIR)$(DATADIR)/redlm/schemas/
 	install -m 644 $(SCHEMA_EXAMPLES) $(DESTDIR)$(DATADIR)/redlm/schemas/examples/
 	install -m 644 config/redis-acl.conf config/redlm.conf $(DESTDIR)$(DATADIR)/redlm/
+	install -d $(DESTDIR)$(DATADIR)/redlm/tokenizers/qwen3
+	install -m 644 engine/tokenizers/qwen3/* $(DESTDIR)$(DATADIR)/redlm/tokenizers/qwen3/
 	grep -v '^#' config/redis-acl.conf > $(DESTDIR)$(DATADIR)/redlm/redis-users.acl
 	chmod 644 $(DESTDIR)$(DATADIR)/redlm/redis-users.acl
 	for f in redlm.conf redlm.env; do \

@@ -20,10 +20,9 @@
 #       web backend, print the streamed answer, shut down; the exit status
 #       says whether the answer arrived.
 #   DEMO_PORT (default 8080; 0 or busy: a free port), DEMO_THREADS (worker
-#   threads, default all cores), DEMO_MAX_TOKENS (default 128), BUILD, REDLM_SHARED.
+#   threads, default all cores), DEMO_MAX_TOKENS (default 128), BUILD.
 set -euo pipefail
 BUILD=${BUILD:-build}
-SHARED=${REDLM_SHARED:-../shared}
 PY=/usr/bin/python3 # Debian's, with python3-redis
 cd "$(dirname "$0")/.."
 
@@ -39,7 +38,7 @@ done
 for f in "$BUILD/redlm" "$BUILD/redlm-worker"; do
     [ -x "$f" ] || { echo "demo: $f is not built (run make)" >&2; exit 1; }
 done
-command -v redis-server >/dev/null || { echo "demo: redis-server is missing (sudo make deps)" >&2; exit 1; }
+command -v redis-server >/dev/null || { echo "demo: redis-server is missing (make deps)" >&2; exit 1; }
 
 model="$BUILD/models/demo-qwen3"
 if [ ! -f "$model/config.json" ]; then
@@ -47,7 +46,7 @@ if [ ! -f "$model/config.json" ]; then
     # into a temp dir first, so an interrupted run never leaves half a model
     rm -rf "$model.tmp.$$"
     "$BUILD/redlm" mkmodel --shape tiny --hidden 256 --intermediate 768 --heads 4 --kv-heads 2 \
-        --head-dim 64 --vocab 151936 --dtype bf16 --tokenizer "$SHARED/tokenizer/qwen3" \
+        --head-dim 64 --vocab 151936 --dtype bf16 --tokenizer engine/tokenizers/qwen3 \
         --out "$model.tmp.$$" >/dev/null
     mv -T "$model.tmp.$$" "$model" 2>/dev/null || rm -rf "$model.tmp.$$" # lost a race: theirs is fine
 fi

@@ -35,6 +35,7 @@
 #include "cuda/cuda_backend.h"
 #include "dtype.h"
 #include "model.h"
+#include "tests/unit/test_util.h"
 
 /* ---- helpers ---- */
 
@@ -362,11 +363,6 @@ static void test_attention(void **state)
 
 /* ---- whole models ---- */
 
-static const char *shared_dir(void)
-{
-    const char *s = getenv("REDLM_SHARED");
-    return s ? s : "../shared";
-}
 
 static char *slurp(const char *path)
 {
@@ -431,11 +427,11 @@ static void step1(struct backend *be, int past, const int32_t *ids, int n, int l
 static void test_tiny_reference(void **state)
 {
     char dir[1024], path[1200];
-    snprintf(dir, sizeof dir, "%s/models/tiny-qwen3-a", shared_dir());
+    snprintf(dir, sizeof dir, "%s/models/tiny-qwen3-a", tu_data_dir());
     snprintf(path, sizeof path, "%s/reference.json", dir);
     char *txt = slurp(path);
     if (!txt)
-        fail_msg("cannot read %s (set REDLM_SHARED)", path);
+        fail_msg("cannot read %s", path);
     cJSON *ref = cJSON_Parse(txt);
     free(txt);
     struct model *m;
@@ -724,7 +720,7 @@ static void test_models_vs_cpu(void **state)
 {
     /* tiny-qwen3-a in BF16 (weights rounded here) */
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s/models/tiny-qwen3-a", shared_dir());
+    snprintf(dir, sizeof dir, "%s/models/tiny-qwen3-a", tu_data_dir());
     struct model *m;
     RUN(model_load(&m, dir, &err));
     struct model_config cfg = *model_get_config(m);

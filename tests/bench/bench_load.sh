@@ -25,7 +25,6 @@
 #   DURATION=10 SWEEP=1,2,4,8 RATES=1,2,4 bash tests/bench/bench_load.sh
 set -euo pipefail
 BUILD=${BUILD:-build}
-SHARED=${REDLM_SHARED:-../shared}
 DURATION=${DURATION:-10}
 REQUESTS=${REQUESTS:-400}
 SWEEP=${SWEEP:-1,2,4,8}
@@ -36,7 +35,7 @@ OUT="$PWD/$BUILD/bench-load" # absolute: redis-server changes into its --dir
 model="$BUILD/models/bench-load-qwen3"
 if [ ! -f "$model/config.json" ]; then
     "$BUILD/redlm" mkmodel --shape tiny --hidden 256 --intermediate 768 --heads 4 --kv-heads 2 \
-        --head-dim 64 --vocab 151936 --dtype bf16 --tokenizer "$SHARED/tokenizer/qwen3" \
+        --head-dim 64 --vocab 151936 --dtype bf16 --tokenizer engine/tokenizers/qwen3 \
         --out "$model" >/dev/null
 fi
 rm -rf "$OUT"

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "tests/unit/test_util.h"
 #include "tokenizer.h"
 
 static uint64_t rng = 12345;
@@ -99,7 +100,7 @@ static size_t gen(char *buf, size_t max)
 
 int main(int argc, char **argv)
 {
-    const char *dir = "../shared/tokenizer/qwen3";
+    const char *dir = tu_qwen3_tokenizer_dir();
     double mb = 4;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)

@@ -25,7 +25,7 @@ done
 
 if [ -x "$BUILD/tests/bench_tokenizer" ]; then
     echo "# tokenizer encode speed, one core"
-    "$BUILD/tests/bench_tokenizer" --tokenizer ../shared/tokenizer/qwen3
+    "$BUILD/tests/bench_tokenizer" --tokenizer engine/tokenizers/qwen3
 fi
 if [ -x "$BUILD/tests/bench_batching" ]; then
     echo "# continuous batching: prompt 128, output 128"

@@ -5,7 +5,7 @@
  * every id is a token; decoding the ids gives back the NFC of the input
  * with invalid UTF-8 replaced (checked on inputs without '<', see below);
  * the streaming decoder agrees with the whole decode. The Qwen3 tokenizer is
- * loaded once from $REDLM_SHARED/tokenizer/qwen3 (default ../shared).
+ * loaded once from the repository's engine/tokenizers/qwen3.
  *
  *   make fuzz && build-fuzz/fuzz/fuzz_tokenizer -max_total_time=60 */
 #include <stdint.h>
@@ -14,6 +14,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
+#include "tests/unit/test_util.h"
 #include "tokenizer.h"
 
 static struct tokenizer *tok;
@@ -23,11 +24,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
-    const char *shared = getenv("REDLM_SHARED");
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/tokenizer/qwen3", shared && *shared ? shared : "../shared");
     struct rl_err err = {0};
-    if (tok_load(&tok, dir, &err)) {
+    if (tok_load(&tok, tu_qwen3_tokenizer_dir(), &err)) {
         fprintf(stderr, "fuzz_tokenizer: %s\n", err.msg);
         abort();
     }

@@ -8,8 +8,10 @@ test uses its own key prefix (the worker's --prefix), so tests never see
 each other's keys on a shared server. Tests that restart Redis start their
 own server (RedisServer) in a temporary directory.
 
-The tiny model lives under $REDLM_SHARED (default ../shared, relative to
-the repo root, where the tests run from).
+Everything a test reads lives in the repository: the tiny reference model
+under tests/data/models, the real Qwen3 tokenizer in engine/tokenizers/qwen3.
+Paths are absolute (from this file's place), so the suite runs from any
+working directory and wherever the clone sits.
 """
 import json
 import os
@@ -29,10 +31,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = ROOT / os.environ.get("BUILD", "build")
 WORKER = BUILD / "redlm-worker"
 CLI = BUILD / "redlm"
-SHARED = pathlib.Path(os.environ.get("REDLM_SHARED", str(ROOT / ".." / "shared")))
-if not SHARED.is_absolute():
-    SHARED = ROOT / SHARED
-MODEL = SHARED / "models" / "tiny-qwen3-a"
+DATA = ROOT / "tests" / "data"  # fixtures; tests/data/README.md names their sources
+MODEL = DATA / "models" / "tiny-qwen3-a"
+QWEN3_TOKENIZER = ROOT / "engine" / "tokenizers" / "qwen3"
 SCHEMAS = ROOT / "schemas"
 
 

@@ -22,7 +22,7 @@ import urllib.request
 
 import pytest
 
-from conftest import BUILD, CLI, ROOT, SHARED, WORKER
+from conftest import BUILD, CLI, ROOT, WORKER
 
 DEMO = ROOT / "examples" / "demo.sh"
 
@@ -31,10 +31,7 @@ DEMO = ROOT / "examples" / "demo.sh"
 def demo_env():
     if not CLI.exists() or not WORKER.exists():
         pytest.skip(f"{CLI} or {WORKER} not built (run make)")
-    if not (SHARED / "tokenizer" / "qwen3" / "tokenizer.json").exists():
-        pytest.skip(f"Qwen3 tokenizer missing under {SHARED}")
-    env = dict(os.environ, DEMO_PORT="0", DEMO_THREADS="1", BUILD=str(BUILD),
-               REDLM_SHARED=str(SHARED))
+    env = dict(os.environ, DEMO_PORT="0", DEMO_THREADS="1", BUILD=str(BUILD))
     env.pop("DEMO_SMOKE", None)
     return env
 

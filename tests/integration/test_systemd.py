@@ -256,9 +256,11 @@ class GatedModel:
     def __init__(self, dir):
         self.dir = pathlib.Path(dir)
         self.dir.mkdir()
+        # copies, not links: the unit sees only its BindReadOnlyPaths=, and
+        # a clone under /tmp is hidden from it by PrivateTmp=
         for f in MODEL.iterdir():
             if f.name != "config.json":
-                (self.dir / f.name).symlink_to(f)
+                shutil.copyfile(f, self.dir / f.name)
         self.fifo = self.dir / "config.json"
         os.mkfifo(self.fifo)
         self.data = (MODEL / "config.json").read_bytes()
@@ -663,6 +665,8 @@ def test_dispatcher_unit_under_systemd(built, installed, prefix, tmp_path):
     if "redlm-dispatcher.service" not in UNITS:
         pytest.skip("no dispatcher in this tree")
     log = tmp_path / "dispatcher.log"
+    model = tmp_path / "model"  # a copy the unit can see (see GatedModel)
+    shutil.copytree(MODEL, model)
     port, http_port = free_port(), free_port()
     m = UserManager(tmp_path / "sd")
     unit = "redlm-dispatcher.service"
@@ -670,7 +674,7 @@ def test_dispatcher_unit_under_systemd(built, installed, prefix, tmp_path):
     print(f"dispatcher log: {log}")
     try:
         user_unit(m, installed, tmp_path, unit, log, f"""
-Environment="REDLM_DISPATCHER_ARGS=--redis 127.0.0.1:{port} --prefix {prefix} --http-port 0 --block-ms 100 --heartbeat-interval-ms 200 --model {MODEL} --http {http_port} --served-model-name tiny"
+Environment="REDLM_DISPATCHER_ARGS=--redis 127.0.0.1:{port} --prefix {prefix} --http-port 0 --block-ms 100 --heartbeat-interval-ms 200 --model {model} --http {http_port} --served-model-name tiny"
 """)
         m.ctl("daemon-reload")
         m.ctl("start", "--no-block", unit)

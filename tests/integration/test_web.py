@@ -29,7 +29,7 @@ import urllib.request
 
 import pytest
 
-from conftest import BUILD, CLI, ROOT, SHARED, WORKER, connect, validator
+from conftest import BUILD, CLI, QWEN3_TOKENIZER, ROOT, WORKER, connect, validator
 import cdp_browser
 
 SERVER = ROOT / "examples" / "web" / "server.py"
@@ -40,7 +40,7 @@ ARTIFACTS = ROOT / "build" / "test-artifacts"
 def vocab_model(tmp_path_factory):
     """A small random checkpoint with the real Qwen3 vocabulary, so the
     page shows words (random ones); made once per session."""
-    tok = SHARED / "tokenizer" / "qwen3"
+    tok = QWEN3_TOKENIZER
     if not CLI.exists() or not WORKER.exists():
         pytest.skip(f"{CLI} or {WORKER} not built (run make)")
     if not (tok / "tokenizer.json").exists():

@@ -1,7 +1,7 @@
 /* tests/unit/test_chat.c - the chat template, Python-exact JSON and the
  * streaming output parser.
  *
- * Template: ../shared/tokenizer/qwen3/template_cases.json (the official
+ * Template: tests/data/tokenizer/qwen3/template_cases.json (the official
  * template's renderings) plus the literal table below, whose expected
  * strings were rendered from the official Jinja source with jinja2 the way
  * HF transformers does (trim_blocks, lstrip_blocks, tojson =
@@ -56,10 +56,10 @@ static void test_template_shared(void **state)
 {
     char path[1024];
     size_t len = 0;
-    snprintf(path, sizeof path, "%s/tokenizer/qwen3/template_cases.json", tu_shared_dir());
+    snprintf(path, sizeof path, "%s/tokenizer/qwen3/template_cases.json", tu_data_dir());
     char *s = tu_slurp(path, &len);
     if (!s)
-        fail_msg("cannot read %s (set REDLM_SHARED to the shared/ folder)", path);
+        fail_msg("cannot read %s", path);
     struct rl_err err = {0};
     cJSON *root = chat_json_parse(s, len, &err);
     assert_non_null(root);
@@ -819,7 +819,7 @@ static void test_tokenize_content_is_text(void **state)
 {
     (void)state;
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s/tokenizer/qwen3", tu_shared_dir());
+    snprintf(dir, sizeof dir, "%s", tu_qwen3_tokenizer_dir());
     struct tokenizer *tok;
     struct rl_err err = {0};
     if (tok_load(&tok, dir, &err))

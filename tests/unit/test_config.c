@@ -15,6 +15,7 @@
 #include "config.h"
 #include "job.h"
 #include "rconn.h"
+#include "test_util.h"
 
 static char *capture(void (*fn)(FILE *, const void *), const void *arg)
 {
@@ -29,22 +30,6 @@ static char *capture(void (*fn)(FILE *, const void *), const void *arg)
 static void sample(FILE *f, const void *arg) { (void)arg; cfg_write_sample(f); }
 static void help_worker(FILE *f, const void *arg) { (void)arg; cfg_print_help(f, "redlm-worker", CFG_WORKER); }
 static void help_disp(FILE *f, const void *arg) { (void)arg; cfg_print_help(f, "redlm-dispatcher", CFG_DISPATCHER); }
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (fread(s, 1, (size_t)n, f) != (size_t)n)
-        n = 0;
-    s[n] = 0;
-    fclose(f);
-    return s;
-}
 
 static char tmp_path[64];
 
@@ -96,14 +81,14 @@ static void test_sample_file_matches_table(void **state)
     (void)state;
     char *gen = capture(sample, NULL);
     if (getenv("REDLM_WRITE_CONFIG")) {
-        FILE *f = fopen("config/redlm.conf", "w");
+        FILE *f = fopen(tu_repo_file("config/redlm.conf"), "w");
         assert_non_null(f);
         fputs(gen, f);
         fclose(f);
     }
-    char *file = slurp("config/redlm.conf");
+    char *file = tu_slurp(tu_repo_file("config/redlm.conf"), NULL);
     if (!file)
-        fail_msg("config/redlm.conf: cannot read (run from the repository root)");
+        fail_msg("config/redlm.conf: cannot read");
     if (strcmp(gen, file))
         fail_msg("config/redlm.conf differs from cfg_write_sample(); regenerate with "
                  "REDLM_WRITE_CONFIG=1 build/tests/test_config");
@@ -112,7 +97,7 @@ static void test_sample_file_matches_table(void **state)
     assert_int_equal(cfg_defaults(&d, NULL), 0);
     assert_int_equal(cfg_defaults(&c, NULL), 0);
     c.max_batch = 1; /* so loading must set it back */
-    if (cfg_load_file(&c, "config/redlm.conf", &err))
+    if (cfg_load_file(&c, tu_repo_file("config/redlm.conf"), &err))
         fail_msg("%s", err.msg);
     assert_int_equal(c.max_batch, d.max_batch);
     assert_string_equal(c.redis, d.redis);

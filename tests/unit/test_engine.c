@@ -1,5 +1,5 @@
 /* tests/unit/test_engine.c - the batching engine on the real tiny model
- * (../shared/models/tiny-qwen3-a, or $REDLM_SHARED/models/...): greedy
+ * (tests/data/models/tiny-qwen3-a): greedy
  * output against reference.json, prefix-cache reuse, eviction, preemption
  * with identical output, stop strings split over tokens, the thinking
  * budget, cancellation, deadlines, batch invariance over random mixes of
@@ -23,7 +23,7 @@
 #include "tokenizer.h"
 
 static char model_dir[1024];  /* the model open_engine() opens */
-static char f32_dir[1024];    /* the shared tiny model (F32) */
+static char f32_dir[1024];    /* the tiny reference model (F32) */
 static char bf16_dir[1100];   /* its BF16 copy, made in setup: on AVX-512 its
                                  KV cache is bf16 in the packed layouts, so
                                  the invariance tests also cover that path */
@@ -834,8 +834,7 @@ static void test_chat_messages(void **state)
 static int setup(void **state)
 {
     (void)state;
-    const char *s = getenv("REDLM_SHARED");
-    snprintf(model_dir, sizeof model_dir, "%s/models/tiny-qwen3-a", s ? s : "../shared");
+    snprintf(model_dir, sizeof model_dir, "%s/models/tiny-qwen3-a", tu_data_dir());
     strcpy(f32_dir, model_dir);
     snprintf(tmpdir, sizeof tmpdir, "/tmp/redlm-test-engine-XXXXXX");
     if (!mkdtemp(tmpdir))

@@ -552,9 +552,9 @@ static void test_cache_key(void **state)
 static void test_shared_corpus(void **state)
 {
     (void)state;
-    char *text = tu_slurp("schemas/examples/jobs-invalid.json", NULL);
+    char *text = tu_slurp(tu_repo_file("schemas/examples/jobs-invalid.json"), NULL);
     if (!text)
-        fail_msg("schemas/examples/jobs-invalid.json: cannot read (run from the repository root)");
+        fail_msg("schemas/examples/jobs-invalid.json: cannot read");
     cJSON *arr = cJSON_Parse(text);
     assert_true(cJSON_GetArraySize(arr) >= 100);
     int i = 0, failures = 0;
@@ -578,7 +578,7 @@ static void test_shared_corpus(void **state)
     free(text);
     assert_int_equal(failures, 0);
 
-    text = tu_slurp("schemas/examples/jobs-valid.json", NULL);
+    text = tu_slurp(tu_repo_file("schemas/examples/jobs-valid.json"), NULL);
     assert_non_null(text);
     arr = cJSON_Parse(text);
     assert_true(cJSON_GetArraySize(arr) > 0);

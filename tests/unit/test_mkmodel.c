@@ -1,7 +1,7 @@
 /* tests/unit/test_mkmodel.c - the random checkpoint maker: the E4M3
  * encoder, tiny models in F32/BF16/FP8 re-read with the exact HF names and
  * shapes, one seed giving the same weights in every dtype, FP8 dequantising
- * close to its source, --from conversion of the shared tiny-qwen3-a (BF16
+ * close to its source, --from conversion of the tiny-qwen3-a fixture (BF16
  * exact to round-to-nearest-even), sharding, config.json fields, option
  * errors, and the engine's own loader accepting every output. */
 #include <setjmp.h>
@@ -22,12 +22,8 @@
 #include "mkmodel.h"
 #include "model.h"
 #include "safetensors.h"
+#include "test_util.h"
 
-static const char *shared_dir(void)
-{
-    const char *s = getenv("REDLM_SHARED");
-    return s ? s : "../shared";
-}
 
 static char *tmp_root;
 
@@ -361,7 +357,7 @@ static void test_from_conversion(void **state)
 {
     (void)state;
     char src[512];
-    snprintf(src, sizeof src, "%s/models/tiny-qwen3-a", shared_dir());
+    snprintf(src, sizeof src, "%s/models/tiny-qwen3-a", tu_data_dir());
     if (access(src, R_OK))
         skip();
     struct mk_opts o;
@@ -580,7 +576,7 @@ static void test_config_fields(void **state)
 
     /* the real vocab gets the real special ids; tokenizer files copied */
     char tok[512];
-    snprintf(tok, sizeof tok, "%s/models/tiny-qwen3-a", shared_dir());
+    snprintf(tok, sizeof tok, "%s/models/tiny-qwen3-a", tu_data_dir());
     mk_opts_init(&o);
     o.out_dir = sub("cfg2");
     o.vocab = 151936;

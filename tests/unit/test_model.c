@@ -1,5 +1,5 @@
 /* tests/unit/test_model.c - config parsing, weight binding errors, and the
- * CPU forward pass against ../shared/models/tiny-qwen3-a/reference.json
+ * CPU forward pass against tests/data/models/tiny-qwen3-a/reference.json
  * (llama.cpp F32 logits and greedy continuations), on every kernel path this
  * CPU has; BF16 against F32 on the same weights; batch and chunk invariance. */
 #include <setjmp.h>
@@ -43,12 +43,12 @@ static cJSON *reference;
 
 static int setup_ref(void **state)
 {
-    snprintf(model_dir, sizeof model_dir, "%s/models/tiny-qwen3-a", tu_shared_dir());
+    snprintf(model_dir, sizeof model_dir, "%s/models/tiny-qwen3-a", tu_data_dir());
     char path[1200];
     snprintf(path, sizeof path, "%s/reference.json", model_dir);
     char *txt = tu_slurp(path, NULL);
     if (!txt) {
-        fprintf(stderr, "cannot read %s (set REDLM_SHARED)\n", path);
+        fprintf(stderr, "cannot read %s\n", path);
         return -1;
     }
     reference = cJSON_Parse(txt);

@@ -17,12 +17,8 @@
 #include <unistd.h>
 
 #include "safetensors.h"
+#include "test_util.h"
 
-static const char *shared_dir(void)
-{
-    const char *s = getenv("REDLM_SHARED");
-    return s ? s : "../shared";
-}
 
 /* A file image: le64 header length, the header, then data_len bytes. */
 static uint8_t *image(const char *hdr, size_t data_len, size_t *len)
@@ -500,7 +496,7 @@ static void test_shared_checkpoint(void **state)
 {
     (void)state;
     char path[512];
-    snprintf(path, sizeof path, "%s/models/tiny-qwen3-a/model.safetensors", shared_dir());
+    snprintf(path, sizeof path, "%s/models/tiny-qwen3-a/model.safetensors", tu_data_dir());
     if (access(path, R_OK))
         skip();
     struct st_file *f;

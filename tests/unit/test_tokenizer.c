@@ -1,8 +1,8 @@
 /* tests/unit/test_tokenizer.c - the tokenizer against the real Qwen3
  * vocabulary and the tiny test model's, plus synthetic tokenizers.
  *
- * Reference data lives in ../shared (override with REDLM_SHARED): the Qwen3
- * cases.json (ids from llama.cpp, cross-checked with transformers.js) and
+ * Reference data lives in tests/data (see its README for the sources): the
+ * Qwen3 cases.json (ids from llama.cpp, cross-checked with transformers.js) and
  * the tiny model's reference.json prompts. Random tests use a fixed seed so
  * a failure reproduces; the seed and the failing input are printed. */
 #include <setjmp.h>
@@ -25,10 +25,10 @@
 static cJSON *load_json(const char *rel)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/%s", tu_shared_dir(), rel);
+    snprintf(path, sizeof path, "%s/%s", tu_data_dir(), rel);
     char *s = tu_slurp(path, NULL);
     if (!s)
-        fail_msg("cannot read %s (set REDLM_SHARED to the shared/ folder)", path);
+        fail_msg("cannot read %s", path);
     cJSON *j = cJSON_Parse(s);
     free(s);
     assert_non_null(j);
@@ -41,12 +41,12 @@ static int setup(void **state)
 {
     struct rl_err err = {0};
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s/tokenizer/qwen3", tu_shared_dir());
+    snprintf(dir, sizeof dir, "%s", tu_qwen3_tokenizer_dir());
     if (tok_load(&qwen3, dir, &err)) {
         fprintf(stderr, "load %s: %s\n", dir, err.msg);
         return -1;
     }
-    snprintf(dir, sizeof dir, "%s/models/tiny-qwen3-a", tu_shared_dir());
+    snprintf(dir, sizeof dir, "%s/models/tiny-qwen3-a", tu_data_dir());
     if (tok_load(&tiny, dir, &err)) {
         fprintf(stderr, "load %s: %s\n", dir, err.msg);
         return -1;

@@ -1,17 +1,71 @@
 /* tests/unit/test_util.h - helpers every unit test binary shares: where the
- * shared data lives, and reading a whole file. Header-only (static) because
+ * repository's fixtures live, and reading a whole file. Header-only (static) because
  * each test is its own binary. */
 #ifndef RL_TEST_UTIL_H
 #define RL_TEST_UTIL_H
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
-/* ../shared as CI lays it beside the clone; REDLM_SHARED overrides. */
-static inline const char *tu_shared_dir(void)
+/* The repository's root, found from the test binary's own path
+ * (<root>/<build dir>/<tests|fuzz>/<binary>), so a test reads its fixtures
+ * wherever the clone sits and whatever the working directory. Falls back to
+ * "." (a run from the root) when /proc is not there. */
+static inline const char *tu_repo_dir(void)
 {
-    const char *s = getenv("REDLM_SHARED");
-    return s && *s ? s : "../shared";
+    /* small enough that callers' "%s/models/..." buffers (512 bytes)
+     * always fit; a deeper clone falls back to "." */
+    static char root[256];
+    if (root[0])
+        return root;
+    ssize_t n = readlink("/proc/self/exe", root, sizeof root - 1);
+    if (n <= 0 || n >= (ssize_t)sizeof root - 1) {
+        strcpy(root, ".");
+        return root;
+    }
+    root[n] = 0;
+    for (int up = 0; up < 3; up++) {
+        char *slash = strrchr(root, '/');
+        if (!slash || slash == root) {
+            strcpy(root, ".");
+            return root;
+        }
+        *slash = 0;
+    }
+    return root;
+}
+
+/* <root>/<rel>, in one of four rotating static buffers (so a call may hold
+ * a few at once): for the repository's own files a test compares against
+ * (schemas/, config/). */
+static inline const char *tu_repo_file(const char *rel)
+{
+    static char buf[4][512];
+    static int next;
+    char *p = buf[next++ & 3];
+    snprintf(p, sizeof buf[0], "%s/%s", tu_repo_dir(), rel);
+    return p;
+}
+
+/* <root>/tests/data: the fixtures (tiny reference model, tokenizer and
+ * template cases); tests/data/README.md says where each came from. */
+static inline const char *tu_data_dir(void)
+{
+    static char dir[300];
+    if (!dir[0])
+        snprintf(dir, sizeof dir, "%s/tests/data", tu_repo_dir());
+    return dir;
+}
+
+/* <root>/engine/tokenizers/qwen3: the real Qwen3 tokenizer files. */
+static inline const char *tu_qwen3_tokenizer_dir(void)
+{
+    static char dir[300];
+    if (!dir[0])
+        snprintf(dir, sizeof dir, "%s/engine/tokenizers/qwen3", tu_repo_dir());
+    return dir;
 }
 
 /* The whole file, NUL-terminated, malloc'd (caller frees); NULL when it
