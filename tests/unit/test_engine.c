@@ -768,6 +768,68 @@ static void test_submit_errors(void **state)
     engine_free(e);
 }
 
+/* The checkpoint's generation_config.json fills unset sampling fields
+ * (the card fills what it lacks); a field given wins; a bad value fails
+ * engine_create naming the file. Also the served name's default. */
+static void test_generation_config(void **state)
+{
+    (void)state;
+    char dir[100], cmd[1400], path[200];
+    snprintf(dir, sizeof dir, "%s/gen", tmpdir);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", dir, f32_dir, dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"temperature\": 1.3, \"top_k\": 7, \"do_sample\": false}", f);
+    fclose(f);
+    char saved[1024];
+    strcpy(saved, model_dir);
+    snprintf(model_dir, sizeof model_dir, "%s", dir);
+    struct engine *e = open_engine(256, 4, 0);
+    assert_string_equal(engine_served_name(e), "gen");
+    int32_t ids[8];
+    make_prompt(ids, 8, 21);
+    static struct result unset, spelt, other;
+    struct engine_request q;
+    greedy_req(&q, ids, 8, 16);
+    q.temperature = -1; /* unset: 1.3 from the file */
+    q.has_seed = true;
+    q.seed = 5;
+    submit(e, &q, &unset);
+    drain(e);
+    q.temperature = 1.3f;
+    q.top_p = 0.95f; /* the thinking card's, the file has none */
+    q.top_k = 7;
+    q.min_p = 0;
+    submit(e, &q, &spelt);
+    drain(e);
+    assert_same(&unset, &spelt);
+    q.top_k = 0; /* given: wins over the file */
+    submit(e, &q, &other);
+    drain(e);
+    assert_true(memcmp(other.tokens, unset.tokens, sizeof unset.tokens[0] * 16) != 0);
+    engine_free(e);
+
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"temperature\": \"hot\"}", f);
+    fclose(f);
+    struct engine_options o;
+    engine_options_default(&o);
+    o.kv_blocks = 16;
+    o.served_name = "named";
+    struct rl_err err = {0};
+    assert_int_equal(engine_create(&e, dir, &o, &err), -RL_EFORMAT);
+    assert_non_null(strstr(err.msg, "generation_config.json"));
+    assert_non_null(strstr(err.msg, "temperature"));
+    remove(path);
+    assert_int_equal(engine_create(&e, dir, &o, &err), 0);
+    assert_string_equal(engine_served_name(e), "named");
+    engine_free(e);
+    strcpy(model_dir, saved);
+}
+
 /* Mode defaults only fill what is unset; eos stops unless ignore_eos. */
 static void test_eos_and_defaults(void **state)
 {
@@ -894,6 +956,7 @@ int main(void)
         cmocka_unit_test(test_thread_counts_bf16),
         cmocka_unit_test(test_submit_errors),
         cmocka_unit_test(test_eos_and_defaults),
+        cmocka_unit_test(test_generation_config),
         cmocka_unit_test(test_chat_messages),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
