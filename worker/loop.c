@@ -488,7 +488,7 @@ static void apply_reload(struct worker *w)
     int lvl = rl_log_parse_level(w->opt.log_level);
     if (lvl >= 0)
         w->log.level = lvl;
-    wopts_job_opts(&w->opt, &w->jopts);
+    cfg_job_opts(&w->cfg, &w->jopts);
     RL_LOG(&w->log, RL_LOG_INFO, "SIGHUP: settings reloaded");
 }
 

@@ -71,7 +71,7 @@ static int setup(struct worker *w, struct rl_err *err)
         w->pool_names[p] = w->pools[p];
         w->pool_key_ptrs[p] = w->pool_keys[p];
     }
-    wopts_job_opts(&w->opt, &w->jopts);
+    cfg_job_opts(&w->cfg, &w->jopts);
 
     struct engine_options eo;
     engine_options_default(&eo);

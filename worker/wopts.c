@@ -15,7 +15,6 @@
 #include <string.h>
 
 #include "config.h"
-#include "job.h"
 
 static void copy(char *dst, size_t size, const char *src)
 {
@@ -117,16 +116,6 @@ int wopts_reload(struct wopts *o, struct cfg *keep, int argc, char **argv, struc
     if (!rc && !(rc = from_cfg(&n, keep, err)))
         *o = n;
     return rc;
-}
-
-void wopts_job_opts(const struct wopts *o, struct job_opts *jo)
-{
-    job_opts_default(jo);
-    jo->max_job_bytes = (size_t)o->max_job_kb * 1024;
-    jo->default_max_tokens = o->default_max_tokens;
-    jo->max_max_tokens = o->max_max_tokens;
-    jo->default_stream_ttl_s = o->default_stream_ttl_s;
-    jo->max_stream_ttl_s = o->max_stream_ttl_s;
 }
 
 int wopts_pools(const struct wopts *o, char bufs[WOPTS_MAX_POOLS][64], struct rl_err *err)

@@ -59,7 +59,6 @@ struct wopts {
 void wopts_default(struct wopts *o);
 
 struct cfg;
-struct job_opts;
 
 /* Loads defaults, -c FILE and the flags (argv after argv[0]) through
  * cfg_load. keep (may be NULL) receives the loaded struct cfg, which
@@ -75,9 +74,6 @@ int wopts_parse_args(struct wopts *o, struct cfg *keep, int argc, char **argv,
  * (the model, Redis, pools, name and engine sizes need a restart). On
  * error *o and *keep are unchanged. */
 int wopts_reload(struct wopts *o, struct cfg *keep, int argc, char **argv, struct rl_err *err);
-
-/* The job parser's limits from the options. */
-void wopts_job_opts(const struct wopts *o, struct job_opts *jo);
 
 /* Splits o->pools into names (at most WOPTS_MAX_POOLS). Returns the count,
  * or -RL_EINVAL for an empty or bad list. */
