@@ -57,10 +57,6 @@
 _Static_assert(ENGINE_MAX_LOGPROBS == SAMPLE_MAX_LOGPROBS, "logprob limits");
 _Static_assert((int)ENGINE_KV_AUTO == (int)BE_KV_AUTO && (int)ENGINE_KV_F32 == (int)BE_KV_F32 &&
                (int)ENGINE_KV_BF16 == (int)BE_KV_BF16, "kv dtypes");
-_Static_assert(sizeof(struct engine_logprob) == sizeof(struct sample_logprob) &&
-               offsetof(struct engine_logprob, id) == offsetof(struct sample_logprob, id) &&
-               offsetof(struct engine_logprob, logprob) ==
-                   offsetof(struct sample_logprob, logprob), "logprob records");
 
 /* The sampling defaults of one checkpoint: what its generation_config.json
  * gives (has_* set), the rest from Qwen3's card per mode (sampling_defaults). */
@@ -582,7 +578,8 @@ static int req_build(struct engine *e, const struct engine_request *r, uint64_t 
     *out = q;
     return 0;
 oom:
-    rc = -RL_ENOMEM;
+    req_free(q);
+    return refuse(err, EV_CODE_ENGINE_ERROR, "engine: out of memory");
 fail:
     req_free(q);
     rl_err_wrap(err, "engine");
