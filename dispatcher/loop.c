@@ -670,7 +670,7 @@ int d_make_router(struct disp *d, struct rl_err *err)
 
 /* SIGHUP: the options common/config.c's table marks live, from a fresh
  * load of the file and flags (cfg_apply_live); the rest need a restart. */
-void d_reload(struct disp *d)
+static void d_reload(struct disp *d)
 {
     struct cfg fresh;
     struct rl_err err;
