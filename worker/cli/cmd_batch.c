@@ -303,9 +303,9 @@ int cmd_run_batch(int argc, char **argv)
         jobs[i].req.user = &jobs[i];
         uint64_t id;
         if (engine_submit(e, &jobs[i].req, &id, &err)) {
-            /* the refusal's protocol code, then its sentence */
+            /* "CODE sentence", as print_error_line reads it */
             char why[RL_ERR_MSG_MAX + 64];
-            snprintf(why, sizeof why, "%s: %s", ev_code_name((enum ev_code)err.code), err.msg);
+            snprintf(why, sizeof why, "%s %s", ev_code_name((enum ev_code)err.code), err.msg);
             jobs[i].error = strdup(why);
         }
     }
