@@ -4,8 +4,8 @@
  * and stays there until Redis has confirmed its XADD. w_flush() sends, in
  * one pipeline: every unconfirmed event of every job (XADD with the
  * explicit ID 0-<seq+1>, then EXPIRE after done, then PUBLISH when
- * configured), pending dead letters, the XACK and cache SET of jobs whose
- * events are all confirmed, one EXISTS per running job for cancellation,
+ * configured) with a finished job's result-cache SET ahead of its done,
+ * pending dead letters, the XACK of jobs whose events are all confirmed, one EXISTS per running job for cancellation,
  * and, when due, the XCLAIM JUSTID lease renewal and the heartbeat SET.
  *
  * Why it is safe to resend everything that was not confirmed: event IDs
@@ -143,7 +143,7 @@ bool w_has_pending(const struct worker *w)
     return false;
 }
 
-enum item_kind { IT_EVENT, IT_OTHER, IT_DEAD, IT_ACK, IT_CANCEL };
+enum item_kind { IT_EVENT, IT_OTHER, IT_DEAD, IT_ACK, IT_CANCEL, IT_CACHE };
 struct item {
     enum item_kind kind;
     struct wjob *j;
@@ -183,6 +183,25 @@ int w_flush(struct worker *w, struct rl_err *err)
     rconn_batch_reset(b);
     for (int i = 0; i < w->n_jobs; i++) {
         struct wjob *j = w->jobs[i];
+        /* The result-cache entry goes out ahead of the done event, in the
+         * same pipeline: a client that has read done and sends the same
+         * job again must find it (one flush later, that job's GET could run
+         * first). The entry is the complete answer whether or not the done
+         * XADD lands; a broken pipeline resends it with the events. */
+        if (j->state != WJ_RUNNING && j->cache_fill && !j->cache_value) {
+            struct rl_err e2;
+            if (w_cache_build(j, &e2)) {
+                RL_LOG(&w->log, RL_LOG_WARN, "job %s: no cache entry: %s", j->id, e2.msg);
+                j->cache_fill = false;
+            }
+        }
+        if (j->cache_value) {
+            snprintf(ttl, sizeof ttl, "%d", w->opt.cache_ttl_s);
+            const char *argv[5] = {"SET", j->cache_key, j->cache_value, "EX", ttl};
+            if ((rc = rconn_batch_add(b, 5, argv, NULL, err)) ||
+                (rc = add_item(&items, &n_items, &cap_items, (struct item){IT_CACHE, j, 0})))
+                goto out;
+        }
         for (int k = 0; k < j->n_out; k++) {
             struct wout *o = &j->out[k];
             const char *vals[1] = {o->json};
@@ -218,13 +237,6 @@ int w_flush(struct worker *w, struct rl_err *err)
                 goto out;
         }
         if (j->state == WJ_ACKING) {
-            if (j->cache_value) {
-                snprintf(ttl, sizeof ttl, "%d", w->opt.cache_ttl_s);
-                const char *argv[5] = {"SET", j->cache_key, j->cache_value, "EX", ttl};
-                if ((rc = rconn_batch_add(b, 5, argv, NULL, err)) ||
-                    (rc = add_item(&items, &n_items, &cap_items, (struct item){IT_OTHER, j, 0})))
-                    goto out;
-            }
             const char *argv[4] = {"XACK", w->pool_keys[j->pool], w->opt.group, j->entry_id};
             if ((rc = rconn_batch_add(b, 4, argv, NULL, err)) ||
                 (rc = add_item(&items, &n_items, &cap_items, (struct item){IT_ACK, j, 0})))
@@ -314,6 +326,13 @@ int w_flush(struct worker *w, struct rl_err *err)
             }
             break;
         }
+        case IT_CACHE: /* best effort: a refused SET is logged, not retried */
+            if (is_err)
+                RL_LOG(&w->log, RL_LOG_WARN, "job %s: cache SET: %s", it->j->id, r->str);
+            free(it->j->cache_value);
+            it->j->cache_value = NULL;
+            it->j->cache_fill = false;
+            break;
         case IT_DEAD:
             if (!is_err) {
                 free(it->j->dead);
@@ -362,11 +381,6 @@ int w_flush(struct worker *w, struct rl_err *err)
         }
         if (j->state == WJ_CLOSING && j->n_out == 0 && !j->dead) {
             j->state = WJ_ACKING; /* acknowledged with the next flush */
-            if (j->cache_fill && !j->cache_value) {
-                struct rl_err e2;
-                if (w_cache_build(j, &e2))
-                    RL_LOG(&w->log, RL_LOG_WARN, "job %s: no cache entry: %s", j->id, e2.msg);
-            }
         }
         i++;
     }
