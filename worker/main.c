@@ -29,7 +29,7 @@
 #include "worker.h"
 
 
-/* Weight-loading progress (be_progress_fn) into the log at info level:
+/* Weight-loading progress (engine_progress_fn) into the log at info level:
  * a line per tenth of the weights, and the loaded size with the time. */
 struct load_progress {
     struct worker *w;
