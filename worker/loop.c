@@ -34,7 +34,6 @@
 
 #include "clock.h"
 #include "prompt.h"
-#include "tokenizer.h"
 #include "worker.h"
 #include "text.h"
 
