@@ -1,7 +1,7 @@
 # redlm - plain Makefile.
 #   make            CPU-only build into build/
 #   make CUDA=1     adds the CUDA backend (engine/cuda, nvcc + cuBLAS)
-#   make test       builds and runs every test; ends with "N passed, N failed"
+#   make test       builds and runs every test; ends with "N passed, N failed, N skipped"
 #   make bench      runs the benchmarks (figures go to BENCHMARKS.md by hand)
 #   make demo       the whole system on one machine: Redis, a CPU worker, the dispatcher, the chat page
 #   make fuzz       builds the libFuzzer targets with clang

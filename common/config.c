@@ -76,8 +76,13 @@ static const struct opt options[] = {
      "shared: pool P is the stream <prefix>jobs:P (one model per Redis and prefix); model: <prefix>jobs:<served name>:P, so workers of several models share one Redis without taking each other's jobs (the dispatcher learns the layout from the heartbeats)."},
     {"backend", T_ENUM, O(backend), "cpu", 0, 0, "cpu|cuda", CFG_WORKER, 0,
      "Compute backend."},
+    {"device", T_INT, O(device), "0", 0, 1023, NULL, CFG_WORKER, 0,
+     "CUDA device ordinal among the devices the worker sees (CUDA_VISIBLE_DEVICES narrows those)."},
     {"threads", T_INT, O(threads), "0", 0, 1024, NULL, CFG_WORKER, 0,
      "CPU threads; 0 = one per core."},
+    {"mmap_weights", T_BOOL, O(mmap_weights), "false", 0, 0, NULL, CFG_WORKER, 0,
+     "CPU: run on the checkpoint's file mapping instead of copying the matrices into 2 MiB pages "
+     "at load (less memory and a faster start; slower decode, and no packed decode tiles)."},
     {"kv_budget_mb", T_INT, O(kv_budget_mb), "0", 0, 16777216, NULL, CFG_WORKER, 0,
      "Memory for the KV cache in MiB; 0 = 1024 (the engine's default)."},
     {"kv_prefault", T_BOOL, O(kv_prefault), "true", 0, 0, NULL, CFG_WORKER, 0,

@@ -44,7 +44,9 @@ struct cfg {
     char *served_model_name;      /* "" = derived from model (modelref.h) */
     char *pool_scope;             /* "shared" (jobs:<pool>) or "model" (jobs:<name>:<pool>) */
     char *backend;                /* "cpu" or "cuda" */
+    int device;                   /* CUDA device ordinal */
     int threads;                  /* 0 = one per core */
+    bool mmap_weights;            /* CPU: weights used in place from the file mapping */
     int kv_budget_mb;             /* 0 = the engine's default, 1 GiB */
     bool kv_prefault;             /* commit the KV pool at start */
     int max_batch;                /* running requests */

@@ -25,7 +25,11 @@ enum rl_code {
 #define RL_ERR_MSG_MAX 512
 
 struct rl_err {
-    int code;                 /* an enum rl_code, 0 when no error */
+    int code;                 /* an enum rl_code, 0 when no error; the
+                                 request validators that say so
+                                 (engine_check, engine_submit) fill an
+                                 enum ev_code instead, the protocol's own
+                                 code (common/event.h, errors.json) */
     char msg[RL_ERR_MSG_MAX]; /* NUL-terminated, never empty on error */
 };
 

@@ -372,6 +372,44 @@ static int check_content(const cJSON *c, const char *path, bool may_be_null,
     return 0;
 }
 
+/* The {"type": "function", "function": {"name", ...}} shape that an
+ * assistant's tool_calls entries and the tools list share, checked in one
+ * place: type (required when type_required) must be "function"; function
+ * must be an object with only fn_keys and a name of 1..name_max bytes.
+ * *fn gets the function object, fpath its path ("tools[0].function"). */
+static int check_function_entry(const cJSON *o, const char *p, bool type_required,
+                                const char *const *fn_keys, size_t name_max,
+                                const cJSON **fn, char fpath[JOB_FIELD_MAX],
+                                struct job_fault *f, struct rl_err *err)
+{
+    char q[JOB_FIELD_MAX];
+    const char *s;
+    int rc;
+    if (type_required || member(o, "type")) {
+        if (type_required)
+            rc = get_required_string(o, p, "type", 0, 64, q, &s, f, err);
+        else {
+            sub(q, p, ".type");
+            rc = get_string(member(o, "type"), q, 0, 64, &s, f, err);
+        }
+        if (rc)
+            return rc;
+        if (strcmp(s, "function"))
+            return bad(f, err, EV_CODE_BAD_VALUE, "%s: must be \"function\"", q);
+    }
+    *fn = member(o, "function");
+    sub(fpath, p, ".function");
+    set_field(f, fpath);
+    if (!*fn)
+        return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", fpath);
+    if (!cJSON_IsObject(*fn))
+        return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", fpath);
+    if ((rc = check_members(*fn, fpath, fn_keys, f, err)))
+        return rc;
+    char r[JOB_FIELD_MAX];
+    return get_required_string(*fn, fpath, "name", 1, name_max, r, &s, f, err);
+}
+
 /* tool_calls on an assistant message: [{"id", "type": "function",
  * "function": {"name", "arguments"}}]. */
 static int check_tool_calls(const cJSON *tc, const char *path, struct job_fault *f,
@@ -398,25 +436,10 @@ static int check_tool_calls(const cJSON *tc, const char *path, struct job_fault 
             if ((rc = get_string(member(c, "id"), q, 0, 256, &s, f, err)))
                 return rc;
         }
-        if (member(c, "type")) {
-            sub(q, p, ".type");
-            if ((rc = get_string(member(c, "type"), q, 0, 64, &s, f, err)))
-                return rc;
-            if (strcmp(s, "function"))
-                return bad(f, err, EV_CODE_BAD_VALUE, "%s: must be \"function\"", q);
-        }
-        const cJSON *fn = member(c, "function");
-        sub(q, p, ".function");
-        set_field(f, q);
-        if (!fn)
-            return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", q);
-        if (!cJSON_IsObject(fn))
-            return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", q);
-        if ((rc = check_members(fn, q, fn_keys, f, err)))
+        const cJSON *fn;
+        if ((rc = check_function_entry(c, p, false, fn_keys, 256, &fn, q, f, err)))
             return rc;
         char r[JOB_FIELD_MAX];
-        if ((rc = get_required_string(fn, q, "name", 1, 256, r, &s, f, err)))
-            return rc;
         const cJSON *args = member(fn, "arguments");
         sub(r, q, ".arguments");
         set_field(f, r);
@@ -520,22 +543,10 @@ static int check_tools(const cJSON *t, struct job_fault *f, struct rl_err *err)
             return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", p);
         if ((rc = check_members(tool, p, tool_keys, f, err)))
             return rc;
-        if ((rc = get_required_string(tool, p, "type", 0, 64, q, &s, f, err)))
-            return rc;
-        if (strcmp(s, "function"))
-            return bad(f, err, EV_CODE_BAD_VALUE, "%s: must be \"function\"", q);
-        const cJSON *fn = member(tool, "function");
-        sub(q, p, ".function");
-        set_field(f, q);
-        if (!fn)
-            return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", q);
-        if (!cJSON_IsObject(fn))
-            return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", q);
-        if ((rc = check_members(fn, q, fn_keys, f, err)))
+        const cJSON *fn;
+        if ((rc = check_function_entry(tool, p, true, fn_keys, 64, &fn, q, f, err)))
             return rc;
         char r[JOB_FIELD_MAX];
-        if ((rc = get_required_string(fn, q, "name", 1, 64, r, &s, f, err)))
-            return rc;
         if (member(fn, "description")) {
             sub(r, q, ".description");
             if ((rc = get_string(member(fn, "description"), r, 0, SIZE_MAX, &s, f, err)))
@@ -886,10 +897,11 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
 static void defaults(struct job *j, const struct job_opts *o)
 {
     j->max_tokens = o->default_max_tokens;
-    j->temperature = 1.0;
-    j->top_p = 1.0;
-    j->top_k = 0;
-    j->min_p = 0.0;
+    /* unset: the engine applies the model's defaults (engine.h) */
+    j->temperature = -1.0;
+    j->top_p = -1.0;
+    j->top_k = -1;
+    j->min_p = -1.0;
     j->repetition_penalty = 1.0;
     j->max_thinking_tokens = -1;
     j->logprobs = -1;
@@ -1232,8 +1244,9 @@ static void put_str(struct sha256_ctx *c, const char *s, size_t n)
     sha256_update(c, s, n);
 }
 
-int job_cache_key(const struct job *j, const char *model_id, const int32_t *ids, int n_ids,
-                  char out[JOB_CACHE_KEY_LEN + 1], struct rl_err *err)
+int job_cache_key(const struct job *j, enum job_mode mode, const char *model_id,
+                  const int32_t *ids, int n_ids, char out[JOB_CACHE_KEY_LEN + 1],
+                  struct rl_err *err)
 {
     if (!j || !model_id || !model_id[0] || n_ids < 0 || (n_ids && !ids))
         return rl_errf(err, RL_EINVAL, "job_cache_key: need a model id and the prompt ids");
@@ -1241,7 +1254,7 @@ int job_cache_key(const struct job *j, const char *model_id, const int32_t *ids,
     sha256_init(&c);
     /* bump the version whenever the encoding or the field list changes,
      * so old entries simply stop matching */
-    static const char tag[] = "redlm-cache-v1";
+    static const char tag[] = "redlm-cache-v2";
     sha256_update(&c, tag, sizeof tag);
     put_str(&c, model_id, strlen(model_id));
     put_u64(&c, (uint64_t)n_ids);
@@ -1268,6 +1281,9 @@ int job_cache_key(const struct job *j, const char *model_id, const int32_t *ids,
     put_u64(&c, j->ignore_eos ? 1 : 0);
     put_u64(&c, (uint64_t)(int64_t)j->max_thinking_tokens);
     put_u64(&c, (uint64_t)(int64_t)j->logprobs);
+    /* v2: unset sampling fields take per-mode defaults, and prompt or
+     * prompt_ids carry no mode of their own */
+    put_u64(&c, mode == JOB_MODE_THINK ? 1 : 0);
     uint8_t d[SHA256_DIGEST_LEN];
     sha256_final(&c, d);
     sha256_to_hex(d, out);

@@ -45,9 +45,9 @@ enum job_mode {
                           worker treats it as JOB_MODE_POOL */
 };
 
-/* Bits of struct job.given: which optional fields the job spelt out, so a
- * worker can tell "temperature absent" (apply the model's default) from
- * "temperature: 1.0", and job_to_json writes back only what was given. */
+/* Bits of struct job.given: which optional fields the job spelt out, so
+ * job_to_json writes back only what was given. (The sampling fields also
+ * say it in their value: < 0 is "not given", see struct job.) */
 enum job_field_bit {
     JOB_F_ID = 1u << 0, JOB_F_MODE = 1u << 1, JOB_F_MAX_TOKENS = 1u << 2,
     JOB_F_TEMPERATURE = 1u << 3, JOB_F_TOP_P = 1u << 4, JOB_F_TOP_K = 1u << 5,
@@ -61,7 +61,10 @@ enum job_field_bit {
 };
 
 /* A validated job. Owned by whoever called job_parse; job_free releases it
- * and everything it points to. Defaults are filled in for absent fields. */
+ * and everything it points to. Absent fields hold the protocol's defaults,
+ * except the four sampling fields: those hold -1 ("unset") and the engine
+ * applies the model's defaults to them (engine/engine.h, the one owner:
+ * generation_config.json, else Qwen3's per-mode card values). */
 struct job {
     char id[JOB_ID_MAX + 1];  /* client-chosen, or generated (id_generated) */
     bool id_generated;
@@ -80,10 +83,10 @@ struct job {
 
     enum job_mode mode;
     int max_tokens;           /* 1..JOB_MAX_TOKENS_MAX; default from job_opts */
-    double temperature;       /* 0..2; 0 = greedy. default 1 */
-    double top_p;             /* (0, 1]; default 1 */
-    int top_k;                /* 0 (off) .. 1e6; default 0 */
-    double min_p;             /* [0, 1]; default 0 */
+    double temperature;       /* 0..2; 0 = greedy. -1 = unset */
+    double top_p;             /* (0, 1]; -1 = unset */
+    int top_k;                /* 0 (off) .. 1e6; -1 = unset */
+    double min_p;             /* [0, 1]; -1 = unset */
     double presence_penalty;  /* [-2, 2]; default 0 */
     double frequency_penalty; /* [-2, 2]; default 0 */
     double repetition_penalty;/* (0, 2]; default 1 */
@@ -180,10 +183,14 @@ bool job_is_deterministic(const struct job *j);
  * tokenizer, e.g. a hash of config.json + file sizes), the rendered prompt
  * ids (after the chat template, so mode and tools are inside them), and
  * every parameter that changes the output: max_tokens, temperature, top_p,
- * top_k, min_p, the three penalties, seed (or its absence), stop, ignore_eos,
- * max_thinking_tokens, logprobs. Not: id, priority, deadline, cache,
- * stream_ttl_s, metadata. Returns 0 or -RL_EINVAL. */
-int job_cache_key(const struct job *j, const char *model_id, const int32_t *ids, int n_ids,
-                  char out[JOB_CACHE_KEY_LEN + 1], struct rl_err *err);
+ * top_k, min_p (unset ones as unset: their defaults come from the model,
+ * which model_id covers, and the mode), the three penalties, seed (or its
+ * absence), stop, ignore_eos, max_thinking_tokens, logprobs, and the
+ * effective mode (job_mode_on: for prompt and prompt_ids input it is in
+ * no id). Not: id, priority, deadline, cache, stream_ttl_s, metadata.
+ * Returns 0 or -RL_EINVAL. */
+int job_cache_key(const struct job *j, enum job_mode mode, const char *model_id,
+                  const int32_t *ids, int n_ids, char out[JOB_CACHE_KEY_LEN + 1],
+                  struct rl_err *err);
 
 #endif

@@ -1,6 +1,6 @@
 /* common/modelid.c - the model identity of the result-cache key (see
- * modelid.h). Moved here from worker/cache.c unchanged, so existing cache
- * entries keep matching. Reentrant; called once at start by the worker and
+ * modelid.h). Moved here from worker/cache.c; generation_config.json joined
+ * the hashed files when unset sampling fields began to take its values. Reentrant; called once at start by the worker and
  * by the dispatcher. */
 #include "modelid.h"
 
@@ -39,6 +39,8 @@ int modelid_compute(const char *dir, char out[SHA256_HEX_LEN + 1], struct rl_err
     hash_file(&c, dir, "config.json");
     hash_file(&c, dir, "tokenizer.json");
     hash_file(&c, dir, "tokenizer_config.json");
+    /* the sampling defaults of unset fields come from it (engine.h) */
+    hash_file(&c, dir, "generation_config.json");
     DIR *d = opendir(dir);
     if (!d)
         return rl_errf(err, RL_EIO, "%s: cannot list the model directory", dir);

@@ -9,8 +9,8 @@
 #include "err.h"
 #include "sha256.h"
 
-/* A SHA-256 (lower-case hex) over config.json, tokenizer.json and
- * tokenizer_config.json of dir (each by name and content; a missing file
+/* A SHA-256 (lower-case hex) over config.json, tokenizer.json,
+ * tokenizer_config.json and generation_config.json of dir (each by name and content; a missing file
  * counts as empty) and the names and sizes of its *.safetensors files, so
  * a new checkpoint in the same directory never answers from an old cache
  * entry. Reads the JSON files, not the weights. Returns 0, or -RL_EIO

@@ -1,9 +1,12 @@
 /* common/rconn.c - a hiredis 0.14 connection that reconnects by itself, and
  * the stream commands, with replies copied into owned records.
  *
- * Who calls: the worker's main thread (publish, ack, claim, cancel checks),
- * its reader thread (a second struct rconn for the blocking XREADGROUP),
- * and the dispatcher. One struct rconn belongs to one thread.
+ * Who calls: the worker's main thread, on two connections: one for
+ * publish, ack, claim and cancel checks, a second one only for the
+ * XREADGROUP that BLOCKs when the worker is idle (so a blocked read never
+ * holds a reply the other connection is waiting for; there is no reader
+ * thread); the dispatcher's main thread; the redlm CLI. A struct rconn is
+ * used by one thread at a time.
  *
  * Connection state: `ctx` is NULL while disconnected. Any I/O or protocol
  * error from hiredis makes the context unusable (hiredis says so), so we

@@ -115,9 +115,7 @@ struct disp {
 
 /* loop.c: runs until *stop; SIGHUP (*reload) re-reads the options. */
 int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *reload);
-/* main.c */
-void d_reload(struct disp *d);
-/* Re-makes the router from d->cfg (start and reload). */
+/* loop.c: re-makes the router from d->cfg (start, and SIGHUP's reload). */
 int d_make_router(struct disp *d, struct rl_err *err);
 
 /* models.c */

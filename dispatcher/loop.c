@@ -35,6 +35,9 @@
  * XGROUP CREATE of the workers group fails), so that needs someone to
  * replace the key while we run; it is logged as an error naming the job.
  *
+ * SIGHUP is handled here too (d_reload): main.c sets flags and calls down,
+ * nothing calls back up into it.
+ *
  * Main thread only; the counters go to struct dmetrics under its mutex. */
 #include <inttypes.h>
 #include <stdio.h>
@@ -373,7 +376,7 @@ static void prepare(struct disp *d, struct dreq *q)
     int n_ids = 0;
     char hex[JOB_CACHE_KEY_LEN + 1];
     if (prompt_render(q->job, q->dec.mode, d->tok, &ids, &n_ids, &code, &err) ||
-        job_cache_key(q->job, d->model_id, ids, n_ids, hex, &err)) {
+        job_cache_key(q->job, q->dec.mode, d->model_id, ids, n_ids, hex, &err)) {
         /* the worker will say what is wrong with it */
         RL_LOG(&d->log, RL_LOG_DEBUG, "job %s: no cache lookup: %s", q->id, err.msg);
         free(ids);
@@ -675,6 +678,62 @@ static void leave_group(struct disp *d)
         rconn_command(d->rc, 5, argv, NULL, NULL, &err);
     }
     free(p);
+}
+
+int d_make_router(struct disp *d, struct rl_err *err)
+{
+    const char *pools[D_MAX_POOLS];
+    for (int p = 0; p < d->n_shared; p++)
+        pools[p] = d->pools[p].name;
+    struct route_opts o = {.pools = pools, .n_pools = d->n_shared,
+                           .default_pool = d->cfg.default_pool,
+                           .rules = (const char *const *)d->cfg.think_rules.v,
+                           .n_rules = d->cfg.think_rules.n, .ratio = d->cfg.think_ratio};
+    struct router *r;
+    int rc = route_create(&r, &o, err);
+    if (rc)
+        return rc;
+    route_free(d->router);
+    d->router = r;
+    pthread_mutex_lock(&d->m.mu);
+    d->m.ratio = d->cfg.think_ratio;
+    d->m.ratio_effective = route_get_ratio(r);
+    d->m.adaptive = d->cfg.adaptive;
+    pthread_mutex_unlock(&d->m.mu);
+    d->next_stats_ms = 0; /* adaptive state is recomputed at once */
+    return 0;
+}
+
+/* SIGHUP: the options common/config.c's table marks live, from a fresh
+ * load of the file and flags (cfg_apply_live); the rest need a restart. */
+static void d_reload(struct disp *d)
+{
+    struct cfg fresh;
+    struct rl_err err;
+    enum cfg_action act;
+    if (cfg_load(&fresh, d->argc, d->argv, CFG_DISPATCHER, &act, &err)) {
+        RL_LOG(&d->log, RL_LOG_ERROR, "SIGHUP: keeping the old settings: %s", err.msg);
+        return;
+    }
+    /* only the live options change; the Redis address, pools and name need
+     * a restart */
+    int rc = cfg_apply_live(&d->cfg, &fresh, CFG_DISPATCHER, &err);
+    cfg_free(&fresh);
+    if (rc) {
+        RL_LOG(&d->log, RL_LOG_ERROR, "SIGHUP: keeping the old settings: %s", err.msg);
+        return;
+    }
+    if (d_make_router(d, &err))
+        RL_LOG(&d->log, RL_LOG_ERROR, "SIGHUP: keeping the old routing rules: %s", err.msg);
+    else
+        d_models_reroute(d);
+    cfg_job_opts(&d->cfg, &d->jopts);
+    int lvl = rl_log_parse_level(d->cfg.log_level);
+    if (lvl >= 0)
+        d->log.level = lvl;
+    RL_LOG(&d->log, RL_LOG_INFO, "SIGHUP: settings reloaded (think_ratio %.3f, adaptive %s, "
+           "%d think rules, max_waiting %d)", d->cfg.think_ratio, d->cfg.adaptive ? "on" : "off",
+           d->cfg.think_rules.n, d->cfg.max_waiting);
 }
 
 int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *reload)

@@ -15,8 +15,9 @@
  * Signals only set the two flags below (the only globals: a handler can
  * reach nothing else). SIGTERM/SIGINT: finish the round in hand, then exit
  * 0 (what was read but not handled stays pending for another dispatcher).
- * SIGHUP: re-read the config file and flags and apply the live options
- * (ratio, rules, adaptive bounds, limits, timers, log level). READY=1 goes
+ * SIGHUP: the loop (loop.c, d_reload) re-reads the config file and flags
+ * and applies the options the table marks live (ratio, rules, adaptive
+ * bounds, limits, timers, log level). READY=1 goes
  * to systemd once Redis is reached and the groups exist; WATCHDOG=1 at
  * half of WATCHDOG_USEC when asked. */
 #include <signal.h>
@@ -33,60 +34,6 @@
 #include "signals.h"
 #include "tokenizer.h"
 
-
-int d_make_router(struct disp *d, struct rl_err *err)
-{
-    const char *pools[D_MAX_POOLS];
-    for (int p = 0; p < d->n_shared; p++)
-        pools[p] = d->pools[p].name;
-    struct route_opts o = {.pools = pools, .n_pools = d->n_shared,
-                           .default_pool = d->cfg.default_pool,
-                           .rules = (const char *const *)d->cfg.think_rules.v,
-                           .n_rules = d->cfg.think_rules.n, .ratio = d->cfg.think_ratio};
-    struct router *r;
-    int rc = route_create(&r, &o, err);
-    if (rc)
-        return rc;
-    route_free(d->router);
-    d->router = r;
-    pthread_mutex_lock(&d->m.mu);
-    d->m.ratio = d->cfg.think_ratio;
-    d->m.ratio_effective = route_get_ratio(r);
-    d->m.adaptive = d->cfg.adaptive;
-    pthread_mutex_unlock(&d->m.mu);
-    d->next_stats_ms = 0; /* adaptive state is recomputed at once */
-    return 0;
-}
-
-void d_reload(struct disp *d)
-{
-    struct cfg fresh;
-    struct rl_err err;
-    enum cfg_action act;
-    if (cfg_load(&fresh, d->argc, d->argv, CFG_DISPATCHER, &act, &err)) {
-        RL_LOG(&d->log, RL_LOG_ERROR, "SIGHUP: keeping the old settings: %s", err.msg);
-        return;
-    }
-    /* only the live options change; the Redis address, pools and name need
-     * a restart */
-    int rc = cfg_apply_live(&d->cfg, &fresh, CFG_DISPATCHER, &err);
-    cfg_free(&fresh);
-    if (rc) {
-        RL_LOG(&d->log, RL_LOG_ERROR, "SIGHUP: keeping the old settings: %s", err.msg);
-        return;
-    }
-    if (d_make_router(d, &err))
-        RL_LOG(&d->log, RL_LOG_ERROR, "SIGHUP: keeping the old routing rules: %s", err.msg);
-    else
-        d_models_reroute(d);
-    cfg_job_opts(&d->cfg, &d->jopts);
-    int lvl = rl_log_parse_level(d->cfg.log_level);
-    if (lvl >= 0)
-        d->log.level = lvl;
-    RL_LOG(&d->log, RL_LOG_INFO, "SIGHUP: settings reloaded (think_ratio %.3f, adaptive %s, "
-           "%d think rules, max_waiting %d)", d->cfg.think_ratio, d->cfg.adaptive ? "on" : "off",
-           d->cfg.think_rules.n, d->cfg.max_waiting);
-}
 
 static int setup(struct disp *d, struct rl_err *err)
 {

@@ -71,7 +71,8 @@ struct be_options {
                              (tests, short-lived tools) */
     be_progress_fn progress;  /* NULL: none */
     void *progress_user;      /* handed to progress */
-    size_t progress_every;    /* bytes between calls; 0 = 64 MiB */
+    size_t progress_every;    /* CPU: bytes between calls; 0 = 64 MiB
+                                 (CUDA reports once per layer) */
 };
 
 struct be_ops {

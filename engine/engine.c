@@ -52,18 +52,36 @@
 #include "engine.h"
 #include "clock.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "chat.h"
 #include "kv_cache.h"
+#include "model.h"
+#include "sample.h"
 #include "sched.h"
 #include "tokenizer.h"
 #include "text.h"
+
+/* engine.h speaks plain values; these hold them equal to what they stand for */
+_Static_assert(ENGINE_MAX_LOGPROBS == SAMPLE_MAX_LOGPROBS, "logprob limits");
+_Static_assert((int)ENGINE_KV_AUTO == (int)BE_KV_AUTO && (int)ENGINE_KV_F32 == (int)BE_KV_F32 &&
+               (int)ENGINE_KV_BF16 == (int)BE_KV_BF16, "kv dtypes");
+
+/* The sampling defaults of one checkpoint: what its generation_config.json
+ * gives (has_* set), the rest from Qwen3's card per mode (sampling_defaults). */
+struct gen_defaults {
+    bool has_temperature, has_top_p, has_top_k, has_min_p;
+    float temperature, top_p, min_p;
+    int top_k;
+};
 
 struct eng_req {
     uint64_t id;
@@ -91,7 +109,7 @@ struct eng_req {
     /* this step's event */
     int32_t *ev_tok;             /* (cap_ev) */
     float *ev_lp;                /* (cap_ev) */
-    struct sample_logprob *ev_top; /* (cap_ev, n_top) */
+    struct engine_logprob *ev_top; /* (cap_ev, n_top) */
     int n_ev, cap_ev, n_top;
     struct text ev_reason, ev_content;
 
@@ -116,6 +134,8 @@ struct engine {
     const struct model_config *cfg;
     struct engine_options opt;
     int block_size, n_blocks, max_context;
+    struct gen_defaults gen;     /* from dir/generation_config.json */
+    char served_name[256];
 
     int32_t default_stop[4];     /* eos ids: <|im_end|>, <|endoftext|>, ... */
     int n_default_stop;
@@ -192,6 +212,76 @@ static int32_t tok_id(const struct tokenizer *t, const char *s)
     return t ? tok_find(t, s, strlen(s)) : -1;
 }
 
+/* One number of generation_config.json within [lo, hi]; absent or null
+ * leaves *has false. */
+static int gen_number(const cJSON *root, const char *path, const char *name, double lo,
+                      double hi, bool *has, double *out, struct rl_err *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    *has = false;
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi))
+        return rl_errf(err, RL_EFORMAT, "%s: %s must be a number in [%g, %g]", path, name, lo,
+                       hi);
+    *has = true;
+    *out = v->valuedouble;
+    return 0;
+}
+
+/* Reads the sampling defaults of dir/generation_config.json, when there is
+ * one: temperature, top_p, top_k, min_p (other keys, do_sample included,
+ * are not sampling defaults of ours and are ignored). */
+static int load_gen_defaults(const char *dir, struct gen_defaults *g, struct rl_err *err)
+{
+    memset(g, 0, sizeof *g);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0;
+    char buf[65536];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    bool big = !feof(f);
+    fclose(f);
+    if (big)
+        return rl_errf(err, RL_EFORMAT, "%s: larger than %zu bytes", path, sizeof buf - 1);
+    buf[n] = 0;
+    cJSON *root = cJSON_Parse(buf);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return rl_errf(err, RL_EFORMAT, "%s: not a JSON object", path);
+    }
+    double t = 0, p = 0, k = 0, m = 0;
+    int rc = gen_number(root, path, "temperature", 0, 2, &g->has_temperature, &t, err);
+    if (!rc)
+        rc = gen_number(root, path, "top_p", 1e-9, 1, &g->has_top_p, &p, err);
+    if (!rc)
+        rc = gen_number(root, path, "top_k", 0, 1000000, &g->has_top_k, &k, err);
+    if (!rc)
+        rc = gen_number(root, path, "min_p", 0, 1, &g->has_min_p, &m, err);
+    cJSON_Delete(root);
+    if (!rc && g->has_top_k && k != floor(k))
+        rc = rl_errf(err, RL_EFORMAT, "%s: top_k must be an integer", path);
+    g->temperature = (float)t;
+    g->top_p = (float)p;
+    g->top_k = (int)k;
+    g->min_p = (float)m;
+    return rc;
+}
+
+/* The served name when none is given: the directory's last component. */
+static void default_served_name(const char *dir, char *out, size_t size)
+{
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && dir[b - 1] != '/')
+        b--;
+    snprintf(out, size, "%.*s", (int)(n - b), dir + b);
+}
+
 int engine_create(struct engine **out, const char *dir,
                   const struct engine_options *o, struct rl_err *err)
 {
@@ -236,14 +326,24 @@ int engine_create(struct engine **out, const char *dir,
     e->opt = opt;
     e->next_id = 1;
     e->think_open = e->think_close = -1;
-    int rc = model_load(&e->model, dir, err);
+    if (opt.served_name && opt.served_name[0])
+        snprintf(e->served_name, sizeof e->served_name, "%s", opt.served_name);
+    else
+        default_served_name(dir, e->served_name, sizeof e->served_name);
+    e->opt.served_name = NULL; /* the copy above is what lives on */
+    int rc = load_gen_defaults(dir, &e->gen, err);
     if (rc)
         goto fail;
+    if ((rc = model_load(&e->model, dir, err)))
+        goto fail;
     e->cfg = model_get_config(e->model);
+    /* every backend option the engine was given reaches the backend */
     struct be_options bo = {.n_threads = opt.n_threads, .isa = opt.isa,
-                            .kv_dtype = opt.kv_dtype, .kv_prefault = opt.kv_prefault,
-                            .progress = opt.progress,
-                            .progress_user = opt.progress_user};
+                            .kv_dtype = (enum be_kv_dtype)opt.kv_dtype,
+                            .device = opt.device, .mmap_weights = opt.mmap_weights,
+                            .kv_prefault = opt.kv_prefault, .progress = opt.progress,
+                            .progress_user = opt.progress_user,
+                            .progress_every = opt.progress_every};
     if ((rc = be_create(&e->be, opt.backend, &bo, err)))
         goto fail;
     if ((rc = e->be->ops->load(e->be->ctx, e->cfg, model_get_weights(e->model),
@@ -372,73 +472,120 @@ static uint64_t splitmix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-/* Validates r and fills a new eng_req; nothing of the engine changes. */
-static int req_build(struct engine *e, const struct engine_request *r, uint64_t id,
-                     const int32_t *prompt, int n_prompt, struct eng_req **out,
-                     struct rl_err *err)
+/* A refusal: err->code is the protocol code (engine.h, engine_check). */
+static int refuse(struct rl_err *err, enum ev_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int refuse(struct rl_err *err, enum ev_code code, const char *fmt, ...)
 {
-    *out = NULL;
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->code = (int)code;
+    }
+    return -(int)code;
+}
+
+/* A failure below (err filled with an rl_code) as the protocol code. */
+static int recode(struct rl_err *err, enum ev_code code)
+{
+    if (err)
+        err->code = (int)code;
+    return -(int)code;
+}
+
+/* The one owner of sampling defaults (the rule is engine.h's): what the
+ * request gives, else generation_config.json, else Qwen3's card per mode. */
+static void sampling_defaults(const struct engine *e, const struct engine_request *r,
+                              struct sample_params *sp)
+{
+    const struct gen_defaults *g = &e->gen;
+    bool think = r->mode != ENGINE_MODE_NO_THINK;
+    sample_params_default(sp);
+    sp->temperature = r->temperature >= 0 ? r->temperature
+                      : g->has_temperature ? g->temperature
+                      : think              ? 0.6f
+                                           : 0.7f;
+    sp->top_p = r->top_p > 0 ? r->top_p : g->has_top_p ? g->top_p : think ? 0.95f : 0.8f;
+    sp->top_k = r->top_k >= 0 ? r->top_k : g->has_top_k ? g->top_k : 20;
+    sp->min_p = r->min_p >= 0 ? r->min_p : g->has_min_p ? g->min_p : 0.0f;
+    sp->presence_penalty = r->presence_penalty;
+    sp->frequency_penalty = r->frequency_penalty;
+    sp->repetition_penalty = r->repetition_penalty > 0 ? r->repetition_penalty : 1.0f;
+    sp->logprobs = r->n_logprobs >= 0;
+    sp->n_logprobs = r->n_logprobs > 0 ? r->n_logprobs : 0;
+}
+
+/* Every check of a request whose prompt is the n_prompt ids at prompt;
+ * fills *sp (seed aside) and *limit. Nothing of the engine changes. */
+static int check_request(const struct engine *e, const struct engine_request *r,
+                         const int32_t *prompt, int n_prompt, struct sample_params *sp,
+                         int *limit, struct rl_err *err)
+{
     if (n_prompt < 1)
-        return rl_errf(err, RL_EINVAL, "EMPTY_PROMPT the request has no prompt tokens");
+        return refuse(err, EV_CODE_MISSING_PROMPT, "the request has no prompt tokens");
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= e->cfg->vocab)
-            return rl_errf(err, RL_EINVAL,
-                           "BAD_TOKEN prompt token %d is %d; the vocabulary has %d ids", i,
-                           prompt[i], e->cfg->vocab);
-    int limit = e->max_context;
-    if (r->context_limit > 0 && r->context_limit < limit)
-        limit = r->context_limit;
-    if (n_prompt >= limit)
-        return rl_errf(err, RL_EINVAL,
-                       "CONTEXT_TOO_LONG prompt has %d tokens; the context limit is %d",
-                       n_prompt, limit);
+            return refuse(err, EV_CODE_INVALID_TOKEN,
+                          "prompt_ids[%d]: %d is outside the vocabulary [0, %d)", i,
+                          (int)prompt[i], (int)e->cfg->vocab);
+    /* the one context check: the prompt and every token asked for (at
+     * least one) must fit */
+    *limit = e->max_context;
+    if (r->context_limit > 0 && r->context_limit < *limit)
+        *limit = r->context_limit;
+    int64_t need = (int64_t)n_prompt + (r->max_tokens > 0 ? r->max_tokens : 1);
+    if (need > *limit) {
+        if (r->max_tokens > 0)
+            return refuse(err, EV_CODE_PROMPT_TOO_LONG,
+                          "prompt has %d tokens and max_tokens is %d; the context is %d",
+                          n_prompt, r->max_tokens, *limit);
+        return refuse(err, EV_CODE_PROMPT_TOO_LONG,
+                      "prompt has %d tokens; the context is %d", n_prompt, *limit);
+    }
     if (r->n_resumed < 0 || r->n_resumed >= n_prompt || (r->n_resumed && !r->prompt_ids))
-        return rl_errf(err, RL_EINVAL,
-                       "BAD_PARAM n_resumed %d: must be in [0, %d) and needs prompt_ids",
-                       r->n_resumed, n_prompt);
+        return refuse(err, EV_CODE_BAD_VALUE,
+                      "n_resumed: %d must be in [0, %d) and needs prompt_ids", r->n_resumed,
+                      n_prompt);
     if (r->n_logprobs > SAMPLE_MAX_LOGPROBS)
-        return rl_errf(err, RL_EINVAL, "BAD_PARAM logprobs %d is above %d", r->n_logprobs,
-                       SAMPLE_MAX_LOGPROBS);
+        return refuse(err, EV_CODE_OUT_OF_RANGE, "logprobs: %d is above %d", r->n_logprobs,
+                      SAMPLE_MAX_LOGPROBS);
     if (r->n_stop < 0 || r->n_stop_ids < 0 || (r->n_stop && !r->stop) ||
         (r->n_stop_ids && !r->stop_ids))
-        return rl_errf(err, RL_EINVAL, "BAD_PARAM bad stop list");
+        return refuse(err, EV_CODE_BAD_VALUE, "stop: a malformed stop list");
     if (r->n_stop && !e->tok)
-        return rl_errf(err, RL_EUNSUPPORTED,
-                       "NO_TOKENIZER stop strings need a tokenizer.json in the model dir");
+        return refuse(err, EV_CODE_BAD_VALUE,
+                      "stop: stop strings need a tokenizer.json in the model directory");
     if (r->max_thinking_tokens >= 0 && !e->tok)
-        return rl_errf(err, RL_EUNSUPPORTED,
-                       "NO_TOKENIZER a thinking budget needs a tokenizer.json");
+        return refuse(err, EV_CODE_BAD_VALUE,
+                      "max_thinking_tokens: a thinking budget needs a tokenizer.json");
     for (int i = 0; i < r->n_stop; i++)
         if (!r->stop[i] || !r->stop[i][0])
-            return rl_errf(err, RL_EINVAL, "BAD_PARAM stop string %d is empty", i);
+            return refuse(err, EV_CODE_OUT_OF_RANGE, "stop[%d]: an empty stop string", i);
     for (int i = 0; i < r->n_stop_ids; i++)
         if (r->stop_ids[i] < 0 || r->stop_ids[i] >= e->cfg->vocab)
-            return rl_errf(err, RL_EINVAL, "BAD_PARAM stop token id %d is out of range",
-                           r->stop_ids[i]);
+            return refuse(err, EV_CODE_INVALID_TOKEN,
+                          "stop id %d is outside the vocabulary [0, %d)", (int)r->stop_ids[i],
+                          (int)e->cfg->vocab);
+    sampling_defaults(e, r, sp);
+    if (sample_params_check(sp, err))
+        return recode(err, EV_CODE_OUT_OF_RANGE);
+    return 0;
+}
 
-    struct sample_params sp;
-    sample_params_default(&sp);
-    bool think = r->mode != ENGINE_MODE_NO_THINK;
-    /* Qwen3's recommended settings per mode, for what the request leaves unset */
-    sp.temperature = r->temperature >= 0 ? r->temperature : think ? 0.6f : 0.7f;
-    sp.top_p = r->top_p > 0 ? r->top_p : think ? 0.95f : 0.8f;
-    sp.top_k = r->top_k >= 0 ? r->top_k : 20;
-    sp.min_p = r->min_p >= 0 ? r->min_p : 0.0f;
-    sp.presence_penalty = r->presence_penalty;
-    sp.frequency_penalty = r->frequency_penalty;
-    sp.repetition_penalty = r->repetition_penalty > 0 ? r->repetition_penalty : 1.0f;
+/* Fills a new eng_req for a checked request; nothing of the engine changes. */
+static int req_build(struct engine *e, const struct engine_request *r, uint64_t id,
+                     const int32_t *prompt, int n_prompt, const struct sample_params *checked,
+                     int limit, struct eng_req **out, struct rl_err *err)
+{
+    *out = NULL;
+    struct sample_params sp = *checked;
     sp.seed = r->has_seed ? r->seed : splitmix64(id);
-    sp.logprobs = r->n_logprobs >= 0;
-    sp.n_logprobs = r->n_logprobs > 0 ? r->n_logprobs : 0;
-    int rc = sample_params_check(&sp, err);
-    if (rc) {
-        rl_err_wrap(err, "BAD_PARAM");
-        return rc;
-    }
-
+    int rc;
     struct eng_req *q = calloc(1, sizeof *q);
     if (!q)
-        return rl_errf(err, RL_ENOMEM, "engine: out of memory");
+        return refuse(err, EV_CODE_ENGINE_ERROR, "engine: out of memory");
     q->id = id;
     q->user = r->user;
     q->sp = sp;
@@ -489,22 +636,29 @@ static int req_build(struct engine *e, const struct engine_request *r, uint64_t 
     *out = q;
     return 0;
 oom:
-    rc = rl_errf(err, RL_ENOMEM, "engine: out of memory");
+    req_free(q);
+    return refuse(err, EV_CODE_ENGINE_ERROR, "engine: out of memory");
 fail:
     req_free(q);
-    return rc;
+    rl_err_wrap(err, "engine");
+    return recode(err, EV_CODE_ENGINE_ERROR);
 }
 
-/* Renders chat messages with the template and tokenizes them: *ids is
- * malloc'd (caller frees). */
-static int render_messages(struct engine *e, const struct engine_request *r, int32_t **ids,
-                           int *n, struct rl_err *err)
+/* The prompt of r as ids: r->prompt_ids, or the messages rendered with the
+ * template and tokenized into *rendered (malloc'd, caller frees). */
+static int request_prompt(struct engine *e, const struct engine_request *r,
+                          const int32_t **ids, int *n, int32_t **rendered, struct rl_err *err)
 {
-    *ids = NULL;
-    *n = 0;
+    *rendered = NULL;
+    *ids = r->prompt_ids;
+    *n = r->n_prompt;
+    if (r->prompt_ids)
+        return 0;
+    if (!r->messages)
+        return refuse(err, EV_CODE_MISSING_PROMPT, "neither prompt_ids nor messages");
     if (!e->tok)
-        return rl_errf(err, RL_EUNSUPPORTED,
-                       "NO_TOKENIZER chat messages need a tokenizer.json in the model dir");
+        return refuse(err, EV_CODE_BAD_VALUE,
+                      "messages: chat messages need a tokenizer.json in the model directory");
     struct chat_template_opts co = {
         .add_generation_prompt = true,
         .disable_thinking = r->mode == ENGINE_MODE_NO_THINK,
@@ -513,20 +667,28 @@ static int render_messages(struct engine *e, const struct engine_request *r, int
     int rc = chat_tokenize(e->tok, r->messages, r->tools, &co, &v, err);
     if (rc) {
         tok_ids_free(&v);
-        if (rc == -RL_EINVAL)
-            rl_err_wrap(err, "BAD_MESSAGES");
-        return rc;
+        return recode(err, rc == -RL_EINVAL ? EV_CODE_TEMPLATE_ERROR : EV_CODE_ENGINE_ERROR);
     }
-    if (v.n > (size_t)e->max_context) {
-        size_t got = v.n;
+    if (v.n > (size_t)INT32_MAX / 2) {
         tok_ids_free(&v);
-        return rl_errf(err, RL_EINVAL,
-                       "CONTEXT_TOO_LONG prompt has %zu tokens; the context limit is %d", got,
-                       e->max_context);
+        return refuse(err, EV_CODE_PROMPT_TOO_LONG, "the rendered prompt is too long");
     }
-    *ids = v.ids;
+    *ids = *rendered = v.ids;
     *n = (int)v.n;
     return 0;
+}
+
+int engine_check(struct engine *e, const struct engine_request *r, struct rl_err *err)
+{
+    const int32_t *ids;
+    int32_t *rendered;
+    int n, limit;
+    struct sample_params sp;
+    int rc = request_prompt(e, r, &ids, &n, &rendered, err);
+    if (!rc)
+        rc = check_request(e, r, ids, n, &sp, &limit, err);
+    free(rendered);
+    return rc;
 }
 
 int engine_submit(struct engine *e, const struct engine_request *r, uint64_t *id,
@@ -534,28 +696,28 @@ int engine_submit(struct engine *e, const struct engine_request *r, uint64_t *id
 {
     if (id)
         *id = 0;
-    if (!r->prompt_ids && !r->messages)
-        return rl_errf(err, RL_EINVAL, "EMPTY_PROMPT neither prompt_ids nor messages");
     if (e->n_reqs == e->cap_reqs) {
         int cap = e->cap_reqs ? e->cap_reqs * 2 : 32;
         struct eng_req **g = realloc(e->reqs, (size_t)cap * sizeof *g);
         if (!g)
-            return rl_errf(err, RL_ENOMEM, "engine: out of memory");
+            return refuse(err, EV_CODE_ENGINE_ERROR, "engine: out of memory");
         e->reqs = g;
         e->cap_reqs = cap;
     }
-    int32_t *rendered = NULL;
-    const int32_t *ids = r->prompt_ids;
-    int n = r->n_prompt, rc;
-    if (!ids) {
-        if ((rc = render_messages(e, r, &rendered, &n, err)))
-            return rc;
-        ids = rendered;
-    }
-    struct eng_req *q;
-    rc = req_build(e, r, e->next_id, ids, n, &q, err);
-    if (!rc && (rc = sched_add(e->sched, ids, n, r->priority, r->deadline, q, &q->seq, err)))
+    const int32_t *ids;
+    int32_t *rendered;
+    int n, limit;
+    struct sample_params sp;
+    int rc = request_prompt(e, r, &ids, &n, &rendered, err);
+    if (!rc)
+        rc = check_request(e, r, ids, n, &sp, &limit, err);
+    struct eng_req *q = NULL;
+    if (!rc)
+        rc = req_build(e, r, e->next_id, ids, n, &sp, limit, &q, err);
+    if (!rc && sched_add(e->sched, ids, n, r->priority, r->deadline, q, &q->seq, err)) {
         req_free(q);
+        rc = recode(err, EV_CODE_ENGINE_ERROR);
+    }
     free(rendered);
     if (rc)
         return rc;
@@ -702,7 +864,7 @@ static int ev_reserve(struct eng_req *q, int n)
     if (!t || !l)
         return -RL_ENOMEM;
     if (q->n_top) {
-        struct sample_logprob *p =
+        struct engine_logprob *p =
             realloc(q->ev_top, (size_t)cap * (size_t)q->n_top * sizeof *p);
         if (!p)
             return -RL_ENOMEM;
@@ -724,9 +886,10 @@ static int accept(struct engine *e, struct eng_req *q, int32_t tok,
     q->ev_tok[k] = tok;
     q->ev_lp[k] = so ? so->logprob : 0.0f;
     for (int j = 0; j < q->n_top; j++) {
-        struct sample_logprob z = {-1, 0.0f};
-        q->ev_top[(size_t)k * (size_t)q->n_top + (size_t)j] =
-            so && j < so->n_top ? so->top[j] : z;
+        struct engine_logprob z = {-1, 0.0f};
+        if (so && j < so->n_top)
+            z = (struct engine_logprob){so->top[j].id, so->top[j].logprob};
+        q->ev_top[(size_t)k * (size_t)q->n_top + (size_t)j] = z;
     }
     q->usage.completion_tokens++;
     e->n_generated++;
@@ -1036,7 +1199,7 @@ int engine_cancel(struct engine *e, uint64_t id, struct rl_err *err)
             return 0;
         }
     }
-    return rl_errf(err, RL_ENOTFOUND, "NOT_FOUND no running request %llu",
+    return rl_errf(err, RL_ENOTFOUND, "engine: no running request %llu",
                    (unsigned long long)id);
 }
 
@@ -1084,5 +1247,8 @@ void engine_get_stats(const struct engine *e, struct engine_stats *st)
     st->token_budget = e->opt.token_budget;
 }
 
-const struct model_config *engine_get_config(const struct engine *e) { return e->cfg; }
+int engine_n_vocab(const struct engine *e) { return e->cfg->vocab; }
+int engine_n_context(const struct engine *e) { return e->max_context; }
+const char *engine_served_name(const struct engine *e) { return e->served_name; }
+int engine_eos_id(const struct engine *e) { return e->cfg->eos_id; }
 const struct tokenizer *engine_get_tokenizer(const struct engine *e) { return e->tok; }

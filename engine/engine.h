@@ -40,6 +40,17 @@
  * token. So tokens, logprobs, stops, penalties and budgets are those of
  * plain decoding; only the number of steps changes.
  *
+ * The one request contract: engine_submit() is the only validator of a
+ * request and the only place its defaults are applied. A request carries
+ * "unset" for every sampling field its sender did not give; the engine
+ * fills those from the checkpoint's generation_config.json where it has
+ * them, else from Qwen3's per-mode card values (engine_request below). A
+ * refusal comes back as a protocol code (enum ev_code, common/event.h,
+ * the table of schemas/errors.json) in rl_err.code, never as text.
+ *
+ * This header is the engine's whole face: opaque handles and plain C
+ * values (no backend, model or sampler types), as llama.h is llama.cpp's.
+ *
  * Threading: one owner thread calls every function on an engine. */
 #ifndef RL_ENGINE_H
 #define RL_ENGINE_H
@@ -48,26 +59,42 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <cjson/cJSON.h>
-
-#include "backend.h"
 #include "err.h"
-#include "model.h"
-#include "sample.h"
+#include "event.h"
 #include "spec.h"
 
-struct engine; /* model, backend, KV pool, scheduler, requests */
+struct engine;    /* model, backend, KV pool, scheduler, requests */
+struct tokenizer; /* tokenizer.h */
+struct cJSON;     /* chat messages and tools, as cJSON trees */
 
 /* Qwen3's own early-stop phrase for an exhausted thinking budget. */
 #define ENGINE_THINK_STOP_TEXT                                                       \
     "\n\nConsidering the limited time by the user, I have to give the solution "   \
     "based on the thinking directly now.\n</think>\n\n"
 
+/* KV cache element type; the values are backend.h's enum be_kv_dtype. */
+enum engine_kv_dtype {
+    ENGINE_KV_AUTO = 0,       /* f32 for f32 checkpoints, else bf16 */
+    ENGINE_KV_F32,
+    ENGINE_KV_BF16,
+};
+
+/* Weight loading progress: bytes taken so far and in all, on the loading
+ * thread, at most once per progress_every bytes and once at the end. */
+typedef void (*engine_progress_fn)(void *user, size_t done, size_t total);
+
+/* The largest n_logprobs a request may ask for (sample.h's limit). */
+#define ENGINE_MAX_LOGPROBS 20
+
 struct engine_options {
     const char *backend;      /* "cpu" (default) or "cuda" */
-    int n_threads;            /* backend threads; 0 = all cores */
+    int n_threads;            /* CPU: backend threads; 0 = all cores */
     const char *isa;          /* CPU kernel path; NULL = auto */
-    enum be_kv_dtype kv_dtype;
+    int device;               /* CUDA: device ordinal among those visible */
+    int mmap_weights;         /* CPU: 1 = run on the checkpoint's file
+                                 mapping (no copy); 0 = copy into 2 MiB
+                                 pages at load (faster decode) */
+    enum engine_kv_dtype kv_dtype;
     size_t kv_bytes;          /* KV pool budget in bytes (used when
                                  kv_blocks is 0); 0 = 1 GiB */
     int kv_blocks;            /* KV pool size in blocks; 0 = from kv_bytes */
@@ -83,7 +110,7 @@ struct engine_options {
                                     out; NULL = ENGINE_THINK_STOP_TEXT */
     int kv_prefault;          /* commit the KV pool's memory at create
                                  (be_options.kv_prefault); 0 = lazily */
-    be_progress_fn progress;  /* weight loading progress (backend.h); NULL none */
+    engine_progress_fn progress; /* weight loading progress; NULL none */
     void *progress_user;
     enum spec_mode speculative; /* SPEC_OFF (default) or SPEC_NGRAM */
     int spec_tokens;          /* draft tokens per step at most, 1..
@@ -96,6 +123,10 @@ struct engine_options {
                                  speculative is on (benchmark oracles,
                                  tests); NULL = spec_ngram_propose */
     void *spec_draft_user;
+    size_t progress_every;    /* bytes between progress calls; 0 = 64 MiB */
+    const char *served_name;  /* the name the model is served under
+                                 (engine_served_name); NULL = the model
+                                 directory's last component */
 };
 
 void engine_options_default(struct engine_options *o);
@@ -105,19 +136,22 @@ enum engine_mode {
     ENGINE_MODE_NO_THINK,     /* /no_think: the template closes <think> */
 };
 
-/* A request. Fields marked "unset" take the mode's Qwen3 defaults
- * (thinking: temperature 0.6, top_p 0.95, top_k 20, min_p 0; non-thinking:
- * 0.7, 0.8, 20, 0). engine_request_init() sets every field to unset/off.
- * engine_submit() copies everything it keeps: the caller's arrays and
- * strings need not outlive the call. */
+/* A request. The four sampling fields marked "unset" take, in this order:
+ * the checkpoint's generation_config.json value for that field (the same
+ * for both modes, as Hugging Face's generate() and vLLM use it), else
+ * Qwen3's model-card value for the mode (thinking: temperature 0.6, top_p
+ * 0.95, top_k 20, min_p 0; non-thinking: 0.7, 0.8, 20, 0). A value the
+ * request gives always wins. engine_request_init() sets every field to
+ * unset/off. engine_submit() copies everything it keeps: the caller's
+ * arrays and strings need not outlive the call. */
 struct engine_request {
     const int32_t *prompt_ids;  /* (n_prompt) token ids, or NULL to use */
     int n_prompt;
-    const cJSON *messages;      /* ... chat messages (OpenAI format, chat.h)
+    const struct cJSON *messages; /* ... chat messages (OpenAI format, chat.h)
                                    rendered with Qwen3's template plus the
                                    generation prompt; mode NO_THINK renders
                                    enable_thinking=false. Needs a tokenizer */
-    const cJSON *tools;         /* optional tool list for the template */
+    const struct cJSON *tools;  /* optional tool list for the template */
     enum engine_mode mode;
 
     float temperature;          /* < 0 unset; 0 greedy */
@@ -130,10 +164,11 @@ struct engine_request {
     bool has_seed;              /* false: seed derived from the request id */
     uint64_t seed;
     int n_logprobs;             /* < 0: none; 0: the chosen token's; k: also
-                                   the top k (<= SAMPLE_MAX_LOGPROBS) */
+                                   the top k (<= ENGINE_MAX_LOGPROBS) */
 
     int max_tokens;             /* generated tokens at most; <= 0: up to the
-                                   context limit */
+                                   context limit. n_prompt + max_tokens must
+                                   fit the context (PROMPT_TOO_LONG) */
     const int32_t *stop_ids;    /* (n_stop_ids) extra stop token ids */
     int n_stop_ids;
     const char *const *stop;    /* (n_stop) stop strings, not emitted */
@@ -190,6 +225,12 @@ struct engine_usage {
     int spec_accepted;         /* of those, kept as output */
 };
 
+/* One alternative token and its raw logprob (-1, 0 for a padding slot). */
+struct engine_logprob {
+    int32_t id;
+    float logprob;
+};
+
 /* What happened to one request in one step. Everything it points to is
  * owned by the engine and valid until the next engine_step() or
  * engine_free(). */
@@ -202,7 +243,7 @@ struct engine_event {
                                          token, NULL when n_logprobs < 0;
                                          0 for forced tokens */
     int n_top;                        /* top alternatives per token */
-    const struct sample_logprob *top; /* (n_tokens, n_top), or NULL */
+    const struct engine_logprob *top; /* (n_tokens, n_top), or NULL */
     const char *reasoning;            /* UTF-8 delta inside <think>, NUL-
                                          terminated, "" when none */
     size_t n_reasoning;
@@ -210,13 +251,16 @@ struct engine_event {
     size_t n_content;
     enum engine_finish finish;        /* NONE while running */
     struct engine_usage usage;        /* totals so far; final at finish */
-    int error_code;                   /* RL_E* when finish is ERROR */
+    int error_code;                   /* an enum rl_code (RL_EBACKEND, ...)
+                                         when finish is ERROR */
     const char *error;                /* a sentence, when finish is ERROR */
 };
 
 struct engine_stats {
     int n_running, n_waiting;   /* sequences in the scheduler */
-    int n_active;               /* submitted and not yet finished */
+    int n_active;               /* submitted and not yet finished (holds a
+                                   batch slot); engine_n_active() also counts
+                                   finished ones whose final event is due */
     int kv_blocks;              /* pool size */
     int kv_used;                /* referenced by a sequence */
     int kv_cached;              /* unreferenced but holding a cached prefix */
@@ -239,10 +283,24 @@ int engine_create(struct engine **out, const char *dir,
                   const struct engine_options *o, struct rl_err *err);
 void engine_free(struct engine *e);
 
-/* Validates and queues a request; *id (if non-NULL) gets its id (>= 1).
- * Returns 0 or -RL_EINVAL (the message leads with a stable code:
- * "CONTEXT_TOO_LONG ...", "BAD_PARAM ...", "EMPTY_PROMPT ..."),
- * -RL_EUNSUPPORTED (text features without a tokenizer) or -RL_ENOMEM. */
+/* Checks a request the way engine_submit() does, without queueing it or
+ * changing anything: the one validator, also for callers that want to
+ * refuse a request before doing other work for it. Returns 0, or -code
+ * with err->code = code, an enum ev_code:
+ *   MISSING_PROMPT   neither prompt_ids nor messages, or no prompt tokens
+ *   INVALID_TOKEN    a prompt or stop id outside the vocabulary
+ *   PROMPT_TOO_LONG  n_prompt + max_tokens (+ 1 when max_tokens <= 0) is
+ *                    over the context limit
+ *   OUT_OF_RANGE     a sampling value or n_logprobs outside its bounds
+ *   BAD_VALUE        a malformed stop list; text features (stop strings,
+ *                    a thinking budget, messages) without a tokenizer
+ *   TEMPLATE_ERROR   messages the chat template cannot render
+ *   ENGINE_ERROR     out of memory
+ * and a sentence in err->msg. */
+int engine_check(struct engine *e, const struct engine_request *r, struct rl_err *err);
+
+/* Validates (engine_check) and queues a request; *id (if non-NULL) gets
+ * its id (>= 1). Returns 0 or what engine_check returns. */
 int engine_submit(struct engine *e, const struct engine_request *r,
                   uint64_t *id, struct rl_err *err);
 
@@ -260,16 +318,25 @@ int engine_step(struct engine *e, const struct engine_event **events,
  * Returns 0, or -RL_ENOTFOUND when id is unknown or already finished. */
 int engine_cancel(struct engine *e, uint64_t id, struct rl_err *err);
 
-/* Requests submitted and not yet finished. */
+/* Requests the caller must keep stepping for: submitted and not yet
+ * finished, plus finished ones whose final event the next engine_step()
+ * delivers (a cancel's). engine_stats.n_active counts only the first
+ * kind: the batch slots in use. */
 int engine_n_active(const struct engine *e);
 
 /* How many more requests of n_prompt_tokens the engine could admit now
- * (sched_can_admit). */
+ * (sched_can_admit): the worker passes the rendered prompt's length. */
 int engine_can_admit(const struct engine *e, int n_prompt_tokens);
 
 void engine_get_stats(const struct engine *e, struct engine_stats *st);
 
-const struct model_config *engine_get_config(const struct engine *e);
+/* What callers need of the model, as plain values. */
+int engine_n_vocab(const struct engine *e);       /* token ids are [0, n) */
+int engine_n_context(const struct engine *e);     /* tokens per sequence at
+                                                     most (engine_stats.max_context) */
+const char *engine_served_name(const struct engine *e); /* owned by the engine */
+int engine_eos_id(const struct engine *e);        /* config.json's eos_token_id,
+                                                     -1 when it names none */
 /* The tokenizer, or NULL when the model directory has none. */
 const struct tokenizer *engine_get_tokenizer(const struct engine *e);
 

@@ -31,7 +31,7 @@ int w_cache_key(struct worker *w, struct wjob *j, struct rl_err *err)
     if (w->opt.cache_ttl_s <= 0 || !j->job || !j->job->cache || !job_is_deterministic(j->job))
         return 0;
     char hex[JOB_CACHE_KEY_LEN + 1];
-    int rc = job_cache_key(j->job, w->model_id, j->ids, j->n_ids, hex, err);
+    int rc = job_cache_key(j->job, job_mode_on(j->job, w->pools[j->pool]), w->model_id, j->ids, j->n_ids, hex, err);
     if (rc)
         return rc;
     snprintf(j->cache_key, sizeof j->cache_key, "%scache:%s", w->opt.prefix, hex);

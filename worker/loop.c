@@ -16,10 +16,15 @@
  * Redis being away never stops the engine: reads fail fast, the outbox
  * keeps what was not confirmed, and the next successful flush sends it.
  *
- * Admission validates everything before the engine sees a job: a job that
- * does not parse, names another pool, cannot be rendered, or does not fit
- * the context gets an error event, a dead letter and an XACK; the loop goes
- * on. Main thread only. */
+ * Admission is transport work: parse the job (common/job.c), render its
+ * prompt (engine/prompt.c), then hand the request to engine_check(), the
+ * engine's one validator, before anything else is done for it. A job that
+ * does not parse, names another pool, cannot be rendered, or that the
+ * engine refuses (its code comes back in rl_err.code: PROMPT_TOO_LONG,
+ * INVALID_TOKEN, ...) gets an error event, a dead letter and an XACK; the
+ * loop goes on. Sampling fields the job did not give reach the engine as
+ * "unset": the engine alone applies the model's defaults. Main thread
+ * only. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +34,6 @@
 
 #include "clock.h"
 #include "prompt.h"
-#include "tokenizer.h"
 #include "worker.h"
 #include "text.h"
 
@@ -77,25 +81,14 @@ static void set_id(struct worker *w, struct wjob *j, const char *id)
 
 /* Renders the job's prompt into j->ids, as the engine itself would (chat
  * template + chat_tokenize, through engine/prompt.c, which the
- * dispatcher's cache fast path shares), so that
- * the cache key, the length check and resumption all see the very ids the
- * engine runs. Returns 0 or fills *code. */
+ * dispatcher's cache fast path shares), so that the cache key, the
+ * engine's checks and resumption all see the very ids the engine runs.
+ * Returns 0 or fills *code. */
 static int render(struct worker *w, struct wjob *j, enum ev_code *code, struct rl_err *err)
 {
     const struct job *jb = j->job;
-    const struct tokenizer *tok = engine_get_tokenizer(w->eng);
-    const struct model_config *cfg = engine_get_config(w->eng);
-    if (jb->input == JOB_INPUT_IDS) {
-        int32_t vocab = cfg->vocab;
-        for (int i = 0; i < jb->n_prompt_ids; i++)
-            if (jb->prompt_ids[i] < 0 || jb->prompt_ids[i] >= vocab) {
-                *code = EV_CODE_INVALID_TOKEN;
-                return rl_errf(err, RL_EINVAL, "prompt_ids[%d]: %d is outside the vocabulary "
-                               "[0, %d)", i, (int)jb->prompt_ids[i], (int)vocab);
-            }
-    }
-    return prompt_render(jb, job_mode_on(jb, w->pools[j->pool]), tok, &j->ids, &j->n_ids, code,
-                         err);
+    return prompt_render(jb, job_mode_on(jb, w->pools[j->pool]),
+                         engine_get_tokenizer(w->eng), &j->ids, &j->n_ids, code, err);
 }
 
 /* Answers a job that will not run: error event + done(error) + dead
@@ -125,7 +118,10 @@ static uint64_t derived_seed(const struct wjob *j)
     return h & ((1ull << 53) - 1);
 }
 
-static int submit(struct worker *w, struct wjob *j, struct rl_err *err)
+/* The engine request of j as it stands (prompt, what is left of
+ * max_tokens and the thinking budget after a resume). The job's unset
+ * sampling fields (< 0, job.h) stay unset here: the engine fills them. */
+static void build_request(struct worker *w, struct wjob *j, struct engine_request *rq)
 {
     const struct job *jb = j->job;
     struct engine_request r;
@@ -134,8 +130,6 @@ static int submit(struct worker *w, struct wjob *j, struct rl_err *err)
     r.n_prompt = j->n_ids;
     r.mode = job_mode_on(jb, w->pools[j->pool]) == JOB_MODE_THINK ? ENGINE_MODE_THINK
                                                                     : ENGINE_MODE_NO_THINK;
-    /* the protocol's defaults (temperature 1, top_p 1, top_k off), which
-     * job_parse has filled in, not the model's per-mode suggestions */
     r.temperature = (float)jb->temperature;
     r.top_p = (float)jb->top_p;
     r.top_k = jb->top_k;
@@ -163,6 +157,20 @@ static int submit(struct worker *w, struct wjob *j, struct rl_err *err)
         r.deadline = d > 1e-6 ? d : 1e-6; /* <= 0 would mean "none" */
     }
     r.user = j;
+    *rq = r;
+}
+
+/* The protocol code of an engine refusal (engine_check's err->code). */
+static enum ev_code refusal_code(const struct rl_err *err)
+{
+    return err->code > EV_CODE_NONE && err->code < EV_CODE_COUNT ? (enum ev_code)err->code
+                                                                   : EV_CODE_ENGINE_ERROR;
+}
+
+static int submit(struct worker *w, struct wjob *j, struct rl_err *err)
+{
+    struct engine_request r;
+    build_request(w, j, &r);
     j->t_submit_s = engine_now();
     return engine_submit(w->eng, &r, &j->eng_id, err);
 }
@@ -264,15 +272,13 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
         reject(w, j, raw, raw_len, code, err.msg);
         return 0;
     }
-    struct engine_stats st;
-    engine_get_stats(w->eng, &st);
-    if ((int64_t)j->n_ids + j->job->max_tokens > st.max_context) {
-        char msg[256];
-        snprintf(msg, sizeof msg, "prompt has %d tokens and max_tokens is %d; the context is %d",
-                 j->n_ids, j->job->max_tokens, st.max_context);
-        reject(w, j, raw, raw_len, EV_CODE_PROMPT_TOO_LONG, msg);
+    struct engine_request rq;
+    build_request(w, j, &rq);
+    if (engine_check(w->eng, &rq, &err)) {
+        reject(w, j, raw, raw_len, refusal_code(&err), err.msg);
         return 0;
     }
+    w->last_prompt_len = j->n_ids;
     if (resumed) {
         int r = w_resume_prepare(w, j, &err);
         if (r < 0) { /* cannot read it back now: leave it pending for a later claim */
@@ -345,11 +351,8 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
             j->tool_calls = cJSON_CreateArray();
     }
     if (submit(w, j, &err)) {
-        enum ev_code c = !strncmp(err.msg, "CONTEXT_TOO_LONG", 16) ? EV_CODE_PROMPT_TOO_LONG
-                         : !strncmp(err.msg, "BAD_PARAM", 9)       ? EV_CODE_OUT_OF_RANGE
-                                                                   : EV_CODE_ENGINE_ERROR;
         j->cache_fill = false;
-        reject(w, j, raw, raw_len, c, err.msg);
+        reject(w, j, raw, raw_len, refusal_code(&err), err.msg);
         return 0;
     }
     j->state = WJ_RUNNING;
@@ -513,6 +516,22 @@ static void on_event(struct worker *w, const struct engine_event *ev)
            engine_finish_name(ev->finish), ev->usage.completion_tokens);
 }
 
+/* SIGHUP: the options the config table marks live, from a fresh load of
+ * the file and flags (wopts_reload); the rest keep their running values. */
+static void apply_reload(struct worker *w)
+{
+    struct rl_err err;
+    if (wopts_reload(&w->opt, &w->cfg, w->argc, w->argv, &err)) {
+        RL_LOG(&w->log, RL_LOG_ERROR, "SIGHUP: keeping the old settings: %s", err.msg);
+        return;
+    }
+    int lvl = rl_log_parse_level(w->opt.log_level);
+    if (lvl >= 0)
+        w->log.level = lvl;
+    cfg_job_opts(&w->cfg, &w->jopts);
+    RL_LOG(&w->log, RL_LOG_INFO, "SIGHUP: settings reloaded");
+}
+
 static void ensure_groups(struct worker *w)
 {
     if (w->groups_ok)
@@ -567,11 +586,16 @@ static void read_jobs(struct worker *w, int k, int block_ms)
     }
 }
 
-static int admissible(struct worker *w)
+/* How many jobs to read now. A job's prompt length is known only once it
+ * is read and rendered, so the engine is asked about the real length of
+ * the last job admitted (1 before the first); what is already waiting in
+ * the engine counts with its real length (sched_can_admit), so a longer
+ * job read on this estimate only waits its turn there. */
+int w_admissible(struct worker *w)
 {
     struct engine_stats st;
     engine_get_stats(w->eng, &st);
-    int k = engine_can_admit(w->eng, 64);
+    int k = engine_can_admit(w->eng, w->last_prompt_len > 0 ? w->last_prompt_len : 1);
     int slots = st.max_batch - st.n_active;
     return k < slots ? k : slots;
 }
@@ -618,7 +642,7 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
         int64_t now = rl_wall_ms();
         if (*reload) {
             *reload = 0;
-            w_reload(w);
+            apply_reload(w);
         }
         if (*stop && !draining) {
             draining = true;
@@ -647,7 +671,7 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
         }
         int active = engine_n_active(w->eng);
         if (!draining) {
-            int k = admissible(w);
+            int k = w_admissible(w);
             bool idle = active == 0 && !w_has_pending(w);
             int block = w->opt.read_block_ms;
             /* an idle worker must still ping the watchdog on time: a BLOCK

@@ -15,9 +15,9 @@
  * program's only globals: a signal handler can reach nothing else); the
  * loop reads them once per iteration. SIGTERM/SIGINT drain: no new jobs,
  * running ones finish within drain_timeout_s, then exit 0 (whatever is
- * left stays pending in Redis and another worker resumes it). SIGHUP
- * re-reads the config file and the same flags and applies what can change
- * live. */
+ * left stays pending in Redis and another worker resumes it). SIGHUP:
+ * the loop re-reads the config file and the same flags and applies the
+ * options the table in common/config.c marks live (wopts_reload). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,53 +32,7 @@
 #include "worker.h"
 
 
-static void fill_job_opts(struct worker *w)
-{
-    job_opts_default(&w->jopts);
-    w->jopts.max_job_bytes = (size_t)w->opt.max_job_kb * 1024;
-    w->jopts.default_max_tokens = w->opt.default_max_tokens;
-    w->jopts.max_max_tokens = w->opt.max_max_tokens;
-    w->jopts.default_stream_ttl_s = w->opt.default_stream_ttl_s;
-    w->jopts.max_stream_ttl_s = w->opt.max_stream_ttl_s;
-}
-
-void w_reload(struct worker *w)
-{
-    struct wopts n;
-    struct rl_err err;
-    wopts_default(&n);
-    if (wopts_parse_args(&n, w->argc, w->argv, &err) < 0) {
-        RL_LOG(&w->log, RL_LOG_ERROR, "SIGHUP: keeping the old settings: %s", err.msg);
-        return;
-    }
-    /* what can change under running jobs; the model, the Redis address,
-     * pools, name and engine sizes need a restart */
-    w->opt.read_block_ms = n.read_block_ms;
-    w->opt.claim_idle_ms = n.claim_idle_ms;
-    w->opt.claim_interval_ms = n.claim_interval_ms;
-    w->opt.lease_renew_ms = n.lease_renew_ms;
-    w->opt.max_deliveries = n.max_deliveries;
-    w->opt.cache_ttl_s = n.cache_ttl_s;
-    w->opt.heartbeat_ms = n.heartbeat_ms;
-    w->opt.heartbeat_ttl_s = n.heartbeat_ttl_s;
-    w->opt.drain_timeout_s = n.drain_timeout_s;
-    w->opt.dead_maxlen = n.dead_maxlen;
-    w->opt.max_job_kb = n.max_job_kb;
-    w->opt.default_max_tokens = n.default_max_tokens;
-    w->opt.max_max_tokens = n.max_max_tokens;
-    w->opt.default_stream_ttl_s = n.default_stream_ttl_s;
-    w->opt.max_stream_ttl_s = n.max_stream_ttl_s;
-    w->opt.publish = n.publish;
-    int lvl = rl_log_parse_level(n.log_level);
-    if (lvl >= 0) {
-        w->log.level = lvl;
-        memcpy(w->opt.log_level, n.log_level, sizeof n.log_level);
-    }
-    fill_job_opts(w);
-    RL_LOG(&w->log, RL_LOG_INFO, "SIGHUP: settings reloaded");
-}
-
-/* Weight-loading progress (be_progress_fn) into the log at info level:
+/* Weight-loading progress (engine_progress_fn) into the log at info level:
  * a line per tenth of the weights, and the loaded size with the time. */
 struct load_progress {
     struct worker *w;
@@ -135,12 +89,14 @@ static int setup(struct worker *w, struct rl_err *err)
         w->pool_names[p] = w->pools[p];
         w->pool_key_ptrs[p] = w->pool_keys[p];
     }
-    fill_job_opts(w);
+    cfg_job_opts(&w->cfg, &w->jopts);
 
     struct engine_options eo;
     engine_options_default(&eo);
     eo.backend = w->opt.backend;
     eo.n_threads = w->opt.threads;
+    eo.device = w->opt.device;
+    eo.mmap_weights = w->opt.mmap_weights;
     eo.kv_bytes = (size_t)w->opt.kv_mb << 20;
     eo.kv_prefault = w->opt.kv_prefault;
     eo.max_batch = w->opt.max_batch;
@@ -242,7 +198,7 @@ int main(int argc, char **argv)
     w->argv = argv;
     w->t_start_ms = rl_wall_ms();
     wopts_default(&w->opt);
-    int rc = wopts_parse_args(&w->opt, w->argc, w->argv, &err);
+    int rc = wopts_parse_args(&w->opt, &w->cfg, w->argc, w->argv, &err);
     if (rc == 1) {
         status = 0;
         goto out;
@@ -293,6 +249,7 @@ out:
     rconn_free(w->rc);
     rconn_free(w->rc_read);
     engine_free(w->eng);
+    cfg_free(&w->cfg);
     free(w);
     return status;
 }

@@ -50,15 +50,6 @@ static int64_t deliveries_of(struct worker *w, const char *key, const char *id)
     return d;
 }
 
-static int admissible(struct worker *w)
-{
-    struct engine_stats st;
-    engine_get_stats(w->eng, &st);
-    int k = engine_can_admit(w->eng, 64);
-    int slots = st.max_batch - st.n_active;
-    return k < slots ? k : slots;
-}
-
 static bool held(const struct worker *w, int pool, const char *id)
 {
     for (int i = 0; i < w->n_jobs; i++)
@@ -70,7 +61,7 @@ static bool held(const struct worker *w, int pool, const char *id)
 int w_claim(struct worker *w, struct rl_err *err)
 {
     for (int p = 0; p < w->n_pools; p++) {
-        int k = admissible(w);
+        int k = w_admissible(w);
         if (k <= 0)
             return 0;
         if (!w->claim_cursor[p][0])

@@ -3,10 +3,12 @@
  *
  * cfg_load does the work (defaults < file < flags, bounds, cross-option
  * checks, --help and --print-config from the one table); this file only
- * copies the result into fixed-size fields and frees the cfg, so nothing
- * in the worker keeps pointers into it. Called from main() at start and
- * from the SIGHUP path (main.c picks the live options out of a fresh
- * copy); main thread only. */
+ * copies the result into fixed-size fields, so nothing in the worker keeps
+ * pointers into a cfg. The worker keeps the loaded cfg itself for SIGHUP:
+ * wopts_reload applies the table's live options to it (cfg_apply_live)
+ * and copies again, so which options reload is said once, in the table.
+ * Called from main() at start and from the loop on SIGHUP; main thread
+ * only. */
 #include "wopts.h"
 
 #include <stdio.h>
@@ -44,7 +46,9 @@ static int from_cfg(struct wopts *o, const struct cfg *c, struct rl_err *err)
     copy(o->backend, sizeof o->backend, c->backend);
     copy(o->log_level, sizeof o->log_level, c->log_level);
     copy(o->metrics_addr, sizeof o->metrics_addr, "127.0.0.1");
+    o->device = c->device;
     o->threads = c->threads;
+    o->mmap_weights = c->mmap_weights;
     o->kv_mb = c->kv_budget_mb;
     o->kv_prefault = c->kv_prefault;
     o->max_batch = c->max_batch;
@@ -82,7 +86,8 @@ void wopts_default(struct wopts *o)
     cfg_free(&c);
 }
 
-int wopts_parse_args(struct wopts *o, int argc, char **argv, struct rl_err *err)
+int wopts_parse_args(struct wopts *o, struct cfg *keep, int argc, char **argv,
+                     struct rl_err *err)
 {
     struct cfg c;
     enum cfg_action act = CFG_RUN;
@@ -93,10 +98,29 @@ int wopts_parse_args(struct wopts *o, int argc, char **argv, struct rl_err *err)
         cfg_write_sample(stdout);
     else if (rc == 0)
         rc = from_cfg(o, &c, err);
+    if (rc == 0 && act == CFG_RUN && keep) {
+        *keep = c; /* the caller's now */
+        return 0;
+    }
     cfg_free(&c);
     if (rc)
         return rc;
     return act == CFG_RUN ? 0 : 1;
+}
+
+int wopts_reload(struct wopts *o, struct cfg *keep, int argc, char **argv, struct rl_err *err)
+{
+    struct cfg fresh;
+    enum cfg_action act = CFG_RUN;
+    int rc = cfg_load(&fresh, argc, argv, CFG_WORKER, &act, err);
+    if (rc)
+        return rc;
+    rc = cfg_apply_live(keep, &fresh, CFG_WORKER, err);
+    cfg_free(&fresh);
+    struct wopts n;
+    if (!rc && !(rc = from_cfg(&n, keep, err)))
+        *o = n;
+    return rc;
 }
 
 int wopts_pools(const struct wopts *o, char bufs[WOPTS_MAX_POOLS][64], struct rl_err *err)

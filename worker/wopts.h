@@ -30,7 +30,9 @@ struct wopts {
     char backend[16];
     char log_level[16];
     char metrics_addr[64];           /* always loopback */
+    int device;                      /* engine_options.device (CUDA) */
     int threads;
+    int mmap_weights;                /* engine_options.mmap_weights (CPU) */
     int kv_mb;                       /* 0: the engine's default */
     int kv_prefault;                 /* engine_options.kv_prefault */
     int max_batch;
@@ -61,11 +63,22 @@ struct wopts {
 /* Defaults (common/config.c's table). */
 void wopts_default(struct wopts *o);
 
+struct cfg;
+
 /* Loads defaults, -c FILE and the flags (argv after argv[0]) through
- * cfg_load. Returns 0, 1 when --help or --print-config was handled (the
- * caller exits 0), or a negative code naming the flag, or the file, line
- * and reason of a bad config. */
-int wopts_parse_args(struct wopts *o, int argc, char **argv, struct rl_err *err);
+ * cfg_load. keep (may be NULL) receives the loaded struct cfg, which
+ * wopts_reload needs (the caller cfg_frees it). Returns 0, 1 when --help
+ * or --print-config was handled (the caller exits 0), or a negative code
+ * naming the flag, or the file, line and reason of a bad config. */
+int wopts_parse_args(struct wopts *o, struct cfg *keep, int argc, char **argv,
+                     struct rl_err *err);
+
+/* SIGHUP: loads the file and flags again and takes from them exactly the
+ * options common/config.c's table marks live (cfg_apply_live) into *keep,
+ * then rebuilds *o from *keep; every other option keeps its running value
+ * (the model, Redis, pools, name and engine sizes need a restart). On
+ * error *o and *keep are unchanged. */
+int wopts_reload(struct wopts *o, struct cfg *keep, int argc, char **argv, struct rl_err *err);
 
 /* Splits o->pools into names (at most WOPTS_MAX_POOLS). Returns the count,
  * or -RL_EINVAL for an empty or bad list. */

@@ -30,6 +30,7 @@
 
 #include "clock.h"
 #include "chat.h"
+#include "config.h"
 #include "engine.h"
 #include "err.h"
 #include "event.h"
@@ -132,6 +133,8 @@ struct wmetrics_server; /* the libmicrohttpd daemon */
 
 struct worker {
     struct wopts opt;
+    struct cfg cfg;               /* the loaded options opt is copied from;
+                                     SIGHUP applies live ones to it */
     int argc;                     /* the flags, kept for SIGHUP's re-parse */
     char **argv;
     struct rl_log log;
@@ -151,6 +154,7 @@ struct worker {
     int n_pools;
     bool groups_ok;               /* XGROUP CREATE done since the last NOGROUP */
 
+    int last_prompt_len;          /* rendered length of the last job admitted */
     struct wjob **jobs;           /* (n_jobs) every job we hold */
     int n_jobs, cap_jobs;
 
@@ -165,10 +169,6 @@ struct worker {
     struct wmetrics_server *http;
 };
 
-/* main.c: SIGHUP - re-reads the config file and flags, applies what can
- * change while jobs run (timers, limits, cache TTL, log level). */
-void w_reload(struct worker *w);
-
 /* loop.c */
 /* Runs until *stop is set and the drain is over. Returns 0, or negative
  * when the engine itself failed. */
@@ -178,6 +178,9 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
  * checks cancellation and the cache, submits it or answers it at once. */
 int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t deliveries,
             bool resumed);
+/* How many jobs to read or claim now: the engine's room (engine_can_admit
+ * at the last admitted prompt's length) capped by free batch slots. */
+int w_admissible(struct worker *w);
 void w_job_free(struct wjob *j);
 int w_jobs_add(struct worker *w, struct wjob *j);
 

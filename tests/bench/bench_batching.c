@@ -159,7 +159,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_batching: %s\n", err.msg);
         return 1;
     }
-    int vocab = engine_get_config(e)->vocab;
+    int vocab = engine_n_vocab(e);
     int32_t *ids = malloc(((size_t)max_conc + 2) * (size_t)(prompt > pprompt ? prompt : pprompt) *
                           sizeof *ids);
     struct bench_req *reqs = calloc((size_t)max_conc, sizeof *reqs);

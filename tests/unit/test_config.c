@@ -137,6 +137,8 @@ static void test_file_overrides(void **state)
                               "threads = 8;\n"
                               "publish_channel = true;\n"
                               "backend = \"cuda\";\n"
+                              "device = 3;\n"
+                              "mmap_weights = true;\n"
                               "kv_budget_mb = 40000L;\n");
     struct cfg c;
     struct rl_err err = {0};
@@ -149,6 +151,8 @@ static void test_file_overrides(void **state)
     assert_int_equal(c.threads, 8);
     assert_true(c.publish_channel);
     assert_string_equal(c.backend, "cuda");
+    assert_int_equal(c.device, 3); /* reaches engine_options.device (worker/main.c) */
+    assert_true(c.mmap_weights);
     assert_int_equal(c.kv_budget_mb, 40000);
     cfg_free(&c);
     unlink(p);

@@ -38,7 +38,7 @@ static cJSON *reference;
 struct result {
     int32_t tokens[MAX_OUT];
     float logprobs[MAX_OUT];
-    struct sample_logprob top[MAX_OUT][4];
+    struct engine_logprob top[MAX_OUT][4];
     int n_tokens, n_top;
     char reasoning[8192], content[8192];
     size_t n_reasoning, n_content;
@@ -377,8 +377,9 @@ static void test_resume_exact(void **state)
     sampled_req(&q, p[0], 20, 8, 1);
     q.n_resumed = 20;
     uint64_t id;
-    assert_int_equal(engine_submit(e, &q, &id, &err), -RL_EINVAL);
-    assert_non_null(strstr(err.msg, "BAD_PARAM"));
+    assert_int_equal(engine_submit(e, &q, &id, &err), -EV_CODE_BAD_VALUE);
+    assert_int_equal(err.code, EV_CODE_BAD_VALUE);
+    assert_non_null(strstr(err.msg, "n_resumed"));
     engine_free(e);
 }
 
@@ -1008,28 +1009,94 @@ static void test_preemption_identical_bf16(void **state) { on_bf16(test_preempti
 static void test_spec_identical_bf16(void **state) { on_bf16(test_spec_identical, state); }
 static void test_thread_counts_bf16(void **state) { on_bf16(test_thread_counts, state); }
 
+/* engine_check / engine_submit refusals: every one comes back as a
+ * protocol code in err.code (and -code), never as text in the message;
+ * the walk over schemas/errors.json below checks that each code the
+ * engine gives is a row of that table, one name per value. */
 static void test_submit_errors(void **state)
 {
     (void)state;
     struct engine *e = open_engine(4, 4, 0); /* 64-token context */
-    struct rl_err err = {0};
-    int32_t ids[80];
+    int32_t ids[80], bad_stop[1] = {99999};
+    const char *empty_stop[1] = {""};
     make_prompt(ids, 80, 5);
-    struct engine_request q;
-    greedy_req(&q, ids, 80, 4);
-    uint64_t id;
-    assert_int_equal(engine_submit(e, &q, &id, &err), -RL_EINVAL);
-    assert_memory_equal(err.msg, "CONTEXT_TOO_LONG", 16);
-    greedy_req(&q, ids, 0, 4);
-    assert_int_equal(engine_submit(e, &q, &id, &err), -RL_EINVAL);
-    ids[0] = 99999;
-    greedy_req(&q, ids, 3, 4);
-    assert_int_equal(engine_submit(e, &q, &id, &err), -RL_EINVAL);
+    cJSON *not_messages = cJSON_CreateNumber(3);
+    struct {
+        int n_prompt, max_tokens;
+        int mutate; /* what else is wrong with the request */
+        enum ev_code code;
+    } cases[] = {
+        {80, 4, 0, EV_CODE_PROMPT_TOO_LONG},  /* the prompt alone is too long */
+        {61, 4, 0, EV_CODE_PROMPT_TOO_LONG},  /* prompt + max_tokens is: one check */
+        {64, 0, 0, EV_CODE_PROMPT_TOO_LONG},  /* no room for one token */
+        {0, 4, 0, EV_CODE_MISSING_PROMPT},
+        {3, 4, 1, EV_CODE_MISSING_PROMPT},    /* neither ids nor messages */
+        {3, 4, 2, EV_CODE_INVALID_TOKEN},     /* a prompt id past the vocabulary */
+        {3, 4, 3, EV_CODE_OUT_OF_RANGE},      /* top_p 1.5 */
+        {3, 4, 4, EV_CODE_OUT_OF_RANGE},      /* logprobs 21 */
+        {3, 4, 5, EV_CODE_INVALID_TOKEN},     /* a stop id past the vocabulary */
+        {3, 4, 6, EV_CODE_OUT_OF_RANGE},      /* an empty stop string */
+        {3, 4, 7, EV_CODE_BAD_VALUE},         /* n_stop without the list */
+        {3, 4, 8, EV_CODE_TEMPLATE_ERROR},    /* messages that are no array */
+    };
+    int seen[EV_CODE_COUNT] = {0};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct engine_request q;
+        greedy_req(&q, ids, cases[i].n_prompt, cases[i].max_tokens);
+        ids[0] = cases[i].mutate == 2 ? 99999 : 5;
+        switch (cases[i].mutate) {
+        case 1: q.prompt_ids = NULL; break;
+        case 3: q.top_p = 1.5f; break;
+        case 4: q.n_logprobs = 21; break;
+        case 5: q.stop_ids = bad_stop; q.n_stop_ids = 1; break;
+        case 6: q.stop = empty_stop; q.n_stop = 1; break;
+        case 7: q.n_stop = 1; break;
+        case 8: q.prompt_ids = NULL; q.messages = not_messages; break;
+        }
+        struct rl_err err = {0};
+        uint64_t id = 7;
+        assert_int_equal(engine_check(e, &q, &err), -(int)cases[i].code);
+        assert_int_equal(err.code, cases[i].code);
+        assert_true(err.msg[0] != 0);
+        memset(&err, 0, sizeof err);
+        assert_int_equal(engine_submit(e, &q, &id, &err), -(int)cases[i].code);
+        assert_int_equal(err.code, cases[i].code);
+        assert_int_equal(id, 0);
+        /* the sentence is a sentence: no code name leads it */
+        assert_null(strstr(err.msg, ev_code_name(cases[i].code)));
+        seen[cases[i].code]++;
+    }
     ids[0] = 5;
-    greedy_req(&q, ids, 3, 4);
-    q.top_p = 1.5f;
-    assert_int_equal(engine_submit(e, &q, &id, &err), -RL_EINVAL);
+    cJSON_Delete(not_messages);
     assert_int_equal(engine_n_active(e), 0);
+    /* the boundary fits: 60 + 4 = 64 */
+    struct engine_request q;
+    struct rl_err err = {0};
+    greedy_req(&q, ids, 60, 4);
+    assert_int_equal(engine_check(e, &q, &err), 0);
+    assert_int_equal(engine_n_active(e), 0); /* a check changes nothing */
+
+    /* the walk: errors.json row i is code i, and every code the engine
+     * gave is one of its rows */
+    char *text = tu_slurp("schemas/errors.json", NULL);
+    if (!text)
+        fail_msg("schemas/errors.json: cannot read (run from the repository root)");
+    cJSON *root = cJSON_Parse(text);
+    cJSON *codes = cJSON_GetObjectItemCaseSensitive(root, "codes");
+    assert_int_equal(cJSON_GetArraySize(codes), EV_CODE_COUNT - 1);
+    int n_given = 0;
+    for (int i = 1; i < EV_CODE_COUNT; i++) {
+        const char *name = cJSON_GetStringValue(
+            cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(codes, i - 1), "code"));
+        assert_non_null(name);
+        assert_int_equal(ev_code_from_name(name), i);
+        n_given += seen[i] > 0;
+    }
+    assert_int_equal(n_given, 6); /* PROMPT_TOO_LONG MISSING_PROMPT INVALID_TOKEN
+                                     OUT_OF_RANGE BAD_VALUE TEMPLATE_ERROR */
+    cJSON_Delete(root);
+    free(text);
+
     /* the context limit ends a long generation with "length" */
     static struct result r;
     greedy_req(&q, ids, 3, 0);
@@ -1038,6 +1105,68 @@ static void test_submit_errors(void **state)
     assert_int_equal(r.finish, ENGINE_FINISH_LENGTH);
     assert_int_equal(r.n_tokens + 3, 64);
     engine_free(e);
+}
+
+/* The checkpoint's generation_config.json fills unset sampling fields
+ * (the card fills what it lacks); a field given wins; a bad value fails
+ * engine_create naming the file. Also the served name's default. */
+static void test_generation_config(void **state)
+{
+    (void)state;
+    char dir[100], cmd[1400], path[200];
+    snprintf(dir, sizeof dir, "%s/gen", tmpdir);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", dir, f32_dir, dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"temperature\": 1.3, \"top_k\": 7, \"do_sample\": false}", f);
+    fclose(f);
+    char saved[1024];
+    strcpy(saved, model_dir);
+    snprintf(model_dir, sizeof model_dir, "%s", dir);
+    struct engine *e = open_engine(256, 4, 0);
+    assert_string_equal(engine_served_name(e), "gen");
+    int32_t ids[8];
+    make_prompt(ids, 8, 21);
+    static struct result unset, spelt, other;
+    struct engine_request q;
+    greedy_req(&q, ids, 8, 16);
+    q.temperature = -1; /* unset: 1.3 from the file */
+    q.has_seed = true;
+    q.seed = 5;
+    submit(e, &q, &unset);
+    drain(e);
+    q.temperature = 1.3f;
+    q.top_p = 0.95f; /* the thinking card's, the file has none */
+    q.top_k = 7;
+    q.min_p = 0;
+    submit(e, &q, &spelt);
+    drain(e);
+    assert_same(&unset, &spelt);
+    q.top_k = 0; /* given: wins over the file */
+    submit(e, &q, &other);
+    drain(e);
+    assert_true(memcmp(other.tokens, unset.tokens, sizeof unset.tokens[0] * 16) != 0);
+    engine_free(e);
+
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"temperature\": \"hot\"}", f);
+    fclose(f);
+    struct engine_options o;
+    engine_options_default(&o);
+    o.kv_blocks = 16;
+    o.served_name = "named";
+    struct rl_err err = {0};
+    assert_int_equal(engine_create(&e, dir, &o, &err), -RL_EFORMAT);
+    assert_non_null(strstr(err.msg, "generation_config.json"));
+    assert_non_null(strstr(err.msg, "temperature"));
+    remove(path);
+    assert_int_equal(engine_create(&e, dir, &o, &err), 0);
+    assert_string_equal(engine_served_name(e), "named");
+    engine_free(e);
+    strcpy(model_dir, saved);
 }
 
 /* Mode defaults only fill what is unset; eos stops unless ignore_eos. */
@@ -1171,6 +1300,7 @@ int main(void)
         cmocka_unit_test(test_spec_ngram_repeat),
         cmocka_unit_test(test_submit_errors),
         cmocka_unit_test(test_eos_and_defaults),
+        cmocka_unit_test(test_generation_config),
         cmocka_unit_test(test_chat_messages),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -304,7 +304,8 @@ static void test_defaults(void **state)
     assert_int_equal(j->prompt_len, 5);
     assert_int_equal(j->mode, JOB_MODE_POOL);
     assert_int_equal(j->max_tokens, o.default_max_tokens);
-    assert_true(j->temperature == 1.0 && j->top_p == 1.0 && j->top_k == 0 && j->min_p == 0.0);
+    /* unset: the engine applies the model's defaults (issue 15, section 3) */
+    assert_true(j->temperature == -1.0 && j->top_p == -1.0 && j->top_k == -1 && j->min_p == -1.0);
     assert_true(j->repetition_penalty == 1.0 && j->presence_penalty == 0.0);
     assert_false(j->has_seed);
     assert_int_equal(j->n_stop, 0);
@@ -430,8 +431,8 @@ static void test_round_trip(void **state)
         assert_int_equal(a->given | JOB_F_ID, b->given); /* the id is always written */
         char k1[JOB_CACHE_KEY_LEN + 1], k2[JOB_CACHE_KEY_LEN + 1];
         int32_t ids[] = {1, 2, 3};
-        assert_int_equal(job_cache_key(a, "m", ids, 3, k1, NULL), 0);
-        assert_int_equal(job_cache_key(b, "m", ids, 3, k2, NULL), 0);
+        assert_int_equal(job_cache_key(a, JOB_MODE_NO_THINK, "m", ids, 3, k1, NULL), 0);
+        assert_int_equal(job_cache_key(b, JOB_MODE_NO_THINK, "m", ids, 3, k2, NULL), 0);
         assert_string_equal(k1, k2);
         free(s1);
         free(s2);
@@ -480,7 +481,7 @@ static void key_of(const char *json, const char *model, const int32_t *ids, int 
                    char out[JOB_CACHE_KEY_LEN + 1])
 {
     struct job *j = ok(json, NULL);
-    assert_int_equal(job_cache_key(j, model, ids, n, out, NULL), 0);
+    assert_int_equal(job_cache_key(j, JOB_MODE_NO_THINK, model, ids, n, out, NULL), 0);
     assert_int_equal(strlen(out), JOB_CACHE_KEY_LEN);
     job_free(j);
 }
@@ -531,6 +532,18 @@ static void test_cache_key(void **state)
     }
     key_of("{\"prompt\":\"x\",\"temperature\":0}", "qwen3-8b", ids, 3, k);
     assert_string_not_equal(k, base);
+    /* the effective mode: unset fields take per-mode defaults, and a raw
+     * prompt's ids do not say the mode */
+    struct job *jm = ok("{\"prompt\":\"x\",\"temperature\":0}", NULL);
+    assert_int_equal(job_cache_key(jm, JOB_MODE_THINK, "qwen3-0.6b", ids, 3, k, NULL), 0);
+    assert_string_not_equal(k, base);
+    job_free(jm);
+    /* unset is not the value the card would give */
+    char unset_k[65], given_k[65];
+    key_of("{\"prompt\":\"x\",\"seed\":1}", "qwen3-0.6b", ids, 3, unset_k);
+    key_of("{\"prompt\":\"x\",\"seed\":1,\"temperature\":0.7,\"top_p\":0.8,\"top_k\":20,"
+           "\"min_p\":0}", "qwen3-0.6b", ids, 3, given_k);
+    assert_string_not_equal(unset_k, given_k);
     key_of("{\"prompt\":\"x\",\"temperature\":0}", "qwen3-0.6b", ids2, 3, k);
     assert_string_not_equal(k, base);
     key_of("{\"prompt\":\"x\",\"temperature\":0}", "qwen3-0.6b", ids, 2, k);
@@ -538,7 +551,7 @@ static void test_cache_key(void **state)
 
     /* pinned: the key must be stable across builds and machines, since
      * every worker shares the cache; changing it needs a version bump */
-    assert_string_equal(base, "1beb7b8e8db112500b5ef73d0925730b57395a1728b91b39c16450a3d274234b");
+    assert_string_equal(base, "19f11a788055253c97b84b66a1826788a16225ebd7ee44cc6157cec3aa14229f");
 }
 
 /* The shared corpus: schemas/examples/jobs-invalid.json holds bad jobs

@@ -325,8 +325,12 @@ int cmd_run_batch(int argc, char **argv)
             continue;
         jobs[i].req.user = &jobs[i];
         uint64_t id;
-        if (engine_submit(e, &jobs[i].req, &id, &err))
-            jobs[i].error = strdup(err.msg);
+        if (engine_submit(e, &jobs[i].req, &id, &err)) {
+            /* "CODE sentence", as print_error_line reads it */
+            char why[RL_ERR_MSG_MAX + 64];
+            snprintf(why, sizeof why, "%s %s", ev_code_name((enum ev_code)err.code), err.msg);
+            jobs[i].error = strdup(why);
+        }
     }
     while (!rc && engine_n_active(e) > 0) {
         const struct engine_event *ev;

@@ -193,7 +193,7 @@ int cmd_run_spec(int argc, char **argv)
         q.temperature = 0;
         q.max_tokens = a.n_gen;
         q.ignore_eos = true;
-        int32_t eos = engine_get_config(e)->eos_id;
+        int32_t eos = engine_eos_id(e);
         if (!a.ignore_eos && eos >= 0) {
             q.stop_ids = &eos;
             q.n_stop_ids = 1;
@@ -369,7 +369,7 @@ int cmd_bench_spec(int argc, char **argv)
     /* every sequence's blocks twice over: the runs' prefixes stay cached */
     int per_seq = (P + G + SPEC_MAX_TOKENS + 15) / 16 + 1;
     rc = open_engine(&a, B, 2 * B * per_seq, oracle ? oracle_draft : NULL, &orc, &e, &err);
-    int vocab = rc ? 0 : engine_get_config(e)->vocab;
+    int vocab = rc ? 0 : engine_n_vocab(e);
     orc.vocab = vocab;
     for (int s = 0; !rc && s < B; s++) {
         seqs[s].idx = s;
