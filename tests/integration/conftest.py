@@ -133,11 +133,14 @@ class Daemon:
 
     kind = "process"
 
-    def start(self, args, log_path, ready, timeout=30):
+    def start(self, args, log_path, ready, timeout=30, env=None, cwd=ROOT):
+        """Starts args (with env, None: ours) and waits until ready() is
+        true; raises when the process exits first or timeout passes."""
         self.args = args
         self.log_path = pathlib.Path(log_path)
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=cwd,
+                                     env=env)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -145,7 +148,7 @@ class Daemon:
             if ready():
                 return
             time.sleep(0.02)
-        raise RuntimeError(f"{self.kind} did not get ready")
+        raise RuntimeError(f"{self.kind} did not get ready: {self.text()}")
 
     def text(self):
         return self.log_path.read_text()
@@ -239,26 +242,55 @@ class Client:
                 time.sleep(0.02)
         raise RuntimeError("cannot submit")
 
-    def events(self, job_id, timeout=60, r=None):
-        """Every event of job_id as (entry_id, dict), up to and including done."""
-        r = r or connect(self.addr)
-        key = f"{self.prefix}out:{job_id}"
-        out, last = [], "0-0"
+    def events(self, job_id, timeout=60, r=None, partial=False):
+        """Every event of job_id as (entry_id, dict), up to and including done
+        (stream_events)."""
+        return stream_events(r or connect(self.addr), f"{self.prefix}out:{job_id}", timeout,
+                             partial)
+
+
+def stream_events(r, key, timeout=60, partial=False):
+    """Every event of the stream at key as (entry_id, dict), up to and
+    including done, riding out Redis restarts (connection errors and
+    timeouts are retried). Past timeout: an AssertionError, or with partial
+    what came so far, so that a caller can count a lost job rather than
+    raise."""
+    out, last = [], "0-0"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            res = r.xread({key: last}, block=200, count=1000)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            time.sleep(0.05)
+            continue
+        for _, entries in res or []:
+            for eid, fields in entries:
+                last = eid
+                ev = json.loads(fields["event"])
+                out.append((eid, ev))
+                if ev["type"] == "done":
+                    return out
+    if partial:
+        return out
+    raise AssertionError(f"{key}: no done within {timeout}s; got {len(out)} events: "
+                         f"{[ev for _, ev in out[-3:]]}")
+
+
+def job_events(r, prefix, job_id, timeout=60):
+    """The events of job_id on connection r, without their entry IDs."""
+    return [ev for _, ev in stream_events(r, f"{prefix}out:{job_id}", timeout)]
+
+
+def wait_no_pending(r, prefix, pools=("fast", "think"), timeout=10):
+    """Waits up to timeout for every pool's group "workers" to have no
+    pending entry, then asserts it (a job someone still holds, or one
+    nobody acknowledged, fails the test)."""
+    for pool in pools:
         deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                res = r.xread({key: last}, block=200, count=1000)
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.05)
-                continue
-            for _, entries in res:
-                for eid, fields in entries:
-                    last = eid
-                    ev = json.loads(fields["event"])
-                    out.append((eid, ev))
-                    if ev["type"] == "done":
-                        return out
-        raise AssertionError(f"job {job_id}: no done within {timeout}s; got {len(out)} events")
+        while r.xpending(f"{prefix}jobs:{pool}", "workers")["pending"] and \
+                time.time() < deadline:
+            time.sleep(0.05)
+        assert r.xpending(f"{prefix}jobs:{pool}", "workers")["pending"] == 0
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import time
 import pytest
 import redis
 
-from conftest import CLI, MODEL, ROOT, Worker, free_port
+from conftest import CLI, MODEL, ROOT, Worker, free_port, job_events
 
 ACL_SRC = ROOT / "config" / "redis-acl.conf"
 USERS = ("admin", "worker", "dispatcher", "client", "monitor")
@@ -194,17 +194,7 @@ def test_worker_user_cannot_step_outside(acl_redis):
 
 
 def out_events(r, job_id, timeout=60):
-    key, last, out = f"redlm:out:{job_id}", "0-0", []
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        for _, entries in r.xread({key: last}, block=200, count=1000) or []:
-            for eid, f in entries:
-                last = eid
-                ev = json.loads(f["event"])
-                out.append(ev)
-                if ev["type"] == "done":
-                    return out
-    raise AssertionError(f"{job_id}: no done within {timeout}s; got {out}")
+    return job_events(r, "redlm:", job_id, timeout)
 
 
 FAST = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]

@@ -36,7 +36,7 @@ import time
 
 import pytest
 
-from conftest import BUILD, ROOT, Daemon, connect, free_port, promtool_check
+from conftest import BUILD, Daemon, connect, free_port, job_events, promtool_check
 
 DISPATCHER = BUILD / "redlm-dispatcher"
 MODEL_NAME = "tiny-qwen3"
@@ -122,20 +122,6 @@ def chat_stream(front, body, headers=None):
         chunks.append(data if data == "[DONE]" else json.loads(data))
     c.close()
     return r, chunks
-
-
-def job_events(r, prefix, job_id, timeout=60):
-    key = f"{prefix}out:{job_id}"
-    out, last, deadline = [], "0-0", time.time() + timeout
-    while time.time() < deadline:
-        for _, entries in r.xread({key: last}, block=200, count=1000):
-            for eid, fields in entries:
-                last = eid
-                ev = json.loads(fields["event"])
-                out.append(ev)
-                if ev["type"] == "done":
-                    return out
-    raise AssertionError(f"no done for {job_id}")
 
 
 def deltas(events, field):
