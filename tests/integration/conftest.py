@@ -127,6 +127,32 @@ def prefix():
     return f"t{uuid.uuid4().hex[:8]}:"
 
 
+def terminate(proc, timeout=15):
+    """SIGTERM to proc, then SIGKILL if it is still there after timeout s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def stopped_at_end(make):
+    """The body of a fixture that yields start(*args, **kw) -> make(*args,
+    **kw) and stops every process so started when the test ends."""
+    started = []
+
+    def start(*args, **kw):
+        p = make(*args, **kw)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.stop()
+
+
 class Daemon:
     """A redlm process a test started, its output in log_path. Subclasses
     build the command line and call start() with a readiness check."""
@@ -170,13 +196,7 @@ class Daemon:
         return self.proc.wait(timeout)
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         self.log.close()
 
 
@@ -196,16 +216,10 @@ class Worker(Daemon):
 @pytest.fixture
 def workers(built, redis_addr, prefix, tmp_path):
     """start(name, *flags) -> Worker; every worker is stopped at the end."""
-    started = []
+    def make(name="w1", *extra, addr=None, pools="fast,think"):
+        return Worker(addr or redis_addr, prefix, name, tmp_path, extra, pools)
 
-    def start(name="w1", *extra, addr=None, pools="fast,think"):
-        w = Worker(addr or redis_addr, prefix, name, tmp_path, extra, pools)
-        started.append(w)
-        return w
-
-    yield start
-    for w in started:
-        w.stop()
+    yield from stopped_at_end(make)
 
 
 def validator(name):
@@ -391,13 +405,7 @@ def dispatchers(redis_addr, prefix, tmp_path):
     """start(name, *flags) -> Dispatcher; every one is stopped at the end."""
     if not DISPATCHER.exists():
         pytest.skip(f"{DISPATCHER} not built (run make)")
-    started = []
+    def make(name="d1", *extra, addr=None):
+        return Dispatcher(addr or redis_addr, prefix, name, tmp_path, extra)
 
-    def start(name="d1", *extra, addr=None):
-        d = Dispatcher(addr or redis_addr, prefix, name, tmp_path, extra)
-        started.append(d)
-        return d
-
-    yield start
-    for d in started:
-        d.stop()
+    yield from stopped_at_end(make)

@@ -36,7 +36,8 @@ import time
 
 import pytest
 
-from conftest import BUILD, Daemon, connect, free_port, job_events, promtool_check
+from conftest import (BUILD, Daemon, connect, free_port, job_events, promtool_check,
+                      stopped_at_end)
 
 DISPATCHER = BUILD / "redlm-dispatcher"
 MODEL_NAME = "tiny-qwen3"
@@ -83,16 +84,7 @@ class Front(Daemon):
 def front(built, redis_addr, prefix, tmp_path):
     if not DISPATCHER.exists():
         pytest.skip(f"{DISPATCHER} is not built (run make)")
-    started = []
-
-    def start(*extra):
-        f = Front(redis_addr, prefix, tmp_path, extra)
-        started.append(f)
-        return f
-
-    yield start
-    for f in started:
-        f.stop()
+    yield from stopped_at_end(lambda *extra: Front(redis_addr, prefix, tmp_path, extra))
 
 
 def sse_events(resp):
@@ -199,6 +191,19 @@ def test_non_stream_matches_events(front, workers, redis_addr, prefix):
     assert c["usage"]["prompt_tokens"] == done["usage"]["prompt_tokens"]
 
 
+def routed_job(r, prefix, timeout=10):
+    """The (last) job the dispatcher put in pool fast or think, waiting up
+    to timeout for one; None when none came."""
+    job = None
+    deadline = time.time() + timeout
+    while job is None and time.time() < deadline:
+        for pool in ("fast", "think"):
+            for _, fields in r.xrange(f"{prefix}jobs:{pool}"):
+                job = json.loads(fields["job"])
+        time.sleep(0.02)
+    return job
+
+
 def test_each_event_is_sent_at_once(front, redis_addr, prefix):
     """The test plays the worker: it writes event k+1 only after the client
     has read event k's chunk, so any buffering on the way would hang."""
@@ -209,13 +214,7 @@ def test_each_event_is_sent_at_once(front, redis_addr, prefix):
               body=json.dumps({"model": MODEL_NAME, "messages": MSGS, "stream": True}),
               headers={"Content-Type": "application/json"})
     # the dispatcher routes the job to a pool stream
-    job = None
-    deadline = time.time() + 10
-    while job is None and time.time() < deadline:
-        for pool in ("fast", "think"):
-            for _, fields in r.xrange(f"{prefix}jobs:{pool}"):
-                job = json.loads(fields["job"])
-        time.sleep(0.02)
+    job = routed_job(r, prefix)
     assert job, "the job never reached a pool"
     out = f"{prefix}out:{job['id']}"
     words = ["Once", " upon", " a", " time", ", a", " cat", "."]
@@ -411,14 +410,16 @@ def test_openai_npm_client(front, workers, redis_addr, prefix, tmp_path):
     assert res["error"]["status"] == 400 and res["error"]["param"] == "messages"
 
 
-def test_disconnect_cancels(front, workers, redis_addr, prefix):
-    workers("w1")
-    f = front()
-    r = connect(redis_addr)
-    s = socket.create_connection(("127.0.0.1", f.port))
-    body = json.dumps({"model": MODEL_NAME, "messages": MSGS, "stream": True,
+def stream_and_hang_up(port, messages, headers=""):
+    """A streamed chat completion of messages (4000 tokens wanted) on a raw
+    socket, read up to its first data: line, then the connection closed: a
+    client that goes away mid-stream. headers: extra header lines, each
+    ending in CRLF. Returns the job id (X-Request-Id)."""
+    s = socket.create_connection(("127.0.0.1", port))
+    body = json.dumps({"model": MODEL_NAME, "messages": messages, "stream": True,
                        "max_tokens": 4000, "ignore_eos": True})
-    s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{headers}"
+               f"Content-Type: application/json\r\n"
                f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
     got = b""
     while b"data: " not in got:
@@ -426,6 +427,14 @@ def test_disconnect_cancels(front, workers, redis_addr, prefix):
     job_id = [l.split(":", 1)[1].strip() for l in got.decode().split("\r\n")
               if l.lower().startswith("x-request-id:")][0]
     s.close()
+    return job_id
+
+
+def test_disconnect_cancels(front, workers, redis_addr, prefix):
+    workers("w1")
+    f = front()
+    r = connect(redis_addr)
+    job_id = stream_and_hang_up(f.port, MSGS)
     deadline = time.time() + 10
     while time.time() < deadline and not r.exists(f"{prefix}cancel:{job_id}"):
         time.sleep(0.02)
@@ -693,13 +702,7 @@ def test_disconnect_before_first_event_cancels(front, redis_addr, prefix):
     body = json.dumps({"model": MODEL_NAME, "messages": MSGS, "stream": True})
     s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
-    job = None
-    deadline = time.time() + 10
-    while job is None and time.time() < deadline:
-        for p in ("fast", "think"):
-            for _, x in r.xrange(f"{prefix}jobs:{p}"):
-                job = json.loads(x["job"])
-        time.sleep(0.02)
+    job = routed_job(r, prefix)
     assert job
     s.close()
     deadline = time.time() + 5
