@@ -3,7 +3,8 @@ on the tiny model: enqueue (flags, file, stdin; bad jobs refused with the
 worker's own code), tail (the text the events hold, reasoning apart), chat
 and top driven through a pseudo-terminal (two turns with /no_think, Ctrl-C
 cancelling an answer, q restoring the terminal), stats --json against what
-was done, and the progress line of model loading.
+was done, the progress line of model loading, and tokenize / detokenize /
+template with each of their flags on the real Qwen3 tokenizer.
 
 Run with Debian's interpreter: /usr/bin/python3 -m pytest tests/integration/test_cli.py
 """
@@ -23,7 +24,7 @@ import time
 
 import pytest
 
-from conftest import CLI, MODEL, check_stream, free_port
+from conftest import CLI, MODEL, QWEN3_TOKENIZER, check_stream, free_port
 
 
 def cli(redis_addr, prefix, *args, input=None, timeout=60):
@@ -735,3 +736,45 @@ def test_progress_lines_when_loading(workers, built, tmp_path):
     w = workers("w1")
     log = w.log_path.read_text()
     assert re.search(rf" I loaded {re.escape(str(MODEL))}: 3\.5 MB in [\d.]+ s\n", log)
+
+
+def test_tokenize_detokenize_template_flags(built, tmp_path):
+    """Every flag of the three tokenizer commands does what its help says,
+    --help exits 0 and a flag without its value or an unknown one is a
+    usage error (2)."""
+    tok = str(QWEN3_TOKENIZER)
+
+    def run(*args):
+        return subprocess.run([str(CLI), *args], capture_output=True, text=True, timeout=60)
+
+    def out(*args):
+        p = run(*args)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+
+    text = "Hello <|im_end|>"
+    ids = json.loads(out("tokenize", "--tokenizer", tok, "--text", text))["ids"]
+    assert ids == [9707, 220, 151645]  # <|im_end|> is one special token
+    src = tmp_path / "text.txt"
+    src.write_text(text)
+    assert json.loads(out("tokenize", "--file", str(src), "--tokenizer", tok))["ids"] == ids
+    plain = json.loads(out("tokenize", "--tokenizer", tok, "--text", text, "--no-special"))["ids"]
+    assert 151645 not in plain and len(plain) > len(ids)
+    id_list = ",".join(map(str, ids))
+    assert json.loads(out("detokenize", "--tokenizer", tok, "--ids", id_list))["text"] == text
+    assert json.loads(out("detokenize", "--ids", id_list, "--tokenizer", tok,
+                          "--skip-special"))["text"] == "Hello "
+
+    msgs = tmp_path / "m.json"
+    msgs.write_text(json.dumps([{"role": "user", "content": "Hi"}]))
+    base = ["template", "--tokenizer", tok, "--messages", str(msgs)]
+    user = "<|im_start|>user\nHi<|im_end|>\n"
+    assert out(*base) == user + "<|im_start|>assistant\n"
+    assert out(*base, "--no-think") == user + "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert out(*base, "--no-generation-prompt") == user
+
+    for cmd in ("tokenize", "detokenize", "template"):
+        h = run(cmd, "--help")
+        assert h.returncode == 0 and h.stdout.startswith(f"usage: redlm {cmd} --tokenizer DIR")
+        assert run(cmd, "--tokenizer", tok, "--bogus").returncode == 2
+        assert run(cmd, "--tokenizer").returncode == 2

@@ -7,6 +7,7 @@
  * added, so that `redlm template ... | sha256sum` compares with a Python
  * rendering. Errors go to stderr and the exit status is 1 (2 for usage). */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,40 @@ static int usage(const char *cmd, const char *text)
 {
     fprintf(stderr, "usage: redlm %s %s\n", cmd, text);
     return 2;
+}
+
+/* One flag of a command: "--name VALUE" sets *value; a bare "--name" sets
+ * *on to on_value. A table ends with a NULL name. */
+struct tok_flag {
+    const char *name;
+    const char **value;
+    bool *on;
+    bool on_value;
+};
+#define TF_VALUE(name, p) {(name), (p), NULL, false}
+#define TF_SET(name, p, v) {(name), NULL, (p), (v)}
+#define TF_END {NULL, NULL, NULL, false}
+
+/* Parses argv[1..argc) against flags. Returns -1 to go on, else the exit
+ * status the command returns now: 0 after --help, 2 (usage) for anything
+ * unknown or a value flag without its value. */
+static int parse_flags(int argc, char **argv, const struct tok_flag *flags, const char *help)
+{
+    for (int i = 1; i < argc; i++) {
+        const struct tok_flag *f = flags;
+        while (f->name && strcmp(argv[i], f->name))
+            f++;
+        if (f->name && f->value && i + 1 < argc)
+            *f->value = argv[++i];
+        else if (f->name && f->on)
+            *f->on = f->on_value;
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: redlm %s %s\n", argv[0], help);
+            return 0;
+        } else
+            return usage(argv[0], help);
+    }
+    return -1;
 }
 
 /* Parses "1,2,3" (spaces allowed) into a malloc'd array. */
@@ -134,23 +169,15 @@ static const char *tok_dir(const char *spec, struct modelref *ref)
 int cmd_tokenize(int argc, char **argv)
 {
     const char *dir = NULL, *text = NULL, *file = NULL;
-    unsigned flags = 0;
+    bool no_special = false;
     static const char help[] = "--tokenizer DIR (--text S | --file F) [--no-special]";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
-            dir = argv[++i];
-        else if (!strcmp(argv[i], "--text") && i + 1 < argc)
-            text = argv[++i];
-        else if (!strcmp(argv[i], "--file") && i + 1 < argc)
-            file = argv[++i];
-        else if (!strcmp(argv[i], "--no-special"))
-            flags |= TOK_ENCODE_NO_SPECIAL;
-        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: redlm tokenize %s\n", help);
-            return 0;
-        } else
-            return usage(argv[0], help);
-    }
+    const struct tok_flag fl[] = {TF_VALUE("--tokenizer", &dir), TF_VALUE("--text", &text),
+                                  TF_VALUE("--file", &file),
+                                  TF_SET("--no-special", &no_special, true), TF_END};
+    int st = parse_flags(argc, argv, fl, help);
+    if (st >= 0)
+        return st;
+    unsigned flags = no_special ? TOK_ENCODE_NO_SPECIAL : 0;
     if (!dir || !!text == !!file)
         return usage(argv[0], help);
     struct modelref ref;
@@ -182,21 +209,14 @@ out:
 int cmd_detokenize(int argc, char **argv)
 {
     const char *dir = NULL, *list = NULL;
-    unsigned flags = 0;
+    bool skip_special = false;
     static const char help[] = "--tokenizer DIR --ids 1,2,3 [--skip-special]";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
-            dir = argv[++i];
-        else if (!strcmp(argv[i], "--ids") && i + 1 < argc)
-            list = argv[++i];
-        else if (!strcmp(argv[i], "--skip-special"))
-            flags |= TOK_DECODE_SKIP_SPECIAL;
-        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: redlm detokenize %s\n", help);
-            return 0;
-        } else
-            return usage(argv[0], help);
-    }
+    const struct tok_flag fl[] = {TF_VALUE("--tokenizer", &dir), TF_VALUE("--ids", &list),
+                                  TF_SET("--skip-special", &skip_special, true), TF_END};
+    int st = parse_flags(argc, argv, fl, help);
+    if (st >= 0)
+        return st;
+    unsigned flags = skip_special ? TOK_DECODE_SKIP_SPECIAL : 0;
     if (!dir || !list)
         return usage(argv[0], help);
     struct modelref ref;
@@ -232,23 +252,14 @@ int cmd_template(int argc, char **argv)
     struct chat_template_opts o = {.add_generation_prompt = true};
     static const char help[] = "--tokenizer DIR --messages F.json [--tools T.json] [--no-think] "
                                "[--no-generation-prompt]";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
-            dir = argv[++i];
-        else if (!strcmp(argv[i], "--messages") && i + 1 < argc)
-            mpath = argv[++i];
-        else if (!strcmp(argv[i], "--tools") && i + 1 < argc)
-            tpath = argv[++i];
-        else if (!strcmp(argv[i], "--no-think"))
-            o.disable_thinking = true;
-        else if (!strcmp(argv[i], "--no-generation-prompt"))
-            o.add_generation_prompt = false;
-        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: redlm template %s\n", help);
-            return 0;
-        } else
-            return usage(argv[0], help);
-    }
+    const struct tok_flag fl[] = {TF_VALUE("--tokenizer", &dir),
+                                  TF_VALUE("--messages", &mpath), TF_VALUE("--tools", &tpath),
+                                  TF_SET("--no-think", &o.disable_thinking, true),
+                                  TF_SET("--no-generation-prompt", &o.add_generation_prompt, false),
+                                  TF_END};
+    int st = parse_flags(argc, argv, fl, help);
+    if (st >= 0)
+        return st;
     if (!dir || !mpath)
         return usage(argv[0], help);
     struct modelref ref;
