@@ -166,6 +166,23 @@ static const char *tok_dir(const char *spec, struct modelref *ref)
     return ref->dir;
 }
 
+/* The tokenizer of --tokenizer spec, loaded (the caller tok_free()s it);
+ * NULL after saying why on stderr, as "cmd: ...". */
+static struct tokenizer *load_tok(const char *cmd, const char *spec)
+{
+    struct modelref ref;
+    const char *dir = tok_dir(spec, &ref);
+    if (!dir)
+        return NULL;
+    struct rl_err err = {0};
+    struct tokenizer *t = NULL;
+    if (tok_load(&t, dir, &err)) {
+        fprintf(stderr, "%s: %s\n", cmd, err.msg);
+        return NULL;
+    }
+    return t;
+}
+
 int cmd_tokenize(int argc, char **argv)
 {
     const char *dir = NULL, *text = NULL, *file = NULL;
@@ -180,17 +197,19 @@ int cmd_tokenize(int argc, char **argv)
     unsigned flags = no_special ? TOK_ENCODE_NO_SPECIAL : 0;
     if (!dir || !!text == !!file)
         return usage(argv[0], help);
-    struct modelref ref;
-    if (!(dir = tok_dir(dir, &ref)))
-        return 1;
     struct rl_err err = {0};
-    struct tokenizer *t = NULL;
-    char *buf = NULL;
+    char *buf = NULL; /* the file's text, read before the tokenizer loads */
     size_t len = text ? strlen(text) : 0;
+    if (file && read_all(file, &buf, &len, &err)) {
+        fprintf(stderr, "tokenize: %s\n", err.msg);
+        return 1;
+    }
+    struct tokenizer *t = load_tok("tokenize", dir);
     struct tok_ids ids = {0};
     int rc = 1;
-    if ((file && read_all(file, &buf, &len, &err)) || tok_load(&t, dir, &err) ||
-        tok_encode(t, file ? buf : text, len, flags, &ids, &err)) {
+    if (!t)
+        goto out;
+    if (tok_encode(t, file ? buf : text, len, flags, &ids, &err)) {
         fprintf(stderr, "tokenize: %s\n", err.msg);
         goto out;
     }
@@ -219,17 +238,15 @@ int cmd_detokenize(int argc, char **argv)
     unsigned flags = skip_special ? TOK_DECODE_SKIP_SPECIAL : 0;
     if (!dir || !list)
         return usage(argv[0], help);
-    struct modelref ref;
-    if (!(dir = tok_dir(dir, &ref)))
+    struct tokenizer *t = load_tok("detokenize", dir);
+    if (!t)
         return 1;
     struct rl_err err = {0};
-    struct tokenizer *t = NULL;
     int32_t *ids = NULL;
     size_t n = 0, len;
     char *text = NULL;
     int rc = 1;
-    if (parse_ids(list, &ids, &n, &err) || tok_load(&t, dir, &err) ||
-        tok_decode(t, ids, n, flags, &text, &len, &err)) {
+    if (parse_ids(list, &ids, &n, &err) || tok_decode(t, ids, n, flags, &text, &len, &err)) {
         fprintf(stderr, "detokenize: %s\n", err.msg);
         goto out;
     }
@@ -242,6 +259,24 @@ out:
     free(ids);
     tok_free(t);
     return rc;
+}
+
+/* The JSON of file path (chat_json_parse: numbers keep their spelling),
+ * owned by the caller; NULL after saying why on stderr. */
+static cJSON *load_json(const char *path)
+{
+    struct rl_err err = {0};
+    char *text = NULL;
+    size_t len;
+    if (read_all(path, &text, &len, &err)) {
+        fprintf(stderr, "template: %s\n", err.msg);
+        return NULL;
+    }
+    cJSON *j = chat_json_parse(text, len, &err);
+    free(text);
+    if (!j)
+        fprintf(stderr, "template: %s: %s\n", path, err.msg);
+    return j;
 }
 
 /* A messages file is an array of messages, or an object with "messages"
@@ -266,8 +301,8 @@ int cmd_template(int argc, char **argv)
     if (!(dir = tok_dir(dir, &ref)))
         return 1;
     struct rl_err err = {0};
-    char *mtext = NULL, *ttext = NULL, *ctext = NULL, *out = NULL;
-    size_t mlen, tlen, clen, olen;
+    char *ctext = NULL, *out = NULL;
+    size_t clen, olen;
     cJSON *mj = NULL, *tj = NULL, *cfg = NULL;
     int rc = 1;
 
@@ -284,28 +319,16 @@ int cmd_template(int argc, char **argv)
     if (!tpl || !strstr(tpl, "last_query_index") || !strstr(tpl, "<tool_response>"))
         fprintf(stderr, "template: warning: %s has no Qwen3 chat_template; rendering Qwen3's\n", cpath);
 
-    if (read_all(mpath, &mtext, &mlen, &err)) {
-        fprintf(stderr, "template: %s\n", err.msg);
+    if (!(mj = load_json(mpath)))
         goto out;
-    }
-    if (!(mj = chat_json_parse(mtext, mlen, &err))) {
-        fprintf(stderr, "template: %s: %s\n", mpath, err.msg);
-        goto out;
-    }
     const cJSON *messages = mj, *tools = NULL;
     if (cJSON_IsObject(mj)) {
         messages = cJSON_GetObjectItemCaseSensitive(mj, "messages");
         tools = cJSON_GetObjectItemCaseSensitive(mj, "tools");
     }
     if (tpath) {
-        if (read_all(tpath, &ttext, &tlen, &err)) {
-            fprintf(stderr, "template: %s\n", err.msg);
+        if (!(tj = load_json(tpath)))
             goto out;
-        }
-        if (!(tj = chat_json_parse(ttext, tlen, &err))) {
-            fprintf(stderr, "template: %s: %s\n", tpath, err.msg);
-            goto out;
-        }
         tools = tj;
     }
     if (chat_render(messages, tools, &o, &out, &olen, &err)) {
@@ -322,8 +345,6 @@ out:
     cJSON_Delete(mj);
     cJSON_Delete(tj);
     cJSON_Delete(cfg);
-    free(mtext);
-    free(ttext);
     free(ctext);
     return rc;
 }
