@@ -1176,6 +1176,49 @@ static void test_eos_and_defaults(void **state)
 
 /* Chat messages go through the template and the tokenizer; the result is
  * the same as submitting those ids. */
+/* engine_options.progress_every reaches the backend: the CPU backend
+ * reports load progress at most once per progress_every bytes (checked
+ * after each matrix) and at the end, so 64 KiB steps over the tiny model's
+ * 3.5 MB give a call for nearly every matrix where the 64 MiB default
+ * gives a first and a last one. */
+struct progress_log {
+    int n;
+    size_t done, total;
+};
+
+static void count_progress(void *user, size_t done, size_t total)
+{
+    struct progress_log *l = user;
+    assert_true(done >= l->done && done <= total); /* monotone, within the total */
+    l->n++;
+    l->done = done;
+    l->total = total;
+}
+
+static void test_progress_every(void **state)
+{
+    (void)state;
+    struct progress_log logs[2] = {{0}, {0}};
+    size_t every[2] = {0, 64 << 10};
+    for (int i = 0; i < 2; i++) {
+        struct engine_options o;
+        engine_options_default(&o);
+        o.kv_blocks = 16;
+        o.progress = count_progress;
+        o.progress_user = &logs[i];
+        o.progress_every = every[i];
+        struct engine *e = NULL;
+        struct rl_err err = {0};
+        if (engine_create(&e, model_dir, &o, &err))
+            fail_msg("engine_create: %s", err.msg);
+        engine_free(e);
+        assert_true(logs[i].total > (size_t)(2 << 20));
+        assert_int_equal(logs[i].done, logs[i].total); /* the last call says "all" */
+    }
+    assert_true(logs[0].n <= 3);
+    assert_true(logs[1].n >= 10); /* 25 today: nearly one per matrix */
+}
+
 static void test_chat_messages(void **state)
 {
     (void)state;
@@ -1278,6 +1321,7 @@ int main(void)
         cmocka_unit_test(test_eos_and_defaults),
         cmocka_unit_test(test_generation_config),
         cmocka_unit_test(test_chat_messages),
+        cmocka_unit_test(test_progress_every),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
