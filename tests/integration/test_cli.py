@@ -361,20 +361,25 @@ def test_acl_user_and_password_file(built, tmp_path):
 
 # ---- chat ----
 
+def chat_turn(p, text):
+    """Sends one line to `redlm chat` in pty p and waits for its answer's
+    [done] line and the next prompt; returns what came up to [done]."""
+    p.send(text + "\n")
+    out = p.read_until(rb"\[done\][^\n]*\n")
+    p.read_until(rb"> ")
+    return out
+
+
 def test_chat_two_turns_with_no_think(workers, client, redis_addr, prefix, ptys):
     workers("w1")
     p = ptys("chat", "--redis", redis_addr, "--prefix", prefix, "--pool", "fast",
              "--max-tokens", "6", "--temperature", "0")
     p.read_until(rb"> ")
-    p.send("hello\n")
-    first = p.read_until(rb"\[done\][^\n]*\n")
-    p.read_until(rb"> ")
+    first = chat_turn(p, "hello")
     p.send("/no_think\n")
     p.read_until(rb"\[mode no_think\]")
     p.read_until(rb"> ")
-    p.send("and again\n")
-    p.read_until(rb"\[done\][^\n]*\n")
-    p.read_until(rb"> ")
+    chat_turn(p, "and again")
     p.send("/exit\n")
     assert p.wait() == 0
 
@@ -405,14 +410,10 @@ def test_chat_through_the_dispatcher(dispatchers, workers, client, redis_addr, p
     p = ptys("chat", "--redis", redis_addr, "--prefix", prefix, "--max-tokens", "4",
              "--temperature", "0")
     p.read_until(rb"> ")
-    p.send("hi\n")
-    p.read_until(rb"\[done\][^\n]*\n")
-    p.read_until(rb"> ")
+    chat_turn(p, "hi")
     p.send("/think\n")
     p.read_until(rb"\[mode think\]")
-    p.send("why\n")
-    p.read_until(rb"\[done\][^\n]*\n")
-    p.read_until(rb"> ")
+    chat_turn(p, "why")
     p.send("/exit\n")
     assert p.wait() == 0
     requests = jobs_in(client.r, f"{prefix}requests")
