@@ -3,8 +3,9 @@ on the tiny model: enqueue (flags, file, stdin; bad jobs refused with the
 worker's own code), tail (the text the events hold, reasoning apart), chat
 and top driven through a pseudo-terminal (two turns with /no_think, Ctrl-C
 cancelling an answer, q restoring the terminal), stats --json against what
-was done, the progress line of model loading, and tokenize / detokenize /
-template with each of their flags on the real Qwen3 tokenizer.
+was done, the progress line of model loading, tokenize / detokenize / template with
+each of their flags on the real Qwen3 tokenizer, and `run --batch`'s error
+lines.
 
 Run with Debian's interpreter: /usr/bin/python3 -m pytest tests/integration/test_cli.py
 """
@@ -779,3 +780,35 @@ def test_tokenize_detokenize_template_flags(built, tmp_path):
         assert h.returncode == 0 and h.stdout.startswith(f"usage: redlm {cmd} --tokenizer DIR")
         assert run(cmd, "--tokenizer", tok, "--bogus").returncode == 2
         assert run(cmd, "--tokenizer").returncode == 2
+
+
+def test_run_batch_error_lines_carry_the_code_beside_the_message(built, tmp_path):
+    """`redlm run --batch`: a line it cannot read and a request the engine
+    refuses each print {"error": {"code", "message"}} in place, with the
+    engine's protocol code (rl_err.code) as the code and a sentence that
+    does not repeat it; the good lines around them still run."""
+    lines = [
+        ({"prompt_ids": [1, 2], "max_tokens": 2, "temperature": 0}, None),
+        ("not json", "BAD_JSON"),
+        ({"prompt_ids": []}, "BAD_FIELD"),
+        ({"prompt_ids": [1], "stop": [3]}, "BAD_FIELD"),
+        ({"prompt_ids": [999999], "max_tokens": 2}, "INVALID_TOKEN"),
+        ({"prompt_ids": [1, 2], "max_tokens": 1048576}, "PROMPT_TOO_LONG"),
+        ({"prompt_ids": [1, 2], "top_p": 7}, "OUT_OF_RANGE"),
+        ({"prompt_ids": [3], "max_tokens": 3, "temperature": 0}, None),
+    ]
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("".join((l if isinstance(l, str) else json.dumps(l)) + "\n"
+                            for l, _ in lines))
+    p = subprocess.run([str(CLI), "run", "-m", str(MODEL), "--batch", str(path), "--threads", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = [json.loads(l) for l in p.stdout.splitlines()]
+    assert len(out) == len(lines)
+    for (job, code), got in zip(lines, out):
+        if code is None:
+            assert got["finish_reason"] == "length" and len(got["tokens"]) == job["max_tokens"]
+        else:
+            assert set(got) == {"error"} and got["error"]["code"] == code, got
+            msg = got["error"]["message"]
+            assert msg and not msg.startswith(code), got
