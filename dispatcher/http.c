@@ -570,7 +570,8 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
             return MHD_CONTENT_READER_END_OF_STREAM;
         int rc = pump(q);
         if (rc == P_TIMEOUT) {
-            oai_error_set(&q->err, 504, "server_error", "DEADLINE_EXCEEDED", NULL,
+            oai_error_set(&q->err, 504, "server_error",
+                          ev_code_name(EV_CODE_DEADLINE_EXCEEDED), NULL,
                           "no answer within http_timeout_s");
             if (!q->job_ended)
                 cancel_job(q, "http_timeout_s passed");
@@ -733,7 +734,7 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     int64_t now = rl_wall_ms();
     int64_t deadline = h->timeout_s ? now + (int64_t)h->timeout_s * 1000 : 0;
     if (q->too_big) {
-        oai_error_set(&e, 413, "invalid_request_error", "JOB_TOO_LARGE", NULL,
+        oai_error_set(&e, 413, "invalid_request_error", ev_code_name(EV_CODE_JOB_TOO_LARGE), NULL,
                       "body: over the limit of %zu bytes", h->lim.max_body_bytes);
         return respond_error(q, conn, &e);
     }
@@ -746,7 +747,7 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         BUMP(h, chat_plain);
     struct rl_err err = {0};
     if (!(q->rc = pool_get(h, &err))) {
-        oai_error_set(&e, 500, "server_error", "INTERNAL", NULL, "%s", err.msg);
+        oai_error_set(&e, 500, "server_error", ev_code_name(EV_CODE_INTERNAL), NULL, "%s", err.msg);
         return respond_error(q, conn, &e);
     }
     if (rate_limit(q, &e))
@@ -757,7 +758,8 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         /* the workers' models: the request must name one that is served
          * (absent: the dispatcher takes the only one, or says MODEL_REQUIRED) */
         if (!(served = served_models(h))) {
-            oai_error_set(&e, 500, "server_error", "INTERNAL", NULL, "out of memory");
+            oai_error_set(&e, 500, "server_error",
+                          ev_code_name(EV_CODE_INTERNAL), NULL, "out of memory");
             return respond_error(q, conn, &e);
         }
         if (q->oreq.model[0] && !model_in(served, q->oreq.model)) {
@@ -773,7 +775,7 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     int crc = oai_resp_create(&q->resp, q->id, echo, now / 1000, &q->oreq, &err);
     cJSON_Delete(served);
     if (crc) {
-        oai_error_set(&e, 500, "server_error", "INTERNAL", NULL, "%s", err.msg);
+        oai_error_set(&e, 500, "server_error", ev_code_name(EV_CODE_INTERNAL), NULL, "%s", err.msg);
         return respond_error(q, conn, &e);
     }
     char key[300];
@@ -804,13 +806,13 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
             return MHD_NO; /* nobody to answer: close */
         }
         oai_error_set(&e, rc == P_NOMEM ? 500 : 503, "server_error",
-                      rc == P_NOMEM ? "INTERNAL" : "SHUTTING_DOWN", NULL,
+                      rc == P_NOMEM ? ev_code_name(EV_CODE_INTERNAL) : "SHUTTING_DOWN", NULL,
                       rc == P_NOMEM ? "out of memory" : "the server is shutting down");
         return respond_error(q, conn, &e);
     }
     if (rc == P_TIMEOUT) {
         cancel_job(q, "http_timeout_s passed");
-        oai_error_set(&e, 504, "server_error", "DEADLINE_EXCEEDED", NULL,
+        oai_error_set(&e, 504, "server_error", ev_code_name(EV_CODE_DEADLINE_EXCEEDED), NULL,
                       "no answer within http_timeout_s (%d s)", h->timeout_s);
         return respond_error(q, conn, &e);
     }
@@ -929,7 +931,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             }
             const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
             if (cl && strtoull(cl, NULL, 10) > h->lim.max_body_bytes) {
-                oai_error_set(&e, 413, "invalid_request_error", "JOB_TOO_LARGE", NULL,
+                oai_error_set(&e, 413, "invalid_request_error",
+                              ev_code_name(EV_CODE_JOB_TOO_LARGE), NULL,
                               "body: %s bytes is over the limit of %zu", cl,
                               h->lim.max_body_bytes);
                 return respond_error(q, conn, &e);
