@@ -32,6 +32,11 @@ DEB_PKGS = build-essential clang pkg-config libhiredis-dev libcjson-dev \
 # the example web backend's browser test: headless Chromium driven over the
 # DevTools protocol from Python (tests/integration/test_web.py)
 DEB_PKGS += chromium python3-websocket
+# the official `openai` npm client drives the front door
+# (tests/integration/test_http*.py; make deps runs npm ci in tests/integration/node).
+# Debian's npm is installed only where no npm command exists: NodeSource's
+# nodejs package carries its own and conflicts with Debian's.
+DEB_PKGS += nodejs
 
 COMMON_SRC := $(wildcard common/*.c)
 ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c)
@@ -147,6 +152,10 @@ deps:
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else echo "all Debian packages present"; fi
+	@command -v npm >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm
+	@# the official openai npm client, pinned by tests/integration/node/package-lock.json
+	@# (integrity checksums): npm ci installs exactly that tree, never a newer one
+	cd tests/integration/node && npm ci --no-audit --no-fund --loglevel=error
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz

@@ -972,7 +972,8 @@ static enum route route_of(struct dhttp *h, const char *method, const char *url,
         *allow = "POST";
         if (options)
             return R_PREFLIGHT;
-        return !strcmp(method, "POST") ? (url[4] == 'c' ? R_CHAT : R_COMPLETIONS) : R_BAD_METHOD;
+        return !strcmp(method, "POST") ? (!strcmp(url, "/v1/completions") ? R_COMPLETIONS : R_CHAT)
+                                        : R_BAD_METHOD;
     }
     if (!h->ops && !strcmp(url, "/v1/models"))
         r = R_MODELS;
