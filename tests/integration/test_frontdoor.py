@@ -28,8 +28,6 @@ What the tests prove:
 import http.client
 import json
 import os
-import pathlib
-import shutil
 import socket
 import subprocess
 import threading
@@ -38,9 +36,9 @@ import time
 import pytest
 
 from conftest import Daemon, connect, free_port
-from test_http import DISPATCHER, MODEL_NAME, front, job_events, sse_events  # noqa: F401
+from test_http import (DISPATCHER, MODEL_NAME, front, job_events, npm_openai,  # noqa: F401
+                       sse_events)
 
-NODE_DIR = pathlib.Path(__file__).resolve().parent / "node"
 MSGS = [{"role": "user", "content": "Tell me a story about a cat."}]
 
 
@@ -455,20 +453,8 @@ const OpenAI = require('openai');
 """
 
 
-def node_openai():
-    """tests/integration/node with its pinned `openai`; installed from the
-    lockfile (npm ci) if make deps has not yet. None when node is absent."""
-    if not shutil.which("node"):
-        return None
-    if not (NODE_DIR / "node_modules" / "openai").exists():
-        assert shutil.which("npm"), "node is installed but npm is not: run make deps"
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=NODE_DIR,
-                       capture_output=True, timeout=300, check=True)
-    return NODE_DIR
-
-
 def test_openai_npm_client_logprobs_completions_cors(front, workers, redis_addr, prefix, tmp_path):
-    d = node_openai()
+    d = npm_openai()
     if d is None:
         pytest.skip("node is not installed (make deps installs nodejs): cannot run the `openai` npm client")
     workers("w1")
