@@ -39,7 +39,17 @@
  * completion tokens, charged when a request's done arrives. A request is
  * refused while its tenant's count for the current minute is over the
  * limit, with Retry-After = the seconds left in the minute. Refused
- * requests count against the request limit too. */
+ * requests count against the request limit too.
+ *
+ * POST /v1/completions takes the same path as chat (openai.c converts
+ * either). Slow clients cannot hold connection threads: each connection
+ * has a deadline for its headers and its body, enforced by a reaper
+ * thread (see "slow clients" below), and http_max_connections_per_ip caps
+ * one address. CORS, when http_cors_origins is set, adds the allow headers
+ * to every answer and answers OPTIONS preflights, which need no key.
+ * /metrics asks for a key when keys are on. The same code also runs the
+ * loopback ops listener of http_port (dhttp_start_ops): /healthz, /health
+ * and /metrics only, no key, with or without the front door. */
 #include "http.h"
 #include "clock.h"
 

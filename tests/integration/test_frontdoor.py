@@ -360,7 +360,9 @@ def test_slow_clients_are_cut_off(front, fake):
     headers, 20 more over one address's cap, 20 trickle a body. Requests
     from 127.0.0.1 meanwhile get 200 at once; the slow ones are closed by
     the deadlines (2 s for headers; 2 s + 1000 bytes at 1000 B/s for the
-    body) and the cap closes the surplus at accept."""
+    body) and the cap closes the surplus at accept. Without the deadlines
+    each byte sent restarts libmicrohttpd's 60 s idle timeout: they would
+    stay open."""
     f = front("--http-header-timeout-s", "2", "--http-min-body-rate", "1000",
               "--http-max-connections", "600", "--http-max-connections-per-ip", "20")
     fake()
@@ -414,10 +416,13 @@ def test_slow_clients_are_cut_off(front, fake):
     assert len(closed_at) == 300, f"{300 - len(closed_at)} slow connections still open"
     kinds = {k: max(v for i, v in closed_at.items() if socks[i][0] == k)
              for k in ("headers", "capped", "body")}
-    assert kinds["capped"] < 2.0, kinds
-    assert kinds["headers"] < 2 + 3, kinds
-    assert kinds["body"] < 2 + 1 + 3, kinds
-    assert worst < 3, f"a normal request took {worst:.1f} s"
+    # the deadlines plus the reaper's 0.2 s and this loop's own pace (a
+    # loaded machine: seconds of slack, still far below the 60 s idle timeout)
+    print(f"slow clients: last closed at (s) {kinds}; slowest normal request {worst:.3f} s")
+    assert kinds["capped"] < 3, kinds
+    assert kinds["headers"] < 2 + 5, kinds
+    assert kinds["body"] < 2 + 1 + 5, kinds
+    assert worst < 5, f"a normal request took {worst:.1f} s"
     status, body = get(f.port, "/metrics")
     assert status == 200
     n = [line for line in body.splitlines() if line.startswith("redlm_http_slow_clients_closed_total")]
