@@ -27,17 +27,15 @@ What the tests prove:
 """
 import http.client
 import json
-import os
 import socket
-import subprocess
 import threading
 import time
 
 import pytest
 
 from conftest import Daemon, connect, free_port
-from test_http import (DISPATCHER, MODEL_NAME, front, job_events, npm_openai,  # noqa: F401
-                       sse_events)
+from test_http import (DISPATCHER, MODEL_NAME, front, job_events,  # noqa: F401
+                       run_node_client, sse_events)
 
 MSGS = [{"role": "user", "content": "Tell me a story about a cat."}]
 
@@ -459,21 +457,9 @@ const OpenAI = require('openai');
 
 
 def test_openai_npm_client_logprobs_completions_cors(front, workers, redis_addr, prefix, tmp_path):
-    d = npm_openai()
-    if d is None:
-        pytest.skip("node is not installed (make deps installs nodejs): cannot run the `openai` npm client")
-    workers("w1")
-    keys = tmp_path / "keys"
-    keys.write_text("sk-test-0123456789 acme\n")
     origin = "http://app.example"
-    f = front("--api-keys-file", str(keys), "--http-cors-origins", origin)
-    script = tmp_path / "client.js"
-    script.write_text(NODE_SCRIPT)
-    env = {**os.environ, "NODE_PATH": str(d / "node_modules")}
-    out = subprocess.run(["node", str(script), f"http://127.0.0.1:{f.port}/v1", MODEL_NAME, origin],
-                         capture_output=True, text=True, timeout=180, env=env)
-    assert out.returncode == 0, out.stderr
-    res = json.loads(out.stdout)
+    res = run_node_client(front, workers, tmp_path, NODE_SCRIPT,
+                          ("--http-cors-origins", origin), (origin,), timeout=180)
     r = connect(redis_addr)
     lps = res["chat"]["choices"][0]["logprobs"]["content"]
     assert lps

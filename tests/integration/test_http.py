@@ -384,21 +384,29 @@ def npm_openai():
     return NODE_DIR
 
 
-def test_openai_npm_client(front, workers, redis_addr, prefix, tmp_path):
+def run_node_client(front, workers, tmp_path, script, front_flags=(), args=(), timeout=120):
+    """Runs the JavaScript script with node and the pinned `openai` npm
+    package against a front door (tenant key sk-test-0123456789, then
+    front_flags) with one worker behind it; its argv: the base URL, the
+    model name, then args. Skips without node. Returns the JSON it prints."""
     d = npm_openai()
     if d is None:
         pytest.skip("node is not installed (make deps installs nodejs): cannot run the `openai` npm client")
     workers("w1")
     keys = tmp_path / "keys"
     keys.write_text("sk-test-0123456789 acme\n")
-    f = front("--api-keys-file", str(keys))
-    script = tmp_path / "client.js"
-    script.write_text(NODE_SCRIPT)
-    out = subprocess.run(["node", str(script), f"http://127.0.0.1:{f.port}/v1", MODEL_NAME],
-                         capture_output=True, text=True, timeout=120,
+    f = front("--api-keys-file", str(keys), *front_flags)
+    path = tmp_path / "client.js"
+    path.write_text(script)
+    out = subprocess.run(["node", str(path), f"http://127.0.0.1:{f.port}/v1", MODEL_NAME, *args],
+                         capture_output=True, text=True, timeout=timeout,
                          env={**os.environ, "NODE_PATH": str(d / "node_modules")})
     assert out.returncode == 0, out.stderr
-    res = json.loads(out.stdout)
+    return json.loads(out.stdout)
+
+
+def test_openai_npm_client(front, workers, redis_addr, prefix, tmp_path):
+    res = run_node_client(front, workers, tmp_path, NODE_SCRIPT)
     assert res["models"] == [MODEL_NAME]
     chunks = res["chunks"]
     assert chunks[-1]["usage"]["completion_tokens"] >= 1
