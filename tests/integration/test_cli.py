@@ -82,12 +82,14 @@ class Pty:
         self.home = tempfile.mkdtemp(prefix="redlm-pty-home-")
         env = dict(os.environ, HOME=self.home)
         self.pid, self.fd = pty.fork()
-        if self.pid == 0:  # the child: exec at once
+        if self.pid == 0:  # the child: size its terminal, then exec at once
             try:
+                # here, not in the parent after fork: a command that reads
+                # the size at start must never see the pty's default
+                fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
                 os.execve(args[0], args, env)
             finally:
                 os._exit(127)
-        fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
         self.buf = b""
         self.status = None
 
