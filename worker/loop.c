@@ -613,7 +613,7 @@ int w_admissible(struct worker *w)
     struct engine_stats st;
     engine_get_stats(w->eng, &st);
     int k = engine_can_admit(w->eng, w->last_prompt_len > 0 ? w->last_prompt_len : 1);
-    int slots = st.max_batch - st.n_active;
+    int slots = st.max_batch - st.n_slots_used;
     return k < slots ? k : slots;
 }
 
