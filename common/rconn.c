@@ -858,6 +858,46 @@ int rconn_command(struct rconn *c, int argc, const char *const *argv, const size
     return rc;
 }
 
+int rconn_n_masters(const struct rconn *c)
+{
+    return c->cluster && c->map ? c->map->n_nodes : 1;
+}
+
+int rconn_command_on(struct rconn *c, int master, int argc, const char *const *argv,
+                     const size_t *lens, struct rconn_reply **out, struct rl_err *err)
+{
+    if (!c->cluster)
+        return rconn_command(c, argc, argv, lens, out, err);
+    if (out)
+        *out = NULL;
+    int rc = rconn_ensure(c, err);
+    if (rc)
+        return rc;
+    if (argc < 1 || master < 0 || master >= c->map->n_nodes)
+        return rl_errf(err, RL_EINVAL, "rconn_command_on: no command or no master %d", master);
+    redisContext *ctx;
+    if ((rc = node_ctx(c, master, &ctx, err)))
+        return rc;
+    redisReply *r = redisCommandArgv(ctx, argc, (const char **)argv, lens);
+    if (!r)
+        return node_lost(c, master, argv[0], err);
+    struct rconn_reply *cp = calloc(1, sizeof *cp);
+    if (!cp || copy_reply(cp, r)) {
+        freeReplyObject(r);
+        rconn_reply_free(cp);
+        return rl_errf(err, RL_ENOMEM, "redis %s: out of memory copying a reply", argv[0]);
+    }
+    freeReplyObject(r);
+    if (cp->type == RCONN_ERROR)
+        rc = rl_errf(err, transient_error(cp->str) ? RL_EIO : RL_EINVAL, "%s: %s", argv[0],
+                     cp->str);
+    if (out)
+        *out = cp;
+    else
+        rconn_reply_free(cp);
+    return rc;
+}
+
 /* ---- pipelining ---- */
 
 struct rconn_batch {

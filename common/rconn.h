@@ -106,6 +106,15 @@ bool rconn_reply_is_stale_id(const struct rconn_reply *r);
 int rconn_command(struct rconn *c, int argc, const char *const *argv, const size_t *lens,
                   struct rconn_reply **out, struct rl_err *err);
 
+/* Keyless commands that see one node's keys (SCAN, DBSIZE) must run on
+ * every master of a cluster: rconn_n_masters is 1 for a single instance
+ * (before the first connect too), the masters of the slot map otherwise;
+ * rconn_command_on runs a command like rconn_command on master i
+ * (0 <= i < rconn_n_masters), no redirects followed. */
+int rconn_n_masters(const struct rconn *c);
+int rconn_command_on(struct rconn *c, int master, int argc, const char *const *argv,
+                     const size_t *lens, struct rconn_reply **out, struct rl_err *err);
+
 /* Pipelining: queue commands, send them in one write, read all replies.
  * The batch keeps each command encoded, so after -RL_EIO mid-way a second
  * rconn_batch_exec re-sends exactly the commands whose replies were not

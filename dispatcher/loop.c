@@ -52,6 +52,7 @@
 #include "cache.h"
 #include "event.h"
 #include "prompt.h"
+#include "rcluster.h"
 
 #define STATS_MS 100       /* pool state is at most this old when routing */
 #define GROUP_REQ "dispatchers"
@@ -461,7 +462,7 @@ static int add_events(struct disp *d, struct dreq *q, struct rl_err *err)
 {
     char key[D_KEY_MAX + JOB_ID_MAX], idbuf[EV_STREAM_ID_MAX], ttl[32];
     const char *names[1] = {"event"};
-    snprintf(key, sizeof key, "%sout:%s", d->cfg.prefix, q->id);
+    rcl_tagged_key(key, sizeof key, rconn_is_cluster(d->rc), d->cfg.prefix, "out:", q->id);
     int rc = 0;
     for (int k = 0; k < q->n_events && !rc; k++) {
         const char *vals[1] = {q->events[k]};

@@ -34,6 +34,7 @@
 
 #include "clock.h"
 #include "cli_redis.h"
+#include "rcluster.h"
 #include "chat_input.h"
 #include "cli_util.h"
 #include "cmds.h"
@@ -163,7 +164,8 @@ static int follow(struct rconn *c, const char *prefix, const char *id, const str
                   struct cli_render *r, struct rl_err *err)
 {
     char key[CLI_KEY_MAX];
-    int rc = cli_key(key, prefix, "out:", id, err);
+    int rc = rcl_tagged_key(key, CLI_KEY_MAX, rconn_is_cluster(c), prefix, "out:", id) < 0
+                 ? rl_errf(err, RL_EINVAL, "key %sout:%s is too long", prefix, id) : 0;
     if (rc)
         return rc;
     /* --json: the renderer only tracks done and the finish reason */

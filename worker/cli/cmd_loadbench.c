@@ -71,6 +71,7 @@
 #include "job.h"
 #include "loadstats.h"
 #include "rconn.h"
+#include "rcluster.h"
 
 extern char **environ;
 
@@ -718,7 +719,6 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
     else
         snprintf(key, sizeof key, "%sjobs:%s", o->prefix,
                  o->target == LB_TARGET_POOL ? o->pool : q->mode == LB_MODE_THINK ? "think" : "fast");
-    snprintf(out_key, sizeof out_key, "%sout:%s", o->prefix, q->id);
     const char *names[] = {"job"};
     const char *values[] = {job};
     size_t lens[] = {strlen(job)};
@@ -731,6 +731,8 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
         q->t_done = now;
         return;
     }
+    /* after the XADD: the connection knows whether Redis is a cluster */
+    rcl_tagged_key(out_key, sizeof out_key, rconn_is_cluster(c), o->prefix, "out:", q->id);
     q->t_sent = now;
     double deadline = q->t_sent + o->timeout_s;
     char last[RCONN_ID_MAX] = "0-0";
@@ -738,7 +740,7 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
         now = rl_mono_s() - run->t0;
         if (now >= deadline) {
             char ck[256];
-            snprintf(ck, sizeof ck, "%scancel:%s", o->prefix, q->id);
+            rcl_tagged_key(ck, sizeof ck, rconn_is_cluster(c), o->prefix, "cancel:", q->id);
             const char *argv[] = {"SET", ck, "1", "EX", "600"};
             rconn_command(c, 5, argv, NULL, NULL, &err);
             set_code(q, "TIMEOUT");
@@ -1116,26 +1118,29 @@ static void run_free(struct lb_run *run)
  * match or after 10000 iterations). */
 static int count_keys(struct rconn *c, const char *pattern, long *found, struct rl_err *err)
 {
-    char cursor[32] = "0";
     *found = 0;
-    for (int it = 0; it < 10000; it++) {
-        const char *argv[] = {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"};
-        struct rconn_reply *r = NULL;
-        int rc = rconn_command(c, 6, argv, NULL, &r, err);
-        if (rc < 0) {
+    /* a cluster's keys are spread over its masters: SCAN each */
+    for (int m = 0; m < rconn_n_masters(c) && !*found; m++) {
+        char cursor[32] = "0";
+        for (int it = 0; it < 10000; it++) {
+            const char *argv[] = {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"};
+            struct rconn_reply *r = NULL;
+            int rc = rconn_command_on(c, m, 6, argv, NULL, &r, err);
+            if (rc < 0) {
+                rconn_reply_free(r);
+                return rc;
+            }
+            if (!r || r->type != RCONN_ARRAY || r->n_elem != 2 || r->elem[0].type != RCONN_STRING ||
+                r->elem[1].type != RCONN_ARRAY) {
+                rconn_reply_free(r);
+                return rl_errf(err, RL_EFORMAT, "SCAN: unexpected reply");
+            }
+            snprintf(cursor, sizeof cursor, "%s", r->elem[0].str);
+            *found += (long)r->elem[1].n_elem;
             rconn_reply_free(r);
-            return rc;
+            if (*found > 0 || !strcmp(cursor, "0"))
+                break;
         }
-        if (!r || r->type != RCONN_ARRAY || r->n_elem != 2 || r->elem[0].type != RCONN_STRING ||
-            r->elem[1].type != RCONN_ARRAY) {
-            rconn_reply_free(r);
-            return rl_errf(err, RL_EFORMAT, "SCAN: unexpected reply");
-        }
-        snprintf(cursor, sizeof cursor, "%s", r->elem[0].str);
-        *found += (long)r->elem[1].n_elem;
-        rconn_reply_free(r);
-        if (*found > 0 || !strcmp(cursor, "0"))
-            return 0;
     }
     return 0;
 }

@@ -95,32 +95,35 @@ static int keys_add(struct keys *k, const char *s)
 static int scan_keys(struct rconn *c, const char *pattern, const char *type, struct keys *out,
                      struct rl_err *err)
 {
-    char cursor[32] = "0";
     memset(out, 0, sizeof *out);
-    do {
-        const char *argv[] = {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000", "TYPE", type};
-        struct rconn_reply *r = NULL;
-        int rc = rconn_command(c, type ? 8 : 6, argv, NULL, &r, err);
-        if (rc) {
-            rconn_reply_free(r);
-            keys_free(out);
-            return rc;
-        }
-        if (r->type != RCONN_ARRAY || r->n_elem != 2 || r->elem[0].type != RCONN_STRING ||
-            r->elem[1].type != RCONN_ARRAY) {
-            rconn_reply_free(r);
-            keys_free(out);
-            return rl_errf(err, RL_EFORMAT, "SCAN: unexpected reply");
-        }
-        snprintf(cursor, sizeof cursor, "%s", r->elem[0].str);
-        for (size_t i = 0; i < r->elem[1].n_elem; i++)
-            if (r->elem[1].elem[i].type == RCONN_STRING && keys_add(out, r->elem[1].elem[i].str)) {
+    /* a cluster's keys are spread over its masters: SCAN each */
+    for (int m = 0; m < rconn_n_masters(c); m++) {
+        char cursor[32] = "0";
+        do {
+            const char *argv[] = {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000", "TYPE", type};
+            struct rconn_reply *r = NULL;
+            int rc = rconn_command_on(c, m, type ? 8 : 6, argv, NULL, &r, err);
+            if (rc) {
                 rconn_reply_free(r);
                 keys_free(out);
-                return rl_errf(err, RL_ENOMEM, "out of memory");
+                return rc;
             }
-        rconn_reply_free(r);
-    } while (strcmp(cursor, "0") && out->n < MAX_KEYS);
+            if (r->type != RCONN_ARRAY || r->n_elem != 2 || r->elem[0].type != RCONN_STRING ||
+                r->elem[1].type != RCONN_ARRAY) {
+                rconn_reply_free(r);
+                keys_free(out);
+                return rl_errf(err, RL_EFORMAT, "SCAN: unexpected reply");
+            }
+            snprintf(cursor, sizeof cursor, "%s", r->elem[0].str);
+            for (size_t i = 0; i < r->elem[1].n_elem; i++)
+                if (r->elem[1].elem[i].type == RCONN_STRING && keys_add(out, r->elem[1].elem[i].str)) {
+                    rconn_reply_free(r);
+                    keys_free(out);
+                    return rl_errf(err, RL_ENOMEM, "out of memory");
+                }
+            rconn_reply_free(r);
+        } while (strcmp(cursor, "0") && out->n < MAX_KEYS);
+    }
     if (out->n)
         qsort(out->v, (size_t)out->n, sizeof *out->v, cmp_str);
     return 0;
