@@ -187,6 +187,12 @@ int rcl_split_seeds(const char *list, char (*seeds)[RCL_HOST_MAX + 8], int max,
     }
 }
 
+int rcl_queue_key(char *buf, size_t cap, bool cluster, const char *prefix, const char *rest)
+{
+    int n = snprintf(buf, cap, cluster ? "{%s}%s" : "%s%s", prefix, rest);
+    return n < 0 || (size_t)n >= cap ? -1 : n;
+}
+
 int rcl_tagged_key(char *buf, size_t cap, bool cluster, const char *prefix, const char *kind,
                    const char *id)
 {

@@ -79,4 +79,11 @@ int rcl_split_seeds(const char *list, char (*seeds)[RCL_HOST_MAX + 8], int max,
 int rcl_tagged_key(char *buf, size_t cap, bool cluster, const char *prefix, const char *kind,
                    const char *id);
 
+/* The queue keys (requests, jobs:<pool>, jobs:<model>:<pool>, dead) of
+ * one prefix: <prefix><rest>, or {<prefix>}<rest> in cluster mode, one
+ * slot for all of them, because the dispatcher forwards a request in one
+ * MULTI (XADD jobs:<pool> + XACK requests) and a worker BLOCKs on all its
+ * pools in one XREADGROUP. Returns the length, or -1 when it does not fit. */
+int rcl_queue_key(char *buf, size_t cap, bool cluster, const char *prefix, const char *rest);
+
 #endif

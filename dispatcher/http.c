@@ -784,9 +784,9 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         return respond_error(q, conn, &e);
     }
     char key[300];
-    snprintf(key, sizeof key, "%srequests", h->prefix);
     /* connected first: the key layout depends on what the server is */
     rconn_ensure(q->rc, NULL);
+    rcl_queue_key(key, sizeof key, rconn_is_cluster(q->rc), h->prefix, "requests");
     rcl_tagged_key(q->out_key, sizeof q->out_key, rconn_is_cluster(q->rc), h->prefix, "out:",
                    q->id);
     snprintf(q->last, sizeof q->last, "0-0");

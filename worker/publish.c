@@ -258,7 +258,7 @@ static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j)
     char buf[W_KEY_MAX + WOPTS_STR_MAX + 64];
     int rc;
     if (j->dead) {
-        snprintf(buf, sizeof buf, "%sdead", w->opt.prefix);
+        rcl_queue_key(buf, sizeof buf, w_cluster(w), w->opt.prefix, "dead");
         if ((rc = queue_xadd(f, (struct item){IT_DEAD, j, 0}, buf, "*", w->opt.dead_maxlen,
                              "dead", j->dead, strlen(j->dead))))
             return rc;

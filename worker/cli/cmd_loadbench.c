@@ -714,11 +714,15 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
         q->t_done = rl_mono_s() - run->t0;
         return;
     }
+    char rest[200];
     if (o->target == LB_TARGET_DISPATCHER)
-        snprintf(key, sizeof key, "%srequests", o->prefix);
+        snprintf(rest, sizeof rest, "requests");
     else
-        snprintf(key, sizeof key, "%sjobs:%s", o->prefix,
+        snprintf(rest, sizeof rest, "jobs:%.64s",
                  o->target == LB_TARGET_POOL ? o->pool : q->mode == LB_MODE_THINK ? "think" : "fast");
+    /* the layout is known once connected: a cluster's queue keys share a tag */
+    rconn_ensure(c, NULL);
+    rcl_queue_key(key, sizeof key, rconn_is_cluster(c), o->prefix, rest);
     const char *names[] = {"job"};
     const char *values[] = {job};
     size_t lens[] = {strlen(job)};

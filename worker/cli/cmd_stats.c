@@ -362,10 +362,13 @@ static int collect(struct rconn *c, const char *prefix, const char *addr, cJSON 
             if (p->string && keys_add(&names, p->string))
                 goto oom;
     }
-    if ((rc = cli_key(pat, prefix, "jobs:*", NULL, err)) ||
+    /* the queue keys: {<prefix>}... in a cluster (rcl_queue_key) */
+    char qp[CLI_KEY_MAX];
+    snprintf(qp, sizeof qp, rconn_is_cluster(c) ? "{%.200s}" : "%.200s", prefix);
+    if ((rc = cli_key(pat, qp, "jobs:*", NULL, err)) ||
         (rc = scan_keys(c, pat, "stream", &streams, err)))
         goto fail;
-    size_t plen = strlen(prefix) + 5;
+    size_t plen = strlen(qp) + 5;
     for (int i = 0; i < streams.n; i++)
         if (strlen(streams.v[i]) > plen && keys_add(&names, streams.v[i] + plen))
             goto oom;
@@ -375,7 +378,7 @@ static int collect(struct rconn *c, const char *prefix, const char *addr, cJSON 
         cJSON *p = cJSON_CreateObject();
         cJSON_AddItemToArray(pools, p);
         cJSON_AddStringToObject(p, "name", names.v[i]);
-        if ((rc = add_key(p, key, prefix, "jobs:", names.v[i], err)))
+        if ((rc = add_key(p, key, qp, "jobs:", names.v[i], err)))
             goto fail;
         int n_workers = 0;
         cJSON_ArrayForEach(w, workers) {
@@ -391,13 +394,13 @@ static int collect(struct rconn *c, const char *prefix, const char *addr, cJSON 
     }
 
     cJSON *req = cJSON_AddObjectToObject(o, "requests");
-    if ((rc = add_key(req, key, prefix, "requests", NULL, err)))
+    if ((rc = add_key(req, key, qp, "requests", NULL, err)))
         goto fail;
     if ((rc = stream_stats(c, key, "dispatchers", now, req, err)))
         goto fail;
 
     cJSON *dead = cJSON_AddObjectToObject(o, "dead");
-    if ((rc = add_key(dead, key, prefix, "dead", NULL, err)))
+    if ((rc = add_key(dead, key, qp, "dead", NULL, err)))
         goto fail;
     const char *xl[] = {"XLEN", key};
     if ((rc = simple(c, 2, xl, &r, err)))
