@@ -76,8 +76,10 @@ struct rconn {
     bool discovered;     /* asked the server whether it is a cluster */
     bool cluster;
     bool stale;          /* a redirect or a lost node: re-read the map */
+    bool down;           /* the last re-read found no node answering */
     struct rcl_map *map; /* cluster only: slot -> master */
     redisContext *node_ctx[RCL_MAX_NODES]; /* by map node index, NULL = not connected */
+    int64_t node_retry_ms[RCL_MAX_NODES]; /* a node's connect failed: not before this */
     int block_ms;        /* > 0 while a BLOCKing read runs: widens the node's timeout */
     unsigned rotor;      /* which node's pools a split XREADGROUP blocks on next */
 };
@@ -225,7 +227,7 @@ void rconn_free(struct rconn *c)
 
 bool rconn_connected(const struct rconn *c)
 {
-    return c->cluster ? !c->stale : c->ctx != NULL;
+    return c->cluster ? c->map && !c->down : c->ctx != NULL;
 }
 bool rconn_is_cluster(const struct rconn *c) { return c->cluster; }
 int64_t rconn_n_reconnects(const struct rconn *c) { return c->n_connects > 1 ? c->n_connects - 1 : 0; }
@@ -233,7 +235,7 @@ const char *rconn_addr(const struct rconn *c) { return c->addr; }
 
 int64_t rconn_retry_in_ms(const struct rconn *c)
 {
-    if (rconn_connected(c))
+    if (rconn_connected(c) && !c->stale)
         return 0;
     int64_t d = c->next_try_ms - rl_mono_ms();
     return d > 0 ? d : 0;
@@ -456,6 +458,7 @@ static int refresh_map(struct rconn *c, struct rl_err *err)
         c->node_ctx[i] = NULL;
     }
     memcpy(c->node_ctx, keep, sizeof keep);
+    memset(c->node_retry_ms, 0, sizeof c->node_retry_ms); /* the numbering changed */
     free(c->map);
     c->map = fresh;
     c->stale = false;
@@ -535,6 +538,23 @@ static int try_connect(struct rconn *c, struct rl_err *err)
 
 int rconn_ensure(struct rconn *c, struct rl_err *err)
 {
+    if (c->cluster && c->map && c->stale) {
+        /* a stale map still routes most slots: re-read it when the backoff
+         * allows, keep using it meanwhile unless no node answered */
+        int64_t wait = rconn_retry_in_ms(c);
+        if (c->next_try_ms > rl_mono_ms())
+            return c->down ? rl_errf(err, RL_EIO, "redis cluster %s: no node answers; next "
+                                     "attempt in %lld ms", c->addr, (long long)wait) : 0;
+        int rc = refresh_map(c, err);
+        c->down = rc != 0;
+        if (rc) {
+            schedule_retry(c);
+            return rc;
+        }
+        c->n_failures = 0;
+        c->next_try_ms = 0;
+        return 0;
+    }
     if (rconn_connected(c))
         return 0;
     int64_t wait = rconn_retry_in_ms(c);
@@ -654,15 +674,21 @@ static int node_ctx(struct rconn *c, int n, redisContext **out, struct rl_err *e
 {
     if (!c->node_ctx[n]) {
         const struct rcl_node *nd = &c->map->nodes[n];
+        if (c->node_retry_ms[n] > rl_mono_ms())
+            return rl_errf(err, RL_EIO, "redis %s:%d: unreachable; next attempt in %lld ms",
+                           nd->host, nd->port, (long long)(c->node_retry_ms[n] - rl_mono_ms()));
         char name[RCL_HOST_MAX + 16];
         snprintf(name, sizeof name, "%s:%d", nd->host, nd->port);
         int rc = open_ctx(c, nd->host, nd->port, NULL, name, &c->node_ctx[n], err);
         if (rc) {
             c->stale = true;
-            if (rc == -RL_EIO)
+            if (rc == -RL_EIO) {
                 schedule_retry(c);
+                c->node_retry_ms[n] = c->next_try_ms;
+            }
             return rc;
         }
+        c->node_retry_ms[n] = 0;
     }
     *out = c->node_ctx[n];
     if (c->io_timeout_ms > 0)
