@@ -24,9 +24,9 @@
  * with the connection kept, so callers treat them like an outage.
  *
  * Cluster. The address may be a seed list "host:port,host:port,...". At
- * the first connect the first reachable seed is asked INFO cluster: a
- * single instance (or a server that refuses INFO, or a unix socket, never
- * asked) keeps the one-context path above, unchanged, with no extra round
+ * the first connect the first reachable seed is asked HELLO 2 (its "mode"): a
+ * single instance (or a server older than 6 that refuses HELLO, or a unix
+ * socket, never asked) keeps the one-context path above, unchanged, with no extra round
  * trip per command. A cluster gets a slot map from CLUSTER SLOTS and one
  * context per master, made when a command first needs it. Each command is
  * routed by the slot of its key (common/rcluster.c); MOVED updates that
@@ -481,16 +481,25 @@ static int discover(struct rconn *c, struct rl_err *err)
             free(host);
             continue;
         }
-        redisReply *r = redisCommand(ctx, "INFO cluster");
+        /* HELLO 2 (Redis 6+) says "mode" "cluster" or "standalone", and
+         * every authenticated user may send it, so least-privilege ACL
+         * users (config/redis-acl.conf) need nothing more; an older server
+         * refuses it and is taken as single */
+        redisReply *r = redisCommand(ctx, "HELLO 2");
         if (!r) {
-            rc = rl_errf(err, RL_EIO, "redis %s: INFO: %s", c->seeds[i],
+            rc = rl_errf(err, RL_EIO, "redis %s: HELLO: %s", c->seeds[i],
                          ctx->errstr[0] ? ctx->errstr : "connection lost");
             redisFree(ctx);
             free(host);
             continue;
         }
-        /* a server that refuses INFO (an ACL without +info) is taken as single */
-        bool cl = r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_enabled:1");
+        bool cl = false;
+        for (size_t k = 0; r->type == REDIS_REPLY_ARRAY && k + 1 < r->elements; k += 2) {
+            const redisReply *f = r->element[k], *v = r->element[k + 1];
+            if (f->type == REDIS_REPLY_STRING && !strcmp(f->str, "mode"))
+                cl = (v->type == REDIS_REPLY_STRING || v->type == REDIS_REPLY_STATUS) &&
+                     !strcmp(v->str, "cluster");
+        }
         freeReplyObject(r);
         if (!cl) {
             free(host);

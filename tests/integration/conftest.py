@@ -58,6 +58,19 @@ def free_port():
     return port
 
 
+def wait_ping(port, what="redis-server"):
+    """Until the server on port answers PING (4 s at most)."""
+    r = redis.Redis(port=port)
+    for _ in range(200):
+        try:
+            if r.ping():
+                return
+        except redis.exceptions.RedisError:
+            pass
+        time.sleep(0.02)
+    raise RuntimeError(f"{what} did not start")
+
+
 class RedisServer:
     """A redis-server of our own, on a free loopback port, in dir."""
 
@@ -77,15 +90,7 @@ class RedisServer:
         else:
             args += ["--appendonly", "no"]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        r = redis.Redis(port=self.port)
-        for _ in range(200):
-            try:
-                if r.ping():
-                    return
-            except redis.exceptions.RedisError:
-                pass
-            time.sleep(0.02)
-        raise RuntimeError("redis-server did not start")
+        wait_ping(self.port)
 
     def stop(self, kill=False):
         if self.proc and self.proc.poll() is None:
@@ -239,16 +244,19 @@ class Client:
                 time.sleep(0.02)
         raise RuntimeError("cannot submit")
 
-    def events(self, job_id, timeout=60, r=None):
-        """Every event of job_id as (entry_id, dict), up to and including done."""
+    def events(self, job_id, timeout=60, r=None, key=None):
+        """Every event of job_id as (entry_id, dict), up to and including done.
+        key: the stream when not <prefix>out:<id> (a cluster's out:{<id>});
+        a cluster's redirects and CLUSTERDOWN are retried like a lost connection."""
         r = r or connect(self.addr)
-        key = f"{self.prefix}out:{job_id}"
+        key = key or f"{self.prefix}out:{job_id}"
         out, last = [], "0-0"
         deadline = time.time() + timeout
         while time.time() < deadline:
             try:
                 res = r.xread({key: last}, block=200, count=1000)
-            except redis.exceptions.ConnectionError:
+            except (redis.exceptions.ConnectionError, redis.exceptions.ClusterError,
+                    redis.exceptions.ClusterDownError):
                 time.sleep(0.05)
                 continue
             for _, entries in res:
@@ -418,15 +426,7 @@ class RedisCluster:
              "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
              "--logfile", str(d / "redis.log")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        r = redis.Redis(port=port)
-        for _ in range(200):
-            try:
-                if r.ping():
-                    return
-            except redis.exceptions.RedisError:
-                pass
-            time.sleep(0.02)
-        raise RuntimeError(f"cluster node {port} did not start")
+        wait_ping(port, f"cluster node {port}")
 
     def node(self, port):
         return redis.Redis(port=port, decode_responses=True)

@@ -18,7 +18,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import CLI, MODEL, check_stream, greedy_jobs, reference
+from conftest import CLI, MODEL, Client, check_stream, greedy_jobs, reference
 
 FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
 
@@ -34,26 +34,18 @@ def qkey(prefix, rest):
 
 
 def events(rc, prefix, jid, timeout=60):
-    """Every event of jid as (entry_id, event) up to done, riding out a
-    failover (connection errors and redirects are retried)."""
-    import redis
-    key = out_key(prefix, jid)
-    out, last = [], "0-0"
+    """Every event of jid up to done, read from out:{jid} (conftest.Client)."""
+    n = rc.get_default_node()
+    return Client(f"{n.host}:{n.port}", prefix).events(jid, timeout, r=rc,
+                                                       key=out_key(prefix, jid))
+
+
+def wait_started(rc, prefix, jobs, timeout=60):
+    """Until every job has published a few events: mid-generation."""
     deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            res = rc.xread({key: last}, block=200, count=1000)
-        except redis.exceptions.RedisError:
-            time.sleep(0.1)
-            continue
-        for _, entries in res or []:
-            for eid, f in entries:
-                last = eid
-                ev = json.loads(f["event"])
-                out.append((eid, ev))
-                if ev["type"] == "done":
-                    return out
-    raise AssertionError(f"{jid}: no done within {timeout}s; got {len(out)} events")
+    while not all(rc.xlen(out_key(prefix, j["id"])) >= 3 for j in jobs):
+        assert time.time() < deadline, "jobs never started"
+        time.sleep(0.02)
 
 
 def submit(rc, prefix, job, pool="fast"):
@@ -159,11 +151,7 @@ def test_kill9_resume_on_cluster(redis_cluster, workers, prefix, tmp_path, event
     jobs = greedy_jobs(6, seed=7, max_tokens=(150, 200), tag="k")
     for j in jobs:
         submit(rc, prefix, j)
-    # mid-generation: every job has published some tokens
-    deadline = time.time() + 60
-    while not all(rc.xlen(out_key(prefix, j["id"])) >= 3 for j in jobs):
-        assert time.time() < deadline, "jobs never started"
-        time.sleep(0.02)
+    wait_started(rc, prefix, jobs)
     w1.kill(signal.SIGKILL)
     w1.wait()
     assert n_unfinished(rc, prefix, jobs) > 0, "the kill came too late to test resumption"
@@ -179,10 +167,7 @@ def test_failover_mid_run(redis_cluster, workers, prefix, tmp_path, event_valida
     first, second = jobs[:8], jobs[8:]
     for j in first:
         submit(rc, prefix, j)
-    deadline = time.time() + 60
-    while not all(rc.xlen(out_key(prefix, j["id"])) >= 3 for j in first):
-        assert time.time() < deadline, "jobs never started"
-        time.sleep(0.02)
+    wait_started(rc, prefix, first)
     # fail over the master of the pool stream (and its consumer group)
     old = master_of(redis_cluster, qkey(prefix, "jobs:fast"))
     new = redis_cluster.replica_of(old)

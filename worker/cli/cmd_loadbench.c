@@ -231,7 +231,7 @@ static int parse_double(const char *s, double lo, double hi, double *v, const ch
 }
 
 /* "127.0.0.1:6379", "localhost:6379", "[::1]:6379", "unix:/path" or "/path". */
-static int check_loopback(const char *addr, struct rl_err *err)
+static int check_one_loopback(const char *addr, struct rl_err *err)
 {
     if (!strncmp(addr, "unix:", 5) || addr[0] == '/')
         return 0;
@@ -254,6 +254,23 @@ static int check_loopback(const char *addr, struct rl_err *err)
     return rl_errf(err, RL_EINVAL,
                    "--redis: %s is not a loopback address; redlm bench only loads a deployment "
                    "on this machine (127.0.0.0/8, [::1], localhost or a unix socket)", host);
+}
+
+/* Every entry of a cluster's seed list "a:1,b:2" too. */
+static int check_loopback(const char *addr, struct rl_err *err)
+{
+    char seeds[RCL_MAX_NODES][RCL_HOST_MAX + 8];
+    int n = strchr(addr, ',') ? rcl_split_seeds(addr, seeds, RCL_MAX_NODES, err) : 0;
+    if (n < 0)
+        return n;
+    if (!n)
+        return check_one_loopback(addr, err);
+    for (int i = 0; i < n; i++) {
+        int rc = check_one_loopback(seeds[i], err);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 static int parse_levels(const char *s, struct lb_opts *o, struct rl_err *err)

@@ -1,0 +1,70 @@
+"""A worker fleet on one Redis vs on a 3-master Redis Cluster (issue 19).
+
+    /usr/bin/python3 tests/bench/bench_cluster.py [--workers 2] [--clients 32] [--requests 400]
+
+For each backend in one run: starts it (a redis-server, or 3 masters + 3
+replicas joined by redis-cli --cluster create, on free loopback ports), a
+fleet of --workers CPU workers with the tiny model (given the seed list on
+the cluster), then `redlm bench --target pool:fast` with --clients closed-loop
+clients, short prompts and --output-len tokens, and prints one JSON line per
+backend (requests/s, output tokens/s, p50/p99 latency) and their ratio.
+The tiny model keeps the engine cheap, so the figures are dominated by the
+Redis round trips: the client writes, the worker's reads, acks, event XADDs.
+"""
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "integration"))
+from conftest import CLI, RedisCluster, RedisServer, Worker  # noqa: E402
+
+
+def run(addr, args, tmp, label):
+    prefix = "bench:"
+    ws = [Worker(addr, prefix, f"w{i}", tmp, ("--max-batch", "32"), pools="fast")
+          for i in range(args.workers)]
+    try:
+        out = pathlib.Path(tmp) / f"{label}.json"
+        subprocess.run([str(CLI), "bench", "--redis", addr, "--prefix", prefix,
+                        "--target", "pool:fast", "--clients", str(args.clients),
+                        "--requests", str(args.requests), "--warmup", str(args.clients),
+                        "--prompt-len", "8", "--output-len", str(args.output_len),
+                        "--temperature", "0", "--no-plots", "--label", label, "--out", str(out)],
+                       check=True, capture_output=True, text=True, timeout=900)
+        return json.loads(out.read_text())
+    finally:
+        for w in ws:
+            w.stop()
+
+
+def summary(res):
+    lv = res["levels"][0] if "levels" in res else res
+    return lv
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--requests", type=int, default=400)
+    ap.add_argument("--output-len", type=int, default=16)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        single = RedisServer(pathlib.Path(tmp) / "single")
+        try:
+            a = summary(run(single.addr, args, tmp, "single"))
+        finally:
+            single.stop()
+        cluster = RedisCluster(pathlib.Path(tmp) / "cluster")
+        try:
+            b = summary(run(cluster.seeds, args, tmp, "cluster"))
+        finally:
+            cluster.stop()
+    print(json.dumps({"single": a, "cluster": b}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
