@@ -163,8 +163,10 @@ def test_kill9_resume_on_cluster(redis_cluster, workers, prefix, tmp_path, event
 def test_failover_mid_run(redis_cluster, workers, prefix, tmp_path, event_validator):
     rc = redis_cluster.client()
     w = workers("w1", *FAST_CLAIM, "--max-batch", "8", addr=redis_cluster.seeds)
-    jobs = greedy_jobs(12, seed=11, max_tokens=(400, 600), tag="f")
-    first, second = jobs[:8], jobs[8:]
+    # long enough to outlast the failover (WAIT, the vote, the new map)
+    first = greedy_jobs(4, seed=11, max_tokens=(2000, 3000), tag="f")
+    second = greedy_jobs(4, seed=12, max_tokens=(100, 200), tag="g")
+    jobs = first + second
     for j in first:
         submit(rc, prefix, j)
     wait_started(rc, prefix, first)
