@@ -422,6 +422,8 @@ static int refresh_map(struct rconn *c, struct rl_err *err)
                         rcl_map_n_uncovered(fresh));
             else
                 rc = 0;
+        } else if (r && r->type == REDIS_REPLY_ERROR) { /* an ACL without +cluster|slots */
+            rl_errf(err, RL_EIO, "redis cluster %s:%d: CLUSTER SLOTS: %s", host, port, r->str);
         } else if (!r) {
             rl_errf(err, RL_EIO, "redis cluster %s:%d: CLUSTER SLOTS: %s", host, port,
                     ctx->errstr[0] ? ctx->errstr : "connection lost");

@@ -26,6 +26,13 @@
  * which would run outside the transaction). Entries of a dispatcher that
  * died are taken over with XAUTOCLAIM after claim_idle_ms.
  *
+ * On a Redis Cluster (schemas/README.md, "Key layout on a Redis Cluster")
+ * the queue keys share one slot, so forward stays one transaction; out:{id}
+ * is in its request's own slot, so the cached / invalid / overload events
+ * go first, outside it (events_first), and the transaction (dead letter,
+ * XACK) only once they are all confirmed: a crash between the two re-sends
+ * the same events under the same explicit IDs.
+ *
  * The one way to duplicate: a live dispatcher stalled longer than
  * claim_idle_ms between its read and its EXEC, whose entries another one
  * claims meanwhile. The default 30 s is far above a round's milliseconds.
