@@ -1,13 +1,14 @@
 """A worker fleet on one Redis vs on a 3-master Redis Cluster (issue 19).
 
-    /usr/bin/python3 tests/bench/bench_cluster.py [--workers 2] [--clients 32] [--requests 400]
+    /usr/bin/python3 tests/bench/bench_cluster.py [--workers 2] [--sweep 8,32,96] [--requests 600]
 
 For each backend in one run: starts it (a redis-server, or 3 masters + 3
 replicas joined by redis-cli --cluster create, on free loopback ports), a
 fleet of --workers CPU workers with the tiny model (given the seed list on
-the cluster), then `redlm bench --target pool:fast` with --clients closed-loop
-clients, short prompts and --output-len tokens, and prints one JSON line per
-backend (requests/s, output tokens/s, p50/p99 latency) and their ratio.
+the cluster), then `redlm bench --target pool:fast` closed-loop at each --sweep level of
+clients, short prompts and --output-len tokens, and prints per level and
+backend requests/s, output tokens/s, p50/p99 end-to-end latency, and the
+cluster/single ratio; the saturation rate is the best level's requests/s.
 The tiny model keeps the engine cheap, so the figures are dominated by the
 Redis round trips: the client writes, the worker's reads, acks, event XADDs.
 """
@@ -29,8 +30,8 @@ def run(addr, args, tmp, label):
     try:
         out = pathlib.Path(tmp) / f"{label}.json"
         subprocess.run([str(CLI), "bench", "--redis", addr, "--prefix", prefix,
-                        "--target", "pool:fast", "--clients", str(args.clients),
-                        "--requests", str(args.requests), "--warmup", str(args.clients),
+                        "--target", "pool:fast", "--sweep", args.sweep,
+                        "--requests", str(args.requests), "--warmup", "8",
                         "--prompt-len", "8", "--output-len", str(args.output_len),
                         "--temperature", "0", "--no-plots", "--label", label, "--out", str(out)],
                        check=True, capture_output=True, text=True, timeout=900)
@@ -41,15 +42,20 @@ def run(addr, args, tmp, label):
 
 
 def summary(res):
-    lv = res["levels"][0] if "levels" in res else res
-    return lv
+    """Per level: the figures the table needs."""
+    levels = res["levels"] if "levels" in res else [res]
+    return [{"clients": lv["clients"], "completed": lv["completed"], "errors": lv["n_errors"],
+             "requests_per_s": round(lv["requests_per_s"], 1),
+             "output_tokens_per_s": round(lv["output_tokens_per_s"], 1),
+             "e2e_p50_ms": lv["e2e_ms"]["p50"], "e2e_p99_ms": lv["e2e_ms"]["p99"]}
+            for lv in levels]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--clients", type=int, default=32)
-    ap.add_argument("--requests", type=int, default=400)
+    ap.add_argument("--sweep", default="8,32,96")
+    ap.add_argument("--requests", type=int, default=600)
     ap.add_argument("--output-len", type=int, default=16)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -63,7 +69,12 @@ def main():
             b = summary(run(cluster.seeds, args, tmp, "cluster"))
         finally:
             cluster.stop()
-    print(json.dumps({"single": a, "cluster": b}, indent=1))
+    for x, y in zip(a, b):
+        print(json.dumps({"clients": x["clients"], "single": x, "cluster": y,
+                          "ratio_requests_per_s": round(y["requests_per_s"] / x["requests_per_s"], 3)}))
+    best = lambda v: max(lv["requests_per_s"] for lv in v)
+    print(json.dumps({"saturation_requests_per_s": {"single": best(a), "cluster": best(b)},
+                      "ratio": round(best(b) / best(a), 3)}))
 
 
 if __name__ == "__main__":
