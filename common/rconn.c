@@ -1057,6 +1057,14 @@ static int store_reply(struct rconn_batch *b, int i, redisReply *r)
     return 0;
 }
 
+/* Command i of b is the argument-less name (MULTI, EXEC), as encoded. */
+static bool batch_is(const struct rconn_batch *b, int i, const char *name)
+{
+    char enc[32];
+    int n = snprintf(enc, sizeof enc, "*1\r\n$%zu\r\n%s\r\n", strlen(name), name);
+    return b->cmd_len[i] == n && !strncasecmp(b->cmd[i], enc, (size_t)n);
+}
+
 /* The node each unanswered command goes to: its key's master; a keyless
  * one goes with the next keyed command (MULTI) or else the previous one
  * (EXEC), so a transaction stays on its node. */
@@ -1073,71 +1081,77 @@ static void cl_route(const struct rconn *c, const struct rconn_batch *b, int *no
     for (int i = b->n - 1, next = -1; i >= 0; i--) {
         if (b->slot[i] >= 0)
             next = node[i];
-        else if (next >= 0 && (node[i] == -2 || !strncasecmp(b->cmd[i], "*1\r\n$5\r\nMULTI", 15)))
+        else if (next >= 0 && (node[i] == -2 || batch_is(b, i, "MULTI")))
             node[i] = next;
         if (node[i] == -2)
             node[i] = node_of(c, -1);
     }
 }
 
-/* Cluster batch: one pipeline per node, in command order within each;
- * then the redirected commands one by one. */
+/* Cluster batch: one pipeline per node, in command order within each,
+ * all written before any reply is read, so the nodes work in parallel
+ * (one round trip, not one per node); then the redirected commands one by
+ * one. A node that fails leaves its commands unanswered (-RL_EIO). */
 static int cl_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
 {
     int *node = malloc(sizeof *node * (size_t)b->n);
     if (!node)
         return rl_errf(err, RL_ENOMEM, "pipeline: out of memory");
     cl_route(c, b, node);
-    int rc = 0;
-    for (int first = 0; first < b->n; first++) {
-        int n = node[first];
-        if (b->done[first] || n == -3)
+    int rc = 0, used[RCL_MAX_NODES], n_used = 0;
+    redisContext *ctxs[RCL_MAX_NODES];
+    for (int i = 0; i < b->n; i++) { /* the nodes, in order of first use */
+        if (b->done[i])
             continue;
-        bool seen = false; /* this node's commands were sent already */
-        for (int i = 0; i < first && !seen; i++)
-            seen = node[i] == n && !b->done[i];
-        if (seen)
-            continue;
-        redisContext *ctx = NULL;
-        int nrc = n < 0 ? rl_errf(err, RL_EIO, "redis cluster %s: a slot has no master", c->addr)
-                        : node_ctx(c, n, &ctx, err);
-        if (nrc) {
+        if (node[i] < 0) {
             c->stale = true;
-            rc = rc ? rc : nrc;
-            for (int i = first; i < b->n; i++)
-                if (node[i] == n)
-                    node[i] = -3; /* skipped this round */
+            rc = rc ? rc : rl_errf(err, RL_EIO, "redis cluster %s: a slot has no master", c->addr);
             continue;
         }
-        for (int i = first; i < b->n && !nrc; i++)
+        int u = 0;
+        while (u < n_used && used[u] != node[i])
+            u++;
+        if (u == n_used)
+            used[n_used++] = node[i];
+    }
+    for (int u = 0; u < n_used; u++) { /* write every node's pipeline */
+        int n = used[u], nrc = node_ctx(c, n, &ctxs[u], err), wdone = 0;
+        for (int i = 0; i < b->n && !nrc; i++)
             if (node[i] == n && !b->done[i] &&
-                redisAppendFormattedCommand(ctx, b->cmd[i], (size_t)b->cmd_len[i]) != REDIS_OK)
+                redisAppendFormattedCommand(ctxs[u], b->cmd[i], (size_t)b->cmd_len[i]) != REDIS_OK)
                 nrc = node_lost(c, n, "pipeline", err);
-        for (int i = first; i < b->n && !nrc; i++) {
+        while (!nrc && !wdone)
+            if (redisBufferWrite(ctxs[u], &wdone) != REDIS_OK)
+                nrc = node_lost(c, n, "pipeline", err);
+        if (nrc) {
+            rc = rc ? rc : nrc;
+            ctxs[u] = NULL;
+        }
+    }
+    for (int u = 0; u < n_used; u++) { /* then read them */
+        int n = used[u], nrc = 0;
+        if (!ctxs[u])
+            continue;
+        for (int i = 0; i < b->n && !nrc; i++) {
             if (node[i] != n || b->done[i])
                 continue;
             void *v = NULL;
-            if (redisGetReply(ctx, &v) != REDIS_OK || !v)
+            if (redisGetReply(ctxs[u], &v) != REDIS_OK || !v) {
                 nrc = node_lost(c, n, "pipeline", err);
-            else if (store_reply(b, i, v))
-                nrc = rl_errf(err, RL_ENOMEM, "pipeline: out of memory copying a reply");
-        }
-        if (nrc) {
-            if (nrc == -RL_ENOMEM)
+            } else if (store_reply(b, i, v)) {
                 node_lost(c, n, "pipeline", NULL); /* replies in flight would mispair */
-            rc = rc ? rc : nrc;
-            for (int i = first; i < b->n; i++)
-                if (node[i] == n)
-                    node[i] = -3;
+                nrc = rl_errf(err, RL_ENOMEM, "pipeline: out of memory copying a reply");
+            }
         }
+        rc = rc ? rc : nrc;
     }
     /* redirected commands (not inside a transaction, where Redis aborts the
      * whole EXEC and the caller sees that) are sent again on their own */
     bool in_multi = false;
     for (int i = 0; i < b->n && !rc; i++) {
-        if (!strncasecmp(b->cmd[i], "*1\r\n$5\r\nMULTI", 15))
+        if (batch_is(b, i, "MULTI"))
             in_multi = true;
-        else if (!strncasecmp(b->cmd[i], "*1\r\n$4\r\nEXEC", 14))
+        else if (batch_is(b, i, "EXEC"))
             in_multi = false;
         struct rconn_reply *r = &b->replies[i];
         if (in_multi || !b->done[i] || r->type != RCONN_ERROR ||
