@@ -118,6 +118,11 @@ struct disp {
 int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *reload);
 /* loop.c: re-makes the router from d->cfg (start, and SIGHUP's reload). */
 int d_make_router(struct disp *d, struct rl_err *err);
+/* loop.c: a router over pools (n names) with the configured think rules
+ * and ratio; on success it replaces *slot (the old one freed), on failure
+ * *slot is kept. */
+int d_router_replace(struct disp *d, const char *const *pools, int n, struct router **slot,
+                     struct rl_err *err);
 
 /* models.c */
 /* Re-reads the served models: ZRANGE <prefix>workers, MGET of their

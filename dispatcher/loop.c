@@ -726,21 +726,30 @@ static void leave_group(struct disp *d)
     free(p);
 }
 
-int d_make_router(struct disp *d, struct rl_err *err)
+int d_router_replace(struct disp *d, const char *const *pools, int n, struct router **slot,
+                     struct rl_err *err)
 {
-    const char *pools[D_MAX_POOLS];
-    for (int p = 0; p < d->n_shared; p++)
-        pools[p] = d->pools[p].name;
-    struct route_opts o = {.pools = pools, .n_pools = d->n_shared,
-                           .default_pool = d->cfg.default_pool,
+    struct route_opts o = {.pools = pools, .n_pools = n, .default_pool = d->cfg.default_pool,
                            .rules = (const char *const *)d->cfg.think_rules.v,
                            .n_rules = d->cfg.think_rules.n, .ratio = d->cfg.think_ratio};
     struct router *r;
     int rc = route_create(&r, &o, err);
     if (rc)
         return rc;
-    route_free(d->router);
-    d->router = r;
+    route_free(*slot);
+    *slot = r;
+    return 0;
+}
+
+int d_make_router(struct disp *d, struct rl_err *err)
+{
+    const char *pools[D_MAX_POOLS];
+    for (int p = 0; p < d->n_shared; p++)
+        pools[p] = d->pools[p].name;
+    int rc = d_router_replace(d, pools, d->n_shared, &d->router, err);
+    if (rc)
+        return rc;
+    struct router *r = d->router;
     pthread_mutex_lock(&d->m.mu);
     d->m.ratio = d->cfg.think_ratio;
     d->m.ratio_effective = route_get_ratio(r);

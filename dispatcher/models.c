@@ -80,16 +80,7 @@ static int make_router(struct disp *d, struct dmodel *m, char pools[][JOB_POOL_M
     const char *names[D_MAX_POOLS];
     for (int i = 0; i < n; i++)
         names[i] = pools[i];
-    struct route_opts o = {.pools = names, .n_pools = n, .default_pool = d->cfg.default_pool,
-                           .rules = (const char *const *)d->cfg.think_rules.v,
-                           .n_rules = d->cfg.think_rules.n, .ratio = d->cfg.think_ratio};
-    struct router *r;
-    int rc = route_create(&r, &o, err);
-    if (rc)
-        return rc;
-    route_free(m->router);
-    m->router = r;
-    return 0;
+    return d_router_replace(d, names, n, &m->router, err);
 }
 
 static void publish_json(struct disp *d)

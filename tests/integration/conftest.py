@@ -132,17 +132,46 @@ def prefix():
     return f"t{uuid.uuid4().hex[:8]}:"
 
 
+def terminate(proc, timeout=15):
+    """SIGTERM to proc, then SIGKILL if it is still there after timeout s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def stopped_at_end(make):
+    """The body of a fixture that yields start(*args, **kw) -> make(*args,
+    **kw) and stops every process so started when the test ends."""
+    started = []
+
+    def start(*args, **kw):
+        p = make(*args, **kw)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.stop()
+
+
 class Daemon:
     """A redlm process a test started, its output in log_path. Subclasses
     build the command line and call start() with a readiness check."""
 
     kind = "process"
 
-    def start(self, args, log_path, ready, timeout=30):
+    def start(self, args, log_path, ready, timeout=30, env=None, cwd=ROOT):
+        """Starts args (with env, None: ours) and waits until ready() is
+        true; raises when the process exits first or timeout passes."""
         self.args = args
         self.log_path = pathlib.Path(log_path)
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=cwd,
+                                     env=env)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -150,7 +179,7 @@ class Daemon:
             if ready():
                 return
             time.sleep(0.02)
-        raise RuntimeError(f"{self.kind} did not get ready")
+        raise RuntimeError(f"{self.kind} did not get ready: {self.text()}")
 
     def text(self):
         return self.log_path.read_text()
@@ -172,13 +201,7 @@ class Daemon:
         return self.proc.wait(timeout)
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         self.log.close()
 
 
@@ -198,16 +221,10 @@ class Worker(Daemon):
 @pytest.fixture
 def workers(built, redis_addr, prefix, tmp_path):
     """start(name, *flags) -> Worker; every worker is stopped at the end."""
-    started = []
+    def make(name="w1", *extra, addr=None, pools="fast,think"):
+        return Worker(addr or redis_addr, prefix, name, tmp_path, extra, pools)
 
-    def start(name="w1", *extra, addr=None, pools="fast,think"):
-        w = Worker(addr or redis_addr, prefix, name, tmp_path, extra, pools)
-        started.append(w)
-        return w
-
-    yield start
-    for w in started:
-        w.stop()
+    yield from stopped_at_end(make)
 
 
 def validator(name):
@@ -244,29 +261,57 @@ class Client:
                 time.sleep(0.02)
         raise RuntimeError("cannot submit")
 
-    def events(self, job_id, timeout=60, r=None, key=None):
-        """Every event of job_id as (entry_id, dict), up to and including done.
-        key: the stream when not <prefix>out:<id> (a cluster's out:{<id>});
-        a cluster's redirects and CLUSTERDOWN are retried like a lost connection."""
-        r = r or connect(self.addr)
-        key = key or f"{self.prefix}out:{job_id}"
-        out, last = [], "0-0"
+    def events(self, job_id, timeout=60, r=None, partial=False):
+        """Every event of job_id as (entry_id, dict), up to and including done
+        (stream_events)."""
+        return stream_events(r or connect(self.addr), f"{self.prefix}out:{job_id}", timeout,
+                             partial)
+
+
+def stream_events(r, key, timeout=60, partial=False):
+    """Every event of the stream at key as (entry_id, dict), up to and
+    including done, riding out Redis restarts (connection errors and
+    timeouts are retried). Past timeout: an AssertionError, or with partial
+    what came so far, so that a caller can count a lost job rather than
+    raise."""
+    out, last = [], "0-0"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            res = r.xread({key: last}, block=200, count=1000)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                redis.exceptions.ClusterError, redis.exceptions.ClusterDownError):
+            # a cluster's failover reads like a lost connection
+            time.sleep(0.05)
+            continue
+        for _, entries in res or []:
+            for eid, fields in entries:
+                last = eid
+                ev = json.loads(fields["event"])
+                out.append((eid, ev))
+                if ev["type"] == "done":
+                    return out
+    if partial:
+        return out
+    raise AssertionError(f"{key}: no done within {timeout}s; got {len(out)} events: "
+                         f"{[ev for _, ev in out[-3:]]}")
+
+
+def job_events(r, prefix, job_id, timeout=60):
+    """The events of job_id on connection r, without their entry IDs."""
+    return [ev for _, ev in stream_events(r, f"{prefix}out:{job_id}", timeout)]
+
+
+def wait_no_pending(r, prefix, pools=("fast", "think"), timeout=10):
+    """Waits up to timeout for every pool's group "workers" to have no
+    pending entry, then asserts it (a job someone still holds, or one
+    nobody acknowledged, fails the test)."""
+    for pool in pools:
         deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                res = r.xread({key: last}, block=200, count=1000)
-            except (redis.exceptions.ConnectionError, redis.exceptions.ClusterError,
-                    redis.exceptions.ClusterDownError):
-                time.sleep(0.05)
-                continue
-            for _, entries in res:
-                for eid, fields in entries:
-                    last = eid
-                    ev = json.loads(fields["event"])
-                    out.append((eid, ev))
-                    if ev["type"] == "done":
-                        return out
-        raise AssertionError(f"job {job_id}: no done within {timeout}s; got {len(out)} events")
+        while r.xpending(f"{prefix}jobs:{pool}", "workers")["pending"] and \
+                time.time() < deadline:
+            time.sleep(0.05)
+        assert r.xpending(f"{prefix}jobs:{pool}", "workers")["pending"] == 0
 
 
 @pytest.fixture
@@ -367,16 +412,10 @@ def dispatchers(redis_addr, prefix, tmp_path):
     """start(name, *flags) -> Dispatcher; every one is stopped at the end."""
     if not DISPATCHER.exists():
         pytest.skip(f"{DISPATCHER} not built (run make)")
-    started = []
+    def make(name="d1", *extra, addr=None):
+        return Dispatcher(addr or redis_addr, prefix, name, tmp_path, extra)
 
-    def start(name="d1", *extra, addr=None):
-        d = Dispatcher(addr or redis_addr, prefix, name, tmp_path, extra)
-        started.append(d)
-        return d
-
-    yield start
-    for d in started:
-        d.stop()
+    yield from stopped_at_end(make)
 
 
 # --- Redis Cluster (issue 19) -----------------------------------------------

@@ -18,7 +18,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import CLI, MODEL, Client, check_stream, greedy_jobs, reference
+from conftest import CLI, MODEL, check_stream, greedy_jobs, reference, stream_events
 
 FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
 
@@ -34,10 +34,8 @@ def qkey(prefix, rest):
 
 
 def events(rc, prefix, jid, timeout=60):
-    """Every event of jid up to done, read from out:{jid} (conftest.Client)."""
-    n = rc.get_default_node()
-    return Client(f"{n.host}:{n.port}", prefix).events(jid, timeout, r=rc,
-                                                       key=out_key(prefix, jid))
+    """Every event of jid up to done, read from out:{jid}."""
+    return stream_events(rc, out_key(prefix, jid), timeout)
 
 
 def wait_started(rc, prefix, jobs, timeout=60):
