@@ -76,6 +76,7 @@
 #include "modelref.h"
 #include "openai.h"
 #include "rconn.h"
+#include "rcluster.h"
 
 #define POLL_MS 200           /* XREAD BLOCK between disconnect checks (at most) */
 #define KEEPALIVE_MS 15000    /* an SSE comment after this long without a byte */
@@ -606,10 +607,10 @@ static void cancel_job(struct req *q, const char *why)
 {
     struct dhttp *h = q->h;
     char key[320];
-    snprintf(key, sizeof key, "%scancel:%s", h->prefix, q->id);
-    const char *argv[] = {"SET", key, "1", "EX", CANCEL_TTL_S};
     struct rl_err err = {0};
     struct rconn *c = q->rc ? q->rc : pool_get(h, &err);
+    rcl_tagged_key(key, sizeof key, c && rconn_is_cluster(c), h->prefix, "cancel:", q->id);
+    const char *argv[] = {"SET", key, "1", "EX", CANCEL_TTL_S};
     int rc = c ? rconn_command(c, 5, argv, NULL, NULL, &err) : -RL_EIO;
     if (rc && c) /* one retry: the request's connection may have been mid-read */
         rc = rconn_command(c, 5, argv, NULL, NULL, &err);
@@ -629,8 +630,11 @@ static void charge_tokens(struct req *q)
     if (!q->has_tenant || !q->tpm || n <= 0)
         return;
     char key[320], num[24];
-    snprintf(key, sizeof key, "%sratelimit:%s:tpm:%lld", q->h->prefix, q->tenant,
-             (long long)(rl_wall_ms() / 60000));
+    /* in a cluster a tenant's counters share its slot: rate_limit's MULTI
+     * touches both */
+    snprintf(key, sizeof key, rconn_is_cluster(q->rc) ? "%sratelimit:{%s}:tpm:%lld"
+                                                      : "%sratelimit:%s:tpm:%lld",
+             q->h->prefix, q->tenant, (long long)(rl_wall_ms() / 60000));
     snprintf(num, sizeof num, "%lld", (long long)n);
     const char *a1[] = {"INCRBY", key, num};
     const char *a2[] = {"EXPIRE", key, RL_WINDOW_TTL_S};
@@ -807,8 +811,11 @@ static int rate_limit(struct req *q, struct oai_error *e)
     long long minute = (long long)(now / 60000);
     int retry = (int)(60 - (now / 1000) % 60);
     char rk[320], tk[320];
-    snprintf(rk, sizeof rk, "%sratelimit:%s:rpm:%lld", h->prefix, q->tenant, minute);
-    snprintf(tk, sizeof tk, "%sratelimit:%s:tpm:%lld", h->prefix, q->tenant, minute);
+    bool cl = rconn_ensure(q->rc, NULL) == 0 && rconn_is_cluster(q->rc);
+    snprintf(rk, sizeof rk, cl ? "%sratelimit:{%s}:rpm:%lld" : "%sratelimit:%s:rpm:%lld",
+             h->prefix, q->tenant, minute);
+    snprintf(tk, sizeof tk, cl ? "%sratelimit:{%s}:tpm:%lld" : "%sratelimit:%s:tpm:%lld",
+             h->prefix, q->tenant, minute);
     const char *multi[] = {"MULTI"}, *incr[] = {"INCR", rk},
                *exp[] = {"EXPIRE", rk, RL_WINDOW_TTL_S}, *get[] = {"GET", tk},
                *exec[] = {"EXEC"};
@@ -975,8 +982,11 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         return respond_error(q, conn, &e);
     }
     char key[300];
-    snprintf(key, sizeof key, "%srequests", h->prefix);
-    snprintf(q->out_key, sizeof q->out_key, "%sout:%s", h->prefix, q->id);
+    /* connected first: the key layout depends on what the server is */
+    rconn_ensure(q->rc, NULL);
+    rcl_queue_key(key, sizeof key, rconn_is_cluster(q->rc), h->prefix, "requests");
+    rcl_tagged_key(q->out_key, sizeof q->out_key, rconn_is_cluster(q->rc), h->prefix, "out:",
+                   q->id);
     snprintf(q->last, sizeof q->last, "0-0");
     const char *names[] = {"job"};
     const char *values[] = {q->oreq.job};

@@ -34,6 +34,7 @@
 
 #include "clock.h"
 #include "prompt.h"
+#include "rcluster.h"
 #include "worker.h"
 #include "text.h"
 
@@ -70,11 +71,16 @@ int w_jobs_add(struct worker *w, struct wjob *j)
     return 0;
 }
 
+bool w_cluster(const struct worker *w)
+{
+    return rconn_is_cluster(w->rc) || rconn_is_cluster(w->rc_read);
+}
+
 static void set_id(struct worker *w, struct wjob *j, const char *id)
 {
     snprintf(j->id, sizeof j->id, "%s", id);
     if (id[0])
-        snprintf(j->out_key, sizeof j->out_key, "%sout:%s", w->opt.prefix, id);
+        rcl_tagged_key(j->out_key, sizeof j->out_key, w_cluster(w), w->opt.prefix, "out:", id);
     else
         j->out_key[0] = 0;
 }
@@ -185,7 +191,7 @@ static void precheck(struct worker *w, struct wjob *j, bool *cancelled, char **c
     *cached = NULL;
     struct rl_err err;
     char ck[W_KEY_MAX + 16];
-    snprintf(ck, sizeof ck, "%scancel:%s", w->opt.prefix, j->id);
+    rcl_tagged_key(ck, sizeof ck, w_cluster(w), w->opt.prefix, "cancel:", j->id);
     rconn_batch_reset(w->batch);
     const char *a1[2] = {"EXISTS", ck};
     if (rconn_batch_add(w->batch, 2, a1, NULL, &err))
