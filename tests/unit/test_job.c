@@ -522,6 +522,13 @@ static void test_cache_key(void **state)
         "{\"prompt\":\"x\",\"temperature\":0,\"ignore_eos\":true}",
         "{\"prompt\":\"x\",\"temperature\":0,\"max_thinking_tokens\":0}",
         "{\"prompt\":\"x\",\"temperature\":0,\"logprobs\":0}",
+        /* the constraint: its kind and its source */
+        "{\"prompt\":\"x\",\"temperature\":0,\"response_format\":{\"type\":\"json_object\"}}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"response_format\":{\"type\":\"json_schema\","
+        "\"json_schema\":{\"name\":\"a\",\"schema\":{\"type\":\"integer\"}}}}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"response_format\":{\"type\":\"json_schema\","
+        "\"json_schema\":{\"name\":\"a\",\"schema\":{\"type\":\"string\"}}}}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"grammar\":\"root ::= \\\"a\\\"\"}",
     };
     char seen[sizeof differ / sizeof differ[0]][65];
     for (size_t i = 0; i < sizeof differ / sizeof differ[0]; i++) {
@@ -551,7 +558,7 @@ static void test_cache_key(void **state)
 
     /* pinned: the key must be stable across builds and machines, since
      * every worker shares the cache; changing it needs a version bump */
-    assert_string_equal(base, "19f11a788055253c97b84b66a1826788a16225ebd7ee44cc6157cec3aa14229f");
+    assert_string_equal(base, "91d6aa74c2fa2114a7a56a327eac9b8bbcae30ecc5858e962ba742aef9f9c02f");
 }
 
 /* The shared corpus: schemas/examples/jobs-invalid.json holds bad jobs
