@@ -386,10 +386,12 @@ static void parse_content(struct wjob *j, const char *text, size_t len, bool fin
     size_t n_ce = 0;
     struct rl_err err;
     for (int pass = 0; pass < 2; pass++) {
-        int rc = pass == 0 ? chat_parser_feed(j->parser, text, len, &ce, &n_ce, &err)
-                           : chat_parser_finish(j->parser, &ce, &n_ce, &err);
+        /* finish only at the end: it flushes what the parser holds back (a
+         * "<" that may start <tool_call>), and its events would be lost */
         if (pass == 1 && !finish)
             break;
+        int rc = pass == 0 ? chat_parser_feed(j->parser, text, len, &ce, &n_ce, &err)
+                           : chat_parser_finish(j->parser, &ce, &n_ce, &err);
         if (rc)
             continue;
         for (size_t i = 0; i < n_ce; i++) {
