@@ -618,6 +618,48 @@ static bool id_char(char c, bool pool)
            c == '_' || c == '-' || (!pool && (c == '.' || c == ':'));
 }
 
+/* The value of the top-level member "id" of a JSON text too deep for
+ * cJSON (JOB_DEPTH_MAX), found by a scan of depth 1 only: the raw bytes of
+ * its string (ids have no escapes; one with a backslash is not used).
+ * Returns 1 with out filled, 0 when there is none, -1 when it is unusable. */
+static int shallow_id(const char *s, size_t len, char out[JOB_ID_MAX + 1])
+{
+    int depth = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (c == '{' || c == '[') {
+            depth++;
+        } else if (c == '}' || c == ']') {
+            depth--;
+        } else if (c == '"') {
+            size_t at = ++i;
+            while (i < len && s[i] != '"')
+                i += s[i] == '\\' ? 2 : 1;
+            if (depth != 1 || i - at != 2 || memcmp(s + at, "id", 2))
+                continue;
+            size_t j = i + 1;
+            while (j < len && (s[j] == ' ' || s[j] == '\t' || s[j] == '\n' || s[j] == '\r'))
+                j++;
+            if (j >= len || s[j] != ':')
+                continue; /* the string "id" as a value */
+            for (j++; j < len && (s[j] == ' ' || s[j] == '\t' || s[j] == '\n' || s[j] == '\r');)
+                j++;
+            if (j >= len || s[j] != '"')
+                return -1;
+            size_t v = ++j;
+            while (j < len && s[j] != '"' && s[j] != '\\' && j - v <= JOB_ID_MAX)
+                if (!id_char(s[j++], false))
+                    return -1;
+            if (j >= len || s[j] != '"' || j == v)
+                return -1;
+            memcpy(out, s + v, j - v);
+            out[j - v] = 0;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 void job_guess_id(const char *raw, size_t len, const char *fallback, char out[JOB_ID_MAX + 1])
 {
     out[0] = 0;
@@ -625,6 +667,15 @@ void job_guess_id(const char *raw, size_t len, const char *fallback, char out[JO
     if (raw && (json_nul_check(raw, len, &id_at), id_at < len))
         return; /* its id is cut at a NUL: no usable id, never a shorter one */
     cJSON *o = raw ? cJSON_ParseWithLength(raw, len) : NULL;
+    char deep[2];
+    if (!o && raw && json_lex_check(raw, len) == len &&
+        json_depth_check(raw, len, JOB_DEPTH_MAX, deep, sizeof deep) != len) {
+        /* valid JSON, only too deep for cJSON: answer it where it asked */
+        int r = shallow_id(raw, len, out);
+        if (r == 0 && fallback)
+            snprintf(out, JOB_ID_MAX + 1, "%s", fallback);
+        return;
+    }
     const cJSON *id = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "id") : NULL;
     if (cJSON_IsString(id)) {
         size_t n = strlen(id->valuestring);
