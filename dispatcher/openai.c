@@ -161,7 +161,7 @@ void oai_error_from_event(const char *code, const char *message, int64_t retry_a
     case EV_CODE_BAD_TYPE: case EV_CODE_OUT_OF_RANGE: case EV_CODE_BAD_VALUE:
     case EV_CODE_BAD_ID: case EV_CODE_MISSING_PROMPT: case EV_CODE_CONFLICTING_PROMPT:
     case EV_CODE_MISSING_FIELD: case EV_CODE_UNKNOWN_POOL: case EV_CODE_INVALID_TOKEN:
-    case EV_CODE_TEMPLATE_ERROR: case EV_CODE_MODEL_REQUIRED: {
+    case EV_CODE_TEMPLATE_ERROR: case EV_CODE_MODEL_REQUIRED: case EV_CODE_BAD_PARAM: {
         /* job.c's sentences start with the field path ("temperature: 2.5
          * is out of range"); a path holds no blank, and "job: ..." names
          * the job as a whole */
@@ -172,6 +172,11 @@ void oai_error_from_event(const char *code, const char *message, int64_t retry_a
             memcpy(param, msg, (size_t)(colon - msg));
             param[colon - msg] = 0;
         }
+        if (c == EV_CODE_BAD_PARAM && (!param[0] || param[0] == '/'))
+            /* the grammar compiler's sentences start with a JSON pointer
+             * into the schema, or "grammar LINE:COL" */
+            snprintf(param, sizeof param, "%s", !strncmp(msg, "grammar", 7) ? "grammar"
+                                                : "response_format");
         oai_error_set(e, 400, T_INVALID, code, param, "%s", msg);
         return;
     }
@@ -476,6 +481,7 @@ static int parse_request(enum oai_api api, const char *body, size_t len,
 
     uint64_t seen = 0;
     const cJSON *messages = NULL, *tools = NULL, *stream_options = NULL, *tool_choice = NULL;
+    const cJSON *response_format = NULL;
     const cJSON *mode = NULL, *prompt = NULL;
     int max_tokens = 0, max_completion_tokens = 0;
     int enable_thinking = -1; /* -1 absent, else 0/1 */
@@ -664,12 +670,7 @@ static int parse_request(enum oai_api api, const char *body, size_t len,
             tools = v;
             break;
         case K_TOOL_CHOICE:
-            if (!cJSON_IsString(v) ||
-                (strcmp(v->valuestring, "auto") && strcmp(v->valuestring, "none"))) {
-                bad400(e, "BAD_VALUE", name,
-                       "tool_choice: only \"auto\" and \"none\" are supported");
-                goto done;
-            }
+            /* job_parse checks it (and that a forced call has its tools) */
             tool_choice = v;
             break;
         case K_BOOL_IGNORED: {
@@ -691,16 +692,9 @@ static int parse_request(enum oai_api api, const char *body, size_t len,
                 goto done;
             }
             break;
-        case K_RESPONSE_FORMAT: {
-            const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
-            if (!cJSON_IsObject(v) || !cJSON_IsString(t) || strcmp(t->valuestring, "text") ||
-                cJSON_GetArraySize(v) != 1) {
-                bad400(e, "BAD_VALUE", name,
-                       "response_format: only {\"type\": \"text\"} is supported");
-                goto done;
-            }
+        case K_RESPONSE_FORMAT:
+            response_format = v; /* the job's own field: job_parse checks it */
             break;
-        }
         case K_LOGIT_BIAS:
             if (!cJSON_IsObject(v) || v->child) {
                 bad400(e, "BAD_VALUE", name, "logit_bias: not supported (give none or {})");
@@ -766,9 +760,26 @@ static int parse_request(enum oai_api api, const char *body, size_t len,
             goto oom;
         }
     }
-    if (tools && !(tool_choice && !strcmp(tool_choice->valuestring, "none"))) {
+    /* tool_choice "none": the template shows no tools, as OpenAI's model
+     * calls none */
+    bool no_tools = cJSON_IsString(tool_choice) && !strcmp(tool_choice->valuestring, "none");
+    if (tools && !no_tools) {
         cJSON *t = cJSON_Duplicate(tools, 1);
         if (!t || !cJSON_AddItemToObject(job, "tools", t)) {
+            cJSON_Delete(t);
+            goto oom;
+        }
+    }
+    if (tool_choice && !no_tools) {
+        cJSON *t = cJSON_Duplicate(tool_choice, 1);
+        if (!t || !cJSON_AddItemToObject(job, "tool_choice", t)) {
+            cJSON_Delete(t);
+            goto oom;
+        }
+    }
+    if (response_format) {
+        cJSON *t = cJSON_Duplicate(response_format, 1);
+        if (!t || !cJSON_AddItemToObject(job, "response_format", t)) {
             cJSON_Delete(t);
             goto oom;
         }
