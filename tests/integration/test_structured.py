@@ -17,6 +17,7 @@ import jsonschema
 import pytest
 
 from conftest import CLI, DATA, QWEN3_TOKENIZER, WORKER, Daemon, check_stream
+from test_http import front  # noqa: F401
 
 SCHEMAS = sorted((DATA / "schemas").glob("*.json"))
 # (seed, temperature): greedy, the card's and hotter sampling
@@ -239,3 +240,92 @@ def refused(client, event_validator, dead_validator, job, words, raw=None):
     client.submit(ok)
     evs = client.events(ok["id"], timeout=60)
     assert evs[-1][1]["type"] == "done" and evs[-1][1]["finish_reason"] in ("stop", "length")
+
+
+# ---- the HTTP front door ----
+
+PERSON = json.loads((DATA / "schemas" / "48-person.json").read_text())
+WEATHER_TOOLS = TOOLS[:1]
+
+
+def post(f, body):
+    status, _, data = f.request("POST", "/v1/chat/completions", body, timeout=120)
+    return status, json.loads(data)
+
+
+def test_front_door_structured(front, worker):
+    f = front()
+    msgs = [{"role": "user", "content": "Who are you? Answer in JSON."}]
+    for seed in (1, 2, 3):
+        status, r = post(f, {"messages": msgs, "max_tokens": 300, "seed": seed,
+                             "temperature": 0.8, "mode": "no_think",
+                             "response_format": {"type": "json_schema", "json_schema": {
+                                 "name": "person", "strict": True, "schema": PERSON}}})
+        assert status == 200, r
+        assert r["choices"][0]["finish_reason"] == "stop"
+        jsonschema.validate(json.loads(r["choices"][0]["message"]["content"]), PERSON)
+    status, r = post(f, {"messages": msgs, "max_tokens": 400, "seed": 4, "temperature": 1.0,
+                         "mode": "no_think", "tools": WEATHER_TOOLS, "tool_choice": "required"})
+    assert status == 200, r
+    ch = r["choices"][0]
+    assert ch["finish_reason"] == "tool_calls", ch
+    call = ch["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["arguments"]),
+                        WEATHER_TOOLS[0]["function"]["parameters"])
+    # refusals are 400s: from the dispatcher's job_parse, and from the worker's compiler
+    status, r = post(f, {"messages": msgs, "response_format": {"type": "yaml"}})
+    assert status == 400 and r["error"]["code"] == "BAD_PARAM", r
+    assert r["error"]["param"] == "response_format.type"
+    status, r = post(f, {"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "string", "minLength": 4, "maxLength": 2}}}})
+    assert status == 400 and r["error"]["code"] == "BAD_PARAM", r
+    assert r["error"]["param"] == "response_format"
+    status, r = post(f, {"messages": msgs, "tools": WEATHER_TOOLS,
+                         "tool_choice": {"type": "function", "function": {"name": "nope"}}})
+    assert status == 400 and r["error"]["code"] == "BAD_PARAM", r
+
+
+NODE_SCRIPT = r"""
+const OpenAI = require('openai');
+const [base, schema, tools] = [process.argv[2], JSON.parse(process.argv[3]), JSON.parse(process.argv[4])];
+const client = new OpenAI({baseURL: base, apiKey: 'sk-none', maxRetries: 0});
+(async () => {
+  const out = {};
+  const r = await client.chat.completions.create({
+    messages: [{role: 'user', content: 'Who are you?'}], max_tokens: 300, seed: 11, temperature: 0.8,
+    mode: 'no_think',
+    response_format: {type: 'json_schema', json_schema: {name: 'person', strict: true, schema}}});
+  out.parsed = JSON.parse(r.choices[0].message.content);
+  const t = await client.chat.completions.create({
+    messages: [{role: 'user', content: 'Weather?'}], max_tokens: 400, seed: 12, temperature: 1.0,
+    mode: 'no_think', tools, tool_choice: 'required'});
+  const call = t.choices[0].message.tool_calls[0];
+  out.finish = t.choices[0].finish_reason;
+  out.tool = {name: call.function.name, args: JSON.parse(call.function.arguments)};
+  try {
+    await client.chat.completions.create({messages: [{role: 'user', content: 'x'}],
+      response_format: {type: 'json_schema', json_schema: {name: 'n', schema: {type: 'integer', minimum: 3, maximum: 1}}}});
+  } catch (e) { out.error = {status: e.status, code: e.code}; }
+  console.log(JSON.stringify(out));
+})().catch(e => { console.error(String(e)); process.exit(1); });
+"""
+
+
+def test_openai_npm_client_structured(front, worker, tmp_path):
+    from test_http import npm_openai
+    d = npm_openai()
+    if d is None:
+        pytest.skip("node is not installed (make deps installs nodejs): cannot run the `openai` npm client")
+    f = front()
+    script = tmp_path / "structured.js"
+    script.write_text(NODE_SCRIPT)
+    out = subprocess.run(["node", str(script), f"http://127.0.0.1:{f.port}/v1", json.dumps(PERSON),
+                          json.dumps(WEATHER_TOOLS)], capture_output=True, text=True, timeout=180,
+                         env={"PATH": "/usr/bin:/bin", "NODE_PATH": str(d / "node_modules")})
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    jsonschema.validate(res["parsed"], PERSON)
+    assert res["finish"] == "tool_calls" and res["tool"]["name"] == "get_weather"
+    jsonschema.validate(res["tool"]["args"], WEATHER_TOOLS[0]["function"]["parameters"])
+    assert res["error"] == {"status": 400, "code": "BAD_PARAM"}
