@@ -53,7 +53,8 @@
  * from the first </think> accepted (sampled or forced). Which mask a row
  * gets is decided from the request's state before the row is sampled:
  * the matcher's (filled by the helper thread during the forward pass, or
- * here when it was not), the open mask, or the think mask. Only sampled
+ * before it with grammar_inline_masks, or in process_row when neither
+ * did), the open mask, or the think mask. Only sampled
  * tokens go into the matcher - forced think-stop text precedes the
  * document - and a matcher that is done (EOS accepted) finishes the
  * request also under ignore_eos.
@@ -183,6 +184,7 @@ struct engine {
     struct cons *cons;           /* NULL without a tokenizer */
     struct gram_match **mask_m;  /* (max_batch) this step's helper batch */
     uint32_t **mask_out;         /* (max_batch) */
+    const uint32_t **row_masks;  /* (logits rows) be_batch.masks */
 };
 
 double engine_now(void)
@@ -444,10 +446,11 @@ int engine_create(struct engine **out, const char *dir,
         goto fail;
     e->mask_m = calloc((size_t)opt.max_batch, sizeof *e->mask_m);
     e->mask_out = calloc((size_t)opt.max_batch, sizeof *e->mask_out);
+    e->row_masks = calloc((size_t)rows, sizeof *e->row_masks);
     e->logits = malloc((size_t)rows * (size_t)e->cfg->vocab * sizeof(float));
     e->bseqs = calloc((size_t)opt.max_batch, sizeof *e->bseqs);
     e->btokens = malloc((size_t)opt.token_budget * sizeof *e->btokens);
-    if (!e->logits || !e->bseqs || !e->btokens || !e->mask_m || !e->mask_out) {
+    if (!e->logits || !e->bseqs || !e->btokens || !e->mask_m || !e->mask_out || !e->row_masks) {
         rc = rl_errf(err, RL_ENOMEM, "engine: out of memory for step buffers");
         goto fail;
     }
@@ -491,6 +494,7 @@ void engine_free(struct engine *e)
     cons_free(e->cons); /* after the requests' matchers */
     free(e->mask_m);
     free(e->mask_out);
+    free(e->row_masks);
     sched_free(e->sched); /* before the kv_cache: it frees its kv_seqs */
     kv_cache_free(e->kv);
     if (e->tok)
@@ -1260,20 +1264,43 @@ int engine_step(struct engine *e, const struct engine_event **events, int *n_eve
         b.tokens = e->btokens;
         b.n_logits = plan.n_logits;
         b.logits = e->logits;
-        /* the constrained rows' masks, on the helper while forward runs */
-        int n_mask = 0;
-        for (int i = 0; i < plan.n_items && e->cons && !e->opt.grammar_inline_masks; i++) {
-            struct eng_req *q = plan.items[i].user;
-            if (plan.items[i].want_logits && q->gm && q->doc_started && !q->mask_ready) {
-                e->mask_m[n_mask] = q->gm;
-                e->mask_out[n_mask++] = q->mask;
-                q->mask_ready = true; /* read only after the join */
+        /* the constrained rows' masks: on the helper while forward runs,
+         * or (grammar_inline_masks) here, before it, and then handed to the
+         * backend too (be_batch.masks) */
+        int n_mask = 0, n_rowmask = 0;
+        bool inline_masks = e->opt.grammar_inline_masks;
+        for (int i = 0, row = 0; i < plan.n_items && e->cons; i++) {
+            const struct sched_item *it = &plan.items[i];
+            if (!it->want_logits)
+                continue;
+            struct eng_req *q = it->user;
+            const uint32_t *m = NULL;
+            if (q->gm && q->doc_started && !q->mask_ready) {
+                if (inline_masks) {
+                    gram_match_mask(q->gm, q->mask);
+                } else {
+                    e->mask_m[n_mask] = q->gm;
+                    e->mask_out[n_mask++] = q->mask;
+                }
+                q->mask_ready = true; /* helper's: read only after the join */
+            }
+            if (q->gm && (inline_masks || !q->doc_started) && !q->sp.logprobs)
+                m = q->doc_started ? q->mask
+                    : q->in_think  ? cons_think_mask(e->cons) : cons_open_mask(e->cons);
+            for (int r = 0; r <= it->n_draft; r++, row++) {
+                e->row_masks[row] = r == 0 ? m : NULL;
+                n_rowmask += m && r == 0;
             }
         }
+        struct rl_err ferr = {0};
+        rc = 0;
+        if (e->be->ops->set_masks)
+            rc = e->be->ops->set_masks(e->be->ctx, n_rowmask ? e->row_masks : NULL, plan.n_logits,
+                                       &ferr);
         if (n_mask)
             cons_masks_start(e->cons, e->mask_m, e->mask_out, n_mask);
-        struct rl_err ferr = {0};
-        rc = e->be->ops->forward(e->be->ctx, &b, &ferr);
+        if (!rc)
+            rc = e->be->ops->forward(e->be->ctx, &b, &ferr);
         if (n_mask)
             cons_masks_join(e->cons);
         if (rc) {

@@ -63,8 +63,9 @@
  * token but the eos ids, and the matcher starts at the first sampled token
  * after </think> (the thinking budget's forced text included). The next
  * step's masks are computed on a helper thread while the backend runs the
- * forward pass (options.grammar_inline_masks: on the owner thread after
- * it, for comparison). Speculative decoding is off for a constrained
+ * forward pass (options.grammar_inline_masks: on the owner thread before
+ * it, for comparison; those masks, and think mode's fixed ones, also go to
+ * the backend, be_batch.masks, which CUDA applies on the device). Speculative decoding is off for a constrained
  * request (its drafts would need the matcher's rollback for every
  * rejected token; plain decoding keeps the two features apart).
  *
@@ -149,7 +150,7 @@ struct engine_options {
                                  directory's last component */
     int grammar_cache;        /* compiled constraints kept; 0 = 64 */
     bool grammar_inline_masks; /* compute constraint masks on the owner
-                                  thread after the forward pass instead of
+                                  thread before the forward pass instead of
                                   on a helper during it (benchmarks) */
 };
 
