@@ -277,6 +277,7 @@ static int parse_item(struct ps *p, bool *got)
     if (c == '+') { adv(p); return gir_rep(p->g, e, 1, -1); }
     if (c == '?') { adv(p); return gir_rep(p->g, e, 0, 1); }
     if (c == '{') {
+        int ql = p->line, qc = p->col;
         adv(p);
         long m = parse_int(p), n = m;
         if (m < 0) return 0;
@@ -287,7 +288,7 @@ static int parse_item(struct ps *p, bool *got)
         }
         if (peek(p) != '}') return fail(p, "expected '}'", NULL);
         adv(p);
-        if (n >= 0 && n < m) return fail(p, "repetition {m,n} has n < m", NULL);
+        if (n >= 0 && n < m) { p->line = ql; p->col = qc; return fail(p, "repetition {m,n} has n < m", NULL); }
         return gir_rep(p->g, e, (int)m, (int)n);
     }
     return e;

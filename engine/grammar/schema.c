@@ -14,9 +14,9 @@
  * whitespace except one optional space after ',' and ':' (so a model's
  * natural `{"a": 1, "b": 2}` fits), properties in the schema's order,
  * numbers bounded in length (16 integer digits, 15 fraction digits, 2
- * exponent digits, so no number overflows a double). Every keyword not in the supported set, and every
- * supported one with a bad value, is refused with EV_CODE_BAD_PARAM naming
- * its JSON pointer. Annotations (title, description, ...) are ignored. */
+ * exponent digits: no number overflows a double). Every keyword not in
+ * the supported set, and every supported one with a bad value, is refused
+ * with EV_CODE_BAD_PARAM naming its JSON pointer. Annotations (title, description, ...) are ignored. */
 #include "gir.h"
 
 #include <cjson/cJSON.h>

@@ -95,6 +95,10 @@ static char *walk(struct gram *g, uint64_t seed, int max_steps, int *n_steps)
             fail_msg("seed %llu step %d: eos in mask %d, complete %d", (unsigned long long)seed, step,
                      bit(mask, eos_id), gram_match_complete(m));
         if (na == 0) fail_msg("seed %llu step %d: empty mask after '%.*s'", (unsigned long long)seed, step, (int)n, doc);
+        for (int k = 0; k < na; k++)
+            if (tok_is_special(tok, allowed[k]) && !gram_match_complete(m))
+                fail_msg("seed %llu step %d: special token %d allowed inside the document",
+                         (unsigned long long)seed, step, allowed[k]);
         if (gram_match_done(m) && (na != 2 || !bit(mask, eos_id)))
             fail_msg("seed %llu: done but %d tokens allowed", (unsigned long long)seed, na);
         int32_t id = allowed[rng_next(&s) % (uint64_t)na];
@@ -299,9 +303,256 @@ static void test_ebnf_walk(void **state)
     gram_unref(g);
 }
 
+static void expect_refusal(int rc, const struct rl_err *err, const char *src, const char *want)
+{
+    if (rc == 0) fail_msg("%.200s: compiled, expected a refusal naming '%s'", src, want);
+    if (err->code != EV_CODE_BAD_PARAM) fail_msg("%.200s: code %d (%s), want BAD_PARAM", src, err->code, err->msg);
+    if (!strstr(err->msg, want)) fail_msg("%.200s: message '%s' lacks '%s'", src, err->msg, want);
+}
+
+static void test_schema_refusals(void **state)
+{
+    static const char *const cases[][2] = {
+        /* unsupported keywords, each named by its JSON pointer */
+        {"{\"type\":\"object\",\"properties\":{\"age\":{\"type\":\"integer\",\"exclusiveMinimum\":0}}}",
+         "/properties/age/exclusiveMinimum: unsupported keyword"},
+        {"{\"minProperties\":1}", "/minProperties: unsupported keyword"},
+        {"{\"type\":\"array\",\"items\":{\"not\":{}}}", "/items/not: unsupported keyword"},
+        {"{\"anyOf\":[{\"type\":\"string\"},{\"if\":{}}]}", "/anyOf/1/if: unsupported keyword"},
+        {"{\"$defs\":{\"a\":{\"uniqueItems\":true}},\"$ref\":\"#/$defs/a\"}", "/$defs/a/uniqueItems: unsupported keyword"},
+        {"{\"properties\":{\"a/b\":{\"multipleOf\":2}}}", "/properties/a~1b/multipleOf: unsupported keyword"},
+        {"{\"type\":\"string\",\"format\":\"hostname\"}", "/format: 'hostname' is not supported"},
+        {"{\"type\":\"string\",\"pattern\":\"(?=a)b\"}", "/pattern: lookaround"},
+        {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "/pattern: unsupported escape"},
+        {"{\"type\":\"number\",\"minimum\":0.5}", "/minimum: bounds are supported on type integer only"},
+        {"{\"type\":\"strin\"}", "/type: 'strin' is not a JSON Schema type"},
+        {"{\"$ref\":\"http://example.com/s.json\"}", "/$ref: 'http://example.com/s.json' does not resolve"},
+        {"{\"type\":\"string\",\"minLength\":-1}", "/minLength: must be a non-negative integer"},
+        /* unsatisfiable */
+        {"{\"type\":\"string\",\"minLength\":5,\"maxLength\":2}", "no string satisfies"},
+        {"{\"type\":\"integer\",\"minimum\":10,\"maximum\":1}", "no integer satisfies"},
+        {"{\"enum\":[]}", "no string satisfies"},
+        {"{\"enum\":[1,2],\"type\":\"string\"}", "no string satisfies"},
+        {"false", "no string satisfies"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":false},\"required\":[\"a\"]}", "no string satisfies"},
+        {"{\"type\":\"object\",\"required\":[\"a\"],\"additionalProperties\":false}", "no object satisfies"},
+        {"{\"type\":\"array\",\"items\":false,\"minItems\":1}", "no array satisfies"},
+        {"{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/a\"}},\"$ref\":\"#/$defs/a\"}", "no string satisfies"},
+        {"{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"k\":{\"$ref\":\"#/$defs/n\"}},\"required\":[\"k\"]}},\"$ref\":\"#/$defs/n\"}",
+         "no string satisfies"},
+        /* not JSON */
+        {"{\"type\":", "not valid JSON"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct gram *g = NULL;
+        struct rl_err err = {0};
+        int rc = gram_compile_json_schema(&g, voc, cases[i][0], strlen(cases[i][0]), &err);
+        expect_refusal(rc, &err, cases[i][0], cases[i][1]);
+        assert_null(g);
+    }
+}
+
+static void test_limits(void **state)
+{
+    /* 1 MB: a valid schema padded with a long description */
+    size_t n = 1 << 20;
+    char *big = malloc(n + 1);
+    int k = snprintf(big, n, "{\"type\":\"string\",\"description\":\"");
+    memset(big + k, 'x', n - (size_t)k - 2);
+    memcpy(big + n - 2, "\"}", 3);
+    struct gram *g = NULL;
+    struct rl_err err = {0};
+    expect_refusal(gram_compile_json_schema(&g, voc, big, n, &err), &err, "1 MB schema", "bytes; the limit is");
+    expect_refusal(gram_compile_ebnf(&g, voc, big, n, &err), &err, "1 MB grammar", "bytes; the limit is");
+    free(big);
+    /* depth 1000: items inside items */
+    struct { char *p; size_t n; } b = {malloc(20 * 1000 + 100), 0};
+    for (int i = 0; i < 1000; i++) b.n += (size_t)sprintf(b.p + b.n, "{\"items\":");
+    b.n += (size_t)sprintf(b.p + b.n, "true");
+    for (int i = 0; i < 1000; i++) b.p[b.n++] = '}';
+    b.p[b.n] = 0;
+    expect_refusal(gram_compile_json_schema(&g, voc, b.p, b.n, &err), &err, "depth 1000", "nests 1000 levels deep; the limit is 64");
+    /* and a tools array as deep */
+    expect_refusal(gram_compile_tool_call(&g, voc, b.p, b.n, NULL, &err), &err, "deep tools", "nests");
+    free(b.p);
+    /* depth 64 is fine */
+    struct { char p[2000]; size_t n; } c = {.n = 0};
+    for (int i = 0; i < 30; i++) c.n += (size_t)sprintf(c.p + c.n, "{\"items\":");
+    c.n += (size_t)sprintf(c.p + c.n, "{\"type\":\"integer\",\"minimum\":0,\"maximum\":3}");
+    for (int i = 0; i < 30; i++) c.p[c.n++] = '}';
+    c.p[c.n] = 0;
+    walks(c.p, 2, 4000);
+}
+
+static void test_ebnf_refusals(void **state)
+{
+    static const char *const cases[][2] = {
+        {"root ::= \"abc", "1:14: unterminated string"},
+        {"root ::= foo", "1:10: rule 'foo' is used but not defined"},
+        {"root ::= a\na ::= a \"x\" | \"y\"", "rule 'a' is left-recursive"},
+        {"root ::= [z-a]", "1:14: character range is reversed"},
+        {"rot ::= \"x\"", "no rule named 'root'"},
+        {"root ::= \"a\"{3,1}", "1:13: repetition {m,n} has n < m"},
+        {"root ::= (\"a\"", "1:14: expected ')'"},
+        {"root ::= \"a\" )", "1:14: unexpected ')'"},
+        {"root ::= \"a\"\nroot ::= \"b\"", "2:1: rule 'root' is defined twice"},
+        {"root ::= \"\\q\"", "1:13: unknown escape \\q"},
+        {"root ::= []", "no string satisfies this grammar"},
+        {"root ::= x\nx ::= \"(\" x \")\"", "no string satisfies this grammar"},
+        {"= \"a\"", "1:1: expected a rule"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct gram *g = NULL;
+        struct rl_err err = {0};
+        int rc = gram_compile_ebnf(&g, voc, cases[i][0], strlen(cases[i][0]), &err);
+        expect_refusal(rc, &err, cases[i][0], cases[i][1]);
+    }
+}
+
+/* Rollback restores the state exactly: the mask after rolling back equals
+ * the mask recorded before, at every depth. */
+static void test_rollback(void **state)
+{
+    struct gram *g = schema("{\"type\":\"object\",\"properties\":{\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":6}},"
+                            "\"n\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":500}},\"required\":[\"tags\",\"n\"]}");
+    struct gram_match *m;
+    struct rl_err err = {0};
+    assert_int_equal(gram_match_create(&m, g, &err), 0);
+    int W = gram_mask_words_n(N_VOCAB);
+    enum { STEPS = 12 };
+    uint32_t *masks = malloc(sizeof(uint32_t) * (size_t)W * (STEPS + 1));
+    uint32_t *now = malloc(sizeof(uint32_t) * (size_t)W);
+    int32_t *allowed = malloc(sizeof(int32_t) * N_VOCAB);
+    uint64_t s = 7;
+    int taken = 0;
+    for (; taken < STEPS; taken++) {
+        gram_match_mask(m, masks + (size_t)W * taken);
+        int na = 0;
+        for (int32_t id = 0; id < N_VOCAB; id++)
+            if (bit(masks + (size_t)W * taken, id) && id != eos_id && !tok_is_special(tok, id)) allowed[na++] = id;
+        if (!na) break;
+        assert_int_equal(gram_match_accept(m, allowed[rng_next(&s) % (uint64_t)na], &err), 0);
+    }
+    assert_true(taken >= 6);
+    /* a token that is not allowed is refused and changes nothing */
+    gram_match_mask(m, now);
+    int32_t bad_id = -1;
+    for (int32_t id = 0; id < tok_n_ids(tok) && bad_id < 0; id++)
+        if (!bit(now, id) && !tok_is_special(tok, id)) bad_id = id;
+    assert_true(bad_id >= 0);
+    assert_int_not_equal(gram_match_accept(m, bad_id, &err), 0);
+    assert_int_not_equal(gram_match_accept(m, eos_id, &err), 0); /* not complete */
+    uint32_t *again = malloc(sizeof(uint32_t) * (size_t)W);
+    gram_match_mask(m, again);
+    assert_memory_equal(now, again, sizeof(uint32_t) * (size_t)W);
+    /* roll back 1, 3, then to the start, comparing masks */
+    assert_int_equal(gram_match_rollback(m, 1), 0);
+    gram_match_mask(m, now);
+    assert_memory_equal(now, masks + (size_t)W * (taken - 1), sizeof(uint32_t) * (size_t)W);
+    assert_int_equal(gram_match_rollback(m, 3), 0);
+    gram_match_mask(m, now);
+    assert_memory_equal(now, masks + (size_t)W * (taken - 4), sizeof(uint32_t) * (size_t)W);
+    /* a different continuation, then back again */
+    gram_match_mask(m, now);
+    int na = 0;
+    for (int32_t id = 0; id < N_VOCAB; id++)
+        if (bit(now, id) && id != eos_id) allowed[na++] = id;
+    assert_int_equal(gram_match_accept(m, allowed[na - 1], &err), 0);
+    assert_int_equal(gram_match_rollback(m, 1), 0);
+    gram_match_mask(m, now);
+    assert_memory_equal(now, masks + (size_t)W * (taken - 4), sizeof(uint32_t) * (size_t)W);
+    assert_int_equal(gram_match_rollback(m, taken - 4), 0);
+    gram_match_mask(m, now);
+    assert_memory_equal(now, masks, sizeof(uint32_t) * (size_t)W);
+    assert_int_not_equal(gram_match_rollback(m, 1), 0); /* nothing left to undo */
+    gram_match_free(m);
+    free(masks); free(now); free(again); free(allowed);
+    gram_unref(g);
+}
+
+static void test_json_object(void **state)
+{
+    struct gram *g;
+    struct rl_err err = {0};
+    assert_int_equal(gram_compile_json_object(&g, voc, &err), 0);
+    int ok = 0;
+    for (int seed = 1; seed <= 6; seed++) {
+        int steps;
+        char *doc = walk(g, (uint64_t)seed, 4000, &steps);
+        if (!doc) continue; /* a random walk may nest past the step budget */
+        if (getenv("TEST_GRAMMAR_VERBOSE")) fprintf(stderr, "%d steps: %.300s\n", steps, doc);
+        cJSON *v = cJSON_Parse(doc);
+        if (!cJSON_IsObject(v)) fail_msg("seed %d: not a JSON object: %s", seed, doc);
+        cJSON_Delete(v);
+        free(doc);
+        ok++;
+    }
+    assert_true(ok >= 3);
+    gram_unref(g);
+}
+
+static void test_tool_call(void **state)
+{
+    const char *tools =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":10},\"unit\":{\"enum\":[\"c\",\"f\"]}},"
+        "\"required\":[\"city\",\"unit\"],\"additionalProperties\":false}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":99},\"b\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":99}},"
+        "\"required\":[\"a\",\"b\"],\"additionalProperties\":false}}}]";
+    cJSON *tj = cJSON_Parse(tools);
+    for (int named = 0; named < 2; named++) {
+        struct gram *g;
+        struct rl_err err = {0};
+        if (gram_compile_tool_call(&g, voc, tools, strlen(tools), named ? "add" : NULL, &err))
+            fail_msg("tool call: %s", err.msg);
+        int seen_names = 0;
+        for (int seed = 1; seed <= 6; seed++) {
+            int steps;
+            char *doc = walk(g, (uint64_t)seed, 2000, &steps);
+            assert_non_null(doc);
+            if (getenv("TEST_GRAMMAR_VERBOSE")) fprintf(stderr, "%d steps: %s\n", steps, doc);
+            size_t L = strlen(doc);
+            assert_true(L > 26);
+            assert_memory_equal(doc, "<tool_call>\n", 12);
+            assert_string_equal(doc + L - 13, "\n</tool_call>");
+            doc[L - 13] = 0;
+            cJSON *v = cJSON_Parse(doc + 12);
+            if (!v) fail_msg("tool call JSON: %s", doc + 12);
+            const cJSON *nm = cJSON_GetObjectItem(v, "name"), *args = cJSON_GetObjectItem(v, "arguments");
+            assert_true(cJSON_IsString(nm));
+            int which = !strcmp(nm->valuestring, "add");
+            if (named) assert_string_equal(nm->valuestring, "add");
+            else assert_true(which || !strcmp(nm->valuestring, "get_weather"));
+            seen_names |= 1 << which;
+            const cJSON *ps = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(tj, which), "function"), "parameters");
+            char why[200] = "";
+            if (!validate(args, ps, ps, why, sizeof why)) fail_msg("arguments %s fail %s", doc + 12, why);
+            cJSON_Delete(v);
+            free(doc);
+        }
+        if (!named) assert_int_equal(seen_names, 3); /* both tools come up */
+        gram_unref(g);
+    }
+    struct gram *g = NULL;
+    struct rl_err err = {0};
+    expect_refusal(gram_compile_tool_call(&g, voc, tools, strlen(tools), "nope", &err), &err, "tool nope",
+                   "'nope', which is not among the tools");
+    const char *badt = "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"patternProperties\":{}}}}]";
+    expect_refusal(gram_compile_tool_call(&g, voc, badt, strlen(badt), NULL, &err), &err, badt,
+                   "/0/function/parameters/patternProperties: unsupported keyword");
+    cJSON_Delete(tj);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_schema_refusals),
+        cmocka_unit_test(test_ebnf_refusals),
+        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_rollback),
+        cmocka_unit_test(test_json_object),
+        cmocka_unit_test(test_tool_call),
         cmocka_unit_test(test_ebnf_walk),
         cmocka_unit_test(test_schema_walks),
     };
