@@ -303,6 +303,15 @@ static void closure_at(struct walker *w, int d, const struct cfg *in, int n)
     bool end = false;
     uint32_t *esc = w->esc[d];
     memset(esc, 0, 32);
+    /* the common case: one configuration that only reads bytes */
+    if (n == 1 && !p->st[in[0].st].n_ref && !p->st[in[0].st].final) {
+        it[0] = in[0];
+        w->off[d] = base;
+        w->n[d] = 1;
+        w->end[d] = 0;
+        w->nd_mark[d] = w->n_nd;
+        return;
+    }
     for (int i = 0; i < n && m < MAX_ITEMS; i++) {
         bool dup = false;
         for (int j = 0; j < m; j++) dup |= it[j].st == in[i].st && it[j].par == in[i].par;
