@@ -725,7 +725,7 @@ static int hist_push(struct gram_match *m, const struct cfg *nx, int k, bool eos
         if (!a) return -RL_ENOMEM;
         m->hc = a; m->cap_hc = nc;
     }
-    memcpy(m->hc + m->n_hc, nx, sizeof(struct cfg) * (size_t)k);
+    if (k) memcpy(m->hc + m->n_hc, nx, sizeof(struct cfg) * (size_t)k);
     struct hent e = {m->n_hc, k, 0, 0, 0, eos};
     m->n_hc += k;
     if (!eos) {
