@@ -26,8 +26,10 @@
  * on the stack). Per step the mask is the union of the accepted sets of
  * the current states plus the uncertain tokens that a walk from the real
  * configurations accepts (XGrammar's context-independent / -dependent
- * split). The classification is done at compile time for the first
- * GRAM_EAGER states and on first use (lock-free publish) for the rest.
+ * split). The classification is done at compile time, breadth-first from
+ * the start, for up to GRAM_EAGER states and GRAM_EAGER_MS, and on first
+ * use (lock-free publish) for the rest: which states are eager changes
+ * only timing, never a mask.
  *
  * Threads: gram_vocab and gram are shared read-only (a lazily classified
  * state is published with a compare-and-swap); a gram_match belongs to
@@ -38,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "event.h"
 #include "gir.h"
@@ -45,7 +48,10 @@
 #define MAX_CFG 64      /* configurations kept at once */
 #define MAX_ITEMS 512   /* closure size of one set */
 #define MAX_STACK 1000  /* call depth */
-#define GRAM_EAGER 3000 /* states classified at compile time */
+#define GRAM_EAGER 3000 /* states classified at compile time, at most */
+#define GRAM_EAGER_MS 300 /* ... and for at most this long: a schema with long
+                             counted repetitions (maxLength: 5000) has a
+                             state per position; the rest wait for first use */
 #define BOTTOM (-2)     /* the frame under the classified state */
 #define BOTTOM_ESC (-4) /* under it after leaving its rule: any caller */
 #define ROOTF (-1)      /* under the root rule: the document */
@@ -564,12 +570,16 @@ static int gram_from_gir(struct gram **out, const struct gram_vocab *v, struct g
         return rl_errf(err, RL_ENOMEM, "grammar: out of memory");
     }
     int qh = 0, qt = 0, done = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     int s0 = g->p.rule_start[root];
     seen[s0] = 1; q[qt++] = s0;
     while (qh < qt) {
         int s = q[qh++];
         if (s == s0 || true) {
-            if (done < GRAM_EAGER) {
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+            if (done < GRAM_EAGER && ms < GRAM_EAGER_MS) {
                 if (!get_smask(g, &w, s)) {
                     free(seen); free(q); walker_fini(&w); gram_unref(g);
                     return rl_errf(err, RL_ENOMEM, "grammar: out of memory");

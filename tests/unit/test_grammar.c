@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <threads.h>
 
 #include "event.h"
 #include "grammar/grammar.h"
@@ -544,6 +545,80 @@ static void test_tool_call(void **state)
     cJSON_Delete(tj);
 }
 
+/* A walk with no cmocka calls, for threads: the document or NULL. */
+static char *walk_plain(struct gram *g, uint64_t seed, int max_steps)
+{
+    struct gram_match *m;
+    struct rl_err err = {0};
+    if (gram_match_create(&m, g, &err)) return NULL;
+    uint32_t *mask = malloc(sizeof(uint32_t) * gram_mask_words_n(N_VOCAB));
+    int32_t *allowed = malloc(sizeof(int32_t) * N_VOCAB);
+    size_t cap = 1 << 16, n = 0;
+    char *doc = malloc(cap);
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+    bool ended = false;
+    for (int step = 0; step < max_steps && !ended; step++) {
+        gram_match_mask(m, mask);
+        int na = 0;
+        for (int32_t id = 0; id < N_VOCAB; id++)
+            if (bit(mask, id)) allowed[na++] = id;
+        if (!na) break;
+        int32_t id = allowed[rng_next(&s) % (uint64_t)na];
+        if (gram_match_accept(m, id, &err)) break;
+        if (tok_is_special(tok, id)) { ended = true; break; } /* an eos */
+        size_t len;
+        const char *b = tok_token_bytes(tok, id, &len);
+        if (n + len + 1 > cap) break;
+        memcpy(doc + n, b, len);
+        n += len;
+    }
+    doc[n] = 0;
+    free(mask); free(allowed);
+    gram_match_free(m);
+    if (!ended) { free(doc); return NULL; }
+    return doc;
+}
+
+struct job { struct gram *g; uint64_t seed; char *doc; };
+static int run_job(void *arg)
+{
+    struct job *j = arg;
+    j->doc = walk_plain(j->g, j->seed, 3000);
+    return 0;
+}
+
+/* A schema whose states do not all fit the compile-time budget: the rest
+ * are classified on first use, by whichever thread gets there first. Two
+ * threads sharing one gram produce exactly what one thread alone does. */
+static void test_threads_lazy(void **state)
+{
+    const char *js = "{\"type\":\"string\",\"minLength\":50,\"maxLength\":400}";
+    char *alone[2];
+    for (int i = 0; i < 2; i++) {
+        struct gram *g = schema(js);
+        alone[i] = walk_plain(g, (uint64_t)(i + 11), 3000);
+        assert_non_null(alone[i]);
+        gram_unref(g);
+    }
+    struct gram *g = schema(js);
+    struct job jobs[2] = {{g, 11, NULL}, {g, 12, NULL}};
+    thrd_t th[2];
+    for (int i = 0; i < 2; i++) assert_int_equal(thrd_create(&th[i], run_job, &jobs[i]), thrd_success);
+    for (int i = 0; i < 2; i++) thrd_join(th[i], NULL);
+    for (int i = 0; i < 2; i++) {
+        assert_non_null(jobs[i].doc);
+        assert_string_equal(jobs[i].doc, alone[i]);
+        cJSON *v = cJSON_Parse(jobs[i].doc);
+        assert_true(cJSON_IsString(v));
+        size_t n = utf8_chars(v->valuestring);
+        if (n < 50 || n > 400) fail_msg("length %zu outside 50..400: %s", n, jobs[i].doc);
+        cJSON_Delete(v);
+        free(jobs[i].doc);
+        free(alone[i]);
+    }
+    gram_unref(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -553,6 +628,7 @@ int main(void)
         cmocka_unit_test(test_rollback),
         cmocka_unit_test(test_json_object),
         cmocka_unit_test(test_tool_call),
+        cmocka_unit_test(test_threads_lazy),
         cmocka_unit_test(test_ebnf_walk),
         cmocka_unit_test(test_schema_walks),
     };
