@@ -118,6 +118,20 @@ struct gram_match {
 /* ------------------------------------------------------------------ */
 /* vocabulary                                                          */
 
+/* lcp[i] = the common prefix of tokens i-1 and i (trie order). */
+static void set_lcps(struct gram_vocab *v, int n)
+{
+    for (int i = 0; i < n; i++) {
+        int l = 0;
+        if (i > 0) {
+            const char *a = v->blob + v->off[i - 1], *b = v->blob + v->off[i];
+            int m = v->len[i - 1] < v->len[i] ? v->len[i - 1] : v->len[i];
+            while (l < m && a[l] == b[l]) l++;
+        }
+        v->lcp[i] = (uint16_t)l;
+    }
+}
+
 static int cmp_tok(const void *a, const void *b, void *u)
 {
     const struct gram_vocab *v = u;
@@ -187,13 +201,6 @@ int gram_vocab_create(struct gram_vocab **out, int n_vocab,
         v->ids[i] = id0[j]; v->off[i] = off0[j]; v->len[i] = len0[j];
         v->order[id0[j]] = i;
         if (v->len[i] > v->max_len) v->max_len = v->len[i];
-        int l = 0;
-        if (i > 0) {
-            const char *a = v->blob + v->off[i - 1], *b = v->blob + v->off[i];
-            int m = v->len[i - 1] < v->len[i] ? v->len[i - 1] : v->len[i];
-            while (l < m && a[l] == b[l]) l++;
-        }
-        v->lcp[i] = (uint16_t)l;
     }
     free(idx); free(off0); free(len0); free(id0);
     v->n_tok = n;
@@ -221,19 +228,9 @@ int gram_vocab_create(struct gram_vocab **out, int n_vocab,
             v->order[v->ids[m]] = m;
             m++;
         }
-        if (m != n) { /* recompute lcps */
-            for (int i = 0; i < m; i++) {
-                int l = 0;
-                if (i > 0) {
-                    const char *a = v->blob + v->off[i - 1], *b = v->blob + v->off[i];
-                    int mm = v->len[i - 1] < v->len[i] ? v->len[i - 1] : v->len[i];
-                    while (l < mm && a[l] == b[l]) l++;
-                }
-                v->lcp[i] = (uint16_t)l;
-            }
-        }
         v->n_tok = m;
     }
+    set_lcps(v, v->n_tok);
     *out = v;
     return 0;
 }
