@@ -164,42 +164,22 @@ static int parse_string(struct ps *p)
     return e;
 }
 
-struct rng { uint32_t lo, hi; };
-
-static int cmp_rng(const void *a, const void *b)
+/* The alternation of code point ranges r (n), complemented when neg. */
+static int ranges_expr(struct gir *g, struct gir_range *r, int n, bool neg)
 {
-    const struct rng *x = a, *y = b;
-    return (x->lo > y->lo) - (x->lo < y->lo);
-}
-
-/* Builds the alternation of sorted, merged (and, when neg, complemented)
- * code point ranges. */
-static int ranges_expr(struct gir *g, struct rng *r, int n, bool neg)
-{
-    qsort(r, (size_t)n, sizeof *r, cmp_rng);
-    int m = 0;
-    for (int i = 0; i < n; i++) {
-        if (m && r[i].lo <= r[m - 1].hi + 1) { if (r[i].hi > r[m - 1].hi) r[m - 1].hi = r[i].hi; }
-        else r[m++] = r[i];
-    }
-    struct rng *use = r, *tmp = NULL;
+    struct gir_range *tmp = NULL;
     if (neg) {
-        tmp = malloc(sizeof *tmp * (size_t)(m + 1));
+        tmp = malloc(sizeof *tmp * (size_t)(n + 1));
         if (!tmp) { g->oom = true; return 0; }
-        int k = 0;
-        uint32_t next = 0;
-        for (int i = 0; i < m; i++) {
-            if (r[i].lo > next) tmp[k++] = (struct rng){next, r[i].lo - 1};
-            next = r[i].hi + 1;
-        }
-        if (next <= 0x10ffff) tmp[k++] = (struct rng){next, 0x10ffff};
-        use = tmp;
-        m = k;
+        n = gir_ranges_neg(r, n, tmp);
+        r = tmp;
+    } else {
+        n = gir_ranges_norm(r, n);
     }
-    int *alts = malloc(sizeof(int) * (size_t)(m ? m : 1));
+    int *alts = malloc(sizeof(int) * (size_t)(n ? n : 1));
     if (!alts) { free(tmp); g->oom = true; return 0; }
-    for (int i = 0; i < m; i++) alts[i] = gir_cprange(g, use[i].lo, use[i].hi);
-    int e = gir_alt(g, alts, m);
+    for (int i = 0; i < n; i++) alts[i] = gir_cprange(g, r[i].lo, r[i].hi);
+    int e = gir_alt(g, alts, n);
     free(alts);
     free(tmp);
     return e;
@@ -210,7 +190,7 @@ static int parse_class(struct ps *p)
     adv(p); /* [ */
     bool neg = false;
     if (peek(p) == '^') { neg = true; adv(p); }
-    struct rng *r = malloc(sizeof *r * MAX_RANGES);
+    struct gir_range *r = malloc(sizeof *r * MAX_RANGES);
     int n = 0;
     if (!r) { p->g->oom = true; return 0; }
     while (peek(p) != ']') {
@@ -224,7 +204,7 @@ static int parse_class(struct ps *p)
             if (hi < 0) { free(r); return 0; }
             if (hi < lo) { free(r); return fail(p, "character range is reversed", NULL); }
         }
-        r[n++] = (struct rng){(uint32_t)lo, (uint32_t)hi};
+        r[n++] = (struct gir_range){(uint32_t)lo, (uint32_t)hi};
     }
     adv(p);
     int e = ranges_expr(p->g, r, n, neg);
@@ -277,6 +257,7 @@ static int parse_item(struct ps *p, bool *got)
     if (c == '+') { adv(p); return gir_rep(p->g, e, 1, -1); }
     if (c == '?') { adv(p); return gir_rep(p->g, e, 0, 1); }
     if (c == '{') {
+        int ql = p->line, qc = p->col;
         adv(p);
         long m = parse_int(p), n = m;
         if (m < 0) return 0;
@@ -287,10 +268,23 @@ static int parse_item(struct ps *p, bool *got)
         }
         if (peek(p) != '}') return fail(p, "expected '}'", NULL);
         adv(p);
-        if (n >= 0 && n < m) return fail(p, "repetition {m,n} has n < m", NULL);
+        if (n >= 0 && n < m) { p->line = ql; p->col = qc; return fail(p, "repetition {m,n} has n < m", NULL); }
         return gir_rep(p->g, e, (int)m, (int)n);
     }
     return e;
+}
+
+/* Appends e to the growable array *k (n, cap); false when out of memory. */
+static bool push_kid(struct ps *p, int **k, int *n, int *cap, int e)
+{
+    if (*n == *cap) {
+        int *nk = realloc(*k, sizeof(int) * (size_t)*cap * 2);
+        if (!nk) { p->g->oom = true; return false; }
+        *k = nk;
+        *cap *= 2;
+    }
+    (*k)[(*n)++] = e;
+    return true;
 }
 
 static int parse_seq(struct ps *p)
@@ -302,15 +296,9 @@ static int parse_seq(struct ps *p)
         skip_ws(p);
         bool got;
         int e = parse_item(p, &got);
-        if (p->rc || !got) break;
-        if (n == cap) {
-            int *nk = realloc(k, sizeof(int) * (size_t)cap * 2);
-            if (!nk) { free(k); p->g->oom = true; return 0; }
-            k = nk; cap *= 2;
-        }
-        k[n++] = e;
+        if (p->rc || !got || !push_kid(p, &k, &n, &cap, e)) break;
     }
-    int e = p->rc ? 0 : gir_seq(p->g, k, n);
+    int e = p->rc || p->g->oom ? 0 : gir_seq(p->g, k, n);
     free(k);
     return e;
 }
@@ -322,18 +310,12 @@ static int parse_alts(struct ps *p)
     if (!k) { p->g->oom = true; return 0; }
     for (;;) {
         int e = parse_seq(p);
-        if (p->rc) break;
-        if (n == cap) {
-            int *nk = realloc(k, sizeof(int) * (size_t)cap * 2);
-            if (!nk) { free(k); p->g->oom = true; return 0; }
-            k = nk; cap *= 2;
-        }
-        k[n++] = e;
+        if (p->rc || !push_kid(p, &k, &n, &cap, e)) break;
         skip_ws(p);
         if (peek(p) != '|') break;
         adv(p);
     }
-    int e = p->rc ? 0 : gir_alt(p->g, k, n);
+    int e = p->rc || p->g->oom ? 0 : gir_alt(p->g, k, n);
     free(k);
     return e;
 }

@@ -230,6 +230,36 @@ int gir_cprange(struct gir *g, uint32_t lo, uint32_t hi)
     return gir_alt(g, alts, n);
 }
 
+static int cmp_range(const void *a, const void *b)
+{
+    const struct gir_range *x = a, *y = b;
+    return (x->lo > y->lo) - (x->lo < y->lo);
+}
+
+int gir_ranges_norm(struct gir_range *r, int n)
+{
+    qsort(r, (size_t)n, sizeof *r, cmp_range);
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (m && r[i].lo <= r[m - 1].hi + 1) { if (r[i].hi > r[m - 1].hi) r[m - 1].hi = r[i].hi; }
+        else r[m++] = r[i];
+    }
+    return m;
+}
+
+int gir_ranges_neg(struct gir_range *r, int n, struct gir_range *out)
+{
+    n = gir_ranges_norm(r, n);
+    int k = 0;
+    uint32_t next = 0;
+    for (int i = 0; i < n; i++) {
+        if (r[i].lo > next) out[k++] = (struct gir_range){next, r[i].lo - 1};
+        next = r[i].hi + 1;
+    }
+    if (next <= 0x10ffff) out[k++] = (struct gir_range){next, 0x10ffff};
+    return k;
+}
+
 int gir_rule(struct gir *g, const char *name, size_t len, int line, int col)
 {
     for (int i = 0; i < g->n_rules; i++)

@@ -60,6 +60,14 @@ int gir_ref(struct gir *g, int rule);
 int gir_lit(struct gir *g, const char *s, size_t len);
 /* The UTF-8 encodings of code points lo..hi (surrogates excluded). */
 int gir_cprange(struct gir *g, uint32_t lo, uint32_t hi);
+/* Code point ranges, as the character classes of ebnf.c and the pattern
+ * translator of schema.c use them. norm sorts and merges r in place and
+ * returns the new count; neg writes the complement within 0..0x10ffff to
+ * out (room for n + 1) and returns its count. */
+struct gir_range { uint32_t lo, hi; };
+int gir_ranges_norm(struct gir_range *r, int n);
+int gir_ranges_neg(struct gir_range *r, int n, struct gir_range *out);
+
 /* The rule named name (created, undefined, when new). -1 on oom. */
 int gir_rule(struct gir *g, const char *name, size_t len, int line, int col);
 

@@ -26,8 +26,10 @@
  * on the stack). Per step the mask is the union of the accepted sets of
  * the current states plus the uncertain tokens that a walk from the real
  * configurations accepts (XGrammar's context-independent / -dependent
- * split). The classification is done at compile time for the first
- * GRAM_EAGER states and on first use (lock-free publish) for the rest.
+ * split). The classification is done at compile time, breadth-first from
+ * the start, for up to GRAM_EAGER states and GRAM_EAGER_MS, and on first
+ * use (lock-free publish) for the rest: which states are eager changes
+ * only timing, never a mask.
  *
  * Threads: gram_vocab and gram are shared read-only (a lazily classified
  * state is published with a compare-and-swap); a gram_match belongs to
@@ -38,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "event.h"
 #include "gir.h"
@@ -45,8 +48,12 @@
 #define MAX_CFG 64      /* configurations kept at once */
 #define MAX_ITEMS 512   /* closure size of one set */
 #define MAX_STACK 1000  /* call depth */
-#define GRAM_EAGER 3000 /* states classified at compile time */
+#define GRAM_EAGER 3000 /* states classified at compile time, at most */
+#define GRAM_EAGER_MS 300 /* ... and for at most this long: a schema with long
+                             counted repetitions (maxLength: 5000) has a
+                             state per position; the rest wait for first use */
 #define BOTTOM (-2)     /* the frame under the classified state */
+#define BOTTOM_ESC (-4) /* under it after leaving its rule: any caller */
 #define ROOTF (-1)      /* under the root rule: the document */
 
 struct gram_vocab {
@@ -76,10 +83,12 @@ struct gram {
     const struct gram_vocab *v;
     struct gpda p;
     _Atomic(struct smask *) *sm; /* (p.n_st) */
+    int32_t *call_off, *call_ret; /* (n_rules + 1), (n_refs): the return
+                                     states of every call of each rule */
 };
 
 struct cfg { int32_t st, par; };
-struct node { int32_t st, par, depth; };
+struct node { int32_t st, par, depth, esc; /* esc: the chain ends in BOTTOM_ESC */ };
 
 /* Scratch of a walk: per depth, the closure items (a stack in one pool). */
 struct walker {
@@ -88,8 +97,9 @@ struct walker {
     struct cfg *pool; int cap_pool;
     int *off, *n;            /* (max_len + 2) items of depth d */
     int *nd_mark;            /* (max_len + 2) arena size after depth d */
-    uint8_t *esc_any;        /* (max_len + 2) path left the bottom rule */
-    uint32_t (*esc)[8];      /* (max_len + 2) bytes on which it may leave */
+    uint8_t *esc_any;        /* (max_len + 2) a cap dropped configurations */
+    const int32_t *call_off; /* (n_rules + 1) callers of rule r: */
+    const int32_t *call_ret; /*   call_ret[call_off[r] .. call_off[r+1]) */
     uint8_t *end;            /* (max_len + 2) the root may end here */
     int depth_cap;
     bool oom;
@@ -107,6 +117,20 @@ struct gram_match {
 
 /* ------------------------------------------------------------------ */
 /* vocabulary                                                          */
+
+/* lcp[i] = the common prefix of tokens i-1 and i (trie order). */
+static void set_lcps(struct gram_vocab *v, int n)
+{
+    for (int i = 0; i < n; i++) {
+        int l = 0;
+        if (i > 0) {
+            const char *a = v->blob + v->off[i - 1], *b = v->blob + v->off[i];
+            int m = v->len[i - 1] < v->len[i] ? v->len[i - 1] : v->len[i];
+            while (l < m && a[l] == b[l]) l++;
+        }
+        v->lcp[i] = (uint16_t)l;
+    }
+}
 
 static int cmp_tok(const void *a, const void *b, void *u)
 {
@@ -177,13 +201,6 @@ int gram_vocab_create(struct gram_vocab **out, int n_vocab,
         v->ids[i] = id0[j]; v->off[i] = off0[j]; v->len[i] = len0[j];
         v->order[id0[j]] = i;
         if (v->len[i] > v->max_len) v->max_len = v->len[i];
-        int l = 0;
-        if (i > 0) {
-            const char *a = v->blob + v->off[i - 1], *b = v->blob + v->off[i];
-            int m = v->len[i - 1] < v->len[i] ? v->len[i - 1] : v->len[i];
-            while (l < m && a[l] == b[l]) l++;
-        }
-        v->lcp[i] = (uint16_t)l;
     }
     free(idx); free(off0); free(len0); free(id0);
     v->n_tok = n;
@@ -211,19 +228,9 @@ int gram_vocab_create(struct gram_vocab **out, int n_vocab,
             v->order[v->ids[m]] = m;
             m++;
         }
-        if (m != n) { /* recompute lcps */
-            for (int i = 0; i < m; i++) {
-                int l = 0;
-                if (i > 0) {
-                    const char *a = v->blob + v->off[i - 1], *b = v->blob + v->off[i];
-                    int mm = v->len[i - 1] < v->len[i] ? v->len[i - 1] : v->len[i];
-                    while (l < mm && a[l] == b[l]) l++;
-                }
-                v->lcp[i] = (uint16_t)l;
-            }
-        }
         v->n_tok = m;
     }
+    set_lcps(v, v->n_tok);
     *out = v;
     return 0;
 }
@@ -241,30 +248,33 @@ int gram_vocab_n(const struct gram_vocab *v) { return v->n_vocab; }
 /* ------------------------------------------------------------------ */
 /* walker                                                              */
 
-static int walker_init(struct walker *w, const struct gpda *p, int max_len)
+static int walker_init(struct walker *w, const struct gram *g)
 {
     memset(w, 0, sizeof *w);
+    const struct gpda *p = &g->p;
+    int max_len = g->v->max_len;
     w->p = p;
+    w->call_off = g->call_off;
+    w->call_ret = g->call_ret;
     w->depth_cap = max_len + 2;
     size_t D = (size_t)w->depth_cap;
     w->off = calloc(D, sizeof(int));
     w->n = calloc(D, sizeof(int));
     w->nd_mark = calloc(D, sizeof(int));
     w->esc_any = calloc(D, 1);
-    w->esc = calloc(D, 32);
     w->end = calloc(D, 1);
     w->cap_pool = 4096;
     w->pool = malloc(sizeof(struct cfg) * (size_t)w->cap_pool);
     w->cap_nd = 1024;
     w->nd = malloc(sizeof(struct node) * (size_t)w->cap_nd);
-    if (!w->off || !w->n || !w->nd_mark || !w->esc_any || !w->esc || !w->end || !w->pool || !w->nd)
+    if (!w->off || !w->n || !w->nd_mark || !w->esc_any || !w->end || !w->pool || !w->nd)
         return -1;
     return 0;
 }
 
 static void walker_fini(struct walker *w)
 {
-    free(w->off); free(w->n); free(w->nd_mark); free(w->esc_any); free(w->esc); free(w->end);
+    free(w->off); free(w->n); free(w->nd_mark); free(w->esc_any); free(w->end);
     free(w->pool); free(w->nd);
     memset(w, 0, sizeof *w);
 }
@@ -280,12 +290,13 @@ static int push_node(struct walker *w, int32_t st, int32_t par)
         w->nd = a;
         w->cap_nd = nc;
     }
-    w->nd[w->n_nd] = (struct node){st, par, depth};
+    int esc = par >= 0 ? w->nd[par].esc : par == BOTTOM_ESC;
+    w->nd[w->n_nd] = (struct node){st, par, depth, esc};
     return w->n_nd++;
 }
 
 /* Closure of in[0..n) into the pool at depth d (items at w->off[d]). Sets
- * w->n[d], w->end[d], w->esc[d]. */
+ * w->n[d], w->end[d]; sets w->esc_any[d] when a cap dropped items. */
 static void closure_at(struct walker *w, int d, const struct cfg *in, int n)
 {
     const struct gpda *p = w->p;
@@ -301,8 +312,15 @@ static void closure_at(struct walker *w, int d, const struct cfg *in, int n)
     struct cfg *it = w->pool + base;
     int m = 0;
     bool end = false;
-    uint32_t *esc = w->esc[d];
-    memset(esc, 0, 32);
+    /* the common case: one configuration that only reads bytes */
+    if (n == 1 && !p->st[in[0].st].n_ref && !p->st[in[0].st].final) {
+        it[0] = in[0];
+        w->off[d] = base;
+        w->n[d] = 1;
+        w->end[d] = 0;
+        w->nd_mark[d] = w->n_nd;
+        return;
+    }
     for (int i = 0; i < n && m < MAX_ITEMS; i++) {
         bool dup = false;
         for (int j = 0; j < m; j++) dup |= it[j].st == in[i].st && it[j].par == in[i].par;
@@ -324,9 +342,17 @@ static void closure_at(struct walker *w, int d, const struct cfg *in, int n)
             } else {
                 if (!s->final) break;
                 if (c.par == ROOTF) { end = true; break; }
-                if (c.par == BOTTOM) {
-                    const uint32_t *f = p->follow[s->rule];
-                    for (int b = 0; b < 8; b++) esc[b] |= f[b];
+                if (c.par == BOTTOM || c.par == BOTTOM_ESC) {
+                    /* left the classified state's rule: continue in every
+                     * place that calls it (a superset of the real stack) */
+                    for (int j = w->call_off[s->rule]; j < w->call_off[s->rule + 1]; j++) {
+                        struct cfg a = {w->call_ret[j], BOTTOM_ESC};
+                        bool dup = false;
+                        for (int q = 0; q < m && !dup; q++) dup = it[q].st == a.st && it[q].par == a.par;
+                        if (dup) continue;
+                        if (m < MAX_ITEMS) it[m++] = a;
+                        else w->esc_any[d] = 1;
+                    }
                     break;
                 }
                 add[0] = (struct cfg){w->nd[c.par].st, w->nd[c.par].par};
@@ -334,6 +360,7 @@ static void closure_at(struct walker *w, int d, const struct cfg *in, int n)
             bool dup = false;
             for (int j = 0; j < m && !dup; j++) dup = it[j].st == add[0].st && it[j].par == add[0].par;
             if (!dup && m < MAX_ITEMS) it[m++] = add[0];
+            else if (!dup) w->esc_any[d] = 1;
         }
     }
     w->off[d] = base;
@@ -349,12 +376,14 @@ static int step_raw(const struct walker *w, int d, uint8_t b, struct cfg *nx)
     const struct gpda *p = w->p;
     int k = 0;
     const struct cfg *it = w->pool + w->off[d];
-    for (int i = 0; i < w->n[d] && k < MAX_CFG; i++) {
+    for (int i = 0; i < w->n[d]; i++) {
         int t = p->st[it[i].st].next[b];
         if (t < 0) continue;
         bool dup = false;
         for (int j = 0; j < k && !dup; j++) dup = nx[j].st == t && nx[j].par == it[i].par;
-        if (!dup) nx[k++] = (struct cfg){t, it[i].par};
+        if (dup) continue;
+        if (k == MAX_CFG) return -k; /* over the cap: the first MAX_CFG kept */
+        nx[k++] = (struct cfg){t, it[i].par};
     }
     return k;
 }
@@ -365,9 +394,10 @@ static int step_at(struct walker *w, int d, uint8_t b)
 {
     struct cfg nx[MAX_CFG];
     int k = step_raw(w, d, b, nx);
-    w->esc_any[d + 1] = w->esc_any[d] || (w->esc[d][b >> 5] >> (b & 31) & 1);
+    w->esc_any[d + 1] = w->esc_any[d] || k < 0;
+    if (k < 0) k = -k;
     if (!k) { w->n[d + 1] = 0; w->off[d + 1] = w->off[d] + w->n[d]; w->end[d + 1] = 0;
-              memset(w->esc[d + 1], 0, 32); w->nd_mark[d + 1] = w->n_nd; return 0; }
+              w->nd_mark[d + 1] = w->n_nd; return 0; }
     closure_at(w, d + 1, nx, k);
     return k;
 }
@@ -423,8 +453,20 @@ static struct smask *classify(struct walker *w, const struct gram_vocab *v, int 
             d++;
         }
         valid = d;
-        if (d == len && w->n[d] > 0) { ok = ivec_push(&acc, v->ids[i]); i++; continue; }
-        /* dead at depth d (its bytes 0..d-1 read, byte d-1 killed it) */
+        if (d == len && w->n[d] > 0) {
+            /* read whole: accepted if a path stayed in (or returned to)
+             * the state's own stack, uncertain if only paths through an
+             * assumed caller did */
+            const struct cfg *it = w->pool + w->off[d];
+            bool mine = false;
+            for (int q = 0; q < w->n[d] && !mine; q++)
+                mine = it[q].par == BOTTOM || (it[q].par >= 0 && !w->nd[it[q].par].esc);
+            ok = mine ? ivec_push(&acc, v->ids[i]) : ivec_push(&unc, i);
+            i++;
+            continue;
+        }
+        /* dead at depth d (its bytes 0..d-1 read, byte d-1 killed it) in
+         * every context: rejected, unless a cap dropped paths */
         int e = d >= 1 ? run_end(v, i, d) : i + 1;
         if (w->esc_any[d])
             for (int j = i; j < e && ok; j++) ok = ivec_push(&unc, j);
@@ -495,23 +537,46 @@ static int gram_from_gir(struct gram **out, const struct gram_vocab *v, struct g
     atomic_init(&g->refs, 1);
     g->v = v;
     g->sm = calloc((size_t)g->p.n_st, sizeof(*g->sm));
-    if (!g->sm) { gpda_fini(&g->p); free(g); return rl_errf(err, RL_ENOMEM, "grammar: out of memory"); }
+    g->call_off = calloc((size_t)g->p.n_rules + 1, sizeof(int32_t));
+    g->call_ret = malloc(sizeof(int32_t) * (size_t)(g->p.n_refs + 1));
+    if (!g->sm || !g->call_off || !g->call_ret) {
+        gram_unref(g);
+        return rl_errf(err, RL_ENOMEM, "grammar: out of memory");
+    }
+    /* callers by rule: only the refs of states that survived the trim */
+    for (int s = 0; s < g->p.n_st; s++)
+        for (int i = 0; i < g->p.st[s].n_ref; i++) g->call_off[g->p.refs[g->p.st[s].ref_off + i].rule + 1]++;
+    for (int r = 0; r < g->p.n_rules; r++) g->call_off[r + 1] += g->call_off[r];
+    {
+        int32_t *fill = calloc((size_t)g->p.n_rules + 1, sizeof(int32_t));
+        if (!fill) { gram_unref(g); return rl_errf(err, RL_ENOMEM, "grammar: out of memory"); }
+        for (int s = 0; s < g->p.n_st; s++)
+            for (int i = 0; i < g->p.st[s].n_ref; i++) {
+                const struct gref *r = &g->p.refs[g->p.st[s].ref_off + i];
+                g->call_ret[g->call_off[r->rule] + fill[r->rule]++] = r->ret;
+            }
+        free(fill);
+    }
     /* classify the states a configuration can stop in: byte targets and
      * the root's start, breadth-first from the root, up to GRAM_EAGER */
     struct walker w;
     char *seen = calloc((size_t)g->p.n_st, 1);
     int *q = malloc(sizeof(int) * (size_t)g->p.n_st);
-    if (!seen || !q || walker_init(&w, &g->p, v->max_len)) {
+    if (!seen || !q || walker_init(&w, g)) {
         free(seen); free(q); walker_fini(&w); gram_unref(g);
         return rl_errf(err, RL_ENOMEM, "grammar: out of memory");
     }
     int qh = 0, qt = 0, done = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     int s0 = g->p.rule_start[root];
     seen[s0] = 1; q[qt++] = s0;
     while (qh < qt) {
         int s = q[qh++];
         if (s == s0 || true) {
-            if (done < GRAM_EAGER) {
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+            if (done < GRAM_EAGER && ms < GRAM_EAGER_MS) {
                 if (!get_smask(g, &w, s)) {
                     free(seen); free(q); walker_fini(&w); gram_unref(g);
                     return rl_errf(err, RL_ENOMEM, "grammar: out of memory");
@@ -563,6 +628,7 @@ void gram_unref(struct gram *g)
     for (int i = 0; g->sm && i < g->p.n_st; i++)
         smask_free(atomic_load(&g->sm[i]));
     free(g->sm);
+    free(g->call_off); free(g->call_ret);
     gpda_fini(&g->p);
     free(g);
 }
@@ -666,7 +732,7 @@ static int hist_push(struct gram_match *m, const struct cfg *nx, int k, bool eos
         if (!a) return -RL_ENOMEM;
         m->hc = a; m->cap_hc = nc;
     }
-    memcpy(m->hc + m->n_hc, nx, sizeof(struct cfg) * (size_t)k);
+    if (k) memcpy(m->hc + m->n_hc, nx, sizeof(struct cfg) * (size_t)k);
     struct hent e = {m->n_hc, k, 0, 0, 0, eos};
     m->n_hc += k;
     if (!eos) {
@@ -690,7 +756,7 @@ int gram_match_create(struct gram_match **out, struct gram *g, struct rl_err *er
     *out = NULL;
     struct gram_match *m = calloc(1, sizeof *m);
     if (!m) return rl_errf(err, RL_ENOMEM, "gram_match_create: out of memory");
-    if (walker_init(&m->w, &g->p, g->v->max_len)) {
+    if (walker_init(&m->w, g)) {
         walker_fini(&m->w); free(m);
         return rl_errf(err, RL_ENOMEM, "gram_match_create: out of memory");
     }

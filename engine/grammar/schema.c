@@ -14,9 +14,9 @@
  * whitespace except one optional space after ',' and ':' (so a model's
  * natural `{"a": 1, "b": 2}` fits), properties in the schema's order,
  * numbers bounded in length (16 integer digits, 15 fraction digits, 2
- * exponent digits, so no number overflows a double). Every keyword not in the supported set, and every
- * supported one with a bad value, is refused with EV_CODE_BAD_PARAM naming
- * its JSON pointer. Annotations (title, description, ...) are ignored. */
+ * exponent digits: no number overflows a double). Every keyword not in
+ * the supported set, and every supported one with a bad value, is refused
+ * with EV_CODE_BAD_PARAM naming its JSON pointer. Annotations (title, description, ...) are ignored. */
 #include "gir.h"
 
 #include <cjson/cJSON.h>
@@ -179,44 +179,13 @@ static long count_kw(struct sc *c, const cJSON *s, const char *k, long dflt)
 
 /* ---- regular expressions (pattern) -> grammar text over JSON-encoded
  * characters ---- */
-struct rr { uint32_t lo, hi; };
 struct rx { const char *s; size_t n, i; struct sc *c; struct sb *o; int depth; };
-
-static int cmp_rr(const void *a, const void *b)
-{
-    const struct rr *x = a, *y = b;
-    return (x->lo > y->lo) - (x->lo < y->lo);
-}
-
-static int rr_norm(struct rr *r, int n)
-{
-    qsort(r, (size_t)n, sizeof *r, cmp_rr);
-    int m = 0;
-    for (int i = 0; i < n; i++) {
-        if (m && r[i].lo <= r[m - 1].hi + 1) { if (r[i].hi > r[m - 1].hi) r[m - 1].hi = r[i].hi; }
-        else r[m++] = r[i];
-    }
-    return m;
-}
-
-static int rr_neg(struct rr *r, int n, struct rr *o)
-{
-    n = rr_norm(r, n);
-    int k = 0;
-    uint32_t next = 0;
-    for (int i = 0; i < n; i++) {
-        if (r[i].lo > next) o[k++] = (struct rr){next, r[i].lo - 1};
-        next = r[i].hi + 1;
-    }
-    if (next <= 0x10ffff) o[k++] = (struct rr){next, 0x10ffff};
-    return k;
-}
 
 /* Writes the alternatives for "one character in ranges r", JSON-encoded:
  * plain characters as a class, '"', '\' and controls as their escapes. */
-static void emit_set(struct sb *o, struct rr *r, int n)
+static void emit_set(struct sb *o, struct gir_range *r, int n)
 {
-    n = rr_norm(r, n);
+    n = gir_ranges_norm(r, n);
     sb_s(o, "([");
     for (int i = 0; i < n; i++) {
         uint32_t lo = r[i].lo, hi = r[i].hi;
@@ -274,40 +243,40 @@ static long rx_hex(struct rx *x, int n)
 
 /* A class escape (after '\') into ranges; returns the count or -1. For a
  * single character sets *single. */
-static int rx_esc(struct rx *x, struct rr *r, bool in_class)
+static int rx_esc(struct rx *x, struct gir_range *r, bool in_class)
 {
     if (x->i >= x->n) { rx_bad(x, "dangling \\"); return -1; }
     char e = x->s[x->i++];
-    struct rr tmp[8];
+    struct gir_range tmp[8];
     int n = 0;
     bool neg = false;
     switch (e) {
     case 'D': neg = true; /* fall through */
-    case 'd': tmp[n++] = (struct rr){'0', '9'}; break;
+    case 'd': tmp[n++] = (struct gir_range){'0', '9'}; break;
     case 'W': neg = true; /* fall through */
-    case 'w': tmp[n++] = (struct rr){'a', 'z'}; tmp[n++] = (struct rr){'A', 'Z'};
-              tmp[n++] = (struct rr){'0', '9'}; tmp[n++] = (struct rr){'_', '_'}; break;
+    case 'w': tmp[n++] = (struct gir_range){'a', 'z'}; tmp[n++] = (struct gir_range){'A', 'Z'};
+              tmp[n++] = (struct gir_range){'0', '9'}; tmp[n++] = (struct gir_range){'_', '_'}; break;
     case 'S': neg = true; /* fall through */
-    case 's': tmp[n++] = (struct rr){' ', ' '}; tmp[n++] = (struct rr){'\t', '\r'}; break;
-    case 'n': r[0] = (struct rr){'\n', '\n'}; return 1;
-    case 't': r[0] = (struct rr){'\t', '\t'}; return 1;
-    case 'r': r[0] = (struct rr){'\r', '\r'}; return 1;
-    case 'f': r[0] = (struct rr){'\f', '\f'}; return 1;
-    case 'v': r[0] = (struct rr){'\v', '\v'}; return 1;
-    case 'x': { long v = rx_hex(x, 2); if (v < 0) return -1; r[0] = (struct rr){(uint32_t)v, (uint32_t)v}; return 1; }
-    case 'u': { long v = rx_hex(x, 4); if (v < 0) return -1; r[0] = (struct rr){(uint32_t)v, (uint32_t)v}; return 1; }
+    case 's': tmp[n++] = (struct gir_range){' ', ' '}; tmp[n++] = (struct gir_range){'\t', '\r'}; break;
+    case 'n': r[0] = (struct gir_range){'\n', '\n'}; return 1;
+    case 't': r[0] = (struct gir_range){'\t', '\t'}; return 1;
+    case 'r': r[0] = (struct gir_range){'\r', '\r'}; return 1;
+    case 'f': r[0] = (struct gir_range){'\f', '\f'}; return 1;
+    case 'v': r[0] = (struct gir_range){'\v', '\v'}; return 1;
+    case 'x': { long v = rx_hex(x, 2); if (v < 0) return -1; r[0] = (struct gir_range){(uint32_t)v, (uint32_t)v}; return 1; }
+    case 'u': { long v = rx_hex(x, 4); if (v < 0) return -1; r[0] = (struct gir_range){(uint32_t)v, (uint32_t)v}; return 1; }
     default:
         if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9')) {
             x->i--;
             rx_bad(x, "unsupported escape (backreference, \\b or similar)");
             return -1;
         }
-        r[0] = (struct rr){(uint32_t)(unsigned char)e, (uint32_t)(unsigned char)e};
+        r[0] = (struct gir_range){(uint32_t)(unsigned char)e, (uint32_t)(unsigned char)e};
         return 1;
     }
     if (neg && in_class) { x->i--; rx_bad(x, "negated class escape inside [...]"); return -1; }
-    if (neg) return rr_neg(tmp, n, r);
-    memcpy(r, tmp, sizeof(struct rr) * (size_t)n);
+    if (neg) return gir_ranges_neg(tmp, n, r);
+    memcpy(r, tmp, sizeof(struct gir_range) * (size_t)n);
     return n;
 }
 
@@ -319,7 +288,7 @@ static int rx_atom(struct rx *x, bool *got)
 {
     *got = true;
     char ch = x->s[x->i];
-    struct rr r[RX_MAXR];
+    struct gir_range r[RX_MAXR];
     int n;
     if (ch == '(') {
         x->i++;
@@ -348,10 +317,10 @@ static int rx_atom(struct rx *x, bool *got)
             long lo;
             if (x->s[x->i] == '\\') {
                 x->i++;
-                struct rr t[8];
+                struct gir_range t[8];
                 int k = rx_esc(x, t, true);
                 if (k < 0) return x->c->rc;
-                if (k != 1 || t[0].lo != t[0].hi) { memcpy(r + n, t, sizeof(struct rr) * (size_t)k); n += k; continue; }
+                if (k != 1 || t[0].lo != t[0].hi) { memcpy(r + n, t, sizeof(struct gir_range) * (size_t)k); n += k; continue; }
                 lo = t[0].lo;
             } else if ((lo = rx_cp(x)) < 0) return x->c->rc;
             long hi = lo;
@@ -359,7 +328,7 @@ static int rx_atom(struct rx *x, bool *got)
                 x->i++;
                 if (x->s[x->i] == '\\') {
                     x->i++;
-                    struct rr t[8];
+                    struct gir_range t[8];
                     int k = rx_esc(x, t, true);
                     if (k < 0) return x->c->rc;
                     if (k != 1 || t[0].lo != t[0].hi) return rx_bad(x, "class escape as a range end");
@@ -367,19 +336,19 @@ static int rx_atom(struct rx *x, bool *got)
                 } else if ((hi = rx_cp(x)) < 0) return x->c->rc;
                 if (hi < lo) return rx_bad(x, "reversed range");
             }
-            r[n++] = (struct rr){(uint32_t)lo, (uint32_t)hi};
+            r[n++] = (struct gir_range){(uint32_t)lo, (uint32_t)hi};
         }
         if (x->i >= x->n) return rx_bad(x, "missing ]");
         x->i++;
-        if (neg) { struct rr t[RX_MAXR]; n = rr_neg(r, n, t); memcpy(r, t, sizeof(struct rr) * (size_t)n); }
+        if (neg) { struct gir_range t[RX_MAXR]; n = gir_ranges_neg(r, n, t); memcpy(r, t, sizeof(struct gir_range) * (size_t)n); }
         if (n == 0) { sb_s(x->o, "[]"); return 0; }
         emit_set(x->o, r, n);
         return 0;
     }
     if (ch == '.') {
         x->i++;
-        r[0] = (struct rr){0, '\n' - 1};
-        r[1] = (struct rr){'\n' + 1, 0x10ffff};
+        r[0] = (struct gir_range){0, '\n' - 1};
+        r[1] = (struct gir_range){'\n' + 1, 0x10ffff};
         emit_set(x->o, r, 2);
         return 0;
     }
@@ -398,7 +367,7 @@ static int rx_atom(struct rx *x, bool *got)
     if (ch == ')' || ch == '|') { *got = false; return 0; }
     long cp = rx_cp(x);
     if (cp < 0) return x->c->rc;
-    r[0] = (struct rr){(uint32_t)cp, (uint32_t)cp};
+    r[0] = (struct gir_range){(uint32_t)cp, (uint32_t)cp};
     emit_set(x->o, r, 1);
     return 0;
 }

@@ -43,6 +43,10 @@ if [ -x "$BUILD/tests/bench_tokenizer" ]; then
     echo "# tokenizer encode speed, one core"
     "$BUILD/tests/bench_tokenizer" --tokenizer engine/tokenizers/qwen3
 fi
+if [ -x "$BUILD/tests/bench_grammar" ]; then
+    echo "# structured output: grammar compile time and per-step token mask (real Qwen3 vocabulary, one core)"
+    "$BUILD/tests/bench_grammar" --tokenizer engine/tokenizers/qwen3
+fi
 if [ -x "$BUILD/tests/bench_batching" ]; then
     echo "# continuous batching: prompt 128, output 128"
     "$BUILD/tests/bench_batching" -m "$M06" --threads "$THREADS"
