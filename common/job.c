@@ -1488,18 +1488,17 @@ int job_to_json(const struct job *j, char **out, struct rl_err *err)
         ADD(add_num(o, "stream_ttl_s", j->stream_ttl_s));
     if (j->given & JOB_F_SPECULATIVE)
         ADD(cJSON_AddBoolToObject(o, "speculative", j->speculative));
-    if (j->metadata) {
-        cJSON *m = cJSON_Duplicate(j->metadata, 1);
-        ADD(m && cJSON_AddItemToObject(o, "metadata", m));
-    }
-    if (j->response_format) {
-        cJSON *m = cJSON_Duplicate(j->response_format, 1);
-        ADD(m && cJSON_AddItemToObject(o, "response_format", m));
-    }
-    if (j->tool_choice) {
-        cJSON *m = cJSON_Duplicate(j->tool_choice, 1);
-        ADD(m && cJSON_AddItemToObject(o, "tool_choice", m));
-    }
+    /* the members kept as given */
+    const struct {
+        const char *k;
+        const cJSON *v;
+    } trees[] = {{"metadata", j->metadata}, {"response_format", j->response_format},
+                 {"tool_choice", j->tool_choice}};
+    for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++)
+        if (trees[i].v) {
+            cJSON *m = cJSON_Duplicate(trees[i].v, 1);
+            ADD(m && cJSON_AddItemToObject(o, trees[i].k, m));
+        }
     if (j->grammar)
         ADD(cJSON_AddStringToObject(o, "grammar", j->grammar));
 #undef ADD

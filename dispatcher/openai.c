@@ -259,6 +259,18 @@ static const struct {
 #define N_FIELDS ((int)(sizeof fields / sizeof fields[0]))
 _Static_assert(N_FIELDS <= 64, "the seen mask is 64 bits");
 
+/* job[k] = a copy of v; v NULL adds nothing. false: out of memory. */
+static bool add_copy(cJSON *job, const char *k, const cJSON *v)
+{
+    if (!v)
+        return true;
+    cJSON *c = cJSON_Duplicate(v, 1);
+    if (c && cJSON_AddItemToObject(job, k, c))
+        return true;
+    cJSON_Delete(c);
+    return false;
+}
+
 static int bad400(struct oai_error *e, const char *code, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static int bad400(struct oai_error *e, const char *code, const char *param, const char *fmt, ...)
@@ -763,27 +775,9 @@ static int parse_request(enum oai_api api, const char *body, size_t len,
     /* tool_choice "none": the template shows no tools, as OpenAI's model
      * calls none */
     bool no_tools = cJSON_IsString(tool_choice) && !strcmp(tool_choice->valuestring, "none");
-    if (tools && !no_tools) {
-        cJSON *t = cJSON_Duplicate(tools, 1);
-        if (!t || !cJSON_AddItemToObject(job, "tools", t)) {
-            cJSON_Delete(t);
-            goto oom;
-        }
-    }
-    if (tool_choice && !no_tools) {
-        cJSON *t = cJSON_Duplicate(tool_choice, 1);
-        if (!t || !cJSON_AddItemToObject(job, "tool_choice", t)) {
-            cJSON_Delete(t);
-            goto oom;
-        }
-    }
-    if (response_format) {
-        cJSON *t = cJSON_Duplicate(response_format, 1);
-        if (!t || !cJSON_AddItemToObject(job, "response_format", t)) {
-            cJSON_Delete(t);
-            goto oom;
-        }
-    }
+    if ((!no_tools && (!add_copy(job, "tools", tools) || !add_copy(job, "tool_choice", tool_choice))) ||
+        !add_copy(job, "response_format", response_format))
+        goto oom;
     const char *max_tokens_name = "max_tokens";
     if (max_completion_tokens) { /* the newer name wins, as OpenAI reads them */
         max_tokens = max_completion_tokens;
@@ -794,11 +788,8 @@ static int parse_request(enum oai_api api, const char *body, size_t len,
     if (logprobs && !cJSON_AddNumberToObject(job, "logprobs", top_logprobs))
         goto oom;
     if (mode) {
-        cJSON *c = cJSON_Duplicate(mode, 1);
-        if (!c || !cJSON_AddItemToObject(job, "mode", c)) {
-            cJSON_Delete(c);
+        if (!add_copy(job, "mode", mode))
             goto oom;
-        }
     } else if (enable_thinking >= 0 &&
                !cJSON_AddStringToObject(job, "mode", enable_thinking ? "think" : "no_think")) {
         goto oom;
