@@ -671,6 +671,26 @@ static int req_build(struct engine *e, const struct engine_request *r, uint64_t 
         if (!(q->mask = malloc((size_t)cons_mask_words(e->cons) * sizeof *q->mask)))
             goto oom;
         q->doc_started = !(r->mode == ENGINE_MODE_THINK && e->think_close >= 0);
+        /* a resumed request: the output so far goes into the matcher, the
+         * reasoning skipped; tokens the matcher refuses between </think>
+         * and the document's first token are the think-stop text's forced
+         * tail, which precedes the document */
+        bool in_doc = false;
+        for (int i = n_prompt - r->n_resumed; i < n_prompt; i++) {
+            if (!q->doc_started) {
+                q->doc_started = prompt[i] == e->think_close;
+                continue;
+            }
+            struct rl_err me = {0};
+            if (gram_match_accept(q->gm, prompt[i], &me) == 0)
+                in_doc = true;
+            else if (in_doc) {
+                req_free(q);
+                return refuse(err, EV_CODE_BAD_VALUE, "n_resumed: output token %d (id %d) does "
+                              "not continue the constraint's document", i - (n_prompt - r->n_resumed),
+                              (int)prompt[i]);
+            }
+        }
     }
     /* a constrained request decodes plainly (engine.h) */
     q->spec = e->opt.speculative != SPEC_OFF && !r->no_speculative && !g;
