@@ -49,9 +49,10 @@
 #define MAX_ITEMS 512   /* closure size of one set */
 #define MAX_STACK 1000  /* call depth */
 #define GRAM_EAGER 3000 /* states classified at compile time, at most */
-#define GRAM_EAGER_MS 300 /* ... and for at most this long: a schema with long
-                             counted repetitions (maxLength: 5000) has a
-                             state per position; the rest wait for first use */
+#define GRAM_EAGER_MS 150 /* ... and for at most this much of the compiling
+                             thread's CPU time: a schema with long counted
+                             repetitions (maxLength: 5000) has a state per
+                             position; the rest wait for first use */
 #define BOTTOM (-2)     /* the frame under the classified state */
 #define BOTTOM_ESC (-4) /* under it after leaving its rule: any caller */
 #define ROOTF (-1)      /* under the root rule: the document */
@@ -568,13 +569,13 @@ static int gram_from_gir(struct gram **out, const struct gram_vocab *v, struct g
     }
     int qh = 0, qt = 0, done = 0;
     struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
     int s0 = g->p.rule_start[root];
     seen[s0] = 1; q[qt++] = s0;
     while (qh < qt) {
         int s = q[qh++];
         if (s == s0 || true) {
-            clock_gettime(CLOCK_MONOTONIC, &t1);
+            clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
             double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
             if (done < GRAM_EAGER && ms < GRAM_EAGER_MS) {
                 if (!get_smask(g, &w, s)) {
