@@ -619,7 +619,7 @@ int gir_build(const struct gir *g, int root, struct gpda *out, struct rl_err *er
         if (f.big) { rc = rl_errf(err, EV_CODE_BAD_PARAM, "rule '%s' is too large (over %d automaton states)", g->rules[r].name, GIR_MAX_NFA); goto done; }
         if (f.oom || !ok) { rc = rl_errf(err, RL_ENOMEM, "grammar: out of memory"); goto done; }
         int s = determinise(&d, &f, in, r);
-        if (d.big) { rc = rl_errf(err, EV_CODE_BAD_PARAM, "grammar is too large (over %d automaton states)", GIR_MAX_STATES); goto done; }
+        if (d.big) { rc = rl_errf(err, EV_CODE_BAD_PARAM, "%s is too large (over %d automaton states)", g->what ? g->what : "grammar", GIR_MAX_STATES); goto done; }
         if (s < 0) { rc = rl_errf(err, RL_ENOMEM, "grammar: out of memory"); goto done; }
         p->rule_start[r] = s;
     }

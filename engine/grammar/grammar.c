@@ -677,7 +677,7 @@ static int compile_generated(struct gram **out, const struct gram_vocab *v, int 
     free(ebnf);
     if (rc && e2.code != EV_CODE_BAD_PARAM)
         return rl_errf(err, e2.code, "%s", e2.msg);
-    if (rc && !strncmp(e2.msg, "grammar ", 8)) /* a parse error of generated text: a bug */
+    if (rc && !strncmp(e2.msg, "grammar ", 8) && e2.msg[8] >= '0' && e2.msg[8] <= '9') /* a parse error of generated text: a bug */
         return rl_errf(err, RL_EINTERNAL, "%s: generated grammar: %s", what, e2.msg);
     if (rc)
         return rl_errf(err, e2.code, "%s", e2.msg);

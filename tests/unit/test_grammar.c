@@ -345,6 +345,9 @@ static void test_schema_refusals(void **state)
         {"{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/a\"}},\"$ref\":\"#/$defs/a\"}", "no string satisfies"},
         {"{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"k\":{\"$ref\":\"#/$defs/n\"}},\"required\":[\"k\"]}},\"$ref\":\"#/$defs/n\"}",
          "no string satisfies"},
+        /* too large once expanded */
+        {"{\"type\":\"string\",\"maxLength\":9000}", "schema is too large (over 50000 automaton states)"},
+        {"{\"type\":\"string\",\"maxLength\":10001}", "/maxLength: 10001 is over the supported limit of 10000"},
         /* not JSON */
         {"{\"type\":", "not valid JSON"},
     };
