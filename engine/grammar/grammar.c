@@ -20,10 +20,10 @@
  * their whole range by binary search). For every state a configuration
  * can stop in, the tokens are classified once, walking from (state,
  * BOTTOM): accepted (some path reads the whole token without leaving the
- * state's rule: true in every context), rejected (every path dies, or
- * leaves the rule on a byte not in the rule's FOLLOW set), or uncertain
- * (a path leaves the rule on a byte that may follow it: the answer depends
- * on the stack). Per step the mask is the union of the accepted sets of
+ * state's rule: true in every context), rejected (every path dies, where
+ * a path that leaves the rule goes on in every caller of the rule, a
+ * superset of the real stacks), or uncertain (only paths through an
+ * assumed caller read it: the answer depends on the stack). Per step the mask is the union of the accepted sets of
  * the current states plus the uncertain tokens that a walk from the real
  * configurations accepts (XGrammar's context-independent / -dependent
  * split). The classification is done at compile time, breadth-first from
