@@ -17,7 +17,8 @@
  *      satisfies");
  *   4. left recursion (a rule that can call itself before consuming a
  *      byte) is refused: the matcher's closure would not terminate;
- *   5. FIRST/nullable and FOLLOW fixpoints per rule.
+ * (Tokens that leave a rule are settled by the matcher against the rule's
+ * callers, grammar.c, so no FOLLOW sets are needed.)
  * Nothing here recurses on the C stack except over an expression tree,
  * whose depth the parsers bound. Runs at compile time only, on the caller's
  * thread. */
@@ -570,19 +571,8 @@ out:
 
 void gpda_fini(struct gpda *p)
 {
-    free(p->st); free(p->refs); free(p->rule_start); free(p->follow);
+    free(p->st); free(p->refs); free(p->rule_start);
     memset(p, 0, sizeof *p);
-}
-
-static bool set_or(uint32_t *a, const uint32_t *b)
-{
-    bool ch = false;
-    for (int i = 0; i < 8; i++) {
-        uint32_t v = a[i] | b[i];
-        ch |= v != a[i];
-        a[i] = v;
-    }
-    return ch;
 }
 
 int gir_build(const struct gir *g, int root, struct gpda *out, struct rl_err *err)
@@ -604,9 +594,8 @@ int gir_build(const struct gir *g, int root, struct gpda *out, struct rl_err *er
     p->n_rules = g->n_rules;
     p->root = root;
     p->rule_start = malloc(sizeof(int32_t) * (size_t)g->n_rules);
-    p->follow = calloc((size_t)g->n_rules, 32);
     char *prod = calloc((size_t)g->n_rules, 1);
-    if (!p->rule_start || !p->follow || !prod) { rc = rl_errf(err, RL_ENOMEM, "grammar: out of memory"); goto done; }
+    if (!p->rule_start || !prod) { rc = rl_errf(err, RL_ENOMEM, "grammar: out of memory"); goto done; }
     d.sets_in = (const uint32_t (*)[8])g->sets;
     for (int r = 0; r < g->n_rules; r++) {
         f.len = 0;
@@ -619,7 +608,7 @@ int gir_build(const struct gir *g, int root, struct gpda *out, struct rl_err *er
         if (f.big) { rc = rl_errf(err, EV_CODE_BAD_PARAM, "rule '%s' is too large (over %d automaton states)", g->rules[r].name, GIR_MAX_NFA); goto done; }
         if (f.oom || !ok) { rc = rl_errf(err, RL_ENOMEM, "grammar: out of memory"); goto done; }
         int s = determinise(&d, &f, in, r);
-        if (d.big) { rc = rl_errf(err, EV_CODE_BAD_PARAM, "grammar is too large (over %d automaton states)", GIR_MAX_STATES); goto done; }
+        if (d.big) { rc = rl_errf(err, EV_CODE_BAD_PARAM, "%s is too large (over %d automaton states)", g->what ? g->what : "grammar", GIR_MAX_STATES); goto done; }
         if (s < 0) { rc = rl_errf(err, RL_ENOMEM, "grammar: out of memory"); goto done; }
         p->rule_start[r] = s;
     }
@@ -670,31 +659,20 @@ int gir_build(const struct gir *g, int root, struct gpda *out, struct rl_err *er
         const struct gstate *rs = &p->st[p->refs[i].ret];
         p->refs[i].tail = rs->final && !rs->has_byte && rs->n_ref == 0;
     }
-    /* nullable (ends) and first, per state */
+    /* nullable: the rule can end from this state without a byte */
     char *ends = calloc((size_t)p->n_st, 1);
-    uint32_t (*first)[8] = calloc((size_t)p->n_st, 32);
-    if (!ends || !first) { free(ends); free(first); rc = rl_errf(err, RL_ENOMEM, "grammar: out of memory"); goto done; }
+    if (!ends) { rc = rl_errf(err, RL_ENOMEM, "grammar: out of memory"); goto done; }
     for (bool ch = true; ch;) {
         ch = false;
         for (int s = 0; s < p->n_st; s++) {
             const struct gstate *st = &p->st[s];
-            if (!ends[s]) {
-                bool e = st->final;
-                for (int i = 0; i < st->n_ref && !e; i++) {
-                    const struct gref *r = &p->refs[st->ref_off + i];
-                    e = ends[p->rule_start[r->rule]] && ends[r->ret];
-                }
-                if (e) { ends[s] = 1; ch = true; }
-            }
-            uint32_t fs[8] = {0};
-            for (int c = 0; c < 256; c++)
-                if (st->next[c] >= 0) fs[c >> 5] |= 1u << (c & 31);
-            for (int i = 0; i < st->n_ref; i++) {
+            if (ends[s]) continue;
+            bool e = st->final;
+            for (int i = 0; i < st->n_ref && !e; i++) {
                 const struct gref *r = &p->refs[st->ref_off + i];
-                set_or(fs, first[p->rule_start[r->rule]]);
-                if (ends[p->rule_start[r->rule]]) set_or(fs, first[r->ret]);
+                e = ends[p->rule_start[r->rule]] && ends[r->ret];
             }
-            ch |= set_or(first[s], fs);
+            if (e) { ends[s] = 1; ch = true; }
         }
     }
     /* left recursion: rule A calls B at a point reached from A's start
@@ -708,7 +686,7 @@ int gir_build(const struct gir *g, int root, struct gpda *out, struct rl_err *er
         char *color = calloc((size_t)nr, 1);
         int *stk = malloc(sizeof(int) * (size_t)nr * 2);
         if (!adj || !wl || !seen || !color || !stk) {
-            free(adj); free(wl); free(seen); free(color); free(stk); free(ends); free(first);
+            free(adj); free(wl); free(seen); free(color); free(stk); free(ends);
             rc = rl_errf(err, RL_ENOMEM, "grammar: out of memory");
             goto done;
         }
@@ -745,21 +723,7 @@ int gir_build(const struct gir *g, int root, struct gpda *out, struct rl_err *er
         }
         free(adj); free(wl); free(seen); free(color); free(stk);
     }
-    /* FOLLOW(rule): first(ret) of each call, plus FOLLOW(caller) when ret
-     * can end the caller */
-    for (bool ch = !rc; ch;) {
-        ch = false;
-        for (int s = 0; s < p->n_st; s++) {
-            const struct gstate *st = &p->st[s];
-            for (int i = 0; i < st->n_ref; i++) {
-                const struct gref *r = &p->refs[st->ref_off + i];
-                ch |= set_or(p->follow[r->rule], first[r->ret]);
-                if (ends[r->ret]) ch |= set_or(p->follow[r->rule], p->follow[st->rule]);
-            }
-        }
-    }
     free(ends);
-    free(first);
 done:
     for (int i = 0; i < p->n_st && d.sets; i++)
         free(d.sets[i].v);

@@ -9,9 +9,7 @@
  *   - gir_build() turns each rule into a DFA over bytes whose states may
  *     also call other rules (push a return state), checks the grammar
  *     (defined, productive, not left-recursive, within size limits), trims
- *     states from which the document cannot be finished, and computes each
- *     rule's FOLLOW set (the bytes that can come right after it), which the
- *     mask precomputation uses to settle tokens that leave their rule.
+ *     states from which the document cannot be finished.
  * The result (struct gpda) is immutable and owned by the struct gram. */
 #ifndef RL_GIR_H
 #define RL_GIR_H
@@ -87,7 +85,6 @@ struct gpda {
     struct gstate *st; int n_st;
     struct gref *refs; int n_refs;
     int32_t *rule_start; /* (n_rules) */
-    uint32_t (*follow)[8]; /* (n_rules) bytes that may follow the rule */
     int n_rules;
     int root;            /* root rule */
 };
