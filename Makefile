@@ -45,7 +45,7 @@ DEB_PKGS += libedit-dev tmux
 DEB_PKGS += nodejs
 
 COMMON_SRC := $(wildcard common/*.c)
-ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c)
+ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c engine/grammar/*.c)
 CLI_SRC    := $(wildcard worker/cli/*.c)
 WORKER_SRC := $(wildcard worker/*.c)
 DISP_SRC   := $(wildcard dispatcher/*.c)

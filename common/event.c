@@ -51,6 +51,7 @@ static const struct {
     [EV_CODE_OVERLOADED] = {"OVERLOADED", "the pool's queue holds more waiting jobs than the dispatcher's max_waiting; retry after retry_after_ms"},
     [EV_CODE_MODEL_NOT_FOUND] = {"MODEL_NOT_FOUND", "the job (or HTTP request) names a model no live worker serves; the message lists the models that are served"},
     [EV_CODE_MODEL_REQUIRED] = {"MODEL_REQUIRED", "several models are served and the job names none; it must say which in `model`"},
+    [EV_CODE_BAD_PARAM] = {"BAD_PARAM", "a constraint (response_format, grammar or tool_choice) cannot be compiled: an unsupported keyword (the message names it and its JSON pointer), a schema no string satisfies, a schema too large or too deeply nested, or an invalid grammar (line:column)"},
 };
 
 const char *ev_code_name(enum ev_code code)

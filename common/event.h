@@ -49,6 +49,10 @@ enum ev_code {
     EV_CODE_OVERLOADED,          /* the dispatcher refused: the pool's queue is full */
     EV_CODE_MODEL_NOT_FOUND,     /* job names a model nobody serves (or not this worker's) */
     EV_CODE_MODEL_REQUIRED,      /* no model named while several are served */
+    EV_CODE_BAD_PARAM,           /* a constraint (response_format, grammar or
+                                    tool_choice) that cannot be compiled:
+                                    unsupported keyword, unsatisfiable schema,
+                                    too large or deep, invalid grammar */
     EV_CODE_COUNT
 };
 

@@ -16,7 +16,15 @@
  * and which one wins would be an accident), unknown name (UNKNOWN_FIELD),
  * type (BAD_TYPE), bounds (OUT_OF_RANGE / BAD_VALUE / BAD_ID); last the
  * cross-field rules (exactly one of messages, prompt, prompt_ids; tools
- * only with messages). The first problem found is the one reported.
+ * only with messages; one constraint at most, a forced tool among the
+ * tools). The first problem found is the one reported.
+ *
+ * Constraints (response_format, grammar, tool_choice) are checked for
+ * shape and size here; whether a schema or grammar compiles is the
+ * engine's question (engine_check), since only it has the vocabulary.
+ * Every refusal of a constraint's content carries BAD_PARAM, the code the
+ * engine's compiler refuses with too, so a client sees one code for "this
+ * constraint cannot be served" wherever it was caught.
  *
  * Numbers: JSON has one number type and cJSON keeps doubles, so "integer"
  * means a double with no fractional part (1.0 counts, as in JSON Schema),
@@ -169,6 +177,42 @@ static size_t json_lex_check(const char *s, size_t len)
                         s[i] == 'E' || s[i] == '+' || s[i] == '-'))
             return st;
         i--; /* the loop's i++ moves onto the byte after the number */
+    }
+    return len;
+}
+
+/* The nesting depth check (JOB_DEPTH_MAX), on text that passed
+ * json_lex_check: returns the offset where the nesting first goes past
+ * max, or len; key gets the name of the top-level member that holds that
+ * point (unescaped bytes, cut to key_size - 1; "" outside any member). */
+static size_t json_depth_check(const char *s, size_t len, int max, char *key, size_t key_size)
+{
+    int depth = 0;
+    size_t str_at = 0;
+    key[0] = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (c == '"') {
+            str_at = i + 1;
+            for (i++; i < len && s[i] != '"'; i++)
+                if (s[i] == '\\')
+                    i++;
+            if (depth == 1) { /* a top-level key or string value: keep the last one seen */
+                size_t n = i - str_at < key_size - 1 ? i - str_at : key_size - 1;
+                size_t j = i + 1;
+                while (j < len && (s[j] == ' ' || s[j] == '\t' || s[j] == '\n' || s[j] == '\r'))
+                    j++;
+                if (j < len && s[j] == ':') {
+                    memcpy(key, s + str_at, n);
+                    key[n] = 0;
+                }
+            }
+        } else if (c == '{' || c == '[') {
+            if (++depth > max)
+                return i;
+        } else if (c == '}' || c == ']') {
+            depth--;
+        }
     }
     return len;
 }
@@ -574,6 +618,48 @@ static bool id_char(char c, bool pool)
            c == '_' || c == '-' || (!pool && (c == '.' || c == ':'));
 }
 
+/* The value of the top-level member "id" of a JSON text too deep for
+ * cJSON (JOB_DEPTH_MAX), found by a scan of depth 1 only: the raw bytes of
+ * its string (ids have no escapes; one with a backslash is not used).
+ * Returns 1 with out filled, 0 when there is none, -1 when it is unusable. */
+static int shallow_id(const char *s, size_t len, char out[JOB_ID_MAX + 1])
+{
+    int depth = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (c == '{' || c == '[') {
+            depth++;
+        } else if (c == '}' || c == ']') {
+            depth--;
+        } else if (c == '"') {
+            size_t at = ++i;
+            while (i < len && s[i] != '"')
+                i += s[i] == '\\' ? 2 : 1;
+            if (depth != 1 || i - at != 2 || memcmp(s + at, "id", 2))
+                continue;
+            size_t j = i + 1;
+            while (j < len && (s[j] == ' ' || s[j] == '\t' || s[j] == '\n' || s[j] == '\r'))
+                j++;
+            if (j >= len || s[j] != ':')
+                continue; /* the string "id" as a value */
+            for (j++; j < len && (s[j] == ' ' || s[j] == '\t' || s[j] == '\n' || s[j] == '\r');)
+                j++;
+            if (j >= len || s[j] != '"')
+                return -1;
+            size_t v = ++j;
+            while (j < len && s[j] != '"' && s[j] != '\\' && j - v <= JOB_ID_MAX)
+                if (!id_char(s[j++], false))
+                    return -1;
+            if (j >= len || s[j] != '"' || j == v)
+                return -1;
+            memcpy(out, s + v, j - v);
+            out[j - v] = 0;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 void job_guess_id(const char *raw, size_t len, const char *fallback, char out[JOB_ID_MAX + 1])
 {
     out[0] = 0;
@@ -581,6 +667,15 @@ void job_guess_id(const char *raw, size_t len, const char *fallback, char out[JO
     if (raw && (json_nul_check(raw, len, &id_at), id_at < len))
         return; /* its id is cut at a NUL: no usable id, never a shorter one */
     cJSON *o = raw ? cJSON_ParseWithLength(raw, len) : NULL;
+    char deep[2];
+    if (!o && raw && json_lex_check(raw, len) == len &&
+        json_depth_check(raw, len, JOB_DEPTH_MAX, deep, sizeof deep) != len) {
+        /* valid JSON, only too deep for cJSON: answer it where it asked */
+        int r = shallow_id(raw, len, out);
+        if (r == 0 && fallback)
+            snprintf(out, JOB_ID_MAX + 1, "%s", fallback);
+        return;
+    }
     const cJSON *id = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "id") : NULL;
     if (cJSON_IsString(id)) {
         size_t n = strlen(id->valuestring);
@@ -628,7 +723,8 @@ enum kind {
     K_ID, K_MODEL, K_POOL, K_MESSAGES, K_TOOLS, K_PROMPT, K_PROMPT_IDS, K_MODE, K_MAX_TOKENS,
     K_TEMPERATURE, K_TOP_P, K_TOP_K, K_MIN_P, K_PRESENCE, K_FREQUENCY, K_REPETITION,
     K_SEED, K_STOP, K_IGNORE_EOS, K_MAX_THINKING, K_LOGPROBS, K_PRIORITY, K_DEADLINE,
-    K_CACHE, K_STREAM_TTL, K_METADATA, K_SPECULATIVE,
+    K_CACHE, K_STREAM_TTL, K_METADATA, K_SPECULATIVE, K_RESPONSE_FORMAT, K_TOOL_CHOICE,
+    K_GRAMMAR,
 };
 static const struct {
     const char *name;
@@ -643,7 +739,8 @@ static const struct {
     {"max_thinking_tokens", K_MAX_THINKING}, {"logprobs", K_LOGPROBS},
     {"priority", K_PRIORITY}, {"deadline_ms", K_DEADLINE}, {"cache", K_CACHE},
     {"stream_ttl_s", K_STREAM_TTL}, {"metadata", K_METADATA},
-    {"speculative", K_SPECULATIVE},
+    {"speculative", K_SPECULATIVE}, {"response_format", K_RESPONSE_FORMAT},
+    {"tool_choice", K_TOOL_CHOICE}, {"grammar", K_GRAMMAR},
 };
 #define N_TOP ((int)(sizeof top_fields / sizeof top_fields[0]))
 
@@ -708,6 +805,157 @@ static int take_prompt_ids(struct job *j, const cJSON *v, const struct job_opts 
         j->prompt_ids[i] = (int32_t)x;
     }
     j->n_prompt_ids = n;
+    return 0;
+}
+
+/* response_format: {"type": "text"}, {"type": "json_object"} or
+ * {"type": "json_schema", "json_schema": {"name", "schema", "strict",
+ * "description"}} (OpenAI's shape; an absent schema is any JSON object). */
+static int take_response_format(struct job *j, const cJSON *v, struct job_fault *f,
+                                struct rl_err *err)
+{
+    static const char *const rf_keys[] = {"type", "json_schema", NULL};
+    static const char *const js_keys[] = {"name", "schema", "strict", "description", NULL};
+    char p[JOB_FIELD_MAX];
+    const char *type, *s;
+    int rc;
+    set_field(f, "response_format");
+    if (!cJSON_IsObject(v))
+        return bad(f, err, EV_CODE_BAD_TYPE, "response_format: must be an object");
+    if ((rc = check_members(v, "response_format", rf_keys, f, err)) ||
+        (rc = get_required_string(v, "response_format", "type", 1, 32, p, &type, f, err)))
+        return rc;
+    const cJSON *js = member(v, "json_schema");
+    if (!strcmp(type, "text") || !strcmp(type, "json_object")) {
+        if (js) {
+            set_field(f, "response_format.json_schema");
+            return bad(f, err, EV_CODE_BAD_PARAM,
+                       "response_format.json_schema: only with type \"json_schema\"");
+        }
+        j->constraint = type[0] == 't' ? JOB_CONSTRAINT_NONE : JOB_CONSTRAINT_JSON_OBJECT;
+    } else if (!strcmp(type, "json_schema")) {
+        set_field(f, "response_format.json_schema");
+        if (!js)
+            return bad(f, err, EV_CODE_MISSING_FIELD, "response_format.json_schema: required");
+        if (!cJSON_IsObject(js))
+            return bad(f, err, EV_CODE_BAD_TYPE,
+                       "response_format.json_schema: must be an object");
+        if ((rc = check_members(js, "response_format.json_schema", js_keys, f, err)) ||
+            (rc = get_required_string(js, "response_format.json_schema", "name", 1, 64, p, &s,
+                                      f, err)))
+            return rc;
+        const cJSON *x = member(js, "strict");
+        if (x && !cJSON_IsNull(x)) {
+            bool b;
+            if ((rc = get_bool(x, "response_format.json_schema.strict", &b, f, err)))
+                return rc;
+        }
+        if ((x = member(js, "description")) &&
+            (rc = get_string(x, "response_format.json_schema.description", 0, SIZE_MAX, &s, f,
+                             err)))
+            return rc;
+        const cJSON *schema = member(js, "schema");
+        if (!schema) {
+            j->constraint = JOB_CONSTRAINT_JSON_OBJECT;
+        } else {
+            set_field(f, "response_format.json_schema.schema");
+            if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema))
+                return bad(f, err, EV_CODE_BAD_TYPE,
+                           "response_format.json_schema.schema: must be a JSON Schema (an "
+                           "object or a boolean)");
+            if (!(j->constraint_src = cJSON_PrintUnformatted(schema)))
+                return -RL_ENOMEM;
+            size_t n = strlen(j->constraint_src);
+            if (n > JOB_CONSTRAINT_MAX)
+                return bad(f, err, EV_CODE_BAD_PARAM,
+                           "response_format.json_schema.schema: %zu bytes is over the limit "
+                           "of %d", n, JOB_CONSTRAINT_MAX);
+            j->constraint = JOB_CONSTRAINT_JSON_SCHEMA;
+        }
+    } else {
+        set_field(f, "response_format.type");
+        return bad(f, err, EV_CODE_BAD_PARAM,
+                   "response_format.type: \"%.32s\" is not one of \"text\", \"json_object\", "
+                   "\"json_schema\"", type);
+    }
+    if (!(j->response_format = cJSON_Duplicate(v, 1)))
+        return -RL_ENOMEM;
+    return 0;
+}
+
+/* tool_choice: "none" | "auto" (free text, the tool-call parser as
+ * without it) | "required" | {"type": "function", "function": {"name"}}.
+ * Whether the tools it needs are there is a cross-field rule (job_parse). */
+static int take_tool_choice(struct job *j, const cJSON *v, struct job_fault *f,
+                            struct rl_err *err)
+{
+    static const char *const tc_keys[] = {"type", "function", NULL};
+    static const char *const fn_keys[] = {"name", NULL};
+    int rc;
+    set_field(f, "tool_choice");
+    if (cJSON_IsString(v)) {
+        const char *s = v->valuestring;
+        if (!strcmp(s, "required"))
+            j->tool_name[0] = 0;
+        else if (strcmp(s, "none") && strcmp(s, "auto"))
+            return bad(f, err, EV_CODE_BAD_PARAM,
+                       "tool_choice: \"%.32s\" is not one of \"none\", \"auto\", "
+                       "\"required\" or a {\"type\": \"function\"} object", s);
+    } else if (cJSON_IsObject(v)) {
+        const cJSON *fn;
+        char q[JOB_FIELD_MAX];
+        if ((rc = check_members(v, "tool_choice", tc_keys, f, err)) ||
+            (rc = check_function_entry(v, "tool_choice", true, fn_keys, 64, &fn, q, f, err)))
+            return rc;
+        const char *name = member(fn, "name")->valuestring;
+        memcpy(j->tool_name, name, strlen(name) + 1);
+    } else {
+        return bad(f, err, EV_CODE_BAD_TYPE, "tool_choice: must be a string or an object");
+    }
+    if (!(j->tool_choice = cJSON_Duplicate(v, 1)))
+        return -RL_ENOMEM;
+    return 0;
+}
+
+/* The cross-field rules of the constraint members, after all are taken:
+ * one constraint at most, a forced tool call needs the tools (and a named
+ * one among them), and the tools' text within the size bound. */
+static int check_constraint(struct job *j, struct job_fault *f, struct rl_err *err)
+{
+    bool forced = j->tool_choice && (cJSON_IsObject(j->tool_choice) ||
+                                     !strcmp(j->tool_choice->valuestring, "required"));
+    int n = (j->constraint != JOB_CONSTRAINT_NONE) + !!j->grammar + forced;
+    if (n > 1) {
+        set_field(f, j->grammar ? "grammar" : "tool_choice");
+        return bad(f, err, EV_CODE_BAD_PARAM,
+                   "%s: only one constraint at a time (response_format json_object/json_schema, "
+                   "grammar, tool_choice required/named)", f->field);
+    }
+    if (j->grammar) {
+        j->constraint = JOB_CONSTRAINT_GRAMMAR;
+        if (!(j->constraint_src = strdup(j->grammar)))
+            return -RL_ENOMEM;
+    }
+    if (!forced)
+        return 0;
+    set_field(f, "tool_choice");
+    if (!j->tools || cJSON_GetArraySize(j->tools) == 0)
+        return bad(f, err, EV_CODE_BAD_PARAM, "tool_choice: forces a tool call but the job "
+                   "gives no tools");
+    if (j->tool_name[0]) {
+        bool found = false;
+        for (const cJSON *t = j->tools->child; t && !found; t = t->next)
+            found = !strcmp(member(member(t, "function"), "name")->valuestring, j->tool_name);
+        if (!found)
+            return bad(f, err, EV_CODE_BAD_PARAM, "tool_choice: names \"%s\", which is not "
+                       "among the tools", j->tool_name);
+    }
+    if (!(j->constraint_src = cJSON_PrintUnformatted(j->tools)))
+        return -RL_ENOMEM;
+    if (strlen(j->constraint_src) > JOB_CONSTRAINT_MAX)
+        return bad(f, err, EV_CODE_BAD_PARAM, "tools: %zu bytes is over the limit of %d for a "
+                   "forced tool call", strlen(j->constraint_src), JOB_CONSTRAINT_MAX);
+    j->constraint = JOB_CONSTRAINT_TOOL_CALL;
     return 0;
 }
 
@@ -876,6 +1124,19 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
     case K_SPECULATIVE:
         j->given |= JOB_F_SPECULATIVE;
         return get_bool(v, name, &j->speculative, f, err);
+    case K_RESPONSE_FORMAT:
+        return take_response_format(j, v, f, err);
+    case K_TOOL_CHOICE:
+        return take_tool_choice(j, v, f, err);
+    case K_GRAMMAR:
+        if ((rc = get_string(v, "grammar", 1, SIZE_MAX, &s, f, err)))
+            return rc;
+        if (strlen(s) > JOB_CONSTRAINT_MAX)
+            return bad(f, err, EV_CODE_BAD_PARAM, "grammar: %zu bytes is over the limit of %d",
+                       strlen(s), JOB_CONSTRAINT_MAX);
+        if (!(j->grammar = strdup(s)))
+            return -RL_ENOMEM;
+        return 0;
     case K_STREAM_TTL:
         if ((rc = get_integer(v, name, 1, o->max_stream_ttl_s, &x, f, err)))
             return rc;
@@ -917,6 +1178,10 @@ void job_free(struct job *j)
     cJSON_Delete(j->messages);
     cJSON_Delete(j->tools);
     cJSON_Delete(j->metadata);
+    cJSON_Delete(j->response_format);
+    cJSON_Delete(j->tool_choice);
+    free(j->grammar);
+    free(j->constraint_src);
     free(j->prompt);
     free(j->prompt_ids);
     for (int i = 0; i < j->n_stop; i++)
@@ -954,6 +1219,18 @@ int job_parse(const char *text, size_t len, const struct job_opts *opts, struct 
 
     if (nul_rule(text, len, "job", fault, err))
         return -RL_EINVAL;
+
+    char deep[JOB_FIELD_MAX];
+    badpos = json_depth_check(text, len, JOB_DEPTH_MAX, deep, sizeof deep);
+    if (badpos != len) {
+        /* a constraint's schema is the usual suspect: say so in its code */
+        bool constraint = !strcmp(deep, "response_format") || !strcmp(deep, "tools") ||
+                          !strcmp(deep, "tool_choice");
+        set_field(fault, deep);
+        return bad(fault, err, constraint ? EV_CODE_BAD_PARAM : EV_CODE_BAD_VALUE,
+                   "%s: nested deeper than %d levels (at byte %zu)", deep[0] ? deep : "job",
+                   JOB_DEPTH_MAX, badpos);
+    }
 
     /* cJSON wants a NUL-terminated buffer to reject trailing garbage */
     char *buf = malloc(len + 1);
@@ -1015,6 +1292,12 @@ int job_parse(const char *text, size_t len, const struct job_opts *opts, struct 
         rc = bad(fault, err, EV_CODE_CONFLICTING_PROMPT, "tools: only allowed with messages");
         goto done;
     }
+    if ((rc = check_constraint(j, fault, err))) {
+        if (rc == -RL_ENOMEM)
+            goto oom;
+        goto done;
+    }
+    memset(fault, 0, sizeof *fault);
     j->input = j->messages ? JOB_INPUT_MESSAGES : j->prompt ? JOB_INPUT_PROMPT : JOB_INPUT_IDS;
     if (!(j->given & JOB_F_ID)) {
         const char *fb = opts->fallback_id;
@@ -1205,10 +1488,19 @@ int job_to_json(const struct job *j, char **out, struct rl_err *err)
         ADD(add_num(o, "stream_ttl_s", j->stream_ttl_s));
     if (j->given & JOB_F_SPECULATIVE)
         ADD(cJSON_AddBoolToObject(o, "speculative", j->speculative));
-    if (j->metadata) {
-        cJSON *m = cJSON_Duplicate(j->metadata, 1);
-        ADD(m && cJSON_AddItemToObject(o, "metadata", m));
-    }
+    /* the members kept as given */
+    const struct {
+        const char *k;
+        const cJSON *v;
+    } trees[] = {{"metadata", j->metadata}, {"response_format", j->response_format},
+                 {"tool_choice", j->tool_choice}};
+    for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++)
+        if (trees[i].v) {
+            cJSON *m = cJSON_Duplicate(trees[i].v, 1);
+            ADD(m && cJSON_AddItemToObject(o, trees[i].k, m));
+        }
+    if (j->grammar)
+        ADD(cJSON_AddStringToObject(o, "grammar", j->grammar));
 #undef ADD
     *out = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
@@ -1254,7 +1546,7 @@ int job_cache_key(const struct job *j, enum job_mode mode, const char *model_id,
     sha256_init(&c);
     /* bump the version whenever the encoding or the field list changes,
      * so old entries simply stop matching */
-    static const char tag[] = "redlm-cache-v2";
+    static const char tag[] = "redlm-cache-v3";
     sha256_update(&c, tag, sizeof tag);
     put_str(&c, model_id, strlen(model_id));
     put_u64(&c, (uint64_t)n_ids);
@@ -1284,6 +1576,11 @@ int job_cache_key(const struct job *j, enum job_mode mode, const char *model_id,
     /* v2: unset sampling fields take per-mode defaults, and prompt or
      * prompt_ids carry no mode of their own */
     put_u64(&c, mode == JOB_MODE_THINK ? 1 : 0);
+    /* v3: the constraint decides which tokens may come at all */
+    put_u64(&c, (uint64_t)j->constraint);
+    put_str(&c, j->constraint_src ? j->constraint_src : "",
+            j->constraint_src ? strlen(j->constraint_src) : 0);
+    put_str(&c, j->tool_name, strlen(j->tool_name));
     uint8_t d[SHA256_DIGEST_LEN];
     sha256_final(&c, d);
     sha256_to_hex(d, out);

@@ -30,6 +30,14 @@ struct cJSON;
 #define JOB_MESSAGES_MAX 4096
 #define JOB_TOOLS_MAX 256
 #define JOB_CACHE_KEY_LEN SHA256_HEX_LEN
+/* Bytes of a constraint's source text (the schema as compact JSON, the
+ * grammar, the tools of a forced tool call) at most: the grammar
+ * compiler's own limit (engine/grammar/grammar.h GRAM_MAX_SOURCE), checked
+ * here already so the dispatcher refuses a huge schema before routing it. */
+#define JOB_CONSTRAINT_MAX (256 * 1024)
+/* JSON nesting of a job at most: cJSON gives up at 1000 with no word of
+ * where; we say which member is too deep (BAD_PARAM for a constraint). */
+#define JOB_DEPTH_MAX 256
 
 enum job_input {
     JOB_INPUT_MESSAGES = 1, /* messages (+ tools): rendered by the chat template */
@@ -43,6 +51,17 @@ enum job_mode {
     JOB_MODE_NO_THINK,
     JOB_MODE_AUTO,     /* "auto": the dispatcher chooses (rules, think_ratio); a
                           worker treats it as JOB_MODE_POOL */
+};
+
+/* What a job's output must match (response_format, grammar, tool_choice;
+ * at most one of them constrains). The values are engine.h's enum
+ * engine_constraint. */
+enum job_constraint {
+    JOB_CONSTRAINT_NONE = 0,
+    JOB_CONSTRAINT_JSON_OBJECT, /* response_format {"type": "json_object"} */
+    JOB_CONSTRAINT_JSON_SCHEMA, /* response_format {"type": "json_schema", ...} */
+    JOB_CONSTRAINT_GRAMMAR,     /* grammar: schemas/grammar.md's syntax */
+    JOB_CONSTRAINT_TOOL_CALL,   /* tool_choice "required" or a named function */
 };
 
 /* Bits of struct job.given: which optional fields the job spelt out, so
@@ -105,6 +124,19 @@ struct job {
                                  key: the tokens are the same either way */
     int stream_ttl_s;         /* redlm:out:<id> expires this long after done */
     struct cJSON *metadata;   /* object or NULL, passed through untouched; owned */
+
+    /* structured output: the members as given (owned, NULL when absent),
+     * written back by job_to_json, and what they ask for */
+    struct cJSON *response_format; /* {"type": "text" | "json_object" | "json_schema"} */
+    struct cJSON *tool_choice;     /* "none" | "auto" | "required" | {"type": "function",
+                                      "function": {"name"}} */
+    char *grammar;                 /* NUL-terminated, owned */
+    enum job_constraint constraint;
+    char *constraint_src;          /* owned: JSON_SCHEMA the schema as compact JSON,
+                                      GRAMMAR the grammar, TOOL_CALL the tools array as
+                                      compact JSON; NULL otherwise. At most
+                                      JOB_CONSTRAINT_MAX bytes */
+    char tool_name[65];            /* TOOL_CALL: the function forced; "" = any tool */
 };
 
 /* What the parser needs from its caller: limits from the config, and the
@@ -187,7 +219,7 @@ bool job_is_deterministic(const struct job *j);
  * which model_id covers, and the mode), the three penalties, seed (or its
  * absence), stop, ignore_eos, max_thinking_tokens, logprobs, and the
  * effective mode (job_mode_on: for prompt and prompt_ids input it is in
- * no id). Not: id, priority, deadline, cache, stream_ttl_s, metadata.
+ * no id), and the constraint (kind, source text, forced tool name). Not: id, priority, deadline, cache, stream_ttl_s, metadata.
  * Returns 0 or -RL_EINVAL. */
 int job_cache_key(const struct job *j, enum job_mode mode, const char *model_id,
                   const int32_t *ids, int n_ids, char out[JOB_CACHE_KEY_LEN + 1],

@@ -161,7 +161,7 @@ void oai_error_from_event(const char *code, const char *message, int64_t retry_a
     case EV_CODE_BAD_TYPE: case EV_CODE_OUT_OF_RANGE: case EV_CODE_BAD_VALUE:
     case EV_CODE_BAD_ID: case EV_CODE_MISSING_PROMPT: case EV_CODE_CONFLICTING_PROMPT:
     case EV_CODE_MISSING_FIELD: case EV_CODE_UNKNOWN_POOL: case EV_CODE_INVALID_TOKEN:
-    case EV_CODE_TEMPLATE_ERROR: case EV_CODE_MODEL_REQUIRED: {
+    case EV_CODE_TEMPLATE_ERROR: case EV_CODE_MODEL_REQUIRED: case EV_CODE_BAD_PARAM: {
         /* job.c's sentences start with the field path ("temperature: 2.5
          * is out of range"); a path holds no blank, and "job: ..." names
          * the job as a whole */
@@ -172,6 +172,11 @@ void oai_error_from_event(const char *code, const char *message, int64_t retry_a
             memcpy(param, msg, (size_t)(colon - msg));
             param[colon - msg] = 0;
         }
+        if (c == EV_CODE_BAD_PARAM && (!param[0] || param[0] == '/'))
+            /* the grammar compiler's sentences start with a JSON pointer
+             * into the schema, or "grammar LINE:COL" */
+            snprintf(param, sizeof param, "%s", !strncmp(msg, "grammar", 7) ? "grammar"
+                                                : "response_format");
         oai_error_set(e, 400, T_INVALID, code, param, "%s", msg);
         return;
     }
@@ -253,6 +258,18 @@ static const struct {
 };
 #define N_FIELDS ((int)(sizeof fields / sizeof fields[0]))
 _Static_assert(N_FIELDS <= 64, "the seen mask is 64 bits");
+
+/* job[k] = a copy of v; v NULL adds nothing. false: out of memory. */
+static bool add_copy(cJSON *job, const char *k, const cJSON *v)
+{
+    if (!v)
+        return true;
+    cJSON *c = cJSON_Duplicate(v, 1);
+    if (c && cJSON_AddItemToObject(job, k, c))
+        return true;
+    cJSON_Delete(c);
+    return false;
+}
 
 static int bad400(struct oai_error *e, const char *code, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -476,6 +493,7 @@ static int parse_request(enum oai_api api, const char *body, size_t len,
 
     uint64_t seen = 0;
     const cJSON *messages = NULL, *tools = NULL, *stream_options = NULL, *tool_choice = NULL;
+    const cJSON *response_format = NULL;
     const cJSON *mode = NULL, *prompt = NULL;
     int max_tokens = 0, max_completion_tokens = 0;
     int enable_thinking = -1; /* -1 absent, else 0/1 */
@@ -664,12 +682,7 @@ static int parse_request(enum oai_api api, const char *body, size_t len,
             tools = v;
             break;
         case K_TOOL_CHOICE:
-            if (!cJSON_IsString(v) ||
-                (strcmp(v->valuestring, "auto") && strcmp(v->valuestring, "none"))) {
-                bad400(e, "BAD_VALUE", name,
-                       "tool_choice: only \"auto\" and \"none\" are supported");
-                goto done;
-            }
+            /* job_parse checks it (and that a forced call has its tools) */
             tool_choice = v;
             break;
         case K_BOOL_IGNORED: {
@@ -691,16 +704,9 @@ static int parse_request(enum oai_api api, const char *body, size_t len,
                 goto done;
             }
             break;
-        case K_RESPONSE_FORMAT: {
-            const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
-            if (!cJSON_IsObject(v) || !cJSON_IsString(t) || strcmp(t->valuestring, "text") ||
-                cJSON_GetArraySize(v) != 1) {
-                bad400(e, "BAD_VALUE", name,
-                       "response_format: only {\"type\": \"text\"} is supported");
-                goto done;
-            }
+        case K_RESPONSE_FORMAT:
+            response_format = v; /* the job's own field: job_parse checks it */
             break;
-        }
         case K_LOGIT_BIAS:
             if (!cJSON_IsObject(v) || v->child) {
                 bad400(e, "BAD_VALUE", name, "logit_bias: not supported (give none or {})");
@@ -766,13 +772,12 @@ static int parse_request(enum oai_api api, const char *body, size_t len,
             goto oom;
         }
     }
-    if (tools && !(tool_choice && !strcmp(tool_choice->valuestring, "none"))) {
-        cJSON *t = cJSON_Duplicate(tools, 1);
-        if (!t || !cJSON_AddItemToObject(job, "tools", t)) {
-            cJSON_Delete(t);
-            goto oom;
-        }
-    }
+    /* tool_choice "none": the template shows no tools, as OpenAI's model
+     * calls none */
+    bool no_tools = cJSON_IsString(tool_choice) && !strcmp(tool_choice->valuestring, "none");
+    if ((!no_tools && (!add_copy(job, "tools", tools) || !add_copy(job, "tool_choice", tool_choice))) ||
+        !add_copy(job, "response_format", response_format))
+        goto oom;
     const char *max_tokens_name = "max_tokens";
     if (max_completion_tokens) { /* the newer name wins, as OpenAI reads them */
         max_tokens = max_completion_tokens;
@@ -783,11 +788,8 @@ static int parse_request(enum oai_api api, const char *body, size_t len,
     if (logprobs && !cJSON_AddNumberToObject(job, "logprobs", top_logprobs))
         goto oom;
     if (mode) {
-        cJSON *c = cJSON_Duplicate(mode, 1);
-        if (!c || !cJSON_AddItemToObject(job, "mode", c)) {
-            cJSON_Delete(c);
+        if (!add_copy(job, "mode", mode))
             goto oom;
-        }
     } else if (enable_thinking >= 0 &&
                !cJSON_AddStringToObject(job, "mode", enable_thinking ? "think" : "no_think")) {
         goto oom;

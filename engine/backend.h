@@ -101,6 +101,15 @@ struct be_ops {
     const char *(*describe)(void *ctx);
     /* required */
     void (*free)(void *ctx);
+    /* optional: the next forward()'s constraint masks, masks[r] for logits
+     * row r (n_rows of them; NULL rows, or masks NULL, unconstrained):
+     * (vocab + 31) / 32 words, bit id % 32 of word id / 32 set = allowed.
+     * Valid until that forward returns. The backend may set the disallowed
+     * entries to -inf before it hands the rows back (CUDA does, on the
+     * device, so a device-side sampler sees the constraint); the engine
+     * masks again before sampling, so a backend without it (CPU) is
+     * equally right. Never given for a row whose raw logprobs are wanted. */
+    int (*set_masks)(void *ctx, const uint32_t *const *masks, int n_rows, struct rl_err *err);
 };
 
 struct backend {

@@ -47,8 +47,21 @@
  * the same order, the output is bit-identical; the bench and
  * test_engine's speculation tests check that.
  *
- * Threading: everything runs on the owner thread; the backend parallelises
- * inside forward(). */
+ * Constraints (engine.h's essay; constrain.h owns the cache and masks):
+ * a constrained request holds a gram_match and a mask buffer. doc_started
+ * says whether the matcher is live: from the start in NO_THINK mode, else
+ * from the first </think> accepted (sampled or forced). Which mask a row
+ * gets is decided from the request's state before the row is sampled:
+ * the matcher's (filled by the helper thread during the forward pass, or
+ * before it with grammar_inline_masks, or in process_row when neither
+ * did), the open mask, or the think mask. Only sampled
+ * tokens go into the matcher - forced think-stop text precedes the
+ * document - and a matcher that is done (EOS accepted) finishes the
+ * request also under ignore_eos.
+ *
+ * Threading: everything runs on the owner thread, except the constraint
+ * masks of the next rows, which a helper fills during forward()
+ * (constrain.h); the backend parallelises inside forward(). */
 #include "engine.h"
 #include "clock.h"
 
@@ -63,6 +76,8 @@
 
 #include "backend.h"
 #include "chat.h"
+#include "constrain.h"
+#include "grammar/grammar.h"
 #include "kv_cache.h"
 #include "model.h"
 #include "sample.h"
@@ -72,6 +87,10 @@
 
 /* engine.h speaks plain values; these hold them equal to what they stand for */
 _Static_assert(ENGINE_MAX_LOGPROBS == SAMPLE_MAX_LOGPROBS, "logprob limits");
+_Static_assert((int)ENGINE_CONSTRAINT_JSON_OBJECT == (int)CONS_JSON_OBJECT &&
+               (int)ENGINE_CONSTRAINT_JSON_SCHEMA == (int)CONS_JSON_SCHEMA &&
+               (int)ENGINE_CONSTRAINT_GRAMMAR == (int)CONS_GRAMMAR &&
+               (int)ENGINE_CONSTRAINT_TOOL_CALL == (int)CONS_TOOL_CALL, "constraint kinds");
 _Static_assert((int)ENGINE_KV_AUTO == (int)BE_KV_AUTO && (int)ENGINE_KV_F32 == (int)BE_KV_F32 &&
                (int)ENGINE_KV_BF16 == (int)BE_KV_BF16, "kv dtypes");
 
@@ -119,6 +138,12 @@ struct eng_req {
     int32_t draft[SPEC_MAX_TOKENS]; /* (n_draft) the proposal in flight */
     int n_draft;
 
+    /* structured output (NULL gm: free text) */
+    struct gram_match *gm;       /* the document so far */
+    uint32_t *mask;              /* (cons_mask_words) the matcher's next mask */
+    bool mask_ready;             /* mask is that of gm's current state */
+    bool doc_started;            /* the matcher is live (see the essay) */
+
     enum engine_finish finish;
     int err_code;
     char err_msg[RL_ERR_MSG_MAX];
@@ -155,6 +180,11 @@ struct engine {
 
     int64_t n_steps, n_generated;
     int64_t spec_drafted, spec_accepted;
+
+    struct cons *cons;           /* NULL without a tokenizer */
+    struct gram_match **mask_m;  /* (max_batch) this step's helper batch */
+    uint32_t **mask_out;         /* (max_batch) */
+    const uint32_t **row_masks;  /* (logits rows) be_batch.masks */
 };
 
 double engine_now(void)
@@ -410,10 +440,17 @@ int engine_create(struct engine **out, const char *dir,
         if (rows > opt.token_budget)
             rows = opt.token_budget;
     }
+    if (e->tok && (rc = cons_create(&e->cons, e->tok, e->cfg->vocab, e->default_stop,
+                                    e->n_default_stop, e->think_open, e->think_close,
+                                    opt.grammar_cache, err)))
+        goto fail;
+    e->mask_m = calloc((size_t)opt.max_batch, sizeof *e->mask_m);
+    e->mask_out = calloc((size_t)opt.max_batch, sizeof *e->mask_out);
+    e->row_masks = calloc((size_t)rows, sizeof *e->row_masks);
     e->logits = malloc((size_t)rows * (size_t)e->cfg->vocab * sizeof(float));
     e->bseqs = calloc((size_t)opt.max_batch, sizeof *e->bseqs);
     e->btokens = malloc((size_t)opt.token_budget * sizeof *e->btokens);
-    if (!e->logits || !e->bseqs || !e->btokens) {
+    if (!e->logits || !e->bseqs || !e->btokens || !e->mask_m || !e->mask_out || !e->row_masks) {
         rc = rl_errf(err, RL_ENOMEM, "engine: out of memory for step buffers");
         goto fail;
     }
@@ -430,6 +467,8 @@ static void req_free(struct eng_req *r)
         return;
     sample_state_free(r->ss);
     tok_stream_free(r->ts);
+    gram_match_free(r->gm);
+    free(r->mask);
     free(r->stop_ids);
     for (int i = 0; i < r->n_stop; i++)
         free(r->stop[i]);
@@ -447,9 +486,15 @@ void engine_free(struct engine *e)
 {
     if (!e)
         return;
+    if (e->cons)
+        cons_masks_join(e->cons);
     for (int i = 0; i < e->n_reqs; i++)
         req_free(e->reqs[i]);
     free(e->reqs);
+    cons_free(e->cons); /* after the requests' matchers */
+    free(e->mask_m);
+    free(e->mask_out);
+    free(e->row_masks);
     sched_free(e->sched); /* before the kv_cache: it frees its kv_seqs */
     kv_cache_free(e->kv);
     if (e->tok)
@@ -577,7 +622,7 @@ static int check_request(const struct engine *e, const struct engine_request *r,
 /* Fills a new eng_req for a checked request; nothing of the engine changes. */
 static int req_build(struct engine *e, const struct engine_request *r, uint64_t id,
                      const int32_t *prompt, int n_prompt, const struct sample_params *checked,
-                     int limit, struct eng_req **out, struct rl_err *err)
+                     int limit, struct gram *g, struct eng_req **out, struct rl_err *err)
 {
     *out = NULL;
     struct sample_params sp = *checked;
@@ -620,7 +665,35 @@ static int req_build(struct engine *e, const struct engine_request *r, uint64_t 
             break;
         }
     }
-    q->spec = e->opt.speculative != SPEC_OFF && !r->no_speculative;
+    if (g) {
+        if ((rc = gram_match_create(&q->gm, g, err)))
+            goto fail;
+        if (!(q->mask = malloc((size_t)cons_mask_words(e->cons) * sizeof *q->mask)))
+            goto oom;
+        q->doc_started = !(r->mode == ENGINE_MODE_THINK && e->think_close >= 0);
+        /* a resumed request: the output so far goes into the matcher, the
+         * reasoning skipped; tokens the matcher refuses between </think>
+         * and the document's first token are the think-stop text's forced
+         * tail, which precedes the document */
+        bool in_doc = false;
+        for (int i = n_prompt - r->n_resumed; i < n_prompt; i++) {
+            if (!q->doc_started) {
+                q->doc_started = prompt[i] == e->think_close;
+                continue;
+            }
+            struct rl_err me = {0};
+            if (gram_match_accept(q->gm, prompt[i], &me) == 0)
+                in_doc = true;
+            else if (in_doc) {
+                req_free(q);
+                return refuse(err, EV_CODE_BAD_VALUE, "n_resumed: output token %d (id %d) does "
+                              "not continue the constraint's document", i - (n_prompt - r->n_resumed),
+                              (int)prompt[i]);
+            }
+        }
+    }
+    /* a constrained request decodes plainly (engine.h) */
+    q->spec = e->opt.speculative != SPEC_OFF && !r->no_speculative && !g;
     spec_adapt_init(&q->adapt, q->spec ? e->opt.spec_tokens : 0);
     /* a resumed request: the earlier output counts as output for the
      * penalties, and its draws are spent, so draw n stays output token n */
@@ -678,15 +751,55 @@ static int request_prompt(struct engine *e, const struct engine_request *r,
     return 0;
 }
 
+/* The compiled constraint of r, borrowed from the engine's cache (*g NULL:
+ * none). Refusals: BAD_PARAM (the compiler's message), BAD_VALUE. */
+static int request_constraint(struct engine *e, const struct engine_request *r,
+                              struct gram **g, struct rl_err *err)
+{
+    *g = NULL;
+    if (r->constraint == ENGINE_CONSTRAINT_NONE)
+        return 0;
+    if ((int)r->constraint < 0 || r->constraint > ENGINE_CONSTRAINT_TOOL_CALL)
+        return refuse(err, EV_CODE_BAD_VALUE, "constraint: no kind %d", (int)r->constraint);
+    if (!e->cons)
+        return refuse(err, EV_CODE_BAD_VALUE,
+                      "structured output needs a tokenizer.json in the model directory");
+    const char *src = r->constraint_src;
+    size_t len = r->constraint_len;
+    char *printed = NULL;
+    if (r->constraint == ENGINE_CONSTRAINT_TOOL_CALL && !src) {
+        if (!r->tools)
+            return refuse(err, EV_CODE_BAD_PARAM, "tool_choice: a forced tool call needs tools");
+        if (!(printed = cJSON_PrintUnformatted(r->tools)))
+            return refuse(err, EV_CODE_ENGINE_ERROR, "engine: out of memory");
+        src = printed;
+        len = strlen(printed);
+    }
+    if (!src && (r->constraint == ENGINE_CONSTRAINT_JSON_SCHEMA ||
+                 r->constraint == ENGINE_CONSTRAINT_GRAMMAR))
+        return refuse(err, EV_CODE_BAD_PARAM, "constraint: a schema or grammar needs its text");
+    struct rl_err ce = {0};
+    int rc = cons_get(e->cons, (enum cons_kind)r->constraint, src, len, r->tool_name, g, &ce);
+    free(printed);
+    if (!rc)
+        return 0;
+    if (err)
+        *err = ce;
+    return recode(err, ce.code == EV_CODE_BAD_PARAM ? EV_CODE_BAD_PARAM : EV_CODE_ENGINE_ERROR);
+}
+
 int engine_check(struct engine *e, const struct engine_request *r, struct rl_err *err)
 {
     const int32_t *ids;
     int32_t *rendered;
     int n, limit;
     struct sample_params sp;
+    struct gram *g;
     int rc = request_prompt(e, r, &ids, &n, &rendered, err);
     if (!rc)
         rc = check_request(e, r, ids, n, &sp, &limit, err);
+    if (!rc)
+        rc = request_constraint(e, r, &g, err);
     free(rendered);
     return rc;
 }
@@ -708,12 +821,15 @@ int engine_submit(struct engine *e, const struct engine_request *r, uint64_t *id
     int32_t *rendered;
     int n, limit;
     struct sample_params sp;
+    struct gram *g = NULL;
     int rc = request_prompt(e, r, &ids, &n, &rendered, err);
     if (!rc)
         rc = check_request(e, r, ids, n, &sp, &limit, err);
+    if (!rc)
+        rc = request_constraint(e, r, &g, err);
     struct eng_req *q = NULL;
     if (!rc)
-        rc = req_build(e, r, e->next_id, ids, n, &sp, limit, &q, err);
+        rc = req_build(e, r, e->next_id, ids, n, &sp, limit, g, &q, err);
     if (!rc && sched_add(e->sched, ids, n, r->priority, r->deadline, q, &q->seq, err)) {
         req_free(q);
         rc = recode(err, EV_CODE_ENGINE_ERROR);
@@ -911,6 +1027,8 @@ static int accept(struct engine *e, struct eng_req *q, int32_t tok,
         if ((!tt || q->tag_len) && (rc = flush_hold(q)))
             return rl_errf(err, RL_ENOMEM, "engine: out of memory for text");
         q->in_think = is_open;
+        if (is_close && q->gm)
+            q->doc_started = true; /* the document follows the reasoning */
         if (tt) {
             q->tag_at = q->hold.n;
             q->tag_len = tlen;
@@ -950,11 +1068,29 @@ static bool process_row(struct engine *e, struct eng_req *q, float *row, int32_t
 {
     struct rl_err err = {0};
     struct sample_out so;
-    int rc = sample_next(q->ss, &q->sp, row, e->cfg->vocab, &so, &err);
+    /* the constraint's mask for this row, from the state before it */
+    const uint32_t *mask = NULL;
+    bool in_doc = q->gm && q->doc_started;
+    if (in_doc) {
+        if (!q->mask_ready) /* no helper filled it (inline masks, a retry) */
+            gram_match_mask(q->gm, q->mask);
+        mask = q->mask;
+    } else if (q->gm) {
+        mask = q->in_think ? cons_think_mask(e->cons) : cons_open_mask(e->cons);
+    }
+    q->mask_ready = false;
+    int rc = sample_next_masked(q->ss, &q->sp, row, e->cfg->vocab, mask, &so, &err);
     bool forced = q->forced;
+    if (!rc && in_doc)
+        rc = gram_match_accept(q->gm, so.token, &err);
     if (!rc) {
         *tok = so.token;
         rc = accept(e, q, so.token, &so, &err);
+    }
+    /* the document is over (EOS taken; under ignore_eos too) */
+    if (rc == 0 && in_doc && gram_match_done(q->gm)) {
+        finish_req(e, q, ENGINE_FINISH_STOP);
+        rc = 1;
     }
     /* the thinking budget: Qwen3's recipe appends the early-stop phrase
      * itself; the tokens go to the scheduler as one chunk */
@@ -1148,8 +1284,45 @@ int engine_step(struct engine *e, const struct engine_event **events, int *n_eve
         b.tokens = e->btokens;
         b.n_logits = plan.n_logits;
         b.logits = e->logits;
+        /* the constrained rows' masks: on the helper while forward runs,
+         * or (grammar_inline_masks) here, before it, and then handed to the
+         * backend too (be_batch.masks) */
+        int n_mask = 0, n_rowmask = 0;
+        bool inline_masks = e->opt.grammar_inline_masks;
+        for (int i = 0, row = 0; i < plan.n_items && e->cons; i++) {
+            const struct sched_item *it = &plan.items[i];
+            if (!it->want_logits)
+                continue;
+            struct eng_req *q = it->user;
+            const uint32_t *m = NULL;
+            if (q->gm && q->doc_started && !q->mask_ready) {
+                if (inline_masks) {
+                    gram_match_mask(q->gm, q->mask);
+                } else {
+                    e->mask_m[n_mask] = q->gm;
+                    e->mask_out[n_mask++] = q->mask;
+                }
+                q->mask_ready = true; /* helper's: read only after the join */
+            }
+            if (q->gm && (inline_masks || !q->doc_started) && !q->sp.logprobs)
+                m = q->doc_started ? q->mask
+                    : q->in_think  ? cons_think_mask(e->cons) : cons_open_mask(e->cons);
+            for (int r = 0; r <= it->n_draft; r++, row++) {
+                e->row_masks[row] = r == 0 ? m : NULL;
+                n_rowmask += m && r == 0;
+            }
+        }
         struct rl_err ferr = {0};
-        rc = e->be->ops->forward(e->be->ctx, &b, &ferr);
+        rc = 0;
+        if (e->be->ops->set_masks)
+            rc = e->be->ops->set_masks(e->be->ctx, n_rowmask ? e->row_masks : NULL, plan.n_logits,
+                                       &ferr);
+        if (n_mask)
+            cons_masks_start(e->cons, e->mask_m, e->mask_out, n_mask);
+        if (!rc)
+            rc = e->be->ops->forward(e->be->ctx, &b, &ferr);
+        if (n_mask)
+            cons_masks_join(e->cons);
         if (rc) {
             /* the planned requests fail; the others are unaffected */
             void *users[plan.n_items];

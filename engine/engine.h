@@ -48,6 +48,27 @@
  * refusal comes back as a protocol code (enum ev_code, common/event.h,
  * the table of schemas/errors.json) in rl_err.code, never as text.
  *
+ * Structured output (engine_request.constraint): the request's answer must
+ * match a JSON Schema, be a JSON object, match a raw grammar, or be one
+ * <tool_call> block for the given tools (engine/grammar/grammar.h compiles
+ * them; compiled forms are cached in the engine by gram_hash, bounded by
+ * options.grammar_cache). Every step, the tokens that would leave the
+ * document are masked to -inf after the raw logprobs and the penalties
+ * and before sampling (sample_next_masked), so over the allowed tokens
+ * sampling, seeds, logprobs (still the raw model's) and batch invariance
+ * are exactly those of free decoding. EOS is allowed exactly where the
+ * document is complete; max_tokens reached mid-document finishes "length".
+ * In THINK mode the answer is <think> free reasoning </think> and then the
+ * document: before the reasoning only <think> is allowed, inside it every
+ * token but the eos ids, and the matcher starts at the first sampled token
+ * after </think> (the thinking budget's forced text included). The next
+ * step's masks are computed on a helper thread while the backend runs the
+ * forward pass (options.grammar_inline_masks: on the owner thread before
+ * it, for comparison; those masks, and think mode's fixed ones, also go to
+ * the backend, be_batch.masks, which CUDA applies on the device). Speculative decoding is off for a constrained
+ * request (its drafts would need the matcher's rollback for every
+ * rejected token; plain decoding keeps the two features apart).
+ *
  * This header is the engine's whole face: opaque handles and plain C
  * values (no backend, model or sampler types), as llama.h is llama.cpp's.
  *
@@ -127,9 +148,24 @@ struct engine_options {
     const char *served_name;  /* the name the model is served under
                                  (engine_served_name); NULL = the model
                                  directory's last component */
+    int grammar_cache;        /* compiled constraints kept; 0 = 64 */
+    bool grammar_inline_masks; /* compute constraint masks on the owner
+                                  thread before the forward pass instead of
+                                  on a helper during it (benchmarks) */
 };
 
 void engine_options_default(struct engine_options *o);
+
+/* What the answer must match (engine_request.constraint). */
+enum engine_constraint {
+    ENGINE_CONSTRAINT_NONE = 0,
+    ENGINE_CONSTRAINT_JSON_OBJECT, /* any JSON object */
+    ENGINE_CONSTRAINT_JSON_SCHEMA, /* constraint_src: a JSON Schema (text) */
+    ENGINE_CONSTRAINT_GRAMMAR,     /* constraint_src: schemas/grammar.md syntax */
+    ENGINE_CONSTRAINT_TOOL_CALL,   /* one <tool_call> of tools (constraint_src
+                                      the tools array as JSON text, or NULL to
+                                      use r->tools); tool_name NULL = any */
+};
 
 enum engine_mode {
     ENGINE_MODE_THINK = 0,    /* Qwen3 thinking (the model's default) */
@@ -182,6 +218,11 @@ struct engine_request {
 
     bool no_speculative;        /* true: plain decoding for this request
                                    even when the engine speculates */
+
+    enum engine_constraint constraint; /* NONE: free text. Needs a tokenizer */
+    const char *constraint_src; /* (constraint_len) bytes, see the enum */
+    size_t constraint_len;
+    const char *tool_name;      /* TOOL_CALL: the forced function, or NULL */
 
     int n_resumed;              /* resumption: the last n_resumed tokens of
                                    the prompt (< n_prompt; 0 = none) are
@@ -296,6 +337,9 @@ void engine_free(struct engine *e);
  *   BAD_VALUE        a malformed stop list; text features (stop strings,
  *                    a thinking budget, messages) without a tokenizer
  *   TEMPLATE_ERROR   messages the chat template cannot render
+ *   BAD_PARAM        a constraint that cannot be compiled (the grammar
+ *                    library's message: keyword and JSON pointer, or
+ *                    line:column); BAD_VALUE for one without a tokenizer
  *   ENGINE_ERROR     out of memory
  * and a sentence in err->msg. */
 int engine_check(struct engine *e, const struct engine_request *r, struct rl_err *err);

@@ -552,9 +552,33 @@ static int sample_random(struct sample_state *st, const struct sample_params *p,
     return 0;
 }
 
+/* Disallowed tokens (bit clear) to -inf, after the raw logprobs and the
+ * penalties: the sampler then sees exactly the unconstrained row over the
+ * allowed tokens. Whole words of allowed tokens cost one compare. */
+static void apply_mask(float *logits, int n_vocab, const uint32_t *mask)
+{
+    int n_words = (n_vocab + 31) / 32;
+    for (int w = 0; w < n_words; w++) {
+        uint32_t m = mask[w];
+        if (m == 0xffffffffu)
+            continue;
+        int base = w * 32, end = base + 32 < n_vocab ? base + 32 : n_vocab;
+        for (int i = base; i < end; i++)
+            if (!(m >> (i - base) & 1u))
+                logits[i] = -INFINITY;
+    }
+}
+
 int sample_next(struct sample_state *st, const struct sample_params *p,
                 float *logits, int n_vocab, struct sample_out *out,
                 struct rl_err *err)
+{
+    return sample_next_masked(st, p, logits, n_vocab, NULL, out, err);
+}
+
+int sample_next_masked(struct sample_state *st, const struct sample_params *p,
+                       float *logits, int n_vocab, const uint32_t *mask,
+                       struct sample_out *out, struct rl_err *err)
 {
     int rc;
     memset(out, 0, offsetof(struct sample_out, top));
@@ -573,6 +597,8 @@ int sample_next(struct sample_state *st, const struct sample_params *p,
     }
 
     apply_penalties(st, p, logits, n_vocab);
+    if (mask)
+        apply_mask(logits, n_vocab, mask);
     float m = -INFINITY;
     int32_t arg = -1;
     for (int i = 0; i < n_vocab; i++)
@@ -583,7 +609,8 @@ int sample_next(struct sample_state *st, const struct sample_params *p,
     if (!isfinite(m)) {
         restore_logits(st, logits, n_vocab);
         return rl_errf(err, RL_EINVAL, "sample_next: no finite maximum in "
-                       "the logits row (max %g)", (double)m);
+                       "the logits row (max %g)%s", (double)m,
+                       mask ? "; the mask allows no token with one" : "");
     }
     int32_t tok = arg;
     if (p->temperature == 0) {

@@ -114,6 +114,18 @@ int sample_next(struct sample_state *st, const struct sample_params *p,
                 float *logits, int n_vocab, struct sample_out *out,
                 struct rl_err *err);
 
+/* sample_next() over the tokens a constraint allows: mask holds
+ * (n_vocab + 31) / 32 words, bit id % 32 of word id / 32 set = id allowed.
+ * The raw logprobs (out->logprob, out->top) are computed before the mask,
+ * so they stay the model's; then, after the penalties, every disallowed
+ * entry is set to -inf, and steps 3-7 run as usual: over the allowed tokens
+ * the choice and the draw are exactly those of sample_next(). The row's
+ * disallowed entries may be left at -inf (the rest is restored). mask NULL is
+ * sample_next(). Also -RL_EINVAL when the mask allows nothing finite. */
+int sample_next_masked(struct sample_state *st, const struct sample_params *p,
+                       float *logits, int n_vocab, const uint32_t *mask,
+                       struct sample_out *out, struct rl_err *err);
+
 /* Applies steps 1-2 (penalties) to logits in place and leaves them so:
  * what sample_next() would sample from at temperature 1, for tests and for
  * callers that want processed rather than raw log-probabilities. */

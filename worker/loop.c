@@ -124,6 +124,13 @@ static uint64_t derived_seed(const struct wjob *j)
     return h & ((1ull << 53) - 1);
 }
 
+/* job.h's constraint kinds are engine.h's, value for value */
+_Static_assert((int)JOB_CONSTRAINT_JSON_OBJECT == (int)ENGINE_CONSTRAINT_JSON_OBJECT &&
+               (int)JOB_CONSTRAINT_JSON_SCHEMA == (int)ENGINE_CONSTRAINT_JSON_SCHEMA &&
+               (int)JOB_CONSTRAINT_GRAMMAR == (int)ENGINE_CONSTRAINT_GRAMMAR &&
+               (int)JOB_CONSTRAINT_TOOL_CALL == (int)ENGINE_CONSTRAINT_TOOL_CALL,
+               "constraint kinds");
+
 /* The engine request of j as it stands (prompt, what is left of
  * max_tokens and the thinking budget after a resume). The job's unset
  * sampling fields (< 0, job.h) stay unset here: the engine fills them. */
@@ -152,6 +159,10 @@ static void build_request(struct worker *w, struct wjob *j, struct engine_reques
     r.n_stop = jb->n_stop;
     r.ignore_eos = jb->ignore_eos;
     r.no_speculative = !jb->speculative;
+    r.constraint = (enum engine_constraint)jb->constraint;
+    r.constraint_src = jb->constraint_src;
+    r.constraint_len = jb->constraint_src ? strlen(jb->constraint_src) : 0;
+    r.tool_name = jb->tool_name[0] ? jb->tool_name : NULL;
     if (jb->max_thinking_tokens >= 0) {
         int left = jb->max_thinking_tokens - j->prev_reasoning;
         r.max_thinking_tokens = left > 0 ? left : 0;
@@ -381,10 +392,12 @@ static void parse_content(struct wjob *j, const char *text, size_t len, bool fin
     size_t n_ce = 0;
     struct rl_err err;
     for (int pass = 0; pass < 2; pass++) {
-        int rc = pass == 0 ? chat_parser_feed(j->parser, text, len, &ce, &n_ce, &err)
-                           : chat_parser_finish(j->parser, &ce, &n_ce, &err);
+        /* finish only at the end: it flushes what the parser holds back (a
+         * "<" that may start <tool_call>), and its events would be lost */
         if (pass == 1 && !finish)
             break;
+        int rc = pass == 0 ? chat_parser_feed(j->parser, text, len, &ce, &n_ce, &err)
+                           : chat_parser_finish(j->parser, &ce, &n_ce, &err);
         if (rc)
             continue;
         for (size_t i = 0; i < n_ce; i++) {

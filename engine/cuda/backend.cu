@@ -110,6 +110,14 @@ struct cuda_ctx {
     int part_cap;
     int32_t *ids_d, *ids_h;  /* (max_tokens) sampled ids, device and pinned host */
     int n_ids;
+    /* be_batch.masks of this step, packed: n_masked row ids, then their
+     * masks; allocated on the first constrained step for max_tokens rows */
+    int32_t *mrows_d;        /* (max_tokens) */
+    uint32_t *masks_d;       /* (max_tokens, (vocab + 31) / 32) */
+    void *mask_h;            /* pinned: rows (max_tokens int32), then masks */
+    int n_masked;
+    const uint32_t *const *set_m; /* set_masks(): the next forward's, or NULL */
+    int set_n;
 
     int n_blocks, block_size; /* pool holds n_blocks + 1 blocks: the last is the graphs' spare */
     void *kc, *vc;            /* (n_layers, n_blocks + 1, n_kv, block_size, head_dim) */
@@ -132,6 +140,7 @@ static int cuda_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
 static int cuda_kv_copy(void *ctx, int32_t dst, int32_t src, int n_tokens, struct rl_err *err);
 static const char *cuda_describe(void *ctx);
 static void cuda_free(void *ctx);
+static int cuda_set_masks(void *ctx, const uint32_t *const *masks, int n_rows, struct rl_err *err);
 
 static const struct be_ops cuda_ops = {
     "cuda",
@@ -143,6 +152,7 @@ static const struct be_ops cuda_ops = {
     NULL, /* profile: not yet; nvprof / nsys see inside a step */
     cuda_describe,
     cuda_free,
+    cuda_set_masks,
 };
 
 /* ---- allocation ---- */
@@ -188,6 +198,11 @@ static void free_weights(struct cuda_ctx *c)
     if (c->ids_h)
         cudaFreeHost(c->ids_h);
     c->ids_h = NULL;
+    if (c->mask_h)
+        cudaFreeHost(c->mask_h);
+    c->mask_h = NULL;
+    c->mrows_d = NULL; /* in allocs: freed above */
+    c->masks_d = NULL;
     c->loaded = 0;
 }
 
@@ -790,6 +805,11 @@ static int run_step(struct cuda_ctx *c, const struct step *s, float *out_logits,
                              c->st, err)) ||
             (rc = cu_linear_run(c->gemm, &c->lm_head, n, c->xin, c->logits, err)))
             return rc;
+        /* a constraint's mask, before the rows leave the device or meet
+         * the argmax (not while capturing a graph: masks change per step) */
+        if (out_logits && c->n_masked &&
+            (rc = cu_mask_logits(c->logits, V, r0, n, c->mrows_d, c->masks_d, c->n_masked, c->st, err)))
+            return rc;
         if (c->device_argmax) {
             if ((rc = cu_argmax(c->logits, n, V, c->ids_d + r0, c->st, err)))
                 return rc;
@@ -880,6 +900,51 @@ static int graph_get(struct cuda_ctx *c, int idx, const struct step *s, cudaGrap
     return 0;
 }
 
+static int cuda_set_masks(void *ctx, const uint32_t *const *masks, int n_rows, struct rl_err *err)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    (void)err;
+    c->set_m = masks;
+    c->set_n = masks ? n_rows : 0;
+    return 0;
+}
+
+/* Packs the masks set_masks() gave for this step (the rows that have one)
+ * and uploads them on the stream; c->n_masked says how many. */
+static int upload_masks(struct cuda_ctx *c, const struct be_batch *b, struct rl_err *err)
+{
+    c->n_masked = 0;
+    const uint32_t *const *masks = c->set_m;
+    int n_set = c->set_n;
+    c->set_m = NULL; /* one step's */
+    c->set_n = 0;
+    if (!masks)
+        return 0;
+    size_t W = ((size_t)c->cfg.vocab + 31) / 32, cap = (size_t)c->max_tokens;
+    if (!c->mask_h) {
+        int rc;
+        if ((rc = dev_alloc(c, (void **)&c->mrows_d, cap * 4, err)) ||
+            (rc = dev_alloc(c, (void **)&c->masks_d, cap * W * 4, err)))
+            return rc;
+        CU_CHECK(err, cudaHostAlloc(&c->mask_h, cap * 4 + cap * W * 4, cudaHostAllocDefault));
+    }
+    int32_t *rows = (int32_t *)c->mask_h;
+    uint32_t *m = (uint32_t *)(rows + cap);
+    int n = 0;
+    for (int i = 0; i < b->n_logits && i < n_set && (size_t)i < cap; i++)
+        if (masks[i]) {
+            rows[n] = i;
+            memcpy(m + (size_t)n * W, masks[i], W * 4);
+            n++;
+        }
+    if (!n)
+        return 0;
+    CU_CHECK(err, cudaMemcpyAsync(c->mrows_d, rows, (size_t)n * 4, cudaMemcpyHostToDevice, c->st));
+    CU_CHECK(err, cudaMemcpyAsync(c->masks_d, m, (size_t)n * W * 4, cudaMemcpyHostToDevice, c->st));
+    c->n_masked = n;
+    return 0;
+}
+
 static int cuda_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -890,7 +955,11 @@ static int cuda_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
     int all_decode = 1;
     for (int i = 0; i < b->n_seqs && all_decode; i++)
         all_decode = b->seqs[i].n_new == 1;
-    int idx = 0, B = c->use_graphs && all_decode ? bucket_of(c, b->n_seqs, &idx) : 0;
+    if ((rc = upload_masks(c, b, err)))
+        return rc;
+    /* a captured graph ends in the argmax: masked rows take the plain path */
+    int graphs = c->use_graphs && !(c->device_argmax && c->n_masked);
+    int idx = 0, B = graphs && all_decode ? bucket_of(c, b->n_seqs, &idx) : 0;
     struct step s;
     if ((rc = build_step(c, b, B, &s, err)))
         return rc;
@@ -899,6 +968,9 @@ static int cuda_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         if ((rc = graph_get(c, idx, &s, &exec, err)))
             return rc;
         CU_CHECK(err, cudaGraphLaunch(exec, c->st));
+        if (c->n_masked && (rc = cu_mask_logits(c->logits, c->cfg.vocab, 0, b->n_logits, c->mrows_d, c->masks_d,
+                                                c->n_masked, c->st, err)))
+            return rc;
         if (!c->device_argmax && b->n_logits > 0)
             CU_CHECK(err, cudaMemcpyAsync(b->logits, c->logits, (size_t)b->n_logits * (size_t)c->cfg.vocab * 4,
                                           cudaMemcpyDeviceToHost, c->st));

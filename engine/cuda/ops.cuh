@@ -83,6 +83,15 @@ int cu_fill_const(float *p, size_t n, float v, cudaStream_t st, struct rl_err *e
 /* y (n) f32 = x (n) bf16 (tests read BF16 pools back with it). */
 int cu_widen_bf16(const void *x, size_t n, float *y, cudaStream_t st, struct rl_err *err);
 
+/* ---- mask.cu: constrained decoding ---- */
+
+/* For each i < n_masked whose rows[i] (a logits row of the step) lies in
+ * [row0, row0 + n_rows): the entries of logits row rows[i] - row0 (rows of
+ * vocab floats) whose bit in masks[i] ((vocab + 31) / 32 words, bit id % 32
+ * of word id / 32) is clear become -inf. rows and masks on the device. */
+int cu_mask_logits(float *logits, int vocab, int row0, int n_rows, const int32_t *rows,
+                   const uint32_t *masks, int n_masked, cudaStream_t st, struct rl_err *err);
+
 /* ---- rope.cu: q/k RMSNorm + rotary + paged KV write, KV block copy ---- */
 
 /* KV pool of one layer: (n_blocks, n_kv, block_size, head_dim), f32 or

@@ -576,6 +576,53 @@ static void both(struct backend *cpu, struct backend *gpu, const struct be_batch
     free(lc), free(lg);
 }
 
+/* One forward on both backends with constraint masks on every other
+ * logits row (be_ops.set_masks; random, about a third of the vocabulary
+ * allowed): on the GPU every disallowed entry is -inf, and the allowed
+ * entries match the CPU's row (which ignores masks) within tol. */
+static void both_masked(struct backend *cpu, struct backend *gpu, const struct be_batch *b, int V, double tol,
+                        const char *what)
+{
+    int W = (V + 31) / 32, L = b->n_logits;
+    uint32_t *bits = malloc((size_t)L * W * 4);
+    const uint32_t **rows = calloc((size_t)L, sizeof *rows);
+    float *lc = malloc((size_t)L * V * 4), *lg = malloc((size_t)L * V * 4);
+    float *ac = malloc((size_t)V * 4), *ag = malloc((size_t)V * 4);
+    for (size_t i = 0; i < (size_t)L * W; i++)
+        bits[i] = (uint32_t)(urand() * 4294967296.0) & (uint32_t)(urand() * 4294967296.0);
+    for (int r = 0; r < L; r += 2)
+        rows[r] = bits + (size_t)r * W;
+    struct be_batch bc = *b, bg = *b;
+    bc.logits = lc, bg.logits = lg;
+    RUN(cpu->ops->forward(cpu->ctx, &bc, &err));
+    assert_non_null(gpu->ops->set_masks);
+    RUN(gpu->ops->set_masks(gpu->ctx, rows, L, &err));
+    RUN(gpu->ops->forward(gpu->ctx, &bg, &err));
+    double worst = 0;
+    long n_inf = 0;
+    for (int r = 0; r < L; r++) {
+        int n = 0;
+        for (int i = 0; i < V; i++) {
+            bool ok = !rows[r] || (rows[r][i / 32] >> (i % 32) & 1u);
+            float g = lg[(size_t)r * V + i];
+            if (!ok) {
+                if (!(isinf(g) && g < 0))
+                    fail_msg("%s: row %d token %d is disallowed but %g", what, r, i, (double)g);
+                n_inf++;
+                continue;
+            }
+            ac[n] = lc[(size_t)r * V + i], ag[n++] = g;
+        }
+        double e = rel_err(ag, ac, (size_t)n);
+        if (e > worst)
+            worst = e;
+    }
+    printf("  %-52s rel %.3g (< %g), %ld masked to -inf\n", what, worst, tol, n_inf);
+    if (!(worst < tol))
+        fail_msg("%s: allowed logits relative error %g >= %g", what, worst, tol);
+    free(bits), free(rows), free(lc), free(lg), free(ac), free(ag);
+}
+
 /* Batched prefill, chunked prefill, decode (graphs on, then off), a long
  * context, kv_copy: all against the CPU on the same weights. */
 static void compare_models(const struct model_config *cfg, const struct model_weights *w, int fp8_path, double tol,
@@ -621,9 +668,12 @@ static void compare_models(const struct model_config *cfg, const struct model_we
             int n_l = NS - (step == 2 ? 1 : 0);
             struct be_batch d = {NS - (step == 5 ? 1 : 0), seqs, NS - (step == 5 ? 1 : 0), next,
                                  n_l - (step == 5 ? 1 : 0), NULL};
-            snprintf(what, sizeof what, "[%s] decode step %d, %d seqs, graphs %s", label, step, d.n_seqs,
-                     graphs ? "on" : "off");
-            both(cpu, gpu, &d, V, tol, what);
+            snprintf(what, sizeof what, "[%s] decode step %d, %d seqs, graphs %s%s", label, step, d.n_seqs,
+                     graphs ? "on" : "off", step == 3 ? ", masked" : "");
+            if (step == 3) /* constraint masks, applied on the device */
+                both_masked(cpu, gpu, &d, V, tol, what);
+            else
+                both(cpu, gpu, &d, V, tol, what);
             for (int s = 0; s < d.n_seqs; s++)
                 ctx[s]++;
         }

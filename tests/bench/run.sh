@@ -12,6 +12,12 @@ M06="$BUILD/models/qwen3-0.6b-bf16"
 if [ ! -f "$M06/config.json" ]; then
     "$BUILD/redlm" mkmodel --shape qwen3-0.6b --dtype bf16 --out "$M06" >/dev/null
 fi
+# the same shape with the real tokenizer: constraints need its vocabulary
+M06T="$BUILD/models/qwen3-0.6b-bf16-tok"
+if [ ! -f "$M06T/config.json" ]; then
+    "$BUILD/redlm" mkmodel --shape qwen3-0.6b --dtype bf16 --tokenizer engine/tokenizers/qwen3 \
+        --out "$M06T" >/dev/null
+fi
 
 echo "# kernels (memory bandwidth, BF16 peak, GEMM rates)"
 "$BUILD/tests/bench_kernels" --threads "$THREADS"
@@ -39,9 +45,20 @@ spec --speculative oracle --spec-correct 100 --batch 16 --reps 3 --spec-max-rows
 spec --speculative oracle --spec-correct 0 --batch 16 --reps 3
 spec --speculative ngram --repeat --batch 16 --reps 3
 
+echo "# structured output (issue 17): free vs JSON-Schema-constrained decode, one engine, alternating;"
+echo "# the Qwen3-0.6B shape with the real vocabulary ($M06T, $THREADS threads, prompt 32, output 16)"
+for b in 1 16; do
+    "$BUILD/redlm" bench-engine -m "$M06T" --json-schema tests/bench/data/long-array.json \
+        --prompt 32 --gen 16 --batch "$b" --reps 3 --threads "$THREADS"
+done
+
 if [ -x "$BUILD/tests/bench_tokenizer" ]; then
     echo "# tokenizer encode speed, one core"
     "$BUILD/tests/bench_tokenizer" --tokenizer engine/tokenizers/qwen3
+fi
+if [ -x "$BUILD/tests/bench_grammar" ]; then
+    echo "# structured output: grammar compile time and per-step token mask (real Qwen3 vocabulary, one core)"
+    "$BUILD/tests/bench_grammar" --tokenizer engine/tokenizers/qwen3
 fi
 if [ -x "$BUILD/tests/bench_batching" ]; then
     echo "# continuous batching: prompt 128, output 128"

@@ -83,7 +83,7 @@ def test_invalid_jobs_fail_the_schema():
     # the corpus covers every code that a job's text alone can earn
     for code in ["INVALID_JSON", "NOT_OBJECT", "UNKNOWN_FIELD", "DUPLICATE_FIELD", "BAD_TYPE",
                  "OUT_OF_RANGE", "BAD_VALUE", "BAD_ID", "MISSING_PROMPT", "CONFLICTING_PROMPT",
-                 "MISSING_FIELD"]:
+                 "MISSING_FIELD", "BAD_PARAM"]:
         assert code in seen, code
 
 
@@ -95,7 +95,9 @@ def test_every_known_field_is_in_the_schema():
                     "max_thinking_tokens", "logprobs", "priority", "deadline_ms", "cache",
                     "stream_ttl_s", "metadata"}
     assert issue_fields <= props
-    assert props - issue_fields == {"pool", "speculative", "model"}  # speculative: issue 18, model: issue 15
+    # speculative: issue 18, model: issue 15, structured output: issue 17
+    assert props - issue_fields == {"pool", "speculative", "model", "response_format",
+                                    "tool_choice", "grammar"}
 
 
 def test_events():

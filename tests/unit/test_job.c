@@ -414,12 +414,92 @@ static void test_accepted_forms(void **state)
     job_free(j);
 }
 
+/* What each constraint parses into, and the rules across members that the
+ * schema cannot say (tests/integration/test_schemas.py checks the rest). */
+static void test_constraints(void **state)
+{
+    (void)state;
+    struct job *j = ok("{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\","
+                       "\"json_schema\":{\"name\":\"p\",\"schema\":{\"type\": \"integer\"}}}}", NULL);
+    assert_int_equal(j->constraint, JOB_CONSTRAINT_JSON_SCHEMA);
+    assert_string_equal(j->constraint_src, "{\"type\":\"integer\"}");
+    job_free(j);
+    j = ok("{\"prompt\":\"x\",\"response_format\":{\"type\":\"text\"}}", NULL);
+    assert_int_equal(j->constraint, JOB_CONSTRAINT_NONE);
+    job_free(j);
+    j = ok("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[{\"type\":"
+           "\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"required\"}", NULL);
+    assert_int_equal(j->constraint, JOB_CONSTRAINT_TOOL_CALL);
+    assert_string_equal(j->tool_name, "");
+    assert_non_null(strstr(j->constraint_src, "\"name\":\"f\""));
+    job_free(j);
+    j = ok("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[{\"type\":"
+           "\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"auto\"}", NULL);
+    assert_int_equal(j->constraint, JOB_CONSTRAINT_NONE);
+    job_free(j);
+    static const struct {
+        const char *job, *field, *msg;
+    } bad_cases[] = {
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[{\"type\":\"function\","
+         "\"function\":{\"name\":\"f\"}}],\"tool_choice\":{\"type\":\"function\",\"function\":"
+         "{\"name\":\"g\"}}}", "tool_choice", "not among the tools"},
+        {"{\"prompt\":\"x\",\"grammar\":\"root ::= \\\"a\\\"\",\"response_format\":{\"type\":"
+         "\"json_object\"}}", "grammar", "only one constraint"},
+    };
+    for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++) {
+        struct job *b = NULL;
+        struct job_fault f;
+        struct rl_err err = {0};
+        assert_int_equal(job_parse(bad_cases[i].job, strlen(bad_cases[i].job), NULL, &b, &f, &err),
+                         -RL_EINVAL);
+        assert_int_equal(f.code, EV_CODE_BAD_PARAM);
+        assert_string_equal(f.field, bad_cases[i].field);
+        assert_non_null(strstr(err.msg, bad_cases[i].msg));
+    }
+    /* a schema over the size bound, and one nested past cJSON's reach */
+    size_t n = JOB_CONSTRAINT_MAX + 100;
+    char *big = malloc(n + 200);
+    int at = snprintf(big, 200, "{\"id\":\"big\",\"prompt\":\"x\",\"response_format\":{\"type\":"
+                      "\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":{\"description\":\"");
+    memset(big + at, 'x', n);
+    strcpy(big + at + n, "\"}}}}");
+    struct job *b = NULL;
+    struct job_fault f;
+    struct rl_err err = {0};
+    assert_int_equal(job_parse(big, strlen(big), NULL, &b, &f, &err), -RL_EINVAL);
+    assert_int_equal(f.code, EV_CODE_BAD_PARAM);
+    assert_string_equal(f.field, "response_format.json_schema.schema");
+    free(big);
+    char *deep = malloc(8 * 1000 + 200);
+    at = sprintf(deep, "{\"id\":\"deep-1\",\"prompt\":\"x\",\"response_format\":");
+    for (int i = 0; i < 1000; i++)
+        at += sprintf(deep + at, "{\"a\":");
+    at += sprintf(deep + at, "1");
+    for (int i = 0; i < 1000; i++)
+        deep[at++] = '}';
+    strcpy(deep + at, "}");
+    assert_int_equal(job_parse(deep, strlen(deep), NULL, &b, &f, &err), -RL_EINVAL);
+    assert_int_equal(f.code, EV_CODE_BAD_PARAM);
+    assert_string_equal(f.field, "response_format");
+    char id[JOB_ID_MAX + 1];
+    job_guess_id(deep, strlen(deep), NULL, id); /* still answered on its own stream */
+    assert_string_equal(id, "deep-1");
+    free(deep);
+}
+
 static void test_round_trip(void **state)
 {
     (void)state;
     const char *inputs[] = {full_job, "{\"id\":\"a\",\"prompt\":\"x\"}",
                             "{\"prompt_ids\":[5,6],\"logprobs\":false,\"seed\":0}",
-                            "{\"id\":\"b\",\"prompt\":\"x\",\"mode\":\"auto\"}"};
+                            "{\"id\":\"b\",\"prompt\":\"x\",\"mode\":\"auto\"}",
+                            /* the constraints, as given */
+                            "{\"id\":\"c\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\","
+                            "\"json_schema\":{\"name\":\"p\",\"strict\":true,\"schema\":{\"type\":\"object\"}}}}",
+                            "{\"id\":\"d\",\"prompt\":\"x\",\"grammar\":\"root ::= \\\"a\\\"\"}",
+                            "{\"id\":\"e\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                            "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+                            "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}"};
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) {
         struct job *a = ok(inputs[i], NULL);
         char *s1 = NULL, *s2 = NULL;
@@ -522,6 +602,13 @@ static void test_cache_key(void **state)
         "{\"prompt\":\"x\",\"temperature\":0,\"ignore_eos\":true}",
         "{\"prompt\":\"x\",\"temperature\":0,\"max_thinking_tokens\":0}",
         "{\"prompt\":\"x\",\"temperature\":0,\"logprobs\":0}",
+        /* the constraint: its kind and its source */
+        "{\"prompt\":\"x\",\"temperature\":0,\"response_format\":{\"type\":\"json_object\"}}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"response_format\":{\"type\":\"json_schema\","
+        "\"json_schema\":{\"name\":\"a\",\"schema\":{\"type\":\"integer\"}}}}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"response_format\":{\"type\":\"json_schema\","
+        "\"json_schema\":{\"name\":\"a\",\"schema\":{\"type\":\"string\"}}}}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"grammar\":\"root ::= \\\"a\\\"\"}",
     };
     char seen[sizeof differ / sizeof differ[0]][65];
     for (size_t i = 0; i < sizeof differ / sizeof differ[0]; i++) {
@@ -551,7 +638,7 @@ static void test_cache_key(void **state)
 
     /* pinned: the key must be stable across builds and machines, since
      * every worker shares the cache; changing it needs a version bump */
-    assert_string_equal(base, "19f11a788055253c97b84b66a1826788a16225ebd7ee44cc6157cec3aa14229f");
+    assert_string_equal(base, "91d6aa74c2fa2114a7a56a327eac9b8bbcae30ecc5858e962ba742aef9f9c02f");
 }
 
 /* The shared corpus: schemas/examples/jobs-invalid.json holds bad jobs
@@ -652,6 +739,7 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_full_job),
         cmocka_unit_test(test_accepted_forms),
+        cmocka_unit_test(test_constraints),
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_mode_auto),
         cmocka_unit_test(test_cache_key),

@@ -82,14 +82,24 @@ static const struct {
     {"{" MSG ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{}}}],"
      "\"tool_choice\":\"auto\",\"parallel_tool_calls\":true}",
      "{\"id\":\"" ID "\"," JMSG ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
-     "\"parameters\":{}}}]}",
+     "\"parameters\":{}}}],\"tool_choice\":\"auto\"}",
      false, false, false, 0},
     {"{" MSG ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"none\"}",
      "{\"id\":\"" ID "\"," JMSG "}", false, false, false, 0},
     /* nulls are absent; n 1, user, response_format text, empty logit_bias are fine */
     {"{" MSG ",\"temperature\":null,\"stop\":null,\"tools\":null,\"n\":1,\"user\":\"u\","
      "\"response_format\":{\"type\":\"text\"},\"logit_bias\":{}}",
-     "{\"id\":\"" ID "\"," JMSG "}", false, false, false, 0},
+     "{\"id\":\"" ID "\"," JMSG ",\"response_format\":{\"type\":\"text\"}}", false, false,
+     false, 0},
+    /* structured output: the job's own fields, passed through */
+    {"{" MSG ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\","
+     "\"schema\":{\"type\":\"integer\"}}}}",
+     "{\"id\":\"" ID "\"," JMSG ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+     "{\"name\":\"p\",\"schema\":{\"type\":\"integer\"}}}}", false, false, false, 0},
+    {"{" MSG ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+     "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}",
+     "{\"id\":\"" ID "\"," JMSG ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+     "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}", false, false, false, 0},
     /* what the SDKs echo back in an assistant turn */
     {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"yo\","
      "\"refusal\":null,\"audio\":null,\"function_call\":null,\"tool_calls\":null,\"annotations\":[]},"
@@ -225,10 +235,10 @@ static const struct {
      "top_logprobs: requires logprobs: true"},
     {"{" MSG ",\"logprobs\":true,\"top_logprobs\":21}", 400, "OUT_OF_RANGE", "top_logprobs",
      "top_logprobs: 21 is out of range [0, 20]"},
-    {"{" MSG ",\"tool_choice\":\"required\"}", 400, "BAD_VALUE", "tool_choice",
-     "tool_choice: only \"auto\" and \"none\""},
-    {"{" MSG ",\"tool_choice\":{\"type\":\"function\"}}", 400, "BAD_VALUE", "tool_choice",
-     "tool_choice: only"},
+    {"{" MSG ",\"tool_choice\":\"required\"}", 400, "BAD_PARAM", "tool_choice",
+     "tool_choice: forces a tool call but the job gives no tools"},
+    {"{" MSG ",\"tool_choice\":{\"type\":\"function\"}}", 400, "MISSING_FIELD",
+     "tool_choice.function", "tool_choice.function: required"},
     {"{" MSG ",\"parallel_tool_calls\":1}", 400, "BAD_TYPE", "parallel_tool_calls",
      "parallel_tool_calls: must be true or false"},
     {"{" MSG ",\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}}", 400, "BAD_TYPE",
@@ -240,8 +250,8 @@ static const struct {
     {"{" MSG ",\"mode\":\"think\",\"chat_template_kwargs\":{\"enable_thinking\":false}}", 400,
      "BAD_VALUE", "mode", "mode: \"think\" contradicts"},
     {"{" MSG ",\"user\":5}", 400, "BAD_TYPE", "user", "user: must be a string"},
-    {"{" MSG ",\"response_format\":{\"type\":\"json_object\"}}", 400, "BAD_VALUE",
-     "response_format", "response_format: only"},
+    {"{" MSG ",\"response_format\":{\"type\":\"yaml\"}}", 400, "BAD_PARAM",
+     "response_format.type", "response_format.type: \"yaml\" is not one of"},
     {"{" MSG ",\"logit_bias\":{\"50256\":-100}}", 400, "BAD_VALUE", "logit_bias",
      "logit_bias: not supported"},
     /* fields job_parse checks, named as the client wrote them */

@@ -39,7 +39,8 @@ static void eng_usage(const char *cmd)
             "  --kv auto|f32|bf16  KV cache dtype\n"
             "  --backend cpu|cuda\n"
             "  --speculative ngram run, bench-engine: through the batching engine with\n"
-            "                      speculative decoding (redlm run --speculative --help)\n",
+            "                      speculative decoding (redlm run --speculative --help)\n"
+            "  --json-schema FILE  bench-engine: free vs schema-constrained decoding\n",
             cmd);
 }
 
@@ -269,9 +270,12 @@ static double read_bw_cpu(int n_threads, struct rl_err *err)
  * lock step. Prints speeds next to the machine limits measured here. */
 int cmd_bench_engine(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++)
+    for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--speculative"))
             return cmd_bench_spec(argc, argv);
+        if (!strcmp(argv[i], "--json-schema"))
+            return cmd_bench_structured(argc, argv);
+    }
     struct eng_args a;
     struct rl_err err = {0};
     int rc = eng_parse(argc, argv, &a, &err);

@@ -19,6 +19,8 @@ int cmd_bench_engine(int argc, char **argv); /* cmd_engine.c */
 /* run / bench-engine with --speculative: through the batching engine */
 int cmd_run_spec(int argc, char **argv);     /* cmd_spec.c */
 int cmd_bench_spec(int argc, char **argv);   /* cmd_spec.c */
+/* bench-engine with --json-schema: free vs constrained decoding */
+int cmd_bench_structured(int argc, char **argv); /* cmd_structured.c */
 int cmd_mkmodel(int argc, char **argv);      /* cmd_mkmodel.c */
 int cmd_tokenize(int argc, char **argv);     /* cmd_tok.c */
 int cmd_detokenize(int argc, char **argv);   /* cmd_tok.c */
