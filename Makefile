@@ -34,7 +34,7 @@ DEB_PKGS = build-essential clang pkg-config libhiredis-dev libcjson-dev \
 DEB_PKGS += chromium python3-websocket
 
 COMMON_SRC := $(wildcard common/*.c)
-ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c)
+ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c engine/sim/*.c)
 CLI_SRC    := $(wildcard worker/cli/*.c)
 WORKER_SRC := $(wildcard worker/*.c)
 DISP_SRC   := $(wildcard dispatcher/*.c)

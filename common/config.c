@@ -70,12 +70,16 @@ static const struct opt options[] = {
     /* engine */
     {"model", T_STR, O(model), "", 0, 0, NULL, CFG_BOTH, 0,
      "Model directory (config.json, tokenizer.json, *.safetensors); the dispatcher loads only its tokenizer, for the result-cache fast path (off when empty)."},
-    {"backend", T_ENUM, O(backend), "cpu", 0, 0, "cpu|cuda", CFG_WORKER, 0,
-     "Compute backend."},
+    {"backend", T_ENUM, O(backend), "cpu", 0, 0, "cpu|cuda|sim", CFG_WORKER, 0,
+     "Compute backend. sim: a modelled GPU without weights (engine/sim/README.md): the model directory then needs only a tokenizer, the shape comes from sim_model."},
+    {"sim_profile", T_ENUM, O(sim_profile), "h200", 0, 0, "h200|h100|a100|l40s", CFG_WORKER, 0,
+     "Device the sim backend models (published bandwidth, BF16/FP8 peaks, memory)."},
+    {"sim_model", T_STR, O(sim_model), "", 0, 0, NULL, CFG_WORKER, 0,
+     "Model shape the sim backend models: a built-in (qwen3-0.6b, -1.7b, -4b, -8b, -14b, -32b, -8b-fp8, -14b-fp8, -32b-fp8) or a config.json path; empty = the model directory's config.json."},
     {"threads", T_INT, O(threads), "0", 0, 1024, NULL, CFG_WORKER, 0,
      "CPU threads; 0 = one per core."},
     {"kv_budget_mb", T_INT, O(kv_budget_mb), "0", 0, 16777216, NULL, CFG_WORKER, 0,
-     "Memory for the KV cache in MiB; 0 = 1024 (the engine's default)."},
+     "Memory for the KV cache in MiB; 0 = 1024 (the engine's default; sim: the modelled device's memory left after the weights)."},
     {"kv_prefault", T_BOOL, O(kv_prefault), "true", 0, 0, NULL, CFG_WORKER, 0,
      "Commit the KV cache's memory at start: no page fault in the middle of a step, and a budget "
      "the machine cannot give fails at start, not mid-request. false: pages come in as blocks are "

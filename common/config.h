@@ -41,7 +41,9 @@ struct cfg {
     char *default_pool;           /* dispatcher: jobs naming no pool go here */
     /* engine */
     char *model;                  /* model directory */
-    char *backend;                /* "cpu" or "cuda" */
+    char *backend;                /* "cpu", "cuda" or "sim" */
+    char *sim_profile;            /* sim: "h200", "h100", "a100", "l40s" */
+    char *sim_model;              /* sim: built-in shape or config.json; "" = model's */
     int threads;                  /* 0 = one per core */
     int kv_budget_mb;             /* 0 = the engine's default, 1 GiB */
     bool kv_prefault;             /* commit the KV pool at start */

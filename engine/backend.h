@@ -72,6 +72,8 @@ struct be_options {
     be_progress_fn progress;  /* NULL: none */
     void *progress_user;      /* handed to progress */
     size_t progress_every;    /* bytes between calls; 0 = 64 MiB */
+    const char *sim_profile;  /* sim: the modelled device ("h200", "h100",
+                                 "a100", "l40s"); NULL = h200 */
 };
 
 struct be_ops {
@@ -98,6 +100,10 @@ struct be_ops {
     int (*profile)(void *ctx, char *out, size_t n);
     /* optional: a one-line description ("cpu avx512bf16, 2 threads"). */
     const char *(*describe)(void *ctx);
+    /* optional: bytes of device memory left for the KV pool after the
+     * weights (sim: the modelled device's), used when the engine is given
+     * no KV budget; 0 = unknown (the engine's default applies). */
+    size_t (*kv_capacity)(void *ctx);
     /* required */
     void (*free)(void *ctx);
 };
@@ -107,7 +113,7 @@ struct backend {
     void *ctx;
 };
 
-/* Creates backend `name` ("cpu", or "cuda" when built with CUDA=1). The
+/* Creates backend `name` ("cpu", "sim", or "cuda" when built with CUDA=1). The
  * caller owns *out and frees it with be_free(). */
 int be_create(struct backend **out, const char *name,
               const struct be_options *opt, struct rl_err *err);
@@ -116,6 +122,8 @@ void be_free(struct backend *be);
 /* Each implementation's constructor (be_create picks one). */
 int cpu_backend_create(struct backend **out, const struct be_options *opt,
                        struct rl_err *err);
+int sim_backend_create(struct backend **out, const struct be_options *opt,
+                       struct rl_err *err); /* engine/sim/sim.h */
 #ifdef REDLM_CUDA
 int cuda_backend_create(struct backend **out, const struct be_options *opt,
                         struct rl_err *err);

@@ -45,6 +45,7 @@
 #include "chat.h"
 #include "kv_cache.h"
 #include "sched.h"
+#include "sim/sim.h"
 #include "tokenizer.h"
 #include "text.h"
 
@@ -200,14 +201,17 @@ int engine_create(struct engine **out, const char *dir,
     e->opt = opt;
     e->next_id = 1;
     e->think_open = e->think_close = -1;
-    int rc = model_load(&e->model, dir, err);
+    /* the sim backend models a device and reads no weight (engine/sim/) */
+    int rc = !strcmp(opt.backend, "sim") ? sim_model_load(&e->model, dir, opt.sim_model, err)
+                                         : model_load(&e->model, dir, err);
     if (rc)
         goto fail;
     e->cfg = model_get_config(e->model);
     struct be_options bo = {.n_threads = opt.n_threads, .isa = opt.isa,
                             .kv_dtype = opt.kv_dtype, .kv_prefault = opt.kv_prefault,
                             .progress = opt.progress,
-                            .progress_user = opt.progress_user};
+                            .progress_user = opt.progress_user,
+                            .sim_profile = opt.sim_profile};
     if ((rc = be_create(&e->be, opt.backend, &bo, err)))
         goto fail;
     if ((rc = e->be->ops->load(e->be->ctx, e->cfg, model_get_weights(e->model),
@@ -216,7 +220,8 @@ int engine_create(struct engine **out, const char *dir,
     e->block_size = opt.block_size;
     e->n_blocks = opt.kv_blocks;
     if (!e->n_blocks) {
-        size_t bytes = opt.kv_bytes ? opt.kv_bytes : (size_t)1 << 30;
+        size_t cap = e->be->ops->kv_capacity ? e->be->ops->kv_capacity(e->be->ctx) : 0;
+        size_t bytes = opt.kv_bytes ? opt.kv_bytes : cap ? cap : (size_t)1 << 30;
         size_t per = e->be->ops->kv_block_bytes(e->be->ctx, e->block_size);
         size_t nb = per ? bytes / per : 0;
         e->n_blocks = nb > (1u << 30) ? (1 << 30) : (int)nb;

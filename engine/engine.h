@@ -54,7 +54,11 @@ struct engine; /* model, backend, KV pool, scheduler, requests */
     "based on the thinking directly now.\n</think>\n\n"
 
 struct engine_options {
-    const char *backend;      /* "cpu" (default) or "cuda" */
+    const char *backend;      /* "cpu" (default), "cuda" or "sim" */
+    const char *sim_profile;  /* sim: device profile; NULL = "h200" */
+    const char *sim_model;    /* sim: model shape (a built-in name or a
+                                 config.json); NULL = dir's config.json.
+                                 dir then only gives the tokenizer */
     int n_threads;            /* backend threads; 0 = all cores */
     const char *isa;          /* CPU kernel path; NULL = auto */
     enum be_kv_dtype kv_dtype;

@@ -122,6 +122,8 @@ static int setup(struct worker *w, struct rl_err *err)
     struct engine_options eo;
     engine_options_default(&eo);
     eo.backend = w->opt.backend;
+    eo.sim_profile = w->opt.sim_profile;
+    eo.sim_model = w->opt.sim_model[0] ? w->opt.sim_model : NULL;
     eo.n_threads = w->opt.threads;
     eo.kv_bytes = (size_t)w->opt.kv_mb << 20;
     eo.kv_prefault = w->opt.kv_prefault;

@@ -26,6 +26,8 @@ struct wopts {
     char pools[WOPTS_STR_MAX];       /* comma list in priority order */
     char model[WOPTS_STR_MAX];
     char backend[16];
+    char sim_profile[16];           /* sim backend: device profile */
+    char sim_model[WOPTS_STR_MAX];  /* sim backend: model shape; "" = model's */
     char log_level[16];
     char metrics_addr[64];           /* always loopback */
     int threads;
