@@ -32,6 +32,12 @@ DEB_PKGS = build-essential clang pkg-config libhiredis-dev libcjson-dev \
 # the example web backend's browser test: headless Chromium driven over the
 # DevTools protocol from Python (tests/integration/test_web.py)
 DEB_PKGS += chromium python3-websocket
+# promtool (Debian's prometheus package) lints both daemons' /metrics in
+# tests/integration (test_worker.py, test_http.py)
+DEB_PKGS += prometheus
+# redlm chat: line editing and history (libedit); its test drives a real
+# terminal through tmux (test_cli.py)
+DEB_PKGS += libedit-dev tmux
 
 COMMON_SRC := $(wildcard common/*.c)
 ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c engine/sim/*.c)
@@ -98,8 +104,9 @@ $(LIBENGINE): $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && $(AR) rcs $@ $^
 
+# redlm chat edits lines with Debian's libedit (BSD licence, histedit.h)
 $(BUILD)/redlm: $(CLI_OBJ) $(LIBENGINE) $(LIBCOMMON)
-	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(CLI_OBJ) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(CLI_OBJ) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -ledit
 
 $(BUILD)/redlm-worker: $(WORKER_OBJ) $(LIBENGINE) $(LIBCOMMON)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(WORKER_OBJ) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) $(DAEMON_LIBS)

@@ -69,7 +69,11 @@ static const struct opt options[] = {
      "Pool for requests that name none; must be one of pools."},
     /* engine */
     {"model", T_STR, O(model), "", 0, 0, NULL, CFG_BOTH, 0,
-     "Model directory (config.json, tokenizer.json, *.safetensors); the dispatcher loads only its tokenizer, for the result-cache fast path (off when empty)."},
+     "Model directory (config.json, tokenizer.json, *.safetensors), or a Hugging Face repo id ORG/NAME[@REVISION] found offline in the Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub); the dispatcher loads only its tokenizer, for the result-cache fast path of that model (off when empty)."},
+    {"served_model_name", T_STR, O(served_model_name), "", 0, 0, NULL, CFG_BOTH, 0,
+     "Worker: the name it serves its model under (in its heartbeat; jobs and HTTP requests select it with `model`); empty = the repo id given as model, else the model directory's name. Dispatcher: empty = the HTTP API serves the models live workers announce; a name = it serves that one name only and forwards to the shared pools (the single-model behaviour)."},
+    {"pool_scope", T_ENUM, O(pool_scope), "shared", 0, 0, "shared|model", CFG_WORKER, 0,
+     "shared: pool P is the stream <prefix>jobs:P (one model per Redis and prefix); model: <prefix>jobs:<served name>:P, so workers of several models share one Redis without taking each other's jobs (the dispatcher learns the layout from the heartbeats)."},
     {"backend", T_ENUM, O(backend), "cpu", 0, 0, "cpu|cuda|sim", CFG_WORKER, 0,
      "Compute backend. sim: a modelled GPU without weights (engine/sim/README.md): the model directory then needs only a tokenizer, the shape comes from sim_model."},
     {"sim_profile", T_ENUM, O(sim_profile), "h200", 0, 0, "h200|h100|a100|l40s", CFG_WORKER, 0,
@@ -90,6 +94,15 @@ static const struct opt options[] = {
      "Most tokens computed in one step, prefill and decode together."},
     {"prefill_chunk", T_INT, O(prefill_chunk), "512", 16, 1048576, NULL, CFG_WORKER, 0,
      "Most prompt tokens of one request per step (chunked prefill)."},
+    {"speculative", T_ENUM, O(speculative), "off", 0, 0, "off|ngram", CFG_WORKER, 0,
+     "Speculative decoding: ngram drafts tokens by prompt lookup (the last 1-4 tokens matched in the "
+     "prompt and output) and verifies them in the decode step; outputs are bit-identical to off. "
+     "A job may turn it off (\"speculative\": false)."},
+    {"spec_tokens", T_INT, O(spec_tokens), "4", 1, 16, NULL, CFG_WORKER, 0,
+     "Most draft tokens per request per step (speculative = ngram); fewer while acceptance is low."},
+    {"spec_max_rows", T_INT, O(spec_max_rows), "0", 0, 1048576, NULL, CFG_WORKER, 0,
+     "Drafts go into a step only while it computes fewer tokens than this: past it a step is "
+     "compute-bound and a draft row costs more than it can win; 0 = the backend's (cpu 8, cuda 64)."},
     /* jobs */
     {"default_max_tokens", T_INT, O(default_max_tokens), "1024", 1, 1048576, NULL, CFG_BOTH, F_LIVE,
      "max_tokens of a job that gives none."},
@@ -153,8 +166,6 @@ static const struct opt options[] = {
      "Address the HTTP API listens on (IPv4 or IPv6); put a TLS proxy in front before opening it beyond loopback."},
     {"api_keys_file", T_STR, O(api_keys_file), "", 0, 0, NULL, CFG_DISPATCHER, 0,
      "API keys, one per line: KEY TENANT [RPM [TPM]] (requests and tokens per minute per tenant, 0 = no limit); re-read when it changes; empty = no authentication."},
-    {"served_model_name", T_STR, O(served_model_name), "redlm", 0, 0, NULL, CFG_DISPATCHER, 0,
-     "Model name /v1/models lists; a request naming another model gets 404."},
     {"max_body_kb", T_INT, O(max_body_kb), "4096", 1, 1048576, NULL, CFG_DISPATCHER, 0,
      "Largest HTTP request body, in KiB (413 above)."},
     {"max_messages", T_INT, O(max_messages), "1024", 1, 4096, NULL, CFG_DISPATCHER, 0,

@@ -40,7 +40,9 @@ struct cfg {
     char *name;                   /* consumer name; "" = the host name */
     char *default_pool;           /* dispatcher: jobs naming no pool go here */
     /* engine */
-    char *model;                  /* model directory */
+    char *model;                  /* model directory or Hugging Face repo id (modelref.h) */
+    char *served_model_name;      /* "" = derived from model (modelref.h) */
+    char *pool_scope;             /* "shared" (jobs:<pool>) or "model" (jobs:<name>:<pool>) */
     char *backend;                /* "cpu", "cuda" or "sim" */
     char *sim_profile;            /* sim: "h200", "h100", "a100", "l40s" */
     char *sim_model;              /* sim: built-in shape or config.json; "" = model's */
@@ -50,6 +52,9 @@ struct cfg {
     int max_batch;                /* running requests */
     int max_batch_tokens;         /* tokens per step */
     int prefill_chunk;            /* prompt tokens per request per step */
+    char *speculative;            /* "off" or "ngram" */
+    int spec_tokens;              /* draft tokens per request per step */
+    int spec_max_rows;            /* no drafts in a step of this many tokens; 0 = backend's */
     /* jobs */
     int default_max_tokens;
     int max_job_kb;
@@ -84,7 +89,6 @@ struct cfg {
     int http;                     /* port; 0 = off */
     char *http_bind;              /* listen address, 127.0.0.1 */
     char *api_keys_file;          /* "" = no authentication */
-    char *served_model_name;      /* the name /v1/models lists and requests must use */
     int max_body_kb;
     int max_messages;
     int http_max_tokens;

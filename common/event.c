@@ -34,7 +34,7 @@ static const struct {
     [EV_CODE_DUPLICATE_FIELD] = {"DUPLICATE_FIELD", "the same field appears twice in one object"},
     [EV_CODE_BAD_TYPE] = {"BAD_TYPE", "a field has the wrong JSON type (for example a string where an integer is required)"},
     [EV_CODE_OUT_OF_RANGE] = {"OUT_OF_RANGE", "a number, length or count is outside its documented bounds"},
-    [EV_CODE_BAD_VALUE] = {"BAD_VALUE", "a string field is not one of its allowed values"},
+    [EV_CODE_BAD_VALUE] = {"BAD_VALUE", "a string field is not one of its allowed values, or a string holds \\u0000 (NUL), which would cut it short"},
     [EV_CODE_BAD_ID] = {"BAD_ID", "id is not 1-128 characters of [A-Za-z0-9_.:-]"},
     [EV_CODE_MISSING_PROMPT] = {"MISSING_PROMPT", "the job has none of messages, prompt and prompt_ids"},
     [EV_CODE_CONFLICTING_PROMPT] = {"CONFLICTING_PROMPT", "the job has more than one of messages, prompt and prompt_ids, or tools without messages"},
@@ -49,6 +49,8 @@ static const struct {
     [EV_CODE_ENGINE_ERROR] = {"ENGINE_ERROR", "the inference engine failed on this request"},
     [EV_CODE_INTERNAL] = {"INTERNAL", "a bug in redlm: a broken invariant reported instead of crashing"},
     [EV_CODE_OVERLOADED] = {"OVERLOADED", "the pool's queue holds more waiting jobs than the dispatcher's max_waiting; retry after retry_after_ms"},
+    [EV_CODE_MODEL_NOT_FOUND] = {"MODEL_NOT_FOUND", "the job (or HTTP request) names a model no live worker serves; the message lists the models that are served"},
+    [EV_CODE_MODEL_REQUIRED] = {"MODEL_REQUIRED", "several models are served and the job names none; it must say which in `model`"},
 };
 
 const char *ev_code_name(enum ev_code code)
@@ -108,6 +110,77 @@ static cJSON *str_n(const char *s, size_t n)
     cJSON *j = cJSON_CreateString(tmp);
     free(tmp);
     return j;
+}
+
+/* Length of the well-formed UTF-8 character (RFC 3629: no overlongs, no
+ * surrogates, nothing past U+10FFFF) at s[0..n), or 0 when the bytes
+ * there are not one. NUL counts as not one: cJSON strings end at it. */
+static size_t utf8_char(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0], min, cp;
+    size_t k;
+    if (c == 0)
+        return 0;
+    if (c < 0x80)
+        return 1;
+    if ((c & 0xE0) == 0xC0) { k = 2; min = 0x80; cp = c & 0x1F; }
+    else if ((c & 0xF0) == 0xE0) { k = 3; min = 0x800; cp = c & 0x0F; }
+    else if ((c & 0xF8) == 0xF0) { k = 4; min = 0x10000; cp = c & 0x07; }
+    else return 0;
+    if (k > n)
+        return 0;
+    for (size_t i = 1; i < k; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (s[i] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return k;
+}
+
+/* A JSON string of the first bytes of s[0..n) that fit in max output
+ * bytes (0: no bound), as valid UTF-8 whatever came in: every byte that
+ * does not start a well-formed character (and every NUL) becomes U+FFFD,
+ * and a cut never splits a character. *n_bad gets the bytes replaced,
+ * *cut whether input was left out. NULL when out of memory. */
+static cJSON *str_clean(const char *s, size_t n, size_t max, size_t *n_bad, bool *cut)
+{
+    size_t cap = max && max < n * 3 ? max : n * 3; /* U+FFFD is 3 bytes */
+    char *tmp = malloc(cap + 1);
+    if (!tmp)
+        return NULL;
+    size_t o = 0, i = 0, bad = 0;
+    while (i < n) {
+        size_t k = utf8_char((const unsigned char *)s + i, n - i);
+        size_t w = k ? k : 3;
+        if (o + w > cap)
+            break;
+        if (k) {
+            memcpy(tmp + o, s + i, k);
+            i += k;
+        } else {
+            memcpy(tmp + o, "\xef\xbf\xbd", 3);
+            i++;
+            bad++;
+        }
+        o += w;
+    }
+    tmp[o] = 0;
+    if (n_bad)
+        *n_bad = bad;
+    if (cut)
+        *cut = i < n;
+    cJSON *j = cJSON_CreateString(tmp);
+    free(tmp);
+    return j;
+}
+
+/* A message sentence as a JSON string: messages quote the job ("%.80s:
+ * unknown field"), and a cut may fall inside a character. */
+static cJSON *str_msg(const char *m)
+{
+    return str_clean(m, strlen(m), 0, NULL, NULL);
 }
 
 static int finish(cJSON *root, char **out, struct rl_err *err)
@@ -212,6 +285,17 @@ int ev_build_done(int64_t seq, const struct ev_done *d, char **out, struct rl_er
     if (!t || add_int(t, "queue_ms", d->queue_ms) || add_int(t, "ttft_ms", d->ttft_ms) ||
         add_int(t, "total_ms", d->total_ms))
         goto oom;
+    if (d->speculated) {
+        /* the rate as a fraction with 4 decimals; 0 when nothing was drafted */
+        double rate = d->spec_drafted > 0
+                          ? (double)(int64_t)(10000.0 * (double)d->spec_accepted /
+                                                  (double)d->spec_drafted + 0.5) / 10000.0
+                          : 0.0;
+        if (add_int(t, "spec_drafted", d->spec_drafted) ||
+            add_int(t, "spec_accepted", d->spec_accepted) ||
+            !cJSON_AddNumberToObject(t, "spec_acceptance", rate))
+            goto oom;
+    }
     cJSON *tc = d->tool_calls ? cJSON_Duplicate(d->tool_calls, 1) : cJSON_CreateArray();
     if (!tc || !cJSON_AddItemToObject(o, "tool_calls", tc))
         goto oom;
@@ -235,7 +319,7 @@ int ev_build_error(int64_t seq, enum ev_code code, const char *message, char **o
                        (int)code);
     cJSON *o = head(seq, "error");
     if (!o || !cJSON_AddStringToObject(o, "code", ev_code_name(code)) ||
-        !cJSON_AddStringToObject(o, "message", message ? message : ev_code_meaning(code))) {
+        !cJSON_AddItemToObject(o, "message", str_msg(message ? message : ev_code_meaning(code)))) {
         cJSON_Delete(o);
         return rl_errf(err, RL_ENOMEM, "ev_build_error: out of memory");
     }
@@ -251,7 +335,7 @@ int ev_build_error_retry(int64_t seq, enum ev_code code, const char *message,
                        "retry_after_ms %" PRId64, seq, (int)code, retry_after_ms);
     cJSON *o = head(seq, "error");
     if (!o || !cJSON_AddStringToObject(o, "code", ev_code_name(code)) ||
-        !cJSON_AddStringToObject(o, "message", message ? message : ev_code_meaning(code)) ||
+        !cJSON_AddItemToObject(o, "message", str_msg(message ? message : ev_code_meaning(code))) ||
         add_int(o, "retry_after_ms", retry_after_ms)) {
         cJSON_Delete(o);
         return rl_errf(err, RL_ENOMEM, "ev_build_error_retry: out of memory");
@@ -267,16 +351,26 @@ int ev_build_dead(const struct ev_dead *d, char **out, struct rl_err *err)
     cJSON *o = cJSON_CreateObject();
     if (!o)
         goto oom;
-    cJSON *job = d->job_raw ? str_n(d->job_raw, d->job_raw_len) : cJSON_CreateNull();
+    size_t n_bad = 0;
+    bool cut = false;
+    cJSON *job = d->job_raw ? str_clean(d->job_raw, d->job_raw_len, EV_DEAD_JOB_MAX, &n_bad, &cut)
+                            : cJSON_CreateNull();
     if (!job || !cJSON_AddItemToObject(o, "job", job))
         goto oom;
+    const char *msg = d->message ? d->message : ev_code_meaning(d->code);
     if (!cJSON_AddStringToObject(o, "id", d->job_id ? d->job_id : "") ||
         !cJSON_AddStringToObject(o, "pool", d->pool ? d->pool : "") ||
         !cJSON_AddStringToObject(o, "entry_id", d->entry_id ? d->entry_id : "") ||
         !cJSON_AddStringToObject(o, "code", ev_code_name(d->code)) ||
-        !cJSON_AddStringToObject(o, "message", d->message ? d->message : ev_code_meaning(d->code)) ||
+        !cJSON_AddItemToObject(o, "message", str_msg(msg)) ||
         !cJSON_AddStringToObject(o, "worker", d->worker ? d->worker : "") ||
         add_int(o, "deliveries", d->deliveries) || add_int(o, "time_ms", d->time_ms))
+        goto oom;
+    /* what the job field is not: the whole text, or the bytes as they came */
+    if (d->job_raw && (cut || n_bad) &&
+        (add_int(o, "job_bytes", (int64_t)d->job_raw_len) ||
+         !cJSON_AddBoolToObject(o, "job_truncated", cut) ||
+         add_int(o, "job_replaced_bytes", (int64_t)n_bad)))
         goto oom;
     return finish(o, out, err);
 oom:

@@ -47,6 +47,8 @@ enum ev_code {
     EV_CODE_ENGINE_ERROR,        /* the engine failed on this request */
     EV_CODE_INTERNAL,            /* a bug: broken invariant in the worker */
     EV_CODE_OVERLOADED,          /* the dispatcher refused: the pool's queue is full */
+    EV_CODE_MODEL_NOT_FOUND,     /* job names a model nobody serves (or not this worker's) */
+    EV_CODE_MODEL_REQUIRED,      /* no model named while several are served */
     EV_CODE_COUNT
 };
 
@@ -117,6 +119,10 @@ struct ev_done {
     int64_t cached_prompt_tokens; /* prefix-cache hits in the prompt */
     bool cached;                 /* replayed from the result cache */
     int64_t queue_ms, ttft_ms, total_ms;
+    bool speculated;             /* the job ran with speculative decoding:
+                                    timings then give the counts below */
+    int64_t spec_drafted;        /* draft tokens verified */
+    int64_t spec_accepted;       /* of those, kept */
     const struct cJSON *tool_calls; /* array or NULL (written as []); borrowed */
     const struct cJSON *metadata;   /* the job's metadata or NULL (left out); borrowed */
 };
@@ -135,8 +141,15 @@ int ev_build_error(int64_t seq, enum ev_code code, const char *message, char **o
 int ev_build_error_retry(int64_t seq, enum ev_code code, const char *message,
                          int64_t retry_after_ms, char **out, struct rl_err *err);
 
-/* A dead letter: the job exactly as received (any bytes; kept as a JSON
- * string, since it may not be JSON), why it died, and who killed it. */
+/* A dead letter: the job as received (kept as a JSON string, since it may
+ * not be JSON), why it died, and who killed it. The result is always valid
+ * JSON text in UTF-8, whatever bytes the job had: a byte that does not
+ * start a well-formed UTF-8 character (or a NUL) becomes U+FFFD, and the
+ * job string stops before EV_DEAD_JOB_MAX bytes (never inside a
+ * character), so a 10 MB job does not make a 10 MB dead letter. When
+ * either happened the letter also says job_bytes (the size received),
+ * job_truncated and job_replaced_bytes. message gets the same repair. */
+#define EV_DEAD_JOB_MAX 16384
 struct ev_dead {
     const char *job_raw;  /* may be NULL when the entry had no job field */
     size_t job_raw_len;

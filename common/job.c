@@ -9,7 +9,9 @@
  * Order of checks, so that each bad job gets the most precise code:
  * size (JOB_TOO_LARGE), encoding (BAD_UTF8: cJSON passes raw bytes
  * through, and the tokenizer must never see broken UTF-8), syntax
- * (INVALID_JSON, with the byte offset), shape (NOT_OBJECT), then each
+ * (INVALID_JSON, with the byte offset), a \u0000 escape in any string
+ * (BAD_ID in the id, BAD_VALUE elsewhere: cJSON would cut the string
+ * there), shape (NOT_OBJECT), then each
  * member in document order: duplicate (DUPLICATE_FIELD: cJSON keeps both,
  * and which one wins would be an accident), unknown name (UNKNOWN_FIELD),
  * type (BAD_TYPE), bounds (OUT_OF_RANGE / BAD_VALUE / BAD_ID); last the
@@ -20,6 +22,7 @@
  * means a double with no fractional part (1.0 counts, as in JSON Schema),
  * and integers must stay below 2^53 to be exact; seeds are bounded there. */
 #include "job.h"
+#include "modelref.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -169,6 +172,63 @@ static size_t json_lex_check(const char *s, size_t len)
     }
     return len;
 }
+
+/* cJSON decodes the escape \u0000 into a NUL byte and hands out C
+ * strings, so a string holding one reaches us cut short: an id
+ * "req-42\u0000zz" would become "req-42" and write into another job's
+ * stream, message content would lose its tail without a word. redlm
+ * carries no NUL in any string; this finds the first \u0000 escape in any
+ * string of s (which passed json_lex_check), and *id_at gets the first one
+ * inside the value of the top-level member "id" (len when none). Returns
+ * the first offset, or len. */
+static size_t json_nul_check(const char *s, size_t len, size_t *id_at)
+{
+    int depth = 0;
+    bool in_str = false, expect_key = false, is_key = false, key_is_id = false,
+         val_is_id = false;
+    size_t str_at = 0, first = len;
+    *id_at = len;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (in_str) {
+            if (c == '\\') {
+                if (i + 5 < len && s[i + 1] == 'u' && !memcmp(s + i + 2, "0000", 4)) {
+                    if (first == len)
+                        first = i;
+                    if (val_is_id && *id_at == len)
+                        *id_at = i;
+                }
+                i++;
+            } else if (c == '"') {
+                in_str = false;
+                if (is_key)
+                    key_is_id = i - str_at == 3 && !memcmp(s + str_at + 1, "id", 2);
+            }
+            continue;
+        }
+        if (c == '"') {
+            in_str = true;
+            str_at = i;
+            is_key = depth == 1 && expect_key;
+            val_is_id = depth == 1 && !expect_key && key_is_id;
+        } else if (c == '{' || c == '[') {
+            depth++;
+            expect_key = depth == 1 && c == '{';
+        } else if (c == '}' || c == ']') {
+            depth--;
+        } else if (depth == 1 && c == ',') {
+            expect_key = true;
+        } else if (depth == 1 && c == ':') {
+            expect_key = false;
+        }
+    }
+    return first;
+}
+
+/* The NUL rule for a whole text: BAD_ID when the escape is in the id,
+ * BAD_VALUE anywhere else. Returns 0 or -RL_EINVAL with the fault. */
+static int nul_rule(const char *text, size_t len, const char *what, struct job_fault *f,
+                    struct rl_err *err);
 
 /* Common type/bounds helpers. Each returns 0 or -RL_EINVAL with the fault
  * filled for path. */
@@ -506,6 +566,9 @@ static bool id_char(char c, bool pool)
 void job_guess_id(const char *raw, size_t len, const char *fallback, char out[JOB_ID_MAX + 1])
 {
     out[0] = 0;
+    size_t id_at;
+    if (raw && (json_nul_check(raw, len, &id_at), id_at < len))
+        return; /* its id is cut at a NUL: no usable id, never a shorter one */
     cJSON *o = raw ? cJSON_ParseWithLength(raw, len) : NULL;
     const cJSON *id = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "id") : NULL;
     if (cJSON_IsString(id)) {
@@ -551,16 +614,16 @@ static int random_id(char out[JOB_ID_MAX + 1], struct rl_err *err)
 
 /* The top-level members, in the order job_to_json writes them. */
 enum kind {
-    K_ID, K_POOL, K_MESSAGES, K_TOOLS, K_PROMPT, K_PROMPT_IDS, K_MODE, K_MAX_TOKENS,
+    K_ID, K_MODEL, K_POOL, K_MESSAGES, K_TOOLS, K_PROMPT, K_PROMPT_IDS, K_MODE, K_MAX_TOKENS,
     K_TEMPERATURE, K_TOP_P, K_TOP_K, K_MIN_P, K_PRESENCE, K_FREQUENCY, K_REPETITION,
     K_SEED, K_STOP, K_IGNORE_EOS, K_MAX_THINKING, K_LOGPROBS, K_PRIORITY, K_DEADLINE,
-    K_CACHE, K_STREAM_TTL, K_METADATA,
+    K_CACHE, K_STREAM_TTL, K_METADATA, K_SPECULATIVE,
 };
 static const struct {
     const char *name;
     enum kind kind;
 } top_fields[] = {
-    {"id", K_ID}, {"pool", K_POOL}, {"messages", K_MESSAGES}, {"tools", K_TOOLS},
+    {"id", K_ID}, {"model", K_MODEL}, {"pool", K_POOL}, {"messages", K_MESSAGES}, {"tools", K_TOOLS},
     {"prompt", K_PROMPT}, {"prompt_ids", K_PROMPT_IDS}, {"mode", K_MODE},
     {"max_tokens", K_MAX_TOKENS}, {"temperature", K_TEMPERATURE}, {"top_p", K_TOP_P},
     {"top_k", K_TOP_K}, {"min_p", K_MIN_P}, {"presence_penalty", K_PRESENCE},
@@ -569,6 +632,7 @@ static const struct {
     {"max_thinking_tokens", K_MAX_THINKING}, {"logprobs", K_LOGPROBS},
     {"priority", K_PRIORITY}, {"deadline_ms", K_DEADLINE}, {"cache", K_CACHE},
     {"stream_ttl_s", K_STREAM_TTL}, {"metadata", K_METADATA},
+    {"speculative", K_SPECULATIVE},
 };
 #define N_TOP ((int)(sizeof top_fields / sizeof top_fields[0]))
 
@@ -659,6 +723,16 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
                            "id: character %d is not one of [A-Za-z0-9_.:-]", (int)(c - s));
         memcpy(j->id, s, strlen(s) + 1);
         j->given |= JOB_F_ID;
+        return 0;
+    case K_MODEL:
+        if ((rc = get_string(v, "model", 1, JOB_MODEL_MAX, &s, f, err)))
+            return rc;
+        if (!modelref_name_ok(s))
+            return bad(f, err, EV_CODE_BAD_VALUE,
+                       "model: \"%.128s\" is not a model name ([A-Za-z0-9._:/-], not starting "
+                       "with '/' or '.')", s);
+        memcpy(j->model, s, strlen(s) + 1);
+        j->given |= JOB_F_MODEL;
         return 0;
     case K_POOL:
         if ((rc = get_string(v, "pool", 1, JOB_POOL_MAX, &s, f, err)))
@@ -788,6 +862,9 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
     case K_CACHE:
         j->given |= JOB_F_CACHE;
         return get_bool(v, name, &j->cache, f, err);
+    case K_SPECULATIVE:
+        j->given |= JOB_F_SPECULATIVE;
+        return get_bool(v, name, &j->speculative, f, err);
     case K_STREAM_TTL:
         if ((rc = get_integer(v, name, 1, o->max_stream_ttl_s, &x, f, err)))
             return rc;
@@ -817,6 +894,7 @@ static void defaults(struct job *j, const struct job_opts *o)
     j->max_thinking_tokens = -1;
     j->logprobs = -1;
     j->cache = true;
+    j->speculative = true;
     j->stream_ttl_s = o->default_stream_ttl_s;
 }
 
@@ -861,6 +939,9 @@ int job_parse(const char *text, size_t len, const struct job_opts *opts, struct 
     if (badpos != len)
         return bad(fault, err, EV_CODE_INVALID_JSON, "job: not valid JSON (at byte %zu of %zu)",
                    badpos, len);
+
+    if (nul_rule(text, len, "job", fault, err))
+        return -RL_EINVAL;
 
     /* cJSON wants a NUL-terminated buffer to reject trailing garbage */
     char *buf = malloc(len + 1);
@@ -958,6 +1039,23 @@ int job_check_text(const char *text, size_t len, const char *what, struct job_fa
     if (badpos != len)
         return bad(fault, err, EV_CODE_INVALID_JSON, "%s: not valid JSON (at byte %zu of %zu)",
                    what, badpos, len);
+    return nul_rule(text, len, what, fault, err);
+}
+
+static int nul_rule(const char *text, size_t len, const char *what, struct job_fault *f,
+                    struct rl_err *err)
+{
+    size_t id_at;
+    size_t at = json_nul_check(text, len, &id_at);
+    if (id_at < len) {
+        set_field(f, "id");
+        return bad(f, err, EV_CODE_BAD_ID, "id: contains \\u0000 (NUL) at byte %zu; an id is "
+                   "1-%d of [A-Za-z0-9_.:-]", id_at, JOB_ID_MAX);
+    }
+    if (at < len)
+        return bad(f, err, EV_CODE_BAD_VALUE, "%s: a string contains \\u0000 (NUL) at byte "
+                   "%zu; NUL is refused in every string, since it would cut the text short",
+                   what, at);
     return 0;
 }
 
@@ -1027,6 +1125,8 @@ int job_to_json(const struct job *j, char **out, struct rl_err *err)
         goto oom;
 #define ADD(x) do { if (!(x)) goto oom; } while (0)
     ADD(cJSON_AddStringToObject(o, "id", j->id));
+    if (j->given & JOB_F_MODEL)
+        ADD(cJSON_AddStringToObject(o, "model", j->model));
     if (j->given & JOB_F_POOL)
         ADD(cJSON_AddStringToObject(o, "pool", j->pool));
     if (j->messages) {
@@ -1091,6 +1191,8 @@ int job_to_json(const struct job *j, char **out, struct rl_err *err)
         ADD(cJSON_AddBoolToObject(o, "cache", j->cache));
     if (j->given & JOB_F_STREAM_TTL)
         ADD(add_num(o, "stream_ttl_s", j->stream_ttl_s));
+    if (j->given & JOB_F_SPECULATIVE)
+        ADD(cJSON_AddBoolToObject(o, "speculative", j->speculative));
     if (j->metadata) {
         cJSON *m = cJSON_Duplicate(j->metadata, 1);
         ADD(m && cJSON_AddItemToObject(o, "metadata", m));

@@ -22,6 +22,7 @@ struct cJSON;
 
 #define JOB_ID_MAX 128        /* characters of [A-Za-z0-9_.:-] */
 #define JOB_POOL_MAX 64       /* characters of [A-Za-z0-9_-] */
+#define JOB_MODEL_MAX 128     /* = MODELREF_NAME_MAX: a served name (common/modelref.h) */
 #define JOB_STOP_MAX 16       /* stop strings per job */
 #define JOB_STOP_LEN_MAX 256  /* bytes per stop string */
 #define JOB_LOGPROBS_MAX 20   /* top alternatives per token */
@@ -55,7 +56,8 @@ enum job_field_bit {
     JOB_F_IGNORE_EOS = 1u << 12, JOB_F_MAX_THINKING = 1u << 13,
     JOB_F_LOGPROBS = 1u << 14, JOB_F_PRIORITY = 1u << 15, JOB_F_DEADLINE = 1u << 16,
     JOB_F_CACHE = 1u << 17, JOB_F_STREAM_TTL = 1u << 18, JOB_F_METADATA = 1u << 19,
-    JOB_F_POOL = 1u << 20, JOB_F_TOOLS = 1u << 21,
+    JOB_F_POOL = 1u << 20, JOB_F_TOOLS = 1u << 21, JOB_F_SPECULATIVE = 1u << 22,
+    JOB_F_MODEL = 1u << 23,
 };
 
 /* A validated job. Owned by whoever called job_parse; job_free releases it
@@ -64,6 +66,8 @@ struct job {
     char id[JOB_ID_MAX + 1];  /* client-chosen, or generated (id_generated) */
     bool id_generated;
     char pool[JOB_POOL_MAX + 1]; /* optional routing hint for the dispatcher; "" if absent */
+    char model[JOB_MODEL_MAX + 1]; /* the served model it asks for; "" = whichever is
+                                      served (the dispatcher refuses it when several are) */
     unsigned given;           /* enum job_field_bit mask */
 
     enum job_input input;
@@ -93,6 +97,9 @@ struct job {
     int priority;             /* -1000..1000, higher first; default 0 */
     int64_t deadline_ms;      /* Unix time in ms after which the job ends; 0 = none */
     bool cache;               /* may use / fill the result cache; default true */
+    bool speculative;         /* false: plain decoding even on a worker that
+                                 speculates; default true. Not in the cache
+                                 key: the tokens are the same either way */
     int stream_ttl_s;         /* redlm:out:<id> expires this long after done */
     struct cJSON *metadata;   /* object or NULL, passed through untouched; owned */
 };

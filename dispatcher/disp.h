@@ -17,12 +17,14 @@
 #include "dispatcher.h"
 #include "job.h"
 #include "log.h"
+#include "modelref.h"
 #include "rconn.h"
 #include "route.h"
 #include "sha256.h"
 
-#define D_MAX_POOLS 16
-#define D_KEY_MAX 256
+#define D_MAX_POOLS 64 /* the shared pools, then every served model's own */
+#define D_MAX_MODELS 16
+#define D_KEY_MAX 320 /* <prefix>jobs:<model>:<pool> fits */
 #define D_BATCH 256 /* requests read and routed per round */
 
 /* Counters behind /metrics and the heartbeat; guarded by mu. */
@@ -41,10 +43,26 @@ struct dmetrics {
 
 /* Queue state of one pool stream, from XINFO GROUPS + XRANGE. */
 struct dpool {
-    char name[JOB_POOL_MAX + 1];
-    char key[D_KEY_MAX];          /* <prefix>jobs:<pool> */
+    char name[D_KEY_MAX];         /* "fast", or "<model>:fast" for a model's own pool */
+    char key[D_KEY_MAX];          /* <prefix>jobs:<pool> or <prefix>jobs:<model>:<pool> */
     int64_t waiting;              /* entries not yet delivered to the workers group */
     int64_t wait_ms;              /* age of the oldest of them; 0 when none */
+};
+
+/* One served model, from the workers' heartbeats (models.c). A model whose
+ * workers run pool_scope = model has streams and a router of its own (so
+ * its think/fast split and backpressure are its own); one whose workers
+ * share the pools uses d->router and the shared pools. */
+struct dmodel {
+    char name[MODELREF_NAME_MAX + 1];
+    char owned_by[MODELREF_NAME_MAX + 1];
+    int64_t created;              /* Unix seconds */
+    bool scoped;                  /* pool_scope = model: its own streams */
+    bool alias;                   /* the dispatcher's served_model_name, not a worker's */
+    struct router *router;        /* scoped: owned; else NULL (d->router) */
+    int pool_idx[D_MAX_POOLS];    /* scoped: the router's pool i is d->pools[pool_idx[i]] */
+    int n_pools;
+    char pool_sig[512];           /* scoped: the pool names it was built for */
 };
 
 struct disp {
@@ -60,8 +78,17 @@ struct disp {
     struct rconn_batch *batch;
     char req_key[D_KEY_MAX];      /* <prefix>requests */
     char dead_key[D_KEY_MAX];     /* <prefix>dead */
-    struct dpool pools[D_MAX_POOLS];
-    int n_pools;
+    struct dpool pools[D_MAX_POOLS]; /* [0, n_shared): the configured pools */
+    int n_pools, n_shared;
+    /* the served models (models.c); refreshed at every heartbeat, and at
+     * once (at most every 100 ms) when a job names one not in the table */
+    struct dmodel models[D_MAX_MODELS];
+    int n_models;
+    int64_t models_t_ms;          /* when the table was read; 0 = never */
+    pthread_mutex_t models_mu;    /* guards models_json, read by the HTTP threads */
+    char *models_json;            /* [{"id","object","created","owned_by"}...], malloc'd */
+    char fast_name[MODELREF_NAME_MAX + 1]; /* served name of the fast path's model */
+    bool shared_warned;           /* logged once: several names on the shared pools */
     bool groups_ok;
     /* Our own pending entries (read, not yet acknowledged: after a start
      * under the same name, or a round that failed) are read again, from
@@ -92,6 +119,20 @@ int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *re
 void d_reload(struct disp *d);
 /* Re-makes the router from d->cfg (start and reload). */
 int d_make_router(struct disp *d, struct rl_err *err);
+
+/* models.c */
+/* Re-reads the served models: ZRANGE <prefix>workers, MGET of their
+ * heartbeats; creates the streams, groups and routers of models with
+ * their own pools. Keeps the old table when Redis fails. */
+void d_models_refresh(struct disp *d);
+/* The destination of j: *m = the model (NULL: the shared pools, nothing
+ * announced). Returns 0, or -RL_EINVAL with *code MODEL_NOT_FOUND /
+ * MODEL_REQUIRED and msg filled. */
+int d_model_pick(struct disp *d, const struct job *j, struct dmodel **m, enum ev_code *code,
+                 char *msg, size_t size);
+void d_models_free(struct disp *d);
+/* The routers of models are re-made from d->cfg (SIGHUP). */
+void d_models_reroute(struct disp *d);
 
 /* metrics.c */
 void dm_init(struct dmetrics *m);

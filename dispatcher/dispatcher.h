@@ -21,4 +21,11 @@ char *disp_metrics_text(struct disp *d);
  * routed. */
 bool disp_ready(struct disp *d);
 
+/* The models served, as the JSON array of OpenAI model objects
+ * ([{"id", "object": "model", "created", "owned_by"}...]) that /v1/models
+ * lists: the dispatcher's served_model_name when set, else the models
+ * live workers announce in their heartbeats (at most one heartbeat
+ * interval old). malloc'd; the caller frees it. NULL when out of memory. */
+char *disp_models_json(struct disp *d);
+
 #endif

@@ -43,6 +43,8 @@
 #include "http.h"
 #include "clock.h"
 
+#include <cjson/cJSON.h>
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
@@ -61,6 +63,7 @@
 #include <unistd.h>
 
 #include "job.h"
+#include "modelref.h"
 #include "openai.h"
 #include "rconn.h"
 
@@ -236,7 +239,8 @@ static char *render_metrics(struct dhttp *h)
                 (long long)m.by_status[i]);
         else
             put(&b, "redlm_http_requests_total{code=\"other\"} %lld\n", (long long)m.by_status[i]);
-    put(&b, "# TYPE redlm_http_chat_requests_total counter\n"
+    put(&b, "# HELP redlm_http_chat_requests_total chat completion requests, streamed or not\n"
+            "# TYPE redlm_http_chat_requests_total counter\n"
             "redlm_http_chat_requests_total{stream=\"true\"} %lld\n"
             "redlm_http_chat_requests_total{stream=\"false\"} %lld\n",
         (long long)m.chat_stream, (long long)m.chat_plain);
@@ -245,9 +249,11 @@ static char *render_metrics(struct dhttp *h)
     put(&b, "# HELP redlm_http_client_cancels_total jobs cancelled because their client left\n"
             "# TYPE redlm_http_client_cancels_total counter\nredlm_http_client_cancels_total %lld\n",
         (long long)m.client_cancels);
-    put(&b, "# TYPE redlm_http_rate_limited_total counter\nredlm_http_rate_limited_total %lld\n",
+    put(&b, "# HELP redlm_http_rate_limited_total requests refused with 429 by a tenant's limits\n"
+            "# TYPE redlm_http_rate_limited_total counter\nredlm_http_rate_limited_total %lld\n",
         (long long)m.rate_limited);
-    put(&b, "# TYPE redlm_http_auth_failures_total counter\nredlm_http_auth_failures_total %lld\n",
+    put(&b, "# HELP redlm_http_auth_failures_total requests refused for a missing or unknown "
+            "API key\n# TYPE redlm_http_auth_failures_total counter\nredlm_http_auth_failures_total %lld\n",
         (long long)m.auth_failures);
     put(&b, "# HELP redlm_http_sse_events_total server-sent events written\n"
             "# TYPE redlm_http_sse_events_total counter\nredlm_http_sse_events_total %lld\n",
@@ -655,6 +661,66 @@ static int rate_limit(struct req *q, struct oai_error *e)
     return -1;
 }
 
+/* The served models as a parsed array: the one served_model_name, or the
+ * dispatcher's table of what live workers serve. NULL when out of memory. */
+static cJSON *served_models(struct dhttp *h)
+{
+    if (h->model[0]) {
+        cJSON *a = cJSON_CreateArray(), *o = cJSON_CreateObject();
+        if (!a || !o) {
+            cJSON_Delete(a);
+            cJSON_Delete(o);
+            return NULL;
+        }
+        cJSON_AddStringToObject(o, "id", h->model);
+        cJSON_AddStringToObject(o, "object", "model");
+        cJSON_AddNumberToObject(o, "created", (double)h->started_s);
+        cJSON_AddStringToObject(o, "owned_by", "redlm");
+        cJSON_AddItemToArray(a, o);
+        return a;
+    }
+    char *s = h->hooks.models_json ? h->hooks.models_json(h->hooks.ctx) : NULL;
+    cJSON *a = s ? cJSON_Parse(s) : cJSON_CreateArray();
+    free(s);
+    return a;
+}
+
+/* The model object named id in the array a, or NULL. */
+static const cJSON *model_in(const cJSON *a, const char *id)
+{
+    const cJSON *m;
+    cJSON_ArrayForEach(m, a) {
+        const cJSON *i = cJSON_GetObjectItemCaseSensitive(m, "id");
+        if (cJSON_IsString(i) && !strcmp(i->valuestring, id))
+            return m;
+    }
+    return NULL;
+}
+
+/* "`a`, `b`" of the served names (or "no model: no worker is serving"). */
+static void served_names(const cJSON *a, char *buf, size_t size)
+{
+    buf[0] = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, a) {
+        const cJSON *i = cJSON_GetObjectItemCaseSensitive(m, "id");
+        size_t used = strlen(buf);
+        if (cJSON_IsString(i))
+            snprintf(buf + used, size - used, "%s`%s`", used ? ", " : "", i->valuestring);
+    }
+    if (!buf[0])
+        snprintf(buf, size, "no model (no live worker announces one)");
+}
+
+/* 404 model_not_found for id, naming what is served. */
+static void model_not_found(const cJSON *a, const char *id, struct oai_error *e)
+{
+    char names[1024];
+    served_names(a, names, sizeof names);
+    oai_error_set(e, 404, "invalid_request_error", "model_not_found", "model",
+                  "The model `%.200s` does not exist; this server serves %s.", id, names);
+}
+
 static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
 {
     struct dhttp *h = q->h;
@@ -685,7 +751,28 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     }
     if (rate_limit(q, &e))
         return respond_error(q, conn, &e);
-    if (oai_resp_create(&q->resp, q->id, h->model, now / 1000, &q->oreq, &err)) {
+    const char *echo = h->model;
+    cJSON *served = NULL;
+    if (!h->model[0]) {
+        /* the workers' models: the request must name one that is served
+         * (absent: the dispatcher takes the only one, or says MODEL_REQUIRED) */
+        if (!(served = served_models(h))) {
+            oai_error_set(&e, 500, "server_error", "INTERNAL", NULL, "out of memory");
+            return respond_error(q, conn, &e);
+        }
+        if (q->oreq.model[0] && !model_in(served, q->oreq.model)) {
+            model_not_found(served, q->oreq.model, &e);
+            cJSON_Delete(served);
+            return respond_error(q, conn, &e);
+        }
+        const cJSON *first = cJSON_GetArrayItem(served, 0);
+        const cJSON *fid = cJSON_GetObjectItemCaseSensitive(first, "id");
+        echo = q->oreq.model[0] ? q->oreq.model
+               : cJSON_GetArraySize(served) == 1 && cJSON_IsString(fid) ? fid->valuestring : "";
+    }
+    int crc = oai_resp_create(&q->resp, q->id, echo, now / 1000, &q->oreq, &err);
+    cJSON_Delete(served);
+    if (crc) {
         oai_error_set(&e, 500, "server_error", "INTERNAL", NULL, "%s", err.msg);
         return respond_error(q, conn, &e);
     }
@@ -750,16 +837,33 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     return mr;
 }
 
-static char *models_json(struct dhttp *h, bool one)
+/* GET /v1/models (id NULL) or /v1/models/<id>. */
+static enum MHD_Result models(struct req *q, struct MHD_Connection *conn, const char *id)
 {
-    char *s = NULL;
-    const char *fmt = one ? "{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"redlm\"}"
-                          : "{\"object\":\"list\",\"data\":[{\"id\":\"%s\",\"object\":\"model\","
-                            "\"created\":%lld,\"owned_by\":\"redlm\"}]}";
-    /* the name is checked at start to need no JSON escaping */
-    if (asprintf(&s, fmt, h->model, (long long)h->started_s) < 0)
-        return NULL;
-    return s;
+    struct oai_error e;
+    cJSON *a = served_models(q->h);
+    if (!a)
+        return MHD_NO;
+    char *body = NULL;
+    if (id) {
+        const cJSON *m = model_in(a, id);
+        if (!m) {
+            model_not_found(a, id, &e);
+            cJSON_Delete(a);
+            return respond_error(q, conn, &e);
+        }
+        body = cJSON_PrintUnformatted(m);
+    } else {
+        cJSON *o = cJSON_CreateObject();
+        if (o && cJSON_AddStringToObject(o, "object", "list")) {
+            cJSON_AddItemToObject(o, "data", a);
+            a = NULL;
+            body = cJSON_PrintUnformatted(o);
+        }
+        cJSON_Delete(o);
+    }
+    cJSON_Delete(a);
+    return respond(q, conn, 200, "application/json", body, NULL);
 }
 
 static bool redis_ok(struct dhttp *h)
@@ -783,8 +887,8 @@ static enum route route_of(struct dhttp *h, const char *method, const char *url,
     }
     if (!strcmp(url, "/v1/models"))
         r = R_MODELS;
-    else if (!strncmp(url, "/v1/models/", 11) && !strcmp(url + 11, h->model))
-        r = R_MODEL;
+    else if (!strncmp(url, "/v1/models/", 11) && url[11])
+        r = R_MODEL; /* ids hold slashes (Qwen/Qwen3-14B), as vLLM's do */
     else if (!strcmp(url, "/healthz"))
         r = R_HEALTHZ;
     else if (!strcmp(url, "/metrics"))
@@ -839,8 +943,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                               "Incorrect or missing API key: send \"Authorization: Bearer KEY\".");
                 return respond_error(q, conn, &e);
             }
-            return respond(q, conn, 200, "application/json", models_json(h, q->route == R_MODEL),
-                           NULL);
+            return models(q, conn, q->route == R_MODEL ? url + 11 : NULL);
         case R_HEALTHZ: {
             bool ok = (!h->hooks.ready || h->hooks.ready(h->hooks.ctx)) &&
                       !atomic_load(&h->stopping) && redis_ok(h);
@@ -938,28 +1041,16 @@ static void free_dhttp(struct dhttp *h)
     free(h);
 }
 
-static bool model_name_ok(const char *s)
-{
-    size_t n = strlen(s);
-    if (n < 1 || n > 200)
-        return false;
-    for (; *s; s++)
-        if ((unsigned char)*s < 0x21 || *s == '"' || *s == '\\' || *s == '/' ||
-            (unsigned char)*s > 0x7e)
-            return false;
-    return true;
-}
-
 int dhttp_start(struct dhttp **out, const struct cfg *cfg, const struct rl_log *log,
                 const struct dhttp_hooks *hooks, struct rl_err *err)
 {
     *out = NULL;
     if (!cfg->http)
         return 0;
-    if (!model_name_ok(cfg->served_model_name))
+    if (cfg->served_model_name[0] && !modelref_name_ok(cfg->served_model_name))
         return rl_errf(err, RL_EINVAL,
-                       "served_model_name \"%.64s\" must be 1-200 printable characters without "
-                       "blanks, quotes, backslashes or slashes", cfg->served_model_name);
+                       "served_model_name \"%.64s\" must be 1-%d of [A-Za-z0-9._:/-], not "
+                       "starting with '/' or '.'", cfg->served_model_name, MODELREF_NAME_MAX);
     struct dhttp *h = calloc(1, sizeof *h);
     if (!h)
         return rl_errf(err, RL_ENOMEM, "http: out of memory");
@@ -1004,7 +1095,7 @@ int dhttp_start(struct dhttp **out, const struct cfg *cfg, const struct rl_log *
     h->lim.max_body_bytes = (size_t)cfg->max_body_kb * 1024;
     h->lim.max_messages = cfg->max_messages;
     h->lim.max_tokens = cfg->http_max_tokens;
-    h->lim.model = h->model;
+    h->lim.model = h->model[0] ? h->model : NULL; /* NULL: the workers' models (chat()) */
     h->lim.job = &h->jopts;
     if (h->keys_path) {
         if ((rc = keys_refresh(h, true, err)))
@@ -1049,8 +1140,9 @@ int dhttp_start(struct dhttp **out, const struct cfg *cfg, const struct rl_log *
         rc = rl_errf(err, RL_EIO, "http: cannot listen on %s port %d", h->bind, h->port);
         goto fail;
     }
-    RL_LOG(log, RL_LOG_INFO, "http: OpenAI API on %s:%d, model \"%s\"", h->bind, h->port,
-           h->model);
+    RL_LOG(log, RL_LOG_INFO, "http: OpenAI API on %s:%d, model %s%s%s", h->bind, h->port,
+           h->model[0] ? "\"" : "", h->model[0] ? h->model : "(what live workers serve)",
+           h->model[0] ? "\"" : "");
     *out = h;
     return 0;
 fail:

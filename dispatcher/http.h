@@ -1,7 +1,8 @@
 /* dispatcher/http.h - the OpenAI-compatible HTTP front door.
  *
  *   POST /v1/chat/completions   stream true (server-sent events) or false
- *   GET  /v1/models, /v1/models/<name>
+ *   GET  /v1/models, /v1/models/<name>  (served_model_name, or the models
+ *                                        live workers serve: hooks->models_json)
  *   GET  /healthz, /metrics
  *
  * It needs only Redis: a request becomes a job XADDed to
@@ -28,6 +29,11 @@ struct dhttp_hooks {
     char *(*metrics_text)(void *ctx);
     /* /healthz answers 503 while this is false. NULL = always ready. */
     bool (*ready)(void *ctx);
+    /* The served models as a JSON array of OpenAI model objects, malloc'd
+     * (freed by the caller). Used when served_model_name is empty: then
+     * /v1/models lists them and a request must name one of them. NULL
+     * hook = none served. */
+    char *(*models_json)(void *ctx);
     void *ctx;
 };
 

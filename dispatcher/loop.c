@@ -2,7 +2,9 @@
  * forward, acknowledge.
  *
  * One round handles up to D_BATCH entries of <prefix>requests read with
- * XREADGROUP (group "dispatchers"), in three round trips to Redis:
+ * XREADGROUP (group "dispatchers"). Each request first finds its model
+ * (models.c: the table of what live workers serve, re-read every
+ * heartbeat) and with it its pools and router; then three round trips:
  *   1. (when due, at most every STATS_MS) the pools' queue state:
  *      XINFO GROUPS (last-delivered-id and lag of group "workers") and the
  *      oldest undelivered entry, for backpressure and adaptive routing;
@@ -63,7 +65,8 @@ struct dreq {
     struct job *job;              /* NULL when it did not parse */
     const char *raw;              /* the job field, in e */
     size_t raw_len;
-    struct route_decision dec;
+    struct route_decision dec;    /* dec.pool indexes d->pools */
+    struct dmodel *model;         /* where it goes; NULL: the shared pools, nothing announced */
     enum ev_code code;            /* A_REJECT */
     char msg[RL_ERR_MSG_MAX];
     bool lookup;                  /* GET cache_key in round trip 2 */
@@ -287,6 +290,18 @@ static void refresh_stats(struct disp *d)
                " ms, fast %" PRId64 " ms)", route_get_ratio(d->router), eff, a.think_wait_ms,
                a.fast_wait_ms);
     route_set_ratio(d->router, eff);
+    /* each model with its own pools follows its own waits */
+    for (int i = 0; i < d->n_models; i++) {
+        struct dmodel *m = &d->models[i];
+        if (!m->scoped || !m->router)
+            continue;
+        int mt = route_think_pool(m->router), mf = route_fast_pool(m->router);
+        struct route_adapt ma = a;
+        ma.adaptive = d->cfg.adaptive && mt >= 0 && mt != mf;
+        ma.think_wait_ms = mt >= 0 ? d->pools[m->pool_idx[mt]].wait_ms : 0;
+        ma.fast_wait_ms = d->pools[m->pool_idx[mf]].wait_ms;
+        route_set_ratio(m->router, route_effective_ratio(&ma));
+    }
     pthread_mutex_lock(&d->m.mu);
     for (int p = 0; p < d->n_pools; p++) {
         d->m.pool_waiting[p] = d->pools[p].waiting;
@@ -328,12 +343,31 @@ static void prepare(struct disp *d, struct dreq *q)
     snprintf(q->id, sizeof q->id, "%s", q->job->id);
     q->stream_ttl_s = q->job->stream_ttl_s;
     enum ev_code code = EV_CODE_NONE;
-    if (route_decide(d->router, q->job, &q->dec, &code, &err)) {
+    char msg[RL_ERR_MSG_MAX];
+    if (d_model_pick(d, q->job, &q->model, &code, msg, sizeof msg)) {
+        reject(d, q, code, msg);
+        return;
+    }
+    struct dmodel *m = q->model;
+    if (route_decide(m && m->scoped ? m->router : d->router, q->job, &q->dec, &code, &err)) {
         reject(d, q, code, err.msg);
         return;
     }
+    if (m && m->scoped)
+        q->dec.pool = m->pool_idx[q->dec.pool];
+    if (m && m->alias) {
+        /* the dispatcher's own name for the shared pools: the workers
+         * there announce their own, so the job must not carry this one */
+        q->job->model[0] = 0;
+        q->job->given &= ~(unsigned)JOB_F_MODEL;
+    }
     q->act = A_FORWARD;
     if (!d->model_id[0] || !q->job->cache || !job_is_deterministic(q->job))
+        return;
+    /* the fast path knows one model's tokenizer and identity: the key it
+     * computes is that model's, so for another model's request it would
+     * find this model's answer. Only this model's requests look it up */
+    if (m && !m->alias && strcmp(m->name, d->fast_name))
         return;
     int32_t *ids = NULL;
     int n_ids = 0;
@@ -541,6 +575,8 @@ static void handle(struct disp *d, const struct rconn_entries *ents)
         d->own_again = true; /* they stay pending; read again later */
         return;
     }
+    if (!d->models_t_ms)
+        d_models_refresh(d);
     if (rl_wall_ms() >= d->next_stats_ms)
         refresh_stats(d);
     for (int i = 0; i < ents->n; i++) {
@@ -676,10 +712,12 @@ int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *re
         }
         if (!notified) {
             sd_notify(0, "READY=1");
-            RL_LOG(&d->log, RL_LOG_INFO, "ready: routing %s as %s", d->req_key, d->name);
+            RL_LOG(&d->log, RL_LOG_INFO, "ready: routing %s as %s, redis %s answered",
+                   d->req_key, d->name, rconn_addr(d->rc));
             notified = true;
         }
         if (now >= d->next_hb_ms) {
+            d_models_refresh(d);
             refresh_stats(d);
             heartbeat(d);
             d->next_hb_ms = now + d->cfg.heartbeat_interval_ms;

@@ -29,6 +29,7 @@
 #include "disp.h"
 #include "http.h"
 #include "modelid.h"
+#include "modelref.h"
 #include "signals.h"
 #include "tokenizer.h"
 
@@ -36,9 +37,9 @@
 int d_make_router(struct disp *d, struct rl_err *err)
 {
     const char *pools[D_MAX_POOLS];
-    for (int p = 0; p < d->n_pools; p++)
+    for (int p = 0; p < d->n_shared; p++)
         pools[p] = d->pools[p].name;
-    struct route_opts o = {.pools = pools, .n_pools = d->n_pools,
+    struct route_opts o = {.pools = pools, .n_pools = d->n_shared,
                            .default_pool = d->cfg.default_pool,
                            .rules = (const char *const *)d->cfg.think_rules.v,
                            .n_rules = d->cfg.think_rules.n, .ratio = d->cfg.think_ratio};
@@ -76,6 +77,8 @@ void d_reload(struct disp *d)
     }
     if (d_make_router(d, &err))
         RL_LOG(&d->log, RL_LOG_ERROR, "SIGHUP: keeping the old routing rules: %s", err.msg);
+    else
+        d_models_reroute(d);
     cfg_job_opts(&d->cfg, &d->jopts);
     int lvl = rl_log_parse_level(d->cfg.log_level);
     if (lvl >= 0)
@@ -99,7 +102,7 @@ static int setup(struct disp *d, struct rl_err *err)
     }
     if (d->cfg.pools.n > D_MAX_POOLS)
         return rl_errf(err, RL_EINVAL, "pools: more than %d pools", D_MAX_POOLS);
-    d->n_pools = d->cfg.pools.n;
+    d->n_pools = d->n_shared = d->cfg.pools.n;
     for (int p = 0; p < d->n_pools; p++) {
         snprintf(d->pools[p].name, sizeof d->pools[p].name, "%s", d->cfg.pools.v[p]);
         snprintf(d->pools[p].key, sizeof d->pools[p].key, "%.128sjobs:%s", d->cfg.prefix,
@@ -115,13 +118,21 @@ static int setup(struct disp *d, struct rl_err *err)
         RL_LOG(&d->log, RL_LOG_WARN, "no pool named \"think\": every auto request goes to %s",
                route_pool_name(d->router, route_fast_pool(d->router)));
 
+    if (d->cfg.served_model_name[0] && !modelref_name_ok(d->cfg.served_model_name))
+        return rl_errf(err, RL_EINVAL,
+                       "served_model_name \"%.200s\" must be 1-%d of [A-Za-z0-9._:/-], not "
+                       "starting with '/' or '.'", d->cfg.served_model_name, MODELREF_NAME_MAX);
     if (d->cfg.model[0]) {
-        if ((rc = tok_load(&d->tok, d->cfg.model, err)))
+        struct modelref ref;
+        if ((rc = modelref_resolve(d->cfg.model, &ref, err)))
+            return rl_err_wrap(err, "the result-cache fast path");
+        if ((rc = tok_load(&d->tok, ref.dir, err)))
             return rl_err_wrap(err, "model %s (for the result-cache fast path)", d->cfg.model);
-        if ((rc = modelid_compute(d->cfg.model, d->model_id, err)))
+        if ((rc = modelid_compute(ref.dir, d->model_id, err)))
             return rc;
-        RL_LOG(&d->log, RL_LOG_INFO, "result-cache fast path on: tokenizer of %s, model id %.12s",
-               d->cfg.model, d->model_id);
+        snprintf(d->fast_name, sizeof d->fast_name, "%s", ref.name);
+        RL_LOG(&d->log, RL_LOG_INFO, "result-cache fast path on for model %s: tokenizer of %s, "
+               "model id %.12s", d->fast_name, ref.dir, d->model_id);
     } else {
         RL_LOG(&d->log, RL_LOG_INFO, "result-cache fast path off: no model configured (--model "
                "DIR loads its tokenizer); cached requests go to the workers");
@@ -139,6 +150,7 @@ static int setup(struct disp *d, struct rl_err *err)
  * through a cast function pointer is undefined. */
 static char *http_metrics(void *ctx) { return disp_metrics_text(ctx); }
 static bool http_ready(void *ctx) { return disp_ready(ctx); }
+static char *http_models(void *ctx) { return disp_models_json(ctx); }
 
 int main(int argc, char **argv)
 {
@@ -151,6 +163,7 @@ int main(int argc, char **argv)
         return 1;
     }
     dm_init(&d->m);
+    pthread_mutex_init(&d->models_mu, NULL);
     d->log = (struct rl_log){.level = RL_LOG_INFO, .ident = "dispatcher"};
     d->argc = argc;
     d->argv = argv;
@@ -187,7 +200,7 @@ int main(int argc, char **argv)
     RL_LOG(&d->log, RL_LOG_INFO, "starting: redis %s, pools %d, default %s, think_ratio %.3f%s, "
            "max_waiting %d", d->cfg.redis, d->n_pools, d->cfg.default_pool, d->cfg.think_ratio,
            d->cfg.adaptive ? " (adaptive)" : "", d->cfg.max_waiting);
-    struct dhttp_hooks hooks = {http_metrics, http_ready, d};
+    struct dhttp_hooks hooks = {http_metrics, http_ready, http_models, d};
     if (dhttp_start(&http, &d->cfg, &d->log, &hooks, &err)) {
         RL_LOG(&d->log, RL_LOG_ERROR, "%s", err.msg);
         goto out;
@@ -200,6 +213,8 @@ out:
      * drain_timeout_s; the rest are cancelled */
     dhttp_stop(http);
     route_free(d->router);
+    d_models_free(d);
+    pthread_mutex_destroy(&d->models_mu);
     rconn_batch_free(d->batch);
     rconn_free(d->rc);
     tok_free(d->tok);

@@ -41,17 +41,22 @@ char *disp_metrics_text(struct disp *d)
              "of those, auto requests placed by a think rule or the ratio", m->auto_routed);
     per_pool(&t, d, "redlm_dispatcher_pool_waiting", "gauge",
              "jobs in the pool stream no worker has taken yet", m->pool_waiting);
-    per_pool(&t, d, "redlm_dispatcher_pool_wait_ms", "gauge",
-             "age of the oldest job no worker has taken yet, ms", m->pool_wait_ms);
+    text_printf(&t, "# HELP redlm_dispatcher_pool_wait_seconds age of the oldest job no worker "
+            "has taken yet\n# TYPE redlm_dispatcher_pool_wait_seconds gauge\n");
+    for (int p = 0; p < d->n_pools; p++)
+        text_printf(&t, "redlm_dispatcher_pool_wait_seconds{pool=\"%s\"} %.3f\n", d->pools[p].name,
+                    (double)m->pool_wait_ms[p] / 1000.0);
     text_printf(&t, "# HELP redlm_dispatcher_think_ratio configured share of auto requests sent to think\n"
             "# TYPE redlm_dispatcher_think_ratio gauge\nredlm_dispatcher_think_ratio %.6f\n",
         m->ratio);
     text_printf(&t, "# HELP redlm_dispatcher_think_ratio_effective the share in use (adaptive routing "
             "moves it)\n# TYPE redlm_dispatcher_think_ratio_effective gauge\n"
             "redlm_dispatcher_think_ratio_effective %.6f\n", m->ratio_effective);
-    text_printf(&t, "# TYPE redlm_dispatcher_cache_hits_total counter\n"
+    text_printf(&t, "# HELP redlm_dispatcher_cache_hits_total requests answered from the result "
+            "cache without a worker\n# TYPE redlm_dispatcher_cache_hits_total counter\n"
             "redlm_dispatcher_cache_hits_total %lld\n", (long long)m->cache_hits);
-    text_printf(&t, "# TYPE redlm_dispatcher_cache_misses_total counter\n"
+    text_printf(&t, "# HELP redlm_dispatcher_cache_misses_total cacheable requests the result "
+            "cache did not have\n# TYPE redlm_dispatcher_cache_misses_total counter\n"
             "redlm_dispatcher_cache_misses_total %lld\n", (long long)m->cache_misses);
     text_printf(&t, "# HELP redlm_dispatcher_invalid_total requests refused as invalid (error event + "
             "dead letter)\n# TYPE redlm_dispatcher_invalid_total counter\n"
@@ -59,11 +64,14 @@ char *disp_metrics_text(struct disp *d)
     text_printf(&t, "# HELP redlm_dispatcher_overloaded_total requests refused with OVERLOADED\n"
             "# TYPE redlm_dispatcher_overloaded_total counter\n"
             "redlm_dispatcher_overloaded_total %lld\n", (long long)m->overloaded);
-    text_printf(&t, "# TYPE redlm_dispatcher_reclaimed_total counter\n"
+    text_printf(&t, "# HELP redlm_dispatcher_reclaimed_total requests claimed from a dispatcher "
+            "that stopped answering\n# TYPE redlm_dispatcher_reclaimed_total counter\n"
             "redlm_dispatcher_reclaimed_total %lld\n", (long long)m->reclaimed);
-    text_printf(&t, "# TYPE redlm_dispatcher_requests_per_second gauge\n"
+    text_printf(&t, "# HELP redlm_dispatcher_requests_per_second requests routed per second, "
+            "smoothed\n# TYPE redlm_dispatcher_requests_per_second gauge\n"
             "redlm_dispatcher_requests_per_second %.2f\n", m->requests_per_s);
-    text_printf(&t, "# TYPE redlm_dispatcher_ready gauge\nredlm_dispatcher_ready %d\n", m->ready ? 1 : 0);
+    text_printf(&t, "# HELP redlm_dispatcher_ready 1 once connected and routing\n"
+            "# TYPE redlm_dispatcher_ready gauge\nredlm_dispatcher_ready %d\n", m->ready ? 1 : 0);
     pthread_mutex_unlock(&m->mu);
     if (t.oom) {
         free(t.p);

@@ -130,6 +130,9 @@ void oai_error_from_event(const char *code, const char *message, int64_t retry_a
         return;
     }
     switch (c) {
+    case EV_CODE_MODEL_NOT_FOUND: /* the dispatcher found no worker of the model */
+        oai_error_set(e, 404, T_INVALID, "model_not_found", "model", "%s", msg);
+        return;
     case EV_CODE_JOB_TOO_LARGE:
         oai_error_set(e, 413, T_INVALID, code, NULL, "%s", msg);
         return;
@@ -141,7 +144,7 @@ void oai_error_from_event(const char *code, const char *message, int64_t retry_a
     case EV_CODE_BAD_TYPE: case EV_CODE_OUT_OF_RANGE: case EV_CODE_BAD_VALUE:
     case EV_CODE_BAD_ID: case EV_CODE_MISSING_PROMPT: case EV_CODE_CONFLICTING_PROMPT:
     case EV_CODE_MISSING_FIELD: case EV_CODE_UNKNOWN_POOL: case EV_CODE_INVALID_TOKEN:
-    case EV_CODE_TEMPLATE_ERROR: {
+    case EV_CODE_TEMPLATE_ERROR: case EV_CODE_MODEL_REQUIRED: {
         /* job.c's sentences start with the field path ("temperature: 2.5
          * is out of range"); a path holds no blank, and "job: ..." names
          * the job as a whole */
@@ -191,6 +194,7 @@ static const struct {
     {"min_p", K_COPY},              /* extension, as vLLM */
     {"repetition_penalty", K_COPY}, /* extension, as vLLM */
     {"ignore_eos", K_COPY},         /* extension, as vLLM */
+    {"speculative", K_COPY},        /* extension: false = plain decoding (issue 18) */
     {"top_k", K_TOP_K},             /* extension, as vLLM (-1 = off) */
     {"n", K_N},
     {"logprobs", K_LOGPROBS},
@@ -401,6 +405,18 @@ int oai_parse_request(const char *body, size_t len, const struct oai_limits *lim
                               "The model `%.200s` does not exist; this server serves `%.200s`.",
                               v->valuestring, lim->model);
                 goto done;
+            }
+            if (!lim->model) {
+                /* the workers' models: the job carries the name, the
+                 * dispatcher routes by it (http.c checks it is served) */
+                if (strlen(v->valuestring) > JOB_MODEL_MAX) {
+                    oai_error_set(e, 404, T_INVALID, "model_not_found", "model",
+                                  "The model `%.200s` does not exist.", v->valuestring);
+                    goto done;
+                }
+                snprintf(out->model, sizeof out->model, "%s", v->valuestring);
+                if (!cJSON_AddStringToObject(job, "model", v->valuestring))
+                    goto oom;
             }
             break;
         case K_MESSAGES:

@@ -42,7 +42,9 @@ struct oai_limits {
     size_t max_body_bytes;      /* 413 above (max_body_kb) */
     int max_messages;           /* 400 above (max_messages) */
     int max_tokens;             /* the largest max_tokens / max_completion_tokens (http_max_tokens) */
-    const char *model;          /* the served model name (served_model_name); borrowed */
+    const char *model;          /* the one served model name (served_model_name); borrowed.
+                                   NULL: any name, copied into the job's `model` (the host
+                                   checks it against the models workers serve) */
     const struct job_opts *job; /* job_parse limits; NULL: job_opts_default() */
 };
 /* 4 MiB body, 1024 messages, 32768 tokens, model "redlm", job NULL. */
@@ -79,6 +81,7 @@ struct oai_request {
     bool include_usage;   /* stream_options.include_usage */
     bool logprobs;        /* choices[].logprobs wanted */
     int top_logprobs;     /* alternatives per token, 0..20 */
+    char model[JOB_MODEL_MAX + 1]; /* the request's model when lim->model is NULL; else "" */
     char *job;            /* the job JSON for redlm:requests, NUL-terminated, malloc'd */
     size_t job_len;
 };

@@ -12,7 +12,9 @@
  * for the token: usage counters, the <think> state, stop token ids, the
  * incremental detokenizer, stop strings, limits; then, if the request is
  * inside <think> and over its thinking budget, the think-stop text's tokens
- * are accepted the same way (sample_observe instead of a draw) and all of
+ * are accepted the same way (sample_observe, and the draw each would have
+ * taken is skipped, so that draw n is always output token n's and a
+ * resumed request knows where its stream stands) and all of
  * them go to the scheduler at once, to be computed as one chunk next step.
  * The decision to force depends only on the request's own history, so
  * forcing is as batch-invariant as sampling.
@@ -29,6 +31,21 @@
  * bytes are skipped on output, text before them goes to the channel before
  * the switch. One tag is held at a time: a second tag while one is still
  * held flushes the first.
+ *
+ * Speculation: after a request's rows are processed, if its next step is
+ * a plain decode (one known token to compute), the draft source proposes
+ * up to spec_adapt_want() tokens, capped so that they cannot pass
+ * max_tokens or the context limit, and they go to the scheduler
+ * (sched_seq_set_draft), which may shorten them to fit budget and blocks.
+ * The step then hands back 1 + n_draft rows for the request; row r is
+ * processed exactly like a plain row (process_row: one RNG draw, accept())
+ * and the next row is looked at only while the sampled token equals draft
+ * r, the request goes on, and nothing was forced. The accepted drafts'
+ * KV is kept (sched_seq_resolve_draft), the rest rolled back. Since
+ * process_row sees exactly the rows plain decoding would have computed
+ * (the backend computes each row independently of the chunk it is in) in
+ * the same order, the output is bit-identical; the bench and
+ * test_engine's speculation tests check that.
  *
  * Threading: everything runs on the owner thread; the backend parallelises
  * inside forward(). */
@@ -79,6 +96,12 @@ struct eng_req {
     int n_ev, cap_ev, n_top;
     struct text ev_reason, ev_content;
 
+    /* speculation */
+    bool spec;                   /* drafts for this request */
+    struct spec_adapt adapt;
+    int32_t draft[SPEC_MAX_TOKENS]; /* (n_draft) the proposal in flight */
+    int n_draft;
+
     enum engine_finish finish;
     int err_code;
     char err_msg[RL_ERR_MSG_MAX];
@@ -112,6 +135,7 @@ struct engine {
     int cap_events;
 
     int64_t n_steps, n_generated;
+    int64_t spec_drafted, spec_accepted;
 };
 
 double engine_now(void)
@@ -194,6 +218,18 @@ int engine_create(struct engine **out, const char *dir,
         opt.prefill_chunk = opt.token_budget;
     if (opt.kv_blocks < 0 || opt.max_context < 0)
         return rl_errf(err, RL_EINVAL, "engine: negative kv_blocks or max_context");
+    if (opt.spec_tokens == 0)
+        opt.spec_tokens = SPEC_DEFAULT_TOKENS;
+    if (opt.spec_tokens < 0 || opt.spec_tokens > SPEC_MAX_TOKENS)
+        return rl_errf(err, RL_EINVAL, "engine: spec_tokens %d is outside 1..%d",
+                       opt.spec_tokens, SPEC_MAX_TOKENS);
+    if (opt.speculative != SPEC_OFF && opt.speculative != SPEC_NGRAM)
+        return rl_errf(err, RL_EINVAL, "engine: unknown speculative mode %d",
+                       (int)opt.speculative);
+    if (opt.spec_max_rows < 0)
+        return rl_errf(err, RL_EINVAL, "engine: negative spec_max_rows");
+    if (!opt.spec_max_rows) /* where a step stops being memory-bound (BENCHMARKS.md) */
+        opt.spec_max_rows = !strcmp(opt.backend, "cuda") ? 64 : 8;
 
     struct engine *e = calloc(1, sizeof *e);
     if (!e)
@@ -236,7 +272,8 @@ int engine_create(struct engine **out, const char *dir,
         goto fail;
     if ((rc = kv_cache_create(&e->kv, e->n_blocks, e->block_size, err)))
         goto fail;
-    struct sched_options so = {opt.max_batch, opt.token_budget, opt.prefill_chunk};
+    struct sched_options so = {opt.max_batch, opt.token_budget, opt.prefill_chunk,
+                               opt.spec_max_rows};
     if ((rc = sched_create(&e->sched, e->kv, &so, err)))
         goto fail;
     long ctx = e->cfg->max_pos > 0 ? e->cfg->max_pos : (1 << 30);
@@ -270,7 +307,15 @@ int engine_create(struct engine **out, const char *dir,
         e->n_force = (int)ids.n;
     }
 
-    e->logits = malloc((size_t)opt.max_batch * (size_t)e->cfg->vocab * sizeof(float));
+    /* rows of logits one step can ask for: one per sequence, plus the
+     * draft rows when speculating (all within the token budget) */
+    long rows = opt.max_batch;
+    if (opt.speculative != SPEC_OFF) {
+        rows = (long)opt.max_batch * (1 + opt.spec_tokens);
+        if (rows > opt.token_budget)
+            rows = opt.token_budget;
+    }
+    e->logits = malloc((size_t)rows * (size_t)e->cfg->vocab * sizeof(float));
     e->bseqs = calloc((size_t)opt.max_batch, sizeof *e->bseqs);
     e->btokens = malloc((size_t)opt.token_budget * sizeof *e->btokens);
     if (!e->logits || !e->bseqs || !e->btokens) {
@@ -352,6 +397,10 @@ static int req_build(struct engine *e, const struct engine_request *r, uint64_t 
         return rl_errf(err, RL_EINVAL,
                        "CONTEXT_TOO_LONG prompt has %d tokens; the context limit is %d",
                        n_prompt, limit);
+    if (r->n_resumed < 0 || r->n_resumed >= n_prompt || (r->n_resumed && !r->prompt_ids))
+        return rl_errf(err, RL_EINVAL,
+                       "BAD_PARAM n_resumed %d: must be in [0, %d) and needs prompt_ids",
+                       r->n_resumed, n_prompt);
     if (r->n_logprobs > SAMPLE_MAX_LOGPROBS)
         return rl_errf(err, RL_EINVAL, "BAD_PARAM logprobs %d is above %d", r->n_logprobs,
                        SAMPLE_MAX_LOGPROBS);
@@ -429,8 +478,17 @@ static int req_build(struct engine *e, const struct engine_request *r, uint64_t 
             break;
         }
     }
-    if ((rc = sample_state_create(&q->ss, sp.seed, prompt, n_prompt, err)))
+    q->spec = e->opt.speculative != SPEC_OFF && !r->no_speculative;
+    spec_adapt_init(&q->adapt, q->spec ? e->opt.spec_tokens : 0);
+    /* a resumed request: the earlier output counts as output for the
+     * penalties, and its draws are spent, so draw n stays output token n */
+    int n_real = n_prompt - r->n_resumed;
+    if ((rc = sample_state_create(&q->ss, sp.seed, prompt, n_real, err)))
         goto fail;
+    for (int i = n_real; i < n_prompt; i++)
+        if ((rc = sample_observe(q->ss, prompt[i], err)))
+            goto fail;
+    sample_skip(q->ss, r->n_resumed);
     if (e->tok && (rc = tok_stream_create(&q->ts, e->tok, TOK_DECODE_SKIP_SPECIAL, err)))
         goto fail;
     *out = q;
@@ -727,14 +785,19 @@ static int accept(struct engine *e, struct eng_req *q, int32_t tok,
     return 0;
 }
 
-/* One sampled row for request q. */
-static void process_row(struct engine *e, struct eng_req *q, float *row)
+/* One sampled row for request q. Returns true when the request goes on
+ * with nothing but the sampled token (*tok) new: not finished, failed or
+ * given forced text - the case in which a draft's next row still counts. */
+static bool process_row(struct engine *e, struct eng_req *q, float *row, int32_t *tok)
 {
     struct rl_err err = {0};
     struct sample_out so;
     int rc = sample_next(q->ss, &q->sp, row, e->cfg->vocab, &so, &err);
-    if (!rc)
+    bool forced = q->forced;
+    if (!rc) {
+        *tok = so.token;
         rc = accept(e, q, so.token, &so, &err);
+    }
     /* the thinking budget: Qwen3's recipe appends the early-stop phrase
      * itself; the tokens go to the scheduler as one chunk */
     if (rc == 0 && q->in_think && q->max_think >= 0 && !q->forced &&
@@ -743,11 +806,80 @@ static void process_row(struct engine *e, struct eng_req *q, float *row)
         for (int i = 0; i < e->n_force && rc == 0; i++) {
             if ((rc = sample_observe(q->ss, e->force_ids[i], &err)))
                 break;
+            sample_skip(q->ss, 1); /* its draw: draw n stays output token n */
             rc = accept(e, q, e->force_ids[i], NULL, &err);
         }
     }
     if (rc < 0)
         fail_req(e, q, &err);
+    return rc == 0 && q->forced == forced;
+}
+
+/* The rows of request q this step: 1 + n_draft, row r predicting the token
+ * after draft r - 1. Processes them in order while the drafts hold (the
+ * essay at the top), keeps the accepted drafts' KV and proposes the next
+ * draft. */
+static void process_rows(struct engine *e, struct eng_req *q, float *rows, int n_draft)
+{
+    size_t v = (size_t)e->cfg->vocab;
+    int n_acc = 0;
+    bool goes_on = true;
+    for (int r = 0; r <= n_draft && goes_on; r++) {
+        int32_t tok = -1;
+        goes_on = process_row(e, q, rows + (size_t)r * v, &tok);
+        if (r == n_draft || tok != q->draft[r])
+            break;
+        if (goes_on)
+            n_acc++;
+    }
+    q->n_draft = 0;
+    if (n_draft > 0) {
+        q->usage.spec_drafted += n_draft;
+        q->usage.spec_accepted += n_acc;
+        e->spec_drafted += n_draft;
+        e->spec_accepted += n_acc;
+    }
+    if (!q->seq) /* finished (or failed) on one of the rows */
+        return;
+    struct rl_err err = {0};
+    if (n_draft > 0) {
+        spec_adapt_update(&q->adapt, n_draft, n_acc);
+        if (sched_seq_resolve_draft(q->seq, n_acc, &err)) {
+            fail_req(e, q, &err);
+            return;
+        }
+    }
+    /* the next draft, when the next step is a plain decode */
+    int n = sched_seq_n_tokens(q->seq);
+    if (!q->spec || !goes_on || n - sched_seq_n_computed(q->seq) != 1)
+        return;
+    int want = spec_adapt_want(&q->adapt);
+    /* verifying d drafts yields up to d + 1 tokens: never past the limits */
+    if (q->max_tokens > 0 && want > q->max_tokens - q->usage.completion_tokens - 1)
+        want = q->max_tokens - q->usage.completion_tokens - 1;
+    if (want > q->context_limit - n - 1)
+        want = q->context_limit - n - 1;
+    if (want <= 0)
+        return;
+    const int32_t *toks = sched_seq_tokens(q->seq);
+    int got = e->opt.spec_draft
+                  ? e->opt.spec_draft(e->opt.spec_draft_user, q->user, toks, n, q->n_prompt,
+                                      q->draft, want)
+                  : spec_ngram_propose(toks, n, 1, 4, q->draft, want);
+    if (got > want)
+        got = want;
+    for (int i = 0; i < got; i++)
+        if (q->draft[i] < 0 || q->draft[i] >= e->cfg->vocab) {
+            got = i; /* a source's bad id ends its draft */
+            break;
+        }
+    if (got <= 0)
+        return;
+    if (sched_seq_set_draft(q->seq, q->draft, got, &err)) {
+        fail_req(e, q, &err);
+        return;
+    }
+    q->n_draft = got;
 }
 
 static void reset_event(struct eng_req *q)
@@ -846,7 +978,8 @@ int engine_step(struct engine *e, const struct engine_event **events, int *n_eve
                 .n_past = it->n_past,
                 .n_new = it->n_new,
                 .block_table = it->block_table,
-                .logits_from = it->want_logits ? it->n_new - 1 : it->n_new,
+                .logits_from = !it->want_logits ? it->n_new
+                               : it->n_new - 1 - it->n_draft,
             };
             memcpy(e->btokens + nt, it->tokens, (size_t)it->n_new * sizeof *e->btokens);
             nt += it->n_new;
@@ -872,14 +1005,25 @@ int engine_step(struct engine *e, const struct engine_event **events, int *n_eve
             /* commit before sampling: finishing a request removes its
              * sequence, which the scheduler allows only after the commit */
             struct eng_req *rows[plan.n_items];
+            int n_drafts[plan.n_items];
             int n_rows = 0;
             for (int i = 0; i < plan.n_items; i++)
-                if (plan.items[i].want_logits)
+                if (plan.items[i].want_logits) {
+                    n_drafts[n_rows] = plan.items[i].n_draft;
                     rows[n_rows++] = plan.items[i].user;
+                }
+            /* drafts the scheduler did not take are dropped */
+            for (int i = 0; i < e->n_reqs; i++)
+                e->reqs[i]->n_draft = 0;
+            for (int r = 0; r < n_rows; r++)
+                rows[r]->n_draft = n_drafts[r];
             if ((rc = sched_commit(e->sched, err)))
                 return rc;
-            for (int r = 0; r < n_rows; r++)
-                process_row(e, rows[r], e->logits + (size_t)r * (size_t)e->cfg->vocab);
+            size_t at = 0;
+            for (int r = 0; r < n_rows; r++) {
+                process_rows(e, rows[r], e->logits + at * (size_t)e->cfg->vocab, n_drafts[r]);
+                at += 1 + (size_t)n_drafts[r];
+            }
         }
         e->n_steps++;
     }
@@ -937,6 +1081,8 @@ void engine_get_stats(const struct engine *e, struct engine_stats *st)
     st->n_preemptions = ss.n_preemptions;
     st->n_steps = e->n_steps;
     st->n_generated = e->n_generated;
+    st->spec_drafted = e->spec_drafted;
+    st->spec_accepted = e->spec_accepted;
     st->block_size = e->block_size;
     st->max_context = e->max_context;
     st->max_batch = e->opt.max_batch;

@@ -20,7 +20,8 @@
  * bit-identical alone or in any batch, with or without prefix-cache hits,
  * preemption or any prefill chunk size: the backend computes each row
  * independently of its neighbours, each request owns its RNG stream (one
- * draw per sampled token) and sampling state, and a preempted request
+ * draw per output token: a sampled one draws, a forced one skips a draw)
+ * and sampling state, and a preempted request
  * recomputes prompt + generated tokens before it samples again.
  *
  * Text: when the model directory has a tokenizer.json, generated ids are
@@ -30,6 +31,14 @@
  * that could still be the start of a stop string is held back, and the
  * stop string itself is never emitted. Without a tokenizer the engine works
  * on ids alone (no text, no stop strings, no chat messages).
+ *
+ * Speculative decoding (spec.h; options.speculative): a request's decode
+ * step may carry draft tokens (prompt lookup, or options.spec_draft) as
+ * extra rows. Each row is sampled exactly as plain decoding samples that
+ * position - same row bits, same RNG draw - and the draft is kept while it
+ * equals the sampled token; the first difference is itself the next
+ * token. So tokens, logprobs, stops, penalties and budgets are those of
+ * plain decoding; only the number of steps changes.
  *
  * Threading: one owner thread calls every function on an engine. */
 #ifndef RL_ENGINE_H
@@ -45,6 +54,7 @@
 #include "err.h"
 #include "model.h"
 #include "sample.h"
+#include "spec.h"
 
 struct engine; /* model, backend, KV pool, scheduler, requests */
 
@@ -79,6 +89,17 @@ struct engine_options {
                                  (be_options.kv_prefault); 0 = lazily */
     be_progress_fn progress;  /* weight loading progress (backend.h); NULL none */
     void *progress_user;
+    enum spec_mode speculative; /* SPEC_OFF (default) or SPEC_NGRAM */
+    int spec_tokens;          /* draft tokens per step at most, 1..
+                                 SPEC_MAX_TOKENS; 0 = SPEC_DEFAULT_TOKENS */
+    int spec_max_rows;        /* drafts only while a step has fewer tokens:
+                                 past it a step is compute-bound and a
+                                 draft row costs more than it wins; 0 =
+                                 the backend's (cpu 8, cuda 64) */
+    spec_draft_fn spec_draft; /* replaces the n-gram lookup when set and
+                                 speculative is on (benchmark oracles,
+                                 tests); NULL = spec_ngram_propose */
+    void *spec_draft_user;
 };
 
 void engine_options_default(struct engine_options *o);
@@ -128,6 +149,22 @@ struct engine_request {
                                    inside <think>, the engine forces the
                                    think-stop text and the answer follows */
 
+    bool no_speculative;        /* true: plain decoding for this request
+                                   even when the engine speculates */
+
+    int n_resumed;              /* resumption: the last n_resumed tokens of
+                                   the prompt (< n_prompt; 0 = none) are
+                                   output an earlier run of this request
+                                   already produced. The penalties count
+                                   them as output, not prompt, and the RNG
+                                   stream starts at draw n_resumed (one
+                                   draw per output token), so the request
+                                   continues as if never interrupted.
+                                   usage still counts them in
+                                   prompt_tokens; max_tokens and the
+                                   thinking budget are the caller's to
+                                   shrink. Needs prompt_ids */
+
     int priority;               /* higher runs first; FIFO within one */
     double deadline;            /* absolute, on engine_now()'s clock; <= 0
                                    none. Past it: finish "deadline" */
@@ -153,6 +190,8 @@ struct engine_usage {
     int completion_tokens;     /* generated plus forced tokens */
     int reasoning_tokens;      /* of those, inside <think>...</think> */
     int cached_prompt_tokens;  /* prompt tokens the prefix cache supplied */
+    int spec_drafted;          /* draft tokens verified (speculation) */
+    int spec_accepted;         /* of those, kept as output */
 };
 
 /* What happened to one request in one step. Everything it points to is
@@ -192,6 +231,8 @@ struct engine_stats {
     int64_t n_preemptions;
     int64_t n_steps;
     int64_t n_generated;        /* tokens generated (and forced) */
+    int64_t spec_drafted;       /* draft tokens verified, all requests */
+    int64_t spec_accepted;      /* of those, kept */
     int block_size, max_context, max_batch, token_budget;
 };
 

@@ -642,6 +642,23 @@ int kv_seq_commit(struct kv_seq *seq, int n_computed, struct rl_err *err)
     return 0;
 }
 
+int kv_seq_truncate(struct kv_seq *seq, int n_tokens, struct rl_err *err)
+{
+    if (n_tokens < seq->n_computed || n_tokens > seq->n_tokens)
+        return rl_errf(err, RL_EINVAL, "kv_seq_truncate: %d tokens outside %d..%d",
+                       n_tokens, seq->n_computed, seq->n_tokens);
+    int bs = seq->kv->block_size;
+    int keep = (n_tokens + bs - 1) / bs;
+    /* blocks past `keep` hold only uncomputed tokens: never committed, so
+     * private to this sequence, and they go straight back to the free list */
+    for (int i = seq->n_blocks - 1; i >= keep; i--)
+        block_release(seq->kv, seq->table[i]);
+    if (seq->n_blocks > keep)
+        seq->n_blocks = keep;
+    seq->n_tokens = n_tokens;
+    return 0;
+}
+
 const int32_t *kv_seq_block_table(const struct kv_seq *seq) { return seq->table; }
 int kv_seq_n_blocks(const struct kv_seq *seq) { return seq->n_blocks; }
 const int32_t *kv_seq_tokens(const struct kv_seq *seq) { return seq->tokens; }

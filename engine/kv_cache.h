@@ -172,6 +172,12 @@ int kv_seq_append(struct kv_seq *seq, const int32_t *tokens, int n_tokens,
  * table may change - read it again before the next forward. */
 int kv_seq_commit(struct kv_seq *seq, int n_computed, struct rl_err *err);
 
+/* Drops the appended tokens past n_tokens (kv_seq_n_computed() <= n_tokens
+ * <= kv_seq_n_tokens()) and releases the blocks that then hold none: the
+ * rollback of rejected speculative tokens, whose KV was written but never
+ * committed, is a length change. Returns 0 or -RL_EINVAL. */
+int kv_seq_truncate(struct kv_seq *seq, int n_tokens, struct rl_err *err);
+
 /* The block table: kv_seq_n_blocks() ids, owned by the sequence, valid until
  * the next append, commit or free. Pass it as be_seq.block_table. */
 const int32_t *kv_seq_block_table(const struct kv_seq *seq);

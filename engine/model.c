@@ -18,6 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "dtype.h"
 #include "safetensors.h"
@@ -464,9 +467,41 @@ static int bind_all(struct model *m, struct rl_err *err)
     return 0;
 }
 
+/* Says what is wrong with a model path before config.json is opened, so
+ * that a .gguf file or a repository folder gets a sentence about what redlm
+ * loads instead of "config.json: Not a directory". A missing path keeps
+ * the system's own message. */
+static int check_model_dir(const char *dir, struct rl_err *err)
+{
+    static const char expected[] =
+        "expected a Hugging Face Qwen3 checkpoint directory holding config.json, "
+        "*.safetensors and (for chat jobs) tokenizer.json";
+    struct stat sb;
+    if (stat(dir, &sb))
+        return rl_errf(err, RL_EIO, "%s: %s", dir, strerror(errno));
+    size_t n = strlen(dir);
+    if (!S_ISDIR(sb.st_mode)) {
+        if (n > 5 && !strcasecmp(dir + n - 5, ".gguf"))
+            return rl_errf(err, RL_EFORMAT,
+                           "%s is a GGUF file, which redlm does not read; %s (the safetensors "
+                           "repository the GGUF was made from, e.g. Qwen/Qwen3-0.6B)", dir, expected);
+        return rl_errf(err, RL_EFORMAT, "%s is a file, not a directory; %s", dir, expected);
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (access(path, F_OK) == 0)
+        return 0;
+    /* a folder one level up from the checkpoint (a repo with models in
+     * subfolders, or a Hugging Face cache root) is the common mistake */
+    return rl_errf(err, RL_EIO, "%s has no config.json: %s", dir, expected);
+}
+
 int model_load(struct model **out, const char *dir, struct rl_err *err)
 {
     *out = NULL;
+    int rc;
+    if ((rc = check_model_dir(dir, err)))
+        return rc;
     struct model *m = calloc(1, sizeof *m);
     if (!m || !(m->dir = strdup(dir))) {
         free(m);
@@ -474,7 +509,6 @@ int model_load(struct model **out, const char *dir, struct rl_err *err)
     }
     char path[4096];
     char *json = NULL;
-    int rc;
     snprintf(path, sizeof path, "%s/config.json", dir);
     if ((rc = read_file(path, &json, err)) || (rc = model_parse_config(&m->cfg, json, path, err)))
         goto fail;

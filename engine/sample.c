@@ -87,6 +87,12 @@ double sample_rng_uniform(struct sample_state *st)
     return (double)(xoshiro_next(st->rng) >> 11) * 0x1.0p-53;
 }
 
+void sample_skip(struct sample_state *st, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        (void)xoshiro_next(st->rng);
+}
+
 /* ---- token map ---- */
 
 static uint32_t slot_of(const struct sample_state *st, int32_t tok)

@@ -23,7 +23,10 @@
  * the n-th number of that state's stream (one draw per call, greedy
  * included), and nothing outside the state and its inputs affects the
  * choice, so a seeded request gives the same tokens whatever else shares
- * its batch. Threading: a state is used by one thread at a time. */
+ * its batch. sample_skip() consumes numbers without a choice, so a caller
+ * that keeps "draw n belongs to output token n" (tokens it inserts
+ * itself, a request resumed after n published tokens) can keep it.
+ * Threading: a state is used by one thread at a time. */
 #ifndef RL_SAMPLE_H
 #define RL_SAMPLE_H
 
@@ -91,6 +94,12 @@ void sample_state_free(struct sample_state *st);
  * -RL_EINVAL or -RL_ENOMEM. */
 int sample_observe(struct sample_state *st, int32_t token,
                    struct rl_err *err);
+
+/* Consumes the next n numbers of the stream (n <= 0: none), exactly as n
+ * calls of sample_next() would, without choosing anything: what a resumed
+ * request does for the tokens an earlier run already drew, and what the
+ * engine does for a token it inserts. */
+void sample_skip(struct sample_state *st, int64_t n);
 
 /* How many times token occurs in the output so far. */
 int sample_output_count(const struct sample_state *st, int32_t token);

@@ -15,7 +15,12 @@
  *      whole known token list needs (after prefix hits) fit next to what
  *      running prefills still need, and take what budget is left; a head
  *      that does not fit (blocks or max_seqs) preempts running sequences
- *      of strictly lower priority, tail first, until it does.
+ *      of strictly lower priority, tail first, until it does;
+ *   4. speculative drafts (sched_seq_set_draft) extend planned decodes
+ *      with what budget is left, while the step stays under draft_rows
+ *      tokens, and only with blocks that are free after
+ *      what running prefills still need: a draft never preempts anyone and
+ *      never delays a prompt, it only fills a step that has room.
  * Planning an item appends its tokens to the kv_seq, which reserves the
  * slots; when a block cannot be had, the tail of `running` (lowest
  * priority, newest) is preempted - unplanned if it was already in the plan
@@ -25,8 +30,16 @@
  * kv_seq_n_computed (every appended token was committed), so "pending" is
  * n_tokens - kv_seq_n_tokens. During a plan (schedule..commit) the planned
  * tokens are appended but not yet computed; sched_abort() undoes a failed
- * step by preempting the planned sequences, since kv_cache offers no
- * truncation and a recompute is exact anyway.
+ * step by preempting the planned sequences (a recompute is exact anyway).
+ *
+ * Drafts: a decode item carrying n_draft speculative tokens appends them
+ * to the kv_seq with its real token. sched_commit() commits only the real
+ * token and leaves the drafts appended but uncommitted (so no block that
+ * holds a draft is ever registered in the prefix cache); the engine then
+ * pushes the tokens it accepted and calls sched_seq_resolve_draft(), which
+ * truncates the kv_seq to the accepted drafts (kv_seq_truncate: a length
+ * change, private tail blocks freed) and commits those. A sequence left
+ * unresolved is resolved with nothing accepted at the next schedule.
  *
  * Called by engine.c on its owner thread only. */
 #include "sched.h"
@@ -47,6 +60,10 @@ struct sched_seq {
     int n_cached_prompt;
     int n_preempt;
     int item;          /* index into s->items while planned, else -1 */
+    int n_draft;       /* speculative tokens stored at tokens[n_tokens..] for
+                          the next decode; 0 none */
+    int n_unverified;  /* drafts appended to kv and computed, awaiting
+                          sched_seq_resolve_draft */
 };
 
 struct sched {
@@ -124,6 +141,8 @@ int sched_create(struct sched **out, struct kv_cache *kv,
         o.token_budget = 512;
     if (o.prefill_chunk <= 0 || o.prefill_chunk > o.token_budget)
         o.prefill_chunk = o.token_budget;
+    if (o.draft_rows <= 0 || o.draft_rows > o.token_budget)
+        o.draft_rows = o.token_budget;
     struct sched *s = calloc(1, sizeof *s);
     if (!s)
         return rl_errf(err, RL_ENOMEM, "sched_create: out of memory");
@@ -235,7 +254,47 @@ int sched_push_tokens(struct sched_seq *q, const int32_t *tokens, int n,
         return rc;
     memcpy(q->tokens + q->n_tokens, tokens, (size_t)n * sizeof *tokens);
     q->n_tokens += n;
+    q->n_draft = 0; /* a draft follows the known tokens it was made for */
     return 0;
+}
+
+int sched_seq_set_draft(struct sched_seq *q, const int32_t *draft, int n,
+                        struct rl_err *err)
+{
+    if (n < 0 || (n > 0 && !draft))
+        return rl_errf(err, RL_EINVAL, "sched_seq_set_draft: bad count %d", n);
+    for (int i = 0; i < n; i++)
+        if (draft[i] < 0)
+            return rl_errf(err, RL_EINVAL, "sched_seq_set_draft: negative token %d",
+                           draft[i]);
+    int rc = seq_reserve(q, n, err);
+    if (rc)
+        return rc;
+    memcpy(q->tokens + q->n_tokens, draft, (size_t)n * sizeof *draft);
+    q->n_draft = n;
+    return 0;
+}
+
+int sched_seq_resolve_draft(struct sched_seq *q, int n_accepted, struct rl_err *err)
+{
+    if (q->n_unverified == 0 && n_accepted == 0)
+        return 0;
+    if (!q->kv || n_accepted < 0 || n_accepted > q->n_unverified)
+        return rl_errf(err, RL_EINVAL, "sched_seq_resolve_draft: %d accepted of %d",
+                       n_accepted, q->n_unverified);
+    int c = kv_seq_n_computed(q->kv);
+    const int32_t *kt = kv_seq_tokens(q->kv);
+    /* an accepted draft is one the engine pushed as known: its KV, computed
+     * for that very token after the same prefix, is then real */
+    if (c + n_accepted > q->n_tokens ||
+        memcmp(kt + c, q->tokens + c, (size_t)n_accepted * sizeof *kt))
+        return rl_errf(err, RL_EINTERNAL,
+                       "sched_seq_resolve_draft: accepted tokens differ from the draft");
+    q->n_unverified = 0;
+    int rc = kv_seq_truncate(q->kv, c + n_accepted, err);
+    if (!rc)
+        rc = kv_seq_commit(q->kv, c + n_accepted, err);
+    return rc;
 }
 
 /* Running -> waiting: all blocks go back (full committed ones stay cached). */
@@ -248,6 +307,7 @@ static void preempt(struct sched *s, struct sched_seq *q)
     array_remove(s->running, &s->n_running, q);
     kv_seq_free(q->kv);
     q->kv = NULL;
+    q->n_draft = q->n_unverified = 0;
     q->state = SCHED_WAITING;
     q->n_preempt++;
     s->n_preemptions++;
@@ -366,8 +426,12 @@ int sched_schedule(struct sched *s, double now, struct sched_plan *plan,
     s->n_items = 0;
     s->n_expired = 0;
     int64_t pre0 = s->n_preemptions, adm0 = s->n_admissions;
-    int rc = expire(s, now, err);
-    if (rc)
+    int rc;
+    for (int i = 0; i < s->n_running; i++) /* drafts the engine left open */
+        if (s->running[i]->n_unverified &&
+            (rc = sched_seq_resolve_draft(s->running[i], 0, err)))
+            return rc;
+    if ((rc = expire(s, now, err)))
         return rc;
     s->planned = true;
 
@@ -435,6 +499,42 @@ int sched_schedule(struct sched *s, double now, struct sched_plan *plan,
         reserved += kv_blocks_needed(s->kv, q->kv, pending(q));
     }
 
+    /* drafts: planned decodes grow by their speculative tokens with what
+     * budget is left, up to draft_rows tokens in the step, shared out one
+     * token at a time in plan order (so a short room is split, not taken
+     * by the first), and only with blocks nobody else is owed */
+    int rows = s->opt.token_budget - budget;
+    int room = s->opt.draft_rows - rows < budget ? s->opt.draft_rows - rows : budget;
+    for (bool more = true; room > 0 && more;) {
+        more = false;
+        for (int i = 0; i < s->n_items && room > 0; i++) {
+            struct sched_item *it = &s->items[i];
+            struct sched_seq *q = it->seq;
+            if (!q || it->n_draft >= q->n_draft || it->n_new != 1 || pending(q) != 0)
+                continue;
+            it->n_draft++; /* a share for now; appended below */
+            room--;
+            more = true;
+        }
+    }
+    for (int i = 0; i < s->n_items; i++) {
+        struct sched_item *it = &s->items[i];
+        struct sched_seq *q = it->seq;
+        int d = it->n_draft;
+        it->n_draft = 0;
+        if (!q || d <= 0)
+            continue;
+        while (d > 0 && kv_blocks_needed(s->kv, q->kv, d) > kv_free_blocks(s->kv) - reserved)
+            d--;
+        if (d <= 0)
+            continue;
+        if ((rc = kv_seq_append(q->kv, q->tokens + q->n_tokens, d, err)))
+            return rc;
+        it->n_new += d;
+        it->n_draft = d;
+        budget -= d;
+    }
+
     /* compact (preemption may have unplanned items) and fill the views;
      * block tables are read last, after every append of this step */
     int k = 0;
@@ -447,9 +547,9 @@ int sched_schedule(struct sched *s, double now, struct sched_plan *plan,
         it->user = q->user;
         it->n_past = kv_seq_n_computed(q->kv);
         it->tokens = q->tokens + it->n_past;
-        it->want_logits = it->n_past + it->n_new == q->n_tokens;
+        it->want_logits = it->n_past + it->n_new == q->n_tokens + it->n_draft;
         plan->n_tokens += it->n_new;
-        plan->n_logits += it->want_logits;
+        plan->n_logits += it->want_logits ? 1 + it->n_draft : 0;
         s->items[k++] = *it;
     }
     s->n_items = k;
@@ -470,7 +570,10 @@ int sched_commit(struct sched *s, struct rl_err *err)
     for (int i = 0; i < s->n_items; i++) {
         struct sched_seq *q = s->items[i].seq;
         q->item = -1;
-        int r = kv_seq_commit(q->kv, kv_seq_n_tokens(q->kv), err);
+        /* drafts stay appended, uncommitted, until resolved */
+        q->n_unverified = s->items[i].n_draft;
+        q->n_draft = 0;
+        int r = kv_seq_commit(q->kv, kv_seq_n_tokens(q->kv) - q->n_unverified, err);
         if (r && !rc)
             rc = r;
     }

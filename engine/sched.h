@@ -55,6 +55,10 @@ struct sched_options {
                           The backend must be loaded for this many. */
     int prefill_chunk; /* tokens of one sequence in one step; <= 0 means
                           token_budget */
+    int draft_rows;    /* drafts go in only while the step has fewer tokens
+                          than this (beyond it a step is compute-bound and
+                          a draft row costs more than it can win); <= 0:
+                          token_budget */
 };
 
 struct sched;      /* the queues and the plan buffers */
@@ -77,7 +81,12 @@ struct sched_item {
     const int32_t *block_table; /* owned by the kv_seq, valid until
                                    sched_commit */
     bool want_logits;           /* the chunk reaches the last known token:
-                                   sample from its last row */
+                                   sample from its last row (from its last
+                                   1 + n_draft rows with a draft) */
+    int32_t n_draft;            /* speculative tokens at the end of tokens
+                                   (sched_seq_set_draft), 0 none; the rows
+                                   of the last known token and of each
+                                   draft all want logits */
 };
 
 /* The outcome of sched_schedule(), owned by the sched and valid until the
@@ -86,7 +95,8 @@ struct sched_plan {
     int n_items;
     const struct sched_item *items; /* (n_items) in priority order */
     int n_tokens;                   /* sum of n_new */
-    int n_logits;                   /* items with want_logits */
+    int n_logits;                   /* rows wanting logits: 1 + n_draft
+                                       per item with want_logits */
     int n_expired;
     struct sched_seq *const *expired; /* (n_expired) newly SCHED_EXPIRED */
     int n_preempted;                  /* preemptions during this call */
@@ -120,6 +130,21 @@ int sched_add(struct sched *s, const int32_t *prompt, int n_prompt,
  * -RL_EINVAL or -RL_ENOMEM. */
 int sched_push_tokens(struct sched_seq *q, const int32_t *tokens, int n,
                       struct rl_err *err);
+
+/* Speculation. Proposes n draft tokens to follow the known ones; the next
+ * schedule appends as many as its budget and free blocks allow (never
+ * preempting for them) to the sequence's decode and reports them as
+ * sched_item.n_draft. Any sched_push_tokens drops the draft; preemption
+ * too. Returns 0, -RL_EINVAL or -RL_ENOMEM. */
+int sched_seq_set_draft(struct sched_seq *q, const int32_t *draft, int n,
+                        struct rl_err *err);
+
+/* After sched_commit of a step whose item had n_draft > 0, and after
+ * pushing the tokens the engine accepted: keeps the first n_accepted
+ * drafts' KV as computed (they must equal the tokens pushed) and rolls
+ * the rest back. Unresolved drafts are rolled back at the next schedule.
+ * Returns 0, -RL_EINVAL or -RL_EINTERNAL (accepted tokens differ). */
+int sched_seq_resolve_draft(struct sched_seq *q, int n_accepted, struct rl_err *err);
 
 /* Drops a sequence at once, whatever its state: its blocks go back to the
  * pool (committed full blocks stay cached) before this returns. q is

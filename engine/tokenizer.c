@@ -464,32 +464,53 @@ static int json_id(const cJSON *v, int32_t *out)
     return 0;
 }
 
+/* A normalizer or pre_tokenizer section: its "type" (NULL when the section
+ * is absent or null) and, for a Sequence, its array of sections. */
+struct section {
+    const char *type;
+    const cJSON *list;
+};
+
+/* Reads section o (what: "normalizer" or "pre_tokenizer"; a Sequence's
+ * array is o[list_key]) into *sec. Returns 0 or a negative code. */
+static int section_get(const cJSON *o, const char *what, const char *list_key,
+                       struct section *sec, const char *name, struct rl_err *err)
+{
+    *sec = (struct section){0};
+    if (!o || cJSON_IsNull(o))
+        return 0;
+    if (!(sec->type = json_type_str(o, "type")))
+        return rl_errf(err, RL_EFORMAT, "%s: %s.type missing", name, what);
+    if (strcmp(sec->type, "Sequence"))
+        return 0;
+    sec->list = cJSON_GetObjectItemCaseSensitive(o, list_key);
+    if (!cJSON_IsArray(sec->list))
+        return rl_errf(err, RL_EFORMAT, "%s: %s.%s is not an array", name, what, list_key);
+    return 0;
+}
+
 static int load_normalizer(struct tokenizer *t, const cJSON *n, const char *name,
                            struct rl_err *err)
 {
-    if (!n || cJSON_IsNull(n))
-        return 0;
-    const char *type = json_type_str(n, "type");
-    if (!type)
-        return rl_errf(err, RL_EFORMAT, "%s: normalizer.type missing", name);
-    if (!strcmp(type, "Sequence")) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
-        if (!cJSON_IsArray(list))
-            return rl_errf(err, RL_EFORMAT, "%s: normalizer.normalizers is not an array", name);
-        if (cJSON_GetArraySize(list) > 1)
+    struct section sec;
+    int rc = section_get(n, "normalizer", "normalizers", &sec, name, err);
+    if (rc || !sec.type)
+        return rc;
+    if (sec.list) {
+        if (cJSON_GetArraySize(sec.list) > 1)
             return rl_errf(err, RL_EUNSUPPORTED, "%s: normalizer Sequence of more than one", name);
-        return load_normalizer(t, list->child, name, err);
+        return load_normalizer(t, sec.list->child, name, err);
     }
-    if (!strcmp(type, "NFC"))
+    if (!strcmp(sec.type, "NFC"))
         t->norm = UTF8PROC_STABLE | UTF8PROC_COMPOSE;
-    else if (!strcmp(type, "NFD"))
+    else if (!strcmp(sec.type, "NFD"))
         t->norm = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE;
-    else if (!strcmp(type, "NFKC"))
+    else if (!strcmp(sec.type, "NFKC"))
         t->norm = UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
-    else if (!strcmp(type, "NFKD"))
+    else if (!strcmp(sec.type, "NFKD"))
         t->norm = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
     else
-        return rl_errf(err, RL_EUNSUPPORTED, "%s: normalizer type \"%s\"", name, type);
+        return rl_errf(err, RL_EUNSUPPORTED, "%s: normalizer type \"%s\"", name, sec.type);
     return 0;
 }
 
@@ -522,27 +543,20 @@ static int add_stage(struct tokenizer *t, const char *pat, bool literal,
 
 static int load_pretok(struct tokenizer *t, const cJSON *p, const char *name, struct rl_err *err)
 {
-    if (!p || cJSON_IsNull(p))
-        return 0;
-    const char *type = json_type_str(p, "type");
-    if (!type)
-        return rl_errf(err, RL_EFORMAT, "%s: pre_tokenizer.type missing", name);
-    if (!strcmp(type, "Sequence")) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
-        if (!cJSON_IsArray(list))
-            return rl_errf(err, RL_EFORMAT, "%s: pre_tokenizer.pretokenizers is not an array",
-                           name);
+    struct section sec;
+    int rc = section_get(p, "pre_tokenizer", "pretokenizers", &sec, name, err);
+    if (rc || !sec.type)
+        return rc;
+    if (sec.list) {
         const cJSON *c;
-        cJSON_ArrayForEach(c, list) {
-            int rc = load_pretok(t, c, name, err);
-            if (rc)
+        cJSON_ArrayForEach(c, sec.list)
+            if ((rc = load_pretok(t, c, name, err)))
                 return rc;
-        }
         return 0;
     }
-    if (!strcmp(type, "ByteLevel")) {
+    if (!strcmp(sec.type, "ByteLevel")) {
         bool aps, use_re;
-        int rc = json_bool(p, "add_prefix_space", false, &aps, name, "pre_tokenizer", err);
+        rc = json_bool(p, "add_prefix_space", false, &aps, name, "pre_tokenizer", err);
         if (!rc)
             rc = json_bool(p, "use_regex", true, &use_re, name, "pre_tokenizer", err);
         if (rc)
@@ -552,7 +566,7 @@ static int load_pretok(struct tokenizer *t, const cJSON *p, const char *name, st
         /* the byte mapping itself is folded into the vocab at load */
         return use_re ? add_stage(t, gpt2_pattern, false, SPLIT_ISOLATED, name, err) : 0;
     }
-    if (!strcmp(type, "Split")) {
+    if (!strcmp(sec.type, "Split")) {
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
         const char *re = json_type_str(pat, "Regex");
         const char *lit = json_type_str(pat, "String");
@@ -570,14 +584,14 @@ static int load_pretok(struct tokenizer *t, const cJSON *p, const char *name, st
         else
             return rl_errf(err, RL_EUNSUPPORTED, "%s: Split behavior \"%s\"", name, beh);
         bool invert;
-        int rc = json_bool(p, "invert", false, &invert, name, "Split", err);
+        rc = json_bool(p, "invert", false, &invert, name, "Split", err);
         if (rc)
             return rc;
         if (invert)
             return rl_errf(err, RL_EUNSUPPORTED, "%s: Split invert=true", name);
         return add_stage(t, re ? re : lit, !re, b, name, err);
     }
-    return rl_errf(err, RL_EUNSUPPORTED, "%s: pre_tokenizer type \"%s\"", name, type);
+    return rl_errf(err, RL_EUNSUPPORTED, "%s: pre_tokenizer type \"%s\"", name, sec.type);
 }
 
 static int cmp_added(const void *a, const void *b, void *arena)
@@ -654,14 +668,18 @@ static int32_t token_from_config(const struct tokenizer *t, const cJSON *cfg, co
     return tok_find(t, v->valuestring, strlen(v->valuestring));
 }
 
-static int build(struct tokenizer *t, const cJSON *root, const cJSON *cfg, const char *name,
-                 struct rl_err *err)
+/* ---- build: tokenizer.json to the tables, one step per section ----------
+ *
+ * build() runs the steps below in order; each validates what it reads
+ * before it writes a table, and on failure leaves what it allocated in t
+ * for tok_free (the byte arena, until it is complete, is the caller's). */
+
+/* model.*: a BPE model with only the options this encoder implements (no
+ * byte fallback, no subword prefix or suffix, no dropout); reads
+ * ignore_merges. */
+static int check_model(struct tokenizer *t, const cJSON *model, const char *name,
+                       struct rl_err *err)
 {
-    if (!cJSON_IsObject(root))
-        return rl_errf(err, RL_EFORMAT, "%s: not a JSON object", name);
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
-    if (!cJSON_IsObject(model))
-        return rl_errf(err, RL_EFORMAT, "%s: model missing", name);
     const char *mtype = json_type_str(model, "type");
     if (mtype && strcmp(mtype, "BPE"))
         return rl_errf(err, RL_EUNSUPPORTED, "%s: model.type \"%s\" (only BPE)", name, mtype);
@@ -681,21 +699,18 @@ static int build(struct tokenizer *t, const cJSON *root, const cJSON *cfg, const
     const cJSON *drop = cJSON_GetObjectItemCaseSensitive(model, "dropout");
     if (cJSON_IsNumber(drop) && drop->valuedouble > 0)
         return rl_errf(err, RL_EUNSUPPORTED, "%s: model.dropout > 0", name);
+    return 0;
+}
 
-    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
-    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
-    if (!cJSON_IsObject(vocab))
-        return rl_errf(err, RL_EFORMAT, "%s: model.vocab is not an object", name);
-    if (!cJSON_IsArray(merges))
-        return rl_errf(err, RL_EFORMAT, "%s: model.merges is not an array", name);
-    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
-    if (added && !cJSON_IsNull(added) && !cJSON_IsArray(added))
-        return rl_errf(err, RL_EFORMAT, "%s: added_tokens is not an array", name);
-
-    /* pass 1: the id space */
+/* Pass 1, the id space: every vocab value and added token id is an id in
+ * [0, TOK_MAX_IDS), every added token has content; sets t->n_ids to the
+ * largest id + 1 and counts the entries of each list. */
+static int count_ids(struct tokenizer *t, const cJSON *vocab, const cJSON *added, long *n_vocab,
+                     long *n_added, const char *name, struct rl_err *err)
+{
     int32_t max_id = -1;
-    long n_vocab = 0, n_added = 0;
     const cJSON *c;
+    *n_vocab = *n_added = 0;
     cJSON_ArrayForEach(c, vocab) {
         int32_t id;
         if (json_id(c, &id))
@@ -703,24 +718,32 @@ static int build(struct tokenizer *t, const cJSON *root, const cJSON *cfg, const
                            name, c->string, TOK_MAX_IDS);
         if (id > max_id)
             max_id = id;
-        n_vocab++;
+        ++*n_vocab;
     }
-    if (n_vocab == 0)
+    if (*n_vocab == 0)
         return rl_errf(err, RL_EFORMAT, "%s: model.vocab is empty", name);
     cJSON_ArrayForEach(c, added) {
         int32_t id;
         if (!cJSON_IsObject(c) || json_id(cJSON_GetObjectItemCaseSensitive(c, "id"), &id))
             return rl_errf(err, RL_EFORMAT, "%s: added_tokens[%ld].id is not an id in [0, %d)",
-                           name, n_added, TOK_MAX_IDS);
+                           name, *n_added, TOK_MAX_IDS);
         const char *content = json_type_str(c, "content");
         if (!content || !*content)
             return rl_errf(err, RL_EFORMAT, "%s: added_tokens[%ld].content missing or empty",
-                           name, n_added);
+                           name, *n_added);
         if (id > max_id)
             max_id = id;
-        n_added++;
+        ++*n_added;
     }
     t->n_ids = max_id + 1;
+    return 0;
+}
+
+/* The per-id tables (every id a hole until filled), the empty vocab hash
+ * and the added token list. */
+static int alloc_id_tables(struct tokenizer *t, long n_vocab, long n_added, const char *name,
+                           struct rl_err *err)
+{
     size_t nid = (size_t)t->n_ids;
     t->tok_off = calloc(nid, sizeof *t->tok_off);
     t->tok_len = malloc(nid * sizeof *t->tok_len);
@@ -734,65 +757,62 @@ static int build(struct tokenizer *t, const cJSON *root, const cJSON *cfg, const
     for (size_t i = 0; i < nid; i++)
         t->tok_len[i] = -1;
     memset(t->vocab_tab, 0xff, t->vocab_cap * sizeof *t->vocab_tab);
+    return 0;
+}
 
-    /* pass 2: vocab bytes */
-    int16_t inv[324];
-    byte_level_inverse(inv);
-    struct text arena = {0};
+/* Pass 2a: each vocab entry's bytes (byte-level decoded) into the arena. */
+static int load_vocab_bytes(struct tokenizer *t, const cJSON *vocab, const int16_t inv[324],
+                            struct text *arena, const char *name, struct rl_err *err)
+{
+    const cJSON *c;
     cJSON_ArrayForEach(c, vocab) {
         int32_t id = (int32_t)c->valuedouble;
-        if (t->tok_kind[id] != KIND_HOLE) {
-            free(arena.p);
+        if (t->tok_kind[id] != KIND_HOLE)
             return rl_errf(err, RL_EFORMAT, "%s: model.vocab: id %d used twice", name, id);
-        }
-        size_t off = arena.n;
-        long n = byte_level_decode(inv, c->string, &arena);
-        if (n == -2) {
-            free(arena.p);
+        size_t off = arena->n;
+        long n = byte_level_decode(inv, c->string, arena);
+        if (n == -2)
             return rl_errf(err, RL_ENOMEM, "%s: out of memory", name);
-        }
-        if (n <= 0) {
-            free(arena.p);
+        if (n <= 0)
             return rl_errf(err, RL_EFORMAT,
                            "%s: model.vocab[\"%.80s\"] has a character outside the byte-level alphabet",
                            name, c->string);
-        }
-        if (off > UINT32_MAX - (size_t)n) {
-            free(arena.p);
+        if (off > UINT32_MAX - (size_t)n)
             return rl_errf(err, RL_EFORMAT, "%s: model.vocab too large", name);
-        }
         t->tok_off[id] = (uint32_t)off;
         t->tok_len[id] = (int32_t)n;
         t->tok_kind[id] = KIND_VOCAB;
     }
-    /* added token contents go in the same arena; they may share an id with
-     * a vocab entry, in which case decoding uses the added content */
-    int k = 0;
+    return 0;
+}
+
+/* Pass 2b: added token contents go in the same arena, with their flags;
+ * they may share an id with a vocab entry, in which case decoding uses the
+ * added content. Sets t->n_added. */
+static int load_added(struct tokenizer *t, const cJSON *added, struct text *arena,
+                      const char *name, struct rl_err *err)
+{
+    int k = 0, rc;
+    const cJSON *c;
     cJSON_ArrayForEach(c, added) {
         struct added_tok *a = &t->added[k];
         json_id(cJSON_GetObjectItemCaseSensitive(c, "id"), &a->id);
         const char *content = json_type_str(c, "content");
         size_t len = strlen(content);
-        a->off = (uint32_t)arena.n;
+        a->off = (uint32_t)arena->n;
         a->len = (uint32_t)len;
-        if (text_add(&arena, content, len)) {
-            free(arena.p);
+        if (text_add(arena, content, len))
             return rl_errf(err, RL_ENOMEM, "%s: out of memory", name);
-        }
         char where[48];
         snprintf(where, sizeof where, "added_tokens[%d]", k);
         if ((rc = json_bool(c, "special", false, &a->special, name, where, err)) ||
             (rc = json_bool(c, "lstrip", false, &a->lstrip, name, where, err)) ||
             (rc = json_bool(c, "rstrip", false, &a->rstrip, name, where, err)) ||
             (rc = json_bool(c, "single_word", false, &a->single_word, name, where, err)) ||
-            (rc = json_bool(c, "normalized", !a->special, &a->normalized, name, where, err))) {
-            free(arena.p);
+            (rc = json_bool(c, "normalized", !a->special, &a->normalized, name, where, err)))
             return rc;
-        }
-        if (t->tok_kind[a->id] == KIND_ADDED) {
-            free(arena.p);
+        if (t->tok_kind[a->id] == KIND_ADDED)
             return rl_errf(err, RL_EFORMAT, "%s: %s: id %d used twice", name, where, a->id);
-        }
         t->tok_off[a->id] = a->off;
         t->tok_len[a->id] = (int32_t)len;
         t->tok_kind[a->id] = KIND_ADDED;
@@ -801,10 +821,16 @@ static int build(struct tokenizer *t, const cJSON *root, const cJSON *cfg, const
         k++;
     }
     t->n_added = k;
-    t->bytes = arena.p;
+    return 0;
+}
 
-    /* vocab hash; only vocab entries, so merges cannot resolve to an added
-     * token's text */
+/* The vocab hash, of vocab entries only, so merges cannot resolve to an
+ * added token's text; and the token of every single byte, which a
+ * byte-level vocabulary must have. */
+static int index_vocab(struct tokenizer *t, const cJSON *vocab, const char *name,
+                       struct rl_err *err)
+{
+    const cJSON *c;
     cJSON_ArrayForEach(c, vocab) {
         int32_t id = (int32_t)c->valuedouble;
         if (t->tok_kind[id] != KIND_VOCAB)
@@ -821,8 +847,39 @@ static int build(struct tokenizer *t, const cJSON *root, const cJSON *cfg, const
             return rl_errf(err, RL_EFORMAT,
                            "%s: model.vocab has no token for byte 0x%02x (not byte-level?)", name, b);
     }
+    return 0;
+}
 
-    /* merges: "a b" strings (older files) or ["a", "b"] pairs */
+/* One merge's two parts, from "a b" (older files) or ["a", "b"]. *split is
+ * the malloc'd copy the parts of a string point into (NULL for a pair), for
+ * the caller to free; *l stays NULL when c is neither form. */
+static int merge_parts(const cJSON *c, const char **l, const char **r, char **split,
+                       const char *name, struct rl_err *err)
+{
+    *l = *r = NULL;
+    *split = NULL;
+    if (cJSON_IsString(c)) {
+        const char *sp = strchr(c->valuestring, ' ');
+        if (sp && !strchr(sp + 1, ' ')) {
+            if (!(*split = strdup(c->valuestring)))
+                return rl_errf(err, RL_ENOMEM, "%s: out of memory", name);
+            (*split)[sp - c->valuestring] = 0;
+            *l = *split;
+            *r = *split + (sp - c->valuestring) + 1;
+        }
+    } else if (cJSON_IsArray(c) && cJSON_GetArraySize(c) == 2 && cJSON_IsString(c->child) &&
+               cJSON_IsString(c->child->next)) {
+        *l = c->child->valuestring;
+        *r = c->child->next->valuestring;
+    }
+    return 0;
+}
+
+/* The merge table, ranks in file order: each merge's parts and their
+ * concatenation must be vocab entries. */
+static int load_merges(struct tokenizer *t, const cJSON *merges, const int16_t inv[324],
+                       const char *name, struct rl_err *err)
+{
     long n_merges = cJSON_GetArraySize(merges);
     t->merge_cap = pow2_at_least((uint64_t)n_merges * 2);
     t->merge_tab = malloc(t->merge_cap * sizeof *t->merge_tab);
@@ -834,31 +891,18 @@ static int build(struct tokenizer *t, const cJSON *root, const cJSON *cfg, const
         return rl_errf(err, RL_ENOMEM, "%s: out of memory for merges", name);
     struct text tmp = {0};
     int32_t rank = 0;
+    int rc = 0;
+    const cJSON *c;
     cJSON_ArrayForEach(c, merges) {
-        const char *l = NULL, *r = NULL;
-        char *split = NULL;
-        if (cJSON_IsString(c)) {
-            const char *sp = strchr(c->valuestring, ' ');
-            if (sp && !strchr(sp + 1, ' ')) {
-                split = strdup(c->valuestring);
-                if (!split) {
-                    free(tmp.p);
-                    return rl_errf(err, RL_ENOMEM, "%s: out of memory", name);
-                }
-                split[sp - c->valuestring] = 0;
-                l = split;
-                r = split + (sp - c->valuestring) + 1;
-            }
-        } else if (cJSON_IsArray(c) && cJSON_GetArraySize(c) == 2 && cJSON_IsString(c->child) &&
-                   cJSON_IsString(c->child->next)) {
-            l = c->child->valuestring;
-            r = c->child->next->valuestring;
-        }
+        const char *l, *r;
+        char *split;
+        if ((rc = merge_parts(c, &l, &r, &split, name, err)))
+            break;
         if (!l || !*l || !*r) {
             free(split);
-            free(tmp.p);
-            return rl_errf(err, RL_EFORMAT, "%s: model.merges[%d] is not a pair of tokens", name,
-                           rank);
+            rc = rl_errf(err, RL_EFORMAT, "%s: model.merges[%d] is not a pair of tokens", name,
+                         rank);
+            break;
         }
         int32_t ids[3];
         const char *parts[2] = {l, r};
@@ -873,8 +917,8 @@ static int build(struct tokenizer *t, const cJSON *root, const cJSON *cfg, const
             rl_errf(err, RL_EFORMAT, "%s: model.merges[%d] (\"%.60s\" \"%.60s\"): %s not in vocab",
                     name, rank, l, r, ids[0] < 0 || ids[1] < 0 ? "a part is" : "the merge is");
             free(split);
-            free(tmp.p);
-            return -RL_EFORMAT;
+            rc = -RL_EFORMAT;
+            break;
         }
         free(split);
         merge_put(t, ids[0], ids[1], rank, ids[2]);
@@ -882,6 +926,12 @@ static int build(struct tokenizer *t, const cJSON *root, const cJSON *cfg, const
         rank++;
     }
     free(tmp.p);
+    return rc;
+}
+
+/* t->byte_pair: the merge of every pair of byte tokens, looked up once. */
+static int fill_byte_pairs(struct tokenizer *t, const char *name, struct rl_err *err)
+{
     t->byte_pair = malloc(65536 * sizeof *t->byte_pair);
     if (!t->byte_pair)
         return rl_errf(err, RL_ENOMEM, "%s: out of memory for merges", name);
@@ -891,22 +941,25 @@ static int build(struct tokenizer *t, const cJSON *root, const cJSON *cfg, const
             t->byte_pair[a * 256 + b] = m ? (struct byte_pair){m->rank, m->id}
                                           : (struct byte_pair){-1, -1};
         }
+    return 0;
+}
 
-    if ((rc = load_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), name, err)))
-        return rc;
-    if ((rc = load_pretok(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), name, err)))
-        return rc;
-    const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
-    if (dec && !cJSON_IsNull(dec)) {
-        const char *dtype = json_type_str(dec, "type");
-        if (!dtype || strcmp(dtype, "ByteLevel"))
-            return rl_errf(err, RL_EUNSUPPORTED, "%s: decoder type \"%s\" (only ByteLevel)", name,
-                           dtype ? dtype : "?");
-    }
+/* decoder: absent, null or ByteLevel (what tok_decode implements). */
+static int check_decoder(const cJSON *dec, const char *name, struct rl_err *err)
+{
+    if (!dec || cJSON_IsNull(dec))
+        return 0;
+    const char *dtype = json_type_str(dec, "type");
+    if (!dtype || strcmp(dtype, "ByteLevel"))
+        return rl_errf(err, RL_EUNSUPPORTED, "%s: decoder type \"%s\" (only ByteLevel)", name,
+                       dtype ? dtype : "?");
+    return 0;
+}
 
-    if (t->norm == (UTF8PROC_STABLE | UTF8PROC_COMPOSE) && (rc = build_nfc_inert(t, name, err)))
-        return rc;
-
+/* Sorts the added tokens (first byte, longest first) and fills the
+ * first-byte buckets find_added() walks. */
+static void index_added(struct tokenizer *t)
+{
     sort_added(t->added, t->n_added, t->bytes);
     int j = 0;
     for (int b = 0; b <= 256; b++) {
@@ -914,10 +967,11 @@ static int build(struct tokenizer *t, const cJSON *root, const cJSON *cfg, const
             j++;
         t->added_first[b] = j;
     }
+}
 
-    t->eos_id = token_from_config(t, cfg, "eos_token");
-    t->pad_id = token_from_config(t, cfg, "pad_token");
-
+/* The piece cache: every shard empty, its mutex initialised. */
+static int create_cache(struct tokenizer *t, const char *name, struct rl_err *err)
+{
     t->cache = calloc(CACHE_SHARDS, sizeof *t->cache);
     if (!t->cache)
         return rl_errf(err, RL_ENOMEM, "%s: out of memory for the cache", name);
@@ -928,6 +982,58 @@ static int build(struct tokenizer *t, const cJSON *root, const cJSON *cfg, const
         pthread_mutex_init(&t->cache[i].mu, NULL);
     }
     return 0;
+}
+
+/* All of t from the parsed tokenizer.json (root) and tokenizer_config.json
+ * (cfg, may be NULL). On failure t holds whatever was built so far, for
+ * tok_free. */
+static int build(struct tokenizer *t, const cJSON *root, const cJSON *cfg, const char *name,
+                 struct rl_err *err)
+{
+    if (!cJSON_IsObject(root))
+        return rl_errf(err, RL_EFORMAT, "%s: not a JSON object", name);
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (!cJSON_IsObject(model))
+        return rl_errf(err, RL_EFORMAT, "%s: model missing", name);
+    int rc = check_model(t, model, name, err);
+    if (rc)
+        return rc;
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    if (!cJSON_IsObject(vocab))
+        return rl_errf(err, RL_EFORMAT, "%s: model.vocab is not an object", name);
+    if (!cJSON_IsArray(merges))
+        return rl_errf(err, RL_EFORMAT, "%s: model.merges is not an array", name);
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+    if (added && !cJSON_IsNull(added) && !cJSON_IsArray(added))
+        return rl_errf(err, RL_EFORMAT, "%s: added_tokens is not an array", name);
+
+    long n_vocab, n_added;
+    if ((rc = count_ids(t, vocab, added, &n_vocab, &n_added, name, err)) ||
+        (rc = alloc_id_tables(t, n_vocab, n_added, name, err)))
+        return rc;
+    int16_t inv[324];
+    byte_level_inverse(inv);
+    struct text arena = {0};
+    if ((rc = load_vocab_bytes(t, vocab, inv, &arena, name, err)) ||
+        (rc = load_added(t, added, &arena, name, err))) {
+        free(arena.p);
+        return rc;
+    }
+    t->bytes = arena.p;
+
+    if ((rc = index_vocab(t, vocab, name, err)) || (rc = load_merges(t, merges, inv, name, err)) ||
+        (rc = fill_byte_pairs(t, name, err)) ||
+        (rc = load_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), name, err)) ||
+        (rc = load_pretok(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), name, err)) ||
+        (rc = check_decoder(cJSON_GetObjectItemCaseSensitive(root, "decoder"), name, err)))
+        return rc;
+    if (t->norm == (UTF8PROC_STABLE | UTF8PROC_COMPOSE) && (rc = build_nfc_inert(t, name, err)))
+        return rc;
+    index_added(t);
+    t->eos_id = token_from_config(t, cfg, "eos_token");
+    t->pad_id = token_from_config(t, cfg, "pad_token");
+    return create_cache(t, name, err);
 }
 
 int tok_load_json(struct tokenizer **out, const char *json, size_t len, const char *config_json,
@@ -1111,6 +1217,18 @@ static struct heap_ent heap_pop(struct heap_ent *h, size_t *n)
     return top;
 }
 
+/* *v grown to cap ids; false, *v unchanged, when out of memory. */
+static bool grow_ids(int32_t **v, size_t cap)
+{
+    int32_t *g = realloc(*v, cap * sizeof *g);
+    if (g)
+        *v = g;
+    return g != NULL;
+}
+
+/* Room for a piece of n bytes in every scratch array. Each array that
+ * could grow keeps its new size even when another could not (cap is only
+ * raised when all did), so nothing is lost or freed twice. */
 static int ctx_grow(struct enc_ctx *c, size_t n)
 {
     if (n <= c->cap)
@@ -1118,22 +1236,14 @@ static int ctx_grow(struct enc_ctx *c, size_t n)
     size_t cap = c->cap ? c->cap : 64;
     while (cap < n)
         cap *= 2;
-    int32_t *a = realloc(c->sym, cap * sizeof *a);
-    if (a)
-        c->sym = a;
-    int32_t *b = realloc(c->prev, cap * sizeof *b);
-    if (b)
-        c->prev = b;
-    int32_t *d = realloc(c->next, cap * sizeof *d);
-    if (d)
-        c->next = d;
-    int32_t *r = realloc(c->prank, cap * sizeof *r);
-    if (r)
-        c->prank = r;
+    bool ok = grow_ids(&c->sym, cap);
+    ok = grow_ids(&c->prev, cap) && ok;
+    ok = grow_ids(&c->next, cap) && ok;
+    ok = grow_ids(&c->prank, cap) && ok;
     struct heap_ent *h = realloc(c->heap, 3 * cap * sizeof *h);
     if (h)
         c->heap = h;
-    if (!a || !b || !d || !r || !h)
+    if (!ok || !h)
         return rl_errf(c->err, RL_ENOMEM, "tokenizer: out of memory for a %zu-byte piece", n);
     c->cap = cap;
     return 0;

@@ -108,6 +108,23 @@ static void reject(struct worker *w, struct wjob *j, const char *raw, size_t raw
     j->state = WJ_CLOSING;
 }
 
+/* The seed of a job that gives none: FNV-1a over its id, "\n" and its
+ * pool entry ID, both the same for every worker that ever runs this
+ * delivery, so a resumed job continues the one stream it started (the
+ * engine's own default, derived from its request counter, differs per
+ * worker). Kept to 53 bits, so the same job with "seed": <this> in it,
+ * which the protocol can carry exactly, runs the same tokens. */
+static uint64_t derived_seed(const struct wjob *j)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *s = j->id; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    h = (h ^ '\n') * 0x100000001b3ull;
+    for (const char *s = j->entry_id; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h & ((1ull << 53) - 1);
+}
+
 static int submit(struct worker *w, struct wjob *j, struct rl_err *err)
 {
     const struct job *jb = j->job;
@@ -126,13 +143,15 @@ static int submit(struct worker *w, struct wjob *j, struct rl_err *err)
     r.presence_penalty = (float)jb->presence_penalty;
     r.frequency_penalty = (float)jb->frequency_penalty;
     r.repetition_penalty = (float)jb->repetition_penalty;
-    r.has_seed = jb->has_seed;
-    r.seed = jb->seed;
+    r.has_seed = true;
+    r.seed = jb->has_seed ? jb->seed : derived_seed(j);
     r.n_logprobs = jb->logprobs;
     r.max_tokens = jb->max_tokens - j->n_prev;
+    r.n_resumed = j->n_prev; /* penalties and the RNG stream go on from there */
     r.stop = (const char *const *)jb->stop;
     r.n_stop = jb->n_stop;
     r.ignore_eos = jb->ignore_eos;
+    r.no_speculative = !jb->speculative;
     if (jb->max_thinking_tokens >= 0) {
         int left = jb->max_thinking_tokens - j->prev_reasoning;
         r.max_thinking_tokens = left > 0 ? left : 0;
@@ -231,6 +250,15 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
         reject(w, j, raw, raw_len, fault.code, err.msg);
         return 0;
     }
+    if (j->job->model[0] && strcmp(j->job->model, w->model.name)) {
+        /* queued where another model's jobs go (a shared pool, or by hand):
+         * running it on these weights would answer for the wrong model */
+        char msg[384];
+        snprintf(msg, sizeof msg, "model: the job asks for \"%s\"; this worker (pool %s) serves "
+                 "\"%s\"", j->job->model, w->pools[pool], w->model.name);
+        reject(w, j, raw, raw_len, EV_CODE_MODEL_NOT_FOUND, msg);
+        return 0;
+    }
     enum ev_code code = EV_CODE_NONE;
     if (render(w, j, &code, &err)) {
         reject(w, j, raw, raw_len, code, err.msg);
@@ -327,7 +355,7 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
     j->state = WJ_RUNNING;
     pthread_mutex_lock(&w->m.mu);
     wm_observe(&w->m.queue_wait, (double)(j->t_admitted > j->t_enqueued
-                                              ? j->t_admitted - j->t_enqueued : 0));
+                                              ? j->t_admitted - j->t_enqueued : 0) / 1000.0);
     pthread_mutex_unlock(&w->m.mu);
     RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: admitted from %s (%d prompt tokens%s)", j->id,
            w->pools[pool], j->n_ids, resumed ? ", resumed" : "");
@@ -434,10 +462,15 @@ static void on_event(struct worker *w, const struct engine_event *ev)
         free(top_lp);
         if (ev->n_tokens > 0) {
             pthread_mutex_lock(&w->m.mu);
-            if (!j->t_first)
-                wm_observe(&w->m.ttft, (double)(now - (j->t_enqueued ? j->t_enqueued : now)));
-            else
-                wm_observe(&w->m.tpot, (double)(now - j->t_last_tok) / ev->n_tokens);
+            if (!j->t_first) {
+                wm_observe(&w->m.ttft, (double)(now - (j->t_enqueued ? j->t_enqueued : now)) / 1000.0);
+                wm_observe(&w->m.prefill, (double)(now > j->t_admitted ? now - j->t_admitted : 0) / 1000.0);
+            } else {
+                /* a step that brings several tokens spreads its gap over them */
+                double gap = (double)(now - j->t_last_tok) / 1000.0 / ev->n_tokens;
+                for (int i = 0; i < ev->n_tokens; i++)
+                    wm_observe(&w->m.inter_token, gap);
+            }
             w->m.tokens_out += ev->n_tokens;
             pthread_mutex_unlock(&w->m.mu);
             if (!j->t_first) {
@@ -467,6 +500,14 @@ static void on_event(struct worker *w, const struct engine_event *ev)
     }
     pthread_mutex_lock(&w->m.mu);
     w->m.jobs_done++;
+    w->m.finished[map_finish(ev->finish)]++;
+    int64_t t0 = j->t_enqueued && j->t_enqueued <= now ? j->t_enqueued : now;
+    wm_observe(&w->m.e2e, (double)(now - t0) / 1000.0);
+    if (j->t_first)
+        wm_observe(&w->m.decode, (double)(now > j->t_first ? now - j->t_first : 0) / 1000.0);
+    wm_observe(&w->m.prompt_len, ev->usage.prompt_tokens);
+    wm_observe(&w->m.gen_len, ev->usage.completion_tokens);
+    w->m.prompt_tokens += ev->usage.prompt_tokens;
     pthread_mutex_unlock(&w->m.mu);
     RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: %s after %d tokens", j->id,
            engine_finish_name(ev->finish), ev->usage.completion_tokens);
@@ -553,6 +594,9 @@ static void update_metrics(struct worker *w, bool draining)
     w->m.kv_used = st.kv_used;
     w->m.prefix_hit_tokens = st.prefix_hit_tokens;
     w->m.prefix_miss_tokens = st.prefix_miss_tokens;
+    w->m.spec_drafted = st.spec_drafted;
+    w->m.spec_accepted = st.spec_accepted;
+    w->m.preemptions = st.n_preemptions;
     w->m.tokens_per_s = w->tok_rate;
     w->m.draining = draining;
     w->m.redis_up = rconn_connected(w->rc);

@@ -7,7 +7,8 @@
  * Start-up order: options (file, then flags), the model (minutes for a
  * large one; Redis is not needed yet), the two Redis connections (the
  * worker starts even while Redis is down: rconn reconnects with backoff),
- * the metrics endpoint, then READY=1 to systemd. WATCHDOG=1 pings go out
+ * the metrics endpoint, then a PING until Redis answers, and only then
+ * READY=1 to systemd and the "ready:" log line. WATCHDOG=1 pings go out
  * from the loop at half of WATCHDOG_USEC when systemd asks for them.
  *
  * Signals only set flags (the two volatile sig_atomic_t below are this
@@ -22,9 +23,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <systemd/sd-daemon.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "modelid.h"
+#include "modelref.h"
 #include "signals.h"
 #include "worker.h"
 
@@ -106,6 +109,17 @@ static int setup(struct worker *w, struct rl_err *err)
     int rc;
     if (!w->opt.model[0])
         return rl_errf(err, RL_EINVAL, "no model: give --model DIR or model = \"DIR\"");
+    if ((rc = modelref_resolve(w->opt.model, &w->model, err)))
+        return rc;
+    if (strlen(w->opt.served_name) > MODELREF_NAME_MAX)
+        return rl_errf(err, RL_EINVAL, "served_model_name: longer than %d characters",
+                       MODELREF_NAME_MAX);
+    if (w->opt.served_name[0])
+        snprintf(w->model.name, sizeof w->model.name, "%.128s", w->opt.served_name);
+    if (!modelref_name_ok(w->model.name))
+        return rl_errf(err, RL_EINVAL,
+                       "served_model_name \"%.200s\" must be 1-%d of [A-Za-z0-9._:/-], not "
+                       "starting with '/' or '.'", w->model.name, MODELREF_NAME_MAX);
     char pools[WOPTS_MAX_POOLS][64];
     int n = wopts_pools(&w->opt, pools, err);
     if (n < 0)
@@ -113,7 +127,11 @@ static int setup(struct worker *w, struct rl_err *err)
     w->n_pools = n;
     for (int p = 0; p < n; p++) {
         memcpy(w->pools[p], pools[p], sizeof pools[p]);
-        snprintf(w->pool_keys[p], W_KEY_MAX, "%.64sjobs:%.64s", w->opt.prefix, pools[p]);
+        if (w->opt.pool_scope_model) /* schemas/README.md: the key layout */
+            snprintf(w->pool_keys[p], W_KEY_MAX, "%.64sjobs:%s:%.64s", w->opt.prefix,
+                     w->model.name, pools[p]);
+        else
+            snprintf(w->pool_keys[p], W_KEY_MAX, "%.64sjobs:%.64s", w->opt.prefix, pools[p]);
         w->pool_names[p] = w->pools[p];
         w->pool_key_ptrs[p] = w->pool_keys[p];
     }
@@ -130,14 +148,27 @@ static int setup(struct worker *w, struct rl_err *err)
     eo.max_batch = w->opt.max_batch;
     eo.token_budget = w->opt.token_budget;
     eo.prefill_chunk = w->opt.prefill_chunk;
+    if (spec_mode_parse(w->opt.speculative, &eo.speculative))
+        return rl_errf(err, RL_EINVAL, "speculative: unknown mode \"%s\"", w->opt.speculative);
+    eo.spec_tokens = w->opt.spec_tokens;
+    eo.spec_max_rows = w->opt.spec_max_rows;
     struct load_progress lp = {w, rl_wall_ms(), 1};
     eo.progress = on_load_progress;
     eo.progress_user = &lp;
-    RL_LOG(&w->log, RL_LOG_INFO, "loading %s on %s", w->opt.model, w->opt.backend);
-    if ((rc = engine_create(&w->eng, w->opt.model, &eo, err)))
+    if (strcmp(w->model.dir, w->opt.model))
+        RL_LOG(&w->log, RL_LOG_INFO, "model %s: %s", w->opt.model, w->model.dir);
+    RL_LOG(&w->log, RL_LOG_INFO, "loading %s on %s, serving it as \"%s\"", w->model.dir,
+           w->opt.backend, w->model.name);
+    if ((rc = engine_create(&w->eng, w->model.dir, &eo, err)))
         return rc;
-    if ((rc = modelid_compute(w->opt.model, w->model_id, err)))
+    if ((rc = modelid_compute(w->model.dir, w->model_id, err)))
         return rc;
+    /* the worker still serves token-id jobs without one, so this is a
+     * warning, but said once here rather than as a dead letter per job */
+    if (!engine_get_tokenizer(w->eng))
+        RL_LOG(&w->log, RL_LOG_WARN,
+               "%s has no tokenizer.json: only prompt_ids jobs will work; jobs with messages or "
+               "a prompt string will be refused with BAD_VALUE", w->opt.model);
 
     struct rconn_opts ro;
     rconn_opts_default(&ro);
@@ -161,6 +192,41 @@ static int setup(struct worker *w, struct rl_err *err)
     if (wm_start(w, &merr))
         RL_LOG(&w->log, RL_LOG_ERROR, "%s; running without /metrics", merr.msg);
     return 0;
+}
+
+/* READY=1 tells systemd (and whoever waits on the unit) that the worker
+ * serves; with Redis unreachable it does not, so the worker waits here
+ * until a PING is answered, saying once in the log what it waits for and
+ * keeping the watchdog fed. Returns 0 once Redis answered, 1 when a
+ * SIGTERM came first. */
+static int wait_for_redis(struct worker *w, volatile sig_atomic_t *stop)
+{
+    bool said = false;
+    int64_t next_wd = 0;
+    while (!*stop) {
+        struct rl_err err;
+        const char *ping[1] = {"PING"};
+        if (rconn_command(w->rc, 1, ping, NULL, NULL, &err) == 0) {
+            if (said)
+                RL_LOG(&w->log, RL_LOG_INFO, "redis %s answered", w->opt.redis);
+            return 0;
+        }
+        if (!said) {
+            RL_LOG(&w->log, RL_LOG_WARN, "redis %s: %s; not ready until it answers",
+                   w->opt.redis, err.msg);
+            said = true;
+        }
+        int64_t now = rl_mono_ms();
+        if (w->watchdog_usec && now >= next_wd) {
+            sd_notify(0, "WATCHDOG=1");
+            next_wd = now + (int64_t)(w->watchdog_usec / 2000);
+        }
+        int64_t ms = rconn_retry_in_ms(w->rc);
+        ms = ms < 5 ? 5 : ms > 100 ? 100 : ms;
+        struct timespec ts = {0, (long)ms * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return 1;
 }
 
 int main(int argc, char **argv)
@@ -194,6 +260,7 @@ int main(int argc, char **argv)
         goto out;
     }
     w->log.level = lvl;
+    wm_set_model(&w->m, w->opt.model);
 
     volatile sig_atomic_t *stop, *reload;
     rl_signals_install(&stop, &reload);
@@ -205,12 +272,17 @@ int main(int argc, char **argv)
     uint64_t usec = 0;
     if (sd_watchdog_enabled(0, &usec) > 0)
         w->watchdog_usec = usec;
+    if (wait_for_redis(w, stop)) {
+        RL_LOG(&w->log, RL_LOG_INFO, "stopped before redis %s answered", w->opt.redis);
+        status = 0;
+        goto out;
+    }
     pthread_mutex_lock(&w->m.mu);
     w->m.ready = true;
     pthread_mutex_unlock(&w->m.mu);
     sd_notify(0, "READY=1");
-    RL_LOG(&w->log, RL_LOG_INFO, "ready: %s as %s, pools %s, redis %s", w->opt.model, w->opt.name,
-           w->opt.pools, w->opt.redis);
+    RL_LOG(&w->log, RL_LOG_INFO, "ready: %s as %s, pools %s, redis %s answered", w->opt.model,
+           w->opt.name, w->opt.pools, w->opt.redis);
     if (w_run(w, stop, reload, &err) == 0)
         status = 0;
     RL_LOG(&w->log, RL_LOG_INFO, "exiting (%d)", status);

@@ -19,29 +19,81 @@
 #include "worker.h"
 #include "text.h"
 
-/* histogram bucket upper bounds in ms */
-static const double wm_bounds[WM_BUCKETS] = {1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000};
+/* Bucket bounds, in the spirit of vLLM's: latency up to 2560 s so that a
+ * queue backed up for minutes still lands in a finite bucket, inter-token
+ * gaps from 10 ms, and lengths in 1-2-5 steps up to the longest context. */
+static const double wm_le_latency[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25,
+                                       0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 60, 80, 160,
+                                       640, 2560};
+static const double wm_le_request[] = {0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30,
+                                       40, 50, 60, 120, 240, 480, 960, 1920, 7680};
+static const double wm_le_token[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                                     0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80};
+static const double wm_le_len[] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000,
+                                   10000, 20000, 50000, 100000, 200000};
+#define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
+_Static_assert(N_OF(wm_le_latency) <= WM_MAX_BUCKETS && N_OF(wm_le_request) <= WM_MAX_BUCKETS &&
+               N_OF(wm_le_token) <= WM_MAX_BUCKETS && N_OF(wm_le_len) <= WM_MAX_BUCKETS,
+               "WM_MAX_BUCKETS too small");
 
 struct wmetrics_server {
     struct MHD_Daemon *d;
 };
 
+static void hist_init(struct whist *h, const double *le, int n_le)
+{
+    h->le = le;
+    h->n_le = n_le;
+}
+
 void wm_init(struct wmetrics *m)
 {
     memset(m, 0, sizeof *m);
     pthread_mutex_init(&m->mu, NULL);
+    hist_init(&m->queue_wait, wm_le_latency, N_OF(wm_le_latency));
+    hist_init(&m->ttft, wm_le_latency, N_OF(wm_le_latency));
+    hist_init(&m->prefill, wm_le_latency, N_OF(wm_le_latency));
+    hist_init(&m->inter_token, wm_le_token, N_OF(wm_le_token));
+    hist_init(&m->e2e, wm_le_request, N_OF(wm_le_request));
+    hist_init(&m->decode, wm_le_request, N_OF(wm_le_request));
+    hist_init(&m->prompt_len, wm_le_len, N_OF(wm_le_len));
+    hist_init(&m->gen_len, wm_le_len, N_OF(wm_le_len));
+    snprintf(m->model_name, sizeof m->model_name, "unknown");
 }
 
-/* Caller holds m->mu. */
-void wm_observe(struct whist *h, double ms)
+/* The label value is the last path component (trailing slashes dropped),
+ * with '"', '\' and newlines escaped as the text format requires. */
+void wm_set_model(struct wmetrics *m, const char *model)
 {
-    for (int i = 0; i < WM_BUCKETS; i++)
-        if (ms <= wm_bounds[i]) {
+    size_t n = strlen(model);
+    while (n > 1 && model[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && model[b - 1] != '/')
+        b--;
+    size_t o = 0;
+    for (size_t i = b; i < n && o + 3 < sizeof m->model_name; i++) {
+        char c = model[i];
+        if (c == '"' || c == '\\' || c == '\n') {
+            m->model_name[o++] = '\\';
+            c = c == '\n' ? 'n' : c;
+        }
+        m->model_name[o++] = c;
+    }
+    m->model_name[o] = 0;
+    if (!o)
+        snprintf(m->model_name, sizeof m->model_name, "unknown");
+}
+
+void wm_observe(struct whist *h, double v)
+{
+    for (int i = 0; i < h->n_le; i++)
+        if (v <= h->le[i]) {
             h->bucket[i]++;
             break;
         }
     h->count++;
-    h->sum_ms += ms;
+    h->sum += v;
 }
 
 void wm_error(struct wmetrics *m, enum ev_code code)
@@ -52,57 +104,108 @@ void wm_error(struct wmetrics *m, enum ev_code code)
     pthread_mutex_unlock(&m->mu);
 }
 
-static void put_hist(struct text *t, const char *name, const char *help, const struct whist *h)
+static void put_head(struct text *t, const char *name, const char *type, const char *help)
 {
-    text_printf(t, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    int64_t cum = 0;
-    for (int i = 0; i < WM_BUCKETS; i++) {
-        cum += h->bucket[i];
-        text_printf(t, "%s_bucket{le=\"%g\"} %lld\n", name, wm_bounds[i] / 1000.0, (long long)cum);
-    }
-    text_printf(t, "%s_bucket{le=\"+Inf\"} %lld\n%s_sum %.6f\n%s_count %lld\n", name,
-        (long long)h->count, name, h->sum_ms / 1000.0, name, (long long)h->count);
+    text_printf(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+static void put_hist(struct text *t, const char *mn, const char *name, const char *help,
+                     const struct whist *h)
+{
+    put_head(t, name, "histogram", help);
+    int64_t cum = 0;
+    for (int i = 0; i < h->n_le; i++) {
+        cum += h->bucket[i];
+        text_printf(t, "%s_bucket{model_name=\"%s\",le=\"%g\"} %lld\n", name, mn, h->le[i],
+                    (long long)cum);
+    }
+    text_printf(t, "%s_bucket{model_name=\"%s\",le=\"+Inf\"} %lld\n", name, mn, (long long)h->count);
+    text_printf(t, "%s_sum{model_name=\"%s\"} %.6f\n%s_count{model_name=\"%s\"} %lld\n", name, mn,
+                h->sum, name, mn, (long long)h->count);
+}
+
+/* One unlabelled-but-for-model_name sample with its HELP and TYPE. */
+static void put_one(struct text *t, const char *mn, const char *name, const char *type,
+                    const char *help, double v)
+{
+    put_head(t, name, type, help);
+    text_printf(t, "%s{model_name=\"%s\"} %.17g\n", name, mn, v);
+}
+
+/* The text format: every family has HELP and TYPE, every sample the
+ * model_name label (vLLM's convention, so one dashboard serves several
+ * models), units are seconds and tokens. Rendered under m->mu. */
 static char *render(struct worker *w)
 {
     struct text t = {0};
     struct wmetrics *m = &w->m;
     pthread_mutex_lock(&m->mu);
-    put_hist(&t, "redlm_queue_wait_seconds", "time from XADD of the job to its admission",
-             &m->queue_wait);
-    put_hist(&t, "redlm_ttft_seconds", "time from XADD of the job to its first token", &m->ttft);
-    put_hist(&t, "redlm_tpot_seconds", "time per output token after the first", &m->tpot);
-    text_printf(&t, "# TYPE redlm_tokens_total counter\nredlm_tokens_total %lld\n",
-        (long long)m->tokens_out);
-    text_printf(&t, "# TYPE redlm_jobs_done_total counter\nredlm_jobs_done_total %lld\n",
-        (long long)m->jobs_done);
-    text_printf(&t, "# TYPE redlm_running gauge\nredlm_running %d\n", m->running);
-    text_printf(&t, "# TYPE redlm_waiting gauge\nredlm_waiting %d\n", m->waiting);
-    text_printf(&t, "# TYPE redlm_kv_blocks gauge\nredlm_kv_blocks %d\n", m->kv_blocks);
-    text_printf(&t, "# TYPE redlm_kv_used_blocks gauge\nredlm_kv_used_blocks %d\n", m->kv_used);
-    text_printf(&t, "# TYPE redlm_kv_usage_ratio gauge\nredlm_kv_usage_ratio %.4f\n",
-        m->kv_blocks ? (double)m->kv_used / m->kv_blocks : 0.0);
-    text_printf(&t, "# TYPE redlm_prefix_cache_hit_tokens_total counter\n"
-            "redlm_prefix_cache_hit_tokens_total %lld\n", (long long)m->prefix_hit_tokens);
-    text_printf(&t, "# TYPE redlm_prefix_cache_miss_tokens_total counter\n"
-            "redlm_prefix_cache_miss_tokens_total %lld\n", (long long)m->prefix_miss_tokens);
-    text_printf(&t, "# TYPE redlm_result_cache_hits_total counter\nredlm_result_cache_hits_total %lld\n",
-        (long long)m->cache_hits);
-    text_printf(&t, "# TYPE redlm_result_cache_misses_total counter\n"
-            "redlm_result_cache_misses_total %lld\n", (long long)m->cache_misses);
-    text_printf(&t, "# TYPE redlm_reclaimed_total counter\nredlm_reclaimed_total %lld\n",
-        (long long)m->reclaimed);
-    text_printf(&t, "# TYPE redlm_redis_reconnects_total counter\nredlm_redis_reconnects_total %lld\n",
-        (long long)m->redis_reconnects);
-    text_printf(&t, "# TYPE redlm_tokens_per_second gauge\nredlm_tokens_per_second %.2f\n",
-        m->tokens_per_s);
-    text_printf(&t, "# TYPE redlm_errors_total counter\n");
+    const char *mn = m->model_name;
+    put_hist(&t, mn, "redlm_queue_wait_seconds",
+             "time from the job's XADD to its admission into the engine", &m->queue_wait);
+    put_hist(&t, mn, "redlm_ttft_seconds", "time from the job's XADD to its first token", &m->ttft);
+    put_hist(&t, mn, "redlm_inter_token_latency_seconds",
+             "time between two successive tokens of one job", &m->inter_token);
+    put_hist(&t, mn, "redlm_e2e_request_latency_seconds",
+             "time from the job's XADD to its done event", &m->e2e);
+    put_hist(&t, mn, "redlm_request_prefill_time_seconds",
+             "time from admission to the first token (prompt processing)", &m->prefill);
+    put_hist(&t, mn, "redlm_request_decode_time_seconds",
+             "time from the first token to the done event", &m->decode);
+    put_hist(&t, mn, "redlm_request_prompt_tokens", "prompt length of finished jobs, tokens",
+             &m->prompt_len);
+    put_hist(&t, mn, "redlm_request_generation_tokens",
+             "tokens generated by finished jobs", &m->gen_len);
+    put_one(&t, mn, "redlm_prompt_tokens_total", "counter",
+            "prompt tokens of finished jobs (cached ones included)", (double)m->prompt_tokens);
+    put_one(&t, mn, "redlm_generation_tokens_total", "counter", "tokens generated",
+            (double)m->tokens_out);
+    put_head(&t, "redlm_requests_finished_total", "counter",
+             "jobs the engine finished, by finish reason");
+    for (int f = 0; f <= EV_FINISH_ERROR; f++)
+        text_printf(&t, "redlm_requests_finished_total{model_name=\"%s\",finished_reason=\"%s\"} %lld\n",
+                    mn, ev_finish_name((enum ev_finish)f), (long long)m->finished[f]);
+    put_one(&t, mn, "redlm_jobs_done_total", "counter", "jobs finished by the engine",
+            (double)m->jobs_done);
+    put_one(&t, mn, "redlm_preemptions_total", "counter",
+            "sequences the scheduler preempted to free KV blocks (their work is recomputed)",
+            (double)m->preemptions);
+    put_one(&t, mn, "redlm_running", "gauge", "sequences running in the engine", m->running);
+    put_one(&t, mn, "redlm_waiting", "gauge", "sequences waiting for admission in the engine",
+            m->waiting);
+    put_one(&t, mn, "redlm_kv_blocks", "gauge", "KV cache blocks in the pool", m->kv_blocks);
+    put_one(&t, mn, "redlm_kv_used_blocks", "gauge", "KV cache blocks referenced by a sequence",
+            m->kv_used);
+    put_one(&t, mn, "redlm_kv_usage_ratio", "gauge", "share of KV cache blocks in use (0-1)",
+            m->kv_blocks ? (double)m->kv_used / m->kv_blocks : 0.0);
+    put_one(&t, mn, "redlm_prefix_cache_hit_tokens_total", "counter",
+            "prompt tokens the prefix cache supplied", (double)m->prefix_hit_tokens);
+    put_one(&t, mn, "redlm_prefix_cache_miss_tokens_total", "counter",
+            "prompt tokens the prefix cache did not have", (double)m->prefix_miss_tokens);
+    put_one(&t, mn, "redlm_spec_drafted_tokens_total", "counter",
+            "draft tokens verified (speculative decoding)", (double)m->spec_drafted);
+    put_one(&t, mn, "redlm_spec_accepted_tokens_total", "counter",
+            "draft tokens kept as output", (double)m->spec_accepted);
+    put_one(&t, mn, "redlm_result_cache_hits_total", "counter",
+            "jobs answered from the result cache", (double)m->cache_hits);
+    put_one(&t, mn, "redlm_result_cache_misses_total", "counter",
+            "cacheable jobs the result cache did not have", (double)m->cache_misses);
+    put_one(&t, mn, "redlm_reclaimed_total", "counter",
+            "jobs claimed from a worker that stopped answering", (double)m->reclaimed);
+    put_one(&t, mn, "redlm_redis_reconnects_total", "counter", "reconnections to Redis",
+            (double)m->redis_reconnects);
+    put_one(&t, mn, "redlm_tokens_per_second", "gauge",
+            "generation rate, tokens per second, smoothed over about two seconds", m->tokens_per_s);
+    put_head(&t, "redlm_errors_total", "counter", "error events sent, by code");
     for (int c = 1; c < EV_CODE_COUNT; c++)
         if (m->errors[c])
-            text_printf(&t, "redlm_errors_total{code=\"%s\"} %lld\n", ev_code_name((enum ev_code)c),
-                (long long)m->errors[c]);
+            text_printf(&t, "redlm_errors_total{model_name=\"%s\",code=\"%s\"} %lld\n", mn,
+                        ev_code_name((enum ev_code)c), (long long)m->errors[c]);
     pthread_mutex_unlock(&m->mu);
+    if (t.oom) {
+        free(t.p);
+        return NULL;
+    }
     return t.p;
 }
 
@@ -193,7 +296,13 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddNumberToObject(o, "tokens_per_s", (double)(int64_t)(w->tok_rate * 10) / 10.0);
     cJSON_AddNumberToObject(o, "time_ms", (double)rl_wall_ms());
     cJSON_AddNumberToObject(o, "uptime_s", (double)((rl_wall_ms() - w->t_start_ms) / 1000));
-    cJSON_AddStringToObject(o, "model", w->opt.model);
+    /* the served name, what jobs and HTTP requests select it by; the
+     * dispatcher builds its model table from these (schemas/README.md) */
+    cJSON_AddStringToObject(o, "model", w->model.name);
+    cJSON_AddStringToObject(o, "model_dir", w->model.dir);
+    cJSON_AddNumberToObject(o, "model_created", (double)w->model.created);
+    cJSON_AddStringToObject(o, "model_owned_by", w->model.owned_by);
+    cJSON_AddStringToObject(o, "pool_scope", w->opt.pool_scope_model ? "model" : "shared");
     /* counters since start, for redlm stats/top: totals and hit rates */
     pthread_mutex_lock(&w->m.mu);
     cJSON_AddNumberToObject(o, "jobs_done", (double)w->m.jobs_done);

@@ -24,22 +24,33 @@
 
 #include "worker.h"
 
+/* Room for element n of the array v of *cap elements of size bytes,
+ * doubling from first: v itself when it has room, the grown array (*cap
+ * updated), or NULL when out of memory (v is then unchanged and still the
+ * caller's). */
+static void *grow(void *v, int n, int *cap, size_t size, int first)
+{
+    if (n < *cap)
+        return v;
+    int c = *cap ? 2 * *cap : first;
+    void *g = realloc(v, (size_t)c * size);
+    if (g)
+        *cap = c;
+    return g;
+}
+
 int w_push_event(struct wjob *j, char *json)
 {
     if (!j->out_key[0]) { /* no usable id: nowhere to write */
         free(json);
         return 0;
     }
-    if (j->n_out == j->cap_out) {
-        int cap = j->cap_out ? 2 * j->cap_out : 8;
-        struct wout *o = realloc(j->out, (size_t)cap * sizeof *o);
-        if (!o) {
-            free(json);
-            return -RL_ENOMEM;
-        }
-        j->out = o;
-        j->cap_out = cap;
+    struct wout *o = grow(j->out, j->n_out, &j->cap_out, sizeof *o, 8);
+    if (!o) {
+        free(json);
+        return -RL_ENOMEM;
     }
+    j->out = o;
     struct ev_info info;
     struct rl_err err;
     int64_t seq = j->seq.next - 1;
@@ -52,16 +63,12 @@ int w_push_event(struct wjob *j, char *json)
     j->out[j->n_out++] = (struct wout){.seq = seq, .json = json, .len = strlen(json),
                                        .is_done = is_done};
     if (j->cache_fill) {
-        if (j->n_hist == j->cap_hist) {
-            int cap = j->cap_hist ? 2 * j->cap_hist : 16;
-            char **h = realloc(j->hist, (size_t)cap * sizeof *h);
-            if (!h) {
-                j->cache_fill = false; /* no cache entry, the job itself goes on */
-                return 0;
-            }
-            j->hist = h;
-            j->cap_hist = cap;
+        char **h = grow(j->hist, j->n_hist, &j->cap_hist, sizeof *h, 16);
+        if (!h) {
+            j->cache_fill = false; /* no cache entry, the job itself goes on */
+            return 0;
         }
+        j->hist = h;
         char *copy = strdup(json);
         if (!copy)
             j->cache_fill = false;
@@ -87,6 +94,9 @@ int w_push_done(struct worker *w, struct wjob *j, enum ev_finish fin,
         d.reasoning_tokens = u->reasoning_tokens + j->prev_reasoning;
         d.cached_prompt_tokens = u->cached_prompt_tokens < d.prompt_tokens
                                      ? u->cached_prompt_tokens : d.prompt_tokens;
+        d.speculated = strcmp(w->opt.speculative, "off") && j->job && j->job->speculative;
+        d.spec_drafted = u->spec_drafted;
+        d.spec_accepted = u->spec_accepted;
     } else if (j->job) {
         d.prompt_tokens = j->n_ids - j->n_prev > 0 ? j->n_ids - j->n_prev : 0;
     }
@@ -143,6 +153,9 @@ bool w_has_pending(const struct worker *w)
     return false;
 }
 
+/* ---- w_flush: queue every command, send once, apply the replies --------- */
+
+/* What a command of the flush was for: reply i answers items[i]. */
 enum item_kind { IT_EVENT, IT_OTHER, IT_DEAD, IT_ACK, IT_CANCEL, IT_CACHE };
 struct item {
     enum item_kind kind;
@@ -150,18 +163,240 @@ struct item {
     int idx; /* outbox index of an IT_EVENT */
 };
 
-static int add_item(struct item **v, int *n, int *cap, struct item it)
+/* One flush being built: the pipeline and, in the same order, the items. */
+struct flush {
+    struct rconn_batch *b;
+    struct item *items; /* (cap_items) owned here, freed by w_flush */
+    int n_items, cap_items;
+    struct rl_err *err;
+};
+
+static int add_item(struct flush *f, struct item it)
 {
-    if (*n == *cap) {
-        int c = *cap ? 2 * *cap : 64;
-        struct item *g = realloc(*v, (size_t)c * sizeof *g);
-        if (!g)
-            return -RL_ENOMEM;
-        *v = g;
-        *cap = c;
-    }
-    (*v)[(*n)++] = it;
+    struct item *g = grow(f->items, f->n_items, &f->cap_items, sizeof *g, 64);
+    if (!g)
+        return -RL_ENOMEM;
+    f->items = g;
+    f->items[f->n_items++] = it;
     return 0;
+}
+
+/* Queues one command (argv as rconn_batch_add takes it) and its item. */
+static int queue_cmd(struct flush *f, struct item it, int argc, const char *const *argv,
+                     const size_t *lens)
+{
+    int rc = rconn_batch_add(f->b, argc, argv, lens, f->err);
+    return rc ? rc : add_item(f, it);
+}
+
+/* Queues an XADD of one field and its item. */
+static int queue_xadd(struct flush *f, struct item it, const char *key, const char *id,
+                      long maxlen, const char *field, const char *value, size_t len)
+{
+    const char *names[1] = {field}, *vals[1] = {value};
+    size_t lens[1] = {len};
+    int rc = rconn_batch_add_xadd(f->b, key, id, maxlen, 1, names, vals, lens, f->err);
+    return rc ? rc : add_item(f, it);
+}
+
+/* The result-cache entry goes out ahead of the done event, in the same
+ * pipeline: a client that has read done and sends the same job again must
+ * find it (one flush later, that job's GET could run first). The entry is
+ * the complete answer whether or not the done XADD lands; a broken
+ * pipeline resends it with the events. */
+static int queue_cache(struct worker *w, struct flush *f, struct wjob *j)
+{
+    if (j->state != WJ_RUNNING && j->cache_fill && !j->cache_value) {
+        struct rl_err e2;
+        if (w_cache_build(j, &e2)) {
+            RL_LOG(&w->log, RL_LOG_WARN, "job %s: no cache entry: %s", j->id, e2.msg);
+            j->cache_fill = false;
+        }
+    }
+    if (!j->cache_value)
+        return 0;
+    char ttl[32];
+    snprintf(ttl, sizeof ttl, "%d", w->opt.cache_ttl_s);
+    const char *argv[5] = {"SET", j->cache_key, j->cache_value, "EX", ttl};
+    return queue_cmd(f, (struct item){IT_CACHE, j, 0}, 5, argv, NULL);
+}
+
+/* Every unconfirmed event of j: its XADD (explicit id 0-<seq+1>), the
+ * EXPIRE after done, the PUBLISH when configured. */
+static int queue_events(struct worker *w, struct flush *f, struct wjob *j)
+{
+    char buf[W_KEY_MAX + WOPTS_STR_MAX + 64], idbuf[EV_STREAM_ID_MAX], ttl[32];
+    int rc;
+    for (int k = 0; k < j->n_out; k++) {
+        struct wout *o = &j->out[k];
+        ev_stream_id(o->seq, idbuf);
+        if ((rc = queue_xadd(f, (struct item){IT_EVENT, j, k}, j->out_key, idbuf, 0, "event",
+                             o->json, o->len)))
+            return rc;
+        if (o->is_done) {
+            snprintf(ttl, sizeof ttl, "%d", j->stream_ttl_s);
+            const char *argv[3] = {"EXPIRE", j->out_key, ttl};
+            if ((rc = queue_cmd(f, (struct item){IT_OTHER, j, 0}, 3, argv, NULL)))
+                return rc;
+        }
+        if (w->opt.publish) {
+            snprintf(buf, sizeof buf, "%stok:%s", w->opt.prefix, j->id);
+            const char *argv[3] = {"PUBLISH", buf, o->json};
+            size_t l[3] = {7, strlen(buf), o->len};
+            if ((rc = queue_cmd(f, (struct item){IT_OTHER, j, 0}, 3, argv, l)))
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/* j's pending dead letter, its XACK once it is acknowledged, and the
+ * EXISTS of its cancel key while it runs. */
+static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j)
+{
+    char buf[W_KEY_MAX + WOPTS_STR_MAX + 64];
+    int rc;
+    if (j->dead) {
+        snprintf(buf, sizeof buf, "%sdead", w->opt.prefix);
+        if ((rc = queue_xadd(f, (struct item){IT_DEAD, j, 0}, buf, "*", w->opt.dead_maxlen,
+                             "dead", j->dead, strlen(j->dead))))
+            return rc;
+    }
+    if (j->state == WJ_ACKING) {
+        const char *argv[4] = {"XACK", w->pool_keys[j->pool], w->opt.group, j->entry_id};
+        if ((rc = queue_cmd(f, (struct item){IT_ACK, j, 0}, 4, argv, NULL)))
+            return rc;
+    }
+    if (j->state == WJ_RUNNING && j->eng_id && !j->cancel_sent && j->id[0]) {
+        snprintf(buf, sizeof buf, "%scancel:%s", w->opt.prefix, j->id);
+        const char *argv[2] = {"EXISTS", buf};
+        if ((rc = queue_cmd(f, (struct item){IT_CANCEL, j, 0}, 2, argv, NULL)))
+            return rc;
+    }
+    return 0;
+}
+
+/* One XCLAIM ... JUSTID per pool over every job we hold there, so a long
+ * generation is never taken for a dead consumer's. */
+static int queue_lease(struct worker *w, struct flush *f)
+{
+    for (int p = 0; p < w->n_pools; p++) {
+        int n = 0;
+        for (int i = 0; i < w->n_jobs; i++)
+            n += w->jobs[i]->pool == p && w->jobs[i]->state != WJ_ACKING;
+        if (!n)
+            continue;
+        const char **argv = malloc((size_t)(n + 6) * sizeof *argv);
+        if (!argv)
+            return rl_errf(f->err, RL_ENOMEM, "flush: out of memory");
+        int a = 0;
+        argv[a++] = "XCLAIM";
+        argv[a++] = w->pool_keys[p];
+        argv[a++] = w->opt.group;
+        argv[a++] = w->opt.name;
+        argv[a++] = "0";
+        for (int i = 0; i < w->n_jobs; i++)
+            if (w->jobs[i]->pool == p && w->jobs[i]->state != WJ_ACKING)
+                argv[a++] = w->jobs[i]->entry_id;
+        argv[a++] = "JUSTID";
+        int rc = queue_cmd(f, (struct item){IT_OTHER, NULL, 0}, a, argv, NULL);
+        free(argv);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* The heartbeat SET <prefix>worker:<name> (nothing when it cannot be
+ * built). */
+static int queue_heartbeat(struct worker *w, struct flush *f)
+{
+    char *v = wm_heartbeat_json(w);
+    if (!v)
+        return 0;
+    char buf[W_KEY_MAX + WOPTS_STR_MAX + 64], ttl[32];
+    snprintf(buf, sizeof buf, "%sworker:%s", w->opt.prefix, w->opt.name);
+    snprintf(ttl, sizeof ttl, "%d", w->opt.heartbeat_ttl_s);
+    const char *argv[5] = {"SET", buf, v, "EX", ttl};
+    int rc = queue_cmd(f, (struct item){IT_OTHER, NULL, 0}, 5, argv, NULL);
+    free(v);
+    if (rc)
+        return rc;
+    /* the registry of workers (schemas/README.md): the dispatcher reads its
+     * members' heartbeats instead of SCANning the key space; names silent
+     * for a day are pruned */
+    char reg[W_KEY_MAX], score[32], old[32];
+    int64_t now = rl_wall_ms();
+    snprintf(reg, sizeof reg, "%sworkers", w->opt.prefix);
+    snprintf(score, sizeof score, "%lld", (long long)now);
+    snprintf(old, sizeof old, "(%lld", (long long)(now - 86400000));
+    const char *za[4] = {"ZADD", reg, score, w->opt.name};
+    const char *zr[4] = {"ZREMRANGEBYSCORE", reg, "-inf", old};
+    if ((rc = queue_cmd(f, (struct item){IT_OTHER, NULL, 0}, 4, za, NULL)))
+        return rc;
+    return queue_cmd(f, (struct item){IT_OTHER, NULL, 0}, 4, zr, NULL);
+}
+
+/* What reply r (NULL: none came) means for the item that asked: an event
+ * confirmed (or given up after 20 failures), a dead letter sent, a job
+ * acknowledged (state 0 marks it for removal), a cancel key found. */
+static void apply_reply(struct worker *w, struct item *it, const struct rconn_reply *r)
+{
+    bool is_err = r && r->type == RCONN_ERROR;
+    switch (it->kind) {
+    case IT_EVENT: {
+        struct wout *o = &it->j->out[it->idx];
+        if (!is_err || rconn_reply_is_stale_id(r)) {
+            free(o->json);
+            o->json = NULL; /* confirmed */
+        } else if (++o->n_fail >= 20) {
+            RL_LOG(&w->log, RL_LOG_ERROR, "job %s: XADD seq %" PRId64 " failed %d times (%s); dropped",
+                   it->j->id, o->seq, o->n_fail, r->str);
+            free(o->json);
+            o->json = NULL;
+        } else {
+            RL_LOG(&w->log, RL_LOG_WARN, "job %s: XADD seq %" PRId64 ": %s", it->j->id, o->seq,
+                   r->str);
+        }
+        break;
+    }
+    case IT_CACHE: /* best effort: a refused SET is logged, not retried */
+        if (is_err)
+            RL_LOG(&w->log, RL_LOG_WARN, "job %s: cache SET: %s", it->j->id, r->str);
+        free(it->j->cache_value);
+        it->j->cache_value = NULL;
+        it->j->cache_fill = false;
+        break;
+    case IT_DEAD:
+        if (!is_err) {
+            free(it->j->dead);
+            it->j->dead = NULL;
+        } else {
+            RL_LOG(&w->log, RL_LOG_WARN, "job %s: dead letter XADD: %s", it->j->id, r->str);
+        }
+        break;
+    case IT_ACK:
+        if (!is_err) {
+            it->j->state = 0; /* marks it for removal below */
+        } else {
+            RL_LOG(&w->log, RL_LOG_WARN, "job %s: XACK: %s", it->j->id, r->str);
+        }
+        break;
+    case IT_CANCEL:
+        if (r && r->type == RCONN_INTEGER && r->integer > 0 && it->j->eng_id &&
+            !it->j->cancel_sent) {
+            struct rl_err e2;
+            RL_LOG(&w->log, RL_LOG_INFO, "job %s: cancelled by its cancel key", it->j->id);
+            it->j->cancel_sent = true;
+            if (engine_cancel(w->eng, it->j->eng_id, &e2))
+                RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: cancel: %s", it->j->id, e2.msg);
+        }
+        break;
+    case IT_OTHER:
+        if (is_err)
+            RL_LOG(&w->log, RL_LOG_WARN, "flush: %s", r->str);
+        break;
+    }
 }
 
 static void remove_job(struct worker *w, int i)
@@ -170,201 +405,11 @@ static void remove_job(struct worker *w, int i)
     w->jobs[i] = w->jobs[--w->n_jobs];
 }
 
-int w_flush(struct worker *w, struct rl_err *err)
+/* After the replies: compact outboxes, drop acknowledged jobs, and move a
+ * closing job whose events are all confirmed to ACKING (acknowledged with
+ * the next flush). */
+static void settle_jobs(struct worker *w)
 {
-    struct rconn_batch *b = w->batch;
-    struct item *items = NULL;
-    int n_items = 0, cap_items = 0, rc = 0;
-    int64_t now = rl_wall_ms();
-    bool lease = now >= w->next_lease_ms, hb = now >= w->next_hb_ms;
-    char buf[W_KEY_MAX + WOPTS_STR_MAX + 64], idbuf[EV_STREAM_ID_MAX], ttl[32];
-    const char *names[1] = {"event"};
-
-    rconn_batch_reset(b);
-    for (int i = 0; i < w->n_jobs; i++) {
-        struct wjob *j = w->jobs[i];
-        /* The result-cache entry goes out ahead of the done event, in the
-         * same pipeline: a client that has read done and sends the same
-         * job again must find it (one flush later, that job's GET could run
-         * first). The entry is the complete answer whether or not the done
-         * XADD lands; a broken pipeline resends it with the events. */
-        if (j->state != WJ_RUNNING && j->cache_fill && !j->cache_value) {
-            struct rl_err e2;
-            if (w_cache_build(j, &e2)) {
-                RL_LOG(&w->log, RL_LOG_WARN, "job %s: no cache entry: %s", j->id, e2.msg);
-                j->cache_fill = false;
-            }
-        }
-        if (j->cache_value) {
-            snprintf(ttl, sizeof ttl, "%d", w->opt.cache_ttl_s);
-            const char *argv[5] = {"SET", j->cache_key, j->cache_value, "EX", ttl};
-            if ((rc = rconn_batch_add(b, 5, argv, NULL, err)) ||
-                (rc = add_item(&items, &n_items, &cap_items, (struct item){IT_CACHE, j, 0})))
-                goto out;
-        }
-        for (int k = 0; k < j->n_out; k++) {
-            struct wout *o = &j->out[k];
-            const char *vals[1] = {o->json};
-            size_t lens[1] = {o->len};
-            ev_stream_id(o->seq, idbuf);
-            if ((rc = rconn_batch_add_xadd(b, j->out_key, idbuf, 0, 1, names, vals, lens, err)) ||
-                (rc = add_item(&items, &n_items, &cap_items, (struct item){IT_EVENT, j, k})))
-                goto out;
-            if (o->is_done) {
-                snprintf(ttl, sizeof ttl, "%d", j->stream_ttl_s);
-                const char *argv[3] = {"EXPIRE", j->out_key, ttl};
-                if ((rc = rconn_batch_add(b, 3, argv, NULL, err)) ||
-                    (rc = add_item(&items, &n_items, &cap_items, (struct item){IT_OTHER, j, 0})))
-                    goto out;
-            }
-            if (w->opt.publish) {
-                snprintf(buf, sizeof buf, "%stok:%s", w->opt.prefix, j->id);
-                const char *argv[3] = {"PUBLISH", buf, o->json};
-                size_t l[3] = {7, strlen(buf), o->len};
-                if ((rc = rconn_batch_add(b, 3, argv, l, err)) ||
-                    (rc = add_item(&items, &n_items, &cap_items, (struct item){IT_OTHER, j, 0})))
-                    goto out;
-            }
-        }
-        if (j->dead) {
-            snprintf(buf, sizeof buf, "%sdead", w->opt.prefix);
-            const char *vals[1] = {j->dead};
-            const char *dn[1] = {"dead"};
-            size_t lens[1] = {strlen(j->dead)};
-            if ((rc = rconn_batch_add_xadd(b, buf, "*", w->opt.dead_maxlen, 1, dn, vals, lens,
-                                           err)) ||
-                (rc = add_item(&items, &n_items, &cap_items, (struct item){IT_DEAD, j, 0})))
-                goto out;
-        }
-        if (j->state == WJ_ACKING) {
-            const char *argv[4] = {"XACK", w->pool_keys[j->pool], w->opt.group, j->entry_id};
-            if ((rc = rconn_batch_add(b, 4, argv, NULL, err)) ||
-                (rc = add_item(&items, &n_items, &cap_items, (struct item){IT_ACK, j, 0})))
-                goto out;
-        }
-        if (j->state == WJ_RUNNING && j->eng_id && !j->cancel_sent && j->id[0]) {
-            snprintf(buf, sizeof buf, "%scancel:%s", w->opt.prefix, j->id);
-            const char *argv[2] = {"EXISTS", buf};
-            if ((rc = rconn_batch_add(b, 2, argv, NULL, err)) ||
-                (rc = add_item(&items, &n_items, &cap_items, (struct item){IT_CANCEL, j, 0})))
-                goto out;
-        }
-    }
-    if (lease) {
-        /* one XCLAIM ... JUSTID per pool over every job we hold there, so a
-         * long generation is never taken for a dead consumer's */
-        for (int p = 0; p < w->n_pools; p++) {
-            int n = 0;
-            for (int i = 0; i < w->n_jobs; i++)
-                n += w->jobs[i]->pool == p && w->jobs[i]->state != WJ_ACKING;
-            if (!n)
-                continue;
-            const char **argv = malloc((size_t)(n + 6) * sizeof *argv);
-            if (!argv) {
-                rc = rl_errf(err, RL_ENOMEM, "flush: out of memory");
-                goto out;
-            }
-            int a = 0;
-            argv[a++] = "XCLAIM";
-            argv[a++] = w->pool_keys[p];
-            argv[a++] = w->opt.group;
-            argv[a++] = w->opt.name;
-            argv[a++] = "0";
-            for (int i = 0; i < w->n_jobs; i++)
-                if (w->jobs[i]->pool == p && w->jobs[i]->state != WJ_ACKING)
-                    argv[a++] = w->jobs[i]->entry_id;
-            argv[a++] = "JUSTID";
-            rc = rconn_batch_add(b, a, argv, NULL, err);
-            free(argv);
-            if (rc || (rc = add_item(&items, &n_items, &cap_items,
-                                     (struct item){IT_OTHER, NULL, 0})))
-                goto out;
-        }
-    }
-    if (hb) {
-        char *v = wm_heartbeat_json(w);
-        if (v) {
-            snprintf(buf, sizeof buf, "%sworker:%s", w->opt.prefix, w->opt.name);
-            snprintf(ttl, sizeof ttl, "%d", w->opt.heartbeat_ttl_s);
-            const char *argv[5] = {"SET", buf, v, "EX", ttl};
-            rc = rconn_batch_add(b, 5, argv, NULL, err);
-            free(v);
-            if (rc || (rc = add_item(&items, &n_items, &cap_items,
-                                     (struct item){IT_OTHER, NULL, 0})))
-                goto out;
-        }
-    }
-    if (rconn_batch_count(b) == 0)
-        goto out;
-
-    int xrc = rconn_batch_exec(w->rc, b, err);
-    int n_done = rconn_batch_n_done(b);
-    if (xrc == 0 || n_done > 0) {
-        if (lease)
-            w->next_lease_ms = now + w->opt.lease_renew_ms;
-        if (hb)
-            w->next_hb_ms = now + w->opt.heartbeat_ms;
-    }
-    for (int i = 0; i < n_done && i < n_items; i++) {
-        const struct rconn_reply *r = rconn_batch_reply(b, i);
-        struct item *it = &items[i];
-        bool is_err = r && r->type == RCONN_ERROR;
-        switch (it->kind) {
-        case IT_EVENT: {
-            struct wout *o = &it->j->out[it->idx];
-            if (!is_err || rconn_reply_is_stale_id(r)) {
-                free(o->json);
-                o->json = NULL; /* confirmed */
-            } else if (++o->n_fail >= 20) {
-                RL_LOG(&w->log, RL_LOG_ERROR, "job %s: XADD seq %" PRId64 " failed %d times (%s); dropped",
-                       it->j->id, o->seq, o->n_fail, r->str);
-                free(o->json);
-                o->json = NULL;
-            } else {
-                RL_LOG(&w->log, RL_LOG_WARN, "job %s: XADD seq %" PRId64 ": %s", it->j->id, o->seq,
-                       r->str);
-            }
-            break;
-        }
-        case IT_CACHE: /* best effort: a refused SET is logged, not retried */
-            if (is_err)
-                RL_LOG(&w->log, RL_LOG_WARN, "job %s: cache SET: %s", it->j->id, r->str);
-            free(it->j->cache_value);
-            it->j->cache_value = NULL;
-            it->j->cache_fill = false;
-            break;
-        case IT_DEAD:
-            if (!is_err) {
-                free(it->j->dead);
-                it->j->dead = NULL;
-            } else {
-                RL_LOG(&w->log, RL_LOG_WARN, "job %s: dead letter XADD: %s", it->j->id, r->str);
-            }
-            break;
-        case IT_ACK:
-            if (!is_err) {
-                it->j->state = 0; /* marks it for removal below */
-            } else {
-                RL_LOG(&w->log, RL_LOG_WARN, "job %s: XACK: %s", it->j->id, r->str);
-            }
-            break;
-        case IT_CANCEL:
-            if (r && r->type == RCONN_INTEGER && r->integer > 0 && it->j->eng_id &&
-                !it->j->cancel_sent) {
-                struct rl_err e2;
-                RL_LOG(&w->log, RL_LOG_INFO, "job %s: cancelled by its cancel key", it->j->id);
-                it->j->cancel_sent = true;
-                if (engine_cancel(w->eng, it->j->eng_id, &e2))
-                    RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: cancel: %s", it->j->id, e2.msg);
-            }
-            break;
-        case IT_OTHER:
-            if (is_err)
-                RL_LOG(&w->log, RL_LOG_WARN, "flush: %s", r->str);
-            break;
-        }
-    }
-    /* compact outboxes, advance jobs, drop acknowledged ones */
     for (int i = 0; i < w->n_jobs; i++) {
         struct wjob *j = w->jobs[i];
         int k2 = 0;
@@ -379,13 +424,43 @@ int w_flush(struct worker *w, struct rl_err *err)
             remove_job(w, i);
             continue;
         }
-        if (j->state == WJ_CLOSING && j->n_out == 0 && !j->dead) {
+        if (j->state == WJ_CLOSING && j->n_out == 0 && !j->dead)
             j->state = WJ_ACKING; /* acknowledged with the next flush */
-        }
         i++;
     }
+}
+
+int w_flush(struct worker *w, struct rl_err *err)
+{
+    struct flush f = {.b = w->batch, .err = err};
+    int64_t now = rl_wall_ms();
+    bool lease = now >= w->next_lease_ms, hb = now >= w->next_hb_ms;
+    int rc = 0;
+
+    rconn_batch_reset(f.b);
+    for (int i = 0; i < w->n_jobs && !rc; i++)
+        if (!(rc = queue_cache(w, &f, w->jobs[i])) && !(rc = queue_events(w, &f, w->jobs[i])))
+            rc = queue_job_state(w, &f, w->jobs[i]);
+    if (!rc && lease)
+        rc = queue_lease(w, &f);
+    if (!rc && hb)
+        rc = queue_heartbeat(w, &f);
+    if (rc || rconn_batch_count(f.b) == 0)
+        goto out;
+
+    int xrc = rconn_batch_exec(w->rc, f.b, err);
+    int n_done = rconn_batch_n_done(f.b);
+    if (xrc == 0 || n_done > 0) {
+        if (lease)
+            w->next_lease_ms = now + w->opt.lease_renew_ms;
+        if (hb)
+            w->next_hb_ms = now + w->opt.heartbeat_ms;
+    }
+    for (int i = 0; i < n_done && i < f.n_items; i++)
+        apply_reply(w, &f.items[i], rconn_batch_reply(f.b, i));
+    settle_jobs(w);
     rc = xrc;
 out:
-    free(items);
+    free(f.items);
     return rc;
 }

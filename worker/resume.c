@@ -10,13 +10,20 @@
  * own PEL after a restart under the same name.
  *
  * Resumption (w_resume_prepare): XRANGE <prefix>out:<id> - + gives the
- * events the dead worker managed to publish. Their token ids are appended
- * to the rendered prompt, max_tokens shrinks by as many, and seq goes on
- * from one past the last published event. With greedy decoding the
- * continuation is the very sequence an uninterrupted run gives (the
- * engine is batch-invariant on the CPU backend); a sampled job continues
- * with a fresh RNG stream, so its tail differs from what the dead worker
- * would have drawn. Two workers writing the same job by accident cannot
+ * events the dead worker managed to publish: that stream is the resume
+ * record. Their token ids are appended to the rendered prompt and handed
+ * to the engine as resumed output (engine_request.n_resumed): the
+ * frequency and presence penalties count them as output, and the RNG
+ * stream starts at draw n_prev, since the engine spends exactly one draw
+ * per output token (sampled or forced), counted from the job's first
+ * output token. max_tokens and the thinking budget shrink by what was
+ * spent, and seq goes on from one past the last published event. So the
+ * continuation is, token for token, what an uninterrupted run gives, for
+ * every sampling setting (the engine is batch-invariant on the CPU
+ * backend; a job without a seed gets one derived from its id and entry,
+ * loop.c, so it too has one stream to continue). The token ids are all
+ * the record needs, so streams written before this rule resume the same
+ * way. Two workers writing the same job by accident cannot
  * duplicate an event: IDs are 0-<seq+1> and Redis refuses a second write.
  * Text held back by the engine's streaming decoder or the tool-call
  * parser at the moment of death (a partial UTF-8 character, a possible
@@ -204,6 +211,7 @@ int w_resume_prepare(struct worker *w, struct wjob *j, struct rl_err *err)
         j->n_prev = n_tok;
     }
     j->t_first = n_tok > 0 ? j->t_admitted : 0;
+    j->t_last_tok = j->t_first; /* the first gap is measured from here, not from 1970 */
     RL_LOG(&w->log, RL_LOG_INFO, "job %s: resuming after %d published tokens at seq %" PRId64,
            j->id, n_tok, j->seq.next);
     rc = 0;

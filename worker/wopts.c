@@ -39,6 +39,8 @@ static int from_cfg(struct wopts *o, const struct cfg *c, struct rl_err *err)
         snprintf(o->pools + used, sizeof o->pools - used, "%s%s", i ? "," : "", c->pools.v[i]);
     }
     copy(o->model, sizeof o->model, c->model);
+    copy(o->served_name, sizeof o->served_name, c->served_model_name);
+    o->pool_scope_model = !strcmp(c->pool_scope, "model");
     copy(o->backend, sizeof o->backend, c->backend);
     copy(o->sim_profile, sizeof o->sim_profile, c->sim_profile);
     copy(o->sim_model, sizeof o->sim_model, c->sim_model);
@@ -50,6 +52,9 @@ static int from_cfg(struct wopts *o, const struct cfg *c, struct rl_err *err)
     o->max_batch = c->max_batch;
     o->token_budget = c->max_batch_tokens;
     o->prefill_chunk = c->prefill_chunk;
+    copy(o->speculative, sizeof o->speculative, c->speculative);
+    o->spec_tokens = c->spec_tokens;
+    o->spec_max_rows = c->spec_max_rows;
     o->read_block_ms = c->block_ms;
     o->claim_idle_ms = c->claim_idle_ms;
     o->claim_interval_ms = c->claim_interval_ms;

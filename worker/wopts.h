@@ -24,7 +24,9 @@ struct wopts {
     char group[64];                  /* consumer group on every pool stream: "workers" */
     char name[WOPTS_STR_MAX];        /* consumer name */
     char pools[WOPTS_STR_MAX];       /* comma list in priority order */
-    char model[WOPTS_STR_MAX];
+    char model[WOPTS_STR_MAX];       /* as given: a directory or a repo id (modelref.h) */
+    char served_name[WOPTS_STR_MAX]; /* served_model_name; "" = derived from model */
+    bool pool_scope_model;           /* pool_scope = model: streams jobs:<name>:<pool> */
     char backend[16];
     char sim_profile[16];           /* sim backend: device profile */
     char sim_model[WOPTS_STR_MAX];  /* sim backend: model shape; "" = model's */
@@ -36,6 +38,9 @@ struct wopts {
     int max_batch;
     int token_budget;
     int prefill_chunk;
+    char speculative[16];            /* "off" or "ngram" */
+    int spec_tokens;
+    int spec_max_rows;
     int read_block_ms;       /* XREADGROUP BLOCK when idle */
     int claim_idle_ms;       /* XAUTOCLAIM jobs idle longer than this */
     int claim_interval_ms;   /* how often to look for them */

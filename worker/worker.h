@@ -35,10 +35,11 @@
 #include "event.h"
 #include "job.h"
 #include "log.h"
+#include "modelref.h"
 #include "rconn.h"
 #include "wopts.h"
 
-#define W_KEY_MAX 256
+#define W_KEY_MAX 384 /* <prefix>jobs:<served name>:<pool> fits */
 
 /* One event waiting for Redis to confirm its XADD. */
 struct wout {
@@ -94,22 +95,37 @@ struct wjob {
                                      in-engine time to first token (debug log) */
 };
 
-/* Counters and histograms behind /metrics. */
-#define WM_BUCKETS 12
+/* Counters and histograms behind /metrics, in base units (seconds,
+ * tokens) as Prometheus wants them. A histogram's bucket bounds are one of
+ * the static tables in metrics.c, named by le. */
+#define WM_MAX_BUCKETS 24
 struct whist {
-    int64_t bucket[WM_BUCKETS]; /* counts <= wm_bounds[i] ms (cumulative at render) */
+    const double *le;               /* (n_le) upper bounds, ascending */
+    int n_le;
+    int64_t bucket[WM_MAX_BUCKETS]; /* counts <= le[i], not cumulative (render sums) */
     int64_t count;
-    double sum_ms;
+    double sum;
 };
+
 struct wmetrics {
     pthread_mutex_t mu;
-    struct whist queue_wait, ttft, tpot;
-    int64_t tokens_out, jobs_done, cache_hits, cache_misses, reclaimed, redis_reconnects;
+    /* latency, seconds: queue_wait = XADD to admission, ttft = XADD to the
+     * first token, inter_token = between two tokens of one job, e2e = XADD
+     * to done, prefill = admission to the first token, decode = first token
+     * to done */
+    struct whist queue_wait, ttft, inter_token, e2e, prefill, decode;
+    struct whist prompt_len, gen_len;  /* tokens per finished job */
+    int64_t prompt_tokens, tokens_out, jobs_done, cache_hits, cache_misses, reclaimed,
+        redis_reconnects;
+    int64_t finished[EV_FINISH_ERROR + 1]; /* jobs by finish reason */
+    int64_t preemptions;                   /* the engine's count since start */
     int64_t errors[EV_CODE_COUNT];
     int running, waiting, kv_blocks, kv_used;
     int64_t prefix_hit_tokens, prefix_miss_tokens;
+    int64_t spec_drafted, spec_accepted;
     double tokens_per_s;
     bool ready, draining, redis_up;
+    char model_name[256];                  /* the model_name label: the model dir's basename */
 };
 
 struct wmetrics_server; /* the libmicrohttpd daemon */
@@ -122,6 +138,7 @@ struct worker {
     struct engine *eng;
     struct job_opts jopts;
     char model_id[SHA256_HEX_LEN + 1];
+    struct modelref model;        /* the resolved --model; model.name is the served name */
 
     struct rconn *rc;             /* publish, ack, claim, cancel checks */
     struct rconn *rc_read;        /* the (blocking) XREADGROUP only */
@@ -204,8 +221,13 @@ int w_cache_replay(struct worker *w, struct wjob *j, const char *value, size_t l
 int w_cache_build(struct wjob *j, struct rl_err *err);
 
 /* metrics.c */
+/* Zeroes m and gives each histogram its bucket table. */
 void wm_init(struct wmetrics *m);
-void wm_observe(struct whist *h, double ms);
+/* model: the model path, whose last component becomes the model_name
+ * label of every sample. Called before the metrics thread starts. */
+void wm_set_model(struct wmetrics *m, const char *model);
+/* Adds one observation v (seconds or tokens). Caller holds m->mu. */
+void wm_observe(struct whist *h, double v);
 void wm_error(struct wmetrics *m, enum ev_code code);
 int wm_start(struct worker *w, struct rl_err *err);
 void wm_stop(struct worker *w);

@@ -7,11 +7,13 @@
  * then one zero-padded step for the K tail, then red8()'s fixed tree. The
  * 2x4 register tile (M > 1), the 8-row matrix-vector path (M = 1) and the
  * edge tiles all run that same per-pair recipe, so results are batch
- * invariant (kernels.h).
+ * invariant (kernels.h) whichever of them the shared driver
+ * (gemm_driver.h) hands an output to.
  *
  * red8() folds eight accumulators at once and performs, for each of them,
  * exactly s1[l] = v[l] + v[l+4], s2[l] = s1[l] + s1[l+2], out = s2[0] + s2[1],
  * whatever slot it sits in. */
+#include "cpu/gemm_driver.h"
 #include "cpu/kernels.h"
 
 #include <stddef.h>
@@ -22,8 +24,6 @@
 
 #define T2 __attribute__((target("avx2,fma,f16c")))
 #define AI __attribute__((always_inline)) inline
-
-#define MC_BYTES (512 * 1024)
 
 /* Output position 4j+q of red8() holds accumulator slot j+2q. */
 T2 static AI __m256 red8(const __m256 a[8])
@@ -88,17 +88,20 @@ T2 static AI __m256 ld_f32_t(const float *p, int n)
 #define F16_LW(p) ld_f16(p)
 #define F16_LWT(p, n) ld_f16_t(p, n)
 
+/* Every accumulator of a tile or row to +0. */
+#define ACC_ZERO(acc) _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps()
+
 /* P##_tile(MR <= 2, NR <= 4): slot m + 2n, so red8's 128-bit lane m is
  * y[m][0..3]. P##_row8: one x row against eight w rows, slot n/4 + 2(n%4),
- * so red8's output is y[0..7] in order. */
+ * so red8's output is y[0..7] in order. gemm_driver.h stamps P##_tile_any
+ * and P##_gemm over them: full tiles of 2 x 4, rows of 8. */
 #define DEFINE_GEMM(P, XT, WT)                                                \
     T2 static AI void P##_tile(const int MR, const int NR, int K,             \
                                const XT *x, int ldx, const WT *w, float *y,   \
                                int ldy)                                       \
     {                                                                         \
         __m256 acc[8];                                                        \
-        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) acc[i] =          \
-            _mm256_setzero_ps();                                              \
+        ACC_ZERO(acc);                                                        \
         int k = 0;                                                            \
         for (; k + 8 <= K; k += 8) {                                          \
             __m256 wv[4];                                                     \
@@ -137,27 +140,10 @@ T2 static AI __m256 ld_f32_t(const float *p, int n)
         }                                                                     \
     }                                                                         \
                                                                               \
-    T2 static void P##_tile_any(int mr, int nr, int K, const XT *x, int ldx,  \
-                                const WT *w, float *y, int ldy)               \
-    {                                                                         \
-        switch (mr * 8 + nr) {                                                \
-        case 8 + 1: P##_tile(1, 1, K, x, ldx, w, y, ldy); break;              \
-        case 8 + 2: P##_tile(1, 2, K, x, ldx, w, y, ldy); break;              \
-        case 8 + 3: P##_tile(1, 3, K, x, ldx, w, y, ldy); break;              \
-        case 8 + 4: P##_tile(1, 4, K, x, ldx, w, y, ldy); break;              \
-        case 16 + 1: P##_tile(2, 1, K, x, ldx, w, y, ldy); break;             \
-        case 16 + 2: P##_tile(2, 2, K, x, ldx, w, y, ldy); break;             \
-        case 16 + 3: P##_tile(2, 3, K, x, ldx, w, y, ldy); break;             \
-        case 16 + 4: P##_tile(2, 4, K, x, ldx, w, y, ldy); break;             \
-        default: break;                                                       \
-        }                                                                     \
-    }                                                                         \
-                                                                              \
     T2 static void P##_row8(int K, const XT *x, const WT *w, float *y)        \
     {                                                                         \
         __m256 acc[8];                                                        \
-        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) acc[i] =          \
-            _mm256_setzero_ps();                                              \
+        ACC_ZERO(acc);                                                        \
         int k = 0;                                                            \
         for (; k + 8 <= K; k += 8) {                                          \
             __m256 xv = P##_LX(x + k);                                        \
@@ -175,40 +161,7 @@ T2 static AI __m256 ld_f32_t(const float *p, int n)
         _mm256_storeu_ps(y, red8(acc));                                       \
     }                                                                         \
                                                                               \
-    T2 static void P##_gemm(int M, int n0, int n1, int K, const XT *x,        \
-                            int ldx, const WT *w, float *y, int ldy)          \
-    {                                                                         \
-        if (M <= 0 || n1 <= n0 || K <= 0)                                     \
-            return;                                                           \
-        if (M == 1) {                                                         \
-            int n = n0;                                                       \
-            for (; n + 8 <= n1; n += 8)                                       \
-                P##_row8(K, x, w + (size_t)n * K, y + n);                     \
-            for (; n < n1; n += 4)                                            \
-                P##_tile_any(1, n1 - n < 4 ? n1 - n : 4, K, x, ldx,           \
-                             w + (size_t)n * K, y + n, ldy);                  \
-            return;                                                           \
-        }                                                                     \
-        int mc = (int)(MC_BYTES / ((size_t)K * sizeof(XT))) & ~1;             \
-        if (mc < 2)                                                           \
-            mc = 2;                                                           \
-        for (int m0 = 0; m0 < M; m0 += mc) {                                  \
-            int m1 = m0 + mc < M ? m0 + mc : M;                               \
-            for (int n = n0; n < n1; n += 4) {                                \
-                int nr = n1 - n < 4 ? n1 - n : 4;                             \
-                const WT *wt = w + (size_t)n * K;                             \
-                int m = m0;                                                   \
-                if (nr == 4)                                                  \
-                    for (; m + 2 <= m1; m += 2)                               \
-                        P##_tile(2, 4, K, x + (size_t)m * ldx, ldx, wt,       \
-                                 y + (size_t)m * ldy + n, ldy);               \
-                for (; m < m1; m += 2)                                        \
-                    P##_tile_any(m1 - m < 2 ? m1 - m : 2, nr, K,              \
-                                 x + (size_t)m * ldx, ldx, wt,                \
-                                 y + (size_t)m * ldy + n, ldy);               \
-            }                                                                 \
-        }                                                                     \
-    }
+    CPU_GEMM_DRIVER(T2, P, XT, WT, 2, 8)
 
 DEFINE_GEMM(BF, uint16_t, uint16_t)
 DEFINE_GEMM(F32, float, float)
@@ -261,56 +214,41 @@ T2 static AI float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-T2 static float av2_dot_f32(const float *a, const float *b, int n)
-{
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+/* dot (two chains of 8 lanes, then the zero-padded tail into the first)
+ * and axpy over a row of AT elements against f32: the same loops for f32
+ * and bf16 rows, only the loads of the row differ (LD a full vector of 8,
+ * LDT(p, n) the last n < 8, SC one element as a float). */
+#define F32_LD(p) _mm256_loadu_ps(p)
+#define F32_SC(v) (v)
+#define DEFINE_DOT_AXPY(DOT, AXPY, AT, LD, LDT, SC)                           \
+    T2 static float DOT(const AT *a, const float *b, int n)                   \
+    {                                                                         \
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();            \
+        int i = 0;                                                            \
+        for (; i + 16 <= n; i += 16) {                                        \
+            s0 = _mm256_fmadd_ps(LD(a + i), _mm256_loadu_ps(b + i), s0);      \
+            s1 = _mm256_fmadd_ps(LD(a + i + 8), _mm256_loadu_ps(b + i + 8), s1); \
+        }                                                                     \
+        for (; i < n; i += 8) {                                               \
+            int r = n - i < 8 ? n - i : 8;                                    \
+            s0 = _mm256_fmadd_ps(LDT(a + i, r), ld_f32_t(b + i, r), s0);      \
+        }                                                                     \
+        return hsum8(_mm256_add_ps(s0, s1));                                  \
+    }                                                                         \
+                                                                              \
+    T2 static void AXPY(float a, const AT *x, float *y, int n)                \
+    {                                                                         \
+        __m256 av = _mm256_set1_ps(a);                                        \
+        int i = 0;                                                            \
+        for (; i + 8 <= n; i += 8)                                            \
+            _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, LD(x + i), _mm256_loadu_ps(y + i))); \
+        for (; i < n; i++)                                                    \
+            y[i] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(SC(x[i])), \
+                                              _mm_set_ss(y[i])));             \
     }
-    for (; i < n; i += 8) {
-        int r = n - i < 8 ? n - i : 8;
-        s0 = _mm256_fmadd_ps(ld_f32_t(a + i, r), ld_f32_t(b + i, r), s0);
-    }
-    return hsum8(_mm256_add_ps(s0, s1));
-}
 
-T2 static float av2_dot_bf16_f32(const uint16_t *a, const float *b, int n)
-{
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(ld_bf16(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(ld_bf16(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    for (; i < n; i += 8) {
-        int r = n - i < 8 ? n - i : 8;
-        s0 = _mm256_fmadd_ps(ld_bf16_t(a + i, r), ld_f32_t(b + i, r), s0);
-    }
-    return hsum8(_mm256_add_ps(s0, s1));
-}
-
-T2 static void av2_axpy_f32(float a, const float *x, float *y, int n)
-{
-    __m256 av = _mm256_set1_ps(a);
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++)
-        y[i] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(x[i]), _mm_set_ss(y[i])));
-}
-
-T2 static void av2_axpy_bf16(float a, const uint16_t *x, float *y, int n)
-{
-    __m256 av = _mm256_set1_ps(a);
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, ld_bf16(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++)
-        y[i] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(cpu_bf16_to_f32(x[i])),
-                                          _mm_set_ss(y[i])));
-}
+DEFINE_DOT_AXPY(av2_dot_f32, av2_axpy_f32, float, F32_LD, ld_f32_t, F32_SC)
+DEFINE_DOT_AXPY(av2_dot_bf16_f32, av2_axpy_bf16, uint16_t, ld_bf16, ld_bf16_t, cpu_bf16_to_f32)
 
 static const struct cpu_kernels av2_table = {
     .isa = CPU_ISA_AVX2,

@@ -25,17 +25,18 @@
  * commutative bit for bit), so a lone row and a row in a full tile agree;
  * tests/unit/test_kernels.c checks exactly that.
  *
- * Blocking for M > 1: rows of x come in chunks of mc rows whose bf16 panel
- * (mc x K) stays in the 1 MB L2; for each chunk we sweep n in tiles of four
- * w rows (24 KB at K = 3072, so the tile stays in L1 while it is reused by
- * every 4-row group of the chunk). K is not blocked: that would split the
- * accumulator chain and change the reduction order.
+ * Which outputs share a tile - blocking for M > 1, the matrix-vector path
+ * for M = 1, the edge tiles - is decided by the driver both SIMD tables
+ * share (gemm_driver.h): here, chunks of x rows whose bf16 panel stays in
+ * the 1 MB L2, swept by tiles of four w rows (24 KB at K = 3072, so the
+ * tile stays in L1 while every 4-row group of the chunk reuses it).
  *
  * vdpbf16ps treats subnormal bf16 inputs as zero and flushes subnormal
  * results (DAZ/FTZ in the instruction definition), so this table may differ
  * from the scalar one on denormals - kernels.h allows ISAs to differ.
  * The bf16 conversion, by contrast, is done with integer ops so it matches
  * cpu_f32_to_bf16() bit for bit (vcvtneps2bf16 would flush subnormals). */
+#include "cpu/gemm_driver.h"
 #include "cpu/kernels.h"
 
 #include <math.h>
@@ -50,10 +51,6 @@
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,"   \
                           "avx2,fma,f16c")))
 #define AI __attribute__((always_inline)) inline
-
-/* x chunk of the blocked path: at most this many bytes of x per chunk, so
- * the panel plus the streaming w tiles fit the 1 MB L2. */
-#define MC_BYTES (512 * 1024)
 
 /* Output position 4j+q of red16() holds accumulator slot j+4q. */
 T512 static AI __m512 red16(const __m512 a[16])
@@ -123,7 +120,8 @@ T512 static AI __m512 red16(const __m512 a[16])
  *   all sixteen rows per k-step, with or without software prefetch of the
  *   rows or of the next block - it was as fast or faster, so there is no
  *   software prefetch.
- * Both call with compile-time MR/NR through P##_tile_any's switch. */
+ * gemm_driver.h stamps P##_tile_any (edge tiles, compile-time MR/NR through
+ * a switch) and P##_gemm over them: full tiles of 4 x 4, rows of 16. */
 #define DEFINE_GEMM(P, XT, WT)                                                \
     T512 static AI void P##_tile(const int MR, const int NR, int K,           \
                                  const XT *x, int ldx, const WT *w, float *y, \
@@ -166,30 +164,6 @@ T512 static AI __m512 red16(const __m512 a[16])
                 (__mmask16)(((1u << NR) - 1u) << (4 * m)), r);                \
     }                                                                         \
                                                                               \
-    T512 static void P##_tile_any(int mr, int nr, int K, const XT *x,         \
-                                  int ldx, const WT *w, float *y, int ldy)    \
-    {                                                                         \
-        switch (mr * 8 + nr) {                                                \
-        case 8 + 1: P##_tile(1, 1, K, x, ldx, w, y, ldy); break;              \
-        case 8 + 2: P##_tile(1, 2, K, x, ldx, w, y, ldy); break;              \
-        case 8 + 3: P##_tile(1, 3, K, x, ldx, w, y, ldy); break;              \
-        case 8 + 4: P##_tile(1, 4, K, x, ldx, w, y, ldy); break;              \
-        case 16 + 1: P##_tile(2, 1, K, x, ldx, w, y, ldy); break;             \
-        case 16 + 2: P##_tile(2, 2, K, x, ldx, w, y, ldy); break;             \
-        case 16 + 3: P##_tile(2, 3, K, x, ldx, w, y, ldy); break;             \
-        case 16 + 4: P##_tile(2, 4, K, x, ldx, w, y, ldy); break;             \
-        case 24 + 1: P##_tile(3, 1, K, x, ldx, w, y, ldy); break;             \
-        case 24 + 2: P##_tile(3, 2, K, x, ldx, w, y, ldy); break;             \
-        case 24 + 3: P##_tile(3, 3, K, x, ldx, w, y, ldy); break;             \
-        case 24 + 4: P##_tile(3, 4, K, x, ldx, w, y, ldy); break;             \
-        case 32 + 1: P##_tile(4, 1, K, x, ldx, w, y, ldy); break;             \
-        case 32 + 2: P##_tile(4, 2, K, x, ldx, w, y, ldy); break;             \
-        case 32 + 3: P##_tile(4, 3, K, x, ldx, w, y, ldy); break;             \
-        case 32 + 4: P##_tile(4, 4, K, x, ldx, w, y, ldy); break;             \
-        default: break;                                                       \
-        }                                                                     \
-    }                                                                         \
-                                                                              \
     T512 static void P##_row16(int K, const XT *x, const WT *w, float *y)     \
     {                                                                         \
         __m512 acc[16];                                                       \
@@ -208,40 +182,7 @@ T512 static AI __m512 red16(const __m512 a[16])
         _mm512_storeu_ps(y, red16(acc));                                      \
     }                                                                         \
                                                                               \
-    T512 static void P##_gemm(int M, int n0, int n1, int K, const XT *x,      \
-                              int ldx, const WT *w, float *y, int ldy)        \
-    {                                                                         \
-        if (M <= 0 || n1 <= n0 || K <= 0)                                     \
-            return;                                                           \
-        if (M == 1) {                                                         \
-            int n = n0;                                                       \
-            for (; n + 16 <= n1; n += 16)                                     \
-                P##_row16(K, x, w + (size_t)n * K, y + n);                    \
-            for (; n < n1; n += 4)                                            \
-                P##_tile_any(1, n1 - n < 4 ? n1 - n : 4, K, x, ldx,           \
-                             w + (size_t)n * K, y + n, ldy);                  \
-            return;                                                           \
-        }                                                                     \
-        int mc = (int)(MC_BYTES / ((size_t)K * sizeof(XT))) & ~3;             \
-        if (mc < 4)                                                           \
-            mc = 4;                                                           \
-        for (int m0 = 0; m0 < M; m0 += mc) {                                  \
-            int m1 = m0 + mc < M ? m0 + mc : M;                               \
-            for (int n = n0; n < n1; n += 4) {                                \
-                int nr = n1 - n < 4 ? n1 - n : 4;                             \
-                const WT *wt = w + (size_t)n * K;                             \
-                int m = m0;                                                   \
-                if (nr == 4)                                                  \
-                    for (; m + 4 <= m1; m += 4)                               \
-                        P##_tile(4, 4, K, x + (size_t)m * ldx, ldx, wt,       \
-                                 y + (size_t)m * ldy + n, ldy);               \
-                for (; m < m1; m += 4)                                        \
-                    P##_tile_any(m1 - m < 4 ? m1 - m : 4, nr, K,              \
-                                 x + (size_t)m * ldx, ldx, wt,                \
-                                 y + (size_t)m * ldy + n, ldy);               \
-            }                                                                 \
-        }                                                                     \
-    }
+    CPU_GEMM_DRIVER(T512, P, XT, WT, 4, 16)
 
 DEFINE_GEMM(BF, uint16_t, uint16_t)
 DEFINE_GEMM(F32, float, float)
@@ -597,61 +538,43 @@ T512 static void av512_bf16_to_f32(const uint16_t *x, float *y, int n)
     }
 }
 
-T512 static float av512_dot_f32(const float *a, const float *b, int n)
-{
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+/* dot (two chains of 16 lanes, then the masked tail into the first) and
+ * axpy over a row of AT elements against f32: the same loops for f32 and
+ * bf16 rows, only the loads of the row differ (LD a full vector of 16,
+ * LDM(m, p) the lanes of mask m). */
+#define F32_LD(p) _mm512_loadu_ps(p)
+#define F32_LDM(m, p) _mm512_maskz_loadu_ps(m, p)
+#define DEFINE_DOT_AXPY(DOT, AXPY, AT, LD, LDM)                               \
+    T512 static float DOT(const AT *a, const float *b, int n)                 \
+    {                                                                         \
+        __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();            \
+        int i = 0;                                                            \
+        for (; i + 32 <= n; i += 32) {                                        \
+            s0 = _mm512_fmadd_ps(LD(a + i), _mm512_loadu_ps(b + i), s0);      \
+            s1 = _mm512_fmadd_ps(LD(a + i + 16), _mm512_loadu_ps(b + i + 16), s1); \
+        }                                                                     \
+        for (; i < n; i += 16) {                                              \
+            __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u); \
+            s0 = _mm512_fmadd_ps(LDM(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0); \
+        }                                                                     \
+        return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));                   \
+    }                                                                         \
+                                                                              \
+    T512 static void AXPY(float a, const AT *x, float *y, int n)              \
+    {                                                                         \
+        __m512 av = _mm512_set1_ps(a);                                        \
+        int i = 0;                                                            \
+        for (; i + 16 <= n; i += 16)                                          \
+            _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, LD(x + i), _mm512_loadu_ps(y + i))); \
+        if (i < n) {                                                          \
+            __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);                  \
+            _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, LDM(m, x + i),  \
+                                                            _mm512_maskz_loadu_ps(m, y + i))); \
+        }                                                                     \
     }
-    for (; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
-        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-}
 
-T512 static float av512_dot_bf16_f32(const uint16_t *a, const float *b, int n)
-{
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        s0 = _mm512_fmadd_ps(ld_bf16(a + i), _mm512_loadu_ps(b + i), s0);
-        s1 = _mm512_fmadd_ps(ld_bf16(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
-    }
-    for (; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
-        s0 = _mm512_fmadd_ps(ld_bf16_m(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-}
-
-T512 static void av512_axpy_f32(float a, const float *x, float *y, int n)
-{
-    __m512 av = _mm512_set1_ps(a);
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
-    if (i < n) {
-        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
-        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i),
-                                                        _mm512_maskz_loadu_ps(m, y + i)));
-    }
-}
-
-T512 static void av512_axpy_bf16(float a, const uint16_t *x, float *y, int n)
-{
-    __m512 av = _mm512_set1_ps(a);
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, ld_bf16(x + i), _mm512_loadu_ps(y + i)));
-    if (i < n) {
-        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
-        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, ld_bf16_m(m, x + i),
-                                                        _mm512_maskz_loadu_ps(m, y + i)));
-    }
-}
+DEFINE_DOT_AXPY(av512_dot_f32, av512_axpy_f32, float, F32_LD, F32_LDM)
+DEFINE_DOT_AXPY(av512_dot_bf16_f32, av512_axpy_bf16, uint16_t, ld_bf16, ld_bf16_m)
 
 /* Scores for two query rows against eight keys in one red16: slot of
  * (row r, key c) is chosen so red16's output lane r*8 + c holds it (output

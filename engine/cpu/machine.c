@@ -43,6 +43,16 @@ struct bw_job {
 };
 
 #if defined(__x86_64__)
+/* Byte i + 1 KB of each of four read streams, asked for ahead of use. */
+static inline void prefetch4(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2,
+                             const uint8_t *p3, size_t i)
+{
+    _mm_prefetch((const char *)p0 + i + 1024, _MM_HINT_T0);
+    _mm_prefetch((const char *)p1 + i + 1024, _MM_HINT_T0);
+    _mm_prefetch((const char *)p2 + i + 1024, _MM_HINT_T0);
+    _mm_prefetch((const char *)p3 + i + 1024, _MM_HINT_T0);
+}
+
 /* Two read patterns, because which one saturates DRAM depends on the core:
  * one sequential stream (the hardware prefetcher's best case), and four
  * interleaved streams with software prefetch (more misses in flight, like
@@ -61,10 +71,7 @@ T512 static uint64_t read512(const uint8_t *p, size_t n, int streams)
         size_t q = n / 4; /* n is a multiple of 256, so q of 64 */
         const uint8_t *p0 = p, *p1 = p + q, *p2 = p + 2 * q, *p3 = p + 3 * q;
         for (size_t i = 0; i < q; i += 64) {
-            _mm_prefetch((const char *)p0 + i + 1024, _MM_HINT_T0);
-            _mm_prefetch((const char *)p1 + i + 1024, _MM_HINT_T0);
-            _mm_prefetch((const char *)p2 + i + 1024, _MM_HINT_T0);
-            _mm_prefetch((const char *)p3 + i + 1024, _MM_HINT_T0);
+            prefetch4(p0, p1, p2, p3, i);
             a0 = _mm512_add_epi64(a0, _mm512_load_si512((const void *)(p0 + i)));
             a1 = _mm512_add_epi64(a1, _mm512_load_si512((const void *)(p1 + i)));
             a2 = _mm512_add_epi64(a2, _mm512_load_si512((const void *)(p2 + i)));
@@ -89,10 +96,7 @@ T2 static uint64_t read256(const uint8_t *p, size_t n, int streams)
         size_t q = n / 4;
         const uint8_t *p0 = p, *p1 = p + q, *p2 = p + 2 * q, *p3 = p + 3 * q;
         for (size_t i = 0; i < q; i += 64) {
-            _mm_prefetch((const char *)p0 + i + 1024, _MM_HINT_T0);
-            _mm_prefetch((const char *)p1 + i + 1024, _MM_HINT_T0);
-            _mm_prefetch((const char *)p2 + i + 1024, _MM_HINT_T0);
-            _mm_prefetch((const char *)p3 + i + 1024, _MM_HINT_T0);
+            prefetch4(p0, p1, p2, p3, i);
             a0 = _mm256_add_epi64(a0, _mm256_add_epi64(_mm256_load_si256((const void *)(p0 + i)),
                                                        _mm256_load_si256((const void *)(p0 + i + 32))));
             a1 = _mm256_add_epi64(a1, _mm256_add_epi64(_mm256_load_si256((const void *)(p1 + i)),
@@ -187,62 +191,46 @@ struct peak_job {
 static volatile float src_a = 1.0f, src_b = 0.0f;
 
 #if defined(__x86_64__)
-/* Sixteen independent accumulators cover latency x throughput (about 6 x 2
- * on current cores) with room to spare. */
-T512 static float peak_bf16_512(long iters)
-{
-    __m512bh a = (__m512bh)_mm512_set1_epi16((short)0x3f80); /* bf16 1.0 */
-    __m512bh b = (__m512bh)_mm512_set1_epi16((short)(src_b != 0.0f ? 0x3f80 : 0));
-    __m512 c[16];
-    for (int i = 0; i < 16; i++)
-        c[i] = _mm512_set1_ps(src_a);
-    for (long it = 0; it < iters; it++) {
-#pragma GCC unroll 16
-        for (int i = 0; i < 16; i++)
-            c[i] = _mm512_dpbf16_ps(c[i], a, b);
+/* A SIMD peak loop, NAME(iters) under TARGET: INIT declares the operands
+ * a and b, N accumulators of vector type VT start from src_a, iters rounds
+ * of c[i] = STEP(c[i]) run over all of them (independent chains,
+ * unrolled), and REDUCE folds their sum to the float returned. */
+#define DEFINE_PEAK(TARGET, NAME, VT, N, SET1, ADD, REDUCE, INIT, STEP)       \
+    TARGET static float NAME(long iters)                                      \
+    {                                                                         \
+        INIT;                                                                 \
+        VT c[N];                                                              \
+        for (int i = 0; i < N; i++)                                           \
+            c[i] = SET1(src_a);                                               \
+        for (long it = 0; it < iters; it++) {                                 \
+            _Pragma("GCC unroll 16") for (int i = 0; i < N; i++) c[i] = STEP; \
+        }                                                                     \
+        VT s = c[0];                                                          \
+        for (int i = 1; i < N; i++)                                           \
+            s = ADD(s, c[i]);                                                 \
+        return REDUCE(s);                                                     \
     }
-    __m512 s = c[0];
-    for (int i = 1; i < 16; i++)
-        s = _mm512_add_ps(s, c[i]);
-    return _mm512_reduce_add_ps(s);
-}
 
-T512 static float peak_f32_512(long iters)
+T2 static inline float sum_256(__m256 s)
 {
-    __m512 a = _mm512_set1_ps(src_a), b = _mm512_set1_ps(src_b);
-    __m512 c[16];
-    for (int i = 0; i < 16; i++)
-        c[i] = _mm512_set1_ps(src_a);
-    for (long it = 0; it < iters; it++) {
-#pragma GCC unroll 16
-        for (int i = 0; i < 16; i++)
-            c[i] = _mm512_fmadd_ps(a, b, c[i]);
-    }
-    __m512 s = c[0];
-    for (int i = 1; i < 16; i++)
-        s = _mm512_add_ps(s, c[i]);
-    return _mm512_reduce_add_ps(s);
-}
-
-/* Twelve accumulators: AVX2 has only sixteen registers. */
-T2 static float peak_f32_256(long iters)
-{
-    __m256 a = _mm256_set1_ps(src_a), b = _mm256_set1_ps(src_b);
-    __m256 c[12];
-    for (int i = 0; i < 12; i++)
-        c[i] = _mm256_set1_ps(src_a);
-    for (long it = 0; it < iters; it++) {
-#pragma GCC unroll 12
-        for (int i = 0; i < 12; i++)
-            c[i] = _mm256_fmadd_ps(a, b, c[i]);
-    }
-    __m256 s = c[0];
-    for (int i = 1; i < 12; i++)
-        s = _mm256_add_ps(s, c[i]);
     float t[8];
     _mm256_storeu_ps(t, s);
     return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
 }
+
+/* Sixteen independent accumulators cover latency x throughput (about 6 x 2
+ * on current cores) with room to spare. */
+DEFINE_PEAK(T512, peak_bf16_512, __m512, 16, _mm512_set1_ps, _mm512_add_ps, _mm512_reduce_add_ps,
+            __m512bh a = (__m512bh)_mm512_set1_epi16((short)0x3f80); /* bf16 1.0 */
+            __m512bh b = (__m512bh)_mm512_set1_epi16((short)(src_b != 0.0f ? 0x3f80 : 0)),
+            _mm512_dpbf16_ps(c[i], a, b))
+DEFINE_PEAK(T512, peak_f32_512, __m512, 16, _mm512_set1_ps, _mm512_add_ps, _mm512_reduce_add_ps,
+            __m512 a = _mm512_set1_ps(src_a); __m512 b = _mm512_set1_ps(src_b),
+            _mm512_fmadd_ps(a, b, c[i]))
+/* Twelve accumulators: AVX2 has only sixteen registers. */
+DEFINE_PEAK(T2, peak_f32_256, __m256, 12, _mm256_set1_ps, _mm256_add_ps, sum_256,
+            __m256 a = _mm256_set1_ps(src_a); __m256 b = _mm256_set1_ps(src_b),
+            _mm256_fmadd_ps(a, b, c[i]))
 #endif
 
 static float peak_f32_scalar(long iters)

@@ -56,6 +56,20 @@ int cu_cast(const float *x, size_t n, void *y, enum cu_act yt, cudaStream_t st, 
     return 0;
 }
 
+/* (best, bid) across the 32 lanes of a warp: the largest value, the lowest
+ * index among equal ones, in every lane. */
+__device__ __forceinline__ void warp_argmax(float &best, int &bid)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bid, o);
+        if (ov > best || (ov == best && oi < bid)) {
+            best = ov;
+            bid = oi;
+        }
+    }
+}
+
 /* One block per row; ties go to the lower id, NaN never wins. */
 __global__ void argmax_kernel(const float *__restrict__ logits, int V, int32_t *__restrict__ ids)
 {
@@ -71,14 +85,7 @@ __global__ void argmax_kernel(const float *__restrict__ logits, int V, int32_t *
             bid = i;
         }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bid, o);
-        if (ov > best || (ov == best && oi < bid)) {
-            best = ov;
-            bid = oi;
-        }
-    }
+    warp_argmax(best, bid);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     if (lane == 0) {
         bv[warp] = best;
@@ -88,14 +95,7 @@ __global__ void argmax_kernel(const float *__restrict__ logits, int V, int32_t *
     if (warp == 0) {
         best = lane < nw ? bv[lane] : -INFINITY;
         bid = lane < nw ? bi[lane] : 0x7fffffff;
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bid, o);
-            if (ov > best || (ov == best && oi < bid)) {
-                best = ov;
-                bid = oi;
-            }
-        }
+        warp_argmax(best, bid);
         if (lane == 0)
             ids[blockIdx.x] = bid == 0x7fffffff ? 0 : bid;
     }

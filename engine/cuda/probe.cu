@@ -39,12 +39,43 @@ extern "C" int cuda_device_info(int device, char *name, size_t name_len, size_t 
     return 0;
 }
 
+/* Two events around a timed stretch of work on one stream. */
+struct probe_timer {
+    cudaEvent_t e0, e1; /* NULL until created */
+};
+
+/* Creates the events and records the start on st. */
+static int timer_start(struct probe_timer *t, cudaStream_t st, struct rl_err *err)
+{
+    CU_CHECK(err, cudaEventCreate(&t->e0));
+    CU_CHECK(err, cudaEventCreate(&t->e1));
+    CU_CHECK(err, cudaEventRecord(t->e0, st));
+    return 0;
+}
+
+/* Records the end on st, waits for it, and gives the time between in ms. */
+static int timer_stop(struct probe_timer *t, cudaStream_t st, float *ms, struct rl_err *err)
+{
+    CU_CHECK(err, cudaEventRecord(t->e1, st));
+    CU_CHECK(err, cudaEventSynchronize(t->e1));
+    CU_CHECK(err, cudaEventElapsedTime(ms, t->e0, t->e1));
+    return 0;
+}
+
+static void timer_free(struct probe_timer *t)
+{
+    if (t->e0)
+        cudaEventDestroy(t->e0);
+    if (t->e1)
+        cudaEventDestroy(t->e1);
+}
+
 extern "C" int cuda_measure_bandwidth(int device, double *bytes_per_s, struct rl_err *err)
 {
     size_t n = (size_t)2 << 30; /* 2 GiB each way: far beyond L2 */
     void *a = NULL, *b = NULL;
     cudaStream_t st = NULL;
-    cudaEvent_t e0 = NULL, e1 = NULL;
+    struct probe_timer tm = {NULL, NULL};
     int rc = 0;
     float ms = 0;
     const int reps = 10;
@@ -53,21 +84,16 @@ extern "C" int cuda_measure_bandwidth(int device, double *bytes_per_s, struct rl
     CU_CHECK_GOTO(err, rc, out, cudaMalloc(&a, n));
     CU_CHECK_GOTO(err, rc, out, cudaMalloc(&b, n));
     CU_CHECK_GOTO(err, rc, out, cudaMemsetAsync(a, 1, n, st));
-    CU_CHECK_GOTO(err, rc, out, cudaEventCreate(&e0));
-    CU_CHECK_GOTO(err, rc, out, cudaEventCreate(&e1));
-    CU_CHECK_GOTO(err, rc, out, cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st));
-    CU_CHECK_GOTO(err, rc, out, cudaEventRecord(e0, st));
+    CU_CHECK_GOTO(err, rc, out, cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st)); /* warm-up */
+    if ((rc = timer_start(&tm, st, err)))
+        goto out;
     for (int i = 0; i < reps; i++)
         CU_CHECK_GOTO(err, rc, out, cudaMemcpyAsync(i & 1 ? a : b, i & 1 ? b : a, n, cudaMemcpyDeviceToDevice, st));
-    CU_CHECK_GOTO(err, rc, out, cudaEventRecord(e1, st));
-    CU_CHECK_GOTO(err, rc, out, cudaEventSynchronize(e1));
-    CU_CHECK_GOTO(err, rc, out, cudaEventElapsedTime(&ms, e0, e1));
+    if ((rc = timer_stop(&tm, st, &ms, err)))
+        goto out;
     *bytes_per_s = 2.0 * (double)n * reps / (ms / 1e3);
 out:
-    if (e0)
-        cudaEventDestroy(e0);
-    if (e1)
-        cudaEventDestroy(e1);
+    timer_free(&tm);
     cudaFree(a);
     cudaFree(b);
     if (st)
@@ -86,7 +112,7 @@ extern "C" int cuda_measure_gemm(int device, enum model_dtype dt, int M, int N, 
     void *x = NULL;
     float *y = NULL;
     cudaStream_t st = NULL;
-    cudaEvent_t e0 = NULL, e1 = NULL;
+    struct probe_timer tm = {NULL, NULL};
     int rc = 0, reps = 20;
     float ms = 0;
     struct cudaDeviceProp p;
@@ -112,21 +138,16 @@ extern "C" int cuda_measure_gemm(int device, enum model_dtype dt, int M, int N, 
         cu_gemm_force(g, CU_GEMM_LT);
     if ((rc = cu_gemm_run(g, &m, M, x, y, N, err)))
         goto out;
-    CU_CHECK_GOTO(err, rc, out, cudaEventCreate(&e0));
-    CU_CHECK_GOTO(err, rc, out, cudaEventCreate(&e1));
-    CU_CHECK_GOTO(err, rc, out, cudaEventRecord(e0, st));
+    if ((rc = timer_start(&tm, st, err)))
+        goto out;
     for (int i = 0; i < reps; i++)
         if ((rc = cu_gemm_run(g, &m, M, x, y, N, err)))
             goto out;
-    CU_CHECK_GOTO(err, rc, out, cudaEventRecord(e1, st));
-    CU_CHECK_GOTO(err, rc, out, cudaEventSynchronize(e1));
-    CU_CHECK_GOTO(err, rc, out, cudaEventElapsedTime(&ms, e0, e1));
+    if ((rc = timer_stop(&tm, st, &ms, err)))
+        goto out;
     *flops = 2.0 * M * (double)N * K * reps / (ms / 1e3);
 out:
-    if (e0)
-        cudaEventDestroy(e0);
-    if (e1)
-        cudaEventDestroy(e1);
+    timer_free(&tm);
     cu_gemm_free(g);
     cudaFree(m.w);
     cudaFree(m.scale);

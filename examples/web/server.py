@@ -86,6 +86,8 @@ def make_job(body, opts):
         raise BadRequest("BAD_FIELD", f"max_tokens must be an integer in 1..{opts.max_tokens_limit}")
     job = {"id": "web-" + uuid.uuid4().hex, "messages": clean,
            "mode": "think" if think else "no_think", "max_tokens": max_tokens}
+    if opts.model:  # the served model, when one Redis serves several
+        job["model"] = opts.model
     for k in ("temperature", "seed"):  # optional sampling knobs, checked by the worker
         if k in body:
             job[k] = body[k]
@@ -247,6 +249,8 @@ def parse_args(argv):
     p.add_argument("--pool", default=None,
                    help="send jobs straight to <prefix>jobs:POOL instead of <prefix>requests "
                         "(for running without a dispatcher)")
+    p.add_argument("--model", default=None,
+                   help="the served model the jobs name (needed when several are served)")
     p.add_argument("--max-tokens", type=int, default=512, help="default max_tokens (default %(default)s)")
     p.add_argument("--max-tokens-limit", type=int, default=8192,
                    help="largest max_tokens a browser may ask for (default %(default)s)")

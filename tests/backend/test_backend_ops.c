@@ -363,38 +363,6 @@ static void test_attention(void **state)
 /* ---- whole models ---- */
 
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    if (b)
-        b[n] = 0;
-    fclose(f);
-    return b;
-}
-
-static int ids_from_json(const cJSON *a, int32_t *out, int cap)
-{
-    int n = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, a)
-    {
-        if (n < cap)
-            out[n] = it->valueint;
-        n++;
-    }
-    return n;
-}
-
 static int argmax(const float *v, int n)
 {
     int best = 0;
@@ -428,7 +396,7 @@ static void test_tiny_reference(void **state)
     char dir[1024], path[1200];
     snprintf(dir, sizeof dir, "%s/models/tiny-qwen3-a", tu_data_dir());
     snprintf(path, sizeof path, "%s/reference.json", dir);
-    char *txt = slurp(path);
+    char *txt = tu_slurp(path, NULL);
     if (!txt)
         fail_msg("cannot read %s", path);
     cJSON *ref = cJSON_Parse(txt);
@@ -451,8 +419,8 @@ static void test_tiny_reference(void **state)
         {
             const char *pname = cJSON_GetObjectItem(p, "name")->valuestring;
             int32_t ids[512], greedy[64];
-            int n = ids_from_json(cJSON_GetObjectItem(p, "ids"), ids, 512);
-            int ng = ids_from_json(cJSON_GetObjectItem(p, "greedy"), greedy, 64);
+            int n = tu_ids_from_json(cJSON_GetObjectItem(p, "ids"), ids, 512);
+            int ng = tu_ids_from_json(cJSON_GetObjectItem(p, "greedy"), greedy, 64);
             float *lg = malloc((size_t)n * V * 4);
             step1(be, 0, ids, n, 0, lg, table);
             int tok;

@@ -108,8 +108,10 @@ class Browser:
                   what=f"{url} to load")
 
     def click(self, selector):
-        """A real mouse click in the middle of the element."""
-        box = self.eval("(() => { const r = document.querySelector(%s).getBoundingClientRect();"
+        """A real mouse click in the middle of the element, scrolled into
+        view first as a user would."""
+        box = self.eval("(() => { const e = document.querySelector(%s);"
+                        " e.scrollIntoView({block: 'nearest'}); const r = e.getBoundingClientRect();"
                         " return [r.x + r.width / 2, r.y + r.height / 2]; })()" % json.dumps(selector))
         for kind in ("mousePressed", "mouseReleased"):
             self.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left",
@@ -118,6 +120,22 @@ class Browser:
     def type(self, selector, text):
         self.eval("document.querySelector(%s).focus()" % json.dumps(selector))
         self.call("Input.insertText", text=text)
+
+    def key(self, key, code=None, vk=0, text=None, modifiers=0):
+        """A real key press (keyDown with its text, then keyUp) to the
+        focused element: key("Enter", vk=13, text="\\r")."""
+        base = dict(key=key, code=code or key, windowsVirtualKeyCode=vk, nativeVirtualKeyCode=vk,
+                    modifiers=modifiers)
+        self.call("Input.dispatchKeyEvent", type="keyDown", **base, **({"text": text} if text else {}))
+        self.call("Input.dispatchKeyEvent", type="keyUp", **base)
+
+    def enter(self):
+        self.key("Enter", vk=13, text="\r")
+
+    def grant_clipboard(self, origin):
+        """Lets the page read and write the clipboard (for copy buttons)."""
+        self.call("Browser.grantPermissions", origin=origin,
+                  permissions=["clipboardReadWrite", "clipboardSanitizedWrite"])
 
     def screenshot(self, path):
         data = self.call("Page.captureScreenshot", format="png")["data"]

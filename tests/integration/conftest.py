@@ -37,6 +37,19 @@ QWEN3_TOKENIZER = ROOT / "engine" / "tokenizers" / "qwen3"
 SCHEMAS = ROOT / "schemas"
 
 
+def promtool_check(text):
+    """Runs `promtool check metrics` (Debian's prometheus package) on a
+    /metrics page; fails the test with promtool's complaints, skips when
+    promtool is not installed (make deps installs it)."""
+    import shutil
+    exe = shutil.which("promtool")
+    if not exe:
+        pytest.skip("promtool not installed (apt-get install prometheus, or make deps)")
+    out = subprocess.run([exe, "check", "metrics"], input=text, capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, f"promtool check metrics: {out.stdout}{out.stderr}"
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

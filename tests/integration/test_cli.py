@@ -13,9 +13,11 @@ import os
 import pty
 import re
 import select
+import shutil
 import signal
 import struct
 import subprocess
+import tempfile
 import termios
 import time
 
@@ -74,10 +76,13 @@ class Pty:
     """A command on a pseudo-terminal: what a user at a terminal sees and types."""
 
     def __init__(self, args, rows=40, cols=160):
+        # a HOME of its own: chat keeps its line history in $HOME
+        self.home = tempfile.mkdtemp(prefix="redlm-pty-home-")
+        env = dict(os.environ, HOME=self.home)
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: exec at once
             try:
-                os.execv(args[0], args)
+                os.execve(args[0], args, env)
             finally:
                 os._exit(127)
         fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
@@ -135,6 +140,7 @@ class Pty:
             except (ProcessLookupError, ChildProcessError):
                 pass
         os.close(self.fd)
+        shutil.rmtree(self.home, ignore_errors=True)
 
 
 @pytest.fixture
@@ -426,6 +432,135 @@ def test_chat_through_the_dispatcher(dispatchers, workers, client, redis_addr, p
     assert s["dispatchers"][0]["routed"] == {"fast": 1, "think": 1}
     assert s["requests"]["length"] == 2 and s["requests"]["group"] is True
     assert s["requests"]["waiting"] == 0 and s["requests"]["pending"] == 0
+
+
+class Tmux:
+    """A command in a detached tmux session on a private server socket: the
+    test types with send-keys (named keys: Left, Home, Up, C-a ...) and reads
+    the screen with capture-pane, as a user sees it."""
+
+    def __init__(self, args, tmp_path, env=None):
+        self.exe = shutil.which("tmux")
+        if not self.exe:
+            pytest.skip("tmux not installed (apt-get install tmux, or make deps)")
+        self.sock = str(tmp_path / "tmux.sock")
+        cmd = " ".join(f"'{a}'" for a in args)
+        envs = " ".join(f"{k}='{v}'" for k, v in (env or {}).items())
+        self.tmux("new-session", "-d", "-s", "t", "-x", "150", "-y", "40",
+                  f"env {envs} {cmd}; echo EXITED:$?; sleep 60")
+
+    def tmux(self, *a):
+        out = subprocess.run([self.exe, "-S", self.sock, "-f", "/dev/null", *a],
+                             capture_output=True, text=True, timeout=20)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    def keys(self, *keys, literal=False):
+        self.tmux("send-keys", "-t", "t", *(["-l"] if literal else []), *keys)
+
+    def screen(self):
+        """The visible screen; tmux trims trailing blanks, so the empty
+        prompt "> " reads as ">"."""
+        return self.tmux("capture-pane", "-p", "-t", "t")
+
+    def wait_screen(self, pattern, timeout=30):
+        deadline = time.time() + timeout
+        while True:
+            text = self.screen()
+            if re.search(pattern, text, re.M):
+                return text
+            assert time.time() < deadline, f"no {pattern!r} on screen:\n{text}"
+            time.sleep(0.05)
+
+    def close(self):
+        subprocess.run([self.exe, "-S", self.sock, "kill-server"], capture_output=True, timeout=20)
+
+
+def test_chat_line_editing_history_and_multiline_in_tmux(workers, client, redis_addr, prefix,
+                                                         tmp_path):
+    """In a real terminal (tmux), redlm chat edits the line (cursor keys,
+    Home/End, Ctrl-A, Ctrl-W, backspace), recalls earlier lines with Up,
+    keeps them in its history file across sessions (Ctrl-R finds them), and sends multi-line
+    messages (a trailing backslash, and a \"\"\" block)."""
+    workers("w1")
+    home = tmp_path / "home"
+    home.mkdir()
+    args = [str(CLI), "chat", "--redis", redis_addr, "--prefix", prefix, "--pool", "fast",
+            "--max-tokens", "3", "--temperature", "0", "--color", "never"]
+    t = Tmux(args, tmp_path, env={"HOME": str(home)})
+    try:
+        t.wait_screen(r"^>$")
+        # typo fixed with the cursor: "helo wrld" -> "hello world"
+        t.keys("helo wrldx", literal=True)
+        t.keys("BSpace")
+        t.keys("Left", "Left", "Left")
+        t.keys("o", literal=True)
+        t.keys("Home")
+        t.keys("Right", "Right", "Right")
+        t.keys("l", literal=True)
+        t.keys("End")
+        t.keys("!", literal=True)
+        t.wait_screen(r"^> hello world!$")
+        t.keys("Enter")
+        t.wait_screen(r"\[done\]")
+        t.wait_screen(r"^>$")
+        # Up recalls it; Ctrl-A then text in front; Ctrl-W drops a word
+        t.keys("Up")
+        t.wait_screen(r"^> hello world!$")
+        t.keys("C-a")
+        t.keys("again: ", literal=True)
+        t.keys("End")
+        t.keys("C-w")
+        t.keys("there", literal=True)
+        t.wait_screen(r"^> again: hello there$")
+        t.keys("Enter")
+        t.wait_screen(r"(?s)\[done\].*\[done\]")
+        # multi-line: a trailing backslash continues, with the "... " prompt
+        t.keys("first line\\", literal=True)
+        t.keys("Enter")
+        t.wait_screen(r"^\.\.\.$")
+        t.keys("second line", literal=True)
+        t.keys("Enter")
+        t.wait_screen(r"(?s)(\[done\].*){3}")
+        t.keys('"""', literal=True)
+        t.keys("Enter")
+        t.keys("a block", literal=True)
+        t.keys("Enter")
+        t.keys("  indented", literal=True)
+        t.keys("Enter")
+        t.keys('end"""', literal=True)
+        t.keys("Enter")
+        t.wait_screen(r"(?s)(\[done\].*){4}")
+        t.wait_screen(r"^>$")
+        # Ctrl-C at the prompt drops the line and keeps the session
+        t.keys("never sent", literal=True)
+        t.keys("C-c")
+        t.wait_screen(r"\(/exit or Ctrl-D to leave\)\n>$")
+        t.keys("C-d")
+        t.wait_screen(r"EXITED:0")
+    finally:
+        screen = t.screen()
+        t.close()
+    jobs = jobs_in(client.r, f"{prefix}jobs:fast")
+    users = [[m["content"] for m in j["messages"] if m["role"] == "user"][-1] for j in jobs]
+    assert users == ["hello world!", "again: hello there", "first line\nsecond line",
+                     "a block\n  indented\nend"], screen
+    # the history file outlives the session: a new one recalls the last line
+    assert (home / ".redlm_chat_history").exists()
+    t = Tmux(args, home, env={"HOME": str(home)})
+    try:
+        t.wait_screen(r"^>$")
+        t.keys("Up")
+        t.wait_screen(r'^> end"""$')
+        t.keys("Up", "Up", "Up", "Up")
+        t.wait_screen(r"^> second line$")
+        # Ctrl-R searches back through the history, as in readline
+        t.keys("C-u")
+        t.keys("C-r")
+        t.keys("hello", literal=True)
+        t.wait_screen(r"^> again: hello there\nbck:hello")
+    finally:
+        t.close()
 
 
 def test_chat_ctrl_c_cancels_the_answer(workers, client, redis_addr, prefix, ptys):

@@ -36,7 +36,7 @@ import time
 
 import pytest
 
-from conftest import BUILD, ROOT, Daemon, connect, free_port
+from conftest import BUILD, ROOT, Daemon, connect, free_port, promtool_check
 
 DISPATCHER = BUILD / "redlm-dispatcher"
 MODEL_NAME = "tiny-qwen3"
@@ -579,6 +579,9 @@ def test_models_healthz_metrics(front, workers, prefix):
     assert "redlm_http_first_event_seconds_count 1" in text
     # the dispatcher's own metrics come through the hook
     assert "redlm_dispatcher_" in text
+    # HELP and TYPE on every family, base units: promtool is satisfied
+    promtool_check(text)
+    assert "redlm_dispatcher_pool_wait_seconds{" in text and "_ms" not in text
 
 
 def test_slow_events_outlive_idle_timeout(front, redis_addr, prefix):

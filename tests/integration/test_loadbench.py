@@ -203,3 +203,38 @@ def test_through_the_dispatcher(workers, dispatchers, client, redis_addr, prefix
     for q in lv["requests"]:
         if q["id"] in pool_of and q["mode"] != "auto":
             assert pool_of[q["id"]] == ("think" if q["mode"] == "think" else "fast"), q
+
+
+def test_plots_separate_axes_whole_buckets_and_units(workers, redis_addr, prefix, tmp_path):
+    """The table's header names its units; the plots draw tokens/s and
+    requests/s on axes of their own (no second y axis), and the timeline
+    stops at the last whole second: the level ends inside its last bucket,
+    which would otherwise show as a false drop."""
+    if not shutil.which("gnuplot"):
+        pytest.skip("gnuplot not installed (apt-get install gnuplot-nox, or make deps)")
+    workers("w1")
+    out = tmp_path / "res" / "result.json"
+    # open loop at 10 req/s: the level lasts about 2.5 s and ends mid-second
+    summary, full, table = bench(redis_addr, prefix, out, "--target", "pool:fast", "--rate", "10",
+                                 "--requests", "25", "--output-len", "30..40", "--prompt-len", "3..6",
+                                 "--seed", "4", "--repeat", "0")
+    header = table.splitlines()[[i for i, l in enumerate(table.splitlines()) if "tok/s" in l][0]]
+    for col in ("rate (req/s)", "req/s", "tok/s", "ttft p50 (ms)", "ttft p99 (ms)", "tpot p50 (ms/tok)",
+                "e2e p50 (ms)", "e2e p99 (ms)"):
+        assert col in header, (col, header)
+    gp = (out.parent / "plots.gp").read_text()
+    assert "axes x1y2" not in gp and "y2tics" not in gp
+    assert "set ylabel 'output tokens/s'" in gp and "set ylabel 'completed requests/s'" in gp
+    (lv,) = full["levels"]
+    tl = lv["timeline"]
+    end = tl["end_s"]
+    assert len(tl["requests"]) - 1 <= end < len(tl["requests"])  # the JSON keeps the partial one
+    blocks = [b for b in (out.parent / "timeline.dat").read_text().split("\n\n\n") if b.strip()]
+    rows = [list(map(float, l.split())) for l in blocks[0].splitlines() if l and not l.startswith("#")]
+    whole = int(end) if end >= 1 else 1
+    assert max(r[0] for r in rows) == (whole if end >= 1 else pytest.approx(end, abs=1e-3))
+    # the rows are the JSON's whole buckets, per second
+    for b in range(whole if end >= 1 else 0):
+        assert rows[2 * b][1] == tl["requests"][b] and rows[2 * b][2] == tl["output_tokens"][b]
+    for png in full["plots"]:
+        assert open(png, "rb").read()[:8] == PNG_MAGIC

@@ -95,7 +95,7 @@ def test_every_known_field_is_in_the_schema():
                     "max_thinking_tokens", "logprobs", "priority", "deadline_ms", "cache",
                     "stream_ttl_s", "metadata"}
     assert issue_fields <= props
-    assert props - issue_fields == {"pool"}
+    assert props - issue_fields == {"pool", "speculative", "model"}  # speculative: issue 18, model: issue 15
 
 
 def test_events():

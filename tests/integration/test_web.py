@@ -12,7 +12,16 @@ What the browser tests prove:
   collapsible Reasoning block and not in the answer;
 - the conversation is kept (the second job carries the first answer), an
   error event is shown as an alert with its code, and Stop cancels the job
-  (redlm:cancel:<id> is set by the backend when the browser goes away).
+  (redlm:cancel:<id> is set by the backend when the browser goes away);
+- Stop with a draft in the box sends nothing (no second message, no job),
+  Enter while streaming keeps the draft and shows why, an empty Send asks
+  for text without the browser's validation bubble;
+- answers render as Markdown (headings, nested lists, a code fence open
+  while streaming then closed, its Copy button filling the clipboard,
+  inline code, bold/italic, an https link; a javascript: link and HTML are
+  text and nothing runs); reasoning, meta and the Thinking switch survive a
+  reload; Regenerate sends the conversation without the old answer; a
+  second conversation is listed, both survive a reload, switch, delete.
 Screenshots go to build/test-artifacts/.
 
 The HTTP tests (no browser) check bad input is a 400 with a code, the
@@ -161,7 +170,9 @@ RECORDER = """
                  : t.classList.contains('reasoning-text') ? window.__reasonings : null;
       if (!list) continue;
       const m = t.closest('.msg');
-      for (const n of r.addedNodes) list.push({text: n.data || n.textContent, state: m.dataset.state});
+      // an answer's update adds one .md wrapper carrying its Markdown source
+      for (const n of r.addedNodes)
+        list.push({text: n.dataset?.md ?? (n.data || n.textContent), state: m.dataset.state});
     }
   }).observe(document.getElementById('log'), {childList: true, subtree: true});
   return true;
@@ -223,7 +234,8 @@ def test_chat_page_streams_a_real_workers_answer(browser, real_worker, web_facto
     assert events[-1]["type"] == "done" and events[-1]["finish_reason"] == "length"
     content = "".join(e["delta"].get("content", "") for e in events if e["type"] == "delta")
     assert content.strip(), "the model produced no text"
-    assert b.eval(f"{LAST}.querySelector('.answer').textContent") == content
+    # the answer shown is the content rendered as Markdown; its source is kept
+    assert b.eval(f"{LAST}.querySelector('.answer').dataset.md") == content
     # no thinking: no reasoning block shown
     assert b.eval(f"{LAST}.querySelector('.reasoning').hidden") is True
     # streamed: the answer took several partial values while still streaming
@@ -326,6 +338,204 @@ def test_chat_page_shows_backend_errors(browser, web_factory, redis_addr, prefix
     assert "NO_WORKER" in b.eval(f"{LAST}.querySelector('[role=alert]').textContent")
 
 
+def test_chat_page_stop_with_a_draft_and_enter_while_streaming(browser, web_factory, redis_addr,
+                                                                prefix):
+    """Stop while a draft is in the box stops the answer and sends nothing
+    (the button turned back into submit before the click's default action
+    used to send the draft); Enter while streaming keeps the draft and says
+    why nothing was sent; Send on an empty box asks for text instead of the
+    browser's "Please fill out this field"."""
+    r = connect(redis_addr)
+    web = web_factory("--pool", "fast")
+    pool = f"{prefix}jobs:fast"
+    b = browser
+    b.goto(web.url)
+    job_id = send_message(b, "First question")
+    read_job(r, pool)
+    put(r, prefix, job_id, 0, {"type": "delta", "delta": {"content": "Part"}, "token_ids": [1]})
+    b.wait(f"{LAST}.querySelector('.answer').textContent === 'Part'", 10)
+    b.type("#input", "my draft")
+    b.enter()
+    hint = b.wait("!document.getElementById('hint').hidden && document.getElementById('hint').textContent",
+                  5, "the hint")
+    assert "still streaming" in hint
+    assert b.eval("document.getElementById('input').value") == "my draft"
+    assert b.eval("document.querySelectorAll('#log .msg.user').length") == 1
+    b.screenshot(ARTIFACTS / "web-chat-enter-while-streaming.png")
+    b.click("#send")  # Stop, with the draft still in the box
+    b.wait(f"{LAST}.dataset.state === 'cancelled'", 10)
+    time.sleep(0.5)  # a wrongly sent draft would be XADDed by now
+    assert r.xlen(pool) == 0, [json.loads(f["job"]) for _, f in r.xrange(pool)]
+    assert b.eval("document.querySelectorAll('#log .msg.user').length") == 1
+    assert b.eval("document.querySelectorAll('#log .msg.assistant').length") == 1
+    assert b.eval("document.getElementById('input').value") == "my draft"
+    assert b.eval("document.getElementById('send').textContent") == "Send"
+    # an empty box: our hint, no browser validation, nothing sent
+    b.eval("document.getElementById('input').value = ''")
+    b.click("#send")
+    assert "Type a message" in b.wait("document.getElementById('hint').textContent", 5)
+    assert b.eval("document.getElementById('input').validationMessage") == ""
+    assert r.xlen(pool) == 0
+    # and a message, once idle, goes with Enter
+    b.type("#input", "Second question")
+    b.enter()
+    job2 = read_job(r, pool)
+    assert [m["content"] for m in job2["messages"]] == ["First question", "Part", "Second question"]
+
+
+MARKDOWN = (
+    "## Steps\n\nRun `make -j2` first:\n\n"
+    "1. build\n2. **test** the *change*\n   - nested item\n\n"
+    "```sh\nmake test <all>\necho \"done\"\n```\n\n"
+    "See [the docs](https://redis.io/docs/) or [this](javascript:alert(1)).\n\n"
+    "<img src=x onerror=\"window.__xss=1\"> <script>window.__xss=2</script>\n"
+)
+
+
+def test_chat_page_markdown_reload_regenerate_and_conversations(browser, web_factory, redis_addr,
+                                                                prefix):
+    """Markdown renders safely (headings, lists, code fences with a working
+    copy button, inline code, links; HTML shown as text), reasoning and meta
+    survive a reload, Regenerate asks again without the old answer, and
+    conversations are listed and switched from local storage."""
+    r = connect(redis_addr)
+    web = web_factory("--pool", "think")
+    pool = f"{prefix}jobs:think"
+    b = browser
+    b.goto(web.url)
+    b.grant_clipboard(web.url.rstrip("/"))
+    b.click(".switch .slider")
+    job_id = send_message(b, "How do I build it?")
+    read_job(r, pool)
+    put(r, prefix, job_id, 0, {"type": "delta", "delta": {"reasoning_content": "They want steps."},
+                               "token_ids": [1]})
+    # the Markdown arrives in pieces, an open code fence included
+    half = MARKDOWN.index("echo")
+    put(r, prefix, job_id, 1, {"type": "delta", "delta": {"content": MARKDOWN[:half]}, "token_ids": [2]})
+    b.wait(f"!!{LAST}.querySelector('.code-block.open')", 10, "the open code block while streaming")
+    put(r, prefix, job_id, 2, {"type": "delta", "delta": {"content": MARKDOWN[half:]}, "token_ids": [3]})
+    put(r, prefix, job_id, 3, DONE)
+    b.wait(f"{LAST}.dataset.state === 'done'", 10)
+    ans = f"{LAST}.querySelector('.answer')"
+    assert b.eval(f"{ans}.querySelector('h2').textContent") == "Steps"
+    assert b.eval(f"[...{ans}.querySelectorAll('ol > li')].length") == 2
+    assert b.eval(f"{ans}.querySelector('ol li strong').textContent") == "test"
+    assert b.eval(f"{ans}.querySelector('ol li em').textContent") == "change"
+    assert b.eval(f"{ans}.querySelector('ol li ul li').textContent") == "nested item"
+    assert b.eval(f"{ans}.querySelector('p code').textContent") == "make -j2"
+    assert b.eval(f"{ans}.querySelector('pre code').textContent") == 'make test <all>\necho "done"'
+    assert b.eval(f"{ans}.querySelector('pre code').className") == "language-sh"
+    assert b.eval(f"{ans}.querySelector('.code-block.open')") is None
+    links = b.eval(f"[...{ans}.querySelectorAll('a')].map(a => [a.href, a.rel, a.textContent])")
+    assert links == [["https://redis.io/docs/", "noopener noreferrer", "the docs"]]
+    # HTML in the text is text: no element made, nothing ran
+    assert b.eval(f"{ans}.querySelectorAll('img, script').length") == 0
+    assert b.eval("window.__xss === undefined")
+    assert '<img src=x onerror="window.__xss=1">' in b.eval(f"{ans}.textContent")
+    assert "[this](javascript:alert(1))" in b.eval(f"{ans}.textContent")
+    b.click("#log .msg.assistant:last-of-type .copy")
+    b.wait(f"{LAST}.querySelector('.copy').textContent === 'Copied'", 5, "the copy confirmation")
+    assert b.eval("navigator.clipboard.readText()") == 'make test <all>\necho "done"'
+    b.screenshot(ARTIFACTS / "web-chat-markdown.png")
+
+    # reload: reasoning and meta are still there, the answer rendered again
+    meta = b.eval(f"{LAST}.querySelector('.meta').textContent")
+    assert "4 tokens (2 reasoning)" in meta
+    b.goto(web.url)
+    assert b.eval(f"{LAST}.querySelector('.reasoning-text').textContent") == "They want steps."
+    assert b.eval(f"{LAST}.querySelector('.reasoning').hidden") is False
+    assert b.eval(f"{LAST}.querySelector('.meta').textContent") == meta
+    assert b.eval(f"{ans}.querySelector('pre code').textContent") == 'make test <all>\necho "done"'
+    assert b.eval("document.getElementById('think').checked") is True
+    b.screenshot(ARTIFACTS / "web-chat-reloaded.png")
+
+    # regenerate: the same conversation without the old answer, a new job
+    b.click("#log .msg.assistant:last-of-type .regenerate")
+    job2 = read_job(r, pool)
+    assert job2["id"] != job_id and job2["mode"] == "think"
+    assert job2["messages"] == [{"role": "user", "content": "How do I build it?"}]
+    assert b.eval("document.querySelectorAll('#log .msg.assistant').length") == 1
+    put(r, prefix, job2["id"], 0, {"type": "delta", "delta": {"content": "Just `make`."}, "token_ids": [1]})
+    put(r, prefix, job2["id"], 1, DONE)
+    b.wait(f"{LAST}.dataset.state === 'done'", 10)
+    assert b.eval(f"{ans}.textContent") == "Just make."
+
+    # a second conversation; both listed, each keeps its own turns
+    b.click("#new-chat")
+    assert b.eval("document.querySelectorAll('#log .msg').length") == 0
+    job3_id = send_message(b, "Another topic")
+    read_job(r, pool)
+    put(r, prefix, job3_id, 0, {"type": "delta", "delta": {"content": "Sure."}, "token_ids": [1]})
+    put(r, prefix, job3_id, 1, DONE)
+    b.wait(f"{LAST}.dataset.state === 'done'", 10)
+    titles = b.eval("[...document.querySelectorAll('#chats .chat .open')].map(e => e.textContent)")
+    assert titles == ["Another topic", "How do I build it?"]
+    b.goto(web.url)  # the list and the current conversation survive a reload
+    assert b.eval("document.querySelector('#chats .chat.current .open').textContent") == "Another topic"
+    b.click("#chats .chat:last-child .open")
+    texts = b.eval("[...document.querySelectorAll('#log .msg .text, #log .msg .answer')]"
+                   ".map(e => e.textContent)")
+    assert texts == ["How do I build it?", "Just make."]
+    b.screenshot(ARTIFACTS / "web-chat-conversations.png")
+    b.click("#chats .chat.current .delete")
+    titles = b.eval("[...document.querySelectorAll('#chats .chat .open')].map(e => e.textContent)")
+    assert titles == ["Another topic"]
+
+
+# Markdown.render (static/markdown.js): input -> exact HTML. HTML in the
+# text, unsafe link targets and quotes that would break out of an attribute
+# all come out as text.
+MD_CASES = [
+    ("plain", "<p>plain</p>"),
+    ("", ""),
+    ("a\nb\n\nc", "<p>a<br>b</p><p>c</p>"),
+    ("# Title", "<h1>Title</h1>"),
+    ("### three ###", "<h3>three</h3>"),
+    ("#no space", "<p>#no space</p>"),
+    ("- a\n- b", "<ul><li>a</li><li>b</li></ul>"),
+    ("3. c\n4. d", '<ol start="3"><li>c</li><li>d</li></ol>'),
+    ("- a\n  - a1\n- b", "<ul><li>a<ul><li>a1</li></ul></li><li>b</li></ul>"),
+    ("use `x<y>`", "<p>use <code>x&lt;y&gt;</code></p>"),
+    ("``a`b``", "<p><code>a`b</code></p>"),
+    ("**b** and *i*", "<p><strong>b</strong> and <em>i</em></p>"),
+    ("2 * 3 * 4", "<p>2 * 3 * 4</p>"),
+    ("[r](https://redis.io/)",
+     '<p><a href="https://redis.io/" target="_blank" rel="noopener noreferrer">r</a></p>'),
+    ("[m](mailto:a@b.c)",
+     '<p><a href="mailto:a@b.c" target="_blank" rel="noopener noreferrer">m</a></p>'),
+    ("[x](javascript:alert(1))", "<p>[x](javascript:alert(1))</p>"),
+    ("[x](data:text/html,hi)", "<p>[x](data:text/html,hi)</p>"),
+    ('[x](https://a/"onmouseover="alert(1))',
+     '<p><a href="https://a/&quot;onmouseover=&quot;alert(1" target="_blank" '
+     'rel="noopener noreferrer">x</a>)</p>'),
+    ("<script>alert(1)</script>", "<p>&lt;script&gt;alert(1)&lt;/script&gt;</p>"),
+    ("<img src=x onerror=alert(1)>", "<p>&lt;img src=x onerror=alert(1)&gt;</p>"),
+    ("**<b>x</b>**", "<p><strong>&lt;b&gt;x&lt;/b&gt;</strong></p>"),
+    ("```py\nif a < b:\n    pass\n```",
+     '<div class="code-block"><div class="code-head"><span class="lang">py</span>'
+     '<button type="button" class="copy" title="Copy the code">Copy</button></div>'
+     '<pre><code class="language-py">if a &lt; b:\n    pass</code></pre></div>'),
+    ("```\nopen",
+     '<div class="code-block open"><div class="code-head"><span class="lang">code</span>'
+     '<button type="button" class="copy" title="Copy the code">Copy</button></div>'
+     "<pre><code>open</code></pre></div>"),
+    ('```x" onclick="y\nz\n```', '<p>```x&quot; onclick=&quot;y<br>z</p><div class="code-block open">'
+     '<div class="code-head"><span class="lang">code</span><button type="button" class="copy" '
+     'title="Copy the code">Copy</button></div><pre><code></code></pre></div>'),
+]
+
+
+def test_markdown_renderer_cases(browser, web_factory):
+    web = web_factory()
+    b = browser
+    b.goto(web.url)
+    got = b.eval("JSON.stringify(%s.map(s => Markdown.render(s)))" % json.dumps([c[0] for c in MD_CASES]))
+    got = json.loads(got)
+    assert len(got) == len(MD_CASES)
+    for (src, want), html in zip(MD_CASES, got):
+        assert html == want, (src, html)
+
+
 # ---------------------------------------------------------------- HTTP
 
 def test_backend_streams_events_with_sse_headers(web_factory, redis_addr, prefix):
@@ -398,7 +608,8 @@ def test_backend_cancels_when_the_client_disconnects(web_factory, redis_addr, pr
 
 def test_backend_serves_the_page_and_nothing_else(web_factory):
     web = web_factory()
-    for path, ctype in (("", "text/html"), ("app.js", "text/javascript"), ("style.css", "text/css")):
+    for path, ctype in (("", "text/html"), ("app.js", "text/javascript"), ("markdown.js", "text/javascript"),
+                        ("style.css", "text/css")):
         with urllib.request.urlopen(web.url + path, timeout=10) as f:
             assert f.headers["Content-Type"].startswith(ctype)
             body = f.read().decode()

@@ -6,13 +6,14 @@ Run with Debian's interpreter: /usr/bin/python3 -m pytest tests/integration
 """
 import json
 import signal
+import subprocess
 import time
 import urllib.request
 
 import pytest
 
-from conftest import (check_stream, connect, free_port, greedy_jobs, reference,
-                      run_threads)
+from conftest import (MODEL, WORKER, check_stream, connect, free_port, greedy_jobs,
+                      promtool_check, reference, run_threads)
 
 ROOT_SCHEMAS = __import__("conftest").SCHEMAS
 
@@ -223,8 +224,9 @@ def test_heartbeat_metrics_and_drain(workers, client, event_validator):
     client.submit({"id": "m1", "prompt_ids": [1, 2], "max_tokens": 4, "temperature": 0})
     client.events("m1")
     text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
-    for name in ("redlm_tokens_total", "redlm_ttft_seconds_bucket", "redlm_queue_wait_seconds",
-                 "redlm_tpot_seconds", "redlm_running", "redlm_kv_usage_ratio",
+    for name in ("redlm_generation_tokens_total", "redlm_ttft_seconds_bucket",
+                 "redlm_queue_wait_seconds", "redlm_inter_token_latency_seconds",
+                 "redlm_running", "redlm_kv_usage_ratio",
                  "redlm_result_cache_hits_total", "redlm_prefix_cache_hit_tokens_total"):
         assert name in text, name
     # SIGTERM mid-job: the job finishes, then exit 0
@@ -256,3 +258,113 @@ def test_too_many_deliveries(workers, client, event_validator, dead_validator):
     assert evs[0][1]["code"] == "TOO_MANY_DELIVERIES"
     dead = [json.loads(f["dead"]) for _, f in r.xrange(f"{client.prefix}dead")]
     assert dead[-1]["code"] == "TOO_MANY_DELIVERIES" and dead[-1]["deliveries"] > 3
+
+
+def test_model_without_tokenizer_warns(workers, client, tmp_path, event_validator):
+    """A model directory with no tokenizer.json: the worker says at start
+    that only prompt_ids jobs will work, serves those, and refuses a chat
+    job with a clear error (not a crash)."""
+    bare = tmp_path / "bare-model"
+    bare.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        (bare / f).symlink_to(MODEL / f)
+    w = workers("notok", "--model", str(bare))
+    log = w.text()
+    assert "has no tokenizer.json: only prompt_ids jobs will work" in log, log
+    client.submit({"id": "ids", "prompt_ids": [1, 2], "max_tokens": 2, "temperature": 0})
+    _, done = check_stream(client.events("ids"), event_validator)
+    assert done["finish_reason"] == "length"
+    client.submit({"id": "chat", "messages": [{"role": "user", "content": "hi"}],
+                   "max_tokens": 2})
+    evs = [e for _, e in client.events("chat")]
+    assert evs[0]["type"] == "error" and evs[0]["code"] == "BAD_VALUE"
+    assert "no tokenizer.json" in evs[0]["message"]
+    assert evs[-1]["type"] == "done" and evs[-1]["finish_reason"] == "error"
+    assert client.r.xlen(f"{client.prefix}dead") == 1
+
+
+@pytest.mark.parametrize("name,kind,needle", [
+    ("Qwen3-0.6B-Q8_0.gguf", "file", "is a GGUF file, which redlm does not read"),
+    ("repo", "dir", "has no config.json: expected a Hugging Face Qwen3 checkpoint directory"),
+])
+def test_model_path_not_a_checkpoint(built, redis_addr, tmp_path, name, kind, needle):
+    """A .gguf file or a folder that is not a checkpoint: the worker exits
+    non-zero with a sentence about what it expects."""
+    path = tmp_path / name
+    if kind == "file":
+        path.write_bytes(b"GGUF\x03\x00\x00\x00")
+    else:
+        (path / "models" / "tiny").mkdir(parents=True)
+    out = subprocess.run([str(WORKER), "--redis", redis_addr, "--model", str(path), "--threads", "1"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0
+    assert needle in out.stderr, out.stderr
+    assert "Not a directory" not in out.stderr
+
+
+def metric_values(text):
+    """{sample name with labels: value} of a Prometheus text page."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
+def test_metrics_promtool_and_vllm_set(workers, client):
+    """The worker's /metrics passes promtool (HELP and TYPE on every family,
+    base units), carries model_name, and counts what vLLM's set counts:
+    prompt/generation tokens, finish reasons, e2e/prefill/decode times,
+    length histograms, TTFT and queue buckets past 60 s."""
+    port = free_port()
+    workers("pm", "--http-port", str(port))
+    client.submit({"id": "p1", "prompt_ids": [1, 2, 3], "max_tokens": 5, "temperature": 0,
+                   "ignore_eos": True})
+    client.events("p1")
+    client.submit({"id": "p2", "prompt_ids": [4, 5], "max_tokens": 2, "temperature": 0,
+                   "ignore_eos": True})
+    client.events("p2")
+    base = f"http://127.0.0.1:{port}"
+    text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+    promtool_check(text)
+    assert "_ms" not in text
+    v = metric_values(text)
+    mn = 'model_name="tiny-qwen3-a"'
+    assert v[f"redlm_prompt_tokens_total{{{mn}}}"] == 5
+    assert v[f"redlm_generation_tokens_total{{{mn}}}"] == 7
+    assert v[f'redlm_requests_finished_total{{{mn},finished_reason="length"}}'] == 2
+    assert v[f'redlm_requests_finished_total{{{mn},finished_reason="stop"}}'] == 0
+    for h in ("e2e_request_latency", "request_prefill_time", "request_decode_time", "ttft",
+              "queue_wait"):
+        assert v[f"redlm_{h}_seconds_count{{{mn}}}"] == 2, h
+    # one gap per token after each job's first
+    assert v[f"redlm_inter_token_latency_seconds_count{{{mn}}}"] == 5
+    assert v[f'redlm_request_prompt_tokens_bucket{{{mn},le="2"}}'] == 1
+    assert v[f'redlm_request_prompt_tokens_bucket{{{mn},le="5"}}'] == 2
+    assert v[f"redlm_request_generation_tokens_sum{{{mn}}}"] == 7
+    for h in ("ttft", "queue_wait"):
+        assert f'redlm_{h}_seconds_bucket{{{mn},le="60"}}' in v
+        assert any(k.startswith(f"redlm_{h}_seconds_bucket") and 'le="' in k and
+                   k.split('le="')[1][:-2] not in ("+Inf",) and float(k.split('le="')[1][:-2]) > 60
+                   for k in v), h
+    assert f"redlm_preemptions_total{{{mn}}}" in v
+
+
+def test_metrics_count_preemptions(workers, client):
+    """A KV pool of 1 MiB (about 500 tokens of tiny-qwen3-a) and four jobs
+    that together need twice that: the scheduler preempts, and /metrics
+    says how often."""
+    port = free_port()
+    workers("pre", "--http-port", str(port), "--kv-budget-mb", "1")
+    ids = [f"pre{i}" for i in range(4)]
+    for i, jid in enumerate(ids):
+        client.submit({"id": jid, "prompt_ids": [1 + i] * 40, "max_tokens": 200,
+                       "temperature": 0, "ignore_eos": True})
+    for jid in ids:
+        assert client.events(jid, timeout=120)[-1][1]["finish_reason"] == "length"
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    v = metric_values(text)
+    mn = 'model_name="tiny-qwen3-a"'
+    assert v[f"redlm_preemptions_total{{{mn}}}"] >= 1, text
+    assert v[f'redlm_requests_finished_total{{{mn},finished_reason="length"}}'] == 4

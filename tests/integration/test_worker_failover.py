@@ -7,15 +7,18 @@ second or two.
 """
 import signal
 import time
+import urllib.request
 
-from conftest import RedisServer, Client, check_stream, greedy_jobs, reference, run_threads
+from conftest import (RedisServer, Client, check_stream, free_port, greedy_jobs, reference,
+                      run_threads)
 
 FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
 
 
 def test_kill9_mid_generation(workers, client, event_validator, tmp_path):
     a = workers("wa", *FAST_CLAIM, "--max-batch", "8")
-    b = workers("wb", *FAST_CLAIM, "--max-batch", "8")
+    port = free_port()
+    b = workers("wb", *FAST_CLAIM, "--max-batch", "8", "--http-port", str(port))
     jobs = greedy_jobs(16, seed=21, max_tokens=(150, 250), tag="k")
     ref = reference(jobs, tmp_path)
     for j in jobs:
@@ -41,6 +44,14 @@ def test_kill9_mid_generation(workers, client, event_validator, tmp_path):
         assert done["usage"]["completion_tokens"] == job["max_tokens"]
     assert client.r.xpending(key, "workers")["pending"] == 0
     assert "reclaimed entry" in b.log_path.read_text()
+    # a resumed job's first gap is measured from its resumption: every
+    # inter-token gap the survivor saw is under a minute
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    v = {l.rsplit(" ", 1)[0]: float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+         if l.startswith("redlm_inter_token_latency_seconds_")}
+    mn = 'model_name="tiny-qwen3-a"'
+    assert v[f'redlm_inter_token_latency_seconds_bucket{{{mn},le="40"}}'] == \
+        v[f"redlm_inter_token_latency_seconds_count{{{mn}}}"] > 0
 
 
 def test_redis_restart_with_aof(workers, prefix, event_validator, tmp_path):

@@ -84,6 +84,34 @@ struct tpl_case {
     const char *rendered;
 };
 
+/* Text the template cases below share, each once: the get_weather tool
+ * as Python's json.dumps writes it (the same in a request's tools and in
+ * the rendered system turn), and the Tools section around the tool lines
+ * of a rendered system turn. */
+#define WEATHER_TOOL                                                                                \
+    "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get " \
+    "the \\\"current\\\" weather\\nfor a city \\\\ region\", \"parameters\": {\"type\": \"object" \
+    "\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"城市名 🏙\"}, \"days\"" \
+    ": {\"type\": \"integer\", \"minimum\": 1, \"maximum\": 16, \"default\": 1.0}, \"unit\": {\"" \
+    "enum\": [\"c\", \"f\", null], \"x\": true, \"y\": false}}, \"required\": [\"city\"]}}}"
+#define TOOLS_HEAD                                                                                 \
+    "# Tools\n"                                                                                    \
+    "\n"                                                                                           \
+    "You may call one or more functions to assist with the user query.\n"                          \
+    "\n"                                                                                           \
+    "You are provided with function signatures within <tools></tools> XML tags:\n"                 \
+    "<tools>\n"
+#define TOOLS_TAIL                                                                                 \
+    "</tools>\n"                                                                                   \
+    "\n"                                                                                           \
+    "For each function call, return a json object with function name and arguments within <tool_" \
+    "call></tool_call> XML tags:\n"                                                                \
+    "<tool_call>\n"                                                                                \
+    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"                           \
+    "</tool_call><|im_end|>\n"
+/* The system turn of a request whose only tool is get_weather. */
+#define WEATHER_SYSTEM "<|im_start|>system\n" TOOLS_HEAD WEATHER_TOOL "\n" TOOLS_TAIL
+
 static const struct tpl_case extra_cases[] = {
     {"single_turn_gen",
      "[{\"role\": \"user\", \"content\": \"What is 2+2?\"}]",
@@ -179,11 +207,7 @@ static const struct tpl_case extra_cases[] = {
     {"system_and_tools",
      "[{\"role\": \"system\", \"content\": \"You are a weather bot.\"}, {\"role\": \"user\", \"co"
      "ntent\": \"Weather in 北京?\"}]",
-     "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get "
-     "the \\\"current\\\" weather\\nfor a city \\\\ region\", \"parameters\": {\"type\": \"object"
-     "\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"城市名 🏙\"}, \"days\""
-     ": {\"type\": \"integer\", \"minimum\": 1, \"maximum\": 16, \"default\": 1.0}, \"unit\": {\""
-     "enum\": [\"c\", \"f\", null], \"x\": true, \"y\": false}}, \"required\": [\"city\"]}}}, {\""
+     "[" WEATHER_TOOL ", {\""
      "type\": \"function\", \"function\": {\"name\": \"numbers\", \"parameters\": {\"a\": 0.1, \""
      "b\": 1e-05, \"c\": 1e+16, \"d\": 123456789012345678901234567890, \"e\": -0.0, \"f\": 2.5e-3"
      "00, \"g\": 1e+22, \"h\": 100.0, \"i\": -7, \"j\": 0.0001, \"k\": 123456.789, \"l\": {}, \"m"
@@ -192,28 +216,13 @@ static const struct tpl_case extra_cases[] = {
      "<|im_start|>system\n"
      "You are a weather bot.\n"
      "\n"
-     "# Tools\n"
-     "\n"
-     "You may call one or more functions to assist with the user query.\n"
-     "\n"
-     "You are provided with function signatures within <tools></tools> XML tags:\n"
-     "<tools>\n"
-     "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get t"
-     "he \\\"current\\\" weather\\nfor a city \\\\ region\", \"parameters\": {\"type\": \"object\""
-     ", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"城市名 🏙\"}, \"days\": "
-     "{\"type\": \"integer\", \"minimum\": 1, \"maximum\": 16, \"default\": 1.0}, \"unit\": {\"en"
-     "um\": [\"c\", \"f\", null], \"x\": true, \"y\": false}}, \"required\": [\"city\"]}}}\n"
+     TOOLS_HEAD
+     WEATHER_TOOL "\n"
      "{\"type\": \"function\", \"function\": {\"name\": \"numbers\", \"parameters\": {\"a\": 0.1,"
      " \"b\": 1e-05, \"c\": 1e+16, \"d\": 123456789012345678901234567890, \"e\": -0.0, \"f\": 2.5"
      "e-300, \"g\": 1e+22, \"h\": 100.0, \"i\": -7, \"j\": 0.0001, \"k\": 123456.789, \"l\": {}, "
      "\"m\": [], \"n\": \"\\u0001\\u001f\177\\t\\b\\f\\r/<>&'\"}}}\n"
-     "</tools>\n"
-     "\n"
-     "For each function call, return a json object with function name and arguments within <tool_"
-     "call></tool_call> XML tags:\n"
-     "<tool_call>\n"
-     "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
-     "</tool_call><|im_end|>\n"
+     TOOLS_TAIL
      "<|im_start|>user\n"
      "Weather in 北京?<|im_end|>\n"
      "<|im_start|>assistant\n"},
@@ -226,31 +235,9 @@ static const struct tpl_case extra_cases[] = {
      "nt\": \"{\\\"temp\\\": 21}\"}, {\"role\": \"tool\", \"content\": \"{\\\"temp\\\": 25}\"}, {"
      "\"role\": \"assistant\", \"content\": \"Paris 21, Rome 25.\", \"reasoning_content\": \"Both"
      " fetched.\"}]",
-     "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get "
-     "the \\\"current\\\" weather\\nfor a city \\\\ region\", \"parameters\": {\"type\": \"object"
-     "\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"城市名 🏙\"}, \"days\""
-     ": {\"type\": \"integer\", \"minimum\": 1, \"maximum\": 16, \"default\": 1.0}, \"unit\": {\""
-     "enum\": [\"c\", \"f\", null], \"x\": true, \"y\": false}}, \"required\": [\"city\"]}}}]",
+     "[" WEATHER_TOOL "]",
      1, 0,
-     "<|im_start|>system\n"
-     "# Tools\n"
-     "\n"
-     "You may call one or more functions to assist with the user query.\n"
-     "\n"
-     "You are provided with function signatures within <tools></tools> XML tags:\n"
-     "<tools>\n"
-     "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get t"
-     "he \\\"current\\\" weather\\nfor a city \\\\ region\", \"parameters\": {\"type\": \"object\""
-     ", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"城市名 🏙\"}, \"days\": "
-     "{\"type\": \"integer\", \"minimum\": 1, \"maximum\": 16, \"default\": 1.0}, \"unit\": {\"en"
-     "um\": [\"c\", \"f\", null], \"x\": true, \"y\": false}}, \"required\": [\"city\"]}}}\n"
-     "</tools>\n"
-     "\n"
-     "For each function call, return a json object with function name and arguments within <tool_"
-     "call></tool_call> XML tags:\n"
-     "<tool_call>\n"
-     "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
-     "</tool_call><|im_end|>\n"
+     WEATHER_SYSTEM
      "<|im_start|>user\n"
      "Weather in Paris and Rome?<|im_end|>\n"
      "<|im_start|>assistant\n"
@@ -282,31 +269,9 @@ static const struct tpl_case extra_cases[] = {
      "[{\"role\": \"user\", \"content\": \"Weather?\"}, {\"role\": \"assistant\", \"content\": \""
      "Let me check.\", \"tool_calls\": [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"O"
      "slo\"}}]}, {\"role\": \"tool\", \"content\": \"snow\"}]",
-     "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get "
-     "the \\\"current\\\" weather\\nfor a city \\\\ region\", \"parameters\": {\"type\": \"object"
-     "\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"城市名 🏙\"}, \"days\""
-     ": {\"type\": \"integer\", \"minimum\": 1, \"maximum\": 16, \"default\": 1.0}, \"unit\": {\""
-     "enum\": [\"c\", \"f\", null], \"x\": true, \"y\": false}}, \"required\": [\"city\"]}}}]",
+     "[" WEATHER_TOOL "]",
      1, 1,
-     "<|im_start|>system\n"
-     "# Tools\n"
-     "\n"
-     "You may call one or more functions to assist with the user query.\n"
-     "\n"
-     "You are provided with function signatures within <tools></tools> XML tags:\n"
-     "<tools>\n"
-     "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get t"
-     "he \\\"current\\\" weather\\nfor a city \\\\ region\", \"parameters\": {\"type\": \"object\""
-     ", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"城市名 🏙\"}, \"days\": "
-     "{\"type\": \"integer\", \"minimum\": 1, \"maximum\": 16, \"default\": 1.0}, \"unit\": {\"en"
-     "um\": [\"c\", \"f\", null], \"x\": true, \"y\": false}}, \"required\": [\"city\"]}}}\n"
-     "</tools>\n"
-     "\n"
-     "For each function call, return a json object with function name and arguments within <tool_"
-     "call></tool_call> XML tags:\n"
-     "<tool_call>\n"
-     "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
-     "</tool_call><|im_end|>\n"
+     WEATHER_SYSTEM
      "<|im_start|>user\n"
      "Weather?<|im_end|>\n"
      "<|im_start|>assistant\n"
@@ -328,31 +293,9 @@ static const struct tpl_case extra_cases[] = {
      "easoning_content\": \"hidden\", \"tool_calls\": [{\"function\": {\"name\": \"get_weather\","
      " \"arguments\": {}}}]}, {\"role\": \"tool\", \"content\": \"x\"}, {\"role\": \"assistant\","
      " \"content\": \"done\"}, {\"role\": \"user\", \"content\": \"B\"}]",
-     "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get "
-     "the \\\"current\\\" weather\\nfor a city \\\\ region\", \"parameters\": {\"type\": \"object"
-     "\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"城市名 🏙\"}, \"days\""
-     ": {\"type\": \"integer\", \"minimum\": 1, \"maximum\": 16, \"default\": 1.0}, \"unit\": {\""
-     "enum\": [\"c\", \"f\", null], \"x\": true, \"y\": false}}, \"required\": [\"city\"]}}}]",
+     "[" WEATHER_TOOL "]",
      1, 0,
-     "<|im_start|>system\n"
-     "# Tools\n"
-     "\n"
-     "You may call one or more functions to assist with the user query.\n"
-     "\n"
-     "You are provided with function signatures within <tools></tools> XML tags:\n"
-     "<tools>\n"
-     "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get t"
-     "he \\\"current\\\" weather\\nfor a city \\\\ region\", \"parameters\": {\"type\": \"object\""
-     ", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"城市名 🏙\"}, \"days\": "
-     "{\"type\": \"integer\", \"minimum\": 1, \"maximum\": 16, \"default\": 1.0}, \"unit\": {\"en"
-     "um\": [\"c\", \"f\", null], \"x\": true, \"y\": false}}, \"required\": [\"city\"]}}}\n"
-     "</tools>\n"
-     "\n"
-     "For each function call, return a json object with function name and arguments within <tool_"
-     "call></tool_call> XML tags:\n"
-     "<tool_call>\n"
-     "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
-     "</tool_call><|im_end|>\n"
+     WEATHER_SYSTEM
      "<|im_start|>user\n"
      "A<|im_end|>\n"
      "<|im_start|>assistant\n"

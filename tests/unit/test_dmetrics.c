@@ -54,7 +54,7 @@ static void test_metrics_text(void **state)
         "redlm_dispatcher_auto_routed_total{pool=\"think\"} 300\n",
         "redlm_dispatcher_pool_waiting{pool=\"think\"} 50\n",
         "redlm_dispatcher_pool_waiting{pool=\"fast\"} 0\n",
-        "redlm_dispatcher_pool_wait_ms{pool=\"think\"} 1234\n",
+        "redlm_dispatcher_pool_wait_seconds{pool=\"think\"} 1.234\n",
         "redlm_dispatcher_think_ratio 0.300000\n",
         "redlm_dispatcher_think_ratio_effective 0.100000\n",
         "redlm_dispatcher_cache_hits_total 12\n",

@@ -19,6 +19,7 @@
 
 #include "chat.h"
 #include "engine.h"
+#include "cpu/kernels.h"
 #include "mkmodel.h"
 #include "tokenizer.h"
 
@@ -45,14 +46,28 @@ struct result {
     enum engine_finish finish;
     struct engine_usage usage;
     uint64_t id;
+    int n_events;
 };
 
 static int n_threads = 1; /* for open_engine; test_thread_counts changes it */
+/* speculation for open_engine (the speculation tests set them) */
+static enum spec_mode spec_mode_on;
+static spec_draft_fn spec_source;
+static void *spec_source_user;
+static int spec_k;
+static int spec_rows; /* engine_options.spec_max_rows */
+static const char *engine_isa; /* for open_engine; NULL = auto */
 
 static struct engine *open_engine(int kv_blocks, int max_batch, int chunk)
 {
     struct engine_options o;
     engine_options_default(&o);
+    o.speculative = spec_mode_on;
+    o.spec_draft = spec_source;
+    o.spec_draft_user = spec_source_user;
+    o.spec_tokens = spec_k;
+    o.spec_max_rows = spec_rows;
+    o.isa = engine_isa;
     o.n_threads = n_threads;
     o.kv_blocks = kv_blocks;
     o.max_batch = max_batch;
@@ -96,6 +111,7 @@ static void on_event(const struct engine_event *ev)
     r->n_content += ev->n_content;
     r->usage = ev->usage;
     r->finish = ev->finish;
+    r->n_events++;
 }
 
 static void drain(struct engine *e)
@@ -311,6 +327,58 @@ static void test_preemption_identical(void **state)
     assert_true(st.n_preemptions > 0);
     for (int i = 0; i < 4; i++)
         assert_same(&solo[i], &mixed[i]);
+    engine_free(e);
+}
+
+/* Resumption (engine_request.n_resumed): a request cut after k tokens and
+ * submitted again as prompt + those k tokens continues token for token
+ * (and logprob for logprob) as the uninterrupted run, for greedy, seeded
+ * top-k/top-p, min-p with the repetition penalty, and the frequency and
+ * presence penalties, at several cut points. Without n_resumed the
+ * penalised and sampled tails differ: the test would catch its loss. */
+static void test_resume_exact(void **state)
+{
+    (void)state;
+    enum { N_OUT = 40 };
+    static int32_t p[4][24 + N_OUT];
+    static struct result whole[4], tail, plain;
+    struct engine_request q;
+    struct engine *e = open_engine(64, 4, 0);
+    int n_differs = 0;
+    for (int i = 0; i < 4; i++) {
+        make_prompt(p[i], 20, 70 + (uint32_t)i);
+        sampled_req(&q, p[i], 20, N_OUT, (uint32_t)i);
+        submit(e, &q, &whole[i]);
+        drain(e);
+        assert_int_equal(whole[i].n_tokens, N_OUT);
+        static const int cuts[] = {1, 7, 23, N_OUT - 1};
+        for (int c = 0; c < 4; c++) {
+            int k = cuts[c];
+            memcpy(p[i] + 20, whole[i].tokens, (size_t)k * sizeof(int32_t));
+            sampled_req(&q, p[i], 20 + k, N_OUT - k, (uint32_t)i);
+            q.n_resumed = k;
+            submit(e, &q, &tail);
+            drain(e);
+            assert_int_equal(tail.n_tokens, N_OUT - k);
+            assert_memory_equal(tail.tokens, whole[i].tokens + k,
+                                (size_t)(N_OUT - k) * sizeof(int32_t));
+            assert_memory_equal(tail.logprobs, whole[i].logprobs + k,
+                                (size_t)(N_OUT - k) * sizeof(float));
+            q.n_resumed = 0; /* the old way: earlier output as plain prompt */
+            submit(e, &q, &plain);
+            drain(e);
+            n_differs += memcmp(plain.tokens, whole[i].tokens + k,
+                                (size_t)(N_OUT - k) * sizeof(int32_t)) != 0;
+        }
+    }
+    assert_true(n_differs > 0);
+    /* n_resumed must leave at least one real prompt token */
+    struct rl_err err = {0};
+    sampled_req(&q, p[0], 20, 8, 1);
+    q.n_resumed = 20;
+    uint64_t id;
+    assert_int_equal(engine_submit(e, &q, &id, &err), -RL_EINVAL);
+    assert_non_null(strstr(err.msg, "BAD_PARAM"));
     engine_free(e);
 }
 
@@ -657,6 +725,275 @@ static void test_thread_counts(void **state)
     n_threads = 1;
 }
 
+/* ---- speculative decoding ---- */
+
+/* Bad speculation options fail engine_create with a message naming them. */
+static void test_spec_options(void **state)
+{
+    (void)state;
+    struct engine_options o;
+    struct engine *e = NULL;
+    struct rl_err err = {0};
+    const struct { int tokens, rows, mode; const char *word; } bad[] = {
+        {17, 0, SPEC_NGRAM, "spec_tokens"},
+        {-1, 0, SPEC_NGRAM, "spec_tokens"},
+        {4, -1, SPEC_NGRAM, "spec_max_rows"},
+        {4, 0, 7, "speculative"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        engine_options_default(&o);
+        o.speculative = (enum spec_mode)bad[i].mode;
+        o.spec_tokens = bad[i].tokens;
+        o.spec_max_rows = bad[i].rows;
+        assert_int_equal(engine_create(&e, model_dir, &o, &err), -RL_EINVAL);
+        assert_null(e);
+        assert_non_null(strstr(err.msg, bad[i].word));
+    }
+}
+
+/* A mix of 16 requests with everything that sees the token sequence:
+ * greedy and seeded sampling with penalties (mix_setup), thinking budgets,
+ * stop strings taken from what the plain run says, eos stops. */
+static struct engine_request spec_q[N_MIX];
+static int32_t spec_ids[N_MIX][100];
+static char spec_stop[N_MIX][8];
+static const char *spec_stops[N_MIX][1];
+static struct result spec_plain[N_MIX];
+
+/* The oracle: drafts are the plain run's next tokens, every m-th one
+ * (counted along the output) corrupted when m > 0. */
+struct oracle {
+    struct result *got;        /* the run's results: the request's index */
+    const struct result *ref;  /* the plain outputs */
+    int m;
+};
+
+static int oracle_draft(void *src, void *req_user, const int32_t *tokens, int n_tokens,
+                        int n_prompt, int32_t *out, int max_n)
+{
+    (void)tokens;
+    struct oracle *o = src;
+    const struct result *ref = &o->ref[(struct result *)req_user - o->got];
+    int at = n_tokens - n_prompt, n = 0;
+    for (; n < max_n && at + n < ref->n_tokens; n++) {
+        out[n] = ref->tokens[at + n];
+        if (o->m > 0 && (at + n) % o->m == o->m - 1)
+            out[n] = out[n] == 11 ? 12 : 11;
+    }
+    return n;
+}
+
+static void spec_mix_setup(struct engine *plain_e)
+{
+    mix_setup();
+    const struct tokenizer *tok = engine_get_tokenizer(plain_e);
+    int32_t think = tok_find(tok, "<think>", 7);
+    assert_true(think > 0);
+    for (int i = 0; i < N_MIX; i++) {
+        spec_q[i] = mix_q[i];
+        memcpy(spec_ids[i], mix_ids[i], (size_t)mix_n[i] * sizeof(int32_t));
+        spec_q[i].prompt_ids = spec_ids[i];
+        spec_q[i].max_tokens += 20;
+        if (i % 4 == 1) { /* inside <think> with a budget */
+            spec_ids[i][mix_n[i]] = think;
+            spec_q[i].n_prompt = mix_n[i] + 1;
+            spec_q[i].max_thinking_tokens = 2 + i % 5;
+        }
+        if (i % 5 == 3)
+            spec_q[i].ignore_eos = false;
+    }
+    /* stop strings: three printable bytes from the middle of what the
+     * plain run says (the first time they occur) */
+    for (int i = 0; i < N_MIX; i++)
+        submit(plain_e, &spec_q[i], &spec_plain[i]);
+    drain(plain_e);
+    for (int i = 2; i < N_MIX; i += 5) {
+        const struct result *r = &spec_plain[i];
+        for (size_t at = r->n_content / 3; at + 3 < r->n_content; at++) {
+            const char *c = r->content + at;
+            if (c[0] < 0x21 || c[0] > 0x7e || c[1] < 0x21 || c[1] > 0x7e || c[2] < 0x21 ||
+                c[2] > 0x7e)
+                continue;
+            memcpy(spec_stop[i], c, 3);
+            spec_stop[i][3] = 0;
+            if (memmem(r->content, r->n_content, spec_stop[i], 3) == c)
+                break;
+            spec_stop[i][0] = 0;
+        }
+        if (spec_stop[i][0]) {
+            spec_stops[i][0] = spec_stop[i];
+            spec_q[i].stop = spec_stops[i];
+            spec_q[i].n_stop = 1;
+        }
+    }
+}
+
+/* Runs the mix on e: a random subset at once, the rest arriving while it
+ * runs, in random order. */
+static void spec_run(struct engine *e, struct result *got, uint32_t rng)
+{
+    int order[N_MIX];
+    for (int i = 0; i < N_MIX; i++)
+        order[i] = i;
+    for (int i = N_MIX - 1; i > 0; i--) {
+        rng = rng * 1664525u + 1013904223u;
+        int j = (int)((rng >> 8) % (uint32_t)(i + 1));
+        int t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    struct rl_err err = {0};
+    rng = rng * 1664525u + 1013904223u;
+    int next = 0, first = 4 + (int)((rng >> 8) % 12);
+    for (; next < first; next++)
+        submit(e, &spec_q[order[next]], &got[order[next]]);
+    while (engine_n_active(e) > 0 || next < N_MIX) {
+        if (next < N_MIX) {
+            submit(e, &spec_q[order[next]], &got[order[next]]);
+            next++;
+        }
+        const struct engine_event *ev;
+        int n;
+        assert_int_equal(engine_step(e, &ev, &n, &err), 0);
+        for (int k = 0; k < n; k++)
+            on_event(&ev[k]);
+    }
+}
+
+/* With speculation on, every request's tokens, logprobs, top
+ * alternatives, text and finish are those of plain decoding: drafts that
+ * are always right, right but every 2nd or 3rd token wrong, from prompt
+ * lookup; in a roomy pool, with 7-token prefill chunks, and in a pool so
+ * small that requests are preempted with drafts in flight. */
+static void spec_identical_on(const char *isa)
+{
+    engine_isa = isa;
+    spec_mode_on = SPEC_OFF;
+    struct engine *pe = open_engine(256, 16, 0);
+    spec_mix_setup(pe);
+    struct engine_stats pst;
+    engine_get_stats(pe, &pst);
+    engine_free(pe);
+    int n_stop = 0, n_think = 0;
+    for (int i = 0; i < N_MIX; i++) {
+        n_stop += spec_q[i].n_stop;
+        n_think += spec_q[i].max_thinking_tokens >= 0;
+    }
+    assert_true(n_stop >= 2);
+    assert_true(n_think >= 3);
+    /* the reference: plain decoding of the final mix (stops included) */
+    pe = open_engine(256, 16, 0);
+    for (int i = 0; i < N_MIX; i++)
+        submit(pe, &spec_q[i], &spec_plain[i]);
+    drain(pe);
+    int plain_events = 0, n_stopped = 0;
+    for (int i = 0; i < N_MIX; i++) {
+        plain_events += spec_plain[i].n_events;
+        n_stopped += spec_plain[i].finish == ENGINE_FINISH_STOP;
+        assert_int_equal(spec_plain[i].usage.spec_drafted, 0);
+    }
+    assert_true(n_stopped >= 2);
+    engine_free(pe);
+
+    static struct result got[N_MIX];
+    struct oracle orc = {got, spec_plain, 0};
+    /* rows 0: the CPU's default cap on a step's tokens with drafts (8) */
+    const struct { int source; int m; int kv_blocks, chunk, rows; } runs[] = {
+        {1, 0, 256, 0, 256}, {1, 2, 256, 7, 256}, {1, 3, 40, 0, 256}, {1, 0, 36, 5, 256},
+        {1, 0, 256, 0, 0}, {0, 0, 256, 0, 256}, {0, 0, 40, 7, 256},
+    };
+    for (size_t c = 0; c < sizeof runs / sizeof runs[0]; c++) {
+        spec_mode_on = SPEC_NGRAM;
+        spec_source = runs[c].source ? oracle_draft : NULL;
+        spec_source_user = &orc;
+        orc.m = runs[c].m;
+        spec_rows = runs[c].rows;
+        struct engine *e = open_engine(runs[c].kv_blocks, 16, runs[c].chunk);
+        spec_run(e, got, 91 + (uint32_t)c);
+        struct engine_stats st;
+        engine_get_stats(e, &st);
+        int events = 0, drafted = 0, accepted = 0;
+        for (int i = 0; i < N_MIX; i++) {
+            assert_same(&spec_plain[i], &got[i]);
+            assert_int_equal(got[i].usage.completion_tokens, spec_plain[i].usage.completion_tokens);
+            assert_int_equal(got[i].usage.reasoning_tokens, spec_plain[i].usage.reasoning_tokens);
+            assert_int_equal(got[i].n_content, spec_plain[i].n_content);
+            assert_memory_equal(got[i].content, spec_plain[i].content, got[i].n_content);
+            assert_int_equal(got[i].n_reasoning, spec_plain[i].n_reasoning);
+            assert_memory_equal(got[i].reasoning, spec_plain[i].reasoning, got[i].n_reasoning);
+            events += got[i].n_events;
+            drafted += got[i].usage.spec_drafted;
+            accepted += got[i].usage.spec_accepted;
+            assert_true(got[i].usage.spec_accepted <= got[i].usage.spec_drafted);
+        }
+        assert_int_equal(st.spec_drafted, drafted);
+        assert_int_equal(st.spec_accepted, accepted);
+        if (runs[c].kv_blocks < 64)
+            assert_true(st.n_preemptions > 0);
+        if (runs[c].source) {
+            assert_true(drafted > 0);
+            assert_true(accepted > 0);
+            /* several tokens per event: fewer events than plain decoding */
+            assert_true(events < plain_events);
+            if (runs[c].m == 0 && runs[c].kv_blocks >= 64)
+                assert_true(accepted * 10 >= drafted * 8);
+        }
+        engine_free(e);
+    }
+    spec_mode_on = SPEC_OFF;
+    spec_source = NULL;
+    spec_rows = 0;
+    engine_isa = NULL;
+}
+
+/* ... on every kernel path this CPU has */
+static void test_spec_identical(void **state)
+{
+    (void)state;
+    const char *isas[] = {"avx512bf16", "avx2", "scalar"};
+    for (int i = 0; i < 3; i++) {
+        if (cpu_isa_parse(isas[i]) > (int)cpu_isa_detect()) {
+            printf("  (skipping %s: this CPU lacks it)\n", isas[i]);
+            continue;
+        }
+        spec_identical_on(isas[i]);
+    }
+}
+
+/* Prompt lookup on a prompt that repeats itself drafts tokens, and a
+ * request with no_speculative drafts none; outputs equal plain decoding. */
+static void test_spec_ngram_repeat(void **state)
+{
+    (void)state;
+    int32_t ids[90];
+    make_prompt(ids, 30, 5);
+    memcpy(ids + 30, ids, 30 * sizeof(int32_t));
+    memcpy(ids + 60, ids, 30 * sizeof(int32_t));
+    struct engine_request q;
+    static struct result plain, on, off;
+    greedy_req(&q, ids, 75, 40);
+    spec_mode_on = SPEC_OFF;
+    struct engine *e = open_engine(256, 4, 0);
+    submit(e, &q, &plain);
+    drain(e);
+    engine_free(e);
+    spec_mode_on = SPEC_NGRAM;
+    spec_k = 3;
+    e = open_engine(256, 4, 0);
+    submit(e, &q, &on);
+    q.no_speculative = true;
+    submit(e, &q, &off);
+    drain(e);
+    engine_free(e);
+    spec_mode_on = SPEC_OFF;
+    spec_k = 0;
+    assert_same(&plain, &on);
+    assert_same(&plain, &off);
+    assert_true(on.usage.spec_drafted > 0);
+    assert_int_equal(off.usage.spec_drafted, 0);
+    assert_int_equal(off.usage.spec_accepted, 0);
+}
+
 /* The invariance tests again on the BF16 copy. */
 static void on_bf16(void (*test)(void **), void **state)
 {
@@ -668,6 +1005,7 @@ static void on_bf16(void (*test)(void **), void **state)
 static void test_batch_invariance_bf16(void **state) { on_bf16(test_batch_invariance, state); }
 static void test_chunk_sizes_bf16(void **state) { on_bf16(test_chunk_sizes, state); }
 static void test_preemption_identical_bf16(void **state) { on_bf16(test_preemption_identical, state); }
+static void test_spec_identical_bf16(void **state) { on_bf16(test_spec_identical, state); }
 static void test_thread_counts_bf16(void **state) { on_bf16(test_thread_counts, state); }
 
 static void test_submit_errors(void **state)
@@ -814,6 +1152,7 @@ int main(void)
         cmocka_unit_test(test_prefix_cache_reuse),
         cmocka_unit_test(test_eviction_under_pressure),
         cmocka_unit_test(test_preemption_identical),
+        cmocka_unit_test(test_resume_exact),
         cmocka_unit_test(test_stop_string_split),
         cmocka_unit_test(test_stop_string_spans_think_tag),
         cmocka_unit_test(test_thinking_budget),
@@ -826,6 +1165,10 @@ int main(void)
         cmocka_unit_test(test_preemption_identical_bf16),
         cmocka_unit_test(test_thread_counts),
         cmocka_unit_test(test_thread_counts_bf16),
+        cmocka_unit_test(test_spec_options),
+        cmocka_unit_test(test_spec_identical),
+        cmocka_unit_test(test_spec_identical_bf16),
+        cmocka_unit_test(test_spec_ngram_repeat),
         cmocka_unit_test(test_submit_errors),
         cmocka_unit_test(test_eos_and_defaults),
         cmocka_unit_test(test_chat_messages),

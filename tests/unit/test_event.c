@@ -74,6 +74,16 @@ static int build_events(char **out, int max)
                                           "waiting for a worker (max_waiting 500)", 1000,
                                           &out[n++], NULL), 0);
     assert_int_equal(ev_build_done(1, &derr, &out[n++], NULL), 0);
+    /* a job that ran with speculative decoding: its counts in timings */
+    const int32_t sids[] = {603, 1378, 2326};
+    struct ev_delta sd = {.content = "one two three", .content_len = 13, .token_ids = sids,
+                          .n_token_ids = 3};
+    assert_int_equal(ev_build_delta(0, &sd, &out[n++], NULL), 0);
+    struct ev_done ds = {.finish_reason = EV_FINISH_LENGTH, .prompt_tokens = 30,
+                         .completion_tokens = 3, .cached_prompt_tokens = 16, .queue_ms = 1,
+                         .ttft_ms = 35, .total_ms = 60, .speculated = true,
+                         .spec_drafted = 4, .spec_accepted = 2};
+    assert_int_equal(ev_build_done(1, &ds, &out[n++], NULL), 0);
     cJSON_Delete(meta);
     cJSON_Delete(tc);
     assert_true(n <= max);
@@ -83,12 +93,12 @@ static int build_events(char **out, int max)
 static int build_dead(char **out)
 {
     int n = 0;
-    struct ev_dead a = {.job_raw = "{\"prompt\":\"x\",\"temprature\":1}", .job_raw_len = 30,
+    struct ev_dead a = {.job_raw = "{\"prompt\":\"x\",\"temprature\":1}", .job_raw_len = 29,
                         .job_id = "", .pool = "fast", .entry_id = "1700000000000-0",
                         .code = EV_CODE_UNKNOWN_FIELD, .message = "temprature: unknown field",
                         .worker = "gpu0", .deliveries = 1, .time_ms = 1700000000123};
     assert_int_equal(ev_build_dead(&a, &out[n++], NULL), 0);
-    struct ev_dead b = {.job_raw = "{\"id\":\"j9\",\"prompt\":\"x\"}", .job_raw_len = 25,
+    struct ev_dead b = {.job_raw = "{\"id\":\"j9\",\"prompt\":\"x\"}", .job_raw_len = 24,
                         .job_id = "j9", .pool = "think", .entry_id = "1700000000001-4",
                         .code = EV_CODE_TOO_MANY_DELIVERIES, .worker = "gpu1",
                         .deliveries = 4, .time_ms = 1700000009999};
@@ -97,6 +107,91 @@ static int build_dead(char **out)
                         .code = EV_CODE_BAD_ENTRY, .worker = "dispatcher", .time_ms = 1};
     assert_int_equal(ev_build_dead(&c, &out[n++], NULL), 0);
     return n;
+}
+
+/* Strict UTF-8 (RFC 3629), the test's own: 1 when s[0..n) is valid. */
+static int utf8_valid(const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i], cp, min;
+        size_t k;
+        if (c < 0x80) { i++; continue; }
+        if ((c & 0xE0) == 0xC0) { k = 2; min = 0x80; cp = c & 0x1F; }
+        else if ((c & 0xF0) == 0xE0) { k = 3; min = 0x800; cp = c & 0x0F; }
+        else if ((c & 0xF8) == 0xF0) { k = 4; min = 0x10000; cp = c & 0x07; }
+        else return 0;
+        if (i + k > n)
+            return 0;
+        for (size_t j = 1; j < k; j++) {
+            if ((s[i + j] & 0xC0) != 0x80)
+                return 0;
+            cp = (cp << 6) | (s[i + j] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return 0;
+        i += k;
+    }
+    return 1;
+}
+
+/* Dead letters of hostile jobs are valid JSON text in UTF-8 (issue 14):
+ * broken bytes and NULs become U+FFFD and are counted, a huge job is cut
+ * below EV_DEAD_JOB_MAX (never inside a character) with its size noted,
+ * and a message cut inside a character is repaired too. */
+static void test_dead_letter_repairs(void **state)
+{
+    (void)state;
+    static const char raw[] = "{\"prompt\":\"\xff\xc0\xaf a\0b \xe2\x82\xed\xa0\x80\"}";
+    struct ev_dead d = {.job_raw = raw, .job_raw_len = sizeof raw - 1, .job_id = "",
+                        .pool = "fast", .entry_id = "1-1", .code = EV_CODE_BAD_UTF8,
+                        .message = "temp\xc3: cut", .worker = "w", .time_ms = 1};
+    char *out = NULL;
+    assert_int_equal(ev_build_dead(&d, &out, NULL), 0);
+    assert_true(utf8_valid((const unsigned char *)out, strlen(out)));
+    cJSON *o = cJSON_Parse(out);
+    assert_non_null(o);
+    const char *want = "{\"prompt\":\"\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd a\xef\xbf\xbd"
+                       "b \xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\"}";
+    assert_string_equal(cJSON_GetObjectItem(o, "job")->valuestring, want);
+    assert_int_equal(cJSON_GetObjectItem(o, "job_replaced_bytes")->valueint, 9);
+    assert_true(cJSON_IsFalse(cJSON_GetObjectItem(o, "job_truncated")));
+    assert_int_equal(cJSON_GetObjectItem(o, "job_bytes")->valueint, (int)sizeof raw - 1);
+    assert_string_equal(cJSON_GetObjectItem(o, "message")->valuestring, "temp\xef\xbf\xbd: cut");
+    cJSON_Delete(o);
+    free(out);
+
+    /* 10 MB of two-byte characters, one byte off so no cut lands evenly */
+    size_t big = 10u << 20;
+    char *huge = malloc(big + 1);
+    assert_non_null(huge);
+    huge[0] = 'x';
+    for (size_t i = 1; i + 1 < big; i += 2)
+        memcpy(huge + i, "\xc3\xa9", 2);
+    huge[big - 1] = 'y';
+    d.job_raw = huge;
+    d.job_raw_len = big;
+    d.message = "job: 10485760 bytes is over the limit";
+    assert_int_equal(ev_build_dead(&d, &out, NULL), 0);
+    assert_true(strlen(out) < EV_DEAD_JOB_MAX + 1024);
+    assert_true(utf8_valid((const unsigned char *)out, strlen(out)));
+    o = cJSON_Parse(out);
+    assert_non_null(o);
+    const char *job = cJSON_GetObjectItem(o, "job")->valuestring;
+    assert_true(strlen(job) <= EV_DEAD_JOB_MAX && strlen(job) > EV_DEAD_JOB_MAX - 4);
+    assert_memory_equal(job, huge, strlen(job));
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(o, "job_truncated")));
+    assert_int_equal(cJSON_GetObjectItem(o, "job_bytes")->valuedouble, (double)big);
+    assert_int_equal(cJSON_GetObjectItem(o, "job_replaced_bytes")->valueint, 0);
+    cJSON_Delete(o);
+    free(out);
+    free(huge);
+
+    /* error events repair their message the same way */
+    assert_int_equal(ev_build_error(0, EV_CODE_UNKNOWN_FIELD, "\xe2\x82: unknown field", &out,
+                                    NULL), 0);
+    assert_true(utf8_valid((const unsigned char *)out, strlen(out)));
+    assert_non_null(strstr(out, "\xef\xbf\xbd\xef\xbf\xbd: unknown field"));
+    free(out);
 }
 
 /* Compares built strings with a file holding a JSON array of the same
@@ -286,6 +381,7 @@ int main(void)
         cmocka_unit_test(test_parse_round_trip),
         cmocka_unit_test(test_seq_and_stream_ids),
         cmocka_unit_test(test_codes_match_errors_json),
+        cmocka_unit_test(test_dead_letter_repairs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

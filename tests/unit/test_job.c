@@ -74,6 +74,15 @@ static const struct {
     {"{" P ",\"id\":\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}",
      EV_CODE_BAD_ID, "id"},
     {"{" P ",\"id\":\"a*\"}", EV_CODE_BAD_ID, "id"},
+    /* NUL: cJSON would cut the string there (issue 14) */
+    {"{" P ",\"id\":\"req-42\\u0000zz\"}", EV_CODE_BAD_ID, "id"},
+    {"{\"id\":\"\\u0000\"," P "}", EV_CODE_BAD_ID, "id"},
+    {"{" P ",\"id\" : \"a\\u0000\"}", EV_CODE_BAD_ID, "id"},
+    {"{\"prompt\":\"a\\u0000b\",\"id\":\"x\\u0000\"}", EV_CODE_BAD_ID, "id"},
+    {"{\"prompt\":\"a\\u0000b\"}", EV_CODE_BAD_VALUE, ""},
+    {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\\u0000there\"}]}", EV_CODE_BAD_VALUE, ""},
+    {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"id\":\"\\u0000\"}]}", EV_CODE_BAD_VALUE, ""},
+    {"{" P ",\"stop\":[\"\\u0000\"]}", EV_CODE_BAD_VALUE, ""},
     /* pool */
     {"{" P ",\"pool\":1}", EV_CODE_BAD_TYPE, "pool"},
     {"{" P ",\"pool\":\"\"}", EV_CODE_OUT_OF_RANGE, "pool"},
@@ -594,6 +603,10 @@ static void test_guess_id(void **state)
         {"{\"id\":7}", "r1-0", ""},
         {"[{\"id\":\"x\"}]", "r1-0", "r1-0"},
         {"not json", "r1-0", "r1-0"},
+        /* an id cut at a NUL must never answer as the shorter id */
+        {"{\"id\":\"req-42\\u0000zz\"}", "r1-0", ""},
+        {"{\"prompt\":\"\\u0000\",\"id\":\"req-42\"}", "r1-0", "req-42"},
+        {"{\"prompt\":\"\\\\u0000\",\"id\":\"req-43\"}", "r1-0", "req-43"},
         {NULL, "r1-0", "r1-0"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -608,6 +621,13 @@ static void test_guess_id(void **state)
     char out[JOB_ID_MAX + 1];
     job_guess_id(long_id, strlen(long_id), "r1-0", out);
     assert_string_equal(out, "");
+    /* an escaped backslash before "u0000" is text, not a NUL: accepted whole */
+    const char *lit = "{\"prompt\":\"a\\\\u0000b\"}";
+    struct job *j = NULL;
+    struct rl_err err = {0};
+    assert_int_equal(job_parse(lit, strlen(lit), NULL, &j, NULL, &err), 0);
+    assert_string_equal(j->prompt, "a\\u0000b");
+    job_free(j);
 }
 
 int main(void)

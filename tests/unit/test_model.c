@@ -25,19 +25,6 @@
 #include "model.h"
 #include "safetensors.h"
 
-static int ids_from_json(const cJSON *a, int32_t *out, int cap)
-{
-    int n = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, a)
-    {
-        if (n < cap)
-            out[n] = it->valueint;
-        n++;
-    }
-    return n;
-}
-
 static char model_dir[1024];
 static cJSON *reference;
 
@@ -46,13 +33,7 @@ static int setup_ref(void **state)
     snprintf(model_dir, sizeof model_dir, "%s/models/tiny-qwen3-a", tu_data_dir());
     char path[1200];
     snprintf(path, sizeof path, "%s/reference.json", model_dir);
-    char *txt = tu_slurp(path, NULL);
-    if (!txt) {
-        fprintf(stderr, "cannot read %s\n", path);
-        return -1;
-    }
-    reference = cJSON_Parse(txt);
-    free(txt);
+    reference = tu_read_json(path);
     return reference ? 0 : -1;
 }
 
@@ -78,8 +59,8 @@ static void check_reference(const char *isa)
     cJSON_ArrayForEach(p, prompts)
     {
         int32_t ids[512], greedy[64];
-        int n = ids_from_json(cJSON_GetObjectItem(p, "ids"), ids, 512);
-        int ng = ids_from_json(cJSON_GetObjectItem(p, "greedy"), greedy, 64);
+        int n = tu_ids_from_json(cJSON_GetObjectItem(p, "ids"), ids, 512);
+        int ng = tu_ids_from_json(cJSON_GetObjectItem(p, "greedy"), greedy, 64);
         float *lg = malloc((size_t)n * (size_t)V * sizeof(float));
         rig_step(&r, 0, ids, n, lg, NULL);
         const cJSON *pos = cJSON_GetObjectItem(p, "positions");
@@ -194,7 +175,7 @@ static void test_paths_agree(void **state)
     float *ref = NULL;
     int32_t ids[33];
     const cJSON *p = cJSON_GetArrayItem(cJSON_GetObjectItem(reference, "prompts"), 2);
-    int n = ids_from_json(cJSON_GetObjectItem(p, "ids"), ids, 33);
+    int n = tu_ids_from_json(cJSON_GetObjectItem(p, "ids"), ids, 33);
     for (int i = 0; i < 3; i++) {
         if (cpu_isa_parse(isas[i]) > (int)cpu_isa_detect())
             continue;
@@ -316,8 +297,8 @@ static void test_bf16_vs_f32(void **state)
     cJSON_ArrayForEach(p, cJSON_GetObjectItem(reference, "prompts"))
     {
         int32_t ids[400];
-        int n = ids_from_json(cJSON_GetObjectItem(p, "ids"), ids, 400);
-        int ng = ids_from_json(cJSON_GetObjectItem(p, "greedy"), ids + n, 400 - n);
+        int n = tu_ids_from_json(cJSON_GetObjectItem(p, "ids"), ids, 400);
+        int ng = tu_ids_from_json(cJSON_GetObjectItem(p, "greedy"), ids + n, 400 - n);
         int tot = n + ng;
         float *a = malloc((size_t)tot * (size_t)V * 4), *b = malloc((size_t)tot * (size_t)V * 4);
         rig_step(&f, 0, ids, tot, a, NULL);
@@ -418,6 +399,22 @@ static void test_bad_checkpoints(void **state)
     snprintf(dir, sizeof dir, "%s/noconfig", tmpdir);
     mkdir(dir, 0755);
     expect_load_error(dir, RL_EIO, "config.json");
+    /* a folder above the checkpoint says what it should hold */
+    expect_load_error(dir, RL_EIO, "has no config.json: expected a Hugging Face Qwen3 checkpoint directory");
+    /* a .gguf file, and any other file, are named as such, never
+     * "config.json: Not a directory" */
+    char file[600];
+    snprintf(file, sizeof file, "%s/Qwen3-0.6B-Q8_0.gguf", tmpdir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs("GGUF", f);
+    fclose(f);
+    expect_load_error(file, RL_EFORMAT, "is a GGUF file, which redlm does not read; expected a Hugging Face");
+    snprintf(file, sizeof file, "%s/noconfig/weights.bin", tmpdir);
+    f = fopen(file, "w");
+    assert_non_null(f);
+    fclose(f);
+    expect_load_error(file, RL_EFORMAT, "is a file, not a directory; expected");
 }
 
 struct cfg_case {

@@ -48,6 +48,8 @@ static const struct {
      "{\"id\":\"" ID "\",\"top_k\":20,\"min_p\":0.05,\"repetition_penalty\":1.1,\"ignore_eos\":true," JMSG "}",
      false, false, false, 0},
     {"{" MSG ",\"top_k\":-1}", "{\"id\":\"" ID "\"," JMSG "}", false, false, false, 0},
+    {"{" MSG ",\"speculative\":false}", "{\"id\":\"" ID "\",\"speculative\":false," JMSG "}",
+     false, false, false, 0},
     /* stop: a string or a list */
     {"{" MSG ",\"stop\":\"\\n\\n\"}", "{\"id\":\"" ID "\",\"stop\":\"\\n\\n\"," JMSG "}", false,
      false, false, 0},
@@ -123,6 +125,44 @@ static void test_good_requests(void **state)
         assert_int_equal(r.top_logprobs, good[i].top_logprobs);
         oai_request_clear(&r);
     }
+}
+
+/* Without a served_model_name (lim.model NULL) the request's model goes
+ * into the job for the dispatcher to route by, and is kept for the echo;
+ * with one, another name is a 404 and the job carries none. */
+static void test_model_into_job(void **state)
+{
+    (void)state;
+    struct oai_limits lim;
+    oai_limits_default(&lim);
+    lim.model = NULL;
+    struct oai_request r;
+    struct oai_error e;
+    const char *body = "{\"model\":\"Qwen/Qwen3-14B\",\"messages\":[{\"role\":\"user\","
+                       "\"content\":\"Hi\"}]}";
+    assert_int_equal(oai_parse_request(body, strlen(body), &lim, ID, 0, &r, &e), 0);
+    assert_string_equal(r.model, "Qwen/Qwen3-14B");
+    assert_non_null(strstr(r.job, "\"model\":\"Qwen/Qwen3-14B\""));
+    oai_request_clear(&r);
+    const char *none = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}";
+    assert_int_equal(oai_parse_request(none, strlen(none), &lim, ID, 0, &r, &e), 0);
+    assert_string_equal(r.model, "");
+    assert_null(strstr(r.job, "\"model\""));
+    oai_request_clear(&r);
+    const char *bad = "{\"model\":\"with space\",\"messages\":[{\"role\":\"user\","
+                      "\"content\":\"Hi\"}]}";
+    assert_int_not_equal(oai_parse_request(bad, strlen(bad), &lim, ID, 0, &r, &e), 0);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "model");
+    lim.model = "qwen3-8b";
+    assert_int_not_equal(oai_parse_request(body, strlen(body), &lim, ID, 0, &r, &e), 0);
+    assert_int_equal(e.status, 404);
+    assert_string_equal(e.code, "model_not_found");
+    const char *same = "{\"model\":\"qwen3-8b\",\"messages\":[{\"role\":\"user\","
+                       "\"content\":\"Hi\"}]}";
+    assert_int_equal(oai_parse_request(same, strlen(same), &lim, ID, 0, &r, &e), 0);
+    assert_null(strstr(r.job, "\"model\""));
+    oai_request_clear(&r);
 }
 
 static void test_deadline_written(void **state)
@@ -335,6 +375,10 @@ static const struct {
     {"INTERNAL", "bug", 0, 500, "INTERNAL", "", 0},
     {"TOO_MANY_DELIVERIES", "delivered 4 times", 0, 500, "TOO_MANY_DELIVERIES", "", 0},
     {"SOMETHING_NEW", "a code from the future", 0, 500, "SOMETHING_NEW", "", 0},
+    {"MODEL_NOT_FOUND", "model: \"x\" is not served; served: a, b", 0, 404, "model_not_found",
+     "model", 0},
+    {"MODEL_REQUIRED", "model: several models are served (a, b); the job must name one", 0,
+     400, "MODEL_REQUIRED", "model", 0},
 };
 
 static void test_event_errors(void **state)
@@ -609,6 +653,7 @@ int main(void)
         cmocka_unit_test(test_deadline_written),
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_model_into_job),
         cmocka_unit_test(test_error_json),
         cmocka_unit_test(test_event_errors),
         cmocka_unit_test(test_stream_chunks),

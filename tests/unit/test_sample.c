@@ -437,6 +437,15 @@ static void test_seeded_determinism(void **state)
         sum += u;
     }
     assert_true(fabs(sum / 10000 - 0.5) < 0.02);
+    /* sample_skip(n) is n draws, no more, no less: a resumed request's
+     * stream stands where the interrupted one left it */
+    for (int i = 0; i < 37; i++)
+        (void)sample_rng_uniform(a);
+    sample_skip(b, 37);
+    sample_skip(b, 0);
+    sample_skip(b, -5);
+    for (int i = 0; i < 100; i++)
+        assert_true(sample_rng_uniform(a) == sample_rng_uniform(b));
     sample_state_free(a);
     sample_state_free(b);
     free(l);

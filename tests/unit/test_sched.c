@@ -2,7 +2,7 @@
  * model, no tensors): priority and FIFO order, max_seqs, the token budget
  * with decodes first and chunked prefill, preemption of the lowest-
  * priority newest sequence and its re-admission through the prefix cache,
- * deadlines, removal, and can_admit. A "step" here commits the plan and
+ * deadlines, removal, can_admit, and speculative drafts. A "step" here commits the plan and
  * pushes a made-up token for every item that wants logits. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,7 +28,7 @@ static void rig_open(struct rig *r, int n_blocks, int block_size, int max_seqs, 
     struct rl_err err = {0};
     memset(r, 0, sizeof *r);
     assert_int_equal(kv_cache_create(&r->kv, n_blocks, block_size, &err), 0);
-    struct sched_options o = {max_seqs, budget, chunk};
+    struct sched_options o = {max_seqs, budget, chunk, 0};
     assert_int_equal(sched_create(&r->s, r->kv, &o, &err), 0);
 }
 
@@ -318,6 +318,86 @@ static void test_abort(void **state)
     rig_close(&r);
 }
 
+/* Drafts: a decode grows by its draft within what budget is left, only
+ * with free blocks (never preempting: a full pool shortens the draft);
+ * commit keeps drafts uncommitted; resolving keeps the accepted ones'
+ * KV and frees the blocks only rejected drafts used; a draft left
+ * unresolved is rolled back by the next schedule; a push drops a draft. */
+static void test_drafts(void **state)
+{
+    (void)state;
+    struct rig r;
+    struct rl_err err = {0};
+    rig_open(&r, 4, 4, 4, 8, 0);
+    struct sched_seq *a = add(&r, 3, 0, 1, 0), *b = add(&r, 3, 0, 2, 0);
+    step(&r, 0); /* both prefill 3 and push a token: 4 known, 3 computed */
+    int32_t d[6] = {11, 12, 13, 14, 15, 16};
+    assert_int_equal(sched_seq_set_draft(a, d, 6, &err), 0);
+    assert_int_equal(sched_schedule(r.s, 0, &r.plan, &err), 0);
+    /* budget 8: two decodes, then a's draft takes the 6 left (4 + 6
+     * tokens: 3 blocks, a's own and the 2 free ones); b has none */
+    const struct sched_item *ia = item_of(&r, a), *ib = item_of(&r, b);
+    assert_int_equal(ia->n_draft, 6);
+    assert_int_equal(ia->n_new, 7);
+    assert_true(ia->want_logits);
+    assert_int_equal(ia->tokens[1], 11);
+    assert_int_equal(ib->n_draft, 0);
+    assert_int_equal(r.plan.n_logits, 7 + 1);
+    assert_int_equal(r.plan.n_tokens, 8);
+    assert_int_equal(kv_free_blocks(r.kv), 0);
+    assert_int_equal(sched_commit(r.s, &err), 0);
+    assert_int_equal(sched_seq_n_computed(a), 4); /* the drafts are not */
+    /* a accepts 11 and 12, then samples 20 */
+    int32_t acc[3] = {11, 12, 20};
+    assert_int_equal(sched_push_tokens(a, acc, 3, &err), 0);
+    assert_int_equal(sched_seq_resolve_draft(a, 3, &err), -RL_EINTERNAL);
+    assert_int_equal(sched_seq_resolve_draft(a, 7, &err), -RL_EINVAL);
+    assert_int_equal(sched_seq_resolve_draft(a, 2, &err), 0);
+    assert_int_equal(sched_seq_n_computed(a), 6);
+    assert_int_equal(kv_free_blocks(r.kv), 1); /* a's third block went back */
+    assert_int_equal(kv_check(r.kv, &err), 0);
+    int32_t t = 7;
+    assert_int_equal(sched_push_tokens(b, &t, 1, &err), 0);
+    /* a draft the engine does not resolve is rolled back next schedule */
+    assert_int_equal(sched_seq_set_draft(a, d, 1, &err), 0);
+    assert_int_equal(sched_schedule(r.s, 0, &r.plan, &err), 0);
+    assert_int_equal(item_of(&r, a)->n_draft, 1);
+    assert_int_equal(sched_commit(r.s, &err), 0);
+    assert_int_equal(sched_push_tokens(a, &t, 1, &err), 0);
+    assert_int_equal(sched_push_tokens(b, &t, 1, &err), 0);
+    assert_int_equal(sched_seq_set_draft(b, d, 3, &err), 0);
+    assert_int_equal(sched_push_tokens(b, &t, 1, &err), 0); /* drops it */
+    assert_int_equal(sched_schedule(r.s, 0, &r.plan, &err), 0);
+    assert_int_equal(item_of(&r, b)->n_draft, 0);
+    assert_int_equal(item_of(&r, b)->n_new, 2);
+    assert_int_equal(sched_commit(r.s, &err), 0);
+    assert_int_equal(sched_seq_n_computed(a), 8);
+    assert_int_equal(kv_check(r.kv, &err), 0);
+    /* negative ids are refused */
+    int32_t bad = -1;
+    assert_int_equal(sched_seq_set_draft(a, &bad, 1, &err), -RL_EINVAL);
+    rig_close(&r);
+
+    /* draft_rows 5: two decodes leave room for three draft tokens, shared
+     * out a token at a time: two for a, one for b */
+    struct rig c;
+    assert_int_equal(kv_cache_create(&c.kv, 8, 4, &err), 0);
+    struct sched_options o = {4, 16, 0, 5};
+    assert_int_equal(sched_create(&c.s, c.kv, &o, &err), 0);
+    a = add(&c, 3, 0, 1, 0);
+    b = add(&c, 3, 0, 2, 0);
+    step(&c, 0);
+    assert_int_equal(sched_seq_set_draft(a, d, 4, &err), 0);
+    assert_int_equal(sched_seq_set_draft(b, d, 4, &err), 0);
+    assert_int_equal(sched_schedule(c.s, 0, &c.plan, &err), 0);
+    assert_int_equal(item_of(&c, a)->n_draft, 2);
+    assert_int_equal(item_of(&c, b)->n_draft, 1);
+    assert_int_equal(c.plan.n_tokens, 5);
+    assert_int_equal(c.plan.n_logits, 5);
+    assert_int_equal(sched_commit(c.s, &err), 0);
+    rig_close(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -330,6 +410,7 @@ int main(void)
         cmocka_unit_test(test_can_admit),
         cmocka_unit_test(test_add_errors),
         cmocka_unit_test(test_abort),
+        cmocka_unit_test(test_drafts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,9 +1,11 @@
 /* tests/unit/test_util.h - helpers every unit test binary shares: where the
- * repository's fixtures live, and reading a whole file. Header-only (static) because
- * each test is its own binary. */
+ * repository's fixtures live, reading a whole file, and the reference
+ * files' JSON. Header-only (static) because each test is its own binary. */
 #ifndef RL_TEST_UTIL_H
 #define RL_TEST_UTIL_H
 
+#include <cjson/cJSON.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +92,38 @@ static inline char *tu_slurp(const char *path, size_t *len)
             *len = (size_t)n;
     }
     return b;
+}
+
+/* The ids of a JSON array of numbers (a reference file's "ids" or
+ * "greedy") into out, at most cap of them; returns how many the array
+ * holds. */
+static inline int tu_ids_from_json(const cJSON *a, int32_t *out, int cap)
+{
+    int n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, a)
+    {
+        if (n < cap)
+            out[n] = it->valueint;
+        n++;
+    }
+    return n;
+}
+
+/* The file at path parsed as JSON (the caller cJSON_Deletes it); NULL,
+ * said on stderr, when it cannot be read or is not JSON. */
+static inline cJSON *tu_read_json(const char *path)
+{
+    char *txt = tu_slurp(path, NULL);
+    if (!txt) {
+        fprintf(stderr, "cannot read %s\n", path);
+        return NULL;
+    }
+    cJSON *j = cJSON_Parse(txt);
+    free(txt);
+    if (!j)
+        fprintf(stderr, "%s: not JSON\n", path);
+    return j;
 }
 
 #endif

@@ -16,6 +16,7 @@
 #include "cli_redis.h"
 
 #include <cjson/cJSON.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -84,6 +85,17 @@ int cli_redis_connect(struct rconn **out, const struct cli_redis_args *a, const 
     }
     *out = c;
     return 0;
+}
+
+int cli_redis_open(struct rconn **out, const struct cli_redis_args *a, const char *cmd)
+{
+    char name[64];
+    struct rl_err err = {0};
+    snprintf(name, sizeof name, "redlm-%s", cmd);
+    int rc = cli_redis_connect(out, a, name, &err);
+    if (rc)
+        fprintf(stderr, "redlm %s: %s\n", cmd, err.msg);
+    return rc;
 }
 
 int cli_key(char key[CLI_KEY_MAX], const char *prefix, const char *a, const char *b,

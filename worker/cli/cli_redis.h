@@ -36,6 +36,11 @@ extern const char cli_redis_help[];
 int cli_redis_connect(struct rconn **out, const struct cli_redis_args *a, const char *client_name,
                       struct rl_err *err);
 
+/* cli_redis_connect for command `redlm CMD` (client name redlm-CMD) that
+ * says a failure itself, as "redlm CMD: why" on stderr. Returns 0, or the
+ * negative code after saying it. */
+int cli_redis_open(struct rconn **out, const struct cli_redis_args *a, const char *cmd);
+
 /* Builds "<prefix><a><b>" into key; -RL_EINVAL when it does not fit. */
 int cli_key(char key[CLI_KEY_MAX], const char *prefix, const char *a, const char *b,
             struct rl_err *err);

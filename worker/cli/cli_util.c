@@ -1,9 +1,11 @@
 /* worker/cli/cli_util.c - see cli_util.h. */
 #include "cli_util.h"
+#include "modelref.h"
 #include "clock.h"
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,7 +66,11 @@ int cli_parse_ids(const char *s, int32_t **out, int *n, struct rl_err *err)
 int cli_model_open(struct cli_model *cm, const struct cli_model_opts *o, struct rl_err *err)
 {
     memset(cm, 0, sizeof *cm);
-    int rc = model_load(&cm->model, o->dir, err);
+    struct modelref ref; /* a directory, or a repo id in the Hugging Face cache */
+    int rc = modelref_resolve(o->dir, &ref, err);
+    if (rc)
+        return rc;
+    rc = model_load(&cm->model, ref.dir, err);
     if (rc)
         return rc;
     struct cli_progress pg;
@@ -137,4 +143,13 @@ void cli_progress_show(void *user, size_t done, size_t total)
     if (last)
         fprintf(stderr, "  %.1f s\n", rl_mono_s() - p->t0);
     fflush(stderr);
+}
+
+void cli_on_signal(int sig, void (*fn)(int))
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = fn;
+    sigemptyset(&sa.sa_mask);
+    sigaction(sig, &sa, NULL);
 }

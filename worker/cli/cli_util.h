@@ -1,5 +1,6 @@
 /* worker/cli/cli_util.h - small helpers the subcommands share: number and
- * list parsing with clear errors, and opening a model on a backend. */
+ * list parsing with clear errors, opening a model on a backend, catching a
+ * signal. */
 #ifndef RL_CLI_UTIL_H
 #define RL_CLI_UTIL_H
 
@@ -50,6 +51,10 @@ void cli_progress_init(struct cli_progress *p, const char *what);
 void cli_progress_show(void *user, size_t done, size_t total);
 /* "12.3/28.0 GB" (or MB below 1 GB) into buf. */
 void cli_format_size(char *buf, size_t n, size_t done, size_t total);
+
+/* Calls fn on signal sig, without SA_RESTART, so that a blocking read
+ * returns at once and the command's loop sees the flag fn sets. */
+void cli_on_signal(int sig, void (*fn)(int));
 
 /* Prints a float so that it reads back to the same value. */
 void cli_print_float(float f);

@@ -11,6 +11,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "modelref.h"
 #include "cli_util.h"
 #include "cmds.h"
 #include "engine.h"
@@ -39,9 +40,14 @@ static void batch_usage(void)
             "  --threads N         CPU threads (all cores)\n"
             "  --isa X             CPU kernel path (auto)\n"
             "  --kv-blocks N       KV pool size in blocks (from a 1 GiB budget)\n"
+            "  --speculative off|ngram   speculative decoding by prompt lookup (off);\n"
+            "                      the tokens are the same, \"spec\" counts the drafts\n"
+            "  --spec-tokens K     draft tokens per step at most (4)\n"
+            "  --spec-max-rows N   drafts only in steps of fewer tokens (cpu 8, cuda 64)\n"
             "each line: {\"prompt_ids\": [...], \"max_tokens\": N, \"temperature\": T,\n"
             "  \"top_p\", \"top_k\", \"min_p\", \"presence_penalty\", \"frequency_penalty\",\n"
-            "  \"repetition_penalty\", \"seed\", \"stop\", \"ignore_eos\", \"logprobs\", \"priority\"}\n");
+            "  \"repetition_penalty\", \"seed\", \"stop\", \"ignore_eos\", \"logprobs\", \"priority\",\n"
+            "  \"speculative\" (false: plain decoding for this line)}\n");
 }
 
 static int num_field(const cJSON *o, const char *name, double *v)
@@ -113,6 +119,7 @@ static int parse_job(struct batch_job *j, const char *line)
     if (got[10]) r->max_thinking_tokens = (int)nums[10].v;
     const cJSON *ie = cJSON_GetObjectItemCaseSensitive(o, "ignore_eos");
     r->ignore_eos = cJSON_IsTrue(ie);
+    r->no_speculative = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(o, "speculative"));
     const cJSON *lp = cJSON_GetObjectItemCaseSensitive(o, "logprobs");
     if (cJSON_IsNumber(lp))
         r->n_logprobs = (int)lp->valuedouble; /* -1 off, else top alternatives */
@@ -231,6 +238,15 @@ int cmd_run_batch(int argc, char **argv)
         } else if (!strcmp(f, "--threads")) {
             if (!(rc = cli_parse_int(v, 1, 1024, &x, f, &err)))
                 eo.n_threads = (int)x;
+        } else if (!strcmp(f, "--speculative")) {
+            if (spec_mode_parse(v, &eo.speculative))
+                rc = rl_errf(&err, RL_EINVAL, "--speculative: off or ngram, not %s", v ? v : "nothing");
+        } else if (!strcmp(f, "--spec-tokens")) {
+            if (!(rc = cli_parse_int(v, 1, SPEC_MAX_TOKENS, &x, f, &err)))
+                eo.spec_tokens = (int)x;
+        } else if (!strcmp(f, "--spec-max-rows")) {
+            if (!(rc = cli_parse_int(v, 1, 1 << 20, &x, f, &err)))
+                eo.spec_max_rows = (int)x;
         } else if (!strcmp(f, "--kv-blocks")) {
             if (!(rc = cli_parse_int(v, 1, 1 << 30, &x, f, &err)))
                 eo.kv_blocks = (int)x;
@@ -293,6 +309,13 @@ int cmd_run_batch(int argc, char **argv)
     fclose(in);
 
     struct engine *e = NULL;
+    struct modelref ref; /* a directory, or a repo id in the Hugging Face cache */
+    if (!rc && modelref_resolve(dir, &ref, &err)) {
+        fprintf(stderr, "redlm run --batch: %s\n", err.msg);
+        rc = 1;
+    }
+    if (!rc)
+        dir = ref.dir;
     struct cli_progress pg;
     cli_progress_init(&pg, dir);
     eo.progress = cli_progress_show;
@@ -349,9 +372,13 @@ int cmd_run_batch(int argc, char **argv)
                 cli_print_float(j->lp[t]);
             }
         printf("], \"usage\": {\"prompt_tokens\": %d, \"completion_tokens\": %d, "
-               "\"reasoning_tokens\": %d, \"cached_prompt_tokens\": %d}}\n",
+               "\"reasoning_tokens\": %d, \"cached_prompt_tokens\": %d}",
                j->usage.prompt_tokens, j->usage.completion_tokens, j->usage.reasoning_tokens,
                j->usage.cached_prompt_tokens);
+        if (eo.speculative != SPEC_OFF && !j->req.no_speculative)
+            printf(", \"spec\": {\"drafted\": %d, \"accepted\": %d}",
+                   j->usage.spec_drafted, j->usage.spec_accepted);
+        printf("}\n");
     }
     engine_free(e);
     for (int i = 0; i < n_jobs; i++) {

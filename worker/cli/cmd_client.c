@@ -34,6 +34,7 @@
 
 #include "clock.h"
 #include "cli_redis.h"
+#include "chat_input.h"
 #include "cli_util.h"
 #include "cmds.h"
 #include "job.h"
@@ -49,11 +50,7 @@ static void on_sigint(int sig)
 /* SIGINT without SA_RESTART, so a prompt's read returns at once. */
 static void catch_sigint(void)
 {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
+    cli_on_signal(SIGINT, on_sigint);
 }
 
 static bool use_color(const char *when, FILE *f)
@@ -251,6 +248,7 @@ static void enqueue_usage(void)
             "  --file F             the job as JSON (- = stdin); flags set fields on top\n"
             "  --id ID              the job id (default: generated)\n"
             "  --mode think|no_think|auto   auto: the dispatcher decides\n"
+            "  --model NAME         the served model (needed when several are served)\n"
             "  --max-tokens N  --temperature T  --top-p P  --top-k K  --min-p P  --seed S\n"
             "  --stop TEXT (repeatable)  --ignore-eos  --max-thinking-tokens N  --logprobs N\n"
             "  --priority N  --deadline-ms UNIX_MS  --stream-ttl S  --no-cache  --metadata JSON\n"
@@ -322,212 +320,284 @@ static char *read_all(FILE *f, size_t *n)
     return b;
 }
 
-int cmd_enqueue(int argc, char **argv)
-{
+/* What `redlm enqueue` was asked: the fields its flags set, on top of an
+ * optional file, and what to do with the job. */
+struct enqueue_args {
     struct cli_redis_args ra;
-    cli_redis_args_default(&ra);
-    struct rl_err err = {0};
-    const char *file = NULL, *pool = NULL;
-    bool do_follow = false, json = false;
-    cJSON *o = cJSON_CreateObject();
-    char *base = NULL, *text = NULL;
-    struct rconn *c = NULL;
-    int status = 1, rc = 0;
-    if (!o)
-        goto out;
-    /* first pass: the file, so the flags go on top of it whatever their order */
+    const char *file, *pool; /* pool NULL: the dispatcher's stream */
+    bool follow, json, help;
+    cJSON *o; /* the fields the flags set (owned by cmd_enqueue) */
+};
+
+/* The flags that set a number field of the job. */
+static const struct {
+    const char *flag, *field;
+} enqueue_nums[] = {
+    {"--max-tokens", "max_tokens"}, {"--temperature", "temperature"}, {"--top-p", "top_p"},
+    {"--top-k", "top_k"}, {"--min-p", "min_p"}, {"--seed", "seed"},
+    {"--max-thinking-tokens", "max_thinking_tokens"}, {"--logprobs", "logprobs"},
+    {"--priority", "priority"}, {"--deadline-ms", "deadline_ms"},
+    {"--stream-ttl", "stream_ttl_s"}, {"--presence-penalty", "presence_penalty"},
+    {"--frequency-penalty", "frequency_penalty"},
+    {"--repetition-penalty", "repetition_penalty"},
+};
+
+static bool enqueue_bare(const char *f)
+{
+    return !strcmp(f, "--ignore-eos") || !strcmp(f, "--no-cache") || !strcmp(f, "--follow") ||
+           !strcmp(f, "--json") || !strcmp(f, "-h") || !strcmp(f, "--help");
+}
+
+static int set_prompt_ids(cJSON *o, const char *v, struct rl_err *err)
+{
+    int32_t *ids;
+    int n;
+    int rc = cli_parse_ids(v, &ids, &n, err);
+    if (rc)
+        return rc;
+    cJSON *a = cJSON_CreateIntArray((const int *)ids, n);
+    free(ids);
+    cJSON_DeleteItemFromObjectCaseSensitive(o, "prompt_ids");
+    if (!a || !cJSON_AddItemToObject(o, "prompt_ids", a))
+        return rl_errf(err, RL_ENOMEM, "out of memory");
+    return 0;
+}
+
+static int add_stop(cJSON *o, const char *v, struct rl_err *err)
+{
+    cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "stop");
+    if (!s)
+        s = cJSON_AddArrayToObject(o, "stop");
+    if (!cJSON_IsArray(s))
+        return rl_errf(err, RL_EINVAL, "--stop: the file's stop is not an array");
+    cJSON_AddItemToArray(s, cJSON_CreateString(v));
+    return 0;
+}
+
+static int set_metadata(cJSON *o, const char *v, struct rl_err *err)
+{
+    cJSON *m = cJSON_Parse(v);
+    if (!m)
+        return rl_errf(err, RL_EINVAL, "--metadata: not JSON");
+    cJSON_DeleteItemFromObjectCaseSensitive(o, "metadata");
+    cJSON_AddItemToObject(o, "metadata", m);
+    return 0;
+}
+
+/* A flag that takes a value v (NULL at the end of argv). Returns 0 or a
+ * negative code when it was one, 1 when f is not such a flag. */
+static int enqueue_value_flag(struct enqueue_args *ea, const char *f, const char *v,
+                              struct rl_err *err)
+{
+    for (size_t k = 0; k < sizeof enqueue_nums / sizeof enqueue_nums[0]; k++)
+        if (!strcmp(f, enqueue_nums[k].flag))
+            return set_number(ea->o, enqueue_nums[k].field, f, v, err);
+    if (!strcmp(f, "--file")) /* read before the flags */
+        return 0;
+    if (!strcmp(f, "--pool")) {
+        ea->pool = v;
+        return 0;
+    }
+    if (!v)
+        return enqueue_bare(f) ? 1 : rl_errf(err, RL_EINVAL, "%s needs a value (or is unknown)", f);
+    if (!strcmp(f, "--message") || !strcmp(f, "-m"))
+        return add_message(ea->o, "user", v, err);
+    if (!strcmp(f, "--system"))
+        return add_message(ea->o, "system", v, err);
+    if (!strcmp(f, "--prompt"))
+        return set_string(ea->o, "prompt", v);
+    if (!strcmp(f, "--id"))
+        return set_string(ea->o, "id", v);
+    if (!strcmp(f, "--mode"))
+        return set_string(ea->o, "mode", v);
+    if (!strcmp(f, "--model"))
+        return set_string(ea->o, "model", v);
+    if (!strcmp(f, "--prompt-ids"))
+        return set_prompt_ids(ea->o, v, err);
+    if (!strcmp(f, "--stop"))
+        return add_stop(ea->o, v, err);
+    if (!strcmp(f, "--metadata"))
+        return set_metadata(ea->o, v, err);
+    return 1;
+}
+
+/* A flag without a value; -h / --help sets ea->help. */
+static int enqueue_bare_flag(struct enqueue_args *ea, const char *f, struct rl_err *err)
+{
+    cJSON *o = ea->o;
+    if (!strcmp(f, "--ignore-eos"))
+        cJSON_DeleteItemFromObjectCaseSensitive(o, "ignore_eos"), cJSON_AddTrueToObject(o, "ignore_eos");
+    else if (!strcmp(f, "--no-cache"))
+        cJSON_DeleteItemFromObjectCaseSensitive(o, "cache"), cJSON_AddFalseToObject(o, "cache");
+    else if (!strcmp(f, "--follow"))
+        ea->follow = true;
+    else if (!strcmp(f, "--json"))
+        ea->json = true;
+    else if (!strcmp(f, "-h") || !strcmp(f, "--help"))
+        ea->help = true;
+    else
+        return rl_errf(err, RL_EINVAL, "unknown option %s", f);
+    return 0;
+}
+
+/* The --file of argv (the last one), found before the other flags so
+ * that they go on top of the file whatever their order. */
+static const char *enqueue_file(int argc, char **argv)
+{
+    const char *file = NULL;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--file") && i + 1 < argc)
             file = argv[++i];
-    if (file) {
-        FILE *f = strcmp(file, "-") ? fopen(file, "rb") : stdin;
-        size_t n = 0;
-        if (!f) {
-            fprintf(stderr, "redlm enqueue: %s: %s\n", file, strerror(errno));
-            goto out;
-        }
-        base = read_all(f, &n);
-        if (f != stdin)
-            fclose(f);
-        if (!base) {
-            fprintf(stderr, "redlm enqueue: %s: out of memory\n", file);
-            goto out;
-        }
-    }
-    for (int i = 1; i < argc && !rc; i++) {
+    return file;
+}
+
+/* Every flag of argv, in order, stopping at the first bad one or at
+ * --help. */
+static int enqueue_flags(struct enqueue_args *ea, int argc, char **argv, struct rl_err *err)
+{
+    int rc = 0;
+    for (int i = 1; i < argc && !rc && !ea->help; i++) {
         const char *f = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int took = cli_redis_flag(&ra, argc, argv, &i, &err);
+        int took = cli_redis_flag(&ea->ra, argc, argv, &i, err);
         if (took) {
             rc = took < 0 ? took : 0;
             continue;
         }
-        static const struct {
-            const char *flag, *field;
-        } nums[] = {
-            {"--max-tokens", "max_tokens"}, {"--temperature", "temperature"}, {"--top-p", "top_p"},
-            {"--top-k", "top_k"}, {"--min-p", "min_p"}, {"--seed", "seed"},
-            {"--max-thinking-tokens", "max_thinking_tokens"}, {"--logprobs", "logprobs"},
-            {"--priority", "priority"}, {"--deadline-ms", "deadline_ms"},
-            {"--stream-ttl", "stream_ttl_s"}, {"--presence-penalty", "presence_penalty"},
-            {"--frequency-penalty", "frequency_penalty"},
-            {"--repetition-penalty", "repetition_penalty"},
-        };
-        bool found = false;
-        for (size_t k = 0; k < sizeof nums / sizeof nums[0] && !found; k++)
-            if (!strcmp(f, nums[k].flag)) {
-                found = true;
-                rc = set_number(o, nums[k].field, f, v, &err);
-                i++;
-            }
-        if (found)
-            continue;
-        bool takes = true;
-        if (!strcmp(f, "--file"))
-            ;
-        else if (!strcmp(f, "--pool"))
-            pool = v;
-        else if (!v && strcmp(f, "--ignore-eos") && strcmp(f, "--no-cache") &&
-                 strcmp(f, "--follow") && strcmp(f, "--json") && strcmp(f, "-h") && strcmp(f, "--help"))
-            rc = rl_errf(&err, RL_EINVAL, "%s needs a value (or is unknown)", f);
-        else if (!strcmp(f, "--message") || !strcmp(f, "-m"))
-            rc = add_message(o, "user", v, &err);
-        else if (!strcmp(f, "--system"))
-            rc = add_message(o, "system", v, &err);
-        else if (!strcmp(f, "--prompt"))
-            rc = set_string(o, "prompt", v);
-        else if (!strcmp(f, "--id"))
-            rc = set_string(o, "id", v);
-        else if (!strcmp(f, "--mode"))
-            rc = set_string(o, "mode", v);
-        else if (!strcmp(f, "--prompt-ids")) {
-            int32_t *ids;
-            int n;
-            if (!(rc = cli_parse_ids(v, &ids, &n, &err))) {
-                cJSON *a = cJSON_CreateIntArray((const int *)ids, n);
-                free(ids);
-                cJSON_DeleteItemFromObjectCaseSensitive(o, "prompt_ids");
-                if (!a || !cJSON_AddItemToObject(o, "prompt_ids", a))
-                    rc = rl_errf(&err, RL_ENOMEM, "out of memory");
-            }
-        } else if (!strcmp(f, "--stop")) {
-            cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "stop");
-            if (!s)
-                s = cJSON_AddArrayToObject(o, "stop");
-            if (!cJSON_IsArray(s))
-                rc = rl_errf(&err, RL_EINVAL, "--stop: the file's stop is not an array");
-            else
-                cJSON_AddItemToArray(s, cJSON_CreateString(v));
-        } else if (!strcmp(f, "--metadata")) {
-            cJSON *m = cJSON_Parse(v);
-            if (!m)
-                rc = rl_errf(&err, RL_EINVAL, "--metadata: not JSON");
-            else {
-                cJSON_DeleteItemFromObjectCaseSensitive(o, "metadata");
-                cJSON_AddItemToObject(o, "metadata", m);
-            }
-        } else {
-            takes = false;
-            if (!strcmp(f, "--ignore-eos"))
-                cJSON_DeleteItemFromObjectCaseSensitive(o, "ignore_eos"),
-                    cJSON_AddTrueToObject(o, "ignore_eos");
-            else if (!strcmp(f, "--no-cache"))
-                cJSON_DeleteItemFromObjectCaseSensitive(o, "cache"),
-                    cJSON_AddFalseToObject(o, "cache");
-            else if (!strcmp(f, "--follow"))
-                do_follow = true;
-            else if (!strcmp(f, "--json"))
-                json = true;
-            else if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
-                enqueue_usage();
-                status = 0;
-                goto out;
-            } else
-                rc = rl_errf(&err, RL_EINVAL, "unknown option %s", f);
+        rc = enqueue_value_flag(ea, f, v, err);
+        if (rc != 1)
+            i++; /* its value */
+        else
+            rc = enqueue_bare_flag(ea, f, err);
+    }
+    return rc;
+}
+
+/* The job file (- = stdin) into *base; a failure is said on stderr. */
+static int read_job_file(const char *file, char **base)
+{
+    FILE *f = strcmp(file, "-") ? fopen(file, "rb") : stdin;
+    size_t n = 0;
+    if (!f) {
+        fprintf(stderr, "redlm enqueue: %s: %s\n", file, strerror(errno));
+        return -1;
+    }
+    *base = read_all(f, &n);
+    if (f != stdin)
+        fclose(f);
+    if (!*base) {
+        fprintf(stderr, "redlm enqueue: %s: out of memory\n", file);
+        return -1;
+    }
+    return 0;
+}
+
+/* The text to check: the file as it is when no flag changes it (so its
+ * own faults are reported exactly), else the file's object with the flags
+ * on top (*o may then be replaced by it). Takes *base when it becomes the
+ * text. NULL when out of memory. */
+static char *job_text(cJSON **o, char **base)
+{
+    char *text = NULL;
+    if (*base && !cJSON_GetArraySize(*o)) {
+        text = *base;
+        *base = NULL;
+        return text;
+    }
+    if (*base) {
+        cJSON *b = cJSON_Parse(*base);
+        if (!cJSON_IsObject(b)) {
+            cJSON_Delete(b);
+            text = *base; /* job_parse names the fault */
+            *base = NULL;
+            return text;
         }
-        if (takes)
-            i++;
-    }
-    if (rc) {
-        fprintf(stderr, "redlm enqueue: %s\n", err.msg);
-        status = 2;
-        goto out;
-    }
-    if (pool && check_pool_name(pool, &err)) {
-        fprintf(stderr, "redlm enqueue: %s\n", err.msg);
-        status = 2;
-        goto out;
-    }
-    if (!file && !cJSON_GetArraySize(o)) {
-        enqueue_usage();
-        status = 2;
-        goto out;
-    }
-    /* The text to check: the file as it is when no flag changes it (so its
-     * own faults are reported exactly), else the file's object with the
-     * flags on top. */
-    size_t len;
-    if (base && !cJSON_GetArraySize(o)) {
-        text = base;
-        base = NULL;
-    } else {
-        if (base) {
-            cJSON *b = cJSON_Parse(base);
-            if (!cJSON_IsObject(b)) {
-                cJSON_Delete(b);
-                text = base; /* job_parse names the fault */
-                base = NULL;
-            } else {
-                for (cJSON *it = o->child; it; it = it->next)
-                    cJSON_DeleteItemFromObjectCaseSensitive(b, it->string);
-                while (o->child) {
-                    cJSON *it = cJSON_DetachItemViaPointer(o, o->child);
-                    cJSON_AddItemToObject(b, it->string, it);
-                }
-                cJSON_Delete(o);
-                o = b;
-            }
+        for (cJSON *it = (*o)->child; it; it = it->next)
+            cJSON_DeleteItemFromObjectCaseSensitive(b, it->string);
+        while ((*o)->child) {
+            cJSON *it = cJSON_DetachItemViaPointer(*o, (*o)->child);
+            cJSON_AddItemToObject(b, it->string, it);
         }
-        if (!text && !(text = cJSON_PrintUnformatted(o))) {
-            fprintf(stderr, "redlm enqueue: out of memory\n");
-            goto out;
-        }
+        cJSON_Delete(*o);
+        *o = b;
     }
-    len = strlen(text);
+    return cJSON_PrintUnformatted(*o);
+}
+
+/* Checks text as the worker would, sends it, prints its id and, with
+ * --follow, its events. Returns the exit status. */
+static int enqueue_send(const struct enqueue_args *ea, const char *text, struct rconn **c)
+{
+    struct rl_err err = {0};
     char id[JOB_ID_MAX + 1], *send = NULL;
     const char *code;
-    if ((rc = check_job(text, len, !pool, &send, id, &code, &err))) {
+    if (check_job(text, strlen(text), !ea->pool, &send, id, &code, &err)) {
         if (code)
             fprintf(stderr, "redlm enqueue: %s: %s\n", code, err.msg);
         else
             fprintf(stderr, "redlm enqueue: %s\n", err.msg);
-        status = code ? 3 : 1;
-        goto out;
+        return code ? 3 : 1;
     }
     char entry[RCONN_ID_MAX];
-    if ((rc = cli_redis_connect(&c, &ra, "redlm-enqueue", &err)) ||
-        (rc = send_job(c, ra.prefix, pool, send, entry, &err))) {
-        free(send);
-        fprintf(stderr, "redlm enqueue: %s\n", err.msg);
-        goto out;
-    }
+    int rc = cli_redis_connect(c, &ea->ra, "redlm-enqueue", &err);
+    if (!rc)
+        rc = send_job(*c, ea->ra.prefix, ea->pool, send, entry, &err);
     free(send);
+    if (rc) {
+        fprintf(stderr, "redlm enqueue: %s\n", err.msg);
+        return 1;
+    }
     printf("%s\n", id);
     fflush(stdout);
-    status = 0;
-    if (do_follow) {
-        catch_sigint();
-        struct follow_opts fo = {.json = json, .color = use_color(NULL, stdout)};
-        struct cli_render r;
-        rc = follow(c, ra.prefix, id, &fo, &r, &err);
-        if (rc < 0)
-            fprintf(stderr, "redlm enqueue: %s\n", err.msg);
-        status = rc ? 1 : follow_status(&r);
-        cli_render_free(&r);
+    if (!ea->follow)
+        return 0;
+    catch_sigint();
+    struct follow_opts fo = {.json = ea->json, .color = use_color(NULL, stdout)};
+    struct cli_render r;
+    rc = follow(*c, ea->ra.prefix, id, &fo, &r, &err);
+    if (rc < 0)
+        fprintf(stderr, "redlm enqueue: %s\n", err.msg);
+    int status = rc ? 1 : follow_status(&r);
+    cli_render_free(&r);
+    return status;
+}
+
+int cmd_enqueue(int argc, char **argv)
+{
+    struct enqueue_args ea = {.o = cJSON_CreateObject()};
+    cli_redis_args_default(&ea.ra);
+    struct rl_err err = {0};
+    char *base = NULL, *text = NULL;
+    struct rconn *c = NULL;
+    int status = 1;
+    if (!ea.o)
+        goto out;
+    if ((ea.file = enqueue_file(argc, argv)) && read_job_file(ea.file, &base))
+        goto out;
+    int rc = enqueue_flags(&ea, argc, argv, &err);
+    if (ea.help) {
+        enqueue_usage();
+        status = 0;
+        goto out;
     }
+    if (rc || (ea.pool && check_pool_name(ea.pool, &err))) {
+        fprintf(stderr, "redlm enqueue: %s\n", err.msg);
+        status = 2;
+        goto out;
+    }
+    if (!ea.file && !cJSON_GetArraySize(ea.o)) {
+        enqueue_usage();
+        status = 2;
+        goto out;
+    }
+    if (!(text = job_text(&ea.o, &base))) {
+        fprintf(stderr, "redlm enqueue: out of memory\n");
+        goto out;
+    }
+    status = enqueue_send(&ea, text, &c);
 out:
     rconn_free(c);
-    cJSON_Delete(o);
+    cJSON_Delete(ea.o);
     free(base);
     free(text);
     return status;
@@ -595,10 +665,8 @@ int cmd_tail(int argc, char **argv)
     }
     fo.color = use_color(color, stdout);
     struct rconn *c;
-    if ((rc = cli_redis_connect(&c, &ra, "redlm-tail", &err))) {
-        fprintf(stderr, "redlm tail: %s\n", err.msg);
+    if (cli_redis_open(&c, &ra, "tail"))
         return 1;
-    }
     catch_sigint();
     struct cli_render r;
     rc = follow(c, ra.prefix, id, &fo, &r, &err);
@@ -635,10 +703,8 @@ int cmd_cancel(int argc, char **argv)
         return 2;
     }
     struct rconn *c;
-    if ((rc = cli_redis_connect(&c, &ra, "redlm-cancel", &err))) {
-        fprintf(stderr, "redlm cancel: %s\n", err.msg);
+    if (cli_redis_open(&c, &ra, "cancel"))
         return 1;
-    }
     for (int i = 0; i < n && !rc; i++)
         rc = cli_cancel(c, ra.prefix, ids[i], &err);
     if (rc)
@@ -654,35 +720,22 @@ static void chat_usage(void)
     fprintf(stderr,
             "usage: redlm chat [options]\n"
             "A conversation through the queue. Type a message and Enter; the answer streams\n"
-            "as it comes, reasoning dim. Commands: /think, /no_think, /auto (the mode of the\n"
-            "next turns), /reset (forget the conversation), /exit (or Ctrl-D). Ctrl-C while\n"
-            "an answer streams cancels it.\n"
+            "as it comes, reasoning dim. On a terminal the line can be edited (emacs keys,\n"
+            "arrows, Up/Down for history, ~/.editrc). A line ending in \\ continues on the\n"
+            "next; \"\"\" opens a block of lines that a line ending in \"\"\" closes.\n"
+            "Commands: /think, /no_think, /auto (the mode of the next turns), /reset (forget\n"
+            "the conversation), /exit (or Ctrl-D). Ctrl-C while an answer streams cancels it.\n"
             "  --mode think|no_think|auto   starting mode (default: the pool's, or auto)\n"
             "  --system TEXT        a system message first\n"
             "  --max-tokens N  --temperature T  --seed S  --ignore-eos (answers of max-tokens)\n"
             "  --pool NAME          straight to <prefix>jobs:NAME (default: <prefix>requests)\n"
+            "  --model NAME         the served model (needed when several are served)\n"
             "  --no-reasoning       do not show the reasoning\n"
+            "  --history FILE       line history file (default ~/.redlm_chat_history on a\n"
+            "                       terminal; \"\" = this session only)\n"
             "  --color auto|always|never\n"
             "%s",
             cli_redis_help);
-}
-
-/* One line from stdin without its newline (malloc'd into *line); -1 at
- * EOF, -2 when Ctrl-C interrupted the read. */
-static int read_line(char **line, size_t *cap)
-{
-    errno = 0;
-    ssize_t n = getline(line, cap, stdin);
-    if (n < 0) {
-        if (errno == EINTR || g_interrupted) {
-            clearerr(stdin);
-            return -2;
-        }
-        return -1;
-    }
-    while (n > 0 && ((*line)[n - 1] == '\n' || (*line)[n - 1] == '\r'))
-        (*line)[--n] = 0;
-    return 0;
 }
 
 int cmd_chat(int argc, char **argv)
@@ -691,7 +744,8 @@ int cmd_chat(int argc, char **argv)
     cli_redis_args_default(&ra);
     struct rl_err err = {0};
     const char *pool = NULL, *system = NULL, *color = NULL, *mode = NULL;
-    const char *max_tokens = NULL, *temperature = NULL, *seed = NULL;
+    const char *max_tokens = NULL, *temperature = NULL, *seed = NULL, *hist_file = NULL;
+    const char *model = NULL;
     bool hide = false, ignore_eos = false;
     int rc = 0;
     for (int i = 1; i < argc && !rc; i++) {
@@ -709,6 +763,8 @@ int cmd_chat(int argc, char **argv)
                            : !strcmp(f, "--max-tokens")  ? &max_tokens
                            : !strcmp(f, "--temperature") ? &temperature
                            : !strcmp(f, "--seed")        ? &seed
+                           : !strcmp(f, "--history")     ? &hist_file
+                           : !strcmp(f, "--model")       ? &model
                                                          : NULL;
         if (dst && v) {
             *dst = v;
@@ -732,10 +788,8 @@ int cmd_chat(int argc, char **argv)
         return 2;
     }
     struct rconn *c;
-    if ((rc = cli_redis_connect(&c, &ra, "redlm-chat", &err))) {
-        fprintf(stderr, "redlm chat: %s\n", err.msg);
+    if (cli_redis_open(&c, &ra, "chat"))
         return 1;
-    }
     char cur_mode[16] = "";
     if (mode)
         snprintf(cur_mode, sizeof cur_mode, "%s", mode);
@@ -745,7 +799,8 @@ int cmd_chat(int argc, char **argv)
     if (!history || !params ||
         (max_tokens && set_number(params, "max_tokens", "--max-tokens", max_tokens, &e2)) ||
         (temperature && set_number(params, "temperature", "--temperature", temperature, &e2)) ||
-        (seed && set_number(params, "seed", "--seed", seed, &e2))) {
+        (seed && set_number(params, "seed", "--seed", seed, &e2)) ||
+        (model && set_string(params, "model", model))) {
         fprintf(stderr, "redlm chat: %s\n", history && params ? e2.msg : "out of memory");
         cJSON_Delete(history), cJSON_Delete(params);
         rconn_free(c);
@@ -767,14 +822,31 @@ int cmd_chat(int argc, char **argv)
     if (tty)
         fprintf(stderr, "redlm chat on %s%s%s (mode %s). /think /no_think /auto /reset /exit\n",
                 ra.addr, pool ? ", pool " : "", pool ? pool : "", cur_mode[0] ? cur_mode : "default");
+    /* history: a file in $HOME on a terminal unless told otherwise */
+    char hpath[4096] = "";
+    if (hist_file)
+        snprintf(hpath, sizeof hpath, "%s", hist_file);
+    else if (tty && getenv("HOME") && *getenv("HOME"))
+        snprintf(hpath, sizeof hpath, "%s/.redlm_chat_history", getenv("HOME"));
+    struct chat_input *in = NULL;
+    if (chat_input_create(&in, tty, col, hpath, &g_interrupted, &err)) {
+        fprintf(stderr, "redlm chat: %s\n", err.msg);
+        cJSON_Delete(history), cJSON_Delete(params);
+        rconn_free(c);
+        return 1;
+    }
+    struct text msg = {0};
     char *line = NULL;
-    size_t cap = 0;
     int status = 0;
     for (int turn = 1;; turn++) {
         g_interrupted = 0;
-        fputs(col ? "\033[1m> \033[0m" : "> ", stdout);
-        fflush(stdout);
-        int lr = read_line(&line, &cap);
+        int lr = chat_input_read(in, &msg);
+        line = msg.p;
+        if (lr == -RL_ENOMEM) {
+            fprintf(stderr, "redlm chat: out of memory\n");
+            status = 1;
+            break;
+        }
         if (lr == -1) {
             fputc('\n', stdout);
             break;
@@ -858,7 +930,8 @@ int cmd_chat(int argc, char **argv)
         fflush(stdout);
         cli_render_free(&r);
     }
-    free(line);
+    text_free(&msg);
+    chat_input_free(in);
     cJSON_Delete(history);
     cJSON_Delete(params);
     rconn_free(c);

@@ -26,7 +26,8 @@ static void eng_usage(const char *cmd)
 {
     fprintf(stderr,
             "usage: redlm %s -m DIR [options]\n"
-            "  -m, --model DIR     Hugging Face Qwen3 checkpoint directory\n"
+            "  -m, --model DIR     Qwen3 checkpoint directory, or a Hugging Face repo id\n"
+            "                      ORG/NAME[@REV] found in the Hugging Face cache (offline)\n"
             "  --tokens 1,2,3      prompt token ids (logits, run)\n"
             "  --all               logits: every position, not just the last\n"
             "  -n N                run: tokens to generate (default 32)\n"
@@ -36,7 +37,9 @@ static void eng_usage(const char *cmd)
             "  --threads N         CPU threads (default: all cores)\n"
             "  --isa auto|avx512bf16|avx2|scalar   CPU kernel path\n"
             "  --kv auto|f32|bf16  KV cache dtype\n"
-            "  --backend cpu|cuda\n",
+            "  --backend cpu|cuda\n"
+            "  --speculative ngram run, bench-engine: through the batching engine with\n"
+            "                      speculative decoding (redlm run --speculative --help)\n",
             cmd);
 }
 
@@ -201,6 +204,9 @@ int cmd_run(int argc, char **argv)
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--batch")) /* run --batch FILE.jsonl: the batching engine */
             return cmd_run_batch(argc, argv);
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--speculative")) /* speculation lives in the engine */
+            return cmd_run_spec(argc, argv);
     struct eng_args a;
     struct cli_model cm;
     int32_t *ids = NULL;
@@ -263,6 +269,9 @@ static double read_bw_cpu(int n_threads, struct rl_err *err)
  * lock step. Prints speeds next to the machine limits measured here. */
 int cmd_bench_engine(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--speculative"))
+            return cmd_bench_spec(argc, argv);
     struct eng_args a;
     struct rl_err err = {0};
     int rc = eng_parse(argc, argv, &a, &err);

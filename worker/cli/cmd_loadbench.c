@@ -36,8 +36,9 @@
  * per-request records), a table on stderr, and with --out FILE the full
  * JSON (per-request records and per-second timelines included) plus two
  * PNG plots made by gnuplot next to it: latency.png (latency, time per
- * output token and throughput against load) and throughput.png (output
- * tokens/s and requests/s over time, per-second buckets). Without gnuplot
+ * output token, tokens/s and requests/s against load, each on its own
+ * axes) and throughput.png (output tokens/s and requests/s over time,
+ * whole per-second buckets: the partial last one is left out). Without gnuplot
  * the JSON is still written and a warning says why there are no plots.
  * Exit status: 0 when the run completed (failed requests are part of the
  * measurement, counted by code), 1 when it could not run (Redis, no
@@ -103,6 +104,7 @@ struct lb_opts {
     int hot;
     double temperature;
     uint64_t seed;
+    const char *model;            /* every job's `model`; NULL = none */
     const char *out;
     const char *label;
     bool check, plots;
@@ -196,6 +198,7 @@ static void lb_usage(FILE *f)
 "                       prompt or prompt_ids, and optionally max_tokens\n"
 "  --output-len N|A..B  max_tokens, sent with ignore_eos (32)\n"
 "  --think F            fraction of requests with mode think (0)\n"
+"  --model NAME         the served model every job names (several served: needed)\n"
 "  --auto F             fraction sent without a mode (auto: the dispatcher decides) (0)\n"
 "  --repeat F           fraction re-sending one of the --hot prompts at temperature 0 (0)\n"
 "  --hot K              number of repeated prompts (4)\n"
@@ -355,6 +358,8 @@ static int lb_parse(int argc, char **argv, struct lb_opts *o, struct rl_err *err
             o->prompts_path = v;
         else if (!strcmp(f, "--think"))
             rc = parse_double(v, 0, 1, &o->think, f, err);
+        else if (!strcmp(f, "--model"))
+            o->model = v;
         else if (!strcmp(f, "--auto"))
             rc = parse_double(v, 0, 1, &o->auto_frac, f, err);
         else if (!strcmp(f, "--repeat"))
@@ -593,6 +598,8 @@ static char *build_job(const struct lb_run *run, int i, struct lb_req *q)
      * the field out asks for it with every version of the protocol */
     if (q->mode != LB_MODE_AUTO)
         cJSON_AddStringToObject(job, "mode", mode_names[q->mode]);
+    if (o->model)
+        cJSON_AddStringToObject(job, "model", o->model);
     cJSON_AddNumberToObject(job, "max_tokens", q->max_tokens);
     cJSON_AddNumberToObject(job, "temperature", q->repeated ? 0 : o->temperature);
     cJSON_AddBoolToObject(job, "ignore_eos", 1);
@@ -841,6 +848,9 @@ struct lb_level {
     struct lst_summary u_ttft, u_tpot, u_e2e;    /* the same, not cached */
     cJSON *errors;                               /* {"CODE": n} */
     struct lst_buckets tl_req, tl_tok;           /* per second since the level's start */
+    double tl_end_s;                             /* the level's last event or done, s since
+                                                    its start: the last bucket is partial
+                                                    unless this is a whole number */
     char err_msg[RL_ERR_MSG_MAX];
 };
 
@@ -885,11 +895,15 @@ static int level_stats(const struct lb_run *run, struct lb_level *lv, struct rl_
             continue;
         lv->issued++;
         /* the timelines show everything that happened, warm-up included */
-        for (int e = 0; e < q->n_ev; e++)
+        for (int e = 0; e < q->n_ev; e++) {
             if (q->ev[e].n_tok && (rc = lst_buckets_add(&lv->tl_tok, q->ev[e].t, q->ev[e].n_tok, err)))
                 goto out;
+            lv->tl_end_s = fmax(lv->tl_end_s, q->ev[e].t);
+        }
         if (q->ok && (rc = lst_buckets_add(&lv->tl_req, q->t_done, 1, err)))
             goto out;
+        if (q->ok)
+            lv->tl_end_s = fmax(lv->tl_end_s, q->t_done);
         if (q->warmup)
             continue;
         lv->measured++;
@@ -988,6 +1002,8 @@ static cJSON *level_json(const struct lb_opts *o, const struct lb_level *lv, con
         return j;
     cJSON *tl = cJSON_AddObjectToObject(j, "timeline");
     cJSON_AddNumberToObject(tl, "bucket_s", 1);
+    /* the last bucket's real width (the level ended inside it) */
+    cJSON_AddNumberToObject(tl, "end_s", round(lv->tl_end_s * 1e3) / 1e3);
     int nb = lv->tl_req.n > lv->tl_tok.n ? lv->tl_req.n : lv->tl_tok.n;
     cJSON *a = cJSON_AddArrayToObject(tl, "requests");
     cJSON *b = cJSON_AddArrayToObject(tl, "output_tokens");
@@ -1219,19 +1235,30 @@ static int write_plots(const struct lb_opts *o, const char *dir, const struct lb
         return rl_errf(err, RL_EIO, "%s: write error", dat1);
     if (!(f = fopen(dat2, "w")))
         return rl_errf(err, RL_EIO, "%s: %s", dat2, strerror(errno));
-    int max_nb = 1;
+    double max_x = 0;
     for (int i = 0; i < n_lv; i++) {
-        fprintf(f, "# level %g: time_s requests output_tokens (per 1 s bucket)\n", lv[i].level);
+        fprintf(f, "# level %g: time_s requests/s output_tokens/s (1 s buckets)\n", lv[i].level);
         int nb = lv[i].tl_req.n > lv[i].tl_tok.n ? lv[i].tl_req.n : lv[i].tl_tok.n;
+        /* only whole seconds: the level ends inside its last bucket, whose
+         * count over a full second would draw a false drop at the end. A
+         * level shorter than a second is one bucket as wide as the level. */
+        int whole = (int)floor(lv[i].tl_end_s + 1e-9);
+        if (whole > nb)
+            whole = nb;
+        double w = 1;
+        if (whole == 0 && nb > 0) {
+            whole = 1;
+            w = lv[i].tl_end_s > 0 ? lv[i].tl_end_s : 1;
+        }
         /* each second as two points, its start and its end, so that lines
          * draw it as a flat step across its whole width (a lone bucket too) */
-        for (int b = 0; b < nb; b++) {
-            double r = b < lv[i].tl_req.n ? lv[i].tl_req.sum[b] : 0;
-            double t = b < lv[i].tl_tok.n ? lv[i].tl_tok.sum[b] : 0;
-            fprintf(f, "%d %g %g\n%d %g %g\n", b, r, t, b + 1, r, t);
+        for (int b = 0; b < whole; b++) {
+            double r = (b < lv[i].tl_req.n ? lv[i].tl_req.sum[b] : 0) / w;
+            double t = (b < lv[i].tl_tok.n ? lv[i].tl_tok.sum[b] : 0) / w;
+            fprintf(f, "%g %g %g\n%g %g %g\n", b * w, r, t, (b + 1) * w, r, t);
         }
-        if (nb > max_nb)
-            max_nb = nb;
+        if (whole * w > max_x)
+            max_x = whole * w;
         if (nb == 0)
             fprintf(f, "0 0 0\n1 0 0\n");
         fprintf(f, "\n\n"); /* a gnuplot data block: `index i` */
@@ -1263,14 +1290,15 @@ static int write_plots(const struct lb_opts *o, const char *dir, const struct lb
     if (!(f = fopen(gp, "w")))
         return rl_errf(err, RL_EIO, "%s: %s", gp, strerror(errno));
     fprintf(f, "# made by redlm bench; run: gnuplot %s\n", gp);
-    fprintf(f, "set terminal pngcairo size 1500,480 font ',10'\n");
+    fprintf(f, "set terminal pngcairo size 1300,860 font ',10'\n");
     fprintf(f, "set output '%s'\nset grid\nset key top left box opaque\n", qp1);
     fprintf(f, "set offsets graph 0.05, graph 0.05, 0, 0\n");
     if (hi >= 4 * lo)
         fprintf(f, "set logscale x 2\n");
     if (hi == lo) /* one level: a range around it, not gnuplot's empty-range warning */
         fprintf(f, "set xrange [%g:%g]\n", lo * 0.5, lo * 1.5);
-    fprintf(f, "set multiplot layout 1,3 title 'redlm bench: latency against load (%s)'\n", label);
+    fprintf(f, "set multiplot layout 2,2 title 'redlm bench: latency and throughput against load (%s)'\n",
+            label);
     fprintf(f, "set xlabel '%s'\nset ylabel 'latency (ms)'\nset yrange [0:%g]\n", xl, YTOP(y_lat));
     fprintf(f, "set title 'end-to-end and time to first token'\n");
     fprintf(f, "plot '%s' u 1:5 w lp lw 2 t 'E2E p50', '' u 1:7 w lp lw 2 t 'E2E p99', "
@@ -1279,15 +1307,20 @@ static int write_plots(const struct lb_opts *o, const char *dir, const struct lb
             YTOP(y_tpot));
     fprintf(f, "plot '%s' u 1:8 w lp lw 2 t 'TPOT p50', '' u 1:9 w lp t 'TPOT p90', "
                "'' u 1:10 w lp t 'TPOT p99'\n", qd1);
-    fprintf(f, "set title 'throughput'\nset ylabel 'output tokens/s'\nset y2label 'requests/s'\n"
-               "set y2tics\nset yrange [0:%g]\nset y2range [0:%g]\n", YTOP(y_tok), YTOP(y_req));
+    /* tokens/s and requests/s each on axes of their own: on one plot with
+     * two y scales the eye compares heights that mean nothing together */
+    fprintf(f, "set title 'output token throughput'\nset ylabel 'output tokens/s'\nset yrange [0:%g]\n",
+            YTOP(y_tok));
+    fprintf(f, "plot '%s' u 1:12 w lp lw 2 t 'output tokens/s'\n", qd1);
+    fprintf(f, "set title 'request throughput'\nset ylabel 'completed requests/s'\nset yrange [0:%g]\n",
+            YTOP(y_req));
 #undef YTOP
-    fprintf(f, "plot '%s' u 1:12 w lp lw 2 t 'output tokens/s', '' u 1:11 axes x1y2 w lp t 'requests/s'\n", qd1);
-    fprintf(f, "unset multiplot\nunset y2tics\nunset y2label\nunset logscale x\nset offsets 0,0,0,0\n");
+    fprintf(f, "plot '%s' u 1:11 w lp lw 2 t 'requests/s'\n", qd1);
+    fprintf(f, "unset multiplot\nunset logscale x\nset offsets 0,0,0,0\n");
     fprintf(f, "set output '%s'\nset terminal pngcairo size 1200,720 font ',10'\n", qp2);
     fprintf(f, "set multiplot layout 2,1 title 'redlm bench: throughput over time, 1 s buckets (%s)'\n", label);
     fprintf(f, "set xlabel 'time since the level started (s)'\nset key top right box opaque\n");
-    fprintf(f, "set xrange [0:%d]\n", max_nb);
+    fprintf(f, "set xrange [0:%g]\n", max_x > 0 ? max_x : 1);
     fprintf(f, "set title ''\nset ylabel 'output tokens/s'\nset yrange [0:*]\nset offsets 0, 0, graph 0.15, 0\nplot ");
     for (int i = 0; i < n_lv; i++)
         fprintf(f, "%s'%s' index %d u 1:3 w l lw 2 t '%g %s'", i ? ", " : "", qd2, i, lv[i].level, unit);
@@ -1348,11 +1381,12 @@ static int write_file(const char *path, const char *text, struct rl_err *err)
 
 static void print_table(const struct lb_opts *o, const struct lb_level *lv, int n)
 {
-    fprintf(stderr, "%9s %7s %8s %9s %9s %9s %9s %9s %6s %6s\n", o->rate > 0 ? "rate" : "clients",
-            "req/s", "tok/s", "ttft p50", "ttft p99", "tpot p50", "e2e p50", "e2e p99", "errors",
-            "cached");
+    /* units in the header, so a pasted table still says what it measures */
+    fprintf(stderr, "%12s %7s %8s %13s %13s %17s %12s %12s %6s %6s\n",
+            o->rate > 0 ? "rate (req/s)" : "clients", "req/s", "tok/s", "ttft p50 (ms)",
+            "ttft p99 (ms)", "tpot p50 (ms/tok)", "e2e p50 (ms)", "e2e p99 (ms)", "errors", "cached");
     for (int i = 0; i < n; i++)
-        fprintf(stderr, "%9g %7.2f %8.1f %9.1f %9.1f %9.2f %9.1f %9.1f %6d %5.0f%%\n", lv[i].level,
+        fprintf(stderr, "%12g %7.2f %8.1f %13.1f %13.1f %17.2f %12.1f %12.1f %6d %5.0f%%\n", lv[i].level,
                 lv[i].req_per_s, lv[i].tok_per_s, lv[i].ttft.p50, lv[i].ttft.p99, lv[i].tpot.p50,
                 lv[i].e2e.p50, lv[i].e2e.p99, lv[i].n_errors,
                 lv[i].completed ? 100.0 * lv[i].n_cached / lv[i].completed : 0);

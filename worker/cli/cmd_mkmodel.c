@@ -10,6 +10,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "modelref.h"
 #include "cli_util.h"
 #include "cmds.h"
 #include "mkmodel.h"
@@ -158,7 +159,11 @@ int cmd_mkmodel(int argc, char **argv)
     struct mk_opts o;
     struct mk_result r;
     struct rl_err err = {0};
-    if (parse_args(argc, argv, &o, &err) || mk_write(&o, &r, &err)) {
+    struct modelref from; /* --from: a directory, or a repo id in the Hugging Face cache */
+    int rc = parse_args(argc, argv, &o, &err);
+    if (!rc && o.from_dir && !(rc = modelref_resolve(o.from_dir, &from, &err)))
+        o.from_dir = from.dir;
+    if (rc || mk_write(&o, &r, &err)) {
         fprintf(stderr, "mkmodel: %s\n", err.msg);
         return 1;
     }

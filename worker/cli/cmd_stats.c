@@ -286,6 +286,28 @@ static double ratio(double a, double b)
     return a + b > 0 ? a / (a + b) : -1;
 }
 
+/* The pool name of pool as worker w reads it: "<model>:<pool>" when its
+ * heartbeat says pool_scope "model" (schemas/README.md), else pool. */
+static const char *worker_pool(const cJSON *w, const char *pool, char *buf, size_t size)
+{
+    const cJSON *sc = cJSON_GetObjectItemCaseSensitive(w, "pool_scope");
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(w, "model");
+    if (!cJSON_IsString(sc) || strcmp(sc->valuestring, "model") || !cJSON_IsString(m))
+        return pool;
+    snprintf(buf, size, "%s:%s", m->valuestring, pool);
+    return buf;
+}
+
+/* Builds the key <prefix><a><b> into key and records it as o's "key". */
+static int add_key(cJSON *o, char key[CLI_KEY_MAX], const char *prefix, const char *a,
+                   const char *b, struct rl_err *err)
+{
+    int rc = cli_key(key, prefix, a, b, err);
+    if (!rc)
+        cJSON_AddStringToObject(o, "key", key);
+    return rc;
+}
+
 /* The whole snapshot (see the essay). *out is the caller's (cJSON_Delete). */
 static int collect(struct rconn *c, const char *prefix, const char *addr, cJSON **out,
                    struct rl_err *err)
@@ -318,12 +340,17 @@ static int collect(struct rconn *c, const char *prefix, const char *addr, cJSON 
         (rc = heartbeats(c, pat, now, disps, err)))
         goto fail;
 
-    /* pools: what workers serve, what dispatchers routed to, what exists */
+    /* pools: what workers serve, what dispatchers routed to, what exists.
+     * A worker with pool_scope "model" reads jobs:<model>:<pool>, so its
+     * pools are named "<model>:<pool>" (as the stream keys and the
+     * dispatcher's metrics name them) */
     const cJSON *w;
+    char pname[512];
     cJSON_ArrayForEach(w, workers) {
         const cJSON *p;
         cJSON_ArrayForEach(p, cJSON_GetObjectItemCaseSensitive(w, "pools"))
-            if (cJSON_IsString(p) && keys_add(&names, p->valuestring))
+            if (cJSON_IsString(p) && keys_add(&names, worker_pool(w, p->valuestring, pname,
+                                                                  sizeof pname)))
                 goto oom;
     }
     cJSON_ArrayForEach(w, disps) {
@@ -345,14 +372,15 @@ static int collect(struct rconn *c, const char *prefix, const char *addr, cJSON 
         cJSON *p = cJSON_CreateObject();
         cJSON_AddItemToArray(pools, p);
         cJSON_AddStringToObject(p, "name", names.v[i]);
-        if ((rc = cli_key(key, prefix, "jobs:", names.v[i], err)))
+        if ((rc = add_key(p, key, prefix, "jobs:", names.v[i], err)))
             goto fail;
-        cJSON_AddStringToObject(p, "key", key);
         int n_workers = 0;
         cJSON_ArrayForEach(w, workers) {
             const cJSON *q;
             cJSON_ArrayForEach(q, cJSON_GetObjectItemCaseSensitive(w, "pools"))
-                n_workers += cJSON_IsString(q) && !strcmp(q->valuestring, names.v[i]);
+                n_workers += cJSON_IsString(q) &&
+                             !strcmp(worker_pool(w, q->valuestring, pname, sizeof pname),
+                                     names.v[i]);
         }
         cJSON_AddNumberToObject(p, "workers", n_workers);
         if ((rc = stream_stats(c, key, "workers", now, p, err)))
@@ -360,16 +388,14 @@ static int collect(struct rconn *c, const char *prefix, const char *addr, cJSON 
     }
 
     cJSON *req = cJSON_AddObjectToObject(o, "requests");
-    if ((rc = cli_key(key, prefix, "requests", NULL, err)))
+    if ((rc = add_key(req, key, prefix, "requests", NULL, err)))
         goto fail;
-    cJSON_AddStringToObject(req, "key", key);
     if ((rc = stream_stats(c, key, "dispatchers", now, req, err)))
         goto fail;
 
     cJSON *dead = cJSON_AddObjectToObject(o, "dead");
-    if ((rc = cli_key(key, prefix, "dead", NULL, err)))
+    if ((rc = add_key(dead, key, prefix, "dead", NULL, err)))
         goto fail;
-    cJSON_AddStringToObject(dead, "key", key);
     const char *xl[] = {"XLEN", key};
     if ((rc = simple(c, 2, xl, &r, err)))
         goto fail;
@@ -604,19 +630,35 @@ static int stats_parse(int argc, char **argv, struct stats_args *a, bool top, st
     return 0;
 }
 
+/* stats_parse for redlm stats (top false) or redlm top; on a bad command
+ * line or --help says why and the usage, and returns the exit status (2 or
+ * 0); -1 when the command goes on. */
+static int stats_args_get(int argc, char **argv, struct stats_args *a, bool top)
+{
+    struct rl_err err = {0};
+    int rc = stats_parse(argc, argv, a, top, &err);
+    if (!rc)
+        return -1;
+    if (rc < 0)
+        fprintf(stderr, "redlm %s: %s\n", top ? "top" : "stats", err.msg);
+    if (top)
+        fprintf(stderr, "usage: redlm top [--interval MS] [-n ITERATIONS]\n"
+                        "redlm stats, redrawn every second; q or Ctrl-C quits.\n%s",
+                cli_redis_help);
+    else
+        fprintf(stderr, "usage: redlm stats [--json]\n"
+                        "Workers, dispatchers, streams and dead letters, from Redis.\n%s",
+                cli_redis_help);
+    return rc > 0 ? 0 : 2;
+}
+
 int cmd_stats(int argc, char **argv)
 {
     struct stats_args a;
     struct rl_err err = {0};
-    int rc = stats_parse(argc, argv, &a, false, &err);
-    if (rc) {
-        if (rc < 0)
-            fprintf(stderr, "redlm stats: %s\n", err.msg);
-        fprintf(stderr, "usage: redlm stats [--json]\n"
-                        "Workers, dispatchers, streams and dead letters, from Redis.\n%s",
-                cli_redis_help);
-        return rc > 0 ? 0 : 2;
-    }
+    int rc = stats_args_get(argc, argv, &a, false);
+    if (rc >= 0)
+        return rc;
     struct rconn *c;
     cJSON *s = NULL;
     if ((rc = cli_redis_connect(&c, &a.ra, "redlm-stats", &err)) ||
@@ -669,26 +711,14 @@ int cmd_top(int argc, char **argv)
 {
     struct stats_args a;
     struct rl_err err = {0};
-    int rc = stats_parse(argc, argv, &a, true, &err);
-    if (rc) {
-        if (rc < 0)
-            fprintf(stderr, "redlm top: %s\n", err.msg);
-        fprintf(stderr, "usage: redlm top [--interval MS] [-n ITERATIONS]\n"
-                        "redlm stats, redrawn every second; q or Ctrl-C quits.\n%s",
-                cli_redis_help);
-        return rc > 0 ? 0 : 2;
-    }
+    int rc = stats_args_get(argc, argv, &a, true);
+    if (rc >= 0)
+        return rc;
     struct rconn *c;
-    if ((rc = cli_redis_connect(&c, &a.ra, "redlm-top", &err))) {
-        fprintf(stderr, "redlm top: %s\n", err.msg);
+    if (cli_redis_open(&c, &a.ra, "top"))
         return 1;
-    }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_quit;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    cli_on_signal(SIGINT, on_quit);
+    cli_on_signal(SIGTERM, on_quit);
     bool in_tty = isatty(STDIN_FILENO), out_tty = isatty(STDOUT_FILENO);
     struct termios saved;
     bool raw = false;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "modelref.h"
 #include "chat.h"
 #include "cmds.h"
 #include "err.h"
@@ -118,6 +119,18 @@ static void print_json_string(const char *s, size_t len)
     putchar('"');
 }
 
+/* --tokenizer: a directory, or a repo id in the Hugging Face cache (whose
+ * snapshot holds tokenizer.json); NULL after saying why on stderr. */
+static const char *tok_dir(const char *spec, struct modelref *ref)
+{
+    struct rl_err err = {0};
+    if (modelref_resolve(spec, ref, &err)) {
+        fprintf(stderr, "redlm: --tokenizer %s\n", err.msg);
+        return NULL;
+    }
+    return ref->dir;
+}
+
 int cmd_tokenize(int argc, char **argv)
 {
     const char *dir = NULL, *text = NULL, *file = NULL;
@@ -140,6 +153,9 @@ int cmd_tokenize(int argc, char **argv)
     }
     if (!dir || !!text == !!file)
         return usage(argv[0], help);
+    struct modelref ref;
+    if (!(dir = tok_dir(dir, &ref)))
+        return 1;
     struct rl_err err = {0};
     struct tokenizer *t = NULL;
     char *buf = NULL;
@@ -183,6 +199,9 @@ int cmd_detokenize(int argc, char **argv)
     }
     if (!dir || !list)
         return usage(argv[0], help);
+    struct modelref ref;
+    if (!(dir = tok_dir(dir, &ref)))
+        return 1;
     struct rl_err err = {0};
     struct tokenizer *t = NULL;
     int32_t *ids = NULL;
@@ -232,6 +251,9 @@ int cmd_template(int argc, char **argv)
     }
     if (!dir || !mpath)
         return usage(argv[0], help);
+    struct modelref ref;
+    if (!(dir = tok_dir(dir, &ref)))
+        return 1;
     struct rl_err err = {0};
     char *mtext = NULL, *ttext = NULL, *ctext = NULL, *out = NULL;
     size_t mlen, tlen, clen, olen;
@@ -240,7 +262,7 @@ int cmd_template(int argc, char **argv)
 
     /* The template is Qwen3's, built in; the checkpoint's own is only
      * checked, so that rendering another model's format is not silent. */
-    char cpath[4096];
+    char cpath[MODELREF_PATH_MAX + 32];
     snprintf(cpath, sizeof cpath, "%s/tokenizer_config.json", dir);
     if (read_all(cpath, &ctext, &clen, &err)) {
         fprintf(stderr, "template: %s\n", err.msg);

@@ -16,6 +16,9 @@ int cmd_run(int argc, char **argv);          /* cmd_engine.c */
 /* `redlm run --batch FILE.jsonl ...`: cmd_run hands over when --batch is given */
 int cmd_run_batch(int argc, char **argv);    /* cmd_batch.c */
 int cmd_bench_engine(int argc, char **argv); /* cmd_engine.c */
+/* run / bench-engine with --speculative: through the batching engine */
+int cmd_run_spec(int argc, char **argv);     /* cmd_spec.c */
+int cmd_bench_spec(int argc, char **argv);   /* cmd_spec.c */
 int cmd_mkmodel(int argc, char **argv);      /* cmd_mkmodel.c */
 int cmd_tokenize(int argc, char **argv);     /* cmd_tok.c */
 int cmd_detokenize(int argc, char **argv);   /* cmd_tok.c */

@@ -20,7 +20,7 @@ static const struct cli_cmd cmds[] = {
     {"top", cmd_top, "the same, live (q quits)"},
     {"logits", cmd_logits, "-m DIR --tokens 1,2,3 [--all]: print logits as JSON"},
     {"run", cmd_run, "-m DIR --tokens 1,2,3 -n N [--temperature 0] [--ignore-eos]: generate"},
-    {"bench-engine", cmd_bench_engine, "-m DIR --prompt P --gen G --batch B: engine speed"},
+    {"bench-engine", cmd_bench_engine, "-m DIR --prompt P --gen G --batch B [--speculative oracle|ngram]: engine speed"},
     {"mkmodel", cmd_mkmodel, "--out DIR --shape NAME|... --dtype f32|bf16|fp8: random checkpoint"},
     {"tokenize", cmd_tokenize, "--tokenizer DIR (--text S | --file F): print ids"},
     {"detokenize", cmd_detokenize, "--tokenizer DIR --ids 1,2,3 [--skip-special]: print text"},

@@ -1,16 +1,28 @@
-// redlm chat page: keeps the conversation, POSTs it to /api/chat and reads
-// the answer as server-sent events from the response body (fetch + a stream
-// reader, since EventSource cannot POST). Each event is applied to the page
-// as soon as it arrives: reasoning_content goes to the collapsible
-// "Reasoning" block, content to the answer. Stop aborts the fetch; the
-// backend sees the closed connection and cancels the job.
+// redlm chat page: keeps the conversations, POSTs the current one to
+// /api/chat and reads the answer as server-sent events from the response
+// body (fetch + a stream reader, since EventSource cannot POST). Each event
+// is applied to the page as soon as it arrives: reasoning_content goes to
+// the collapsible "Reasoning" block, content to the answer, rendered as
+// Markdown (markdown.js; HTML in the text is escaped). Stop aborts the
+// fetch; the backend sees the closed connection and cancels the job.
+//
+// Storage: localStorage[STORE] = {current, chats: [{id, title, think,
+// updated, turns}]}; a turn is {role, content} plus, for an answer, the
+// reasoning, the meta line and the state it ended in (done / cancelled).
+// Only role and content are sent to the model. A failed turn (error, no
+// answer) is shown but not kept: it is not part of the conversation.
+//
+// The send button is type="button" at all times: the form is submitted
+// only by our own handlers (Send while idle, Enter), so a click on Stop can
+// never also send the draft, and the browser never validates the textarea.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const log = $("log"), input = $("input"), send = $("send"), think = $("think");
-const STORE = "redlm-chat";
-let history = [];     // [{role, content}] as sent to the model; answers only, no reasoning
-let running = null;   // AbortController of the request in flight
+const log = $("log"), input = $("input"), send = $("send"), think = $("think"), hint = $("hint");
+const chatList = $("chats");
+const STORE = "redlm-chats", OLD_STORE = "redlm-chat";
+let store = { current: null, chats: [] };
+let running = null;   // {ctrl, chat} of the request in flight
 
 function el(tag, cls, text) {
   const e = document.createElement(tag);
@@ -21,12 +33,33 @@ function el(tag, cls, text) {
 
 function scrollDown() { log.scrollTop = log.scrollHeight; }
 
+function chat() { return store.chats.find((c) => c.id === store.current); }
+
+function newId() { return Date.now().toString(36) + Math.random().toString(36).slice(2, 8); }
+
+function setHint(text) {
+  hint.textContent = text || "";
+  hint.hidden = !text;
+}
+
+// ---- rendering of turns ----
+
 function addUser(text) {
   $("empty")?.remove();
   const m = el("div", "msg user");
   m.append(el("div", "role", "you"), el("div", "text", text));
   log.append(m);
   scrollDown();
+}
+
+// Sets an answer's Markdown source and its rendering. One wrapper element
+// per update, so the page (and a test observing it) sees whole values.
+function setAnswer(answer, md) {
+  answer.dataset.md = md;
+  const w = el("div", "md");
+  w.dataset.md = md;
+  w.innerHTML = Markdown.render(md);
+  answer.replaceChildren(w);
 }
 
 // An assistant bubble; returns handles to its parts.
@@ -43,40 +76,141 @@ function addAssistant() {
   reasoning.append(summary, rtext);
   const answer = el("div", "answer");
   const meta = el("div", "meta");
-  m.append(el("div", "role", "redlm"), reasoning, answer, meta);
+  const actions = el("div", "actions");
+  m.append(el("div", "role", "redlm"), reasoning, answer, meta, actions);
   log.append(m);
   scrollDown();
-  return { m, reasoning, summary, rtext, answer, meta };
+  return { m, reasoning, summary, rtext, answer, meta, actions };
 }
 
 function showError(parent, code, message) {
   const e = el("div", "error");
   e.setAttribute("role", "alert");
   e.append(el("code", "", code), document.createTextNode(" " + message));
-  parent.append(e);
+  parent.insertBefore(e, parent.querySelector(".actions"));
   scrollDown();
 }
 
-function save() {
-  try { localStorage.setItem(STORE, JSON.stringify({ history, think: think.checked })); } catch (_) {}
+// Only the last answer of a conversation can be regenerated, and only
+// while nothing runs.
+function updateRegenerate() {
+  for (const b of log.querySelectorAll(".regenerate")) b.remove();
+  const last = log.lastElementChild;
+  if (running || !last || !last.classList.contains("assistant")) return;
+  const c = chat();
+  if (!c || !c.turns.length || c.turns[c.turns.length - 1].role !== "assistant") return;
+  const b = el("button", "regenerate", "Regenerate");
+  b.type = "button";
+  b.title = "Ask for this answer again";
+  b.addEventListener("click", regenerate);
+  last.querySelector(".actions").append(b);
 }
 
-function restore() {
-  let s;
-  try { s = JSON.parse(localStorage.getItem(STORE) || "null"); } catch (_) { s = null; }
-  if (!s || !Array.isArray(s.history)) return;
-  think.checked = !!s.think;
-  history = s.history;
-  for (const t of history) {
-    if (t.role === "user") addUser(t.content);
-    else {
+function renderChat() {
+  log.replaceChildren();
+  const c = chat();
+  if (!c || !c.turns.length) {
+    const p = el("p", "empty", c && c.turns.length === 0 && store.chats.length > 1 ? "New conversation." :
+      "Ask something. Answers stream in token by token; with Thinking on, the model's reasoning is shown apart, above the answer.");
+    p.id = "empty";
+    log.append(p);
+  }
+  if (c) {
+    think.checked = !!c.think;
+    for (const t of c.turns) {
+      if (t.role === "user") { addUser(t.content); continue; }
       const a = addAssistant();
-      a.answer.textContent = t.content;
-      a.m.dataset.state = "done";
+      setAnswer(a.answer, t.content);
+      if (t.reasoning) {
+        a.reasoning.hidden = false;
+        a.rtext.textContent = t.reasoning;
+        a.summary.textContent = `Reasoning (${t.reasoning.length} characters)`;
+        a.reasoning.open = false;
+      }
+      a.meta.textContent = t.meta || "";
+      a.m.dataset.state = t.state || "done";
       a.m.classList.remove("streaming");
     }
   }
+  updateRegenerate();
+  renderList();
+  scrollDown();
 }
+
+function renderList() {
+  const items = [...store.chats].sort((a, b) => b.updated - a.updated).map((c) => {
+    const li = el("li", c.id === store.current ? "chat current" : "chat");
+    li.dataset.id = c.id;
+    const open = el("button", "open", c.title || "New chat");
+    open.type = "button";
+    open.title = c.title || "New chat";
+    open.addEventListener("click", () => switchTo(c.id));
+    const del = el("button", "delete", "×");
+    del.type = "button";
+    del.title = "Delete this conversation";
+    del.setAttribute("aria-label", "Delete " + (c.title || "this conversation"));
+    del.addEventListener("click", () => removeChat(c.id));
+    li.append(open, del);
+    return li;
+  });
+  chatList.replaceChildren(...items);
+}
+
+// ---- storage ----
+
+function save() {
+  try { localStorage.setItem(STORE, JSON.stringify(store)); } catch (_) {}
+}
+
+function restore() {
+  let s = null;
+  try { s = JSON.parse(localStorage.getItem(STORE) || "null"); } catch (_) { s = null; }
+  if (s && Array.isArray(s.chats)) {
+    store = { current: s.current, chats: s.chats.filter((c) => c && Array.isArray(c.turns)) };
+  } else {
+    // the page's first format: one conversation under "redlm-chat"
+    let old = null;
+    try { old = JSON.parse(localStorage.getItem(OLD_STORE) || "null"); } catch (_) { old = null; }
+    if (old && Array.isArray(old.history) && old.history.length) {
+      store.chats.push({ id: newId(), title: titleOf(old.history), think: !!old.think,
+                         updated: Date.now(), turns: old.history });
+      store.current = store.chats[0].id;
+    }
+  }
+  if (!chat()) {
+    if (!store.chats.length) store.chats.push(emptyChat());
+    store.current = [...store.chats].sort((a, b) => b.updated - a.updated)[0].id;
+  }
+}
+
+function emptyChat() { return { id: newId(), title: "", think: think.checked, updated: Date.now(), turns: [] }; }
+
+function titleOf(turns) {
+  const u = turns.find((t) => t.role === "user");
+  if (!u) return "";
+  const t = u.content.replace(/\s+/g, " ").trim();
+  return t.length > 48 ? t.slice(0, 47) + "…" : t;
+}
+
+function switchTo(id) {
+  if (running) running.ctrl.abort();
+  store.current = id;
+  save();
+  renderChat();
+  setHint("");
+  input.focus();
+}
+
+function removeChat(id) {
+  if (running && running.chat.id === id) running.ctrl.abort();
+  store.chats = store.chats.filter((c) => c.id !== id);
+  if (!store.chats.length) store.chats.push(emptyChat());
+  if (!chat()) store.current = [...store.chats].sort((a, b) => b.updated - a.updated)[0].id;
+  save();
+  renderChat();
+}
+
+// ---- the request ----
 
 // Splits the text/event-stream body into events: {event, data, id}.
 async function* sse(body) {
@@ -105,19 +239,21 @@ async function* sse(body) {
   }
 }
 
-function setRunning(ctrl) {
-  running = ctrl;
-  send.textContent = ctrl ? "Stop" : "Send";
-  send.classList.toggle("stop", !!ctrl);
-  send.type = ctrl ? "button" : "submit";
+function setRunning(r) {
+  running = r;
+  send.textContent = r ? "Stop" : "Send";
+  send.classList.toggle("stop", !!r);
+  send.title = r ? "Stop the answer (Esc)" : "Send (Enter)";
+  if (!r) setHint("");
+  updateRegenerate();
 }
 
-async function ask(text) {
-  history.push({ role: "user", content: text });
-  addUser(text);
+// Sends the conversation c (its last turn is the user's) and appends the
+// answer to it.
+async function run(c) {
   const a = addAssistant();
   const ctrl = new AbortController();
-  setRunning(ctrl);
+  setRunning({ ctrl, chat: c });
   let answer = "", reasoning = "", finished = false;
   const fail = (code, message) => {
     a.m.dataset.state = "error";
@@ -127,7 +263,8 @@ async function ask(text) {
     const res = await fetch("/api/chat", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ messages: history, think: think.checked }),
+      body: JSON.stringify({ messages: c.turns.map((t) => ({ role: t.role, content: t.content })),
+                             think: think.checked }),
       signal: ctrl.signal,
     });
     if (!res.ok) {
@@ -140,15 +277,15 @@ async function ask(text) {
         if (ev.event === "job") {
           a.m.dataset.jobId = d.id;
         } else if (ev.event === "delta") {
-          const r = d.delta.reasoning_content, c = d.delta.content;
+          const r = d.delta.reasoning_content, t = d.delta.content;
           if (r) {
             reasoning += r;
             a.reasoning.hidden = false;
             a.rtext.textContent = reasoning;
           }
-          if (c) {
-            answer += c;
-            a.answer.textContent = answer;
+          if (t) {
+            answer += t;
+            setAnswer(a.answer, answer);
           }
           scrollDown();
         } else if (ev.event === "error") {
@@ -178,38 +315,102 @@ async function ask(text) {
     }
   }
   a.m.classList.remove("streaming");
-  if (a.m.dataset.state === "done" || (a.m.dataset.state === "cancelled" && answer)) {
-    history.push({ role: "assistant", content: answer });
+  const state = a.m.dataset.state;
+  if (state === "done" || (state === "cancelled" && answer)) {
+    c.turns.push({ role: "assistant", content: answer, reasoning, meta: a.meta.textContent, state });
   } else {
-    history.pop();  // a failed turn is not part of the conversation
+    c.turns.pop();  // a failed turn is not part of the conversation
   }
+  c.updated = Date.now();
   save();
   setRunning(null);
+  if (c === chat()) renderList();
   input.focus();
 }
 
-$("composer").addEventListener("submit", (e) => {
-  e.preventDefault();
+function ask(text) {
+  const c = chat();
+  c.turns.push({ role: "user", content: text });
+  c.think = think.checked;
+  if (!c.title) c.title = titleOf(c.turns);
+  c.updated = Date.now();
+  save();
+  renderList();
+  addUser(text);
+  return run(c);
+}
+
+// Drops the last answer and asks again with the same conversation.
+function regenerate() {
+  const c = chat();
+  if (running || !c || c.turns[c.turns.length - 1]?.role !== "assistant") return;
+  c.turns.pop();
+  log.lastElementChild.remove();
+  save();
+  run(c);
+}
+
+function submit() {
   const text = input.value.trim();
-  if (!text || running) return;
+  if (running) {
+    setHint("An answer is still streaming: Stop it (Esc) or wait. Your draft is kept.");
+    return;
+  }
+  if (!text) {
+    setHint("Type a message first.");
+    input.focus();
+    return;
+  }
+  setHint("");
   input.value = "";
   ask(text);
+}
+
+$("composer").addEventListener("submit", (e) => { e.preventDefault(); submit(); });
+send.addEventListener("click", () => {
+  if (running) running.ctrl.abort();
+  else submit();
 });
-send.addEventListener("click", () => { if (running) running.abort(); });
 input.addEventListener("keydown", (e) => {
-  if (e.key === "Enter" && !e.shiftKey) {
+  if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
     e.preventDefault();
-    $("composer").requestSubmit();
+    submit();
+  } else if (e.key === "Escape" && running) {
+    e.preventDefault();
+    running.ctrl.abort();
   }
 });
-think.addEventListener("change", save);
+input.addEventListener("input", () => { if (!running) setHint(""); });
+think.addEventListener("change", () => { const c = chat(); if (c) { c.think = think.checked; save(); } });
 $("new-chat").addEventListener("click", () => {
-  if (running) running.abort();
-  history = [];
+  if (running) running.ctrl.abort();
+  const c = chat();
+  if (!(c && !c.turns.length)) {
+    store.chats.push(emptyChat());
+    store.current = store.chats[store.chats.length - 1].id;
+  }
   save();
-  log.replaceChildren(el("p", "empty", "New conversation."));
-  log.firstChild.id = "empty";
+  renderChat();
   input.focus();
 });
+// code blocks' copy buttons, for every answer now and later
+log.addEventListener("click", async (e) => {
+  const b = e.target.closest(".copy");
+  if (!b) return;
+  const code = b.closest(".code-block").querySelector("code").textContent;
+  let ok = false;
+  try { await navigator.clipboard.writeText(code); ok = true; } catch (_) {
+    // no clipboard permission (plain http on another host): the old way
+    const t = el("textarea");
+    t.value = code;
+    document.body.append(t);
+    t.select();
+    try { ok = document.execCommand("copy"); } catch (_) { ok = false; }
+    t.remove();
+  }
+  b.textContent = ok ? "Copied" : "Copy failed";
+  setTimeout(() => { b.textContent = "Copy"; }, 1500);
+});
 restore();
+renderChat();
 input.focus();

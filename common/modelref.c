@@ -1,0 +1,220 @@
+/* common/modelref.c - resolving `--model` (see modelref.h).
+ *
+ * The Hugging Face cache layout this reads (huggingface_hub's
+ * "Understand caching" guide):
+ *
+ *   <cache>/models--Qwen--Qwen3-14B/
+ *       refs/main                 the commit hash main points at, one line
+ *       snapshots/<hash>/...      the files of that commit (symlinks into
+ *       blobs/<sha256>            the content-addressed blobs)
+ *
+ * A directory always wins over a repo id of the same spelling, so a local
+ * folder named like a repo (`Qwen/Qwen3-14B` under the working directory)
+ * keeps working as it did. Reentrant; reads the environment and the file
+ * system only. */
+#include "modelref.h"
+
+#include <ctype.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static bool is_dir(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+const char *modelref_hub_cache(char *buf, size_t size, const char **why)
+{
+    const char *v = getenv("HF_HUB_CACHE");
+    if (v && *v) {
+        snprintf(buf, size, "%s", v);
+        if (why)
+            *why = "$HF_HUB_CACHE";
+        return buf;
+    }
+    v = getenv("HF_HOME");
+    if (v && *v) {
+        snprintf(buf, size, "%s/hub", v);
+        if (why)
+            *why = "$HF_HOME/hub";
+        return buf;
+    }
+    const char *home = getenv("HOME");
+    if (!home || !*home) {
+        struct passwd *pw = getpwuid(getuid());
+        home = pw && pw->pw_dir ? pw->pw_dir : "/";
+    }
+    snprintf(buf, size, "%s/.cache/huggingface/hub", home);
+    if (why)
+        *why = "~/.cache/huggingface/hub";
+    return buf;
+}
+
+/* One part of a repo id: [A-Za-z0-9._-]+, not "." or "..", not starting
+ * with '.' or '-' (as the Hub's own rules). */
+static bool repo_part_ok(const char *s, size_t n)
+{
+    if (n == 0 || n > 96 || s[0] == '.' || s[0] == '-')
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && s[i] != '.' && s[i] != '_' && s[i] != '-')
+            return false;
+    return true;
+}
+
+/* A revision: a branch, tag or commit; [A-Za-z0-9._/-], no "..". */
+static bool revision_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > MODELREF_NAME_MAX || s[0] == '/' || strstr(s, ".."))
+        return false;
+    for (; *s; s++)
+        if (!isalnum((unsigned char)*s) && *s != '.' && *s != '_' && *s != '-' && *s != '/')
+            return false;
+    return true;
+}
+
+bool modelref_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > MODELREF_NAME_MAX || s[0] == '/' || s[0] == '.')
+        return false;
+    for (; *s; s++)
+        if (!isalnum((unsigned char)*s) && !strchr("._:/-", *s))
+            return false;
+    return true;
+}
+
+static void fill_common(struct modelref *m)
+{
+    char p[MODELREF_PATH_MAX + 16];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/config.json", m->dir);
+    m->created = stat(p, &st) == 0 ? (int64_t)st.st_mtime : 0;
+}
+
+/* The directory's last component, as its served name; characters a name
+ * cannot hold become '-'. */
+static void dir_name(const char *dir, char *out, size_t size)
+{
+    char tmp[MODELREF_PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", dir);
+    size_t n = strlen(tmp);
+    while (n > 1 && tmp[n - 1] == '/')
+        tmp[--n] = 0;
+    const char *b = strrchr(tmp, '/');
+    b = b && b[1] ? b + 1 : tmp;
+    if (!strcmp(b, ".") || !strcmp(b, "..") || !strcmp(b, "/")) {
+        char cwd[MODELREF_PATH_MAX];
+        if (realpath(dir, cwd)) {
+            const char *c = strrchr(cwd, '/');
+            snprintf(tmp, sizeof tmp, "%s", c && c[1] ? c + 1 : "model");
+            b = tmp;
+        }
+    }
+    size_t k = 0;
+    for (; *b && k + 1 < size && k < MODELREF_NAME_MAX; b++)
+        out[k++] = (isalnum((unsigned char)*b) || strchr("._:-", *b)) ? *b : '-';
+    out[k] = 0;
+    if (k == 0 || out[0] == '.')
+        snprintf(out, size, "model");
+}
+
+int modelref_resolve(const char *spec, struct modelref *m, struct rl_err *err)
+{
+    memset(m, 0, sizeof *m);
+    if (!spec || !*spec)
+        return rl_errf(err, RL_EINVAL, "no model: give --model DIR or a Hugging Face repo id");
+    if (strlen(spec) >= MODELREF_PATH_MAX)
+        return rl_errf(err, RL_EINVAL, "model: the path is too long");
+    struct stat st;
+    /* an existing file (a .gguf, a config.json given by mistake) goes to
+     * the model loader as it is, which says what it expects instead */
+    if (is_dir(spec) || stat(spec, &st) == 0) {
+        snprintf(m->dir, sizeof m->dir, "%s", spec);
+        dir_name(spec, m->name, sizeof m->name);
+        snprintf(m->owned_by, sizeof m->owned_by, "redlm");
+        fill_common(m);
+        return 0;
+    }
+    /* not a directory: a repo id? */
+    char repo[2 * 96 + 2], rev[MODELREF_NAME_MAX + 1] = "main";
+    const char *at = strchr(spec, '@');
+    size_t rn = at ? (size_t)(at - spec) : strlen(spec);
+    if (at && !revision_ok(at + 1))
+        return rl_errf(err, RL_ENOTFOUND,
+                       "model %s: not a directory, and \"%s\" is not a revision", spec, at + 1);
+    if (at)
+        snprintf(rev, sizeof rev, "%s", at + 1);
+    const char *slash = memchr(spec, '/', rn);
+    bool ok = rn < sizeof repo &&
+              (slash ? repo_part_ok(spec, (size_t)(slash - spec)) &&
+                           repo_part_ok(slash + 1, rn - (size_t)(slash - spec) - 1)
+                     : repo_part_ok(spec, rn));
+    if (!ok)
+        return rl_errf(err, RL_ENOTFOUND,
+                       "model %s: no such directory (and not a Hugging Face repo id "
+                       "ORG/NAME[@REVISION])", spec);
+    memcpy(repo, spec, rn);
+    repo[rn] = 0;
+    const char *why;
+    char cache[MODELREF_PATH_MAX];
+    modelref_hub_cache(cache, sizeof cache, &why);
+    /* models--ORG--NAME: the repo id with "/" spelt "--" */
+    char folder[sizeof repo + 16] = "models--";
+    for (size_t i = 0, k = 8; i < rn && k + 3 < sizeof folder; i++) {
+        if (repo[i] == '/') {
+            folder[k++] = '-';
+            folder[k++] = '-';
+        } else {
+            folder[k++] = repo[i];
+        }
+        folder[k] = 0;
+    }
+    char ref[MODELREF_PATH_MAX * 2], snap[MODELREF_PATH_MAX * 2];
+    snprintf(ref, sizeof ref, "%s/%s/refs/%s", cache, folder, rev);
+    char hash[128] = "";
+    FILE *f = fopen(ref, "r");
+    if (f) {
+        if (!fgets(hash, sizeof hash, f))
+            hash[0] = 0;
+        fclose(f);
+        size_t n = strlen(hash);
+        while (n && isspace((unsigned char)hash[n - 1]))
+            hash[--n] = 0;
+        if (!revision_ok(hash) || strchr(hash, '/'))
+            return rl_errf(err, RL_ENOTFOUND, "model %s: %s does not hold a commit hash", spec,
+                           ref);
+        snprintf(snap, sizeof snap, "%s/%s/snapshots/%s", cache, folder, hash);
+        if (!is_dir(snap))
+            return rl_errf(err, RL_ENOTFOUND,
+                           "model %s: %s names commit %s, but %s is not there (an "
+                           "unfinished download?)", spec, ref, hash, snap);
+    } else {
+        /* a commit hash given as the revision has no ref file */
+        snprintf(snap, sizeof snap, "%s/%s/snapshots/%s", cache, folder, rev);
+        if (!is_dir(snap))
+            return rl_errf(err, RL_ENOTFOUND,
+                           "model %s: not a directory, and not in the Hugging Face cache %s "
+                           "(%s): looked for %s and %s; download it with `huggingface-cli "
+                           "download %s` or give the checkpoint directory", spec, cache, why,
+                           ref, snap, repo);
+    }
+    if (strlen(snap) >= sizeof m->dir)
+        return rl_errf(err, RL_EINVAL, "model %s: the path is too long", spec);
+    snprintf(m->dir, sizeof m->dir, "%s", snap);
+    snprintf(m->name, sizeof m->name, "%.128s", repo);
+    snprintf(m->revision, sizeof m->revision, "%s", rev);
+    if (slash)
+        snprintf(m->owned_by, sizeof m->owned_by, "%.*s", (int)(slash - spec), spec);
+    else
+        snprintf(m->owned_by, sizeof m->owned_by, "huggingface");
+    m->from_hub = true;
+    fill_common(m);
+    return 0;
+}

@@ -1,0 +1,54 @@
+/* common/modelref.h - what `--model` names: a checkpoint directory, or a
+ * Hugging Face repo id found offline in the Hugging Face cache.
+ *
+ * Users have their models as the Hugging Face tools leave them: a repo id
+ * (`Qwen/Qwen3-14B`) downloaded into the cache, whose files sit under a
+ * snapshot directory named by a commit hash. Every program that loads a
+ * model (worker, dispatcher, the `redlm` commands) resolves its `--model`
+ * here, so they all accept the same spellings, and all derive the same
+ * served name, the name clients ask for (`model` of a job or an HTTP
+ * request) and workers announce in their heartbeat. */
+#ifndef RL_MODELREF_H
+#define RL_MODELREF_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "err.h"
+
+#define MODELREF_PATH_MAX 4096
+#define MODELREF_NAME_MAX 128 /* a served name; also the job field `model` */
+
+/* A resolved --model. Plain record, filled by modelref_resolve. */
+struct modelref {
+    char dir[MODELREF_PATH_MAX];    /* the checkpoint directory to load */
+    char name[MODELREF_NAME_MAX + 1]; /* served name: the repo id (without
+                                        @revision), else the directory's
+                                        last component */
+    char owned_by[MODELREF_NAME_MAX + 1]; /* the repo id's organisation, else "redlm" */
+    int64_t created;                /* Unix seconds: mtime of config.json (0 if none) */
+    bool from_hub;                  /* found in the Hugging Face cache */
+    char revision[MODELREF_NAME_MAX + 1]; /* from_hub: the revision asked for ("main") */
+};
+
+/* The Hugging Face hub cache directory, as the Hugging Face tools choose it:
+ * $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub. *why
+ * (may be NULL) gets which of the three it was. Returns buf. */
+const char *modelref_hub_cache(char *buf, size_t size, const char **why);
+
+/* Resolves spec:
+ *   - an existing directory (absolute or relative): that directory;
+ *   - else a repo id `ORG/NAME` or `NAME`, optionally `@REVISION` (a branch
+ *     or tag under refs/, or a commit hash under snapshots/; default main),
+ *     looked up offline in the hub cache: models--ORG--NAME/refs/REVISION
+ *     holds the commit hash, snapshots/<hash>/ the files.
+ * Nothing is downloaded. Returns 0, or -RL_ENOTFOUND with a message that
+ * says what was looked for and where (the cache directory and the
+ * variable that chose it), or -RL_EINVAL for an empty spec. */
+int modelref_resolve(const char *spec, struct modelref *out, struct rl_err *err);
+
+/* A served name clients can send and Redis keys can hold: 1 to
+ * MODELREF_NAME_MAX of [A-Za-z0-9._:/-], not starting with '/' or '.'. */
+bool modelref_name_ok(const char *name);
+
+#endif

@@ -1,0 +1,348 @@
+/* dispatcher/models.c - which models are served, and where each one's jobs
+ * go.
+ *
+ * Workers announce their served name in their heartbeat
+ * (<prefix>worker:<name>, with "model", "model_created",
+ * "model_owned_by", "pools" and "pool_scope") and list themselves in the
+ * sorted set <prefix>workers. Every heartbeat interval the dispatcher reads
+ * that set and MGETs the heartbeats: the live ones (the key has a TTL) make
+ * the model table, so a request is never routed to a model whose last
+ * worker died more than heartbeat_ttl_s ago. (Reading a set of known names
+ * costs one round trip whatever else is in Redis; SCANning the key space
+ * would walk every out: stream and cache entry.)
+ *
+ * Where a model's jobs go (schemas/README.md has the key layout):
+ *   - workers with pool_scope = shared read <prefix>jobs:<pool>; all such
+ *     models are one destination, the configured pools and d->router,
+ *     exactly as a single-model deployment always worked;
+ *   - workers with pool_scope = model read <prefix>jobs:<model>:<pool>;
+ *     each such model gets those streams (appended to d->pools, with the
+ *     workers group made at once so their queue state can be read) and a
+ *     router of its own, kept across refreshes while its pools stay the
+ *     same, so its think/fast split holds its within-one guarantee per
+ *     model.
+ * The dispatcher's served_model_name, when set, is one more entry (alias)
+ * that always exists and means the shared pools.
+ *
+ * Main thread only, except models_json (the HTTP threads' copy, under
+ * models_mu). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "disp.h"
+
+#define MAX_WORKERS 1000 /* heartbeats read per refresh */
+
+static struct dmodel *find(struct dmodel *ms, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(ms[i].name, name))
+            return &ms[i];
+    return NULL;
+}
+
+/* d->pools index of key, appended (and its workers group made) when new;
+ * -1 when the table is full. */
+static int pool_slot(struct disp *d, const char *model, const char *pool)
+{
+    char key[D_KEY_MAX + 32];
+    snprintf(key, sizeof key, "%.64sjobs:%.128s:%.64s", d->cfg.prefix, model, pool);
+    for (int p = d->n_shared; p < d->n_pools; p++)
+        if (!strcmp(d->pools[p].key, key))
+            return p;
+    if (d->n_pools == D_MAX_POOLS) {
+        RL_LOG(&d->log, RL_LOG_ERROR, "model %s: more than %d pools in all; %s not routed", model,
+               D_MAX_POOLS, key);
+        return -1;
+    }
+    struct dpool *p = &d->pools[d->n_pools];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%.128s:%.64s", model, pool);
+    snprintf(p->key, sizeof p->key, "%.255s", key);
+    struct rl_err err;
+    if (rconn_xgroup_create(d->rc, key, "workers", "0", &err))
+        RL_LOG(&d->log, RL_LOG_DEBUG, "XGROUP CREATE %s: %s", key, err.msg);
+    return d->n_pools++;
+}
+
+/* (Re)makes m's router over its pools (names in pools, n of them). */
+static int make_router(struct disp *d, struct dmodel *m, char pools[][JOB_POOL_MAX + 1], int n,
+                       struct rl_err *err)
+{
+    const char *names[D_MAX_POOLS];
+    for (int i = 0; i < n; i++)
+        names[i] = pools[i];
+    struct route_opts o = {.pools = names, .n_pools = n, .default_pool = d->cfg.default_pool,
+                           .rules = (const char *const *)d->cfg.think_rules.v,
+                           .n_rules = d->cfg.think_rules.n, .ratio = d->cfg.think_ratio};
+    struct router *r;
+    int rc = route_create(&r, &o, err);
+    if (rc)
+        return rc;
+    route_free(m->router);
+    m->router = r;
+    return 0;
+}
+
+static void publish_json(struct disp *d)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < d->n_models; i++) {
+        cJSON *o = cJSON_CreateObject();
+        if (!o)
+            break;
+        cJSON_AddStringToObject(o, "id", d->models[i].name);
+        cJSON_AddStringToObject(o, "object", "model");
+        cJSON_AddNumberToObject(o, "created", (double)d->models[i].created);
+        cJSON_AddStringToObject(o, "owned_by", d->models[i].owned_by);
+        cJSON_AddItemToArray(a, o);
+    }
+    char *s = a ? cJSON_PrintUnformatted(a) : NULL;
+    cJSON_Delete(a);
+    if (!s)
+        return;
+    pthread_mutex_lock(&d->models_mu);
+    free(d->models_json);
+    d->models_json = s;
+    pthread_mutex_unlock(&d->models_mu);
+}
+
+/* Adds the pool names of one heartbeat (arr) to a scoped model's list
+ * (pools, *n of them), each once. */
+static void add_pools(char pools[][JOB_POOL_MAX + 1], int *n, const cJSON *arr)
+{
+    const cJSON *p;
+    cJSON_ArrayForEach(p, arr) {
+        if (!cJSON_IsString(p) || !p->valuestring[0] || strlen(p->valuestring) > JOB_POOL_MAX)
+            continue;
+        bool have = false;
+        for (int k = 0; k < *n && !have; k++)
+            have = !strcmp(pools[k], p->valuestring);
+        if (!have && *n < D_MAX_POOLS)
+            snprintf(pools[(*n)++], JOB_POOL_MAX + 1, "%s", p->valuestring);
+    }
+}
+
+void d_models_refresh(struct disp *d)
+{
+    struct rl_err err;
+    char reg[D_KEY_MAX], stop[16];
+    snprintf(reg, sizeof reg, "%.200sworkers", d->cfg.prefix);
+    snprintf(stop, sizeof stop, "%d", MAX_WORKERS - 1);
+    const char *za[4] = {"ZRANGE", reg, "0", stop};
+    struct rconn_reply *names = NULL, *hbs = NULL;
+    d->models_t_ms = rl_wall_ms();
+    if (rconn_command(d->rc, 4, za, NULL, &names, &err) || names->type != RCONN_ARRAY) {
+        RL_LOG(&d->log, RL_LOG_DEBUG, "models: ZRANGE %s: %s", reg,
+               names ? "not a sorted set" : err.msg);
+        rconn_reply_free(names);
+        return;
+    }
+    size_t nn = names->n_elem;
+    const char **argv = calloc(nn + 1, sizeof *argv);
+    char (*keys)[D_KEY_MAX + RCONN_NAME_MAX] = calloc(nn + 1, sizeof *keys);
+    if (!argv || !keys)
+        goto out;
+    argv[0] = "MGET";
+    for (size_t i = 0; i < nn; i++) {
+        snprintf(keys[i], sizeof keys[i], "%.200sworker:%s", d->cfg.prefix,
+                 names->elem[i].str ? names->elem[i].str : "");
+        argv[i + 1] = keys[i];
+    }
+    if (nn && (rconn_command(d->rc, (int)nn + 1, argv, NULL, &hbs, &err) ||
+               hbs->type != RCONN_ARRAY)) {
+        RL_LOG(&d->log, RL_LOG_DEBUG, "models: MGET of the heartbeats: %s", err.msg);
+        goto out;
+    }
+
+    /* the new table, built beside the old so routers and split states of
+     * models that stay are carried over */
+    struct dmodel fresh[D_MAX_MODELS];
+    char pools[D_MAX_MODELS][D_MAX_POOLS][JOB_POOL_MAX + 1];
+    int n_pools[D_MAX_MODELS] = {0};
+    int n = 0;
+    memset(fresh, 0, sizeof fresh);
+    if (d->cfg.served_model_name[0]) {
+        struct dmodel *m = &fresh[n++];
+        snprintf(m->name, sizeof m->name, "%s", d->cfg.served_model_name);
+        snprintf(m->owned_by, sizeof m->owned_by, "redlm");
+        m->created = d->t_start_ms / 1000;
+        m->alias = true;
+    }
+    for (size_t i = 0; hbs && i < hbs->n_elem; i++) {
+        const struct rconn_reply *r = &hbs->elem[i];
+        if (r->type != RCONN_STRING)
+            continue; /* expired: that worker is gone */
+        cJSON *hb = cJSON_ParseWithLength(r->str, r->len);
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(hb, "model");
+        if (!cJSON_IsString(name) || !modelref_name_ok(name->valuestring)) {
+            cJSON_Delete(hb); /* a worker from before served names: the shared pools */
+            continue;
+        }
+        const cJSON *scope = cJSON_GetObjectItemCaseSensitive(hb, "pool_scope");
+        bool scoped = cJSON_IsString(scope) && !strcmp(scope->valuestring, "model");
+        struct dmodel *m = find(fresh, n, name->valuestring);
+        if (!m && n < D_MAX_MODELS) {
+            m = &fresh[n++];
+            snprintf(m->name, sizeof m->name, "%s", name->valuestring);
+            const cJSON *ob = cJSON_GetObjectItemCaseSensitive(hb, "model_owned_by");
+            const cJSON *cr = cJSON_GetObjectItemCaseSensitive(hb, "model_created");
+            snprintf(m->owned_by, sizeof m->owned_by, "%.128s",
+                     cJSON_IsString(ob) ? ob->valuestring : "redlm");
+            m->created = cJSON_IsNumber(cr) ? (int64_t)cr->valuedouble : 0;
+            m->scoped = scoped;
+        } else if (!m) {
+            RL_LOG(&d->log, RL_LOG_WARN, "models: more than %d models served; %s left out",
+                   D_MAX_MODELS, name->valuestring);
+        } else if (!m->alias && m->scoped != scoped) {
+            RL_LOG(&d->log, RL_LOG_WARN, "models: workers of %s disagree on pool_scope; "
+                   "routing to its own pools", m->name);
+            m->scoped = true;
+        }
+        if (m && !m->alias && scoped)
+            add_pools(pools[m - fresh], &n_pools[m - fresh],
+                      cJSON_GetObjectItemCaseSensitive(hb, "pools"));
+        cJSON_Delete(hb);
+    }
+    /* streams and routers of the scoped models */
+    for (int i = 0; i < n; i++) {
+        struct dmodel *m = &fresh[i];
+        if (!m->scoped)
+            continue;
+        char sig[sizeof m->pool_sig] = "";
+        for (int k = 0; k < n_pools[i]; k++) {
+            int slot = pool_slot(d, m->name, pools[i][k]);
+            if (slot < 0) {
+                n_pools[i] = k;
+                break;
+            }
+            m->pool_idx[k] = slot;
+            size_t used = strlen(sig);
+            snprintf(sig + used, sizeof sig - used, "%.64s,", pools[i][k]);
+        }
+        m->n_pools = n_pools[i];
+        snprintf(m->pool_sig, sizeof m->pool_sig, "%s", sig);
+        struct dmodel *old = find(d->models, d->n_models, m->name);
+        if (old && old->router && !strcmp(old->pool_sig, m->pool_sig)) {
+            m->router = old->router; /* keeps its split state */
+            old->router = NULL;
+        } else if (m->n_pools == 0 || make_router(d, m, pools[i], m->n_pools, &err)) {
+            RL_LOG(&d->log, RL_LOG_ERROR, "model %s: cannot route: %s", m->name,
+                   m->n_pools ? err.msg : "its workers announce no pools");
+            m->scoped = false; /* left out below */
+            m->name[0] = 0;
+        }
+    }
+    for (int i = 0; i < d->n_models; i++)
+        route_free(d->models[i].router);
+    d->n_models = 0;
+    for (int i = 0; i < n; i++)
+        if (fresh[i].name[0]) {
+            if (!find(d->models, d->n_models, fresh[i].name))
+                RL_LOG(&d->log, RL_LOG_INFO, "model %s served (%s)", fresh[i].name,
+                       fresh[i].alias ? "served_model_name: the shared pools"
+                       : fresh[i].scoped ? "its own pools" : "the shared pools");
+            d->models[d->n_models++] = fresh[i];
+        }
+    int n_shared_names = 0;
+    for (int i = 0; i < d->n_models; i++)
+        n_shared_names += !d->models[i].scoped && !d->models[i].alias;
+    if (n_shared_names > 1 && !d->shared_warned) {
+        /* a job naming one of them may be taken by a worker of another,
+         * which refuses it (MODEL_NOT_FOUND) */
+        RL_LOG(&d->log, RL_LOG_WARN, "models: %d served names share the pools %sjobs:<pool>; "
+               "give each model's workers pool_scope = model", n_shared_names, d->cfg.prefix);
+        d->shared_warned = true;
+    }
+    publish_json(d);
+out:
+    free(argv);
+    free(keys);
+    rconn_reply_free(names);
+    rconn_reply_free(hbs);
+}
+
+void d_models_reroute(struct disp *d)
+{
+    for (int i = 0; i < d->n_models; i++)
+        d->models[i].pool_sig[0] = 0; /* rebuilt with the new rules at the next refresh */
+    d_models_refresh(d);
+}
+
+void d_models_free(struct disp *d)
+{
+    for (int i = 0; i < d->n_models; i++)
+        route_free(d->models[i].router);
+    d->n_models = 0;
+    free(d->models_json);
+    d->models_json = NULL;
+}
+
+/* "a, b, c" of the served names, for messages. */
+static void served_list(const struct disp *d, char *buf, size_t size)
+{
+    buf[0] = 0;
+    for (int i = 0; i < d->n_models; i++) {
+        size_t used = strlen(buf);
+        snprintf(buf + used, size - used, "%s%s", i ? ", " : "", d->models[i].name);
+    }
+}
+
+int d_model_pick(struct disp *d, const struct job *j, struct dmodel **out, enum ev_code *code,
+                 char *msg, size_t size)
+{
+    *out = NULL;
+    char list[768];
+    if (j->model[0]) {
+        struct dmodel *m = find(d->models, d->n_models, j->model);
+        if (!m && rl_wall_ms() - d->models_t_ms >= 100) {
+            d_models_refresh(d); /* a worker that came up since the last heartbeat */
+            m = find(d->models, d->n_models, j->model);
+        }
+        if (m) {
+            *out = m;
+            return 0;
+        }
+        served_list(d, list, sizeof list);
+        *code = EV_CODE_MODEL_NOT_FOUND;
+        if (d->n_models)
+            snprintf(msg, size, "model: \"%s\" is not served; served: %s", j->model, list);
+        else
+            snprintf(msg, size, "model: \"%s\" is not served; no live worker announces a model",
+                     j->model);
+        return -RL_EINVAL;
+    }
+    /* no model named: the one destination there is. The shared pools count
+     * once, however many names their workers give */
+    int n_dest = 0;
+    struct dmodel *one = NULL, *shared = NULL;
+    for (int i = 0; i < d->n_models; i++) {
+        if (d->models[i].scoped) {
+            n_dest++;
+            one = &d->models[i];
+        } else if (!shared) {
+            shared = &d->models[i];
+            n_dest++;
+        }
+    }
+    if (n_dest <= 1) {
+        *out = one ? one : shared; /* NULL: nothing announced, the shared pools */
+        return 0;
+    }
+    served_list(d, list, sizeof list);
+    *code = EV_CODE_MODEL_REQUIRED;
+    snprintf(msg, size, "model: several models are served (%s); the job must name one", list);
+    return -RL_EINVAL;
+}
+
+char *disp_models_json(struct disp *d)
+{
+    pthread_mutex_lock(&d->models_mu);
+    char *s = strdup(d->models_json ? d->models_json : "[]");
+    pthread_mutex_unlock(&d->models_mu);
+    return s;
+}

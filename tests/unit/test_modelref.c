@@ -1,0 +1,213 @@
+/* tests/unit/test_modelref.c - `--model` resolution (common/modelref.c) on a
+ * Hugging Face cache tree built in a temp directory: the three places the
+ * cache is looked for, refs and commit revisions, served names, owners, and
+ * misses that say where they looked. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "modelref.h"
+
+static char root[256];
+
+static void put(const char *rel, const char *text)
+{
+    char p[1024], cmd[1100];
+    snprintf(p, sizeof p, "%s/%s", root, rel);
+    snprintf(cmd, sizeof cmd, "mkdir -p \"$(dirname '%s')\"", p);
+    assert_int_equal(system(cmd), 0);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(root, sizeof root, "/tmp/test_modelref.XXXXXX");
+    if (!mkdtemp(root))
+        return -1;
+    put("hub/models--Qwen--Qwen3-14B/refs/main", "abc123");
+    put("hub/models--Qwen--Qwen3-14B/refs/v2", "def456\n");
+    put("hub/models--Qwen--Qwen3-14B/snapshots/abc123/config.json", "{}");
+    put("hub/models--Qwen--Qwen3-14B/snapshots/def456/config.json", "{}");
+    put("hub/models--Qwen--Qwen3-14B/snapshots/0123cafe/config.json", "{}");
+    put("hub/models--gpt2/refs/main", "g1");
+    put("hub/models--gpt2/snapshots/g1/config.json", "{}");
+    put("hub/models--Qwen--Broken/refs/main", "feed");
+    put("dirs/q14b/config.json", "{}");
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void use_cache(const char *hub_cache, const char *hf_home, const char *home)
+{
+    char p[512];
+    unsetenv("HF_HUB_CACHE");
+    unsetenv("HF_HOME");
+    if (hub_cache) {
+        snprintf(p, sizeof p, "%s/%s", root, hub_cache);
+        setenv("HF_HUB_CACHE", p, 1);
+    }
+    if (hf_home) {
+        snprintf(p, sizeof p, "%s/%s", root, hf_home);
+        setenv("HF_HOME", p, 1);
+    }
+    if (home) {
+        snprintf(p, sizeof p, "%s/%s", root, home);
+        setenv("HOME", p, 1);
+    }
+}
+
+/* spec -> snapshot (relative to root/hub), served name, owner. */
+static void test_repo_ids(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *spec, *snap, *name, *owner;
+    } cases[] = {
+        {"Qwen/Qwen3-14B", "models--Qwen--Qwen3-14B/snapshots/abc123", "Qwen/Qwen3-14B", "Qwen"},
+        {"Qwen/Qwen3-14B@main", "models--Qwen--Qwen3-14B/snapshots/abc123", "Qwen/Qwen3-14B", "Qwen"},
+        {"Qwen/Qwen3-14B@v2", "models--Qwen--Qwen3-14B/snapshots/def456", "Qwen/Qwen3-14B", "Qwen"},
+        {"Qwen/Qwen3-14B@0123cafe", "models--Qwen--Qwen3-14B/snapshots/0123cafe", "Qwen/Qwen3-14B",
+         "Qwen"},
+        {"gpt2", "models--gpt2/snapshots/g1", "gpt2", "huggingface"},
+    };
+    use_cache("hub", NULL, NULL);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct modelref m;
+        struct rl_err err = {0};
+        char want[1024];
+        assert_int_equal(modelref_resolve(cases[i].spec, &m, &err), 0);
+        snprintf(want, sizeof want, "%s/hub/%s", root, cases[i].snap);
+        assert_string_equal(m.dir, want);
+        assert_string_equal(m.name, cases[i].name);
+        assert_string_equal(m.owned_by, cases[i].owner);
+        assert_true(m.from_hub);
+        assert_true(m.created > 0);
+    }
+}
+
+/* $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub. */
+static void test_cache_places(void **state)
+{
+    (void)state;
+    char link[512], target[512], buf[2048];
+    const char *why;
+    snprintf(target, sizeof target, "%s/hub", root);
+    snprintf(link, sizeof link, "%s/home/.cache/huggingface", root);
+    snprintf(buf, sizeof buf, "mkdir -p '%s' && ln -sfn '%s' '%s/hub'", link, target, link);
+    assert_int_equal(system(buf), 0);
+    struct modelref m;
+    use_cache(NULL, NULL, "home");
+    assert_int_equal(modelref_resolve("Qwen/Qwen3-14B", &m, NULL), 0);
+    modelref_hub_cache(buf, sizeof buf, &why);
+    assert_string_equal(why, "~/.cache/huggingface/hub");
+    use_cache(NULL, ".", NULL); /* HF_HOME=root: root/hub */
+    assert_int_equal(modelref_resolve("Qwen/Qwen3-14B@v2", &m, NULL), 0);
+    modelref_hub_cache(buf, sizeof buf, &why);
+    assert_string_equal(why, "$HF_HOME/hub");
+    use_cache("hub", "nowhere", NULL); /* HF_HUB_CACHE wins over HF_HOME */
+    assert_int_equal(modelref_resolve("gpt2", &m, NULL), 0);
+    modelref_hub_cache(buf, sizeof buf, &why);
+    assert_string_equal(why, "$HF_HUB_CACHE");
+}
+
+/* A directory wins, and is named by its last component. */
+static void test_directories(void **state)
+{
+    (void)state;
+    char dir[512];
+    struct modelref m;
+    use_cache("hub", NULL, NULL);
+    snprintf(dir, sizeof dir, "%s/dirs/q14b/", root);
+    assert_int_equal(modelref_resolve(dir, &m, NULL), 0);
+    assert_string_equal(m.dir, dir);
+    assert_string_equal(m.name, "q14b");
+    assert_string_equal(m.owned_by, "redlm");
+    assert_false(m.from_hub);
+    assert_int_equal(chdir(root), 0);
+    assert_int_equal(modelref_resolve("dirs/q14b", &m, NULL), 0);
+    assert_string_equal(m.name, "q14b");
+    /* a directory spelt like a repo id is a directory */
+    assert_int_equal(system("mkdir -p Qwen/Qwen3-14B"), 0);
+    assert_int_equal(modelref_resolve("Qwen/Qwen3-14B", &m, NULL), 0);
+    assert_string_equal(m.dir, "Qwen/Qwen3-14B");
+    assert_false(m.from_hub);
+    assert_int_equal(system("rm -r Qwen"), 0);
+}
+
+/* Misses name what was looked for and where. */
+static void test_misses(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *spec, *has1, *has2;
+    } cases[] = {
+        {"Qwen/Qwen3-32B", "models--Qwen--Qwen3-32B/refs/main", "$HF_HUB_CACHE"},
+        {"Qwen/Qwen3-14B@v9", "models--Qwen--Qwen3-14B/refs/v9", "snapshots/v9"},
+        {"Qwen/Broken", "names commit feed", "unfinished download"},
+        {"/no/such/dir", "no such directory", "/no/such/dir"},
+        {"./x", "no such directory", "./x"},
+        {"a/b/c", "no such directory", "ORG/NAME"},
+        {"Qwen/Qwen3@..", "not a revision", ".."},
+        {"", "no model", "--model"},
+    };
+    use_cache("hub", NULL, NULL);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct modelref m;
+        struct rl_err err = {0};
+        assert_true(modelref_resolve(cases[i].spec, &m, &err) < 0);
+        if (!strstr(err.msg, cases[i].has1) || !strstr(err.msg, cases[i].has2))
+            fail_msg("%s: \"%s\" lacks \"%s\" or \"%s\"", cases[i].spec, err.msg, cases[i].has1,
+                     cases[i].has2);
+    }
+}
+
+static void test_names(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        bool ok;
+    } cases[] = {
+        {"Qwen/Qwen3-14B", true}, {"q14b", true}, {"qwen3:14b", true}, {"a.b_c-d", true},
+        {"", false}, {"/abs", false}, {".hidden", false}, {"with space", false},
+        {"quote\"", false}, {"back\\slash", false}, {"ümlaut", false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (modelref_name_ok(cases[i].name) != cases[i].ok)
+            fail_msg("\"%s\": want %s", cases[i].name, cases[i].ok ? "ok" : "refused");
+    char long_name[MODELREF_NAME_MAX + 2];
+    memset(long_name, 'a', sizeof long_name - 1);
+    long_name[MODELREF_NAME_MAX + 1] = 0;
+    assert_false(modelref_name_ok(long_name));
+    long_name[MODELREF_NAME_MAX] = 0;
+    assert_true(modelref_name_ok(long_name));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_repo_ids),     cmocka_unit_test(test_cache_places),
+        cmocka_unit_test(test_directories),  cmocka_unit_test(test_misses),
+        cmocka_unit_test(test_names),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
