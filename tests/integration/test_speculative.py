@@ -69,9 +69,10 @@ def f32(xs):
 
 
 def metric(text, name):
+    # every worker sample carries its model_name label (issue 20)
     for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(None, 1)[1])
     raise AssertionError(f"{name} not in /metrics")
 
 
