@@ -100,12 +100,13 @@ struct be_ops {
     int (*profile)(void *ctx, char *out, size_t n);
     /* optional: a one-line description ("cpu avx512bf16, 2 threads"). */
     const char *(*describe)(void *ctx);
-    /* optional: bytes of device memory left for the KV pool after the
-     * weights (sim: the modelled device's), used when the engine is given
-     * no KV budget; 0 = unknown (the engine's default applies). */
-    size_t (*kv_capacity)(void *ctx);
     /* required */
     void (*free)(void *ctx);
+    /* optional (last, so positional initializers of the slots above still
+     * fit): bytes of device memory left for the KV pool after the weights
+     * (sim: the modelled device's), used when the engine is given no KV
+     * budget; 0 = unknown (the engine's default applies). */
+    size_t (*kv_capacity)(void *ctx);
 };
 
 struct backend {
