@@ -40,7 +40,7 @@ DEB_PKGS += prometheus
 DEB_PKGS += libedit-dev tmux
 
 COMMON_SRC := $(wildcard common/*.c)
-ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c)
+ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c engine/sim/*.c)
 CLI_SRC    := $(wildcard worker/cli/*.c)
 WORKER_SRC := $(wildcard worker/*.c)
 DISP_SRC   := $(wildcard dispatcher/*.c)

@@ -28,6 +28,8 @@ struct wopts {
     char served_name[WOPTS_STR_MAX]; /* served_model_name; "" = derived from model */
     bool pool_scope_model;           /* pool_scope = model: streams jobs:<name>:<pool> */
     char backend[16];
+    char sim_profile[16];           /* sim backend: device profile */
+    char sim_model[WOPTS_STR_MAX];  /* sim backend: model shape; "" = model's */
     char log_level[16];
     char metrics_addr[64];           /* always loopback */
     int device;                      /* engine_options.device (CUDA) */
