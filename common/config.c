@@ -121,6 +121,8 @@ static const struct opt options[] = {
      "Answer repeated deterministic jobs (greedy or seeded) from redlm:cache:<sha256>."},
     {"cache_ttl_s", T_INT, O(cache_ttl_s), "86400", 1, 2592000, NULL, CFG_WORKER, F_LIVE,
      "Lifetime of a result-cache entry."},
+    {"coalesce_ms", T_INT, O(coalesce_ms), "0", 0, 1000, NULL, CFG_WORKER, F_LIVE,
+     "Coalescing: a running job's token deltas are held back and sent as one delta event once the oldest has waited this long (or the job ends), so Redis takes one XADD for several tokens; the bound on the latency it adds. 0 = every step's delta goes out at once. Jobs asking for logprobs are never coalesced."},
     {"publish_channel", T_BOOL, O(publish_channel), "false", 0, 0, NULL, CFG_WORKER, F_LIVE,
      "Also PUBLISH every event on redlm:tok:<id>."},
     {"dead_maxlen", T_INT, O(dead_maxlen), "100000", 0, 1000000000, NULL, CFG_BOTH, F_LIVE,

@@ -61,6 +61,7 @@ struct cfg {
     int default_max_tokens;
     int max_job_kb;
     int stream_ttl_s;
+    int coalesce_ms;              /* hold token deltas up to this long; 0 = off */
     int max_stream_ttl_s;
     bool result_cache;
     int cache_ttl_s;

@@ -76,6 +76,7 @@ static int from_cfg(struct wopts *o, const struct cfg *c, struct rl_err *err)
     o->default_stream_ttl_s = c->stream_ttl_s;
     o->max_stream_ttl_s = c->max_stream_ttl_s;
     o->publish = c->publish_channel;
+    o->coalesce_ms = c->coalesce_ms;
     return 0;
 }
 

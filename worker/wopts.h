@@ -59,6 +59,7 @@ struct wopts {
     int max_max_tokens;
     int default_stream_ttl_s;
     int max_stream_ttl_s;
+    int coalesce_ms;         /* coalesce_ms: deltas held back at most this long; 0 = off */
     bool publish;            /* also PUBLISH every event on <prefix>tok:<id> */
 };
 
