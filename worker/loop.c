@@ -431,7 +431,7 @@ static void emit_delta(struct worker *w, struct wjob *j, const struct ev_delta *
  * their event is in the stream, so a worker that dies holding some makes
  * its successor generate them again, token-exact. Logprob deltas are not
  * held (their per-token arrays would have to be merged too). The bound is
- * time, not the reader's lag: knowing a reader is behind would cost Redis
+ * time, not the reader's lag (and a job's first delta is never held): knowing a reader is behind would cost Redis
  * a command per stream per step, more than coalescing saves. */
 static void hold_release(struct worker *w, struct wjob *j)
 {
@@ -449,11 +449,11 @@ static void hold_release(struct worker *w, struct wjob *j)
 }
 
 /* Takes d into j's hold; false (and nothing held changed) when d is not to
- * be held: coalescing off, logprobs, or no memory for it. */
+ * be held: coalescing off, logprobs, the job's first tokens, or no memory. */
 static bool hold_take(struct worker *w, struct wjob *j, const struct ev_delta *d, int64_t now)
 {
-    if (w->opt.coalesce_ms <= 0 || d->logprobs)
-        return false;
+    if (w->opt.coalesce_ms <= 0 || d->logprobs || !j->t_first)
+        return false; /* the first tokens go at once: coalescing never adds to TTFT */
     if (j->n_hold + d->n_token_ids > j->cap_hold) {
         int cap = j->cap_hold ? j->cap_hold : 16;
         while (cap < j->n_hold + d->n_token_ids)

@@ -9,7 +9,8 @@ The sweep runs twice with one --seed, so both runs send the same jobs (each
 sampled one with its own seed): first calm, then under faults: a quarter of
 the workers killed with SIGKILL and restarted, one dispatcher restarted, and
 Redis stopped (SIGSTOP) for 2 s, at fixed times after the faulted sweep
-starts. Afterwards every job's redlm:out:<id> stream is read back: jobs lost
+starts. Then (--coalesce-ms) the workers restart with coalesce_ms and the
+calm sweep runs a third time, coalesced. Afterwards every job's redlm:out:<id> stream is read back: jobs lost
 (no done), duplicated events (a seq twice), out-of-order events (seq i not at
 entry 0-(i+1)), and jobs whose token ids differ from the calm run's.
 
@@ -72,6 +73,7 @@ class Fleet:
         self.redis = None
         self.workers = {}
         self.dispatchers = {}
+        self.coalesce_ms = 0      # the workers' --coalesce-ms
 
     def spawn(self, args, log):
         p = subprocess.Popen(args, stdout=open(self.out / "logs" / log, "w"),
@@ -105,7 +107,8 @@ class Fleet:
              "--sim-model", self.a.model, "--pools", "fast,think", "--name", name, "--threads", "1",
              "--http-port", "0", "--no-result-cache", "--max-batch", str(self.a.max_batch),
              "--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200",
-             "--heartbeat-interval-ms", "500"], f"worker-{name}.log")
+             "--heartbeat-interval-ms", "500", "--coalesce-ms", str(self.coalesce_ms)],
+            f"worker-{name}.log")
 
     def wait_ready(self, names, kind):
         deadline = time.time() + 300
@@ -269,6 +272,9 @@ def main():
     ap.add_argument("--model", default="qwen3-14b")
     ap.add_argument("--gpu-tok-s", type=float, default=6285,
                     help="one real GPU's tokens/s at full batch (the sim's h200 + qwen3-14b, batch 64, 1k context)")
+    ap.add_argument("--coalesce-ms", type=int, default=50,
+                    help="then restart the workers with this coalesce_ms and run the calm sweep "
+                         "once more (0 = skip)")
     ap.add_argument("--build", default=os.environ.get("BUILD", "build"))
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -297,15 +303,26 @@ def main():
         faulted, _ = sweep(fleet, "fault")
         th.join()
         tot = check(fleet, calm, faulted)
+        coal, tot_coal = [], None
+        if a.coalesce_ms:
+            for n in names:
+                fleet.kill("worker", n, signal.SIGTERM)
+            fleet.coalesce_ms = a.coalesce_ms
+            for n in names:
+                fleet.start_worker(n)
+            fleet.wait_ready(names, "worker")
+            coal, _ = sweep(fleet, "coalesced")
+            tot_coal = check(fleet, calm, coal)
     finally:
         fleet.stop_all()
-    rows = {"calm": [row(lv) for lv in calm], "fault": [row(lv) for lv in faulted]}
+    rows = {"calm": [row(lv) for lv in calm], "fault": [row(lv) for lv in faulted],
+            f"coalesce {a.coalesce_ms} ms": [row(lv) for lv in coal]}
     top = rows["calm"][-1]
     sat_tok_s = 1e6 / top["redis_us_per_tok"]
     result = {"options": {k: v for k, v in vars(a).items()}, "bench_command": cmd,
               "workers_start_s": round(start_s, 1), "idle_cpu_per_worker": round(idle, 4),
               "busy_cpu_per_worker": round(top["worker_cpu_util"] / a.workers, 4),
-              "faults": flog, "check": tot, "rows": rows,
+              "faults": flog, "check": tot, "check_coalesced": tot_coal, "rows": rows,
               "redis_saturation_tok_s": round(sat_tok_s),
               "gpus_per_redis": round(sat_tok_s / a.gpu_tok_s, 1)}
     (fleet.out / "fleet.json").write_text(json.dumps(result, indent=1))
@@ -313,17 +330,19 @@ def main():
             "xadd_per_tok", "disp_us_per_req", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99"]
     print("| run | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
-    for run in ("calm", "fault"):
+    for run in rows:
         for r in rows[run]:
             print(f"| {run} | " + " | ".join(str(r[c]) for c in cols) + " |")
     print(f"\nfaults: {flog}")
     print(f"check: {tot}")
+    if tot_coal:
+        print(f"check, coalesced against calm: {tot_coal}")
     print(f"sim worker CPU: idle {idle:.4f}, busy {result['busy_cpu_per_worker']:.4f} cores each; "
           f"{a.workers} workers ready in {start_s:.1f} s")
     print(f"Redis saturates at ~{sat_tok_s:.0f} delivered tokens/s "
           f"(1e6 us / {top['redis_us_per_tok']} us per token) = "
           f"{result['gpus_per_redis']} GPUs at {a.gpu_tok_s:.0f} tok/s each")
-    bad = tot["lost"] + tot["dup"] + tot["out_of_order"] + tot["mismatch"]
+    bad = sum(t["lost"] + t["dup"] + t["out_of_order"] + t["mismatch"] for t in (tot, tot_coal) if t)
     return 1 if bad else 0
 
 
