@@ -130,7 +130,9 @@ class Fleet:
     def snap(self):
         info = self.r.info("cpu")
         stats = self.r.info("commandstats")
-        return {"t": time.time(),
+        snap = {f"us_{c}": stats.get(f"cmdstat_{c}", {}).get("usec", 0) / 1e6
+                for c in ("xadd", "xread", "xautoclaim", "xclaim", "exists", "xreadgroup")}
+        return {**snap, "t": time.time(),
                 "redis_cpu": info["used_cpu_sys"] + info["used_cpu_user"],
                 "xadd": stats.get("cmdstat_xadd", {}).get("calls", 0),
                 "disp_cpu": self.dead_cpu["dispatcher"] + sum(
@@ -205,7 +207,7 @@ def sweep(fleet, tag):
 
 
 def read_tokens(r, prefix, job_id):
-    """(tokens, lost, dup, out of order) of one job's stream."""
+    """(tokens, lost, dup, out of order, finish reason) of one job's stream."""
     evs = r.xrange(f"{prefix}out:{job_id}")
     seqs, tokens, order = [], [], 0
     for i, (eid, f) in enumerate(evs):
@@ -214,29 +216,38 @@ def read_tokens(r, prefix, job_id):
         order += ev["seq"] != i or eid != f"0-{i + 1}"
         if ev["type"] == "delta":
             tokens += ev["token_ids"]
-    done = bool(evs) and json.loads(evs[-1][1]["event"])["type"] == "done"
-    return tokens, int(not done), len(seqs) - len(set(seqs)), order
+    last = json.loads(evs[-1][1]["event"]) if evs else {}
+    done = last.get("type") == "done"
+    return tokens, int(not done), len(seqs) - len(set(seqs)), order, last.get("finish_reason")
 
 
 def check(fleet, calm, faulted):
     """lost / dup / out of order over both runs, token mismatches of the
-    faulted run against the calm one (requests matched by level and number)."""
-    tot = {"jobs": 0, "lost": 0, "dup": 0, "out_of_order": 0, "mismatch": 0, "compared": 0}
+    faulted run against the calm one (requests matched by level and number):
+    a job that ran to its length must have the calm run's tokens; one cut
+    short (the client's --timeout cancelled it on an overloaded host) must
+    have a prefix of them, and is counted as cut."""
+    tot = {"jobs": 0, "lost": 0, "dup": 0, "out_of_order": 0, "mismatch": 0, "compared": 0,
+           "cut": 0}
     for c, f in zip(calm, faulted):
         want = {}
         for run, lv in (("calm", c), ("fault", f)):
             for q in lv["level"]["requests"]:
-                toks, lost, dup, order = read_tokens(fleet.r, fleet.prefix, q["id"])
+                toks, lost, dup, order, fin = read_tokens(fleet.r, fleet.prefix, q["id"])
                 tot["jobs"] += 1
                 tot["lost"] += lost
                 tot["dup"] += dup
                 tot["out_of_order"] += order
                 num = q["id"].rsplit("-", 1)[1]
                 if run == "calm":
-                    want[num] = toks
-                elif num in want:
+                    want[num] = toks if fin == "length" else None
+                elif want.get(num) is not None:
                     tot["compared"] += 1
-                    tot["mismatch"] += toks != want[num]
+                    if fin == "length":
+                        tot["mismatch"] += toks != want[num]
+                    else:
+                        tot["cut"] += 1
+                        tot["mismatch"] += toks != want[num][:len(toks)]
     return tot
 
 
@@ -256,7 +267,11 @@ def row(lv):
             "worker_cpu_util": round(c["worker_cpu"] / c["t"], 3),
             "ttft_p50": round(L["ttft_ms"]["p50"], 1), "ttft_p99": round(L["ttft_ms"]["p99"], 1),
             "itl_p50": round(L["tpot_ms"]["p50"], 2), "itl_p99": round(L["tpot_ms"]["p99"], 2),
-            "wall_s": wall}
+            "wall_s": wall,
+            # Redis CPU per delivered token by command (us): what is per token
+            # (XADD, XREAD, EXISTS) against what is per worker (XAUTOCLAIM ...)
+            "redis_us_per_tok_by_cmd": {k[3:]: round(v / max(toks, 1) * 1e6, 2)
+                                        for k, v in c.items() if k.startswith("us_")}}
 
 
 def main():
@@ -333,6 +348,9 @@ def main():
     for run in rows:
         for r in rows[run]:
             print(f"| {run} | " + " | ".join(str(r[c]) for c in cols) + " |")
+    for run in rows:
+        for r in rows[run]:
+            print(f"# {run} {r['rate']}/s Redis us/token by command: {r['redis_us_per_tok_by_cmd']}")
     print(f"\nfaults: {flog}")
     print(f"check: {tot}")
     if tot_coal:
