@@ -228,7 +228,7 @@ def check(fleet, calm, faulted):
     short (the client's --timeout cancelled it on an overloaded host) must
     have a prefix of them, and is counted as cut."""
     tot = {"jobs": 0, "lost": 0, "dup": 0, "out_of_order": 0, "mismatch": 0, "compared": 0,
-           "cut": 0}
+           "cut": 0, "mismatched": []}
     for c, f in zip(calm, faulted):
         want = {}
         for run, lv in (("calm", c), ("fault", f)):
@@ -244,7 +244,13 @@ def check(fleet, calm, faulted):
                 elif want.get(num) is not None:
                     tot["compared"] += 1
                     if fin == "length":
-                        tot["mismatch"] += toks != want[num]
+                        bad = toks != want[num]
+                        tot["mismatch"] += bad
+                        if bad and len(tot["mismatched"]) < 50:  # what kind of job, where
+                            k = next(i for i, (a, b) in enumerate(zip(toks + [None], want[num] + [None])) if a != b)
+                            tot["mismatched"].append({"id": q["id"], "mode": q["mode"],
+                                                      "repeated": q["repeated"],
+                                                      "max_tokens": q["max_tokens"], "first_diff": k})
                     else:
                         tot["cut"] += 1
                         tot["mismatch"] += toks != want[num][:len(toks)]
