@@ -261,6 +261,29 @@ class Client:
         raise AssertionError(f"job {job_id}: no done within {timeout}s; got {len(out)} events")
 
 
+def read_stream(addr, prefix, job_id, timeout):
+    """Every event of job_id up to done, as (entry id, event); stops early
+    (without done) at the timeout, so a lost job is counted, not raised,
+    and rides out a Redis that is stopped or restarting."""
+    r = connect(addr)
+    key = f"{prefix}out:{job_id}"
+    out, last, deadline = [], "0-0", time.time() + timeout
+    while time.time() < deadline:
+        try:
+            res = r.xread({key: last}, block=200, count=1000)
+        except Exception:  # noqa: BLE001 - Redis may be stopped or restarting
+            time.sleep(0.05)
+            continue
+        for _, entries in res:
+            for eid, fields in entries:
+                last = eid
+                ev = json.loads(fields["event"])
+                out.append((eid, ev))
+                if ev["type"] == "done":
+                    return out
+    return out
+
+
 @pytest.fixture
 def client(redis_addr, prefix):
     return Client(redis_addr, prefix)

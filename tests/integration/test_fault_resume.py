@@ -30,7 +30,7 @@ import subprocess
 import time
 import uuid
 
-from conftest import CLI, MODEL, Client, RedisServer, run_threads
+from conftest import CLI, MODEL, Client, RedisServer, read_stream, run_threads
 
 FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200",
               "--max-batch", "6"]
@@ -120,24 +120,7 @@ def resume_points(*workers):
 def read_all(client, job_id, timeout):
     """Every event of job_id up to done, as (entry id, event); stops early
     (without done) at the timeout, so a lost job is counted, not raised."""
-    r = Client(client.addr, client.prefix).r
-    key = f"{client.prefix}out:{job_id}"
-    out, last, deadline = [], "0-0", time.time() + timeout
-    while time.time() < deadline:
-        try:
-            res = r.xread({key: last}, block=200, count=1000)
-        except Exception:  # noqa: BLE001 - Redis may be restarting
-            time.sleep(0.05)
-            continue
-        for _, entries in res:
-            for eid, fields in entries:
-                last = eid
-                ev = json.loads(fields["event"])
-                out.append((eid, ev))
-                if ev["type"] == "done":
-                    return out
-    return out
-
+    return read_stream(client.addr, client.prefix, job_id, timeout)
 
 def audit(client, jobs, ref, validator, workers, timeout=90):
     """Counts lost jobs, gaps, duplicates and token mismatches over every

@@ -24,7 +24,7 @@ import threading
 import time
 
 import pytest
-from conftest import QWEN3_TOKENIZER, RedisServer, connect, run_threads
+from conftest import QWEN3_TOKENIZER, RedisServer, connect, read_stream, run_threads
 
 SIM = ["--backend", "sim", "--sim-profile", "h200", "--sim-model", "qwen3-14b",
        "--model", str(QWEN3_TOKENIZER), "--no-result-cache", "--max-batch", "16",
@@ -53,28 +53,6 @@ def fleet_jobs(n, tag):
             j["temperature"] = 0
         jobs.append(j)
     return jobs
-
-
-def read_all(addr, prefix, job_id, timeout):
-    """Every event of job_id up to done as (entry id, event); stops at the
-    timeout without done, so a lost job is counted, not raised."""
-    r = connect(addr)
-    key = f"{prefix}out:{job_id}"
-    out, last, deadline = [], "0-0", time.time() + timeout
-    while time.time() < deadline:
-        try:
-            res = r.xread({key: last}, block=200, count=1000)
-        except Exception:  # noqa: BLE001 - Redis may be stopped
-            time.sleep(0.05)
-            continue
-        for _, entries in res:
-            for eid, fields in entries:
-                last = eid
-                ev = json.loads(fields["event"])
-                out.append((eid, ev))
-                if ev["type"] == "done":
-                    return out
-    return out
 
 
 def tally(jobs, streams, validator):
@@ -123,7 +101,7 @@ def test_fleet_faults_token_exact(own_redis, workers, dispatchers, prefix, event
 
     calm = fleet_jobs(n, "calm")
     submit_open_loop(r, prefix, calm, 40)
-    streams = run_threads(lambda j: read_all(addr, prefix, j["id"], 120), calm, 16)
+    streams = run_threads(lambda j: read_stream(addr, prefix, j["id"], 120), calm, 16)
     want, lost, dup, order = tally(calm, streams, event_validator)
     assert (lost, dup, order) == (0, 0, 0)
     assert all(len(t) == j["max_tokens"] for j, t in zip(calm, want))
@@ -151,7 +129,7 @@ def test_fleet_faults_token_exact(own_redis, workers, dispatchers, prefix, event
     sender.join(60)
     assert not sender.is_alive()
 
-    streams = run_threads(lambda j: read_all(addr, prefix, j["id"], 120), jobs, 16)
+    streams = run_threads(lambda j: read_stream(addr, prefix, j["id"], 120), jobs, 16)
     got, lost, dup, order = tally(jobs, streams, event_validator)
     mismatched = [j["id"] for j, a, b in zip(jobs, got, want) if a != b]
     assert (lost, dup, order, len(mismatched)) == (0, 0, 0, 0), mismatched
