@@ -23,17 +23,36 @@
  * after a restart, BUSY, TRYAGAIN, MASTERDOWN) come back as -RL_EIO too,
  * with the connection kept, so callers treat them like an outage.
  *
+ * Cluster. The address may be a seed list "host:port,host:port,...". At
+ * the first connect the first reachable seed is asked HELLO 2 (its "mode"): a
+ * single instance (or a server older than 6 that refuses HELLO, or a unix
+ * socket, never asked) keeps the one-context path above, unchanged, with no extra round
+ * trip per command. A cluster gets a slot map from CLUSTER SLOTS and one
+ * context per master, made when a command first needs it. Each command is
+ * routed by the slot of its key (common/rcluster.c); MOVED updates that
+ * slot and marks the map stale (re-read on the next call: a failover moves
+ * every slot of a master at once), ASK sends ASKING + the command to the
+ * named node once; a lost node, CLUSTERDOWN or TRYAGAIN return -RL_EIO
+ * like an outage, and the map is re-read, with the same backoff, before
+ * the next command. A batch is split per node: each node gets its own
+ * pipeline, replies are put back in command order; a keyless command
+ * (MULTI, EXEC) goes with its neighbours, so a transaction whose keys share
+ * a hash tag stays on one node. XREADGROUP over pools on several nodes is
+ * split the same way (rconn_xreadgroup). MGET is split into GETs.
+ *
  * Only what hiredis 0.14 and Redis 7.0 offer is used: RESP2 replies,
  * redisCommandArgv, redisAppendFormattedCommand, redisSetTimeout,
  * XAUTOCLAIM (6.2+) and XPENDING IDLE (6.2+). */
 #include "rconn.h"
 #include "clock.h"
+#include "rcluster.h"
 
 #include <errno.h>
 #include <hiredis/hiredis.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <time.h>
 
@@ -50,6 +69,19 @@ struct rconn {
     int64_t next_try_ms; /* monotonic ms before which we do not try */
     int64_t n_connects;
     uint64_t rng;        /* xorshift64 state for the jitter */
+
+    /* cluster mode (see "Cluster" above); unused for a single instance */
+    int n_seeds;
+    char (*seeds)[RCL_HOST_MAX + 8]; /* (n_seeds) "host:port" as given */
+    bool discovered;     /* asked the server whether it is a cluster */
+    bool cluster;
+    bool stale;          /* a redirect or a lost node: re-read the map */
+    bool down;           /* the last re-read found no node answering */
+    struct rcl_map *map; /* cluster only: slot -> master */
+    redisContext *node_ctx[RCL_MAX_NODES]; /* by map node index, NULL = not connected */
+    int64_t node_retry_ms[RCL_MAX_NODES]; /* a node's connect failed: not before this */
+    int block_ms;        /* > 0 while a BLOCKing read runs: widens the node's timeout */
+    unsigned rotor;      /* which node's pools a split XREADGROUP blocks on next */
 };
 
 void rconn_opts_default(struct rconn_opts *o)
@@ -73,18 +105,9 @@ static char *dup_or_null(const char *s)
     return s && s[0] ? strdup(s) : NULL;
 }
 
-/* Splits addr into host/port or a unix path. */
-static int parse_addr(struct rconn *c, const char *addr, struct rl_err *err)
+/* Splits a TCP "host:port" or "[v6]:port" into *host (malloc'd) and *port. */
+static int split_hostport(const char *addr, char **host, int *port_out, struct rl_err *err)
 {
-    if (!addr || !addr[0])
-        return rl_errf(err, RL_EINVAL, "redis address is empty");
-    if (!strncmp(addr, "unix:", 5) || addr[0] == '/' || addr[0] == '.') {
-        const char *p = !strncmp(addr, "unix:", 5) ? addr + 5 : addr;
-        if (!p[0])
-            return rl_errf(err, RL_EINVAL, "redis address \"%s\": empty socket path", addr);
-        c->path = strdup(p);
-        return c->path ? 0 : -RL_ENOMEM;
-    }
     const char *colon, *hs = addr, *he;
     if (addr[0] == '[') { /* [v6]:port */
         he = strchr(addr, ']');
@@ -104,9 +127,42 @@ static int parse_addr(struct rconn *c, const char *addr, struct rl_err *err)
     long port = strtol(colon + 1, &end, 10);
     if (errno || end == colon + 1 || *end || port < 1 || port > 65535)
         return rl_errf(err, RL_EINVAL, "redis address \"%s\": port must be 1-65535", addr);
-    c->host = strndup(hs, (size_t)(he - hs));
-    c->port = (int)port;
-    return c->host ? 0 : -RL_ENOMEM;
+    *host = strndup(hs, (size_t)(he - hs));
+    *port_out = (int)port;
+    return *host ? 0 : -RL_ENOMEM;
+}
+
+/* Splits addr into host/port, a unix path, or a seed list (each entry
+ * checked; host/port get the first). */
+static int parse_addr(struct rconn *c, const char *addr, struct rl_err *err)
+{
+    if (!addr || !addr[0])
+        return rl_errf(err, RL_EINVAL, "redis address is empty");
+    if (!strncmp(addr, "unix:", 5) || addr[0] == '/' || addr[0] == '.') {
+        const char *p = !strncmp(addr, "unix:", 5) ? addr + 5 : addr;
+        if (!p[0])
+            return rl_errf(err, RL_EINVAL, "redis address \"%s\": empty socket path", addr);
+        c->path = strdup(p);
+        return c->path ? 0 : -RL_ENOMEM;
+    }
+    c->seeds = calloc(RCL_MAX_NODES, sizeof *c->seeds);
+    if (!c->seeds)
+        return -RL_ENOMEM;
+    int n = rcl_split_seeds(addr, c->seeds, RCL_MAX_NODES, err);
+    if (n < 0)
+        return n;
+    c->n_seeds = n;
+    for (int i = 0; i < n; i++) {
+        char *h = NULL;
+        int port, rc = split_hostport(c->seeds[i], &h, &port, err);
+        if (rc)
+            return rc;
+        if (i == 0)
+            c->host = h, c->port = port;
+        else
+            free(h);
+    }
+    return 0;
 }
 
 int rconn_create(struct rconn **out, const struct rconn_opts *o, struct rl_err *err)
@@ -161,16 +217,25 @@ void rconn_free(struct rconn *c)
     free(c->user);
     free(c->password_file);
     free(c->client_name);
+    free(c->seeds);
+    for (int i = 0; i < RCL_MAX_NODES; i++)
+        if (c->node_ctx[i])
+            redisFree(c->node_ctx[i]);
+    free(c->map);
     free(c);
 }
 
-bool rconn_connected(const struct rconn *c) { return c->ctx != NULL; }
+bool rconn_connected(const struct rconn *c)
+{
+    return c->cluster ? c->map && !c->down : c->ctx != NULL;
+}
+bool rconn_is_cluster(const struct rconn *c) { return c->cluster; }
 int64_t rconn_n_reconnects(const struct rconn *c) { return c->n_connects > 1 ? c->n_connects - 1 : 0; }
 const char *rconn_addr(const struct rconn *c) { return c->addr; }
 
 int64_t rconn_retry_in_ms(const struct rconn *c)
 {
-    if (c->ctx)
+    if (rconn_connected(c) && !c->stale)
         return 0;
     int64_t d = c->next_try_ms - rl_mono_ms();
     return d > 0 ? d : 0;
@@ -182,6 +247,13 @@ void rconn_disconnect(struct rconn *c)
         redisFree(c->ctx);
         c->ctx = NULL;
     }
+    for (int i = 0; i < RCL_MAX_NODES; i++)
+        if (c->node_ctx[i]) {
+            redisFree(c->node_ctx[i]);
+            c->node_ctx[i] = NULL;
+        }
+    if (c->cluster)
+        c->stale = true;
     c->next_try_ms = 0; /* a deliberate or first drop: retry at once */
 }
 
@@ -236,24 +308,31 @@ static int setup_cmd(redisContext *ctx, const char *what, int argc, const char *
     return rc;
 }
 
-static int try_connect(struct rconn *c, struct rl_err *err)
+static int copy_reply(struct rconn_reply *dst, const redisReply *src);
+static void clear_reply(struct rconn_reply *r);
+
+/* A fresh context to host:port (or the unix path), with the timeout,
+ * AUTH and CLIENT SETNAME done; name is the address for messages. */
+static int open_ctx(struct rconn *c, const char *host, int port, const char *path,
+                    const char *name, redisContext **out, struct rl_err *err)
 {
+    *out = NULL;
     struct timeval ct = tv_ms(c->connect_timeout_ms);
-    redisContext *ctx = c->path ? redisConnectUnixWithTimeout(c->path, ct)
-                                : redisConnectWithTimeout(c->host, c->port, ct);
+    redisContext *ctx = path ? redisConnectUnixWithTimeout(path, ct)
+                             : redisConnectWithTimeout(host, port, ct);
     char pw[1024];
     int rc = 0;
     if (!ctx)
-        return rl_errf(err, RL_ENOMEM, "redis %s: cannot allocate a context", c->addr);
+        return rl_errf(err, RL_ENOMEM, "redis %s: cannot allocate a context", name);
     if (ctx->err) {
-        rc = rl_errf(err, RL_EIO, "redis %s: %s", c->addr, ctx->errstr);
+        rc = rl_errf(err, RL_EIO, "redis %s: %s", name, ctx->errstr);
         goto fail;
     }
     if (c->io_timeout_ms > 0 && redisSetTimeout(ctx, tv_ms(c->io_timeout_ms)) != REDIS_OK) {
-        rc = rl_errf(err, RL_EIO, "redis %s: cannot set timeout: %s", c->addr, ctx->errstr);
+        rc = rl_errf(err, RL_EIO, "redis %s: cannot set timeout: %s", name, ctx->errstr);
         goto fail;
     }
-    if (!c->path)
+    if (!path)
         redisEnableKeepAlive(ctx); /* notice a dead peer on idle connections */
     if (c->password_file) {
         if ((rc = read_password(c->password_file, pw, sizeof pw, err)))
@@ -262,30 +341,232 @@ static int try_connect(struct rconn *c, struct rl_err *err)
         rc = setup_cmd(ctx, "AUTH", c->user ? 3 : 2, argv, err);
         memset(pw, 0, sizeof pw);
         if (rc) {
-            rl_err_wrap(err, "redis %s", c->addr);
+            rl_err_wrap(err, "redis %s", name);
             goto fail;
         }
     }
     if (c->client_name) {
         const char *argv[3] = {"CLIENT", "SETNAME", c->client_name};
         if ((rc = setup_cmd(ctx, "CLIENT SETNAME", 3, argv, err))) {
-            rl_err_wrap(err, "redis %s", c->addr);
+            rl_err_wrap(err, "redis %s", name);
             goto fail;
         }
     }
-    c->ctx = ctx;
-    c->n_failures = 0;
-    c->next_try_ms = 0;
-    c->n_connects++;
+    *out = ctx;
     return 0;
 fail:
     redisFree(ctx);
     return rc;
 }
 
+static void connected(struct rconn *c)
+{
+    c->n_failures = 0;
+    c->next_try_ms = 0;
+    c->n_connects++;
+}
+
+/* The node index the map gives slot (-1: any master: the first one with a
+ * context, else the first one). */
+static int node_of(const struct rconn *c, int slot)
+{
+    if (slot >= 0)
+        return c->map->slot_node[slot];
+    for (int i = 0; i < c->map->n_nodes; i++)
+        if (c->node_ctx[i])
+            return i;
+    return c->map->n_nodes ? 0 : -1;
+}
+
+/* Re-reads the slot map from the first node that answers: those we hold a
+ * context to, then the seeds. Keeps the contexts of masters that stay (by
+ * address), frees the others. */
+static int refresh_map(struct rconn *c, struct rl_err *err)
+{
+    static struct rcl_map fresh_zero;
+    struct rcl_map *fresh = malloc(sizeof *fresh);
+    if (!fresh)
+        return rl_errf(err, RL_ENOMEM, "redis cluster: out of memory");
+    *fresh = fresh_zero;
+    int rc = -RL_EIO;
+    rl_errf(err, RL_EIO, "redis cluster %s: no node reachable", c->addr);
+    int n_try = (c->map ? c->map->n_nodes : 0) + c->n_seeds;
+    for (int t = 0; t < n_try && rc; t++) {
+        char host[RCL_HOST_MAX + 8];
+        int port = 0;
+        redisContext *ctx = NULL;
+        bool own = false;
+        if (c->map && t < c->map->n_nodes) {
+            snprintf(host, sizeof host, "%s", c->map->nodes[t].host);
+            port = c->map->nodes[t].port;
+            ctx = c->node_ctx[t];
+        } else {
+            char *h = NULL;
+            if (split_hostport(c->seeds[t - (c->map ? c->map->n_nodes : 0)], &h, &port, NULL))
+                continue;
+            snprintf(host, sizeof host, "%s", h);
+            free(h);
+        }
+        if (!ctx) {
+            char name[RCL_HOST_MAX + 16];
+            snprintf(name, sizeof name, "%s:%d", host, port);
+            if (open_ctx(c, host, port, NULL, name, &ctx, err))
+                continue;
+            own = true;
+        }
+        redisReply *r = redisCommand(ctx, "CLUSTER SLOTS");
+        struct rconn_reply cp = {0};
+        if (r && !copy_reply(&cp, r) && !rcl_map_parse(fresh, &cp, host, err)) {
+            if (rcl_map_n_uncovered(fresh))
+                rl_errf(err, RL_EIO, "redis cluster %s:%d: %d slots have no master", host, port,
+                        rcl_map_n_uncovered(fresh));
+            else
+                rc = 0;
+        } else if (r && r->type == REDIS_REPLY_ERROR) { /* an ACL without +cluster|slots */
+            rl_errf(err, RL_EIO, "redis cluster %s:%d: CLUSTER SLOTS: %s", host, port, r->str);
+        } else if (!r) {
+            rl_errf(err, RL_EIO, "redis cluster %s:%d: CLUSTER SLOTS: %s", host, port,
+                    ctx->errstr[0] ? ctx->errstr : "connection lost");
+            if (!own && c->map) { /* our context broke */
+                redisFree(ctx);
+                c->node_ctx[t] = NULL;
+            }
+            own = false, ctx = NULL;
+        }
+        clear_reply(&cp);
+        if (r)
+            freeReplyObject(r);
+        if (own) /* a seed's context: masters get theirs when first used */
+            redisFree(ctx);
+    }
+    if (rc) {
+        free(fresh);
+        return rc;
+    }
+    /* carry contexts over to the new node numbering */
+    redisContext *keep[RCL_MAX_NODES] = {0};
+    for (int i = 0; c->map && i < c->map->n_nodes; i++) {
+        if (!c->node_ctx[i])
+            continue;
+        int n = -1;
+        for (int k = 0; k < fresh->n_nodes; k++)
+            if (fresh->nodes[k].port == c->map->nodes[i].port &&
+                !strcmp(fresh->nodes[k].host, c->map->nodes[i].host))
+                n = k;
+        if (n >= 0)
+            keep[n] = c->node_ctx[i];
+        else
+            redisFree(c->node_ctx[i]);
+        c->node_ctx[i] = NULL;
+    }
+    memcpy(c->node_ctx, keep, sizeof keep);
+    memset(c->node_retry_ms, 0, sizeof c->node_retry_ms); /* the numbering changed */
+    free(c->map);
+    c->map = fresh;
+    c->stale = false;
+    return 0;
+}
+
+/* The first connect: the first reachable seed says whether it is a
+ * cluster. A single instance keeps that context. */
+static int discover(struct rconn *c, struct rl_err *err)
+{
+    int rc = -RL_EIO;
+    for (int i = 0; i < c->n_seeds; i++) {
+        char *host = NULL;
+        int port;
+        redisContext *ctx = NULL;
+        if ((rc = split_hostport(c->seeds[i], &host, &port, err)))
+            return rc;
+        rc = open_ctx(c, host, port, NULL, c->seeds[i], &ctx, err);
+        if (rc) {
+            free(host);
+            continue;
+        }
+        /* HELLO 2 (Redis 6+) says "mode" "cluster" or "standalone", and
+         * every authenticated user may send it, so least-privilege ACL
+         * users (config/redis-acl.conf) need nothing more; an older server
+         * refuses it and is taken as single */
+        redisReply *r = redisCommand(ctx, "HELLO 2");
+        if (!r) {
+            rc = rl_errf(err, RL_EIO, "redis %s: HELLO: %s", c->seeds[i],
+                         ctx->errstr[0] ? ctx->errstr : "connection lost");
+            redisFree(ctx);
+            free(host);
+            continue;
+        }
+        bool cl = false;
+        for (size_t k = 0; r->type == REDIS_REPLY_ARRAY && k + 1 < r->elements; k += 2) {
+            const redisReply *f = r->element[k], *v = r->element[k + 1];
+            if (f->type == REDIS_REPLY_STRING && !strcmp(f->str, "mode"))
+                cl = (v->type == REDIS_REPLY_STRING || v->type == REDIS_REPLY_STATUS) &&
+                     !strcmp(v->str, "cluster");
+        }
+        freeReplyObject(r);
+        if (!cl) {
+            free(host);
+            if (c->n_seeds > 1) {
+                redisFree(ctx);
+                return rl_errf(err, RL_EINVAL, "redis %s: a list of addresses needs a Redis "
+                               "Cluster; %s is a single instance", c->addr, c->seeds[i]);
+            }
+            c->ctx = ctx;
+            c->discovered = true;
+            connected(c);
+            return 0;
+        }
+        redisFree(ctx); /* refresh_map opens what it needs */
+        free(host);
+        c->cluster = true;
+        c->discovered = true;
+        if ((rc = refresh_map(c, err)) == 0)
+            connected(c);
+        else
+            c->stale = true;
+        return rc;
+    }
+    return rc;
+}
+
+static int try_connect(struct rconn *c, struct rl_err *err)
+{
+    if (c->cluster) {
+        int rc = refresh_map(c, err);
+        if (!rc)
+            connected(c);
+        return rc;
+    }
+    if (!c->discovered && !c->path)
+        return discover(c, err);
+    redisContext *ctx = NULL;
+    int rc = open_ctx(c, c->host, c->port, c->path, c->addr, &ctx, err);
+    if (rc)
+        return rc;
+    c->ctx = ctx;
+    connected(c);
+    return 0;
+}
+
 int rconn_ensure(struct rconn *c, struct rl_err *err)
 {
-    if (c->ctx)
+    if (c->cluster && c->map && c->stale) {
+        /* a stale map still routes most slots: re-read it when the backoff
+         * allows, keep using it meanwhile unless no node answered */
+        int64_t wait = rconn_retry_in_ms(c);
+        if (c->next_try_ms > rl_mono_ms())
+            return c->down ? rl_errf(err, RL_EIO, "redis cluster %s: no node answers; next "
+                                     "attempt in %lld ms", c->addr, (long long)wait) : 0;
+        int rc = refresh_map(c, err);
+        c->down = rc != 0;
+        if (rc) {
+            schedule_retry(c);
+            return rc;
+        }
+        c->n_failures = 0;
+        c->next_try_ms = 0;
+        return 0;
+    }
+    if (rconn_connected(c))
         return 0;
     int64_t wait = rconn_retry_in_ms(c);
     if (wait > 0)
@@ -395,6 +676,178 @@ static bool transient_error(const char *s)
     return false;
 }
 
+/* ---- cluster routing ---- */
+
+/* Node n's context, connecting when there is none. A failed connect marks
+ * the map stale and starts the backoff: a master that died is replaced by
+ * its replica only in a fresh map. */
+static int node_ctx(struct rconn *c, int n, redisContext **out, struct rl_err *err)
+{
+    if (!c->node_ctx[n]) {
+        const struct rcl_node *nd = &c->map->nodes[n];
+        if (c->node_retry_ms[n] > rl_mono_ms())
+            return rl_errf(err, RL_EIO, "redis %s:%d: unreachable; next attempt in %lld ms",
+                           nd->host, nd->port, (long long)(c->node_retry_ms[n] - rl_mono_ms()));
+        char name[RCL_HOST_MAX + 16];
+        snprintf(name, sizeof name, "%s:%d", nd->host, nd->port);
+        int rc = open_ctx(c, nd->host, nd->port, NULL, name, &c->node_ctx[n], err);
+        if (rc) {
+            c->stale = true;
+            if (rc == -RL_EIO) {
+                schedule_retry(c);
+                c->node_retry_ms[n] = c->next_try_ms;
+            }
+            return rc;
+        }
+        c->node_retry_ms[n] = 0;
+    }
+    *out = c->node_ctx[n];
+    if (c->io_timeout_ms > 0)
+        redisSetTimeout(*out, tv_ms(c->io_timeout_ms + (c->block_ms > 0 ? c->block_ms : 0)));
+    return 0;
+}
+
+static int node_lost(struct rconn *c, int n, const char *what, struct rl_err *err)
+{
+    redisContext *ctx = c->node_ctx[n];
+    int rc = rl_errf(err, RL_EIO, "redis %s:%d: %s: %s", c->map->nodes[n].host,
+                     c->map->nodes[n].port, what,
+                     ctx && ctx->errstr[0] ? ctx->errstr : "connection lost");
+    if (ctx)
+        redisFree(ctx);
+    c->node_ctx[n] = NULL;
+    c->stale = true;
+    return rc;
+}
+
+/* Follows a redirect reply: MOVED updates the slot (and marks the map
+ * stale), ASK names the node for one retry. Returns the node to retry on,
+ * -1 when r is no redirect, -2 when the named node does not fit the map. */
+static int follow_redirect(struct rconn *c, int from, const redisReply *r, int *ask)
+{
+    int slot, port;
+    char host[RCL_HOST_MAX];
+    enum rcl_redirect k = r->type == REDIS_REPLY_ERROR
+                              ? rcl_parse_redirect(r->str, &slot, host, &port) : RCL_NONE;
+    if (k == RCL_NONE)
+        return -1;
+    if (!host[0])
+        snprintf(host, sizeof host, "%s", c->map->nodes[from].host);
+    int to = rcl_map_node(c->map, host, port);
+    if (to < 0)
+        return -2;
+    if (k == RCL_MOVED) {
+        c->map->slot_node[slot] = (int16_t)to;
+        c->stale = true;
+        *ask = 0;
+    } else {
+        *ask = 1;
+    }
+    return to;
+}
+
+/* Sends one encoded command to the master of slot (-1: any), following up
+ * to 5 redirects. *out gets the hiredis reply (the caller frees it). */
+static int cl_send(struct rconn *c, int slot, const char *cmd, size_t len, const char *what,
+                   redisReply **out, struct rl_err *err)
+{
+    *out = NULL;
+    int n = node_of(c, slot), ask = 0;
+    for (int hop = 0; hop < 6; hop++) {
+        if (n < 0) {
+            c->stale = true;
+            return rl_errf(err, RL_EIO, "redis cluster %s: no master known for slot %d", c->addr,
+                           slot);
+        }
+        redisContext *ctx;
+        int rc = node_ctx(c, n, &ctx, err);
+        if (rc)
+            return rc;
+        if (ask && redisAppendCommand(ctx, "ASKING") != REDIS_OK)
+            return node_lost(c, n, "ASKING", err);
+        if (redisAppendFormattedCommand(ctx, cmd, len) != REDIS_OK)
+            return node_lost(c, n, what, err);
+        void *v = NULL;
+        if (ask) {
+            if (redisGetReply(ctx, &v) != REDIS_OK || !v)
+                return node_lost(c, n, "ASKING", err);
+            freeReplyObject(v);
+            v = NULL;
+        }
+        if (redisGetReply(ctx, &v) != REDIS_OK || !v)
+            return node_lost(c, n, what, err);
+        redisReply *r = v;
+        int to = follow_redirect(c, n, r, &ask);
+        if (to == -1) {
+            if (r->type == REDIS_REPLY_ERROR && transient_error(r->str))
+                c->stale = true; /* CLUSTERDOWN, TRYAGAIN: the map may have changed */
+            *out = r;
+            return 0;
+        }
+        freeReplyObject(r);
+        if (to == -2)
+            return rl_errf(err, RL_EIO, "redis cluster %s: %s: redirected past %d masters",
+                           c->addr, what, RCL_MAX_NODES);
+        n = to;
+    }
+    return rl_errf(err, RL_EIO, "redis cluster %s: %s: too many redirects", c->addr, what);
+}
+
+/* MGET over keys of several slots: one GET each, the replies gathered
+ * into one array, as a single instance would answer. */
+static int cl_mget(struct rconn *c, int argc, const char *const *argv, const size_t *lens,
+                   redisReply **out, struct rl_err *err)
+{
+    *out = NULL;
+    redisReply *arr = calloc(1, sizeof *arr);
+    redisReply **el = calloc((size_t)argc, sizeof *el);
+    int rc = 0;
+    if (!arr || !el) {
+        rc = rl_errf(err, RL_ENOMEM, "MGET: out of memory");
+        goto fail;
+    }
+    arr->type = REDIS_REPLY_ARRAY;
+    arr->element = el;
+    for (int i = 1; i < argc; i++) {
+        const char *ga[2] = {"GET", argv[i]};
+        size_t gl[2] = {3, lens ? lens[i] : strlen(argv[i])};
+        char *cmd = NULL;
+        int len = redisFormatCommandArgv(&cmd, 2, ga, gl);
+        if (len < 0) {
+            rc = rl_errf(err, RL_ENOMEM, "MGET: out of memory");
+            goto fail;
+        }
+        rc = cl_send(c, rcl_key_slot(argv[i], gl[1]), cmd, (size_t)len, "MGET", &el[i - 1], err);
+        free(cmd);
+        if (rc)
+            goto fail;
+        arr->elements++;
+    }
+    *out = arr;
+    return 0;
+fail:
+    if (arr)
+        freeReplyObject(arr); /* frees the elements read so far */
+    else
+        free(el);
+    return rc;
+}
+
+/* One command in cluster mode; *out gets the hiredis reply. */
+static int cl_command(struct rconn *c, int argc, const char *const *argv, const size_t *lens,
+                      redisReply **out, struct rl_err *err)
+{
+    if (argc > 2 && !strcasecmp(argv[0], "MGET"))
+        return cl_mget(c, argc, argv, lens, out, err);
+    char *cmd = NULL;
+    int len = redisFormatCommandArgv(&cmd, argc, (const char **)argv, lens);
+    if (len < 0)
+        return rl_errf(err, RL_ENOMEM, "redis %s: cannot encode the command", argv[0]);
+    int rc = cl_send(c, rcl_command_slot(argc, argv, lens), cmd, (size_t)len, argv[0], out, err);
+    free(cmd);
+    return rc;
+}
+
 /* Runs one command and hands back the copied reply (always, when one was
  * read). Error replies return -RL_EINVAL (or -RL_EIO when transient). */
 static int run(struct rconn *c, int argc, const char *const *argv, const size_t *lens,
@@ -404,9 +857,13 @@ static int run(struct rconn *c, int argc, const char *const *argv, const size_t 
     int rc = rconn_ensure(c, err);
     if (rc)
         return rc;
-    redisReply *r = redisCommandArgv(c->ctx, argc, (const char **)argv, lens);
-    if (!r)
+    redisReply *r = NULL;
+    if (c->cluster) {
+        if ((rc = cl_command(c, argc, argv, lens, &r, err)))
+            return rc;
+    } else if (!(r = redisCommandArgv(c->ctx, argc, (const char **)argv, lens))) {
         return lost(c, argv[0], err);
+    }
     struct rconn_reply *cp = malloc(sizeof *cp);
     if (!cp || copy_reply(cp, r)) {
         if (cp) {
@@ -438,13 +895,56 @@ int rconn_command(struct rconn *c, int argc, const char *const *argv, const size
     return rc;
 }
 
+int rconn_n_masters(const struct rconn *c)
+{
+    return c->cluster && c->map ? c->map->n_nodes : 1;
+}
+
+int rconn_command_on(struct rconn *c, int master, int argc, const char *const *argv,
+                     const size_t *lens, struct rconn_reply **out, struct rl_err *err)
+{
+    if (!c->cluster)
+        return rconn_command(c, argc, argv, lens, out, err);
+    if (out)
+        *out = NULL;
+    int rc = rconn_ensure(c, err);
+    if (rc)
+        return rc;
+    if (argc < 1 || master < 0 || master >= c->map->n_nodes)
+        return rl_errf(err, RL_EINVAL, "rconn_command_on: no command or no master %d", master);
+    redisContext *ctx;
+    if ((rc = node_ctx(c, master, &ctx, err)))
+        return rc;
+    redisReply *r = redisCommandArgv(ctx, argc, (const char **)argv, lens);
+    if (!r)
+        return node_lost(c, master, argv[0], err);
+    struct rconn_reply *cp = calloc(1, sizeof *cp);
+    if (!cp || copy_reply(cp, r)) {
+        freeReplyObject(r);
+        rconn_reply_free(cp);
+        return rl_errf(err, RL_ENOMEM, "redis %s: out of memory copying a reply", argv[0]);
+    }
+    freeReplyObject(r);
+    if (cp->type == RCONN_ERROR)
+        rc = rl_errf(err, transient_error(cp->str) ? RL_EIO : RL_EINVAL, "%s: %s", argv[0],
+                     cp->str);
+    if (out)
+        *out = cp;
+    else
+        rconn_reply_free(cp);
+    return rc;
+}
+
 /* ---- pipelining ---- */
 
 struct rconn_batch {
     int n, cap;
     char **cmd;             /* (n) RESP-encoded by redisFormatCommandArgv */
     int *cmd_len;           /* (n) */
-    struct rconn_reply *replies; /* (cap); [0, n_done) are valid */
+    struct rconn_reply *replies; /* (cap); [0, n_done) are valid, and in cluster
+                                  * mode any later one whose done[] is set */
+    int *slot;              /* (n) the key's slot, -1 for none (cluster routing) */
+    unsigned char *done;    /* (n) reply i was read */
     int n_done;
     int n_errors;
 };
@@ -459,8 +959,9 @@ void rconn_batch_reset(struct rconn_batch *b)
 {
     for (int i = 0; i < b->n; i++)
         free(b->cmd[i]);
-    for (int i = 0; i < b->n_done; i++)
-        clear_reply(&b->replies[i]);
+    for (int i = 0; i < b->n; i++)
+        if (b->done[i])
+            clear_reply(&b->replies[i]);
     b->n = b->n_done = b->n_errors = 0;
 }
 
@@ -472,6 +973,8 @@ void rconn_batch_free(struct rconn_batch *b)
     free(b->cmd);
     free(b->cmd_len);
     free(b->replies);
+    free(b->slot);
+    free(b->done);
     free(b);
 }
 
@@ -491,7 +994,13 @@ int rconn_batch_add(struct rconn_batch *b, int argc, const char *const *argv,
         struct rconn_reply *rep = realloc(b->replies, sizeof *rep * (size_t)cap);
         if (rep)
             b->replies = rep;
-        if (!cmd || !len || !rep)
+        int *slot = realloc(b->slot, sizeof *slot * (size_t)cap);
+        if (slot)
+            b->slot = slot;
+        unsigned char *done = realloc(b->done, (size_t)cap);
+        if (done)
+            b->done = done;
+        if (!cmd || !len || !rep || !slot || !done)
             return rl_errf(err, RL_ENOMEM, "rconn_batch_add: out of memory");
         b->cap = cap;
     }
@@ -501,6 +1010,8 @@ int rconn_batch_add(struct rconn_batch *b, int argc, const char *const *argv,
         return rl_errf(err, RL_ENOMEM, "rconn_batch_add: cannot encode %s", argv[0]);
     b->cmd[b->n] = s;
     b->cmd_len[b->n] = n;
+    b->slot[b->n] = rcl_command_slot(argc, argv, lens);
+    b->done[b->n] = 0;
     b->n++;
     return 0;
 }
@@ -531,6 +1042,136 @@ int rconn_batch_add_xadd(struct rconn_batch *b, const char *key, const char *id,
     return rconn_batch_add(b, a, argv, lens, err);
 }
 
+/* Stores reply r (freed here) as command i's. */
+static int store_reply(struct rconn_batch *b, int i, redisReply *r)
+{
+    struct rconn_reply *dst = &b->replies[i];
+    int rc = copy_reply(dst, r);
+    freeReplyObject(r);
+    if (rc) {
+        clear_reply(dst);
+        return -RL_ENOMEM;
+    }
+    b->done[i] = 1;
+    b->n_errors += dst->type == RCONN_ERROR;
+    return 0;
+}
+
+/* Command i of b is the argument-less name (MULTI, EXEC), as encoded. */
+static bool batch_is(const struct rconn_batch *b, int i, const char *name)
+{
+    char enc[32];
+    int n = snprintf(enc, sizeof enc, "*1\r\n$%zu\r\n%s\r\n", strlen(name), name);
+    return b->cmd_len[i] == n && !strncasecmp(b->cmd[i], enc, (size_t)n);
+}
+
+/* The node each unanswered command goes to: its key's master; a keyless
+ * one goes with the next keyed command (MULTI) or else the previous one
+ * (EXEC), so a transaction stays on its node. */
+static void cl_route(const struct rconn *c, const struct rconn_batch *b, int *node)
+{
+    int prev = -1;
+    for (int i = 0; i < b->n; i++) {
+        node[i] = b->slot[i] >= 0 ? node_of(c, b->slot[i]) : -2;
+        if (node[i] != -2)
+            prev = node[i];
+        else if (prev >= 0)
+            node[i] = prev;
+    }
+    for (int i = b->n - 1, next = -1; i >= 0; i--) {
+        if (b->slot[i] >= 0)
+            next = node[i];
+        else if (next >= 0 && (node[i] == -2 || batch_is(b, i, "MULTI")))
+            node[i] = next;
+        if (node[i] == -2)
+            node[i] = node_of(c, -1);
+    }
+}
+
+/* Cluster batch: one pipeline per node, in command order within each,
+ * all written before any reply is read, so the nodes work in parallel
+ * (one round trip, not one per node); then the redirected commands one by
+ * one. A node that fails leaves its commands unanswered (-RL_EIO). */
+static int cl_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
+{
+    int *node = malloc(sizeof *node * (size_t)b->n);
+    if (!node)
+        return rl_errf(err, RL_ENOMEM, "pipeline: out of memory");
+    cl_route(c, b, node);
+    int rc = 0, used[RCL_MAX_NODES], n_used = 0;
+    redisContext *ctxs[RCL_MAX_NODES];
+    for (int i = 0; i < b->n; i++) { /* the nodes, in order of first use */
+        if (b->done[i])
+            continue;
+        if (node[i] < 0) {
+            c->stale = true;
+            rc = rc ? rc : rl_errf(err, RL_EIO, "redis cluster %s: a slot has no master", c->addr);
+            continue;
+        }
+        int u = 0;
+        while (u < n_used && used[u] != node[i])
+            u++;
+        if (u == n_used)
+            used[n_used++] = node[i];
+    }
+    for (int u = 0; u < n_used; u++) { /* write every node's pipeline */
+        int n = used[u], nrc = node_ctx(c, n, &ctxs[u], err), wdone = 0;
+        for (int i = 0; i < b->n && !nrc; i++)
+            if (node[i] == n && !b->done[i] &&
+                redisAppendFormattedCommand(ctxs[u], b->cmd[i], (size_t)b->cmd_len[i]) != REDIS_OK)
+                nrc = node_lost(c, n, "pipeline", err);
+        while (!nrc && !wdone)
+            if (redisBufferWrite(ctxs[u], &wdone) != REDIS_OK)
+                nrc = node_lost(c, n, "pipeline", err);
+        if (nrc) {
+            rc = rc ? rc : nrc;
+            ctxs[u] = NULL;
+        }
+    }
+    for (int u = 0; u < n_used; u++) { /* then read them */
+        int n = used[u], nrc = 0;
+        if (!ctxs[u])
+            continue;
+        for (int i = 0; i < b->n && !nrc; i++) {
+            if (node[i] != n || b->done[i])
+                continue;
+            void *v = NULL;
+            if (redisGetReply(ctxs[u], &v) != REDIS_OK || !v) {
+                nrc = node_lost(c, n, "pipeline", err);
+            } else if (store_reply(b, i, v)) {
+                node_lost(c, n, "pipeline", NULL); /* replies in flight would mispair */
+                nrc = rl_errf(err, RL_ENOMEM, "pipeline: out of memory copying a reply");
+            }
+        }
+        rc = rc ? rc : nrc;
+    }
+    /* redirected commands (not inside a transaction, where Redis aborts the
+     * whole EXEC and the caller sees that) are sent again on their own */
+    bool in_multi = false;
+    for (int i = 0; i < b->n && !rc; i++) {
+        if (batch_is(b, i, "MULTI"))
+            in_multi = true;
+        else if (batch_is(b, i, "EXEC"))
+            in_multi = false;
+        struct rconn_reply *r = &b->replies[i];
+        if (in_multi || !b->done[i] || r->type != RCONN_ERROR ||
+            (strncmp(r->str, "MOVED ", 6) && strncmp(r->str, "ASK ", 4)))
+            continue;
+        clear_reply(r);
+        b->done[i] = 0;
+        b->n_errors--;
+        redisReply *nr = NULL;
+        if ((rc = cl_send(c, b->slot[i], b->cmd[i], (size_t)b->cmd_len[i], "pipeline", &nr, err)))
+            break;
+        if (store_reply(b, i, nr))
+            rc = rl_errf(err, RL_ENOMEM, "pipeline: out of memory copying a reply");
+    }
+    free(node);
+    while (b->n_done < b->n && b->done[b->n_done])
+        b->n_done++;
+    return rc;
+}
+
 int rconn_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
 {
     if (b->n_done == b->n)
@@ -538,6 +1179,8 @@ int rconn_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
     int rc = rconn_ensure(c, err);
     if (rc)
         return rc;
+    if (c->cluster)
+        return cl_batch_exec(c, b, err);
     for (int i = b->n_done; i < b->n; i++)
         if (redisAppendFormattedCommand(c->ctx, b->cmd[i], (size_t)b->cmd_len[i]) != REDIS_OK)
             return lost(c, "pipeline", err);
@@ -549,6 +1192,7 @@ int rconn_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
         struct rconn_reply *dst = &b->replies[b->n_done];
         if (copy_reply(dst, r)) {
             clear_reply(dst);
+            memset(dst, 0, sizeof *dst);
             freeReplyObject(r);
             /* the replies still in flight would pair with the wrong commands */
             rconn_disconnect(c);
@@ -557,7 +1201,7 @@ int rconn_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
         freeReplyObject(r);
         if (dst->type == RCONN_ERROR)
             b->n_errors++;
-        b->n_done++;
+        b->done[b->n_done++] = 1;
     }
     return 0;
 }
@@ -701,14 +1345,11 @@ int rconn_xgroup_create(struct rconn *c, const char *key, const char *group, con
     return rc;
 }
 
-int rconn_xreadgroup(struct rconn *c, const char *group, const char *consumer, int n_keys,
-                     const char *const *keys, const char *id, int count, int block_ms,
-                     struct rconn_entries *out, struct rl_err *err)
+/* One XREADGROUP as asked (all keys on one node in cluster mode). */
+static int xreadgroup_one(struct rconn *c, const char *group, const char *consumer, int n_keys,
+                          const char *const *keys, const char *id, int count, int block_ms,
+                          struct rconn_entries *out, struct rl_err *err)
 {
-    out->n = 0;
-    out->v = NULL;
-    if (n_keys < 1 || n_keys > 64 || count < 1)
-        return rl_errf(err, RL_EINVAL, "XREADGROUP: 1-64 keys and count >= 1");
     const char *argv[10 + 2 * 64];
     char cnt[16], blk[16];
     int a = 0;
@@ -731,10 +1372,13 @@ int rconn_xreadgroup(struct rconn *c, const char *group, const char *consumer, i
     /* the socket timeout must outlast the BLOCK, or hiredis would call a
      * quiet queue a dead connection */
     bool widened = block_ms > 0 && c->io_timeout_ms > 0;
-    if (widened)
+    if (widened && c->cluster)
+        c->block_ms = block_ms; /* node_ctx() widens the node's context */
+    else if (widened)
         redisSetTimeout(c->ctx, tv_ms(c->io_timeout_ms + block_ms));
     struct rconn_reply *r = NULL;
     rc = run(c, a, argv, NULL, &r, err);
+    c->block_ms = 0;
     if (widened && c->ctx)
         redisSetTimeout(c->ctx, tv_ms(c->io_timeout_ms));
     if (rc || r->type == RCONN_NIL)
@@ -763,6 +1407,90 @@ done:
     if (rc)
         rconn_entries_free(out);
     return rc;
+}
+
+/* Moves the entries of part to the end of out, their stream renumbered
+ * through idx. */
+static int append_entries(struct rconn_entries *out, struct rconn_entries *part, const int *idx,
+                          struct rl_err *err)
+{
+    if (!part->n)
+        return 0;
+    struct rconn_entry *v = realloc(out->v, sizeof *v * (size_t)(out->n + part->n));
+    if (!v) {
+        rconn_entries_free(part);
+        return rl_errf(err, RL_ENOMEM, "XREADGROUP: out of memory");
+    }
+    out->v = v;
+    for (int k = 0; k < part->n; k++) {
+        v[out->n] = part->v[k];
+        v[out->n++].stream = idx[part->v[k].stream];
+    }
+    free(part->v);
+    part->v = NULL;
+    part->n = 0;
+    return 0;
+}
+
+/* Cluster: the keys grouped by master. One master: one read, as asked.
+ * Several: a read without BLOCK on each, and when that finds nothing a
+ * BLOCKing read on one of them (in turn) for block_ms / n_masters, so a
+ * job queued on any master waits at most that long. */
+static int cl_xreadgroup(struct rconn *c, const char *group, const char *consumer, int n_keys,
+                         const char *const *keys, const char *id, int count, int block_ms,
+                         struct rconn_entries *out, struct rl_err *err)
+{
+    int node[64], masters[64], n_masters = 0;
+    for (int i = 0; i < n_keys; i++) {
+        node[i] = node_of(c, rcl_key_slot(keys[i], strlen(keys[i])));
+        int m = 0;
+        while (m < n_masters && masters[m] != node[i])
+            m++;
+        if (m == n_masters)
+            masters[n_masters++] = node[i];
+    }
+    if (n_masters == 1)
+        return xreadgroup_one(c, group, consumer, n_keys, keys, id, count, block_ms, out, err);
+    int rc = 0;
+    for (int pass = 0; pass < 2 && !rc && !out->n; pass++) {
+        if (pass == 1 && block_ms < 0)
+            break;
+        int blk = block_ms / n_masters > 0 ? block_ms / n_masters : 1;
+        unsigned pick = c->rotor++ % (unsigned)n_masters;
+        for (int m = 0; m < n_masters && !rc && out->n < count; m++) {
+            if (pass == 1 && (unsigned)m != pick)
+                continue;
+            const char *sub[64];
+            int idx[64], n_sub = 0;
+            for (int i = 0; i < n_keys; i++)
+                if (node[i] == masters[m])
+                    idx[n_sub] = i, sub[n_sub++] = keys[i];
+            struct rconn_entries part = {0};
+            rc = xreadgroup_one(c, group, consumer, n_sub, sub, id, count - out->n,
+                                pass ? blk : -1, &part, err);
+            if (!rc)
+                rc = append_entries(out, &part, idx, err);
+        }
+    }
+    if (rc)
+        rconn_entries_free(out);
+    return rc;
+}
+
+int rconn_xreadgroup(struct rconn *c, const char *group, const char *consumer, int n_keys,
+                     const char *const *keys, const char *id, int count, int block_ms,
+                     struct rconn_entries *out, struct rl_err *err)
+{
+    out->n = 0;
+    out->v = NULL;
+    if (n_keys < 1 || n_keys > 64 || count < 1)
+        return rl_errf(err, RL_EINVAL, "XREADGROUP: 1-64 keys and count >= 1");
+    int rc = rconn_ensure(c, err);
+    if (rc)
+        return rc;
+    if (c->cluster)
+        return cl_xreadgroup(c, group, consumer, n_keys, keys, id, count, block_ms, out, err);
+    return xreadgroup_one(c, group, consumer, n_keys, keys, id, count, block_ms, out, err);
 }
 
 int rconn_xack(struct rconn *c, const char *key, const char *group, int n_ids,
@@ -808,6 +1536,8 @@ int rconn_xadd(struct rconn *c, const char *key, const char *id, long maxlen, in
     free(b.cmd);
     free(b.cmd_len);
     free(b.replies);
+    free(b.slot);
+    free(b.done);
     return rc;
 }
 

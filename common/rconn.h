@@ -14,6 +14,10 @@
  *   -RL_EINVAL  bad arguments, or Redis answered with an error (message
  *               in err, e.g. "XACK: WRONGTYPE ...")
  *   -RL_ENOMEM
+ * Against a Redis Cluster (found by asking the server at the first
+ * connect) every command goes to the master of its key's slot, batches
+ * are split per node, MOVED/ASK are followed and the slot map is re-read
+ * after a failover; the calls and their results stay the same.
  * Job streams must never be trimmed (an unacknowledged job would be lost):
  * pass maxlen 0 for them; only out-streams and redlm:dead may be capped. */
 #ifndef RL_RCONN_H
@@ -31,7 +35,8 @@ struct rconn;
 #define RCONN_NAME_MAX 128 /* consumer names we read back */
 
 struct rconn_opts {
-    const char *addr;          /* "host:port", "[v6addr]:port", "unix:/path" or "/path" */
+    const char *addr;          /* "host:port", "[v6addr]:port", "unix:/path" or "/path", or
+                                * a cluster's seed list "host:port,host:port,..." */
     const char *user;          /* ACL user, NULL or "" for AUTH <password> alone */
     const char *password_file; /* NULL or "": no AUTH. Re-read at each connect, so a
                                 * rotated password needs no restart */
@@ -59,6 +64,13 @@ int rconn_ensure(struct rconn *c, struct rl_err *err);
  * through the backoff. For start-up and tests, not the main loop. */
 int rconn_wait(struct rconn *c, int timeout_ms, struct rl_err *err);
 bool rconn_connected(const struct rconn *c);
+/* True once the first connect found a Redis Cluster (the address may be a
+ * seed list "host:port,host:port,..."; a single address is asked too).
+ * Key builders use it for the cluster key layout (common/rcluster.h,
+ * rcl_tagged_key; schemas/README.md "Key layout"): false before the first
+ * successful connect and for a single instance, whose keys stay as they
+ * were. */
+bool rconn_is_cluster(const struct rconn *c);
 /* Milliseconds until the next connection attempt is allowed; 0 if now or
  * already connected. A loop with nothing else to do sleeps this long. */
 int64_t rconn_retry_in_ms(const struct rconn *c);
@@ -93,6 +105,15 @@ bool rconn_reply_is_stale_id(const struct rconn_reply *r);
  * the return -RL_EINVAL; with out NULL the reply is dropped. */
 int rconn_command(struct rconn *c, int argc, const char *const *argv, const size_t *lens,
                   struct rconn_reply **out, struct rl_err *err);
+
+/* Keyless commands that see one node's keys (SCAN, DBSIZE) must run on
+ * every master of a cluster: rconn_n_masters is 1 for a single instance
+ * (before the first connect too), the masters of the slot map otherwise;
+ * rconn_command_on runs a command like rconn_command on master i
+ * (0 <= i < rconn_n_masters), no redirects followed. */
+int rconn_n_masters(const struct rconn *c);
+int rconn_command_on(struct rconn *c, int master, int argc, const char *const *argv,
+                     const size_t *lens, struct rconn_reply **out, struct rl_err *err);
 
 /* Pipelining: queue commands, send them in one write, read all replies.
  * The batch keeps each command encoded, so after -RL_EIO mid-way a second

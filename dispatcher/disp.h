@@ -90,6 +90,7 @@ struct disp {
     char fast_name[MODELREF_NAME_MAX + 1]; /* served name of the fast path's model */
     bool shared_warned;           /* logged once: several names on the shared pools */
     bool groups_ok;
+    bool keys_cluster;            /* the keys above are in the cluster layout (d_make_keys) */
     /* Our own pending entries (read, not yet acknowledged: after a start
      * under the same name, or a round that failed) are read again, from
      * own_cursor on, before new ones; a pass ends when such a read comes
@@ -117,6 +118,11 @@ struct disp {
 int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *reload);
 /* loop.c: re-makes the router from d->cfg (start, and SIGHUP's reload). */
 int d_make_router(struct disp *d, struct rl_err *err);
+/* loop.c: a router over pools (n names) with the configured think rules
+ * and ratio; on success it replaces *slot (the old one freed), on failure
+ * *slot is kept. */
+int d_router_replace(struct disp *d, const char *const *pools, int n, struct router **slot,
+                     struct rl_err *err);
 
 /* models.c */
 /* Re-reads the served models: ZRANGE <prefix>workers, MGET of their
@@ -136,5 +142,10 @@ void d_models_reroute(struct disp *d);
 void dm_init(struct dmetrics *m);
 /* The heartbeat JSON (KEYS.md); malloc'd. */
 char *dm_heartbeat_json(struct disp *d);
+
+/* Builds the shared pools' keys, req_key and dead_key: today's layout,
+ * or the cluster one ({<prefix>} hash tag) once the connection found a
+ * cluster (main.c; d_run calls it again then). */
+void d_make_keys(struct disp *d, bool cluster);
 
 #endif

@@ -26,6 +26,13 @@
  * which would run outside the transaction). Entries of a dispatcher that
  * died are taken over with XAUTOCLAIM after claim_idle_ms.
  *
+ * On a Redis Cluster (schemas/README.md, "Key layout on a Redis Cluster")
+ * the queue keys share one slot, so forward stays one transaction; out:{id}
+ * is in its request's own slot, so the cached / invalid / overload events
+ * go first, outside it (events_first), and the transaction (dead letter,
+ * XACK) only once they are all confirmed: a crash between the two re-sends
+ * the same events under the same explicit IDs.
+ *
  * The one way to duplicate: a live dispatcher stalled longer than
  * claim_idle_ms between its read and its EXEC, whose entries another one
  * claims meanwhile. The default 30 s is far above a round's milliseconds.
@@ -52,6 +59,7 @@
 #include "cache.h"
 #include "event.h"
 #include "prompt.h"
+#include "rcluster.h"
 
 #define STATS_MS 100       /* pool state is at most this old when routing */
 #define GROUP_REQ "dispatchers"
@@ -461,7 +469,7 @@ static int add_events(struct disp *d, struct dreq *q, struct rl_err *err)
 {
     char key[D_KEY_MAX + JOB_ID_MAX], idbuf[EV_STREAM_ID_MAX], ttl[32];
     const char *names[1] = {"event"};
-    snprintf(key, sizeof key, "%sout:%s", d->cfg.prefix, q->id);
+    rcl_tagged_key(key, sizeof key, rconn_is_cluster(d->rc), d->cfg.prefix, "out:", q->id);
     int rc = 0;
     for (int k = 0; k < q->n_events && !rc; k++) {
         const char *vals[1] = {q->events[k]};
@@ -479,21 +487,59 @@ static int add_events(struct disp *d, struct dreq *q, struct rl_err *err)
 
 /* Round trip 3: one transaction per request. Returns 0, or -RL_EIO when
  * the pipeline broke (the unanswered requests stay pending). */
+static bool has_events(const struct dreq *q)
+{
+    return q->act && q->act != A_FORWARD && q->act != A_ACK;
+}
+
+/* Cluster mode: a request's out:{id} lives in its own slot, not in the
+ * queue keys' one, so its events cannot be in the transaction with the
+ * XACK. They are written first, all requests' in one batch (idempotent:
+ * explicit IDs), and only once every one is confirmed do the transactions
+ * (XACK last) go out; until then the requests stay pending. Returns
+ * false when they could not all be written. */
+static bool events_first(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
+{
+    struct rconn_batch *b = d->batch;
+    rconn_batch_reset(b);
+    for (int i = 0; i < n; i++)
+        if (has_events(&qs[i]) && add_events(d, &qs[i], err))
+            return false;
+    if (!rconn_batch_count(b))
+        return true;
+    if (rconn_batch_exec(d->rc, b, err))
+        return false;
+    for (int i = 0; i < rconn_batch_count(b); i++) {
+        const struct rconn_reply *r = rconn_batch_reply(b, i);
+        if (r->type == RCONN_ERROR && !rconn_reply_is_stale_id(r)) {
+            rl_errf(err, RL_EIO, "%s", r->str);
+            return false;
+        }
+    }
+    return true;
+}
+
 static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
 {
     struct rconn_batch *b = d->batch;
+    bool cluster = rconn_is_cluster(d->rc), events_ok = true;
+    if (cluster && !(events_ok = events_first(d, qs, n, err)))
+        RL_LOG(&d->log, RL_LOG_WARN, "events not written (%s): their requests stay pending",
+               err->msg);
     rconn_batch_reset(b);
     int n_tx = 0;
     for (int i = 0; i < n; i++) {
         struct dreq *q = &qs[i];
         q->exec_idx = -1;
-        if (!q->act) { /* could not be prepared (memory): try it again later */
+        if (!q->act || (has_events(q) && !events_ok)) {
+            /* could not be prepared (memory) or its events not written:
+             * try it again later */
             d->own_again = true;
             continue;
         }
         const char *multi[1] = {"MULTI"}, *exec[1] = {"EXEC"};
         int rc = rconn_batch_add(b, 1, multi, NULL, err);
-        if (!rc && q->act != A_FORWARD && q->act != A_ACK)
+        if (!rc && has_events(q) && !cluster)
             rc = add_events(d, q, err);
         if (!rc && q->dead) {
             const char *vals[1] = {q->dead}, *dn[1] = {"dead"};
@@ -680,21 +726,30 @@ static void leave_group(struct disp *d)
     free(p);
 }
 
-int d_make_router(struct disp *d, struct rl_err *err)
+int d_router_replace(struct disp *d, const char *const *pools, int n, struct router **slot,
+                     struct rl_err *err)
 {
-    const char *pools[D_MAX_POOLS];
-    for (int p = 0; p < d->n_shared; p++)
-        pools[p] = d->pools[p].name;
-    struct route_opts o = {.pools = pools, .n_pools = d->n_shared,
-                           .default_pool = d->cfg.default_pool,
+    struct route_opts o = {.pools = pools, .n_pools = n, .default_pool = d->cfg.default_pool,
                            .rules = (const char *const *)d->cfg.think_rules.v,
                            .n_rules = d->cfg.think_rules.n, .ratio = d->cfg.think_ratio};
     struct router *r;
     int rc = route_create(&r, &o, err);
     if (rc)
         return rc;
-    route_free(d->router);
-    d->router = r;
+    route_free(*slot);
+    *slot = r;
+    return 0;
+}
+
+int d_make_router(struct disp *d, struct rl_err *err)
+{
+    const char *pools[D_MAX_POOLS];
+    for (int p = 0; p < d->n_shared; p++)
+        pools[p] = d->pools[p].name;
+    int rc = d_router_replace(d, pools, d->n_shared, &d->router, err);
+    if (rc)
+        return rc;
+    struct router *r = d->router;
     pthread_mutex_lock(&d->m.mu);
     d->m.ratio = d->cfg.think_ratio;
     d->m.ratio_effective = route_get_ratio(r);
@@ -753,6 +808,10 @@ int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *re
         struct rl_err cerr;
         if (!rconn_connected(d->rc) && rconn_ensure(d->rc, &cerr) == 0)
             d->own_again = true; /* a round may have broken off: re-read what we hold */
+        if (!d->keys_cluster && rconn_is_cluster(d->rc)) {
+            d_make_keys(d, true); /* the cluster layout: groups on the new keys */
+            d->groups_ok = false;
+        }
         ensure_groups(d);
         bool up = d->groups_ok && rconn_connected(d->rc);
         if (up != was_up) {

@@ -27,6 +27,7 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include "rcluster.h"
 #include "disp.h"
 #include "http.h"
 #include "modelid.h"
@@ -50,13 +51,9 @@ static int setup(struct disp *d, struct rl_err *err)
     if (d->cfg.pools.n > D_MAX_POOLS)
         return rl_errf(err, RL_EINVAL, "pools: more than %d pools", D_MAX_POOLS);
     d->n_pools = d->n_shared = d->cfg.pools.n;
-    for (int p = 0; p < d->n_pools; p++) {
+    for (int p = 0; p < d->n_pools; p++)
         snprintf(d->pools[p].name, sizeof d->pools[p].name, "%s", d->cfg.pools.v[p]);
-        snprintf(d->pools[p].key, sizeof d->pools[p].key, "%.128sjobs:%s", d->cfg.prefix,
-                 d->cfg.pools.v[p]);
-    }
-    snprintf(d->req_key, sizeof d->req_key, "%.200srequests", d->cfg.prefix);
-    snprintf(d->dead_key, sizeof d->dead_key, "%.200sdead", d->cfg.prefix);
+    d_make_keys(d, false);
     strcpy(d->claim_cursor, "0-0");
     cfg_job_opts(&d->cfg, &d->jopts);
     if ((rc = d_make_router(d, err)))
@@ -99,9 +96,23 @@ static char *http_metrics(void *ctx) { return disp_metrics_text(ctx); }
 static bool http_ready(void *ctx) { return disp_ready(ctx); }
 static char *http_models(void *ctx) { return disp_models_json(ctx); }
 
+void d_make_keys(struct disp *d, bool cluster)
+{
+    char pfx[D_KEY_MAX], rest[D_KEY_MAX];
+    snprintf(pfx, sizeof pfx, "%.128s", d->cfg.prefix);
+    for (int p = 0; p < d->n_shared; p++) {
+        snprintf(rest, sizeof rest, "jobs:%.64s", d->pools[p].name);
+        rcl_queue_key(d->pools[p].key, sizeof d->pools[p].key, cluster, pfx, rest);
+    }
+    rcl_queue_key(d->req_key, sizeof d->req_key, cluster, pfx, "requests");
+    rcl_queue_key(d->dead_key, sizeof d->dead_key, cluster, pfx, "dead");
+    d->keys_cluster = cluster;
+}
+
 int main(int argc, char **argv)
 {
     struct dhttp *http = NULL; /* the OpenAI-compatible API, when the option http is set */
+    struct dhttp *ops = NULL;  /* /healthz and /metrics on 127.0.0.1:http_port */
     struct disp *d = calloc(1, sizeof *d);
     struct rl_err err = {0};
     int status = 1;
@@ -148,7 +159,8 @@ int main(int argc, char **argv)
            "max_waiting %d", d->cfg.redis, d->n_pools, d->cfg.default_pool, d->cfg.think_ratio,
            d->cfg.adaptive ? " (adaptive)" : "", d->cfg.max_waiting);
     struct dhttp_hooks hooks = {http_metrics, http_ready, http_models, d};
-    if (dhttp_start(&http, &d->cfg, &d->log, &hooks, &err)) {
+    if (dhttp_start(&http, &d->cfg, &d->log, &hooks, &err) ||
+        dhttp_start_ops(&ops, &d->cfg, &d->log, &hooks, http, &err)) {
         RL_LOG(&d->log, RL_LOG_ERROR, "%s", err.msg);
         goto out;
     }
@@ -158,6 +170,7 @@ int main(int argc, char **argv)
 out:
     /* after the loop: streams whose jobs are with workers finish within
      * drain_timeout_s; the rest are cancelled */
+    dhttp_stop(ops); /* first: it borrows the front door */
     dhttp_stop(http);
     route_free(d->router);
     d_models_free(d);

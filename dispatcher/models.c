@@ -33,6 +33,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "rcluster.h"
 #include "disp.h"
 
 #define MAX_WORKERS 1000 /* heartbeats read per refresh */
@@ -50,7 +51,10 @@ static struct dmodel *find(struct dmodel *ms, int n, const char *name)
 static int pool_slot(struct disp *d, const char *model, const char *pool)
 {
     char key[D_KEY_MAX + 32];
-    snprintf(key, sizeof key, "%.64sjobs:%.128s:%.64s", d->cfg.prefix, model, pool);
+    char pfx[72], rest[D_KEY_MAX];
+    snprintf(pfx, sizeof pfx, "%.64s", d->cfg.prefix);
+    snprintf(rest, sizeof rest, "jobs:%.128s:%.64s", model, pool);
+    rcl_queue_key(key, sizeof key, rconn_is_cluster(d->rc), pfx, rest);
     for (int p = d->n_shared; p < d->n_pools; p++)
         if (!strcmp(d->pools[p].key, key))
             return p;
@@ -76,16 +80,7 @@ static int make_router(struct disp *d, struct dmodel *m, char pools[][JOB_POOL_M
     const char *names[D_MAX_POOLS];
     for (int i = 0; i < n; i++)
         names[i] = pools[i];
-    struct route_opts o = {.pools = names, .n_pools = n, .default_pool = d->cfg.default_pool,
-                           .rules = (const char *const *)d->cfg.think_rules.v,
-                           .n_rules = d->cfg.think_rules.n, .ratio = d->cfg.think_ratio};
-    struct router *r;
-    int rc = route_create(&r, &o, err);
-    if (rc)
-        return rc;
-    route_free(m->router);
-    m->router = r;
-    return 0;
+    return d_router_replace(d, names, n, &m->router, err);
 }
 
 static void publish_json(struct disp *d)

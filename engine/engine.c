@@ -1232,7 +1232,7 @@ void engine_get_stats(const struct engine *e, struct engine_stats *st)
     st->n_running = ss.n_running;
     st->n_waiting = ss.n_waiting;
     for (int i = 0; i < e->n_reqs; i++)
-        st->n_active += e->reqs[i]->finish == ENGINE_FINISH_NONE;
+        st->n_slots_used += e->reqs[i]->finish == ENGINE_FINISH_NONE;
     st->kv_blocks = ks.n_blocks;
     st->kv_used = ks.n_used;
     st->kv_cached = ks.n_evictable;

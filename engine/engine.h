@@ -262,9 +262,10 @@ struct engine_event {
 
 struct engine_stats {
     int n_running, n_waiting;   /* sequences in the scheduler */
-    int n_active;               /* submitted and not yet finished (holds a
-                                   batch slot); engine_n_active() also counts
-                                   finished ones whose final event is due */
+    int n_slots_used;           /* requests submitted and not yet finished:
+                                   the batch slots in use (engine_n_active()
+                                   is another count: it adds finished ones
+                                   whose final event is still due) */
     int kv_blocks;              /* pool size */
     int kv_used;                /* referenced by a sequence */
     int kv_cached;              /* unreferenced but holding a cached prefix */
@@ -324,7 +325,7 @@ int engine_cancel(struct engine *e, uint64_t id, struct rl_err *err);
 
 /* Requests the caller must keep stepping for: submitted and not yet
  * finished, plus finished ones whose final event the next engine_step()
- * delivers (a cancel's). engine_stats.n_active counts only the first
+ * delivers (a cancel's). engine_stats.n_slots_used counts only the first
  * kind: the batch slots in use. */
 int engine_n_active(const struct engine *e);
 

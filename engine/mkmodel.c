@@ -37,6 +37,7 @@
 
 #include "dtype.h"
 #include "safetensors.h"
+#include "xoshiro.h"
 
 #define MK_BLOCK 128             /* FP8 block edge, rows and cols */
 #define MK_BAND_BYTES (4u << 20) /* float staging per band for non-FP8 tensors */
@@ -49,14 +50,6 @@ struct rng {
     uint64_t s[4];
 };
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static void rng_seed(struct rng *r, uint64_t seed, const char *name)
 {
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a of the name */
@@ -64,25 +57,10 @@ static void rng_seed(struct rng *r, uint64_t seed, const char *name)
         h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
     uint64_t x = seed ^ h;
     for (int i = 0; i < 4; i++)
-        r->s[i] = splitmix64(&x);
+        r->s[i] = xo_splitmix64(&x);
 }
 
-static inline uint64_t rotl(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
-}
-
-static inline uint64_t rng_next(struct rng *r)
-{
-    uint64_t *s = r->s, res = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return res;
-}
+static inline uint64_t rng_next(struct rng *r) { return xo_next(r->s); }
 
 /* Roughly standard normal: the sum of four 16-bit uniforms (Irwin-Hall),
  * centred and scaled to unit variance. Bounded at +-3.46, which keeps random

@@ -26,6 +26,7 @@
  * loop walks, so its cost is the number of distinct tokens seen, not the
  * vocabulary. */
 #include "sample.h"
+#include "xoshiro.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -60,37 +61,15 @@ struct sample_state {
 
 /* ---- RNG ---- */
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t xoshiro_next(uint64_t *s)
-{
-    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return r;
-}
-
 double sample_rng_uniform(struct sample_state *st)
 {
-    return (double)(xoshiro_next(st->rng) >> 11) * 0x1.0p-53;
+    return (double)(xo_next(st->rng) >> 11) * 0x1.0p-53;
 }
 
 void sample_skip(struct sample_state *st, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
-        (void)xoshiro_next(st->rng);
+        (void)xo_next(st->rng);
 }
 
 /* ---- token map ---- */
@@ -230,7 +209,7 @@ int sample_state_create(struct sample_state **out, uint64_t seed,
         return rl_errf(err, RL_ENOMEM, "sample_state_create: out of memory");
     uint64_t x = seed;
     for (int i = 0; i < 4; i++)
-        st->rng[i] = splitmix64(&x);
+        st->rng[i] = xo_splitmix64(&x);
     int rc = map_reserve(st, 64, err);
     for (int i = 0; i < n_prompt && !rc; i++) {
         if (map_find(st, prompt[i]) >= 0)

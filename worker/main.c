@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "rcluster.h"
 #include "modelid.h"
 #include "modelref.h"
 #include "signals.h"
@@ -58,6 +59,23 @@ static void on_load_progress(void *user, size_t done, size_t total)
                (double)done / unit, (double)total / unit, u, tenth * 10);
 }
 
+/* The pool stream keys (schemas/README.md: the key layout); a cluster's
+ * share the prefix as hash tag, so they are known only once Redis has
+ * answered. */
+static void make_pool_keys(struct worker *w, bool cluster)
+{
+    char rest[W_KEY_MAX];
+    for (int p = 0; p < w->n_pools; p++) {
+        if (w->opt.pool_scope_model)
+            snprintf(rest, sizeof rest, "jobs:%.128s:%.64s", w->model.name, w->pools[p]);
+        else
+            snprintf(rest, sizeof rest, "jobs:%.64s", w->pools[p]);
+        char pfx[72];
+        snprintf(pfx, sizeof pfx, "%.64s", w->opt.prefix);
+        rcl_queue_key(w->pool_keys[p], W_KEY_MAX, cluster, pfx, rest);
+    }
+}
+
 static int setup(struct worker *w, struct rl_err *err)
 {
     int rc;
@@ -81,14 +99,10 @@ static int setup(struct worker *w, struct rl_err *err)
     w->n_pools = n;
     for (int p = 0; p < n; p++) {
         memcpy(w->pools[p], pools[p], sizeof pools[p]);
-        if (w->opt.pool_scope_model) /* schemas/README.md: the key layout */
-            snprintf(w->pool_keys[p], W_KEY_MAX, "%.64sjobs:%s:%.64s", w->opt.prefix,
-                     w->model.name, pools[p]);
-        else
-            snprintf(w->pool_keys[p], W_KEY_MAX, "%.64sjobs:%.64s", w->opt.prefix, pools[p]);
         w->pool_names[p] = w->pools[p];
         w->pool_key_ptrs[p] = w->pool_keys[p];
     }
+    make_pool_keys(w, false);
     cfg_job_opts(&w->cfg, &w->jopts);
 
     struct engine_options eo;
@@ -233,6 +247,8 @@ int main(int argc, char **argv)
         status = 0;
         goto out;
     }
+    if (w_cluster(w))
+        make_pool_keys(w, true);
     pthread_mutex_lock(&w->m.mu);
     w->m.ready = true;
     pthread_mutex_unlock(&w->m.mu);

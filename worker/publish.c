@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rcluster.h"
 #include "worker.h"
 
 /* Room for element n of the array v of *cap elements of size bytes,
@@ -240,7 +241,7 @@ static int queue_events(struct worker *w, struct flush *f, struct wjob *j)
                 return rc;
         }
         if (w->opt.publish) {
-            snprintf(buf, sizeof buf, "%stok:%s", w->opt.prefix, j->id);
+            rcl_tagged_key(buf, sizeof buf, w_cluster(w), w->opt.prefix, "tok:", j->id);
             const char *argv[3] = {"PUBLISH", buf, o->json};
             size_t l[3] = {7, strlen(buf), o->len};
             if ((rc = queue_cmd(f, (struct item){IT_OTHER, j, 0}, 3, argv, l)))
@@ -257,7 +258,7 @@ static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j)
     char buf[W_KEY_MAX + WOPTS_STR_MAX + 64];
     int rc;
     if (j->dead) {
-        snprintf(buf, sizeof buf, "%sdead", w->opt.prefix);
+        rcl_queue_key(buf, sizeof buf, w_cluster(w), w->opt.prefix, "dead");
         if ((rc = queue_xadd(f, (struct item){IT_DEAD, j, 0}, buf, "*", w->opt.dead_maxlen,
                              "dead", j->dead, strlen(j->dead))))
             return rc;
@@ -268,7 +269,7 @@ static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j)
             return rc;
     }
     if (j->state == WJ_RUNNING && j->eng_id && !j->cancel_sent && j->id[0]) {
-        snprintf(buf, sizeof buf, "%scancel:%s", w->opt.prefix, j->id);
+        rcl_tagged_key(buf, sizeof buf, w_cluster(w), w->opt.prefix, "cancel:", j->id);
         const char *argv[2] = {"EXISTS", buf};
         if ((rc = queue_cmd(f, (struct item){IT_CANCEL, j, 0}, 2, argv, NULL)))
             return rc;

@@ -189,6 +189,9 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
 /* How many jobs to read or claim now: the engine's room (engine_can_admit
  * at the last admitted prompt's length) capped by free batch slots. */
 int w_admissible(struct worker *w);
+/* Redis is a cluster: per-request keys carry their id as a hash tag
+ * (rcl_tagged_key). Known once either connection has connected. */
+bool w_cluster(const struct worker *w);
 void w_job_free(struct wjob *j);
 /* Coalescing: sends the held-back deltas of every job whose oldest has
  * waited coalesce_ms (all of them when `all`) as one delta event each,

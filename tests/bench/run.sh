@@ -72,3 +72,11 @@ if command -v redis-server >/dev/null && [ -x "$BUILD/redlm-worker" ]; then
 else
     echo "# load: skipped (needs redis-server and $BUILD/redlm-worker)"
 fi
+
+# ---- one Redis vs a 3-master Redis Cluster (issue 19; tests/bench/bench_cluster.py) ----
+if command -v redis-server >/dev/null && command -v redis-cli >/dev/null && [ -x "$BUILD/redlm-worker" ]; then
+    echo "# cluster: 2 workers, redlm bench --target pool:fast at 8/32/96 clients, one redis-server vs 3 masters + 3 replicas"
+    BUILD="$BUILD" /usr/bin/python3 tests/bench/bench_cluster.py --workers 2 --sweep 8,32,96 --requests 1000 --reps 3
+else
+    echo "# cluster: skipped (needs redis-server, redis-cli and $BUILD/redlm-worker)"
+fi

@@ -58,6 +58,19 @@ def free_port():
     return port
 
 
+def wait_ping(port, what="redis-server"):
+    """Until the server on port answers PING (4 s at most)."""
+    r = redis.Redis(port=port)
+    for _ in range(200):
+        try:
+            if r.ping():
+                return
+        except redis.exceptions.RedisError:
+            pass
+        time.sleep(0.02)
+    raise RuntimeError(f"{what} did not start")
+
+
 class RedisServer:
     """A redis-server of our own, on a free loopback port, in dir."""
 
@@ -77,15 +90,7 @@ class RedisServer:
         else:
             args += ["--appendonly", "no"]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        r = redis.Redis(port=self.port)
-        for _ in range(200):
-            try:
-                if r.ping():
-                    return
-            except redis.exceptions.RedisError:
-                pass
-            time.sleep(0.02)
-        raise RuntimeError("redis-server did not start")
+        wait_ping(self.port)
 
     def stop(self, kill=False):
         if self.proc and self.proc.poll() is None:
@@ -127,17 +132,46 @@ def prefix():
     return f"t{uuid.uuid4().hex[:8]}:"
 
 
+def terminate(proc, timeout=15):
+    """SIGTERM to proc, then SIGKILL if it is still there after timeout s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def stopped_at_end(make):
+    """The body of a fixture that yields start(*args, **kw) -> make(*args,
+    **kw) and stops every process so started when the test ends."""
+    started = []
+
+    def start(*args, **kw):
+        p = make(*args, **kw)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.stop()
+
+
 class Daemon:
     """A redlm process a test started, its output in log_path. Subclasses
     build the command line and call start() with a readiness check."""
 
     kind = "process"
 
-    def start(self, args, log_path, ready, timeout=30):
+    def start(self, args, log_path, ready, timeout=30, env=None, cwd=ROOT):
+        """Starts args (with env, None: ours) and waits until ready() is
+        true; raises when the process exits first or timeout passes."""
         self.args = args
         self.log_path = pathlib.Path(log_path)
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=cwd,
+                                     env=env)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -145,7 +179,7 @@ class Daemon:
             if ready():
                 return
             time.sleep(0.02)
-        raise RuntimeError(f"{self.kind} did not get ready")
+        raise RuntimeError(f"{self.kind} did not get ready: {self.text()}")
 
     def text(self):
         return self.log_path.read_text()
@@ -167,13 +201,7 @@ class Daemon:
         return self.proc.wait(timeout)
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         self.log.close()
 
 
@@ -193,16 +221,10 @@ class Worker(Daemon):
 @pytest.fixture
 def workers(built, redis_addr, prefix, tmp_path):
     """start(name, *flags) -> Worker; every worker is stopped at the end."""
-    started = []
+    def make(name="w1", *extra, addr=None, pools="fast,think"):
+        return Worker(addr or redis_addr, prefix, name, tmp_path, extra, pools)
 
-    def start(name="w1", *extra, addr=None, pools="fast,think"):
-        w = Worker(addr or redis_addr, prefix, name, tmp_path, extra, pools)
-        started.append(w)
-        return w
-
-    yield start
-    for w in started:
-        w.stop()
+    yield from stopped_at_end(make)
 
 
 def validator(name):
@@ -239,49 +261,57 @@ class Client:
                 time.sleep(0.02)
         raise RuntimeError("cannot submit")
 
-    def events(self, job_id, timeout=60, r=None):
-        """Every event of job_id as (entry_id, dict), up to and including done."""
-        r = r or connect(self.addr)
-        key = f"{self.prefix}out:{job_id}"
-        out, last = [], "0-0"
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                res = r.xread({key: last}, block=200, count=1000)
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.05)
-                continue
-            for _, entries in res:
-                for eid, fields in entries:
-                    last = eid
-                    ev = json.loads(fields["event"])
-                    out.append((eid, ev))
-                    if ev["type"] == "done":
-                        return out
-        raise AssertionError(f"job {job_id}: no done within {timeout}s; got {len(out)} events")
+    def events(self, job_id, timeout=60, r=None, partial=False):
+        """Every event of job_id as (entry_id, dict), up to and including done
+        (stream_events)."""
+        return stream_events(r or connect(self.addr), f"{self.prefix}out:{job_id}", timeout,
+                             partial)
 
 
-def read_stream(addr, prefix, job_id, timeout):
-    """Every event of job_id up to done, as (entry id, event); stops early
-    (without done) at the timeout, so a lost job is counted, not raised,
-    and rides out a Redis that is stopped or restarting."""
-    r = connect(addr)
-    key = f"{prefix}out:{job_id}"
-    out, last, deadline = [], "0-0", time.time() + timeout
+def stream_events(r, key, timeout=60, partial=False):
+    """Every event of the stream at key as (entry_id, dict), up to and
+    including done, riding out Redis restarts (connection errors and
+    timeouts are retried). Past timeout: an AssertionError, or with partial
+    what came so far, so that a caller can count a lost job rather than
+    raise."""
+    out, last = [], "0-0"
+    deadline = time.time() + timeout
     while time.time() < deadline:
         try:
             res = r.xread({key: last}, block=200, count=1000)
-        except Exception:  # noqa: BLE001 - Redis may be stopped or restarting
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                redis.exceptions.ClusterError, redis.exceptions.ClusterDownError):
+            # a cluster's failover reads like a lost connection
             time.sleep(0.05)
             continue
-        for _, entries in res:
+        for _, entries in res or []:
             for eid, fields in entries:
                 last = eid
                 ev = json.loads(fields["event"])
                 out.append((eid, ev))
                 if ev["type"] == "done":
                     return out
-    return out
+    if partial:
+        return out
+    raise AssertionError(f"{key}: no done within {timeout}s; got {len(out)} events: "
+                         f"{[ev for _, ev in out[-3:]]}")
+
+
+def job_events(r, prefix, job_id, timeout=60):
+    """The events of job_id on connection r, without their entry IDs."""
+    return [ev for _, ev in stream_events(r, f"{prefix}out:{job_id}", timeout)]
+
+
+def wait_no_pending(r, prefix, pools=("fast", "think"), timeout=10):
+    """Waits up to timeout for every pool's group "workers" to have no
+    pending entry, then asserts it (a job someone still holds, or one
+    nobody acknowledged, fails the test)."""
+    for pool in pools:
+        deadline = time.time() + timeout
+        while r.xpending(f"{prefix}jobs:{pool}", "workers")["pending"] and \
+                time.time() < deadline:
+            time.sleep(0.05)
+        assert r.xpending(f"{prefix}jobs:{pool}", "workers")["pending"] == 0
 
 
 @pytest.fixture
@@ -382,13 +412,113 @@ def dispatchers(redis_addr, prefix, tmp_path):
     """start(name, *flags) -> Dispatcher; every one is stopped at the end."""
     if not DISPATCHER.exists():
         pytest.skip(f"{DISPATCHER} not built (run make)")
-    started = []
+    def make(name="d1", *extra, addr=None):
+        return Dispatcher(addr or redis_addr, prefix, name, tmp_path, extra)
 
-    def start(name="d1", *extra, addr=None):
-        d = Dispatcher(addr or redis_addr, prefix, name, tmp_path, extra)
-        started.append(d)
-        return d
+    yield from stopped_at_end(make)
 
-    yield start
-    for d in started:
-        d.stop()
+
+# --- Redis Cluster (issue 19) -----------------------------------------------
+class RedisCluster:
+    """A real local Redis Cluster: n_masters masters with one replica each
+    (redis-server --cluster-enabled yes on free loopback ports, joined by
+    redis-cli --cluster create), in dir. stop() kills every node."""
+
+    def __init__(self, dir, n_masters=3):
+        self.dir = pathlib.Path(dir)
+        self.procs, self.ports = {}, []
+        while len(self.ports) < 2 * n_masters:
+            p = free_port()
+            if p < 55000 and p not in self.ports and self._free(p + 10000):  # the bus port
+                self.ports.append(p)
+        try:
+            for p in self.ports:
+                self.start_node(p)
+            out = subprocess.run(["redis-cli", "--cluster", "create",
+                                  *[f"127.0.0.1:{p}" for p in self.ports],
+                                  "--cluster-replicas", "1", "--cluster-yes"],
+                                 capture_output=True, text=True, timeout=60)
+            if out.returncode:
+                raise RuntimeError(f"redis-cli --cluster create: {out.stdout}{out.stderr}")
+            self.wait_ok()
+        except Exception:
+            self.stop()
+            raise
+
+    @staticmethod
+    def _free(port):
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def start_node(self, port):
+        d = self.dir / str(port)
+        d.mkdir(parents=True, exist_ok=True)
+        self.procs[port] = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d),
+             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+             "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
+             "--logfile", str(d / "redis.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_ping(port, f"cluster node {port}")
+
+    def node(self, port):
+        return redis.Redis(port=port, decode_responses=True)
+
+    def wait_ok(self, timeout=30):
+        """Every running node says cluster_state:ok and agrees on 3 masters."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                if all("cluster_state:ok" in self.node(p).execute_command("CLUSTER", "INFO")
+                       for p in self.running()):
+                    return
+            except redis.exceptions.RedisError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("cluster did not reach cluster_state:ok")
+
+    def running(self):
+        return [p for p, pr in self.procs.items() if pr.poll() is None]
+
+    def roles(self):
+        """{port: "master" | "slave"} of the running nodes."""
+        return {p: self.node(p).execute_command("ROLE")[0] for p in self.running()}
+
+    def replica_of(self, master_port):
+        """The port of a replica of master_port."""
+        for p in self.running():
+            info = self.node(p).info("replication")
+            if info.get("role") == "slave" and int(info.get("master_port", 0)) == master_port:
+                return p
+        raise RuntimeError(f"no replica of {master_port}")
+
+    def client(self):
+        """A cluster-aware redis-py client."""
+        from redis.cluster import ClusterNode, RedisCluster as RC
+        return RC(startup_nodes=[ClusterNode("127.0.0.1", p) for p in self.ports],
+                  decode_responses=True)
+
+    @property
+    def seeds(self):
+        """The --redis seed list: every node."""
+        return ",".join(f"127.0.0.1:{p}" for p in self.ports)
+
+    def stop(self):
+        for pr in self.procs.values():
+            if pr.poll() is None:
+                pr.kill()
+                pr.wait(10)
+
+
+@pytest.fixture
+def redis_cluster(tmp_path):
+    """A fresh 3-master + 3-replica cluster per test, always torn down."""
+    c = RedisCluster(tmp_path / "cluster")
+    yield c
+    c.stop()

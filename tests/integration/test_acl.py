@@ -14,14 +14,13 @@ import hashlib
 import json
 import pathlib
 import signal
-import socket
 import subprocess
 import time
 
 import pytest
 import redis
 
-from conftest import CLI, MODEL, ROOT, Worker, free_port
+from conftest import CLI, MODEL, ROOT, Worker, free_port, job_events
 
 ACL_SRC = ROOT / "config" / "redis-acl.conf"
 USERS = ("admin", "worker", "dispatcher", "client", "monitor")
@@ -193,18 +192,21 @@ def test_worker_user_cannot_step_outside(acl_redis):
     noperm(w.set, "redlm:jobs:fast", "x")  # streams only, with stream commands
 
 
+def daemon_passwords(tmp_path):
+    """Skips without a built dispatcher; else {user: password file} for the
+    users worker and dispatcher."""
+    from conftest import DISPATCHER
+    if not DISPATCHER.exists():
+        pytest.skip(f"{DISPATCHER} not built (run make)")
+    pw = {}
+    for u in ("worker", "dispatcher"):
+        pw[u] = tmp_path / f"{u}.password"
+        pw[u].write_text(PW[u] + "\n")
+    return pw
+
+
 def out_events(r, job_id, timeout=60):
-    key, last, out = f"redlm:out:{job_id}", "0-0", []
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        for _, entries in r.xread({key: last}, block=200, count=1000) or []:
-            for eid, f in entries:
-                last = eid
-                ev = json.loads(f["event"])
-                out.append(ev)
-                if ev["type"] == "done":
-                    return out
-    raise AssertionError(f"{job_id}: no done within {timeout}s; got {out}")
+    return job_events(r, "redlm:", job_id, timeout)
 
 
 FAST = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
@@ -282,13 +284,8 @@ def test_dispatcher_and_worker_as_acl_users(built, acl_redis, tmp_path):
     worker (user `worker`) answers, the client reads the answer; then a
     cache replay by the dispatcher alone, a malformed request, and a clean
     stop (XGROUP DELCONSUMER). No ACL denial for either daemon."""
-    from conftest import DISPATCHER, Dispatcher
-    if not DISPATCHER.exists():
-        pytest.skip(f"{DISPATCHER} not built (run make)")
-    pw = {}
-    for u in ("worker", "dispatcher"):
-        pw[u] = tmp_path / f"{u}.password"
-        pw[u].write_text(PW[u] + "\n")
+    from conftest import Dispatcher
+    pw = daemon_passwords(tmp_path)
     admin = acl_redis.as_user("admin")
     client = acl_redis.as_user("client")
     d = Dispatcher(acl_redis.addr, "redlm:", "acl-d", tmp_path,
@@ -360,14 +357,8 @@ def test_http_front_door_as_dispatcher_user(built, acl_redis, tmp_path):
     its out stream), a streamed one, per-tenant request and token limits
     (MULTI/INCR/EXPIRE/GET/EXEC, INCRBY), a client that disconnects (SET
     cancel), /healthz (PING). No ACL denial for it or the worker."""
-    from conftest import DISPATCHER
-    if not DISPATCHER.exists():
-        pytest.skip(f"{DISPATCHER} not built (run make)")
-    from test_http import MODEL_NAME, Front
-    pw = {}
-    for u in ("worker", "dispatcher"):
-        pw[u] = tmp_path / f"{u}.password"
-        pw[u].write_text(PW[u] + "\n")
+    pw = daemon_passwords(tmp_path)
+    from test_http import MODEL_NAME, Front, stream_and_hang_up
     keys = tmp_path / "api-keys"
     keys.write_text("sk-acl-00000001 team-a 100 100000\n")
     admin = acl_redis.as_user("admin")
@@ -390,18 +381,7 @@ def test_http_front_door_as_dispatcher_user(built, acl_redis, tmp_path):
         assert status == 200 and data.rstrip().endswith(b"data: [DONE]"), data
         assert admin.keys("redlm:ratelimit:team-a:*")  # the counters were written
         # a client that goes away mid-stream: its job is cancelled
-        s = socket.create_connection(("127.0.0.1", f.port))
-        body = json.dumps({"model": MODEL_NAME, "messages": msgs, "stream": True,
-                           "max_tokens": 4000, "ignore_eos": True})
-        s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                   f"Authorization: Bearer sk-acl-00000001\r\nContent-Type: application/json\r\n"
-                   f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
-        got = b""
-        while b"data: " not in got:
-            got += s.recv(65536)
-        job_id = [l.split(":", 1)[1].strip() for l in got.decode().split("\r\n")
-                  if l.lower().startswith("x-request-id:")][0]
-        s.close()
+        job_id = stream_and_hang_up(f.port, msgs, "Authorization: Bearer sk-acl-00000001\r\n")
         done = out_events(admin, job_id)[-1]
         assert done["finish_reason"] == "cancelled"
         assert f.request("GET", "/healthz")[0] == 200

@@ -3,7 +3,9 @@ on the tiny model: enqueue (flags, file, stdin; bad jobs refused with the
 worker's own code), tail (the text the events hold, reasoning apart), chat
 and top driven through a pseudo-terminal (two turns with /no_think, Ctrl-C
 cancelling an answer, q restoring the terminal), stats --json against what
-was done, and the progress line of model loading.
+was done, the progress line of model loading, tokenize / detokenize / template with
+each of their flags on the real Qwen3 tokenizer, and `run --batch`'s error
+lines.
 
 Run with Debian's interpreter: /usr/bin/python3 -m pytest tests/integration/test_cli.py
 """
@@ -23,7 +25,7 @@ import time
 
 import pytest
 
-from conftest import CLI, MODEL, check_stream, free_port
+from conftest import CLI, MODEL, QWEN3_TOKENIZER, check_stream, free_port
 
 
 def cli(redis_addr, prefix, *args, input=None, timeout=60):
@@ -80,12 +82,14 @@ class Pty:
         self.home = tempfile.mkdtemp(prefix="redlm-pty-home-")
         env = dict(os.environ, HOME=self.home)
         self.pid, self.fd = pty.fork()
-        if self.pid == 0:  # the child: exec at once
+        if self.pid == 0:  # the child: size its terminal, then exec at once
             try:
+                # here, not in the parent after fork: a command that reads
+                # the size at start must never see the pty's default
+                fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
                 os.execve(args[0], args, env)
             finally:
                 os._exit(127)
-        fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
         self.buf = b""
         self.status = None
 
@@ -360,20 +364,25 @@ def test_acl_user_and_password_file(built, tmp_path):
 
 # ---- chat ----
 
+def chat_turn(p, text):
+    """Sends one line to `redlm chat` in pty p and waits for its answer's
+    [done] line and the next prompt; returns what came up to [done]."""
+    p.send(text + "\n")
+    out = p.read_until(rb"\[done\][^\n]*\n")
+    p.read_until(rb"> ")
+    return out
+
+
 def test_chat_two_turns_with_no_think(workers, client, redis_addr, prefix, ptys):
     workers("w1")
     p = ptys("chat", "--redis", redis_addr, "--prefix", prefix, "--pool", "fast",
              "--max-tokens", "6", "--temperature", "0")
     p.read_until(rb"> ")
-    p.send("hello\n")
-    first = p.read_until(rb"\[done\][^\n]*\n")
-    p.read_until(rb"> ")
+    first = chat_turn(p, "hello")
     p.send("/no_think\n")
     p.read_until(rb"\[mode no_think\]")
     p.read_until(rb"> ")
-    p.send("and again\n")
-    p.read_until(rb"\[done\][^\n]*\n")
-    p.read_until(rb"> ")
+    chat_turn(p, "and again")
     p.send("/exit\n")
     assert p.wait() == 0
 
@@ -404,14 +413,10 @@ def test_chat_through_the_dispatcher(dispatchers, workers, client, redis_addr, p
     p = ptys("chat", "--redis", redis_addr, "--prefix", prefix, "--max-tokens", "4",
              "--temperature", "0")
     p.read_until(rb"> ")
-    p.send("hi\n")
-    p.read_until(rb"\[done\][^\n]*\n")
-    p.read_until(rb"> ")
+    chat_turn(p, "hi")
     p.send("/think\n")
     p.read_until(rb"\[mode think\]")
-    p.send("why\n")
-    p.read_until(rb"\[done\][^\n]*\n")
-    p.read_until(rb"> ")
+    chat_turn(p, "why")
     p.send("/exit\n")
     assert p.wait() == 0
     requests = jobs_in(client.r, f"{prefix}requests")
@@ -735,3 +740,77 @@ def test_progress_lines_when_loading(workers, built, tmp_path):
     w = workers("w1")
     log = w.log_path.read_text()
     assert re.search(rf" I loaded {re.escape(str(MODEL))}: 3\.5 MB in [\d.]+ s\n", log)
+
+
+def test_tokenize_detokenize_template_flags(built, tmp_path):
+    """Every flag of the three tokenizer commands does what its help says,
+    --help exits 0 and a flag without its value or an unknown one is a
+    usage error (2)."""
+    tok = str(QWEN3_TOKENIZER)
+
+    def run(*args):
+        return subprocess.run([str(CLI), *args], capture_output=True, text=True, timeout=60)
+
+    def out(*args):
+        p = run(*args)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+
+    text = "Hello <|im_end|>"
+    ids = json.loads(out("tokenize", "--tokenizer", tok, "--text", text))["ids"]
+    assert ids == [9707, 220, 151645]  # <|im_end|> is one special token
+    src = tmp_path / "text.txt"
+    src.write_text(text)
+    assert json.loads(out("tokenize", "--file", str(src), "--tokenizer", tok))["ids"] == ids
+    plain = json.loads(out("tokenize", "--tokenizer", tok, "--text", text, "--no-special"))["ids"]
+    assert 151645 not in plain and len(plain) > len(ids)
+    id_list = ",".join(map(str, ids))
+    assert json.loads(out("detokenize", "--tokenizer", tok, "--ids", id_list))["text"] == text
+    assert json.loads(out("detokenize", "--ids", id_list, "--tokenizer", tok,
+                          "--skip-special"))["text"] == "Hello "
+
+    msgs = tmp_path / "m.json"
+    msgs.write_text(json.dumps([{"role": "user", "content": "Hi"}]))
+    base = ["template", "--tokenizer", tok, "--messages", str(msgs)]
+    user = "<|im_start|>user\nHi<|im_end|>\n"
+    assert out(*base) == user + "<|im_start|>assistant\n"
+    assert out(*base, "--no-think") == user + "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert out(*base, "--no-generation-prompt") == user
+
+    for cmd in ("tokenize", "detokenize", "template"):
+        h = run(cmd, "--help")
+        assert h.returncode == 0 and h.stdout.startswith(f"usage: redlm {cmd} --tokenizer DIR")
+        assert run(cmd, "--tokenizer", tok, "--bogus").returncode == 2
+        assert run(cmd, "--tokenizer").returncode == 2
+
+
+def test_run_batch_error_lines_carry_the_code_beside_the_message(built, tmp_path):
+    """`redlm run --batch`: a line it cannot read and a request the engine
+    refuses each print {"error": {"code", "message"}} in place, with the
+    engine's protocol code (rl_err.code) as the code and a sentence that
+    does not repeat it; the good lines around them still run."""
+    lines = [
+        ({"prompt_ids": [1, 2], "max_tokens": 2, "temperature": 0}, None),
+        ("not json", "BAD_JSON"),
+        ({"prompt_ids": []}, "BAD_FIELD"),
+        ({"prompt_ids": [1], "stop": [3]}, "BAD_FIELD"),
+        ({"prompt_ids": [999999], "max_tokens": 2}, "INVALID_TOKEN"),
+        ({"prompt_ids": [1, 2], "max_tokens": 1048576}, "PROMPT_TOO_LONG"),
+        ({"prompt_ids": [1, 2], "top_p": 7}, "OUT_OF_RANGE"),
+        ({"prompt_ids": [3], "max_tokens": 3, "temperature": 0}, None),
+    ]
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("".join((l if isinstance(l, str) else json.dumps(l)) + "\n"
+                            for l, _ in lines))
+    p = subprocess.run([str(CLI), "run", "-m", str(MODEL), "--batch", str(path), "--threads", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = [json.loads(l) for l in p.stdout.splitlines()]
+    assert len(out) == len(lines)
+    for (job, code), got in zip(lines, out):
+        if code is None:
+            assert got["finish_reason"] == "length" and len(got["tokens"]) == job["max_tokens"]
+        else:
+            assert set(got) == {"error"} and got["error"]["code"] == code, got
+            msg = got["error"]["message"]
+            assert msg and not msg.startswith(code), got

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import MODEL, RedisServer, check_stream, connect
+from conftest import MODEL, RedisServer, check_stream, connect, stream_events
 
 ROOT_SCHEMAS = __import__("conftest").SCHEMAS
 
@@ -72,18 +72,7 @@ def wait_hb(r, prefix, name, pred, timeout=10):
 
 
 def events(r, prefix, jid, timeout=30):
-    key = f"{prefix}out:{jid}"
-    out, last = [], "0-0"
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        for _, entries in r.xread({key: last}, block=100, count=1000):
-            for eid, f in entries:
-                last = eid
-                ev = json.loads(f["event"])
-                out.append((eid, ev))
-                if ev["type"] == "done":
-                    return out
-    raise AssertionError(f"{jid}: no done within {timeout}s; got {out}")
+    return stream_events(r, f"{prefix}out:{jid}", timeout)
 
 
 def test_1000_auto_requests_split_300_700(dispatchers, redis_addr, prefix):

@@ -30,7 +30,9 @@ import subprocess
 import time
 import uuid
 
-from conftest import CLI, MODEL, Client, RedisServer, read_stream, run_threads
+import pytest
+
+from conftest import CLI, MODEL, Client, RedisServer, run_threads, wait_no_pending
 
 FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200",
               "--max-batch", "6"]
@@ -120,7 +122,8 @@ def resume_points(*workers):
 def read_all(client, job_id, timeout):
     """Every event of job_id up to done, as (entry id, event); stops early
     (without done) at the timeout, so a lost job is counted, not raised."""
-    return read_stream(client.addr, client.prefix, job_id, timeout)
+    return client.events(job_id, timeout, partial=True)
+
 
 def audit(client, jobs, ref, validator, workers, timeout=90):
     """Counts lost jobs, gaps, duplicates and token mismatches over every
@@ -179,79 +182,69 @@ def wait_streams(client, jobs, victim_log_min=5, who=None, n=3, timeout=20):
         time.sleep(0.01)
 
 
-def test_kill9_mixed_sampling_token_exact(workers, prefix, event_validator, tmp_path):
+@pytest.fixture
+def aof_redis(tmp_path):
+    """A redis-server of the test's own with appendonly + appendfsync always."""
     srv = RedisServer(tmp_path / "redis-aof", aof=True)
-    try:
-        client = Client(srv.addr, prefix)
-        a = workers("wa", *FAST_CLAIM, addr=srv.addr)
-        b = workers("wb", *FAST_CLAIM, addr=srv.addr)
-        jobs = mixed_jobs(27, seed=1401, tag="k")
-        entries = plan_entries(jobs)
-        ref = reference(jobs, tmp_path, entries)
-        submit_all(client, jobs, entries)
-        wait_streams(client, jobs, who="wa", n=6)
-        a.kill(signal.SIGKILL)
-        a.wait(10)
-        audit(client, jobs, ref, event_validator, [b])
-        hit_mid_generation(jobs, resume_points(b))
-        assert client.r.xpending(f"{prefix}jobs:fast", "workers")["pending"] == 0
-    finally:
-        srv.stop()
+    yield srv
+    srv.stop()
 
 
-def test_redis_restart_past_claim_idle_token_exact(workers, prefix, event_validator, tmp_path):
-    srv = RedisServer(tmp_path / "redis-aof", aof=True)
-    try:
-        client = Client(srv.addr, prefix)
-        a = workers("wa", *FAST_CLAIM, addr=srv.addr)
-        # wb has room to take all of wa's jobs over besides its own
-        b = workers("wb", *FAST_CLAIM, "--max-batch", "32", addr=srv.addr)
-        jobs = mixed_jobs(27, seed=1402, tag="r")
-        entries = plan_entries(jobs)
-        ref = reference(jobs, tmp_path, entries)
-        submit_all(client, jobs, entries)
-        wait_streams(client, jobs, who="wa", n=6)
-        # wa stalls through the outage (a frozen VM, a long page-in), so
-        # that its leases are surely past claim_idle_ms when Redis is back
-        # and wb takes its entries over while wa still runs them: two
-        # workers on one job, both writing its stream
-        a.signal(signal.SIGSTOP)
-        srv.stop(kill=True)  # appendfsync always: nothing acknowledged is lost
-        time.sleep(1.2)      # > claim_idle_ms
-        srv.start()
-        deadline = time.time() + 10
-        while "reclaimed entry" not in b.text() and time.time() < deadline:
-            time.sleep(0.02)
-        a.signal(signal.SIGCONT)
-        assert "reclaimed entry" in b.text()
-        audit(client, jobs, ref, event_validator, [a, b])
-        hit_mid_generation(jobs, resume_points(b))
-        for pool in ("fast", "think"):
-            deadline = time.time() + 10
-            while client.r.xpending(f"{prefix}jobs:{pool}", "workers")["pending"] and \
-                    time.time() < deadline:
-                time.sleep(0.05)
-            assert client.r.xpending(f"{prefix}jobs:{pool}", "workers")["pending"] == 0
-    finally:
-        srv.stop()
+def start_mixed(workers, srv, prefix, tmp_path, seed, tag, a_flags=(), b_flags=()):
+    """Workers wa and wb on srv, 27 mixed jobs, their uninterrupted
+    reference, all submitted, and a wait until wa holds some of them in
+    mid-generation: (client, wa, wb, jobs, ref)."""
+    client = Client(srv.addr, prefix)
+    a = workers("wa", *FAST_CLAIM, *a_flags, addr=srv.addr)
+    b = workers("wb", *FAST_CLAIM, *b_flags, addr=srv.addr)
+    jobs = mixed_jobs(27, seed=seed, tag=tag)
+    entries = plan_entries(jobs)
+    ref = reference(jobs, tmp_path, entries)
+    submit_all(client, jobs, entries)
+    wait_streams(client, jobs, who="wa", n=6)
+    return client, a, b, jobs, ref
 
 
-def test_drain_timeout_handover_token_exact(workers, prefix, event_validator, tmp_path):
-    srv = RedisServer(tmp_path / "redis-aof", aof=True)
-    try:
-        client = Client(srv.addr, prefix)
-        a = workers("wa", *FAST_CLAIM, "--drain-timeout-s", "0", addr=srv.addr)
-        b = workers("wb", *FAST_CLAIM, addr=srv.addr)
-        jobs = mixed_jobs(27, seed=1403, tag="d")
-        entries = plan_entries(jobs)
-        ref = reference(jobs, tmp_path, entries)
-        submit_all(client, jobs, entries)
-        wait_streams(client, jobs, who="wa", n=6)
-        a.kill(signal.SIGTERM)
-        assert a.wait(15) == 0
-        assert "drain timeout" in a.text()
-        audit(client, jobs, ref, event_validator, [b])
-        hit_mid_generation(jobs, resume_points(b))
-        assert client.r.xpending(f"{prefix}jobs:fast", "workers")["pending"] == 0
-    finally:
-        srv.stop()
+def test_kill9_mixed_sampling_token_exact(workers, prefix, event_validator, tmp_path, aof_redis):
+    client, a, b, jobs, ref = start_mixed(workers, aof_redis, prefix, tmp_path, 1401, "k")
+    a.kill(signal.SIGKILL)
+    a.wait(10)
+    audit(client, jobs, ref, event_validator, [b])
+    hit_mid_generation(jobs, resume_points(b))
+    assert client.r.xpending(f"{prefix}jobs:fast", "workers")["pending"] == 0
+
+
+def test_redis_restart_past_claim_idle_token_exact(workers, prefix, event_validator, tmp_path,
+                                                   aof_redis):
+    srv = aof_redis
+    # wb has room to take all of wa's jobs over besides its own
+    client, a, b, jobs, ref = start_mixed(workers, srv, prefix, tmp_path, 1402, "r",
+                                          b_flags=("--max-batch", "32"))
+    # wa stalls through the outage (a frozen VM, a long page-in), so
+    # that its leases are surely past claim_idle_ms when Redis is back
+    # and wb takes its entries over while wa still runs them: two
+    # workers on one job, both writing its stream
+    a.signal(signal.SIGSTOP)
+    srv.stop(kill=True)  # appendfsync always: nothing acknowledged is lost
+    time.sleep(1.2)      # > claim_idle_ms
+    srv.start()
+    deadline = time.time() + 10
+    while "reclaimed entry" not in b.text() and time.time() < deadline:
+        time.sleep(0.02)
+    a.signal(signal.SIGCONT)
+    assert "reclaimed entry" in b.text()
+    audit(client, jobs, ref, event_validator, [a, b])
+    hit_mid_generation(jobs, resume_points(b))
+    wait_no_pending(client.r, prefix)
+
+
+def test_drain_timeout_handover_token_exact(workers, prefix, event_validator, tmp_path,
+                                            aof_redis):
+    client, a, b, jobs, ref = start_mixed(workers, aof_redis, prefix, tmp_path, 1403, "d",
+                                          a_flags=("--drain-timeout-s", "0"))
+    a.kill(signal.SIGTERM)
+    assert a.wait(15) == 0
+    assert "drain timeout" in a.text()
+    audit(client, jobs, ref, event_validator, [b])
+    hit_mid_generation(jobs, resume_points(b))
+    assert client.r.xpending(f"{prefix}jobs:fast", "workers")["pending"] == 0

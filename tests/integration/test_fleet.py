@@ -24,7 +24,7 @@ import threading
 import time
 
 import pytest
-from conftest import QWEN3_TOKENIZER, RedisServer, connect, read_stream, run_threads
+from conftest import QWEN3_TOKENIZER, RedisServer, connect, run_threads, stream_events
 
 SIM = ["--backend", "sim", "--sim-profile", "h200", "--sim-model", "qwen3-14b",
        "--model", str(QWEN3_TOKENIZER), "--no-result-cache", "--max-batch", "16",
@@ -53,6 +53,11 @@ def fleet_jobs(n, tag):
             j["temperature"] = 0
         jobs.append(j)
     return jobs
+
+
+def read_all(addr, prefix, job_id):
+    """job_id's events up to done, or what came within 120 s (a lost job)."""
+    return stream_events(connect(addr), f"{prefix}out:{job_id}", 120, partial=True)
 
 
 def tally(jobs, streams, validator):
@@ -101,7 +106,7 @@ def test_fleet_faults_token_exact(own_redis, workers, dispatchers, prefix, event
 
     calm = fleet_jobs(n, "calm")
     submit_open_loop(r, prefix, calm, 40)
-    streams = run_threads(lambda j: read_stream(addr, prefix, j["id"], 120), calm, 16)
+    streams = run_threads(lambda j: read_all(addr, prefix, j["id"]), calm, 16)
     want, lost, dup, order = tally(calm, streams, event_validator)
     assert (lost, dup, order) == (0, 0, 0)
     assert all(len(t) == j["max_tokens"] for j, t in zip(calm, want))
@@ -129,7 +134,7 @@ def test_fleet_faults_token_exact(own_redis, workers, dispatchers, prefix, event
     sender.join(60)
     assert not sender.is_alive()
 
-    streams = run_threads(lambda j: read_stream(addr, prefix, j["id"], 120), jobs, 16)
+    streams = run_threads(lambda j: read_all(addr, prefix, j["id"]), jobs, 16)
     got, lost, dup, order = tally(jobs, streams, event_validator)
     mismatched = [j["id"] for j, a, b in zip(jobs, got, want) if a != b]
     assert (lost, dup, order, len(mismatched)) == (0, 0, 0, 0), mismatched

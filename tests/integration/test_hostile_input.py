@@ -16,7 +16,6 @@ real redis-server:
 """
 import json
 import os
-import pathlib
 import subprocess
 import time
 
@@ -139,6 +138,13 @@ def hostile_jobs():
     ]
 
 
+def send_hostile(addr, key):
+    """XADDs every hostile job, as raw bytes, to the stream at key; returns
+    (entry id, job bytes, code) of each."""
+    rb = redis.Redis(host=addr.rsplit(":", 1)[0], port=int(addr.rsplit(":", 1)[1]))
+    return [(rb.xadd(key, {"job": job}), job, code) for job, code in hostile_jobs()]
+
+
 def check_hostile_dead_letters(addr, prefix, dead_validator, sent):
     """sent: (entry id, job bytes, code) of each hostile job."""
     got = {dl["entry_id"]: (raw, dl) for raw, dl in dead_letters(addr, prefix, len(sent))}
@@ -160,19 +166,15 @@ def check_hostile_dead_letters(addr, prefix, dead_validator, sent):
 def test_dead_letters_of_bad_bytes_are_strict_json_worker(workers, redis_addr, prefix,
                                                           dead_validator):
     workers("w1")
-    rb = redis.Redis(host=redis_addr.rsplit(":", 1)[0], port=int(redis_addr.rsplit(":", 1)[1]))
-    sent = [(rb.xadd(f"{prefix}jobs:fast", {"job": job}), job, code)
-            for job, code in hostile_jobs()]
-    check_hostile_dead_letters(redis_addr, prefix, dead_validator, sent)
+    check_hostile_dead_letters(redis_addr, prefix, dead_validator,
+                               send_hostile(redis_addr, f"{prefix}jobs:fast"))
 
 
 def test_dead_letters_of_bad_bytes_are_strict_json_dispatcher(dispatchers, redis_addr, prefix,
                                                               dead_validator):
     dispatchers("d1")
-    rb = redis.Redis(host=redis_addr.rsplit(":", 1)[0], port=int(redis_addr.rsplit(":", 1)[1]))
-    sent = [(rb.xadd(f"{prefix}requests", {"job": job}), job, code)
-            for job, code in hostile_jobs()]
-    check_hostile_dead_letters(redis_addr, prefix, dead_validator, sent)
+    check_hostile_dead_letters(redis_addr, prefix, dead_validator,
+                               send_hostile(redis_addr, f"{prefix}requests"))
 
 
 def notify_socket(tmp_path):

@@ -11,8 +11,8 @@ What the tests prove:
     test playing the worker, event k+1 is only written after the client has
     read event k's chunk;
   - the wire format of the official SDKs: curl with the exact headers the
-    `openai` Python SDK sends, and the `openai` npm package itself (skipped
-    when npm cannot install it);
+    `openai` Python SDK sends, and the `openai` npm package itself (pinned
+    in tests/integration/node; skipped only when node is absent);
   - a client that disconnects cancels its job (redlm:cancel:<id>, and the
     worker's done says cancelled);
   - bad or missing keys get 401, tenants over their requests or tokens per
@@ -36,7 +36,8 @@ import time
 
 import pytest
 
-from conftest import BUILD, ROOT, Daemon, connect, free_port, promtool_check
+from conftest import (BUILD, Daemon, connect, free_port, job_events, promtool_check,
+                      stopped_at_end)
 
 DISPATCHER = BUILD / "redlm-dispatcher"
 MODEL_NAME = "tiny-qwen3"
@@ -83,16 +84,7 @@ class Front(Daemon):
 def front(built, redis_addr, prefix, tmp_path):
     if not DISPATCHER.exists():
         pytest.skip(f"{DISPATCHER} is not built (run make)")
-    started = []
-
-    def start(*extra):
-        f = Front(redis_addr, prefix, tmp_path, extra)
-        started.append(f)
-        return f
-
-    yield start
-    for f in started:
-        f.stop()
+    yield from stopped_at_end(lambda *extra: Front(redis_addr, prefix, tmp_path, extra))
 
 
 def sse_events(resp):
@@ -122,20 +114,6 @@ def chat_stream(front, body, headers=None):
         chunks.append(data if data == "[DONE]" else json.loads(data))
     c.close()
     return r, chunks
-
-
-def job_events(r, prefix, job_id, timeout=60):
-    key = f"{prefix}out:{job_id}"
-    out, last, deadline = [], "0-0", time.time() + timeout
-    while time.time() < deadline:
-        for _, entries in r.xread({key: last}, block=200, count=1000):
-            for eid, fields in entries:
-                last = eid
-                ev = json.loads(fields["event"])
-                out.append(ev)
-                if ev["type"] == "done":
-                    return out
-    raise AssertionError(f"no done for {job_id}")
 
 
 def deltas(events, field):
@@ -213,6 +191,19 @@ def test_non_stream_matches_events(front, workers, redis_addr, prefix):
     assert c["usage"]["prompt_tokens"] == done["usage"]["prompt_tokens"]
 
 
+def routed_job(r, prefix, timeout=10):
+    """The (last) job the dispatcher put in pool fast or think, waiting up
+    to timeout for one; None when none came."""
+    job = None
+    deadline = time.time() + timeout
+    while job is None and time.time() < deadline:
+        for pool in ("fast", "think"):
+            for _, fields in r.xrange(f"{prefix}jobs:{pool}"):
+                job = json.loads(fields["job"])
+        time.sleep(0.02)
+    return job
+
+
 def test_each_event_is_sent_at_once(front, redis_addr, prefix):
     """The test plays the worker: it writes event k+1 only after the client
     has read event k's chunk, so any buffering on the way would hang."""
@@ -223,13 +214,7 @@ def test_each_event_is_sent_at_once(front, redis_addr, prefix):
               body=json.dumps({"model": MODEL_NAME, "messages": MSGS, "stream": True}),
               headers={"Content-Type": "application/json"})
     # the dispatcher routes the job to a pool stream
-    job = None
-    deadline = time.time() + 10
-    while job is None and time.time() < deadline:
-        for pool in ("fast", "think"):
-            for _, fields in r.xrange(f"{prefix}jobs:{pool}"):
-                job = json.loads(fields["job"])
-        time.sleep(0.02)
+    job = routed_job(r, prefix)
     assert job, "the job never reached a pool"
     out = f"{prefix}out:{job['id']}"
     words = ["Once", " upon", " a", " time", ", a", " cat", "."]
@@ -383,36 +368,45 @@ const client = new OpenAI({baseURL: process.argv[2], apiKey: 'sk-test-0123456789
 """
 
 
+NODE_DIR = pathlib.Path(__file__).resolve().parent / "node"
+
+
 def npm_openai():
-    """A directory with the `openai` npm package, installed once into a
-    cache under /tmp; None when node/npm or the registry are unavailable."""
-    if not shutil.which("node") or not shutil.which("npm"):
+    """tests/integration/node with the `openai` version its package-lock.json
+    pins (make deps runs npm ci there; done here if it has not been). None
+    when node is absent."""
+    if not shutil.which("node"):
         return None
-    d = pathlib.Path(os.environ.get("REDLM_NPM_DIR", "/tmp/redlm-test-npm-openai"))
-    if not (d / "node_modules" / "openai").exists():
-        d.mkdir(parents=True, exist_ok=True)
-        try:
-            subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent", "openai@4"],
-                           cwd=d, capture_output=True, timeout=240, check=True)
-        except (subprocess.SubprocessError, OSError):
-            return None
-    return d
+    if not (NODE_DIR / "node_modules" / "openai").exists():
+        assert shutil.which("npm"), "node is installed but npm is not: run make deps"
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=NODE_DIR,
+                       capture_output=True, timeout=300, check=True)
+    return NODE_DIR
 
 
-def test_openai_npm_client(front, workers, redis_addr, prefix, tmp_path):
+def run_node_client(front, workers, tmp_path, script, front_flags=(), args=(), timeout=120):
+    """Runs the JavaScript script with node and the pinned `openai` npm
+    package against a front door (tenant key sk-test-0123456789, then
+    front_flags) with one worker behind it; its argv: the base URL, the
+    model name, then args. Skips without node. Returns the JSON it prints."""
     d = npm_openai()
     if d is None:
-        pytest.skip("node, npm or the npm registry is unavailable: cannot install `openai`")
+        pytest.skip("node is not installed (make deps installs nodejs): cannot run the `openai` npm client")
     workers("w1")
     keys = tmp_path / "keys"
     keys.write_text("sk-test-0123456789 acme\n")
-    f = front("--api-keys-file", str(keys))
-    script = d / "client.js"
-    script.write_text(NODE_SCRIPT)
-    out = subprocess.run(["node", str(script), f"http://127.0.0.1:{f.port}/v1", MODEL_NAME],
-                         capture_output=True, text=True, timeout=120, cwd=d)
+    f = front("--api-keys-file", str(keys), *front_flags)
+    path = tmp_path / "client.js"
+    path.write_text(script)
+    out = subprocess.run(["node", str(path), f"http://127.0.0.1:{f.port}/v1", MODEL_NAME, *args],
+                         capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, "NODE_PATH": str(d / "node_modules")})
     assert out.returncode == 0, out.stderr
-    res = json.loads(out.stdout)
+    return json.loads(out.stdout)
+
+
+def test_openai_npm_client(front, workers, redis_addr, prefix, tmp_path):
+    res = run_node_client(front, workers, tmp_path, NODE_SCRIPT)
     assert res["models"] == [MODEL_NAME]
     chunks = res["chunks"]
     assert chunks[-1]["usage"]["completion_tokens"] >= 1
@@ -425,14 +419,16 @@ def test_openai_npm_client(front, workers, redis_addr, prefix, tmp_path):
     assert res["error"]["status"] == 400 and res["error"]["param"] == "messages"
 
 
-def test_disconnect_cancels(front, workers, redis_addr, prefix):
-    workers("w1")
-    f = front()
-    r = connect(redis_addr)
-    s = socket.create_connection(("127.0.0.1", f.port))
-    body = json.dumps({"model": MODEL_NAME, "messages": MSGS, "stream": True,
+def stream_and_hang_up(port, messages, headers=""):
+    """A streamed chat completion of messages (4000 tokens wanted) on a raw
+    socket, read up to its first data: line, then the connection closed: a
+    client that goes away mid-stream. headers: extra header lines, each
+    ending in CRLF. Returns the job id (X-Request-Id)."""
+    s = socket.create_connection(("127.0.0.1", port))
+    body = json.dumps({"model": MODEL_NAME, "messages": messages, "stream": True,
                        "max_tokens": 4000, "ignore_eos": True})
-    s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{headers}"
+               f"Content-Type: application/json\r\n"
                f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
     got = b""
     while b"data: " not in got:
@@ -440,6 +436,14 @@ def test_disconnect_cancels(front, workers, redis_addr, prefix):
     job_id = [l.split(":", 1)[1].strip() for l in got.decode().split("\r\n")
               if l.lower().startswith("x-request-id:")][0]
     s.close()
+    return job_id
+
+
+def test_disconnect_cancels(front, workers, redis_addr, prefix):
+    workers("w1")
+    f = front()
+    r = connect(redis_addr)
+    job_id = stream_and_hang_up(f.port, MSGS)
     deadline = time.time() + 10
     while time.time() < deadline and not r.exists(f"{prefix}cancel:{job_id}"):
         time.sleep(0.02)
@@ -598,9 +602,8 @@ def test_slow_events_outlive_idle_timeout(front, redis_addr, prefix):
 
     def slow_worker():
         time.sleep(2.5)
-        play_worker_error(r, prefix, [delta])
+        jid = play_worker_error(r, prefix, [delta])
         time.sleep(2.5)
-        jid = [json.loads(x["job"])["id"] for _, x in r.xrange(f"{prefix}jobs:fast")][-1]
         r.xadd(f"{prefix}out:{jid}", {"event": json.dumps(done)}, id="0-2")
 
     t = threading.Thread(target=slow_worker)
@@ -707,13 +710,7 @@ def test_disconnect_before_first_event_cancels(front, redis_addr, prefix):
     body = json.dumps({"model": MODEL_NAME, "messages": MSGS, "stream": True})
     s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
-    job = None
-    deadline = time.time() + 10
-    while job is None and time.time() < deadline:
-        for p in ("fast", "think"):
-            for _, x in r.xrange(f"{prefix}jobs:{p}"):
-                job = json.loads(x["job"])
-        time.sleep(0.02)
+    job = routed_job(r, prefix)
     assert job
     s.close()
     deadline = time.time() + 5

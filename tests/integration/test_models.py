@@ -31,6 +31,7 @@ import time
 import pytest
 
 from conftest import CLI, DISPATCHER, MODEL, WORKER, Daemon, connect, free_port
+from conftest import job_events as events
 
 SMALL = {  # Qwen/Qwen3-0.6B stands in as this shape
     "repo": "Qwen/Qwen3-0.6B", "seed": "1",
@@ -106,18 +107,7 @@ class Proc(Daemon):
 
     def __init__(self, args, log_path, env, timeout=60):
         self.kind = pathlib.Path(args[0]).name
-        self.args = args
-        self.log_path = pathlib.Path(log_path)
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.kind} exited: {self.text()}")
-            if self.logged_ready():
-                return
-            time.sleep(0.02)
-        raise RuntimeError(f"{self.kind} did not get ready: {self.text()}")
+        self.start(args, log_path, self.logged_ready, timeout, env=env, cwd=None)
 
 
 @pytest.fixture
@@ -163,20 +153,6 @@ def heartbeat(r, prefix, name, timeout=10):
             return json.loads(v)
         time.sleep(0.05)
     raise AssertionError(f"no heartbeat from {name}")
-
-
-def events(r, prefix, jid, timeout=60):
-    key, last, out = f"{prefix}out:{jid}", "0-0", []
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        for _, entries in r.xread({key: last}, block=200, count=1000) or []:
-            for eid, f in entries:
-                last = eid
-                ev = json.loads(f["event"])
-                out.append(ev)
-                if ev["type"] == "done":
-                    return out
-    raise AssertionError(f"job {jid}: no done within {timeout}s: {out}")
 
 
 def tokens(evs):

@@ -34,7 +34,7 @@ import time
 
 import pytest
 
-from conftest import MODEL, ROOT, WORKER, connect, free_port
+from conftest import MODEL, ROOT, WORKER, connect, free_port, terminate
 
 UNITS = ["redlm-worker@.service", "redlm.target"]
 if (ROOT / "dispatcher").is_dir() and any((ROOT / "dispatcher").glob("*.c")):
@@ -316,7 +316,8 @@ def wait_log(path, text, timeout=10):
 def start_long_job(r, prefix, job_id):
     """Enqueues a greedy job about a second long at this machine's speed
     now (a short job measures it), so that a signal sent just after its
-    20th event always finds it running; returns its max_tokens."""
+    20th event always finds it running; returns its max_tokens once that
+    20th event is out."""
     def job(i, n):
         r.xadd(f"{prefix}jobs:fast", {"job": json.dumps(
             {"id": i, "prompt_ids": [5, 6, 7], "max_tokens": n, "temperature": 0,
@@ -330,6 +331,10 @@ def start_long_job(r, prefix, job_id):
     rate = 300 / (time.monotonic() - t0)
     n = int(min(max(rate, 1000), 4000))
     job(job_id, n)
+    deadline = time.time() + 30
+    while r.xlen(f"{prefix}out:{job_id}") < 20:
+        assert time.time() < deadline
+        time.sleep(0.005)
     return n
 
 
@@ -360,10 +365,6 @@ def test_notify_ready_watchdog_stopping_drain(built, redis_addr, prefix, notify,
         # a job in flight at SIGTERM
         r = connect(redis_addr)
         n = start_long_job(r, prefix, "d1")
-        deadline = time.time() + 30
-        while r.xlen(f"{prefix}out:d1") < 20:
-            assert time.time() < deadline
-            time.sleep(0.005)
         p.send_signal(signal.SIGTERM)
         t_term = time.monotonic()
         assert r.xlen(f"{prefix}out:d1") < n + 1, "the job ended before SIGTERM"
@@ -511,13 +512,7 @@ class UserManager:
             time.sleep(0.05)
 
     def close(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()  # stops every unit the way `systemctl stop` does
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, 60)  # stops every unit the way `systemctl stop` does
         self.log.close()
         for c in self.cgroups:
             if not os.path.isdir(c):
@@ -638,10 +633,6 @@ Environment="REDLM_WORKER_ARGS=--redis {redis_addr} --model {model.dir} --pools 
         # stop drains: a job in flight finishes, the unit ends cleanly
         r = connect(redis_addr)
         n = start_long_job(r, prefix, "s1")
-        deadline = time.time() + 30
-        while r.xlen(f"{prefix}out:s1") < 20:
-            assert time.time() < deadline
-            time.sleep(0.005)
         m.ctl("stop", unit)
         evs = [json.loads(f["event"]) for _, f in r.xrange(f"{prefix}out:s1")]
         assert evs[-1]["type"] == "done" and evs[-1]["usage"]["completion_tokens"] == n

@@ -10,7 +10,7 @@ import time
 import urllib.request
 
 from conftest import (RedisServer, Client, check_stream, free_port, greedy_jobs, reference,
-                      run_threads)
+                      run_threads, wait_no_pending)
 
 FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
 
@@ -77,11 +77,6 @@ def test_redis_restart_with_aof(workers, prefix, event_validator, tmp_path):
             tokens, done = check_stream(evs, event_validator)
             assert tokens == want, job["id"]
             assert done["finish_reason"] == "length"
-        for pool in ("fast", "think"):
-            deadline = time.time() + 10
-            while client.r.xpending(f"{prefix}jobs:{pool}", "workers")["pending"] and \
-                    time.time() < deadline:
-                time.sleep(0.05)
-            assert client.r.xpending(f"{prefix}jobs:{pool}", "workers")["pending"] == 0
+        wait_no_pending(client.r, prefix)
     finally:
         srv.stop()

@@ -633,6 +633,39 @@ static void mix_setup(void)
     }
 }
 
+/* Runs the requests q[0..N_MIX) on e into got: a random subset at once,
+ * the rest arriving while it runs, in random order drawn from *rng. */
+static void run_mix(struct engine *e, struct engine_request *q, struct result *got,
+                    uint32_t *rng)
+{
+    int order[N_MIX];
+    for (int i = 0; i < N_MIX; i++)
+        order[i] = i;
+    for (int i = N_MIX - 1; i > 0; i--) {
+        *rng = *rng * 1664525u + 1013904223u;
+        int j = (int)((*rng >> 8) % (uint32_t)(i + 1));
+        int t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    struct rl_err err = {0};
+    *rng = *rng * 1664525u + 1013904223u;
+    int next = 0, first = 4 + (int)((*rng >> 8) % 12);
+    for (; next < first; next++)
+        submit(e, &q[order[next]], &got[order[next]]);
+    while (engine_n_active(e) > 0 || next < N_MIX) {
+        if (next < N_MIX) {
+            submit(e, &q[order[next]], &got[order[next]]);
+            next++;
+        }
+        const struct engine_event *ev;
+        int n;
+        assert_int_equal(engine_step(e, &ev, &n, &err), 0);
+        for (int k = 0; k < n; k++)
+            on_event(&ev[k]);
+    }
+}
+
 static void test_batch_invariance(void **state)
 {
     (void)state;
@@ -647,35 +680,9 @@ static void test_batch_invariance(void **state)
      * while it runs, in random order */
     uint32_t rng = 77;
     for (int round = 0; round < 3; round++) {
-        int order[N_MIX];
-        for (int i = 0; i < N_MIX; i++)
-            order[i] = i;
-        for (int i = N_MIX - 1; i > 0; i--) {
-            rng = rng * 1664525u + 1013904223u;
-            int j = (int)((rng >> 8) % (uint32_t)(i + 1));
-            int t = order[i];
-            order[i] = order[j];
-            order[j] = t;
-        }
         static struct result got[N_MIX];
         struct engine *e = open_engine(round == 2 ? 40 : 256, 16, round == 1 ? 7 : 0);
-        struct rl_err err = {0};
-        int next = 0;
-        rng = rng * 1664525u + 1013904223u;
-        int first = 4 + (int)((rng >> 8) % 12);
-        for (; next < first; next++)
-            submit(e, &mix_q[order[next]], &got[order[next]]);
-        while (engine_n_active(e) > 0 || next < N_MIX) {
-            if (next < N_MIX) {
-                submit(e, &mix_q[order[next]], &got[order[next]]);
-                next++;
-            }
-            const struct engine_event *ev;
-            int n;
-            assert_int_equal(engine_step(e, &ev, &n, &err), 0);
-            for (int k = 0; k < n; k++)
-                on_event(&ev[k]);
-        }
+        run_mix(e, mix_q, got, &rng);
         if (round == 2) {
             struct engine_stats st;
             engine_get_stats(e, &st);
@@ -829,38 +836,6 @@ static void spec_mix_setup(struct engine *plain_e)
     }
 }
 
-/* Runs the mix on e: a random subset at once, the rest arriving while it
- * runs, in random order. */
-static void spec_run(struct engine *e, struct result *got, uint32_t rng)
-{
-    int order[N_MIX];
-    for (int i = 0; i < N_MIX; i++)
-        order[i] = i;
-    for (int i = N_MIX - 1; i > 0; i--) {
-        rng = rng * 1664525u + 1013904223u;
-        int j = (int)((rng >> 8) % (uint32_t)(i + 1));
-        int t = order[i];
-        order[i] = order[j];
-        order[j] = t;
-    }
-    struct rl_err err = {0};
-    rng = rng * 1664525u + 1013904223u;
-    int next = 0, first = 4 + (int)((rng >> 8) % 12);
-    for (; next < first; next++)
-        submit(e, &spec_q[order[next]], &got[order[next]]);
-    while (engine_n_active(e) > 0 || next < N_MIX) {
-        if (next < N_MIX) {
-            submit(e, &spec_q[order[next]], &got[order[next]]);
-            next++;
-        }
-        const struct engine_event *ev;
-        int n;
-        assert_int_equal(engine_step(e, &ev, &n, &err), 0);
-        for (int k = 0; k < n; k++)
-            on_event(&ev[k]);
-    }
-}
-
 /* With speculation on, every request's tokens, logprobs, top
  * alternatives, text and finish are those of plain decoding: drafts that
  * are always right, right but every 2nd or 3rd token wrong, from prompt
@@ -910,7 +885,8 @@ static void spec_identical_on(const char *isa)
         orc.m = runs[c].m;
         spec_rows = runs[c].rows;
         struct engine *e = open_engine(runs[c].kv_blocks, 16, runs[c].chunk);
-        spec_run(e, got, 91 + (uint32_t)c);
+        uint32_t rng = 91 + (uint32_t)c;
+        run_mix(e, spec_q, got, &rng);
         struct engine_stats st;
         engine_get_stats(e, &st);
         int events = 0, drafted = 0, accepted = 0;
@@ -1200,6 +1176,49 @@ static void test_eos_and_defaults(void **state)
 
 /* Chat messages go through the template and the tokenizer; the result is
  * the same as submitting those ids. */
+/* engine_options.progress_every reaches the backend: the CPU backend
+ * reports load progress at most once per progress_every bytes (checked
+ * after each matrix) and at the end, so 64 KiB steps over the tiny model's
+ * 3.5 MB give a call for nearly every matrix where the 64 MiB default
+ * gives a first and a last one. */
+struct progress_log {
+    int n;
+    size_t done, total;
+};
+
+static void count_progress(void *user, size_t done, size_t total)
+{
+    struct progress_log *l = user;
+    assert_true(done >= l->done && done <= total); /* monotone, within the total */
+    l->n++;
+    l->done = done;
+    l->total = total;
+}
+
+static void test_progress_every(void **state)
+{
+    (void)state;
+    struct progress_log logs[2] = {{0}, {0}};
+    size_t every[2] = {0, 64 << 10};
+    for (int i = 0; i < 2; i++) {
+        struct engine_options o;
+        engine_options_default(&o);
+        o.kv_blocks = 16;
+        o.progress = count_progress;
+        o.progress_user = &logs[i];
+        o.progress_every = every[i];
+        struct engine *e = NULL;
+        struct rl_err err = {0};
+        if (engine_create(&e, model_dir, &o, &err))
+            fail_msg("engine_create: %s", err.msg);
+        engine_free(e);
+        assert_true(logs[i].total > (size_t)(2 << 20));
+        assert_int_equal(logs[i].done, logs[i].total); /* the last call says "all" */
+    }
+    assert_true(logs[0].n <= 3);
+    assert_true(logs[1].n >= 10); /* 25 today: nearly one per matrix */
+}
+
 static void test_chat_messages(void **state)
 {
     (void)state;
@@ -1302,6 +1321,7 @@ int main(void)
         cmocka_unit_test(test_eos_and_defaults),
         cmocka_unit_test(test_generation_config),
         cmocka_unit_test(test_chat_messages),
+        cmocka_unit_test(test_progress_every),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -73,18 +73,36 @@ static void test_split_many_ratios(void **state)
     }
 }
 
-/* 1000 auto requests at 0.3: 300 +- 1 on think, through route_decide. */
-static void test_1000_at_0_3(void **state)
+/* The job of text (the caller job_free()s it); fails the test when it
+ * does not parse. */
+static struct job *parse_job(const char *text)
 {
-    (void)state;
+    struct job *j;
+    struct job_fault f;
+    struct rl_err err;
+    if (job_parse(text, strlen(text), NULL, &j, &f, &err))
+        fail_msg("%s: %s", text, err.msg);
+    return j;
+}
+
+/* A router over fast and think at ratio 0.3 (the caller route_free()s it),
+ * and job_text parsed into *j. */
+static struct router *router_at_0_3(const char *job_text, struct job **j)
+{
     const char *pools[] = {"fast", "think"};
     struct route_opts o = {.pools = pools, .n_pools = 2, .default_pool = "fast", .ratio = 0.3};
     struct router *r;
     assert_int_equal(route_create(&r, &o, NULL), 0);
+    *j = parse_job(job_text);
+    return r;
+}
+
+/* 1000 auto requests at 0.3: 300 +- 1 on think, through route_decide. */
+static void test_1000_at_0_3(void **state)
+{
+    (void)state;
     struct job *j;
-    struct job_fault f;
-    const char *text = "{\"prompt_ids\":[1,2,3]}";
-    assert_int_equal(job_parse(text, strlen(text), NULL, &j, &f, NULL), 0);
+    struct router *r = router_at_0_3("{\"prompt_ids\":[1,2,3]}", &j);
     int think = 0;
     for (int i = 0; i < 1000; i++) {
         struct route_decision d;
@@ -166,11 +184,7 @@ static void test_user_text(void **state)
         {"{\"prompt_ids\":[1]}", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        struct job *j;
-        struct job_fault f;
-        struct rl_err err;
-        if (job_parse(cases[i].job, strlen(cases[i].job), NULL, &j, &f, &err))
-            fail_msg("%s: %s", cases[i].job, err.msg);
+        struct job *j = parse_job(cases[i].job);
         size_t len;
         char *t = route_user_text(j, &len);
         if (!cases[i].want) {
@@ -223,11 +237,7 @@ static void test_decide_order(void **state)
     };
 #undef U
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        struct job *j;
-        struct job_fault f;
-        struct rl_err err;
-        if (job_parse(cases[i].job, strlen(cases[i].job), NULL, &j, &f, &err))
-            fail_msg("%s: %s", cases[i].job, err.msg);
+        struct job *j = parse_job(cases[i].job);
         struct route_decision d;
         assert_int_equal(route_decide(r, j, &d, NULL, NULL), 0);
         if (d.pool != cases[i].pool || d.mode != cases[i].mode || d.reason != cases[i].reason)
@@ -328,13 +338,8 @@ static void test_adaptive(void **state)
 static void test_ratio_change(void **state)
 {
     (void)state;
-    const char *pools[] = {"fast", "think"};
-    struct route_opts o = {.pools = pools, .n_pools = 2, .default_pool = "fast", .ratio = 0.3};
-    struct router *r;
-    assert_int_equal(route_create(&r, &o, NULL), 0);
     struct job *j;
-    struct job_fault f;
-    assert_int_equal(job_parse("{\"prompt\":\"x\"}", 14, NULL, &j, &f, NULL), 0);
+    struct router *r = router_at_0_3("{\"prompt\":\"x\"}", &j);
     struct route_decision d;
     for (int i = 0; i < 37; i++)
         route_decide(r, j, &d, NULL, NULL);

@@ -14,6 +14,7 @@
  * exactly as the events hold it; only the markers and a final newline are
  * added. Single-threaded, like every command. */
 #include "cli_redis.h"
+#include "rcluster.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -190,9 +191,8 @@ int cli_xread(struct rconn *c, const char *key, const char *after, int count, in
 int cli_cancel(struct rconn *c, const char *prefix, const char *id, struct rl_err *err)
 {
     char key[CLI_KEY_MAX];
-    int rc = cli_key(key, prefix, "cancel:", id, err);
-    if (rc)
-        return rc;
+    if (rcl_tagged_key(key, CLI_KEY_MAX, rconn_is_cluster(c), prefix, "cancel:", id) < 0)
+        return rl_errf(err, RL_EINVAL, "key %scancel:%s is too long", prefix, id);
     const char *argv[] = {"SET", key, "1", "EX", "600"};
     return rconn_command(c, 5, argv, NULL, NULL, err);
 }

@@ -22,7 +22,8 @@ struct batch_job {
     char **stop;
     int n_stop;
     struct engine_request req;
-    char *error;          /* a refused line: the message to print */
+    const char *code;     /* a refused line: its code (static storage) */
+    char *error;          /* ... and the sentence to print with it */
     int32_t *out;         /* generated tokens */
     float *lp;            /* their logprobs when asked for */
     int n_out, cap_out;
@@ -61,19 +62,22 @@ static int num_field(const cJSON *o, const char *name, double *v)
     return 1;
 }
 
-/* Fills j from one line; on a bad line sets j->error and returns 0 too. */
+/* Fills j from one line; on a bad line sets j->code and j->error and
+ * returns 0 too. */
 static int parse_job(struct batch_job *j, const char *line)
 {
     engine_request_init(&j->req);
     cJSON *o = cJSON_Parse(line);
     char msg[256] = "";
     if (!o || !cJSON_IsObject(o)) {
-        snprintf(msg, sizeof msg, "BAD_JSON the line is not a JSON object");
+        j->code = "BAD_JSON";
+        snprintf(msg, sizeof msg, "the line is not a JSON object");
         goto bad;
     }
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(o, "prompt_ids");
     if (!cJSON_IsArray(ids) || cJSON_GetArraySize(ids) < 1) {
-        snprintf(msg, sizeof msg, "BAD_FIELD prompt_ids must be a non-empty array");
+        j->code = "BAD_FIELD";
+        snprintf(msg, sizeof msg, "prompt_ids must be a non-empty array");
         goto bad;
     }
     j->n_ids = cJSON_GetArraySize(ids);
@@ -84,7 +88,8 @@ static int parse_job(struct batch_job *j, const char *line)
     const cJSON *it;
     cJSON_ArrayForEach(it, ids) {
         if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble > 2147483647.0) {
-            snprintf(msg, sizeof msg, "BAD_FIELD prompt_ids[%d] is not a token id", k);
+            j->code = "BAD_FIELD";
+            snprintf(msg, sizeof msg, "prompt_ids[%d] is not a token id", k);
             goto bad;
         }
         j->ids[k++] = (int32_t)it->valuedouble;
@@ -102,7 +107,8 @@ static int parse_job(struct batch_job *j, const char *line)
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         got[i] = num_field(o, nums[i].name, &nums[i].v);
         if (got[i] < 0) {
-            snprintf(msg, sizeof msg, "BAD_FIELD %s must be a number", nums[i].name);
+            j->code = "BAD_FIELD";
+            snprintf(msg, sizeof msg, "%s must be a number", nums[i].name);
             goto bad;
         }
     }
@@ -137,7 +143,8 @@ static int parse_job(struct batch_job *j, const char *line)
         for (int i = 0; i < n; i++) {
             const cJSON *s = cJSON_IsString(st) ? st : cJSON_GetArrayItem(st, i);
             if (!cJSON_IsString(s)) {
-                snprintf(msg, sizeof msg, "BAD_FIELD stop[%d] must be a string", i);
+                j->code = "BAD_FIELD";
+                snprintf(msg, sizeof msg, "stop[%d] must be a string", i);
                 goto bad;
             }
             if (!(j->stop[j->n_stop++] = strdup(s->valuestring)))
@@ -149,7 +156,8 @@ static int parse_job(struct batch_job *j, const char *line)
     cJSON_Delete(o);
     return 0;
 oom:
-    snprintf(msg, sizeof msg, "INTERNAL out of memory");
+    j->code = ev_code_name(EV_CODE_INTERNAL);
+    snprintf(msg, sizeof msg, "out of memory");
 bad:
     cJSON_Delete(o);
     j->error = strdup(msg);
@@ -175,26 +183,13 @@ static int add_out(struct batch_job *j, int32_t tok, float lp)
     return 0;
 }
 
-static void print_error_line(const char *msg)
+/* {"error": {"code": code, "message": msg}}: the code travels beside the
+ * sentence, never inside it. */
+static void print_error_line(const char *code, const char *msg)
 {
-    /* "CODE sentence" -> {"error": {"code": CODE, "message": sentence}} */
-    const char *sp = strchr(msg, ' ');
     cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
-    char code[64];
-    size_t n = sp && (size_t)(sp - msg) < sizeof code ? (size_t)(sp - msg) : 0;
-    int upper = n > 0;
-    for (size_t i = 0; i < n; i++)
-        if (!((msg[i] >= 'A' && msg[i] <= 'Z') || msg[i] == '_'))
-            upper = 0;
-    if (upper) {
-        memcpy(code, msg, n);
-        code[n] = 0;
-        cJSON_AddStringToObject(e, "code", code);
-        cJSON_AddStringToObject(e, "message", sp + 1);
-    } else {
-        cJSON_AddStringToObject(e, "code", "INVALID_REQUEST");
-        cJSON_AddStringToObject(e, "message", msg);
-    }
+    cJSON_AddStringToObject(e, "code", code);
+    cJSON_AddStringToObject(e, "message", msg);
     char *t = cJSON_PrintUnformatted(o);
     printf("%s\n", t ? t : "{\"error\": {\"code\": \"INTERNAL\"}}");
     free(t);
@@ -330,10 +325,9 @@ int cmd_run_batch(int argc, char **argv)
         jobs[i].req.user = &jobs[i];
         uint64_t id;
         if (engine_submit(e, &jobs[i].req, &id, &err)) {
-            /* "CODE sentence", as print_error_line reads it */
-            char why[RL_ERR_MSG_MAX + 64];
-            snprintf(why, sizeof why, "%s %s", ev_code_name((enum ev_code)err.code), err.msg);
-            jobs[i].error = strdup(why);
+            /* the refusal's protocol code (rl_err.code, an enum ev_code) */
+            jobs[i].code = ev_code_name((enum ev_code)err.code);
+            jobs[i].error = strdup(err.msg);
         }
     }
     while (!rc && engine_n_active(e) > 0) {
@@ -354,15 +348,17 @@ int cmd_run_batch(int argc, char **argv)
             if (ev[i].finish != ENGINE_FINISH_NONE) {
                 j->finish = engine_finish_name(ev[i].finish);
                 j->usage = ev[i].usage;
-                if (ev[i].finish == ENGINE_FINISH_ERROR && ev[i].error)
+                if (ev[i].finish == ENGINE_FINISH_ERROR && ev[i].error) {
+                    j->code = ev_code_name(EV_CODE_ENGINE_ERROR);
                     j->error = strdup(ev[i].error);
+                }
             }
         }
     }
     for (int i = 0; !rc && i < n_jobs; i++) {
         struct batch_job *j = &jobs[i];
         if (j->error) {
-            print_error_line(j->error);
+            print_error_line(j->code, j->error);
             continue;
         }
         printf("{\"tokens\": [");

@@ -34,6 +34,7 @@
 
 #include "clock.h"
 #include "cli_redis.h"
+#include "rcluster.h"
 #include "chat_input.h"
 #include "cli_util.h"
 #include "cmds.h"
@@ -129,7 +130,10 @@ static int send_job(struct rconn *c, const char *prefix, const char *pool, const
                     char entry[RCONN_ID_MAX], struct rl_err *err)
 {
     char key[CLI_KEY_MAX];
-    int rc = pool ? cli_key(key, prefix, "jobs:", pool, err) : cli_key(key, prefix, "requests", NULL, err);
+    char rest[CLI_KEY_MAX];
+    snprintf(rest, sizeof rest, pool ? "jobs:%s" : "requests", pool);
+    int rc = rcl_queue_key(key, CLI_KEY_MAX, rconn_is_cluster(c), prefix, rest) < 0
+                 ? rl_errf(err, RL_EINVAL, "key %s%s is too long", prefix, rest) : 0;
     if (rc)
         return rc;
     const char *names[] = {"job"}, *values[] = {text};
@@ -163,7 +167,8 @@ static int follow(struct rconn *c, const char *prefix, const char *id, const str
                   struct cli_render *r, struct rl_err *err)
 {
     char key[CLI_KEY_MAX];
-    int rc = cli_key(key, prefix, "out:", id, err);
+    int rc = rcl_tagged_key(key, CLI_KEY_MAX, rconn_is_cluster(c), prefix, "out:", id) < 0
+                 ? rl_errf(err, RL_EINVAL, "key %sout:%s is too long", prefix, id) : 0;
     if (rc)
         return rc;
     /* --json: the renderer only tracks done and the finish reason */

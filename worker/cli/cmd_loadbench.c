@@ -71,6 +71,7 @@
 #include "job.h"
 #include "loadstats.h"
 #include "rconn.h"
+#include "rcluster.h"
 
 extern char **environ;
 
@@ -230,7 +231,7 @@ static int parse_double(const char *s, double lo, double hi, double *v, const ch
 }
 
 /* "127.0.0.1:6379", "localhost:6379", "[::1]:6379", "unix:/path" or "/path". */
-static int check_loopback(const char *addr, struct rl_err *err)
+static int check_one_loopback(const char *addr, struct rl_err *err)
 {
     if (!strncmp(addr, "unix:", 5) || addr[0] == '/')
         return 0;
@@ -253,6 +254,23 @@ static int check_loopback(const char *addr, struct rl_err *err)
     return rl_errf(err, RL_EINVAL,
                    "--redis: %s is not a loopback address; redlm bench only loads a deployment "
                    "on this machine (127.0.0.0/8, [::1], localhost or a unix socket)", host);
+}
+
+/* Every entry of a cluster's seed list "a:1,b:2" too. */
+static int check_loopback(const char *addr, struct rl_err *err)
+{
+    char seeds[RCL_MAX_NODES][RCL_HOST_MAX + 8];
+    int n = strchr(addr, ',') ? rcl_split_seeds(addr, seeds, RCL_MAX_NODES, err) : 0;
+    if (n < 0)
+        return n;
+    if (!n)
+        return check_one_loopback(addr, err);
+    for (int i = 0; i < n; i++) {
+        int rc = check_one_loopback(seeds[i], err);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 static int parse_levels(const char *s, struct lb_opts *o, struct rl_err *err)
@@ -722,12 +740,15 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
         q->t_done = rl_mono_s() - run->t0;
         return;
     }
+    char rest[200];
     if (o->target == LB_TARGET_DISPATCHER)
-        snprintf(key, sizeof key, "%srequests", o->prefix);
+        snprintf(rest, sizeof rest, "requests");
     else
-        snprintf(key, sizeof key, "%sjobs:%s", o->prefix,
+        snprintf(rest, sizeof rest, "jobs:%.64s",
                  o->target == LB_TARGET_POOL ? o->pool : q->mode == LB_MODE_THINK ? "think" : "fast");
-    snprintf(out_key, sizeof out_key, "%sout:%s", o->prefix, q->id);
+    /* the layout is known once connected: a cluster's queue keys share a tag */
+    rconn_ensure(c, NULL);
+    rcl_queue_key(key, sizeof key, rconn_is_cluster(c), o->prefix, rest);
     const char *names[] = {"job"};
     const char *values[] = {job};
     size_t lens[] = {strlen(job)};
@@ -740,6 +761,8 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
         q->t_done = now;
         return;
     }
+    /* after the XADD: the connection knows whether Redis is a cluster */
+    rcl_tagged_key(out_key, sizeof out_key, rconn_is_cluster(c), o->prefix, "out:", q->id);
     q->t_sent = now;
     double deadline = q->t_sent + o->timeout_s;
     char last[RCONN_ID_MAX] = "0-0";
@@ -747,7 +770,7 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
         now = rl_mono_s() - run->t0;
         if (now >= deadline) {
             char ck[256];
-            snprintf(ck, sizeof ck, "%scancel:%s", o->prefix, q->id);
+            rcl_tagged_key(ck, sizeof ck, rconn_is_cluster(c), o->prefix, "cancel:", q->id);
             const char *argv[] = {"SET", ck, "1", "EX", "600"};
             rconn_command(c, 5, argv, NULL, NULL, &err);
             set_code(q, "TIMEOUT");
@@ -1125,26 +1148,29 @@ static void run_free(struct lb_run *run)
  * match or after 10000 iterations). */
 static int count_keys(struct rconn *c, const char *pattern, long *found, struct rl_err *err)
 {
-    char cursor[32] = "0";
     *found = 0;
-    for (int it = 0; it < 10000; it++) {
-        const char *argv[] = {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"};
-        struct rconn_reply *r = NULL;
-        int rc = rconn_command(c, 6, argv, NULL, &r, err);
-        if (rc < 0) {
+    /* a cluster's keys are spread over its masters: SCAN each */
+    for (int m = 0; m < rconn_n_masters(c) && !*found; m++) {
+        char cursor[32] = "0";
+        for (int it = 0; it < 10000; it++) {
+            const char *argv[] = {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"};
+            struct rconn_reply *r = NULL;
+            int rc = rconn_command_on(c, m, 6, argv, NULL, &r, err);
+            if (rc < 0) {
+                rconn_reply_free(r);
+                return rc;
+            }
+            if (!r || r->type != RCONN_ARRAY || r->n_elem != 2 || r->elem[0].type != RCONN_STRING ||
+                r->elem[1].type != RCONN_ARRAY) {
+                rconn_reply_free(r);
+                return rl_errf(err, RL_EFORMAT, "SCAN: unexpected reply");
+            }
+            snprintf(cursor, sizeof cursor, "%s", r->elem[0].str);
+            *found += (long)r->elem[1].n_elem;
             rconn_reply_free(r);
-            return rc;
+            if (*found > 0 || !strcmp(cursor, "0"))
+                break;
         }
-        if (!r || r->type != RCONN_ARRAY || r->n_elem != 2 || r->elem[0].type != RCONN_STRING ||
-            r->elem[1].type != RCONN_ARRAY) {
-            rconn_reply_free(r);
-            return rl_errf(err, RL_EFORMAT, "SCAN: unexpected reply");
-        }
-        snprintf(cursor, sizeof cursor, "%s", r->elem[0].str);
-        *found += (long)r->elem[1].n_elem;
-        rconn_reply_free(r);
-        if (*found > 0 || !strcmp(cursor, "0"))
-            return 0;
     }
     return 0;
 }

@@ -95,32 +95,35 @@ static int keys_add(struct keys *k, const char *s)
 static int scan_keys(struct rconn *c, const char *pattern, const char *type, struct keys *out,
                      struct rl_err *err)
 {
-    char cursor[32] = "0";
     memset(out, 0, sizeof *out);
-    do {
-        const char *argv[] = {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000", "TYPE", type};
-        struct rconn_reply *r = NULL;
-        int rc = rconn_command(c, type ? 8 : 6, argv, NULL, &r, err);
-        if (rc) {
-            rconn_reply_free(r);
-            keys_free(out);
-            return rc;
-        }
-        if (r->type != RCONN_ARRAY || r->n_elem != 2 || r->elem[0].type != RCONN_STRING ||
-            r->elem[1].type != RCONN_ARRAY) {
-            rconn_reply_free(r);
-            keys_free(out);
-            return rl_errf(err, RL_EFORMAT, "SCAN: unexpected reply");
-        }
-        snprintf(cursor, sizeof cursor, "%s", r->elem[0].str);
-        for (size_t i = 0; i < r->elem[1].n_elem; i++)
-            if (r->elem[1].elem[i].type == RCONN_STRING && keys_add(out, r->elem[1].elem[i].str)) {
+    /* a cluster's keys are spread over its masters: SCAN each */
+    for (int m = 0; m < rconn_n_masters(c); m++) {
+        char cursor[32] = "0";
+        do {
+            const char *argv[] = {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000", "TYPE", type};
+            struct rconn_reply *r = NULL;
+            int rc = rconn_command_on(c, m, type ? 8 : 6, argv, NULL, &r, err);
+            if (rc) {
                 rconn_reply_free(r);
                 keys_free(out);
-                return rl_errf(err, RL_ENOMEM, "out of memory");
+                return rc;
             }
-        rconn_reply_free(r);
-    } while (strcmp(cursor, "0") && out->n < MAX_KEYS);
+            if (r->type != RCONN_ARRAY || r->n_elem != 2 || r->elem[0].type != RCONN_STRING ||
+                r->elem[1].type != RCONN_ARRAY) {
+                rconn_reply_free(r);
+                keys_free(out);
+                return rl_errf(err, RL_EFORMAT, "SCAN: unexpected reply");
+            }
+            snprintf(cursor, sizeof cursor, "%s", r->elem[0].str);
+            for (size_t i = 0; i < r->elem[1].n_elem; i++)
+                if (r->elem[1].elem[i].type == RCONN_STRING && keys_add(out, r->elem[1].elem[i].str)) {
+                    rconn_reply_free(r);
+                    keys_free(out);
+                    return rl_errf(err, RL_ENOMEM, "out of memory");
+                }
+            rconn_reply_free(r);
+        } while (strcmp(cursor, "0") && out->n < MAX_KEYS);
+    }
     if (out->n)
         qsort(out->v, (size_t)out->n, sizeof *out->v, cmp_str);
     return 0;
@@ -359,10 +362,13 @@ static int collect(struct rconn *c, const char *prefix, const char *addr, cJSON 
             if (p->string && keys_add(&names, p->string))
                 goto oom;
     }
-    if ((rc = cli_key(pat, prefix, "jobs:*", NULL, err)) ||
+    /* the queue keys: {<prefix>}... in a cluster (rcl_queue_key) */
+    char qp[CLI_KEY_MAX];
+    snprintf(qp, sizeof qp, rconn_is_cluster(c) ? "{%.200s}" : "%.200s", prefix);
+    if ((rc = cli_key(pat, qp, "jobs:*", NULL, err)) ||
         (rc = scan_keys(c, pat, "stream", &streams, err)))
         goto fail;
-    size_t plen = strlen(prefix) + 5;
+    size_t plen = strlen(qp) + 5;
     for (int i = 0; i < streams.n; i++)
         if (strlen(streams.v[i]) > plen && keys_add(&names, streams.v[i] + plen))
             goto oom;
@@ -372,7 +378,7 @@ static int collect(struct rconn *c, const char *prefix, const char *addr, cJSON 
         cJSON *p = cJSON_CreateObject();
         cJSON_AddItemToArray(pools, p);
         cJSON_AddStringToObject(p, "name", names.v[i]);
-        if ((rc = add_key(p, key, prefix, "jobs:", names.v[i], err)))
+        if ((rc = add_key(p, key, qp, "jobs:", names.v[i], err)))
             goto fail;
         int n_workers = 0;
         cJSON_ArrayForEach(w, workers) {
@@ -388,13 +394,13 @@ static int collect(struct rconn *c, const char *prefix, const char *addr, cJSON 
     }
 
     cJSON *req = cJSON_AddObjectToObject(o, "requests");
-    if ((rc = add_key(req, key, prefix, "requests", NULL, err)))
+    if ((rc = add_key(req, key, qp, "requests", NULL, err)))
         goto fail;
     if ((rc = stream_stats(c, key, "dispatchers", now, req, err)))
         goto fail;
 
     cJSON *dead = cJSON_AddObjectToObject(o, "dead");
-    if ((rc = add_key(dead, key, prefix, "dead", NULL, err)))
+    if ((rc = add_key(dead, key, qp, "dead", NULL, err)))
         goto fail;
     const char *xl[] = {"XLEN", key};
     if ((rc = simple(c, 2, xl, &r, err)))

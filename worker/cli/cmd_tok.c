@@ -7,6 +7,7 @@
  * added, so that `redlm template ... | sha256sum` compares with a Python
  * rendering. Errors go to stderr and the exit status is 1 (2 for usage). */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,40 @@ static int usage(const char *cmd, const char *text)
 {
     fprintf(stderr, "usage: redlm %s %s\n", cmd, text);
     return 2;
+}
+
+/* One flag of a command: "--name VALUE" sets *value; a bare "--name" sets
+ * *on to on_value. A table ends with a NULL name. */
+struct tok_flag {
+    const char *name;
+    const char **value;
+    bool *on;
+    bool on_value;
+};
+#define TF_VALUE(name, p) {(name), (p), NULL, false}
+#define TF_SET(name, p, v) {(name), NULL, (p), (v)}
+#define TF_END {NULL, NULL, NULL, false}
+
+/* Parses argv[1..argc) against flags. Returns -1 to go on, else the exit
+ * status the command returns now: 0 after --help, 2 (usage) for anything
+ * unknown or a value flag without its value. */
+static int parse_flags(int argc, char **argv, const struct tok_flag *flags, const char *help)
+{
+    for (int i = 1; i < argc; i++) {
+        const struct tok_flag *f = flags;
+        while (f->name && strcmp(argv[i], f->name))
+            f++;
+        if (f->name && f->value && i + 1 < argc)
+            *f->value = argv[++i];
+        else if (f->name && f->on)
+            *f->on = f->on_value;
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: redlm %s %s\n", argv[0], help);
+            return 0;
+        } else
+            return usage(argv[0], help);
+    }
+    return -1;
 }
 
 /* Parses "1,2,3" (spaces allowed) into a malloc'd array. */
@@ -131,39 +166,50 @@ static const char *tok_dir(const char *spec, struct modelref *ref)
     return ref->dir;
 }
 
+/* The tokenizer of --tokenizer spec, loaded (the caller tok_free()s it);
+ * NULL after saying why on stderr, as "cmd: ...". */
+static struct tokenizer *load_tok(const char *cmd, const char *spec)
+{
+    struct modelref ref;
+    const char *dir = tok_dir(spec, &ref);
+    if (!dir)
+        return NULL;
+    struct rl_err err = {0};
+    struct tokenizer *t = NULL;
+    if (tok_load(&t, dir, &err)) {
+        fprintf(stderr, "%s: %s\n", cmd, err.msg);
+        return NULL;
+    }
+    return t;
+}
+
 int cmd_tokenize(int argc, char **argv)
 {
     const char *dir = NULL, *text = NULL, *file = NULL;
-    unsigned flags = 0;
+    bool no_special = false;
     static const char help[] = "--tokenizer DIR (--text S | --file F) [--no-special]";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
-            dir = argv[++i];
-        else if (!strcmp(argv[i], "--text") && i + 1 < argc)
-            text = argv[++i];
-        else if (!strcmp(argv[i], "--file") && i + 1 < argc)
-            file = argv[++i];
-        else if (!strcmp(argv[i], "--no-special"))
-            flags |= TOK_ENCODE_NO_SPECIAL;
-        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: redlm tokenize %s\n", help);
-            return 0;
-        } else
-            return usage(argv[0], help);
-    }
+    const struct tok_flag fl[] = {TF_VALUE("--tokenizer", &dir), TF_VALUE("--text", &text),
+                                  TF_VALUE("--file", &file),
+                                  TF_SET("--no-special", &no_special, true), TF_END};
+    int st = parse_flags(argc, argv, fl, help);
+    if (st >= 0)
+        return st;
+    unsigned flags = no_special ? TOK_ENCODE_NO_SPECIAL : 0;
     if (!dir || !!text == !!file)
         return usage(argv[0], help);
-    struct modelref ref;
-    if (!(dir = tok_dir(dir, &ref)))
-        return 1;
     struct rl_err err = {0};
-    struct tokenizer *t = NULL;
-    char *buf = NULL;
+    char *buf = NULL; /* the file's text, read before the tokenizer loads */
     size_t len = text ? strlen(text) : 0;
+    if (file && read_all(file, &buf, &len, &err)) {
+        fprintf(stderr, "tokenize: %s\n", err.msg);
+        return 1;
+    }
+    struct tokenizer *t = load_tok("tokenize", dir);
     struct tok_ids ids = {0};
     int rc = 1;
-    if ((file && read_all(file, &buf, &len, &err)) || tok_load(&t, dir, &err) ||
-        tok_encode(t, file ? buf : text, len, flags, &ids, &err)) {
+    if (!t)
+        goto out;
+    if (tok_encode(t, file ? buf : text, len, flags, &ids, &err)) {
         fprintf(stderr, "tokenize: %s\n", err.msg);
         goto out;
     }
@@ -182,34 +228,25 @@ out:
 int cmd_detokenize(int argc, char **argv)
 {
     const char *dir = NULL, *list = NULL;
-    unsigned flags = 0;
+    bool skip_special = false;
     static const char help[] = "--tokenizer DIR --ids 1,2,3 [--skip-special]";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
-            dir = argv[++i];
-        else if (!strcmp(argv[i], "--ids") && i + 1 < argc)
-            list = argv[++i];
-        else if (!strcmp(argv[i], "--skip-special"))
-            flags |= TOK_DECODE_SKIP_SPECIAL;
-        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: redlm detokenize %s\n", help);
-            return 0;
-        } else
-            return usage(argv[0], help);
-    }
+    const struct tok_flag fl[] = {TF_VALUE("--tokenizer", &dir), TF_VALUE("--ids", &list),
+                                  TF_SET("--skip-special", &skip_special, true), TF_END};
+    int st = parse_flags(argc, argv, fl, help);
+    if (st >= 0)
+        return st;
+    unsigned flags = skip_special ? TOK_DECODE_SKIP_SPECIAL : 0;
     if (!dir || !list)
         return usage(argv[0], help);
-    struct modelref ref;
-    if (!(dir = tok_dir(dir, &ref)))
+    struct tokenizer *t = load_tok("detokenize", dir);
+    if (!t)
         return 1;
     struct rl_err err = {0};
-    struct tokenizer *t = NULL;
     int32_t *ids = NULL;
     size_t n = 0, len;
     char *text = NULL;
     int rc = 1;
-    if (parse_ids(list, &ids, &n, &err) || tok_load(&t, dir, &err) ||
-        tok_decode(t, ids, n, flags, &text, &len, &err)) {
+    if (parse_ids(list, &ids, &n, &err) || tok_decode(t, ids, n, flags, &text, &len, &err)) {
         fprintf(stderr, "detokenize: %s\n", err.msg);
         goto out;
     }
@@ -224,6 +261,24 @@ out:
     return rc;
 }
 
+/* The JSON of file path (chat_json_parse: numbers keep their spelling),
+ * owned by the caller; NULL after saying why on stderr. */
+static cJSON *load_json(const char *path)
+{
+    struct rl_err err = {0};
+    char *text = NULL;
+    size_t len;
+    if (read_all(path, &text, &len, &err)) {
+        fprintf(stderr, "template: %s\n", err.msg);
+        return NULL;
+    }
+    cJSON *j = chat_json_parse(text, len, &err);
+    free(text);
+    if (!j)
+        fprintf(stderr, "template: %s: %s\n", path, err.msg);
+    return j;
+}
+
 /* A messages file is an array of messages, or an object with "messages"
  * (and optionally "tools"), like an OpenAI request body. */
 int cmd_template(int argc, char **argv)
@@ -232,31 +287,22 @@ int cmd_template(int argc, char **argv)
     struct chat_template_opts o = {.add_generation_prompt = true};
     static const char help[] = "--tokenizer DIR --messages F.json [--tools T.json] [--no-think] "
                                "[--no-generation-prompt]";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
-            dir = argv[++i];
-        else if (!strcmp(argv[i], "--messages") && i + 1 < argc)
-            mpath = argv[++i];
-        else if (!strcmp(argv[i], "--tools") && i + 1 < argc)
-            tpath = argv[++i];
-        else if (!strcmp(argv[i], "--no-think"))
-            o.disable_thinking = true;
-        else if (!strcmp(argv[i], "--no-generation-prompt"))
-            o.add_generation_prompt = false;
-        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: redlm template %s\n", help);
-            return 0;
-        } else
-            return usage(argv[0], help);
-    }
+    const struct tok_flag fl[] = {TF_VALUE("--tokenizer", &dir),
+                                  TF_VALUE("--messages", &mpath), TF_VALUE("--tools", &tpath),
+                                  TF_SET("--no-think", &o.disable_thinking, true),
+                                  TF_SET("--no-generation-prompt", &o.add_generation_prompt, false),
+                                  TF_END};
+    int st = parse_flags(argc, argv, fl, help);
+    if (st >= 0)
+        return st;
     if (!dir || !mpath)
         return usage(argv[0], help);
     struct modelref ref;
     if (!(dir = tok_dir(dir, &ref)))
         return 1;
     struct rl_err err = {0};
-    char *mtext = NULL, *ttext = NULL, *ctext = NULL, *out = NULL;
-    size_t mlen, tlen, clen, olen;
+    char *ctext = NULL, *out = NULL;
+    size_t clen, olen;
     cJSON *mj = NULL, *tj = NULL, *cfg = NULL;
     int rc = 1;
 
@@ -273,28 +319,16 @@ int cmd_template(int argc, char **argv)
     if (!tpl || !strstr(tpl, "last_query_index") || !strstr(tpl, "<tool_response>"))
         fprintf(stderr, "template: warning: %s has no Qwen3 chat_template; rendering Qwen3's\n", cpath);
 
-    if (read_all(mpath, &mtext, &mlen, &err)) {
-        fprintf(stderr, "template: %s\n", err.msg);
+    if (!(mj = load_json(mpath)))
         goto out;
-    }
-    if (!(mj = chat_json_parse(mtext, mlen, &err))) {
-        fprintf(stderr, "template: %s: %s\n", mpath, err.msg);
-        goto out;
-    }
     const cJSON *messages = mj, *tools = NULL;
     if (cJSON_IsObject(mj)) {
         messages = cJSON_GetObjectItemCaseSensitive(mj, "messages");
         tools = cJSON_GetObjectItemCaseSensitive(mj, "tools");
     }
     if (tpath) {
-        if (read_all(tpath, &ttext, &tlen, &err)) {
-            fprintf(stderr, "template: %s\n", err.msg);
+        if (!(tj = load_json(tpath)))
             goto out;
-        }
-        if (!(tj = chat_json_parse(ttext, tlen, &err))) {
-            fprintf(stderr, "template: %s: %s\n", tpath, err.msg);
-            goto out;
-        }
         tools = tj;
     }
     if (chat_render(messages, tools, &o, &out, &olen, &err)) {
@@ -311,8 +345,6 @@ out:
     cJSON_Delete(mj);
     cJSON_Delete(tj);
     cJSON_Delete(cfg);
-    free(mtext);
-    free(ttext);
     free(ctext);
     return rc;
 }

@@ -1,0 +1,201 @@
+/* common/rcluster.c - key slots, command keys, the CLUSTER SLOTS map and
+ * redirect parsing for common/rconn.c's cluster mode.
+ *
+ * The slot function is Redis Cluster's own (cluster spec, "Keys
+ * distribution model"): CRC16 XModem of the key modulo 16384, where a
+ * non-empty {tag} replaces the key. Everything here is pure and
+ * allocation-free; any thread may call it. */
+#include "rcluster.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+uint16_t rcl_crc16(const char *buf, size_t len)
+{
+    uint16_t crc = 0;
+    for (size_t i = 0; i < len; i++) {
+        crc ^= (uint16_t)((uint8_t)buf[i] << 8);
+        for (int b = 0; b < 8; b++)
+            crc = crc & 0x8000 ? (uint16_t)((crc << 1) ^ 0x1021) : (uint16_t)(crc << 1);
+    }
+    return crc;
+}
+
+int rcl_key_slot(const char *key, size_t len)
+{
+    const char *open = memchr(key, '{', len);
+    if (open) {
+        size_t off = (size_t)(open - key) + 1;
+        const char *close = memchr(open + 1, '}', len - off);
+        if (close && close > open + 1) /* "{}" hashes the whole key */
+            return rcl_crc16(open + 1, (size_t)(close - open - 1)) & (RCL_N_SLOTS - 1);
+    }
+    return rcl_crc16(key, len) & (RCL_N_SLOTS - 1);
+}
+
+static size_t arg_len(const char *const *argv, const size_t *lens, int i)
+{
+    return lens ? lens[i] : strlen(argv[i]);
+}
+
+static bool is(const char *const *argv, const size_t *lens, int i, const char *word)
+{
+    size_t n = strlen(word);
+    return arg_len(argv, lens, i) == n && !strncasecmp(argv[i], word, n);
+}
+
+int rcl_command_key(int argc, const char *const *argv, const size_t *lens)
+{
+    static const char *const keyless[] = {
+        "MULTI", "EXEC", "DISCARD", "PING", "INFO", "SCAN", "CLUSTER", "ASKING", "AUTH",
+        "CLIENT", "SCRIPT", "DBSIZE", "FLUSHALL", "FLUSHDB", "TIME", "KEYS", "HELLO",
+        "COMMAND", "CONFIG", "READONLY", "WAIT"};
+    if (argc < 1)
+        return -1;
+    for (size_t k = 0; k < sizeof keyless / sizeof keyless[0]; k++)
+        if (is(argv, lens, 0, keyless[k]))
+            return -1;
+    if (is(argv, lens, 0, "XREAD") || is(argv, lens, 0, "XREADGROUP")) {
+        for (int i = 1; i + 1 < argc; i++)
+            if (is(argv, lens, i, "STREAMS"))
+                return i + 1;
+        return -1;
+    }
+    if (is(argv, lens, 0, "XGROUP") || is(argv, lens, 0, "XINFO"))
+        return argc > 2 ? 2 : -1;
+    if (is(argv, lens, 0, "EVAL") || is(argv, lens, 0, "EVALSHA"))
+        return argc > 3 && atoi(argv[2]) > 0 ? 3 : -1;
+    return argc > 1 ? 1 : -1;
+}
+
+int rcl_command_slot(int argc, const char *const *argv, const size_t *lens)
+{
+    int k = rcl_command_key(argc, argv, lens);
+    return k < 0 ? -1 : rcl_key_slot(argv[k], arg_len(argv, lens, k));
+}
+
+void rcl_map_clear(struct rcl_map *m)
+{
+    m->n_nodes = 0;
+    for (int s = 0; s < RCL_N_SLOTS; s++)
+        m->slot_node[s] = -1;
+}
+
+int rcl_map_node(struct rcl_map *m, const char *host, int port)
+{
+    for (int i = 0; i < m->n_nodes; i++)
+        if (m->nodes[i].port == port && !strcmp(m->nodes[i].host, host))
+            return i;
+    if (m->n_nodes == RCL_MAX_NODES || strlen(host) >= RCL_HOST_MAX)
+        return -1;
+    struct rcl_node *n = &m->nodes[m->n_nodes];
+    snprintf(n->host, sizeof n->host, "%s", host);
+    n->port = port;
+    return m->n_nodes++;
+}
+
+int rcl_map_parse(struct rcl_map *m, const struct rconn_reply *r, const char *seed_host,
+                  struct rl_err *err)
+{
+    rcl_map_clear(m);
+    if (!r || r->type != RCONN_ARRAY)
+        return rl_errf(err, RL_EFORMAT, "CLUSTER SLOTS: reply is not an array");
+    for (size_t i = 0; i < r->n_elem; i++) {
+        const struct rconn_reply *e = &r->elem[i];
+        if (e->type != RCONN_ARRAY || e->n_elem < 3 || e->elem[0].type != RCONN_INTEGER ||
+            e->elem[1].type != RCONN_INTEGER)
+            return rl_errf(err, RL_EFORMAT, "CLUSTER SLOTS: range %zu is malformed", i);
+        long long lo = e->elem[0].integer, hi = e->elem[1].integer;
+        const struct rconn_reply *master = &e->elem[2];
+        if (lo < 0 || hi >= RCL_N_SLOTS || lo > hi)
+            return rl_errf(err, RL_EFORMAT, "CLUSTER SLOTS: range %lld-%lld is out of 0-16383",
+                           lo, hi);
+        if (master->type != RCONN_ARRAY || master->n_elem < 2 ||
+            master->elem[0].type != RCONN_STRING || master->elem[1].type != RCONN_INTEGER)
+            return rl_errf(err, RL_EFORMAT, "CLUSTER SLOTS: master of %lld-%lld is malformed",
+                           lo, hi);
+        const char *host = master->elem[0].len ? master->elem[0].str : seed_host;
+        long long port = master->elem[1].integer;
+        if (!host || !host[0] || port < 1 || port > 65535)
+            return rl_errf(err, RL_EFORMAT, "CLUSTER SLOTS: master of %lld-%lld has no address",
+                           lo, hi);
+        int n = rcl_map_node(m, host, (int)port);
+        if (n < 0)
+            return rl_errf(err, RL_EFORMAT, "CLUSTER SLOTS: more than %d masters", RCL_MAX_NODES);
+        for (long long s = lo; s <= hi; s++)
+            m->slot_node[s] = (int16_t)n;
+    }
+    return 0;
+}
+
+int rcl_map_n_uncovered(const struct rcl_map *m)
+{
+    int n = 0;
+    for (int s = 0; s < RCL_N_SLOTS; s++)
+        n += m->slot_node[s] < 0;
+    return n;
+}
+
+enum rcl_redirect rcl_parse_redirect(const char *s, int *slot, char *host, int *port)
+{
+    enum rcl_redirect kind;
+    if (!strncmp(s, "MOVED ", 6))
+        kind = RCL_MOVED, s += 6;
+    else if (!strncmp(s, "ASK ", 4))
+        kind = RCL_ASK, s += 4;
+    else
+        return RCL_NONE;
+    char *end;
+    long sl = strtol(s, &end, 10);
+    if (end == s || *end != ' ' || sl < 0 || sl >= RCL_N_SLOTS)
+        return RCL_NONE;
+    const char *addr = end + 1, *colon = strrchr(addr, ':');
+    if (!colon || (size_t)(colon - addr) >= RCL_HOST_MAX)
+        return RCL_NONE;
+    long p = strtol(colon + 1, &end, 10);
+    if (end == colon + 1 || (*end && *end != ' ') || p < 1 || p > 65535)
+        return RCL_NONE;
+    /* an empty host means "the node you are talking to": the caller keeps its own */
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = 0;
+    *slot = (int)sl;
+    *port = (int)p;
+    return kind;
+}
+
+int rcl_split_seeds(const char *list, char (*seeds)[RCL_HOST_MAX + 8], int max,
+                    struct rl_err *err)
+{
+    int n = 0;
+    const char *p = list;
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (!len || len >= RCL_HOST_MAX + 8)
+            return rl_errf(err, RL_EINVAL, "redis address list \"%s\": entry %d is %s", list,
+                           n + 1, len ? "too long" : "empty");
+        if (n == max)
+            return rl_errf(err, RL_EINVAL, "redis address list \"%s\": more than %d entries",
+                           list, max);
+        memcpy(seeds[n], p, len);
+        seeds[n++][len] = 0;
+        if (!comma)
+            return n;
+        p = comma + 1;
+    }
+}
+
+int rcl_queue_key(char *buf, size_t cap, bool cluster, const char *prefix, const char *rest)
+{
+    int n = snprintf(buf, cap, cluster ? "{%s}%s" : "%s%s", prefix, rest);
+    return n < 0 || (size_t)n >= cap ? -1 : n;
+}
+
+int rcl_tagged_key(char *buf, size_t cap, bool cluster, const char *prefix, const char *kind,
+                   const char *id)
+{
+    int n = snprintf(buf, cap, cluster ? "%s%s{%s}" : "%s%s%s", prefix, kind, id);
+    return n < 0 || (size_t)n >= cap ? -1 : n;
+}

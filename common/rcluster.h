@@ -1,0 +1,89 @@
+/* common/rcluster.h - the pure parts of Redis Cluster support: key slots
+ * (CRC16 with hash tags), which argument of a command is its key, the
+ * slot map parsed from CLUSTER SLOTS, MOVED/ASK redirects, and the key
+ * names that differ in cluster mode.
+ *
+ * Nothing here does I/O: common/rconn.c owns the connections and uses
+ * these to route; the functions are separate so that cmocka can check
+ * them against known values (tests/unit/test_rcluster.c). */
+#ifndef RL_RCLUSTER_H
+#define RL_RCLUSTER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "rconn.h"
+
+#define RCL_N_SLOTS 16384
+#define RCL_MAX_NODES 64  /* masters we route to */
+#define RCL_HOST_MAX 256
+
+/* CRC16-CCITT (XModem), the one Redis Cluster uses: "123456789" -> 0x31C3. */
+uint16_t rcl_crc16(const char *buf, size_t len);
+
+/* The slot of a key: CRC16 of the whole key, or of the part between the
+ * first '{' and the first '}' after it when that part is not empty. */
+int rcl_key_slot(const char *key, size_t len);
+
+/* The index in argv of the key a command is routed by, or -1 for a
+ * command with no key (MULTI, EXEC, PING, INFO, SCAN, CLUSTER ...): XREAD
+ * and XREADGROUP name theirs after STREAMS, XGROUP and XINFO at 2, EVAL
+ * and EVALSHA at 3 (when numkeys > 0), the rest at 1. lens NULL: C strings. */
+int rcl_command_key(int argc, const char *const *argv, const size_t *lens);
+
+/* The slot the command goes to, -1 when it has none. */
+int rcl_command_slot(int argc, const char *const *argv, const size_t *lens);
+
+/* Which master serves each slot. A plain record: rconn owns one. */
+struct rcl_node {
+    char host[RCL_HOST_MAX];
+    int port;
+};
+struct rcl_map {
+    int n_nodes;
+    struct rcl_node nodes[RCL_MAX_NODES];
+    int16_t slot_node[RCL_N_SLOTS]; /* index into nodes, -1 = no master known */
+};
+
+/* Empties m (every slot unknown). */
+void rcl_map_clear(struct rcl_map *m);
+/* The index of host:port in m, added if new; -1 when m is full. */
+int rcl_map_node(struct rcl_map *m, const char *host, int port);
+/* Fills m from a CLUSTER SLOTS reply ([[start, end, [host, port, id...],
+ * replicas...]...]). An empty host (a node that does not know its own
+ * address) means seed_host, the address we asked. -RL_EFORMAT for a
+ * malformed reply; m is cleared first either way. */
+int rcl_map_parse(struct rcl_map *m, const struct rconn_reply *r, const char *seed_host,
+                  struct rl_err *err);
+/* Slots with no master in m (0 once the cluster covers all of them). */
+int rcl_map_n_uncovered(const struct rcl_map *m);
+
+enum rcl_redirect { RCL_NONE = 0, RCL_MOVED = 1, RCL_ASK = 2 };
+/* Parses "MOVED 3999 127.0.0.1:6381" / "ASK 3999 host:port" into slot,
+ * host (RCL_HOST_MAX) and port; RCL_NONE for anything else. */
+enum rcl_redirect rcl_parse_redirect(const char *s, int *slot, char *host, int *port);
+
+/* "host:port,host:port,...": splits a seed list into up to max entries of
+ * seeds (each RCL_HOST_MAX + 8). Returns the count, or -RL_EINVAL (err
+ * names the entry) for an empty entry or one over the size. */
+int rcl_split_seeds(const char *list, char (*seeds)[RCL_HOST_MAX + 8], int max,
+                    struct rl_err *err);
+
+/* The key <prefix><kind><id>, or <prefix><kind>{<id>} in cluster mode,
+ * so that every key of one request (out:, cancel:, tok:) lives in the
+ * slot of its id and requests spread over the shards
+ * (schemas/README.md, "Key layout"). Returns the length, or -1 when it
+ * does not fit in cap. */
+int rcl_tagged_key(char *buf, size_t cap, bool cluster, const char *prefix, const char *kind,
+                   const char *id);
+
+/* The queue keys (requests, jobs:<pool>, jobs:<model>:<pool>, dead) of
+ * one prefix: <prefix><rest>, or {<prefix>}<rest> in cluster mode, one
+ * slot for all of them, because the dispatcher forwards a request in one
+ * MULTI (XADD jobs:<pool> + XACK requests) and a worker BLOCKs on all its
+ * pools in one XREADGROUP. Returns the length, or -1 when it does not fit. */
+int rcl_queue_key(char *buf, size_t cap, bool cluster, const char *prefix, const char *rest);
+
+#endif

@@ -1,0 +1,189 @@
+/* tests/unit/test_rcluster.c - Redis Cluster key slots against the values
+ * Redis itself gives (cluster spec, CLUSTER KEYSLOT docs), hash-tag rules,
+ * command key positions, the CLUSTER SLOTS parser and redirects. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "rcluster.h"
+
+static void test_crc16(void **state)
+{
+    (void)state;
+    assert_int_equal(rcl_crc16("123456789", 9), 0x31C3); /* the spec's check value */
+    assert_int_equal(rcl_crc16("", 0), 0);
+}
+
+static const struct {
+    const char *key;
+    int slot;
+} slots[] = {
+    /* CLUSTER KEYSLOT examples of the Redis docs, and redis-cli on a 7.0 cluster */
+    {"somekey", 11058},
+    {"foo{hash_tag}", 2515},
+    {"bar{hash_tag}", 2515},
+    {"foo", 12182},
+    {"bar", 5061},
+    {"123456789", 0x31C3 & 16383},
+};
+
+static void test_key_slots(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++)
+        assert_int_equal(rcl_key_slot(slots[i].key, strlen(slots[i].key)), slots[i].slot);
+}
+
+static int slot_of(const char *k) { return rcl_key_slot(k, strlen(k)); }
+
+static void test_hash_tags(void **state)
+{
+    (void)state;
+    /* the spec's examples: the tag is between the first { and the first } after it */
+    assert_int_equal(slot_of("{user1000}.following"), slot_of("user1000"));
+    assert_int_equal(slot_of("{user1000}.followers"), slot_of("user1000"));
+    assert_int_equal(slot_of("foo{{bar}}zap"), slot_of("{bar"));
+    assert_int_equal(slot_of("foo{bar}{zap}"), slot_of("bar"));
+    /* an empty tag or none at all hashes the whole key */
+    assert_int_equal(slot_of("foo{}{bar}"), rcl_crc16("foo{}{bar}", 10) & 16383);
+    assert_int_equal(slot_of("foo{bar"), rcl_crc16("foo{bar", 7) & 16383);
+    assert_int_equal(slot_of("foo}bar{"), rcl_crc16("foo}bar{", 8) & 16383);
+    /* our layout: one request's keys share the slot of its id */
+    char out[64], cancel[64];
+    assert_int_equal(rcl_tagged_key(out, sizeof out, true, "redlm:", "out:", "r1"), 14);
+    assert_string_equal(out, "redlm:out:{r1}");
+    rcl_tagged_key(cancel, sizeof cancel, true, "redlm:", "cancel:", "r1");
+    assert_int_equal(slot_of(out), slot_of(cancel));
+    assert_int_equal(slot_of(out), slot_of("r1"));
+    rcl_tagged_key(out, sizeof out, false, "redlm:", "out:", "r1");
+    assert_string_equal(out, "redlm:out:r1"); /* single instance: today's key */
+    assert_int_equal(rcl_tagged_key(out, 8, true, "redlm:", "out:", "r1"), -1);
+}
+
+static void test_command_keys(void **state)
+{
+    (void)state;
+    static const struct {
+        int argc;
+        const char *argv[12];
+        int key;
+    } cases[] = {
+        {3, {"SET", "k", "v"}, 1},
+        {2, {"EXISTS", "k"}, 1},
+        {1, {"MULTI"}, -1},
+        {1, {"exec"}, -1},
+        {6, {"SCAN", "0", "MATCH", "x*", "COUNT", "10"}, -1},
+        {6, {"XGROUP", "CREATE", "jobs", "g", "0", "MKSTREAM"}, 2},
+        {10, {"XREADGROUP", "GROUP", "g", "c", "COUNT", "1", "STREAMS", "a", "b", ">"}, 7},
+        {8, {"XREAD", "COUNT", "5", "BLOCK", "100", "STREAMS", "out", "0"}, 6},
+        {5, {"EVALSHA", "abc", "1", "key", "arg"}, 3},
+        {3, {"EVAL", "return 1", "0"}, -1},
+        {3, {"XINFO", "STREAM", "s"}, 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        assert_int_equal(rcl_command_key(cases[i].argc, cases[i].argv, NULL), cases[i].key);
+    const char *x[] = {"XADD", "redlm:out:{abc}", "*", "f", "v"};
+    assert_int_equal(rcl_command_slot(5, x, NULL), slot_of("abc"));
+}
+
+/* Reply builders for the parser. */
+static struct rconn_reply r_int(long long v)
+{
+    return (struct rconn_reply){.type = RCONN_INTEGER, .integer = v};
+}
+static struct rconn_reply rstr(const char *s)
+{
+    return (struct rconn_reply){.type = RCONN_STRING, .str = (char *)s, .len = strlen(s)};
+}
+static struct rconn_reply rarr(size_t n, struct rconn_reply *e)
+{
+    return (struct rconn_reply){.type = RCONN_ARRAY, .n_elem = n, .elem = e};
+}
+
+static void test_map_parse(void **state)
+{
+    (void)state;
+    static struct rcl_map m;
+    struct rl_err err;
+    /* three masters, one with a replica, one with an empty host */
+    struct rconn_reply m0[] = {rstr("127.0.0.1"), r_int(7000), rstr("id0")};
+    struct rconn_reply r0[] = {rstr("127.0.0.1"), r_int(7003), rstr("id3")};
+    struct rconn_reply m1[] = {rstr("127.0.0.1"), r_int(7001), rstr("id1")};
+    struct rconn_reply m2[] = {rstr(""), r_int(7002), rstr("id2")};
+    struct rconn_reply e0[] = {r_int(0), r_int(5460), rarr(3, m0), rarr(3, r0)};
+    struct rconn_reply e1[] = {r_int(5461), r_int(10922), rarr(3, m1)};
+    struct rconn_reply e2[] = {r_int(10923), r_int(16383), rarr(3, m2)};
+    struct rconn_reply ranges[] = {rarr(4, e0), rarr(3, e1), rarr(3, e2)};
+    struct rconn_reply top = rarr(3, ranges);
+    assert_int_equal(rcl_map_parse(&m, &top, "10.0.0.9", &err), 0);
+    assert_int_equal(m.n_nodes, 3);
+    assert_int_equal(rcl_map_n_uncovered(&m), 0);
+    assert_int_equal(m.nodes[m.slot_node[0]].port, 7000);
+    assert_int_equal(m.nodes[m.slot_node[5461]].port, 7001);
+    assert_int_equal(m.nodes[m.slot_node[16383]].port, 7002);
+    assert_string_equal(m.nodes[m.slot_node[16383]].host, "10.0.0.9");
+    /* a partial map leaves the rest uncovered */
+    struct rconn_reply part = rarr(1, ranges);
+    assert_int_equal(rcl_map_parse(&m, &part, "x", &err), 0);
+    assert_int_equal(rcl_map_n_uncovered(&m), 16384 - 5461);
+    assert_int_equal(m.slot_node[5461], -1);
+    /* malformed: a slot past 16383, a range with no master, not an array */
+    struct rconn_reply bad_e[] = {r_int(0), r_int(16384), rarr(3, m0)};
+    struct rconn_reply bad_r[] = {rarr(3, bad_e)};
+    struct rconn_reply bad = rarr(1, bad_r);
+    assert_int_equal(rcl_map_parse(&m, &bad, "x", &err), -RL_EFORMAT);
+    assert_non_null(strstr(err.msg, "16384"));
+    struct rconn_reply short_e[] = {r_int(0), r_int(10)};
+    struct rconn_reply short_r[] = {rarr(2, short_e)};
+    struct rconn_reply shrt = rarr(1, short_r);
+    assert_int_equal(rcl_map_parse(&m, &shrt, "x", &err), -RL_EFORMAT);
+    struct rconn_reply s = rstr("nope");
+    assert_int_equal(rcl_map_parse(&m, &s, "x", &err), -RL_EFORMAT);
+}
+
+static void test_redirects(void **state)
+{
+    (void)state;
+    int slot, port;
+    char host[RCL_HOST_MAX];
+    assert_int_equal(rcl_parse_redirect("MOVED 3999 127.0.0.1:6381", &slot, host, &port), RCL_MOVED);
+    assert_int_equal(slot, 3999);
+    assert_string_equal(host, "127.0.0.1");
+    assert_int_equal(port, 6381);
+    assert_int_equal(rcl_parse_redirect("ASK 12 ::1:7000", &slot, host, &port), RCL_ASK);
+    assert_string_equal(host, "::1");
+    assert_int_equal(port, 7000);
+    assert_int_equal(rcl_parse_redirect("MOVED 99999 h:1", &slot, host, &port), RCL_NONE);
+    assert_int_equal(rcl_parse_redirect("MOVED 1 nohost", &slot, host, &port), RCL_NONE);
+    assert_int_equal(rcl_parse_redirect("CLUSTERDOWN The cluster is down", &slot, host, &port),
+                     RCL_NONE);
+}
+
+static void test_seeds(void **state)
+{
+    (void)state;
+    char seeds[4][RCL_HOST_MAX + 8];
+    struct rl_err err;
+    assert_int_equal(rcl_split_seeds("a:1,b:2,c:3", seeds, 4, &err), 3);
+    assert_string_equal(seeds[2], "c:3");
+    assert_int_equal(rcl_split_seeds("127.0.0.1:6379", seeds, 4, &err), 1);
+    assert_int_equal(rcl_split_seeds("a:1,,c:3", seeds, 4, &err), -RL_EINVAL);
+    assert_non_null(strstr(err.msg, "entry 2 is empty"));
+    assert_int_equal(rcl_split_seeds("a:1,b:2,c:3,d:4,e:5", seeds, 4, &err), -RL_EINVAL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_crc16),       cmocka_unit_test(test_key_slots),
+        cmocka_unit_test(test_hash_tags),   cmocka_unit_test(test_command_keys),
+        cmocka_unit_test(test_map_parse),   cmocka_unit_test(test_redirects),
+        cmocka_unit_test(test_seeds),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
