@@ -3,6 +3,7 @@
 #   make CUDA=1     adds the CUDA backend (engine/cuda, nvcc + cuBLAS)
 #   make test       builds and runs every test; ends with "N passed, N failed, N skipped"
 #   make bench      runs the benchmarks (figures go to BENCHMARKS.md by hand)
+#   make bench-fleet  the soak: Redis, 2 dispatchers, 64 sim H200 workers, faults (BENCHMARKS.md)
 #   make demo       the whole system on one machine: Redis, a CPU worker, the dispatcher, the chat page
 #   make fuzz       builds the libFuzzer targets with clang
 #   make asan       the same build with AddressSanitizer + UBSan, in build-asan/
@@ -45,7 +46,7 @@ DEB_PKGS += libedit-dev tmux
 DEB_PKGS += nodejs
 
 COMMON_SRC := $(wildcard common/*.c)
-ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c engine/grammar/*.c)
+ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c engine/grammar/*.c engine/sim/*.c)
 CLI_SRC    := $(wildcard worker/cli/*.c)
 WORKER_SRC := $(wildcard worker/*.c)
 DISP_SRC   := $(wildcard dispatcher/*.c)
@@ -81,7 +82,7 @@ BENCH_BIN  := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/tests/%)
 LIBENGINE  := $(BUILD)/libredlm_engine.a
 LIBCOMMON  := $(BUILD)/libredlm_common.a
 
-.PHONY: all test bench demo fuzz asan deps clean install
+.PHONY: all test bench bench-fleet demo fuzz asan deps clean install
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 ifeq ($(CUDA),1)
@@ -132,6 +133,11 @@ test: all
 
 bench: all
 	BUILD=$(BUILD) bash tests/bench/run.sh
+
+# The fleet soak (tests/bench/bench_fleet.py): Redis, 2 dispatchers, N sim
+# workers, open-loop rates, faults; FLEET_ARGS overrides its bounds.
+bench-fleet: all
+	BUILD=$(BUILD) /usr/bin/python3 tests/bench/bench_fleet.py $(FLEET_ARGS)
 
 demo: all
 	BUILD=$(BUILD) bash examples/demo.sh

@@ -43,8 +43,10 @@ struct cfg {
     char *model;                  /* model directory or Hugging Face repo id (modelref.h) */
     char *served_model_name;      /* "" = derived from model (modelref.h) */
     char *pool_scope;             /* "shared" (jobs:<pool>) or "model" (jobs:<name>:<pool>) */
-    char *backend;                /* "cpu" or "cuda" */
+    char *backend;                /* "cpu", "cuda" or "sim" */
     int device;                   /* CUDA device ordinal */
+    char *sim_profile;            /* sim: "h200", "h100", "a100", "l40s" */
+    char *sim_model;              /* sim: built-in shape or config.json; "" = model's */
     int threads;                  /* 0 = one per core */
     bool mmap_weights;            /* CPU: weights used in place from the file mapping */
     int kv_budget_mb;             /* 0 = the engine's default, 1 GiB */
@@ -59,6 +61,7 @@ struct cfg {
     int default_max_tokens;
     int max_job_kb;
     int stream_ttl_s;
+    int coalesce_ms;              /* hold token deltas up to this long; 0 = off */
     int max_stream_ttl_s;
     bool result_cache;
     int cache_ttl_s;

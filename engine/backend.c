@@ -10,6 +10,8 @@ int be_create(struct backend **out, const char *name, const struct be_options *o
     *out = NULL;
     if (!name || !strcmp(name, "cpu"))
         return cpu_backend_create(out, opt, err);
+    if (!strcmp(name, "sim"))
+        return sim_backend_create(out, opt, err);
     if (!strcmp(name, "cuda")) {
 #ifdef REDLM_CUDA
         return cuda_backend_create(out, opt, err);
@@ -18,7 +20,7 @@ int be_create(struct backend **out, const char *name, const struct be_options *o
                        "backend \"cuda\" is not built in; rebuild with `make CUDA=1`");
 #endif
     }
-    return rl_errf(err, RL_EINVAL, "unknown backend \"%s\" (expected \"cpu\" or \"cuda\")", name);
+    return rl_errf(err, RL_EINVAL, "unknown backend \"%s\" (expected \"cpu\", \"cuda\" or \"sim\")", name);
 }
 
 void be_free(struct backend *be)

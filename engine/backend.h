@@ -73,6 +73,8 @@ struct be_options {
     void *progress_user;      /* handed to progress */
     size_t progress_every;    /* CPU: bytes between calls; 0 = 64 MiB
                                  (CUDA reports once per layer) */
+    const char *sim_profile;  /* sim: the modelled device ("h200", "h100",
+                                 "a100", "l40s"); NULL = h200 */
 };
 
 struct be_ops {
@@ -110,6 +112,11 @@ struct be_ops {
      * masks again before sampling, so a backend without it (CPU) is
      * equally right. Never given for a row whose raw logprobs are wanted. */
     int (*set_masks)(void *ctx, const uint32_t *const *masks, int n_rows, struct rl_err *err);
+    /* optional (last, so positional initializers of the slots above still
+     * fit): bytes of device memory left for the KV pool after the weights
+     * (sim: the modelled device's), used when the engine is given no KV
+     * budget; 0 = unknown (the engine's default applies). */
+    size_t (*kv_capacity)(void *ctx);
 };
 
 struct backend {
@@ -117,7 +124,7 @@ struct backend {
     void *ctx;
 };
 
-/* Creates backend `name` ("cpu", or "cuda" when built with CUDA=1). The
+/* Creates backend `name` ("cpu", "sim", or "cuda" when built with CUDA=1). The
  * caller owns *out and frees it with be_free(). */
 int be_create(struct backend **out, const char *name,
               const struct be_options *opt, struct rl_err *err);
@@ -126,6 +133,8 @@ void be_free(struct backend *be);
 /* Each implementation's constructor (be_create picks one). */
 int cpu_backend_create(struct backend **out, const struct be_options *opt,
                        struct rl_err *err);
+int sim_backend_create(struct backend **out, const struct be_options *opt,
+                       struct rl_err *err); /* engine/sim/sim.h */
 #ifdef REDLM_CUDA
 int cuda_backend_create(struct backend **out, const struct be_options *opt,
                         struct rl_err *err);

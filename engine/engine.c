@@ -82,6 +82,7 @@
 #include "model.h"
 #include "sample.h"
 #include "sched.h"
+#include "sim/sim.h"
 #include "tokenizer.h"
 #include "text.h"
 
@@ -348,7 +349,7 @@ int engine_create(struct engine **out, const char *dir,
     if (opt.spec_max_rows < 0)
         return rl_errf(err, RL_EINVAL, "engine: negative spec_max_rows");
     if (!opt.spec_max_rows) /* where a step stops being memory-bound (BENCHMARKS.md) */
-        opt.spec_max_rows = !strcmp(opt.backend, "cuda") ? 64 : 8;
+        opt.spec_max_rows = strcmp(opt.backend, "cpu") ? 64 : 8; /* sim models a GPU */
 
     struct engine *e = calloc(1, sizeof *e);
     if (!e)
@@ -364,7 +365,10 @@ int engine_create(struct engine **out, const char *dir,
     int rc = load_gen_defaults(dir, &e->gen, err);
     if (rc)
         goto fail;
-    if ((rc = model_load(&e->model, dir, err)))
+    /* the sim backend models a device and reads no weight (engine/sim/) */
+    rc = !strcmp(opt.backend, "sim") ? sim_model_load(&e->model, dir, opt.sim_model, err)
+                                     : model_load(&e->model, dir, err);
+    if (rc)
         goto fail;
     e->cfg = model_get_config(e->model);
     /* every backend option the engine was given reaches the backend */
@@ -373,7 +377,8 @@ int engine_create(struct engine **out, const char *dir,
                             .device = opt.device, .mmap_weights = opt.mmap_weights,
                             .kv_prefault = opt.kv_prefault, .progress = opt.progress,
                             .progress_user = opt.progress_user,
-                            .progress_every = opt.progress_every};
+                            .progress_every = opt.progress_every,
+                            .sim_profile = opt.sim_profile};
     if ((rc = be_create(&e->be, opt.backend, &bo, err)))
         goto fail;
     if ((rc = e->be->ops->load(e->be->ctx, e->cfg, model_get_weights(e->model),
@@ -382,7 +387,8 @@ int engine_create(struct engine **out, const char *dir,
     e->block_size = opt.block_size;
     e->n_blocks = opt.kv_blocks;
     if (!e->n_blocks) {
-        size_t bytes = opt.kv_bytes ? opt.kv_bytes : (size_t)1 << 30;
+        size_t cap = e->be->ops->kv_capacity ? e->be->ops->kv_capacity(e->be->ctx) : 0;
+        size_t bytes = opt.kv_bytes ? opt.kv_bytes : cap ? cap : (size_t)1 << 30;
         size_t per = e->be->ops->kv_block_bytes(e->be->ctx, e->block_size);
         size_t nb = per ? bytes / per : 0;
         e->n_blocks = nb > (1u << 30) ? (1 << 30) : (int)nb;

@@ -108,7 +108,11 @@ typedef void (*engine_progress_fn)(void *user, size_t done, size_t total);
 #define ENGINE_MAX_LOGPROBS 20
 
 struct engine_options {
-    const char *backend;      /* "cpu" (default) or "cuda" */
+    const char *backend;      /* "cpu" (default), "cuda" or "sim" */
+    const char *sim_profile;  /* sim: device profile; NULL = "h200" */
+    const char *sim_model;    /* sim: model shape (a built-in name or a
+                                 config.json); NULL = dir's config.json.
+                                 dir then only gives the tokenizer */
     int n_threads;            /* CPU: backend threads; 0 = all cores */
     const char *isa;          /* CPU kernel path; NULL = auto */
     int device;               /* CUDA: device ordinal among those visible */

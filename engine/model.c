@@ -586,3 +586,40 @@ size_t model_weight_bytes_per_token(const struct model *m)
     }
     return b;
 }
+
+int model_create_shape(struct model **out, const struct model_config *cfg, const char *dir,
+                       struct rl_err *err)
+{
+    *out = NULL;
+    struct model *m = calloc(1, sizeof *m);
+    if (!m || !(m->dir = strdup(dir ? dir : "")) ||
+        !(m->w.layers = calloc((size_t)(cfg->n_layers > 0 ? cfg->n_layers : 1), sizeof *m->w.layers))) {
+        model_free(m);
+        return rl_errf(err, RL_ENOMEM, "out of memory");
+    }
+    m->cfg = *cfg;
+    m->w.n_layers = cfg->n_layers;
+    enum model_dtype dt = cfg->fp8_block_rows ? MODEL_F8_E4M3 : cfg->dtype;
+    int64_t q = (int64_t)cfg->n_heads * cfg->head_dim, kv = (int64_t)cfg->n_kv_heads * cfg->head_dim;
+#define SHAPE(t, r, c, d) ((t) = (struct model_tensor){.dtype = (d), .rows = (r), .cols = (c), .name = #t})
+    SHAPE(m->w.embed, cfg->vocab, cfg->hidden, cfg->dtype);
+    SHAPE(m->w.final_norm, 1, cfg->hidden, cfg->dtype);
+    SHAPE(m->w.lm_head, cfg->vocab, cfg->hidden, cfg->dtype);
+    for (int l = 0; l < cfg->n_layers; l++) {
+        struct model_layer *L = &m->w.layers[l];
+        SHAPE(L->attn_norm, 1, cfg->hidden, cfg->dtype);
+        SHAPE(L->mlp_norm, 1, cfg->hidden, cfg->dtype);
+        SHAPE(L->q_norm, 1, cfg->head_dim, cfg->dtype);
+        SHAPE(L->k_norm, 1, cfg->head_dim, cfg->dtype);
+        SHAPE(L->wq, q, cfg->hidden, dt);
+        SHAPE(L->wk, kv, cfg->hidden, dt);
+        SHAPE(L->wv, kv, cfg->hidden, dt);
+        SHAPE(L->wo, cfg->hidden, q, dt);
+        SHAPE(L->w_gate, cfg->intermediate, cfg->hidden, dt);
+        SHAPE(L->w_up, cfg->intermediate, cfg->hidden, dt);
+        SHAPE(L->w_down, cfg->hidden, cfg->intermediate, dt);
+    }
+#undef SHAPE
+    *out = m;
+    return 0;
+}

@@ -76,6 +76,12 @@ struct model; /* opaque: config, weights and the mappings behind them */
  * the field or tensor. */
 int model_load(struct model **out, const char *dir, struct rl_err *err);
 void model_free(struct model *m);
+/* A model of cfg's shape with no weights: every tensor has its dtype and
+ * dimensions (so model_weight_bytes_per_token() is right) and data NULL.
+ * For the sim backend (engine/sim/), which models a device's timing and
+ * never reads a weight. dir is what model_get_dir() returns. */
+int model_create_shape(struct model **out, const struct model_config *cfg, const char *dir,
+                       struct rl_err *err);
 
 const struct model_config *model_get_config(const struct model *m);
 const struct model_weights *model_get_weights(const struct model *m);

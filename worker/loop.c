@@ -52,6 +52,9 @@ void w_job_free(struct wjob *j)
     free(j->hist);
     free(j->cache_value);
     free(j->ids);
+    free(j->hold_ids);
+    text_free(&j->hold_content);
+    text_free(&j->hold_reasoning);
     chat_parser_free(j->parser);
     cJSON_Delete(j->tool_calls);
     free(j);
@@ -429,6 +432,83 @@ static enum ev_finish map_finish(enum engine_finish f)
     }
 }
 
+/* One delta event of j, with the next seq, into its outbox. */
+static void emit_delta(struct worker *w, struct wjob *j, const struct ev_delta *d)
+{
+    char *json;
+    struct rl_err err;
+    if (ev_build_delta(ev_seq_take(&j->seq), d, &json, &err) == 0)
+        w_push_event(j, json);
+    else
+        RL_LOG(&w->log, RL_LOG_ERROR, "job %s: %s", j->id, err.msg);
+}
+
+/* Coalescing. A delta is a run of tokens with their text, so consecutive
+ * deltas of one job concatenate into one that a client reads exactly as it
+ * would read them apart (schemas/README.md). Holding them back changes
+ * nothing for resumption: a job's tokens count as published only once
+ * their event is in the stream, so a worker that dies holding some makes
+ * its successor generate them again, token-exact. Logprob deltas are not
+ * held (their per-token arrays would have to be merged too). The bound is
+ * time, not the reader's lag (and a job's first delta is never held): knowing a reader is behind would cost Redis
+ * a command per stream per step, more than coalescing saves. */
+static void hold_release(struct worker *w, struct wjob *j)
+{
+    if (!j->t_hold)
+        return;
+    struct ev_delta d = {
+        .content = j->hold_content.n ? j->hold_content.p : NULL,
+        .content_len = j->hold_content.n,
+        .reasoning_content = j->hold_reasoning.n ? j->hold_reasoning.p : NULL,
+        .reasoning_len = j->hold_reasoning.n, .token_ids = j->hold_ids, .n_token_ids = j->n_hold};
+    emit_delta(w, j, &d);
+    j->n_hold = 0;
+    j->hold_content.n = j->hold_reasoning.n = 0;
+    j->t_hold = 0;
+}
+
+/* Takes d into j's hold; false (and nothing held changed) when d is not to
+ * be held: coalescing off, logprobs, the job's first tokens, or no memory. */
+static bool hold_take(struct worker *w, struct wjob *j, const struct ev_delta *d, int64_t now)
+{
+    if (w->opt.coalesce_ms <= 0 || d->logprobs || !j->t_first)
+        return false; /* the first tokens go at once: coalescing never adds to TTFT */
+    if (j->n_hold + d->n_token_ids > j->cap_hold) {
+        int cap = j->cap_hold ? j->cap_hold : 16;
+        while (cap < j->n_hold + d->n_token_ids)
+            cap *= 2;
+        int32_t *g = realloc(j->hold_ids, (size_t)cap * sizeof *g);
+        if (!g)
+            return false;
+        j->hold_ids = g;
+        j->cap_hold = cap;
+    }
+    size_t nc = j->hold_content.n, nr = j->hold_reasoning.n;
+    if (text_add(&j->hold_content, d->content ? d->content : "", d->content_len) ||
+        text_add(&j->hold_reasoning, d->reasoning_content ? d->reasoning_content : "",
+                 d->reasoning_len)) {
+        j->hold_content.n = nc; /* back to what was held */
+        j->hold_reasoning.n = nr;
+        j->hold_content.oom = j->hold_reasoning.oom = false;
+        return false;
+    }
+    if (d->n_token_ids)
+        memcpy(j->hold_ids + j->n_hold, d->token_ids, (size_t)d->n_token_ids * sizeof *d->token_ids);
+    j->n_hold += d->n_token_ids;
+    if (!j->t_hold)
+        j->t_hold = now;
+    return true;
+}
+
+void w_hold_due(struct worker *w, int64_t now_ms, bool all)
+{
+    for (int i = 0; i < w->n_jobs; i++) {
+        struct wjob *j = w->jobs[i];
+        if (j->t_hold && (all || now_ms - j->t_hold >= w->opt.coalesce_ms))
+            hold_release(w, j);
+    }
+}
+
 static void on_event(struct worker *w, const struct engine_event *ev)
 {
     struct wjob *j = ev->user;
@@ -488,12 +568,12 @@ static void on_event(struct worker *w, const struct engine_event *ev)
             .reasoning_content = ev->n_reasoning ? ev->reasoning : NULL,
             .reasoning_len = ev->n_reasoning, .token_ids = ev->tokens,
             .n_token_ids = ev->n_tokens, .logprobs = lp};
-        char *json;
-        struct rl_err err;
-        if (ev_build_delta(ev_seq_take(&j->seq), &d, &json, &err) == 0)
-            w_push_event(j, json);
-        else
-            RL_LOG(&w->log, RL_LOG_ERROR, "job %s: %s", j->id, err.msg);
+        if (!hold_take(w, j, &d, now)) {
+            hold_release(w, j); /* what was held goes first, in order */
+            emit_delta(w, j, &d);
+        } else if (fin || now - j->t_hold >= w->opt.coalesce_ms) {
+            hold_release(w, j);
+        }
         free(lp);
         free(top_ids);
         free(top_lp);
@@ -527,6 +607,7 @@ static void on_event(struct worker *w, const struct engine_event *ev)
     free(content.p);
     if (!fin)
         return;
+    hold_release(w, j); /* before done or error */
     j->eng_id = 0;
     if (ev->finish != ENGINE_FINISH_STOP && ev->finish != ENGINE_FINISH_LENGTH)
         j->cache_fill = false;
@@ -728,6 +809,8 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
             for (int i = 0; i < n_ev; i++)
                 on_event(w, &evs[i]);
         }
+        if (w->opt.coalesce_ms > 0)
+            w_hold_due(w, rl_wall_ms(), draining);
         int frc = w_flush(w, err);
         bool up = frc == 0 && rconn_connected(w->rc);
         if (up != was_up) {

@@ -108,6 +108,8 @@ static int setup(struct worker *w, struct rl_err *err)
     struct engine_options eo;
     engine_options_default(&eo);
     eo.backend = w->opt.backend;
+    eo.sim_profile = w->opt.sim_profile;
+    eo.sim_model = w->opt.sim_model[0] ? w->opt.sim_model : NULL;
     eo.n_threads = w->opt.threads;
     eo.device = w->opt.device;
     eo.mmap_weights = w->opt.mmap_weights;

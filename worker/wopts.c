@@ -44,6 +44,8 @@ static int from_cfg(struct wopts *o, const struct cfg *c, struct rl_err *err)
     copy(o->served_name, sizeof o->served_name, c->served_model_name);
     o->pool_scope_model = !strcmp(c->pool_scope, "model");
     copy(o->backend, sizeof o->backend, c->backend);
+    copy(o->sim_profile, sizeof o->sim_profile, c->sim_profile);
+    copy(o->sim_model, sizeof o->sim_model, c->sim_model);
     copy(o->log_level, sizeof o->log_level, c->log_level);
     copy(o->metrics_addr, sizeof o->metrics_addr, "127.0.0.1");
     o->device = c->device;
@@ -74,6 +76,7 @@ static int from_cfg(struct wopts *o, const struct cfg *c, struct rl_err *err)
     o->default_stream_ttl_s = c->stream_ttl_s;
     o->max_stream_ttl_s = c->max_stream_ttl_s;
     o->publish = c->publish_channel;
+    o->coalesce_ms = c->coalesce_ms;
     return 0;
 }
 

@@ -28,6 +28,8 @@ struct wopts {
     char served_name[WOPTS_STR_MAX]; /* served_model_name; "" = derived from model */
     bool pool_scope_model;           /* pool_scope = model: streams jobs:<name>:<pool> */
     char backend[16];
+    char sim_profile[16];           /* sim backend: device profile */
+    char sim_model[WOPTS_STR_MAX];  /* sim backend: model shape; "" = model's */
     char log_level[16];
     char metrics_addr[64];           /* always loopback */
     int device;                      /* engine_options.device (CUDA) */
@@ -57,6 +59,7 @@ struct wopts {
     int max_max_tokens;
     int default_stream_ttl_s;
     int max_stream_ttl_s;
+    int coalesce_ms;         /* coalesce_ms: deltas held back at most this long; 0 = off */
     bool publish;            /* also PUBLISH every event on <prefix>tok:<id> */
 };
 

@@ -38,6 +38,7 @@
 #include "log.h"
 #include "modelref.h"
 #include "rconn.h"
+#include "text.h"
 #include "wopts.h"
 
 #define W_KEY_MAX 384 /* <prefix>jobs:<served name>:<pool> fits */
@@ -88,6 +89,13 @@ struct wjob {
     /* tool calls, parsed from content when the job has tools */
     struct chat_parser *parser;
     cJSON *tool_calls;            /* array, owned */
+
+    /* coalescing (coalesce_ms > 0): deltas not yet sent, to go out as one
+     * delta event; t_hold is when the oldest came (0 = nothing held) */
+    int32_t *hold_ids;            /* (n_hold) token ids, owned */
+    int n_hold, cap_hold;
+    struct text hold_content, hold_reasoning;
+    int64_t t_hold;
 
     /* timings, ms on the Unix clock */
     int64_t t_enqueued, t_admitted, t_first, t_last_tok;
@@ -185,6 +193,10 @@ int w_admissible(struct worker *w);
  * (rcl_tagged_key). Known once either connection has connected. */
 bool w_cluster(const struct worker *w);
 void w_job_free(struct wjob *j);
+/* Coalescing: sends the held-back deltas of every job whose oldest has
+ * waited coalesce_ms (all of them when `all`) as one delta event each,
+ * into the outbox; the loop calls it before every flush. */
+void w_hold_due(struct worker *w, int64_t now_ms, bool all);
 int w_jobs_add(struct worker *w, struct wjob *j);
 
 /* publish.c */

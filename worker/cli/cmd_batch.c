@@ -217,6 +217,10 @@ int cmd_run_batch(int argc, char **argv)
             eo.isa = v;
         } else if (!strcmp(f, "--backend")) {
             eo.backend = v;
+        } else if (!strcmp(f, "--sim-profile")) {
+            eo.sim_profile = v;
+        } else if (!strcmp(f, "--sim-model")) {
+            eo.sim_model = v;
         } else if (!strcmp(f, "--max-batch")) {
             if (!(rc = cli_parse_int(v, 1, 4096, &x, f, &err)))
                 eo.max_batch = (int)x;

@@ -620,6 +620,15 @@ static char *build_job(const struct lb_run *run, int i, struct lb_req *q)
         cJSON_AddStringToObject(job, "model", o->model);
     cJSON_AddNumberToObject(job, "max_tokens", q->max_tokens);
     cJSON_AddNumberToObject(job, "temperature", q->repeated ? 0 : o->temperature);
+    /* a seed of its own (53 bits, exact in JSON), from --seed, level and
+     * number: two runs with one --seed send the same jobs, so a run under
+     * faults can be compared token by token with a calm one (the soak,
+     * tests/bench/bench_fleet.py); without it the worker would derive the
+     * seed from the job's id and entry ID, which differ between runs */
+    if (!q->repeated)
+        cJSON_AddNumberToObject(job, "seed", (double)(lst_seed_mix(o->seed ^ 0x73656564ull,
+                                                                   (uint64_t)run->level_idx,
+                                                                   (uint64_t)i) >> 11));
     cJSON_AddBoolToObject(job, "ignore_eos", 1);
     char *s = cJSON_PrintUnformatted(job);
     cJSON_Delete(job);

@@ -1,0 +1,371 @@
+/* engine/sim/sim.c - the sim backend (sim.h): device timing without a device.
+ *
+ * forward() does three things per step:
+ *   1. the token path: every new token's KV slot gets a 64-bit hash of the
+ *      slot before it (position - 1 of the same sequence, through its block
+ *      table) and the token id. The hash plays the part of the keys and
+ *      values: it depends on the whole prefix and nothing else, so a prefix
+ *      cache hit, a copy-on-write kv_copy, a preemption that recomputes, or
+ *      a resumed job on another worker all see the same values, and a block
+ *      table bug shows up as different tokens, as it would on a GPU;
+ *   2. logits: each row asked for is -1e9 except four candidate ids drawn
+ *      from the row's hash (logits 2, 1, 0.5, 0), ids in [256, 151643) -
+ *      ordinary BPE merges of Qwen3's vocabulary, no byte tokens and no
+ *      special tokens - so the engine's sampler (greedy or seeded) picks one
+ *      of them deterministically: same prompt + seed + parameters, same ids;
+ *   3. time: sleeps until the step has lasted sim_step_seconds() from its
+ *      start (the CPU work of 1 and 2 is inside that time, as a GPU's
+ *      compute would be).
+ * The pool is (n_blocks * block_size) hashes, 8 bytes a slot. Owner thread
+ * only, like every backend. */
+#include "sim.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+static const struct sim_profile profiles[] = {
+    /* NVIDIA datasheets, SXM parts, dense (no sparsity) tensor peaks */
+    {"h200", 141e9, 4.8e12, 989.4e12, 1978.9e12},
+    {"h100", 80e9, 3.35e12, 989.4e12, 1978.9e12},
+    {"a100", 80e9, 2.039e12, 312e12, 0},
+    {"l40s", 48e9, 0.864e12, 362.05e12, 733e12},
+};
+
+int sim_profile_get(const char *name, struct sim_profile *out, struct rl_err *err)
+{
+    if (!name || !*name)
+        name = "h200";
+    for (size_t i = 0; i < sizeof profiles / sizeof profiles[0]; i++)
+        if (!strcmp(profiles[i].name, name)) {
+            *out = profiles[i];
+            return 0;
+        }
+    return rl_errf(err, RL_EINVAL, "sim: unknown device profile \"%s\" (expected h200, h100, a100 or l40s)",
+                   name);
+}
+
+/* Built-in shapes: the Hugging Face config.json fields of the Qwen3 dense
+ * models that matter here, parsed by the same model_parse_config(). */
+#define QWEN3(h, i, l, nh, tied, extra)                                                          \
+    "{\"model_type\":\"qwen3\",\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":" #h ",\"intermediate_size\":" #i ",\"num_hidden_layers\":" #l            \
+    ",\"num_attention_heads\":" #nh ",\"num_key_value_heads\":8,\"head_dim\":128,"               \
+    "\"vocab_size\":151936,\"max_position_embeddings\":40960,\"rms_norm_eps\":1e-6,"            \
+    "\"rope_theta\":1000000,\"tie_word_embeddings\":" #tied ",\"torch_dtype\":\"bfloat16\","    \
+    "\"bos_token_id\":151643,\"eos_token_id\":151645" extra "}"
+#define FP8 ",\"quantization_config\":{\"quant_method\":\"fp8\",\"weight_block_size\":[128,128]}"
+static const struct {
+    const char *name, *json;
+} shapes[] = {
+    {"qwen3-0.6b", QWEN3(1024, 3072, 28, 16, true, "")},
+    {"qwen3-1.7b", QWEN3(2048, 6144, 28, 16, true, "")},
+    {"qwen3-4b", QWEN3(2560, 9728, 36, 32, true, "")},
+    {"qwen3-8b", QWEN3(4096, 12288, 36, 32, false, "")},
+    {"qwen3-14b", QWEN3(5120, 17408, 40, 40, false, "")},
+    {"qwen3-32b", QWEN3(5120, 25600, 64, 64, false, "")},
+    {"qwen3-8b-fp8", QWEN3(4096, 12288, 36, 32, false, FP8)},
+    {"qwen3-14b-fp8", QWEN3(5120, 17408, 40, 40, false, FP8)},
+    {"qwen3-32b-fp8", QWEN3(5120, 25600, 64, 64, false, FP8)},
+};
+
+static int read_text(const char *path, char **out, struct rl_err *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return rl_errf(err, RL_EIO, "%s: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!s || fread(s, 1, (size_t)n, f) != (size_t)n) {
+        free(s);
+        fclose(f);
+        return rl_errf(err, RL_EIO, "%s: cannot read", path);
+    }
+    s[n] = 0;
+    fclose(f);
+    *out = s;
+    return 0;
+}
+
+int sim_model_config(const char *spec, struct model_config *cfg, struct rl_err *err)
+{
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        if (!strcmp(shapes[i].name, spec))
+            return model_parse_config(cfg, shapes[i].json, shapes[i].name, err);
+    char path[4096];
+    struct stat st;
+    if (stat(spec, &st) != 0) {
+        if (!strchr(spec, '/') && !strstr(spec, ".json"))
+            return rl_errf(err, RL_EINVAL,
+                           "sim: unknown model \"%s\" (a built-in: qwen3-0.6b, -1.7b, -4b, -8b, -14b, "
+                           "-32b, -8b-fp8, -14b-fp8, -32b-fp8; or a config.json path)", spec);
+        return rl_errf(err, RL_EIO, "sim: %s: %s", spec, strerror(errno));
+    }
+    snprintf(path, sizeof path, S_ISDIR(st.st_mode) ? "%s/config.json" : "%s", spec);
+    char *json = NULL;
+    int rc = read_text(path, &json, err);
+    if (!rc)
+        rc = model_parse_config(cfg, json, path, err);
+    free(json);
+    return rc;
+}
+
+int sim_model_load(struct model **out, const char *dir, const char *spec, struct rl_err *err)
+{
+    *out = NULL;
+    struct model_config cfg;
+    int rc = sim_model_config(spec && *spec ? spec : dir, &cfg, err);
+    return rc ? rc : model_create_shape(out, &cfg, dir, err);
+}
+
+static double wbytes(const struct model_config *c)
+{
+    return c->fp8_block_rows ? 1.0 : c->dtype == MODEL_F32 ? 4.0 : 2.0;
+}
+
+/* matrix parameters of the layers (no norms, no embedding, no lm_head) */
+static double layer_params(const struct model_config *c)
+{
+    double q = (double)c->n_heads * c->head_dim, kv = (double)c->n_kv_heads * c->head_dim;
+    return (double)c->n_layers * (c->hidden * (2 * q + 2 * kv) + 3.0 * c->hidden * c->intermediate);
+}
+
+double sim_weight_bytes(const struct model_config *c, int read_per_step)
+{
+    double vh = (double)c->vocab * c->hidden, tbl = c->dtype == MODEL_F32 ? 4.0 : 2.0;
+    double b = layer_params(c) * wbytes(c) + vh * tbl; /* lm_head (bf16 in FP8 checkpoints too) */
+    if (!read_per_step && !c->tied)
+        b += vh * tbl;                                 /* the embedding, stored apart */
+    return b;
+}
+
+double sim_kv_token_bytes(const struct model_config *c)
+{
+    return (double)c->n_layers * 2.0 * c->n_kv_heads * c->head_dim * 2.0;
+}
+
+double sim_kv_capacity(const struct sim_profile *p, const struct model_config *c)
+{
+    double b = p->mem_bytes * SIM_MEM_UTIL - sim_weight_bytes(c, 0);
+    return b > 0 ? b : 0;
+}
+
+double sim_step_seconds(const struct sim_profile *p, const struct model_config *c,
+                        double n_tokens, double n_logits, double attn_pairs, double kv_tokens)
+{
+    double bw = p->bw * SIM_BW_EFF;
+    double peak = (c->fp8_block_rows && p->fp8_flops > 0 ? p->fp8_flops : p->bf16_flops) * SIM_FLOP_EFF;
+    double flops = 2.0 * layer_params(c) * n_tokens + 2.0 * (double)c->vocab * c->hidden * n_logits +
+                   4.0 * c->n_layers * (double)c->n_heads * c->head_dim * attn_pairs;
+    double wt = sim_weight_bytes(c, 1) / bw, ct = flops / peak;
+    return (wt > ct ? wt : ct) + kv_tokens * sim_kv_token_bytes(c) / bw + SIM_LAUNCH_S;
+}
+
+struct sim {
+    struct sim_profile p;
+    struct model_config cfg;
+    uint64_t *slots;          /* (n_blocks * block_size) prefix hash per KV slot */
+    int n_blocks, block_size;
+    int32_t id_lo, id_n;      /* candidate ids: [id_lo, id_lo + id_n) */
+    double modelled_s, slept_s, over_s; /* since the last profile() */
+    int64_t n_steps;
+    char desc[160];
+};
+
+static uint64_t mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int sim_load(void *ctx, const struct model_config *cfg, const struct model_weights *w,
+                    int max_tokens, struct rl_err *err)
+{
+    (void)w;
+    (void)max_tokens;
+    struct sim *s = ctx;
+    s->cfg = *cfg;
+    if (cfg->vocab < 4)
+        return rl_errf(err, RL_EUNSUPPORTED, "sim: vocab_size %d is below 4", cfg->vocab);
+    int32_t hi = cfg->vocab < 151643 ? cfg->vocab : 151643;
+    s->id_lo = hi > 1024 ? 256 : 0;
+    s->id_n = hi - s->id_lo;
+    double cap = sim_kv_capacity(&s->p, cfg);
+    if (cap <= 0)
+        return rl_errf(err, RL_EUNSUPPORTED, "sim: %.1f GB of weights do not fit %s's %.0f GB",
+                       sim_weight_bytes(cfg, 0) / 1e9, s->p.name, s->p.mem_bytes / 1e9);
+    snprintf(s->desc, sizeof s->desc, "sim %s (%.2f TB/s, %.0f TFLOPS %s), %.1f GB weights, %.1f GB KV",
+             s->p.name, s->p.bw / 1e12,
+             (cfg->fp8_block_rows && s->p.fp8_flops > 0 ? s->p.fp8_flops : s->p.bf16_flops) / 1e12,
+             cfg->fp8_block_rows && s->p.fp8_flops > 0 ? "fp8" : "bf16", sim_weight_bytes(cfg, 0) / 1e9,
+             cap / 1e9);
+    return 0;
+}
+
+static size_t sim_kv_block_bytes(void *ctx, int block_size)
+{
+    struct sim *s = ctx;
+    return (size_t)(sim_kv_token_bytes(&s->cfg) * block_size);
+}
+
+static size_t sim_kv_capacity_op(void *ctx)
+{
+    struct sim *s = ctx;
+    return (size_t)sim_kv_capacity(&s->p, &s->cfg);
+}
+
+static int sim_kv_init(void *ctx, int n_blocks, int block_size, struct rl_err *err)
+{
+    struct sim *s = ctx;
+    free(s->slots);
+    s->slots = calloc((size_t)n_blocks * (size_t)block_size, sizeof *s->slots);
+    if (!s->slots)
+        return rl_errf(err, RL_ENOMEM, "sim: out of memory for %d KV blocks", n_blocks);
+    s->n_blocks = n_blocks;
+    s->block_size = block_size;
+    return 0;
+}
+
+static int sim_kv_copy(void *ctx, int32_t dst, int32_t src, int n_tokens, struct rl_err *err)
+{
+    struct sim *s = ctx;
+    if (dst < 0 || src < 0 || dst >= s->n_blocks || src >= s->n_blocks || n_tokens > s->block_size)
+        return rl_errf(err, RL_EBACKEND, "sim: kv_copy %d -> %d out of range", src, dst);
+    memcpy(s->slots + (size_t)dst * s->block_size, s->slots + (size_t)src * s->block_size,
+           (size_t)n_tokens * sizeof *s->slots);
+    return 0;
+}
+
+static uint64_t *slot(struct sim *s, const struct be_seq *q, int32_t pos)
+{
+    int32_t b = q->block_table[pos / s->block_size];
+    if (b < 0 || b >= s->n_blocks)
+        return NULL;
+    return s->slots + (size_t)b * s->block_size + pos % s->block_size;
+}
+
+static int sim_forward(void *ctx, const struct be_batch *batch, struct rl_err *err)
+{
+    struct sim *s = ctx;
+    double t0 = now_s();
+    double attn = 0, kv = 0;
+    int32_t tok = 0, row = 0, V = s->cfg.vocab;
+    for (int i = 0; i < batch->n_seqs; i++) {
+        const struct be_seq *q = &batch->seqs[i];
+        kv += q->n_past + q->n_new;
+        for (int32_t j = 0; j < q->n_new; j++, tok++) {
+            int32_t pos = q->n_past + j;
+            attn += pos + 1;
+            uint64_t prev = 0x5eed0fa11ull;
+            if (pos > 0) {
+                uint64_t *p = slot(s, q, pos - 1);
+                if (!p)
+                    return rl_errf(err, RL_EBACKEND, "sim: seq %d: bad block at position %d", i, pos - 1);
+                prev = *p;
+            }
+            uint64_t *h = slot(s, q, pos);
+            if (!h)
+                return rl_errf(err, RL_EBACKEND, "sim: seq %d: bad block at position %d", i, pos);
+            *h = mix(prev ^ mix((uint64_t)(uint32_t)batch->tokens[tok]));
+            if (j < q->logits_from)
+                continue;
+            float *l = batch->logits + (size_t)row++ * V;
+            for (int32_t v = 0; v < V; v++)
+                l[v] = -1e9f;
+            static const float val[4] = {2.0f, 1.0f, 0.5f, 0.0f};
+            for (int c = 0; c < 4; c++) {
+                int32_t id = s->id_lo + (int32_t)(mix(*h + (uint64_t)c) % (uint64_t)s->id_n);
+                if (l[id] < val[c])
+                    l[id] = val[c];
+            }
+        }
+    }
+    double t = sim_step_seconds(&s->p, &s->cfg, batch->n_tokens, batch->n_logits, attn, kv);
+    double end = t0 + t, now = now_s();
+    s->modelled_s += t;
+    s->n_steps++;
+    if (now < end) {
+        struct timespec ts = {(time_t)end, (long)((end - floor(end)) * 1e9)};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+            ;
+        s->slept_s += end - now;
+    } else {
+        s->over_s += now - end; /* the host work alone took longer than the model */
+    }
+    return 0;
+}
+
+static int sim_profile_op(void *ctx, char *out, size_t n)
+{
+    struct sim *s = ctx;
+    int len = snprintf(out, n, "{\"modelled_ms\": %.3f, \"slept_ms\": %.3f, \"over_ms\": %.3f, \"steps\": %lld}",
+                       s->modelled_s * 1e3, s->slept_s * 1e3, s->over_s * 1e3, (long long)s->n_steps);
+    s->modelled_s = s->slept_s = s->over_s = 0;
+    s->n_steps = 0;
+    return len < 0 || (size_t)len >= n ? -1 : len;
+}
+
+static const char *sim_describe(void *ctx)
+{
+    return ((struct sim *)ctx)->desc;
+}
+
+static void sim_free(void *ctx)
+{
+    struct sim *s = ctx;
+    if (!s)
+        return;
+    free(s->slots);
+    free(s);
+}
+
+static const struct be_ops sim_ops = {
+    .name = "sim",
+    .load = sim_load,
+    .kv_block_bytes = sim_kv_block_bytes,
+    .kv_init = sim_kv_init,
+    .forward = sim_forward,
+    .kv_copy = sim_kv_copy,
+    .profile = sim_profile_op,
+    .describe = sim_describe,
+    .kv_capacity = sim_kv_capacity_op,
+    .free = sim_free,
+};
+
+int sim_backend_create(struct backend **out, const struct be_options *opt, struct rl_err *err)
+{
+    *out = NULL;
+    struct sim *s = calloc(1, sizeof *s);
+    struct backend *be = calloc(1, sizeof *be);
+    int rc = -RL_ENOMEM;
+    if (!s || !be) {
+        rl_errf(err, RL_ENOMEM, "sim: out of memory");
+        goto fail;
+    }
+    if ((rc = sim_profile_get(opt ? opt->sim_profile : NULL, &s->p, err)))
+        goto fail;
+    snprintf(s->desc, sizeof s->desc, "sim %s", s->p.name);
+    be->ops = &sim_ops;
+    be->ctx = s;
+    *out = be;
+    return 0;
+fail:
+    free(s);
+    free(be);
+    return rc;
+}

@@ -1,0 +1,374 @@
+#!/usr/bin/python3
+"""The fleet soak (issue 19 part 2; `make bench-fleet`): one private
+redis-server, 2 dispatchers and N sim workers (engine/sim/: a modelled H200
+serving Qwen3-14B; real scheduler, KV cache, sampler, worker and protocol,
+no weights), loaded open-loop by `redlm bench` at rising rates with think and
+no_think requests, output lengths drawn from a range and repeated prompts.
+
+The sweep runs twice with one --seed, so both runs send the same jobs (each
+sampled one with its own seed): first calm, then under faults: a quarter of
+the workers killed with SIGKILL and restarted, one dispatcher restarted, and
+Redis stopped (SIGSTOP) for 2 s, at fixed times after the faulted sweep
+starts. Then (--coalesce-ms) the workers restart with coalesce_ms and the
+calm sweep runs a third time, coalesced. Afterwards every job's redlm:out:<id> stream is read back: jobs lost
+(no done), duplicated events (a seq twice), out-of-order events (seq i not at
+entry 0-(i+1)), and jobs whose token ids differ from the calm run's.
+
+Per level it reports delivered output tokens/s, Redis CPU per delivered
+token (us, from INFO cpu), Redis CPU utilisation, events per token (from the
+client's counts), dispatcher CPU per request (us, /proc), TTFT and
+inter-token time p50/p99, and the CPU a sim worker costs. From the largest
+calm level it extrapolates the rate at which Redis's one thread saturates
+(1 s of CPU per s / CPU per token) and how many real H200s (at the sim's
+modelled batch-64 rate) that serves. Output: a table on stdout and
+$OUT/fleet.json. Everything it starts it stops, by pid.
+
+  /usr/bin/python3 tests/bench/bench_fleet.py --workers 64 --rates 4,8,16 --duration 20
+"""
+import argparse
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import redis
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TOKENIZER = ROOT / "engine/tokenizers/qwen3"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def cpu_s(pid):
+    """utime + stime of pid in seconds (0 once it is gone)."""
+    try:
+        f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / TICK
+    except (OSError, IndexError):
+        return 0.0
+
+
+class Fleet:
+    def __init__(self, a):
+        self.a = a
+        self.out = pathlib.Path(a.out).resolve()
+        (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.addr = f"127.0.0.1:{self.port}"
+        self.prefix = "fl:"
+        self.procs = []           # every process started, stopped at the end by pid
+        self.dead_cpu = {"worker": 0.0, "dispatcher": 0.0}  # CPU of processes since killed
+        self.redis = None
+        self.workers = {}
+        self.dispatchers = {}
+        self.coalesce_ms = 0      # the workers' --coalesce-ms
+
+    def spawn(self, args, log):
+        p = subprocess.Popen(args, stdout=open(self.out / "logs" / log, "w"),
+                             stderr=subprocess.STDOUT, cwd=ROOT)
+        self.procs.append(p)
+        return p
+
+    def start_redis(self):
+        self.redis = self.spawn(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                                 "--save", "", "--appendonly", "no", "--dir", str(self.out / "logs")],
+                                "redis.log")
+        self.r = redis.Redis(port=self.port, decode_responses=True)
+        for _ in range(200):
+            try:
+                if self.r.ping():
+                    return
+            except redis.exceptions.RedisError:
+                time.sleep(0.02)
+        sys.exit("redis-server did not start")
+
+    def start_dispatcher(self, name):
+        self.dispatchers[name] = self.spawn(
+            [str(ROOT / self.a.build / "redlm-dispatcher"), "--redis", self.addr, "--prefix",
+             self.prefix, "--name", name, "--pools", "fast,think", "--http-port", "0"],
+            f"dispatcher-{name}.log")
+
+    def start_worker(self, name):
+        self.workers[name] = self.spawn(
+            [str(ROOT / self.a.build / "redlm-worker"), "--redis", self.addr, "--prefix", self.prefix,
+             "--model", str(TOKENIZER), "--backend", "sim", "--sim-profile", self.a.profile,
+             "--sim-model", self.a.model, "--pools", "fast,think", "--name", name, "--threads", "1",
+             "--http-port", "0", "--no-result-cache", "--max-batch", str(self.a.max_batch),
+             "--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200",
+             "--heartbeat-interval-ms", "500", "--coalesce-ms", str(self.coalesce_ms)],
+            f"worker-{name}.log")
+
+    def wait_ready(self, names, kind):
+        deadline = time.time() + 300
+        for n in names:
+            log = self.out / "logs" / f"{kind}-{n}.log"
+            while "ready:" not in log.read_text():
+                procs = self.workers if kind == "worker" else self.dispatchers
+                if procs[n].poll() is not None or time.time() > deadline:
+                    sys.exit(f"{kind} {n} did not get ready:\n{log.read_text()[-2000:]}")
+                time.sleep(0.05)
+
+    def kill(self, kind, name, sig):
+        procs = self.workers if kind == "worker" else self.dispatchers
+        p = procs[name]
+        self.dead_cpu[kind] += cpu_s(p.pid)  # read before it is reaped
+        p.send_signal(sig)
+        p.wait(30)
+
+    def snap(self):
+        info = self.r.info("cpu")
+        stats = self.r.info("commandstats")
+        snap = {f"us_{c}": stats.get(f"cmdstat_{c}", {}).get("usec", 0) / 1e6
+                for c in ("xadd", "xread", "xautoclaim", "xclaim", "exists", "xreadgroup")}
+        return {**snap, "t": time.time(),
+                "redis_cpu": info["used_cpu_sys"] + info["used_cpu_user"],
+                "xadd": stats.get("cmdstat_xadd", {}).get("calls", 0),
+                "disp_cpu": self.dead_cpu["dispatcher"] + sum(
+                    cpu_s(p.pid) for p in self.dispatchers.values() if p.poll() is None),
+                "worker_cpu": self.dead_cpu["worker"] + sum(
+                    cpu_s(p.pid) for p in self.workers.values() if p.poll() is None)}
+
+    def stop_all(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT if p is self.redis else signal.SIGTERM)
+                if p is self.redis:
+                    p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def faults(fleet, log):
+    """The fault schedule of the faulted sweep (seconds after its start)."""
+    a = fleet.a
+    t0 = time.time()
+
+    def at(t):
+        d = t0 + t - time.time()
+        if d > 0:
+            time.sleep(d)
+
+    victims = sorted(fleet.workers)[:max(1, a.workers // 4)]
+    at(a.duration * 0.5)
+    for n in victims:
+        fleet.kill("worker", n, signal.SIGKILL)
+    log.append((round(time.time() - t0, 1), f"kill -9 {len(victims)} workers"))
+    at(a.duration * 0.5 + 2)
+    for n in victims:
+        fleet.start_worker(n)
+    fleet.wait_ready(victims, "worker")
+    log.append((round(time.time() - t0, 1), f"{len(victims)} workers restarted and ready"))
+    at(a.duration * 1.3)
+    fleet.kill("dispatcher", "d1", signal.SIGTERM)
+    fleet.start_dispatcher("d1")
+    fleet.wait_ready(["d1"], "dispatcher")
+    log.append((round(time.time() - t0, 1), "dispatcher d1 restarted"))
+    at(a.duration * 2.2)
+    fleet.redis.send_signal(signal.SIGSTOP)
+    time.sleep(2)
+    fleet.redis.send_signal(signal.SIGCONT)
+    log.append((round(time.time() - t0, 1), "Redis stopped 2 s (SIGSTOP/SIGCONT)"))
+
+
+def sweep(fleet, tag):
+    a = fleet.a
+    levels = []
+    for rate in a.rates:
+        res = fleet.out / f"{tag}-r{rate:g}" / "result.json"
+        before = fleet.snap()
+        cmd = [str(ROOT / a.build / "redlm"), "bench", "--redis", fleet.addr, "--prefix",
+               fleet.prefix, "--target", "dispatcher", "--rate", f"{rate:g}", "--clients",
+               str(a.clients), "--duration", str(a.duration), "--requests", "100000",
+               "--prompt-len", a.prompt_len, "--output-len", a.output_len, "--think", "0.3",
+               "--repeat", "0.2", "--hot", "4", "--seed", "19", "--timeout", "120",
+               "--no-plots", "--label", f"{tag} {rate:g}/s", "--out", str(res)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL,
+                       stderr=open(fleet.out / "logs" / f"bench-{tag}-{rate:g}.log", "w"))
+        after = fleet.snap()
+        lv = json.loads(res.read_text())["levels"][0]
+        levels.append({"rate": rate, "level": lv, "cpu": {k: after[k] - before[k] for k in before}})
+    return levels, " ".join(cmd)
+
+
+def read_tokens(r, prefix, job_id):
+    """(tokens, lost, dup, out of order, finish reason) of one job's stream."""
+    evs = r.xrange(f"{prefix}out:{job_id}")
+    seqs, tokens, order = [], [], 0
+    for i, (eid, f) in enumerate(evs):
+        ev = json.loads(f["event"])
+        seqs.append(ev["seq"])
+        order += ev["seq"] != i or eid != f"0-{i + 1}"
+        if ev["type"] == "delta":
+            tokens += ev["token_ids"]
+    last = json.loads(evs[-1][1]["event"]) if evs else {}
+    done = last.get("type") == "done"
+    return tokens, int(not done), len(seqs) - len(set(seqs)), order, last.get("finish_reason")
+
+
+def check(fleet, calm, faulted):
+    """lost / dup / out of order over both runs, token mismatches of the
+    faulted run against the calm one (requests matched by level and number):
+    a job that ran to its length must have the calm run's tokens; one cut
+    short (the client's --timeout cancelled it on an overloaded host) must
+    have a prefix of them, and is counted as cut."""
+    tot = {"jobs": 0, "lost": 0, "dup": 0, "out_of_order": 0, "mismatch": 0, "compared": 0,
+           "cut": 0, "mismatched": []}
+    for c, f in zip(calm, faulted):
+        want = {}
+        for run, lv in (("calm", c), ("fault", f)):
+            for q in lv["level"]["requests"]:
+                toks, lost, dup, order, fin = read_tokens(fleet.r, fleet.prefix, q["id"])
+                tot["jobs"] += 1
+                tot["lost"] += lost
+                tot["dup"] += dup
+                tot["out_of_order"] += order
+                num = q["id"].rsplit("-", 1)[1]
+                if run == "calm":
+                    want[num] = toks if fin == "length" else None
+                elif want.get(num) is not None:
+                    tot["compared"] += 1
+                    if fin == "length":
+                        bad = toks != want[num]
+                        tot["mismatch"] += bad
+                        if bad and len(tot["mismatched"]) < 50:  # what kind of job, where
+                            k = next(i for i, (a, b) in enumerate(zip(toks + [None], want[num] + [None])) if a != b)
+                            tot["mismatched"].append({"id": q["id"], "mode": q["mode"],
+                                                      "repeated": q["repeated"],
+                                                      "max_tokens": q["max_tokens"], "first_diff": k})
+                    else:
+                        tot["cut"] += 1
+                        tot["mismatch"] += toks != want[num][:len(toks)]
+    return tot
+
+
+def row(lv):
+    L, c = lv["level"], lv["cpu"]
+    reqs = L["requests"]
+    toks = sum(q["completion_tokens"] for q in reqs)
+    evs = sum(q["events"] for q in reqs)
+    wall = L["window_s"] or 1
+    return {"rate": lv["rate"], "issued": L["issued"], "completed": L["completed"],
+            "errors": L["n_errors"], "tok_s": round(L["output_tokens_per_s"]),
+            "redis_us_per_tok": round(c["redis_cpu"] / max(toks, 1) * 1e6, 2),
+            "redis_util": round(c["redis_cpu"] / c["t"], 3),
+            "events_per_tok": round(evs / max(toks, 1), 3),
+            "xadd_per_tok": round(c["xadd"] / max(toks, 1), 3),
+            "disp_us_per_req": round(c["disp_cpu"] / max(len(reqs), 1) * 1e6),
+            "worker_cpu_util": round(c["worker_cpu"] / c["t"], 3),
+            "ttft_p50": round(L["ttft_ms"]["p50"], 1), "ttft_p99": round(L["ttft_ms"]["p99"], 1),
+            "itl_p50": round(L["tpot_ms"]["p50"], 2), "itl_p99": round(L["tpot_ms"]["p99"], 2),
+            "wall_s": wall,
+            # Redis CPU per delivered token by command (us): what is per token
+            # (XADD, XREAD, EXISTS) against what is per worker (XAUTOCLAIM ...)
+            "redis_us_per_tok_by_cmd": {k[3:]: round(v / max(toks, 1) * 1e6, 2)
+                                        for k, v in c.items() if k.startswith("us_")}}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workers", type=int, default=64)
+    ap.add_argument("--rates", default="4,8,16")
+    ap.add_argument("--duration", type=float, default=20)
+    ap.add_argument("--clients", type=int, default=512)
+    ap.add_argument("--prompt-len", default="16..128")
+    ap.add_argument("--output-len", default="64..256")
+    ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument("--profile", default="h200")
+    ap.add_argument("--model", default="qwen3-14b")
+    ap.add_argument("--gpu-tok-s", type=float, default=6285,
+                    help="one real GPU's tokens/s at full batch (the sim's h200 + qwen3-14b, batch 64, 1k context)")
+    ap.add_argument("--coalesce-ms", type=int, default=50,
+                    help="then restart the workers with this coalesce_ms and run the calm sweep "
+                         "once more (0 = skip)")
+    ap.add_argument("--build", default=os.environ.get("BUILD", "build"))
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    a.rates = [float(x) for x in a.rates.split(",")]
+    a.out = a.out or str(ROOT / a.build / "bench-fleet")
+    fleet = Fleet(a)
+    try:
+        fleet.start_redis()
+        for d in ("d1", "d2"):
+            fleet.start_dispatcher(d)
+        fleet.wait_ready(["d1", "d2"], "dispatcher")
+        names = [f"w{i}" for i in range(a.workers)]
+        t = time.time()
+        for n in names:
+            fleet.start_worker(n)
+        fleet.wait_ready(names, "worker")
+        start_s = time.time() - t
+        s0 = fleet.snap()
+        time.sleep(5)
+        s1 = fleet.snap()
+        idle = (s1["worker_cpu"] - s0["worker_cpu"]) / (s1["t"] - s0["t"]) / a.workers
+        calm, cmd = sweep(fleet, "calm")
+        flog = []
+        th = threading.Thread(target=faults, args=(fleet, flog))
+        th.start()
+        faulted, _ = sweep(fleet, "fault")
+        th.join()
+        tot = check(fleet, calm, faulted)
+        coal, tot_coal = [], None
+        if a.coalesce_ms:
+            for n in names:
+                fleet.kill("worker", n, signal.SIGTERM)
+            fleet.coalesce_ms = a.coalesce_ms
+            for n in names:
+                fleet.start_worker(n)
+            fleet.wait_ready(names, "worker")
+            coal, _ = sweep(fleet, "coalesced")
+            tot_coal = check(fleet, calm, coal)
+    finally:
+        fleet.stop_all()
+    rows = {"calm": [row(lv) for lv in calm], "fault": [row(lv) for lv in faulted],
+            f"coalesce {a.coalesce_ms} ms": [row(lv) for lv in coal]}
+    top = rows["calm"][-1]
+    sat_tok_s = 1e6 / top["redis_us_per_tok"]
+    result = {"options": {k: v for k, v in vars(a).items()}, "bench_command": cmd,
+              "workers_start_s": round(start_s, 1), "idle_cpu_per_worker": round(idle, 4),
+              "busy_cpu_per_worker": round(top["worker_cpu_util"] / a.workers, 4),
+              "faults": flog, "check": tot, "check_coalesced": tot_coal, "rows": rows,
+              "redis_saturation_tok_s": round(sat_tok_s),
+              "gpus_per_redis": round(sat_tok_s / a.gpu_tok_s, 1)}
+    (fleet.out / "fleet.json").write_text(json.dumps(result, indent=1))
+    cols = ["rate", "issued", "errors", "tok_s", "redis_us_per_tok", "redis_util", "events_per_tok",
+            "xadd_per_tok", "disp_us_per_req", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99"]
+    print("| run | " + " | ".join(cols) + " |")
+    print("|---" * (len(cols) + 1) + "|")
+    for run in rows:
+        for r in rows[run]:
+            print(f"| {run} | " + " | ".join(str(r[c]) for c in cols) + " |")
+    for run in rows:
+        for r in rows[run]:
+            print(f"# {run} {r['rate']}/s Redis us/token by command: {r['redis_us_per_tok_by_cmd']}")
+    print(f"\nfaults: {flog}")
+    print(f"check: {tot}")
+    if tot_coal:
+        print(f"check, coalesced against calm: {tot_coal}")
+    print(f"sim worker CPU: idle {idle:.4f}, busy {result['busy_cpu_per_worker']:.4f} cores each; "
+          f"{a.workers} workers ready in {start_s:.1f} s")
+    print(f"Redis saturates at ~{sat_tok_s:.0f} delivered tokens/s "
+          f"(1e6 us / {top['redis_us_per_tok']} us per token) = "
+          f"{result['gpus_per_redis']} GPUs at {a.gpu_tok_s:.0f} tok/s each")
+    bad = sum(t["lost"] + t["dup"] + t["out_of_order"] + t["mismatch"] for t in (tot, tot_coal) if t)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""The fleet soak, small (issue 19 part 2): a redis-server of the test's own,
+2 dispatchers and 6 sim workers (engine/sim/: a modelled H200 serving
+Qwen3-14B, real scheduler, KV cache, sampler, worker and protocol) take an
+open-loop stream of requests through `redlm:requests`: both modes, prompt ids
+and chat messages, short and long outputs, greedy and seeded sampled jobs,
+and prompts that repeat (prefix-cache hits). While it runs, a quarter of the
+workers (2 of 6) are killed with SIGKILL mid-generation and started again,
+one dispatcher is restarted, and Redis itself is stopped (SIGSTOP) for 2 s,
+longer than the workers' claim_idle_ms.
+
+Every job must end with done (0 lost), its events must carry seq 0..n at
+entry IDs 0-1..0-(n+1) without a repeat (0 duplicated) or a hole (0 out of
+order), and its token ids must equal those of the same job in a calm run
+before the faults (0 mismatches: resume is token-exact). The test also
+checks that the kills really hit jobs in the middle (some job resumed after
+published tokens), so it cannot pass by missing them.
+tests/bench/bench_fleet.sh is the large version (64 workers, rising rates).
+"""
+import json
+import random
+import re
+import signal
+import threading
+import time
+
+import pytest
+from conftest import QWEN3_TOKENIZER, RedisServer, connect, run_threads, stream_events
+
+SIM = ["--backend", "sim", "--sim-profile", "h200", "--sim-model", "qwen3-14b",
+       "--model", str(QWEN3_TOKENIZER), "--no-result-cache", "--max-batch", "16",
+       "--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
+N_WORKERS = 6
+HOT = [[random.Random(k).randrange(256, 5000) for _ in range(40)] for k in range(3)]
+
+
+def fleet_jobs(n, tag):
+    """n requests; the same n (and the same fields) for every tag."""
+    rnd = random.Random(19)
+    jobs = []
+    for i in range(n):
+        mode = "think" if i % 3 == 0 else "no_think"
+        j = {"id": f"{tag}{i}", "mode": mode, "max_tokens": rnd.choice([20, 60, 150, 300]),
+             "ignore_eos": True}
+        if i % 4 == 0:
+            j["messages"] = [{"role": "user", "content": f"question {rnd.randrange(10**6)}"}]
+        elif i % 4 == 1:
+            j["prompt_ids"] = HOT[i % len(HOT)]          # repeated prompt: prefix cache
+        else:
+            j["prompt_ids"] = [rnd.randrange(256, 5000) for _ in range(rnd.randint(4, 200))]
+        if i % 2:
+            j.update(temperature=0.8, top_p=0.95, seed=rnd.randrange(1 << 40))
+        else:
+            j["temperature"] = 0
+        jobs.append(j)
+    return jobs
+
+
+def read_all(addr, prefix, job_id):
+    """job_id's events up to done, or what came within 120 s (a lost job)."""
+    return stream_events(connect(addr), f"{prefix}out:{job_id}", 120, partial=True)
+
+
+def tally(jobs, streams, validator):
+    """(tokens per job, lost, duplicated, out of order)."""
+    tokens, lost, dup, order = [], 0, 0, 0
+    for j, evs in zip(jobs, streams):
+        seqs = [ev["seq"] for _, ev in evs]
+        dup += len(seqs) - len(set(seqs))
+        order += sum(1 for i, (eid, ev) in enumerate(evs)
+                     if ev["seq"] != i or eid != f"0-{i + 1}")
+        if not evs or evs[-1][1]["type"] != "done":
+            lost += 1
+        for _, ev in evs:
+            validator.validate(ev)
+        tokens.append([t for _, ev in evs if ev["type"] == "delta" for t in ev["token_ids"]])
+    return tokens, lost, dup, order
+
+
+def submit_open_loop(r, prefix, jobs, rate):
+    """XADDs jobs to redlm:requests at `rate` per second (open loop: the
+    schedule does not wait for answers; a stopped Redis delays the rest)."""
+    t0 = time.time()
+    for i, j in enumerate(jobs):
+        delay = t0 + i / rate - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        r.xadd(f"{prefix}requests", {"job": json.dumps(j)})
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    """A redis-server this test may stop; set up before (so torn down after)
+    the workers and dispatchers that use it."""
+    srv = RedisServer(tmp_path / "redis")
+    yield srv
+    srv.stop()
+
+
+def test_fleet_faults_token_exact(own_redis, workers, dispatchers, prefix, event_validator):
+    srv = own_redis
+    addr = srv.addr
+    r = connect(addr)
+    ds = [dispatchers("d1", addr=addr), dispatchers("d2", addr=addr)]
+    ws = [workers(f"w{i}", *SIM, addr=addr) for i in range(N_WORKERS)]
+    n = 60
+
+    calm = fleet_jobs(n, "calm")
+    submit_open_loop(r, prefix, calm, 40)
+    streams = run_threads(lambda j: read_all(addr, prefix, j["id"]), calm, 16)
+    want, lost, dup, order = tally(calm, streams, event_validator)
+    assert (lost, dup, order) == (0, 0, 0)
+    assert all(len(t) == j["max_tokens"] for j, t in zip(calm, want))
+
+    jobs = fleet_jobs(n, "f")
+    sender = threading.Thread(target=submit_open_loop, args=(connect(addr), prefix, jobs, 8))
+    sender.start()
+    # a quarter of the workers die holding jobs in mid-generation ...
+    time.sleep(2.0)
+    victims = ws[:2]  # a quarter of 6, rounded up
+    for w in victims:
+        w.kill(signal.SIGKILL)
+    for w in victims:
+        w.wait(10)
+    time.sleep(0.5)
+    ws += [workers(f"{w.name}b", *SIM, addr=addr) for w in victims]
+    # ... a dispatcher restarts ...
+    ds[0].stop()
+    ds.append(dispatchers("d1b", addr=addr))
+    # ... and Redis stops for 2 s, past claim_idle_ms
+    time.sleep(0.5)
+    srv.proc.send_signal(signal.SIGSTOP)
+    time.sleep(2.0)
+    srv.proc.send_signal(signal.SIGCONT)
+    sender.join(60)
+    assert not sender.is_alive()
+
+    streams = run_threads(lambda j: read_all(addr, prefix, j["id"]), jobs, 16)
+    got, lost, dup, order = tally(jobs, streams, event_validator)
+    mismatched = [j["id"] for j, a, b in zip(jobs, got, want) if a != b]
+    assert (lost, dup, order, len(mismatched)) == (0, 0, 0, 0), mismatched
+
+    resumed = {}
+    for w in ws:
+        for m in re.finditer(r"job (f\d+): resuming after (\d+) published tokens", w.text()):
+            resumed[m.group(1)] = max(resumed.get(m.group(1), 0), int(m.group(2)))
+    print("resumed mid-generation:", sorted(resumed.items()))
+    assert any(v > 0 for v in resumed.values()), "no job was resumed mid-generation"
