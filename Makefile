@@ -38,6 +38,11 @@ DEB_PKGS += prometheus
 # redlm chat: line editing and history (libedit); its test drives a real
 # terminal through tmux (test_cli.py)
 DEB_PKGS += libedit-dev tmux
+# the official `openai` npm client drives the front door
+# (tests/integration/test_http*.py; make deps runs npm ci in tests/integration/node).
+# Debian's npm is installed only where no npm command exists: NodeSource's
+# nodejs package carries its own and conflicts with Debian's.
+DEB_PKGS += nodejs
 
 COMMON_SRC := $(wildcard common/*.c)
 ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c)
@@ -157,6 +162,10 @@ deps:
 	  echo "installing:$$missing"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else echo "all Debian packages present"; fi
+	@command -v npm >/dev/null || $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm
+	@# the official openai npm client, pinned by tests/integration/node/package-lock.json
+	@# (integrity checksums): npm ci installs exactly that tree, never a newer one
+	cd tests/integration/node && npm ci --no-audit --no-fund --loglevel=error
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz
@@ -251,10 +260,10 @@ $(BUILD)/tests/test_dmetrics: $(BUILD)/tests/unit/test_dmetrics.o $(BUILD)/dispa
 # test, benchmark and fuzz target link the objects they need. The fuzz
 # targets are compiled by clang in one loop above; FUZZ_EXTRA_SRC is
 # compiled into each (the others never call it).
-FUZZ_EXTRA_SRC := dispatcher/openai.c
-$(BUILD)/tests/test_openai: $(BUILD)/tests/unit/test_openai.o $(BUILD)/dispatcher/openai.o $(LIBENGINE) $(LIBCOMMON)
+FUZZ_EXTRA_SRC := dispatcher/openai.c dispatcher/route.c
+$(BUILD)/tests/test_openai: $(BUILD)/tests/unit/test_openai.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
-$(BUILD)/tests/bench_http: $(BUILD)/tests/bench/bench_http.o $(BUILD)/dispatcher/http.o $(BUILD)/dispatcher/openai.o $(LIBENGINE) $(LIBCOMMON)
+$(BUILD)/tests/bench_http: $(BUILD)/tests/bench/bench_http.o $(BUILD)/dispatcher/http.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) $(DAEMON_LIBS)

@@ -140,7 +140,7 @@ static const struct opt options[] = {
     {"heartbeat_ttl_s", T_INT, O(heartbeat_ttl_s), "10", 1, 3600, NULL, CFG_BOTH, F_LIVE,
      "TTL of the heartbeat key."},
     {"http_port", T_INT, O(http_port), "9464", 0, 65535, NULL, CFG_BOTH, 0,
-     "Loopback port of /healthz and /metrics; 0 = off."},
+     "Loopback port of /healthz, /health and /metrics (the dispatcher serves it with or without the HTTP API; no API key asked); 0 = off."},
     {"log_level", T_ENUM, O(log_level), "info", 0, 0, "error|warn|info|debug", CFG_BOTH, F_LIVE,
      "Log lines above this level are dropped."},
     /* dispatcher routing (dispatcher/route.c) */
@@ -179,6 +179,16 @@ static const struct opt options[] = {
      "An HTTP request's deadline (sent as the job's deadline_ms; 504 if nothing came by then); 0 = none."},
     {"http_idle_timeout_s", T_INT, O(http_idle_timeout_s), "60", 1, 3600, NULL, CFG_DISPATCHER, 0,
      "An idle keep-alive HTTP connection is closed after this long."},
+    {"http_default_mode", T_ENUM, O(http_default_mode), "think", 0, 0, "think|no_think|auto", CFG_DISPATCHER, 0,
+     "Mode of an HTTP chat request that chooses none (no mode, chat_template_kwargs.enable_thinking or reasoning_effort, no /think or /no_think in its last user message): think is Qwen3's own default; auto leaves it to think_rules and think_ratio."},
+    {"http_cors_origins", T_LIST, O(http_cors_origins), "", 0, 0, NULL, CFG_DISPATCHER, F_EMPTY,
+     "Browser origins (scheme://host[:port]) allowed to call the HTTP API directly (CORS, with OPTIONS preflight answered); * = any; empty = CORS off. As a flag, comma-separated."},
+    {"http_header_timeout_s", T_INT, O(http_header_timeout_s), "10", 1, 3600, NULL, CFG_DISPATCHER, 0,
+     "An HTTP connection whose request line and headers have not all arrived this long after it opened (after the previous response plus http_idle_timeout_s on keep-alive) is closed: slow clients cannot hold threads."},
+    {"http_min_body_rate", T_INT, O(http_min_body_rate), "1024", 0, 1073741824, NULL, CFG_DISPATCHER, 0,
+     "Bytes per second a request body must arrive at, on average, after a grace of http_header_timeout_s; a slower upload is cut off; 0 = no limit."},
+    {"http_max_connections_per_ip", T_INT, O(http_max_connections_per_ip), "0", 0, 65536, NULL, CFG_DISPATCHER, 0,
+     "Most HTTP connections at once from one client address (more are closed at accept); 0 = no limit, the default, since behind a reverse proxy every client has the proxy's address."},
 };
 #undef O
 #define N_OPTS ((int)(sizeof options / sizeof options[0]))

@@ -95,6 +95,11 @@ struct cfg {
     int http_max_connections;     /* one thread each */
     int http_timeout_s;           /* a request's deadline; 0 = none */
     int http_idle_timeout_s;
+    char *http_default_mode;      /* think|no_think|auto: chat requests that choose none */
+    struct cfg_strlist http_cors_origins; /* allowed Origin values, "*" = any; empty = CORS off */
+    int http_header_timeout_s;    /* request line + headers within this of connecting */
+    int http_min_body_rate;       /* bytes/s a request body must keep up; 0 = off */
+    int http_max_connections_per_ip; /* 0 = no limit */
 };
 
 /* Which program an option is for (--help shows only the program's own;

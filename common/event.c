@@ -98,6 +98,21 @@ static int add_int(cJSON *o, const char *k, int64_t v)
     return cJSON_AddItemToObject(o, k, cJSON_CreateNumber((double)v)) ? 0 : -1;
 }
 
+/* A token's bytes as "bytes": [int, ...]; nothing when s is NULL. Returns
+ * 0 or -1 (out of memory). */
+static int add_bytes(cJSON *o, const char *s, size_t n)
+{
+    if (!s)
+        return 0;
+    cJSON *a = cJSON_AddArrayToObject(o, "bytes");
+    if (!a)
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        if (!cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)s[i])))
+            return -1;
+    return 0;
+}
+
 /* cJSON takes NUL-terminated strings; content arrives with a length and is
  * not NUL-terminated inside the decoder's buffer. */
 static cJSON *str_n(const char *s, size_t n)
@@ -241,7 +256,8 @@ int ev_build_delta(int64_t seq, const struct ev_delta *d, char **out, struct rl_
             const struct ev_logprob *lp = &d->logprobs[i];
             cJSON *e = cJSON_CreateObject();
             if (!e || !cJSON_AddItemToArray(lps, e) || add_int(e, "token_id", lp->token_id) ||
-                !cJSON_AddNumberToObject(e, "logprob", lp->logprob))
+                !cJSON_AddNumberToObject(e, "logprob", lp->logprob) ||
+                add_bytes(e, lp->bytes, lp->n_bytes))
                 goto oom;
             cJSON *top = cJSON_AddArrayToObject(e, "top");
             if (!top)
@@ -249,7 +265,9 @@ int ev_build_delta(int64_t seq, const struct ev_delta *d, char **out, struct rl_
             for (int k = 0; k < lp->n_top; k++) {
                 cJSON *t = cJSON_CreateObject();
                 if (!t || !cJSON_AddItemToArray(top, t) || add_int(t, "token_id", lp->top_ids[k]) ||
-                    !cJSON_AddNumberToObject(t, "logprob", lp->top_logprobs[k]))
+                    !cJSON_AddNumberToObject(t, "logprob", lp->top_logprobs[k]) ||
+                    (lp->top_bytes &&
+                     add_bytes(t, lp->top_bytes[k], lp->top_bytes[k] ? lp->top_n_bytes[k] : 0)))
                     goto oom;
             }
         }

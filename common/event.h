@@ -78,13 +78,21 @@ static inline int64_t ev_seq_take(struct ev_seq *s) { return s->next++; }
 #define EV_STREAM_ID_MAX 32
 char *ev_stream_id(int64_t seq, char buf[EV_STREAM_ID_MAX]);
 
-/* One sampled token's log-probability, with optional alternatives. */
+/* One sampled token's log-probability, with optional alternatives, and
+ * optionally the bytes of each token (what the tokenizer maps the id to,
+ * byte-level decoded; not always valid UTF-8 on its own), written as the
+ * `bytes` array of ints so that an OpenAI front door can show the token's
+ * text without a tokenizer of its own. */
 struct ev_logprob {
     int32_t token_id;
     float logprob;
     int n_top;              /* entries in top_ids/top_logprobs, may be 0 */
     const int32_t *top_ids; /* (n_top) */
     const float *top_logprobs; /* (n_top) */
+    const char *bytes;      /* (n_bytes) the token's bytes; NULL: `bytes` left out */
+    size_t n_bytes;
+    const char *const *top_bytes; /* (n_top) each NULL or (top_n_bytes[k]); NULL: left out */
+    const size_t *top_n_bytes;    /* (n_top) */
 };
 
 /* A delta: new text since the last event. content and reasoning_content

@@ -39,7 +39,17 @@
  * completion tokens, charged when a request's done arrives. A request is
  * refused while its tenant's count for the current minute is over the
  * limit, with Retry-After = the seconds left in the minute. Refused
- * requests count against the request limit too. */
+ * requests count against the request limit too.
+ *
+ * POST /v1/completions takes the same path as chat (openai.c converts
+ * either). Slow clients cannot hold connection threads: each connection
+ * has a deadline for its headers and its body, enforced by a reaper
+ * thread (see "slow clients" below), and http_max_connections_per_ip caps
+ * one address. CORS, when http_cors_origins is set, adds the allow headers
+ * to every answer and answers OPTIONS preflights, which need no key.
+ * /metrics asks for a key when keys are on. The same code also runs the
+ * loopback ops listener of http_port (dhttp_start_ops): /healthz, /health
+ * and /metrics only, no key, with or without the front door. */
 #include "http.h"
 #include "clock.h"
 
@@ -83,6 +93,7 @@ static const int status_codes[] = {200, 400, 401, 404, 405, 413, 429, 500, 502, 
 struct counters {
     int64_t by_status[N_STATUS + 1]; /* the last slot: any other */
     int64_t chat_stream, chat_plain, client_cancels, rate_limited, auth_failures, sse_events;
+    int64_t slow_closed; /* connections cut off for sending too slowly */
     int64_t first_event[N_BUCKETS + 1]; /* XADD -> first event read, ms buckets; last = +Inf */
     int64_t first_event_n;
     double first_event_sum_ms;
@@ -100,6 +111,16 @@ struct dhttp {
     struct job_opts jopts;
     struct oai_limits lim;
     int port, timeout_s, drain_s, max_conn, idle_s;
+    int header_s, min_rate, per_ip;
+    bool ops;             /* the loopback ops listener: /healthz, /health, /metrics only */
+    struct dhttp *front;  /* ops: the front door whose counters /metrics shows, or NULL */
+    char **cors;          /* (n_cors) allowed origins; "*" = any; none = CORS off */
+    int n_cors;
+    /* connections, for the slow-client deadlines (struct conn) */
+    pthread_mutex_t conn_mu;
+    struct conn *conns;
+    pthread_t reaper;
+    bool reaper_started;
     char block[16];      /* XREAD BLOCK ms: POLL_MS, or less under a short redis_io_timeout_ms */
     int64_t started_s;
     atomic_bool stopping;
@@ -118,7 +139,24 @@ struct dhttp {
     struct counters m;
 };
 
-enum route { R_CHAT, R_MODELS, R_MODEL, R_HEALTHZ, R_METRICS, R_NOT_FOUND, R_BAD_METHOD };
+enum route {
+    R_CHAT, R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTHZ, R_METRICS, R_PREFLIGHT, R_NOT_FOUND,
+    R_BAD_METHOD
+};
+
+/* One TCP connection, from libmicrohttpd's connection-started callback to
+ * its closed one: the deadline by which what the client is sending must
+ * have arrived. The reaper thread shuts the socket down past it; the
+ * connection's own thread then reads end-of-file and closes. fd is our
+ * dup() of the socket, so it names the same socket for as long as this
+ * record lives, even after libmicrohttpd closed its own descriptor.
+ * Guarded by conn_mu. */
+struct conn {
+    int fd;
+    int64_t deadline_ms;  /* monotonic; 0 = none (a request being answered) */
+    const char *phase;    /* what it was waiting for, for the log */
+    struct conn *prev, *next;
+};
 
 /* One HTTP request, from its headers to its completion callback; lives in
  * libmicrohttpd's per-request pointer and is touched only by its
@@ -127,6 +165,8 @@ struct req {
     struct dhttp *h;
     enum route route;
     const char *allow;         /* R_BAD_METHOD: the methods the path takes */
+    const char *cors_origin;   /* the Access-Control-Allow-Origin to send, or NULL */
+    struct conn *c;            /* its connection's record, or NULL */
     int fd;                    /* the client's socket (for disconnect checks) */
     struct oai_buf body;
     bool too_big, responded;
@@ -226,7 +266,19 @@ __attribute__((format(printf, 2, 3))) static void put(struct oai_buf *b, const c
 
 static char *render_metrics(struct dhttp *h)
 {
+    if (h->ops && h->front)
+        return render_metrics(h->front); /* the same page on both ports */
     struct oai_buf b = {0};
+    if (h->ops) { /* no front door: the dispatcher's own families only */
+        char *more = h->hooks.metrics_text ? h->hooks.metrics_text(h->hooks.ctx) : NULL;
+        if (more) {
+            oai_buf_put(&b, more, strlen(more));
+            free(more);
+        }
+        if (!b.p)
+            oai_buf_put(&b, "", 0);
+        return b.p;
+    }
     struct counters m;
     pthread_mutex_lock(&h->m_mu);
     m = h->m;
@@ -258,6 +310,9 @@ static char *render_metrics(struct dhttp *h)
     put(&b, "# HELP redlm_http_sse_events_total server-sent events written\n"
             "# TYPE redlm_http_sse_events_total counter\nredlm_http_sse_events_total %lld\n",
         (long long)m.sse_events);
+    put(&b, "# HELP redlm_http_slow_clients_closed_total connections closed for sending their "
+            "request too slowly\n# TYPE redlm_http_slow_clients_closed_total counter\n"
+            "redlm_http_slow_clients_closed_total %lld\n", (long long)m.slow_closed);
     put(&b, "# HELP redlm_http_first_event_seconds time from the job's XADD to its first event\n"
             "# TYPE redlm_http_first_event_seconds histogram\n");
     int64_t cum = 0;
@@ -348,6 +403,145 @@ static bool authorize(struct req *q, struct MHD_Connection *conn)
     return k != NULL;
 }
 
+/* ---- slow clients ----
+ *
+ * A thread per connection means a client that sends its request a byte at
+ * a time holds a thread (and a slot of http_max_connections) for as long
+ * as it likes: libmicrohttpd's idle timeout restarts with every byte. So
+ * each connection carries a deadline for what it is sending: the request
+ * line and headers within http_header_timeout_s of connecting (of the end
+ * of the previous response plus http_idle_timeout_s on a kept-alive
+ * connection); the body within http_header_timeout_s plus its length at
+ * http_min_body_rate bytes per second of the headers. While a request is
+ * being answered there is none (its wait is bounded by http_timeout_s).
+ * The reaper thread looks every REAP_MS and shuts down the sockets past
+ * their deadline; libmicrohttpd's thread for the connection then reads
+ * end-of-file, closes it, and is free. */
+
+#define REAP_MS 200
+
+static void on_connection(void *cls, struct MHD_Connection *connection, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    struct dhttp *h = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+        struct conn *c = ci ? calloc(1, sizeof *c) : NULL;
+        if (!c)
+            return; /* untracked: no deadline, as before */
+        if ((c->fd = dup(ci->connect_fd)) < 0) {
+            free(c);
+            return;
+        }
+        c->deadline_ms = rl_mono_ms() + (int64_t)h->header_s * 1000;
+        c->phase = "request headers";
+        pthread_mutex_lock(&h->conn_mu);
+        c->next = h->conns;
+        if (h->conns)
+            h->conns->prev = c;
+        h->conns = c;
+        pthread_mutex_unlock(&h->conn_mu);
+        *socket_context = c;
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context) {
+        struct conn *c = *socket_context;
+        pthread_mutex_lock(&h->conn_mu);
+        if (c->prev)
+            c->prev->next = c->next;
+        else
+            h->conns = c->next;
+        if (c->next)
+            c->next->prev = c->prev;
+        pthread_mutex_unlock(&h->conn_mu);
+        close(c->fd);
+        free(c);
+        *socket_context = NULL;
+    }
+}
+
+/* Sets the deadline of q's connection: ms from now, 0 = none. */
+static void set_deadline(struct req *q, int64_t ms, const char *phase)
+{
+    if (!q->c)
+        return;
+    pthread_mutex_lock(&q->h->conn_mu);
+    q->c->deadline_ms = ms > 0 ? rl_mono_ms() + ms : 0;
+    q->c->phase = phase;
+    pthread_mutex_unlock(&q->h->conn_mu);
+}
+
+static void *reaper_main(void *arg)
+{
+    struct dhttp *h = arg;
+    while (!atomic_load(&h->stopping)) {
+        usleep(REAP_MS * 1000);
+        int64_t now = rl_mono_ms();
+        int n = 0;
+        const char *phase = NULL;
+        pthread_mutex_lock(&h->conn_mu);
+        for (struct conn *c = h->conns; c; c = c->next)
+            if (c->deadline_ms && now > c->deadline_ms) {
+                shutdown(c->fd, SHUT_RDWR);
+                c->deadline_ms = 0;
+                phase = c->phase;
+                n++;
+            }
+        pthread_mutex_unlock(&h->conn_mu);
+        if (n) {
+            pthread_mutex_lock(&h->m_mu);
+            h->m.slow_closed += n;
+            pthread_mutex_unlock(&h->m_mu);
+            RL_LOG(h->log, RL_LOG_INFO, "http: closed %d connection%s too slow sending %s", n,
+                   n == 1 ? "" : "s", phase);
+        }
+    }
+    return NULL;
+}
+
+/* ---- CORS ---- */
+
+/* The Access-Control-Allow-Origin for this request: its Origin when that
+ * is allowed (echoed, with Vary: Origin), "*" when any is; NULL when CORS
+ * is off or the origin is not listed. */
+static const char *cors_origin(struct dhttp *h, struct MHD_Connection *conn)
+{
+    if (!h->n_cors)
+        return NULL;
+    const char *o = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin");
+    if (!o)
+        return NULL;
+    for (int i = 0; i < h->n_cors; i++) {
+        if (!strcmp(h->cors[i], "*"))
+            return "*";
+        if (!strcasecmp(h->cors[i], o))
+            return o;
+    }
+    return NULL;
+}
+
+static void add_cors(const struct req *q, struct MHD_Response *r)
+{
+    if (!q->cors_origin)
+        return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", q->cors_origin);
+    if (strcmp(q->cors_origin, "*"))
+        MHD_add_response_header(r, "Vary", "Origin");
+    MHD_add_response_header(r, "Access-Control-Expose-Headers", "X-Request-Id, Retry-After");
+}
+
+/* Access-Control-Request-Headers is echoed when it is a plain list of
+ * header names (the openai SDKs send a dozen X-Stainless-* headers). */
+static bool header_list_ok(const char *s)
+{
+    if (strlen(s) > 1024)
+        return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '-' || *s == '_' || *s == ',' || *s == ' '))
+            return false;
+    return true;
+}
+
 /* ---- responses ---- */
 
 static enum MHD_Result respond(struct req *q, struct MHD_Connection *conn, int status,
@@ -362,6 +556,7 @@ static enum MHD_Result respond(struct req *q, struct MHD_Connection *conn, int s
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", ctype);
+    add_cors(q, r);
     if (q->id[0])
         MHD_add_response_header(r, "X-Request-Id", q->id);
     if (e && e->retry_after_s > 0) {
@@ -589,7 +784,7 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
 
 /* ---- routes ---- */
 
-static void new_id(char out[64])
+static void new_id(char out[64], const char *prefix)
 {
     unsigned char r[12];
     if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
@@ -597,7 +792,7 @@ static void new_id(char out[64])
         memcpy(r, &t, 8);
         memcpy(r + 8, &t, 4);
     }
-    int n = snprintf(out, 64, "chatcmpl-");
+    int n = snprintf(out, 64, "%s", prefix);
     for (int i = 0; i < 12; i++)
         n += snprintf(out + n, 64 - (size_t)n, "%02x", r[i]);
 }
@@ -729,7 +924,8 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
      * count our blocking in the handler and the reader as silence and
      * close it. The idle timeout is set again when the request ends. */
     MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-    new_id(q->id);
+    bool compl = q->route == R_COMPLETIONS;
+    new_id(q->id, compl ? "cmpl-" : "chatcmpl-");
     int64_t now = rl_wall_ms();
     int64_t deadline = h->timeout_s ? now + (int64_t)h->timeout_s * 1000 : 0;
     if (q->too_big) {
@@ -737,8 +933,8 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
                       "body: over the limit of %zu bytes", h->lim.max_body_bytes);
         return respond_error(q, conn, &e);
     }
-    if (oai_parse_request(q->body.p ? q->body.p : "", q->body.n, &h->lim, q->id, deadline,
-                          &q->oreq, &e))
+    if ((compl ? oai_parse_completion : oai_parse_request)(q->body.p ? q->body.p : "", q->body.n,
+                                                          &h->lim, q->id, deadline, &q->oreq, &e))
         return respond_error(q, conn, &e);
     if (q->oreq.stream)
         BUMP(h, chat_stream);
@@ -828,6 +1024,7 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no"); /* nginx: do not buffer */
     MHD_add_response_header(r, "X-Request-Id", q->id);
+    add_cors(q, r);
     q->headers_sent = true;
     q->t_last_byte_ms = rl_mono_ms();
     enum MHD_Result mr = MHD_queue_response(conn, 200, r);
@@ -876,26 +1073,35 @@ static bool redis_ok(struct dhttp *h)
     return ok;
 }
 
+/* OPTIONS on a path that exists is a CORS preflight when CORS is on (and
+ * 405 otherwise, as before CORS); the ops listener has only the three
+ * monitoring paths. */
 static enum route route_of(struct dhttp *h, const char *method, const char *url,
                            const char **allow)
 {
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    bool options = !strcmp(method, "OPTIONS") && h->n_cors;
     enum route r;
-    if (!strcmp(url, "/v1/chat/completions")) {
+    if (!h->ops && (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions"))) {
         *allow = "POST";
-        return !strcmp(method, "POST") ? R_CHAT : R_BAD_METHOD;
+        if (options)
+            return R_PREFLIGHT;
+        return !strcmp(method, "POST") ? (!strcmp(url, "/v1/completions") ? R_COMPLETIONS : R_CHAT)
+                                        : R_BAD_METHOD;
     }
-    if (!strcmp(url, "/v1/models"))
+    if (!h->ops && !strcmp(url, "/v1/models"))
         r = R_MODELS;
-    else if (!strncmp(url, "/v1/models/", 11) && url[11])
+    else if (!h->ops && !strncmp(url, "/v1/models/", 11) && url[11])
         r = R_MODEL; /* ids hold slashes (Qwen/Qwen3-14B), as vLLM's do */
-    else if (!strcmp(url, "/healthz"))
+    else if (!strcmp(url, "/healthz") || !strcmp(url, "/health"))
         r = R_HEALTHZ;
     else if (!strcmp(url, "/metrics"))
         r = R_METRICS;
     else
         return R_NOT_FOUND;
     *allow = "GET, HEAD";
+    if (options && !h->ops)
+        return R_PREFLIGHT;
     return get ? r : R_BAD_METHOD;
 }
 
@@ -919,8 +1125,57 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
         if (ci)
             q->fd = ci->connect_fd;
+        ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        q->c = ci ? ci->socket_context : NULL;
         q->route = route_of(h, method, url, &q->allow);
+        q->cors_origin = cors_origin(h, conn);
+        bool has_body = q->route == R_CHAT || q->route == R_COMPLETIONS;
+        if (has_body) {
+            /* the body's deadline: the grace, plus its length at the
+             * minimum rate (without a length: the largest body's) */
+            const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+            uint64_t n = cl ? strtoull(cl, NULL, 10) : h->lim.max_body_bytes;
+            if (n > h->lim.max_body_bytes)
+                n = h->lim.max_body_bytes;
+            int64_t ms = (int64_t)h->header_s * 1000;
+            if (h->min_rate > 0)
+                set_deadline(q, ms + (int64_t)(n * 1000 / (uint64_t)h->min_rate), "a request body");
+            else
+                set_deadline(q, 0, NULL);
+        } else {
+            set_deadline(q, 0, NULL);
+        }
         switch (q->route) {
+        case R_PREFLIGHT: {
+            if (!q->cors_origin) {
+                oai_error_set(&e, 403, "invalid_request_error", "origin_not_allowed", NULL,
+                              "origin %.200s is not in http_cors_origins",
+                              MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin")
+                                  ? MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin")
+                                  : "(none)");
+                return respond_error(q, conn, &e);
+            }
+            struct MHD_Response *r =
+                MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+            if (!r)
+                return MHD_NO;
+            add_cors(q, r);
+            MHD_add_response_header(r, "Access-Control-Allow-Methods",
+                                    !strcmp(q->allow, "POST") ? "POST, OPTIONS"
+                                                              : "GET, HEAD, OPTIONS");
+            const char *rh = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                         "Access-Control-Request-Headers");
+            MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                                    rh && header_list_ok(rh) ? rh
+                                                             : "Authorization, Content-Type");
+            MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+            enum MHD_Result mr = MHD_queue_response(conn, 204, r);
+            MHD_destroy_response(r);
+            q->responded = true;
+            q->status = 204;
+            return mr;
+        }
+        case R_COMPLETIONS:
         case R_CHAT: {
             if (!authorize(q, conn)) {
                 oai_error_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
@@ -951,6 +1206,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                            strdup(ok ? "ok\n" : "unavailable\n"), NULL);
         }
         case R_METRICS:
+            /* the counters name tenants' traffic: behind the key when keys
+             * are on (the loopback ops port asks none) */
+            if (!authorize(q, conn)) {
+                oai_error_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
+                              "Incorrect or missing API key: send \"Authorization: Bearer KEY\".");
+                return respond_error(q, conn, &e);
+            }
             return respond(q, conn, 200, "text/plain; version=0.0.4", render_metrics(h), NULL);
         case R_BAD_METHOD:
             oai_error_set(&e, 405, "invalid_request_error", "method_not_allowed", NULL,
@@ -975,6 +1237,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     if (q->responded)
         return MHD_YES;
+    set_deadline(q, 0, NULL); /* all in: the answer's wait is http_timeout_s's */
     return chat(q, conn);
 }
 
@@ -989,8 +1252,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         cancel_job(q, "the connection ended");
         BUMP(h, client_cancels);
     }
-    if (q->route == R_CHAT)
+    if (q->route == R_CHAT || q->route == R_COMPLETIONS)
         MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)h->idle_s);
+    /* kept alive: the next request's headers within the idle time and the grace */
+    set_deadline(q, ((int64_t)h->idle_s + h->header_s) * 1000, "request headers");
     count_status(h, q->status ? q->status : 500);
     if (q->enqueued)
         RL_LOG(h->log, RL_LOG_DEBUG, "http: %s done: %d%s", q->id, q->status,
@@ -1024,6 +1289,13 @@ static void free_dhttp(struct dhttp *h)
 {
     if (!h)
         return;
+    if (h->reaper_started) {
+        atomic_store(&h->stopping, true);
+        pthread_join(h->reaper, NULL);
+    }
+    for (int i = 0; i < h->n_cors; i++)
+        free(h->cors[i]);
+    free(h->cors);
     for (int i = 0; i < h->n_idle; i++)
         rconn_free(h->idle[i]);
     free(h->idle);
@@ -1038,15 +1310,17 @@ static void free_dhttp(struct dhttp *h)
     pthread_mutex_destroy(&h->pool_mu);
     pthread_mutex_destroy(&h->keys_mu);
     pthread_mutex_destroy(&h->m_mu);
+    pthread_mutex_destroy(&h->conn_mu);
     free(h);
 }
 
-int dhttp_start(struct dhttp **out, const struct cfg *cfg, const struct rl_log *log,
-                const struct dhttp_hooks *hooks, struct rl_err *err)
+/* Both listeners: the front door (ops false: cfg->http on cfg->http_bind)
+ * and the loopback ops port (ops true: cfg->http_port on 127.0.0.1). */
+static int start(struct dhttp **out, const struct cfg *cfg, const struct rl_log *log,
+                 const struct dhttp_hooks *hooks, bool ops, struct dhttp *front,
+                 struct rl_err *err)
 {
     *out = NULL;
-    if (!cfg->http)
-        return 0;
     if (cfg->served_model_name[0] && !modelref_name_ok(cfg->served_model_name))
         return rl_errf(err, RL_EINVAL,
                        "served_model_name \"%.64s\" must be 1-%d of [A-Za-z0-9._:/-], not "
@@ -1057,10 +1331,16 @@ int dhttp_start(struct dhttp **out, const struct cfg *cfg, const struct rl_log *
     pthread_mutex_init(&h->pool_mu, NULL);
     pthread_mutex_init(&h->keys_mu, NULL);
     pthread_mutex_init(&h->m_mu, NULL);
+    pthread_mutex_init(&h->conn_mu, NULL);
     h->log = log;
     if (hooks)
         h->hooks = *hooks;
-    h->port = cfg->http;
+    h->ops = ops;
+    h->front = front;
+    h->port = ops ? cfg->http_port : cfg->http;
+    h->header_s = cfg->http_header_timeout_s;
+    h->min_rate = cfg->http_min_body_rate;
+    h->per_ip = ops ? 0 : cfg->http_max_connections_per_ip;
     h->timeout_s = cfg->http_timeout_s;
     h->drain_s = cfg->drain_timeout_s;
     h->max_conn = cfg->http_max_connections;
@@ -1072,8 +1352,8 @@ int dhttp_start(struct dhttp **out, const struct cfg *cfg, const struct rl_log *
     h->started_s = rl_wall_ms() / 1000;
     h->prefix = strdup(cfg->prefix);
     h->model = strdup(cfg->served_model_name);
-    h->bind = strdup(cfg->http_bind);
-    h->keys_path = cfg->api_keys_file[0] ? strdup(cfg->api_keys_file) : NULL;
+    h->bind = strdup(ops ? "127.0.0.1" : cfg->http_bind);
+    h->keys_path = !ops && cfg->api_keys_file[0] ? strdup(cfg->api_keys_file) : NULL;
     h->redis_addr = strdup(cfg->redis);
     h->redis_user = strdup(cfg->redis_user);
     h->redis_pw = strdup(cfg->redis_password_file);
@@ -1081,9 +1361,27 @@ int dhttp_start(struct dhttp **out, const struct cfg *cfg, const struct rl_log *
     h->idle = calloc((size_t)h->cap_idle, sizeof *h->idle);
     int rc = 0;
     if (!h->prefix || !h->model || !h->bind || !h->redis_addr || !h->redis_user ||
-        !h->redis_pw || !h->idle || (cfg->api_keys_file[0] && !h->keys_path)) {
+        !h->redis_pw || !h->idle || (!ops && cfg->api_keys_file[0] && !h->keys_path)) {
         rc = rl_errf(err, RL_ENOMEM, "http: out of memory");
         goto fail;
+    }
+    if (!ops && cfg->http_cors_origins.n) {
+        if (!(h->cors = calloc((size_t)cfg->http_cors_origins.n, sizeof *h->cors))) {
+            rc = rl_errf(err, RL_ENOMEM, "http: out of memory");
+            goto fail;
+        }
+        for (int i = 0; i < cfg->http_cors_origins.n; i++) {
+            const char *o = cfg->http_cors_origins.v[i];
+            if (strcmp(o, "*") && strncmp(o, "http://", 7) && strncmp(o, "https://", 8)) {
+                rc = rl_errf(err, RL_EINVAL, "http_cors_origins: \"%.64s\" is not * or "
+                             "scheme://host[:port]", o);
+                goto fail;
+            }
+            if (!(h->cors[h->n_cors++] = strdup(o))) {
+                rc = rl_errf(err, RL_ENOMEM, "http: out of memory");
+                goto fail;
+            }
+        }
     }
     cfg_rconn_opts(cfg, &h->ropts);
     h->ropts.addr = h->redis_addr;
@@ -1097,11 +1395,14 @@ int dhttp_start(struct dhttp **out, const struct cfg *cfg, const struct rl_log *
     h->lim.max_tokens = cfg->http_max_tokens;
     h->lim.model = h->model[0] ? h->model : NULL; /* NULL: the workers' models (chat()) */
     h->lim.job = &h->jopts;
+    h->lim.default_mode = !strcmp(cfg->http_default_mode, "think")      ? JOB_MODE_THINK
+                          : !strcmp(cfg->http_default_mode, "no_think") ? JOB_MODE_NO_THINK
+                                                                        : JOB_MODE_AUTO;
     if (h->keys_path) {
         if ((rc = keys_refresh(h, true, err)))
             goto fail;
         RL_LOG(log, RL_LOG_INFO, "http: %d API keys from %s", h->keys.n, h->keys_path);
-    } else {
+    } else if (!ops) {
         RL_LOG(log, RL_LOG_WARN, "http: no api_keys_file: the HTTP API takes requests "
                                  "without authentication");
     }
@@ -1134,20 +1435,50 @@ int dhttp_start(struct dhttp **out, const struct cfg *cfg, const struct rl_log *
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)h->max_conn, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)cfg->http_idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         (size_t)(BLOCK_SIZE * 4), MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
+        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)h->per_ip,
         MHD_OPTION_END);
     if (!h->d) {
-        rc = rl_errf(err, RL_EIO, "http: cannot listen on %s port %d", h->bind, h->port);
+        rc = rl_errf(err, RL_EIO, "http: cannot listen on %s port %d%s", h->bind, h->port,
+                     ops ? " (http_port)" : "");
         goto fail;
     }
-    RL_LOG(log, RL_LOG_INFO, "http: OpenAI API on %s:%d, model %s%s%s", h->bind, h->port,
-           h->model[0] ? "\"" : "", h->model[0] ? h->model : "(what live workers serve)",
-           h->model[0] ? "\"" : "");
+    if (pthread_create(&h->reaper, NULL, reaper_main, h)) {
+        MHD_stop_daemon(h->d);
+        rc = rl_errf(err, RL_EIO, "http: cannot start a thread");
+        goto fail;
+    }
+    h->reaper_started = true;
+    if (ops)
+        RL_LOG(log, RL_LOG_INFO, "http: /healthz, /health and /metrics on %s:%d", h->bind,
+               h->port);
+    else
+        RL_LOG(log, RL_LOG_INFO, "http: OpenAI API on %s:%d, model %s%s%s%s", h->bind, h->port,
+               h->model[0] ? "\"" : "", h->model[0] ? h->model : "(what live workers serve)",
+               h->model[0] ? "\"" : "", h->n_cors ? ", CORS on" : "");
     *out = h;
     return 0;
 fail:
     free_dhttp(h);
     return rc;
+}
+
+int dhttp_start(struct dhttp **out, const struct cfg *cfg, const struct rl_log *log,
+                const struct dhttp_hooks *hooks, struct rl_err *err)
+{
+    *out = NULL;
+    if (!cfg->http)
+        return 0;
+    return start(out, cfg, log, hooks, false, NULL, err);
+}
+
+int dhttp_start_ops(struct dhttp **out, const struct cfg *cfg, const struct rl_log *log,
+                    const struct dhttp_hooks *hooks, struct dhttp *front, struct rl_err *err)
+{
+    *out = NULL;
+    if (!cfg->http_port || (front && cfg->http_port == cfg->http))
+        return 0;
+    return start(out, cfg, log, hooks, true, front, err);
 }
 
 void dhttp_stop(struct dhttp *h)

@@ -1,9 +1,11 @@
 /* dispatcher/http.h - the OpenAI-compatible HTTP front door.
  *
  *   POST /v1/chat/completions   stream true (server-sent events) or false
+ *   POST /v1/completions        the legacy text API, the same way
  *   GET  /v1/models, /v1/models/<name>  (served_model_name, or the models
  *                                        live workers serve: hooks->models_json)
- *   GET  /healthz, /metrics
+ *   GET  /healthz (= /health), /metrics (behind the key when keys are on)
+ *   OPTIONS                     CORS preflight, when http_cors_origins is set
  *
  * It needs only Redis: a request becomes a job XADDed to
  * <prefix>requests (the dispatcher routes it like any other), and its
@@ -45,6 +47,15 @@ struct dhttp_hooks {
  * -RL_ENOMEM. */
 int dhttp_start(struct dhttp **out, const struct cfg *cfg, const struct rl_log *log,
                 const struct dhttp_hooks *hooks, struct rl_err *err);
+
+/* The loopback ops listener of the option http_port: /healthz, /health
+ * and /metrics on 127.0.0.1:cfg->http_port, no API key asked, with or
+ * without the front door. front (borrowed, may be NULL) is the front door
+ * whose counters its /metrics shows beside the dispatcher's; stop this
+ * one first. http_port 0, or the front door's own port: *out = NULL and 0.
+ * Returns 0 or -RL_EIO (cannot listen) / -RL_ENOMEM. */
+int dhttp_start_ops(struct dhttp **out, const struct cfg *cfg, const struct rl_log *log,
+                    const struct dhttp_hooks *hooks, struct dhttp *front, struct rl_err *err);
 
 /* Stops accepting connections, lets the requests in flight finish for up
  * to cfg->drain_timeout_s, then closes the rest (their jobs are

@@ -102,6 +102,7 @@ static char *http_models(void *ctx) { return disp_models_json(ctx); }
 int main(int argc, char **argv)
 {
     struct dhttp *http = NULL; /* the OpenAI-compatible API, when the option http is set */
+    struct dhttp *ops = NULL;  /* /healthz and /metrics on 127.0.0.1:http_port */
     struct disp *d = calloc(1, sizeof *d);
     struct rl_err err = {0};
     int status = 1;
@@ -148,7 +149,8 @@ int main(int argc, char **argv)
            "max_waiting %d", d->cfg.redis, d->n_pools, d->cfg.default_pool, d->cfg.think_ratio,
            d->cfg.adaptive ? " (adaptive)" : "", d->cfg.max_waiting);
     struct dhttp_hooks hooks = {http_metrics, http_ready, http_models, d};
-    if (dhttp_start(&http, &d->cfg, &d->log, &hooks, &err)) {
+    if (dhttp_start(&http, &d->cfg, &d->log, &hooks, &err) ||
+        dhttp_start_ops(&ops, &d->cfg, &d->log, &hooks, http, &err)) {
         RL_LOG(&d->log, RL_LOG_ERROR, "%s", err.msg);
         goto out;
     }
@@ -158,6 +160,7 @@ int main(int argc, char **argv)
 out:
     /* after the loop: streams whose jobs are with workers finish within
      * drain_timeout_s; the rest are cancelled */
+    dhttp_stop(ops); /* first: it borrows the front door */
     dhttp_stop(http);
     route_free(d->router);
     d_models_free(d);

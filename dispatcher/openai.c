@@ -21,9 +21,24 @@
  * called tools, the final chunk with finish_reason, the usage chunk when
  * asked for, and "data: [DONE]". An error event ends the response: the
  * HTTP layer turns it into a status when no byte was sent yet, and into an
- * error chunk (oai_sse_error) otherwise. Logprobs carry token ids, not
- * token text (events hold ids only): each token is written "token_id:N",
- * the form vLLM uses with --return-tokens-as-token-ids.
+ * error chunk (oai_sse_error) otherwise. Logprobs show each token's text
+ * and UTF-8 bytes, which the worker writes into the event (`bytes`, from
+ * its tokenizer), so the front door needs no tokenizer of its own; a token
+ * that is part of a character shows U+FFFD as text and its true bytes.
+ * Events without bytes (a worker whose model has no tokenizer) fall back
+ * to "token_id:N", the form vLLM uses with --return-tokens-as-token-ids.
+ *
+ * The legacy text API (POST /v1/completions) shares all of it: the same
+ * member table (each member says which endpoints take it), the same job,
+ * and text_completion objects on the way back.
+ *
+ * The mode. A chat request chooses thinking explicitly with mode,
+ * chat_template_kwargs.enable_thinking or reasoning_effort (none, minimal
+ * and low: no_think), or with a /think or /no_think soft switch in its last
+ * user message; one that does none of these gets the deployment's
+ * http_default_mode, which is the model's own default (Qwen3: think) unless
+ * the deployment asks for auto routing; so the same question never thinks
+ * or not by chance.
  *
  * Everything here runs on the calling thread with no shared state; the
  * HTTP layer calls it from its connection threads. */
@@ -37,7 +52,9 @@
 #include <string.h>
 
 #include "event.h"
+#include "route.h"
 #include "sha256.h"
+#include "tokenizer.h"
 
 /* ---- buffers ---- */
 
@@ -172,43 +189,70 @@ void oai_error_from_event(const char *code, const char *message, int64_t retry_a
 enum kind {
     K_MODEL, K_MESSAGES, K_STREAM, K_STREAM_OPTIONS, K_MAX_TOKENS, K_MAX_COMPLETION_TOKENS,
     K_COPY, K_TOP_K, K_N, K_LOGPROBS, K_TOP_LOGPROBS, K_TOOLS, K_TOOL_CHOICE, K_BOOL_IGNORED,
-    K_CTK, K_MODE, K_STRING_IGNORED, K_RESPONSE_FORMAT, K_LOGIT_BIAS,
+    K_CTK, K_MODE, K_STRING_IGNORED, K_RESPONSE_FORMAT, K_LOGIT_BIAS, K_EFFORT,
+    K_METADATA_IGNORED, K_MODALITIES, K_PROMPT, K_ECHO, K_SUFFIX, K_BEST_OF,
 };
 
+/* Which endpoint takes a member: chat, completions or both. */
+#define A_CHAT (1u << OAI_API_CHAT)
+#define A_COMPL (1u << OAI_API_COMPLETIONS)
+#define A_BOTH (A_CHAT | A_COMPL)
+
+/* Every member a request may have. Anything else is UNKNOWN_FIELD, so a
+ * misspelt parameter ("temprature") is an error, never silently dropped.
+ * The harmless ones the official SDKs send, which change nothing about
+ * the answer, are accepted with their type checked and then ignored:
+ * user, service_tier, store, metadata, parallel_tool_calls,
+ * safety_identifier, prompt_cache_key, modalities (["text"] only)
+ * (schemas/README.md lists them). */
 static const struct {
     const char *name;
     enum kind kind;
+    unsigned apis;
 } fields[] = {
-    {"model", K_MODEL},
-    {"messages", K_MESSAGES},
-    {"stream", K_STREAM},
-    {"stream_options", K_STREAM_OPTIONS},
-    {"max_tokens", K_MAX_TOKENS},
-    {"max_completion_tokens", K_MAX_COMPLETION_TOKENS},
-    {"temperature", K_COPY},
-    {"top_p", K_COPY},
-    {"seed", K_COPY},
-    {"stop", K_COPY},
-    {"presence_penalty", K_COPY},
-    {"frequency_penalty", K_COPY},
-    {"min_p", K_COPY},              /* extension, as vLLM */
-    {"repetition_penalty", K_COPY}, /* extension, as vLLM */
-    {"ignore_eos", K_COPY},         /* extension, as vLLM */
-    {"speculative", K_COPY},        /* extension: false = plain decoding (issue 18) */
-    {"top_k", K_TOP_K},             /* extension, as vLLM (-1 = off) */
-    {"n", K_N},
-    {"logprobs", K_LOGPROBS},
-    {"top_logprobs", K_TOP_LOGPROBS},
-    {"tools", K_TOOLS},
-    {"tool_choice", K_TOOL_CHOICE},
-    {"parallel_tool_calls", K_BOOL_IGNORED},
-    {"chat_template_kwargs", K_CTK}, /* extension, as vLLM: enable_thinking */
-    {"mode", K_MODE},                /* extension: redlm's think / no_think */
-    {"user", K_STRING_IGNORED},
-    {"response_format", K_RESPONSE_FORMAT},
-    {"logit_bias", K_LOGIT_BIAS},
+    {"model", K_MODEL, A_BOTH},
+    {"messages", K_MESSAGES, A_CHAT},
+    {"prompt", K_PROMPT, A_COMPL},
+    {"stream", K_STREAM, A_BOTH},
+    {"stream_options", K_STREAM_OPTIONS, A_BOTH},
+    {"max_tokens", K_MAX_TOKENS, A_BOTH},
+    {"max_completion_tokens", K_MAX_COMPLETION_TOKENS, A_CHAT},
+    {"temperature", K_COPY, A_BOTH},
+    {"top_p", K_COPY, A_BOTH},
+    {"seed", K_COPY, A_BOTH},
+    {"stop", K_COPY, A_BOTH},
+    {"presence_penalty", K_COPY, A_BOTH},
+    {"frequency_penalty", K_COPY, A_BOTH},
+    {"min_p", K_COPY, A_BOTH},              /* extension, as vLLM */
+    {"repetition_penalty", K_COPY, A_BOTH}, /* extension, as vLLM */
+    {"ignore_eos", K_COPY, A_BOTH},         /* extension, as vLLM */
+    {"speculative", K_COPY, A_BOTH},        /* extension: false = plain decoding (issue 18) */
+    {"top_k", K_TOP_K, A_BOTH},             /* extension, as vLLM (-1 = off) */
+    {"n", K_N, A_BOTH},
+    {"best_of", K_BEST_OF, A_COMPL},
+    {"echo", K_ECHO, A_COMPL},
+    {"suffix", K_SUFFIX, A_COMPL},
+    {"logprobs", K_LOGPROBS, A_BOTH},       /* chat: bool; completions: 0..20 */
+    {"top_logprobs", K_TOP_LOGPROBS, A_CHAT},
+    {"tools", K_TOOLS, A_CHAT},
+    {"tool_choice", K_TOOL_CHOICE, A_CHAT},
+    {"chat_template_kwargs", K_CTK, A_CHAT}, /* extension, as vLLM: enable_thinking */
+    {"reasoning_effort", K_EFFORT, A_CHAT},
+    {"mode", K_MODE, A_CHAT},                /* extension: redlm's think / no_think / auto */
+    {"response_format", K_RESPONSE_FORMAT, A_CHAT},
+    {"logit_bias", K_LOGIT_BIAS, A_BOTH},
+    /* accepted and ignored */
+    {"user", K_STRING_IGNORED, A_BOTH},
+    {"service_tier", K_STRING_IGNORED, A_BOTH},
+    {"safety_identifier", K_STRING_IGNORED, A_BOTH},
+    {"prompt_cache_key", K_STRING_IGNORED, A_BOTH},
+    {"store", K_BOOL_IGNORED, A_BOTH},
+    {"parallel_tool_calls", K_BOOL_IGNORED, A_CHAT},
+    {"metadata", K_METADATA_IGNORED, A_BOTH},
+    {"modalities", K_MODALITIES, A_CHAT},
 };
 #define N_FIELDS ((int)(sizeof fields / sizeof fields[0]))
+_Static_assert(N_FIELDS <= 64, "the seen mask is 64 bits");
 
 static int bad400(struct oai_error *e, const char *code, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -329,8 +373,68 @@ static void job_fault_error(const struct job_fault *f, const struct rl_err *jerr
     oai_error_set(e, 400, T_INVALID, code, param, "%s", msg);
 }
 
-int oai_parse_request(const char *body, size_t len, const struct oai_limits *lim, const char *id,
-                      int64_t deadline_ms, struct oai_request *out, struct oai_error *e)
+/* reasoning_effort: the OpenAI levels, as a thinking switch. */
+static int effort_mode(const cJSON *v, int *think, struct oai_error *e)
+{
+    static const char *const off[] = {"none", "minimal", "low"};
+    static const char *const on[] = {"medium", "high", "xhigh"};
+    if (!cJSON_IsString(v))
+        return bad400(e, "BAD_TYPE", "reasoning_effort", "reasoning_effort: must be a string");
+    for (int i = 0; i < 3; i++) {
+        if (!strcmp(v->valuestring, off[i])) {
+            *think = 0;
+            return 0;
+        }
+        if (!strcmp(v->valuestring, on[i])) {
+            *think = 1;
+            return 0;
+        }
+    }
+    return bad400(e, "BAD_VALUE", "reasoning_effort",
+                  "reasoning_effort: \"%.20s\" is not one of none, minimal, low (no thinking), "
+                  "medium, high, xhigh (thinking)", v->valuestring);
+}
+
+/* The completions prompt: a string, token ids, or a list holding one of
+ * those; copied into the job as prompt or prompt_ids. */
+static int put_prompt(const cJSON *v, cJSON *job, struct oai_error *e)
+{
+    const cJSON *p = v;
+    if (cJSON_IsArray(v) && v->child && (cJSON_IsString(v->child) || cJSON_IsArray(v->child))) {
+        if (cJSON_GetArraySize(v) != 1)
+            return bad400(e, "OUT_OF_RANGE", "prompt",
+                          "prompt: only one prompt per request is supported, not %d",
+                          cJSON_GetArraySize(v));
+        p = v->child;
+    }
+    if (cJSON_IsString(p)) {
+        cJSON *c = cJSON_CreateString(p->valuestring);
+        if (!c || !cJSON_AddItemToObject(job, "prompt", c)) {
+            cJSON_Delete(c);
+            return -RL_ENOMEM;
+        }
+        return 0;
+    }
+    if (!cJSON_IsArray(p))
+        return bad400(e, "BAD_TYPE", "prompt",
+                      "prompt: must be a string or an array of token ids");
+    const cJSON *t;
+    cJSON_ArrayForEach(t, p)
+    {
+        if (!is_integer(t))
+            return bad400(e, "BAD_TYPE", "prompt", "prompt: token ids must be integers");
+    }
+    cJSON *c = cJSON_Duplicate(p, 1);
+    if (!c || !cJSON_AddItemToObject(job, "prompt_ids", c)) {
+        cJSON_Delete(c);
+        return -RL_ENOMEM;
+    }
+    return 0;
+}
+
+static int parse_request(enum oai_api api, const char *body, size_t len,
+                         const struct oai_limits *lim, const char *id, int64_t deadline_ms,
+                         struct oai_request *out, struct oai_error *e)
 {
     struct oai_limits dl;
     if (!lim) {
@@ -372,16 +476,18 @@ int oai_parse_request(const char *body, size_t len, const struct oai_limits *lim
 
     uint64_t seen = 0;
     const cJSON *messages = NULL, *tools = NULL, *stream_options = NULL, *tool_choice = NULL;
-    const cJSON *mode = NULL;
+    const cJSON *mode = NULL, *prompt = NULL;
     int max_tokens = 0, max_completion_tokens = 0;
     int enable_thinking = -1; /* -1 absent, else 0/1 */
+    int effort = -1;          /* reasoning_effort: -1 absent, else 0/1 */
     bool logprobs = false, top_logprobs_given = false;
     int top_logprobs = 0;
+    out->api = api;
     for (const cJSON *v = root->child; v; v = v->next) {
         int k = 0;
         while (k < N_FIELDS && strcmp(fields[k].name, v->string))
             k++;
-        if (k == N_FIELDS) {
+        if (k == N_FIELDS || !(fields[k].apis & (1u << api))) {
             bad400(e, "UNKNOWN_FIELD", v->string, "%.80s: unknown or unsupported parameter",
                    v->string);
             goto done;
@@ -473,9 +579,74 @@ int oai_parse_request(const char *body, size_t len, const struct oai_limits *lim
             }
             break;
         case K_LOGPROBS:
+            if (api == OAI_API_COMPLETIONS) {
+                /* the legacy API: how many alternatives, 0 = the chosen token's only */
+                if (!is_integer(v)) {
+                    bad400(e, "BAD_TYPE", name, "logprobs: must be an integer");
+                    goto done;
+                }
+                if (v->valuedouble < 0 || v->valuedouble > JOB_LOGPROBS_MAX) {
+                    bad400(e, "OUT_OF_RANGE", name, "logprobs: %g is out of range [0, %d]",
+                           v->valuedouble, JOB_LOGPROBS_MAX);
+                    goto done;
+                }
+                logprobs = true;
+                top_logprobs = (int)v->valuedouble;
+                break;
+            }
             if (get_bool(v, name, &logprobs, e))
                 goto done;
             break;
+        case K_PROMPT:
+            prompt = v;
+            break;
+        case K_ECHO: {
+            bool b = false;
+            if (get_bool(v, name, &b, e))
+                goto done;
+            if (b) {
+                bad400(e, "BAD_VALUE", name, "echo: only false is supported");
+                goto done;
+            }
+            break;
+        }
+        case K_SUFFIX:
+            if (!cJSON_IsString(v) || v->valuestring[0]) {
+                bad400(e, "BAD_VALUE", name, "suffix: not supported (give none or \"\")");
+                goto done;
+            }
+            break;
+        case K_BEST_OF:
+            if (!is_integer(v) || v->valuedouble != 1) {
+                bad400(e, "OUT_OF_RANGE", name, "best_of: only 1 is supported");
+                goto done;
+            }
+            break;
+        case K_EFFORT:
+            if (effort_mode(v, &effort, e))
+                goto done;
+            break;
+        case K_METADATA_IGNORED:
+            if (!cJSON_IsObject(v)) {
+                bad400(e, "BAD_TYPE", name, "metadata: must be an object of strings");
+                goto done;
+            }
+            for (const cJSON *m = v->child; m; m = m->next)
+                if (!cJSON_IsString(m)) {
+                    bad400(e, "BAD_TYPE", name, "metadata: must be an object of strings");
+                    goto done;
+                }
+            break;
+        case K_MODALITIES: {
+            bool ok = cJSON_IsArray(v);
+            for (const cJSON *m = ok ? v->child : NULL; m; m = m->next)
+                ok = ok && cJSON_IsString(m) && !strcmp(m->valuestring, "text");
+            if (!ok) {
+                bad400(e, "BAD_VALUE", name, "modalities: only [\"text\"] is supported");
+                goto done;
+            }
+            break;
+        }
         case K_TOP_LOGPROBS:
             if (!is_integer(v)) {
                 bad400(e, "BAD_TYPE", name, "top_logprobs: must be an integer");
@@ -540,11 +711,15 @@ int oai_parse_request(const char *body, size_t len, const struct oai_limits *lim
     }
 
     /* rules across members */
-    if (!messages) {
+    if (api == OAI_API_COMPLETIONS && !prompt) {
+        bad400(e, "MISSING_FIELD", "prompt", "prompt: required");
+        goto done;
+    }
+    if (api == OAI_API_CHAT && !messages) {
         bad400(e, "MISSING_FIELD", "messages", "messages: required");
         goto done;
     }
-    int n_msg = cJSON_GetArraySize(messages);
+    int n_msg = messages ? cJSON_GetArraySize(messages) : 0;
     if (n_msg > lim->max_messages) {
         bad400(e, "OUT_OF_RANGE", "messages", "messages: %d messages is over the limit of %d",
                n_msg, lim->max_messages);
@@ -567,10 +742,29 @@ int oai_parse_request(const char *body, size_t len, const struct oai_limits *lim
         goto done;
     }
 
-    cJSON *m = clean_messages(messages);
-    if (!m || !cJSON_AddItemToObject(job, "messages", m)) {
-        cJSON_Delete(m);
-        goto oom;
+    if (effort >= 0 && ((enable_thinking >= 0 && effort != enable_thinking) ||
+                        (mode && cJSON_IsString(mode) &&
+                         !strcmp(mode->valuestring, effort ? "no_think" : "think")))) {
+        bad400(e, "BAD_VALUE", "reasoning_effort",
+               "reasoning_effort: contradicts %s", enable_thinking >= 0
+                   ? "chat_template_kwargs.enable_thinking" : "mode");
+        goto done;
+    }
+    if (enable_thinking < 0)
+        enable_thinking = effort;
+
+    if (prompt) {
+        int prc = put_prompt(prompt, job, e);
+        if (prc == -RL_ENOMEM)
+            goto oom;
+        if (prc)
+            goto done;
+    } else {
+        cJSON *m = clean_messages(messages);
+        if (!m || !cJSON_AddItemToObject(job, "messages", m)) {
+            cJSON_Delete(m);
+            goto oom;
+        }
     }
     if (tools && !(tool_choice && !strcmp(tool_choice->valuestring, "none"))) {
         cJSON *t = cJSON_Duplicate(tools, 1);
@@ -597,6 +791,8 @@ int oai_parse_request(const char *body, size_t len, const struct oai_limits *lim
     } else if (enable_thinking >= 0 &&
                !cJSON_AddStringToObject(job, "mode", enable_thinking ? "think" : "no_think")) {
         goto oom;
+    } else if (api == OAI_API_COMPLETIONS && !cJSON_AddStringToObject(job, "mode", "no_think")) {
+        goto oom; /* raw text is continued as it is, never with a <think> block */
     }
     if (deadline_ms > 0 && !cJSON_AddNumberToObject(job, "deadline_ms", (double)deadline_ms))
         goto oom;
@@ -606,7 +802,6 @@ int oai_parse_request(const char *body, size_t len, const struct oai_limits *lim
         goto oom;
     struct job *j = NULL;
     int jrc = job_parse(text, strlen(text), lim->job, &j, &fault, &jerr);
-    job_free(j);
     if (jrc) {
         free(text);
         if (jrc == -RL_ENOMEM)
@@ -614,6 +809,28 @@ int oai_parse_request(const char *body, size_t len, const struct oai_limits *lim
         job_fault_error(&fault, &jerr, max_tokens_name, e);
         goto done;
     }
+    /* No explicit choice: a /think or /no_think in the last user message
+     * (as the router would read it), else the deployment's default mode.
+     * Left out under the default "auto", so the router's rules and
+     * think_ratio decide. */
+    if (!(j->given & JOB_F_MODE) && j->input == JOB_INPUT_MESSAGES &&
+        (lim->default_mode == JOB_MODE_THINK || lim->default_mode == JOB_MODE_NO_THINK)) {
+        size_t ulen = 0;
+        char *u = route_user_text(j, &ulen);
+        enum route_switch sw = route_soft_switch(u, ulen);
+        free(u);
+        bool think = sw == ROUTE_SWITCH_NONE ? lim->default_mode == JOB_MODE_THINK
+                                             : sw == ROUTE_SWITCH_THINK;
+        free(text);
+        text = NULL;
+        if (cJSON_AddStringToObject(job, "mode", think ? "think" : "no_think"))
+            text = cJSON_PrintUnformatted(job);
+        if (!text) {
+            job_free(j);
+            goto oom;
+        }
+    }
+    job_free(j);
     out->job = text;
     out->job_len = strlen(text);
     out->logprobs = logprobs;
@@ -635,12 +852,26 @@ done:
     return rc;
 }
 
+int oai_parse_request(const char *body, size_t len, const struct oai_limits *lim, const char *id,
+                      int64_t deadline_ms, struct oai_request *out, struct oai_error *e)
+{
+    return parse_request(OAI_API_CHAT, body, len, lim, id, deadline_ms, out, e);
+}
+
+int oai_parse_completion(const char *body, size_t len, const struct oai_limits *lim,
+                         const char *id, int64_t deadline_ms, struct oai_request *out,
+                         struct oai_error *e)
+{
+    return parse_request(OAI_API_COMPLETIONS, body, len, lim, id, deadline_ms, out, e);
+}
+
 /* ---- responses ---- */
 
 struct oai_resp {
     char id[JOB_ID_MAX + 1];
     char *model;
     int64_t created;
+    enum oai_api api;
     bool stream, include_usage, logprobs;
     int top_logprobs;
     int64_t next_seq;          /* the seq the next event must have */
@@ -649,7 +880,10 @@ struct oai_resp {
     bool role_sent;
     /* non-stream accumulation */
     struct oai_buf content, reasoning;
-    cJSON *lp_content;         /* array of OpenAI logprob entries, or NULL */
+    cJSON *lp_content;         /* chat: array of OpenAI logprob entries, or NULL */
+    cJSON *lp_legacy;          /* completions: {tokens, token_logprobs, top_logprobs,
+                                  text_offset}, or NULL */
+    int64_t text_offset;       /* completions: bytes of text before the next token */
     /* from done */
     cJSON *tool_calls;         /* array (possibly empty) */
     const char *finish;        /* the OpenAI finish_reason, static */
@@ -666,6 +900,7 @@ int oai_resp_create(struct oai_resp **out, const char *id, const char *model, in
     }
     snprintf(r->id, sizeof r->id, "%s", id);
     r->created = created;
+    r->api = req->api;
     r->stream = req->stream;
     r->include_usage = req->include_usage;
     r->logprobs = req->logprobs;
@@ -682,6 +917,7 @@ void oai_resp_free(struct oai_resp *r)
     oai_buf_free(&r->content);
     oai_buf_free(&r->reasoning);
     cJSON_Delete(r->lp_content);
+    cJSON_Delete(r->lp_legacy);
     cJSON_Delete(r->tool_calls);
     free(r);
 }
@@ -699,7 +935,8 @@ static cJSON *chunk_new(const struct oai_resp *r, cJSON **choice)
 {
     cJSON *c = cJSON_CreateObject();
     cJSON_AddStringToObject(c, "id", r->id);
-    cJSON_AddStringToObject(c, "object", "chat.completion.chunk");
+    cJSON_AddStringToObject(c, "object",
+                            r->api == OAI_API_COMPLETIONS ? "text_completion" : "chat.completion.chunk");
     cJSON_AddNumberToObject(c, "created", (double)r->created);
     cJSON_AddStringToObject(c, "model", r->model);
     cJSON *choices = cJSON_AddArrayToObject(c, "choices");
@@ -747,43 +984,152 @@ static cJSON *usage_json(const struct oai_resp *r)
     return u;
 }
 
-/* The OpenAI logprob entries of one delta event's logprobs array. */
+/* A token as OpenAI shows it, from one entry of an event's logprobs (or
+ * of its top list): *text is the token's bytes as UTF-8 text (a part of a
+ * character, or any invalid byte, becomes U+FFFD), *bytes a copy of the
+ * bytes as an array of ints, *n their count. Events without bytes (a
+ * worker with no tokenizer) give vLLM's --return-tokens-as-token-ids form,
+ * "token_id:N", with bytes null. *text is malloc'd. Returns 0 or -1 (not
+ * a usable entry, or out of memory). */
+static int token_of(const cJSON *entry, char **text, cJSON **bytes, size_t *n)
+{
+    const cJSON *tid = cJSON_GetObjectItemCaseSensitive(entry, "token_id");
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(entry, "bytes");
+    *text = NULL;
+    *bytes = NULL;
+    *n = 0;
+    if (!cJSON_IsNumber(tid))
+        return -1;
+    int nb = cJSON_IsArray(b) ? cJSON_GetArraySize(b) : -1;
+    char *raw = nb >= 0 ? malloc((size_t)nb + 1) : NULL;
+    int i = 0;
+    const cJSON *x;
+    if (raw) {
+        cJSON_ArrayForEach(x, b)
+        {
+            if (!is_integer(x) || x->valuedouble < 0 || x->valuedouble > 255)
+                break;
+            raw[i++] = (char)(int)x->valuedouble;
+        }
+    }
+    if (raw && i == nb) {
+        size_t tl;
+        *text = tok_utf8_sanitize(raw, (size_t)nb, &tl);
+        *bytes = cJSON_Duplicate(b, 1);
+        *n = (size_t)nb;
+    } else {
+        char tok[40];
+        snprintf(tok, sizeof tok, "token_id:%.0f", tid->valuedouble);
+        *text = strdup(tok);
+        *bytes = cJSON_CreateNull();
+    }
+    free(raw);
+    if (!*text || !*bytes) {
+        free(*text);
+        cJSON_Delete(*bytes);
+        *text = NULL;
+        *bytes = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* The OpenAI chat logprob entries of one delta event's logprobs array:
+ * {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}. */
 static cJSON *logprob_entries(const struct oai_resp *r, const cJSON *lps)
 {
     cJSON *arr = cJSON_CreateArray();
     const cJSON *lp;
     cJSON_ArrayForEach(lp, lps)
     {
-        const cJSON *tid = cJSON_GetObjectItemCaseSensitive(lp, "token_id");
         const cJSON *l = cJSON_GetObjectItemCaseSensitive(lp, "logprob");
-        if (!cJSON_IsNumber(tid) || !cJSON_IsNumber(l))
+        char *tok;
+        cJSON *bytes;
+        size_t nb;
+        if (!cJSON_IsNumber(l) || token_of(lp, &tok, &bytes, &nb))
             continue;
-        char tok[40];
-        snprintf(tok, sizeof tok, "token_id:%.0f", tid->valuedouble);
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "token", tok);
+        free(tok);
         cJSON_AddNumberToObject(o, "logprob", l->valuedouble);
-        cJSON_AddNullToObject(o, "bytes");
+        cJSON_AddItemToObject(o, "bytes", bytes);
         cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
         const cJSON *t;
         int n = 0;
         cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(lp, "top"))
         {
-            const cJSON *ti = cJSON_GetObjectItemCaseSensitive(t, "token_id");
             const cJSON *tl = cJSON_GetObjectItemCaseSensitive(t, "logprob");
-            if (n >= r->top_logprobs || !cJSON_IsNumber(ti) || !cJSON_IsNumber(tl))
+            if (n >= r->top_logprobs || !cJSON_IsNumber(tl) || token_of(t, &tok, &bytes, &nb))
                 continue;
-            snprintf(tok, sizeof tok, "token_id:%.0f", ti->valuedouble);
             cJSON *x = cJSON_CreateObject();
             cJSON_AddStringToObject(x, "token", tok);
+            free(tok);
             cJSON_AddNumberToObject(x, "logprob", tl->valuedouble);
-            cJSON_AddNullToObject(x, "bytes");
+            cJSON_AddItemToObject(x, "bytes", bytes);
             cJSON_AddItemToArray(top, x);
             n++;
         }
         cJSON_AddItemToArray(arr, o);
     }
     return arr;
+}
+
+/* The legacy completions form of one delta's logprobs, appended to *acc
+ * (created when NULL): tokens, token_logprobs, top_logprobs (an object
+ * token -> logprob per position) and text_offset (bytes into the text;
+ * r->text_offset carries it from delta to delta). Returns 0 or -RL_ENOMEM. */
+static int legacy_logprobs(struct oai_resp *r, const cJSON *lps, cJSON **acc)
+{
+    if (!*acc) {
+        cJSON *o = cJSON_CreateObject();
+        if (!o || !cJSON_AddArrayToObject(o, "tokens") ||
+            !cJSON_AddArrayToObject(o, "token_logprobs") ||
+            !cJSON_AddArrayToObject(o, "top_logprobs") || !cJSON_AddArrayToObject(o, "text_offset")) {
+            cJSON_Delete(o);
+            return -RL_ENOMEM;
+        }
+        *acc = o;
+    }
+    cJSON *toks = cJSON_GetObjectItemCaseSensitive(*acc, "tokens");
+    cJSON *lpa = cJSON_GetObjectItemCaseSensitive(*acc, "token_logprobs");
+    cJSON *tops = cJSON_GetObjectItemCaseSensitive(*acc, "top_logprobs");
+    cJSON *offs = cJSON_GetObjectItemCaseSensitive(*acc, "text_offset");
+    const cJSON *lp;
+    cJSON_ArrayForEach(lp, lps)
+    {
+        const cJSON *l = cJSON_GetObjectItemCaseSensitive(lp, "logprob");
+        char *tok;
+        cJSON *bytes;
+        size_t nb;
+        if (!cJSON_IsNumber(l) || token_of(lp, &tok, &bytes, &nb))
+            continue;
+        cJSON_Delete(bytes);
+        cJSON_AddItemToArray(toks, cJSON_CreateString(tok));
+        cJSON_AddItemToArray(lpa, cJSON_CreateNumber(l->valuedouble));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)r->text_offset));
+        r->text_offset += nb ? (int64_t)nb : (int64_t)strlen(tok);
+        free(tok);
+        if (r->top_logprobs > 0) {
+            cJSON *m = cJSON_CreateObject();
+            const cJSON *t;
+            int n = 0;
+            cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(lp, "top"))
+            {
+                const cJSON *tl = cJSON_GetObjectItemCaseSensitive(t, "logprob");
+                if (n >= r->top_logprobs || !cJSON_IsNumber(tl) || token_of(t, &tok, &bytes, &nb))
+                    continue;
+                cJSON_Delete(bytes);
+                if (!cJSON_GetObjectItemCaseSensitive(m, tok)) /* two ids, one text: the first */
+                    cJSON_AddNumberToObject(m, tok, tl->valuedouble);
+                free(tok);
+                n++;
+            }
+            cJSON_AddItemToArray(tops, m);
+        } else {
+            cJSON_AddItemToArray(tops, cJSON_CreateNull());
+        }
+    }
+    return 0;
 }
 
 static const char *str_member(const cJSON *o, const char *k)
@@ -798,6 +1144,49 @@ static int64_t int_member(const cJSON *o, const char *k)
     return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 9e15 ? (int64_t)v->valuedouble : 0;
 }
 
+/* A completions delta: the text (reasoning, should a think block come,
+ * then content: the legacy API has one text) and the legacy logprobs. */
+static int feed_text_delta(struct oai_resp *r, const char *content, const char *reasoning,
+                           const cJSON *lps, bool want_lp, struct oai_buf *sse)
+{
+    struct oai_buf t = {0};
+    if ((reasoning && oai_buf_put(&t, reasoning, strlen(reasoning))) ||
+        (content && oai_buf_put(&t, content, strlen(content)))) {
+        oai_buf_free(&t);
+        return -RL_ENOMEM;
+    }
+    int rc = OAI_MORE;
+    if (!r->stream) {
+        if ((t.n && oai_buf_put(&r->content, t.p, t.n)) ||
+            (want_lp && legacy_logprobs(r, lps, &r->lp_legacy)))
+            rc = -RL_ENOMEM;
+        oai_buf_free(&t);
+        return rc;
+    }
+    if (!t.n && !want_lp) {
+        oai_buf_free(&t);
+        return OAI_MORE;
+    }
+    cJSON *choice;
+    cJSON *c = chunk_new(r, &choice);
+    cJSON_AddStringToObject(choice, "text", t.p ? t.p : "");
+    oai_buf_free(&t);
+    cJSON *l = NULL;
+    if (want_lp && legacy_logprobs(r, lps, &l)) {
+        cJSON_Delete(c);
+        return -RL_ENOMEM;
+    }
+    if (l)
+        cJSON_AddItemToObject(choice, "logprobs", l);
+    else
+        cJSON_AddNullToObject(choice, "logprobs");
+    cJSON_AddNullToObject(choice, "finish_reason");
+    if (r->include_usage)
+        cJSON_AddNullToObject(c, "usage");
+    rc = sse_put(c, sse);
+    return rc ? rc : OAI_MORE;
+}
+
 static int feed_delta(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse)
 {
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(ev, "delta");
@@ -805,6 +1194,8 @@ static int feed_delta(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse)
     const char *reasoning = str_member(d, "reasoning_content");
     const cJSON *lps = cJSON_GetObjectItemCaseSensitive(ev, "logprobs");
     bool want_lp = r->logprobs && cJSON_IsArray(lps) && lps->child;
+    if (r->api == OAI_API_COMPLETIONS)
+        return feed_text_delta(r, content, reasoning, lps, want_lp, sse);
     if (!r->stream) {
         if (content && oai_buf_put(&r->content, content, strlen(content)))
             return -RL_ENOMEM;
@@ -877,6 +1268,17 @@ static int feed_done(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse,
         return OAI_END;
     int rc = 0;
     cJSON *choice, *c, *delta;
+    if (r->api == OAI_API_COMPLETIONS) {
+        c = chunk_new(r, &choice);
+        cJSON_AddStringToObject(choice, "text", "");
+        cJSON_AddNullToObject(choice, "logprobs");
+        cJSON_AddStringToObject(choice, "finish_reason", r->finish);
+        if (r->include_usage)
+            cJSON_AddNullToObject(c, "usage");
+        if ((rc = sse_put(c, sse)))
+            return rc;
+        goto usage;
+    }
     if (tools) {
         c = chunk_new(r, &choice);
         delta = cJSON_AddObjectToObject(choice, "delta");
@@ -915,6 +1317,7 @@ static int feed_done(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse,
         cJSON_AddNullToObject(c, "usage");
     if ((rc = sse_put(c, sse)))
         return rc;
+usage:
     if (r->include_usage) {
         c = chunk_new(r, NULL);
         cJSON_AddItemToObject(c, "usage", usage_json(r));
@@ -984,10 +1387,43 @@ int oai_sse_error(const struct oai_error *e, struct oai_buf *sse)
     return rc;
 }
 
+/* The text_completion object of a completions request. */
+static char *text_completion(const struct oai_resp *r)
+{
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "id", r->id);
+    cJSON_AddStringToObject(c, "object", "text_completion");
+    cJSON_AddNumberToObject(c, "created", (double)r->created);
+    cJSON_AddStringToObject(c, "model", r->model);
+    cJSON *choices = cJSON_AddArrayToObject(c, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, ch);
+    cJSON_AddStringToObject(ch, "text", r->content.p ? r->content.p : "");
+    cJSON_AddNumberToObject(ch, "index", 0);
+    if (r->logprobs && r->lp_legacy) {
+        cJSON_AddItemToObject(ch, "logprobs", cJSON_Duplicate(r->lp_legacy, 1));
+    } else if (r->logprobs) {
+        cJSON *l = cJSON_AddObjectToObject(ch, "logprobs");
+        cJSON_AddArrayToObject(l, "tokens");
+        cJSON_AddArrayToObject(l, "token_logprobs");
+        cJSON_AddArrayToObject(l, "top_logprobs");
+        cJSON_AddArrayToObject(l, "text_offset");
+    } else {
+        cJSON_AddNullToObject(ch, "logprobs");
+    }
+    cJSON_AddStringToObject(ch, "finish_reason", r->finish);
+    cJSON_AddItemToObject(c, "usage", usage_json(r));
+    char *s = cJSON_PrintUnformatted(c);
+    cJSON_Delete(c);
+    return s;
+}
+
 char *oai_resp_completion(const struct oai_resp *r)
 {
     if (r->state != OAI_END)
         return NULL;
+    if (r->api == OAI_API_COMPLETIONS)
+        return text_completion(r);
     cJSON *c = cJSON_CreateObject();
     cJSON_AddStringToObject(c, "id", r->id);
     cJSON_AddStringToObject(c, "object", "chat.completion");

@@ -12,6 +12,9 @@
  * job_parse(), the same code the dispatcher and the worker run, so a bad
  * request is refused with a 400 before it is queued, naming the field.
  *
+ * POST /v1/completions bodies go the same way (oai_parse_completion), and
+ * their answers are text_completion objects and chunks.
+ *
  * Response side: an oai_resp is fed the events of redlm:out:<id> one at a
  * time. In stream mode each event turns at once into the server-sent-event
  * bytes it stands for, appended to a caller's buffer; nothing is held back.
@@ -46,8 +49,16 @@ struct oai_limits {
                                    NULL: any name, copied into the job's `model` (the host
                                    checks it against the models workers serve) */
     const struct job_opts *job; /* job_parse limits; NULL: job_opts_default() */
+    /* The mode of a chat request that chooses none (no mode,
+     * chat_template_kwargs.enable_thinking, reasoning_effort, nor a /think
+     * or /no_think soft switch in its last user message): JOB_MODE_THINK
+     * or JOB_MODE_NO_THINK is written into the job; JOB_MODE_POOL or
+     * JOB_MODE_AUTO writes none, leaving it to the router (rules,
+     * think_ratio). From http_default_mode. */
+    enum job_mode default_mode;
 };
-/* 4 MiB body, 1024 messages, 32768 tokens, model "redlm", job NULL. */
+/* 4 MiB body, 1024 messages, 32768 tokens, model "redlm", job NULL,
+ * default_mode JOB_MODE_POOL (none written). */
 void oai_limits_default(struct oai_limits *l);
 
 /* An error as the client sees it: the HTTP status and the fields of the
@@ -75,8 +86,15 @@ char *oai_error_json(const struct oai_error *e);
 void oai_error_from_event(const char *code, const char *message, int64_t retry_after_ms,
                           struct oai_error *e);
 
+/* The endpoint a request came to. */
+enum oai_api {
+    OAI_API_CHAT = 0,    /* POST /v1/chat/completions */
+    OAI_API_COMPLETIONS, /* POST /v1/completions (the legacy text API) */
+};
+
 /* A parsed request. */
 struct oai_request {
+    enum oai_api api;
     bool stream;
     bool include_usage;   /* stream_options.include_usage */
     bool logprobs;        /* choices[].logprobs wanted */
@@ -95,6 +113,14 @@ void oai_request_clear(struct oai_request *r);
  * (e: 500). Nothing is allocated on failure. */
 int oai_parse_request(const char *body, size_t len, const struct oai_limits *lim, const char *id,
                       int64_t deadline_ms, struct oai_request *out, struct oai_error *e);
+
+/* The same for a POST /v1/completions body: prompt (a string, token ids,
+ * or a list of one of those) instead of messages; logprobs is the number
+ * of alternatives (0..20); echo only false, suffix only "" , best_of and n
+ * only 1; the job's mode is no_think (raw text is continued as it is). */
+int oai_parse_completion(const char *body, size_t len, const struct oai_limits *lim,
+                         const char *id, int64_t deadline_ms, struct oai_request *out,
+                         struct oai_error *e);
 
 /* ---- responses ---- */
 
@@ -125,8 +151,9 @@ int oai_resp_feed(struct oai_resp *r, const char *event, size_t len, struct oai_
  * SSE event ({"error": {...}}) followed by "data: [DONE]". */
 int oai_sse_error(const struct oai_error *e, struct oai_buf *sse);
 
-/* Non-stream mode, after OAI_END: the chat.completion object, malloc'd
- * compact JSON; NULL when out of memory. */
+/* Non-stream mode, after OAI_END: the chat.completion object (for
+ * completions: the text_completion object), malloc'd compact JSON; NULL
+ * when out of memory. */
 char *oai_resp_completion(const struct oai_resp *r);
 
 /* Tokens the request used, after OAI_END (for the tokens-per-minute limit):

@@ -112,7 +112,7 @@ wait_for worker "ready:" 120
 
 web_args=() chat_args=""
 if [ -x "$BUILD/redlm-dispatcher" ]; then
-    start dispatcher "$BUILD/redlm-dispatcher" --redis "$redis" --name demo-disp0
+    start dispatcher "$BUILD/redlm-dispatcher" --redis "$redis" --name demo-disp0 --http-port 0
     wait_for dispatcher "ready" 30
     route="redlm:requests -> redlm-dispatcher -> redlm:jobs:fast|think"
 else

@@ -426,23 +426,38 @@ static void on_event(struct worker *w, const struct engine_event *ev)
         struct ev_logprob *lp = NULL;
         int32_t *top_ids = NULL;
         float *top_lp = NULL;
+        const char **top_b = NULL; /* each token's bytes (owned by the tokenizer) */
+        size_t *top_nb = NULL;
         if (ev->logprobs && ev->n_tokens > 0) {
+            const struct tokenizer *tok = engine_get_tokenizer(w->eng);
             int nt = ev->top ? ev->n_top : 0;
+            size_t cells = (size_t)ev->n_tokens * (size_t)(nt ? nt : 1);
             lp = calloc((size_t)ev->n_tokens, sizeof *lp);
-            top_ids = calloc((size_t)ev->n_tokens * (size_t)(nt ? nt : 1), sizeof *top_ids);
-            top_lp = calloc((size_t)ev->n_tokens * (size_t)(nt ? nt : 1), sizeof *top_lp);
-            if (lp && top_ids && top_lp) {
+            top_ids = calloc(cells, sizeof *top_ids);
+            top_lp = calloc(cells, sizeof *top_lp);
+            top_b = calloc(cells, sizeof *top_b);
+            top_nb = calloc(cells, sizeof *top_nb);
+            if (lp && top_ids && top_lp && top_b && top_nb) {
                 for (int i = 0; i < ev->n_tokens; i++) {
                     lp[i].token_id = ev->tokens[i];
                     lp[i].logprob = ev->logprobs[i] <= 0 ? ev->logprobs[i] : 0;
                     lp[i].n_top = nt;
+                    if (tok)
+                        lp[i].bytes = tok_token_bytes(tok, ev->tokens[i], &lp[i].n_bytes);
                     for (int k = 0; k < nt; k++) {
                         top_ids[i * nt + k] = ev->top[i * nt + k].id;
                         float l = ev->top[i * nt + k].logprob;
                         top_lp[i * nt + k] = l <= 0 ? l : 0;
+                        if (tok)
+                            top_b[i * nt + k] = tok_token_bytes(tok, ev->top[i * nt + k].id,
+                                                                &top_nb[i * nt + k]);
                     }
                     lp[i].top_ids = top_ids + i * nt;
                     lp[i].top_logprobs = top_lp + i * nt;
+                    if (tok) {
+                        lp[i].top_bytes = top_b + i * nt;
+                        lp[i].top_n_bytes = top_nb + i * nt;
+                    }
                 }
             } else {
                 free(lp);
@@ -463,6 +478,8 @@ static void on_event(struct worker *w, const struct engine_event *ev)
         free(lp);
         free(top_ids);
         free(top_lp);
+        free(top_b);
+        free(top_nb);
         if (ev->n_tokens > 0) {
             pthread_mutex_lock(&w->m.mu);
             if (!j->t_first) {

@@ -2,7 +2,9 @@
  * conversion code (dispatcher/openai.c).
  *
  * The input's first byte picks what is fuzzed, the rest is the text:
- *   0-127   a POST /v1/chat/completions body (oai_parse_request). Checks,
+ *   0-127   a POST /v1/chat/completions body (oai_parse_request; bit 6
+ *           set: a POST /v1/completions body, oai_parse_completion; bit 5:
+ *           http_default_mode think, else none). Checks,
  *           besides the sanitizers' own: a refused body has a status in
  *           {400, 404, 413} and a non-empty message, and its error object
  *           is valid JSON; an accepted body yields a job that job_parse
@@ -10,7 +12,8 @@
  *   128-191 the rest is split at newlines into events fed to one stream
  *           response, then to one non-stream response (oai_resp_feed):
  *           every SSE byte produced is "data: <valid JSON>\n\n" or the
- *           [DONE] line, and a completion exists exactly after OAI_END.
+ *           [DONE] line, and a completion exists exactly after OAI_END
+ *           (bit 5 of the selector: the completions API's answers).
  *   192-255 an API-keys file (oai_keys_parse), then a lookup of each line.
  *
  *   make fuzz && build-fuzz/fuzz/fuzz_openai -max_total_time=60 */
@@ -45,14 +48,16 @@ static void check_sse(const struct oai_buf *b)
     }
 }
 
-static void fuzz_request(const char *s, size_t n)
+static void fuzz_request(const char *s, size_t n, uint8_t sel)
 {
     struct oai_limits lim;
     oai_limits_default(&lim);
     lim.max_body_bytes = 1 << 16;
+    lim.default_mode = (sel & 32) ? JOB_MODE_THINK : JOB_MODE_POOL;
     struct oai_request r;
     struct oai_error e;
-    int rc = oai_parse_request(s, n, &lim, "fz-1", (n & 1) ? 1700000000000 : 0, &r, &e);
+    int rc = ((sel & 64) ? oai_parse_completion : oai_parse_request)(
+        s, n, &lim, "fz-1", (n & 1) ? 1700000000000 : 0, &r, &e);
     if (rc) {
         if (r.job || !e.message[0] || (e.status != 400 && e.status != 404 && e.status != 413 &&
                                        !(rc == -RL_ENOMEM && e.status == 500)))
@@ -75,7 +80,8 @@ static void fuzz_request(const char *s, size_t n)
 static void fuzz_events(const char *s, size_t n, uint8_t sel)
 {
     for (int stream = 0; stream < 2; stream++) {
-        struct oai_request req = {.stream = stream, .include_usage = sel & 1,
+        struct oai_request req = {.api = (sel & 32) ? OAI_API_COMPLETIONS : OAI_API_CHAT,
+                                  .stream = stream, .include_usage = sel & 1,
                                   .logprobs = (sel >> 1) & 1, .top_logprobs = (sel >> 2) & 7};
         struct oai_resp *r;
         if (oai_resp_create(&r, "fz", "m", 1, &req, NULL))
@@ -137,7 +143,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *s = (const char *)data + 1;
     size_t n = size - 1;
     if (data[0] < 128)
-        fuzz_request(s, n);
+        fuzz_request(s, n, data[0]);
     else if (data[0] < 192)
         fuzz_events(s, n, data[0]);
     else

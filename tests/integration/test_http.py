@@ -11,8 +11,8 @@ What the tests prove:
     test playing the worker, event k+1 is only written after the client has
     read event k's chunk;
   - the wire format of the official SDKs: curl with the exact headers the
-    `openai` Python SDK sends, and the `openai` npm package itself (skipped
-    when npm cannot install it);
+    `openai` Python SDK sends, and the `openai` npm package itself (pinned
+    in tests/integration/node; skipped only when node is absent);
   - a client that disconnects cancels its job (redlm:cancel:<id>, and the
     worker's done says cancelled);
   - bad or missing keys get 401, tenants over their requests or tokens per
@@ -383,34 +383,35 @@ const client = new OpenAI({baseURL: process.argv[2], apiKey: 'sk-test-0123456789
 """
 
 
+NODE_DIR = pathlib.Path(__file__).resolve().parent / "node"
+
+
 def npm_openai():
-    """A directory with the `openai` npm package, installed once into a
-    cache under /tmp; None when node/npm or the registry are unavailable."""
-    if not shutil.which("node") or not shutil.which("npm"):
+    """tests/integration/node with the `openai` version its package-lock.json
+    pins (make deps runs npm ci there; done here if it has not been). None
+    when node is absent."""
+    if not shutil.which("node"):
         return None
-    d = pathlib.Path(os.environ.get("REDLM_NPM_DIR", "/tmp/redlm-test-npm-openai"))
-    if not (d / "node_modules" / "openai").exists():
-        d.mkdir(parents=True, exist_ok=True)
-        try:
-            subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent", "openai@4"],
-                           cwd=d, capture_output=True, timeout=240, check=True)
-        except (subprocess.SubprocessError, OSError):
-            return None
-    return d
+    if not (NODE_DIR / "node_modules" / "openai").exists():
+        assert shutil.which("npm"), "node is installed but npm is not: run make deps"
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=NODE_DIR,
+                       capture_output=True, timeout=300, check=True)
+    return NODE_DIR
 
 
 def test_openai_npm_client(front, workers, redis_addr, prefix, tmp_path):
     d = npm_openai()
     if d is None:
-        pytest.skip("node, npm or the npm registry is unavailable: cannot install `openai`")
+        pytest.skip("node is not installed (make deps installs nodejs): cannot run the `openai` npm client")
     workers("w1")
     keys = tmp_path / "keys"
     keys.write_text("sk-test-0123456789 acme\n")
     f = front("--api-keys-file", str(keys))
-    script = d / "client.js"
+    script = tmp_path / "client.js"
     script.write_text(NODE_SCRIPT)
     out = subprocess.run(["node", str(script), f"http://127.0.0.1:{f.port}/v1", MODEL_NAME],
-                         capture_output=True, text=True, timeout=120, cwd=d)
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "NODE_PATH": str(d / "node_modules")})
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
     assert res["models"] == [MODEL_NAME]
@@ -598,9 +599,8 @@ def test_slow_events_outlive_idle_timeout(front, redis_addr, prefix):
 
     def slow_worker():
         time.sleep(2.5)
-        play_worker_error(r, prefix, [delta])
+        jid = play_worker_error(r, prefix, [delta])
         time.sleep(2.5)
-        jid = [json.loads(x["job"])["id"] for _, x in r.xrange(f"{prefix}jobs:fast")][-1]
         r.xadd(f"{prefix}out:{jid}", {"event": json.dumps(done)}, id="0-2")
 
     t = threading.Thread(target=slow_worker)

@@ -272,6 +272,33 @@ static void test_exact_shapes(void **state)
     free(s);
 }
 
+/* Token bytes: written as ints when the worker has them, left out when
+ * not (top entries alike), so old readers and new ones both parse. */
+static void test_delta_token_bytes(void **state)
+{
+    (void)state;
+    const int32_t ids[] = {17, 18}, top_ids[] = {17, 99};
+    const float top_lp[] = {-0.25f, -1.5f};
+    const char *top_b[] = {"\xe2\x82", NULL};
+    const size_t top_nb[] = {2, 0};
+    struct ev_logprob lp[2] = {
+        {.token_id = 17, .logprob = -0.25f, .n_top = 2, .top_ids = top_ids,
+         .top_logprobs = top_lp, .bytes = "\xe2\x82", .n_bytes = 2, .top_bytes = top_b,
+         .top_n_bytes = top_nb},
+        {.token_id = 18, .logprob = -0.5f, .bytes = " hi", .n_bytes = 3},
+    };
+    struct ev_delta d = {.content = "x", .content_len = 1, .token_ids = ids, .n_token_ids = 2,
+                         .logprobs = lp};
+    char *s;
+    assert_int_equal(ev_build_delta(3, &d, &s, NULL), 0);
+    assert_string_equal(s, "{\"seq\":3,\"type\":\"delta\",\"delta\":{\"content\":\"x\"},"
+                           "\"token_ids\":[17,18],\"logprobs\":[{\"token_id\":17,\"logprob\":-0.25,"
+                           "\"bytes\":[226,130],\"top\":[{\"token_id\":17,\"logprob\":-0.25,"
+                           "\"bytes\":[226,130]},{\"token_id\":99,\"logprob\":-1.5}]},"
+                           "{\"token_id\":18,\"logprob\":-0.5,\"bytes\":[32,104,105],\"top\":[]}]}");
+    free(s);
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -378,6 +405,7 @@ int main(void)
         cmocka_unit_test(test_events_match_examples),
         cmocka_unit_test(test_exact_shapes),
         cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_delta_token_bytes),
         cmocka_unit_test(test_parse_round_trip),
         cmocka_unit_test(test_seq_and_stream_ids),
         cmocka_unit_test(test_codes_match_errors_json),

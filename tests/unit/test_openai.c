@@ -17,6 +17,7 @@
 #include <cjson/cJSON.h>
 
 #include "dispatcher/openai.h"
+#include "job.h"
 #include "sha256.h"
 
 #define MSG "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
@@ -579,6 +580,232 @@ static void test_completion_object(void **state)
     }
 }
 
+
+/* ---- the mode of requests that choose none (http_default_mode) ---- */
+
+static void test_default_mode(void **state)
+{
+    (void)state;
+    const struct {
+        enum job_mode dflt;
+        const char *body;
+        const char *mode; /* the job's mode, NULL = none written */
+    } cases[] = {
+        {JOB_MODE_THINK, "{" MSG "}", "think"},
+        {JOB_MODE_NO_THINK, "{" MSG "}", "no_think"},
+        {JOB_MODE_AUTO, "{" MSG "}", NULL},
+        {JOB_MODE_POOL, "{" MSG "}", NULL},
+        /* soft switches, the last one winning, as the router reads them */
+        {JOB_MODE_THINK, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi /no_think\"}]}", "no_think"},
+        {JOB_MODE_NO_THINK, "{\"messages\":[{\"role\":\"user\",\"content\":\"/no_think hi /think\"}]}", "think"},
+        {JOB_MODE_THINK, "{\"messages\":[{\"role\":\"user\",\"content\":\"a/no_think /no_thinking\"}]}", "think"},
+        {JOB_MODE_THINK, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"x /no_think\"}]}]}", "no_think"},
+        /* explicit choices win over the switch and the default */
+        {JOB_MODE_THINK, "{\"messages\":[{\"role\":\"user\",\"content\":\"x /no_think\"}],\"mode\":\"think\"}", "think"},
+        {JOB_MODE_THINK, "{" MSG ",\"mode\":\"auto\"}", "auto"},
+        {JOB_MODE_AUTO, "{" MSG ",\"reasoning_effort\":\"low\"}", "no_think"},
+        {JOB_MODE_THINK, "{" MSG ",\"reasoning_effort\":\"none\"}", "no_think"},
+        {JOB_MODE_THINK, "{" MSG ",\"reasoning_effort\":\"minimal\"}", "no_think"},
+        {JOB_MODE_NO_THINK, "{" MSG ",\"reasoning_effort\":\"medium\"}", "think"},
+        {JOB_MODE_NO_THINK, "{" MSG ",\"reasoning_effort\":\"high\"}", "think"},
+        {JOB_MODE_THINK, "{" MSG ",\"reasoning_effort\":\"low\",\"chat_template_kwargs\":{\"enable_thinking\":false}}", "no_think"},
+        {JOB_MODE_THINK, "{" MSG ",\"chat_template_kwargs\":{\"enable_thinking\":false}}", "no_think"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct oai_limits lim;
+        oai_limits_default(&lim);
+        lim.default_mode = cases[i].dflt;
+        struct oai_request r;
+        struct oai_error e;
+        if (oai_parse_request(cases[i].body, strlen(cases[i].body), &lim, ID, 0, &r, &e))
+            fail_msg("case %zu: %s -> %d %s", i, cases[i].body, e.status, e.message);
+        cJSON *j = cJSON_Parse(r.job);
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(j, "mode");
+        if (cases[i].mode ? !cJSON_IsString(m) || strcmp(m->valuestring, cases[i].mode) : m != NULL)
+            fail_msg("case %zu: %s -> %s, want mode %s", i, cases[i].body, r.job,
+                     cases[i].mode ? cases[i].mode : "(none)");
+        cJSON_Delete(j);
+        oai_request_clear(&r);
+    }
+    /* reasoning_effort: the levels only, and no contradiction */
+    const char *badv[] = {
+        "{" MSG ",\"reasoning_effort\":\"max\"}",
+        "{" MSG ",\"reasoning_effort\":3}",
+        "{" MSG ",\"reasoning_effort\":\"low\",\"mode\":\"think\"}",
+        "{" MSG ",\"reasoning_effort\":\"high\",\"chat_template_kwargs\":{\"enable_thinking\":false}}",
+    };
+    for (size_t i = 0; i < sizeof badv / sizeof badv[0]; i++) {
+        struct oai_request r;
+        struct oai_error e;
+        assert_int_equal(oai_parse_request(badv[i], strlen(badv[i]), NULL, ID, 0, &r, &e), -RL_EINVAL);
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.param, "reasoning_effort");
+    }
+}
+
+/* ---- the harmless fields the SDKs send ---- */
+
+static void test_harmless_fields(void **state)
+{
+    (void)state;
+    const char *ok = "{" MSG ",\"user\":\"u\",\"service_tier\":\"auto\",\"store\":false,"
+                     "\"metadata\":{\"a\":\"b\"},\"parallel_tool_calls\":false,"
+                     "\"safety_identifier\":\"s\",\"prompt_cache_key\":\"k\",\"modalities\":[\"text\"]}";
+    struct oai_request r;
+    struct oai_error e;
+    assert_int_equal(oai_parse_request(ok, strlen(ok), NULL, ID, 0, &r, &e), 0);
+    assert_string_equal(r.job, "{\"id\":\"" ID "\"," JMSG "}"); /* none reaches the job */
+    oai_request_clear(&r);
+    const struct {
+        const char *body, *code, *param;
+    } badf[] = {
+        {"{" MSG ",\"stor\":false}", "UNKNOWN_FIELD", "stor"},
+        {"{" MSG ",\"service_teir\":\"auto\"}", "UNKNOWN_FIELD", "service_teir"},
+        {"{" MSG ",\"store\":1}", "BAD_TYPE", "store"},
+        {"{" MSG ",\"metadata\":{\"a\":1}}", "BAD_TYPE", "metadata"},
+        {"{" MSG ",\"service_tier\":5}", "BAD_TYPE", "service_tier"},
+        {"{" MSG ",\"modalities\":[\"text\",\"audio\"]}", "BAD_VALUE", "modalities"},
+        /* the legacy API's own members are not chat's */
+        {"{" MSG ",\"echo\":false}", "UNKNOWN_FIELD", "echo"},
+        {"{" MSG ",\"prompt\":\"x\"}", "UNKNOWN_FIELD", "prompt"},
+    };
+    for (size_t i = 0; i < sizeof badf / sizeof badf[0]; i++) {
+        assert_int_equal(oai_parse_request(badf[i].body, strlen(badf[i].body), NULL, ID, 0, &r, &e),
+                         -RL_EINVAL);
+        if (strcmp(e.code, badf[i].code) || strcmp(e.param, badf[i].param))
+            fail_msg("case %zu: %s -> %s %s", i, badf[i].body, e.code, e.param);
+    }
+}
+
+/* ---- POST /v1/completions ---- */
+
+static void test_completion_requests(void **state)
+{
+    (void)state;
+    const struct {
+        const char *body, *job;
+        bool logprobs;
+        int top;
+    } goodc[] = {
+        {"{\"model\":\"redlm\",\"prompt\":\"Once\"}", "{\"id\":\"" ID "\",\"prompt\":\"Once\",\"mode\":\"no_think\"}", false, 0},
+        {"{\"prompt\":[\"Once\"],\"max_tokens\":5}", "{\"id\":\"" ID "\",\"prompt\":\"Once\",\"max_tokens\":5,\"mode\":\"no_think\"}", false, 0},
+        {"{\"prompt\":[1,2,3]}", "{\"id\":\"" ID "\",\"prompt_ids\":[1,2,3],\"mode\":\"no_think\"}", false, 0},
+        {"{\"prompt\":[[4,5]],\"echo\":false,\"suffix\":null,\"best_of\":1,\"n\":1}",
+         "{\"id\":\"" ID "\",\"prompt_ids\":[4,5],\"mode\":\"no_think\"}", false, 0},
+        {"{\"prompt\":\"x\",\"logprobs\":3,\"temperature\":0,\"user\":\"u\"}",
+         "{\"id\":\"" ID "\",\"temperature\":0,\"prompt\":\"x\",\"logprobs\":3,\"mode\":\"no_think\"}", true, 3},
+        {"{\"prompt\":\"x\",\"logprobs\":0}", "{\"id\":\"" ID "\",\"prompt\":\"x\",\"logprobs\":0,\"mode\":\"no_think\"}", true, 0},
+    };
+    struct oai_limits lim;
+    oai_limits_default(&lim);
+    lim.default_mode = JOB_MODE_THINK; /* chat's default; the legacy API is never think */
+    for (size_t i = 0; i < sizeof goodc / sizeof goodc[0]; i++) {
+        struct oai_request r;
+        struct oai_error e;
+        if (oai_parse_completion(goodc[i].body, strlen(goodc[i].body), &lim, ID, 0, &r, &e))
+            fail_msg("case %zu: %s -> %d %s", i, goodc[i].body, e.status, e.message);
+        if (strcmp(r.job, goodc[i].job))
+            fail_msg("case %zu:\n got  %s\n want %s", i, r.job, goodc[i].job);
+        assert_int_equal(r.api, OAI_API_COMPLETIONS);
+        assert_int_equal(r.logprobs, goodc[i].logprobs);
+        assert_int_equal(r.top_logprobs, goodc[i].top);
+        oai_request_clear(&r);
+    }
+    const struct {
+        const char *body, *code, *param;
+    } badc[] = {
+        {"{\"max_tokens\":5}", "MISSING_FIELD", "prompt"},
+        {"{" MSG "}", "UNKNOWN_FIELD", "messages"},
+        {"{\"prompt\":\"x\",\"echo\":true}", "BAD_VALUE", "echo"},
+        {"{\"prompt\":\"x\",\"suffix\":\"end\"}", "BAD_VALUE", "suffix"},
+        {"{\"prompt\":\"x\",\"best_of\":3}", "OUT_OF_RANGE", "best_of"},
+        {"{\"prompt\":[\"a\",\"b\"]}", "OUT_OF_RANGE", "prompt"},
+        {"{\"prompt\":[1,\"b\"]}", "BAD_TYPE", "prompt"},
+        {"{\"prompt\":7}", "BAD_TYPE", "prompt"},
+        {"{\"prompt\":\"x\",\"logprobs\":true}", "BAD_TYPE", "logprobs"},
+        {"{\"prompt\":\"x\",\"logprobs\":21}", "OUT_OF_RANGE", "logprobs"},
+        {"{\"prompt\":\"x\",\"top_logprobs\":2}", "UNKNOWN_FIELD", "top_logprobs"},
+        {"{\"prompt\":\"x\",\"reasoning_effort\":\"low\"}", "UNKNOWN_FIELD", "reasoning_effort"},
+        {"{\"prompt\":\"\"}", "OUT_OF_RANGE", "prompt"},
+    };
+    for (size_t i = 0; i < sizeof badc / sizeof badc[0]; i++) {
+        struct oai_request r;
+        struct oai_error e;
+        int rc = oai_parse_completion(badc[i].body, strlen(badc[i].body), &lim, ID, 0, &r, &e);
+        if (rc != -RL_EINVAL || e.status != 400 || strcmp(e.code, badc[i].code) ||
+            strcmp(e.param, badc[i].param))
+            fail_msg("case %zu: %s -> %d %d %s %s (%s)", i, badc[i].body, rc, e.status, e.code,
+                     e.param, e.message);
+    }
+}
+
+/* ---- token text and bytes ---- */
+
+#define LPEV(seq, content, ids, lps)                                                             \
+    "{\"seq\":" #seq ",\"type\":\"delta\",\"delta\":{\"content\":\"" content "\"},\"token_ids\":" \
+    ids ",\"logprobs\":" lps "}"
+#define CHEAD "data: {\"id\":\"" ID "\",\"object\":\"text_completion\",\"created\":1700000000,\"model\":\"redlm\",\"choices\":[{\"index\":0,"
+
+static void test_token_text(void **state)
+{
+    (void)state;
+    /* chat: "token" is the bytes as text; a part of a character (0xE2 0x82
+     * of the euro sign) shows U+FFFD, its bytes stay true */
+    struct oai_request lreq = {.stream = true, .logprobs = true, .top_logprobs = 1};
+    const struct step lp[] = {
+        {LPEV(0, " hi", "[7]", "[{\"token_id\":7,\"logprob\":-0.5,\"bytes\":[32,104,105],\"top\":"
+              "[{\"token_id\":7,\"logprob\":-0.5,\"bytes\":[32,104,105]},{\"token_id\":9,\"logprob\":-2}]}]"),
+         OAI_MORE,
+         HEAD "\"delta\":{\"role\":\"assistant\",\"content\":\" hi\"},\"logprobs\":{\"content\":[{\"token\":\" hi\",\"logprob\":-0.5,\"bytes\":[32,104,105],\"top_logprobs\":[{\"token\":\" hi\",\"logprob\":-0.5,\"bytes\":[32,104,105]}]}]},\"finish_reason\":null}]}\n\n"},
+        {LPEV(1, "", "[8]", "[{\"token_id\":8,\"logprob\":-1,\"bytes\":[226,130],\"top\":[]}]"), OAI_MORE,
+         HEAD "\"delta\":{\"content\":\"\"},\"logprobs\":{\"content\":[{\"token\":\"\xef\xbf\xbd\",\"logprob\":-1,\"bytes\":[226,130],\"top_logprobs\":[]}]},\"finish_reason\":null}]}\n\n"},
+        /* malformed bytes: the id form */
+        {LPEV(2, "", "[5]", "[{\"token_id\":5,\"logprob\":-1,\"bytes\":[300],\"top\":[]}]"), OAI_MORE,
+         HEAD "\"delta\":{\"content\":\"\"},\"logprobs\":{\"content\":[{\"token\":\"token_id:5\",\"logprob\":-1,\"bytes\":null,\"top_logprobs\":[]}]},\"finish_reason\":null}]}\n\n"},
+    };
+    run_steps(&lreq, lp, 3, "token text");
+
+    /* completions, streamed: text chunks with the legacy logprobs */
+    struct oai_request creq = {.api = OAI_API_COMPLETIONS, .stream = true, .logprobs = true,
+                               .top_logprobs = 2, .include_usage = true};
+    const struct step cs[] = {
+        {LPEV(0, "a b", "[1,2]", "[{\"token_id\":1,\"logprob\":-0.5,\"bytes\":[97],\"top\":[{\"token_id\":1,\"logprob\":-0.5,\"bytes\":[97]},{\"token_id\":3,\"logprob\":-1,\"bytes\":[99]}]},"
+              "{\"token_id\":2,\"logprob\":-0.25,\"bytes\":[32,98],\"top\":[]}]"),
+         OAI_MORE,
+         CHEAD "\"text\":\"a b\",\"logprobs\":{\"tokens\":[\"a\",\" b\"],\"token_logprobs\":[-0.5,-0.25],\"top_logprobs\":[{\"a\":-0.5,\"c\":-1},{}],\"text_offset\":[0,1]},\"finish_reason\":null}],\"usage\":null}\n\n"},
+        {"{\"seq\":1,\"type\":\"delta\",\"delta\":{\"reasoning_content\":\"r\"},\"token_ids\":[4],\"logprobs\":[{\"token_id\":4,\"logprob\":-1,\"bytes\":[114],\"top\":[]}]}",
+         OAI_MORE,
+         CHEAD "\"text\":\"r\",\"logprobs\":{\"tokens\":[\"r\"],\"token_logprobs\":[-1],\"top_logprobs\":[{}],\"text_offset\":[3]},\"finish_reason\":null}],\"usage\":null}\n\n"},
+        {DONE_EV(2, "length", "[]"), OAI_END,
+         CHEAD "\"text\":\"\",\"logprobs\":null,\"finish_reason\":\"length\"}],\"usage\":null}\n\n"
+         "data: {\"id\":\"" ID "\",\"object\":\"text_completion\",\"created\":1700000000,\"model\":\"redlm\",\"choices\":[]," USAGE "}\n\n"
+         "data: [DONE]\n\n"},
+    };
+    run_steps(&creq, cs, 3, "completions stream");
+
+    /* completions, whole */
+    struct oai_request preq = {.api = OAI_API_COMPLETIONS, .logprobs = true};
+    struct oai_resp *r;
+    assert_int_equal(oai_resp_create(&r, ID, "redlm", 1700000000, &preq, NULL), 0);
+    struct oai_buf b = {0};
+    struct oai_error e;
+    const char *evs[] = {
+        LPEV(0, "Hel", "[1]", "[{\"token_id\":1,\"logprob\":-0.5,\"bytes\":[72,101,108],\"top\":[]}]"),
+        LPEV(1, "lo", "[2]", "[{\"token_id\":2,\"logprob\":-0.25,\"bytes\":[108,111],\"top\":[]}]"),
+        DONE_EV(2, "stop", "[]"),
+    };
+    for (int i = 0; i < 3; i++)
+        oai_resp_feed(r, evs[i], strlen(evs[i]), &b, &e);
+    assert_int_equal(b.n, 0);
+    char *s = oai_resp_completion(r);
+    assert_string_equal(s, "{\"id\":\"" ID "\",\"object\":\"text_completion\",\"created\":1700000000,"
+                           "\"model\":\"redlm\",\"choices\":[{\"text\":\"Hello\",\"index\":0,\"logprobs\":"
+                           "{\"tokens\":[\"Hel\",\"lo\"],\"token_logprobs\":[-0.5,-0.25],\"top_logprobs\":"
+                           "[null,null],\"text_offset\":[0,3]},\"finish_reason\":\"stop\"}]," USAGE "}");
+    free(s);
+    oai_resp_free(r);
+}
+
 /* ---- API keys ---- */
 
 static void test_keys(void **state)
@@ -660,6 +887,10 @@ int main(void)
         cmocka_unit_test(test_stream_error_details),
         cmocka_unit_test(test_completion_object),
         cmocka_unit_test(test_keys),
+        cmocka_unit_test(test_default_mode),
+        cmocka_unit_test(test_harmless_fields),
+        cmocka_unit_test(test_completion_requests),
+        cmocka_unit_test(test_token_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
