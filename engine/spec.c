@@ -5,11 +5,15 @@
  * that those before it were: each verification examined a + 1 positions
  * (a accepted, then the miss) or all d when the whole draft held, and the
  * counts decay by 0.8 per verification, so p follows the request's recent
- * text; it starts at 1/2 (one hit in two tries). Draft position i is
+ * text; it starts at 0.4 (0.8 hits in two tries). Draft position i is
  * reached and kept with probability p^i, so the next draft holds the
  * positions with p^i >= SPEC_MIN_REACH (0.2: a draft row at batch 1 on the
- * CPU costs about a tenth of a step, BENCHMARKS.md), at most spec_tokens:
- * p = 1/2 gives 2 (the first draft), 0.6 gives 3, 0.7 and up 4.
+ * CPU costs 5-10 % of a step, BENCHMARKS.md), at most spec_tokens:
+ * p = 0.4 gives 1 (the first draft), 1/2 gives 2, 0.6 gives 3, 0.7 and up
+ * 4. The first draft is a single token because most of what a request
+ * that never repeats itself pays is paid before the first cool-down: from
+ * 0.4 two misses reach p < 0.2 (2 draft rows; a prior of 1/2 took 2 + 1 +
+ * 1), while one hit lifts p to 0.63 and the next draft to 3.
  *
  * The off-switch bounds the worst case: when p falls so low that not even
  * one position qualifies, or three verifications in a row keep nothing,
@@ -90,7 +94,7 @@ void spec_adapt_init(struct spec_adapt *a, int k_max)
 {
     memset(a, 0, sizeof *a);
     a->k_max = k_max > SPEC_MAX_TOKENS ? SPEC_MAX_TOKENS : k_max;
-    a->hits = 1;
+    a->hits = 0.8f;
     a->tries = 2;
     a->k_cur = size_for(a, a->hits / a->tries);
     a->backoff = BACKOFF_START;

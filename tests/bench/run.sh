@@ -29,21 +29,7 @@ for b in 1 4 16; do
     "$BUILD/redlm" bench-engine -m "$M06" --prompt 512 --gen 64 --batch "$b" --threads "$THREADS"
 done
 
-echo "# speculative decoding (issue 18): plain and speculating runs of one engine, alternating;"
-echo "# oracle drafts right 100/75/50/0 % of the time, prompt lookup on prompts that repeat"
-echo "# themselves; batch 16 with the default draft row cap (8: no drafts there) and without"
-echo "# ($M06, $THREADS threads, prompt 128, output 64)"
-spec() { "$BUILD/redlm" bench-engine -m "$M06" --prompt 128 --gen 64 --threads "$THREADS" "$@"; }
-for c in 100 75 50 0; do
-    spec --speculative oracle --spec-correct "$c" --batch 1 --reps 5
-done
-spec --speculative ngram --repeat --batch 1 --reps 5
-# the off-switch over a longer output: its first few misses weigh less
-spec --speculative oracle --spec-correct 0 --batch 1 --reps 5 --gen 256
-spec --speculative oracle --spec-correct 100 --batch 16 --reps 3
-spec --speculative oracle --spec-correct 100 --batch 16 --reps 3 --spec-max-rows 512
-spec --speculative oracle --spec-correct 0 --batch 16 --reps 3
-spec --speculative ngram --repeat --batch 16 --reps 3
+BUILD="$BUILD" THREADS="$THREADS" tests/bench/spec.sh
 
 echo "# structured output (issue 17): free vs JSON-Schema-constrained decode, one engine, alternating;"
 echo "# the Qwen3-0.6B shape with the real vocabulary ($M06T, $THREADS threads, prompt 32, output 16)"

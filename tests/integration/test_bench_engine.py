@@ -52,6 +52,15 @@ def test_bench_engine_prints_consistent_figures(built):
     (["--gen", "x"], "--gen"),
     (["--threads", "0"], "--threads"),
     (["--bogus"], "--bogus"),
+    (["--temperature", "-1"], "--temperature needs a number >= 0"),
+    (["--gen"], "--gen needs a value"),
+    # the speculating bench's options go through the same option table
+    (["--speculative", "oracle", "--reps", "0"], "--reps: 0 is out of range"),
+    (["--speculative", "oracle", "--spec-correct", "101"], "--spec-correct"),
+    (["--speculative", "oracle", "--spec-tokens"], "--spec-tokens needs a value"),
+    (["--speculative", "oracle", "--temperature", "0.5"], "only 0 (greedy)"),
+    (["--speculative", "oracle", "--bogus"], "unknown option --bogus"),
+    (["--speculative", "eagle"], "--speculative: off, ngram or oracle"),
 ])
 def test_bench_engine_refuses_bad_arguments(built, args, word):
     p = bench(*args, timeout=30)

@@ -15,6 +15,8 @@ import subprocess
 import time
 import urllib.request
 
+import pytest
+
 from conftest import CLI, MODEL, check_stream, free_port
 
 
@@ -175,5 +177,9 @@ def test_bench_engine_speculative_oracle(built):
     none = bench("--speculative", "oracle", "--spec-correct", "0")
     assert none["identical"] is True
     assert none["acceptance"] == 0.0
+    # a single draft token, a miss, another, a miss, then the off-switch's
+    # pause of 8 steps and one probe (spec.c): 3 draft rows in 24 tokens
+    assert none["drafted_per_token"] == pytest.approx(3 / 24, abs=1e-3)
+    assert none["lookup_us_per_call"] > 0
     rep = bench("--speculative", "ngram", "--repeat")
     assert rep["identical"] is True and rep["source"] == "ngram"

@@ -41,7 +41,7 @@ static void test_ngram_cases(void **state)
     }
 }
 
-/* Starts at 2 (p = 1/2); full acceptance grows it to k; the size follows
+/* Starts at 1 (p = 0.4); full acceptance grows it to k; the size follows
  * p (p^i >= 0.2); misses shrink it and then pause, the pause doubling
  * while misses go on; a hit resets it. */
 static void test_adapt(void **state)
@@ -49,14 +49,16 @@ static void test_adapt(void **state)
     (void)state;
     struct spec_adapt a;
     spec_adapt_init(&a, 4);
-    assert_int_equal(spec_adapt_want(&a), 2);
-    spec_adapt_update(&a, 2, 2); /* p = 2.8 / 3.6 = 0.78: 0.78^4 = 0.37 */
-    assert_int_equal(spec_adapt_want(&a), 4);
-    spec_adapt_update(&a, 4, 0); /* p = 2.24 / 3.88 = 0.58: ^2 = 0.33, ^3 = 0.19 */
-    assert_int_equal(spec_adapt_want(&a), 2);
-    spec_adapt_update(&a, 2, 0); /* p = 1.79 / 4.10 = 0.44 */
     assert_int_equal(spec_adapt_want(&a), 1);
-    spec_adapt_update(&a, 1, 0); /* third miss in a row: a pause of 8 */
+    spec_adapt_update(&a, 1, 1); /* p = 1.64 / 2.6 = 0.63: ^3 = 0.25, ^4 = 0.16 */
+    assert_int_equal(spec_adapt_want(&a), 3);
+    spec_adapt_update(&a, 3, 3); /* p = 4.31 / 5.08 = 0.85 */
+    assert_int_equal(spec_adapt_want(&a), 4);
+    spec_adapt_update(&a, 4, 0); /* p = 3.45 / 5.06 = 0.68: ^4 = 0.22 */
+    assert_int_equal(spec_adapt_want(&a), 4);
+    spec_adapt_update(&a, 4, 0); /* p = 2.76 / 5.05 = 0.55: ^2 = 0.30, ^3 = 0.16 */
+    assert_int_equal(spec_adapt_want(&a), 2);
+    spec_adapt_update(&a, 2, 0); /* third miss in a row: a pause of 8 */
     int paused = 0;
     while (spec_adapt_want(&a) == 0)
         paused++;
@@ -83,6 +85,18 @@ static void test_adapt(void **state)
         spec_adapt_update(&s, d, i % 4 == 3 ? 0 : d);
     }
     assert_int_equal(spec_adapt_want(&s), 4);
+    /* a request whose drafts never hold: two single-token drafts
+     * (p = 0.25, then 0.17 < 0.2), then pauses of 8, 16, 32 with one
+     * probe between: 5 draft rows over its first 64 decode steps */
+    struct spec_adapt z;
+    spec_adapt_init(&z, 4);
+    int rows = 0;
+    for (int step = 0; step < 64; step++) {
+        int d = spec_adapt_want(&z);
+        rows += d;
+        spec_adapt_update(&z, d, 0);
+    }
+    assert_int_equal(rows, 5);
     struct spec_adapt one;
     spec_adapt_init(&one, 1);
     assert_int_equal(spec_adapt_want(&one), 1);

@@ -27,6 +27,84 @@ int cli_parse_int(const char *s, long lo, long hi, long *v, const char *what, st
     return 0;
 }
 
+static const struct cli_opt *find_opt(const struct cli_opt *opts, const char *f)
+{
+    for (; opts->name; opts++)
+        if (!strcmp(f, opts->name) || (opts->alias && !strcmp(f, opts->alias)))
+            return opts;
+    return NULL;
+}
+
+int cli_parse_opts(int argc, char **argv, const struct cli_opt *opts, struct rl_err *err)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const struct cli_opt *o = find_opt(opts, f);
+        if (!o) {
+            if (!strcmp(f, "-h") || !strcmp(f, "--help"))
+                return 1;
+            return rl_errf(err, RL_EINVAL, "unknown option %s", f);
+        }
+        if (o->type == CLI_OPT_FLAG) {
+            *(int *)o->field = 1;
+            continue;
+        }
+        if (!v)
+            return rl_errf(err, RL_EINVAL, "%s needs a value", f);
+        i++;
+        if (o->type == CLI_OPT_STR) {
+            *(const char **)o->field = v;
+        } else if (o->type == CLI_OPT_INT) {
+            long x;
+            int rc = cli_parse_int(v, o->lo, o->hi, &x, f, err);
+            if (rc)
+                return rc;
+            *(int *)o->field = (int)x;
+        } else {
+            char *end;
+            errno = 0;
+            double x = strtod(v, &end);
+            if (errno || end == v || *end || !(x >= (double)o->lo))
+                return rl_errf(err, RL_EINVAL, "%s needs a number >= %ld", f, o->lo);
+            *(double *)o->field = x;
+        }
+    }
+    return 0;
+}
+
+int cli_engine_opts(struct cli_opt *opts, struct cli_engine_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->mo.backend = "cpu";
+    a->n_gen = 32;
+    a->batch = 1;
+    const struct cli_opt common[CLI_ENGINE_N_OPTS] = {
+        {"--model", "-m", CLI_OPT_STR, &a->mo.dir, 0, 0},
+        {"--tokens", NULL, CLI_OPT_STR, &a->tokens, 0, 0},
+        {"--backend", NULL, CLI_OPT_STR, &a->mo.backend, 0, 0},
+        {"--isa", NULL, CLI_OPT_STR, &a->mo.isa, 0, 0},
+        {"--threads", NULL, CLI_OPT_INT, &a->mo.n_threads, 1, 1024},
+        {"--max-tokens", "-n", CLI_OPT_INT, &a->n_gen, 0, 1 << 20},
+        {"--prompt", NULL, CLI_OPT_INT, &a->prompt, 1, 1 << 20},
+        {"--gen", NULL, CLI_OPT_INT, &a->gen, 1, 1 << 20},
+        {"--batch", NULL, CLI_OPT_INT, &a->batch, 1, 4096},
+        {"--temperature", NULL, CLI_OPT_DOUBLE, &a->temperature, 0, 0},
+        {"--ignore-eos", NULL, CLI_OPT_FLAG, &a->ignore_eos, 0, 0},
+    };
+    memcpy(opts, common, sizeof common);
+    return CLI_ENGINE_N_OPTS;
+}
+
+int cli_opt_bounds(struct cli_opt *opts, const char *name, long lo, long hi)
+{
+    for (; opts->name; opts++)
+        if (!strcmp(opts->name, name)) {
+            opts->lo = lo, opts->hi = hi;
+            return 0;
+        }
+    return -1;
+}
+
 int cli_parse_ids(const char *s, int32_t **out, int *n, struct rl_err *err)
 {
     *out = NULL;

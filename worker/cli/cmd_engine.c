@@ -14,14 +14,6 @@
 #include "cpu/machine.h"
 #include "cpu/pool.h"
 
-struct eng_args {
-    struct cli_model_opts mo;
-    const char *tokens;
-    int all, n_gen, ignore_eos;
-    double temperature;
-    int prompt, gen, batch;
-};
-
 static void eng_usage(const char *cmd)
 {
     fprintf(stderr,
@@ -44,66 +36,17 @@ static void eng_usage(const char *cmd)
             cmd);
 }
 
-static int eng_parse(int argc, char **argv, struct eng_args *a, struct rl_err *err)
+static int eng_parse(int argc, char **argv, struct cli_engine_args *a, struct rl_err *err)
 {
-    memset(a, 0, sizeof *a);
-    a->n_gen = 32;
-    a->prompt = 512, a->gen = 64, a->batch = 1;
-    a->mo.backend = "cpu";
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long x;
-        int rc = 0, takes = 1;
-        if (!strcmp(f, "-m") || !strcmp(f, "--model"))
-            a->mo.dir = v;
-        else if (!strcmp(f, "--tokens"))
-            a->tokens = v;
-        else if (!strcmp(f, "--backend"))
-            a->mo.backend = v;
-        else if (!strcmp(f, "--isa"))
-            a->mo.isa = v;
-        else if (!strcmp(f, "--kv"))
-            a->mo.kv = v;
-        else if (!strcmp(f, "--threads")) {
-            if (!(rc = cli_parse_int(v, 1, 1024, &x, f, err)))
-                a->mo.n_threads = (int)x;
-        } else if (!strcmp(f, "-n") || !strcmp(f, "--max-tokens")) {
-            if (!(rc = cli_parse_int(v, 0, 1 << 20, &x, f, err)))
-                a->n_gen = (int)x;
-        } else if (!strcmp(f, "--prompt")) {
-            if (!(rc = cli_parse_int(v, 1, 1 << 20, &x, f, err)))
-                a->prompt = (int)x;
-        } else if (!strcmp(f, "--gen")) {
-            if (!(rc = cli_parse_int(v, 1, 1 << 20, &x, f, err)))
-                a->gen = (int)x;
-        } else if (!strcmp(f, "--batch")) {
-            if (!(rc = cli_parse_int(v, 1, 4096, &x, f, err)))
-                a->batch = (int)x;
-        } else if (!strcmp(f, "--temperature")) {
-            char *end;
-            a->temperature = v ? strtod(v, &end) : -1;
-            if (!v || *end || a->temperature < 0)
-                rc = rl_errf(err, RL_EINVAL, "--temperature needs a number >= 0");
-        } else {
-            takes = 0;
-            if (!strcmp(f, "--all"))
-                a->all = 1;
-            else if (!strcmp(f, "--ignore-eos"))
-                a->ignore_eos = 1;
-            else if (!strcmp(f, "-h") || !strcmp(f, "--help"))
-                return 1;
-            else
-                rc = rl_errf(err, RL_EINVAL, "unknown option %s", f);
-        }
-        if (rc)
-            return rc;
-        if (takes) {
-            if (!v)
-                return rl_errf(err, RL_EINVAL, "%s needs a value", f);
-            i++;
-        }
-    }
+    struct cli_opt opts[CLI_ENGINE_N_OPTS + 3];
+    int n = cli_engine_opts(opts, a);
+    a->prompt = 512, a->gen = 64;
+    opts[n++] = (struct cli_opt){"--kv", NULL, CLI_OPT_STR, &a->mo.kv, 0, 0};
+    opts[n++] = (struct cli_opt){"--all", NULL, CLI_OPT_FLAG, &a->all, 0, 0};
+    opts[n] = (struct cli_opt){NULL, NULL, 0, NULL, 0, 0};
+    int rc = cli_parse_opts(argc, argv, opts, err);
+    if (rc)
+        return rc;
     if (!a->mo.dir)
         return rl_errf(err, RL_EINVAL, "-m DIR is required");
     return 0;
@@ -126,7 +69,7 @@ static void table_identity(int32_t *t, int n, int first)
 
 /* Shared by logits and run: parses, loads, hands back the prompt. `run`
  * also reserves KV room for the -n tokens it will generate. */
-static int eng_open(int argc, char **argv, const char *cmd, struct eng_args *a,
+static int eng_open(int argc, char **argv, const char *cmd, struct cli_engine_args *a,
                     struct cli_model *cm, int32_t **ids, int *n_ids)
 {
     struct rl_err err = {0};
@@ -162,7 +105,7 @@ static int eng_open(int argc, char **argv, const char *cmd, struct eng_args *a,
 
 int cmd_logits(int argc, char **argv)
 {
-    struct eng_args a;
+    struct cli_engine_args a;
     struct cli_model cm;
     int32_t *ids = NULL;
     int n = 0;
@@ -208,7 +151,7 @@ int cmd_run(int argc, char **argv)
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--speculative")) /* speculation lives in the engine */
             return cmd_run_spec(argc, argv);
-    struct eng_args a;
+    struct cli_engine_args a;
     struct cli_model cm;
     int32_t *ids = NULL;
     int n = 0;
@@ -276,7 +219,7 @@ int cmd_bench_engine(int argc, char **argv)
         if (!strcmp(argv[i], "--json-schema"))
             return cmd_bench_structured(argc, argv);
     }
-    struct eng_args a;
+    struct cli_engine_args a;
     struct rl_err err = {0};
     int rc = eng_parse(argc, argv, &a, &err);
     if (rc > 0) {

@@ -35,9 +35,9 @@
 #include "engine.h"
 
 struct spec_args {
-    const char *dir, *tokens, *isa, *backend, *source;
-    int n_gen, ignore_eos, threads;
-    int prompt, gen, batch, reps, repeat, correct;
+    struct cli_engine_args e; /* --model, --tokens, -n, --prompt, ... */
+    const char *source;       /* --speculative */
+    int reps, repeat, correct;
     enum spec_mode mode;
     int spec_tokens, spec_max_rows;
 };
@@ -61,75 +61,32 @@ static void spec_usage(void)
 static int spec_parse(int argc, char **argv, struct spec_args *a, struct rl_err *err)
 {
     memset(a, 0, sizeof *a);
-    a->n_gen = 32;
-    a->prompt = 128, a->gen = 64, a->batch = 1, a->reps = 3, a->correct = 100;
-    a->backend = "cpu";
+    struct cli_opt opts[CLI_ENGINE_N_OPTS + 7];
+    int n = cli_engine_opts(opts, &a->e);
+    a->e.prompt = 128, a->e.gen = 64;
+    a->reps = 3, a->correct = 100;
     a->spec_tokens = SPEC_DEFAULT_TOKENS;
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long x = 0;
-        int rc = 0, takes = 1;
-        if (!strcmp(f, "-m") || !strcmp(f, "--model"))
-            a->dir = v;
-        else if (!strcmp(f, "--tokens"))
-            a->tokens = v;
-        else if (!strcmp(f, "--isa"))
-            a->isa = v;
-        else if (!strcmp(f, "--backend"))
-            a->backend = v;
-        else if (!strcmp(f, "--speculative"))
-            a->source = v;
-        else if (!strcmp(f, "--threads")) {
-            if (!(rc = cli_parse_int(v, 1, 1024, &x, f, err)))
-                a->threads = (int)x;
-        } else if (!strcmp(f, "-n") || !strcmp(f, "--max-tokens")) {
-            if (!(rc = cli_parse_int(v, 0, 1 << 20, &x, f, err)))
-                a->n_gen = (int)x;
-        } else if (!strcmp(f, "--prompt")) {
-            if (!(rc = cli_parse_int(v, 2, 1 << 16, &x, f, err)))
-                a->prompt = (int)x;
-        } else if (!strcmp(f, "--gen")) {
-            if (!(rc = cli_parse_int(v, 2, 1 << 16, &x, f, err)))
-                a->gen = (int)x;
-        } else if (!strcmp(f, "--batch")) {
-            if (!(rc = cli_parse_int(v, 1, 256, &x, f, err)))
-                a->batch = (int)x;
-        } else if (!strcmp(f, "--reps")) {
-            if (!(rc = cli_parse_int(v, 1, 100, &x, f, err)))
-                a->reps = (int)x;
-        } else if (!strcmp(f, "--spec-tokens")) {
-            if (!(rc = cli_parse_int(v, 1, SPEC_MAX_TOKENS, &x, f, err)))
-                a->spec_tokens = (int)x;
-        } else if (!strcmp(f, "--spec-max-rows")) {
-            if (!(rc = cli_parse_int(v, 1, 1 << 20, &x, f, err)))
-                a->spec_max_rows = (int)x;
-        } else if (!strcmp(f, "--spec-correct")) {
-            if (!(rc = cli_parse_int(v, 0, 100, &x, f, err)))
-                a->correct = (int)x;
-        } else if (!strcmp(f, "--temperature")) {
-            if (!v || strcmp(v, "0"))
-                rc = rl_errf(err, RL_EINVAL, "--temperature: only 0 (greedy) here; "
-                                             "use run --batch for sampling");
-        } else {
-            takes = 0;
-            if (!strcmp(f, "--ignore-eos"))
-                a->ignore_eos = 1;
-            else if (!strcmp(f, "--repeat"))
-                a->repeat = 1;
-            else if (!strcmp(f, "-h") || !strcmp(f, "--help"))
-                return 1;
-            else
-                rc = rl_errf(err, RL_EINVAL, "unknown option %s", f);
-        }
-        if (rc)
-            return rc;
-        if (takes) {
-            if (!v)
-                return rl_errf(err, RL_EINVAL, "%s needs a value", f);
-            i++;
-        }
-    }
-    if (!a->dir)
+    const struct cli_opt own[] = {
+        {"--speculative", NULL, CLI_OPT_STR, &a->source, 0, 0},
+        {"--reps", NULL, CLI_OPT_INT, &a->reps, 1, 100},
+        {"--spec-tokens", NULL, CLI_OPT_INT, &a->spec_tokens, 1, SPEC_MAX_TOKENS},
+        {"--spec-max-rows", NULL, CLI_OPT_INT, &a->spec_max_rows, 1, 1 << 20},
+        {"--spec-correct", NULL, CLI_OPT_INT, &a->correct, 0, 100},
+        {"--repeat", NULL, CLI_OPT_FLAG, &a->repeat, 0, 0},
+        {NULL, NULL, 0, NULL, 0, 0},
+    };
+    memcpy(opts + n, own, sizeof own);
+    /* the bench's buffers and sequences: narrower than plain bench-engine */
+    cli_opt_bounds(opts, "--prompt", 2, 1 << 16);
+    cli_opt_bounds(opts, "--gen", 2, 1 << 16);
+    cli_opt_bounds(opts, "--batch", 1, 256);
+    int rc = cli_parse_opts(argc, argv, opts, err);
+    if (rc)
+        return rc;
+    if (a->e.temperature != 0)
+        return rl_errf(err, RL_EINVAL, "--temperature: only 0 (greedy) here; "
+                                       "use run --batch for sampling");
+    if (!a->e.mo.dir)
         return rl_errf(err, RL_EINVAL, "-m DIR is required");
     if (!a->source)
         return rl_errf(err, RL_EINVAL, "--speculative is required");
@@ -145,9 +102,9 @@ static int open_engine(const struct spec_args *a, int max_batch, int kv_blocks,
 {
     struct engine_options eo;
     engine_options_default(&eo);
-    eo.backend = a->backend;
-    eo.isa = a->isa;
-    eo.n_threads = a->threads;
+    eo.backend = a->e.mo.backend;
+    eo.isa = a->e.mo.isa;
+    eo.n_threads = a->e.mo.n_threads;
     eo.max_batch = max_batch;
     eo.kv_blocks = kv_blocks;
     eo.kv_prefault = 1; /* steady state: a server's pool is warm */
@@ -156,7 +113,7 @@ static int open_engine(const struct spec_args *a, int max_batch, int kv_blocks,
     eo.spec_max_rows = a->spec_max_rows;
     eo.spec_draft = src;
     eo.spec_draft_user = src_user;
-    return engine_create(e, a->dir, &eo, err);
+    return engine_create(e, a->e.mo.dir, &eo, err);
 }
 
 /* `redlm run ... --speculative MODE` */
@@ -174,27 +131,27 @@ int cmd_run_spec(int argc, char **argv)
     struct engine *e = NULL;
     if (!rc && !strcmp(a.source, "oracle"))
         rc = rl_errf(&err, RL_EINVAL, "--speculative oracle is for bench-engine");
-    if (!rc && !a.tokens)
+    if (!rc && !a.e.tokens)
         rc = rl_errf(&err, RL_EINVAL, "--tokens is required");
     if (!rc)
-        rc = cli_parse_ids(a.tokens, &ids, &n, &err);
+        rc = cli_parse_ids(a.e.tokens, &ids, &n, &err);
     if (!rc)
-        rc = open_engine(&a, 1, (n + a.n_gen + SPEC_MAX_TOKENS + 15) / 16 + 1, NULL, NULL, &e,
+        rc = open_engine(&a, 1, (n + a.e.n_gen + SPEC_MAX_TOKENS + 15) / 16 + 1, NULL, NULL, &e,
                          &err);
-    if (!rc && !(out = malloc(((size_t)a.n_gen + 1) * sizeof *out)))
+    if (!rc && !(out = malloc(((size_t)a.e.n_gen + 1) * sizeof *out)))
         rc = rl_errf(&err, RL_ENOMEM, "out of memory");
     struct engine_usage usage = {0};
-    if (!rc && a.n_gen > 0) {
+    if (!rc && a.e.n_gen > 0) {
         /* plain `run`: greedy, stops at the checkpoint's eos only */
         struct engine_request q;
         engine_request_init(&q);
         q.prompt_ids = ids;
         q.n_prompt = n;
         q.temperature = 0;
-        q.max_tokens = a.n_gen;
+        q.max_tokens = a.e.n_gen;
         q.ignore_eos = true;
         int32_t eos = engine_eos_id(e);
-        if (!a.ignore_eos && eos >= 0) {
+        if (!a.e.ignore_eos && eos >= 0) {
             q.stop_ids = &eos;
             q.n_stop_ids = 1;
         }
@@ -205,7 +162,7 @@ int cmd_run_spec(int argc, char **argv)
             if ((rc = engine_step(e, &ev, &n_ev, &err)))
                 break;
             for (int i = 0; i < n_ev; i++) {
-                for (int t = 0; t < ev[i].n_tokens && n_out < a.n_gen; t++)
+                for (int t = 0; t < ev[i].n_tokens && n_out < a.e.n_gen; t++)
                     out[n_out++] = ev[i].tokens[t];
                 usage = ev[i].usage;
                 if (ev[i].finish == ENGINE_FINISH_ERROR)
@@ -327,6 +284,38 @@ static int bench_run(struct engine *e, struct bench_seq *seqs, int B, int G, boo
     return 0;
 }
 
+static double median(double *v, int n);
+
+/* What prompt lookup costs a decode step: spec_ngram_propose as the
+ * engine calls it (n = 4 down to 1, up to k tokens) at every decode
+ * position of every sequence's prompt and plain output, in microseconds
+ * per call, median of 5 passes. The engine calls it only in steps that
+ * draft, so this is an upper bound on its share of a step. */
+static double lookup_us(const struct bench_seq *seqs, int B, int k)
+{
+    double pass[5];
+    int32_t draft[SPEC_MAX_TOKENS];
+    volatile int sink = 0; /* keeps the calls */
+    for (int p = 0; p < 5; p++) {
+        long calls = 0;
+        double t0 = engine_now();
+        for (int s = 0; s < B; s++) {
+            int n_all = seqs[s].n_prompt + seqs[s].n_ref;
+            int32_t *all = malloc((size_t)n_all * sizeof *all);
+            if (!all)
+                return -1;
+            memcpy(all, seqs[s].prompt, (size_t)seqs[s].n_prompt * sizeof *all);
+            memcpy(all + seqs[s].n_prompt, seqs[s].ref, (size_t)seqs[s].n_ref * sizeof *all);
+            for (int n = seqs[s].n_prompt; n < n_all; n++, calls++)
+                sink += spec_ngram_propose(all, n, 1, 4, draft, k);
+            free(all);
+        }
+        pass[p] = calls ? (engine_now() - t0) * 1e6 / (double)calls : 0;
+    }
+    (void)sink;
+    return median(pass, 5);
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -355,7 +344,7 @@ int cmd_bench_spec(int argc, char **argv)
         fprintf(stderr, "redlm bench-engine: %s\n", err.msg);
         return 1;
     }
-    int B = a.batch, P = a.prompt, G = a.gen, R = a.reps;
+    int B = a.e.batch, P = a.e.prompt, G = a.e.gen, R = a.reps;
     bool oracle = !strcmp(a.source, "oracle");
     struct bench_seq *seqs = calloc((size_t)B, sizeof *seqs);
     double *plain = calloc((size_t)R, sizeof(double)), *spec = calloc((size_t)R, sizeof(double)),
@@ -436,11 +425,11 @@ int cmd_bench_spec(int argc, char **argv)
             printf(r ? ", %.2f" : "%.2f", spec[r]);
         printf("], \"plain_decode_tok_s\": %.2f, \"spec_decode_tok_s\": %.2f, "
                "\"speedup\": %.3f, \"acceptance\": %.4f, \"drafted_per_token\": %.3f, "
-               "\"identical\": %s}\n",
+               "\"lookup_us_per_call\": %.2f, \"identical\": %s}\n",
                median(plain, R), median(spec, R), median(ratio, R),
                drafted ? (double)accepted / (double)drafted : 0.0,
                spec_tokens ? (double)drafted / (double)spec_tokens : 0.0,
-               identical ? "true" : "false");
+               lookup_us(seqs, B, a.spec_tokens), identical ? "true" : "false");
         if (!identical)
             rc = rl_errf(&err, RL_EINTERNAL, "speculative output differs from plain decoding");
     }
