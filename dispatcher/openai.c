@@ -449,367 +449,366 @@ static int put_prompt(const cJSON *v, cJSON *job, struct oai_error *e)
     return 0;
 }
 
-static int parse_request(enum oai_api api, const char *body, size_t len,
-                         const struct oai_limits *lim, const char *id, int64_t deadline_ms,
-                         struct oai_request *out, struct oai_error *e)
+/* What one request's parse carries from step to step: the inputs, the job
+ * being built, and the members the walk keeps for the rules across them
+ * (which can only be checked once every member is seen). Borrowed pointers
+ * point into the parsed body, which outlives the steps. */
+struct parse_state {
+    enum oai_api api;
+    const struct oai_limits *lim;
+    struct oai_request *out;
+    struct oai_error *e;
+    cJSON *job; /* owned by parse_request */
+    const cJSON *messages, *prompt, *tools, *tool_choice, *stream_options, *response_format;
+    const cJSON *mode;
+    int max_tokens, max_completion_tokens;
+    const char *max_tokens_name; /* the request's name for the job's max_tokens */
+    int enable_thinking;         /* -1 absent, else 0/1 */
+    int effort;                  /* reasoning_effort: -1 absent, else 0/1 */
+    bool logprobs, top_logprobs_given;
+    int top_logprobs;
+};
+
+/* The steps below return 0, -RL_EINVAL with ps->e filled, or -RL_ENOMEM
+ * with ps->e untouched (parse_request writes the one out-of-memory error). */
+
+/* model: the one served name, or (lim->model NULL) any name, carried in
+ * the job for the dispatcher to route by. */
+static int take_model(struct parse_state *ps, enum kind kind, const char *name, const cJSON *v)
 {
-    struct oai_limits dl;
-    if (!lim) {
-        oai_limits_default(&dl);
-        lim = &dl;
-    }
-    memset(out, 0, sizeof *out);
-    memset(e, 0, sizeof *e);
-    if (len > lim->max_body_bytes) {
-        oai_error_set(e, 413, T_INVALID, "JOB_TOO_LARGE", NULL,
-                      "body: %zu bytes is over the limit of %zu", len, lim->max_body_bytes);
+    if (!cJSON_IsString(v))
+        return bad400(ps->e, "BAD_TYPE", "model", "model: must be a string");
+    const char *served = ps->lim->model;
+    if (served && strcmp(v->valuestring, served)) {
+        oai_error_set(ps->e, 404, T_INVALID, "model_not_found", "model",
+                      "The model `%.200s` does not exist; this server serves `%.200s`.",
+                      v->valuestring, served);
         return -RL_EINVAL;
     }
-    struct job_fault fault;
-    struct rl_err jerr = {0};
-    if (job_check_text(body, len, "body", &fault, &jerr))
-        return bad400(e, ev_code_name(fault.code), NULL, "%s", jerr.msg);
-
-    int rc = -RL_EINVAL;
-    char *buf = malloc(len + 1);
-    cJSON *root = NULL, *job = NULL;
-    if (!buf)
-        goto oom;
-    memcpy(buf, body, len);
-    buf[len] = 0;
-    const char *end = NULL;
-    root = cJSON_ParseWithOpts(buf, &end, 1);
-    if (!root) {
-        size_t at = end && end >= buf ? (size_t)(end - buf) : 0;
-        bad400(e, "INVALID_JSON", NULL, "body: not valid JSON (at byte %zu of %zu)", at, len);
-        goto done;
+    if (served)
+        return 0;
+    /* the workers' models: the job carries the name, the dispatcher
+     * routes by it (http.c checks it is served) */
+    if (strlen(v->valuestring) > JOB_MODEL_MAX) {
+        oai_error_set(ps->e, 404, T_INVALID, "model_not_found", "model",
+                      "The model `%.200s` does not exist.", v->valuestring);
+        return -RL_EINVAL;
     }
-    if (!cJSON_IsObject(root)) {
-        bad400(e, "NOT_OBJECT", NULL, "body: must be a JSON object");
-        goto done;
-    }
-    if (!(job = cJSON_CreateObject()) || !cJSON_AddStringToObject(job, "id", id))
-        goto oom;
+    snprintf(ps->out->model, sizeof ps->out->model, "%s", v->valuestring);
+    return cJSON_AddStringToObject(ps->job, "model", v->valuestring) ? 0 : -RL_ENOMEM;
+}
 
+/* messages or prompt: kept for build_job, which copies the one given. */
+static int take_input(struct parse_state *ps, enum kind kind, const char *name, const cJSON *v)
+{
+    if (kind == K_PROMPT) {
+        ps->prompt = v; /* put_prompt checks it */
+        return 0;
+    }
+    if (!cJSON_IsArray(v))
+        return bad400(ps->e, "BAD_TYPE", "messages", "messages: must be an array");
+    ps->messages = v;
+    return 0;
+}
+
+/* The numbers of sampling and length. Most are the job's own fields,
+ * copied as they are for job_parse to check, so both places agree. */
+static int take_sampling(struct parse_state *ps, enum kind kind, const char *name,
+                         const cJSON *v)
+{
+    struct oai_error *e = ps->e;
+    switch (kind) {
+    case K_MAX_TOKENS:
+        return get_tokens(v, name, ps->lim->max_tokens, &ps->max_tokens, e);
+    case K_MAX_COMPLETION_TOKENS:
+        return get_tokens(v, name, ps->lim->max_tokens, &ps->max_completion_tokens, e);
+    case K_N:
+        if (!is_integer(v))
+            return bad400(e, "BAD_TYPE", name, "n: must be an integer");
+        if (v->valuedouble != 1)
+            return bad400(e, "OUT_OF_RANGE", name,
+                          "n: only 1 choice per request is supported, not %g", v->valuedouble);
+        return 0;
+    case K_TOP_K:
+        /* -1 is vLLM's "off"; the job's off is 0, its default. Any other
+         * value is the job's top_k, checked there. */
+        if (cJSON_IsNumber(v) && v->valuedouble == -1)
+            return 0;
+        return add_copy(ps->job, name, v) ? 0 : -RL_ENOMEM;
+    default: /* K_COPY */
+        return add_copy(ps->job, name, v) ? 0 : -RL_ENOMEM;
+    }
+}
+
+/* A 0..JOB_LOGPROBS_MAX count of alternatives per token. */
+static int get_logprobs_count(const cJSON *v, const char *name, int *out, struct oai_error *e)
+{
+    if (!is_integer(v))
+        return bad400(e, "BAD_TYPE", name, "%s: must be an integer", name);
+    if (v->valuedouble < 0 || v->valuedouble > JOB_LOGPROBS_MAX)
+        return bad400(e, "OUT_OF_RANGE", name, "%s: %g is out of range [0, %d]", name,
+                      v->valuedouble, JOB_LOGPROBS_MAX);
+    *out = (int)v->valuedouble;
+    return 0;
+}
+
+/* logprobs (chat: a switch; completions: the legacy count, 0 = the chosen
+ * token's only) and chat's top_logprobs. */
+static int take_logprobs(struct parse_state *ps, enum kind kind, const char *name,
+                         const cJSON *v)
+{
+    if (kind == K_TOP_LOGPROBS) {
+        if (get_logprobs_count(v, name, &ps->top_logprobs, ps->e))
+            return -RL_EINVAL;
+        ps->top_logprobs_given = true;
+        return 0;
+    }
+    if (ps->api == OAI_API_CHAT)
+        return get_bool(v, name, &ps->logprobs, ps->e);
+    if (get_logprobs_count(v, name, &ps->top_logprobs, ps->e))
+        return -RL_EINVAL;
+    ps->logprobs = true;
+    return 0;
+}
+
+/* tools, tool_choice and response_format: the job's own fields, kept for
+ * build_job; job_parse checks them (and that a forced call has its tools). */
+static int take_constraints(struct parse_state *ps, enum kind kind, const char *name,
+                            const cJSON *v)
+{
+    if (kind == K_TOOLS)
+        ps->tools = v;
+    else if (kind == K_TOOL_CHOICE)
+        ps->tool_choice = v;
+    else
+        ps->response_format = v;
+    return 0;
+}
+
+/* The three ways to ask for thinking or not: mode, reasoning_effort and
+ * chat_template_kwargs.enable_thinking; check_across makes them agree. */
+static int take_thinking(struct parse_state *ps, enum kind kind, const char *name,
+                         const cJSON *v)
+{
+    if (kind == K_MODE) {
+        ps->mode = v; /* the job's own field: job_parse checks it */
+        return 0;
+    }
+    if (kind == K_EFFORT)
+        return effort_mode(v, &ps->effort, ps->e);
+    return get_flag_object(v, name, "enable_thinking", &ps->enable_thinking, ps->e);
+}
+
+/* stream, and stream_options (checked against stream once both are seen). */
+static int take_stream(struct parse_state *ps, enum kind kind, const char *name,
+                       const cJSON *v)
+{
+    if (kind == K_STREAM)
+        return get_bool(v, name, &ps->out->stream, ps->e);
+    int usage;
+    if (get_flag_object(v, name, "include_usage", &usage, ps->e))
+        return -RL_EINVAL;
+    ps->stream_options = v;
+    if (usage >= 0)
+        ps->out->include_usage = usage;
+    return 0;
+}
+
+/* Members accepted only with the value that changes nothing (echo false,
+ * suffix "", best_of 1, logit_bias {}, modalities ["text"]) or with their
+ * type checked and then ignored. */
+static int take_ignored(struct parse_state *ps, enum kind kind, const char *name,
+                        const cJSON *v)
+{
+    struct oai_error *e = ps->e;
+    bool b = false;
+    switch (kind) {
+    case K_ECHO:
+        if (get_bool(v, name, &b, e))
+            return -RL_EINVAL;
+        return b ? bad400(e, "BAD_VALUE", name, "echo: only false is supported") : 0;
+    case K_SUFFIX:
+        if (!cJSON_IsString(v) || v->valuestring[0])
+            return bad400(e, "BAD_VALUE", name, "suffix: not supported (give none or \"\")");
+        return 0;
+    case K_BEST_OF:
+        if (!is_integer(v) || v->valuedouble != 1)
+            return bad400(e, "OUT_OF_RANGE", name, "best_of: only 1 is supported");
+        return 0;
+    case K_LOGIT_BIAS:
+        if (!cJSON_IsObject(v) || v->child)
+            return bad400(e, "BAD_VALUE", name, "logit_bias: not supported (give none or {})");
+        return 0;
+    case K_METADATA_IGNORED: {
+        bool ok = cJSON_IsObject(v);
+        for (const cJSON *m = ok ? v->child : NULL; m; m = m->next)
+            ok = ok && cJSON_IsString(m);
+        return ok ? 0 : bad400(e, "BAD_TYPE", name, "metadata: must be an object of strings");
+    }
+    case K_MODALITIES: {
+        bool ok = cJSON_IsArray(v);
+        for (const cJSON *m = ok ? v->child : NULL; m; m = m->next)
+            ok = ok && cJSON_IsString(m) && !strcmp(m->valuestring, "text");
+        return ok ? 0 : bad400(e, "BAD_VALUE", name, "modalities: only [\"text\"] is supported");
+    }
+    case K_STRING_IGNORED:
+        return cJSON_IsString(v) ? 0 : bad400(e, "BAD_TYPE", name, "%s: must be a string", name);
+    default: /* K_BOOL_IGNORED */
+        return get_bool(v, name, &b, e);
+    }
+}
+
+/* The step of each kind's family: one per family of members, all with
+ * the same contract, so a new member is a row in fields and an entry here. */
+typedef int take_fn(struct parse_state *ps, enum kind kind, const char *name, const cJSON *v);
+static take_fn *const take_step[] = {
+    [K_MODEL] = take_model,
+    [K_MESSAGES] = take_input, [K_PROMPT] = take_input,
+    [K_MAX_TOKENS] = take_sampling, [K_MAX_COMPLETION_TOKENS] = take_sampling,
+    [K_COPY] = take_sampling, [K_TOP_K] = take_sampling, [K_N] = take_sampling,
+    [K_LOGPROBS] = take_logprobs, [K_TOP_LOGPROBS] = take_logprobs,
+    [K_TOOLS] = take_constraints, [K_TOOL_CHOICE] = take_constraints,
+    [K_RESPONSE_FORMAT] = take_constraints,
+    [K_CTK] = take_thinking, [K_MODE] = take_thinking, [K_EFFORT] = take_thinking,
+    [K_STREAM] = take_stream, [K_STREAM_OPTIONS] = take_stream,
+    [K_ECHO] = take_ignored, [K_SUFFIX] = take_ignored, [K_BEST_OF] = take_ignored,
+    [K_LOGIT_BIAS] = take_ignored, [K_BOOL_IGNORED] = take_ignored,
+    [K_STRING_IGNORED] = take_ignored, [K_METADATA_IGNORED] = take_ignored,
+    [K_MODALITIES] = take_ignored,
+};
+
+/* Every member of the body against the fields table, in body order, so the
+ * first bad member is the one reported. */
+static int walk_members(struct parse_state *ps, const cJSON *root)
+{
     uint64_t seen = 0;
-    const cJSON *messages = NULL, *tools = NULL, *stream_options = NULL, *tool_choice = NULL;
-    const cJSON *response_format = NULL;
-    const cJSON *mode = NULL, *prompt = NULL;
-    int max_tokens = 0, max_completion_tokens = 0;
-    int enable_thinking = -1; /* -1 absent, else 0/1 */
-    int effort = -1;          /* reasoning_effort: -1 absent, else 0/1 */
-    bool logprobs = false, top_logprobs_given = false;
-    int top_logprobs = 0;
-    out->api = api;
     for (const cJSON *v = root->child; v; v = v->next) {
         int k = 0;
         while (k < N_FIELDS && strcmp(fields[k].name, v->string))
             k++;
-        if (k == N_FIELDS || !(fields[k].apis & (1u << api))) {
-            bad400(e, "UNKNOWN_FIELD", v->string, "%.80s: unknown or unsupported parameter",
-                   v->string);
-            goto done;
-        }
+        if (k == N_FIELDS || !(fields[k].apis & (1u << ps->api)))
+            return bad400(ps->e, "UNKNOWN_FIELD", v->string,
+                          "%.80s: unknown or unsupported parameter", v->string);
         const char *name = fields[k].name;
-        if (seen & (1ull << k)) {
-            bad400(e, "DUPLICATE_FIELD", name, "%s: given twice", name);
-            goto done;
-        }
+        if (seen & (1ull << k))
+            return bad400(ps->e, "DUPLICATE_FIELD", name, "%s: given twice", name);
         seen |= 1ull << k;
         if (cJSON_IsNull(v))
             continue; /* null = absent, as OpenAI reads it */
-        switch (fields[k].kind) {
-        case K_MODEL:
-            if (!cJSON_IsString(v)) {
-                bad400(e, "BAD_TYPE", name, "model: must be a string");
-                goto done;
-            }
-            if (lim->model && strcmp(v->valuestring, lim->model)) {
-                oai_error_set(e, 404, T_INVALID, "model_not_found", "model",
-                              "The model `%.200s` does not exist; this server serves `%.200s`.",
-                              v->valuestring, lim->model);
-                goto done;
-            }
-            if (!lim->model) {
-                /* the workers' models: the job carries the name, the
-                 * dispatcher routes by it (http.c checks it is served) */
-                if (strlen(v->valuestring) > JOB_MODEL_MAX) {
-                    oai_error_set(e, 404, T_INVALID, "model_not_found", "model",
-                                  "The model `%.200s` does not exist.", v->valuestring);
-                    goto done;
-                }
-                snprintf(out->model, sizeof out->model, "%s", v->valuestring);
-                if (!cJSON_AddStringToObject(job, "model", v->valuestring))
-                    goto oom;
-            }
-            break;
-        case K_MESSAGES:
-            if (!cJSON_IsArray(v)) {
-                bad400(e, "BAD_TYPE", name, "messages: must be an array");
-                goto done;
-            }
-            messages = v;
-            break;
-        case K_STREAM:
-            if (get_bool(v, name, &out->stream, e))
-                goto done;
-            break;
-        case K_STREAM_OPTIONS: {
-            int usage;
-            if (get_flag_object(v, name, "include_usage", &usage, e))
-                goto done;
-            stream_options = v;
-            if (usage >= 0)
-                out->include_usage = usage;
-            break;
-        }
-        case K_MAX_TOKENS:
-            if (get_tokens(v, name, lim->max_tokens, &max_tokens, e))
-                goto done;
-            break;
-        case K_MAX_COMPLETION_TOKENS:
-            if (get_tokens(v, name, lim->max_tokens, &max_completion_tokens, e))
-                goto done;
-            break;
-        case K_TOP_K:
-            /* -1 is vLLM's "off"; the job's off is 0, its default. Any
-             * other value is the job's top_k, checked there. */
-            if (cJSON_IsNumber(v) && v->valuedouble == -1)
-                break;
-            /* fall through */
-        case K_COPY: {
-            cJSON *c = cJSON_Duplicate(v, 1);
-            if (!c || !cJSON_AddItemToObject(job, name, c)) {
-                cJSON_Delete(c);
-                goto oom;
-            }
-            break;
-        }
-        case K_N:
-            if (!is_integer(v)) {
-                bad400(e, "BAD_TYPE", name, "n: must be an integer");
-                goto done;
-            }
-            if (v->valuedouble != 1) {
-                bad400(e, "OUT_OF_RANGE", name, "n: only 1 choice per request is supported, not %g",
-                       v->valuedouble);
-                goto done;
-            }
-            break;
-        case K_LOGPROBS:
-            if (api == OAI_API_COMPLETIONS) {
-                /* the legacy API: how many alternatives, 0 = the chosen token's only */
-                if (!is_integer(v)) {
-                    bad400(e, "BAD_TYPE", name, "logprobs: must be an integer");
-                    goto done;
-                }
-                if (v->valuedouble < 0 || v->valuedouble > JOB_LOGPROBS_MAX) {
-                    bad400(e, "OUT_OF_RANGE", name, "logprobs: %g is out of range [0, %d]",
-                           v->valuedouble, JOB_LOGPROBS_MAX);
-                    goto done;
-                }
-                logprobs = true;
-                top_logprobs = (int)v->valuedouble;
-                break;
-            }
-            if (get_bool(v, name, &logprobs, e))
-                goto done;
-            break;
-        case K_PROMPT:
-            prompt = v;
-            break;
-        case K_ECHO: {
-            bool b = false;
-            if (get_bool(v, name, &b, e))
-                goto done;
-            if (b) {
-                bad400(e, "BAD_VALUE", name, "echo: only false is supported");
-                goto done;
-            }
-            break;
-        }
-        case K_SUFFIX:
-            if (!cJSON_IsString(v) || v->valuestring[0]) {
-                bad400(e, "BAD_VALUE", name, "suffix: not supported (give none or \"\")");
-                goto done;
-            }
-            break;
-        case K_BEST_OF:
-            if (!is_integer(v) || v->valuedouble != 1) {
-                bad400(e, "OUT_OF_RANGE", name, "best_of: only 1 is supported");
-                goto done;
-            }
-            break;
-        case K_EFFORT:
-            if (effort_mode(v, &effort, e))
-                goto done;
-            break;
-        case K_METADATA_IGNORED:
-            if (!cJSON_IsObject(v)) {
-                bad400(e, "BAD_TYPE", name, "metadata: must be an object of strings");
-                goto done;
-            }
-            for (const cJSON *m = v->child; m; m = m->next)
-                if (!cJSON_IsString(m)) {
-                    bad400(e, "BAD_TYPE", name, "metadata: must be an object of strings");
-                    goto done;
-                }
-            break;
-        case K_MODALITIES: {
-            bool ok = cJSON_IsArray(v);
-            for (const cJSON *m = ok ? v->child : NULL; m; m = m->next)
-                ok = ok && cJSON_IsString(m) && !strcmp(m->valuestring, "text");
-            if (!ok) {
-                bad400(e, "BAD_VALUE", name, "modalities: only [\"text\"] is supported");
-                goto done;
-            }
-            break;
-        }
-        case K_TOP_LOGPROBS:
-            if (!is_integer(v)) {
-                bad400(e, "BAD_TYPE", name, "top_logprobs: must be an integer");
-                goto done;
-            }
-            if (v->valuedouble < 0 || v->valuedouble > JOB_LOGPROBS_MAX) {
-                bad400(e, "OUT_OF_RANGE", name, "top_logprobs: %g is out of range [0, %d]",
-                       v->valuedouble, JOB_LOGPROBS_MAX);
-                goto done;
-            }
-            top_logprobs = (int)v->valuedouble;
-            top_logprobs_given = true;
-            break;
-        case K_TOOLS:
-            tools = v;
-            break;
-        case K_TOOL_CHOICE:
-            /* job_parse checks it (and that a forced call has its tools) */
-            tool_choice = v;
-            break;
-        case K_BOOL_IGNORED: {
-            bool b;
-            if (get_bool(v, name, &b, e))
-                goto done;
-            break;
-        }
-        case K_CTK:
-            if (get_flag_object(v, name, "enable_thinking", &enable_thinking, e))
-                goto done;
-            break;
-        case K_MODE:
-            mode = v;
-            break;
-        case K_STRING_IGNORED:
-            if (!cJSON_IsString(v)) {
-                bad400(e, "BAD_TYPE", name, "%s: must be a string", name);
-                goto done;
-            }
-            break;
-        case K_RESPONSE_FORMAT:
-            response_format = v; /* the job's own field: job_parse checks it */
-            break;
-        case K_LOGIT_BIAS:
-            if (!cJSON_IsObject(v) || v->child) {
-                bad400(e, "BAD_VALUE", name, "logit_bias: not supported (give none or {})");
-                goto done;
-            }
-            break;
-        }
+        enum kind kind = fields[k].kind;
+        if ((size_t)kind >= sizeof take_step / sizeof take_step[0] || !take_step[kind])
+            abort(); /* a kind with no step: a broken table */
+        int rc = take_step[kind](ps, kind, name, v);
+        if (rc)
+            return rc;
     }
+    return 0;
+}
 
-    /* rules across members */
-    if (api == OAI_API_COMPLETIONS && !prompt) {
-        bad400(e, "MISSING_FIELD", "prompt", "prompt: required");
-        goto done;
-    }
-    if (api == OAI_API_CHAT && !messages) {
-        bad400(e, "MISSING_FIELD", "messages", "messages: required");
-        goto done;
-    }
-    int n_msg = messages ? cJSON_GetArraySize(messages) : 0;
-    if (n_msg > lim->max_messages) {
-        bad400(e, "OUT_OF_RANGE", "messages", "messages: %d messages is over the limit of %d",
-               n_msg, lim->max_messages);
-        goto done;
-    }
-    if (stream_options && !out->stream) {
-        bad400(e, "BAD_VALUE", "stream_options",
-               "stream_options: only allowed when stream is true");
-        goto done;
-    }
-    if (top_logprobs_given && !logprobs) {
-        bad400(e, "BAD_VALUE", "top_logprobs", "top_logprobs: requires logprobs: true");
-        goto done;
-    }
-    if (mode && enable_thinking >= 0 && cJSON_IsString(mode) &&
-        strcmp(mode->valuestring, enable_thinking ? "think" : "no_think")) {
-        bad400(e, "BAD_VALUE", "mode",
-               "mode: \"%.20s\" contradicts chat_template_kwargs.enable_thinking: %s",
-               mode->valuestring, enable_thinking ? "true" : "false");
-        goto done;
-    }
+/* The rules across members; then enable_thinking falls back to
+ * reasoning_effort, which agrees with it by now. */
+static int check_across(struct parse_state *ps)
+{
+    struct oai_error *e = ps->e;
+    if (ps->api == OAI_API_COMPLETIONS && !ps->prompt)
+        return bad400(e, "MISSING_FIELD", "prompt", "prompt: required");
+    if (ps->api == OAI_API_CHAT && !ps->messages)
+        return bad400(e, "MISSING_FIELD", "messages", "messages: required");
+    int n_msg = ps->messages ? cJSON_GetArraySize(ps->messages) : 0;
+    if (n_msg > ps->lim->max_messages)
+        return bad400(e, "OUT_OF_RANGE", "messages",
+                      "messages: %d messages is over the limit of %d", n_msg,
+                      ps->lim->max_messages);
+    if (ps->stream_options && !ps->out->stream)
+        return bad400(e, "BAD_VALUE", "stream_options",
+                      "stream_options: only allowed when stream is true");
+    if (ps->top_logprobs_given && !ps->logprobs)
+        return bad400(e, "BAD_VALUE", "top_logprobs", "top_logprobs: requires logprobs: true");
+    const cJSON *mode = ps->mode;
+    int think = ps->enable_thinking;
+    const char *mode_s = cJSON_IsString(mode) ? mode->valuestring : NULL;
+    if (mode_s && think >= 0 && strcmp(mode_s, think ? "think" : "no_think"))
+        return bad400(e, "BAD_VALUE", "mode",
+                      "mode: \"%.20s\" contradicts chat_template_kwargs.enable_thinking: %s",
+                      mode_s, think ? "true" : "false");
+    int effort = ps->effort;
+    if (effort >= 0 && ((think >= 0 && effort != think) ||
+                        (mode_s && !strcmp(mode_s, effort ? "no_think" : "think"))))
+        return bad400(e, "BAD_VALUE", "reasoning_effort", "reasoning_effort: contradicts %s",
+                      think >= 0 ? "chat_template_kwargs.enable_thinking" : "mode");
+    if (think < 0)
+        ps->enable_thinking = effort;
+    return 0;
+}
 
-    if (effort >= 0 && ((enable_thinking >= 0 && effort != enable_thinking) ||
-                        (mode && cJSON_IsString(mode) &&
-                         !strcmp(mode->valuestring, effort ? "no_think" : "think")))) {
-        bad400(e, "BAD_VALUE", "reasoning_effort",
-               "reasoning_effort: contradicts %s", enable_thinking >= 0
-                   ? "chat_template_kwargs.enable_thinking" : "mode");
-        goto done;
-    }
-    if (enable_thinking < 0)
-        enable_thinking = effort;
-
-    if (prompt) {
-        int prc = put_prompt(prompt, job, e);
-        if (prc == -RL_ENOMEM)
-            goto oom;
-        if (prc)
-            goto done;
+/* The job's members from what the walk kept: the input, tools and
+ * constraints, max_tokens, logprobs, mode and the deadline. */
+static int build_job(struct parse_state *ps, int64_t deadline_ms)
+{
+    cJSON *job = ps->job;
+    if (ps->prompt) {
+        int rc = put_prompt(ps->prompt, job, ps->e);
+        if (rc)
+            return rc;
     } else {
-        cJSON *m = clean_messages(messages);
+        cJSON *m = clean_messages(ps->messages);
         if (!m || !cJSON_AddItemToObject(job, "messages", m)) {
             cJSON_Delete(m);
-            goto oom;
+            return -RL_ENOMEM;
         }
     }
     /* tool_choice "none": the template shows no tools, as OpenAI's model
      * calls none */
-    bool no_tools = cJSON_IsString(tool_choice) && !strcmp(tool_choice->valuestring, "none");
-    if ((!no_tools && (!add_copy(job, "tools", tools) || !add_copy(job, "tool_choice", tool_choice))) ||
-        !add_copy(job, "response_format", response_format))
-        goto oom;
-    const char *max_tokens_name = "max_tokens";
-    if (max_completion_tokens) { /* the newer name wins, as OpenAI reads them */
-        max_tokens = max_completion_tokens;
-        max_tokens_name = "max_completion_tokens";
+    const cJSON *tc = ps->tool_choice;
+    bool no_tools = cJSON_IsString(tc) && !strcmp(tc->valuestring, "none");
+    if ((!no_tools && (!add_copy(job, "tools", ps->tools) || !add_copy(job, "tool_choice", tc))) ||
+        !add_copy(job, "response_format", ps->response_format))
+        return -RL_ENOMEM;
+    int max_tokens = ps->max_tokens;
+    ps->max_tokens_name = "max_tokens";
+    if (ps->max_completion_tokens) { /* the newer name wins, as OpenAI reads them */
+        max_tokens = ps->max_completion_tokens;
+        ps->max_tokens_name = "max_completion_tokens";
     }
     if (max_tokens && !cJSON_AddNumberToObject(job, "max_tokens", max_tokens))
-        goto oom;
-    if (logprobs && !cJSON_AddNumberToObject(job, "logprobs", top_logprobs))
-        goto oom;
-    if (mode) {
-        if (!add_copy(job, "mode", mode))
-            goto oom;
-    } else if (enable_thinking >= 0 &&
-               !cJSON_AddStringToObject(job, "mode", enable_thinking ? "think" : "no_think")) {
-        goto oom;
-    } else if (api == OAI_API_COMPLETIONS && !cJSON_AddStringToObject(job, "mode", "no_think")) {
-        goto oom; /* raw text is continued as it is, never with a <think> block */
+        return -RL_ENOMEM;
+    if (ps->logprobs && !cJSON_AddNumberToObject(job, "logprobs", ps->top_logprobs))
+        return -RL_ENOMEM;
+    if (ps->mode) {
+        if (!add_copy(job, "mode", ps->mode))
+            return -RL_ENOMEM;
+    } else if (ps->enable_thinking >= 0) {
+        if (!cJSON_AddStringToObject(job, "mode", ps->enable_thinking ? "think" : "no_think"))
+            return -RL_ENOMEM;
+    } else if (ps->api == OAI_API_COMPLETIONS) {
+        /* raw text is continued as it is, never with a <think> block */
+        if (!cJSON_AddStringToObject(job, "mode", "no_think"))
+            return -RL_ENOMEM;
     }
     if (deadline_ms > 0 && !cJSON_AddNumberToObject(job, "deadline_ms", (double)deadline_ms))
-        goto oom;
+        return -RL_ENOMEM;
+    return 0;
+}
 
-    char *text = cJSON_PrintUnformatted(job);
-    if (!text)
-        goto oom;
+/* The job as text, checked by job_parse (the code the dispatcher and the
+ * worker run, so a job the front door sends is one they take), with the
+ * deployment's default mode added where the request chose none. *text is
+ * malloc'd, the caller's. */
+static int finish_job(struct parse_state *ps, char **text)
+{
+    const struct oai_limits *lim = ps->lim;
+    char *t = cJSON_PrintUnformatted(ps->job);
+    if (!t)
+        return -RL_ENOMEM;
     struct job *j = NULL;
-    int jrc = job_parse(text, strlen(text), lim->job, &j, &fault, &jerr);
-    if (jrc) {
-        free(text);
-        if (jrc == -RL_ENOMEM)
-            goto oom;
-        job_fault_error(&fault, &jerr, max_tokens_name, e);
-        goto done;
+    struct job_fault fault;
+    struct rl_err jerr = {0};
+    int rc = job_parse(t, strlen(t), lim->job, &j, &fault, &jerr);
+    if (rc) {
+        free(t);
+        if (rc != -RL_ENOMEM)
+            job_fault_error(&fault, &jerr, ps->max_tokens_name, ps->e);
+        return rc;
     }
     /* No explicit choice: a /think or /no_think in the last user message
      * (as the router would read it), else the deployment's default mode.
@@ -823,32 +822,92 @@ static int parse_request(enum oai_api api, const char *body, size_t len,
         free(u);
         bool think = sw == ROUTE_SWITCH_NONE ? lim->default_mode == JOB_MODE_THINK
                                              : sw == ROUTE_SWITCH_THINK;
-        free(text);
-        text = NULL;
-        if (cJSON_AddStringToObject(job, "mode", think ? "think" : "no_think"))
-            text = cJSON_PrintUnformatted(job);
-        if (!text) {
-            job_free(j);
-            goto oom;
-        }
+        free(t);
+        t = NULL;
+        if (cJSON_AddStringToObject(ps->job, "mode", think ? "think" : "no_think"))
+            t = cJSON_PrintUnformatted(ps->job);
     }
     job_free(j);
-    out->job = text;
-    out->job_len = strlen(text);
-    out->logprobs = logprobs;
-    out->top_logprobs = top_logprobs;
-    rc = 0;
-    goto done;
-oom:
-    oai_error_set(e, 500, T_SERVER, "INTERNAL", NULL, "out of memory");
-    rc = -RL_ENOMEM;
-done:
+    *text = t;
+    return t ? 0 : -RL_ENOMEM;
+}
+
+/* The body as a JSON object: its size, its text (job_check_text, as the
+ * job's strings are checked), its syntax. *buf (the NUL-terminated copy)
+ * and *root are the caller's to free, whatever the result. */
+static int parse_body(const char *body, size_t len, const struct oai_limits *lim, char **buf,
+                      cJSON **root, struct oai_error *e)
+{
+    if (len > lim->max_body_bytes) {
+        oai_error_set(e, 413, T_INVALID, "JOB_TOO_LARGE", NULL,
+                      "body: %zu bytes is over the limit of %zu", len, lim->max_body_bytes);
+        return -RL_EINVAL;
+    }
+    struct job_fault fault;
+    struct rl_err jerr = {0};
+    if (job_check_text(body, len, "body", &fault, &jerr))
+        return bad400(e, ev_code_name(fault.code), NULL, "%s", jerr.msg);
+    char *b = *buf = malloc(len + 1);
+    if (!b)
+        return -RL_ENOMEM;
+    memcpy(b, body, len);
+    b[len] = 0;
+    const char *end = NULL;
+    *root = cJSON_ParseWithOpts(b, &end, 1);
+    if (!*root) {
+        size_t at = end && end >= b ? (size_t)(end - b) : 0;
+        return bad400(e, "INVALID_JSON", NULL, "body: not valid JSON (at byte %zu of %zu)", at,
+                      len);
+    }
+    if (!cJSON_IsObject(*root))
+        return bad400(e, "NOT_OBJECT", NULL, "body: must be a JSON object");
+    return 0;
+}
+
+/* The driver of the steps: body -> members -> rules across them -> job ->
+ * job_parse. On failure *out is cleared but for stream, so the caller
+ * knows how the client wanted its error. */
+static int parse_request(enum oai_api api, const char *body, size_t len,
+                         const struct oai_limits *lim, const char *id, int64_t deadline_ms,
+                         struct oai_request *out, struct oai_error *e)
+{
+    struct oai_limits dl;
+    if (!lim) {
+        oai_limits_default(&dl);
+        lim = &dl;
+    }
+    memset(out, 0, sizeof *out);
+    memset(e, 0, sizeof *e);
+    struct parse_state ps = {
+        .api = api, .lim = lim, .out = out, .e = e, .enable_thinking = -1, .effort = -1,
+    };
+    char *buf = NULL, *text = NULL;
+    cJSON *root = NULL;
+    int rc = parse_body(body, len, lim, &buf, &root, e);
+    if (!rc && (!(ps.job = cJSON_CreateObject()) || !cJSON_AddStringToObject(ps.job, "id", id)))
+        rc = -RL_ENOMEM;
+    out->api = api;
+    if (!rc)
+        rc = walk_members(&ps, root);
+    if (!rc)
+        rc = check_across(&ps);
+    if (!rc)
+        rc = build_job(&ps, deadline_ms);
+    if (!rc)
+        rc = finish_job(&ps, &text);
+    if (rc == -RL_ENOMEM)
+        oai_error_set(e, 500, T_SERVER, "INTERNAL", NULL, "out of memory");
     if (rc) {
         bool stream = out->stream;
         memset(out, 0, sizeof *out);
-        out->stream = stream; /* so the caller knows how the client wanted it */
+        out->stream = stream;
+    } else {
+        out->job = text;
+        out->job_len = strlen(text);
+        out->logprobs = ps.logprobs;
+        out->top_logprobs = ps.top_logprobs;
     }
-    cJSON_Delete(job);
+    cJSON_Delete(ps.job);
     cJSON_Delete(root);
     free(buf);
     return rc;
