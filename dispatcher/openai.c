@@ -1050,17 +1050,20 @@ static cJSON *usage_json(const struct oai_resp *r)
  * character, or any invalid byte, becomes U+FFFD), *bytes a copy of the
  * bytes as an array of ints, *n their count. Events without bytes (a
  * worker with no tokenizer) give vLLM's --return-tokens-as-token-ids form,
- * "token_id:N", with bytes null. *text is malloc'd. Returns 0 or -1 (not
- * a usable entry, or out of memory). */
-static int token_of(const cJSON *entry, char **text, cJSON **bytes, size_t *n)
+ * "token_id:N", with bytes null. *logprob is the entry's logprob. *text is
+ * malloc'd. Returns 0 or -1 (not a usable entry: no token_id or logprob
+ * number; or out of memory). */
+static int token_of(const cJSON *entry, double *logprob, char **text, cJSON **bytes, size_t *n)
 {
     const cJSON *tid = cJSON_GetObjectItemCaseSensitive(entry, "token_id");
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(entry, "bytes");
+    const cJSON *l = cJSON_GetObjectItemCaseSensitive(entry, "logprob");
     *text = NULL;
     *bytes = NULL;
     *n = 0;
-    if (!cJSON_IsNumber(tid))
+    if (!cJSON_IsNumber(l) || !cJSON_IsNumber(tid))
         return -1;
+    *logprob = l->valuedouble;
     int nb = cJSON_IsArray(b) ? cJSON_GetArraySize(b) : -1;
     char *raw = nb >= 0 ? malloc((size_t)nb + 1) : NULL;
     int i = 0;
@@ -1095,6 +1098,24 @@ static int token_of(const cJSON *entry, char **text, cJSON **bytes, size_t *n)
     return 0;
 }
 
+/* {token, logprob, bytes} of one event entry (token_of), or NULL when the
+ * entry is not usable. */
+static cJSON *entry_object(const cJSON *entry)
+{
+    double logprob;
+    char *tok;
+    cJSON *bytes;
+    size_t nb;
+    if (token_of(entry, &logprob, &tok, &bytes, &nb))
+        return NULL;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "token", tok);
+    free(tok);
+    cJSON_AddNumberToObject(o, "logprob", logprob);
+    cJSON_AddItemToObject(o, "bytes", bytes);
+    return o;
+}
+
 /* The OpenAI chat logprob entries of one delta event's logprobs array:
  * {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}. */
 static cJSON *logprob_entries(const struct oai_resp *r, const cJSON *lps)
@@ -1103,30 +1124,17 @@ static cJSON *logprob_entries(const struct oai_resp *r, const cJSON *lps)
     const cJSON *lp;
     cJSON_ArrayForEach(lp, lps)
     {
-        const cJSON *l = cJSON_GetObjectItemCaseSensitive(lp, "logprob");
-        char *tok;
-        cJSON *bytes;
-        size_t nb;
-        if (!cJSON_IsNumber(l) || token_of(lp, &tok, &bytes, &nb))
+        cJSON *o = entry_object(lp);
+        if (!o)
             continue;
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "token", tok);
-        free(tok);
-        cJSON_AddNumberToObject(o, "logprob", l->valuedouble);
-        cJSON_AddItemToObject(o, "bytes", bytes);
         cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
         const cJSON *t;
         int n = 0;
         cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(lp, "top"))
         {
-            const cJSON *tl = cJSON_GetObjectItemCaseSensitive(t, "logprob");
-            if (n >= r->top_logprobs || !cJSON_IsNumber(tl) || token_of(t, &tok, &bytes, &nb))
+            cJSON *x = n < r->top_logprobs ? entry_object(t) : NULL;
+            if (!x)
                 continue;
-            cJSON *x = cJSON_CreateObject();
-            cJSON_AddStringToObject(x, "token", tok);
-            free(tok);
-            cJSON_AddNumberToObject(x, "logprob", tl->valuedouble);
-            cJSON_AddItemToObject(x, "bytes", bytes);
             cJSON_AddItemToArray(top, x);
             n++;
         }
@@ -1158,15 +1166,15 @@ static int legacy_logprobs(struct oai_resp *r, const cJSON *lps, cJSON **acc)
     const cJSON *lp;
     cJSON_ArrayForEach(lp, lps)
     {
-        const cJSON *l = cJSON_GetObjectItemCaseSensitive(lp, "logprob");
+        double logprob;
         char *tok;
         cJSON *bytes;
         size_t nb;
-        if (!cJSON_IsNumber(l) || token_of(lp, &tok, &bytes, &nb))
+        if (token_of(lp, &logprob, &tok, &bytes, &nb))
             continue;
         cJSON_Delete(bytes);
         cJSON_AddItemToArray(toks, cJSON_CreateString(tok));
-        cJSON_AddItemToArray(lpa, cJSON_CreateNumber(l->valuedouble));
+        cJSON_AddItemToArray(lpa, cJSON_CreateNumber(logprob));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)r->text_offset));
         r->text_offset += nb ? (int64_t)nb : (int64_t)strlen(tok);
         free(tok);
@@ -1176,12 +1184,11 @@ static int legacy_logprobs(struct oai_resp *r, const cJSON *lps, cJSON **acc)
             int n = 0;
             cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(lp, "top"))
             {
-                const cJSON *tl = cJSON_GetObjectItemCaseSensitive(t, "logprob");
-                if (n >= r->top_logprobs || !cJSON_IsNumber(tl) || token_of(t, &tok, &bytes, &nb))
+                if (n >= r->top_logprobs || token_of(t, &logprob, &tok, &bytes, &nb))
                     continue;
                 cJSON_Delete(bytes);
                 if (!cJSON_GetObjectItemCaseSensitive(m, tok)) /* two ids, one text: the first */
-                    cJSON_AddNumberToObject(m, tok, tl->valuedouble);
+                    cJSON_AddNumberToObject(m, tok, logprob);
                 free(tok);
                 n++;
             }
