@@ -27,29 +27,46 @@ static const char take_lua[] =
     "           'stalls', stalls, 'd', d)\n"
     "return stalls\n";
 
-/* KEYS[1] out, KEYS[2] own; ARGV[1] holder, ARGV[2] the TTL to set on both
- * after done ("0": not yet), ARGV[3] the pub/sub channel ("" for none),
- * then (entry ID, event JSON) pairs. Returns one element per event: 1
- * written, 0 already there (a resend after a lost reply), or the error
- * text. */
+/* Several jobs in one call, because the Lua entry costs Redis more than
+ * the XADD itself (BENCHMARKS.md): KEYS are (out, own) per job; ARGV[1]
+ * the holder, then per job: the TTL to set on both keys after done ("0":
+ * not yet), the pub/sub channel ("" for none), the number of events n and
+ * n (entry ID, event JSON) pairs. One reply element per job: the number of
+ * its events now in the stream (all of them; a resend after a lost reply
+ * counts as written), FENCED when the caller is not its holder, or
+ * "XADD <k>: <error>" when its event k failed (the k before it are
+ * written, none after it is tried: no gap). On a cluster every call
+ * carries one job, as a script's keys must share a slot. */
 static const char emit_lua[] =
-    "if redis.call('HGET', KEYS[2], 'holder') ~= ARGV[1] then\n"
-    "  return redis.error_reply('FENCED another worker holds this job')\n"
-    "end\n"
-    "local res = {}\n"
-    "for i = 4, #ARGV, 2 do\n"
-    "  local r = redis.pcall('XADD', KEYS[1], ARGV[i], 'event', ARGV[i + 1])\n"
-    "  if type(r) == 'table' and r.err then\n"
-    "    if string.find(r.err, 'equal or smaller', 1, true) then res[#res + 1] = 0\n"
-    "    else res[#res + 1] = r.err end\n"
+    "local res, a = {}, 2\n"
+    "for j = 1, #KEYS, 2 do\n"
+    "  local ttl, chan, n = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])\n"
+    "  a = a + 3\n"
+    "  if redis.call('HGET', KEYS[j + 1], 'holder') ~= ARGV[1] then\n"
+    "    res[#res + 1] = redis.error_reply('FENCED another worker holds this job')\n"
     "  else\n"
-    "    res[#res + 1] = 1\n"
-    "    if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[3], ARGV[i + 1]) end\n"
+    "    local k, bad = 0, nil\n"
+    "    while k < n and not bad do\n"
+    "      local ev = ARGV[a + 2 * k + 1]\n"
+    "      local r = redis.pcall('XADD', KEYS[j], ARGV[a + 2 * k], 'event', ev)\n"
+    "      if type(r) == 'table' and r.err then\n"
+    "        if not string.find(r.err, 'equal or smaller', 1, true) then bad = r.err end\n"
+    "      elseif chan ~= '' then\n"
+    "        redis.call('PUBLISH', chan, ev)\n"
+    "      end\n"
+    "      if not bad then k = k + 1 end\n"
+    "    end\n"
+    "    if bad then\n"
+    "      res[#res + 1] = redis.error_reply('XADD ' .. k .. ': ' .. bad)\n"
+    "    else\n"
+    "      if ttl ~= '0' then\n"
+    "        redis.call('EXPIRE', KEYS[j], ttl)\n"
+    "        redis.call('EXPIRE', KEYS[j + 1], ttl)\n"
+    "      end\n"
+    "      res[#res + 1] = k\n"
+    "    end\n"
     "  end\n"
-    "end\n"
-    "if ARGV[2] ~= '0' then\n"
-    "  redis.call('EXPIRE', KEYS[1], ARGV[2])\n"
-    "  redis.call('EXPIRE', KEYS[2], ARGV[2])\n"
+    "  a = a + 2 * n\n"
     "end\n"
     "return res\n";
 

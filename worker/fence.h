@@ -23,7 +23,9 @@
  *           this entry (someone reclaimed it while we had not yet started).
  *   FENCE_EMIT  XADDs a job's unconfirmed events (and EXPIREs after done,
  *           PUBLISHes when configured) only if the caller is the holder;
- *           otherwise it fails with FENCED and writes nothing.
+ *           otherwise that job's answer is FENCED and nothing of it is
+ *           written. One call carries every job of a flush on a single
+ *           instance (one job per call on a cluster).
  *   FENCE_LEASE renews, with XCLAIM JUSTID, only the entries the caller
  *           still owns in the pool's pending list, and names the others:
  *           a renewal never takes a job back from the worker that

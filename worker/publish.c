@@ -166,7 +166,14 @@ enum item_kind { IT_TAKE, IT_EMIT, IT_LEASE, IT_OTHER, IT_DEAD, IT_ACK, IT_CANCE
 struct item {
     enum item_kind kind;
     struct wjob *j;
-    int idx; /* IT_EMIT: how many outbox events it carries; IT_LEASE: the pool */
+    int idx; /* IT_EMIT: its first job in flush.emits; IT_LEASE: the pool */
+    int n;   /* IT_EMIT: how many jobs it carries */
+};
+
+/* A job whose unconfirmed events go in an IT_EMIT, and how many. */
+struct emit {
+    struct wjob *j;
+    int n_ev;
 };
 
 /* One flush being built: the pipeline and, in the same order, the items. */
@@ -174,6 +181,9 @@ struct flush {
     struct rconn_batch *b;
     struct item *items; /* (cap_items) owned here, freed by w_flush */
     int n_items, cap_items;
+    struct emit *emits; /* (cap_emits) owned here, freed by w_flush */
+    int n_emits, cap_emits;
+    int emit_from;      /* the first of emits not yet in a queued FENCE_EMIT */
     struct rl_err *err;
 };
 
@@ -224,7 +234,7 @@ static int queue_cache(struct worker *w, struct flush *f, struct wjob *j)
     char ttl[32];
     snprintf(ttl, sizeof ttl, "%d", w->opt.cache_ttl_s);
     const char *argv[5] = {"SET", j->cache_key, j->cache_value, "EX", ttl};
-    return queue_cmd(f, (struct item){IT_CACHE, j, 0}, 5, argv, NULL);
+    return queue_cmd(f, (struct item){IT_CACHE, j, 0, 0}, 5, argv, NULL);
 }
 
 /* FENCE_TAKE for a job that has not made this worker its holder yet, in
@@ -246,51 +256,86 @@ static int queue_take(struct worker *w, struct flush *f, struct wjob *j)
     argv[a++] = j->entry_id;
     argv[a++] = j->resumed ? "0" : "1";
     argv[a++] = d;
-    return queue_cmd(f, (struct item){IT_TAKE, j, 0}, a, argv, NULL);
+    return queue_cmd(f, (struct item){IT_TAKE, j, 0, 0}, a, argv, NULL);
 }
 
-/* Every unconfirmed event of j in one FENCE_EMIT: the XADDs (explicit ids
- * 0-<seq+1>), the EXPIRE of the stream and the holder record after done,
- * the PUBLISH when configured. */
-static int queue_events(struct worker *w, struct flush *f, struct wjob *j)
+/* Notes j's unconfirmed events for the next FENCE_EMIT (queue_emit). */
+static int collect_events(struct flush *f, struct wjob *j)
 {
     if (j->n_out == 0 || j->state == WJ_DROPPED || j->fenced)
         return 0;
-    int n = 8 + 2 * j->n_out;
+    struct emit *g = grow(f->emits, f->n_emits, &f->cap_emits, sizeof *g, 64);
+    if (!g)
+        return rl_errf(f->err, RL_ENOMEM, "flush: out of memory");
+    f->emits = g;
+    f->emits[f->n_emits++] = (struct emit){j, j->n_out};
+    return 0;
+}
+
+/* One FENCE_EMIT over the jobs collected since the last: per job its
+ * keys, then its TTL after done (or "0"), pub/sub channel (or ""), the
+ * number of events and their (entry ID, JSON) pairs (fence.c). */
+static int queue_emit(struct worker *w, struct flush *f)
+{
+    int first = f->emit_from, n_jobs = f->n_emits - first;
+    if (n_jobs <= 0)
+        return 0;
+    f->emit_from = f->n_emits;
+    int n_ev = 0;
+    for (int g = first; g < f->n_emits; g++)
+        n_ev += f->emits[g].n_ev;
+    int n = 4 + 5 * n_jobs + 2 * n_ev;
     const char **argv = malloc((size_t)n * sizeof *argv);
     size_t *lens = malloc((size_t)n * sizeof *lens);
-    char(*ids)[EV_STREAM_ID_MAX] = malloc((size_t)j->n_out * sizeof *ids);
-    char nk[12], ttl[32] = "0", chan[W_KEY_MAX + WOPTS_STR_MAX + 64] = "";
-    int rc = -RL_ENOMEM;
-    if (!argv || !lens || !ids) {
-        rl_errf(f->err, RL_ENOMEM, "flush: out of memory");
+    char(*ids)[EV_STREAM_ID_MAX] = malloc((size_t)(n_ev ? n_ev : 1) * sizeof *ids);
+    /* per job: TTL, event count, channel */
+    char(*nums)[2][24] = malloc((size_t)n_jobs * sizeof *nums);
+    char(*chans)[W_KEY_MAX + WOPTS_STR_MAX + 64] = malloc((size_t)n_jobs * sizeof *chans);
+    char nk[12];
+    int rc = 0;
+    if (!argv || !lens || !ids || !nums || !chans) {
+        rc = rl_errf(f->err, RL_ENOMEM, "flush: out of memory");
         goto out;
     }
-    int a = fence_cmd(&w->fence, FENCE_EMIT, 2, argv, nk);
-    for (int k = 0; k < j->n_out; k++)
-        if (j->out[k].is_done)
-            snprintf(ttl, sizeof ttl, "%d", j->stream_ttl_s);
-    if (w->opt.publish)
-        rcl_tagged_key(chan, sizeof chan, w_cluster(w), w->opt.prefix, "tok:", j->id);
-    argv[a++] = j->out_key;
-    argv[a++] = j->own_key;
+    int a = fence_cmd(&w->fence, FENCE_EMIT, 2 * n_jobs, argv, nk);
+    for (int g = first; g < f->n_emits; g++) {
+        argv[a++] = f->emits[g].j->out_key;
+        argv[a++] = f->emits[g].j->own_key;
+    }
     argv[a++] = w->holder;
-    argv[a++] = ttl;
-    argv[a++] = chan;
     for (int i = 0; i < a; i++)
         lens[i] = strlen(argv[i]);
-    for (int k = 0; k < j->n_out; k++) {
-        ev_stream_id(j->out[k].seq, ids[k]);
-        lens[a] = strlen(ids[k]);
-        argv[a++] = ids[k];
-        lens[a] = j->out[k].len;
-        argv[a++] = j->out[k].json;
+    for (int g = first, e = 0; g < f->n_emits; g++) {
+        struct wjob *j = f->emits[g].j;
+        int q = g - first;
+        snprintf(nums[q][0], sizeof nums[q][0], "0");
+        for (int k = 0; k < f->emits[g].n_ev; k++)
+            if (j->out[k].is_done)
+                snprintf(nums[q][0], sizeof nums[q][0], "%d", j->stream_ttl_s);
+        snprintf(nums[q][1], sizeof nums[q][1], "%d", f->emits[g].n_ev);
+        chans[q][0] = 0;
+        if (w->opt.publish)
+            rcl_tagged_key(chans[q], sizeof chans[q], w_cluster(w), w->opt.prefix, "tok:", j->id);
+        const char *head[3] = {nums[q][0], chans[q], nums[q][1]};
+        for (int h = 0; h < 3; h++) {
+            lens[a] = strlen(head[h]);
+            argv[a++] = head[h];
+        }
+        for (int k = 0; k < f->emits[g].n_ev; k++, e++) {
+            ev_stream_id(j->out[k].seq, ids[e]);
+            lens[a] = strlen(ids[e]);
+            argv[a++] = ids[e];
+            lens[a] = j->out[k].len;
+            argv[a++] = j->out[k].json;
+        }
     }
-    rc = queue_cmd(f, (struct item){IT_EMIT, j, j->n_out}, a, argv, lens);
+    rc = queue_cmd(f, (struct item){.kind = IT_EMIT, .idx = first, .n = n_jobs}, a, argv, lens);
 out:
     free(argv);
     free(lens);
     free(ids);
+    free(nums);
+    free(chans);
     return rc;
 }
 
@@ -302,19 +347,19 @@ static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j)
     int rc;
     if (j->dead) {
         rcl_queue_key(buf, sizeof buf, w_cluster(w), w->opt.prefix, "dead");
-        if ((rc = queue_xadd(f, (struct item){IT_DEAD, j, 0}, buf, "*", w->opt.dead_maxlen,
+        if ((rc = queue_xadd(f, (struct item){IT_DEAD, j, 0, 0}, buf, "*", w->opt.dead_maxlen,
                              "dead", j->dead, strlen(j->dead))))
             return rc;
     }
     if (j->state == WJ_ACKING) {
         const char *argv[4] = {"XACK", w->pool_keys[j->pool], w->opt.group, j->entry_id};
-        if ((rc = queue_cmd(f, (struct item){IT_ACK, j, 0}, 4, argv, NULL)))
+        if ((rc = queue_cmd(f, (struct item){IT_ACK, j, 0, 0}, 4, argv, NULL)))
             return rc;
     }
     if (j->state == WJ_RUNNING && j->eng_id && !j->cancel_sent && j->id[0]) {
         rcl_tagged_key(buf, sizeof buf, w_cluster(w), w->opt.prefix, "cancel:", j->id);
         const char *argv[2] = {"EXISTS", buf};
-        if ((rc = queue_cmd(f, (struct item){IT_CANCEL, j, 0}, 2, argv, NULL)))
+        if ((rc = queue_cmd(f, (struct item){IT_CANCEL, j, 0, 0}, 2, argv, NULL)))
             return rc;
     }
     return 0;
@@ -348,7 +393,7 @@ static int queue_lease(struct worker *w, struct flush *f)
         for (int i = 0; i < w->n_jobs; i++)
             if (leased(w->jobs[i], p))
                 argv[a++] = w->jobs[i]->entry_id;
-        int rc = queue_cmd(f, (struct item){IT_LEASE, NULL, p}, a, argv, NULL);
+        int rc = queue_cmd(f, (struct item){IT_LEASE, NULL, p, 0}, a, argv, NULL);
         free(argv);
         if (rc)
             return rc;
@@ -367,7 +412,7 @@ static int queue_heartbeat(struct worker *w, struct flush *f)
     snprintf(buf, sizeof buf, "%sworker:%s", w->opt.prefix, w->opt.name);
     snprintf(ttl, sizeof ttl, "%d", w->opt.heartbeat_ttl_s);
     const char *argv[5] = {"SET", buf, v, "EX", ttl};
-    int rc = queue_cmd(f, (struct item){IT_OTHER, NULL, 0}, 5, argv, NULL);
+    int rc = queue_cmd(f, (struct item){IT_OTHER, NULL, 0, 0}, 5, argv, NULL);
     free(v);
     if (rc)
         return rc;
@@ -381,48 +426,63 @@ static int queue_heartbeat(struct worker *w, struct flush *f)
     snprintf(old, sizeof old, "(%lld", (long long)(now - 86400000));
     const char *za[4] = {"ZADD", reg, score, w->opt.name};
     const char *zr[4] = {"ZREMRANGEBYSCORE", reg, "-inf", old};
-    if ((rc = queue_cmd(f, (struct item){IT_OTHER, NULL, 0}, 4, za, NULL)))
+    if ((rc = queue_cmd(f, (struct item){IT_OTHER, NULL, 0, 0}, 4, za, NULL)))
         return rc;
-    return queue_cmd(f, (struct item){IT_OTHER, NULL, 0}, 4, zr, NULL);
+    return queue_cmd(f, (struct item){IT_OTHER, NULL, 0, 0}, 4, zr, NULL);
 }
 
-/* The events of an IT_EMIT: element k of the reply answers outbox event
- * k (1 written, 0 already there, a string: that XADD's error); an error
- * reply answers all of them. An event is confirmed, or given up after 20
- * failures. */
-static void apply_emit(struct worker *w, struct wjob *j, int n, const struct rconn_reply *r)
+/* One job's answer e from an IT_EMIT that carried n of its events
+ * (fence.c): confirmed, FENCED, or "XADD <k>: <error>" with the k before
+ * it confirmed. An event that keeps failing is given up after 20 tries. */
+static void apply_emit_job(struct worker *w, struct wjob *j, int n, const struct rconn_reply *e)
 {
-    if (!r)
-        return; /* no reply: resent with the next flush */
-    if (r->type == RCONN_ERROR) {
-        if (fence_noscript(&w->fence, r))
-            return;
-        if (fence_is_fenced(r)) {
+    int ok = n;
+    const char *why = NULL;
+    if (e->type == RCONN_ERROR) {
+        if (fence_is_fenced(e)) {
             /* before our own FENCE_TAKE has answered (a refused or lost
              * take), FENCED only means "not yet": the next flush takes */
             if (j->taken)
                 j->fenced = true;
             return;
         }
+        ok = strncmp(e->str, "XADD ", 5) ? 0 : atoi(e->str + 5);
+        why = e->str;
+    } else if (e->type != RCONN_INTEGER) {
+        ok = 0;
+        why = "unexpected reply";
     }
     for (int k = 0; k < n && k < j->n_out; k++) {
         struct wout *o = &j->out[k];
-        const struct rconn_reply *e = r->type == RCONN_ARRAY && (size_t)k < r->n_elem
-                                          ? &r->elem[k] : r;
-        if (e->type == RCONN_INTEGER) {
+        if (k < ok) {
             free(o->json);
             o->json = NULL; /* confirmed */
-            continue;
+        } else if (k == ok && why) {
+            if (++o->n_fail >= 20) {
+                RL_LOG(&w->log, RL_LOG_ERROR, "job %s: XADD seq %" PRId64 " failed %d times (%s); "
+                       "dropped", j->id, o->seq, o->n_fail, why);
+                free(o->json);
+                o->json = NULL;
+            } else {
+                RL_LOG(&w->log, RL_LOG_WARN, "job %s: XADD seq %" PRId64 ": %s", j->id, o->seq, why);
+            }
         }
-        const char *why = e->str ? e->str : "unexpected reply";
-        if (++o->n_fail >= 20) {
-            RL_LOG(&w->log, RL_LOG_ERROR, "job %s: XADD seq %" PRId64 " failed %d times (%s); dropped",
-                   j->id, o->seq, o->n_fail, why);
-            free(o->json);
-            o->json = NULL;
-        } else {
-            RL_LOG(&w->log, RL_LOG_WARN, "job %s: XADD seq %" PRId64 ": %s", j->id, o->seq, why);
-        }
+    }
+}
+
+/* An IT_EMIT's reply: one element per job, or one error for all (a
+ * NOSCRIPT: sent again, whole, with the next flush). */
+static void apply_emit(struct worker *w, const struct flush *f, const struct item *it,
+                       const struct rconn_reply *r)
+{
+    if (!r || fence_noscript(&w->fence, r))
+        return; /* no reply: resent with the next flush */
+    for (int g = 0; g < it->n; g++) {
+        const struct emit *em = &f->emits[it->idx + g];
+        const struct rconn_reply *e =
+            r->type == RCONN_ARRAY ? ((size_t)g < r->n_elem ? &r->elem[g] : NULL) : r;
+        if (e)
+            apply_emit_job(w, em->j, em->n_ev, e);
     }
 }
 
@@ -452,7 +512,8 @@ static void apply_lease(struct worker *w, int p, const struct rconn_reply *r)
 /* What reply r (NULL: none came) means for the item that asked: a holder
  * record taken, events confirmed, leases renewed, a dead letter sent, a
  * job acknowledged (state 0 marks it for removal), a cancel key found. */
-static void apply_reply(struct worker *w, struct item *it, const struct rconn_reply *r)
+static void apply_reply(struct worker *w, const struct flush *f, struct item *it,
+                        const struct rconn_reply *r)
 {
     bool is_err = r && r->type == RCONN_ERROR;
     switch (it->kind) {
@@ -470,7 +531,7 @@ static void apply_reply(struct worker *w, struct item *it, const struct rconn_re
         }
         break;
     case IT_EMIT:
-        apply_emit(w, it->j, it->idx, r);
+        apply_emit(w, f, it, r);
         break;
     case IT_LEASE:
         apply_lease(w, it->idx, r);
@@ -587,6 +648,7 @@ int w_flush(struct worker *w, struct rl_err *err)
     struct flush f = {.b = w->batch, .err = err};
     int64_t now = rl_wall_ms();
     bool lease = now >= w->next_lease_ms, hb = now >= w->next_hb_ms;
+    bool cluster = w_cluster(w); /* a script's keys share one slot: one job per call */
     int rc = 0;
 
     if (!w->fence.sha[FENCE_N_SCRIPTS - 1][0] && rconn_connected(w->rc)) {
@@ -598,9 +660,11 @@ int w_flush(struct worker *w, struct rl_err *err)
     for (int i = 0; i < w->n_jobs && !rc; i++) {
         struct wjob *j = w->jobs[i];
         if (!(rc = queue_take(w, &f, j)) && !(rc = queue_cache(w, &f, j)) &&
-            !(rc = queue_events(w, &f, j)))
+            !(rc = collect_events(&f, j)) && !(rc = cluster ? queue_emit(w, &f) : 0))
             rc = queue_job_state(w, &f, j);
     }
+    if (!rc)
+        rc = queue_emit(w, &f); /* a single instance: every job in one call */
     if (!rc && lease)
         rc = queue_lease(w, &f);
     if (!rc && hb)
@@ -619,10 +683,11 @@ int w_flush(struct worker *w, struct rl_err *err)
             w->next_hb_ms = now + w->opt.heartbeat_ms;
     }
     for (int i = 0; i < n_done && i < f.n_items; i++)
-        apply_reply(w, &f.items[i], rconn_batch_reply(f.b, i));
+        apply_reply(w, &f, &f.items[i], rconn_batch_reply(f.b, i));
     settle_jobs(w);
     rc = xrc;
 out:
     free(f.items);
+    free(f.emits);
     return rc;
 }

@@ -83,3 +83,11 @@ if command -v redis-server >/dev/null && command -v redis-cli >/dev/null && [ -x
 else
     echo "# cluster: skipped (needs redis-server, redis-cli and $BUILD/redlm-worker)"
 fi
+
+# ---- what write fencing costs Redis per event (issue 19; tests/bench/bench_fence.py) ----
+if command -v redis-server >/dev/null; then
+    echo "# fencing: plain XADD vs FENCE_EMIT (1 job per call, as on a cluster; 64 per call, as on one instance)"
+    /usr/bin/python3 tests/bench/bench_fence.py --reps 3
+else
+    echo "# fencing: skipped (needs redis-server)"
+fi
