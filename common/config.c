@@ -135,9 +135,9 @@ static const struct opt options[] = {
     {"claim_interval_ms", T_INT, O(claim_interval_ms), "5000", 100, 600000, NULL, CFG_BOTH, F_LIVE,
      "How often to look for such jobs (and once at start)."},
     {"lease_renew_ms", T_INT, O(lease_renew_ms), "5000", 100, 600000, NULL, CFG_WORKER, F_LIVE,
-     "How often a worker renews its claim on its running jobs (XCLAIM JUSTID); must be below claim_idle_ms."},
+     "How often a worker renews its claim on its running jobs (XCLAIM JUSTID, only for the ones it still owns); must be below claim_idle_ms."},
     {"max_deliveries", T_INT, O(max_deliveries), "3", 1, 100, NULL, CFG_WORKER, F_LIVE,
-     "A job delivered more often than this goes to the dead letters (TOO_MANY_DELIVERIES)."},
+     "A job delivered this many times in a row to workers that died before publishing anything goes to the dead letters (TOO_MANY_DELIVERIES) on its next delivery; deliveries that moved the job on do not count (schemas/README.md, \"One writer per job\")."},
     /* process */
     {"drain_timeout_s", T_INT, O(drain_timeout_s), "60", 0, 3600, NULL, CFG_BOTH, F_LIVE,
      "On SIGTERM, how long running jobs may take to finish before exit."},

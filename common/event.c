@@ -43,7 +43,7 @@ static const struct {
     [EV_CODE_PROMPT_TOO_LONG] = {"PROMPT_TOO_LONG", "the rendered prompt plus max_tokens does not fit the model's context"},
     [EV_CODE_INVALID_TOKEN] = {"INVALID_TOKEN", "a prompt_ids entry is not a token of the model's vocabulary"},
     [EV_CODE_TEMPLATE_ERROR] = {"TEMPLATE_ERROR", "the messages cannot be rendered with the model's chat template"},
-    [EV_CODE_TOO_MANY_DELIVERIES] = {"TOO_MANY_DELIVERIES", "the job was delivered more than max_deliveries times (workers died running it)"},
+    [EV_CODE_TOO_MANY_DELIVERIES] = {"TOO_MANY_DELIVERIES", "the job went to max_deliveries workers in a row that died before publishing anything"},
     [EV_CODE_CANCELLED] = {"CANCELLED", "the job was cancelled; clients see a done event with finish_reason cancelled, the code names the reason in dead letters and metrics"},
     [EV_CODE_DEADLINE_EXCEEDED] = {"DEADLINE_EXCEEDED", "deadline_ms passed; clients see a done event with finish_reason deadline, the code names the reason in dead letters and metrics"},
     [EV_CODE_ENGINE_ERROR] = {"ENGINE_ERROR", "the inference engine failed on this request"},

@@ -41,7 +41,7 @@ enum ev_code {
     EV_CODE_PROMPT_TOO_LONG,     /* rendered prompt + max_tokens > context */
     EV_CODE_INVALID_TOKEN,       /* a prompt id outside the vocabulary */
     EV_CODE_TEMPLATE_ERROR,      /* messages cannot be rendered */
-    EV_CODE_TOO_MANY_DELIVERIES, /* delivered more than max_deliveries */
+    EV_CODE_TOO_MANY_DELIVERIES, /* max_deliveries deliveries in a row without progress */
     EV_CODE_CANCELLED,           /* cancelled (dead-letter / metrics reason) */
     EV_CODE_DEADLINE_EXCEEDED,   /* deadline passed before admission */
     EV_CODE_ENGINE_ERROR,        /* the engine failed on this request */

@@ -82,10 +82,12 @@ bool w_cluster(const struct worker *w)
 static void set_id(struct worker *w, struct wjob *j, const char *id)
 {
     snprintf(j->id, sizeof j->id, "%s", id);
-    if (id[0])
+    if (id[0]) {
         rcl_tagged_key(j->out_key, sizeof j->out_key, w_cluster(w), w->opt.prefix, "out:", id);
-    else
-        j->out_key[0] = 0;
+        rcl_tagged_key(j->own_key, sizeof j->own_key, w_cluster(w), w->opt.prefix, "own:", id);
+    } else {
+        j->out_key[0] = j->own_key[0] = 0;
+    }
 }
 
 /* Renders the job's prompt into j->ids, as the engine itself would (chat
@@ -240,6 +242,7 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
     j->pool = pool;
     j->state = WJ_CLOSING;
     j->deliveries = deliveries;
+    j->resumed = resumed;
     snprintf(j->entry_id, sizeof j->entry_id, "%s", e->id);
     j->t_enqueued = strtoll(e->id, NULL, 10);
     j->t_admitted = rl_wall_ms();
@@ -320,11 +323,15 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
             w_push_done(w, j, EV_FINISH_LENGTH, &u);
             return 0;
         }
-        if (deliveries > w->opt.max_deliveries) {
-            char msg[160];
-            snprintf(msg, sizeof msg, "the job was delivered %" PRId64 " times, more than "
-                     "max_deliveries (%d): workers died running it", deliveries,
-                     w->opt.max_deliveries);
+        if (j->stalls >= w->opt.max_deliveries) {
+            /* counted by the holder record (fence.h): deliveries in a row
+             * that published nothing, so a job that makes progress on
+             * every delivery (workers too starved to renew their leases,
+             * not killed by it) is not taken for poison */
+            char msg[224];
+            snprintf(msg, sizeof msg, "the job was delivered %" PRId64 " times, the last %" PRId64
+                     " of them to workers that died before publishing anything (max_deliveries "
+                     "%d)", deliveries, j->stalls, w->opt.max_deliveries);
             reject(w, j, raw, raw_len, EV_CODE_TOO_MANY_DELIVERIES, msg);
             return 0;
         }
@@ -512,6 +519,13 @@ void w_hold_due(struct worker *w, int64_t now_ms, bool all)
 static void on_event(struct worker *w, const struct engine_event *ev)
 {
     struct wjob *j = ev->user;
+    if (j && j->state == WJ_DROPPED) { /* taken over: only its end matters */
+        if (ev->finish != ENGINE_FINISH_NONE) {
+            j->eng_id = 0;
+            j->state = 0; /* freed by the next flush */
+        }
+        return;
+    }
     if (!j || j->state != WJ_RUNNING)
         return;
     int64_t now = rl_wall_ms();

@@ -166,6 +166,7 @@ static const struct {
     {"redlm_result_cache_hits_total", "counter", "jobs answered from the result cache", WM_F(cache_hits), WM_I64},
     {"redlm_result_cache_misses_total", "counter", "cacheable jobs the result cache did not have", WM_F(cache_misses), WM_I64},
     {"redlm_reclaimed_total", "counter", "jobs claimed from a worker that stopped answering", WM_F(reclaimed), WM_I64},
+    {"redlm_jobs_fenced_total", "counter", "jobs this worker stopped because another worker had taken them over (fence.h)", WM_F(fenced), WM_I64},
     {"redlm_redis_reconnects_total", "counter", "reconnections to Redis", WM_F(redis_reconnects), WM_I64},
     {"redlm_tokens_per_second", "gauge", "generation rate, tokens per second, smoothed over about two seconds", WM_F(tokens_per_s), WM_DBL},
 };
@@ -317,6 +318,7 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddNumberToObject(o, "prefix_hit_tokens", (double)w->m.prefix_hit_tokens);
     cJSON_AddNumberToObject(o, "prefix_miss_tokens", (double)w->m.prefix_miss_tokens);
     cJSON_AddNumberToObject(o, "reclaimed", (double)w->m.reclaimed);
+    cJSON_AddNumberToObject(o, "fenced", (double)w->m.fenced);
     pthread_mutex_unlock(&w->m.mu);
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);

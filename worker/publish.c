@@ -2,19 +2,23 @@
  *
  * Every event a job produces goes into that job's outbox (struct wout)
  * and stays there until Redis has confirmed its XADD. w_flush() sends, in
- * one pipeline: every unconfirmed event of every job (XADD with the
- * explicit ID 0-<seq+1>, then EXPIRE after done, then PUBLISH when
- * configured) with a finished job's result-cache SET ahead of its done,
- * pending dead letters, the XACK of jobs whose events are all confirmed, one EXISTS per running job for cancellation,
- * and, when due, the XCLAIM JUSTID lease renewal and the heartbeat SET.
+ * one pipeline: for every job not yet its holder, FENCE_TAKE (fence.h);
+ * a finished job's result-cache SET ahead of its done; one FENCE_EMIT per
+ * job with unconfirmed events (their XADDs with the explicit IDs
+ * 0-<seq+1>, the EXPIRE after done, the PUBLISH when configured, all only
+ * while this worker holds the job); pending dead letters; the XACK of jobs
+ * whose events are all confirmed; one EXISTS per running job for
+ * cancellation; and, when due, the FENCE_LEASE renewal and the heartbeat.
  *
  * Why it is safe to resend everything that was not confirmed: event IDs
  * are explicit and monotone, so an XADD that did land before a connection
- * broke is refused on resend with "equal or smaller", which we count as
- * confirmed; EXPIRE, SET and XACK are idempotent. Dead letters use "*"
- * and may, after a lost reply, appear twice; they are diagnostics.
- * A job is acknowledged only in the flush after its last event was
- * confirmed, so an XACK never overtakes an event.
+ * broke is refused on resend with "equal or smaller", which FENCE_EMIT
+ * counts as written; EXPIRE, SET and XACK are idempotent. Dead letters use
+ * "*" and may, after a lost reply, appear twice; they are diagnostics. A
+ * job is acknowledged only in the flush after its last event was
+ * confirmed, so an XACK never overtakes an event. A job whose emit comes
+ * back FENCED, or whose lease renewal finds it owned by another consumer,
+ * is dropped after the replies are read (drop_job).
  *
  * Called by the main thread only (loop.c), once per loop iteration. */
 #include <inttypes.h>
@@ -22,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fence.h"
 #include "rcluster.h"
 #include "worker.h"
 
@@ -157,11 +162,11 @@ bool w_has_pending(const struct worker *w)
 /* ---- w_flush: queue every command, send once, apply the replies --------- */
 
 /* What a command of the flush was for: reply i answers items[i]. */
-enum item_kind { IT_EVENT, IT_OTHER, IT_DEAD, IT_ACK, IT_CANCEL, IT_CACHE };
+enum item_kind { IT_TAKE, IT_EMIT, IT_LEASE, IT_OTHER, IT_DEAD, IT_ACK, IT_CANCEL, IT_CACHE };
 struct item {
     enum item_kind kind;
     struct wjob *j;
-    int idx; /* outbox index of an IT_EVENT */
+    int idx; /* IT_EMIT: how many outbox events it carries; IT_LEASE: the pool */
 };
 
 /* One flush being built: the pipeline and, in the same order, the items. */
@@ -222,33 +227,71 @@ static int queue_cache(struct worker *w, struct flush *f, struct wjob *j)
     return queue_cmd(f, (struct item){IT_CACHE, j, 0}, 5, argv, NULL);
 }
 
-/* Every unconfirmed event of j: its XADD (explicit id 0-<seq+1>), the
- * EXPIRE after done, the PUBLISH when configured. */
+/* FENCE_TAKE for a job that has not made this worker its holder yet, in
+ * front of its first writes: a fresh delivery takes it only if no other
+ * worker has (fence.h); a resumed one was taken before its stream was
+ * read (resume.c), except when it was refused before that. */
+static int queue_take(struct worker *w, struct flush *f, struct wjob *j)
+{
+    if (j->taken || !j->out_key[0] || j->state == WJ_DROPPED || j->fenced ||
+        (j->n_out == 0 && j->state != WJ_RUNNING))
+        return 0;
+    const char *argv[9];
+    char nk[12], d[32];
+    int a = fence_cmd(&w->fence, FENCE_TAKE, 2, argv, nk);
+    snprintf(d, sizeof d, "%" PRId64, j->deliveries > 0 ? j->deliveries : 1);
+    argv[a++] = j->own_key;
+    argv[a++] = j->out_key;
+    argv[a++] = w->holder;
+    argv[a++] = j->entry_id;
+    argv[a++] = j->resumed ? "0" : "1";
+    argv[a++] = d;
+    return queue_cmd(f, (struct item){IT_TAKE, j, 0}, a, argv, NULL);
+}
+
+/* Every unconfirmed event of j in one FENCE_EMIT: the XADDs (explicit ids
+ * 0-<seq+1>), the EXPIRE of the stream and the holder record after done,
+ * the PUBLISH when configured. */
 static int queue_events(struct worker *w, struct flush *f, struct wjob *j)
 {
-    char buf[W_KEY_MAX + WOPTS_STR_MAX + 64], idbuf[EV_STREAM_ID_MAX], ttl[32];
-    int rc;
-    for (int k = 0; k < j->n_out; k++) {
-        struct wout *o = &j->out[k];
-        ev_stream_id(o->seq, idbuf);
-        if ((rc = queue_xadd(f, (struct item){IT_EVENT, j, k}, j->out_key, idbuf, 0, "event",
-                             o->json, o->len)))
-            return rc;
-        if (o->is_done) {
-            snprintf(ttl, sizeof ttl, "%d", j->stream_ttl_s);
-            const char *argv[3] = {"EXPIRE", j->out_key, ttl};
-            if ((rc = queue_cmd(f, (struct item){IT_OTHER, j, 0}, 3, argv, NULL)))
-                return rc;
-        }
-        if (w->opt.publish) {
-            rcl_tagged_key(buf, sizeof buf, w_cluster(w), w->opt.prefix, "tok:", j->id);
-            const char *argv[3] = {"PUBLISH", buf, o->json};
-            size_t l[3] = {7, strlen(buf), o->len};
-            if ((rc = queue_cmd(f, (struct item){IT_OTHER, j, 0}, 3, argv, l)))
-                return rc;
-        }
+    if (j->n_out == 0 || j->state == WJ_DROPPED || j->fenced)
+        return 0;
+    int n = 8 + 2 * j->n_out;
+    const char **argv = malloc((size_t)n * sizeof *argv);
+    size_t *lens = malloc((size_t)n * sizeof *lens);
+    char(*ids)[EV_STREAM_ID_MAX] = malloc((size_t)j->n_out * sizeof *ids);
+    char nk[12], ttl[32] = "0", chan[W_KEY_MAX + WOPTS_STR_MAX + 64] = "";
+    int rc = -RL_ENOMEM;
+    if (!argv || !lens || !ids) {
+        rl_errf(f->err, RL_ENOMEM, "flush: out of memory");
+        goto out;
     }
-    return 0;
+    int a = fence_cmd(&w->fence, FENCE_EMIT, 2, argv, nk);
+    for (int k = 0; k < j->n_out; k++)
+        if (j->out[k].is_done)
+            snprintf(ttl, sizeof ttl, "%d", j->stream_ttl_s);
+    if (w->opt.publish)
+        rcl_tagged_key(chan, sizeof chan, w_cluster(w), w->opt.prefix, "tok:", j->id);
+    argv[a++] = j->out_key;
+    argv[a++] = j->own_key;
+    argv[a++] = w->holder;
+    argv[a++] = ttl;
+    argv[a++] = chan;
+    for (int i = 0; i < a; i++)
+        lens[i] = strlen(argv[i]);
+    for (int k = 0; k < j->n_out; k++) {
+        ev_stream_id(j->out[k].seq, ids[k]);
+        lens[a] = strlen(ids[k]);
+        argv[a++] = ids[k];
+        lens[a] = j->out[k].len;
+        argv[a++] = j->out[k].json;
+    }
+    rc = queue_cmd(f, (struct item){IT_EMIT, j, j->n_out}, a, argv, lens);
+out:
+    free(argv);
+    free(lens);
+    free(ids);
+    return rc;
 }
 
 /* j's pending dead letter, its XACK once it is acknowledged, and the
@@ -277,30 +320,35 @@ static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j)
     return 0;
 }
 
-/* One XCLAIM ... JUSTID per pool over every job we hold there, so a long
- * generation is never taken for a dead consumer's. */
+/* A lease is renewed only for what this worker still owns, so a long
+ * generation is never taken for a dead consumer's, and a renewal never
+ * takes a job back from the worker that reclaimed it: FENCE_LEASE per
+ * pool over every job held there (fence.h). */
+static bool leased(const struct wjob *j, int pool)
+{
+    return j->pool == pool && (j->state == WJ_RUNNING || j->state == WJ_CLOSING) && !j->fenced;
+}
+
 static int queue_lease(struct worker *w, struct flush *f)
 {
     for (int p = 0; p < w->n_pools; p++) {
         int n = 0;
         for (int i = 0; i < w->n_jobs; i++)
-            n += w->jobs[i]->pool == p && w->jobs[i]->state != WJ_ACKING;
+            n += leased(w->jobs[i], p);
         if (!n)
             continue;
         const char **argv = malloc((size_t)(n + 6) * sizeof *argv);
         if (!argv)
             return rl_errf(f->err, RL_ENOMEM, "flush: out of memory");
-        int a = 0;
-        argv[a++] = "XCLAIM";
+        char nk[12];
+        int a = fence_cmd(&w->fence, FENCE_LEASE, 1, argv, nk);
         argv[a++] = w->pool_keys[p];
         argv[a++] = w->opt.group;
         argv[a++] = w->opt.name;
-        argv[a++] = "0";
         for (int i = 0; i < w->n_jobs; i++)
-            if (w->jobs[i]->pool == p && w->jobs[i]->state != WJ_ACKING)
+            if (leased(w->jobs[i], p))
                 argv[a++] = w->jobs[i]->entry_id;
-        argv[a++] = "JUSTID";
-        int rc = queue_cmd(f, (struct item){IT_OTHER, NULL, 0}, a, argv, NULL);
+        int rc = queue_cmd(f, (struct item){IT_LEASE, NULL, p}, a, argv, NULL);
         free(argv);
         if (rc)
             return rc;
@@ -338,29 +386,95 @@ static int queue_heartbeat(struct worker *w, struct flush *f)
     return queue_cmd(f, (struct item){IT_OTHER, NULL, 0}, 4, zr, NULL);
 }
 
-/* What reply r (NULL: none came) means for the item that asked: an event
- * confirmed (or given up after 20 failures), a dead letter sent, a job
- * acknowledged (state 0 marks it for removal), a cancel key found. */
+/* The events of an IT_EMIT: element k of the reply answers outbox event
+ * k (1 written, 0 already there, a string: that XADD's error); an error
+ * reply answers all of them. An event is confirmed, or given up after 20
+ * failures. */
+static void apply_emit(struct worker *w, struct wjob *j, int n, const struct rconn_reply *r)
+{
+    if (!r)
+        return; /* no reply: resent with the next flush */
+    if (r->type == RCONN_ERROR) {
+        if (fence_noscript(&w->fence, r))
+            return;
+        if (fence_is_fenced(r)) {
+            /* before our own FENCE_TAKE has answered (a refused or lost
+             * take), FENCED only means "not yet": the next flush takes */
+            if (j->taken)
+                j->fenced = true;
+            return;
+        }
+    }
+    for (int k = 0; k < n && k < j->n_out; k++) {
+        struct wout *o = &j->out[k];
+        const struct rconn_reply *e = r->type == RCONN_ARRAY && (size_t)k < r->n_elem
+                                          ? &r->elem[k] : r;
+        if (e->type == RCONN_INTEGER) {
+            free(o->json);
+            o->json = NULL; /* confirmed */
+            continue;
+        }
+        const char *why = e->str ? e->str : "unexpected reply";
+        if (++o->n_fail >= 20) {
+            RL_LOG(&w->log, RL_LOG_ERROR, "job %s: XADD seq %" PRId64 " failed %d times (%s); dropped",
+                   j->id, o->seq, o->n_fail, why);
+            free(o->json);
+            o->json = NULL;
+        } else {
+            RL_LOG(&w->log, RL_LOG_WARN, "job %s: XADD seq %" PRId64 ": %s", j->id, o->seq, why);
+        }
+    }
+}
+
+/* FENCE_LEASE's answer for pool p: the entries it did not renew belong to
+ * another worker now (or to nobody: acknowledged by the one that
+ * finished them). */
+static void apply_lease(struct worker *w, int p, const struct rconn_reply *r)
+{
+    if (!r || fence_noscript(&w->fence, r))
+        return;
+    if (r->type != RCONN_ARRAY) {
+        RL_LOG(&w->log, RL_LOG_WARN, "lease renewal on %s: %s", w->pools[p],
+               r->type == RCONN_ERROR ? r->str : "unexpected reply");
+        return;
+    }
+    for (size_t e = 0; e < r->n_elem; e++)
+        for (int i = 0; i < w->n_jobs; i++) {
+            struct wjob *j = w->jobs[i];
+            if (leased(j, p) && r->elem[e].str && !strcmp(j->entry_id, r->elem[e].str)) {
+                RL_LOG(&w->log, RL_LOG_WARN, "job %s (entry %s): its lease was taken over",
+                       j->id[0] ? j->id : "-", j->entry_id);
+                j->fenced = true;
+            }
+        }
+}
+
+/* What reply r (NULL: none came) means for the item that asked: a holder
+ * record taken, events confirmed, leases renewed, a dead letter sent, a
+ * job acknowledged (state 0 marks it for removal), a cancel key found. */
 static void apply_reply(struct worker *w, struct item *it, const struct rconn_reply *r)
 {
     bool is_err = r && r->type == RCONN_ERROR;
     switch (it->kind) {
-    case IT_EVENT: {
-        struct wout *o = &it->j->out[it->idx];
-        if (!is_err || rconn_reply_is_stale_id(r)) {
-            free(o->json);
-            o->json = NULL; /* confirmed */
-        } else if (++o->n_fail >= 20) {
-            RL_LOG(&w->log, RL_LOG_ERROR, "job %s: XADD seq %" PRId64 " failed %d times (%s); dropped",
-                   it->j->id, o->seq, o->n_fail, r->str);
-            free(o->json);
-            o->json = NULL;
+    case IT_TAKE:
+        if (!r || fence_noscript(&w->fence, r))
+            break;
+        if (r->type == RCONN_INTEGER && r->integer < 0) {
+            it->j->fenced = true; /* reclaimed before we had started */
+        } else if (r->type == RCONN_INTEGER) {
+            it->j->taken = true;
+            it->j->stalls = r->integer;
         } else {
-            RL_LOG(&w->log, RL_LOG_WARN, "job %s: XADD seq %" PRId64 ": %s", it->j->id, o->seq,
-                   r->str);
+            RL_LOG(&w->log, RL_LOG_WARN, "job %s: taking the holder record: %s", it->j->id,
+                   is_err ? r->str : "unexpected reply");
         }
         break;
-    }
+    case IT_EMIT:
+        apply_emit(w, it->j, it->idx, r);
+        break;
+    case IT_LEASE:
+        apply_lease(w, it->idx, r);
+        break;
     case IT_CACHE: /* best effort: a refused SET is logged, not retried */
         if (is_err)
             RL_LOG(&w->log, RL_LOG_WARN, "job %s: cache SET: %s", it->j->id, r->str);
@@ -406,13 +520,50 @@ static void remove_job(struct worker *w, int i)
     w->jobs[i] = w->jobs[--w->n_jobs];
 }
 
-/* After the replies: compact outboxes, drop acknowledged jobs, and move a
- * closing job whose events are all confirmed to ACKING (acknowledged with
- * the next flush). */
+/* Another worker holds j now (fence.h): stop generating, send nothing
+ * more, never acknowledge; its new holder resumes from what reached the
+ * stream and finishes it. A job still in the engine waits for the
+ * cancel's final event (loop.c) before it is freed. */
+static void drop_job(struct worker *w, struct wjob *j)
+{
+    RL_LOG(&w->log, RL_LOG_WARN, "job %s (entry %s): another worker holds it now; stopping it "
+           "here after %d tokens", j->id[0] ? j->id : "-", j->entry_id, j->n_gen);
+    for (int k = 0; k < j->n_out; k++)
+        free(j->out[k].json);
+    j->n_out = 0;
+    free(j->dead);
+    j->dead = NULL;
+    free(j->cache_value);
+    j->cache_value = NULL;
+    j->cache_fill = false;
+    j->n_hold = 0;
+    j->hold_content.n = j->hold_reasoning.n = 0;
+    j->t_hold = 0;
+    j->fenced = false;
+    pthread_mutex_lock(&w->m.mu);
+    w->m.fenced++;
+    pthread_mutex_unlock(&w->m.mu);
+    if (!j->eng_id) {
+        j->state = 0; /* removed below */
+        return;
+    }
+    struct rl_err err;
+    if (!j->cancel_sent && engine_cancel(w->eng, j->eng_id, &err))
+        RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: cancel: %s", j->id, err.msg);
+    j->cancel_sent = true;
+    j->state = WJ_DROPPED;
+}
+
+/* After the replies: drop what another worker took, compact outboxes,
+ * remove acknowledged and finished dropped jobs, and move a closing job
+ * whose events are all confirmed to ACKING (acknowledged with the next
+ * flush). */
 static void settle_jobs(struct worker *w)
 {
     for (int i = 0; i < w->n_jobs; i++) {
         struct wjob *j = w->jobs[i];
+        if (j->fenced)
+            drop_job(w, j);
         int k2 = 0;
         for (int k = 0; k < j->n_out; k++)
             if (j->out[k].json)
@@ -438,16 +589,26 @@ int w_flush(struct worker *w, struct rl_err *err)
     bool lease = now >= w->next_lease_ms, hb = now >= w->next_hb_ms;
     int rc = 0;
 
+    if (!w->fence.sha[FENCE_N_SCRIPTS - 1][0] && rconn_connected(w->rc)) {
+        struct rl_err e2; /* not loaded at start: until it is, bodies go by EVAL */
+        fence_load(&w->fence, w->rc, &e2);
+    }
+    fence_begin(&w->fence);
     rconn_batch_reset(f.b);
-    for (int i = 0; i < w->n_jobs && !rc; i++)
-        if (!(rc = queue_cache(w, &f, w->jobs[i])) && !(rc = queue_events(w, &f, w->jobs[i])))
-            rc = queue_job_state(w, &f, w->jobs[i]);
+    for (int i = 0; i < w->n_jobs && !rc; i++) {
+        struct wjob *j = w->jobs[i];
+        if (!(rc = queue_take(w, &f, j)) && !(rc = queue_cache(w, &f, j)) &&
+            !(rc = queue_events(w, &f, j)))
+            rc = queue_job_state(w, &f, j);
+    }
     if (!rc && lease)
         rc = queue_lease(w, &f);
     if (!rc && hb)
         rc = queue_heartbeat(w, &f);
-    if (rc || rconn_batch_count(f.b) == 0)
+    if (rc || rconn_batch_count(f.b) == 0) {
+        settle_jobs(w); /* finished dropped jobs go even when nothing is sent */
         goto out;
+    }
 
     int xrc = rconn_batch_exec(w->rc, f.b, err);
     int n_done = rconn_batch_n_done(f.b);

@@ -23,8 +23,10 @@
  * backend; a job without a seed gets one derived from its id and entry,
  * loop.c, so it too has one stream to continue). The token ids are all
  * the record needs, so streams written before this rule resume the same
- * way. Two workers writing the same job by accident cannot
- * duplicate an event: IDs are 0-<seq+1> and Redis refuses a second write.
+ * way. A worker that takes a job over first makes itself its holder
+ * (fence.h), then reads the stream: the worker it was taken from, if
+ * still alive, can write nothing after that read, so the record is
+ * complete and the two never interleave.
  * Text held back by the engine's streaming decoder or the tool-call
  * parser at the moment of death (a partial UTF-8 character, a possible
  * stop-string prefix, an unfinished <tool_call>) is not recovered.
@@ -53,7 +55,8 @@ static int64_t deliveries_of(struct worker *w, const char *key, const char *id)
 static bool held(const struct worker *w, int pool, const char *id)
 {
     for (int i = 0; i < w->n_jobs; i++)
-        if (w->jobs[i]->pool == pool && !strcmp(w->jobs[i]->entry_id, id))
+        if (w->jobs[i]->pool == pool && w->jobs[i]->state != WJ_DROPPED &&
+            w->jobs[i]->state != 0 && !strcmp(w->jobs[i]->entry_id, id))
             return true;
     return false;
 }
@@ -116,12 +119,49 @@ int w_claim_own(struct worker *w, struct rl_err *err)
     return 0;
 }
 
+/* FENCE_TAKE, unconditionally, before the stream is read: from here on the
+ * worker we took the job from can write nothing more to it, so what the
+ * XRANGE below returns is all it ever published (fence.h). Fills
+ * j->stalls. */
+static int take_over(struct worker *w, struct wjob *j, struct rl_err *err)
+{
+    char nk[12], d[32];
+    snprintf(d, sizeof d, "%" PRId64, j->deliveries > 0 ? j->deliveries : 1);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        const char *argv[9];
+        int a = fence_cmd(&w->fence, FENCE_TAKE, 2, argv, nk);
+        argv[a++] = j->own_key;
+        argv[a++] = j->out_key;
+        argv[a++] = w->holder;
+        argv[a++] = j->entry_id;
+        argv[a++] = "0";
+        argv[a++] = d;
+        struct rconn_reply *r = NULL;
+        int rc = rconn_command(w->rc, a, argv, NULL, &r, err);
+        if (r && r->type == RCONN_INTEGER) {
+            j->stalls = r->integer;
+            j->taken = true;
+            rconn_reply_free(r);
+            return 0;
+        }
+        bool again = fence_noscript(&w->fence, r);
+        rconn_reply_free(r);
+        if (!again)
+            return rc ? rc : rl_errf(err, RL_EINVAL, "taking the holder record: unexpected reply");
+        fence_begin(&w->fence); /* the body this time */
+    }
+    return rl_errf(err, RL_EINVAL, "taking the holder record: NOSCRIPT twice");
+}
+
 int w_resume_prepare(struct worker *w, struct wjob *j, struct rl_err *err)
 {
     if (!j->out_key[0])
         return 0;
+    int rc = take_over(w, j, err);
+    if (rc)
+        return rc;
     struct rconn_entries ents = {0};
-    int rc = rconn_xrange(w->rc, j->out_key, "-", "+", 0, &ents, err);
+    rc = rconn_xrange(w->rc, j->out_key, "-", "+", 0, &ents, err);
     if (rc)
         return rc;
     int64_t last = -1;

@@ -12,6 +12,9 @@
  *   WJ_ACKING    every event, the dead letter and the cache entry are
  *                confirmed by Redis; the XACK goes out with the next flush
  *   (freed)      once the XACK's reply is read.
+ *   WJ_DROPPED   another worker took the job over (fence.h): nothing more
+ *                is written or acknowledged; freed once the engine has
+ *                delivered the cancel's final event.
  * Jobs are only ever acknowledged after their last event is confirmed, so
  * a worker that dies at any point leaves the job pending for another to
  * reclaim and resume.
@@ -34,6 +37,7 @@
 #include "engine.h"
 #include "err.h"
 #include "event.h"
+#include "fence.h"
 #include "job.h"
 #include "log.h"
 #include "modelref.h"
@@ -52,7 +56,7 @@ struct wout {
     int n_fail;      /* error replies so far (not counting lost connections) */
 };
 
-enum wj_state { WJ_RUNNING = 1, WJ_CLOSING, WJ_ACKING };
+enum wj_state { WJ_RUNNING = 1, WJ_CLOSING, WJ_ACKING, WJ_DROPPED };
 
 struct wjob {
     enum wj_state state;
@@ -61,7 +65,12 @@ struct wjob {
     int pool;                     /* index into worker.pools */
     char entry_id[RCONN_ID_MAX];  /* its entry in the pool stream */
     char out_key[W_KEY_MAX];      /* <prefix>out:<id> */
+    char own_key[W_KEY_MAX];      /* <prefix>own:<id>, the holder record (fence.h) */
     int64_t deliveries;
+    bool resumed;                 /* taken over (XAUTOCLAIM, or our own PEL on restart) */
+    bool taken;                   /* FENCE_TAKE made us the holder */
+    bool fenced;                  /* told FENCED or lost: drop after this flush's replies */
+    int64_t stalls;               /* deliveries in a row that published nothing (FENCE_TAKE) */
 
     uint64_t eng_id;              /* engine request id, 0 when not in the engine */
     bool cancel_sent;             /* engine_cancel called */
@@ -124,7 +133,7 @@ struct wmetrics {
      * to done */
     struct whist queue_wait, ttft, inter_token, e2e, prefill, decode;
     struct whist prompt_len, gen_len;  /* tokens per finished job */
-    int64_t prompt_tokens, tokens_out, jobs_done, cache_hits, cache_misses, reclaimed,
+    int64_t prompt_tokens, tokens_out, jobs_done, cache_hits, cache_misses, reclaimed, fenced,
         redis_reconnects;
     int64_t finished[EV_FINISH_ERROR + 1]; /* jobs by finish reason */
     int64_t preemptions;                   /* the engine's count since start */
@@ -154,6 +163,8 @@ struct worker {
     struct rconn *rc;             /* publish, ack, claim, cancel checks */
     struct rconn *rc_read;        /* the (blocking) XREADGROUP only */
     struct rconn_batch *batch;
+    struct fence fence;           /* the fencing scripts' SHA1s */
+    char holder[FENCE_HOLDER_MAX];/* this process as a job's holder (fence_holder) */
 
     char pools[WOPTS_MAX_POOLS][64];
     char pool_keys[WOPTS_MAX_POOLS][W_KEY_MAX]; /* <prefix>jobs:<pool> */

@@ -1,0 +1,126 @@
+/* worker/fence.c - the fencing scripts (fence.h) and how they are sent. */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fence.h"
+
+/* KEYS[1] own, KEYS[2] out; ARGV[1] holder, ARGV[2] pool entry, ARGV[3]
+ * "1" for a fresh delivery, ARGV[4] its delivery count. Returns -1 when a
+ * fresh delivery finds its entry held by another worker, else the stalls:
+ * deliveries in a row that published nothing (the stream did not grow
+ * since the last take), which max_deliveries bounds. An entry never taken
+ * before counts every earlier delivery as a stall. */
+static const char take_lua[] =
+    "local h = redis.call('HMGET', KEYS[1], 'holder', 'entry', 'xlen', 'stalls', 'd')\n"
+    "local same = h[2] == ARGV[2]\n"
+    "if ARGV[3] == '1' and same and h[1] ~= ARGV[1] then return -1 end\n"
+    "local n = redis.call('XLEN', KEYS[2])\n"
+    "local d = tonumber(ARGV[4])\n"
+    "local stalls = d - 1\n"
+    "if same then\n"
+    "  if n > tonumber(h[3]) then stalls = 0\n"
+    "  else stalls = tonumber(h[4]) + d - tonumber(h[5]) end\n"
+    "end\n"
+    "if stalls < 0 then stalls = 0 end\n"
+    "redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'entry', ARGV[2], 'xlen', n,\n"
+    "           'stalls', stalls, 'd', d)\n"
+    "return stalls\n";
+
+/* KEYS[1] out, KEYS[2] own; ARGV[1] holder, ARGV[2] the TTL to set on both
+ * after done ("0": not yet), ARGV[3] the pub/sub channel ("" for none),
+ * then (entry ID, event JSON) pairs. Returns one element per event: 1
+ * written, 0 already there (a resend after a lost reply), or the error
+ * text. */
+static const char emit_lua[] =
+    "if redis.call('HGET', KEYS[2], 'holder') ~= ARGV[1] then\n"
+    "  return redis.error_reply('FENCED another worker holds this job')\n"
+    "end\n"
+    "local res = {}\n"
+    "for i = 4, #ARGV, 2 do\n"
+    "  local r = redis.pcall('XADD', KEYS[1], ARGV[i], 'event', ARGV[i + 1])\n"
+    "  if type(r) == 'table' and r.err then\n"
+    "    if string.find(r.err, 'equal or smaller', 1, true) then res[#res + 1] = 0\n"
+    "    else res[#res + 1] = r.err end\n"
+    "  else\n"
+    "    res[#res + 1] = 1\n"
+    "    if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[3], ARGV[i + 1]) end\n"
+    "  end\n"
+    "end\n"
+    "if ARGV[2] ~= '0' then\n"
+    "  redis.call('EXPIRE', KEYS[1], ARGV[2])\n"
+    "  redis.call('EXPIRE', KEYS[2], ARGV[2])\n"
+    "end\n"
+    "return res\n";
+
+/* KEYS[1] pool; ARGV[1] group, ARGV[2] consumer, then entry IDs. Renews
+ * the ones the consumer owns; returns the others (taken over, or no
+ * longer pending). */
+static const char lease_lua[] =
+    "local lost = {}\n"
+    "for i = 3, #ARGV do\n"
+    "  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)\n"
+    "  if p[1] and p[1][2] == ARGV[2] then\n"
+    "    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')\n"
+    "  else\n"
+    "    lost[#lost + 1] = ARGV[i]\n"
+    "  end\n"
+    "end\n"
+    "return lost\n";
+
+static const char *const bodies[FENCE_N_SCRIPTS] = {take_lua, emit_lua, lease_lua};
+
+int fence_load(struct fence *f, struct rconn *c, struct rl_err *err)
+{
+    for (int s = 0; s < FENCE_N_SCRIPTS; s++) {
+        if (f->sha[s][0])
+            continue;
+        const char *argv[3] = {"SCRIPT", "LOAD", bodies[s]};
+        struct rconn_reply *r = NULL;
+        int rc = rconn_command(c, 3, argv, NULL, &r, err);
+        if (!rc && r && r->type == RCONN_STRING && r->len == 40)
+            memcpy(f->sha[s], r->str, 41);
+        else if (!rc)
+            rc = rl_errf(err, RL_EINVAL, "SCRIPT LOAD: unexpected reply");
+        rconn_reply_free(r);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+void fence_begin(struct fence *f)
+{
+    f->eval_now = f->eval_next;
+    f->eval_next = false;
+}
+
+int fence_cmd(const struct fence *f, enum fence_script s, int n_keys, const char **argv,
+              char *nbuf)
+{
+    snprintf(nbuf, 12, "%d", n_keys);
+    bool eval = f->eval_now || !f->sha[s][0];
+    argv[0] = eval ? "EVAL" : "EVALSHA";
+    argv[1] = eval ? bodies[s] : f->sha[s];
+    argv[2] = nbuf;
+    return 3;
+}
+
+bool fence_noscript(struct fence *f, const struct rconn_reply *r)
+{
+    if (r && r->type == RCONN_ERROR && !strncmp(r->str, "NOSCRIPT", 8)) {
+        f->eval_next = true;
+        return true;
+    }
+    return false;
+}
+
+bool fence_is_fenced(const struct rconn_reply *r)
+{
+    return r && r->type == RCONN_ERROR && strstr(r->str, "FENCED") != NULL;
+}
+
+void fence_holder(char *out, const char *worker_name, long long start_ms)
+{
+    snprintf(out, FENCE_HOLDER_MAX, "%.128s/%ld/%lld", worker_name, (long)getpid(), start_ms);
+}

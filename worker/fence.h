@@ -1,0 +1,84 @@
+/* worker/fence.h - one writer per job: the Lua scripts that fence a job's
+ * event stream to the worker that holds it.
+ *
+ * Why: a worker that misses its lease renewals (starved of CPU, paused,
+ * cut off from Redis for longer than claim_idle_ms) is taken for dead and
+ * its jobs are reclaimed, but it is not dead: it goes on generating. Two
+ * writers on one stream are safe only while both write the same events at
+ * the same seqs (the explicit IDs refuse the second copy); an error event
+ * from one, or deltas coalesced differently, interleave with the other's
+ * and the client reads a stream no single run produced.
+ *
+ * So every job has a holder record, the hash <prefix>own:<id> (cluster:
+ * own:{<id>}, in the slot of out:{<id>}):
+ *   holder  the worker process that may write (fence_holder: name, pid,
+ *           start time), entry  the pool entry it holds, and for
+ *           max_deliveries: xlen (the stream's length when it was taken),
+ *           stalls (deliveries in a row that published nothing), d (the
+ *           delivery count then).
+ *   FENCE_TAKE  makes the caller the holder. A resumed job takes it
+ *           unconditionally and reads the stream afterwards, so whatever
+ *           the old holder wrote before is resumed and nothing after can
+ *           land; a fresh delivery takes it only if no other holder has
+ *           this entry (someone reclaimed it while we had not yet started).
+ *   FENCE_EMIT  XADDs a job's unconfirmed events (and EXPIREs after done,
+ *           PUBLISHes when configured) only if the caller is the holder;
+ *           otherwise it fails with FENCED and writes nothing.
+ *   FENCE_LEASE renews, with XCLAIM JUSTID, only the entries the caller
+ *           still owns in the pool's pending list, and names the others:
+ *           a renewal never takes a job back from the worker that
+ *           reclaimed it.
+ * A worker told FENCED or "lost" stops the job at once and forgets it
+ * (no event, no XACK): its new holder finishes it.
+ *
+ * The scripts run by EVALSHA; the SHA1s come from SCRIPT LOAD once Redis
+ * answers. Until then, and for one flush after a NOSCRIPT (a Redis that
+ * restarted, a failed-over master), they are sent whole by EVAL, which
+ * loads them again. Main thread only. */
+#ifndef RL_FENCE_H
+#define RL_FENCE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "err.h"
+#include "rconn.h"
+
+enum fence_script { FENCE_TAKE, FENCE_EMIT, FENCE_LEASE, FENCE_N_SCRIPTS };
+
+#define FENCE_HOLDER_MAX 192
+
+struct fence {
+    char sha[FENCE_N_SCRIPTS][41]; /* "" until SCRIPT LOAD answered */
+    bool eval_next;                /* a NOSCRIPT was seen: EVAL in the next flush */
+    bool eval_now;                 /* this flush sends bodies (fence_begin) */
+};
+
+/* SCRIPT LOAD of every script on c (on a cluster, one node: the others
+ * load on their first NOSCRIPT). Returns 0, or an error and leaves the
+ * missing SHA1s empty, which makes fence_cmd send bodies. */
+int fence_load(struct fence *f, struct rconn *c, struct rl_err *err);
+
+/* Called once per flush before any fence_cmd: decides EVAL or EVALSHA
+ * for this flush. */
+void fence_begin(struct fence *f);
+
+/* Fills argv[0..2] with the head of a call of script s with n_keys keys:
+ * EVALSHA <sha> <n> or EVAL <body> <n>. nbuf (>= 12 bytes) holds the
+ * number's text and must live as long as argv. Returns 3. */
+int fence_cmd(const struct fence *f, enum fence_script s, int n_keys, const char **argv,
+              char *nbuf);
+
+/* The reply r answered a fence_cmd: true when it is NOSCRIPT (and the
+ * next flush will EVAL). */
+bool fence_noscript(struct fence *f, const struct rconn_reply *r);
+
+/* FENCE_EMIT's refusal: the caller no longer holds the job. */
+bool fence_is_fenced(const struct rconn_reply *r);
+
+/* This process's holder name: "<worker>/<pid>/<start ms>", unique even
+ * when a worker restarts under the same name. out has FENCE_HOLDER_MAX
+ * bytes. */
+void fence_holder(char *out, const char *worker_name, long long start_ms);
+
+#endif
