@@ -58,9 +58,10 @@ def free_port():
     return port
 
 
-def wait_ping(port, what="redis-server"):
-    """Until the server on port answers PING (4 s at most)."""
-    r = redis.Redis(port=port)
+def wait_ping(port, what="redis-server", username=None, password=None):
+    """Until the server on port answers PING (4 s at most), as username
+    when given (a server whose default user is off)."""
+    r = redis.Redis(port=port, username=username, password=password)
     for _ in range(200):
         try:
             if r.ping():
@@ -422,10 +423,18 @@ def dispatchers(redis_addr, prefix, tmp_path):
 class RedisCluster:
     """A real local Redis Cluster: n_masters masters with one replica each
     (redis-server --cluster-enabled yes on free loopback ports, joined by
-    redis-cli --cluster create), in dir. stop() kills every node."""
+    redis-cli --cluster create), in dir. stop() kills every node.
 
-    def __init__(self, dir, n_masters=3):
+    aclfile: every node loads it (`--aclfile`), and auth = (user, password)
+    of a user in it with every right is how the fixture itself talks to the
+    nodes: redis-cli --cluster create, node(), client(), and the replicas'
+    masteruser/masterauth (their replication link is an ordinary client
+    connection, so an ACL whose default user is off would refuse it; the
+    cluster bus is not). Without them, no ACL: the default user does all."""
+
+    def __init__(self, dir, n_masters=3, aclfile=None, auth=None):
         self.dir = pathlib.Path(dir)
+        self.aclfile, self.auth = aclfile, auth
         self.procs, self.ports = {}, []
         while len(self.ports) < 2 * n_masters:
             p = free_port()
@@ -434,7 +443,8 @@ class RedisCluster:
         try:
             for p in self.ports:
                 self.start_node(p)
-            out = subprocess.run(["redis-cli", "--cluster", "create",
+            login = ["--user", auth[0], "--pass", auth[1], "--no-auth-warning"] if auth else []
+            out = subprocess.run(["redis-cli", *login, "--cluster", "create",
                                   *[f"127.0.0.1:{p}" for p in self.ports],
                                   "--cluster-replicas", "1", "--cluster-yes"],
                                  capture_output=True, text=True, timeout=60)
@@ -463,12 +473,22 @@ class RedisCluster:
             ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d),
              "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
              "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
-             "--logfile", str(d / "redis.log")],
+             "--logfile", str(d / "redis.log"), *self._acl_args()],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_ping(port, f"cluster node {port}")
+        wait_ping(port, f"cluster node {port}", *(self.auth or ()))
+
+    def _acl_args(self):
+        if not self.aclfile:
+            return []
+        return ["--aclfile", str(self.aclfile), "--masteruser", self.auth[0],
+                "--masterauth", self.auth[1]]
+
+    def login(self):
+        """redis-py's username/password keywords of the fixture's user."""
+        return dict(zip(("username", "password"), self.auth)) if self.auth else {}
 
     def node(self, port):
-        return redis.Redis(port=port, decode_responses=True)
+        return redis.Redis(port=port, decode_responses=True, **self.login())
 
     def wait_ok(self, timeout=30):
         """Every running node says cluster_state:ok and agrees on 3 masters."""
@@ -498,11 +518,13 @@ class RedisCluster:
                 return p
         raise RuntimeError(f"no replica of {master_port}")
 
-    def client(self):
-        """A cluster-aware redis-py client."""
+    def client(self, username=None, password=None):
+        """A cluster-aware redis-py client, as username when given, else as
+        the fixture's user."""
         from redis.cluster import ClusterNode, RedisCluster as RC
+        login = dict(username=username, password=password) if username else self.login()
         return RC(startup_nodes=[ClusterNode("127.0.0.1", p) for p in self.ports],
-                  decode_responses=True)
+                  decode_responses=True, **login)
 
     @property
     def seeds(self):

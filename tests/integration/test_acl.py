@@ -391,3 +391,209 @@ def test_http_front_door_as_dispatcher_user(built, acl_redis, tmp_path):
     finally:
         w.stop()
         f.stop()
+
+
+# --- the same file on a Redis Cluster (issue 19) -----------------------------
+# Every node of a 3-master + 3-replica cluster loads the ACL (conftest's
+# RedisCluster with aclfile=); the fixture itself logs in as admin. The
+# queue keys carry the prefix as hash tag ({redlm:}requests, {redlm:}jobs:*,
+# {redlm:}dead), the per-request ones the id (redlm:out:{id}, cancel:{id},
+# tok:{id}, own:{id}): the one file's patterns name both layouts.
+
+@pytest.fixture
+def acl_cluster(tmp_path):
+    from conftest import RedisCluster
+    acl = tmp_path / "users.acl"
+    acl.write_text("\n".join(with_passwords(acl_lines())) + "\n")
+    c = RedisCluster(tmp_path / "cluster", aclfile=acl, auth=("admin", PW["admin"]))
+    yield c
+    c.stop()
+
+
+def cluster_denials(cluster, users):
+    """ACL LOG entries of users on every running node."""
+    return [dict(e, node=p) for p in cluster.running()
+            for e in cluster.node(p).acl_log(count=100) if e["username"] in users]
+
+
+def on_slot(cluster, user, key):
+    """A plain connection as user to the master that serves key: what a
+    role's own cluster client would reach, so a refusal is the ACL's, not
+    a MOVED."""
+    n = cluster.node(cluster.ports[0])
+    slot = n.execute_command("CLUSTER", "KEYSLOT", key)
+    for lo, hi, master, *_ in n.execute_command("CLUSTER", "SLOTS"):
+        if lo <= slot <= hi:
+            return redis.Redis(port=int(master[1]), username=user, password=PW[user],
+                               decode_responses=True)
+    raise AssertionError(f"no master for slot {slot}")
+
+
+def cluster_events(cluster, user, job_id, timeout=60):
+    """The events of job_id read as user from out:{job_id}'s master."""
+    from conftest import stream_events
+    key = f"redlm:out:{{{job_id}}}"
+    return [ev for _, ev in stream_events(on_slot(cluster, user, key), key, timeout)]
+
+
+def test_acl_users_serve_jobs_on_cluster(built, acl_cluster, tmp_path):
+    """The whole path on a cluster with least privilege on every hop: a web
+    backend (user `client`, on the master of each key it touches) enqueues on {redlm:}requests, the dispatcher routes it, the worker
+    answers on out:{id}; a direct pool job, a cancel, a cache replay, a
+    malformed request, a worker killed mid-job and its job taken over, the
+    redlm command as client and monitor. No ACL denial on any node."""
+    from conftest import Dispatcher
+    pw = daemon_passwords(tmp_path)
+    seeds = acl_cluster.seeds
+    admin = acl_cluster.client()
+    client = on_slot(acl_cluster, "client", "{redlm:}requests")
+    disp = ["--redis-user", "dispatcher", "--redis-password-file", str(pw["dispatcher"])]
+    wauth = ["--redis-user", "worker", "--redis-password-file", str(pw["worker"]), *FAST,
+             "--publish-channel"]
+    d = Dispatcher(seeds, "redlm:", "acl-cd", tmp_path,
+                   [*disp, "--model", str(MODEL), "--think-ratio", "0"])
+    a = Worker(seeds, "redlm:", "acl-ca", tmp_path, wauth)
+    b = None
+    try:
+        job = {"prompt_ids": [9, 8, 7], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+        client.xadd("{redlm:}requests", {"job": json.dumps({**job, "id": "r1"})})
+        first = cluster_events(acl_cluster, "client", "r1")
+        assert first[-1]["finish_reason"] == "length" and first[-1]["cached"] is False
+        assert not admin.exists("redlm:out:r1")  # the tagged layout, not the single one
+        # straight to a pool, as the dispatcher user (a deployment that feeds pools)
+        on_slot(acl_cluster, "dispatcher", "{redlm:}jobs:fast").xadd(
+            "{redlm:}jobs:fast", {"job": json.dumps({**job, "prompt_ids": [5, 4], "id": "p1"})})
+        assert cluster_events(acl_cluster, "client", "p1")[-1]["finish_reason"] == "length"
+        # the client's cancel lands in the slot the worker checks
+        on_slot(acl_cluster, "client", "redlm:cancel:{jc}").set("redlm:cancel:{jc}", "1", ex=600)
+        client.xadd("{redlm:}requests",
+                    {"job": json.dumps({**job, "id": "jc", "max_tokens": 50, "cache": False})})
+        assert cluster_events(acl_cluster, "client", "jc")[-1]["finish_reason"] == "cancelled"
+        # token pub/sub on tok:{id}
+        p = on_slot(acl_cluster, "client", "redlm:tok:{js}").pubsub()
+        p.subscribe("redlm:tok:{js}")
+        assert p.get_message(timeout=2)["type"] == "subscribe"
+        client.xadd("{redlm:}requests",
+                    {"job": json.dumps({**job, "id": "js", "prompt_ids": [3, 3], "cache": False})})
+        assert cluster_events(acl_cluster, "client", "js")[-1]["finish_reason"] == "length"
+        deadline, got = time.time() + 10, None
+        while got is None and time.time() < deadline:
+            got = p.get_message(timeout=0.2, ignore_subscribe_messages=True)
+        assert got and got["channel"] == "redlm:tok:{js}", got
+        p.close()
+        # a long job, its worker killed mid-way: another takes it over
+        n_long = 3000
+        client.xadd("{redlm:}requests", {"job": json.dumps(
+            {**job, "id": "jl", "max_tokens": n_long, "cache": False})})
+        deadline = time.time() + 30
+        while time.time() < deadline and admin.xlen("redlm:out:{jl}") < 20:
+            time.sleep(0.005)
+        time.sleep(0.3)  # at least one lease renewal
+        a.kill(signal.SIGKILL)
+        a.wait(10)
+        assert admin.xlen("redlm:out:{jl}") < n_long + 1, "the job ended before the kill"
+        b = Worker(seeds, "redlm:", "acl-cb", tmp_path, wauth)
+        evs = cluster_events(acl_cluster, "client", "jl", timeout=120)
+        assert [e["seq"] for e in evs] == list(range(len(evs)))
+        assert evs[-1]["usage"]["completion_tokens"] == n_long
+        assert "resuming" in b.log_path.read_text()
+        # the dispatcher answers r1's twin from the cache by itself
+        deadline = time.time() + 10
+        while not list(admin.scan_iter(match="redlm:cache:*", target_nodes="primaries")):
+            assert time.time() < deadline, "no cache entry written"
+            time.sleep(0.05)
+        b.stop()
+        client.xadd("{redlm:}requests", {"job": json.dumps({**job, "id": "r2"})})
+        assert cluster_events(acl_cluster, "client", "r2", timeout=20)[-1]["cached"] is True
+        # malformed: error events to the client, a dead letter
+        client.xadd("{redlm:}requests", {"job": '{"id":"bad","prompt_ids":"x"}'})
+        evs = cluster_events(acl_cluster, "client", "bad", timeout=20)
+        assert evs[0]["type"] == "error" and evs[-1]["finish_reason"] == "error"
+        assert admin.xlen("{redlm:}dead") == 1
+
+        def cli(user, *args):
+            pwf = tmp_path / f"{user}.password"
+            pwf.write_text(PW[user])
+            return subprocess.run([str(CLI), *args, "--redis", seeds, "--user", user,
+                                   "--password-file", str(pwf)],
+                                  capture_output=True, text=True, timeout=60)
+        out = cli("client", "enqueue", "--prompt-ids", "9,8,7", "--max-tokens", "6",
+                  "--temperature", "0", "--ignore-eos")
+        assert out.returncode == 0, out.stderr
+        tail = cli("client", "tail", out.stdout.strip(), "--json")
+        assert tail.returncode == 0 and '"cached":true' in tail.stdout.replace(" ", ""), tail
+        assert cli("client", "cancel", "some-id").returncode == 0
+        assert admin.exists("redlm:cancel:{some-id}")
+        st = cli("monitor", "stats", "--json")
+        assert st.returncode == 0, st.stderr
+        s = json.loads(st.stdout)
+        assert s["dead"]["count"] == 1, s
+        pools = {p["name"]: p for p in s["pools"]}
+        assert pools["fast"]["key"] == "{redlm:}jobs:fast", s
+        assert {w["name"] for w in s["workers"]} >= {"acl-cb"}, s
+        d.signal(signal.SIGTERM)
+        assert d.wait(30) == 0
+        consumers = admin.xinfo_consumers("{redlm:}requests", "dispatchers")
+        assert "acl-cd" not in [c["name"] for c in consumers]
+        denied = cluster_denials(acl_cluster, ("worker", "dispatcher", "client", "monitor"))
+        assert denied == [], denied
+    finally:
+        a.stop()
+        if b:
+            b.stop()
+        d.stop()
+
+
+def test_roles_refused_on_cluster(acl_cluster):
+    """Each role, on the master of the key it reaches for, is still refused
+    what is not its part; the default user can do nothing on any node."""
+    for p in acl_cluster.running():
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            redis.Redis(port=p).get("{redlm:}requests")
+    admin = acl_cluster.client()
+    admin.xadd("{redlm:}jobs:fast", {"job": "{}"})
+    admin.set("redlm:worker:w1", "{}")
+
+    def no(user, key, fn, *args, **kw):
+        r = on_slot(acl_cluster, user, key)
+        noperm(getattr(r, fn), key, *args, **kw)
+
+    # client: around the dispatcher, the cache, the dead letters, writing events
+    no("client", "{redlm:}jobs:fast", "xadd", {"job": "{}"})
+    no("client", "{redlm:}jobs:fast", "xrange")
+    no("client", "{redlm:}dead", "xrange")
+    no("client", "redlm:cache:" + "0" * 64, "get")
+    no("client", "redlm:out:{c1}", "xadd", {"event": "{}"})
+    no("client", "{redlm:}requests", "set", "x")
+    noperm(on_slot(acl_cluster, "client", "redlm:cancel:{c1}").execute_command,
+           "SET", "redlm:cancel:{c1}", "1", "GET")
+    # worker: requests, cancels, others' heartbeats; its scripts reach only
+    # its keys, and what a script calls is checked like a direct call
+    no("worker", "{redlm:}requests", "xadd", {"job": "{}"})
+    no("worker", "redlm:cancel:{x}", "set", "1")
+    no("worker", "redlm:worker:w1", "get")
+    no("worker", "redlm:own:{x}", "set", "1")
+    w = on_slot(acl_cluster, "worker", "{redlm:}requests")
+    noperm(w.eval, "return 1", 1, "{redlm:}requests")
+    wo = on_slot(acl_cluster, "worker", "redlm:own:{x}")
+    with pytest.raises(redis.exceptions.ResponseError, match="can't run this command"):
+        wo.eval("return redis.call('DEL', KEYS[1])", 1, "redlm:own:{x}")
+    assert wo.eval("return redis.call('HSET', KEYS[1], 'holder', 'w')", 1, "redlm:own:{x}") == 1
+    # dispatcher: consuming jobs, writing the cache, reading cancels, scripts
+    noperm(on_slot(acl_cluster, "dispatcher", "{redlm:}jobs:fast").xreadgroup,
+           "workers", "x", {"{redlm:}jobs:fast": ">"})
+    no("dispatcher", "redlm:cache:" + "0" * 64, "set", "[]")
+    no("dispatcher", "redlm:cancel:{x}", "get")
+    noperm(on_slot(acl_cluster, "dispatcher", "redlm:out:{x}").eval, "return 1", 1,
+           "redlm:out:{x}")
+    # monitor: read-only, and no out:*, cache:* or cancel:*
+    no("monitor", "{redlm:}jobs:fast", "xadd", {"job": "{}"})
+    no("monitor", "redlm:out:{x}", "xrange")
+    no("monitor", "redlm:cancel:{x}", "get")
+    no("monitor", "redlm:worker:w1", "set", "{}")
+    # nobody but admin reconfigures the cluster
+    for u in ("worker", "dispatcher", "client", "monitor"):
+        r = on_slot(acl_cluster, u, "x")
+        noperm(r.execute_command, "CLUSTER", "FAILOVER")
+        noperm(r.execute_command, "CLUSTER", "NODES")
+        noperm(r.flushall)
