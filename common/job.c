@@ -34,6 +34,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -331,6 +332,22 @@ static int get_string(const cJSON *v, const char *path, size_t min, size_t max,
     return 0;
 }
 
+/* An array of lo..hi items: of says what it holds in the type error
+ * ("message objects"), items what it counts in the range error
+ * ("messages"). *n gets the size. */
+static int get_array(const cJSON *v, const char *path, const char *of, const char *items, int lo,
+                     int hi, int *n, struct job_fault *f, struct rl_err *err)
+{
+    set_field(f, path);
+    if (!cJSON_IsArray(v))
+        return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an array of %s", path, of);
+    *n = cJSON_GetArraySize(v);
+    if (*n < lo || *n > hi)
+        return bad(f, err, EV_CODE_OUT_OF_RANGE, "%s: %d %s is out of range [%d, %d]", path, *n,
+                   items, lo, hi);
+    return 0;
+}
+
 /* Rejects a member name seen twice in obj; also checks each name against
  * allowed (NULL-terminated list) when allowed is non-NULL. */
 static int check_members(const cJSON *obj, const char *path, const char *const *allowed,
@@ -363,21 +380,45 @@ static const cJSON *member(const cJSON *o, const char *k)
     return cJSON_GetObjectItemCaseSensitive(o, k);
 }
 
-/* obj's member key: required, a string of min..max bytes. path gets
- * base.key, which the caller's later errors about the value name too. */
-static int get_required_string(const cJSON *obj, const char *base, const char *key, size_t min,
+/* obj's member key, when present, a string of min..max bytes: path gets
+ * base.key (which the caller's later errors about the value name too) and
+ * *out the string; when absent, *out is NULL and the fault is untouched. */
+static int get_optional_string(const cJSON *obj, const char *base, const char *key, size_t min,
                                size_t max, char path[JOB_FIELD_MAX], const char **out,
                                struct job_fault *f, struct rl_err *err)
 {
     char suffix[72];
     snprintf(suffix, sizeof suffix, ".%s", key);
     sub(path, base, suffix);
+    *out = NULL;
     const cJSON *v = member(obj, key);
-    if (!v) {
+    return v ? get_string(v, path, min, max, out, f, err) : 0;
+}
+
+/* obj's member key: required, a string of min..max bytes, with path as
+ * get_optional_string fills it. */
+static int get_required_string(const cJSON *obj, const char *base, const char *key, size_t min,
+                               size_t max, char path[JOB_FIELD_MAX], const char **out,
+                               struct job_fault *f, struct rl_err *err)
+{
+    int rc = get_optional_string(obj, base, key, min, max, path, out, f, err);
+    if (!rc && !*out) {
         set_field(f, path);
         return bad(f, err, EV_CODE_MISSING_FIELD, "%s: required", path);
     }
-    return get_string(v, path, min, max, out, f, err);
+    return rc;
+}
+
+/* One entry of an array of objects: path p gets base[i], and the entry
+ * must be an object whose members are among keys, each once. */
+static int check_entry(const cJSON *o, const char *base, int i, const char *const *keys,
+                       char p[JOB_FIELD_MAX], struct job_fault *f, struct rl_err *err)
+{
+    subi(p, base, i);
+    set_field(f, p);
+    if (!cJSON_IsObject(o))
+        return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", p);
+    return check_members(o, p, keys, f, err);
 }
 
 /* A text content part list: [{"type": "text", "text": "..."}]. */
@@ -396,11 +437,7 @@ static int check_content(const cJSON *c, const char *path, bool may_be_null,
     static const char *const part_keys[] = {"type", "text", NULL};
     int i = 0;
     for (const cJSON *part = c->child; part; part = part->next, i++) {
-        subi(p, path, i);
-        set_field(f, p);
-        if (!cJSON_IsObject(part))
-            return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", p);
-        int rc = check_members(part, p, part_keys, f, err);
+        int rc = check_entry(part, path, i, part_keys, p, f, err);
         if (rc)
             return rc;
         char q[JOB_FIELD_MAX];
@@ -429,18 +466,12 @@ static int check_function_entry(const cJSON *o, const char *p, bool type_require
     char q[JOB_FIELD_MAX];
     const char *s;
     int rc;
-    if (type_required || member(o, "type")) {
-        if (type_required)
-            rc = get_required_string(o, p, "type", 0, 64, q, &s, f, err);
-        else {
-            sub(q, p, ".type");
-            rc = get_string(member(o, "type"), q, 0, 64, &s, f, err);
-        }
-        if (rc)
-            return rc;
-        if (strcmp(s, "function"))
-            return bad(f, err, EV_CODE_BAD_VALUE, "%s: must be \"function\"", q);
-    }
+    rc = (type_required ? get_required_string : get_optional_string)(o, p, "type", 0, 64, q, &s,
+                                                                    f, err);
+    if (rc)
+        return rc;
+    if (s && strcmp(s, "function"))
+        return bad(f, err, EV_CODE_BAD_VALUE, "%s: must be \"function\"", q);
     *fn = member(o, "function");
     sub(fpath, p, ".function");
     set_field(f, fpath);
@@ -469,17 +500,9 @@ static int check_tool_calls(const cJSON *tc, const char *path, struct job_fault 
         return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an array", path);
     int i = 0;
     for (const cJSON *c = tc->child; c; c = c->next, i++) {
-        subi(p, path, i);
-        set_field(f, p);
-        if (!cJSON_IsObject(c))
-            return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", p);
-        if ((rc = check_members(c, p, call_keys, f, err)))
+        if ((rc = check_entry(c, path, i, call_keys, p, f, err)) ||
+            (rc = get_optional_string(c, p, "id", 0, 256, q, &s, f, err)))
             return rc;
-        if (member(c, "id")) {
-            sub(q, p, ".id");
-            if ((rc = get_string(member(c, "id"), q, 0, 256, &s, f, err)))
-                return rc;
-        }
         const cJSON *fn;
         if ((rc = check_function_entry(c, p, false, fn_keys, 256, &fn, q, f, err)))
             return rc;
@@ -502,23 +525,14 @@ static int check_messages(const cJSON *m, struct job_fault *f, struct rl_err *er
     static const char *const roles[] = {"system", "developer", "user", "assistant", "tool", NULL};
     char p[JOB_FIELD_MAX], q[JOB_FIELD_MAX];
     const char *s;
-    int rc;
-    set_field(f, "messages");
-    if (!cJSON_IsArray(m))
-        return bad(f, err, EV_CODE_BAD_TYPE, "messages: must be an array of message objects");
-    int n = cJSON_GetArraySize(m);
-    if (n < 1 || n > JOB_MESSAGES_MAX)
-        return bad(f, err, EV_CODE_OUT_OF_RANGE, "messages: %d messages is out of range [1, %d]",
-                   n, JOB_MESSAGES_MAX);
+    int n, rc = get_array(m, "messages", "message objects", "messages", 1, JOB_MESSAGES_MAX, &n,
+                          f, err);
+    if (rc)
+        return rc;
     int i = 0;
     for (const cJSON *msg = m->child; msg; msg = msg->next, i++) {
-        snprintf(p, sizeof p, "messages[%d]", i);
-        set_field(f, p);
-        if (!cJSON_IsObject(msg))
-            return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", p);
-        if ((rc = check_members(msg, p, msg_keys, f, err)))
-            return rc;
-        if ((rc = get_required_string(msg, p, "role", 0, 64, q, &s, f, err)))
+        if ((rc = check_entry(msg, "messages", i, msg_keys, p, f, err)) ||
+            (rc = get_required_string(msg, p, "role", 0, 64, q, &s, f, err)))
             return rc;
         int ok = 0;
         for (int k = 0; roles[k] && !ok; k++)
@@ -535,11 +549,8 @@ static int check_messages(const cJSON *m, struct job_fault *f, struct rl_err *er
         }
         if (member(msg, "content") && (rc = check_content(member(msg, "content"), q, assistant, f, err)))
             return rc;
-        if (member(msg, "name")) {
-            sub(q, p, ".name");
-            if ((rc = get_string(member(msg, "name"), q, 1, 256, &s, f, err)))
-                return rc;
-        }
+        if ((rc = get_optional_string(msg, p, "name", 1, 256, q, &s, f, err)))
+            return rc;
         if (tc) {
             sub(q, p, ".tool_calls");
             if (!assistant) {
@@ -549,18 +560,12 @@ static int check_messages(const cJSON *m, struct job_fault *f, struct rl_err *er
             if ((rc = check_tool_calls(tc, q, f, err)))
                 return rc;
         }
-        if (member(msg, "tool_call_id")) {
-            sub(q, p, ".tool_call_id");
-            if ((rc = get_string(member(msg, "tool_call_id"), q, 0, 256, &s, f, err)))
-                return rc;
-            if (!tool)
-                return bad(f, err, EV_CODE_BAD_VALUE, "%s: only tool messages carry tool_call_id", q);
-        }
-        if (member(msg, "reasoning_content")) {
-            sub(q, p, ".reasoning_content");
-            if ((rc = get_string(member(msg, "reasoning_content"), q, 0, SIZE_MAX, &s, f, err)))
-                return rc;
-        }
+        if ((rc = get_optional_string(msg, p, "tool_call_id", 0, 256, q, &s, f, err)))
+            return rc;
+        if (s && !tool)
+            return bad(f, err, EV_CODE_BAD_VALUE, "%s: only tool messages carry tool_call_id", q);
+        if ((rc = get_optional_string(msg, p, "reasoning_content", 0, SIZE_MAX, q, &s, f, err)))
+            return rc;
     }
     return 0;
 }
@@ -571,31 +576,17 @@ static int check_tools(const cJSON *t, struct job_fault *f, struct rl_err *err)
     static const char *const fn_keys[] = {"name", "description", "parameters", "strict", NULL};
     char p[JOB_FIELD_MAX], q[JOB_FIELD_MAX];
     const char *s;
-    int rc;
-    set_field(f, "tools");
-    if (!cJSON_IsArray(t))
-        return bad(f, err, EV_CODE_BAD_TYPE, "tools: must be an array of tool objects");
-    int n = cJSON_GetArraySize(t);
-    if (n > JOB_TOOLS_MAX)
-        return bad(f, err, EV_CODE_OUT_OF_RANGE, "tools: %d tools is out of range [0, %d]", n,
-                   JOB_TOOLS_MAX);
+    int n, rc = get_array(t, "tools", "tool objects", "tools", 0, JOB_TOOLS_MAX, &n, f, err);
+    if (rc)
+        return rc;
     int i = 0;
     for (const cJSON *tool = t->child; tool; tool = tool->next, i++) {
-        snprintf(p, sizeof p, "tools[%d]", i);
-        set_field(f, p);
-        if (!cJSON_IsObject(tool))
-            return bad(f, err, EV_CODE_BAD_TYPE, "%s: must be an object", p);
-        if ((rc = check_members(tool, p, tool_keys, f, err)))
-            return rc;
         const cJSON *fn;
-        if ((rc = check_function_entry(tool, p, true, fn_keys, 64, &fn, q, f, err)))
-            return rc;
         char r[JOB_FIELD_MAX];
-        if (member(fn, "description")) {
-            sub(r, q, ".description");
-            if ((rc = get_string(member(fn, "description"), r, 0, SIZE_MAX, &s, f, err)))
-                return rc;
-        }
+        if ((rc = check_entry(tool, "tools", i, tool_keys, p, f, err)) ||
+            (rc = check_function_entry(tool, p, true, fn_keys, 64, &fn, q, f, err)) ||
+            (rc = get_optional_string(fn, q, "description", 0, SIZE_MAX, r, &s, f, err)))
+            return rc;
         if (member(fn, "parameters")) {
             sub(r, q, ".parameters");
             set_field(f, r);
@@ -756,10 +747,9 @@ static int take_stop(struct job *j, const cJSON *v, struct job_fault *f, struct 
             return rc;
         items[n++] = v;
     } else if (cJSON_IsArray(v)) {
-        int sz = cJSON_GetArraySize(v);
-        if (sz > JOB_STOP_MAX)
-            return bad(f, err, EV_CODE_OUT_OF_RANGE, "stop: %d strings is out of range [0, %d]",
-                       sz, JOB_STOP_MAX);
+        int sz; /* an array: only the size can be wrong */
+        if ((rc = get_array(v, "stop", "strings", "strings", 0, JOB_STOP_MAX, &sz, f, err)))
+            return rc;
         for (const cJSON *it = v->child; it; it = it->next, n++) {
             snprintf(p, sizeof p, "stop[%d]", n);
             if ((rc = get_string(it, p, 1, JOB_STOP_LEN_MAX, &one[0], f, err)))
@@ -785,13 +775,9 @@ static int take_prompt_ids(struct job *j, const cJSON *v, const struct job_opts 
                            struct job_fault *f, struct rl_err *err)
 {
     char p[JOB_FIELD_MAX];
-    set_field(f, "prompt_ids");
-    if (!cJSON_IsArray(v))
-        return bad(f, err, EV_CODE_BAD_TYPE, "prompt_ids: must be an array of integers");
-    int n = cJSON_GetArraySize(v);
-    if (n < 1 || n > o->max_prompt_ids)
-        return bad(f, err, EV_CODE_OUT_OF_RANGE, "prompt_ids: %d ids is out of range [1, %d]", n,
-                   o->max_prompt_ids);
+    int n, rc = get_array(v, "prompt_ids", "integers", "ids", 1, o->max_prompt_ids, &n, f, err);
+    if (rc)
+        return rc;
     j->prompt_ids = malloc(sizeof(int32_t) * (size_t)n);
     if (!j->prompt_ids)
         return -RL_ENOMEM;
@@ -799,7 +785,7 @@ static int take_prompt_ids(struct job *j, const cJSON *v, const struct job_opts 
     for (const cJSON *it = v->child; it; it = it->next, i++) {
         double x;
         snprintf(p, sizeof p, "prompt_ids[%d]", i);
-        int rc = get_integer(it, p, 0, INT32_MAX, &x, f, err);
+        rc = get_integer(it, p, 0, INT32_MAX, &x, f, err);
         if (rc)
             return rc;
         j->prompt_ids[i] = (int32_t)x;
@@ -959,6 +945,62 @@ static int check_constraint(struct job *j, struct job_fault *f, struct rl_err *e
     return 0;
 }
 
+/* The sampling numbers: bounds (hi closed, lo open or closed), the double
+ * of struct job each fills and the flag that records it was given. */
+static const struct {
+    enum kind kind;
+    double lo, hi;
+    bool lo_open;
+    size_t off;
+    unsigned flag;
+} num_fields[] = {
+    {K_TEMPERATURE, 0, 2, false, offsetof(struct job, temperature), JOB_F_TEMPERATURE},
+    {K_TOP_P, 0, 1, true, offsetof(struct job, top_p), JOB_F_TOP_P},
+    {K_MIN_P, 0, 1, false, offsetof(struct job, min_p), JOB_F_MIN_P},
+    {K_PRESENCE, -2, 2, false, offsetof(struct job, presence_penalty), JOB_F_PRESENCE},
+    {K_FREQUENCY, -2, 2, false, offsetof(struct job, frequency_penalty), JOB_F_FREQUENCY},
+    {K_REPETITION, 0, 2, true, offsetof(struct job, repetition_penalty), JOB_F_REPETITION},
+};
+
+/* One of num_fields' members into j; recorded as given even when refused,
+ * as the job is then freed anyway. */
+static int take_number(struct job *j, enum kind k, const cJSON *v, struct job_fault *f,
+                       struct rl_err *err)
+{
+    for (size_t i = 0; i < sizeof num_fields / sizeof num_fields[0]; i++) {
+        if (num_fields[i].kind != k)
+            continue;
+        double *out = (double *)((char *)j + num_fields[i].off);
+        int rc = get_number(v, v->string, num_fields[i].lo, num_fields[i].hi,
+                            num_fields[i].lo_open, out, f, err);
+        j->given |= num_fields[i].flag;
+        return rc;
+    }
+    return rl_errf(err, RL_EINTERNAL, "job: %s is not a number member", v->string);
+}
+
+/* An integer member of lo..hi into *out, recorded as given (flag). */
+static int take_int(struct job *j, const cJSON *v, double lo, double hi, int *out,
+                    unsigned flag, struct job_fault *f, struct rl_err *err)
+{
+    double x;
+    int rc = get_integer(v, v->string, lo, hi, &x, f, err);
+    if (rc)
+        return rc;
+    *out = (int)x;
+    j->given |= flag;
+    return 0;
+}
+
+/* Copies a checked id, model or pool name s (which fits dst) into dst,
+ * recorded as given (flag). Returns 0. */
+static int keep_name(struct job *j, char *dst, const char *s, unsigned flag)
+{
+    memcpy(dst, s, strlen(s) + 1);
+    j->given |= flag;
+    return 0;
+}
+
 /* Takes one top-level member into j. */
 static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opts *o,
                 struct job_fault *f, struct rl_err *err)
@@ -980,9 +1022,7 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
             if (!id_char(*c, false))
                 return bad(f, err, EV_CODE_BAD_ID,
                            "id: character %d is not one of [A-Za-z0-9_.:-]", (int)(c - s));
-        memcpy(j->id, s, strlen(s) + 1);
-        j->given |= JOB_F_ID;
-        return 0;
+        return keep_name(j, j->id, s, JOB_F_ID);
     case K_MODEL:
         if ((rc = get_string(v, "model", 1, JOB_MODEL_MAX, &s, f, err)))
             return rc;
@@ -990,18 +1030,14 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
             return bad(f, err, EV_CODE_BAD_VALUE,
                        "model: \"%.128s\" is not a model name ([A-Za-z0-9._:/-], not starting "
                        "with '/' or '.')", s);
-        memcpy(j->model, s, strlen(s) + 1);
-        j->given |= JOB_F_MODEL;
-        return 0;
+        return keep_name(j, j->model, s, JOB_F_MODEL);
     case K_POOL:
         if ((rc = get_string(v, "pool", 1, JOB_POOL_MAX, &s, f, err)))
             return rc;
         for (const char *c = s; *c; c++)
             if (!id_char(*c, true))
                 return bad(f, err, EV_CODE_BAD_VALUE, "pool: \"%.64s\" is not [A-Za-z0-9_-]", s);
-        memcpy(j->pool, s, strlen(s) + 1);
-        j->given |= JOB_F_POOL;
-        return 0;
+        return keep_name(j, j->pool, s, JOB_F_POOL);
     case K_MESSAGES:
         if ((rc = check_messages(v, f, err)))
             return rc;
@@ -1039,41 +1075,16 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
         j->given |= JOB_F_MODE;
         return 0;
     case K_MAX_TOKENS:
-        if ((rc = get_integer(v, name, 1, o->max_max_tokens, &x, f, err)))
-            return rc;
-        j->max_tokens = (int)x;
-        j->given |= JOB_F_MAX_TOKENS;
-        return 0;
+        return take_int(j, v, 1, o->max_max_tokens, &j->max_tokens, JOB_F_MAX_TOKENS, f, err);
     case K_TEMPERATURE:
-        rc = get_number(v, name, 0, 2, false, &j->temperature, f, err);
-        j->given |= JOB_F_TEMPERATURE;
-        return rc;
     case K_TOP_P:
-        rc = get_number(v, name, 0, 1, true, &j->top_p, f, err);
-        j->given |= JOB_F_TOP_P;
-        return rc;
-    case K_TOP_K:
-        if ((rc = get_integer(v, name, 0, 1000000, &x, f, err)))
-            return rc;
-        j->top_k = (int)x;
-        j->given |= JOB_F_TOP_K;
-        return 0;
     case K_MIN_P:
-        rc = get_number(v, name, 0, 1, false, &j->min_p, f, err);
-        j->given |= JOB_F_MIN_P;
-        return rc;
     case K_PRESENCE:
-        rc = get_number(v, name, -2, 2, false, &j->presence_penalty, f, err);
-        j->given |= JOB_F_PRESENCE;
-        return rc;
     case K_FREQUENCY:
-        rc = get_number(v, name, -2, 2, false, &j->frequency_penalty, f, err);
-        j->given |= JOB_F_FREQUENCY;
-        return rc;
     case K_REPETITION:
-        rc = get_number(v, name, 0, 2, true, &j->repetition_penalty, f, err);
-        j->given |= JOB_F_REPETITION;
-        return rc;
+        return take_number(j, k, v, f, err);
+    case K_TOP_K:
+        return take_int(j, v, 0, 1000000, &j->top_k, JOB_F_TOP_K, f, err);
     case K_SEED:
         if ((rc = get_integer(v, name, 0, MAX_SAFE_INT, &x, f, err)))
             return rc;
@@ -1088,11 +1099,7 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
         j->given |= JOB_F_IGNORE_EOS;
         return get_bool(v, name, &j->ignore_eos, f, err);
     case K_MAX_THINKING:
-        if ((rc = get_integer(v, name, 0, o->max_max_tokens, &x, f, err)))
-            return rc;
-        j->max_thinking_tokens = (int)x;
-        j->given |= JOB_F_MAX_THINKING;
-        return 0;
+        return take_int(j, v, 0, o->max_max_tokens, &j->max_thinking_tokens, JOB_F_MAX_THINKING, f, err);
     case K_LOGPROBS:
         set_field(f, "logprobs");
         j->given |= JOB_F_LOGPROBS;
@@ -1107,11 +1114,7 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
         j->logprobs = (int)x;
         return 0;
     case K_PRIORITY:
-        if ((rc = get_integer(v, name, -1000, 1000, &x, f, err)))
-            return rc;
-        j->priority = (int)x;
-        j->given |= JOB_F_PRIORITY;
-        return 0;
+        return take_int(j, v, -1000, 1000, &j->priority, JOB_F_PRIORITY, f, err);
     case K_DEADLINE:
         if ((rc = get_integer(v, name, 0, MAX_SAFE_INT, &x, f, err)))
             return rc;
@@ -1138,11 +1141,7 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
             return -RL_ENOMEM;
         return 0;
     case K_STREAM_TTL:
-        if ((rc = get_integer(v, name, 1, o->max_stream_ttl_s, &x, f, err)))
-            return rc;
-        j->stream_ttl_s = (int)x;
-        j->given |= JOB_F_STREAM_TTL;
-        return 0;
+        return take_int(j, v, 1, o->max_stream_ttl_s, &j->stream_ttl_s, JOB_F_STREAM_TTL, f, err);
     case K_METADATA:
         set_field(f, "metadata");
         if (!cJSON_IsObject(v))
@@ -1444,50 +1443,50 @@ int job_to_json(const struct job *j, char **out, struct rl_err *err)
         ADD(cJSON_AddStringToObject(o, "mode", j->mode == JOB_MODE_THINK      ? "think"
                                                : j->mode == JOB_MODE_AUTO ? "auto"
                                                                           : "no_think"));
-    if (j->given & JOB_F_MAX_TOKENS)
-        ADD(add_num(o, "max_tokens", j->max_tokens));
-    if (j->given & JOB_F_TEMPERATURE)
-        ADD(add_num(o, "temperature", j->temperature));
-    if (j->given & JOB_F_TOP_P)
-        ADD(add_num(o, "top_p", j->top_p));
-    if (j->given & JOB_F_TOP_K)
-        ADD(add_num(o, "top_k", j->top_k));
-    if (j->given & JOB_F_MIN_P)
-        ADD(add_num(o, "min_p", j->min_p));
-    if (j->given & JOB_F_PRESENCE)
-        ADD(add_num(o, "presence_penalty", j->presence_penalty));
-    if (j->given & JOB_F_FREQUENCY)
-        ADD(add_num(o, "frequency_penalty", j->frequency_penalty));
-    if (j->given & JOB_F_REPETITION)
-        ADD(add_num(o, "repetition_penalty", j->repetition_penalty));
-    if (j->has_seed)
-        ADD(add_num(o, "seed", (double)j->seed));
-    if (j->given & JOB_F_STOP) {
-        cJSON *a = cJSON_AddArrayToObject(o, "stop");
-        ADD(a);
-        for (int i = 0; i < j->n_stop; i++)
-            ADD(cJSON_AddItemToArray(a, cJSON_CreateString(j->stop[i])));
+    /* the scalars in the order job_parse's table lists them: 'n' a number,
+     * 'b' a bool, 'l' false when negative else a number (logprobs), 's'
+     * the stop list; on says whether the job gave it */
+#define GIVEN(bit) ((j->given & (bit)) != 0)
+    const struct {
+        bool on;
+        char type;
+        const char *k;
+        double x;
+    } scalars[] = {
+        {GIVEN(JOB_F_MAX_TOKENS), 'n', "max_tokens", j->max_tokens},
+        {GIVEN(JOB_F_TEMPERATURE), 'n', "temperature", j->temperature},
+        {GIVEN(JOB_F_TOP_P), 'n', "top_p", j->top_p}, {GIVEN(JOB_F_TOP_K), 'n', "top_k", j->top_k},
+        {GIVEN(JOB_F_MIN_P), 'n', "min_p", j->min_p},
+        {GIVEN(JOB_F_PRESENCE), 'n', "presence_penalty", j->presence_penalty},
+        {GIVEN(JOB_F_FREQUENCY), 'n', "frequency_penalty", j->frequency_penalty},
+        {GIVEN(JOB_F_REPETITION), 'n', "repetition_penalty", j->repetition_penalty},
+        {j->has_seed, 'n', "seed", (double)j->seed}, {GIVEN(JOB_F_STOP), 's', "stop", 0},
+        {GIVEN(JOB_F_IGNORE_EOS), 'b', "ignore_eos", j->ignore_eos},
+        {GIVEN(JOB_F_MAX_THINKING), 'n', "max_thinking_tokens", j->max_thinking_tokens},
+        {GIVEN(JOB_F_LOGPROBS), 'l', "logprobs", j->logprobs},
+        {GIVEN(JOB_F_PRIORITY), 'n', "priority", j->priority},
+        {GIVEN(JOB_F_DEADLINE), 'n', "deadline_ms", (double)j->deadline_ms},
+        {GIVEN(JOB_F_CACHE), 'b', "cache", j->cache},
+        {GIVEN(JOB_F_STREAM_TTL), 'n', "stream_ttl_s", j->stream_ttl_s},
+        {GIVEN(JOB_F_SPECULATIVE), 'b', "speculative", j->speculative},
+    };
+#undef GIVEN
+    for (size_t i = 0; i < sizeof scalars / sizeof scalars[0]; i++) {
+        const char *k = scalars[i].k;
+        double x = scalars[i].x;
+        if (!scalars[i].on)
+            continue;
+        if (scalars[i].type == 'b' || (scalars[i].type == 'l' && x < 0)) {
+            ADD(cJSON_AddBoolToObject(o, k, x > 0));
+        } else if (scalars[i].type == 's') {
+            cJSON *a = cJSON_AddArrayToObject(o, k);
+            ADD(a);
+            for (int s = 0; s < j->n_stop; s++)
+                ADD(cJSON_AddItemToArray(a, cJSON_CreateString(j->stop[s])));
+        } else {
+            ADD(add_num(o, k, x));
+        }
     }
-    if (j->given & JOB_F_IGNORE_EOS)
-        ADD(cJSON_AddBoolToObject(o, "ignore_eos", j->ignore_eos));
-    if (j->given & JOB_F_MAX_THINKING)
-        ADD(add_num(o, "max_thinking_tokens", j->max_thinking_tokens));
-    if (j->given & JOB_F_LOGPROBS) {
-        if (j->logprobs < 0)
-            ADD(cJSON_AddFalseToObject(o, "logprobs"));
-        else
-            ADD(add_num(o, "logprobs", j->logprobs));
-    }
-    if (j->given & JOB_F_PRIORITY)
-        ADD(add_num(o, "priority", j->priority));
-    if (j->given & JOB_F_DEADLINE)
-        ADD(add_num(o, "deadline_ms", (double)j->deadline_ms));
-    if (j->given & JOB_F_CACHE)
-        ADD(cJSON_AddBoolToObject(o, "cache", j->cache));
-    if (j->given & JOB_F_STREAM_TTL)
-        ADD(add_num(o, "stream_ttl_s", j->stream_ttl_s));
-    if (j->given & JOB_F_SPECULATIVE)
-        ADD(cJSON_AddBoolToObject(o, "speculative", j->speculative));
     /* the members kept as given */
     const struct {
         const char *k;

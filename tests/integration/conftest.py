@@ -544,3 +544,25 @@ def redis_cluster(tmp_path):
     c = RedisCluster(tmp_path / "cluster")
     yield c
     c.stop()
+
+
+def kill_mid_generation(client, worker, jobs, consumer="wa", pool="fast", min_events=5,
+                        min_jobs=2, timeout=20):
+    """Waits (up to timeout) until the consumer holds pending entries on the
+    pool and at least min_jobs of jobs have min_events events out, so that
+    the kill lands with the consumer in the middle of its jobs; then kills
+    worker with SIGKILL and reaps it. Returns the ids of the jobs that were
+    mid-generation at the kill."""
+    key = f"{client.prefix}jobs:{pool}"
+    deadline = time.time() + timeout
+    mid = []
+    while time.time() < deadline:
+        pend = client.r.xpending_range(key, "workers", "-", "+", 100, consumername=consumer)
+        mid = [j["id"] for j in jobs
+               if client.r.xlen(f"{client.prefix}out:{j['id']}") >= min_events]
+        if pend and len(mid) >= min_jobs:
+            break
+        time.sleep(0.01)
+    worker.kill(signal.SIGKILL)
+    worker.wait(10)
+    return mid

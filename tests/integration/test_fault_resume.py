@@ -190,10 +190,10 @@ def aof_redis(tmp_path):
     srv.stop()
 
 
-def start_mixed(workers, srv, prefix, tmp_path, seed, tag, a_flags=(), b_flags=()):
+def start_mixed(workers, srv, prefix, tmp_path, seed, tag, a_flags=(), b_flags=(), wait=True):
     """Workers wa and wb on srv, 27 mixed jobs, their uninterrupted
-    reference, all submitted, and a wait until wa holds some of them in
-    mid-generation: (client, wa, wb, jobs, ref)."""
+    reference, all submitted, and (with wait) a wait until wa holds some of
+    them in mid-generation: (client, wa, wb, jobs, ref)."""
     client = Client(srv.addr, prefix)
     a = workers("wa", *FAST_CLAIM, *a_flags, addr=srv.addr)
     b = workers("wb", *FAST_CLAIM, *b_flags, addr=srv.addr)
@@ -201,16 +201,52 @@ def start_mixed(workers, srv, prefix, tmp_path, seed, tag, a_flags=(), b_flags=(
     entries = plan_entries(jobs)
     ref = reference(jobs, tmp_path, entries)
     submit_all(client, jobs, entries)
-    wait_streams(client, jobs, who="wa", n=6)
+    if wait:
+        wait_streams(client, jobs, who="wa", n=6)
     return client, a, b, jobs, ref
 
 
+def wait_sampled_mid_generation(client, jobs, who="wa", min_tokens=2, timeout=120):
+    """Waits, reading the events in Redis rather than the clock, until who
+    holds (as a pending entry of the pool) a non-greedy job that has
+    published at least min_tokens tokens, no done, and at least half its
+    max_tokens still to go, so that a kill that follows at once lands in the
+    middle of that job whatever the load. Returns its id; fails the test
+    when no such moment comes within timeout."""
+    key = f"{client.prefix}jobs:fast"
+    entry_of = {json.loads(f["job"])["id"]: eid for eid, f in client.r.xrange(key)}
+    deadline = time.time() + timeout
+    seen = {}
+    while time.time() < deadline:
+        held = {p["message_id"] for p in client.r.xpending_range(key, "workers", "-", "+", 100,
+                                                                 consumername=who)}
+        for kind, j in jobs:
+            if kind == "greedy" or entry_of.get(j["id"]) not in held:
+                continue
+            evs = [json.loads(f["event"]) for _, f in
+                   client.r.xrange(f"{client.prefix}out:{j['id']}")]
+            n = sum(len(ev["token_ids"]) for ev in evs if ev["type"] == "delta")
+            done = any(ev["type"] == "done" for ev in evs)
+            seen[j["id"]] = (n, done)
+            if not done and min_tokens <= n <= j["max_tokens"] // 2:
+                return j["id"]
+        time.sleep(0.01)
+    raise AssertionError(f"{who} never held a sampled job mid-generation within {timeout}s: "
+                         f"(tokens, done) of the jobs it held: {seen}")
+
+
 def test_kill9_mixed_sampling_token_exact(workers, prefix, event_validator, tmp_path, aof_redis):
-    client, a, b, jobs, ref = start_mixed(workers, aof_redis, prefix, tmp_path, 1401, "k")
+    client, a, b, jobs, ref = start_mixed(workers, aof_redis, prefix, tmp_path, 1401, "k",
+                                          wait=False)
+    # the kill moment comes from the events in Redis, not from elapsed
+    # time: under load a timed wait could kill wa before any sampled job
+    # of its own had a token out, or after they were all done
+    victim = wait_sampled_mid_generation(client, jobs)
     a.kill(signal.SIGKILL)
     a.wait(10)
     audit(client, jobs, ref, event_validator, [b])
-    hit_mid_generation(jobs, resume_points(b))
+    hit = hit_mid_generation(jobs, resume_points(b))
+    assert any(h.startswith(f"{victim}=") for h in hit), (victim, hit)
     assert client.r.xpending(f"{prefix}jobs:fast", "workers")["pending"] == 0
 
 

@@ -2,10 +2,8 @@
 real scheduler, KV cache, sampler and protocol, deterministic from prompt +
 seed, decodable by the Qwen3 tokenizer, and a kill -9 mid-generation resumes
 token-exact on another sim worker."""
-import signal
-import time
 
-from conftest import QWEN3_TOKENIZER, check_stream, greedy_jobs, run_threads
+from conftest import QWEN3_TOKENIZER, check_stream, greedy_jobs, kill_mid_generation, run_threads
 
 SIM = ["--backend", "sim", "--sim-profile", "h200", "--sim-model", "qwen3-14b",
        "--model", str(QWEN3_TOKENIZER), "--no-result-cache"]
@@ -54,16 +52,7 @@ def test_sim_kill9_resume_token_exact(workers, client, event_validator):
     jobs = seeded(12, "k", (300, 400))
     for j in jobs:
         client.submit(j)
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        mid = [j for j in jobs if client.r.xlen(f"{client.prefix}out:{j['id']}") >= 5]
-        pend = client.r.xpending_range(f"{client.prefix}jobs:fast", "workers", "-", "+", 100,
-                                       consumername="wa")
-        if pend and len(mid) >= 2:
-            break
-        time.sleep(0.01)
-    a.kill(signal.SIGKILL)
-    a.wait(10)
+    kill_mid_generation(client, a, jobs)
     streams = run_threads(lambda j: client.events(j["id"], timeout=60), jobs, 16)
     got = [check_stream(evs, event_validator)[0] for evs in streams]
     assert got == want

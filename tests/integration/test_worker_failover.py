@@ -5,11 +5,11 @@ greedy outputs equal an uninterrupted `redlm run --batch`.
 Claim times are short (flags) so that the takeover happens within a
 second or two.
 """
-import signal
 import time
 import urllib.request
 
-from conftest import (RedisServer, Client, check_stream, free_port, greedy_jobs, reference,
+from conftest import (RedisServer, Client, check_stream, free_port, greedy_jobs,
+                      kill_mid_generation, reference,
                       run_threads, wait_no_pending)
 
 FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
@@ -24,18 +24,8 @@ def test_kill9_mid_generation(workers, client, event_validator, tmp_path):
     for j in jobs:
         client.submit(j)
     key = f"{client.prefix}jobs:fast"
-    # wait until the victim is in the middle of some of its jobs
-    deadline = time.time() + 20
-    victims = []
-    while time.time() < deadline:
-        pend = client.r.xpending_range(key, "workers", "-", "+", 100, consumername="wa")
-        ids = {p["message_id"] for p in pend}
-        victims = [j["id"] for j in jobs if client.r.xlen(f"{client.prefix}out:{j['id']}") >= 5]
-        if ids and len(victims) >= 2:
-            break
-        time.sleep(0.01)
-    a.kill(signal.SIGKILL)
-    a.wait(10)
+    # kill the victim in the middle of some of its jobs
+    kill_mid_generation(client, a, jobs)
     streams = run_threads(lambda j: client.events(j["id"], timeout=60), jobs, 16)
     for job, evs, want in zip(jobs, streams, ref):
         tokens, done = check_stream(evs, event_validator)

@@ -116,57 +116,51 @@ static int open_engine(const struct spec_args *a, int max_batch, int kv_blocks,
     return engine_create(e, a->e.mo.dir, &eo, err);
 }
 
-/* `redlm run ... --speculative MODE` */
-int cmd_run_spec(int argc, char **argv)
+/* The body of `redlm run ... --speculative MODE`: one greedy request
+ * through the batching engine. Returns the exit status. */
+static int run_spec(const struct spec_args *a, int rc, struct rl_err *err)
 {
-    struct spec_args a;
-    struct rl_err err = {0};
-    int rc = spec_parse(argc, argv, &a, &err);
-    if (rc > 0) {
-        spec_usage();
-        return 1;
-    }
     int32_t *ids = NULL, *out = NULL;
     int n = 0, n_out = 0;
     struct engine *e = NULL;
-    if (!rc && !strcmp(a.source, "oracle"))
-        rc = rl_errf(&err, RL_EINVAL, "--speculative oracle is for bench-engine");
-    if (!rc && !a.e.tokens)
-        rc = rl_errf(&err, RL_EINVAL, "--tokens is required");
+    if (!rc && !strcmp(a->source, "oracle"))
+        rc = rl_errf(err, RL_EINVAL, "--speculative oracle is for bench-engine");
+    if (!rc && !a->e.tokens)
+        rc = rl_errf(err, RL_EINVAL, "--tokens is required");
     if (!rc)
-        rc = cli_parse_ids(a.e.tokens, &ids, &n, &err);
+        rc = cli_parse_ids(a->e.tokens, &ids, &n, err);
     if (!rc)
-        rc = open_engine(&a, 1, (n + a.e.n_gen + SPEC_MAX_TOKENS + 15) / 16 + 1, NULL, NULL, &e,
-                         &err);
-    if (!rc && !(out = malloc(((size_t)a.e.n_gen + 1) * sizeof *out)))
-        rc = rl_errf(&err, RL_ENOMEM, "out of memory");
+        rc = open_engine(a, 1, (n + a->e.n_gen + SPEC_MAX_TOKENS + 15) / 16 + 1, NULL, NULL, &e,
+                         err);
+    if (!rc && !(out = malloc(((size_t)a->e.n_gen + 1) * sizeof *out)))
+        rc = rl_errf(err, RL_ENOMEM, "out of memory");
     struct engine_usage usage = {0};
-    if (!rc && a.e.n_gen > 0) {
+    if (!rc && a->e.n_gen > 0) {
         /* plain `run`: greedy, stops at the checkpoint's eos only */
         struct engine_request q;
         engine_request_init(&q);
         q.prompt_ids = ids;
         q.n_prompt = n;
         q.temperature = 0;
-        q.max_tokens = a.e.n_gen;
+        q.max_tokens = a->e.n_gen;
         q.ignore_eos = true;
         int32_t eos = engine_eos_id(e);
-        if (!a.e.ignore_eos && eos >= 0) {
+        if (!a->e.ignore_eos && eos >= 0) {
             q.stop_ids = &eos;
             q.n_stop_ids = 1;
         }
-        rc = engine_submit(e, &q, NULL, &err);
+        rc = engine_submit(e, &q, NULL, err);
         while (!rc && engine_n_active(e) > 0) {
             const struct engine_event *ev;
             int n_ev;
-            if ((rc = engine_step(e, &ev, &n_ev, &err)))
+            if ((rc = engine_step(e, &ev, &n_ev, err)))
                 break;
             for (int i = 0; i < n_ev; i++) {
-                for (int t = 0; t < ev[i].n_tokens && n_out < a.e.n_gen; t++)
+                for (int t = 0; t < ev[i].n_tokens && n_out < a->e.n_gen; t++)
                     out[n_out++] = ev[i].tokens[t];
                 usage = ev[i].usage;
                 if (ev[i].finish == ENGINE_FINISH_ERROR)
-                    rc = rl_errf(&err, ev[i].error_code ? ev[i].error_code : RL_EINTERNAL, "%s",
+                    rc = rl_errf(err, ev[i].error_code ? ev[i].error_code : RL_EINTERNAL, "%s",
                                  ev[i].error ? ev[i].error : "engine error");
             }
         }
@@ -176,9 +170,9 @@ int cmd_run_spec(int argc, char **argv)
         for (int i = 0; i < n_out; i++)
             printf(i ? ", %d" : "%d", out[i]);
         printf("], \"spec\": {\"mode\": \"%s\", \"drafted\": %d, \"accepted\": %d}}\n",
-               spec_mode_name(a.mode), usage.spec_drafted, usage.spec_accepted);
+               spec_mode_name(a->mode), usage.spec_drafted, usage.spec_accepted);
     } else {
-        fprintf(stderr, "redlm run: %s\n", err.msg);
+        fprintf(stderr, "redlm run: %s\n", err->msg);
     }
     engine_free(e);
     free(ids);
@@ -328,28 +322,22 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* `redlm bench-engine ... --speculative SOURCE` */
-int cmd_bench_spec(int argc, char **argv)
+/* The body of `redlm bench-engine ... --speculative SOURCE`. Returns the
+ * exit status. */
+static int bench_spec(const struct spec_args *a, int rc, struct rl_err *err)
 {
-    struct spec_args a;
-    struct rl_err err = {0};
-    int rc = spec_parse(argc, argv, &a, &err);
-    if (rc > 0) {
-        spec_usage();
-        return 1;
-    }
-    if (!rc && a.mode == SPEC_OFF)
-        rc = rl_errf(&err, RL_EINVAL, "--speculative off: use plain bench-engine");
+    if (!rc && a->mode == SPEC_OFF)
+        rc = rl_errf(err, RL_EINVAL, "--speculative off: use plain bench-engine");
     if (rc) {
-        fprintf(stderr, "redlm bench-engine: %s\n", err.msg);
+        fprintf(stderr, "redlm bench-engine: %s\n", err->msg);
         return 1;
     }
-    int B = a.e.batch, P = a.e.prompt, G = a.e.gen, R = a.reps;
-    bool oracle = !strcmp(a.source, "oracle");
+    int B = a->e.batch, P = a->e.prompt, G = a->e.gen, R = a->reps;
+    bool oracle = !strcmp(a->source, "oracle");
     struct bench_seq *seqs = calloc((size_t)B, sizeof *seqs);
     double *plain = calloc((size_t)R, sizeof(double)), *spec = calloc((size_t)R, sizeof(double)),
            *ratio = calloc((size_t)R, sizeof(double));
-    struct oracle orc = {seqs, a.correct, 0};
+    struct oracle orc = {seqs, a->correct, 0};
     struct engine *e = NULL;
     if (!seqs || !plain || !spec || !ratio) {
         fprintf(stderr, "redlm bench-engine: out of memory\n");
@@ -357,7 +345,7 @@ int cmd_bench_spec(int argc, char **argv)
     }
     /* every sequence's blocks twice over: the runs' prefixes stay cached */
     int per_seq = (P + G + SPEC_MAX_TOKENS + 15) / 16 + 1;
-    rc = open_engine(&a, B, 2 * B * per_seq, oracle ? oracle_draft : NULL, &orc, &e, &err);
+    rc = open_engine(a, B, 2 * B * per_seq, oracle ? oracle_draft : NULL, &orc, &e, err);
     int vocab = rc ? 0 : engine_n_vocab(e);
     orc.vocab = vocab;
     for (int s = 0; !rc && s < B; s++) {
@@ -368,11 +356,11 @@ int cmd_bench_spec(int argc, char **argv)
         seqs[s].ref = malloc((size_t)G * sizeof(int32_t));
         seqs[s].out = malloc((size_t)G * sizeof(int32_t));
         if (!seqs[s].prompt || !seqs[s].ref || !seqs[s].out) {
-            rc = rl_errf(&err, RL_ENOMEM, "out of memory");
+            rc = rl_errf(err, RL_ENOMEM, "out of memory");
             break;
         }
         uint32_t r = 0x12345u + 7919u * (uint32_t)s;
-        int doc = a.repeat ? P / 2 : P;
+        int doc = a->repeat ? P / 2 : P;
         for (int i = 0; i < P; i++) {
             r = r * 1664525u + 1013904223u;
             seqs[s].prompt[i] =
@@ -385,7 +373,7 @@ int cmd_bench_spec(int argc, char **argv)
     struct engine_usage u;
     double t;
     if (!rc)
-        rc = bench_run(e, seqs, B, G, false, &t, &u, &err);
+        rc = bench_run(e, seqs, B, G, false, &t, &u, err);
     for (int s = 0; !rc && s < B; s++) {
         memcpy(seqs[s].ref, seqs[s].out, (size_t)seqs[s].n_out * sizeof(int32_t));
         seqs[s].n_ref = seqs[s].n_out;
@@ -397,7 +385,7 @@ int cmd_bench_spec(int argc, char **argv)
          * favour either side */
         for (int k = 0; k < 2 && !rc; k++) {
             bool on = (k == 0) == (r % 2 == 1);
-            rc = bench_run(e, seqs, B, G, on, on ? &spec[r] : &plain[r], &u, &err);
+            rc = bench_run(e, seqs, B, G, on, on ? &spec[r] : &plain[r], &u, err);
             if (!rc && on) {
                 drafted += u.spec_drafted;
                 accepted += u.spec_accepted;
@@ -416,8 +404,8 @@ int cmd_bench_spec(int argc, char **argv)
                "\"repeat\": %s, \"batch\": %d, \"prompt\": %d, \"gen\": %d, "
                "\"spec_tokens\": %d, \"spec_max_rows\": %d, \"reps\": %d, "
                "\"runs_plain_tok_s\": [",
-               a.source, oracle ? a.correct : -1, a.repeat ? "true" : "false", B, P, G,
-               a.spec_tokens, a.spec_max_rows, R);
+               a->source, oracle ? a->correct : -1, a->repeat ? "true" : "false", B, P, G,
+               a->spec_tokens, a->spec_max_rows, R);
         for (int r = 0; r < R; r++)
             printf(r ? ", %.2f" : "%.2f", plain[r]);
         printf("], \"runs_spec_tok_s\": [");
@@ -429,12 +417,12 @@ int cmd_bench_spec(int argc, char **argv)
                median(plain, R), median(spec, R), median(ratio, R),
                drafted ? (double)accepted / (double)drafted : 0.0,
                spec_tokens ? (double)drafted / (double)spec_tokens : 0.0,
-               lookup_us(seqs, B, a.spec_tokens), identical ? "true" : "false");
+               lookup_us(seqs, B, a->spec_tokens), identical ? "true" : "false");
         if (!identical)
-            rc = rl_errf(&err, RL_EINTERNAL, "speculative output differs from plain decoding");
+            rc = rl_errf(err, RL_EINTERNAL, "speculative output differs from plain decoding");
     }
     if (rc)
-        fprintf(stderr, "redlm bench-engine: %s\n", err.msg);
+        fprintf(stderr, "redlm bench-engine: %s\n", err->msg);
     engine_free(e);
     for (int s = 0; s < B; s++) {
         free(seqs[s].prompt);
@@ -443,4 +431,33 @@ int cmd_bench_spec(int argc, char **argv)
     }
     free(seqs), free(plain), free(spec), free(ratio);
     return rc ? 1 : 0;
+}
+
+/* The prelude both commands share: parses argv, prints the usage and
+ * exits 1 on a usage error (spec_parse > 0), else hands the arguments
+ * and spec_parse's code (0, or < 0 with err filled, which body reports in
+ * its own name) to body. Returns the process exit status body returns. */
+static int spec_main(int argc, char **argv,
+                     int (*body)(const struct spec_args *a, int rc, struct rl_err *err))
+{
+    struct spec_args a;
+    struct rl_err err = {0};
+    int rc = spec_parse(argc, argv, &a, &err);
+    if (rc > 0) {
+        spec_usage();
+        return 1;
+    }
+    return body(&a, rc, &err);
+}
+
+/* `redlm run ... --speculative MODE` */
+int cmd_run_spec(int argc, char **argv)
+{
+    return spec_main(argc, argv, run_spec);
+}
+
+/* `redlm bench-engine ... --speculative SOURCE` */
+int cmd_bench_spec(int argc, char **argv)
+{
+    return spec_main(argc, argv, bench_spec);
 }
