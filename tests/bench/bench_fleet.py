@@ -8,8 +8,8 @@ no_think requests, output lengths drawn from a range and repeated prompts.
 The sweep runs twice with one --seed, so both runs send the same jobs (each
 sampled one with its own seed): first calm, then under faults: a quarter of
 the workers killed with SIGKILL and restarted, one dispatcher restarted, and
-Redis stopped (SIGSTOP) for 2 s, at fixed times after the faulted sweep
-starts. Then (--coalesce-ms) the workers restart with coalesce_ms and the
+Redis stopped (SIGSTOP) for 2 s, at fixed fractions of the faulted sweep's
+length (levels x duration; for 3 levels 0.5, 1.3 and 2.2 durations in). Then (--coalesce-ms) the workers restart with coalesce_ms and the
 calm sweep runs a third time, coalesced. Afterwards every job's redlm:out:<id> stream is read back: jobs lost
 (no done), duplicated events (a seq twice), out-of-order events (seq i not at
 entry 0-(i+1)), and jobs whose token ids differ from the calm run's.
@@ -23,7 +23,21 @@ calm level it extrapolates the rate at which Redis's one thread saturates
 modelled batch-64 rate) that serves. Output: a table on stdout and
 $OUT/fleet.json. Everything it starts it stops, by pid.
 
+With --cluster (`make bench-fleet-cluster`) the fleet runs on a local
+3-master + 3-replica Redis Cluster (tests/bench/local_cluster.py, the one copy
+bench_cluster.py and the tests use; node timeout 5 s so the 2 s pause stays a
+pause): workers, dispatchers and `redlm bench` get the seed list; the faults
+add a CLUSTER FAILOVER of the master that holds the queue slot
+({prefix}requests and {prefix}jobs:*, which every job passes), and the 2 s
+SIGSTOP hits that slot's master (after the failover: the former replica).
+Redis CPU per token sums INFO cpu over the masters; the busiest master's
+share is reported too, and sets the saturation estimate (it saturates first).
+Streams are read back with a cluster client: each key from its master.
+--against-single runs the soak on one redis-server first, then on the
+cluster, and prints the cluster/single saturation ratio of that one run.
+
   /usr/bin/python3 tests/bench/bench_fleet.py --workers 64 --rates 4,8,16 --duration 20
+  /usr/bin/python3 tests/bench/bench_fleet.py --cluster --against-single --workers 8 --rates 4,8 --duration 10
 """
 import argparse
 import json
@@ -372,9 +386,34 @@ def main():
                          " instead of one redis-server; the faults add a CLUSTER FAILOVER")
     ap.add_argument("--build", default=os.environ.get("BUILD", "build"))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--against-single", action="store_true",
+                    help="with --cluster: first run the same soak on one redis-server, then on "
+                         "the cluster, and report the cluster/single saturation ratio of this run")
     a = ap.parse_args()
     a.rates = [float(x) for x in a.rates.split(",")]
     a.out = a.out or str(ROOT / a.build / ("bench-fleet-cluster" if a.cluster else "bench-fleet"))
+    if not (a.cluster and a.against_single):
+        return soak(a)[1]
+    # the same soak twice in one run, one instance first: a ratio from one run
+    res = {}
+    for cluster in (False, True):
+        b = argparse.Namespace(**{**vars(a), "cluster": cluster,
+                                  "out": str(pathlib.Path(a.out) / ("cluster" if cluster else "single"))})
+        print(f"\n## {'3-master cluster' if cluster else 'one instance'}")
+        res[cluster] = soak(b)
+    single, cl = res[False][0], res[True][0]
+    ratio = cl["redis_saturation_tok_s"] / single["redis_saturation_tok_s"]
+    print(f"\nsaturation: one instance ~{single['redis_saturation_tok_s']} tok/s, cluster (busiest "
+          f"master) ~{cl['redis_saturation_tok_s']} tok/s: {ratio:.2f}x")
+    (pathlib.Path(a.out) / "compare.json").write_text(json.dumps(
+        {"single_tok_s": single["redis_saturation_tok_s"],
+         "cluster_tok_s": cl["redis_saturation_tok_s"], "ratio": round(ratio, 3)}, indent=1))
+    return res[False][1] or res[True][1]
+
+
+def soak(a):
+    """One whole soak on the backend a names; (result, exit status: 1 when
+    anything was lost, duplicated, out of order or mismatched)."""
     fleet = Fleet(a)
     try:
         fleet.start_redis()
@@ -446,7 +485,7 @@ def main():
           f"(1e6 us / {top['busiest_us_per_tok']} us per token) = "
           f"{result['gpus_per_redis']} GPUs at {a.gpu_tok_s:.0f} tok/s each")
     bad = sum(t["lost"] + t["dup"] + t["out_of_order"] + t["mismatch"] for t in (tot, tot_coal) if t)
-    return 1 if bad else 0
+    return result, 1 if bad else 0
 
 
 if __name__ == "__main__":
