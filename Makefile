@@ -4,6 +4,7 @@
 #   make test       builds and runs every test; ends with "N passed, N failed, N skipped"
 #   make bench      runs the benchmarks (figures go to BENCHMARKS.md by hand)
 #   make bench-fleet  the soak: Redis, 2 dispatchers, 64 sim H200 workers, faults (BENCHMARKS.md)
+#   make bench-fleet-cluster  the same soak on one Redis, then on a local 3-master cluster
 #   make demo       the whole system on one machine: Redis, a CPU worker, the dispatcher, the chat page
 #   make fuzz       builds the libFuzzer targets with clang
 #   make asan       the same build with AddressSanitizer + UBSan, in build-asan/
@@ -82,7 +83,7 @@ BENCH_BIN  := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/tests/%)
 LIBENGINE  := $(BUILD)/libredlm_engine.a
 LIBCOMMON  := $(BUILD)/libredlm_common.a
 
-.PHONY: all test bench bench-fleet demo fuzz asan deps clean install
+.PHONY: all test bench bench-fleet bench-fleet-cluster demo fuzz asan deps clean install
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 ifeq ($(CUDA),1)
@@ -138,6 +139,11 @@ bench: all
 # workers, open-loop rates, faults; FLEET_ARGS overrides its bounds.
 bench-fleet: all
 	BUILD=$(BUILD) /usr/bin/python3 tests/bench/bench_fleet.py $(FLEET_ARGS)
+
+# The same soak on one redis-server and then on a local 3-master + 3-replica
+# cluster, in one run (--against-single): the cluster/single saturation ratio.
+bench-fleet-cluster: all
+	BUILD=$(BUILD) /usr/bin/python3 tests/bench/bench_fleet.py --cluster --against-single $(FLEET_ARGS)
 
 demo: all
 	BUILD=$(BUILD) bash examples/demo.sh

@@ -20,7 +20,8 @@
  * in here.
  *
  * Redis errors that only mean "not now" (LOADING while an AOF is replayed
- * after a restart, BUSY, TRYAGAIN, MASTERDOWN) come back as -RL_EIO too,
+ * after a restart, BUSY, TRYAGAIN, MASTERDOWN, UNBLOCKED when a failover
+ * demotes the master a read was blocked on) come back as -RL_EIO too,
  * with the connection kept, so callers treat them like an outage.
  *
  * Cluster. The address may be a seed list "host:port,host:port,...". At
@@ -32,7 +33,7 @@
  * routed by the slot of its key (common/rcluster.c); MOVED updates that
  * slot and marks the map stale (re-read on the next call: a failover moves
  * every slot of a master at once), ASK sends ASKING + the command to the
- * named node once; a lost node, CLUSTERDOWN or TRYAGAIN return -RL_EIO
+ * named node once; a lost node, CLUSTERDOWN, TRYAGAIN or UNBLOCKED return -RL_EIO
  * like an outage, and the map is re-read, with the same backoff, before
  * the next command. A batch is split per node: each node gets its own
  * pipeline, replies are put back in command order; a keyless command
@@ -666,7 +667,11 @@ bool rconn_reply_is_stale_id(const struct rconn_reply *r)
 
 static bool transient_error(const char *s)
 {
-    static const char *const pfx[] = {"LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN"};
+    /* UNBLOCKED: a blocked XREAD/XREADGROUP on a master that a failover just
+     * turned into a replica ("instance state changed"); the same read on the
+     * new master, after the map is re-read, is all it takes */
+    static const char *const pfx[] = {"LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN",
+                                      "UNBLOCKED"};
     /* whole first word: BUSYGROUP is not BUSY */
     for (size_t i = 0; i < sizeof pfx / sizeof pfx[0]; i++) {
         size_t n = strlen(pfx[i]);
@@ -780,7 +785,7 @@ static int cl_send(struct rconn *c, int slot, const char *cmd, size_t len, const
         int to = follow_redirect(c, n, r, &ask);
         if (to == -1) {
             if (r->type == REDIS_REPLY_ERROR && transient_error(r->str))
-                c->stale = true; /* CLUSTERDOWN, TRYAGAIN: the map may have changed */
+                c->stale = true; /* CLUSTERDOWN, TRYAGAIN, UNBLOCKED: the map may have changed */
             *out = r;
             return 0;
         }

@@ -22,7 +22,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "integration"))
-from conftest import CLI, RedisCluster, RedisServer, Worker  # noqa: E402
+from conftest import CLI, RedisServer, Worker  # noqa: E402
+from local_cluster import RedisCluster  # noqa: E402  (one copy, shared with bench_fleet.py)
 
 
 def bench(addr, args, tmp, label, seed):

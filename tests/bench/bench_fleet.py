@@ -8,8 +8,8 @@ no_think requests, output lengths drawn from a range and repeated prompts.
 The sweep runs twice with one --seed, so both runs send the same jobs (each
 sampled one with its own seed): first calm, then under faults: a quarter of
 the workers killed with SIGKILL and restarted, one dispatcher restarted, and
-Redis stopped (SIGSTOP) for 2 s, at fixed times after the faulted sweep
-starts. Then (--coalesce-ms) the workers restart with coalesce_ms and the
+Redis stopped (SIGSTOP) for 2 s, at fixed fractions of the faulted sweep's
+length (levels x duration; for 3 levels 0.5, 1.3 and 2.2 durations in). Then (--coalesce-ms) the workers restart with coalesce_ms and the
 calm sweep runs a third time, coalesced. Afterwards every job's redlm:out:<id> stream is read back: jobs lost
 (no done), duplicated events (a seq twice), out-of-order events (seq i not at
 entry 0-(i+1)), and jobs whose token ids differ from the calm run's.
@@ -23,14 +23,29 @@ calm level it extrapolates the rate at which Redis's one thread saturates
 modelled batch-64 rate) that serves. Output: a table on stdout and
 $OUT/fleet.json. Everything it starts it stops, by pid.
 
+With --cluster (`make bench-fleet-cluster`) the fleet runs on a local
+3-master + 3-replica Redis Cluster (tests/bench/local_cluster.py, the one copy
+bench_cluster.py and the tests use; node timeout 5 s so the 2 s pause stays a
+pause): workers, dispatchers and `redlm bench` get the seed list; the faults
+add a CLUSTER FAILOVER of the master that holds the queue slot
+({prefix}requests and {prefix}jobs:*, which every job passes), and the 2 s
+SIGSTOP hits that slot's master (after the failover: the former replica).
+Redis CPU per token sums INFO cpu over the masters; the busiest master's
+share is reported too, and sets the saturation estimate (it saturates first).
+Streams are read back with a cluster client: each key from its master.
+--against-single runs the soak on one redis-server first, then on the
+cluster, and prints the cluster/single saturation ratio of that one run.
+
   /usr/bin/python3 tests/bench/bench_fleet.py --workers 64 --rates 4,8,16 --duration 20
+  /usr/bin/python3 tests/bench/bench_fleet.py --cluster --against-single --workers 8 --rates 4,8 --duration 10
 """
 import argparse
 import json
+import logging
 import os
 import pathlib
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -38,17 +53,14 @@ import time
 
 import redis
 
+from local_cluster import RedisCluster, free_port
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "engine/tokenizers/qwen3"
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+# redis-py's cluster client logs a traceback for every MOVED it follows
+# after the failover; it follows them, so they are noise, not errors
+logging.getLogger("redis.cluster").setLevel(logging.CRITICAL)
 
 
 def cpu_s(pid):
@@ -68,6 +80,7 @@ class Fleet:
         self.port = free_port()
         self.addr = f"127.0.0.1:{self.port}"
         self.prefix = "fl:"
+        self.cluster = None       # --cluster: the local RedisCluster (addr = its seed list)
         self.procs = []           # every process started, stopped at the end by pid
         self.dead_cpu = {"worker": 0.0, "dispatcher": 0.0}  # CPU of processes since killed
         self.redis = None
@@ -81,7 +94,22 @@ class Fleet:
         self.procs.append(p)
         return p
 
+    def key(self, rest, job_id=None):
+        """A key as the fleet writes it (schemas/README.md): on a cluster the
+        queue keys carry {prefix} and a request's keys {id} as hash tag."""
+        if not self.cluster:
+            return f"{self.prefix}{rest}{job_id or ''}"
+        return f"{self.prefix}{rest}{{{job_id}}}" if job_id else f"{{{self.prefix}}}{rest}"
+
     def start_redis(self):
+        if self.a.cluster:
+            d = self.out / "logs" / "cluster"
+            shutil.rmtree(d, ignore_errors=True)  # a stale nodes.conf would not join
+            # a node timeout past the 2 s SIGSTOP: the pause stays a pause
+            self.cluster = RedisCluster(d, node_timeout_ms=5000)
+            self.addr = self.cluster.seeds
+            self.r = self.cluster.client()
+            return
         self.redis = self.spawn(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
                                  "--save", "", "--appendonly", "no", "--dir", str(self.out / "logs")],
                                 "redis.log")
@@ -127,20 +155,35 @@ class Fleet:
         p.send_signal(sig)
         p.wait(30)
 
+    def redis_nodes(self):
+        """{port: plain client} of every Redis serving: the one instance, or
+        each running cluster node."""
+        if not self.cluster:
+            return {self.port: self.r}
+        return {p: self.cluster.node(p) for p in self.cluster.running()}
+
     def snap(self):
-        info = self.r.info("cpu")
-        stats = self.r.info("commandstats")
-        snap = {f"us_{c}": stats.get(f"cmdstat_{c}", {}).get("usec", 0) / 1e6
-                for c in ("xadd", "xread", "xautoclaim", "xclaim", "exists", "xreadgroup")}
-        return {**snap, "t": time.time(),
-                "redis_cpu": info["used_cpu_sys"] + info["used_cpu_user"],
-                "xadd": stats.get("cmdstat_xadd", {}).get("calls", 0),
+        nodes = {}
+        for port, r in self.redis_nodes().items():
+            info = r.info("cpu")
+            stats = r.info("commandstats")
+            n = {f"us_{c}": stats.get(f"cmdstat_{c}", {}).get("usec", 0) / 1e6
+                 for c in ("xadd", "xread", "xautoclaim", "xclaim", "exists", "xreadgroup")}
+            n["redis_cpu"] = info["used_cpu_sys"] + info["used_cpu_user"]
+            n["xadd"] = stats.get("cmdstat_xadd", {}).get("calls", 0)
+            n["master"] = r.info("replication")["role"] == "master"
+            nodes[port] = n
+        return {"t": time.time(), "nodes": nodes,
                 "disp_cpu": self.dead_cpu["dispatcher"] + sum(
                     cpu_s(p.pid) for p in self.dispatchers.values() if p.poll() is None),
                 "worker_cpu": self.dead_cpu["worker"] + sum(
                     cpu_s(p.pid) for p in self.workers.values() if p.poll() is None)}
 
     def stop_all(self):
+        if self.cluster:
+            for p in self.cluster.running():
+                self.cluster.proc(p).send_signal(signal.SIGCONT)  # none left stopped
+            self.cluster.stop()
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGCONT if p is self.redis else signal.SIGTERM)
@@ -155,35 +198,72 @@ class Fleet:
 
 
 def faults(fleet, log):
-    """The fault schedule of the faulted sweep (seconds after its start)."""
+    """The fault schedule of the faulted sweep, at fixed fractions of its
+    length L = levels x duration (for 3 levels: 0.5, 1.3 and 2.2 durations
+    in). On a cluster the Redis pause stops ONE master: the one serving the
+    queue slot ({prefix}requests, {prefix}jobs:*: every job passes it), and
+    before it, as a separate step, that master is failed over to its replica
+    (CLUSTER FAILOVER: the pool streams and their groups change node)."""
     a = fleet.a
+    span = len(a.rates) * a.duration
     t0 = time.time()
 
-    def at(t):
-        d = t0 + t - time.time()
+    def at(frac):
+        d = t0 + frac * span - time.time()
         if d > 0:
             time.sleep(d)
 
+    def note(what):
+        log.append((round(time.time() - t0, 1), what))
+
     victims = sorted(fleet.workers)[:max(1, a.workers // 4)]
-    at(a.duration * 0.5)
+    at(0.5 / 3)
     for n in victims:
         fleet.kill("worker", n, signal.SIGKILL)
-    log.append((round(time.time() - t0, 1), f"kill -9 {len(victims)} workers"))
-    at(a.duration * 0.5 + 2)
+    note(f"kill -9 {len(victims)} workers")
+    time.sleep(2)
     for n in victims:
         fleet.start_worker(n)
     fleet.wait_ready(victims, "worker")
-    log.append((round(time.time() - t0, 1), f"{len(victims)} workers restarted and ready"))
-    at(a.duration * 1.3)
+    note(f"{len(victims)} workers restarted and ready")
+    at(1.3 / 3)
     fleet.kill("dispatcher", "d1", signal.SIGTERM)
     fleet.start_dispatcher("d1")
     fleet.wait_ready(["d1"], "dispatcher")
-    log.append((round(time.time() - t0, 1), "dispatcher d1 restarted"))
-    at(a.duration * 2.2)
-    fleet.redis.send_signal(signal.SIGSTOP)
+    note("dispatcher d1 restarted")
+    if fleet.cluster:
+        at(1.75 / 3)
+        old = fleet.cluster.master_of(fleet.key("jobs:fast"))
+        new = fleet.cluster.failover(old)
+        note(f"CLUSTER FAILOVER of master :{old} (the queue slot) to its replica :{new}")
+    at(2.2 / 3)
+    if fleet.cluster:
+        port = fleet.cluster.master_of(fleet.key("jobs:fast"))
+        proc, what = fleet.cluster.proc(port), f"master :{port} (the queue slot {fleet.key('jobs:*')})"
+    else:
+        proc, what = fleet.redis, "Redis"
+    proc.send_signal(signal.SIGSTOP)
     time.sleep(2)
-    fleet.redis.send_signal(signal.SIGCONT)
-    log.append((round(time.time() - t0, 1), "Redis stopped 2 s (SIGSTOP/SIGCONT)"))
+    proc.send_signal(signal.SIGCONT)
+    note(f"{what} stopped 2 s (SIGSTOP/SIGCONT)")
+
+
+def redis_delta(before, after):
+    """Redis's work in one level from two snap()s: CPU and command figures
+    summed over the masters (a node counts if it was a master at either end:
+    a failover moves the role mid-level), and the busiest master's CPU (on a
+    cluster it saturates first; on one instance it is the instance)."""
+    out = {"redis_cpu": 0.0, "xadd": 0, "busiest_cpu": 0.0, "busiest_port": None}
+    for port, a in after["nodes"].items():
+        b = before["nodes"].get(port)
+        if b is None or not (a["master"] or b["master"]):
+            continue
+        for k, v in a.items():
+            if k != "master":
+                out[k] = out.get(k, 0) + v - b[k]
+        if a["redis_cpu"] - b["redis_cpu"] > out["busiest_cpu"]:
+            out["busiest_cpu"], out["busiest_port"] = a["redis_cpu"] - b["redis_cpu"], port
+    return out
 
 
 def sweep(fleet, tag):
@@ -202,13 +282,15 @@ def sweep(fleet, tag):
                        stderr=open(fleet.out / "logs" / f"bench-{tag}-{rate:g}.log", "w"))
         after = fleet.snap()
         lv = json.loads(res.read_text())["levels"][0]
-        levels.append({"rate": rate, "level": lv, "cpu": {k: after[k] - before[k] for k in before}})
+        cpu = {k: after[k] - before[k] for k in ("t", "disp_cpu", "worker_cpu")}
+        levels.append({"rate": rate, "level": lv, "cpu": {**cpu, **redis_delta(before, after)}})
     return levels, " ".join(cmd)
 
 
-def read_tokens(r, prefix, job_id):
-    """(tokens, lost, dup, out of order, finish reason) of one job's stream."""
-    evs = r.xrange(f"{prefix}out:{job_id}")
+def read_tokens(r, key):
+    """(tokens, lost, dup, out of order, finish reason) of one job's stream
+    (on a cluster r reads the key from the master of its slot)."""
+    evs = r.xrange(key)
     seqs, tokens, order = [], [], 0
     for i, (eid, f) in enumerate(evs):
         ev = json.loads(f["event"])
@@ -233,7 +315,7 @@ def check(fleet, calm, faulted):
         want = {}
         for run, lv in (("calm", c), ("fault", f)):
             for q in lv["level"]["requests"]:
-                toks, lost, dup, order, fin = read_tokens(fleet.r, fleet.prefix, q["id"])
+                toks, lost, dup, order, fin = read_tokens(fleet.r, fleet.key("out:", q["id"]))
                 tot["jobs"] += 1
                 tot["lost"] += lost
                 tot["dup"] += dup
@@ -267,6 +349,9 @@ def row(lv):
             "errors": L["n_errors"], "tok_s": round(L["output_tokens_per_s"]),
             "redis_us_per_tok": round(c["redis_cpu"] / max(toks, 1) * 1e6, 2),
             "redis_util": round(c["redis_cpu"] / c["t"], 3),
+            "busiest_us_per_tok": round(c["busiest_cpu"] / max(toks, 1) * 1e6, 2),
+            "busiest_share": round(c["busiest_cpu"] / max(c["redis_cpu"], 1e-9), 3),
+            "busiest_port": c["busiest_port"],
             "events_per_tok": round(evs / max(toks, 1), 3),
             "xadd_per_tok": round(c["xadd"] / max(toks, 1), 3),
             "disp_us_per_req": round(c["disp_cpu"] / max(len(reqs), 1) * 1e6),
@@ -296,11 +381,39 @@ def main():
     ap.add_argument("--coalesce-ms", type=int, default=50,
                     help="then restart the workers with this coalesce_ms and run the calm sweep "
                          "once more (0 = skip)")
+    ap.add_argument("--cluster", action="store_true",
+                    help="run on a local 3-master + 3-replica Redis Cluster (tests/bench/local_cluster.py)"
+                         " instead of one redis-server; the faults add a CLUSTER FAILOVER")
     ap.add_argument("--build", default=os.environ.get("BUILD", "build"))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--against-single", action="store_true",
+                    help="with --cluster: first run the same soak on one redis-server, then on "
+                         "the cluster, and report the cluster/single saturation ratio of this run")
     a = ap.parse_args()
     a.rates = [float(x) for x in a.rates.split(",")]
-    a.out = a.out or str(ROOT / a.build / "bench-fleet")
+    a.out = a.out or str(ROOT / a.build / ("bench-fleet-cluster" if a.cluster else "bench-fleet"))
+    if not (a.cluster and a.against_single):
+        return soak(a)[1]
+    # the same soak twice in one run, one instance first: a ratio from one run
+    res = {}
+    for cluster in (False, True):
+        b = argparse.Namespace(**{**vars(a), "cluster": cluster,
+                                  "out": str(pathlib.Path(a.out) / ("cluster" if cluster else "single"))})
+        print(f"\n## {'3-master cluster' if cluster else 'one instance'}")
+        res[cluster] = soak(b)
+    single, cl = res[False][0], res[True][0]
+    ratio = cl["redis_saturation_tok_s"] / single["redis_saturation_tok_s"]
+    print(f"\nsaturation: one instance ~{single['redis_saturation_tok_s']} tok/s, cluster (busiest "
+          f"master) ~{cl['redis_saturation_tok_s']} tok/s: {ratio:.2f}x")
+    (pathlib.Path(a.out) / "compare.json").write_text(json.dumps(
+        {"single_tok_s": single["redis_saturation_tok_s"],
+         "cluster_tok_s": cl["redis_saturation_tok_s"], "ratio": round(ratio, 3)}, indent=1))
+    return res[False][1] or res[True][1]
+
+
+def soak(a):
+    """One whole soak on the backend a names; (result, exit status: 1 when
+    anything was lost, duplicated, out of order or mismatched)."""
     fleet = Fleet(a)
     try:
         fleet.start_redis()
@@ -339,15 +452,18 @@ def main():
     rows = {"calm": [row(lv) for lv in calm], "fault": [row(lv) for lv in faulted],
             f"coalesce {a.coalesce_ms} ms": [row(lv) for lv in coal]}
     top = rows["calm"][-1]
-    sat_tok_s = 1e6 / top["redis_us_per_tok"]
+    # the busiest master saturates first (on one instance: the instance)
+    sat_tok_s = 1e6 / top["busiest_us_per_tok"]
     result = {"options": {k: v for k, v in vars(a).items()}, "bench_command": cmd,
               "workers_start_s": round(start_s, 1), "idle_cpu_per_worker": round(idle, 4),
               "busy_cpu_per_worker": round(top["worker_cpu_util"] / a.workers, 4),
               "faults": flog, "check": tot, "check_coalesced": tot_coal, "rows": rows,
+              "redis": "cluster 3+3" if a.cluster else "one instance",
               "redis_saturation_tok_s": round(sat_tok_s),
               "gpus_per_redis": round(sat_tok_s / a.gpu_tok_s, 1)}
     (fleet.out / "fleet.json").write_text(json.dumps(result, indent=1))
-    cols = ["rate", "issued", "errors", "tok_s", "redis_us_per_tok", "redis_util", "events_per_tok",
+    cols = ["rate", "issued", "errors", "tok_s", "redis_us_per_tok", "redis_util",
+            *(["busiest_us_per_tok", "busiest_share"] if a.cluster else []), "events_per_tok",
             "xadd_per_tok", "disp_us_per_req", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99"]
     print("| run | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
@@ -363,11 +479,13 @@ def main():
         print(f"check, coalesced against calm: {tot_coal}")
     print(f"sim worker CPU: idle {idle:.4f}, busy {result['busy_cpu_per_worker']:.4f} cores each; "
           f"{a.workers} workers ready in {start_s:.1f} s")
-    print(f"Redis saturates at ~{sat_tok_s:.0f} delivered tokens/s "
-          f"(1e6 us / {top['redis_us_per_tok']} us per token) = "
+    who = (f"The busiest master (:{top['busiest_port']}, {top['busiest_share']:.0%} of the masters' "
+           f"{top['redis_us_per_tok']} us/token)" if a.cluster else "Redis")
+    print(f"{who} saturates at ~{sat_tok_s:.0f} delivered tokens/s "
+          f"(1e6 us / {top['busiest_us_per_tok']} us per token) = "
           f"{result['gpus_per_redis']} GPUs at {a.gpu_tok_s:.0f} tok/s each")
     bad = sum(t["lost"] + t["dup"] + t["out_of_order"] + t["mismatch"] for t in (tot, tot_coal) if t)
-    return 1 if bad else 0
+    return result, 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -28,6 +28,9 @@ import pytest
 import redis
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# one copy of the local cluster (and the port helpers) for tests and benches
+sys.path.insert(0, str(ROOT / "tests" / "bench"))
+from local_cluster import RedisCluster, free_port, wait_ping  # noqa: E402,F401
 BUILD = ROOT / os.environ.get("BUILD", "build")
 WORKER = BUILD / "redlm-worker"
 CLI = BUILD / "redlm"
@@ -48,28 +51,6 @@ def promtool_check(text):
     out = subprocess.run([exe, "check", "metrics"], input=text, capture_output=True, text=True,
                          timeout=30)
     assert out.returncode == 0, f"promtool check metrics: {out.stdout}{out.stderr}"
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def wait_ping(port, what="redis-server", username=None, password=None):
-    """Until the server on port answers PING (4 s at most), as username
-    when given (a server whose default user is off)."""
-    r = redis.Redis(port=port, username=username, password=password)
-    for _ in range(200):
-        try:
-            if r.ping():
-                return
-        except redis.exceptions.RedisError:
-            pass
-        time.sleep(0.02)
-    raise RuntimeError(f"{what} did not start")
 
 
 class RedisServer:
@@ -420,124 +401,6 @@ def dispatchers(redis_addr, prefix, tmp_path):
 
 
 # --- Redis Cluster (issue 19) -----------------------------------------------
-class RedisCluster:
-    """A real local Redis Cluster: n_masters masters with one replica each
-    (redis-server --cluster-enabled yes on free loopback ports, joined by
-    redis-cli --cluster create), in dir. stop() kills every node.
-
-    aclfile: every node loads it (`--aclfile`), and auth = (user, password)
-    of a user in it with every right is how the fixture itself talks to the
-    nodes: redis-cli --cluster create, node(), client(), and the replicas'
-    masteruser/masterauth (their replication link is an ordinary client
-    connection, so an ACL whose default user is off would refuse it; the
-    cluster bus is not). Without them, no ACL: the default user does all."""
-
-    def __init__(self, dir, n_masters=3, aclfile=None, auth=None):
-        self.dir = pathlib.Path(dir)
-        self.aclfile, self.auth = aclfile, auth
-        self.procs, self.ports = {}, []
-        while len(self.ports) < 2 * n_masters:
-            p = free_port()
-            if p < 55000 and p not in self.ports and self._free(p + 10000):  # the bus port
-                self.ports.append(p)
-        try:
-            for p in self.ports:
-                self.start_node(p)
-            login = ["--user", auth[0], "--pass", auth[1], "--no-auth-warning"] if auth else []
-            out = subprocess.run(["redis-cli", *login, "--cluster", "create",
-                                  *[f"127.0.0.1:{p}" for p in self.ports],
-                                  "--cluster-replicas", "1", "--cluster-yes"],
-                                 capture_output=True, text=True, timeout=60)
-            if out.returncode:
-                raise RuntimeError(f"redis-cli --cluster create: {out.stdout}{out.stderr}")
-            self.wait_ok()
-        except Exception:
-            self.stop()
-            raise
-
-    @staticmethod
-    def _free(port):
-        s = socket.socket()
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-        finally:
-            s.close()
-
-    def start_node(self, port):
-        d = self.dir / str(port)
-        d.mkdir(parents=True, exist_ok=True)
-        self.procs[port] = subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d),
-             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-             "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
-             "--logfile", str(d / "redis.log"), *self._acl_args()],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_ping(port, f"cluster node {port}", *(self.auth or ()))
-
-    def _acl_args(self):
-        if not self.aclfile:
-            return []
-        return ["--aclfile", str(self.aclfile), "--masteruser", self.auth[0],
-                "--masterauth", self.auth[1]]
-
-    def login(self):
-        """redis-py's username/password keywords of the fixture's user."""
-        return dict(zip(("username", "password"), self.auth)) if self.auth else {}
-
-    def node(self, port):
-        return redis.Redis(port=port, decode_responses=True, **self.login())
-
-    def wait_ok(self, timeout=30):
-        """Every running node says cluster_state:ok and agrees on 3 masters."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                if all("cluster_state:ok" in self.node(p).execute_command("CLUSTER", "INFO")
-                       for p in self.running()):
-                    return
-            except redis.exceptions.RedisError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("cluster did not reach cluster_state:ok")
-
-    def running(self):
-        return [p for p, pr in self.procs.items() if pr.poll() is None]
-
-    def roles(self):
-        """{port: "master" | "slave"} of the running nodes."""
-        return {p: self.node(p).execute_command("ROLE")[0] for p in self.running()}
-
-    def replica_of(self, master_port):
-        """The port of a replica of master_port."""
-        for p in self.running():
-            info = self.node(p).info("replication")
-            if info.get("role") == "slave" and int(info.get("master_port", 0)) == master_port:
-                return p
-        raise RuntimeError(f"no replica of {master_port}")
-
-    def client(self, username=None, password=None):
-        """A cluster-aware redis-py client, as username when given, else as
-        the fixture's user."""
-        from redis.cluster import ClusterNode, RedisCluster as RC
-        login = dict(username=username, password=password) if username else self.login()
-        return RC(startup_nodes=[ClusterNode("127.0.0.1", p) for p in self.ports],
-                  decode_responses=True, **login)
-
-    @property
-    def seeds(self):
-        """The --redis seed list: every node."""
-        return ",".join(f"127.0.0.1:{p}" for p in self.ports)
-
-    def stop(self):
-        for pr in self.procs.values():
-            if pr.poll() is None:
-                pr.kill()
-                pr.wait(10)
-
-
 @pytest.fixture
 def redis_cluster(tmp_path):
     """A fresh 3-master + 3-replica cluster per test, always torn down."""

@@ -52,11 +52,7 @@ def submit(rc, prefix, job, pool="fast"):
 
 def master_of(cluster, key):
     """The port of the master that serves key's slot."""
-    slot = cluster.node(cluster.ports[0]).execute_command("CLUSTER", "KEYSLOT", key)
-    for lo, hi, master, *_ in cluster.node(cluster.ports[0]).execute_command("CLUSTER", "SLOTS"):
-        if lo <= slot <= hi:
-            return int(master[1])
-    raise AssertionError(f"no master for slot {slot}")
+    return cluster.master_of(key)
 
 
 def test_protocol_on_cluster(redis_cluster, workers, dispatchers, prefix, tmp_path,

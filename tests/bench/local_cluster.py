@@ -1,0 +1,197 @@
+"""A real local Redis Cluster on loopback ports, for the benchmarks and the
+integration tests alike (issue 19): tests/bench/bench_cluster.py and
+bench_fleet.py --cluster import it, and tests/integration/conftest.py takes
+its `redis_cluster` fixture's class from here, so there is one copy of how
+a cluster is started, watched and stopped.
+
+RedisCluster starts n_masters masters with one replica each
+(redis-server --cluster-enabled yes on free ports whose bus port, +10000, is
+free too), joins them with redis-cli --cluster create, and stop() kills
+every node it started by pid. It also answers what a fault schedule and a
+CPU account need: which master serves a key's slot, the replica of a
+master, every node's role and INFO. Plain redis-py, no pytest, so a bench
+script can import it without the test fixtures.
+"""
+import socket
+import subprocess
+import pathlib
+import time
+
+import redis
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_ping(port, what="redis-server", username=None, password=None):
+    """Until the server on port answers PING (10 s at most: a loaded machine), as username
+    when given (a server whose default user is off)."""
+    r = redis.Redis(port=port, username=username, password=password)
+    for _ in range(500):
+        try:
+            if r.ping():
+                return
+        except redis.exceptions.RedisError:
+            pass
+        time.sleep(0.02)
+    raise RuntimeError(f"{what} did not start")
+
+
+class RedisCluster:
+    """A real local Redis Cluster: n_masters masters with one replica each
+    (redis-server --cluster-enabled yes on free loopback ports, joined by
+    redis-cli --cluster create), in dir. stop() kills every node.
+
+    node_timeout_ms is the nodes' cluster-node-timeout: the tests keep it
+    short (2 s) so a failover is quick; a soak that SIGSTOPs a master for
+    2 s gives it more, so the pause stays a pause and does not turn into an
+    automatic failover (a separate fault there).
+
+    aclfile: every node loads it (`--aclfile`), and auth = (user, password)
+    of a user in it with every right is how this class itself talks to the
+    nodes: redis-cli --cluster create, node(), client(), and the replicas'
+    masteruser/masterauth (their replication link is an ordinary client
+    connection, so an ACL whose default user is off would refuse it; the
+    cluster bus is not). Without them, no ACL: the default user does all."""
+
+    def __init__(self, dir, n_masters=3, node_timeout_ms=2000, aclfile=None, auth=None):
+        self.dir = pathlib.Path(dir)
+        self.node_timeout_ms = node_timeout_ms
+        self.aclfile, self.auth = aclfile, auth
+        self.procs, self.ports = {}, []
+        while len(self.ports) < 2 * n_masters:
+            p = free_port()
+            if p < 55000 and p not in self.ports and self._free(p + 10000):  # the bus port
+                self.ports.append(p)
+        try:
+            for p in self.ports:
+                self.start_node(p)
+            login = ["--user", auth[0], "--pass", auth[1], "--no-auth-warning"] if auth else []
+            out = subprocess.run(["redis-cli", *login, "--cluster", "create",
+                                  *[f"127.0.0.1:{p}" for p in self.ports],
+                                  "--cluster-replicas", "1", "--cluster-yes"],
+                                 capture_output=True, text=True, timeout=60)
+            if out.returncode:
+                raise RuntimeError(f"redis-cli --cluster create: {out.stdout}{out.stderr}")
+            self.wait_ok()
+        except Exception:
+            self.stop()
+            raise
+
+    @staticmethod
+    def _free(port):
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def start_node(self, port):
+        d = self.dir / str(port)
+        d.mkdir(parents=True, exist_ok=True)
+        self.procs[port] = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d),
+             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+             "--cluster-node-timeout", str(self.node_timeout_ms), "--save", "",
+             "--appendonly", "no", "--logfile", str(d / "redis.log"), *self._acl_args()],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_ping(port, f"cluster node {port}", *(self.auth or ()))
+
+    def _acl_args(self):
+        if not self.aclfile:
+            return []
+        return ["--aclfile", str(self.aclfile), "--masteruser", self.auth[0],
+                "--masterauth", self.auth[1]]
+
+    def login(self):
+        """redis-py's username/password keywords of this class's user."""
+        return dict(zip(("username", "password"), self.auth)) if self.auth else {}
+
+    def node(self, port):
+        return redis.Redis(port=port, decode_responses=True, **self.login())
+
+    def wait_ok(self, timeout=30):
+        """Every running node says cluster_state:ok and agrees on 3 masters."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                if all("cluster_state:ok" in self.node(p).execute_command("CLUSTER", "INFO")
+                       for p in self.running()):
+                    return
+            except redis.exceptions.RedisError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("cluster did not reach cluster_state:ok")
+
+    def running(self):
+        return [p for p, pr in self.procs.items() if pr.poll() is None]
+
+    def roles(self):
+        """{port: "master" | "slave"} of the running nodes."""
+        return {p: self.node(p).execute_command("ROLE")[0] for p in self.running()}
+
+    def replica_of(self, master_port):
+        """The port of a replica of master_port."""
+        for p in self.running():
+            info = self.node(p).info("replication")
+            if info.get("role") == "slave" and int(info.get("master_port", 0)) == master_port:
+                return p
+        raise RuntimeError(f"no replica of {master_port}")
+
+    def master_of(self, key):
+        """The port of the master that serves key's slot, as the first
+        running node's CLUSTER SLOTS says (after a failover the news takes a
+        moment to spread: callers that need the new map poll)."""
+        n = self.node(self.running()[0])
+        slot = n.execute_command("CLUSTER", "KEYSLOT", key)
+        for lo, hi, master, *_ in n.execute_command("CLUSTER", "SLOTS"):
+            if lo <= slot <= hi:
+                return int(master[1])
+        raise RuntimeError(f"no master for slot {slot}")
+
+    def failover(self, master_port, timeout=30):
+        """CLUSTER FAILOVER on a replica of master_port (the manual, lossless
+        kind: WAIT first, so the replica holds every write so far), until the
+        replica says it is a master and every node is ok again. Returns the
+        new master's port."""
+        new = self.replica_of(master_port)
+        self.node(master_port).execute_command("WAIT", 1, 2000)
+        self.node(new).execute_command("CLUSTER", "FAILOVER")
+        deadline = time.time() + timeout
+        while self.roles().get(new) != "master":
+            if time.time() > deadline:
+                raise RuntimeError(f"failover of {master_port} to {new} did not happen")
+            time.sleep(0.05)
+        self.wait_ok()
+        return new
+
+    def proc(self, port):
+        """The redis-server process of port (to signal it)."""
+        return self.procs[port]
+
+    def client(self, username=None, password=None):
+        """A cluster-aware redis-py client (every key read from its master),
+        as username when given, else as this class's user."""
+        from redis.cluster import ClusterNode, RedisCluster as RC
+        login = dict(username=username, password=password) if username else self.login()
+        return RC(startup_nodes=[ClusterNode("127.0.0.1", p) for p in self.ports],
+                  decode_responses=True, **login)
+
+    @property
+    def seeds(self):
+        """The --redis seed list: every node."""
+        return ",".join(f"127.0.0.1:{p}" for p in self.ports)
+
+    def stop(self):
+        for pr in self.procs.values():
+            if pr.poll() is None:
+                pr.kill()
+                pr.wait(10)
