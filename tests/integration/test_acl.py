@@ -109,6 +109,35 @@ def noperm(fn, *args, **kw):
         fn(*args, **kw)
 
 
+def cli_as(tmp_path, addr):
+    """cli(user, *args): the redlm command against addr as an ACL user."""
+    def cli(user, *args):
+        pwf = tmp_path / f"{user}.password"
+        pwf.write_text(PW[user])
+        return subprocess.run([str(CLI), *args, "--redis", addr, "--user", user,
+                               "--password-file", str(pwf)],
+                              capture_output=True, text=True, timeout=60)
+    return cli
+
+
+def client_and_monitor_cli(cli, admin, cancel_key):
+    """The redlm command as `client` (enqueue a job already answered once,
+    so its replay is cached; tail; cancel) and as `monitor` (stats, after
+    one dead letter). Returns the stats."""
+    out = cli("client", "enqueue", "--prompt-ids", "9,8,7", "--max-tokens", "6",
+              "--temperature", "0", "--ignore-eos")
+    assert out.returncode == 0, out.stderr
+    tail = cli("client", "tail", out.stdout.strip(), "--json")
+    assert tail.returncode == 0 and '"cached":true' in tail.stdout.replace(" ", ""), tail
+    assert cli("client", "cancel", "some-id").returncode == 0
+    assert admin.exists(cancel_key)
+    st = cli("monitor", "stats", "--json")
+    assert st.returncode == 0, st.stderr
+    s = json.loads(st.stdout)
+    assert s["dead"]["count"] == 1, s
+    return s
+
+
 def test_acl_file_loads_as_aclfile_and_as_include(acl_redis, tmp_path):
     admin = acl_redis.as_user("admin")
     assert set(admin.acl_users()) == {"default", *USERS}
@@ -316,23 +345,8 @@ def test_dispatcher_and_worker_as_acl_users(built, acl_redis, tmp_path):
         assert json.loads(admin.get("redlm:dispatcher:acl-d"))["name"] == "acl-d"
         # the redlm command as `client` (enqueue, tail, cancel) and as
         # `monitor` (stats)
-        def cli(user, *args):
-            pwf = tmp_path / f"{user}.password"
-            pwf.write_text(PW[user])
-            return subprocess.run([str(CLI), *args, "--redis", acl_redis.addr, "--user", user,
-                                   "--password-file", str(pwf)],
-                                  capture_output=True, text=True, timeout=60)
-        out = cli("client", "enqueue", "--prompt-ids", "9,8,7", "--max-tokens", "6",
-                  "--temperature", "0", "--ignore-eos")
-        assert out.returncode == 0, out.stderr
-        tail = cli("client", "tail", out.stdout.strip(), "--json")
-        assert tail.returncode == 0 and '"cached":true' in tail.stdout.replace(" ", ""), tail
-        assert cli("client", "cancel", "some-id").returncode == 0
-        assert admin.exists("redlm:cancel:some-id")
-        st = cli("monitor", "stats", "--json")
-        assert st.returncode == 0, st.stderr
-        s = json.loads(st.stdout)
-        assert s["dead"]["count"] == 1, s
+        cli = cli_as(tmp_path, acl_redis.addr)
+        s = client_and_monitor_cli(cli, admin, "redlm:cancel:some-id")
         denied = [e for e in admin.acl_log(count=100)
                   if e["username"] in ("worker", "dispatcher", "monitor")]
         assert denied == [], denied
@@ -511,23 +525,8 @@ def test_acl_users_serve_jobs_on_cluster(built, acl_cluster, tmp_path):
         assert evs[0]["type"] == "error" and evs[-1]["finish_reason"] == "error"
         assert admin.xlen("{redlm:}dead") == 1
 
-        def cli(user, *args):
-            pwf = tmp_path / f"{user}.password"
-            pwf.write_text(PW[user])
-            return subprocess.run([str(CLI), *args, "--redis", seeds, "--user", user,
-                                   "--password-file", str(pwf)],
-                                  capture_output=True, text=True, timeout=60)
-        out = cli("client", "enqueue", "--prompt-ids", "9,8,7", "--max-tokens", "6",
-                  "--temperature", "0", "--ignore-eos")
-        assert out.returncode == 0, out.stderr
-        tail = cli("client", "tail", out.stdout.strip(), "--json")
-        assert tail.returncode == 0 and '"cached":true' in tail.stdout.replace(" ", ""), tail
-        assert cli("client", "cancel", "some-id").returncode == 0
-        assert admin.exists("redlm:cancel:{some-id}")
-        st = cli("monitor", "stats", "--json")
-        assert st.returncode == 0, st.stderr
-        s = json.loads(st.stdout)
-        assert s["dead"]["count"] == 1, s
+        cli = cli_as(tmp_path, seeds)
+        s = client_and_monitor_cli(cli, admin, "redlm:cancel:{some-id}")
         pools = {p["name"]: p for p in s["pools"]}
         assert pools["fast"]["key"] == "{redlm:}jobs:fast", s
         assert {w["name"] for w in s["workers"]} >= {"acl-cb"}, s
