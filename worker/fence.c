@@ -89,6 +89,9 @@ static const char *const bodies[FENCE_N_SCRIPTS] = {take_lua, emit_lua, lease_lu
 
 int fence_load(struct fence *f, struct rconn *c, struct rl_err *err)
 {
+    if (f->sha[FENCE_N_SCRIPTS - 1][0] || f->tried_on == rconn_n_reconnects(c) + 1)
+        return 0;
+    f->tried_on = rconn_n_reconnects(c) + 1;
     for (int s = 0; s < FENCE_N_SCRIPTS; s++) {
         if (f->sha[s][0])
             continue;
@@ -103,6 +106,7 @@ int fence_load(struct fence *f, struct rconn *c, struct rl_err *err)
         if (rc)
             return rc;
     }
+    f->tried_on = 0;
     return 0;
 }
 
@@ -121,6 +125,21 @@ int fence_cmd(const struct fence *f, enum fence_script s, int n_keys, const char
     argv[1] = eval ? bodies[s] : f->sha[s];
     argv[2] = nbuf;
     return 3;
+}
+
+int fence_take_cmd(const struct fence *f, const char **argv, struct fence_take_buf *b,
+                   const char *own_key, const char *out_key, const char *holder,
+                   const char *entry, bool fresh, int64_t deliveries)
+{
+    int a = fence_cmd(f, FENCE_TAKE, 2, argv, b->nk);
+    snprintf(b->d, sizeof b->d, "%lld", (long long)(deliveries > 0 ? deliveries : 1));
+    argv[a++] = own_key;
+    argv[a++] = out_key;
+    argv[a++] = holder;
+    argv[a++] = entry;
+    argv[a++] = fresh ? "1" : "0";
+    argv[a++] = b->d;
+    return a;
 }
 
 bool fence_noscript(struct fence *f, const struct rconn_reply *r)

@@ -42,6 +42,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "err.h"
 #include "rconn.h"
@@ -54,12 +55,29 @@ struct fence {
     char sha[FENCE_N_SCRIPTS][41]; /* "" until SCRIPT LOAD answered */
     bool eval_next;                /* a NOSCRIPT was seen: EVAL in the next flush */
     bool eval_now;                 /* this flush sends bodies (fence_begin) */
+    int64_t tried_on;              /* 1 + c's reconnect count at the last failed load */
 };
 
 /* SCRIPT LOAD of every script on c (on a cluster, one node: the others
- * load on their first NOSCRIPT). Returns 0, or an error and leaves the
- * missing SHA1s empty, which makes fence_cmd send bodies. */
+ * load on their first NOSCRIPT) while a SHA1 is missing, at most once per
+ * connection, so a refused load (an ACL without SCRIPT LOAD) does not cost
+ * every flush a round trip. Returns 0 (loaded, or not tried again on this
+ * connection), or the error; missing SHA1s make fence_cmd send bodies. */
 int fence_load(struct fence *f, struct rconn *c, struct rl_err *err);
+
+/* Buffers for the text arguments of fence_take_cmd; live as long as argv. */
+struct fence_take_buf {
+    char nk[12], d[24];
+};
+
+/* The whole FENCE_TAKE call into argv (9 entries): the holder record
+ * own_key and stream out_key of pool entry `entry`, taken for holder;
+ * fresh for a first delivery (taken only if no other worker holds it),
+ * else unconditionally; deliveries is the entry's delivery count. Returns
+ * argc. */
+int fence_take_cmd(const struct fence *f, const char **argv, struct fence_take_buf *b,
+                   const char *own_key, const char *out_key, const char *holder,
+                   const char *entry, bool fresh, int64_t deliveries);
 
 /* Called once per flush before any fence_cmd: decides EVAL or EVALSHA
  * for this flush. */

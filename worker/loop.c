@@ -469,6 +469,11 @@ static void hold_release(struct worker *w, struct wjob *j)
         .reasoning_content = j->hold_reasoning.n ? j->hold_reasoning.p : NULL,
         .reasoning_len = j->hold_reasoning.n, .token_ids = j->hold_ids, .n_token_ids = j->n_hold};
     emit_delta(w, j, &d);
+    w_hold_clear(j);
+}
+
+void w_hold_clear(struct wjob *j)
+{
     j->n_hold = 0;
     j->hold_content.n = j->hold_reasoning.n = 0;
     j->t_hold = 0;

@@ -250,7 +250,8 @@ int main(int argc, char **argv)
     if (w_cluster(w))
         make_pool_keys(w, true);
     fence_holder(w->holder, w->opt.name, (long long)w->t_start_ms);
-    if (fence_load(&w->fence, w->rc, &err)) /* a flush retries, or sends bodies */
+    /* a failed load is retried after a reconnect; bodies go by EVAL meanwhile */
+    if (fence_load(&w->fence, w->rc, &err))
         RL_LOG(&w->log, RL_LOG_WARN, "fencing scripts not loaded yet: %s", err.msg);
     pthread_mutex_lock(&w->m.mu);
     w->m.ready = true;

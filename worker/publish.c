@@ -247,15 +247,9 @@ static int queue_take(struct worker *w, struct flush *f, struct wjob *j)
         (j->n_out == 0 && j->state != WJ_RUNNING))
         return 0;
     const char *argv[9];
-    char nk[12], d[32];
-    int a = fence_cmd(&w->fence, FENCE_TAKE, 2, argv, nk);
-    snprintf(d, sizeof d, "%" PRId64, j->deliveries > 0 ? j->deliveries : 1);
-    argv[a++] = j->own_key;
-    argv[a++] = j->out_key;
-    argv[a++] = w->holder;
-    argv[a++] = j->entry_id;
-    argv[a++] = j->resumed ? "0" : "1";
-    argv[a++] = d;
+    struct fence_take_buf b;
+    int a = fence_take_cmd(&w->fence, argv, &b, j->own_key, j->out_key, w->holder, j->entry_id,
+                           !j->resumed, j->deliveries);
     return queue_cmd(f, (struct item){IT_TAKE, j, 0, 0}, a, argv, NULL);
 }
 
@@ -523,8 +517,7 @@ static void apply_reply(struct worker *w, const struct flush *f, struct item *it
         if (r->type == RCONN_INTEGER && r->integer < 0) {
             it->j->fenced = true; /* reclaimed before we had started */
         } else if (r->type == RCONN_INTEGER) {
-            it->j->taken = true;
-            it->j->stalls = r->integer;
+            it->j->taken = true; /* (its stalls matter only to a resumed job: resume.c) */
         } else {
             RL_LOG(&w->log, RL_LOG_WARN, "job %s: taking the holder record: %s", it->j->id,
                    is_err ? r->str : "unexpected reply");
@@ -597,9 +590,7 @@ static void drop_job(struct worker *w, struct wjob *j)
     free(j->cache_value);
     j->cache_value = NULL;
     j->cache_fill = false;
-    j->n_hold = 0;
-    j->hold_content.n = j->hold_reasoning.n = 0;
-    j->t_hold = 0;
+    w_hold_clear(j);
     j->fenced = false;
     pthread_mutex_lock(&w->m.mu);
     w->m.fenced++;
@@ -651,7 +642,7 @@ int w_flush(struct worker *w, struct rl_err *err)
     bool cluster = w_cluster(w); /* a script's keys share one slot: one job per call */
     int rc = 0;
 
-    if (!w->fence.sha[FENCE_N_SCRIPTS - 1][0] && rconn_connected(w->rc)) {
+    if (rconn_connected(w->rc)) {
         struct rl_err e2; /* not loaded at start: until it is, bodies go by EVAL */
         fence_load(&w->fence, w->rc, &e2);
     }

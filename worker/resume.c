@@ -125,17 +125,11 @@ int w_claim_own(struct worker *w, struct rl_err *err)
  * j->stalls. */
 static int take_over(struct worker *w, struct wjob *j, struct rl_err *err)
 {
-    char nk[12], d[32];
-    snprintf(d, sizeof d, "%" PRId64, j->deliveries > 0 ? j->deliveries : 1);
     for (int attempt = 0; attempt < 2; attempt++) {
         const char *argv[9];
-        int a = fence_cmd(&w->fence, FENCE_TAKE, 2, argv, nk);
-        argv[a++] = j->own_key;
-        argv[a++] = j->out_key;
-        argv[a++] = w->holder;
-        argv[a++] = j->entry_id;
-        argv[a++] = "0";
-        argv[a++] = d;
+        struct fence_take_buf b;
+        int a = fence_take_cmd(&w->fence, argv, &b, j->own_key, j->out_key, w->holder,
+                               j->entry_id, false, j->deliveries);
         struct rconn_reply *r = NULL;
         int rc = rconn_command(w->rc, a, argv, NULL, &r, err);
         if (r && r->type == RCONN_INTEGER) {

@@ -208,6 +208,8 @@ void w_job_free(struct wjob *j);
  * waited coalesce_ms (all of them when `all`) as one delta event each,
  * into the outbox; the loop calls it before every flush. */
 void w_hold_due(struct worker *w, int64_t now_ms, bool all);
+/* Forgets what j holds back, unsent (a job another worker took over). */
+void w_hold_clear(struct wjob *j);
 int w_jobs_add(struct worker *w, struct wjob *j);
 
 /* publish.c */
