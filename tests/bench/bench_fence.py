@@ -14,15 +14,16 @@ import argparse
 import json
 import pathlib
 import re
-import socket
 import statistics
 import subprocess
+import sys
 import tempfile
-import time
 
 import redis
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "bench"))
+from local_cluster import free_port, wait_ping  # noqa: E402
 EV = '{"type":"delta","seq":0,"content":" hello","token_ids":[1234]}'
 
 
@@ -38,22 +39,14 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    port = free_port()
     d = tempfile.mkdtemp(prefix="bench-fence-")
     srv = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
                             "--save", "", "--appendonly", "no", "--dir", d],
                            stdout=subprocess.DEVNULL)
     try:
+        wait_ping(port)
         r = redis.Redis(port=port)
-        for _ in range(100):
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
         emit = r.script_load(script("emit_lua"))
         J = a.jobs
 
