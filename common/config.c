@@ -126,7 +126,7 @@ static const struct opt options[] = {
     {"publish_channel", T_BOOL, O(publish_channel), "false", 0, 0, NULL, CFG_WORKER, F_LIVE,
      "Also PUBLISH every event on redlm:tok:<id>."},
     {"dead_maxlen", T_INT, O(dead_maxlen), "100000", 0, 1000000000, NULL, CFG_BOTH, F_LIVE,
-     "Approximate cap of the dead-letter stream (XADD MAXLEN ~); 0 = no cap. Job streams are never trimmed."},
+     "Approximate cap of the dead-letter stream in letters (XADD MAXLEN ~); 0 = no cap but dead_max_mb's."},
     /* queue */
     {"block_ms", T_INT, O(block_ms), "1000", 1, 60000, NULL, CFG_BOTH, F_LIVE,
      "XREADGROUP BLOCK time when idle."},
@@ -195,6 +195,11 @@ static const struct opt options[] = {
      "Bytes per second a request body must arrive at, on average, after a grace of http_header_timeout_s; a slower upload is cut off; 0 = no limit."},
     {"http_max_connections_per_ip", T_INT, O(http_max_connections_per_ip), "0", 0, 65536, NULL, CFG_DISPATCHER, 0,
      "Most HTTP connections at once from one client address (more are closed at accept); 0 = no limit, the default, since behind a reverse proxy every client has the proxy's address."},
+    /* issue 26: tenants and bounded dead letters */
+    {"tenants", T_LIST, O(tenants), "", 0, 0, NULL, CFG_DISPATCHER, F_NAMES | F_EMPTY,
+     "Tenants (1-32 of [A-Za-z0-9_-]): the dispatcher also reads <prefix>requests:<tenant> for each, and a job read there lives in the id namespace \"<tenant>:\" (its id gets that prefix), so that with the shipped ACL one tenant can neither break another's intake nor use, pre-empt or read another's ids (config/README.md). As a flag, comma-separated."},
+    {"dead_max_mb", T_INT, O(dead_max_mb), "64", 0, 1048576, NULL, CFG_BOTH, F_LIVE,
+     "The dead-letter stream holds at most about this many MiB: each letter is at most 20 KiB (a job's text is cut to fit), so the cap in letters is dead_max_mb MiB / 20 KiB when that is below dead_maxlen; 0 = only dead_maxlen."},
 };
 #undef O
 #define N_OPTS ((int)(sizeof options / sizeof options[0]))
@@ -852,6 +857,19 @@ void cfg_worker_name(const struct cfg *c, char *buf, size_t size)
     if (gethostname(buf, size) || !buf[0])
         snprintf(buf, size, "worker");
     buf[size - 1] = 0;
+}
+
+long cfg_dead_maxlen(const struct cfg *c)
+{
+    long n = c->dead_maxlen;
+    if (c->dead_max_mb > 0) {
+        long by_bytes = (long)((int64_t)c->dead_max_mb * 1024 * 1024 / EV_DEAD_LETTER_MAX);
+        if (by_bytes < 1)
+            by_bytes = 1;
+        if (n <= 0 || by_bytes < n)
+            n = by_bytes;
+    }
+    return n;
 }
 
 void cfg_job_opts(const struct cfg *c, struct job_opts *o)

@@ -103,6 +103,9 @@ struct cfg {
     int http_header_timeout_s;    /* request line + headers within this of connecting */
     int http_min_body_rate;       /* bytes/s a request body must keep up; 0 = off */
     int http_max_connections_per_ip; /* 0 = no limit */
+    /* issue 26: tenants and bounded dead letters */
+    struct cfg_strlist tenants;   /* dispatcher: also read <prefix>requests:<tenant>; may be empty */
+    int dead_max_mb;              /* redlm:dead holds at most about this many MiB; 0 = no cap */
 };
 
 /* Which program an option is for (--help shows only the program's own;
@@ -159,6 +162,10 @@ void cfg_worker_name(const struct cfg *c, char *buf, size_t size);
 /* Fills the option records of the modules the options are for. The
  * strings point into *c and live as long as it. */
 void cfg_job_opts(const struct cfg *c, struct job_opts *o);
+/* The MAXLEN of XADD <prefix>dead: dead_maxlen, or fewer so that the
+ * letters (each at most EV_DEAD_LETTER_MAX bytes) stay within dead_max_mb;
+ * 0 = no cap. */
+long cfg_dead_maxlen(const struct cfg *c);
 void cfg_rconn_opts(const struct cfg *c, struct rconn_opts *o);
 
 #endif

@@ -6,13 +6,34 @@
 #include "fence.h"
 
 /* KEYS[1] own, KEYS[2] out; ARGV[1] holder, ARGV[2] pool entry, ARGV[3]
- * "1" for a fresh delivery, ARGV[4] its delivery count. Returns -1 when a
- * fresh delivery finds its entry held by another worker, else the stalls:
- * deliveries in a row that published nothing (the stream did not grow
- * since the last take), which max_deliveries bounds. An entry never taken
- * before counts every earlier delivery as a stall. */
+ * "1" for a fresh delivery, ARGV[4] its delivery count, ARGV[5] the
+ * request (the entry ID its client's XADD returned), ARGV[6] the job's
+ * SHA-256 (job_sha256). First the job's identity (schemas/README.md, "Job
+ * identity"): the record names the request that owns the id; another
+ * request with the same job text returns -2 (a duplicate: the stream
+ * already answers it), with another text -3 (ID_CONFLICT), and so does a
+ * stream no record covers (written by an older version: not ours to
+ * write); the same request on another pool entry (forwarded twice) is a
+ * duplicate too. Then the holder: -1 when a fresh delivery finds its
+ * entry held by another worker, else the stalls: deliveries in a row that
+ * published nothing (the stream did not grow since the last take), which
+ * max_deliveries bounds. An entry never taken before counts every earlier
+ * delivery as a stall. */
 static const char take_lua[] =
-    "local h = redis.call('HMGET', KEYS[1], 'holder', 'entry', 'xlen', 'stalls', 'd')\n"
+    "local h = redis.call('HMGET', KEYS[1], 'holder', 'entry', 'xlen', 'stalls', 'd', 'req',\n"
+    "                     'sha')\n"
+    "if h[2] then\n"
+    "  local other\n"
+    "  if h[6] then other = h[6] ~= ARGV[5] or h[7] ~= ARGV[6]\n"
+    "  else other = h[2] ~= ARGV[2] end\n"
+    "  if other then\n"
+    "    if h[7] == ARGV[6] then return -2 end\n"
+    "    return -3\n"
+    "  end\n"
+    "  if h[2] ~= ARGV[2] then return -2 end\n"
+    "elseif redis.call('EXISTS', KEYS[2]) == 1 then\n"
+    "  return -3\n"
+    "end\n"
     "local same = h[2] == ARGV[2]\n"
     "if ARGV[3] == '1' and same and h[1] ~= ARGV[1] then return -1 end\n"
     "local n = redis.call('XLEN', KEYS[2])\n"
@@ -24,7 +45,7 @@ static const char take_lua[] =
     "end\n"
     "if stalls < 0 then stalls = 0 end\n"
     "redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'entry', ARGV[2], 'xlen', n,\n"
-    "           'stalls', stalls, 'd', d)\n"
+    "           'stalls', stalls, 'd', d, 'req', ARGV[5], 'sha', ARGV[6])\n"
     "return stalls\n";
 
 /* Several jobs in one call, because the Lua entry costs Redis more than
@@ -129,7 +150,8 @@ int fence_cmd(const struct fence *f, enum fence_script s, int n_keys, const char
 
 int fence_take_cmd(const struct fence *f, const char **argv, struct fence_take_buf *b,
                    const char *own_key, const char *out_key, const char *holder,
-                   const char *entry, bool fresh, int64_t deliveries)
+                   const char *entry, bool fresh, int64_t deliveries, const char *req,
+                   const char *sha)
 {
     int a = fence_cmd(f, FENCE_TAKE, 2, argv, b->nk);
     snprintf(b->d, sizeof b->d, "%lld", (long long)(deliveries > 0 ? deliveries : 1));
@@ -139,6 +161,8 @@ int fence_take_cmd(const struct fence *f, const char **argv, struct fence_take_b
     argv[a++] = entry;
     argv[a++] = fresh ? "1" : "0";
     argv[a++] = b->d;
+    argv[a++] = req;
+    argv[a++] = sha;
     return a;
 }
 

@@ -66,8 +66,8 @@ int w_push_event(struct wjob *j, char *json)
         is_done = info.type == EV_TYPE_DONE;
         ev_info_clear(&info);
     }
-    j->out[j->n_out++] = (struct wout){.seq = seq, .json = json, .len = strlen(json),
-                                       .is_done = is_done};
+    struct wout *slot = &j->out[j->n_out++];
+    *slot = (struct wout){.seq = seq, .json = json, .len = strlen(json), .is_done = is_done};
     if (j->cache_fill) {
         char **h = grow(j->hist, j->n_hist, &j->cap_hist, sizeof *h, 16);
         if (!h) {
@@ -81,6 +81,9 @@ int w_push_event(struct wjob *j, char *json)
         else
             j->hist[j->n_hist++] = copy;
     }
+    /* the cache keeps the event as the engine made it; the stream's first
+     * event names this request (ident.c) */
+    w_ident_stamp(j, seq, &slot->json, &slot->len);
     return 0;
 }
 
@@ -246,10 +249,10 @@ static int queue_take(struct worker *w, struct flush *f, struct wjob *j)
     if (j->taken || !j->out_key[0] || j->state == WJ_DROPPED || j->fenced ||
         (j->n_out == 0 && j->state != WJ_RUNNING))
         return 0;
-    const char *argv[9];
+    const char *argv[FENCE_TAKE_ARGC];
     struct fence_take_buf b;
     int a = fence_take_cmd(&w->fence, argv, &b, j->own_key, j->out_key, w->holder, j->entry_id,
-                           !j->resumed, j->deliveries);
+                           !j->resumed, j->deliveries, j->req, j->sha);
     return queue_cmd(f, (struct item){IT_TAKE, j, 0, 0}, a, argv, NULL);
 }
 
@@ -333,8 +336,25 @@ out:
     return rc;
 }
 
-/* j's pending dead letter, its XACK once it is acknowledged, and the
- * EXISTS of its cancel key while it runs. */
+/* The XACK of a finished job and the XDEL of its entry, in one script so
+ * that neither happens without the other: the pool streams hold only jobs
+ * not yet finished (bounded storage, schemas/README.md), and a refused
+ * 50 MB job leaves nothing. "workers" is the one group of a pool stream,
+ * so acknowledged there is acknowledged by every group. Its reply is the
+ * XACK's (IT_ACK). */
+static int queue_ack(struct worker *w, struct flush *f, struct wjob *j)
+{
+    static const char ack_del_lua[] =
+        "local n = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])\n"
+        "redis.call('XDEL', KEYS[1], ARGV[2])\n"
+        "return n\n";
+    const char *argv[6] = {"EVAL", ack_del_lua, "1", w->pool_keys[j->pool], w->opt.group,
+                           j->entry_id};
+    return queue_cmd(f, (struct item){IT_ACK, j, 0, 0}, 6, argv, NULL);
+}
+
+/* j's pending dead letter, its XACK (and XDEL) once it is acknowledged,
+ * and the GET of its cancel key while it runs. */
 static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j)
 {
     char buf[W_KEY_MAX + WOPTS_STR_MAX + 64];
@@ -345,14 +365,11 @@ static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j)
                              "dead", j->dead, strlen(j->dead))))
             return rc;
     }
-    if (j->state == WJ_ACKING) {
-        const char *argv[4] = {"XACK", w->pool_keys[j->pool], w->opt.group, j->entry_id};
-        if ((rc = queue_cmd(f, (struct item){IT_ACK, j, 0, 0}, 4, argv, NULL)))
-            return rc;
-    }
+    if (j->state == WJ_ACKING && (rc = queue_ack(w, f, j)))
+        return rc;
     if (j->state == WJ_RUNNING && j->eng_id && !j->cancel_sent && j->id[0]) {
         rcl_tagged_key(buf, sizeof buf, w_cluster(w), w->opt.prefix, "cancel:", j->id);
-        const char *argv[2] = {"EXISTS", buf};
+        const char *argv[2] = {"GET", buf}; /* whose cancel it is: ident.c */
         if ((rc = queue_cmd(f, (struct item){IT_CANCEL, j, 0, 0}, 2, argv, NULL)))
             return rc;
     }
@@ -514,7 +531,9 @@ static void apply_reply(struct worker *w, const struct flush *f, struct item *it
     case IT_TAKE:
         if (!r || fence_noscript(&w->fence, r))
             break;
-        if (r->type == RCONN_INTEGER && r->integer < 0) {
+        if (r->type == RCONN_INTEGER && r->integer <= FENCE_DUPLICATE) {
+            it->j->ident = (int)r->integer; /* another request owns the id: settle_jobs */
+        } else if (r->type == RCONN_INTEGER && r->integer < 0) {
             it->j->fenced = true; /* reclaimed before we had started */
         } else if (r->type == RCONN_INTEGER) {
             it->j->taken = true; /* (its stalls matter only to a resumed job: resume.c) */
@@ -552,8 +571,7 @@ static void apply_reply(struct worker *w, const struct flush *f, struct item *it
         }
         break;
     case IT_CANCEL:
-        if (r && r->type == RCONN_INTEGER && r->integer > 0 && it->j->eng_id &&
-            !it->j->cancel_sent) {
+        if (w_ident_cancel_meant(it->j, r) && it->j->eng_id && !it->j->cancel_sent) {
             struct rl_err e2;
             RL_LOG(&w->log, RL_LOG_INFO, "job %s: cancelled by its cancel key", it->j->id);
             it->j->cancel_sent = true;
@@ -616,6 +634,8 @@ static void settle_jobs(struct worker *w)
         struct wjob *j = w->jobs[i];
         if (j->fenced)
             drop_job(w, j);
+        else if (j->ident && j->state != WJ_DROPPED)
+            w_ident_refuse(w, j, j->ident); /* nothing of it reaches its id's stream */
         int k2 = 0;
         for (int k = 0; k < j->n_out; k++)
             if (j->out[k].json)
