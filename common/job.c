@@ -719,7 +719,9 @@ void job_guess_id(const char *raw, size_t len, const char *fallback, char out[JO
     size_t id_at;
     if (raw && (json_nul_check(raw, len, &id_at), id_at < len))
         return; /* its id is cut at a NUL: no usable id, never a shorter one */
-    cJSON *o = raw ? cJSON_ParseWithLength(raw, len) : NULL;
+    /* a huge text (refused as JOB_TOO_LARGE) is only scanned: a tree of
+     * 50 MB would cost the dispatcher's round more than the answer is worth */
+    cJSON *o = raw && len <= (1u << 20) ? cJSON_ParseWithLength(raw, len) : NULL;
     if (!o && raw) {
         /* not JSON cJSON takes (too deep, NaN, a lone surrogate, a typo
          * after the id): the top-level "id" member, found by a scan of
@@ -1356,8 +1358,14 @@ int job_parse(const char *text, size_t len, const struct job_opts *opts, struct 
     root = cJSON_ParseWithOpts(buf, &end, 1);
     if (!root) {
         size_t at = end && end >= buf ? (size_t)(end - buf) : 0;
-        rc = bad(fault, err, EV_CODE_INVALID_JSON, "job: not valid JSON (at byte %zu of %zu)",
-                 at, len);
+        const char *nonnum = non_number_at(buf, len, at);
+        if (nonnum)
+            rc = bad(fault, err, EV_CODE_INVALID_JSON,
+                     "job: %s at byte %zu is not a JSON number (Python's json.dumps writes NaN "
+                     "and Infinity unless allow_nan=False)", nonnum, at);
+        else
+            rc = bad(fault, err, EV_CODE_INVALID_JSON, "job: not valid JSON (at byte %zu of %zu)",
+                     at, len);
         goto done;
     }
     if (!cJSON_IsObject(root)) {
