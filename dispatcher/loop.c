@@ -419,9 +419,13 @@ static void prepare(struct disp *d, struct dreq *q)
         return;
     int32_t *ids = NULL;
     int n_ids = 0;
-    char hex[JOB_CACHE_KEY_LEN + 1];
+    char hex[JOB_CACHE_KEY_LEN + 1], mid[SHA256_HEX_LEN + JOB_TENANT_MAX + 16];
+    if (tenant[0]) /* the worker's key for a tenant's job (worker/cache.c) */
+        snprintf(mid, sizeof mid, "%s/tenant:%s", d->model_id, tenant);
+    else
+        snprintf(mid, sizeof mid, "%s", d->model_id);
     if (prompt_render(q->job, q->dec.mode, d->tok, &ids, &n_ids, &code, &err) ||
-        job_cache_key(q->job, q->dec.mode, d->model_id, ids, n_ids, hex, &err)) {
+        job_cache_key(q->job, q->dec.mode, mid, ids, n_ids, hex, &err)) {
         /* the worker will say what is wrong with it */
         RL_LOG(&d->log, RL_LOG_DEBUG, "job %s: no cache lookup: %s", q->id, err.msg);
         free(ids);
@@ -669,10 +673,12 @@ static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
         if (!rc && q->act == A_FORWARD) {
             /* the job as routed, and its identity as its client knows it:
              * the requests entry ID and the hash of the text it sent */
-            const char *vals[3] = {q->fwd, q->e->id, q->sha}, *fn[3] = {"job", "req", "sha"};
-            size_t lens[3] = {strlen(q->fwd), strlen(q->e->id), strlen(q->sha)};
-            rc = rconn_batch_add_xadd(b, d->pools[q->dec.pool].key, "*", 0, 3, fn, vals, lens,
-                                      err);
+            const char *tenant = d->intake[q->stream].tenant;
+            const char *vals[4] = {q->fwd, q->e->id, q->sha, tenant};
+            const char *fn[4] = {"job", "req", "sha", "tenant"};
+            size_t lens[4] = {strlen(q->fwd), strlen(q->e->id), strlen(q->sha), strlen(tenant)};
+            rc = rconn_batch_add_xadd(b, d->pools[q->dec.pool].key, "*", 0, tenant[0] ? 4 : 3, fn,
+                                      vals, lens, err);
         }
         /* handled: acknowledged and deleted (bounded storage; "dispatchers"
          * is the one group of an intake stream) */

@@ -59,6 +59,24 @@ void w_ident_init(struct wjob *j, const struct rconn_entry *e, const char *raw, 
     } else {
         snprintf(j->req, sizeof j->req, "%s", e->id);
     }
+    /* a tenant's jobs share no cache with another tenant's: not the
+     * prefix cache (a hit shows in cached_prompt_tokens and in timings),
+     * not the result cache (cached: true) */
+    const char *tenant = rconn_entry_field(e, "tenant", &n);
+    j->tenant[0] = 0;
+    j->cache_salt = 0;
+    if (tenant && n <= JOB_TENANT_MAX) {
+        memcpy(j->tenant, tenant, n);
+        j->tenant[n] = 0;
+        if (!job_tenant_ok(j->tenant)) {
+            j->tenant[0] = 0;
+        } else {
+            uint64_t h = 0xcbf29ce484222325ull;
+            for (size_t i = 0; i < n; i++)
+                h = (h ^ (unsigned char)tenant[i]) * 0x100000001b3ull;
+            j->cache_salt = h | 1; /* never 0, the shared domain */
+        }
+    }
     const char *sha = rconn_entry_field(e, "sha", &n);
     if (sha && sha_shaped(sha, n)) {
         memcpy(j->sha, sha, n);

@@ -179,6 +179,7 @@ static void build_request(struct worker *w, struct wjob *j, struct engine_reques
         r.deadline = d > 1e-6 ? d : 1e-6; /* <= 0 would mean "none" */
     }
     r.user = j;
+    r.cache_salt = j->cache_salt; /* a tenant's own prefix-cache domain (ident.c) */
     *rq = r;
 }
 

@@ -141,3 +141,32 @@ def test_tenants_cannot_preempt_read_or_cancel_each_other(tenants):
     noperm(a.xadd, "redlm:requests:client2", {"job": tb})
     noperm(b.xrange, "redlm:out:client:victim")
     noperm(b.xadd, "redlm:requests", {"job": tb})
+
+
+def test_tenants_share_no_cache(tenants):
+    """Neither cache tells one tenant what another sent: the prefix cache
+    (cached_prompt_tokens, and the time it saves) and the result cache
+    (cached: true) are per tenant; within a tenant both still work."""
+    a, b = tenants.as_user("client"), tenants.as_user("client2")
+    prompt = list(range(100, 164))  # four KV blocks and more
+
+    def ask(r, user, jid, cache):
+        text = json.dumps({"id": jid, "prompt_ids": prompt, "max_tokens": 2, "temperature": 0,
+                           "ignore_eos": True, "cache": cache})
+        r.xadd(f"redlm:requests:{user}", {"job": text})
+        return stream_events(r, f"redlm:out:{user}:{jid}")[-1][1]
+
+    first = ask(a, "client", "p1", False)
+    assert first["usage"]["cached_prompt_tokens"] == 0
+    # the same prompt from the other tenant: nothing reused
+    assert ask(b, "client2", "p1", False)["usage"]["cached_prompt_tokens"] == 0
+    # from the same tenant: its own prefix cache serves it
+    assert ask(a, "client", "p2", False)["usage"]["cached_prompt_tokens"] >= 48
+    # the result cache: filled by client, not answering client2
+    assert ask(a, "client", "r1", True)["cached"] is False
+    admin = tenants.as_user("admin")
+    deadline = time.time() + 10
+    while not admin.keys("redlm:cache:*") and time.time() < deadline:
+        time.sleep(0.02)
+    assert ask(b, "client2", "r1", True)["cached"] is False
+    assert ask(a, "client", "r2", True)["cached"] is True
