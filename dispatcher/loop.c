@@ -59,6 +59,7 @@
 #include "cache.h"
 #include "event.h"
 #include "prompt.h"
+#include "qack.h"
 #include "rcluster.h"
 
 #define STATS_MS 100       /* pool state is at most this old when routing */
@@ -680,15 +681,12 @@ static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
             rc = rconn_batch_add_xadd(b, d->pools[q->dec.pool].key, "*", 0, tenant[0] ? 4 : 3, fn,
                                       vals, lens, err);
         }
-        /* handled: acknowledged and deleted (bounded storage; "dispatchers"
-         * is the one group of an intake stream) */
+        /* handled: acknowledged, and deleted unless another group still
+         * needs it (bounded storage, common/qack.h) */
         const char *ikey = d->intake[q->stream].key;
-        const char *ack[4] = {"XACK", ikey, GROUP_REQ, q->e->id};
-        const char *del[3] = {"XDEL", ikey, q->e->id};
+        const char *ack[6] = {"EVAL", qack_lua, "1", ikey, GROUP_REQ, q->e->id};
         if (!rc)
-            rc = rconn_batch_add(b, 4, ack, NULL, err);
-        if (!rc)
-            rc = rconn_batch_add(b, 3, del, NULL, err);
+            rc = rconn_batch_add(b, 6, ack, NULL, err);
         if (!rc)
             rc = rconn_batch_add(b, 1, exec, NULL, err);
         if (rc)

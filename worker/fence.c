@@ -51,8 +51,11 @@ static const char take_lua[] =
 /* Several jobs in one call, because the Lua entry costs Redis more than
  * the XADD itself (BENCHMARKS.md): KEYS are (out, own) per job; ARGV[1]
  * the holder, then per job: the TTL to set on both keys after done ("0":
- * not yet), the pub/sub channel ("" for none), the number of events n and
- * n (entry ID, event JSON) pairs. One reply element per job: the number of
+ * not yet), the pub/sub channel ("" for none), its pool entry, the number
+ * of events n and n (entry ID, event JSON) pairs. The record must name
+ * both the holder and the entry: two jobs of one worker under one id (the
+ * second refused by FENCE_TAKE, its events not yet dropped) never both
+ * write. One reply element per job: the number of
  * its events now in the stream (all of them; a resend after a lost reply
  * counts as written), FENCED when the caller is not its holder, or
  * "XADD <k>: <error>" when its event k failed (the k before it are
@@ -61,9 +64,10 @@ static const char take_lua[] =
 static const char emit_lua[] =
     "local res, a = {}, 2\n"
     "for j = 1, #KEYS, 2 do\n"
-    "  local ttl, chan, n = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])\n"
-    "  a = a + 3\n"
-    "  if redis.call('HGET', KEYS[j + 1], 'holder') ~= ARGV[1] then\n"
+    "  local ttl, chan, entry, n = ARGV[a], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3])\n"
+    "  a = a + 4\n"
+    "  local h = redis.call('HMGET', KEYS[j + 1], 'holder', 'entry')\n"
+    "  if h[1] ~= ARGV[1] or h[2] ~= entry then\n"
     "    res[#res + 1] = redis.error_reply('FENCED another worker holds this job')\n"
     "  else\n"
     "    local k, bad = 0, nil\n"

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "fence.h"
+#include "qack.h"
 #include "rcluster.h"
 #include "worker.h"
 
@@ -281,7 +282,7 @@ static int queue_emit(struct worker *w, struct flush *f)
     int n_ev = 0;
     for (int g = first; g < f->n_emits; g++)
         n_ev += f->emits[g].n_ev;
-    int n = 4 + 5 * n_jobs + 2 * n_ev;
+    int n = 4 + 6 * n_jobs + 2 * n_ev;
     const char **argv = malloc((size_t)n * sizeof *argv);
     size_t *lens = malloc((size_t)n * sizeof *lens);
     char(*ids)[EV_STREAM_ID_MAX] = malloc((size_t)(n_ev ? n_ev : 1) * sizeof *ids);
@@ -313,8 +314,10 @@ static int queue_emit(struct worker *w, struct flush *f)
         chans[q][0] = 0;
         if (w->opt.publish)
             rcl_tagged_key(chans[q], sizeof chans[q], w_cluster(w), w->opt.prefix, "tok:", j->id);
-        const char *head[3] = {nums[q][0], chans[q], nums[q][1]};
-        for (int h = 0; h < 3; h++) {
+        /* the pool entry too: the holder record must be this job's, not
+         * only this process's (another job of ours may own the id: ident.c) */
+        const char *head[4] = {nums[q][0], chans[q], j->entry_id, nums[q][1]};
+        for (int h = 0; h < 4; h++) {
             lens[a] = strlen(head[h]);
             argv[a++] = head[h];
         }
@@ -336,19 +339,13 @@ out:
     return rc;
 }
 
-/* The XACK of a finished job and the XDEL of its entry, in one script so
- * that neither happens without the other: the pool streams hold only jobs
- * not yet finished (bounded storage, schemas/README.md), and a refused
- * 50 MB job leaves nothing. "workers" is the one group of a pool stream,
- * so acknowledged there is acknowledged by every group. Its reply is the
- * XACK's (IT_ACK). */
+/* The XACK of a finished job and the XDEL of its entry once no group needs
+ * it (common/qack.h): the pool streams hold only jobs not yet finished
+ * (bounded storage, schemas/README.md), and a refused 50 MB job leaves
+ * nothing. Its reply is the XACK's (IT_ACK). */
 static int queue_ack(struct worker *w, struct flush *f, struct wjob *j)
 {
-    static const char ack_del_lua[] =
-        "local n = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])\n"
-        "redis.call('XDEL', KEYS[1], ARGV[2])\n"
-        "return n\n";
-    const char *argv[6] = {"EVAL", ack_del_lua, "1", w->pool_keys[j->pool], w->opt.group,
+    const char *argv[6] = {"EVAL", qack_lua, "1", w->pool_keys[j->pool], w->opt.group,
                            j->entry_id};
     return queue_cmd(f, (struct item){IT_ACK, j, 0, 0}, 6, argv, NULL);
 }

@@ -213,3 +213,32 @@ def test_readme_python_snippet_twice_reads_two_answers(dispatchers, workers, red
     assert len(outs) == 2, outs
     entries = {json.loads(r.xrange(k, count=1)[0][1]["event"])["request"]["entry"] for k in outs}
     assert len(entries) == 2
+
+
+def test_cached_job_under_a_running_jobs_id_writes_nothing(workers, client, prefix, tmp_path,
+                                                           event_validator):
+    """One worker, one id: job A runs; job B, another text, is a result-cache
+    hit, so at admission it already holds its whole answer. Its FENCE_TAKE
+    is refused, and its events, sent in the same flush, must be refused too
+    (the holder record names A's entry, not only this worker): A's stream
+    stays A's, token for token."""
+    workers("w1")
+    # B's whole answer (801 events) outruns what A has published when B
+    # comes, so any of B's events let through would land in A's stream
+    cached = {"prompt_ids": [31, 41, 59], "max_tokens": 800, "temperature": 0,
+              "ignore_eos": True}
+    client.submit({"id": "fill", **cached})
+    client.events("fill")
+    wait_for(lambda: client.r.keys(f"{prefix}cache:*"), what="the cache entry")
+    ja = {"prompt_ids": [2, 7, 18], "max_tokens": 2500}
+    ta = greedy("mix", ja["prompt_ids"], ja["max_tokens"])
+    ea = client.submit(None, raw=ta)
+    wait_for(lambda: client.r.xlen(f"{prefix}out:mix") >= 2, what="A's first events")
+    tb = json.dumps({"id": "mix", **cached})
+    eb = client.submit(None, raw=tb)
+    conflict_answer(client.r, f"{prefix}out:mix", eb, tb, event_validator)
+    evs = client.events("mix", timeout=120)
+    check_stream(evs, event_validator)
+    assert evs[0][1]["request"]["entry"] == ea
+    assert not any(e.get("cached") for _, e in evs)
+    assert tokens_of(evs) == reference([ja], tmp_path)[0]
