@@ -133,7 +133,9 @@ void w_ident_apply(struct worker *w, struct wjob *j)
 {
     int code = j->ident;
     j->ident = 0;
-    if (code == FENCE_DUPLICATE) {
+    if (code == FENCE_DUPLICATE || j->on_alt) {
+        /* (on its own stream out:<id>@<req> already: only another delivery
+         * of this very request can hold that one, and it answers it) */
         RL_LOG(&w->log, RL_LOG_INFO, "job %s (entry %s, request %s): the same job is answered "
                "already by %s; acknowledged without running", j->id, j->entry_id, j->req,
                j->out_key);
@@ -152,6 +154,7 @@ void w_ident_apply(struct worker *w, struct wjob *j)
     snprintf(j->own_key, sizeof j->own_key, "%.300s@%s", base_own, j->req);
     j->taken = false;
     j->resumed = false;
+    j->on_alt = true;
     ev_seq_init(&j->seq);
     w_push_error(w, j, EV_CODE_ID_CONFLICT, msg);
     w_set_dead(w, j, NULL, 0, EV_CODE_ID_CONFLICT, msg); /* job_sha256 is in the message's stream */

@@ -75,6 +75,7 @@ struct wjob {
     char req[RCONN_ID_MAX];       /* the entry ID its client's XADD returned */
     char sha[JOB_SHA_LEN + 1];    /* job_sha256 of the job text as sent */
     int ident;                    /* FENCE_DUPLICATE / FENCE_ID_CONFLICT to apply; 0 = none */
+    bool on_alt;                  /* answering on out:<id>@<req> (refused: ident.c) */
     char tenant[JOB_TENANT_MAX + 1]; /* the tenant it came from ("" = none): its own
                                      prefix-cache domain and result-cache keys */
     uint64_t cache_salt;          /* engine_request.cache_salt: 0, or the tenant's */
