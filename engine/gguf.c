@@ -33,6 +33,7 @@
  * used-marks, which the loader sets single-threaded. */
 #include "gguf.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -549,6 +550,48 @@ int gguf_is_gguf(const char *path)
     int ok = fread(m, 1, 4, fp) == 4 && !memcmp(m, GGUF_MAGIC, 4);
     fclose(fp);
     return ok;
+}
+
+int gguf_locate(const char *path, char *out, size_t size, struct rl_err *err)
+{
+    struct stat st;
+    if (stat(path, &st))
+        return 0;
+    if (S_ISREG(st.st_mode)) {
+        if (!gguf_is_gguf(path))
+            return 0;
+        snprintf(out, size, "%s", path);
+        return 1;
+    }
+    if (!S_ISDIR(st.st_mode))
+        return 0;
+    char p[4096];
+    snprintf(p, sizeof p, "%s/config.json", path);
+    if (!access(p, F_OK))
+        return 0; /* a Hugging Face checkpoint, whatever else lies beside it */
+    DIR *d = opendir(path);
+    if (!d)
+        return 0;
+    int found = 0;
+    char first[256] = "";
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        if (n <= 5 || strcmp(e->d_name + n - 5, ".gguf"))
+            continue;
+        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+        if (!gguf_is_gguf(p))
+            continue;
+        if (found++) {
+            closedir(d);
+            return rl_errf(err, RL_EINVAL, "%s holds several GGUF files (%s, %s, ...): name the one to load",
+                           path, first, e->d_name);
+        }
+        snprintf(first, sizeof first, "%s", e->d_name);
+        snprintf(out, size, "%s", p);
+    }
+    closedir(d);
+    return found;
 }
 
 /* ---- tensors ---- */

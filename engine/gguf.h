@@ -76,6 +76,13 @@ const char *gguf_path(const struct gguf_file *f);
 /* 1 when the first four bytes of path are "GGUF" (a readable regular file). */
 int gguf_is_gguf(const char *path);
 
+/* Where a model path names a GGUF file: path itself when it is a regular
+ * file starting with "GGUF" (whatever its name: the Ollama store's blobs
+ * have none), or the one *.gguf file of a directory that has no
+ * config.json. Returns 1 with the file in out, 0 when path is not a GGUF
+ * model, or -RL_EINVAL (naming them) when a directory holds several. */
+int gguf_locate(const char *path, char *out, size_t size, struct rl_err *err);
+
 /* "F32", "Q4_K", ... for any ggml type id; "type N" (static buffer of the
  * caller, 16 bytes) for an unknown one. */
 const char *gguf_type_name(uint32_t type, char buf[16]);
