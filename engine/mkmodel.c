@@ -530,7 +530,7 @@ static int plan_awq(struct plan *p, const struct mk_opts *o, const char *name, i
     int wi = p->n - 1;
     g->kind = GEN_AWQ_QWEIGHT;
     g->mean = 0.0f;
-    g->std = 0.02f;
+    g->std = o->weight_std > 0 ? o->weight_std : 0.02f;
     g->pattern = o->pattern;
     g->awq_rows = rows;
     g->awq_cols = cols;
@@ -565,7 +565,7 @@ static int plan_random(struct plan *p, const struct mk_opts *o, const char *name
         return rc;
     g->kind = GEN_RANDOM;
     g->mean = rows ? 0.0f : 1.0f;
-    g->std = 0.02f;
+    g->std = rows && o->weight_std > 0 ? o->weight_std : 0.02f;
     g->pattern = o->pattern;
     rng_seed(&g->rng, o->seed, name);
     if (g->out == ST_F8_E4M3)
@@ -910,7 +910,7 @@ void mk_opts_init(struct mk_opts *o)
 static int check_quant_shape(const struct mk_opts *o, struct rl_err *err)
 {
     int blk = o->dtype == MK_AWQ ? (o->awq_group ? o->awq_group : 128)
-              : o->dtype == MK_Q8_0 ? 32 : o->dtype == MK_Q4_K_M ? 256 : 1;
+              : o->dtype == MK_Q8_0 ? 32 : o->dtype > MK_Q8_0 ? 256 : 1;
     const char *what = o->dtype == MK_AWQ ? "the AWQ group size" : "the quantization block";
     const struct {
         const char *dim;
@@ -932,11 +932,11 @@ static int check_opts(const struct mk_opts *o, struct rl_err *err)
 {
     if (!o->out_dir || !*o->out_dir)
         return rl_errf(err, RL_EINVAL, "no output directory (--out)");
-    if ((unsigned)o->dtype > MK_Q4_K_M)
+    if ((unsigned)o->dtype > MK_Q6_K)
         return rl_errf(err, RL_EINVAL, "bad dtype %d", (int)o->dtype);
     if (o->from_dir && o->dtype >= MK_AWQ)
-        return rl_errf(err, RL_EINVAL, "--from converts to f32, bf16 or fp8 only; awq, q8_0 and "
-                                       "q4_k_m models are made with random weights");
+            return rl_errf(err, RL_EINVAL, "--from converts to f32, bf16 or fp8 only; awq and GGUF "
+                                       "models are made with random weights");
     if (o->awq_group < 0 || o->awq_group > 1 << 16)
         return rl_errf(err, RL_EINVAL, "--group %d: must be in [1, 65536]", o->awq_group);
     if (o->n_shards < 0 || (o->n_shards > 1 && o->shard_size))
@@ -1102,7 +1102,7 @@ static int qt_fill(void *ctx, uint64_t off, void *buf, size_t n, struct rl_err *
 static uint32_t gguf_type_of(enum model_dtype dt)
 {
     return dt == MODEL_Q8_0 ? GGUF_T_Q8_0 : dt == MODEL_Q4_K ? GGUF_T_Q4_K
-           : dt == MODEL_Q6_K ? GGUF_T_Q6_K : GGUF_T_F32;
+           : dt == MODEL_Q5_K ? GGUF_T_Q5_K : dt == MODEL_Q6_K ? GGUF_T_Q6_K : GGUF_T_F32;
 }
 
 /* llama.cpp's use_more_bits: the layers whose attn_v and ffn_down Q4_K_M
@@ -1331,8 +1331,14 @@ static int mk_write_gguf(const struct mk_opts *o, struct mk_result *res, struct 
         return rl_errf(err, RL_ENOMEM, "out of memory");
     if ((rc = gguf_writer_create(&w, err)))
         goto out;
-    int q4 = o->dtype == MK_Q4_K_M;
-    enum model_dtype base = q4 ? MODEL_Q4_K : MODEL_Q8_0, six = q4 ? MODEL_Q6_K : MODEL_Q8_0;
+    /* llama_ftype: MOSTLY_Q8_0 7, Q4_K_M 15, Q5_K_M 17, Q6_K 18 */
+    static const struct {
+        enum model_dtype base, six;
+        uint32_t ftype;
+    } lay[] = {[MK_Q8_0] = {MODEL_Q8_0, MODEL_Q8_0, 7}, [MK_Q4_K_M] = {MODEL_Q4_K, MODEL_Q6_K, 15},
+               [MK_Q5_K_M] = {MODEL_Q5_K, MODEL_Q6_K, 17}, [MK_Q6_K] = {MODEL_Q6_K, MODEL_Q6_K, 18}};
+    enum model_dtype base = lay[o->dtype].base, six = lay[o->dtype].six;
+    float wstd = o->weight_std > 0 ? o->weight_std : 0.02f;
 #define ADD(gname, hfname, r, c, d)                                                     \
     do {                                                                                \
         struct qt *q_ = &t[n++];                                                        \
@@ -1341,7 +1347,7 @@ static int mk_write_gguf(const struct mk_opts *o, struct mk_result *res, struct 
         q_->cols = (c);                                                                 \
         q_->dt = (r) ? (d) : MODEL_F32;                                                 \
         q_->g.mean = (r) ? 0.0f : 1.0f;                                                 \
-        q_->g.std = 0.02f;                                                              \
+        q_->g.std = (r) ? wstd : 0.02f;                                                 \
         q_->g.pattern = o->pattern;                                                     \
         rng_seed(&q_->g.rng, o->seed, hfname);                                          \
         q_->row_bytes = q_->dt == MODEL_F32 ? (size_t)q_->cols * 4                      \
@@ -1373,7 +1379,7 @@ static int mk_write_gguf(const struct mk_opts *o, struct mk_result *res, struct 
 #undef ADD
     gguf_writer_str(w, "general.architecture", "qwen3", 5);
     gguf_writer_str(w, "general.name", "redlm random", 12);
-    gguf_writer_u32(w, "general.file_type", q4 ? 15 : 7); /* llama_ftype MOSTLY_Q4_K_M / Q8_0 */
+    gguf_writer_u32(w, "general.file_type", lay[o->dtype].ftype);
     gguf_writer_u32(w, "general.quantization_version", 2);
     gguf_writer_u32(w, "qwen3.block_count", (uint32_t)L);
     gguf_writer_u32(w, "qwen3.context_length", 40960);
@@ -1436,7 +1442,7 @@ int mk_write(const struct mk_opts *o, struct mk_result *res, struct rl_err *err)
     int rc = check_opts(o, err);
     if (rc)
         return rc;
-    if (o->dtype == MK_Q8_0 || o->dtype == MK_Q4_K_M)
+    if (o->dtype >= MK_Q8_0)
         return mk_write_gguf(o, res, err);
     struct plan p = {0};
     struct st_file *src = NULL;

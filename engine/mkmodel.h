@@ -26,6 +26,8 @@ enum mk_dtype {
                  * Q6_K for attn_v and ffn_down in the layers llama.cpp gives more bits
                  * (the first and last eighth and every third between) and for
                  * output (or, tied, token_embd); norms F32 */
+    MK_Q5_K_M,  /* the same with Q5_K for Q4_K (llama.cpp's Q5_K_M) */
+    MK_Q6_K,    /* every matrix Q6_K (llama.cpp's Q6_K) */
 };
 
 struct mk_opts {
@@ -57,6 +59,8 @@ struct mk_opts {
                                 * much faster for huge checkpoints, still seed-deterministic */
     int scale_bf16;            /* FP8: weight_scale_inv as BF16 (Qwen's dense FP8 releases) instead of F32 */
     int awq_group;             /* AWQ: group size along the input features; 0 = 128 */
+    float weight_std;          /* std of the random matrices; 0 = 0.02 (tests that want
+                                * confident logits from a tiny model raise it) */
 };
 
 /* What mk_write produced. */

@@ -23,12 +23,13 @@ static void usage(FILE *f)
           "                      qwen3-14b, qwen3-32b; the flags below override its fields\n"
           "  --hidden N --intermediate N --layers N --heads N --kv-heads N --head-dim N\n"
           "  --vocab N --tied | --untied\n"
-          "  --dtype f32|bf16|fp8|awq|q8_0|q4_k_m  (default bf16; fp8 = E4M3 projections\n"
-          "                      with 128x128 block weight_scale_inv, the rest BF16; awq =\n"
-          "                      AutoAWQ INT4 GEMM projections, the rest F16; q8_0 and q4_k_m\n"
-          "                      write one GGUF file, DIR/model.gguf or --out FILE.gguf, in\n"
-          "                      llama.cpp's layouts; they need the input dims in whole\n"
-          "                      blocks: 32 for q8_0, 256 for q4_k_m, --group for awq)\n"
+          "  --dtype f32|bf16|fp8|awq|q8_0|q4_k_m|q5_k_m|q6_k  (default bf16; fp8 = E4M3\n"
+          "                      projections with 128x128 block weight_scale_inv, the rest\n"
+          "                      BF16; awq = AutoAWQ INT4 GEMM projections, the rest F16;\n"
+          "                      q8_0 .. q6_k write one GGUF file, DIR/model.gguf or --out\n"
+          "                      FILE.gguf, in llama.cpp's layouts; they need the input dims\n"
+          "                      in whole blocks: 32 for q8_0, 256 for the K-quants, --group\n"
+          "                      for awq)\n"
           "  --group N           AWQ group size (default 128)\n"
           "  --scale-dtype f32|bf16  dtype of the FP8 scales (default f32; Qwen's FP8\n"
           "                      releases use bf16)\n"
@@ -133,9 +134,13 @@ static int parse_args(int argc, char **argv, struct mk_opts *o, struct rl_err *e
                 o->dtype = MK_Q8_0;
             else if (!strcmp(v, "q4_k_m"))
                 o->dtype = MK_Q4_K_M;
+            else if (!strcmp(v, "q5_k_m"))
+                o->dtype = MK_Q5_K_M;
+            else if (!strcmp(v, "q6_k"))
+                o->dtype = MK_Q6_K;
             else
                 return rl_errf(err, RL_EINVAL,
-                               "--dtype: \"%s\" is not f32, bf16, fp8, awq, q8_0 or q4_k_m", v);
+                               "--dtype: \"%s\" is not f32, bf16, fp8, awq, q8_0, q4_k_m, q5_k_m or q6_k", v);
         } else if (!strcmp(a, "--scale-dtype")) {
             if (strcmp(v, "f32") && strcmp(v, "bf16"))
                 return rl_errf(err, RL_EINVAL, "--scale-dtype: \"%s\" is not f32 or bf16", v);
@@ -184,7 +189,7 @@ int cmd_mkmodel(int argc, char **argv)
     cJSON *j = cJSON_CreateObject();
     char gpath[4096];
     mk_gguf_path(o.out_dir, gpath, sizeof gpath);
-    cJSON_AddStringToObject(j, "out", o.dtype == MK_Q8_0 || o.dtype == MK_Q4_K_M ? gpath : o.out_dir);
+    cJSON_AddStringToObject(j, "out", o.dtype >= MK_Q8_0 ? gpath : o.out_dir);
     cJSON_AddNumberToObject(j, "params", (double)r.n_params);
     cJSON_AddNumberToObject(j, "bytes", (double)r.n_bytes);
     cJSON_AddNumberToObject(j, "files", r.n_files);
