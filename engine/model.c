@@ -800,8 +800,8 @@ static int check_model_dir(const char *dir, struct rl_err *err)
     size_t n = strlen(dir);
     if (!S_ISDIR(sb.st_mode)) {
         (void)n;
-        return rl_errf(err, RL_EFORMAT, "%s is a file, not a directory nor a GGUF file; %s, or a "
-                                        "GGUF file", dir, expected);
+        return rl_errf(err, RL_EFORMAT, "%s is a file, not a directory; %s, or a GGUF file", dir,
+                       expected);
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
