@@ -72,10 +72,16 @@ struct quant_block_q6_k {
     uint16_t d;             /* f16 */
 };
 
-_Static_assert(sizeof(struct quant_block_q8_0) == 34, "Q8_0 block is 34 bytes");
-_Static_assert(sizeof(struct quant_block_q4_k) == 144, "Q4_K block is 144 bytes");
-_Static_assert(sizeof(struct quant_block_q5_k) == 176, "Q5_K block is 176 bytes");
-_Static_assert(sizeof(struct quant_block_q6_k) == 210, "Q6_K block is 210 bytes");
+/* C11's _Static_assert is static_assert in the C++ nvcc compiles .cu as */
+#ifdef __cplusplus
+#define QUANT_STATIC_ASSERT(c, m) static_assert(c, m)
+#else
+#define QUANT_STATIC_ASSERT(c, m) _Static_assert(c, m)
+#endif
+QUANT_STATIC_ASSERT(sizeof(struct quant_block_q8_0) == 34, "Q8_0 block is 34 bytes");
+QUANT_STATIC_ASSERT(sizeof(struct quant_block_q4_k) == 144, "Q4_K block is 144 bytes");
+QUANT_STATIC_ASSERT(sizeof(struct quant_block_q5_k) == 176, "Q5_K block is 176 bytes");
+QUANT_STATIC_ASSERT(sizeof(struct quant_block_q6_k) == 210, "Q6_K block is 210 bytes");
 
 /* AutoAWQ's nibble of feature 8j + k inside a packed int32 (see above). */
 extern const int QUANT_AWQ_NIBBLE[8];
