@@ -583,9 +583,10 @@ int gguf_locate(const char *path, char *out, size_t size, struct rl_err *err)
         if (!gguf_is_gguf(p))
             continue;
         if (found++) {
+            int rc = rl_errf(err, RL_EINVAL, "%s holds several GGUF files (%s, %s, ...): name the one to load",
+                             path, first, e->d_name); /* before closedir frees e */
             closedir(d);
-            return rl_errf(err, RL_EINVAL, "%s holds several GGUF files (%s, %s, ...): name the one to load",
-                           path, first, e->d_name);
+            return rc;
         }
         snprintf(first, sizeof first, "%s", e->d_name);
         snprintf(out, size, "%s", p);

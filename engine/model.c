@@ -767,7 +767,7 @@ static int gguf_bind_all(struct model *m, struct rl_err *err)
     return 0;
 }
 
-static int load_gguf(struct model **out, const char *dir, const char *file, struct rl_err *err)
+static int load_gguf(struct model **out, const char *file, struct rl_err *err)
 {
     struct model *m = calloc(1, sizeof *m);
     int rc;
@@ -775,7 +775,6 @@ static int load_gguf(struct model **out, const char *dir, const char *file, stru
         model_free(m);
         return rl_errf(err, RL_ENOMEM, "out of memory");
     }
-    (void)dir;
     if ((rc = gguf_open(&m->gg, file, err)) || (rc = gguf_config(m, err)) ||
         (rc = gguf_bind_all(m, err))) {
         model_free(m);
@@ -826,7 +825,7 @@ int model_load(struct model **out, const char *dir, struct rl_err *err)
         rc = 1;
     }
     if (rc)
-        return load_gguf(out, dir, gpath, err);
+        return load_gguf(out, gpath, err);
     if ((rc = check_model_dir(dir, err)))
         return rc;
     struct model *m = calloc(1, sizeof *m);

@@ -254,8 +254,11 @@ static void copy_model(const char *dir, enum st_dtype dt, const char *rename_fro
     free(bufs);
     st_close(src);
     snprintf(path, sizeof path, "%s/config.json", model_dir);
-    char *cfg = tu_slurp(path, NULL);
-    if (dt == ST_BF16) {
+    size_t cfg_len = 0;
+    char *cfg = tu_slurp(path, &cfg_len);
+    if (dt == ST_BF16) { /* "float32" -> "bfloat16": one byte longer */
+        cfg = realloc(cfg, cfg_len + 2);
+        assert_non_null(cfg);
         char *at = strstr(cfg, "\"float32\"");
         assert_non_null(at);
         memmove(at + 10, at + 9, strlen(at + 9) + 1);
