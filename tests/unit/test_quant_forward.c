@@ -15,6 +15,9 @@
  *    its first and second logit exceeds 0.3 (and there are such positions:
  *    the weights are drawn wider than the maker's default so that a tiny
  *    model has confident logits).
+ * And the float tensor types of GGUF: a BF16 GGUF written from the BF16
+ * safetensors model gives its logits bit for bit, an F16 one agrees with
+ * the reference within 1e-3.
  * The figures are printed (tests/README.md records a run). When native
  * kernels quantize activations, their own bound goes beside the 1e-3 here:
  * the ISA list and the tolerance are the two parameters of check_format. */
@@ -32,6 +35,7 @@
 #include "backend.h"
 #include "cpu/kernels.h"
 #include "dtype.h"
+#include "gguf.h"
 #include "mkmodel.h"
 #include "model.h"
 #include "quant.h"
@@ -78,6 +82,15 @@ static int setup(void **state)
         if (mk_write(&o, NULL, &err)) {
             fprintf(stderr, "mk_write %s: %s\n", fmts[i].name, err.msg);
             return -1;
+        }
+        if (i == 0) { /* and the BF16 model of the same seed, untied */
+            struct mk_opts b = o;
+            snprintf(out, sizeof out, "%s/bf16", tmp);
+            b.out_dir = out, b.dtype = MK_BF16, b.tied = 0;
+            if (mk_write(&b, NULL, &err)) {
+                fprintf(stderr, "mk_write bf16: %s\n", err.msg);
+                return -1;
+            }
         }
     }
     return 0;
@@ -397,13 +410,7 @@ static void test_same_weights(void **state)
     (void)state;
     char bf[512];
     snprintf(bf, sizeof bf, "%s/bf16", tmp);
-    struct mk_opts o;
     struct rl_err err = {0};
-    mk_opts_init(&o);
-    o.hidden = 256, o.intermediate = 512, o.n_layers = 4, o.n_heads = 4, o.n_kv_heads = 2;
-    o.head_dim = 64, o.vocab = 512, o.tied = 0, o.dtype = MK_BF16, o.seed = 28, o.weight_std = 0.08f;
-    o.out_dir = bf;
-    assert_int_equal(mk_write(&o, NULL, &err), 0);
     struct model *ref, *m;
     assert_int_equal(model_load(&ref, bf, &err), 0);
     static const struct {
@@ -437,11 +444,162 @@ static void test_same_weights(void **state)
     model_free(ref);
 }
 
+/* ---- F32 / F16 / BF16 GGUF tensors ----
+ *
+ * A GGUF written here from the BF16 safetensors model (the same weights
+ * under llama.cpp's names and keys): with BF16 matrices it must give the
+ * safetensors model's logits bit for bit (same data, same kernels); with
+ * F16 matrices (BF16 values are exact in F16 at these magnitudes) it must
+ * agree with the float64 reference like the quantized formats. */
+
+/* Tensor t (BF16 in the safetensors model) as `type` bytes, malloc'd. */
+static void *convert(const struct model_tensor *t, uint32_t type)
+{
+    size_t n = (size_t)(t->rows * t->cols);
+    assert_int_equal(t->dtype, MODEL_BF16);
+    const uint16_t *src = t->data;
+    if (type == GGUF_T_BF16) {
+        void *b = malloc(n * 2);
+        memcpy(b, src, n * 2);
+        return b;
+    }
+    if (type == GGUF_T_F16) {
+        uint16_t *b = malloc(n * 2);
+        for (size_t i = 0; i < n; i++)
+            b[i] = f32_to_f16(bf16_to_f32(src[i]));
+        return b;
+    }
+    float *b = malloc(n * 4);
+    for (size_t i = 0; i < n; i++)
+        b[i] = bf16_to_f32(src[i]);
+    return b;
+}
+
+static void gguf_from_safetensors(const char *st_dir, const char *out, uint32_t mat_type)
+{
+    struct model *m;
+    struct rl_err err = {0};
+    assert_int_equal(model_load(&m, st_dir, &err), 0);
+    const struct model_config *c = model_get_config(m);
+    const struct model_weights *w = model_get_weights(m);
+    struct gguf_writer *g;
+    assert_int_equal(gguf_writer_create(&g, &err), 0);
+    gguf_writer_str(g, "general.architecture", "qwen3", 5);
+    gguf_writer_u32(g, "qwen3.block_count", (uint32_t)c->n_layers);
+    gguf_writer_u32(g, "qwen3.context_length", (uint32_t)c->max_pos);
+    gguf_writer_u32(g, "qwen3.embedding_length", (uint32_t)c->hidden);
+    gguf_writer_u32(g, "qwen3.feed_forward_length", (uint32_t)c->intermediate);
+    gguf_writer_u32(g, "qwen3.attention.head_count", (uint32_t)c->n_heads);
+    gguf_writer_u32(g, "qwen3.attention.head_count_kv", (uint32_t)c->n_kv_heads);
+    gguf_writer_u32(g, "qwen3.attention.key_length", (uint32_t)c->head_dim);
+    gguf_writer_f32(g, "qwen3.rope.freq_base", c->rope_theta);
+    gguf_writer_f32(g, "qwen3.attention.layer_norm_rms_epsilon", c->rms_eps);
+    void *bufs[512];
+    int nb = 0;
+#define ADD(name, t, type)                                                                 \
+    do {                                                                                   \
+        int64_t ne_[2] = {(t)->cols, (t)->rows};                                           \
+        bufs[nb] = convert(t, type);                                                       \
+        gguf_writer_tensor(g, name, type, (t)->rows > 1 ? 2 : 1, ne_, bufs[nb], NULL, NULL); \
+        nb++;                                                                              \
+    } while (0)
+    ADD("token_embd.weight", &w->embed, GGUF_T_BF16);
+    ADD("output_norm.weight", &w->final_norm, GGUF_T_F32);
+    if (!c->tied)
+        ADD("output.weight", &w->lm_head, mat_type);
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct model_layer *L = &w->layers[l];
+        const struct model_tensor *ts[11] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
+                                             &L->q_norm, &L->k_norm, &L->mlp_norm, &L->w_gate,
+                                             &L->w_up, &L->w_down};
+        static const char *const sfx[11] = {"attn_norm", "attn_q", "attn_k", "attn_v",
+                                            "attn_output", "attn_q_norm", "attn_k_norm",
+                                            "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"};
+        for (int i = 0; i < 11; i++) {
+            char n[64];
+            snprintf(n, sizeof n, "blk.%d.%s.weight", l, sfx[i]);
+            ADD(n, ts[i], ts[i]->rows > 1 ? mat_type : GGUF_T_F32);
+        }
+    }
+#undef ADD
+    if (gguf_writer_write(g, out, &err))
+        fail_msg("%s: %s", out, err.msg);
+    gguf_writer_free(g);
+    for (int i = 0; i < nb; i++)
+        free(bufs[i]);
+    model_free(m);
+}
+
+/* Logits (T_ALL, vocab) of the model at path on the CPU path isa, F32 KV. */
+static float *run_model(const char *path, const char *isa, const int32_t *tokens, int *vocab)
+{
+    struct model *m;
+    struct backend *be;
+    struct rl_err err = {0};
+    if (model_load(&m, path, &err))
+        fail_msg("%s: %s", path, err.msg);
+    const struct model_config *c = model_get_config(m);
+    int32_t table[64];
+    for (int i = 0; i < 64; i++)
+        table[i] = i;
+    struct be_options o = {.n_threads = 2, .isa = isa, .kv_dtype = BE_KV_F32};
+    assert_int_equal(be_create(&be, "cpu", &o, &err), 0);
+    if (be->ops->load(be->ctx, c, model_get_weights(m), T_ALL, &err) ||
+        be->ops->kv_init(be->ctx, 64, 16, &err))
+        fail_msg("%s: %s", path, err.msg);
+    float *lg = malloc((size_t)T_ALL * c->vocab * sizeof *lg);
+    struct be_seq s = {0, T_ALL, table, 0};
+    struct be_batch b = {1, &s, T_ALL, tokens, T_ALL, lg};
+    if (be->ops->forward(be->ctx, &b, &err))
+        fail_msg("%s: forward: %s", path, err.msg);
+    *vocab = c->vocab;
+    be_free(be);
+    model_free(m);
+    return lg;
+}
+
+static void test_gguf_float_tensors(void **state)
+{
+    (void)state;
+    char bf[512], g16[512], gbf[512];
+    snprintf(bf, sizeof bf, "%s/bf16", tmp);
+    snprintf(gbf, sizeof gbf, "%s/bf16.gguf", tmp);
+    snprintf(g16, sizeof g16, "%s/f16.gguf", tmp);
+    gguf_from_safetensors(bf, gbf, GGUF_T_BF16);
+    gguf_from_safetensors(bf, g16, GGUF_T_F16);
+    int32_t tokens[T_ALL];
+    for (int i = 0; i < T_ALL; i++)
+        tokens[i] = (int32_t)((i * 131 + 7) % 512);
+    const char *isa = "auto";
+    int V;
+    float *a = run_model(bf, isa, tokens, &V), *b = run_model(gbf, isa, tokens, &V);
+    assert_memory_equal(a, b, (size_t)T_ALL * V * sizeof *a);
+    free(a);
+    free(b);
+    /* F16 matrices against the float64 reference */
+    struct model *m;
+    struct rl_err err = {0};
+    assert_int_equal(model_load(&m, g16, &err), 0);
+    assert_int_equal(model_get_weights(m)->layers[0].wq.dtype, MODEL_F16);
+    assert_int_equal(model_get_weights(m)->embed.dtype, MODEL_BF16);
+    double *ref = reference_forward(m, tokens, T_ALL);
+    model_free(m);
+    float *y = run_model(g16, isa, tokens, &V);
+    double worst = 0;
+    for (size_t i = 0; i < (size_t)T_ALL * V; i++)
+        worst = fmax(worst, fabs((double)y[i] - ref[i]));
+    printf("  f16 GGUF    auto        max |dlogit| %.2e (bound 1e-03)\n", worst);
+    assert_true(worst <= 1e-3);
+    free(y);
+    free(ref);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layouts),
         cmocka_unit_test(test_same_weights),
+        cmocka_unit_test(test_gguf_float_tensors),
         cmocka_unit_test(test_fidelity_scalar),
         cmocka_unit_test(test_fidelity_avx2),
         cmocka_unit_test(test_fidelity_avx512),
