@@ -242,3 +242,21 @@ def test_cached_job_under_a_running_jobs_id_writes_nothing(workers, client, pref
     assert evs[0][1]["request"]["entry"] == ea
     assert not any(e.get("cached") for _, e in evs)
     assert tokens_of(evs) == reference([ja], tmp_path)[0]
+
+
+def test_redlm_cancel_names_the_request(workers, client, redis_addr, prefix):
+    """`redlm cancel ID` sets the key to the entry the id's stream names, so
+    it cancels that request and no later one under the id; before a stream
+    exists it can only say "1" (whichever request runs)."""
+    from conftest import CLI
+    workers("w1")
+    e1 = client.submit(None, raw=greedy("cc", [9, 9], 3000))
+    wait_for(lambda: client.r.xlen(f"{prefix}out:cc") >= 1, what="cc's first event")
+    out = subprocess.run([str(CLI), "cancel", "cc", "--redis", redis_addr, "--prefix", prefix],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert client.r.get(f"{prefix}cancel:cc") == e1
+    assert client.events("cc")[-1][1]["finish_reason"] == "cancelled"
+    out = subprocess.run([str(CLI), "cancel", "nothing-yet", "--redis", redis_addr, "--prefix",
+                          prefix], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and client.r.get(f"{prefix}cancel:nothing-yet") == "1"

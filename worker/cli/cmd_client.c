@@ -193,7 +193,7 @@ static int follow(struct rconn *c, const char *prefix, const char *id, const str
                 cli_render_stop(r);
                 return 1; /* a second Ctrl-C stops waiting */
             }
-            if ((rc = cli_cancel(c, prefix, id, err)))
+            if ((rc = cli_cancel(c, prefix, id, NULL, err)))
                 return rc;
             t_cancel = rl_wall_ms();
         }
@@ -739,7 +739,7 @@ int cmd_cancel(int argc, char **argv)
     if (cli_redis_open(&c, &ra, "cancel"))
         return 1;
     for (int i = 0; i < n && !rc; i++)
-        rc = cli_cancel(c, ra.prefix, ids[i], &err);
+        rc = cli_cancel(c, ra.prefix, ids[i], NULL, &err);
     if (rc)
         fprintf(stderr, "redlm cancel: %s\n", err.msg);
     rconn_free(c);
