@@ -23,15 +23,30 @@
  * false the handler reads until done and answers one chat.completion.
  *
  * Disconnects. While it waits for events, a thread looks at its client's
- * socket every POLL_MS (an XREAD BLOCK of that length): a closed socket
+ * socket every POLL_MS (an XREAD BLOCK of that length): a reset socket
  * ends the request, and a request whose job has not ended sets
  * <prefix>cancel:<id> (SET ... EX 600), which the worker checks every
  * step. libmicrohttpd's completion callback does the same for a client
- * lost while writing. A request in progress has no idle timeout (its wait
- * is ours, bounded by http_timeout_s); http_idle_timeout_s applies to
- * keep-alive connections between requests. A stream quiet for
- * KEEPALIVE_MS gets an SSE comment, which clients skip and proxies take as
- * a sign of life.
+ * lost while writing. A FIN alone is no goodbye: a client may half-close
+ * once its request is sent and still read the answer, and only a write
+ * tells it from a close(). So a FIN commits the response at once (200, the
+ * headers; a non-streamed body then starts with JSON whitespace, and an
+ * error after that is the body, as S3 answers long requests) and a byte
+ * goes out every PROBE_MS of silence: a client that closed answers it
+ * with a reset (cancel), one that half-closed reads its answer. A request
+ * in progress has no idle timeout (its wait is ours, bounded by
+ * http_timeout_s); http_idle_timeout_s applies to keep-alive connections
+ * between requests. A stream quiet for KEEPALIVE_MS gets an SSE comment,
+ * which clients skip and proxies take as a sign of life.
+ *
+ * Orphans. Each queued job carries client_lease_ms, and its key
+ * <prefix>lease:<id> is renewed by the lease thread while the request
+ * lives; when this process dies (kill -9, a lost host) the renewals stop
+ * and the workers cancel its jobs within two lease periods (lease_main).
+ *
+ * Redis. Pooled connections are looked at (no round trip) as they leave
+ * the pool: one whose server closed it meanwhile is dropped, so a Redis
+ * restart costs no request and /health tells the truth on both ports.
  *
  * Rate limits are fixed one-minute windows in Redis, so every dispatcher
  * copy shares them: <prefix>ratelimit:<tenant>:rpm:<minute> counts
@@ -44,8 +59,13 @@
  * POST /v1/completions takes the same path as chat (openai.c converts
  * either). Slow clients cannot hold connection threads: each connection
  * has a deadline for its headers and its body, enforced by a reaper
- * thread (see "slow clients" below), and http_max_connections_per_ip caps
- * one address. CORS, when http_cors_origins is set, adds the allow headers
+ * thread, only so many connections (per address and in all) get the full
+ * one, and a new connection at http_max_connections displaces the one
+ * that has waited longest (see "slow clients" below);
+ * http_max_connections_per_ip caps one address. Wrong API keys are
+ * throttled per address (auth_slot), and headers that leave the body's
+ * end in doubt (two Content-Lengths, one beside Transfer-Encoding) are
+ * refused before anything is read. CORS, when http_cors_origins is set, adds the allow headers
  * to every answer and answers OPTIONS preflights, which need no key.
  * /metrics asks for a key when keys are on. The same code also runs the
  * loopback ops listener of http_port (dhttp_start_ops): /healthz, /health
