@@ -41,6 +41,11 @@ const char *model_dtype_name(enum model_dtype dt)
     case MODEL_BF16: return "BF16";
     case MODEL_F16: return "F16";
     case MODEL_F8_E4M3: return "F8_E4M3";
+    case MODEL_Q8_0: return "Q8_0";
+    case MODEL_Q4_K: return "Q4_K";
+    case MODEL_Q5_K: return "Q5_K";
+    case MODEL_Q6_K: return "Q6_K";
+    case MODEL_AWQ4: return "AWQ4";
     }
     return "?";
 }

@@ -12,7 +12,18 @@
 
 #include "err.h"
 
-enum model_dtype { MODEL_F32 = 0, MODEL_BF16, MODEL_F16, MODEL_F8_E4M3 };
+/* The quantized formats (MODEL_Q8_0 and after) are defined in engine/quant.h. */
+enum model_dtype {
+    MODEL_F32 = 0,
+    MODEL_BF16,
+    MODEL_F16,
+    MODEL_F8_E4M3,
+    MODEL_Q8_0,   /* GGUF Q8_0 blocks of 32 */
+    MODEL_Q4_K,   /* GGUF Q4_K super-blocks of 256 */
+    MODEL_Q5_K,   /* GGUF Q5_K super-blocks of 256 */
+    MODEL_Q6_K,   /* GGUF Q6_K super-blocks of 256 */
+    MODEL_AWQ4,   /* AutoAWQ INT4, GEMM layout, f16 scales per group */
+};
 
 struct model_config {
     int hidden;            /* hidden_size */
@@ -46,6 +57,11 @@ struct model_tensor {
     const float *scale_f32;      /* FP8 only, else NULL: weight_scale_inv as f32,
                                     (ceil(rows/br), ceil(cols/bc)), owned by model */
     const char *name;            /* checkpoint name, for messages */
+    /* AWQ4 only, else NULL / 0 (layout in engine/quant.h): data is qweight
+     * int32 (cols, rows / 8); owned like data. */
+    const int32_t *awq_qzeros;   /* (cols / awq_group, rows / 8) packed zeros */
+    const uint16_t *awq_scales;  /* (cols / awq_group, rows) f16 */
+    int awq_group;               /* group size along cols (128 for Qwen3-*-AWQ) */
 };
 
 struct model_layer {

@@ -357,6 +357,9 @@ static float *vec_f32(const struct model_tensor *t)
             break;
         }
         case MODEL_F8_E4M3: v[i] = f8e4m3_to_f32(((const uint8_t *)t->data)[i]); break;
+        default: /* vectors (norms) are never quantized: the loaders refuse it */
+            free(v);
+            return NULL;
         }
     }
     return v;

@@ -131,6 +131,8 @@ static void gemm_case(enum model_dtype dt, int M, int N, int K, int path, double
             w[i] = fp8_rand();
             wf[i] = rbf(f8e4m3_to_f32(w[i]) * sc[(r / 128) * nkb + c / 128]);
             break;
+        default: /* the quantized formats have their own cases */
+            break;
         }
     }
     float *x = frand_vec((size_t)M * K, 1.0f), *y = calloc((size_t)M * N, 4), *ref = malloc((size_t)M * N * 4);
@@ -484,7 +486,7 @@ static void hm_vec(struct host_model *h, struct model_tensor *t, int n, float ba
     uint16_t *d = hm_keep(h, malloc((size_t)n * 2));
     for (int i = 0; i < n; i++)
         d[i] = f32_to_bf16(base + frand(amp));
-    *t = (struct model_tensor){MODEL_BF16, 1, n, d, NULL, "vec"};
+    *t = (struct model_tensor){.dtype = MODEL_BF16, .rows = 1, .cols = n, .data = d, .name = "vec"};
 }
 
 static void hm_mat(struct host_model *h, struct model_tensor *t, enum model_dtype dt, int rows, int cols)
@@ -500,13 +502,13 @@ static void hm_mat(struct host_model *h, struct model_tensor *t, enum model_dtyp
             d[i] = fp8_rand() & 0xb7;
         for (int i = 0; i < nrb * nkb; i++)
             s[i] = a * (0.5f + (float)urand());
-        *t = (struct model_tensor){dt, rows, cols, d, s, "fp8"};
+        *t = (struct model_tensor){.dtype = dt, .rows = rows, .cols = cols, .data = d, .scale_f32 = s, .name = "fp8"};
         return;
     }
     uint16_t *d = hm_keep(h, malloc((size_t)rows * cols * 2));
     for (size_t i = 0; i < (size_t)rows * cols; i++)
         d[i] = f32_to_bf16(frand(a));
-    *t = (struct model_tensor){MODEL_BF16, rows, cols, d, NULL, "bf16"};
+    *t = (struct model_tensor){.dtype = MODEL_BF16, .rows = rows, .cols = cols, .data = d, .name = "bf16"};
 }
 
 static void hm_make(struct host_model *h, enum model_dtype dt, int yarn)
