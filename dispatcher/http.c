@@ -65,8 +65,9 @@
  * http_max_connections_per_ip caps one address. Wrong API keys are
  * throttled per address (auth_slot), and headers that leave the body's
  * end in doubt (two Content-Lengths, one beside Transfer-Encoding) are
- * refused before anything is read. CORS, when http_cors_origins is set, adds the allow headers
- * to every answer and answers OPTIONS preflights, which need no key.
+ * refused before anything is read. CORS, when http_cors_origins is set,
+ * adds the allow headers to every answer and answers OPTIONS preflights,
+ * which need no key.
  * /metrics asks for a key when keys are on. The same code also runs the
  * loopback ops listener of http_port (dhttp_start_ops): /healthz, /health
  * and /metrics only, no key, with or without the front door. */
