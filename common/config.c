@@ -196,7 +196,7 @@ static const struct opt options[] = {
     {"http_max_connections_per_ip", T_INT, O(http_max_connections_per_ip), "0", 0, 65536, NULL, CFG_DISPATCHER, 0,
      "Most HTTP connections at once from one client address (more are closed at accept); 0 = no limit, the default, since behind a reverse proxy every client has the proxy's address."},
     {"http_max_pending", T_INT, O(http_max_pending), "128", 0, 65536, NULL, CFG_DISPATCHER, 0,
-     "Connections still sending their request (headers or body) or idle between requests that get the full http_header_timeout_s; one past it must send its whole request within 1 s, so slow clients cannot hold the server; 0 = no cap."},
+     "Connections still sending their request (headers or body) that get the full http_header_timeout_s; one past it must send its whole request within 1 s, so slow clients cannot hold the server (connections kept alive between requests are not counted); 0 = no cap."},
     {"http_max_pending_per_ip", T_INT, O(http_max_pending_per_ip), "16", 0, 65536, NULL, CFG_DISPATCHER, 0,
      "The same for one client address (IPv6: one /64): its connections past this many waiting for their request must send it within 1 s; 0 = no cap."},
     {"http_auth_failures_per_min", T_INT, O(http_auth_failures_per_min), "60", 0, 1000000, NULL, CFG_DISPATCHER, 0,

@@ -211,6 +211,7 @@ struct conn {
     int64_t wait_ms;      /* monotonic: when the current wait began */
     const char *phase;    /* what it was waiting for, for the log */
     bool quick;           /* this wait is past a pending cap: QUICK_MS deadline */
+    bool idle;            /* kept alive between requests: not counted against the caps */
     bool evicted;         /* shut down to make room for a new connection */
     struct conn *prev, *next;
 };
@@ -611,7 +612,8 @@ static bool authorize(struct req *q, struct MHD_Connection *conn)
  * http_max_pending_per_ip of one address, get those deadlines; a
  * connection that starts waiting past either cap must send its whole
  * request within QUICK_MS (its body at QUICK_RATE_X times the minimum
- * rate). An honest request arrives in milliseconds and never notices; a
+ * rate). A kept-alive connection idle between requests is outside the caps
+ * (wait_idle). An honest request arrives in milliseconds and never notices; a
  * slow one past the caps lives a second. And at http_max_connections a
  * new connection closes the one that has waited longest for its request
  * (the quick ones first), so a flood of waiting connections can never
@@ -628,7 +630,7 @@ static void start_wait(struct dhttp *h, struct conn *c, int64_t long_ms, int64_t
 {
     int same = 0, total = 0;
     for (struct conn *o = h->conns; o; o = o->next)
-        if (o != c && o->deadline_ms && !o->quick && !o->evicted) {
+        if (o != c && o->deadline_ms && !o->quick && !o->evicted && !o->idle) {
             total++;
             same += !memcmp(o->addr, c->addr, ADDR_KEY);
         }
@@ -636,6 +638,7 @@ static void start_wait(struct dhttp *h, struct conn *c, int64_t long_ms, int64_t
                 (h->pending_per_ip && same >= h->pending_per_ip);
     int64_t now = rl_mono_ms();
     c->quick = over;
+    c->idle = false;
     c->deadline_ms = now + (over ? quick_ms : long_ms);
     c->wait_ms = now;
     c->phase = phase;
@@ -736,6 +739,7 @@ static void set_deadline(struct req *q, int64_t ms, const char *phase)
         q->c->deadline_ms = 0;
         q->c->quick = false;
     }
+    q->c->idle = false;
     q->c->phase = phase;
     pthread_mutex_unlock(&q->h->conn_mu);
 }
@@ -749,6 +753,26 @@ static void wait_for_client(struct req *q, int64_t long_ms, int64_t quick_ms, co
     pthread_mutex_lock(&q->h->conn_mu);
     if (!q->c->evicted)
         start_wait(q->h, q->c, long_ms, quick_ms, phase);
+    pthread_mutex_unlock(&q->h->conn_mu);
+}
+
+/* q's connection, its request answered, waits for the next one (keep-alive):
+ * the full idle time, outside the caps. An SDK's pool of idle connections
+ * from one address is honest, and closing it after a second would make its
+ * next POST race the close; a flood of idle connections is bounded by the
+ * idle deadline and displaced oldest first at http_max_connections. */
+static void wait_idle(struct req *q, int64_t ms)
+{
+    if (!q->c)
+        return;
+    pthread_mutex_lock(&q->h->conn_mu);
+    if (!q->c->evicted) {
+        q->c->deadline_ms = rl_mono_ms() + ms;
+        q->c->wait_ms = rl_mono_ms();
+        q->c->quick = false;
+        q->c->idle = true;
+        q->c->phase = "request headers";
+    }
     pthread_mutex_unlock(&q->h->conn_mu);
 }
 
@@ -1829,7 +1853,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (q->route == R_CHAT || q->route == R_COMPLETIONS)
         MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)h->idle_s);
     /* kept alive: the next request's headers within the idle time and the grace */
-    wait_for_client(q, ((int64_t)h->idle_s + h->header_s) * 1000, QUICK_MS, "request headers");
+    wait_idle(q, ((int64_t)h->idle_s + h->header_s) * 1000);
     count_status(h, q->status ? q->status : 500);
     if (q->enqueued)
         RL_LOG(h->log, RL_LOG_DEBUG, "http: %s done: %d%s", q->id, q->status,
