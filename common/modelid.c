@@ -41,6 +41,28 @@ int modelid_compute(const char *dir, char out[SHA256_HEX_LEN + 1], struct rl_err
     hash_file(&c, dir, "tokenizer_config.json");
     /* the sampling defaults of unset fields come from it (engine.h) */
     hash_file(&c, dir, "generation_config.json");
+    struct stat fst;
+    if (stat(dir, &fst) == 0 && S_ISREG(fst.st_mode)) {
+        /* a GGUF file (the Ollama store's blobs have no name to go by): its
+         * size and its header, where the config and tokenizer live */
+        char rec[64];
+        snprintf(rec, sizeof rec, "gguf:%lld;", (long long)fst.st_size);
+        sha256_update(&c, rec, strlen(rec));
+        FILE *f = fopen(dir, "rb");
+        if (!f)
+            return rl_errf(err, RL_EIO, "%s: cannot read the model file", dir);
+        char buf[65536];
+        size_t n, total = 0;
+        while (total < ((size_t)16 << 20) && (n = fread(buf, 1, sizeof buf, f)) > 0) {
+            sha256_update(&c, buf, n);
+            total += n;
+        }
+        fclose(f);
+        uint8_t dg[SHA256_DIGEST_LEN];
+        sha256_final(&c, dg);
+        sha256_to_hex(dg, out);
+        return 0;
+    }
     DIR *d = opendir(dir);
     if (!d)
         return rl_errf(err, RL_EIO, "%s: cannot list the model directory", dir);
@@ -49,7 +71,8 @@ int modelid_compute(const char *dir, char out[SHA256_HEX_LEN + 1], struct rl_err
     struct dirent *de;
     while ((de = readdir(d)) && n < 4096) {
         size_t l = strlen(de->d_name);
-        if (l > 12 && !strcmp(de->d_name + l - 12, ".safetensors"))
+        if ((l > 12 && !strcmp(de->d_name + l - 12, ".safetensors")) ||
+            (l > 5 && !strcmp(de->d_name + l - 5, ".gguf")))
             if ((names[n] = strdup(de->d_name)))
                 n++;
     }

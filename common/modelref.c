@@ -10,10 +10,19 @@
  *
  * A directory always wins over a repo id of the same spelling, so a local
  * folder named like a repo (`Qwen/Qwen3-14B` under the working directory)
- * keeps working as it did. Reentrant; reads the environment and the file
- * system only. */
+ * keeps working as it did.
+ *
+ * The Ollama store (Ollama's server/modelpath.go and manifest.go):
+ *
+ *   <store>/manifests/registry.ollama.ai/library/qwen3/14b   a JSON manifest:
+ *       {"layers": [{"mediaType": "application/vnd.ollama.image.model",
+ *                    "digest": "sha256:<hex>", ...}, ...template, params...]}
+ *   <store>/blobs/sha256-<hex>                                the GGUF file
+ *
+ * Reentrant; reads the environment and the file system only. */
 #include "modelref.h"
 
+#include <cjson/cJSON.h>
 #include <ctype.h>
 #include <pwd.h>
 #include <stdio.h>
@@ -125,6 +134,154 @@ static void dir_name(const char *dir, char *out, size_t size)
         snprintf(out, size, "model");
 }
 
+const char *modelref_ollama_store(char *buf, size_t size, const char **why)
+{
+    const char *v = getenv("OLLAMA_MODELS");
+    if (v && *v) {
+        snprintf(buf, size, "%s", v);
+        if (why)
+            *why = "$OLLAMA_MODELS";
+        return buf;
+    }
+    const char *home = getenv("HOME");
+    if (!home || !*home) {
+        struct passwd *pw = getpwuid(getuid());
+        home = pw && pw->pw_dir ? pw->pw_dir : "/";
+    }
+    snprintf(buf, size, "%s/.ollama/models", home);
+    if (why)
+        *why = "~/.ollama/models";
+    return buf;
+}
+
+/* A part of an Ollama name: [A-Za-z0-9._-]+ not starting with '.' or '-'. */
+static bool ollama_part_ok(const char *s, size_t n)
+{
+    if (n == 0 || n > 80 || s[0] == '.' || s[0] == '-')
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && s[i] != '.' && s[i] != '_' && s[i] != '-')
+            return false;
+    return true;
+}
+
+/* Reads a small file (a manifest) into a NUL-terminated malloc'd buffer. */
+static char *slurp_small(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = malloc(1 << 20);
+    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+    fclose(f);
+    if (buf)
+        buf[n] = 0;
+    return buf;
+}
+
+/* spec without the "ollama:" prefix: NAME[:TAG]. */
+static int resolve_ollama(const char *full, const char *spec, struct modelref *m,
+                          struct rl_err *err)
+{
+    char name[256], tag[128] = "latest";
+    const char *colon = strrchr(spec, ':');
+    size_t nn = colon ? (size_t)(colon - spec) : strlen(spec);
+    if (colon && (!ollama_part_ok(colon + 1, strlen(colon + 1)) || strlen(colon + 1) >= sizeof tag))
+        return rl_errf(err, RL_ENOTFOUND, "model %s: \"%s\" is not an Ollama tag", full, colon + 1);
+    if (colon)
+        snprintf(tag, sizeof tag, "%s", colon + 1);
+    if (nn == 0 || nn >= sizeof name)
+        return rl_errf(err, RL_ENOTFOUND, "model %s: no model name (ollama:NAME[:TAG])", full);
+    memcpy(name, spec, nn);
+    name[nn] = 0;
+    /* MODEL, NAMESPACE/MODEL or HOST/NAMESPACE/MODEL */
+    const char *part[3];
+    size_t plen[3];
+    int np = 0;
+    for (const char *p = name; np < 4;) {
+        const char *e = strchr(p, '/');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        if (np == 3 || !ollama_part_ok(p, l))
+            return rl_errf(err, RL_ENOTFOUND,
+                           "model %s: \"%s\" is not an Ollama model name (MODEL, NAMESPACE/MODEL or "
+                           "HOST/NAMESPACE/MODEL)", full, name);
+        part[np] = p;
+        plen[np++] = l;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    char path3[300];
+    if (np == 1)
+        snprintf(path3, sizeof path3, "registry.ollama.ai/library/%.*s", (int)plen[0], part[0]);
+    else if (np == 2)
+        snprintf(path3, sizeof path3, "registry.ollama.ai/%s", name);
+    else
+        snprintf(path3, sizeof path3, "%s", name);
+    const char *why;
+    char store[MODELREF_PATH_MAX], man[MODELREF_PATH_MAX * 2], blob[MODELREF_PATH_MAX * 2];
+    modelref_ollama_store(store, sizeof store, &why);
+    snprintf(man, sizeof man, "%s/manifests/%s/%s", store, path3, tag);
+    char *text = slurp_small(man);
+    if (!text)
+        return rl_errf(err, RL_ENOTFOUND,
+                       "model %s: not in the Ollama store %s (%s): looked for the manifest %s; "
+                       "pull it with `ollama pull %s:%s`, or give a GGUF file or checkpoint "
+                       "directory", full, store, why, man, name, tag);
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    const cJSON *layers = cJSON_GetObjectItemCaseSensitive(root, "layers");
+    const char *digest = NULL;
+    const cJSON *l, *arr = cJSON_IsArray(layers) ? layers : NULL;
+    cJSON_ArrayForEach(l, arr)
+    {
+        const cJSON *mt = cJSON_GetObjectItemCaseSensitive(l, "mediaType");
+        const cJSON *dg = cJSON_GetObjectItemCaseSensitive(l, "digest");
+        if (cJSON_IsString(mt) && !strcmp(mt->valuestring, "application/vnd.ollama.image.model") &&
+            cJSON_IsString(dg)) {
+            digest = dg->valuestring;
+            break;
+        }
+    }
+    int rc = 0;
+    if (!digest) {
+        rc = rl_errf(err, RL_ENOTFOUND,
+                     "model %s: the Ollama manifest %s has no layer of mediaType "
+                     "application/vnd.ollama.image.model", full, man);
+        goto out;
+    }
+    /* sha256:<64 hex> -> blobs/sha256-<64 hex> */
+    size_t dl = strlen(digest);
+    bool hex_ok = dl == 71 && !strncmp(digest, "sha256:", 7);
+    for (size_t i = 7; hex_ok && i < dl; i++)
+        hex_ok = isxdigit((unsigned char)digest[i]) != 0;
+    if (!hex_ok) {
+        rc = rl_errf(err, RL_ENOTFOUND, "model %s: the Ollama manifest %s names the model blob "
+                                        "\"%.80s\", not a sha256 digest", full, man, digest);
+        goto out;
+    }
+    snprintf(blob, sizeof blob, "%s/blobs/sha256-%s", store, digest + 7);
+    struct stat st;
+    if (stat(blob, &st) || !S_ISREG(st.st_mode)) {
+        rc = rl_errf(err, RL_ENOTFOUND, "model %s: the Ollama manifest %s names the blob %s, which "
+                                        "is not there (an unfinished pull?)", full, man, blob);
+        goto out;
+    }
+    if (strlen(blob) >= sizeof m->dir) {
+        rc = rl_errf(err, RL_EINVAL, "model %s: the path is too long", full);
+        goto out;
+    }
+    snprintf(m->dir, sizeof m->dir, "%s", blob);
+    snprintf(m->name, sizeof m->name, "%.100s:%.27s", name, tag);
+    snprintf(m->owned_by, sizeof m->owned_by, "ollama");
+    snprintf(m->revision, sizeof m->revision, "%s", tag);
+    m->from_ollama = true;
+    m->created = stat(man, &st) == 0 ? (int64_t)st.st_mtime : 0;
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
 int modelref_resolve(const char *spec, struct modelref *m, struct rl_err *err)
 {
     memset(m, 0, sizeof *m);
@@ -133,6 +290,10 @@ int modelref_resolve(const char *spec, struct modelref *m, struct rl_err *err)
     if (strlen(spec) >= MODELREF_PATH_MAX)
         return rl_errf(err, RL_EINVAL, "model: the path is too long");
     struct stat st;
+    /* ollama:NAME[:TAG] names a model of the Ollama store, unless a file or
+     * directory of that spelling exists (it wins, as for repo ids) */
+    if (!strncmp(spec, "ollama:", 7) && stat(spec, &st) != 0)
+        return resolve_ollama(spec, spec + 7, m, err);
     /* an existing file (a .gguf, a config.json given by mistake) goes to
      * the model loader as it is, which says what it expects instead */
     if (is_dir(spec) || stat(spec, &st) == 0) {

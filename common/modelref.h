@@ -1,5 +1,7 @@
-/* common/modelref.h - what `--model` names: a checkpoint directory, or a
- * Hugging Face repo id found offline in the Hugging Face cache.
+/* common/modelref.h - what `--model` names: a checkpoint directory (or a
+ * GGUF file), a Hugging Face repo id found offline in the Hugging Face
+ * cache, or an Ollama model `ollama:NAME[:TAG]` found offline in the
+ * Ollama store.
  *
  * Users have their models as the Hugging Face tools leave them: a repo id
  * (`Qwen/Qwen3-14B`) downloaded into the cache, whose files sit under a
@@ -21,7 +23,7 @@
 
 /* A resolved --model. Plain record, filled by modelref_resolve. */
 struct modelref {
-    char dir[MODELREF_PATH_MAX];    /* the checkpoint directory to load */
+    char dir[MODELREF_PATH_MAX];    /* the checkpoint directory (or GGUF file) to load */
     char name[MODELREF_NAME_MAX + 1]; /* served name: the repo id (without
                                         @revision), else the directory's
                                         last component */
@@ -29,6 +31,7 @@ struct modelref {
     int64_t created;                /* Unix seconds: mtime of config.json (0 if none) */
     bool from_hub;                  /* found in the Hugging Face cache */
     char revision[MODELREF_NAME_MAX + 1]; /* from_hub: the revision asked for ("main") */
+    bool from_ollama;               /* found in the Ollama store: dir is the model blob */
 };
 
 /* The Hugging Face hub cache directory, as the Hugging Face tools choose it:
@@ -36,12 +39,22 @@ struct modelref {
  * (may be NULL) gets which of the three it was. Returns buf. */
 const char *modelref_hub_cache(char *buf, size_t size, const char **why);
 
+/* The Ollama model store, as Ollama chooses it: $OLLAMA_MODELS, else
+ * ~/.ollama/models. *why (may be NULL) says which. Returns buf. */
+const char *modelref_ollama_store(char *buf, size_t size, const char **why);
+
 /* Resolves spec:
  *   - an existing directory (absolute or relative): that directory;
  *   - else a repo id `ORG/NAME` or `NAME`, optionally `@REVISION` (a branch
  *     or tag under refs/, or a commit hash under snapshots/; default main),
  *     looked up offline in the hub cache: models--ORG--NAME/refs/REVISION
  *     holds the commit hash, snapshots/<hash>/ the files.
+ *   - `ollama:NAME[:TAG]` (TAG defaults to latest; NAME is MODEL,
+ *     NAMESPACE/MODEL or HOST/NAMESPACE/MODEL, by default
+ *     registry.ollama.ai/library/MODEL), looked up offline in the Ollama
+ *     store: manifests/HOST/NAMESPACE/MODEL/TAG is a JSON manifest whose
+ *     layer of mediaType application/vnd.ollama.image.model names the GGUF
+ *     blob blobs/sha256-<hex>; served as NAME:TAG, owned by "ollama".
  * Nothing is downloaded. Returns 0, or -RL_ENOTFOUND with a message that
  * says what was looked for and where (the cache directory and the
  * variable that chose it), or -RL_EINVAL for an empty spec. */

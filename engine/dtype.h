@@ -50,6 +50,34 @@ static inline float f16_to_f32(uint16_t h)
     return f;
 }
 
+/* Round to nearest even, as the F16C instruction and numpy do; overflow
+ * gives infinity, NaN stays NaN (quiet). For the quantizers' scales. */
+static inline uint16_t f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return sign | 0x7e00;
+    if (a >= 0x477ff000u) /* >= 65520 rounds to infinity */
+        return sign | 0x7c00;
+    if (a < 0x38800000u) { /* below 2^-14: subnormal, steps of 2^-24 */
+        float af;
+        memcpy(&af, &a, 4);
+        float q = af * 16777216.0f; /* exact: a power of two */
+        uint32_t n = (uint32_t)q;
+        float rem = q - (float)n;
+        if (rem > 0.5f || (rem == 0.5f && (n & 1)))
+            n++;
+        return sign | (uint16_t)n; /* n == 0x400 is the smallest normal */
+    }
+    /* normal: drop 13 mantissa bits, ties to even; a carry moves into the
+     * exponent by itself. Rebias 127 -> 15. */
+    uint32_t r = (a + 0xfffu + ((a >> 13) & 1u)) >> 13;
+    return sign | (uint16_t)(r - ((127u - 15u) << 10));
+}
+
 /* OCP FP8 E4M3 (the "fn" variant: no infinities, S.1111.111 is NaN). */
 static inline float f8e4m3_to_f32(uint8_t v)
 {

@@ -416,9 +416,8 @@ int engine_create(struct engine **out, const char *dir,
         ctx = (long)e->n_blocks * e->block_size;
     e->max_context = (int)ctx;
 
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    if (access(path, R_OK) == 0 && (rc = tok_load(&e->tok, dir, err))) {
+    /* dir/tokenizer.json, or a GGUF model's own metadata */
+    if (tok_available(dir) && (rc = tok_load(&e->tok, dir, err))) {
         rl_err_wrap(err, "engine: %s", dir);
         goto fail;
     }

@@ -36,6 +36,8 @@
 #include <cjson/cJSON.h>
 
 #include "dtype.h"
+#include "gguf.h"
+#include "quant.h"
 #include "safetensors.h"
 #include "xoshiro.h"
 
@@ -100,6 +102,9 @@ enum gen_kind {
     GEN_SOURCE, /* converted from a --from tensor */
     GEN_RAW,    /* a --from tensor copied byte for byte (non-float dtypes) */
     GEN_SCALE,  /* the weight_scale_inv of the F8 weight `weight` */
+    GEN_AWQ_QWEIGHT, /* an AWQ projection's qweight: quantizes the whole matrix at once */
+    GEN_AWQ_QZEROS,  /* its qzeros, from the qweight gen `weight` */
+    GEN_AWQ_SCALES,  /* its scales, from the qweight gen `weight`; frees its buffers */
 };
 
 struct gen {
@@ -131,6 +136,12 @@ struct gen {
     uint64_t band_off;
     size_t band_len;
     float *pat; /* (MK_PATTERN) when pattern */
+    /* AWQ (GEN_AWQ_QWEIGHT): the projection's (awq_rows, awq_cols) and its
+     * packed tensors, made on the first fill and freed after the scales */
+    int64_t awq_rows, awq_cols;
+    int awq_group;
+    int32_t *awq_qw, *awq_qz;
+    uint16_t *awq_sc;
 };
 
 static void gen_release(struct gen *g)
@@ -138,9 +149,71 @@ static void gen_release(struct gen *g)
     free(g->fbuf);
     free(g->band);
     free(g->pat);
+    free(g->awq_qw);
+    free(g->awq_qz);
+    free(g->awq_sc);
     g->fbuf = NULL;
     g->band = NULL;
     g->pat = NULL;
+    g->awq_qw = g->awq_qz = NULL;
+    g->awq_sc = NULL;
+}
+
+/* Random weights of one tensor: element e (row-major) is mean + std *
+ * normal from the tensor's PRNG, or pattern[e % MK_PATTERN]; rounded to
+ * BF16, as the quantized formats stand for a BF16 model that was
+ * quantized. One row of cols values into v; rows come in order. */
+static int random_row(struct gen *g, int64_t r, int64_t cols, float *v, struct rl_err *err)
+{
+    if (g->pattern && !g->pat) {
+        if (!(g->pat = malloc(MK_PATTERN * sizeof *g->pat)))
+            return rl_errf(err, RL_ENOMEM, "out of memory for tensor \"%s\"", g->name);
+        for (int i = 0; i < MK_PATTERN; i++)
+            g->pat[i] = g->mean + g->std * rng_normal(&g->rng);
+    }
+    uint64_t e = (uint64_t)r * (uint64_t)cols;
+    for (int64_t c = 0; c < cols; c++)
+        v[c] = bf16_to_f32(f32_to_bf16(g->pat ? g->pat[(e + (uint64_t)c) % MK_PATTERN]
+                                              : g->mean + g->std * rng_normal(&g->rng)));
+    return 0;
+}
+
+/* Quantizes the whole AWQ projection of qweight gen g. */
+static int awq_make(struct gen *g, struct rl_err *err)
+{
+    int64_t R = g->awq_rows, C = g->awq_cols, G = g->awq_group;
+    float *w = malloc((size_t)(R * C) * sizeof *w);
+    g->awq_qw = malloc((size_t)(C * R / 8) * sizeof *g->awq_qw);
+    g->awq_qz = malloc((size_t)(C / G * R / 8) * sizeof *g->awq_qz);
+    g->awq_sc = malloc((size_t)(C / G * R) * sizeof *g->awq_sc);
+    int rc = 0;
+    if (!w || !g->awq_qw || !g->awq_qz || !g->awq_sc)
+        rc = rl_errf(err, RL_ENOMEM, "out of memory for tensor \"%s\"", g->name);
+    for (int64_t r = 0; r < R && !rc; r++)
+        rc = random_row(g, r, C, w + r * C, err);
+    if (!rc && quant_quantize_awq(w, R, C, (int)G, g->awq_qw, g->awq_qz, g->awq_sc))
+        rc = rl_errf(err, RL_EINTERNAL, "tensor \"%s\": AWQ shape", g->name);
+    free(w);
+    return rc;
+}
+
+static int awq_fill(struct gen *g, uint64_t off, uint8_t *out, size_t n, struct rl_err *err)
+{
+    struct gen *o = g->kind == GEN_AWQ_QWEIGHT ? g : g->weight;
+    if (g->kind == GEN_AWQ_QWEIGHT && off == 0) {
+        int rc = awq_make(g, err);
+        if (rc)
+            return rc;
+    }
+    if (!o->awq_qw)
+        return rl_errf(err, RL_EINTERNAL, "\"%s\" wanted before its qweight", g->name);
+    const uint8_t *src = g->kind == GEN_AWQ_QWEIGHT ? (const uint8_t *)o->awq_qw
+                         : g->kind == GEN_AWQ_QZEROS ? (const uint8_t *)o->awq_qz
+                                                     : (const uint8_t *)o->awq_sc;
+    memcpy(out, src + off, n);
+    if (g->kind == GEN_AWQ_SCALES && off + n == g->n_bytes)
+        gen_release(o); /* the three are written in a row: free the matrix's copy */
+    return 0;
 }
 
 /* Float value of element (r, c) of g's source tensor. */
@@ -267,6 +340,12 @@ static int next_band(struct gen *g, struct rl_err *err)
             memcpy(g->band + 2 * i, &h, 2);
         }
         break;
+    case ST_F16: /* AWQ's unquantized tensors: the BF16 value, as F16 */
+        for (size_t i = 0; i < ne; i++) {
+            uint16_t h = f32_to_f16(bf16_to_f32(f32_to_bf16(v[i])));
+            memcpy(g->band + 2 * i, &h, 2);
+        }
+        break;
     case ST_F8_E4M3:
         /* random FP8 weights stand for a BF16 model that was quantised */
         if (g->kind == GEN_RANDOM)
@@ -310,6 +389,8 @@ static int gen_fill(void *ctx, uint64_t off, void *buf, size_t n, struct rl_err 
     uint8_t *out = buf;
     if (g->kind == GEN_SCALE)
         return scale_fill(g, off, out, n, err);
+    if (g->kind >= GEN_AWQ_QWEIGHT)
+        return awq_fill(g, off, out, n, err);
     if (g->kind == GEN_RAW) {
         memcpy(out, (const uint8_t *)g->src->data + off, n);
         return 0;
@@ -428,7 +509,44 @@ static int is_proj(const char *name)
 
 static enum st_dtype out_dtype(enum mk_dtype d, int proj)
 {
-    return d == MK_F32 ? ST_F32 : d == MK_FP8 && proj ? ST_F8_E4M3 : ST_BF16;
+    return d == MK_F32 ? ST_F32 : d == MK_FP8 && proj ? ST_F8_E4M3 : d == MK_AWQ ? ST_F16 : ST_BF16;
+}
+
+/* An AWQ projection `name` (....weight) of (rows, cols): qweight, qzeros
+ * and scales, seeded by the weight's name so one seed gives the same
+ * weights as the BF16 model. */
+static int plan_awq(struct plan *p, const struct mk_opts *o, const char *name, int64_t rows,
+                    int64_t cols, struct rl_err *err)
+{
+    int G = o->awq_group ? o->awq_group : 128;
+    char base[192], n[256];
+    snprintf(base, sizeof base, "%.*s", (int)(strlen(name) - strlen(".weight")), name);
+    int64_t shq[2] = {cols, rows / 8}, shz[2] = {cols / G, rows / 8}, shs[2] = {cols / G, rows};
+    struct gen *g;
+    snprintf(n, sizeof n, "%s.qweight", base);
+    int rc = plan_add(p, n, 2, shq, ST_I32, &g, err);
+    if (rc)
+        return rc;
+    int wi = p->n - 1;
+    g->kind = GEN_AWQ_QWEIGHT;
+    g->mean = 0.0f;
+    g->std = o->weight_std > 0 ? o->weight_std : 0.02f;
+    g->pattern = o->pattern;
+    g->awq_rows = rows;
+    g->awq_cols = cols;
+    g->awq_group = G;
+    rng_seed(&g->rng, o->seed, name);
+    snprintf(n, sizeof n, "%s.qzeros", base);
+    if ((rc = plan_add(p, n, 2, shz, ST_I32, &g, err)))
+        return rc;
+    g->kind = GEN_AWQ_QZEROS;
+    g->weight = &p->g[wi];
+    snprintf(n, sizeof n, "%s.scales", base);
+    if ((rc = plan_add(p, n, 2, shs, ST_F16, &g, err)))
+        return rc;
+    g->kind = GEN_AWQ_SCALES;
+    g->weight = &p->g[wi];
+    return 0;
 }
 
 /* One random tensor: matrices get std 0.02 (activations stay O(1) through
@@ -437,6 +555,8 @@ static int plan_random(struct plan *p, const struct mk_opts *o, const char *name
                        int64_t cols, struct rl_err *err)
 {
     int proj = rows && is_proj(name);
+    if (proj && o->dtype == MK_AWQ)
+        return plan_awq(p, o, name, rows, cols, err);
     int64_t sh[2] = {rows, cols};
     struct gen *g;
     int rc = rows ? plan_add(p, name, 2, sh, out_dtype(o->dtype, proj), &g, err)
@@ -445,7 +565,7 @@ static int plan_random(struct plan *p, const struct mk_opts *o, const char *name
         return rc;
     g->kind = GEN_RANDOM;
     g->mean = rows ? 0.0f : 1.0f;
-    g->std = 0.02f;
+    g->std = rows && o->weight_std > 0 ? o->weight_std : 0.02f;
     g->pattern = o->pattern;
     rng_seed(&g->rng, o->seed, name);
     if (g->out == ST_F8_E4M3)
@@ -539,7 +659,7 @@ static int plan_shards(struct plan *p, const struct mk_opts *o)
         /* a unit: a weight and, if F8, its scale */
         int j = i + 1;
         uint64_t ub = p->g[i].n_bytes;
-        if (p->g[i].scale) {
+        while (j < p->n && p->g[j].weight == &p->g[i]) { /* FP8 scale, AWQ qzeros + scales */
             ub += p->g[j].n_bytes;
             j++;
         }
@@ -670,8 +790,21 @@ static void set_item(cJSON *obj, const char *key, cJSON *v)
 /* Sets torch_dtype and quantization_config for `dtype` in config `c`. */
 static void config_dtype(cJSON *c, const struct mk_opts *o)
 {
-    set_item(c, "torch_dtype", cJSON_CreateString(o->dtype == MK_F32 ? "float32" : "bfloat16"));
+    set_item(c, "torch_dtype", cJSON_CreateString(o->dtype == MK_F32   ? "float32"
+                                                  : o->dtype == MK_AWQ ? "float16"
+                                                                       : "bfloat16"));
     cJSON_DeleteItemFromObjectCaseSensitive(c, "quantization_config");
+    if (o->dtype == MK_AWQ) { /* as Qwen/Qwen3-*-AWQ's config.json has it */
+        cJSON *q = cJSON_CreateObject();
+        cJSON_AddNumberToObject(q, "bits", 4);
+        cJSON_AddNumberToObject(q, "group_size", o->awq_group ? o->awq_group : 128);
+        cJSON_AddNullToObject(q, "modules_to_not_convert");
+        cJSON_AddStringToObject(q, "quant_method", "awq");
+        cJSON_AddStringToObject(q, "version", "gemm");
+        cJSON_AddTrueToObject(q, "zero_point");
+        cJSON_AddItemToObject(c, "quantization_config", q);
+        return;
+    }
     if (o->dtype != MK_FP8)
         return;
     cJSON *q = cJSON_CreateObject();
@@ -771,12 +904,41 @@ void mk_opts_init(struct mk_opts *o)
     o->eos_id = -1;
 }
 
+/* The quantized formats split rows into blocks or groups: every matrix's
+ * input features (hidden, heads x head_dim, intermediate) must be whole
+ * blocks, and AWQ packs 8 output features per int32. */
+static int check_quant_shape(const struct mk_opts *o, struct rl_err *err)
+{
+    int blk = o->dtype == MK_AWQ ? (o->awq_group ? o->awq_group : 128)
+              : o->dtype == MK_Q8_0 ? 32 : o->dtype > MK_Q8_0 ? 256 : 1;
+    const char *what = o->dtype == MK_AWQ ? "the AWQ group size" : "the quantization block";
+    const struct {
+        const char *dim;
+        long v;
+    } in[] = {{"--hidden", o->hidden},
+              {"--heads x --head-dim", (long)o->n_heads * o->head_dim},
+              {"--intermediate", o->intermediate}};
+    for (size_t i = 0; i < 3; i++)
+        if (in[i].v % blk)
+            return rl_errf(err, RL_EINVAL, "%s %ld is not a multiple of %s (%d)", in[i].dim,
+                           in[i].v, what, blk);
+    if (o->dtype == MK_AWQ && ((long)o->n_kv_heads * o->head_dim % 8 || o->hidden % 8))
+        return rl_errf(err, RL_EINVAL, "AWQ packs 8 output features per int32: --hidden and "
+                                       "--kv-heads x --head-dim must be multiples of 8");
+    return 0;
+}
+
 static int check_opts(const struct mk_opts *o, struct rl_err *err)
 {
     if (!o->out_dir || !*o->out_dir)
         return rl_errf(err, RL_EINVAL, "no output directory (--out)");
-    if ((unsigned)o->dtype > MK_FP8)
+    if ((unsigned)o->dtype > MK_Q6_K)
         return rl_errf(err, RL_EINVAL, "bad dtype %d", (int)o->dtype);
+    if (o->from_dir && o->dtype >= MK_AWQ)
+            return rl_errf(err, RL_EINVAL, "--from converts to f32, bf16 or fp8 only; awq and GGUF "
+                                       "models are made with random weights");
+    if (o->awq_group < 0 || o->awq_group > 1 << 16)
+        return rl_errf(err, RL_EINVAL, "--group %d: must be in [1, 65536]", o->awq_group);
     if (o->n_shards < 0 || (o->n_shards > 1 && o->shard_size))
         return rl_errf(err, RL_EINVAL, "give --shards or --shard-size, not both");
     if (o->n_shards > 99999)
@@ -805,7 +967,7 @@ static int check_opts(const struct mk_opts *o, struct rl_err *err)
         return rl_errf(err, RL_EINVAL, "--vocab %d: need at least 2 tokens", o->vocab);
     if (o->bos_id >= o->vocab || o->eos_id >= o->vocab)
         return rl_errf(err, RL_EINVAL, "bos/eos id beyond the vocab of %d", o->vocab);
-    return 0;
+    return check_quant_shape(o, err);
 }
 
 /* Reads the source config.json and its FP8 block size (default 128). */
@@ -882,11 +1044,406 @@ static int write_index(const char *out_dir, const struct plan *p, char (*fn)[64]
     return rc;
 }
 
+
+/* ---- GGUF (Q8_0, Q4_K_M) ----
+ *
+ * One file, written by gguf_writer: the Qwen3 hyperparameters under the
+ * "qwen3." keys llama.cpp's converter uses, the tokenizer (when given) as
+ * llama.cpp's converter writes a Qwen tokenizer, then the tensors under
+ * llama.cpp's names. Each tensor streams one row at a time from its seeded
+ * PRNG (seeded by its Hugging Face name, so one seed gives the weights of
+ * the BF16 model of that seed, quantized), so any size needs a few rows of
+ * memory. */
+
+/* llama.cpp's token types */
+enum { TT_NORMAL = 1, TT_CONTROL = 3, TT_USER_DEFINED = 4, TT_UNUSED = 5 };
+
+struct qt {
+    struct gen g;      /* name (GGUF), rng, mean, std, pattern */
+    enum model_dtype dt; /* MODEL_F32 or a block format */
+    int64_t rows, cols;
+    size_t row_bytes;
+    int64_t next_row;
+    float *row;        /* (cols) */
+    uint8_t *enc;      /* (row_bytes) the row last made */
+};
+
+static int qt_fill(void *ctx, uint64_t off, void *buf, size_t n, struct rl_err *err)
+{
+    struct qt *q = ctx;
+    uint8_t *out = buf;
+    if (!q->row && (!(q->row = malloc((size_t)q->cols * sizeof *q->row)) ||
+                    !(q->enc = malloc(q->row_bytes))))
+        return rl_errf(err, RL_ENOMEM, "out of memory for tensor \"%s\"", q->g.name);
+    while (n) {
+        int64_t r = (int64_t)(off / q->row_bytes);
+        size_t in = (size_t)(off % q->row_bytes);
+        if (r != q->next_row - 1) { /* the writer asks in order: r is the next row */
+            if (r != q->next_row)
+                return rl_errf(err, RL_EINTERNAL, "tensor \"%s\": rows asked out of order", q->g.name);
+            int rc = random_row(&q->g, r, q->cols, q->row, err);
+            if (rc)
+                return rc;
+            if (q->dt == MODEL_F32)
+                memcpy(q->enc, q->row, q->row_bytes);
+            else
+                quant_quantize_row(q->dt, q->row, q->enc, q->cols);
+            q->next_row = r + 1;
+        }
+        size_t k = q->row_bytes - in < n ? q->row_bytes - in : n;
+        memcpy(out, q->enc + in, k);
+        out += k;
+        off += k;
+        n -= k;
+    }
+    return 0;
+}
+
+static uint32_t gguf_type_of(enum model_dtype dt)
+{
+    return dt == MODEL_Q8_0 ? GGUF_T_Q8_0 : dt == MODEL_Q4_K ? GGUF_T_Q4_K
+           : dt == MODEL_Q5_K ? GGUF_T_Q5_K : dt == MODEL_Q6_K ? GGUF_T_Q6_K : GGUF_T_F32;
+}
+
+/* llama.cpp's use_more_bits: the layers whose attn_v and ffn_down Q4_K_M
+ * keeps at 6 bits. */
+static int more_bits(int i, int n)
+{
+    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+void mk_gguf_path(const char *out, char *buf, size_t size)
+{
+    size_t n = strlen(out);
+    if (n > 5 && !strcmp(out + n - 5, ".gguf"))
+        snprintf(buf, size, "%s", out);
+    else
+        snprintf(buf, size, "%s/model.gguf", out);
+}
+
+static const char *json_str(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (cJSON_IsObject(v)) /* {"content": "<|im_end|>", ...} in older configs */
+        v = cJSON_GetObjectItemCaseSensitive(v, "content");
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static cJSON *read_json_file(const char *dir, const char *name, int must, struct rl_err *err,
+                             int *rc)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    *rc = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        if (must || errno != ENOENT)
+            *rc = rl_errf(err, errno == ENOENT ? RL_ENOTFOUND : RL_EIO, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = NULL;
+    size_t n = 0, cap = 0, r;
+    do {
+        if (n + 65536 > cap) {
+            cap = cap ? cap * 2 : 1 << 20;
+            char *b = cap > (256u << 20) ? NULL : realloc(buf, cap);
+            if (!b) {
+                free(buf);
+                fclose(f);
+                *rc = rl_errf(err, RL_EFORMAT, "%s: too large", path);
+                return NULL;
+            }
+            buf = b;
+        }
+        r = fread(buf + n, 1, cap - n, f);
+        n += r;
+    } while (r);
+    fclose(f);
+    cJSON *j = cJSON_ParseWithLength(buf, n);
+    free(buf);
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        *rc = rl_errf(err, RL_EFORMAT, "%s: not a JSON object", path);
+        return NULL;
+    }
+    return j;
+}
+
+/* Tokens looking like control tokens are CONTROL whatever "special" says,
+ * as llama.cpp's converter decides (does_token_look_special): <|...|>. */
+static int looks_special(const char *t)
+{
+    size_t n = strlen(t);
+    return n >= 4 && !strncmp(t, "<|", 2) && !strcmp(t + n - 2, "|>");
+}
+
+/* The tokenizer of dir as GGUF metadata, the way llama.cpp's converter
+ * writes a Qwen (gpt2-style BPE) tokenizer: one token per id up to
+ * max(vocab, ids) (vocab entries NORMAL, added tokens CONTROL or
+ * USER_DEFINED, holes "[PAD<id>]" UNUSED), merges "left right", the special
+ * ids, and the chat template. */
+static int gguf_tokenizer(struct gguf_writer *w, const char *dir, int vocab, int bos, int eos,
+                          struct rl_err *err)
+{
+    int rc;
+    cJSON *tj = read_json_file(dir, "tokenizer.json", 1, err, &rc), *cj = NULL;
+    if (!tj)
+        return rc;
+    cj = read_json_file(dir, "tokenizer_config.json", 0, err, &rc);
+    char **tok = NULL;
+    int32_t *type = NULL;
+    const char **mg = NULL;
+    char **mg_own = NULL;
+    int n_ids = 0, n_mg = 0;
+    if (rc)
+        goto out;
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(tj, "model");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(tj, "added_tokens");
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(model, "type");
+    if (!cJSON_IsObject(v) || !cJSON_IsArray(merges) || !cJSON_IsString(mt) || strcmp(mt->valuestring, "BPE")) {
+        rc = rl_errf(err, RL_EUNSUPPORTED, "%s/tokenizer.json: not a BPE model with vocab and merges", dir);
+        goto out;
+    }
+    n_ids = vocab;
+    for (const cJSON *e = v->child; e; e = e->next)
+        if (cJSON_IsNumber(e) && e->valueint >= n_ids)
+            n_ids = e->valueint + 1;
+    for (const cJSON *a = added ? added->child : NULL; a; a = a->next) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(a, "id");
+        if (cJSON_IsNumber(id) && id->valueint >= n_ids)
+            n_ids = id->valueint + 1;
+    }
+    if (n_ids > (1 << 22)) {
+        rc = rl_errf(err, RL_EFORMAT, "%s/tokenizer.json: ids up to %d", dir, n_ids);
+        goto out;
+    }
+    tok = calloc((size_t)n_ids, sizeof *tok);
+    type = calloc((size_t)n_ids, sizeof *type);
+    n_mg = cJSON_GetArraySize(merges);
+    mg = calloc((size_t)(n_mg ? n_mg : 1), sizeof *mg);
+    mg_own = calloc((size_t)(n_mg ? n_mg : 1), sizeof *mg_own);
+    if (!tok || !type || !mg || !mg_own) {
+        rc = rl_errf(err, RL_ENOMEM, "out of memory for the tokenizer");
+        goto out;
+    }
+    for (const cJSON *e = v->child; e; e = e->next)
+        if (cJSON_IsNumber(e) && e->valueint >= 0) {
+            tok[e->valueint] = e->string;
+            type[e->valueint] = TT_NORMAL;
+        }
+    for (const cJSON *a = added ? added->child : NULL; a; a = a->next) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(a, "id");
+        const char *content = json_str(a, "content");
+        if (!cJSON_IsNumber(id) || id->valueint < 0 || !content)
+            continue;
+        tok[id->valueint] = (char *)content;
+        type[id->valueint] = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(a, "special")) ||
+                                     looks_special(content)
+                                 ? TT_CONTROL
+                                 : TT_USER_DEFINED;
+    }
+    char (*pad)[24] = NULL;
+    int n_pad = 0;
+    for (int i = 0; i < n_ids; i++)
+        n_pad += !tok[i];
+    if (n_pad && !(pad = calloc((size_t)n_pad, sizeof *pad))) {
+        rc = rl_errf(err, RL_ENOMEM, "out of memory for the tokenizer");
+        goto out;
+    }
+    for (int i = 0, k = 0; i < n_ids; i++)
+        if (!tok[i]) {
+            snprintf(pad[k], sizeof pad[k], "[PAD%d]", i);
+            tok[i] = pad[k++];
+            type[i] = TT_UNUSED;
+        }
+    int k = 0;
+    for (const cJSON *m = merges->child; m; m = m->next, k++) {
+        if (cJSON_IsString(m)) {
+            mg[k] = m->valuestring;
+        } else if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2 &&
+                   cJSON_IsString(m->child) && cJSON_IsString(m->child->next)) {
+            size_t a = strlen(m->child->valuestring), b = strlen(m->child->next->valuestring);
+            if (!(mg_own[k] = malloc(a + b + 2))) {
+                free(pad);
+                rc = rl_errf(err, RL_ENOMEM, "out of memory for the tokenizer");
+                goto out;
+            }
+            memcpy(mg_own[k], m->child->valuestring, a);
+            mg_own[k][a] = ' ';
+            memcpy(mg_own[k] + a + 1, m->child->next->valuestring, b + 1);
+            mg[k] = mg_own[k];
+        } else {
+            free(pad);
+            rc = rl_errf(err, RL_EFORMAT, "%s/tokenizer.json: merge %d is not \"a b\" or [a, b]", dir, k);
+            goto out;
+        }
+    }
+    gguf_writer_str(w, "tokenizer.ggml.model", "gpt2", 4);
+    gguf_writer_str(w, "tokenizer.ggml.pre", "qwen2", 5);
+    gguf_writer_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)tok, NULL, (uint64_t)n_ids);
+    gguf_writer_arr_i32(w, "tokenizer.ggml.token_type", type, (uint64_t)n_ids);
+    gguf_writer_arr_str(w, "tokenizer.ggml.merges", mg, NULL, (uint64_t)n_mg);
+    free(pad);
+    /* special ids: eos / pad by name from tokenizer_config.json, as
+     * llama.cpp's SpecialVocab reads them; bos from config.json */
+    const char *names[2] = {json_str(cj, "eos_token"), json_str(cj, "pad_token")};
+    int ids[2] = {eos, -1};
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; names[s] && i < n_ids; i++)
+            if (!strcmp(tok[i], names[s]) && type[i] != TT_NORMAL) {
+                ids[s] = i;
+                break;
+            }
+    gguf_writer_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)bos);
+    gguf_writer_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)ids[0]);
+    if (ids[1] >= 0)
+        gguf_writer_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)ids[1]);
+    gguf_writer_bool(w, "tokenizer.ggml.add_bos_token", 0);
+    const char *tpl = json_str(cj, "chat_template");
+    if (tpl)
+        gguf_writer_str(w, "tokenizer.chat_template", tpl, strlen(tpl));
+out:
+    for (int i = 0; mg_own && i < n_mg; i++)
+        free(mg_own[i]);
+    free(mg_own);
+    free(mg);
+    free(tok);
+    free(type);
+    cJSON_Delete(cj);
+    cJSON_Delete(tj);
+    return rc;
+}
+
+static int mk_write_gguf(const struct mk_opts *o, struct mk_result *res, struct rl_err *err)
+{
+    int64_t H = o->hidden, I = o->intermediate, Q = (int64_t)o->n_heads * o->head_dim,
+            KV = (int64_t)o->n_kv_heads * o->head_dim, D = o->head_dim, V = o->vocab;
+    int L = o->n_layers, n_t = 3 + 11 * L + (o->tied ? 0 : 1);
+    int bos = o->bos_id >= 0 ? o->bos_id : o->vocab > 151645 ? 151643 : o->vocab - 2;
+    int eos = o->eos_id >= 0 ? o->eos_id : o->vocab > 151645 ? 151645 : o->vocab - 1;
+    struct qt *t = calloc((size_t)n_t, sizeof *t);
+    struct gguf_writer *w = NULL;
+    char path[4096];
+    int rc = 0, n = 0;
+    if (!t)
+        return rl_errf(err, RL_ENOMEM, "out of memory");
+    if ((rc = gguf_writer_create(&w, err)))
+        goto out;
+    /* llama_ftype: MOSTLY_Q8_0 7, Q4_K_M 15, Q5_K_M 17, Q6_K 18 */
+    static const struct {
+        enum model_dtype base, six;
+        uint32_t ftype;
+    } lay[] = {[MK_Q8_0] = {MODEL_Q8_0, MODEL_Q8_0, 7}, [MK_Q4_K_M] = {MODEL_Q4_K, MODEL_Q6_K, 15},
+               [MK_Q5_K_M] = {MODEL_Q5_K, MODEL_Q6_K, 17}, [MK_Q6_K] = {MODEL_Q6_K, MODEL_Q6_K, 18}};
+    enum model_dtype base = lay[o->dtype].base, six = lay[o->dtype].six;
+    float wstd = o->weight_std > 0 ? o->weight_std : 0.02f;
+#define ADD(gname, hfname, r, c, d)                                                     \
+    do {                                                                                \
+        struct qt *q_ = &t[n++];                                                        \
+        snprintf(q_->g.name, sizeof q_->g.name, "%s", gname);                          \
+        q_->rows = (r) ? (r) : 1;                                                       \
+        q_->cols = (c);                                                                 \
+        q_->dt = (r) ? (d) : MODEL_F32;                                                 \
+        q_->g.mean = (r) ? 0.0f : 1.0f;                                                 \
+        q_->g.std = (r) ? wstd : 0.02f;                                                 \
+        q_->g.pattern = o->pattern;                                                     \
+        rng_seed(&q_->g.rng, o->seed, hfname);                                          \
+        q_->row_bytes = q_->dt == MODEL_F32 ? (size_t)q_->cols * 4                      \
+                                            : quant_row_bytes(q_->dt, q_->cols);        \
+    } while (0)
+    /* tied: the embedding is also the output, so it gets the output's 6 bits */
+    ADD("token_embd.weight", "model.embed_tokens.weight", V, H, o->tied ? six : base);
+    for (int l = 0; l < L; l++) {
+        static const char *const gn[11] = {"attn_norm", "attn_q", "attn_k", "attn_v",
+                                           "attn_output", "attn_q_norm", "attn_k_norm",
+                                           "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"};
+        static const char *const hf[11] = {
+            "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_norm.weight",
+            "self_attn.k_norm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+            "mlp.up_proj.weight", "mlp.down_proj.weight"};
+        const int64_t rows[11] = {0, Q, KV, KV, H, 0, 0, 0, I, I, H};
+        const int64_t cols[11] = {H, H, H, H, Q, D, D, H, H, H, I};
+        for (int i = 0; i < 11; i++) {
+            char a[96], b[160];
+            snprintf(a, sizeof a, "blk.%d.%s.weight", l, gn[i]);
+            snprintf(b, sizeof b, "model.layers.%d.%s", l, hf[i]);
+            ADD(a, b, rows[i], cols[i], (i == 3 || i == 10) && more_bits(l, L) ? six : base);
+        }
+    }
+    ADD("output_norm.weight", "model.norm.weight", 0, H, MODEL_F32);
+    if (!o->tied)
+        ADD("output.weight", "lm_head.weight", V, H, six);
+#undef ADD
+    gguf_writer_str(w, "general.architecture", "qwen3", 5);
+    gguf_writer_str(w, "general.name", "redlm random", 12);
+    gguf_writer_u32(w, "general.file_type", lay[o->dtype].ftype);
+    gguf_writer_u32(w, "general.quantization_version", 2);
+    gguf_writer_u32(w, "qwen3.block_count", (uint32_t)L);
+    gguf_writer_u32(w, "qwen3.context_length", 40960);
+    gguf_writer_u32(w, "qwen3.embedding_length", (uint32_t)H);
+    gguf_writer_u32(w, "qwen3.feed_forward_length", (uint32_t)I);
+    gguf_writer_u32(w, "qwen3.attention.head_count", (uint32_t)o->n_heads);
+    gguf_writer_u32(w, "qwen3.attention.head_count_kv", (uint32_t)o->n_kv_heads);
+    gguf_writer_u32(w, "qwen3.attention.key_length", (uint32_t)D);
+    gguf_writer_u32(w, "qwen3.attention.value_length", (uint32_t)D);
+    gguf_writer_f32(w, "qwen3.rope.freq_base", 1000000.0f);
+    gguf_writer_f32(w, "qwen3.attention.layer_norm_rms_epsilon", 1e-6f);
+    if (o->yarn_factor > 0) {
+        gguf_writer_str(w, "qwen3.rope.scaling.type", "yarn", 4);
+        gguf_writer_f32(w, "qwen3.rope.scaling.factor", (float)o->yarn_factor);
+        gguf_writer_u32(w, "qwen3.rope.scaling.original_context_length", 32768);
+    }
+    if (o->tokenizer_dir) {
+        if ((rc = gguf_tokenizer(w, o->tokenizer_dir, o->vocab, bos, eos, err)))
+            goto out;
+    } else {
+        gguf_writer_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)bos);
+        gguf_writer_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)eos);
+    }
+    for (int i = 0; i < n; i++) {
+        int64_t ne[2] = {t[i].cols, t[i].rows};
+        gguf_writer_tensor(w, t[i].g.name, gguf_type_of(t[i].dt), t[i].rows > 1 ? 2 : 1, ne,
+                           NULL, qt_fill, &t[i]);
+    }
+    mk_gguf_path(o->out_dir, path, sizeof path);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir)
+        *slash = 0;
+    if (slash && (rc = mkdir_p(dir, err)))
+        goto out;
+    if ((rc = gguf_writer_write(w, path, err)))
+        goto out;
+    if (res) {
+        struct stat st;
+        res->n_params = 0;
+        for (int i = 0; i < n; i++)
+            res->n_params += t[i].rows * t[i].cols;
+        res->n_bytes = stat(path, &st) ? 0 : (uint64_t)st.st_size;
+        res->n_files = 1;
+    }
+out:
+    for (int i = 0; i < n; i++) {
+        free(t[i].row);
+        free(t[i].enc);
+        free(t[i].g.pat);
+    }
+    free(t);
+    gguf_writer_free(w);
+    return rc;
+}
+
 int mk_write(const struct mk_opts *o, struct mk_result *res, struct rl_err *err)
 {
     int rc = check_opts(o, err);
     if (rc)
         return rc;
+    if (o->dtype >= MK_Q8_0)
+        return mk_write_gguf(o, res, err);
     struct plan p = {0};
     struct st_file *src = NULL;
     cJSON *cfg = NULL;
@@ -963,7 +1520,10 @@ int mk_write(const struct mk_opts *o, struct mk_result *res, struct rl_err *err)
     if (res) {
         res->n_params = 0;
         for (int i = 0; i < p.n; i++)
-            if (p.g[i].kind != GEN_SCALE)
+            if (p.g[i].kind == GEN_AWQ_QWEIGHT)
+                res->n_params += p.g[i].awq_rows * p.g[i].awq_cols;
+            else if (p.g[i].kind != GEN_SCALE && p.g[i].kind != GEN_AWQ_QZEROS &&
+                     p.g[i].kind != GEN_AWQ_SCALES)
                 res->n_params += p.g[i].rows * p.g[i].cols;
         res->n_bytes = bytes;
         res->n_files = n_shards;

@@ -8,6 +8,7 @@
 #ifndef RL_MKMODEL_H
 #define RL_MKMODEL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "err.h"
@@ -17,14 +18,29 @@ enum mk_dtype {
     MK_BF16,    /* every tensor BF16, torch_dtype "bfloat16" */
     MK_FP8,     /* the 7 projections per layer F8_E4M3 + 128x128 block weight_scale_inv;
                  * embeddings, norms, lm_head BF16 (as Qwen/Qwen3-*-FP8) */
+    MK_AWQ,     /* the 7 projections AutoAWQ INT4 GEMM (qweight, qzeros, scales; group
+                 * awq_group); embeddings, norms, lm_head F16, torch_dtype "float16"
+                 * (as Qwen/Qwen3-*-AWQ) */
+    MK_Q8_0,    /* one GGUF file: every matrix Q8_0, norms F32 (llama.cpp's Q8_0) */
+    MK_Q4_K_M,  /* one GGUF file in llama.cpp's Q4_K_M layout: matrices Q4_K, except
+                 * Q6_K for attn_v and ffn_down in the layers llama.cpp gives more bits
+                 * (the first and last eighth and every third between) and for
+                 * output (or, tied, token_embd); norms F32 */
+    MK_Q5_K_M,  /* the same with Q5_K for Q4_K (llama.cpp's Q5_K_M) */
+    MK_Q6_K,    /* every matrix Q6_K (llama.cpp's Q6_K) */
 };
 
 struct mk_opts {
-    const char *out_dir;       /* created (with parents) if missing */
+    const char *out_dir;       /* created (with parents) if missing; for the GGUF dtypes
+                                * the file is out_dir/model.gguf, or out_dir itself
+                                * when it ends in ".gguf" */
     const char *from_dir;      /* non-NULL: convert this checkpoint to `dtype` instead of
                                 * making random weights; the shape fields are ignored */
-    const char *tokenizer_dir; /* copy tokenizer.json + tokenizer_config.json from here;
-                                * NULL: from from_dir when converting, else none */
+    const char *tokenizer_dir; /* copy tokenizer.json + tokenizer_config.json from here
+                                * (GGUF: their vocab, merges, token types, special ids
+                                * and chat template go into the metadata, as llama.cpp's
+                                * converter writes them); NULL: from from_dir when
+                                * converting, else none */
     int hidden;                /* hidden_size */
     int intermediate;          /* intermediate_size */
     int n_layers;              /* num_hidden_layers */
@@ -42,13 +58,16 @@ struct mk_opts {
     int pattern;               /* fill each tensor by repeating a 65521-element random pattern:
                                 * much faster for huge checkpoints, still seed-deterministic */
     int scale_bf16;            /* FP8: weight_scale_inv as BF16 (Qwen's dense FP8 releases) instead of F32 */
+    int awq_group;             /* AWQ: group size along the input features; 0 = 128 */
+    float weight_std;          /* std of the random matrices; 0 = 0.02 (tests that want
+                                * confident logits from a tiny model raise it) */
 };
 
 /* What mk_write produced. */
 struct mk_result {
     int64_t n_params;  /* elements of all tensors except the FP8 scales */
-    uint64_t n_bytes;  /* total size of the .safetensors files */
-    int n_files;       /* number of .safetensors files */
+    uint64_t n_bytes;  /* total size of the .safetensors (or .gguf) files */
+    int n_files;       /* number of .safetensors (or .gguf) files */
 };
 
 /* Fills *o with the `tiny` shape, BF16, seed 0, one file, no output dir. */
@@ -58,6 +77,9 @@ void mk_opts_init(struct mk_opts *o);
  * "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b".
  * Returns 0, or -RL_EINVAL naming the unknown preset. */
 int mk_opts_preset(struct mk_opts *o, const char *shape, struct rl_err *err);
+
+/* The file a GGUF dtype writes for out (see mk_opts.out_dir) into buf. */
+void mk_gguf_path(const char *out, char *buf, size_t size);
 
 /* Writes the checkpoint described by *o. Validates every option before
  * touching the disk. *res (may be NULL) gets the summary. Returns 0 or a

@@ -23,10 +23,14 @@
 #include <unistd.h>
 
 #include "dtype.h"
+#include "gguf.h"
+#include "quant.h"
 #include "safetensors.h"
 
 struct model {
     char *dir;
+    char *gguf_path;     /* the GGUF file, or NULL */
+    struct gguf_file *gg;
     struct model_config cfg;
     struct model_weights w;
     struct st_file *st;
@@ -170,6 +174,34 @@ static int parse_rope_scaling(struct model_config *c, const cJSON *rs,
     return 0;
 }
 
+/* AutoAWQ's quantization_config, as Qwen/Qwen3-*-AWQ ship it: 4 bits,
+ * GEMM packing, zero points, a group size along the input features. */
+static int parse_awq(struct model_config *c, const cJSON *q, const char *path, struct rl_err *err)
+{
+    int bits = 4, rc;
+    if ((rc = cfg_int(q, "bits", 0, 1, 64, &bits, path, err)) ||
+        (rc = cfg_int(q, "group_size", 1, -1, 1 << 20, &c->awq_group, path, err)))
+        return rl_err_wrap(err, "quantization_config");
+    if (bits != 4)
+        return rl_errf(err, RL_EUNSUPPORTED,
+                       "%s: field \"quantization_config.bits\" = %d is not supported (AWQ with 4 bits only)",
+                       path, bits);
+    if (c->awq_group < 1)
+        return rl_errf(err, RL_EUNSUPPORTED,
+                       "%s: field \"quantization_config.group_size\" = %d is not supported (a positive group)",
+                       path, c->awq_group);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(q, "version");
+    if (v && (!cJSON_IsString(v) || strcasecmp(v->valuestring, "gemm")))
+        return rl_errf(err, RL_EUNSUPPORTED,
+                       "%s: field \"quantization_config.version\" = %s is not supported (AWQ's \"gemm\" packing only)",
+                       path, cJSON_IsString(v) ? v->valuestring : "(not a string)");
+    const cJSON *z = cJSON_GetObjectItemCaseSensitive(q, "zero_point");
+    if (z && !cJSON_IsTrue(z))
+        return rl_errf(err, RL_EUNSUPPORTED,
+                       "%s: field \"quantization_config.zero_point\" must be true", path);
+    return 0;
+}
+
 static int parse_quant(struct model_config *c, const cJSON *q, const char *path,
                        struct rl_err *err)
 {
@@ -178,9 +210,11 @@ static int parse_quant(struct model_config *c, const cJSON *q, const char *path,
     if (!cJSON_IsObject(q))
         return rl_errf(err, RL_EFORMAT, "%s: field \"quantization_config\" must be an object", path);
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(q, "quant_method");
+    if (cJSON_IsString(m) && !strcmp(m->valuestring, "awq"))
+        return parse_awq(c, q, path, err);
     if (!cJSON_IsString(m) || strcmp(m->valuestring, "fp8"))
         return rl_errf(err, RL_EUNSUPPORTED,
-                       "%s: field \"quantization_config.quant_method\" = %s is not supported (only \"fp8\")",
+                       "%s: field \"quantization_config.quant_method\" = %s is not supported (\"fp8\" or \"awq\")",
                        path, cJSON_IsString(m) ? m->valuestring : "(not a string)");
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(q, "fmt");
     if (fmt && (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "e4m3")))
@@ -421,6 +455,52 @@ static int bind(struct model *m, struct model_tensor *t, const char *name, int64
     return 0;
 }
 
+/* An AWQ projection: NAME.qweight I32 (cols, rows / 8), NAME.qzeros I32
+ * (cols / group, rows / 8), NAME.scales F16 (cols / group, rows), for the
+ * HF weight name NAME.weight (layout in engine/quant.h). */
+static int bind_awq(struct model *m, struct model_tensor *t, const char *name, int64_t rows,
+                    int64_t cols, struct rl_err *err)
+{
+    int64_t G = m->cfg.awq_group;
+    char base[256], n[3][300];
+    snprintf(base, sizeof base, "%.*s", (int)(strlen(name) - strlen(".weight")), name);
+    if (rows % 8 || cols % G)
+        return rl_errf(err, RL_EFORMAT, "%s: AWQ tensor \"%s\" of [%lld, %lld] needs rows in 8s and columns in groups of %lld",
+                       m->dir, base, (long long)rows, (long long)cols, (long long)G);
+    static const char *const sfx[3] = {"qweight", "qzeros", "scales"};
+    const int64_t shape[3][2] = {{cols, rows / 8}, {cols / G, rows / 8}, {cols / G, rows}};
+    const enum st_dtype want[3] = {ST_I32, ST_I32, ST_F16};
+    const struct st_tensor *st[3];
+    for (int i = 0; i < 3; i++) {
+        snprintf(n[i], sizeof n[i], "%s.%s", base, sfx[i]);
+        if (!(st[i] = st_find(m->st, n[i])))
+            return rl_errf(err, RL_EFORMAT, "%s: missing tensor \"%s\" (the AWQ checkpoint's quantized \"%s\")",
+                           m->dir, n[i], name);
+        st_mark_used(m->st, st[i]);
+        if (st[i]->dtype != want[i])
+            return rl_errf(err, RL_EUNSUPPORTED, "%s: tensor \"%s\" has dtype %s; AWQ's %s is %s",
+                           st[i]->file, n[i], st_dtype_name(st[i]->dtype), sfx[i], st_dtype_name(want[i]));
+        if (st[i]->n_dims != 2 || st[i]->shape[0] != shape[i][0] || st[i]->shape[1] != shape[i][1])
+            return rl_errf(err, RL_EFORMAT, "%s: tensor \"%s\" must have shape [%lld, %lld] for a [%lld, %lld] weight in groups of %lld",
+                           st[i]->file, n[i], (long long)shape[i][0], (long long)shape[i][1],
+                           (long long)rows, (long long)cols, (long long)G);
+    }
+    *t = (struct model_tensor){.dtype = MODEL_AWQ4, .rows = rows, .cols = cols,
+                               .data = st[0]->data, .name = st[0]->name,
+                               .awq_qzeros = st[1]->data, .awq_scales = st[2]->data,
+                               .awq_group = (int)G};
+    return 0;
+}
+
+/* A projection: AWQ when the config says so, else a plain or FP8 weight. */
+static int bind_proj(struct model *m, struct model_tensor *t, const char *name, int64_t rows,
+                     int64_t cols, struct rl_err *err)
+{
+    if (m->cfg.awq_group)
+        return bind_awq(m, t, name, rows, cols, err);
+    return bind(m, t, name, rows, cols, err);
+}
+
 static int bind_all(struct model *m, struct rl_err *err)
 {
     const struct model_config *c = &m->cfg;
@@ -456,19 +536,251 @@ static int bind_all(struct model *m, struct rl_err *err)
         for (int i = 0; i < 11; i++)
             snprintf(n[i], sizeof n[i], "model.layers.%d.%s", l, suffix[i]);
         if ((rc = bind(m, &L->attn_norm, n[0], 0, H, err)) ||
-            (rc = bind(m, &L->wq, n[1], Q, H, err)) || (rc = bind(m, &L->wk, n[2], KV, H, err)) ||
-            (rc = bind(m, &L->wv, n[3], KV, H, err)) || (rc = bind(m, &L->wo, n[4], H, Q, err)) ||
+            (rc = bind_proj(m, &L->wq, n[1], Q, H, err)) ||
+            (rc = bind_proj(m, &L->wk, n[2], KV, H, err)) ||
+            (rc = bind_proj(m, &L->wv, n[3], KV, H, err)) ||
+            (rc = bind_proj(m, &L->wo, n[4], H, Q, err)) ||
             (rc = bind(m, &L->q_norm, n[5], 0, D, err)) ||
             (rc = bind(m, &L->k_norm, n[6], 0, D, err)) ||
             (rc = bind(m, &L->mlp_norm, n[7], 0, H, err)) ||
-            (rc = bind(m, &L->w_gate, n[8], I, H, err)) || (rc = bind(m, &L->w_up, n[9], I, H, err)) ||
-            (rc = bind(m, &L->w_down, n[10], H, I, err)))
+            (rc = bind_proj(m, &L->w_gate, n[8], I, H, err)) ||
+            (rc = bind_proj(m, &L->w_up, n[9], I, H, err)) ||
+            (rc = bind_proj(m, &L->w_down, n[10], H, I, err)))
             return rc;
     }
     const struct st_tensor *extra = st_first_unused(m->st);
     if (extra)
         return rl_errf(err, RL_EFORMAT, "%s: unexpected tensor \"%s\" (not part of a Qwen3 dense model with this config)",
                        extra->file, extra->name);
+    return 0;
+}
+
+/* ---- GGUF ----
+ *
+ * A GGUF file of llama.cpp's "qwen3" architecture (convert_hf_to_gguf.py's
+ * Qwen3Model): the config comes from the "qwen3." metadata keys, the
+ * tensors have llama.cpp's names, ne[0] is the input dimension, and q/k
+ * are stored as Hugging Face has them (Qwen3 uses NEOX-style rotary, so the
+ * converter does not permute them as it does for LLaMA). A file without
+ * output.weight ties the output to token_embd. */
+
+static int gg_int(struct model *m, const char *key, int required, int64_t lo, int64_t hi, int *v,
+                  struct rl_err *err)
+{
+    if (!gguf_has_key(m->gg, key)) {
+        if (required)
+            return rl_errf(err, RL_EFORMAT, "%s: metadata \"%s\" is missing", m->dir, key);
+        return 0;
+    }
+    int64_t x;
+    int rc = gguf_get_int(m->gg, key, &x, err);
+    if (rc)
+        return rc;
+    if (x < lo || x > hi)
+        return rl_errf(err, RL_EFORMAT, "%s: metadata \"%s\" = %lld is out of range [%lld, %lld]",
+                       m->dir, key, (long long)x, (long long)lo, (long long)hi);
+    *v = (int)x;
+    return 0;
+}
+
+static int gg_float(struct model *m, const char *key, double lo, double hi, float *v,
+                    struct rl_err *err)
+{
+    if (!gguf_has_key(m->gg, key))
+        return 0;
+    double x;
+    int rc = gguf_get_float(m->gg, key, &x, err);
+    if (rc)
+        return rc;
+    if (!(x >= lo && x <= hi))
+        return rl_errf(err, RL_EFORMAT, "%s: metadata \"%s\" = %g is out of range [%g, %g]", m->dir,
+                       key, x, lo, hi);
+    *v = (float)x;
+    return 0;
+}
+
+static int gguf_config(struct model *m, struct rl_err *err)
+{
+    struct model_config *c = &m->cfg;
+    const char *s;
+    size_t n;
+    int rc = gguf_get_str(m->gg, "general.architecture", &s, &n, err);
+    if (rc)
+        return rc;
+    if (n != 5 || memcmp(s, "qwen3", 5))
+        return rl_errf(err, RL_EUNSUPPORTED, "%s: general.architecture \"%.*s\" is not supported (redlm runs \"qwen3\")",
+                       m->dir, (int)(n < 64 ? n : 64), s);
+    memset(c, 0, sizeof *c);
+    c->max_pos = 40960;
+    c->rms_eps = 1e-6f;
+    c->rope_theta = 10000.0f; /* llama.cpp's default when the key is absent */
+    c->bos_id = c->eos_id = -1;
+    c->dtype = MODEL_F32;     /* norms are F32 in every GGUF llama.cpp writes */
+    if ((rc = gg_int(m, "qwen3.embedding_length", 1, 1, 1 << 16, &c->hidden, err)) ||
+        (rc = gg_int(m, "qwen3.feed_forward_length", 1, 1, 1 << 18, &c->intermediate, err)) ||
+        (rc = gg_int(m, "qwen3.block_count", 1, 1, 1024, &c->n_layers, err)) ||
+        (rc = gg_int(m, "qwen3.attention.head_count", 1, 1, 1024, &c->n_heads, err)))
+        return rc;
+    c->n_kv_heads = c->n_heads;
+    int vlen = 0;
+    if ((rc = gg_int(m, "qwen3.attention.head_count_kv", 0, 1, 1024, &c->n_kv_heads, err)) ||
+        (rc = gg_int(m, "qwen3.attention.key_length", 0, 2, 1024, &c->head_dim, err)) ||
+        (rc = gg_int(m, "qwen3.attention.value_length", 0, 2, 1024, &vlen, err)) ||
+        (rc = gg_int(m, "qwen3.context_length", 0, 1, 1 << 24, &c->max_pos, err)) ||
+        (rc = gg_int(m, "tokenizer.ggml.bos_token_id", 0, 0, 1 << 22, &c->bos_id, err)) ||
+        (rc = gg_int(m, "tokenizer.ggml.eos_token_id", 0, 0, 1 << 22, &c->eos_id, err)) ||
+        (rc = gg_float(m, "qwen3.attention.layer_norm_rms_epsilon", 1e-12, 1e-1, &c->rms_eps, err)) ||
+        (rc = gg_float(m, "qwen3.rope.freq_base", 1.0, 1e12, &c->rope_theta, err)))
+        return rc;
+    if (!c->head_dim)
+        c->head_dim = c->hidden / c->n_heads;
+    if (c->head_dim % 2)
+        return rl_errf(err, RL_EFORMAT, "%s: metadata \"qwen3.attention.key_length\" = %d must be even for rotary embedding",
+                       m->dir, c->head_dim);
+    if (vlen && vlen != c->head_dim)
+        return rl_errf(err, RL_EUNSUPPORTED, "%s: metadata \"qwen3.attention.value_length\" = %d differs from key_length %d",
+                       m->dir, vlen, c->head_dim);
+    if (c->n_heads % c->n_kv_heads)
+        return rl_errf(err, RL_EFORMAT, "%s: attention.head_count %d is not a multiple of head_count_kv %d",
+                       m->dir, c->n_heads, c->n_kv_heads);
+    if (gguf_has_key(m->gg, "qwen3.rope.scaling.type")) {
+        if ((rc = gguf_get_str(m->gg, "qwen3.rope.scaling.type", &s, &n, err)))
+            return rc;
+        if (n == 4 && !memcmp(s, "yarn", 4)) {
+            c->yarn_orig_max_pos = c->max_pos;
+            if ((rc = gg_float(m, "qwen3.rope.scaling.factor", 1.0, 1024.0, &c->yarn_factor, err)) ||
+                (rc = gg_int(m, "qwen3.rope.scaling.original_context_length", 0, 1, 1 << 24,
+                             &c->yarn_orig_max_pos, err)))
+                return rc;
+            if (c->yarn_factor == 0)
+                return rl_errf(err, RL_EFORMAT, "%s: metadata \"qwen3.rope.scaling.factor\" is required for yarn",
+                               m->dir);
+            c->yarn_beta_fast = 32.0f;
+            c->yarn_beta_slow = 1.0f;
+            c->yarn_attn_factor = 0.1f * logf(c->yarn_factor) + 1.0f;
+        } else if (!(n == 4 && !memcmp(s, "none", 4))) {
+            return rl_errf(err, RL_EUNSUPPORTED, "%s: metadata \"qwen3.rope.scaling.type\" = \"%.*s\" is not supported (only \"yarn\")",
+                           m->dir, (int)(n < 32 ? n : 32), s);
+        }
+    }
+    const struct gguf_tensor *te = gguf_find_tensor(m->gg, "token_embd.weight");
+    if (!te)
+        return rl_errf(err, RL_EFORMAT, "%s: missing tensor \"token_embd.weight\"", m->dir);
+    if (te->n_dims != 2 || te->ne[1] < 1 || te->ne[1] > (1 << 22))
+        return rl_errf(err, RL_EFORMAT, "%s: tensor \"token_embd.weight\" is not a (hidden, vocab) matrix",
+                       m->dir);
+    c->vocab = (int)te->ne[1];
+    c->tied = !gguf_find_tensor(m->gg, "output.weight");
+    return 0;
+}
+
+/* The model dtype of a GGUF tensor type redlm reads; -1 otherwise. */
+static int dtype_from_gguf(uint32_t t, enum model_dtype *out)
+{
+    switch (t) {
+    case GGUF_T_F32: *out = MODEL_F32; return 0;
+    case GGUF_T_F16: *out = MODEL_F16; return 0;
+    case GGUF_T_BF16: *out = MODEL_BF16; return 0;
+    case GGUF_T_Q8_0: *out = MODEL_Q8_0; return 0;
+    case GGUF_T_Q4_K: *out = MODEL_Q4_K; return 0;
+    case GGUF_T_Q5_K: *out = MODEL_Q5_K; return 0;
+    case GGUF_T_Q6_K: *out = MODEL_Q6_K; return 0;
+    default: return -1;
+    }
+}
+
+/* Binds GGUF tensor `name` as (rows, cols), or a vector (cols) when rows is
+ * 0; vectors must not be quantized. */
+static int bind_gguf(struct model *m, struct model_tensor *t, const char *name, int64_t rows,
+                     int64_t cols, struct rl_err *err)
+{
+    const struct gguf_tensor *g = gguf_find_tensor(m->gg, name);
+    if (!g)
+        return rl_errf(err, RL_EFORMAT, "%s: missing tensor \"%s\"", m->dir, name);
+    gguf_mark_used(m->gg, g);
+    char tb[16];
+    const char *tn = gguf_type_name(g->type, tb);
+    if (dtype_from_gguf(g->type, &t->dtype))
+        return rl_errf(err, RL_EUNSUPPORTED, "%s: tensor \"%s\" has type %s, which redlm does not read "
+                                             "(F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K)",
+                       m->dir, name, tn);
+    int is_vec = rows == 0;
+    int ok = is_vec ? g->n_dims == 1 && g->ne[0] == cols
+                    : g->n_dims == 2 && g->ne[0] == cols && g->ne[1] == rows;
+    if (!ok) {
+        if (is_vec)
+            return rl_errf(err, RL_EFORMAT, "%s: tensor \"%s\" (%s) has %d dims [%lld, %lld], config says [%lld]",
+                           m->dir, name, tn, g->n_dims, (long long)g->ne[0], (long long)g->ne[1],
+                           (long long)cols);
+        return rl_errf(err, RL_EFORMAT, "%s: tensor \"%s\" (%s) has %d dims ne [%lld, %lld], config says ne [%lld, %lld] (cols, rows)",
+                       m->dir, name, tn, g->n_dims, (long long)g->ne[0], (long long)g->ne[1],
+                       (long long)cols, (long long)rows);
+    }
+    if (is_vec && quant_is_quantized(t->dtype))
+        return rl_errf(err, RL_EUNSUPPORTED, "%s: tensor \"%s\" is a %s vector; norms must be F32, F16 or BF16",
+                       m->dir, name, tn);
+    t->rows = is_vec ? 1 : rows;
+    t->cols = cols;
+    t->data = g->data;
+    t->name = g->name;
+    return 0;
+}
+
+static int gguf_bind_all(struct model *m, struct rl_err *err)
+{
+    const struct model_config *c = &m->cfg;
+    struct model_weights *w = &m->w;
+    int64_t H = c->hidden, I = c->intermediate, Q = (int64_t)c->n_heads * c->head_dim,
+            KV = (int64_t)c->n_kv_heads * c->head_dim, D = c->head_dim;
+    int rc;
+    if ((rc = bind_gguf(m, &w->embed, "token_embd.weight", c->vocab, H, err)) ||
+        (rc = bind_gguf(m, &w->final_norm, "output_norm.weight", 0, H, err)))
+        return rc;
+    if (c->tied)
+        w->lm_head = w->embed;
+    else if ((rc = bind_gguf(m, &w->lm_head, "output.weight", c->vocab, H, err)))
+        return rc;
+    w->n_layers = c->n_layers;
+    if (!(w->layers = calloc((size_t)c->n_layers, sizeof *w->layers)))
+        return rl_errf(err, RL_ENOMEM, "out of memory");
+    static const char *const sfx[11] = {"attn_norm", "attn_q", "attn_k", "attn_v",
+                                        "attn_output", "attn_q_norm", "attn_k_norm",
+                                        "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"};
+    const int64_t rows[11] = {0, Q, KV, KV, H, 0, 0, 0, I, I, H};
+    const int64_t cols[11] = {H, H, H, H, Q, D, D, H, H, H, I};
+    for (int l = 0; l < c->n_layers; l++) {
+        struct model_layer *L = &w->layers[l];
+        struct model_tensor *ts[11] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
+                                       &L->q_norm, &L->k_norm, &L->mlp_norm, &L->w_gate,
+                                       &L->w_up, &L->w_down};
+        for (int i = 0; i < 11; i++) {
+            char n[64];
+            snprintf(n, sizeof n, "blk.%d.%s.weight", l, sfx[i]);
+            if ((rc = bind_gguf(m, ts[i], n, rows[i], cols[i], err)))
+                return rc;
+        }
+    }
+    const struct gguf_tensor *extra = gguf_first_unused(m->gg);
+    if (extra)
+        return rl_errf(err, RL_EFORMAT, "%s: unexpected tensor \"%s\" (not part of a Qwen3 dense model with this config)",
+                       m->dir, extra->name);
+    return 0;
+}
+
+static int load_gguf(struct model **out, const char *file, struct rl_err *err)
+{
+    struct model *m = calloc(1, sizeof *m);
+    int rc;
+    if (!m || !(m->dir = strdup(file)) || !(m->gguf_path = strdup(file))) {
+        model_free(m);
+        return rl_errf(err, RL_ENOMEM, "out of memory");
+    }
+    if ((rc = gguf_open(&m->gg, file, err)) || (rc = gguf_config(m, err)) ||
+        (rc = gguf_bind_all(m, err))) {
+        model_free(m);
+        return rc;
+    }
+    *out = m;
     return 0;
 }
 
@@ -486,11 +798,9 @@ static int check_model_dir(const char *dir, struct rl_err *err)
         return rl_errf(err, RL_EIO, "%s: %s", dir, strerror(errno));
     size_t n = strlen(dir);
     if (!S_ISDIR(sb.st_mode)) {
-        if (n > 5 && !strcasecmp(dir + n - 5, ".gguf"))
-            return rl_errf(err, RL_EFORMAT,
-                           "%s is a GGUF file, which redlm does not read; %s (the safetensors "
-                           "repository the GGUF was made from, e.g. Qwen/Qwen3-0.6B)", dir, expected);
-        return rl_errf(err, RL_EFORMAT, "%s is a file, not a directory; %s", dir, expected);
+        (void)n;
+        return rl_errf(err, RL_EFORMAT, "%s is a file, not a directory; %s, or a GGUF file", dir,
+                       expected);
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -504,7 +814,18 @@ static int check_model_dir(const char *dir, struct rl_err *err)
 int model_load(struct model **out, const char *dir, struct rl_err *err)
 {
     *out = NULL;
-    int rc;
+    char gpath[4096];
+    int rc = gguf_locate(dir, gpath, sizeof gpath, err);
+    if (rc < 0)
+        return rc;
+    size_t dl = strlen(dir);
+    struct stat sb;
+    if (!rc && dl > 5 && !strcasecmp(dir + dl - 5, ".gguf") && !stat(dir, &sb) && S_ISREG(sb.st_mode)) {
+        snprintf(gpath, sizeof gpath, "%s", dir); /* named like one: gguf_open says what is wrong */
+        rc = 1;
+    }
+    if (rc)
+        return load_gguf(out, gpath, err);
     if ((rc = check_model_dir(dir, err)))
         return rc;
     struct model *m = calloc(1, sizeof *m);
@@ -537,9 +858,13 @@ void model_free(struct model *m)
     free(m->scales);
     free(m->w.layers);
     st_close(m->st);
+    gguf_close(m->gg);
+    free(m->gguf_path);
     free(m->dir);
     free(m);
 }
+
+const char *model_get_gguf(const struct model *m) { return m->gguf_path; }
 
 void model_rope_inv_freq(const struct model_config *cfg, float *inv_freq, float *mscale)
 {
@@ -577,6 +902,11 @@ const char *model_get_dir(const struct model *m) { return m->dir; }
 static size_t tensor_bytes(const struct model_tensor *t)
 {
     static const size_t esize[] = {4, 2, 2, 1};
+    if (t->dtype == MODEL_AWQ4) /* nibbles, plus an f16 scale and a zero nibble per group */
+        return (size_t)(t->rows * t->cols) / 2 +
+               (size_t)(t->rows * (t->cols / t->awq_group)) * 5 / 2;
+    if (quant_is_quantized(t->dtype))
+        return (size_t)t->rows * quant_row_bytes(t->dtype, t->cols);
     return (size_t)(t->rows * t->cols) * esize[t->dtype];
 }
 

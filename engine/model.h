@@ -1,9 +1,12 @@
 /* engine/model.h - a Qwen3 dense checkpoint: its config and weight table.
  *
- * model_load() reads config.json and the safetensors shards of a Hugging
- * Face Qwen3 directory, checks every tensor against the config (name, shape,
- * dtype) and fills public records that backends consume. Weights are not
- * copied: tensors point into the read-only mapping owned by the model. */
+ * model_load() reads a Hugging Face Qwen3 directory (config.json and the
+ * safetensors shards: BF16/F16/F32, block FP8, or AutoAWQ INT4) or a GGUF
+ * file (llama.cpp's "qwen3" architecture: F32/F16/BF16/Q8_0/Q4_K/Q5_K/Q6_K
+ * tensors, the config from its metadata), checks every tensor against the
+ * config (name, shape, dtype) and fills public records that backends
+ * consume. Weights are not copied: tensors point into the read-only mapping
+ * owned by the model. */
 #ifndef RL_MODEL_H
 #define RL_MODEL_H
 
@@ -44,6 +47,9 @@ struct model_config {
     float yarn_attn_factor; /* multiplies cos/sin; 0.1 ln(factor) + 1 unless given */
     /* quantization_config {"quant_method": "fp8", "weight_block_size": [128,128]} */
     int fp8_block_rows, fp8_block_cols; /* 0 when not an FP8 checkpoint */
+    /* quantization_config {"quant_method": "awq", "bits": 4, "group_size": 128,
+     * "version": "gemm"}: the projections are MODEL_AWQ4 */
+    int awq_group;         /* 0 when not an AWQ checkpoint */
     enum model_dtype dtype; /* torch_dtype, the dtype of unquantized tensors */
     int bos_id, eos_id;    /* -1 when absent */
 };
@@ -88,8 +94,11 @@ struct model_weights {
 
 struct model; /* opaque: config, weights and the mappings behind them */
 
-/* Loads DIR. The caller owns *out (model_free). Errors name the file and
- * the field or tensor. */
+/* Loads DIR: a Hugging Face checkpoint directory, a GGUF file (any name:
+ * the magic decides), or a directory holding one .gguf file and no
+ * config.json. The caller owns *out (model_free). Errors name the file and
+ * the field or tensor (and, for a tensor type redlm does not read, the
+ * type). */
 int model_load(struct model **out, const char *dir, struct rl_err *err);
 void model_free(struct model *m);
 /* A model of cfg's shape with no weights: every tensor has its dtype and
@@ -117,5 +126,9 @@ int model_parse_config(struct model_config *cfg, const char *json,
                        const char *path, struct rl_err *err);
 
 const char *model_dtype_name(enum model_dtype dt);
+
+/* The GGUF file the model was loaded from, or NULL for a safetensors
+ * checkpoint (its tokenizer lives in the metadata: tok_load reads it). */
+const char *model_get_gguf(const struct model *m);
 
 #endif

@@ -72,10 +72,16 @@ struct quant_block_q6_k {
     uint16_t d;             /* f16 */
 };
 
-_Static_assert(sizeof(struct quant_block_q8_0) == 34, "Q8_0 block is 34 bytes");
-_Static_assert(sizeof(struct quant_block_q4_k) == 144, "Q4_K block is 144 bytes");
-_Static_assert(sizeof(struct quant_block_q5_k) == 176, "Q5_K block is 176 bytes");
-_Static_assert(sizeof(struct quant_block_q6_k) == 210, "Q6_K block is 210 bytes");
+/* C11's _Static_assert is static_assert in the C++ nvcc compiles .cu as */
+#ifdef __cplusplus
+#define QUANT_STATIC_ASSERT(c, m) static_assert(c, m)
+#else
+#define QUANT_STATIC_ASSERT(c, m) _Static_assert(c, m)
+#endif
+QUANT_STATIC_ASSERT(sizeof(struct quant_block_q8_0) == 34, "Q8_0 block is 34 bytes");
+QUANT_STATIC_ASSERT(sizeof(struct quant_block_q4_k) == 144, "Q4_K block is 144 bytes");
+QUANT_STATIC_ASSERT(sizeof(struct quant_block_q5_k) == 176, "Q5_K block is 176 bytes");
+QUANT_STATIC_ASSERT(sizeof(struct quant_block_q6_k) == 210, "Q6_K block is 210 bytes");
 
 /* AutoAWQ's nibble of feature 8j + k inside a packed int32 (see above). */
 extern const int QUANT_AWQ_NIBBLE[8];
@@ -107,5 +113,33 @@ void quant_dequant_q6_k(const struct quant_block_q6_k *x, float *out, int64_t n)
  * any block format or AWQ4 (then t->awq_* are used). Returns 0, or
  * -RL_EINVAL when t's dtype is not quantized or r is out of range. */
 int quant_dequant_row(const struct model_tensor *t, int64_t r, float *out);
+
+/* ---- reference quantizers (the model maker, tests, --quantize at load) ----
+ *
+ * Deterministic and simple rather than optimal: each sub-block's scale
+ * (and min) comes straight from its range, with no search for the scale
+ * that minimises the error as llama.cpp's make_qkx2_quants does. The
+ * blocks they write are valid in every reader; their error is within a
+ * few per cent of llama.cpp's (tests/unit/test_quant.c states the bounds).
+ * n is a multiple of the block size; out holds n / block blocks. */
+void quant_quantize_q8_0(const float *x, struct quant_block_q8_0 *out, int64_t n);
+void quant_quantize_q4_k(const float *x, struct quant_block_q4_k *out, int64_t n);
+void quant_quantize_q5_k(const float *x, struct quant_block_q5_k *out, int64_t n);
+void quant_quantize_q6_k(const float *x, struct quant_block_q6_k *out, int64_t n);
+
+/* One row of n floats into block format dt (quant_row_bytes(dt, n) bytes at
+ * out). Returns 0, or -RL_EINVAL when dt is not a block format or n is not
+ * a multiple of its block. */
+int quant_quantize_row(enum model_dtype dt, const float *x, void *out, int64_t n);
+
+/* AutoAWQ's asymmetric INT4 quantization of a (rows, cols) row-major matrix
+ * w, in groups of `group` along cols (AutoAWQ's pseudo_quantize_tensor:
+ * scale = max(max - min, 1e-5) / 15, zero = clamp(round(-min / scale), 0,
+ * 15), q = clamp(round(w / scale) + zero, 0, 15)), packed in the GEMM
+ * layout above: qweight (cols, rows / 8), qzeros (cols / group, rows / 8),
+ * scales (cols / group, rows) f16. Returns 0, or -RL_EINVAL when rows is
+ * not a multiple of 8 or cols of group. */
+int quant_quantize_awq(const float *w, int64_t rows, int64_t cols, int group, int32_t *qweight,
+                       int32_t *qzeros, uint16_t *scales);
 
 #endif

@@ -29,6 +29,7 @@
  * Callers: the engine front (prompt encoding, streaming detokenization of
  * generated ids), the CLI (tokenize/detokenize), the fuzzer. */
 #include "tokenizer.h"
+#include "gguf.h"
 #include "text.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -1077,8 +1078,13 @@ int tok_load(struct tokenizer **out, const char *dir, struct rl_err *err)
     char path[4096];
     char *json = NULL, *cfg = NULL;
     size_t len = 0, cfg_len = 0;
+    int rc = gguf_locate(dir, path, sizeof path, err);
+    if (rc < 0)
+        return rc;
+    if (rc) /* a GGUF model carries its tokenizer in its metadata */
+        return tok_load_gguf(out, path, err);
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    int rc = read_file(path, &json, &len, err);
+    rc = read_file(path, &json, &len, err);
     if (rc)
         return rc;
     char cpath[4096];

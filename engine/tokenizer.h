@@ -62,6 +62,26 @@ enum {
  * this code does not implement), RL_ENOMEM. */
 int tok_load(struct tokenizer **out, const char *dir, struct rl_err *err);
 
+/* tok_load also takes a GGUF model (a GGUF file, or a directory holding one
+ * and no config.json): then the tokenizer is the file's metadata, as
+ * tok_load_gguf reads it. */
+
+/* Loads the tokenizer of GGUF file path from its metadata, the way llama.cpp
+ * writes a Qwen tokenizer (tokenizer.ggml.model "gpt2", pre "qwen2"):
+ * tokens (byte-level strings), token_type (NORMAL tokens are the BPE vocab,
+ * CONTROL tokens become special added tokens, USER_DEFINED non-special
+ * ones, UNUSED ones holes), merges ("left right"), the eos and padding ids;
+ * the NFC normalizer and Qwen2's split regex, as Qwen's tokenizer.json has
+ * them. Encodings are then those of the tokenizer.json the file was made
+ * from. Errors: RL_EUNSUPPORTED (another tokenizer model or
+ * pre-tokenizer), RL_EFORMAT (arrays missing, of the wrong type or length,
+ * a token with a NUL byte), the reader's. */
+int tok_load_gguf(struct tokenizer **out, const char *path, struct rl_err *err);
+
+/* 1 when tok_load(path) has a tokenizer to read: path/tokenizer.json, or a
+ * GGUF model whose metadata has tokenizer.ggml.tokens. */
+int tok_available(const char *path);
+
 /* The same from the text of a tokenizer.json in memory (config_json may be
  * NULL). `name` is used in error messages. For tests and the fuzzer. */
 int tok_load_json(struct tokenizer **out, const char *json, size_t len,

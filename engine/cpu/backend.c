@@ -24,7 +24,9 @@
  *
  * Weights: copied into 2 MiB pages at load (or used in place from the
  * mapping with mmap_weights). FP8 matrices are widened to BF16 once at load
- * (the CPU has no FP8 dot product), norm vectors are copied to F32. On the
+ * (the CPU has no FP8 dot product); quantized matrices (GGUF, AWQ) without
+ * a native kernel are dequantized to F32 once (mat_dequant_f32); norm
+ * vectors are copied to F32. On the
  * AVX-512 table the BF16 matrices are then repacked into 16-row panels for
  * gemm_bf16p (pack_weights). Activations are F32; they
  * are rounded to BF16 only as the input of a BF16 matrix product.
@@ -48,6 +50,7 @@
 #include "dtype.h"
 #include "kernels.h"
 #include "pool.h"
+#include "quant.h"
 
 /* Rows of one attention item (queries x heads of a GQA group): the score
  * tile for them stays in L2 for contexts of a few thousand tokens. */
@@ -169,7 +172,8 @@ static void *amalloc(size_t n)
 
 static size_t mat_bytes(const struct model_tensor *t)
 {
-    size_t el = t->dtype == MODEL_F32 ? 4 : 2; /* FP8 is widened to BF16 */
+    /* FP8 is widened to BF16; quantized formats to F32 (mat_dequant_f32) */
+    size_t el = t->dtype == MODEL_F32 || quant_is_quantized(t->dtype) ? 4 : 2;
     return ((size_t)t->rows * (size_t)t->cols * el + 63) & ~(size_t)63;
 }
 
@@ -205,6 +209,8 @@ struct cpu_progress {
 
 static size_t src_bytes(const struct model_tensor *t)
 {
+    if (quant_is_quantized(t->dtype)) /* progress counts dequantized elements */
+        return (size_t)t->rows * (size_t)t->cols;
     size_t el = t->dtype == MODEL_F32 ? 4 : t->dtype == MODEL_F8_E4M3 ? 1 : 2;
     return (size_t)t->rows * (size_t)t->cols * el;
 }
@@ -218,6 +224,35 @@ static void progress_add(struct cpu_progress *p, size_t n)
     }
 }
 
+/* The fallback for quantized weights (engine/quant.h: GGUF Q8_0 / K-quants,
+ * AWQ INT4) that no native kernel takes: the matrix is dequantized once at
+ * load into an F32 copy in the arena, through the formats' reference
+ * dequantization, so the products run the F32 kernels and activations stay
+ * F32 (the fidelity tests hold these to 1e-3 of a float64 forward). It costs
+ * 4 bytes a weight (a Q4_K_M 14B needs ~59 GB this way): native kernels
+ * replace it format by format, and it stays for whatever they do not
+ * cover. The embedding lookup of a quantized embedding kept as it is
+ * (native lm_head kernels) is embed_quant_row. */
+static void mat_dequant_f32(struct cpu_mat *m, const struct model_tensor *t, struct cpu_arena *a,
+                            struct cpu_progress *pg)
+{
+    float *o = (float *)(a->base + a->used);
+    a->used += mat_bytes(t);
+    for (int64_t r = 0; r < t->rows; r++) {
+        quant_dequant_row(t, r, o + (size_t)r * (size_t)t->cols);
+        progress_add(pg, (size_t)t->cols);
+    }
+    m->dt = MODEL_F32;
+    m->w = o;
+}
+
+/* Row `tok` of a quantized (block format) embedding kept in its format. */
+static void embed_quant_row(const struct cpu_mat *e, int32_t tok, float *x)
+{
+    struct model_tensor t = {.dtype = e->dt, .rows = e->rows, .cols = e->cols, .data = e->w};
+    quant_dequant_row(&t, tok, x);
+}
+
 /* Binds matrix t: in place from the mapping, or copied (widened for FP8)
  * into the arena when `copy` is set or the dtype needs widening. The copy
  * goes in progress-sized pieces: it is where the file is actually read. */
@@ -227,6 +262,10 @@ static void mat_bind(struct cpu_mat *m, const struct model_tensor *t, const stru
     m->rows = (int)t->rows;
     m->cols = (int)t->cols;
     size_t n = (size_t)m->rows * (size_t)m->cols;
+    if (quant_is_quantized(t->dtype)) {
+        mat_dequant_f32(m, t, a, pg);
+        return;
+    }
     if (t->dtype != MODEL_F8_E4M3) {
         m->dt = t->dtype;
         m->w = t->data;
@@ -322,7 +361,7 @@ static int pack_weights(struct cpu_ctx *c)
 static size_t arena_need(const struct model_config *cfg, const struct model_weights *w, int copy)
 {
     size_t total = 0;
-#define NEED(t) total += (copy || (t).dtype == MODEL_F8_E4M3) ? mat_bytes(&(t)) : 0
+#define NEED(t) total += (copy || (t).dtype == MODEL_F8_E4M3 || quant_is_quantized((t).dtype)) ? mat_bytes(&(t)) : 0
     NEED(w->embed);
     if (!cfg->tied)
         NEED(w->lm_head);
@@ -1233,6 +1272,8 @@ static void embed_task(void *arg, int ith, int nth)
             }
         } else if (e->dt == MODEL_F32)
             memcpy(x, (const float *)e->w + off, (size_t)H * 4);
+        else if (quant_is_quantized(e->dt))
+            embed_quant_row(e, j->tokens[t], x);
         else if (e->dt == MODEL_BF16)
             j->c->k->bf16_to_f32((const uint16_t *)e->w + off, x, H);
         else

@@ -36,6 +36,7 @@
 extern "C" {
 #include "cuda_backend.h"
 #include "dtype.h"
+#include "quant.h"
 }
 
 #define N_BUCKETS 10        /* graph buckets 1, 2, 4, ... 512 */
@@ -385,6 +386,27 @@ static int alloc_common(struct cuda_ctx *c, int max_tokens, struct rl_err *err)
     return cu_attn_init(err);
 }
 
+/* The quantized formats (engine/quant.h: GGUF Q8_0 / K-quants, AWQ INT4)
+ * have no CUDA kernels yet: refused by name until they land, rather than
+ * uploaded and misread. */
+static int refuse_quantized(const struct model_weights *w, struct rl_err *err)
+{
+    const struct model_tensor *ts[3] = {&w->embed, &w->lm_head, &w->final_norm};
+    for (int i = 0; i < 3; i++)
+        if (quant_is_quantized(ts[i]->dtype))
+            return rl_errf(err, RL_EUNSUPPORTED, "cuda backend: tensor \"%s\" is %s; quantized weights run on the cpu backend for now",
+                           ts[i]->name, model_dtype_name(ts[i]->dtype));
+    for (int l = 0; l < w->n_layers; l++) {
+        const struct model_layer *L = &w->layers[l];
+        const struct model_tensor *ms[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++)
+            if (quant_is_quantized(ms[i]->dtype))
+                return rl_errf(err, RL_EUNSUPPORTED, "cuda backend: tensor \"%s\" is %s; quantized weights run on the cpu backend for now",
+                               ms[i]->name, model_dtype_name(ms[i]->dtype));
+    }
+    return 0;
+}
+
 static int cuda_load(void *ctx, const struct model_config *cfg, const struct model_weights *w, int max_tokens,
                      struct rl_err *err)
 {
@@ -392,6 +414,8 @@ static int cuda_load(void *ctx, const struct model_config *cfg, const struct mod
     size_t pg_head = 0, pg_layer = 0, pg_total = 0; /* load progress, checkpoint bytes */
     int rc = check_config(c, cfg, max_tokens, err);
     if (rc)
+        return rc;
+    if ((rc = refuse_quantized(w, err)))
         return rc;
     CU_CHECK(err, cudaSetDevice(c->device));
     free_kv(c);

@@ -284,12 +284,13 @@ def test_model_without_tokenizer_warns(workers, client, tmp_path, event_validato
 
 
 @pytest.mark.parametrize("name,kind,needle", [
-    ("Qwen3-0.6B-Q8_0.gguf", "file", "is a GGUF file, which redlm does not read"),
+    # a GGUF file is read as one (issue 28): this one is cut short
+    ("Qwen3-0.6B-Q8_0.gguf", "file", "Qwen3-0.6B-Q8_0.gguf: file is 8 bytes, shorter than the GGUF header"),
     ("repo", "dir", "has no config.json: expected a Hugging Face Qwen3 checkpoint directory"),
 ])
 def test_model_path_not_a_checkpoint(built, redis_addr, tmp_path, name, kind, needle):
-    """A .gguf file or a folder that is not a checkpoint: the worker exits
-    non-zero with a sentence about what it expects."""
+    """A broken .gguf file or a folder that is not a checkpoint: the worker
+    exits non-zero with a sentence about what is wrong or what it expects."""
     path = tmp_path / name
     if kind == "file":
         path.write_bytes(b"GGUF\x03\x00\x00\x00")

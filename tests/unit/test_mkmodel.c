@@ -668,6 +668,33 @@ static void test_bad_options(void **state)
     assert_non_null(strstr(err.msg, "tokenizer.json"));
     assert_int_equal(mk_opts_preset(&o, "qwen3-3b", &err), -RL_EINVAL);
     assert_non_null(strstr(err.msg, "qwen3-3b"));
+    /* quantized formats need whole blocks / groups and random weights */
+    static const struct {
+        enum mk_dtype dt;
+        int hidden, inter, group;
+        const char *needle;
+    } q[] = {
+        {MK_Q4_K_M, 128, 512, 0, "--hidden 128 is not a multiple of the quantization block (256)"},
+        {MK_Q8_0, 128, 400, 0, "--intermediate 400 is not a multiple of the quantization block (32)"},
+        {MK_Q6_K, 256, 256, 0, "--heads x --head-dim 128 is not a multiple of the quantization block (256)"},
+        {MK_AWQ, 128, 320, 0, "--intermediate 320 is not a multiple of the AWQ group size (128)"},
+        {MK_AWQ, 128, 384, 96, "--hidden 128 is not a multiple of the AWQ group size (96)"},
+    };
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) {
+        mk_opts_init(&o);
+        o.out_dir = sub("bad");
+        o.dtype = q[i].dt, o.hidden = q[i].hidden, o.intermediate = q[i].inter;
+        o.awq_group = q[i].group;
+        assert_int_equal(mk_write(&o, NULL, &err), -RL_EINVAL);
+        if (!strstr(err.msg, q[i].needle))
+            fail_msg("\"%s\" lacks \"%s\"", err.msg, q[i].needle);
+    }
+    mk_opts_init(&o);
+    o.out_dir = sub("bad");
+    o.from_dir = sub("x");
+    o.dtype = MK_Q8_0;
+    assert_int_equal(mk_write(&o, NULL, &err), -RL_EINVAL);
+    assert_non_null(strstr(err.msg, "--from converts to f32, bf16 or fp8 only"));
 }
 
 static void test_presets(void **state)

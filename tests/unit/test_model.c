@@ -22,6 +22,7 @@
 #include "backend.h"
 #include "cpu/kernels.h"
 #include "dtype.h"
+#include "mkmodel.h"
 #include "model.h"
 #include "safetensors.h"
 
@@ -253,8 +254,11 @@ static void copy_model(const char *dir, enum st_dtype dt, const char *rename_fro
     free(bufs);
     st_close(src);
     snprintf(path, sizeof path, "%s/config.json", model_dir);
-    char *cfg = tu_slurp(path, NULL);
-    if (dt == ST_BF16) {
+    size_t cfg_len = 0;
+    char *cfg = tu_slurp(path, &cfg_len);
+    if (dt == ST_BF16) { /* "float32" -> "bfloat16": one byte longer */
+        cfg = realloc(cfg, cfg_len + 2);
+        assert_non_null(cfg);
         char *at = strstr(cfg, "\"float32\"");
         assert_non_null(at);
         memmove(at + 10, at + 9, strlen(at + 9) + 1);
@@ -401,20 +405,146 @@ static void test_bad_checkpoints(void **state)
     expect_load_error(dir, RL_EIO, "config.json");
     /* a folder above the checkpoint says what it should hold */
     expect_load_error(dir, RL_EIO, "has no config.json: expected a Hugging Face Qwen3 checkpoint directory");
-    /* a .gguf file, and any other file, are named as such, never
-     * "config.json: Not a directory" */
+    /* a .gguf file is read as GGUF (this one is cut short), any other
+     * file is named as such, never "config.json: Not a directory" */
     char file[600];
     snprintf(file, sizeof file, "%s/Qwen3-0.6B-Q8_0.gguf", tmpdir);
     FILE *f = fopen(file, "w");
     assert_non_null(f);
     fputs("GGUF", f);
     fclose(f);
-    expect_load_error(file, RL_EFORMAT, "is a GGUF file, which redlm does not read; expected a Hugging Face");
+    expect_load_error(file, RL_EFORMAT, "Qwen3-0.6B-Q8_0.gguf: file is 4 bytes, shorter than the GGUF header");
     snprintf(file, sizeof file, "%s/noconfig/weights.bin", tmpdir);
     f = fopen(file, "w");
     assert_non_null(f);
     fclose(f);
     expect_load_error(file, RL_EFORMAT, "is a file, not a directory; expected");
+}
+
+/* ---- quantized checkpoints: what the loaders refuse, by name ---- */
+
+/* Replaces the first `from` in file path by `to` (same length). */
+static void patch_file(const char *path, const char *from, const char *to)
+{
+    size_t len = 0;
+    char *b = tu_slurp(path, &len);
+    assert_non_null(b);
+    assert_int_equal(strlen(from), strlen(to));
+    char *at = memmem(b, len, from, strlen(from));
+    if (!at)
+        fail_msg("%s: no \"%s\"", path, from);
+    memcpy(at, to, strlen(to));
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(b, 1, len, f), len);
+    fclose(f);
+    free(b);
+}
+
+static void make_quant(const char *out, enum mk_dtype dt)
+{
+    struct mk_opts o;
+    struct rl_err err = {0};
+    mk_opts_init(&o);
+    o.hidden = 256, o.intermediate = 256, o.n_layers = 2, o.n_heads = 2, o.n_kv_heads = 1;
+    o.head_dim = 128, o.vocab = 64, o.dtype = dt, o.out_dir = out;
+    if (mk_write(&o, NULL, &err))
+        fail_msg("mk_write %s: %s", out, err.msg);
+}
+
+static void test_bad_quantized(void **state)
+{
+    char p[600];
+    /* GGUF: a tensor type redlm does not read is named with the file and
+     * tensor (Q8_0 relabelled Q4_0: the reader does not size it, the
+     * loader refuses it) */
+    snprintf(p, sizeof p, "%s/q40.gguf", tmpdir);
+    make_quant(p, MK_Q8_0);
+    char from[64] = "blk.1.attn_k.weight";
+    {
+        size_t len = 0;
+        char *b = tu_slurp(p, &len);
+        char *at = memmem(b, len, from, strlen(from));
+        assert_non_null(at);
+        at += strlen(from) + 4 + 2 * 8; /* n_dims, ne[0], ne[1]: then the type */
+        assert_int_equal((uint8_t)at[0], 8);
+        at[0] = 2; /* Q4_0 */
+        FILE *f = fopen(p, "wb");
+        fwrite(b, 1, len, f);
+        fclose(f);
+        free(b);
+    }
+    expect_load_error(p, RL_EUNSUPPORTED, "q40.gguf: tensor \"blk.1.attn_k.weight\" has type Q4_0, which redlm does not read");
+    /* another architecture */
+    snprintf(p, sizeof p, "%s/llama.gguf", tmpdir);
+    make_quant(p, MK_Q4_K_M);
+    patch_file(p, "qwen3", "llama");
+    expect_load_error(p, RL_EUNSUPPORTED, "general.architecture \"llama\" is not supported");
+    /* a missing tensor, and a metadata key of the wrong type */
+    snprintf(p, sizeof p, "%s/missing.gguf", tmpdir);
+    make_quant(p, MK_Q8_0);
+    patch_file(p, "blk.1.ffn_up.weight", "blk.1.ffn_xx.weight");
+    expect_load_error(p, RL_EFORMAT, "missing tensor \"blk.1.ffn_up.weight\"");
+    snprintf(p, sizeof p, "%s/blockcount.gguf", tmpdir);
+    make_quant(p, MK_Q8_0);
+    {
+        /* qwen3.block_count's value type uint32 (4) -> float32 (6) */
+        size_t len = 0;
+        char *b = tu_slurp(p, &len);
+        char *at = memmem(b, len, "qwen3.block_count", 17);
+        assert_non_null(at);
+        at[17] = 6;
+        FILE *f = fopen(p, "wb");
+        fwrite(b, 1, len, f);
+        fclose(f);
+        free(b);
+    }
+    expect_load_error(p, RL_EFORMAT, "metadata \"qwen3.block_count\" is float32, not an integer");
+    /* a directory holding one GGUF loads it; holding two, asks which */
+    snprintf(p, sizeof p, "%s/ggdir", tmpdir);
+    mkdir(p, 0755);
+    snprintf(from, sizeof from, "/model.gguf");
+    char f1[700];
+    snprintf(f1, sizeof f1, "%s/a.gguf", p);
+    make_quant(f1, MK_Q8_0);
+    struct model *m;
+    struct rl_err err = {0};
+    if (model_load(&m, p, &err))
+        fail_msg("%s: %s", p, err.msg);
+    assert_int_equal(model_get_config(m)->hidden, 256);
+    assert_non_null(model_get_gguf(m));
+    model_free(m);
+    snprintf(f1, sizeof f1, "%s/b.gguf", p);
+    make_quant(f1, MK_Q8_0);
+    expect_load_error(p, RL_EINVAL, "holds several GGUF files");
+    /* AWQ: the config's bits and version, a missing qzeros, a wrong dtype */
+    static const struct {
+        const char *file, *from, *to;
+        int code;
+        const char *needle;
+    } awq[] = {
+        {"config.json", "\"bits\":\t4", "\"bits\":\t8", RL_EUNSUPPORTED, "quantization_config.bits\" = 8"},
+        {"config.json", "\"gemm\"", "\"gemv\"", RL_EUNSUPPORTED, "quantization_config.version\" = gemv"},
+        {"model.safetensors", "layers.1.mlp.up_proj.qzeros", "layers.1.mlp.up_proj.qzeroz", RL_EFORMAT,
+         "missing tensor \"model.layers.1.mlp.up_proj.qzeros\""},
+        {"model.safetensors", "\"I32\"", "\"F32\"", RL_EUNSUPPORTED, "has dtype F32; AWQ's qweight is I32"},
+    };
+    for (size_t i = 0; i < sizeof awq / sizeof awq[0]; i++) {
+        snprintf(p, sizeof p, "%s/awq%zu", tmpdir, i);
+        make_quant(p, MK_AWQ);
+        char fp[700];
+        snprintf(fp, sizeof fp, "%s/%s", p, awq[i].file);
+        patch_file(fp, awq[i].from, awq[i].to);
+        expect_load_error(p, awq[i].code, awq[i].needle);
+    }
+    snprintf(p, sizeof p, "%s/awq_ok", tmpdir);
+    make_quant(p, MK_AWQ);
+    assert_int_equal(model_load(&m, p, &err), 0);
+    assert_int_equal(model_get_config(m)->awq_group, 128);
+    assert_int_equal(model_get_weights(m)->layers[0].wq.dtype, MODEL_AWQ4);
+    assert_int_equal(model_get_weights(m)->layers[0].wq.awq_group, 128);
+    assert_null(model_get_gguf(m));
+    model_free(m);
 }
 
 struct cfg_case {
@@ -501,6 +631,7 @@ int main(void)
         cmocka_unit_test(test_bf16_vs_f32),
         cmocka_unit_test(test_bf16_invariance),
         cmocka_unit_test(test_bad_checkpoints),
+        cmocka_unit_test(test_bad_quantized),
     };
     return cmocka_run_group_tests_name("model", tests, setup_tmp, teardown_tmp);
 }

@@ -45,6 +45,33 @@ static int setup(void **state)
     put("hub/models--gpt2/snapshots/g1/config.json", "{}");
     put("hub/models--Qwen--Broken/refs/main", "feed");
     put("dirs/q14b/config.json", "{}");
+    /* an Ollama store: manifests -> the model layer's blob */
+    static const char man[] =
+        "{\"schemaVersion\":2,\"layers\":["
+        "{\"mediaType\":\"application/vnd.ollama.image.template\",\"digest\":\"sha256:"
+        "1111111111111111111111111111111111111111111111111111111111111111\"},"
+        "{\"mediaType\":\"application/vnd.ollama.image.model\",\"digest\":\"sha256:"
+        "a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5\"}]}";
+    static const char man_latest[] =
+        "{\"layers\":[{\"mediaType\":\"application/vnd.ollama.image.model\",\"digest\":"
+        "\"sha256:b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6\"}]}";
+    put("ollama/manifests/registry.ollama.ai/library/qwen3/14b", man);
+    put("ollama/manifests/registry.ollama.ai/library/qwen3/latest", man_latest);
+    put("ollama/manifests/registry.ollama.ai/someone/tiny/q4", man);
+    put("ollama/manifests/hf.co/org/repo/Q8_0", man_latest);
+    put("ollama/manifests/registry.ollama.ai/library/nomodel/latest",
+        "{\"layers\":[{\"mediaType\":\"application/vnd.ollama.image.template\","
+        "\"digest\":\"sha256:11\"}]}");
+    put("ollama/manifests/registry.ollama.ai/library/noblob/latest",
+        "{\"layers\":[{\"mediaType\":\"application/vnd.ollama.image.model\",\"digest\":"
+        "\"sha256:c7c7c7c7c7c7c7c7c7c7c7c7c7c7c7c7c7c7c7c7c7c7c7c7c7c7c7c7c7c7c7c7\"}]}");
+    put("ollama/manifests/registry.ollama.ai/library/baddigest/latest",
+        "{\"layers\":[{\"mediaType\":\"application/vnd.ollama.image.model\",\"digest\":"
+        "\"sha256:../../etc/passwd\"}]}");
+    put("ollama/blobs/sha256-a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5", "GGUF");
+    put("ollama/blobs/sha256-b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6", "GGUF");
+    put("home/.ollama/models/manifests/registry.ollama.ai/library/qwen3/0.6b", man_latest);
+    put("home/.ollama/models/blobs/sha256-b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6", "GGUF");
     return 0;
 }
 
@@ -180,6 +207,76 @@ static void test_misses(void **state)
     }
 }
 
+/* ollama:NAME[:TAG] through the store tree: the model layer's blob, served
+ * as NAME:TAG; $OLLAMA_MODELS, else ~/.ollama/models; misses say where. */
+static void test_ollama(void **state)
+{
+    (void)state;
+    char store[512], home[512];
+    snprintf(store, sizeof store, "%s/ollama", root);
+    snprintf(home, sizeof home, "%s/home", root);
+    setenv("OLLAMA_MODELS", store, 1);
+    static const struct {
+        const char *spec, *blob, *name;
+    } ok[] = {
+        {"ollama:qwen3:14b", "a5a5", "qwen3:14b"},
+        {"ollama:qwen3", "b6b6", "qwen3:latest"},
+        {"ollama:qwen3:latest", "b6b6", "qwen3:latest"},
+        {"ollama:someone/tiny:q4", "a5a5", "someone/tiny:q4"},
+        {"ollama:hf.co/org/repo:Q8_0", "b6b6", "hf.co/org/repo:Q8_0"},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        struct modelref m;
+        struct rl_err err = {0};
+        if (modelref_resolve(ok[i].spec, &m, &err))
+            fail_msg("%s: %s", ok[i].spec, err.msg);
+        char want[600];
+        snprintf(want, sizeof want, "%s/blobs/sha256-%s", store, ok[i].blob);
+        if (strncmp(m.dir, want, strlen(want)))
+            fail_msg("%s: dir %s, want %s...", ok[i].spec, m.dir, want);
+        assert_string_equal(m.name, ok[i].name);
+        assert_string_equal(m.owned_by, "ollama");
+        assert_true(m.from_ollama);
+        assert_false(m.from_hub);
+        assert_true(modelref_name_ok(m.name));
+        assert_true(m.created > 0);
+    }
+    static const struct {
+        const char *spec, *has1, *has2;
+    } miss[] = {
+        {"ollama:qwen3:32b", "manifests/registry.ollama.ai/library/qwen3/32b", "$OLLAMA_MODELS"},
+        {"ollama:nomodel", "no layer of mediaType", "application/vnd.ollama.image.model"},
+        {"ollama:noblob", "sha256-c7c7", "not there"},
+        {"ollama:baddigest", "not a sha256 digest", "passwd"},
+        {"ollama:../x:1", "not an Ollama model name", "../x"},
+        {"ollama:a/b/c/d", "not an Ollama model name", "a/b/c/d"},
+        {"ollama:qwen3:bad tag", "not an Ollama tag", "bad tag"},
+        {"ollama:", "no model name", "ollama:"},
+    };
+    for (size_t i = 0; i < sizeof miss / sizeof miss[0]; i++) {
+        struct modelref m;
+        struct rl_err err = {0};
+        assert_int_equal(modelref_resolve(miss[i].spec, &m, &err), -RL_ENOTFOUND);
+        if (!strstr(err.msg, miss[i].has1) || !strstr(err.msg, miss[i].has2))
+            fail_msg("%s: \"%s\" lacks \"%s\" or \"%s\"", miss[i].spec, err.msg,
+                     miss[i].has1, miss[i].has2);
+    }
+    /* without $OLLAMA_MODELS: ~/.ollama/models */
+    unsetenv("OLLAMA_MODELS");
+    char *old_home = getenv("HOME") ? strdup(getenv("HOME")) : NULL;
+    setenv("HOME", home, 1);
+    struct modelref m;
+    struct rl_err err = {0};
+    if (modelref_resolve("ollama:qwen3:0.6b", &m, &err))
+        fail_msg("~/.ollama: %s", err.msg);
+    assert_non_null(strstr(m.dir, "/home/.ollama/models/blobs/sha256-b6b6"));
+    assert_int_equal(modelref_resolve("ollama:qwen3:14b", &m, &err), -RL_ENOTFOUND);
+    assert_non_null(strstr(err.msg, "~/.ollama/models"));
+    if (old_home)
+        setenv("HOME", old_home, 1);
+    free(old_home);
+}
+
 static void test_names(void **state)
 {
     (void)state;
@@ -207,7 +304,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_repo_ids),     cmocka_unit_test(test_cache_places),
         cmocka_unit_test(test_directories),  cmocka_unit_test(test_misses),
-        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_names),        cmocka_unit_test(test_ollama),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

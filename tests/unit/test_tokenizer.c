@@ -20,6 +20,8 @@
 #include <threads.h>
 #include <utf8proc.h>
 
+#include "gguf.h"
+#include "mkmodel.h"
 #include "tokenizer.h"
 
 static cJSON *load_json(const char *rel)
@@ -689,10 +691,148 @@ static void test_threads(void **state)
     tok_ids_free(&want);
 }
 
+/* ---- a GGUF model's tokenizer ----
+ *
+ * The model maker writes the tokenizer into a GGUF file's metadata as
+ * llama.cpp's converter does; tok_load of that file must encode exactly as
+ * tok_load of the tokenizer.json it came from: on cases.json (both special
+ * parsing modes, where the only difference llama.cpp's token types bring,
+ * the <|fim_*|> family, does not occur), on the chat template cases, and
+ * token for token over the whole id space. */
+
+static char gguf_dir[256];
+
+static struct tokenizer *gguf_tok(const char *tokdir, int vocab, const char *name)
+{
+    struct mk_opts o;
+    struct rl_err err = {0};
+    mk_opts_init(&o);
+    o.hidden = 256, o.intermediate = 256, o.n_layers = 1, o.n_heads = 2, o.n_kv_heads = 1;
+    o.head_dim = 128, o.vocab = vocab, o.dtype = MK_Q8_0;
+    char out[512];
+    snprintf(out, sizeof out, "%s/%s.gguf", gguf_dir, name);
+    o.out_dir = out;
+    o.tokenizer_dir = tokdir;
+    if (mk_write(&o, NULL, &err))
+        fail_msg("mk_write: %s", err.msg);
+    struct tokenizer *t;
+    if (tok_load(&t, out, &err))
+        fail_msg("tok_load %s: %s", out, err.msg);
+    assert_true(tok_available(out));
+    return t;
+}
+
+static void same_ids(const struct tokenizer *a, const struct tokenizer *b, const char *text,
+                     size_t len, unsigned flags)
+{
+    struct tok_ids x = {0}, y = {0};
+    assert_int_equal(tok_encode(a, text, len, flags, &x, NULL), 0);
+    assert_int_equal(tok_encode(b, text, len, flags, &y, NULL), 0);
+    if (x.n != y.n || memcmp(x.ids, y.ids, x.n * sizeof *x.ids))
+        fail_msg("\"%.60s\" (flags %u): %zu ids from tokenizer.json, %zu from the GGUF", text, flags,
+                 x.n, y.n);
+    tok_ids_free(&x);
+    tok_ids_free(&y);
+}
+
+static void test_gguf_tokenizer(void **state)
+{
+    snprintf(gguf_dir, sizeof gguf_dir, "/tmp/test_tok_gguf.XXXXXX");
+    assert_non_null(mkdtemp(gguf_dir));
+    struct tokenizer *g = gguf_tok(tu_qwen3_tokenizer_dir(), 151936, "qwen3");
+    cJSON *root = load_json("tokenizer/qwen3/cases.json");
+    const cJSON *c;
+    int n = 0;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(root, "cases")) {
+        const char *text = cJSON_GetObjectItem(c, "text")->valuestring;
+        expect_ids(g, text, strlen(text), 0, cJSON_GetObjectItem(c, "ids"), "gguf ids");
+        expect_ids(g, text, strlen(text), TOK_ENCODE_NO_SPECIAL,
+                   cJSON_GetObjectItem(c, "ids_no_special_parsing"), "gguf ids_no_special_parsing");
+        n++;
+    }
+    assert_int_equal(n, 20);
+    cJSON_Delete(root);
+    root = load_json("tokenizer/qwen3/template_cases.json");
+    cJSON_ArrayForEach(c, root) {
+        const char *r = cJSON_GetObjectItem(c, "rendered")->valuestring;
+        same_ids(qwen3, g, r, strlen(r), 0);
+        same_ids(qwen3, g, r, strlen(r), TOK_ENCODE_NO_SPECIAL);
+        n++;
+    }
+    cJSON_Delete(root);
+    /* the whole id space: same bytes; same special flags except the
+     * tokens llama.cpp's converter marks CONTROL because they look like
+     * control tokens (<|fim_prefix|> ... <|file_sep|>, special=false in
+     * tokenizer.json) */
+    assert_int_equal(tok_n_ids(g), tok_n_ids(qwen3));
+    int differ = 0;
+    for (int32_t id = 0; id < tok_n_ids(qwen3); id++) {
+        size_t la, lb;
+        const char *a = tok_token_bytes(qwen3, id, &la), *b = tok_token_bytes(g, id, &lb);
+        if (!a != !b || (a && (la != lb || memcmp(a, b, la))))
+            fail_msg("id %d: token bytes differ", id);
+        if (tok_is_special(qwen3, id) != tok_is_special(g, id)) {
+            differ++;
+            if (!a || la < 4 || memcmp(a, "<|", 2) || memcmp(a + la - 2, "|>", 2))
+                fail_msg("id %d (%.*s): special flag differs", id, (int)la, a ? a : "");
+        }
+    }
+    assert_int_equal(differ, 6); /* fim_prefix/middle/suffix/pad, repo_name, file_sep */
+    assert_int_equal(tok_eos_id(g), tok_eos_id(qwen3));
+    assert_int_equal(tok_pad_id(g), tok_pad_id(qwen3));
+    tok_free(g);
+    /* the tiny model's tokenizer, on its reference prompts */
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/models/tiny-qwen3-a", tu_data_dir());
+    g = gguf_tok(dir, 768, "tiny");
+    root = load_json("models/tiny-qwen3-a/reference.json");
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(root, "prompts")) {
+        const cJSON *text = cJSON_GetObjectItem(c, "text");
+        if (cJSON_IsString(text))
+            same_ids(tiny, g, text->valuestring, strlen(text->valuestring), 0);
+    }
+    cJSON_Delete(root);
+    tok_free(g);
+}
+
+/* A GGUF whose tokenizer is not one we read says which field and value. */
+static void test_gguf_tokenizer_refused(void **state)
+{
+    static const struct {
+        const char *model, *pre, *needle;
+    } cases[] = {
+        {"llama", "default", "tokenizer.ggml.model \"llama\" is not supported"},
+        {"gpt2", "llama-bpe", "tokenizer.ggml.pre \"llama-bpe\" is not supported"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct gguf_writer *w;
+        struct rl_err err = {0};
+        char path[512];
+        snprintf(path, sizeof path, "%s/refused%zu.gguf", gguf_dir, i);
+        assert_int_equal(gguf_writer_create(&w, &err), 0);
+        gguf_writer_str(w, "tokenizer.ggml.model", cases[i].model, strlen(cases[i].model));
+        gguf_writer_str(w, "tokenizer.ggml.pre", cases[i].pre, strlen(cases[i].pre));
+        const char *toks[1] = {"a"};
+        gguf_writer_arr_str(w, "tokenizer.ggml.tokens", toks, NULL, 1);
+        gguf_writer_arr_str(w, "tokenizer.ggml.merges", toks, NULL, 0);
+        assert_int_equal(gguf_writer_write(w, path, &err), 0);
+        gguf_writer_free(w);
+        struct tokenizer *t;
+        assert_int_equal(tok_load(&t, path, &err), -RL_EUNSUPPORTED);
+        if (!strstr(err.msg, cases[i].needle) || !strstr(err.msg, path))
+            fail_msg("\"%s\" lacks \"%s\" or the file", err.msg, cases[i].needle);
+    }
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", gguf_dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen3_cases),
+        cmocka_unit_test(test_gguf_tokenizer),
+        cmocka_unit_test(test_gguf_tokenizer_refused),
         cmocka_unit_test(test_tiny_reference),
         cmocka_unit_test(test_special_ids),
         cmocka_unit_test(test_nfc_edges),

@@ -23,8 +23,14 @@ static void usage(FILE *f)
           "                      qwen3-14b, qwen3-32b; the flags below override its fields\n"
           "  --hidden N --intermediate N --layers N --heads N --kv-heads N --head-dim N\n"
           "  --vocab N --tied | --untied\n"
-          "  --dtype f32|bf16|fp8  (default bf16; fp8 = E4M3 projections with 128x128\n"
-          "                      block weight_scale_inv, the rest BF16)\n"
+          "  --dtype f32|bf16|fp8|awq|q8_0|q4_k_m|q5_k_m|q6_k  (default bf16; fp8 = E4M3\n"
+          "                      projections with 128x128 block weight_scale_inv, the rest\n"
+          "                      BF16; awq = AutoAWQ INT4 GEMM projections, the rest F16;\n"
+          "                      q8_0 .. q6_k write one GGUF file, DIR/model.gguf or --out\n"
+          "                      FILE.gguf, in llama.cpp's layouts; they need the input dims\n"
+          "                      in whole blocks: 32 for q8_0, 256 for the K-quants, --group\n"
+          "                      for awq)\n"
+          "  --group N           AWQ group size (default 128)\n"
           "  --scale-dtype f32|bf16  dtype of the FP8 scales (default f32; Qwen's FP8\n"
           "                      releases use bf16)\n"
           "  --seed N            PRNG seed (default 0); same seed = same weights in any dtype\n"
@@ -33,6 +39,7 @@ static void usage(FILE *f)
           "  --shards N | --shard-size BYTES[K|M|G]  write model-0000i-of-0000N files + index\n"
           "  --pattern           repeat a small random pattern per tensor (fast, for huge models)\n"
           "  --tokenizer DIR     copy tokenizer.json and tokenizer_config.json from DIR\n"
+          "                      (GGUF: into the file's tokenizer metadata)\n"
           "  --from DIR          convert the checkpoint in DIR to --dtype (same weights,\n"
           "                      its config and tokenizer files kept); shape flags ignored\n"
           "  prints {\"out\": DIR, \"params\": N, \"bytes\": N, \"files\": N}\n",
@@ -96,6 +103,7 @@ static int parse_args(int argc, char **argv, struct mk_opts *o, struct rl_err *e
             {"--kv-heads", &o->n_kv_heads, 1, 4096}, {"--head-dim", &o->head_dim, 1, 4096},
             {"--vocab", &o->vocab, 2, 1 << 24},     {"--shards", &o->n_shards, 1, 99999},
             {"--bos", &o->bos_id, 0, 1 << 24},      {"--eos", &o->eos_id, 0, 1 << 24},
+            {"--group", &o->awq_group, 1, 1 << 16},
         };
         int done = 0;
         for (size_t k = 0; k < sizeof ints / sizeof ints[0] && !done; k++)
@@ -120,8 +128,19 @@ static int parse_args(int argc, char **argv, struct mk_opts *o, struct rl_err *e
                 o->dtype = MK_BF16;
             else if (!strcmp(v, "fp8"))
                 o->dtype = MK_FP8;
+            else if (!strcmp(v, "awq"))
+                o->dtype = MK_AWQ;
+            else if (!strcmp(v, "q8_0"))
+                o->dtype = MK_Q8_0;
+            else if (!strcmp(v, "q4_k_m"))
+                o->dtype = MK_Q4_K_M;
+            else if (!strcmp(v, "q5_k_m"))
+                o->dtype = MK_Q5_K_M;
+            else if (!strcmp(v, "q6_k"))
+                o->dtype = MK_Q6_K;
             else
-                return rl_errf(err, RL_EINVAL, "--dtype: \"%s\" is not f32, bf16 or fp8", v);
+                return rl_errf(err, RL_EINVAL,
+                               "--dtype: \"%s\" is not f32, bf16, fp8, awq, q8_0, q4_k_m, q5_k_m or q6_k", v);
         } else if (!strcmp(a, "--scale-dtype")) {
             if (strcmp(v, "f32") && strcmp(v, "bf16"))
                 return rl_errf(err, RL_EINVAL, "--scale-dtype: \"%s\" is not f32 or bf16", v);
@@ -168,7 +187,9 @@ int cmd_mkmodel(int argc, char **argv)
         return 1;
     }
     cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "out", o.out_dir);
+    char gpath[4096];
+    mk_gguf_path(o.out_dir, gpath, sizeof gpath);
+    cJSON_AddStringToObject(j, "out", o.dtype >= MK_Q8_0 ? gpath : o.out_dir);
     cJSON_AddNumberToObject(j, "params", (double)r.n_params);
     cJSON_AddNumberToObject(j, "bytes", (double)r.n_bytes);
     cJSON_AddNumberToObject(j, "files", r.n_files);

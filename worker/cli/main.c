@@ -21,7 +21,7 @@ static const struct cli_cmd cmds[] = {
     {"logits", cmd_logits, "-m DIR --tokens 1,2,3 [--all]: print logits as JSON"},
     {"run", cmd_run, "-m DIR --tokens 1,2,3 -n N [--temperature 0] [--ignore-eos]: generate"},
     {"bench-engine", cmd_bench_engine, "-m DIR --prompt P --gen G --batch B [--speculative oracle|ngram] [--json-schema FILE]: engine speed"},
-    {"mkmodel", cmd_mkmodel, "--out DIR --shape NAME|... --dtype f32|bf16|fp8: random checkpoint"},
+    {"mkmodel", cmd_mkmodel, "--out DIR --shape NAME|... --dtype f32|bf16|fp8|awq|q8_0|q4_k_m|...: random checkpoint"},
     {"tokenize", cmd_tokenize, "--tokenizer DIR (--text S | --file F): print ids"},
     {"detokenize", cmd_detokenize, "--tokenizer DIR --ids 1,2,3 [--skip-special]: print text"},
     {"template", cmd_template, "--tokenizer DIR --messages F.json [--tools T.json] [--no-think]"},
