@@ -179,8 +179,8 @@ static const struct opt options[] = {
      "Most messages in one chat request (400 above)."},
     {"http_max_tokens", T_INT, O(http_max_tokens), "32768", 1, 1048576, NULL, CFG_DISPATCHER, 0,
      "Largest max_tokens / max_completion_tokens an HTTP request may ask for (400 above)."},
-    {"http_max_connections", T_INT, O(http_max_connections), "256", 1, 65536, NULL, CFG_DISPATCHER, 0,
-     "Most HTTP connections at once (one thread and one Redis connection each)."},
+    {"http_max_connections", T_INT, O(http_max_connections), "1024", 1, 65536, NULL, CFG_DISPATCHER, 0,
+     "Most HTTP connections at once (one thread and one Redis connection each); a new one past it closes the connection that has waited longest for its request, or is refused when every one is being answered."},
     {"http_timeout_s", T_INT, O(http_timeout_s), "600", 0, 86400, NULL, CFG_DISPATCHER, 0,
      "An HTTP request's deadline (sent as the job's deadline_ms; 504 if nothing came by then); 0 = none."},
     {"http_idle_timeout_s", T_INT, O(http_idle_timeout_s), "60", 1, 3600, NULL, CFG_DISPATCHER, 0,
@@ -195,6 +195,14 @@ static const struct opt options[] = {
      "Bytes per second a request body must arrive at, on average, after a grace of http_header_timeout_s; a slower upload is cut off; 0 = no limit."},
     {"http_max_connections_per_ip", T_INT, O(http_max_connections_per_ip), "0", 0, 65536, NULL, CFG_DISPATCHER, 0,
      "Most HTTP connections at once from one client address (more are closed at accept); 0 = no limit, the default, since behind a reverse proxy every client has the proxy's address."},
+    {"http_max_pending", T_INT, O(http_max_pending), "128", 0, 65536, NULL, CFG_DISPATCHER, 0,
+     "Connections still sending their request (headers or body) that get the full http_header_timeout_s; one past it must send its whole request within 1 s, so slow clients cannot hold the server (connections kept alive between requests are not counted); 0 = no cap."},
+    {"http_max_pending_per_ip", T_INT, O(http_max_pending_per_ip), "16", 0, 65536, NULL, CFG_DISPATCHER, 0,
+     "The same for one client address (IPv6: one /64): its connections past this many waiting for their request must send it within 1 s; 0 = no cap."},
+    {"http_auth_failures_per_min", T_INT, O(http_auth_failures_per_min), "60", 0, 1000000, NULL, CFG_DISPATCHER, 0,
+     "Requests with a missing or wrong API key one client address may make per minute (in bursts of as many); past it every request from that address is answered 429 without its key being looked at, until the count recovers; 0 = no limit."},
+    {"http_client_lease_ms", T_INT, O(http_client_lease_ms), "5000", 0, 3600000, NULL, CFG_DISPATCHER, 0,
+     "Each job the HTTP API queues carries a lease (<prefix>lease:<id>) that the front door renews every third of this while its client waits; a worker cancels a job whose lease has been missing this long, so a front door that dies (kill -9, lost host) leaves no job running; 0 = off, else at least 1000."},
     /* issue 26: tenants and bounded dead letters */
     {"tenants", T_LIST, O(tenants), "", 0, 0, NULL, CFG_DISPATCHER, F_NAMES | F_EMPTY,
      "Tenants (1-32 of [A-Za-z0-9_-]): the dispatcher also reads <prefix>requests:<tenant> for each, and a job read there lives in the id namespace \"<tenant>:\" (its id gets that prefix), so that with the shipped ACL one tenant can neither break another's intake nor use, pre-empt or read another's ids (config/README.md). As a flag, comma-separated."},
@@ -203,6 +211,37 @@ static const struct opt options[] = {
 };
 #undef O
 #define N_OPTS ((int)(sizeof options / sizeof options[0]))
+
+/* Defaults that differ by program. A worker and a dispatcher often run on
+ * one host (the README's "by hand" steps do), so their loopback ops ports
+ * must differ or the second to start cannot listen. The sample file leaves
+ * such an option unset (commented out), so that one file serves both. */
+static const struct {
+    const char *name;
+    unsigned who; /* the one program (enum cfg_who) that has this default */
+    const char *dflt;
+} prog_defaults[] = {
+    {"http_port", CFG_DISPATCHER, "9465"},
+};
+#define N_PROG_DEFAULTS ((int)(sizeof prog_defaults / sizeof prog_defaults[0]))
+
+/* o's default for program who. */
+static const char *dflt_for(const struct opt *o, unsigned who)
+{
+    for (int i = 0; i < N_PROG_DEFAULTS; i++)
+        if (prog_defaults[i].who == who && !strcmp(prog_defaults[i].name, o->name))
+            return prog_defaults[i].dflt;
+    return o->dflt;
+}
+
+/* Whether o's default depends on the program. */
+static bool per_program(const struct opt *o)
+{
+    for (int i = 0; i < N_PROG_DEFAULTS; i++)
+        if (!strcmp(prog_defaults[i].name, o->name))
+            return true;
+    return false;
+}
 
 static void *field(struct cfg *c, const struct opt *o) { return (char *)c + o->off; }
 static const void *cfield(const struct cfg *c, const struct opt *o) { return (const char *)c + o->off; }
@@ -658,6 +697,10 @@ int cfg_load(struct cfg *c, int argc, char **argv, unsigned who, enum cfg_action
     int rc = cfg_defaults(c, err);
     if (rc)
         return rc;
+    for (int i = 0; i < N_OPTS; i++)
+        if (options[i].dflt != dflt_for(&options[i], who) &&
+            (rc = set_text(c, &options[i], dflt_for(&options[i], who), "default", err)))
+            goto fail;
     const char *file = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))
@@ -818,6 +861,14 @@ void cfg_write_sample(FILE *f)
         const struct opt *o = &options[i];
         fputc('\n', f);
         describe(f, o, "# ");
+        if (per_program(o)) { /* unset here: each program takes its own */
+            fprintf(f, "# Default: %s for redlm-worker", o->dflt);
+            for (int k = 0; k < N_PROG_DEFAULTS; k++)
+                if (!strcmp(prog_defaults[k].name, o->name))
+                    fprintf(f, ", %s for redlm-%s", prog_defaults[k].dflt,
+                            prog_defaults[k].who == CFG_DISPATCHER ? "dispatcher" : "worker");
+            fputs(" (one file serves both,\n# so it is left unset here).\n# ", f);
+        }
         fprintf(f, "%s = ", o->name);
         write_value(f, o);
         fputs(";\n", f);
@@ -842,8 +893,8 @@ void cfg_print_help(FILE *f, const char *prog, unsigned who)
         for (char *p = flag + 2; *p; p++)
             if (*p == '_')
                 *p = '-';
-        fprintf(f, "\n  %s (default: %s%s%s)\n", flag, o->type == T_STR ? "\"" : "", o->dflt,
-                o->type == T_STR ? "\"" : "");
+        fprintf(f, "\n  %s (default: %s%s%s)\n", flag, o->type == T_STR ? "\"" : "",
+                dflt_for(o, who), o->type == T_STR ? "\"" : "");
         describe(f, o, "      ");
     }
 }

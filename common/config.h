@@ -103,6 +103,10 @@ struct cfg {
     int http_header_timeout_s;    /* request line + headers within this of connecting */
     int http_min_body_rate;       /* bytes/s a request body must keep up; 0 = off */
     int http_max_connections_per_ip; /* 0 = no limit */
+    int http_max_pending;         /* waiting connections with the full deadline; 0 = no cap */
+    int http_max_pending_per_ip;  /* the same per client address; 0 = no cap */
+    int http_auth_failures_per_min; /* per client address; 0 = no limit */
+    int http_client_lease_ms;     /* jobs' client lease; 0 = off */
     /* issue 26: tenants and bounded dead letters */
     struct cfg_strlist tenants;   /* dispatcher: also read <prefix>requests:<tenant>; may be empty */
     int dead_max_mb;              /* redlm:dead holds at most about this many MiB; 0 = no cap */

@@ -815,7 +815,7 @@ enum kind {
     K_TEMPERATURE, K_TOP_P, K_TOP_K, K_MIN_P, K_PRESENCE, K_FREQUENCY, K_REPETITION,
     K_SEED, K_STOP, K_IGNORE_EOS, K_MAX_THINKING, K_LOGPROBS, K_PRIORITY, K_DEADLINE,
     K_CACHE, K_STREAM_TTL, K_METADATA, K_SPECULATIVE, K_RESPONSE_FORMAT, K_TOOL_CHOICE,
-    K_GRAMMAR,
+    K_GRAMMAR, K_CLIENT_LEASE,
 };
 static const struct {
     const char *name;
@@ -832,6 +832,7 @@ static const struct {
     {"stream_ttl_s", K_STREAM_TTL}, {"metadata", K_METADATA},
     {"speculative", K_SPECULATIVE}, {"response_format", K_RESPONSE_FORMAT},
     {"tool_choice", K_TOOL_CHOICE}, {"grammar", K_GRAMMAR},
+    {"client_lease_ms", K_CLIENT_LEASE},
 };
 #define N_TOP ((int)(sizeof top_fields / sizeof top_fields[0]))
 
@@ -1227,6 +1228,8 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
     case K_SPECULATIVE:
         j->given |= JOB_F_SPECULATIVE;
         return get_bool(v, name, &j->speculative, f, err);
+    case K_CLIENT_LEASE:
+        return take_int(j, v, 1000, 3600000, &j->client_lease_ms, JOB_F_CLIENT_LEASE, f, err);
     case K_RESPONSE_FORMAT:
         return take_response_format(j, v, f, err);
     case K_TOOL_CHOICE:
@@ -1589,6 +1592,7 @@ int job_to_json(const struct job *j, char **out, struct rl_err *err)
         {GIVEN(JOB_F_CACHE), 'b', "cache", j->cache},
         {GIVEN(JOB_F_STREAM_TTL), 'n', "stream_ttl_s", j->stream_ttl_s},
         {GIVEN(JOB_F_SPECULATIVE), 'b', "speculative", j->speculative},
+        {GIVEN(JOB_F_CLIENT_LEASE), 'n', "client_lease_ms", j->client_lease_ms},
     };
 #undef GIVEN
     for (size_t i = 0; i < sizeof scalars / sizeof scalars[0]; i++) {

@@ -76,7 +76,7 @@ enum job_field_bit {
     JOB_F_LOGPROBS = 1u << 14, JOB_F_PRIORITY = 1u << 15, JOB_F_DEADLINE = 1u << 16,
     JOB_F_CACHE = 1u << 17, JOB_F_STREAM_TTL = 1u << 18, JOB_F_METADATA = 1u << 19,
     JOB_F_POOL = 1u << 20, JOB_F_TOOLS = 1u << 21, JOB_F_SPECULATIVE = 1u << 22,
-    JOB_F_MODEL = 1u << 23,
+    JOB_F_MODEL = 1u << 23, JOB_F_CLIENT_LEASE = 1u << 24,
 };
 
 /* A validated job. Owned by whoever called job_parse; job_free releases it
@@ -123,6 +123,11 @@ struct job {
                                  speculates; default true. Not in the cache
                                  key: the tokens are the same either way */
     int stream_ttl_s;         /* redlm:out:<id> expires this long after done */
+    int client_lease_ms;      /* > 0: the front end that queued the job keeps
+                                 <prefix>lease:<id> alive (renewing it well within
+                                 this many ms) while its client waits; a worker
+                                 cancels the job once the key has been missing this
+                                 long (the front end died). 0 = no lease */
     struct cJSON *metadata;   /* object or NULL, passed through untouched; owned */
 
     /* structured output: the members as given (owned, NULL when absent),

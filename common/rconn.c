@@ -50,6 +50,7 @@
 
 #include <errno.h>
 #include <hiredis/hiredis.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -256,6 +257,24 @@ void rconn_disconnect(struct rconn *c)
     if (c->cluster)
         c->stale = true;
     c->next_try_ms = 0; /* a deliberate or first drop: retry at once */
+}
+
+/* True when ctx's socket shows the server closed it (EOF, reset) or holds
+ * bytes nobody asked for: either way the context cannot be trusted. */
+static bool ctx_broken(const redisContext *ctx)
+{
+    struct pollfd p = {.fd = ctx->fd, .events = POLLIN | POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && p.revents != 0;
+}
+
+bool rconn_check_idle(struct rconn *c)
+{
+    bool broken = c->ctx && ctx_broken(c->ctx);
+    for (int i = 0; i < RCL_MAX_NODES && !broken; i++)
+        broken = c->node_ctx[i] && ctx_broken(c->node_ctx[i]);
+    if (broken)
+        rconn_disconnect(c);
+    return !broken && rconn_connected(c);
 }
 
 /* After a failed attempt: the next one waits min * 2^(failures-1), capped,

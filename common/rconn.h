@@ -76,6 +76,11 @@ bool rconn_is_cluster(const struct rconn *c);
 int64_t rconn_retry_in_ms(const struct rconn *c);
 /* Drops the connection (the next call reconnects at once). */
 void rconn_disconnect(struct rconn *c);
+/* For a connection that sat unused (a pool's): looks, without a round
+ * trip, whether the server closed it meanwhile (a Redis restart closes
+ * every client socket) and drops it then, so the next call reconnects
+ * instead of failing once on a dead socket. True when still connected. */
+bool rconn_check_idle(struct rconn *c);
 /* Successful connects after the first one: for the metrics. */
 int64_t rconn_n_reconnects(const struct rconn *c);
 /* The address as given, for log lines. */

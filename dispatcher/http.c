@@ -23,15 +23,30 @@
  * false the handler reads until done and answers one chat.completion.
  *
  * Disconnects. While it waits for events, a thread looks at its client's
- * socket every POLL_MS (an XREAD BLOCK of that length): a closed socket
+ * socket every POLL_MS (an XREAD BLOCK of that length): a reset socket
  * ends the request, and a request whose job has not ended sets
  * <prefix>cancel:<id> (SET ... EX 600), which the worker checks every
  * step. libmicrohttpd's completion callback does the same for a client
- * lost while writing. A request in progress has no idle timeout (its wait
- * is ours, bounded by http_timeout_s); http_idle_timeout_s applies to
- * keep-alive connections between requests. A stream quiet for
- * KEEPALIVE_MS gets an SSE comment, which clients skip and proxies take as
- * a sign of life.
+ * lost while writing. A FIN alone is no goodbye: a client may half-close
+ * once its request is sent and still read the answer, and only a write
+ * tells it from a close(). So a FIN commits the response at once (200, the
+ * headers; a non-streamed body then starts with JSON whitespace, and an
+ * error after that is the body, as S3 answers long requests) and a byte
+ * goes out every PROBE_MS of silence: a client that closed answers it
+ * with a reset (cancel), one that half-closed reads its answer. A request
+ * in progress has no idle timeout (its wait is ours, bounded by
+ * http_timeout_s); http_idle_timeout_s applies to keep-alive connections
+ * between requests. A stream quiet for KEEPALIVE_MS gets an SSE comment,
+ * which clients skip and proxies take as a sign of life.
+ *
+ * Orphans. Each queued job carries client_lease_ms, and its key
+ * <prefix>lease:<id> is renewed by the lease thread while the request
+ * lives; when this process dies (kill -9, a lost host) the renewals stop
+ * and the workers cancel its jobs within two lease periods (lease_main).
+ *
+ * Redis. Pooled connections are looked at (no round trip) as they leave
+ * the pool: one whose server closed it meanwhile is dropped, so a Redis
+ * restart costs no request and /health tells the truth on both ports.
  *
  * Rate limits are fixed one-minute windows in Redis, so every dispatcher
  * copy shares them: <prefix>ratelimit:<tenant>:rpm:<minute> counts
@@ -44,9 +59,15 @@
  * POST /v1/completions takes the same path as chat (openai.c converts
  * either). Slow clients cannot hold connection threads: each connection
  * has a deadline for its headers and its body, enforced by a reaper
- * thread (see "slow clients" below), and http_max_connections_per_ip caps
- * one address. CORS, when http_cors_origins is set, adds the allow headers
- * to every answer and answers OPTIONS preflights, which need no key.
+ * thread, only so many connections (per address and in all) get the full
+ * one, and a new connection at http_max_connections displaces the one
+ * that has waited longest (see "slow clients" below);
+ * http_max_connections_per_ip caps one address. Wrong API keys are
+ * throttled per address (auth_slot), and headers that leave the body's
+ * end in doubt (two Content-Lengths, one beside Transfer-Encoding) are
+ * refused before anything is read. CORS, when http_cors_origins is set,
+ * adds the allow headers to every answer and answers OPTIONS preflights,
+ * which need no key.
  * /metrics asks for a key when keys are on. The same code also runs the
  * loopback ops listener of http_port (dhttp_start_ops): /healthz, /health
  * and /metrics only, no key, with or without the front door. */
@@ -58,6 +79,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -67,12 +89,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "job.h"
+#include "listen.h"
 #include "modelref.h"
 #include "openai.h"
 #include "rconn.h"
@@ -84,6 +108,13 @@
 #define CANCEL_TTL_S "600"
 #define RL_WINDOW_TTL_S "120" /* a minute window outlives its minute */
 #define BLOCK_SIZE (16 * 1024)
+#define QUICK_MS 1000         /* a connection past a pending cap: its whole request this soon */
+#define QUICK_RATE_X 16       /* ... and its body this many times above http_min_body_rate */
+#define PROBE_MS 1000         /* after the client's FIN: a probe byte this often */
+#define TALLY_LOG_MS 10000    /* one summary line of connection warnings at most this often */
+#define AUTH_SLOTS 4096       /* client addresses whose failed API keys are counted */
+#define AUTH_PROBE 8          /* slots looked at per address (open addressing) */
+#define ADDR_KEY 17           /* addr_key(): a family byte + 16 address bytes */
 #define N_BUCKETS 14
 
 static const double bucket_ms[N_BUCKETS] = {1, 2, 5, 10, 25, 50, 100, 250, 500,
@@ -95,6 +126,9 @@ struct counters {
     int64_t by_status[N_STATUS + 1]; /* the last slot: any other */
     int64_t chat_stream, chat_plain, client_cancels, rate_limited, auth_failures, sse_events;
     int64_t slow_closed; /* connections cut off for sending too slowly */
+    int64_t evicted;     /* waiting connections closed to make room for a new one */
+    int64_t refused;     /* connections refused: every one was being answered */
+    int64_t auth_throttled; /* requests refused for their address's failed API keys */
     int64_t first_event[N_BUCKETS + 1]; /* XADD -> first event read, ms buckets; last = +Inf */
     int64_t first_event_n;
     double first_event_sum_ms;
@@ -113,6 +147,7 @@ struct dhttp {
     struct oai_limits lim;
     int port, timeout_s, drain_s, max_conn, idle_s;
     int header_s, min_rate, per_ip;
+    int max_pending, pending_per_ip, auth_per_min, lease_ms;
     bool ops;             /* the loopback ops listener: /healthz, /health, /metrics only */
     struct dhttp *front;  /* ops: the front door whose counters /metrics shows, or NULL */
     char **cors;          /* (n_cors) allowed origins; "*" = any; none = CORS off */
@@ -122,6 +157,23 @@ struct dhttp {
     struct conn *conns;
     pthread_t reaper;
     bool reaper_started;
+    /* what the reaper sums up in one log line at most every TALLY_LOG_MS:
+     * a flood of slow clients must not become a flood of log lines
+     * (under conn_mu) */
+    struct {
+        int64_t slow_headers, slow_body, quick, evicted, refused, throttled, mhd;
+        char mhd_last[160];
+    } tally;
+    int64_t tally_logged_ms;
+    /* failed API keys per client address: a token bucket each (auth_mu) */
+    pthread_mutex_t auth_mu;
+    struct auth_slot *auth;  /* (AUTH_SLOTS), NULL when auth_per_min is 0 */
+    /* client leases of the jobs being waited for (lease_mu): the lease
+     * thread renews them on a connection of its own */
+    pthread_mutex_t lease_mu;
+    struct req *leases;
+    pthread_t lease_thread;
+    bool lease_started;
     char block[16];      /* XREAD BLOCK ms: POLL_MS, or less under a short redis_io_timeout_ms */
     int64_t started_s;
     atomic_bool stopping;
@@ -154,9 +206,23 @@ enum route {
  * Guarded by conn_mu. */
 struct conn {
     int fd;
+    uint8_t addr[ADDR_KEY]; /* the client's address (addr_key) */
     int64_t deadline_ms;  /* monotonic; 0 = none (a request being answered) */
+    int64_t wait_ms;      /* monotonic: when the current wait began */
     const char *phase;    /* what it was waiting for, for the log */
+    bool quick;           /* this wait is past a pending cap: QUICK_MS deadline */
+    bool idle;            /* kept alive between requests: not counted against the caps */
+    bool evicted;         /* shut down to make room for a new connection */
     struct conn *prev, *next;
+};
+
+/* One client address's failed API keys: a token bucket of
+ * http_auth_failures_per_min tokens, refilled at that rate. */
+struct auth_slot {
+    bool used;
+    uint8_t addr[ADDR_KEY];
+    double tokens;
+    int64_t t_ms; /* monotonic: tokens was this at t_ms */
 };
 
 /* One HTTP request, from its headers to its completion callback; lives in
@@ -194,17 +260,36 @@ struct req {
     int64_t t_xadd_ms, t_last_byte_ms;
     bool first_seen;
     int status;
+    bool half_closed;          /* the client sent FIN: answered all the same, probed */
+    bool tail_added;           /* a non-streamed body committed early: the JSON is in sse */
+    bool read_warned;          /* a failed XREAD was logged (once per request) */
+    bool close_after;          /* the response says Connection: close */
+    int throttle_s;            /* > 0: refused for failed API keys; retry after */
+    /* its client lease (http_client_lease_ms), renewed by the lease thread
+     * while the request is in the list (lease_mu) */
+    char lease_key[320];
+    bool in_lease;
+    struct req *lease_prev, *lease_next;
 };
 
 /* ---- Redis connections ---- */
 
+/* A connection for one request: an idle one that is still connected, or
+ * a new one. An idle connection whose server closed it meanwhile (Redis
+ * restarted) is dropped here, without a round trip, rather than failing
+ * the request that would have used it; so the first request after a
+ * restart gets a fresh connection and succeeds. */
 static struct rconn *pool_get(struct dhttp *h, struct rl_err *err)
 {
     struct rconn *c = NULL;
-    pthread_mutex_lock(&h->pool_mu);
-    if (h->n_idle)
-        c = h->idle[--h->n_idle];
-    pthread_mutex_unlock(&h->pool_mu);
+    for (;;) {
+        pthread_mutex_lock(&h->pool_mu);
+        c = h->n_idle ? h->idle[--h->n_idle] : NULL;
+        pthread_mutex_unlock(&h->pool_mu);
+        if (!c || rconn_check_idle(c))
+            break;
+        rconn_free(c);
+    }
     if (!c && rconn_create(&c, &h->ropts, err))
         return NULL;
     return c;
@@ -302,6 +387,18 @@ static void put_http_families(struct dhttp *h, struct oai_buf *b)
     put(b, "# HELP redlm_http_slow_clients_closed_total connections closed for sending their "
             "request too slowly\n# TYPE redlm_http_slow_clients_closed_total counter\n"
             "redlm_http_slow_clients_closed_total %lld\n", (long long)m.slow_closed);
+    put(b, "# HELP redlm_http_connections_evicted_total connections waiting for their request "
+            "closed to make room at http_max_connections\n"
+            "# TYPE redlm_http_connections_evicted_total counter\n"
+            "redlm_http_connections_evicted_total %lld\n", (long long)m.evicted);
+    put(b, "# HELP redlm_http_connections_refused_total connections refused at "
+            "http_max_connections while every one was being answered\n"
+            "# TYPE redlm_http_connections_refused_total counter\n"
+            "redlm_http_connections_refused_total %lld\n", (long long)m.refused);
+    put(b, "# HELP redlm_http_auth_throttled_total requests refused with 429 because their "
+            "address sent too many wrong API keys\n"
+            "# TYPE redlm_http_auth_throttled_total counter\n"
+            "redlm_http_auth_throttled_total %lld\n", (long long)m.auth_throttled);
     put(b, "# HELP redlm_http_first_event_seconds time from the job's XADD to its first event\n"
             "# TYPE redlm_http_first_event_seconds histogram\n");
     int64_t cum = 0;
@@ -375,12 +472,101 @@ static int keys_refresh(struct dhttp *h, bool force, struct rl_err *err)
     return 0;
 }
 
-/* Fills q's tenant from the Authorization header; false = 401. */
+/* ---- client addresses ---- */
+
+/* The key a client address is counted under: IPv4 (also when mapped into
+ * IPv6) as itself, IPv6 by its /64, since one host may pick any address of
+ * its /64. All zero when there is none. */
+static void addr_key(const struct sockaddr *sa, uint8_t out[ADDR_KEY])
+{
+    static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    memset(out, 0, ADDR_KEY);
+    if (sa && sa->sa_family == AF_INET) {
+        out[0] = 4;
+        memcpy(out + 1, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+    } else if (sa && sa->sa_family == AF_INET6) {
+        const uint8_t *a = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
+        if (!memcmp(a, mapped, 12)) {
+            out[0] = 4;
+            memcpy(out + 1, a + 12, 4);
+        } else {
+            out[0] = 6;
+            memcpy(out + 1, a, 8);
+        }
+    }
+}
+
+static void conn_addr(struct MHD_Connection *conn, uint8_t out[ADDR_KEY])
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    addr_key(ci ? ci->client_addr : NULL, out);
+}
+
+/* ---- failed API keys, per client address ----
+ *
+ * Each address has a bucket of http_auth_failures_per_min tokens, refilled
+ * at that many a minute; a request with a missing or wrong key takes one.
+ * While an address has less than one, its requests are refused (429,
+ * Retry-After) before their key is looked at: a right key must not answer
+ * differently, or guessing would go on at full speed. Addresses live in a
+ * fixed table (AUTH_SLOTS, AUTH_PROBE slots looked at per address, the
+ * least recently touched of them taken over), so a flood of addresses
+ * costs no memory. */
+
+/* addr's bucket, refilled to now (auth_mu held). */
+static struct auth_slot *auth_slot(struct dhttp *h, const uint8_t *addr, int64_t now)
+{
+    uint32_t x = 2166136261u; /* FNV-1a */
+    for (int i = 0; i < ADDR_KEY; i++)
+        x = (x ^ addr[i]) * 16777619u;
+    struct auth_slot *pick = NULL, *sl = NULL;
+    for (int k = 0; k < AUTH_PROBE && !sl; k++) {
+        struct auth_slot *t = &h->auth[(x + (uint32_t)k) % AUTH_SLOTS];
+        if (t->used && !memcmp(t->addr, addr, ADDR_KEY))
+            sl = t;
+        else if (!pick || (pick->used && (!t->used || t->t_ms < pick->t_ms)))
+            pick = t;
+    }
+    if (!sl) {
+        sl = pick;
+        sl->used = true;
+        memcpy(sl->addr, addr, ADDR_KEY);
+        sl->tokens = h->auth_per_min;
+        sl->t_ms = now;
+    }
+    sl->tokens += (double)(now - sl->t_ms) * h->auth_per_min / 60000.0;
+    if (sl->tokens > h->auth_per_min)
+        sl->tokens = h->auth_per_min;
+    sl->t_ms = now;
+    return sl;
+}
+
+/* Fills q's tenant from the Authorization header; false = refused: 401,
+ * or 429 when q->throttle_s > 0 (the address's failed keys). */
 static bool authorize(struct req *q, struct MHD_Connection *conn)
 {
     struct dhttp *h = q->h;
     if (!h->keys_path)
         return true;
+    uint8_t addr[ADDR_KEY];
+    if (h->auth) {
+        conn_addr(conn, addr);
+        pthread_mutex_lock(&h->auth_mu);
+        struct auth_slot *sl = auth_slot(h, addr, rl_mono_ms());
+        if (sl->tokens < 1)
+            q->throttle_s = (int)ceil((1 - sl->tokens) * 60.0 / h->auth_per_min);
+        pthread_mutex_unlock(&h->auth_mu);
+        if (q->throttle_s) {
+            if (q->throttle_s < 1)
+                q->throttle_s = 1;
+            BUMP(h, auth_throttled);
+            pthread_mutex_lock(&h->conn_mu);
+            h->tally.throttled++;
+            pthread_mutex_unlock(&h->conn_mu);
+            return false;
+        }
+    }
     const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
     pthread_mutex_lock(&h->keys_mu);
     struct rl_err err = {0};
@@ -394,8 +580,14 @@ static bool authorize(struct req *q, struct MHD_Connection *conn)
         q->tpm = k->tpm;
     }
     pthread_mutex_unlock(&h->keys_mu);
-    if (!k)
+    if (!k) {
         BUMP(h, auth_failures);
+        if (h->auth) {
+            pthread_mutex_lock(&h->auth_mu);
+            auth_slot(h, addr, rl_mono_ms())->tokens -= 1;
+            pthread_mutex_unlock(&h->auth_mu);
+        }
+    }
     return k != NULL;
 }
 
@@ -412,9 +604,88 @@ static bool authorize(struct req *q, struct MHD_Connection *conn)
  * being answered there is none (its wait is bounded by http_timeout_s).
  * The reaper thread looks every REAP_MS and shuts down the sockets past
  * their deadline; libmicrohttpd's thread for the connection then reads
- * end-of-file, closes it, and is free. */
+ * end-of-file, closes it, and is free.
+ *
+ * Deadlines alone let a client that reopens what is closed keep every slot
+ * (and, past http_max_connections, every new connection refused: the API
+ * down). So only http_max_pending waiting connections, and
+ * http_max_pending_per_ip of one address, get those deadlines; a
+ * connection that starts waiting past either cap must send its whole
+ * request within QUICK_MS (its body at QUICK_RATE_X times the minimum
+ * rate). A kept-alive connection idle between requests is outside the caps
+ * (wait_idle). An honest request arrives in milliseconds and never notices; a
+ * slow one past the caps lives a second. And at http_max_connections a
+ * new connection closes the one that has waited longest for its request
+ * (the quick ones first), so a flood of waiting connections can never
+ * lock out a client; it is refused only when every connection is being
+ * answered. What this closes and refuses is summed up in one log line at
+ * most every TALLY_LOG_MS. */
 
 #define REAP_MS 200
+
+/* Starts c's wait for what the client sends (conn_mu held): the long
+ * deadline while the caps allow, else QUICK. */
+static void start_wait(struct dhttp *h, struct conn *c, int64_t long_ms, int64_t quick_ms,
+                       const char *phase)
+{
+    int same = 0, total = 0;
+    for (struct conn *o = h->conns; o; o = o->next)
+        if (o != c && o->deadline_ms && !o->quick && !o->evicted && !o->idle) {
+            total++;
+            same += !memcmp(o->addr, c->addr, ADDR_KEY);
+        }
+    bool over = (h->max_pending && total >= h->max_pending) ||
+                (h->pending_per_ip && same >= h->pending_per_ip);
+    int64_t now = rl_mono_ms();
+    c->quick = over;
+    c->idle = false;
+    c->deadline_ms = now + (over ? quick_ms : long_ms);
+    c->wait_ms = now;
+    c->phase = phase;
+    if (over)
+        h->tally.quick++;
+}
+
+/* The accept policy: at http_max_connections, make room by closing the
+ * connection that has waited longest for its request (a quick one first),
+ * or refuse when every connection is being answered. libmicrohttpd's own
+ * limit is set above ours, so the decision is made here. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
+{
+    struct dhttp *h = cls;
+    int n = 0;
+    struct conn *victim = NULL;
+    enum MHD_Result ok = MHD_YES;
+    pthread_mutex_lock(&h->conn_mu);
+    for (struct conn *c = h->conns; c; c = c->next) {
+        if (c->evicted)
+            continue;
+        n++;
+        if (c->deadline_ms &&
+            (!victim || (c->quick && !victim->quick) ||
+             (c->quick == victim->quick && c->wait_ms < victim->wait_ms)))
+            victim = c;
+    }
+    if (n >= h->max_conn) {
+        if (victim) {
+            shutdown(victim->fd, SHUT_RDWR);
+            victim->evicted = true;
+            victim->deadline_ms = 0;
+            h->tally.evicted++;
+        } else {
+            h->tally.refused++;
+            ok = MHD_NO;
+        }
+    }
+    pthread_mutex_unlock(&h->conn_mu);
+    pthread_mutex_lock(&h->m_mu);
+    if (victim && ok == MHD_YES && n >= h->max_conn)
+        h->m.evicted++;
+    if (ok == MHD_NO)
+        h->m.refused++;
+    pthread_mutex_unlock(&h->m_mu);
+    return ok;
+}
 
 static void on_connection(void *cls, struct MHD_Connection *connection, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
@@ -430,9 +701,9 @@ static void on_connection(void *cls, struct MHD_Connection *connection, void **s
             free(c);
             return;
         }
-        c->deadline_ms = rl_mono_ms() + (int64_t)h->header_s * 1000;
-        c->phase = "request headers";
+        conn_addr(connection, c->addr);
         pthread_mutex_lock(&h->conn_mu);
+        start_wait(h, c, (int64_t)h->header_s * 1000, QUICK_MS, "request headers");
         c->next = h->conns;
         if (h->conns)
             h->conns->prev = c;
@@ -455,15 +726,88 @@ static void on_connection(void *cls, struct MHD_Connection *connection, void **s
     }
 }
 
-/* Sets the deadline of q's connection: ms from now, 0 = none. */
+/* Sets the deadline of q's connection: ms from now, 0 = none (being
+ * answered). */
 static void set_deadline(struct req *q, int64_t ms, const char *phase)
 {
     if (!q->c)
         return;
     pthread_mutex_lock(&q->h->conn_mu);
-    q->c->deadline_ms = ms > 0 ? rl_mono_ms() + ms : 0;
+    if (ms > 0) {
+        q->c->deadline_ms = rl_mono_ms() + ms;
+    } else {
+        q->c->deadline_ms = 0;
+        q->c->quick = false;
+    }
+    q->c->idle = false;
     q->c->phase = phase;
     pthread_mutex_unlock(&q->h->conn_mu);
+}
+
+/* q's connection starts waiting for the client: long_ms when the pending
+ * caps allow, else quick_ms. */
+static void wait_for_client(struct req *q, int64_t long_ms, int64_t quick_ms, const char *phase)
+{
+    if (!q->c)
+        return;
+    pthread_mutex_lock(&q->h->conn_mu);
+    if (!q->c->evicted)
+        start_wait(q->h, q->c, long_ms, quick_ms, phase);
+    pthread_mutex_unlock(&q->h->conn_mu);
+}
+
+/* q's connection, its request answered, waits for the next one (keep-alive):
+ * the full idle time, outside the caps. An SDK's pool of idle connections
+ * from one address is honest, and closing it after a second would make its
+ * next POST race the close; a flood of idle connections is bounded by the
+ * idle deadline and displaced oldest first at http_max_connections. */
+static void wait_idle(struct req *q, int64_t ms)
+{
+    if (!q->c)
+        return;
+    pthread_mutex_lock(&q->h->conn_mu);
+    if (!q->c->evicted) {
+        q->c->deadline_ms = rl_mono_ms() + ms;
+        q->c->wait_ms = rl_mono_ms();
+        q->c->quick = false;
+        q->c->idle = true;
+        q->c->phase = "request headers";
+    }
+    pthread_mutex_unlock(&q->h->conn_mu);
+}
+
+/* One line for what was closed and refused since the last one (conn_mu
+ * held; the caller logs it after unlocking). */
+static bool tally_line(struct dhttp *h, char *line, size_t size)
+{
+    int64_t now = rl_mono_ms();
+    if (now - h->tally_logged_ms < TALLY_LOG_MS)
+        return false;
+    const struct {
+        int64_t n;
+        const char *what;
+    } parts[] = {
+        {h->tally.slow_headers, "closed too slow sending request headers"},
+        {h->tally.slow_body, "closed too slow sending a body"},
+        {h->tally.quick, "given 1 s for their request (over http_max_pending or "
+                         "http_max_pending_per_ip)"},
+        {h->tally.evicted, "closed to make room at http_max_connections"},
+        {h->tally.refused, "refused: http_max_connections all being answered"},
+        {h->tally.throttled, "requests refused 429 for their address's failed API keys"},
+        {h->tally.mhd, "libmicrohttpd messages"},
+    };
+    size_t used = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        if (parts[i].n && used < size)
+            used += (size_t)snprintf(line + used, size - used, "%s%lld %s", used ? "; " : "",
+                                     (long long)parts[i].n, parts[i].what);
+    if (!used)
+        return false;
+    if (h->tally.mhd && used < size)
+        snprintf(line + used, size - used, " (the last: %s)", h->tally.mhd_last);
+    memset(&h->tally, 0, sizeof h->tally);
+    h->tally_logged_ms = now;
+    return true;
 }
 
 static void *reaper_main(void *arg)
@@ -473,23 +817,28 @@ static void *reaper_main(void *arg)
         usleep(REAP_MS * 1000);
         int64_t now = rl_mono_ms();
         int n = 0;
-        const char *phase = NULL;
+        char line[1024];
         pthread_mutex_lock(&h->conn_mu);
         for (struct conn *c = h->conns; c; c = c->next)
             if (c->deadline_ms && now > c->deadline_ms) {
                 shutdown(c->fd, SHUT_RDWR);
                 c->deadline_ms = 0;
-                phase = c->phase;
+                if (c->phase && !strcmp(c->phase, "a request body"))
+                    h->tally.slow_body++;
+                else
+                    h->tally.slow_headers++;
                 n++;
             }
+        bool say = tally_line(h, line, sizeof line);
         pthread_mutex_unlock(&h->conn_mu);
         if (n) {
             pthread_mutex_lock(&h->m_mu);
             h->m.slow_closed += n;
             pthread_mutex_unlock(&h->m_mu);
-            RL_LOG(h->log, RL_LOG_INFO, "http: closed %d connection%s too slow sending %s", n,
-                   n == 1 ? "" : "s", phase);
         }
+        if (say)
+            RL_LOG(h->log, RL_LOG_WARN, "http: in the last %d s at most: %s", TALLY_LOG_MS / 1000,
+                   line);
     }
     return NULL;
 }
@@ -562,6 +911,8 @@ static enum MHD_Result respond(struct req *q, struct MHD_Connection *conn, int s
     }
     if (status == 401)
         MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (q->close_after)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     if (status == 405 && q->allow)
         MHD_add_response_header(r, "Allow", q->allow);
     enum MHD_Result rc = MHD_queue_response(conn, (unsigned)status, r);
@@ -582,20 +933,28 @@ static enum MHD_Result respond_error(struct req *q, struct MHD_Connection *conn,
 
 /* ---- the job's events ---- */
 
-static bool client_gone(int fd)
+/* What the client's socket says while we wait. A reset (or a FIN after
+ * which our bytes met a reset) is a client gone. A FIN alone is not: a
+ * client may half-close (shutdown(SHUT_WR)) once its request is sent and
+ * still read the answer, and TCP cannot tell that from a close() until we
+ * write; so a FIN makes the caller commit its answer and probe (pump). */
+enum client { C_HERE, C_FIN, C_GONE };
+static enum client client_state(int fd)
 {
     if (fd < 0)
-        return false;
+        return C_HERE;
     struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
     if (poll(&p, 1, 0) <= 0)
-        return false;
-    if (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL))
-        return true;
-    if (p.revents & POLLIN) { /* data is a pipelined request; EOF is a goodbye */
+        return C_HERE;
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL))
+        return C_GONE;
+    if (p.revents & POLLRDHUP)
+        return C_FIN;
+    if (p.revents & POLLIN) { /* data is a pipelined request; EOF is a FIN */
         char c;
-        return recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+        return recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0 ? C_FIN : C_HERE;
     }
-    return false;
+    return C_HERE;
 }
 
 static void cancel_job(struct req *q, const char *why)
@@ -677,7 +1036,7 @@ static int take_events(struct req *q, const struct rconn_reply *r)
             charge_tokens(q);
         } else if (rc == OAI_FAILED) {
             q->job_ended = true;
-            if (q->headers_sent || q->sse.n > q->sse_off) {
+            if (q->oreq.stream && (q->headers_sent || q->sse.n > q->sse_off)) {
                 /* bytes are out (or about to be): the error is a chunk */
                 oai_sse_error(&q->err, &q->sse);
                 q->finished = true;
@@ -689,30 +1048,54 @@ static int take_events(struct req *q, const struct rconn_reply *r)
     return 0;
 }
 
-enum pump { P_OK = 0, P_GONE = -1, P_STOPPING = -2, P_TIMEOUT = -3, P_NOMEM = -4 };
+enum pump { P_OK = 0, P_GONE = -1, P_STOPPING = -2, P_TIMEOUT = -3, P_NOMEM = -4, P_FIN = -5 };
+
+/* Bytes that change nothing for the client: an SSE comment in a stream,
+ * JSON whitespace before a non-streamed body. */
+static int put_filler(struct req *q)
+{
+    return q->oreq.stream ? oai_buf_put(&q->sse, ": keep-alive\n\n", 14)
+                          : oai_buf_put(&q->sse, "\n", 1);
+}
 
 /* Reads events until there is something to deliver: in stream mode any
- * new bytes, or the end; otherwise the end. Blocks at most POLL_MS per
- * XREAD, looking at the client's socket, the deadline and shutdown in
- * between. Returns an enum pump. */
+ * new bytes, or the end; otherwise the end (or, once committed early, the
+ * probes). Blocks at most POLL_MS per XREAD, looking at the client's
+ * socket, the deadline and shutdown in between. A client's FIN before the
+ * response is committed returns P_FIN: the caller commits it at once (a
+ * 200 and its headers), and from then on a byte goes out every PROBE_MS
+ * of silence, so that a client that closed for good shows as gone (its
+ * host answers our bytes with a reset) while one that only half-closed
+ * reads its answer. Returns an enum pump. */
 static int pump(struct req *q)
 {
     struct dhttp *h = q->h;
     const char *argv[] = {"XREAD", "COUNT", "512", "BLOCK", h->block, "STREAMS", q->out_key, q->last};
     for (;;) {
-        bool have = q->finished || q->failed || (q->oreq.stream && q->sse.n > q->sse_off);
+        bool have = q->finished || q->failed || q->sse.n > q->sse_off;
         if (have)
             return P_OK;
         if (atomic_load(&h->stopping))
             return P_STOPPING;
-        if (client_gone(q->fd))
+        enum client cs = client_state(q->fd);
+        if (cs == C_GONE)
             return P_GONE;
+        if (cs == C_FIN && !q->half_closed) {
+            q->half_closed = true;
+            RL_LOG(h->log, RL_LOG_DEBUG, "http: %s: the client sent FIN; answering it, probing",
+                   q->id);
+            if (!q->headers_sent)
+                return P_FIN;
+        }
         int64_t now = rl_mono_ms();
         if (q->give_up_ms && now > q->give_up_ms)
             return P_TIMEOUT;
-        if (q->headers_sent && now - q->t_last_byte_ms > KEEPALIVE_MS) {
-            /* an SSE comment: clients skip it, proxies see the stream alive */
-            if (oai_buf_put(&q->sse, ": keep-alive\n\n", 14))
+        if (q->headers_sent && now - q->t_last_byte_ms >
+                                   (q->half_closed ? PROBE_MS : q->oreq.stream ? KEEPALIVE_MS
+                                                                               : INT64_MAX / 2)) {
+            /* clients skip it; proxies see the stream alive; a gone client
+             * answers it with a reset */
+            if (put_filler(q))
                 return P_NOMEM;
             continue;
         }
@@ -722,7 +1105,10 @@ static int pump(struct req *q)
         int rc = rconn_command(q->rc, 8, argv, NULL, &r, &err);
         if (rc) {
             rconn_reply_free(r);
-            RL_LOG(h->log, RL_LOG_WARN, "http: %s: reading events: %s", q->id, err.msg);
+            if (!q->read_warned) /* once: an outage must not flood the log */
+                RL_LOG(h->log, RL_LOG_WARN, "http: %s: reading events: %s (retrying)", q->id,
+                       err.msg);
+            q->read_warned = true;
             int64_t wait = rconn_retry_in_ms(q->rc);
             usleep((useconds_t)(wait > 0 && wait < POLL_MS ? wait : 50) * 1000);
             continue;
@@ -734,8 +1120,8 @@ static int pump(struct req *q)
         if (rc) {
             oai_error_set(&q->err, 502, "server_error", "BAD_EVENT", NULL,
                           "the job's event stream is malformed");
-            q->failed = !q->headers_sent;
-            if (q->headers_sent) {
+            q->failed = !(q->oreq.stream && q->headers_sent);
+            if (!q->failed) {
                 oai_sse_error(&q->err, &q->sse);
                 q->finished = true;
             }
@@ -743,12 +1129,31 @@ static int pump(struct req *q)
     }
 }
 
-/* libmicrohttpd's reader for a streamed response: hands over what is
- * produced, blocking on the next event only when nothing is. */
+/* A non-streamed answer committed early (the client's FIN): once the job
+ * ended, its JSON (the completion, or the error object: the status is
+ * already 200, as S3 does when it must commit before it knows) follows the
+ * whitespace probes. */
+static int put_tail(struct req *q)
+{
+    if (q->oreq.stream || q->tail_added || !(q->finished || q->failed))
+        return 0;
+    char *body = q->failed ? oai_error_json(&q->err) : oai_resp_completion(q->resp);
+    int rc = body ? oai_buf_put(&q->sse, body, strlen(body)) : -RL_ENOMEM;
+    free(body);
+    q->tail_added = q->finished = true;
+    q->failed = false;
+    return rc;
+}
+
+/* libmicrohttpd's reader for a streamed response (and for a non-streamed
+ * one committed early): hands over what is produced, blocking on the next
+ * event only when nothing is. */
 static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
     struct req *q = cls;
     for (;;) {
+        if (put_tail(q))
+            return MHD_CONTENT_READER_END_WITH_ERROR;
         if (q->sse_off < q->sse.n) {
             size_t k = q->sse.n - q->sse_off;
             if (k > max)
@@ -769,8 +1174,12 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
                           "no answer within http_timeout_s");
             if (!q->job_ended)
                 cancel_job(q, "http_timeout_s passed");
-            oai_sse_error(&q->err, &q->sse);
-            q->finished = true;
+            if (q->oreq.stream) {
+                oai_sse_error(&q->err, &q->sse);
+                q->finished = true;
+            } else {
+                q->failed = true;
+            }
         } else if (rc != P_OK) {
             if (!q->job_ended) {
                 cancel_job(q, rc == P_GONE ? "the client left" : "shutting down");
@@ -919,6 +1328,113 @@ static void model_not_found(const cJSON *a, const char *id, struct oai_error *e)
                   "The model `%.200s` does not exist; this server serves %s.", id, names);
 }
 
+/* ---- client leases ----
+ *
+ * A job queued by the front door names client_lease_ms; its key
+ * <prefix>lease:<id> (SET PX at queueing) is renewed every third of that by
+ * the lease thread for as long as its request is in the list, however
+ * slowly its client reads. A worker cancels a job whose lease has been
+ * gone a whole lease period (publish.c): kill -9 of this process, or its
+ * host lost, stops the renewals and so the jobs its clients were waiting
+ * for, instead of leaving them to run to max_tokens or their deadline. */
+
+static void lease_add(struct req *q)
+{
+    struct dhttp *h = q->h;
+    pthread_mutex_lock(&h->lease_mu);
+    q->lease_prev = NULL;
+    q->lease_next = h->leases;
+    if (h->leases)
+        h->leases->lease_prev = q;
+    h->leases = q;
+    q->in_lease = true;
+    pthread_mutex_unlock(&h->lease_mu);
+}
+
+static void lease_del(struct req *q)
+{
+    struct dhttp *h = q->h;
+    if (!q->in_lease)
+        return;
+    pthread_mutex_lock(&h->lease_mu);
+    if (q->lease_prev)
+        q->lease_prev->lease_next = q->lease_next;
+    else
+        h->leases = q->lease_next;
+    if (q->lease_next)
+        q->lease_next->lease_prev = q->lease_prev;
+    q->in_lease = false;
+    pthread_mutex_unlock(&h->lease_mu);
+}
+
+static void *lease_main(void *arg)
+{
+    struct dhttp *h = arg;
+    struct rconn_opts o = h->ropts;
+    o.client_name = "redlm-http-lease";
+    struct rconn *c = NULL;
+    struct rconn_batch *b = NULL;
+    struct rl_err err = {0};
+    char (*keys)[320] = NULL;
+    int cap = 0;
+    bool warned = false;
+    if (rconn_create(&c, &o, &err) || rconn_batch_create(&b, &err)) {
+        RL_LOG(h->log, RL_LOG_ERROR, "http: no client lease renewals: %s", err.msg);
+        goto out;
+    }
+    char ms[16];
+    snprintf(ms, sizeof ms, "%d", h->lease_ms);
+    int64_t next = 0;
+    while (!atomic_load(&h->stopping)) {
+        usleep(50 * 1000);
+        int64_t now = rl_mono_ms();
+        if (now < next)
+            continue;
+        next = now + h->lease_ms / 3;
+        int n = 0;
+        pthread_mutex_lock(&h->lease_mu);
+        for (struct req *q = h->leases; q; q = q->lease_next)
+            n++;
+        if (n > cap) {
+            void *more = realloc(keys, (size_t)n * 2 * sizeof *keys);
+            if (more) {
+                keys = more;
+                cap = n * 2;
+            }
+        }
+        n = 0;
+        for (struct req *q = h->leases; q && n < cap; q = q->lease_next)
+            memcpy(keys[n++], q->lease_key, sizeof keys[0]);
+        pthread_mutex_unlock(&h->lease_mu);
+        if (!n)
+            continue;
+        rconn_batch_reset(b);
+        int rc = 0;
+        for (int i = 0; i < n && !rc; i++) {
+            const char *argv[] = {"SET", keys[i], "1", "PX", ms};
+            rc = rconn_batch_add(b, 5, argv, NULL, &err);
+        }
+        if (!rc)
+            rc = rconn_batch_exec(c, b, &err);
+        if (rc) {
+            if (!warned)
+                RL_LOG(h->log, RL_LOG_WARN, "http: renewing %d client leases: %s (retrying)", n,
+                       err.msg);
+            warned = true;
+            int64_t wait = rconn_retry_in_ms(c);
+            next = now + (wait > 0 && wait < h->lease_ms / 3 ? wait : 100);
+        } else if (warned) {
+            RL_LOG(h->log, RL_LOG_INFO, "http: client leases renewed again (%d)", n);
+            warned = false;
+        }
+    }
+out:
+    free(keys);
+    rconn_batch_free(b);
+    rconn_free(c);
+    return NULL;
+}
+
 static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
 {
     struct dhttp *h = q->h;
@@ -988,13 +1504,24 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     size_t lens[] = {q->oreq.job_len};
     q->t_xadd_ms = rl_mono_ms();
     q->give_up_ms = h->timeout_s ? q->t_xadd_ms + (int64_t)h->timeout_s * 1000 + 5000 : 0;
-    if (rconn_xadd(q->rc, key, "*", 0, 1, names, values, lens, NULL, NULL, &err)) {
+    int lrc = 0;
+    if (h->lease_ms) { /* the job's client lease, before the job exists (lease_main) */
+        char ms[16];
+        snprintf(ms, sizeof ms, "%d", h->lease_ms);
+        rcl_tagged_key(q->lease_key, sizeof q->lease_key, rconn_is_cluster(q->rc), h->prefix,
+                       "lease:", q->id);
+        const char *la[] = {"SET", q->lease_key, "1", "PX", ms};
+        lrc = rconn_command(q->rc, 5, la, NULL, NULL, &err);
+    }
+    if (lrc || rconn_xadd(q->rc, key, "*", 0, 1, names, values, lens, NULL, NULL, &err)) {
         oai_error_set(&e, 503, "server_error", "REDIS_UNAVAILABLE", NULL,
                       "the request queue is unavailable: %s", err.msg);
         e.retry_after_s = 1;
         return respond_error(q, conn, &e);
     }
     q->enqueued = true;
+    if (h->lease_ms)
+        lease_add(q);
     RL_LOG(h->log, RL_LOG_DEBUG, "http: %s queued%s%s", q->id, q->has_tenant ? " for " : "",
            q->has_tenant ? q->tenant : "");
 
@@ -1019,16 +1546,20 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     }
     if (q->failed)
         return respond_error(q, conn, &q->err);
-    if (!q->oreq.stream) {
+    if (!q->oreq.stream && rc != P_FIN) {
         char *body = oai_resp_completion(q->resp);
         return respond(q, conn, 200, "application/json", body, NULL);
     }
+    /* a stream, or an answer the client's FIN made us commit before its
+     * end (pump): chunked, written as it comes */
     struct MHD_Response *r =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, BLOCK_SIZE, sse_reader, q, NULL);
     if (!r)
         return MHD_NO;
-    MHD_add_response_header(r, "Content-Type", "text/event-stream; charset=utf-8");
-    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    MHD_add_response_header(r, "Content-Type", q->oreq.stream ? "text/event-stream; charset=utf-8"
+                                                              : "application/json");
+    if (q->oreq.stream)
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no"); /* nginx: do not buffer */
     MHD_add_response_header(r, "X-Request-Id", q->id);
     add_cors(q, r);
@@ -1112,6 +1643,63 @@ static enum route route_of(struct dhttp *h, const char *method, const char *url,
     return get ? r : R_BAD_METHOD;
 }
 
+/* 401, or 429 for an address over http_auth_failures_per_min. */
+static enum MHD_Result refuse_auth(struct req *q, struct MHD_Connection *conn)
+{
+    struct oai_error e;
+    if (q->throttle_s > 0) {
+        oai_error_set(&e, 429, "invalid_request_error", "too_many_auth_failures", NULL,
+                      "Too many requests with a missing or wrong API key from this address "
+                      "(http_auth_failures_per_min); retry in %d s.", q->throttle_s);
+        e.retry_after_s = q->throttle_s;
+    } else {
+        oai_error_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
+                      "Incorrect or missing API key: send \"Authorization: Bearer KEY\".");
+    }
+    return respond_error(q, conn, &e);
+}
+
+struct framing {
+    int n_cl, n_te;
+    const char *cl;
+    bool bad_cl, differ;
+};
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key,
+                                     const char *value)
+{
+    struct framing *f = cls;
+    if (!strcasecmp(key, "Content-Length")) {
+        size_t n = strspn(value, "0123456789");
+        f->bad_cl |= n == 0 || n > 19 || value[n] != 0;
+        f->differ |= f->cl && strcmp(f->cl, value);
+        f->cl = value;
+        f->n_cl++;
+    } else if (!strcasecmp(key, "Transfer-Encoding")) {
+        f->n_te++;
+    }
+    return MHD_YES;
+}
+
+/* Headers that leave in doubt where the body ends (RFC 9112 6.3; the way
+ * into request smuggling behind a proxy that reads them otherwise): two
+ * Content-Lengths that differ, one that is not a plain number, or a
+ * Content-Length beside a Transfer-Encoding. why gets the sentence. */
+static bool framing_bad(struct MHD_Connection *conn, char *why, size_t size)
+{
+    struct framing f = {0};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, count_framing, &f);
+    if (f.differ)
+        snprintf(why, size, "%d Content-Length headers that disagree", f.n_cl);
+    else if (f.bad_cl)
+        snprintf(why, size, "Content-Length \"%.40s\" is not a number of bytes", f.cl);
+    else if (f.n_cl && f.n_te)
+        snprintf(why, size, "both Content-Length and Transfer-Encoding");
+    else
+        return false;
+    return true;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls)
@@ -1146,11 +1734,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                 n = h->lim.max_body_bytes;
             int64_t ms = (int64_t)h->header_s * 1000;
             if (h->min_rate > 0)
-                set_deadline(q, ms + (int64_t)(n * 1000 / (uint64_t)h->min_rate), "a request body");
+                wait_for_client(q, ms + (int64_t)(n * 1000 / (uint64_t)h->min_rate),
+                                QUICK_MS + (int64_t)(n * 1000 / ((uint64_t)h->min_rate *
+                                                                 QUICK_RATE_X)),
+                                "a request body");
             else
                 set_deadline(q, 0, NULL);
         } else {
             set_deadline(q, 0, NULL);
+        }
+        char why[160];
+        if (framing_bad(conn, why, sizeof why)) {
+            /* which bytes are the body is in doubt: answer, then close */
+            q->close_after = true;
+            oai_error_set(&e, 400, "invalid_request_error", "ambiguous_framing", NULL, "%s", why);
+            return respond_error(q, conn, &e);
         }
         switch (q->route) {
         case R_PREFLIGHT: {
@@ -1184,11 +1782,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         }
         case R_COMPLETIONS:
         case R_CHAT: {
-            if (!authorize(q, conn)) {
-                oai_error_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
-                              "Incorrect or missing API key: send \"Authorization: Bearer KEY\".");
-                return respond_error(q, conn, &e);
-            }
+            if (!authorize(q, conn))
+                return refuse_auth(q, conn);
             const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
             if (cl && strtoull(cl, NULL, 10) > h->lim.max_body_bytes) {
                 oai_error_set(&e, 413, "invalid_request_error",
@@ -1201,11 +1796,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         }
         case R_MODELS:
         case R_MODEL:
-            if (!authorize(q, conn)) {
-                oai_error_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
-                              "Incorrect or missing API key: send \"Authorization: Bearer KEY\".");
-                return respond_error(q, conn, &e);
-            }
+            if (!authorize(q, conn))
+                return refuse_auth(q, conn);
             return models(q, conn, q->route == R_MODEL ? url + 11 : NULL);
         case R_HEALTHZ: {
             bool ok = (!h->hooks.ready || h->hooks.ready(h->hooks.ctx)) &&
@@ -1216,11 +1808,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         case R_METRICS:
             /* the counters name tenants' traffic: behind the key when keys
              * are on (the loopback ops port asks none) */
-            if (!authorize(q, conn)) {
-                oai_error_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
-                              "Incorrect or missing API key: send \"Authorization: Bearer KEY\".");
-                return respond_error(q, conn, &e);
-            }
+            if (!authorize(q, conn))
+                return refuse_auth(q, conn);
             return respond(q, conn, 200, "text/plain; version=0.0.4", render_metrics(h), NULL);
         case R_BAD_METHOD:
             oai_error_set(&e, 405, "invalid_request_error", "method_not_allowed", NULL,
@@ -1256,6 +1845,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     struct req *q = *con_cls;
     if (!q)
         return;
+    lease_del(q);
     if (q->enqueued && !q->job_ended) {
         cancel_job(q, "the connection ended");
         BUMP(h, client_cancels);
@@ -1263,7 +1853,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (q->route == R_CHAT || q->route == R_COMPLETIONS)
         MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)h->idle_s);
     /* kept alive: the next request's headers within the idle time and the grace */
-    set_deadline(q, ((int64_t)h->idle_s + h->header_s) * 1000, "request headers");
+    wait_idle(q, ((int64_t)h->idle_s + h->header_s) * 1000);
     count_status(h, q->status ? q->status : 500);
     if (q->enqueued)
         RL_LOG(h->log, RL_LOG_DEBUG, "http: %s done: %d%s", q->id, q->status,
@@ -1280,6 +1870,9 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     pthread_mutex_unlock(&h->m_mu);
 }
 
+/* libmicrohttpd's messages: logged as they come until the reaper runs,
+ * then summed up in its line (a flood of connections is a flood of
+ * "connection limit" messages). */
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
     struct dhttp *h = cls;
@@ -1288,7 +1881,14 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     size_t n = strlen(msg);
     while (n && msg[n - 1] == '\n')
         msg[--n] = 0;
-    RL_LOG(h->log, RL_LOG_WARN, "http: %s", msg);
+    if (!h->reaper_started) {
+        RL_LOG(h->log, RL_LOG_WARN, "http: %s", msg);
+        return;
+    }
+    pthread_mutex_lock(&h->conn_mu);
+    h->tally.mhd++;
+    snprintf(h->tally.mhd_last, sizeof h->tally.mhd_last, "%s", msg);
+    pthread_mutex_unlock(&h->conn_mu);
 }
 
 /* ---- start and stop ---- */
@@ -1301,6 +1901,11 @@ static void free_dhttp(struct dhttp *h)
         atomic_store(&h->stopping, true);
         pthread_join(h->reaper, NULL);
     }
+    if (h->lease_started) {
+        atomic_store(&h->stopping, true);
+        pthread_join(h->lease_thread, NULL);
+    }
+    free(h->auth);
     for (int i = 0; i < h->n_cors; i++)
         free(h->cors[i]);
     free(h->cors);
@@ -1319,7 +1924,30 @@ static void free_dhttp(struct dhttp *h)
     pthread_mutex_destroy(&h->keys_mu);
     pthread_mutex_destroy(&h->m_mu);
     pthread_mutex_destroy(&h->conn_mu);
+    pthread_mutex_destroy(&h->auth_mu);
+    pthread_mutex_destroy(&h->lease_mu);
     free(h);
+}
+
+/* Each connection holds its socket, our dup() of it (struct conn) and a
+ * Redis connection while answered: raise the soft limit on open files
+ * toward what http_max_connections needs (as far as the hard limit goes),
+ * since the usual soft limit of 1024 would refuse connections long before. */
+static void raise_fd_limit(struct dhttp *h)
+{
+    struct rlimit rl;
+    rlim_t want = (rlim_t)h->max_conn * 3 + 256;
+    if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur >= want)
+        return;
+    rlim_t to = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
+    if (to > rl.rlim_cur) {
+        rl.rlim_cur = to;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (to < want)
+        RL_LOG(h->log, RL_LOG_WARN, "http: open files limited to %llu; http_max_connections %d "
+               "wants %llu (raise LimitNOFILE / ulimit -n)", (unsigned long long)to, h->max_conn,
+               (unsigned long long)want);
 }
 
 /* Both listeners: the front door (ops false: cfg->http on cfg->http_bind)
@@ -1340,6 +1968,8 @@ static int start(struct dhttp **out, const struct cfg *cfg, const struct rl_log 
     pthread_mutex_init(&h->keys_mu, NULL);
     pthread_mutex_init(&h->m_mu, NULL);
     pthread_mutex_init(&h->conn_mu, NULL);
+    pthread_mutex_init(&h->auth_mu, NULL);
+    pthread_mutex_init(&h->lease_mu, NULL);
     h->log = log;
     if (hooks)
         h->hooks = *hooks;
@@ -1349,6 +1979,10 @@ static int start(struct dhttp **out, const struct cfg *cfg, const struct rl_log 
     h->header_s = cfg->http_header_timeout_s;
     h->min_rate = cfg->http_min_body_rate;
     h->per_ip = ops ? 0 : cfg->http_max_connections_per_ip;
+    h->max_pending = cfg->http_max_pending;
+    h->pending_per_ip = cfg->http_max_pending_per_ip;
+    h->auth_per_min = ops ? 0 : cfg->http_auth_failures_per_min;
+    h->lease_ms = ops ? 0 : cfg->http_client_lease_ms;
     h->timeout_s = cfg->http_timeout_s;
     h->drain_s = cfg->drain_timeout_s;
     h->max_conn = cfg->http_max_connections;
@@ -1367,9 +2001,18 @@ static int start(struct dhttp **out, const struct cfg *cfg, const struct rl_log 
     h->redis_pw = strdup(cfg->redis_password_file);
     h->cap_idle = h->max_conn < 64 ? h->max_conn : 64;
     h->idle = calloc((size_t)h->cap_idle, sizeof *h->idle);
-    int rc = 0;
+    int rc = 0, lfd = -1;
     if (!h->prefix || !h->model || !h->bind || !h->redis_addr || !h->redis_user ||
         !h->redis_pw || !h->idle || (!ops && cfg->api_keys_file[0] && !h->keys_path)) {
+        rc = rl_errf(err, RL_ENOMEM, "http: out of memory");
+        goto fail;
+    }
+    if (h->lease_ms > 0 && h->lease_ms < 1000) {
+        rc = rl_errf(err, RL_EINVAL, "http_client_lease_ms: %d is below 1000 (0 = off)",
+                     h->lease_ms);
+        goto fail;
+    }
+    if (h->auth_per_min && h->keys_path && !(h->auth = calloc(AUTH_SLOTS, sizeof *h->auth))) {
         rc = rl_errf(err, RL_ENOMEM, "http: out of memory");
         goto fail;
     }
@@ -1406,6 +2049,7 @@ static int start(struct dhttp **out, const struct cfg *cfg, const struct rl_log 
     h->lim.default_mode = !strcmp(cfg->http_default_mode, "think")      ? JOB_MODE_THINK
                           : !strcmp(cfg->http_default_mode, "no_think") ? JOB_MODE_NO_THINK
                                                                         : JOB_MODE_AUTO;
+    h->lim.client_lease_ms = h->lease_ms;
     if (h->keys_path) {
         if ((rc = keys_refresh(h, true, err)))
             goto fail;
@@ -1415,40 +2059,37 @@ static int start(struct dhttp **out, const struct cfg *cfg, const struct rl_log 
                                  "without authentication");
     }
 
-    union {
-        struct sockaddr sa;
-        struct sockaddr_in v4;
-        struct sockaddr_in6 v6;
-    } addr;
-    memset(&addr, 0, sizeof addr);
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_USE_ITC;
-    if (inet_pton(AF_INET, h->bind, &addr.v4.sin_addr) == 1) {
-        addr.v4.sin_family = AF_INET;
-        addr.v4.sin_port = htons((uint16_t)h->port);
-    } else if (inet_pton(AF_INET6, h->bind, &addr.v6.sin6_addr) == 1) {
-        addr.v6.sin6_family = AF_INET6;
-        addr.v6.sin6_port = htons((uint16_t)h->port);
+    if (listen_family(h->bind) == 1)
         flags |= MHD_USE_IPv6;
-    } else {
-        rc = rl_errf(err, RL_EINVAL, "http_bind: \"%.64s\" is not an IPv4 or IPv6 address",
-                     h->bind);
+    /* our own socket: a port taken is an error naming it, and no
+     * SO_REUSEPORT lets a second dispatcher share it (listen.h) */
+    if ((rc = listen_tcp(h->bind, h->port, 1024, ops ? "http_port" : "http", &lfd, err))) {
+        if (rc == -RL_EINVAL && !ops)
+            rl_errf(err, RL_EINVAL, "http_bind: \"%.64s\" is not an IPv4 or IPv6 address",
+                    h->bind);
+        rc = rl_err_wrap(err, "http");
         goto fail;
     }
+    raise_fd_limit(h);
     /* connection memory: the request headers plus one BLOCK_SIZE write
-     * buffer for the streamed body */
+     * buffer for the streamed body. libmicrohttpd's connection limit sits
+     * above ours (on_accept decides) by room for the connections closed to
+     * make room, until their threads have seen it. */
     h->d = MHD_start_daemon(
-        flags, (uint16_t)h->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-        h, MHD_OPTION_SOCK_ADDR, &addr.sa,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)h->max_conn, MHD_OPTION_CONNECTION_TIMEOUT,
+        flags, (uint16_t)h->port, on_accept, h, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
+        mhd_log, h, MHD_OPTION_LISTEN_SOCKET, lfd, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)(h->max_conn + h->max_conn / 2 + 16), MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)cfg->http_idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         (size_t)(BLOCK_SIZE * 4), MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)h->per_ip,
         MHD_OPTION_END);
     if (!h->d) {
-        rc = rl_errf(err, RL_EIO, "http: cannot listen on %s port %d%s", h->bind, h->port,
-                     ops ? " (http_port)" : "");
+        close(lfd);
+        rc = rl_errf(err, RL_EIO, "http: cannot start the HTTP server on %s port %d%s", h->bind,
+                     h->port, ops ? " (http_port)" : "");
         goto fail;
     }
     if (pthread_create(&h->reaper, NULL, reaper_main, h)) {
@@ -1457,6 +2098,14 @@ static int start(struct dhttp **out, const struct cfg *cfg, const struct rl_log 
         goto fail;
     }
     h->reaper_started = true;
+    if (h->lease_ms) {
+        if (pthread_create(&h->lease_thread, NULL, lease_main, h)) {
+            MHD_stop_daemon(h->d);
+            rc = rl_errf(err, RL_EIO, "http: cannot start a thread");
+            goto fail;
+        }
+        h->lease_started = true;
+    }
     if (ops)
         RL_LOG(log, RL_LOG_INFO, "http: /healthz, /health and /metrics on %s:%d", h->bind,
                h->port);

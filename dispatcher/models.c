@@ -232,17 +232,25 @@ void d_models_refresh(struct disp *d)
             m->name[0] = 0;
         }
     }
+    /* news against the old table, before it goes: a model is announced
+     * once when it comes and once when it leaves, not at every refresh */
+    for (int i = 0; i < n; i++)
+        if (fresh[i].name[0] && !find(d->models, d->n_models, fresh[i].name))
+            RL_LOG(&d->log, RL_LOG_INFO, "model %s served (%s)", fresh[i].name,
+                   fresh[i].alias ? "served_model_name: the shared pools"
+                   : fresh[i].scoped ? "its own pools" : "the shared pools");
+    for (int i = 0; i < d->n_models; i++) {
+        struct dmodel *now = find(fresh, n, d->models[i].name);
+        if (!now || !now->name[0])
+            RL_LOG(&d->log, RL_LOG_INFO, "model %s no longer served (no live worker "
+                   "announces it)", d->models[i].name);
+    }
     for (int i = 0; i < d->n_models; i++)
         route_free(d->models[i].router);
     d->n_models = 0;
     for (int i = 0; i < n; i++)
-        if (fresh[i].name[0]) {
-            if (!find(d->models, d->n_models, fresh[i].name))
-                RL_LOG(&d->log, RL_LOG_INFO, "model %s served (%s)", fresh[i].name,
-                       fresh[i].alias ? "served_model_name: the shared pools"
-                       : fresh[i].scoped ? "its own pools" : "the shared pools");
+        if (fresh[i].name[0])
             d->models[d->n_models++] = fresh[i];
-        }
     int n_shared_names = 0;
     for (int i = 0; i < d->n_models; i++)
         n_shared_names += !d->models[i].scoped && !d->models[i].alias;

@@ -787,6 +787,9 @@ static int build_job(struct parse_state *ps, int64_t deadline_ms)
     }
     if (deadline_ms > 0 && !cJSON_AddNumberToObject(job, "deadline_ms", (double)deadline_ms))
         return -RL_ENOMEM;
+    if (ps->lim->client_lease_ms > 0 &&
+        !cJSON_AddNumberToObject(job, "client_lease_ms", ps->lim->client_lease_ms))
+        return -RL_ENOMEM;
     return 0;
 }
 

@@ -56,6 +56,9 @@ struct oai_limits {
      * JOB_MODE_AUTO writes none, leaving it to the router (rules,
      * think_ratio). From http_default_mode. */
     enum job_mode default_mode;
+    /* > 0: written as the job's client_lease_ms (the host renews the
+     * lease key while its client waits: http_client_lease_ms) */
+    int client_lease_ms;
 };
 /* 4 MiB body, 1024 messages, 32768 tokens, model "redlm", job NULL,
  * default_mode JOB_MODE_POOL (none written). */

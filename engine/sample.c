@@ -601,11 +601,20 @@ int sample_next_masked(struct sample_state *st, const struct sample_params *p,
         apply_mask(logits, n_vocab, mask);
     float m = -INFINITY;
     int32_t arg = -1;
+    int n_nan = 0; /* a NaN never compares greater: the argmax would skip it in silence */
     for (int i = 0; i < n_vocab; i++)
         if (logits[i] > m) { /* strict: ties keep the lower id */
             m = logits[i];
             arg = i;
+        } else if (logits[i] != logits[i]) {
+            n_nan++;
         }
+    if (n_nan || m == INFINITY) {
+        restore_logits(st, logits, n_vocab);
+        return rl_errf(err, RL_EINVAL, "the model's logits are not finite (%d of %d NaN%s): its "
+                       "weights, or the forward pass, produce NaN or infinity; check the "
+                       "checkpoint", n_nan, n_vocab, m == INFINITY ? ", +inf among them" : "");
+    }
     if (!isfinite(m)) {
         restore_logits(st, logits, n_vocab);
         return rl_errf(err, RL_EINVAL, "sample_next: no finite maximum in "

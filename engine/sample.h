@@ -108,7 +108,8 @@ int sample_output_count(const struct sample_state *st, int32_t token);
  * logits). The row is used as scratch during the call - penalised entries
  * are written - and restored exactly before return, so the caller sees it
  * unchanged. Fills *out, counts the token as output (sample_observe), and
- * returns 0; -RL_EINVAL for bad params or a row without a finite value,
+ * returns 0; -RL_EINVAL for bad params, a row holding a NaN or +inf (a
+ * broken checkpoint: the message says so) or a row without a finite value,
  * -RL_ENOMEM when scratch could not grow (nothing consumed then). */
 int sample_next(struct sample_state *st, const struct sample_params *p,
                 float *logits, int n_vocab, struct sample_out *out,

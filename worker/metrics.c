@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "listen.h"
 #include "worker.h"
 #include "text.h"
 
@@ -257,20 +259,25 @@ int wm_start(struct worker *w, struct rl_err *err)
 {
     if (w->opt.metrics_port <= 0)
         return 0;
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)w->opt.metrics_port)};
-    if (inet_pton(AF_INET, w->opt.metrics_addr, &sa.sin_addr) != 1)
+    if (listen_family(w->opt.metrics_addr) != 0)
         return rl_errf(err, RL_EINVAL, "metrics_addr: \"%s\" is not an IPv4 address",
                        w->opt.metrics_addr);
+    /* our own socket: a taken port is an error naming it (listen.h) */
+    int fd, rc = listen_tcp(w->opt.metrics_addr, w->opt.metrics_port, 64, "http_port", &fd, err);
+    if (rc)
+        return rl_err_wrap(err, "metrics");
     struct wmetrics_server *s = calloc(1, sizeof *s);
-    if (!s)
+    if (!s) {
+        close(fd);
         return rl_errf(err, RL_ENOMEM, "metrics: out of memory");
+    }
     s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)w->opt.metrics_port, NULL,
-                            NULL, handle, w, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                            MHD_OPTION_END);
+                            NULL, handle, w, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_END);
     if (!s->d) {
+        close(fd);
         free(s);
-        return rl_errf(err, RL_EIO, "metrics: cannot listen on %s:%d", w->opt.metrics_addr,
-                       w->opt.metrics_port);
+        return rl_errf(err, RL_EIO, "metrics: cannot start the HTTP server on %s:%d",
+                       w->opt.metrics_addr, w->opt.metrics_port);
     }
     w->http = s;
     return 0;

@@ -166,7 +166,9 @@ bool w_has_pending(const struct worker *w)
 /* ---- w_flush: queue every command, send once, apply the replies --------- */
 
 /* What a command of the flush was for: reply i answers items[i]. */
-enum item_kind { IT_TAKE, IT_EMIT, IT_LEASE, IT_OTHER, IT_DEAD, IT_ACK, IT_CANCEL, IT_CACHE };
+enum item_kind {
+    IT_TAKE, IT_EMIT, IT_LEASE, IT_OTHER, IT_DEAD, IT_ACK, IT_CANCEL, IT_CACHE, IT_CLIENT
+};
 struct item {
     enum item_kind kind;
     struct wjob *j;
@@ -369,6 +371,12 @@ static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j)
         const char *argv[2] = {"GET", buf}; /* whose cancel it is: ident.c */
         if ((rc = queue_cmd(f, (struct item){IT_CANCEL, j, 0, 0}, 2, argv, NULL)))
             return rc;
+        if (j->job && j->job->client_lease_ms > 0) { /* its client's front end alive? */
+            rcl_tagged_key(buf, sizeof buf, w_cluster(w), w->opt.prefix, "lease:", j->id);
+            const char *la[2] = {"EXISTS", buf};
+            if ((rc = queue_cmd(f, (struct item){IT_CLIENT, j, 0, 0}, 2, la, NULL)))
+                return rc;
+        }
     }
     return 0;
 }
@@ -571,6 +579,25 @@ static void apply_reply(struct worker *w, const struct flush *f, struct item *it
         if (w_ident_cancel_meant(it->j, r) && it->j->eng_id && !it->j->cancel_sent) {
             struct rl_err e2;
             RL_LOG(&w->log, RL_LOG_INFO, "job %s: cancelled by its cancel key", it->j->id);
+            it->j->cancel_sent = true;
+            if (engine_cancel(w->eng, it->j->eng_id, &e2))
+                RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: cancel: %s", it->j->id, e2.msg);
+        }
+        break;
+    case IT_CLIENT:
+        /* the front end renews the lease every third of client_lease_ms; one
+         * missing for a whole lease more (a Redis that came back without
+         * it gets that long to see it renewed) means the front end died */
+        if (!r || r->type != RCONN_INTEGER || !it->j->eng_id || it->j->cancel_sent)
+            break;
+        if (r->integer > 0) {
+            it->j->lease_gone_ms = 0;
+        } else if (!it->j->lease_gone_ms) {
+            it->j->lease_gone_ms = rl_mono_ms();
+        } else if (rl_mono_ms() - it->j->lease_gone_ms >= it->j->job->client_lease_ms) {
+            struct rl_err e2;
+            RL_LOG(&w->log, RL_LOG_WARN, "job %s: cancelled: its client's lease expired (the "
+                   "front end that queued it is gone)", it->j->id);
             it->j->cancel_sent = true;
             if (engine_cancel(w->eng, it->j->eng_id, &e2))
                 RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: cancel: %s", it->j->id, e2.msg);

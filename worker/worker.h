@@ -82,6 +82,7 @@ struct wjob {
 
     uint64_t eng_id;              /* engine request id, 0 when not in the engine */
     bool cancel_sent;             /* engine_cancel called */
+    int64_t lease_gone_ms;        /* monotonic: first seen without its client lease; 0 = seen */
     struct ev_seq seq;
     int stream_ttl_s;
 

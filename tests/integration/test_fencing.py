@@ -53,19 +53,26 @@ def test_woken_worker_writes_nothing_after_takeover(workers, client, event_valid
     key = f"{client.prefix}jobs:fast"
     out = f"{client.prefix}out:{job['id']}"
     entry = client.submit(job)
-    # two rounds: the holder is stopped mid-generation, the other worker
-    # takes the job over and writes on, then the stopped one wakes up
-    for rnd in range(2):
-        base = r.xlen(out)
-        held_by = wait_for(lambda: owner(r, key, entry) if r.xlen(out) >= base + 3 else None,
-                           f"round {rnd}: the job under way")
-        sleeper = by_name[held_by]
-        other = by_name["wb" if held_by == "wa" else "wa"]
-        sleeper.signal(signal.SIGSTOP)
+    # Two takeovers, each moment picked from what the workers wrote, never
+    # from time: the holder is stopped mid-generation, the other worker takes
+    # the job over and writes on; then that one is stopped in its turn
+    # before the first wakes, so the job cannot end while the woken worker
+    # lets go (a running job of 1200 tokens could, and round 1 would find it
+    # done); the first takes it back from the stopped second, which wakes.
+    held_by = wait_for(lambda: owner(r, key, entry) if r.xlen(out) >= 3 else None,
+                       "the job under way")
+    first = by_name[held_by]
+    second = by_name["wb" if held_by == "wa" else "wa"]
+    for rnd, (sleeper, taker) in enumerate(((first, second), (second, first))):
+        if rnd == 0:
+            sleeper.signal(signal.SIGSTOP)
+        # (round 1: the sleeper was stopped at the end of round 0)
         try:
             n_stop = r.xlen(out)
-            wait_for(lambda: owner(r, key, entry) == other.name, f"round {rnd}: the takeover")
+            wait_for(lambda: owner(r, key, entry) == taker.name, f"round {rnd}: the takeover")
             wait_for(lambda: r.xlen(out) >= n_stop + 3, f"round {rnd}: the new holder writing")
+            if rnd == 0:
+                taker.signal(signal.SIGSTOP)  # frozen: the job waits for round 1
         finally:
             sleeper.signal(signal.SIGCONT)
         wait_for(lambda: let_go(by_name) == rnd + 1, f"round {rnd}: the woken worker letting go")

@@ -58,6 +58,10 @@ class Front(Daemon):
         self.start(args, pathlib.Path(tmp) / f"front-{self.port}.log", self.listening, timeout=20)
 
     def listening(self):
+        """Listening, and its routing loop has reached Redis ("ready:"):
+        /health is 503 until then, which a loaded machine makes long."""
+        if "ready:" not in self.text():
+            return False
         try:
             socket.create_connection(("127.0.0.1", self.port), 0.2).close()
             return True

@@ -95,9 +95,10 @@ def test_every_known_field_is_in_the_schema():
                     "max_thinking_tokens", "logprobs", "priority", "deadline_ms", "cache",
                     "stream_ttl_s", "metadata"}
     assert issue_fields <= props
-    # speculative: issue 18, model: issue 15, structured output: issue 17
+    # speculative: issue 18, model: issue 15, structured output: issue 17,
+    # client_lease_ms: issue 26
     assert props - issue_fields == {"pool", "speculative", "model", "response_format",
-                                    "tool_choice", "grammar"}
+                                    "tool_choice", "grammar", "client_lease_ms"}
 
 
 def test_events():

@@ -192,6 +192,10 @@ static const struct {
     {"{" P ",\"seed\":1.5}", EV_CODE_BAD_TYPE, "seed"},
     {"{" P ",\"seed\":\"42\"}", EV_CODE_BAD_TYPE, "seed"},
     {"{" P ",\"seed\":18446744073709551615}", EV_CODE_OUT_OF_RANGE, "seed"},
+    /* the front end's client lease (issue 26) */
+    {"{" P ",\"client_lease_ms\":999}", EV_CODE_OUT_OF_RANGE, "client_lease_ms"},
+    {"{" P ",\"client_lease_ms\":3600001}", EV_CODE_OUT_OF_RANGE, "client_lease_ms"},
+    {"{" P ",\"client_lease_ms\":true}", EV_CODE_BAD_TYPE, "client_lease_ms"},
     /* stop */
     {"{" P ",\"stop\":5}", EV_CODE_BAD_TYPE, "stop"},
     {"{" P ",\"stop\":\"\"}", EV_CODE_OUT_OF_RANGE, "stop"},
@@ -493,6 +497,7 @@ static void test_round_trip(void **state)
     const char *inputs[] = {full_job, "{\"id\":\"a\",\"prompt\":\"x\"}",
                             "{\"prompt_ids\":[5,6],\"logprobs\":false,\"seed\":0}",
                             "{\"id\":\"b\",\"prompt\":\"x\",\"mode\":\"auto\"}",
+                            "{\"id\":\"l\",\"prompt\":\"x\",\"client_lease_ms\":5000}",
                             /* the constraints, as given */
                             "{\"id\":\"c\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\","
                             "\"json_schema\":{\"name\":\"p\",\"strict\":true,\"schema\":{\"type\":\"object\"}}}}",

@@ -61,6 +61,16 @@ static int argmax(const float *v, int n)
     return best;
 }
 
+/* Values of a logits row that are NaN or infinite: a broken checkpoint
+ * (or forward pass) whose argmax would be token 0 without a word. */
+static int n_not_finite(const float *v, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        k += !isfinite(v[i]);
+    return k;
+}
+
 static void table_identity(int32_t *t, int n, int first)
 {
     for (int i = 0; i < n; i++)
@@ -175,6 +185,13 @@ int cmd_run(int argc, char **argv)
         if ((rc = cm.be->ops->forward(cm.be->ctx, &b, &err)))
             break;
         past += n_feed;
+        int bad = n_not_finite(logits, cfg->vocab);
+        if (bad) {
+            rc = rl_errf(&err, RL_EINVAL, "the logits of step %d are not finite (%d of %d NaN or "
+                         "infinite): the checkpoint's weights, or the forward pass, produce NaN",
+                         n_out, bad, cfg->vocab);
+            break;
+        }
         int tok = argmax(logits, cfg->vocab);
         out[n_out++] = tok;
         if (!a.ignore_eos && tok == cfg->eos_id)
