@@ -5,6 +5,7 @@
 #   make bench      runs the benchmarks (figures go to BENCHMARKS.md by hand)
 #   make bench-fleet  the soak: Redis, 2 dispatchers, 64 sim H200 workers, faults (BENCHMARKS.md)
 #   make bench-fleet-cluster  the same soak on one Redis, then on a local 3-master cluster
+#   make bench-attacks  every attack on the queue contract at once: lost, gaps, mixed, wrong submitter, refused (all 0)
 #   make demo       the whole system on one machine: Redis, a CPU worker, the dispatcher, the chat page
 #   make fuzz       builds the libFuzzer targets with clang
 #   make asan       the same build with AddressSanitizer + UBSan, in build-asan/
@@ -83,7 +84,7 @@ BENCH_BIN  := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/tests/%)
 LIBENGINE  := $(BUILD)/libredlm_engine.a
 LIBCOMMON  := $(BUILD)/libredlm_common.a
 
-.PHONY: all test bench bench-fleet bench-fleet-cluster demo fuzz asan deps clean install
+.PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks demo fuzz asan deps clean install
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 ifeq ($(CUDA),1)
@@ -144,6 +145,12 @@ bench-fleet: all
 # cluster, in one run (--against-single): the cluster/single saturation ratio.
 bench-fleet-cluster: all
 	BUILD=$(BUILD) /usr/bin/python3 tests/bench/bench_fleet.py --cluster --against-single $(FLEET_ARGS)
+
+# Every attack on the queue contract in one go (issue 26; tests/bench/attacks.py
+# and the tests/bench/attack_*.py beside it): jobs lost, gaps, mixed streams,
+# answers to the wrong submitter, honest requests refused; each must be 0.
+bench-attacks: all
+	BUILD=$(BUILD) /usr/bin/python3 tests/bench/attacks.py $(ATTACK_ARGS)
 
 demo: all
 	BUILD=$(BUILD) bash examples/demo.sh

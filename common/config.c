@@ -126,7 +126,7 @@ static const struct opt options[] = {
     {"publish_channel", T_BOOL, O(publish_channel), "false", 0, 0, NULL, CFG_WORKER, F_LIVE,
      "Also PUBLISH every event on redlm:tok:<id>."},
     {"dead_maxlen", T_INT, O(dead_maxlen), "100000", 0, 1000000000, NULL, CFG_BOTH, F_LIVE,
-     "Approximate cap of the dead-letter stream (XADD MAXLEN ~); 0 = no cap. Job streams are never trimmed."},
+     "Approximate cap of the dead-letter stream in letters (XADD MAXLEN ~); 0 = no cap but dead_max_mb's."},
     /* queue */
     {"block_ms", T_INT, O(block_ms), "1000", 1, 60000, NULL, CFG_BOTH, F_LIVE,
      "XREADGROUP BLOCK time when idle."},
@@ -203,6 +203,11 @@ static const struct opt options[] = {
      "Requests with a missing or wrong API key one client address may make per minute (in bursts of as many); past it every request from that address is answered 429 without its key being looked at, until the count recovers; 0 = no limit."},
     {"http_client_lease_ms", T_INT, O(http_client_lease_ms), "5000", 0, 3600000, NULL, CFG_DISPATCHER, 0,
      "Each job the HTTP API queues carries a lease (<prefix>lease:<id>) that the front door renews every third of this while its client waits; a worker cancels a job whose lease has been missing this long, so a front door that dies (kill -9, lost host) leaves no job running; 0 = off, else at least 1000."},
+    /* issue 26: tenants and bounded dead letters */
+    {"tenants", T_LIST, O(tenants), "", 0, 0, NULL, CFG_DISPATCHER, F_NAMES | F_EMPTY,
+     "Tenants (1-32 of [A-Za-z0-9_-]): the dispatcher also reads <prefix>requests:<tenant> for each, and a job read there lives in the id namespace \"<tenant>:\" (its id gets that prefix), so that with the shipped ACL one tenant can neither break another's intake nor use, pre-empt or read another's ids (config/README.md). As a flag, comma-separated."},
+    {"dead_max_mb", T_INT, O(dead_max_mb), "64", 0, 1048576, NULL, CFG_BOTH, F_LIVE,
+     "The dead-letter stream holds at most about this many MiB: each letter is at most 20 KiB (a job's text is cut to fit), so the cap in letters is dead_max_mb MiB / 20 KiB when that is below dead_maxlen; 0 = only dead_maxlen."},
 };
 #undef O
 #define N_OPTS ((int)(sizeof options / sizeof options[0]))
@@ -903,6 +908,19 @@ void cfg_worker_name(const struct cfg *c, char *buf, size_t size)
     if (gethostname(buf, size) || !buf[0])
         snprintf(buf, size, "worker");
     buf[size - 1] = 0;
+}
+
+long cfg_dead_maxlen(const struct cfg *c)
+{
+    long n = c->dead_maxlen;
+    if (c->dead_max_mb > 0) {
+        long by_bytes = (long)((int64_t)c->dead_max_mb * 1024 * 1024 / EV_DEAD_LETTER_MAX);
+        if (by_bytes < 1)
+            by_bytes = 1;
+        if (n <= 0 || by_bytes < n)
+            n = by_bytes;
+    }
+    return n;
 }
 
 void cfg_job_opts(const struct cfg *c, struct job_opts *o)

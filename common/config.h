@@ -107,6 +107,9 @@ struct cfg {
     int http_max_pending_per_ip;  /* the same per client address; 0 = no cap */
     int http_auth_failures_per_min; /* per client address; 0 = no limit */
     int http_client_lease_ms;     /* jobs' client lease; 0 = off */
+    /* issue 26: tenants and bounded dead letters */
+    struct cfg_strlist tenants;   /* dispatcher: also read <prefix>requests:<tenant>; may be empty */
+    int dead_max_mb;              /* redlm:dead holds at most about this many MiB; 0 = no cap */
 };
 
 /* Which program an option is for (--help shows only the program's own;
@@ -163,6 +166,10 @@ void cfg_worker_name(const struct cfg *c, char *buf, size_t size);
 /* Fills the option records of the modules the options are for. The
  * strings point into *c and live as long as it. */
 void cfg_job_opts(const struct cfg *c, struct job_opts *o);
+/* The MAXLEN of XADD <prefix>dead: dead_maxlen, or fewer so that the
+ * letters (each at most EV_DEAD_LETTER_MAX bytes) stay within dead_max_mb;
+ * 0 = no cap. */
+long cfg_dead_maxlen(const struct cfg *c);
 void cfg_rconn_opts(const struct cfg *c, struct rconn_opts *o);
 
 #endif

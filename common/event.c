@@ -52,6 +52,7 @@ static const struct {
     [EV_CODE_MODEL_NOT_FOUND] = {"MODEL_NOT_FOUND", "the job (or HTTP request) names a model no live worker serves; the message lists the models that are served"},
     [EV_CODE_MODEL_REQUIRED] = {"MODEL_REQUIRED", "several models are served and the job names none; it must say which in `model`"},
     [EV_CODE_BAD_PARAM] = {"BAD_PARAM", "a constraint (response_format, grammar or tool_choice) cannot be compiled: an unsupported keyword (the message names it and its JSON pointer), a schema no string satisfies, a schema too large or too deeply nested, or an invalid grammar (line:column)"},
+    [EV_CODE_ID_CONFLICT] = {"ID_CONFLICT", "the job's id is taken by a different job (another `job` text) whose stream still exists; nothing was written to that stream: the refusal is on out:<id>@<entry>, and the id is free again once that stream expires"},
 };
 
 const char *ev_code_name(enum ev_code code)
@@ -362,17 +363,15 @@ int ev_build_error_retry(int64_t seq, enum ev_code code, const char *message,
     return finish(o, out, err);
 }
 
-int ev_build_dead(const struct ev_dead *d, char **out, struct rl_err *err)
+/* One try of ev_build_dead with the job text cut before job_max bytes. */
+static int build_dead(const struct ev_dead *d, size_t job_max, char **out, struct rl_err *err)
 {
-    *out = NULL;
-    if (!d || d->code <= EV_CODE_NONE || d->code >= EV_CODE_COUNT)
-        return rl_errf(err, RL_EINVAL, "ev_build_dead: bad code");
     cJSON *o = cJSON_CreateObject();
     if (!o)
         goto oom;
     size_t n_bad = 0;
     bool cut = false;
-    cJSON *job = d->job_raw ? str_clean(d->job_raw, d->job_raw_len, EV_DEAD_JOB_MAX, &n_bad, &cut)
+    cJSON *job = d->job_raw ? str_clean(d->job_raw, d->job_raw_len, job_max, &n_bad, &cut)
                             : cJSON_CreateNull();
     if (!job || !cJSON_AddItemToObject(o, "job", job))
         goto oom;
@@ -395,6 +394,47 @@ int ev_build_dead(const struct ev_dead *d, char **out, struct rl_err *err)
 oom:
     cJSON_Delete(o);
     return rl_errf(err, RL_ENOMEM, "ev_build_dead: out of memory");
+}
+
+int ev_build_dead(const struct ev_dead *d, char **out, struct rl_err *err)
+{
+    *out = NULL;
+    if (!d || d->code <= EV_CODE_NONE || d->code >= EV_CODE_COUNT)
+        return rl_errf(err, RL_EINVAL, "ev_build_dead: bad code");
+    /* escaping may grow the job up to 6 times (\u0001): cut it shorter
+     * until the letter fits EV_DEAD_LETTER_MAX */
+    for (size_t job_max = EV_DEAD_JOB_MAX;; job_max /= 2) {
+        int rc = build_dead(d, job_max, out, err);
+        if (rc || strlen(*out) <= EV_DEAD_LETTER_MAX || job_max == 0)
+            return rc;
+        free(*out);
+        *out = NULL;
+    }
+}
+
+int ev_stamp_request(char **json, const char *entry, const char *sha, struct rl_err *err)
+{
+    cJSON *o = cJSON_Parse(*json);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return rl_errf(err, RL_EFORMAT, "event: not a JSON object");
+    }
+    cJSON *r = cJSON_CreateObject();
+    if (!r || !cJSON_AddItemToObject(o, "request", r) ||
+        !cJSON_AddStringToObject(r, "entry", entry ? entry : "") ||
+        !cJSON_AddStringToObject(r, "job_sha256", sha ? sha : "")) {
+        if (r && !cJSON_GetObjectItemCaseSensitive(o, "request"))
+            cJSON_Delete(r);
+        cJSON_Delete(o);
+        return rl_errf(err, RL_ENOMEM, "event: out of memory");
+    }
+    char *s = NULL;
+    int rc = finish(o, &s, err);
+    if (rc)
+        return rc;
+    free(*json);
+    *json = s;
+    return 0;
 }
 
 void ev_info_clear(struct ev_info *info)

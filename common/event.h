@@ -53,6 +53,9 @@ enum ev_code {
                                     tool_choice) that cannot be compiled:
                                     unsupported keyword, unsatisfiable schema,
                                     too large or deep, invalid grammar */
+    EV_CODE_ID_CONFLICT,         /* the id is taken by a different job whose
+                                    stream still exists (schemas/README.md,
+                                    "Job identity") */
     EV_CODE_COUNT
 };
 
@@ -162,6 +165,11 @@ int ev_build_error_retry(int64_t seq, enum ev_code code, const char *message,
  * either happened the letter also says job_bytes (the size received),
  * job_truncated and job_replaced_bytes. message gets the same repair. */
 #define EV_DEAD_JOB_MAX 16384
+/* A letter's whole text is at most this long: a job whose escaped JSON
+ * would make it longer (control characters, quotes) is cut shorter, so the
+ * dead-letter stream is bounded in bytes by its length (config
+ * dead_max_mb). */
+#define EV_DEAD_LETTER_MAX 20480
 struct ev_dead {
     const char *job_raw;  /* may be NULL when the entry had no job field */
     size_t job_raw_len;
@@ -175,6 +183,14 @@ struct ev_dead {
     int64_t time_ms;      /* Unix ms when it died */
 };
 int ev_build_dead(const struct ev_dead *d, char **out, struct rl_err *err);
+
+/* Stamps the first event of a stream (seq 0) with the identity of the job
+ * it answers: adds "request": {"entry": entry, "job_sha256": sha}, where
+ * entry is the stream entry ID its client's XADD returned and sha the
+ * job_sha256 of the job text it sent (schemas/README.md, "Job identity").
+ * *json is replaced by a new malloc'd string (the old one freed); on
+ * failure it is left as it was. Returns 0, -RL_EFORMAT or -RL_ENOMEM. */
+int ev_stamp_request(char **json, const char *entry, const char *sha, struct rl_err *err);
 
 /* What a reader of already-published events (resumption, cache replay,
  * tests) needs back from one event string. */

@@ -182,6 +182,68 @@ static size_t json_lex_check(const char *s, size_t len)
     return len;
 }
 
+/* NaN, Infinity, -Infinity (JSON5 and Python's json.dumps by default,
+ * never RFC 8259) at offset at, outside strings, where json_lex_check
+ * stopped: the token's name, or NULL. */
+static const char *non_number_at(const char *s, size_t len, size_t at)
+{
+    static const char *const names[] = {"NaN", "Infinity", "-Infinity", "-NaN"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        size_t n = strlen(names[i]);
+        if (at + n <= len && !memcmp(s + at, names[i], n))
+            return names[i];
+    }
+    return NULL;
+}
+
+static int hex4(const char *s, unsigned *v)
+{
+    *v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = s[i];
+        unsigned d = c >= '0' && c <= '9' ? (unsigned)(c - '0')
+                     : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10)
+                     : c >= 'A' && c <= 'F' ? (unsigned)(c - 'A' + 10) : 16u;
+        if (d > 15)
+            return -1;
+        *v = *v << 4 | d;
+    }
+    return 0;
+}
+
+/* A \uD800-\uDFFF escape that is not a high surrogate followed at once by
+ * a low one (Python's json.dumps of a str holding a lone surrogate writes
+ * exactly that): cJSON refuses it as "not JSON" without a word of why. On
+ * text that passed json_lex_check; returns the offset of the backslash, or
+ * len. */
+static size_t lone_surrogate_check(const char *s, size_t len)
+{
+    bool in_str = false;
+    for (size_t i = 0; i < len; i++) {
+        if (!in_str) {
+            in_str = s[i] == '"';
+            continue;
+        }
+        if (s[i] == '"') {
+            in_str = false;
+            continue;
+        }
+        if (s[i] != '\\')
+            continue;
+        unsigned v, w;
+        if (i + 5 < len && s[i + 1] == 'u' && hex4(s + i + 2, &v) == 0 && v >= 0xD800 &&
+            v <= 0xDFFF) {
+            if (v >= 0xDC00 || i + 11 >= len || s[i + 6] != '\\' || s[i + 7] != 'u' ||
+                hex4(s + i + 8, &w) || w < 0xDC00 || w > 0xDFFF)
+                return i;
+            i += 11; /* the pair */
+            continue;
+        }
+        i++; /* the escaped character */
+    }
+    return len;
+}
+
 /* The nesting depth check (JOB_DEPTH_MAX), on text that passed
  * json_lex_check: returns the offset where the nesting first goes past
  * max, or len; key gets the name of the top-level member that holds that
@@ -657,14 +719,19 @@ void job_guess_id(const char *raw, size_t len, const char *fallback, char out[JO
     size_t id_at;
     if (raw && (json_nul_check(raw, len, &id_at), id_at < len))
         return; /* its id is cut at a NUL: no usable id, never a shorter one */
-    cJSON *o = raw ? cJSON_ParseWithLength(raw, len) : NULL;
-    char deep[2];
-    if (!o && raw && json_lex_check(raw, len) == len &&
-        json_depth_check(raw, len, JOB_DEPTH_MAX, deep, sizeof deep) != len) {
-        /* valid JSON, only too deep for cJSON: answer it where it asked */
+    /* a huge text (refused as JOB_TOO_LARGE) is only scanned: a tree of
+     * 50 MB would cost the dispatcher's round more than the answer is worth */
+    cJSON *o = raw && len <= (1u << 20) ? cJSON_ParseWithLength(raw, len) : NULL;
+    if (!o && raw) {
+        /* not JSON cJSON takes (too deep, NaN, a lone surrogate, a typo
+         * after the id): the top-level "id" member, found by a scan of
+         * depth 1, still says where its client reads; without one the
+         * fallback, as for valid JSON without an id */
         int r = shallow_id(raw, len, out);
         if (r == 0 && fallback)
             snprintf(out, JOB_ID_MAX + 1, "%s", fallback);
+        if (r < 0)
+            out[0] = 0;
         return;
     }
     const cJSON *id = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "id") : NULL;
@@ -679,6 +746,39 @@ void job_guess_id(const char *raw, size_t len, const char *fallback, char out[JO
         snprintf(out, JOB_ID_MAX + 1, "%s", fallback);
     }
     cJSON_Delete(o);
+}
+
+void job_sha256(const char *raw, size_t len, char out[JOB_SHA_LEN + 1])
+{
+    sha256_hex(raw ? raw : "", raw ? len : 0, out);
+}
+
+bool job_tenant_ok(const char *name)
+{
+    size_t n = name ? strlen(name) : 0;
+    if (n < 1 || n > JOB_TENANT_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!id_char(name[i], true))
+            return false;
+    return true;
+}
+
+int job_tenant_id(const char *tenant, const char *id, char out[JOB_ID_MAX + 1])
+{
+    size_t t = strlen(tenant), n = strlen(id);
+    if (n > t && id[t] == ':' && !memcmp(id, tenant, t)) {
+        memcpy(out, id, n + 1);
+        return 0;
+    }
+    if (t + 1 + n > JOB_ID_MAX) {
+        out[0] = 0;
+        return -1;
+    }
+    memcpy(out, tenant, t);
+    out[t] = ':';
+    memcpy(out + t + 1, id, n + 1);
+    return 0;
 }
 
 static int random_id(char out[JOB_ID_MAX + 1], struct rl_err *err)
@@ -1215,9 +1315,23 @@ int job_parse(const char *text, size_t len, const struct job_opts *opts, struct 
         return bad(fault, err, EV_CODE_BAD_UTF8, "job: invalid UTF-8 at byte %zu", badpos);
 
     badpos = json_lex_check(text, len);
-    if (badpos != len)
+    if (badpos != len) {
+        /* Python's json.dumps writes these unless allow_nan=False: say so,
+         * so the client can find its bug (the id is still found, so the
+         * answer reaches the stream it reads: job_guess_id) */
+        const char *nonnum = non_number_at(text, len, badpos);
+        if (nonnum)
+            return bad(fault, err, EV_CODE_INVALID_JSON,
+                       "job: %s at byte %zu is not a JSON number (Python's json.dumps writes "
+                       "NaN and Infinity unless allow_nan=False)", nonnum, badpos);
         return bad(fault, err, EV_CODE_INVALID_JSON, "job: not valid JSON (at byte %zu of %zu)",
                    badpos, len);
+    }
+    badpos = lone_surrogate_check(text, len);
+    if (badpos != len)
+        return bad(fault, err, EV_CODE_INVALID_JSON,
+                   "job: the escape at byte %zu is a lone UTF-16 surrogate (\\u%.4s), which no "
+                   "UTF-8 text can hold", badpos, text + badpos + 2);
 
     if (nul_rule(text, len, "job", fault, err))
         return -RL_EINVAL;
@@ -1247,8 +1361,14 @@ int job_parse(const char *text, size_t len, const struct job_opts *opts, struct 
     root = cJSON_ParseWithOpts(buf, &end, 1);
     if (!root) {
         size_t at = end && end >= buf ? (size_t)(end - buf) : 0;
-        rc = bad(fault, err, EV_CODE_INVALID_JSON, "job: not valid JSON (at byte %zu of %zu)",
-                 at, len);
+        const char *nonnum = non_number_at(buf, len, at);
+        if (nonnum)
+            rc = bad(fault, err, EV_CODE_INVALID_JSON,
+                     "job: %s at byte %zu is not a JSON number (Python's json.dumps writes NaN "
+                     "and Infinity unless allow_nan=False)", nonnum, at);
+        else
+            rc = bad(fault, err, EV_CODE_INVALID_JSON, "job: not valid JSON (at byte %zu of %zu)",
+                     at, len);
         goto done;
     }
     if (!cJSON_IsObject(root)) {

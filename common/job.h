@@ -211,6 +211,24 @@ int job_to_json(const struct job *j, char **out, struct rl_err *err);
  * (not JSON, an invalid id, no id and no fallback). */
 void job_guess_id(const char *raw, size_t len, const char *fallback, char out[JOB_ID_MAX + 1]);
 
+/* A job's identity (schemas/README.md, "Job identity"): the lower-case hex
+ * SHA-256 of the `job` field's bytes exactly as its client sent them. Two
+ * submissions under one id are the same job when these are equal. */
+#define JOB_SHA_LEN SHA256_HEX_LEN
+void job_sha256(const char *raw, size_t len, char out[JOB_SHA_LEN + 1]);
+
+/* Tenants (dispatcher option `tenants`): the ids of jobs read from
+ * <prefix>requests:<tenant> live in that tenant's namespace, "<tenant>:"
+ * followed by the id, so one tenant's jobs never name another's streams.
+ * JOB_TENANT_MAX characters of [A-Za-z0-9_-]. */
+#define JOB_TENANT_MAX 32
+/* true when name is a valid tenant name. */
+bool job_tenant_ok(const char *name);
+/* id in tenant's namespace into out: id itself when it starts with
+ * "<tenant>:" already, else "<tenant>:<id>". Returns 0, or -1 (out "")
+ * when the result would be longer than JOB_ID_MAX. */
+int job_tenant_id(const char *tenant, const char *id, char out[JOB_ID_MAX + 1]);
+
 /* Greedy (temperature 0 or top_k 1) or seeded: the same prompt gives the
  * same tokens, so the result may be cached. */
 bool job_is_deterministic(const struct job *j);

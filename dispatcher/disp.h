@@ -49,6 +49,18 @@ struct dpool {
     int64_t wait_ms;              /* age of the oldest of them; 0 when none */
 };
 
+/* One intake stream: the shared <prefix>requests (index 0) or a tenant's
+ * <prefix>requests:<tenant> (option tenants), each with the group
+ * "dispatchers". */
+#define D_MAX_INTAKE 33 /* requests and 32 tenants */
+struct dintake {
+    char key[D_KEY_MAX];
+    char tenant[JOB_TENANT_MAX + 1]; /* "" for the shared stream */
+    char claim_cursor[RCONN_ID_MAX];  /* XAUTOCLAIM's */
+    char own_cursor[RCONN_ID_MAX];    /* the pass over our own pending entries */
+    bool repair;                      /* an entry ID ahead of the clock was read: check it */
+};
+
 /* One served model, from the workers' heartbeats (models.c). A model whose
  * workers run pool_scope = model has streams and a router of its own (so
  * its think/fast split and backpressure are its own); one whose workers
@@ -76,7 +88,12 @@ struct disp {
 
     struct rconn *rc;
     struct rconn_batch *batch;
-    char req_key[D_KEY_MAX];      /* <prefix>requests */
+    char req_key[D_KEY_MAX];      /* <prefix>requests (= intake[0].key) */
+    struct dintake intake[D_MAX_INTAKE]; /* [0] the shared stream, then the tenants' */
+    const char *intake_keys[D_MAX_INTAKE]; /* -> intake[i].key */
+    int n_intake;
+    int own_stream;               /* the intake stream the own pass is reading */
+    int64_t next_repair_ms;       /* the periodic intake check (repair_intake) */
     char dead_key[D_KEY_MAX];     /* <prefix>dead */
     struct dpool pools[D_MAX_POOLS]; /* [0, n_shared): the configured pools */
     int n_pools, n_shared;
@@ -97,8 +114,7 @@ struct disp {
      * back empty. A failure during a pass asks for another one
      * (own_again), which starts no sooner than next_own_ms, so an entry
      * that keeps failing cannot spin the loop. */
-    bool own_pending, own_again;
-    char own_cursor[RCONN_ID_MAX];
+    bool own_pending, own_again;   /* cursors: intake[].own_cursor */
     int64_t next_own_ms;
 
     /* the result-cache fast path: off when model is "" */

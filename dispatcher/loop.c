@@ -59,9 +59,16 @@
 #include "cache.h"
 #include "event.h"
 #include "prompt.h"
+#include "qack.h"
 #include "rcluster.h"
 
 #define STATS_MS 100       /* pool state is at most this old when routing */
+/* An intake entry ID more than this far ahead of the clock was written
+ * with an explicit ID (XADD <key> <ms>-<seq>, not *): the stream's last ID
+ * is reset once it is consumed (repair_intake), since at the last possible
+ * ID no XADD * could ever succeed again. */
+#define D_FUTURE_MS 3600000
+#define D_REPAIR_MS 1000   /* the periodic check of every intake stream */
 #define GROUP_REQ "dispatchers"
 #define GROUP_WORKERS "workers"
 
@@ -70,6 +77,9 @@ enum dact { A_ACK = 1, A_REJECT, A_OVERLOAD, A_CACHE, A_FORWARD };
 /* One request of a round. */
 struct dreq {
     const struct rconn_entry *e;
+    int stream;                   /* index into d->intake: where e was read */
+    char sha[JOB_SHA_LEN + 1];    /* job_sha256 of the job text: its identity with e->id */
+    bool stamped;                 /* events[0] carries the request's identity */
     enum dact act;
     int64_t t0;                   /* ms of the requests entry ID: when it was queued */
     char id[JOB_ID_MAX + 1];      /* "" when the request has no usable id */
@@ -331,13 +341,23 @@ static void prepare(struct disp *d, struct dreq *q)
     struct rl_err err = {0};
     q->t0 = strtoll(q->e->id, NULL, 10);
     q->stream_ttl_s = d->cfg.stream_ttl_s;
+    if (q->t0 > rl_wall_ms() + D_FUTURE_MS)
+        d->intake[q->stream].repair = true; /* an explicit ID far ahead: repair_intake */
     if (q->e->deleted) { /* XDELed while pending: nothing to route */
         q->act = A_ACK;
         return;
     }
-    char fallback[RCONN_ID_MAX + 2];
-    snprintf(fallback, sizeof fallback, "r%s", q->e->id);
+    /* a tenant's jobs live in its id namespace ("<tenant>:<id>"): whatever
+     * id it writes, it names only its own streams */
+    const char *tenant = d->intake[q->stream].tenant;
+    char fallback[JOB_ID_MAX + 1], plain[RCONN_ID_MAX + 2];
+    snprintf(plain, sizeof plain, "r%s", q->e->id);
+    if (tenant[0])
+        job_tenant_id(tenant, plain, fallback);
+    else
+        snprintf(fallback, sizeof fallback, "%s", plain);
     q->raw = rconn_entry_field(q->e, "job", &q->raw_len);
+    job_sha256(q->raw, q->raw_len, q->sha);
     if (!q->raw) {
         snprintf(q->id, sizeof q->id, "%s", fallback);
         reject(d, q, EV_CODE_BAD_ENTRY, "the stream entry has no `job` field");
@@ -347,9 +367,27 @@ static void prepare(struct disp *d, struct dreq *q)
     jo.fallback_id = fallback;
     struct job_fault fault;
     if (job_parse(q->raw, q->raw_len, &jo, &q->job, &fault, &err)) {
-        job_guess_id(q->raw, q->raw_len, fallback, q->id);
+        char guess[JOB_ID_MAX + 1];
+        job_guess_id(q->raw, q->raw_len, fallback, guess);
+        if (tenant[0] && guess[0])
+            job_tenant_id(tenant, guess, q->id); /* "" when too long: no answer */
+        else
+            snprintf(q->id, sizeof q->id, "%s", guess);
         reject(d, q, fault.code, err.msg);
         return;
+    }
+    if (tenant[0] && !q->job->id_generated) {
+        char ns[JOB_ID_MAX + 1];
+        if (job_tenant_id(tenant, q->job->id, ns)) {
+            char msg[RL_ERR_MSG_MAX];
+            snprintf(msg, sizeof msg, "id: \"%.128s\" is too long in tenant %s's namespace "
+                     "(\"%s:\" + id must be at most %d characters)", q->job->id, tenant, tenant,
+                     JOB_ID_MAX);
+            q->id[0] = 0; /* nowhere to answer but the dead letter */
+            reject(d, q, EV_CODE_BAD_ID, msg);
+            return;
+        }
+        snprintf(q->job->id, sizeof q->job->id, "%s", ns);
     }
     snprintf(q->id, sizeof q->id, "%s", q->job->id);
     q->stream_ttl_s = q->job->stream_ttl_s;
@@ -382,9 +420,13 @@ static void prepare(struct disp *d, struct dreq *q)
         return;
     int32_t *ids = NULL;
     int n_ids = 0;
-    char hex[JOB_CACHE_KEY_LEN + 1];
+    char hex[JOB_CACHE_KEY_LEN + 1], mid[SHA256_HEX_LEN + JOB_TENANT_MAX + 16];
+    if (tenant[0]) /* the worker's key for a tenant's job (worker/cache.c) */
+        snprintf(mid, sizeof mid, "%s/tenant:%s", d->model_id, tenant);
+    else
+        snprintf(mid, sizeof mid, "%s", d->model_id);
     if (prompt_render(q->job, q->dec.mode, d->tok, &ids, &n_ids, &code, &err) ||
-        job_cache_key(q->job, q->dec.mode, d->model_id, ids, n_ids, hex, &err)) {
+        job_cache_key(q->job, q->dec.mode, mid, ids, n_ids, hex, &err)) {
         /* the worker will say what is wrong with it */
         RL_LOG(&d->log, RL_LOG_DEBUG, "job %s: no cache lookup: %s", q->id, err.msg);
         free(ids);
@@ -465,23 +507,100 @@ static void decide(struct disp *d, struct dreq *qs, int n)
     pthread_mutex_unlock(&d->m.mu);
 }
 
+/* The dispatcher's answers (refusals, OVERLOADED, cache replays) keep the
+ * identity rules the workers' FENCE_TAKE keeps (worker/fence.c,
+ * schemas/README.md "Job identity"): the events go to out:<id> only when
+ * the holder record own:<id> is this request's, or there is no record and
+ * no stream yet (then the record is made, for the stream's lifetime); the
+ * same job text under another request is a duplicate (nothing written:
+ * that stream answers it); anything else is ID_CONFLICT, answered on
+ * out:<id>@<entry> and never on the other job's stream.
+ * KEYS[1] own, KEYS[2] out, KEYS[3] out@entry; ARGV[1] holder, [2] the
+ * request's entry ID, [3] its job_sha256, [4] the TTL, [5] n, then the n
+ * events, then the two ID_CONFLICT events. Returns 0 (written), 1
+ * (duplicate), 2 (conflict), or the failed XADD's error. */
+static const char answer_lua[] =
+    "local h = redis.call('HMGET', KEYS[1], 'req', 'sha', 'entry')\n"
+    "local mine\n"
+    "if h[1] then\n"
+    "  mine = h[1] == ARGV[2] and h[2] == ARGV[3]\n"
+    "  if not mine and h[2] == ARGV[3] then return 1 end\n"
+    "elseif h[3] then\n"
+    "  mine = false\n"
+    "else\n"
+    "  mine = redis.call('EXISTS', KEYS[2]) == 0\n"
+    "  if mine then\n"
+    "    redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'entry', 'r' .. ARGV[2], 'xlen', 0,\n"
+    "               'stalls', 0, 'd', 1, 'req', ARGV[2], 'sha', ARGV[3])\n"
+    "  end\n"
+    "end\n"
+    "local n = tonumber(ARGV[5])\n"
+    "local key, first, count = KEYS[2], 6, n\n"
+    "if not mine then key, first, count = KEYS[3], 6 + n, 2 end\n"
+    "for k = 0, count - 1 do\n"
+    "  local r = redis.pcall('XADD', key, '0-' .. (k + 1), 'event', ARGV[first + k])\n"
+    "  if type(r) == 'table' and r.err and not string.find(r.err, 'equal or smaller', 1, true) then\n"
+    "    return r\n"
+    "  end\n"
+    "end\n"
+    "redis.call('EXPIRE', key, ARGV[4])\n"
+    "if not mine then return 2 end\n"
+    "redis.call('EXPIRE', KEYS[1], ARGV[4])\n"
+    "return 0\n";
+
+/* The first event names the request (ev_stamp_request), once. */
+static void stamp(struct dreq *q)
+{
+    struct rl_err err;
+    if (!q->stamped && q->n_events > 0 && ev_stamp_request(&q->events[0], q->e->id, q->sha, &err) == 0)
+        q->stamped = true;
+}
+
 static int add_events(struct disp *d, struct dreq *q, struct rl_err *err)
 {
-    char key[D_KEY_MAX + JOB_ID_MAX], idbuf[EV_STREAM_ID_MAX], ttl[32];
-    const char *names[1] = {"event"};
-    rcl_tagged_key(key, sizeof key, rconn_is_cluster(d->rc), d->cfg.prefix, "out:", q->id);
-    int rc = 0;
-    for (int k = 0; k < q->n_events && !rc; k++) {
-        const char *vals[1] = {q->events[k]};
-        size_t lens[1] = {strlen(q->events[k])};
-        rc = rconn_batch_add_xadd(d->batch, key, ev_stream_id(k, idbuf), 0, 1, names, vals, lens,
-                                  err);
+    bool cl = rconn_is_cluster(d->rc);
+    char out[D_KEY_MAX + JOB_ID_MAX], own[D_KEY_MAX + JOB_ID_MAX];
+    char alt[D_KEY_MAX + JOB_ID_MAX + RCONN_ID_MAX + 1], ttl[32], n[16], holder[RCONN_NAME_MAX + 16];
+    rcl_tagged_key(out, sizeof out, cl, d->cfg.prefix, "out:", q->id);
+    rcl_tagged_key(own, sizeof own, cl, d->cfg.prefix, "own:", q->id);
+    snprintf(alt, sizeof alt, "%s@%s", out, q->e->id);
+    snprintf(ttl, sizeof ttl, "%d", q->stream_ttl_s);
+    snprintf(n, sizeof n, "%d", q->n_events);
+    snprintf(holder, sizeof holder, "dispatcher:%s", d->name);
+    char msg[RL_ERR_MSG_MAX + 64], *conflict[2] = {NULL, NULL};
+    snprintf(msg, sizeof msg, "id %.128s: a different job owns this id while its stream exists; "
+             "nothing was written there (this answer is on out:<id>@%s)", q->id, q->e->id);
+    struct rl_err e2;
+    if (ev_build_error(0, EV_CODE_ID_CONFLICT, msg, &conflict[0], &e2) == 0)
+        ev_stamp_request(&conflict[0], q->e->id, q->sha, &e2);
+    conflict[1] = error_done(q, 1, rl_wall_ms());
+    int argc = 11 + q->n_events + 2, rc;
+    const char **argv = malloc((size_t)argc * sizeof *argv);
+    if (!argv || !conflict[0] || !conflict[1]) {
+        rc = rl_errf(err, RL_ENOMEM, "dispatcher: out of memory");
+        goto out;
     }
-    if (!rc && q->n_events) {
-        snprintf(ttl, sizeof ttl, "%d", q->stream_ttl_s);
-        const char *argv[3] = {"EXPIRE", key, ttl};
-        rc = rconn_batch_add(d->batch, 3, argv, NULL, err);
-    }
+    int a = 0;
+    argv[a++] = "EVAL";
+    argv[a++] = answer_lua;
+    argv[a++] = "3";
+    argv[a++] = own;
+    argv[a++] = out;
+    argv[a++] = alt;
+    argv[a++] = holder;
+    argv[a++] = q->e->id;
+    argv[a++] = q->sha;
+    argv[a++] = ttl;
+    argv[a++] = n;
+    for (int k = 0; k < q->n_events; k++)
+        argv[a++] = q->events[k];
+    argv[a++] = conflict[0];
+    argv[a++] = conflict[1];
+    rc = rconn_batch_add(d->batch, a, argv, NULL, err);
+out:
+    free(argv);
+    free(conflict[0]);
+    free(conflict[1]);
     return rc;
 }
 
@@ -502,9 +621,13 @@ static bool events_first(struct disp *d, struct dreq *qs, int n, struct rl_err *
 {
     struct rconn_batch *b = d->batch;
     rconn_batch_reset(b);
-    for (int i = 0; i < n; i++)
-        if (has_events(&qs[i]) && add_events(d, &qs[i], err))
+    for (int i = 0; i < n; i++) {
+        if (!has_events(&qs[i]))
+            continue;
+        stamp(&qs[i]);
+        if (add_events(d, &qs[i], err))
             return false;
+    }
     if (!rconn_batch_count(b))
         return true;
     if (rconn_batch_exec(d->rc, b, err))
@@ -538,24 +661,32 @@ static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
             continue;
         }
         const char *multi[1] = {"MULTI"}, *exec[1] = {"EXEC"};
+        stamp(q);
         int rc = rconn_batch_add(b, 1, multi, NULL, err);
         if (!rc && has_events(q) && !cluster)
             rc = add_events(d, q, err);
         if (!rc && q->dead) {
             const char *vals[1] = {q->dead}, *dn[1] = {"dead"};
             size_t lens[1] = {strlen(q->dead)};
-            rc = rconn_batch_add_xadd(b, d->dead_key, "*", d->cfg.dead_maxlen, 1, dn, vals, lens,
+            rc = rconn_batch_add_xadd(b, d->dead_key, "*", cfg_dead_maxlen(&d->cfg), 1, dn, vals, lens,
                                       err);
         }
         if (!rc && q->act == A_FORWARD) {
-            const char *vals[1] = {q->fwd}, *fn[1] = {"job"};
-            size_t lens[1] = {strlen(q->fwd)};
-            rc = rconn_batch_add_xadd(b, d->pools[q->dec.pool].key, "*", 0, 1, fn, vals, lens,
-                                      err);
+            /* the job as routed, and its identity as its client knows it:
+             * the requests entry ID and the hash of the text it sent */
+            const char *tenant = d->intake[q->stream].tenant;
+            const char *vals[4] = {q->fwd, q->e->id, q->sha, tenant};
+            const char *fn[4] = {"job", "req", "sha", "tenant"};
+            size_t lens[4] = {strlen(q->fwd), strlen(q->e->id), strlen(q->sha), strlen(tenant)};
+            rc = rconn_batch_add_xadd(b, d->pools[q->dec.pool].key, "*", 0, tenant[0] ? 4 : 3, fn,
+                                      vals, lens, err);
         }
-        const char *ack[4] = {"XACK", d->req_key, GROUP_REQ, q->e->id};
+        /* handled: acknowledged, and deleted unless another group still
+         * needs it (bounded storage, common/qack.h) */
+        const char *ikey = d->intake[q->stream].key;
+        const char *ack[6] = {"EVAL", qack_lua, "1", ikey, GROUP_REQ, q->e->id};
         if (!rc)
-            rc = rconn_batch_add(b, 4, ack, NULL, err);
+            rc = rconn_batch_add(b, 6, ack, NULL, err);
         if (!rc)
             rc = rconn_batch_add(b, 1, exec, NULL, err);
         if (rc)
@@ -630,6 +761,8 @@ static void handle(struct disp *d, const struct rconn_entries *ents)
         refresh_stats(d);
     for (int i = 0; i < ents->n; i++) {
         qs[i].e = &ents->v[i];
+        qs[i].stream = ents->v[i].stream >= 0 && ents->v[i].stream < d->n_intake
+                           ? ents->v[i].stream : 0;
         prepare(d, &qs[i]);
     }
     decide(d, qs, ents->n);
@@ -646,10 +779,11 @@ static void ensure_groups(struct disp *d)
     if (d->groups_ok)
         return;
     struct rl_err err;
-    if (rconn_xgroup_create(d->rc, d->req_key, GROUP_REQ, "0", &err)) {
-        RL_LOG(&d->log, RL_LOG_DEBUG, "XGROUP CREATE %s: %s", d->req_key, err.msg);
-        return;
-    }
+    for (int i = 0; i < d->n_intake; i++)
+        if (rconn_xgroup_create(d->rc, d->intake[i].key, GROUP_REQ, "0", &err)) {
+            RL_LOG(&d->log, RL_LOG_DEBUG, "XGROUP CREATE %s: %s", d->intake[i].key, err.msg);
+            return;
+        }
     /* the workers' group too, from the start of each pool stream as the
      * worker makes it, so that the queue state can be read before any
      * worker came */
@@ -668,23 +802,98 @@ static void ensure_groups(struct disp *d)
 
 static void claim(struct disp *d)
 {
-    struct rconn_entries ents = {0};
-    char next[RCONN_ID_MAX];
-    struct rl_err err;
-    if (rconn_xautoclaim(d->rc, d->req_key, GROUP_REQ, d->name, d->cfg.claim_idle_ms,
-                         d->claim_cursor, D_BATCH, &ents, next, NULL, &err)) {
-        RL_LOG(&d->log, RL_LOG_DEBUG, "XAUTOCLAIM: %s", err.msg);
-        return;
+    for (int i = 0; i < d->n_intake; i++) {
+        struct dintake *in = &d->intake[i];
+        struct rconn_entries ents = {0};
+        char next[RCONN_ID_MAX];
+        struct rl_err err;
+        if (rconn_xautoclaim(d->rc, in->key, GROUP_REQ, d->name, d->cfg.claim_idle_ms,
+                             in->claim_cursor, D_BATCH, &ents, next, NULL, &err)) {
+            RL_LOG(&d->log, RL_LOG_DEBUG, "XAUTOCLAIM %s: %s", in->key, err.msg);
+            return;
+        }
+        snprintf(in->claim_cursor, sizeof in->claim_cursor, "%s", next);
+        if (ents.n) {
+            RL_LOG(&d->log, RL_LOG_INFO, "took over %d requests of a dead dispatcher on %s",
+                   ents.n, in->key);
+            pthread_mutex_lock(&d->m.mu);
+            d->m.reclaimed += ents.n;
+            pthread_mutex_unlock(&d->m.mu);
+            for (int k = 0; k < ents.n; k++)
+                ents.v[k].stream = i;
+            handle(d, &ents);
+        }
+        rconn_entries_free(&ents);
     }
-    snprintf(d->claim_cursor, sizeof d->claim_cursor, "%s", next);
-    if (ents.n) {
-        RL_LOG(&d->log, RL_LOG_INFO, "took over %d requests of a dead dispatcher", ents.n);
-        pthread_mutex_lock(&d->m.mu);
-        d->m.reclaimed += ents.n;
-        pthread_mutex_unlock(&d->m.mu);
-        handle(d, &ents);
+}
+
+/* An intake stream whose last ID is far ahead of the clock (an XADD with
+ * an explicit ID such as 18446744073709551615-18446744073709551615, after
+ * which every XADD * fails with "exhausted the last possible ID") is reset,
+ * in one script, once no entry ahead of the clock is left in it and every
+ * group has read all it holds: XSETID to <now>-<max seq> (so the next
+ * XADD * gets a fresh ID above anything ever given by *) and every group's
+ * last-delivered ID to the same. Entries already handled are deleted
+ * (commit), so nothing is delivered twice or skipped. KEYS[1] the stream.
+ * Returns 1 when it reset the stream, 0 when nothing was wrong, -1 when
+ * it must wait (entries ahead of the clock, or unread, are left). */
+static const char repair_lua[] =
+    "local function ms(id) return tonumber(string.match(id, '^(%d+)')) end\n"
+    "local function seq(id) return tonumber(string.match(id, '-(%d+)$')) end\n"
+    "local function below(a, b) return ms(a) < ms(b) or (ms(a) == ms(b) and seq(a) < seq(b)) end\n"
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "local ok, info = pcall(redis.call, 'XINFO', 'STREAM', KEYS[1])\n"
+    "if not ok then return 0 end\n"
+    "local last\n"
+    "for i = 1, #info, 2 do if info[i] == 'last-generated-id' then last = info[i + 1] end end\n"
+    "if not last or ms(last) <= now + tonumber(ARGV[1]) then return 0 end\n"
+    "local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)\n"
+    "if top[1] and ms(top[1][1]) > now then return -1 end\n"
+    "local groups = redis.call('XINFO', 'GROUPS', KEYS[1])\n"
+    "local names = {}\n"
+    "for _, g in ipairs(groups) do\n"
+    "  local name, ld\n"
+    "  for i = 1, #g, 2 do\n"
+    "    if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then ld = g[i + 1] end\n"
+    "  end\n"
+    "  if top[1] and below(ld, top[1][1]) then return -1 end\n"
+    "  names[#names + 1] = name\n"
+    "end\n"
+    "local r = tostring(now) .. '-18446744073709551615'\n"
+    "redis.call('XSETID', KEYS[1], r, 'MAXDELETEDID', r)\n"
+    "for _, name in ipairs(names) do redis.call('XGROUP', 'SETID', KEYS[1], name, r) end\n"
+    "return 1\n";
+
+/* repair_lua on every intake stream that read an entry ahead of the clock
+ * (at once after that round), and on all of them every D_REPAIR_MS (a
+ * dispatcher may have died between the read and the repair). */
+static void repair_intake(struct disp *d, bool all)
+{
+    char future[24];
+    snprintf(future, sizeof future, "%d", D_FUTURE_MS);
+    for (int i = 0; i < d->n_intake; i++) {
+        struct dintake *in = &d->intake[i];
+        if (!all && !in->repair)
+            continue;
+        const char *argv[5] = {"EVAL", repair_lua, "1", in->key, future};
+        struct rconn_reply *r = NULL;
+        struct rl_err err;
+        if (rconn_command(d->rc, 5, argv, NULL, &r, &err)) {
+            RL_LOG(&d->log, RL_LOG_WARN, "intake %s: checking its last ID: %s", in->key, err.msg);
+        } else if (r && r->type == RCONN_INTEGER && r->integer == 1) {
+            RL_LOG(&d->log, RL_LOG_WARN, "intake %s: an entry ID far ahead of the clock had "
+                   "been written (an explicit XADD ID); the stream's last ID is reset so that "
+                   "XADD * works again", in->key);
+            in->repair = false;
+        } else if (r && r->type == RCONN_INTEGER && r->integer == 0) {
+            in->repair = false;
+        } else if (r && r->type == RCONN_ERROR) {
+            RL_LOG(&d->log, RL_LOG_WARN, "intake %s: checking its last ID: %s", in->key, r->str);
+            in->repair = false; /* the periodic check tries again */
+        }
+        rconn_reply_free(r);
     }
-    rconn_entries_free(&ents);
 }
 
 static void heartbeat(struct disp *d)
@@ -715,15 +924,18 @@ static void heartbeat(struct disp *d)
  * host+pid names do not pile up in the group. */
 static void leave_group(struct disp *d)
 {
-    struct rconn_pending *p = NULL;
-    int n = 0;
-    struct rl_err err;
-    if (rconn_xpending(d->rc, d->req_key, GROUP_REQ, 0, "-", "+", 1, d->name, &p, &n, &err) == 0 &&
-        n == 0) {
-        const char *argv[5] = {"XGROUP", "DELCONSUMER", d->req_key, GROUP_REQ, d->name};
-        rconn_command(d->rc, 5, argv, NULL, NULL, &err);
+    for (int i = 0; i < d->n_intake; i++) {
+        struct rconn_pending *p = NULL;
+        int n = 0;
+        struct rl_err err;
+        const char *key = d->intake[i].key;
+        if (rconn_xpending(d->rc, key, GROUP_REQ, 0, "-", "+", 1, d->name, &p, &n, &err) == 0 &&
+            n == 0) {
+            const char *argv[5] = {"XGROUP", "DELCONSUMER", key, GROUP_REQ, d->name};
+            rconn_command(d->rc, 5, argv, NULL, NULL, &err);
+        }
+        free(p);
     }
-    free(p);
 }
 
 int d_router_replace(struct disp *d, const char *const *pools, int n, struct router **slot,
@@ -844,9 +1056,12 @@ int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *re
             claim(d);
             d->next_claim_ms = now + d->cfg.claim_interval_ms;
         }
+        if (now >= d->next_repair_ms) {
+            repair_intake(d, true);
+            d->next_repair_ms = now + D_REPAIR_MS;
+        }
         struct rconn_entries ents = {0};
         struct rl_err err;
-        const char *key = d->req_key;
         int64_t block = d->next_hb_ms - rl_wall_ms();
         if (d->watchdog_usec && d->next_wd_ms - rl_wall_ms() < block)
             block = d->next_wd_ms - rl_wall_ms(); /* a blocked read must not starve the watchdog */
@@ -857,24 +1072,39 @@ int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *re
         if (!d->own_pending && d->own_again && now >= d->next_own_ms) {
             d->own_pending = true;
             d->own_again = false;
-            strcpy(d->own_cursor, "0");
+            d->own_stream = 0;
+            for (int i = 0; i < d->n_intake; i++)
+                strcpy(d->intake[i].own_cursor, "0");
             d->next_own_ms = now + 100;
         }
+        /* our own pending entries: one intake stream after the other, each
+         * from its cursor; new ones: every intake stream in one BLOCKing
+         * read (all in the queue keys' slot on a cluster) */
         bool own = d->own_pending;
-        if (rconn_xreadgroup(d->rc, GROUP_REQ, d->name, 1, &key, own ? d->own_cursor : ">",
-                             D_BATCH, own ? -1 : (int)block, &ents, &err)) {
+        struct dintake *oi = &d->intake[d->own_stream];
+        int rrc = own ? rconn_xreadgroup(d->rc, GROUP_REQ, d->name, 1,
+                                         &d->intake_keys[d->own_stream], oi->own_cursor, D_BATCH,
+                                         -1, &ents, &err)
+                      : rconn_xreadgroup(d->rc, GROUP_REQ, d->name, d->n_intake, d->intake_keys,
+                                         ">", D_BATCH, (int)block, &ents, &err);
+        if (rrc) {
             if (strstr(err.msg, "NOGROUP"))
                 d->groups_ok = false; /* Redis lost it (restarted empty) */
             d->own_again = true;      /* the read may have delivered before it broke */
             RL_LOG(&d->log, RL_LOG_DEBUG, "XREADGROUP: %s", err.msg);
             continue;
         }
-        if (own && ents.n == 0)
-            d->own_pending = false;
-        else if (own)
-            snprintf(d->own_cursor, sizeof d->own_cursor, "%s", ents.v[ents.n - 1].id);
+        if (own) {
+            for (int k = 0; k < ents.n; k++)
+                ents.v[k].stream = d->own_stream;
+            if (ents.n == 0 && ++d->own_stream >= d->n_intake)
+                d->own_pending = false;
+            else if (ents.n)
+                snprintf(oi->own_cursor, sizeof oi->own_cursor, "%s", ents.v[ents.n - 1].id);
+        }
         handle(d, &ents);
         rconn_entries_free(&ents);
+        repair_intake(d, false); /* the streams whose round read an ID far ahead */
     }
     sd_notify(0, "STOPPING=1");
     RL_LOG(&d->log, RL_LOG_INFO, "stopping");

@@ -53,6 +53,13 @@ static int setup(struct disp *d, struct rl_err *err)
     d->n_pools = d->n_shared = d->cfg.pools.n;
     for (int p = 0; p < d->n_pools; p++)
         snprintf(d->pools[p].name, sizeof d->pools[p].name, "%s", d->cfg.pools.v[p]);
+    if (d->cfg.tenants.n > D_MAX_INTAKE - 1)
+        return rl_errf(err, RL_EINVAL, "tenants: %d listed; at most %d", d->cfg.tenants.n,
+                       D_MAX_INTAKE - 1);
+    for (int i = 0; i < d->cfg.tenants.n; i++)
+        if (!job_tenant_ok(d->cfg.tenants.v[i]))
+            return rl_errf(err, RL_EINVAL, "tenants: \"%.64s\" must be 1-%d characters of "
+                           "[A-Za-z0-9_-]", d->cfg.tenants.v[i], JOB_TENANT_MAX);
     d_make_keys(d, false);
     strcpy(d->claim_cursor, "0-0");
     cfg_job_opts(&d->cfg, &d->jopts);
@@ -105,6 +112,22 @@ void d_make_keys(struct disp *d, bool cluster)
         rcl_queue_key(d->pools[p].key, sizeof d->pools[p].key, cluster, pfx, rest);
     }
     rcl_queue_key(d->req_key, sizeof d->req_key, cluster, pfx, "requests");
+    /* the shared intake stream, then one per tenant (option tenants) */
+    d->n_intake = 1 + d->cfg.tenants.n;
+    for (int i = 0; i < d->n_intake; i++) {
+        struct dintake *in = &d->intake[i];
+        if (i == 0) {
+            snprintf(in->key, sizeof in->key, "%s", d->req_key);
+            in->tenant[0] = 0;
+        } else {
+            snprintf(rest, sizeof rest, "requests:%.32s", d->cfg.tenants.v[i - 1]);
+            rcl_queue_key(in->key, sizeof in->key, cluster, pfx, rest);
+            snprintf(in->tenant, sizeof in->tenant, "%.32s", d->cfg.tenants.v[i - 1]);
+        }
+        if (!in->claim_cursor[0])
+            strcpy(in->claim_cursor, "0-0");
+        d->intake_keys[i] = in->key;
+    }
     rcl_queue_key(d->dead_key, sizeof d->dead_key, cluster, pfx, "dead");
     d->keys_cluster = cluster;
 }

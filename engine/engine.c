@@ -838,6 +838,8 @@ int engine_submit(struct engine *e, const struct engine_request *r, uint64_t *id
     if (!rc && sched_add(e->sched, ids, n, r->priority, r->deadline, q, &q->seq, err)) {
         req_free(q);
         rc = recode(err, EV_CODE_ENGINE_ERROR);
+    } else if (!rc) {
+        sched_seq_set_cache_salt(q->seq, r->cache_salt);
     }
     free(rendered);
     if (rc)

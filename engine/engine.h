@@ -245,6 +245,11 @@ struct engine_request {
     double deadline;            /* absolute, on engine_now()'s clock; <= 0
                                    none. Past it: finish "deadline" */
     void *user;                 /* opaque, handed back in events */
+    uint64_t cache_salt;        /* prefix-cache domain (kv_seq_set_salt): only
+                                   requests of equal salt share cached
+                                   prompt blocks, so one tenant cannot read
+                                   another's prompts from cache hits or
+                                   timings; 0 = the shared domain */
 };
 
 void engine_request_init(struct engine_request *r);

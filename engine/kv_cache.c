@@ -76,6 +76,7 @@ struct kv_seq {
     int n_tokens, cap_tokens;
     int n_computed;     /* tokens with KV in the pool */
     int n_committed;    /* leading blocks registered in the cache */
+    uint64_t salt;      /* the first block's parent hash (kv_seq_set_salt) */
 };
 
 /* ---- hashing ---- */
@@ -360,14 +361,14 @@ bool kv_can_allocate(const struct kv_cache *kv, int n_blocks)
 /* Walks the prompt's full blocks through the table, at most
  * (n_tokens - 1) / block_size of them; calls back nothing, returns the
  * matched count and, in *n_evictable, how many of them are unreferenced. */
-static int match_walk(const struct kv_cache *kv, const int32_t *tokens,
+static int match_walk(const struct kv_cache *kv, uint64_t salt, const int32_t *tokens,
                       int n_tokens, int32_t *ids, uint64_t *hashes,
                       int *n_evictable)
 {
     int bs = kv->block_size, n = 0, ev = 0;
     int max = n_tokens > 0 ? (n_tokens - 1) / bs : 0;
     int32_t parent = -1;
-    uint64_t h = 0;
+    uint64_t h = salt;
     for (; n < max; n++) {
         const int32_t *t = tokens + (size_t)n * bs;
         h = kv->hash_fn(h, t, bs);
@@ -390,8 +391,14 @@ static int match_walk(const struct kv_cache *kv, const int32_t *tokens,
 int kv_probe_prefix(const struct kv_cache *kv, const int32_t *tokens,
                     int n_tokens, int *n_cached)
 {
+    return kv_probe_prefix_salted(kv, 0, tokens, n_tokens, n_cached);
+}
+
+int kv_probe_prefix_salted(const struct kv_cache *kv, uint64_t salt, const int32_t *tokens,
+                           int n_tokens, int *n_cached)
+{
     int ev = 0;
-    int m = n_tokens > 0 ? match_walk(kv, tokens, n_tokens, NULL, NULL, &ev) : 0;
+    int m = n_tokens > 0 ? match_walk(kv, salt, tokens, n_tokens, NULL, NULL, &ev) : 0;
     if (n_cached)
         *n_cached = m * kv->block_size;
     int total = n_tokens > 0 ? (n_tokens + kv->block_size - 1) / kv->block_size
@@ -497,6 +504,11 @@ int kv_seq_create(struct kv_cache *kv, struct kv_seq **out, struct rl_err *err)
     return 0;
 }
 
+void kv_seq_set_salt(struct kv_seq *seq, uint64_t salt)
+{
+    seq->salt = salt;
+}
+
 void kv_seq_free(struct kv_seq *seq)
 {
     if (!seq)
@@ -572,7 +584,7 @@ int kv_seq_match_prefix(struct kv_seq *seq, const int32_t *tokens,
     int total = (int)(((int64_t)n_tokens + bs - 1) / bs);
     if ((rc = seq_reserve(seq, n_tokens, total, err)))
         return rc;
-    int m = match_walk(kv, tokens, n_tokens, seq->table, seq->hash, NULL);
+    int m = match_walk(kv, seq->salt, tokens, n_tokens, seq->table, seq->hash, NULL);
     for (int i = 0; i < m; i++)
         block_acquire(kv, seq->table[i]);
     memcpy(seq->tokens, tokens, sizeof(int32_t) * (size_t)m * bs);
@@ -623,7 +635,7 @@ int kv_seq_commit(struct kv_seq *seq, int n_computed, struct rl_err *err)
     for (int i = seq->n_committed; (int64_t)(i + 1) * bs <= n_computed; i++) {
         const int32_t *t = seq->tokens + (size_t)i * bs;
         int32_t parent = i ? seq->table[i - 1] : -1;
-        uint64_t h = kv->hash_fn(i ? seq->hash[i - 1] : 0, t, bs);
+        uint64_t h = kv->hash_fn(i ? seq->hash[i - 1] : seq->salt, t, bs);
         int32_t b = table_find(kv, h, parent, t);
         if (b >= 0) {
             /* Same tokens after the same cached parent: the KV is the same

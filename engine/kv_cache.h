@@ -106,6 +106,10 @@ bool kv_can_allocate(const struct kv_cache *kv, int n_blocks);
  * not touched. */
 int kv_probe_prefix(const struct kv_cache *kv, const int32_t *tokens,
                     int n_tokens, int *n_cached);
+/* The same for a sequence whose blocks are hashed under salt
+ * (kv_seq_set_salt); kv_probe_prefix is salt 0. */
+int kv_probe_prefix_salted(const struct kv_cache *kv, uint64_t salt, const int32_t *tokens,
+                           int n_tokens, int *n_cached);
 
 void kv_get_stats(const struct kv_cache *kv, struct kv_stats *st);
 void kv_reset_stats(struct kv_cache *kv);
@@ -137,6 +141,14 @@ int kv_check(const struct kv_cache *kv, struct rl_err *err);
  * kv_seq_free() before kv_cache_free(). Returns 0 or -RL_ENOMEM. */
 int kv_seq_create(struct kv_cache *kv, struct kv_seq **out,
                   struct rl_err *err);
+
+/* Isolates the sequence's prefix cache: its blocks are hashed from salt
+ * instead of 0 (the first block's parent hash), so it matches, and is
+ * matched by, only sequences of the same salt. The worker gives every
+ * tenant its own (engine_request.cache_salt), so one tenant can never
+ * learn from cached_prompt_tokens or timings what another one sent
+ * (vLLM's cache_salt). Call before kv_seq_match_prefix; 0 = shared. */
+void kv_seq_set_salt(struct kv_seq *seq, uint64_t salt);
 
 /* Releases every block the sequence holds (last block first, so the tail of
  * a prompt is evicted before its head) and frees it. Committed full blocks

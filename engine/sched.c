@@ -64,6 +64,7 @@ struct sched_seq {
                           the next decode; 0 none */
     int n_unverified;  /* drafts appended to kv and computed, awaiting
                           sched_seq_resolve_draft */
+    uint64_t cache_salt; /* its prefix-cache domain (kv_seq_set_salt); 0 = shared */
 };
 
 struct sched {
@@ -462,7 +463,8 @@ int sched_schedule(struct sched *s, double now, struct sched_plan *plan,
     while (s->n_waiting > 0 && budget > 0) {
         struct sched_seq *q = s->waiting[0];
         int n_cached = 0;
-        int need = kv_probe_prefix(s->kv, q->tokens, q->n_tokens, &n_cached);
+        int need = kv_probe_prefix_salted(s->kv, q->cache_salt, q->tokens, q->n_tokens,
+                                          &n_cached);
         if (s->n_running >= s->opt.max_seqs || !kv_can_allocate(s->kv, need + reserved)) {
             /* No room: a strictly lower-priority running sequence makes
              * way (vLLM's priority policy). Equal priorities never preempt
@@ -473,6 +475,7 @@ int sched_schedule(struct sched *s, double now, struct sched_plan *plan,
         }
         if ((rc = kv_seq_create(s->kv, &q->kv, err)))
             return rc;
+        kv_seq_set_salt(q->kv, q->cache_salt);
         if ((rc = kv_seq_match_prefix(q->kv, q->tokens, q->n_tokens, &n_cached, err))) {
             kv_seq_free(q->kv);
             q->kv = NULL;
@@ -633,3 +636,8 @@ int sched_seq_n_computed(const struct sched_seq *q)
 }
 int sched_seq_n_cached_prompt(const struct sched_seq *q) { return q->n_cached_prompt; }
 int sched_seq_n_preemptions(const struct sched_seq *q) { return q->n_preempt; }
+
+void sched_seq_set_cache_salt(struct sched_seq *q, uint64_t salt)
+{
+    q->cache_salt = salt;
+}

@@ -190,4 +190,8 @@ int sched_seq_n_computed(const struct sched_seq *q);
 int sched_seq_n_cached_prompt(const struct sched_seq *q);
 int sched_seq_n_preemptions(const struct sched_seq *q);
 
+/* The prefix-cache domain of a waiting sequence (kv_seq_set_salt): set
+ * right after sched_add, kept across preemptions. 0 = shared. */
+void sched_seq_set_cache_salt(struct sched_seq *q, uint64_t salt);
+
 #endif

@@ -30,8 +30,13 @@ int w_cache_key(struct worker *w, struct wjob *j, struct rl_err *err)
     j->cache_fill = false;
     if (w->opt.cache_ttl_s <= 0 || !j->job || !j->job->cache || !job_is_deterministic(j->job))
         return 0;
-    char hex[JOB_CACHE_KEY_LEN + 1];
-    int rc = job_cache_key(j->job, job_mode_on(j->job, w->pools[j->pool]), w->model_id, j->ids, j->n_ids, hex, err);
+    char hex[JOB_CACHE_KEY_LEN + 1], id[SHA256_HEX_LEN + JOB_TENANT_MAX + 16];
+    /* a tenant's entries are its own: the key covers the tenant too */
+    if (j->tenant[0])
+        snprintf(id, sizeof id, "%s/tenant:%s", w->model_id, j->tenant);
+    else
+        snprintf(id, sizeof id, "%s", w->model_id);
+    int rc = job_cache_key(j->job, job_mode_on(j->job, w->pools[j->pool]), id, j->ids, j->n_ids, hex, err);
     if (rc)
         return rc;
     snprintf(j->cache_key, sizeof j->cache_key, "%scache:%s", w->opt.prefix, hex);

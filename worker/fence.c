@@ -6,13 +6,34 @@
 #include "fence.h"
 
 /* KEYS[1] own, KEYS[2] out; ARGV[1] holder, ARGV[2] pool entry, ARGV[3]
- * "1" for a fresh delivery, ARGV[4] its delivery count. Returns -1 when a
- * fresh delivery finds its entry held by another worker, else the stalls:
- * deliveries in a row that published nothing (the stream did not grow
- * since the last take), which max_deliveries bounds. An entry never taken
- * before counts every earlier delivery as a stall. */
+ * "1" for a fresh delivery, ARGV[4] its delivery count, ARGV[5] the
+ * request (the entry ID its client's XADD returned), ARGV[6] the job's
+ * SHA-256 (job_sha256). First the job's identity (schemas/README.md, "Job
+ * identity"): the record names the request that owns the id; another
+ * request with the same job text returns -2 (a duplicate: the stream
+ * already answers it), with another text -3 (ID_CONFLICT), and so does a
+ * stream no record covers (written by an older version: not ours to
+ * write); the same request on another pool entry (forwarded twice) is a
+ * duplicate too. Then the holder: -1 when a fresh delivery finds its
+ * entry held by another worker, else the stalls: deliveries in a row that
+ * published nothing (the stream did not grow since the last take), which
+ * max_deliveries bounds. An entry never taken before counts every earlier
+ * delivery as a stall. */
 static const char take_lua[] =
-    "local h = redis.call('HMGET', KEYS[1], 'holder', 'entry', 'xlen', 'stalls', 'd')\n"
+    "local h = redis.call('HMGET', KEYS[1], 'holder', 'entry', 'xlen', 'stalls', 'd', 'req',\n"
+    "                     'sha')\n"
+    "if h[2] then\n"
+    "  local other\n"
+    "  if h[6] then other = h[6] ~= ARGV[5] or h[7] ~= ARGV[6]\n"
+    "  else other = h[2] ~= ARGV[2] end\n"
+    "  if other then\n"
+    "    if h[7] == ARGV[6] then return -2 end\n"
+    "    return -3\n"
+    "  end\n"
+    "  if h[2] ~= ARGV[2] then return -2 end\n"
+    "elseif redis.call('EXISTS', KEYS[2]) == 1 then\n"
+    "  return -3\n"
+    "end\n"
     "local same = h[2] == ARGV[2]\n"
     "if ARGV[3] == '1' and same and h[1] ~= ARGV[1] then return -1 end\n"
     "local n = redis.call('XLEN', KEYS[2])\n"
@@ -24,14 +45,17 @@ static const char take_lua[] =
     "end\n"
     "if stalls < 0 then stalls = 0 end\n"
     "redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'entry', ARGV[2], 'xlen', n,\n"
-    "           'stalls', stalls, 'd', d)\n"
+    "           'stalls', stalls, 'd', d, 'req', ARGV[5], 'sha', ARGV[6])\n"
     "return stalls\n";
 
 /* Several jobs in one call, because the Lua entry costs Redis more than
  * the XADD itself (BENCHMARKS.md): KEYS are (out, own) per job; ARGV[1]
  * the holder, then per job: the TTL to set on both keys after done ("0":
- * not yet), the pub/sub channel ("" for none), the number of events n and
- * n (entry ID, event JSON) pairs. One reply element per job: the number of
+ * not yet), the pub/sub channel ("" for none), its pool entry, the number
+ * of events n and n (entry ID, event JSON) pairs. The record must name
+ * both the holder and the entry: two jobs of one worker under one id (the
+ * second refused by FENCE_TAKE, its events not yet dropped) never both
+ * write. One reply element per job: the number of
  * its events now in the stream (all of them; a resend after a lost reply
  * counts as written), FENCED when the caller is not its holder, or
  * "XADD <k>: <error>" when its event k failed (the k before it are
@@ -40,9 +64,10 @@ static const char take_lua[] =
 static const char emit_lua[] =
     "local res, a = {}, 2\n"
     "for j = 1, #KEYS, 2 do\n"
-    "  local ttl, chan, n = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])\n"
-    "  a = a + 3\n"
-    "  if redis.call('HGET', KEYS[j + 1], 'holder') ~= ARGV[1] then\n"
+    "  local ttl, chan, entry, n = ARGV[a], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3])\n"
+    "  a = a + 4\n"
+    "  local h = redis.call('HMGET', KEYS[j + 1], 'holder', 'entry')\n"
+    "  if h[1] ~= ARGV[1] or h[2] ~= entry then\n"
     "    res[#res + 1] = redis.error_reply('FENCED another worker holds this job')\n"
     "  else\n"
     "    local k, bad = 0, nil\n"
@@ -129,7 +154,8 @@ int fence_cmd(const struct fence *f, enum fence_script s, int n_keys, const char
 
 int fence_take_cmd(const struct fence *f, const char **argv, struct fence_take_buf *b,
                    const char *own_key, const char *out_key, const char *holder,
-                   const char *entry, bool fresh, int64_t deliveries)
+                   const char *entry, bool fresh, int64_t deliveries, const char *req,
+                   const char *sha)
 {
     int a = fence_cmd(f, FENCE_TAKE, 2, argv, b->nk);
     snprintf(b->d, sizeof b->d, "%lld", (long long)(deliveries > 0 ? deliveries : 1));
@@ -139,6 +165,8 @@ int fence_take_cmd(const struct fence *f, const char **argv, struct fence_take_b
     argv[a++] = entry;
     argv[a++] = fresh ? "1" : "0";
     argv[a++] = b->d;
+    argv[a++] = req;
+    argv[a++] = sha;
     return a;
 }
 

@@ -16,7 +16,12 @@
  *           max_deliveries: xlen (the stream's length when it was taken),
  *           stalls (deliveries in a row that published nothing), d (the
  *           delivery count then).
- *   FENCE_TAKE  makes the caller the holder. A resumed job takes it
+ *   FENCE_TAKE  first checks the job's identity: the record also names
+ *           the request that owns the id (req: the entry ID its client's
+ *           XADD returned; sha: job_sha256 of its text), so a second
+ *           request under the same id is told apart (duplicate or
+ *           conflict) before it writes anything. Then it makes the caller
+ *           the holder. A resumed job takes it
  *           unconditionally and reads the stream afterwards, so whatever
  *           the old holder wrote before is resumed and nothing after can
  *           land; a fresh delivery takes it only if no other holder has
@@ -70,14 +75,21 @@ struct fence_take_buf {
     char nk[12], d[24];
 };
 
-/* The whole FENCE_TAKE call into argv (9 entries): the holder record
- * own_key and stream out_key of pool entry `entry`, taken for holder;
- * fresh for a first delivery (taken only if no other worker holds it),
- * else unconditionally; deliveries is the entry's delivery count. Returns
- * argc. */
+/* The whole FENCE_TAKE call into argv (FENCE_TAKE_ARGC entries): the
+ * holder record own_key and stream out_key of pool entry `entry`, taken
+ * for holder; fresh for a first delivery (taken only if no other worker
+ * holds it), else unconditionally; deliveries is the entry's delivery
+ * count; req and sha the job's identity (the client's entry ID and
+ * job_sha256). Returns argc. Its answer: the stalls (>= 0), or
+ * FENCE_TAKEN_BY_OTHER, FENCE_DUPLICATE (another request with the same job
+ * text owns the id: its stream is this job's answer), FENCE_ID_CONFLICT
+ * (a different job owns the id). */
+#define FENCE_TAKE_ARGC 11
+enum { FENCE_TAKEN_BY_OTHER = -1, FENCE_DUPLICATE = -2, FENCE_ID_CONFLICT = -3 };
 int fence_take_cmd(const struct fence *f, const char **argv, struct fence_take_buf *b,
                    const char *own_key, const char *out_key, const char *holder,
-                   const char *entry, bool fresh, int64_t deliveries);
+                   const char *entry, bool fresh, int64_t deliveries, const char *req,
+                   const char *sha);
 
 /* Called once per flush before any fence_cmd: decides EVAL or EVALSHA
  * for this flush. */

@@ -179,6 +179,7 @@ static void build_request(struct worker *w, struct wjob *j, struct engine_reques
         r.deadline = d > 1e-6 ? d : 1e-6; /* <= 0 would mean "none" */
     }
     r.user = j;
+    r.cache_salt = j->cache_salt; /* a tenant's own prefix-cache domain (ident.c) */
     *rq = r;
 }
 
@@ -197,8 +198,8 @@ static int submit(struct worker *w, struct wjob *j, struct rl_err *err)
     return engine_submit(w->eng, &r, &j->eng_id, err);
 }
 
-/* EXISTS <prefix>cancel:<id> and GET of the cache entry, in one round
- * trip. A Redis failure here counts as "not cancelled, not cached": the
+/* GET <prefix>cancel:<id> (meant for this request: ident.c) and GET of
+ * the cache entry, in one round trip. A Redis failure here counts as "not cancelled, not cached": the
  * per-step check catches a cancel soon after. */
 static void precheck(struct worker *w, struct wjob *j, bool *cancelled, char **cached,
                      size_t *cached_len)
@@ -209,7 +210,7 @@ static void precheck(struct worker *w, struct wjob *j, bool *cancelled, char **c
     char ck[W_KEY_MAX + 16];
     rcl_tagged_key(ck, sizeof ck, w_cluster(w), w->opt.prefix, "cancel:", j->id);
     rconn_batch_reset(w->batch);
-    const char *a1[2] = {"EXISTS", ck};
+    const char *a1[2] = {"GET", ck};
     if (rconn_batch_add(w->batch, 2, a1, NULL, &err))
         return;
     if (j->cache_fill) {
@@ -220,7 +221,7 @@ static void precheck(struct worker *w, struct wjob *j, bool *cancelled, char **c
     if (rconn_batch_exec(w->rc, w->batch, &err))
         return;
     const struct rconn_reply *r = rconn_batch_reply(w->batch, 0);
-    *cancelled = r && r->type == RCONN_INTEGER && r->integer > 0;
+    *cancelled = w_ident_cancel_meant(j, r);
     if (j->cache_fill) {
         r = rconn_batch_reply(w->batch, 1);
         if (r && r->type == RCONN_STRING) {
@@ -258,6 +259,7 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
     }
     size_t raw_len = 0;
     const char *raw = rconn_entry_field(e, "job", &raw_len);
+    w_ident_init(j, e, raw, raw_len);
     if (!raw) {
         reject(w, j, NULL, 0, EV_CODE_BAD_ENTRY, "the stream entry has no `job` field");
         return 0;
@@ -316,6 +318,10 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
         }
         if (r == 2) { /* an error was published but not its done */
             w_push_done(w, j, EV_FINISH_ERROR, NULL);
+            return 0;
+        }
+        if (r == 3) { /* another request owns the id (ident.c) */
+            w_ident_refuse(w, j, j->ident);
             return 0;
         }
         if (j->n_prev >= j->job->max_tokens) { /* it died right after its last token */
@@ -527,7 +533,10 @@ static void on_event(struct worker *w, const struct engine_event *ev)
     if (j && j->state == WJ_DROPPED) { /* taken over: only its end matters */
         if (ev->finish != ENGINE_FINISH_NONE) {
             j->eng_id = 0;
-            j->state = 0; /* freed by the next flush */
+            if (j->ident)
+                w_ident_apply(w, j); /* refused by its identity: answered, then acked */
+            else
+                j->state = 0; /* freed by the next flush */
         }
         return;
     }

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "fence.h"
+#include "qack.h"
 #include "rcluster.h"
 #include "worker.h"
 
@@ -66,8 +67,8 @@ int w_push_event(struct wjob *j, char *json)
         is_done = info.type == EV_TYPE_DONE;
         ev_info_clear(&info);
     }
-    j->out[j->n_out++] = (struct wout){.seq = seq, .json = json, .len = strlen(json),
-                                       .is_done = is_done};
+    struct wout *slot = &j->out[j->n_out++];
+    *slot = (struct wout){.seq = seq, .json = json, .len = strlen(json), .is_done = is_done};
     if (j->cache_fill) {
         char **h = grow(j->hist, j->n_hist, &j->cap_hist, sizeof *h, 16);
         if (!h) {
@@ -81,6 +82,9 @@ int w_push_event(struct wjob *j, char *json)
         else
             j->hist[j->n_hist++] = copy;
     }
+    /* the cache keeps the event as the engine made it; the stream's first
+     * event names this request (ident.c) */
+    w_ident_stamp(j, seq, &slot->json, &slot->len);
     return 0;
 }
 
@@ -248,10 +252,10 @@ static int queue_take(struct worker *w, struct flush *f, struct wjob *j)
     if (j->taken || !j->out_key[0] || j->state == WJ_DROPPED || j->fenced ||
         (j->n_out == 0 && j->state != WJ_RUNNING))
         return 0;
-    const char *argv[9];
+    const char *argv[FENCE_TAKE_ARGC];
     struct fence_take_buf b;
     int a = fence_take_cmd(&w->fence, argv, &b, j->own_key, j->out_key, w->holder, j->entry_id,
-                           !j->resumed, j->deliveries);
+                           !j->resumed, j->deliveries, j->req, j->sha);
     return queue_cmd(f, (struct item){IT_TAKE, j, 0, 0}, a, argv, NULL);
 }
 
@@ -280,7 +284,7 @@ static int queue_emit(struct worker *w, struct flush *f)
     int n_ev = 0;
     for (int g = first; g < f->n_emits; g++)
         n_ev += f->emits[g].n_ev;
-    int n = 4 + 5 * n_jobs + 2 * n_ev;
+    int n = 4 + 6 * n_jobs + 2 * n_ev;
     const char **argv = malloc((size_t)n * sizeof *argv);
     size_t *lens = malloc((size_t)n * sizeof *lens);
     char(*ids)[EV_STREAM_ID_MAX] = malloc((size_t)(n_ev ? n_ev : 1) * sizeof *ids);
@@ -312,8 +316,10 @@ static int queue_emit(struct worker *w, struct flush *f)
         chans[q][0] = 0;
         if (w->opt.publish)
             rcl_tagged_key(chans[q], sizeof chans[q], w_cluster(w), w->opt.prefix, "tok:", j->id);
-        const char *head[3] = {nums[q][0], chans[q], nums[q][1]};
-        for (int h = 0; h < 3; h++) {
+        /* the pool entry too: the holder record must be this job's, not
+         * only this process's (another job of ours may own the id: ident.c) */
+        const char *head[4] = {nums[q][0], chans[q], j->entry_id, nums[q][1]};
+        for (int h = 0; h < 4; h++) {
             lens[a] = strlen(head[h]);
             argv[a++] = head[h];
         }
@@ -335,8 +341,19 @@ out:
     return rc;
 }
 
-/* j's pending dead letter, its XACK once it is acknowledged, and the
- * EXISTS of its cancel key while it runs. */
+/* The XACK of a finished job and the XDEL of its entry once no group needs
+ * it (common/qack.h): the pool streams hold only jobs not yet finished
+ * (bounded storage, schemas/README.md), and a refused 50 MB job leaves
+ * nothing. Its reply is the XACK's (IT_ACK). */
+static int queue_ack(struct worker *w, struct flush *f, struct wjob *j)
+{
+    const char *argv[6] = {"EVAL", qack_lua, "1", w->pool_keys[j->pool], w->opt.group,
+                           j->entry_id};
+    return queue_cmd(f, (struct item){IT_ACK, j, 0, 0}, 6, argv, NULL);
+}
+
+/* j's pending dead letter, its XACK (and XDEL) once it is acknowledged,
+ * and the GET of its cancel key while it runs. */
 static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j)
 {
     char buf[W_KEY_MAX + WOPTS_STR_MAX + 64];
@@ -347,14 +364,11 @@ static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j)
                              "dead", j->dead, strlen(j->dead))))
             return rc;
     }
-    if (j->state == WJ_ACKING) {
-        const char *argv[4] = {"XACK", w->pool_keys[j->pool], w->opt.group, j->entry_id};
-        if ((rc = queue_cmd(f, (struct item){IT_ACK, j, 0, 0}, 4, argv, NULL)))
-            return rc;
-    }
+    if (j->state == WJ_ACKING && (rc = queue_ack(w, f, j)))
+        return rc;
     if (j->state == WJ_RUNNING && j->eng_id && !j->cancel_sent && j->id[0]) {
         rcl_tagged_key(buf, sizeof buf, w_cluster(w), w->opt.prefix, "cancel:", j->id);
-        const char *argv[2] = {"EXISTS", buf};
+        const char *argv[2] = {"GET", buf}; /* whose cancel it is: ident.c */
         if ((rc = queue_cmd(f, (struct item){IT_CANCEL, j, 0, 0}, 2, argv, NULL)))
             return rc;
         if (j->job && j->job->client_lease_ms > 0) { /* its client's front end alive? */
@@ -522,7 +536,9 @@ static void apply_reply(struct worker *w, const struct flush *f, struct item *it
     case IT_TAKE:
         if (!r || fence_noscript(&w->fence, r))
             break;
-        if (r->type == RCONN_INTEGER && r->integer < 0) {
+        if (r->type == RCONN_INTEGER && r->integer <= FENCE_DUPLICATE) {
+            it->j->ident = (int)r->integer; /* another request owns the id: settle_jobs */
+        } else if (r->type == RCONN_INTEGER && r->integer < 0) {
             it->j->fenced = true; /* reclaimed before we had started */
         } else if (r->type == RCONN_INTEGER) {
             it->j->taken = true; /* (its stalls matter only to a resumed job: resume.c) */
@@ -560,8 +576,7 @@ static void apply_reply(struct worker *w, const struct flush *f, struct item *it
         }
         break;
     case IT_CANCEL:
-        if (r && r->type == RCONN_INTEGER && r->integer > 0 && it->j->eng_id &&
-            !it->j->cancel_sent) {
+        if (w_ident_cancel_meant(it->j, r) && it->j->eng_id && !it->j->cancel_sent) {
             struct rl_err e2;
             RL_LOG(&w->log, RL_LOG_INFO, "job %s: cancelled by its cancel key", it->j->id);
             it->j->cancel_sent = true;
@@ -643,6 +658,8 @@ static void settle_jobs(struct worker *w)
         struct wjob *j = w->jobs[i];
         if (j->fenced)
             drop_job(w, j);
+        else if (j->ident && j->state != WJ_DROPPED)
+            w_ident_refuse(w, j, j->ident); /* nothing of it reaches its id's stream */
         int k2 = 0;
         for (int k = 0; k < j->n_out; k++)
             if (j->out[k].json)

@@ -122,16 +122,22 @@ int w_claim_own(struct worker *w, struct rl_err *err)
 /* FENCE_TAKE, unconditionally, before the stream is read: from here on the
  * worker we took the job from can write nothing more to it, so what the
  * XRANGE below returns is all it ever published (fence.h). Fills
- * j->stalls. */
+ * j->stalls. Returns 0, 1 when another request owns the id (j->ident:
+ * FENCE_DUPLICATE or FENCE_ID_CONFLICT), or negative. */
 static int take_over(struct worker *w, struct wjob *j, struct rl_err *err)
 {
     for (int attempt = 0; attempt < 2; attempt++) {
-        const char *argv[9];
+        const char *argv[FENCE_TAKE_ARGC];
         struct fence_take_buf b;
         int a = fence_take_cmd(&w->fence, argv, &b, j->own_key, j->out_key, w->holder,
-                               j->entry_id, false, j->deliveries);
+                               j->entry_id, false, j->deliveries, j->req, j->sha);
         struct rconn_reply *r = NULL;
         int rc = rconn_command(w->rc, a, argv, NULL, &r, err);
+        if (r && r->type == RCONN_INTEGER && r->integer < 0) {
+            j->ident = (int)r->integer; /* another request owns the id: ident.c */
+            rconn_reply_free(r);
+            return 1;
+        }
         if (r && r->type == RCONN_INTEGER) {
             j->stalls = r->integer;
             j->taken = true;
@@ -153,7 +159,7 @@ int w_resume_prepare(struct worker *w, struct wjob *j, struct rl_err *err)
         return 0;
     int rc = take_over(w, j, err);
     if (rc)
-        return rc;
+        return rc > 0 ? 3 : rc;
     struct rconn_entries ents = {0};
     rc = rconn_xrange(w->rc, j->out_key, "-", "+", 0, &ents, err);
     if (rc)

@@ -69,7 +69,7 @@ static int from_cfg(struct wopts *o, const struct cfg *c, struct rl_err *err)
     o->heartbeat_ttl_s = c->heartbeat_ttl_s;
     o->metrics_port = c->http_port;
     o->drain_timeout_s = c->drain_timeout_s;
-    o->dead_maxlen = c->dead_maxlen;
+    o->dead_maxlen = (int)cfg_dead_maxlen(c); /* dead_max_mb's cap too */
     o->max_job_kb = c->max_job_kb;
     o->default_max_tokens = c->default_max_tokens;
     o->max_max_tokens = 1 << 20;

@@ -71,6 +71,14 @@ struct wjob {
     bool taken;                   /* FENCE_TAKE made us the holder */
     bool fenced;                  /* told FENCED or lost: drop after this flush's replies */
     int64_t stalls;               /* deliveries in a row that published nothing (FENCE_TAKE) */
+    /* identity (ident.c): the request this job is, and a refusal of it */
+    char req[RCONN_ID_MAX];       /* the entry ID its client's XADD returned */
+    char sha[JOB_SHA_LEN + 1];    /* job_sha256 of the job text as sent */
+    int ident;                    /* FENCE_DUPLICATE / FENCE_ID_CONFLICT to apply; 0 = none */
+    bool on_alt;                  /* answering on out:<id>@<req> (refused: ident.c) */
+    char tenant[JOB_TENANT_MAX + 1]; /* the tenant it came from ("" = none): its own
+                                     prefix-cache domain and result-cache keys */
+    uint64_t cache_salt;          /* engine_request.cache_salt: 0, or the tenant's */
 
     uint64_t eng_id;              /* engine request id, 0 when not in the engine */
     bool cancel_sent;             /* engine_cancel called */
@@ -239,8 +247,28 @@ int w_claim(struct worker *w, struct rl_err *err);
 int w_claim_own(struct worker *w, struct rl_err *err);
 /* Reads back out_key and prepares j to continue: n_prev, seq, and the
  * prompt extended by the published tokens. Returns 1 when the stream
- * already holds done (nothing to run), 0 to run, negative on failure. */
+ * already holds done (nothing to run), 2 when it holds an error without
+ * its done, 3 when another request owns the id (j->ident says how:
+ * ident.c), 0 to run, negative on failure. */
 int w_resume_prepare(struct worker *w, struct wjob *j, struct rl_err *err);
+
+/* ident.c: a job's identity (schemas/README.md, "Job identity") */
+/* Sets j->req and j->sha from entry e (its `req` and `sha` fields when the
+ * dispatcher forwarded it, else e's own ID and the hash of raw). */
+void w_ident_init(struct wjob *j, const struct rconn_entry *e, const char *raw, size_t raw_len);
+/* The first event (seq 0) of j's stream gets the request's identity:
+ * *json (and *len) replaced in place; left as is on failure. */
+void w_ident_stamp(struct wjob *j, int64_t seq, char **json, size_t *len);
+/* Whether cancel key value r (a GET reply) cancels j: its own request's
+ * entry ID, or a value that names no entry ("1"); not another's. */
+bool w_ident_cancel_meant(const struct wjob *j, const struct rconn_reply *r);
+/* FENCE_TAKE answered FENCE_DUPLICATE or FENCE_ID_CONFLICT for j: nothing
+ * of it is written to its stream; a job in the engine is cancelled first
+ * (WJ_DROPPED until its final event, then w_ident_apply). */
+void w_ident_refuse(struct worker *w, struct wjob *j, int code);
+/* Finishes the refusal: a duplicate is acknowledged, a conflict answered
+ * with ID_CONFLICT on out:<id>@<req>. */
+void w_ident_apply(struct worker *w, struct wjob *j);
 
 /* cache.c (the model identity is modelid_compute, common/modelid.h) */
 /* Sets j->cache_fill / cache_key for a deterministic job with cache on. */

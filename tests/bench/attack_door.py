@@ -502,6 +502,15 @@ def run(redis_addr, build, workdir):
                     decode_responses=True)
     procs = []
     honest = None
+    # a consumer group "tap" on the queue streams keeps what was sent there
+    # for check_honest and the framing count: handled entries are deleted
+    # once every group has acknowledged them (common/qack.h, issue 26)
+    for key in ("jobs:fast", "jobs:think", "requests"):
+        try:
+            r.xgroup_create(f"{prefix}{key}", "tap", id="0", mkstream=True)
+        except redis.exceptions.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
     try:
         procs.append(worker(build, redis_addr, prefix, workdir, "w1"))
         f = front(build, redis_addr, prefix, workdir, keys)

@@ -70,10 +70,11 @@ def main():
                             pl.xadd(f"out:{j}", {"event": EV}, id=sid)
                     elif mode == "emit_1_job":
                         for j in range(J):
-                            pl.evalsha(emit, 2, f"out:{j}", f"own:{j}", "h", "0", "", "1", sid, EV)
+                            pl.evalsha(emit, 2, f"out:{j}", f"own:{j}", "h", "0", "", "1-1", "1",
+                                       sid, EV)
                     else:
                         keys = [k for j in range(J) for k in (f"out:{j}", f"own:{j}")]
-                        args = [x for j in range(J) for x in ("0", "", "1", sid, EV)]
+                        args = [x for j in range(J) for x in ("0", "", "1-1", "1", sid, EV)]
                         pl.evalsha(emit, len(keys), *keys, "h", *args)
                     pl.execute()
                 assert all(r.xlen(f"out:{j}") == a.steps for j in range(J)), mode

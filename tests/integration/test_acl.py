@@ -23,7 +23,7 @@ import redis
 from conftest import CLI, MODEL, ROOT, Worker, free_port, job_events
 
 ACL_SRC = ROOT / "config" / "redis-acl.conf"
-USERS = ("admin", "worker", "dispatcher", "client", "monitor")
+USERS = ("admin", "worker", "dispatcher", "client", "client2", "monitor")
 PW = {u: f"test-{u}-pw" for u in USERS}
 
 
@@ -124,12 +124,13 @@ def client_and_monitor_cli(cli, admin, cancel_key):
     """The redlm command as `client` (enqueue a job already answered once,
     so its replay is cached; tail; cancel) and as `monitor` (stats, after
     one dead letter). Returns the stats."""
-    out = cli("client", "enqueue", "--prompt-ids", "9,8,7", "--max-tokens", "6",
-              "--temperature", "0", "--ignore-eos")
+    out = cli("client", "enqueue", "--tenant", "client", "--prompt-ids", "9,8,7",
+              "--max-tokens", "6", "--temperature", "0", "--ignore-eos")
     assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("client:")
     tail = cli("client", "tail", out.stdout.strip(), "--json")
     assert tail.returncode == 0 and '"cached":true' in tail.stdout.replace(" ", ""), tail
-    assert cli("client", "cancel", "some-id").returncode == 0
+    assert cli("client", "cancel", "client:some-id").returncode == 0
     assert admin.exists(cancel_key)
     st = cli("monitor", "stats", "--json")
     assert st.returncode == 0, st.stderr
@@ -163,6 +164,8 @@ def test_default_user_can_do_nothing(acl_redis):
 
 def test_client_may_enqueue_read_cancel_and_nothing_else(acl_redis):
     admin = acl_redis.as_user("admin")
+    admin.xadd("redlm:out:client:c1", {"event": '{"seq":0}'}, id="0-1")
+    admin.xadd("redlm:out:client2:c1", {"event": '{"seq":0}'}, id="0-1")
     admin.xadd("redlm:out:c1", {"event": '{"seq":0}'}, id="0-1")
     admin.xadd("redlm:jobs:fast", {"job": "{}"})
     admin.set("redlm:cache:" + "0" * 64, "[]")
@@ -170,43 +173,61 @@ def test_client_may_enqueue_read_cancel_and_nothing_else(acl_redis):
     admin.set("redlm:worker:w1", "{}")
     admin.set("redlm:dispatcher:d1", "{}")
     c = acl_redis.as_user("client")
-    # allowed: enqueue, read its out stream, cancel, subscribe to tokens
-    assert c.xadd("redlm:requests", {"job": '{"id":"c1","prompt":"hi"}'})
-    assert c.xrange("redlm:out:c1") == [("0-1", {"event": '{"seq":0}'})]
-    assert c.xread({"redlm:out:c1": "0-0"}, count=10)[0][1][0][0] == "0-1"
-    assert c.set("redlm:cancel:c1", "1", ex=600)
+    # allowed: enqueue on its own intake, read its namespace's out streams,
+    # cancel and subscribe there (tenant "client": ids "client:<id>")
+    assert c.xadd("redlm:requests:client", {"job": '{"id":"c1","prompt":"hi"}'})
+    assert c.xrange("redlm:out:client:c1") == [("0-1", {"event": '{"seq":0}'})]
+    assert c.xread({"redlm:out:client:c1": "0-0"}, count=10)[0][1][0][0] == "0-1"
+    assert c.set("redlm:cancel:client:c1", "1", ex=600)
     p = c.pubsub()
-    p.subscribe("redlm:tok:c1")
+    p.subscribe("redlm:tok:client:c1")
     assert p.get_message(timeout=2)["type"] == "subscribe"
     p.close()
     c.ping()
+    # denied: the shared intake and another tenant's, ids outside its
+    # namespace (another tenant's, or the shared one)
+    noperm(c.xadd, "redlm:requests", {"job": "{}"})
+    noperm(c.xadd, "redlm:requests:client2", {"job": "{}"})
+    for other in ("redlm:out:client2:c1", "redlm:out:c1"):
+        noperm(c.xrange, other)
+        noperm(c.xread, {other: "0-0"})
+    noperm(c.set, "redlm:cancel:client2:c1", "1")
+    noperm(c.set, "redlm:cancel:c1", "1")
+    p = c.pubsub()
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        p.subscribe("redlm:tok:client2:c1")
+        p.get_message(timeout=2)
+    p.close()
     # denied: the jobs streams (read, consume, or write around the dispatcher)
     noperm(c.xrange, "redlm:jobs:fast")
     noperm(c.xadd, "redlm:jobs:fast", {"job": "{}"})
     noperm(c.xreadgroup, "workers", "x", {"redlm:jobs:fast": ">"})
     noperm(c.xlen, "redlm:requests")
     noperm(c.xrange, "redlm:requests")
+    noperm(c.xrange, "redlm:requests:client")  # write-only: it cannot read its own queue
+    noperm(c.xtrim, "redlm:requests:client", 0)
     # the cache, dead letters, heartbeats
     noperm(c.get, "redlm:cache:" + "0" * 64)
     noperm(c.xrange, "redlm:dead")
     noperm(c.get, "redlm:worker:w1")
     noperm(c.get, "redlm:dispatcher:d1")
     # writing events, on the stream or the channel
-    noperm(c.xadd, "redlm:out:c1", {"event": "{}"}, id="0-2")
-    noperm(c.publish, "redlm:tok:c1", "{}")
+    noperm(c.xadd, "redlm:out:client:c1", {"event": "{}"}, id="0-2")
+    noperm(c.publish, "redlm:tok:client:c1", "{}")
     # SET only as the cancel: not on other keys, not reading back with GET
-    noperm(c.set, "redlm:requests", "x")
-    noperm(c.set, "redlm:out:c1", "x")
-    noperm(c.execute_command, "SET", "redlm:cancel:c1", "1", "GET")
-    noperm(c.delete, "redlm:cancel:c1")
+    noperm(c.set, "redlm:requests:client", "x")
+    noperm(c.set, "redlm:out:client:c1", "x")
+    noperm(c.execute_command, "SET", "redlm:cancel:client:c1", "1", "GET")
+    noperm(c.delete, "redlm:cancel:client:c1")
     # the key space, the server
     noperm(c.keys, "*")
     noperm(c.scan)
     noperm(c.flushall)
     noperm(c.config_get, "*")
     noperm(c.get, "unrelated")
-    assert admin.xlen("redlm:out:c1") == 1
-    assert admin.type("redlm:requests") == "stream"
+    assert admin.xlen("redlm:out:client:c1") == 1
+    assert admin.type("redlm:requests:client") == "stream"
+    assert not admin.exists("redlm:requests")
 
 
 def test_worker_user_cannot_step_outside(acl_redis):
@@ -255,23 +276,24 @@ def test_worker_job_life_as_acl_user(built, acl_redis, tmp_path):
             return {"id": i, "prompt_ids": [1, 2, 3, i.__len__()], "max_tokens": n,
                     "temperature": 0, "ignore_eos": True, **kw}
 
-        # the dispatcher user is the one that writes jobs:<pool>
+        # the dispatcher user is the one that writes jobs:<pool>; the ids
+        # are in tenant client's namespace, which it may read
         disp = acl_redis.as_user("dispatcher")
-        disp.xadd("redlm:jobs:fast", {"job": json.dumps(job("j1"))})
-        first = out_events(client, "j1")
+        disp.xadd("redlm:jobs:fast", {"job": json.dumps(job("client:j1"))})
+        first = out_events(client, "client:j1")
         assert first[-1]["finish_reason"] == "length" and not first[-1]["cached"]
         # same prompt and parameters: answered from redlm:cache:* (written
         # with the XACK, just after the done event)
         deadline = time.time() + 10
         while time.time() < deadline and not admin.keys("redlm:cache:*"):
             time.sleep(0.02)
-        again = dict(job("j1"), id="j1b")
+        again = dict(job("client:j1"), id="client:j1b")
         disp.xadd("redlm:jobs:fast", {"job": json.dumps(again)})
-        assert out_events(client, "j1b")[-1]["cached"] is True
+        assert out_events(client, "client:j1b")[-1]["cached"] is True
         # cancel key set by the client before the worker admits the job
-        client.set("redlm:cancel:jc", "1", ex=600)
-        disp.xadd("redlm:jobs:fast", {"job": json.dumps(job("jc", n=50))})
-        assert out_events(client, "jc")[-1]["finish_reason"] == "cancelled"
+        client.set("redlm:cancel:client:jc", "1", ex=600)
+        disp.xadd("redlm:jobs:fast", {"job": json.dumps(job("client:jc", n=50))})
+        assert out_events(client, "client:jc")[-1]["finish_reason"] == "cancelled"
         # a malformed job goes to the dead letters
         disp.xadd("redlm:jobs:fast", {"job": "not json"})
         deadline = time.time() + 20
@@ -281,16 +303,16 @@ def test_worker_job_life_as_acl_user(built, acl_redis, tmp_path):
         assert json.loads(admin.get("redlm:worker:acl-a"))["name"] == "acl-a"
         # a long job, its worker killed mid-way: another takes it over
         n_long = 3000
-        disp.xadd("redlm:jobs:fast", {"job": json.dumps(job("jl", n=n_long))})
+        disp.xadd("redlm:jobs:fast", {"job": json.dumps(job("client:jl", n=n_long))})
         deadline = time.time() + 30
-        while time.time() < deadline and admin.xlen("redlm:out:jl") < 20:
+        while time.time() < deadline and admin.xlen("redlm:out:client:jl") < 20:
             time.sleep(0.005)
         time.sleep(0.3)  # at least one lease renewal (XCLAIM JUSTID)
         a.kill(signal.SIGKILL)
         a.wait(10)
-        assert admin.xlen("redlm:out:jl") < n_long + 1, "the job ended before the kill"
+        assert admin.xlen("redlm:out:client:jl") < n_long + 1, "the job ended before the kill"
         b = Worker(acl_redis.addr, "redlm:", "acl-b", tmp_path, auth, pools="fast")
-        evs = out_events(client, "jl", timeout=120)
+        evs = out_events(client, "client:jl", timeout=120)
         assert [e["seq"] for e in evs] == list(range(len(evs)))
         assert evs[-1]["usage"]["completion_tokens"] == n_long
         assert "resuming" in b.log_path.read_text()
@@ -308,8 +330,8 @@ def test_worker_job_life_as_acl_user(built, acl_redis, tmp_path):
 
 
 def test_dispatcher_and_worker_as_acl_users(built, acl_redis, tmp_path):
-    """The whole path with least privilege on every hop: a client enqueues
-    on redlm:requests, the dispatcher (user `dispatcher`) routes it, the
+    """The whole path with least privilege on every hop: a client (tenant
+    `client`) enqueues on redlm:requests:client, the dispatcher (user `dispatcher`) routes it, the
     worker (user `worker`) answers, the client reads the answer; then a
     cache replay by the dispatcher alone, a malformed request, and a clean
     stop (XGROUP DELCONSUMER). No ACL denial for either daemon."""
@@ -319,24 +341,24 @@ def test_dispatcher_and_worker_as_acl_users(built, acl_redis, tmp_path):
     client = acl_redis.as_user("client")
     d = Dispatcher(acl_redis.addr, "redlm:", "acl-d", tmp_path,
                    ["--redis-user", "dispatcher", "--redis-password-file", str(pw["dispatcher"]),
-                    "--model", str(MODEL), "--think-ratio", "0"])
+                    "--model", str(MODEL), "--think-ratio", "0", "--tenants", "client,client2"])
     w = Worker(acl_redis.addr, "redlm:", "acl-w", tmp_path,
                ["--redis-user", "worker", "--redis-password-file", str(pw["worker"])])
     try:
         job = {"prompt_ids": [9, 8, 7], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
-        client.xadd("redlm:requests", {"job": json.dumps({**job, "id": "r1"})})
-        first = out_events(client, "r1")
+        client.xadd("redlm:requests:client", {"job": json.dumps({**job, "id": "r1"})})
+        first = out_events(client, "client:r1")
         assert first[-1]["finish_reason"] == "length" and first[-1]["cached"] is False
         deadline = time.time() + 10
         while time.time() < deadline and not admin.keys("redlm:cache:*"):
             time.sleep(0.02)
         # the dispatcher answers the same job from the cache by itself
         w.stop()
-        client.xadd("redlm:requests", {"job": json.dumps({**job, "id": "r2"})})
-        assert out_events(client, "r2", timeout=20)[-1]["cached"] is True
+        client.xadd("redlm:requests:client", {"job": json.dumps({**job, "id": "r2"})})
+        assert out_events(client, "client:r2", timeout=20)[-1]["cached"] is True
         # malformed: error events to the client, a dead letter
-        client.xadd("redlm:requests", {"job": '{"id":"bad","prompt_ids":"x"}'})
-        evs = out_events(client, "bad", timeout=20)
+        client.xadd("redlm:requests:client", {"job": '{"id":"bad","prompt_ids":"x"}'})
+        evs = out_events(client, "client:bad", timeout=20)
         assert evs[0]["type"] == "error" and evs[-1]["finish_reason"] == "error"
         assert admin.xlen("redlm:dead") == 1
         deadline = time.time() + 10
@@ -346,7 +368,7 @@ def test_dispatcher_and_worker_as_acl_users(built, acl_redis, tmp_path):
         # the redlm command as `client` (enqueue, tail, cancel) and as
         # `monitor` (stats)
         cli = cli_as(tmp_path, acl_redis.addr)
-        s = client_and_monitor_cli(cli, admin, "redlm:cancel:some-id")
+        s = client_and_monitor_cli(cli, admin, "redlm:cancel:client:some-id")
         denied = [e for e in admin.acl_log(count=100)
                   if e["username"] in ("worker", "dispatcher", "monitor")]
         assert denied == [], denied
@@ -452,7 +474,8 @@ def cluster_events(cluster, user, job_id, timeout=60):
 
 def test_acl_users_serve_jobs_on_cluster(built, acl_cluster, tmp_path):
     """The whole path on a cluster with least privilege on every hop: a web
-    backend (user `client`, on the master of each key it touches) enqueues on {redlm:}requests, the dispatcher routes it, the worker
+    backend (user `client`, on the master of each key it touches) enqueues on
+    {redlm:}requests:client, the dispatcher routes it, the worker
     answers on out:{id}; a direct pool job, a cancel, a cache replay, a
     malformed request, a worker killed mid-job and its job taken over, the
     redlm command as client and monitor. No ACL denial on any node."""
@@ -460,54 +483,55 @@ def test_acl_users_serve_jobs_on_cluster(built, acl_cluster, tmp_path):
     pw = daemon_passwords(tmp_path)
     seeds = acl_cluster.seeds
     admin = acl_cluster.client()
-    client = on_slot(acl_cluster, "client", "{redlm:}requests")
+    client = on_slot(acl_cluster, "client", "{redlm:}requests:client")
     disp = ["--redis-user", "dispatcher", "--redis-password-file", str(pw["dispatcher"])]
     wauth = ["--redis-user", "worker", "--redis-password-file", str(pw["worker"]), *FAST,
              "--publish-channel"]
     d = Dispatcher(seeds, "redlm:", "acl-cd", tmp_path,
-                   [*disp, "--model", str(MODEL), "--think-ratio", "0"])
+                   [*disp, "--model", str(MODEL), "--think-ratio", "0", "--tenants", "client,client2"])
     a = Worker(seeds, "redlm:", "acl-ca", tmp_path, wauth)
     b = None
     try:
         job = {"prompt_ids": [9, 8, 7], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
-        client.xadd("{redlm:}requests", {"job": json.dumps({**job, "id": "r1"})})
-        first = cluster_events(acl_cluster, "client", "r1")
+        client.xadd("{redlm:}requests:client", {"job": json.dumps({**job, "id": "r1"})})
+        first = cluster_events(acl_cluster, "client", "client:r1")
         assert first[-1]["finish_reason"] == "length" and first[-1]["cached"] is False
-        assert not admin.exists("redlm:out:r1")  # the tagged layout, not the single one
+        assert not admin.exists("redlm:out:client:r1")  # the tagged layout, not the single one
         # straight to a pool, as the dispatcher user (a deployment that feeds pools)
         on_slot(acl_cluster, "dispatcher", "{redlm:}jobs:fast").xadd(
-            "{redlm:}jobs:fast", {"job": json.dumps({**job, "prompt_ids": [5, 4], "id": "p1"})})
-        assert cluster_events(acl_cluster, "client", "p1")[-1]["finish_reason"] == "length"
+            "{redlm:}jobs:fast", {"job": json.dumps({**job, "prompt_ids": [5, 4], "id": "client:p1"})})
+        assert cluster_events(acl_cluster, "client", "client:p1")[-1]["finish_reason"] == "length"
         # the client's cancel lands in the slot the worker checks
-        on_slot(acl_cluster, "client", "redlm:cancel:{jc}").set("redlm:cancel:{jc}", "1", ex=600)
-        client.xadd("{redlm:}requests",
+        on_slot(acl_cluster, "client", "redlm:cancel:{client:jc}").set("redlm:cancel:{client:jc}", "1",
+                                                                    ex=600)
+        client.xadd("{redlm:}requests:client",
                     {"job": json.dumps({**job, "id": "jc", "max_tokens": 50, "cache": False})})
-        assert cluster_events(acl_cluster, "client", "jc")[-1]["finish_reason"] == "cancelled"
+        assert cluster_events(acl_cluster, "client", "client:jc")[-1]["finish_reason"] == "cancelled"
         # token pub/sub on tok:{id}
-        p = on_slot(acl_cluster, "client", "redlm:tok:{js}").pubsub()
-        p.subscribe("redlm:tok:{js}")
+        p = on_slot(acl_cluster, "client", "redlm:tok:{client:js}").pubsub()
+        p.subscribe("redlm:tok:{client:js}")
         assert p.get_message(timeout=2)["type"] == "subscribe"
-        client.xadd("{redlm:}requests",
+        client.xadd("{redlm:}requests:client",
                     {"job": json.dumps({**job, "id": "js", "prompt_ids": [3, 3], "cache": False})})
-        assert cluster_events(acl_cluster, "client", "js")[-1]["finish_reason"] == "length"
+        assert cluster_events(acl_cluster, "client", "client:js")[-1]["finish_reason"] == "length"
         deadline, got = time.time() + 10, None
         while got is None and time.time() < deadline:
             got = p.get_message(timeout=0.2, ignore_subscribe_messages=True)
-        assert got and got["channel"] == "redlm:tok:{js}", got
+        assert got and got["channel"] == "redlm:tok:{client:js}", got
         p.close()
         # a long job, its worker killed mid-way: another takes it over
         n_long = 3000
-        client.xadd("{redlm:}requests", {"job": json.dumps(
+        client.xadd("{redlm:}requests:client", {"job": json.dumps(
             {**job, "id": "jl", "max_tokens": n_long, "cache": False})})
         deadline = time.time() + 30
-        while time.time() < deadline and admin.xlen("redlm:out:{jl}") < 20:
+        while time.time() < deadline and admin.xlen("redlm:out:{client:jl}") < 20:
             time.sleep(0.005)
         time.sleep(0.3)  # at least one lease renewal
         a.kill(signal.SIGKILL)
         a.wait(10)
-        assert admin.xlen("redlm:out:{jl}") < n_long + 1, "the job ended before the kill"
+        assert admin.xlen("redlm:out:{client:jl}") < n_long + 1, "the job ended before the kill"
         b = Worker(seeds, "redlm:", "acl-cb", tmp_path, wauth)
-        evs = cluster_events(acl_cluster, "client", "jl", timeout=120)
+        evs = cluster_events(acl_cluster, "client", "client:jl", timeout=120)
         assert [e["seq"] for e in evs] == list(range(len(evs)))
         assert evs[-1]["usage"]["completion_tokens"] == n_long
         assert "resuming" in b.log_path.read_text()
@@ -517,16 +541,16 @@ def test_acl_users_serve_jobs_on_cluster(built, acl_cluster, tmp_path):
             assert time.time() < deadline, "no cache entry written"
             time.sleep(0.05)
         b.stop()
-        client.xadd("{redlm:}requests", {"job": json.dumps({**job, "id": "r2"})})
-        assert cluster_events(acl_cluster, "client", "r2", timeout=20)[-1]["cached"] is True
+        client.xadd("{redlm:}requests:client", {"job": json.dumps({**job, "id": "r2"})})
+        assert cluster_events(acl_cluster, "client", "client:r2", timeout=20)[-1]["cached"] is True
         # malformed: error events to the client, a dead letter
-        client.xadd("{redlm:}requests", {"job": '{"id":"bad","prompt_ids":"x"}'})
-        evs = cluster_events(acl_cluster, "client", "bad", timeout=20)
+        client.xadd("{redlm:}requests:client", {"job": '{"id":"bad","prompt_ids":"x"}'})
+        evs = cluster_events(acl_cluster, "client", "client:bad", timeout=20)
         assert evs[0]["type"] == "error" and evs[-1]["finish_reason"] == "error"
         assert admin.xlen("{redlm:}dead") == 1
 
         cli = cli_as(tmp_path, seeds)
-        s = client_and_monitor_cli(cli, admin, "redlm:cancel:{some-id}")
+        s = client_and_monitor_cli(cli, admin, "redlm:cancel:{client:some-id}")
         pools = {p["name"]: p for p in s["pools"]}
         assert pools["fast"]["key"] == "{redlm:}jobs:fast", s
         assert {w["name"] for w in s["workers"]} >= {"acl-cb"}, s
@@ -583,8 +607,14 @@ def test_roles_refused_on_cluster(acl_cluster):
            "workers", "x", {"{redlm:}jobs:fast": ">"})
     no("dispatcher", "redlm:cache:" + "0" * 64, "set", "[]")
     no("dispatcher", "redlm:cancel:{x}", "get")
-    noperm(on_slot(acl_cluster, "dispatcher", "redlm:out:{x}").eval, "return 1", 1,
-           "redlm:out:{x}")
+    noperm(on_slot(acl_cluster, "dispatcher", "{redlm:}jobs:fast").eval, "return 1", 1,
+           "{redlm:}jobs:fast")
+    # client: another tenant's intake and namespace
+    no("client", "{redlm:}requests:client2", "xadd", {"job": "{}"})
+    no("client", "{redlm:}requests", "xadd", {"job": "{}"})
+    no("client", "redlm:out:{client2:x}", "xrange")
+    no("client", "redlm:out:{x}", "xrange")
+    no("client", "redlm:cancel:{client2:x}", "set", "1")
     # monitor: read-only, and no out:*, cache:* or cancel:*
     no("monitor", "{redlm:}jobs:fast", "xadd", {"job": "{}"})
     no("monitor", "redlm:out:{x}", "xrange")

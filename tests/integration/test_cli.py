@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from conftest import CLI, MODEL, QWEN3_TOKENIZER, check_stream, free_port
+from conftest import CLI, MODEL, QWEN3_TOKENIZER, check_stream, free_port, tap
 
 
 def cli(redis_addr, prefix, *args, input=None, timeout=60):
@@ -239,7 +239,8 @@ def test_tail_of_an_error_exits_non_zero(workers, client, redis_addr, prefix):
 
 
 def test_enqueue_from_file_and_stdin(workers, client, redis_addr, prefix, tmp_path):
-    workers("w1")
+    # the jobs are read off the pool before a worker starts: a worker
+    # deletes each entry with its XACK (bounded storage, issue 26)
     f = tmp_path / "job.json"
     f.write_text(json.dumps({"prompt_ids": [5, 6, 7], "max_tokens": 4, "temperature": 0}))
     out = cli(redis_addr, prefix, "enqueue", "--pool", "think", "--file", str(f))
@@ -248,8 +249,6 @@ def test_enqueue_from_file_and_stdin(workers, client, redis_addr, prefix, tmp_pa
     assert re.fullmatch(r"[0-9a-f]{32}", gen_id)  # generated, and sent with the job
     [job] = jobs_in(client.r, f"{prefix}jobs:think")
     assert job == {"prompt_ids": [5, 6, 7], "max_tokens": 4, "temperature": 0, "id": gen_id}
-    _, done = check_stream(client.events(gen_id), __import__("conftest").validator("event.schema.json"))
-    assert done["usage"]["prompt_tokens"] == 3
 
     # stdin, with flags on top of the file's fields
     out = cli(redis_addr, prefix, "enqueue", "--pool", "think", "--file", "-", "--max-tokens", "2",
@@ -258,6 +257,9 @@ def test_enqueue_from_file_and_stdin(workers, client, redis_addr, prefix, tmp_pa
     assert out.stdout == "s1\n"
     job = jobs_in(client.r, f"{prefix}jobs:think")[1]
     assert job == {"prompt": "hi", "max_tokens": 2, "id": "s1"}
+    workers("w1")
+    _, done = check_stream(client.events(gen_id), __import__("conftest").validator("event.schema.json"))
+    assert done["usage"]["prompt_tokens"] == 3
     assert client.events("s1")[-1][1]["usage"]["completion_tokens"] <= 2
 
 
@@ -374,6 +376,7 @@ def chat_turn(p, text):
 
 
 def test_chat_two_turns_with_no_think(workers, client, redis_addr, prefix, ptys):
+    tap(client.r, f"{prefix}jobs:fast")  # keeps what chat sent, to read below
     workers("w1")
     p = ptys("chat", "--redis", redis_addr, "--prefix", prefix, "--pool", "fast",
              "--max-tokens", "6", "--temperature", "0")
@@ -408,6 +411,7 @@ def test_chat_through_the_dispatcher(dispatchers, workers, client, redis_addr, p
     """The default target: chat's jobs go to redlm:requests and the
     dispatcher routes them by mode; /think sends the next turn to the think
     pool. stats sees the dispatcher and the requests stream."""
+    tap(client.r, f"{prefix}requests", f"{prefix}jobs:fast", f"{prefix}jobs:think")
     workers("w1")
     dispatchers("d1", "--think-ratio", "0")
     p = ptys("chat", "--redis", redis_addr, "--prefix", prefix, "--max-tokens", "4",
@@ -487,6 +491,7 @@ def test_chat_line_editing_history_and_multiline_in_tmux(workers, client, redis_
     Home/End, Ctrl-A, Ctrl-W, backspace), recalls earlier lines with Up,
     keeps them in its history file across sessions (Ctrl-R finds them), and sends multi-line
     messages (a trailing backslash, and a \"\"\" block)."""
+    tap(client.r, f"{prefix}jobs:fast")
     workers("w1")
     home = tmp_path / "home"
     home.mkdir()
@@ -602,6 +607,7 @@ def stats(redis_addr, prefix):
 
 
 def test_stats_json_matches_what_was_done(workers, client, redis_addr, prefix):
+    tap(client.r, f"{prefix}jobs:fast", f"{prefix}jobs:think")  # lengths stay countable
     workers("w1")
     r = client.r
     # 5 jobs run, one of them again (a result-cache hit), 2 bad ones (dead letters)

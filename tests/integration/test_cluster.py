@@ -18,7 +18,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import CLI, MODEL, check_stream, greedy_jobs, reference, stream_events
+from conftest import CLI, MODEL, check_stream, greedy_jobs, reference, stream_events, tap
 
 FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
 
@@ -58,6 +58,7 @@ def master_of(cluster, key):
 def test_protocol_on_cluster(redis_cluster, workers, dispatchers, prefix, tmp_path,
                              event_validator):
     rc = redis_cluster.client()
+    tap(rc, qkey(prefix, "jobs:fast"))  # keeps the pool's entries, counted by stats below
     w = workers("w1", addr=redis_cluster.seeds)
     d = dispatchers("d1", "--model", str(MODEL), "--think-ratio", "0", addr=redis_cluster.seeds)
     assert "fast path on" in d.text()

@@ -36,7 +36,7 @@ import time
 
 import pytest
 
-from conftest import (BUILD, Daemon, connect, free_port, job_events, promtool_check,
+from conftest import (BUILD, Daemon, connect, tap, free_port, job_events, promtool_check,
                       stopped_at_end)
 
 DISPATCHER = BUILD / "redlm-dispatcher"
@@ -129,6 +129,7 @@ MSGS = [{"role": "user", "content": "Tell me a story about a cat."}]
 
 @pytest.mark.parametrize("mode", ["no_think", "think"])
 def test_stream_matches_events(front, workers, redis_addr, prefix, event_validator, mode):
+    tap(connect(redis_addr), f"{prefix}jobs:fast", f"{prefix}jobs:think")  # read below
     workers("w1")
     f = front()
     body = {"model": MODEL_NAME, "messages": MSGS, "stream": True, "max_tokens": 24,

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from conftest import CLI, MODEL, connect
+from conftest import CLI, MODEL, connect, tap
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -96,6 +96,7 @@ def test_counts_match_the_workers(workers, client, redis_addr, prefix, tmp_path)
 
 
 def test_cache_off_never_cached(workers, client, redis_addr, prefix, tmp_path):
+    tap(client.r, f"{prefix}jobs:fast", f"{prefix}jobs:think")  # counted below
     workers("w1", "--no-result-cache")
     out = tmp_path / "result.json"
     _, full, _ = bench(redis_addr, prefix, out, "--target", "pools", "--clients", "2",
@@ -177,6 +178,7 @@ def test_through_the_dispatcher(workers, dispatchers, client, redis_addr, prefix
     """The default target: jobs go to <prefix>requests, the dispatcher routes
     them by mode (auto: no mode, its ratio decides) and answers repeated
     greedy prompts from the result cache itself once a worker has filled it."""
+    tap(client.r, f"{prefix}requests")  # counted below
     workers("w1")
     dispatchers("d1", "--model", str(MODEL))
     out = tmp_path / "result.json"

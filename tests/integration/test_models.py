@@ -30,7 +30,7 @@ import time
 
 import pytest
 
-from conftest import CLI, DISPATCHER, MODEL, WORKER, Daemon, connect, free_port
+from conftest import CLI, DISPATCHER, MODEL, WORKER, Daemon, connect, free_port, tap
 from conftest import job_events as events
 
 SMALL = {  # Qwen/Qwen3-0.6B stands in as this shape
@@ -261,6 +261,8 @@ def test_two_models_one_redis(hub, procs, redis_addr, prefix, tmp_path):
     env = env_with(HF_HUB_CACHE=hub["hub"])
     a, b = SMALL["repo"], BIG["repo"]
     port = free_port()
+    # the pool streams keep what was routed, counted below
+    tap(r, *[f"{prefix}jobs:{m}:{p}" for m in (a, b) for p in ("fast", "think")])
     procs["worker"]("wa", a, "--pool-scope", "model", env=env)
     wb = procs["worker"]("wb", b, "--pool-scope", "model", "--heartbeat-ttl-s", "2", env=env)
     procs["dispatcher"]("--model", a, "--think-ratio", "0.5", env=env, http_port=port)

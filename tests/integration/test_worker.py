@@ -197,7 +197,7 @@ def test_result_cache(workers, client, event_validator):
     a, b = first[-1][1], second[-1][1]
     assert a["cached"] is False and b["cached"] is True
     assert b["metadata"] == {"n": 2}
-    strip = lambda e: {k: v for k, v in e.items() if k not in ("cached", "timings", "metadata")}
+    strip = lambda e: {k: v for k, v in e.items() if k not in ("cached", "timings", "metadata", "request")}
     assert [strip(e) for _, e in first] == [strip(e) for _, e in second]
     # a sampled job without a seed is never cached
     client.submit({"id": "s1", "prompt_ids": [7, 8], "max_tokens": 4, "temperature": 1})

@@ -399,6 +399,39 @@ static void test_codes_match_errors_json(void **state)
     free(text);
 }
 
+/* The identity stamp of a stream's first event, and the byte bound of a
+ * dead letter whatever its job holds (issue 26). */
+static void test_stamp_and_dead_letter_bound(void **state)
+{
+    (void)state;
+    char *e = NULL;
+    assert_int_equal(ev_build_error(0, EV_CODE_ID_CONFLICT, "taken", &e, NULL), 0);
+    assert_int_equal(ev_stamp_request(&e, "1700-3", "ab", NULL), 0);
+    assert_string_equal(e, "{\"seq\":0,\"type\":\"error\",\"code\":\"ID_CONFLICT\","
+                           "\"message\":\"taken\",\"request\":{\"entry\":\"1700-3\","
+                           "\"job_sha256\":\"ab\"}}");
+    char *bad = strdup("[1]");
+    struct rl_err err = {0};
+    assert_int_equal(ev_stamp_request(&bad, "1-1", "ab", &err), -RL_EFORMAT);
+    assert_string_equal(bad, "[1]"); /* left as it was */
+    free(bad);
+    free(e);
+    /* 64 KiB of control characters: each escaped to 6 bytes */
+    size_t n = 65536;
+    char *job = malloc(n);
+    memset(job, 1, n);
+    struct ev_dead d = {.job_raw = job, .job_raw_len = n, .job_id = "x", .pool = "fast",
+                        .entry_id = "1-1", .code = EV_CODE_INVALID_JSON, .message = "m",
+                        .worker = "w", .deliveries = 1, .time_ms = 1};
+    char *out = NULL;
+    assert_int_equal(ev_build_dead(&d, &out, NULL), 0);
+    assert_true(strlen(out) <= EV_DEAD_LETTER_MAX);
+    assert_non_null(strstr(out, "\"job_truncated\":true"));
+    assert_non_null(strstr(out, "\"job_bytes\":65536"));
+    free(out);
+    free(job);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -410,6 +443,7 @@ int main(void)
         cmocka_unit_test(test_seq_and_stream_ids),
         cmocka_unit_test(test_codes_match_errors_json),
         cmocka_unit_test(test_dead_letter_repairs),
+        cmocka_unit_test(test_stamp_and_dead_letter_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

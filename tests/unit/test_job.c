@@ -713,6 +713,13 @@ static void test_guess_id(void **state)
         {"{\"prompt\":\"\\u0000\",\"id\":\"req-42\"}", "r1-0", "req-42"},
         {"{\"prompt\":\"\\\\u0000\",\"id\":\"req-43\"}", "r1-0", "req-43"},
         {NULL, "r1-0", "r1-0"},
+        /* not JSON to cJSON, but the id is there: Python's NaN, a lone
+         * surrogate, a typo after it (issue 26: errors where the client looks) */
+        {"{\"id\": \"nan-1\", \"temperature\": NaN}", "r1-0", "nan-1"},
+        {"{\"id\": \"s1\", \"prompt\": \"a\\ud800\"}", "r1-0", "s1"},
+        {"{\"prompt_ids\": [1], \"id\": \"t1\" \"x\"}", "r1-0", "t1"},
+        {"{\"a\": {\"id\": \"inner\"}, NaN}", "r1-0", "r1-0"},
+        {"{\"id\": \"bad id\", NaN}", "r1-0", ""},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char out[JOB_ID_MAX + 1] = "junk";
@@ -735,6 +742,56 @@ static void test_guess_id(void **state)
     job_free(j);
 }
 
+/* Tenant namespaces, job hashes and the sentences for Python's JSON. */
+static void test_identity_helpers(void **state)
+{
+    (void)state;
+    char out[JOB_ID_MAX + 1];
+    assert_int_equal(job_tenant_id("acme", "req-1", out), 0);
+    assert_string_equal(out, "acme:req-1");
+    assert_int_equal(job_tenant_id("acme", "acme:req-1", out), 0); /* already in it */
+    assert_string_equal(out, "acme:req-1");
+    assert_int_equal(job_tenant_id("acme", "acme2:x", out), 0); /* another's: prefixed */
+    assert_string_equal(out, "acme:acme2:x");
+    char id[JOB_ID_MAX + 1];
+    memset(id, 'a', JOB_ID_MAX - 4);
+    id[JOB_ID_MAX - 4] = 0;
+    assert_int_equal(job_tenant_id("acme", id, out), -1);
+    assert_string_equal(out, "");
+    assert_true(job_tenant_ok("client2") && job_tenant_ok("a_b-c"));
+    assert_false(job_tenant_ok("") || job_tenant_ok("a:b") || job_tenant_ok("a.b") ||
+                 job_tenant_ok("123456789012345678901234567890123"));
+    char sha[JOB_SHA_LEN + 1];
+    job_sha256("abc", 3, sha);
+    assert_string_equal(sha, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    static const struct {
+        const char *raw, *has;
+    } msgs[] = {
+        {"{\"id\":\"a\",\"temperature\":NaN}", "NaN at byte 24 is not a JSON number"},
+        {"{\"id\":\"a\",\"top_p\":-Infinity}", "-Infinity at byte 18"},
+        {"{\"id\":\"a\",\"top_p\":Infinity}", "Infinity at byte 18"},
+        {"{\"id\":\"a\",\"prompt\":\"x\\ud800\"}", "lone UTF-16 surrogate (\\ud800)"},
+        {"{\"id\":\"a\",\"prompt\":\"\\udc00\\ud800\"}", "lone UTF-16 surrogate (\\udc00)"},
+    };
+    for (size_t i = 0; i < sizeof msgs / sizeof msgs[0]; i++) {
+        struct job *j = NULL;
+        struct job_fault f;
+        struct rl_err err = {0};
+        assert_int_equal(job_parse(msgs[i].raw, strlen(msgs[i].raw), NULL, &j, &f, &err),
+                         -RL_EINVAL);
+        assert_int_equal(f.code, EV_CODE_INVALID_JSON);
+        if (!strstr(err.msg, msgs[i].has))
+            fail_msg("case %zu: \"%s\" lacks \"%s\"", i, err.msg, msgs[i].has);
+    }
+    /* a surrogate pair is one character, and fine */
+    const char *pair = "{\"prompt\":\"\\ud83d\\ude00\"}";
+    struct job *j = NULL;
+    struct rl_err err = {0};
+    assert_int_equal(job_parse(pair, strlen(pair), NULL, &j, NULL, &err), 0);
+    assert_string_equal(j->prompt, "\xf0\x9f\x98\x80");
+    job_free(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -750,6 +807,7 @@ int main(void)
         cmocka_unit_test(test_cache_key),
         cmocka_unit_test(test_shared_corpus),
         cmocka_unit_test(test_guess_id),
+        cmocka_unit_test(test_identity_helpers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -457,9 +457,46 @@ static void test_hash(void **state)
     assert_int_equal(dup, 0);
 }
 
+/* Salted sequences (kv_seq_set_salt) share cached blocks only with their
+ * own salt: one tenant's prompt is never a hit for another. */
+static void test_salt_isolates(void **state)
+{
+    (void)state;
+    struct kv_cache *kv = NULL;
+    struct rl_err err = {0};
+    assert_int_equal(kv_cache_create(&kv, 16, 4, &err), 0);
+    int32_t p[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    struct kv_seq *a = NULL, *b = NULL, *c = NULL;
+    int n = -1;
+    assert_int_equal(kv_seq_create(kv, &a, &err), 0);
+    kv_seq_set_salt(a, 7);
+    assert_int_equal(kv_seq_match_prefix(a, p, 9, &n, &err), 0);
+    assert_int_equal(kv_seq_append(a, p, 9, &err), 0);
+    assert_int_equal(kv_seq_commit(a, 9, &err), 0);
+    kv_seq_free(a);
+    /* another salt (and the shared domain) find nothing */
+    assert_int_equal(kv_probe_prefix(kv, p, 9, &n), 3);
+    assert_int_equal(n, 0);
+    assert_int_equal(kv_seq_create(kv, &b, &err), 0);
+    kv_seq_set_salt(b, 8);
+    assert_int_equal(kv_seq_match_prefix(b, p, 9, &n, &err), 0);
+    assert_int_equal(n, 0);
+    kv_seq_free(b);
+    /* the same salt finds both full blocks */
+    kv_probe_prefix_salted(kv, 7, p, 9, &n);
+    assert_int_equal(n, 8);
+    assert_int_equal(kv_seq_create(kv, &c, &err), 0);
+    kv_seq_set_salt(c, 7);
+    assert_int_equal(kv_seq_match_prefix(c, p, 9, &n, &err), 0);
+    assert_int_equal(n, 8);
+    kv_seq_free(c);
+    kv_cache_free(kv);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_salt_isolates),
         cmocka_unit_test(test_alloc_free_refcounts),
         cmocka_unit_test(test_shared_system_prompt),
         cmocka_unit_test(test_partial_last_block_never_shared),

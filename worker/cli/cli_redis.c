@@ -188,12 +188,44 @@ int cli_xread(struct rconn *c, const char *key, const char *after, int count, in
     return 0;
 }
 
-int cli_cancel(struct rconn *c, const char *prefix, const char *id, struct rl_err *err)
+/* The request an id's stream answers: its first event's request.entry
+ * (schemas/README.md, "Job identity") into entry; "" when there is no
+ * stream yet, no stamp, or no right to read it. */
+static void stream_entry(struct rconn *c, const char *prefix, const char *id,
+                         char entry[RCONN_ID_MAX])
 {
     char key[CLI_KEY_MAX];
+    struct rconn_entries ents = {0};
+    struct rl_err err;
+    entry[0] = 0;
+    if (rcl_tagged_key(key, CLI_KEY_MAX, rconn_is_cluster(c), prefix, "out:", id) < 0 ||
+        rconn_xrange(c, key, "-", "+", 1, &ents, &err) || ents.n < 1)
+        goto out;
+    size_t len;
+    const char *v = rconn_entry_field(&ents.v[0], "event", &len);
+    cJSON *o = v ? cJSON_ParseWithLength(v, len) : NULL;
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "request");
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(r, "entry");
+    if (cJSON_IsString(e) && strlen(e->valuestring) < RCONN_ID_MAX)
+        snprintf(entry, RCONN_ID_MAX, "%s", e->valuestring);
+    cJSON_Delete(o);
+out:
+    rconn_entries_free(&ents);
+}
+
+int cli_cancel(struct rconn *c, const char *prefix, const char *id, const char *entry,
+               struct rl_err *err)
+{
+    char key[CLI_KEY_MAX], found[RCONN_ID_MAX];
     if (rcl_tagged_key(key, CLI_KEY_MAX, rconn_is_cluster(c), prefix, "cancel:", id) < 0)
         return rl_errf(err, RL_EINVAL, "key %scancel:%s is too long", prefix, id);
-    const char *argv[] = {"SET", key, "1", "EX", "600"};
+    if (!entry || !entry[0]) {
+        stream_entry(c, prefix, id, found);
+        entry = found;
+    }
+    /* the request's entry cancels that request only, never a later one
+     * under the same id; "1" (nothing known of it yet) whichever runs */
+    const char *argv[] = {"SET", key, entry[0] ? entry : "1", "EX", "600"};
     return rconn_command(c, 5, argv, NULL, NULL, err);
 }
 

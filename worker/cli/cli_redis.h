@@ -51,9 +51,12 @@ int cli_key(char key[CLI_KEY_MAX], const char *prefix, const char *a, const char
 int cli_xread(struct rconn *c, const char *key, const char *after, int count, int block_ms,
               struct rconn_entries *out, struct rl_err *err);
 
-/* SET <prefix>cancel:<id> 1 EX 600: the worker cancels the job at its next
- * step (or before admission). */
-int cli_cancel(struct rconn *c, const char *prefix, const char *id, struct rl_err *err);
+/* SET <prefix>cancel:<id> <entry> EX 600: the worker cancels the request
+ * of that entry (the ID its XADD returned) at its next step, or before
+ * admission. entry NULL or "": the one the id's stream names (its first
+ * event's request.entry), else "1" (whichever request runs under the id). */
+int cli_cancel(struct rconn *c, const char *prefix, const char *id, const char *entry,
+               struct rl_err *err);
 
 /* Renders a request's events as text: deltas' content as it comes, the
  * reasoning apart from it - dim on a terminal, between "[reasoning]" and

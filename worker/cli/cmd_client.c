@@ -125,13 +125,17 @@ static int check_job(const char *text, size_t len, bool to_dispatcher, char **ou
     return 0;
 }
 
-/* XADD the job to <prefix>requests or <prefix>jobs:<pool>. */
-static int send_job(struct rconn *c, const char *prefix, const char *pool, const char *text,
-                    char entry[RCONN_ID_MAX], struct rl_err *err)
+/* XADD the job to <prefix>requests, <prefix>requests:<tenant> (a tenant's
+ * own intake: the dispatcher's option tenants) or <prefix>jobs:<pool>. */
+static int send_job_to(struct rconn *c, const char *prefix, const char *pool, const char *tenant,
+                       const char *text, char entry[RCONN_ID_MAX], struct rl_err *err)
 {
     char key[CLI_KEY_MAX];
     char rest[CLI_KEY_MAX];
-    snprintf(rest, sizeof rest, pool ? "jobs:%s" : "requests", pool);
+    if (tenant)
+        snprintf(rest, sizeof rest, "requests:%s", tenant);
+    else
+        snprintf(rest, sizeof rest, pool ? "jobs:%s" : "requests", pool);
     int rc = rcl_queue_key(key, CLI_KEY_MAX, rconn_is_cluster(c), prefix, rest) < 0
                  ? rl_errf(err, RL_EINVAL, "key %s%s is too long", prefix, rest) : 0;
     if (rc)
@@ -139,6 +143,12 @@ static int send_job(struct rconn *c, const char *prefix, const char *pool, const
     const char *names[] = {"job"}, *values[] = {text};
     size_t lens[] = {strlen(text)};
     return rconn_xadd(c, key, "*", 0, 1, names, values, lens, entry, NULL, err);
+}
+
+static int send_job(struct rconn *c, const char *prefix, const char *pool, const char *text,
+                    char entry[RCONN_ID_MAX], struct rl_err *err)
+{
+    return send_job_to(c, prefix, pool, NULL, text, entry, err);
 }
 
 static int check_pool_name(const char *pool, struct rl_err *err)
@@ -183,7 +193,7 @@ static int follow(struct rconn *c, const char *prefix, const char *id, const str
                 cli_render_stop(r);
                 return 1; /* a second Ctrl-C stops waiting */
             }
-            if ((rc = cli_cancel(c, prefix, id, err)))
+            if ((rc = cli_cancel(c, prefix, id, NULL, err)))
                 return rc;
             t_cancel = rl_wall_ms();
         }
@@ -259,6 +269,8 @@ static void enqueue_usage(void)
             "  --priority N  --deadline-ms UNIX_MS  --stream-ttl S  --no-cache  --metadata JSON\n"
             "  --pool NAME          straight to <prefix>jobs:NAME (default: <prefix>requests,\n"
             "                       the dispatcher's stream)\n"
+            "  --tenant NAME        to <prefix>requests:NAME, a tenant's own stream (dispatcher\n"
+            "                       option tenants); the id printed is NAME:<id>\n"
             "  --follow             then show the events, as redlm tail does\n"
             "  --json               with --follow: raw events\n"
             "%s",
@@ -330,6 +342,7 @@ static char *read_all(FILE *f, size_t *n)
 struct enqueue_args {
     struct cli_redis_args ra;
     const char *file, *pool; /* pool NULL: the dispatcher's stream */
+    const char *tenant;      /* --tenant: <prefix>requests:<tenant>, ids "<tenant>:<id>" */
     bool follow, json, help;
     cJSON *o; /* the fields the flags set (owned by cmd_enqueue) */
 };
@@ -401,6 +414,10 @@ static int enqueue_value_flag(struct enqueue_args *ea, const char *f, const char
         return 0;
     if (!strcmp(f, "--pool")) {
         ea->pool = v;
+        return 0;
+    }
+    if (!strcmp(f, "--tenant") && v) {
+        ea->tenant = v;
         return 0;
     }
     if (!v)
@@ -546,11 +563,19 @@ static int enqueue_send(const struct enqueue_args *ea, const char *text, struct 
     char entry[RCONN_ID_MAX];
     int rc = cli_redis_connect(c, &ea->ra, "redlm-enqueue", &err);
     if (!rc)
-        rc = send_job(*c, ea->ra.prefix, ea->pool, send, entry, &err);
+        rc = send_job_to(*c, ea->ra.prefix, ea->pool, ea->tenant, send, entry, &err);
     free(send);
     if (rc) {
         fprintf(stderr, "redlm enqueue: %s\n", err.msg);
         return 1;
+    }
+    if (ea->tenant) { /* the dispatcher puts it in the tenant's namespace */
+        char ns[JOB_ID_MAX + 1];
+        if (job_tenant_id(ea->tenant, id, ns)) {
+            fprintf(stderr, "redlm enqueue: id %s is too long for tenant %s\n", id, ea->tenant);
+            return 1;
+        }
+        snprintf(id, sizeof id, "%s", ns);
     }
     printf("%s\n", id);
     fflush(stdout);
@@ -585,6 +610,9 @@ int cmd_enqueue(int argc, char **argv)
         status = 0;
         goto out;
     }
+    if (!rc && ea.tenant && (ea.pool || !job_tenant_ok(ea.tenant)))
+        rc = rl_errf(&err, RL_EINVAL, "--tenant: \"%s\" is not 1-%d of [A-Za-z0-9_-], or "
+                     "given with --pool", ea.tenant, JOB_TENANT_MAX);
     if (rc || (ea.pool && check_pool_name(ea.pool, &err))) {
         fprintf(stderr, "redlm enqueue: %s\n", err.msg);
         status = 2;
@@ -711,7 +739,7 @@ int cmd_cancel(int argc, char **argv)
     if (cli_redis_open(&c, &ra, "cancel"))
         return 1;
     for (int i = 0; i < n && !rc; i++)
-        rc = cli_cancel(c, ra.prefix, ids[i], &err);
+        rc = cli_cancel(c, ra.prefix, ids[i], NULL, &err);
     if (rc)
         fprintf(stderr, "redlm cancel: %s\n", err.msg);
     rconn_free(c);
