@@ -87,6 +87,10 @@ static const struct opt options[] = {
     {"mmap_weights", T_BOOL, O(mmap_weights), "false", 0, 0, NULL, CFG_WORKER, 0,
      "CPU: run on the checkpoint's file mapping instead of copying the matrices into 2 MiB pages "
      "at load (less memory and a faster start; slower decode, and no packed decode tiles)."},
+    {"quantize", T_ENUM, O(quantize), "none", 0, 0, "none|q8_0", CFG_WORKER, 0,
+     "CPU: quantize a BF16/F16/F32 checkpoint's matrices to Q8_0 at load, as llama.cpp's Q8_0 files "
+     "hold them (integer kernels; about half the bytes of BF16 per decode step, logits within the "
+     "noise of int8 activations). GGUF and AWQ checkpoints run in their own formats."},
     {"kv_budget_mb", T_INT, O(kv_budget_mb), "0", 0, 16777216, NULL, CFG_WORKER, 0,
      "Memory for the KV cache in MiB; 0 = 1024 (the engine's default; sim: the modelled device's memory left after the weights)."},
     {"kv_prefault", T_BOOL, O(kv_prefault), "true", 0, 0, NULL, CFG_WORKER, 0,

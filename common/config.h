@@ -49,6 +49,7 @@ struct cfg {
     char *sim_model;              /* sim: built-in shape or config.json; "" = model's */
     int threads;                  /* 0 = one per core */
     bool mmap_weights;            /* CPU: weights used in place from the file mapping */
+    char *quantize;               /* CPU: "none" or "q8_0" (BF16 checkpoints quantized at load) */
     int kv_budget_mb;             /* 0 = the engine's default, 1 GiB */
     bool kv_prefault;             /* commit the KV pool at start */
     int max_batch;                /* running requests */

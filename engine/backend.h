@@ -75,6 +75,12 @@ struct be_options {
                                  (CUDA reports once per layer) */
     const char *sim_profile;  /* sim: the modelled device ("h200", "h100",
                                  "a100", "l40s"); NULL = h200 */
+    const char *quantize;     /* CPU: "q8_0" = quantize the BF16/F16/F32
+                                 matrices (and the embedding) to Q8_0 at
+                                 load, as llama.cpp's Q8_0 files hold them,
+                                 for the integer kernels (about half the
+                                 bytes of BF16 per decode step); NULL or
+                                 "none" = as the checkpoint has them */
 };
 
 struct be_ops {

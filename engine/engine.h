@@ -119,6 +119,8 @@ struct engine_options {
     int mmap_weights;         /* CPU: 1 = run on the checkpoint's file
                                  mapping (no copy); 0 = copy into 2 MiB
                                  pages at load (faster decode) */
+    const char *quantize;     /* CPU: be_options.quantize ("q8_0" or
+                                 "none"); NULL = none */
     enum engine_kv_dtype kv_dtype;
     size_t kv_bytes;          /* KV pool budget in bytes (used when
                                  kv_blocks is 0); 0 = 1 GiB */

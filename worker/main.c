@@ -113,6 +113,7 @@ static int setup(struct worker *w, struct rl_err *err)
     eo.n_threads = w->opt.threads;
     eo.device = w->opt.device;
     eo.mmap_weights = w->opt.mmap_weights;
+    eo.quantize = w->opt.quantize;
     eo.kv_bytes = (size_t)w->opt.kv_mb << 20;
     eo.kv_prefault = w->opt.kv_prefault;
     eo.max_batch = w->opt.max_batch;

@@ -51,6 +51,7 @@ static int from_cfg(struct wopts *o, const struct cfg *c, struct rl_err *err)
     o->device = c->device;
     o->threads = c->threads;
     o->mmap_weights = c->mmap_weights;
+    copy(o->quantize, sizeof o->quantize, c->quantize);
     o->kv_mb = c->kv_budget_mb;
     o->kv_prefault = c->kv_prefault;
     o->max_batch = c->max_batch;

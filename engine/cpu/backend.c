@@ -63,10 +63,12 @@ struct attn_item {
 };
 
 struct cpu_mat {
-    enum model_dtype dt;  /* F32, BF16 or F16 (FP8 is widened at load) */
+    enum model_dtype dt;  /* F32, BF16 or F16 (FP8 is widened at load), or
+                             a quantized format (then q says how it is held) */
     int rows, cols;
     const void *w;        /* (rows, cols) row-major, or panels when packed */
     int packed;           /* BF16 in cpu_pack_bf16's layout, for gemm_bf16p */
+    struct cpu_qmat q;    /* quantized: the matrix as gemm_q takes it (q.w == w) */
 };
 
 /* Weights copied out of the file mapping into one anonymous region backed
@@ -102,6 +104,7 @@ struct cpu_ctx {
     int loaded;
 
     int mmap_weights;          /* use matrices in place from the file mapping */
+    int quant_q8;              /* be_options.quantize "q8_0" */
     int kv_prefault;           /* be_options.kv_prefault */
     struct be_options opt;     /* as created: the load progress callback */
     struct cpu_arena arena;    /* copied / widened matrices */
@@ -118,6 +121,10 @@ struct cpu_ctx {
     uint16_t *xb;   /* (max_tokens, max(hidden, q_dim)) bf16 copy of xn / att */
     uint16_t *hb;   /* (max_tokens, inter) bf16 SwiGLU output: apart from xb,
                        which the gate/up gemms are still reading */
+    void *xq[CPU_XQ_N];    /* (max_tokens, the widest product input) the
+                              input of a quantized product in int8 blocks
+                              (qgemm.h), per activation format in use */
+    int xq_need[CPU_XQ_N];
     float *q;       /* (max_tokens, n_heads * head_dim) */
     float *kx, *vx; /* (max_tokens, n_kv * head_dim) */
     float *att;     /* (max_tokens, n_heads * head_dim) */
@@ -170,9 +177,35 @@ static void *amalloc(size_t n)
     return aligned_alloc(64, (n + 63) & ~(size_t)63);
 }
 
-static size_t mat_bytes(const struct model_tensor *t)
+/* A quantized matrix the kernels take as it is (cpu_q_supported); others
+ * are dequantized to F32 at load (mat_dequant_f32). */
+static int q_native(const struct model_tensor *t)
 {
-    /* FP8 is widened to BF16; quantized formats to F32 (mat_dequant_f32) */
+    return quant_is_quantized(t->dtype) &&
+           cpu_q_supported(t->dtype, (int)t->rows, (int)t->cols, t->dtype == MODEL_AWQ4 ? t->awq_group : 0);
+}
+
+static int q_group(const struct model_tensor *t) { return t->dtype == MODEL_AWQ4 ? t->awq_group : 0; }
+
+/* Whether quantized matrix t goes into gemm_q's panels when this load
+ * packs (qpack: q_pack_all): where its format and shape have a panel
+ * layout; the rest (shapes without one) keep NATIVE rows beside them. */
+static int q_packs(const struct model_tensor *t, int qpack)
+{
+    return qpack && cpu_q_can_pack(t->dtype, (int)t->rows, (int)t->cols, q_group(t));
+}
+
+/* Arena bytes of matrix t; qpack: quantized matrices go into gemm_q's
+ * panels (cpu_q_pack) where they can, else their NATIVE rows. */
+static size_t mat_bytes(const struct model_tensor *t, int qpack)
+{
+    if (q_native(t)) {
+        qpack = q_packs(t, qpack);
+        size_t b = qpack ? cpu_q_panel_bytes(t->dtype, (int)t->cols, q_group(t)) * (size_t)(t->rows / 16)
+                         : cpu_q_row_bytes(t->dtype, (int)t->cols, q_group(t)) * (size_t)t->rows;
+        return (b + 63) & ~(size_t)63;
+    }
+    /* FP8 is widened to BF16; other quantized formats to F32 (mat_dequant_f32) */
     size_t el = t->dtype == MODEL_F32 || quant_is_quantized(t->dtype) ? 4 : 2;
     return ((size_t)t->rows * (size_t)t->cols * el + 63) & ~(size_t)63;
 }
@@ -237,7 +270,7 @@ static void mat_dequant_f32(struct cpu_mat *m, const struct model_tensor *t, str
                             struct cpu_progress *pg)
 {
     float *o = (float *)(a->base + a->used);
-    a->used += mat_bytes(t);
+    a->used += mat_bytes(t, 0);
     for (int64_t r = 0; r < t->rows; r++) {
         quant_dequant_row(t, r, o + (size_t)r * (size_t)t->cols);
         progress_add(pg, (size_t)t->cols);
@@ -246,25 +279,92 @@ static void mat_dequant_f32(struct cpu_mat *m, const struct model_tensor *t, str
     m->w = o;
 }
 
-/* Row `tok` of a quantized (block format) embedding kept in its format. */
-static void embed_quant_row(const struct cpu_mat *e, int32_t tok, float *x)
+/* After a matrix is copied out of the checkpoint's mapping, its source
+ * pages are no longer needed here: they are asked back (MADV_PAGEOUT), so
+ * the load's peak resident memory is the arena plus about one matrix, not
+ * the arena plus the whole file (a Q4_K_M 14B: ~9 GB instead of ~18 GB).
+ * PAGEOUT, not DONTNEED: the weights may be anonymous memory (a test's
+ * arrays, a loader's converted copy), which DONTNEED would zero, and
+ * another backend may read them after this one; PAGEOUT only drops clean
+ * file pages (read back on demand) and moves anonymous ones to swap, if
+ * any. A hint: kernels without it ignore it. */
+static void release_src(const void *p, size_t n)
 {
-    struct model_tensor t = {.dtype = e->dt, .rows = e->rows, .cols = e->cols, .data = e->w};
-    quant_dequant_row(&t, tok, x);
+#ifdef MADV_PAGEOUT
+    uintptr_t a = ((uintptr_t)p + 4095) & ~(uintptr_t)4095, b = ((uintptr_t)p + n) & ~(uintptr_t)4095;
+    if (b > a)
+        madvise((void *)a, b - a, MADV_PAGEOUT);
+#else
+    (void)p, (void)n;
+#endif
+}
+
+/* Quantized matrices the kernels take (qgemm.h): GGUF's blocks as they
+ * are, or on a table with VNNI panels (qpack) repacked into them at about
+ * the same size; AWQ converted to rows first (its transposed layout is no
+ * use to a row kernel), which needs the arena even with mmap_weights. Row
+ * by row for the progress. */
+static int mat_bind_q(struct cpu_mat *m, const struct model_tensor *t, struct cpu_arena *a, int copy,
+                      int qpack, struct cpu_progress *pg)
+{
+    int G = q_group(t), rows = (int)t->rows, cols = (int)t->cols;
+    size_t rb = cpu_q_row_bytes(t->dtype, cols, G);
+    qpack = q_packs(t, qpack);
+    m->dt = t->dtype;
+    m->q = (struct cpu_qmat){t->dtype, rows, cols, G, qpack ? CPU_QL_PANELS : CPU_QL_NATIVE, t->data};
+    const uint8_t *src = t->data;
+    uint8_t *conv = NULL;
+    if (t->dtype == MODEL_AWQ4) {
+        conv = qpack ? malloc(rb * (size_t)rows) : (uint8_t *)(a->base + a->used);
+        if (!conv)
+            return -1;
+        cpu_q_awq_convert(t, conv);
+        src = conv;
+    }
+    if (qpack) {
+        uint8_t *dst = (uint8_t *)(a->base + a->used);
+        size_t pb = cpu_q_panel_bytes(t->dtype, cols, G);
+        for (int r = 0; r < rows; r += 16) {
+            cpu_q_pack(t->dtype, 16, cols, G, src + (size_t)r * rb, dst + (size_t)(r / 16) * pb);
+            progress_add(pg, (size_t)cols * 16);
+        }
+        a->used += mat_bytes(t, 1);
+        m->q.w = dst;
+        free(conv);
+        release_src(t->data, t->dtype == MODEL_AWQ4 ? (size_t)rows * (size_t)cols / 2 : rb * (size_t)rows);
+    } else if (conv) {
+        a->used += mat_bytes(t, 0);
+        m->q.w = conv;
+        release_src(t->data, (size_t)rows * (size_t)cols / 2);
+        progress_add(pg, (size_t)rows * (size_t)cols);
+    } else if (copy) {
+        uint8_t *dst = (uint8_t *)(a->base + a->used);
+        memcpy(dst, src, rb * (size_t)rows);
+        a->used += mat_bytes(t, 0);
+        m->q.w = dst;
+        release_src(src, rb * (size_t)rows);
+        progress_add(pg, (size_t)rows * (size_t)cols);
+    } else {
+        progress_add(pg, (size_t)rows * (size_t)cols);
+    }
+    m->w = m->q.w;
+    return 0;
 }
 
 /* Binds matrix t: in place from the mapping, or copied (widened for FP8)
  * into the arena when `copy` is set or the dtype needs widening. The copy
  * goes in progress-sized pieces: it is where the file is actually read. */
-static void mat_bind(struct cpu_mat *m, const struct model_tensor *t, const struct model_config *cfg,
-                     struct cpu_arena *a, int copy, struct cpu_progress *pg)
+static int mat_bind(struct cpu_mat *m, const struct model_tensor *t, const struct model_config *cfg,
+                    struct cpu_arena *a, int copy, int qpack, struct cpu_progress *pg)
 {
     m->rows = (int)t->rows;
     m->cols = (int)t->cols;
     size_t n = (size_t)m->rows * (size_t)m->cols;
+    if (q_native(t))
+        return mat_bind_q(m, t, a, copy, qpack, pg);
     if (quant_is_quantized(t->dtype)) {
         mat_dequant_f32(m, t, a, pg);
-        return;
+        return 0;
     }
     if (t->dtype != MODEL_F8_E4M3) {
         m->dt = t->dtype;
@@ -277,16 +377,16 @@ static void mat_bind(struct cpu_mat *m, const struct model_tensor *t, const stru
                 memcpy(dst + off, (const char *)t->data + off, k);
                 progress_add(pg, k);
             }
-            a->used += mat_bytes(t);
+            a->used += mat_bytes(t, 0);
             m->w = dst;
         } else {
             progress_add(pg, src_bytes(t));
         }
-        return;
+        return 0;
     }
     /* FP8 -> BF16 with the 128x128 block scale folded in. */
     uint16_t *o = (uint16_t *)(a->base + a->used);
-    a->used += mat_bytes(t);
+    a->used += mat_bytes(t, 0);
     const uint8_t *src = t->data;
     int bc = (m->cols + cfg->fp8_block_cols - 1) / cfg->fp8_block_cols;
     for (int r = 0; r < m->rows; r++) {
@@ -299,6 +399,7 @@ static void mat_bind(struct cpu_mat *m, const struct model_tensor *t, const stru
     }
     m->dt = MODEL_BF16;
     m->w = o;
+    return 0;
 }
 
 /* Repacks the arena's BF16 matrices into gemm_bf16p's panels, once, after
@@ -337,8 +438,10 @@ static int pack_weights(struct cpu_ctx *c)
     size_t biggest = 0;
     for (int l = -1; l < c->cfg.n_layers; l++)
         for (int i = 0, n = pack_list(c, l, ms); i < n; i++) {
+            if (l >= 0 && ms[i]->dt != MODEL_BF16)
+                continue; /* quantized (gemm_q's own layout) or F32/F16 */
             if (l >= 0 && !pack_ok(ms[i]))
-                return 0; /* all layers packed or none: simpler to reason about */
+                return 0; /* all BF16 layers packed or none: simpler to reason about */
             size_t bytes = (size_t)ms[i]->rows * (size_t)ms[i]->cols * 2;
             biggest = bytes > biggest ? bytes : biggest;
         }
@@ -347,6 +450,8 @@ static int pack_weights(struct cpu_ctx *c)
         return -1;
     for (int l = -1; l < c->cfg.n_layers; l++)
         for (int i = 0, n = pack_list(c, l, ms); i < n; i++) {
+            if (!pack_ok(ms[i]))
+                continue;
             memcpy(tmp, ms[i]->w, (size_t)ms[i]->rows * (size_t)ms[i]->cols * 2);
             cpu_pack_bf16(tmp, ms[i]->rows, ms[i]->cols, (uint16_t *)ms[i]->w);
             ms[i]->packed = 1;
@@ -358,10 +463,14 @@ static int pack_weights(struct cpu_ctx *c)
 }
 
 /* Bytes the arena needs for the matrices that will live in it. */
-static size_t arena_need(const struct model_config *cfg, const struct model_weights *w, int copy)
+static size_t arena_need(const struct model_config *cfg, const struct model_weights *w, int copy, int qpack)
 {
     size_t total = 0;
-#define NEED(t) total += (copy || (t).dtype == MODEL_F8_E4M3 || quant_is_quantized((t).dtype)) ? mat_bytes(&(t)) : 0
+#define NEED(t)                                                               \
+    total += (copy || (t).dtype == MODEL_F8_E4M3 || (t).dtype == MODEL_AWQ4 || qpack || \
+              (quant_is_quantized((t).dtype) && !q_native(&(t))))            \
+                 ? mat_bytes(&(t), qpack)                                     \
+                 : 0
     NEED(w->embed);
     if (!cfg->tied)
         NEED(w->lm_head);
@@ -428,13 +537,135 @@ static void free_weights(struct cpu_ctx *c)
     c->final_norm = NULL, c->inv_freq = NULL;
     free(c->x), free(c->xn), free(c->xb), free(c->q), free(c->kx), free(c->vx);
     free(c->att), free(c->g), free(c->u), free(c->tmp), free(c->tok_seq), free(c->tok_pos);
-    free(c->items), free(c->hb), free(c->rope);
+    free(c->items), free(c->hb), free(c->rope), free(c->xq[0]), free(c->xq[1]);
+    c->xq[0] = c->xq[1] = NULL;
     c->rope = NULL;
     c->items = NULL;
     c->hb = NULL;
     c->x = c->xn = c->q = c->kx = c->vx = c->att = c->g = c->u = c->tmp = NULL;
     c->xb = NULL, c->tok_seq = c->tok_pos = NULL;
     c->loaded = 0;
+}
+
+/* --quantize q8_0: the float matrices of w (F32, BF16, F16; the embedding
+ * too, which a tied checkpoint multiplies as the lm_head) quantized to
+ * Q8_0 rows with quant.c's reference quantizer, into a copy of the weight
+ * table (*qw, layers in *ql) that the load then takes like a Q8_0 GGUF's.
+ * The Q8_0 rows are malloc'd, listed in bufs (up to 2 + 7 n_layers), and
+ * freed by the caller after the load has copied them. */
+static int quantize_q8_0(const struct model_config *cfg, const struct model_weights *w,
+                         struct model_weights *qw, struct model_layer **ql, void **bufs, int *n_bufs)
+{
+    *qw = *w;
+    *n_bufs = 0;
+    if (!(*ql = malloc((size_t)cfg->n_layers * sizeof **ql)))
+        return -1;
+    memcpy(*ql, w->layers, (size_t)cfg->n_layers * sizeof **ql);
+    qw->layers = *ql;
+    float *row = malloc((size_t)(cfg->hidden > cfg->intermediate ? cfg->hidden : cfg->intermediate) * 4 +
+                        (size_t)cfg->n_heads * (size_t)cfg->head_dim * 4);
+    if (!row)
+        return -1;
+    for (int l = -1; l < cfg->n_layers; l++) {
+        struct model_tensor *ts[7];
+        int n = 0;
+        if (l < 0) {
+            ts[n++] = &qw->embed;
+            if (!cfg->tied)
+                ts[n++] = &qw->lm_head;
+        } else {
+            struct model_layer *S = &(*ql)[l];
+            struct model_tensor *ls[7] = {&S->wq, &S->wk, &S->wv, &S->wo, &S->w_gate, &S->w_up, &S->w_down};
+            memcpy(ts, ls, sizeof ls);
+            n = 7;
+        }
+        for (int i = 0; i < n; i++) {
+            struct model_tensor *t = ts[i];
+            if ((t->dtype != MODEL_F32 && t->dtype != MODEL_BF16 && t->dtype != MODEL_F16) || t->cols % 32)
+                continue;
+            size_t rb = quant_row_bytes(MODEL_Q8_0, t->cols);
+            uint8_t *q = malloc(rb * (size_t)t->rows);
+            if (!q) {
+                free(row);
+                return -1;
+            }
+            bufs[(*n_bufs)++] = q;
+            for (int64_t r = 0; r < t->rows; r++) {
+                const char *src = (const char *)t->data + (size_t)r * (size_t)t->cols * (t->dtype == MODEL_F32 ? 4 : 2);
+                for (int64_t c = 0; c < t->cols; c++) {
+                    uint16_t h;
+                    if (t->dtype == MODEL_F32)
+                        memcpy(&row[c], src + 4 * c, 4);
+                    else {
+                        memcpy(&h, src + 2 * c, 2);
+                        row[c] = t->dtype == MODEL_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+                    }
+                }
+                quant_quantize_q8_0(row, (struct quant_block_q8_0 *)(q + (size_t)r * rb), t->cols);
+            }
+            t->dtype = MODEL_Q8_0;
+            t->data = q;
+        }
+    }
+    if (cfg->tied)
+        qw->lm_head = qw->embed;
+    free(row);
+    return 0;
+}
+
+/* Whether this load puts quantized matrices into gemm_q's panels: the
+ * table reads them, the weights are copied, and every matrix of the layers
+ * has whole 16-row panels, so that the row splits of stacked matrices
+ * (multiples of 64 from the first row of the stack) land on panel
+ * boundaries of each; then each quantized matrix packs where its format
+ * has panels (q_packs). */
+static int q_pack_all(const struct cpu_ctx *c, const struct model_config *cfg, const struct model_weights *w)
+{
+    if (!c->k->q_panels || c->mmap_weights)
+        return 0;
+    const struct model_tensor *ts[2 + 7];
+    int any = 0;
+    for (int l = -1; l < cfg->n_layers; l++) {
+        int n = 0;
+        if (l < 0) {
+            ts[n++] = &w->embed;
+            if (!cfg->tied)
+                ts[n++] = &w->lm_head;
+        } else {
+            const struct model_layer *S = &w->layers[l];
+            const struct model_tensor *ls[7] = {&S->wq, &S->wk, &S->wv, &S->wo, &S->w_gate, &S->w_up, &S->w_down};
+            memcpy(ts, ls, sizeof ls);
+            n = 7;
+        }
+        for (int i = 0; i < n; i++) {
+            if (l >= 0 && ts[i]->rows % 16) /* stacked: see above */
+                return 0;
+            any |= q_native(ts[i]) && cpu_q_can_pack(ts[i]->dtype, (int)ts[i]->rows, (int)ts[i]->cols,
+                                                      q_group(ts[i]));
+        }
+    }
+    return any;
+}
+
+/* The activation formats the quantized matrices of this load read. */
+static void q_formats(struct cpu_ctx *c, const struct model_config *cfg, const struct model_weights *w)
+{
+    c->xq_need[0] = c->xq_need[1] = 0;
+    const struct model_tensor *ts[7];
+    for (int l = -1; l < cfg->n_layers; l++) {
+        int n = 1;
+        if (l < 0) {
+            ts[0] = cfg->tied ? &w->embed : &w->lm_head;
+        } else {
+            const struct model_layer *S = &w->layers[l];
+            const struct model_tensor *ls[7] = {&S->wq, &S->wk, &S->wv, &S->wo, &S->w_gate, &S->w_up, &S->w_down};
+            memcpy(ts, ls, sizeof ls);
+            n = 7;
+        }
+        for (int i = 0; i < n; i++)
+            if (q_native(ts[i]))
+                c->xq_need[cpu_xq_for(ts[i]->dtype)] = 1;
+    }
 }
 
 static int cpu_load(void *ctx, const struct model_config *cfg, const struct model_weights *w,
@@ -446,6 +677,17 @@ static int cpu_load(void *ctx, const struct model_config *cfg, const struct mode
     free_weights(c);
     c->cfg = *cfg;
     int rc;
+    /* --quantize q8_0: the load below takes a Q8_0 copy of the weights */
+    struct model_weights qw;
+    struct model_layer *ql = NULL;
+    void **qbufs = NULL;
+    int n_qbufs = 0;
+    if (c->quant_q8) {
+        if (!(qbufs = calloc((size_t)(2 + 7 * cfg->n_layers), sizeof *qbufs)) ||
+            quantize_q8_0(cfg, w, &qw, &ql, qbufs, &n_qbufs))
+            goto oom;
+        w = &qw;
+    }
     c->layers = calloc((size_t)cfg->n_layers, sizeof *c->layers);
     if (!c->layers)
         goto oom;
@@ -457,16 +699,18 @@ static int cpu_load(void *ctx, const struct model_config *cfg, const struct mode
         pg.total += src_bytes(&S->wq) + src_bytes(&S->wk) + src_bytes(&S->wv) + src_bytes(&S->wo) +
                     src_bytes(&S->w_gate) + src_bytes(&S->w_up) + src_bytes(&S->w_down);
     }
-    if (arena_init(&c->arena, arena_need(cfg, w, copy))) {
+    int qpack = q_pack_all(c, cfg, w);
+    if (arena_init(&c->arena, arena_need(cfg, w, copy, qpack))) {
         rc = rl_errf(err, RL_ENOMEM, "cpu backend: cannot map %zu bytes for the weights",
-                     arena_need(cfg, w, copy));
+                     arena_need(cfg, w, copy, qpack));
         goto fail;
     }
-    mat_bind(&c->embed, &w->embed, cfg, &c->arena, copy, &pg);
+    if (mat_bind(&c->embed, &w->embed, cfg, &c->arena, copy, qpack, &pg))
+        goto oom;
     if (cfg->tied)
         c->lm_head = c->embed;
-    else
-        mat_bind(&c->lm_head, &w->lm_head, cfg, &c->arena, copy, &pg);
+    else if (mat_bind(&c->lm_head, &w->lm_head, cfg, &c->arena, copy, qpack, &pg))
+        goto oom;
     if (!(c->final_norm = vec_f32(&w->final_norm)))
         goto oom;
     for (int l = 0; l < cfg->n_layers; l++) {
@@ -475,14 +719,16 @@ static int cpu_load(void *ctx, const struct model_config *cfg, const struct mode
         if (!(L->attn_norm = vec_f32(&S->attn_norm)) || !(L->mlp_norm = vec_f32(&S->mlp_norm)) ||
             !(L->q_norm = vec_f32(&S->q_norm)) || !(L->k_norm = vec_f32(&S->k_norm)))
             goto oom;
-        mat_bind(&L->wq, &S->wq, cfg, &c->arena, copy, &pg);
-        mat_bind(&L->wk, &S->wk, cfg, &c->arena, copy, &pg);
-        mat_bind(&L->wv, &S->wv, cfg, &c->arena, copy, &pg);
-        mat_bind(&L->wo, &S->wo, cfg, &c->arena, copy, &pg);
-        mat_bind(&L->gate, &S->w_gate, cfg, &c->arena, copy, &pg);
-        mat_bind(&L->up, &S->w_up, cfg, &c->arena, copy, &pg);
-        mat_bind(&L->down, &S->w_down, cfg, &c->arena, copy, &pg);
+        if (mat_bind(&L->wq, &S->wq, cfg, &c->arena, copy, qpack, &pg) ||
+            mat_bind(&L->wk, &S->wk, cfg, &c->arena, copy, qpack, &pg) ||
+            mat_bind(&L->wv, &S->wv, cfg, &c->arena, copy, qpack, &pg) ||
+            mat_bind(&L->wo, &S->wo, cfg, &c->arena, copy, qpack, &pg) ||
+            mat_bind(&L->gate, &S->w_gate, cfg, &c->arena, copy, qpack, &pg) ||
+            mat_bind(&L->up, &S->w_up, cfg, &c->arena, copy, qpack, &pg) ||
+            mat_bind(&L->down, &S->w_down, cfg, &c->arena, copy, qpack, &pg))
+            goto oom;
     }
+    q_formats(c, cfg, w);
     if (pack_weights(c))
         goto oom;
     if (rope_init(c))
@@ -501,15 +747,25 @@ static int cpu_load(void *ctx, const struct model_config *cfg, const struct mode
         !(c->tok_seq = amalloc(T * 4)) || !(c->tok_pos = amalloc(T * 4)) ||
         !(c->items = amalloc(T * (size_t)cfg->n_kv_heads * sizeof *c->items)))
         goto oom;
+    size_t kmax = wide > I ? wide : I;
+    for (int f = 0; f < CPU_XQ_N; f++)
+        if (c->xq_need[f] && !(c->xq[f] = amalloc(T * cpu_xq_row_bytes((enum cpu_xq)f, (int)kmax + 255))))
+            goto oom;
     c->kv_dtype = c->kv_req != BE_KV_AUTO ? c->kv_req
                   : cfg->dtype == MODEL_F32 && w->layers[0].wq.dtype == MODEL_F32 ? BE_KV_F32
                                                                        : BE_KV_BF16;
     c->loaded = 1;
-    return 0;
+    rc = 0;
+    goto out;
 oom:
     rc = rl_errf(err, RL_ENOMEM, "cpu backend: out of memory loading weights");
 fail:
     free_weights(c);
+out:
+    for (int i = 0; i < n_qbufs; i++)
+        free(qbufs[i]);
+    free(qbufs);
+    free(ql);
     return rc;
 }
 
@@ -648,9 +904,13 @@ struct mm_job {
     const struct cpu_mat *mat[3];
     float *y[3];
     int ldy[3];
-    const float *x;      /* (M, K) f32, for F32/F16 matrices */
+    const float *x;      /* (M, K) f32, for F32/F16 and quantized matrices */
     const uint16_t *xb;  /* (M, K) bf16, for BF16 matrices */
     int ldx;
+    /* quantized matrices: x in their activation format (mm_run fills them
+     * from x before the product), rows ldxq[f] bytes apart */
+    void *xq[CPU_XQ_N];
+    size_t ldxq[CPU_XQ_N];
     /* SwiGLU fusion: when set, mat[0] = gate and mat[1] = up over the same
      * rows; each thread turns its own columns of y[0] into silu(g) * u. */
     int swiglu;
@@ -669,6 +929,11 @@ static int mm_n_split(const struct mm_job *j) { return j->swiglu ? 1 : j->n_mats
 static void mm_one(const struct mm_job *j, int i, int n0, int n1)
 {
     const struct cpu_mat *m = j->mat[i];
+    if (quant_is_quantized(m->dt)) {
+        enum cpu_xq f = cpu_xq_for(m->dt);
+        j->k->gemm_q(j->M, n0, n1, &m->q, j->xq[f], j->ldxq[f], j->y[i], j->ldy[i]);
+        return;
+    }
     switch (m->dt) {
     case MODEL_BF16:
         if (m->packed)
@@ -1273,7 +1538,7 @@ static void embed_task(void *arg, int ith, int nth)
         } else if (e->dt == MODEL_F32)
             memcpy(x, (const float *)e->w + off, (size_t)H * 4);
         else if (quant_is_quantized(e->dt))
-            embed_quant_row(e, j->tokens[t], x);
+            cpu_q_dequant_row(&e->q, j->tokens[t], x);
         else if (e->dt == MODEL_BF16)
             j->c->k->bf16_to_f32((const uint16_t *)e->w + off, x, H);
         else
@@ -1334,10 +1599,57 @@ static int check_batch(const struct cpu_ctx *c, const struct be_batch *b, struct
     return 0;
 }
 
+/* Quantizes rows of a product's input into the activation formats its
+ * quantized matrices read (qgemm.h): row by row, each a function of that
+ * row alone, so batch invariance holds; rows taken from a counter. */
+struct xq_job {
+    const float *x;
+    int ldx, K, M;
+    const int *need;     /* (CPU_XQ_N) formats wanted */
+    void *const *out;    /* (CPU_XQ_N) */
+    const size_t *ld;    /* (CPU_XQ_N) */
+    _Atomic int next;
+};
+
+static void xq_task(void *arg, int ith, int nth)
+{
+    struct xq_job *j = arg;
+    int m;
+    while ((m = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->M)
+        for (int f = 0; f < CPU_XQ_N; f++)
+            if (j->need[f])
+                cpu_xq_quantize((enum cpu_xq)f, j->x + (size_t)m * (size_t)j->ldx, j->K,
+                                (char *)j->out[f] + (size_t)m * j->ld[f]);
+}
+
+/* Fills j->xq from j->x when some matrix of j is quantized. Decode rows
+ * (a few) are quantized by the calling thread: waking the pool for a
+ * microsecond of work costs more than it. */
+static void mm_quantize_input(struct cpu_ctx *c, struct mm_job *j)
+{
+    int need[CPU_XQ_N] = {0}, any = 0;
+    for (int i = 0; i < j->n_mats; i++)
+        if (quant_is_quantized(j->mat[i]->dt))
+            need[cpu_xq_for(j->mat[i]->dt)] = any = 1;
+    if (!any)
+        return;
+    int K = j->mat[0]->cols;
+    for (int f = 0; f < CPU_XQ_N; f++) {
+        j->xq[f] = c->xq[f];
+        j->ldxq[f] = cpu_xq_row_bytes((enum cpu_xq)f, K);
+    }
+    struct xq_job q = {j->x, j->ldx, K, j->M, need, j->xq, j->ldxq, 0};
+    if (j->M <= 4)
+        xq_task(&q, 0, 1);
+    else
+        cpu_pool_run_dyn(c->pool, xq_task, &q);
+}
+
 /* Runs a product job on the pool, the decode split (mm_tiles) where it
  * applies. */
 static void mm_run(struct cpu_ctx *c, struct mm_job *j)
 {
+    mm_quantize_input(c, j);
     int n = mm_n_split(j), nth = cpu_pool_n_threads(c->pool);
     int ok = j->M <= CPU_SPREAD_MAX_M && c->k->gemm_bf16p_tiles && n * nth <= MM_MAX_RANGES &&
              (!j->swiglu || (j->hb && j->mat[1]->packed));
@@ -1518,6 +1830,8 @@ int cpu_backend_create(struct backend **out, const struct be_options *opt, struc
     const struct cpu_kernels *k = cpu_kernels_get(isa);
     if (!k)
         return rl_errf(err, RL_EUNSUPPORTED, "no kernels for ISA %s", cpu_isa_name(isa));
+    if (opt->quantize && strcmp(opt->quantize, "none") && strcmp(opt->quantize, "q8_0"))
+        return rl_errf(err, RL_EINVAL, "unknown quantization \"%s\" (none, q8_0)", opt->quantize);
     struct cpu_ctx *c = calloc(1, sizeof *c);
     struct backend *be = calloc(1, sizeof *be);
     if (!c || !be) {
@@ -1533,6 +1847,9 @@ int cpu_backend_create(struct backend **out, const struct be_options *opt, struc
     c->n_threads = cpu_pool_n_threads(c->pool);
     c->kv_req = opt->kv_dtype;
     c->mmap_weights = opt->mmap_weights;
+    c->quant_q8 = opt->quantize && !strcmp(opt->quantize, "q8_0");
+    if (c->quant_q8) /* the Q8_0 rows live in the arena: nothing to use in place */
+        c->mmap_weights = 0;
     c->kv_prefault = opt->kv_prefault;
     c->opt = *opt;
     c->opt.isa = NULL; /* not kept: the caller's string */

@@ -201,6 +201,7 @@ static const struct cpu_kernels sc_table = {
     .dot_bf16_f32 = sc_dot_bf16_f32,
     .axpy_f32 = sc_axpy_f32,
     .axpy_bf16 = sc_axpy_bf16,
+    .gemm_q = cpu_gemm_q_scalar,
 };
 
 const struct cpu_kernels *cpu_kernels_scalar(void)
@@ -236,12 +237,12 @@ enum cpu_isa cpu_isa_detect(void)
         return CPU_ISA_SCALAR;
     __cpuid_count(7, 0, a, b, c, d);
     int avx2 = (b >> 5) & 1, f512 = (b >> 16) & 1, dq = (b >> 17) & 1,
-        bw = (b >> 30) & 1, vl = (b >> 31) & 1;
+        bw = (b >> 30) & 1, vl = (b >> 31) & 1, vnni = (c >> 11) & 1;
     __cpuid_count(7, 1, a, b, c, d);
     int bf16 = (a >> 5) & 1;
     /* opmask, ZMM_Hi256, Hi16_ZMM state */
     int os512 = (xcr0 & 0xe0) == 0xe0;
-    if (f512 && dq && bw && vl && bf16 && os512 && fma && f16c && avx2)
+    if (f512 && dq && bw && vl && bf16 && vnni && os512 && fma && f16c && avx2)
         return CPU_ISA_AVX512BF16;
     if (avx2 && fma && f16c)
         return CPU_ISA_AVX2;

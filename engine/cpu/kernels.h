@@ -13,7 +13,10 @@
 #ifndef RL_CPU_KERNELS_H
 #define RL_CPU_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
+
+#include "cpu/qgemm.h"
 
 enum cpu_isa { CPU_ISA_SCALAR = 0, CPU_ISA_AVX2, CPU_ISA_AVX512BF16, CPU_ISA_N };
 
@@ -149,6 +152,16 @@ struct cpu_kernels {
      * row alone. hd % 32 == 0. */
     void (*norm_rope)(float *x, int n, int hd, const float *w, float eps,
                       const float *cs, const float *sn);
+
+    /* Products with quantized weights (engine/cpu/qgemm.h: formats, the
+     * one recipe every table follows bit for bit): y[m*ldy + n] for
+     * m < M, n in [n0, n1), activations xq quantized by cpu_xq_quantize
+     * in cpu_xq_for(w->dt)'s format, rows ldxq bytes apart. Every table
+     * takes CPU_QL_NATIVE weights; those with q_panels set also take
+     * CPU_QL_PANELS (cpu_q_pack), then with n0 and n1 multiples of 16. */
+    void (*gemm_q)(int M, int n0, int n1, const struct cpu_qmat *w, const void *xq,
+                   size_t ldxq, float *y, int ldy);
+    int q_panels;
 };
 
 /* gemm_bf16p_tiles' tiles over n rows: 4 panels of 16 rows each (fused:

@@ -261,6 +261,7 @@ static const struct cpu_kernels av2_table = {
     .dot_bf16_f32 = av2_dot_bf16_f32,
     .axpy_f32 = av2_axpy_f32,
     .axpy_bf16 = av2_axpy_bf16,
+    .gemm_q = cpu_gemm_q_avx2,
 };
 
 const struct cpu_kernels *cpu_kernels_avx2(void)

@@ -962,6 +962,8 @@ static const struct cpu_kernels av512_table = {
     .rmsnorm = av512_rmsnorm,
     .swiglu = av512_swiglu,
     .norm_rope = av512_norm_rope,
+    .gemm_q = cpu_gemm_q_avx512,
+    .q_panels = 1,
 };
 
 const struct cpu_kernels *cpu_kernels_avx512bf16(void)

@@ -37,6 +37,7 @@ extern "C" {
 #include "cuda_backend.h"
 #include "dtype.h"
 #include "quant.h"
+#include "cpu/qgemm.h"
 }
 
 #define N_BUCKETS 10        /* graph buckets 1, 2, 4, ... 512 */
@@ -251,6 +252,14 @@ static int vec_upload(struct cuda_ctx *c, float **out, const struct model_tensor
     return rc;
 }
 
+/* Device bytes of a checkpoint matrix (quantized: the CPU's NATIVE rows). */
+static size_t mat_dev_bytes(const struct model_tensor *t)
+{
+    if (quant_is_quantized(t->dtype))
+        return cpu_q_row_bytes(t->dtype, (int)t->cols, t->dtype == MODEL_AWQ4 ? t->awq_group : 0) * (size_t)t->rows;
+    return (size_t)t->rows * (size_t)t->cols * dt_size(t->dtype);
+}
+
 /* Stacks n tensors (same dtype and cols) into one device matrix, or keeps
  * them apart when FP8 block rows would not line up. */
 static int lin_upload(struct cuda_ctx *c, struct cu_linear *l, const struct model_tensor *const *ts, int n,
@@ -280,14 +289,34 @@ static int lin_upload(struct cuda_ctx *c, struct cu_linear *l, const struct mode
         m->cols = (int)ts[first]->cols;
         l->off[gi] = r0;
         r0 += mrows;
-        size_t es = dt_size(m->dt), bytes = (size_t)mrows * (size_t)m->cols * es;
+        if (m->dt == MODEL_AWQ4) {
+            m->group = ts[first]->awq_group;
+            for (int i = first; i <= last; i++) /* stacked only with the same group */
+                if (ts[i]->awq_group != m->group)
+                    return rl_errf(err, RL_EUNSUPPORTED, "cuda backend: %s and %s have different AWQ groups",
+                                   ts[first]->name, ts[i]->name);
+        }
+        size_t bytes = 0;
+        for (int i = first; i <= last; i++)
+            bytes += mat_dev_bytes(ts[i]);
         int rc = dev_alloc(c, &m->w, bytes, err);
         if (rc)
             return rc;
         size_t at = 0;
         for (int i = first; i <= last; i++) {
-            size_t b = (size_t)ts[i]->rows * (size_t)ts[i]->cols * es;
-            CU_CHECK(err, cudaMemcpy((char *)m->w + at, ts[i]->data, b, cudaMemcpyHostToDevice));
+            size_t b = mat_dev_bytes(ts[i]);
+            const void *src = ts[i]->data;
+            void *conv = NULL;
+            if (ts[i]->dtype == MODEL_AWQ4) { /* AutoAWQ's transposed packing into rows */
+                if (!(conv = malloc(b)))
+                    return rl_errf(err, RL_ENOMEM, "out of memory converting %s", ts[i]->name);
+                cpu_q_awq_convert(ts[i], conv);
+                src = conv;
+            }
+            cudaError_t e = cudaMemcpy((char *)m->w + at, src, b, cudaMemcpyHostToDevice);
+            free(conv);
+            if (e != cudaSuccess)
+                return rl_errf(err, RL_EBACKEND, "cudaMemcpy(%s): %s", ts[i]->name, cudaGetErrorString(e));
             at += b;
         }
         if (m->dt == MODEL_F8_E4M3) {
@@ -387,25 +416,40 @@ static int alloc_common(struct cuda_ctx *c, int max_tokens, struct rl_err *err)
 }
 
 /* The quantized formats (engine/quant.h: GGUF Q8_0 / K-quants, AWQ INT4)
- * have no CUDA kernels yet: refused by name until they land, rather than
- * uploaded and misread. */
-static int refuse_quantized(const struct model_weights *w, struct rl_err *err)
+ * run on qgemm.cu's kernels in shapes whose rows are whole blocks (and,
+ * for the 8-element steps of those kernels, cols a multiple of 8); others
+ * are refused by name rather than uploaded and misread. Returns the widest
+ * quantized matrix's cols through *qcols (0: none), for the prefill panel. */
+static int check_quantized(const struct model_weights *w, int *qcols, struct rl_err *err)
 {
+    *qcols = 0;
     const struct model_tensor *ts[3] = {&w->embed, &w->lm_head, &w->final_norm};
-    for (int i = 0; i < 3; i++)
-        if (quant_is_quantized(ts[i]->dtype))
-            return rl_errf(err, RL_EUNSUPPORTED, "cuda backend: tensor \"%s\" is %s; quantized weights run on the cpu backend for now",
-                           ts[i]->name, model_dtype_name(ts[i]->dtype));
-    for (int l = 0; l < w->n_layers; l++) {
-        const struct model_layer *L = &w->layers[l];
-        const struct model_tensor *ms[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++)
-            if (quant_is_quantized(ms[i]->dtype))
-                return rl_errf(err, RL_EUNSUPPORTED, "cuda backend: tensor \"%s\" is %s; quantized weights run on the cpu backend for now",
-                               ms[i]->name, model_dtype_name(ms[i]->dtype));
+    for (int l = -1; l < w->n_layers; l++) {
+        const struct model_tensor *ms[7];
+        int n = 3;
+        if (l < 0) {
+            memcpy(ms, ts, sizeof ts);
+        } else {
+            const struct model_layer *L = &w->layers[l];
+            const struct model_tensor *ls[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+            memcpy(ms, ls, sizeof ls);
+            n = 7;
+        }
+        for (int i = 0; i < n; i++) {
+            const struct model_tensor *t = ms[i];
+            if (!quant_is_quantized(t->dtype))
+                continue;
+            if (t->rows == 1 || !cpu_q_supported(t->dtype, (int)t->rows, (int)t->cols,
+                                                 t->dtype == MODEL_AWQ4 ? t->awq_group : 0) || t->cols % 8)
+                return rl_errf(err, RL_EUNSUPPORTED, "cuda backend: tensor \"%s\" (%s, %lld x %lld) has no CUDA kernel",
+                               t->name, model_dtype_name(t->dtype), (long long)t->rows, (long long)t->cols);
+            if ((int)t->cols > *qcols)
+                *qcols = (int)t->cols;
+        }
     }
     return 0;
 }
+
 
 static int cuda_load(void *ctx, const struct model_config *cfg, const struct model_weights *w, int max_tokens,
                      struct rl_err *err)
@@ -415,7 +459,8 @@ static int cuda_load(void *ctx, const struct model_config *cfg, const struct mod
     int rc = check_config(c, cfg, max_tokens, err);
     if (rc)
         return rc;
-    if ((rc = refuse_quantized(w, err)))
+    int qcols;
+    if ((rc = check_quantized(w, &qcols, err)))
         return rc;
     CU_CHECK(err, cudaSetDevice(c->device));
     free_kv(c);
@@ -448,8 +493,7 @@ static int cuda_load(void *ctx, const struct model_config *cfg, const struct mod
         const struct model_tensor *ls[7] = {&S->wq, &S->wk, &S->wv, &S->wo, &S->w_gate, &S->w_up, &S->w_down};
         for (int i = 0; i < 9; i++) {
             const struct model_tensor *t = i < 2 ? hs[i] : ls[i - 2];
-            size_t b = t ? (size_t)t->rows * (size_t)t->cols *
-                               (t->dtype == MODEL_F32 ? 4 : t->dtype == MODEL_F8_E4M3 ? 1 : 2) : 0;
+            size_t b = t ? mat_dev_bytes(t) : 0;
             *(i < 2 ? &pg_head : &pg_layer) += b;
         }
     }
@@ -470,6 +514,10 @@ static int cuda_load(void *ctx, const struct model_config *cfg, const struct mod
             goto fail;
     }
     if ((rc = alloc_common(c, max_tokens, err)))
+        goto fail;
+    /* the prefill panel of the quantized products: up to 2048 rows of the
+     * widest one (prefill's cuBLASLt products then run in a few chunks) */
+    if (qcols && (rc = cu_gemm_reserve_dequant(c->gemm, (size_t)2048 * (size_t)qcols * 2, err)))
         goto fail;
     if (c->progress)
         c->progress(c->progress_user, pg_total, pg_total);

@@ -31,6 +31,10 @@
 
 #include "ops.cuh"
 
+extern "C" {
+#include "quant.h"
+}
+
 #define GEMM_WORKSPACE (32u << 20)
 #define GEMM_PLANS 96
 
@@ -56,6 +60,8 @@ struct cu_gemm {
     struct gemm_plan plans[GEMM_PLANS];
     int next_evict;
     int lt_fp8; /* -1 not tried, 0 unavailable, 1 used */
+    void *qpanel;        /* quantized prefill: dequantized rows, bf16 */
+    size_t qpanel_bytes;
 };
 
 /* ---- kernels ---- */
@@ -427,7 +433,49 @@ void cu_gemm_free(struct cu_gemm *g)
     cudaFree(g->ws);
     cudaFree(g->q8);
     cudaFree(g->q8s);
+    cudaFree(g->qpanel);
     free(g);
+}
+
+int cu_gemm_reserve_dequant(struct cu_gemm *g, size_t bytes, struct rl_err *err)
+{
+    if (bytes <= g->qpanel_bytes)
+        return 0;
+    cudaFree(g->qpanel);
+    g->qpanel = NULL;
+    g->qpanel_bytes = 0;
+    CU_CHECK(err, cudaMalloc(&g->qpanel, bytes));
+    g->qpanel_bytes = bytes;
+    return 0;
+}
+
+/* Quantized weights: the skinny kernel for decode; above, chunks of rows
+ * dequantized into the BF16 panel, each a cuBLASLt product into its
+ * columns of y. */
+static int q_run(struct cu_gemm *g, const struct cu_mat *m, int M, const void *x, float *y, int ldy,
+                 struct rl_err *err)
+{
+    if (M <= SKINNY_MAX_M)
+        return cu_qgemm_skinny(m, M, x, y, ldy, g->st, err);
+    int chunk = (int)(g->qpanel_bytes / ((size_t)m->cols * 2)) / 16 * 16;
+    if (chunk < 16)
+        return rl_errf(err, RL_EINTERNAL, "quantized gemm %dx%d: no dequantization panel reserved", m->rows,
+                       m->cols);
+    for (int r0 = 0; r0 < m->rows; r0 += chunk) {
+        int n = m->rows - r0 < chunk ? m->rows - r0 : chunk;
+        struct cu_mat t;
+        memset(&t, 0, sizeof t);
+        t.dt = MODEL_BF16;
+        t.rows = n;
+        t.cols = m->cols;
+        t.w = g->qpanel;
+        int rc = cu_qgemm_dequant(m, r0, n, g->qpanel, g->st, err);
+        if (!rc)
+            rc = cu_gemm_run(g, &t, M, x, y + r0, ldy, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 void cu_gemm_force(struct cu_gemm *g, enum cu_gemm_path p) { g->force = p; }
@@ -446,6 +494,8 @@ int cu_gemm_run(struct cu_gemm *g, const struct cu_mat *m, int M, const void *x,
 {
     if (M <= 0)
         return 0;
+    if (quant_is_quantized(m->dt))
+        return q_run(g, m, M, x, y, ldy, err);
     if (m->dt == MODEL_F8_E4M3) {
         int lt_ok = g->cc_major >= 9 && m->br == 128 && m->bc == 128 && m->cols % 128 == 0 &&
                     m->rows % 16 == 0 && ldy % 16 == 0;

@@ -52,6 +52,8 @@ int cu_embed(const struct cu_mat *e, const int32_t *tokens, int n, float *x, cud
         embed_fp8_kernel<<<n, 256, 0, st>>>((const uint8_t *)e->w, e->scale, e->scale_ld, e->br, e->bc, H,
                                             tokens, x);
         break;
+    default: /* quantized: qgemm.cu */
+        return cu_q_embed(e, tokens, n, x, st, err);
     }
     LAUNCH_CHECK(err, "embed_kernel");
     return 0;

@@ -21,6 +21,9 @@ struct cu_mat {
     int br, bc;       /* FP8 block shape (128x128 in Qwen3-FP8) */
     int scale_ld;     /* floats per scale row: ceil(cols/bc) rounded up to 4,
                          the padding cuBLASLt's 128x128 mode expects */
+    int group;        /* AWQ4: the group along cols; w holds the CPU's NATIVE
+                         rows (engine/cpu/qgemm.h: GGUF blocks as they are,
+                         AWQ converted to rows), qgemm.cu */
 };
 
 /* Up to three matrices over the same input whose outputs sit side by side:
@@ -54,6 +57,22 @@ int cu_gemm_run(struct cu_gemm *g, const struct cu_mat *m, int M, const void *x,
                 struct rl_err *err);
 int cu_linear_run(struct cu_gemm *g, const struct cu_linear *l, int M, const void *x, float *y,
                   struct rl_err *err);
+/* Quantized matrices (qgemm.cu) take the prefill path (M > 8) through a
+ * BF16 panel of dequantized rows: reserves it (bytes, at least 16 rows of
+ * the widest matrix) once at load; cu_gemm_run fails on such a product
+ * without it. */
+int cu_gemm_reserve_dequant(struct cu_gemm *g, size_t bytes, struct rl_err *err);
+
+/* ---- qgemm.cu: quantized weights (Q8_0, Q4_K, Q5_K, Q6_K, AWQ) ---- */
+
+/* y = x . W^T for M <= 8, BF16 x, W a quantized cu_mat. */
+int cu_qgemm_skinny(const struct cu_mat *m, int M, const void *x, float *y, int ldy, cudaStream_t st,
+                    struct rl_err *err);
+/* Rows [r0, r0 + nrows) of m dequantized into out (nrows, m->cols) bf16. */
+int cu_qgemm_dequant(const struct cu_mat *m, int r0, int nrows, void *out, cudaStream_t st, struct rl_err *err);
+/* cu_embed for a quantized embedding. */
+int cu_q_embed(const struct cu_mat *e, const int32_t *tokens, int n, float *x, cudaStream_t st,
+               struct rl_err *err);
 
 /* ---- norm.cu: embedding gather, RMSNorm with the residual add ---- */
 

@@ -5,7 +5,12 @@
  * here the way engine/cpu/backend.c computes it), metric = relative L2
  * error ||gpu - ref|| / ||ref||:
  *   gemm       F32 1e-5, BF16/F16 1e-2, FP8 own kernels 1e-2,
- *              FP8 cuBLASLt (e4m3 activations) 8e-2
+ *              FP8 cuBLASLt (e4m3 activations) 8e-2;
+ *              quantized weights (Q8_0, Q4_K, Q5_K, Q6_K, AWQ; skinny kernel
+ *              and dequantized-BF16 cuBLASLt path) against the double
+ *              product of the dequantized weights and bf16 x: 1e-2 (the
+ *              prefill path rounds the weights to bf16); and against the CPU
+ *              backend's gemm_q (int8 activations): 3e-2
  *   rmsnorm, swiglu 1e-5; rope + KV write 1e-5 (f32 KV), 1e-2 (bf16 KV)
  *   attention  1e-3 (inputs identical after rounding; only order differs)
  * Whole model:
@@ -32,9 +37,13 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cpu/kernels.h"
+#include "cpu/qgemm.h"
 #include "cuda/cuda_backend.h"
 #include "dtype.h"
+#include "mkmodel.h"
 #include "model.h"
+#include "quant.h"
 #include "tests/unit/test_util.h"
 
 /* ---- helpers ---- */
@@ -174,6 +183,72 @@ static void test_gemm(void **state)
     }
     gemm_case(MODEL_F8_E4M3, 3, 200, 96, 2, 1e-2, "own, partial blocks");
     gemm_case(MODEL_F8_E4M3, 70, 200, 96, 2, 1e-2, "own, partial blocks");
+}
+
+/* Quantized weights: random codes with sane scales, quantized from random
+ * floats by quant.c's reference quantizers (AWQ: random rows of the
+ * converted layout). */
+static void qgemm_case(enum model_dtype dt, int M, int N, int K, int G)
+{
+    size_t rb = cpu_q_row_bytes(dt, K, G);
+    uint8_t *w = malloc(rb * (size_t)N);
+    float *row = malloc((size_t)K * 4), *wf = malloc((size_t)N * K * 4);
+    for (int r = 0; r < N; r++) {
+        uint8_t *wr = w + (size_t)r * rb;
+        if (dt == MODEL_AWQ4) {
+            for (int g = 0; g < K / G; g++) {
+                uint8_t *gr = wr + (size_t)g * (size_t)(4 + G / 2);
+                uint16_t s = f32_to_f16((float)(0.005 + 0.01 * urand()));
+                memcpy(gr, &s, 2);
+                gr[2] = (uint8_t)(urand() * 16), gr[3] = 0;
+                for (int i = 0; i < G / 2; i++)
+                    gr[4 + i] = (uint8_t)(urand() * 256);
+            }
+        } else {
+            for (int k = 0; k < K; k++)
+                row[k] = frand(0.1f);
+            assert_int_equal(quant_quantize_row(dt, row, wr, K), 0);
+        }
+        struct cpu_qmat m = {dt, N, K, G, CPU_QL_NATIVE, w};
+        cpu_q_dequant_row(&m, r, wf + (size_t)r * K);
+    }
+    float *x = frand_vec((size_t)M * K, 1.0f), *y = calloc((size_t)M * N, 4), *ref = malloc((size_t)M * N * 4);
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double s = 0;
+            for (int k = 0; k < K; k++)
+                s += (double)rbf(x[(size_t)m * K + k]) * wf[(size_t)n * K + k];
+            ref[(size_t)m * N + n] = (float)s;
+        }
+    RUN(cuda_test_qgemm(M, N, K, dt, G, w, x, y, &err));
+    char name[96];
+    snprintf(name, sizeof name, "qgemm %s M=%d N=%d K=%d", model_dtype_name(dt), M, N, K);
+    CHECK_REL(name, y, ref, (size_t)M * N, 1e-2);
+    /* the CPU backend's product on the same weights (int8 activations) */
+    const struct cpu_kernels *k = cpu_kernels_get(cpu_isa_detect());
+    enum cpu_xq f = cpu_xq_for(dt);
+    size_t ld = cpu_xq_row_bytes(f, K);
+    uint8_t *xq = malloc(ld * (size_t)M);
+    float *yc = malloc((size_t)M * N * 4);
+    for (int m = 0; m < M; m++)
+        cpu_xq_quantize(f, x + (size_t)m * K, K, xq + (size_t)m * ld);
+    struct cpu_qmat cm = {dt, N, K, G, CPU_QL_NATIVE, w};
+    k->gemm_q(M, 0, N, &cm, xq, ld, yc, N);
+    snprintf(name, sizeof name, "qgemm %s M=%d vs cpu gemm_q", model_dtype_name(dt), M);
+    CHECK_REL(name, y, yc, (size_t)M * N, 3e-2);
+    free(w), free(row), free(wf), free(x), free(y), free(ref), free(xq), free(yc);
+}
+
+static void test_qgemm(void **state)
+{
+    int Ms[] = {1, 5, 8, 37, 128};
+    for (int i = 0; i < 5; i++) {
+        qgemm_case(MODEL_Q8_0, Ms[i], 384, 256, 0);
+        qgemm_case(MODEL_Q4_K, Ms[i], 384, 512, 0);
+        qgemm_case(MODEL_Q5_K, Ms[i], 384, 512, 0);
+        qgemm_case(MODEL_Q6_K, Ms[i], 384, 512, 0);
+        qgemm_case(MODEL_AWQ4, Ms[i], 384, 512, 128);
+    }
 }
 
 /* ---- rmsnorm, swiglu ---- */
@@ -793,6 +868,41 @@ static void test_models_vs_cpu(void **state)
     hm_free(&h);
 }
 
+/* Quantized checkpoints from the model maker (Q8_0 and Q4_K_M GGUF, AWQ
+ * group 128), 256-wide dims, on both backends. The CPU quantizes
+ * activations to int8 per block, the GPU keeps them bf16 (and rounds the
+ * weights to bf16 for its prefill path): rows within 1e-1. */
+static void test_quant_models_vs_cpu(void **state)
+{
+    char tmp[] = "/tmp/redlm-test-backend-q-XXXXXX";
+    assert_non_null(mkdtemp(tmp));
+    static const struct {
+        enum mk_dtype dt;
+        const char *name;
+    } qs[] = {{MK_Q8_0, "q8_0"}, {MK_Q4_K_M, "q4_k_m"}, {MK_AWQ, "awq"}};
+    for (size_t i = 0; i < sizeof qs / sizeof *qs; i++) {
+        char dir[200];
+        snprintf(dir, sizeof dir, "%s/%s", tmp, qs[i].name);
+        struct mk_opts o;
+        mk_opts_init(&o);
+        o.out_dir = dir;
+        o.dtype = qs[i].dt;
+        o.hidden = 512, o.intermediate = 1024, o.n_layers = 3, o.n_heads = 8, o.n_kv_heads = 2;
+        o.head_dim = 64, o.vocab = 1024, o.tied = i != 1, o.seed = 11 + (uint64_t)i;
+        RUN(mk_write(&o, NULL, &err));
+        struct model *m;
+        RUN(model_load(&m, dir, &err));
+        char label[64];
+        snprintf(label, sizeof label, "random %s", qs[i].name);
+        compare_models(model_get_config(m), model_get_weights(m), 0, 1e-1, label);
+        model_free(m);
+    }
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    if (system(cmd)) {
+    }
+}
+
 /* Without a device every case is reported as skipped (cmocka skip()), so
  * the totals of tests/run_tests.sh show that they did not run. */
 static bool have_gpu;
@@ -809,6 +919,8 @@ GPU_CASE(test_rope)
 GPU_CASE(test_attention)
 GPU_CASE(test_tiny_reference)
 GPU_CASE(test_models_vs_cpu)
+GPU_CASE(test_qgemm)
+GPU_CASE(test_quant_models_vs_cpu)
 
 int main(void)
 {
@@ -823,6 +935,8 @@ int main(void)
         cmocka_unit_test(test_attention_on_gpu),
         cmocka_unit_test(test_tiny_reference_on_gpu),
         cmocka_unit_test(test_models_vs_cpu_on_gpu),
+        cmocka_unit_test(test_qgemm_on_gpu),
+        cmocka_unit_test(test_quant_models_vs_cpu_on_gpu),
     };
     return cmocka_run_group_tests_name("backend_ops", tests, NULL, NULL);
 }

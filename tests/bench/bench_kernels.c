@@ -13,6 +13,11 @@
  * --ab instead prints one JSON line per shape and M = 1, 16, 512: the
  *   row-major gemm_bf16 against gemm_bf16p, timed in alternating rounds so
  *   both see the same machine load.
+ * --quant instead prints one JSON line per quantized format (Q8_0, Q4_K,
+ *   Q6_K, AWQ) and shape, M = 1, 16, 512: gemm_q on the layout the backend
+ *   gives the table (panels on AVX-512) against gemm_bf16p on the same
+ *   shape, alternating, with the format's GB/s at M = 1 and the ratio of
+ *   the times (what decode gains from reading fewer bytes per weight).
  * Decode weights rotate through a buffer far larger than the last-level
  * cache, so every call streams its matrix from DRAM, as a real decode step
  * does. Threads split N in multiples of CPU_GEMM_N_ALIGN, like the backend. */
@@ -28,8 +33,11 @@
 #include "cpu/kernels.h"
 #include "cpu/machine.h"
 #include "cpu/pool.h"
+#include "cpu/qgemm.h"
+#include "dtype.h"
+#include "quant.h"
 
-enum dt { DT_BF16, DT_F32, DT_F16, DT_BF16P };
+enum dt { DT_BF16, DT_F32, DT_F16, DT_BF16P, DT_Q };
 
 struct gemm_job {
     const struct cpu_kernels *k;
@@ -38,6 +46,8 @@ struct gemm_job {
     const void *x;  /* (M, K) bf16 or f32 */
     const void *w;  /* (N, K) */
     float *y;       /* (M, N) */
+    struct cpu_qmat q; /* DT_Q: the matrix (q.w follows w) */
+    size_t ldxq;       /* DT_Q: bytes per row of x (quantized) */
 };
 
 static void gemm_fn(void *arg, int ith, int nth)
@@ -62,6 +72,10 @@ static void gemm_fn(void *arg, int ith, int nth)
         break;
     case DT_BF16P: /* the timing does not depend on what the panels hold */
         j->k->gemm_bf16p(j->M, n0, n1, j->K, j->x, j->K, j->w, j->y, j->N);
+        break;
+    case DT_Q:
+        j->q.w = j->w;
+        j->k->gemm_q(j->M, n0, n1, &j->q, j->x, j->ldxq, j->y, j->N);
         break;
     }
 }
@@ -121,9 +135,111 @@ static const struct shape shapes[] = {
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
+/* --quant: one matrix of (dt, N, K) with random codes and sane scales, in
+ * the layout the table takes (panels where it packs), copied `copies`
+ * times from wbuf on; returns its bytes (0: shape not supported). */
+static size_t make_q(const struct cpu_kernels *k, enum model_dtype dt, int N, int K, uint8_t *wbuf,
+                     size_t wbytes, size_t *copies, enum cpu_qlayout *lay)
+{
+    int G = dt == MODEL_AWQ4 ? 128 : 0;
+    if (!cpu_q_supported(dt, N, K, G))
+        return 0;
+    size_t rb = cpu_q_row_bytes(dt, K, G);
+    uint8_t *nat = malloc(rb * (size_t)N);
+    float *row = malloc((size_t)K * 4);
+    uint32_t s = 12345;
+    for (int r = 0; r < N; r++) {
+        for (int c = 0; c < K; c++) {
+            s = s * 1664525u + 1013904223u;
+            row[c] = (float)((int)(s >> 9 & 0xffff) - 32768) / 32768.0f;
+        }
+        if (dt == MODEL_AWQ4) { /* rows of the converted layout: f16 scale, zero, codes */
+            for (int g = 0; g < K / G; g++) {
+                uint8_t *gr = nat + (size_t)r * rb + (size_t)g * (size_t)(4 + G / 2);
+                uint16_t sc = 0x2000; /* 2^-7 */
+                memcpy(gr, &sc, 2);
+                gr[2] = 8, gr[3] = 0;
+                for (int i = 0; i < G / 2; i++)
+                    gr[4 + i] = (uint8_t)(row[g * G + 2 * i] * 7 + 8) | (uint8_t)((int)(row[g * G + 2 * i + 1] * 7 + 8) << 4);
+            }
+        } else {
+            quant_quantize_row(dt, row, nat + (size_t)r * rb, K);
+        }
+    }
+    size_t mbytes = rb * (size_t)N;
+    *lay = CPU_QL_NATIVE;
+    if (k->q_panels && cpu_q_can_pack(dt, N, K, G)) {
+        mbytes = cpu_q_panel_bytes(dt, K, G) * (size_t)(N / 16);
+        cpu_q_pack(dt, N, K, G, nat, wbuf);
+        *lay = CPU_QL_PANELS;
+    } else {
+        memcpy(wbuf, nat, mbytes);
+    }
+    mbytes = (mbytes + 4095) & ~(size_t)4095;
+    *copies = wbytes / mbytes ? wbytes / mbytes : 1;
+    for (size_t c = 1; c < *copies; c++)
+        memcpy(wbuf + c * mbytes, wbuf, mbytes);
+    free(nat), free(row);
+    return mbytes;
+}
+
+static int quant_ab(const struct cpu_kernels *k, struct cpu_pool *pool, uint16_t *wbuf, size_t wbytes,
+                    const uint16_t *xb, const float *xf, float *y)
+{
+    static const enum model_dtype dts[] = {MODEL_Q8_0, MODEL_Q4_K, MODEL_Q6_K, MODEL_AWQ4};
+    static const int Ms[] = {1, 16, 512};
+    uint8_t *qbuf = aligned_alloc(4096, wbytes);
+    void *xq = aligned_alloc(64, cpu_xq_row_bytes(CPU_XQ_32, 3072) * 512);
+    if (!qbuf || !xq)
+        return 1;
+    for (size_t d = 0; d < sizeof dts / sizeof *dts; d++)
+        for (size_t s = 0; s < N_SHAPES; s++) {
+            int N = shapes[s].N, K = shapes[s].K;
+            size_t copies;
+            enum cpu_qlayout lay;
+            size_t mbytes = make_q(k, dts[d], N, K, qbuf, wbytes, &copies, &lay);
+            if (!mbytes)
+                continue;
+            enum cpu_xq f = cpu_xq_for(dts[d]);
+            size_t ldxq = cpu_xq_row_bytes(f, K);
+            for (int m = 0; m < 512; m++)
+                cpu_xq_quantize(f, xf + (size_t)m * K, K, (char *)xq + (size_t)m * ldxq);
+            for (int mi = 0; mi < 3; mi++) {
+                int M = Ms[mi];
+                if (M == 512 && s + 1 == N_SHAPES)
+                    continue; /* prefill computes no logits but the last row's */
+                size_t bbytes = (size_t)N * K * 2;
+                size_t bcopies = M < 512 && wbytes / bbytes ? wbytes / bbytes : 1;
+                double best[2] = {1e30, 1e30};
+                for (int r = 0; r < 3; r++)
+                    for (int v = 0; v < 2; v++) {
+                        struct gemm_job j = {k, v ? DT_Q : DT_BF16P, M, N, K, v ? xq : (const void *)xb,
+                                             v ? (const void *)qbuf : (const void *)wbuf, y, {0}, 0};
+                        j.q = (struct cpu_qmat){dts[d], N, K, dts[d] == MODEL_AWQ4 ? 128 : 0, lay, qbuf};
+                        j.ldxq = ldxq;
+                        double t = v ? time_calls(pool, &j, qbuf, mbytes, M < 512 ? copies : 1, 3,
+                                                  M < 512 ? 0.01 : 0)
+                                     : time_calls(pool, &j, (const uint8_t *)wbuf, bbytes, bcopies, 3,
+                                                  M < 512 ? 0.01 : 0);
+                        if (t < best[v])
+                            best[v] = t;
+                    }
+                double f2 = 2.0 * M * N * K * 1e-9;
+                printf("{\"quant\":\"%s\",\"layout\":\"%s\",\"shape\":\"%s\",\"M\":%d,\"bf16p_us\":%.1f,"
+                       "\"q_us\":%.1f,\"q_gbs\":%.1f,\"q_gops\":%.1f,\"bf16p_over_q\":%.2f}\n",
+                       model_dtype_name(dts[d]), lay == CPU_QL_PANELS ? "panels" : "native", shapes[s].name,
+                       M, best[0] * 1e6, best[1] * 1e6, (double)mbytes * 1e-9 / best[1], f2 / best[1],
+                       best[0] / best[1]);
+                fflush(stdout);
+            }
+        }
+    free(qbuf), free(xq);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    int n_threads = 2, quick = 0, ab = 0;
+    int n_threads = 2, quick = 0, ab = 0, quant = 0;
     const char *isa_name = "auto";
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
@@ -134,8 +250,10 @@ int main(int argc, char **argv)
             ab = 1;
         else if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
+        else if (strcmp(argv[i], "--quant") == 0)
+            quant = 1;
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--isa auto|avx512bf16|avx2|scalar] [--quick]\n",
+            fprintf(stderr, "usage: %s [--threads N] [--isa auto|avx512bf16|avx2|scalar] [--quick] [--ab | --quant]\n",
                     argv[0]);
             return 2;
         }
@@ -210,6 +328,8 @@ int main(int argc, char **argv)
         xb[i] = cpu_f32_to_bf16(xf[i]);
     }
 
+    if (quant && k->gemm_bf16p)
+        return quant_ab(k, pool, wbuf, wbytes, xb, xf, y);
     if (ab && k->gemm_bf16p) {
         /* --ab: gemm_bf16 against gemm_bf16p (packed panels), interleaved
          * rounds of best-of trials, so both see the same machine load. */
@@ -223,7 +343,7 @@ int main(int argc, char **argv)
                 for (int r = 0; r < 3; r++)
                     for (int v = 0; v < 2; v++) {
                         struct gemm_job j = {k, v ? DT_BF16P : DT_BF16, M, shapes[s].N,
-                                             shapes[s].K, xb, wbuf, y};
+                                             shapes[s].K, xb, wbuf, y, {0}, 0};
                         double t = time_calls(pool, &j, (const uint8_t *)wbuf, mbytes, copies,
                                               3, M < 512 ? 0.01 : 0);
                         if (t < best[v])
@@ -253,7 +373,7 @@ int main(int argc, char **argv)
     for (size_t s = 0; s < N_SHAPES; s++) {
         size_t mbytes = (size_t)shapes[s].N * shapes[s].K * 2;
         size_t copies = wbytes / mbytes ? wbytes / mbytes : 1;
-        struct gemm_job j = {k, bdt, 1, shapes[s].N, shapes[s].K, xb, wbuf, y};
+        struct gemm_job j = {k, bdt, 1, shapes[s].N, shapes[s].K, xb, wbuf, y, {0}, 0};
         double t = time_calls(pool, &j, (const uint8_t *)wbuf, mbytes, copies, n_trials,
                               s + 1 == N_SHAPES ? 0 : 0.01);
         long calls = 1;
@@ -269,7 +389,7 @@ int main(int argc, char **argv)
     fprintf(stderr, "\nprefill %s, M=512\n%-8s %7s %5s %9s %8s %7s\n", bname, "shape", "N", "K",
             "ms/call", "GFLOP/s", "%peak");
     for (size_t s = 0; s + 1 < N_SHAPES; s++) {
-        struct gemm_job j = {k, bdt, 512, shapes[s].N, shapes[s].K, xb, wbuf, y};
+        struct gemm_job j = {k, bdt, 512, shapes[s].N, shapes[s].K, xb, wbuf, y, {0}, 0};
         double t = time_calls(pool, &j, NULL, 0, 1, quick ? 3 : 10, 0);
         long calls = 1;
         double gf = 2.0 * 512 * shapes[s].N * shapes[s].K * calls / t * 1e-9;
@@ -292,7 +412,7 @@ int main(int argc, char **argv)
         for (int M = 1; M <= 512; M += 511) {
             size_t mbytes = (size_t)3072 * 1024 * others[o].esz;
             size_t copies = M == 1 && wbytes / mbytes ? wbytes / mbytes : 1;
-            struct gemm_job j = {k, others[o].dt, M, 3072, 1024, xf, NULL, y};
+            struct gemm_job j = {k, others[o].dt, M, 3072, 1024, xf, NULL, y, {0}, 0};
             j.w = wbuf;
             double t = time_calls(pool, &j, (const uint8_t *)wbuf, mbytes, copies,
                                   quick ? 3 : 10, M == 1 ? 0.01 : 0);

@@ -31,6 +31,8 @@ done
 
 BUILD="$BUILD" THREADS="$THREADS" tests/bench/spec.sh
 
+BUILD="$BUILD" THREADS="$THREADS" tests/bench/quant.sh
+
 echo "# structured output (issue 17): free vs JSON-Schema-constrained decode, one engine, alternating;"
 echo "# the Qwen3-0.6B shape with the real vocabulary ($M06T, $THREADS threads, prompt 32, output 16)"
 for b in 1 16; do

@@ -25,6 +25,8 @@
 
 static char model_dir[1024];  /* the model open_engine() opens */
 static char f32_dir[1024];    /* the tiny reference model (F32) */
+static char q8_dir[1100];     /* random-weight checkpoints in GGUF Q8_0 (the tiny */
+static char q4km_dir[1100];   /* shape) and Q4_K_M (256-wide dims), made in setup */
 static char bf16_dir[1100];   /* its BF16 copy, made in setup: on AVX-512 its
                                  KV cache is bf16 in the packed layouts, so
                                  the invariance tests also cover that path */
@@ -979,6 +981,41 @@ static void on_bf16(void (*test)(void **), void **state)
     strcpy(model_dir, f32_dir);
 }
 
+/* ... and on quantized weights (engine/cpu/qgemm.h: per-row activation
+ * quantization, one integer-then-f32 recipe per output). */
+static void on_dir(const char *dir, void (*test)(void **), void **state)
+{
+    strcpy(model_dir, dir);
+    test(state);
+    strcpy(model_dir, f32_dir);
+}
+
+static void test_batch_invariance_quant(void **state)
+{
+    on_dir(q8_dir, test_batch_invariance, state);
+    on_dir(q4km_dir, test_batch_invariance, state);
+}
+static void test_chunk_sizes_quant(void **state)
+{
+    on_dir(q8_dir, test_chunk_sizes, state);
+    on_dir(q4km_dir, test_chunk_sizes, state);
+}
+static void test_preemption_identical_quant(void **state)
+{
+    on_dir(q8_dir, test_preemption_identical, state);
+    on_dir(q4km_dir, test_preemption_identical, state);
+}
+static void test_spec_identical_quant(void **state)
+{
+    on_dir(q8_dir, test_spec_identical, state);
+    on_dir(q4km_dir, test_spec_identical, state);
+}
+static void test_thread_counts_quant(void **state)
+{
+    on_dir(q8_dir, test_thread_counts, state);
+    on_dir(q4km_dir, test_thread_counts, state);
+}
+
 static void test_batch_invariance_bf16(void **state) { on_bf16(test_batch_invariance, state); }
 static void test_chunk_sizes_bf16(void **state) { on_bf16(test_chunk_sizes, state); }
 static void test_preemption_identical_bf16(void **state) { on_bf16(test_preemption_identical, state); }
@@ -1270,6 +1307,23 @@ static int setup(void **state)
         fprintf(stderr, "cannot make the BF16 copy: %s\n", err.msg);
         return -1;
     }
+    /* the quantized ones: random weights (the model maker converts only to
+     * f32 / bf16 / fp8), shapes whose dims fit the formats' blocks */
+    snprintf(q8_dir, sizeof q8_dir, "%s/q8_0", tmpdir);
+    snprintf(q4km_dir, sizeof q4km_dir, "%s/q4km", tmpdir);
+    for (int i = 0; i < 2; i++) {
+        mk_opts_init(&mo);
+        mo.out_dir = i ? q4km_dir : q8_dir;
+        mo.dtype = i ? MK_Q4_K_M : MK_Q8_0;
+        mo.tokenizer_dir = f32_dir; /* into the GGUF metadata: stop strings, thinking */
+        mo.seed = 5;
+        if (i)
+            mo.hidden = 256, mo.intermediate = 512, mo.n_layers = 3, mo.head_dim = 64;
+        if (mk_write(&mo, NULL, &err)) {
+            fprintf(stderr, "cannot make the quantized checkpoint: %s\n", err.msg);
+            return -1;
+        }
+    }
     char path[1100];
     snprintf(path, sizeof path, "%s/reference.json", model_dir);
     char *txt = tu_slurp(path, NULL);
@@ -1317,6 +1371,11 @@ int main(void)
         cmocka_unit_test(test_spec_identical),
         cmocka_unit_test(test_spec_identical_bf16),
         cmocka_unit_test(test_spec_ngram_repeat),
+        cmocka_unit_test(test_batch_invariance_quant),
+        cmocka_unit_test(test_chunk_sizes_quant),
+        cmocka_unit_test(test_preemption_identical_quant),
+        cmocka_unit_test(test_spec_identical_quant),
+        cmocka_unit_test(test_thread_counts_quant),
         cmocka_unit_test(test_submit_errors),
         cmocka_unit_test(test_eos_and_defaults),
         cmocka_unit_test(test_generation_config),

@@ -24,6 +24,7 @@
 #include "dtype.h"
 #include "mkmodel.h"
 #include "model.h"
+#include "quant.h"
 #include "safetensors.h"
 
 static char model_dir[1024];
@@ -341,6 +342,162 @@ static void test_bf16_invariance(void **state)
             invariance_on(dir, isas[i]);
 }
 
+/* Quantized checkpoints through the model maker, random weights: a Q8_0
+ * GGUF and an AWQ (group 64) checkpoint of the tiny shape, and a Q4_K_M
+ * GGUF with 256-wide dims (K-quant blocks; Q6_K for v, down and the tied
+ * embedding in its 6-bit layers). */
+static void quant_copy(char *dir, size_t n, const char *name, enum mk_dtype dt)
+{
+    snprintf(dir, n, "%s/%s", tmpdir, name);
+    struct mk_opts o;
+    mk_opts_init(&o);
+    o.out_dir = dir;
+    o.dtype = dt;
+    if (dt == MK_Q4_K_M) { /* random weights, dims in whole super-blocks */
+        o.hidden = 256, o.intermediate = 512, o.n_layers = 3, o.n_heads = 4, o.n_kv_heads = 2;
+        o.head_dim = 64, o.vocab = 768, o.tied = 1, o.seed = 7;
+    } else {
+        o.awq_group = 64;
+        o.seed = 3;
+    }
+    struct rl_err err = {0};
+    if (mk_write(&o, NULL, &err))
+        fail_msg("mkmodel %s: %s", name, err.msg);
+}
+
+/* Batch and chunk invariance with quantized weights, on every path this
+ * CPU has: activations are quantized per row and every product is one
+ * integer-then-f32 recipe per output (engine/cpu/qgemm.h), so a row's
+ * logits must not depend on the batch, the chunking or the tiles (the
+ * AVX-512 path packs the weights into VNNI panels, prefill and decode
+ * take different tiles). */
+static void test_quant_invariance(void **state)
+{
+    static const struct {
+        const char *name;
+        enum mk_dtype dt;
+    } qs[] = {{"q8_0", MK_Q8_0}, {"awq", MK_AWQ}, {"q4km", MK_Q4_K_M}};
+    const char *isas[] = {"scalar", "avx2", "avx512bf16"};
+    for (size_t q = 0; q < sizeof qs / sizeof *qs; q++) {
+        char dir[400];
+        quant_copy(dir, sizeof dir, qs[q].name, qs[q].dt);
+        for (int i = 0; i < 3; i++)
+            if (cpu_isa_parse(isas[i]) <= (int)cpu_isa_detect())
+                invariance_on(dir, isas[i]);
+    }
+}
+
+/* be_options.quantize = "q8_0" (redlm --quantize q8_0, worker quantize =
+ * "q8_0"): the float matrices become Q8_0 at load. The logits equal, bit for
+ * bit, those of the same backend given Q8_0 weights quantized here with
+ * quant.c's reference quantizer (the embedding too), so the load quantizes
+ * exactly as a Q8_0 file would hold the weights; the greedy top-1 of the
+ * reference prompts agrees with the F32 model's wherever its margin
+ * exceeds 0.3; an unknown name is refused. */
+static void test_quantize_at_load(void **state)
+{
+    struct model *m;
+    struct rl_err err = {0};
+    assert_int_equal(model_load(&m, model_dir, &err), 0);
+    const struct model_config *cfg = model_get_config(m);
+    const struct model_weights *w = model_get_weights(m);
+    /* the hand-quantized copy */
+    struct model_weights qw = *w;
+    struct model_layer *ql = malloc((size_t)cfg->n_layers * sizeof *ql);
+    memcpy(ql, w->layers, (size_t)cfg->n_layers * sizeof *ql);
+    qw.layers = ql;
+    void *bufs[2 + 7 * 8];
+    int nb = 0;
+    for (int l = -1; l < cfg->n_layers; l++) {
+        struct model_tensor *ts[7];
+        int n = 1;
+        if (l < 0) {
+            ts[0] = &qw.embed;
+        } else {
+            struct model_layer *S = &ql[l];
+            struct model_tensor *ls[7] = {&S->wq, &S->wk, &S->wv, &S->wo, &S->w_gate, &S->w_up, &S->w_down};
+            memcpy(ts, ls, sizeof ls);
+            n = 7;
+        }
+        for (int i = 0; i < n; i++) {
+            size_t rb = quant_row_bytes(MODEL_Q8_0, ts[i]->cols);
+            uint8_t *q = malloc(rb * (size_t)ts[i]->rows);
+            for (int64_t r = 0; r < ts[i]->rows; r++)
+                assert_int_equal(quant_quantize_row(MODEL_Q8_0, (const float *)ts[i]->data + r * ts[i]->cols,
+                                                    q + (size_t)r * rb, ts[i]->cols), 0);
+            ts[i]->dtype = MODEL_Q8_0;
+            ts[i]->data = q;
+            bufs[nb++] = q;
+        }
+    }
+    assert_true(cfg->tied);
+    qw.lm_head = qw.embed;
+    int V = cfg->vocab;
+    const char *isas[] = {"scalar", "avx2", "avx512bf16"};
+    for (int k = 0; k < 3; k++) {
+        if (cpu_isa_parse(isas[k]) > (int)cpu_isa_detect())
+            continue;
+        struct backend *a, *b;
+        struct be_options oa = {.n_threads = 2, .isa = isas[k], .quantize = "q8_0"};
+        struct be_options ob = {.n_threads = 2, .isa = isas[k]};
+        assert_int_equal(be_create(&a, "cpu", &oa, &err), 0);
+        assert_int_equal(be_create(&b, "cpu", &ob, &err), 0);
+        assert_int_equal(a->ops->load(a->ctx, cfg, w, 512, &err), 0);
+        assert_int_equal(b->ops->load(b->ctx, cfg, &qw, 512, &err), 0);
+        assert_int_equal(a->ops->kv_init(a->ctx, 64, 16, &err), 0);
+        assert_int_equal(b->ops->kv_init(b->ctx, 64, 16, &err), 0);
+        const cJSON *p;
+        int confident = 0;
+        cJSON_ArrayForEach(p, cJSON_GetObjectItem(reference, "prompts"))
+        {
+            int32_t ids[512], table[64];
+            int n = tu_ids_from_json(cJSON_GetObjectItem(p, "ids"), ids, 512);
+            assert_true(n <= 512);
+            for (int i = 0; i < 64; i++)
+                table[i] = i;
+            float *la = malloc((size_t)n * V * 4), *lb = malloc((size_t)n * V * 4);
+            struct be_seq s = {0, n, table, 0};
+            struct be_batch ba = {1, &s, n, ids, n, la}, bb = {1, &s, n, ids, n, lb};
+            if (a->ops->forward(a->ctx, &ba, &err))
+                fail_msg("forward: %s", err.msg);
+            assert_int_equal(b->ops->forward(b->ctx, &bb, &err), 0);
+            assert_memory_equal(la, lb, (size_t)n * V * 4);
+            /* the reference's last-position logits: top-1 where it is sure */
+            const cJSON *rows = cJSON_GetObjectItem(p, "logits"), *pos = cJSON_GetObjectItem(p, "positions");
+            for (int q = 0; q < cJSON_GetArraySize(pos); q++) {
+                int at = cJSON_GetArrayItem(pos, q)->valueint;
+                const cJSON *row = cJSON_GetArrayItem(rows, q);
+                int best = 0;
+                double b1 = -1e30, b2 = -1e30;
+                for (int v = 0; v < V; v++) {
+                    double x = cJSON_GetArrayItem(row, v)->valuedouble;
+                    if (x > b1)
+                        b2 = b1, b1 = x, best = v;
+                    else if (x > b2)
+                        b2 = x;
+                }
+                if (b1 - b2 > 0.3) {
+                    confident++;
+                    if (argmax(la + (size_t)at * V, V) != best)
+                        fail_msg("%s: position %d: Q8_0 top-1 %d, F32 reference %d (margin %.3f)", isas[k], at,
+                                 argmax(la + (size_t)at * V, V), best, b1 - b2);
+                }
+            }
+            free(la), free(lb);
+        }
+        assert_true(confident > 0);
+        be_free(a), be_free(b);
+    }
+    struct backend *bad;
+    struct be_options ox = {.quantize = "q4"};
+    assert_int_equal(be_create(&bad, "cpu", &ox, &err), -RL_EINVAL);
+    assert_non_null(strstr(err.msg, "q4"));
+    for (int i = 0; i < nb; i++)
+        free(bufs[i]);
+    free(ql);
+    model_free(m);
+}
+
 static void expect_load_error(const char *dir, int code, const char *needle)
 {
     struct model *m = NULL;
@@ -630,6 +787,8 @@ int main(void)
         cmocka_unit_test(test_batch_and_chunk_invariance),
         cmocka_unit_test(test_bf16_vs_f32),
         cmocka_unit_test(test_bf16_invariance),
+        cmocka_unit_test(test_quant_invariance),
+        cmocka_unit_test(test_quantize_at_load),
         cmocka_unit_test(test_bad_checkpoints),
         cmocka_unit_test(test_bad_quantized),
     };

@@ -9,8 +9,8 @@
  * every kernel path this CPU has, as test_model.c does; the reference reads
  * the same model_tensor records through quant_dequant_row and computes in
  * double. Checks, per format and path:
- *  - where activations stay F32 (the dequantize-at-load fallback, F32 KV
- *    cache): max |dlogit| <= 1e-3;
+ *  - max |dlogit| <= TOL_NATIVE (below; 1e-3 where activations stay F32,
+ *    as in the dequantize-at-load fallback and the GGUF float types);
  *  - teacher-forced top-1 equal wherever the reference's margin between
  *    its first and second logit exceeds 0.3 (and there are such positions:
  *    the weights are drawn wider than the maker's default so that a tiny
@@ -18,9 +18,12 @@
  * And the float tensor types of GGUF: a BF16 GGUF written from the BF16
  * safetensors model gives its logits bit for bit, an F16 one agrees with
  * the reference within 1e-3.
- * The figures are printed (tests/README.md records a run). When native
- * kernels quantize activations, their own bound goes beside the 1e-3 here:
- * the ISA list and the tolerance are the two parameters of check_format. */
+ * The figures are printed (tests/README.md records a run). The CPU's native
+ * kernels (engine/cpu/qgemm.h) quantize activations to int8 per block for
+ * their integer dot products, as llama.cpp's Q8_0 / Q8_K products do, which
+ * brings the noise of that rounding: their bound is TOL_NATIVE, the figure
+ * the issue quotes for llama.cpp on small Qwen3 models (0.2-0.3 max
+ * |dlogit|); measured 0.14-0.23 here. The top-1 check is the same. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -39,6 +42,9 @@
 #include "mkmodel.h"
 #include "model.h"
 #include "quant.h"
+
+/* max |dlogit| of the native quantized kernels (int8 activations) */
+#define TOL_NATIVE 0.3
 
 #define T_PREFILL 16
 #define T_DECODE 8
@@ -342,7 +348,7 @@ static void run_all(const char *isa)
     }
     for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
         struct figures fig;
-        check_format(&fmts[i], isa, 1e-3, &fig);
+        check_format(&fmts[i], isa, TOL_NATIVE, &fig);
     }
 }
 

@@ -90,6 +90,7 @@ int cli_engine_opts(struct cli_opt *opts, struct cli_engine_args *a)
         {"--batch", NULL, CLI_OPT_INT, &a->batch, 1, 4096},
         {"--temperature", NULL, CLI_OPT_DOUBLE, &a->temperature, 0, 0},
         {"--ignore-eos", NULL, CLI_OPT_FLAG, &a->ignore_eos, 0, 0},
+        {"--quantize", NULL, CLI_OPT_STR, &a->mo.quantize, 0, 0},
     };
     memcpy(opts, common, sizeof common);
     return CLI_ENGINE_N_OPTS;
@@ -154,7 +155,8 @@ int cli_model_open(struct cli_model *cm, const struct cli_model_opts *o, struct 
     struct cli_progress pg;
     cli_progress_init(&pg, o->dir);
     struct be_options bo = {.n_threads = o->n_threads, .isa = o->isa,
-                            .kv_prefault = o->kv_prefault, .progress = cli_progress_show, .progress_user = &pg};
+                            .kv_prefault = o->kv_prefault, .progress = cli_progress_show, .progress_user = &pg,
+                            .quantize = o->quantize};
     if (o->kv && !strcmp(o->kv, "f32"))
         bo.kv_dtype = BE_KV_F32;
     else if (o->kv && !strcmp(o->kv, "bf16"))

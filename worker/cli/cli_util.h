@@ -55,6 +55,7 @@ struct cli_model_opts {
     int max_tokens;      /* per forward step */
     int n_blocks, block_size;
     int kv_prefault;     /* be_options.kv_prefault */
+    const char *quantize; /* --quantize none|q8_0 (CPU): be_options.quantize */
 };
 
 /* What the engine commands (logits, run, bench-engine, and run and
@@ -69,7 +70,7 @@ struct cli_engine_args {
     double temperature;       /* --temperature (0) */
     int prompt, gen, batch;   /* bench-engine's shape; defaults: the caller's */
 };
-#define CLI_ENGINE_N_OPTS 11
+#define CLI_ENGINE_N_OPTS 12
 /* Writes the entries of the options above that every engine command takes
  * (all but --kv and --all) into opts[0 .. CLI_ENGINE_N_OPTS), pointing into
  * a, and sets their defaults (backend cpu, -n 32, batch 1); the caller adds

@@ -29,6 +29,7 @@ static void eng_usage(const char *cmd)
             "  --threads N         CPU threads (default: all cores)\n"
             "  --isa auto|avx512bf16|avx2|scalar   CPU kernel path\n"
             "  --kv auto|f32|bf16  KV cache dtype\n"
+            "  --quantize q8_0     CPU: a BF16/F16/F32 checkpoint's matrices in Q8_0 (at load)\n"
             "  --backend cpu|cuda\n"
             "  --speculative ngram run, bench-engine: through the batching engine with\n"
             "                      speculative decoding (redlm run --speculative --help)\n"

@@ -104,6 +104,7 @@ static int open_engine(const struct spec_args *a, int max_batch, int kv_blocks,
     engine_options_default(&eo);
     eo.backend = a->e.mo.backend;
     eo.isa = a->e.mo.isa;
+    eo.quantize = a->e.mo.quantize;
     eo.n_threads = a->e.mo.n_threads;
     eo.max_batch = max_batch;
     eo.kv_blocks = kv_blocks;

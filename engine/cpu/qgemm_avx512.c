@@ -1,0 +1,584 @@
+/* engine/cpu/qgemm_avx512.c - the AVX-512 VNNI products on the panel
+ * layouts of qgemm.c (Q8_0, Q4_K, Q5_K, Q6_K, AWQ), the AVX-512 table's gemm_q.
+ *
+ * Outer-product tiles, as gemm_bf16p's: a tile is MR rows of activations
+ * against NV panels of 16 weight rows. One 64-byte vector of a panel holds
+ * a group of 4 codes for each of its 16 rows; vpdpbusd multiplies it by one
+ * dword of activation codes broadcast to every lane (4 products per lane,
+ * summed into the lane's int32), so lane r of accumulator (m, j) is output
+ * (m, 16 (p + j) + r) and no horizontal sum is ever needed. The weights are
+ * the unsigned operand: Q8_0 codes are stored + 128 and Q6_K's as q + 32,
+ * and the exact offsets (128 sum qx, 32 sum_s sc_s sum qx) come off the
+ * int32 sums with the activation block's stored sums; Q4_K and AWQ codes
+ * are unsigned already. Scales: 6-bit Q4_K scales and Q6_K's signed ones
+ * multiply the sub-block sums in int32 (vpmulld); the Q4_K min term is a
+ * vpdpwssd of the min pairs against the activation's 32-element sum pairs;
+ * Q5_K is Q4_K with a fifth bit merged into each code.
+ * Then the float step of qgemm.h's recipe, per lane, in block order: so
+ * these kernels give the portable product's bits (test_kernels checks it),
+ * whatever MR, NV, M or the split.
+ *
+ * Decode (M <= 3): NV = 4 panels side by side, each asking for its own
+ * line QP_PF_AHEAD bytes ahead (four far streams). Prefill: chunks of
+ * activation rows that stay in L2, swept by 2-panel strips; for small
+ * batches (M <= 24) the first row tile of a strip prefetches the same way.
+ *
+ * Compiled through target attributes; the table only hands gemm_q out
+ * after cpu_isa_detect() found AVX-512 BF16 and VNNI. */
+#include "cpu/qgemm.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define TQ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+#define AI __attribute__((always_inline)) inline
+
+#define QP_PF_AHEAD 1536 /* bytes ahead of each panel's stream, decode */
+#define QP_MC_BYTES (192 * 1024) /* activation rows per prefill chunk */
+
+TQ static AI __m512i bcast32(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+TQ static AI __m512 ld_f16x16(const uint8_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_load_si256((const void *)p));
+}
+
+/* ---------------------------------------------------------------- Q8_0 */
+
+TQ static AI void q80_tile(const int MR, const int NV, const int PF, int nb2, const uint8_t *w,
+                           size_t ps, const uint8_t *xq, size_t ldxq, float *y, int ldy)
+{
+    __m512 acc[6][4];
+    _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[m][j] = _mm512_setzero_ps();
+    for (int b2 = 0; b2 < nb2; b2++) {
+        const uint8_t *B = w + (size_t)b2 * 1088;
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+        {
+            const struct cpu_xq32 *xb[6];
+            _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++) xb[m] =
+                (const struct cpu_xq32 *)(xq + (size_t)m * ldxq) + 2 * b2 + h;
+            __m512i is[6][4];
+            _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+                _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) is[m][j] = _mm512_setzero_si512();
+            _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++)
+            {
+                __m512i wv[4];
+                _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+                {
+                    const uint8_t *src = B + (size_t)j * ps + 64 + 512 * h + 64 * g;
+                    if (PF)
+                        _mm_prefetch((const char *)src + QP_PF_AHEAD, _MM_HINT_NTA);
+                    wv[j] = _mm512_load_si512((const void *)src);
+                }
+                _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+                {
+                    __m512i xv = bcast32(xb[m]->q + 4 * g);
+                    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) is[m][j] =
+                        _mm512_dpbusd_epi32(is[m][j], wv[j], xv);
+                }
+            }
+            __m512 dw[4];
+            _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) dw[j] = ld_f16x16(B + (size_t)j * ps + 32 * h);
+            _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+            {
+                __m512i corr = _mm512_set1_epi32(128 * xb[m]->s);
+                __m512 dx = _mm512_set1_ps(xb[m]->d);
+                _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[m][j] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(_mm512_sub_epi32(is[m][j], corr)), _mm512_mul_ps(dw[j], dx), acc[m][j]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+            _mm512_storeu_ps(y + (size_t)m * ldy + 16 * j, acc[m][j]);
+}
+
+/* ---------------------------------------------------------- Q4_K, Q5_K */
+
+/* Q5 (compile time): Q5_K, whose panels add 8 vectors of fifth bits after
+ * Q4_K's; the fifth bit of group 8 s + g (sub-block s) is bit s of vector
+ * g, moved to bit 4 and merged into the nibble with one vpternlogd. */
+TQ static AI void q45k_tile(const int Q5, const int MR, const int NV, const int PF, int nsb, const uint8_t *w,
+                            size_t ps, const uint8_t *xq, size_t ldxq, float *y, int ldy)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
+    const size_t sbb = Q5 ? 2880 : 2368;
+    __m512 acc[4][4];
+    _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[m][j] = _mm512_setzero_ps();
+    for (int sb = 0; sb < nsb; sb++) {
+        const uint8_t *B = w + (size_t)sb * sbb;
+        const struct cpu_xq256 *xb[4];
+        _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++) xb[m] =
+            (const struct cpu_xq256 *)(xq + (size_t)m * ldxq) + sb;
+        __m512i ia[4][4];
+        _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+            _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) ia[m][j] = _mm512_setzero_si512();
+        for (int s = 0; s < 8; s++) { /* sub-block s: pair s % 4, half s / 4 */
+            int i = s % 4, h = s / 4;
+            __m128i up = _mm_cvtsi32_si128(s <= 4 ? 4 - s : 0), dn = _mm_cvtsi32_si128(s > 4 ? s - 4 : 0);
+            __m512i a[4][4];
+            _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+                _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) a[m][j] = _mm512_setzero_si512();
+            _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++)
+            {
+                __m512i wv[4];
+                _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+                {
+                    const uint8_t *src = B + (size_t)j * ps + 320 + 64 * (8 * i + g);
+                    if (PF && h == 0)
+                        _mm_prefetch((const char *)src + QP_PF_AHEAD, _MM_HINT_NTA);
+                    __m512i raw = _mm512_load_si512((const void *)src);
+                    wv[j] = _mm512_and_si512(h ? _mm512_srli_epi16(raw, 4) : raw, lo4);
+                    if (Q5) {
+                        const uint8_t *hp = B + (size_t)j * ps + 2368 + 64 * g;
+                        if (PF && s == 0)
+                            _mm_prefetch((const char *)hp + QP_PF_AHEAD, _MM_HINT_NTA);
+                        __m512i hb = _mm512_load_si512((const void *)hp);
+                        hb = _mm512_srl_epi16(_mm512_sll_epi16(hb, up), dn);
+                        wv[j] = _mm512_ternarylogic_epi32(wv[j], hb, b4, 0xF8);
+                    }
+                }
+                _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+                {
+                    __m512i xv = bcast32(xb[m]->q + 32 * s + 4 * g);
+                    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) a[m][j] =
+                        _mm512_dpbusd_epi32(a[m][j], wv[j], xv);
+                }
+            }
+            _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+            {
+                __m512i sp = _mm512_cvtepu8_epi16(_mm256_load_si256((const void *)(B + (size_t)j * ps + 64 + 32 * i)));
+                __m512i sc = h ? _mm512_srli_epi32(sp, 16) : _mm512_and_si512(sp, lo16);
+                _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++) ia[m][j] =
+                    _mm512_add_epi32(ia[m][j], _mm512_mullo_epi32(a[m][j], sc));
+            }
+        }
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+        {
+            const uint8_t *Bj = B + (size_t)j * ps;
+            __m512 d = ld_f16x16(Bj), dmin = ld_f16x16(Bj + 32);
+            __m512i mp[4];
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) mp[i] =
+                _mm512_cvtepu8_epi16(_mm256_load_si256((const void *)(Bj + 192 + 32 * i)));
+            _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+            {
+                __m512i J = _mm512_setzero_si512();
+                _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+                {
+                    int32_t pr;
+                    memcpy(&pr, &xb[m]->s32p[2 * i], 4);
+                    J = _mm512_dpwssd_epi32(J, mp[i], _mm512_set1_epi32(pr));
+                }
+                __m512 dx = _mm512_set1_ps(xb[m]->d);
+                acc[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[m][j]), _mm512_mul_ps(d, dx), acc[m][j]);
+                acc[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), J)),
+                                            _mm512_mul_ps(dmin, dx), acc[m][j]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+            _mm512_storeu_ps(y + (size_t)m * ldy + 16 * j, acc[m][j]);
+}
+
+TQ static AI void q4k_tile(const int MR, const int NV, const int PF, int nsb, const uint8_t *w, size_t ps,
+                           const uint8_t *xq, size_t ldxq, float *y, int ldy)
+{
+    q45k_tile(0, MR, NV, PF, nsb, w, ps, xq, ldxq, y, ldy);
+}
+
+TQ static AI void q5k_tile(const int MR, const int NV, const int PF, int nsb, const uint8_t *w, size_t ps,
+                           const uint8_t *xq, size_t ldxq, float *y, int ldy)
+{
+    q45k_tile(1, MR, NV, PF, nsb, w, ps, xq, ldxq, y, ldy);
+}
+
+/* ---------------------------------------------------------------- Q6_K */
+
+/* a | (b & m) in one instruction (vpternlogd, truth table 0xF8). */
+TQ static AI __m512i or_and30(__m512i a, __m512i b, __m512i m)
+{
+    return _mm512_ternarylogic_epi32(a, b, m, 0xF8);
+}
+
+TQ static AI void q6k_tile(const int MR, const int NV, const int PF, int nsb, const uint8_t *w,
+                           size_t ps, const uint8_t *xq, size_t ldxq, float *y, int ldy)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512 acc[4][4];
+    _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[m][j] = _mm512_setzero_ps();
+    for (int sb = 0; sb < nsb; sb++) {
+        const uint8_t *B = w + (size_t)sb * 3392;
+        const struct cpu_xq256 *xb[4];
+        _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++) xb[m] =
+            (const struct cpu_xq256 *)(xq + (size_t)m * ldxq) + sb;
+        __m512i ia[4][4];
+        _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+            _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) ia[m][j] = _mm512_setzero_si512();
+        for (int s = 0; s < 16; s++) { /* sub-block s of 16: groups 4s .. 4s + 3 */
+            __m512i a[4][4];
+            _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+                _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) a[m][j] = _mm512_setzero_si512();
+            _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++)
+            {
+                int g = 4 * s + t, hs = g / 16; /* top bits at 2 hs of vector g % 16 */
+                __m512i wv[4];
+                _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+                {
+                    const uint8_t *Bj = B + (size_t)j * ps;
+                    const uint8_t *pl = Bj + 320 + 64 * (g % 32), *ph = Bj + 2368 + 64 * (g % 16);
+                    if (PF && g < 32)
+                        _mm_prefetch((const char *)pl + QP_PF_AHEAD, _MM_HINT_NTA);
+                    if (PF && g < 16)
+                        _mm_prefetch((const char *)ph + QP_PF_AHEAD, _MM_HINT_NTA);
+                    __m512i l = _mm512_load_si512((const void *)pl), q = _mm512_load_si512((const void *)ph);
+                    l = _mm512_and_si512(g >= 32 ? _mm512_srli_epi16(l, 4) : l, lo4);
+                    q = hs == 0 ? _mm512_slli_epi16(q, 4)
+                        : hs == 1 ? _mm512_slli_epi16(q, 2)
+                        : hs == 2 ? q : _mm512_srli_epi16(q, 2);
+                    wv[j] = or_and30(l, q, m30);
+                }
+                _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+                {
+                    __m512i xv = bcast32(xb[m]->q + 16 * s + 4 * t);
+                    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) a[m][j] =
+                        _mm512_dpbusd_epi32(a[m][j], wv[j], xv);
+                }
+            }
+            _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+            {
+                __m512i sp = _mm512_cvtepi8_epi16(_mm256_load_si256((const void *)(B + (size_t)j * ps + 64 + 32 * (s % 8))));
+                __m512i sc = s >= 8 ? _mm512_srai_epi32(sp, 16) : _mm512_srai_epi32(_mm512_slli_epi32(sp, 16), 16);
+                _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++) ia[m][j] =
+                    _mm512_add_epi32(ia[m][j], _mm512_mullo_epi32(a[m][j], sc));
+            }
+        }
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+        {
+            const uint8_t *Bj = B + (size_t)j * ps;
+            __m512 d = ld_f16x16(Bj);
+            __m512i sp[8];
+            _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) sp[i] =
+                _mm512_cvtepi8_epi16(_mm256_load_si256((const void *)(Bj + 64 + 32 * i)));
+            _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+            {
+                __m512i c = _mm512_setzero_si512(); /* sum_s sc_s sum qx over s */
+                _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++)
+                {
+                    int32_t pr;
+                    memcpy(&pr, &xb[m]->s16p[2 * i], 4);
+                    c = _mm512_dpwssd_epi32(c, sp[i], _mm512_set1_epi32(pr));
+                }
+                __m512i I = _mm512_sub_epi32(ia[m][j], _mm512_slli_epi32(c, 5));
+                acc[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(d, _mm512_set1_ps(xb[m]->d)),
+                                            acc[m][j]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+            _mm512_storeu_ps(y + (size_t)m * ldy + 16 * j, acc[m][j]);
+}
+
+/* Q6_K with MR x NV <= 4 (decode with one or two rows, and the prefill
+ * tiles of one panel): the same sums in another order. Each 64-byte
+ * vector of top bits serves four groups (v, v + 16, v + 32, v + 48, in
+ * sub-blocks s0, s0 + 4, s0 + 8, s0 + 12 for s0 = v / 4) and each vector of
+ * low bits two, so loading and unpacking them once per four groups (four
+ * sub-block accumulators at a time) costs about 30 % fewer instructions
+ * than a sub-block at a time; the integer sums are the same, so are the
+ * bits. Four accumulators per (row, panel): only for small tiles. */
+TQ static AI void q6kd_tile(const int MR, const int NV, const int PF, int nsb, const uint8_t *w,
+                            size_t ps, const uint8_t *xq, size_t ldxq, float *y, int ldy)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512 acc[4][4];
+    _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[m][j] = _mm512_setzero_ps();
+    for (int sb = 0; sb < nsb; sb++) {
+        const uint8_t *B = w + (size_t)sb * 3392;
+        const struct cpu_xq256 *xb[4];
+        _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++) xb[m] =
+            (const struct cpu_xq256 *)(xq + (size_t)m * ldxq) + sb;
+        __m512i ia[4][4];
+        _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+            _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) ia[m][j] = _mm512_setzero_si512();
+        for (int s0 = 0; s0 < 4; s0++) {
+            __m512i a[4][4][4]; /* [m][j][sub-block s0 + 4 i] */
+            _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+                _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+                    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) a[m][j][i] = _mm512_setzero_si512();
+            _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++)
+            {
+                int v = 4 * s0 + t; /* groups v + 16 i, i < 4 */
+                __m512i wv[4][4];
+                _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+                {
+                    const uint8_t *Bj = B + (size_t)j * ps;
+                    const uint8_t *p0 = Bj + 320 + 64 * v, *p1 = Bj + 320 + 64 * (v + 16), *ph = Bj + 2368 + 64 * v;
+                    if (PF) {
+                        _mm_prefetch((const char *)p0 + QP_PF_AHEAD, _MM_HINT_NTA);
+                        _mm_prefetch((const char *)p1 + QP_PF_AHEAD, _MM_HINT_NTA);
+                        _mm_prefetch((const char *)ph + QP_PF_AHEAD, _MM_HINT_NTA);
+                    }
+                    __m512i l0 = _mm512_load_si512((const void *)p0), l1 = _mm512_load_si512((const void *)p1);
+                    __m512i q = _mm512_load_si512((const void *)ph);
+                    wv[j][0] = or_and30(_mm512_and_si512(l0, lo4), _mm512_slli_epi16(q, 4), m30);
+                    wv[j][1] = or_and30(_mm512_and_si512(l1, lo4), _mm512_slli_epi16(q, 2), m30);
+                    wv[j][2] = or_and30(_mm512_and_si512(_mm512_srli_epi16(l0, 4), lo4), q, m30);
+                    wv[j][3] = or_and30(_mm512_and_si512(_mm512_srli_epi16(l1, 4), lo4), _mm512_srli_epi16(q, 2), m30);
+                }
+                _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+                    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+                    {
+                        /* group v + 16 i = 4 (s0 + 4 i) + t: sub-block s0 + 4 i, dword t */
+                        __m512i xv = bcast32(xb[m]->q + 16 * (s0 + 4 * i) + 4 * t);
+                        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) a[m][j][i] =
+                            _mm512_dpbusd_epi32(a[m][j][i], wv[j][i], xv);
+                    }
+            }
+            _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+                _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+                {
+                    int s = s0 + 4 * i;
+                    __m512i sp = _mm512_cvtepi8_epi16(_mm256_load_si256((const void *)(B + (size_t)j * ps + 64 + 32 * (s % 8))));
+                    __m512i sc = s >= 8 ? _mm512_srai_epi32(sp, 16) : _mm512_srai_epi32(_mm512_slli_epi32(sp, 16), 16);
+                    _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++) ia[m][j] =
+                        _mm512_add_epi32(ia[m][j], _mm512_mullo_epi32(a[m][j][i], sc));
+                }
+        }
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+        {
+            const uint8_t *Bj = B + (size_t)j * ps;
+            __m512 d = ld_f16x16(Bj);
+            __m512i sp[8];
+            _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) sp[i] =
+                _mm512_cvtepi8_epi16(_mm256_load_si256((const void *)(Bj + 64 + 32 * i)));
+            _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+            {
+                __m512i c = _mm512_setzero_si512();
+                _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++)
+                {
+                    int32_t pr;
+                    memcpy(&pr, &xb[m]->s16p[2 * i], 4);
+                    c = _mm512_dpwssd_epi32(c, sp[i], _mm512_set1_epi32(pr));
+                }
+                __m512i I = _mm512_sub_epi32(ia[m][j], _mm512_slli_epi32(c, 5));
+                acc[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(d, _mm512_set1_ps(xb[m]->d)),
+                                            acc[m][j]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+            _mm512_storeu_ps(y + (size_t)m * ldy + 16 * j, acc[m][j]);
+}
+
+/* ----------------------------------------------------------------- AWQ */
+
+/* G: the group (a multiple of 32); per group, G / 32 activation blocks,
+ * the first half of them in the low nibbles. */
+TQ static AI void awq_tile(const int MR, const int NV, const int PF, int ng, int G, const uint8_t *w,
+                           size_t ps, const uint8_t *xq, size_t ldxq, float *y, int ldy)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    size_t gbytes = (size_t)(64 + G * 8);
+    __m512 acc[6][4];
+    _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[m][j] = _mm512_setzero_ps();
+    for (int gi = 0; gi < ng; gi++) {
+        const uint8_t *B = w + (size_t)gi * gbytes;
+        __m512 s[4];
+        __m512i z[4];
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+        {
+            s[j] = ld_f16x16(B + (size_t)j * ps);
+            z[j] = _mm512_cvtepu8_epi32(_mm_load_si128((const void *)(B + (size_t)j * ps + 32)));
+        }
+        for (int xbk = 0; xbk < G / 32; xbk++) {
+            int h = xbk >= G / 64, u0 = 8 * (h ? xbk - G / 64 : xbk);
+            const struct cpu_xq32 *xb[6];
+            _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++) xb[m] =
+                (const struct cpu_xq32 *)(xq + (size_t)m * ldxq) + (size_t)gi * (size_t)(G / 32) + xbk;
+            __m512i a[6][4];
+            _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+                _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) a[m][j] = _mm512_setzero_si512();
+            _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++)
+            {
+                __m512i wv[4];
+                _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+                {
+                    const uint8_t *src = B + (size_t)j * ps + 64 + 64 * (u0 + g);
+                    if (PF && !h)
+                        _mm_prefetch((const char *)src + QP_PF_AHEAD, _MM_HINT_NTA);
+                    __m512i raw = _mm512_load_si512((const void *)src);
+                    wv[j] = _mm512_and_si512(h ? _mm512_srli_epi16(raw, 4) : raw, lo4);
+                }
+                _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+                {
+                    __m512i xv = bcast32(xb[m]->q + 4 * g);
+                    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) a[m][j] =
+                        _mm512_dpbusd_epi32(a[m][j], wv[j], xv);
+                }
+            }
+            _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+            {
+                __m512i xs = _mm512_set1_epi32(xb[m]->s);
+                __m512 dx = _mm512_set1_ps(xb[m]->d);
+                _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+                {
+                    __m512i I = _mm512_sub_epi32(a[m][j], _mm512_mullo_epi32(z[j], xs));
+                    acc[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(s[j], dx), acc[m][j]);
+                }
+            }
+        }
+    }
+    _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+            _mm512_storeu_ps(y + (size_t)m * ldy + 16 * j, acc[m][j]);
+}
+
+/* ---------------------------------------------------------------- driver */
+
+struct qargs {
+    int nblk, G;          /* block pairs / super-blocks / groups per row; AWQ group */
+    const uint8_t *w;     /* panel 0 */
+    size_t ps;            /* bytes per panel */
+    const uint8_t *xq;
+    size_t ldxq;
+    float *y;
+    int ldy;
+};
+
+#define QT_ARGS a->nblk, a->w, a->ps, a->xq, a->ldxq, a->y, a->ldy
+#define QT_CASE(F, mr, nv, pf)                                                \
+    case (mr) * 16 + (nv) * 2 + (pf): F##_tile(mr, nv, pf, QT_ARGS); break;
+#define QT_AWQ_CASE(mr, nv, pf)                                               \
+    case (mr) * 16 + (nv) * 2 + (pf):                                         \
+        awq_tile(mr, nv, pf, a->nblk, a->G, a->w, a->ps, a->xq, a->ldxq, a->y, a->ldy); \
+        break;
+/* decode shapes (MR 1..3, NV 1..4, with prefetch at NV 4) and prefill
+ * shapes (MR up to 4 or 6, NV 1..2) */
+#define QT_DECODE(C, F)                                                       \
+    C(F, 1, 1, 0) C(F, 1, 2, 0) C(F, 1, 3, 0) C(F, 1, 4, 1)                   \
+    C(F, 2, 1, 0) C(F, 2, 2, 0) C(F, 2, 3, 0) C(F, 2, 4, 1)                   \
+    C(F, 3, 1, 0) C(F, 3, 2, 0) C(F, 3, 3, 0) C(F, 3, 4, 1)
+#define QT_PREFILL4(C, F) C(F, 4, 1, 0) C(F, 4, 2, 0) C(F, 4, 2, 1)
+#define QT_PREFILL6(C, F)                                                     \
+    QT_PREFILL4(C, F) C(F, 5, 1, 0) C(F, 5, 2, 0) C(F, 6, 1, 0) C(F, 6, 2, 0) C(F, 6, 2, 1)
+#define QT_A(F, mr, nv, pf) QT_AWQ_CASE(mr, nv, pf)
+
+TQ static void tile_q80(int mr, int nv, int pf, const struct qargs *a)
+{
+    switch (mr * 16 + nv * 2 + pf) { QT_DECODE(QT_CASE, q80) QT_PREFILL6(QT_CASE, q80) default: break; }
+}
+TQ static void tile_q4k(int mr, int nv, int pf, const struct qargs *a)
+{
+    switch (mr * 16 + nv * 2 + pf) { QT_DECODE(QT_CASE, q4k) QT_PREFILL4(QT_CASE, q4k) default: break; }
+}
+TQ static void tile_q5k(int mr, int nv, int pf, const struct qargs *a)
+{
+    switch (mr * 16 + nv * 2 + pf) { QT_DECODE(QT_CASE, q5k) QT_PREFILL4(QT_CASE, q5k) default: break; }
+}
+#define C_Q6(mr, nv, pf) QT_CASE(q6kd, mr, nv, pf)
+#define QT_DECODE2(C, F)                                                      \
+    C(F, 1, 1, 0) C(F, 1, 2, 0) C(F, 1, 3, 0) C(F, 1, 4, 1)                   \
+    C(F, 2, 1, 0) C(F, 2, 2, 0) C(F, 2, 3, 0) C(F, 2, 4, 1)
+TQ static void tile_q6k(int mr, int nv, int pf, const struct qargs *a)
+{
+    if (mr <= 2 || nv == 1) {
+        switch (mr * 16 + nv * 2 + pf) {
+        QT_DECODE2(QT_CASE, q6kd) C_Q6(3, 1, 0) C_Q6(4, 1, 0) C_Q6(4, 1, 1) default: break;
+        }
+        return;
+    }
+    switch (mr * 16 + nv * 2 + pf) { QT_DECODE(QT_CASE, q6k) QT_PREFILL4(QT_CASE, q6k) default: break; }
+}
+TQ static void tile_awq(int mr, int nv, int pf, const struct qargs *a)
+{
+    switch (mr * 16 + nv * 2 + pf) { QT_DECODE(QT_A, awq) QT_PREFILL6(QT_A, awq) default: break; }
+}
+
+TQ static void tile_any(enum model_dtype dt, int mr, int nv, int pf, const struct qargs *a)
+{
+    switch (dt) {
+    case MODEL_Q8_0: tile_q80(mr, nv, pf, a); break;
+    case MODEL_Q4_K: tile_q4k(mr, nv, pf, a); break;
+    case MODEL_Q5_K: tile_q5k(mr, nv, pf, a); break;
+    case MODEL_Q6_K: tile_q6k(mr, nv, pf, a); break;
+    case MODEL_AWQ4: tile_awq(mr, nv, pf, a); break;
+    default: break;
+    }
+}
+
+/* The panel product: rows [n0, n1) (multiples of 16) of w. */
+TQ static void gemm_q_panels(int M, int n0, int n1, const struct cpu_qmat *w, const void *xq,
+                             size_t ldxq, float *y, int ldy)
+{
+    size_t ps = cpu_q_panel_bytes(w->dt, w->cols, w->awq_group);
+    int G = w->awq_group;
+    int nblk = w->dt == MODEL_Q8_0 ? w->cols / 64 : w->dt == MODEL_AWQ4 ? w->cols / G : w->cols / 256;
+    int p0 = n0 / 16, p1 = n1 / 16;
+    const uint8_t *W = w->w;
+    if (M <= 3) { /* decode: four far streams, prefetched */
+        for (int p = p0; p < p1; p += 4) {
+            int nv = p1 - p < 4 ? p1 - p : 4;
+            struct qargs a = {nblk, G, W + (size_t)p * ps, ps, xq, ldxq, y + 16 * p, ldy};
+            tile_any(w->dt, M, nv, nv == 4, &a);
+        }
+        return;
+    }
+    int mrmax = w->dt == MODEL_Q4_K || w->dt == MODEL_Q5_K || w->dt == MODEL_Q6_K ? 4 : 6;
+    int nvs = w->dt == MODEL_Q6_K ? 1 : 2; /* Q6_K: the one-panel tiles of q6kd_tile */
+    int mc = (int)(QP_MC_BYTES / ldxq);
+    mc = mc < mrmax ? mrmax : mc / mrmax * mrmax;
+    for (int m0 = 0; m0 < M; m0 += mc) {
+        int m1 = m0 + mc < M ? m0 + mc : M;
+        for (int p = p0; p < p1; p += nvs) {
+            int nv = p1 - p < nvs ? p1 - p : nvs;
+            for (int m = m0; m < m1; m += mrmax) {
+                int mr = m1 - m < mrmax ? m1 - m : mrmax;
+                /* small batches stream the weights from memory once: the
+                 * first full row tile of a strip prefetches its lines ahead
+                 * (running on into the next strip), the others find them
+                 * in L1 / L2 */
+                int pf = M <= 24 && m == m0 && mr == mrmax && nv == nvs;
+                struct qargs a = {nblk, G, W + (size_t)p * ps, ps, (const uint8_t *)xq + (size_t)m * ldxq,
+                                  ldxq, y + (size_t)m * ldy + 16 * p, ldy};
+                tile_any(w->dt, mr, nv, pf, &a);
+            }
+        }
+    }
+}
+
+void cpu_gemm_q_avx512(int M, int n0, int n1, const struct cpu_qmat *w, const void *xq, size_t ldxq,
+                       float *y, int ldy)
+{
+    if (M <= 0 || n1 <= n0)
+        return;
+    if (w->layout != CPU_QL_PANELS || n0 % 16 || n1 % 16) {
+        cpu_gemm_q_avx2(M, n0, n1, w, xq, ldxq, y, ldy);
+        return;
+    }
+    gemm_q_panels(M, n0, n1, w, xq, ldxq, y, ldy);
+}
+#else
+void cpu_gemm_q_avx512(int M, int n0, int n1, const struct cpu_qmat *w, const void *xq, size_t ldxq,
+                       float *y, int ldy)
+{
+    cpu_gemm_q_scalar(M, n0, n1, w, xq, ldxq, y, ldy);
+}
+#endif
