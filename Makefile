@@ -6,14 +6,18 @@
 #   make bench-fleet  the soak: Redis, 2 dispatchers, 64 sim H200 workers, faults (BENCHMARKS.md)
 #   make bench-fleet-cluster  the same soak on one Redis, then on a local 3-master cluster
 #   make bench-attacks  every attack on the queue contract at once: lost, gaps, mixed, wrong submitter, refused (all 0)
+#   make gpu-bundle  the CUDA build, stripped with its libraries and the device script, for a GPU machine
 #   make demo       the whole system on one machine: Redis, a CPU worker, the dispatcher, the chat page
 #   make fuzz       builds the libFuzzer targets with clang
 #   make asan       the same build with AddressSanitizer + UBSan, in build-asan/
 #   make deps       installs the Debian packages the project needs (through sudo when not root)
 
-BUILD   ?= build
-CC      ?= cc
 CUDA    ?= 0
+# The CUDA flavour builds into its own folder: its objects are compiled with
+# -DREDLM_CUDA=1 (engine/backend.c registers the CUDA backend), and linking
+# a CPU-built object into a CUDA binary gives a worker without the backend.
+BUILD   ?= $(if $(filter 1,$(CUDA)),build-cuda,build)
+CC      ?= cc
 PREFIX  ?= /usr/local
 DESTDIR ?=
 
@@ -70,6 +74,20 @@ ALL_CFLAGS += -DREDLM_CUDA=1 -I$(CUDA_HOME)/include
 LDLIBS     += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
 endif
 
+# One build folder holds one flavour: `make CUDA=1 BUILD=build` over a CPU
+# build would reuse objects compiled without -DREDLM_CUDA. The first build
+# writes the flavour down; a later one of the other flavour stops here.
+FLAVOUR := $(if $(filter 1,$(CUDA)),cuda,cpu)
+ifeq ($(filter clean deps,$(MAKECMDGOALS)),)
+OLD_FLAVOUR := $(shell cat $(BUILD)/.flavour 2>/dev/null)
+ifneq ($(OLD_FLAVOUR),)
+ifneq ($(OLD_FLAVOUR),$(FLAVOUR))
+$(error $(BUILD)/ holds a $(OLD_FLAVOUR) build; this is a $(FLAVOUR) build: use another BUILD= or `make clean BUILD=$(BUILD)`)
+endif
+endif
+$(shell mkdir -p $(BUILD) && echo $(FLAVOUR) > $(BUILD)/.flavour)
+endif
+
 COMMON_OBJ := $(COMMON_SRC:%.c=$(BUILD)/%.o)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/%.o) $(CUDA_OBJ)
 CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/%.o)
@@ -84,7 +102,11 @@ BENCH_BIN  := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/tests/%)
 LIBENGINE  := $(BUILD)/libredlm_engine.a
 LIBCOMMON  := $(BUILD)/libredlm_common.a
 
-.PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks demo fuzz asan deps clean install
+# keep the objects of test and bench programs between builds (they are
+# make's "intermediate" files otherwise, deleted and rebuilt every time)
+.SECONDARY:
+
+.PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks demo gpu-bundle fuzz asan deps clean install
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 ifeq ($(CUDA),1)
@@ -100,9 +122,12 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
+# -MMD -MP as for C: a .cu object depends on every header it includes
+# (engine/model.h, engine/cuda/ops.cuh), so C and CUDA objects never disagree
+# on a struct's layout.
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -Xcompiler "-iquote . -iquote common -iquote engine" -c $< -o $@
+	$(NVCC) $(NVFLAGS) -MMD -MP -MF $(@:.o=.d) -Xcompiler "-iquote . -iquote common -iquote engine" -c $< -o $@
 
 $(LIBCOMMON): $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
@@ -154,6 +179,17 @@ bench-attacks: all
 
 demo: all
 	BUILD=$(BUILD) bash examples/demo.sh
+
+# The folder a GPU machine runs (tests/gpu/bundle.sh): the CUDA flavour built
+# here, stripped, with its libraries, redis-server and the device script
+# gpu_check.sh; on the GPU machine: bash gpu-bundle/gpu_check.sh
+# gpu_check.sh. Its own build folder: machine code for sm_90 (H100/H200)
+# alone keeps four programs' kernels inside the bundle's 40 MB.
+GPU_BIN := redlm redlm-worker tests/test_backend_ops tests/bench_cuda
+GPU_NVFLAGS := -O3 -g -lineinfo -std=c++17 -Xcompiler -fPIC -gencode arch=compute_90,code=sm_90
+gpu-bundle:
+	$(MAKE) CUDA=1 BUILD=build-gpu NVFLAGS="$(GPU_NVFLAGS)" $(addprefix build-gpu/,$(GPU_BIN))
+	BUILD=build-gpu bash tests/gpu/bundle.sh
 
 # libFuzzer targets: each links the whole engine with the fuzzer runtime.
 fuzz:

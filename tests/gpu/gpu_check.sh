@@ -1,0 +1,251 @@
+#!/usr/bin/env bash
+# gpu_check.sh - the one command a GPU session runs (issue 25), from the
+# folder `make gpu-bundle` made (tests/gpu/bundle.sh copies this file there):
+#
+#   bash gpu-bundle/gpu_check.sh
+#
+# Never compiles: the programs were built and stripped on the build machine
+# and travel with their non-CUDA libraries in lib/; LD_LIBRARY_PATH is set
+# for our own programs only (never for nvidia-smi or python3). Steps, each
+# with its own time limit, so one hang cannot eat the machine's 15 minutes:
+#
+#   device      nvidia-smi: which GPU, driver
+#   backend     test_backend_ops: every CUDA op against a CPU reference, the
+#               tiny model against reference.json, BF16/FP8/quantized models
+#               against the CPU backend
+#   run-tiny    `redlm run` greedy on the tiny F32 model: CUDA tokens equal
+#               to the CPU backend's, token for token
+#   batch-tiny  `redlm run --batch`: 12 jobs of different prompts through the
+#               batching engine on CUDA and on CPU, tokens equal
+#   worker      redis-server + `redlm-worker --backend $BE`: 8 jobs enqueued,
+#               every stream ends in done, seq gapless from 0
+#   batch-0.6b  a random BF16 Qwen3-0.6B made here by `redlm mkmodel`, 8 jobs
+#               greedy on CUDA and CPU: the agreed prefix per job (informative:
+#               BF16 rounding differs between backends, a near-tie may flip)
+#   bench       bench_cuda on Qwen3-14B shapes (whatever time is left)
+#
+# Results: $OUT (or gpu-bundle/logs) gets one log per step and summary.json
+# ({"steps": [{"name", "status", "seconds", "detail"}], ...}), rewritten
+# after every step so a killed run still leaves what it found. Status is
+# passed, failed, skipped (with the reason) or no-device. On a machine with
+# no CUDA device every step still runs its program, which must answer
+# "no CUDA device": `.ci/run` does this dry run, so the bundle cannot rot.
+# Exit status: 0 when nothing failed.
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+LOGS=${OUT:-$HERE/logs}
+mkdir -p "$LOGS"
+BUDGET_S=${BUDGET_S:-470}
+T0=$(date +%s)
+CUDA_LIBS=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -d "$d" ] && CUDA_LIBS="$CUDA_LIBS:$d"
+done
+ours() { LD_LIBRARY_PATH="$HERE/lib$CUDA_LIBS" "$@"; }
+BIN=$HERE/bin
+TINY=$HERE/data/models/tiny-qwen3-a
+PY=$(command -v python3 || true)
+WORK=$(mktemp -d /tmp/gpu_check.XXXXXX)
+# GPU_CHECK_BACKEND=cpu runs the steps' logic with the CPU backend in the
+# CUDA's place: the script's own self-test on a machine without a GPU.
+BE=${GPU_CHECK_BACKEND:-cuda}
+REDIS_PID="" WORKER_PID=""
+cleanup() {
+    [ -n "$WORKER_PID" ] && kill "$WORKER_PID" 2>/dev/null
+    [ -n "$REDIS_PID" ] && kill "$REDIS_PID" 2>/dev/null
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+elapsed() { echo $(( $(date +%s) - T0 )); }
+left() { echo $(( BUDGET_S - $(elapsed) )); }
+STEPS=""
+record() { # name status seconds detail
+    local d=${4//\\/\\\\}
+    d=${d//\"/\\\"}
+    STEPS="$STEPS${STEPS:+,}{\"name\": \"$1\", \"status\": \"$2\", \"seconds\": $3, \"detail\": \"$d\"}"
+    printf '%-11s %-9s %4ss  %s\n' "$1" "$2" "$3" "$4"
+    printf '{"commit": "%s", "device": "%s", "elapsed_s": %s, "steps": [%s]}\n' \
+        "$(cat "$HERE/commit" 2>/dev/null)" "${DEVICE_NAME:-none}" "$(elapsed)" "$STEPS" > "$LOGS/summary.json"
+}
+nodev() { grep -qi 'no CUDA device' "$1"; }
+
+echo "== gpu_check ($(cat "$HERE/commit" 2>/dev/null)), logs in $LOGS, budget ${BUDGET_S}s"
+
+# --- device
+s=$(date +%s)
+if nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader \
+        > "$LOGS/device.txt" 2>&1 && [ -s "$LOGS/device.txt" ]; then
+    DEVICE_NAME=$(head -1 "$LOGS/device.txt" | cut -d, -f1)
+    HAVE_GPU=1
+    record device passed $(( $(date +%s) - s )) "$(head -1 "$LOGS/device.txt")"
+elif [ "$BE" = cpu ]; then
+    DEVICE_NAME=none HAVE_GPU=1
+    record device passed 0 "self-test: the CPU backend stands in for CUDA"
+else
+    DEVICE_NAME=none
+    HAVE_GPU=0
+    record device no-device $(( $(date +%s) - s )) "no CUDA device (nvidia-smi: $(head -c 120 "$LOGS/device.txt" | tr '\n' ' '))"
+fi
+
+# --- backend op tests
+s=$(date +%s)
+ours timeout 200 "$BIN/test_backend_ops" > "$LOGS/backend.log" 2>&1
+rc=$?
+p=$(grep -c '^\[       OK \]' "$LOGS/backend.log")
+# cmocka names a failed or skipped test twice (as it runs, and in the summary)
+f=$(grep '^\[  FAILED  \] test' "$LOGS/backend.log" | sort -u | wc -l)
+k=$(grep '^\[  SKIPPED \] test' "$LOGS/backend.log" | sort -u | wc -l)
+detail="$p passed, $f failed, $k skipped (rc $rc)"
+if [ "$HAVE_GPU" = 0 ] && [ "$rc" = 0 ] && [ "$p" = 0 ] && [ "$f" = 0 ] && [ "$k" -gt 0 ]; then st=no-device
+elif [ "$rc" = 0 ] && [ "$f" = 0 ] && [ "$k" = 0 ] && [ "$p" -gt 0 ]; then st=passed
+elif [ "$rc" = 0 ] && [ "$f" = 0 ]; then st=skipped
+else st=failed; fi
+[ "$st" = failed ] && detail="$detail; $(grep -m3 -A2 'FAILED\|ERROR\|error' "$LOGS/backend.log" | tr '\n' ' ' | head -c 400)"
+record backend "$st" $(( $(date +%s) - s )) "$detail"
+
+# --- tiny model, greedy, CUDA against CPU
+s=$(date +%s)
+toks=$("$PY" -c 'import json,sys; r=json.load(open(sys.argv[1])); print(",".join(map(str, r["prompts"][0]["ids"])))' \
+       "$TINY/reference.json" 2>/dev/null || echo 1,2,3,4)
+ours timeout 60 "$BIN/redlm" run -m "$TINY" --tokens "$toks" -n 48 --ignore-eos --backend cpu \
+    > "$LOGS/run-tiny-cpu.log" 2>&1
+ours timeout 60 "$BIN/redlm" run -m "$TINY" --tokens "$toks" -n 48 --ignore-eos --backend $BE \
+    > "$LOGS/run-tiny-cuda.log" 2>&1
+rc=$?
+a=$(grep -m1 '"tokens"' "$LOGS/run-tiny-cpu.log")
+b=$(grep -m1 '"tokens"' "$LOGS/run-tiny-cuda.log")
+if [ "$HAVE_GPU" = 0 ] && nodev "$LOGS/run-tiny-cuda.log"; then st=no-device detail="redlm run: no CUDA device"
+elif [ "$rc" = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ]; then st=passed detail="48 greedy tokens equal"
+else st=failed detail="rc $rc; cpu ${a:0:120} cuda ${b:0:120} $(tail -2 "$LOGS/run-tiny-cuda.log" | tr '\n' ' ')"; fi
+record run-tiny "$st" $(( $(date +%s) - s )) "$detail"
+
+# --- batching engine: 12 prompts at once, CUDA against CPU
+batch_compare() { # name model n_jobs max_tokens timeout strict
+    local name=$1 model=$2 n=$3 mt=$4 to=$5 strict=$6 s rc
+    s=$(date +%s)
+    "$PY" - "$n" "$mt" > "$WORK/$name.jsonl" <<'EOF'
+import random, sys
+n, mt = int(sys.argv[1]), int(sys.argv[2])
+rng = random.Random(7)
+for i in range(n):
+    ids = [rng.randrange(16, 500) for _ in range(rng.randrange(3, 40 + 30 * i))]
+    print('{"prompt_ids": %s, "max_tokens": %d, "temperature": 0, "ignore_eos": true}' % (ids, mt))
+EOF
+    ours timeout "$to" "$BIN/redlm" run -m "$model" --batch "$WORK/$name.jsonl" --backend cpu \
+        > "$LOGS/$name-cpu.jsonl" 2> "$LOGS/$name-cpu.err"
+    ours timeout "$to" "$BIN/redlm" run -m "$model" --batch "$WORK/$name.jsonl" --backend $BE --max-batch 16 \
+        > "$LOGS/$name-cuda.jsonl" 2> "$LOGS/$name-cuda.err"
+    rc=$?
+    if [ "$HAVE_GPU" = 0 ] && nodev "$LOGS/$name-cuda.err"; then
+        record "$name" no-device $(( $(date +%s) - s )) "redlm run --batch: no CUDA device"
+        return
+    fi
+    detail=$("$PY" - "$LOGS/$name-cpu.jsonl" "$LOGS/$name-cuda.jsonl" "$strict" <<'EOF'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+b = [json.loads(l) for l in open(sys.argv[2]) if l.startswith("{")]
+if not a or len(a) != len(b):
+    print("FAIL %d cpu lines, %d cuda lines" % (len(a), len(b))); sys.exit()
+pre = []
+for x, y in zip(a, b):
+    tx, ty = x.get("tokens", []), y.get("tokens", [])
+    k = 0
+    while k < min(len(tx), len(ty)) and tx[k] == ty[k]:
+        k += 1
+    pre.append(k if tx != ty else len(tx))
+full = sum(1 for x, y in zip(a, b) if x.get("tokens") == y.get("tokens") and x.get("tokens"))
+ok = full == len(a) if sys.argv[3] == "1" else all(p > 0 for p in pre)
+print("%s %d/%d jobs equal; agreed prefix per job %s" % ("OK" if ok else "FAIL", full, len(a), pre))
+EOF
+)
+    if [ "$rc" = 0 ] && [ "${detail:0:2}" = OK ]; then st=passed; else st=failed; fi
+    record "$name" "$st" $(( $(date +%s) - s )) "rc $rc; ${detail#* }"
+}
+batch_compare batch-tiny "$TINY" 12 40 90 1
+
+# --- the worker on CUDA, through a real Redis
+s=$(date +%s)
+port=${GPU_CHECK_REDIS_PORT:-6399}
+ours "$BIN/redis-server" --port $port --bind 127.0.0.1 --save '' --appendonly no \
+    > "$LOGS/redis.log" 2>&1 &
+REDIS_PID=$!
+for _ in $(seq 50); do ours "$BIN/redis-cli" -p $port ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+ours "$BIN/redlm-worker" --redis 127.0.0.1:$port --model "$TINY" --backend $BE --pools fast \
+    --http-port 0 --name gpu0 > "$LOGS/worker.log" 2>&1 &
+WORKER_PID=$!
+st="" detail=""
+# the worker is up when its heartbeat key exists (or it has exited)
+for _ in $(seq 300); do
+    kill -0 $WORKER_PID 2>/dev/null || break
+    [ -n "$(ours "$BIN/redis-cli" -p $port --scan --pattern 'redlm:worker:*' 2>/dev/null | head -1)" ] && break
+    sleep 0.1
+done
+if ! kill -0 $WORKER_PID 2>/dev/null; then
+    if [ "$HAVE_GPU" = 0 ] && nodev "$LOGS/worker.log"; then st=no-device detail="redlm-worker --backend cuda: no CUDA device"
+    else st=failed detail="worker exited: $(tail -3 "$LOGS/worker.log" | tr '\n' ' ')"; fi
+else
+    ids=""
+    for i in $(seq 8); do
+        id=$(ours "$BIN/redlm" enqueue --redis 127.0.0.1:$port --pool fast --prompt-ids "$((i * 7)),$((i + 40)),99,100" \
+             --max-tokens $((16 + i * 8)) --ignore-eos --temperature 0 2>>"$LOGS/worker-client.log")
+        ids="$ids $id"
+    done
+    bad=0 ntok=0
+    for id in $ids; do
+        ours timeout 60 "$BIN/redlm" tail "$id" --json --timeout 30 --redis 127.0.0.1:$port \
+            > "$WORK/ev.jsonl" 2>>"$LOGS/worker-client.log"
+        cat "$WORK/ev.jsonl" >> "$LOGS/worker-events.jsonl"
+        r=$("$PY" - "$WORK/ev.jsonl" <<'EOF'
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+seqs = [int(e["seq"]) for e in ev if "seq" in e]
+done = bool(ev) and ev[-1].get("type") == "done"
+ntok = sum(len(e.get("tokens", [])) if isinstance(e.get("tokens"), list) else 0 for e in ev)
+ok = done and seqs == list(range(len(seqs)))
+print(("ok" if ok else "bad"), len(ev))
+EOF
+)
+        [ "${r%% *}" = ok ] || bad=$((bad + 1))
+        ntok=$((ntok + ${r##* }))
+    done
+    if [ "$bad" = 0 ]; then st=passed; else st=failed; fi
+    detail="8 jobs, $bad without done or with a seq gap, $ntok events; $(grep -m1 " ready: \| kv" "$LOGS/worker.log" | cut -c30- | head -c 200)"
+fi
+kill $WORKER_PID 2>/dev/null; wait $WORKER_PID 2>/dev/null; WORKER_PID=""
+kill $REDIS_PID 2>/dev/null; wait $REDIS_PID 2>/dev/null; REDIS_PID=""
+record worker "$st" $(( $(date +%s) - s )) "$detail"
+
+# --- a real-shaped BF16 model (random weights, made here)
+if [ "$HAVE_GPU" = 1 ] && [ "$(left)" -gt 240 ]; then
+    s=$(date +%s)
+    if ours timeout 90 "$BIN/redlm" mkmodel --out "$WORK/q06" --shape qwen3-0.6b --dtype bf16 \
+            > "$LOGS/mkmodel.log" 2>&1; then
+        batch_compare batch-0.6b "$WORK/q06" 8 24 120 0
+    else
+        record batch-0.6b failed $(( $(date +%s) - s )) "mkmodel: $(tail -2 "$LOGS/mkmodel.log" | tr '\n' ' ')"
+    fi
+    rm -rf "$WORK/q06"
+else
+    record batch-0.6b skipped 0 "$([ "$HAVE_GPU" = 1 ] && echo "under 240 s left" || echo "no CUDA device")"
+fi
+
+# --- throughput
+s=$(date +%s)
+t=$(( $(left) - 10 ))
+[ "$t" -lt 30 ] && t=30
+q=""
+[ "$t" -lt 300 ] && q=--quick
+ours timeout "$t" "$BIN/bench_cuda" $q > "$LOGS/bench.jsonl" 2> "$LOGS/bench.err"
+rc=$?
+n=$(grep -c '^{' "$LOGS/bench.jsonl")
+if [ "$HAVE_GPU" = 0 ] && grep -qi 'no CUDA device' "$LOGS/bench.jsonl" "$LOGS/bench.err"; then st=no-device detail="bench_cuda: no CUDA device"
+elif [ "$rc" = 0 ]; then st=passed detail="$n figures${q:+ (quick)}"
+elif [ "$rc" = 124 ]; then st=failed detail="timed out after ${t}s with $n figures"
+else st=failed detail="rc $rc, $n figures; $(tail -2 "$LOGS/bench.err" | tr '\n' ' ')"; fi
+record bench "$st" $(( $(date +%s) - s )) "$detail"
+grep '^{' "$LOGS/bench.jsonl" | head -40
+
+echo "== done in $(elapsed)s"
+grep -q '"status": "failed"' "$LOGS/summary.json" && exit 1
+exit 0
