@@ -40,6 +40,13 @@ int cuda_backend_set_fp8_path(struct backend *be, int path);
 int cuda_backend_set_device_argmax(struct backend *be, int on);
 const int32_t *cuda_backend_sampled(struct backend *be);
 
+/* Benchmark only: time each op of eager steps (graphs off) with CUDA
+ * events. cuda_backend_profile() fills ms[i] with the milliseconds spent in
+ * op kind i since the last reset and names[i] with its name; returns the
+ * number of kinds (at most 16). */
+int cuda_backend_set_profile(struct backend *be, int on, struct rl_err *err);
+int cuda_backend_profile(struct backend *be, double *ms, const char **names, int reset);
+
 /* Benchmark only: load() for a config without a checkpoint. Matrices get
  * uniform random values in dtype wdt (BF16 or FP8 E4M3 with 128x128 block
  * scales; embed/lm_head BF16 for FP8 as Qwen3-FP8 ships them), norm weights
@@ -95,7 +102,8 @@ int cuda_test_rope(int T, int n_heads, int n_kv, int hd, const float *qkv, const
  * keys of every position < n_past + n_new already in the pools; out same
  * shape as q. mode 0: decode kernel for n_new == 1 sequences, prefill
  * kernel otherwise; 1: decode kernel for every token; 2: prefill kernel for
- * every sequence. nsplit 0 = automatic. */
+ * every sequence (tensor cores where they apply); 3: the SIMT prefill
+ * kernel for every sequence. nsplit 0 = automatic. */
 int cuda_test_attention(int kv_bf16, int n_heads, int n_kv, int hd, int bs, int n_blocks, const float *k_pool,
                         const float *v_pool, int n_seqs, const struct be_seq *seqs, const float *q, float *out,
                         int mode, int nsplit, struct rl_err *err);

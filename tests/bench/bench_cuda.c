@@ -6,14 +6,22 @@
  * Measures, per dtype (bf16, fp8):
  *   - the ceilings: device copy bandwidth, cuBLASLt GEMM rate at a prefill
  *     shape;
- *   - single-stream decode tokens/s at a 512-token context (greedy on the
- *     device, CUDA graphs), against bandwidth / weight bytes per token;
- *   - prefill tokens/s for one 2048-token prompt, against
- *     GEMM rate / (2 x matrix parameters);
+ *   - where an eager step's time goes, op by op (CUDA events): decode at
+ *     batch 1 and 64, prefill of 512 and 2048 tokens;
+ *   - single-stream decode tokens/s at 512- and 8192-token contexts (greedy
+ *     on the device, CUDA graphs), against bandwidth / weight bytes per
+ *     token;
+ *   - prefill tokens/s for a 2048-token prompt in one pass and in the
+ *     worker's 512-token chunks, against GEMM rate / (2 x matrix params);
  *   - aggregate decode tokens/s at 8, 64, 256 sequences (prompt 512,
- *     output 256), prefill excluded and included.
- * Prints one JSON line per figure and a table at the end. Without a GPU it
- * says so and exits 0. Only built with `make CUDA=1`. */
+ *     prefill excluded and included), and batch 64 at a 1024-token context
+ *     the way the worker runs it: logits rows to pinned host memory and
+ *     sampled there (temperature 0.7, top_p 0.9, seeded), against greedy
+ *     on the device.
+ * Each figure's JSON line carries "sim_tok_s", the sim backend's model
+ * (engine/sim, profile h200) for the same shape: the calibration the fleet
+ * benchmarks rely on. Prints one JSON line per figure and a table at the
+ * end. Without a GPU it says so and exits 0. Only built with `make CUDA=1`. */
 #include <stdio.h>
 
 #ifndef REDLM_CUDA
@@ -32,6 +40,8 @@ int main(void)
 #include "backend.h"
 #include "clock.h"
 #include "cuda/cuda_backend.h"
+#include "sample.h"
+#include "sim/sim.h"
 
 #define BS 16
 
@@ -66,14 +76,69 @@ static double matrix_params(const struct model_config *c, int with_lm_head)
 
 struct figures {
     double bw, gemm;
-    double dec1, dec1_ceiling, dec1_host;
-    double prefill, prefill_ceiling;
+    double dec1, dec1_ceiling, dec1_host, dec1_8k;
+    double prefill, prefill_ceiling, prefill_chunked;
     double agg[3], agg_e2e[3];
+    double b64_1k_dev, b64_1k_host;
 };
 
 /* The sequences' block tables: sequence s owns blocks [s*per, (s+1)*per). */
 static int32_t *tables;
 static int per_seq_blocks;
+
+static struct sim_profile simp;
+
+/* The sim model's tokens/s for n_seqs decoding at context ctx. */
+static double sim_decode(const struct model_config *c, int n_seqs, int ctx)
+{
+    double t = sim_step_seconds(&simp, c, n_seqs, n_seqs, (double)n_seqs * ctx, (double)n_seqs * ctx);
+    return n_seqs / t;
+}
+
+/* ... and for a prompt of len tokens in chunks of chunk. */
+static double sim_prefill(const struct model_config *c, int len, int chunk)
+{
+    double t = 0;
+    for (int at = 0; at < len; at += chunk) {
+        int n = len - at < chunk ? len - at : chunk;
+        double pairs = (double)n * at + (double)n * (n + 1) / 2;
+        t += sim_step_seconds(&simp, c, n, 1, pairs, at + n);
+    }
+    return len / t;
+}
+
+/* Decode steps at batch n_seqs with the logits on the host, sampled there
+ * as the engine does for non-greedy requests; returns seconds. */
+static double decode_host_sampled(struct backend *be, int n_seqs, int ctx0, int steps, float *host_logits,
+                                  int vocab)
+{
+    struct be_seq *seqs = calloc((size_t)n_seqs, sizeof *seqs);
+    int32_t *tok = calloc((size_t)n_seqs, sizeof *tok);
+    struct sample_state **st = calloc((size_t)n_seqs, sizeof *st);
+    struct sample_params sp;
+    sample_params_default(&sp);
+    sp.temperature = 0.7f, sp.top_p = 0.9f;
+    for (int s = 0; s < n_seqs; s++)
+        RUN(sample_state_create(&st[s], 1000 + (uint64_t)s, NULL, 0, &err));
+    double t0 = rl_mono_s();
+    for (int k = 0; k < steps; k++) {
+        for (int s = 0; s < n_seqs; s++)
+            seqs[s] = (struct be_seq){ctx0 + k, 1, tables + (size_t)s * per_seq_blocks, 0};
+        struct be_batch b = {n_seqs, seqs, n_seqs, tok, n_seqs, host_logits};
+        RUN(be->ops->forward(be->ctx, &b, &err));
+        for (int s = 0; s < n_seqs; s++) {
+            struct sample_out so;
+            RUN(sample_next(st[s], &sp, host_logits + (size_t)s * vocab, vocab, &so, &err));
+            tok[s] = so.token;
+        }
+    }
+    double dt = rl_mono_s() - t0;
+    for (int s = 0; s < n_seqs; s++)
+        sample_state_free(st[s]);
+    free(st), free(seqs), free(tok);
+    return dt;
+}
+
 
 static void prefill(struct backend *be, int n_seqs, int first, int len, int max_tokens, int32_t *scratch_ids)
 {
@@ -100,6 +165,18 @@ static void prefill(struct backend *be, int n_seqs, int first, int len, int max_
     free(seqs);
 }
 
+/* One prompt of len tokens in chunks of chunk, each chunk one forward
+ * after the previous ones' keys, as the worker's scheduler sends it. */
+static void prefill_chunks(struct backend *be, int seq, int len, int chunk, int32_t *scratch_ids)
+{
+    for (int at = 0; at < len; at += chunk) {
+        int c = len - at < chunk ? len - at : chunk;
+        struct be_seq sq = {at, c, tables + (size_t)seq * per_seq_blocks, c - 1};
+        struct be_batch b = {1, &sq, c, scratch_ids, 1, NULL};
+        RUN(be->ops->forward(be->ctx, &b, &err));
+    }
+}
+
 /* steps decode steps for n_seqs sequences at context ctx0; returns seconds. */
 static double decode(struct backend *be, int n_seqs, int ctx0, int steps, float *host_logits)
 {
@@ -120,6 +197,40 @@ static double decode(struct backend *be, int n_seqs, int ctx0, int steps, float 
     return dt;
 }
 
+/* Where an eager step's time goes (graphs off, CUDA events between ops):
+ * one JSON line per shape with milliseconds per step for each op kind. */
+static void profile(struct backend *be, const char *name, const char *shape, int n_seqs, int ctx0, int prompt,
+                    int max_tokens, int32_t *ids)
+{
+    double ms[16];
+    const char *names[16];
+    RUN(cuda_backend_set_graphs(be, 0));
+    RUN(cuda_backend_set_profile(be, 1, &err));
+    int steps = 4;
+    if (prompt) {
+        prefill(be, 1, 0, prompt, max_tokens, ids); /* warm-up (plans) */
+        cuda_backend_profile(be, ms, names, 1);
+        for (int i = 0; i < steps; i++)
+            prefill(be, 1, 0, prompt, max_tokens, ids);
+    } else {
+        prefill(be, n_seqs, 0, ctx0, max_tokens, ids);
+        decode(be, n_seqs, ctx0, 2, NULL);
+        cuda_backend_profile(be, ms, names, 1);
+        decode(be, n_seqs, ctx0 + 2, steps, NULL);
+    }
+    int n = cuda_backend_profile(be, ms, names, 1);
+    double total = 0;
+    printf("{\"bench\":\"profile\",\"dtype\":\"%s\",\"shape\":\"%s\",\"ms_per_step\":{", name, shape);
+    for (int k = 0; k < n; k++) {
+        printf("%s\"%s\":%.3f", k ? "," : "", names[k], ms[k] / steps);
+        total += ms[k] / steps;
+    }
+    printf("},\"total_ms\":%.3f}\n", total);
+    fflush(stdout);
+    RUN(cuda_backend_set_profile(be, 0, &err));
+    RUN(cuda_backend_set_graphs(be, 1));
+}
+
 static void run_dtype(enum model_dtype dt, const char *name, int quick, struct figures *f)
 {
     struct model_config cfg = qwen3_14b();
@@ -129,11 +240,12 @@ static void run_dtype(enum model_dtype dt, const char *name, int quick, struct f
     RUN(be_create(&be, "cuda", &o, &err));
     double t0 = rl_mono_s();
     RUN(cuda_backend_load_random(be, &cfg, dt, max_tokens, 7, &err));
-    int max_seqs = quick ? 64 : 256, ctx = 512 + 256 + 16;
+    int max_seqs = quick ? 64 : 256, ctx = 1024 + 256 + 16;
     per_seq_blocks = (ctx + BS - 1) / BS;
     int n_blocks = max_seqs * per_seq_blocks;
-    if (n_blocks < (2048 + 64) / BS * 2)
-        n_blocks = (2048 + 64) / BS * 2;
+    int long_ctx = 8192 + 256 + 16; /* sequence 0 alone, for the 8k figure */
+    if (n_blocks < (long_ctx + BS - 1) / BS * 2)
+        n_blocks = (long_ctx + BS - 1) / BS * 2;
     RUN(be->ops->kv_init(be->ctx, n_blocks, BS, &err));
     tables = malloc((size_t)n_blocks * sizeof *tables);
     for (int i = 0; i < n_blocks; i++)
@@ -148,8 +260,14 @@ static void run_dtype(enum model_dtype dt, const char *name, int quick, struct f
     printf("{\"bench\":\"gemm_ceiling\",\"dtype\":\"%s\",\"M\":2048,\"N\":%d,\"K\":%d,\"tflops\":%.1f}\n", name,
            2 * cfg.intermediate, cfg.hidden, f->gemm / 1e12);
 
-    /* single stream */
     RUN(cuda_backend_set_device_argmax(be, 1));
+    profile(be, name, "decode_b1_ctx512", 1, 512, 0, max_tokens, ids);
+    if (max_seqs >= 64)
+        profile(be, name, "decode_b64_ctx512", 64, 512, 0, max_tokens, ids);
+    profile(be, name, "prefill_512", 1, 0, 512, max_tokens, ids);
+    profile(be, name, "prefill_2048", 1, 0, 2048, max_tokens, ids);
+
+    /* single stream */
     prefill(be, 1, 0, 512, max_tokens, ids);
     decode(be, 1, 512, 8, NULL); /* warm-up: graph capture */
     prefill(be, 1, 0, 512, max_tokens, ids);
@@ -158,8 +276,18 @@ static void run_dtype(enum model_dtype dt, const char *name, int quick, struct f
     f->dec1 = steps / dt1;
     f->dec1_ceiling = f->bw / wbytes;
     printf("{\"bench\":\"decode_single\",\"dtype\":\"%s\",\"ctx\":512,\"tok_s\":%.1f,\"ceiling_tok_s\":%.1f,"
-           "\"fraction\":%.3f,\"weight_bytes_per_token\":%.0f}\n",
-           name, f->dec1, f->dec1_ceiling, f->dec1 / f->dec1_ceiling, wbytes);
+           "\"fraction\":%.3f,\"weight_bytes_per_token\":%.0f,\"sim_tok_s\":%.1f}\n",
+           name, f->dec1, f->dec1_ceiling, f->dec1 / f->dec1_ceiling, wbytes, sim_decode(&cfg, 1, 512 + steps / 2));
+    {
+        int keep = per_seq_blocks;
+        per_seq_blocks = (long_ctx + BS - 1) / BS; /* sequence 0 owns the first blocks */
+        prefill_chunks(be, 0, 8192, 2048, ids);
+        decode(be, 1, 8192, 4, NULL);
+        f->dec1_8k = steps / decode(be, 1, 8192 + 4, steps, NULL);
+        per_seq_blocks = keep;
+        printf("{\"bench\":\"decode_single\",\"dtype\":\"%s\",\"ctx\":8192,\"tok_s\":%.1f,\"sim_tok_s\":%.1f}\n",
+               name, f->dec1_8k, sim_decode(&cfg, 1, 8192 + steps / 2));
+    }
     RUN(cuda_backend_set_device_argmax(be, 0));
     float *hl = cuda_host_alloc((size_t)256 * cfg.vocab * 4);
     prefill(be, 1, 0, 512, max_tokens, ids);
@@ -177,9 +305,17 @@ static void run_dtype(enum model_dtype dt, const char *name, int quick, struct f
         prefill(be, 1, 0, 2048, max_tokens, ids);
     f->prefill = reps * 2048 / (rl_mono_s() - t0);
     f->prefill_ceiling = f->gemm / (2.0 * matrix_params(&cfg, 0));
-    printf("{\"bench\":\"prefill\",\"dtype\":\"%s\",\"prompt\":2048,\"tok_s\":%.0f,\"ceiling_tok_s\":%.0f,"
-           "\"fraction\":%.3f}\n",
-           name, f->prefill, f->prefill_ceiling, f->prefill / f->prefill_ceiling);
+    printf("{\"bench\":\"prefill\",\"dtype\":\"%s\",\"prompt\":2048,\"chunk\":2048,\"tok_s\":%.0f,\"ceiling_tok_s\":%.0f,"
+           "\"fraction\":%.3f,\"sim_tok_s\":%.0f}\n",
+           name, f->prefill, f->prefill_ceiling, f->prefill / f->prefill_ceiling, sim_prefill(&cfg, 2048, 2048));
+    t0 = rl_mono_s();
+    for (int r = 0; r < reps; r++)
+        prefill_chunks(be, 0, 2048, 512, ids);
+    f->prefill_chunked = reps * 2048 / (rl_mono_s() - t0);
+    printf("{\"bench\":\"prefill\",\"dtype\":\"%s\",\"prompt\":2048,\"chunk\":512,\"tok_s\":%.0f,\"ceiling_tok_s\":%.0f,"
+           "\"fraction\":%.3f,\"sim_tok_s\":%.0f}\n",
+           name, f->prefill_chunked, f->prefill_ceiling, f->prefill_chunked / f->prefill_ceiling,
+           sim_prefill(&cfg, 2048, 512));
 
     /* aggregate decode */
     int Bs[3] = {8, 64, 256};
@@ -198,8 +334,23 @@ static void run_dtype(enum model_dtype dt, const char *name, int quick, struct f
         f->agg[i] = (double)B * out / dd;
         f->agg_e2e[i] = (double)B * out / (dd + pre);
         printf("{\"bench\":\"decode_batch\",\"dtype\":\"%s\",\"seqs\":%d,\"prompt\":512,\"output\":%d,"
-               "\"decode_tok_s\":%.0f,\"with_prefill_tok_s\":%.0f,\"prefill_s\":%.2f}\n",
-               name, B, out, f->agg[i], f->agg_e2e[i], pre);
+               "\"decode_tok_s\":%.0f,\"with_prefill_tok_s\":%.0f,\"prefill_s\":%.2f,\"sim_tok_s\":%.0f}\n",
+               name, B, out, f->agg[i], f->agg_e2e[i], pre, sim_decode(&cfg, B, 512 + out / 2));
+    }
+
+    /* batch 64 at a 1024-token context: greedy on the device, and the
+     * worker's path for sampled requests (rows to the host, sampled there) */
+    if (max_seqs >= 64) {
+        int out = quick ? 32 : 64;
+        prefill(be, 64, 0, 1024, max_tokens, ids);
+        f->b64_1k_dev = 64.0 * out / decode(be, 64, 1024, out, NULL);
+        RUN(cuda_backend_set_device_argmax(be, 0));
+        decode_host_sampled(be, 64, 1024 + out, 2, hl, cfg.vocab); /* graph capture */
+        f->b64_1k_host = 64.0 * out / decode_host_sampled(be, 64, 1024 + out + 2, out, hl, cfg.vocab);
+        RUN(cuda_backend_set_device_argmax(be, 1));
+        printf("{\"bench\":\"decode_batch\",\"dtype\":\"%s\",\"seqs\":64,\"ctx\":1024,\"output\":%d,"
+               "\"device_greedy_tok_s\":%.0f,\"host_sampled_tok_s\":%.0f,\"sim_tok_s\":%.0f}\n",
+               name, out, f->b64_1k_dev, f->b64_1k_host, sim_decode(&cfg, 64, 1024 + out));
     }
     cuda_host_free(hl);
     free(ids);
@@ -210,6 +361,7 @@ static void run_dtype(enum model_dtype dt, const char *name, int quick, struct f
 int main(int argc, char **argv)
 {
     char why[256] = "";
+    setvbuf(stdout, NULL, _IOLBF, 0); /* a run killed at its time limit keeps its lines */
     if (cuda_device_count(why, sizeof why) < 1) {
         printf("bench_cuda: skipped, no CUDA device: %s\n", why);
         return 0;
@@ -235,6 +387,7 @@ int main(int argc, char **argv)
     RUN(cuda_measure_bandwidth(0, &bw, &err));
     printf("{\"bench\":\"device\",\"name\":\"%s\",\"mem_gib\":%.1f,\"sms\":%d,\"copy_bw_gb_s\":%.0f}\n", name,
            (double)mem / (1 << 30), sms, bw / 1e9);
+    RUN(sim_profile_get("h200", &simp, &err));
     struct figures fb = {0}, ff = {0};
     fb.bw = ff.bw = bw;
     if (want_bf16)
@@ -249,9 +402,13 @@ int main(int argc, char **argv)
     printf("%-34s %11.0f%% %11.0f%%\n", "  fraction (target 85%)", 100 * fb.dec1 / (fb.dec1_ceiling + 1e-9),
            100 * ff.dec1 / (ff.dec1_ceiling + 1e-9));
     printf("%-34s %12.1f %12.1f\n", "decode 1 seq tok/s (host logits)", fb.dec1_host, ff.dec1_host);
+    printf("%-34s %12.1f %12.1f\n", "decode 1 seq tok/s at 8k context", fb.dec1_8k, ff.dec1_8k);
     printf("%-34s %12.0f %12.0f\n", "prefill 2048 tok/s", fb.prefill, ff.prefill);
     printf("%-34s %11.0f%% %11.0f%%\n", "  of GEMM ceiling (target 60%)", 100 * fb.prefill / (fb.prefill_ceiling + 1e-9),
            100 * ff.prefill / (ff.prefill_ceiling + 1e-9));
+    printf("%-34s %12.0f %12.0f\n", "prefill 2048 in 512 chunks tok/s", fb.prefill_chunked, ff.prefill_chunked);
+    printf("%-34s %12.0f %12.0f\n", "decode 64 at 1k, device greedy", fb.b64_1k_dev, ff.b64_1k_dev);
+    printf("%-34s %12.0f %12.0f\n", "decode 64 at 1k, host sampled", fb.b64_1k_host, ff.b64_1k_host);
     const char *lab[3] = {"decode 8 seqs tok/s", "decode 64 seqs tok/s (target 5000)", "decode 256 seqs tok/s"};
     for (int i = 0; i < 3; i++)
         printf("%-34s %12.0f %12.0f   (incl. prefill: %.0f / %.0f)\n", lab[i], fb.agg[i], ff.agg[i], fb.agg_e2e[i],
