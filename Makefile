@@ -103,8 +103,11 @@ LIBENGINE  := $(BUILD)/libredlm_engine.a
 LIBCOMMON  := $(BUILD)/libredlm_common.a
 
 # keep the objects of test and bench programs between builds (they are
-# make's "intermediate" files otherwise, deleted and rebuilt every time)
-.SECONDARY:
+# make's "intermediate" files otherwise, deleted and rebuilt every time);
+# named one by one: a bare .SECONDARY: would also stop a deleted object
+# from being rebuilt
+.SECONDARY: $(TEST_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o) \
+            $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/backend/test_*.c))
 
 .PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks demo gpu-bundle fuzz asan deps clean install
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
@@ -186,7 +189,7 @@ demo: all
 # gpu_check.sh. Its own build folder: machine code for sm_90 (H100/H200)
 # alone keeps four programs' kernels inside the bundle's 40 MB.
 GPU_BIN := redlm redlm-worker tests/test_backend_ops tests/bench_cuda
-GPU_NVFLAGS := -O3 -g -lineinfo -std=c++17 -Xcompiler -fPIC -gencode arch=compute_90,code=sm_90
+GPU_NVFLAGS := -O3 -std=c++17 -Xcompiler -fPIC -gencode arch=compute_90,code=sm_90
 gpu-bundle:
 	$(MAKE) CUDA=1 BUILD=build-gpu NVFLAGS="$(GPU_NVFLAGS)" $(addprefix build-gpu/,$(GPU_BIN))
 	BUILD=build-gpu bash tests/gpu/bundle.sh

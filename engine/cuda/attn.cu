@@ -52,6 +52,38 @@ __device__ __forceinline__ void load8(const __nv_bfloat16 *p, float *o)
     }
 }
 
+/* ND consecutive elements (a lane's share of a row) in one or two loads. */
+template <int ND> __device__ __forceinline__ void load_nd(const float *p, float *o)
+{
+    if constexpr (ND % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < ND; i += 4) {
+            float4 a = *(const float4 *)(p + i);
+            o[i] = a.x, o[i + 1] = a.y, o[i + 2] = a.z, o[i + 3] = a.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < ND; i++)
+            o[i] = p[i];
+    }
+}
+
+template <int ND> __device__ __forceinline__ void load_nd(const __nv_bfloat16 *p, float *o)
+{
+    if constexpr (ND == 4) {
+        uint2 u = *(const uint2 *)p;
+        const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+        float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+        o[0] = a.x, o[1] = a.y, o[2] = b.x, o[3] = b.y;
+    } else if constexpr (ND == 8) {
+        load8(p, o);
+    } else {
+#pragma unroll
+        for (int i = 0; i < ND; i++)
+            o[i] = __bfloat162float(p[i]);
+    }
+}
+
 /* Element offset of (position p, kv head g, dim 0) in one layer's pool. */
 __device__ __forceinline__ size_t kv_off(const int32_t *table, int p, int g, int NKV, int bs, int HD)
 {
@@ -99,7 +131,7 @@ attn_decode_kernel(const KT *__restrict__ q, const KT *__restrict__ kc, const KT
             sc[h] = 0.0f;
         if (valid) {
             const KT *kp = kc + kv_off(table, p, g, NKV, bs, HD);
-#pragma unroll 2
+#pragma unroll 4
             for (int d = 0; d < HD; d += 8) {
                 float kf[8];
                 load8(kp + d, kf);
@@ -130,13 +162,30 @@ attn_decode_kernel(const KT *__restrict__ q, const KT *__restrict__ kc, const KT
                 sc[h] = pr;
             }
         }
-        int nv = min(32, k1 - base);
-        for (int j = 0; j < nv; j++) {
-            const KT *vp = vc + kv_off(table, base + j, g, NKV, bs, HD);
-            float vv[ND];
+        /* values: lane owns dims lane*ND .. lane*ND+ND-1 (one vector load a
+         * row); 8 rows' loads go out before their products so that the
+         * loop waits for memory once per 8 keys, not once per key */
+        int nv = min(32, k1 - base), j = 0;
+        for (; j + 8 <= nv; j += 8) {
+            float vv[8][ND];
 #pragma unroll
-            for (int c = 0; c < ND; c++)
-                vv[c] = cu_f(vp[lane + 32 * c]);
+            for (int u = 0; u < 8; u++)
+                load_nd<ND>(vc + kv_off(table, base + j + u, g, NKV, bs, HD) + lane * ND, vv[u]);
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+#pragma unroll
+                for (int h = 0; h < MG; h++) {
+                    if (h < G) {
+                        float ph = __shfl_sync(0xffffffffu, sc[h], j + u);
+#pragma unroll
+                        for (int c = 0; c < ND; c++)
+                            acc[h][c] += ph * vv[u][c];
+                    }
+                }
+        }
+        for (; j < nv; j++) {
+            float vv[ND];
+            load_nd<ND>(vc + kv_off(table, base + j, g, NKV, bs, HD) + lane * ND, vv);
 #pragma unroll
             for (int h = 0; h < MG; h++) {
                 if (h < G) {
@@ -157,7 +206,7 @@ attn_decode_kernel(const KT *__restrict__ q, const KT *__restrict__ kc, const KT
             }
 #pragma unroll
             for (int c = 0; c < ND; c++)
-                racc[warp][h][lane + 32 * c] = acc[h][c];
+                racc[warp][h][lane * ND + c] = acc[h][c];
         }
     }
     __syncthreads();
@@ -333,6 +382,199 @@ attn_prefill_kernel(const KT *__restrict__ q, const KT *__restrict__ kc, const K
     }
 }
 
+
+/* ---- prefill on the tensor cores (bf16 KV) ----
+ *
+ * The same tiles as attn_prefill_kernel (32 (token, head-of-group) rows of
+ * one sequence and KV head per block), with two warps of 16 rows each, so
+ * the products map onto mma.sync m16n8k16: S = Q K^T with Q and K in bf16
+ * as they are stored (products exact, f32 sums), then O += P V with P and V
+ * in f16: V's bf16 values convert to f16 exactly in any range a model's
+ * values live in, and P in [0, 1] keeps 11 bits there against bf16's 8 -
+ * the rounding FlashAttention-style kernels accept, a tenth of it. Keys
+ * arrive 32 at a time through shared memory (rows padded by 8 halves so the
+ * fragment loads are free of bank conflicts); the online softmax is the
+ * SIMT kernel's, row statistics reduced over the 4 lanes sharing a row. */
+#define TC_KEYS 32
+#define TC_PAD 8
+
+__device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_f16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi)
+{
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+
+template <int HD>
+__global__ void __launch_bounds__(64)
+attn_prefill_tc_kernel(const __nv_bfloat16 *__restrict__ q, const __nv_bfloat16 *__restrict__ kc,
+                       const __nv_bfloat16 *__restrict__ vc, int NH, int NKV, int bs, float scale,
+                       struct cu_attn_meta m, float *__restrict__ out)
+{
+    constexpr int KS = HD / 16;  /* k-steps over the head dim */
+    constexpr int NT = HD / 8;   /* 8-wide output column tiles */
+    constexpr int LD = HD + TC_PAD;
+    __shared__ __align__(16) __nv_bfloat16 Ks[TC_KEYS][LD];
+    __shared__ __align__(16) __half Vs[TC_KEYS][LD];
+    const int G = NH / NKV;
+    int tile = blockIdx.x, g = blockIdx.y;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int quad = lane >> 2, qi = lane & 3;
+    int s = m.tile_seq[tile], r0 = m.tile_r0[tile];
+    int tok0 = m.seq_tok0[s], nnew = m.seq_nnew[s], npast = m.seq_npast[s];
+    const int32_t *table = m.bt + m.seq_bt_off[s];
+    int rows_total = nnew * G;
+    int r_end = min(r0 + CU_ATTN_TILE_ROWS, rows_total);
+    int kmax = npast + (r_end - 1) / G + 1;
+
+    /* this thread's two rows: quad and quad + 8 of the warp's 16 */
+    int R[2], pos[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        R[h] = r0 + warp * 16 + quad + 8 * h;
+        pos[h] = R[h] < rows_total ? npast + R[h] / G : -1;
+    }
+    int wlast = r0 + warp * 16 + 15 < rows_total - 1 ? r0 + warp * 16 + 15 : rows_total - 1;
+    int wmax = wlast >= r0 + warp * 16 ? npast + wlast / G : -1; /* the warp's last position */
+
+    /* Q fragments (A operand, row-major 16 x HD), straight from global */
+    uint32_t qa[KS][4];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const __nv_bfloat16 *qr = pos[h] >= 0 ? q + ((size_t)(tok0 + R[h] / G) * (size_t)NH + (size_t)(g * G + R[h] % G)) * HD : NULL;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            int d = ks * 16 + qi * 2;
+            qa[ks][h] = qr ? *(const uint32_t *)(qr + d) : 0u;
+            qa[ks][2 + h] = qr ? *(const uint32_t *)(qr + d + 8) : 0u;
+        }
+    }
+    float o[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+        o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+    float mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    for (int kb = 0; kb < kmax; kb += TC_KEYS) {
+        __syncthreads(); /* the previous keys have been consumed */
+        /* 32 keys x HD: 16-byte pieces, K as bf16, V converted to f16 */
+        constexpr int PIECES = TC_KEYS * HD / 8;
+        for (int e = threadIdx.x; e < PIECES; e += 64) {
+            int j = e / (HD / 8), d = (e % (HD / 8)) * 8, p = kb + j;
+            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
+            if (p < kmax) {
+                size_t a = kv_off(table, p, g, NKV, bs, HD) + (size_t)d;
+                kv4 = *(const uint4 *)(kc + a);
+                vv4 = *(const uint4 *)(vc + a);
+            }
+            *(uint4 *)&Ks[j][d] = kv4;
+            const __nv_bfloat162 *vb = (const __nv_bfloat162 *)&vv4;
+            uint4 vh;
+            uint32_t *vhp = (uint32_t *)&vh;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float2 f = __bfloat1622float2(vb[i]);
+                vhp[i] = pack_f16(f.x, f.y);
+            }
+            *(uint4 *)&Vs[j][d] = vh;
+        }
+        __syncthreads();
+        if (wmax < kb) /* every row of this warp is before these keys (warp-uniform) */
+            continue;
+        /* S = Q K^T: 16 rows x 32 keys, 4 tiles of 8 keys */
+        float sc[4][4];
+#pragma unroll
+        for (int n = 0; n < 4; n++) {
+            sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                const __nv_bfloat16 *kr = &Ks[n * 8 + quad][ks * 16 + qi * 2];
+                mma_bf16(sc[n], qa[ks], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+            }
+        }
+        /* mask, scale, online softmax per row (4 lanes share a row) */
+        float corr[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float tmax = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    int p = kb + n * 8 + qi * 2 + c;
+                    float v = p <= pos[h] ? sc[n][2 * h + c] * scale : -INFINITY;
+                    sc[n][2 * h + c] = v;
+                    tmax = fmaxf(tmax, v);
+                }
+            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+            float mn = fmaxf(mx[h], tmax);
+            float base = mn == -INFINITY ? 0.0f : mn; /* a row that saw no key yet */
+            corr[h] = expf(mx[h] - base);
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    float pr = expf(sc[n][2 * h + c] - base);
+                    sc[n][2 * h + c] = pr;
+                    sum += pr;
+                }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            l[h] = l[h] * corr[h] + sum;
+            mx[h] = mn;
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            o[t][0] *= corr[0], o[t][1] *= corr[0];
+            o[t][2] *= corr[1], o[t][3] *= corr[1];
+        }
+        /* O += P V: P's C fragments are the A fragments of two k-steps */
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++) {
+            uint32_t pa[4];
+            pa[0] = pack_f16(sc[2 * kk][0], sc[2 * kk][1]);
+            pa[1] = pack_f16(sc[2 * kk][2], sc[2 * kk][3]);
+            pa[2] = pack_f16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+            pa[3] = pack_f16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+            int k0 = kk * 16 + qi * 2;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                int d = t * 8 + quad;
+                __half2 b0 = __halves2half2(Vs[k0][d], Vs[k0 + 1][d]);
+                __half2 b1 = __halves2half2(Vs[k0 + 8][d], Vs[k0 + 9][d]);
+                mma_f16(o[t], pa, *(uint32_t *)&b0, *(uint32_t *)&b1);
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (pos[h] < 0)
+            continue;
+        float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+        float *orow = out + ((size_t)(tok0 + R[h] / G) * (size_t)NH + (size_t)(g * G + R[h] % G)) * HD;
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            *(float2 *)(orow + t * 8 + qi * 2) = make_float2(o[t][2 * h] * inv, o[t][2 * h + 1] * inv);
+    }
+}
+
 /* ---- launchers ---- */
 
 template <typename KT, int HD> static int pf_attr(struct rl_err *err)
@@ -352,6 +594,8 @@ int cu_attn_init(struct rl_err *err)
         return rc;
     return 0;
 }
+
+int cu_attn_tc(int kv_bf16, int head_dim) { return kv_bf16 && (head_dim == 64 || head_dim == 128); }
 
 int cu_attn_supports(int head_dim, int group)
 {
@@ -428,6 +672,12 @@ static void pf_launch(dim3 grid, cudaStream_t st, const void *q, const struct cu
 int cu_attn_prefill(const void *q, const struct cu_kv_layer *kv, const struct cu_attn_meta *m, int n_tiles,
                     int n_heads, float *out, cudaStream_t st, struct rl_err *err)
 {
+    return cu_attn_prefill_path(q, kv, m, n_tiles, n_heads, out, 0, st, err);
+}
+
+int cu_attn_prefill_path(const void *q, const struct cu_kv_layer *kv, const struct cu_attn_meta *m, int n_tiles,
+                         int n_heads, float *out, int simt, cudaStream_t st, struct rl_err *err)
+{
     if (n_tiles <= 0)
         return 0;
     int HD = kv->head_dim;
@@ -435,6 +685,18 @@ int cu_attn_prefill(const void *q, const struct cu_kv_layer *kv, const struct cu
         return rl_errf(err, RL_EUNSUPPORTED, "attention: head_dim %d, group %d not built", HD, n_heads / kv->n_kv);
     float scale = 1.0f / sqrtf((float)HD);
     dim3 grid((unsigned)n_tiles, (unsigned)kv->n_kv);
+    if (cu_attn_tc(kv->bf16, HD) && !simt) {
+        if (HD == 64)
+            attn_prefill_tc_kernel<64><<<grid, 64, 0, st>>>((const __nv_bfloat16 *)q, (const __nv_bfloat16 *)kv->k,
+                                                            (const __nv_bfloat16 *)kv->v, n_heads, kv->n_kv,
+                                                            kv->block_size, scale, *m, out);
+        else
+            attn_prefill_tc_kernel<128><<<grid, 64, 0, st>>>((const __nv_bfloat16 *)q, (const __nv_bfloat16 *)kv->k,
+                                                             (const __nv_bfloat16 *)kv->v, n_heads, kv->n_kv,
+                                                             kv->block_size, scale, *m, out);
+        LAUNCH_CHECK(err, "attn_prefill_tc_kernel");
+        return 0;
+    }
 #define PF(KT, D) pf_launch<KT, D>(grid, st, q, kv, n_heads, scale, m, out)
     if (kv->bf16) {
         if (HD == 32) PF(__nv_bfloat16, 32);
@@ -489,7 +751,7 @@ extern "C" int cuda_test_attention(int kv_bf16, int n_heads, int n_kv, int hd, i
         memcpy(bt + at, sq->block_table, (size_t)nb * 4);
         s_tok0[s] = t, s_nnew[s] = sq->n_new, s_npast[s] = sq->n_past, s_bt[s] = at;
         at += nb;
-        int use_dec = mode == 1 || (mode == 0 && sq->n_new == 1);
+        int use_dec = mode == 1 || (mode == 0 && sq->n_new == 1); /* 2, 3: prefill (tensor cores, SIMT) */
         if (!use_dec)
             for (int r0 = 0; r0 < sq->n_new * G; r0 += CU_ATTN_TILE_ROWS)
                 tile_seq[n_tiles] = s, tile_r0[n_tiles++] = r0;
@@ -543,7 +805,7 @@ extern "C" int cuda_test_attention(int kv_bf16, int n_heads, int n_kv, int hd, i
     kv.k = dk, kv.v = dv, kv.bf16 = kv_bf16, kv.n_kv = n_kv, kv.head_dim = hd, kv.block_size = bs;
     if ((rc = cu_attn_decode(dq, &kv, &m, n_dec, n_heads, nsplit, (float *)dml, (float *)dacc, (float *)dout, 0,
                              err)) ||
-        (rc = cu_attn_prefill(dq, &kv, &m, n_tiles, n_heads, (float *)dout, 0, err)))
+        (rc = cu_attn_prefill_path(dq, &kv, &m, n_tiles, n_heads, (float *)dout, mode == 3, 0, err)))
         goto out;
     CU_CHECK_GOTO(err, rc, out, cudaMemcpy(out, dout, nq * 4, cudaMemcpyDeviceToHost));
 out:

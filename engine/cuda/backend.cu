@@ -131,6 +131,7 @@ struct cuda_ctx {
 
     struct cu_graph graphs[N_BUCKETS];
     int use_graphs, device_argmax, fp8_path;
+    struct cu_prof *prof; /* NULL unless the benchmark asked (eager steps only) */
     char desc[256];
 };
 
@@ -730,18 +731,30 @@ static int build_step(struct cuda_ctx *c, const struct be_batch *b, int B, struc
     int G = c->cfg.n_heads / c->cfg.n_kv_heads;
     struct meta_caps k;
     size_t n_bt = 0;
-    int n_tiles = 0, max_len = 0;
+    int n_tiles = 0, max_len = 0, n_dec_seqs = 0;
     for (int i = 0; i < b->n_seqs; i++) {
         const struct be_seq *q = &b->seqs[i];
         n_bt += (size_t)n_tbl(c, q);
         if (q->n_new > 1)
             n_tiles += (q->n_new * G + CU_ATTN_TILE_ROWS - 1) / CU_ATTN_TILE_ROWS;
-        else if (q->n_past + 1 > max_len)
-            max_len = q->n_past + 1;
+        else {
+            n_dec_seqs++;
+            if (q->n_past + 1 > max_len)
+                max_len = q->n_past + 1;
+        }
     }
+    /* Decode rows through the tensor-core tile kernel (one tile of G rows a
+     * sequence, its keys read once, coalesced) when there are enough of
+     * them to fill the GPU without splitting keys; fewer go to the split
+     * decode kernel. Depends on the bucket alone in a graph step. */
+    int dec_items = B ? B : n_dec_seqs;
+    int tc_dec = cu_attn_tc(c->kv_dtype == BE_KV_BF16, c->cfg.head_dim) &&
+                 (long)dec_items * c->cfg.n_kv_heads >= 2L * c->sm_count;
+    if (tc_dec)
+        n_tiles += dec_items;
     if (B) {
         k.T = k.S = k.L = B;
-        k.tiles = 0;
+        k.tiles = tc_dec ? B : 0;
         n_bt += 1; /* the spare block's one-entry table */
     } else {
         k.T = b->n_tokens;
@@ -766,7 +779,7 @@ static int build_step(struct cuda_ctx *c, const struct be_batch *b, int B, struc
         h.seq_npast[i] = q->n_past;
         h.seq_bt_off[i] = bt_at;
         bt_at += nb;
-        if (q->n_new > 1)
+        if (q->n_new > 1 || tc_dec)
             for (int r0 = 0; r0 < q->n_new * G; r0 += CU_ATTN_TILE_ROWS) {
                 h.tile_seq[nt] = i;
                 h.tile_r0[nt++] = r0;
@@ -777,7 +790,7 @@ static int build_step(struct cuda_ctx *c, const struct be_batch *b, int B, struc
             h.pos[t] = p;
             h.seq[t] = i;
             h.slot[t] = q->block_table[p / bs] * bs + p % bs;
-            if (q->n_new == 1)
+            if (q->n_new == 1 && !tc_dec)
                 h.dec[n_dec++] = t;
             if (j >= q->logits_from)
                 h.lrow[nl++] = t;
@@ -791,7 +804,12 @@ static int build_step(struct cuda_ctx *c, const struct be_batch *b, int B, struc
             h.pos[t] = 0;
             h.seq[t] = t;
             h.slot[t] = c->n_blocks * bs;
-            h.dec[n_dec++] = t;
+            if (tc_dec) {
+                h.tile_seq[nt] = t;
+                h.tile_r0[nt++] = 0;
+            } else {
+                h.dec[n_dec++] = t;
+            }
             h.seq_tok0[t] = t;
             h.seq_nnew[t] = 1;
             h.seq_npast[t] = 0;
@@ -835,39 +853,62 @@ static int run_step(struct cuda_ctx *c, const struct step *s, float *out_logits,
     struct cu_attn_meta am = {s->d.seq, s->d.pos, s->d.dec, s->d.tile_seq, s->d.tile_r0,
                               s->d.seq_tok0, s->d.seq_nnew, s->d.seq_npast, s->d.seq_bt_off, s->d.bt};
     size_t es = kv_esize(c);
+    struct cu_prof *P = c->prof; /* never inside a graph capture */
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (P && (cudaStreamIsCapturing(c->st, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone))
+        P = NULL;
+#define MARK(kind) cu_prof_mark(P, CU_PROF_##kind, c->st)
+    cu_prof_begin(P, c->st);
     if ((rc = cu_embed(&c->embed, s->d.tokens, T, c->x, c->st, err)))
         return rc;
+    MARK(EMBED);
     if ((rc = cu_rmsnorm(c->x, NULL, NULL, T, H, c->layers[0].attn_norm, eps, c->xin, lin_act(&c->layers[0].qkv),
                          c->st, err)))
         return rc;
+    MARK(NORM);
     for (int l = 0; l < cfg->n_layers; l++) {
         const struct cu_layer *L = &c->layers[l];
         struct cu_kv_layer kv = {(char *)c->kc + (size_t)l * c->layer_elems * es,
                                  (char *)c->vc + (size_t)l * c->layer_elems * es, c->kv_dtype == BE_KV_BF16,
                                  cfg->n_kv_heads, cfg->head_dim, c->block_size};
-        if ((rc = cu_linear_run(c->gemm, &L->qkv, T, c->xin, c->qkv, err)) ||
-            (rc = cu_qk_rope_write(c->qkv, T, NH, L->q_norm, L->k_norm, eps, c->inv_freq, c->mscale, s->d.pos,
-                                   s->d.slot, c->q, &kv, c->st, err)) ||
-            (rc = cu_attn_decode(c->q, &kv, &am, s->n_dec, NH, s->nsplit, c->part_ml, c->part_acc, c->att, c->st,
+        if ((rc = cu_linear_run(c->gemm, &L->qkv, T, c->xin, c->qkv, err)))
+            return rc;
+        MARK(QKV);
+        if ((rc = cu_qk_rope_write(c->qkv, T, NH, L->q_norm, L->k_norm, eps, c->inv_freq, c->mscale, s->d.pos,
+                                   s->d.slot, c->q, &kv, c->st, err)))
+            return rc;
+        MARK(ROPE);
+        if ((rc = cu_attn_decode(c->q, &kv, &am, s->n_dec, NH, s->nsplit, c->part_ml, c->part_acc, c->att, c->st,
                                  err)) ||
             (rc = cu_attn_prefill(c->q, &kv, &am, s->n_tiles, NH, c->att, c->st, err)))
             return rc;
+        MARK(ATTN);
         const void *oin = c->att;
         if (lin_act(&L->o) != CU_ACT_F32) {
             if ((rc = cu_cast(c->att, (size_t)T * (size_t)Q, c->xin, lin_act(&L->o), c->st, err)))
                 return rc;
             oin = c->xin;
         }
-        if ((rc = cu_linear_run(c->gemm, &L->o, T, oin, c->tmp, err)) ||
-            (rc = cu_rmsnorm(c->x, c->tmp, NULL, T, H, L->mlp_norm, eps, c->xin, lin_act(&L->gu), c->st, err)) ||
-            (rc = cu_linear_run(c->gemm, &L->gu, T, c->xin, c->gu, err)) ||
-            (rc = cu_swiglu(c->gu, T, I, c->xin, lin_act(&L->down), c->st, err)) ||
-            (rc = cu_linear_run(c->gemm, &L->down, T, c->xin, c->tmp, err)))
+        if ((rc = cu_linear_run(c->gemm, &L->o, T, oin, c->tmp, err)))
             return rc;
+        MARK(O);
+        if ((rc = cu_rmsnorm(c->x, c->tmp, NULL, T, H, L->mlp_norm, eps, c->xin, lin_act(&L->gu), c->st, err)))
+            return rc;
+        MARK(NORM);
+        if ((rc = cu_linear_run(c->gemm, &L->gu, T, c->xin, c->gu, err)))
+            return rc;
+        MARK(GU);
+        if ((rc = cu_swiglu(c->gu, T, I, c->xin, lin_act(&L->down), c->st, err)))
+            return rc;
+        MARK(SWIGLU);
+        if ((rc = cu_linear_run(c->gemm, &L->down, T, c->xin, c->tmp, err)))
+            return rc;
+        MARK(DOWN);
         if (l + 1 < cfg->n_layers &&
             (rc = cu_rmsnorm(c->x, c->tmp, NULL, T, H, c->layers[l + 1].attn_norm, eps, c->xin,
                              lin_act(&c->layers[l + 1].qkv), c->st, err)))
             return rc;
+        MARK(NORM);
     }
     /* The last residual add happens inside the final norm, for the logits
      * rows only; rows nobody asked logits for are finished. */
@@ -877,6 +918,7 @@ static int run_step(struct cuda_ctx *c, const struct step *s, float *out_logits,
                              c->st, err)) ||
             (rc = cu_linear_run(c->gemm, &c->lm_head, n, c->xin, c->logits, err)))
             return rc;
+        MARK(LMHEAD);
         /* a constraint's mask, before the rows leave the device or meet
          * the argmax (not while capturing a graph: masks change per step) */
         if (out_logits && c->n_masked &&
@@ -889,7 +931,9 @@ static int run_step(struct cuda_ctx *c, const struct step *s, float *out_logits,
             CU_CHECK(err, cudaMemcpyAsync(out_logits + (size_t)r0 * (size_t)V, c->logits, (size_t)n * (size_t)V * 4,
                                           cudaMemcpyDeviceToHost, c->st));
         }
+        MARK(SAMPLE);
     }
+#undef MARK
     return 0;
 }
 
@@ -1054,6 +1098,7 @@ static int cuda_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
     c->n_ids = b->n_logits;
     /* The one synchronisation of the step; kernel faults surface here. */
     CU_CHECK(err, cudaStreamSynchronize(c->st));
+    cu_prof_collect(c->prof);
     return 0;
 }
 
@@ -1074,6 +1119,7 @@ static void cuda_free(void *ctx)
     cudaSetDevice(c->device);
     free_kv(c);
     free_weights(c);
+    cu_prof_free(c->prof);
     free(c->allocs);
     if (c->meta_h)
         cudaFreeHost(c->meta_h);
@@ -1171,6 +1217,29 @@ extern "C" int cuda_backend_set_device_argmax(struct backend *be, int on)
     c->device_argmax = on != 0;
     graphs_reset(c);
     return 0;
+}
+
+extern "C" int cuda_backend_set_profile(struct backend *be, int on, struct rl_err *err)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (!c)
+        return rl_errf(err, RL_EINVAL, "cuda_backend_set_profile: not a cuda backend");
+    CU_CHECK(err, cudaSetDevice(c->device));
+    if (!on) {
+        cu_prof_free(c->prof);
+        c->prof = NULL;
+        return 0;
+    }
+    return c->prof ? 0 : cu_prof_create(&c->prof, err);
+}
+
+extern "C" int cuda_backend_profile(struct backend *be, double *ms, const char **names, int reset)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    cu_prof_read(c ? c->prof : NULL, ms, reset);
+    for (int k = 0; k < CU_PROF_KINDS; k++)
+        names[k] = cu_prof_kind_name(k);
+    return CU_PROF_KINDS;
 }
 
 extern "C" const int32_t *cuda_backend_sampled(struct backend *be)

@@ -66,52 +66,72 @@ struct cu_gemm {
 
 /* ---- kernels ---- */
 
-/* FP8 x BF16 for M <= 8: warp per output row, 16 bytes of weights per lane
- * per step (512 contiguous bytes per warp), activations from L1/L2. */
+/* FP8 x BF16 for M <= 8 (decode): a warp per output row, each lane taking
+ * 16 weight bytes at a time, two pieces in flight (1 KB per warp) so the
+ * loads, not their latency, set the pace. 16 bytes never cross a scale
+ * block (blocks are 128 wide), so a piece's 16 products are summed first
+ * and scaled once; bytes become floats two at a time (cvt e4m3x2 -> f16x2,
+ * exact). Weights stream past L1 (__ldcs): the activations stay there. */
 #define SKINNY_MAX_M 8
-__global__ void fp8_skinny_kernel(const uint8_t *__restrict__ W, const float *__restrict__ S, int sld,
-                                  int br, int bc, int N, int K, const __nv_bfloat16 *__restrict__ X,
-                                  int M, float *__restrict__ Y, int ldy)
+template <int MM>
+__device__ __forceinline__ void fp8_piece(uint4 wv, float s, const __nv_bfloat16 *__restrict__ X, int K, int k,
+                                          float *acc)
+{
+    float wf[16];
+    const __nv_fp8x2_storage_t *w2 = (const __nv_fp8x2_storage_t *)&wv;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(w2[j], __NV_E4M3);
+        float2 f = __half22float2(*(const __half2 *)&hr);
+        wf[2 * j] = f.x, wf[2 * j + 1] = f.y;
+    }
+#pragma unroll
+    for (int m = 0; m < MM; m++) {
+        const uint4 *xp = (const uint4 *)(X + (size_t)m * (size_t)K + k);
+        uint4 x0 = xp[0], x1 = xp[1];
+        const __nv_bfloat162 *a = (const __nv_bfloat162 *)&x0, *b = (const __nv_bfloat162 *)&x1;
+        float t = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float2 fa = __bfloat1622float2(a[j]), fb = __bfloat1622float2(b[j]);
+            t += wf[2 * j] * fa.x + wf[2 * j + 1] * fa.y;
+            t += wf[8 + 2 * j] * fb.x + wf[8 + 2 * j + 1] * fb.y;
+        }
+        acc[m] += t * s;
+    }
+}
+
+template <int MM>
+__global__ void __launch_bounds__(256) fp8_skinny_kernel(const uint8_t *__restrict__ W, const float *__restrict__ S,
+                                                         int sld, int br, int bc, int N, int K,
+                                                         const __nv_bfloat16 *__restrict__ X, float *__restrict__ Y,
+                                                         int ldy)
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int n = blockIdx.x * (blockDim.x >> 5) + warp;
     if (n >= N)
         return;
-    float acc[SKINNY_MAX_M];
+    float acc[MM];
 #pragma unroll
-    for (int m = 0; m < SKINNY_MAX_M; m++)
+    for (int m = 0; m < MM; m++)
         acc[m] = 0.0f;
     const uint8_t *wr = W + (size_t)n * (size_t)K;
     const float *sr = S + (size_t)(n / br) * (size_t)sld;
-    for (int k = lane * 16; k < K; k += 32 * 16) {
-        uint4 wv = *(const uint4 *)(wr + k);
-        float s = sr[k / bc];
-        const uint8_t *wb = (const uint8_t *)&wv;
-        float wf[16];
-#pragma unroll
-        for (int j = 0; j < 16; j++)
-            wf[j] = cu_fp8(wb[j]) * s;
-#pragma unroll
-        for (int m = 0; m < SKINNY_MAX_M; m++) {
-            if (m < M) {
-                const uint4 *xp = (const uint4 *)(X + (size_t)m * (size_t)K + k);
-                uint4 x0 = xp[0], x1 = xp[1];
-                const __nv_bfloat16 *a = (const __nv_bfloat16 *)&x0, *b = (const __nv_bfloat16 *)&x1;
-                float t = 0.0f;
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    t += wf[j] * __bfloat162float(a[j]) + wf[8 + j] * __bfloat162float(b[j]);
-                acc[m] += t;
-            }
-        }
+    int k = lane * 16;
+    for (; k + 512 < K; k += 1024) {
+        uint4 w0 = __ldcs((const uint4 *)(wr + k));
+        uint4 w1 = __ldcs((const uint4 *)(wr + k + 512));
+        float s0 = sr[k / bc], s1 = sr[(k + 512) / bc];
+        fp8_piece<MM>(w0, s0, X, K, k, acc);
+        fp8_piece<MM>(w1, s1, X, K, k + 512, acc);
     }
+    if (k < K)
+        fp8_piece<MM>(__ldcs((const uint4 *)(wr + k)), sr[k / bc], X, K, k, acc);
 #pragma unroll
-    for (int m = 0; m < SKINNY_MAX_M; m++) {
-        if (m < M) {
-            float t = cu_warp_sum(acc[m]);
-            if (lane == 0)
-                Y[(size_t)m * (size_t)ldy + n] = t;
-        }
+    for (int m = 0; m < MM; m++) {
+        float t = cu_warp_sum(acc[m]);
+        if (lane == 0)
+            Y[(size_t)m * (size_t)ldy + n] = t;
     }
 }
 
@@ -351,8 +371,21 @@ static int fp8_own(struct cu_gemm *g, const struct cu_mat *m, int M, const void 
 {
     const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
     if (M <= SKINNY_MAX_M) {
-        fp8_skinny_kernel<<<cu_blocks((size_t)m->rows, 8), 256, 0, g->st>>>(
-            (const uint8_t *)m->w, m->scale, m->scale_ld, m->br, m->bc, m->rows, m->cols, xb, M, y, ldy);
+        dim3 grid(cu_blocks((size_t)m->rows, 8));
+#define SK(MM)                                                                                             \
+    fp8_skinny_kernel<MM><<<grid, 256, 0, g->st>>>((const uint8_t *)m->w, m->scale, m->scale_ld, m->br, m->bc, \
+                                                   m->rows, m->cols, xb, y, ldy)
+        switch (M) {
+        case 1: SK(1); break;
+        case 2: SK(2); break;
+        case 3: SK(3); break;
+        case 4: SK(4); break;
+        case 5: SK(5); break;
+        case 6: SK(6); break;
+        case 7: SK(7); break;
+        default: SK(8); break;
+        }
+#undef SK
         LAUNCH_CHECK(err, "fp8_skinny_kernel");
         return 0;
     }

@@ -10,6 +10,20 @@
 
 #include "common.cuh"
 
+/* ---- prof.cu: per-op timing of eager steps (the benchmark's breakdown) ---- */
+
+enum { CU_PROF_EMBED, CU_PROF_QKV, CU_PROF_ROPE, CU_PROF_ATTN, CU_PROF_O, CU_PROF_NORM, CU_PROF_GU,
+       CU_PROF_SWIGLU, CU_PROF_DOWN, CU_PROF_LMHEAD, CU_PROF_SAMPLE, CU_PROF_KINDS };
+struct cu_prof; /* opaque: a ring of CUDA events and per-kind totals */
+int cu_prof_create(struct cu_prof **out, struct rl_err *err);
+void cu_prof_free(struct cu_prof *p);
+/* NULL p: every call does nothing, so the forward pass calls them always. */
+void cu_prof_begin(struct cu_prof *p, cudaStream_t st);
+void cu_prof_mark(struct cu_prof *p, int kind, cudaStream_t st);
+void cu_prof_collect(struct cu_prof *p); /* after the stream synchronised */
+void cu_prof_read(struct cu_prof *p, double *ms, int reset);
+const char *cu_prof_kind_name(int k);
+
 /* ---- gemm.cu: matrix products against checkpoint weights ---- */
 
 /* A weight matrix on the device, in its checkpoint dtype. */
@@ -150,6 +164,9 @@ struct cu_attn_meta {
 };
 
 int cu_attn_init(struct rl_err *err);
+/* Whether the tensor-core tile kernel takes this KV cache (bf16, head_dim
+ * 64 or 128); the backend then also sends large decode batches through it. */
+int cu_attn_tc(int kv_bf16, int head_dim);
 /* Head dims the kernels are built for. */
 int cu_attn_supports(int head_dim, int group);
 /* Split count for n_items decode queries: enough blocks to fill the GPU,
@@ -162,8 +179,12 @@ int cu_attn_splits(int n_items, int n_kv, int sm_count, int max_len, int cap);
 int cu_attn_decode(const void *q, const struct cu_kv_layer *kv, const struct cu_attn_meta *m,
                    int n_dec, int n_heads, int nsplit, float *part_ml, float *part_acc, float *out,
                    cudaStream_t st, struct rl_err *err);
-/* Causal attention for whole tiles of a sequence's new tokens. */
+/* Causal attention for whole tiles of a sequence's new tokens: on the
+ * tensor cores for a bf16 KV cache and head_dim 64 or 128, else SIMT. */
 int cu_attn_prefill(const void *q, const struct cu_kv_layer *kv, const struct cu_attn_meta *m,
                     int n_tiles, int n_heads, float *out, cudaStream_t st, struct rl_err *err);
+/* The same with the path chosen: simt 1 forces the SIMT kernel (tests). */
+int cu_attn_prefill_path(const void *q, const struct cu_kv_layer *kv, const struct cu_attn_meta *m,
+                         int n_tiles, int n_heads, float *out, int simt, cudaStream_t st, struct rl_err *err);
 
 #endif
