@@ -743,12 +743,13 @@ static int build_step(struct cuda_ctx *c, const struct be_batch *b, int B, struc
                 max_len = q->n_past + 1;
         }
     }
-    /* Decode rows through the tensor-core tile kernel (one tile of G rows a
-     * sequence, its keys read once, coalesced) when there are enough of
-     * them to fill the GPU without splitting keys; fewer go to the split
-     * decode kernel. Depends on the bucket alone in a graph step. */
+    /* Decode rows stay on the split decode kernel even where the tensor-core
+     * tile kernel could take them (one tile of G rows a sequence): measured
+     * on an H200 at batch 64, 512-token contexts, 4.7 ms a step for the tile
+     * kernel against 4.1 ms for the split kernel (BENCHMARKS.md). The switch
+     * stays so the tile kernel can take them once it prefetches its keys. */
     int dec_items = B ? B : n_dec_seqs;
-    int tc_dec = cu_attn_tc(c->kv_dtype == BE_KV_BF16, c->cfg.head_dim) &&
+    int tc_dec = 0 && cu_attn_tc(c->kv_dtype == BE_KV_BF16, c->cfg.head_dim) &&
                  (long)dec_items * c->cfg.n_kv_heads >= 2L * c->sm_count;
     if (tc_dec)
         n_tiles += dec_items;

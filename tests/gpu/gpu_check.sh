@@ -24,7 +24,9 @@
 #               attention for decode rows); passes when every job's first
 #               token agrees, and reports the agreed prefix per job (BF16
 #               rounding differs between backends, a near-tie may flip)
-#   bench       bench_cuda on Qwen3-14B shapes (whatever time is left)
+#   bench       bench_cuda on Qwen3-14B shapes (the time left but 90 s)
+#   quant       Qwen3-1.7B random checkpoints in BF16, GGUF Q8_0 and Q4_K_M made
+#               here, decode at batch 1 and 16 through the engine on CUDA
 #
 # Results: $OUT (or gpu-bundle/logs) gets one log per step and summary.json
 # ({"steps": [{"name", "status", "seconds", "detail"}], ...}), rewritten
@@ -235,7 +237,7 @@ fi
 
 # --- throughput
 s=$(date +%s)
-t=$(( $(left) - 10 ))
+t=$(( $(left) - 90 ))
 [ "$t" -lt 30 ] && t=30
 q=""
 [ "$t" -lt 300 ] && q=--quick
@@ -248,6 +250,34 @@ elif [ "$rc" = 124 ]; then st=failed detail="timed out after ${t}s with $n figur
 else st=failed detail="rc $rc, $n figures; $(tail -2 "$LOGS/bench.err" | tr '\n' ' ')"; fi
 record bench "$st" $(( $(date +%s) - s )) "$detail"
 grep '^{' "$LOGS/bench.jsonl" | head -40
+
+# --- quantized checkpoints on CUDA (issue 28): a random Qwen3-1.7B in BF16,
+# GGUF Q8_0 and Q4_K_M made here; decode at batch 1 and 16 through the
+# engine (bench-engine), with the weight bytes a token reads
+if [ "$HAVE_GPU" = 1 ] && [ "$BE" = cuda ] && [ "$(left)" -gt 90 ]; then
+    s=$(date +%s)
+    st=passed detail=""
+    for fmt in bf16 q8_0 q4_k_m; do
+        out="$WORK/q17-$fmt"
+        [ "$fmt" = bf16 ] || out="$out.gguf"
+        if ! ours timeout 120 "$BIN/redlm" mkmodel --out "$out" --shape qwen3-1.7b --dtype "$fmt" \
+                >> "$LOGS/quant.log" 2>&1; then
+            st=failed detail="$detail $fmt: mkmodel failed;"
+            continue
+        fi
+        for b in 1 16; do
+            line=$(ours timeout 90 "$BIN/redlm" bench-engine -m "$out" --prompt 512 --gen 64 --batch $b \
+                   --backend cuda 2>> "$LOGS/quant.log" | grep '^{')
+            if [ -z "$line" ]; then st=failed detail="$detail $fmt b$b: no figure;"; continue; fi
+            echo "{\"bench\":\"quant\",\"format\":\"$fmt\",\"shape\":\"qwen3-1.7b\",\"batch\":$b,\"engine\":$line}" >> "$LOGS/bench.jsonl"
+            detail="$detail $fmt b$b $("$PY" -c 'import json,sys; d=json.loads(sys.argv[1]); print("%.0f tok/s" % d["decode_tok_s"])' "$line");"
+        done
+        rm -rf "$out"
+    done
+    record quant "$st" $(( $(date +%s) - s )) "$detail"
+else
+    record quant skipped 0 "$([ "$HAVE_GPU" = 1 ] && [ "$BE" = cuda ] && echo "under 90 s left" || echo "no CUDA device")"
+fi
 
 echo "== done in $(elapsed)s"
 grep -q '"status": "failed"' "$LOGS/summary.json" && exit 1
