@@ -81,6 +81,8 @@ struct be_options {
                                  for the integer kernels (about half the
                                  bytes of BF16 per decode step); NULL or
                                  "none" = as the checkpoint has them */
+    size_t kv_reserve_bytes;  /* CUDA: device memory kv_capacity leaves free
+                                 (kv_reserve_mb); 0 = none */
 };
 
 struct be_ops {

@@ -152,6 +152,7 @@ struct eng_req {
 };
 
 struct engine {
+    const char *kv_sizing;       /* engine_stats.kv_sizing */
     struct model *model;
     struct backend *be;
     struct kv_cache *kv;
@@ -200,6 +201,7 @@ void engine_options_default(struct engine_options *o)
     o->block_size = KV_DEFAULT_BLOCK_SIZE;
     o->max_batch = 16;
     o->token_budget = 512;
+    o->kv_reserve_bytes = (size_t)1 << 30; /* as kv_reserve_mb's default */
 }
 
 void engine_request_init(struct engine_request *r)
@@ -379,7 +381,8 @@ int engine_create(struct engine **out, const char *dir,
                             .kv_prefault = opt.kv_prefault, .progress = opt.progress,
                             .progress_user = opt.progress_user,
                             .progress_every = opt.progress_every,
-                            .sim_profile = opt.sim_profile};
+                            .sim_profile = opt.sim_profile,
+                            .kv_reserve_bytes = opt.kv_reserve_bytes};
     if ((rc = be_create(&e->be, opt.backend, &bo, err)))
         goto fail;
     if ((rc = e->be->ops->load(e->be->ctx, e->cfg, model_get_weights(e->model),
@@ -387,9 +390,11 @@ int engine_create(struct engine **out, const char *dir,
         goto fail;
     e->block_size = opt.block_size;
     e->n_blocks = opt.kv_blocks;
+    e->kv_sizing = "kv_blocks";
     if (!e->n_blocks) {
         size_t cap = e->be->ops->kv_capacity ? e->be->ops->kv_capacity(e->be->ctx) : 0;
         size_t bytes = opt.kv_bytes ? opt.kv_bytes : cap ? cap : (size_t)1 << 30;
+        e->kv_sizing = opt.kv_bytes ? "budget" : cap ? "device" : "default";
         size_t per = e->be->ops->kv_block_bytes(e->be->ctx, e->block_size);
         size_t nb = per ? bytes / per : 0;
         e->n_blocks = nb > (1u << 30) ? (1 << 30) : (int)nb;
@@ -1424,6 +1429,7 @@ void engine_get_stats(const struct engine *e, struct engine_stats *st)
     st->spec_accepted = e->spec_accepted;
     st->block_size = e->block_size;
     st->max_context = e->max_context;
+    st->kv_sizing = e->kv_sizing;
     st->max_batch = e->opt.max_batch;
     st->token_budget = e->opt.token_budget;
 }

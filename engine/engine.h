@@ -125,6 +125,10 @@ struct engine_options {
     size_t kv_bytes;          /* KV pool budget in bytes (used when
                                  kv_blocks is 0); 0 = 1 GiB */
     int kv_blocks;            /* KV pool size in blocks; 0 = from kv_bytes */
+    size_t kv_reserve_bytes;  /* CUDA: device memory left free when the pool
+                                 is sized from the device (kv_bytes 0);
+                                 be_options.kv_reserve_bytes; default
+                                 1 GiB */
     int block_size;           /* tokens per block; 0 = 16 */
     int max_batch;            /* running sequences at most; 0 = 16 */
     int token_budget;         /* tokens per step; 0 = 512 */
@@ -327,6 +331,10 @@ struct engine_stats {
     int64_t spec_drafted;       /* draft tokens verified, all requests */
     int64_t spec_accepted;      /* of those, kept */
     int block_size, max_context, max_batch, token_budget;
+    const char *kv_sizing;      /* where the pool's size came from: "kv_blocks",
+                                   "budget" (kv_bytes), "device" (the
+                                   backend's kv_capacity) or "default" (1 GiB);
+                                   static string */
 };
 
 /* Loads the model in dir onto backend o->backend, sizes the KV pool and

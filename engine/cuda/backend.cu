@@ -38,6 +38,7 @@ extern "C" {
 #include "dtype.h"
 #include "quant.h"
 #include "cpu/qgemm.h"
+#include "cuda/kv_fit.h"
 }
 
 #define N_BUCKETS 10        /* graph buckets 1, 2, 4, ... 512 */
@@ -131,6 +132,8 @@ struct cuda_ctx {
 
     struct cu_graph graphs[N_BUCKETS];
     int use_graphs, device_argmax, fp8_path;
+    size_t kv_reserve;        /* be_options.kv_reserve_bytes */
+    struct kv_fit_out fit;    /* the pool the device holds, from load (fit_kv) */
     char desc[256];
 };
 
@@ -143,6 +146,7 @@ static int cuda_kv_copy(void *ctx, int32_t dst, int32_t src, int n_tokens, struc
 static const char *cuda_describe(void *ctx);
 static void cuda_free(void *ctx);
 static int cuda_set_masks(void *ctx, const uint32_t *const *masks, int n_rows, struct rl_err *err);
+static size_t cuda_kv_capacity(void *ctx);
 
 static const struct be_ops cuda_ops = {
     "cuda",
@@ -155,6 +159,7 @@ static const struct be_ops cuda_ops = {
     cuda_describe,
     cuda_free,
     cuda_set_masks,
+    cuda_kv_capacity,
 };
 
 /* ---- allocation ---- */
@@ -223,6 +228,42 @@ static size_t dt_size(enum model_dtype dt)
 }
 
 static size_t kv_esize(const struct cuda_ctx *c) { return c->kv_dtype == BE_KV_F32 ? 4 : 2; }
+
+/* ---- the KV pool the device holds ---- */
+
+#define GRAPH_ALLOWANCE ((size_t)64 << 20) /* N_BUCKETS graph executables */
+#define META_ALLOWANCE ((size_t)32 << 20)  /* step metadata growth (block tables) */
+#define SPARE_TOKENS 256                   /* the graphs' spare block, for block sizes up to 256 */
+
+static size_t kv_token_bytes(const struct cuda_ctx *c)
+{
+    return 2 * (size_t)c->cfg.n_layers * (size_t)c->cfg.n_kv_heads * (size_t)c->cfg.head_dim * kv_esize(c);
+}
+
+/* At the end of load, with weights, activations, cuBLASLt's workspace and
+ * the quantized panel allocated: what the device still has free, less what
+ * is allocated later (graph executables, the constraint masks' buffers on
+ * the first constrained step, metadata growth) and the reserve, in whole
+ * tokens (kv_capacity does not know the engine's block size; the spare
+ * block the pool adds is covered by SPARE_TOKENS). A device that cannot hold
+ * one step's token budget fails the load here, with the figures, rather
+ * than at kv_init or mid-request. */
+static int fit_kv(struct cuda_ctx *c, struct rl_err *err)
+{
+    size_t free_b = 0, total_b = 0;
+    CU_CHECK(err, cudaMemGetInfo(&free_b, &total_b));
+    size_t W = ((size_t)c->cfg.vocab + 31) / 32, cap = (size_t)c->max_tokens;
+    size_t pending = GRAPH_ALLOWANCE + META_ALLOWANCE + (c->mask_h ? 0 : cap * 4 + cap * W * 4);
+    struct kv_fit_in in = {c->dev_name, total_b, free_b, pending, c->kv_reserve, kv_token_bytes(c), 1,
+                           SPARE_TOKENS, (long)c->max_tokens};
+    return kv_fit_compute(&in, &c->fit, err);
+}
+
+static size_t cuda_kv_capacity(void *ctx)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    return c->loaded ? c->fit.bytes : 0;
+}
 
 /* ---- weights from a checkpoint ---- */
 
@@ -519,6 +560,8 @@ static int cuda_load(void *ctx, const struct model_config *cfg, const struct mod
      * widest one (prefill's cuBLASLt products then run in a few chunks) */
     if (qcols && (rc = cu_gemm_reserve_dequant(c->gemm, (size_t)2048 * (size_t)qcols * 2, err)))
         goto fail;
+    if ((rc = fit_kv(c, err)))
+        goto fail;
     if (c->progress)
         c->progress(c->progress_user, pg_total, pg_total);
     c->loaded = 1;
@@ -615,6 +658,8 @@ extern "C" int cuda_backend_load_random(struct backend *be, const struct model_c
     if ((rc = alloc_common(c, max_tokens, err)))
         goto fail;
     CU_CHECK(err, cudaStreamSynchronize(c->st));
+    if ((rc = fit_kv(c, err)))
+        goto fail;
     c->loaded = 1;
     return 0;
 fail:
@@ -1120,6 +1165,7 @@ extern "C" int cuda_backend_create(struct backend **out, const struct be_options
     c->progress = opt->progress;
     c->progress_user = opt->progress_user;
     c->use_graphs = 1;
+    c->kv_reserve = opt->kv_reserve_bytes;
     e = cudaSetDevice(c->device);
     if (e == cudaSuccess)
         e = cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking);
