@@ -39,6 +39,7 @@ extern "C" {
 #include "quant.h"
 #include "cpu/qgemm.h"
 #include "cuda/kv_fit.h"
+#include "sample.h"
 }
 
 #define N_BUCKETS 10        /* graph buckets 1, 2, 4, ... 512 */
@@ -133,6 +134,12 @@ struct cuda_ctx {
     struct cu_graph graphs[N_BUCKETS];
     int use_graphs, device_argmax, fp8_path;
     size_t kv_reserve;        /* be_options.kv_reserve_bytes */
+    /* per-row wants (set_row_wants, issue 25): the next forward's, or NULL */
+    uint8_t *wants;
+    int n_wants;
+    int32_t *wrows_h, *wrows_d;        /* (max_tokens) argmax rows, then cands rows: pinned, device */
+    struct sample_cands *cands_d, *cands_h; /* (logit_rows) per logits row: device, pinned */
+    int last_rows;                     /* logits rows of the last forward still in c->logits (fetch_row) */
     struct kv_fit_out fit;    /* the pool the device holds, from load (fit_kv) */
     char desc[256];
 };
@@ -147,6 +154,11 @@ static const char *cuda_describe(void *ctx);
 static void cuda_free(void *ctx);
 static int cuda_set_masks(void *ctx, const uint32_t *const *masks, int n_rows, struct rl_err *err);
 static size_t cuda_kv_capacity(void *ctx);
+static int cuda_set_row_wants(void *ctx, uint8_t *wants, int n_rows, struct rl_err *err);
+static const struct sample_cands *cuda_row_cands(void *ctx);
+static int cuda_fetch_row(void *ctx, int row, float *out, struct rl_err *err);
+static void *cuda_host_alloc_op(void *ctx, size_t bytes);
+static void cuda_host_free_op(void *ctx, void *p);
 
 static const struct be_ops cuda_ops = {
     "cuda",
@@ -160,6 +172,11 @@ static const struct be_ops cuda_ops = {
     cuda_free,
     cuda_set_masks,
     cuda_kv_capacity,
+    cuda_set_row_wants,
+    cuda_row_cands,
+    cuda_fetch_row,
+    cuda_host_alloc_op,
+    cuda_host_free_op,
 };
 
 /* ---- allocation ---- */
@@ -208,6 +225,15 @@ static void free_weights(struct cuda_ctx *c)
     if (c->mask_h)
         cudaFreeHost(c->mask_h);
     c->mask_h = NULL;
+    if (c->wrows_h)
+        cudaFreeHost(c->wrows_h);
+    if (c->cands_h)
+        cudaFreeHost(c->cands_h);
+    c->wrows_h = NULL;
+    c->cands_h = NULL;
+    c->wrows_d = NULL; /* in allocs */
+    c->cands_d = NULL;
+    c->last_rows = 0;
     c->mrows_d = NULL; /* in allocs: freed above */
     c->masks_d = NULL;
     c->loaded = 0;
@@ -443,9 +469,14 @@ static int alloc_common(struct cuda_ctx *c, int max_tokens, struct rl_err *err)
         (rc = dev_alloc(c, (void **)&c->part_ml, (size_t)c->part_cap * (size_t)cfg->n_heads * 2 * 4, err)) ||
         (rc = dev_alloc(c, (void **)&c->part_acc, (size_t)c->part_cap * Q * 4, err)) ||
         (rc = dev_alloc(c, (void **)&c->ids_d, (size_t)max_tokens * 4, err)) ||
-        (rc = dev_alloc(c, (void **)&c->inv_freq, (size_t)cfg->head_dim / 2 * 4, err)))
+        (rc = dev_alloc(c, (void **)&c->inv_freq, (size_t)cfg->head_dim / 2 * 4, err)) ||
+        (rc = dev_alloc(c, (void **)&c->wrows_d, (size_t)max_tokens * 4, err)) ||
+        (rc = dev_alloc(c, (void **)&c->cands_d, (size_t)c->logit_rows * sizeof(struct sample_cands), err)))
         return rc;
     CU_CHECK(err, cudaHostAlloc((void **)&c->ids_h, (size_t)max_tokens * 4, cudaHostAllocDefault));
+    CU_CHECK(err, cudaHostAlloc((void **)&c->wrows_h, (size_t)max_tokens * 4, cudaHostAllocDefault));
+    CU_CHECK(err, cudaHostAlloc((void **)&c->cands_h, (size_t)c->logit_rows * sizeof(struct sample_cands),
+                                cudaHostAllocDefault));
     float fr[512];
     model_rope_inv_freq(cfg, fr, &c->mscale);
     CU_CHECK(err, cudaMemcpy(c->inv_freq, fr, (size_t)cfg->head_dim / 2 * 4, cudaMemcpyHostToDevice));
@@ -1062,6 +1093,94 @@ static int upload_masks(struct cuda_ctx *c, const struct be_batch *b, struct rl_
     return 0;
 }
 
+/* After a step whose logits rows [0, n_logits) all sit in c->logits
+ * (masked): the greedy rows' best entries and the other reduced rows'
+ * candidate sets on the device, then one copy of the sets and one copy per
+ * run of whole rows into batch->logits (pinned when the engine took it
+ * from host_alloc). Enqueued only; the forward's synchronisation ends it. */
+static int finish_rows(struct cuda_ctx *c, const struct be_batch *b, const uint8_t *wants, struct rl_err *err)
+{
+    const int n = b->n_logits;
+    const size_t V = (size_t)c->cfg.vocab;
+    int n_arg = 0, n_cand = 0;
+    for (int r = 0; r < n; r++)
+        n_arg += wants[r] == BE_ROW_ARGMAX;
+    for (int r = 0, a = 0, k = n_arg; r < n; r++) {
+        if (wants[r] == BE_ROW_ARGMAX)
+            c->wrows_h[a++] = r;
+        else if (wants[r] == BE_ROW_CANDS)
+            c->wrows_h[k++] = r, n_cand++;
+    }
+    int rc;
+    if (n_arg + n_cand) {
+        CU_CHECK(err, cudaMemcpyAsync(c->wrows_d, c->wrows_h, (size_t)(n_arg + n_cand) * 4, cudaMemcpyHostToDevice,
+                                      c->st));
+        if ((rc = cu_row_cands(c->logits, (int)V, c->wrows_d, n_arg, 1, c->cands_d, c->st, err)) ||
+            (rc = cu_row_cands(c->logits, (int)V, c->wrows_d + n_arg, n_cand, 0, c->cands_d, c->st, err)))
+            return rc;
+        CU_CHECK(err, cudaMemcpyAsync(c->cands_h, c->cands_d, (size_t)n * sizeof(struct sample_cands),
+                                      cudaMemcpyDeviceToHost, c->st));
+    }
+    for (int r = 0; r < n;) { /* whole rows, a run at a time */
+        if (wants[r] != BE_ROW_FULL && wants[r] != BE_ROW_ARGMAX && wants[r] != BE_ROW_CANDS)
+            return rl_errf(err, RL_EINVAL, "cuda backend: row %d wants %d", r, (int)wants[r]);
+        if (wants[r] != BE_ROW_FULL) {
+            r++;
+            continue;
+        }
+        int e = r;
+        while (e < n && wants[e] == BE_ROW_FULL)
+            e++;
+        CU_CHECK(err, cudaMemcpyAsync(b->logits + (size_t)r * V, c->logits + (size_t)r * V, (size_t)(e - r) * V * 4,
+                                      cudaMemcpyDeviceToHost, c->st));
+        r = e;
+    }
+    return 0;
+}
+
+static int cuda_set_row_wants(void *ctx, uint8_t *wants, int n_rows, struct rl_err *err)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    (void)err;
+    c->wants = n_rows > 0 ? wants : NULL;
+    c->n_wants = wants ? n_rows : 0;
+    return 0;
+}
+
+static const struct sample_cands *cuda_row_cands(void *ctx)
+{
+    return ((struct cuda_ctx *)ctx)->cands_h;
+}
+
+static int cuda_fetch_row(void *ctx, int row, float *out, struct rl_err *err)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (row < 0 || row >= c->last_rows)
+        return rl_errf(err, RL_EINVAL, "cuda backend: logits row %d is not on the device (%d rows kept)", row,
+                       c->last_rows);
+    CU_CHECK(err, cudaSetDevice(c->device));
+    CU_CHECK(err, cudaMemcpyAsync(out, c->logits + (size_t)row * (size_t)c->cfg.vocab, (size_t)c->cfg.vocab * 4,
+                                  cudaMemcpyDeviceToHost, c->st));
+    CU_CHECK(err, cudaStreamSynchronize(c->st));
+    return 0;
+}
+
+static void *cuda_host_alloc_op(void *ctx, size_t bytes)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    void *p = NULL;
+    if (cudaSetDevice(c->device) != cudaSuccess)
+        return NULL;
+    return cudaHostAlloc(&p, bytes ? bytes : 16, cudaHostAllocDefault) == cudaSuccess ? p : NULL;
+}
+
+static void cuda_host_free_op(void *ctx, void *p)
+{
+    (void)ctx;
+    if (p)
+        cudaFreeHost(p);
+}
+
 static int cuda_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -1074,6 +1193,18 @@ static int cuda_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         all_decode = b->seqs[i].n_new == 1;
     if ((rc = upload_masks(c, b, err)))
         return rc;
+    /* per-row wants: served when every logits row stays on the device
+     * until the end of the step (one lm_head pass); else all rows whole */
+    uint8_t *wants = c->wants;
+    int n_wants = c->n_wants;
+    c->wants = NULL;
+    c->n_wants = 0;
+    int use_wants = wants && !c->device_argmax && b->n_logits > 0 && b->n_logits <= c->logit_rows &&
+                    n_wants >= b->n_logits;
+    if (wants && !use_wants)
+        for (int r = 0; r < n_wants; r++)
+            wants[r] = BE_ROW_FULL;
+    c->last_rows = 0;
     /* a captured graph ends in the argmax: masked rows take the plain path */
     int graphs = c->use_graphs && !(c->device_argmax && c->n_masked);
     int idx = 0, B = graphs && all_decode ? bucket_of(c, b->n_seqs, &idx) : 0;
@@ -1088,12 +1219,27 @@ static int cuda_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         if (c->n_masked && (rc = cu_mask_logits(c->logits, c->cfg.vocab, 0, b->n_logits, c->mrows_d, c->masks_d,
                                                 c->n_masked, c->st, err)))
             return rc;
-        if (!c->device_argmax && b->n_logits > 0)
+        if (use_wants) {
+            if ((rc = finish_rows(c, b, wants, err)))
+                return rc;
+        } else if (!c->device_argmax && b->n_logits > 0) {
             CU_CHECK(err, cudaMemcpyAsync(b->logits, c->logits, (size_t)b->n_logits * (size_t)c->cfg.vocab * 4,
                                           cudaMemcpyDeviceToHost, c->st));
+        }
+    } else if (use_wants) {
+        /* rows stay on the device (one pass): mask them, then serve the wants */
+        if ((rc = run_step(c, &s, NULL, err)))
+            return rc;
+        if (c->n_masked && (rc = cu_mask_logits(c->logits, c->cfg.vocab, 0, b->n_logits, c->mrows_d, c->masks_d,
+                                                c->n_masked, c->st, err)))
+            return rc;
+        if ((rc = finish_rows(c, b, wants, err)))
+            return rc;
     } else if ((rc = run_step(c, &s, b->logits, err))) {
         return rc;
     }
+    if (b->n_logits <= c->logit_rows)
+        c->last_rows = b->n_logits;
     if (c->device_argmax && b->n_logits > 0)
         CU_CHECK(err, cudaMemcpyAsync(c->ids_h, c->ids_d, (size_t)b->n_logits * 4, cudaMemcpyDeviceToHost, c->st));
     c->n_ids = b->n_logits;
