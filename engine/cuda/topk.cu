@@ -233,3 +233,36 @@ int cu_row_cands(const float *logits, int vocab, const int32_t *rows, int n_rows
     }
     return 0;
 }
+
+/* cuda_backend.h's test entry point: n_rows host rows through the kernels. */
+extern "C" int cuda_test_row_cands(const float *logits, int n_rows, int vocab, int argmax_only,
+                                   struct sample_cands *out, struct rl_err *err)
+{
+    if (n_rows < 1 || vocab < 1)
+        return rl_errf(err, RL_EINVAL, "cuda_test_row_cands: %d rows of %d", n_rows, vocab);
+    float *dl = NULL;
+    int32_t *dr = NULL;
+    struct sample_cands *dc = NULL;
+    int32_t *hr = (int32_t *)malloc((size_t)n_rows * 4);
+    int rc = 0;
+    if (!hr)
+        return rl_errf(err, RL_ENOMEM, "out of memory");
+    for (int i = 0; i < n_rows; i++)
+        hr[i] = n_rows - 1 - i; /* listed in reverse: out is indexed by row, not by list position */
+    CU_CHECK_GOTO(err, rc, done, cudaMalloc((void **)&dl, (size_t)n_rows * (size_t)vocab * 4));
+    CU_CHECK_GOTO(err, rc, done, cudaMalloc((void **)&dr, (size_t)n_rows * 4));
+    CU_CHECK_GOTO(err, rc, done, cudaMalloc((void **)&dc, (size_t)n_rows * sizeof *dc));
+    CU_CHECK_GOTO(err, rc, done, cudaMemcpy(dl, logits, (size_t)n_rows * (size_t)vocab * 4, cudaMemcpyHostToDevice));
+    CU_CHECK_GOTO(err, rc, done, cudaMemcpy(dr, hr, (size_t)n_rows * 4, cudaMemcpyHostToDevice));
+    CU_CHECK_GOTO(err, rc, done, cudaMemset(dc, 0, (size_t)n_rows * sizeof *dc));
+    if ((rc = cu_row_cands(dl, vocab, dr, n_rows, argmax_only, dc, 0, err)))
+        goto done;
+    CU_CHECK_GOTO(err, rc, done, cudaDeviceSynchronize());
+    CU_CHECK_GOTO(err, rc, done, cudaMemcpy(out, dc, (size_t)n_rows * sizeof *dc, cudaMemcpyDeviceToHost));
+done:
+    cudaFree(dl);
+    cudaFree(dr);
+    cudaFree(dc);
+    free(hr);
+    return rc;
+}
