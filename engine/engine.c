@@ -154,6 +154,7 @@ struct eng_req {
 struct engine {
     const char *kv_sizing;       /* engine_stats.kv_sizing */
     bool logits_pinned;          /* logits came from be->ops->host_alloc */
+    int64_t rows_from_sets, rows_fetched; /* engine_stats */
     struct model *model;
     struct backend *be;
     struct kv_cache *kv;
@@ -1114,8 +1115,12 @@ static bool process_row(struct engine *e, struct eng_req *q, float *row, const s
         /* the backend's set for this row (issue 25): the same token as the
          * whole row gives, or 1 = it cannot tell and the row comes over */
         rc = sample_next_reduced(q->ss, &q->sp, cs, e->cfg->vocab, mask, &so, &err);
-        if (rc == 1 && !(rc = e->be->ops->fetch_row(e->be->ctx, row_index, row, &err)))
-            rc = sample_next_masked(q->ss, &q->sp, row, e->cfg->vocab, mask, &so, &err);
+        e->rows_from_sets += rc == 0;
+        if (rc == 1) {
+            e->rows_fetched++;
+            if (!(rc = e->be->ops->fetch_row(e->be->ctx, row_index, row, &err)))
+                rc = sample_next_masked(q->ss, &q->sp, row, e->cfg->vocab, mask, &so, &err);
+        }
     } else {
         rc = sample_next_masked(q->ss, &q->sp, row, e->cfg->vocab, mask, &so, &err);
     }
@@ -1482,6 +1487,8 @@ void engine_get_stats(const struct engine *e, struct engine_stats *st)
     st->block_size = e->block_size;
     st->max_context = e->max_context;
     st->kv_sizing = e->kv_sizing;
+    st->rows_from_sets = e->rows_from_sets;
+    st->rows_fetched = e->rows_fetched;
     st->max_batch = e->opt.max_batch;
     st->token_budget = e->opt.token_budget;
 }

@@ -108,7 +108,8 @@ typedef void (*engine_progress_fn)(void *user, size_t done, size_t total);
 #define ENGINE_MAX_LOGPROBS 20
 
 struct engine_options {
-    const char *backend;      /* "cpu" (default), "cuda" or "sim" */
+    const char *backend;      /* "cpu" (default), "cuda", "sim", or "cpu-rowsets"
+                                 (tests: engine/rowsets.h) */
     const char *sim_profile;  /* sim: device profile; NULL = "h200" */
     const char *sim_model;    /* sim: model shape (a built-in name or a
                                  config.json); NULL = dir's config.json.
@@ -335,6 +336,10 @@ struct engine_stats {
                                    "budget" (kv_bytes), "device" (the
                                    backend's kv_capacity) or "default" (1 GiB);
                                    static string */
+    int64_t rows_from_sets;     /* sampled rows served by the backend's
+                                   candidate sets (be_ops.set_row_wants) */
+    int64_t rows_fetched;       /* of the rows asked as sets, those whose set
+                                   could not prove the answer: fetched whole */
 };
 
 /* Loads the model in dir onto backend o->backend, sizes the KV pool and
