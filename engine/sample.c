@@ -21,6 +21,13 @@
  * saved copy before returning. Raw log-probabilities (before penalties) are
  * computed first, when asked for, with a double-precision log-sum-exp.
  *
+ * A GPU backend may hand over a row's 64 best entries instead of the row
+ * (sample_next_reduced, issue 25): the same selection code runs on that
+ * set - draw_ranked() for top_k, draw_sparse() over the members in id order
+ * for min_p - after a check that no token outside the set could have been
+ * picked, so the result is bit for bit the full row's; otherwise it says so
+ * and the caller samples the whole row.
+ *
  * The state's token map is open addressing from token id to a dense index;
  * the dense arrays (id, output count, in-prompt flag) are what the penalty
  * loop walks, so its cost is the number of distinct tokens seen, not the

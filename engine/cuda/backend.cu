@@ -20,6 +20,14 @@
  * only synchronisation in a step is the one before returning, after the
  * logits (or sampled ids) have been copied out.
  *
+ * What leaves the device per logits row is what the engine asked for
+ * (set_row_wants, issue 25): a greedy row's best entry, another reducible
+ * row's 64 best (topk.cu), or the whole row, copied run by run into the
+ * engine's page-locked buffer (host_alloc); the rows stay on the device
+ * until the next step for fetch_row. The KV pool's size comes from the
+ * device (kv_capacity: free memory at the end of load less allowances and
+ * kv_reserve_mb, kv_fit.c).
+ *
  * Weights are uploaded once in the checkpoint dtype; FP8 stays FP8 (see
  * gemm.cu). The KV pool is f32 for F32 checkpoints (as the CPU does, so the
  * tiny F32 model reproduces the reference) and BF16 otherwise.
