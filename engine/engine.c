@@ -1374,14 +1374,18 @@ int engine_step(struct engine *e, const struct engine_event **events, int *n_eve
                 const struct sched_item *it = &plan.items[i];
                 if (!it->want_logits)
                     continue;
-                const struct sample_params *sp = &((struct eng_req *)it->user)->sp;
+                const struct eng_req *q = it->user;
+                const struct sample_params *sp = &q->sp;
                 uint8_t w = !sample_params_reducible(sp) ? BE_ROW_FULL
                             : sp->temperature == 0 && sp->repetition_penalty == 1.0f &&
                                       sp->frequency_penalty == 0 && sp->presence_penalty == 0
                                 ? BE_ROW_ARGMAX
                                 : BE_ROW_CANDS;
-                for (int r = 0; r <= it->n_draft; r++)
-                    e->wants[row++] = w;
+                for (int r = 0; r <= it->n_draft; r++, row++)
+                    /* a grammar's mask the device did not apply (the helper's,
+                     * computed during forward, or a draft row's) usually
+                     * rules the set out: the whole row, at once */
+                    e->wants[row] = q->gm && !e->row_masks[row] ? BE_ROW_FULL : w;
             }
             rc = bo->set_row_wants(e->be->ctx, e->wants, plan.n_logits, &ferr);
         }
