@@ -52,7 +52,7 @@ DEB_PKGS += libedit-dev tmux
 DEB_PKGS += nodejs
 
 COMMON_SRC := $(wildcard common/*.c)
-ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c engine/grammar/*.c engine/sim/*.c)
+ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c engine/grammar/*.c engine/sim/*.c) $(wildcard engine/cuda/*.c) # engine/cuda/*.c: plain C (kv_fit), every build
 CLI_SRC    := $(wildcard worker/cli/*.c)
 WORKER_SRC := $(wildcard worker/*.c)
 DISP_SRC   := $(wildcard dispatcher/*.c)

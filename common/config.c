@@ -92,7 +92,11 @@ static const struct opt options[] = {
      "hold them (integer kernels; about half the bytes of BF16 per decode step, logits within the "
      "noise of int8 activations). GGUF and AWQ checkpoints run in their own formats."},
     {"kv_budget_mb", T_INT, O(kv_budget_mb), "0", 0, 16777216, NULL, CFG_WORKER, 0,
-     "Memory for the KV cache in MiB; 0 = 1024 (the engine's default; sim: the modelled device's memory left after the weights)."},
+     "Memory for the KV cache in MiB; 0 = 1024 (the engine's default; sim: the modelled device's memory left after the weights; cuda: the device's free memory after the weights, less kv_reserve_mb)."},
+    /* issue 25: the CUDA backend's KV pool from the device's free memory */
+    {"kv_reserve_mb", T_INT, O(kv_reserve_mb), "1024", 0, 1048576, NULL, CFG_WORKER, 0,
+     "CUDA: device memory in MiB left free when kv_budget_mb is 0 and the KV cache is sized from "
+     "the device (free memory after the weights, activations, workspace and graphs, less this)."},
     {"kv_prefault", T_BOOL, O(kv_prefault), "true", 0, 0, NULL, CFG_WORKER, 0,
      "Commit the KV cache's memory at start: no page fault in the middle of a step, and a budget "
      "the machine cannot give fails at start, not mid-request. false: pages come in as blocks are "

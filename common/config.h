@@ -52,6 +52,7 @@ struct cfg {
     char *quantize;               /* CPU: "none" or "q8_0" (BF16 checkpoints quantized at load) */
     int kv_budget_mb;             /* 0 = the engine's default, 1 GiB */
     bool kv_prefault;             /* commit the KV pool at start */
+    int kv_reserve_mb;            /* CUDA: left free when sizing KV from the device */
     int max_batch;                /* running requests */
     int max_batch_tokens;         /* tokens per step */
     int prefill_chunk;            /* prompt tokens per request per step */

@@ -1,5 +1,6 @@
 /* engine/backend.c - picks a backend implementation by name. */
 #include "backend.h"
+#include "rowsets.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,11 @@ int be_create(struct backend **out, const char *name, const struct be_options *o
     *out = NULL;
     if (!name || !strcmp(name, "cpu"))
         return cpu_backend_create(out, opt, err);
+    if (!strcmp(name, "cpu-rowsets")) { /* tests: CUDA's reduced rows, on the CPU (rowsets.h) */
+        struct backend *inner = NULL;
+        int rc = cpu_backend_create(&inner, opt, err);
+        return rc ? rc : rows_backend_wrap(out, inner, err);
+    }
     if (!strcmp(name, "sim"))
         return sim_backend_create(out, opt, err);
     if (!strcmp(name, "cuda")) {

@@ -81,7 +81,13 @@ struct be_options {
                                  for the integer kernels (about half the
                                  bytes of BF16 per decode step); NULL or
                                  "none" = as the checkpoint has them */
+    size_t kv_reserve_bytes;  /* CUDA: device memory kv_capacity leaves free
+                                 (kv_reserve_mb); 0 = none */
 };
+
+/* What a backend hands back for one logits row (be_ops.set_row_wants). */
+enum be_row_want { BE_ROW_FULL = 0, BE_ROW_ARGMAX = 1, BE_ROW_CANDS = 2 };
+struct sample_cands; /* engine/sample.h */
 
 struct be_ops {
     const char *name;
@@ -123,7 +129,32 @@ struct be_ops {
      * (sim: the modelled device's), used when the engine is given no KV
      * budget; 0 = unknown (the engine's default applies). */
     size_t (*kv_capacity)(void *ctx);
+
+    /* ---- optional, issue 25: rows the host need not see whole ----
+     * set_row_wants: what the next forward() hands back per logits row,
+     * wants[r] for r < n_rows (that forward's n_logits; NULL = every row
+     * whole): BE_ROW_FULL writes the row into batch->logits as always;
+     * BE_ROW_ARGMAX and BE_ROW_CANDS leave it there unwritten and give the
+     * row's best entry (n = 1) or its SAMPLE_CANDS best (engine/sample.h)
+     * through row_cands(). A backend that cannot serve a step that way sets
+     * entries back to BE_ROW_FULL during forward(); the caller reads wants
+     * after it. Valid until that forward returns. */
+    int (*set_row_wants)(void *ctx, uint8_t *wants, int n_rows, struct rl_err *err);
+    /* the last forward's sets, (n_logits) entries, meaningful for the rows
+     * served as ARGMAX / CANDS; owned by the backend, valid until the next
+     * forward() */
+    const struct sample_cands *(*row_cands)(void *ctx);
+    /* copies logits row `row` of the last forward (as the device left it,
+     * constraint masks applied) into out (vocab floats): for a row whose
+     * set could not prove the sampler's answer. Valid until the next
+     * forward() */
+    int (*fetch_row)(void *ctx, int row, float *out, struct rl_err *err);
+    /* page-locked host memory for batch->logits (the copy then runs at
+     * full speed without staging); NULL when it cannot; host_free frees it */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
 };
+
 
 struct backend {
     const struct be_ops *ops;

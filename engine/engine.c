@@ -152,6 +152,9 @@ struct eng_req {
 };
 
 struct engine {
+    const char *kv_sizing;       /* engine_stats.kv_sizing */
+    bool logits_pinned;          /* logits came from be->ops->host_alloc */
+    int64_t rows_from_sets, rows_fetched; /* engine_stats */
     struct model *model;
     struct backend *be;
     struct kv_cache *kv;
@@ -173,7 +176,10 @@ struct engine {
     int n_reqs, cap_reqs;
     uint64_t next_id;
 
-    float *logits;               /* (max_batch, vocab) */
+    float *logits;               /* (max_batch, vocab); the backend's host_alloc
+                                    (page-locked) when it has one */
+    uint8_t *wants;              /* (logits rows) enum be_row_want per row */
+    const struct sample_cands *cands; /* the last forward's sets (backend-owned), or NULL */
     struct be_seq *bseqs;        /* (max_batch) */
     int32_t *btokens;            /* (token_budget) */
     struct engine_event *events; /* (cap_events) */
@@ -200,6 +206,7 @@ void engine_options_default(struct engine_options *o)
     o->block_size = KV_DEFAULT_BLOCK_SIZE;
     o->max_batch = 16;
     o->token_budget = 512;
+    o->kv_reserve_bytes = (size_t)1 << 30; /* as kv_reserve_mb's default */
 }
 
 void engine_request_init(struct engine_request *r)
@@ -379,7 +386,8 @@ int engine_create(struct engine **out, const char *dir,
                             .kv_prefault = opt.kv_prefault, .progress = opt.progress,
                             .progress_user = opt.progress_user,
                             .progress_every = opt.progress_every,
-                            .sim_profile = opt.sim_profile};
+                            .sim_profile = opt.sim_profile,
+                            .kv_reserve_bytes = opt.kv_reserve_bytes};
     if ((rc = be_create(&e->be, opt.backend, &bo, err)))
         goto fail;
     if ((rc = e->be->ops->load(e->be->ctx, e->cfg, model_get_weights(e->model),
@@ -387,9 +395,11 @@ int engine_create(struct engine **out, const char *dir,
         goto fail;
     e->block_size = opt.block_size;
     e->n_blocks = opt.kv_blocks;
+    e->kv_sizing = "kv_blocks";
     if (!e->n_blocks) {
         size_t cap = e->be->ops->kv_capacity ? e->be->ops->kv_capacity(e->be->ctx) : 0;
         size_t bytes = opt.kv_bytes ? opt.kv_bytes : cap ? cap : (size_t)1 << 30;
+        e->kv_sizing = opt.kv_bytes ? "budget" : cap ? "device" : "default";
         size_t per = e->be->ops->kv_block_bytes(e->be->ctx, e->block_size);
         size_t nb = per ? bytes / per : 0;
         e->n_blocks = nb > (1u << 30) ? (1 << 30) : (int)nb;
@@ -453,10 +463,18 @@ int engine_create(struct engine **out, const char *dir,
     e->mask_m = calloc((size_t)opt.max_batch, sizeof *e->mask_m);
     e->mask_out = calloc((size_t)opt.max_batch, sizeof *e->mask_out);
     e->row_masks = calloc((size_t)rows, sizeof *e->row_masks);
-    e->logits = malloc((size_t)rows * (size_t)e->cfg->vocab * sizeof(float));
+    {
+        size_t lb = (size_t)rows * (size_t)e->cfg->vocab * sizeof(float);
+        e->logits = e->be->ops->host_alloc ? e->be->ops->host_alloc(e->be->ctx, lb) : NULL;
+        if (!e->logits) /* none, or the driver refused page-locked memory: pageable */
+            e->logits = malloc(lb);
+        else
+            e->logits_pinned = true;
+    }
+    e->wants = calloc((size_t)rows, 1);
     e->bseqs = calloc((size_t)opt.max_batch, sizeof *e->bseqs);
     e->btokens = malloc((size_t)opt.token_budget * sizeof *e->btokens);
-    if (!e->logits || !e->bseqs || !e->btokens || !e->mask_m || !e->mask_out || !e->row_masks) {
+    if (!e->logits || !e->wants || !e->bseqs || !e->btokens || !e->mask_m || !e->mask_out || !e->row_masks) {
         rc = rl_errf(err, RL_ENOMEM, "engine: out of memory for step buffers");
         goto fail;
     }
@@ -506,9 +524,13 @@ void engine_free(struct engine *e)
     if (e->tok)
         tok_free(e->tok);
     free(e->force_ids);
+    if (e->logits_pinned) /* the backend's memory: before the backend goes */
+        e->be->ops->host_free(e->be->ctx, e->logits);
+    else
+        free(e->logits);
+    free(e->wants);
     be_free(e->be);
     model_free(e->model);
-    free(e->logits);
     free(e->bseqs);
     free(e->btokens);
     free(e->events);
@@ -1072,7 +1094,8 @@ static int accept(struct engine *e, struct eng_req *q, int32_t tok,
 /* One sampled row for request q. Returns true when the request goes on
  * with nothing but the sampled token (*tok) new: not finished, failed or
  * given forced text - the case in which a draft's next row still counts. */
-static bool process_row(struct engine *e, struct eng_req *q, float *row, int32_t *tok)
+static bool process_row(struct engine *e, struct eng_req *q, float *row, const struct sample_cands *cs,
+                        int row_index, int32_t *tok)
 {
     struct rl_err err = {0};
     struct sample_out so;
@@ -1087,7 +1110,20 @@ static bool process_row(struct engine *e, struct eng_req *q, float *row, int32_t
         mask = q->in_think ? cons_think_mask(e->cons) : cons_open_mask(e->cons);
     }
     q->mask_ready = false;
-    int rc = sample_next_masked(q->ss, &q->sp, row, e->cfg->vocab, mask, &so, &err);
+    int rc;
+    if (cs) {
+        /* the backend's set for this row (issue 25): the same token as the
+         * whole row gives, or 1 = it cannot tell and the row comes over */
+        rc = sample_next_reduced(q->ss, &q->sp, cs, e->cfg->vocab, mask, &so, &err);
+        e->rows_from_sets += rc == 0;
+        if (rc == 1) {
+            e->rows_fetched++;
+            if (!(rc = e->be->ops->fetch_row(e->be->ctx, row_index, row, &err)))
+                rc = sample_next_masked(q->ss, &q->sp, row, e->cfg->vocab, mask, &so, &err);
+        }
+    } else {
+        rc = sample_next_masked(q->ss, &q->sp, row, e->cfg->vocab, mask, &so, &err);
+    }
     bool forced = q->forced;
     if (!rc && in_doc)
         rc = gram_match_accept(q->gm, so.token, &err);
@@ -1121,14 +1157,16 @@ static bool process_row(struct engine *e, struct eng_req *q, float *row, int32_t
  * after draft r - 1. Processes them in order while the drafts hold (the
  * essay at the top), keeps the accepted drafts' KV and proposes the next
  * draft. */
-static void process_rows(struct engine *e, struct eng_req *q, float *rows, int n_draft)
+static void process_rows(struct engine *e, struct eng_req *q, float *rows, int row0, int n_draft)
 {
     size_t v = (size_t)e->cfg->vocab;
     int n_acc = 0;
     bool goes_on = true;
     for (int r = 0; r <= n_draft && goes_on; r++) {
         int32_t tok = -1;
-        goes_on = process_row(e, q, rows + (size_t)r * v, &tok);
+        const struct sample_cands *cs =
+            e->cands && e->wants[row0 + r] != BE_ROW_FULL ? &e->cands[row0 + r] : NULL;
+        goes_on = process_row(e, q, rows + (size_t)r * v, cs, row0 + r, &tok);
         if (r == n_draft || tok != q->draft[r])
             break;
         if (goes_on)
@@ -1325,10 +1363,38 @@ int engine_step(struct engine *e, const struct engine_event **events, int *n_eve
         if (e->be->ops->set_masks)
             rc = e->be->ops->set_masks(e->be->ctx, n_rowmask ? e->row_masks : NULL, plan.n_logits,
                                        &ferr);
+        /* what each row needs to come back as (issue 25): a backend that
+         * can keep rows on the device sends greedy rows' best entry and
+         * the other reducible rows' 64 best, whole rows only for the rest */
+        const struct be_ops *bo = e->be->ops;
+        bool row_wants = bo->set_row_wants && bo->row_cands && bo->fetch_row;
+        e->cands = NULL;
+        if (row_wants && !rc) {
+            for (int i = 0, row = 0; i < plan.n_items; i++) {
+                const struct sched_item *it = &plan.items[i];
+                if (!it->want_logits)
+                    continue;
+                const struct eng_req *q = it->user;
+                const struct sample_params *sp = &q->sp;
+                uint8_t w = !sample_params_reducible(sp) ? BE_ROW_FULL
+                            : sp->temperature == 0 && sp->repetition_penalty == 1.0f &&
+                                      sp->frequency_penalty == 0 && sp->presence_penalty == 0
+                                ? BE_ROW_ARGMAX
+                                : BE_ROW_CANDS;
+                for (int r = 0; r <= it->n_draft; r++, row++)
+                    /* a grammar's mask the device did not apply (the helper's,
+                     * computed during forward, or a draft row's) usually
+                     * rules the set out: the whole row, at once */
+                    e->wants[row] = q->gm && !e->row_masks[row] ? BE_ROW_FULL : w;
+            }
+            rc = bo->set_row_wants(e->be->ctx, e->wants, plan.n_logits, &ferr);
+        }
         if (n_mask)
             cons_masks_start(e->cons, e->mask_m, e->mask_out, n_mask);
         if (!rc)
             rc = e->be->ops->forward(e->be->ctx, &b, &ferr);
+        if (!rc && row_wants)
+            e->cands = bo->row_cands(e->be->ctx);
         if (n_mask)
             cons_masks_join(e->cons);
         if (rc) {
@@ -1360,7 +1426,7 @@ int engine_step(struct engine *e, const struct engine_event **events, int *n_eve
                 return rc;
             size_t at = 0;
             for (int r = 0; r < n_rows; r++) {
-                process_rows(e, rows[r], e->logits + at * (size_t)e->cfg->vocab, n_drafts[r]);
+                process_rows(e, rows[r], e->logits + at * (size_t)e->cfg->vocab, (int)at, n_drafts[r]);
                 at += 1 + (size_t)n_drafts[r];
             }
         }
@@ -1424,6 +1490,9 @@ void engine_get_stats(const struct engine *e, struct engine_stats *st)
     st->spec_accepted = e->spec_accepted;
     st->block_size = e->block_size;
     st->max_context = e->max_context;
+    st->kv_sizing = e->kv_sizing;
+    st->rows_from_sets = e->rows_from_sets;
+    st->rows_fetched = e->rows_fetched;
     st->max_batch = e->opt.max_batch;
     st->token_budget = e->opt.token_budget;
 }

@@ -108,7 +108,8 @@ typedef void (*engine_progress_fn)(void *user, size_t done, size_t total);
 #define ENGINE_MAX_LOGPROBS 20
 
 struct engine_options {
-    const char *backend;      /* "cpu" (default), "cuda" or "sim" */
+    const char *backend;      /* "cpu" (default), "cuda", "sim", or "cpu-rowsets"
+                                 (tests: engine/rowsets.h) */
     const char *sim_profile;  /* sim: device profile; NULL = "h200" */
     const char *sim_model;    /* sim: model shape (a built-in name or a
                                  config.json); NULL = dir's config.json.
@@ -125,6 +126,10 @@ struct engine_options {
     size_t kv_bytes;          /* KV pool budget in bytes (used when
                                  kv_blocks is 0); 0 = 1 GiB */
     int kv_blocks;            /* KV pool size in blocks; 0 = from kv_bytes */
+    size_t kv_reserve_bytes;  /* CUDA: device memory left free when the pool
+                                 is sized from the device (kv_bytes 0);
+                                 be_options.kv_reserve_bytes; default
+                                 1 GiB */
     int block_size;           /* tokens per block; 0 = 16 */
     int max_batch;            /* running sequences at most; 0 = 16 */
     int token_budget;         /* tokens per step; 0 = 512 */
@@ -327,6 +332,14 @@ struct engine_stats {
     int64_t spec_drafted;       /* draft tokens verified, all requests */
     int64_t spec_accepted;      /* of those, kept */
     int block_size, max_context, max_batch, token_budget;
+    const char *kv_sizing;      /* where the pool's size came from: "kv_blocks",
+                                   "budget" (kv_bytes), "device" (the
+                                   backend's kv_capacity) or "default" (1 GiB);
+                                   static string */
+    int64_t rows_from_sets;     /* sampled rows served by the backend's
+                                   candidate sets (be_ops.set_row_wants) */
+    int64_t rows_fetched;       /* of the rows asked as sets, those whose set
+                                   could not prove the answer: fetched whole */
 };
 
 /* Loads the model in dir onto backend o->backend, sizes the KV pool and

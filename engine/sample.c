@@ -21,6 +21,13 @@
  * saved copy before returning. Raw log-probabilities (before penalties) are
  * computed first, when asked for, with a double-precision log-sum-exp.
  *
+ * A GPU backend may hand over a row's 64 best entries instead of the row
+ * (sample_next_reduced, issue 25): the same selection code runs on that
+ * set - draw_ranked() for top_k, draw_sparse() over the members in id order
+ * for min_p - after a check that no token outside the set could have been
+ * picked, so the result is bit for bit the full row's; otherwise it says so
+ * and the caller samples the whole row.
+ *
  * The state's token map is open addressing from token id to a dense index;
  * the dense arrays (id, output count, in-prompt flag) are what the penalty
  * loop walks, so its cost is the number of distinct tokens seen, not the
@@ -405,70 +412,52 @@ static double raw_logprobs(const float *logits, int n_vocab, int n_top,
     return lse;
 }
 
-/* Random draw over the processed row. m: max of the penalised logits.
- * Ranking and filtering compare logits (the temperature is a monotone
- * map), so a weight expf((l - m) / T) is computed only where it is summed.
- * Draws exactly one number from the stream, after every allocation. */
-static int sample_random(struct sample_state *st, const struct sample_params *p,
-                         const float *logits, int n_vocab, float m,
-                         int32_t *tok, struct rl_err *err)
+/* The draw over a ranked candidate list h (n entries, best first, .z the
+ * penalised logit): weights, the top_p cut within the list, one number
+ * from the stream. Shared by the full row's top_k path and the reduced
+ * sampler, so both do the very same float operations. */
+static void draw_ranked(struct sample_state *st, const struct sample_params *p, struct cand *h, int n,
+                        float m, int32_t *tok)
 {
     const float invT = 1.0f / p->temperature;
-    /* min_p: p_i >= min_p * p_max  <=>  l_i >= m + T ln(min_p) */
-    const float lmin = p->min_p > 0 ? m + p->temperature * logf(p->min_p)
-                                    : -INFINITY;
-    const int k = p->top_k > 0 && p->top_k < n_vocab ? p->top_k : 0;
-    int rc;
-
-    if (k) {
-        if ((rc = cand_reserve(st, k, err)))
-            return rc;
-        struct cand *h = st->cand; /* .z holds the logit while selecting */
-        int n = 0, i = 0;
-        for (; i < n_vocab && n < k; i++) {
-            if (!(logits[i] >= lmin))
-                continue;
-            h[n].z = logits[i];
-            h[n].id = i;
-            heap_sift_up(h, n++);
-        }
-        for (; i < n_vocab; i++) {
-            /* ids rise, so an equal logit never beats the root: one compare
-             * rejects almost every token */
-            if (logits[i] > h[0].z && logits[i] >= lmin) {
-                h[0].z = logits[i];
-                h[0].id = i;
-                heap_sift_down(h, n, 0);
-            }
-        }
-        qsort(h, (size_t)n, sizeof *h, cand_cmp);
-        double Z = 0;
-        for (int j = 0; j < n; j++)
-            Z += h[j].w = expf((h[j].z - m) * invT);
-        if (p->top_p < 1) {
-            double cum = 0, goal = (double)p->top_p * Z;
-            int j = 0;
-            while (j < n && (cum += h[j].w, ++j, cum < goal))
-                ;
-            n = j;
-            Z = cum;
-        }
-        double target = sample_rng_uniform(st) * Z, cum = 0;
-        for (int j = 0; j < n; j++) {
-            cum += h[j].w;
-            if (target < cum) {
-                *tok = h[j].id;
-                return 0;
-            }
-        }
-        *tok = h[n - 1].id; /* rounding left target at the very end */
-        return 0;
-    }
-
     double Z = 0;
-    for (int i = 0; i < n_vocab; i++)
-        if (logits[i] >= lmin)
-            Z += expf((logits[i] - m) * invT);
+    for (int j = 0; j < n; j++)
+        Z += h[j].w = expf((h[j].z - m) * invT);
+    if (p->top_p < 1) {
+        double cum = 0, goal = (double)p->top_p * Z;
+        int j = 0;
+        while (j < n && (cum += h[j].w, ++j, cum < goal))
+            ;
+        n = j;
+        Z = cum;
+    }
+    double target = sample_rng_uniform(st) * Z, cum = 0;
+    for (int j = 0; j < n; j++) {
+        cum += h[j].w;
+        if (target < cum) {
+            *tok = h[j].id;
+            return;
+        }
+    }
+    *tok = h[n - 1].id; /* rounding left target at the very end */
+}
+
+/* The draw without top_k over the tokens (ID(j), vals[j]) for j < n, ids
+ * ascending: the whole row (ids NULL: ID(j) = j, n = n_vocab), or the part
+ * of it that can pass min_p when every other token provably cannot (the
+ * reduced sampler). Tokens under lmin are skipped either way, so the two
+ * sum the same terms in the same order. n_vocab enters top_p's floor. */
+static int draw_sparse(struct sample_state *st, const struct sample_params *p, const float *vals,
+                       const int32_t *ids, int n_in, int n_vocab, float m, float lmin, int32_t *tok,
+                       struct rl_err *err)
+{
+#define ID(j) (ids ? ids[j] : (int32_t)(j))
+    const float invT = 1.0f / p->temperature;
+    int rc;
+    double Z = 0;
+    for (int j = 0; j < n_in; j++)
+        if (vals[j] >= lmin)
+            Z += expf((vals[j] - m) * invT);
     /* the cut: include token i iff it ranks at or above (cut_l, cut_id) */
     float cut_l = lmin;
     int32_t cut_id = n_vocab; /* "at or above lmin, any id" */
@@ -497,11 +486,11 @@ static int sample_random(struct sample_state *st, const struct sample_params *p,
         const float scale = N_BUCKETS / (m - llo);
         memset(st->bmass, 0, sizeof *st->bmass * N_BUCKETS);
         memset(st->bcount, 0, sizeof *st->bcount * N_BUCKETS);
-        for (int i = 0; i < n_vocab; i++) {
-            if (!(logits[i] >= llo))
+        for (int j = 0; j < n_in; j++) {
+            if (!(vals[j] >= llo))
                 continue;
-            int b = bucket_of(logits[i], llo, scale);
-            st->bmass[b] += expf((logits[i] - m) * invT);
+            int b = bucket_of(vals[j], llo, scale);
+            st->bmass[b] += expf((vals[j] - m) * invT);
             st->bcount[b]++;
         }
         double goal = (double)p->top_p * Z, cum = 0;
@@ -518,13 +507,13 @@ static int sample_random(struct sample_state *st, const struct sample_params *p,
                 return rc;
             struct cand *c = st->cand;
             int n = 0;
-            for (int i = 0; i < n_vocab; i++) {
-                if (!(logits[i] >= llo) ||
-                    bucket_of(logits[i], llo, scale) != bstar)
+            for (int j = 0; j < n_in; j++) {
+                if (!(vals[j] >= llo) ||
+                    bucket_of(vals[j], llo, scale) != bstar)
                     continue;
-                c[n].z = logits[i];
-                c[n].w = expf((logits[i] - m) * invT);
-                c[n++].id = i;
+                c[n].z = vals[j];
+                c[n].w = expf((vals[j] - m) * invT);
+                c[n++].id = ID(j);
             }
             qsort(c, (size_t)n, sizeof *c, cand_cmp);
             int j = 0;
@@ -537,8 +526,9 @@ static int sample_random(struct sample_state *st, const struct sample_params *p,
     }
     double target = sample_rng_uniform(st) * Zf, cum = 0;
     int32_t last = -1;
-    for (int i = 0; i < n_vocab; i++) {
-        float l = logits[i];
+    for (int j = 0; j < n_in; j++) {
+        float l = vals[j];
+        int32_t i = ID(j);
         if (!(l >= lmin) || !(l > cut_l || (l == cut_l && i <= cut_id)))
             continue;
         cum += expf((l - m) * invT);
@@ -550,6 +540,53 @@ static int sample_random(struct sample_state *st, const struct sample_params *p,
     }
     *tok = last; /* rounding: the total fell just short of target */
     return 0;
+#undef ID
+}
+
+/* min_p's floor in logit space: p_i >= min_p * p_max <=> l_i >= m + T ln(min_p). */
+static float min_p_floor(const struct sample_params *p, float m)
+{
+    return p->min_p > 0 ? m + p->temperature * logf(p->min_p) : -INFINITY;
+}
+
+/* Random draw over the processed row. m: max of the penalised logits.
+ * Ranking and filtering compare logits (the temperature is a monotone
+ * map), so a weight expf((l - m) / T) is computed only where it is summed.
+ * Draws exactly one number from the stream, after every allocation. */
+static int sample_random(struct sample_state *st, const struct sample_params *p,
+                         const float *logits, int n_vocab, float m,
+                         int32_t *tok, struct rl_err *err)
+{
+    const float lmin = min_p_floor(p, m);
+    const int k = p->top_k > 0 && p->top_k < n_vocab ? p->top_k : 0;
+    int rc;
+
+    if (k) {
+        if ((rc = cand_reserve(st, k, err)))
+            return rc;
+        struct cand *h = st->cand; /* .z holds the logit while selecting */
+        int n = 0, i = 0;
+        for (; i < n_vocab && n < k; i++) {
+            if (!(logits[i] >= lmin))
+                continue;
+            h[n].z = logits[i];
+            h[n].id = i;
+            heap_sift_up(h, n++);
+        }
+        for (; i < n_vocab; i++) {
+            /* ids rise, so an equal logit never beats the root: one compare
+             * rejects almost every token */
+            if (logits[i] > h[0].z && logits[i] >= lmin) {
+                h[0].z = logits[i];
+                h[0].id = i;
+                heap_sift_down(h, n, 0);
+            }
+        }
+        qsort(h, (size_t)n, sizeof *h, cand_cmp);
+        draw_ranked(st, p, h, n, m, tok);
+        return 0;
+    }
+    return draw_sparse(st, p, logits, NULL, n_vocab, n_vocab, m, lmin, tok, err);
 }
 
 /* Disallowed tokens (bit clear) to -inf, after the raw logprobs and the
@@ -633,6 +670,154 @@ int sample_next_masked(struct sample_state *st, const struct sample_params *p,
     out->token = tok;
     if (p->logprobs)
         out->logprob = (float)((double)logits[tok] - lse);
+    st->count[map_insert(st, tok)]++;
+    return 0;
+}
+
+/* ---- the reduced candidate set (sample.h) ---- */
+
+void sample_cands_from_row(const float *logits, int n_vocab, struct sample_cands *cs)
+{
+    struct cand h[SAMPLE_CANDS];
+    int n = 0, bad = 0;
+    for (int i = 0; i < n_vocab; i++) {
+        float l = logits[i];
+        if (l != l || l == INFINITY) {
+            bad++;
+            continue;
+        }
+        if (n < SAMPLE_CANDS) {
+            h[n].z = l;
+            h[n].id = i;
+            heap_sift_up(h, n++);
+        } else if (l > h[0].z) { /* ids rise: an equal logit ranks below */
+            h[0].z = l;
+            h[0].id = i;
+            heap_sift_down(h, n, 0);
+        }
+    }
+    qsort(h, (size_t)n, sizeof *h, cand_cmp);
+    memset(cs, 0, sizeof *cs);
+    cs->n = n;
+    cs->n_bad = bad;
+    for (int j = 0; j < n; j++) {
+        cs->c[j].z = h[j].z;
+        cs->c[j].id = h[j].id;
+    }
+}
+
+static int penalties_can_raise(const struct sample_params *p)
+{
+    return p->repetition_penalty < 1.0f || p->frequency_penalty < 0 || p->presence_penalty < 0;
+}
+
+int sample_params_reducible(const struct sample_params *p)
+{
+    if (p->logprobs || penalties_can_raise(p))
+        return 0;
+    return p->temperature == 0 || (p->top_k > 0 && p->top_k <= SAMPLE_CANDS) || p->min_p > 0;
+}
+
+/* The penalised value of a member: apply_penalties' very operations. */
+static float penalised(const struct sample_state *st, const struct sample_params *p, float l, int32_t id)
+{
+    float rep = p->repetition_penalty;
+    if (rep == 1.0f && p->frequency_penalty == 0 && p->presence_penalty == 0)
+        return l;
+    int d = map_find(st, id);
+    if (d < 0)
+        return l;
+    if (rep != 1.0f)
+        l = l > 0 ? l / rep : l * rep;
+    if (st->count[d] > 0) {
+        l -= p->frequency_penalty * (float)st->count[d];
+        l -= p->presence_penalty;
+    }
+    return l;
+}
+
+static int cand_id_cmp(const void *a, const void *b)
+{
+    const struct cand *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+int sample_next_reduced(struct sample_state *st, const struct sample_params *p,
+                        const struct sample_cands *cs, int n_vocab, const uint32_t *mask,
+                        struct sample_out *out, struct rl_err *err)
+{
+    int rc;
+    memset(out, 0, offsetof(struct sample_out, top));
+    if ((rc = sample_params_check(p, err)))
+        return rc;
+    if (n_vocab <= 0 || !cs || cs->n < 1 || cs->n > SAMPLE_CANDS || cs->n > n_vocab)
+        return rl_errf(err, RL_EINVAL, "sample_next_reduced: %d candidates of %d", cs ? cs->n : -1, n_vocab);
+    /* the whole row is in the set: nothing outside to reason about */
+    const int whole = cs->n == n_vocab;
+    if (p->logprobs || cs->n_bad || (!whole && penalties_can_raise(p)))
+        return 1;
+    const int n = cs->n;
+    const float bz = cs->c[n - 1].z; /* the boundary: everything outside ranks below (bz, bid) */
+    const int32_t bid = cs->c[n - 1].id;
+    struct cand v[SAMPLE_CANDS];
+    int n_above = 0, best = -1;
+    for (int j = 0; j < n; j++) {
+        int32_t id = cs->c[j].id;
+        float l = penalised(st, p, cs->c[j].z, id);
+        if (mask && !(mask[id >> 5] >> (id & 31) & 1u))
+            l = -INFINITY;
+        v[j].z = l;
+        v[j].id = id;
+        v[j].w = 0;
+        if (l != l || l == INFINITY)
+            return 1; /* the full row's error says it */
+        if (whole || l > bz || (l == bz && id <= bid))
+            n_above++;
+        if (best < 0 || better(l, id, v[best].z, v[best].id))
+            best = j;
+    }
+    /* the best member must beat everything outside; an all -inf row is
+     * the full row's error */
+    if (!n_above || !(v[best].z > -INFINITY))
+        return 1;
+    const float m = v[best].z;
+    int32_t tok = v[best].id;
+    if (p->temperature > 0) {
+        const float lmin = min_p_floor(p, m);
+        const int k = p->top_k > 0 && p->top_k < n_vocab ? p->top_k : 0;
+        if (k) {
+            if (k > n_above)
+                return 1;
+        } else if (!whole && !(lmin > bz)) {
+            return 1;
+        }
+        /* proven: everything that can fail for memory, then the draw */
+        if ((rc = map_reserve(st, st->n + 1, err)))
+            return rc;
+        if (k) {
+            int nk = 0;
+            for (int j = 0; j < n; j++)
+                if (v[j].z >= lmin)
+                    v[nk++] = v[j];
+            qsort(v, (size_t)nk, sizeof *v, cand_cmp);
+            draw_ranked(st, p, v, nk < k ? nk : k, m, &tok);
+        } else {
+            qsort(v, (size_t)n, sizeof *v, cand_id_cmp);
+            float vals[SAMPLE_CANDS];
+            int32_t ids[SAMPLE_CANDS];
+            for (int j = 0; j < n; j++) {
+                vals[j] = v[j].z;
+                ids[j] = v[j].id;
+            }
+            if ((rc = draw_sparse(st, p, vals, ids, n, n_vocab, m, lmin, &tok, err)))
+                return rc;
+        }
+    } else {
+        if ((rc = map_reserve(st, st->n + 1, err)))
+            return rc;
+        (void)sample_rng_uniform(st); /* one draw per token, always */
+    }
+    out->token = tok;
     st->count[map_insert(st, tok)]++;
     return 0;
 }

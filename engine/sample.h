@@ -127,6 +127,62 @@ int sample_next_masked(struct sample_state *st, const struct sample_params *p,
                        float *logits, int n_vocab, const uint32_t *mask,
                        struct sample_out *out, struct rl_err *err);
 
+/* ---- sampling from a reduced candidate set (issue 25) ----
+ *
+ * A GPU backend need not send a whole 151,936-float row to the host: it
+ * can send the row's SAMPLE_CANDS best entries (ranked by the one order:
+ * higher logit first, lower id on ties) and a count of NaN / +inf entries.
+ * sample_next_reduced() then samples from those, and the result - token,
+ * the draw consumed, the state's counts - is bit for bit what
+ * sample_next_masked() gives on the full row, or it says it cannot prove
+ * that and the caller samples the full row. It can prove it when every
+ * token the full sampler could pick is in the set:
+ *   - greedy, or top_k <= SAMPLE_CANDS, with at least top_k (greedy: 1)
+ *     members still ranked at or above the set's last entry after the
+ *     penalties and the mask (which only lower logits: a token outside
+ *     ranked below that entry before, and still does);
+ *   - or min_p whose floor lies above the set's last entry (nothing outside
+ *     passes it), with or without top_p - the draw then sums the same terms
+ *     in the same order as the full row's;
+ * and never when logprobs are asked (they need the whole row's
+ * log-sum-exp), when a penalty can raise a logit (repetition_penalty < 1,
+ * a negative frequency or presence penalty: a token outside may climb in),
+ * or when the row has a NaN or +inf (the full row's error names them).
+ * top_p alone (no top_k <= SAMPLE_CANDS, no min_p) needs the whole row's
+ * normaliser: full row. */
+#define SAMPLE_CANDS 64
+
+struct sample_cand {
+    float z;                  /* raw logit (as the backend produced it) */
+    int32_t id;
+};
+
+/* One row's candidate set; plain data, the layout a device writes. */
+struct sample_cands {
+    int32_t n;                /* entries in c: min(SAMPLE_CANDS, n_vocab) */
+    int32_t n_bad;            /* NaN or +inf entries in the whole row */
+    struct sample_cand c[SAMPLE_CANDS]; /* ranked: z desc, id asc; -inf
+                                 entries rank by id like any others */
+};
+
+/* The reference of what a device computes: the set of a full row (host
+ * memory, n_vocab floats, unchanged). */
+void sample_cands_from_row(const float *logits, int n_vocab, struct sample_cands *cs);
+
+/* Whether a row with these settings can ever be sampled from a set (the
+ * static half of the rules above): an engine asks the backend for a set
+ * only for such rows, and for the whole row otherwise. */
+int sample_params_reducible(const struct sample_params *p);
+
+/* sample_next_masked() from cs instead of the full row (n_vocab: the
+ * row's length; mask as there, may be NULL). Returns 0 with *out filled
+ * and the draw consumed exactly as sample_next_masked() on the full row
+ * would; 1 when the set cannot prove that (nothing consumed or changed:
+ * sample the full row instead); -RL_EINVAL for bad params, -RL_ENOMEM. */
+int sample_next_reduced(struct sample_state *st, const struct sample_params *p,
+                        const struct sample_cands *cs, int n_vocab, const uint32_t *mask,
+                        struct sample_out *out, struct rl_err *err);
+
 /* Applies steps 1-2 (penalties) to logits in place and leaves them so:
  * what sample_next() would sample from at temperature 1, for tests and for
  * callers that want processed rather than raw log-probabilities. */

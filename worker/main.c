@@ -115,6 +115,7 @@ static int setup(struct worker *w, struct rl_err *err)
     eo.mmap_weights = w->opt.mmap_weights;
     eo.quantize = w->opt.quantize;
     eo.kv_bytes = (size_t)w->opt.kv_mb << 20;
+    eo.kv_reserve_bytes = (size_t)w->opt.kv_reserve_mb << 20;
     eo.kv_prefault = w->opt.kv_prefault;
     eo.max_batch = w->opt.max_batch;
     eo.token_budget = w->opt.token_budget;
@@ -132,6 +133,13 @@ static int setup(struct worker *w, struct rl_err *err)
            w->opt.backend, w->model.name);
     if ((rc = engine_create(&w->eng, w->model.dir, &eo, err)))
         return rc;
+    {
+        /* what the pool holds, once: on a GPU the KV tokens decide the batch */
+        struct engine_stats es;
+        engine_get_stats(w->eng, &es);
+        RL_LOG(&w->log, RL_LOG_INFO, "KV cache: %ld tokens (%d blocks of %d, sized by %s), max_context %d",
+               (long)es.kv_blocks * es.block_size, es.kv_blocks, es.block_size, es.kv_sizing, es.max_context);
+    }
     if ((rc = modelid_compute(w->model.dir, w->model_id, err)))
         return rc;
     /* the worker still serves token-id jobs without one, so this is a

@@ -53,6 +53,7 @@ static int from_cfg(struct wopts *o, const struct cfg *c, struct rl_err *err)
     o->mmap_weights = c->mmap_weights;
     copy(o->quantize, sizeof o->quantize, c->quantize);
     o->kv_mb = c->kv_budget_mb;
+    o->kv_reserve_mb = c->kv_reserve_mb;
     o->kv_prefault = c->kv_prefault;
     o->max_batch = c->max_batch;
     o->token_budget = c->max_batch_tokens;

@@ -37,6 +37,7 @@ struct wopts {
     int mmap_weights;                /* engine_options.mmap_weights (CPU) */
     char quantize[8];                /* engine_options.quantize (CPU): "none" | "q8_0" */
     int kv_mb;                       /* 0: the engine's default */
+    int kv_reserve_mb;               /* CUDA: device memory left free */
     int kv_prefault;                 /* engine_options.kv_prefault */
     int max_batch;
     int token_budget;

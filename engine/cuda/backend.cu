@@ -20,6 +20,14 @@
  * only synchronisation in a step is the one before returning, after the
  * logits (or sampled ids) have been copied out.
  *
+ * What leaves the device per logits row is what the engine asked for
+ * (set_row_wants, issue 25): a greedy row's best entry, another reducible
+ * row's 64 best (topk.cu), or the whole row, copied run by run into the
+ * engine's page-locked buffer (host_alloc); the rows stay on the device
+ * until the next step for fetch_row. The KV pool's size comes from the
+ * device (kv_capacity: free memory at the end of load less allowances and
+ * kv_reserve_mb, kv_fit.c).
+ *
  * Weights are uploaded once in the checkpoint dtype; FP8 stays FP8 (see
  * gemm.cu). The KV pool is f32 for F32 checkpoints (as the CPU does, so the
  * tiny F32 model reproduces the reference) and BF16 otherwise.
@@ -38,6 +46,8 @@ extern "C" {
 #include "dtype.h"
 #include "quant.h"
 #include "cpu/qgemm.h"
+#include "cuda/kv_fit.h"
+#include "sample.h"
 }
 
 #define N_BUCKETS 10        /* graph buckets 1, 2, 4, ... 512 */
@@ -132,6 +142,14 @@ struct cuda_ctx {
     struct cu_graph graphs[N_BUCKETS];
     int use_graphs, device_argmax, fp8_path;
     struct cu_prof *prof; /* NULL unless the benchmark asked (eager steps only) */
+    size_t kv_reserve;        /* be_options.kv_reserve_bytes */
+    /* per-row wants (set_row_wants, issue 25): the next forward's, or NULL */
+    uint8_t *wants;
+    int n_wants;
+    int32_t *wrows_h, *wrows_d;        /* (max_tokens) argmax rows, then cands rows: pinned, device */
+    struct sample_cands *cands_d, *cands_h; /* (logit_rows) per logits row: device, pinned */
+    int last_rows;                     /* logits rows of the last forward still in c->logits (fetch_row) */
+    struct kv_fit_out fit;    /* the pool the device holds, from load (fit_kv) */
     char desc[256];
 };
 
@@ -144,6 +162,12 @@ static int cuda_kv_copy(void *ctx, int32_t dst, int32_t src, int n_tokens, struc
 static const char *cuda_describe(void *ctx);
 static void cuda_free(void *ctx);
 static int cuda_set_masks(void *ctx, const uint32_t *const *masks, int n_rows, struct rl_err *err);
+static size_t cuda_kv_capacity(void *ctx);
+static int cuda_set_row_wants(void *ctx, uint8_t *wants, int n_rows, struct rl_err *err);
+static const struct sample_cands *cuda_row_cands(void *ctx);
+static int cuda_fetch_row(void *ctx, int row, float *out, struct rl_err *err);
+static void *cuda_host_alloc_op(void *ctx, size_t bytes);
+static void cuda_host_free_op(void *ctx, void *p);
 
 static const struct be_ops cuda_ops = {
     "cuda",
@@ -156,6 +180,12 @@ static const struct be_ops cuda_ops = {
     cuda_describe,
     cuda_free,
     cuda_set_masks,
+    cuda_kv_capacity,
+    cuda_set_row_wants,
+    cuda_row_cands,
+    cuda_fetch_row,
+    cuda_host_alloc_op,
+    cuda_host_free_op,
 };
 
 /* ---- allocation ---- */
@@ -204,6 +234,15 @@ static void free_weights(struct cuda_ctx *c)
     if (c->mask_h)
         cudaFreeHost(c->mask_h);
     c->mask_h = NULL;
+    if (c->wrows_h)
+        cudaFreeHost(c->wrows_h);
+    if (c->cands_h)
+        cudaFreeHost(c->cands_h);
+    c->wrows_h = NULL;
+    c->cands_h = NULL;
+    c->wrows_d = NULL; /* in allocs */
+    c->cands_d = NULL;
+    c->last_rows = 0;
     c->mrows_d = NULL; /* in allocs: freed above */
     c->masks_d = NULL;
     c->loaded = 0;
@@ -224,6 +263,42 @@ static size_t dt_size(enum model_dtype dt)
 }
 
 static size_t kv_esize(const struct cuda_ctx *c) { return c->kv_dtype == BE_KV_F32 ? 4 : 2; }
+
+/* ---- the KV pool the device holds ---- */
+
+#define GRAPH_ALLOWANCE ((size_t)64 << 20) /* N_BUCKETS graph executables */
+#define META_ALLOWANCE ((size_t)32 << 20)  /* step metadata growth (block tables) */
+#define SPARE_TOKENS 256                   /* the graphs' spare block, for block sizes up to 256 */
+
+static size_t kv_token_bytes(const struct cuda_ctx *c)
+{
+    return 2 * (size_t)c->cfg.n_layers * (size_t)c->cfg.n_kv_heads * (size_t)c->cfg.head_dim * kv_esize(c);
+}
+
+/* At the end of load, with weights, activations, cuBLASLt's workspace and
+ * the quantized panel allocated: what the device still has free, less what
+ * is allocated later (graph executables, the constraint masks' buffers on
+ * the first constrained step, metadata growth) and the reserve, in whole
+ * tokens (kv_capacity does not know the engine's block size; the spare
+ * block the pool adds is covered by SPARE_TOKENS). A device that cannot hold
+ * one step's token budget fails the load here, with the figures, rather
+ * than at kv_init or mid-request. */
+static int fit_kv(struct cuda_ctx *c, struct rl_err *err)
+{
+    size_t free_b = 0, total_b = 0;
+    CU_CHECK(err, cudaMemGetInfo(&free_b, &total_b));
+    size_t W = ((size_t)c->cfg.vocab + 31) / 32, cap = (size_t)c->max_tokens;
+    size_t pending = GRAPH_ALLOWANCE + META_ALLOWANCE + (c->mask_h ? 0 : cap * 4 + cap * W * 4);
+    struct kv_fit_in in = {c->dev_name, total_b, free_b, pending, c->kv_reserve, kv_token_bytes(c), 1,
+                           SPARE_TOKENS, (long)c->max_tokens};
+    return kv_fit_compute(&in, &c->fit, err);
+}
+
+static size_t cuda_kv_capacity(void *ctx)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    return c->loaded ? c->fit.bytes : 0;
+}
 
 /* ---- weights from a checkpoint ---- */
 
@@ -403,9 +478,14 @@ static int alloc_common(struct cuda_ctx *c, int max_tokens, struct rl_err *err)
         (rc = dev_alloc(c, (void **)&c->part_ml, (size_t)c->part_cap * (size_t)cfg->n_heads * 2 * 4, err)) ||
         (rc = dev_alloc(c, (void **)&c->part_acc, (size_t)c->part_cap * Q * 4, err)) ||
         (rc = dev_alloc(c, (void **)&c->ids_d, (size_t)max_tokens * 4, err)) ||
-        (rc = dev_alloc(c, (void **)&c->inv_freq, (size_t)cfg->head_dim / 2 * 4, err)))
+        (rc = dev_alloc(c, (void **)&c->inv_freq, (size_t)cfg->head_dim / 2 * 4, err)) ||
+        (rc = dev_alloc(c, (void **)&c->wrows_d, (size_t)max_tokens * 4, err)) ||
+        (rc = dev_alloc(c, (void **)&c->cands_d, (size_t)c->logit_rows * sizeof(struct sample_cands), err)))
         return rc;
     CU_CHECK(err, cudaHostAlloc((void **)&c->ids_h, (size_t)max_tokens * 4, cudaHostAllocDefault));
+    CU_CHECK(err, cudaHostAlloc((void **)&c->wrows_h, (size_t)max_tokens * 4, cudaHostAllocDefault));
+    CU_CHECK(err, cudaHostAlloc((void **)&c->cands_h, (size_t)c->logit_rows * sizeof(struct sample_cands),
+                                cudaHostAllocDefault));
     float fr[512];
     model_rope_inv_freq(cfg, fr, &c->mscale);
     CU_CHECK(err, cudaMemcpy(c->inv_freq, fr, (size_t)cfg->head_dim / 2 * 4, cudaMemcpyHostToDevice));
@@ -520,6 +600,8 @@ static int cuda_load(void *ctx, const struct model_config *cfg, const struct mod
      * widest one (prefill's cuBLASLt products then run in a few chunks) */
     if (qcols && (rc = cu_gemm_reserve_dequant(c->gemm, (size_t)2048 * (size_t)qcols * 2, err)))
         goto fail;
+    if ((rc = fit_kv(c, err)))
+        goto fail;
     if (c->progress)
         c->progress(c->progress_user, pg_total, pg_total);
     c->loaded = 1;
@@ -616,6 +698,8 @@ extern "C" int cuda_backend_load_random(struct backend *be, const struct model_c
     if ((rc = alloc_common(c, max_tokens, err)))
         goto fail;
     CU_CHECK(err, cudaStreamSynchronize(c->st));
+    if ((rc = fit_kv(c, err)))
+        goto fail;
     c->loaded = 1;
     return 0;
 fail:
@@ -1062,6 +1146,94 @@ static int upload_masks(struct cuda_ctx *c, const struct be_batch *b, struct rl_
     return 0;
 }
 
+/* After a step whose logits rows [0, n_logits) all sit in c->logits
+ * (masked): the greedy rows' best entries and the other reduced rows'
+ * candidate sets on the device, then one copy of the sets and one copy per
+ * run of whole rows into batch->logits (pinned when the engine took it
+ * from host_alloc). Enqueued only; the forward's synchronisation ends it. */
+static int finish_rows(struct cuda_ctx *c, const struct be_batch *b, const uint8_t *wants, struct rl_err *err)
+{
+    const int n = b->n_logits;
+    const size_t V = (size_t)c->cfg.vocab;
+    int n_arg = 0, n_cand = 0;
+    for (int r = 0; r < n; r++)
+        n_arg += wants[r] == BE_ROW_ARGMAX;
+    for (int r = 0, a = 0, k = n_arg; r < n; r++) {
+        if (wants[r] == BE_ROW_ARGMAX)
+            c->wrows_h[a++] = r;
+        else if (wants[r] == BE_ROW_CANDS)
+            c->wrows_h[k++] = r, n_cand++;
+    }
+    int rc;
+    if (n_arg + n_cand) {
+        CU_CHECK(err, cudaMemcpyAsync(c->wrows_d, c->wrows_h, (size_t)(n_arg + n_cand) * 4, cudaMemcpyHostToDevice,
+                                      c->st));
+        if ((rc = cu_row_cands(c->logits, (int)V, c->wrows_d, n_arg, 1, c->cands_d, c->st, err)) ||
+            (rc = cu_row_cands(c->logits, (int)V, c->wrows_d + n_arg, n_cand, 0, c->cands_d, c->st, err)))
+            return rc;
+        CU_CHECK(err, cudaMemcpyAsync(c->cands_h, c->cands_d, (size_t)n * sizeof(struct sample_cands),
+                                      cudaMemcpyDeviceToHost, c->st));
+    }
+    for (int r = 0; r < n;) { /* whole rows, a run at a time */
+        if (wants[r] != BE_ROW_FULL && wants[r] != BE_ROW_ARGMAX && wants[r] != BE_ROW_CANDS)
+            return rl_errf(err, RL_EINVAL, "cuda backend: row %d wants %d", r, (int)wants[r]);
+        if (wants[r] != BE_ROW_FULL) {
+            r++;
+            continue;
+        }
+        int e = r;
+        while (e < n && wants[e] == BE_ROW_FULL)
+            e++;
+        CU_CHECK(err, cudaMemcpyAsync(b->logits + (size_t)r * V, c->logits + (size_t)r * V, (size_t)(e - r) * V * 4,
+                                      cudaMemcpyDeviceToHost, c->st));
+        r = e;
+    }
+    return 0;
+}
+
+static int cuda_set_row_wants(void *ctx, uint8_t *wants, int n_rows, struct rl_err *err)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    (void)err;
+    c->wants = n_rows > 0 ? wants : NULL;
+    c->n_wants = wants ? n_rows : 0;
+    return 0;
+}
+
+static const struct sample_cands *cuda_row_cands(void *ctx)
+{
+    return ((struct cuda_ctx *)ctx)->cands_h;
+}
+
+static int cuda_fetch_row(void *ctx, int row, float *out, struct rl_err *err)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (row < 0 || row >= c->last_rows)
+        return rl_errf(err, RL_EINVAL, "cuda backend: logits row %d is not on the device (%d rows kept)", row,
+                       c->last_rows);
+    CU_CHECK(err, cudaSetDevice(c->device));
+    CU_CHECK(err, cudaMemcpyAsync(out, c->logits + (size_t)row * (size_t)c->cfg.vocab, (size_t)c->cfg.vocab * 4,
+                                  cudaMemcpyDeviceToHost, c->st));
+    CU_CHECK(err, cudaStreamSynchronize(c->st));
+    return 0;
+}
+
+static void *cuda_host_alloc_op(void *ctx, size_t bytes)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    void *p = NULL;
+    if (cudaSetDevice(c->device) != cudaSuccess)
+        return NULL;
+    return cudaHostAlloc(&p, bytes ? bytes : 16, cudaHostAllocDefault) == cudaSuccess ? p : NULL;
+}
+
+static void cuda_host_free_op(void *ctx, void *p)
+{
+    (void)ctx;
+    if (p)
+        cudaFreeHost(p);
+}
+
 static int cuda_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -1074,6 +1246,18 @@ static int cuda_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         all_decode = b->seqs[i].n_new == 1;
     if ((rc = upload_masks(c, b, err)))
         return rc;
+    /* per-row wants: served when every logits row stays on the device
+     * until the end of the step (one lm_head pass); else all rows whole */
+    uint8_t *wants = c->wants;
+    int n_wants = c->n_wants;
+    c->wants = NULL;
+    c->n_wants = 0;
+    int use_wants = wants && !c->device_argmax && b->n_logits > 0 && b->n_logits <= c->logit_rows &&
+                    n_wants >= b->n_logits;
+    if (wants && !use_wants)
+        for (int r = 0; r < n_wants; r++)
+            wants[r] = BE_ROW_FULL;
+    c->last_rows = 0;
     /* a captured graph ends in the argmax: masked rows take the plain path */
     int graphs = c->use_graphs && !(c->device_argmax && c->n_masked);
     int idx = 0, B = graphs && all_decode ? bucket_of(c, b->n_seqs, &idx) : 0;
@@ -1088,12 +1272,27 @@ static int cuda_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         if (c->n_masked && (rc = cu_mask_logits(c->logits, c->cfg.vocab, 0, b->n_logits, c->mrows_d, c->masks_d,
                                                 c->n_masked, c->st, err)))
             return rc;
-        if (!c->device_argmax && b->n_logits > 0)
+        if (use_wants) {
+            if ((rc = finish_rows(c, b, wants, err)))
+                return rc;
+        } else if (!c->device_argmax && b->n_logits > 0) {
             CU_CHECK(err, cudaMemcpyAsync(b->logits, c->logits, (size_t)b->n_logits * (size_t)c->cfg.vocab * 4,
                                           cudaMemcpyDeviceToHost, c->st));
+        }
+    } else if (use_wants) {
+        /* rows stay on the device (one pass): mask them, then serve the wants */
+        if ((rc = run_step(c, &s, NULL, err)))
+            return rc;
+        if (c->n_masked && (rc = cu_mask_logits(c->logits, c->cfg.vocab, 0, b->n_logits, c->mrows_d, c->masks_d,
+                                                c->n_masked, c->st, err)))
+            return rc;
+        if ((rc = finish_rows(c, b, wants, err)))
+            return rc;
     } else if ((rc = run_step(c, &s, b->logits, err))) {
         return rc;
     }
+    if (b->n_logits <= c->logit_rows)
+        c->last_rows = b->n_logits;
     if (c->device_argmax && b->n_logits > 0)
         CU_CHECK(err, cudaMemcpyAsync(c->ids_h, c->ids_d, (size_t)b->n_logits * 4, cudaMemcpyDeviceToHost, c->st));
     c->n_ids = b->n_logits;
@@ -1167,6 +1366,7 @@ extern "C" int cuda_backend_create(struct backend **out, const struct be_options
     c->progress = opt->progress;
     c->progress_user = opt->progress_user;
     c->use_graphs = 1;
+    c->kv_reserve = opt->kv_reserve_bytes;
     e = cudaSetDevice(c->device);
     if (e == cudaSuccess)
         e = cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking);

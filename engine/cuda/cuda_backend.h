@@ -108,4 +108,12 @@ int cuda_test_attention(int kv_bf16, int n_heads, int n_kv, int hd, int bs, int 
                         const float *v_pool, int n_seqs, const struct be_seq *seqs, const float *q, float *out,
                         int mode, int nsplit, struct rl_err *err);
 
+/* The rows the host samples from (issue 25, topk.cu): out[r] = logits row
+ * r's best entry (argmax_only, n = 1) or its SAMPLE_CANDS best, ranked as
+ * engine/sample.h's sample_cands_from_row() ranks them, with the NaN / +inf
+ * count; n_rows rows of vocab floats. */
+struct sample_cands;
+int cuda_test_row_cands(const float *logits, int n_rows, int vocab, int argmax_only, struct sample_cands *out,
+                        struct rl_err *err);
+
 #endif

@@ -125,6 +125,17 @@ int cu_widen_bf16(const void *x, size_t n, float *y, cudaStream_t st, struct rl_
 int cu_mask_logits(float *logits, int vocab, int row0, int n_rows, const int32_t *rows,
                    const uint32_t *masks, int n_masked, cudaStream_t st, struct rl_err *err);
 
+/* ---- topk.cu: the rows the host samples from (issue 25) ---- */
+
+struct sample_cands; /* engine/sample.h */
+
+/* For each i < n_rows: out[rows[i]] = the sample_cands of logits row
+ * rows[i] (rows of vocab floats): its best entry (argmax_only) or its
+ * SAMPLE_CANDS best, ranked as the host ranks, NaN / +inf counted and left
+ * out. rows and out on the device. */
+int cu_row_cands(const float *logits, int vocab, const int32_t *rows, int n_rows, int argmax_only,
+                 struct sample_cands *out, cudaStream_t st, struct rl_err *err);
+
 /* ---- rope.cu: q/k RMSNorm + rotary + paged KV write, KV block copy ---- */
 
 /* KV pool of one layer: (n_blocks, n_kv, block_size, head_dim), f32 or

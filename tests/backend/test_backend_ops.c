@@ -21,6 +21,13 @@
  *     weights: batched prefill, chunked prefill, decode with and without
  *     graphs, a long context for split-K, kv_copy. Logit rows 1e-2 (FP8
  *     through cuBLASLt's e4m3 activations: 1e-1).
+ * Issue 25 (point 5): graph buckets 16 and 64 (replay == eager within
+ *   1e-4), FP8 through cuBLASLt inside captured graphs (a loud failure on
+ *   sm_90 when cuBLASLt has no block-scaled algorithm), the device-argmax
+ *   hook over several rows, masked rows and more than 512 logits rows, a
+ *   16k-token context over scattered pages against the CPU, speculation-
+ *   shaped steps, and the reduced rows (topk.cu) bit for bit against the
+ *   host's sets and sampler.
  *
  * Without a GPU it prints why and exits 0. */
 #include <setjmp.h>
@@ -44,6 +51,7 @@
 #include "mkmodel.h"
 #include "model.h"
 #include "quant.h"
+#include "sample.h"
 #include "tests/unit/test_util.h"
 
 /* ---- helpers ---- */
@@ -590,12 +598,26 @@ static void hm_mat(struct host_model *h, struct model_tensor *t, enum model_dtyp
     *t = (struct model_tensor){.dtype = MODEL_BF16, .rows = rows, .cols = cols, .data = d, .name = "bf16"};
 }
 
+/* The shape of a host model (hm_make_shape). */
+struct hm_shape {
+    int hidden, intermediate, n_layers, n_heads, n_kv_heads, head_dim, vocab;
+};
+
+static void hm_make_shape(struct host_model *h, enum model_dtype dt, int yarn, const struct hm_shape *sh);
+
 static void hm_make(struct host_model *h, enum model_dtype dt, int yarn)
+{
+    const struct hm_shape sh = {256, 512, 2, 10, 2, 128, 1000};
+    hm_make_shape(h, dt, yarn, &sh);
+}
+
+static void hm_make_shape(struct host_model *h, enum model_dtype dt, int yarn, const struct hm_shape *sh)
 {
     memset(h, 0, sizeof *h);
     struct model_config *c = &h->cfg;
-    c->hidden = 256, c->intermediate = 512, c->n_layers = 2, c->n_heads = 10, c->n_kv_heads = 2, c->head_dim = 128;
-    c->vocab = 1000, c->max_pos = 40960, c->rms_eps = 1e-6f, c->rope_theta = 1e6f, c->tied = 0;
+    c->hidden = sh->hidden, c->intermediate = sh->intermediate, c->n_layers = sh->n_layers;
+    c->n_heads = sh->n_heads, c->n_kv_heads = sh->n_kv_heads, c->head_dim = sh->head_dim;
+    c->vocab = sh->vocab, c->max_pos = 40960, c->rms_eps = 1e-6f, c->rope_theta = 1e6f, c->tied = 0;
     c->dtype = MODEL_BF16, c->bos_id = c->eos_id = -1;
     if (yarn) {
         c->yarn_factor = 4, c->yarn_orig_max_pos = 32768, c->yarn_beta_fast = 32, c->yarn_beta_slow = 1;
@@ -907,6 +929,501 @@ static void test_quant_models_vs_cpu(void **state)
     }
 }
 
+
+/* ---- issue 25 point 5: what the first GPU run had never exercised ---- */
+
+static struct backend *open_be_threads(const char *name, const struct model_config *cfg,
+                                       const struct model_weights *w, int max_tokens, int n_blocks, int bs,
+                                       int threads)
+{
+    struct backend *be = NULL;
+    struct be_options o = {.n_threads = threads};
+    RUN(be_create(&be, name, &o, &err));
+    RUN(be->ops->load(be->ctx, cfg, w, max_tokens, &err));
+    RUN(be->ops->kv_init(be->ctx, n_blocks, bs, &err));
+    return be;
+}
+
+/* n sequences of `plen` random tokens prefilled (eager, 16 sequences a
+ * step, so within every backend's max_tokens here) on each of bes, with
+ * block tables tables[s]; ctx[s] = plen after. */
+static void prefill_seqs(struct backend **bes, int n_be, int n, int plen, int V, int32_t (*tables)[8], int *ctx)
+{
+    struct be_seq *seqs = calloc((size_t)n, sizeof *seqs);
+    int32_t *ids = malloc((size_t)n * plen * 4);
+    for (int s = 0; s < n; s++) {
+        for (int i = 0; i < plen; i++)
+            ids[s * plen + i] = (int32_t)(urand() * V);
+        seqs[s] = (struct be_seq){0, plen, tables[s], plen - 1};
+        ctx[s] = plen;
+    }
+    float *lg = malloc((size_t)n * V * 4);
+    for (int s0 = 0; s0 < n; s0 += 16) {
+        int g = n - s0 < 16 ? n - s0 : 16;
+        struct be_batch b = {g, seqs + s0, g * plen, ids + (size_t)s0 * plen, g, lg};
+        for (int i = 0; i < n_be; i++)
+            RUN(bes[i]->ops->forward(bes[i]->ctx, &b, &err));
+    }
+    free(lg), free(ids), free(seqs);
+}
+
+/* Graph buckets 16 and 64 (13 and 16 sequences in bucket 16, 40 and 64 in
+ * bucket 64): each decode step runs as a replayed graph and again eagerly
+ * (graphs off; the step's KV writes are the same values into the same
+ * slots, so the rerun sees the same cache) and the logits must agree to
+ * float noise (the split count of attention may differ): rel 1e-4. Then
+ * the graph's rows against the CPU backend: 1e-2 (BF16), 1e-1 (FP8
+ * through cuBLASLt's e4m3 activations). fp8: the FP8 model with cuBLASLt
+ * forced (cuda_backend_set_fp8_path 1), so every product inside the
+ * captured graph is cuBLASLt's block-scaled FP8: no algorithm on sm_90 is
+ * the forward's error, a failure here, never a skip. */
+static void graph_buckets(enum model_dtype dt)
+{
+    struct host_model h;
+    hm_make(&h, dt, 0);
+    int V = h.cfg.vocab, bs = 16;
+    static int32_t tables[64][8];
+    for (int s = 0; s < 64; s++)
+        for (int i = 0; i < 8; i++)
+            tables[s][i] = 511 - (s * 8 + i); /* descending, disjoint */
+    struct backend *cpu = open_be("cpu", &h.cfg, &h.w, 512, 520, bs);
+    struct backend *gpu = open_be("cuda", &h.cfg, &h.w, 512, 520, bs);
+    const char *label = dt == MODEL_F8_E4M3 ? "fp8 cuBLASLt" : "bf16";
+    if (dt == MODEL_F8_E4M3) {
+        const char *d = gpu->ops->describe(gpu->ctx);
+        if (!strstr(d, "sm_9") && !strstr(d, "sm_1")) { /* FP8 tensor cores start at sm_90 */
+            printf("  [graphs fp8] before sm_90: cuBLASLt's block-scaled FP8 does not apply (%s)\n", d);
+            be_free(cpu);
+            be_free(gpu);
+            hm_free(&h);
+            return;
+        }
+        RUN(cuda_backend_set_fp8_path(gpu, 1));
+    }
+    printf("  [graphs %s] %s\n", label, gpu->ops->describe(gpu->ctx));
+    int ctx[64];
+    struct backend *both_be[2] = {cpu, gpu};
+    prefill_seqs(both_be, 2, 64, 20, V, tables, ctx);
+    const int ns[4] = {13, 16, 40, 64};
+    float *lc = malloc((size_t)64 * V * 4), *lgr = malloc((size_t)64 * V * 4), *leg = malloc((size_t)64 * V * 4);
+    for (int k = 0; k < 4; k++) {
+        int n = ns[k];
+        for (int step = 0; step < 2; step++) {
+            struct be_seq seqs[64];
+            int32_t next[64];
+            for (int s = 0; s < n; s++) {
+                next[s] = (int32_t)(urand() * V);
+                seqs[s] = (struct be_seq){ctx[s], 1, tables[s], 0};
+            }
+            struct be_batch b = {n, seqs, n, next, n, lgr};
+            RUN(cuda_backend_set_graphs(gpu, 1));
+            RUN(gpu->ops->forward(gpu->ctx, &b, &err));
+            RUN(cuda_backend_set_graphs(gpu, 0));
+            b.logits = leg;
+            RUN(gpu->ops->forward(gpu->ctx, &b, &err));
+            b.logits = lc;
+            RUN(cpu->ops->forward(cpu->ctx, &b, &err));
+            char what[128];
+            double e = rows_rel(lgr, leg, n, V);
+            snprintf(what, sizeof what, "[graphs %s] %d seqs (bucket %d) step %d: replay vs eager", label, n,
+                     n <= 16 ? 16 : 64, step);
+            printf("  %-60s rel %.3g (< 1e-4)\n", what, e);
+            if (!(e < 1e-4))
+                fail_msg("%s: %g", what, e);
+            double tol = dt == MODEL_F8_E4M3 ? 1e-1 : 1e-2;
+            e = rows_rel(lgr, lc, n, V);
+            printf("  %-60s rel %.3g (< %g)\n", "  ... replay vs the CPU backend", e, tol);
+            if (!(e < tol))
+                fail_msg("%s vs CPU: %g", what, e);
+            for (int s = 0; s < n; s++)
+                ctx[s]++;
+        }
+    }
+    if (dt == MODEL_F8_E4M3) { /* forced cuBLASLt: it ran, or forward() failed above */
+        const char *d = gpu->ops->describe(gpu->ctx);
+        if (!strstr(d, "cuBLASLt block-scaled above") || strstr(d, "untried"))
+            fail_msg("FAILURE: on sm_90 cuBLASLt offered no block-scaled FP8 algorithm (%s)", d);
+        printf("  [graphs fp8] cuBLASLt block-scaled FP8 ran inside the captured graphs\n");
+    }
+    free(lc), free(lgr), free(leg);
+    be_free(cpu);
+    be_free(gpu);
+    hm_free(&h);
+}
+
+static void test_graph_buckets(void **state) { graph_buckets(MODEL_BF16); }
+static void test_fp8_lt_in_graph(void **state) { graph_buckets(MODEL_F8_E4M3); }
+
+static int argmax_allowed(const float *v, int n, const uint32_t *mask)
+{
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if ((!mask || (mask[i / 32] >> (i % 32) & 1u)) && (best < 0 || v[i] > v[best]))
+            best = i;
+    return best;
+}
+
+/* The device-argmax hook: several rows (a 20-sequence decode, graphs on),
+ * masked rows (set_masks on every other row: the id is allowed and is the
+ * best allowed entry), and a 700-token prefill with every row's logits
+ * (two lm_head passes of at most 512 rows). Reference: the host argmax of
+ * the same step's rows from the same GPU (the step rerun with the hook
+ * off), exact wherever the top two differ by more than 1e-4. */
+static void test_device_argmax(void **state)
+{
+    struct host_model h;
+    hm_make(&h, MODEL_BF16, 0);
+    int V = h.cfg.vocab, bs = 16, W = (V + 31) / 32;
+    struct backend *gpu = open_be("cuda", &h.cfg, &h.w, 1024, 260, bs);
+    static int32_t tables[64][8];
+    for (int s = 0; s < 64; s++)
+        for (int i = 0; i < 8; i++)
+            tables[s][i] = s * 8 + i;
+    int ctx[64];
+    prefill_seqs(&gpu, 1, 20, 9, V, tables, ctx);
+    float *lg = malloc((size_t)1024 * V * 4);
+    uint32_t *bits = malloc((size_t)20 * W * 4);
+    const uint32_t *masks[20];
+    for (int round = 0; round < 2; round++) { /* 0: plain, 1: masked */
+        struct be_seq seqs[20];
+        int32_t next[20];
+        for (int s = 0; s < 20; s++) {
+            next[s] = (int32_t)(urand() * V);
+            seqs[s] = (struct be_seq){ctx[s], 1, tables[s], 0};
+            masks[s] = NULL;
+            if (round && s % 2 == 0) {
+                for (int w = 0; w < W; w++)
+                    bits[s * W + w] = (uint32_t)(urand() * 4294967296.0) & (uint32_t)(urand() * 4294967296.0);
+                masks[s] = bits + (size_t)s * W;
+            }
+        }
+        struct be_batch b = {20, seqs, 20, next, 20, lg};
+        RUN(cuda_backend_set_device_argmax(gpu, 0));
+        RUN(gpu->ops->forward(gpu->ctx, &b, &err)); /* host rows, unmasked */
+        RUN(cuda_backend_set_device_argmax(gpu, 1));
+        if (round)
+            RUN(gpu->ops->set_masks(gpu->ctx, masks, 20, &err));
+        RUN(gpu->ops->forward(gpu->ctx, &b, &err));
+        const int32_t *ids = cuda_backend_sampled(gpu);
+        assert_non_null(ids);
+        int checked = 0;
+        for (int s = 0; s < 20; s++) {
+            const float *row = lg + (size_t)s * V;
+            int want = argmax_allowed(row, V, masks[s]);
+            if (masks[s] && !(masks[s][ids[s] / 32] >> (ids[s] % 32) & 1u))
+                fail_msg("row %d: device argmax %d is a disallowed token", s, ids[s]);
+            float second = -INFINITY;
+            for (int i = 0; i < V; i++)
+                if (i != want && (!masks[s] || (masks[s][i / 32] >> (i % 32) & 1u)) && row[i] > second)
+                    second = row[i];
+            if (row[want] - second > 1e-4f) {
+                checked++;
+                if (ids[s] != want)
+                    fail_msg("row %d%s: device argmax %d, host %d", s, masks[s] ? " (masked)" : "", ids[s], want);
+            }
+        }
+        printf("  device argmax, 20 rows%s: %d of 20 checked exactly, all equal\n", round ? ", every other masked" : "",
+               checked);
+        for (int s = 0; s < 20; s++)
+            ctx[s]++;
+    }
+    /* beyond 512 logits rows: a 700-token prefill asking for every row */
+    {
+        int32_t *ids7 = malloc(700 * 4);
+        static int32_t lt[44];
+        for (int i = 0; i < 44; i++)
+            lt[i] = 200 + i; /* above the 20 sequences' blocks 0..159 */
+        for (int i = 0; i < 700; i++)
+            ids7[i] = (int32_t)(urand() * V);
+        struct be_seq s = {0, 700, lt, 0};
+        struct be_batch b = {1, &s, 700, ids7, 700, lg};
+        RUN(cuda_backend_set_device_argmax(gpu, 0));
+        RUN(gpu->ops->forward(gpu->ctx, &b, &err));
+        RUN(cuda_backend_set_device_argmax(gpu, 1));
+        RUN(gpu->ops->forward(gpu->ctx, &b, &err));
+        const int32_t *ids = cuda_backend_sampled(gpu);
+        int checked = 0;
+        for (int r = 0; r < 700; r++) {
+            const float *row = lg + (size_t)r * V;
+            int want = argmax(row, V);
+            float second = -INFINITY;
+            for (int i = 0; i < V; i++)
+                if (i != want && row[i] > second)
+                    second = row[i];
+            if (row[want] - second > 1e-4f) {
+                checked++;
+                if (ids[r] != want)
+                    fail_msg("prefill row %d (lm_head pass %d): device argmax %d, host %d", r, r / 512, ids[r], want);
+            }
+        }
+        printf("  device argmax, 700 logits rows (2 lm_head passes): %d checked exactly, all equal\n", checked);
+        free(ids7);
+    }
+    free(lg), free(bits);
+    be_free(gpu);
+    hm_free(&h);
+}
+
+/* A 16k-token context: one sequence prefilled in 2048-token chunks over
+ * 1024 KV blocks of 16 scattered through a 1100-block pool (a random
+ * permutation: no two consecutive pages adjacent), then decode steps
+ * (split-K over 16k keys), against the CPU backend on the same weights
+ * (all its cores). A narrow model (1 layer, 2 heads of 64) keeps the
+ * CPU's 16k x 16k attention to seconds. */
+static void test_long_context_16k(void **state)
+{
+    struct host_model h;
+    const struct hm_shape sh = {128, 256, 1, 2, 1, 64, 512};
+    hm_make_shape(&h, MODEL_BF16, 0, &sh);
+    int V = h.cfg.vocab, bs = 16, NB = 1100, N = 16384;
+    struct backend *cpu = open_be_threads("cpu", &h.cfg, &h.w, 2048, NB, bs, 0);
+    struct backend *gpu = open_be("cuda", &h.cfg, &h.w, 2048, NB, bs);
+    int32_t *perm = malloc((size_t)NB * 4), *ids = malloc((size_t)(N + 8) * 4);
+    for (int i = 0; i < NB; i++)
+        perm[i] = i;
+    for (int i = NB - 1; i > 0; i--) {
+        int j = (int)(urand() * (i + 1));
+        int32_t t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int i = 0; i < N + 8; i++)
+        ids[i] = (int32_t)(urand() * V);
+    char what[128];
+    for (int at = 0; at < N; at += 2048) {
+        struct be_seq s = {at, 2048, perm, 2047};
+        struct be_batch b = {1, &s, 2048, ids + at, 1, NULL};
+        snprintf(what, sizeof what, "[16k] prefill chunk at %d (%d pages)", at, (at + 2048) / bs);
+        both(cpu, gpu, &b, V, 1e-2, what);
+    }
+    for (int g = 0; g < 4; g++) {
+        struct be_seq s = {N + g, 1, perm, 0};
+        struct be_batch b = {1, &s, 1, ids + N + g, 1, NULL};
+        snprintf(what, sizeof what, "[16k] decode at %d (split-K, graphs on)", N + g);
+        both(cpu, gpu, &b, V, 1e-2, what);
+    }
+    free(perm), free(ids);
+    be_free(cpu);
+    be_free(gpu);
+    hm_free(&h);
+}
+
+/* Speculation-shaped steps, as the engine sends them when verifying
+ * drafts: several tokens of one sequence with logits for every one
+ * (n_new = 1 + drafts, logits_from 0) beside plain decodes and a sequence
+ * verifying one draft, repeated with the drafts rejected (the next step
+ * starts again from the accepted prefix, overwriting the rejected slots). */
+static void test_spec_batches(void **state)
+{
+    struct host_model h;
+    hm_make(&h, MODEL_BF16, 0);
+    int V = h.cfg.vocab, bs = 16;
+    static int32_t tables[64][8];
+    for (int s = 0; s < 64; s++)
+        for (int i = 0; i < 8; i++)
+            tables[s][i] = 300 - (s * 8 + i);
+    struct backend *cpu = open_be("cpu", &h.cfg, &h.w, 512, 320, bs);
+    struct backend *gpu = open_be("cuda", &h.cfg, &h.w, 512, 320, bs);
+    struct backend *bes[2] = {cpu, gpu};
+    int ctx[4];
+    prefill_seqs(bes, 2, 4, 30, V, tables, ctx);
+    const int shape[4] = {5, 1, 2, 8}; /* 4 drafts, decode, 1 draft, 7 drafts */
+    char what[128];
+    for (int step = 0; step < 3; step++) {
+        struct be_seq seqs[4];
+        int32_t toks[32];
+        int nt = 0, nl = 0;
+        for (int s = 0; s < 4; s++) {
+            seqs[s] = (struct be_seq){ctx[s], shape[s], tables[s], 0};
+            for (int i = 0; i < shape[s]; i++)
+                toks[nt++] = (int32_t)(urand() * V);
+            nl += shape[s];
+        }
+        struct be_batch b = {4, seqs, nt, toks, nl, NULL};
+        snprintf(what, sizeof what, "[spec] step %d: 4 seqs verifying 4/0/1/7 drafts, %d rows", step, nl);
+        both(cpu, gpu, &b, V, 1e-2, what);
+        for (int s = 0; s < 4; s++) /* first draft kept, the rest rejected */
+            ctx[s] += shape[s] > 1 ? 2 : 1;
+    }
+    be_free(cpu);
+    be_free(gpu);
+    hm_free(&h);
+}
+
+static bool cands_equal(const struct sample_cands *a, const struct sample_cands *b)
+{
+    if (a->n != b->n || a->n_bad != b->n_bad)
+        return false;
+    for (int j = 0; j < a->n; j++)
+        if (memcmp(&a->c[j].z, &b->c[j].z, 4) || a->c[j].id != b->c[j].id)
+            return false;
+    return true;
+}
+
+/* The reduced rows on the device (topk.cu) against the host's reference
+ * sets, bit for bit: Qwen3-sized rows of random logits, rows of ties (a
+ * handful of values), masked rows (-inf over most of the row, fewer than
+ * 64 allowed), NaN and +inf entries, -0.0 beside 0.0, a row shorter than
+ * the set. Then through forward(): set_row_wants with greedy, reduced and
+ * whole rows mixed; each set must equal the host's set of the same step's
+ * whole row (the step rerun without wants), the whole rows must be there,
+ * and sampling each set (sample_next_reduced, the row fetched when it
+ * cannot tell) gives the token the full sampler gives on the whole row,
+ * for 8 seeds. Greedy against the CPU backend's rows: equal where the
+ * CPU's margin exceeds 0.1. */
+static void test_reduced_rows(void **state)
+{
+    enum { V = 151936, R = 8 };
+    float *rows = malloc((size_t)R * V * 4);
+    struct sample_cands *got = malloc(sizeof *got * R), ref;
+    for (int r = 0; r < R; r++) {
+        float *x = rows + (size_t)r * V;
+        for (int i = 0; i < V; i++) {
+            switch (r) {
+            case 0: x[i] = frand(8); break;
+            case 1: x[i] = (float)(int)(urand() * 6); break;                  /* ties */
+            case 2: x[i] = i % 5000 == 7 ? frand(3) : -INFINITY; break;       /* 31 allowed */
+            case 3: x[i] = frand(4); if (i % 9999 == 3) x[i] = NAN; break;    /* NaN */
+            case 4: x[i] = frand(4); if (i == 77777) x[i] = INFINITY; break;  /* +inf */
+            case 5: x[i] = i % 2 ? 0.0f : -0.0f; break;                       /* signed zeros */
+            case 6: x[i] = -INFINITY; break;                                  /* nothing finite */
+            default: x[i] = frand(1) + (i % 1000 == 0 ? 20 : 0); break;
+            }
+        }
+    }
+    for (int am = 0; am < 2; am++) {
+        RUN(cuda_test_row_cands(rows, R, V, am, got, &err));
+        for (int r = 0; r < R; r++) {
+            sample_cands_from_row(rows + (size_t)r * V, V, &ref);
+            if (am) { /* the argmax kernel: the set's first entry */
+                ref.n = ref.n > 0 ? 1 : 0;
+                if (!ref.n)
+                    ref.c[0].z = -INFINITY, ref.c[0].id = 0;
+            }
+            if (!cands_equal(&got[r], &ref))
+                fail_msg("row kind %d (%s): device set differs from the host's (n %d/%d, bad %d/%d, first %d/%d)",
+                         r, am ? "argmax" : "top 64", got[r].n, ref.n, got[r].n_bad, ref.n_bad, got[r].c[0].id,
+                         ref.c[0].id);
+        }
+        printf("  %s sets of 8 kinds of 151,936-wide rows: bit for bit the host's\n", am ? "argmax" : "top-64");
+    }
+    /* shorter than the set */
+    RUN(cuda_test_row_cands(rows, 1, 40, 0, got, &err));
+    sample_cands_from_row(rows, 40, &ref);
+    assert_true(cands_equal(&got[0], &ref));
+    free(rows), free(got);
+
+    /* through forward() */
+    struct host_model h;
+    hm_make(&h, MODEL_BF16, 0);
+    int Vm = h.cfg.vocab, bs = 16;
+    static int32_t tables[16][8];
+    for (int s = 0; s < 16; s++)
+        for (int i = 0; i < 8; i++)
+            tables[s][i] = s * 8 + i;
+    struct backend *cpu = open_be("cpu", &h.cfg, &h.w, 512, 200, bs);
+    struct backend *gpu = open_be("cuda", &h.cfg, &h.w, 512, 200, bs);
+    assert_non_null(gpu->ops->set_row_wants);
+    struct backend *bes[2] = {cpu, gpu};
+    int ctx[16];
+    prefill_seqs(bes, 2, 16, 12, Vm, tables, ctx);
+    float *lw = malloc((size_t)16 * Vm * 4), *lf = malloc((size_t)16 * Vm * 4), *lc = malloc((size_t)16 * Vm * 4);
+    float *fetched = malloc((size_t)Vm * 4);
+    struct sample_cands *sets = malloc(sizeof *sets * 16);
+    int n_cmp = 0, n_greedy = 0;
+    for (int step = 0; step < 3; step++) {
+        struct be_seq seqs[16];
+        int32_t next[16];
+        uint8_t wants[16];
+        for (int s = 0; s < 16; s++) {
+            next[s] = (int32_t)(urand() * Vm);
+            seqs[s] = (struct be_seq){ctx[s], 1, tables[s], 0};
+            wants[s] = s % 4 == 0 ? BE_ROW_FULL : s % 4 == 1 ? BE_ROW_ARGMAX : BE_ROW_CANDS;
+        }
+        struct be_batch b = {16, seqs, 16, next, 16, lw};
+        for (int i = 0; i < 16 * Vm; i++)
+            lw[i] = 12345.0f; /* rows not wanted whole must stay untouched */
+        RUN(gpu->ops->set_row_wants(gpu->ctx, wants, 16, &err));
+        RUN(gpu->ops->forward(gpu->ctx, &b, &err));
+        memcpy(sets, gpu->ops->row_cands(gpu->ctx), sizeof *sets * 16);
+        for (int s = 0; s < 16; s++)
+            if (wants[s] != (s % 4 == 0 ? BE_ROW_FULL : s % 4 == 1 ? BE_ROW_ARGMAX : BE_ROW_CANDS))
+                fail_msg("row %d: the backend downgraded want %d for a 16-row decode", s, wants[s]);
+        RUN(gpu->ops->fetch_row(gpu->ctx, 2, fetched, &err));
+        b.logits = lf; /* the same step, whole rows */
+        RUN(gpu->ops->forward(gpu->ctx, &b, &err));
+        b.logits = lc;
+        RUN(cpu->ops->forward(cpu->ctx, &b, &err));
+        if (memcmp(fetched, lf + (size_t)2 * Vm, (size_t)Vm * 4))
+            fail_msg("fetch_row(2) differs from the whole row of the same step");
+        for (int s = 0; s < 16; s++) {
+            const float *full = lf + (size_t)s * Vm;
+            if (wants[s] == BE_ROW_FULL) {
+                if (memcmp(lw + (size_t)s * Vm, full, (size_t)Vm * 4))
+                    fail_msg("row %d wanted whole differs from the rerun's", s);
+                continue;
+            }
+            if (lw[(size_t)s * Vm] != 12345.0f)
+                fail_msg("row %d was reduced but written whole too", s);
+            sample_cands_from_row(full, Vm, &ref);
+            if (wants[s] == BE_ROW_ARGMAX)
+                ref.n = 1;
+            if (!cands_equal(&sets[s], &ref))
+                fail_msg("step %d row %d: the device's set differs from the host's of the whole row", step, s);
+            /* sampling: reduced vs full, same seeds */
+            struct sample_params p;
+            sample_params_default(&p);
+            if (wants[s] == BE_ROW_ARGMAX) {
+                p.temperature = 0;
+            } else {
+                p.temperature = 0.7f, p.top_k = 20, p.top_p = 0.9f;
+            }
+            for (uint64_t seed = 1; seed <= 8; seed++) {
+                struct sample_state *a = NULL, *c = NULL;
+                RUN(sample_state_create(&a, seed, NULL, 0, &err));
+                RUN(sample_state_create(&c, seed, NULL, 0, &err));
+                struct sample_out oa, oc;
+                float *row = malloc((size_t)Vm * 4);
+                memcpy(row, full, (size_t)Vm * 4);
+                RUN(sample_next(a, &p, row, Vm, &oa, &err));
+                memset(&err, 0, sizeof err);
+                int rc = sample_next_reduced(c, &p, &sets[s], Vm, NULL, &oc, &err);
+                if (rc == 1)
+                    rc = sample_next(c, &p, row, Vm, &oc, &err);
+                if (rc)
+                    fail_msg("reduced sampling: %s", err.msg);
+                if (oa.token != oc.token)
+                    fail_msg("step %d row %d seed %d: full %d, reduced %d", step, s, (int)seed, oa.token, oc.token);
+                n_cmp++;
+                free(row);
+                sample_state_free(a);
+                sample_state_free(c);
+            }
+            if (wants[s] == BE_ROW_ARGMAX) { /* against the CPU backend's row */
+                const float *cr = lc + (size_t)s * Vm;
+                int ca = argmax(cr, Vm);
+                float second = -INFINITY;
+                for (int i = 0; i < Vm; i++)
+                    if (i != ca && cr[i] > second)
+                        second = cr[i];
+                if (cr[ca] - second > 0.1f) {
+                    n_greedy++;
+                    if (sets[s].c[0].id != ca)
+                        fail_msg("step %d row %d: device greedy %d, CPU %d (margin %.3f)", step, s, sets[s].c[0].id,
+                                 ca, (double)(cr[ca] - second));
+                }
+            }
+        }
+        for (int s = 0; s < 16; s++)
+            ctx[s]++;
+    }
+    printf("  reduced rows through forward(): sets = host sets, %d reduced draws = full draws, %d greedy rows = "
+           "CPU's\n", n_cmp, n_greedy);
+    free(lw), free(lf), free(lc), free(fetched), free(sets);
+    be_free(cpu);
+    be_free(gpu);
+    hm_free(&h);
+}
+
 /* Without a device every case is reported as skipped (cmocka skip()), so
  * the totals of tests/run_tests.sh show that they did not run. */
 static bool have_gpu;
@@ -925,6 +1442,12 @@ GPU_CASE(test_tiny_reference)
 GPU_CASE(test_models_vs_cpu)
 GPU_CASE(test_qgemm)
 GPU_CASE(test_quant_models_vs_cpu)
+GPU_CASE(test_graph_buckets)
+GPU_CASE(test_fp8_lt_in_graph)
+GPU_CASE(test_device_argmax)
+GPU_CASE(test_long_context_16k)
+GPU_CASE(test_spec_batches)
+GPU_CASE(test_reduced_rows)
 
 int main(void)
 {
@@ -941,6 +1464,12 @@ int main(void)
         cmocka_unit_test(test_models_vs_cpu_on_gpu),
         cmocka_unit_test(test_qgemm_on_gpu),
         cmocka_unit_test(test_quant_models_vs_cpu_on_gpu),
+        cmocka_unit_test(test_graph_buckets_on_gpu),
+        cmocka_unit_test(test_fp8_lt_in_graph_on_gpu),
+        cmocka_unit_test(test_device_argmax_on_gpu),
+        cmocka_unit_test(test_long_context_16k_on_gpu),
+        cmocka_unit_test(test_spec_batches_on_gpu),
+        cmocka_unit_test(test_reduced_rows_on_gpu),
     };
     return cmocka_run_group_tests_name("backend_ops", tests, NULL, NULL);
 }

@@ -53,6 +53,14 @@ if [ -x "$BUILD/tests/bench_batching" ]; then
     "$BUILD/tests/bench_batching" -m "$M06" --threads "$THREADS"
 fi
 
+# --- CUDA host work per step (issue 25 point 4) ---
+if [ -x "$BUILD/tests/bench_sample" ]; then
+    echo "# host work per step for the sampled rows, batch 1/16/64: full rows vs 64-entry candidate sets"
+    echo "# (the CPU backend's logits of $M06, then synthetic peaked rows)"
+    "$BUILD/tests/bench_sample" -m "$M06" --threads "$THREADS"
+    "$BUILD/tests/bench_sample"
+fi
+
 # --- dispatcher (branch disp) ---
 echo "# dispatcher: requests routed per second (route, cache-miss and cache-hit mixes)"
 /usr/bin/python3 tests/bench/bench_dispatcher.py --requests "${DISP_REQUESTS:-20000}"

@@ -59,6 +59,7 @@ static void *spec_source_user;
 static int spec_k;
 static int spec_rows; /* engine_options.spec_max_rows */
 static const char *engine_isa; /* for open_engine; NULL = auto */
+static const char *engine_backend; /* for open_engine; NULL = cpu */
 
 static struct engine *open_engine(int kv_blocks, int max_batch, int chunk)
 {
@@ -70,6 +71,8 @@ static struct engine *open_engine(int kv_blocks, int max_batch, int chunk)
     o.spec_tokens = spec_k;
     o.spec_max_rows = spec_rows;
     o.isa = engine_isa;
+    if (engine_backend)
+        o.backend = engine_backend;
     o.n_threads = n_threads;
     o.kv_blocks = kv_blocks;
     o.max_batch = max_batch;
@@ -925,6 +928,50 @@ static void spec_identical_on(const char *isa)
     engine_isa = NULL;
 }
 
+/* Issue 25: the engine on a backend that hands back candidate sets instead
+ * of rows (engine/rowsets.h: CUDA's way, on the CPU, rows not sent are
+ * NaN): the batch-invariance mix (greedy, top_k/top_p, min_p with a
+ * repetition penalty, presence/frequency penalties, logprobs on some) and
+ * the speculation mix (drafts, stops, thinking budgets) give exactly the
+ * plain engine's outputs, with rows served from sets and some fetched. */
+static void test_reduced_rows(void **state)
+{
+    (void)state;
+    mix_setup();
+    static struct result plain[N_MIX], got[N_MIX];
+    static struct engine_request q[N_MIX];
+    for (int i = 0; i < N_MIX; i++) { /* logprobs (whole rows) on a quarter only */
+        q[i] = mix_q[i];
+        if (i % 4 != 1)
+            q[i].n_logprobs = -1;
+        if (i % 8 == 3) /* a floor under most of the row: the set cannot tell, the row comes over */
+            q[i].min_p = 0.001f;
+        if (i % 8 == 7) /* penalties pushing the set's members below its last one */
+            q[i].top_k = 64;
+    }
+    for (int round = 0; round < 2; round++) {
+        engine_backend = round ? "cpu-rowsets" : NULL;
+        struct engine *e = open_engine(256, 16, 0);
+        uint32_t rng = 5;
+        run_mix(e, q, round ? got : plain, &rng);
+        if (round) {
+            struct engine_stats st;
+            engine_get_stats(e, &st);
+            printf("  reduced rows: %lld rows from sets, %lld fetched whole\n", (long long)st.rows_from_sets,
+                   (long long)st.rows_fetched);
+            assert_true(st.rows_from_sets > 0);
+            assert_true(st.rows_fetched > 0);
+        }
+        engine_free(e);
+    }
+    for (int i = 0; i < N_MIX; i++)
+        assert_same(&plain[i], &got[i]);
+    /* drafts verified from sets: the speculation mix on the wrapper */
+    engine_backend = "cpu-rowsets";
+    spec_identical_on(NULL);
+    engine_backend = NULL;
+}
+
 /* ... on every kernel path this CPU has */
 static void test_spec_identical(void **state)
 {
@@ -1351,6 +1398,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_greedy),
+        cmocka_unit_test(test_reduced_rows),
         cmocka_unit_test(test_prefix_cache_reuse),
         cmocka_unit_test(test_eviction_under_pressure),
         cmocka_unit_test(test_preemption_identical),
