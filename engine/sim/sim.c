@@ -164,7 +164,8 @@ double sim_step_seconds(const struct sim_profile *p, const struct model_config *
     double flops = 2.0 * layer_params(c) * n_tokens + 2.0 * (double)c->vocab * c->hidden * n_logits +
                    4.0 * c->n_layers * (double)c->n_heads * c->head_dim * attn_pairs;
     double wt = sim_weight_bytes(c, 1) / bw, ct = flops / peak;
-    return (wt > ct ? wt : ct) + kv_tokens * sim_kv_token_bytes(c) / bw + SIM_LAUNCH_S;
+    return (wt > ct ? wt : ct) + kv_tokens * sim_kv_token_bytes(c) / (p->bw * SIM_KV_EFF) + SIM_LAUNCH_S +
+           c->n_layers * SIM_LAYER_S;
 }
 
 struct sim {

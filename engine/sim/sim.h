@@ -25,10 +25,16 @@ struct sim_profile {
     double fp8_flops;     /* dense FP8 tensor peak; 0 = none (BF16 math) */
 };
 
-/* The model's calibration constants (one set for every profile; README). */
-#define SIM_BW_EFF 0.80       /* share of bandwidth a decode step attains */
-#define SIM_FLOP_EFF 0.65     /* share of the tensor peak a prefill attains */
+/* The model's calibration constants (one set for every profile; README),
+ * fitted to redlm's CUDA backend on an H200 (BENCHMARKS.md, issue 25:
+ * Qwen3-14B shapes, decode at batch 1 / 64 and contexts 512 / 8k, prefill
+ * of 2,048 tokens; every fitted figure within 4 % of the measured one). */
+#define SIM_BW_EFF 0.74       /* share of bandwidth the weights' products attain */
+#define SIM_KV_EFF 0.30       /* share of bandwidth the decode attention's KV reads attain */
+#define SIM_FLOP_EFF 0.48     /* share of the tensor peak a prefill attains */
 #define SIM_LAUNCH_S 100e-6   /* fixed per step: graph launch, logits copy, sync */
+#define SIM_LAYER_S 52e-6     /* per layer and step: the small kernels (norms, rope,
+                                 attention and its merge), a few us each */
 #define SIM_MEM_UTIL 0.90     /* device memory given to weights + KV */
 
 /* Fills *out with profile name (NULL = "h200"); -RL_EINVAL names the known ones. */
@@ -53,8 +59,10 @@ double sim_kv_token_bytes(const struct model_config *cfg);
 double sim_kv_capacity(const struct sim_profile *p, const struct model_config *cfg);
 
 /* The modelled step time in seconds:
- *   max(weights read / bw', FLOPs / peak') + KV bytes read / bw' + SIM_LAUNCH_S
- * with bw' = bw * SIM_BW_EFF and peak' = peak * SIM_FLOP_EFF. n_tokens are
+ *   max(weights read / bw', FLOPs / peak') + KV bytes read / bw''
+ *   + SIM_LAUNCH_S + n_layers * SIM_LAYER_S
+ * with bw' = bw * SIM_BW_EFF, bw'' = bw * SIM_KV_EFF and peak' = peak *
+ * SIM_FLOP_EFF. n_tokens are
  * computed, n_logits of them go through lm_head, attn_pairs is the sum over
  * new tokens of the positions they attend to, kv_tokens the tokens whose K
  * and V the step reads (each sequence's whole context once). */
