@@ -172,12 +172,16 @@ batch_compare batch-tiny "$TINY" 12 40 90 1 16
 # --- the worker on CUDA, through a real Redis
 s=$(date +%s)
 port=${GPU_CHECK_REDIS_PORT:-6399}
-ours "$BIN/redis-server" --port $port --bind 127.0.0.1 --save '' --appendonly no \
-    > "$LOGS/redis.log" 2>&1 &
+# Started as plain commands (not through the `ours` function, whose
+# subshell $! would name): a kill must reach the server and the worker
+# themselves - a worker left running holds the device's memory (its KV pool
+# takes what the weights leave) and every later step fails to allocate.
+LD_LIBRARY_PATH="$HERE/lib$CUDA_LIBS" "$BIN/redis-server" --port $port --bind 127.0.0.1 --save '' \
+    --appendonly no > "$LOGS/redis.log" 2>&1 &
 REDIS_PID=$!
 for _ in $(seq 50); do ours "$BIN/redis-cli" -p $port ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
-ours "$BIN/redlm-worker" --redis 127.0.0.1:$port --model "$TINY" --backend $BE --pools fast \
-    --http-port 0 --name gpu0 > "$LOGS/worker.log" 2>&1 &
+LD_LIBRARY_PATH="$HERE/lib$CUDA_LIBS" "$BIN/redlm-worker" --redis 127.0.0.1:$port --model "$TINY" \
+    --backend $BE --pools fast --http-port 0 --name gpu0 > "$LOGS/worker.log" 2>&1 &
 WORKER_PID=$!
 st="" detail=""
 # the worker is up when its heartbeat key exists (or it has exited)
@@ -215,10 +219,16 @@ EOF
         ntok=$((ntok + ${r##* }))
     done
     if [ "$bad" = 0 ]; then st=passed; else st=failed; fi
-    detail="8 jobs, $bad without done or with a seq gap, $ntok events; $(grep -m1 " ready: \| kv" "$LOGS/worker.log" | cut -c30- | head -c 200)"
+    detail="8 jobs, $bad without done or with a seq gap, $ntok events; $(grep -m1 "KV cache" "$LOGS/worker.log" | cut -c35- | head -c 200)"
 fi
-kill $WORKER_PID 2>/dev/null; wait $WORKER_PID 2>/dev/null; WORKER_PID=""
-kill $REDIS_PID 2>/dev/null; wait $REDIS_PID 2>/dev/null; REDIS_PID=""
+stop_proc() { # pid: SIGTERM, then SIGKILL after 20 s (a worker drains first)
+    kill "$1" 2>/dev/null || return 0
+    for _ in $(seq 200); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$1" 2>/dev/null
+    wait "$1" 2>/dev/null
+}
+stop_proc $WORKER_PID; WORKER_PID=""
+stop_proc $REDIS_PID; REDIS_PID=""
 record worker "$st" $(( $(date +%s) - s )) "$detail"
 
 # --- a real-shaped BF16 model (random weights, made here)
