@@ -589,6 +589,15 @@ done:
     return 0;
 }
 
+static bool bool_word(const char *v)
+{
+    static const char *const w[] = {"true", "false", "yes", "no", "on", "off", "1", "0"};
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+        if (!strcmp(v, w[i]))
+            return true;
+    return false;
+}
+
 static bool is_meta(const char *a)
 {
     return !strcmp(a, "-h") || !strcmp(a, "--help") || !strcmp(a, "--print-config");
@@ -650,7 +659,12 @@ int cfg_apply_args(struct cfg *c, int argc, char **argv, unsigned who, struct rl
         if (eq) {
             v = eq + 1;
         } else if (o->type == T_BOOL) {
+            /* --name, --no-name, or --name true|false as --help's
+             * "--name VALUE" suggests (the word is taken only when it is a
+             * boolean's, so a bare flag before another flag stays bare) */
             v = negated ? "false" : "true";
+            if (!negated && i + 1 < argc && bool_word(argv[i + 1]))
+                v = argv[++i];
         } else if (i + 1 < argc) {
             v = argv[++i];
         } else {
@@ -890,7 +904,8 @@ void cfg_print_help(FILE *f, const char *prog, unsigned who)
             "  -c, --config FILE   read options from a libconfig file (flags override it)\n"
             "  -h, --help          this text\n"
             "  --print-config      write the documented config file with every default\n"
-            "\noptions (in a file: name = value;  as a flag: --name VALUE):\n",
+            "\noptions (in a file: name = value;  as a flag: --name VALUE; a boolean also as\n"
+            "--name or --no-name):\n",
             prog);
     for (int i = 0; i < N_OPTS; i++) {
         const struct opt *o = &options[i];

@@ -6,19 +6,22 @@
 #       random-weight Qwen3 checkpoint with the real Qwen3 vocabulary
 #       (made once into $BUILD/models/demo-qwen3; the words are nonsense,
 #       the pipeline is the real one)
-#   redlm-dispatcher, routing redlm:requests to the pools (when it is built;
-#       without it the web backend writes to redlm:jobs:fast itself)
+#   redlm-dispatcher, routing redlm:requests to the pools, with its
+#       OpenAI-compatible API on port DEMO_API_PORT (default 8000; busy: a
+#       free one) for the SDKs people already use (when it is built; without
+#       it the web backend writes to redlm:jobs:fast itself)
 #   the example web backend and chat page (examples/web/server.py)
 #
-# It prints the chat page's URL and a `redlm chat` command line, then waits.
+# It prints the chat page's URL, the OpenAI base URL with a curl line, and a
+# `redlm chat` command line, then waits.
 # Ctrl-C stops every process it started (SIGTERM, then SIGKILL after 15 s),
 # removes the temp dir and exits 0. A child that dies on its own stops the
 # demo with its log and exit status 1.
 #
 #   examples/demo.sh [--smoke] [MESSAGE]
 #   --smoke (or DEMO_SMOKE=1): bring everything up, send MESSAGE through the
-#       web backend, print the streamed answer, shut down; the exit status
-#       says whether the answer arrived.
+#       web backend and through the OpenAI API, print the answers, shut
+#       down; the exit status says whether both arrived.
 #   DEMO_PORT (default 8080; 0 or busy: a free port), DEMO_THREADS (worker
 #   threads, default all cores), DEMO_MAX_TOKENS (default 128), BUILD.
 set -euo pipefail
@@ -110,11 +113,17 @@ start worker "$BUILD/redlm-worker" --redis "$redis" --model "$model" --pools fas
     --name demo-cpu0 --threads "$threads" --http-port 0
 wait_for worker "ready:" 120
 
-web_args=() chat_args=""
+web_args=() chat_args="" api=""
 if [ -x "$BUILD/redlm-dispatcher" ]; then
-    start dispatcher "$BUILD/redlm-dispatcher" --redis "$redis" --name demo-disp0 --http-port 0
+    aport=${DEMO_API_PORT:-8000}
+    [ "$aport" != 0 ] && ! port_free "$aport" && aport=0
+    [ "$aport" = 0 ] && aport=$(free_port)
+    start dispatcher "$BUILD/redlm-dispatcher" --redis "$redis" --name demo-disp0 --http-port 0 --http "$aport"
     wait_for dispatcher "ready" 30
+    # the API lists and accepts a model once a worker's heartbeat names it
+    wait_for dispatcher "model .* served" 30
     route="redlm:requests -> redlm-dispatcher -> redlm:jobs:fast|think"
+    api="http://127.0.0.1:$aport/v1"
 else
     web_args=(--pool fast) # no dispatcher built: straight to the pool
     chat_args=" --pool fast"
@@ -134,6 +143,7 @@ cat <<EOF
 
   redlm demo is up
     chat page   $url
+    OpenAI API  ${api:-(needs redlm-dispatcher)}${api:+   (base_url for the openai SDKs; no API key needed)}
     terminal    $BUILD/redlm chat --redis $redis$chat_args
     Redis       $redis (private; try: redis-cli -p $rport XRANGE redlm:out:<id> - +)
     model       $model on the CPU backend, $threads threads
@@ -143,11 +153,39 @@ cat <<EOF
   demo: temp dir $tmp
 
 EOF
+if [ -n "$api" ]; then
+    cat <<EOF
+  try the API:
+    curl -s $api/chat/completions -H 'Content-Type: application/json' \\
+      -d '{"model": "demo-qwen3", "max_tokens": 64, "messages": [{"role": "user", "content": "Hi!"}]}'
+
+EOF
+fi
 
 if [ "$smoke" = 1 ]; then
     echo "demo: smoke test: asking \"$message\""
     rc=0
     $PY examples/web/ask.py "$url" "$message" --max-tokens "${DEMO_MAX_TOKENS:-32}" --timeout 120 || rc=$?
+    if [ -n "$api" ] && [ $rc = 0 ]; then
+        echo "demo: smoke test: the same through the OpenAI API ($api)"
+        $PY - "$api" "$message" <<'PYEOF' || rc=$?
+import json, sys, urllib.error, urllib.request
+api, message = sys.argv[1], sys.argv[2]
+with urllib.request.urlopen(api + "/models", timeout=30) as r:
+    model = json.load(r)["data"][0]["id"]
+body = {"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": message}]}
+req = urllib.request.Request(api + "/chat/completions", json.dumps(body).encode(),
+                             {"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(req, timeout=120) as r:
+        out = json.load(r)
+except urllib.error.HTTPError as e:
+    sys.exit("demo: the API answered %d: %s" % (e.code, e.read().decode(errors="replace")))
+choice = out["choices"][0]
+print(choice["message"].get("content") or "", "|", choice["finish_reason"], "|", out["usage"])
+sys.exit(0 if out["usage"]["completion_tokens"] > 0 else 1)
+PYEOF
+    fi
     echo "demo: smoke test $([ $rc = 0 ] && echo passed || echo "failed ($rc)")"
     cleanup
     exit $rc

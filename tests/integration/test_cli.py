@@ -326,6 +326,31 @@ def test_enqueue_defaults_to_the_dispatcher_stream(redis_addr, prefix, built):
     assert r.keys(f"{prefix}jobs:*") == []
 
 
+def test_a_job_nobody_reads_says_why(redis_addr, prefix, built):
+    """Issue 29 (first contact): with no dispatcher and no worker running, a
+    followed job used to wait forever in silence. After 3 s without an event
+    the client names what is missing and the way out."""
+    p = subprocess.Popen([str(CLI), "enqueue", "--redis", redis_addr, "--prefix", prefix, "--message", "hi",
+                          "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = ""
+        deadline = time.monotonic() + 30
+        while "no worker is running" not in seen and time.monotonic() < deadline:
+            ready, _, _ = select.select([p.stderr], [], [], 1.0)
+            if ready:
+                line = p.stderr.readline()
+                if not line:
+                    break
+                seen += line
+        assert f"no dispatcher is running (no {prefix}dispatcher:* heartbeat)" in seen, seen
+        assert "--pool fast" in seen, seen
+        assert f"no worker is running (no {prefix}worker:* heartbeat)" in seen, seen
+        assert p.poll() is None  # still waiting: the job is not lost, only unread
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_unreachable_redis_is_a_clear_error(built):
     addr = f"127.0.0.1:{free_port()}"
     for args in (["enqueue", "--message", "hi"], ["tail", "x"], ["stats"], ["top"], ["chat"],

@@ -620,3 +620,29 @@ def test_backend_serves_the_page_and_nothing_else(web_factory):
         assert e.value.code == 404
     with urllib.request.urlopen(web.url + "api/health", timeout=10) as f:
         assert json.load(f)["ok"] is True
+
+
+def test_chat_page_narrow_screen_reaches_the_conversations(browser, web_factory):
+    """Issue 29 (first contact): below 700 px the conversation list was hidden
+    with no way to reach it. Now the header's Chats button opens it over the
+    chat, and opening a conversation closes it."""
+    web = web_factory()
+    b = browser
+    b.call("Emulation.setDeviceMetricsOverride", width=600, height=760, deviceScaleFactor=1, mobile=False)
+    try:
+        b.goto(web.url)
+        shown = "getComputedStyle(document.getElementById(%s)).display !== 'none'"
+        b.wait(shown % '"show-chats"', what="the Chats button on a narrow screen")
+        assert b.eval(shown % '"sidebar"') is False
+        b.click("#show-chats")
+        b.wait(shown % '"sidebar"', what="the conversation list after Chats")
+        assert b.eval("document.getElementById('show-chats').getAttribute('aria-expanded')") == "true"
+        b.wait("document.querySelectorAll('#chats .open').length > 0", what="a conversation in the list")
+        b.click("#chats .open")
+        b.wait("!(%s)" % (shown % '"sidebar"'), what="the list closed after opening a conversation")
+    finally:
+        b.call("Emulation.clearDeviceMetricsOverride")
+    # wide again: the list is part of the row, the button gone
+    b.goto(web.url)
+    b.wait(shown % '"sidebar"', what="the list on a wide screen")
+    assert b.eval(shown % '"show-chats"') is False

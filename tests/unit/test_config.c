@@ -289,6 +289,20 @@ static void test_flags(void **state)
     cfg_free(&c);
     unlink(p);
 
+    /* a boolean flag takes a following true/false as --help's "--name
+     * VALUE" says (issue 29: `--result-cache false` was refused), and
+     * stays bare before another flag */
+    char *b[] = {"redlm-worker", "--result-cache", "false", "--publish-channel", "--kv-prefault", "off",
+                 "--mmap-weights", "--threads", "3", NULL};
+    if (cfg_load(&c, 9, b, CFG_WORKER, &act, &err))
+        fail_msg("%s", err.msg);
+    assert_false(c.result_cache);
+    assert_true(c.publish_channel);
+    assert_false(c.kv_prefault);
+    assert_true(c.mmap_weights);
+    assert_int_equal(c.threads, 3);
+    cfg_free(&c);
+
     /* the cross-option check sees the merged result: --pools=think has
      * no "fast", the default default_pool */
     char *a2[] = {"redlm-dispatcher", "--pools", "think", NULL};

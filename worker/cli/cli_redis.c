@@ -396,3 +396,32 @@ int cli_render_event(struct cli_render *r, const char *json, size_t len, struct 
     cJSON_Delete(ev);
     return 0;
 }
+
+int cli_any_key(struct rconn *c, const char *pattern, long *found, struct rl_err *err)
+{
+    *found = 0;
+    /* a cluster's keys are spread over its masters: SCAN each */
+    for (int m = 0; m < rconn_n_masters(c) && !*found; m++) {
+        char cursor[32] = "0";
+        for (int it = 0; it < 10000; it++) {
+            const char *argv[] = {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"};
+            struct rconn_reply *r = NULL;
+            int rc = rconn_command_on(c, m, 6, argv, NULL, &r, err);
+            if (rc < 0) {
+                rconn_reply_free(r);
+                return rc;
+            }
+            if (!r || r->type != RCONN_ARRAY || r->n_elem != 2 || r->elem[0].type != RCONN_STRING ||
+                r->elem[1].type != RCONN_ARRAY) {
+                rconn_reply_free(r);
+                return rl_errf(err, RL_EFORMAT, "SCAN: unexpected reply");
+            }
+            snprintf(cursor, sizeof cursor, "%s", r->elem[0].str);
+            *found += (long)r->elem[1].n_elem;
+            rconn_reply_free(r);
+            if (*found > 0 || !strcmp(cursor, "0"))
+                break;
+        }
+    }
+    return 0;
+}

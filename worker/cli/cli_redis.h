@@ -51,6 +51,11 @@ int cli_key(char key[CLI_KEY_MAX], const char *prefix, const char *a, const char
 int cli_xread(struct rconn *c, const char *key, const char *after, int count, int block_ms,
               struct rconn_entries *out, struct rl_err *err);
 
+/* Whether a key matches pattern, by SCAN over every master: *found > 0
+ * when one does (it stops at the first batch holding one, or after 10000
+ * iterations a master). */
+int cli_any_key(struct rconn *c, const char *pattern, long *found, struct rl_err *err);
+
 /* SET <prefix>cancel:<id> <entry> EX 600: the worker cancels the request
  * of that entry (the ID its XADD returned) at its next step, or before
  * admission. entry NULL or "": the one the id's stream names (its first

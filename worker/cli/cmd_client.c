@@ -168,7 +168,28 @@ struct follow_opts {
     bool hide_reasoning;
     int timeout_s;      /* give up after this long without an event; 0 = never */
     bool cancel_on_int; /* Ctrl-C cancels the job (chat); else it just stops */
+    bool hint;          /* no event after 3 s: say why, if no dispatcher / worker runs */
+    const char *pool;   /* where the job went: a pool, or NULL for the dispatcher's stream */
 };
+
+/* Said once when a request has had no event for 3 s: a job waits silently
+ * in a stream nobody reads, so name the missing reader and the way out. */
+static void say_why_waiting(struct rconn *c, const char *prefix, const char *pool)
+{
+    char pat[CLI_KEY_MAX];
+    long n = 0;
+    struct rl_err e;
+    if (!pool) {
+        snprintf(pat, sizeof pat, "%sdispatcher:*", prefix);
+        if (!cli_any_key(c, pat, &n, &e) && n == 0)
+            fprintf(stderr, "[waiting: no dispatcher is running (no %s heartbeat); the job waits in "
+                            "%srequests. Start redlm-dispatcher, or send to a pool directly: --pool fast]\n",
+                    pat, prefix);
+    }
+    snprintf(pat, sizeof pat, "%sworker:*", prefix);
+    if (!cli_any_key(c, pat, &n, &e) && n == 0)
+        fprintf(stderr, "[waiting: no worker is running (no %s heartbeat); start redlm-worker]\n", pat);
+}
 
 /* Reads <prefix>out:<id> from the start and shows it until done. r is
  * initialised here; the caller frees it. Returns 0 when done came, 1 when
@@ -186,7 +207,12 @@ static int follow(struct rconn *c, const char *prefix, const char *id, const str
     r->hide_reasoning = fo->hide_reasoning;
     char last[RCONN_ID_MAX] = "0-0";
     int64_t t_event = rl_wall_ms(), t_cancel = 0;
+    bool any_event = false, hinted = !fo->hint;
     while (!r->done) {
+        if (!hinted && !any_event && rl_wall_ms() - t_event > 3000) {
+            hinted = true;
+            say_why_waiting(c, prefix, fo->pool);
+        }
         if (g_interrupted) {
             g_interrupted = 0;
             if (!fo->cancel_on_int || t_cancel) {
@@ -228,6 +254,7 @@ static int follow(struct rconn *c, const char *prefix, const char *id, const str
             if (!ev)
                 continue;
             t_event = rl_wall_ms();
+            any_event = true;
             if (fo->json) {
                 fwrite(ev, 1, n, stdout);
                 fputc('\n', stdout);
@@ -582,7 +609,7 @@ static int enqueue_send(const struct enqueue_args *ea, const char *text, struct 
     if (!ea->follow)
         return 0;
     catch_sigint();
-    struct follow_opts fo = {.json = ea->json, .color = use_color(NULL, stdout)};
+    struct follow_opts fo = {.json = ea->json, .color = use_color(NULL, stdout), .hint = true, .pool = ea->pool};
     struct cli_render r;
     rc = follow(*c, ea->ra.prefix, id, &fo, &r, &err);
     if (rc < 0)
@@ -938,7 +965,8 @@ int cmd_chat(int argc, char **argv)
             cJSON_DeleteItemFromArray(history, cJSON_GetArraySize(history) - 1);
             continue;
         }
-        struct follow_opts fo = {.color = col, .hide_reasoning = hide, .cancel_on_int = true};
+        struct follow_opts fo = {.color = col, .hide_reasoning = hide, .cancel_on_int = true, .hint = true,
+                                 .pool = pool};
         struct cli_render r;
         rc = follow(c, ra.prefix, id, &fo, &r, &err);
         if (rc < 0) {

@@ -64,6 +64,7 @@
 #include <cjson/cJSON.h>
 
 #include "clock.h"
+#include "cli_redis.h"
 #include "cli_util.h"
 #include "cmds.h"
 #include "err.h"
@@ -1144,37 +1145,6 @@ static void run_free(struct lb_run *run)
 
 /* ---- checks and plots ---- */
 
-/* Counts keys matching pattern with SCAN (bounded: stops at the first
- * match or after 10000 iterations). */
-static int count_keys(struct rconn *c, const char *pattern, long *found, struct rl_err *err)
-{
-    *found = 0;
-    /* a cluster's keys are spread over its masters: SCAN each */
-    for (int m = 0; m < rconn_n_masters(c) && !*found; m++) {
-        char cursor[32] = "0";
-        for (int it = 0; it < 10000; it++) {
-            const char *argv[] = {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"};
-            struct rconn_reply *r = NULL;
-            int rc = rconn_command_on(c, m, 6, argv, NULL, &r, err);
-            if (rc < 0) {
-                rconn_reply_free(r);
-                return rc;
-            }
-            if (!r || r->type != RCONN_ARRAY || r->n_elem != 2 || r->elem[0].type != RCONN_STRING ||
-                r->elem[1].type != RCONN_ARRAY) {
-                rconn_reply_free(r);
-                return rl_errf(err, RL_EFORMAT, "SCAN: unexpected reply");
-            }
-            snprintf(cursor, sizeof cursor, "%s", r->elem[0].str);
-            *found += (long)r->elem[1].n_elem;
-            rconn_reply_free(r);
-            if (*found > 0 || !strcmp(cursor, "0"))
-                break;
-        }
-    }
-    return 0;
-}
-
 static int preflight(const struct lb_opts *o, struct rl_err *err)
 {
     struct rconn_opts ro;
@@ -1195,7 +1165,7 @@ static int preflight(const struct lb_opts *o, struct rl_err *err)
     /* a deployment started a moment ago may not have written its first
      * heartbeat yet: give it a few seconds */
     for (double until = rl_mono_s() + 5; ; ) {
-        if ((rc = count_keys(c, pat, &n, err)) < 0)
+        if ((rc = cli_any_key(c, pat, &n, err)) < 0)
             goto out;
         if (n > 0 || rl_mono_s() >= until)
             break;

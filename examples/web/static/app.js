@@ -144,7 +144,7 @@ function renderList() {
     const open = el("button", "open", c.title || "New chat");
     open.type = "button";
     open.title = c.title || "New chat";
-    open.addEventListener("click", () => switchTo(c.id));
+    open.addEventListener("click", () => { showChats(false); switchTo(c.id); });
     const del = el("button", "delete", "×");
     del.type = "button";
     del.title = "Delete this conversation";
@@ -382,7 +382,14 @@ input.addEventListener("keydown", (e) => {
 });
 input.addEventListener("input", () => { if (!running) setHint(""); });
 think.addEventListener("change", () => { const c = chat(); if (c) { c.think = think.checked; save(); } });
+// narrow screens: the conversation list as an overlay (style.css)
+function showChats(on) {
+  document.body.classList.toggle("chats-open", on);
+  $("show-chats").setAttribute("aria-expanded", String(on));
+}
+$("show-chats").addEventListener("click", () => showChats(!document.body.classList.contains("chats-open")));
 $("new-chat").addEventListener("click", () => {
+  showChats(false);
   if (running) running.ctrl.abort();
   const c = chat();
   if (!(c && !c.turns.length)) {
