@@ -342,6 +342,10 @@ static void test_schema_refusals(void **state)
         {"{\"type\":\"object\",\"properties\":{\"a\":false},\"required\":[\"a\"]}", "no string satisfies"},
         {"{\"type\":\"object\",\"required\":[\"a\"],\"additionalProperties\":false}", "no object satisfies"},
         {"{\"type\":\"array\",\"items\":false,\"minItems\":1}", "no array satisfies"},
+        /* issue 29: a property required by one allOf member and shut out by
+         * another's additionalProperties false */
+        {"{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":false},{\"properties\":{\"b\":{\"type\":\"boolean\"}},\"required\":[\"b\"]}]}",
+         "/allOf: 'b' is required by /allOf/1 but not allowed by /allOf/0 (additionalProperties false): no object satisfies this schema"},
         {"{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/a\"}},\"$ref\":\"#/$defs/a\"}", "no string satisfies"},
         {"{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"k\":{\"$ref\":\"#/$defs/n\"}},\"required\":[\"k\"]}},\"$ref\":\"#/$defs/n\"}",
          "no string satisfies"},
@@ -684,6 +688,19 @@ static void test_language(void **state)
         {"{\"type\":\"string\",\"format\":\"date\"}", "\"2024-04-30\"", 1},
         {"{\"type\":\"string\",\"format\":\"date\"}", "\"2024-12-31\"", 1},
         {"{\"type\":\"string\",\"format\":\"date\"}", "\"2024-02-30\"", -1},
+        /* issue 29: date-time is a date, "T", a time on every day (the
+         * alternation of the date used to swallow "T" time into its leap-day
+         * branch) */
+        {"{\"type\":\"string\",\"format\":\"date-time\"}", "\"2024-01-15T10:20:30Z\"", 1},
+        {"{\"type\":\"string\",\"format\":\"date-time\"}", "\"2024-01-15\"", -1},
+        {"{\"type\":\"string\",\"format\":\"date-time\"}", "\"2024-02-29T00:00:00.5+01:00\"", 1},
+        {"{\"type\":\"string\",\"format\":\"date-time\"}", "\"2023-02-29T00:00:00Z\"", -1},
+        /* issue 29: allOf with additionalProperties false in one member allows
+         * only that member's properties (JSON Schema's rule: each member is
+         * checked on its own) */
+        {"{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":false},{\"properties\":{\"b\":{\"type\":\"boolean\"}}}]}", "{\"a\": 1}", 1},
+        {"{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":false},{\"properties\":{\"b\":{\"type\":\"boolean\"}}}]}", "{\"a\": 1, \"b\": true}", -1},
+        {"{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":false},{\"properties\":{\"b\":{\"type\":\"boolean\"}}}]}", "{\"b\": true}", -1},
         {"{\"type\":\"string\",\"format\":\"uuid\"}", "\"123e4567-e89b-12d3-a456-426614174000\"", 1},
         {"{\"type\":\"string\",\"format\":\"email\"}", "\"a.b@example.com\"", 1},
         {"{\"type\":\"string\",\"format\":\"email\"}", "\"a.b@@example.com\"", -1},
