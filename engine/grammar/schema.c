@@ -141,7 +141,7 @@ static bool is_annotation(const char *k)
 {
     static const char *const a[] = {"title", "description", "default", "examples", "$comment",
                                     "$schema", "$id", "deprecated", "readOnly", "writeOnly",
-                                    "$defs", "definitions", NULL};
+                                    "$defs", "definitions", "discriminator", NULL};
     for (int i = 0; a[i]; i++)
         if (!strcmp(k, a[i])) return true;
     return false;
@@ -150,7 +150,9 @@ static bool is_annotation(const char *k)
 static const char *const KNOWN[] = {
     "type", "properties", "required", "additionalProperties", "items", "prefixItems",
     "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
-    "minLength", "maxLength", "pattern", "format", "minimum", "maximum", NULL};
+    "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minProperties", "maxProperties",
+    "patternProperties", "propertyNames", "uniqueItems", NULL};
 
 static bool known(const char *k)
 {
@@ -160,6 +162,7 @@ static bool known(const char *k)
 }
 
 static int gen(struct sc *c, const cJSON *s);
+static const cJSON *resolve(struct sc *c, const char *ref);
 
 /* A non-negative integer keyword value, or -1 (with an error) when bad. */
 static long count_kw(struct sc *c, const cJSON *s, const char *k, long dflt)
@@ -486,60 +489,210 @@ static void digits_range(struct sb *o, const char *lo, const char *hi, int n)
     sb_s(o, ")");
 }
 
-/* non-negative lo..hi without leading zeros */
-static void pos_range(struct sb *o, long long lo, long long hi)
+/* non-negative lo..hi without leading zeros (up to 19 digits: int64) */
+static void pos_range(struct sb *o, unsigned long long lo, unsigned long long hi)
 {
     sb_s(o, "(");
     bool first = true;
-    long long p10 = 1;
-    for (int len = 1; len <= 16; len++, p10 *= 10) {
-        long long a = len == 1 ? 0 : p10, b = p10 * 10 - 1;
+    unsigned long long p10 = 1;
+    for (int len = 1; len <= 19; len++, p10 *= 10) {
+        unsigned long long a = len == 1 ? 0 : p10, b = p10 * 10 - 1;
         if (a < lo) a = lo;
         if (b > hi) b = hi;
         if (a > b) continue;
         char sa[24], sbuf[24];
-        snprintf(sa, sizeof sa, "%lld", a);
-        snprintf(sbuf, sizeof sbuf, "%lld", b);
+        snprintf(sa, sizeof sa, "%llu", a);
+        snprintf(sbuf, sizeof sbuf, "%llu", b);
         if (!first) sb_s(o, " | ");
         digits_range(o, sa, sbuf, len);
         first = false;
     }
+    if (first) sb_s(o, "[]");
     sb_s(o, ")");
 }
 
-#define INT_LIM 999999999999999LL /* 15 digits */
-
-static int gen_integer(struct sc *c, struct sb *o, const cJSON *s, bool is_int)
+/* The integers a..b (a <= b, both within +-INT_GEN_MAX) as an alternation. */
+static void int_range(struct sb *o, long long a, long long b)
 {
-    const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minimum");
-    const cJSON *mx = cJSON_GetObjectItemCaseSensitive(s, "maximum");
-    if (!mn && !mx) { sb_s(o, is_int ? "integer" : "number"); return 0; }
-    if (!is_int)
-        return bad(c, mn ? "minimum" : "maximum", "bounds are supported on type integer only");
-    if ((mn && !cJSON_IsNumber(mn)) || (mx && !cJSON_IsNumber(mx)))
-        return bad(c, mn && !cJSON_IsNumber(mn) ? "minimum" : "maximum", "must be a number");
-    double lo = mn ? ceil(mn->valuedouble) : -INT_LIM, hi = mx ? floor(mx->valuedouble) : INT_LIM;
-    if (lo < -INT_LIM || lo > INT_LIM) return bad(c, "minimum", "beyond the supported magnitude 10^15");
-    if (hi < -INT_LIM || hi > INT_LIM) return bad(c, "maximum", "beyond the supported magnitude 10^15");
-    if (lo > hi) return bad(c, "minimum", "is above maximum: no integer satisfies this schema");
-    long long a = (long long)lo, b = (long long)hi;
     sb_s(o, "(");
     bool first = true;
     if (a < 0) { /* negatives: -(max(1,-b) .. -a) */
-        long long na = b < 0 ? -b : 1, nb = -a;
+        unsigned long long na = b < 0 ? (unsigned long long)-b : 1, nb = (unsigned long long)-a;
         sb_s(o, "\"-\" ");
         pos_range(o, na, nb);
         first = false;
     }
     if (b >= 0) {
         if (!first) sb_s(o, " | ");
-        pos_range(o, a > 0 ? a : 0, b);
+        pos_range(o, a > 0 ? (unsigned long long)a : 0, (unsigned long long)b);
     }
     sb_s(o, ")");
+}
+
+/* Bounds without a value: what is generated (15 digits, as before). A
+ * bound beyond INT_GEN_MAX is clamped to it (the grammar then allows a
+ * subset of what the schema does; int64 holds it). */
+#define INT_LIM 999999999999999LL
+#define INT_GEN_MAX 9000000000000000000LL
+#define MULT_ENUM 256 /* multipleOf: at most this many values listed */
+
+/* A bound keyword: minimum/maximum, and exclusiveMinimum/Maximum as a
+ * number (draft 6+) or as a boolean on the plain bound (draft 4). Sets *v
+ * to the bound (+-INFINITY when none) and *ex when it is exclusive. */
+static int bound_kw(struct sc *c, const cJSON *s, bool upper, double *v, bool *ex)
+{
+    const char *kn = upper ? "maximum" : "minimum", *ke = upper ? "exclusiveMaximum" : "exclusiveMinimum";
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(s, kn), *e = cJSON_GetObjectItemCaseSensitive(s, ke);
+    *v = upper ? INFINITY : -INFINITY;
+    *ex = false;
+    if (n) {
+        if (!cJSON_IsNumber(n)) return bad(c, kn, "must be a number");
+        *v = n->valuedouble;
+    }
+    if (e) {
+        if (cJSON_IsBool(e)) {
+            if (!n && cJSON_IsTrue(e)) return bad(c, ke, "true (draft 4) needs %s beside it", kn);
+            *ex = cJSON_IsTrue(e);
+        } else if (cJSON_IsNumber(e)) {
+            double x = e->valuedouble;
+            if (upper ? x <= *v : x >= *v) { *v = x; *ex = true; }
+        } else {
+            return bad(c, ke, "must be a number (or a boolean, draft 4)");
+        }
+    }
+    return 0;
+}
+
+/* The multiples of m in [a, b] (a <= b): listed when at most MULT_ENUM;
+ * else, when m divides 10^k, every number whose last k digits are a
+ * multiple of m, inside [a, b] by whole blocks of 10^k, and the listed
+ * multiples of magnitude under 10^k; else the MULT_ENUM multiples nearest
+ * zero. The last two are subsets of the schema's set: every output is
+ * valid. Returns false when nothing is written (no multiple in range). */
+static bool mult_range(struct sb *o, long long a, long long b, long long m)
+{
+    long long qa = a >= 0 ? (a + m - 1) / m : -((-a) / m), qb = b >= 0 ? b / m : -((-b + m - 1) / m);
+    if (qa > qb) return false;
+    sb_s(o, "([]");
+    if (qb - qa < MULT_ENUM) {
+        for (long long q = qa; q <= qb; q++) sb_f(o, " | \"%lld\"", q * m);
+        sb_s(o, ")");
+        return true;
+    }
+    long long p10 = 1;
+    int k = 0;
+    while (k < 7 && p10 % m) { p10 *= 10; k++; }
+    if (p10 % m == 0 && k >= 1) {
+        /* suffixes: the multiples of m below 10^k, k digits with zeros */
+        struct sb suf = {0};
+        sb_s(&suf, "([]");
+        for (long long x = 0; x < p10; x += m) sb_f(&suf, " | \"%0*lld\"", k, x);
+        sb_s(&suf, ")");
+        for (int neg = 0; neg < 2; neg++) {
+            /* magnitudes allowed on this side */
+            long long lo = neg ? (b < 0 ? -b : 0) : (a > 0 ? a : 0), hi = neg ? -a : b;
+            if (hi < lo || (neg && hi <= 0)) continue;
+            long long plo = (lo + p10 - 1) / p10, phi = (hi + 1) / p10 - 1;
+            if (plo < 1) plo = 1;
+            if (plo <= phi) {
+                sb_s(o, neg ? " | \"-\" " : " | ");
+                pos_range(o, (unsigned long long)plo, (unsigned long long)phi);
+                sb_f(o, " %s", suf.p ? suf.p : "[]");
+            }
+            /* magnitudes below 10^k */
+            for (long long x = neg ? m : 0; x < p10 && x <= hi; x += m)
+                if (x >= lo) sb_f(o, " | \"%s%lld\"", neg ? "-" : "", x);
+        }
+        free(suf.p);
+        sb_s(o, ")");
+        return true;
+    }
+    /* the MULT_ENUM multiples nearest 0 (or the range's near end) */
+    long long q0 = qa > 0 ? qa : qb < 0 ? qb - MULT_ENUM + 1 : -(MULT_ENUM / 2);
+    if (q0 < qa) q0 = qa;
+    for (long long q = q0, i = 0; q <= qb && i < MULT_ENUM; q++, i++) sb_f(o, " | \"%lld\"", q * m);
+    sb_s(o, ")");
+    return true;
+}
+
+/* Integers (is_int) and numbers with bounds and multipleOf. Bounds: any
+ * value; the integers generated are clamped to +-INT_GEN_MAX (int64) and,
+ * on a side without a bound, to 15 digits. Numbers: the integers in range,
+ * and numbers with 1-6 fraction digits (the last not 0, so never equal to
+ * a bound) whose whole part m has the open interval (m, m+1) inside the
+ * bounds, for |m| < 10^9 (so the value rounds to no bound as a double).
+ * multipleOf: whole numbers only (see mult_range). */
+static int gen_integer(struct sc *c, struct sb *o, const cJSON *s, bool is_int)
+{
+    double lo, hi;
+    bool lx, hx;
+    if (bound_kw(c, s, false, &lo, &lx) || bound_kw(c, s, true, &hi, &hx)) return c->rc;
+    const cJSON *mo = cJSON_GetObjectItemCaseSensitive(s, "multipleOf");
+    long long m = 1;
+    if (mo) {
+        if (!cJSON_IsNumber(mo) || !(mo->valuedouble > 0)) return bad(c, "multipleOf", "must be a number above 0");
+        if (mo->valuedouble != floor(mo->valuedouble) || mo->valuedouble > 1e15)
+            return bad(c, "multipleOf", "%g: only whole divisors up to 10^15 are supported (a fraction is not exact in binary floating point)",
+                       mo->valuedouble);
+        m = (long long)mo->valuedouble;
+    }
+    if (isinf(lo) && isinf(hi) && m == 1) { sb_s(o, is_int ? "integer" : "number"); return 0; }
+    /* the integers in [lo, hi]: doubles beyond 2^53 may stand for a
+     * neighbour of the written bound: step one ulp inwards */
+    double L = lo, H = hi;
+    if (fabs(L) >= 9007199254740992.0 && !isinf(L)) L = nextafter(L, INFINITY);
+    if (fabs(H) >= 9007199254740992.0 && !isinf(H)) H = nextafter(H, -INFINITY);
+    L = isinf(L) ? L : lx ? floor(L) + 1 : ceil(L);
+    H = isinf(H) ? H : hx ? ceil(H) - 1 : floor(H);
+    if (isinf(L)) L = H < -INT_LIM ? H - INT_LIM : -INT_LIM;
+    if (isinf(H)) H = L > INT_LIM ? L + INT_LIM : INT_LIM;
+    double Lc = L < -INT_GEN_MAX ? -INT_GEN_MAX : L, Hc = H > INT_GEN_MAX ? INT_GEN_MAX : H;
+    bool have_int = Lc <= Hc;
+    if (L <= H && !have_int)
+        return bad(c, L > 0 ? "minimum" : "maximum", "the integers allowed are all beyond the supported magnitude 9*10^18");
+    bool any = false;
+    sb_s(o, "([]");
+    if (have_int) {
+        sb_s(o, " | ");
+        if (m == 1) { int_range(o, (long long)Lc, (long long)Hc); any = true; }
+        else if (mult_range(o, (long long)Lc, (long long)Hc, m)) any = true;
+        else sb_s(o, "[]");
+    }
+    if (!is_int && m == 1) {
+        /* cells (m, m+1) inside [lo, hi], |m| < 10^9 */
+        const double CL = 999999999.0;
+        double plo = fmax(0, ceil(lo)), phi = fmin(CL, floor(hi) - 1);
+        double nlo = fmax(0, ceil(-hi)), nhi = fmin(CL, floor(-lo) - 1);
+        if (isinf(lo)) nhi = CL;
+        if (isinf(hi)) phi = CL;
+        if (plo <= phi) { sb_s(o, " | "); pos_range(o, (unsigned long long)plo, (unsigned long long)phi); sb_s(o, " \".\" [0-9]{0,5} [1-9]"); any = true; }
+        if (nlo <= nhi) { sb_s(o, " | \"-\" "); pos_range(o, (unsigned long long)nlo, (unsigned long long)nhi); sb_s(o, " \".\" [0-9]{0,5} [1-9]"); any = true; }
+    }
+    sb_s(o, ")");
+    if (!any)
+        return bad(c, "minimum", "no %s satisfies this schema (or none the grammar writes: a number range narrower than one unit between integers is not supported)",
+                   is_int ? "integer" : "number");
     return 0;
 }
 
 /* ---- strings ---- */
+/* The patterns zod 4 (z.toJSONSchema) writes beside a format, verbatim.
+ * Each accepts every string of the narrow form gen_string writes for that
+ * format when a pattern is present (dates 0001-9999; date-time in UTC with
+ * seconds; time with seconds, no offset; uuid v4 lower case; email
+ * a@b.cc). */
+static const char *const ZOD_PATTERNS[][2] = {
+    {"date", "^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))$"},
+    {"date-time", "^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))T(?:(?:[01]\\d|2[0-3]):[0-5]\\d(?::[0-5]\\d(?:\\.\\d+)?)?(?:Z))$"},
+    {"date-time", "^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))T(?:(?:[01]\\d|2[0-3]):[0-5]\\d(?::[0-5]\\d(?:\\.\\d+)?)?(?:Z|([+-]\\d{2}:\\d{2})))$"},
+    {"date-time", "^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))T(?:(?:[01]\\d|2[0-3]):[0-5]\\d(?::[0-5]\\d(?:\\.\\d+)?)?(?:Z|))$"},
+    {"time", "^(?:[01]\\d|2[0-3]):[0-5]\\d(?::[0-5]\\d(?:\\.\\d+)?)?$"},
+    {"email", "^(?!\\.)(?!.*\\.\\.)([A-Za-z0-9_'+\\-\\.]*)[A-Za-z0-9_+-]@([A-Za-z0-9][A-Za-z0-9\\-]*\\.)+[A-Za-z]{2,}$"},
+    {"uuid", "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}|00000000-0000-0000-0000-000000000000)$"},
+    {"uuid", "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-4[0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12})$"},
+    {"uuid", "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})$"},
+};
+
 static int gen_string(struct sc *c, struct sb *o, const cJSON *s)
 {
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(s, "format");
@@ -547,7 +700,19 @@ static int gen_string(struct sc *c, struct sb *o, const cJSON *s)
     bool has_len = cJSON_GetObjectItemCaseSensitive(s, "minLength") || cJSON_GetObjectItemCaseSensitive(s, "maxLength");
     if (fmt) {
         if (!cJSON_IsString(fmt)) return bad(c, "format", "must be a string");
-        if (pat || has_len) return bad(c, "format", "format together with pattern or minLength/maxLength is not supported");
+        if (has_len) return bad(c, "format", "format together with minLength/maxLength is not supported");
+        /* format with a pattern (zod writes both): the pattern must be one
+         * known to accept every string of the narrow form written then
+         * (checked by hand against each pattern; see schemas/grammar.md) */
+        bool narrow = false;
+        if (pat) {
+            for (size_t i = 0; i < sizeof ZOD_PATTERNS / sizeof *ZOD_PATTERNS && !narrow; i++)
+                narrow = cJSON_IsString(pat) && !strcmp(fmt->valuestring, ZOD_PATTERNS[i][0]) &&
+                         !strcmp(pat->valuestring, ZOD_PATTERNS[i][1]);
+            if (!narrow)
+                return bad(c, "pattern", "format '%.40s' together with this pattern is not supported (only the patterns zod 4 writes for date, date-time, time, email and uuid are)",
+                           fmt->valuestring);
+        }
         /* a real calendar date (what RFC 3339 full-date and Python's
          * date.fromisoformat accept): year 0001-9999, each month's own day
          * count, and February 29th only in leap years (by 4, centuries by
@@ -563,12 +728,29 @@ static int gen_string(struct sc *c, struct sb *o, const cJSON *s)
         const char *f = fmt->valuestring;
         sb_s(o, "\"\\\"\" (");
         if (!strcmp(f, "date")) sb_s(o, date);
-        else if (!strcmp(f, "date-time")) { sb_s(o, date); sb_s(o, " \"T\" "); sb_s(o, tim); }
-        else if (!strcmp(f, "uuid"))
-            sb_s(o, "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12}");
-        else if (!strcmp(f, "email"))
-            sb_s(o, "[A-Za-z0-9_%+-] [A-Za-z0-9._%+-]{0,63} \"@\" [A-Za-z0-9] [A-Za-z0-9-]{0,62} (\".\" [A-Za-z0-9] [A-Za-z0-9-]{0,62}){1,4}");
-        else return bad(c, "format", "'%.40s' is not supported (date, date-time, uuid, email are)", f);
+        /* the date is an alternation: bracket it, or "T" time binds to its
+         * last branch (Feb 29th) only */
+        else if (!strcmp(f, "date-time")) {
+            sb_s(o, "("); sb_s(o, date); sb_s(o, ") \"T\" ");
+            /* narrow (zod's patterns): UTC, "Z" */
+            if (narrow) sb_s(o, "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? \"Z\"");
+            else sb_s(o, tim);
+        }
+        else if (!strcmp(f, "time")) {
+            /* narrow (zod's pattern): no offset, which zod refuses */
+            if (narrow) sb_s(o, "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})?");
+            else sb_s(o, tim);
+        } else if (!strcmp(f, "uuid")) {
+            /* narrow: a version 4, variant 1 UUID in lower case */
+            if (narrow) sb_s(o, "[0-9a-f]{8} \"-\" [0-9a-f]{4} \"-4\" [0-9a-f]{3} \"-\" [89ab] [0-9a-f]{3} \"-\" [0-9a-f]{12}");
+            else sb_s(o, "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12}");
+        } else if (!strcmp(f, "email")) {
+            /* narrow: no dots in the local part, letters for the top level */
+            if (narrow) sb_s(o, "[a-z0-9]{1,20} \"@\" [a-z0-9]{1,20} (\".\" [a-z0-9]{1,20}){0,2} \".\" [a-z]{2,6}");
+            else sb_s(o, "[A-Za-z0-9_%+-] [A-Za-z0-9._%+-]{0,63} \"@\" [A-Za-z0-9] [A-Za-z0-9-]{0,62} (\".\" [A-Za-z0-9] [A-Za-z0-9-]{0,62}){1,4}");
+        } else if (!strcmp(f, "uri")) {
+            sb_s(o, "\"https://\" [a-z0-9]{1,20} (\".\" [a-z0-9]{1,20}){0,2} \".\" [a-z]{2,6} (\"/\" [A-Za-z0-9._~-]{0,20}){0,4}");
+        } else return bad(c, "format", "'%.40s' is not supported (date, date-time, time, uuid, email, uri are)", f);
         sb_s(o, ") \"\\\"\"");
         return 0;
     }
@@ -590,6 +772,100 @@ static int gen_string(struct sc *c, struct sb *o, const cJSON *s)
 }
 
 /* ---- arrays ---- */
+/* uniqueItems over a finite item set (enum, const, boolean, null, also
+ * through $ref): each value at most once, in the set's order (a subset of
+ * the unique arrays, so every output is valid), mn..mx of them. Rules
+ * U(i, k) = "values i.. remain, k written" keep the text quadratic in the
+ * set's size. Returns 0 when written, 1 when the items are not a finite
+ * set (nothing written), or the error. */
+static int gen_unique(struct sc *c, struct sb *o, const cJSON *s, const cJSON *items, long mn, long mx)
+{
+    const cJSON *it = items;
+    for (int hop = 0; hop < 8 && cJSON_IsObject(it) && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(it, "$ref")); hop++)
+        it = resolve(c, cJSON_GetObjectItemCaseSensitive(it, "$ref")->valuestring);
+    if (!cJSON_IsObject(it)) return 1;
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(it, "enum"), *cn = cJSON_GetObjectItemCaseSensitive(it, "const");
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(it, "type");
+    cJSON *vals = cJSON_CreateArray();
+    if (!vals) { c->out.oom = true; return 0; }
+    for (const cJSON *k = it->child; k; k = k->next)
+        if (!is_annotation(k->string) && strcmp(k->string, "enum") && strcmp(k->string, "const") && strcmp(k->string, "type")) {
+            cJSON_Delete(vals);
+            return 1;
+        }
+    if (cJSON_IsArray(en)) {
+        for (const cJSON *v = en->child; v; v = v->next) cJSON_AddItemToArray(vals, cJSON_Duplicate(v, 1));
+    } else if (cn) {
+        cJSON_AddItemToArray(vals, cJSON_Duplicate(cn, 1));
+    } else if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "boolean")) {
+        cJSON_AddItemToArray(vals, cJSON_CreateTrue());
+        cJSON_AddItemToArray(vals, cJSON_CreateFalse());
+    } else if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "null")) {
+        cJSON_AddItemToArray(vals, cJSON_CreateNull());
+    } else {
+        cJSON_Delete(vals);
+        return 1;
+    }
+    /* the values kept: of the type given, each once */
+    int nv = 0;
+    char *lit[64];
+    for (const cJSON *v = vals->child; v && nv < 64; v = v->next) {
+        if (cJSON_IsString(ty)) {
+            const char *t = ty->valuestring;
+            bool ok = (!strcmp(t, "string") && cJSON_IsString(v)) || (!strcmp(t, "number") && cJSON_IsNumber(v)) ||
+                      (!strcmp(t, "integer") && cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble)) ||
+                      (!strcmp(t, "boolean") && cJSON_IsBool(v)) || (!strcmp(t, "null") && cJSON_IsNull(v));
+            if (!ok) continue;
+        } else if (ty) { cJSON_Delete(vals); return 1; }
+        bool dup = false;
+        for (const cJSON *w = vals->child; w != v; w = w->next) dup |= cJSON_Compare(v, w, 1);
+        if (dup) continue;
+        lit[nv] = cJSON_PrintUnformatted(v);
+        if (!lit[nv]) { c->out.oom = true; break; }
+        nv++;
+    }
+    cJSON_Delete(vals);
+    int rc = 0;
+    long cap = mx < 0 || mx > nv ? nv : mx;
+    if (mn > cap) {
+        rc = bad(c, "minItems", "cannot be met with unique items (at most %ld distinct values): no array satisfies this schema", cap);
+        goto out;
+    }
+    (void)s;
+    /* U(i, k): rule base + i * (cap + 1) + k */
+    int base = c->n_rules;
+    c->n_rules += (nv + 1) * (int)(cap + 1);
+    for (int i = nv; i >= 0; i--) {
+        for (long k = 0; k <= cap; k++) {
+            struct sb r = {0};
+            rule_name(c, &r, base + i * (int)(cap + 1) + (int)k);
+            sb_s(&r, " ::= ([]");
+            if (i == nv) { if (k >= mn) sb_s(&r, " | \"\""); }
+            else {
+                if (k < cap) {
+                    sb_s(&r, " | (");
+                    if (k) sb_s(&r, SEP " ");
+                    sb_lit(&r, lit[i], strlen(lit[i]));
+                    sb_s(&r, " ");
+                    rule_name(c, &r, base + (i + 1) * (int)(cap + 1) + (int)k + 1);
+                    sb_s(&r, ")");
+                }
+                sb_s(&r, " | ");
+                rule_name(c, &r, base + (i + 1) * (int)(cap + 1) + (int)k);
+            }
+            sb_s(&r, ")\n");
+            if (r.oom) c->out.oom = true; else sb_s(&c->out, r.p);
+            free(r.p);
+        }
+    }
+    sb_s(o, "\"[\" ");
+    rule_name(c, o, base);
+    sb_s(o, " \"]\"");
+out:
+    for (int i = 0; i < nv; i++) free(lit[i]);
+    return rc;
+}
+
 static int gen_array(struct sc *c, struct sb *o, const cJSON *s)
 {
     const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
@@ -598,6 +874,16 @@ static int gen_array(struct sc *c, struct sb *o, const cJSON *s)
     if (c->rc) return c->rc;
     if (pre && !cJSON_IsArray(pre)) return bad(c, "prefixItems", "must be an array of schemas");
     if (items && !cJSON_IsObject(items) && !cJSON_IsBool(items)) return bad(c, "items", "must be a schema");
+    const cJSON *uq = cJSON_GetObjectItemCaseSensitive(s, "uniqueItems");
+    if (uq && !cJSON_IsBool(uq)) return bad(c, "uniqueItems", "must be a boolean");
+    if (cJSON_IsTrue(uq)) {
+        if (pre) return bad(c, "uniqueItems", "together with prefixItems is not supported");
+        int r = gen_unique(c, o, s, items, mn, mx);
+        if (r != 1) return r;
+        /* items not a finite set: at most one item, which is unique */
+        if (mn > 1) return bad(c, "uniqueItems", "over items that are not a finite set (enum, const, boolean) with minItems above 1 is not enforced by the grammar: refused");
+        mx = mx < 0 || mx > 1 ? 1 : mx;
+    }
     int k = pre ? cJSON_GetArraySize(pre) : 0;
     if (k > 256) return bad(c, "prefixItems", "more than 256 entries are not supported");
     int prule[256];
@@ -677,6 +963,65 @@ static int gen_object(struct sc *c, struct sb *o, const cJSON *s)
         arule = gen(c, add);
         c->plen = o0;
     }
+    /* the keys of extra properties: any string, or what propertyNames or
+     * the one pattern of patternProperties allow (then with its schema:
+     * every generated key matches it, so additionalProperties does not
+     * apply to them). Declared properties beside them are refused: a
+     * generated key could repeat a declared one. */
+    char kname[64] = "string";
+    const cJSON *pn = cJSON_GetObjectItemCaseSensitive(s, "propertyNames");
+    const cJSON *pp = cJSON_GetObjectItemCaseSensitive(s, "patternProperties");
+    if (pn && !cJSON_IsObject(pn) && !cJSON_IsBool(pn)) { free(pv); return bad(c, "propertyNames", "must be a schema"); }
+    if (pp && !cJSON_IsObject(pp)) { free(pv); return bad(c, "patternProperties", "must be an object of schemas"); }
+    if (pp && !pp->child) pp = NULL;
+    bool pn_plain = !pn || cJSON_IsTrue(pn);
+    if (cJSON_IsObject(pn)) {
+        pn_plain = true;
+        for (const cJSON *k = pn->child; k; k = k->next)
+            pn_plain &= is_annotation(k->string) || (!strcmp(k->string, "type") && cJSON_IsString(k) && !strcmp(k->valuestring, "string"));
+    }
+    if (cJSON_IsFalse(pn)) extra = false, pp = NULL;
+    if ((!pn_plain || pp) && (np || nr)) {
+        free(pv);
+        return bad(c, pp ? "patternProperties" : "propertyNames", "together with properties or required is not supported (a generated key could repeat a declared one)");
+    }
+    if (pp && !pn_plain) { free(pv); return bad(c, "patternProperties", "together with propertyNames is not supported"); }
+    if (pp) {
+        if (pp->child->next) { free(pv); return bad(c, "patternProperties", "more than one pattern is not supported (a key could match two)"); }
+        size_t o0 = ptr_push(c, "patternProperties");
+        ptr_push(c, pp->child->string);
+        cJSON *ks = cJSON_CreateObject();
+        if (!ks) { c->out.oom = true; free(pv); return 0; }
+        cJSON_AddStringToObject(ks, "type", "string");
+        cJSON_AddStringToObject(ks, "pattern", pp->child->string);
+        int kr = gen(c, ks);
+        cJSON_Delete(ks);
+        arule = gen(c, pp->child);
+        c->plen = o0;
+        snprintf(kname, sizeof kname, "%ss%d", c->prefix, kr);
+        extra = true;
+    } else if (!pn_plain && extra) {
+        /* keys: propertyNames as a string schema */
+        cJSON *ks = cJSON_Duplicate(pn, 1);
+        if (!ks) { c->out.oom = true; free(pv); return 0; }
+        if (!cJSON_GetObjectItemCaseSensitive(ks, "type")) cJSON_AddStringToObject(ks, "type", "string");
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(ks, "type");
+        if (!cJSON_IsString(t) || strcmp(t->valuestring, "string")) {
+            cJSON_Delete(ks); free(pv);
+            return bad(c, "propertyNames", "keys are strings: type must be string");
+        }
+        size_t o0 = ptr_push(c, "propertyNames");
+        int kr = gen(c, ks);
+        c->plen = o0;
+        cJSON_Delete(ks);
+        snprintf(kname, sizeof kname, "%ss%d", c->prefix, kr);
+    }
+    /* minProperties/maxProperties: enforced when the declared properties
+     * settle them, or for extras alone with at most one required (a key
+     * repeated by the model would count once) */
+    long minp = count_kw(c, s, "minProperties", 0), maxp = count_kw(c, s, "maxProperties", -1);
+    if (c->rc) { free(pv); return c->rc; }
+    if (maxp >= 0 && maxp < minp) { free(pv); return bad(c, "minProperties", "is above maxProperties: no object satisfies this schema"); }
     for (const cJSON *p = props ? props->child : NULL; p && !c->rc; p = p->next) {
         size_t o0 = ptr_push(c, "properties");
         ptr_push(c, p->string);
@@ -700,6 +1045,27 @@ static int gen_object(struct sc *c, struct sb *o, const cJSON *s)
         pv[j].req = true;
     }
     if (c->rc) { free(pv); return c->rc; }
+    int nreq = 0;
+    for (int i = 0; i < n; i++) nreq += pv[i].req;
+    bool counts_ok = minp <= nreq && (maxp < 0 || (!extra && maxp >= n));
+    bool extras_only = n == 0 && extra && minp <= 1;
+    if (!counts_ok && !extras_only) {
+        free(pv);
+        return bad(c, minp > nreq ? "minProperties" : "maxProperties",
+                   "not enforced for this object (supported: bounds the required and declared properties settle, or on extra properties alone with minProperties at most 1)");
+    }
+    if (!counts_ok) { /* extras alone, 1 <= count <= maxp (or unbounded) */
+        char an2[64];
+        if (arule >= 0) snprintf(an2, sizeof an2, "%ss%d", c->prefix, arule);
+        else snprintf(an2, sizeof an2, "value");
+        sb_f(o, "\"{\" (%s " COLON " %s (" SEP " %s " COLON " %s)", kname, an2, kname, an2);
+        if (maxp >= 0) sb_f(o, "{0,%ld}", maxp - 1);
+        else sb_s(o, "*");
+        sb_s(o, minp == 1 ? ")" : ")?");
+        sb_s(o, " \"}\"");
+        free(pv);
+        return 0;
+    }
     /* the name of one pair: "key": value */
     struct sb *b = o;
     char an[64];
@@ -738,8 +1104,8 @@ static int gen_object(struct sc *c, struct sb *o, const cJSON *s)
             sb_s(&r, " ::= ");
             if (i == n) {
                 if (!extra) sb_s(&r, "\"\"");
-                else if (written) sb_f(&r, "(" SEP " string " COLON " %s)*", an);
-                else sb_f(&r, "(string " COLON " %s (" SEP " string " COLON " %s)*)?", an, an);
+                else if (written) sb_f(&r, "(" SEP " %s " COLON " %s)*", kname, an);
+                else sb_f(&r, "(%s " COLON " %s (" SEP " %s " COLON " %s)*)?", kname, an, kname, an);
             } else {
                 cJSON *ks = cJSON_CreateString(pv[i].name);
                 char *kt = ks ? cJSON_PrintUnformatted(ks) : NULL;
@@ -830,47 +1196,132 @@ static int gen_type(struct sc *c, struct sb *o, const cJSON *s, const char *t)
     return bad(c, "type", "'%.40s' is not a JSON Schema type", t);
 }
 
-/* Merges allOf members (objects) into one object schema. */
+/* allOf over object schemas, merged by JSON Schema's rules: each member
+ * is checked on its own, so a property must be allowed by every member
+ * (declared there, or that member's additionalProperties not false), its
+ * value must match every schema that applies to it (the declaring members'
+ * and the additionalProperties schemas of the members that do not declare
+ * it), and required is the union. A required property that some member
+ * shuts out is refused (no object satisfies the schema); two different
+ * schemas for one property are refused (their intersection is not
+ * written). Extra properties are generated only when every member allows
+ * them, with one schema at most. */
+struct amember { const cJSON *x; char label[96]; };
+
+static int allof_collect(struct sc *c, const cJSON *x, const char *label, struct amember *mv, int *n, int depth)
+{
+    if (depth > 8 || *n >= 64) return bad(c, "allOf", "members nest too deeply or are too many (64)");
+    if (!cJSON_IsObject(x)) return bad(c, "allOf", "%s: allOf members must be object schemas", label);
+    mv[*n].x = x;
+    snprintf(mv[*n].label, sizeof mv[*n].label, "%s", label);
+    (*n)++;
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(x, "$ref");
+    if (r) {
+        const cJSON *t = cJSON_IsString(r) ? resolve(c, r->valuestring) : NULL;
+        if (!t) return bad(c, "allOf", "%s: $ref does not resolve", label);
+        if (allof_collect(c, t, r->valuestring, mv, n, depth + 1)) return c->rc;
+    }
+    const cJSON *all = cJSON_GetObjectItemCaseSensitive(x, "allOf");
+    if (all) {
+        if (!cJSON_IsArray(all)) return bad(c, "allOf", "%s: allOf must be an array", label);
+        int i = 0;
+        for (const cJSON *m = all->child; m; m = m->next, i++) {
+            char l[96];
+            snprintf(l, sizeof l, "%s/allOf/%d", depth ? label : "", i);
+            if (allof_collect(c, m, l, mv, n, depth + 1)) return c->rc;
+        }
+    }
+    return 0;
+}
+
 static int gen_allof(struct sc *c, struct sb *o, const cJSON *s, const cJSON *all)
 {
+    (void)all;
+    struct amember mv[64];
+    int nm = 0;
+    if (allof_collect(c, s, "", mv, &nm, 0)) return c->rc;
+    /* what each member says */
+    for (int i = 0; i < nm; i++) {
+        for (const cJSON *k = mv[i].x->child; k; k = k->next) {
+            const char *n = k->string;
+            if (!strcmp(n, "type")) {
+                if (!cJSON_IsString(k) || strcmp(k->valuestring, "object"))
+                    return bad(c, "allOf", "%s/type: allOf is supported for object schemas only", mv[i].label);
+            } else if (!strcmp(n, "properties") || !strcmp(n, "additionalProperties")) {
+                if (!cJSON_IsObject(k) && !(cJSON_IsBool(k) && n[0] == 'a'))
+                    return bad(c, "allOf", "%s/%s: must be %s", mv[i].label, n, n[0] == 'a' ? "a schema" : "an object of schemas");
+            } else if (!strcmp(n, "required")) {
+                if (!cJSON_IsArray(k)) return bad(c, "allOf", "%s/required: must be an array of strings", mv[i].label);
+                for (const cJSON *q = k->child; q; q = q->next)
+                    if (!cJSON_IsString(q)) return bad(c, "allOf", "%s/required: must be an array of strings", mv[i].label);
+            } else if (!strcmp(n, "allOf") || !strcmp(n, "$ref") || is_annotation(n)) {
+            } else {
+                return bad(c, "allOf", "%s/%s: not supported inside allOf (properties, required, additionalProperties, type object are)",
+                           mv[i].label, n);
+            }
+        }
+    }
     cJSON *m = cJSON_CreateObject(), *props = cJSON_CreateObject(), *req = cJSON_CreateArray();
     if (!m || !props || !req) { cJSON_Delete(m); cJSON_Delete(props); cJSON_Delete(req); c->out.oom = true; return 0; }
     cJSON_AddItemToObject(m, "properties", props);
     cJSON_AddItemToObject(m, "required", req);
+    /* the merged additionalProperties: false when any member says false;
+     * else generated only when every member allows extras explicitly */
     const cJSON *addp = NULL;
-    int n = cJSON_GetArraySize(all);
-    for (int i = -1; i < n && !c->rc; i++) {
-        const cJSON *x = i < 0 ? s : cJSON_GetArrayItem(all, i);
-        size_t o0 = c->plen;
-        if (i >= 0) { ptr_push(c, "allOf"); ptr_idx(c, i); }
-        const cJSON *r = cJSON_GetObjectItemCaseSensitive(x, "$ref");
-        if (i >= 0 && cJSON_IsString(r)) x = resolve(c, r->valuestring);
-        if (!cJSON_IsObject(x)) { bad(c, NULL, "allOf members must be object schemas"); break; }
-        for (const cJSON *k = x->child; k && !c->rc; k = k->next) {
-            if (!strcmp(k->string, "type")) {
-                if (!cJSON_IsString(k) || strcmp(k->valuestring, "object")) bad(c, "type", "allOf is supported for objects only");
-            } else if (!strcmp(k->string, "properties") && cJSON_IsObject(k)) {
-                for (const cJSON *p = k->child; p; p = p->next) {
-                    if (cJSON_GetObjectItemCaseSensitive(props, p->string)) {
-                        size_t o1 = ptr_push(c, "properties");
-                        bad(c, p->string, "property declared by two allOf members");
-                        c->plen = o1;
-                        break;
-                    }
-                    cJSON_AddItemToObject(props, p->string, cJSON_Duplicate(p, 1));
+    bool any_false = false, all_allow = true;
+    for (int i = 0; i < nm; i++) {
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(mv[i].x, "additionalProperties");
+        if (cJSON_IsFalse(a)) any_false = true;
+        if (!a) { all_allow = false; continue; }
+        if (cJSON_IsObject(a)) {
+            if (addp && !cJSON_Compare(addp, a, 1)) all_allow = false;
+            else addp = a;
+        }
+    }
+    if (any_false) cJSON_AddFalseToObject(m, "additionalProperties");
+    else if (all_allow) cJSON_AddItemToObject(m, "additionalProperties", addp ? cJSON_Duplicate(addp, 1) : cJSON_CreateTrue());
+    /* the schemas that apply to key k; NULL with *shut naming the member
+     * that shuts k out; *one the schema when they agree */
+    for (int pass = 0; pass < 2 && !c->rc; pass++) {
+        for (int i = 0; i < nm && !c->rc; i++) {
+            const cJSON *list = cJSON_GetObjectItemCaseSensitive(mv[i].x, pass ? "required" : "properties");
+            for (const cJSON *p = list ? list->child : NULL; p && !c->rc; p = p->next) {
+                const char *k = pass ? p->valuestring : p->string;
+                if (!pass && cJSON_GetObjectItemCaseSensitive(props, k)) continue; /* merged already */
+                const cJSON *one = NULL;
+                int shut = -1, two = -1;
+                for (int j = 0; j < nm; j++) {
+                    const cJSON *pj = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(mv[j].x, "properties"), k);
+                    const cJSON *aj = cJSON_GetObjectItemCaseSensitive(mv[j].x, "additionalProperties");
+                    const cJSON *sj = pj ? pj : aj;
+                    if (!pj && cJSON_IsFalse(aj)) { shut = j; continue; }
+                    if (!sj || cJSON_IsTrue(sj)) continue;
+                    if (!one) one = sj;
+                    else if (!cJSON_Compare(one, sj, 1)) two = j;
                 }
-            } else if (!strcmp(k->string, "required") && cJSON_IsArray(k)) {
-                for (const cJSON *q = k->child; q; q = q->next) cJSON_AddItemToArray(req, cJSON_Duplicate(q, 1));
-            } else if (!strcmp(k->string, "additionalProperties")) {
-                if (!addp || cJSON_IsFalse(k)) addp = k;
-            } else if (!strcmp(k->string, "allOf") || !strcmp(k->string, "$ref") || is_annotation(k->string)) {
-            } else {
-                bad(c, k->string, "not supported inside allOf (properties, required, additionalProperties are)");
+                if (pass && shut >= 0) {
+                    bad(c, "allOf", "'%.60s' is required by %s but not allowed by %s (additionalProperties false): no object satisfies this schema",
+                        k, mv[i].label[0] ? mv[i].label : "the schema", mv[shut].label[0] ? mv[shut].label : "the schema");
+                    break;
+                }
+                if (shut >= 0) continue; /* never generated */
+                if (two >= 0) {
+                    bad(c, "allOf", "'%.60s' has different schemas in two members (%s): their intersection is not supported",
+                        k, mv[two].label[0] ? mv[two].label : "the schema");
+                    break;
+                }
+                if (pass) {
+                    if (!cJSON_GetObjectItemCaseSensitive(props, k))
+                        cJSON_AddItemToObject(props, k, one ? cJSON_Duplicate(one, 1) : cJSON_CreateTrue());
+                    bool dup = false;
+                    for (const cJSON *q = req->child; q; q = q->next) dup |= !strcmp(q->valuestring, k);
+                    if (!dup) cJSON_AddItemToArray(req, cJSON_CreateString(k));
+                } else {
+                    cJSON_AddItemToObject(props, k, one ? cJSON_Duplicate(one, 1) : cJSON_CreateTrue());
+                }
             }
         }
-        c->plen = o0;
     }
-    if (addp) cJSON_AddItemToObject(m, "additionalProperties", cJSON_Duplicate(addp, 1));
     int rc = c->rc ? c->rc : gen_object(c, o, m);
     cJSON_Delete(m);
     return rc;
@@ -882,7 +1333,14 @@ static int gen_body(struct sc *c, struct sb *o, const cJSON *s)
     if (cJSON_IsFalse(s)) { sb_s(o, "[]"); return 0; }
     if (!cJSON_IsObject(s)) return bad(c, NULL, "a schema must be an object or a boolean");
     for (const cJSON *k = s->child; k; k = k->next)
-        if (!known(k->string)) return bad(c, k->string, "unsupported keyword");
+        if (!known(k->string)) {
+            static const char *const unenforced[] = {"not", "if", "then", "else", "dependentRequired", "dependentSchemas",
+                                                     "unevaluatedProperties", "unevaluatedItems", "contains", NULL};
+            for (int u = 0; unenforced[u]; u++)
+                if (!strcmp(k->string, unenforced[u]))
+                    return bad(c, k->string, "unsupported keyword: the grammar cannot enforce it exactly, so the schema is refused rather than risk an output that fails it");
+            return bad(c, k->string, "unsupported keyword");
+        }
     /* keywords that stand alone */
     const char *alone[] = {"$ref", "enum", "const", "anyOf", "oneOf", NULL};
     for (int a = 0; alone[a]; a++) {
@@ -941,7 +1399,11 @@ static int gen_body(struct sc *c, struct sb *o, const cJSON *s)
     }
     if ((x = cJSON_GetObjectItemCaseSensitive(s, "allOf"))) {
         if (!cJSON_IsArray(x) || !cJSON_GetArraySize(x)) return bad(c, "allOf", "must be a non-empty array of schemas");
-        if (cJSON_GetArraySize(x) == 1 && s->child == x && !x->next) {
+        /* one member beside annotations (Pydantic 1 wraps a $ref with a
+         * description so): that member, of any type */
+        bool only = cJSON_GetArraySize(x) == 1;
+        for (const cJSON *k = s->child; k; k = k->next) only &= k == x || is_annotation(k->string);
+        if (only) {
             size_t o0 = ptr_push(c, "allOf");
             ptr_idx(c, 0);
             int r = gen(c, cJSON_GetArrayItem(x, 0));
@@ -964,10 +1426,15 @@ static int gen_body(struct sc *c, struct sb *o, const cJSON *s)
             }
         } else return bad(c, "type", "must be a type name or an array of 1-7 of them");
     } else {
-        if (has(s, "properties") || has(s, "required") || has(s, "additionalProperties")) types[nt++] = "object";
-        if (has(s, "items") || has(s, "prefixItems") || has(s, "minItems") || has(s, "maxItems")) types[nt++] = "array";
+        if (has(s, "properties") || has(s, "required") || has(s, "additionalProperties") || has(s, "patternProperties") ||
+            has(s, "propertyNames") || has(s, "minProperties") || has(s, "maxProperties"))
+            types[nt++] = "object";
+        if (has(s, "items") || has(s, "prefixItems") || has(s, "minItems") || has(s, "maxItems") || has(s, "uniqueItems"))
+            types[nt++] = "array";
         if (has(s, "minLength") || has(s, "maxLength") || has(s, "pattern") || has(s, "format")) types[nt++] = "string";
-        if (has(s, "minimum") || has(s, "maximum")) types[nt++] = "integer";
+        if (has(s, "minimum") || has(s, "maximum") || has(s, "exclusiveMinimum") || has(s, "exclusiveMaximum") ||
+            has(s, "multipleOf"))
+            types[nt++] = "integer";
         if (!nt) { sb_s(o, "value"); return 0; }
     }
     sb_s(o, "(");

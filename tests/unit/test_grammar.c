@@ -196,11 +196,25 @@ static bool validate(const cJSON *v, const cJSON *s, const cJSON *root, char *wh
     if (cJSON_IsNumber(v)) {
         if ((x = cJSON_GetObjectItem(s, "minimum")) && v->valuedouble < x->valuedouble) WHY("minimum");
         if ((x = cJSON_GetObjectItem(s, "maximum")) && v->valuedouble > x->valuedouble) WHY("maximum");
+        const cJSON *y;
+        if ((x = cJSON_GetObjectItem(s, "exclusiveMinimum"))) {
+            if (cJSON_IsNumber(x) && v->valuedouble <= x->valuedouble) WHY("exclusiveMinimum");
+            if (cJSON_IsTrue(x) && (y = cJSON_GetObjectItem(s, "minimum")) && v->valuedouble <= y->valuedouble) WHY("exclusiveMinimum");
+        }
+        if ((x = cJSON_GetObjectItem(s, "exclusiveMaximum"))) {
+            if (cJSON_IsNumber(x) && v->valuedouble >= x->valuedouble) WHY("exclusiveMaximum");
+            if (cJSON_IsTrue(x) && (y = cJSON_GetObjectItem(s, "maximum")) && v->valuedouble >= y->valuedouble) WHY("exclusiveMaximum");
+        }
+        if ((x = cJSON_GetObjectItem(s, "multipleOf")) && fmod(v->valuedouble, x->valuedouble) != 0) WHY("multipleOf");
     }
     if (cJSON_IsArray(v)) {
         int n = cJSON_GetArraySize(v);
         if ((x = cJSON_GetObjectItem(s, "minItems")) && n < x->valuedouble) WHY("minItems");
         if ((x = cJSON_GetObjectItem(s, "maxItems")) && n > x->valuedouble) WHY("maxItems");
+        if (cJSON_IsTrue(cJSON_GetObjectItem(s, "uniqueItems")))
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < i; j++)
+                    if (cJSON_Compare(cJSON_GetArrayItem(v, i), cJSON_GetArrayItem(v, j), 1)) WHY("uniqueItems");
         const cJSON *pre = cJSON_GetObjectItem(s, "prefixItems"), *it = cJSON_GetObjectItem(s, "items");
         int k = pre ? cJSON_GetArraySize(pre) : 0;
         for (int i = 0; i < n; i++) {
@@ -212,6 +226,22 @@ static bool validate(const cJSON *v, const cJSON *s, const cJSON *root, char *wh
         const cJSON *props = cJSON_GetObjectItem(s, "properties"), *add = cJSON_GetObjectItem(s, "additionalProperties");
         for (const cJSON *r = cJSON_GetObjectItem(s, "required") ? cJSON_GetObjectItem(s, "required")->child : NULL; r; r = r->next)
             if (!cJSON_GetObjectItem(v, r->valuestring)) WHY("required %s", r->valuestring);
+        int np = 0;
+        for (const cJSON *m = v->child; m; m = m->next) {
+            for (const cJSON *m2 = v->child; m2 != m; m2 = m2->next)
+                if (!strcmp(m->string, m2->string)) WHY("duplicate key %s", m->string);
+            np++;
+        }
+        if ((x = cJSON_GetObjectItem(s, "minProperties")) && np < x->valuedouble) WHY("minProperties");
+        if ((x = cJSON_GetObjectItem(s, "maxProperties")) && np > x->valuedouble) WHY("maxProperties");
+        const cJSON *pn = cJSON_GetObjectItem(s, "propertyNames"), *pp = cJSON_GetObjectItem(s, "patternProperties");
+        if (pp && pp->child) add = pp->child; /* the one pattern the tests use; keys checked by the grammar */
+        for (const cJSON *m = v->child; m; m = m->next) {
+            cJSON *key = cJSON_CreateString(m->string);
+            bool kok = !pn || validate(key, pn, root, why, wn);
+            cJSON_Delete(key);
+            if (!kok) return false;
+        }
         for (const cJSON *m = v->child; m; m = m->next) {
             const cJSON *ps = props ? cJSON_GetObjectItemCaseSensitive(props, m->string) : NULL;
             if (ps) { if (!validate(m, ps, root, why, wn)) return false; }
@@ -234,7 +264,7 @@ static void walks(const char *json, int seeds, int max_steps)
         if (!doc) fail_msg("schema %s seed %d: no EOS within %d steps", json, seed, max_steps);
         if (getenv("TEST_GRAMMAR_VERBOSE")) fprintf(stderr, "%d steps: %s\n", steps, doc);
         cJSON *v = cJSON_Parse(doc);
-        if (!v) fail_msg("schema %s seed %d: not JSON: %s", json, seed, doc);
+        if (!v) { FILE *f = fopen("/tmp/schema29-bad.json", "w"); if (f) { fputs(doc, f); fclose(f); } fail_msg("schema %s seed %d: not JSON: %s", json, seed, doc); }
         char why[200] = "";
         if (!validate(v, s, s, why, sizeof why)) fail_msg("schema %s seed %d: %s fails %s", json, seed, doc, why);
         cJSON_Delete(v);
@@ -272,6 +302,28 @@ static void test_schema_walks(void **state)
         "{\"type\":\"object\",\"properties\":{\"a\\\"b\\\\ \u00e9\\n\":{\"enum\":[\"x\\ty\",\"\\u0001\"]}},\"required\":[\"a\\\"b\\\\ \u00e9\\n\"],\"additionalProperties\":false}",
         "{\"type\":\"string\",\"pattern\":\"^[\\\"\\\\\\\\n]{2}[^a-z]?$\"}",
         "{\"type\":\"string\",\"pattern\":\"^x[a-z]*\"}",
+        /* issue 29: what zod and Pydantic write */
+        "{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991}",
+        "{\"type\":\"integer\",\"minimum\":-9223372036854775808,\"maximum\":9223372036854775807}",
+        "{\"type\":\"integer\",\"exclusiveMinimum\":0}",
+        "{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":true,\"maximum\":10,\"exclusiveMaximum\":true}",
+        "{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}",
+        "{\"type\":\"number\",\"minimum\":-2.5,\"exclusiveMaximum\":3}",
+        "{\"type\":\"integer\",\"multipleOf\":5,\"minimum\":-9007199254740991,\"maximum\":9007199254740991}",
+        "{\"type\":\"integer\",\"multipleOf\":7,\"minimum\":0,\"maximum\":100}",
+        "{\"type\":\"integer\",\"multipleOf\":3}",
+        "{\"type\":\"number\",\"multipleOf\":25,\"minimum\":-1000}",
+        "{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",\"c\"]},\"uniqueItems\":true}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"boolean\"},\"uniqueItems\":true,\"minItems\":1}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true}",
+        "{\"type\":\"object\",\"propertyNames\":{\"type\":\"string\"},\"additionalProperties\":{\"type\":\"number\"},\"maxProperties\":3}",
+        "{\"type\":\"object\",\"propertyNames\":{\"pattern\":\"^[a-z]{1,8}$\"},\"additionalProperties\":{\"type\":\"number\"}}",
+        "{\"type\":\"object\",\"propertyNames\":{\"enum\":[\"x\",\"y\"]},\"additionalProperties\":{\"type\":\"boolean\"},\"maxProperties\":1}",
+        "{\"type\":\"object\",\"patternProperties\":{\"^[a-z]{1,4}$\":{\"type\":\"integer\",\"minimum\":0}},\"additionalProperties\":false,\"minProperties\":1}",
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"],\"minProperties\":1,\"maxProperties\":1,\"additionalProperties\":false}",
+        "{\"type\":\"string\",\"format\":\"time\"}",
+        "{\"type\":\"string\",\"format\":\"uri\"}",
+        "{\"title\":\"C\",\"description\":\"wrapped\",\"allOf\":[{\"enum\":[\"r\",\"g\"]}]}",
         "true",
         "{}",
     };
@@ -319,17 +371,31 @@ static void test_schema_refusals(void **state)
 {
     static const char *const cases[][2] = {
         /* unsupported keywords, each named by its JSON pointer */
-        {"{\"type\":\"object\",\"properties\":{\"age\":{\"type\":\"integer\",\"exclusiveMinimum\":0}}}",
-         "/properties/age/exclusiveMinimum: unsupported keyword"},
-        {"{\"minProperties\":1}", "/minProperties: unsupported keyword"},
         {"{\"type\":\"array\",\"items\":{\"not\":{}}}", "/items/not: unsupported keyword"},
+        {"{\"type\":\"object\",\"properties\":{\"age\":{\"type\":\"integer\",\"dependentRequired\":{}}}}",
+         "/properties/age/dependentRequired: unsupported keyword"},
+        {"{\"$defs\":{\"a\":{\"contains\":true}},\"$ref\":\"#/$defs/a\"}", "/$defs/a/contains: unsupported keyword"},
+        {"{\"properties\":{\"a/b\":{\"multipleOf\":0.01}}}", "/properties/a~1b/multipleOf: 0.01: only whole divisors"},
+        /* issue 29: what the grammar cannot enforce exactly is refused */
+        {"{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true,\"minItems\":2}", "/uniqueItems: over items that are not a finite set"},
+        {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"}],\"uniqueItems\":true}", "/uniqueItems: together with prefixItems"},
+        {"{\"type\":\"object\",\"minProperties\":2,\"additionalProperties\":{\"type\":\"integer\"}}", "/minProperties: not enforced"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"maxProperties\":0}", "/maxProperties: not enforced"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"propertyNames\":{\"maxLength\":3},\"additionalProperties\":true}", "/propertyNames: together with properties"},
+        {"{\"type\":\"object\",\"patternProperties\":{\"^a\":{},\"^b\":{}}}", "/patternProperties: more than one pattern"},
+        {"{\"type\":\"string\",\"format\":\"date\",\"pattern\":\"^\\\\d+$\"}", "/pattern: format 'date' together with this pattern is not supported"},
+        {"{\"if\":{},\"then\":{}}", "/if: unsupported keyword: the grammar cannot enforce it exactly"},
+        {"{\"type\":\"integer\",\"minimum\":1e19}", "/minimum: the integers allowed are all beyond the supported magnitude"},
+        {"{\"type\":\"integer\",\"exclusiveMinimum\":3,\"maximum\":3}", "no integer satisfies"},
+        {"{\"type\":\"number\",\"minimum\":0.1,\"maximum\":0.9}", "narrower than one unit"},
+        {"{\"type\":\"integer\",\"exclusiveMinimum\":true}", "/exclusiveMinimum: true (draft 4) needs minimum beside it"},
+        {"{\"type\":\"integer\",\"minimum\":7,\"maximum\":9,\"multipleOf\":5}", "no integer satisfies"},
+        {"{\"type\":\"array\",\"items\":{\"enum\":[1,2]},\"uniqueItems\":true,\"minItems\":3}", "no array satisfies"},
+        {"{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}}},{\"properties\":{\"a\":{\"type\":\"string\"}}}]}", "'a' has different schemas in two members"},
         {"{\"anyOf\":[{\"type\":\"string\"},{\"if\":{}}]}", "/anyOf/1/if: unsupported keyword"},
-        {"{\"$defs\":{\"a\":{\"uniqueItems\":true}},\"$ref\":\"#/$defs/a\"}", "/$defs/a/uniqueItems: unsupported keyword"},
-        {"{\"properties\":{\"a/b\":{\"multipleOf\":2}}}", "/properties/a~1b/multipleOf: unsupported keyword"},
         {"{\"type\":\"string\",\"format\":\"hostname\"}", "/format: 'hostname' is not supported"},
         {"{\"type\":\"string\",\"pattern\":\"(?=a)b\"}", "/pattern: lookaround"},
         {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "/pattern: unsupported escape"},
-        {"{\"type\":\"number\",\"minimum\":0.5}", "/minimum: bounds are supported on type integer only"},
         {"{\"type\":\"strin\"}", "/type: 'strin' is not a JSON Schema type"},
         {"{\"$ref\":\"http://example.com/s.json\"}", "/$ref: 'http://example.com/s.json' does not resolve"},
         {"{\"type\":\"string\",\"minLength\":-1}", "/minLength: must be a non-negative integer"},
@@ -550,9 +616,9 @@ static void test_tool_call(void **state)
     struct rl_err err = {0};
     expect_refusal(gram_compile_tool_call(&g, voc, tools, strlen(tools), "nope", &err), &err, "tool nope",
                    "'nope', which is not among the tools");
-    const char *badt = "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"patternProperties\":{}}}}]";
+    const char *badt = "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"not\":{}}}}]";
     expect_refusal(gram_compile_tool_call(&g, voc, badt, strlen(badt), NULL, &err), &err, badt,
-                   "/0/function/parameters/patternProperties: unsupported keyword");
+                   "/0/function/parameters/not: unsupported keyword");
     cJSON_Delete(tj);
 }
 
@@ -701,6 +767,32 @@ static void test_language(void **state)
         {"{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":false},{\"properties\":{\"b\":{\"type\":\"boolean\"}}}]}", "{\"a\": 1}", 1},
         {"{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":false},{\"properties\":{\"b\":{\"type\":\"boolean\"}}}]}", "{\"a\": 1, \"b\": true}", -1},
         {"{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":false},{\"properties\":{\"b\":{\"type\":\"boolean\"}}}]}", "{\"b\": true}", -1},
+        /* issue 29: integer bounds to int64, exclusive bounds, multipleOf */
+        {"{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991}", "9007199254740991", 1},
+        {"{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991}", "9007199254740992", -1},
+        {"{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991}", "-9007199254740991", 1},
+        {"{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991}", "-9007199254740992", -1},
+        {"{\"type\":\"integer\",\"minimum\":-1000000000000000}", "-1000000000000000", 1},
+        {"{\"type\":\"integer\",\"exclusiveMinimum\":0}", "0", -1},
+        {"{\"type\":\"integer\",\"exclusiveMinimum\":0}", "1", 1},
+        {"{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":true,\"maximum\":10,\"exclusiveMaximum\":true}", "10", -1},
+        {"{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":true,\"maximum\":10,\"exclusiveMaximum\":true}", "9", 1},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}", "0", 0},   /* only as the start of 0.x */
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}", "0.0", 0},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}", "0.25", 1},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}", "1", 1},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}", "1.5", -1},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}", "-0.5", -1},
+        {"{\"type\":\"integer\",\"multipleOf\":25}", "1275", 1},
+        {"{\"type\":\"integer\",\"multipleOf\":25}", "-50", 1},
+        {"{\"type\":\"integer\",\"multipleOf\":25,\"minimum\":0,\"maximum\":100000}", "99975", 1},
+        {"{\"type\":\"integer\",\"multipleOf\":25,\"minimum\":0,\"maximum\":100000}", "99990", -1},
+        {"{\"type\":\"integer\",\"multipleOf\":25,\"minimum\":0,\"maximum\":100000}", "100025", -1},
+        {"{\"type\":\"integer\",\"multipleOf\":25,\"minimum\":0,\"maximum\":100000}", "25", 1},
+        {"{\"type\":\"integer\",\"multipleOf\":25,\"minimum\":0,\"maximum\":100000}", "-25", -1},
+        {"{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\"]},\"uniqueItems\":true}", "[\"a\", \"b\"]", 1},
+        {"{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\"]},\"uniqueItems\":true}", "[\"a\", \"a\"]", -1},
+        {"{\"type\":\"string\",\"format\":\"uri\"}", "\"https://example.com/a/b\"", 1},
         {"{\"type\":\"string\",\"format\":\"uuid\"}", "\"123e4567-e89b-12d3-a456-426614174000\"", 1},
         {"{\"type\":\"string\",\"format\":\"email\"}", "\"a.b@example.com\"", 1},
         {"{\"type\":\"string\",\"format\":\"email\"}", "\"a.b@@example.com\"", -1},
