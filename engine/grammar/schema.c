@@ -152,7 +152,7 @@ static const char *const KNOWN[] = {
     "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
     "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
     "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minProperties", "maxProperties",
-    "patternProperties", "propertyNames", "uniqueItems", NULL};
+    "patternProperties", "propertyNames", "uniqueItems", "additionalItems", NULL};
 
 static bool known(const char *k)
 {
@@ -182,7 +182,14 @@ static long count_kw(struct sc *c, const cJSON *s, const char *k, long dflt)
 
 /* ---- regular expressions (pattern) -> grammar text over JSON-encoded
  * characters ---- */
-struct rx { const char *s; size_t n, i; struct sc *c; struct sb *o; int depth; };
+/* K >= 0: every unbounded repetition {m,} is written {m+J, m+J+K} (a
+ * subset of the pattern's strings, so minLength/maxLength can be met
+ * exactly); mn/mx: the length in characters of the strings the text
+ * written matches, min and max (RX_INF: unbounded). */
+#define RX_INF (1L << 40)
+struct rx { const char *s; size_t n, i; struct sc *c; struct sb *o; int depth; long J, K, mn, mx; };
+static long rx_add(long a, long b) { return a >= RX_INF || b >= RX_INF ? RX_INF : a + b; }
+static long rx_mul(long a, long b) { return !a || !b ? 0 : a >= RX_INF || b >= RX_INF || a * b >= RX_INF ? RX_INF : a * b; }
 
 /* Writes the alternatives for "one character in ranges r", JSON-encoded:
  * plain characters as a class, '"', '\' and controls as their escapes. */
@@ -290,6 +297,7 @@ static int rx_alt(struct rx *x);
 static int rx_atom(struct rx *x, bool *got)
 {
     *got = true;
+    x->mn = x->mx = 1; /* one character, unless a group says otherwise */
     char ch = x->s[x->i];
     struct gir_range r[RX_MAXR];
     int n;
@@ -363,11 +371,11 @@ static int rx_atom(struct rx *x, bool *got)
     }
     if (ch == '^') return rx_bad(x, "^ not at the start");
     if (ch == '$') {
-        if (x->i + 1 == x->n) { *got = false; return 0; }
+        if (x->i + 1 == x->n) { *got = false; x->mn = x->mx = 0; return 0; }
         return rx_bad(x, "$ not at the end");
     }
     if (ch == '*' || ch == '+' || ch == '?' || ch == '{') return rx_bad(x, "quantifier without an operand");
-    if (ch == ')' || ch == '|') { *got = false; return 0; }
+    if (ch == ')' || ch == '|') { *got = false; x->mn = x->mx = 0; return 0; }
     long cp = rx_cp(x);
     if (cp < 0) return x->c->rc;
     r[0] = (struct gir_range){(uint32_t)cp, (uint32_t)cp};
@@ -388,6 +396,7 @@ static int rx_num(struct rx *x, long *v)
 
 static int rx_seq(struct rx *x)
 {
+    long smn = 0, smx = 0;
     sb_s(x->o, "(\"\"");
     while (x->i < x->n) {
         sb_s(x->o, " (");
@@ -395,12 +404,15 @@ static int rx_seq(struct rx *x)
         if (rx_atom(x, &got)) return x->c->rc;
         sb_s(x->o, ")");
         if (!got) { x->o->n -= 2; x->o->p[x->o->n] = 0; break; }
+        long amn = x->mn, amx = x->mx, qmn = 1, qmx = 1;
         if (x->i < x->n) {
             char q = x->s[x->i];
-            if (q == '*' || q == '+' || q == '?') { x->i++; sb_add(x->o, &q, 1); }
-            else if (q == '{') {
+            long m = -1, k = -1;
+            if (q == '*' || q == '+' || q == '?') {
                 x->i++;
-                long m, k;
+                m = q == '+'; k = q == '?' ? 1 : -1;
+            } else if (q == '{') {
+                x->i++;
                 if (rx_num(x, &m)) return x->c->rc;
                 k = m;
                 if (x->i < x->n && x->s[x->i] == ',') {
@@ -411,43 +423,96 @@ static int rx_seq(struct rx *x)
                 if (x->i >= x->n || x->s[x->i] != '}') return rx_bad(x, "missing }");
                 x->i++;
                 if (k >= 0 && k < m) return rx_bad(x, "{m,n} with n < m");
+            }
+            if (m >= 0) {
+                if (k < 0 && x->K >= 0) { m += x->J; k = m + x->K; }
                 if (k < 0) sb_f(x->o, "{%ld,}", m);
                 else sb_f(x->o, "{%ld,%ld}", m, k);
-            } else continue;
-            if (x->i < x->n && x->s[x->i] == '?') x->i++; /* lazy: same language */
-            if (x->i < x->n && (x->s[x->i] == '*' || x->s[x->i] == '+' || x->s[x->i] == '{'))
-                return rx_bad(x, "repeated quantifier");
+                qmn = m; qmx = k < 0 ? RX_INF : k;
+                if (x->i < x->n && x->s[x->i] == '?') x->i++; /* lazy: same language */
+                if (x->i < x->n && (x->s[x->i] == '*' || x->s[x->i] == '+' || x->s[x->i] == '{'))
+                    return rx_bad(x, "repeated quantifier");
+            }
         }
+        smn = rx_add(smn, rx_mul(amn, qmn));
+        smx = rx_add(smx, rx_mul(amx, qmx));
     }
     sb_s(x->o, ")");
+    x->mn = smn; x->mx = smx;
     return 0;
 }
 
 static int rx_alt(struct rx *x)
 {
+    long amn = RX_INF, amx = 0;
     sb_s(x->o, "(");
     for (;;) {
         if (rx_seq(x)) return x->c->rc;
+        if (x->mn < amn) amn = x->mn;
+        if (x->mx > amx) amx = x->mx;
         if (x->i < x->n && x->s[x->i] == '|') { x->i++; sb_s(x->o, " | "); continue; }
         break;
     }
     sb_s(x->o, ")");
+    x->mn = amn; x->mx = amx;
     return 0;
 }
 
 /* The content of a string matching pattern p (ECMA-262 semantics: it may
  * match anywhere unless anchored). */
-static int gen_pattern(struct sc *c, struct sb *o, const char *p)
+static int gen_pattern_jk(struct sc *c, struct sb *o, const char *p, long J, long K, long *mn, long *mx)
 {
     size_t n = strlen(p);
     bool a0 = n && p[0] == '^', a1 = n && p[n - 1] == '$' && (n < 2 || p[n - 2] != '\\');
-    struct rx x = {.s = p, .n = n, .i = a0 ? 1 : 0, .c = c, .o = o};
-    if (!a0) sb_s(o, CH "* ");
+    struct rx x = {.s = p, .n = n, .i = a0 ? 1 : 0, .c = c, .o = o, .J = J, .K = K};
+    if (!a0) { if (K >= 0) sb_f(o, CH "{0,%ld} ", K); else sb_s(o, CH "* "); }
     if (rx_alt(&x)) return c->rc;
     if (a1 && x.i == n - 1) x.i++;
     if (x.i != n) return rx_bad(&x, "unexpected character");
-    if (!a1) sb_s(o, " " CH "*");
+    if (!a1) { if (K >= 0) sb_f(o, " " CH "{0,%ld}", K); else sb_s(o, " " CH "*"); }
+    *mn = x.mn;
+    *mx = (!a0 || !a1) ? (K >= 0 ? rx_add(x.mx, (!a0 + !a1) * K) : RX_INF) : x.mx;
     return 0;
+}
+
+static int gen_pattern(struct sc *c, struct sb *o, const char *p)
+{
+    long mn, mx;
+    return gen_pattern_jk(c, o, p, 0, -1, &mn, &mx);
+}
+
+/* pattern with minLength lo and maxLength hi (-1: none): the pattern's
+ * unbounded repetitions are bounded ({m,} as {m+J, m+J+K}) so that every
+ * string written has a length within lo..hi, searched over J (raising
+ * short strings) and K (the most slack under hi). A subset of the
+ * schema's strings; refused when no J, K makes every string fit (e.g. a
+ * fixed part longer than hi, or a short alternative below lo). */
+static int gen_pattern_len(struct sc *c, struct sb *o, const char *p, long lo, long hi)
+{
+    long mn, mx;
+    struct sb t = {0};
+    int rc = gen_pattern_jk(c, &t, p, 0, -1, &mn, &mx);
+    free(t.p);
+    if (rc) return rc;
+    if (mn >= lo && (hi < 0 || mx <= hi)) return gen_pattern(c, o, p); /* implied */
+    for (long J = 0; J <= 64 && J <= lo; J++) {
+        long best = -1, a = 0, b = hi >= 0 ? hi : (lo > 64 ? lo : 64);
+        while (a <= b) { /* the largest K with max <= hi */
+            long K = (a + b) / 2;
+            struct sb u = {0};
+            rc = gen_pattern_jk(c, &u, p, J, K, &mn, &mx);
+            free(u.p);
+            if (rc) return rc;
+            if (hi < 0 || mx <= hi) { best = K; a = K + 1; } else b = K - 1;
+        }
+        if (best < 0) break; /* even K = 0 is too long: larger J only adds */
+        struct sb u = {0};
+        rc = gen_pattern_jk(c, &u, p, J, best, &mn, &mx);
+        free(u.p);
+        if (rc) return rc;
+        if (mn >= lo) return gen_pattern_jk(c, o, p, J, best, &mn, &mx);
+    }
+    return bad(c, "pattern", "together with minLength/maxLength: no bounding of the pattern's repetitions keeps every string within the lengths (supported when its fixed parts fit)");
 }
 
 /* ---- integer ranges ---- */
@@ -756,9 +821,11 @@ static int gen_string(struct sc *c, struct sb *o, const cJSON *s)
     }
     if (pat) {
         if (!cJSON_IsString(pat)) return bad(c, "pattern", "must be a string");
-        if (has_len) return bad(c, "pattern", "pattern together with minLength/maxLength is not supported");
+        long lo = count_kw(c, s, "minLength", 0), hi = count_kw(c, s, "maxLength", -1);
+        if (lo < 0 || c->rc) return c->rc;
+        if (hi >= 0 && hi < lo) return bad(c, "minLength", "is above maxLength: no string satisfies this schema");
         sb_s(o, "\"\\\"\" (");
-        if (gen_pattern(c, o, pat->valuestring)) return c->rc;
+        if (has_len ? gen_pattern_len(c, o, pat->valuestring, lo, hi) : gen_pattern(c, o, pat->valuestring)) return c->rc;
         sb_s(o, ") \"\\\"\"");
         return 0;
     }
@@ -870,6 +937,19 @@ static int gen_array(struct sc *c, struct sb *o, const cJSON *s)
 {
     const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(s, "prefixItems");
+    /* drafts 4-2019 (Pydantic 1's tuples): items as an array is
+     * prefixItems, additionalItems the rest (absent: none generated) */
+    if (cJSON_IsArray(items)) {
+        if (pre) return bad(c, "items", "an array of schemas together with prefixItems");
+        pre = items;
+        items = cJSON_GetObjectItemCaseSensitive(s, "additionalItems");
+        if (!items) {
+            static cJSON no = {.type = cJSON_False};
+            items = &no;
+        }
+    } else if (cJSON_GetObjectItemCaseSensitive(s, "additionalItems")) {
+        return bad(c, "additionalItems", "without items as an array is not supported");
+    }
     long mn = count_kw(c, s, "minItems", 0), mx = count_kw(c, s, "maxItems", -1);
     if (c->rc) return c->rc;
     if (pre && !cJSON_IsArray(pre)) return bad(c, "prefixItems", "must be an array of schemas");

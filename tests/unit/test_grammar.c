@@ -216,6 +216,7 @@ static bool validate(const cJSON *v, const cJSON *s, const cJSON *root, char *wh
                 for (int j = 0; j < i; j++)
                     if (cJSON_Compare(cJSON_GetArrayItem(v, i), cJSON_GetArrayItem(v, j), 1)) WHY("uniqueItems");
         const cJSON *pre = cJSON_GetObjectItem(s, "prefixItems"), *it = cJSON_GetObjectItem(s, "items");
+        if (cJSON_IsArray(it)) { pre = it; it = cJSON_GetObjectItem(s, "additionalItems"); }
         int k = pre ? cJSON_GetArraySize(pre) : 0;
         for (int i = 0; i < n; i++) {
             const cJSON *sub = i < k ? cJSON_GetArrayItem(pre, i) : it;
@@ -324,6 +325,12 @@ static void test_schema_walks(void **state)
         "{\"type\":\"string\",\"format\":\"time\"}",
         "{\"type\":\"string\",\"format\":\"uri\"}",
         "{\"title\":\"C\",\"description\":\"wrapped\",\"allOf\":[{\"enum\":[\"r\",\"g\"]}]}",
+        /* pattern with minLength/maxLength (Pydantic constr, zod .regex().max()) */
+        "{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"maxLength\":12}",
+        "{\"type\":\"string\",\"pattern\":\"^[a-z]+(-[a-z]+)*$\",\"minLength\":3,\"maxLength\":10}",
+        "{\"type\":\"string\",\"pattern\":\"ab\",\"maxLength\":6}",
+        /* draft 4 tuples (Pydantic 1) */
+        "{\"type\":\"array\",\"minItems\":2,\"maxItems\":2,\"items\":[{\"type\":\"number\"},{\"type\":\"boolean\"}]}",
         "true",
         "{}",
     };
@@ -384,6 +391,8 @@ static void test_schema_refusals(void **state)
         {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"propertyNames\":{\"maxLength\":3},\"additionalProperties\":true}", "/propertyNames: together with properties"},
         {"{\"type\":\"object\",\"patternProperties\":{\"^a\":{},\"^b\":{}}}", "/patternProperties: more than one pattern"},
         {"{\"type\":\"string\",\"format\":\"date\",\"pattern\":\"^\\\\d+$\"}", "/pattern: format 'date' together with this pattern is not supported"},
+        {"{\"type\":\"string\",\"pattern\":\"^abcdef$\",\"maxLength\":3}", "/pattern: together with minLength/maxLength: no bounding"},
+        {"{\"type\":\"string\",\"pattern\":\"^(a|b+)$\",\"minLength\":2}", "/pattern: together with minLength/maxLength: no bounding"},
         {"{\"if\":{},\"then\":{}}", "/if: unsupported keyword: the grammar cannot enforce it exactly"},
         {"{\"type\":\"integer\",\"minimum\":1e19}", "/minimum: the integers allowed are all beyond the supported magnitude"},
         {"{\"type\":\"integer\",\"exclusiveMinimum\":3,\"maximum\":3}", "no integer satisfies"},
@@ -793,6 +802,10 @@ static void test_language(void **state)
         {"{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\"]},\"uniqueItems\":true}", "[\"a\", \"b\"]", 1},
         {"{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\"]},\"uniqueItems\":true}", "[\"a\", \"a\"]", -1},
         {"{\"type\":\"string\",\"format\":\"uri\"}", "\"https://example.com/a/b\"", 1},
+        {"{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"maxLength\":3}", "\"abc\"", 1},
+        {"{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"maxLength\":3}", "\"abcd\"", -1},
+        {"{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"minLength\":2,\"maxLength\":3}", "\"a\"", -1},
+        {"{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"minLength\":2,\"maxLength\":3}", "\"ab\"", 1},
         {"{\"type\":\"string\",\"format\":\"uuid\"}", "\"123e4567-e89b-12d3-a456-426614174000\"", 1},
         {"{\"type\":\"string\",\"format\":\"email\"}", "\"a.b@example.com\"", 1},
         {"{\"type\":\"string\",\"format\":\"email\"}", "\"a.b@@example.com\"", -1},
