@@ -647,7 +647,7 @@ static bool mult_range(struct sb *o, long long a, long long b, long long m)
     long long p10 = 1;
     int k = 0;
     while (k < 7 && p10 % m) { p10 *= 10; k++; }
-    if (p10 % m == 0 && k >= 1) {
+    if (p10 % m == 0 && k >= 1 && p10 / m <= 1000) { /* at most 1,000 suffixes */
         /* suffixes: the multiples of m below 10^k, k digits with zeros */
         struct sb suf = {0};
         sb_s(&suf, "([]");
@@ -1151,6 +1151,23 @@ static int gen_object(struct sc *c, struct sb *o, const cJSON *s)
     char an[64];
     if (arule >= 0) snprintf(an, sizeof an, "%ss%d", c->prefix, arule);
     else snprintf(an, sizeof an, "value");
+    /* extra keys beside declared ones: longer (in characters, an escape
+     * counting one, as decoded) than every declared name, so none repeats
+     * a declared property (whose value would then have to match two
+     * schemas, and a parser keeps only one of the pair) */
+    if (extra && n > 0 && !strcmp(kname, "string")) {
+        long L = 0;
+        for (int i = 0; i < n; i++) {
+            long ch = 0;
+            for (const unsigned char *q = (const unsigned char *)pv[i].name; *q; q++) ch += (*q & 0xc0) != 0x80;
+            if (ch > L) L = ch;
+        }
+        if (L + 1 > GIR_MAX_REPEAT) { free(pv); return bad(c, "additionalProperties", "beside a property name over %d characters is not supported", GIR_MAX_REPEAT - 1); }
+        int kr = new_rule(c);
+        rule_name(c, &c->out, kr);
+        sb_f(&c->out, " ::= \"\\\"\" " CH "{%ld,} \"\\\"\"\n", L + 1);
+        snprintf(kname, sizeof kname, "%ss%d", c->prefix, kr);
+    }
     bool all_req = true;
     for (int i = 0; i < n; i++) all_req &= pv[i].req;
     sb_s(b, "\"{\" ");

@@ -806,6 +806,11 @@ static void test_language(void **state)
         {"{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"maxLength\":3}", "\"abcd\"", -1},
         {"{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"minLength\":2,\"maxLength\":3}", "\"a\"", -1},
         {"{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"minLength\":2,\"maxLength\":3}", "\"ab\"", 1},
+        /* extra keys beside declared ones are longer than every declared name */
+        {"{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"integer\"}},\"additionalProperties\":{\"type\":\"boolean\"}}", "{\"ab\": 1, \"xyz\": true}", 1},
+        {"{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"integer\"}},\"additionalProperties\":{\"type\":\"boolean\"}}", "{\"ab\": 1, \"ab\": true}", -1},
+        {"{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"integer\"}},\"additionalProperties\":{\"type\":\"boolean\"}}", "{\"ab\": 1, \"\\u0061b\": true}", -1},
+        {"{\"type\":\"integer\",\"multipleOf\":64}", "640", 1},
         {"{\"type\":\"string\",\"format\":\"uuid\"}", "\"123e4567-e89b-12d3-a456-426614174000\"", 1},
         {"{\"type\":\"string\",\"format\":\"email\"}", "\"a.b@example.com\"", 1},
         {"{\"type\":\"string\",\"format\":\"email\"}", "\"a.b@@example.com\"", -1},
@@ -825,7 +830,8 @@ static void test_language(void **state)
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}", "{\"a\":1,\"c\":2}", -1},
         {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}", "{\"x\": 1, \"y\": 2}", 1},
         {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}", "{\"x\": true}", -1},
-        {"{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\"}},\"additionalProperties\":true}", "{\"s\": \"v\", \"k\": [null, {\"z\": 1.5}]}", 1},
+        {"{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\"}},\"additionalProperties\":true}", "{\"s\": \"v\", \"kk\": [null, {\"z\": 1.5}]}", 1},
+        {"{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\"}},\"additionalProperties\":true}", "{\"s\": \"v\", \"k\": 1}", -1}, /* extra keys: longer than the declared */
         {"{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\"}}}", "{\"s\": \"v\", \"k\": 1}", -1}, /* absent: none generated */
         {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"}],\"items\":{\"type\":\"string\"},\"minItems\":2}", "[1, \"a\", \"b\"]", 1},
         {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"}],\"items\":{\"type\":\"string\"},\"minItems\":2}", "[1]", -1},
