@@ -585,7 +585,8 @@ static void test_tool_call(void **state)
         "\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":10},\"unit\":{\"enum\":[\"c\",\"f\"]}},"
         "\"required\":[\"city\",\"unit\"],\"additionalProperties\":false}}},"
         "{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":{\"type\":\"object\","
-        "\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":99},\"b\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":99}},"
+        /* a: zod's .int() bounds, b: .positive() (issue 29: forced tool calls with them) */
+        "\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991},\"b\":{\"type\":\"integer\",\"exclusiveMinimum\":0,\"maximum\":99}},"
         "\"required\":[\"a\",\"b\"],\"additionalProperties\":false}}}]";
     cJSON *tj = cJSON_Parse(tools);
     for (int named = 0; named < 2; named++) {
