@@ -180,6 +180,28 @@ static long count_kw(struct sc *c, const cJSON *s, const char *k, long dflt)
     return (long)x->valuedouble;
 }
 
+/* minLength/maxLength: any non-negative integer (up to 10^15); a
+ * maxLength above STR_MAX_GEN is written as STR_MAX_GEN (each position of
+ * a count is automaton states: a subset of the schema's strings, as
+ * Pydantic's AnyUrl maxLength 65536 needs). *raw gets the value as given. */
+#define STR_MAX_GEN 2000
+static long len_kw(struct sc *c, const cJSON *s, const char *k, long dflt, long *raw)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(s, k);
+    *raw = dflt;
+    if (!x) return dflt;
+    if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble != floor(x->valuedouble) || x->valuedouble > 1e15) {
+        bad(c, k, "must be a non-negative integer");
+        return -1;
+    }
+    *raw = (long)x->valuedouble;
+    if (!strcmp(k, "minLength") && *raw > STR_MAX_GEN) {
+        bad(c, k, "%ld is over the supported limit of %d", *raw, STR_MAX_GEN);
+        return -1;
+    }
+    return *raw > STR_MAX_GEN ? STR_MAX_GEN : *raw;
+}
+
 /* ---- regular expressions (pattern) -> grammar text over JSON-encoded
  * characters ---- */
 /* K >= 0: every unbounded repetition {m,} is written {m+J, m+J+K} (a
@@ -745,7 +767,7 @@ static int gen_integer(struct sc *c, struct sb *o, const cJSON *s, bool is_int)
  * Each accepts every string of the narrow form gen_string writes for that
  * format when a pattern is present (dates 0001-9999; date-time in UTC with
  * seconds; time with seconds, no offset; uuid v4 lower case; email
- * a@b.cc). */
+ * a@b.cc; ipv4 as is; ipv6 as 8 groups; duration as PnD). */
 static const char *const ZOD_PATTERNS[][2] = {
     {"date", "^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))$"},
     {"date-time", "^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))T(?:(?:[01]\\d|2[0-3]):[0-5]\\d(?::[0-5]\\d(?:\\.\\d+)?)?(?:Z))$"},
@@ -756,6 +778,9 @@ static const char *const ZOD_PATTERNS[][2] = {
     {"uuid", "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}|00000000-0000-0000-0000-000000000000)$"},
     {"uuid", "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-4[0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12})$"},
     {"uuid", "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})$"},
+    {"ipv4", "^(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])\\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])$"},
+    {"ipv6", "^(([0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}|::|([0-9a-fA-F]{1,4})?::([0-9a-fA-F]{1,4}:?){0,6})$"},
+    {"duration", "^P(?:(\\d+W)|(?!.*W)(?=\\d|T\\d)(\\d+Y)?(\\d+M)?(\\d+D)?(T(?=\\d)(\\d+H)?(\\d+M)?(\\d+([.,]\\d+)?S)?)?)$"},
 };
 
 static int gen_string(struct sc *c, struct sb *o, const cJSON *s)
@@ -763,9 +788,33 @@ static int gen_string(struct sc *c, struct sb *o, const cJSON *s)
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(s, "format");
     const cJSON *pat = cJSON_GetObjectItemCaseSensitive(s, "pattern");
     bool has_len = cJSON_GetObjectItemCaseSensitive(s, "minLength") || cJSON_GetObjectItemCaseSensitive(s, "maxLength");
+    if (fmt && !cJSON_IsString(fmt)) return bad(c, "format", "must be a string");
+    /* formats: those written below; JSON Schema's others are refused (a
+     * validator may check them); any other name (zod's cuid2, base64,
+     * Pydantic's binary, ...) is no JSON Schema format, which validators
+     * ignore: the other keywords alone decide */
+    static const struct { const char *name, *as; int lo, hi, nlo, nhi; } FMTS[] = {
+        /* name, written as, length in characters: lo..hi, narrow nlo..nhi */
+        {"date", "date", 10, 10, 10, 10},          {"date-time", "date-time", 20, 32, 20, 27},
+        {"time", "time", 9, 21, 8, 15},            {"uuid", "uuid", 36, 36, 36, 36},
+        {"email", "email", 5, 384, 6, 90},         {"idn-email", "email", 5, 384, 6, 90},
+        {"uri", "uri", 12, 161, 12, 161},          {"uri-reference", "uri", 12, 161, 12, 161},
+        {"iri", "uri", 12, 161, 12, 161},          {"iri-reference", "uri", 12, 161, 12, 161},
+        {"ipv4", "ipv4", 7, 15, 7, 15},            {"ipv6", "ipv6", 15, 39, 15, 39},
+        {"hostname", "hostname", 1, 83, 1, 83},    {"idn-hostname", "hostname", 1, 83, 1, 83},
+        {"duration", "duration", 3, 5, 3, 5},
+    };
+    static const char *const REFUSED_FMTS[] = {"uri-template", "json-pointer", "relative-json-pointer", "regex", NULL};
+    int fi = -1;
     if (fmt) {
-        if (!cJSON_IsString(fmt)) return bad(c, "format", "must be a string");
-        if (has_len) return bad(c, "format", "format together with minLength/maxLength is not supported");
+        for (size_t i = 0; i < sizeof FMTS / sizeof *FMTS && fi < 0; i++)
+            if (!strcmp(fmt->valuestring, FMTS[i].name)) fi = (int)i;
+        for (int i = 0; fi < 0 && REFUSED_FMTS[i]; i++)
+            if (!strcmp(fmt->valuestring, REFUSED_FMTS[i]))
+                return bad(c, "format", "'%.40s' is not supported (date, date-time, time, uuid, email, uri, ipv4, ipv6, hostname, duration are)", fmt->valuestring);
+        if (fi < 0) fmt = NULL; /* not a JSON Schema format: an annotation */
+    }
+    if (fmt) {
         /* format with a pattern (zod writes both): the pattern must be one
          * known to accept every string of the narrow form written then
          * (checked by hand against each pattern; see schemas/grammar.md) */
@@ -775,8 +824,19 @@ static int gen_string(struct sc *c, struct sb *o, const cJSON *s)
                 narrow = cJSON_IsString(pat) && !strcmp(fmt->valuestring, ZOD_PATTERNS[i][0]) &&
                          !strcmp(pat->valuestring, ZOD_PATTERNS[i][1]);
             if (!narrow)
-                return bad(c, "pattern", "format '%.40s' together with this pattern is not supported (only the patterns zod 4 writes for date, date-time, time, email and uuid are)",
+                return bad(c, "pattern", "format '%.40s' together with this pattern is not supported (only the patterns zod 4 writes for date, date-time, time, email, uuid, ipv4, ipv6 and duration are)",
                            fmt->valuestring);
+        }
+        /* lengths: when every string the format is written as fits */
+        if (has_len) {
+            long lo, hi;
+            len_kw(c, s, "minLength", 0, &lo);
+            len_kw(c, s, "maxLength", -1, &hi);
+            if (c->rc) return c->rc;
+            int flo = narrow ? FMTS[fi].nlo : FMTS[fi].lo, fhi = narrow ? FMTS[fi].nhi : FMTS[fi].hi;
+            if (lo > flo || (hi >= 0 && hi < fhi))
+                return bad(c, "format", "'%.40s' (written %d-%d characters long) together with minLength %ld / maxLength %ld is not supported",
+                           fmt->valuestring, flo, fhi, lo, hi);
         }
         /* a real calendar date (what RFC 3339 full-date and Python's
          * date.fromisoformat accept): year 0001-9999, each month's own day
@@ -790,7 +850,7 @@ static int gen_string(struct sc *c, struct sb *o, const cJSON *s)
             "([0-9]{2} (\"0\" [48] | [2468] [048] | [13579] [26]) | "
             "(\"0\" [48] | [2468] [048] | [13579] [26]) \"00\") \"-02-29\"";
         static const char tim[] = "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? (\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])";
-        const char *f = fmt->valuestring;
+        const char *f = FMTS[fi].as;
         sb_s(o, "\"\\\"\" (");
         if (!strcmp(f, "date")) sb_s(o, date);
         /* the date is an alternation: bracket it, or "T" time binds to its
@@ -813,6 +873,15 @@ static int gen_string(struct sc *c, struct sb *o, const cJSON *s)
             /* narrow: no dots in the local part, letters for the top level */
             if (narrow) sb_s(o, "[a-z0-9]{1,20} \"@\" [a-z0-9]{1,20} (\".\" [a-z0-9]{1,20}){0,2} \".\" [a-z]{2,6}");
             else sb_s(o, "[A-Za-z0-9_%+-] [A-Za-z0-9._%+-]{0,63} \"@\" [A-Za-z0-9] [A-Za-z0-9-]{0,62} (\".\" [A-Za-z0-9] [A-Za-z0-9-]{0,62}){1,4}");
+        } else if (!strcmp(f, "ipv4")) {
+            sb_s(o, "((\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9]) \".\"){3} "
+                    "(\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9])");
+        } else if (!strcmp(f, "ipv6")) {
+            sb_s(o, "([0-9a-f]{1,4} \":\"){7} [0-9a-f]{1,4}"); /* the full form */
+        } else if (!strcmp(f, "hostname")) {
+            sb_s(o, "[a-z] [a-z0-9]{0,19} (\".\" [a-z] [a-z0-9]{0,19}){0,3}");
+        } else if (!strcmp(f, "duration")) {
+            sb_s(o, "\"P\" [1-9] [0-9]{0,2} \"D\"");
         } else if (!strcmp(f, "uri")) {
             sb_s(o, "\"https://\" [a-z0-9]{1,20} (\".\" [a-z0-9]{1,20}){0,2} \".\" [a-z]{2,6} (\"/\" [A-Za-z0-9._~-]{0,20}){0,4}");
         } else return bad(c, "format", "'%.40s' is not supported (date, date-time, time, uuid, email, uri are)", f);
@@ -821,7 +890,7 @@ static int gen_string(struct sc *c, struct sb *o, const cJSON *s)
     }
     if (pat) {
         if (!cJSON_IsString(pat)) return bad(c, "pattern", "must be a string");
-        long lo = count_kw(c, s, "minLength", 0), hi = count_kw(c, s, "maxLength", -1);
+        long raw, lo = len_kw(c, s, "minLength", 0, &raw), hi = len_kw(c, s, "maxLength", -1, &raw);
         if (lo < 0 || c->rc) return c->rc;
         if (hi >= 0 && hi < lo) return bad(c, "minLength", "is above maxLength: no string satisfies this schema");
         sb_s(o, "\"\\\"\" (");
@@ -829,7 +898,7 @@ static int gen_string(struct sc *c, struct sb *o, const cJSON *s)
         sb_s(o, ") \"\\\"\"");
         return 0;
     }
-    long mn = count_kw(c, s, "minLength", 0), mx = count_kw(c, s, "maxLength", -1);
+    long raw, mn = len_kw(c, s, "minLength", 0, &raw), mx = len_kw(c, s, "maxLength", -1, &raw);
     if (mn < 0 || c->rc) return c->rc;
     if (mx >= 0 && mx < mn) return bad(c, "minLength", "is above maxLength: no string satisfies this schema");
     if (mn == 0 && mx < 0) { sb_s(o, "string"); return 0; }

@@ -325,6 +325,13 @@ static void test_schema_walks(void **state)
         "{\"type\":\"string\",\"format\":\"time\"}",
         "{\"type\":\"string\",\"format\":\"uri\"}",
         "{\"title\":\"C\",\"description\":\"wrapped\",\"allOf\":[{\"enum\":[\"r\",\"g\"]}]}",
+        "{\"type\":\"string\",\"format\":\"ipv4\"}",
+        "{\"type\":\"string\",\"format\":\"ipv6\"}",
+        "{\"type\":\"string\",\"format\":\"hostname\"}",
+        "{\"type\":\"string\",\"format\":\"duration\"}",
+        /* Pydantic's HttpUrl; zod's cuid2 (no JSON Schema format: the pattern decides) */
+        "{\"type\":\"string\",\"format\":\"uri\",\"minLength\":1,\"maxLength\":2083}",
+        "{\"type\":\"string\",\"format\":\"cuid2\",\"pattern\":\"^[0-9a-z]+$\",\"maxLength\":8}",
         /* pattern with minLength/maxLength (Pydantic constr, zod .regex().max()) */
         "{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"maxLength\":12}",
         "{\"type\":\"string\",\"pattern\":\"^[a-z]+(-[a-z]+)*$\",\"minLength\":3,\"maxLength\":10}",
@@ -402,7 +409,8 @@ static void test_schema_refusals(void **state)
         {"{\"type\":\"array\",\"items\":{\"enum\":[1,2]},\"uniqueItems\":true,\"minItems\":3}", "no array satisfies"},
         {"{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}}},{\"properties\":{\"a\":{\"type\":\"string\"}}}]}", "'a' has different schemas in two members"},
         {"{\"anyOf\":[{\"type\":\"string\"},{\"if\":{}}]}", "/anyOf/1/if: unsupported keyword"},
-        {"{\"type\":\"string\",\"format\":\"hostname\"}", "/format: 'hostname' is not supported"},
+        {"{\"type\":\"string\",\"format\":\"uri-template\"}", "/format: 'uri-template' is not supported"},
+        {"{\"type\":\"string\",\"format\":\"email\",\"maxLength\":50}", "/format: 'email' (written 5-384 characters long) together with minLength 0 / maxLength 50"},
         {"{\"type\":\"string\",\"pattern\":\"(?=a)b\"}", "/pattern: lookaround"},
         {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "/pattern: unsupported escape"},
         {"{\"type\":\"strin\"}", "/type: 'strin' is not a JSON Schema type"},
@@ -425,8 +433,8 @@ static void test_schema_refusals(void **state)
         {"{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"k\":{\"$ref\":\"#/$defs/n\"}},\"required\":[\"k\"]}},\"$ref\":\"#/$defs/n\"}",
          "no string satisfies"},
         /* too large once expanded */
-        {"{\"type\":\"string\",\"maxLength\":9000}", "schema is too large (over 50000 automaton states)"},
-        {"{\"type\":\"string\",\"maxLength\":10001}", "/maxLength: 10001 is over the supported limit of 10000"},
+        {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\",\"maxLength\":1999},{\"type\":\"string\",\"maxLength\":1998},{\"type\":\"string\",\"maxLength\":1997}]}", "schema is too large (over 50000 automaton states)"},
+        {"{\"type\":\"string\",\"minLength\":2001}", "/minLength: 2001 is over the supported limit of 2000"},
         /* not JSON */
         {"{\"type\":", "not valid JSON"},
     };
@@ -817,6 +825,8 @@ static void test_language(void **state)
         {"{\"type\":\"string\",\"format\":\"email\"}", "\"a.b@@example.com\"", -1},
         {"{\"type\":\"string\",\"maxLength\":3}", "\"\u00e9\u00e9\u00e9\"", 1}, /* characters, not bytes */
         {"{\"type\":\"string\",\"maxLength\":3}", "\"abcd\"", -1},
+        /* a maxLength above 2,000 is written as 2,000 (Pydantic's AnyUrl: 65536) */
+        {"{\"type\":\"string\",\"maxLength\":65536}", "\"abc\"", 1},
         {"{\"type\":\"string\"}", "\"tab\\there \\u00e9 \\\" ok\"", 1},
         {"{\"type\":\"string\"}", "\"raw\ttab\"", -1}, /* a control character unescaped */
         /* whitespace: at most one space after ',' and ':' */

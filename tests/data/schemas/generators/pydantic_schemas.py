@@ -3,14 +3,16 @@ Model.schema()) produces for typical models into this folder as
 pydantic1-NAME.json (issue 29: the schemas Python clients send). Run:
 /usr/bin/python3 tests/data/schemas/generators/pydantic_schemas.py [OUTDIR]"""
 import datetime
+import decimal
 import enum
+import ipaddress
 import json
 import pathlib
 import sys
 import uuid
 from typing import Dict, FrozenSet, List, Literal, Optional, Set, Tuple, Union
 
-from pydantic import BaseModel, Field, conint, confloat, conlist, constr
+from pydantic import AnyUrl, BaseModel, Field, HttpUrl, SecretStr, conbytes, conint, confloat, conlist, constr
 
 
 class Color(str, enum.Enum):
@@ -120,6 +122,17 @@ class WithUUID(BaseModel):
     parent: Optional[uuid.UUID] = None
 
 
+class Misc(BaseModel):
+    homepage: HttpUrl
+    source: Optional[AnyUrl] = None
+    host: ipaddress.IPv4Address
+    when: datetime.time
+    every: datetime.timedelta
+    blob: conbytes(max_length=8) = b""
+    amount: decimal.Decimal
+    password: SecretStr = Field(..., max_length=12)
+
+
 class WithDict(BaseModel):
     scores: Dict[constr(regex=r"^[a-z]{1,8}$"), conint(ge=0, le=100)]
 
@@ -184,7 +197,7 @@ MODELS = {
     "constrained-strings": ConstrainedStrings, "dates": Dates, "uuid": WithUUID, "dict": WithDict,
     "tuple": WithTuple, "conlist": WithConList, "recursive-node": Node,
     "recursive-employee": Employee, "invoice": Invoice, "sentiment": Sentiment,
-    "extraction": Extraction, "tool-args": ToolArgs,
+    "extraction": Extraction, "tool-args": ToolArgs, "misc-types": Misc,
 }
 
 if __name__ == "__main__":
