@@ -14,9 +14,20 @@
  * whitespace except one optional space after ',' and ':' (so a model's
  * natural `{"a": 1, "b": 2}` fits), properties in the schema's order,
  * numbers bounded in length (16 integer digits, 15 fraction digits, 2
- * exponent digits: no number overflows a double). Every keyword not in
- * the supported set, and every supported one with a bad value, is refused
- * with EV_CODE_BAD_PARAM naming its JSON pointer. Annotations (title, description, ...) are ignored. */
+ * exponent digits: no number overflows a double; bounded integers up to
+ * int64). Every keyword not in the supported set, and every supported one
+ * with a bad value, is refused with EV_CODE_BAD_PARAM naming its JSON
+ * pointer. Annotations (title, description, ...) are ignored.
+ *
+ * The invariant: the grammar's language is a subset of the schema's
+ * valid instances, never more. Where a keyword cannot be written exactly
+ * the compiler writes a smaller set that still satisfies it (multipleOf
+ * over a wide range, uniqueItems over free items as at most one item, a
+ * pattern bounded to meet minLength/maxLength, narrow forms of formats
+ * beside zod's patterns, extra keys longer than the declared names), or
+ * refuses the schema with a sentence saying why (not, if/then/else,
+ * allOf members that contradict each other). What zod 4 and Pydantic
+ * write for typical models compiles (tests/data/schemas/generators). */
 #include "gir.h"
 
 #include <cjson/cJSON.h>
