@@ -713,12 +713,64 @@ static bool mult_range(struct sb *o, long long a, long long b, long long m)
     return true;
 }
 
+/* The decimal text I.F (F exactly 3 digits) as a double, as a validator
+ * parses it. */
+static double dec3(double I, long F)
+{
+    char t[48];
+    snprintf(t, sizeof t, "%.0f.%03ld", I, F);
+    return strtod(t, NULL);
+}
+
+/* Numbers with a fraction whose magnitude x lies in [A, B] (A >= 0; the
+ * flags make an end exclusive), written as " | " alternatives, "-" first
+ * when neg: the open cells (m, m+1) that lie inside, with 1-6 fraction
+ * digits (the last not 0), and the cells the ends cut, with exactly 3
+ * (I.FFF, each checked as a double against the end, so no rounding puts
+ * one outside). Whole parts below 10^9 only: a double holds them with 6
+ * fraction digits exactly enough to keep each value inside. Returns
+ * whether anything was written. */
+static bool frac_side(struct sb *o, double A, bool Aex, double B, bool Bex, bool neg)
+{
+    const double CL = 999999999.0;
+    if (!(A <= B)) return false;
+    bool any = false;
+    const char *sg = neg ? "\"-\" " : "";
+    double mlo = ceil(A), mhi = fmin(CL, isinf(B) ? CL : floor(B) - 1);
+    if (mlo <= mhi) {
+        sb_f(o, " | %s", sg);
+        pos_range(o, (unsigned long long)mlo, (unsigned long long)mhi);
+        sb_s(o, " \".\" [0-9]{0,5} [1-9]");
+        any = true;
+    }
+    /* the cells the ends cut: floor(A) when A is no integer, floor(B) when
+     * B is none (one cell when both fall in it) */
+    double cut[2] = {floor(A), isinf(B) ? -1 : floor(B)};
+    bool done0 = false;
+    for (int k = 0; k < 2; k++) {
+        double I = cut[k];
+        if (I < 0 || I > CL) continue;
+        if (k == 0 && I == A) continue;          /* A whole: no cut cell */
+        if (k == 1 && (I == B || (done0 && I == cut[0]))) continue;
+        done0 |= k == 0;
+        long F0 = 1, F1 = 999;
+        while (F0 <= F1 && (dec3(I, F0) < A || (Aex && dec3(I, F0) == A))) F0++;
+        while (F1 >= F0 && (dec3(I, F1) > B || (Bex && dec3(I, F1) == B))) F1--;
+        if (F0 > F1) continue;
+        char a[8], b[8];
+        snprintf(a, sizeof a, "%03ld", F0);
+        snprintf(b, sizeof b, "%03ld", F1);
+        sb_f(o, " | %s\"%.0f.\" ", sg, I);
+        digits_range(o, a, b, 3);
+        any = true;
+    }
+    return any;
+}
+
 /* Integers (is_int) and numbers with bounds and multipleOf. Bounds: any
  * value; the integers generated are clamped to +-INT_GEN_MAX (int64) and,
- * on a side without a bound, to 15 digits. Numbers: the integers in range,
- * and numbers with 1-6 fraction digits (the last not 0, so never equal to
- * a bound) whose whole part m has the open interval (m, m+1) inside the
- * bounds, for |m| < 10^9 (so the value rounds to no bound as a double).
+ * on a side without a bound, to 15 digits. Numbers: the integers in range
+ * and the fractions of frac_side().
  * multipleOf: whole numbers only (see mult_range). */
 static int gen_integer(struct sc *c, struct sb *o, const cJSON *s, bool is_int)
 {
@@ -757,18 +809,15 @@ static int gen_integer(struct sc *c, struct sb *o, const cJSON *s, bool is_int)
         else sb_s(o, "[]");
     }
     if (!is_int && m == 1) {
-        /* cells (m, m+1) inside [lo, hi], |m| < 10^9 */
-        const double CL = 999999999.0;
-        double plo = fmax(0, ceil(lo)), phi = fmin(CL, floor(hi) - 1);
-        double nlo = fmax(0, ceil(-hi)), nhi = fmin(CL, floor(-lo) - 1);
-        if (isinf(lo)) nhi = CL;
-        if (isinf(hi)) phi = CL;
-        if (plo <= phi) { sb_s(o, " | "); pos_range(o, (unsigned long long)plo, (unsigned long long)phi); sb_s(o, " \".\" [0-9]{0,5} [1-9]"); any = true; }
-        if (nlo <= nhi) { sb_s(o, " | \"-\" "); pos_range(o, (unsigned long long)nlo, (unsigned long long)nhi); sb_s(o, " \".\" [0-9]{0,5} [1-9]"); any = true; }
+        /* the positive side: magnitudes in [max(lo, 0), hi]; the negative
+         * side: "-" and magnitudes in [max(-hi, 0), -lo], the exclusive
+         * flags swapped */
+        any |= frac_side(o, lo > 0 ? lo : 0, lo > 0 && lx, hi, hx, false);
+        any |= frac_side(o, hi < 0 ? -hi : 0, hi < 0 && hx, -lo, lx, true);
     }
     sb_s(o, ")");
     if (!any)
-        return bad(c, "minimum", "no %s satisfies this schema (or none the grammar writes: a number range narrower than one unit between integers is not supported)",
+        return bad(c, "minimum", "no %s satisfies this schema (or none the grammar writes: a range narrower than 0.001 without an integer)",
                    is_int ? "integer" : "number");
     return 0;
 }

@@ -35,7 +35,7 @@ const models = {
   "int-multiple": z.object({ step: z.number().int().multipleOf(5) }),
   "int-multiple-odd": z.object({ step: z.number().int().multipleOf(3).min(0).max(300) }),
   "int-gt-lt": z.object({ n: z.number().int().gt(-10).lt(10) }),
-  "number-range": z.object({ ratio: z.number().min(0).max(1) }),
+  "number-range": z.object({ ratio: z.number().min(0).max(1), share: z.number().min(0.05).max(0.5), temp: z.number().min(-1.5).max(2.5) }),
   "number-positive": z.object({ price: z.number().positive() }),
   "number-gt-lt": z.object({ temp: z.number().gt(-40).lt(60) }),
   "string-length": z.object({ code: z.string().min(2).max(6) }),

@@ -100,6 +100,7 @@ class ConstrainedNumbers(BaseModel):
     positive: conint(gt=0)
     small: conint(ge=-5, le=5)
     ratio: confloat(ge=0, le=1)
+    rate: confloat(gt=0, le=0.25)
     price: confloat(gt=0, lt=1000)
     even: conint(multiple_of=2, ge=0, le=100)
     step: conint(multiple_of=10)
