@@ -1558,6 +1558,14 @@ static int gen_body(struct sc *c, struct sb *o, const cJSON *s)
     if (cJSON_IsTrue(s)) { sb_s(o, "value"); return 0; }
     if (cJSON_IsFalse(s)) { sb_s(o, "[]"); return 0; }
     if (!cJSON_IsObject(s)) return bad(c, NULL, "a schema must be an object or a boolean");
+    /* not: {} / not: true (zod's z.never()) matches nothing, not: false
+     * anything; other forms are refused below */
+    const cJSON *nt_ = cJSON_GetObjectItemCaseSensitive(s, "not");
+    if (nt_ && (cJSON_IsBool(nt_) || (cJSON_IsObject(nt_) && !nt_->child))) {
+        bool others = false;
+        for (const cJSON *k = s->child; k; k = k->next) others |= k != nt_ && !is_annotation(k->string);
+        if (!others) { sb_s(o, cJSON_IsFalse(nt_) ? "value" : "[]"); return 0; }
+    }
     for (const cJSON *k = s->child; k; k = k->next)
         if (!known(k->string)) {
             static const char *const unenforced[] = {"not", "if", "then", "else", "dependentRequired", "dependentSchemas",

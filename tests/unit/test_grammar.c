@@ -389,7 +389,7 @@ static void test_schema_refusals(void **state)
 {
     static const char *const cases[][2] = {
         /* unsupported keywords, each named by its JSON pointer */
-        {"{\"type\":\"array\",\"items\":{\"not\":{}}}", "/items/not: unsupported keyword"},
+        {"{\"type\":\"array\",\"items\":{\"not\":{\"type\":\"string\"}}}", "/items/not: unsupported keyword"},
         {"{\"type\":\"object\",\"properties\":{\"age\":{\"type\":\"integer\",\"dependentRequired\":{}}}}",
          "/properties/age/dependentRequired: unsupported keyword"},
         {"{\"$defs\":{\"a\":{\"contains\":true}},\"$ref\":\"#/$defs/a\"}", "/$defs/a/contains: unsupported keyword"},
@@ -833,6 +833,9 @@ static void test_language(void **state)
         {"{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"minLength\":2,\"maxLength\":3}", "\"ab\"", 1},
         /* extra keys beside declared ones are longer than every declared name */
         {"{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"integer\"}},\"additionalProperties\":{\"type\":\"boolean\"}}", "{\"ab\": 1, \"xyz\": true}", 1},
+        /* zod's catchall(z.never()): additionalProperties {"not": {}} lets none through */
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":{\"not\":{}}}", "{\"a\": 1}", 1},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":{\"not\":{}}}", "{\"a\": 1, \"bb\": 2}", -1},
         {"{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"integer\"}},\"additionalProperties\":{\"type\":\"boolean\"}}", "{\"ab\": 1, \"ab\": true}", -1},
         {"{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"integer\"}},\"additionalProperties\":{\"type\":\"boolean\"}}", "{\"ab\": 1, \"\\u0061b\": true}", -1},
         {"{\"type\":\"integer\",\"multipleOf\":64}", "640", 1},
