@@ -974,7 +974,7 @@ static int gen_string(struct sc *c, struct sb *o, const cJSON *s)
  * U(i, k) = "values i.. remain, k written" keep the text quadratic in the
  * set's size. Returns 0 when written, 1 when the items are not a finite
  * set (nothing written), or the error. */
-static int gen_unique(struct sc *c, struct sb *o, const cJSON *s, const cJSON *items, long mn, long mx)
+static int gen_unique(struct sc *c, struct sb *o, const cJSON *items, long mn, long mx)
 {
     const cJSON *it = items;
     for (int hop = 0; hop < 8 && cJSON_IsObject(it) && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(it, "$ref")); hop++)
@@ -1027,7 +1027,6 @@ static int gen_unique(struct sc *c, struct sb *o, const cJSON *s, const cJSON *i
         rc = bad(c, "minItems", "cannot be met with unique items (at most %ld distinct values): no array satisfies this schema", cap);
         goto out;
     }
-    (void)s;
     /* U(i, k): rule base + i * (cap + 1) + k */
     int base = c->n_rules;
     c->n_rules += (nv + 1) * (int)(cap + 1);
@@ -1087,7 +1086,7 @@ static int gen_array(struct sc *c, struct sb *o, const cJSON *s)
     if (uq && !cJSON_IsBool(uq)) return bad(c, "uniqueItems", "must be a boolean");
     if (cJSON_IsTrue(uq)) {
         if (pre) return bad(c, "uniqueItems", "together with prefixItems is not supported");
-        int r = gen_unique(c, o, s, items, mn, mx);
+        int r = gen_unique(c, o, items, mn, mx);
         if (r != 1) return r;
         /* items not a finite set: at most one item, which is unique */
         if (mn > 1) return bad(c, "uniqueItems", "over items that are not a finite set (enum, const, boolean) with minItems above 1 is not enforced by the grammar: refused");
