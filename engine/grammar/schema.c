@@ -823,25 +823,153 @@ static int gen_integer(struct sc *c, struct sb *o, const cJSON *s, bool is_int)
 }
 
 /* ---- strings ---- */
-/* The patterns zod 4 (z.toJSONSchema) writes beside a format, verbatim.
- * Each accepts every string of the narrow form gen_string writes for that
- * format when a pattern is present (dates 0001-9999; date-time in UTC with
- * seconds; time with seconds, no offset; uuid v4 lower case; email
- * a@b.cc; ipv4 as is; ipv6 as 8 groups; duration as PnD). */
+/* Patterns zod 4 (z.toJSONSchema) writes beside a format that use
+ * lookarounds, which the pattern translator refuses, verbatim. Each
+ * accepts every string of the narrow form fmt_text writes for that format
+ * (checked by hand: email a@b.cc has no leading dot and no "..", duration
+ * PnD has no W and starts with a digit). zod's other format patterns
+ * (date, date-time, time, uuid, ipv4, ipv6) need no entry: comparing the
+ * automata shows the full or the narrow form inside them. */
 static const char *const ZOD_PATTERNS[][2] = {
-    {"date", "^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))$"},
-    {"date-time", "^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))T(?:(?:[01]\\d|2[0-3]):[0-5]\\d(?::[0-5]\\d(?:\\.\\d+)?)?(?:Z))$"},
-    {"date-time", "^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))T(?:(?:[01]\\d|2[0-3]):[0-5]\\d(?::[0-5]\\d(?:\\.\\d+)?)?(?:Z|([+-]\\d{2}:\\d{2})))$"},
-    {"date-time", "^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))T(?:(?:[01]\\d|2[0-3]):[0-5]\\d(?::[0-5]\\d(?:\\.\\d+)?)?(?:Z|))$"},
-    {"time", "^(?:[01]\\d|2[0-3]):[0-5]\\d(?::[0-5]\\d(?:\\.\\d+)?)?$"},
     {"email", "^(?!\\.)(?!.*\\.\\.)([A-Za-z0-9_'+\\-\\.]*)[A-Za-z0-9_+-]@([A-Za-z0-9][A-Za-z0-9\\-]*\\.)+[A-Za-z]{2,}$"},
-    {"uuid", "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}|00000000-0000-0000-0000-000000000000)$"},
-    {"uuid", "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-4[0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12})$"},
-    {"uuid", "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})$"},
-    {"ipv4", "^(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])\\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])$"},
-    {"ipv6", "^(([0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}|::|([0-9a-fA-F]{1,4})?::([0-9a-fA-F]{1,4}:?){0,6})$"},
     {"duration", "^P(?:(\\d+W)|(?!.*W)(?=\\d|T\\d)(\\d+Y)?(\\d+M)?(\\d+D)?(T(?=\\d)(\\d+H)?(\\d+M)?(\\d+([.,]\\d+)?S)?)?)$"},
 };
+
+/* The content of a string of format f (one of FMTS' "as" names), the
+ * narrow form when narrow (see ZOD_PATTERNS). */
+static void fmt_text(struct sb *o, const char *f, bool narrow)
+{
+    /* a real calendar date (what RFC 3339 full-date and Python's
+     * date.fromisoformat accept): year 0001-9999, each month's own day
+     * count, and February 29th only in leap years (by 4, centuries by
+     * 400: the last two digits, or the first two of a century) */
+    static const char date[] =
+        "(\"000\" [1-9] | \"00\" [1-9] [0-9] | \"0\" [1-9] [0-9]{2} | [1-9] [0-9]{3}) \"-\" "
+        "((\"0\" [13578] | \"1\" [02]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) | "
+        "(\"0\" [469] | \"11\") \"-\" (\"0\" [1-9] | [12] [0-9] | \"30\") | "
+        "\"02-\" (\"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8])) | "
+        "([0-9]{2} (\"0\" [48] | [2468] [048] | [13579] [26]) | "
+        "(\"0\" [48] | [2468] [048] | [13579] [26]) \"00\") \"-02-29\"";
+    static const char tim[] = "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? (\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])";
+    if (!strcmp(f, "date")) sb_s(o, date);
+    /* the date is an alternation: bracket it, or "T" time binds to its
+     * last branch (Feb 29th) only */
+    else if (!strcmp(f, "date-time")) {
+        sb_s(o, "("); sb_s(o, date); sb_s(o, ") \"T\" ");
+        /* narrow (zod's patterns): UTC, "Z" */
+        if (narrow) sb_s(o, "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? \"Z\"");
+        else sb_s(o, tim);
+    }
+    else if (!strcmp(f, "time")) {
+        /* narrow (zod's pattern): no offset, which zod refuses */
+        if (narrow) sb_s(o, "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})?");
+        else sb_s(o, tim);
+    } else if (!strcmp(f, "uuid")) {
+        /* narrow: a version 4, variant 1 UUID in lower case */
+        if (narrow) sb_s(o, "[0-9a-f]{8} \"-\" [0-9a-f]{4} \"-4\" [0-9a-f]{3} \"-\" [89ab] [0-9a-f]{3} \"-\" [0-9a-f]{12}");
+        else sb_s(o, "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12}");
+    } else if (!strcmp(f, "email")) {
+        /* narrow: no dots in the local part, letters for the top level */
+        if (narrow) sb_s(o, "[a-z0-9]{1,20} \"@\" [a-z0-9]{1,20} (\".\" [a-z0-9]{1,20}){0,2} \".\" [a-z]{2,6}");
+        else sb_s(o, "[A-Za-z0-9_%+-] [A-Za-z0-9._%+-]{0,63} \"@\" [A-Za-z0-9] [A-Za-z0-9-]{0,62} (\".\" [A-Za-z0-9] [A-Za-z0-9-]{0,62}){1,4}");
+    } else if (!strcmp(f, "ipv4")) {
+        sb_s(o, "((\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9]) \".\"){3} "
+                "(\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9])");
+    } else if (!strcmp(f, "ipv6")) {
+        sb_s(o, "([0-9a-f]{1,4} \":\"){7} [0-9a-f]{1,4}"); /* the full form */
+    } else if (!strcmp(f, "hostname")) {
+        sb_s(o, "[a-z] [a-z0-9]{0,19} (\".\" [a-z] [a-z0-9]{0,19}){0,3}");
+    } else if (!strcmp(f, "duration")) {
+        sb_s(o, "\"P\" [1-9] [0-9]{0,2} \"D\"");
+    } else if (!strcmp(f, "uri")) {
+        sb_s(o, "\"https://\" [a-z0-9]{1,20} (\".\" [a-z0-9]{1,20}){0,2} \".\" [a-z]{2,6} (\"/\" [A-Za-z0-9._~-]{0,20}){0,4}");
+    }
+}
+
+/* The automaton of a grammar expression with no rule references (a
+ * format's or a pattern's text): one DFA over bytes. */
+static int dfa_of(const char *expr, struct gpda *p)
+{
+    struct sb t = {0};
+    sb_s(&t, "root ::= ");
+    sb_s(&t, expr ? expr : "\"\"");
+    sb_s(&t, "\n");
+    struct gir g;
+    gir_init(&g);
+    g.what = "schema";
+    int root = 0, rc = -1;
+    struct rl_err e = {0};
+    if (!t.oom) rc = gir_parse_ebnf(&g, t.p, t.n, &root, &e);
+    if (!rc) rc = gir_build(&g, root, p, &e);
+    gir_fini(&g);
+    free(t.p);
+    return rc;
+}
+
+/* Whether every string of expression a is one of expression b's (both
+ * without rule references): the product of their DFAs, walked from the
+ * start; a reachable pair where a may end and b may not, or a byte a takes
+ * and b does not, is a counterexample (both automata are trimmed: every
+ * state of a can still reach an end). 1 yes, 0 no, -1 not decided (too
+ * large, or an error). */
+static int lang_within(const char *a, const char *b)
+{
+    struct gpda A, B;
+    if (dfa_of(a, &A)) return -1;
+    if (dfa_of(b, &B)) { gpda_fini(&A); return -1; }
+    int res = -1;
+    size_t na = (size_t)A.n_st, nb = (size_t)B.n_st;
+    char *seen = na * nb <= 1000000 ? calloc(na * nb, 1) : NULL;
+    int32_t *q = seen ? malloc(sizeof(int32_t) * 2 * na * nb) : NULL;
+    if (!q) goto out;
+    size_t h = 0, n = 0;
+    int32_t x0 = A.rule_start[A.root], y0 = B.rule_start[B.root];
+    q[n++] = x0; q[n++] = y0;
+    seen[(size_t)x0 * nb + (size_t)y0] = 1;
+    res = 1;
+    while (h < n && res == 1) {
+        int32_t x = q[h++], y = q[h++];
+        const struct gstate *sa = &A.st[x], *sb2 = &B.st[y];
+        if (sa->n_ref || sb2->n_ref) { res = -1; break; }
+        if (sa->final && !sb2->final) { res = 0; break; }
+        for (int ch = 0; ch < 256; ch++) {
+            int32_t nx = sa->next[ch];
+            if (nx < 0) continue;
+            int32_t ny = sb2->next[ch];
+            if (ny < 0) { res = 0; break; }
+            size_t k = (size_t)nx * nb + (size_t)ny;
+            if (!seen[k]) { seen[k] = 1; q[n++] = nx; q[n++] = ny; }
+        }
+    }
+out:
+    free(seen); free(q);
+    gpda_fini(&A); gpda_fini(&B);
+    return res;
+}
+
+/* Format f beside pattern p: 0 when every string of the format's full
+ * form matches p, 1 when every string of its narrow form does, -1 when
+ * neither is shown (or p uses what the translator refuses). */
+static int fmt_in_pattern(struct sc *c, const char *f, const char *p)
+{
+    struct sb pt = {0};
+    struct rl_err saved = *c->err;
+    if (gen_pattern(c, &pt, p)) { /* not translatable: not an error here */
+        c->rc = 0;
+        *c->err = saved;
+        free(pt.p);
+        return -1;
+    }
+    int res = -1;
+    for (int narrow = 0; narrow < 2 && res < 0; narrow++) {
+        struct sb ft = {0};
+        fmt_text(&ft, f, narrow);
+        if (!ft.oom && !pt.oom && lang_within(ft.p, pt.p) == 1) res = narrow;
+        free(ft.p);
+    }
+    free(pt.p);
+    return res;
+}
 
 static int gen_string(struct sc *c, struct sb *o, const cJSON *s)
 {
@@ -883,9 +1011,12 @@ static int gen_string(struct sc *c, struct sb *o, const cJSON *s)
             for (size_t i = 0; i < sizeof ZOD_PATTERNS / sizeof *ZOD_PATTERNS && !narrow; i++)
                 narrow = cJSON_IsString(pat) && !strcmp(fmt->valuestring, ZOD_PATTERNS[i][0]) &&
                          !strcmp(pat->valuestring, ZOD_PATTERNS[i][1]);
-            if (!narrow)
-                return bad(c, "pattern", "format '%.40s' together with this pattern is not supported (only the patterns zod 4 writes for date, date-time, time, email, uuid, ipv4, ipv6 and duration are)",
+            /* else: shown by comparing automata (the full form first) */
+            int w = narrow || !cJSON_IsString(pat) ? 1 : fmt_in_pattern(c, FMTS[fi].as, pat->valuestring);
+            if (w < 0)
+                return bad(c, "pattern", "format '%.40s' together with this pattern is not supported: neither the format's strings nor a narrow form of them all match it (zod 4's patterns are known)",
                            fmt->valuestring);
+            narrow = w == 1;
         }
         /* lengths: when every string the format is written as fits */
         if (has_len) {
@@ -898,53 +1029,9 @@ static int gen_string(struct sc *c, struct sb *o, const cJSON *s)
                 return bad(c, "format", "'%.40s' (written %d-%d characters long) together with minLength %ld / maxLength %ld is not supported",
                            fmt->valuestring, flo, fhi, lo, hi);
         }
-        /* a real calendar date (what RFC 3339 full-date and Python's
-         * date.fromisoformat accept): year 0001-9999, each month's own day
-         * count, and February 29th only in leap years (by 4, centuries by
-         * 400: the last two digits, or the first two of a century) */
-        static const char date[] =
-            "(\"000\" [1-9] | \"00\" [1-9] [0-9] | \"0\" [1-9] [0-9]{2} | [1-9] [0-9]{3}) \"-\" "
-            "((\"0\" [13578] | \"1\" [02]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) | "
-            "(\"0\" [469] | \"11\") \"-\" (\"0\" [1-9] | [12] [0-9] | \"30\") | "
-            "\"02-\" (\"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8])) | "
-            "([0-9]{2} (\"0\" [48] | [2468] [048] | [13579] [26]) | "
-            "(\"0\" [48] | [2468] [048] | [13579] [26]) \"00\") \"-02-29\"";
-        static const char tim[] = "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? (\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])";
         const char *f = FMTS[fi].as;
         sb_s(o, "\"\\\"\" (");
-        if (!strcmp(f, "date")) sb_s(o, date);
-        /* the date is an alternation: bracket it, or "T" time binds to its
-         * last branch (Feb 29th) only */
-        else if (!strcmp(f, "date-time")) {
-            sb_s(o, "("); sb_s(o, date); sb_s(o, ") \"T\" ");
-            /* narrow (zod's patterns): UTC, "Z" */
-            if (narrow) sb_s(o, "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? \"Z\"");
-            else sb_s(o, tim);
-        }
-        else if (!strcmp(f, "time")) {
-            /* narrow (zod's pattern): no offset, which zod refuses */
-            if (narrow) sb_s(o, "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})?");
-            else sb_s(o, tim);
-        } else if (!strcmp(f, "uuid")) {
-            /* narrow: a version 4, variant 1 UUID in lower case */
-            if (narrow) sb_s(o, "[0-9a-f]{8} \"-\" [0-9a-f]{4} \"-4\" [0-9a-f]{3} \"-\" [89ab] [0-9a-f]{3} \"-\" [0-9a-f]{12}");
-            else sb_s(o, "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12}");
-        } else if (!strcmp(f, "email")) {
-            /* narrow: no dots in the local part, letters for the top level */
-            if (narrow) sb_s(o, "[a-z0-9]{1,20} \"@\" [a-z0-9]{1,20} (\".\" [a-z0-9]{1,20}){0,2} \".\" [a-z]{2,6}");
-            else sb_s(o, "[A-Za-z0-9_%+-] [A-Za-z0-9._%+-]{0,63} \"@\" [A-Za-z0-9] [A-Za-z0-9-]{0,62} (\".\" [A-Za-z0-9] [A-Za-z0-9-]{0,62}){1,4}");
-        } else if (!strcmp(f, "ipv4")) {
-            sb_s(o, "((\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9]) \".\"){3} "
-                    "(\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9])");
-        } else if (!strcmp(f, "ipv6")) {
-            sb_s(o, "([0-9a-f]{1,4} \":\"){7} [0-9a-f]{1,4}"); /* the full form */
-        } else if (!strcmp(f, "hostname")) {
-            sb_s(o, "[a-z] [a-z0-9]{0,19} (\".\" [a-z] [a-z0-9]{0,19}){0,3}");
-        } else if (!strcmp(f, "duration")) {
-            sb_s(o, "\"P\" [1-9] [0-9]{0,2} \"D\"");
-        } else if (!strcmp(f, "uri")) {
-            sb_s(o, "\"https://\" [a-z0-9]{1,20} (\".\" [a-z0-9]{1,20}){0,2} \".\" [a-z]{2,6} (\"/\" [A-Za-z0-9._~-]{0,20}){0,4}");
-        } else return bad(c, "format", "'%.40s' is not supported (date, date-time, time, uuid, email, uri are)", f);
+        fmt_text(o, f, narrow);
         sb_s(o, ") \"\\\"\"");
         return 0;
     }

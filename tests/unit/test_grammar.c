@@ -839,6 +839,13 @@ static void test_language(void **state)
         {"{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"integer\"}},\"additionalProperties\":{\"type\":\"boolean\"}}", "{\"ab\": 1, \"ab\": true}", -1},
         {"{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"integer\"}},\"additionalProperties\":{\"type\":\"boolean\"}}", "{\"ab\": 1, \"\\u0061b\": true}", -1},
         {"{\"type\":\"integer\",\"multipleOf\":64}", "640", 1},
+        /* a format beside any pattern: kept when the automata show every
+         * string of the format (or of its narrow form) matches the pattern */
+        {"{\"type\":\"string\",\"format\":\"date\",\"pattern\":\"^\\\\d{4}-\\\\d{2}-\\\\d{2}$\"}", "\"2024-02-29\"", 1},
+        {"{\"type\":\"string\",\"format\":\"date-time\",\"pattern\":\"Z$\"}", "\"2024-01-15T10:20:30Z\"", 1},
+        {"{\"type\":\"string\",\"format\":\"date-time\",\"pattern\":\"Z$\"}", "\"2024-01-15T10:20:30+01:00\"", -1},
+        {"{\"type\":\"string\",\"format\":\"uuid\",\"pattern\":\"^[0-9a-f-]+$\"}", "\"123e4567-e89b-42d3-a456-426614174000\"", 1},
+        {"{\"type\":\"string\",\"format\":\"uuid\",\"pattern\":\"^[0-9a-f-]+$\"}", "\"123E4567-e89b-42d3-a456-426614174000\"", -1},
         {"{\"type\":\"string\",\"format\":\"uuid\"}", "\"123e4567-e89b-12d3-a456-426614174000\"", 1},
         {"{\"type\":\"string\",\"format\":\"email\"}", "\"a.b@example.com\"", 1},
         {"{\"type\":\"string\",\"format\":\"email\"}", "\"a.b@@example.com\"", -1},
