@@ -953,10 +953,11 @@ out:
 static int fmt_in_pattern(struct sc *c, const char *f, const char *p)
 {
     struct sb pt = {0};
-    struct rl_err saved = *c->err;
+    struct rl_err saved = {0};
+    if (c->err) saved = *c->err;
     if (gen_pattern(c, &pt, p)) { /* not translatable: not an error here */
         c->rc = 0;
-        *c->err = saved;
+        if (c->err) *c->err = saved;
         free(pt.p);
         return -1;
     }
