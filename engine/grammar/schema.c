@@ -1160,7 +1160,7 @@ static int gen_array(struct sc *c, struct sb *o, const cJSON *s)
         pre = items;
         items = cJSON_GetObjectItemCaseSensitive(s, "additionalItems");
         if (!items) {
-            static cJSON no = {.type = cJSON_False};
+            static const cJSON no = {.type = cJSON_False}; /* read only: threads share it */
             items = &no;
         }
     } else if (cJSON_GetObjectItemCaseSensitive(s, "additionalItems")) {
