@@ -50,6 +50,10 @@ DEB_PKGS += libedit-dev tmux
 # Debian's npm is installed only where no npm command exists: NodeSource's
 # nodejs package carries its own and conflicts with Debian's.
 DEB_PKGS += nodejs
+# Pydantic 1.10 writes part of the JSON Schema generator corpus
+# (tests/data/schemas/generators/pydantic_schemas.py, checked by
+# tests/integration/test_schema_generators.py; issue 29)
+DEB_PKGS += python3-pydantic
 
 COMMON_SRC := $(wildcard common/*.c)
 ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c engine/grammar/*.c engine/sim/*.c) $(wildcard engine/cuda/*.c) # engine/cuda/*.c: plain C (kv_fit), every build

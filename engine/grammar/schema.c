@@ -14,9 +14,20 @@
  * whitespace except one optional space after ',' and ':' (so a model's
  * natural `{"a": 1, "b": 2}` fits), properties in the schema's order,
  * numbers bounded in length (16 integer digits, 15 fraction digits, 2
- * exponent digits: no number overflows a double). Every keyword not in
- * the supported set, and every supported one with a bad value, is refused
- * with EV_CODE_BAD_PARAM naming its JSON pointer. Annotations (title, description, ...) are ignored. */
+ * exponent digits: no number overflows a double; bounded integers up to
+ * int64). Every keyword not in the supported set, and every supported one
+ * with a bad value, is refused with EV_CODE_BAD_PARAM naming its JSON
+ * pointer. Annotations (title, description, ...) are ignored.
+ *
+ * The invariant: the grammar's language is a subset of the schema's
+ * valid instances, never more. Where a keyword cannot be written exactly
+ * the compiler writes a smaller set that still satisfies it (multipleOf
+ * over a wide range, uniqueItems over free items as at most one item, a
+ * pattern bounded to meet minLength/maxLength, narrow forms of formats
+ * beside zod's patterns, extra keys longer than the declared names), or
+ * refuses the schema with a sentence saying why (not, if/then/else,
+ * allOf members that contradict each other). What zod 4 and Pydantic
+ * write for typical models compiles (tests/data/schemas/generators). */
 #include "gir.h"
 
 #include <cjson/cJSON.h>
@@ -141,7 +152,7 @@ static bool is_annotation(const char *k)
 {
     static const char *const a[] = {"title", "description", "default", "examples", "$comment",
                                     "$schema", "$id", "deprecated", "readOnly", "writeOnly",
-                                    "$defs", "definitions", NULL};
+                                    "$defs", "definitions", "discriminator", NULL};
     for (int i = 0; a[i]; i++)
         if (!strcmp(k, a[i])) return true;
     return false;
@@ -150,7 +161,9 @@ static bool is_annotation(const char *k)
 static const char *const KNOWN[] = {
     "type", "properties", "required", "additionalProperties", "items", "prefixItems",
     "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
-    "minLength", "maxLength", "pattern", "format", "minimum", "maximum", NULL};
+    "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minProperties", "maxProperties",
+    "patternProperties", "propertyNames", "uniqueItems", "additionalItems", NULL};
 
 static bool known(const char *k)
 {
@@ -160,6 +173,7 @@ static bool known(const char *k)
 }
 
 static int gen(struct sc *c, const cJSON *s);
+static const cJSON *resolve(struct sc *c, const char *ref);
 
 /* A non-negative integer keyword value, or -1 (with an error) when bad. */
 static long count_kw(struct sc *c, const cJSON *s, const char *k, long dflt)
@@ -177,9 +191,38 @@ static long count_kw(struct sc *c, const cJSON *s, const char *k, long dflt)
     return (long)x->valuedouble;
 }
 
+/* minLength/maxLength: any non-negative integer (up to 10^15); a
+ * maxLength above STR_MAX_GEN is written as STR_MAX_GEN (each position of
+ * a count is automaton states: a subset of the schema's strings, as
+ * Pydantic's AnyUrl maxLength 65536 needs). *raw gets the value as given. */
+#define STR_MAX_GEN 2000
+static long len_kw(struct sc *c, const cJSON *s, const char *k, long dflt, long *raw)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(s, k);
+    *raw = dflt;
+    if (!x) return dflt;
+    if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble != floor(x->valuedouble) || x->valuedouble > 1e15) {
+        bad(c, k, "must be a non-negative integer");
+        return -1;
+    }
+    *raw = (long)x->valuedouble;
+    if (!strcmp(k, "minLength") && *raw > STR_MAX_GEN) {
+        bad(c, k, "%ld is over the supported limit of %d", *raw, STR_MAX_GEN);
+        return -1;
+    }
+    return *raw > STR_MAX_GEN ? STR_MAX_GEN : *raw;
+}
+
 /* ---- regular expressions (pattern) -> grammar text over JSON-encoded
  * characters ---- */
-struct rx { const char *s; size_t n, i; struct sc *c; struct sb *o; int depth; };
+/* K >= 0: every unbounded repetition {m,} is written {m+J, m+J+K} (a
+ * subset of the pattern's strings, so minLength/maxLength can be met
+ * exactly); mn/mx: the length in characters of the strings the text
+ * written matches, min and max (RX_INF: unbounded). */
+#define RX_INF (1L << 40)
+struct rx { const char *s; size_t n, i; struct sc *c; struct sb *o; int depth; long J, K, mn, mx; };
+static long rx_add(long a, long b) { return a >= RX_INF || b >= RX_INF ? RX_INF : a + b; }
+static long rx_mul(long a, long b) { return !a || !b ? 0 : a >= RX_INF || b >= RX_INF || a * b >= RX_INF ? RX_INF : a * b; }
 
 /* Writes the alternatives for "one character in ranges r", JSON-encoded:
  * plain characters as a class, '"', '\' and controls as their escapes. */
@@ -287,6 +330,7 @@ static int rx_alt(struct rx *x);
 static int rx_atom(struct rx *x, bool *got)
 {
     *got = true;
+    x->mn = x->mx = 1; /* one character, unless a group says otherwise */
     char ch = x->s[x->i];
     struct gir_range r[RX_MAXR];
     int n;
@@ -360,11 +404,11 @@ static int rx_atom(struct rx *x, bool *got)
     }
     if (ch == '^') return rx_bad(x, "^ not at the start");
     if (ch == '$') {
-        if (x->i + 1 == x->n) { *got = false; return 0; }
+        if (x->i + 1 == x->n) { *got = false; x->mn = x->mx = 0; return 0; }
         return rx_bad(x, "$ not at the end");
     }
     if (ch == '*' || ch == '+' || ch == '?' || ch == '{') return rx_bad(x, "quantifier without an operand");
-    if (ch == ')' || ch == '|') { *got = false; return 0; }
+    if (ch == ')' || ch == '|') { *got = false; x->mn = x->mx = 0; return 0; }
     long cp = rx_cp(x);
     if (cp < 0) return x->c->rc;
     r[0] = (struct gir_range){(uint32_t)cp, (uint32_t)cp};
@@ -385,6 +429,7 @@ static int rx_num(struct rx *x, long *v)
 
 static int rx_seq(struct rx *x)
 {
+    long smn = 0, smx = 0;
     sb_s(x->o, "(\"\"");
     while (x->i < x->n) {
         sb_s(x->o, " (");
@@ -392,12 +437,15 @@ static int rx_seq(struct rx *x)
         if (rx_atom(x, &got)) return x->c->rc;
         sb_s(x->o, ")");
         if (!got) { x->o->n -= 2; x->o->p[x->o->n] = 0; break; }
+        long amn = x->mn, amx = x->mx, qmn = 1, qmx = 1;
         if (x->i < x->n) {
             char q = x->s[x->i];
-            if (q == '*' || q == '+' || q == '?') { x->i++; sb_add(x->o, &q, 1); }
-            else if (q == '{') {
+            long m = -1, k = -1;
+            if (q == '*' || q == '+' || q == '?') {
                 x->i++;
-                long m, k;
+                m = q == '+'; k = q == '?' ? 1 : -1;
+            } else if (q == '{') {
+                x->i++;
                 if (rx_num(x, &m)) return x->c->rc;
                 k = m;
                 if (x->i < x->n && x->s[x->i] == ',') {
@@ -408,43 +456,96 @@ static int rx_seq(struct rx *x)
                 if (x->i >= x->n || x->s[x->i] != '}') return rx_bad(x, "missing }");
                 x->i++;
                 if (k >= 0 && k < m) return rx_bad(x, "{m,n} with n < m");
+            }
+            if (m >= 0) {
+                if (k < 0 && x->K >= 0) { m += x->J; k = m + x->K; }
                 if (k < 0) sb_f(x->o, "{%ld,}", m);
                 else sb_f(x->o, "{%ld,%ld}", m, k);
-            } else continue;
-            if (x->i < x->n && x->s[x->i] == '?') x->i++; /* lazy: same language */
-            if (x->i < x->n && (x->s[x->i] == '*' || x->s[x->i] == '+' || x->s[x->i] == '{'))
-                return rx_bad(x, "repeated quantifier");
+                qmn = m; qmx = k < 0 ? RX_INF : k;
+                if (x->i < x->n && x->s[x->i] == '?') x->i++; /* lazy: same language */
+                if (x->i < x->n && (x->s[x->i] == '*' || x->s[x->i] == '+' || x->s[x->i] == '{'))
+                    return rx_bad(x, "repeated quantifier");
+            }
         }
+        smn = rx_add(smn, rx_mul(amn, qmn));
+        smx = rx_add(smx, rx_mul(amx, qmx));
     }
     sb_s(x->o, ")");
+    x->mn = smn; x->mx = smx;
     return 0;
 }
 
 static int rx_alt(struct rx *x)
 {
+    long amn = RX_INF, amx = 0;
     sb_s(x->o, "(");
     for (;;) {
         if (rx_seq(x)) return x->c->rc;
+        if (x->mn < amn) amn = x->mn;
+        if (x->mx > amx) amx = x->mx;
         if (x->i < x->n && x->s[x->i] == '|') { x->i++; sb_s(x->o, " | "); continue; }
         break;
     }
     sb_s(x->o, ")");
+    x->mn = amn; x->mx = amx;
     return 0;
 }
 
 /* The content of a string matching pattern p (ECMA-262 semantics: it may
  * match anywhere unless anchored). */
-static int gen_pattern(struct sc *c, struct sb *o, const char *p)
+static int gen_pattern_jk(struct sc *c, struct sb *o, const char *p, long J, long K, long *mn, long *mx)
 {
     size_t n = strlen(p);
     bool a0 = n && p[0] == '^', a1 = n && p[n - 1] == '$' && (n < 2 || p[n - 2] != '\\');
-    struct rx x = {.s = p, .n = n, .i = a0 ? 1 : 0, .c = c, .o = o};
-    if (!a0) sb_s(o, CH "* ");
+    struct rx x = {.s = p, .n = n, .i = a0 ? 1 : 0, .c = c, .o = o, .J = J, .K = K};
+    if (!a0) { if (K >= 0) sb_f(o, CH "{0,%ld} ", K); else sb_s(o, CH "* "); }
     if (rx_alt(&x)) return c->rc;
     if (a1 && x.i == n - 1) x.i++;
     if (x.i != n) return rx_bad(&x, "unexpected character");
-    if (!a1) sb_s(o, " " CH "*");
+    if (!a1) { if (K >= 0) sb_f(o, " " CH "{0,%ld}", K); else sb_s(o, " " CH "*"); }
+    *mn = x.mn;
+    *mx = (!a0 || !a1) ? (K >= 0 ? rx_add(x.mx, (!a0 + !a1) * K) : RX_INF) : x.mx;
     return 0;
+}
+
+static int gen_pattern(struct sc *c, struct sb *o, const char *p)
+{
+    long mn, mx;
+    return gen_pattern_jk(c, o, p, 0, -1, &mn, &mx);
+}
+
+/* pattern with minLength lo and maxLength hi (-1: none): the pattern's
+ * unbounded repetitions are bounded ({m,} as {m+J, m+J+K}) so that every
+ * string written has a length within lo..hi, searched over J (raising
+ * short strings) and K (the most slack under hi). A subset of the
+ * schema's strings; refused when no J, K makes every string fit (e.g. a
+ * fixed part longer than hi, or a short alternative below lo). */
+static int gen_pattern_len(struct sc *c, struct sb *o, const char *p, long lo, long hi)
+{
+    long mn, mx;
+    struct sb t = {0};
+    int rc = gen_pattern_jk(c, &t, p, 0, -1, &mn, &mx);
+    free(t.p);
+    if (rc) return rc;
+    if (mn >= lo && (hi < 0 || mx <= hi)) return gen_pattern(c, o, p); /* implied */
+    for (long J = 0; J <= 64 && J <= lo; J++) {
+        long best = -1, a = 0, b = hi >= 0 ? hi : (lo > 64 ? lo : 64);
+        while (a <= b) { /* the largest K with max <= hi */
+            long K = (a + b) / 2;
+            struct sb u = {0};
+            rc = gen_pattern_jk(c, &u, p, J, K, &mn, &mx);
+            free(u.p);
+            if (rc) return rc;
+            if (hi < 0 || mx <= hi) { best = K; a = K + 1; } else b = K - 1;
+        }
+        if (best < 0) break; /* even K = 0 is too long: larger J only adds */
+        struct sb u = {0};
+        rc = gen_pattern_jk(c, &u, p, J, best, &mn, &mx);
+        free(u.p);
+        if (rc) return rc;
+        if (mn >= lo) return gen_pattern_jk(c, o, p, J, best, &mn, &mx);
+    }
+    return bad(c, "pattern", "together with minLength/maxLength: no bounding of the pattern's repetitions keeps every string within the lengths (supported when its fixed parts fit)");
 }
 
 /* ---- integer ranges ---- */
@@ -486,101 +587,466 @@ static void digits_range(struct sb *o, const char *lo, const char *hi, int n)
     sb_s(o, ")");
 }
 
-/* non-negative lo..hi without leading zeros */
-static void pos_range(struct sb *o, long long lo, long long hi)
+/* non-negative lo..hi without leading zeros (up to 19 digits: int64) */
+static void pos_range(struct sb *o, unsigned long long lo, unsigned long long hi)
 {
     sb_s(o, "(");
     bool first = true;
-    long long p10 = 1;
-    for (int len = 1; len <= 16; len++, p10 *= 10) {
-        long long a = len == 1 ? 0 : p10, b = p10 * 10 - 1;
+    unsigned long long p10 = 1;
+    for (int len = 1; len <= 19; len++, p10 *= 10) {
+        unsigned long long a = len == 1 ? 0 : p10, b = p10 * 10 - 1;
         if (a < lo) a = lo;
         if (b > hi) b = hi;
         if (a > b) continue;
         char sa[24], sbuf[24];
-        snprintf(sa, sizeof sa, "%lld", a);
-        snprintf(sbuf, sizeof sbuf, "%lld", b);
+        snprintf(sa, sizeof sa, "%llu", a);
+        snprintf(sbuf, sizeof sbuf, "%llu", b);
         if (!first) sb_s(o, " | ");
         digits_range(o, sa, sbuf, len);
         first = false;
     }
+    if (first) sb_s(o, "[]");
     sb_s(o, ")");
 }
 
-#define INT_LIM 999999999999999LL /* 15 digits */
-
-static int gen_integer(struct sc *c, struct sb *o, const cJSON *s, bool is_int)
+/* The integers a..b (a <= b, both within +-INT_GEN_MAX) as an alternation. */
+static void int_range(struct sb *o, long long a, long long b)
 {
-    const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minimum");
-    const cJSON *mx = cJSON_GetObjectItemCaseSensitive(s, "maximum");
-    if (!mn && !mx) { sb_s(o, is_int ? "integer" : "number"); return 0; }
-    if (!is_int)
-        return bad(c, mn ? "minimum" : "maximum", "bounds are supported on type integer only");
-    if ((mn && !cJSON_IsNumber(mn)) || (mx && !cJSON_IsNumber(mx)))
-        return bad(c, mn && !cJSON_IsNumber(mn) ? "minimum" : "maximum", "must be a number");
-    double lo = mn ? ceil(mn->valuedouble) : -INT_LIM, hi = mx ? floor(mx->valuedouble) : INT_LIM;
-    if (lo < -INT_LIM || lo > INT_LIM) return bad(c, "minimum", "beyond the supported magnitude 10^15");
-    if (hi < -INT_LIM || hi > INT_LIM) return bad(c, "maximum", "beyond the supported magnitude 10^15");
-    if (lo > hi) return bad(c, "minimum", "is above maximum: no integer satisfies this schema");
-    long long a = (long long)lo, b = (long long)hi;
     sb_s(o, "(");
     bool first = true;
     if (a < 0) { /* negatives: -(max(1,-b) .. -a) */
-        long long na = b < 0 ? -b : 1, nb = -a;
+        unsigned long long na = b < 0 ? (unsigned long long)-b : 1, nb = (unsigned long long)-a;
         sb_s(o, "\"-\" ");
         pos_range(o, na, nb);
         first = false;
     }
     if (b >= 0) {
         if (!first) sb_s(o, " | ");
-        pos_range(o, a > 0 ? a : 0, b);
+        pos_range(o, a > 0 ? (unsigned long long)a : 0, (unsigned long long)b);
     }
     sb_s(o, ")");
+}
+
+/* Bounds without a value: what is generated (15 digits, as before). A
+ * bound beyond INT_GEN_MAX is clamped to it (the grammar then allows a
+ * subset of what the schema does; int64 holds it). */
+#define INT_LIM 999999999999999LL
+#define INT_GEN_MAX 9000000000000000000LL
+#define MULT_ENUM 256 /* multipleOf: at most this many values listed */
+
+/* A bound keyword: minimum/maximum, and exclusiveMinimum/Maximum as a
+ * number (draft 6+) or as a boolean on the plain bound (draft 4). Sets *v
+ * to the bound (+-INFINITY when none) and *ex when it is exclusive. */
+static int bound_kw(struct sc *c, const cJSON *s, bool upper, double *v, bool *ex)
+{
+    const char *kn = upper ? "maximum" : "minimum", *ke = upper ? "exclusiveMaximum" : "exclusiveMinimum";
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(s, kn), *e = cJSON_GetObjectItemCaseSensitive(s, ke);
+    *v = upper ? INFINITY : -INFINITY;
+    *ex = false;
+    if (n) {
+        if (!cJSON_IsNumber(n)) return bad(c, kn, "must be a number");
+        *v = n->valuedouble;
+    }
+    if (e) {
+        if (cJSON_IsBool(e)) {
+            if (!n && cJSON_IsTrue(e)) return bad(c, ke, "true (draft 4) needs %s beside it", kn);
+            *ex = cJSON_IsTrue(e);
+        } else if (cJSON_IsNumber(e)) {
+            double x = e->valuedouble;
+            if (upper ? x <= *v : x >= *v) { *v = x; *ex = true; }
+        } else {
+            return bad(c, ke, "must be a number (or a boolean, draft 4)");
+        }
+    }
+    return 0;
+}
+
+/* The multiples of m in [a, b] (a <= b): listed when at most MULT_ENUM;
+ * else, when m divides 10^k, every number whose last k digits are a
+ * multiple of m, inside [a, b] by whole blocks of 10^k, and the listed
+ * multiples of magnitude under 10^k; else the MULT_ENUM multiples nearest
+ * zero. The last two are subsets of the schema's set: every output is
+ * valid. Returns false when nothing is written (no multiple in range). */
+static bool mult_range(struct sb *o, long long a, long long b, long long m)
+{
+    long long qa = a >= 0 ? (a + m - 1) / m : -((-a) / m), qb = b >= 0 ? b / m : -((-b + m - 1) / m);
+    if (qa > qb) return false;
+    sb_s(o, "([]");
+    if (qb - qa < MULT_ENUM) {
+        for (long long q = qa; q <= qb; q++) sb_f(o, " | \"%lld\"", q * m);
+        sb_s(o, ")");
+        return true;
+    }
+    long long p10 = 1;
+    int k = 0;
+    while (k < 7 && p10 % m) { p10 *= 10; k++; }
+    if (p10 % m == 0 && k >= 1 && p10 / m <= 1000) { /* at most 1,000 suffixes */
+        /* suffixes: the multiples of m below 10^k, k digits with zeros */
+        struct sb suf = {0};
+        sb_s(&suf, "([]");
+        for (long long x = 0; x < p10; x += m) sb_f(&suf, " | \"%0*lld\"", k, x);
+        sb_s(&suf, ")");
+        for (int neg = 0; neg < 2; neg++) {
+            /* magnitudes allowed on this side */
+            long long lo = neg ? (b < 0 ? -b : 0) : (a > 0 ? a : 0), hi = neg ? -a : b;
+            if (hi < lo || (neg && hi <= 0)) continue;
+            long long plo = (lo + p10 - 1) / p10, phi = (hi + 1) / p10 - 1;
+            if (plo < 1) plo = 1;
+            if (plo <= phi) {
+                sb_s(o, neg ? " | \"-\" " : " | ");
+                pos_range(o, (unsigned long long)plo, (unsigned long long)phi);
+                sb_f(o, " %s", suf.p ? suf.p : "[]");
+            }
+            /* magnitudes below 10^k */
+            for (long long x = neg ? m : 0; x < p10 && x <= hi; x += m)
+                if (x >= lo) sb_f(o, " | \"%s%lld\"", neg ? "-" : "", x);
+        }
+        free(suf.p);
+        sb_s(o, ")");
+        return true;
+    }
+    /* the MULT_ENUM multiples nearest 0 (or the range's near end) */
+    long long q0 = qa > 0 ? qa : qb < 0 ? qb - MULT_ENUM + 1 : -(MULT_ENUM / 2);
+    if (q0 < qa) q0 = qa;
+    for (long long q = q0, i = 0; q <= qb && i < MULT_ENUM; q++, i++) sb_f(o, " | \"%lld\"", q * m);
+    sb_s(o, ")");
+    return true;
+}
+
+/* The decimal text I.F (F exactly 3 digits) as a double, as a validator
+ * parses it. */
+static double dec3(double I, long F)
+{
+    char t[48];
+    snprintf(t, sizeof t, "%.0f.%03ld", I, F);
+    return strtod(t, NULL);
+}
+
+/* Numbers with a fraction whose magnitude x lies in [A, B] (A >= 0; the
+ * flags make an end exclusive), written as " | " alternatives, "-" first
+ * when neg: the open cells (m, m+1) that lie inside, with 1-6 fraction
+ * digits (the last not 0), and the cells the ends cut, with exactly 3
+ * (I.FFF, each checked as a double against the end, so no rounding puts
+ * one outside). Whole parts below 10^9 only: a double holds them with 6
+ * fraction digits exactly enough to keep each value inside. Returns
+ * whether anything was written. */
+static bool frac_side(struct sb *o, double A, bool Aex, double B, bool Bex, bool neg)
+{
+    const double CL = 999999999.0;
+    if (!(A <= B)) return false;
+    bool any = false;
+    const char *sg = neg ? "\"-\" " : "";
+    double mlo = ceil(A), mhi = fmin(CL, isinf(B) ? CL : floor(B) - 1);
+    if (mlo <= mhi) {
+        sb_f(o, " | %s", sg);
+        pos_range(o, (unsigned long long)mlo, (unsigned long long)mhi);
+        sb_s(o, " \".\" [0-9]{0,5} [1-9]");
+        any = true;
+    }
+    /* the cells the ends cut: floor(A) when A is no integer, floor(B) when
+     * B is none (one cell when both fall in it) */
+    double cut[2] = {floor(A), isinf(B) ? -1 : floor(B)};
+    bool done0 = false;
+    for (int k = 0; k < 2; k++) {
+        double I = cut[k];
+        if (I < 0 || I > CL) continue;
+        if (k == 0 && I == A) continue;          /* A whole: no cut cell */
+        if (k == 1 && (I == B || (done0 && I == cut[0]))) continue;
+        done0 |= k == 0;
+        long F0 = 1, F1 = 999;
+        while (F0 <= F1 && (dec3(I, F0) < A || (Aex && dec3(I, F0) == A))) F0++;
+        while (F1 >= F0 && (dec3(I, F1) > B || (Bex && dec3(I, F1) == B))) F1--;
+        if (F0 > F1) continue;
+        char a[8], b[8];
+        snprintf(a, sizeof a, "%03ld", F0);
+        snprintf(b, sizeof b, "%03ld", F1);
+        sb_f(o, " | %s\"%.0f.\" ", sg, I);
+        digits_range(o, a, b, 3);
+        any = true;
+    }
+    return any;
+}
+
+/* Integers (is_int) and numbers with bounds and multipleOf. Bounds: any
+ * value; the integers generated are clamped to +-INT_GEN_MAX (int64) and,
+ * on a side without a bound, to 15 digits. Numbers: the integers in range
+ * and the fractions of frac_side().
+ * multipleOf: whole numbers only (see mult_range). */
+static int gen_integer(struct sc *c, struct sb *o, const cJSON *s, bool is_int)
+{
+    double lo, hi;
+    bool lx, hx;
+    if (bound_kw(c, s, false, &lo, &lx) || bound_kw(c, s, true, &hi, &hx)) return c->rc;
+    const cJSON *mo = cJSON_GetObjectItemCaseSensitive(s, "multipleOf");
+    long long m = 1;
+    if (mo) {
+        if (!cJSON_IsNumber(mo) || !(mo->valuedouble > 0)) return bad(c, "multipleOf", "must be a number above 0");
+        if (mo->valuedouble != floor(mo->valuedouble) || mo->valuedouble > 1e15)
+            return bad(c, "multipleOf", "%g: only whole divisors up to 10^15 are supported (a fraction is not exact in binary floating point)",
+                       mo->valuedouble);
+        m = (long long)mo->valuedouble;
+    }
+    if (isinf(lo) && isinf(hi) && m == 1) { sb_s(o, is_int ? "integer" : "number"); return 0; }
+    /* the integers in [lo, hi]: doubles beyond 2^53 may stand for a
+     * neighbour of the written bound: step one ulp inwards */
+    double L = lo, H = hi;
+    if (fabs(L) >= 9007199254740992.0 && !isinf(L)) L = nextafter(L, INFINITY);
+    if (fabs(H) >= 9007199254740992.0 && !isinf(H)) H = nextafter(H, -INFINITY);
+    L = isinf(L) ? L : lx ? floor(L) + 1 : ceil(L);
+    H = isinf(H) ? H : hx ? ceil(H) - 1 : floor(H);
+    if (isinf(L)) L = H < -INT_LIM ? H - INT_LIM : -INT_LIM;
+    if (isinf(H)) H = L > INT_LIM ? L + INT_LIM : INT_LIM;
+    double Lc = L < -INT_GEN_MAX ? -INT_GEN_MAX : L, Hc = H > INT_GEN_MAX ? INT_GEN_MAX : H;
+    bool have_int = Lc <= Hc;
+    if (L <= H && !have_int)
+        return bad(c, L > 0 ? "minimum" : "maximum", "the integers allowed are all beyond the supported magnitude 9*10^18");
+    bool any = false;
+    sb_s(o, "([]");
+    if (have_int) {
+        sb_s(o, " | ");
+        if (m == 1) { int_range(o, (long long)Lc, (long long)Hc); any = true; }
+        else if (mult_range(o, (long long)Lc, (long long)Hc, m)) any = true;
+        else sb_s(o, "[]");
+    }
+    if (!is_int && m == 1) {
+        /* the positive side: magnitudes in [max(lo, 0), hi]; the negative
+         * side: "-" and magnitudes in [max(-hi, 0), -lo], the exclusive
+         * flags swapped */
+        any |= frac_side(o, lo > 0 ? lo : 0, lo > 0 && lx, hi, hx, false);
+        any |= frac_side(o, hi < 0 ? -hi : 0, hi < 0 && hx, -lo, lx, true);
+    }
+    sb_s(o, ")");
+    if (!any)
+        return bad(c, "minimum", "no %s satisfies this schema (or none the grammar writes: a range narrower than 0.001 without an integer)",
+                   is_int ? "integer" : "number");
     return 0;
 }
 
 /* ---- strings ---- */
+/* Patterns zod 4 (z.toJSONSchema) writes beside a format that use
+ * lookarounds, which the pattern translator refuses, verbatim. Each
+ * accepts every string of the narrow form fmt_text writes for that format
+ * (checked by hand: email a@b.cc has no leading dot and no "..", duration
+ * PnD has no W and starts with a digit). zod's other format patterns
+ * (date, date-time, time, uuid, ipv4, ipv6) need no entry: comparing the
+ * automata shows the full or the narrow form inside them. */
+static const char *const ZOD_PATTERNS[][2] = {
+    {"email", "^(?!\\.)(?!.*\\.\\.)([A-Za-z0-9_'+\\-\\.]*)[A-Za-z0-9_+-]@([A-Za-z0-9][A-Za-z0-9\\-]*\\.)+[A-Za-z]{2,}$"},
+    {"duration", "^P(?:(\\d+W)|(?!.*W)(?=\\d|T\\d)(\\d+Y)?(\\d+M)?(\\d+D)?(T(?=\\d)(\\d+H)?(\\d+M)?(\\d+([.,]\\d+)?S)?)?)$"},
+};
+
+/* The content of a string of format f (one of FMTS' "as" names), the
+ * narrow form when narrow (see ZOD_PATTERNS). */
+static void fmt_text(struct sb *o, const char *f, bool narrow)
+{
+    /* a real calendar date (what RFC 3339 full-date and Python's
+     * date.fromisoformat accept): year 0001-9999, each month's own day
+     * count, and February 29th only in leap years (by 4, centuries by
+     * 400: the last two digits, or the first two of a century) */
+    static const char date[] =
+        "(\"000\" [1-9] | \"00\" [1-9] [0-9] | \"0\" [1-9] [0-9]{2} | [1-9] [0-9]{3}) \"-\" "
+        "((\"0\" [13578] | \"1\" [02]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) | "
+        "(\"0\" [469] | \"11\") \"-\" (\"0\" [1-9] | [12] [0-9] | \"30\") | "
+        "\"02-\" (\"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8])) | "
+        "([0-9]{2} (\"0\" [48] | [2468] [048] | [13579] [26]) | "
+        "(\"0\" [48] | [2468] [048] | [13579] [26]) \"00\") \"-02-29\"";
+    static const char tim[] = "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? (\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])";
+    if (!strcmp(f, "date")) sb_s(o, date);
+    /* the date is an alternation: bracket it, or "T" time binds to its
+     * last branch (Feb 29th) only */
+    else if (!strcmp(f, "date-time")) {
+        sb_s(o, "("); sb_s(o, date); sb_s(o, ") \"T\" ");
+        /* narrow (zod's patterns): UTC, "Z" */
+        if (narrow) sb_s(o, "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? \"Z\"");
+        else sb_s(o, tim);
+    }
+    else if (!strcmp(f, "time")) {
+        /* narrow (zod's pattern): no offset, which zod refuses */
+        if (narrow) sb_s(o, "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})?");
+        else sb_s(o, tim);
+    } else if (!strcmp(f, "uuid")) {
+        /* narrow: a version 4, variant 1 UUID in lower case */
+        if (narrow) sb_s(o, "[0-9a-f]{8} \"-\" [0-9a-f]{4} \"-4\" [0-9a-f]{3} \"-\" [89ab] [0-9a-f]{3} \"-\" [0-9a-f]{12}");
+        else sb_s(o, "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12}");
+    } else if (!strcmp(f, "email")) {
+        /* narrow: no dots in the local part, letters for the top level */
+        if (narrow) sb_s(o, "[a-z0-9]{1,20} \"@\" [a-z0-9]{1,20} (\".\" [a-z0-9]{1,20}){0,2} \".\" [a-z]{2,6}");
+        else sb_s(o, "[A-Za-z0-9_%+-] [A-Za-z0-9._%+-]{0,63} \"@\" [A-Za-z0-9] [A-Za-z0-9-]{0,62} (\".\" [A-Za-z0-9] [A-Za-z0-9-]{0,62}){1,4}");
+    } else if (!strcmp(f, "ipv4")) {
+        sb_s(o, "((\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9]) \".\"){3} "
+                "(\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9])");
+    } else if (!strcmp(f, "ipv6")) {
+        sb_s(o, "([0-9a-f]{1,4} \":\"){7} [0-9a-f]{1,4}"); /* the full form */
+    } else if (!strcmp(f, "hostname")) {
+        sb_s(o, "[a-z] [a-z0-9]{0,19} (\".\" [a-z] [a-z0-9]{0,19}){0,3}");
+    } else if (!strcmp(f, "duration")) {
+        sb_s(o, "\"P\" [1-9] [0-9]{0,2} \"D\"");
+    } else if (!strcmp(f, "uri")) {
+        sb_s(o, "\"https://\" [a-z0-9]{1,20} (\".\" [a-z0-9]{1,20}){0,2} \".\" [a-z]{2,6} (\"/\" [A-Za-z0-9._~-]{0,20}){0,4}");
+    }
+}
+
+/* The automaton of a grammar expression with no rule references (a
+ * format's or a pattern's text): one DFA over bytes. */
+static int dfa_of(const char *expr, struct gpda *p)
+{
+    struct sb t = {0};
+    sb_s(&t, "root ::= ");
+    sb_s(&t, expr ? expr : "\"\"");
+    sb_s(&t, "\n");
+    struct gir g;
+    gir_init(&g);
+    g.what = "schema";
+    int root = 0, rc = -1;
+    struct rl_err e = {0};
+    if (!t.oom) rc = gir_parse_ebnf(&g, t.p, t.n, &root, &e);
+    if (!rc) rc = gir_build(&g, root, p, &e);
+    gir_fini(&g);
+    free(t.p);
+    return rc;
+}
+
+/* Whether every string of expression a is one of expression b's (both
+ * without rule references): the product of their DFAs, walked from the
+ * start; a reachable pair where a may end and b may not, or a byte a takes
+ * and b does not, is a counterexample (both automata are trimmed: every
+ * state of a can still reach an end). 1 yes, 0 no, -1 not decided (too
+ * large, or an error). */
+static int lang_within(const char *a, const char *b)
+{
+    struct gpda A, B;
+    if (dfa_of(a, &A)) return -1;
+    if (dfa_of(b, &B)) { gpda_fini(&A); return -1; }
+    int res = -1;
+    size_t na = (size_t)A.n_st, nb = (size_t)B.n_st;
+    char *seen = na * nb <= 1000000 ? calloc(na * nb, 1) : NULL;
+    int32_t *q = seen ? malloc(sizeof(int32_t) * 2 * na * nb) : NULL;
+    if (!q) goto out;
+    size_t h = 0, n = 0;
+    int32_t x0 = A.rule_start[A.root], y0 = B.rule_start[B.root];
+    q[n++] = x0; q[n++] = y0;
+    seen[(size_t)x0 * nb + (size_t)y0] = 1;
+    res = 1;
+    while (h < n && res == 1) {
+        int32_t x = q[h++], y = q[h++];
+        const struct gstate *sa = &A.st[x], *sb2 = &B.st[y];
+        if (sa->n_ref || sb2->n_ref) { res = -1; break; }
+        if (sa->final && !sb2->final) { res = 0; break; }
+        for (int ch = 0; ch < 256; ch++) {
+            int32_t nx = sa->next[ch];
+            if (nx < 0) continue;
+            int32_t ny = sb2->next[ch];
+            if (ny < 0) { res = 0; break; }
+            size_t k = (size_t)nx * nb + (size_t)ny;
+            if (!seen[k]) { seen[k] = 1; q[n++] = nx; q[n++] = ny; }
+        }
+    }
+out:
+    free(seen); free(q);
+    gpda_fini(&A); gpda_fini(&B);
+    return res;
+}
+
+/* Format f beside pattern p: 0 when every string of the format's full
+ * form matches p, 1 when every string of its narrow form does, -1 when
+ * neither is shown (or p uses what the translator refuses). */
+static int fmt_in_pattern(struct sc *c, const char *f, const char *p)
+{
+    struct sb pt = {0};
+    struct rl_err saved = {0};
+    if (c->err) saved = *c->err;
+    if (gen_pattern(c, &pt, p)) { /* not translatable: not an error here */
+        c->rc = 0;
+        if (c->err) *c->err = saved;
+        free(pt.p);
+        return -1;
+    }
+    int res = -1;
+    for (int narrow = 0; narrow < 2 && res < 0; narrow++) {
+        struct sb ft = {0};
+        fmt_text(&ft, f, narrow);
+        if (!ft.oom && !pt.oom && lang_within(ft.p, pt.p) == 1) res = narrow;
+        free(ft.p);
+    }
+    free(pt.p);
+    return res;
+}
+
 static int gen_string(struct sc *c, struct sb *o, const cJSON *s)
 {
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(s, "format");
     const cJSON *pat = cJSON_GetObjectItemCaseSensitive(s, "pattern");
     bool has_len = cJSON_GetObjectItemCaseSensitive(s, "minLength") || cJSON_GetObjectItemCaseSensitive(s, "maxLength");
+    if (fmt && !cJSON_IsString(fmt)) return bad(c, "format", "must be a string");
+    /* formats: those written below; JSON Schema's others are refused (a
+     * validator may check them); any other name (zod's cuid2, base64,
+     * Pydantic's binary, ...) is no JSON Schema format, which validators
+     * ignore: the other keywords alone decide */
+    static const struct { const char *name, *as; int lo, hi, nlo, nhi; } FMTS[] = {
+        /* name, written as, length in characters: lo..hi, narrow nlo..nhi */
+        {"date", "date", 10, 10, 10, 10},          {"date-time", "date-time", 20, 32, 20, 27},
+        {"time", "time", 9, 21, 8, 15},            {"uuid", "uuid", 36, 36, 36, 36},
+        {"email", "email", 5, 384, 6, 90},         {"idn-email", "email", 5, 384, 6, 90},
+        {"uri", "uri", 12, 161, 12, 161},          {"uri-reference", "uri", 12, 161, 12, 161},
+        {"iri", "uri", 12, 161, 12, 161},          {"iri-reference", "uri", 12, 161, 12, 161},
+        {"ipv4", "ipv4", 7, 15, 7, 15},            {"ipv6", "ipv6", 15, 39, 15, 39},
+        {"hostname", "hostname", 1, 83, 1, 83},    {"idn-hostname", "hostname", 1, 83, 1, 83},
+        {"duration", "duration", 3, 5, 3, 5},
+    };
+    static const char *const REFUSED_FMTS[] = {"uri-template", "json-pointer", "relative-json-pointer", "regex", NULL};
+    int fi = -1;
     if (fmt) {
-        if (!cJSON_IsString(fmt)) return bad(c, "format", "must be a string");
-        if (pat || has_len) return bad(c, "format", "format together with pattern or minLength/maxLength is not supported");
-        /* a real calendar date (what RFC 3339 full-date and Python's
-         * date.fromisoformat accept): year 0001-9999, each month's own day
-         * count, and February 29th only in leap years (by 4, centuries by
-         * 400: the last two digits, or the first two of a century) */
-        static const char date[] =
-            "(\"000\" [1-9] | \"00\" [1-9] [0-9] | \"0\" [1-9] [0-9]{2} | [1-9] [0-9]{3}) \"-\" "
-            "((\"0\" [13578] | \"1\" [02]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) | "
-            "(\"0\" [469] | \"11\") \"-\" (\"0\" [1-9] | [12] [0-9] | \"30\") | "
-            "\"02-\" (\"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8])) | "
-            "([0-9]{2} (\"0\" [48] | [2468] [048] | [13579] [26]) | "
-            "(\"0\" [48] | [2468] [048] | [13579] [26]) \"00\") \"-02-29\"";
-        static const char tim[] = "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? (\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])";
-        const char *f = fmt->valuestring;
+        for (size_t i = 0; i < sizeof FMTS / sizeof *FMTS && fi < 0; i++)
+            if (!strcmp(fmt->valuestring, FMTS[i].name)) fi = (int)i;
+        for (int i = 0; fi < 0 && REFUSED_FMTS[i]; i++)
+            if (!strcmp(fmt->valuestring, REFUSED_FMTS[i]))
+                return bad(c, "format", "'%.40s' is not supported (date, date-time, time, uuid, email, uri, ipv4, ipv6, hostname, duration are)", fmt->valuestring);
+        if (fi < 0) fmt = NULL; /* not a JSON Schema format: an annotation */
+    }
+    if (fmt) {
+        /* format with a pattern (zod writes both): the pattern must be one
+         * known to accept every string of the narrow form written then
+         * (checked by hand against each pattern; see schemas/grammar.md) */
+        bool narrow = false;
+        if (pat) {
+            for (size_t i = 0; i < sizeof ZOD_PATTERNS / sizeof *ZOD_PATTERNS && !narrow; i++)
+                narrow = cJSON_IsString(pat) && !strcmp(fmt->valuestring, ZOD_PATTERNS[i][0]) &&
+                         !strcmp(pat->valuestring, ZOD_PATTERNS[i][1]);
+            /* else: shown by comparing automata (the full form first) */
+            int w = narrow || !cJSON_IsString(pat) ? 1 : fmt_in_pattern(c, FMTS[fi].as, pat->valuestring);
+            if (w < 0)
+                return bad(c, "pattern", "format '%.40s' together with this pattern is not supported: neither the format's strings nor a narrow form of them all match it (zod 4's patterns are known)",
+                           fmt->valuestring);
+            narrow = w == 1;
+        }
+        /* lengths: when every string the format is written as fits */
+        if (has_len) {
+            long lo, hi;
+            len_kw(c, s, "minLength", 0, &lo);
+            len_kw(c, s, "maxLength", -1, &hi);
+            if (c->rc) return c->rc;
+            int flo = narrow ? FMTS[fi].nlo : FMTS[fi].lo, fhi = narrow ? FMTS[fi].nhi : FMTS[fi].hi;
+            if (lo > flo || (hi >= 0 && hi < fhi))
+                return bad(c, "format", "'%.40s' (written %d-%d characters long) together with minLength %ld / maxLength %ld is not supported",
+                           fmt->valuestring, flo, fhi, lo, hi);
+        }
+        const char *f = FMTS[fi].as;
         sb_s(o, "\"\\\"\" (");
-        if (!strcmp(f, "date")) sb_s(o, date);
-        else if (!strcmp(f, "date-time")) { sb_s(o, date); sb_s(o, " \"T\" "); sb_s(o, tim); }
-        else if (!strcmp(f, "uuid"))
-            sb_s(o, "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12}");
-        else if (!strcmp(f, "email"))
-            sb_s(o, "[A-Za-z0-9_%+-] [A-Za-z0-9._%+-]{0,63} \"@\" [A-Za-z0-9] [A-Za-z0-9-]{0,62} (\".\" [A-Za-z0-9] [A-Za-z0-9-]{0,62}){1,4}");
-        else return bad(c, "format", "'%.40s' is not supported (date, date-time, uuid, email are)", f);
+        fmt_text(o, f, narrow);
         sb_s(o, ") \"\\\"\"");
         return 0;
     }
     if (pat) {
         if (!cJSON_IsString(pat)) return bad(c, "pattern", "must be a string");
-        if (has_len) return bad(c, "pattern", "pattern together with minLength/maxLength is not supported");
+        long raw, lo = len_kw(c, s, "minLength", 0, &raw), hi = len_kw(c, s, "maxLength", -1, &raw);
+        if (lo < 0 || c->rc) return c->rc;
+        if (hi >= 0 && hi < lo) return bad(c, "minLength", "is above maxLength: no string satisfies this schema");
         sb_s(o, "\"\\\"\" (");
-        if (gen_pattern(c, o, pat->valuestring)) return c->rc;
+        if (has_len ? gen_pattern_len(c, o, pat->valuestring, lo, hi) : gen_pattern(c, o, pat->valuestring)) return c->rc;
         sb_s(o, ") \"\\\"\"");
         return 0;
     }
-    long mn = count_kw(c, s, "minLength", 0), mx = count_kw(c, s, "maxLength", -1);
+    long raw, mn = len_kw(c, s, "minLength", 0, &raw), mx = len_kw(c, s, "maxLength", -1, &raw);
     if (mn < 0 || c->rc) return c->rc;
     if (mx >= 0 && mx < mn) return bad(c, "minLength", "is above maxLength: no string satisfies this schema");
     if (mn == 0 && mx < 0) { sb_s(o, "string"); return 0; }
@@ -590,14 +1056,130 @@ static int gen_string(struct sc *c, struct sb *o, const cJSON *s)
 }
 
 /* ---- arrays ---- */
+/* uniqueItems over a finite item set (enum, const, boolean, null, also
+ * through $ref): each value at most once, in the set's order (a subset of
+ * the unique arrays, so every output is valid), mn..mx of them. Rules
+ * U(i, k) = "values i.. remain, k written" keep the text quadratic in the
+ * set's size. Returns 0 when written, 1 when the items are not a finite
+ * set (nothing written), or the error. */
+static int gen_unique(struct sc *c, struct sb *o, const cJSON *items, long mn, long mx)
+{
+    const cJSON *it = items;
+    for (int hop = 0; hop < 8 && cJSON_IsObject(it) && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(it, "$ref")); hop++)
+        it = resolve(c, cJSON_GetObjectItemCaseSensitive(it, "$ref")->valuestring);
+    if (!cJSON_IsObject(it)) return 1;
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(it, "enum"), *cn = cJSON_GetObjectItemCaseSensitive(it, "const");
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(it, "type");
+    cJSON *vals = cJSON_CreateArray();
+    if (!vals) { c->out.oom = true; return 0; }
+    for (const cJSON *k = it->child; k; k = k->next)
+        if (!is_annotation(k->string) && strcmp(k->string, "enum") && strcmp(k->string, "const") && strcmp(k->string, "type")) {
+            cJSON_Delete(vals);
+            return 1;
+        }
+    if (cJSON_IsArray(en)) {
+        for (const cJSON *v = en->child; v; v = v->next) cJSON_AddItemToArray(vals, cJSON_Duplicate(v, 1));
+    } else if (cn) {
+        cJSON_AddItemToArray(vals, cJSON_Duplicate(cn, 1));
+    } else if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "boolean")) {
+        cJSON_AddItemToArray(vals, cJSON_CreateTrue());
+        cJSON_AddItemToArray(vals, cJSON_CreateFalse());
+    } else if (cJSON_IsString(ty) && !strcmp(ty->valuestring, "null")) {
+        cJSON_AddItemToArray(vals, cJSON_CreateNull());
+    } else {
+        cJSON_Delete(vals);
+        return 1;
+    }
+    /* the values kept: of the type given, each once */
+    int nv = 0;
+    char *lit[64];
+    for (const cJSON *v = vals->child; v && nv < 64; v = v->next) {
+        if (cJSON_IsString(ty)) {
+            const char *t = ty->valuestring;
+            bool ok = (!strcmp(t, "string") && cJSON_IsString(v)) || (!strcmp(t, "number") && cJSON_IsNumber(v)) ||
+                      (!strcmp(t, "integer") && cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble)) ||
+                      (!strcmp(t, "boolean") && cJSON_IsBool(v)) || (!strcmp(t, "null") && cJSON_IsNull(v));
+            if (!ok) continue;
+        } else if (ty) { cJSON_Delete(vals); return 1; }
+        bool dup = false;
+        for (const cJSON *w = vals->child; w != v; w = w->next) dup |= cJSON_Compare(v, w, 1);
+        if (dup) continue;
+        lit[nv] = cJSON_PrintUnformatted(v);
+        if (!lit[nv]) { c->out.oom = true; break; }
+        nv++;
+    }
+    cJSON_Delete(vals);
+    int rc = 0;
+    long cap = mx < 0 || mx > nv ? nv : mx;
+    if (mn > cap) {
+        rc = bad(c, "minItems", "cannot be met with unique items (at most %ld distinct values): no array satisfies this schema", cap);
+        goto out;
+    }
+    /* U(i, k): rule base + i * (cap + 1) + k */
+    int base = c->n_rules;
+    c->n_rules += (nv + 1) * (int)(cap + 1);
+    for (int i = nv; i >= 0; i--) {
+        for (long k = 0; k <= cap; k++) {
+            struct sb r = {0};
+            rule_name(c, &r, base + i * (int)(cap + 1) + (int)k);
+            sb_s(&r, " ::= ([]");
+            if (i == nv) { if (k >= mn) sb_s(&r, " | \"\""); }
+            else {
+                if (k < cap) {
+                    sb_s(&r, " | (");
+                    if (k) sb_s(&r, SEP " ");
+                    sb_lit(&r, lit[i], strlen(lit[i]));
+                    sb_s(&r, " ");
+                    rule_name(c, &r, base + (i + 1) * (int)(cap + 1) + (int)k + 1);
+                    sb_s(&r, ")");
+                }
+                sb_s(&r, " | ");
+                rule_name(c, &r, base + (i + 1) * (int)(cap + 1) + (int)k);
+            }
+            sb_s(&r, ")\n");
+            if (r.oom) c->out.oom = true; else sb_s(&c->out, r.p);
+            free(r.p);
+        }
+    }
+    sb_s(o, "\"[\" ");
+    rule_name(c, o, base);
+    sb_s(o, " \"]\"");
+out:
+    for (int i = 0; i < nv; i++) free(lit[i]);
+    return rc;
+}
+
 static int gen_array(struct sc *c, struct sb *o, const cJSON *s)
 {
     const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(s, "prefixItems");
+    /* drafts 4-2019 (Pydantic 1's tuples): items as an array is
+     * prefixItems, additionalItems the rest (absent: none generated) */
+    if (cJSON_IsArray(items)) {
+        if (pre) return bad(c, "items", "an array of schemas together with prefixItems");
+        pre = items;
+        items = cJSON_GetObjectItemCaseSensitive(s, "additionalItems");
+        if (!items) {
+            static const cJSON no = {.type = cJSON_False}; /* read only: threads share it */
+            items = &no;
+        }
+    } else if (cJSON_GetObjectItemCaseSensitive(s, "additionalItems")) {
+        return bad(c, "additionalItems", "without items as an array is not supported");
+    }
     long mn = count_kw(c, s, "minItems", 0), mx = count_kw(c, s, "maxItems", -1);
     if (c->rc) return c->rc;
     if (pre && !cJSON_IsArray(pre)) return bad(c, "prefixItems", "must be an array of schemas");
     if (items && !cJSON_IsObject(items) && !cJSON_IsBool(items)) return bad(c, "items", "must be a schema");
+    const cJSON *uq = cJSON_GetObjectItemCaseSensitive(s, "uniqueItems");
+    if (uq && !cJSON_IsBool(uq)) return bad(c, "uniqueItems", "must be a boolean");
+    if (cJSON_IsTrue(uq)) {
+        if (pre) return bad(c, "uniqueItems", "together with prefixItems is not supported");
+        int r = gen_unique(c, o, items, mn, mx);
+        if (r != 1) return r;
+        /* items not a finite set: at most one item, which is unique */
+        if (mn > 1) return bad(c, "uniqueItems", "over items that are not a finite set (enum, const, boolean) with minItems above 1 is not enforced by the grammar: refused");
+        mx = mx < 0 || mx > 1 ? 1 : mx;
+    }
     int k = pre ? cJSON_GetArraySize(pre) : 0;
     if (k > 256) return bad(c, "prefixItems", "more than 256 entries are not supported");
     int prule[256];
@@ -677,6 +1259,65 @@ static int gen_object(struct sc *c, struct sb *o, const cJSON *s)
         arule = gen(c, add);
         c->plen = o0;
     }
+    /* the keys of extra properties: any string, or what propertyNames or
+     * the one pattern of patternProperties allow (then with its schema:
+     * every generated key matches it, so additionalProperties does not
+     * apply to them). Declared properties beside them are refused: a
+     * generated key could repeat a declared one. */
+    char kname[64] = "string";
+    const cJSON *pn = cJSON_GetObjectItemCaseSensitive(s, "propertyNames");
+    const cJSON *pp = cJSON_GetObjectItemCaseSensitive(s, "patternProperties");
+    if (pn && !cJSON_IsObject(pn) && !cJSON_IsBool(pn)) { free(pv); return bad(c, "propertyNames", "must be a schema"); }
+    if (pp && !cJSON_IsObject(pp)) { free(pv); return bad(c, "patternProperties", "must be an object of schemas"); }
+    if (pp && !pp->child) pp = NULL;
+    bool pn_plain = !pn || cJSON_IsTrue(pn);
+    if (cJSON_IsObject(pn)) {
+        pn_plain = true;
+        for (const cJSON *k = pn->child; k; k = k->next)
+            pn_plain &= is_annotation(k->string) || (!strcmp(k->string, "type") && cJSON_IsString(k) && !strcmp(k->valuestring, "string"));
+    }
+    if (cJSON_IsFalse(pn)) extra = false, pp = NULL;
+    if ((!pn_plain || pp) && (np || nr)) {
+        free(pv);
+        return bad(c, pp ? "patternProperties" : "propertyNames", "together with properties or required is not supported (a generated key could repeat a declared one)");
+    }
+    if (pp && !pn_plain) { free(pv); return bad(c, "patternProperties", "together with propertyNames is not supported"); }
+    if (pp) {
+        if (pp->child->next) { free(pv); return bad(c, "patternProperties", "more than one pattern is not supported (a key could match two)"); }
+        size_t o0 = ptr_push(c, "patternProperties");
+        ptr_push(c, pp->child->string);
+        cJSON *ks = cJSON_CreateObject();
+        if (!ks) { c->out.oom = true; free(pv); return 0; }
+        cJSON_AddStringToObject(ks, "type", "string");
+        cJSON_AddStringToObject(ks, "pattern", pp->child->string);
+        int kr = gen(c, ks);
+        cJSON_Delete(ks);
+        arule = gen(c, pp->child);
+        c->plen = o0;
+        snprintf(kname, sizeof kname, "%ss%d", c->prefix, kr);
+        extra = true;
+    } else if (!pn_plain && extra) {
+        /* keys: propertyNames as a string schema */
+        cJSON *ks = cJSON_Duplicate(pn, 1);
+        if (!ks) { c->out.oom = true; free(pv); return 0; }
+        if (!cJSON_GetObjectItemCaseSensitive(ks, "type")) cJSON_AddStringToObject(ks, "type", "string");
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(ks, "type");
+        if (!cJSON_IsString(t) || strcmp(t->valuestring, "string")) {
+            cJSON_Delete(ks); free(pv);
+            return bad(c, "propertyNames", "keys are strings: type must be string");
+        }
+        size_t o0 = ptr_push(c, "propertyNames");
+        int kr = gen(c, ks);
+        c->plen = o0;
+        cJSON_Delete(ks);
+        snprintf(kname, sizeof kname, "%ss%d", c->prefix, kr);
+    }
+    /* minProperties/maxProperties: enforced when the declared properties
+     * settle them, or for extras alone with at most one required (a key
+     * repeated by the model would count once) */
+    long minp = count_kw(c, s, "minProperties", 0), maxp = count_kw(c, s, "maxProperties", -1);
+    if (c->rc) { free(pv); return c->rc; }
+    if (maxp >= 0 && maxp < minp) { free(pv); return bad(c, "minProperties", "is above maxProperties: no object satisfies this schema"); }
     for (const cJSON *p = props ? props->child : NULL; p && !c->rc; p = p->next) {
         size_t o0 = ptr_push(c, "properties");
         ptr_push(c, p->string);
@@ -700,11 +1341,49 @@ static int gen_object(struct sc *c, struct sb *o, const cJSON *s)
         pv[j].req = true;
     }
     if (c->rc) { free(pv); return c->rc; }
+    int nreq = 0;
+    for (int i = 0; i < n; i++) nreq += pv[i].req;
+    bool counts_ok = minp <= nreq && (maxp < 0 || (!extra && maxp >= n));
+    bool extras_only = n == 0 && extra && minp <= 1;
+    if (!counts_ok && !extras_only) {
+        free(pv);
+        return bad(c, minp > nreq ? "minProperties" : "maxProperties",
+                   "not enforced for this object (supported: bounds the required and declared properties settle, or on extra properties alone with minProperties at most 1)");
+    }
+    if (!counts_ok) { /* extras alone, 1 <= count <= maxp (or unbounded) */
+        char an2[64];
+        if (arule >= 0) snprintf(an2, sizeof an2, "%ss%d", c->prefix, arule);
+        else snprintf(an2, sizeof an2, "value");
+        sb_f(o, "\"{\" (%s " COLON " %s (" SEP " %s " COLON " %s)", kname, an2, kname, an2);
+        if (maxp >= 0) sb_f(o, "{0,%ld}", maxp - 1);
+        else sb_s(o, "*");
+        sb_s(o, minp == 1 ? ")" : ")?");
+        sb_s(o, " \"}\"");
+        free(pv);
+        return 0;
+    }
     /* the name of one pair: "key": value */
     struct sb *b = o;
     char an[64];
     if (arule >= 0) snprintf(an, sizeof an, "%ss%d", c->prefix, arule);
     else snprintf(an, sizeof an, "value");
+    /* extra keys beside declared ones: longer (in characters, an escape
+     * counting one, as decoded) than every declared name, so none repeats
+     * a declared property (whose value would then have to match two
+     * schemas, and a parser keeps only one of the pair) */
+    if (extra && n > 0 && !strcmp(kname, "string")) {
+        long L = 0;
+        for (int i = 0; i < n; i++) {
+            long ch = 0;
+            for (const unsigned char *q = (const unsigned char *)pv[i].name; *q; q++) ch += (*q & 0xc0) != 0x80;
+            if (ch > L) L = ch;
+        }
+        if (L + 1 > GIR_MAX_REPEAT) { free(pv); return bad(c, "additionalProperties", "beside a property name over %d characters is not supported", GIR_MAX_REPEAT - 1); }
+        int kr = new_rule(c);
+        rule_name(c, &c->out, kr);
+        sb_f(&c->out, " ::= \"\\\"\" " CH "{%ld,} \"\\\"\"\n", L + 1);
+        snprintf(kname, sizeof kname, "%ss%d", c->prefix, kr);
+    }
     bool all_req = true;
     for (int i = 0; i < n; i++) all_req &= pv[i].req;
     sb_s(b, "\"{\" ");
@@ -738,8 +1417,8 @@ static int gen_object(struct sc *c, struct sb *o, const cJSON *s)
             sb_s(&r, " ::= ");
             if (i == n) {
                 if (!extra) sb_s(&r, "\"\"");
-                else if (written) sb_f(&r, "(" SEP " string " COLON " %s)*", an);
-                else sb_f(&r, "(string " COLON " %s (" SEP " string " COLON " %s)*)?", an, an);
+                else if (written) sb_f(&r, "(" SEP " %s " COLON " %s)*", kname, an);
+                else sb_f(&r, "(%s " COLON " %s (" SEP " %s " COLON " %s)*)?", kname, an, kname, an);
             } else {
                 cJSON *ks = cJSON_CreateString(pv[i].name);
                 char *kt = ks ? cJSON_PrintUnformatted(ks) : NULL;
@@ -830,47 +1509,132 @@ static int gen_type(struct sc *c, struct sb *o, const cJSON *s, const char *t)
     return bad(c, "type", "'%.40s' is not a JSON Schema type", t);
 }
 
-/* Merges allOf members (objects) into one object schema. */
+/* allOf over object schemas, merged by JSON Schema's rules: each member
+ * is checked on its own, so a property must be allowed by every member
+ * (declared there, or that member's additionalProperties not false), its
+ * value must match every schema that applies to it (the declaring members'
+ * and the additionalProperties schemas of the members that do not declare
+ * it), and required is the union. A required property that some member
+ * shuts out is refused (no object satisfies the schema); two different
+ * schemas for one property are refused (their intersection is not
+ * written). Extra properties are generated only when every member allows
+ * them, with one schema at most. */
+struct amember { const cJSON *x; char label[96]; };
+
+static int allof_collect(struct sc *c, const cJSON *x, const char *label, struct amember *mv, int *n, int depth)
+{
+    if (depth > 8 || *n >= 64) return bad(c, "allOf", "members nest too deeply or are too many (64)");
+    if (!cJSON_IsObject(x)) return bad(c, "allOf", "%s: allOf members must be object schemas", label);
+    mv[*n].x = x;
+    snprintf(mv[*n].label, sizeof mv[*n].label, "%s", label);
+    (*n)++;
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(x, "$ref");
+    if (r) {
+        const cJSON *t = cJSON_IsString(r) ? resolve(c, r->valuestring) : NULL;
+        if (!t) return bad(c, "allOf", "%s: $ref does not resolve", label);
+        if (allof_collect(c, t, r->valuestring, mv, n, depth + 1)) return c->rc;
+    }
+    const cJSON *all = cJSON_GetObjectItemCaseSensitive(x, "allOf");
+    if (all) {
+        if (!cJSON_IsArray(all)) return bad(c, "allOf", "%s: allOf must be an array", label);
+        int i = 0;
+        for (const cJSON *m = all->child; m; m = m->next, i++) {
+            char l[96];
+            snprintf(l, sizeof l, "%s/allOf/%d", depth ? label : "", i);
+            if (allof_collect(c, m, l, mv, n, depth + 1)) return c->rc;
+        }
+    }
+    return 0;
+}
+
 static int gen_allof(struct sc *c, struct sb *o, const cJSON *s, const cJSON *all)
 {
+    (void)all;
+    struct amember mv[64];
+    int nm = 0;
+    if (allof_collect(c, s, "", mv, &nm, 0)) return c->rc;
+    /* what each member says */
+    for (int i = 0; i < nm; i++) {
+        for (const cJSON *k = mv[i].x->child; k; k = k->next) {
+            const char *n = k->string;
+            if (!strcmp(n, "type")) {
+                if (!cJSON_IsString(k) || strcmp(k->valuestring, "object"))
+                    return bad(c, "allOf", "%s/type: allOf is supported for object schemas only", mv[i].label);
+            } else if (!strcmp(n, "properties") || !strcmp(n, "additionalProperties")) {
+                if (!cJSON_IsObject(k) && !(cJSON_IsBool(k) && n[0] == 'a'))
+                    return bad(c, "allOf", "%s/%s: must be %s", mv[i].label, n, n[0] == 'a' ? "a schema" : "an object of schemas");
+            } else if (!strcmp(n, "required")) {
+                if (!cJSON_IsArray(k)) return bad(c, "allOf", "%s/required: must be an array of strings", mv[i].label);
+                for (const cJSON *q = k->child; q; q = q->next)
+                    if (!cJSON_IsString(q)) return bad(c, "allOf", "%s/required: must be an array of strings", mv[i].label);
+            } else if (!strcmp(n, "allOf") || !strcmp(n, "$ref") || is_annotation(n)) {
+            } else {
+                return bad(c, "allOf", "%s/%s: not supported inside allOf (properties, required, additionalProperties, type object are)",
+                           mv[i].label, n);
+            }
+        }
+    }
     cJSON *m = cJSON_CreateObject(), *props = cJSON_CreateObject(), *req = cJSON_CreateArray();
     if (!m || !props || !req) { cJSON_Delete(m); cJSON_Delete(props); cJSON_Delete(req); c->out.oom = true; return 0; }
     cJSON_AddItemToObject(m, "properties", props);
     cJSON_AddItemToObject(m, "required", req);
+    /* the merged additionalProperties: false when any member says false;
+     * else generated only when every member allows extras explicitly */
     const cJSON *addp = NULL;
-    int n = cJSON_GetArraySize(all);
-    for (int i = -1; i < n && !c->rc; i++) {
-        const cJSON *x = i < 0 ? s : cJSON_GetArrayItem(all, i);
-        size_t o0 = c->plen;
-        if (i >= 0) { ptr_push(c, "allOf"); ptr_idx(c, i); }
-        const cJSON *r = cJSON_GetObjectItemCaseSensitive(x, "$ref");
-        if (i >= 0 && cJSON_IsString(r)) x = resolve(c, r->valuestring);
-        if (!cJSON_IsObject(x)) { bad(c, NULL, "allOf members must be object schemas"); break; }
-        for (const cJSON *k = x->child; k && !c->rc; k = k->next) {
-            if (!strcmp(k->string, "type")) {
-                if (!cJSON_IsString(k) || strcmp(k->valuestring, "object")) bad(c, "type", "allOf is supported for objects only");
-            } else if (!strcmp(k->string, "properties") && cJSON_IsObject(k)) {
-                for (const cJSON *p = k->child; p; p = p->next) {
-                    if (cJSON_GetObjectItemCaseSensitive(props, p->string)) {
-                        size_t o1 = ptr_push(c, "properties");
-                        bad(c, p->string, "property declared by two allOf members");
-                        c->plen = o1;
-                        break;
-                    }
-                    cJSON_AddItemToObject(props, p->string, cJSON_Duplicate(p, 1));
+    bool any_false = false, all_allow = true;
+    for (int i = 0; i < nm; i++) {
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(mv[i].x, "additionalProperties");
+        if (cJSON_IsFalse(a)) any_false = true;
+        if (!a) { all_allow = false; continue; }
+        if (cJSON_IsObject(a)) {
+            if (addp && !cJSON_Compare(addp, a, 1)) all_allow = false;
+            else addp = a;
+        }
+    }
+    if (any_false) cJSON_AddFalseToObject(m, "additionalProperties");
+    else if (all_allow) cJSON_AddItemToObject(m, "additionalProperties", addp ? cJSON_Duplicate(addp, 1) : cJSON_CreateTrue());
+    /* the schemas that apply to key k; NULL with *shut naming the member
+     * that shuts k out; *one the schema when they agree */
+    for (int pass = 0; pass < 2 && !c->rc; pass++) {
+        for (int i = 0; i < nm && !c->rc; i++) {
+            const cJSON *list = cJSON_GetObjectItemCaseSensitive(mv[i].x, pass ? "required" : "properties");
+            for (const cJSON *p = list ? list->child : NULL; p && !c->rc; p = p->next) {
+                const char *k = pass ? p->valuestring : p->string;
+                if (!pass && cJSON_GetObjectItemCaseSensitive(props, k)) continue; /* merged already */
+                const cJSON *one = NULL;
+                int shut = -1, two = -1;
+                for (int j = 0; j < nm; j++) {
+                    const cJSON *pj = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(mv[j].x, "properties"), k);
+                    const cJSON *aj = cJSON_GetObjectItemCaseSensitive(mv[j].x, "additionalProperties");
+                    const cJSON *sj = pj ? pj : aj;
+                    if (!pj && cJSON_IsFalse(aj)) { shut = j; continue; }
+                    if (!sj || cJSON_IsTrue(sj)) continue;
+                    if (!one) one = sj;
+                    else if (!cJSON_Compare(one, sj, 1)) two = j;
                 }
-            } else if (!strcmp(k->string, "required") && cJSON_IsArray(k)) {
-                for (const cJSON *q = k->child; q; q = q->next) cJSON_AddItemToArray(req, cJSON_Duplicate(q, 1));
-            } else if (!strcmp(k->string, "additionalProperties")) {
-                if (!addp || cJSON_IsFalse(k)) addp = k;
-            } else if (!strcmp(k->string, "allOf") || !strcmp(k->string, "$ref") || is_annotation(k->string)) {
-            } else {
-                bad(c, k->string, "not supported inside allOf (properties, required, additionalProperties are)");
+                if (pass && shut >= 0) {
+                    bad(c, "allOf", "'%.60s' is required by %s but not allowed by %s (additionalProperties false): no object satisfies this schema",
+                        k, mv[i].label[0] ? mv[i].label : "the schema", mv[shut].label[0] ? mv[shut].label : "the schema");
+                    break;
+                }
+                if (shut >= 0) continue; /* never generated */
+                if (two >= 0) {
+                    bad(c, "allOf", "'%.60s' has different schemas in two members (%s): their intersection is not supported",
+                        k, mv[two].label[0] ? mv[two].label : "the schema");
+                    break;
+                }
+                if (pass) {
+                    if (!cJSON_GetObjectItemCaseSensitive(props, k))
+                        cJSON_AddItemToObject(props, k, one ? cJSON_Duplicate(one, 1) : cJSON_CreateTrue());
+                    bool dup = false;
+                    for (const cJSON *q = req->child; q; q = q->next) dup |= !strcmp(q->valuestring, k);
+                    if (!dup) cJSON_AddItemToArray(req, cJSON_CreateString(k));
+                } else {
+                    cJSON_AddItemToObject(props, k, one ? cJSON_Duplicate(one, 1) : cJSON_CreateTrue());
+                }
             }
         }
-        c->plen = o0;
     }
-    if (addp) cJSON_AddItemToObject(m, "additionalProperties", cJSON_Duplicate(addp, 1));
     int rc = c->rc ? c->rc : gen_object(c, o, m);
     cJSON_Delete(m);
     return rc;
@@ -881,8 +1645,23 @@ static int gen_body(struct sc *c, struct sb *o, const cJSON *s)
     if (cJSON_IsTrue(s)) { sb_s(o, "value"); return 0; }
     if (cJSON_IsFalse(s)) { sb_s(o, "[]"); return 0; }
     if (!cJSON_IsObject(s)) return bad(c, NULL, "a schema must be an object or a boolean");
+    /* not: {} / not: true (zod's z.never()) matches nothing, not: false
+     * anything; other forms are refused below */
+    const cJSON *nt_ = cJSON_GetObjectItemCaseSensitive(s, "not");
+    if (nt_ && (cJSON_IsBool(nt_) || (cJSON_IsObject(nt_) && !nt_->child))) {
+        bool others = false;
+        for (const cJSON *k = s->child; k; k = k->next) others |= k != nt_ && !is_annotation(k->string);
+        if (!others) { sb_s(o, cJSON_IsFalse(nt_) ? "value" : "[]"); return 0; }
+    }
     for (const cJSON *k = s->child; k; k = k->next)
-        if (!known(k->string)) return bad(c, k->string, "unsupported keyword");
+        if (!known(k->string)) {
+            static const char *const unenforced[] = {"not", "if", "then", "else", "dependentRequired", "dependentSchemas",
+                                                     "unevaluatedProperties", "unevaluatedItems", "contains", NULL};
+            for (int u = 0; unenforced[u]; u++)
+                if (!strcmp(k->string, unenforced[u]))
+                    return bad(c, k->string, "unsupported keyword: the grammar cannot enforce it exactly, so the schema is refused rather than risk an output that fails it");
+            return bad(c, k->string, "unsupported keyword");
+        }
     /* keywords that stand alone */
     const char *alone[] = {"$ref", "enum", "const", "anyOf", "oneOf", NULL};
     for (int a = 0; alone[a]; a++) {
@@ -941,7 +1720,11 @@ static int gen_body(struct sc *c, struct sb *o, const cJSON *s)
     }
     if ((x = cJSON_GetObjectItemCaseSensitive(s, "allOf"))) {
         if (!cJSON_IsArray(x) || !cJSON_GetArraySize(x)) return bad(c, "allOf", "must be a non-empty array of schemas");
-        if (cJSON_GetArraySize(x) == 1 && s->child == x && !x->next) {
+        /* one member beside annotations (Pydantic 1 wraps a $ref with a
+         * description so): that member, of any type */
+        bool only = cJSON_GetArraySize(x) == 1;
+        for (const cJSON *k = s->child; k; k = k->next) only &= k == x || is_annotation(k->string);
+        if (only) {
             size_t o0 = ptr_push(c, "allOf");
             ptr_idx(c, 0);
             int r = gen(c, cJSON_GetArrayItem(x, 0));
@@ -964,10 +1747,15 @@ static int gen_body(struct sc *c, struct sb *o, const cJSON *s)
             }
         } else return bad(c, "type", "must be a type name or an array of 1-7 of them");
     } else {
-        if (has(s, "properties") || has(s, "required") || has(s, "additionalProperties")) types[nt++] = "object";
-        if (has(s, "items") || has(s, "prefixItems") || has(s, "minItems") || has(s, "maxItems")) types[nt++] = "array";
+        if (has(s, "properties") || has(s, "required") || has(s, "additionalProperties") || has(s, "patternProperties") ||
+            has(s, "propertyNames") || has(s, "minProperties") || has(s, "maxProperties"))
+            types[nt++] = "object";
+        if (has(s, "items") || has(s, "prefixItems") || has(s, "minItems") || has(s, "maxItems") || has(s, "uniqueItems"))
+            types[nt++] = "array";
         if (has(s, "minLength") || has(s, "maxLength") || has(s, "pattern") || has(s, "format")) types[nt++] = "string";
-        if (has(s, "minimum") || has(s, "maximum")) types[nt++] = "integer";
+        if (has(s, "minimum") || has(s, "maximum") || has(s, "exclusiveMinimum") || has(s, "exclusiveMaximum") ||
+            has(s, "multipleOf"))
+            types[nt++] = "integer";
         if (!nt) { sb_s(o, "value"); return 0; }
     }
     sb_s(o, "(");

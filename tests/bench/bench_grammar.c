@@ -11,7 +11,12 @@
  * same compiled grammar (as a cached grammar is used again). Times are this thread's CPU
  * time (CLOCK_THREAD_CPUTIME_ID), honest on a shared machine.
  *
- * usage: bench_grammar [--tokenizer DIR] [--walks N] */
+ * --schemas DIR replaces the fixed corpus with every *.json file there
+ * (e.g. tests/data/schemas/generators, issue 29: what zod and Pydantic
+ * write), each a JSON Schema named by its file.
+ *
+ * usage: bench_grammar [--tokenizer DIR] [--walks N] [--schemas DIR] */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,14 +82,61 @@ static int compile(const struct item *it, const struct gram_vocab *v, struct gra
     return gram_compile_ebnf(g, v, it->src, n, err);
 }
 
+static int cmp_item(const void *a, const void *b)
+{
+    return strcmp(((const struct item *)a)->name, ((const struct item *)b)->name);
+}
+
+/* Every *.json in sdir as a schema item (names and texts malloc'd, kept
+ * to the end of the run). Returns the count, -1 on error. */
+static int load_dir(const char *sdir, struct item **out)
+{
+    DIR *d = opendir(sdir);
+    if (!d) { perror(sdir); return -1; }
+    int n = 0, cap = 0;
+    struct item *v = NULL;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t L = strlen(e->d_name);
+        if (L < 6 || strcmp(e->d_name + L - 5, ".json")) continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", sdir, e->d_name);
+        FILE *f = fopen(path, "rb");
+        if (!f) { perror(path); closedir(d); return -1; }
+        fseek(f, 0, SEEK_END);
+        long sz = ftell(f);
+        fseek(f, 0, SEEK_SET);
+        char *txt = malloc((size_t)sz + 1);
+        size_t got = txt ? fread(txt, 1, (size_t)sz, f) : 0;
+        fclose(f);
+        if (!txt || got != (size_t)sz) { free(txt); closedir(d); return -1; }
+        txt[sz] = 0;
+        if (n == cap) { cap = cap ? cap * 2 : 64; v = realloc(v, sizeof *v * (size_t)cap); if (!v) { closedir(d); return -1; } }
+        char *name = strndup(e->d_name, L - 5);
+        v[n++] = (struct item){name, "schema", txt};
+    }
+    closedir(d);
+    if (n) qsort(v, (size_t)n, sizeof *v, cmp_item);
+    *out = v;
+    return n;
+}
+
 int main(int argc, char **argv)
 {
-    const char *dir = tu_qwen3_tokenizer_dir();
+    const char *dir = tu_qwen3_tokenizer_dir(), *sdir = NULL;
     int walks = 8;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) dir = argv[++i];
         else if (!strcmp(argv[i], "--walks") && i + 1 < argc) walks = atoi(argv[++i]);
-        else { fprintf(stderr, "usage: %s [--tokenizer DIR] [--walks N]\n", argv[0]); return 2; }
+        else if (!strcmp(argv[i], "--schemas") && i + 1 < argc) sdir = argv[++i];
+        else { fprintf(stderr, "usage: %s [--tokenizer DIR] [--walks N] [--schemas DIR]\n", argv[0]); return 2; }
+    }
+    const struct item *items = corpus;
+    int n_items = (int)(sizeof corpus / sizeof *corpus);
+    struct item *loaded = NULL;
+    if (sdir) {
+        n_items = load_dir(sdir, &loaded);
+        if (n_items <= 0) { fprintf(stderr, "bench_grammar: no *.json schemas in %s\n", sdir); return 1; }
+        items = loaded;
     }
     struct rl_err err = {0};
     struct tokenizer *tok;
@@ -100,12 +152,12 @@ int main(int argc, char **argv)
     int32_t *allowed = malloc(sizeof(int32_t) * N_VOCAB);
     size_t cap_all = 1 << 16, n_all = 0;
     double *all = malloc(sizeof(double) * cap_all);
-    char table[8192];
+    static char table[65536];
     int tl = snprintf(table, sizeof table, "| grammar | compile ms | steps | mask p50 us | mask p99 us | mask max us | warm p50 us | warm p99 us |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
     size_t cap_warm = 1 << 16, n_warm = 0;
     double *warm = malloc(sizeof(double) * cap_warm);
-    for (size_t c = 0; c < sizeof corpus / sizeof *corpus; c++) {
-        const struct item *it = &corpus[c];
+    for (int c = 0; c < n_items; c++) {
+        const struct item *it = &items[c];
         double best = 1e30;
         struct gram *g = NULL;
         for (int r = 0; r < 3; r++) {

@@ -193,8 +193,8 @@ def nested(depth):
 
 REFUSALS = [
     ("unsupported", {"type": "object", "properties": {"n": {"type": "number",
-                                                             "exclusiveMinimum": 0}}},
-     "exclusiveMinimum"),
+                                                             "not": {"const": 0}}}},
+     "/properties/n/not"),
     ("unsatisfiable", {"type": "integer", "minimum": 5, "maximum": 1}, "no integer"),
     ("huge", {"type": "object", "properties": {f"p{i:06d}": {"type": "string",
                                                              "description": "x" * 60}

@@ -196,12 +196,27 @@ static bool validate(const cJSON *v, const cJSON *s, const cJSON *root, char *wh
     if (cJSON_IsNumber(v)) {
         if ((x = cJSON_GetObjectItem(s, "minimum")) && v->valuedouble < x->valuedouble) WHY("minimum");
         if ((x = cJSON_GetObjectItem(s, "maximum")) && v->valuedouble > x->valuedouble) WHY("maximum");
+        const cJSON *y;
+        if ((x = cJSON_GetObjectItem(s, "exclusiveMinimum"))) {
+            if (cJSON_IsNumber(x) && v->valuedouble <= x->valuedouble) WHY("exclusiveMinimum");
+            if (cJSON_IsTrue(x) && (y = cJSON_GetObjectItem(s, "minimum")) && v->valuedouble <= y->valuedouble) WHY("exclusiveMinimum");
+        }
+        if ((x = cJSON_GetObjectItem(s, "exclusiveMaximum"))) {
+            if (cJSON_IsNumber(x) && v->valuedouble >= x->valuedouble) WHY("exclusiveMaximum");
+            if (cJSON_IsTrue(x) && (y = cJSON_GetObjectItem(s, "maximum")) && v->valuedouble >= y->valuedouble) WHY("exclusiveMaximum");
+        }
+        if ((x = cJSON_GetObjectItem(s, "multipleOf")) && fmod(v->valuedouble, x->valuedouble) != 0) WHY("multipleOf");
     }
     if (cJSON_IsArray(v)) {
         int n = cJSON_GetArraySize(v);
         if ((x = cJSON_GetObjectItem(s, "minItems")) && n < x->valuedouble) WHY("minItems");
         if ((x = cJSON_GetObjectItem(s, "maxItems")) && n > x->valuedouble) WHY("maxItems");
+        if (cJSON_IsTrue(cJSON_GetObjectItem(s, "uniqueItems")))
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < i; j++)
+                    if (cJSON_Compare(cJSON_GetArrayItem(v, i), cJSON_GetArrayItem(v, j), 1)) WHY("uniqueItems");
         const cJSON *pre = cJSON_GetObjectItem(s, "prefixItems"), *it = cJSON_GetObjectItem(s, "items");
+        if (cJSON_IsArray(it)) { pre = it; it = cJSON_GetObjectItem(s, "additionalItems"); }
         int k = pre ? cJSON_GetArraySize(pre) : 0;
         for (int i = 0; i < n; i++) {
             const cJSON *sub = i < k ? cJSON_GetArrayItem(pre, i) : it;
@@ -212,6 +227,22 @@ static bool validate(const cJSON *v, const cJSON *s, const cJSON *root, char *wh
         const cJSON *props = cJSON_GetObjectItem(s, "properties"), *add = cJSON_GetObjectItem(s, "additionalProperties");
         for (const cJSON *r = cJSON_GetObjectItem(s, "required") ? cJSON_GetObjectItem(s, "required")->child : NULL; r; r = r->next)
             if (!cJSON_GetObjectItem(v, r->valuestring)) WHY("required %s", r->valuestring);
+        int np = 0;
+        for (const cJSON *m = v->child; m; m = m->next) {
+            for (const cJSON *m2 = v->child; m2 != m; m2 = m2->next)
+                if (!strcmp(m->string, m2->string)) WHY("duplicate key %s", m->string);
+            np++;
+        }
+        if ((x = cJSON_GetObjectItem(s, "minProperties")) && np < x->valuedouble) WHY("minProperties");
+        if ((x = cJSON_GetObjectItem(s, "maxProperties")) && np > x->valuedouble) WHY("maxProperties");
+        const cJSON *pn = cJSON_GetObjectItem(s, "propertyNames"), *pp = cJSON_GetObjectItem(s, "patternProperties");
+        if (pp && pp->child) add = pp->child; /* the one pattern the tests use; keys checked by the grammar */
+        for (const cJSON *m = v->child; m; m = m->next) {
+            cJSON *key = cJSON_CreateString(m->string);
+            bool kok = !pn || validate(key, pn, root, why, wn);
+            cJSON_Delete(key);
+            if (!kok) return false;
+        }
         for (const cJSON *m = v->child; m; m = m->next) {
             const cJSON *ps = props ? cJSON_GetObjectItemCaseSensitive(props, m->string) : NULL;
             if (ps) { if (!validate(m, ps, root, why, wn)) return false; }
@@ -234,7 +265,7 @@ static void walks(const char *json, int seeds, int max_steps)
         if (!doc) fail_msg("schema %s seed %d: no EOS within %d steps", json, seed, max_steps);
         if (getenv("TEST_GRAMMAR_VERBOSE")) fprintf(stderr, "%d steps: %s\n", steps, doc);
         cJSON *v = cJSON_Parse(doc);
-        if (!v) fail_msg("schema %s seed %d: not JSON: %s", json, seed, doc);
+        if (!v) { FILE *f = fopen("/tmp/schema29-bad.json", "w"); if (f) { fputs(doc, f); fclose(f); } fail_msg("schema %s seed %d: not JSON: %s", json, seed, doc); }
         char why[200] = "";
         if (!validate(v, s, s, why, sizeof why)) fail_msg("schema %s seed %d: %s fails %s", json, seed, doc, why);
         cJSON_Delete(v);
@@ -272,6 +303,45 @@ static void test_schema_walks(void **state)
         "{\"type\":\"object\",\"properties\":{\"a\\\"b\\\\ \u00e9\\n\":{\"enum\":[\"x\\ty\",\"\\u0001\"]}},\"required\":[\"a\\\"b\\\\ \u00e9\\n\"],\"additionalProperties\":false}",
         "{\"type\":\"string\",\"pattern\":\"^[\\\"\\\\\\\\n]{2}[^a-z]?$\"}",
         "{\"type\":\"string\",\"pattern\":\"^x[a-z]*\"}",
+        /* issue 29: what zod and Pydantic write */
+        "{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991}",
+        "{\"type\":\"integer\",\"minimum\":-9223372036854775808,\"maximum\":9223372036854775807}",
+        "{\"type\":\"integer\",\"exclusiveMinimum\":0}",
+        "{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":true,\"maximum\":10,\"exclusiveMaximum\":true}",
+        "{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}",
+        "{\"type\":\"number\",\"minimum\":-2.5,\"exclusiveMaximum\":3}",
+        "{\"type\":\"number\",\"minimum\":0.1,\"maximum\":0.9}",
+        "{\"type\":\"number\",\"minimum\":0,\"maximum\":0.5}",
+        "{\"type\":\"number\",\"exclusiveMinimum\":-0.25,\"exclusiveMaximum\":0.25}",
+        "{\"type\":\"number\",\"minimum\":1.5,\"maximum\":2.5}",
+        "{\"type\":\"integer\",\"multipleOf\":5,\"minimum\":-9007199254740991,\"maximum\":9007199254740991}",
+        "{\"type\":\"integer\",\"multipleOf\":7,\"minimum\":0,\"maximum\":100}",
+        "{\"type\":\"integer\",\"multipleOf\":3}",
+        "{\"type\":\"number\",\"multipleOf\":25,\"minimum\":-1000}",
+        "{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",\"c\"]},\"uniqueItems\":true}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"boolean\"},\"uniqueItems\":true,\"minItems\":1}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true}",
+        "{\"type\":\"object\",\"propertyNames\":{\"type\":\"string\"},\"additionalProperties\":{\"type\":\"number\"},\"maxProperties\":3}",
+        "{\"type\":\"object\",\"propertyNames\":{\"pattern\":\"^[a-z]{1,8}$\"},\"additionalProperties\":{\"type\":\"number\"}}",
+        "{\"type\":\"object\",\"propertyNames\":{\"enum\":[\"x\",\"y\"]},\"additionalProperties\":{\"type\":\"boolean\"},\"maxProperties\":1}",
+        "{\"type\":\"object\",\"patternProperties\":{\"^[a-z]{1,4}$\":{\"type\":\"integer\",\"minimum\":0}},\"additionalProperties\":false,\"minProperties\":1}",
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"],\"minProperties\":1,\"maxProperties\":1,\"additionalProperties\":false}",
+        "{\"type\":\"string\",\"format\":\"time\"}",
+        "{\"type\":\"string\",\"format\":\"uri\"}",
+        "{\"title\":\"C\",\"description\":\"wrapped\",\"allOf\":[{\"enum\":[\"r\",\"g\"]}]}",
+        "{\"type\":\"string\",\"format\":\"ipv4\"}",
+        "{\"type\":\"string\",\"format\":\"ipv6\"}",
+        "{\"type\":\"string\",\"format\":\"hostname\"}",
+        "{\"type\":\"string\",\"format\":\"duration\"}",
+        /* Pydantic's HttpUrl; zod's cuid2 (no JSON Schema format: the pattern decides) */
+        "{\"type\":\"string\",\"format\":\"uri\",\"minLength\":1,\"maxLength\":2083}",
+        "{\"type\":\"string\",\"format\":\"cuid2\",\"pattern\":\"^[0-9a-z]+$\",\"maxLength\":8}",
+        /* pattern with minLength/maxLength (Pydantic constr, zod .regex().max()) */
+        "{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"maxLength\":12}",
+        "{\"type\":\"string\",\"pattern\":\"^[a-z]+(-[a-z]+)*$\",\"minLength\":3,\"maxLength\":10}",
+        "{\"type\":\"string\",\"pattern\":\"ab\",\"maxLength\":6}",
+        /* draft 4 tuples (Pydantic 1) */
+        "{\"type\":\"array\",\"minItems\":2,\"maxItems\":2,\"items\":[{\"type\":\"number\"},{\"type\":\"boolean\"}]}",
         "true",
         "{}",
     };
@@ -319,17 +389,34 @@ static void test_schema_refusals(void **state)
 {
     static const char *const cases[][2] = {
         /* unsupported keywords, each named by its JSON pointer */
-        {"{\"type\":\"object\",\"properties\":{\"age\":{\"type\":\"integer\",\"exclusiveMinimum\":0}}}",
-         "/properties/age/exclusiveMinimum: unsupported keyword"},
-        {"{\"minProperties\":1}", "/minProperties: unsupported keyword"},
-        {"{\"type\":\"array\",\"items\":{\"not\":{}}}", "/items/not: unsupported keyword"},
+        {"{\"type\":\"array\",\"items\":{\"not\":{\"type\":\"string\"}}}", "/items/not: unsupported keyword"},
+        {"{\"type\":\"object\",\"properties\":{\"age\":{\"type\":\"integer\",\"dependentRequired\":{}}}}",
+         "/properties/age/dependentRequired: unsupported keyword"},
+        {"{\"$defs\":{\"a\":{\"contains\":true}},\"$ref\":\"#/$defs/a\"}", "/$defs/a/contains: unsupported keyword"},
+        {"{\"properties\":{\"a/b\":{\"multipleOf\":0.01}}}", "/properties/a~1b/multipleOf: 0.01: only whole divisors"},
+        /* issue 29: what the grammar cannot enforce exactly is refused */
+        {"{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true,\"minItems\":2}", "/uniqueItems: over items that are not a finite set"},
+        {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"}],\"uniqueItems\":true}", "/uniqueItems: together with prefixItems"},
+        {"{\"type\":\"object\",\"minProperties\":2,\"additionalProperties\":{\"type\":\"integer\"}}", "/minProperties: not enforced"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"maxProperties\":0}", "/maxProperties: not enforced"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"propertyNames\":{\"maxLength\":3},\"additionalProperties\":true}", "/propertyNames: together with properties"},
+        {"{\"type\":\"object\",\"patternProperties\":{\"^a\":{},\"^b\":{}}}", "/patternProperties: more than one pattern"},
+        {"{\"type\":\"string\",\"format\":\"date\",\"pattern\":\"^\\\\d+$\"}", "/pattern: format 'date' together with this pattern is not supported"},
+        {"{\"type\":\"string\",\"pattern\":\"^abcdef$\",\"maxLength\":3}", "/pattern: together with minLength/maxLength: no bounding"},
+        {"{\"type\":\"string\",\"pattern\":\"^(a|b+)$\",\"minLength\":2}", "/pattern: together with minLength/maxLength: no bounding"},
+        {"{\"if\":{},\"then\":{}}", "/if: unsupported keyword: the grammar cannot enforce it exactly"},
+        {"{\"type\":\"integer\",\"minimum\":1e19}", "/minimum: the integers allowed are all beyond the supported magnitude"},
+        {"{\"type\":\"integer\",\"exclusiveMinimum\":3,\"maximum\":3}", "no integer satisfies"},
+        {"{\"type\":\"number\",\"minimum\":0.1001,\"maximum\":0.1009}", "a range narrower than 0.001 without an integer"},
+        {"{\"type\":\"integer\",\"exclusiveMinimum\":true}", "/exclusiveMinimum: true (draft 4) needs minimum beside it"},
+        {"{\"type\":\"integer\",\"minimum\":7,\"maximum\":9,\"multipleOf\":5}", "no integer satisfies"},
+        {"{\"type\":\"array\",\"items\":{\"enum\":[1,2]},\"uniqueItems\":true,\"minItems\":3}", "no array satisfies"},
+        {"{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}}},{\"properties\":{\"a\":{\"type\":\"string\"}}}]}", "'a' has different schemas in two members"},
         {"{\"anyOf\":[{\"type\":\"string\"},{\"if\":{}}]}", "/anyOf/1/if: unsupported keyword"},
-        {"{\"$defs\":{\"a\":{\"uniqueItems\":true}},\"$ref\":\"#/$defs/a\"}", "/$defs/a/uniqueItems: unsupported keyword"},
-        {"{\"properties\":{\"a/b\":{\"multipleOf\":2}}}", "/properties/a~1b/multipleOf: unsupported keyword"},
-        {"{\"type\":\"string\",\"format\":\"hostname\"}", "/format: 'hostname' is not supported"},
+        {"{\"type\":\"string\",\"format\":\"uri-template\"}", "/format: 'uri-template' is not supported"},
+        {"{\"type\":\"string\",\"format\":\"email\",\"maxLength\":50}", "/format: 'email' (written 5-384 characters long) together with minLength 0 / maxLength 50"},
         {"{\"type\":\"string\",\"pattern\":\"(?=a)b\"}", "/pattern: lookaround"},
         {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "/pattern: unsupported escape"},
-        {"{\"type\":\"number\",\"minimum\":0.5}", "/minimum: bounds are supported on type integer only"},
         {"{\"type\":\"strin\"}", "/type: 'strin' is not a JSON Schema type"},
         {"{\"$ref\":\"http://example.com/s.json\"}", "/$ref: 'http://example.com/s.json' does not resolve"},
         {"{\"type\":\"string\",\"minLength\":-1}", "/minLength: must be a non-negative integer"},
@@ -342,12 +429,16 @@ static void test_schema_refusals(void **state)
         {"{\"type\":\"object\",\"properties\":{\"a\":false},\"required\":[\"a\"]}", "no string satisfies"},
         {"{\"type\":\"object\",\"required\":[\"a\"],\"additionalProperties\":false}", "no object satisfies"},
         {"{\"type\":\"array\",\"items\":false,\"minItems\":1}", "no array satisfies"},
+        /* issue 29: a property required by one allOf member and shut out by
+         * another's additionalProperties false */
+        {"{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":false},{\"properties\":{\"b\":{\"type\":\"boolean\"}},\"required\":[\"b\"]}]}",
+         "/allOf: 'b' is required by /allOf/1 but not allowed by /allOf/0 (additionalProperties false): no object satisfies this schema"},
         {"{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/a\"}},\"$ref\":\"#/$defs/a\"}", "no string satisfies"},
         {"{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"k\":{\"$ref\":\"#/$defs/n\"}},\"required\":[\"k\"]}},\"$ref\":\"#/$defs/n\"}",
          "no string satisfies"},
         /* too large once expanded */
-        {"{\"type\":\"string\",\"maxLength\":9000}", "schema is too large (over 50000 automaton states)"},
-        {"{\"type\":\"string\",\"maxLength\":10001}", "/maxLength: 10001 is over the supported limit of 10000"},
+        {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\",\"maxLength\":1999},{\"type\":\"string\",\"maxLength\":1998},{\"type\":\"string\",\"maxLength\":1997}]}", "schema is too large (over 50000 automaton states)"},
+        {"{\"type\":\"string\",\"minLength\":2001}", "/minLength: 2001 is over the supported limit of 2000"},
         /* not JSON */
         {"{\"type\":", "not valid JSON"},
     };
@@ -506,7 +597,8 @@ static void test_tool_call(void **state)
         "\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":10},\"unit\":{\"enum\":[\"c\",\"f\"]}},"
         "\"required\":[\"city\",\"unit\"],\"additionalProperties\":false}}},"
         "{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":{\"type\":\"object\","
-        "\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":99},\"b\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":99}},"
+        /* a: zod's .int() bounds, b: .positive() (issue 29: forced tool calls with them) */
+        "\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991},\"b\":{\"type\":\"integer\",\"exclusiveMinimum\":0,\"maximum\":99}},"
         "\"required\":[\"a\",\"b\"],\"additionalProperties\":false}}}]";
     cJSON *tj = cJSON_Parse(tools);
     for (int named = 0; named < 2; named++) {
@@ -546,9 +638,9 @@ static void test_tool_call(void **state)
     struct rl_err err = {0};
     expect_refusal(gram_compile_tool_call(&g, voc, tools, strlen(tools), "nope", &err), &err, "tool nope",
                    "'nope', which is not among the tools");
-    const char *badt = "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"patternProperties\":{}}}}]";
+    const char *badt = "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"not\":{}}}}]";
     expect_refusal(gram_compile_tool_call(&g, voc, badt, strlen(badt), NULL, &err), &err, badt,
-                   "/0/function/parameters/patternProperties: unsupported keyword");
+                   "/0/function/parameters/not: unsupported keyword");
     cJSON_Delete(tj);
 }
 
@@ -684,11 +776,83 @@ static void test_language(void **state)
         {"{\"type\":\"string\",\"format\":\"date\"}", "\"2024-04-30\"", 1},
         {"{\"type\":\"string\",\"format\":\"date\"}", "\"2024-12-31\"", 1},
         {"{\"type\":\"string\",\"format\":\"date\"}", "\"2024-02-30\"", -1},
+        /* issue 29: date-time is a date, "T", a time on every day (the
+         * alternation of the date used to swallow "T" time into its leap-day
+         * branch) */
+        {"{\"type\":\"string\",\"format\":\"date-time\"}", "\"2024-01-15T10:20:30Z\"", 1},
+        {"{\"type\":\"string\",\"format\":\"date-time\"}", "\"2024-01-15\"", -1},
+        {"{\"type\":\"string\",\"format\":\"date-time\"}", "\"2024-02-29T00:00:00.5+01:00\"", 1},
+        {"{\"type\":\"string\",\"format\":\"date-time\"}", "\"2023-02-29T00:00:00Z\"", -1},
+        /* issue 29: allOf with additionalProperties false in one member allows
+         * only that member's properties (JSON Schema's rule: each member is
+         * checked on its own) */
+        {"{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":false},{\"properties\":{\"b\":{\"type\":\"boolean\"}}}]}", "{\"a\": 1}", 1},
+        {"{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":false},{\"properties\":{\"b\":{\"type\":\"boolean\"}}}]}", "{\"a\": 1, \"b\": true}", -1},
+        {"{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":false},{\"properties\":{\"b\":{\"type\":\"boolean\"}}}]}", "{\"b\": true}", -1},
+        /* issue 29: integer bounds to int64, exclusive bounds, multipleOf */
+        {"{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991}", "9007199254740991", 1},
+        {"{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991}", "9007199254740992", -1},
+        {"{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991}", "-9007199254740991", 1},
+        {"{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991}", "-9007199254740992", -1},
+        {"{\"type\":\"integer\",\"minimum\":-1000000000000000}", "-1000000000000000", 1},
+        {"{\"type\":\"integer\",\"exclusiveMinimum\":0}", "0", -1},
+        {"{\"type\":\"integer\",\"exclusiveMinimum\":0}", "1", 1},
+        {"{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":true,\"maximum\":10,\"exclusiveMaximum\":true}", "10", -1},
+        {"{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":true,\"maximum\":10,\"exclusiveMaximum\":true}", "9", 1},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}", "0", 0},   /* only as the start of 0.x */
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}", "0.0", 0},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}", "0.25", 1},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}", "1", 1},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}", "1.5", -1},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1}", "-0.5", -1},
+        {"{\"type\":\"number\",\"minimum\":0.1,\"maximum\":0.9}", "0.100", 1},
+        {"{\"type\":\"number\",\"minimum\":0.1,\"maximum\":0.9}", "0.099", -1},
+        {"{\"type\":\"number\",\"minimum\":0.1,\"maximum\":0.9}", "0.900", 1},
+        {"{\"type\":\"number\",\"minimum\":0.1,\"maximum\":0.9}", "0.901", -1},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0.1,\"maximum\":0.9}", "0.100", -1},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":-0.25,\"exclusiveMaximum\":0.25}", "-0.249", 1},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":-0.25,\"exclusiveMaximum\":0.25}", "-0.250", -1},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":-0.25,\"exclusiveMaximum\":0.25}", "0", 1},
+        {"{\"type\":\"number\",\"minimum\":1.5,\"maximum\":2.5}", "2", 1},
+        {"{\"type\":\"number\",\"minimum\":1.5,\"maximum\":2.5}", "1.499", -1},
+        {"{\"type\":\"number\",\"minimum\":1.5,\"maximum\":2.5}", "2.5", 0},
+        {"{\"type\":\"number\",\"minimum\":1.5,\"maximum\":2.5}", "2.500", 1},
+        {"{\"type\":\"integer\",\"multipleOf\":25}", "1275", 1},
+        {"{\"type\":\"integer\",\"multipleOf\":25}", "-50", 1},
+        {"{\"type\":\"integer\",\"multipleOf\":25,\"minimum\":0,\"maximum\":100000}", "99975", 1},
+        {"{\"type\":\"integer\",\"multipleOf\":25,\"minimum\":0,\"maximum\":100000}", "99990", -1},
+        {"{\"type\":\"integer\",\"multipleOf\":25,\"minimum\":0,\"maximum\":100000}", "100025", -1},
+        {"{\"type\":\"integer\",\"multipleOf\":25,\"minimum\":0,\"maximum\":100000}", "25", 1},
+        {"{\"type\":\"integer\",\"multipleOf\":25,\"minimum\":0,\"maximum\":100000}", "-25", -1},
+        {"{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\"]},\"uniqueItems\":true}", "[\"a\", \"b\"]", 1},
+        {"{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\"]},\"uniqueItems\":true}", "[\"a\", \"a\"]", -1},
+        {"{\"type\":\"string\",\"format\":\"uri\"}", "\"https://example.com/a/b\"", 1},
+        {"{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"maxLength\":3}", "\"abc\"", 1},
+        {"{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"maxLength\":3}", "\"abcd\"", -1},
+        {"{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"minLength\":2,\"maxLength\":3}", "\"a\"", -1},
+        {"{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"minLength\":2,\"maxLength\":3}", "\"ab\"", 1},
+        /* extra keys beside declared ones are longer than every declared name */
+        {"{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"integer\"}},\"additionalProperties\":{\"type\":\"boolean\"}}", "{\"ab\": 1, \"xyz\": true}", 1},
+        /* zod's catchall(z.never()): additionalProperties {"not": {}} lets none through */
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":{\"not\":{}}}", "{\"a\": 1}", 1},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":{\"not\":{}}}", "{\"a\": 1, \"bb\": 2}", -1},
+        {"{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"integer\"}},\"additionalProperties\":{\"type\":\"boolean\"}}", "{\"ab\": 1, \"ab\": true}", -1},
+        {"{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"integer\"}},\"additionalProperties\":{\"type\":\"boolean\"}}", "{\"ab\": 1, \"\\u0061b\": true}", -1},
+        {"{\"type\":\"integer\",\"multipleOf\":64}", "640", 1},
+        /* a format beside any pattern: kept when the automata show every
+         * string of the format (or of its narrow form) matches the pattern */
+        {"{\"type\":\"string\",\"format\":\"date\",\"pattern\":\"^\\\\d{4}-\\\\d{2}-\\\\d{2}$\"}", "\"2024-02-29\"", 1},
+        {"{\"type\":\"string\",\"format\":\"date-time\",\"pattern\":\"Z$\"}", "\"2024-01-15T10:20:30Z\"", 1},
+        {"{\"type\":\"string\",\"format\":\"date-time\",\"pattern\":\"Z$\"}", "\"2024-01-15T10:20:30+01:00\"", -1},
+        {"{\"type\":\"string\",\"format\":\"uuid\",\"pattern\":\"^[0-9a-f-]+$\"}", "\"123e4567-e89b-42d3-a456-426614174000\"", 1},
+        {"{\"type\":\"string\",\"format\":\"uuid\",\"pattern\":\"^[0-9a-f-]+$\"}", "\"123E4567-e89b-42d3-a456-426614174000\"", -1},
         {"{\"type\":\"string\",\"format\":\"uuid\"}", "\"123e4567-e89b-12d3-a456-426614174000\"", 1},
         {"{\"type\":\"string\",\"format\":\"email\"}", "\"a.b@example.com\"", 1},
         {"{\"type\":\"string\",\"format\":\"email\"}", "\"a.b@@example.com\"", -1},
         {"{\"type\":\"string\",\"maxLength\":3}", "\"\u00e9\u00e9\u00e9\"", 1}, /* characters, not bytes */
         {"{\"type\":\"string\",\"maxLength\":3}", "\"abcd\"", -1},
+        /* a maxLength above 2,000 is written as 2,000 (Pydantic's AnyUrl: 65536) */
+        {"{\"type\":\"string\",\"maxLength\":65536}", "\"abc\"", 1},
         {"{\"type\":\"string\"}", "\"tab\\there \\u00e9 \\\" ok\"", 1},
         {"{\"type\":\"string\"}", "\"raw\ttab\"", -1}, /* a control character unescaped */
         /* whitespace: at most one space after ',' and ':' */
@@ -703,7 +867,8 @@ static void test_language(void **state)
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}", "{\"a\":1,\"c\":2}", -1},
         {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}", "{\"x\": 1, \"y\": 2}", 1},
         {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}", "{\"x\": true}", -1},
-        {"{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\"}},\"additionalProperties\":true}", "{\"s\": \"v\", \"k\": [null, {\"z\": 1.5}]}", 1},
+        {"{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\"}},\"additionalProperties\":true}", "{\"s\": \"v\", \"kk\": [null, {\"z\": 1.5}]}", 1},
+        {"{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\"}},\"additionalProperties\":true}", "{\"s\": \"v\", \"k\": 1}", -1}, /* extra keys: longer than the declared */
         {"{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\"}}}", "{\"s\": \"v\", \"k\": 1}", -1}, /* absent: none generated */
         {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"}],\"items\":{\"type\":\"string\"},\"minItems\":2}", "[1, \"a\", \"b\"]", 1},
         {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"}],\"items\":{\"type\":\"string\"},\"minItems\":2}", "[1]", -1},
