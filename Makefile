@@ -228,6 +228,9 @@ deps:
 	@# the official openai npm client, pinned by tests/integration/node/package-lock.json
 	@# (integrity checksums): npm ci installs exactly that tree, never a newer one
 	cd tests/integration/node && npm ci --no-audit --no-fund --loglevel=error
+	@# the third-party clients (AI SDK, LangChain, the Agents SDK; zod 4), pinned
+	@# by tests/integration/node-clients/package-lock.json (test_clients.py)
+	cd tests/integration/node-clients && npm ci --no-audit --no-fund --loglevel=error
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz
