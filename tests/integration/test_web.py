@@ -622,13 +622,14 @@ def test_backend_serves_the_page_and_nothing_else(web_factory):
         assert json.load(f)["ok"] is True
 
 
-def test_chat_page_narrow_screen_reaches_the_conversations(browser, web_factory):
+def test_chat_page_narrow_screen_reaches_the_conversations(browser, web_factory, tmp_path):
     """Issue 29 (first contact): below 700 px the conversation list was hidden
     with no way to reach it. Now the header's Chats button opens it over the
-    chat, and opening a conversation closes it."""
+    chat, and opening a conversation closes it. At a phone's 400 px, with a
+    screenshot of the open list (kept in the test's tmp dir)."""
     web = web_factory()
     b = browser
-    b.call("Emulation.setDeviceMetricsOverride", width=600, height=760, deviceScaleFactor=1, mobile=False)
+    b.call("Emulation.setDeviceMetricsOverride", width=400, height=760, deviceScaleFactor=1, mobile=True)
     try:
         b.goto(web.url)
         shown = "getComputedStyle(document.getElementById(%s)).display !== 'none'"
@@ -638,6 +639,13 @@ def test_chat_page_narrow_screen_reaches_the_conversations(browser, web_factory)
         b.wait(shown % '"sidebar"', what="the conversation list after Chats")
         assert b.eval("document.getElementById('show-chats').getAttribute('aria-expanded')") == "true"
         b.wait("document.querySelectorAll('#chats .open').length > 0", what="a conversation in the list")
+        # the list lies within the 400 px and over the chat, not off screen
+        box = json.loads(b.eval("JSON.stringify(document.getElementById('sidebar').getBoundingClientRect())"))
+        assert box["left"] >= 0 and 0 < box["right"] <= 400, box
+        shot = b.call("Page.captureScreenshot", format="png")
+        png = __import__("base64").b64decode(shot["data"])
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        (tmp_path / "chat-400px-list-open.png").write_bytes(png)
         b.click("#chats .open")
         b.wait("!(%s)" % (shown % '"sidebar"'), what="the list closed after opening a conversation")
     finally:

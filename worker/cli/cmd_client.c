@@ -168,11 +168,11 @@ struct follow_opts {
     bool hide_reasoning;
     int timeout_s;      /* give up after this long without an event; 0 = never */
     bool cancel_on_int; /* Ctrl-C cancels the job (chat); else it just stops */
-    bool hint;          /* no event after 3 s: say why, if no dispatcher / worker runs */
+    bool hint;          /* no event after 2 s: say why, if no dispatcher / worker runs */
     const char *pool;   /* where the job went: a pool, or NULL for the dispatcher's stream */
 };
 
-/* Said once when a request has had no event for 3 s: a job waits silently
+/* Said once when a request has had no event for 2 s: a job waits silently
  * in a stream nobody reads, so name the missing reader and the way out. */
 static void say_why_waiting(struct rconn *c, const char *prefix, const char *pool)
 {
@@ -209,7 +209,7 @@ static int follow(struct rconn *c, const char *prefix, const char *id, const str
     int64_t t_event = rl_wall_ms(), t_cancel = 0;
     bool any_event = false, hinted = !fo->hint;
     while (!r->done) {
-        if (!hinted && !any_event && rl_wall_ms() - t_event > 3000) {
+        if (!hinted && !any_event && rl_wall_ms() - t_event > 2000) {
             hinted = true;
             say_why_waiting(c, prefix, fo->pool);
         }
