@@ -98,6 +98,7 @@
 #include "job.h"
 #include "listen.h"
 #include "modelref.h"
+#include "compat.h"
 #include "openai.h"
 #include "rconn.h"
 #include "rcluster.h"
@@ -194,8 +195,24 @@ struct dhttp {
 
 enum route {
     R_CHAT, R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTHZ, R_METRICS, R_PREFLIGHT, R_NOT_FOUND,
-    R_BAD_METHOD
+    R_BAD_METHOD,
+    /* compat.c's APIs: the Responses API and Ollama's */
+    R_RESPONSES, R_OLLAMA_CHAT, R_OLLAMA_GENERATE, R_OLLAMA_SHOW, R_OLLAMA_TAGS, R_OLLAMA_PS,
+    R_OLLAMA_VERSION
 };
+
+/* A route that answers with a job's events (chat()). */
+static bool job_route(enum route r)
+{
+    return r == R_CHAT || r == R_COMPLETIONS || r == R_RESPONSES || r == R_OLLAMA_CHAT ||
+           r == R_OLLAMA_GENERATE;
+}
+
+/* An Ollama route: errors are {"error": "..."}. */
+static bool ollama_route(enum route r)
+{
+    return r >= R_OLLAMA_CHAT && r <= R_OLLAMA_VERSION;
+}
 
 /* One TCP connection, from libmicrohttpd's connection-started callback to
  * its closed one: the deadline by which what the client is sending must
@@ -248,6 +265,10 @@ struct req {
     struct rconn *rc;
     struct oai_request oreq;
     struct oai_resp *resp;
+    /* R_RESPONSES and Ollama's: compat.c formats the answer instead */
+    bool compat;
+    struct cpt_request creq;
+    struct cpt_resp *cresp;
     struct oai_buf sse;        /* bytes produced and not yet handed to MHD */
     size_t sse_off;
     bool enqueued;             /* the job is in Redis */
@@ -928,7 +949,9 @@ static enum MHD_Result respond_error(struct req *q, struct MHD_Connection *conn,
     if (e->status >= 500)
         RL_LOG(q->h->log, RL_LOG_WARN, "http: %s %d %s: %s", q->id[0] ? q->id : "-", e->status,
                e->code, e->message);
-    return respond(q, conn, e->status, "application/json", oai_error_json(e), e);
+    return respond(q, conn, e->status, "application/json",
+                   ollama_route(q->route) ? cpt_error_json(CPT_OLLAMA_CHAT, e) : oai_error_json(e),
+                   e);
 }
 
 /* ---- the job's events ---- */
@@ -977,10 +1000,32 @@ static void cancel_job(struct req *q, const char *why)
     q->job_ended = true;
 }
 
+/* The answer's formatter: openai.c's, or compat.c's for the other APIs. */
+static int64_t resp_tokens(const struct req *q)
+{
+    return q->compat ? cpt_resp_total_tokens(q->cresp) : oai_resp_total_tokens(q->resp);
+}
+
+static int resp_stream_error(struct req *q)
+{
+    return q->compat ? cpt_stream_error(q->cresp, &q->err, &q->sse)
+                     : oai_sse_error(&q->err, &q->sse);
+}
+
+static char *resp_body(const struct req *q)
+{
+    return q->compat ? cpt_resp_body(q->cresp) : oai_resp_completion(q->resp);
+}
+
+static char *error_body(const struct req *q, const struct oai_error *e)
+{
+    return ollama_route(q->route) ? cpt_error_json(CPT_OLLAMA_CHAT, e) : oai_error_json(e);
+}
+
 /* Adds prompt + completion tokens to the tenant's current minute. */
 static void charge_tokens(struct req *q)
 {
-    int64_t n = oai_resp_total_tokens(q->resp);
+    int64_t n = resp_tokens(q);
     if (!q->has_tenant || !q->tpm || n <= 0)
         return;
     char key[320], num[24];
@@ -1026,7 +1071,8 @@ static int take_events(struct req *q, const struct rconn_reply *r)
             observe_first_event(q->h, (double)(rl_mono_ms() - q->t_xadd_ms));
         }
         size_t before = q->sse.n;
-        int rc = oai_resp_feed(q->resp, ev, ev_len, &q->sse, &q->err);
+        int rc = q->compat ? cpt_resp_feed(q->cresp, ev, ev_len, &q->sse, &q->err)
+                           : oai_resp_feed(q->resp, ev, ev_len, &q->sse, &q->err);
         if (rc < 0)
             return rc;
         if (q->sse.n > before)
@@ -1038,7 +1084,7 @@ static int take_events(struct req *q, const struct rconn_reply *r)
             q->job_ended = true;
             if (q->oreq.stream && (q->headers_sent || q->sse.n > q->sse_off)) {
                 /* bytes are out (or about to be): the error is a chunk */
-                oai_sse_error(&q->err, &q->sse);
+                resp_stream_error(q);
                 q->finished = true;
             } else {
                 q->failed = true;
@@ -1054,8 +1100,9 @@ enum pump { P_OK = 0, P_GONE = -1, P_STOPPING = -2, P_TIMEOUT = -3, P_NOMEM = -4
  * JSON whitespace before a non-streamed body. */
 static int put_filler(struct req *q)
 {
-    return q->oreq.stream ? oai_buf_put(&q->sse, ": keep-alive\n\n", 14)
-                          : oai_buf_put(&q->sse, "\n", 1);
+    /* NDJSON (Ollama) has no comments: an empty line, which its readers skip */
+    return q->oreq.stream && !ollama_route(q->route) ? oai_buf_put(&q->sse, ": keep-alive\n\n", 14)
+                                                     : oai_buf_put(&q->sse, "\n", 1);
 }
 
 /* Reads events until there is something to deliver: in stream mode any
@@ -1122,7 +1169,7 @@ static int pump(struct req *q)
                           "the job's event stream is malformed");
             q->failed = !(q->oreq.stream && q->headers_sent);
             if (!q->failed) {
-                oai_sse_error(&q->err, &q->sse);
+                resp_stream_error(q);
                 q->finished = true;
             }
         }
@@ -1137,7 +1184,7 @@ static int put_tail(struct req *q)
 {
     if (q->oreq.stream || q->tail_added || !(q->finished || q->failed))
         return 0;
-    char *body = q->failed ? oai_error_json(&q->err) : oai_resp_completion(q->resp);
+    char *body = q->failed ? error_body(q, &q->err) : resp_body(q);
     int rc = body ? oai_buf_put(&q->sse, body, strlen(body)) : -RL_ENOMEM;
     free(body);
     q->tail_added = q->finished = true;
@@ -1175,7 +1222,7 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
             if (!q->job_ended)
                 cancel_job(q, "http_timeout_s passed");
             if (q->oreq.stream) {
-                oai_sse_error(&q->err, &q->sse);
+                resp_stream_error(q);
                 q->finished = true;
             } else {
                 q->failed = true;
@@ -1444,7 +1491,9 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
      * close it. The idle timeout is set again when the request ends. */
     MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     bool compl = q->route == R_COMPLETIONS;
-    new_id(q->id, compl ? "cmpl-" : "chatcmpl-");
+    q->compat = q->route == R_RESPONSES || ollama_route(q->route);
+    new_id(q->id, compl ? "cmpl-" : q->route == R_RESPONSES ? "resp_"
+                                    : q->compat ? "ollama-" : "chatcmpl-");
     int64_t now = rl_wall_ms();
     int64_t deadline = h->timeout_s ? now + (int64_t)h->timeout_s * 1000 : 0;
     if (q->too_big) {
@@ -1452,9 +1501,20 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
                       "body: over the limit of %zu bytes", h->lim.max_body_bytes);
         return respond_error(q, conn, &e);
     }
-    if ((compl ? oai_parse_completion : oai_parse_request)(q->body.p ? q->body.p : "", q->body.n,
-                                                          &h->lim, q->id, deadline, &q->oreq, &e))
+    const char *body = q->body.p ? q->body.p : "";
+    int prc;
+    if (q->compat)
+        prc = cpt_parse(q->route == R_RESPONSES ? CPT_RESPONSES
+                        : q->route == R_OLLAMA_CHAT ? CPT_OLLAMA_CHAT : CPT_OLLAMA_GENERATE,
+                        body, q->body.n, &h->lim, q->id, deadline, &q->oreq, &q->creq, &e);
+    else
+        prc = (compl ? oai_parse_completion : oai_parse_request)(body, q->body.n, &h->lim, q->id,
+                                                                deadline, &q->oreq, &e);
+    if (prc)
         return respond_error(q, conn, &e);
+    if (q->creq.load_only) /* Ollama's preload: the workers hold their models loaded */
+        return respond(q, conn, 200, "application/json",
+                       cpt_ollama_loaded(h->model[0] ? h->model : "", now), NULL);
     if (q->oreq.stream)
         BUMP(h, chat_stream);
     else
@@ -1486,7 +1546,9 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         echo = q->oreq.model[0] ? q->oreq.model
                : cJSON_GetArraySize(served) == 1 && cJSON_IsString(fid) ? fid->valuestring : "";
     }
-    int crc = oai_resp_create(&q->resp, q->id, echo, now / 1000, &q->oreq, &err);
+    int crc = q->compat ? cpt_resp_create(&q->cresp, &q->creq, q->id, echo, now,
+                                          q->oreq.stream, &err)
+                        : oai_resp_create(&q->resp, q->id, echo, now / 1000, &q->oreq, &err);
     cJSON_Delete(served);
     if (crc) {
         oai_error_set(&e, 500, "server_error", ev_code_name(EV_CODE_INTERNAL), NULL, "%s", err.msg);
@@ -1547,8 +1609,7 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     if (q->failed)
         return respond_error(q, conn, &q->err);
     if (!q->oreq.stream && rc != P_FIN) {
-        char *body = oai_resp_completion(q->resp);
-        return respond(q, conn, 200, "application/json", body, NULL);
+        return respond(q, conn, 200, "application/json", resp_body(q), NULL);
     }
     /* a stream, or an answer the client's FIN made us commit before its
      * end (pump): chunked, written as it comes */
@@ -1556,8 +1617,10 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, BLOCK_SIZE, sse_reader, q, NULL);
     if (!r)
         return MHD_NO;
-    MHD_add_response_header(r, "Content-Type", q->oreq.stream ? "text/event-stream; charset=utf-8"
-                                                              : "application/json");
+    MHD_add_response_header(r, "Content-Type",
+                            !q->oreq.stream ? "application/json"
+                            : ollama_route(q->route) ? "application/x-ndjson"
+                                                     : "text/event-stream; charset=utf-8");
     if (q->oreq.stream)
         MHD_add_response_header(r, "Cache-Control", "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no"); /* nginx: do not buffer */
@@ -1601,6 +1664,94 @@ static enum MHD_Result models(struct req *q, struct MHD_Connection *conn, const 
     return respond(q, conn, 200, "application/json", body, NULL);
 }
 
+/* Ollama's details of a model: what its clients show and test for. */
+static cJSON *ollama_details(void)
+{
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "parent_model", "");
+    cJSON_AddStringToObject(d, "format", "safetensors");
+    cJSON_AddStringToObject(d, "family", "qwen3");
+    cJSON *f = cJSON_AddArrayToObject(d, "families");
+    cJSON_AddItemToArray(f, cJSON_CreateString("qwen3"));
+    cJSON_AddStringToObject(d, "parameter_size", "");
+    cJSON_AddStringToObject(d, "quantization_level", "");
+    return d;
+}
+
+/* GET /api/tags, /api/ps, /api/version; POST /api/show (body: its JSON). */
+static enum MHD_Result ollama_info(struct req *q, struct MHD_Connection *conn, const char *body)
+{
+    struct oai_error e;
+    if (q->route == R_OLLAMA_VERSION) /* the Ollama API version this door follows */
+        return respond(q, conn, 200, "application/json", strdup("{\"version\":\"0.12.0\"}"), NULL);
+    cJSON *a = served_models(q->h);
+    if (!a)
+        return MHD_NO;
+    cJSON *o = cJSON_CreateObject();
+    char at[32];
+    const cJSON *m;
+    if (q->route == R_OLLAMA_SHOW) {
+        cJSON *req = cJSON_Parse(body);
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(req, "model");
+        if (!cJSON_IsString(name))
+            name = cJSON_GetObjectItemCaseSensitive(req, "name");
+        char want[JOB_MODEL_MAX + 16] = "";
+        if (cJSON_IsString(name))
+            snprintf(want, sizeof want, "%s", name->valuestring);
+        size_t n = strlen(want);
+        if (n > 7 && !strcmp(want + n - 7, ":latest"))
+            want[n - 7] = 0;
+        cJSON_Delete(req);
+        m = want[0] ? model_in(a, want) : NULL;
+        if (!m) {
+            oai_error_set(&e, want[0] ? 404 : 400, "invalid_request_error",
+                          want[0] ? "model_not_found" : "MISSING_FIELD", "model",
+                          want[0] ? "model '%.200s' not found" : "model: required", want);
+            cJSON_Delete(a);
+            cJSON_Delete(o);
+            return respond_error(q, conn, &e);
+        }
+        const cJSON *cr = cJSON_GetObjectItemCaseSensitive(m, "created");
+        cpt_iso_time(cJSON_IsNumber(cr) ? (int64_t)cr->valuedouble * 1000 : 0, at);
+        cJSON_AddStringToObject(o, "modelfile", "");
+        cJSON_AddStringToObject(o, "parameters", "");
+        cJSON_AddStringToObject(o, "template", "");
+        cJSON_AddItemToObject(o, "details", ollama_details());
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(o, "model_info"), "general.architecture",
+                                "qwen3");
+        cJSON *caps = cJSON_AddArrayToObject(o, "capabilities");
+        cJSON_AddItemToArray(caps, cJSON_CreateString("completion"));
+        cJSON_AddItemToArray(caps, cJSON_CreateString("tools"));
+        cJSON_AddItemToArray(caps, cJSON_CreateString("thinking"));
+        cJSON_AddStringToObject(o, "modified_at", at);
+    } else {
+        cJSON *list = cJSON_AddArrayToObject(o, "models");
+        cJSON_ArrayForEach(m, a)
+        {
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
+            const cJSON *cr = cJSON_GetObjectItemCaseSensitive(m, "created");
+            if (!cJSON_IsString(id))
+                continue;
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddStringToObject(x, "name", id->valuestring);
+            cJSON_AddStringToObject(x, "model", id->valuestring);
+            cpt_iso_time(cJSON_IsNumber(cr) ? (int64_t)cr->valuedouble * 1000 : 0, at);
+            cJSON_AddStringToObject(x, q->route == R_OLLAMA_PS ? "expires_at" : "modified_at",
+                                    q->route == R_OLLAMA_PS ? "2318-01-01T00:00:00.000Z" : at);
+            cJSON_AddNumberToObject(x, "size", 0);
+            cJSON_AddStringToObject(x, "digest", "");
+            cJSON_AddItemToObject(x, "details", ollama_details());
+            if (q->route == R_OLLAMA_PS)
+                cJSON_AddNumberToObject(x, "size_vram", 0);
+            cJSON_AddItemToArray(list, x);
+        }
+    }
+    cJSON_Delete(a);
+    char *out = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return respond(q, conn, 200, "application/json", out, NULL);
+}
+
 static bool redis_ok(struct dhttp *h)
 {
     struct rl_err err = {0};
@@ -1626,6 +1777,20 @@ static enum route route_of(struct dhttp *h, const char *method, const char *url,
             return R_PREFLIGHT;
         return !strcmp(method, "POST") ? (!strcmp(url, "/v1/completions") ? R_COMPLETIONS : R_CHAT)
                                         : R_BAD_METHOD;
+    }
+    struct { const char *url; enum route r; bool post; } compat[] = {
+        {"/v1/responses", R_RESPONSES, true},   {"/api/chat", R_OLLAMA_CHAT, true},
+        {"/api/generate", R_OLLAMA_GENERATE, true}, {"/api/show", R_OLLAMA_SHOW, true},
+        {"/api/tags", R_OLLAMA_TAGS, false},    {"/api/ps", R_OLLAMA_PS, false},
+        {"/api/version", R_OLLAMA_VERSION, false},
+    };
+    for (size_t i = 0; i < sizeof compat / sizeof compat[0] && !h->ops; i++) {
+        if (strcmp(url, compat[i].url))
+            continue;
+        *allow = compat[i].post ? "POST" : "GET, HEAD";
+        if (options)
+            return R_PREFLIGHT;
+        return (compat[i].post ? !strcmp(method, "POST") : get) ? compat[i].r : R_BAD_METHOD;
     }
     if (!h->ops && !strcmp(url, "/v1/models"))
         r = R_MODELS;
@@ -1724,7 +1889,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         q->c = ci ? ci->socket_context : NULL;
         q->route = route_of(h, method, url, &q->allow);
         q->cors_origin = cors_origin(h, conn);
-        bool has_body = q->route == R_CHAT || q->route == R_COMPLETIONS;
+        bool has_body = job_route(q->route) || q->route == R_OLLAMA_SHOW;
         if (has_body) {
             /* the body's deadline: the grace, plus its length at the
              * minimum rate (without a length: the largest body's) */
@@ -1781,6 +1946,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return mr;
         }
         case R_COMPLETIONS:
+        case R_RESPONSES:
+        case R_OLLAMA_CHAT:
+        case R_OLLAMA_GENERATE:
+        case R_OLLAMA_SHOW:
         case R_CHAT: {
             if (!authorize(q, conn))
                 return refuse_auth(q, conn);
@@ -1799,6 +1968,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             if (!authorize(q, conn))
                 return refuse_auth(q, conn);
             return models(q, conn, q->route == R_MODEL ? url + 11 : NULL);
+        case R_OLLAMA_TAGS:
+        case R_OLLAMA_PS:
+        case R_OLLAMA_VERSION:
+            if (!authorize(q, conn))
+                return refuse_auth(q, conn);
+            return ollama_info(q, conn, NULL);
         case R_HEALTHZ: {
             bool ok = (!h->hooks.ready || h->hooks.ready(h->hooks.ctx)) &&
                       !atomic_load(&h->stopping) && redis_ok(h);
@@ -1835,6 +2010,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (q->responded)
         return MHD_YES;
     set_deadline(q, 0, NULL); /* all in: the answer's wait is http_timeout_s's */
+    if (q->route == R_OLLAMA_SHOW)
+        return ollama_info(q, conn, q->body.p ? q->body.p : "");
     return chat(q, conn);
 }
 
@@ -1850,7 +2027,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         cancel_job(q, "the connection ended");
         BUMP(h, client_cancels);
     }
-    if (q->route == R_CHAT || q->route == R_COMPLETIONS)
+    if (job_route(q->route))
         MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)h->idle_s);
     /* kept alive: the next request's headers within the idle time and the grace */
     wait_idle(q, ((int64_t)h->idle_s + h->header_s) * 1000);
@@ -1860,6 +2037,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection lost)");
     pool_put(h, q->rc);
     oai_resp_free(q->resp);
+    cpt_resp_free(q->cresp);
+    cpt_request_clear(&q->creq);
     oai_request_clear(&q->oreq);
     oai_buf_free(&q->body);
     oai_buf_free(&q->sse);

@@ -1311,6 +1311,26 @@ static int feed_delta(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse)
     return rc ? rc : OAI_MORE;
 }
 
+void oai_tool_call_ids(cJSON *tool_calls, const char *request_id)
+{
+    const char *u = strrchr(request_id, '_'), *d = strrchr(request_id, '-');
+    const char *tail = u && (!d || u > d) ? u + 1 : d ? d + 1 : request_id;
+    int i = 0;
+    cJSON *t;
+    cJSON_ArrayForEach(t, tool_calls)
+    {
+        char id[JOB_ID_MAX + 32];
+        snprintf(id, sizeof id, "call_%.100s_%d", tail, i++);
+        cJSON *s = cJSON_CreateString(id);
+        if (!s)
+            continue;
+        if (cJSON_GetObjectItemCaseSensitive(t, "id"))
+            cJSON_ReplaceItemInObjectCaseSensitive(t, "id", s);
+        else
+            cJSON_AddItemToObject(t, "id", s);
+    }
+}
+
 static int feed_done(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse,
                      struct oai_error *e)
 {
@@ -1323,6 +1343,7 @@ static int feed_done(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse,
     r->cached_tokens = int_member(u, "cached_prompt_tokens");
     if (!(r->tool_calls = cJSON_IsArray(tc) ? cJSON_Duplicate(tc, 1) : cJSON_CreateArray()))
         return -RL_ENOMEM;
+    oai_tool_call_ids(r->tool_calls, r->id);
     bool tools = r->tool_calls->child != NULL;
     if (!fr || !strcmp(fr, "error")) {
         oai_error_set(e, 500, T_SERVER, "ENGINE_ERROR", NULL, "the job ended with an error");

@@ -30,6 +30,8 @@
 #include "err.h"
 #include "job.h"
 
+typedef struct cJSON cJSON;
+
 /* A growable byte buffer. p is malloc'd (or NULL while empty); n bytes
  * used of cap. */
 struct oai_buf {
@@ -149,6 +151,12 @@ void oai_resp_free(struct oai_resp *r);
  * ignored (OAI_END / OAI_FAILED again). */
 int oai_resp_feed(struct oai_resp *r, const char *event, size_t len, struct oai_buf *sse,
                   struct oai_error *e);
+
+/* Gives each tool call of the array (a done event's tool_calls, OpenAI
+ * shape) an id unique to the request: "call_<the id's random part>_<i>".
+ * The worker numbers calls call_1, call_2 in each job, which repeat from
+ * request to request and confuse clients that key on them. */
+void oai_tool_call_ids(cJSON *tool_calls, const char *request_id);
 
 /* Stream mode, after OAI_FAILED once bytes were sent: the error as one
  * SSE event ({"error": {...}}) followed by "data: [DONE]". */
