@@ -479,7 +479,7 @@ static void test_stream_chunks(void **state)
     const struct step tools[] = {
         {DONE_EV(0, "stop", "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]"),
          OAI_END,
-         HEAD "\"delta\":{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"},\"index\":0}]},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
+         HEAD "\"delta\":{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"call_1_0\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"},\"index\":0}]},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
          HEAD "\"delta\":{},\"logprobs\":null,\"finish_reason\":\"tool_calls\"}]}\n\ndata: [DONE]\n\n"},
     };
     run_steps(&req, tools, 1, "tools");
@@ -559,7 +559,7 @@ static void test_completion_object(void **state)
          {DONE_EV(0, "stop", "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}}]")},
          "{\"id\":\"" ID "\",\"object\":\"chat.completion\",\"created\":1700000000,\"model\":\"redlm\","
          "\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":null,\"tool_calls\":"
-         "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}}]},"
+         "[{\"id\":\"call_1_0\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}}]},"
          "\"logprobs\":null,\"finish_reason\":\"tool_calls\"}]," USAGE "}"},
         {{.stream = false, .logprobs = true, .top_logprobs = 0},
          {"{\"seq\":0,\"type\":\"delta\",\"delta\":{\"content\":\"x\"},\"token_ids\":[7],\"logprobs\":"
