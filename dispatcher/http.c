@@ -191,7 +191,12 @@ struct dhttp {
     /* metrics */
     pthread_mutex_t m_mu;
     struct counters m;
+    /* requests with fields accepted but not applied, for one log line
+     * per IGNORED_LOG_MS at most (under m_mu) */
+    int64_t ignored_logged_ms, ignored_unlogged;
 };
+
+#define IGNORED_LOG_MS 10000
 
 enum route {
     R_CHAT, R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTHZ, R_METRICS, R_PREFLIGHT, R_NOT_FOUND,
@@ -925,6 +930,8 @@ static enum MHD_Result respond(struct req *q, struct MHD_Connection *conn, int s
     add_cors(q, r);
     if (q->id[0])
         MHD_add_response_header(r, "X-Request-Id", q->id);
+    if (q->oreq.ignored[0])
+        MHD_add_response_header(r, "X-Redlm-Ignored-Fields", q->oreq.ignored);
     if (e && e->retry_after_s > 0) {
         char ra[16];
         snprintf(ra, sizeof ra, "%d", e->retry_after_s);
@@ -998,6 +1005,31 @@ static void cancel_job(struct req *q, const char *why)
     else
         RL_LOG(h->log, RL_LOG_INFO, "http: %s: job cancelled: %s", q->id, why);
     q->job_ended = true;
+}
+
+/* A request with fields accepted but not applied (http_unknown_fields =
+ * ignore): one line per IGNORED_LOG_MS at most, so that a client sending
+ * them with every request cannot flood the log; the line counts the
+ * requests since the last one. */
+static void log_ignored(struct dhttp *h, const struct req *q)
+{
+    int64_t now = rl_mono_ms(), more = 0;
+    bool log = false;
+    pthread_mutex_lock(&h->m_mu);
+    if (!h->ignored_logged_ms || now - h->ignored_logged_ms >= IGNORED_LOG_MS) {
+        log = true;
+        more = h->ignored_unlogged;
+        h->ignored_unlogged = 0;
+        h->ignored_logged_ms = now;
+    } else {
+        h->ignored_unlogged++;
+    }
+    pthread_mutex_unlock(&h->m_mu);
+    if (log)
+        RL_LOG(h->log, RL_LOG_WARN,
+               "http: %s: fields accepted but not applied: %s (%lld more such requests since "
+               "the last line; http_unknown_fields = refuse refuses them)",
+               q->id, q->oreq.ignored, (long long)more);
 }
 
 /* The answer's formatter: openai.c's, or compat.c's for the other APIs. */
@@ -1512,6 +1544,8 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
                                                                 deadline, &q->oreq, &e);
     if (prc)
         return respond_error(q, conn, &e);
+    if (q->oreq.ignored[0])
+        log_ignored(h, q);
     if (q->creq.load_only) /* Ollama's preload: the workers hold their models loaded */
         return respond(q, conn, 200, "application/json",
                        cpt_ollama_loaded(h->model[0] ? h->model : "", now), NULL);
@@ -1625,6 +1659,8 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         MHD_add_response_header(r, "Cache-Control", "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no"); /* nginx: do not buffer */
     MHD_add_response_header(r, "X-Request-Id", q->id);
+    if (q->oreq.ignored[0])
+        MHD_add_response_header(r, "X-Redlm-Ignored-Fields", q->oreq.ignored);
     add_cors(q, r);
     q->headers_sent = true;
     q->t_last_byte_ms = rl_mono_ms();
@@ -2229,6 +2265,7 @@ static int start(struct dhttp **out, const struct cfg *cfg, const struct rl_log 
                           : !strcmp(cfg->http_default_mode, "no_think") ? JOB_MODE_NO_THINK
                                                                         : JOB_MODE_AUTO;
     h->lim.client_lease_ms = h->lease_ms;
+    h->lim.refuse_unknown = !strcmp(cfg->http_unknown_fields, "refuse");
     if (h->keys_path) {
         if ((rc = keys_refresh(h, true, err)))
             goto fail;

@@ -412,3 +412,67 @@ def test_ollama_ndjson_played(front, redis_addr, prefix):  # noqa: F811
     assert status == 200 and json.loads(data)["done_reason"] == "load"
     status, headers, _ = f.request("GET", "/api/chat")
     assert status == 405 and headers["Allow"] == "POST"
+
+
+# ---- fields (issue 29 point 4) ----
+
+def test_fields_vllm_sends(front, workers, redis_addr, prefix):  # noqa: F811
+    """Unknown fields and values accepted but not applied: answered, named
+    in X-Redlm-Ignored-Fields and in one log line per 10 s; refused with
+    http_unknown_fields = refuse. The job's own fields over HTTP: priority
+    (vLLM's lower first, the job's higher first), the thinking budget, the
+    client's deadline_ms (past: finish_reason deadline); `reasoning` on an
+    input message; `reasoning` emitted beside reasoning_content."""
+    r = connect(redis_addr)
+    tap(r, f"{prefix}jobs:fast", f"{prefix}jobs:think")
+    workers("w1")
+    f = front()
+    msgs = [{"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello", "reasoning": "They greet."},
+            {"role": "user", "content": "Again"}]
+    body = {"model": MODEL_NAME, "messages": msgs, "max_tokens": 4, "frobnicate": 1,
+            "guided_json": {"type": "object"}, "min_tokens": 2, "stop_token_ids": [1],
+            "skip_special_tokens": True, "chat_template_kwargs": {"enable_thinking": True,
+                                                                  "custom": 1},
+            "priority": 3, "max_thinking_tokens": 2, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    c = f.conn()
+    c.request("POST", "/v1/chat/completions", body=json.dumps(body),
+              headers={"Content-Type": "application/json"})
+    resp = c.getresponse()
+    assert resp.status == 200
+    assert resp.getheader("X-Redlm-Ignored-Fields") == (
+        "frobnicate, guided_json, min_tokens, stop_token_ids, chat_template_kwargs.custom, "
+        "stream_options.continuous_usage_stats")
+    chunks = [json.loads(d) for d in sse_events(resp) if d != "[DONE]"]
+    c.close()
+    job_id = chunks[0]["id"]
+    job = next(json.loads(x["job"]) for p in ("fast", "think")
+               for _, x in r.xrange(f"{prefix}jobs:{p}") if json.loads(x["job"])["id"] == job_id)
+    assert job["priority"] == -3 and job["max_thinking_tokens"] == 2 and job["mode"] == "think"
+    assert job["messages"][1] == {"role": "assistant", "content": "Hello",
+                                  "reasoning_content": "They greet."}
+    assert not any(k in job for k in ("frobnicate", "guided_json", "min_tokens"))
+    # reasoning beside reasoning_content, the same text
+    for ch in chunks:
+        d = ch["choices"][0]["delta"] if ch["choices"] else {}
+        assert d.get("reasoning") == d.get("reasoning_content")
+    # a deadline in the past: the worker ends the job at once
+    status, headers, data = f.request("POST", "/v1/chat/completions",
+                                      {"model": MODEL_NAME, "messages": msgs[:1], "max_tokens": 4,
+                                       "deadline_ms": 1, "frobnicate": 2})
+    assert status == 200 and json.loads(data)["choices"][0]["finish_reason"] == "deadline"
+    assert headers["X-Redlm-Ignored-Fields"] == "frobnicate"
+    # one log line for both requests (10 s apart at most one)
+    assert f.text().count("fields accepted but not applied") == 1
+    f.stop()
+    f = front("--http-unknown-fields", "refuse")
+    for extra, param in [({"frobnicate": 1}, "frobnicate"), ({"min_tokens": 2}, "min_tokens"),
+                         ({"chat_template_kwargs": {"custom": 1}}, "chat_template_kwargs.custom")]:
+        status, _, data = f.request("POST", "/v1/chat/completions",
+                                    {"model": MODEL_NAME, "messages": msgs, **extra})
+        assert status == 400 and json.loads(data)["error"]["param"] == param, data
+    # the same policy on the other APIs: Ollama's unknown fields are refused there too
+    status, _, data = f.request("POST", "/api/chat", {"model": MODEL_NAME, "messages": msgs,
+                                                      "frobnicate": 1})
+    assert status == 400 and "frobnicate" in json.loads(data)["error"]

@@ -253,7 +253,9 @@ def test_completions(front, workers, redis_addr, prefix):
 
 
 def test_harmless_fields_accepted_misspelt_refused(front, fake):
-    f = front()
+    # misspellings are refused with http_unknown_fields = refuse (the
+    # default, ignore, names them in a header: test_compat_api.py)
+    f = front("--http-unknown-fields", "refuse")
     fake()
     sdk = {"user": "u-1", "service_tier": "auto", "store": False, "metadata": {"app": "t"},
            "parallel_tool_calls": True, "safety_identifier": "s", "prompt_cache_key": "k",

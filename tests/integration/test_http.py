@@ -543,7 +543,8 @@ BAD = [
 
 
 def test_malformed_requests(front, redis_addr, prefix):
-    f = front("--max-body-kb", "1", "--max-messages", "8", "--http-max-tokens", "4096")
+    f = front("--max-body-kb", "1", "--max-messages", "8", "--http-max-tokens", "4096",
+              "--http-unknown-fields", "refuse")
     for body, status, code, param in BAD:
         st, headers, data = f.request("POST", "/v1/chat/completions", body)
         err = json.loads(data)["error"]
