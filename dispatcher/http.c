@@ -101,6 +101,7 @@
 #include "compat.h"
 #include "openai.h"
 #include "rconn.h"
+#include "vmetrics.h"
 #include "rcluster.h"
 
 #define POLL_MS 200           /* XREAD BLOCK between disconnect checks (at most) */
@@ -194,16 +195,19 @@ struct dhttp {
     /* requests with fields accepted but not applied, for one log line
      * per IGNORED_LOG_MS at most (under m_mu) */
     int64_t ignored_logged_ms, ignored_unlogged;
+    struct vmetrics *vm; /* vLLM-named request metrics (vmetrics.h) */
 };
 
 #define IGNORED_LOG_MS 10000
+#define DHTTP_VERSION "0.1.0" /* the front door's API version (GET /version) */
 
 enum route {
     R_CHAT, R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTHZ, R_METRICS, R_PREFLIGHT, R_NOT_FOUND,
     R_BAD_METHOD,
     /* compat.c's APIs: the Responses API and Ollama's */
     R_RESPONSES, R_OLLAMA_CHAT, R_OLLAMA_GENERATE, R_OLLAMA_SHOW, R_OLLAMA_TAGS, R_OLLAMA_PS,
-    R_OLLAMA_VERSION
+    R_OLLAMA_VERSION,
+    R_VERSION /* vLLM's GET /version */
 };
 
 /* A route that answers with a job's events (chat()). */
@@ -274,6 +278,9 @@ struct req {
     bool compat;
     struct cpt_request creq;
     struct cpt_resp *cresp;
+    /* its place in the vLLM-named gauges, under the model name it echoes */
+    enum vm_state vm;
+    char vm_model[JOB_MODEL_MAX + 1];
     struct oai_buf sse;        /* bytes produced and not yet handed to MHD */
     size_t sse_off;
     bool enqueued;             /* the job is in Redis */
@@ -443,8 +450,10 @@ static char *render_metrics(struct dhttp *h)
     if (h->ops && h->front)
         return render_metrics(h->front); /* the same page on both ports */
     struct oai_buf b = {0};
-    if (!h->ops) /* an ops port with no front door: the dispatcher's families only */
+    if (!h->ops) { /* an ops port with no front door: the dispatcher's families only */
         put_http_families(h, &b);
+        vm_render(h->vm, &b);
+    }
     char *more = h->hooks.metrics_text ? h->hooks.metrics_text(h->hooks.ctx) : NULL;
     if (more) {
         oai_buf_put(&b, more, strlen(more));
@@ -1076,6 +1085,26 @@ static void charge_tokens(struct req *q)
                q->tenant, err.msg);
 }
 
+/* The request leaves the vLLM gauges; done: its done event (NULL: it
+ * ended otherwise, counted as abort). */
+static void vm_end(struct req *q, const char *event, size_t len)
+{
+    if (q->vm == VM_NONE)
+        return;
+    cJSON *ev = event ? cJSON_ParseWithLength(event, len) : NULL;
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(ev, "usage");
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens");
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
+    const cJSON *fr = cJSON_GetObjectItemCaseSensitive(ev, "finish_reason");
+    vm_done(q->h->vm, q->vm_model, (double)(rl_mono_ms() - q->t_xadd_ms) / 1000,
+            cJSON_IsNumber(pt) ? (int64_t)pt->valuedouble : 0,
+            cJSON_IsNumber(ct) ? (int64_t)ct->valuedouble : 0,
+            cJSON_IsString(fr) ? fr->valuestring : "abort");
+    cJSON_Delete(ev);
+    vm_move(q->h->vm, q->vm_model, q->vm, VM_NONE);
+    q->vm = VM_NONE;
+}
+
 /* Feeds the entries of one XREAD reply. */
 static int take_events(struct req *q, const struct rconn_reply *r)
 {
@@ -1100,7 +1129,11 @@ static int take_events(struct req *q, const struct rconn_reply *r)
             }
         if (!q->first_seen) {
             q->first_seen = true;
-            observe_first_event(q->h, (double)(rl_mono_ms() - q->t_xadd_ms));
+            double ms = (double)(rl_mono_ms() - q->t_xadd_ms);
+            observe_first_event(q->h, ms);
+            vm_first_token(q->h->vm, q->vm_model, ms / 1000);
+            vm_move(q->h->vm, q->vm_model, q->vm, VM_RUNNING);
+            q->vm = VM_RUNNING;
         }
         size_t before = q->sse.n;
         int rc = q->compat ? cpt_resp_feed(q->cresp, ev, ev_len, &q->sse, &q->err)
@@ -1109,6 +1142,8 @@ static int take_events(struct req *q, const struct rconn_reply *r)
             return rc;
         if (q->sse.n > before)
             BUMP(q->h, sse_events);
+        if (rc == OAI_END || rc == OAI_FAILED)
+            vm_end(q, rc == OAI_END ? ev : NULL, ev_len);
         if (rc == OAI_END) {
             q->job_ended = q->finished = true;
             charge_tokens(q);
@@ -1616,6 +1651,9 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         return respond_error(q, conn, &e);
     }
     q->enqueued = true;
+    snprintf(q->vm_model, sizeof q->vm_model, "%s", echo ? echo : "");
+    vm_move(h->vm, q->vm_model, VM_NONE, VM_WAITING);
+    q->vm = VM_WAITING;
     if (h->lease_ms)
         lease_add(q);
     RL_LOG(h->log, RL_LOG_DEBUG, "http: %s queued%s%s", q->id, q->has_tenant ? " for " : "",
@@ -1834,6 +1872,13 @@ static enum route route_of(struct dhttp *h, const char *method, const char *url,
         r = R_MODEL; /* ids hold slashes (Qwen/Qwen3-14B), as vLLM's do */
     else if (!strcmp(url, "/healthz") || !strcmp(url, "/health"))
         r = R_HEALTHZ;
+    else if (!h->ops && !strcmp(url, "/ping")) { /* vLLM's (SageMaker's) health: GET or POST */
+        *allow = "GET, HEAD, POST";
+        if (options)
+            return R_PREFLIGHT;
+        return get || !strcmp(method, "POST") ? R_HEALTHZ : R_BAD_METHOD;
+    } else if (!h->ops && !strcmp(url, "/version"))
+        r = R_VERSION;
     else if (!strcmp(url, "/metrics"))
         r = R_METRICS;
     else
@@ -2004,6 +2049,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             if (!authorize(q, conn))
                 return refuse_auth(q, conn);
             return models(q, conn, q->route == R_MODEL ? url + 11 : NULL);
+        case R_VERSION:
+            return respond(q, conn, 200, "application/json",
+                           strdup("{\"version\":\"" DHTTP_VERSION "\",\"server\":\"redlm\"}"),
+                           NULL);
         case R_OLLAMA_TAGS:
         case R_OLLAMA_PS:
         case R_OLLAMA_VERSION:
@@ -2071,6 +2120,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (q->enqueued)
         RL_LOG(h->log, RL_LOG_DEBUG, "http: %s done: %d%s", q->id, q->status,
                toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection lost)");
+    vm_end(q, NULL, 0);
     pool_put(h, q->rc);
     oai_resp_free(q->resp);
     cpt_resp_free(q->cresp);
@@ -2084,6 +2134,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     h->m.active--;
     pthread_mutex_unlock(&h->m_mu);
 }
+
 
 /* libmicrohttpd's messages: logged as they come until the reaper runs,
  * then summed up in its line (a flood of connections is a flood of
@@ -2141,6 +2192,7 @@ static void free_dhttp(struct dhttp *h)
     pthread_mutex_destroy(&h->conn_mu);
     pthread_mutex_destroy(&h->auth_mu);
     pthread_mutex_destroy(&h->lease_mu);
+    vm_free(h->vm);
     free(h);
 }
 
@@ -2185,6 +2237,10 @@ static int start(struct dhttp **out, const struct cfg *cfg, const struct rl_log 
     pthread_mutex_init(&h->conn_mu, NULL);
     pthread_mutex_init(&h->auth_mu, NULL);
     pthread_mutex_init(&h->lease_mu, NULL);
+    if (!(h->vm = vm_create())) {
+        free_dhttp(h);
+        return rl_errf(err, RL_ENOMEM, "http: out of memory");
+    }
     h->log = log;
     if (hooks)
         h->hooks = *hooks;

@@ -476,3 +476,83 @@ def test_fields_vllm_sends(front, workers, redis_addr, prefix):  # noqa: F811
     status, _, data = f.request("POST", "/api/chat", {"model": MODEL_NAME, "messages": msgs,
                                                       "frobnicate": 1})
     assert status == 400 and "frobnicate" in json.loads(data)["error"]
+
+
+# ---- metrics and ops under vLLM's names (issue 29 point 6) ----
+
+def metric(text, name, **labels):
+    """The value of the sample name{labels} on a /metrics page."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        lab = dict(kv.split("=", 1) for kv in line[len(name) + 1:line.index("}")].split(","))
+        if all(lab.get(k) == f'"{v}"' for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name}{labels} not on the page")
+
+
+def test_vllm_metrics_and_ops(front, workers, redis_addr, prefix, tmp_path):  # noqa: F811
+    """A request waiting for a worker is counted waiting; two requests
+    (chat, Ollama generate) show in vLLM's families with the model's name;
+    promtool accepts the page (but for the colon in vLLM's names); /ping
+    and /version answer; the ops port serves the same page without a key."""
+    import http.client
+    import time
+    from conftest import free_port, promtool_check
+    ops = free_port()
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY} acme\n")
+    f = front("--api-keys-file", str(keys), "--http-port", str(ops))
+    auth = {"Authorization": f"Bearer {KEY}"}
+    m = {"model_name": MODEL_NAME}
+
+    def page():
+        status, _, data = f.request("GET", "/metrics", headers=auth)
+        assert status == 200
+        return data.decode()
+
+    got = {}
+
+    def chat():
+        got["chat"] = f.request("POST", "/v1/chat/completions",
+                                {"model": MODEL_NAME, "max_tokens": 4, "mode": "no_think",
+                                 "messages": [{"role": "user", "content": "Hi"}]}, headers=auth)
+    t = threading.Thread(target=chat)
+    t.start()
+    deadline = time.time() + 20  # no worker yet: the job waits in its pool
+    while "vllm:num_requests_waiting" not in page() or \
+            metric(page(), "vllm:num_requests_waiting", **m) != 1:
+        assert time.time() < deadline, "the request never showed as waiting"
+        time.sleep(0.05)
+    workers("w1")
+    t.join(60)
+    status, _, data = got["chat"]
+    assert status == 200, data
+    usage = json.loads(data)["usage"]
+    status, _, data = f.request("POST", "/api/generate", {"model": MODEL_NAME, "prompt": "Hi",
+                                                         "stream": False, "think": False,
+                                                         "options": {"num_predict": 3}},
+                                headers=auth)
+    assert status == 200, data
+    gen = json.loads(data)
+    text = page()
+    promtool_check(text)
+    assert metric(text, "vllm:time_to_first_token_seconds_count", **m) == 2
+    assert metric(text, "vllm:e2e_request_latency_seconds_count", **m) == 2
+    assert metric(text, "vllm:time_to_first_token_seconds_bucket", le="+Inf", **m) == 2
+    assert metric(text, "vllm:prompt_tokens_total", **m) == \
+        usage["prompt_tokens"] + gen["prompt_eval_count"]
+    assert metric(text, "vllm:generation_tokens_total", **m) == \
+        usage["completion_tokens"] + gen["eval_count"] == 7
+    assert metric(text, "vllm:request_success_total", finished_reason="length", **m) == 2
+    assert metric(text, "vllm:num_requests_running", **m) == 0
+    assert metric(text, "vllm:num_requests_waiting", **m) == 0
+    # the loopback ops port: the same families, no key
+    c = http.client.HTTPConnection("127.0.0.1", ops, timeout=10)
+    c.request("GET", "/metrics")
+    r = c.getresponse()
+    assert r.status == 200 and "vllm:e2e_request_latency_seconds_count" in r.read().decode()
+    c.close()
+    assert f.request("GET", "/ping")[0] == 200 and f.request("POST", "/ping")[0] == 200
+    status, _, data = f.request("GET", "/version")
+    assert status == 200 and json.loads(data)["version"]
