@@ -4,7 +4,11 @@
  *   POST /v1/completions        the legacy text API, the same way
  *   GET  /v1/models, /v1/models/<name>  (served_model_name, or the models
  *                                        live workers serve: hooks->models_json)
- *   GET  /healthz (= /health), /metrics (behind the key when keys are on)
+ *   POST /v1/responses          the Responses API (compat.c)
+ *   POST /api/chat, /api/generate, /api/show; GET /api/tags, /api/ps,
+ *        /api/version         Ollama's API (compat.c)
+ *   GET  /healthz (= /health, GET/POST /ping), /version, /metrics (behind the
+ *        key when keys are on; with vLLM's request metrics: vmetrics.h)
  *   OPTIONS                     CORS preflight, when http_cors_origins is set
  *
  * It needs only Redis: a request becomes a job XADDed to
