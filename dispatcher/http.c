@@ -100,7 +100,9 @@
 #include "modelref.h"
 #include "compat.h"
 #include "openai.h"
+#include "prompt.h"
 #include "rconn.h"
+#include "tokenizer.h"
 #include "vmetrics.h"
 #include "rcluster.h"
 
@@ -207,7 +209,8 @@ enum route {
     /* compat.c's APIs: the Responses API and Ollama's */
     R_RESPONSES, R_OLLAMA_CHAT, R_OLLAMA_GENERATE, R_OLLAMA_SHOW, R_OLLAMA_TAGS, R_OLLAMA_PS,
     R_OLLAMA_VERSION,
-    R_VERSION /* vLLM's GET /version */
+    R_VERSION, /* vLLM's GET /version */
+    R_TOKENIZE, R_DETOKENIZE /* vLLM's, with the dispatcher's tokenizer */
 };
 
 /* A route that answers with a job's events (chat()). */
@@ -1826,6 +1829,113 @@ static enum MHD_Result ollama_info(struct req *q, struct MHD_Connection *conn, c
     return respond(q, conn, 200, "application/json", out, NULL);
 }
 
+/* POST /tokenize ({"prompt": text} or a chat request's "messages", rendered
+ * with the chat template and mode as a worker would) and POST /detokenize
+ * ({"tokens": [ids]}), vLLM's shapes, with the tokenizer of the
+ * dispatcher's model option. */
+static enum MHD_Result tokenize(struct req *q, struct MHD_Connection *conn)
+{
+    struct dhttp *h = q->h;
+    struct oai_error e;
+    const struct tokenizer *tok = h->hooks.tok;
+    if (!tok) {
+        oai_error_set(&e, 404, "invalid_request_error", "not_found", NULL,
+                      "no tokenizer here: the dispatcher loads one with its model option "
+                      "(--model DIR)");
+        return respond_error(q, conn, &e);
+    }
+    if (q->too_big) {
+        oai_error_set(&e, 413, "invalid_request_error", ev_code_name(EV_CODE_JOB_TOO_LARGE), NULL,
+                      "body: over the limit of %zu bytes", h->lim.max_body_bytes);
+        return respond_error(q, conn, &e);
+    }
+    cJSON *b = cJSON_ParseWithLength(q->body.p ? q->body.p : "", q->body.n);
+    struct rl_err err = {0};
+    cJSON *out = cJSON_CreateObject();
+    int rc = 0;
+    if (!cJSON_IsObject(b)) {
+        oai_error_set(&e, 400, "invalid_request_error", "INVALID_JSON", NULL,
+                      "body: must be a JSON object");
+        rc = -1;
+    } else if (q->route == R_DETOKENIZE) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(b, "tokens");
+        int n = cJSON_IsArray(t) ? cJSON_GetArraySize(t) : -1;
+        int32_t *ids = n > 0 ? malloc(sizeof *ids * (size_t)n) : NULL;
+        int k = 0;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, t)
+        {
+            if (!ids || !cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 2147483647.0 ||
+                x->valuedouble != (double)(int32_t)x->valuedouble)
+                break;
+            ids[k++] = (int32_t)x->valuedouble;
+        }
+        char *text = NULL;
+        size_t len = 0;
+        if (n < 0 || k != n) {
+            oai_error_set(&e, 400, "invalid_request_error", "BAD_TYPE", "tokens",
+                          "tokens: must be an array of token ids");
+            rc = -1;
+        } else if (n && tok_decode(tok, ids, (size_t)n, 0, &text, &len, &err)) {
+            oai_error_set(&e, 400, "invalid_request_error", "INVALID_TOKEN", "tokens", "%s",
+                          err.msg);
+            rc = -1;
+        } else {
+            cJSON_AddStringToObject(out, "prompt", text ? text : "");
+        }
+        free(text);
+        free(ids);
+    } else {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(b, "prompt");
+        int32_t *ids = NULL;
+        int n_ids = 0;
+        if (cJSON_IsString(p)) {
+            struct tok_ids v = {0};
+            if (tok_encode(tok, p->valuestring, strlen(p->valuestring), 0, &v, &err)) {
+                oai_error_set(&e, 500, "server_error", "INTERNAL", NULL, "%s", err.msg);
+                rc = -1;
+            }
+            ids = v.ids;
+            n_ids = (int)v.n;
+        } else {
+            /* a chat request: the job the front door would queue, rendered */
+            struct oai_request r;
+            struct oai_limits lim = h->lim;
+            lim.refuse_unknown = false; /* add_generation_prompt and the like */
+            if (oai_parse_request(q->body.p, q->body.n, &lim, "tokenize", 0, &r, &e)) {
+                rc = -1;
+            } else {
+                struct job *j = NULL;
+                struct job_fault f;
+                enum ev_code code;
+                if (job_parse(r.job, r.job_len, &h->jopts, &j, &f, &err) ||
+                    prompt_render(j, job_mode_on(j, "think"), tok, &ids, &n_ids, &code, &err)) {
+                    oai_error_set(&e, 400, "invalid_request_error", "TEMPLATE_ERROR", NULL, "%s",
+                                  err.msg);
+                    rc = -1;
+                }
+                job_free(j);
+            }
+            oai_request_clear(&r);
+        }
+        if (!rc) {
+            cJSON_AddNumberToObject(out, "count", n_ids);
+            cJSON_AddNullToObject(out, "max_model_len");
+            cJSON *a = cJSON_AddArrayToObject(out, "tokens");
+            for (int i = 0; i < n_ids; i++)
+                cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+            cJSON_AddNullToObject(out, "token_strs");
+        }
+        free(ids);
+    }
+    cJSON_Delete(b);
+    char *body = rc ? NULL : cJSON_PrintUnformatted(out);
+    cJSON_Delete(out);
+    if (rc)
+        return respond_error(q, conn, &e);
+    return respond(q, conn, 200, "application/json", body, NULL);
+}
+
 static bool redis_ok(struct dhttp *h)
 {
     struct rl_err err = {0};
@@ -1853,6 +1963,7 @@ static enum route route_of(struct dhttp *h, const char *method, const char *url,
                                         : R_BAD_METHOD;
     }
     struct { const char *url; enum route r; bool post; } compat[] = {
+        {"/tokenize", R_TOKENIZE, true},        {"/detokenize", R_DETOKENIZE, true},
         {"/v1/responses", R_RESPONSES, true},   {"/api/chat", R_OLLAMA_CHAT, true},
         {"/api/generate", R_OLLAMA_GENERATE, true}, {"/api/show", R_OLLAMA_SHOW, true},
         {"/api/tags", R_OLLAMA_TAGS, false},    {"/api/ps", R_OLLAMA_PS, false},
@@ -1970,7 +2081,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         q->c = ci ? ci->socket_context : NULL;
         q->route = route_of(h, method, url, &q->allow);
         q->cors_origin = cors_origin(h, conn);
-        bool has_body = job_route(q->route) || q->route == R_OLLAMA_SHOW;
+        bool has_body = job_route(q->route) || q->route == R_OLLAMA_SHOW ||
+                        q->route == R_TOKENIZE || q->route == R_DETOKENIZE;
         if (has_body) {
             /* the body's deadline: the grace, plus its length at the
              * minimum rate (without a length: the largest body's) */
@@ -2031,6 +2143,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         case R_OLLAMA_CHAT:
         case R_OLLAMA_GENERATE:
         case R_OLLAMA_SHOW:
+        case R_TOKENIZE:
+        case R_DETOKENIZE:
         case R_CHAT: {
             if (!authorize(q, conn))
                 return refuse_auth(q, conn);
@@ -2097,6 +2211,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     set_deadline(q, 0, NULL); /* all in: the answer's wait is http_timeout_s's */
     if (q->route == R_OLLAMA_SHOW)
         return ollama_info(q, conn, q->body.p ? q->body.p : "");
+    if (q->route == R_TOKENIZE || q->route == R_DETOKENIZE)
+        return tokenize(q, conn);
     return chat(q, conn);
 }
 

@@ -520,8 +520,7 @@ def test_vllm_metrics_and_ops(front, workers, redis_addr, prefix, tmp_path):  # 
     t = threading.Thread(target=chat)
     t.start()
     deadline = time.time() + 20  # no worker yet: the job waits in its pool
-    while "vllm:num_requests_waiting" not in page() or \
-            metric(page(), "vllm:num_requests_waiting", **m) != 1:
+    while f'vllm:num_requests_waiting{{model_name="{MODEL_NAME}"}} 1' not in page():
         assert time.time() < deadline, "the request never showed as waiting"
         time.sleep(0.05)
     workers("w1")
@@ -556,3 +555,36 @@ def test_vllm_metrics_and_ops(front, workers, redis_addr, prefix, tmp_path):  # 
     assert f.request("GET", "/ping")[0] == 200 and f.request("POST", "/ping")[0] == 200
     status, _, data = f.request("GET", "/version")
     assert status == 200 and json.loads(data)["version"]
+
+
+def test_tokenize_detokenize(front, workers, redis_addr, prefix):  # noqa: F811
+    """POST /tokenize and /detokenize with the dispatcher's tokenizer (its
+    model option): text round-trips; a chat request's messages count as
+    many tokens as the worker's usage says its prompt had; without a
+    tokenizer, 404."""
+    from conftest import MODEL
+    workers("w1")
+    f = front("--model", str(MODEL))
+    text = "Hello world, ünïcode <think> ok"
+    status, _, data = f.request("POST", "/tokenize", {"model": MODEL_NAME, "prompt": text})
+    assert status == 200, data
+    tk = json.loads(data)
+    assert tk["count"] == len(tk["tokens"]) > 3
+    status, _, data = f.request("POST", "/detokenize", {"model": MODEL_NAME, "tokens": tk["tokens"]})
+    assert status == 200 and json.loads(data)["prompt"] == text
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    for mode in ("think", "no_think"):
+        status, _, data = f.request("POST", "/tokenize", {"model": MODEL_NAME, "messages": msgs,
+                                                         "mode": mode})
+        assert status == 200, data
+        n = json.loads(data)["count"]
+        status, _, data = f.request("POST", "/v1/chat/completions",
+                                    {"model": MODEL_NAME, "messages": msgs, "mode": mode,
+                                     "max_tokens": 2})
+        assert status == 200 and json.loads(data)["usage"]["prompt_tokens"] == n, (mode, data)
+    status, _, data = f.request("POST", "/detokenize", {"tokens": [-1]})
+    assert status == 400 and json.loads(data)["error"]["param"] == "tokens"
+    f.stop()
+    f = front()
+    status, _, data = f.request("POST", "/tokenize", {"prompt": "x"})
+    assert status == 404 and "tokenizer" in json.loads(data)["error"]["message"]
