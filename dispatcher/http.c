@@ -1401,6 +1401,19 @@ static cJSON *served_models(struct dhttp *h)
         cJSON_AddNumberToObject(o, "created", (double)h->started_s);
         cJSON_AddStringToObject(o, "owned_by", "redlm");
         cJSON_AddItemToArray(a, o);
+        /* the dispatcher's entry of the same name knows its workers' context */
+        char *t = h->hooks.models_json ? h->hooks.models_json(h->hooks.ctx) : NULL;
+        cJSON *all = t ? cJSON_Parse(t) : NULL;
+        free(t);
+        const cJSON *m;
+        cJSON_ArrayForEach(m, all)
+        {
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
+            const cJSON *ml = cJSON_GetObjectItemCaseSensitive(m, "max_model_len");
+            if (cJSON_IsString(id) && !strcmp(id->valuestring, h->model) && cJSON_IsNumber(ml))
+                cJSON_AddNumberToObject(o, "max_model_len", ml->valuedouble);
+        }
+        cJSON_Delete(all);
         return a;
     }
     char *s = h->hooks.models_json ? h->hooks.models_json(h->hooks.ctx) : NULL;
@@ -1920,7 +1933,16 @@ static enum MHD_Result tokenize(struct req *q, struct MHD_Connection *conn)
         }
         if (!rc) {
             cJSON_AddNumberToObject(out, "count", n_ids);
-            cJSON_AddNullToObject(out, "max_model_len");
+            cJSON *served = served_models(h);
+            const cJSON *pm = cJSON_GetObjectItemCaseSensitive(b, "model");
+            const cJSON *mo = cJSON_IsString(pm) ? model_in(served, pm->valuestring)
+                                                 : cJSON_GetArrayItem(served, 0);
+            const cJSON *ml = cJSON_GetObjectItemCaseSensitive(mo, "max_model_len");
+            if (cJSON_IsNumber(ml))
+                cJSON_AddNumberToObject(out, "max_model_len", ml->valuedouble);
+            else
+                cJSON_AddNullToObject(out, "max_model_len");
+            cJSON_Delete(served);
             cJSON *a = cJSON_AddArrayToObject(out, "tokens");
             for (int i = 0; i < n_ids; i++)
                 cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));

@@ -563,6 +563,7 @@ def test_tokenize_detokenize(front, workers, redis_addr, prefix):  # noqa: F811
     many tokens as the worker's usage says its prompt had; without a
     tokenizer, 404."""
     from conftest import MODEL
+    r = connect(redis_addr)
     workers("w1")
     f = front("--model", str(MODEL))
     text = "Hello world, ünïcode <think> ok"
@@ -582,6 +583,18 @@ def test_tokenize_detokenize(front, workers, redis_addr, prefix):  # noqa: F811
                                     {"model": MODEL_NAME, "messages": msgs, "mode": mode,
                                      "max_tokens": 2})
         assert status == 200 and json.loads(data)["usage"]["prompt_tokens"] == n, (mode, data)
+    # max_model_len: the workers' context (their heartbeat), in /v1/models and /tokenize
+    import time
+    hb = json.loads(r.get(f"{prefix}worker:w1"))
+    assert hb["max_model_len"] > 0
+    deadline = time.time() + 20  # the dispatcher reads heartbeats every interval
+    while "max_model_len" not in json.loads(f.request("GET", "/v1/models")[2])["data"][0]:
+        assert time.time() < deadline, "no max_model_len in /v1/models"
+        time.sleep(0.1)
+    assert json.loads(f.request("GET", "/v1/models")[2])["data"][0]["max_model_len"] == \
+        hb["max_model_len"]
+    status, _, data = f.request("POST", "/tokenize", {"prompt": "x"})
+    assert json.loads(data)["max_model_len"] == hb["max_model_len"]
     status, _, data = f.request("POST", "/detokenize", {"tokens": [-1]})
     assert status == 400 and json.loads(data)["error"]["param"] == "tokens"
     f.stop()
