@@ -397,6 +397,10 @@ static int ollama_messages(const cJSON *ms, cJSON *chat, struct oai_error *e)
     cJSON_ArrayForEach(m, ms)
     {
         char p[JOB_FIELD_MAX];
+        if (!cJSON_IsObject(m)) {
+            snprintf(p, sizeof p, "messages[%d]", i);
+            return bad(e, "BAD_TYPE", p, "must be an object");
+        }
         const cJSON *imgs = cJSON_GetObjectItemCaseSensitive(m, "images");
         if (cJSON_IsArray(imgs) && imgs->child) {
             snprintf(p, sizeof p, "messages[%d].images", i);
@@ -413,8 +417,14 @@ static int ollama_messages(const cJSON *ms, cJSON *chat, struct oai_error *e)
             } else if (!strcmp(k, "tool_calls") && cJSON_IsArray(f)) {
                 cJSON *calls = cJSON_AddArrayToObject(c, "tool_calls");
                 const cJSON *t;
+                int k = 0;
                 cJSON_ArrayForEach(t, f)
                 {
+                    if (!cJSON_IsObject(t)) {
+                        snprintf(p, sizeof p, "messages[%d].tool_calls[%d]", i, k);
+                        return bad(e, "BAD_TYPE", p, "must be an object");
+                    }
+                    k++;
                     cJSON *x = cJSON_Duplicate(t, 1);
                     if (!cJSON_GetObjectItemCaseSensitive(x, "type"))
                         cJSON_AddStringToObject(x, "type", "function");
