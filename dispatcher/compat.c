@@ -417,14 +417,14 @@ static int ollama_messages(const cJSON *ms, cJSON *chat, struct oai_error *e)
             } else if (!strcmp(k, "tool_calls") && cJSON_IsArray(f)) {
                 cJSON *calls = cJSON_AddArrayToObject(c, "tool_calls");
                 const cJSON *t;
-                int k = 0;
+                int nt = 0;
                 cJSON_ArrayForEach(t, f)
                 {
                     if (!cJSON_IsObject(t)) {
-                        snprintf(p, sizeof p, "messages[%d].tool_calls[%d]", i, k);
+                        snprintf(p, sizeof p, "messages[%d].tool_calls[%d]", i, nt);
                         return bad(e, "BAD_TYPE", p, "must be an object");
                     }
-                    k++;
+                    nt++;
                     cJSON *x = cJSON_Duplicate(t, 1);
                     if (!cJSON_GetObjectItemCaseSensitive(x, "type"))
                         cJSON_AddStringToObject(x, "type", "function");
