@@ -1210,6 +1210,13 @@ int cpt_stream_error(const struct cpt_resp *r, const struct oai_error *e, struct
     return sse_event((struct cpt_resp *)r, c, out);
 }
 
+int cpt_keepalive(const struct cpt_resp *r, struct oai_buf *out)
+{
+    if (r->api == CPT_RESPONSES)
+        return oai_buf_put(out, ": keep-alive\n\n", 14);
+    return ndjson_put(ollama_object(r, "", NULL, false), out);
+}
+
 char *cpt_resp_body(const struct cpt_resp *r)
 {
     if (r->state != OAI_END)

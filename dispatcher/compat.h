@@ -76,6 +76,12 @@ int cpt_resp_feed(struct cpt_resp *r, const char *event, size_t len, struct oai_
  * line. */
 int cpt_stream_error(const struct cpt_resp *r, const struct oai_error *e, struct oai_buf *out);
 
+/* Bytes that change nothing for a streaming client, for a silence that
+ * must be broken (a proxy's idle timeout, probing a half-closed client):
+ * Responses an SSE comment; Ollama a line with empty content and done
+ * false, since NDJSON has no comments and its readers parse every line. */
+int cpt_keepalive(const struct cpt_resp *r, struct oai_buf *out);
+
 /* Non-stream, after OAI_END: the response object, malloc'd; NULL when out
  * of memory. */
 char *cpt_resp_body(const struct cpt_resp *r);

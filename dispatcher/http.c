@@ -1170,9 +1170,10 @@ enum pump { P_OK = 0, P_GONE = -1, P_STOPPING = -2, P_TIMEOUT = -3, P_NOMEM = -4
  * JSON whitespace before a non-streamed body. */
 static int put_filler(struct req *q)
 {
-    /* NDJSON (Ollama) has no comments: an empty line, which its readers skip */
-    return q->oreq.stream && !ollama_route(q->route) ? oai_buf_put(&q->sse, ": keep-alive\n\n", 14)
-                                                     : oai_buf_put(&q->sse, "\n", 1);
+    if (q->oreq.stream && q->compat)
+        return cpt_keepalive(q->cresp, &q->sse);
+    return q->oreq.stream ? oai_buf_put(&q->sse, ": keep-alive\n\n", 14)
+                          : oai_buf_put(&q->sse, "\n", 1);
 }
 
 /* Reads events until there is something to deliver: in stream mode any

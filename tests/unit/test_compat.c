@@ -294,6 +294,14 @@ static void test_ollama_lines(void **state)
         "\"load_duration\":0,\"prompt_eval_count\":9,\"prompt_eval_duration\":2000000,"
         "\"eval_count\":4,\"eval_duration\":3000000}\n");
     free(nd);
+    /* a keep-alive is a line like any other, with nothing in it */
+    struct oai_buf ka = {0};
+    assert_int_equal(cpt_keepalive(r, &ka), 0);
+    oai_buf_put(&ka, "", 1);
+    assert_string_equal(ka.p, "{\"model\":\"m\",\"created_at\":\"2023-11-14T22:13:20.123Z\","
+                              "\"message\":{\"role\":\"assistant\",\"content\":\"\"},"
+                              "\"done\":false}\n");
+    oai_buf_free(&ka);
     /* an error after the first line: one {"error"} line */
     struct oai_buf out = {0};
     struct oai_error e;
