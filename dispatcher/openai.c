@@ -198,6 +198,7 @@ enum kind {
     K_CTK, K_MODE, K_STRING_IGNORED, K_RESPONSE_FORMAT, K_LOGIT_BIAS, K_EFFORT,
     K_METADATA_IGNORED, K_MODALITIES, K_PROMPT, K_ECHO, K_SUFFIX, K_BEST_OF,
     K_PRIORITY, K_DEADLINE, K_MIN_TOKENS, K_STOP_TOKEN_IDS, K_SKIP_SPECIAL, K_THINK_BUDGET,
+    K_GUIDED_JSON, K_GUIDED_CHOICE,
 };
 
 /* Which endpoint takes a member: chat, completions or both. */
@@ -254,6 +255,9 @@ static const struct {
     {"thinking_budget", K_THINK_BUDGET, A_CHAT},     /* its other name */
     {"deadline_ms", K_DEADLINE, A_BOTH},            /* Unix ms; the sooner one wins */
     {"grammar", K_COPY, A_BOTH},                    /* schemas/grammar.md */
+    /* vLLM's guided decoding, as the constraints the job has */
+    {"guided_json", K_GUIDED_JSON, A_BOTH},     /* response_format json_schema */
+    {"guided_choice", K_GUIDED_CHOICE, A_BOTH}, /* a grammar of the choices */
     /* vLLM's, accepted; applied only with their neutral value */
     {"min_tokens", K_MIN_TOKENS, A_BOTH},
     {"stop_token_ids", K_STOP_TOKEN_IDS, A_BOTH},
@@ -463,6 +467,7 @@ struct parse_state {
     bool logprobs, top_logprobs_given;
     int top_logprobs;
     int64_t deadline_ms;         /* the request's own deadline_ms, 0 = none */
+    cJSON *guided_rf;            /* guided_json as a response_format, owned; or NULL */
 };
 
 /* A member (or value) accepted but not applied: named in out->ignored, or
@@ -565,6 +570,59 @@ static int take_extension(struct parse_state *ps, enum kind kind, const char *na
                 return -RL_EINVAL;
         }
         return v->child ? not_applied(ps, name, "BAD_VALUE", "only [] is supported") : 0;
+    }
+    case K_GUIDED_JSON: {
+        /* a schema object, or its JSON text (vLLM takes both) */
+        cJSON *schema = cJSON_IsString(v) ? cJSON_Parse(v->valuestring) : cJSON_Duplicate(v, 1);
+        if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema)) {
+            cJSON_Delete(schema);
+            return bad400(e, "BAD_TYPE", name, "%s: must be a JSON schema (an object or its text)",
+                          name);
+        }
+        cJSON *rf = cJSON_CreateObject(), *js = NULL;
+        if (!rf || !cJSON_AddStringToObject(rf, "type", "json_schema") ||
+            !(js = cJSON_AddObjectToObject(rf, "json_schema")) ||
+            !cJSON_AddStringToObject(js, "name", "guided_json") ||
+            !cJSON_AddItemToObject(js, "schema", schema)) {
+            cJSON_Delete(rf);
+            return -RL_ENOMEM;
+        }
+        cJSON_Delete(ps->guided_rf);
+        ps->guided_rf = rf;
+        return 0;
+    }
+    case K_GUIDED_CHOICE: {
+        /* root ::= "a" | "b": the answer is one of the strings, as they are */
+        if (!cJSON_IsArray(v) || !v->child)
+            return bad400(e, "BAD_TYPE", name, "%s: must be a non-empty array of strings", name);
+        struct oai_buf g = {0};
+        int rc = oai_buf_put(&g, "root ::=", 8);
+        const cJSON *c;
+        cJSON_ArrayForEach(c, v)
+        {
+            if (!cJSON_IsString(c) || !c->valuestring[0]) {
+                oai_buf_free(&g);
+                return bad400(e, "BAD_TYPE", name, "%s: each choice must be a non-empty string",
+                              name);
+            }
+            rc = rc ? rc : oai_buf_put(&g, c == v->child ? " \"" : " | \"", c == v->child ? 2 : 4);
+            for (const unsigned char *p = (const unsigned char *)c->valuestring; *p && !rc; p++) {
+                char esc[8];
+                if (*p == '"' || *p == '\\')
+                    snprintf(esc, sizeof esc, "\\%c", *p);
+                else if (*p < 0x20 || *p == 0x7f)
+                    snprintf(esc, sizeof esc, "\\x%02X", *p);
+                else
+                    snprintf(esc, sizeof esc, "%c", *p);
+                rc = oai_buf_put(&g, esc, strlen(esc));
+            }
+            rc = rc ? rc : oai_buf_put(&g, "\"", 1);
+        }
+        rc = rc ? rc : oai_buf_put(&g, "", 1);
+        if (!rc && !cJSON_AddStringToObject(ps->job, "grammar", g.p))
+            rc = -RL_ENOMEM;
+        oai_buf_free(&g);
+        return rc;
     }
     default: { /* K_SKIP_SPECIAL: special tokens are never in the text */
         bool b = false;
@@ -792,6 +850,7 @@ static take_fn *const take_step[] = {
     [K_PRIORITY] = take_extension, [K_DEADLINE] = take_extension,
     [K_THINK_BUDGET] = take_extension, [K_MIN_TOKENS] = take_extension,
     [K_STOP_TOKEN_IDS] = take_extension, [K_SKIP_SPECIAL] = take_extension,
+    [K_GUIDED_JSON] = take_extension, [K_GUIDED_CHOICE] = take_extension,
 };
 
 /* Every member of the body against the fields table, in body order, so the
@@ -881,8 +940,11 @@ static int build_job(struct parse_state *ps, int64_t deadline_ms)
      * calls none */
     const cJSON *tc = ps->tool_choice;
     bool no_tools = cJSON_IsString(tc) && !strcmp(tc->valuestring, "none");
+    if (ps->guided_rf && ps->response_format)
+        return bad400(ps->e, "BAD_PARAM", "guided_json",
+                      "guided_json: give it or response_format, not both");
     if ((!no_tools && (!add_copy(job, "tools", ps->tools) || !add_copy(job, "tool_choice", tc))) ||
-        !add_copy(job, "response_format", ps->response_format))
+        !add_copy(job, "response_format", ps->guided_rf ? ps->guided_rf : ps->response_format))
         return -RL_ENOMEM;
     int max_tokens = ps->max_tokens;
     ps->max_tokens_name = "max_tokens";
@@ -1033,6 +1095,7 @@ static int parse_request(enum oai_api api, const char *body, size_t len,
         out->top_logprobs = ps.top_logprobs;
     }
     cJSON_Delete(ps.job);
+    cJSON_Delete(ps.guided_rf);
     cJSON_Delete(root);
     free(buf);
     return rc;

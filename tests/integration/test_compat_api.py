@@ -431,7 +431,7 @@ def test_fields_vllm_sends(front, workers, redis_addr, prefix):  # noqa: F811
             {"role": "assistant", "content": "Hello", "reasoning": "They greet."},
             {"role": "user", "content": "Again"}]
     body = {"model": MODEL_NAME, "messages": msgs, "max_tokens": 4, "frobnicate": 1,
-            "guided_json": {"type": "object"}, "min_tokens": 2, "stop_token_ids": [1],
+            "guided_regex": "[a-z]+", "min_tokens": 2, "stop_token_ids": [1],
             "skip_special_tokens": True, "chat_template_kwargs": {"enable_thinking": True,
                                                                   "custom": 1},
             "priority": 3, "max_thinking_tokens": 2, "stream": True,
@@ -442,7 +442,7 @@ def test_fields_vllm_sends(front, workers, redis_addr, prefix):  # noqa: F811
     resp = c.getresponse()
     assert resp.status == 200
     assert resp.getheader("X-Redlm-Ignored-Fields") == (
-        "frobnicate, guided_json, min_tokens, stop_token_ids, chat_template_kwargs.custom, "
+        "frobnicate, guided_regex, min_tokens, stop_token_ids, chat_template_kwargs.custom, "
         "stream_options.continuous_usage_stats")
     chunks = [json.loads(d) for d in sse_events(resp) if d != "[DONE]"]
     c.close()
@@ -452,7 +452,7 @@ def test_fields_vllm_sends(front, workers, redis_addr, prefix):  # noqa: F811
     assert job["priority"] == -3 and job["max_thinking_tokens"] == 2 and job["mode"] == "think"
     assert job["messages"][1] == {"role": "assistant", "content": "Hello",
                                   "reasoning_content": "They greet."}
-    assert not any(k in job for k in ("frobnicate", "guided_json", "min_tokens"))
+    assert not any(k in job for k in ("frobnicate", "guided_regex", "min_tokens"))
     # reasoning beside reasoning_content, the same text
     for ch in chunks:
         d = ch["choices"][0]["delta"] if ch["choices"] else {}
@@ -601,3 +601,25 @@ def test_tokenize_detokenize(front, workers, redis_addr, prefix):  # noqa: F811
     f = front()
     status, _, data = f.request("POST", "/tokenize", {"prompt": "x"})
     assert status == 404 and "tokenizer" in json.loads(data)["error"]["message"]
+
+
+def test_guided_decoding_vllm(front, worker):  # noqa: F811
+    """vLLM's guided_json and guided_choice, on the real-vocabulary model:
+    the answer validates against the schema / is one of the choices."""
+    from test_structured import PERSON
+    f = front()
+    for seed in (1, 2):
+        status, headers, data = f.request("POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Who are you?"}], "max_tokens": 300,
+            "seed": seed, "temperature": 0.8, "mode": "no_think", "guided_json": PERSON},
+            timeout=120)
+        assert status == 200 and "X-Redlm-Ignored-Fields" not in headers, data
+        ch = json.loads(data)["choices"][0]
+        assert ch["finish_reason"] == "stop"
+        jsonschema.validate(json.loads(ch["message"]["content"]), PERSON)
+        status, _, data = f.request("POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Yes or no?"}], "max_tokens": 20,
+            "seed": seed, "temperature": 1.0, "mode": "no_think",
+            "guided_choice": ["yes", "no", "maybe \"so\""]}, timeout=120)
+        assert status == 200, data
+        assert json.loads(data)["choices"][0]["message"]["content"] in ("yes", "no", 'maybe "so"')

@@ -909,7 +909,10 @@ static void test_ignored_fields(void **state)
     assert_int_equal(oai_parse_request(body, strlen(body), &lim, ID, 2000, &r, &e), 0);
     assert_string_equal(r.ignored, "frobnicate, min_tokens2, stop_token_ids, "
                                    "stream_options.continuous_usage_stats, "
-                                   "chat_template_kwargs.custom, logit_bias, guided_json");
+                                   "chat_template_kwargs.custom, logit_bias");
+    /* vLLM's guided_json is the job's response_format */
+    assert_non_null(strstr(r.job, "\"response_format\":{\"type\":\"json_schema\","
+                                  "\"json_schema\":{\"name\":\"guided_json\",\"schema\":{}}}"));
     assert_true(r.include_usage);
     assert_non_null(strstr(r.job, "\"priority\":-5"));
     assert_non_null(strstr(r.job, "\"max_thinking_tokens\":10"));
@@ -937,6 +940,17 @@ static void test_ignored_fields(void **state)
         assert_int_equal(e.status, 400);
         assert_string_equal(e.param, refused[i][1]);
     }
+    /* guided_choice: a grammar of the strings as they are, escaped */
+    const char *choice = "{" MSG ",\"guided_choice\":[\"yes\",\"a\\\"b\\\\c\\n\"]}";
+    assert_int_equal(oai_parse_request(choice, strlen(choice), &lim, ID, 0, &r, &e), 0);
+    cJSON *cj = cJSON_Parse(r.job);
+    assert_string_equal(cJSON_GetObjectItem(cj, "grammar")->valuestring,
+                        "root ::= \"yes\" | \"a\\\"b\\\\c\\x0A\"");
+    cJSON_Delete(cj);
+    oai_request_clear(&r);
+    const char *both = "{" MSG ",\"guided_json\":\"{}\",\"response_format\":{\"type\":\"json_object\"}}";
+    assert_int_equal(oai_parse_request(both, strlen(both), &lim, ID, 0, &r, &e), -RL_EINVAL);
+    assert_string_equal(e.param, "guided_json");
     const char *bad_prio = "{" MSG ",\"priority\":1001}";
     assert_int_equal(oai_parse_request(bad_prio, strlen(bad_prio), &lim, ID, 0, &r, &e),
                      -RL_EINVAL);
