@@ -211,6 +211,9 @@ static const struct opt options[] = {
      "Requests with a missing or wrong API key one client address may make per minute (in bursts of as many); past it every request from that address is answered 429 without its key being looked at, until the count recovers; 0 = no limit."},
     {"http_client_lease_ms", T_INT, O(http_client_lease_ms), "5000", 0, 3600000, NULL, CFG_DISPATCHER, 0,
      "Each job the HTTP API queues carries a lease (<prefix>lease:<id>) that the front door renews every third of this while its client waits; a worker cancels a job whose lease has been missing this long, so a front door that dies (kill -9, lost host) leaves no job running; 0 = off, else at least 1000."},
+    /* issue 29: what clients really send */
+    {"http_unknown_fields", T_ENUM, O(http_unknown_fields), "ignore", 0, 0, "ignore|refuse", CFG_DISPATCHER, 0,
+     "An HTTP request member the API does not know, or a value it accepts but does not apply (min_tokens > 0, stop_token_ids, logit_bias, chat_template_kwargs other than enable_thinking ...): ignore (vLLM's way) answers it all the same and names such fields in the X-Redlm-Ignored-Fields header and a log line (one per 10 s at most); refuse answers 400 (UNKNOWN_FIELD / BAD_VALUE)."},
     /* issue 26: tenants and bounded dead letters */
     {"tenants", T_LIST, O(tenants), "", 0, 0, NULL, CFG_DISPATCHER, F_NAMES | F_EMPTY,
      "Tenants (1-32 of [A-Za-z0-9_-]): the dispatcher also reads <prefix>requests:<tenant> for each, and a job read there lives in the id namespace \"<tenant>:\" (its id gets that prefix), so that with the shipped ACL one tenant can neither break another's intake nor use, pre-empt or read another's ids (config/README.md). As a flag, comma-separated."},

@@ -69,6 +69,7 @@ struct dmodel {
     char name[MODELREF_NAME_MAX + 1];
     char owned_by[MODELREF_NAME_MAX + 1];
     int64_t created;              /* Unix seconds */
+    int64_t max_model_len;        /* the least max_model_len of its workers' heartbeats; 0 = none */
     bool scoped;                  /* pool_scope = model: its own streams */
     bool alias;                   /* the dispatcher's served_model_name, not a worker's */
     struct router *router;        /* scoped: owned; else NULL (d->router) */

@@ -98,8 +98,12 @@
 #include "job.h"
 #include "listen.h"
 #include "modelref.h"
+#include "compat.h"
 #include "openai.h"
+#include "prompt.h"
 #include "rconn.h"
+#include "tokenizer.h"
+#include "vmetrics.h"
 #include "rcluster.h"
 
 #define POLL_MS 200           /* XREAD BLOCK between disconnect checks (at most) */
@@ -190,12 +194,37 @@ struct dhttp {
     /* metrics */
     pthread_mutex_t m_mu;
     struct counters m;
+    /* requests with fields accepted but not applied, for one log line
+     * per IGNORED_LOG_MS at most (under m_mu) */
+    int64_t ignored_logged_ms, ignored_unlogged;
+    struct vmetrics *vm; /* vLLM-named request metrics (vmetrics.h) */
 };
+
+#define IGNORED_LOG_MS 10000
+#define DHTTP_VERSION "0.1.0" /* the front door's API version (GET /version) */
 
 enum route {
     R_CHAT, R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTHZ, R_METRICS, R_PREFLIGHT, R_NOT_FOUND,
-    R_BAD_METHOD
+    R_BAD_METHOD,
+    /* compat.c's APIs: the Responses API and Ollama's */
+    R_RESPONSES, R_OLLAMA_CHAT, R_OLLAMA_GENERATE, R_OLLAMA_SHOW, R_OLLAMA_TAGS, R_OLLAMA_PS,
+    R_OLLAMA_VERSION,
+    R_VERSION, /* vLLM's GET /version */
+    R_TOKENIZE, R_DETOKENIZE /* vLLM's, with the dispatcher's tokenizer */
 };
+
+/* A route that answers with a job's events (chat()). */
+static bool job_route(enum route r)
+{
+    return r == R_CHAT || r == R_COMPLETIONS || r == R_RESPONSES || r == R_OLLAMA_CHAT ||
+           r == R_OLLAMA_GENERATE;
+}
+
+/* An Ollama route: errors are {"error": "..."}. */
+static bool ollama_route(enum route r)
+{
+    return r >= R_OLLAMA_CHAT && r <= R_OLLAMA_VERSION;
+}
 
 /* One TCP connection, from libmicrohttpd's connection-started callback to
  * its closed one: the deadline by which what the client is sending must
@@ -248,6 +277,13 @@ struct req {
     struct rconn *rc;
     struct oai_request oreq;
     struct oai_resp *resp;
+    /* R_RESPONSES and Ollama's: compat.c formats the answer instead */
+    bool compat;
+    struct cpt_request creq;
+    struct cpt_resp *cresp;
+    /* its place in the vLLM-named gauges, under the model name it echoes */
+    enum vm_state vm;
+    char vm_model[JOB_MODEL_MAX + 1];
     struct oai_buf sse;        /* bytes produced and not yet handed to MHD */
     size_t sse_off;
     bool enqueued;             /* the job is in Redis */
@@ -417,8 +453,10 @@ static char *render_metrics(struct dhttp *h)
     if (h->ops && h->front)
         return render_metrics(h->front); /* the same page on both ports */
     struct oai_buf b = {0};
-    if (!h->ops) /* an ops port with no front door: the dispatcher's families only */
+    if (!h->ops) { /* an ops port with no front door: the dispatcher's families only */
         put_http_families(h, &b);
+        vm_render(h->vm, &b);
+    }
     char *more = h->hooks.metrics_text ? h->hooks.metrics_text(h->hooks.ctx) : NULL;
     if (more) {
         oai_buf_put(&b, more, strlen(more));
@@ -904,6 +942,8 @@ static enum MHD_Result respond(struct req *q, struct MHD_Connection *conn, int s
     add_cors(q, r);
     if (q->id[0])
         MHD_add_response_header(r, "X-Request-Id", q->id);
+    if (q->oreq.ignored[0])
+        MHD_add_response_header(r, "X-Redlm-Ignored-Fields", q->oreq.ignored);
     if (e && e->retry_after_s > 0) {
         char ra[16];
         snprintf(ra, sizeof ra, "%d", e->retry_after_s);
@@ -928,7 +968,9 @@ static enum MHD_Result respond_error(struct req *q, struct MHD_Connection *conn,
     if (e->status >= 500)
         RL_LOG(q->h->log, RL_LOG_WARN, "http: %s %d %s: %s", q->id[0] ? q->id : "-", e->status,
                e->code, e->message);
-    return respond(q, conn, e->status, "application/json", oai_error_json(e), e);
+    return respond(q, conn, e->status, "application/json",
+                   ollama_route(q->route) ? cpt_error_json(CPT_OLLAMA_CHAT, e) : oai_error_json(e),
+                   e);
 }
 
 /* ---- the job's events ---- */
@@ -977,10 +1019,57 @@ static void cancel_job(struct req *q, const char *why)
     q->job_ended = true;
 }
 
+/* A request with fields accepted but not applied (http_unknown_fields =
+ * ignore): one line per IGNORED_LOG_MS at most, so that a client sending
+ * them with every request cannot flood the log; the line counts the
+ * requests since the last one. */
+static void log_ignored(struct dhttp *h, const struct req *q)
+{
+    int64_t now = rl_mono_ms(), more = 0;
+    bool log = false;
+    pthread_mutex_lock(&h->m_mu);
+    if (!h->ignored_logged_ms || now - h->ignored_logged_ms >= IGNORED_LOG_MS) {
+        log = true;
+        more = h->ignored_unlogged;
+        h->ignored_unlogged = 0;
+        h->ignored_logged_ms = now;
+    } else {
+        h->ignored_unlogged++;
+    }
+    pthread_mutex_unlock(&h->m_mu);
+    if (log)
+        RL_LOG(h->log, RL_LOG_WARN,
+               "http: %s: fields accepted but not applied: %s (%lld more such requests since "
+               "the last line; http_unknown_fields = refuse refuses them)",
+               q->id, q->oreq.ignored, (long long)more);
+}
+
+/* The answer's formatter: openai.c's, or compat.c's for the other APIs. */
+static int64_t resp_tokens(const struct req *q)
+{
+    return q->compat ? cpt_resp_total_tokens(q->cresp) : oai_resp_total_tokens(q->resp);
+}
+
+static int resp_stream_error(struct req *q)
+{
+    return q->compat ? cpt_stream_error(q->cresp, &q->err, &q->sse)
+                     : oai_sse_error(&q->err, &q->sse);
+}
+
+static char *resp_body(const struct req *q)
+{
+    return q->compat ? cpt_resp_body(q->cresp) : oai_resp_completion(q->resp);
+}
+
+static char *error_body(const struct req *q, const struct oai_error *e)
+{
+    return ollama_route(q->route) ? cpt_error_json(CPT_OLLAMA_CHAT, e) : oai_error_json(e);
+}
+
 /* Adds prompt + completion tokens to the tenant's current minute. */
 static void charge_tokens(struct req *q)
 {
-    int64_t n = oai_resp_total_tokens(q->resp);
+    int64_t n = resp_tokens(q);
     if (!q->has_tenant || !q->tpm || n <= 0)
         return;
     char key[320], num[24];
@@ -997,6 +1086,26 @@ static void charge_tokens(struct req *q)
         rconn_command(q->rc, 3, a2, NULL, NULL, &err))
         RL_LOG(q->h->log, RL_LOG_WARN, "http: %s: tokens not charged to %s: %s", q->id,
                q->tenant, err.msg);
+}
+
+/* The request leaves the vLLM gauges; done: its done event (NULL: it
+ * ended otherwise, counted as abort). */
+static void vm_end(struct req *q, const char *event, size_t len)
+{
+    if (q->vm == VM_NONE)
+        return;
+    cJSON *ev = event ? cJSON_ParseWithLength(event, len) : NULL;
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(ev, "usage");
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens");
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
+    const cJSON *fr = cJSON_GetObjectItemCaseSensitive(ev, "finish_reason");
+    vm_done(q->h->vm, q->vm_model, (double)(rl_mono_ms() - q->t_xadd_ms) / 1000,
+            cJSON_IsNumber(pt) ? (int64_t)pt->valuedouble : 0,
+            cJSON_IsNumber(ct) ? (int64_t)ct->valuedouble : 0,
+            cJSON_IsString(fr) ? fr->valuestring : "abort");
+    cJSON_Delete(ev);
+    vm_move(q->h->vm, q->vm_model, q->vm, VM_NONE);
+    q->vm = VM_NONE;
 }
 
 /* Feeds the entries of one XREAD reply. */
@@ -1023,14 +1132,21 @@ static int take_events(struct req *q, const struct rconn_reply *r)
             }
         if (!q->first_seen) {
             q->first_seen = true;
-            observe_first_event(q->h, (double)(rl_mono_ms() - q->t_xadd_ms));
+            double ms = (double)(rl_mono_ms() - q->t_xadd_ms);
+            observe_first_event(q->h, ms);
+            vm_first_token(q->h->vm, q->vm_model, ms / 1000);
+            vm_move(q->h->vm, q->vm_model, q->vm, VM_RUNNING);
+            q->vm = VM_RUNNING;
         }
         size_t before = q->sse.n;
-        int rc = oai_resp_feed(q->resp, ev, ev_len, &q->sse, &q->err);
+        int rc = q->compat ? cpt_resp_feed(q->cresp, ev, ev_len, &q->sse, &q->err)
+                           : oai_resp_feed(q->resp, ev, ev_len, &q->sse, &q->err);
         if (rc < 0)
             return rc;
         if (q->sse.n > before)
             BUMP(q->h, sse_events);
+        if (rc == OAI_END || rc == OAI_FAILED)
+            vm_end(q, rc == OAI_END ? ev : NULL, ev_len);
         if (rc == OAI_END) {
             q->job_ended = q->finished = true;
             charge_tokens(q);
@@ -1038,7 +1154,7 @@ static int take_events(struct req *q, const struct rconn_reply *r)
             q->job_ended = true;
             if (q->oreq.stream && (q->headers_sent || q->sse.n > q->sse_off)) {
                 /* bytes are out (or about to be): the error is a chunk */
-                oai_sse_error(&q->err, &q->sse);
+                resp_stream_error(q);
                 q->finished = true;
             } else {
                 q->failed = true;
@@ -1054,6 +1170,8 @@ enum pump { P_OK = 0, P_GONE = -1, P_STOPPING = -2, P_TIMEOUT = -3, P_NOMEM = -4
  * JSON whitespace before a non-streamed body. */
 static int put_filler(struct req *q)
 {
+    if (q->oreq.stream && q->compat)
+        return cpt_keepalive(q->cresp, &q->sse);
     return q->oreq.stream ? oai_buf_put(&q->sse, ": keep-alive\n\n", 14)
                           : oai_buf_put(&q->sse, "\n", 1);
 }
@@ -1122,7 +1240,7 @@ static int pump(struct req *q)
                           "the job's event stream is malformed");
             q->failed = !(q->oreq.stream && q->headers_sent);
             if (!q->failed) {
-                oai_sse_error(&q->err, &q->sse);
+                resp_stream_error(q);
                 q->finished = true;
             }
         }
@@ -1137,7 +1255,7 @@ static int put_tail(struct req *q)
 {
     if (q->oreq.stream || q->tail_added || !(q->finished || q->failed))
         return 0;
-    char *body = q->failed ? oai_error_json(&q->err) : oai_resp_completion(q->resp);
+    char *body = q->failed ? error_body(q, &q->err) : resp_body(q);
     int rc = body ? oai_buf_put(&q->sse, body, strlen(body)) : -RL_ENOMEM;
     free(body);
     q->tail_added = q->finished = true;
@@ -1175,7 +1293,7 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
             if (!q->job_ended)
                 cancel_job(q, "http_timeout_s passed");
             if (q->oreq.stream) {
-                oai_sse_error(&q->err, &q->sse);
+                resp_stream_error(q);
                 q->finished = true;
             } else {
                 q->failed = true;
@@ -1284,6 +1402,19 @@ static cJSON *served_models(struct dhttp *h)
         cJSON_AddNumberToObject(o, "created", (double)h->started_s);
         cJSON_AddStringToObject(o, "owned_by", "redlm");
         cJSON_AddItemToArray(a, o);
+        /* the dispatcher's entry of the same name knows its workers' context */
+        char *t = h->hooks.models_json ? h->hooks.models_json(h->hooks.ctx) : NULL;
+        cJSON *all = t ? cJSON_Parse(t) : NULL;
+        free(t);
+        const cJSON *m;
+        cJSON_ArrayForEach(m, all)
+        {
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
+            const cJSON *ml = cJSON_GetObjectItemCaseSensitive(m, "max_model_len");
+            if (cJSON_IsString(id) && !strcmp(id->valuestring, h->model) && cJSON_IsNumber(ml))
+                cJSON_AddNumberToObject(o, "max_model_len", ml->valuedouble);
+        }
+        cJSON_Delete(all);
         return a;
     }
     char *s = h->hooks.models_json ? h->hooks.models_json(h->hooks.ctx) : NULL;
@@ -1444,7 +1575,9 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
      * close it. The idle timeout is set again when the request ends. */
     MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     bool compl = q->route == R_COMPLETIONS;
-    new_id(q->id, compl ? "cmpl-" : "chatcmpl-");
+    q->compat = q->route == R_RESPONSES || ollama_route(q->route);
+    new_id(q->id, compl ? "cmpl-" : q->route == R_RESPONSES ? "resp_"
+                                    : q->compat ? "ollama-" : "chatcmpl-");
     int64_t now = rl_wall_ms();
     int64_t deadline = h->timeout_s ? now + (int64_t)h->timeout_s * 1000 : 0;
     if (q->too_big) {
@@ -1452,9 +1585,22 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
                       "body: over the limit of %zu bytes", h->lim.max_body_bytes);
         return respond_error(q, conn, &e);
     }
-    if ((compl ? oai_parse_completion : oai_parse_request)(q->body.p ? q->body.p : "", q->body.n,
-                                                          &h->lim, q->id, deadline, &q->oreq, &e))
+    const char *body = q->body.p ? q->body.p : "";
+    int prc;
+    if (q->compat)
+        prc = cpt_parse(q->route == R_RESPONSES ? CPT_RESPONSES
+                        : q->route == R_OLLAMA_CHAT ? CPT_OLLAMA_CHAT : CPT_OLLAMA_GENERATE,
+                        body, q->body.n, &h->lim, q->id, deadline, &q->oreq, &q->creq, &e);
+    else
+        prc = (compl ? oai_parse_completion : oai_parse_request)(body, q->body.n, &h->lim, q->id,
+                                                                deadline, &q->oreq, &e);
+    if (prc)
         return respond_error(q, conn, &e);
+    if (q->oreq.ignored[0])
+        log_ignored(h, q);
+    if (q->creq.load_only) /* Ollama's preload: the workers hold their models loaded */
+        return respond(q, conn, 200, "application/json",
+                       cpt_ollama_loaded(h->model[0] ? h->model : "", now), NULL);
     if (q->oreq.stream)
         BUMP(h, chat_stream);
     else
@@ -1486,7 +1632,9 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         echo = q->oreq.model[0] ? q->oreq.model
                : cJSON_GetArraySize(served) == 1 && cJSON_IsString(fid) ? fid->valuestring : "";
     }
-    int crc = oai_resp_create(&q->resp, q->id, echo, now / 1000, &q->oreq, &err);
+    int crc = q->compat ? cpt_resp_create(&q->cresp, &q->creq, q->id, echo, now,
+                                          q->oreq.stream, &err)
+                        : oai_resp_create(&q->resp, q->id, echo, now / 1000, &q->oreq, &err);
     cJSON_Delete(served);
     if (crc) {
         oai_error_set(&e, 500, "server_error", ev_code_name(EV_CODE_INTERNAL), NULL, "%s", err.msg);
@@ -1520,6 +1668,9 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         return respond_error(q, conn, &e);
     }
     q->enqueued = true;
+    snprintf(q->vm_model, sizeof q->vm_model, "%s", echo ? echo : "");
+    vm_move(h->vm, q->vm_model, VM_NONE, VM_WAITING);
+    q->vm = VM_WAITING;
     if (h->lease_ms)
         lease_add(q);
     RL_LOG(h->log, RL_LOG_DEBUG, "http: %s queued%s%s", q->id, q->has_tenant ? " for " : "",
@@ -1547,8 +1698,7 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     if (q->failed)
         return respond_error(q, conn, &q->err);
     if (!q->oreq.stream && rc != P_FIN) {
-        char *body = oai_resp_completion(q->resp);
-        return respond(q, conn, 200, "application/json", body, NULL);
+        return respond(q, conn, 200, "application/json", resp_body(q), NULL);
     }
     /* a stream, or an answer the client's FIN made us commit before its
      * end (pump): chunked, written as it comes */
@@ -1556,12 +1706,16 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, BLOCK_SIZE, sse_reader, q, NULL);
     if (!r)
         return MHD_NO;
-    MHD_add_response_header(r, "Content-Type", q->oreq.stream ? "text/event-stream; charset=utf-8"
-                                                              : "application/json");
+    MHD_add_response_header(r, "Content-Type",
+                            !q->oreq.stream ? "application/json"
+                            : ollama_route(q->route) ? "application/x-ndjson"
+                                                     : "text/event-stream; charset=utf-8");
     if (q->oreq.stream)
         MHD_add_response_header(r, "Cache-Control", "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no"); /* nginx: do not buffer */
     MHD_add_response_header(r, "X-Request-Id", q->id);
+    if (q->oreq.ignored[0])
+        MHD_add_response_header(r, "X-Redlm-Ignored-Fields", q->oreq.ignored);
     add_cors(q, r);
     q->headers_sent = true;
     q->t_last_byte_ms = rl_mono_ms();
@@ -1601,6 +1755,210 @@ static enum MHD_Result models(struct req *q, struct MHD_Connection *conn, const 
     return respond(q, conn, 200, "application/json", body, NULL);
 }
 
+/* Ollama's details of a model: what its clients show and test for. */
+static cJSON *ollama_details(void)
+{
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "parent_model", "");
+    cJSON_AddStringToObject(d, "format", "safetensors");
+    cJSON_AddStringToObject(d, "family", "qwen3");
+    cJSON *f = cJSON_AddArrayToObject(d, "families");
+    cJSON_AddItemToArray(f, cJSON_CreateString("qwen3"));
+    cJSON_AddStringToObject(d, "parameter_size", "");
+    cJSON_AddStringToObject(d, "quantization_level", "");
+    return d;
+}
+
+/* GET /api/tags, /api/ps, /api/version; POST /api/show (body: its JSON). */
+static enum MHD_Result ollama_info(struct req *q, struct MHD_Connection *conn, const char *body)
+{
+    struct oai_error e;
+    if (q->route == R_OLLAMA_VERSION) /* the Ollama API version this door follows */
+        return respond(q, conn, 200, "application/json", strdup("{\"version\":\"0.12.0\"}"), NULL);
+    cJSON *a = served_models(q->h);
+    if (!a)
+        return MHD_NO;
+    cJSON *o = cJSON_CreateObject();
+    char at[32];
+    const cJSON *m;
+    if (q->route == R_OLLAMA_SHOW) {
+        cJSON *req = cJSON_Parse(body);
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(req, "model");
+        if (!cJSON_IsString(name))
+            name = cJSON_GetObjectItemCaseSensitive(req, "name");
+        char want[JOB_MODEL_MAX + 16] = "";
+        if (cJSON_IsString(name))
+            snprintf(want, sizeof want, "%s", name->valuestring);
+        size_t n = strlen(want);
+        if (n > 7 && !strcmp(want + n - 7, ":latest"))
+            want[n - 7] = 0;
+        cJSON_Delete(req);
+        m = want[0] ? model_in(a, want) : NULL;
+        if (!m) {
+            oai_error_set(&e, want[0] ? 404 : 400, "invalid_request_error",
+                          want[0] ? "model_not_found" : "MISSING_FIELD", "model",
+                          want[0] ? "model '%.200s' not found" : "model: required", want);
+            cJSON_Delete(a);
+            cJSON_Delete(o);
+            return respond_error(q, conn, &e);
+        }
+        const cJSON *cr = cJSON_GetObjectItemCaseSensitive(m, "created");
+        cpt_iso_time(cJSON_IsNumber(cr) ? (int64_t)cr->valuedouble * 1000 : 0, at);
+        cJSON_AddStringToObject(o, "modelfile", "");
+        cJSON_AddStringToObject(o, "parameters", "");
+        cJSON_AddStringToObject(o, "template", "");
+        cJSON_AddItemToObject(o, "details", ollama_details());
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(o, "model_info"), "general.architecture",
+                                "qwen3");
+        cJSON *caps = cJSON_AddArrayToObject(o, "capabilities");
+        cJSON_AddItemToArray(caps, cJSON_CreateString("completion"));
+        cJSON_AddItemToArray(caps, cJSON_CreateString("tools"));
+        cJSON_AddItemToArray(caps, cJSON_CreateString("thinking"));
+        cJSON_AddStringToObject(o, "modified_at", at);
+    } else {
+        cJSON *list = cJSON_AddArrayToObject(o, "models");
+        cJSON_ArrayForEach(m, a)
+        {
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
+            const cJSON *cr = cJSON_GetObjectItemCaseSensitive(m, "created");
+            if (!cJSON_IsString(id))
+                continue;
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddStringToObject(x, "name", id->valuestring);
+            cJSON_AddStringToObject(x, "model", id->valuestring);
+            cpt_iso_time(cJSON_IsNumber(cr) ? (int64_t)cr->valuedouble * 1000 : 0, at);
+            cJSON_AddStringToObject(x, q->route == R_OLLAMA_PS ? "expires_at" : "modified_at",
+                                    q->route == R_OLLAMA_PS ? "2318-01-01T00:00:00.000Z" : at);
+            cJSON_AddNumberToObject(x, "size", 0);
+            cJSON_AddStringToObject(x, "digest", "");
+            cJSON_AddItemToObject(x, "details", ollama_details());
+            if (q->route == R_OLLAMA_PS)
+                cJSON_AddNumberToObject(x, "size_vram", 0);
+            cJSON_AddItemToArray(list, x);
+        }
+    }
+    cJSON_Delete(a);
+    char *out = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return respond(q, conn, 200, "application/json", out, NULL);
+}
+
+/* POST /tokenize ({"prompt": text} or a chat request's "messages", rendered
+ * with the chat template and mode as a worker would) and POST /detokenize
+ * ({"tokens": [ids]}), vLLM's shapes, with the tokenizer of the
+ * dispatcher's model option. */
+static enum MHD_Result tokenize(struct req *q, struct MHD_Connection *conn)
+{
+    struct dhttp *h = q->h;
+    struct oai_error e;
+    const struct tokenizer *tok = h->hooks.tok;
+    if (!tok) {
+        oai_error_set(&e, 404, "invalid_request_error", "not_found", NULL,
+                      "no tokenizer here: the dispatcher loads one with its model option "
+                      "(--model DIR)");
+        return respond_error(q, conn, &e);
+    }
+    if (q->too_big) {
+        oai_error_set(&e, 413, "invalid_request_error", ev_code_name(EV_CODE_JOB_TOO_LARGE), NULL,
+                      "body: over the limit of %zu bytes", h->lim.max_body_bytes);
+        return respond_error(q, conn, &e);
+    }
+    cJSON *b = cJSON_ParseWithLength(q->body.p ? q->body.p : "", q->body.n);
+    struct rl_err err = {0};
+    cJSON *out = cJSON_CreateObject();
+    int rc = 0;
+    if (!cJSON_IsObject(b)) {
+        oai_error_set(&e, 400, "invalid_request_error", "INVALID_JSON", NULL,
+                      "body: must be a JSON object");
+        rc = -1;
+    } else if (q->route == R_DETOKENIZE) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(b, "tokens");
+        int n = cJSON_IsArray(t) ? cJSON_GetArraySize(t) : -1;
+        int32_t *ids = n > 0 ? malloc(sizeof *ids * (size_t)n) : NULL;
+        int k = 0;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, t)
+        {
+            if (!ids || !cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 2147483647.0 ||
+                x->valuedouble != (double)(int32_t)x->valuedouble)
+                break;
+            ids[k++] = (int32_t)x->valuedouble;
+        }
+        char *text = NULL;
+        size_t len = 0;
+        if (n < 0 || k != n) {
+            oai_error_set(&e, 400, "invalid_request_error", "BAD_TYPE", "tokens",
+                          "tokens: must be an array of token ids");
+            rc = -1;
+        } else if (n && tok_decode(tok, ids, (size_t)n, 0, &text, &len, &err)) {
+            oai_error_set(&e, 400, "invalid_request_error", "INVALID_TOKEN", "tokens", "%s",
+                          err.msg);
+            rc = -1;
+        } else {
+            cJSON_AddStringToObject(out, "prompt", text ? text : "");
+        }
+        free(text);
+        free(ids);
+    } else {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(b, "prompt");
+        int32_t *ids = NULL;
+        int n_ids = 0;
+        if (cJSON_IsString(p)) {
+            struct tok_ids v = {0};
+            if (tok_encode(tok, p->valuestring, strlen(p->valuestring), 0, &v, &err)) {
+                oai_error_set(&e, 500, "server_error", "INTERNAL", NULL, "%s", err.msg);
+                rc = -1;
+            }
+            ids = v.ids;
+            n_ids = (int)v.n;
+        } else {
+            /* a chat request: the job the front door would queue, rendered */
+            struct oai_request r;
+            struct oai_limits lim = h->lim;
+            lim.refuse_unknown = false; /* add_generation_prompt and the like */
+            if (oai_parse_request(q->body.p, q->body.n, &lim, "tokenize", 0, &r, &e)) {
+                rc = -1;
+            } else {
+                struct job *j = NULL;
+                struct job_fault f;
+                enum ev_code code;
+                if (job_parse(r.job, r.job_len, &h->jopts, &j, &f, &err) ||
+                    prompt_render(j, job_mode_on(j, "think"), tok, &ids, &n_ids, &code, &err)) {
+                    oai_error_set(&e, 400, "invalid_request_error", "TEMPLATE_ERROR", NULL, "%s",
+                                  err.msg);
+                    rc = -1;
+                }
+                job_free(j);
+            }
+            oai_request_clear(&r);
+        }
+        if (!rc) {
+            cJSON_AddNumberToObject(out, "count", n_ids);
+            cJSON *served = served_models(h);
+            const cJSON *pm = cJSON_GetObjectItemCaseSensitive(b, "model");
+            const cJSON *mo = cJSON_IsString(pm) ? model_in(served, pm->valuestring)
+                                                 : cJSON_GetArrayItem(served, 0);
+            const cJSON *ml = cJSON_GetObjectItemCaseSensitive(mo, "max_model_len");
+            if (cJSON_IsNumber(ml))
+                cJSON_AddNumberToObject(out, "max_model_len", ml->valuedouble);
+            else
+                cJSON_AddNullToObject(out, "max_model_len");
+            cJSON_Delete(served);
+            cJSON *a = cJSON_AddArrayToObject(out, "tokens");
+            for (int i = 0; i < n_ids; i++)
+                cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+            cJSON_AddNullToObject(out, "token_strs");
+        }
+        free(ids);
+    }
+    cJSON_Delete(b);
+    char *body = rc ? NULL : cJSON_PrintUnformatted(out);
+    cJSON_Delete(out);
+    if (rc)
+        return respond_error(q, conn, &e);
+    return respond(q, conn, 200, "application/json", body, NULL);
+}
+
 static bool redis_ok(struct dhttp *h)
 {
     struct rl_err err = {0};
@@ -1627,12 +1985,34 @@ static enum route route_of(struct dhttp *h, const char *method, const char *url,
         return !strcmp(method, "POST") ? (!strcmp(url, "/v1/completions") ? R_COMPLETIONS : R_CHAT)
                                         : R_BAD_METHOD;
     }
+    struct { const char *url; enum route r; bool post; } compat[] = {
+        {"/tokenize", R_TOKENIZE, true},        {"/detokenize", R_DETOKENIZE, true},
+        {"/v1/responses", R_RESPONSES, true},   {"/api/chat", R_OLLAMA_CHAT, true},
+        {"/api/generate", R_OLLAMA_GENERATE, true}, {"/api/show", R_OLLAMA_SHOW, true},
+        {"/api/tags", R_OLLAMA_TAGS, false},    {"/api/ps", R_OLLAMA_PS, false},
+        {"/api/version", R_OLLAMA_VERSION, false},
+    };
+    for (size_t i = 0; i < sizeof compat / sizeof compat[0] && !h->ops; i++) {
+        if (strcmp(url, compat[i].url))
+            continue;
+        *allow = compat[i].post ? "POST" : "GET, HEAD";
+        if (options)
+            return R_PREFLIGHT;
+        return (compat[i].post ? !strcmp(method, "POST") : get) ? compat[i].r : R_BAD_METHOD;
+    }
     if (!h->ops && !strcmp(url, "/v1/models"))
         r = R_MODELS;
     else if (!h->ops && !strncmp(url, "/v1/models/", 11) && url[11])
         r = R_MODEL; /* ids hold slashes (Qwen/Qwen3-14B), as vLLM's do */
     else if (!strcmp(url, "/healthz") || !strcmp(url, "/health"))
         r = R_HEALTHZ;
+    else if (!h->ops && !strcmp(url, "/ping")) { /* vLLM's (SageMaker's) health: GET or POST */
+        *allow = "GET, HEAD, POST";
+        if (options)
+            return R_PREFLIGHT;
+        return get || !strcmp(method, "POST") ? R_HEALTHZ : R_BAD_METHOD;
+    } else if (!h->ops && !strcmp(url, "/version"))
+        r = R_VERSION;
     else if (!strcmp(url, "/metrics"))
         r = R_METRICS;
     else
@@ -1724,7 +2104,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         q->c = ci ? ci->socket_context : NULL;
         q->route = route_of(h, method, url, &q->allow);
         q->cors_origin = cors_origin(h, conn);
-        bool has_body = q->route == R_CHAT || q->route == R_COMPLETIONS;
+        bool has_body = job_route(q->route) || q->route == R_OLLAMA_SHOW ||
+                        q->route == R_TOKENIZE || q->route == R_DETOKENIZE;
         if (has_body) {
             /* the body's deadline: the grace, plus its length at the
              * minimum rate (without a length: the largest body's) */
@@ -1781,6 +2162,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             return mr;
         }
         case R_COMPLETIONS:
+        case R_RESPONSES:
+        case R_OLLAMA_CHAT:
+        case R_OLLAMA_GENERATE:
+        case R_OLLAMA_SHOW:
+        case R_TOKENIZE:
+        case R_DETOKENIZE:
         case R_CHAT: {
             if (!authorize(q, conn))
                 return refuse_auth(q, conn);
@@ -1799,6 +2186,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             if (!authorize(q, conn))
                 return refuse_auth(q, conn);
             return models(q, conn, q->route == R_MODEL ? url + 11 : NULL);
+        case R_VERSION:
+            return respond(q, conn, 200, "application/json",
+                           strdup("{\"version\":\"" DHTTP_VERSION "\",\"server\":\"redlm\"}"),
+                           NULL);
+        case R_OLLAMA_TAGS:
+        case R_OLLAMA_PS:
+        case R_OLLAMA_VERSION:
+            if (!authorize(q, conn))
+                return refuse_auth(q, conn);
+            return ollama_info(q, conn, NULL);
         case R_HEALTHZ: {
             bool ok = (!h->hooks.ready || h->hooks.ready(h->hooks.ctx)) &&
                       !atomic_load(&h->stopping) && redis_ok(h);
@@ -1835,6 +2232,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (q->responded)
         return MHD_YES;
     set_deadline(q, 0, NULL); /* all in: the answer's wait is http_timeout_s's */
+    if (q->route == R_OLLAMA_SHOW)
+        return ollama_info(q, conn, q->body.p ? q->body.p : "");
+    if (q->route == R_TOKENIZE || q->route == R_DETOKENIZE)
+        return tokenize(q, conn);
     return chat(q, conn);
 }
 
@@ -1850,7 +2251,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         cancel_job(q, "the connection ended");
         BUMP(h, client_cancels);
     }
-    if (q->route == R_CHAT || q->route == R_COMPLETIONS)
+    if (job_route(q->route))
         MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)h->idle_s);
     /* kept alive: the next request's headers within the idle time and the grace */
     wait_idle(q, ((int64_t)h->idle_s + h->header_s) * 1000);
@@ -1858,8 +2259,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (q->enqueued)
         RL_LOG(h->log, RL_LOG_DEBUG, "http: %s done: %d%s", q->id, q->status,
                toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection lost)");
+    vm_end(q, NULL, 0);
     pool_put(h, q->rc);
     oai_resp_free(q->resp);
+    cpt_resp_free(q->cresp);
+    cpt_request_clear(&q->creq);
     oai_request_clear(&q->oreq);
     oai_buf_free(&q->body);
     oai_buf_free(&q->sse);
@@ -1869,6 +2273,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     h->m.active--;
     pthread_mutex_unlock(&h->m_mu);
 }
+
 
 /* libmicrohttpd's messages: logged as they come until the reaper runs,
  * then summed up in its line (a flood of connections is a flood of
@@ -1926,6 +2331,7 @@ static void free_dhttp(struct dhttp *h)
     pthread_mutex_destroy(&h->conn_mu);
     pthread_mutex_destroy(&h->auth_mu);
     pthread_mutex_destroy(&h->lease_mu);
+    vm_free(h->vm);
     free(h);
 }
 
@@ -1970,6 +2376,10 @@ static int start(struct dhttp **out, const struct cfg *cfg, const struct rl_log 
     pthread_mutex_init(&h->conn_mu, NULL);
     pthread_mutex_init(&h->auth_mu, NULL);
     pthread_mutex_init(&h->lease_mu, NULL);
+    if (!(h->vm = vm_create())) {
+        free_dhttp(h);
+        return rl_errf(err, RL_ENOMEM, "http: out of memory");
+    }
     h->log = log;
     if (hooks)
         h->hooks = *hooks;
@@ -2050,6 +2460,7 @@ static int start(struct dhttp **out, const struct cfg *cfg, const struct rl_log 
                           : !strcmp(cfg->http_default_mode, "no_think") ? JOB_MODE_NO_THINK
                                                                         : JOB_MODE_AUTO;
     h->lim.client_lease_ms = h->lease_ms;
+    h->lim.refuse_unknown = !strcmp(cfg->http_unknown_fields, "refuse");
     if (h->keys_path) {
         if ((rc = keys_refresh(h, true, err)))
             goto fail;

@@ -4,7 +4,12 @@
  *   POST /v1/completions        the legacy text API, the same way
  *   GET  /v1/models, /v1/models/<name>  (served_model_name, or the models
  *                                        live workers serve: hooks->models_json)
- *   GET  /healthz (= /health), /metrics (behind the key when keys are on)
+ *   POST /v1/responses          the Responses API (compat.c)
+ *   POST /api/chat, /api/generate, /api/show; GET /api/tags, /api/ps,
+ *        /api/version         Ollama's API (compat.c)
+ *   POST /tokenize, /detokenize  vLLM's, with hooks->tok
+ *   GET  /healthz (= /health, GET/POST /ping), /version, /metrics (behind the
+ *        key when keys are on; with vLLM's request metrics: vmetrics.h)
  *   OPTIONS                     CORS preflight, when http_cors_origins is set
  *
  * It needs only Redis: a request becomes a job XADDed to
@@ -20,6 +25,8 @@
 #include "config.h"
 #include "err.h"
 #include "log.h"
+
+struct tokenizer;
 
 struct dhttp;
 
@@ -37,6 +44,10 @@ struct dhttp_hooks {
      * hook = none served. */
     char *(*models_json)(void *ctx);
     void *ctx;
+    /* The tokenizer of the dispatcher's model option (borrowed, read-only
+     * after start, so the threads share it; outlives the front door), or
+     * NULL: POST /tokenize and /detokenize use it, and answer 404 without. */
+    const struct tokenizer *tok;
 };
 
 /* Starts listening on cfg->http_bind:cfg->http with the options of cfg

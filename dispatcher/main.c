@@ -181,7 +181,7 @@ int main(int argc, char **argv)
     RL_LOG(&d->log, RL_LOG_INFO, "starting: redis %s, pools %d, default %s, think_ratio %.3f%s, "
            "max_waiting %d", d->cfg.redis, d->n_pools, d->cfg.default_pool, d->cfg.think_ratio,
            d->cfg.adaptive ? " (adaptive)" : "", d->cfg.max_waiting);
-    struct dhttp_hooks hooks = {http_metrics, http_ready, http_models, d};
+    struct dhttp_hooks hooks = {http_metrics, http_ready, http_models, d, d->tok};
     if (dhttp_start(&http, &d->cfg, &d->log, &hooks, &err) ||
         dhttp_start_ops(&ops, &d->cfg, &d->log, &hooks, http, &err)) {
         RL_LOG(&d->log, RL_LOG_ERROR, "%s", err.msg);

@@ -94,6 +94,8 @@ static void publish_json(struct disp *d)
         cJSON_AddStringToObject(o, "object", "model");
         cJSON_AddNumberToObject(o, "created", (double)d->models[i].created);
         cJSON_AddStringToObject(o, "owned_by", d->models[i].owned_by);
+        if (d->models[i].max_model_len) /* vLLM's: the context its workers take */
+            cJSON_AddNumberToObject(o, "max_model_len", (double)d->models[i].max_model_len);
         cJSON_AddItemToArray(a, o);
     }
     char *s = a ? cJSON_PrintUnformatted(a) : NULL;
@@ -201,6 +203,16 @@ void d_models_refresh(struct disp *d)
         if (m && !m->alias && scoped)
             add_pools(pools[m - fresh], &n_pools[m - fresh],
                       cJSON_GetObjectItemCaseSensitive(hb, "pools"));
+        /* the longest sequence every worker of the model takes; the alias
+         * (served_model_name) means the shared pools' workers */
+        const cJSON *ml = cJSON_GetObjectItemCaseSensitive(hb, "max_model_len");
+        int64_t len = cJSON_IsNumber(ml) && ml->valuedouble > 0 && ml->valuedouble < 1e12
+                          ? (int64_t)ml->valuedouble : 0;
+        if (len && m && (!m->max_model_len || len < m->max_model_len))
+            m->max_model_len = len;
+        if (len && !scoped && n && fresh[0].alias &&
+            (!fresh[0].max_model_len || len < fresh[0].max_model_len))
+            fresh[0].max_model_len = len;
         cJSON_Delete(hb);
     }
     /* streams and routers of the scoped models */

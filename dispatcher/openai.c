@@ -89,6 +89,7 @@ void oai_limits_default(struct oai_limits *l)
     l->max_messages = 1024;
     l->max_tokens = 32768;
     l->model = "redlm";
+    l->refuse_unknown = true;
 }
 
 /* ---- errors ---- */
@@ -196,6 +197,8 @@ enum kind {
     K_COPY, K_TOP_K, K_N, K_LOGPROBS, K_TOP_LOGPROBS, K_TOOLS, K_TOOL_CHOICE, K_BOOL_IGNORED,
     K_CTK, K_MODE, K_STRING_IGNORED, K_RESPONSE_FORMAT, K_LOGIT_BIAS, K_EFFORT,
     K_METADATA_IGNORED, K_MODALITIES, K_PROMPT, K_ECHO, K_SUFFIX, K_BEST_OF,
+    K_PRIORITY, K_DEADLINE, K_MIN_TOKENS, K_STOP_TOKEN_IDS, K_SKIP_SPECIAL, K_THINK_BUDGET,
+    K_GUIDED_JSON, K_GUIDED_CHOICE,
 };
 
 /* Which endpoint takes a member: chat, completions or both. */
@@ -246,6 +249,19 @@ static const struct {
     {"mode", K_MODE, A_CHAT},                /* extension: redlm's think / no_think / auto */
     {"response_format", K_RESPONSE_FORMAT, A_CHAT},
     {"logit_bias", K_LOGIT_BIAS, A_BOTH},
+    /* the job's own, over HTTP (issue 29) */
+    {"priority", K_PRIORITY, A_BOTH},               /* vLLM's: lower first */
+    {"max_thinking_tokens", K_THINK_BUDGET, A_CHAT}, /* the thinking budget */
+    {"thinking_budget", K_THINK_BUDGET, A_CHAT},     /* its other name */
+    {"deadline_ms", K_DEADLINE, A_BOTH},            /* Unix ms; the sooner one wins */
+    {"grammar", K_COPY, A_BOTH},                    /* schemas/grammar.md */
+    /* vLLM's guided decoding, as the constraints the job has */
+    {"guided_json", K_GUIDED_JSON, A_BOTH},     /* response_format json_schema */
+    {"guided_choice", K_GUIDED_CHOICE, A_BOTH}, /* a grammar of the choices */
+    /* vLLM's, accepted; applied only with their neutral value */
+    {"min_tokens", K_MIN_TOKENS, A_BOTH},
+    {"stop_token_ids", K_STOP_TOKEN_IDS, A_BOTH},
+    {"skip_special_tokens", K_SKIP_SPECIAL, A_BOTH},
     /* accepted and ignored */
     {"user", K_STRING_IGNORED, A_BOTH},
     {"service_tier", K_STRING_IGNORED, A_BOTH},
@@ -311,30 +327,6 @@ static int get_bool(const cJSON *v, const char *name, bool *out, struct oai_erro
     return 0;
 }
 
-/* An object whose only member may be `key`, a boolean or null: the shape
- * of stream_options and chat_template_kwargs. *out is -1 when the member is
- * absent or null, else 0 or 1. */
-static int get_flag_object(const cJSON *v, const char *name, const char *key, int *out,
-                           struct oai_error *e)
-{
-    *out = -1;
-    if (!cJSON_IsObject(v))
-        return bad400(e, "BAD_TYPE", name, "%s: must be an object", name);
-    for (const cJSON *o = v->child; o; o = o->next) {
-        char p[JOB_FIELD_MAX];
-        snprintf(p, sizeof p, "%s.%.60s", name, o->string);
-        if (strcmp(o->string, key))
-            return bad400(e, "UNKNOWN_FIELD", p, "%s: unknown or unsupported parameter", p);
-        bool b = false;
-        if (cJSON_IsNull(o))
-            continue;
-        if (get_bool(o, p, &b, e))
-            return -RL_EINVAL;
-        *out = b;
-    }
-    return 0;
-}
-
 /* The copy of messages that goes into the job: null members dropped
  * (except content, which may be null on an assistant turn with tool
  * calls), and empty annotations arrays that the SDKs echo back. */
@@ -354,6 +346,13 @@ static cJSON *clean_messages(const cJSON *m)
             if (drop)
                 cJSON_Delete(cJSON_DetachItemViaPointer(msg, f));
         }
+        /* current vLLM's name of an earlier turn's reasoning */
+        cJSON *rs = cJSON_GetObjectItemCaseSensitive(msg, "reasoning");
+        if (rs && cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content"))
+            cJSON_DeleteItemFromObjectCaseSensitive(msg, "reasoning");
+        else if (rs)
+            cJSON_AddItemToObject(msg, "reasoning_content",
+                                  cJSON_DetachItemViaPointer(msg, rs));
     }
     return c;
 }
@@ -467,7 +466,172 @@ struct parse_state {
     int effort;                  /* reasoning_effort: -1 absent, else 0/1 */
     bool logprobs, top_logprobs_given;
     int top_logprobs;
+    int64_t deadline_ms;         /* the request's own deadline_ms, 0 = none */
+    cJSON *guided_rf;            /* guided_json as a response_format, owned; or NULL */
 };
+
+/* A member (or value) accepted but not applied: named in out->ignored, or
+ * refused when the deployment says so. why: the refusal's sentence. */
+static int not_applied(struct parse_state *ps, const char *name, const char *code,
+                       const char *why)
+{
+    if (ps->lim->refuse_unknown) {
+        oai_error_set(ps->e, 400, T_INVALID, code, name, "%.80s: %s", name, why);
+        return -RL_EINVAL;
+    }
+    char *g = ps->out->ignored;
+    size_t n = strlen(g), room = sizeof ps->out->ignored;
+    if (n + 2 + strlen(name) + 6 > room) { /* keep room for ", ..." */
+        if (!strstr(g, ", ...") && n + 6 <= room)
+            strcat(g, ", ...");
+        return 0;
+    }
+    snprintf(g + n, room - n, "%s%s", n ? ", " : "", name);
+    return 0;
+}
+
+/* An object of boolean switches, the shape of stream_options and
+ * chat_template_kwargs: `key` (true, false or null) is the one applied,
+ * *out -1 when absent or null, else 0 or 1. Any other member is accepted
+ * and named (stream_options.continuous_usage_stats, chat_template_kwargs
+ * of other templates), or refused (refuse_unknown). */
+static int get_flags(struct parse_state *ps, const cJSON *v, const char *name, const char *key,
+                     int *out)
+{
+    *out = -1;
+    if (!cJSON_IsObject(v))
+        return bad400(ps->e, "BAD_TYPE", name, "%s: must be an object", name);
+    for (const cJSON *o = v->child; o; o = o->next) {
+        char p[JOB_FIELD_MAX];
+        snprintf(p, sizeof p, "%s.%.60s", name, o->string);
+        bool b = false;
+        if (strcmp(o->string, key)) {
+            if (not_applied(ps, p, "UNKNOWN_FIELD", "unknown or unsupported parameter"))
+                return -RL_EINVAL;
+            continue;
+        }
+        if (cJSON_IsNull(o))
+            continue;
+        if (get_bool(o, p, &b, ps->e))
+            return -RL_EINVAL;
+        *out = b;
+    }
+    return 0;
+}
+
+/* An integer in [lo, hi], else a 400 naming it. */
+static int get_int(const cJSON *v, const char *name, double lo, double hi, struct oai_error *e)
+{
+    if (!is_integer(v))
+        return bad400(e, "BAD_TYPE", name, "%s: must be an integer", name);
+    if (v->valuedouble < lo || v->valuedouble > hi)
+        return bad400(e, "OUT_OF_RANGE", name, "%s: %.0f is out of range [%.0f, %.0f]", name,
+                      v->valuedouble, lo, hi);
+    return 0;
+}
+
+/* The job's own members that HTTP names (or means) otherwise, and vLLM's
+ * that are accepted with the value that changes nothing. */
+static int take_extension(struct parse_state *ps, enum kind kind, const char *name,
+                          const cJSON *v)
+{
+    struct oai_error *e = ps->e;
+    switch (kind) {
+    case K_PRIORITY:
+        /* vLLM's: lower is served first; the job's (-1000..1000): higher first */
+        if (get_int(v, name, -1000, 1000, e))
+            return -RL_EINVAL;
+        return cJSON_AddNumberToObject(ps->job, "priority", v->valuedouble ? -v->valuedouble : 0)
+                   ? 0 : -RL_ENOMEM;
+    case K_DEADLINE:
+        if (get_int(v, name, 0, 9007199254740991.0, e))
+            return -RL_EINVAL;
+        ps->deadline_ms = (int64_t)v->valuedouble;
+        return 0;
+    case K_THINK_BUDGET:
+        if (cJSON_GetObjectItemCaseSensitive(ps->job, "max_thinking_tokens"))
+            return bad400(e, "DUPLICATE_FIELD", name,
+                          "%s: the thinking budget is given twice (max_thinking_tokens, "
+                          "thinking_budget)", name);
+        return cJSON_AddItemToObject(ps->job, "max_thinking_tokens", cJSON_Duplicate(v, 1))
+                   ? 0 : -RL_ENOMEM;
+    case K_MIN_TOKENS:
+        if (get_int(v, name, 0, 1048576, e))
+            return -RL_EINVAL;
+        return v->valuedouble > 0 ? not_applied(ps, name, "BAD_VALUE", "only 0 is supported")
+                                  : 0;
+    case K_STOP_TOKEN_IDS: {
+        if (!cJSON_IsArray(v))
+            return bad400(e, "BAD_TYPE", name, "%s: must be an array of token ids", name);
+        const cJSON *t;
+        cJSON_ArrayForEach(t, v)
+        {
+            if (get_int(t, name, 0, 2147483647.0, e))
+                return -RL_EINVAL;
+        }
+        return v->child ? not_applied(ps, name, "BAD_VALUE", "only [] is supported") : 0;
+    }
+    case K_GUIDED_JSON: {
+        /* a schema object, or its JSON text (vLLM takes both) */
+        cJSON *schema = cJSON_IsString(v) ? cJSON_Parse(v->valuestring) : cJSON_Duplicate(v, 1);
+        if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema)) {
+            cJSON_Delete(schema);
+            return bad400(e, "BAD_TYPE", name, "%s: must be a JSON schema (an object or its text)",
+                          name);
+        }
+        cJSON *rf = cJSON_CreateObject(), *js = NULL;
+        if (!rf || !cJSON_AddStringToObject(rf, "type", "json_schema") ||
+            !(js = cJSON_AddObjectToObject(rf, "json_schema")) ||
+            !cJSON_AddStringToObject(js, "name", "guided_json") ||
+            !cJSON_AddItemToObject(js, "schema", schema)) {
+            cJSON_Delete(rf);
+            return -RL_ENOMEM;
+        }
+        cJSON_Delete(ps->guided_rf);
+        ps->guided_rf = rf;
+        return 0;
+    }
+    case K_GUIDED_CHOICE: {
+        /* root ::= "a" | "b": the answer is one of the strings, as they are */
+        if (!cJSON_IsArray(v) || !v->child)
+            return bad400(e, "BAD_TYPE", name, "%s: must be a non-empty array of strings", name);
+        struct oai_buf g = {0};
+        int rc = oai_buf_put(&g, "root ::=", 8);
+        const cJSON *c;
+        cJSON_ArrayForEach(c, v)
+        {
+            if (!cJSON_IsString(c) || !c->valuestring[0]) {
+                oai_buf_free(&g);
+                return bad400(e, "BAD_TYPE", name, "%s: each choice must be a non-empty string",
+                              name);
+            }
+            rc = rc ? rc : oai_buf_put(&g, c == v->child ? " \"" : " | \"", c == v->child ? 2 : 4);
+            for (const unsigned char *p = (const unsigned char *)c->valuestring; *p && !rc; p++) {
+                char esc[8];
+                if (*p == '"' || *p == '\\')
+                    snprintf(esc, sizeof esc, "\\%c", *p);
+                else if (*p < 0x20 || *p == 0x7f)
+                    snprintf(esc, sizeof esc, "\\x%02X", *p);
+                else
+                    snprintf(esc, sizeof esc, "%c", *p);
+                rc = oai_buf_put(&g, esc, strlen(esc));
+            }
+            rc = rc ? rc : oai_buf_put(&g, "\"", 1);
+        }
+        rc = rc ? rc : oai_buf_put(&g, "", 1);
+        if (!rc && !cJSON_AddStringToObject(ps->job, "grammar", g.p))
+            rc = -RL_ENOMEM;
+        oai_buf_free(&g);
+        return rc;
+    }
+    default: { /* K_SKIP_SPECIAL: special tokens are never in the text */
+        bool b = false;
+        if (get_bool(v, name, &b, e))
+            return -RL_EINVAL;
+        return b ? 0 : not_applied(ps, name, "BAD_VALUE", "only true is supported");
+    }
+    }
+}
 
 /* The steps below return 0, -RL_EINVAL with ps->e filled, or -RL_ENOMEM
  * with ps->e untouched (parse_request writes the one out-of-memory error). */
@@ -596,7 +760,7 @@ static int take_thinking(struct parse_state *ps, enum kind kind, const char *nam
     }
     if (kind == K_EFFORT)
         return effort_mode(v, &ps->effort, ps->e);
-    return get_flag_object(v, name, "enable_thinking", &ps->enable_thinking, ps->e);
+    return get_flags(ps, v, name, "enable_thinking", &ps->enable_thinking);
 }
 
 /* stream, and stream_options (checked against stream once both are seen). */
@@ -606,7 +770,7 @@ static int take_stream(struct parse_state *ps, enum kind kind, const char *name,
     if (kind == K_STREAM)
         return get_bool(v, name, &ps->out->stream, ps->e);
     int usage;
-    if (get_flag_object(v, name, "include_usage", &usage, ps->e))
+    if (get_flags(ps, v, name, "include_usage", &usage))
         return -RL_EINVAL;
     ps->stream_options = v;
     if (usage >= 0)
@@ -635,10 +799,18 @@ static int take_ignored(struct parse_state *ps, enum kind kind, const char *name
         if (!is_integer(v) || v->valuedouble != 1)
             return bad400(e, "OUT_OF_RANGE", name, "best_of: only 1 is supported");
         return 0;
-    case K_LOGIT_BIAS:
-        if (!cJSON_IsObject(v) || v->child)
-            return bad400(e, "BAD_VALUE", name, "logit_bias: not supported (give none or {})");
-        return 0;
+    case K_LOGIT_BIAS: {
+        if (!cJSON_IsObject(v))
+            return bad400(e, "BAD_TYPE", name, "logit_bias: must be an object");
+        const cJSON *x;
+        cJSON_ArrayForEach(x, v)
+        {
+            if (!cJSON_IsNumber(x) || x->valuedouble < -100 || x->valuedouble > 100)
+                return bad400(e, "BAD_VALUE", name,
+                              "logit_bias: each bias must be a number in [-100, 100]");
+        }
+        return v->child ? not_applied(ps, name, "BAD_VALUE", "only {} is supported") : 0;
+    }
     case K_METADATA_IGNORED: {
         bool ok = cJSON_IsObject(v);
         for (const cJSON *m = ok ? v->child : NULL; m; m = m->next)
@@ -675,6 +847,10 @@ static take_fn *const take_step[] = {
     [K_LOGIT_BIAS] = take_ignored, [K_BOOL_IGNORED] = take_ignored,
     [K_STRING_IGNORED] = take_ignored, [K_METADATA_IGNORED] = take_ignored,
     [K_MODALITIES] = take_ignored,
+    [K_PRIORITY] = take_extension, [K_DEADLINE] = take_extension,
+    [K_THINK_BUDGET] = take_extension, [K_MIN_TOKENS] = take_extension,
+    [K_STOP_TOKEN_IDS] = take_extension, [K_SKIP_SPECIAL] = take_extension,
+    [K_GUIDED_JSON] = take_extension, [K_GUIDED_CHOICE] = take_extension,
 };
 
 /* Every member of the body against the fields table, in body order, so the
@@ -686,9 +862,12 @@ static int walk_members(struct parse_state *ps, const cJSON *root)
         int k = 0;
         while (k < N_FIELDS && strcmp(fields[k].name, v->string))
             k++;
-        if (k == N_FIELDS || !(fields[k].apis & (1u << ps->api)))
-            return bad400(ps->e, "UNKNOWN_FIELD", v->string,
-                          "%.80s: unknown or unsupported parameter", v->string);
+        if (k == N_FIELDS || !(fields[k].apis & (1u << ps->api))) {
+            /* vLLM ignores what it does not know; http_unknown_fields */
+            if (not_applied(ps, v->string, "UNKNOWN_FIELD", "unknown or unsupported parameter"))
+                return -RL_EINVAL;
+            continue;
+        }
         const char *name = fields[k].name;
         if (seen & (1ull << k))
             return bad400(ps->e, "DUPLICATE_FIELD", name, "%s: given twice", name);
@@ -761,8 +940,11 @@ static int build_job(struct parse_state *ps, int64_t deadline_ms)
      * calls none */
     const cJSON *tc = ps->tool_choice;
     bool no_tools = cJSON_IsString(tc) && !strcmp(tc->valuestring, "none");
+    if (ps->guided_rf && ps->response_format)
+        return bad400(ps->e, "BAD_PARAM", "guided_json",
+                      "guided_json: give it or response_format, not both");
     if ((!no_tools && (!add_copy(job, "tools", ps->tools) || !add_copy(job, "tool_choice", tc))) ||
-        !add_copy(job, "response_format", ps->response_format))
+        !add_copy(job, "response_format", ps->guided_rf ? ps->guided_rf : ps->response_format))
         return -RL_ENOMEM;
     int max_tokens = ps->max_tokens;
     ps->max_tokens_name = "max_tokens";
@@ -785,6 +967,8 @@ static int build_job(struct parse_state *ps, int64_t deadline_ms)
         if (!cJSON_AddStringToObject(job, "mode", "no_think"))
             return -RL_ENOMEM;
     }
+    if (ps->deadline_ms > 0 && (deadline_ms <= 0 || ps->deadline_ms < deadline_ms))
+        deadline_ms = ps->deadline_ms; /* the client's, when sooner */
     if (deadline_ms > 0 && !cJSON_AddNumberToObject(job, "deadline_ms", (double)deadline_ms))
         return -RL_ENOMEM;
     if (ps->lim->client_lease_ms > 0 &&
@@ -911,6 +1095,7 @@ static int parse_request(enum oai_api api, const char *body, size_t len,
         out->top_logprobs = ps.top_logprobs;
     }
     cJSON_Delete(ps.job);
+    cJSON_Delete(ps.guided_rf);
     cJSON_Delete(root);
     free(buf);
     return rc;
@@ -1296,8 +1481,10 @@ static int feed_delta(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse)
     }
     if (content || !reasoning)
         cJSON_AddStringToObject(delta, "content", content ? content : "");
-    if (reasoning)
+    if (reasoning) { /* vLLM's older name and its current one */
         cJSON_AddStringToObject(delta, "reasoning_content", reasoning);
+        cJSON_AddStringToObject(delta, "reasoning", reasoning);
+    }
     if (want_lp) {
         cJSON *l = cJSON_AddObjectToObject(choice, "logprobs");
         cJSON_AddItemToObject(l, "content", logprob_entries(r, lps));
@@ -1309,6 +1496,26 @@ static int feed_delta(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse)
         cJSON_AddNullToObject(c, "usage");
     int rc = sse_put(c, sse);
     return rc ? rc : OAI_MORE;
+}
+
+void oai_tool_call_ids(cJSON *tool_calls, const char *request_id)
+{
+    const char *u = strrchr(request_id, '_'), *d = strrchr(request_id, '-');
+    const char *tail = u && (!d || u > d) ? u + 1 : d ? d + 1 : request_id;
+    int i = 0;
+    cJSON *t;
+    cJSON_ArrayForEach(t, tool_calls)
+    {
+        char id[JOB_ID_MAX + 32];
+        snprintf(id, sizeof id, "call_%.100s_%d", tail, i++);
+        cJSON *s = cJSON_CreateString(id);
+        if (!s)
+            continue;
+        if (cJSON_GetObjectItemCaseSensitive(t, "id"))
+            cJSON_ReplaceItemInObjectCaseSensitive(t, "id", s);
+        else
+            cJSON_AddItemToObject(t, "id", s);
+    }
 }
 
 static int feed_done(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse,
@@ -1323,6 +1530,7 @@ static int feed_done(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse,
     r->cached_tokens = int_member(u, "cached_prompt_tokens");
     if (!(r->tool_calls = cJSON_IsArray(tc) ? cJSON_Duplicate(tc, 1) : cJSON_CreateArray()))
         return -RL_ENOMEM;
+    oai_tool_call_ids(r->tool_calls, r->id);
     bool tools = r->tool_calls->child != NULL;
     if (!fr || !strcmp(fr, "error")) {
         oai_error_set(e, 500, T_SERVER, "ENGINE_ERROR", NULL, "the job ended with an error");
@@ -1511,8 +1719,10 @@ char *oai_resp_completion(const struct oai_resp *r)
         cJSON_AddStringToObject(m, "content", r->content.p ? r->content.p : "");
     else
         cJSON_AddNullToObject(m, "content");
-    if (r->reasoning.n)
+    if (r->reasoning.n) {
         cJSON_AddStringToObject(m, "reasoning_content", r->reasoning.p);
+        cJSON_AddStringToObject(m, "reasoning", r->reasoning.p);
+    }
     if (tools)
         cJSON_AddItemToObject(m, "tool_calls", cJSON_Duplicate(r->tool_calls, 1));
     if (r->logprobs) {

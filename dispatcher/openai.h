@@ -30,6 +30,8 @@
 #include "err.h"
 #include "job.h"
 
+typedef struct cJSON cJSON;
+
 /* A growable byte buffer. p is malloc'd (or NULL while empty); n bytes
  * used of cap. */
 struct oai_buf {
@@ -59,9 +61,16 @@ struct oai_limits {
     /* > 0: written as the job's client_lease_ms (the host renews the
      * lease key while its client waits: http_client_lease_ms) */
     int client_lease_ms;
+    /* What to do with a member the API does not know, or a value it
+     * accepts but does not apply (min_tokens > 0, stop_token_ids,
+     * logit_bias, chat_template_kwargs other than enable_thinking, ...):
+     * false: accept it and name it in oai_request.ignored (vLLM's way);
+     * true: 400 (UNKNOWN_FIELD / BAD_VALUE). From http_unknown_fields. */
+    bool refuse_unknown;
 };
 /* 4 MiB body, 1024 messages, 32768 tokens, model "redlm", job NULL,
- * default_mode JOB_MODE_POOL (none written). */
+ * default_mode JOB_MODE_POOL (none written), refuse_unknown true (the
+ * front door's default, http_unknown_fields = ignore, turns it off). */
 void oai_limits_default(struct oai_limits *l);
 
 /* An error as the client sees it: the HTTP status and the fields of the
@@ -95,6 +104,8 @@ enum oai_api {
     OAI_API_COMPLETIONS, /* POST /v1/completions (the legacy text API) */
 };
 
+#define OAI_IGNORED_MAX 256
+
 /* A parsed request. */
 struct oai_request {
     enum oai_api api;
@@ -105,6 +116,11 @@ struct oai_request {
     char model[JOB_MODEL_MAX + 1]; /* the request's model when lim->model is NULL; else "" */
     char *job;            /* the job JSON for redlm:requests, NUL-terminated, malloc'd */
     size_t job_len;
+    /* the members (and values) accepted but not applied, ", "-separated
+     * in body order ("frobnicate, min_tokens, chat_template_kwargs.x"),
+     * cut at the size with ", ..."; "" when none (lim->refuse_unknown
+     * refuses them instead) */
+    char ignored[OAI_IGNORED_MAX];
 };
 void oai_request_clear(struct oai_request *r);
 
@@ -149,6 +165,12 @@ void oai_resp_free(struct oai_resp *r);
  * ignored (OAI_END / OAI_FAILED again). */
 int oai_resp_feed(struct oai_resp *r, const char *event, size_t len, struct oai_buf *sse,
                   struct oai_error *e);
+
+/* Gives each tool call of the array (a done event's tool_calls, OpenAI
+ * shape) an id unique to the request: "call_<the id's random part>_<i>".
+ * The worker numbers calls call_1, call_2 in each job, which repeat from
+ * request to request and confuse clients that key on them. */
+void oai_tool_call_ids(cJSON *tool_calls, const char *request_id);
 
 /* Stream mode, after OAI_FAILED once bytes were sent: the error as one
  * SSE event ({"error": {...}}) followed by "data: [DONE]". */

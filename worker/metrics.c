@@ -316,6 +316,8 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddNumberToObject(o, "model_created", (double)w->model.created);
     cJSON_AddStringToObject(o, "model_owned_by", w->model.owned_by);
     cJSON_AddStringToObject(o, "pool_scope", w->opt.pool_scope_model ? "model" : "shared");
+    /* the longest sequence (prompt + output) it takes: /v1/models' max_model_len */
+    cJSON_AddNumberToObject(o, "max_model_len", st.max_context);
     /* counters since start, for redlm stats/top: totals and hit rates */
     pthread_mutex_lock(&w->m.mu);
     cJSON_AddNumberToObject(o, "jobs_done", (double)w->m.jobs_done);

@@ -4,7 +4,8 @@
  * The input's first byte picks what is fuzzed, the rest is the text:
  *   0-127   a POST /v1/chat/completions body (oai_parse_request; bit 6
  *           set: a POST /v1/completions body, oai_parse_completion; bit 5:
- *           http_default_mode think, else none). Checks,
+ *           http_default_mode think, else none; bit 4: unknown fields
+ *           ignored and named, else refused). Checks,
  *           besides the sanitizers' own: a refused body has a status in
  *           {400, 404, 413} and a non-empty message, and its error object
  *           is valid JSON; an accepted body yields a job that job_parse
@@ -54,6 +55,7 @@ static void fuzz_request(const char *s, size_t n, uint8_t sel)
     oai_limits_default(&lim);
     lim.max_body_bytes = 1 << 16;
     lim.default_mode = (sel & 32) ? JOB_MODE_THINK : JOB_MODE_POOL;
+    lim.refuse_unknown = !(sel & 16); /* http_unknown_fields: refuse, or ignore and name */
     struct oai_request r;
     struct oai_error e;
     int rc = ((sel & 64) ? oai_parse_completion : oai_parse_request)(

@@ -50,7 +50,13 @@ def promtool_check(text):
         pytest.skip("promtool not installed (apt-get install prometheus, or make deps)")
     out = subprocess.run([exe, "check", "metrics"], input=text, capture_output=True, text=True,
                          timeout=30)
-    assert out.returncode == 0, f"promtool check metrics: {out.stdout}{out.stderr}"
+    # vLLM's metric names hold a colon (vllm:time_to_first_token_seconds), which
+    # promtool's lint frowns on; the front door serves them so that vLLM's
+    # dashboards work unchanged (issue 29): that one complaint is allowed
+    others = [ln for ln in (out.stdout + out.stderr).splitlines()
+              if ln.strip() and not (ln.startswith("vllm:") and
+                                     ln.endswith("metric names should not contain ':'"))]
+    assert out.returncode == 0 or not others, f"promtool check metrics: {out.stdout}{out.stderr}"
 
 
 class RedisServer:

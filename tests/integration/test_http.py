@@ -543,7 +543,8 @@ BAD = [
 
 
 def test_malformed_requests(front, redis_addr, prefix):
-    f = front("--max-body-kb", "1", "--max-messages", "8", "--http-max-tokens", "4096")
+    f = front("--max-body-kb", "1", "--max-messages", "8", "--http-max-tokens", "4096",
+              "--http-unknown-fields", "refuse")
     for body, status, code, param in BAD:
         st, headers, data = f.request("POST", "/v1/chat/completions", body)
         err = json.loads(data)["error"]
@@ -692,14 +693,19 @@ def test_tool_calls_reach_the_client(front, redis_addr, prefix):
     assert status == 200, data
     ch = json.loads(data)["choices"][0]
     assert ch["finish_reason"] == "tool_calls"
-    assert ch["message"]["content"] is None and ch["message"]["tool_calls"] == calls
+    got = ch["message"]["tool_calls"]
+    # the front door gives each call an id unique to its request (issue 29)
+    assert got[0]["id"].startswith("call_") and got[0]["id"] != calls[0]["id"]
+    assert ch["message"]["content"] is None and got == [{**calls[0], "id": got[0]["id"]}]
     t = threading.Thread(target=play_worker_error, args=(r, prefix, [done]))
     t.start()
     resp, chunks = chat_stream(f, {**body, "stream": True})
     t.join()
     delta = chunks[0]["choices"][0]["delta"]
     assert delta["role"] == "assistant"
-    assert delta["tool_calls"] == [{**calls[0], "index": 0}]
+    sid = delta["tool_calls"][0]["id"]
+    assert sid.startswith("call_") and sid != got[0]["id"]
+    assert delta["tool_calls"] == [{**calls[0], "id": sid, "index": 0}]
     assert chunks[1]["choices"][0]["finish_reason"] == "tool_calls" and chunks[2] == "[DONE]"
     # the tools went into the job
     jobs = [json.loads(x["job"]) for p in ("fast", "think") for _, x in r.xrange(f"{prefix}jobs:{p}")]

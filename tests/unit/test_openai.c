@@ -253,7 +253,7 @@ static const struct {
     {"{" MSG ",\"response_format\":{\"type\":\"yaml\"}}", 400, "BAD_PARAM",
      "response_format.type", "response_format.type: \"yaml\" is not one of"},
     {"{" MSG ",\"logit_bias\":{\"50256\":-100}}", 400, "BAD_VALUE", "logit_bias",
-     "logit_bias: not supported"},
+     "logit_bias: only {} is supported"},
     /* fields job_parse checks, named as the client wrote them */
     {"{" MSG ",\"temperature\":2.5}", 400, "OUT_OF_RANGE", "temperature",
      "temperature: 2.5 is out of range"},
@@ -451,7 +451,7 @@ static void test_stream_chunks(void **state)
     const struct step plain[] = {
         {"{\"seq\":0,\"type\":\"delta\",\"delta\":{\"reasoning_content\":\"Let me\"},\"token_ids\":[1,2]}",
          OAI_MORE,
-         HEAD "\"delta\":{\"role\":\"assistant\",\"reasoning_content\":\"Let me\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"},
+         HEAD "\"delta\":{\"role\":\"assistant\",\"reasoning_content\":\"Let me\",\"reasoning\":\"Let me\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"},
         {"{\"seq\":1,\"type\":\"delta\",\"delta\":{},\"token_ids\":[3]}", OAI_MORE, ""},
         {"{\"seq\":2,\"type\":\"delta\",\"delta\":{\"content\":\"Hi \\\"x\\\"\\n\"},\"token_ids\":[4]}",
          OAI_MORE,
@@ -479,7 +479,7 @@ static void test_stream_chunks(void **state)
     const struct step tools[] = {
         {DONE_EV(0, "stop", "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]"),
          OAI_END,
-         HEAD "\"delta\":{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"},\"index\":0}]},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
+         HEAD "\"delta\":{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"call_1_0\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"},\"index\":0}]},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
          HEAD "\"delta\":{},\"logprobs\":null,\"finish_reason\":\"tool_calls\"}]}\n\ndata: [DONE]\n\n"},
     };
     run_steps(&req, tools, 1, "tools");
@@ -554,12 +554,12 @@ static void test_completion_object(void **state)
           DONE_EV(3, "stop", "[]")},
          "{\"id\":\"" ID "\",\"object\":\"chat.completion\",\"created\":1700000000,\"model\":\"redlm\","
          "\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"Hello\","
-         "\"reasoning_content\":\"hmm\"},\"logprobs\":null,\"finish_reason\":\"stop\"}]," USAGE "}"},
+         "\"reasoning_content\":\"hmm\",\"reasoning\":\"hmm\"},\"logprobs\":null,\"finish_reason\":\"stop\"}]," USAGE "}"},
         {{.stream = false},
          {DONE_EV(0, "stop", "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}}]")},
          "{\"id\":\"" ID "\",\"object\":\"chat.completion\",\"created\":1700000000,\"model\":\"redlm\","
          "\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":null,\"tool_calls\":"
-         "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}}]},"
+         "[{\"id\":\"call_1_0\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}}]},"
          "\"logprobs\":null,\"finish_reason\":\"tool_calls\"}]," USAGE "}"},
         {{.stream = false, .logprobs = true, .top_logprobs = 0},
          {"{\"seq\":0,\"type\":\"delta\",\"delta\":{\"content\":\"x\"},\"token_ids\":[7],\"logprobs\":"
@@ -883,6 +883,80 @@ static void test_keys(void **state)
     oai_keys_free(&k);
 }
 
+/* http_unknown_fields = ignore (issue 29): unknown members and values that
+ * are accepted but not applied are named in r.ignored, in body order; the
+ * job's own fields named the HTTP way are applied: priority (vLLM's lower
+ * first -> the job's higher first), the thinking budget, the client's
+ * deadline when sooner, grammar; `reasoning` on an input message is the
+ * job's reasoning_content. Refused again with refuse_unknown. */
+static void test_ignored_fields(void **state)
+{
+    (void)state;
+    struct oai_limits lim;
+    oai_limits_default(&lim);
+    lim.refuse_unknown = false;
+    const char *body =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\","
+        "\"content\":\"a\",\"reasoning\":\"r\"},{\"role\":\"user\",\"content\":\"b\"}],"
+        "\"frobnicate\":1,\"min_tokens\":0,\"min_tokens2\":{},\"stop_token_ids\":[7],"
+        "\"skip_special_tokens\":true,\"stream\":true,"
+        "\"stream_options\":{\"include_usage\":true,\"continuous_usage_stats\":true},"
+        "\"chat_template_kwargs\":{\"enable_thinking\":false,\"custom\":1},"
+        "\"logit_bias\":{\"5\":1},\"priority\":5,\"thinking_budget\":10,"
+        "\"deadline_ms\":1000,\"guided_json\":{}}";
+    struct oai_request r;
+    struct oai_error e;
+    assert_int_equal(oai_parse_request(body, strlen(body), &lim, ID, 2000, &r, &e), 0);
+    assert_string_equal(r.ignored, "frobnicate, min_tokens2, stop_token_ids, "
+                                   "stream_options.continuous_usage_stats, "
+                                   "chat_template_kwargs.custom, logit_bias");
+    /* vLLM's guided_json is the job's response_format */
+    assert_non_null(strstr(r.job, "\"response_format\":{\"type\":\"json_schema\","
+                                  "\"json_schema\":{\"name\":\"guided_json\",\"schema\":{}}}"));
+    assert_true(r.include_usage);
+    assert_non_null(strstr(r.job, "\"priority\":-5"));
+    assert_non_null(strstr(r.job, "\"max_thinking_tokens\":10"));
+    assert_non_null(strstr(r.job, "\"deadline_ms\":1000"));
+    assert_non_null(strstr(r.job, "\"mode\":\"no_think\""));
+    assert_non_null(strstr(r.job, "\"reasoning_content\":\"r\""));
+    assert_null(strstr(r.job, "\"reasoning\""));
+    assert_null(strstr(r.job, "frobnicate"));
+    oai_request_clear(&r);
+    /* nothing to name: an empty list */
+    const char *plain = "{" MSG ",\"min_tokens\":0,\"skip_special_tokens\":true,\"stop_token_ids\":[]}";
+    assert_int_equal(oai_parse_request(plain, strlen(plain), &lim, ID, 0, &r, &e), 0);
+    assert_string_equal(r.ignored, "");
+    oai_request_clear(&r);
+    /* refused when the deployment says so */
+    lim.refuse_unknown = true;
+    const char *refused[][2] = {{"{" MSG ",\"min_tokens\":3}", "min_tokens"},
+                                {"{" MSG ",\"chat_template_kwargs\":{\"x\":1}}",
+                                 "chat_template_kwargs.x"},
+                                {"{" MSG ",\"skip_special_tokens\":false}", "skip_special_tokens"},
+                                {"{" MSG ",\"frobnicate\":1}", "frobnicate"}};
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(oai_parse_request(refused[i][0], strlen(refused[i][0]), &lim, ID, 0, &r,
+                                           &e), -RL_EINVAL);
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.param, refused[i][1]);
+    }
+    /* guided_choice: a grammar of the strings as they are, escaped */
+    const char *choice = "{" MSG ",\"guided_choice\":[\"yes\",\"a\\\"b\\\\c\\n\"]}";
+    assert_int_equal(oai_parse_request(choice, strlen(choice), &lim, ID, 0, &r, &e), 0);
+    cJSON *cj = cJSON_Parse(r.job);
+    assert_string_equal(cJSON_GetObjectItem(cj, "grammar")->valuestring,
+                        "root ::= \"yes\" | \"a\\\"b\\\\c\\x0A\"");
+    cJSON_Delete(cj);
+    oai_request_clear(&r);
+    const char *both = "{" MSG ",\"guided_json\":\"{}\",\"response_format\":{\"type\":\"json_object\"}}";
+    assert_int_equal(oai_parse_request(both, strlen(both), &lim, ID, 0, &r, &e), -RL_EINVAL);
+    assert_string_equal(e.param, "guided_json");
+    const char *bad_prio = "{" MSG ",\"priority\":1001}";
+    assert_int_equal(oai_parse_request(bad_prio, strlen(bad_prio), &lim, ID, 0, &r, &e),
+                     -RL_EINVAL);
+    assert_string_equal(e.code, "OUT_OF_RANGE");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -901,6 +975,7 @@ int main(void)
         cmocka_unit_test(test_harmless_fields),
         cmocka_unit_test(test_completion_requests),
         cmocka_unit_test(test_token_text),
+        cmocka_unit_test(test_ignored_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,231 @@
+/* dispatcher/vmetrics.c - vLLM-named request metrics (vmetrics.h).
+ * Buckets are vLLM's own (vllm/v1/metrics/loggers.py), so the quantiles a
+ * dashboard computes mean the same thing. */
+#include "vmetrics.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "job.h"
+
+static const double ttft_b[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                                1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+static const double e2e_b[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
+                               30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+#define N_TTFT (sizeof ttft_b / sizeof ttft_b[0])
+#define N_E2E (sizeof e2e_b / sizeof e2e_b[0])
+
+enum { F_STOP, F_LENGTH, F_ABORT, N_FINISH };
+static const char *const finish_names[N_FINISH] = {"stop", "length", "abort"};
+
+struct hist {
+    int64_t n;
+    double sum;
+};
+
+struct vm_model {
+    char name[JOB_MODEL_MAX + 1];
+    int64_t running, waiting;
+    int64_t ttft[N_TTFT + 1], e2e[N_E2E + 1]; /* per bucket; the last: +Inf */
+    struct hist ttft_h, e2e_h;
+    int64_t prompt, generation, success[N_FINISH];
+};
+
+struct vmetrics {
+    pthread_mutex_t mu;
+    int n;
+    struct vm_model m[VM_MODELS + 1]; /* the last: "other" */
+};
+
+struct vmetrics *vm_create(void)
+{
+    struct vmetrics *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    pthread_mutex_init(&m->mu, NULL);
+    snprintf(m->m[VM_MODELS].name, sizeof m->m[VM_MODELS].name, "other");
+    return m;
+}
+
+void vm_free(struct vmetrics *m)
+{
+    if (!m)
+        return;
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+}
+
+/* The model's record (mu held). */
+static struct vm_model *model_of(struct vmetrics *m, const char *name)
+{
+    name = name ? name : "";
+    for (int i = 0; i < m->n; i++)
+        if (!strcmp(m->m[i].name, name))
+            return &m->m[i];
+    if (m->n == VM_MODELS || strlen(name) > JOB_MODEL_MAX)
+        return &m->m[VM_MODELS];
+    struct vm_model *x = &m->m[m->n++];
+    snprintf(x->name, sizeof x->name, "%s", name);
+    return x;
+}
+
+void vm_move(struct vmetrics *m, const char *model, enum vm_state from, enum vm_state to)
+{
+    if (!m || from == to)
+        return;
+    pthread_mutex_lock(&m->mu);
+    struct vm_model *x = model_of(m, model);
+    if (from == VM_WAITING)
+        x->waiting--;
+    else if (from == VM_RUNNING)
+        x->running--;
+    if (to == VM_WAITING)
+        x->waiting++;
+    else if (to == VM_RUNNING)
+        x->running++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void observe(int64_t *buckets, const double *bounds, size_t n, struct hist *h, double v)
+{
+    size_t i = 0;
+    while (i < n && v > bounds[i])
+        i++;
+    buckets[i]++;
+    h->n++;
+    h->sum += v;
+}
+
+void vm_first_token(struct vmetrics *m, const char *model, double s)
+{
+    if (!m)
+        return;
+    pthread_mutex_lock(&m->mu);
+    struct vm_model *x = model_of(m, model);
+    observe(x->ttft, ttft_b, N_TTFT, &x->ttft_h, s);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void vm_done(struct vmetrics *m, const char *model, double e2e_s, int64_t prompt_tokens,
+             int64_t generation_tokens, const char *finish_reason)
+{
+    if (!m)
+        return;
+    int f = finish_reason && !strcmp(finish_reason, "stop")     ? F_STOP
+            : finish_reason && !strcmp(finish_reason, "length") ? F_LENGTH
+                                                                : F_ABORT;
+    pthread_mutex_lock(&m->mu);
+    struct vm_model *x = model_of(m, model);
+    observe(x->e2e, e2e_b, N_E2E, &x->e2e_h, e2e_s);
+    x->prompt += prompt_tokens > 0 ? prompt_tokens : 0;
+    x->generation += generation_tokens > 0 ? generation_tokens : 0;
+    x->success[f]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+__attribute__((format(printf, 2, 3))) static void put(struct oai_buf *b, const char *fmt, ...)
+{
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (k > 0)
+        oai_buf_put(b, line, (size_t)k < sizeof line ? (size_t)k : sizeof line - 1);
+}
+
+/* A label value as Prometheus text wants it: \ " and newline escaped. */
+static void label(const char *s, char out[2 * JOB_MODEL_MAX + 8])
+{
+    size_t n = 0;
+    for (; *s && n < 2 * JOB_MODEL_MAX; s++) {
+        if (*s == '\\' || *s == '"')
+            out[n++] = '\\';
+        out[n++] = *s == '\n' ? 'n' : *s;
+    }
+    out[n] = 0;
+}
+
+static void put_hist(struct oai_buf *b, const char *name, const char *lab, const int64_t *bk,
+                     const double *bounds, size_t n, const struct hist *h)
+{
+    int64_t cum = 0;
+    for (size_t i = 0; i < n; i++) {
+        cum += bk[i];
+        put(b, "%s_bucket{le=\"%g\",model_name=\"%s\"} %lld\n", name, bounds[i], lab,
+            (long long)cum);
+    }
+    put(b, "%s_bucket{le=\"+Inf\",model_name=\"%s\"} %lld\n%s_sum{model_name=\"%s\"} %.6f\n"
+           "%s_count{model_name=\"%s\"} %lld\n",
+        name, lab, (long long)h->n, name, lab, h->sum, name, lab, (long long)h->n);
+}
+
+void vm_render(struct vmetrics *m, struct oai_buf *b)
+{
+    if (!m)
+        return;
+    pthread_mutex_lock(&m->mu);
+    int n = m->n;
+    struct vm_model *v = malloc(sizeof *v * (VM_MODELS + 1));
+    if (v) {
+        memcpy(v, m->m, sizeof *v * (size_t)n);
+        v[n] = m->m[VM_MODELS];
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (!v)
+        return;
+    /* "other" only once it counted something */
+    int total = n + (v[n].ttft_h.n || v[n].e2e_h.n || v[n].running || v[n].waiting ? 1 : 0);
+    char lab[2 * JOB_MODEL_MAX + 8];
+    put(b, "# HELP vllm:num_requests_running Requests whose first token came and that have not "
+           "ended (front door).\n# TYPE vllm:num_requests_running gauge\n");
+    for (int i = 0; i < total; i++) {
+        label(v[i].name, lab);
+        put(b, "vllm:num_requests_running{model_name=\"%s\"} %lld\n", lab, (long long)v[i].running);
+    }
+    put(b, "# HELP vllm:num_requests_waiting Requests queued with no token yet (front door).\n"
+           "# TYPE vllm:num_requests_waiting gauge\n");
+    for (int i = 0; i < total; i++) {
+        label(v[i].name, lab);
+        put(b, "vllm:num_requests_waiting{model_name=\"%s\"} %lld\n", lab, (long long)v[i].waiting);
+    }
+    put(b, "# HELP vllm:time_to_first_token_seconds Seconds from a request's queueing to its "
+           "first event.\n# TYPE vllm:time_to_first_token_seconds histogram\n");
+    for (int i = 0; i < total; i++) {
+        label(v[i].name, lab);
+        put_hist(b, "vllm:time_to_first_token_seconds", lab, v[i].ttft, ttft_b, N_TTFT,
+                 &v[i].ttft_h);
+    }
+    put(b, "# HELP vllm:e2e_request_latency_seconds Seconds from a request's queueing to its "
+           "end.\n# TYPE vllm:e2e_request_latency_seconds histogram\n");
+    for (int i = 0; i < total; i++) {
+        label(v[i].name, lab);
+        put_hist(b, "vllm:e2e_request_latency_seconds", lab, v[i].e2e, e2e_b, N_E2E, &v[i].e2e_h);
+    }
+    put(b, "# HELP vllm:prompt_tokens_total Prompt tokens of ended requests.\n"
+           "# TYPE vllm:prompt_tokens_total counter\n");
+    for (int i = 0; i < total; i++) {
+        label(v[i].name, lab);
+        put(b, "vllm:prompt_tokens_total{model_name=\"%s\"} %lld\n", lab, (long long)v[i].prompt);
+    }
+    put(b, "# HELP vllm:generation_tokens_total Generated tokens of ended requests.\n"
+           "# TYPE vllm:generation_tokens_total counter\n");
+    for (int i = 0; i < total; i++) {
+        label(v[i].name, lab);
+        put(b, "vllm:generation_tokens_total{model_name=\"%s\"} %lld\n", lab,
+            (long long)v[i].generation);
+    }
+    put(b, "# HELP vllm:request_success_total Ended requests by finish reason (abort: "
+           "cancelled, past its deadline, or failed).\n"
+           "# TYPE vllm:request_success_total counter\n");
+    for (int i = 0; i < total; i++) {
+        label(v[i].name, lab);
+        for (int f = 0; f < N_FINISH; f++)
+            put(b, "vllm:request_success_total{finished_reason=\"%s\",model_name=\"%s\"} %lld\n",
+                finish_names[f], lab, (long long)v[i].success[f]);
+    }
+    free(v);
+}

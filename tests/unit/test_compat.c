@@ -1,0 +1,359 @@
+/* tests/unit/test_compat.c - the Responses API and Ollama's API
+ * (dispatcher/compat.c) and the vLLM-named metrics (dispatcher/vmetrics.c):
+ * bodies -> the job JSON (through openai.c), refusals with the field the
+ * client wrote, events -> Responses server-sent events and objects, Ollama
+ * NDJSON lines, and the metric families. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+
+#include "dispatcher/compat.h"
+#include "dispatcher/vmetrics.h"
+
+static struct oai_limits lim_any(void)
+{
+    struct oai_limits l;
+    oai_limits_default(&l);
+    l.model = NULL; /* any name, carried in the job */
+    l.refuse_unknown = false;
+    return l;
+}
+
+/* Parses body as api; returns the job as a cJSON object (caller frees). */
+static cJSON *job_of(enum cpt_api api, const char *body, struct cpt_request *c,
+                     struct oai_request *r)
+{
+    struct oai_limits l = lim_any();
+    struct oai_error e;
+    int rc = cpt_parse(api, body, strlen(body), &l, "resp_ab12", 0, r, c, &e);
+    if (rc)
+        fail_msg("%s refused: %d %s [%s] %s", body, e.status, e.code, e.param, e.message);
+    return r->job ? cJSON_Parse(r->job) : NULL;
+}
+
+static void test_responses_requests(void **state)
+{
+    (void)state;
+    struct cpt_request c;
+    struct oai_request r;
+    cJSON *j = job_of(CPT_RESPONSES,
+                      "{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":"
+                      "\"input_text\",\"text\":\"a\"},{\"type\":\"input_text\",\"text\":\"b\"}]},"
+                      "{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"f\","
+                      "\"arguments\":\"{}\"},{\"type\":\"function_call\",\"call_id\":\"c2\","
+                      "\"name\":\"g\",\"arguments\":\"{}\"},{\"type\":\"function_call_output\","
+                      "\"call_id\":\"c1\",\"output\":\"1\"},{\"type\":\"reasoning\",\"summary\":[]}],"
+                      "\"instructions\":\"Be brief.\",\"max_output_tokens\":7,"
+                      "\"reasoning\":{\"effort\":\"high\"},\"store\":false,"
+                      "\"tools\":[{\"type\":\"function\","
+                      "\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}],"
+                      "\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"},\"stream\":true}",
+                      &c, &r);
+    char *s = cJSON_PrintUnformatted(cJSON_GetObjectItem(j, "messages"));
+    assert_string_equal(s, "[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\","
+                           "\"content\":\"ab\"},{\"role\":\"assistant\",\"content\":null,"
+                           "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":"
+                           "{\"name\":\"f\",\"arguments\":\"{}\"}},{\"id\":\"c2\",\"type\":"
+                           "\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"{}\"}}]},"
+                           "{\"role\":\"tool\",\"content\":\"1\",\"tool_call_id\":\"c1\"}]");
+    free(s);
+    assert_int_equal(cJSON_GetObjectItem(j, "max_tokens")->valueint, 7);
+    assert_string_equal(cJSON_GetObjectItem(j, "mode")->valuestring, "think");
+    s = cJSON_PrintUnformatted(cJSON_GetObjectItem(j, "tool_choice"));
+    assert_string_equal(s, "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}");
+    free(s);
+    assert_true(r.stream);
+    assert_non_null(strstr(c.echo, "\"instructions\":\"Be brief.\""));
+    cJSON_Delete(j);
+    oai_request_clear(&r);
+    cpt_request_clear(&c);
+    j = job_of(CPT_RESPONSES, "{\"input\":\"x\",\"text\":{\"format\":{\"type\":"
+                              "\"json_schema\",\"name\":\"n\",\"schema\":{\"type\":\"object\"},"
+                              "\"strict\":true}}}", &c, &r);
+    s = cJSON_PrintUnformatted(cJSON_GetObjectItem(j, "response_format"));
+    assert_string_equal(s, "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
+                           "\"schema\":{\"type\":\"object\"},\"strict\":true}}");
+    free(s);
+    cJSON_Delete(j);
+    oai_request_clear(&r);
+    cpt_request_clear(&c);
+
+    /* refusals name what the client wrote */
+    static const struct { const char *body, *param, *code; int status; } bad[] = {
+        {"{\"input\":\"x\",\"previous_response_id\":\"resp_1\"}", "previous_response_id",
+         "previous_response_not_found", 400},
+        {"{\"model\":\"m\"}", "input", "MISSING_FIELD", 400},
+        {"{\"input\":[{\"type\":\"web_search_call\"}]}", "input[0].type", "BAD_VALUE", 400},
+        {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\"}]}]}",
+         "input[0].content[0].type", "BAD_VALUE", 400},
+        {"{\"input\":\"x\",\"max_output_tokens\":0}", "max_output_tokens", "OUT_OF_RANGE", 400},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", "tools[0].type", "BAD_VALUE",
+         400},
+        {"{\"input\":\"x\",\"reasoning\":{\"effort\":\"huge\"}}", "reasoning_effort", "BAD_VALUE",
+         400},
+        {"[1]", "", "NOT_OBJECT", 400},
+    };
+    struct oai_limits l = lim_any();
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct oai_error e;
+        assert_int_equal(cpt_parse(CPT_RESPONSES, bad[i].body, strlen(bad[i].body), &l, "resp_1",
+                                   0, &r, &c, &e), -RL_EINVAL);
+        if (e.status != bad[i].status || strcmp(e.param, bad[i].param) ||
+            strcmp(e.code, bad[i].code))
+            fail_msg("case %zu: got %d %s [%s] %s", i, e.status, e.code, e.param, e.message);
+        assert_null(r.job);
+        assert_null(c.echo);
+    }
+}
+
+static void test_ollama_requests(void **state)
+{
+    (void)state;
+    struct cpt_request c;
+    struct oai_request r;
+    cJSON *j = job_of(CPT_OLLAMA_CHAT,
+                      "{\"model\":\"qwen3:latest\",\"messages\":[{\"role\":\"user\",\"content\":"
+                      "\"hi\",\"images\":[]},{\"role\":\"assistant\",\"content\":\"\",\"thinking\":"
+                      "\"t\",\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":{\"a\":1}}}]},"
+                      "{\"role\":\"tool\",\"content\":\"1\",\"tool_name\":\"f\"}],"
+                      "\"options\":{\"num_predict\":5,\"temperature\":0.5,\"repeat_penalty\":1.2,"
+                      "\"num_ctx\":8192,\"top_k\":3,\"stop\":[\"x\"]},\"format\":\"json\","
+                      "\"think\":false,\"keep_alive\":\"5m\"}",
+                      &c, &r);
+    assert_string_equal(cJSON_GetObjectItem(j, "model")->valuestring, "qwen3");
+    assert_int_equal(cJSON_GetObjectItem(j, "max_tokens")->valueint, 5);
+    assert_true(cJSON_GetObjectItem(j, "repetition_penalty")->valuedouble == 1.2);
+    assert_int_equal(cJSON_GetObjectItem(j, "top_k")->valueint, 3);
+    assert_string_equal(cJSON_GetObjectItem(j, "mode")->valuestring, "no_think");
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "response_format"), "type")
+                            ->valuestring, "json_object");
+    cJSON *m1 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "messages"), 1);
+    assert_string_equal(cJSON_GetObjectItem(m1, "reasoning_content")->valuestring, "t");
+    assert_true(r.stream); /* Ollama's default */
+    assert_string_equal(r.ignored, "");
+    cJSON_Delete(j);
+    oai_request_clear(&r);
+    cpt_request_clear(&c);
+
+    j = job_of(CPT_OLLAMA_GENERATE, "{\"prompt\":\"Hi\",\"system\":\"S\",\"stream\":false,"
+                                    "\"format\":{\"type\":\"object\"},\"context\":[1,2]}", &c, &r);
+    char *s = cJSON_PrintUnformatted(cJSON_GetObjectItem(j, "messages"));
+    assert_string_equal(s, "[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\","
+                           "\"content\":\"Hi\"}]");
+    free(s);
+    assert_false(r.stream);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "response_format"), "type")
+                            ->valuestring, "json_schema");
+    cJSON_Delete(j);
+    oai_request_clear(&r);
+    j = job_of(CPT_OLLAMA_GENERATE, "{\"prompt\":\"raw text\",\"raw\":true,\"think\":true}", &c,
+               &r);
+    assert_string_equal(cJSON_GetObjectItem(j, "prompt")->valuestring, "raw text");
+    cJSON_Delete(j);
+    oai_request_clear(&r);
+    j = job_of(CPT_OLLAMA_GENERATE, "{\"model\":\"m\"}", &c, &r);
+    assert_null(j);
+    assert_true(c.load_only);
+
+    struct oai_limits l = lim_any();
+    static const char *const bad[][2] = {
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"images\":[\"aGk=\"]}]}",
+         "messages[0].images"},
+        {"{\"messages\":[],\"format\":\"yaml\"}", "format"},
+        {"{\"messages\":[],\"think\":\"max\"}", "think"},
+        {"{\"model\":\"m\"}", "messages"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct oai_error e;
+        assert_int_equal(cpt_parse(CPT_OLLAMA_CHAT, bad[i][0], strlen(bad[i][0]), &l, "o-1", 0,
+                                   &r, &c, &e), -RL_EINVAL);
+        assert_string_equal(e.param, bad[i][1]);
+        char *ej = cpt_error_json(CPT_OLLAMA_CHAT, &e);
+        cJSON *o = cJSON_Parse(ej);
+        assert_true(cJSON_IsString(cJSON_GetObjectItem(o, "error")) && o->child->next == NULL);
+        cJSON_Delete(o);
+        free(ej);
+    }
+}
+
+#define DONE "{\"seq\":3,\"type\":\"done\",\"finish_reason\":\"stop\",\"usage\":{\"prompt_tokens\":9," \
+             "\"completion_tokens\":4,\"reasoning_tokens\":2,\"cached_prompt_tokens\":0},\"cached\":" \
+             "false,\"timings\":{\"queue_ms\":1,\"ttft_ms\":2,\"total_ms\":5},\"tool_calls\":[{\"id\":" \
+             "\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}}]}"
+static const char *const EVENTS[] = {
+    "{\"seq\":0,\"type\":\"delta\",\"delta\":{\"reasoning_content\":\"r1\"}}",
+    "{\"seq\":1,\"type\":\"delta\",\"delta\":{\"reasoning_content\":\"r2\"}}",
+    "{\"seq\":2,\"type\":\"delta\",\"delta\":{\"content\":\"hi\"}}",
+    DONE,
+};
+
+/* Feeds EVENTS; returns the bytes written (malloc'd). */
+static char *feed_all(struct cpt_resp *r)
+{
+    struct oai_buf out = {0};
+    struct oai_error e;
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(cpt_resp_feed(r, EVENTS[i], strlen(EVENTS[i]), &out, &e),
+                         i < 3 ? OAI_MORE : OAI_END);
+    oai_buf_put(&out, "", 1);
+    return out.p;
+}
+
+static void test_responses_events(void **state)
+{
+    (void)state;
+    struct cpt_request c = {.api = CPT_RESPONSES, .echo = strdup("{\"instructions\":\"I\"}")};
+    struct cpt_resp *r;
+    struct rl_err err = {0};
+    assert_int_equal(cpt_resp_create(&r, &c, "resp_ab12", "m", 1700000000123, true, &err), 0);
+    char *sse = feed_all(r);
+    /* the event names, in order, each with sequence_number n */
+    static const char *const names[] = {
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.reasoning_text.delta", "response.reasoning_text.delta",
+        "response.reasoning_text.done", "response.output_item.done",
+        "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.completed"};
+    const char *p = sse;
+    for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++) {
+        char want[96];
+        snprintf(want, sizeof want, "event: %s\ndata: ", names[i]);
+        assert_memory_equal(p, want, strlen(want));
+        const char *end = strstr(p, "\n\n");
+        assert_non_null(end);
+        char seq[40];
+        snprintf(seq, sizeof seq, "\"sequence_number\":%d}", i);
+        assert_memory_equal(end - strlen(seq), seq, strlen(seq));
+        p = end + 2;
+    }
+    assert_string_equal(p, "");
+    assert_non_null(strstr(sse, "\"item_id\":\"rs_ab12_0\""));
+    assert_non_null(strstr(sse, "\"item_id\":\"msg_ab12_1\""));
+    assert_non_null(strstr(sse, "\"call_id\":\"call_ab12_0\"")); /* unique per request */
+    free(sse);
+    cpt_resp_free(r);
+
+    assert_int_equal(cpt_resp_create(&r, &c, "resp_ab12", "m", 1700000000123, false, &err), 0);
+    char *none = feed_all(r);
+    assert_string_equal(none, ""); /* nothing streamed */
+    free(none);
+    char *body = cpt_resp_body(r);
+    cJSON *o = cJSON_Parse(body);
+    assert_string_equal(cJSON_GetObjectItem(o, "status")->valuestring, "completed");
+    assert_string_equal(cJSON_GetObjectItem(o, "instructions")->valuestring, "I");
+    assert_int_equal(cJSON_GetObjectItem(o, "created_at")->valueint, 1700000000);
+    cJSON *out = cJSON_GetObjectItem(o, "output");
+    assert_int_equal(cJSON_GetArraySize(out), 3);
+    char *s = cJSON_PrintUnformatted(cJSON_GetArrayItem(out, 0));
+    assert_string_equal(s, "{\"id\":\"rs_ab12_0\",\"type\":\"reasoning\",\"summary\":[],"
+                           "\"content\":[{\"type\":\"reasoning_text\",\"text\":\"r1r2\"}]}");
+    free(s);
+    s = cJSON_PrintUnformatted(cJSON_GetObjectItem(o, "usage"));
+    assert_string_equal(s, "{\"input_tokens\":9,\"input_tokens_details\":{\"cached_tokens\":0},"
+                           "\"output_tokens\":4,\"output_tokens_details\":{\"reasoning_tokens\":2},"
+                           "\"total_tokens\":13}");
+    free(s);
+    assert_int_equal(cpt_resp_total_tokens(r), 13);
+    cJSON_Delete(o);
+    free(body);
+    cpt_resp_free(r);
+    cpt_request_clear(&c);
+}
+
+static void test_ollama_lines(void **state)
+{
+    (void)state;
+    struct cpt_request c = {.api = CPT_OLLAMA_CHAT};
+    struct cpt_resp *r;
+    struct rl_err err = {0};
+    assert_int_equal(cpt_resp_create(&r, &c, "ollama-1", "m", 1700000000123, true, &err), 0);
+    char *nd = feed_all(r);
+    assert_string_equal(
+        nd,
+        "{\"model\":\"m\",\"created_at\":\"2023-11-14T22:13:20.123Z\",\"message\":{\"role\":"
+        "\"assistant\",\"content\":\"\",\"thinking\":\"r1\"},\"done\":false}\n"
+        "{\"model\":\"m\",\"created_at\":\"2023-11-14T22:13:20.123Z\",\"message\":{\"role\":"
+        "\"assistant\",\"content\":\"\",\"thinking\":\"r2\"},\"done\":false}\n"
+        "{\"model\":\"m\",\"created_at\":\"2023-11-14T22:13:20.123Z\",\"message\":{\"role\":"
+        "\"assistant\",\"content\":\"hi\"},\"done\":false}\n"
+        "{\"model\":\"m\",\"created_at\":\"2023-11-14T22:13:20.128Z\",\"message\":{\"role\":"
+        "\"assistant\",\"content\":\"\",\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":"
+        "{\"a\":1}}}]},\"done\":true,\"done_reason\":\"stop\",\"total_duration\":5000000,"
+        "\"load_duration\":0,\"prompt_eval_count\":9,\"prompt_eval_duration\":2000000,"
+        "\"eval_count\":4,\"eval_duration\":3000000}\n");
+    free(nd);
+    /* a keep-alive is a line like any other, with nothing in it */
+    struct oai_buf ka = {0};
+    assert_int_equal(cpt_keepalive(r, &ka), 0);
+    oai_buf_put(&ka, "", 1);
+    assert_string_equal(ka.p, "{\"model\":\"m\",\"created_at\":\"2023-11-14T22:13:20.123Z\","
+                              "\"message\":{\"role\":\"assistant\",\"content\":\"\"},"
+                              "\"done\":false}\n");
+    oai_buf_free(&ka);
+    /* an error after the first line: one {"error"} line */
+    struct oai_buf out = {0};
+    struct oai_error e;
+    oai_error_set(&e, 500, "server_error", "ENGINE_ERROR", NULL, "the backend failed");
+    assert_int_equal(cpt_stream_error(r, &e, &out), 0);
+    oai_buf_put(&out, "", 1);
+    assert_string_equal(out.p, "{\"error\":\"the backend failed\"}\n");
+    oai_buf_free(&out);
+    cpt_resp_free(r);
+}
+
+static void test_vmetrics(void **state)
+{
+    (void)state;
+    struct vmetrics *m = vm_create();
+    vm_move(m, "a", VM_NONE, VM_WAITING);
+    vm_move(m, "a", VM_WAITING, VM_RUNNING);
+    vm_first_token(m, "a", 0.03);
+    vm_move(m, "b", VM_NONE, VM_WAITING);
+    vm_done(m, "a", 1.2, 10, 5, "length");
+    vm_move(m, "a", VM_RUNNING, VM_NONE);
+    struct oai_buf b = {0};
+    vm_render(m, &b);
+    oai_buf_put(&b, "", 1);
+    static const char *const want[] = {
+        "vllm:num_requests_running{model_name=\"a\"} 0\n",
+        "vllm:num_requests_waiting{model_name=\"b\"} 1\n",
+        "vllm:time_to_first_token_seconds_bucket{le=\"0.02\",model_name=\"a\"} 0\n",
+        "vllm:time_to_first_token_seconds_bucket{le=\"0.04\",model_name=\"a\"} 1\n",
+        "vllm:e2e_request_latency_seconds_bucket{le=\"1\",model_name=\"a\"} 0\n",
+        "vllm:e2e_request_latency_seconds_bucket{le=\"1.5\",model_name=\"a\"} 1\n",
+        "vllm:e2e_request_latency_seconds_count{model_name=\"a\"} 1\n",
+        "vllm:prompt_tokens_total{model_name=\"a\"} 10\n",
+        "vllm:generation_tokens_total{model_name=\"a\"} 5\n",
+        "vllm:request_success_total{finished_reason=\"length\",model_name=\"a\"} 1\n",
+        "# TYPE vllm:time_to_first_token_seconds histogram\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(b.p, want[i]))
+            fail_msg("missing: %s", want[i]);
+    oai_buf_free(&b);
+    vm_free(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_responses_requests),
+        cmocka_unit_test(test_ollama_requests),
+        cmocka_unit_test(test_responses_events),
+        cmocka_unit_test(test_ollama_lines),
+        cmocka_unit_test(test_vmetrics),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
