@@ -100,6 +100,14 @@ def test_langchain_chat_openai(front, workers, redis_addr, prefix, tmp_path, api
     assert st["text"] == deltas(job_events(r, prefix, request_id(r, prefix, st["id"])), "content")
     check_person(res["structured"])
     calls = res["tools"]
+    if api == "responses" and not calls:
+        # LangChain 1.6's Responses path drops tool_choice from the request
+        # (bindTools' option, a call option or withConfig alike: a probe
+        # server sees no tool_choice), so nothing forces the random model to
+        # call; its text answer must then be the job's
+        assert res["toolsText"] == deltas(job_events(r, prefix, request_id(r, prefix, res["toolsId"])),
+                                          "content")
+        return
     assert calls and calls[0]["name"] == "weather", calls
     check_weather(calls[0]["args"])
     assert len({c["id"] for c in calls}) == len(calls)
@@ -109,12 +117,13 @@ def test_openai_agents_sdk(front, workers, redis_addr, prefix, tmp_path):  # noq
     """The Agents SDK's default API is the Responses API."""
     res = run_client(front, workers, tmp_path, "agents.mjs")
     r = connect(redis_addr)
-    run1 = res["run"]
-    assert run1["usage"]["outputTokens"] == 12, run1
-    assert run1["text"] == deltas(job_events(r, prefix, request_id(r, prefix, run1["id"])), "content")
+    for key in ("run", "stream"):
+        got = res[key]
+        assert set(got["output"]) == {"answer"} and len(got["output"]["answer"]) <= 30, got
+        text = deltas(job_events(r, prefix, request_id(r, prefix, got["id"])), "content")
+        assert json.loads(text) == got["output"], (text, got)
     st = res["stream"]
-    assert st["deltas"] >= 2 and st["text"] == st["final"], st
-    assert st["text"] == deltas(job_events(r, prefix, request_id(r, prefix, st["id"])), "content")
+    assert st["deltas"] >= 2 and json.loads(st["text"]) == st["output"], st
     assert res["tools"]["calls"], res["tools"]
     check_weather(res["tools"]["calls"][0])
     check_person(res["structured"])

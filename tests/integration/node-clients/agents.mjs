@@ -2,6 +2,9 @@
 // default API (Responses) against the front door, as its quick start
 // writes it, pointed at redlm with setDefaultOpenAIClient.
 //   node agents.mjs BASE_URL MODEL
+// The agents answer in typed outputs (outputType): the random test model
+// never ends free text by itself, and an answer cut at max_output_tokens is
+// "response.incomplete", which the SDK rightly treats as a failed run.
 import OpenAI from "openai";
 import { Agent, run, setDefaultOpenAIClient, setTracingDisabled, tool } from "@openai/agents";
 import { z } from "zod";
@@ -11,10 +14,11 @@ setDefaultOpenAIClient(new OpenAI({ baseURL, apiKey: "sk-test-0123456789" }));
 setTracingDisabled(true); // traces go to api.openai.com otherwise
 
 const out = {};
+const Answer = z.object({ answer: z.string().max(30) });
 const agent = new Agent({ name: "Assistant", instructions: "You are a helpful assistant.", model,
-                          modelSettings: { maxTokens: 12 } });
+                          outputType: Answer, modelSettings: { maxTokens: 200 } });
 const r1 = await run(agent, "Say hello.");
-out.run = { text: r1.finalOutput, id: r1.rawResponses?.[0]?.responseId, usage: r1.rawResponses?.[0]?.usage };
+out.run = { output: r1.finalOutput, id: r1.rawResponses?.[0]?.responseId, usage: r1.rawResponses?.[0]?.usage };
 
 const streamed = await run(agent, "Count to five.", { stream: true });
 let text = "", deltas = 0;
@@ -25,7 +29,7 @@ for await (const ev of streamed) {
   }
 }
 await streamed.completed;
-out.stream = { text, deltas, final: streamed.finalOutput, id: streamed.rawResponses?.[0]?.responseId };
+out.stream = { text, deltas, output: streamed.finalOutput, id: streamed.rawResponses?.[0]?.responseId };
 
 const calls = [];
 const weather = tool({

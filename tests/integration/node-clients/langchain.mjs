@@ -46,4 +46,6 @@ const withTools = new ChatOpenAI({ model, apiKey: "sk-test-0123456789", configur
 console.error("langchain: bindTools");
 const tc = await withTools.invoke("What is the weather in Paris?");
 out.tools = tc.tool_calls.map((c) => ({ name: c.name, args: c.args, id: c.id }));
+out.toolsText = tc.text;
+out.toolsId = tc.id;
 console.log(JSON.stringify(out));
