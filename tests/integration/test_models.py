@@ -437,6 +437,7 @@ def test_single_model_unchanged(procs, redis_addr, prefix, tmp_path):
     if not DISPATCHER.exists() or not WORKER.exists():
         pytest.skip("not built")
     r = connect(redis_addr)
+    tap(r, f"{prefix}jobs:fast")  # handled entries stay for the check below
     port = free_port()
     procs["worker"]("s1", MODEL)
     procs["dispatcher"](http_port=port)
