@@ -35,6 +35,7 @@
 
 #include "rcluster.h"
 #include "disp.h"
+#include "fleet.h"
 
 #define MAX_WORKERS 1000 /* heartbeats read per refresh */
 
@@ -159,6 +160,7 @@ void d_models_refresh(struct disp *d)
     /* the new table, built beside the old so routers and split states of
      * models that stay are carried over */
     struct dmodel fresh[D_MAX_MODELS];
+    fleet_begin(d->fleet);
     char pools[D_MAX_MODELS][D_MAX_POOLS][JOB_POOL_MAX + 1];
     int n_pools[D_MAX_MODELS] = {0};
     int n = 0;
@@ -175,6 +177,12 @@ void d_models_refresh(struct disp *d)
         if (r->type != RCONN_STRING)
             continue; /* expired: that worker is gone */
         cJSON *hb = cJSON_ParseWithLength(r->str, r->len);
+        if (hb && fleet_observe(d->fleet, names->elem[i].str ? names->elem[i].str : "", hb) &&
+            !d->fleet_warned) {
+            RL_LOG(&d->log, RL_LOG_WARN, "metrics: more than %d workers; the fleet's figures "
+                   "leave some out", FLEET_WORKERS);
+            d->fleet_warned = true;
+        }
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(hb, "model");
         if (!cJSON_IsString(name) || !modelref_name_ok(name->valuestring)) {
             cJSON_Delete(hb); /* a worker from before served names: the shared pools */
@@ -215,6 +223,7 @@ void d_models_refresh(struct disp *d)
             fresh[0].max_model_len = len;
         cJSON_Delete(hb);
     }
+    fleet_end(d->fleet);
     /* streams and routers of the scoped models */
     for (int i = 0; i < n; i++) {
         struct dmodel *m = &fresh[i];

@@ -306,6 +306,10 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddNumberToObject(o, "held", w->n_jobs);
     cJSON_AddNumberToObject(o, "kv_free_blocks", st.kv_free + st.kv_cached);
     cJSON_AddNumberToObject(o, "kv_blocks", st.kv_blocks);
+    /* referenced by a sequence: the fleet's vllm:kv_cache_usage_perc
+     * (dispatcher/fleet.c) is the sum of these over the sum of kv_blocks */
+    cJSON_AddNumberToObject(o, "kv_used", st.kv_used);
+    cJSON_AddNumberToObject(o, "preemptions", (double)st.n_preemptions);
     cJSON_AddNumberToObject(o, "tokens_per_s", (double)(int64_t)(w->tok_rate * 10) / 10.0);
     cJSON_AddNumberToObject(o, "time_ms", (double)rl_wall_ms());
     cJSON_AddNumberToObject(o, "uptime_s", (double)((rl_wall_ms() - w->t_start_ms) / 1000));
