@@ -91,12 +91,10 @@ static void retire(struct fleet *f, const char *model, int c, int64_t v)
     f->r[i].c[c] += v;
 }
 
-int fleet_observe(struct fleet *f, const char *worker, const cJSON *hb)
+int fleet_observe(struct fleet *f, const char *worker, const char *model, const cJSON *hb)
 {
-    const cJSON *mv = cJSON_GetObjectItemCaseSensitive(hb, "model");
-    char model[JOB_MODEL_MAX + 1];
-    snprintf(model, sizeof model, "%s",
-             cJSON_IsString(mv) && strlen(mv->valuestring) <= JOB_MODEL_MAX ? mv->valuestring : "");
+    if (strlen(model) > JOB_MODEL_MAX)
+        model = "";
     int i = 0;
     while (i < f->n_w && strcmp(f->w[i].name, worker))
         i++;

@@ -30,10 +30,12 @@ void fleet_free(struct fleet *f);
 /* Starts one reading of the heartbeats. */
 void fleet_begin(struct fleet *f);
 
-/* One live worker's heartbeat (hb, borrowed), named worker. A heartbeat
- * without the numbers (an older worker) counts as zeros. Returns 0, or
- * -1 when FLEET_WORKERS workers are already known (this one left out). */
-int fleet_observe(struct fleet *f, const char *worker, const cJSON *hb);
+/* One live worker's heartbeat (hb, borrowed), named worker, counted under
+ * the model_name label model (the caller's choice: the name clients ask
+ * for). A heartbeat without the numbers (an older worker) counts as
+ * zeros. Returns 0, or -1 when FLEET_WORKERS workers are already known
+ * (this one left out). */
+int fleet_observe(struct fleet *f, const char *worker, const char *model, const cJSON *hb);
 
 /* Ends the reading: workers not observed since fleet_begin are gone (their
  * counters retired into their model's sums); the rows are remade. */

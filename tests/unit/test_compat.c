@@ -388,7 +388,7 @@ static void fleet_read(struct fleet *f, const char *const *hbs, const char *cons
     for (int i = 0; i < n; i++) {
         cJSON *hb = cJSON_Parse(hbs[i]);
         assert_non_null(hb);
-        assert_int_equal(fleet_observe(f, names[i], hb), 0);
+        assert_int_equal(fleet_observe(f, names[i], "q", hb), 0);
         cJSON_Delete(hb);
     }
     fleet_end(f);
