@@ -19,6 +19,8 @@ struct fworker {
     int64_t running, waiting, kv_blocks, kv_used;
     int64_t c[N_COUNTERS];
     bool seen; /* in this reading */
+    bool live; /* seen in the last reading; a gone one keeps its counters
+                  (a heartbeat that expired and came back counts on) */
 };
 
 /* What workers of a model that left or restarted had counted. */
@@ -98,13 +100,23 @@ int fleet_observe(struct fleet *f, const char *worker, const char *model, const 
     int i = 0;
     while (i < f->n_w && strcmp(f->w[i].name, worker))
         i++;
-    if (i == f->n_w) {
-        if (f->n_w == FLEET_WORKERS)
+    if (i == f->n_w && f->n_w == FLEET_WORKERS) {
+        /* full: the slot of a worker gone before this reading (its
+         * counters kept in the sums) */
+        for (i = 0; i < f->n_w && (f->w[i].live || f->w[i].seen); i++)
+            ;
+        if (i == f->n_w)
             return -1;
+        for (int c = 0; c < N_COUNTERS; c++)
+            retire(f, f->w[i].model, c, f->w[i].c[c]);
+        f->w[i].name[0] = 0;
+    }
+    if (i == f->n_w || !f->w[i].name[0]) {
+        if (i == f->n_w)
+            f->n_w++;
         memset(&f->w[i], 0, sizeof f->w[i]);
         snprintf(f->w[i].name, sizeof f->w[i].name, "%s", worker);
         snprintf(f->w[i].model, sizeof f->w[i].model, "%s", model);
-        f->n_w++;
     }
     struct fworker *w = &f->w[i];
     if (strcmp(w->model, model)) { /* reloaded with another model */
@@ -148,31 +160,21 @@ static struct vm_fleet *row_of(struct vm_fleet *rows, int *n, const char *model)
 
 void fleet_end(struct fleet *f)
 {
-    /* the workers gone since the last reading */
-    int k = 0;
-    for (int i = 0; i < f->n_w; i++) {
-        if (f->w[i].seen) {
-            if (k != i)
-                f->w[k] = f->w[i];
-            k++;
-            continue;
-        }
-        for (int c = 0; c < N_COUNTERS; c++)
-            retire(f, f->w[i].model, c, f->w[i].c[c]);
-    }
-    f->n_w = k;
     struct vm_fleet rows[VM_MODELS];
     int n = 0;
     for (int i = 0; i < f->n_w; i++) {
-        const struct fworker *w = &f->w[i];
+        struct fworker *w = &f->w[i];
+        w->live = w->seen;
         struct vm_fleet *r = row_of(rows, &n, w->model);
         if (!r)
             continue;
-        r->n_workers++;
-        r->running += w->running;
-        r->waiting += w->waiting;
-        r->kv_blocks += w->kv_blocks;
-        r->kv_used += w->kv_used;
+        if (w->live) { /* a gone worker's gauges no longer hold */
+            r->n_workers++;
+            r->running += w->running;
+            r->waiting += w->waiting;
+            r->kv_blocks += w->kv_blocks;
+            r->kv_used += w->kv_used;
+        }
         r->prefix_queries += w->c[C_QUERIES];
         r->prefix_hits += w->c[C_HITS];
         r->preemptions += w->c[C_PREEMPT];

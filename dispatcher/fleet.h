@@ -7,8 +7,12 @@
  * calls fleet_begin, fleet_observe for each, then fleet_end, which makes
  * the rows the HTTP threads read with fleet_rows. Gauges are the live
  * workers' sums. Counters never go down, as Prometheus wants: a worker
- * that leaves (its heartbeat expired) or restarts (a counter went down)
- * leaves its last totals behind in its model's retired sums.
+ * that leaves (its heartbeat expired) keeps its last totals in the sums,
+ * and counts on from them if it comes back under the same name; one that
+ * restarts (a counter went down) leaves its old totals in its model's
+ * retired sums. Gone workers are remembered until FLEET_WORKERS names
+ * are known; then a new one takes a gone one's place, whose totals move
+ * to the retired sums.
  *
  * fleet_begin/observe/end: one thread (the dispatcher's main loop);
  * fleet_rows: any thread (one mutex, held for a copy). */
@@ -33,12 +37,12 @@ void fleet_begin(struct fleet *f);
 /* One live worker's heartbeat (hb, borrowed), named worker, counted under
  * the model_name label model (the caller's choice: the name clients ask
  * for). A heartbeat without the numbers (an older worker) counts as
- * zeros. Returns 0, or -1 when FLEET_WORKERS workers are already known
+ * zeros. Returns 0, or -1 when FLEET_WORKERS workers are live already
  * (this one left out). */
 int fleet_observe(struct fleet *f, const char *worker, const char *model, const cJSON *hb);
 
 /* Ends the reading: workers not observed since fleet_begin are gone (their
- * counters retired into their model's sums); the rows are remade. */
+ * gauges drop out, their counters stay); the rows are remade. */
 void fleet_end(struct fleet *f);
 
 /* Copies up to max rows (one per served model, VM_MODELS at most) into

@@ -62,9 +62,10 @@ def test_fleet_counts_jobs_sent_to_redis(front, workers, redis_addr, prefix):  #
     after it the gauges fall to 0 and the prefix cache counters equal the
     worker's heartbeat (hits > 0 once the same prompt came twice), all
     under the front door's served name, though the front door saw no
-    request (its latency histograms stay empty)."""
+    request (its latency histograms stay empty). When that worker leaves
+    and another takes a job, the counters add on to what it had counted."""
     f = front()
-    workers("w1")
+    w1 = workers("w1")
     c = Client(redis_addr, prefix)
     r = connect(redis_addr)
     prompt = list(range(1, 41))  # longer than a KV block: the second run hits the cache
@@ -93,6 +94,22 @@ def test_fleet_counts_jobs_sent_to_redis(front, workers, redis_addr, prefix):  #
     assert metric(text, "vllm:prefix_cache_queries_total", **LAB) >= 2 * len(prompt)
     assert metric(text, "vllm:num_requests_waiting", **LAB) == 0
     promtool_check(text)
+    # w1 leaves (its heartbeat gone, as when it expires); w2 takes a job:
+    # the counters go on from w1's totals, never back
+    before = metric(text, "vllm:prefix_cache_queries_total", **LAB)
+    w1.stop()
+    r.delete(f"{prefix}worker:w1")
+    workers("w2")
+    # (max_tokens 3: not the result cache's answer to "again")
+    c.submit({"id": "third", "prompt_ids": prompt, "max_tokens": 3, "temperature": 0})
+    c.events("third")
+
+    def summed(t):
+        hb = json.loads(r.get(f"{prefix}worker:w2"))
+        got = val(t, "vllm:prefix_cache_queries_total", **LAB)
+        assert got is not None and got >= before, "the counter went down"
+        return got == before + hb["prefix_hit_tokens"] + hb["prefix_miss_tokens"] > before
+    wait_page(f, summed, "the counter did not go on from the departed worker's totals")
 
 
 def dashboard_metrics(dash):

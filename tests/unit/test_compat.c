@@ -433,6 +433,14 @@ static void test_fleet_counters(void **state)
     assert_int_equal(fleet_rows(f, r, VM_MODELS), 1);
     assert_int_equal(r[0].n_workers, 0);
     assert_int_equal(r[0].prefix_queries, 30);
+    /* w2's heartbeat comes back with the totals it had: counted once */
+    const char *names2[] = {"w2"};
+    const char *back[] = {"{\"model\":\"q\",\"running\":1,\"prefix_miss_tokens\":9}"};
+    fleet_read(f, back, names2, 1);
+    assert_int_equal(fleet_rows(f, r, VM_MODELS), 1);
+    assert_int_equal(r[0].n_workers, 1);
+    assert_int_equal(r[0].running, 1);
+    assert_int_equal(r[0].prefix_queries, 30 + 2);
     fleet_free(f);
 }
 
