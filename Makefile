@@ -330,7 +330,7 @@ $(BUILD)/tests/test_openai: $(BUILD)/tests/unit/test_openai.o $(BUILD)/dispatche
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
 # issue 29: the Responses API, Ollama's API and the vLLM-named metrics
-$(BUILD)/tests/test_compat: $(BUILD)/tests/unit/test_compat.o $(BUILD)/dispatcher/compat.o $(BUILD)/dispatcher/vmetrics.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
+$(BUILD)/tests/test_compat: $(BUILD)/tests/unit/test_compat.o $(BUILD)/dispatcher/compat.o $(BUILD)/dispatcher/vmetrics.o $(BUILD)/dispatcher/fleet.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
 $(BUILD)/tests/bench_http: $(BUILD)/tests/bench/bench_http.o $(BUILD)/dispatcher/http.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/compat.o $(BUILD)/dispatcher/vmetrics.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)

@@ -155,6 +155,8 @@ static const struct opt options[] = {
      "TTL of the heartbeat key."},
     {"http_port", T_INT, O(http_port), "9464", 0, 65535, NULL, CFG_BOTH, 0,
      "Loopback port of /healthz, /health and /metrics (the dispatcher serves it with or without the HTTP API; no API key asked); 0 = off."},
+    {"metrics_bind", T_STR, O(metrics_bind), "127.0.0.1", 0, 0, NULL, CFG_WORKER, 0,
+     "Address the worker's http_port listens on (IPv4 or IPv6, e.g. 0.0.0.0 or :: so that a Prometheus on another host scrapes /metrics); no key is asked there, so open it to a trusted network only."},
     {"log_level", T_ENUM, O(log_level), "info", 0, 0, "error|warn|info|debug", CFG_BOTH, F_LIVE,
      "Log lines above this level are dropped."},
     /* dispatcher routing (dispatcher/route.c) */

@@ -80,6 +80,7 @@ struct cfg {
     int heartbeat_interval_ms;
     int heartbeat_ttl_s;
     int http_port;                /* 127.0.0.1 only; 0 = off */
+    char *metrics_bind;           /* worker: the address http_port listens on, 127.0.0.1 */
     char *log_level;              /* error|warn|info|debug */
     /* dispatcher routing */
     double think_ratio;           /* [0, 1]: share of auto requests sent to think */

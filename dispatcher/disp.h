@@ -105,8 +105,10 @@ struct disp {
     int64_t models_t_ms;          /* when the table was read; 0 = never */
     pthread_mutex_t models_mu;    /* guards models_json, read by the HTTP threads */
     char *models_json;            /* [{"id","object","created","owned_by"}...], malloc'd */
+    struct fleet *fleet;          /* the workers' figures for /metrics (fleet.h); owned */
     char fast_name[MODELREF_NAME_MAX + 1]; /* served name of the fast path's model */
     bool shared_warned;           /* logged once: several names on the shared pools */
+    bool fleet_warned;            /* logged once: more workers than fleet.h tells apart */
     bool groups_ok;
     bool keys_cluster;            /* the keys above are in the cluster layout (d_make_keys) */
     /* Our own pending entries (read, not yet acknowledged: after a start

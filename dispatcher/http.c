@@ -455,7 +455,9 @@ static char *render_metrics(struct dhttp *h)
     struct oai_buf b = {0};
     if (!h->ops) { /* an ops port with no front door: the dispatcher's families only */
         put_http_families(h, &b);
-        vm_render(h->vm, &b);
+        struct vm_fleet fleet[VM_MODELS];
+        int n_fleet = h->hooks.fleet ? h->hooks.fleet(h->hooks.ctx, fleet, VM_MODELS) : 0;
+        vm_render(h->vm, fleet, n_fleet, &b);
     }
     char *more = h->hooks.metrics_text ? h->hooks.metrics_text(h->hooks.ctx) : NULL;
     if (more) {

@@ -27,6 +27,7 @@
 #include "log.h"
 
 struct tokenizer;
+struct vm_fleet;
 
 struct dhttp;
 
@@ -48,6 +49,10 @@ struct dhttp_hooks {
      * after start, so the threads share it; outlives the front door), or
      * NULL: POST /tokenize and /detokenize use it, and answer 404 without. */
     const struct tokenizer *tok;
+    /* The fleet's figures per served model (vmetrics.h), summed over the
+     * live workers' heartbeats: fills up to max rows, returns how many.
+     * /metrics merges them into vLLM's families. NULL hook = none. */
+    int (*fleet)(void *ctx, struct vm_fleet *rows, int max);
 };
 
 /* Starts listening on cfg->http_bind:cfg->http with the options of cfg

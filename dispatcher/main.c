@@ -29,6 +29,7 @@
 
 #include "rcluster.h"
 #include "disp.h"
+#include "fleet.h"
 #include "http.h"
 #include "modelid.h"
 #include "modelref.h"
@@ -102,6 +103,10 @@ static int setup(struct disp *d, struct rl_err *err)
 static char *http_metrics(void *ctx) { return disp_metrics_text(ctx); }
 static bool http_ready(void *ctx) { return disp_ready(ctx); }
 static char *http_models(void *ctx) { return disp_models_json(ctx); }
+static int http_fleet(void *ctx, struct vm_fleet *rows, int max)
+{
+    return fleet_rows(((struct disp *)ctx)->fleet, rows, max);
+}
 
 void d_make_keys(struct disp *d, bool cluster)
 {
@@ -145,6 +150,11 @@ int main(int argc, char **argv)
     }
     dm_init(&d->m);
     pthread_mutex_init(&d->models_mu, NULL);
+    if (!(d->fleet = fleet_create())) {
+        fprintf(stderr, "redlm-dispatcher: out of memory\n");
+        free(d);
+        return 1;
+    }
     d->log = (struct rl_log){.level = RL_LOG_INFO, .ident = "dispatcher"};
     d->argc = argc;
     d->argv = argv;
@@ -181,7 +191,7 @@ int main(int argc, char **argv)
     RL_LOG(&d->log, RL_LOG_INFO, "starting: redis %s, pools %d, default %s, think_ratio %.3f%s, "
            "max_waiting %d", d->cfg.redis, d->n_pools, d->cfg.default_pool, d->cfg.think_ratio,
            d->cfg.adaptive ? " (adaptive)" : "", d->cfg.max_waiting);
-    struct dhttp_hooks hooks = {http_metrics, http_ready, http_models, d, d->tok};
+    struct dhttp_hooks hooks = {http_metrics, http_ready, http_models, d, d->tok, http_fleet};
     if (dhttp_start(&http, &d->cfg, &d->log, &hooks, &err) ||
         dhttp_start_ops(&ops, &d->cfg, &d->log, &hooks, http, &err)) {
         RL_LOG(&d->log, RL_LOG_ERROR, "%s", err.msg);
@@ -197,6 +207,7 @@ out:
     dhttp_stop(http);
     route_free(d->router);
     d_models_free(d);
+    fleet_free(d->fleet);
     pthread_mutex_destroy(&d->models_mu);
     rconn_batch_free(d->batch);
     rconn_free(d->rc);

@@ -35,6 +35,7 @@
 
 #include "rcluster.h"
 #include "disp.h"
+#include "fleet.h"
 
 #define MAX_WORKERS 1000 /* heartbeats read per refresh */
 
@@ -124,6 +125,20 @@ static void add_pools(char pools[][JOB_POOL_MAX + 1], int *n, const cJSON *arr)
     }
 }
 
+/* The model_name under which /metrics counts a worker's figures: the name
+ * clients ask for. With served_model_name set, the shared pools' workers
+ * answer to it (and the front door counts their requests under it), so
+ * their figures go there too; else the worker's served name. */
+static const char *fleet_label(const struct disp *d, const cJSON *hb)
+{
+    const cJSON *scope = cJSON_GetObjectItemCaseSensitive(hb, "pool_scope");
+    bool scoped = cJSON_IsString(scope) && !strcmp(scope->valuestring, "model");
+    if (d->cfg.served_model_name[0] && !scoped)
+        return d->cfg.served_model_name;
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(hb, "model");
+    return cJSON_IsString(name) ? name->valuestring : "";
+}
+
 void d_models_refresh(struct disp *d)
 {
     struct rl_err err;
@@ -159,6 +174,7 @@ void d_models_refresh(struct disp *d)
     /* the new table, built beside the old so routers and split states of
      * models that stay are carried over */
     struct dmodel fresh[D_MAX_MODELS];
+    fleet_begin(d->fleet);
     char pools[D_MAX_MODELS][D_MAX_POOLS][JOB_POOL_MAX + 1];
     int n_pools[D_MAX_MODELS] = {0};
     int n = 0;
@@ -175,6 +191,12 @@ void d_models_refresh(struct disp *d)
         if (r->type != RCONN_STRING)
             continue; /* expired: that worker is gone */
         cJSON *hb = cJSON_ParseWithLength(r->str, r->len);
+        if (hb && fleet_observe(d->fleet, names->elem[i].str ? names->elem[i].str : "",
+                                fleet_label(d, hb), hb) && !d->fleet_warned) {
+            RL_LOG(&d->log, RL_LOG_WARN, "metrics: more than %d workers; the fleet's figures "
+                   "leave some out", FLEET_WORKERS);
+            d->fleet_warned = true;
+        }
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(hb, "model");
         if (!cJSON_IsString(name) || !modelref_name_ok(name->valuestring)) {
             cJSON_Delete(hb); /* a worker from before served names: the shared pools */
@@ -215,6 +237,7 @@ void d_models_refresh(struct disp *d)
             fresh[0].max_model_len = len;
         cJSON_Delete(hb);
     }
+    fleet_end(d->fleet);
     /* streams and routers of the scoped models */
     for (int i = 0; i < n; i++) {
         struct dmodel *m = &fresh[i];

@@ -163,69 +163,126 @@ static void put_hist(struct oai_buf *b, const char *name, const char *lab, const
         name, lab, (long long)h->n, name, lab, h->sum, name, lab, (long long)h->n);
 }
 
-void vm_render(struct vmetrics *m, struct oai_buf *b)
+/* A page row: the front door's record of a model merged with the fleet's. */
+struct row {
+    struct vm_model v;
+    const struct vm_fleet *f; /* NULL: no live worker announces it */
+};
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, struct oai_buf *b)
 {
     if (!m)
         return;
+    if (n_fleet < 0 || !fleet)
+        n_fleet = 0;
+    struct row *rows = calloc((size_t)(VM_MODELS + 1 + n_fleet), sizeof *rows);
+    if (!rows)
+        return;
     pthread_mutex_lock(&m->mu);
     int n = m->n;
-    struct vm_model *v = malloc(sizeof *v * (VM_MODELS + 1));
-    if (v) {
-        memcpy(v, m->m, sizeof *v * (size_t)n);
-        v[n] = m->m[VM_MODELS];
-    }
+    for (int i = 0; i < n; i++)
+        rows[i].v = m->m[i];
+    struct vm_model other = m->m[VM_MODELS];
     pthread_mutex_unlock(&m->mu);
-    if (!v)
-        return;
     /* "other" only once it counted something */
-    int total = n + (v[n].ttft_h.n || v[n].e2e_h.n || v[n].running || v[n].waiting ? 1 : 0);
-    char lab[2 * JOB_MODEL_MAX + 8];
-    put(b, "# HELP vllm:num_requests_running Requests whose first token came and that have not "
-           "ended (front door).\n# TYPE vllm:num_requests_running gauge\n");
-    for (int i = 0; i < total; i++) {
-        label(v[i].name, lab);
-        put(b, "vllm:num_requests_running{model_name=\"%s\"} %lld\n", lab, (long long)v[i].running);
+    if (other.ttft_h.n || other.e2e_h.n || other.running || other.waiting)
+        rows[n++].v = other;
+    /* the fleet's models: beside the front door's record of the same name,
+     * or a row of their own (jobs that never came through the front door) */
+    for (int k = 0; k < n_fleet; k++) {
+        int i = 0;
+        while (i < n && strcmp(rows[i].v.name, fleet[k].model))
+            i++;
+        if (i == n)
+            snprintf(rows[n++].v.name, sizeof rows[i].v.name, "%s", fleet[k].model);
+        rows[i].f = &fleet[k];
     }
-    put(b, "# HELP vllm:num_requests_waiting Requests queued with no token yet (front door).\n"
-           "# TYPE vllm:num_requests_waiting gauge\n");
+    int total = n;
+    char lab[2 * JOB_MODEL_MAX + 8];
+    put(b, "# HELP vllm:num_requests_running Requests running: the larger of the front door's "
+           "count (first token came, not ended) and the fleet's (sequences running in the "
+           "workers' engines).\n# TYPE vllm:num_requests_running gauge\n");
     for (int i = 0; i < total; i++) {
-        label(v[i].name, lab);
-        put(b, "vllm:num_requests_waiting{model_name=\"%s\"} %lld\n", lab, (long long)v[i].waiting);
+        label(rows[i].v.name, lab);
+        put(b, "vllm:num_requests_running{model_name=\"%s\"} %lld\n", lab,
+            (long long)max64(rows[i].v.running, rows[i].f ? rows[i].f->running : 0));
+    }
+    put(b, "# HELP vllm:num_requests_waiting Requests waiting: the larger of the front door's "
+           "count (queued, no token yet) and the fleet's (sequences waiting in the workers' "
+           "engines).\n# TYPE vllm:num_requests_waiting gauge\n");
+    for (int i = 0; i < total; i++) {
+        label(rows[i].v.name, lab);
+        put(b, "vllm:num_requests_waiting{model_name=\"%s\"} %lld\n", lab,
+            (long long)max64(rows[i].v.waiting, rows[i].f ? rows[i].f->waiting : 0));
+    }
+    put(b, "# HELP vllm:kv_cache_usage_perc KV cache usage of the live workers: blocks "
+           "referenced by a sequence over the blocks of their pools (1 = full).\n"
+           "# TYPE vllm:kv_cache_usage_perc gauge\n");
+    for (int i = 0; i < total; i++) {
+        const struct vm_fleet *f = rows[i].f;
+        label(rows[i].v.name, lab);
+        put(b, "vllm:kv_cache_usage_perc{model_name=\"%s\"} %.6f\n", lab,
+            f && f->kv_blocks > 0 ? (double)f->kv_used / (double)f->kv_blocks : 0.0);
+    }
+    put(b, "# HELP vllm:prefix_cache_queries_total Prompt tokens the workers looked up in "
+           "their prefix caches.\n# TYPE vllm:prefix_cache_queries_total counter\n");
+    for (int i = 0; i < total; i++) {
+        label(rows[i].v.name, lab);
+        put(b, "vllm:prefix_cache_queries_total{model_name=\"%s\"} %lld\n", lab,
+            (long long)(rows[i].f ? rows[i].f->prefix_queries : 0));
+    }
+    put(b, "# HELP vllm:prefix_cache_hits_total Of those, tokens found in the prefix cache.\n"
+           "# TYPE vllm:prefix_cache_hits_total counter\n");
+    for (int i = 0; i < total; i++) {
+        label(rows[i].v.name, lab);
+        put(b, "vllm:prefix_cache_hits_total{model_name=\"%s\"} %lld\n", lab,
+            (long long)(rows[i].f ? rows[i].f->prefix_hits : 0));
+    }
+    put(b, "# HELP vllm:num_preemptions_total Sequences the workers' schedulers preempted to "
+           "free KV blocks.\n# TYPE vllm:num_preemptions_total counter\n");
+    for (int i = 0; i < total; i++) {
+        label(rows[i].v.name, lab);
+        put(b, "vllm:num_preemptions_total{model_name=\"%s\"} %lld\n", lab,
+            (long long)(rows[i].f ? rows[i].f->preemptions : 0));
     }
     put(b, "# HELP vllm:time_to_first_token_seconds Seconds from a request's queueing to its "
            "first event.\n# TYPE vllm:time_to_first_token_seconds histogram\n");
     for (int i = 0; i < total; i++) {
-        label(v[i].name, lab);
-        put_hist(b, "vllm:time_to_first_token_seconds", lab, v[i].ttft, ttft_b, N_TTFT,
-                 &v[i].ttft_h);
+        label(rows[i].v.name, lab);
+        put_hist(b, "vllm:time_to_first_token_seconds", lab, rows[i].v.ttft, ttft_b, N_TTFT,
+                 &rows[i].v.ttft_h);
     }
     put(b, "# HELP vllm:e2e_request_latency_seconds Seconds from a request's queueing to its "
            "end.\n# TYPE vllm:e2e_request_latency_seconds histogram\n");
     for (int i = 0; i < total; i++) {
-        label(v[i].name, lab);
-        put_hist(b, "vllm:e2e_request_latency_seconds", lab, v[i].e2e, e2e_b, N_E2E, &v[i].e2e_h);
+        label(rows[i].v.name, lab);
+        put_hist(b, "vllm:e2e_request_latency_seconds", lab, rows[i].v.e2e, e2e_b, N_E2E,
+                 &rows[i].v.e2e_h);
     }
     put(b, "# HELP vllm:prompt_tokens_total Prompt tokens of ended requests.\n"
            "# TYPE vllm:prompt_tokens_total counter\n");
     for (int i = 0; i < total; i++) {
-        label(v[i].name, lab);
-        put(b, "vllm:prompt_tokens_total{model_name=\"%s\"} %lld\n", lab, (long long)v[i].prompt);
+        label(rows[i].v.name, lab);
+        put(b, "vllm:prompt_tokens_total{model_name=\"%s\"} %lld\n", lab,
+            (long long)rows[i].v.prompt);
     }
     put(b, "# HELP vllm:generation_tokens_total Generated tokens of ended requests.\n"
            "# TYPE vllm:generation_tokens_total counter\n");
     for (int i = 0; i < total; i++) {
-        label(v[i].name, lab);
+        label(rows[i].v.name, lab);
         put(b, "vllm:generation_tokens_total{model_name=\"%s\"} %lld\n", lab,
-            (long long)v[i].generation);
+            (long long)rows[i].v.generation);
     }
     put(b, "# HELP vllm:request_success_total Ended requests by finish reason (abort: "
            "cancelled, past its deadline, or failed).\n"
            "# TYPE vllm:request_success_total counter\n");
     for (int i = 0; i < total; i++) {
-        label(v[i].name, lab);
+        label(rows[i].v.name, lab);
         for (int f = 0; f < N_FINISH; f++)
             put(b, "vllm:request_success_total{finished_reason=\"%s\",model_name=\"%s\"} %lld\n",
-                finish_names[f], lab, (long long)v[i].success[f]);
+                finish_names[f], lab, (long long)rows[i].v.success[f]);
     }
-    free(v);
+    free(rows);
 }

@@ -11,12 +11,28 @@
  *
  * They count what the front door sees: requests over HTTP (every API),
  * not jobs submitted to Redis directly. Thread-safe (one mutex); no I/O.
- * At most VM_MODELS model names are told apart; more are "other". */
+ * At most VM_MODELS model names are told apart; more are "other".
+ *
+ * Beside them, the fleet's figures, summed over the live workers'
+ * heartbeats (struct vm_fleet, made by fleet.c), which count every job
+ * whichever way it came (HTTP or straight to Redis):
+ *
+ *   vllm:kv_cache_usage_perc{model_name}      gauge: used / total KV blocks, 0..1
+ *   vllm:prefix_cache_queries_total{model_name}  counter: prompt tokens looked up
+ *   vllm:prefix_cache_hits_total{model_name}  counter: of those, found cached
+ *   vllm:num_preemptions_total{model_name}    counter
+ *
+ * and the two gauges above are the larger of the front door's count and
+ * the fleet's (the engines' running and waiting sequences): the fleet's
+ * sees jobs that skipped the front door, the front door's sees requests
+ * still queued in Redis streams and is current between heartbeats; taking
+ * the larger never counts a request twice. */
 #ifndef RL_VMETRICS_H
 #define RL_VMETRICS_H
 
 #include <stdint.h>
 
+#include "job.h"
 #include "openai.h"
 
 #define VM_MODELS 16
@@ -41,7 +57,22 @@ void vm_first_token(struct vmetrics *m, const char *model, double s);
 void vm_done(struct vmetrics *m, const char *model, double e2e_s, int64_t prompt_tokens,
              int64_t generation_tokens, const char *finish_reason);
 
-/* Appends the families (Prometheus text with HELP and TYPE) to b. */
-void vm_render(struct vmetrics *m, struct oai_buf *b);
+/* One served model's figures summed over its live workers' heartbeats.
+ * The counters never go down: those of a worker that left or restarted
+ * are kept (fleet.c). */
+struct vm_fleet {
+    char model[JOB_MODEL_MAX + 1]; /* the heartbeat's served name */
+    int n_workers;                 /* live workers announcing it */
+    int64_t running, waiting;      /* sequences in their engines */
+    int64_t kv_blocks, kv_used;    /* KV pool blocks; of them referenced by a sequence */
+    int64_t prefix_queries;        /* prompt tokens looked up in the prefix cache */
+    int64_t prefix_hits;           /* of those, found there */
+    int64_t preemptions;           /* sequences preempted to free KV blocks */
+};
+
+/* Appends the families (Prometheus text with HELP and TYPE) to b: the
+ * front door's, merged with the fleet's rows (n_fleet of them, borrowed;
+ * fleet may be NULL when n_fleet is 0). */
+void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, struct oai_buf *b);
 
 #endif

@@ -259,8 +259,9 @@ int wm_start(struct worker *w, struct rl_err *err)
 {
     if (w->opt.metrics_port <= 0)
         return 0;
-    if (listen_family(w->opt.metrics_addr) != 0)
-        return rl_errf(err, RL_EINVAL, "metrics_addr: \"%s\" is not an IPv4 address",
+    int fam = listen_family(w->opt.metrics_addr);
+    if (fam < 0)
+        return rl_errf(err, RL_EINVAL, "metrics_bind: \"%s\" is not an IPv4 or IPv6 address",
                        w->opt.metrics_addr);
     /* our own socket: a taken port is an error naming it (listen.h) */
     int fd, rc = listen_tcp(w->opt.metrics_addr, w->opt.metrics_port, 64, "http_port", &fd, err);
@@ -271,7 +272,8 @@ int wm_start(struct worker *w, struct rl_err *err)
         close(fd);
         return rl_errf(err, RL_ENOMEM, "metrics: out of memory");
     }
-    s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)w->opt.metrics_port, NULL,
+    s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | (fam == 1 ? MHD_USE_IPv6 : 0),
+                            (uint16_t)w->opt.metrics_port, NULL,
                             NULL, handle, w, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_END);
     if (!s->d) {
         close(fd);
@@ -306,6 +308,10 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddNumberToObject(o, "held", w->n_jobs);
     cJSON_AddNumberToObject(o, "kv_free_blocks", st.kv_free + st.kv_cached);
     cJSON_AddNumberToObject(o, "kv_blocks", st.kv_blocks);
+    /* referenced by a sequence: the fleet's vllm:kv_cache_usage_perc
+     * (dispatcher/fleet.c) is the sum of these over the sum of kv_blocks */
+    cJSON_AddNumberToObject(o, "kv_used", st.kv_used);
+    cJSON_AddNumberToObject(o, "preemptions", (double)st.n_preemptions);
     cJSON_AddNumberToObject(o, "tokens_per_s", (double)(int64_t)(w->tok_rate * 10) / 10.0);
     cJSON_AddNumberToObject(o, "time_ms", (double)rl_wall_ms());
     cJSON_AddNumberToObject(o, "uptime_s", (double)((rl_wall_ms() - w->t_start_ms) / 1000));

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "listen.h"
 
 static void copy(char *dst, size_t size, const char *src)
 {
@@ -47,7 +48,12 @@ static int from_cfg(struct wopts *o, const struct cfg *c, struct rl_err *err)
     copy(o->sim_profile, sizeof o->sim_profile, c->sim_profile);
     copy(o->sim_model, sizeof o->sim_model, c->sim_model);
     copy(o->log_level, sizeof o->log_level, c->log_level);
-    copy(o->metrics_addr, sizeof o->metrics_addr, "127.0.0.1");
+    /* refused at start, not found out when the listener fails (which only
+     * costs the metrics: worker/main.c) */
+    if (strlen(c->metrics_bind) >= sizeof o->metrics_addr || listen_family(c->metrics_bind) < 0)
+        return rl_errf(err, RL_EINVAL, "metrics_bind: \"%.64s\" is not an IPv4 or IPv6 address",
+                       c->metrics_bind);
+    copy(o->metrics_addr, sizeof o->metrics_addr, c->metrics_bind);
     o->device = c->device;
     o->threads = c->threads;
     o->mmap_weights = c->mmap_weights;

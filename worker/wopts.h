@@ -31,7 +31,7 @@ struct wopts {
     char sim_profile[16];           /* sim backend: device profile */
     char sim_model[WOPTS_STR_MAX];  /* sim backend: model shape; "" = model's */
     char log_level[16];
-    char metrics_addr[64];           /* always loopback */
+    char metrics_addr[64];           /* metrics_bind: 127.0.0.1 unless configured */
     int device;                      /* engine_options.device (CUDA) */
     int threads;
     int mmap_weights;                /* engine_options.mmap_weights (CPU) */

@@ -16,6 +16,7 @@
 #include <cjson/cJSON.h>
 
 #include "dispatcher/compat.h"
+#include "dispatcher/fleet.h"
 #include "dispatcher/vmetrics.h"
 
 static struct oai_limits lim_any(void)
@@ -324,7 +325,7 @@ static void test_vmetrics(void **state)
     vm_done(m, "a", 1.2, 10, 5, "length");
     vm_move(m, "a", VM_RUNNING, VM_NONE);
     struct oai_buf b = {0};
-    vm_render(m, &b);
+    vm_render(m, NULL, 0, &b);
     oai_buf_put(&b, "", 1);
     static const char *const want[] = {
         "vllm:num_requests_running{model_name=\"a\"} 0\n",
@@ -346,6 +347,103 @@ static void test_vmetrics(void **state)
     vm_free(m);
 }
 
+/* The fleet's rows merged into the page: the gauges are the larger of the
+ * front door's and the fleet's; a model only the fleet knows gets rows. */
+static void test_vmetrics_fleet(void **state)
+{
+    (void)state;
+    struct vmetrics *m = vm_create();
+    vm_move(m, "a", VM_NONE, VM_WAITING);
+    vm_move(m, "a", VM_NONE, VM_WAITING);
+    struct vm_fleet f[2] = {{.model = "a", .n_workers = 1, .running = 3, .waiting = 1,
+                             .kv_blocks = 100, .kv_used = 25, .prefix_queries = 40,
+                             .prefix_hits = 16, .preemptions = 2},
+                            {.model = "c", .n_workers = 1, .running = 1, .kv_blocks = 10}};
+    struct oai_buf b = {0};
+    vm_render(m, f, 2, &b);
+    oai_buf_put(&b, "", 1);
+    static const char *const want[] = {
+        "vllm:num_requests_running{model_name=\"a\"} 3\n",
+        "vllm:num_requests_waiting{model_name=\"a\"} 2\n",
+        "vllm:num_requests_running{model_name=\"c\"} 1\n",
+        "vllm:kv_cache_usage_perc{model_name=\"a\"} 0.250000\n",
+        "vllm:kv_cache_usage_perc{model_name=\"c\"} 0.000000\n",
+        "vllm:prefix_cache_queries_total{model_name=\"a\"} 40\n",
+        "vllm:prefix_cache_hits_total{model_name=\"a\"} 16\n",
+        "vllm:num_preemptions_total{model_name=\"a\"} 2\n",
+        "vllm:e2e_request_latency_seconds_count{model_name=\"c\"} 0\n",
+        "# TYPE vllm:prefix_cache_queries_total counter\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(b.p, want[i]))
+            fail_msg("missing: %s", want[i]);
+    oai_buf_free(&b);
+    vm_free(m);
+}
+
+/* One reading of heartbeats (JSON texts, n of them, named w0, w1...). */
+static void fleet_read(struct fleet *f, const char *const *hbs, const char *const *names, int n)
+{
+    fleet_begin(f);
+    for (int i = 0; i < n; i++) {
+        cJSON *hb = cJSON_Parse(hbs[i]);
+        assert_non_null(hb);
+        assert_int_equal(fleet_observe(f, names[i], "q", hb), 0);
+        cJSON_Delete(hb);
+    }
+    fleet_end(f);
+}
+
+/* Gauges are the live workers' sums; counters never go down when a
+ * worker restarts (its totals drop) or leaves (its heartbeat expires). */
+static void test_fleet_counters(void **state)
+{
+    (void)state;
+    struct fleet *f = fleet_create();
+    struct vm_fleet r[VM_MODELS];
+    const char *names[] = {"w1", "w2"};
+    const char *one[] = {
+        "{\"model\":\"q\",\"running\":2,\"waiting\":1,\"kv_blocks\":10,\"kv_used\":4,"
+        "\"prefix_hit_tokens\":5,\"prefix_miss_tokens\":15,\"preemptions\":1}",
+        "{\"model\":\"q\",\"running\":1,\"kv_blocks\":30,\"kv_used\":6,"
+        "\"prefix_hit_tokens\":0,\"prefix_miss_tokens\":7}"};
+    fleet_read(f, one, names, 2);
+    assert_int_equal(fleet_rows(f, r, VM_MODELS), 1);
+    assert_string_equal(r[0].model, "q");
+    assert_int_equal(r[0].n_workers, 2);
+    assert_int_equal(r[0].running, 3);
+    assert_int_equal(r[0].waiting, 1);
+    assert_int_equal(r[0].kv_blocks, 40);
+    assert_int_equal(r[0].kv_used, 10);
+    assert_int_equal(r[0].prefix_queries, 27);
+    assert_int_equal(r[0].prefix_hits, 5);
+    assert_int_equal(r[0].preemptions, 1);
+    /* w1 restarted (its totals start again), w2 is gone */
+    const char *two[] = {"{\"model\":\"q\",\"prefix_hit_tokens\":1,\"prefix_miss_tokens\":2}"};
+    fleet_read(f, two, names, 1);
+    assert_int_equal(fleet_rows(f, r, VM_MODELS), 1);
+    assert_int_equal(r[0].n_workers, 1);
+    assert_int_equal(r[0].running, 0);
+    assert_int_equal(r[0].kv_blocks, 0);
+    assert_int_equal(r[0].prefix_queries, 27 + 3);
+    assert_int_equal(r[0].prefix_hits, 5 + 1);
+    assert_int_equal(r[0].preemptions, 1);
+    /* nobody left: the counters stay */
+    fleet_read(f, NULL, NULL, 0);
+    assert_int_equal(fleet_rows(f, r, VM_MODELS), 1);
+    assert_int_equal(r[0].n_workers, 0);
+    assert_int_equal(r[0].prefix_queries, 30);
+    /* w2's heartbeat comes back with the totals it had: counted once */
+    const char *names2[] = {"w2"};
+    const char *back[] = {"{\"model\":\"q\",\"running\":1,\"prefix_miss_tokens\":9}"};
+    fleet_read(f, back, names2, 1);
+    assert_int_equal(fleet_rows(f, r, VM_MODELS), 1);
+    assert_int_equal(r[0].n_workers, 1);
+    assert_int_equal(r[0].running, 1);
+    assert_int_equal(r[0].prefix_queries, 30 + 2);
+    fleet_free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -354,6 +452,8 @@ int main(void)
         cmocka_unit_test(test_responses_events),
         cmocka_unit_test(test_ollama_lines),
         cmocka_unit_test(test_vmetrics),
+        cmocka_unit_test(test_vmetrics_fleet),
+        cmocka_unit_test(test_fleet_counters),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
