@@ -194,10 +194,10 @@ void oai_error_from_event(const char *code, const char *message, int64_t retry_a
 
 enum kind {
     K_MODEL, K_MESSAGES, K_STREAM, K_STREAM_OPTIONS, K_MAX_TOKENS, K_MAX_COMPLETION_TOKENS,
-    K_COPY, K_TOP_K, K_N, K_LOGPROBS, K_TOP_LOGPROBS, K_TOOLS, K_TOOL_CHOICE, K_BOOL_IGNORED,
-    K_CTK, K_MODE, K_STRING_IGNORED, K_RESPONSE_FORMAT, K_LOGIT_BIAS, K_EFFORT,
+    K_COPY, K_COPY_SET, K_TOP_K, K_N, K_LOGPROBS, K_TOP_LOGPROBS, K_TOOLS, K_TOOL_CHOICE, K_BOOL_IGNORED,
+    K_CTK, K_MODE, K_STRING_IGNORED, K_RESPONSE_FORMAT, K_EFFORT,
     K_METADATA_IGNORED, K_MODALITIES, K_PROMPT, K_ECHO, K_SUFFIX, K_BEST_OF,
-    K_PRIORITY, K_DEADLINE, K_MIN_TOKENS, K_STOP_TOKEN_IDS, K_SKIP_SPECIAL, K_THINK_BUDGET,
+    K_PRIORITY, K_DEADLINE, K_SKIP_SPECIAL, K_THINK_BUDGET,
     K_GUIDED_JSON, K_GUIDED_CHOICE,
 };
 
@@ -248,7 +248,7 @@ static const struct {
     {"reasoning_effort", K_EFFORT, A_CHAT},
     {"mode", K_MODE, A_CHAT},                /* extension: redlm's think / no_think / auto */
     {"response_format", K_RESPONSE_FORMAT, A_CHAT},
-    {"logit_bias", K_LOGIT_BIAS, A_BOTH},
+    {"logit_bias", K_COPY_SET, A_BOTH},         /* the job's; checked by job_parse (issue 29) */
     /* the job's own, over HTTP (issue 29) */
     {"priority", K_PRIORITY, A_BOTH},               /* vLLM's: lower first */
     {"max_thinking_tokens", K_THINK_BUDGET, A_CHAT}, /* the thinking budget */
@@ -258,9 +258,10 @@ static const struct {
     /* vLLM's guided decoding, as the constraints the job has */
     {"guided_json", K_GUIDED_JSON, A_BOTH},     /* response_format json_schema */
     {"guided_choice", K_GUIDED_CHOICE, A_BOTH}, /* a grammar of the choices */
-    /* vLLM's, accepted; applied only with their neutral value */
-    {"min_tokens", K_MIN_TOKENS, A_BOTH},
-    {"stop_token_ids", K_STOP_TOKEN_IDS, A_BOTH},
+    /* vLLM's, the job's own (issue 29) */
+    {"min_tokens", K_COPY_SET, A_BOTH},
+    {"stop_token_ids", K_COPY_SET, A_BOTH},
+    /* vLLM's, accepted; applied only with its neutral value */
     {"skip_special_tokens", K_SKIP_SPECIAL, A_BOTH},
     /* accepted and ignored */
     {"user", K_STRING_IGNORED, A_BOTH},
@@ -555,22 +556,6 @@ static int take_extension(struct parse_state *ps, enum kind kind, const char *na
                           "thinking_budget)", name);
         return cJSON_AddItemToObject(ps->job, "max_thinking_tokens", cJSON_Duplicate(v, 1))
                    ? 0 : -RL_ENOMEM;
-    case K_MIN_TOKENS:
-        if (get_int(v, name, 0, 1048576, e))
-            return -RL_EINVAL;
-        return v->valuedouble > 0 ? not_applied(ps, name, "BAD_VALUE", "only 0 is supported")
-                                  : 0;
-    case K_STOP_TOKEN_IDS: {
-        if (!cJSON_IsArray(v))
-            return bad400(e, "BAD_TYPE", name, "%s: must be an array of token ids", name);
-        const cJSON *t;
-        cJSON_ArrayForEach(t, v)
-        {
-            if (get_int(t, name, 0, 2147483647.0, e))
-                return -RL_EINVAL;
-        }
-        return v->child ? not_applied(ps, name, "BAD_VALUE", "only [] is supported") : 0;
-    }
     case K_GUIDED_JSON: {
         /* a schema object, or its JSON text (vLLM takes both) */
         cJSON *schema = cJSON_IsString(v) ? cJSON_Parse(v->valuestring) : cJSON_Duplicate(v, 1);
@@ -699,6 +684,13 @@ static int take_sampling(struct parse_state *ps, enum kind kind, const char *nam
         if (cJSON_IsNumber(v) && v->valuedouble == -1)
             return 0;
         return add_copy(ps->job, name, v) ? 0 : -RL_ENOMEM;
+    case K_COPY_SET:
+        /* the job's, copied unless neutral (0, [], {}), so a request that
+         * names them at that value makes the same job as one without */
+        if ((cJSON_IsNumber(v) && v->valuedouble == 0) ||
+            ((cJSON_IsArray(v) || cJSON_IsObject(v)) && !v->child))
+            return 0;
+        return add_copy(ps->job, name, v) ? 0 : -RL_ENOMEM;
     default: /* K_COPY */
         return add_copy(ps->job, name, v) ? 0 : -RL_ENOMEM;
     }
@@ -779,7 +771,7 @@ static int take_stream(struct parse_state *ps, enum kind kind, const char *name,
 }
 
 /* Members accepted only with the value that changes nothing (echo false,
- * suffix "", best_of 1, logit_bias {}, modalities ["text"]) or with their
+ * suffix "", best_of 1, modalities ["text"]) or with their
  * type checked and then ignored. */
 static int take_ignored(struct parse_state *ps, enum kind kind, const char *name,
                         const cJSON *v)
@@ -799,18 +791,6 @@ static int take_ignored(struct parse_state *ps, enum kind kind, const char *name
         if (!is_integer(v) || v->valuedouble != 1)
             return bad400(e, "OUT_OF_RANGE", name, "best_of: only 1 is supported");
         return 0;
-    case K_LOGIT_BIAS: {
-        if (!cJSON_IsObject(v))
-            return bad400(e, "BAD_TYPE", name, "logit_bias: must be an object");
-        const cJSON *x;
-        cJSON_ArrayForEach(x, v)
-        {
-            if (!cJSON_IsNumber(x) || x->valuedouble < -100 || x->valuedouble > 100)
-                return bad400(e, "BAD_VALUE", name,
-                              "logit_bias: each bias must be a number in [-100, 100]");
-        }
-        return v->child ? not_applied(ps, name, "BAD_VALUE", "only {} is supported") : 0;
-    }
     case K_METADATA_IGNORED: {
         bool ok = cJSON_IsObject(v);
         for (const cJSON *m = ok ? v->child : NULL; m; m = m->next)
@@ -837,19 +817,18 @@ static take_fn *const take_step[] = {
     [K_MODEL] = take_model,
     [K_MESSAGES] = take_input, [K_PROMPT] = take_input,
     [K_MAX_TOKENS] = take_sampling, [K_MAX_COMPLETION_TOKENS] = take_sampling,
-    [K_COPY] = take_sampling, [K_TOP_K] = take_sampling, [K_N] = take_sampling,
+    [K_COPY] = take_sampling, [K_COPY_SET] = take_sampling, [K_TOP_K] = take_sampling, [K_N] = take_sampling,
     [K_LOGPROBS] = take_logprobs, [K_TOP_LOGPROBS] = take_logprobs,
     [K_TOOLS] = take_constraints, [K_TOOL_CHOICE] = take_constraints,
     [K_RESPONSE_FORMAT] = take_constraints,
     [K_CTK] = take_thinking, [K_MODE] = take_thinking, [K_EFFORT] = take_thinking,
     [K_STREAM] = take_stream, [K_STREAM_OPTIONS] = take_stream,
     [K_ECHO] = take_ignored, [K_SUFFIX] = take_ignored, [K_BEST_OF] = take_ignored,
-    [K_LOGIT_BIAS] = take_ignored, [K_BOOL_IGNORED] = take_ignored,
+    [K_BOOL_IGNORED] = take_ignored,
     [K_STRING_IGNORED] = take_ignored, [K_METADATA_IGNORED] = take_ignored,
     [K_MODALITIES] = take_ignored,
     [K_PRIORITY] = take_extension, [K_DEADLINE] = take_extension,
-    [K_THINK_BUDGET] = take_extension, [K_MIN_TOKENS] = take_extension,
-    [K_STOP_TOKEN_IDS] = take_extension, [K_SKIP_SPECIAL] = take_extension,
+    [K_THINK_BUDGET] = take_extension, [K_SKIP_SPECIAL] = take_extension,
     [K_GUIDED_JSON] = take_extension, [K_GUIDED_CHOICE] = take_extension,
 };
 

@@ -62,8 +62,8 @@ struct oai_limits {
      * lease key while its client waits: http_client_lease_ms) */
     int client_lease_ms;
     /* What to do with a member the API does not know, or a value it
-     * accepts but does not apply (min_tokens > 0, stop_token_ids,
-     * logit_bias, chat_template_kwargs other than enable_thinking, ...):
+     * accepts but does not apply (skip_special_tokens false,
+     * chat_template_kwargs other than enable_thinking, ...):
      * false: accept it and name it in oai_request.ignored (vLLM's way);
      * true: 400 (UNKNOWN_FIELD / BAD_VALUE). From http_unknown_fields. */
     bool refuse_unknown;
@@ -117,7 +117,7 @@ struct oai_request {
     char *job;            /* the job JSON for redlm:requests, NUL-terminated, malloc'd */
     size_t job_len;
     /* the members (and values) accepted but not applied, ", "-separated
-     * in body order ("frobnicate, min_tokens, chat_template_kwargs.x"),
+     * in body order ("frobnicate, chat_template_kwargs.x"),
      * cut at the size with ", ..."; "" when none (lim->refuse_unknown
      * refuses them instead) */
     char ignored[OAI_IGNORED_MAX];

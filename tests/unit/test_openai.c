@@ -252,8 +252,13 @@ static const struct {
     {"{" MSG ",\"user\":5}", 400, "BAD_TYPE", "user", "user: must be a string"},
     {"{" MSG ",\"response_format\":{\"type\":\"yaml\"}}", 400, "BAD_PARAM",
      "response_format.type", "response_format.type: \"yaml\" is not one of"},
-    {"{" MSG ",\"logit_bias\":{\"50256\":-100}}", 400, "BAD_VALUE", "logit_bias",
-     "logit_bias: only {} is supported"},
+    {"{" MSG ",\"logit_bias\":{\"x\":-100}}", 400, "BAD_VALUE", "logit_bias.x",
+     "logit_bias: key \"x\" is not a token id"},
+    {"{" MSG ",\"logit_bias\":{\"5\":-101}}", 400, "OUT_OF_RANGE", "logit_bias.5", "logit_bias.5"},
+    {"{" MSG ",\"logit_bias\":[5]}", 400, "BAD_TYPE", "logit_bias", "logit_bias: must be an object"},
+    {"{" MSG ",\"min_tokens\":-1}", 400, "OUT_OF_RANGE", "min_tokens", "min_tokens"},
+    {"{" MSG ",\"stop_token_ids\":[1,\"2\"]}", 400, "BAD_TYPE", "stop_token_ids[1]",
+     "stop_token_ids[1]"},
     /* fields job_parse checks, named as the client wrote them */
     {"{" MSG ",\"temperature\":2.5}", 400, "OUT_OF_RANGE", "temperature",
      "temperature: 2.5 is out of range"},
@@ -907,9 +912,14 @@ static void test_ignored_fields(void **state)
     struct oai_request r;
     struct oai_error e;
     assert_int_equal(oai_parse_request(body, strlen(body), &lim, ID, 2000, &r, &e), 0);
-    assert_string_equal(r.ignored, "frobnicate, min_tokens2, stop_token_ids, "
+    assert_string_equal(r.ignored, "frobnicate, min_tokens2, "
                                    "stream_options.continuous_usage_stats, "
-                                   "chat_template_kwargs.custom, logit_bias");
+                                   "chat_template_kwargs.custom");
+    /* issue 29: min_tokens, stop_token_ids and logit_bias are the job's;
+     * at their neutral value (min_tokens 0) they make no member */
+    assert_non_null(strstr(r.job, "\"stop_token_ids\":[7]"));
+    assert_non_null(strstr(r.job, "\"logit_bias\":{\"5\":1}"));
+    assert_null(strstr(r.job, "\"min_tokens\""));
     /* vLLM's guided_json is the job's response_format */
     assert_non_null(strstr(r.job, "\"response_format\":{\"type\":\"json_schema\","
                                   "\"json_schema\":{\"name\":\"guided_json\",\"schema\":{}}}"));
@@ -922,6 +932,15 @@ static void test_ignored_fields(void **state)
     assert_null(strstr(r.job, "\"reasoning\""));
     assert_null(strstr(r.job, "frobnicate"));
     oai_request_clear(&r);
+    /* min_tokens > 0 and completions take them too */
+    const char *mt = "{\"prompt\":\"p\",\"min_tokens\":3,\"stop_token_ids\":[151643,9],"
+                     "\"logit_bias\":{\"9\":-100,\"10\":100}}";
+    assert_int_equal(oai_parse_completion(mt, strlen(mt), &lim, ID, 0, &r, &e), 0);
+    assert_non_null(strstr(r.job, "\"min_tokens\":3"));
+    assert_non_null(strstr(r.job, "\"stop_token_ids\":[151643,9]"));
+    assert_non_null(strstr(r.job, "\"logit_bias\":{\"9\":-100,\"10\":100}"));
+    assert_string_equal(r.ignored, "");
+    oai_request_clear(&r);
     /* nothing to name: an empty list */
     const char *plain = "{" MSG ",\"min_tokens\":0,\"skip_special_tokens\":true,\"stop_token_ids\":[]}";
     assert_int_equal(oai_parse_request(plain, strlen(plain), &lim, ID, 0, &r, &e), 0);
@@ -929,7 +948,7 @@ static void test_ignored_fields(void **state)
     oai_request_clear(&r);
     /* refused when the deployment says so */
     lim.refuse_unknown = true;
-    const char *refused[][2] = {{"{" MSG ",\"min_tokens\":3}", "min_tokens"},
+    const char *refused[][2] = {{"{" MSG ",\"min_tokens2\":3}", "min_tokens2"},
                                 {"{" MSG ",\"chat_template_kwargs\":{\"x\":1}}",
                                  "chat_template_kwargs.x"},
                                 {"{" MSG ",\"skip_special_tokens\":false}", "skip_special_tokens"},

@@ -1,0 +1,105 @@
+"""The request fields of issue 29's "Fields" point, end to end through a real
+redis-server, dispatcher (HTTP front door) and worker on the tiny model:
+
+  - logit_bias (OpenAI's): -100 on the greedy token changes the output,
+    +100 on another token forces it at every step;
+  - stop_token_ids (vLLM's): the run stops at the first such token, with
+    finish_reason "stop", the token counted but its text not output;
+  - min_tokens (vLLM's): the stop ids cannot come before that many tokens.
+
+The token ids are read from the job's events in Redis (delta token_ids),
+so the checks do not depend on the tokenizer's text.
+"""
+import json
+
+from conftest import connect, job_events
+from test_http import MODEL_NAME, front, sse_events  # noqa: F401
+
+PROMPT = "Tell me a story about a cat."
+
+
+def complete(f, **body):
+    status, headers, data = f.request("POST", "/v1/completions",
+                                      {"model": MODEL_NAME, "prompt": PROMPT, "temperature": 0,
+                                       "max_tokens": 6, **body})
+    assert status == 200, data
+    assert "X-Redlm-Ignored-Fields" not in headers, headers
+    return json.loads(data)
+
+
+def token_ids(r, prefix, job_id):
+    return [t for ev in job_events(r, prefix, job_id) if ev["type"] == "delta"
+            for t in ev["token_ids"]]
+
+
+def test_logit_bias(front, workers, redis_addr, prefix):  # noqa: F811
+    workers("w1")
+    f = front()
+    r = connect(redis_addr)
+    base = complete(f)
+    ids = token_ids(r, prefix, base["id"])
+    assert len(ids) == base["usage"]["completion_tokens"] == 6
+    # banning the greedy first token: it never comes, and the first differs
+    banned = complete(f, logit_bias={str(ids[0]): -100})
+    bids = token_ids(r, prefix, banned["id"])
+    assert bids[0] != ids[0] and ids[0] not in bids
+    assert banned["choices"][0]["text"] != base["choices"][0]["text"]
+    # +100 forces a token the model would not choose, at every step
+    forced_id = next(t for t in range(100, 200) if t not in ids)
+    forced = complete(f, logit_bias={str(forced_id): 100})
+    assert token_ids(r, prefix, forced["id"]) == [forced_id] * 6
+    # the same on chat completions, streamed
+    c = f.conn()
+    c.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"},
+              body=json.dumps({"model": MODEL_NAME, "temperature": 0, "max_tokens": 4,
+                               "mode": "no_think", "stream": True,
+                               "messages": [{"role": "user", "content": PROMPT}],
+                               "logit_bias": {str(forced_id): 100}}))
+    resp = c.getresponse()
+    assert resp.status == 200
+    chunks = [json.loads(d) for d in sse_events(resp) if d != "[DONE]"]
+    c.close()
+    assert token_ids(r, prefix, chunks[0]["id"]) == [forced_id] * 4
+    # bad biases are a 400 naming the entry
+    for lb, param in [({"x": 1}, "logit_bias.x"), ({"5": 101}, "logit_bias.5"),
+                      ([5], "logit_bias")]:
+        status, _, data = f.request("POST", "/v1/completions",
+                                    {"model": MODEL_NAME, "prompt": PROMPT, "logit_bias": lb})
+        assert status == 400 and json.loads(data)["error"]["param"] == param, data
+    # an id past the model's vocabulary: the worker's error, as a 400
+    status, _, data = f.request("POST", "/v1/completions",
+                                {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 2,
+                                 "logit_bias": {"2000000000": 5}})
+    assert status == 400 and "logit_bias" in json.loads(data)["error"]["message"], data
+
+
+def test_stop_token_ids_and_min_tokens(front, workers, redis_addr, prefix):  # noqa: F811
+    workers("w1")
+    f = front()
+    r = connect(redis_addr)
+    base = complete(f, max_tokens=8)
+    ids = token_ids(r, prefix, base["id"])
+    assert len(ids) == 8
+    stop_id = ids[2]
+    first = ids.index(stop_id)
+    stopped = complete(f, max_tokens=8, stop_token_ids=[stop_id])
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+    assert stopped["usage"]["completion_tokens"] == first + 1
+    assert token_ids(r, prefix, stopped["id"]) == ids[:first + 1]
+    # the stop token's text is not output: the text is the baseline's start
+    # and is what the tokens before it say
+    text = stopped["choices"][0]["text"]
+    assert base["choices"][0]["text"].startswith(text)
+    before = complete(f, max_tokens=first) if first else None
+    assert text == (before["choices"][0]["text"] if before else "")
+    # min_tokens: the stop id cannot come before min_tokens tokens
+    mt = first + 2
+    late = complete(f, max_tokens=8, stop_token_ids=[stop_id], min_tokens=mt)
+    lids = token_ids(r, prefix, late["id"])
+    assert len(lids) >= mt and stop_id not in lids[:mt]
+    assert lids[:first] == ids[:first]
+    # a negative id is a 400 naming it
+    status, _, data = f.request("POST", "/v1/completions",
+                                {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 2,
+                                 "stop_token_ids": [-1]})
+    assert status == 400 and json.loads(data)["error"]["param"] == "stop_token_ids[0]", data
