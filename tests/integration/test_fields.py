@@ -103,3 +103,114 @@ def test_stop_token_ids_and_min_tokens(front, workers, redis_addr, prefix):  # n
                                 {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 2,
                                  "stop_token_ids": [-1]})
     assert status == 400 and json.loads(data)["error"]["param"] == "stop_token_ids[0]", data
+
+
+def test_echo_batched_prompts_suffix(front, workers, redis_addr, prefix):  # noqa: F811
+    """/v1/completions: echo puts the prompt before the text; a list of
+    prompts (strings or token-id lists) gives one choice per prompt, in
+    order, each equal to that prompt alone; suffix is a clear 400."""
+    workers("w1")
+    f = front()
+    a = complete(f, max_tokens=4)
+    b = complete(f, max_tokens=4, prompt="Once upon a time")
+    echoed = complete(f, max_tokens=4, echo=True)
+    assert echoed["choices"][0]["text"] == PROMPT + a["choices"][0]["text"]
+    assert echoed["usage"] == a["usage"]
+    # streamed: the prompt comes first, the whole text is the same
+    c = f.conn()
+    c.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
+              body=json.dumps({"model": MODEL_NAME, "prompt": PROMPT, "temperature": 0,
+                               "max_tokens": 4, "echo": True, "stream": True}))
+    resp = c.getresponse()
+    assert resp.status == 200
+    chunks = [json.loads(d) for d in sse_events(resp) if d != "[DONE]"]
+    c.close()
+    assert chunks[0]["choices"][0]["text"].startswith(PROMPT)
+    assert "".join(ch["choices"][0]["text"] for ch in chunks) == echoed["choices"][0]["text"]
+    # batched prompts: strings, in order, each as alone; usage summed
+    both = complete(f, max_tokens=4, prompt=[PROMPT, "Once upon a time"], echo=True)
+    assert [ch["index"] for ch in both["choices"]] == [0, 1]
+    assert both["choices"][0]["text"] == PROMPT + a["choices"][0]["text"]
+    assert both["choices"][1]["text"] == "Once upon a time" + b["choices"][0]["text"]
+    assert both["usage"]["prompt_tokens"] == a["usage"]["prompt_tokens"] + b["usage"]["prompt_tokens"]
+    assert both["usage"]["completion_tokens"] == 8
+    # token-id prompts: the ids of the two prompts give the same texts
+    r = connect(redis_addr)
+    ids_a = [t for ev in job_events(r, prefix, f"{both['id']}-0") if ev["type"] == "delta"
+             for t in ev["token_ids"]]
+    assert ids_a and token_ids(r, prefix, a["id"]) == ids_a
+    # streamed batch: each choice's chunks carry its index, both finish
+    c = f.conn()
+    c.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
+              body=json.dumps({"model": MODEL_NAME, "prompt": [PROMPT, "Once upon a time"],
+                               "temperature": 0, "max_tokens": 4, "stream": True,
+                               "stream_options": {"include_usage": True}}))
+    resp = c.getresponse()
+    assert resp.status == 200
+    chunks = [json.loads(d) for d in sse_events(resp) if d != "[DONE]"]
+    c.close()
+    texts = ["", ""]
+    finish = [None, None]
+    for ch in chunks:
+        for choice in ch["choices"]:
+            texts[choice["index"]] += choice["text"]
+            finish[choice["index"]] = choice["finish_reason"] or finish[choice["index"]]
+    assert texts == [a["choices"][0]["text"], b["choices"][0]["text"]]
+    assert finish == ["length", "length"]
+    assert chunks[-1]["usage"]["completion_tokens"] == 8
+    # suffix: refused, saying why; echo with token ids too
+    for extra, param in [({"suffix": "end"}, "suffix"), ({"prompt": [1, 2], "echo": True}, "echo")]:
+        status, _, data = f.request("POST", "/v1/completions",
+                                    {"model": MODEL_NAME, "prompt": PROMPT, **extra})
+        assert status == 400 and json.loads(data)["error"]["param"] == param, data
+    assert "fill-in-the-middle" in json.loads(f.request(
+        "POST", "/v1/completions", {"model": MODEL_NAME, "prompt": "x", "suffix": "y"})[2])[
+            "error"]["message"]
+
+
+def test_n_choices(front, workers, redis_addr, prefix):  # noqa: F811
+    """n > 1 on chat and completions: n jobs "<id>-<i>", choices 0..n-1, the
+    prompt counted once; seeded samples differ (seed + i) and each equals
+    the single request with that seed; streamed chunks carry the index."""
+    workers("w1")
+    f = front()
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": 5, "mode": "no_think", "temperature": 1.0, "seed": 11}
+    status, _, data = f.request("POST", "/v1/chat/completions", {**body, "n": 3})
+    assert status == 200, data
+    many = json.loads(data)
+    assert [ch["index"] for ch in many["choices"]] == [0, 1, 2]
+    one = []
+    for i in range(3):
+        status, _, data = f.request("POST", "/v1/chat/completions", {**body, "seed": 11 + i})
+        one.append(json.loads(data))
+    for i in range(3):
+        assert many["choices"][i]["message"]["content"] == one[i]["choices"][0]["message"]["content"]
+    assert many["usage"]["prompt_tokens"] == one[0]["usage"]["prompt_tokens"]
+    assert many["usage"]["completion_tokens"] == sum(o["usage"]["completion_tokens"] for o in one)
+    # the jobs in Redis
+    r = connect(redis_addr)
+    for i in range(3):
+        assert job_events(r, prefix, f"{many['id']}-{i}")[-1]["type"] == "done"
+    # streamed chat: each index's deltas make its text
+    c = f.conn()
+    c.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"},
+              body=json.dumps({**body, "n": 3, "stream": True}))
+    resp = c.getresponse()
+    assert resp.status == 200
+    chunks = [json.loads(d) for d in sse_events(resp) if d != "[DONE]"]
+    c.close()
+    texts = ["", "", ""]
+    for ch in chunks:
+        for choice in ch["choices"]:
+            texts[choice["index"]] += choice["delta"].get("content", "") or ""
+    assert texts == [ch["message"]["content"] for ch in many["choices"]]
+    # completions: n with a batch, index = prompt * n + sample
+    out = complete(f, prompt=[PROMPT, "Once upon a time"], n=2, max_tokens=3)
+    assert [ch["index"] for ch in out["choices"]] == [0, 1, 2, 3]
+    # greedy: the n samples of a prompt are equal
+    assert out["choices"][0]["text"] == out["choices"][1]["text"]
+    assert out["choices"][2]["text"] == out["choices"][3]["text"]
+    # the other APIs take one
+    status, _, data = f.request("POST", "/v1/responses", {"model": MODEL_NAME, "input": "Hi", "n": 2})
+    assert status == 400 and json.loads(data)["error"]["param"] == "n", data
