@@ -1685,7 +1685,10 @@ static int feed_done(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse,
     cJSON_Delete(r->tool_calls);
     if (!(r->tool_calls = cJSON_IsArray(tc) ? cJSON_Duplicate(tc, 1) : cJSON_CreateArray()))
         return -RL_ENOMEM;
-    oai_tool_call_ids(r->tool_calls, r->id);
+    /* choices after the first: ids of their own ("call_<tail>c<i>_<k>") */
+    char cid[JOB_ID_MAX + 16];
+    snprintf(cid, sizeof cid, r->cur ? "%s" "c%d" : "%s", r->id, r->cur);
+    oai_tool_call_ids(r->tool_calls, cid);
     bool tools = r->tool_calls->child != NULL;
     if (!fr || !strcmp(fr, "error")) {
         oai_error_set(e, 500, T_SERVER, "ENGINE_ERROR", NULL, "the job ended with an error");

@@ -5,7 +5,9 @@ redis-server, dispatcher (HTTP front door) and worker on the tiny model:
     +100 on another token forces it at every step;
   - stop_token_ids (vLLM's): the run stops at the first such token, with
     finish_reason "stop", the token counted but its text not output;
-  - min_tokens (vLLM's): the stop ids cannot come before that many tokens.
+  - min_tokens (vLLM's): the stop ids cannot come before that many tokens;
+  - /v1/completions' echo, batched prompts and the suffix refusal;
+  - n > 1 on chat and completions (one job per choice, "<id>-<i>").
 
 The token ids are read from the job's events in Redis (delta token_ids),
 so the checks do not depend on the tokenizer's text.
