@@ -815,7 +815,7 @@ enum kind {
     K_TEMPERATURE, K_TOP_P, K_TOP_K, K_MIN_P, K_PRESENCE, K_FREQUENCY, K_REPETITION,
     K_SEED, K_STOP, K_IGNORE_EOS, K_MAX_THINKING, K_LOGPROBS, K_PRIORITY, K_DEADLINE,
     K_CACHE, K_STREAM_TTL, K_METADATA, K_SPECULATIVE, K_RESPONSE_FORMAT, K_TOOL_CHOICE,
-    K_GRAMMAR, K_CLIENT_LEASE, K_MIN_TOKENS, K_STOP_IDS, K_LOGIT_BIAS,
+    K_GRAMMAR, K_CLIENT_LEASE, K_MIN_TOKENS, K_STOP_IDS, K_LOGIT_BIAS, K_SKIP_SPECIAL,
 };
 static const struct {
     const char *name;
@@ -834,6 +834,7 @@ static const struct {
     {"tool_choice", K_TOOL_CHOICE}, {"grammar", K_GRAMMAR},
     {"client_lease_ms", K_CLIENT_LEASE}, {"min_tokens", K_MIN_TOKENS},
     {"stop_token_ids", K_STOP_IDS}, {"logit_bias", K_LOGIT_BIAS},
+    {"skip_special_tokens", K_SKIP_SPECIAL},
 };
 #define N_TOP ((int)(sizeof top_fields / sizeof top_fields[0]))
 
@@ -1278,6 +1279,9 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
         return take_stop_ids(j, v, f, err);
     case K_LOGIT_BIAS:
         return take_logit_bias(j, v, f, err);
+    case K_SKIP_SPECIAL:
+        j->given |= JOB_F_SKIP_SPECIAL;
+        return get_bool(v, name, &j->skip_special, f, err);
     case K_MAX_THINKING:
         return take_int(j, v, 0, o->max_max_tokens, &j->max_thinking_tokens, JOB_F_MAX_THINKING, f, err);
     case K_LOGPROBS:
@@ -1349,6 +1353,7 @@ static void defaults(struct job *j, const struct job_opts *o)
     j->logprobs = -1;
     j->cache = true;
     j->speculative = true;
+    j->skip_special = true;
     j->stream_ttl_s = o->default_stream_ttl_s;
 }
 
@@ -1678,6 +1683,7 @@ int job_to_json(const struct job *j, char **out, struct rl_err *err)
         {GIVEN(JOB_F_MIN_TOKENS), 'n', "min_tokens", j->min_tokens},
         {GIVEN(JOB_F_STOP_IDS), 'i', "stop_token_ids", 0},
         {GIVEN(JOB_F_LOGIT_BIAS), 'o', "logit_bias", 0},
+        {GIVEN(JOB_F_SKIP_SPECIAL), 'b', "skip_special_tokens", j->skip_special},
     };
 #undef GIVEN
     for (size_t i = 0; i < sizeof scalars / sizeof scalars[0]; i++) {
@@ -1812,6 +1818,7 @@ int job_cache_key(const struct job *j, enum job_mode mode, const char *model_id,
         put_u64(&c, (uint64_t)j->bias_ids[i]);
         put_f64(&c, j->bias[i]);
     }
+    put_u64(&c, j->skip_special ? 1 : 0); /* the text differs */
     uint8_t d[SHA256_DIGEST_LEN];
     sha256_final(&c, d);
     sha256_to_hex(d, out);

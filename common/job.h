@@ -79,7 +79,7 @@ enum job_field_bit {
     JOB_F_CACHE = 1u << 17, JOB_F_STREAM_TTL = 1u << 18, JOB_F_METADATA = 1u << 19,
     JOB_F_POOL = 1u << 20, JOB_F_TOOLS = 1u << 21, JOB_F_SPECULATIVE = 1u << 22,
     JOB_F_MODEL = 1u << 23, JOB_F_CLIENT_LEASE = 1u << 24, JOB_F_MIN_TOKENS = 1u << 25,
-    JOB_F_STOP_IDS = 1u << 26, JOB_F_LOGIT_BIAS = 1u << 27,
+    JOB_F_STOP_IDS = 1u << 26, JOB_F_LOGIT_BIAS = 1u << 27, JOB_F_SKIP_SPECIAL = 1u << 28,
 };
 
 /* A validated job. Owned by whoever called job_parse; job_free releases it
@@ -118,6 +118,8 @@ struct job {
     int n_stop;
     bool ignore_eos;          /* default false */
     int min_tokens;           /* vLLM's: no eos / stop id before this many; default 0 */
+    bool skip_special;        /* vLLM's skip_special_tokens: special tokens' text is
+                                 left out of the output; default true */
     int32_t *stop_ids;        /* (n_stop_ids) vLLM's stop_token_ids, owned */
     int n_stop_ids;
     int32_t *bias_ids;        /* (n_bias) OpenAI's logit_bias: bias[i] is added */
@@ -250,7 +252,7 @@ bool job_is_deterministic(const struct job *j);
  * top_k, min_p (unset ones as unset: their defaults come from the model,
  * which model_id covers, and the mode), the three penalties, seed (or its
  * absence), stop, ignore_eos, max_thinking_tokens, logprobs, min_tokens,
- * stop_token_ids, logit_bias, and the
+ * stop_token_ids, logit_bias, skip_special_tokens, and the
  * effective mode (job_mode_on: for prompt and prompt_ids input it is in
  * no id), and the constraint (kind, source text, forced tool name). Not: id, priority, deadline, cache, stream_ttl_s, metadata.
  * Returns 0 or -RL_EINVAL. */

@@ -261,7 +261,6 @@ static const struct {
     /* vLLM's, the job's own (issue 29) */
     {"min_tokens", K_COPY_SET, A_BOTH},
     {"stop_token_ids", K_COPY_SET, A_BOTH},
-    /* vLLM's, accepted; applied only with its neutral value */
     {"skip_special_tokens", K_SKIP_SPECIAL, A_BOTH},
     /* accepted and ignored */
     {"user", K_STRING_IGNORED, A_BOTH},
@@ -643,11 +642,11 @@ static int take_extension(struct parse_state *ps, enum kind kind, const char *na
         oai_buf_free(&g);
         return rc;
     }
-    default: { /* K_SKIP_SPECIAL: special tokens are never in the text */
+    default: { /* K_SKIP_SPECIAL: the job's; true (the default) makes no member */
         bool b = false;
         if (get_bool(v, name, &b, e))
             return -RL_EINVAL;
-        return b ? 0 : not_applied(ps, name, "BAD_VALUE", "only true is supported");
+        return b || cJSON_AddFalseToObject(ps->job, "skip_special_tokens") ? 0 : -RL_ENOMEM;
     }
     }
 }

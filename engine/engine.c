@@ -766,7 +766,8 @@ static int req_build(struct engine *e, const struct engine_request *r, uint64_t 
         if ((rc = sample_observe(q->ss, prompt[i], err)))
             goto fail;
     sample_skip(q->ss, r->n_resumed);
-    if (e->tok && (rc = tok_stream_create(&q->ts, e->tok, TOK_DECODE_SKIP_SPECIAL, err)))
+    if (e->tok && (rc = tok_stream_create(&q->ts, e->tok, r->keep_special ? 0u
+                                                           : TOK_DECODE_SKIP_SPECIAL, err)))
         goto fail;
     *out = q;
     return 0;

@@ -223,6 +223,9 @@ struct engine_request {
                                    tokens came (0 off). Not applied inside
                                    a constraint (its grammar decides the
                                    end); stop strings still apply */
+    bool keep_special;          /* vLLM's skip_special_tokens false: special
+                                   tokens' text is output (stop ids and the
+                                   think tags are never text) */
     const int32_t *bias_ids;    /* (n_bias) OpenAI's logit_bias: bias[i] is */
     const float *bias;          /* added to logit bias_ids[i] before */
     int n_bias;                 /* sampling ([-100, 100]; -100 bans) */

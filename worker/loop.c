@@ -170,6 +170,7 @@ static void build_request(struct worker *w, struct wjob *j, struct engine_reques
     r.bias_ids = jb->bias_ids;
     r.bias = jb->bias;
     r.n_bias = jb->n_bias;
+    r.keep_special = !jb->skip_special;
     r.no_speculative = !jb->speculative;
     r.constraint = (enum engine_constraint)jb->constraint;
     r.constraint_src = jb->constraint_src;

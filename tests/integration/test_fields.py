@@ -216,3 +216,20 @@ def test_n_choices(front, workers, redis_addr, prefix):  # noqa: F811
     # the other APIs take one
     status, _, data = f.request("POST", "/v1/responses", {"model": MODEL_NAME, "input": "Hi", "n": 2})
     assert status == 400 and json.loads(data)["error"]["param"] == "n", data
+
+
+def test_skip_special_tokens(front, workers, redis_addr, prefix):  # noqa: F811
+    """skip_special_tokens false puts a special token's text in the output
+    (vLLM's); the default leaves it out. <|im_start|> (737 in the tiny
+    model's tokenizer: special, and no stop token) is forced by logit_bias."""
+    workers("w1")
+    f = front()
+    r = connect(redis_addr)
+    plain = complete(f, max_tokens=3, logit_bias={"737": 100})
+    assert plain["choices"][0]["text"] == ""
+    assert token_ids(r, prefix, plain["id"]) == [737] * 3
+    kept = complete(f, max_tokens=3, logit_bias={"737": 100}, skip_special_tokens=False)
+    assert kept["choices"][0]["text"] == "<|im_start|>" * 3
+    status, _, data = f.request("POST", "/v1/completions", {"model": MODEL_NAME, "prompt": PROMPT,
+                                                            "skip_special_tokens": 0})
+    assert status == 400 and json.loads(data)["error"]["param"] == "skip_special_tokens", data

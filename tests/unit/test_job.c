@@ -513,7 +513,8 @@ static void test_round_trip(void **state)
                             "{\"id\":\"b\",\"prompt\":\"x\",\"mode\":\"auto\"}",
                             "{\"id\":\"l\",\"prompt\":\"x\",\"client_lease_ms\":5000}",
                             "{\"id\":\"f\",\"prompt\":\"x\",\"min_tokens\":3,"
-                            "\"stop_token_ids\":[7,151643],\"logit_bias\":{\"10\":-100,\"0\":2.5}}",
+                            "\"stop_token_ids\":[7,151643],\"logit_bias\":{\"10\":-100,\"0\":2.5},"
+                            "\"skip_special_tokens\":false}",
                             "{\"id\":\"g\",\"prompt\":\"x\",\"stop_token_ids\":[],\"logit_bias\":{}}",
                             /* the constraints, as given */
                             "{\"id\":\"c\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\","
@@ -630,6 +631,7 @@ static void test_cache_key(void **state)
         "{\"prompt\":\"x\",\"temperature\":0,\"logit_bias\":{\"5\":1}}",
         "{\"prompt\":\"x\",\"temperature\":0,\"logit_bias\":{\"5\":2}}",
         "{\"prompt\":\"x\",\"temperature\":0,\"logit_bias\":{\"6\":1}}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"skip_special_tokens\":false}",
         /* the constraint: its kind and its source */
         "{\"prompt\":\"x\",\"temperature\":0,\"response_format\":{\"type\":\"json_object\"}}",
         "{\"prompt\":\"x\",\"temperature\":0,\"response_format\":{\"type\":\"json_schema\","
@@ -665,9 +667,9 @@ static void test_cache_key(void **state)
     assert_string_not_equal(k, base);
 
     /* pinned (v4 since issue 29 added min_tokens, stop_token_ids and
-     * logit_bias): the key must be stable across builds and machines, since
+     * logit_bias, skip_special_tokens): the key must be stable across builds and machines, since
      * every worker shares the cache; changing it needs a version bump */
-    assert_string_equal(base, "745526e6d894044f228b7df2ab65dbbe2fd71d4660c066aaa5d3d9e3a0efe64e");
+    assert_string_equal(base, "b67a702e3a713d237b8ae4b2df6b3722fca89df832e11a39fa0fc53562b29f4c");
 }
 
 /* The shared corpus: schemas/examples/jobs-invalid.json holds bad jobs
@@ -836,6 +838,10 @@ static void test_issue29_fields(void **state)
     assert_int_equal(j->min_tokens, 0);
     assert_int_equal(j->n_stop_ids, 0);
     assert_int_equal(j->n_bias, 0);
+    assert_true(j->skip_special);
+    job_free(j);
+    j = ok("{\"prompt\":\"x\",\"skip_special_tokens\":false}", NULL);
+    assert_false(j->skip_special);
     job_free(j);
 }
 

@@ -1035,6 +1035,7 @@ static void test_ignored_fields(void **state)
     assert_non_null(strstr(r.job, "\"stop_token_ids\":[7]"));
     assert_non_null(strstr(r.job, "\"logit_bias\":{\"5\":1}"));
     assert_null(strstr(r.job, "\"min_tokens\""));
+    assert_null(strstr(r.job, "skip_special_tokens")); /* true: the default */
     /* vLLM's guided_json is the job's response_format */
     assert_non_null(strstr(r.job, "\"response_format\":{\"type\":\"json_schema\","
                                   "\"json_schema\":{\"name\":\"guided_json\",\"schema\":{}}}"));
@@ -1049,11 +1050,13 @@ static void test_ignored_fields(void **state)
     oai_request_clear(&r);
     /* min_tokens > 0 and completions take them too */
     const char *mt = "{\"prompt\":\"p\",\"min_tokens\":3,\"stop_token_ids\":[151643,9],"
+                     "\"skip_special_tokens\":false,"
                      "\"logit_bias\":{\"9\":-100,\"10\":100}}";
     assert_int_equal(oai_parse_completion(mt, strlen(mt), &lim, ID, 0, &r, &e), 0);
     assert_non_null(strstr(r.job, "\"min_tokens\":3"));
     assert_non_null(strstr(r.job, "\"stop_token_ids\":[151643,9]"));
     assert_non_null(strstr(r.job, "\"logit_bias\":{\"9\":-100,\"10\":100}"));
+    assert_non_null(strstr(r.job, "\"skip_special_tokens\":false"));
     assert_string_equal(r.ignored, "");
     oai_request_clear(&r);
     /* nothing to name: an empty list */
@@ -1066,7 +1069,7 @@ static void test_ignored_fields(void **state)
     const char *refused[][2] = {{"{" MSG ",\"min_tokens2\":3}", "min_tokens2"},
                                 {"{" MSG ",\"chat_template_kwargs\":{\"x\":1}}",
                                  "chat_template_kwargs.x"},
-                                {"{" MSG ",\"skip_special_tokens\":false}", "skip_special_tokens"},
+                                {"{" MSG ",\"guided_regex\":\"x\"}", "guided_regex"},
                                 {"{" MSG ",\"frobnicate\":1}", "frobnicate"}};
     for (size_t i = 0; i < 4; i++) {
         assert_int_equal(oai_parse_request(refused[i][0], strlen(refused[i][0]), &lim, ID, 0, &r,
