@@ -62,7 +62,7 @@ struct oai_limits {
      * lease key while its client waits: http_client_lease_ms) */
     int client_lease_ms;
     /* What to do with a member the API does not know, or a value it
-     * accepts but does not apply (skip_special_tokens false,
+     * accepts but does not apply (stream_options.continuous_usage_stats,
      * chat_template_kwargs other than enable_thinking, ...):
      * false: accept it and name it in oai_request.ignored (vLLM's way);
      * true: 400 (UNKNOWN_FIELD / BAD_VALUE). From http_unknown_fields. */

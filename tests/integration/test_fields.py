@@ -7,7 +7,8 @@ redis-server, dispatcher (HTTP front door) and worker on the tiny model:
     finish_reason "stop", the token counted but its text not output;
   - min_tokens (vLLM's): the stop ids cannot come before that many tokens;
   - /v1/completions' echo, batched prompts and the suffix refusal;
-  - n > 1 on chat and completions (one job per choice, "<id>-<i>").
+  - n > 1 on chat and completions (one job per choice, "<id>-<i>");
+  - skip_special_tokens false: special tokens' text in the output.
 
 The token ids are read from the job's events in Redis (delta token_ids),
 so the checks do not depend on the tokenizer's text.
