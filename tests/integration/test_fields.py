@@ -101,6 +101,17 @@ def test_stop_token_ids_and_min_tokens(front, workers, redis_addr, prefix):  # n
     lids = token_ids(r, prefix, late["id"])
     assert len(lids) >= mt and stop_id not in lids[:mt]
     assert lids[:first] == ids[:first]
+    # and the end of sequence: <|im_end|> (738, the tiny model's eos) forced
+    # by logit_bias ends the run at once, but with min_tokens 3 only after
+    # three other tokens (the ban beats the bias)
+    eos = complete(f, max_tokens=8, logit_bias={"738": 100})
+    assert eos["choices"][0]["finish_reason"] == "stop"
+    assert eos["usage"]["completion_tokens"] == 1
+    late = complete(f, max_tokens=8, logit_bias={"738": 100}, min_tokens=3)
+    assert late["choices"][0]["finish_reason"] == "stop"
+    assert late["usage"]["completion_tokens"] == 4
+    lids = token_ids(r, prefix, late["id"])
+    assert 738 not in lids[:3] and lids[3] == 738
     # a negative id is a 400 naming it
     status, _, data = f.request("POST", "/v1/completions",
                                 {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 2,
