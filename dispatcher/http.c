@@ -1691,7 +1691,8 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     int n_jobs = q->oreq.n_jobs > 1 ? q->oreq.n_jobs : 1;
     if (n_jobs > 1 && h->lease_ms &&
         !(q->more_leases = calloc((size_t)n_jobs - 1, sizeof *q->more_leases))) {
-        oai_error_set(&e, 500, "server_error", ev_code_name(EV_CODE_INTERNAL), NULL, "out of memory");
+        oai_error_set(&e, 500, "server_error", ev_code_name(EV_CODE_INTERNAL), NULL,
+                      "out of memory");
         return respond_error(q, conn, &e);
     }
     char jid[JOB_ID_MAX + 1];

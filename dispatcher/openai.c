@@ -194,7 +194,8 @@ void oai_error_from_event(const char *code, const char *message, int64_t retry_a
 
 enum kind {
     K_MODEL, K_MESSAGES, K_STREAM, K_STREAM_OPTIONS, K_MAX_TOKENS, K_MAX_COMPLETION_TOKENS,
-    K_COPY, K_COPY_SET, K_TOP_K, K_N, K_LOGPROBS, K_TOP_LOGPROBS, K_TOOLS, K_TOOL_CHOICE, K_BOOL_IGNORED,
+    K_COPY, K_COPY_SET, K_TOP_K, K_N, K_LOGPROBS, K_TOP_LOGPROBS, K_TOOLS, K_TOOL_CHOICE,
+    K_BOOL_IGNORED,
     K_CTK, K_MODE, K_STRING_IGNORED, K_RESPONSE_FORMAT, K_EFFORT,
     K_METADATA_IGNORED, K_MODALITIES, K_PROMPT, K_ECHO, K_SUFFIX, K_BEST_OF,
     K_PRIORITY, K_DEADLINE, K_SKIP_SPECIAL, K_THINK_BUDGET,
@@ -851,7 +852,8 @@ static take_fn *const take_step[] = {
     [K_MODEL] = take_model,
     [K_MESSAGES] = take_input, [K_PROMPT] = take_input,
     [K_MAX_TOKENS] = take_sampling, [K_MAX_COMPLETION_TOKENS] = take_sampling,
-    [K_COPY] = take_sampling, [K_COPY_SET] = take_sampling, [K_TOP_K] = take_sampling, [K_N] = take_sampling,
+    [K_COPY] = take_sampling, [K_COPY_SET] = take_sampling, [K_TOP_K] = take_sampling,
+    [K_N] = take_sampling,
     [K_LOGPROBS] = take_logprobs, [K_TOP_LOGPROBS] = take_logprobs,
     [K_TOOLS] = take_constraints, [K_TOOL_CHOICE] = take_constraints,
     [K_RESPONSE_FORMAT] = take_constraints,
