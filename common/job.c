@@ -815,7 +815,7 @@ enum kind {
     K_TEMPERATURE, K_TOP_P, K_TOP_K, K_MIN_P, K_PRESENCE, K_FREQUENCY, K_REPETITION,
     K_SEED, K_STOP, K_IGNORE_EOS, K_MAX_THINKING, K_LOGPROBS, K_PRIORITY, K_DEADLINE,
     K_CACHE, K_STREAM_TTL, K_METADATA, K_SPECULATIVE, K_RESPONSE_FORMAT, K_TOOL_CHOICE,
-    K_GRAMMAR, K_CLIENT_LEASE,
+    K_GRAMMAR, K_CLIENT_LEASE, K_MIN_TOKENS, K_STOP_IDS, K_LOGIT_BIAS, K_SKIP_SPECIAL,
 };
 static const struct {
     const char *name;
@@ -832,7 +832,9 @@ static const struct {
     {"stream_ttl_s", K_STREAM_TTL}, {"metadata", K_METADATA},
     {"speculative", K_SPECULATIVE}, {"response_format", K_RESPONSE_FORMAT},
     {"tool_choice", K_TOOL_CHOICE}, {"grammar", K_GRAMMAR},
-    {"client_lease_ms", K_CLIENT_LEASE},
+    {"client_lease_ms", K_CLIENT_LEASE}, {"min_tokens", K_MIN_TOKENS},
+    {"stop_token_ids", K_STOP_IDS}, {"logit_bias", K_LOGIT_BIAS},
+    {"skip_special_tokens", K_SKIP_SPECIAL},
 };
 #define N_TOP ((int)(sizeof top_fields / sizeof top_fields[0]))
 
@@ -892,6 +894,78 @@ static int take_prompt_ids(struct job *j, const cJSON *v, const struct job_opts 
         j->prompt_ids[i] = (int32_t)x;
     }
     j->n_prompt_ids = n;
+    return 0;
+}
+
+/* stop_token_ids: up to JOB_STOP_IDS_MAX token ids (the worker's engine
+ * checks them against its vocabulary). */
+static int take_stop_ids(struct job *j, const cJSON *v, struct job_fault *f, struct rl_err *err)
+{
+    char p[JOB_FIELD_MAX];
+    int n, rc = get_array(v, "stop_token_ids", "integers", "ids", 0, JOB_STOP_IDS_MAX, &n, f, err);
+    if (rc)
+        return rc;
+    j->stop_ids = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    if (!j->stop_ids)
+        return -RL_ENOMEM;
+    int i = 0;
+    for (const cJSON *it = v->child; it; it = it->next, i++) {
+        double x;
+        snprintf(p, sizeof p, "stop_token_ids[%d]", i);
+        if ((rc = get_integer(it, p, 0, INT32_MAX, &x, f, err)))
+            return rc;
+        j->stop_ids[i] = (int32_t)x;
+    }
+    j->n_stop_ids = n;
+    j->given |= JOB_F_STOP_IDS;
+    return 0;
+}
+
+/* logit_bias: OpenAI's {"<token id>": bias in [-100, 100]}, the id in
+ * decimal without sign or leading zeros. */
+static int take_logit_bias(struct job *j, const cJSON *v, struct job_fault *f,
+                           struct rl_err *err)
+{
+    char p[JOB_FIELD_MAX];
+    set_field(f, "logit_bias");
+    if (!cJSON_IsObject(v))
+        return bad(f, err, EV_CODE_BAD_TYPE, "logit_bias: must be an object of token id -> bias");
+    int n = cJSON_GetArraySize(v);
+    if (n > JOB_LOGIT_BIAS_MAX)
+        return bad(f, err, EV_CODE_OUT_OF_RANGE, "logit_bias: %d entries is over the limit of %d",
+                   n, JOB_LOGIT_BIAS_MAX);
+    j->bias_ids = malloc(sizeof *j->bias_ids * (size_t)(n ? n : 1));
+    j->bias = malloc(sizeof *j->bias * (size_t)(n ? n : 1));
+    if (!j->bias_ids || !j->bias)
+        return -RL_ENOMEM;
+    int i = 0;
+    for (const cJSON *it = v->child; it; it = it->next, i++) {
+        const char *k = it->string;
+        snprintf(p, sizeof p, "logit_bias.%.60s", k);
+        size_t kl = strlen(k);
+        bool digits = kl >= 1 && kl <= 10 && (k[0] != '0' || kl == 1);
+        for (size_t c = 0; c < kl && digits; c++)
+            digits = k[c] >= '0' && k[c] <= '9';
+        long long id = digits ? strtoll(k, NULL, 10) : -1;
+        if (id < 0 || id > INT32_MAX) {
+            set_field(f, p);
+            return bad(f, err, EV_CODE_BAD_VALUE,
+                       "logit_bias: key \"%.32s\" is not a token id (a decimal integer)", k);
+        }
+        for (int d = 0; d < i; d++)
+            if (j->bias_ids[d] == (int32_t)id) {
+                set_field(f, p);
+                return bad(f, err, EV_CODE_BAD_VALUE, "logit_bias: token %lld is given twice", id);
+            }
+        double x;
+        int rc = get_number(it, p, -100, 100, false, &x, f, err);
+        if (rc)
+            return rc;
+        j->bias_ids[i] = (int32_t)id;
+        j->bias[i] = (float)x;
+    }
+    j->n_bias = n;
+    j->given |= JOB_F_LOGIT_BIAS;
     return 0;
 }
 
@@ -1199,6 +1273,15 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
     case K_IGNORE_EOS:
         j->given |= JOB_F_IGNORE_EOS;
         return get_bool(v, name, &j->ignore_eos, f, err);
+    case K_MIN_TOKENS:
+        return take_int(j, v, 0, o->max_max_tokens, &j->min_tokens, JOB_F_MIN_TOKENS, f, err);
+    case K_STOP_IDS:
+        return take_stop_ids(j, v, f, err);
+    case K_LOGIT_BIAS:
+        return take_logit_bias(j, v, f, err);
+    case K_SKIP_SPECIAL:
+        j->given |= JOB_F_SKIP_SPECIAL;
+        return get_bool(v, name, &j->skip_special, f, err);
     case K_MAX_THINKING:
         return take_int(j, v, 0, o->max_max_tokens, &j->max_thinking_tokens, JOB_F_MAX_THINKING, f, err);
     case K_LOGPROBS:
@@ -1270,6 +1353,7 @@ static void defaults(struct job *j, const struct job_opts *o)
     j->logprobs = -1;
     j->cache = true;
     j->speculative = true;
+    j->skip_special = true;
     j->stream_ttl_s = o->default_stream_ttl_s;
 }
 
@@ -1286,6 +1370,9 @@ void job_free(struct job *j)
     free(j->constraint_src);
     free(j->prompt);
     free(j->prompt_ids);
+    free(j->stop_ids);
+    free(j->bias_ids);
+    free(j->bias);
     for (int i = 0; i < j->n_stop; i++)
         free(j->stop[i]);
     free(j->stop);
@@ -1593,6 +1680,10 @@ int job_to_json(const struct job *j, char **out, struct rl_err *err)
         {GIVEN(JOB_F_STREAM_TTL), 'n', "stream_ttl_s", j->stream_ttl_s},
         {GIVEN(JOB_F_SPECULATIVE), 'b', "speculative", j->speculative},
         {GIVEN(JOB_F_CLIENT_LEASE), 'n', "client_lease_ms", j->client_lease_ms},
+        {GIVEN(JOB_F_MIN_TOKENS), 'n', "min_tokens", j->min_tokens},
+        {GIVEN(JOB_F_STOP_IDS), 'i', "stop_token_ids", 0},
+        {GIVEN(JOB_F_LOGIT_BIAS), 'o', "logit_bias", 0},
+        {GIVEN(JOB_F_SKIP_SPECIAL), 'b', "skip_special_tokens", j->skip_special},
     };
 #undef GIVEN
     for (size_t i = 0; i < sizeof scalars / sizeof scalars[0]; i++) {
@@ -1607,6 +1698,19 @@ int job_to_json(const struct job *j, char **out, struct rl_err *err)
             ADD(a);
             for (int s = 0; s < j->n_stop; s++)
                 ADD(cJSON_AddItemToArray(a, cJSON_CreateString(j->stop[s])));
+        } else if (scalars[i].type == 'i') {
+            cJSON *a = cJSON_AddArrayToObject(o, k);
+            ADD(a);
+            for (int s = 0; s < j->n_stop_ids; s++)
+                ADD(cJSON_AddItemToArray(a, num_exact(j->stop_ids[s])));
+        } else if (scalars[i].type == 'o') {
+            cJSON *b = cJSON_AddObjectToObject(o, k);
+            ADD(b);
+            for (int s = 0; s < j->n_bias; s++) {
+                char key[16];
+                snprintf(key, sizeof key, "%d", (int)j->bias_ids[s]);
+                ADD(add_num(b, key, j->bias[s]));
+            }
         } else {
             ADD(add_num(o, k, x));
         }
@@ -1669,7 +1773,7 @@ int job_cache_key(const struct job *j, enum job_mode mode, const char *model_id,
     sha256_init(&c);
     /* bump the version whenever the encoding or the field list changes,
      * so old entries simply stop matching */
-    static const char tag[] = "redlm-cache-v3";
+    static const char tag[] = "redlm-cache-v4";
     sha256_update(&c, tag, sizeof tag);
     put_str(&c, model_id, strlen(model_id));
     put_u64(&c, (uint64_t)n_ids);
@@ -1704,6 +1808,17 @@ int job_cache_key(const struct job *j, enum job_mode mode, const char *model_id,
     put_str(&c, j->constraint_src ? j->constraint_src : "",
             j->constraint_src ? strlen(j->constraint_src) : 0);
     put_str(&c, j->tool_name, strlen(j->tool_name));
+    /* v4: min_tokens, stop_token_ids and logit_bias (issue 29) */
+    put_u64(&c, (uint64_t)j->min_tokens);
+    put_u64(&c, (uint64_t)j->n_stop_ids);
+    for (int i = 0; i < j->n_stop_ids; i++)
+        put_u64(&c, (uint64_t)j->stop_ids[i]);
+    put_u64(&c, (uint64_t)j->n_bias);
+    for (int i = 0; i < j->n_bias; i++) {
+        put_u64(&c, (uint64_t)j->bias_ids[i]);
+        put_f64(&c, j->bias[i]);
+    }
+    put_u64(&c, j->skip_special ? 1 : 0); /* the text differs */
     uint8_t d[SHA256_DIGEST_LEN];
     sha256_final(&c, d);
     sha256_to_hex(d, out);

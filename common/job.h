@@ -26,6 +26,8 @@ struct cJSON;
 #define JOB_STOP_MAX 16       /* stop strings per job */
 #define JOB_STOP_LEN_MAX 256  /* bytes per stop string */
 #define JOB_LOGPROBS_MAX 20   /* top alternatives per token */
+#define JOB_STOP_IDS_MAX 64   /* stop_token_ids per job */
+#define JOB_LOGIT_BIAS_MAX 1024 /* logit_bias entries per job (OpenAI: 300) */
 #define JOB_MAX_TOKENS_MAX (1 << 20)
 #define JOB_MESSAGES_MAX 4096
 #define JOB_TOOLS_MAX 256
@@ -76,7 +78,8 @@ enum job_field_bit {
     JOB_F_LOGPROBS = 1u << 14, JOB_F_PRIORITY = 1u << 15, JOB_F_DEADLINE = 1u << 16,
     JOB_F_CACHE = 1u << 17, JOB_F_STREAM_TTL = 1u << 18, JOB_F_METADATA = 1u << 19,
     JOB_F_POOL = 1u << 20, JOB_F_TOOLS = 1u << 21, JOB_F_SPECULATIVE = 1u << 22,
-    JOB_F_MODEL = 1u << 23, JOB_F_CLIENT_LEASE = 1u << 24,
+    JOB_F_MODEL = 1u << 23, JOB_F_CLIENT_LEASE = 1u << 24, JOB_F_MIN_TOKENS = 1u << 25,
+    JOB_F_STOP_IDS = 1u << 26, JOB_F_LOGIT_BIAS = 1u << 27, JOB_F_SKIP_SPECIAL = 1u << 28,
 };
 
 /* A validated job. Owned by whoever called job_parse; job_free releases it
@@ -114,6 +117,14 @@ struct job {
     char **stop;              /* (n_stop) NUL-terminated UTF-8, owned */
     int n_stop;
     bool ignore_eos;          /* default false */
+    int min_tokens;           /* vLLM's: no eos / stop id before this many; default 0 */
+    bool skip_special;        /* vLLM's skip_special_tokens: special tokens' text is
+                                 left out of the output; default true */
+    int32_t *stop_ids;        /* (n_stop_ids) vLLM's stop_token_ids, owned */
+    int n_stop_ids;
+    int32_t *bias_ids;        /* (n_bias) OpenAI's logit_bias: bias[i] is added */
+    float *bias;              /* to token bias_ids[i]'s logit; owned, in the */
+    int n_bias;               /* object's order */
     int max_thinking_tokens;  /* -1 = no limit but max_tokens; else 0..max */
     int logprobs;             /* -1 off; else chosen token + this many top alternatives */
     int priority;             /* -1000..1000, higher first; default 0 */
@@ -240,7 +251,8 @@ bool job_is_deterministic(const struct job *j);
  * every parameter that changes the output: max_tokens, temperature, top_p,
  * top_k, min_p (unset ones as unset: their defaults come from the model,
  * which model_id covers, and the mode), the three penalties, seed (or its
- * absence), stop, ignore_eos, max_thinking_tokens, logprobs, and the
+ * absence), stop, ignore_eos, max_thinking_tokens, logprobs, min_tokens,
+ * stop_token_ids, logit_bias, skip_special_tokens, and the
  * effective mode (job_mode_on: for prompt and prompt_ids input it is in
  * no id), and the constraint (kind, source text, forced tool name). Not: id, priority, deadline, cache, stream_ttl_s, metadata.
  * Returns 0 or -RL_EINVAL. */

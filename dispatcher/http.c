@@ -304,7 +304,12 @@ struct req {
     /* its client lease (http_client_lease_ms), renewed by the lease thread
      * while the request is in the list (lease_mu) */
     char lease_key[320];
+    char (*more_leases)[320];  /* several choices: the leases of jobs 1.. */
+    int n_more_leases;
     bool in_lease;
+    /* several choices (oreq.n_jobs > 1): one job each, "<id>-<i>", read one
+     * after the other; sub is the one out_key reads */
+    int sub;
     struct req *lease_prev, *lease_next;
 };
 
@@ -1001,17 +1006,35 @@ static enum client client_state(int fd)
     return C_HERE;
 }
 
+/* The id of choice i's job: the request's id, or "<id>-<i>" when it has
+ * several choices (openai.h). */
+static void sub_id(const struct req *q, int i, char out[JOB_ID_MAX + 1])
+{
+    if (q->oreq.n_jobs > 1)
+        snprintf(out, JOB_ID_MAX + 1, "%.100s-%d", q->id, i);
+    else
+        snprintf(out, JOB_ID_MAX + 1, "%s", q->id);
+}
+
 static void cancel_job(struct req *q, const char *why)
 {
     struct dhttp *h = q->h;
     char key[320];
     struct rl_err err = {0};
     struct rconn *c = q->rc ? q->rc : pool_get(h, &err);
-    rcl_tagged_key(key, sizeof key, c && rconn_is_cluster(c), h->prefix, "cancel:", q->id);
-    const char *argv[] = {"SET", key, "1", "EX", CANCEL_TTL_S};
-    int rc = c ? rconn_command(c, 5, argv, NULL, NULL, &err) : -RL_EIO;
-    if (rc && c) /* one retry: the request's connection may have been mid-read */
-        rc = rconn_command(c, 5, argv, NULL, NULL, &err);
+    int rc = c ? 0 : -RL_EIO;
+    /* the choice being read and those after it (the earlier ones ended) */
+    int n = q->oreq.n_jobs > 1 ? q->oreq.n_jobs : 1;
+    for (int i = q->sub; i < n && c; i++) {
+        char jid[JOB_ID_MAX + 1];
+        sub_id(q, i, jid);
+        rcl_tagged_key(key, sizeof key, rconn_is_cluster(c), h->prefix, "cancel:", jid);
+        const char *argv[] = {"SET", key, "1", "EX", CANCEL_TTL_S};
+        int r1 = rconn_command(c, 5, argv, NULL, NULL, &err);
+        if (r1) /* one retry: the request's connection may have been mid-read */
+            r1 = rconn_command(c, 5, argv, NULL, NULL, &err);
+        rc = rc ? rc : r1;
+    }
     if (c != q->rc)
         pool_put(h, c);
     if (rc)
@@ -1147,6 +1170,16 @@ static int take_events(struct req *q, const struct rconn_reply *r)
             return rc;
         if (q->sse.n > before)
             BUMP(q->h, sse_events);
+        if (rc == OAI_NEXT) {
+            /* the next choice's job: its stream from the start (the rest
+             * of this reply, if any, is the finished one's) */
+            char jid[JOB_ID_MAX + 1];
+            sub_id(q, ++q->sub, jid);
+            rcl_tagged_key(q->out_key, sizeof q->out_key, rconn_is_cluster(q->rc), q->h->prefix,
+                           "out:", jid);
+            snprintf(q->last, sizeof q->last, "0-0");
+            return 0;
+        }
         if (rc == OAI_END || rc == OAI_FAILED)
             vm_end(q, rc == OAI_END ? ev : NULL, ev_len);
         if (rc == OAI_END) {
@@ -1527,7 +1560,7 @@ static void *lease_main(void *arg)
         int n = 0;
         pthread_mutex_lock(&h->lease_mu);
         for (struct req *q = h->leases; q; q = q->lease_next)
-            n++;
+            n += 1 + q->n_more_leases;
         if (n > cap) {
             void *more = realloc(keys, (size_t)n * 2 * sizeof *keys);
             if (more) {
@@ -1536,8 +1569,11 @@ static void *lease_main(void *arg)
             }
         }
         n = 0;
-        for (struct req *q = h->leases; q && n < cap; q = q->lease_next)
+        for (struct req *q = h->leases; q && n < cap; q = q->lease_next) {
             memcpy(keys[n++], q->lease_key, sizeof keys[0]);
+            for (int i = 0; i < q->n_more_leases && n < cap; i++)
+                memcpy(keys[n++], q->more_leases[i], sizeof keys[0]);
+        }
         pthread_mutex_unlock(&h->lease_mu);
         if (!n)
             continue;
@@ -1596,6 +1632,11 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     else
         prc = (compl ? oai_parse_completion : oai_parse_request)(body, q->body.n, &h->lim, q->id,
                                                                 deadline, &q->oreq, &e);
+    if (!prc && q->compat && q->oreq.n_jobs > 1) {
+        oai_error_set(&e, 400, "invalid_request_error", "OUT_OF_RANGE", "n",
+                      "n: only 1 on this API (POST /v1/chat/completions takes more)");
+        prc = -RL_EINVAL;
+    }
     if (prc)
         return respond_error(q, conn, &e);
     if (q->oreq.ignored[0])
@@ -1646,28 +1687,49 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     /* connected first: the key layout depends on what the server is */
     rconn_ensure(q->rc, NULL);
     rcl_queue_key(key, sizeof key, rconn_is_cluster(q->rc), h->prefix, "requests");
+    /* several choices: every job is queued now (the workers run them side
+     * by side, the prompt's KV shared through the prefix cache), and their
+     * streams are read one after the other */
+    int n_jobs = q->oreq.n_jobs > 1 ? q->oreq.n_jobs : 1;
+    if (n_jobs > 1 && h->lease_ms &&
+        !(q->more_leases = calloc((size_t)n_jobs - 1, sizeof *q->more_leases))) {
+        oai_error_set(&e, 500, "server_error", ev_code_name(EV_CODE_INTERNAL), NULL,
+                      "out of memory");
+        return respond_error(q, conn, &e);
+    }
+    char jid[JOB_ID_MAX + 1];
+    sub_id(q, 0, jid);
     rcl_tagged_key(q->out_key, sizeof q->out_key, rconn_is_cluster(q->rc), h->prefix, "out:",
-                   q->id);
+                   jid);
     snprintf(q->last, sizeof q->last, "0-0");
-    const char *names[] = {"job"};
-    const char *values[] = {q->oreq.job};
-    size_t lens[] = {q->oreq.job_len};
     q->t_xadd_ms = rl_mono_ms();
     q->give_up_ms = h->timeout_s ? q->t_xadd_ms + (int64_t)h->timeout_s * 1000 + 5000 : 0;
-    int lrc = 0;
-    if (h->lease_ms) { /* the job's client lease, before the job exists (lease_main) */
-        char ms[16];
-        snprintf(ms, sizeof ms, "%d", h->lease_ms);
-        rcl_tagged_key(q->lease_key, sizeof q->lease_key, rconn_is_cluster(q->rc), h->prefix,
-                       "lease:", q->id);
-        const char *la[] = {"SET", q->lease_key, "1", "PX", ms};
-        lrc = rconn_command(q->rc, 5, la, NULL, NULL, &err);
-    }
-    if (lrc || rconn_xadd(q->rc, key, "*", 0, 1, names, values, lens, NULL, NULL, &err)) {
-        oai_error_set(&e, 503, "server_error", "REDIS_UNAVAILABLE", NULL,
-                      "the request queue is unavailable: %s", err.msg);
-        e.retry_after_s = 1;
-        return respond_error(q, conn, &e);
+    for (int i = 0; i < n_jobs; i++) {
+        const char *names[] = {"job"};
+        const char *values[] = {n_jobs > 1 ? q->oreq.jobs[i] : q->oreq.job};
+        size_t lens[] = {n_jobs > 1 ? q->oreq.job_lens[i] : q->oreq.job_len};
+        int lrc = 0;
+        sub_id(q, i, jid);
+        if (h->lease_ms) { /* the job's client lease, before the job exists (lease_main) */
+            char ms[16];
+            snprintf(ms, sizeof ms, "%d", h->lease_ms);
+            char *lk = i ? q->more_leases[i - 1] : q->lease_key;
+            rcl_tagged_key(lk, sizeof q->lease_key, rconn_is_cluster(q->rc), h->prefix,
+                           "lease:", jid);
+            const char *la[] = {"SET", lk, "1", "PX", ms};
+            lrc = rconn_command(q->rc, 5, la, NULL, NULL, &err);
+            q->n_more_leases = i;
+        }
+        if (lrc || rconn_xadd(q->rc, key, "*", 0, 1, names, values, lens, NULL, NULL, &err)) {
+            if (i) { /* the ones queued already go too */
+                q->enqueued = true;
+                cancel_job(q, "the request queue failed");
+            }
+            oai_error_set(&e, 503, "server_error", "REDIS_UNAVAILABLE", NULL,
+                          "the request queue is unavailable: %s", err.msg);
+            e.retry_after_s = 1;
+            return respond_error(q, conn, &e);
+        }
     }
     q->enqueued = true;
     snprintf(q->vm_model, sizeof q->vm_model, "%s", echo ? echo : "");
@@ -2269,6 +2331,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     oai_request_clear(&q->oreq);
     oai_buf_free(&q->body);
     oai_buf_free(&q->sse);
+    free(q->more_leases);
     free(q);
     *con_cls = NULL;
     pthread_mutex_lock(&h->m_mu);

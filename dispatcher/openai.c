@@ -194,10 +194,11 @@ void oai_error_from_event(const char *code, const char *message, int64_t retry_a
 
 enum kind {
     K_MODEL, K_MESSAGES, K_STREAM, K_STREAM_OPTIONS, K_MAX_TOKENS, K_MAX_COMPLETION_TOKENS,
-    K_COPY, K_TOP_K, K_N, K_LOGPROBS, K_TOP_LOGPROBS, K_TOOLS, K_TOOL_CHOICE, K_BOOL_IGNORED,
-    K_CTK, K_MODE, K_STRING_IGNORED, K_RESPONSE_FORMAT, K_LOGIT_BIAS, K_EFFORT,
+    K_COPY, K_COPY_SET, K_TOP_K, K_N, K_LOGPROBS, K_TOP_LOGPROBS, K_TOOLS, K_TOOL_CHOICE,
+    K_BOOL_IGNORED,
+    K_CTK, K_MODE, K_STRING_IGNORED, K_RESPONSE_FORMAT, K_EFFORT,
     K_METADATA_IGNORED, K_MODALITIES, K_PROMPT, K_ECHO, K_SUFFIX, K_BEST_OF,
-    K_PRIORITY, K_DEADLINE, K_MIN_TOKENS, K_STOP_TOKEN_IDS, K_SKIP_SPECIAL, K_THINK_BUDGET,
+    K_PRIORITY, K_DEADLINE, K_SKIP_SPECIAL, K_THINK_BUDGET,
     K_GUIDED_JSON, K_GUIDED_CHOICE,
 };
 
@@ -248,7 +249,7 @@ static const struct {
     {"reasoning_effort", K_EFFORT, A_CHAT},
     {"mode", K_MODE, A_CHAT},                /* extension: redlm's think / no_think / auto */
     {"response_format", K_RESPONSE_FORMAT, A_CHAT},
-    {"logit_bias", K_LOGIT_BIAS, A_BOTH},
+    {"logit_bias", K_COPY_SET, A_BOTH},         /* the job's; checked by job_parse (issue 29) */
     /* the job's own, over HTTP (issue 29) */
     {"priority", K_PRIORITY, A_BOTH},               /* vLLM's: lower first */
     {"max_thinking_tokens", K_THINK_BUDGET, A_CHAT}, /* the thinking budget */
@@ -258,9 +259,9 @@ static const struct {
     /* vLLM's guided decoding, as the constraints the job has */
     {"guided_json", K_GUIDED_JSON, A_BOTH},     /* response_format json_schema */
     {"guided_choice", K_GUIDED_CHOICE, A_BOTH}, /* a grammar of the choices */
-    /* vLLM's, accepted; applied only with their neutral value */
-    {"min_tokens", K_MIN_TOKENS, A_BOTH},
-    {"stop_token_ids", K_STOP_TOKEN_IDS, A_BOTH},
+    /* vLLM's, the job's own (issue 29) */
+    {"min_tokens", K_COPY_SET, A_BOTH},
+    {"stop_token_ids", K_COPY_SET, A_BOTH},
     {"skip_special_tokens", K_SKIP_SPECIAL, A_BOTH},
     /* accepted and ignored */
     {"user", K_STRING_IGNORED, A_BOTH},
@@ -359,7 +360,17 @@ static cJSON *clean_messages(const cJSON *m)
 
 void oai_request_clear(struct oai_request *r)
 {
-    free(r->job);
+    if (r->jobs) {
+        for (int i = 0; i < r->n_jobs; i++)
+            free(r->jobs[i]);
+        free(r->jobs);
+    } else {
+        free(r->job);
+    }
+    free(r->job_lens);
+    for (int i = 0; r->echo && i < r->n_jobs; i++)
+        free(r->echo[i]);
+    free(r->echo);
     memset(r, 0, sizeof *r);
 }
 
@@ -413,16 +424,18 @@ static int effort_mode(const cJSON *v, int *think, struct oai_error *e)
 
 /* The completions prompt: a string, token ids, or a list holding one of
  * those; copied into the job as prompt or prompt_ids. */
-static int put_prompt(const cJSON *v, cJSON *job, struct oai_error *e)
+/* A list of prompts (strings or token-id lists): batched, one choice each. */
+static bool prompt_is_list(const cJSON *v)
 {
-    const cJSON *p = v;
-    if (cJSON_IsArray(v) && v->child && (cJSON_IsString(v->child) || cJSON_IsArray(v->child))) {
-        if (cJSON_GetArraySize(v) != 1)
-            return bad400(e, "OUT_OF_RANGE", "prompt",
-                          "prompt: only one prompt per request is supported, not %d",
-                          cJSON_GetArraySize(v));
-        p = v->child;
-    }
+    return cJSON_IsArray(v) && v->child && (cJSON_IsString(v->child) || cJSON_IsArray(v->child));
+}
+
+/* Writes one prompt p (a string or token ids) into job as prompt or
+ * prompt_ids, replacing what is there. */
+static int put_one_prompt(const cJSON *p, cJSON *job, struct oai_error *e)
+{
+    cJSON_DeleteItemFromObjectCaseSensitive(job, "prompt");
+    cJSON_DeleteItemFromObjectCaseSensitive(job, "prompt_ids");
     if (cJSON_IsString(p)) {
         cJSON *c = cJSON_CreateString(p->valuestring);
         if (!c || !cJSON_AddItemToObject(job, "prompt", c)) {
@@ -448,6 +461,26 @@ static int put_prompt(const cJSON *v, cJSON *job, struct oai_error *e)
     return 0;
 }
 
+/* The prompt member: one prompt, or a list of them (each checked here;
+ * the job gets the first, expand_jobs the others). */
+static int put_prompt(const cJSON *v, cJSON *job, struct oai_error *e)
+{
+    if (!prompt_is_list(v))
+        return put_one_prompt(v, job, e);
+    int n = cJSON_GetArraySize(v);
+    if (n > OAI_CHOICES_MAX)
+        return bad400(e, "OUT_OF_RANGE", "prompt", "prompt: %d prompts is over the limit of %d",
+                      n, OAI_CHOICES_MAX);
+    const cJSON *p;
+    cJSON_ArrayForEach(p, v)
+    {
+        int rc = put_one_prompt(p, job, e);
+        if (rc)
+            return rc;
+    }
+    return put_one_prompt(v->child, job, e);
+}
+
 /* What one request's parse carries from step to step: the inputs, the job
  * being built, and the members the walk keeps for the rules across them
  * (which can only be checked once every member is seen). Borrowed pointers
@@ -467,6 +500,8 @@ struct parse_state {
     bool logprobs, top_logprobs_given;
     int top_logprobs;
     int64_t deadline_ms;         /* the request's own deadline_ms, 0 = none */
+    int n;                       /* choices per prompt (n), 1 when absent */
+    bool echo;                   /* completions: the prompt before each text */
     cJSON *guided_rf;            /* guided_json as a response_format, owned; or NULL */
 };
 
@@ -555,22 +590,6 @@ static int take_extension(struct parse_state *ps, enum kind kind, const char *na
                           "thinking_budget)", name);
         return cJSON_AddItemToObject(ps->job, "max_thinking_tokens", cJSON_Duplicate(v, 1))
                    ? 0 : -RL_ENOMEM;
-    case K_MIN_TOKENS:
-        if (get_int(v, name, 0, 1048576, e))
-            return -RL_EINVAL;
-        return v->valuedouble > 0 ? not_applied(ps, name, "BAD_VALUE", "only 0 is supported")
-                                  : 0;
-    case K_STOP_TOKEN_IDS: {
-        if (!cJSON_IsArray(v))
-            return bad400(e, "BAD_TYPE", name, "%s: must be an array of token ids", name);
-        const cJSON *t;
-        cJSON_ArrayForEach(t, v)
-        {
-            if (get_int(t, name, 0, 2147483647.0, e))
-                return -RL_EINVAL;
-        }
-        return v->child ? not_applied(ps, name, "BAD_VALUE", "only [] is supported") : 0;
-    }
     case K_GUIDED_JSON: {
         /* a schema object, or its JSON text (vLLM takes both) */
         cJSON *schema = cJSON_IsString(v) ? cJSON_Parse(v->valuestring) : cJSON_Duplicate(v, 1);
@@ -624,11 +643,11 @@ static int take_extension(struct parse_state *ps, enum kind kind, const char *na
         oai_buf_free(&g);
         return rc;
     }
-    default: { /* K_SKIP_SPECIAL: special tokens are never in the text */
+    default: { /* K_SKIP_SPECIAL: the job's; true (the default) makes no member */
         bool b = false;
         if (get_bool(v, name, &b, e))
             return -RL_EINVAL;
-        return b ? 0 : not_applied(ps, name, "BAD_VALUE", "only true is supported");
+        return b || cJSON_AddFalseToObject(ps->job, "skip_special_tokens") ? 0 : -RL_ENOMEM;
     }
     }
 }
@@ -687,16 +706,21 @@ static int take_sampling(struct parse_state *ps, enum kind kind, const char *nam
     case K_MAX_COMPLETION_TOKENS:
         return get_tokens(v, name, ps->lim->max_tokens, &ps->max_completion_tokens, e);
     case K_N:
-        if (!is_integer(v))
-            return bad400(e, "BAD_TYPE", name, "n: must be an integer");
-        if (v->valuedouble != 1)
-            return bad400(e, "OUT_OF_RANGE", name,
-                          "n: only 1 choice per request is supported, not %g", v->valuedouble);
+        if (get_int(v, name, 1, OAI_CHOICES_MAX, e))
+            return -RL_EINVAL;
+        ps->n = (int)v->valuedouble;
         return 0;
     case K_TOP_K:
         /* -1 is vLLM's "off"; the job's off is 0, its default. Any other
          * value is the job's top_k, checked there. */
         if (cJSON_IsNumber(v) && v->valuedouble == -1)
+            return 0;
+        return add_copy(ps->job, name, v) ? 0 : -RL_ENOMEM;
+    case K_COPY_SET:
+        /* the job's, copied unless neutral (0, [], {}), so a request that
+         * names them at that value makes the same job as one without */
+        if ((cJSON_IsNumber(v) && v->valuedouble == 0) ||
+            ((cJSON_IsArray(v) || cJSON_IsObject(v)) && !v->child))
             return 0;
         return add_copy(ps->job, name, v) ? 0 : -RL_ENOMEM;
     default: /* K_COPY */
@@ -779,7 +803,7 @@ static int take_stream(struct parse_state *ps, enum kind kind, const char *name,
 }
 
 /* Members accepted only with the value that changes nothing (echo false,
- * suffix "", best_of 1, logit_bias {}, modalities ["text"]) or with their
+ * suffix "", best_of 1, modalities ["text"]) or with their
  * type checked and then ignored. */
 static int take_ignored(struct parse_state *ps, enum kind kind, const char *name,
                         const cJSON *v)
@@ -788,29 +812,20 @@ static int take_ignored(struct parse_state *ps, enum kind kind, const char *name
     bool b = false;
     switch (kind) {
     case K_ECHO:
-        if (get_bool(v, name, &b, e))
-            return -RL_EINVAL;
-        return b ? bad400(e, "BAD_VALUE", name, "echo: only false is supported") : 0;
+        return get_bool(v, name, &ps->echo, e);
     case K_SUFFIX:
-        if (!cJSON_IsString(v) || v->valuestring[0])
-            return bad400(e, "BAD_VALUE", name, "suffix: not supported (give none or \"\")");
+        if (!cJSON_IsString(v))
+            return bad400(e, "BAD_TYPE", name, "suffix: must be a string");
+        if (v->valuestring[0])
+            return bad400(e, "BAD_VALUE", name,
+                          "suffix: fill-in-the-middle is not supported: Qwen3 was not trained "
+                          "for it (its <|fim_*|> tokens are unused); give none or \"\"");
         return 0;
     case K_BEST_OF:
         if (!is_integer(v) || v->valuedouble != 1)
-            return bad400(e, "OUT_OF_RANGE", name, "best_of: only 1 is supported");
+            return bad400(e, "OUT_OF_RANGE", name,
+                          "best_of: only 1 is supported (use n for several choices)");
         return 0;
-    case K_LOGIT_BIAS: {
-        if (!cJSON_IsObject(v))
-            return bad400(e, "BAD_TYPE", name, "logit_bias: must be an object");
-        const cJSON *x;
-        cJSON_ArrayForEach(x, v)
-        {
-            if (!cJSON_IsNumber(x) || x->valuedouble < -100 || x->valuedouble > 100)
-                return bad400(e, "BAD_VALUE", name,
-                              "logit_bias: each bias must be a number in [-100, 100]");
-        }
-        return v->child ? not_applied(ps, name, "BAD_VALUE", "only {} is supported") : 0;
-    }
     case K_METADATA_IGNORED: {
         bool ok = cJSON_IsObject(v);
         for (const cJSON *m = ok ? v->child : NULL; m; m = m->next)
@@ -837,19 +852,19 @@ static take_fn *const take_step[] = {
     [K_MODEL] = take_model,
     [K_MESSAGES] = take_input, [K_PROMPT] = take_input,
     [K_MAX_TOKENS] = take_sampling, [K_MAX_COMPLETION_TOKENS] = take_sampling,
-    [K_COPY] = take_sampling, [K_TOP_K] = take_sampling, [K_N] = take_sampling,
+    [K_COPY] = take_sampling, [K_COPY_SET] = take_sampling, [K_TOP_K] = take_sampling,
+    [K_N] = take_sampling,
     [K_LOGPROBS] = take_logprobs, [K_TOP_LOGPROBS] = take_logprobs,
     [K_TOOLS] = take_constraints, [K_TOOL_CHOICE] = take_constraints,
     [K_RESPONSE_FORMAT] = take_constraints,
     [K_CTK] = take_thinking, [K_MODE] = take_thinking, [K_EFFORT] = take_thinking,
     [K_STREAM] = take_stream, [K_STREAM_OPTIONS] = take_stream,
     [K_ECHO] = take_ignored, [K_SUFFIX] = take_ignored, [K_BEST_OF] = take_ignored,
-    [K_LOGIT_BIAS] = take_ignored, [K_BOOL_IGNORED] = take_ignored,
+    [K_BOOL_IGNORED] = take_ignored,
     [K_STRING_IGNORED] = take_ignored, [K_METADATA_IGNORED] = take_ignored,
     [K_MODALITIES] = take_ignored,
     [K_PRIORITY] = take_extension, [K_DEADLINE] = take_extension,
-    [K_THINK_BUDGET] = take_extension, [K_MIN_TOKENS] = take_extension,
-    [K_STOP_TOKEN_IDS] = take_extension, [K_SKIP_SPECIAL] = take_extension,
+    [K_THINK_BUDGET] = take_extension, [K_SKIP_SPECIAL] = take_extension,
     [K_GUIDED_JSON] = take_extension, [K_GUIDED_CHOICE] = take_extension,
 };
 
@@ -903,6 +918,21 @@ static int check_across(struct parse_state *ps)
                       "stream_options: only allowed when stream is true");
     if (ps->top_logprobs_given && !ps->logprobs)
         return bad400(e, "BAD_VALUE", "top_logprobs", "top_logprobs: requires logprobs: true");
+    int n_prompts = prompt_is_list(ps->prompt) ? cJSON_GetArraySize(ps->prompt) : 1;
+    if (n_prompts * ps->n > OAI_CHOICES_MAX)
+        return bad400(e, "OUT_OF_RANGE", "n", "n: %d prompts times n %d is over %d choices",
+                      n_prompts, ps->n, OAI_CHOICES_MAX);
+    if (ps->echo && ps->logprobs)
+        return bad400(e, "BAD_VALUE", "echo",
+                      "echo: not with logprobs (redlm computes no prompt logprobs)");
+    if (ps->echo && ps->prompt) {
+        const cJSON *p = prompt_is_list(ps->prompt) ? ps->prompt->child : ps->prompt;
+        for (; p; p = prompt_is_list(ps->prompt) ? p->next : NULL)
+            if (!cJSON_IsString(p))
+                return bad400(e, "BAD_VALUE", "echo",
+                              "echo: only with text prompts (the front door does not turn "
+                              "token ids back into text)");
+    }
     const cJSON *mode = ps->mode;
     int think = ps->enable_thinking;
     const char *mode_s = cJSON_IsString(mode) ? mode->valuestring : NULL;
@@ -1019,6 +1049,66 @@ static int finish_job(struct parse_state *ps, char **text)
     return t ? 0 : -RL_ENOMEM;
 }
 
+/* Several choices: one job per (prompt, sample), id "<id>-<i>", each
+ * checked by job_parse like the first; sample j of a seeded request gets
+ * seed + j, so the n samples differ as vLLM's do. Fills out->jobs,
+ * job_lens, echo. */
+static int expand_jobs(struct parse_state *ps, const char *id, struct oai_request *out)
+{
+    const cJSON *list = prompt_is_list(ps->prompt) ? ps->prompt : NULL;
+    int n_prompts = list ? cJSON_GetArraySize(list) : 1, n = ps->n > 1 ? ps->n : 1;
+    int total = n_prompts * n;
+    out->n_jobs = total;
+    out->n_per_prompt = n;
+    if (ps->echo)
+        if (!(out->echo = calloc((size_t)total, sizeof *out->echo)))
+            return -RL_ENOMEM;
+    if (total > 1 && (!(out->jobs = calloc((size_t)total, sizeof *out->jobs)) ||
+                      !(out->job_lens = calloc((size_t)total, sizeof *out->job_lens))))
+        return -RL_ENOMEM;
+    const cJSON *seed = cJSON_GetObjectItemCaseSensitive(ps->job, "seed");
+    double seed0 = cJSON_IsNumber(seed) ? seed->valuedouble : -1;
+    for (int k = 0; k < total; k++) {
+        const cJSON *p = list ? cJSON_GetArrayItem(list, k / n) : ps->prompt;
+        if (ps->echo && p && cJSON_IsString(p) && !(out->echo[k] = strdup(p->valuestring)))
+            return -RL_ENOMEM;
+        if (total == 1)
+            break;
+        cJSON *j = cJSON_Duplicate(ps->job, 1);
+        char kid[JOB_ID_MAX + 1];
+        snprintf(kid, sizeof kid, "%.100s-%d", id, k);
+        int rc = j ? 0 : -RL_ENOMEM;
+        if (!rc && !cJSON_ReplaceItemInObjectCaseSensitive(j, "id", cJSON_CreateString(kid)))
+            rc = -RL_ENOMEM;
+        if (!rc && p)
+            rc = put_one_prompt(p, j, ps->e);
+        if (!rc && seed0 >= 0 && k % n) {
+            double sk = fmod(seed0 + k % n, 9007199254740992.0);
+            if (!cJSON_ReplaceItemInObjectCaseSensitive(j, "seed", cJSON_CreateNumber(sk)))
+                rc = -RL_ENOMEM;
+        }
+        char *t = rc ? NULL : cJSON_PrintUnformatted(j);
+        cJSON_Delete(j);
+        if (!rc && !t)
+            rc = -RL_ENOMEM;
+        if (rc)
+            return rc;
+        struct job *jb = NULL;
+        struct job_fault fault;
+        struct rl_err jerr = {0};
+        if ((rc = job_parse(t, strlen(t), ps->lim->job, &jb, &fault, &jerr))) {
+            free(t);
+            if (rc != -RL_ENOMEM)
+                job_fault_error(&fault, &jerr, ps->max_tokens_name, ps->e);
+            return rc;
+        }
+        job_free(jb);
+        out->jobs[k] = t;
+        out->job_lens[k] = strlen(t);
+    }
+    return 0;
+}
+
 /* The body as a JSON object: its size, its text (job_check_text, as the
  * job's strings are checked), its syntax. *buf (the NUL-terminated copy)
  * and *root are the caller's to free, whatever the result. */
@@ -1066,7 +1156,7 @@ static int parse_request(enum oai_api api, const char *body, size_t len,
     memset(out, 0, sizeof *out);
     memset(e, 0, sizeof *e);
     struct parse_state ps = {
-        .api = api, .lim = lim, .out = out, .e = e, .enable_thinking = -1, .effort = -1,
+        .api = api, .lim = lim, .out = out, .e = e, .enable_thinking = -1, .effort = -1, .n = 1,
     };
     char *buf = NULL, *text = NULL;
     cJSON *root = NULL;
@@ -1082,13 +1172,20 @@ static int parse_request(enum oai_api api, const char *body, size_t len,
         rc = build_job(&ps, deadline_ms);
     if (!rc)
         rc = finish_job(&ps, &text);
+    if (!rc)
+        rc = expand_jobs(&ps, id, out);
     if (rc == -RL_ENOMEM)
         oai_error_set(e, 500, T_SERVER, "INTERNAL", NULL, "out of memory");
     if (rc) {
         bool stream = out->stream;
-        memset(out, 0, sizeof *out);
+        free(text);
+        oai_request_clear(out);
         out->stream = stream;
     } else {
+        if (out->jobs) { /* several choices: job is the first of them */
+            free(text);
+            text = out->jobs[0];
+        }
         out->job = text;
         out->job_len = strlen(text);
         out->logprobs = ps.logprobs;
@@ -1133,6 +1230,13 @@ struct oai_resp {
     cJSON *lp_legacy;          /* completions: {tokens, token_logprobs, top_logprobs,
                                   text_offset}, or NULL */
     int64_t text_offset;       /* completions: bytes of text before the next token */
+    /* several choices (n > 1, batched prompts): one job each, read one
+     * after the other; the fields above and below are the current one's,
+     * but for the usage, which sums */
+    int n_choices, n_per_prompt, cur;
+    char **echo;               /* (n_choices) completions' echo text, or NULL; owned */
+    bool echo_sent;            /* stream: the current choice's echo is out */
+    cJSON *choices;            /* non-stream: the finished choices' objects */
     /* from done */
     cJSON *tool_calls;         /* array (possibly empty) */
     const char *finish;        /* the OpenAI finish_reason, static */
@@ -1154,6 +1258,18 @@ int oai_resp_create(struct oai_resp **out, const char *id, const char *model, in
     r->include_usage = req->include_usage;
     r->logprobs = req->logprobs;
     r->top_logprobs = req->top_logprobs;
+    r->n_choices = req->n_jobs > 1 ? req->n_jobs : 1;
+    r->n_per_prompt = req->n_per_prompt > 1 ? req->n_per_prompt : 1;
+    bool oom = !(r->choices = cJSON_CreateArray());
+    if (!oom && req->echo) {
+        oom = !(r->echo = calloc((size_t)r->n_choices, sizeof *r->echo));
+        for (int i = 0; !oom && i < r->n_choices; i++)
+            oom = req->echo[i] && !(r->echo[i] = strdup(req->echo[i]));
+    }
+    if (oom) {
+        oai_resp_free(r);
+        return rl_errf(err, RL_ENOMEM, "oai_resp_create: out of memory");
+    }
     *out = r;
     return 0;
 }
@@ -1168,6 +1284,10 @@ void oai_resp_free(struct oai_resp *r)
     cJSON_Delete(r->lp_content);
     cJSON_Delete(r->lp_legacy);
     cJSON_Delete(r->tool_calls);
+    cJSON_Delete(r->choices);
+    for (int i = 0; r->echo && i < r->n_choices; i++)
+        free(r->echo[i]);
+    free(r->echo);
     free(r);
 }
 
@@ -1191,7 +1311,7 @@ static cJSON *chunk_new(const struct oai_resp *r, cJSON **choice)
     cJSON *choices = cJSON_AddArrayToObject(c, "choices");
     if (choice) {
         *choice = cJSON_CreateObject();
-        cJSON_AddNumberToObject(*choice, "index", 0);
+        cJSON_AddNumberToObject(*choice, "index", r->cur);
         cJSON_AddItemToArray(choices, *choice);
     }
     return c;
@@ -1406,7 +1526,10 @@ static int feed_text_delta(struct oai_resp *r, const char *content, const char *
                            const cJSON *lps, bool want_lp, struct oai_buf *sse)
 {
     struct oai_buf t = {0};
-    if ((reasoning && oai_buf_put(&t, reasoning, strlen(reasoning))) ||
+    const char *echo = r->stream && !r->echo_sent && r->echo ? r->echo[r->cur] : NULL;
+    r->echo_sent = true; /* (non-stream: compl_choice prepends it) */
+    if ((echo && oai_buf_put(&t, echo, strlen(echo))) ||
+        (reasoning && oai_buf_put(&t, reasoning, strlen(reasoning))) ||
         (content && oai_buf_put(&t, content, strlen(content)))) {
         oai_buf_free(&t);
         return -RL_ENOMEM;
@@ -1518,19 +1641,55 @@ void oai_tool_call_ids(cJSON *tool_calls, const char *request_id)
     }
 }
 
+static cJSON *compl_choice(const struct oai_resp *r);
+static cJSON *chat_choice(const struct oai_resp *r);
+
+/* The current choice is over and another follows: keep its object (not
+ * streamed), then start the next from nothing. */
+static int next_choice(struct oai_resp *r)
+{
+    if (!r->stream) {
+        cJSON *ch = r->api == OAI_API_COMPLETIONS ? compl_choice(r) : chat_choice(r);
+        if (!ch || !cJSON_AddItemToArray(r->choices, ch)) {
+            cJSON_Delete(ch);
+            return -RL_ENOMEM;
+        }
+    }
+    oai_buf_free(&r->content);
+    oai_buf_free(&r->reasoning);
+    cJSON_Delete(r->lp_content);
+    cJSON_Delete(r->lp_legacy);
+    cJSON_Delete(r->tool_calls);
+    r->lp_content = r->lp_legacy = r->tool_calls = NULL;
+    r->text_offset = 0;
+    r->role_sent = r->echo_sent = false;
+    r->finish = NULL;
+    r->next_seq = 0;
+    r->cur++;
+    return OAI_NEXT;
+}
+
 static int feed_done(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse,
                      struct oai_error *e)
 {
     const char *fr = str_member(ev, "finish_reason");
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(ev, "tool_calls");
     const cJSON *u = cJSON_GetObjectItemCaseSensitive(ev, "usage");
-    r->prompt_tokens = int_member(u, "prompt_tokens");
-    r->completion_tokens = int_member(u, "completion_tokens");
-    r->reasoning_tokens = int_member(u, "reasoning_tokens");
-    r->cached_tokens = int_member(u, "cached_prompt_tokens");
+    /* several choices: the completion tokens of all; the prompt (and its
+     * cache hits) once per prompt, as OpenAI counts n */
+    if (r->cur % r->n_per_prompt == 0) {
+        r->prompt_tokens += int_member(u, "prompt_tokens");
+        r->cached_tokens += int_member(u, "cached_prompt_tokens");
+    }
+    r->completion_tokens += int_member(u, "completion_tokens");
+    r->reasoning_tokens += int_member(u, "reasoning_tokens");
+    cJSON_Delete(r->tool_calls);
     if (!(r->tool_calls = cJSON_IsArray(tc) ? cJSON_Duplicate(tc, 1) : cJSON_CreateArray()))
         return -RL_ENOMEM;
-    oai_tool_call_ids(r->tool_calls, r->id);
+    /* choices after the first: ids of their own ("call_<tail>c<i>_<k>") */
+    char cid[JOB_ID_MAX + 16];
+    snprintf(cid, sizeof cid, r->cur ? "%s" "c%d" : "%s", r->id, r->cur);
+    oai_tool_call_ids(r->tool_calls, cid);
     bool tools = r->tool_calls->child != NULL;
     if (!fr || !strcmp(fr, "error")) {
         oai_error_set(e, 500, T_SERVER, "ENGINE_ERROR", NULL, "the job ended with an error");
@@ -1542,14 +1701,17 @@ static int feed_done(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse,
                 : !strcmp(fr, "length") ? "length"
                 : !strcmp(fr, "cancelled") ? "cancelled"
                 : !strcmp(fr, "deadline") ? "deadline" : "stop";
-    r->state = OAI_END;
+    bool last = r->cur >= r->n_choices - 1;
+    if (last)
+        r->state = OAI_END;
     if (!r->stream)
-        return OAI_END;
+        return last ? OAI_END : next_choice(r);
     int rc = 0;
     cJSON *choice, *c, *delta;
     if (r->api == OAI_API_COMPLETIONS) {
         c = chunk_new(r, &choice);
-        cJSON_AddStringToObject(choice, "text", "");
+        const char *echo = !r->echo_sent && r->echo ? r->echo[r->cur] : NULL;
+        cJSON_AddStringToObject(choice, "text", echo ? echo : "");
         cJSON_AddNullToObject(choice, "logprobs");
         cJSON_AddStringToObject(choice, "finish_reason", r->finish);
         if (r->include_usage)
@@ -1597,6 +1759,8 @@ static int feed_done(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse,
     if ((rc = sse_put(c, sse)))
         return rc;
 usage:
+    if (!last)
+        return next_choice(r);
     if (r->include_usage) {
         c = chunk_new(r, NULL);
         cJSON_AddItemToObject(c, "usage", usage_json(r));
@@ -1674,11 +1838,42 @@ static char *text_completion(const struct oai_resp *r)
     cJSON_AddStringToObject(c, "object", "text_completion");
     cJSON_AddNumberToObject(c, "created", (double)r->created);
     cJSON_AddStringToObject(c, "model", r->model);
-    cJSON *choices = cJSON_AddArrayToObject(c, "choices");
+    cJSON *choices = cJSON_AddItemToObject(c, "choices", cJSON_Duplicate(r->choices, 1))
+                         ? cJSON_GetObjectItemCaseSensitive(c, "choices") : NULL;
+    cJSON *ch = compl_choice(r);
+    if (!choices || !ch || !cJSON_AddItemToArray(choices, ch)) {
+        cJSON_Delete(ch);
+        cJSON_Delete(c);
+        return NULL;
+    }
+    cJSON_AddItemToObject(c, "usage", usage_json(r));
+    char *s = cJSON_PrintUnformatted(c);
+    cJSON_Delete(c);
+    return s;
+}
+
+/* The current choice of a completions request as a choices[] entry. */
+static cJSON *compl_choice(const struct oai_resp *r)
+{
     cJSON *ch = cJSON_CreateObject();
-    cJSON_AddItemToArray(choices, ch);
-    cJSON_AddStringToObject(ch, "text", r->content.p ? r->content.p : "");
-    cJSON_AddNumberToObject(ch, "index", 0);
+    if (!ch)
+        return NULL;
+    const char *echo = r->echo ? r->echo[r->cur] : NULL;
+    if (echo) {
+        struct oai_buf t = {0};
+        if (oai_buf_put(&t, echo, strlen(echo)) ||
+            (r->content.n && oai_buf_put(&t, r->content.p, r->content.n)) ||
+            oai_buf_put(&t, "", 1)) {
+            oai_buf_free(&t);
+            cJSON_Delete(ch);
+            return NULL;
+        }
+        cJSON_AddStringToObject(ch, "text", t.p);
+        oai_buf_free(&t);
+    } else {
+        cJSON_AddStringToObject(ch, "text", r->content.p ? r->content.p : "");
+    }
+    cJSON_AddNumberToObject(ch, "index", r->cur);
     if (r->logprobs && r->lp_legacy) {
         cJSON_AddItemToObject(ch, "logprobs", cJSON_Duplicate(r->lp_legacy, 1));
     } else if (r->logprobs) {
@@ -1691,10 +1886,7 @@ static char *text_completion(const struct oai_resp *r)
         cJSON_AddNullToObject(ch, "logprobs");
     }
     cJSON_AddStringToObject(ch, "finish_reason", r->finish);
-    cJSON_AddItemToObject(c, "usage", usage_json(r));
-    char *s = cJSON_PrintUnformatted(c);
-    cJSON_Delete(c);
-    return s;
+    return ch;
 }
 
 char *oai_resp_completion(const struct oai_resp *r)
@@ -1708,10 +1900,27 @@ char *oai_resp_completion(const struct oai_resp *r)
     cJSON_AddStringToObject(c, "object", "chat.completion");
     cJSON_AddNumberToObject(c, "created", (double)r->created);
     cJSON_AddStringToObject(c, "model", r->model);
-    cJSON *choices = cJSON_AddArrayToObject(c, "choices");
+    cJSON *choices = cJSON_AddItemToObject(c, "choices", cJSON_Duplicate(r->choices, 1))
+                         ? cJSON_GetObjectItemCaseSensitive(c, "choices") : NULL;
+    cJSON *ch = chat_choice(r);
+    if (!choices || !ch || !cJSON_AddItemToArray(choices, ch)) {
+        cJSON_Delete(ch);
+        cJSON_Delete(c);
+        return NULL;
+    }
+    cJSON_AddItemToObject(c, "usage", usage_json(r));
+    char *s = cJSON_PrintUnformatted(c);
+    cJSON_Delete(c);
+    return s;
+}
+
+/* The current choice of a chat request as a choices[] entry. */
+static cJSON *chat_choice(const struct oai_resp *r)
+{
     cJSON *ch = cJSON_CreateObject();
-    cJSON_AddItemToArray(choices, ch);
-    cJSON_AddNumberToObject(ch, "index", 0);
+    if (!ch)
+        return NULL;
+    cJSON_AddNumberToObject(ch, "index", r->cur);
     cJSON *m = cJSON_AddObjectToObject(ch, "message");
     cJSON_AddStringToObject(m, "role", "assistant");
     bool tools = r->tool_calls && r->tool_calls->child;
@@ -1733,10 +1942,7 @@ char *oai_resp_completion(const struct oai_resp *r)
         cJSON_AddNullToObject(ch, "logprobs");
     }
     cJSON_AddStringToObject(ch, "finish_reason", r->finish);
-    cJSON_AddItemToObject(c, "usage", usage_json(r));
-    char *s = cJSON_PrintUnformatted(c);
-    cJSON_Delete(c);
-    return s;
+    return ch;
 }
 
 int64_t oai_resp_total_tokens(const struct oai_resp *r)

@@ -62,8 +62,8 @@ struct oai_limits {
      * lease key while its client waits: http_client_lease_ms) */
     int client_lease_ms;
     /* What to do with a member the API does not know, or a value it
-     * accepts but does not apply (min_tokens > 0, stop_token_ids,
-     * logit_bias, chat_template_kwargs other than enable_thinking, ...):
+     * accepts but does not apply (stream_options.continuous_usage_stats,
+     * chat_template_kwargs other than enable_thinking, ...):
      * false: accept it and name it in oai_request.ignored (vLLM's way);
      * true: 400 (UNKNOWN_FIELD / BAD_VALUE). From http_unknown_fields. */
     bool refuse_unknown;
@@ -117,11 +117,22 @@ struct oai_request {
     char *job;            /* the job JSON for redlm:requests, NUL-terminated, malloc'd */
     size_t job_len;
     /* the members (and values) accepted but not applied, ", "-separated
-     * in body order ("frobnicate, min_tokens, chat_template_kwargs.x"),
+     * in body order ("frobnicate, chat_template_kwargs.x"),
      * cut at the size with ", ..."; "" when none (lim->refuse_unknown
      * refuses them instead) */
     char ignored[OAI_IGNORED_MAX];
+    /* several choices (n > 1 and/or batched completions prompts, issue
+     * 29): one job per choice, choice i = prompt i / n_per_prompt, sample
+     * i % n_per_prompt, job id "<id>-<i>"; job is jobs[0]. n_jobs 0 or 1:
+     * one job, id <id>, jobs NULL */
+    int n_jobs, n_per_prompt;
+    char **jobs;          /* (n_jobs) job texts, malloc'd */
+    size_t *job_lens;     /* (n_jobs) */
+    char **echo;          /* completions' echo: (n_jobs) the prompt text to put
+                             before each choice's text; NULL when not asked */
 };
+/* The most choices one request may ask for (n times prompts). */
+#define OAI_CHOICES_MAX 64
 void oai_request_clear(struct oai_request *r);
 
 /* Parses and checks one request body (len bytes, need not be
@@ -134,9 +145,11 @@ int oai_parse_request(const char *body, size_t len, const struct oai_limits *lim
                       int64_t deadline_ms, struct oai_request *out, struct oai_error *e);
 
 /* The same for a POST /v1/completions body: prompt (a string, token ids,
- * or a list of one of those) instead of messages; logprobs is the number
- * of alternatives (0..20); echo only false, suffix only "" , best_of and n
- * only 1; the job's mode is no_think (raw text is continued as it is). */
+ * or a list of those: one choice per prompt) instead of messages; logprobs
+ * is the number of alternatives (0..20); echo with text prompts and
+ * without logprobs; suffix only "" (400 otherwise: Qwen3 has no
+ * fill-in-the-middle training), best_of only 1 (or n); the job's mode is
+ * no_think (raw text is continued as it is). */
 int oai_parse_completion(const char *body, size_t len, const struct oai_limits *lim,
                          const char *id, int64_t deadline_ms, struct oai_request *out,
                          struct oai_error *e);
@@ -149,6 +162,9 @@ enum oai_feed {
     OAI_MORE = 0, /* keep reading events */
     OAI_END,      /* done seen: the response is complete */
     OAI_FAILED,   /* an error event or a broken stream: *e says what */
+    OAI_NEXT,     /* (several choices) the current choice's job is done and
+                     the next choice's job follows: read from the start of
+                     its stream (oai_request.jobs[i], id "<id>-<i>") */
 };
 
 /* id: the completion id; model: the name to echo; created: Unix seconds.

@@ -116,6 +116,9 @@ struct eng_req {
     bool ignore_eos;
     int32_t *stop_ids;           /* (n_stop_ids) defaults + request's */
     int n_stop_ids;
+    int min_tokens;              /* sp bans stop_ids while fewer came */
+    int32_t *bias_ids;           /* (sp.n_bias) sp.bias_ids points here */
+    float *bias;                 /* (sp.n_bias) sp.bias points here */
     char **stop;                 /* (n_stop) stop strings */
     int n_stop;
     bool in_think, forced;
@@ -494,6 +497,8 @@ static void req_free(struct eng_req *r)
     gram_match_free(r->gm);
     free(r->mask);
     free(r->stop_ids);
+    free(r->bias_ids);
+    free(r->bias);
     for (int i = 0; i < r->n_stop; i++)
         free(r->stop[i]);
     free(r->stop);
@@ -641,6 +646,17 @@ static int check_request(const struct engine *e, const struct engine_request *r,
             return refuse(err, EV_CODE_INVALID_TOKEN,
                           "stop id %d is outside the vocabulary [0, %d)", (int)r->stop_ids[i],
                           (int)e->cfg->vocab);
+    if (r->min_tokens < 0 || r->n_bias < 0 || (r->n_bias && (!r->bias_ids || !r->bias)))
+        return refuse(err, EV_CODE_BAD_VALUE, "min_tokens / logit_bias: malformed");
+    for (int i = 0; i < r->n_bias; i++) {
+        if (r->bias_ids[i] < 0 || r->bias_ids[i] >= e->cfg->vocab)
+            return refuse(err, EV_CODE_INVALID_TOKEN,
+                          "logit_bias: token %d is outside the vocabulary [0, %d)",
+                          (int)r->bias_ids[i], (int)e->cfg->vocab);
+        if (!(r->bias[i] >= -100 && r->bias[i] <= 100))
+            return refuse(err, EV_CODE_OUT_OF_RANGE, "logit_bias: %g is outside [-100, 100]",
+                          (double)r->bias[i]);
+    }
     sampling_defaults(e, r, sp);
     if (sample_params_check(sp, err))
         return recode(err, EV_CODE_OUT_OF_RANGE);
@@ -683,6 +699,24 @@ static int req_build(struct engine *e, const struct engine_request *r, uint64_t 
             goto oom;
         q->n_stop++;
     }
+    if (r->n_bias) {
+        q->bias_ids = malloc((size_t)r->n_bias * sizeof *q->bias_ids);
+        q->bias = malloc((size_t)r->n_bias * sizeof *q->bias);
+        if (!q->bias_ids || !q->bias)
+            goto oom;
+        memcpy(q->bias_ids, r->bias_ids, (size_t)r->n_bias * sizeof *q->bias_ids);
+        memcpy(q->bias, r->bias, (size_t)r->n_bias * sizeof *q->bias);
+    }
+    q->sp.bias_ids = q->bias_ids;
+    q->sp.bias = q->bias;
+    q->sp.n_bias = r->n_bias;
+    /* min_tokens: the stop ids are banned until enough tokens came (accept
+     * lifts it); a constraint's grammar decides where its document ends,
+     * so there it does not apply (engine.h). A resumed request's earlier
+     * output counts: the caller shrinks min_tokens as it does max_tokens */
+    q->min_tokens = g ? 0 : r->min_tokens;
+    q->sp.ban_ids = q->min_tokens > 0 ? q->stop_ids : NULL;
+    q->sp.n_ban = q->min_tokens > 0 ? q->n_stop_ids : 0;
     /* a prompt whose last think tag is <think> (thinking templates that open
      * it themselves) starts the output inside the reasoning */
     for (int i = n_prompt - 1; i >= 0 && e->think_open >= 0; i--) {
@@ -732,7 +766,8 @@ static int req_build(struct engine *e, const struct engine_request *r, uint64_t 
         if ((rc = sample_observe(q->ss, prompt[i], err)))
             goto fail;
     sample_skip(q->ss, r->n_resumed);
-    if (e->tok && (rc = tok_stream_create(&q->ts, e->tok, TOK_DECODE_SKIP_SPECIAL, err)))
+    if (e->tok && (rc = tok_stream_create(&q->ts, e->tok, r->keep_special ? 0u
+                                                           : TOK_DECODE_SKIP_SPECIAL, err)))
         goto fail;
     *out = q;
     return 0;
@@ -1039,6 +1074,8 @@ static int accept(struct engine *e, struct eng_req *q, int32_t tok,
     }
     q->usage.completion_tokens++;
     e->n_generated++;
+    if (q->sp.n_ban && q->usage.completion_tokens >= q->min_tokens)
+        q->sp.ban_ids = NULL, q->sp.n_ban = 0; /* min_tokens reached */
     bool is_open = tok == e->think_open, is_close = tok == e->think_close;
     if (q->in_think || is_open)
         q->usage.reasoning_tokens++;

@@ -218,6 +218,17 @@ struct engine_request {
                                    fit the context (PROMPT_TOO_LONG) */
     const int32_t *stop_ids;    /* (n_stop_ids) extra stop token ids */
     int n_stop_ids;
+    int min_tokens;             /* vLLM's: the stop ids (eos and stop_ids)
+                                   cannot be sampled before this many
+                                   tokens came (0 off). Not applied inside
+                                   a constraint (its grammar decides the
+                                   end); stop strings still apply */
+    bool keep_special;          /* vLLM's skip_special_tokens false: special
+                                   tokens' text is output (stop ids and the
+                                   think tags are never text) */
+    const int32_t *bias_ids;    /* (n_bias) OpenAI's logit_bias: bias[i] is */
+    const float *bias;          /* added to logit bias_ids[i] before */
+    int n_bias;                 /* sampling ([-100, 100]; -100 bans) */
     const char *const *stop;    /* (n_stop) stop strings, not emitted */
     int n_stop;
     bool ignore_eos;            /* do not stop at <|im_end|>/<|endoftext|>/

@@ -62,6 +62,8 @@ struct sample_state {
     /* scratch, grown on demand */
     struct cand *cand;      /* (n_cand_cap) heap / boundary bucket */
     int n_cand_cap;
+    float *bsaved;          /* (n_bsaved_cap) logits before bias / ban */
+    int n_bsaved_cap;
     double *bmass;          /* (N_BUCKETS) probability mass per bucket */
     int32_t *bcount;        /* (N_BUCKETS) tokens per bucket */
 };
@@ -196,6 +198,17 @@ int sample_params_check(const struct sample_params *p, struct rl_err *err)
     if (p->n_logprobs < 0 || p->n_logprobs > SAMPLE_MAX_LOGPROBS)
         return rl_errf(err, RL_EINVAL, "n_logprobs %d: must be in 0..%d",
                        p->n_logprobs, SAMPLE_MAX_LOGPROBS);
+    if (p->n_bias < 0 || (p->n_bias && (!p->bias_ids || !p->bias)))
+        return rl_errf(err, RL_EINVAL, "logit_bias: a malformed list");
+    for (int i = 0; i < p->n_bias; i++)
+        if (p->bias_ids[i] < 0 || !(p->bias[i] >= -100 && p->bias[i] <= 100))
+            return rl_errf(err, RL_EINVAL, "logit_bias: token %d, bias %g: ids must be >= 0 "
+                           "and biases in [-100, 100]", (int)p->bias_ids[i], (double)p->bias[i]);
+    if (p->n_ban < 0 || (p->n_ban && !p->ban_ids))
+        return rl_errf(err, RL_EINVAL, "sample: a malformed ban list");
+    for (int i = 0; i < p->n_ban; i++)
+        if (p->ban_ids[i] < 0)
+            return rl_errf(err, RL_EINVAL, "sample: banned token %d", (int)p->ban_ids[i]);
     return 0;
 }
 
@@ -242,6 +255,7 @@ void sample_state_free(struct sample_state *st)
     free(st->count);
     free(st->in_prompt);
     free(st->saved);
+    free(st->bsaved);
     free(st->cand);
     free(st->bmass);
     free(st->bcount);
@@ -377,6 +391,60 @@ static void restore_logits(const struct sample_state *st, float *logits,
     for (int d = 0; d < st->n_saved; d++)
         if (st->key[d] < n_vocab)
             logits[st->key[d]] = st->saved[d];
+}
+
+/* Room to save every entry the bias and the ban touch. */
+static int bias_reserve(struct sample_state *st, const struct sample_params *p,
+                        struct rl_err *err)
+{
+    int n = p->n_bias + p->n_ban;
+    if (n <= st->n_bsaved_cap)
+        return 0;
+    float *b = realloc(st->bsaved, sizeof *b * (size_t)n);
+    if (!b)
+        return rl_errf(err, RL_ENOMEM, "sample: out of memory for %d biased tokens", n);
+    st->bsaved = b;
+    st->n_bsaved_cap = n;
+    return 0;
+}
+
+/* logit_bias, then the ban, after the penalties; every touched entry is
+ * saved first (in order, so undo_bias in reverse order restores even a
+ * repeated id). The caller reserved room (bias_reserve). */
+static void apply_bias(struct sample_state *st, const struct sample_params *p, float *logits,
+                       int n_vocab)
+{
+    int k = 0;
+    for (int i = 0; i < p->n_bias; i++, k++) {
+        int32_t t = p->bias_ids[i];
+        if (t >= n_vocab)
+            continue;
+        st->bsaved[k] = logits[t];
+        logits[t] += p->bias[i];
+    }
+    for (int i = 0; i < p->n_ban; i++, k++) {
+        int32_t t = p->ban_ids[i];
+        if (t >= n_vocab)
+            continue;
+        st->bsaved[k] = logits[t];
+        logits[t] = -INFINITY;
+    }
+}
+
+static void undo_bias(const struct sample_state *st, const struct sample_params *p,
+                      float *logits, int n_vocab)
+{
+    int k = p->n_bias + p->n_ban;
+    for (int i = p->n_ban - 1; i >= 0; i--)
+        if (p->ban_ids[i] < n_vocab)
+            logits[p->ban_ids[i]] = st->bsaved[--k];
+        else
+            --k;
+    for (int i = p->n_bias - 1; i >= 0; i--)
+        if (p->bias_ids[i] < n_vocab)
+            logits[p->bias_ids[i]] = st->bsaved[--k];
+        else
+            --k;
 }
 
 /* Raw log-softmax facts: the log-sum-exp and the top n entries. */
@@ -624,7 +692,7 @@ int sample_next_masked(struct sample_state *st, const struct sample_params *p,
     if (n_vocab <= 0 || !logits)
         return rl_errf(err, RL_EINVAL, "sample_next: n_vocab %d", n_vocab);
     /* everything that can fail for memory happens before the draw */
-    if ((rc = map_reserve(st, st->n + 1, err)))
+    if ((rc = map_reserve(st, st->n + 1, err)) || (rc = bias_reserve(st, p, err)))
         return rc;
 
     double lse = 0;
@@ -634,6 +702,7 @@ int sample_next_masked(struct sample_state *st, const struct sample_params *p,
     }
 
     apply_penalties(st, p, logits, n_vocab);
+    apply_bias(st, p, logits, n_vocab);
     if (mask)
         apply_mask(logits, n_vocab, mask);
     float m = -INFINITY;
@@ -647,12 +716,14 @@ int sample_next_masked(struct sample_state *st, const struct sample_params *p,
             n_nan++;
         }
     if (n_nan || m == INFINITY) {
+        undo_bias(st, p, logits, n_vocab);
         restore_logits(st, logits, n_vocab);
         return rl_errf(err, RL_EINVAL, "the model's logits are not finite (%d of %d NaN%s): its "
                        "weights, or the forward pass, produce NaN or infinity; check the "
                        "checkpoint", n_nan, n_vocab, m == INFINITY ? ", +inf among them" : "");
     }
     if (!isfinite(m)) {
+        undo_bias(st, p, logits, n_vocab);
         restore_logits(st, logits, n_vocab);
         return rl_errf(err, RL_EINVAL, "sample_next: no finite maximum in "
                        "the logits row (max %g)%s", (double)m,
@@ -662,9 +733,11 @@ int sample_next_masked(struct sample_state *st, const struct sample_params *p,
     if (p->temperature == 0) {
         (void)sample_rng_uniform(st); /* one draw per token, always */
     } else if ((rc = sample_random(st, p, logits, n_vocab, m, &tok, err))) {
+        undo_bias(st, p, logits, n_vocab);
         restore_logits(st, logits, n_vocab);
         return rc;
     }
+    undo_bias(st, p, logits, n_vocab);
     restore_logits(st, logits, n_vocab);
 
     out->token = tok;
@@ -713,7 +786,7 @@ static int penalties_can_raise(const struct sample_params *p)
 
 int sample_params_reducible(const struct sample_params *p)
 {
-    if (p->logprobs || penalties_can_raise(p))
+    if (p->logprobs || penalties_can_raise(p) || p->n_bias || p->n_ban)
         return 0;
     return p->temperature == 0 || (p->top_k > 0 && p->top_k <= SAMPLE_CANDS) || p->min_p > 0;
 }
@@ -754,7 +827,7 @@ int sample_next_reduced(struct sample_state *st, const struct sample_params *p,
         return rl_errf(err, RL_EINVAL, "sample_next_reduced: %d candidates of %d", cs ? cs->n : -1, n_vocab);
     /* the whole row is in the set: nothing outside to reason about */
     const int whole = cs->n == n_vocab;
-    if (p->logprobs || cs->n_bad || (!whole && penalties_can_raise(p)))
+    if (p->logprobs || cs->n_bad || p->n_bias || p->n_ban || (!whole && penalties_can_raise(p)))
         return 1;
     const int n = cs->n;
     const float bz = cs->c[n - 1].z; /* the boundary: everything outside ranks below (bz, bid) */

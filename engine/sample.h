@@ -5,6 +5,8 @@
  *      over every token seen in the prompt or the output);
  *   2. frequency penalty (minus f * count in the output) and presence
  *      penalty (minus p once if the token is in the output);
+ *   2b. logit_bias added, then banned tokens (min_tokens) to -inf, then a
+ *      constraint's mask (sample_next_masked);
  *   3. temperature 0: argmax of the penalised logits, ties to the lower id;
  *      otherwise divide by the temperature and
  *   4. min_p: drop tokens whose probability is below min_p times the top's
@@ -52,6 +54,17 @@ struct sample_params {
     int logprobs;             /* nonzero: fill sample_out.logprob and top */
     int n_logprobs;           /* 0..SAMPLE_MAX_LOGPROBS top alternatives,
                                  used when logprobs is set */
+    /* OpenAI's logit_bias: bias[i] added to logit bias_ids[i] after the
+     * penalties (ids past the row are skipped; a repeated id adds twice).
+     * Not owned: the arrays must outlive the calls that use p. */
+    const int32_t *bias_ids;  /* (n_bias) ids >= 0 */
+    const float *bias;        /* (n_bias) finite, [-100, 100] */
+    int n_bias;
+    /* Tokens that may not come now (-inf after the bias): the engine's
+     * min_tokens, which bans the stop ids until enough tokens came. Not
+     * owned, as bias. */
+    const int32_t *ban_ids;   /* (n_ban) ids >= 0 */
+    int n_ban;
 };
 
 struct sample_logprob {
@@ -145,7 +158,9 @@ int sample_next_masked(struct sample_state *st, const struct sample_params *p,
  *     passes it), with or without top_p - the draw then sums the same terms
  *     in the same order as the full row's;
  * and never when logprobs are asked (they need the whole row's
- * log-sum-exp), when a penalty can raise a logit (repetition_penalty < 1,
+ * log-sum-exp), with a logit_bias or a ban (a bias can raise a token from
+ * outside the set; a banned token in the set is left to the full row for
+ * simplicity), when a penalty can raise a logit (repetition_penalty < 1,
  * a negative frequency or presence penalty: a token outside may climb in),
  * or when the row has a NaN or +inf (the full row's error names them).
  * top_p alone (no top_k <= SAMPLE_CANDS, no min_p) needs the whole row's

@@ -163,6 +163,14 @@ static void build_request(struct worker *w, struct wjob *j, struct engine_reques
     r.stop = (const char *const *)jb->stop;
     r.n_stop = jb->n_stop;
     r.ignore_eos = jb->ignore_eos;
+    r.stop_ids = jb->stop_ids;
+    r.n_stop_ids = jb->n_stop_ids;
+    /* a resumed job's earlier output counts towards min_tokens, as towards max_tokens */
+    r.min_tokens = jb->min_tokens > j->n_prev ? jb->min_tokens - j->n_prev : 0;
+    r.bias_ids = jb->bias_ids;
+    r.bias = jb->bias;
+    r.n_bias = jb->n_bias;
+    r.keep_special = !jb->skip_special;
     r.no_speculative = !jb->speculative;
     r.constraint = (enum engine_constraint)jb->constraint;
     r.constraint_src = jb->constraint_src;

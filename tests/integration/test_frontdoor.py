@@ -243,8 +243,10 @@ def test_completions(front, workers, redis_addr, prefix):
     assert streamed == "".join(e["delta"].get("content", "") for e in ev if e["type"] == "delta")
     assert chunks[-3]["choices"][0]["finish_reason"] in ("stop", "length")
     # what the legacy API cannot do here is refused, naming the field
-    for bad, param in [({"prompt": "x", "echo": True}, "echo"),
-                       ({"prompt": ["a", "b"]}, "prompt"),
+    # (echo, batched prompts and n work since issue 29: test_fields.py)
+    for bad, param in [({"prompt": "x", "echo": True, "logprobs": 1}, "echo"),
+                       ({"prompt": ["a", 7]}, "prompt"),
+                       ({"prompt": "x", "suffix": "y"}, "suffix"),
                        # chat's messages are not this API's: ignored and named
                        # (http_unknown_fields), so the prompt is missing
                        ({"messages": MSGS}, "prompt"),

@@ -534,7 +534,7 @@ BAD = [
     ({"model": MODEL_NAME}, 400, "MISSING_FIELD", "messages"),
     ({"model": "gpt-4o", "messages": MSGS}, 404, "model_not_found", "model"),
     ({"model": MODEL_NAME, "messages": MSGS, "temperature": 3}, 400, "OUT_OF_RANGE", "temperature"),
-    ({"model": MODEL_NAME, "messages": MSGS, "n": 3}, 400, "OUT_OF_RANGE", "n"),
+    ({"model": MODEL_NAME, "messages": MSGS, "n": 65}, 400, "OUT_OF_RANGE", "n"),  # 1..64 (issue 29)
     ({"model": MODEL_NAME, "messages": MSGS, "max_tokens": 100000}, 400, "OUT_OF_RANGE", "max_tokens"),
     ({"model": MODEL_NAME, "messages": MSGS, "frobnicate": 1}, 400, "UNKNOWN_FIELD", "frobnicate"),
     ({"model": MODEL_NAME, "messages": [{"role": "user"}]}, 400, "MISSING_FIELD", "messages[0].content"),

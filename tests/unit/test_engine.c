@@ -1255,6 +1255,50 @@ static void test_eos_and_defaults(void **state)
     while (base.tokens[first] != stop_id)
         first++;
     assert_int_equal(r.n_tokens, first + 1);
+
+    /* min_tokens (issue 29): the stop id cannot come before min_tokens
+     * tokens, so the run goes past where it stopped */
+    static struct result rm;
+    q.min_tokens = first + 2 < 8 ? first + 2 : 8;
+    submit(e, &q, &rm);
+    drain(e);
+    assert_true(rm.n_tokens >= q.min_tokens);
+    for (int i = 0; i < first; i++)
+        assert_int_equal(rm.tokens[i], base.tokens[i]);
+    for (int i = 0; i < q.min_tokens; i++)
+        assert_int_not_equal(rm.tokens[i], stop_id);
+    q.min_tokens = 0;
+    q.stop_ids = NULL;
+    q.n_stop_ids = 0;
+
+    /* logit_bias: -100 on the greedy first token changes it; +100 on
+     * another forces that one at every step */
+    static struct result rb, rf;
+    int32_t bid = base.tokens[0];
+    float minus = -100.0f, plus = 100.0f;
+    q.bias_ids = &bid;
+    q.bias = &minus;
+    q.n_bias = 1;
+    submit(e, &q, &rb);
+    drain(e);
+    assert_int_not_equal(rb.tokens[0], bid);
+    for (int i = 0; i < rb.n_tokens; i++)
+        assert_int_not_equal(rb.tokens[i], bid);
+    int32_t fid = 5;
+    q.bias_ids = &fid;
+    q.bias = &plus;
+    submit(e, &q, &rf);
+    drain(e);
+    assert_int_equal(rf.n_tokens, 8);
+    for (int i = 0; i < rf.n_tokens; i++)
+        assert_int_equal(rf.tokens[i], fid);
+    /* an id outside the vocabulary is refused */
+    struct rl_err err = {0};
+    uint64_t id;
+    int32_t far = 1 << 30;
+    q.bias_ids = &far;
+    assert_int_not_equal(engine_submit(e, &q, &id, &err), 0);
+    assert_non_null(strstr(err.msg, "logit_bias"));
     engine_free(e);
 }
 

@@ -227,6 +227,20 @@ static const struct {
     {"{" P ",\"metadata\":\"x\"}", EV_CODE_BAD_TYPE, "metadata"},
     {"{" P ",\"metadata\":[1]}", EV_CODE_BAD_TYPE, "metadata"},
     {"{" P ",\"metadata\":null}", EV_CODE_BAD_TYPE, "metadata"},
+    /* issue 29: min_tokens, stop_token_ids, logit_bias */
+    {"{" P ",\"min_tokens\":-1}", EV_CODE_OUT_OF_RANGE, "min_tokens"},
+    {"{" P ",\"min_tokens\":1.5}", EV_CODE_BAD_TYPE, "min_tokens"},
+    {"{" P ",\"stop_token_ids\":5}", EV_CODE_BAD_TYPE, "stop_token_ids"},
+    {"{" P ",\"stop_token_ids\":[1,-2]}", EV_CODE_OUT_OF_RANGE, "stop_token_ids[1]"},
+    {"{" P ",\"stop_token_ids\":[\"1\"]}", EV_CODE_BAD_TYPE, "stop_token_ids[0]"},
+    {"{" P ",\"logit_bias\":[1]}", EV_CODE_BAD_TYPE, "logit_bias"},
+    {"{" P ",\"logit_bias\":{\"x\":1}}", EV_CODE_BAD_VALUE, "logit_bias.x"},
+    {"{" P ",\"logit_bias\":{\"-1\":1}}", EV_CODE_BAD_VALUE, "logit_bias.-1"},
+    {"{" P ",\"logit_bias\":{\"01\":1}}", EV_CODE_BAD_VALUE, "logit_bias.01"},
+    {"{" P ",\"logit_bias\":{\"3000000000\":1}}", EV_CODE_BAD_VALUE, "logit_bias.3000000000"},
+    {"{" P ",\"logit_bias\":{\"5\":101}}", EV_CODE_OUT_OF_RANGE, "logit_bias.5"},
+    {"{" P ",\"logit_bias\":{\"5\":\"1\"}}", EV_CODE_BAD_TYPE, "logit_bias.5"},
+    {"{" P ",\"logit_bias\":{\"5\":1,\"5\":2}}", EV_CODE_BAD_VALUE, "logit_bias.5"},
 };
 #define N_BAD ((int)(sizeof bad_jobs / sizeof bad_jobs[0]))
 
@@ -498,6 +512,10 @@ static void test_round_trip(void **state)
                             "{\"prompt_ids\":[5,6],\"logprobs\":false,\"seed\":0}",
                             "{\"id\":\"b\",\"prompt\":\"x\",\"mode\":\"auto\"}",
                             "{\"id\":\"l\",\"prompt\":\"x\",\"client_lease_ms\":5000}",
+                            "{\"id\":\"f\",\"prompt\":\"x\",\"min_tokens\":3,"
+                            "\"stop_token_ids\":[7,151643],\"logit_bias\":{\"10\":-100,\"0\":2.5},"
+                            "\"skip_special_tokens\":false}",
+                            "{\"id\":\"g\",\"prompt\":\"x\",\"stop_token_ids\":[],\"logit_bias\":{}}",
                             /* the constraints, as given */
                             "{\"id\":\"c\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\","
                             "\"json_schema\":{\"name\":\"p\",\"strict\":true,\"schema\":{\"type\":\"object\"}}}}",
@@ -607,6 +625,13 @@ static void test_cache_key(void **state)
         "{\"prompt\":\"x\",\"temperature\":0,\"ignore_eos\":true}",
         "{\"prompt\":\"x\",\"temperature\":0,\"max_thinking_tokens\":0}",
         "{\"prompt\":\"x\",\"temperature\":0,\"logprobs\":0}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"min_tokens\":2}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"stop_token_ids\":[5]}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"stop_token_ids\":[6]}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"logit_bias\":{\"5\":1}}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"logit_bias\":{\"5\":2}}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"logit_bias\":{\"6\":1}}",
+        "{\"prompt\":\"x\",\"temperature\":0,\"skip_special_tokens\":false}",
         /* the constraint: its kind and its source */
         "{\"prompt\":\"x\",\"temperature\":0,\"response_format\":{\"type\":\"json_object\"}}",
         "{\"prompt\":\"x\",\"temperature\":0,\"response_format\":{\"type\":\"json_schema\","
@@ -641,9 +666,10 @@ static void test_cache_key(void **state)
     key_of("{\"prompt\":\"x\",\"temperature\":0}", "qwen3-0.6b", ids, 2, k);
     assert_string_not_equal(k, base);
 
-    /* pinned: the key must be stable across builds and machines, since
+    /* pinned (v4 since issue 29 added min_tokens, stop_token_ids and
+     * logit_bias, skip_special_tokens): the key must be stable across builds and machines, since
      * every worker shares the cache; changing it needs a version bump */
-    assert_string_equal(base, "91d6aa74c2fa2114a7a56a327eac9b8bbcae30ecc5858e962ba742aef9f9c02f");
+    assert_string_equal(base, "b67a702e3a713d237b8ae4b2df6b3722fca89df832e11a39fa0fc53562b29f4c");
 }
 
 /* The shared corpus: schemas/examples/jobs-invalid.json holds bad jobs
@@ -792,6 +818,33 @@ static void test_identity_helpers(void **state)
     job_free(j);
 }
 
+/* issue 29's fields land in the struct as given. */
+static void test_issue29_fields(void **state)
+{
+    (void)state;
+    struct job *j = ok("{\"prompt\":\"x\",\"min_tokens\":4,\"stop_token_ids\":[9,2],"
+                       "\"logit_bias\":{\"151645\":-100,\"7\":0.5}}", NULL);
+    assert_int_equal(j->min_tokens, 4);
+    assert_int_equal(j->n_stop_ids, 2);
+    assert_int_equal(j->stop_ids[0], 9);
+    assert_int_equal(j->stop_ids[1], 2);
+    assert_int_equal(j->n_bias, 2);
+    assert_int_equal(j->bias_ids[0], 151645);
+    assert_true(j->bias[0] == -100.0f);
+    assert_int_equal(j->bias_ids[1], 7);
+    assert_true(j->bias[1] == 0.5f);
+    job_free(j);
+    j = ok("{\"prompt\":\"x\"}", NULL);
+    assert_int_equal(j->min_tokens, 0);
+    assert_int_equal(j->n_stop_ids, 0);
+    assert_int_equal(j->n_bias, 0);
+    assert_true(j->skip_special);
+    job_free(j);
+    j = ok("{\"prompt\":\"x\",\"skip_special_tokens\":false}", NULL);
+    assert_false(j->skip_special);
+    job_free(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -808,6 +861,7 @@ int main(void)
         cmocka_unit_test(test_shared_corpus),
         cmocka_unit_test(test_guess_id),
         cmocka_unit_test(test_identity_helpers),
+        cmocka_unit_test(test_issue29_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -228,7 +228,8 @@ static const struct {
     {"{" MSG ",\"max_tokens\":\"9\"}", 400, "BAD_TYPE", "max_tokens", "max_tokens: must be an integer"},
     {"{" MSG ",\"max_completion_tokens\":-3}", 400, "OUT_OF_RANGE", "max_completion_tokens",
      "max_completion_tokens: -3 is out of range"},
-    {"{" MSG ",\"n\":2}", 400, "OUT_OF_RANGE", "n", "n: only 1 choice per request is supported"},
+    {"{" MSG ",\"n\":0}", 400, "OUT_OF_RANGE", "n", "n: 0 is out of range [1, 64]"},
+    {"{" MSG ",\"n\":65}", 400, "OUT_OF_RANGE", "n", "n: 65 is out of range [1, 64]"},
     {"{" MSG ",\"n\":\"1\"}", 400, "BAD_TYPE", "n", "n: must be an integer"},
     {"{" MSG ",\"logprobs\":1}", 400, "BAD_TYPE", "logprobs", "logprobs: must be true or false"},
     {"{" MSG ",\"top_logprobs\":2}", 400, "BAD_VALUE", "top_logprobs",
@@ -252,8 +253,13 @@ static const struct {
     {"{" MSG ",\"user\":5}", 400, "BAD_TYPE", "user", "user: must be a string"},
     {"{" MSG ",\"response_format\":{\"type\":\"yaml\"}}", 400, "BAD_PARAM",
      "response_format.type", "response_format.type: \"yaml\" is not one of"},
-    {"{" MSG ",\"logit_bias\":{\"50256\":-100}}", 400, "BAD_VALUE", "logit_bias",
-     "logit_bias: only {} is supported"},
+    {"{" MSG ",\"logit_bias\":{\"x\":-100}}", 400, "BAD_VALUE", "logit_bias.x",
+     "logit_bias: key \"x\" is not a token id"},
+    {"{" MSG ",\"logit_bias\":{\"5\":-101}}", 400, "OUT_OF_RANGE", "logit_bias.5", "logit_bias.5"},
+    {"{" MSG ",\"logit_bias\":[5]}", 400, "BAD_TYPE", "logit_bias", "logit_bias: must be an object"},
+    {"{" MSG ",\"min_tokens\":-1}", 400, "OUT_OF_RANGE", "min_tokens", "min_tokens"},
+    {"{" MSG ",\"stop_token_ids\":[1,\"2\"]}", 400, "BAD_TYPE", "stop_token_ids[1]",
+     "stop_token_ids[1]"},
     /* fields job_parse checks, named as the client wrote them */
     {"{" MSG ",\"temperature\":2.5}", 400, "OUT_OF_RANGE", "temperature",
      "temperature: 2.5 is out of range"},
@@ -726,10 +732,15 @@ static void test_completion_requests(void **state)
     } badc[] = {
         {"{\"max_tokens\":5}", "MISSING_FIELD", "prompt"},
         {"{" MSG "}", "UNKNOWN_FIELD", "messages"},
-        {"{\"prompt\":\"x\",\"echo\":true}", "BAD_VALUE", "echo"},
+        {"{\"prompt\":\"x\",\"echo\":true,\"logprobs\":1}", "BAD_VALUE", "echo"},
+        {"{\"prompt\":[1,2],\"echo\":true}", "BAD_VALUE", "echo"},
+        {"{\"prompt\":[\"a\",[1]],\"echo\":true}", "BAD_VALUE", "echo"},
+        {"{\"prompt\":\"x\",\"echo\":1}", "BAD_TYPE", "echo"},
+        {"{\"prompt\":[\"a\",\"b\"],\"n\":33}", "OUT_OF_RANGE", "n"},
+        {"{\"prompt\":[\"a\",\"\"]}", "OUT_OF_RANGE", "prompt"},
         {"{\"prompt\":\"x\",\"suffix\":\"end\"}", "BAD_VALUE", "suffix"},
         {"{\"prompt\":\"x\",\"best_of\":3}", "OUT_OF_RANGE", "best_of"},
-        {"{\"prompt\":[\"a\",\"b\"]}", "OUT_OF_RANGE", "prompt"},
+        {"{\"prompt\":[\"a\",7]}", "BAD_TYPE", "prompt"},
         {"{\"prompt\":[1,\"b\"]}", "BAD_TYPE", "prompt"},
         {"{\"prompt\":7}", "BAD_TYPE", "prompt"},
         {"{\"prompt\":\"x\",\"logprobs\":true}", "BAD_TYPE", "logprobs"},
@@ -813,6 +824,115 @@ static void test_token_text(void **state)
                            "{\"tokens\":[\"Hel\",\"lo\"],\"token_logprobs\":[-0.5,-0.25],\"top_logprobs\":"
                            "[null,null],\"text_offset\":[0,3]},\"finish_reason\":\"stop\"}]," USAGE "}");
     free(s);
+    oai_resp_free(r);
+}
+
+/* Several choices (issue 29): batched prompts and n make one job per
+ * choice, "<id>-<i>", prompt i / n, seed + i % n; echo texts per choice;
+ * the answer reads the jobs one after the other, each choice with its
+ * index, the usage summed (the prompt once per prompt). */
+static void test_several_choices(void **state)
+{
+    (void)state;
+    struct oai_limits lim;
+    oai_limits_default(&lim);
+    struct oai_request q;
+    struct oai_error e;
+    const char *body = "{\"prompt\":[\"Once\",[7,8]],\"n\":2,\"seed\":5,\"max_tokens\":3}";
+    assert_int_equal(oai_parse_completion(body, strlen(body), &lim, ID, 0, &q, &e), 0);
+    assert_int_equal(q.n_jobs, 4);
+    assert_int_equal(q.n_per_prompt, 2);
+    assert_ptr_equal(q.job, q.jobs[0]);
+    assert_null(q.echo);
+    const char *want[] = {
+        "{\"id\":\"" ID "-0\",\"seed\":5,\"max_tokens\":3,\"mode\":\"no_think\",\"prompt\":\"Once\"}",
+        "{\"id\":\"" ID "-1\",\"seed\":6,\"max_tokens\":3,\"mode\":\"no_think\",\"prompt\":\"Once\"}",
+        "{\"id\":\"" ID "-2\",\"seed\":5,\"max_tokens\":3,\"mode\":\"no_think\",\"prompt_ids\":[7,8]}",
+        "{\"id\":\"" ID "-3\",\"seed\":6,\"max_tokens\":3,\"mode\":\"no_think\",\"prompt_ids\":[7,8]}",
+    };
+    for (int i = 0; i < 4; i++) {
+        if (strcmp(q.jobs[i], want[i]))
+            fail_msg("job %d:\n got  %s\n want %s", i, q.jobs[i], want[i]);
+        assert_int_equal(q.job_lens[i], strlen(want[i]));
+    }
+    oai_request_clear(&q);
+    /* one prompt: one job, the id as it is; echo keeps the prompt */
+    body = "{\"prompt\":[\"Once\"],\"echo\":true}";
+    assert_int_equal(oai_parse_completion(body, strlen(body), &lim, ID, 0, &q, &e), 0);
+    assert_int_equal(q.n_jobs, 1);
+    assert_null(q.jobs);
+    assert_non_null(strstr(q.job, "\"id\":\"" ID "\""));
+    assert_string_equal(q.echo[0], "Once");
+    oai_request_clear(&q);
+    /* chat: n alone */
+    body = "{" MSG ",\"n\":3}";
+    assert_int_equal(oai_parse_request(body, strlen(body), &lim, ID, 0, &q, &e), 0);
+    assert_int_equal(q.n_jobs, 3);
+    assert_non_null(strstr(q.jobs[2], "\"id\":\"" ID "-2\""));
+    assert_null(strstr(q.jobs[2], "seed"));
+    oai_request_clear(&q);
+
+    /* the answer, not streamed: two choices, echo before each text */
+    char *ech[] = {"P: ", "Q: "};
+    struct oai_request cq = {.api = OAI_API_COMPLETIONS, .n_jobs = 2, .n_per_prompt = 1,
+                             .echo = ech};
+    struct oai_resp *r;
+    assert_int_equal(oai_resp_create(&r, ID, "redlm", 1700000000, &cq, NULL), 0);
+    struct oai_buf b = {0};
+    const char *evs[] = {
+        "{\"seq\":0,\"type\":\"delta\",\"delta\":{\"content\":\"a\"},\"token_ids\":[1]}",
+        DONE_EV(1, "stop", "[]"),
+        "{\"seq\":0,\"type\":\"delta\",\"delta\":{\"content\":\"b\"},\"token_ids\":[2]}",
+        DONE_EV(1, "length", "[]"),
+    };
+    const int rcs[] = {OAI_MORE, OAI_NEXT, OAI_MORE, OAI_END};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(oai_resp_feed(r, evs[i], strlen(evs[i]), &b, &e), rcs[i]);
+    assert_int_equal(b.n, 0);
+    char *s = oai_resp_completion(r);
+    assert_string_equal(s, "{\"id\":\"" ID "\",\"object\":\"text_completion\",\"created\":1700000000,"
+                           "\"model\":\"redlm\",\"choices\":[{\"text\":\"P: a\",\"index\":0,"
+                           "\"logprobs\":null,\"finish_reason\":\"stop\"},{\"text\":\"Q: b\",\"index\":1,"
+                           "\"logprobs\":null,\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":24,"
+                           "\"completion_tokens\":10,\"total_tokens\":34,\"prompt_tokens_details\":"
+                           "{\"cached_tokens\":16},\"completion_tokens_details\":{\"reasoning_tokens\":4}}}");
+    free(s);
+    assert_int_equal(oai_resp_total_tokens(r), 34);
+    oai_resp_free(r);
+
+    /* chat, streamed, n 2 (one prompt): chunks with index 0 then 1, the
+     * usage once at the end, the prompt counted once */
+    struct oai_request sq = {.api = OAI_API_CHAT, .stream = true, .include_usage = true,
+                             .n_jobs = 2, .n_per_prompt = 2};
+    assert_int_equal(oai_resp_create(&r, ID, "redlm", 1700000000, &sq, NULL), 0);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(oai_resp_feed(r, evs[i], strlen(evs[i]), &b, &e), rcs[i]);
+    assert_int_equal(oai_buf_put(&b, "", 1), 0);
+    cJSON *ch0 = NULL;
+    int n_done = 0, seen[2] = {0, 0};
+    for (char *line = strstr(b.p, "data: "); line; line = strstr(line + 1, "data: ")) {
+        if (!strncmp(line, "data: [DONE]", 12)) {
+            n_done++;
+            continue;
+        }
+        ch0 = cJSON_Parse(line + 6);
+        assert_non_null(ch0);
+        const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(ch0, "choices"), 0);
+        if (c) {
+            int idx = cJSON_GetObjectItem(c, "index")->valueint;
+            assert_true(idx == 0 || idx == 1);
+            assert_true(idx >= (seen[1] ? 1 : 0)); /* choice 0 first, then 1 */
+            seen[idx]++;
+        } else {
+            const cJSON *u = cJSON_GetObjectItem(ch0, "usage");
+            assert_int_equal(cJSON_GetObjectItem(u, "prompt_tokens")->valueint, 12);
+            assert_int_equal(cJSON_GetObjectItem(u, "completion_tokens")->valueint, 10);
+        }
+        cJSON_Delete(ch0);
+    }
+    assert_int_equal(n_done, 1);
+    assert_true(seen[0] >= 2 && seen[1] >= 2); /* content and finish for each */
+    oai_buf_free(&b);
     oai_resp_free(r);
 }
 
@@ -907,9 +1027,15 @@ static void test_ignored_fields(void **state)
     struct oai_request r;
     struct oai_error e;
     assert_int_equal(oai_parse_request(body, strlen(body), &lim, ID, 2000, &r, &e), 0);
-    assert_string_equal(r.ignored, "frobnicate, min_tokens2, stop_token_ids, "
+    assert_string_equal(r.ignored, "frobnicate, min_tokens2, "
                                    "stream_options.continuous_usage_stats, "
-                                   "chat_template_kwargs.custom, logit_bias");
+                                   "chat_template_kwargs.custom");
+    /* issue 29: min_tokens, stop_token_ids and logit_bias are the job's;
+     * at their neutral value (min_tokens 0) they make no member */
+    assert_non_null(strstr(r.job, "\"stop_token_ids\":[7]"));
+    assert_non_null(strstr(r.job, "\"logit_bias\":{\"5\":1}"));
+    assert_null(strstr(r.job, "\"min_tokens\""));
+    assert_null(strstr(r.job, "skip_special_tokens")); /* true: the default */
     /* vLLM's guided_json is the job's response_format */
     assert_non_null(strstr(r.job, "\"response_format\":{\"type\":\"json_schema\","
                                   "\"json_schema\":{\"name\":\"guided_json\",\"schema\":{}}}"));
@@ -922,6 +1048,17 @@ static void test_ignored_fields(void **state)
     assert_null(strstr(r.job, "\"reasoning\""));
     assert_null(strstr(r.job, "frobnicate"));
     oai_request_clear(&r);
+    /* min_tokens > 0 and completions take them too */
+    const char *mt = "{\"prompt\":\"p\",\"min_tokens\":3,\"stop_token_ids\":[151643,9],"
+                     "\"skip_special_tokens\":false,"
+                     "\"logit_bias\":{\"9\":-100,\"10\":100}}";
+    assert_int_equal(oai_parse_completion(mt, strlen(mt), &lim, ID, 0, &r, &e), 0);
+    assert_non_null(strstr(r.job, "\"min_tokens\":3"));
+    assert_non_null(strstr(r.job, "\"stop_token_ids\":[151643,9]"));
+    assert_non_null(strstr(r.job, "\"logit_bias\":{\"9\":-100,\"10\":100}"));
+    assert_non_null(strstr(r.job, "\"skip_special_tokens\":false"));
+    assert_string_equal(r.ignored, "");
+    oai_request_clear(&r);
     /* nothing to name: an empty list */
     const char *plain = "{" MSG ",\"min_tokens\":0,\"skip_special_tokens\":true,\"stop_token_ids\":[]}";
     assert_int_equal(oai_parse_request(plain, strlen(plain), &lim, ID, 0, &r, &e), 0);
@@ -929,10 +1066,10 @@ static void test_ignored_fields(void **state)
     oai_request_clear(&r);
     /* refused when the deployment says so */
     lim.refuse_unknown = true;
-    const char *refused[][2] = {{"{" MSG ",\"min_tokens\":3}", "min_tokens"},
+    const char *refused[][2] = {{"{" MSG ",\"min_tokens2\":3}", "min_tokens2"},
                                 {"{" MSG ",\"chat_template_kwargs\":{\"x\":1}}",
                                  "chat_template_kwargs.x"},
-                                {"{" MSG ",\"skip_special_tokens\":false}", "skip_special_tokens"},
+                                {"{" MSG ",\"guided_regex\":\"x\"}", "guided_regex"},
                                 {"{" MSG ",\"frobnicate\":1}", "frobnicate"}};
     for (size_t i = 0; i < 4; i++) {
         assert_int_equal(oai_parse_request(refused[i][0], strlen(refused[i][0]), &lim, ID, 0, &r,
@@ -971,6 +1108,7 @@ int main(void)
         cmocka_unit_test(test_stream_error_details),
         cmocka_unit_test(test_completion_object),
         cmocka_unit_test(test_keys),
+        cmocka_unit_test(test_several_choices),
         cmocka_unit_test(test_default_mode),
         cmocka_unit_test(test_harmless_fields),
         cmocka_unit_test(test_completion_requests),

@@ -551,6 +551,95 @@ static void test_params_check(void **state)
     assert_null(st);
 }
 
+/* logit_bias and the ban (issue 29): -100 removes the greedy token, +100
+ * forces a weak one, the ban wins over everything, the row comes back
+ * unchanged, and the reduced path declines so the full row decides. */
+static void test_logit_bias_and_ban(void **state)
+{
+    (void)state;
+    enum { V = 1000 };
+    float *l = malloc(sizeof *l * V), *copy = malloc(sizeof *copy * V);
+    rand_logits(l, V, 7, -5, 5);
+    l[42] = 9.0f; /* the greedy token */
+    memcpy(copy, l, sizeof *l * V);
+    struct sample_params p;
+    sample_params_default(&p);
+    p.temperature = 0;
+    struct sample_state *st = mk(1, NULL, 0);
+    assert_int_equal(next(st, &p, l, V), 42);
+
+    int32_t ban42[] = {42};
+    float minus[] = {-100.0f};
+    p.bias_ids = ban42;
+    p.bias = minus;
+    p.n_bias = 1;
+    int32_t second = next(st, &p, l, V);
+    assert_int_not_equal(second, 42);
+    assert_memory_equal(l, copy, sizeof *l * V);
+
+    int32_t weak[] = {7, 7}; /* a repeated id adds twice */
+    float plus[] = {60.0f, 40.0f};
+    l[7] = -4.0f;
+    memcpy(copy, l, sizeof *l * V);
+    p.bias_ids = weak;
+    p.bias = plus;
+    p.n_bias = 2;
+    assert_int_equal(next(st, &p, l, V), 7);
+    p.n_bias = 1; /* +60 alone: -4 + 60 = 56 still beats 9 */
+    assert_int_equal(next(st, &p, l, V), 7);
+    assert_memory_equal(l, copy, sizeof *l * V);
+
+    /* random sampling at temperature 1: +100 makes the token certain */
+    p.temperature = 1.0f;
+    p.n_bias = 2;
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(next(st, &p, l, V), 7);
+
+    /* the ban beats the bias, and the greedy choice moves on */
+    p.temperature = 0;
+    p.ban_ids = weak;
+    p.n_ban = 1;
+    assert_int_equal(next(st, &p, l, V), 42);
+    assert_memory_equal(l, copy, sizeof *l * V);
+    p.n_bias = 0;
+    p.ban_ids = ban42;
+    assert_int_equal(next(st, &p, l, V), second);
+
+    /* the reduced path declines with a bias or a ban, and the params say
+     * so up front */
+    struct sample_cands cs;
+    sample_cands_from_row(l, V, &cs);
+    struct sample_out out;
+    struct rl_err err = {0};
+    assert_false(sample_params_reducible(&p));
+    assert_int_equal(sample_next_reduced(st, &p, &cs, V, NULL, &out, &err), 1);
+    p.n_ban = 0;
+    p.bias_ids = weak;
+    p.bias = plus;
+    p.n_bias = 1;
+    assert_false(sample_params_reducible(&p));
+    assert_int_equal(sample_next_reduced(st, &p, &cs, V, NULL, &out, &err), 1);
+    p.n_bias = 0;
+    assert_true(sample_params_reducible(&p));
+    assert_int_equal(sample_next_reduced(st, &p, &cs, V, NULL, &out, &err), 0);
+    assert_int_equal(out.token, 42);
+
+    /* bad values are refused before anything is drawn */
+    float huge[] = {101.0f};
+    p.bias = huge;
+    p.n_bias = 1;
+    assert_int_equal(sample_next(st, &p, l, V, &out, &err), -RL_EINVAL);
+    assert_non_null(strstr(err.msg, "logit_bias"));
+    int32_t neg[] = {-1};
+    p.n_bias = 0;
+    p.ban_ids = neg;
+    p.n_ban = 1;
+    assert_int_equal(sample_params_check(&p, &err), -RL_EINVAL);
+    sample_state_free(st);
+    free(l);
+    free(copy);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -562,6 +651,7 @@ int main(void)
         cmocka_unit_test(test_seeded_determinism),
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_params_check),
+        cmocka_unit_test(test_logit_bias_and_ban),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
