@@ -32,6 +32,7 @@
 #include <systemd/sd-daemon.h>
 #include <time.h>
 
+#include "affinity.h"
 #include "clock.h"
 #include "prompt.h"
 #include "rcluster.h"
@@ -124,7 +125,9 @@ static uint64_t derived_seed(const struct wjob *j)
     for (const char *s = j->id; *s; s++)
         h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
     h = (h ^ '\n') * 0x100000001b3ull;
-    for (const char *s = j->entry_id; *s; s++)
+    /* the entry it was first queued as: a job the dispatcher moved from an
+     * offer stream to its pool keeps its seed (issue 27) */
+    for (const char *s = j->entry0[0] ? j->entry0 : j->entry_id; *s; s++)
         h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
     return h & ((1ull << 53) - 1);
 }
@@ -246,6 +249,13 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
     j->resumed = resumed;
     snprintf(j->entry_id, sizeof j->entry_id, "%s", e->id);
     j->t_enqueued = strtoll(e->id, NULL, 10);
+    size_t e0n = 0;
+    const char *e0 = rconn_entry_field(e, "entry0", &e0n);
+    if (e0 && e0n > 0 && e0n < sizeof j->entry0) { /* moved from an offer stream */
+        memcpy(j->entry0, e0, e0n);
+        j->entry0[e0n] = 0;
+        j->t_enqueued = strtoll(j->entry0, NULL, 10);
+    }
     j->t_admitted = rl_wall_ms();
     j->stream_ttl_s = w->opt.default_stream_ttl_s;
     ev_seq_init(&j->seq);
@@ -699,8 +709,39 @@ static void read_failed(struct worker *w, const struct rl_err *err)
     RL_LOG(&w->log, RL_LOG_DEBUG, "XREADGROUP: %s", err->msg);
 }
 
-/* Reads up to k new jobs: one BLOCKing read over every pool when block_ms
- * >= 0, then non-blocking reads in pool order for the rest. */
+/* One entry read from stream p. An entry the dispatcher moved out of a
+ * dead (or stalled) worker's offer stream after it had been delivered
+ * there ("moved": "pending", "dlv": its deliveries) is a takeover like an
+ * XAUTOCLAIM's: resumed from what its stream holds. */
+static void admit_read(struct worker *w, int p, const struct rconn_entry *e)
+{
+    size_t n = 0;
+    const char *mv = rconn_entry_field(e, "moved", &n);
+    bool pend = mv && n == 7 && !memcmp(mv, "pending", 7);
+    int64_t dl = 1;
+    if (pend) {
+        char buf[24];
+        const char *d = rconn_entry_field(e, "dlv", &n);
+        if (d && n < sizeof buf) {
+            memcpy(buf, d, n);
+            buf[n] = 0;
+            dl = strtoll(buf, NULL, 10) + 1;
+            if (dl < 1)
+                dl = 1;
+        }
+    }
+    if (p >= w->n_base_pools) {
+        pthread_mutex_lock(&w->m.mu);
+        w->m.affinity_taken++;
+        pthread_mutex_unlock(&w->m.mu);
+    }
+    w_admit(w, p, e, dl, pend);
+}
+
+/* Reads up to k new jobs: one BLOCKing read over every pool (and offer
+ * stream) when block_ms >= 0, then non-blocking reads for the rest: our
+ * offer streams first (jobs offered to us for the prefix we hold, issue
+ * 27), then the pools in order. */
 static void read_jobs(struct worker *w, int k, int block_ms)
 {
     struct rconn_entries ents = {0};
@@ -713,11 +754,16 @@ static void read_jobs(struct worker *w, int k, int block_ms)
             return;
         }
         for (int i = 0; i < ents.n; i++)
-            w_admit(w, ents.v[i].stream, &ents.v[i], 1, false);
+            admit_read(w, ents.v[i].stream, &ents.v[i]);
         k -= ents.n;
         rconn_entries_free(&ents);
     }
-    for (int p = 0; p < w->n_pools && k > 0; p++) {
+    for (int q = 0; q < w->n_pools && k > 0; q++) {
+        /* offer streams [n_base, n_pools) first, then the pools */
+        int p = w->n_pools > w->n_base_pools
+                    ? (q < w->n_pools - w->n_base_pools ? w->n_base_pools + q
+                                                        : q - (w->n_pools - w->n_base_pools))
+                    : q;
         const char *key = w->pool_keys[p];
         if (rconn_xreadgroup(w->rc_read, w->opt.group, w->opt.name, 1, &key, ">", k, -1, &ents,
                              &err)) {
@@ -725,10 +771,37 @@ static void read_jobs(struct worker *w, int k, int block_ms)
             return;
         }
         for (int i = 0; i < ents.n; i++)
-            w_admit(w, p, &ents.v[i], 1, false);
+            admit_read(w, p, &ents.v[i]);
         k -= ents.n;
         rconn_entries_free(&ents);
     }
+}
+
+static void aff_add_cb(void *ctx, uint64_t h)
+{
+    struct worker *w = ctx;
+    aff_add(w->aff_scratch, w->aff_bytes, h);
+}
+
+/* Prefix-affine pulling (issue 27): every affinity_refresh_ms the filter
+ * of the blocks the KV cache holds is recomputed (O(KV blocks)); when it
+ * changed, the heartbeat that carries it (metrics.c) goes out with this
+ * iteration's flush instead of at its interval, so the dispatcher sees a
+ * conversation's blocks before its next turn comes. At most one early
+ * heartbeat per affinity_refresh_ms. */
+static void aff_refresh(struct worker *w, int64_t now)
+{
+    if (!w->affinity || now < w->aff_next_ms)
+        return;
+    w->aff_next_ms = now + w->cfg.affinity_refresh_ms;
+    memset(w->aff_scratch, 0, w->aff_bytes);
+    engine_each_cached_block(w->eng, aff_add_cb, w);
+    if (!memcmp(w->aff_scratch, w->aff_bits, w->aff_bytes))
+        return;
+    uint8_t *t = w->aff_bits;
+    w->aff_bits = w->aff_scratch;
+    w->aff_scratch = t;
+    w->next_hb_ms = now;
 }
 
 /* How many jobs to read now. A job's prompt length is known only once it
@@ -814,6 +887,7 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
             sd_notify(0, "WATCHDOG=1");
             w->next_wd_ms = now + (int64_t)(w->watchdog_usec / 2000);
         }
+        aff_refresh(w, now);
         int active = engine_n_active(w->eng);
         if (!draining) {
             int k = w_admissible(w);
