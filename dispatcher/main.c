@@ -197,6 +197,7 @@ out:
     dhttp_stop(http);
     route_free(d->router);
     d_models_free(d);
+    da_free(d);
     pthread_mutex_destroy(&d->models_mu);
     rconn_batch_free(d->batch);
     rconn_free(d->rc);
