@@ -106,7 +106,7 @@ LIBCOMMON  := $(BUILD)/libredlm_common.a
 # make's "intermediate" files otherwise, deleted and rebuilt every time)
 .SECONDARY:
 
-.PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks demo gpu-bundle fuzz asan deps clean install
+.PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks bench-affinity demo gpu-bundle fuzz asan deps clean install
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 ifeq ($(CUDA),1)
@@ -170,6 +170,12 @@ bench-fleet: all
 # cluster, in one run (--against-single): the cluster/single saturation ratio.
 bench-fleet-cluster: all
 	BUILD=$(BUILD) /usr/bin/python3 tests/bench/bench_fleet.py --cluster --against-single $(FLEET_ARGS)
+
+# Prefix-affine pulling (issue 27; tests/bench/bench_affinity.py): multi-turn
+# conversations on 4 CPU workers, one worker / affinity off / on, and a
+# trace with no reuse; AFFINITY_ARGS overrides its sizes.
+bench-affinity: all
+	BUILD=$(BUILD) /usr/bin/python3 tests/bench/bench_affinity.py $(AFFINITY_ARGS)
 
 # Every attack on the queue contract in one go (issue 26; tests/bench/attacks.py
 # and the tests/bench/attack_*.py beside it): jobs lost, gaps, mixed streams,
