@@ -6,6 +6,7 @@
 #   make bench-fleet  the soak: Redis, 2 dispatchers, 64 sim H200 workers, faults (BENCHMARKS.md)
 #   make bench-fleet-cluster  the same soak on one Redis, then on a local 3-master cluster
 #   make bench-attacks  every attack on the queue contract at once: lost, gaps, mixed, wrong submitter, refused (all 0)
+#   make bench-affinity  prefix-affine pulling: multi-turn conversations on 4 CPU workers, affinity off and on (BENCHMARKS.md)
 #   make gpu-bundle  the CUDA build, stripped with its libraries and the device script, for a GPU machine
 #   make demo       the whole system on one machine: Redis, a CPU worker, the dispatcher, the chat page
 #   make fuzz       builds the libFuzzer targets with clang
