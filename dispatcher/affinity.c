@@ -296,6 +296,8 @@ out:
     rconn_reply_free(hbs);
 }
 
+static void sweep_one(struct disp *d, struct daff_worker *w, int p);
+
 static void count(struct disp *d, int64_t *field)
 {
     pthread_mutex_lock(&d->m.mu);
@@ -369,6 +371,8 @@ const char *da_choose(struct disp *d, const struct job *j, enum job_mode mode, c
         return NULL;
     }
     struct daff_worker *w = &a->w[best];
+    if (w->backlog[pool] > d->pools[pool].waiting)
+        sweep_one(d, w, pool); /* the estimate counts offers since taken: read it back */
     if (w->backlog[pool] > d->pools[pool].waiting) { /* its queue is deeper than the pool's */
         count(d, &d->m.aff_deep);
         return NULL;

@@ -789,10 +789,13 @@ static void aff_add_cb(void *ctx, uint64_t h)
  * iteration's flush instead of at its interval, so the dispatcher sees a
  * conversation's blocks before its next turn comes. At most one early
  * heartbeat per affinity_refresh_ms. */
-static void aff_refresh(struct worker *w, int64_t now)
+static void aff_refresh(struct worker *w, int64_t now, bool idle)
 {
-    if (!w->affinity || now < w->aff_next_ms)
+    /* going idle after work: at once, so the blocks of the jobs that just
+     * ended are announced before the (blocking) read, not after it */
+    if (!w->affinity || (now < w->aff_next_ms && !(idle && w->aff_dirty)))
         return;
+    w->aff_dirty = false;
     w->aff_next_ms = now + w->cfg.affinity_refresh_ms;
     memset(w->aff_scratch, 0, w->aff_bytes);
     engine_each_cached_block(w->eng, aff_add_cb, w);
@@ -887,12 +890,15 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
             sd_notify(0, "WATCHDOG=1");
             w->next_wd_ms = now + (int64_t)(w->watchdog_usec / 2000);
         }
-        aff_refresh(w, now);
         int active = engine_n_active(w->eng);
         if (!draining) {
             int k = w_admissible(w);
             bool idle = active == 0 && !w_has_pending(w);
+            aff_refresh(w, now, idle);
             int block = w->opt.read_block_ms;
+            /* a heartbeat due now (a changed filter) goes out first */
+            if (w->affinity && w->next_hb_ms <= now)
+                block = 1;
             /* an idle worker must still ping the watchdog on time: a BLOCK
              * longer than the time to the next ping would let systemd kill it */
             if (w->watchdog_usec && w->next_wd_ms - now < block)
@@ -910,6 +916,7 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
             }
             for (int i = 0; i < n_ev; i++)
                 on_event(w, &evs[i]);
+            w->aff_dirty = true; /* the KV cache may hold new blocks */
         }
         if (w->opt.coalesce_ms > 0)
             w_hold_due(w, rl_wall_ms(), draining);

@@ -197,6 +197,7 @@ struct worker {
     uint8_t *aff_bits, *aff_scratch; /* (aff_bytes) each, owned */
     size_t aff_bytes;
     int64_t aff_next_ms;          /* next recompute (wall ms) */
+    bool aff_dirty;               /* the engine stepped since the last recompute */
     bool groups_ok;               /* XGROUP CREATE done since the last NOGROUP */
 
     int last_prompt_len;          /* rendered length of the last job admitted */

@@ -45,6 +45,7 @@ import redis
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("BUILD", ROOT / "build"))
 MODEL = ROOT / "tests/data/models/tiny-qwen3-a"
+TOKENIZER = ROOT / "engine/tokenizers/qwen3"  # the sim workers' (and their dispatcher's) model
 
 SYSTEM = ("You are the support assistant of a company that sells garden tools. Be brief and "
           "exact. Quote the catalogue number of every tool you mention, say when an item is "
@@ -104,15 +105,16 @@ class Procs:
         self.p = []
 
 
-def user_turn(rng, c, t):
+def user_turn(rng, c, t, n_words):
     a, b = rng.choice(WORDS), rng.choice(WORDS)
+    notes = " ".join(rng.choice(WORDS) for _ in range(n_words))
     return (f"Customer {c}, message {t}: do you have the {a} and a matching {b}? I need "
-            f"catalogue numbers and whether they ship this week.")
+            f"catalogue numbers and whether they ship this week. My order notes: {notes}")
 
 
-def make_trace(seed, n_conv, min_turns, max_turns):
+def make_trace(seed, n_conv, min_turns, max_turns, n_words):
     rng = random.Random(seed)
-    return [[user_turn(rng, c, t) for t in range(rng.randint(min_turns, max_turns))]
+    return [[user_turn(rng, c, t, n_words) for t in range(rng.randint(min_turns, max_turns))]
             for c in range(n_conv)]
 
 
@@ -130,15 +132,20 @@ def make_noreuse(seed, n_jobs, lanes=8):
 def run_phase(args, name, affinity, trace, shared, n_workers, r, addr, procs, logdir):
     prefix = f"ba{name.replace('-', '')}{int(time.time() * 1000) % 100000}:"
     aff = [] if affinity else ["--no-affinity"]
+    model = MODEL
+    backend = []
+    if args.backend == "sim":  # a modelled H200 serving Qwen3-14B (engine/sim/)
+        model = TOKENIZER
+        backend = ["--backend", "sim", "--sim-profile", "h200", "--sim-model", "qwen3-14b"]
     for i in range(n_workers):
         procs.start(f"{name}-w{i}", [str(BUILD / "redlm-worker"), "--redis", addr, "--model",
-                                     str(MODEL), "--pools", "fast,think", "--name", f"w{i}",
+                                     str(model), "--pools", "fast,think", "--name", f"w{i}",
                                      "--threads", "1", "--prefix", prefix, "--http-port", "0",
-                                     "--result-cache=false", *aff])
+                                     "--no-result-cache", *backend, *aff])
     procs.start(f"{name}-d", [str(BUILD / "redlm-dispatcher"), "--redis", addr, "--model",
-                              str(MODEL), "--prefix", prefix, "--name", "d", "--http-port", "0",
+                              str(model), "--prefix", prefix, "--name", "d", "--http-port", "0",
                               *aff])
-    deadline = time.time() + 120
+    deadline = time.time() + 300
     while time.time() < deadline:
         if r.zcard(f"{prefix}workers") >= n_workers and r.exists(f"{prefix}dispatcher:d") and \
                 all(r.exists(f"{prefix}worker:w{i}") for i in range(n_workers)):
@@ -222,16 +229,23 @@ def run_phase(args, name, affinity, trace, shared, n_workers, r, addr, procs, lo
         "out_tok_per_s": sum(x[4] for x in results) / wall,
         "offers": a.get("offers", 0), "fallbacks": a.get("fallbacks", 0),
         "no_match": a.get("no_match", 0), "deep": a.get("deep", 0),
+        "fleet_hit_ratio_dispatcher": (a.get("fleet_prefix_hit_tokens", 0) /
+                                       max(1, a.get("fleet_prefix_hit_tokens", 0) +
+                                           a.get("fleet_prefix_miss_tokens", 0))),
     }
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backend", choices=("cpu", "sim"), default="cpu",
+                    help="cpu: the tiny model; sim: modelled H200s serving Qwen3-14B (use --workers 16)")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--conversations", type=int, default=12)
     ap.add_argument("--min-turns", type=int, default=6)
     ap.add_argument("--max-turns", type=int, default=10)
-    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--user-words", type=int, default=60,
+                    help="words of order notes pasted into every user turn (history growth)")
     ap.add_argument("--noreuse-jobs", type=int, default=96)
     ap.add_argument("--seed", type=int, default=27)
     ap.add_argument("--phases", default="one,off,on,nr-off,nr-on,nr-off,nr-on",
@@ -253,7 +267,8 @@ def main():
             break
         except redis.exceptions.ConnectionError:
             time.sleep(0.05)
-    trace = make_trace(args.seed, args.conversations, args.min_turns, args.max_turns)
+    trace = make_trace(args.seed, args.conversations, args.min_turns, args.max_turns,
+                       args.user_words)
     noreuse = make_noreuse(args.seed, args.noreuse_jobs)
     plan = {"one": (True, trace, True, 1), "off": (False, trace, True, args.workers),
             "on": (True, trace, True, args.workers),
@@ -273,14 +288,14 @@ def main():
         redis_proc.wait(10)
     hdr = (f"{'phase':7} {'wk':>3} {'jobs':>5} {'prompt':>7} {'cached':>7} {'hit':>6} "
            f"{'ttft p50':>9} {'p99':>8} {'t>=3 p50':>9} {'p99':>8} {'jobs/s':>7} {'tok/s':>7} "
-           f"{'offers':>6} {'fallb':>5} {'nomatch':>7}")
+           f"{'offers':>6} {'fallb':>5} {'nomatch':>7} {'deep':>5}")
     print(hdr)
     for x in rows:
         print(f"{x['phase']:7} {x['workers']:>3} {x['jobs']:>5} {x['prompt_tokens']:>7} "
               f"{x['cached_tokens']:>7} {x['hit_rate']:>6.3f} {x['ttft_p50_ms']:>7.1f}ms "
               f"{x['ttft_p99_ms']:>6.1f}ms {x['ttft3_p50_ms']:>7.1f}ms {x['ttft3_p99_ms']:>6.1f}ms "
               f"{x['jobs_per_s']:>7.2f} {x['out_tok_per_s']:>7.1f} {x['offers']:>6} "
-              f"{x['fallbacks']:>5} {x['no_match']:>7}")
+              f"{x['fallbacks']:>5} {x['no_match']:>7} {x['deep']:>5}")
     by = {x["phase"]: x for x in rows}
     for ph in ("nr-off", "nr-on"):  # repeated phases: their mean throughput
         xs = [x for x in rows if x["phase"] == ph]
