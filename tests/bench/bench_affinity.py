@@ -132,7 +132,7 @@ def make_noreuse(seed, n_jobs, lanes=8):
 def run_phase(args, name, affinity, trace, shared, n_workers, r, addr, procs, logdir):
     prefix = f"ba{name.replace('-', '')}{int(time.time() * 1000) % 100000}:"
     aff = [] if affinity else ["--no-affinity"]
-    model = MODEL
+    model = pathlib.Path(args.model)
     backend = []
     if args.backend == "sim":  # a modelled H200 serving Qwen3-14B (engine/sim/)
         model = TOKENIZER
@@ -240,6 +240,8 @@ def main():
     ap.add_argument("--backend", choices=("cpu", "sim"), default="cpu",
                     help="cpu: the tiny model; sim: modelled H200s serving Qwen3-14B (use --workers 16)")
     ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--model", default=str(MODEL),
+                    help="CPU workers' model (default the tiny one; `redlm mkmodel` makes larger)")
     ap.add_argument("--conversations", type=int, default=12)
     ap.add_argument("--min-turns", type=int, default=6)
     ap.add_argument("--max-turns", type=int, default=10)
