@@ -195,6 +195,9 @@ static void take_heartbeat(struct disp *d, struct daff_worker *w, const char *js
         } else {
             w->nbytes = (size_t)got;
             w->block_size = bs->valueint;
+            const cJSON *st = cJSON_GetObjectItemCaseSensitive(af, "step_ms");
+            w->step_ms = cJSON_IsNumber(st) && st->valuedouble > 0 && st->valuedouble < 1e6
+                             ? (int)st->valuedouble : 0;
         }
     }
     if (!usable) {
@@ -230,7 +233,9 @@ void da_refresh(struct disp *d, bool all)
     struct daff *a = &d->aff;
     a->on = d->cfg.affinity && d->tok && !rconn_is_cluster(d->rc);
     int64_t now = rl_wall_ms();
-    if (!all && now < a->next_refresh_ms)
+    /* without offers of our own (no tokenizer, a cluster), only the
+     * heartbeat's full refresh, for sweeping other dispatchers' offers */
+    if (!all && (!a->on || now < a->next_refresh_ms))
         return;
     a->next_refresh_ms = now + d->cfg.affinity_refresh_ms;
     if (!d->cfg.affinity)
@@ -298,6 +303,18 @@ out:
 
 static void sweep_one(struct disp *d, struct daff_worker *w, int p);
 
+/* How long an offer to w waits: affinity_wait_ms, or two of its loop
+ * periods when that is longer (it reads only between engine steps, and a
+ * CPU worker's step can outlast 50 ms), never past DA_WAIT_CAP_MS. */
+#define DA_WAIT_CAP_MS 1000
+static int wait_of(const struct disp *d, const struct daff_worker *w)
+{
+    int t = 2 * w->step_ms;
+    if (t > DA_WAIT_CAP_MS)
+        t = DA_WAIT_CAP_MS;
+    return t > d->cfg.affinity_wait_ms ? t : d->cfg.affinity_wait_ms;
+}
+
 static void count(struct disp *d, int64_t *field)
 {
     pthread_mutex_lock(&d->m.mu);
@@ -332,9 +349,15 @@ const char *da_choose(struct disp *d, const struct job *j, enum job_mode mode, c
     }
     uint64_t *hashes = NULL;
     int nb = 0, hashed_bs = 0;
-    int score[64], best = -1, bestn = 0, others = 0;
-    int idx[64], n_idx = 0;
-    for (int i = 0; i < a->n && n_idx < 64; i++) {
+    int best = -1, bestn = 0, others = 0, n_idx = 0;
+    int *score = malloc((size_t)cand * sizeof *score), *idx = malloc((size_t)cand * sizeof *idx);
+    if (!score || !idx) {
+        free(score);
+        free(idx);
+        free(ids);
+        return NULL;
+    }
+    for (int i = 0; i < a->n && n_idx < cand; i++) {
         struct daff_worker *w = &a->w[i];
         if (!w->live || !w->bits || !w->offer[pool][0])
             continue;
@@ -366,6 +389,8 @@ const char *da_choose(struct disp *d, const struct job *j, enum job_mode mode, c
         if (best < 0 || a->w[idx[c]].backlog[pool] < a->w[best].backlog[pool])
             best = idx[c];
     }
+    free(score);
+    free(idx);
     if (bestn == 0 || others == 0) { /* no prefix, or one everybody holds */
         count(d, &d->m.aff_no_match);
         return NULL;
@@ -378,7 +403,7 @@ const char *da_choose(struct disp *d, const struct job *j, enum job_mode mode, c
         return NULL;
     }
     w->backlog[pool]++;
-    int64_t due = rl_wall_ms() + d->cfg.affinity_wait_ms + 1;
+    int64_t due = rl_wall_ms() + wait_of(d, w) + 1;
     if (!w->due_ms[pool] || w->due_ms[pool] > due)
         w->due_ms[pool] = due;
     count(d, &d->m.aff_offers);
@@ -403,7 +428,7 @@ void da_unoffer(struct disp *d, const char *key)
 static void sweep_one(struct disp *d, struct daff_worker *w, int p)
 {
     char wait[24], idle[24];
-    snprintf(wait, sizeof wait, "%d", w->live ? d->cfg.affinity_wait_ms : 0);
+    snprintf(wait, sizeof wait, "%d", w->live ? wait_of(d, w) : 0);
     snprintf(idle, sizeof idle, "%d", d->cfg.claim_idle_ms);
     const char *argv[11] = {"EVAL", move_lua, "2", w->offer[p], d->pools[p].key, GROUP_WORKERS,
                             wait, idle, DA_SWEEP_COUNT, d->cfg.prefix, w->live ? "0" : "1"};

@@ -93,6 +93,7 @@ struct daff_worker {
     uint8_t *bits;                /* (nbytes) its filter, owned; NULL = none */
     size_t nbytes;
     int block_size;
+    int step_ms;                  /* its busy loop's period: it reads offers between steps */
     /* its offer stream for each of d->pools: "" when it serves none there */
     char offer[D_MAX_POOLS][D_KEY_MAX + RCONN_NAME_MAX + 4];
     int64_t backlog[D_MAX_POOLS]; /* offers there not yet delivered (estimate) */

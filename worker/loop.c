@@ -896,6 +896,8 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
             bool idle = active == 0 && !w_has_pending(w);
             aff_refresh(w, now, idle);
             int block = w->opt.read_block_ms;
+            if (idle)
+                w->t_step_ms = 0; /* a period ends with the work */
             /* a heartbeat due now (a changed filter) goes out first */
             if (w->affinity && w->next_hb_ms <= now)
                 block = 1;
@@ -910,6 +912,11 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
         if (active > 0) {
             const struct engine_event *evs;
             int n_ev = 0;
+            /* the loop's period while busy (step + flush + reads), which
+             * the heartbeat announces for the dispatcher's offer wait */
+            if (w->t_step_ms)
+                w->step_ms = 0.9 * w->step_ms + 0.1 * (double)(now - w->t_step_ms);
+            w->t_step_ms = now;
             if (engine_step(w->eng, &evs, &n_ev, err)) {
                 RL_LOG(&w->log, RL_LOG_ERROR, "engine: %s", err->msg);
                 return -err->code;

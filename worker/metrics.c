@@ -341,6 +341,7 @@ char *wm_heartbeat_json(struct worker *w)
         if (a && b && offer) {
             cJSON_AddNumberToObject(a, "block_size", st.block_size);
             cJSON_AddNumberToObject(a, "k", AFF_K);
+            cJSON_AddNumberToObject(a, "step_ms", (double)(int64_t)(w->step_ms + 0.5));
             cJSON_AddStringToObject(a, "filter", b);
             for (int p = w->n_base_pools; p < w->n_pools; p++)
                 cJSON_AddItemToArray(offer, cJSON_CreateString(w->pool_keys[p]));

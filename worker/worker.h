@@ -198,6 +198,9 @@ struct worker {
     size_t aff_bytes;
     int64_t aff_next_ms;          /* next recompute (wall ms) */
     bool aff_dirty;               /* the engine stepped since the last recompute */
+    double step_ms;               /* loop iterations that stepped the engine, smoothed:
+                                     how long an offer may wait for our next read */
+    int64_t t_step_ms;            /* when the last stepping iteration began; 0 = idle */
     bool groups_ok;               /* XGROUP CREATE done since the last NOGROUP */
 
     int last_prompt_len;          /* rendered length of the last job admitted */

@@ -88,8 +88,24 @@ class Procs:
     def start(self, name, args):
         log = open(self.logdir / f"{name}.log", "w")
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc.bench_name = name
         self.p.append((proc, log))
         return proc
+
+    def cpu_s(self, suffix):
+        """CPU seconds (user + system) so far of the processes whose name
+        ends in suffix (/proc/<pid>/stat)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for proc, _ in self.p:
+            if not proc.bench_name.endswith(suffix) or proc.poll() is not None:
+                continue
+            try:
+                f = pathlib.Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(f[11]) + int(f[12])) / tick
+            except (OSError, IndexError, ValueError):
+                pass
+        return total
 
     def stop_all(self):
         for proc, _ in self.p:
@@ -195,6 +211,7 @@ def run_phase(args, name, affinity, trace, shared, n_workers, r, addr, procs, lo
                                 u.get("completion_tokens", 0), (first or time.time()) - t0))
             msgs.append({"role": "assistant", "content": "".join(reply)})
 
+    cpu0_d, cpu0_w = procs.cpu_s("-d"), sum(procs.cpu_s(f"-w{i}") for i in range(n_workers))
     t_start = time.time()
     threads = [threading.Thread(target=conversation, args=(c, turns)) for c, turns in enumerate(trace)]
     for th in threads:
@@ -202,6 +219,8 @@ def run_phase(args, name, affinity, trace, shared, n_workers, r, addr, procs, lo
     for th in threads:
         th.join()
     wall = time.time() - t_start
+    cpu_d = procs.cpu_s("-d") - cpu0_d
+    cpu_w = sum(procs.cpu_s(f"-w{i}") for i in range(n_workers)) - cpu0_w
     dh = {}
     if affinity:
         t_end = time.time() * 1000
@@ -227,6 +246,8 @@ def run_phase(args, name, affinity, trace, shared, n_workers, r, addr, procs, lo
         "ttft3_p50_ms": pct(late, 0.5) * 1000, "ttft3_p99_ms": pct(late, 0.99) * 1000,
         "wall_s": wall, "jobs_per_s": len(results) / wall,
         "out_tok_per_s": sum(x[4] for x in results) / wall,
+        "dispatcher_cpu_us_per_job": cpu_d * 1e6 / max(1, len(results)),
+        "worker_cpu_ms_per_job": cpu_w * 1e3 / max(1, len(results)),
         "offers": a.get("offers", 0), "fallbacks": a.get("fallbacks", 0),
         "no_match": a.get("no_match", 0), "deep": a.get("deep", 0),
         "fleet_hit_ratio_dispatcher": (a.get("fleet_prefix_hit_tokens", 0) /
@@ -248,10 +269,10 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--user-words", type=int, default=60,
                     help="words of order notes pasted into every user turn (history growth)")
-    ap.add_argument("--noreuse-jobs", type=int, default=96)
+    ap.add_argument("--noreuse-jobs", type=int, default=160)
     ap.add_argument("--seed", type=int, default=27)
-    ap.add_argument("--phases", default="one,off,on,nr-off,nr-on,nr-off,nr-on",
-                    help="phases in order; the no-reuse pair twice, averaged")
+    ap.add_argument("--phases", default="one,off,on,nr-off,nr-on,nr-off,nr-on,nr-off,nr-on",
+                    help="phases in order; the no-reuse pair three times, averaged")
     args = ap.parse_args()
     out = pathlib.Path(os.environ.get("OUT", "/tmp/bench-affinity"))
     out.mkdir(parents=True, exist_ok=True)
@@ -290,19 +311,22 @@ def main():
         redis_proc.wait(10)
     hdr = (f"{'phase':7} {'wk':>3} {'jobs':>5} {'prompt':>7} {'cached':>7} {'hit':>6} "
            f"{'ttft p50':>9} {'p99':>8} {'t>=3 p50':>9} {'p99':>8} {'jobs/s':>7} {'tok/s':>7} "
-           f"{'offers':>6} {'fallb':>5} {'nomatch':>7} {'deep':>5}")
+           f"{'offers':>6} {'fallb':>5} {'nomatch':>7} {'deep':>5} {'disp us/job':>11} {'wk ms/job':>9}")
     print(hdr)
     for x in rows:
         print(f"{x['phase']:7} {x['workers']:>3} {x['jobs']:>5} {x['prompt_tokens']:>7} "
               f"{x['cached_tokens']:>7} {x['hit_rate']:>6.3f} {x['ttft_p50_ms']:>7.1f}ms "
               f"{x['ttft_p99_ms']:>6.1f}ms {x['ttft3_p50_ms']:>7.1f}ms {x['ttft3_p99_ms']:>6.1f}ms "
               f"{x['jobs_per_s']:>7.2f} {x['out_tok_per_s']:>7.1f} {x['offers']:>6} "
-              f"{x['fallbacks']:>5} {x['no_match']:>7} {x['deep']:>5}")
+              f"{x['fallbacks']:>5} {x['no_match']:>7} {x['deep']:>5} "
+              f"{x['dispatcher_cpu_us_per_job']:>11.0f} {x['worker_cpu_ms_per_job']:>9.2f}")
     by = {x["phase"]: x for x in rows}
     for ph in ("nr-off", "nr-on"):  # repeated phases: their mean throughput
         xs = [x for x in rows if x["phase"] == ph]
         if len(xs) > 1:
-            by[ph] = dict(xs[-1], jobs_per_s=sum(x["jobs_per_s"] for x in xs) / len(xs))
+            by[ph] = dict(xs[-1], jobs_per_s=sum(x["jobs_per_s"] for x in xs) / len(xs),
+                          dispatcher_cpu_us_per_job=sum(x["dispatcher_cpu_us_per_job"]
+                                                        for x in xs) / len(xs))
     ratios = {}
     if "one" in by and "on" in by and by["one"]["hit_rate"]:
         ratios["hit_on_over_one"] = by["on"]["hit_rate"] / by["one"]["hit_rate"]
@@ -312,6 +336,9 @@ def main():
         ratios["ttft3_p50_off_over_on"] = by["off"]["ttft3_p50_ms"] / by["on"]["ttft3_p50_ms"]
     if "nr-off" in by and "nr-on" in by and by["nr-off"]["jobs_per_s"]:
         ratios["noreuse_jobs_per_s_on_over_off"] = by["nr-on"]["jobs_per_s"] / by["nr-off"]["jobs_per_s"]
+    if "nr-off" in by and "nr-on" in by:
+        ratios["noreuse_dispatcher_us_per_job_on_minus_off"] = (
+            by["nr-on"]["dispatcher_cpu_us_per_job"] - by["nr-off"]["dispatcher_cpu_us_per_job"])
     for k, v in ratios.items():
         print(f"{k} = {v:.3f}")
     (out / "affinity.json").write_text(json.dumps({"args": vars(args), "rows": rows,

@@ -100,7 +100,9 @@ def test_turns_land_on_the_worker_holding_the_history(workers, dispatchers, redi
     r = connect(redis_addr)
     wa = workers("wa", *WFLAGS)
     wb = workers("wb", *WFLAGS)
-    d = dispatchers("d1", "--model", str(MODEL), "--affinity-refresh-ms", "20")
+    # a generous wait: a starved machine must not turn an offer into a fallback
+    d = dispatchers("d1", "--model", str(MODEL), "--affinity-refresh-ms", "20",
+                    "--affinity-wait-ms", "5000")
     turns = conversation_turns(r, prefix, "conv", 6, d.name)
     # turn 0 went to whichever worker pulled it; every later turn was
     # offered to that one and served its earlier prompt from cache
@@ -174,6 +176,40 @@ def test_killed_affine_worker_loses_nothing(workers, dispatchers, redis_addr, pr
         hb(r, prefix, "dispatcher", d.name)), what="the takeover counted")
     assert dh["affinity"]["fallbacks"] + dh["affinity"]["takeovers"] >= 2, dh["affinity"]
     assert r.xlen(offer) == 0 or r.xpending(offer, "workers")["pending"] == 0
+    wait_no_pending(r, prefix, timeout=20)
+
+
+def test_busy_holder_falls_back_within_the_wait(workers, dispatchers, redis_addr, prefix):
+    """The holder has no room (one batch slot, busy with a long job): an
+    offer for its prefix is moved to the pool after affinity_wait_ms and
+    the other worker runs it meanwhile."""
+    r = connect(redis_addr)
+    workers("wa", *WFLAGS, "--max-batch", "1")
+    workers("wb", *WFLAGS, "--max-batch", "1")
+    d = dispatchers("d1", "--model", str(MODEL), "--affinity-refresh-ms", "20",
+                    "--affinity-wait-ms", "200")
+    msgs = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Which module renders prompts?"}]
+    send(r, prefix, {"id": "seed", "messages": msgs, "max_tokens": 4, "temperature": 0,
+                     "mode": "no_think"})
+    done_of(r, prefix, "seed")
+    settled = filters_settled(r, prefix, ["wa", "wb"])
+    dispatcher_saw(r, prefix, d.name, settled)
+    long_msgs = msgs + [{"role": "assistant", "content": "engine/prompt.c"},
+                        {"role": "user", "content": "Now explain all of it at length."}]
+    send(r, prefix, {"id": "long", "messages": long_msgs, "max_tokens": 3000, "ignore_eos": True,
+                     "temperature": 0, "mode": "no_think"})
+    wait_for(lambda: r.xlen(f"{prefix}out:long") >= 3, what="the long job streaming")
+    short = msgs + [{"role": "assistant", "content": "engine/prompt.c"},
+                    {"role": "user", "content": "And the tokenizer?"}]
+    send(r, prefix, {"id": "short", "messages": short, "max_tokens": 4, "temperature": 0,
+                     "mode": "no_think"})
+    done_of(r, prefix, "short")
+    dh = wait_for(lambda: (lambda h: h if h["affinity"]["fallbacks"] >= 1 else None)(
+        hb(r, prefix, "dispatcher", d.name)), what="the fallback counted")
+    assert dh["affinity"]["offers"] >= 2, dh["affinity"]
+    evs = done_of(r, prefix, "long", timeout=120)
+    assert evs[-1]["usage"]["completion_tokens"] == 3000
     wait_no_pending(r, prefix, timeout=20)
 
 
