@@ -61,10 +61,10 @@
 /* KEYS[1] the offer stream, KEYS[2] its pool stream; ARGV[1] the group,
  * [2] the wait (ms) after which an undelivered offer moves, [3]
  * claim_idle_ms, [4] the most entries moved per kind, [5] the key prefix
- * (holder records <prefix>own:<id>), [6] "1" when the worker is gone (the
- * stream is deleted once empty). Returns {moved offers, moved pending,
- * ms when the oldest remaining offer is due (-1 none), offers left,
- * 1 if the stream exists}. */
+ * (holder records <prefix>own:<id>). Returns {moved offers, moved
+ * pending, ms when the oldest remaining offer is due (-1 none), offers
+ * left, the entries left in the stream (0 also when it does not exist)}.
+ * An empty offer stream is left in place (the dispatcher may not DEL). */
 static const char move_lua[] =
     "local function ms(id) return tonumber(string.match(id, '^(%d+)')) end\n"
     "if redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0, -1, 0, 0} end\n"
@@ -124,8 +124,7 @@ static const char move_lua[] =
     "    movedp = movedp + 1\n"
     "  end\n"
     "end\n"
-    "if ARGV[6] == '1' and redis.call('XLEN', KEYS[1]) == 0 then redis.call('DEL', KEYS[1]) end\n"
-    "return {moved, movedp, nxt, left, 1}\n";
+    "return {moved, movedp, nxt, left, redis.call('XLEN', KEYS[1])}\n";
 
 static void offer_key(const struct disp *d, int p, const char *name, char *out, size_t size)
 {
@@ -430,11 +429,11 @@ static void sweep_one(struct disp *d, struct daff_worker *w, int p)
     char wait[24], idle[24];
     snprintf(wait, sizeof wait, "%d", w->live ? wait_of(d, w) : 0);
     snprintf(idle, sizeof idle, "%d", d->cfg.claim_idle_ms);
-    const char *argv[11] = {"EVAL", move_lua, "2", w->offer[p], d->pools[p].key, GROUP_WORKERS,
-                            wait, idle, DA_SWEEP_COUNT, d->cfg.prefix, w->live ? "0" : "1"};
+    const char *argv[10] = {"EVAL", move_lua, "2", w->offer[p], d->pools[p].key, GROUP_WORKERS,
+                            wait, idle, DA_SWEEP_COUNT, d->cfg.prefix};
     struct rconn_reply *r = NULL;
     struct rl_err err;
-    if (rconn_command(d->rc, 11, argv, NULL, &r, &err) || !r || r->type != RCONN_ARRAY ||
+    if (rconn_command(d->rc, 10, argv, NULL, &r, &err) || !r || r->type != RCONN_ARRAY ||
         r->n_elem != 5) {
         RL_LOG(&d->log, RL_LOG_WARN, "affinity: sweeping %s: %s", w->offer[p],
                r && r->type == RCONN_ERROR ? r->str : err.msg);
@@ -443,7 +442,7 @@ static void sweep_one(struct disp *d, struct daff_worker *w, int p)
         return;
     }
     long long moved = r->elem[0].integer, movedp = r->elem[1].integer, nxt = r->elem[2].integer;
-    long long left = r->elem[3].integer, exists = r->elem[4].integer;
+    long long left = r->elem[3].integer, xlen = r->elem[4].integer;
     rconn_reply_free(r);
     if (moved || movedp) {
         RL_LOG(&d->log, movedp ? RL_LOG_WARN : RL_LOG_DEBUG,
@@ -456,7 +455,7 @@ static void sweep_one(struct disp *d, struct daff_worker *w, int p)
     }
     w->backlog[p] = left;
     w->due_ms[p] = nxt > 0 ? nxt + 1 : 0;
-    if (!exists && !w->live)
+    if (!xlen && !w->live)
         w->offer[p][0] = 0; /* gone and empty: nothing more to sweep */
 }
 
