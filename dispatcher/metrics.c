@@ -79,7 +79,7 @@ char *disp_metrics_text(struct disp *d)
             "counter\nredlm_dispatcher_affinity_hits_total %lld\n",
             (long long)(m->aff_offers - m->aff_fallbacks - m->aff_takeovers));
     text_printf(&t, "# HELP redlm_dispatcher_affinity_fallbacks_total offers not taken within "
-            "affinity_wait_ms, moved to the pool\n# TYPE redlm_dispatcher_affinity_fallbacks_total "
+            "the affinity wait, moved to the pool\n# TYPE redlm_dispatcher_affinity_fallbacks_total "
             "counter\nredlm_dispatcher_affinity_fallbacks_total %lld\n", (long long)m->aff_fallbacks);
     text_printf(&t, "# HELP redlm_dispatcher_affinity_takeovers_total offers taken by a worker "
             "that then stopped renewing them, moved to the pool to be resumed\n"
