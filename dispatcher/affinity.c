@@ -54,7 +54,7 @@
 #include "kv_cache.h"
 #include "prompt.h"
 
-#define DA_MAX_WORKERS 4096
+#define DA_MAX_WORKERS 1000 /* as models.c: ~29 KB of table per worker (its offer keys) */
 #define DA_SWEEP_COUNT "256" /* entries a sweep moves at most per stream */
 #define GROUP_WORKERS "workers"
 
