@@ -758,12 +758,23 @@ static void read_jobs(struct worker *w, int k, int block_ms)
         k -= ents.n;
         rconn_entries_free(&ents);
     }
-    for (int q = 0; q < w->n_pools && k > 0; q++) {
-        /* offer streams [n_base, n_pools) first, then the pools */
-        int p = w->n_pools > w->n_base_pools
-                    ? (q < w->n_pools - w->n_base_pools ? w->n_base_pools + q
-                                                        : q - (w->n_pools - w->n_base_pools))
-                    : q;
+    int n_offer = w->n_pools - w->n_base_pools;
+    if (n_offer > 0 && k > 0) {
+        /* our offer streams first, all in one read (one round trip more
+         * per step, not one per pool); COUNT is per stream, so with
+         * several pools this may take a few more than k: they wait in the
+         * engine's queue */
+        if (rconn_xreadgroup(w->rc_read, w->opt.group, w->opt.name, n_offer,
+                             &w->pool_key_ptrs[w->n_base_pools], ">", k, -1, &ents, &err)) {
+            read_failed(w, &err);
+            return;
+        }
+        for (int i = 0; i < ents.n; i++)
+            admit_read(w, w->n_base_pools + ents.v[i].stream, &ents.v[i]);
+        k -= ents.n;
+        rconn_entries_free(&ents);
+    }
+    for (int p = 0; p < w->n_base_pools && k > 0; p++) {
         const char *key = w->pool_keys[p];
         if (rconn_xreadgroup(w->rc_read, w->opt.group, w->opt.name, 1, &key, ">", k, -1, &ents,
                              &err)) {
