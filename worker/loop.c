@@ -758,23 +758,29 @@ static void read_jobs(struct worker *w, int k, int block_ms)
         k -= ents.n;
         rconn_entries_free(&ents);
     }
-    int n_offer = w->n_pools - w->n_base_pools;
+    int n_offer = w->n_pools - w->n_base_pools, first = 0;
     if (n_offer > 0 && k > 0) {
-        /* our offer streams first, all in one read (one round trip more
-         * per step, not one per pool); COUNT is per stream, so with
-         * several pools this may take a few more than k: they wait in the
-         * engine's queue */
-        if (rconn_xreadgroup(w->rc_read, w->opt.group, w->opt.name, n_offer,
-                             &w->pool_key_ptrs[w->n_base_pools], ">", k, -1, &ents, &err)) {
+        /* our offer streams and the first pool in one read, so affinity
+         * costs a busy worker no round trip per step. COUNT is per
+         * stream: this may take more than k by the offers it finds, jobs
+         * offered to us that then wait their turn in the engine's queue */
+        const char *keys[W_MAX_STREAMS];
+        for (int i = 0; i < n_offer; i++)
+            keys[i] = w->pool_key_ptrs[w->n_base_pools + i];
+        keys[n_offer] = w->pool_key_ptrs[0];
+        if (rconn_xreadgroup(w->rc_read, w->opt.group, w->opt.name, n_offer + 1, keys, ">", k,
+                             -1, &ents, &err)) {
             read_failed(w, &err);
             return;
         }
-        for (int i = 0; i < ents.n; i++)
-            admit_read(w, w->n_base_pools + ents.v[i].stream, &ents.v[i]);
+        for (int i = 0; i < ents.n; i++) /* offers first: the reply is in key order */
+            admit_read(w, ents.v[i].stream < n_offer ? w->n_base_pools + ents.v[i].stream : 0,
+                       &ents.v[i]);
         k -= ents.n;
         rconn_entries_free(&ents);
+        first = 1;
     }
-    for (int p = 0; p < w->n_base_pools && k > 0; p++) {
+    for (int p = first; p < w->n_base_pools && k > 0; p++) {
         const char *key = w->pool_keys[p];
         if (rconn_xreadgroup(w->rc_read, w->opt.group, w->opt.name, 1, &key, ">", k, -1, &ents,
                              &err)) {
