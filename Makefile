@@ -6,6 +6,7 @@
 #   make bench-fleet  the soak: Redis, 2 dispatchers, 64 sim H200 workers, faults (BENCHMARKS.md)
 #   make bench-fleet-cluster  the same soak on one Redis, then on a local 3-master cluster
 #   make bench-attacks  every attack on the queue contract at once: lost, gaps, mixed, wrong submitter, refused (all 0)
+#   make bench-affinity  prefix-affine pulling: multi-turn conversations on 4 CPU workers, affinity off and on (BENCHMARKS.md)
 #   make gpu-bundle  the CUDA build, stripped with its libraries and the device script, for a GPU machine
 #   make demo       the whole system on one machine: Redis, a CPU worker, the dispatcher, the chat page
 #   make fuzz       builds the libFuzzer targets with clang
@@ -113,7 +114,7 @@ LIBCOMMON  := $(BUILD)/libredlm_common.a
 .SECONDARY: $(TEST_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o) \
             $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/backend/test_*.c))
 
-.PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks demo gpu-bundle fuzz asan deps clean install
+.PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks bench-affinity demo gpu-bundle fuzz asan deps clean install
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 ifeq ($(CUDA),1)
@@ -177,6 +178,12 @@ bench-fleet: all
 # cluster, in one run (--against-single): the cluster/single saturation ratio.
 bench-fleet-cluster: all
 	BUILD=$(BUILD) /usr/bin/python3 tests/bench/bench_fleet.py --cluster --against-single $(FLEET_ARGS)
+
+# Prefix-affine pulling (issue 27; tests/bench/bench_affinity.py): multi-turn
+# conversations on 4 CPU workers, one worker / affinity off / on, and a
+# trace with no reuse; AFFINITY_ARGS overrides its sizes.
+bench-affinity: all
+	BUILD=$(BUILD) /usr/bin/python3 tests/bench/bench_affinity.py $(AFFINITY_ARGS)
 
 # Every attack on the queue contract in one go (issue 26; tests/bench/attacks.py
 # and the tests/bench/attack_*.py beside it): jobs lost, gaps, mixed streams,

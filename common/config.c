@@ -221,6 +221,15 @@ static const struct opt options[] = {
      "Tenants (1-32 of [A-Za-z0-9_-]): the dispatcher also reads <prefix>requests:<tenant> for each, and a job read there lives in the id namespace \"<tenant>:\" (its id gets that prefix), so that with the shipped ACL one tenant can neither break another's intake nor use, pre-empt or read another's ids (config/README.md). As a flag, comma-separated."},
     {"dead_max_mb", T_INT, O(dead_max_mb), "64", 0, 1048576, NULL, CFG_BOTH, F_LIVE,
      "The dead-letter stream holds at most about this many MiB: each letter is at most 20 KiB (a job's text is cut to fit), so the cap in letters is dead_max_mb MiB / 20 KiB when that is below dead_maxlen; 0 = only dead_maxlen."},
+    /* issue 27: prefix-affine pulling (dispatcher/affinity.c, worker/loop.c) */
+    {"affinity", T_BOOL, O(affinity), "true", 0, 0, NULL, CFG_BOTH, 0,
+     "Prefix-affine pulling: a worker publishes a fixed-size filter of the KV block hashes it holds with its heartbeat and also reads its own offer streams (<prefix>jobs:<pool>:w:<name>); the dispatcher offers a job to the live worker holding the longest run of its prompt's leading blocks (when some other worker holds less; among equals the one with the fewest offers waiting, and only while its offers waiting are no more than the pool's), and moves it to the pool stream if it is not taken within affinity_wait_ms. Off: jobs go to the pool streams only, as before. Needs the dispatcher's model (its tokenizer); off on a Redis Cluster."},
+    {"affinity_wait_ms", T_INT, O(affinity_wait_ms), "50", 0, 60000, NULL, CFG_DISPATCHER, F_LIVE,
+     "How long an offered job waits for its worker before any worker may take it (it is moved to the pool stream); two of the worker's busy loop periods when that is longer (it reads only between engine steps; a CPU worker's can outlast 50 ms), at most 1 s."},
+    {"affinity_filter_bytes", T_INT, O(affinity_filter_bytes), "2048", 64, 65536, NULL, CFG_WORKER, 0,
+     "Size of the block-hash filter a worker publishes (a Bloom filter, 3 bits per block; rounded down to a power of two); its heartbeat grows by 4/3 of this (base64)."},
+    {"affinity_refresh_ms", T_INT, O(affinity_refresh_ms), "100", 10, 60000, NULL, CFG_BOTH, F_LIVE,
+     "Worker: how often the filter is recomputed; when it changed the heartbeat goes out at once. Dispatcher: how often it re-reads the workers' filters while requests come in."},
 };
 #undef O
 #define N_OPTS ((int)(sizeof options / sizeof options[0]))

@@ -114,6 +114,11 @@ struct cfg {
     /* issue 26: tenants and bounded dead letters */
     struct cfg_strlist tenants;   /* dispatcher: also read <prefix>requests:<tenant>; may be empty */
     int dead_max_mb;              /* redlm:dead holds at most about this many MiB; 0 = no cap */
+    /* issue 27: prefix-affine pulling */
+    bool affinity;                /* offers by prefix (dispatcher), filter + offer streams (worker) */
+    int affinity_wait_ms;         /* dispatcher: an offer's wait before any worker may take it */
+    int affinity_filter_bytes;    /* worker: the published filter's size */
+    int affinity_refresh_ms;      /* worker: filter recompute; dispatcher: filter re-read */
 };
 
 /* Which program an option is for (--help shows only the program's own;

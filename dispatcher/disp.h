@@ -39,6 +39,13 @@ struct dmetrics {
     double requests_per_s;
     bool adaptive;
     bool ready;
+    /* prefix-affine pulling (issue 27, affinity.c) */
+    int64_t aff_offers;       /* jobs offered to the worker holding their prefix */
+    int64_t aff_fallbacks;    /* offers moved to the pool: not taken within affinity_wait_ms */
+    int64_t aff_takeovers;    /* offers moved after their worker took them and died */
+    int64_t aff_no_match;     /* forwarded to the pool: no single worker holds more */
+    int64_t aff_deep;         /* forwarded to the pool: the worker's offers already deeper */
+    int64_t fleet_hit_tokens, fleet_miss_tokens; /* live workers' prefix-cache counters */
 };
 
 /* Queue state of one pool stream, from XINFO GROUPS + XRANGE. */
@@ -76,6 +83,29 @@ struct dmodel {
     int pool_idx[D_MAX_POOLS];    /* scoped: the router's pool i is d->pools[pool_idx[i]] */
     int n_pools;
     char pool_sig[512];           /* scoped: the pool names it was built for */
+};
+
+/* One worker as affinity.c knows it from its heartbeat. */
+struct daff_worker {
+    char name[RCONN_NAME_MAX];
+    bool live;                    /* its heartbeat was there at the last refresh */
+    bool seen;                    /* named in <prefix>workers at the last refresh */
+    bool dead_keys;               /* gone: every pool's offer key was set for sweeping */
+    uint8_t *bits;                /* (nbytes) its filter, owned; NULL = none */
+    size_t nbytes;
+    int block_size;
+    int step_ms;                  /* its busy loop's period: it reads offers between steps */
+    /* its offer stream for each of d->pools: "" when it serves none there */
+    char offer[D_MAX_POOLS][D_KEY_MAX + RCONN_NAME_MAX + 4];
+    int64_t backlog[D_MAX_POOLS]; /* offers there not yet delivered (estimate) */
+    int64_t due_ms[D_MAX_POOLS];  /* its next sweep (wall ms); 0 = none due */
+};
+
+struct daff {
+    bool on;                      /* cfg.affinity, a tokenizer, not a cluster */
+    struct daff_worker *w;        /* (n) */
+    int n, cap;
+    int64_t next_refresh_ms, next_full_ms;
 };
 
 struct disp {
@@ -131,6 +161,7 @@ struct disp {
     int64_t rate_t_ms, rate_n;    /* requests handled since rate_t_ms */
 
     struct dmetrics m;
+    struct daff aff;
 };
 
 /* loop.c: runs until *stop; SIGHUP (*reload) re-reads the options. */
@@ -156,6 +187,25 @@ int d_model_pick(struct disp *d, const struct job *j, struct dmodel **m, enum ev
 void d_models_free(struct disp *d);
 /* The routers of models are re-made from d->cfg (SIGHUP). */
 void d_models_reroute(struct disp *d);
+
+/* affinity.c: prefix-affine pulling (issue 27) */
+/* Re-reads the workers' filters when affinity_refresh_ms has passed (all:
+ * now). */
+void da_refresh(struct disp *d, bool all);
+/* The offer stream for job j (mode rendered, intake tenant) routed to pool:
+ * the key of the one live worker whose filter holds more of its prompt's
+ * leading blocks than any other's, whose offers are not deeper than the
+ * pool's queue; NULL for the pool. Counts the offer as made. */
+const char *da_choose(struct disp *d, const struct job *j, enum job_mode mode, const char *tenant,
+                      int pool);
+/* The offer to key did not go out (its transaction failed). */
+void da_unoffer(struct disp *d, const char *key);
+/* Moves offers not taken within affinity_wait_ms (and those of dead
+ * workers) to their pools: the streams due now, and all every heartbeat. */
+void da_sweep(struct disp *d);
+/* ms until the next sweep is due (the read's BLOCK is capped by it); -1 = none. */
+int64_t da_next_due_ms(struct disp *d);
+void da_free(struct disp *d);
 
 /* metrics.c */
 void dm_init(struct dmetrics *m);

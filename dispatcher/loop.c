@@ -98,6 +98,7 @@ struct dreq {
     int stream_ttl_s;
     char *dead;                   /* dead letter JSON */
     char *fwd;                    /* the forwarded job JSON */
+    char offer[D_KEY_MAX + RCONN_NAME_MAX + 4]; /* its worker's offer stream; "" = the pool */
     int exec_idx;                 /* index of the EXEC reply in the batch */
 };
 
@@ -499,6 +500,17 @@ static void decide(struct disp *d, struct dreq *qs, int n)
             q->act = 0; /* out of memory: left pending, retried later */
             continue;
         }
+        /* prefix-affine pulling (affinity.c): the worker holding the most
+         * of its prompt first; only this model's jobs, whose tokens the
+         * dispatcher's tokenizer gives */
+        struct dmodel *m = q->model;
+        const char *offer = NULL;
+        if (!(m && !m->alias && strcmp(m->name, d->fast_name)))
+            offer = da_choose(d, q->job, q->dec.mode, d->intake[q->stream].tenant, q->dec.pool);
+        if (offer) {
+            snprintf(q->offer, sizeof q->offer, "%s", offer);
+            continue;
+        }
         p->waiting++;
     }
     pthread_mutex_lock(&d->m.mu);
@@ -678,8 +690,8 @@ static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
             const char *vals[4] = {q->fwd, q->e->id, q->sha, tenant};
             const char *fn[4] = {"job", "req", "sha", "tenant"};
             size_t lens[4] = {strlen(q->fwd), strlen(q->e->id), strlen(q->sha), strlen(tenant)};
-            rc = rconn_batch_add_xadd(b, d->pools[q->dec.pool].key, "*", 0, tenant[0] ? 4 : 3, fn,
-                                      vals, lens, err);
+            rc = rconn_batch_add_xadd(b, q->offer[0] ? q->offer : d->pools[q->dec.pool].key, "*",
+                                      0, tenant[0] ? 4 : 3, fn, vals, lens, err);
         }
         /* handled: acknowledged, and deleted unless another group still
          * needs it (bounded storage, common/qack.h) */
@@ -704,6 +716,8 @@ static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
         const struct rconn_reply *r = q->exec_idx >= 0 ? rconn_batch_reply(b, q->exec_idx) : NULL;
         if (!r)
             continue;
+        if (r->type != RCONN_ARRAY && q->offer[0])
+            da_unoffer(d, q->offer);
         if (r->type != RCONN_ARRAY) {
             /* EXECABORT or a nil: the transaction did not run; the entry
              * stays pending and is retried from our own PEL */
@@ -759,6 +773,7 @@ static void handle(struct disp *d, const struct rconn_entries *ents)
         d_models_refresh(d);
     if (rl_wall_ms() >= d->next_stats_ms)
         refresh_stats(d);
+    da_refresh(d, false); /* the workers' filters, at most every affinity_refresh_ms */
     for (int i = 0; i < ents->n; i++) {
         qs[i].e = &ents->v[i];
         qs[i].stream = ents->v[i].stream >= 0 && ents->v[i].stream < d->n_intake
@@ -1048,6 +1063,7 @@ int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *re
         }
         if (now >= d->next_hb_ms) {
             d_models_refresh(d);
+            da_refresh(d, true);
             refresh_stats(d);
             heartbeat(d);
             d->next_hb_ms = now + d->cfg.heartbeat_interval_ms;
@@ -1067,6 +1083,10 @@ int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *re
             block = d->next_wd_ms - rl_wall_ms(); /* a blocked read must not starve the watchdog */
         if (block > d->cfg.block_ms)
             block = d->cfg.block_ms;
+        da_sweep(d); /* offers past affinity_wait_ms go to their pools */
+        int64_t due = da_next_due_ms(d);
+        if (due >= 0 && due < block)
+            block = due; /* ... on time, even while no request comes */
         if (block < 1)
             block = 1;
         if (!d->own_pending && d->own_again && now >= d->next_own_ms) {

@@ -208,6 +208,7 @@ out:
     route_free(d->router);
     d_models_free(d);
     fleet_free(d->fleet);
+    da_free(d);
     pthread_mutex_destroy(&d->models_mu);
     rconn_batch_free(d->batch);
     rconn_free(d->rc);

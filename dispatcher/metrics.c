@@ -70,6 +70,34 @@ char *disp_metrics_text(struct disp *d)
     text_printf(&t, "# HELP redlm_dispatcher_requests_per_second requests routed per second, "
             "smoothed\n# TYPE redlm_dispatcher_requests_per_second gauge\n"
             "redlm_dispatcher_requests_per_second %.2f\n", m->requests_per_s);
+    /* prefix-affine pulling (issue 27, affinity.c) */
+    text_printf(&t, "# HELP redlm_dispatcher_affinity_offers_total jobs offered to the worker "
+            "holding the longest prefix of their prompt\n# TYPE redlm_dispatcher_affinity_offers_total "
+            "counter\nredlm_dispatcher_affinity_offers_total %lld\n", (long long)m->aff_offers);
+    text_printf(&t, "# HELP redlm_dispatcher_affinity_hits_total offers their worker took "
+            "(offers - fallbacks - takeovers - still waiting)\n# TYPE redlm_dispatcher_affinity_hits_total "
+            "counter\nredlm_dispatcher_affinity_hits_total %lld\n",
+            (long long)(m->aff_offers - m->aff_fallbacks - m->aff_takeovers));
+    text_printf(&t, "# HELP redlm_dispatcher_affinity_fallbacks_total offers not taken within "
+            "the affinity wait, moved to the pool\n# TYPE redlm_dispatcher_affinity_fallbacks_total "
+            "counter\nredlm_dispatcher_affinity_fallbacks_total %lld\n", (long long)m->aff_fallbacks);
+    text_printf(&t, "# HELP redlm_dispatcher_affinity_takeovers_total offers taken by a worker "
+            "that then stopped renewing them, moved to the pool to be resumed\n"
+            "# TYPE redlm_dispatcher_affinity_takeovers_total counter\n"
+            "redlm_dispatcher_affinity_takeovers_total %lld\n", (long long)m->aff_takeovers);
+    text_printf(&t, "# HELP redlm_dispatcher_affinity_no_match_total jobs sent to the pool: no "
+            "worker holds more of their prefix than another\n"
+            "# TYPE redlm_dispatcher_affinity_no_match_total counter\n"
+            "redlm_dispatcher_affinity_no_match_total %lld\n", (long long)m->aff_no_match);
+    text_printf(&t, "# HELP redlm_dispatcher_affinity_deep_total jobs sent to the pool: the "
+            "holder's offers were deeper than the pool's queue\n"
+            "# TYPE redlm_dispatcher_affinity_deep_total counter\n"
+            "redlm_dispatcher_affinity_deep_total %lld\n", (long long)m->aff_deep);
+    int64_t ft = m->fleet_hit_tokens + m->fleet_miss_tokens;
+    text_printf(&t, "# HELP redlm_fleet_prefix_hit_ratio prompt tokens the live workers served "
+            "from their prefix caches / prompt tokens, since they started\n"
+            "# TYPE redlm_fleet_prefix_hit_ratio gauge\nredlm_fleet_prefix_hit_ratio %.6f\n",
+            ft ? (double)m->fleet_hit_tokens / (double)ft : 0.0);
     text_printf(&t, "# HELP redlm_dispatcher_ready 1 once connected and routing\n"
             "# TYPE redlm_dispatcher_ready gauge\nredlm_dispatcher_ready %d\n", m->ready ? 1 : 0);
     pthread_mutex_unlock(&m->mu);
@@ -113,6 +141,15 @@ char *dm_heartbeat_json(struct disp *d)
     cJSON_AddNumberToObject(o, "invalid", (double)m->invalid);
     cJSON_AddNumberToObject(o, "overloaded", (double)m->overloaded);
     cJSON_AddNumberToObject(o, "requests_per_s", (double)(int64_t)(m->requests_per_s * 10) / 10.0);
+    cJSON *aff = cJSON_AddObjectToObject(o, "affinity");
+    cJSON_AddNumberToObject(aff, "offers", (double)m->aff_offers);
+    cJSON_AddNumberToObject(aff, "hits", (double)(m->aff_offers - m->aff_fallbacks - m->aff_takeovers));
+    cJSON_AddNumberToObject(aff, "fallbacks", (double)m->aff_fallbacks);
+    cJSON_AddNumberToObject(aff, "takeovers", (double)m->aff_takeovers);
+    cJSON_AddNumberToObject(aff, "no_match", (double)m->aff_no_match);
+    cJSON_AddNumberToObject(aff, "deep", (double)m->aff_deep);
+    cJSON_AddNumberToObject(aff, "fleet_prefix_hit_tokens", (double)m->fleet_hit_tokens);
+    cJSON_AddNumberToObject(aff, "fleet_prefix_miss_tokens", (double)m->fleet_miss_tokens);
     waiting = cJSON_AddObjectToObject(o, "pool_waiting");
     wait_ms = cJSON_AddObjectToObject(o, "pool_wait_ms");
     for (int p = 0; p < d->n_pools; p++) {

@@ -1500,6 +1500,12 @@ int engine_can_admit(const struct engine *e, int n_prompt_tokens)
     return sched_can_admit(e->sched, n_prompt_tokens);
 }
 
+void engine_each_cached_block(const struct engine *e, void (*fn)(void *ctx, uint64_t hash),
+                              void *ctx)
+{
+    kv_each_cached(e->kv, fn, ctx);
+}
+
 void engine_get_stats(const struct engine *e, struct engine_stats *st)
 {
     memset(st, 0, sizeof *st);

@@ -410,6 +410,11 @@ int engine_can_admit(const struct engine *e, int n_prompt_tokens);
 
 void engine_get_stats(const struct engine *e, struct engine_stats *st);
 
+/* kv_each_cached over the engine's KV pool: the chained hash of every
+ * prefix-cached block (issue 27's affinity filter). Owner thread only. */
+void engine_each_cached_block(const struct engine *e, void (*fn)(void *ctx, uint64_t hash),
+                              void *ctx);
+
 /* What callers need of the model, as plain values. */
 int engine_n_vocab(const struct engine *e);       /* token ids are [0, n) */
 int engine_n_context(const struct engine *e);     /* tokens per sequence at

@@ -429,6 +429,13 @@ int kv_set_hash_fn(struct kv_cache *kv, kv_hash_fn fn, struct rl_err *err)
     return 0;
 }
 
+void kv_each_cached(const struct kv_cache *kv, void (*fn)(void *ctx, uint64_t hash), void *ctx)
+{
+    for (int i = 0; i < kv->n_blocks; i++)
+        if (kv->blk[i].cached)
+            fn(ctx, kv->blk[i].hash);
+}
+
 int kv_block_refcount(const struct kv_cache *kv, int32_t block)
 {
     if (block < 0 || block >= kv->n_blocks)

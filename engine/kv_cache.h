@@ -130,6 +130,12 @@ int kv_block_refcount(const struct kv_cache *kv, int32_t block);
 /* True when block holds a registered (prefix-cached) full block. */
 bool kv_block_is_cached(const struct kv_cache *kv, int32_t block);
 
+/* Calls fn(ctx, hash) for the chained hash of every registered (prefix-
+ * cached) block, in use or evictable: what a prompt could hit now. The
+ * worker turns these into the filter it publishes for prefix-affine
+ * pulling (issue 27, common/affinity.h). O(n_blocks). */
+void kv_each_cached(const struct kv_cache *kv, void (*fn)(void *ctx, uint64_t hash), void *ctx);
+
 /* Walks every structure and checks the invariants (list membership versus
  * refcounts, counts, hash chains). Returns 0 or -RL_EINTERNAL naming the
  * first broken one. O(n_blocks); for tests. */

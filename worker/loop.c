@@ -32,6 +32,7 @@
 #include <systemd/sd-daemon.h>
 #include <time.h>
 
+#include "affinity.h"
 #include "clock.h"
 #include "prompt.h"
 #include "rcluster.h"
@@ -124,7 +125,9 @@ static uint64_t derived_seed(const struct wjob *j)
     for (const char *s = j->id; *s; s++)
         h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
     h = (h ^ '\n') * 0x100000001b3ull;
-    for (const char *s = j->entry_id; *s; s++)
+    /* the entry it was first queued as: a job the dispatcher moved from an
+     * offer stream to its pool keeps its seed (issue 27) */
+    for (const char *s = j->entry0[0] ? j->entry0 : j->entry_id; *s; s++)
         h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
     return h & ((1ull << 53) - 1);
 }
@@ -254,6 +257,13 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
     j->resumed = resumed;
     snprintf(j->entry_id, sizeof j->entry_id, "%s", e->id);
     j->t_enqueued = strtoll(e->id, NULL, 10);
+    size_t e0n = 0;
+    const char *e0 = rconn_entry_field(e, "entry0", &e0n);
+    if (e0 && e0n > 0 && e0n < sizeof j->entry0) { /* moved from an offer stream */
+        memcpy(j->entry0, e0, e0n);
+        j->entry0[e0n] = 0;
+        j->t_enqueued = strtoll(j->entry0, NULL, 10);
+    }
     j->t_admitted = rl_wall_ms();
     j->stream_ttl_s = w->opt.default_stream_ttl_s;
     ev_seq_init(&j->seq);
@@ -707,8 +717,39 @@ static void read_failed(struct worker *w, const struct rl_err *err)
     RL_LOG(&w->log, RL_LOG_DEBUG, "XREADGROUP: %s", err->msg);
 }
 
-/* Reads up to k new jobs: one BLOCKing read over every pool when block_ms
- * >= 0, then non-blocking reads in pool order for the rest. */
+/* One entry read from stream p. An entry the dispatcher moved out of a
+ * dead (or stalled) worker's offer stream after it had been delivered
+ * there ("moved": "pending", "dlv": its deliveries) is a takeover like an
+ * XAUTOCLAIM's: resumed from what its stream holds. */
+static void admit_read(struct worker *w, int p, const struct rconn_entry *e)
+{
+    size_t n = 0;
+    const char *mv = rconn_entry_field(e, "moved", &n);
+    bool pend = mv && n == 7 && !memcmp(mv, "pending", 7);
+    int64_t dl = 1;
+    if (pend) {
+        char buf[24];
+        const char *d = rconn_entry_field(e, "dlv", &n);
+        if (d && n < sizeof buf) {
+            memcpy(buf, d, n);
+            buf[n] = 0;
+            dl = strtoll(buf, NULL, 10) + 1;
+            if (dl < 1)
+                dl = 1;
+        }
+    }
+    if (p >= w->n_base_pools) {
+        pthread_mutex_lock(&w->m.mu);
+        w->m.affinity_taken++;
+        pthread_mutex_unlock(&w->m.mu);
+    }
+    w_admit(w, p, e, dl, pend);
+}
+
+/* Reads up to k new jobs: one BLOCKing read over every pool (and offer
+ * stream) when block_ms >= 0, then non-blocking reads for the rest: our
+ * offer streams first (jobs offered to us for the prefix we hold, issue
+ * 27), then the pools in order. */
 static void read_jobs(struct worker *w, int k, int block_ms)
 {
     struct rconn_entries ents = {0};
@@ -721,11 +762,33 @@ static void read_jobs(struct worker *w, int k, int block_ms)
             return;
         }
         for (int i = 0; i < ents.n; i++)
-            w_admit(w, ents.v[i].stream, &ents.v[i], 1, false);
+            admit_read(w, ents.v[i].stream, &ents.v[i]);
         k -= ents.n;
         rconn_entries_free(&ents);
     }
-    for (int p = 0; p < w->n_pools && k > 0; p++) {
+    int n_offer = w->n_pools - w->n_base_pools, first = 0;
+    if (n_offer > 0 && k > 0) {
+        /* our offer streams and the first pool in one read, so affinity
+         * costs a busy worker no round trip per step. COUNT is per
+         * stream: this may take more than k by the offers it finds, jobs
+         * offered to us that then wait their turn in the engine's queue */
+        const char *keys[W_MAX_STREAMS];
+        for (int i = 0; i < n_offer; i++)
+            keys[i] = w->pool_key_ptrs[w->n_base_pools + i];
+        keys[n_offer] = w->pool_key_ptrs[0];
+        if (rconn_xreadgroup(w->rc_read, w->opt.group, w->opt.name, n_offer + 1, keys, ">", k,
+                             -1, &ents, &err)) {
+            read_failed(w, &err);
+            return;
+        }
+        for (int i = 0; i < ents.n; i++) /* offers first: the reply is in key order */
+            admit_read(w, ents.v[i].stream < n_offer ? w->n_base_pools + ents.v[i].stream : 0,
+                       &ents.v[i]);
+        k -= ents.n;
+        rconn_entries_free(&ents);
+        first = 1;
+    }
+    for (int p = first; p < w->n_base_pools && k > 0; p++) {
         const char *key = w->pool_keys[p];
         if (rconn_xreadgroup(w->rc_read, w->opt.group, w->opt.name, 1, &key, ">", k, -1, &ents,
                              &err)) {
@@ -733,10 +796,40 @@ static void read_jobs(struct worker *w, int k, int block_ms)
             return;
         }
         for (int i = 0; i < ents.n; i++)
-            w_admit(w, p, &ents.v[i], 1, false);
+            admit_read(w, p, &ents.v[i]);
         k -= ents.n;
         rconn_entries_free(&ents);
     }
+}
+
+static void aff_add_cb(void *ctx, uint64_t h)
+{
+    struct worker *w = ctx;
+    aff_add(w->aff_scratch, w->aff_bytes, h);
+}
+
+/* Prefix-affine pulling (issue 27): every affinity_refresh_ms the filter
+ * of the blocks the KV cache holds is recomputed (O(KV blocks)); when it
+ * changed, the heartbeat that carries it (metrics.c) goes out with this
+ * iteration's flush instead of at its interval, so the dispatcher sees a
+ * conversation's blocks before its next turn comes. At most one early
+ * heartbeat per affinity_refresh_ms. */
+static void aff_refresh(struct worker *w, int64_t now, bool idle)
+{
+    /* going idle after work: at once, so the blocks of the jobs that just
+     * ended are announced before the (blocking) read, not after it */
+    if (!w->affinity || (now < w->aff_next_ms && !(idle && w->aff_dirty)))
+        return;
+    w->aff_dirty = false;
+    w->aff_next_ms = now + w->cfg.affinity_refresh_ms;
+    memset(w->aff_scratch, 0, w->aff_bytes);
+    engine_each_cached_block(w->eng, aff_add_cb, w);
+    if (!memcmp(w->aff_scratch, w->aff_bits, w->aff_bytes))
+        return;
+    uint8_t *t = w->aff_bits;
+    w->aff_bits = w->aff_scratch;
+    w->aff_scratch = t;
+    w->next_hb_ms = now;
 }
 
 /* How many jobs to read now. A job's prompt length is known only once it
@@ -826,7 +919,13 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
         if (!draining) {
             int k = w_admissible(w);
             bool idle = active == 0 && !w_has_pending(w);
+            aff_refresh(w, now, idle);
             int block = w->opt.read_block_ms;
+            if (idle)
+                w->t_step_ms = 0; /* a period ends with the work */
+            /* a heartbeat due now (a changed filter) goes out first */
+            if (w->affinity && w->next_hb_ms <= now)
+                block = 1;
             /* an idle worker must still ping the watchdog on time: a BLOCK
              * longer than the time to the next ping would let systemd kill it */
             if (w->watchdog_usec && w->next_wd_ms - now < block)
@@ -838,12 +937,18 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
         if (active > 0) {
             const struct engine_event *evs;
             int n_ev = 0;
+            /* the loop's period while busy (step + flush + reads), which
+             * the heartbeat announces for the dispatcher's offer wait */
+            if (w->t_step_ms)
+                w->step_ms = 0.9 * w->step_ms + 0.1 * (double)(now - w->t_step_ms);
+            w->t_step_ms = now;
             if (engine_step(w->eng, &evs, &n_ev, err)) {
                 RL_LOG(&w->log, RL_LOG_ERROR, "engine: %s", err->msg);
                 return -err->code;
             }
             for (int i = 0; i < n_ev; i++)
                 on_event(w, &evs[i]);
+            w->aff_dirty = true; /* the KV cache may hold new blocks */
         }
         if (w->opt.coalesce_ms > 0)
             w_hold_due(w, rl_wall_ms(), draining);

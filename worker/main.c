@@ -30,6 +30,7 @@
 #include "modelid.h"
 #include "modelref.h"
 #include "signals.h"
+#include "affinity.h"
 #include "worker.h"
 
 
@@ -65,7 +66,8 @@ static void on_load_progress(void *user, size_t done, size_t total)
 static void make_pool_keys(struct worker *w, bool cluster)
 {
     char rest[W_KEY_MAX];
-    for (int p = 0; p < w->n_pools; p++) {
+    int n = w->n_base_pools;
+    for (int p = 0; p < n; p++) {
         if (w->opt.pool_scope_model)
             snprintf(rest, sizeof rest, "jobs:%.128s:%.64s", w->model.name, w->pools[p]);
         else
@@ -74,6 +76,23 @@ static void make_pool_keys(struct worker *w, bool cluster)
         snprintf(pfx, sizeof pfx, "%.64s", w->opt.prefix);
         rcl_queue_key(w->pool_keys[p], W_KEY_MAX, cluster, pfx, rest);
     }
+    /* prefix-affine pulling (issue 27): our offer streams after the pools.
+     * Off on a cluster: the dispatcher's move of a dead worker's offered
+     * job rewrites its holder record, in another slot than the queue's */
+    if (cluster && w->affinity) {
+        w->affinity = false;
+        RL_LOG(&w->log, RL_LOG_INFO, "affinity: off on a Redis Cluster");
+    }
+    w->n_pools = n;
+    if (!w->affinity)
+        return;
+    for (int p = 0; p < n; p++) {
+        memcpy(w->pools[n + p], w->pools[p], sizeof w->pools[p]);
+        w->pool_names[n + p] = w->pools[n + p];
+        w->pool_key_ptrs[n + p] = w->pool_keys[n + p];
+        snprintf(w->pool_keys[n + p], W_KEY_MAX, "%.250s:w:%.120s", w->pool_keys[p], w->opt.name);
+    }
+    w->n_pools = 2 * n;
 }
 
 static int setup(struct worker *w, struct rl_err *err)
@@ -96,7 +115,15 @@ static int setup(struct worker *w, struct rl_err *err)
     int n = wopts_pools(&w->opt, pools, err);
     if (n < 0)
         return n;
-    w->n_pools = n;
+    w->n_pools = w->n_base_pools = n;
+    w->affinity = w->cfg.affinity;
+    if (w->affinity) {
+        w->aff_bytes = aff_size((size_t)w->cfg.affinity_filter_bytes);
+        w->aff_bits = calloc(1, w->aff_bytes);
+        w->aff_scratch = calloc(1, w->aff_bytes);
+        if (!w->aff_bits || !w->aff_scratch)
+            return rl_errf(err, RL_ENOMEM, "affinity filter: out of memory");
+    }
     for (int p = 0; p < n; p++) {
         memcpy(w->pools[p], pools[p], sizeof pools[p]);
         w->pool_names[p] = w->pools[p];
@@ -276,6 +303,8 @@ out:
     for (int i = 0; i < w->n_jobs; i++)
         w_job_free(w->jobs[i]);
     free(w->jobs);
+    free(w->aff_bits);
+    free(w->aff_scratch);
     rconn_batch_free(w->batch);
     rconn_free(w->rc);
     rconn_free(w->rc_read);

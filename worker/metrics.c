@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "listen.h"
+#include "affinity.h"
 #include "worker.h"
 #include "text.h"
 
@@ -163,6 +164,7 @@ static const struct {
     {"redlm_kv_used_blocks", "gauge", "KV cache blocks referenced by a sequence", WM_F(kv_used), WM_INT},
     {"redlm_prefix_cache_hit_tokens_total", "counter", "prompt tokens the prefix cache supplied", WM_F(prefix_hit_tokens), WM_I64},
     {"redlm_prefix_cache_miss_tokens_total", "counter", "prompt tokens the prefix cache did not have", WM_F(prefix_miss_tokens), WM_I64},
+    {"redlm_affinity_taken_total", "counter", "jobs taken from this worker's offer streams (prefix-affine pulling)", WM_F(affinity_taken), WM_I64},
     {"redlm_spec_drafted_tokens_total", "counter", "draft tokens verified (speculative decoding)", WM_F(spec_drafted), WM_I64},
     {"redlm_spec_accepted_tokens_total", "counter", "draft tokens kept as output", WM_F(spec_accepted), WM_I64},
     {"redlm_result_cache_hits_total", "counter", "jobs answered from the result cache", WM_F(cache_hits), WM_I64},
@@ -300,7 +302,7 @@ char *wm_heartbeat_json(struct worker *w)
     engine_get_stats(w->eng, &st);
     cJSON *o = cJSON_CreateObject();
     cJSON *pools = cJSON_AddArrayToObject(o, "pools");
-    for (int p = 0; p < w->n_pools; p++)
+    for (int p = 0; p < w->n_base_pools; p++)
         cJSON_AddItemToArray(pools, cJSON_CreateString(w->pools[p]));
     cJSON_AddStringToObject(o, "name", w->opt.name);
     cJSON_AddNumberToObject(o, "running", st.n_running);
@@ -334,7 +336,26 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddNumberToObject(o, "prefix_miss_tokens", (double)w->m.prefix_miss_tokens);
     cJSON_AddNumberToObject(o, "reclaimed", (double)w->m.reclaimed);
     cJSON_AddNumberToObject(o, "fenced", (double)w->m.fenced);
+    cJSON_AddNumberToObject(o, "affinity_taken", (double)w->m.affinity_taken);
+    bool draining = w->m.draining;
     pthread_mutex_unlock(&w->m.mu);
+    /* prefix-affine pulling (issue 27): the filter of the block hashes our
+     * KV cache holds (loop.c keeps it fresh) and where offers go; a
+     * draining worker takes no offers */
+    if (w->affinity && w->aff_bits && !draining) {
+        cJSON *a = cJSON_AddObjectToObject(o, "affinity");
+        char *b = aff_b64_encode(w->aff_bits, w->aff_bytes);
+        cJSON *offer = a ? cJSON_AddArrayToObject(a, "offer") : NULL;
+        if (a && b && offer) {
+            cJSON_AddNumberToObject(a, "block_size", st.block_size);
+            cJSON_AddNumberToObject(a, "k", AFF_K);
+            cJSON_AddNumberToObject(a, "step_ms", (double)(int64_t)(w->step_ms + 0.5));
+            cJSON_AddStringToObject(a, "filter", b);
+            for (int p = w->n_base_pools; p < w->n_pools; p++)
+                cJSON_AddItemToArray(offer, cJSON_CreateString(w->pool_keys[p]));
+        }
+        free(b);
+    }
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return s;

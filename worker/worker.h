@@ -46,6 +46,7 @@
 #include "wopts.h"
 
 #define W_KEY_MAX 384 /* <prefix>jobs:<served name>:<pool> fits */
+#define W_MAX_STREAMS (2 * WOPTS_MAX_POOLS) /* the pools, then our offer streams */
 
 /* One event waiting for Redis to confirm its XADD. */
 struct wout {
@@ -64,6 +65,9 @@ struct wjob {
     char id[JOB_ID_MAX + 1];      /* "" when no usable id (no events then) */
     int pool;                     /* index into worker.pools */
     char entry_id[RCONN_ID_MAX];  /* its entry in the pool stream */
+    char entry0[RCONN_ID_MAX];    /* the entry it was first queued as, when the dispatcher
+                                     moved it from an offer stream ("" = entry_id): its
+                                     derived seed and queue time (issue 27) */
     char out_key[W_KEY_MAX];      /* <prefix>out:<id> */
     char own_key[W_KEY_MAX];      /* <prefix>own:<id>, the holder record (fence.h) */
     int64_t deliveries;
@@ -149,6 +153,7 @@ struct wmetrics {
     int64_t errors[EV_CODE_COUNT];
     int running, waiting, kv_blocks, kv_used;
     int64_t prefix_hit_tokens, prefix_miss_tokens;
+    int64_t affinity_taken;                /* jobs read from our offer streams */
     int64_t spec_drafted, spec_accepted;
     double tokens_per_s;
     bool ready, draining, redis_up;
@@ -175,11 +180,27 @@ struct worker {
     struct fence fence;           /* the fencing scripts' SHA1s */
     char holder[FENCE_HOLDER_MAX];/* this process as a job's holder (fence_holder) */
 
-    char pools[WOPTS_MAX_POOLS][64];
-    char pool_keys[WOPTS_MAX_POOLS][W_KEY_MAX]; /* <prefix>jobs:<pool> */
-    const char *pool_names[WOPTS_MAX_POOLS];     /* -> pools[i] */
-    const char *pool_key_ptrs[WOPTS_MAX_POOLS];  /* -> pool_keys[i] */
+    /* [0, n_base_pools): the configured pools; with affinity on, then
+     * [n_base_pools, n_pools) this worker's offer streams, one per pool
+     * (pools[n_base_pools + p] = pools[p], pool_keys = <pool key>:w:<name>),
+     * so that leases, claims of our own PEL, acks and group creation cover
+     * them as they cover the pools (issue 27, loop.c) */
+    char pools[W_MAX_STREAMS][64];
+    char pool_keys[W_MAX_STREAMS][W_KEY_MAX]; /* <prefix>jobs:<pool>[:w:<name>] */
+    const char *pool_names[W_MAX_STREAMS];     /* -> pools[i] */
+    const char *pool_key_ptrs[W_MAX_STREAMS];  /* -> pool_keys[i] */
     int n_pools;
+    int n_base_pools;
+    /* prefix-affine pulling (issue 27): the filter of the block hashes the
+     * KV cache holds, as last published (aff_bits) */
+    bool affinity;
+    uint8_t *aff_bits, *aff_scratch; /* (aff_bytes) each, owned */
+    size_t aff_bytes;
+    int64_t aff_next_ms;          /* next recompute (wall ms) */
+    bool aff_dirty;               /* the engine stepped since the last recompute */
+    double step_ms;               /* loop iterations that stepped the engine, smoothed:
+                                     how long an offer may wait for our next read */
+    int64_t t_step_ms;            /* when the last stepping iteration began; 0 = idle */
     bool groups_ok;               /* XGROUP CREATE done since the last NOGROUP */
 
     int last_prompt_len;          /* rendered length of the last job admitted */
@@ -187,7 +208,7 @@ struct worker {
     int n_jobs, cap_jobs;
 
     int64_t next_claim_ms, next_lease_ms, next_hb_ms, next_wd_ms;
-    char claim_cursor[WOPTS_MAX_POOLS][RCONN_ID_MAX];
+    char claim_cursor[W_MAX_STREAMS][RCONN_ID_MAX];
     uint64_t watchdog_usec;
     int64_t t_start_ms;
     double tok_rate;              /* tokens/s, exponentially smoothed */

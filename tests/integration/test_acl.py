@@ -607,8 +607,14 @@ def test_roles_refused_on_cluster(acl_cluster):
            "workers", "x", {"{redlm:}jobs:fast": ">"})
     no("dispatcher", "redlm:cache:" + "0" * 64, "set", "[]")
     no("dispatcher", "redlm:cancel:{x}", "get")
-    noperm(on_slot(acl_cluster, "dispatcher", "{redlm:}jobs:fast").eval, "return 1", 1,
-           "{redlm:}jobs:fast")
+    # its sweep of offer streams (issue 27) runs scripts on jobs:*, but a
+    # script of its can neither consume jobs nor delete a stream
+    dj = on_slot(acl_cluster, "dispatcher", "{redlm:}jobs:fast")
+    with pytest.raises(redis.exceptions.ResponseError, match="can't (run this command|access)"):
+        dj.eval("return redis.call('XREADGROUP', 'GROUP', 'workers', 'x', 'STREAMS', KEYS[1], '>')",
+                1, "{redlm:}jobs:fast")
+    with pytest.raises(redis.exceptions.ResponseError, match="can't (run this command|access)"):
+        dj.eval("return redis.call('DEL', KEYS[1])", 1, "{redlm:}jobs:fast")
     # client: another tenant's intake and namespace
     no("client", "{redlm:}requests:client2", "xadd", {"job": "{}"})
     no("client", "{redlm:}requests", "xadd", {"job": "{}"})

@@ -100,7 +100,10 @@ def test_fleet_faults_token_exact(own_redis, workers, dispatchers, prefix, event
     srv = own_redis
     addr = srv.addr
     r = connect(addr)
-    ds = [dispatchers("d1", addr=addr), dispatchers("d2", addr=addr)]
+    # the dispatchers know the model: prefix-affine pulling (issue 27, on by
+    # default) offers the repeated prompts to their holders, faults and all
+    aff = ("--model", str(QWEN3_TOKENIZER))
+    ds = [dispatchers("d1", *aff, addr=addr), dispatchers("d2", *aff, addr=addr)]
     ws = [workers(f"w{i}", *SIM, addr=addr) for i in range(N_WORKERS)]
     n = 60
 
@@ -125,7 +128,7 @@ def test_fleet_faults_token_exact(own_redis, workers, dispatchers, prefix, event
     ws += [workers(f"{w.name}b", *SIM, addr=addr) for w in victims]
     # ... a dispatcher restarts ...
     ds[0].stop()
-    ds.append(dispatchers("d1b", addr=addr))
+    ds.append(dispatchers("d1b", *aff, addr=addr))
     # ... and Redis stops for 2 s, past claim_idle_ms
     time.sleep(0.5)
     srv.proc.send_signal(signal.SIGSTOP)
@@ -139,6 +142,10 @@ def test_fleet_faults_token_exact(own_redis, workers, dispatchers, prefix, event
     mismatched = [j["id"] for j, a, b in zip(jobs, got, want) if a != b]
     assert (lost, dup, order, len(mismatched)) == (0, 0, 0, 0), mismatched
     assert_resumed(ws, "f")
+    offers = [json.loads(v)["affinity"]["offers"] for v in
+              (r.get(f"{prefix}dispatcher:{d.name}") for d in ds) if v]
+    print("affinity offers per dispatcher:", offers)
+    assert sum(offers) > 0, "no job was offered: the affinity path did not run"
 
 
 def assert_resumed(ws, tag):

@@ -370,7 +370,8 @@ static int collect(struct rconn *c, const char *prefix, const char *addr, cJSON 
         goto fail;
     size_t plen = strlen(qp) + 5;
     for (int i = 0; i < streams.n; i++)
-        if (strlen(streams.v[i]) > plen && keys_add(&names, streams.v[i] + plen))
+        if (strlen(streams.v[i]) > plen && !strstr(streams.v[i] + plen, ":w:") &&
+            keys_add(&names, streams.v[i] + plen)) /* not a worker's offer stream (issue 27) */
             goto oom;
     if (names.n)
         qsort(names.v, (size_t)names.n, sizeof *names.v, cmp_str);
