@@ -290,7 +290,7 @@ static void ts_str_flush(struct chat_parser *p, bool all)
     struct tscan *t = &p->ts;
     const char *s = t->str.p;
     size_t n = t->str.n, i = 0, cut = 0;
-    while (!all && i < n) {
+    while (i < n) {
         unsigned char c = (unsigned char)s[i];
         size_t len = 1;
         if (c == '\\') {
@@ -299,26 +299,47 @@ static void ts_str_flush(struct chat_parser *p, bool all)
             len = 2;
             if (s[i + 1] == 'u') {
                 len = 6;
-                if (i + 6 <= n) {
-                    int v = hexval(s + i + 2);
-                    if (v >= 0xD800 && v <= 0xDBFF)
-                        len = 12; /* a surrogate pair goes out whole */
+                if (i + 6 > n)
+                    break;
+                int v = hexval(s + i + 2);
+                if (v >= 0xD800 && v <= 0xDBFF) {
+                    len = 12; /* a surrogate pair goes out whole */
+                    if (i + 12 > n)
+                        break;
+                    int lo = s[i + 6] == '\\' && s[i + 7] == 'u' ? hexval(s + i + 8) : -1;
+                    if (lo < 0xDC00 || lo > 0xDFFF)
+                        v = -1;
                 }
+                /* cJSON reads a bad escape leniently, and differently
+                 * whole and piecewise; a NUL ends its string: such a
+                 * call's rest comes at its end */
+                if (v <= 0 || (v >= 0xDC00 && v <= 0xDFFF)) {
+                    t->ph = TS_OFF;
+                    return;
+                }
+            } else if (!strchr("\"\\/bfnrt", s[i + 1]) || !s[i + 1]) {
+                t->ph = TS_OFF;
+                return;
             }
-        } else if (c >= 0xF0) {
-            len = 4;
-        } else if (c >= 0xE0) {
-            len = 3;
         } else if (c >= 0xC0) {
-            len = 2;
+            /* a lead byte and the continuation bytes that follow it (an
+             * invalid sequence ends at the first byte that is not one, so
+             * a backslash or quote is never swallowed) */
+            size_t want = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+            while (len < want && i + len < n && ((unsigned char)s[i + len] & 0xC0) == 0x80)
+                len++;
+            if (len < want && i + len == n && !all)
+                break; /* its next byte may still come */
         }
         if (i + len > n)
             break;
         i += len;
         cut = i;
     }
-    if (all)
-        cut = n;
+    if (all && cut != n) { /* the string closed inside an escape */
+        t->ph = TS_OFF;
+        return;
+    }
     if (cut == 0)
         return;
     struct pbuf q = {0}, d = {0};
@@ -347,9 +368,10 @@ static void ts_tok_flush(struct chat_parser *p)
     t->tok.n = 0;
 }
 
+/* What cJSON skips between tokens: every byte up to the space. */
 static bool is_ws(char c)
 {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+    return (unsigned char)c <= 32;
 }
 
 static bool is_tokc(char c)
@@ -464,6 +486,10 @@ static void ts_byte(struct chat_parser *p, char c)
             t->ph = TS_OFF;
         return;
     case TS_ARGS:
+        if (t->in_str && c == 0) {
+            t->ph = TS_OFF; /* a raw NUL ends a cJSON string: the end decides */
+            return;
+        }
         if (t->in_str) {
             if (t->esc) {
                 t->esc = false;
@@ -549,6 +575,25 @@ static void tool_body(struct chat_parser *p, const char *s, size_t n)
     ts_emit(p);
 }
 
+/* An object (with up to 256 members, as chat_json_dumps folds them)
+ * anywhere in v repeats a key. */
+static bool repeats_key(const cJSON *v, int depth)
+{
+    if (!v || depth > 512)
+        return false;
+    bool obj = cJSON_IsObject(v);
+    if (obj && cJSON_GetArraySize(v) <= 256)
+        for (const cJSON *c = v->child; c; c = c->next)
+            for (const cJSON *e = c->next; e; e = e->next)
+                if (c->string && e->string && !strcmp(c->string, e->string))
+                    return true;
+    if (obj || cJSON_IsArray(v))
+        for (const cJSON *c = v->child; c; c = c->next)
+            if (repeats_key(c, depth + 1))
+                return true;
+    return false;
+}
+
 static void finish_tool(struct chat_parser *p)
 {
     /* p->tool holds "<tool_call>...</tool_call>" */
@@ -603,9 +648,20 @@ static void finish_tool(struct chat_parser *p)
                 fa = c;
                 fa_n = t->sent.n;
             }
-        } else if (!sj && fa_n > t->sent.n && !memcmp(fa, t->sent.p, t->sent.n)) {
+        } else if (!sj && !repeats_key(args, 0) && fa_n >= t->sent.n &&
+                   !memcmp(fa, t->sent.p, t->sent.n)) {
             pb_add(p, &t->out, fa + t->sent.n, fa_n - t->sent.n);
             ts_emit(p);
+        } else if (!sj) {
+            /* The scan stopped at something cJSON reads its own way (a
+             * NUL or a bad escape in a string) and the arguments repeat a
+             * key, which dumps folds: what was sent need not be a prefix,
+             * and whether it is would depend on the split. No call rather
+             * than one whose fragments disagree with it. */
+            error = "the tool call's arguments repeat a key and hold a string that cannot be "
+                    "streamed (a NUL or a bad escape)";
+            free(fa);
+            fa = NULL;
         }
         cJSON_Delete(sj);
     }
