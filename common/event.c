@@ -244,6 +244,13 @@ int ev_build_delta(int64_t seq, const struct ev_delta *d, char **out, struct rl_
         if (!s || !cJSON_AddItemToObject(delta, "reasoning_content", s))
             goto oom;
     }
+    if (d->tool_calls) {
+        cJSON *t = cJSON_Duplicate(d->tool_calls, 1);
+        if (!t || !cJSON_AddItemToObject(delta, "tool_calls", t)) {
+            cJSON_Delete(t);
+            goto oom;
+        }
+    }
     cJSON *ids = cJSON_AddArrayToObject(o, "token_ids");
     if (!ids)
         goto oom;

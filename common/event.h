@@ -114,6 +114,12 @@ struct ev_delta {
     const int32_t *token_ids; /* (n_token_ids) */
     int n_token_ids;
     const struct ev_logprob *logprobs; /* (n_token_ids) or NULL */
+    /* Tool calls being generated, or NULL (borrowed, copied into the event):
+     * an array of {"index", "id"?, "type"?, "function": {"name"?,
+     * "arguments"}}, the arguments a fragment; id, type and name on a
+     * call's first fragment only (schemas/README.md, "Streamed tool
+     * calls"). */
+    const struct cJSON *tool_calls;
 };
 
 enum ev_finish {

@@ -602,7 +602,7 @@ int cpt_parse(enum cpt_api api, const char *body, size_t len, const struct oai_l
 
 /* ---- responses ---- */
 
-enum open_item { OPEN_NONE = 0, OPEN_REASONING, OPEN_MESSAGE };
+enum open_item { OPEN_NONE = 0, OPEN_REASONING, OPEN_MESSAGE, OPEN_CALL };
 
 struct cpt_resp {
     enum cpt_api api;
@@ -621,8 +621,11 @@ struct cpt_resp {
     cJSON *items;              /* the output items closed so far */
     enum open_item open;
     char item_id[96];
-    struct oai_buf cur;        /* the open item's text */
+    struct oai_buf cur;        /* the open item's text (OPEN_CALL: its arguments) */
     bool had_message;
+    struct oai_tc_stream tc;   /* stream: tool calls sent in fragments */
+    int call_index;            /* OPEN_CALL: the call's index in done's tool_calls */
+    char call_name[256];       /* OPEN_CALL: its function name */
     /* both */
     struct oai_buf content, reasoning; /* the whole answer */
     cJSON *tool_calls;
@@ -659,6 +662,7 @@ void cpt_resp_free(struct cpt_resp *r)
     cJSON_Delete(r->echo);
     cJSON_Delete(r->items);
     cJSON_Delete(r->tool_calls);
+    oai_tc_free(&r->tc);
     oai_buf_free(&r->cur);
     oai_buf_free(&r->content);
     oai_buf_free(&r->reasoning);
@@ -826,11 +830,66 @@ static cJSON *item_event(const struct cpt_resp *r, const char *type, bool part)
     return c;
 }
 
+/* A function_call item (status completed or in_progress). */
+static cJSON *call_item(const struct cpt_resp *r, const char *id, const char *call_id,
+                        const char *name, const char *args, bool done)
+{
+    cJSON *it = cJSON_CreateObject();
+    cJSON_AddStringToObject(it, "id", id);
+    cJSON_AddStringToObject(it, "type", "function_call");
+    cJSON_AddStringToObject(it, "status", done ? "completed" : "in_progress");
+    cJSON_AddStringToObject(it, "call_id", call_id);
+    cJSON_AddStringToObject(it, "name", name);
+    cJSON_AddStringToObject(it, "arguments", args);
+    (void)r;
+    return it;
+}
+
+/* Closes the open function_call item (streamed): what the fragments lacked
+ * of final (done's arguments; NULL before done: the fragments are the
+ * arguments), then its done events. */
+static int close_call(struct cpt_resp *r, const char *final, struct oai_buf *out)
+{
+    const char *rest = final ? oai_tc_rest(&r->tc, r->call_index, final) : NULL;
+    int rc = 0;
+    cJSON *c;
+    if (rest && *rest) {
+        c = item_event(r, "response.function_call_arguments.delta", false);
+        cJSON_AddStringToObject(c, "delta", rest);
+        rc = sse_event(r, c, out);
+        if (!rc)
+            rc = oai_buf_put(&r->cur, rest, strlen(rest));
+    }
+    if (!rc)
+        rc = oai_buf_put(&r->cur, "", 1);
+    if (rc)
+        return rc;
+    r->cur.n--; /* the NUL stays behind the text */
+    char cid[JOB_ID_MAX + 32];
+    oai_tool_call_id(cid, sizeof cid, r->id, r->call_index);
+    cJSON *item = call_item(r, r->item_id, cid, r->call_name, r->cur.p, true);
+    c = item_event(r, "response.function_call_arguments.done", false);
+    cJSON_AddStringToObject(c, "arguments", r->cur.p);
+    rc = sse_event(r, c, out);
+    if (!rc) {
+        c = item_event(r, "response.output_item.done", false);
+        cJSON_DeleteItemFromObjectCaseSensitive(c, "item_id");
+        cJSON_AddItemToObject(c, "item", cJSON_Duplicate(item, 1));
+        rc = sse_event(r, c, out);
+    }
+    cJSON_AddItemToArray(r->items, item);
+    r->open = OPEN_NONE;
+    r->cur.n = 0;
+    return rc;
+}
+
 /* Closes the open item: its done events, and onto items. */
 static int close_item(struct cpt_resp *r, struct oai_buf *out)
 {
     if (r->open == OPEN_NONE)
         return 0;
+    if (r->open == OPEN_CALL)
+        return close_call(r, NULL, out);
     const char *text = r->cur.p ? r->cur.p : "";
     if (oai_buf_put(&r->cur, "", 1))
         return -RL_ENOMEM;
@@ -933,6 +992,53 @@ static int responses_text(struct cpt_resp *r, enum open_item k, const char *s,
     return sse_event(r, c, out);
 }
 
+/* Responses, streamed: a delta's tool_calls. A call that opens closes the
+ * open item and opens its function_call item (output_item.added, arguments
+ * ""); each fragment is a response.function_call_arguments.delta. */
+static int responses_tool_deltas(struct cpt_resp *r, const cJSON *tcs, struct oai_buf *out)
+{
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tcs)
+    {
+        int i, rc;
+        bool opens;
+        const char *name, *frag;
+        if ((rc = oai_tc_entry(&r->tc, t, &i, &opens, &name, &frag)) <= 0) {
+            if (rc)
+                return rc;
+            continue;
+        }
+        if (opens) {
+            if ((rc = close_item(r, out)))
+                return rc;
+            snprintf(r->item_id, sizeof r->item_id, "fc_%s_%d", r->tail,
+                     cJSON_GetArraySize(r->items));
+            snprintf(r->call_name, sizeof r->call_name, "%s", name);
+            r->call_index = i;
+            r->open = OPEN_CALL;
+            r->cur.n = 0;
+            char cid[JOB_ID_MAX + 32];
+            oai_tool_call_id(cid, sizeof cid, r->id, i);
+            cJSON *c = item_event(r, "response.output_item.added", false);
+            cJSON_DeleteItemFromObjectCaseSensitive(c, "item_id");
+            cJSON_AddItemToObject(c, "item", call_item(r, r->item_id, cid, name, "", false));
+            if ((rc = sse_event(r, c, out)))
+                return rc;
+        } else if (r->open != OPEN_CALL || r->call_index != i) {
+            continue; /* its item closed already (text came between) */
+        }
+        if (*frag) {
+            if ((rc = oai_buf_put(&r->cur, frag, strlen(frag))))
+                return rc;
+            cJSON *c = item_event(r, "response.function_call_arguments.delta", false);
+            cJSON_AddStringToObject(c, "delta", frag);
+            if ((rc = sse_event(r, c, out)))
+                return rc;
+        }
+    }
+    return 0;
+}
+
 /* One Ollama NDJSON line (stream) or object: the text of this step, or the
  * final one with the counts. */
 static cJSON *ollama_object(const struct cpt_resp *r, const char *content, const char *thinking,
@@ -1027,6 +1133,9 @@ static int feed_delta(struct cpt_resp *r, const cJSON *ev, struct oai_buf *out)
         rc = responses_text(r, OPEN_REASONING, reasoning, out);
         if (!rc)
             rc = responses_text(r, OPEN_MESSAGE, content, out);
+        const cJSON *tcs = cJSON_GetObjectItemCaseSensitive(d, "tool_calls");
+        if (!rc && r->stream && cJSON_IsArray(tcs))
+            rc = responses_tool_deltas(r, tcs, out);
         return rc ? rc : OAI_MORE;
     }
     if (r->stream && ((content && content[0]) || (reasoning && reasoning[0])))
@@ -1040,9 +1149,15 @@ static int responses_done(struct cpt_resp *r, struct oai_buf *out)
     int rc = 0;
     if (!r->had_message && !(r->tool_calls && r->tool_calls->child))
         rc = open_item(r, OPEN_MESSAGE, out); /* an empty answer is an empty message */
+    if (!rc && r->open == OPEN_CALL) { /* the last streamed call gets done's arguments */
+        const cJSON *last = cJSON_GetArrayItem(r->tool_calls, r->call_index);
+        rc = close_call(r, str_member(cJSON_GetObjectItemCaseSensitive(last, "function"),
+                                      "arguments"), out);
+    }
     if (!rc)
         rc = close_item(r, out);
     const cJSON *t;
+    int ci = -1;
     cJSON_ArrayForEach(t, r->tool_calls)
     {
         if (rc)
@@ -1051,6 +1166,8 @@ static int responses_done(struct cpt_resp *r, struct oai_buf *out)
         const char *name = str_member(f, "name");
         const char *args = str_member(f, "arguments");
         const char *cid = str_member(t, "id");
+        if (oai_tc_rest(&r->tc, ++ci, args))
+            continue; /* streamed: its item is out already */
         snprintf(r->item_id, sizeof r->item_id, "fc_%s_%d", r->tail,
                  cJSON_GetArraySize(r->items));
         cJSON *it = cJSON_CreateObject();

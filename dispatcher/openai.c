@@ -1239,6 +1239,7 @@ struct oai_resp {
     cJSON *choices;            /* non-stream: the finished choices' objects */
     /* from done */
     cJSON *tool_calls;         /* array (possibly empty) */
+    struct oai_tc_stream tc;   /* stream: tool calls sent in fragments */
     const char *finish;        /* the OpenAI finish_reason, static */
     int64_t prompt_tokens, completion_tokens, reasoning_tokens, cached_tokens;
 };
@@ -1288,6 +1289,7 @@ void oai_resp_free(struct oai_resp *r)
     for (int i = 0; r->echo && i < r->n_choices; i++)
         free(r->echo[i]);
     free(r->echo);
+    oai_tc_free(&r->tc);
     free(r);
 }
 
@@ -1566,6 +1568,8 @@ static int feed_text_delta(struct oai_resp *r, const char *content, const char *
     return rc ? rc : OAI_MORE;
 }
 
+static int feed_tool_deltas(struct oai_resp *r, const cJSON *tcs, struct oai_buf *sse);
+
 static int feed_delta(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse)
 {
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(ev, "delta");
@@ -1593,8 +1597,13 @@ static int feed_delta(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse)
         return OAI_MORE;
     }
     bool has_text = (content && content[0]) || (reasoning && reasoning[0]);
-    if (!has_text && !want_lp && r->role_sent)
-        return OAI_MORE; /* nothing a client could see (a partial character) */
+    const cJSON *tcs = cJSON_GetObjectItemCaseSensitive(d, "tool_calls");
+    bool has_tc = cJSON_IsArray(tcs) && tcs->child;
+    if (!has_text && !want_lp && (r->role_sent || has_tc)) {
+        /* nothing a client could see (a partial character), or only tool calls */
+        int rc = has_tc ? feed_tool_deltas(r, tcs, sse) : 0;
+        return rc ? rc : OAI_MORE;
+    }
     cJSON *choice;
     cJSON *c = chunk_new(r, &choice);
     cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
@@ -1618,19 +1627,26 @@ static int feed_delta(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse)
     if (r->include_usage)
         cJSON_AddNullToObject(c, "usage");
     int rc = sse_put(c, sse);
+    if (!rc && has_tc)
+        rc = feed_tool_deltas(r, tcs, sse);
     return rc ? rc : OAI_MORE;
+}
+
+void oai_tool_call_id(char *out, size_t n, const char *request_id, int i)
+{
+    const char *u = strrchr(request_id, '_'), *d = strrchr(request_id, '-');
+    const char *tail = u && (!d || u > d) ? u + 1 : d ? d + 1 : request_id;
+    snprintf(out, n, "call_%.100s_%d", tail, i);
 }
 
 void oai_tool_call_ids(cJSON *tool_calls, const char *request_id)
 {
-    const char *u = strrchr(request_id, '_'), *d = strrchr(request_id, '-');
-    const char *tail = u && (!d || u > d) ? u + 1 : d ? d + 1 : request_id;
     int i = 0;
     cJSON *t;
     cJSON_ArrayForEach(t, tool_calls)
     {
         char id[JOB_ID_MAX + 32];
-        snprintf(id, sizeof id, "call_%.100s_%d", tail, i++);
+        oai_tool_call_id(id, sizeof id, request_id, i++);
         cJSON *s = cJSON_CreateString(id);
         if (!s)
             continue;
@@ -1665,8 +1681,130 @@ static int next_choice(struct oai_resp *r)
     r->role_sent = r->echo_sent = false;
     r->finish = NULL;
     r->next_seq = 0;
+    oai_tc_free(&r->tc); /* the next choice's calls are streamed afresh */
     r->cur++;
     return OAI_NEXT;
+}
+
+int oai_tc_entry(struct oai_tc_stream *s, const cJSON *entry, int *index, bool *opens,
+                 const char **name, const char **frag)
+{
+    const cJSON *ix = cJSON_GetObjectItemCaseSensitive(entry, "index");
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(entry, "function");
+    *name = str_member(f, "name");
+    *frag = str_member(f, "arguments");
+    if (!*frag)
+        *frag = "";
+    if (!cJSON_IsNumber(ix) || ix->valuedouble < 0 || ix->valuedouble > 1e6)
+        return 0;
+    int i = (int)ix->valuedouble;
+    *index = i;
+    *opens = false;
+    if (*name && i <= s->n) {
+        /* a new call; or index i again after a block that turned out
+         * malformed: its sent fragments cannot be taken back */
+        if (i == s->n) {
+            struct oai_buf *a = realloc(s->args, (size_t)(s->n + 1) * sizeof *a);
+            if (!a)
+                return -RL_ENOMEM;
+            s->args = a;
+            s->args[s->n++] = (struct oai_buf){0};
+        }
+        s->args[i].n = 0;
+        *opens = true;
+    } else if (i >= s->n) {
+        return 0;
+    }
+    if (**frag && oai_buf_put(&s->args[i], *frag, strlen(*frag)))
+        return -RL_ENOMEM;
+    return 1;
+}
+
+const char *oai_tc_rest(const struct oai_tc_stream *s, int i, const char *final)
+{
+    if (i >= s->n || !final)
+        return NULL;
+    const struct oai_buf *b = &s->args[i];
+    if (strlen(final) < b->n || (b->n && memcmp(final, b->p, b->n)))
+        return NULL;
+    return final + b->n;
+}
+
+void oai_tc_free(struct oai_tc_stream *s)
+{
+    for (int i = 0; i < s->n; i++)
+        oai_buf_free(&s->args[i]);
+    free(s->args);
+    *s = (struct oai_tc_stream){0};
+}
+
+/* One chunk whose delta holds tool_calls entries (takes arr). */
+static int tool_chunk(struct oai_resp *r, cJSON *arr, struct oai_buf *sse)
+{
+    cJSON *choice;
+    cJSON *c = chunk_new(r, &choice);
+    cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
+    if (!r->role_sent) {
+        cJSON_AddStringToObject(delta, "role", "assistant");
+        r->role_sent = true;
+    }
+    cJSON_AddItemToObject(delta, "tool_calls", arr);
+    cJSON_AddNullToObject(choice, "logprobs");
+    cJSON_AddNullToObject(choice, "finish_reason");
+    if (r->include_usage)
+        cJSON_AddNullToObject(c, "usage");
+    return sse_put(c, sse);
+}
+
+static cJSON *tool_entry(int index, const char *id, const char *name, const char *args)
+{
+    cJSON *x = cJSON_CreateObject();
+    cJSON_AddNumberToObject(x, "index", index);
+    if (id) {
+        cJSON_AddStringToObject(x, "id", id);
+        cJSON_AddStringToObject(x, "type", "function");
+    }
+    cJSON *f = cJSON_AddObjectToObject(x, "function");
+    if (name)
+        cJSON_AddStringToObject(f, "name", name);
+    cJSON_AddStringToObject(f, "arguments", args);
+    return x;
+}
+
+/* A delta's tool_calls, as OpenAI streams them: a chunk that opens a call
+ * (index, id, type, name, arguments ""), then chunks of fragments. */
+static int feed_tool_deltas(struct oai_resp *r, const cJSON *tcs, struct oai_buf *sse)
+{
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tcs)
+    {
+        int i, rc;
+        bool opens;
+        const char *name, *frag;
+        if ((rc = oai_tc_entry(&r->tc, t, &i, &opens, &name, &frag)) <= 0) {
+            if (rc)
+                return rc;
+            continue;
+        }
+        if (opens) {
+            /* the id feed_done gives the call: choices after the first
+             * have ids of their own */
+            char cid[JOB_ID_MAX + 16], id[JOB_ID_MAX + 48];
+            snprintf(cid, sizeof cid, r->cur ? "%s" "c%d" : "%s", r->id, r->cur);
+            oai_tool_call_id(id, sizeof id, cid, i);
+            cJSON *arr = cJSON_CreateArray();
+            cJSON_AddItemToArray(arr, tool_entry(i, id, name, ""));
+            if ((rc = tool_chunk(r, arr, sse)))
+                return rc;
+        }
+        if (*frag) {
+            cJSON *arr = cJSON_CreateArray();
+            cJSON_AddItemToArray(arr, tool_entry(i, NULL, NULL, frag));
+            if ((rc = tool_chunk(r, arr, sse)))
+                return rc;
+        }
+    }
+    return 0;
 }
 
 static int feed_done(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse,
@@ -1721,29 +1859,30 @@ static int feed_done(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse,
         goto usage;
     }
     if (tools) {
-        c = chunk_new(r, &choice);
-        delta = cJSON_AddObjectToObject(choice, "delta");
-        if (!r->role_sent) {
-            cJSON_AddStringToObject(delta, "role", "assistant");
-            r->role_sent = true;
-        }
-        cJSON *arr = cJSON_AddArrayToObject(delta, "tool_calls");
+        /* calls streamed in fragments get what is left of their arguments,
+         * the others come whole, as before streaming existed */
+        cJSON *arr = cJSON_CreateArray();
         int i = 0;
         const cJSON *t;
         cJSON_ArrayForEach(t, r->tool_calls)
         {
-            cJSON *x = cJSON_Duplicate(t, 1);
-            if (!x)
-                continue;
-            cJSON_AddItemToObject(x, "index", cJSON_CreateNumber(i++));
-            cJSON_AddItemToArray(arr, x);
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+            const char *rest = oai_tc_rest(&r->tc, i, str_member(f, "arguments"));
+            cJSON *x = NULL;
+            if (rest && *rest)
+                x = tool_entry(i, NULL, NULL, rest);
+            else if (!rest && (x = cJSON_Duplicate(t, 1)))
+                cJSON_AddItemToObject(x, "index", cJSON_CreateNumber(i));
+            if (x)
+                cJSON_AddItemToArray(arr, x);
+            i++;
         }
-        cJSON_AddNullToObject(choice, "logprobs");
-        cJSON_AddNullToObject(choice, "finish_reason");
-        if (r->include_usage)
-            cJSON_AddNullToObject(c, "usage");
-        if ((rc = sse_put(c, sse)))
-            return rc;
+        if (arr && arr->child) {
+            if ((rc = tool_chunk(r, arr, sse)))
+                return rc;
+        } else {
+            cJSON_Delete(arr);
+        }
     }
     c = chunk_new(r, &choice);
     delta = cJSON_AddObjectToObject(choice, "delta");

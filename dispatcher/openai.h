@@ -187,6 +187,29 @@ int oai_resp_feed(struct oai_resp *r, const char *event, size_t len, struct oai_
  * The worker numbers calls call_1, call_2 in each job, which repeat from
  * request to request and confuse clients that key on them. */
 void oai_tool_call_ids(cJSON *tool_calls, const char *request_id);
+/* The id oai_tool_call_ids gives call i, into out (JOB_ID_MAX + 32 bytes
+ * suffice): a call streamed before done gets the same id there. */
+void oai_tool_call_id(char *out, size_t n, const char *request_id, int i);
+
+/* The tool calls of one stream whose arguments went out in fragments
+ * (worker delta events' delta.tool_calls, schemas/README.md "Streamed
+ * tool calls"), shared by the chat and Responses streams. */
+struct oai_tc_stream {
+    struct oai_buf *args; /* (n) the arguments sent so far, per index */
+    int n;                /* calls opened */
+};
+/* One delta.tool_calls entry: *index and *frag (the fragment, "" if none),
+ * *opens when it opens call *index (it names it: *name). Returns 1 when
+ * the entry is to be passed on, 0 when it is to be dropped (an index out
+ * of order, no name on a new call), -RL_ENOMEM. */
+int oai_tc_entry(struct oai_tc_stream *s, const cJSON *entry, int *index, bool *opens,
+                 const char **name, const char **frag);
+/* At done, for call i with final arguments `final`: what is left to send
+ * after the fragments (NULL when call i was not streamed, or "" when all
+ * was sent). A stream whose fragments are not a prefix of final (cannot
+ * happen with a conforming worker) gets NULL too, and the full call. */
+const char *oai_tc_rest(const struct oai_tc_stream *s, int i, const char *final);
+void oai_tc_free(struct oai_tc_stream *s);
 
 /* Stream mode, after OAI_FAILED once bytes were sent: the error as one
  * SSE event ({"error": {...}}) followed by "data: [DONE]". */

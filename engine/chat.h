@@ -80,13 +80,24 @@ char *chat_json_dumps(const cJSON *v, size_t *len, struct rl_err *err);
  * a tag (a "</thi" at the end of a delta) is held until the next delta
  * decides it. Newlines right after <think>, right before and after
  * </think>, before <tool_call> and after </tool_call> are dropped, the way
- * the template puts them there. */
+ * the template puts them there.
+ *
+ * Tool calls stream: once a block's "name" is read and its "arguments"
+ * object begins, each feed gives a TOOL_DELTA with the arguments' new
+ * text (the first one naming the call). The fragments of a call
+ * concatenate exactly to the arguments of its TOOL_CALL, which still
+ * closes it. A block that turns out malformed after fragments went out
+ * ends as a TOOL_ERROR with streamed set, as one that never streamed;
+ * which fragments a consumer already passed on cannot be taken back. */
 
 enum chat_event_type {
     CHAT_EVENT_CONTENT,    /* text: a piece of the answer */
     CHAT_EVENT_REASONING,  /* text: a piece of the reasoning (inside <think>) */
     CHAT_EVENT_TOOL_CALL,  /* name, arguments: one complete <tool_call> */
     CHAT_EVENT_TOOL_ERROR, /* text: the raw block, error: why it is not a call */
+    CHAT_EVENT_TOOL_DELTA, /* arguments (and text, len): the next fragment of
+                              the open call's arguments; name: on its first
+                              fragment only (NULL after) */
 };
 
 struct chat_event {
@@ -98,6 +109,8 @@ struct chat_event {
     const char *arguments; /* TOOL_CALL: arguments as JSON text ("{}" if none) */
     const char *error;     /* TOOL_ERROR: a sentence: malformed JSON, no name,
                               unterminated block */
+    bool streamed;         /* TOOL_CALL/TOOL_ERROR: TOOL_DELTAs of this block
+                              went out before it */
 };
 
 struct chat_parser_opts {

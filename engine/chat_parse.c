@@ -19,6 +19,17 @@
  * as Python's json.dumps would; anything else is a TOOL_ERROR carrying the
  * raw block, so no model output is ever lost.
  *
+ * While a block is open, its JSON is also scanned as it arrives (struct
+ * tscan): once the "name" string is complete and an "arguments" (or
+ * "parameters") object starts, each feed emits a TOOL_DELTA with the
+ * arguments' new text in the form TOOL_CALL will give them (whitespace
+ * dropped, ", " and ": " separators, each string, number and literal
+ * re-serialized alone with chat_json_dumps), so the fragments of a call
+ * concatenate to its final arguments; finish_tool makes sure of it (the
+ * remainder as one more fragment, see there). Strings are cut only
+ * between characters and escapes, never inside a UTF-8 sequence or a
+ * surrogate pair.
+ *
  * Events point into `arena`, which is rebuilt on every feed; they are made
  * with offsets and turned into pointers once the feed is done, so arena
  * growth never leaves an event dangling. One parser per generated output,
@@ -36,11 +47,41 @@ struct ev_rec {
     size_t text, len;        /* offsets into arena */
     size_t name, arguments;  /* offsets, SIZE_MAX = none */
     const char *error;       /* static sentence */
+    bool streamed;
 };
 
 struct pbuf {
     char *p;
     size_t n, cap;
+};
+
+/* The incremental scan of one <tool_call> block's JSON (see the top). */
+enum tphase {
+    TS_PRE,      /* before the object's "{" */
+    TS_KEY_WAIT, /* a key or "}" next */
+    TS_KEY,      /* inside a key string */
+    TS_COLON,    /* ":" next */
+    TS_VAL_WAIT, /* a value next */
+    TS_SKIP,     /* inside a value we do not stream (name's string, others) */
+    TS_ARGS,     /* inside the arguments object: streaming */
+    TS_AFTER,    /* "," or "}" next */
+    TS_OFF,      /* not a shape we stream; the end decides, as before */
+};
+
+struct tscan {
+    enum tphase ph;
+    struct pbuf key;   /* the raw key being read */
+    struct pbuf val;   /* TS_SKIP of "name": its raw string */
+    bool val_is_name, args_seen;
+    int depth;         /* TS_SKIP/TS_ARGS: nesting depth inside the value */
+    bool in_str, esc;  /* TS_SKIP/TS_ARGS: inside a string, after a backslash */
+    struct pbuf str;   /* TS_ARGS: raw string bytes not yet emitted */
+    struct pbuf tok;   /* TS_ARGS: a number or literal being read */
+    char *name;        /* the decoded "name", once complete */
+    bool started;      /* a TOOL_DELTA of this call went out */
+    bool args_done;    /* the arguments object closed */
+    struct pbuf sent;  /* all argument text emitted for this call */
+    struct pbuf out;   /* argument text of this feed, not yet an event */
 };
 
 struct chat_parser {
@@ -50,6 +91,7 @@ struct chat_parser {
     size_t held_nl;   /* newlines withheld at the end of emitted text */
     struct pbuf pend; /* undecided bytes */
     struct pbuf tool; /* the current <tool_call> block so far */
+    struct tscan ts;
     struct pbuf arena;
     struct ev_rec *recs;
     struct chat_event *evs;
@@ -190,6 +232,368 @@ static const char *find_tag(const char *s, size_t n, const char *tag)
     return NULL;
 }
 
+
+/* ---- the incremental scan of a tool call (struct tscan) ----------------- */
+
+static void ts_reset(struct chat_parser *p)
+{
+    struct tscan *t = &p->ts;
+    free(t->name);
+    t->name = NULL;
+    t->key.n = t->val.n = t->str.n = t->tok.n = t->sent.n = t->out.n = 0;
+    t->ph = TS_PRE;
+    t->val_is_name = t->args_seen = t->in_str = t->esc = t->started = t->args_done = false;
+    t->depth = 0;
+}
+
+static void ts_put(struct chat_parser *p, const char *s, size_t n)
+{
+    pb_add(p, &p->ts.out, s, n);
+    pb_add(p, &p->ts.sent, s, n);
+}
+
+/* s (one JSON value) as chat_json_dumps writes it, appended to out; false
+ * when s is not a value. */
+static bool ts_canon(struct chat_parser *p, const char *s, size_t n, struct pbuf *out)
+{
+    cJSON *j = chat_json_parse(s, n, NULL);
+    if (!j)
+        return false;
+    size_t dn;
+    char *d = chat_json_dumps(j, &dn, NULL);
+    cJSON_Delete(j);
+    if (!d)
+        return false;
+    pb_add(p, out, d, dn);
+    free(d);
+    return true;
+}
+
+static int hexval(const char *s)
+{
+    int v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0)
+            return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+/* Emits the string bytes held in ts.str up to the last point between two
+ * characters (all: every byte; the string has closed), re-serialized. */
+static void ts_str_flush(struct chat_parser *p, bool all)
+{
+    struct tscan *t = &p->ts;
+    const char *s = t->str.p;
+    size_t n = t->str.n, i = 0, cut = 0;
+    while (i < n) {
+        unsigned char c = (unsigned char)s[i];
+        size_t len = 1;
+        if (c == '\\') {
+            if (i + 1 >= n)
+                break;
+            len = 2;
+            if (s[i + 1] == 'u') {
+                len = 6;
+                if (i + 6 > n)
+                    break;
+                int v = hexval(s + i + 2);
+                if (v >= 0xD800 && v <= 0xDBFF) {
+                    len = 12; /* a surrogate pair goes out whole */
+                    if (i + 12 > n)
+                        break;
+                    int lo = s[i + 6] == '\\' && s[i + 7] == 'u' ? hexval(s + i + 8) : -1;
+                    if (lo < 0xDC00 || lo > 0xDFFF)
+                        v = -1;
+                }
+                /* cJSON reads a bad escape leniently, and differently
+                 * whole and piecewise; a NUL ends its string: such a
+                 * call's rest comes at its end */
+                if (v <= 0 || (v >= 0xDC00 && v <= 0xDFFF)) {
+                    t->ph = TS_OFF;
+                    return;
+                }
+            } else if (!strchr("\"\\/bfnrt", s[i + 1]) || !s[i + 1]) {
+                t->ph = TS_OFF;
+                return;
+            }
+        } else if (c >= 0xC0) {
+            /* a lead byte and the continuation bytes that follow it (an
+             * invalid sequence ends at the first byte that is not one, so
+             * a backslash or quote is never swallowed) */
+            size_t want = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+            while (len < want && i + len < n && ((unsigned char)s[i + len] & 0xC0) == 0x80)
+                len++;
+            if (len < want && i + len == n && !all)
+                break; /* its next byte may still come */
+        }
+        if (i + len > n)
+            break;
+        i += len;
+        cut = i;
+    }
+    if (all && cut != n) { /* the string closed inside an escape */
+        t->ph = TS_OFF;
+        return;
+    }
+    if (cut == 0)
+        return;
+    struct pbuf q = {0}, d = {0};
+    pb_add(p, &q, "\"", 1);
+    pb_add(p, &q, s, cut);
+    pb_add(p, &q, "\"", 1);
+    if (!p->oom && ts_canon(p, q.p, q.n, &d) && d.n >= 2)
+        ts_put(p, d.p + 1, d.n - 2);
+    else
+        t->ph = TS_OFF; /* not a string after all: the end decides */
+    free(q.p);
+    free(d.p);
+    memmove(t->str.p, s + cut, n - cut);
+    t->str.n = n - cut;
+}
+
+static void ts_tok_flush(struct chat_parser *p)
+{
+    struct tscan *t = &p->ts;
+    struct pbuf d = {0};
+    if (t->tok.n && ts_canon(p, t->tok.p, t->tok.n, &d))
+        ts_put(p, d.p, d.n);
+    else if (t->tok.n)
+        t->ph = TS_OFF;
+    free(d.p);
+    t->tok.n = 0;
+}
+
+/* What cJSON skips between tokens: every byte up to the space. */
+static bool is_ws(char c)
+{
+    return (unsigned char)c <= 32;
+}
+
+static bool is_tokc(char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           c == '-' || c == '+' || c == '.';
+}
+
+static bool key_is(const struct tscan *t, const char *k)
+{
+    return t->key.n == strlen(k) && !memcmp(t->key.p, k, t->key.n);
+}
+
+static void ts_value_end(struct chat_parser *p)
+{
+    struct tscan *t = &p->ts;
+    if (t->val_is_name && !t->name) {
+        cJSON *j = chat_json_parse(t->val.p, t->val.n, NULL);
+        if (cJSON_IsString(j) && j->valuestring[0] && !(t->name = strdup(j->valuestring)))
+            p->oom = true;
+        cJSON_Delete(j);
+    }
+    t->val_is_name = false;
+    t->ph = TS_AFTER;
+}
+
+static void ts_byte(struct chat_parser *p, char c)
+{
+    struct tscan *t = &p->ts;
+    switch (t->ph) {
+    case TS_PRE:
+        if (c == '{')
+            t->ph = TS_KEY_WAIT;
+        else if (!is_ws(c))
+            t->ph = TS_OFF;
+        return;
+    case TS_KEY_WAIT:
+        if (c == '"') {
+            t->ph = TS_KEY;
+            t->key.n = 0;
+            t->esc = false;
+        } else if (!is_ws(c)) {
+            t->ph = TS_OFF; /* "}" too: the object ended */
+        }
+        return;
+    case TS_KEY:
+        if (!t->esc && c == '"') {
+            t->ph = TS_COLON;
+            return;
+        }
+        t->esc = !t->esc && c == '\\';
+        pb_add(p, &t->key, &c, 1);
+        return;
+    case TS_COLON:
+        if (c == ':')
+            t->ph = TS_VAL_WAIT;
+        else if (!is_ws(c))
+            t->ph = TS_OFF;
+        return;
+    case TS_VAL_WAIT:
+        if (is_ws(c))
+            return;
+        if (key_is(t, "arguments") || key_is(t, "parameters")) {
+            bool first = !t->args_seen;
+            t->args_seen = true;
+            if (first && t->name && c == '{') {
+                t->ph = TS_ARGS;
+                t->depth = 1;
+                t->in_str = t->esc = false;
+                ts_put(p, "{", 1);
+                return;
+            }
+        }
+        t->val_is_name = key_is(t, "name") && c == '"';
+        t->val.n = 0;
+        t->ph = TS_SKIP;
+        t->depth = 0;
+        t->in_str = t->esc = false;
+        /* c is the value's first byte */
+        __attribute__((fallthrough));
+    case TS_SKIP:
+        if (t->val_is_name)
+            pb_add(p, &t->val, &c, 1);
+        if (t->in_str) {
+            if (t->esc)
+                t->esc = false;
+            else if (c == '\\')
+                t->esc = true;
+            else if (c == '"') {
+                t->in_str = false;
+                if (t->depth == 0)
+                    ts_value_end(p);
+            }
+            return;
+        }
+        if (t->depth == 0 && (c == ',' || c == '}' || is_ws(c))) {
+            ts_value_end(p); /* a number or literal ended */
+            ts_byte(p, c);
+        } else if (c == '"') {
+            t->in_str = true;
+        } else if (c == '{' || c == '[') {
+            t->depth++;
+        } else if (c == '}' || c == ']') {
+            if (--t->depth <= 0)
+                ts_value_end(p);
+        }
+        return;
+    case TS_AFTER:
+        if (c == ',')
+            t->ph = TS_KEY_WAIT;
+        else if (!is_ws(c))
+            t->ph = TS_OFF;
+        return;
+    case TS_ARGS:
+        if (t->in_str && c == 0) {
+            t->ph = TS_OFF; /* a raw NUL ends a cJSON string: the end decides */
+            return;
+        }
+        if (t->in_str) {
+            if (t->esc) {
+                t->esc = false;
+            } else if (c == '\\') {
+                t->esc = true;
+            } else if (c == '"') {
+                t->in_str = false;
+                ts_str_flush(p, true);
+                if (t->ph == TS_ARGS)
+                    ts_put(p, "\"", 1);
+                return;
+            }
+            pb_add(p, &t->str, &c, 1);
+            return;
+        }
+        if (t->tok.n && is_tokc(c)) {
+            pb_add(p, &t->tok, &c, 1);
+            return;
+        }
+        if (t->tok.n) {
+            ts_tok_flush(p);
+            if (t->ph != TS_ARGS)
+                return;
+        }
+        if (is_ws(c))
+            return;
+        if (c == '"') {
+            t->in_str = true;
+            t->str.n = 0;
+            ts_put(p, "\"", 1);
+        } else if (c == '{' || c == '[') {
+            t->depth++;
+            ts_put(p, &c, 1);
+        } else if (c == '}' || c == ']') {
+            ts_put(p, &c, 1);
+            if (--t->depth == 0) {
+                t->args_done = true;
+                t->ph = TS_AFTER;
+            }
+        } else if (c == ',') {
+            ts_put(p, ", ", 2);
+        } else if (c == ':') {
+            ts_put(p, ": ", 2);
+        } else if (is_tokc(c)) {
+            pb_add(p, &t->tok, &c, 1);
+        } else {
+            t->ph = TS_OFF;
+        }
+        return;
+    case TS_OFF:
+        return;
+    }
+}
+
+/* The argument text this feed produced, as one TOOL_DELTA (the first of a
+ * call carries its name). */
+static void ts_emit(struct chat_parser *p)
+{
+    struct tscan *t = &p->ts;
+    if (!t->out.n || p->oom)
+        return;
+    struct ev_rec *r = new_rec(p);
+    if (!r)
+        return;
+    r->type = CHAT_EVENT_TOOL_DELTA;
+    if (!t->started)
+        r->name = arena_str(p, t->name, strlen(t->name));
+    r->arguments = arena_str(p, t->out.p, t->out.n);
+    r->text = r->arguments;
+    r->len = t->out.n;
+    t->started = true;
+    t->out.n = 0;
+}
+
+/* Bytes of the open block's JSON body. */
+static void tool_body(struct chat_parser *p, const char *s, size_t n)
+{
+    pb_add(p, &p->tool, s, n);
+    for (size_t i = 0; i < n && p->ts.ph != TS_OFF; i++)
+        ts_byte(p, s[i]);
+    if (p->ts.ph == TS_ARGS && p->ts.in_str)
+        ts_str_flush(p, false);
+    ts_emit(p);
+}
+
+/* An object (with up to 256 members, as chat_json_dumps folds them)
+ * anywhere in v repeats a key. */
+static bool repeats_key(const cJSON *v, int depth)
+{
+    if (!v || depth > 512)
+        return false;
+    bool obj = cJSON_IsObject(v);
+    if (obj && cJSON_GetArraySize(v) <= 256)
+        for (const cJSON *c = v->child; c; c = c->next)
+            for (const cJSON *e = c->next; e; e = e->next)
+                if (c->string && e->string && !strcmp(c->string, e->string))
+                    return true;
+    if (obj || cJSON_IsArray(v))
+        for (const cJSON *c = v->child; c; c = c->next)
+            if (repeats_key(c, depth + 1))
+                return true;
+    return false;
+}
+
 static void finish_tool(struct chat_parser *p)
 {
     /* p->tool holds "<tool_call>...</tool_call>" */
@@ -212,33 +616,74 @@ static void finish_tool(struct chat_parser *p)
         if (!args)
             args = cJSON_GetObjectItemCaseSensitive(j, "parameters");
     }
+    char *fa = NULL; /* the final arguments, malloc'd */
+    size_t fa_n = 0;
+    if (!error) {
+        if (!args || cJSON_IsNull(args)) {
+            fa = strdup("{}");
+            fa_n = 2;
+        } else if (cJSON_IsString(args)) {
+            fa_n = strlen(args->valuestring);
+            fa = strdup(args->valuestring);
+        } else {
+            fa = chat_json_dumps(args, &fa_n, NULL);
+        }
+        if (!fa)
+            p->oom = true;
+    }
+    struct tscan *t = &p->ts;
+    if (fa && t->started) {
+        /* The fragments must add up to the arguments. They are the same
+         * text but where dumps is not piecewise (a repeated key keeps the
+         * last value), and then the streamed text, valid JSON, is the
+         * answer. Otherwise what was sent is a prefix (the scan stopped
+         * early): the rest is one more fragment. */
+        cJSON *sj = t->args_done ? chat_json_parse(t->sent.p, t->sent.n, NULL) : NULL;
+        if (sj && (fa_n != t->sent.n || memcmp(fa, t->sent.p, fa_n))) {
+            char *c = malloc(t->sent.n + 1);
+            if (c) {
+                memcpy(c, t->sent.p, t->sent.n);
+                c[t->sent.n] = 0;
+                free(fa);
+                fa = c;
+                fa_n = t->sent.n;
+            }
+        } else if (!sj && !repeats_key(args, 0) && fa_n >= t->sent.n &&
+                   !memcmp(fa, t->sent.p, t->sent.n)) {
+            pb_add(p, &t->out, fa + t->sent.n, fa_n - t->sent.n);
+            ts_emit(p);
+        } else if (!sj) {
+            /* The scan stopped at something cJSON reads its own way (a
+             * NUL or a bad escape in a string) and the arguments repeat a
+             * key, which dumps folds: what was sent need not be a prefix,
+             * and whether it is would depend on the split. No call rather
+             * than one whose fragments disagree with it. */
+            error = "the tool call's arguments repeat a key and hold a string that cannot be "
+                    "streamed (a NUL or a bad escape)";
+            free(fa);
+            fa = NULL;
+        }
+        cJSON_Delete(sj);
+    }
     struct ev_rec *r = new_rec(p);
     if (r) {
         r->text = arena_str(p, raw, raw_n);
         r->len = raw_n;
+        r->streamed = t->started;
         if (error) {
             r->type = CHAT_EVENT_TOOL_ERROR;
             r->error = error;
         } else {
             r->type = CHAT_EVENT_TOOL_CALL;
             r->name = arena_str(p, name->valuestring, strlen(name->valuestring));
-            if (!args || cJSON_IsNull(args)) {
-                r->arguments = arena_str(p, "{}", 2);
-            } else if (cJSON_IsString(args)) {
-                r->arguments = arena_str(p, args->valuestring, strlen(args->valuestring));
-            } else {
-                size_t n;
-                char *s = chat_json_dumps(args, &n, NULL);
-                if (!s)
-                    p->oom = true;
-                else
-                    r->arguments = arena_str(p, s, n);
-                free(s);
-            }
+            if (fa)
+                r->arguments = arena_str(p, fa, fa_n);
         }
     }
+    free(fa);
     cJSON_Delete(j);
     p->tool.n = 0;
+    ts_reset(p);
 }
 
 /* Consumes as much of pend as the current state can decide. */
@@ -282,6 +727,7 @@ static void run(struct chat_parser *p)
                 p->st = ST_TOOL;
                 p->skip_nl = false;
                 pb_add(p, &p->tool, TAG_TOOL, sizeof TAG_TOOL - 1);
+                ts_reset(p);
             }
         } else if (p->st == ST_CONTENT) { /* no_tools: nothing to look for */
             emit_text(p, s, n);
@@ -290,13 +736,14 @@ static void run(struct chat_parser *p)
             const char *at = find_tag(s, n, TAG_END_TOOL);
             if (!at) {
                 size_t keep = partial_tag(s, n, TAG_END_TOOL);
-                pb_add(p, &p->tool, s, n - keep);
+                tool_body(p, s, n - keep);
                 memmove(s, s + n - keep, keep);
                 p->pend.n = keep;
                 return;
             }
             used = (size_t)(at - s) + sizeof TAG_END_TOOL - 1;
-            pb_add(p, &p->tool, s, used);
+            tool_body(p, s, (size_t)(at - s));
+            pb_add(p, &p->tool, at, sizeof TAG_END_TOOL - 1);
             finish_tool(p);
             p->st = ST_CONTENT;
             p->skip_nl = true;
@@ -323,6 +770,7 @@ static int deliver(struct chat_parser *p, const struct chat_event **events, size
             .name = r->name == SIZE_MAX ? NULL : p->arena.p + r->name,
             .arguments = r->arguments == SIZE_MAX ? NULL : p->arena.p + r->arguments,
             .error = r->error,
+            .streamed = r->streamed,
         };
     }
     *events = p->evs;
@@ -370,6 +818,7 @@ int chat_parser_finish(struct chat_parser *p, const struct chat_event **events,
             r->text = arena_str(p, p->tool.p ? p->tool.p : "", p->tool.n);
             r->len = p->tool.n;
             r->error = "the tool call is not terminated by </tool_call>";
+            r->streamed = p->ts.started;
         }
     } else {
         emit_text(p, p->pend.p ? p->pend.p : "", p->pend.n);
@@ -380,6 +829,7 @@ int chat_parser_finish(struct chat_parser *p, const struct chat_event **events,
     p->pend.n = 0;
     p->tool.n = 0;
     p->held_nl = 0;
+    ts_reset(p);
     p->st = p->o.think_open ? ST_REASONING : ST_START;
     p->skip_nl = p->o.think_open;
     p->oom = false;
@@ -392,6 +842,13 @@ void chat_parser_free(struct chat_parser *p)
         return;
     free(p->pend.p);
     free(p->tool.p);
+    ts_reset(p);
+    free(p->ts.key.p);
+    free(p->ts.val.p);
+    free(p->ts.str.p);
+    free(p->ts.tok.p);
+    free(p->ts.sent.p);
+    free(p->ts.out.p);
     free(p->arena.p);
     free(p->recs);
     free(p->evs);

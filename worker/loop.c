@@ -418,9 +418,12 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
 
 /* Content through the tool-call parser: plain text stays content, each
  * complete <tool_call> block becomes an entry of the done event's
- * tool_calls. */
+ * tool_calls, and the arguments of a call being generated go into *deltas
+ * (created on demand, caller deletes) as the delta event's tool_calls: a
+ * call's index is its position in the done event's tool_calls, and its
+ * first fragment carries id, type and name. */
 static void parse_content(struct wjob *j, const char *text, size_t len, bool finish,
-                          struct text *content)
+                          struct text *content, cJSON **deltas)
 {
     const struct chat_event *ce = NULL;
     size_t n_ce = 0;
@@ -435,7 +438,48 @@ static void parse_content(struct wjob *j, const char *text, size_t len, bool fin
         if (rc)
             continue;
         for (size_t i = 0; i < n_ce; i++) {
-            if (ce[i].type == CHAT_EVENT_TOOL_CALL && j->tool_calls) {
+            if (ce[i].type == CHAT_EVENT_TOOL_DELTA && j->tool_calls) {
+                int index = cJSON_GetArraySize(j->tool_calls);
+                if (!*deltas && !(*deltas = cJSON_CreateArray()))
+                    continue;
+                cJSON *last = cJSON_GetArrayItem(*deltas, cJSON_GetArraySize(*deltas) - 1);
+                cJSON *li = last ? cJSON_GetObjectItemCaseSensitive(last, "index") : NULL;
+                cJSON *lf = last ? cJSON_GetObjectItemCaseSensitive(last, "function") : NULL;
+                cJSON *la = lf ? cJSON_GetObjectItemCaseSensitive(lf, "arguments") : NULL;
+                if (!ce[i].name && cJSON_IsNumber(li) && li->valueint == index && cJSON_IsString(la)) {
+                    /* the same call's next fragment in this event: joined */
+                    size_t a = strlen(la->valuestring), b = strlen(ce[i].arguments);
+                    char *m = malloc(a + b + 1);
+                    if (m) {
+                        memcpy(m, la->valuestring, a);
+                        memcpy(m + a, ce[i].arguments, b + 1);
+                        cJSON *ns = cJSON_CreateString(m);
+                        if (ns)
+                            cJSON_ReplaceItemInObjectCaseSensitive(lf, "arguments", ns);
+                        free(m);
+                    }
+                    continue;
+                }
+                cJSON *c = cJSON_CreateObject(), *f = cJSON_CreateObject();
+                if (!c || !f) {
+                    cJSON_Delete(c);
+                    cJSON_Delete(f);
+                    continue;
+                }
+                cJSON_AddNumberToObject(c, "index", index);
+                if (ce[i].name) {
+                    char cid[32];
+                    snprintf(cid, sizeof cid, "call_%d", index + 1);
+                    cJSON_AddStringToObject(c, "id", cid);
+                    cJSON_AddStringToObject(c, "type", "function");
+                    cJSON_AddStringToObject(f, "name", ce[i].name);
+                }
+                cJSON_AddStringToObject(f, "arguments", ce[i].arguments);
+                cJSON_AddItemToObject(c, "function", f);
+                cJSON_AddItemToArray(*deltas, c);
+            } else if (ce[i].type == CHAT_EVENT_TOOL_DELTA) {
+                continue;
+            } else if (ce[i].type == CHAT_EVENT_TOOL_CALL && j->tool_calls) {
                 char cid[32];
                 snprintf(cid, sizeof cid, "call_%d", cJSON_GetArraySize(j->tool_calls) + 1);
                 cJSON *c = cJSON_CreateObject(), *f = cJSON_CreateObject();
@@ -507,7 +551,7 @@ void w_hold_clear(struct wjob *j)
  * be held: coalescing off, logprobs, the job's first tokens, or no memory. */
 static bool hold_take(struct worker *w, struct wjob *j, const struct ev_delta *d, int64_t now)
 {
-    if (w->opt.coalesce_ms <= 0 || d->logprobs || !j->t_first)
+    if (w->opt.coalesce_ms <= 0 || d->logprobs || d->tool_calls || !j->t_first)
         return false; /* the first tokens go at once: coalescing never adds to TTFT */
     if (j->n_hold + d->n_token_ids > j->cap_hold) {
         int cap = j->cap_hold ? j->cap_hold : 16;
@@ -563,11 +607,12 @@ static void on_event(struct worker *w, const struct engine_event *ev)
     int64_t now = rl_wall_ms();
     bool fin = ev->finish != ENGINE_FINISH_NONE;
     struct text content = {0};
+    cJSON *tc_deltas = NULL; /* the delta's tool_calls */
     if (j->parser)
-        parse_content(j, ev->content, ev->n_content, fin, &content);
+        parse_content(j, ev->content, ev->n_content, fin, &content, &tc_deltas);
     else
         text_add(&content, ev->content, ev->n_content);
-    if (ev->n_tokens > 0 || content.n || ev->n_reasoning) {
+    if (ev->n_tokens > 0 || content.n || ev->n_reasoning || tc_deltas) {
         struct ev_logprob *lp = NULL;
         int32_t *top_ids = NULL;
         float *top_lp = NULL;
@@ -613,7 +658,7 @@ static void on_event(struct worker *w, const struct engine_event *ev)
             .content = content.n ? content.p : NULL, .content_len = content.n,
             .reasoning_content = ev->n_reasoning ? ev->reasoning : NULL,
             .reasoning_len = ev->n_reasoning, .token_ids = ev->tokens,
-            .n_token_ids = ev->n_tokens, .logprobs = lp};
+            .n_token_ids = ev->n_tokens, .logprobs = lp, .tool_calls = tc_deltas};
         if (!hold_take(w, j, &d, now)) {
             hold_release(w, j); /* what was held goes first, in order */
             emit_delta(w, j, &d);
@@ -651,6 +696,7 @@ static void on_event(struct worker *w, const struct engine_event *ev)
         }
     }
     free(content.p);
+    cJSON_Delete(tc_deltas);
     if (!fin)
         return;
     hold_release(w, j); /* before done or error */

@@ -570,6 +570,14 @@ struct collect {
     char buf[8192];
     size_t n;
     int last; /* type of the last text event, -1 after a call or none */
+    /* the streamed call: TOOL_DELTAs since its first, checked against the
+     * TOOL_CALL that closes it */
+    bool open;
+    char fname[128], frag[4096];
+    size_t nf;
+    int n_frag;       /* fragments of the open call */
+    int max_frags;    /* the most fragments any call of the run had */
+    int calls_streamed;
 };
 
 static void put(struct collect *c, const char *s, size_t n)
@@ -595,7 +603,33 @@ static void collect_events(struct collect *c, const struct chat_event *ev, size_
             put(c, e->text, e->len);
             put(c, "]", 1);
             c->last = (int)e->type;
+        } else if (e->type == CHAT_EVENT_TOOL_DELTA) {
+            size_t fl = strlen(e->arguments);
+            assert_int_equal(fl, e->len);
+            assert_true(fl > 0);
+            if (e->name) { /* a call's first fragment names it */
+                assert_false(c->open);
+                c->open = true;
+                snprintf(c->fname, sizeof c->fname, "%s", e->name);
+                c->nf = 0;
+                c->n_frag = 0;
+            }
+            assert_true(c->open);
+            assert_true(c->nf + fl < sizeof c->frag);
+            memcpy(c->frag + c->nf, e->arguments, fl);
+            c->nf += fl;
+            c->frag[c->nf] = 0;
+            c->n_frag++;
         } else if (e->type == CHAT_EVENT_TOOL_CALL) {
+            assert_int_equal(e->streamed, c->open);
+            if (c->open) { /* the fragments add up to the arguments */
+                if (strcmp(c->frag, e->arguments) || strcmp(c->fname, e->name))
+                    fail_msg("fragments %s|%s, call %s|%s", c->fname, c->frag, e->name, e->arguments);
+                c->open = false;
+                c->calls_streamed++;
+                if (c->n_frag > c->max_frags)
+                    c->max_frags = c->n_frag;
+            }
             put(c, "T[", 2);
             put(c, e->name, strlen(e->name));
             put(c, "|", 1);
@@ -604,6 +638,8 @@ static void collect_events(struct collect *c, const struct chat_event *ev, size_
             c->last = -1;
         } else {
             assert_non_null(e->error);
+            assert_int_equal(e->streamed, c->open);
+            c->open = false;
             put(c, "E[", 2);
             put(c, e->text, e->len);
             put(c, "]", 1);
@@ -619,6 +655,8 @@ static void run_parser(struct chat_parser *p, const char *text, const size_t *cu
     c->n = 0;
     c->buf[0] = 0;
     c->last = -1;
+    c->open = false;
+    c->max_frags = c->calls_streamed = 0;
     size_t at = 0;
     const struct chat_event *ev;
     size_t n;
@@ -731,10 +769,13 @@ static void test_parser_event_lifetime(void **state)
     const struct chat_event *ev;
     size_t n;
     assert_int_equal(chat_parser_feed(p, big, strlen(big), &ev, &n, NULL), 0);
-    assert_int_equal(n, 1 + 200 * 2);
+    /* each call: text, its arguments as one TOOL_DELTA (one feed), the call */
+    assert_int_equal(n, 1 + 200 * 3);
     assert_int_equal(ev[0].type, CHAT_EVENT_REASONING);
     for (int i = 0; i < 200; i++) {
-        const struct chat_event *t = &ev[2 + 2 * i];
+        const struct chat_event *d = &ev[2 + 3 * i], *t = &ev[3 + 3 * i];
+        assert_int_equal(d->type, CHAT_EVENT_TOOL_DELTA);
+        assert_string_equal(d->arguments, t->arguments);
         char want[64];
         snprintf(want, sizeof want, "f%d", i);
         assert_int_equal(t->type, CHAT_EVENT_TOOL_CALL);
@@ -744,6 +785,100 @@ static void test_parser_event_lifetime(void **state)
     }
     assert_int_equal(chat_parser_finish(p, &ev, &n, NULL), 0);
     chat_parser_free(p);
+}
+
+/* Tool arguments as they are generated: at every split, the fragments of
+ * each call concatenate to its final arguments (collect_events checks it),
+ * and fed in small pieces a call streams in several fragments. Calls the
+ * scan cannot stream (arguments before the name, arguments as a string)
+ * end as they always did. */
+static const struct {
+    const char *name, *text, *want;
+    int streamed; /* calls that must stream */
+} stream_cases[] = {
+    {"flat", "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>",
+     "T[get_weather|{\"city\": \"Paris\", \"days\": 3}]", 1},
+    {"compact, nested, every type",
+     "<tool_call>{\"name\":\"f\",\"arguments\":{\"a\":[1,-2.50,1e5,true,false,null],\"o\":{\"k\":{}},\"e\":[],\"s\":\"x\"}}</tool_call>",
+     "T[f|{\"a\": [1, -2.5, 100000.0, true, false, null], \"o\": {\"k\": {}}, \"e\": [], \"s\": \"x\"}]", 1},
+    {"whitespace everywhere",
+     "<tool_call>\n{ \"name\" : \"f\" ,\n \"arguments\" : {\n  \"a\" : [ 1 , 2 ] ,\n  \"b\" : \"c d\"\n }\n}\n</tool_call>",
+     "T[f|{\"a\": [1, 2], \"b\": \"c d\"}]", 1},
+    {"escapes and unicode",
+     "<tool_call>{\"name\": \"f\", \"arguments\": {\"q\": \"a\\\"b\\\\c\\n\\u00e9\\ud83c\\udf89 中文🎉\\/\\t\"}}</tool_call>",
+     "T[f|{\"q\": \"a\\\"b\\\\c\\né🎉 中文🎉/\\t\"}]", 1},
+    {"parameters, name after other keys",
+     "<tool_call>{\"id\": {\"x\": [1, \"}\"]}, \"n\": 5, \"name\": \"g\", \"parameters\": {\"x\": 1}}</tool_call>",
+     "T[g|{\"x\": 1}]", 1},
+    {"repeated key: the streamed text is the answer",
+     "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1, \"a\": 2}}</tool_call>",
+     "T[f|{\"a\": 1, \"a\": 2}]", 1},
+    {"two calls with content between",
+     "<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": 1}}</tool_call>\nthen\n<tool_call>{\"name\": \"b\", \"arguments\": {\"y\": \"z\"}}</tool_call>",
+     "T[a|{\"x\": 1}]C[then]T[b|{\"y\": \"z\"}]", 2},
+    {"arguments before the name: not streamed",
+     "<tool_call>{\"arguments\": {\"x\": 1}, \"name\": \"a\"}</tool_call>", "T[a|{\"x\": 1}]", 0},
+    {"arguments as a string: not streamed",
+     "<tool_call>{\"name\": \"a\", \"arguments\": \"{\\\"x\\\": 1}\"}</tool_call>", "T[a|{\"x\": 1}]", 0},
+    {"a NUL escape: the rest comes as the last fragment",
+     "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": \"x\\u0000y\", \"b\": 1}}</tool_call>",
+     "T[f|{\"a\": \"x\", \"b\": 1}]", 1},
+    {"a NUL escape and a repeated key: no call",
+     "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": \"\\u0000\", \"a\": 1}}</tool_call>",
+     "E[<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": \"\\u0000\", \"a\": 1}}</tool_call>]", 0},
+    {"malformed after streaming began",
+     "<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": oops}}</tool_call>",
+     "E[<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": oops}}</tool_call>]", 0},
+    {"truncated inside the arguments",
+     "<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": \"abc",
+     "E[<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": \"abc]", 0},
+};
+
+static void test_parser_tool_stream(void **state)
+{
+    struct collect whole, part;
+    size_t cuts[4096];
+    for (size_t i = 0; i < sizeof stream_cases / sizeof stream_cases[0]; i++) {
+        struct chat_parser *p;
+        assert_int_equal(chat_parser_create(&p, NULL, NULL), 0);
+        const char *text = stream_cases[i].text;
+        size_t len = strlen(text);
+        cuts[0] = len;
+        run_parser(p, text, cuts, 1, &whole);
+        if (strcmp(whole.buf, stream_cases[i].want))
+            fail_msg("%s: got %s, want %s", stream_cases[i].name, whole.buf, stream_cases[i].want);
+        assert_int_equal(whole.calls_streamed, stream_cases[i].streamed);
+        for (size_t k = 0; k <= len; k++) { /* two deltas, cut at k */
+            cuts[0] = k;
+            cuts[1] = len;
+            run_parser(p, text, cuts, 2, &part);
+            if (strcmp(part.buf, whole.buf))
+                fail_msg("%s: cut at %zu: got %s", stream_cases[i].name, k, part.buf);
+            assert_int_equal(part.calls_streamed, stream_cases[i].streamed);
+        }
+        for (size_t k = 0; k < len; k++) /* byte by byte */
+            cuts[k] = k + 1;
+        run_parser(p, text, cuts, len, &part);
+        if (strcmp(part.buf, whole.buf))
+            fail_msg("%s: byte by byte: got %s", stream_cases[i].name, part.buf);
+        assert_int_equal(part.calls_streamed, stream_cases[i].streamed);
+        if (stream_cases[i].streamed && part.max_frags < 4)
+            fail_msg("%s: byte by byte gave %d fragments", stream_cases[i].name, part.max_frags);
+        uint64_t rng = 99 + i;
+        for (int r = 0; r < 100; r++) {
+            size_t n = 0, at = 0;
+            while (at < len) {
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                at += (size_t)(rng >> 33) % 9;
+                cuts[n++] = at < len ? at : len;
+            }
+            cuts[n++] = len;
+            run_parser(p, text, cuts, n, &part);
+            if (strcmp(part.buf, whole.buf))
+                fail_msg("%s: random split %d: got %s", stream_cases[i].name, r, part.buf);
+        }
+        chat_parser_free(p);
+    }
 }
 
 /* chat_tokenize: the same ids as render + encode for ordinary messages; the
@@ -838,6 +973,7 @@ int main(void)
         cmocka_unit_test(test_template_errors),
         cmocka_unit_test(test_json_dumps),
         cmocka_unit_test(test_parser_splits),
+        cmocka_unit_test(test_parser_tool_stream),
         cmocka_unit_test(test_parser_event_lifetime),
         cmocka_unit_test(test_tokenize_content_is_text),
     };

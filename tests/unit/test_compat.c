@@ -273,6 +273,74 @@ static void test_responses_events(void **state)
     cpt_request_clear(&c);
 }
 
+/* Tool arguments streamed by the worker (delta.tool_calls, issue 29): the
+ * function_call item opens at the first fragment, each fragment is a
+ * function_call_arguments.delta, done adds what they lacked ("}") and
+ * closes it; not streamed, the same events give the same output item. */
+static void test_responses_streamed_call(void **state)
+{
+    (void)state;
+    static const char *const ev[] = {
+        "{\"seq\":0,\"type\":\"delta\",\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\","
+        "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\"\"}}]}}",
+        "{\"seq\":1,\"type\":\"delta\",\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\":1\"}}]}}",
+        "{\"seq\":2,\"type\":\"delta\",\"delta\":{}}",
+        DONE,
+    };
+    struct cpt_request c = {.api = CPT_RESPONSES};
+    for (int stream = 1; stream >= 0; stream--) {
+        struct cpt_resp *r;
+        struct rl_err err = {0};
+        assert_int_equal(cpt_resp_create(&r, &c, "resp_ab12", "m", 1700000000123, stream, &err), 0);
+        struct oai_buf out = {0};
+        struct oai_error e;
+        for (int i = 0; i < 4; i++)
+            assert_int_equal(cpt_resp_feed(r, ev[i], strlen(ev[i]), &out, &e), i < 3 ? OAI_MORE : OAI_END);
+        oai_buf_put(&out, "", 1);
+        if (stream) {
+            static const char *const names[] = {
+                "response.created", "response.in_progress", "response.output_item.added",
+                "response.function_call_arguments.delta", "response.function_call_arguments.delta",
+                "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                "response.output_item.done", "response.completed"};
+            static const char *const deltas[] = {"\"delta\":\"{\\\"a\\\"\"", "\"delta\":\":1\"",
+                                                 "\"delta\":\"}\""};
+            const char *p = out.p;
+            int nd = 0;
+            for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++) {
+                char want[96];
+                snprintf(want, sizeof want, "event: %s\ndata: ", names[i]);
+                if (memcmp(p, want, strlen(want)))
+                    fail_msg("event %d: %.80s", i, p);
+                const char *end = strstr(p, "\n\n");
+                assert_non_null(end);
+                if (strstr(names[i], "arguments.delta")) {
+                    const char *d = strstr(p, deltas[nd++]);
+                    assert_true(d && d < end);
+                }
+                p = end + 2;
+            }
+            assert_string_equal(p, "");
+            assert_non_null(strstr(out.p, "\"arguments\":\"{\\\"a\\\":1}\",\"sequence_number\":6"));
+            assert_non_null(strstr(out.p, "\"item_id\":\"fc_ab12_0\""));
+        } else {
+            assert_string_equal(out.p, "");
+        }
+        char *body = cpt_resp_body(r);
+        cJSON *o = cJSON_Parse(body);
+        cJSON *items = cJSON_GetObjectItem(o, "output");
+        assert_int_equal(cJSON_GetArraySize(items), 1);
+        char *it = cJSON_PrintUnformatted(cJSON_GetArrayItem(items, 0));
+        assert_string_equal(it, "{\"id\":\"fc_ab12_0\",\"type\":\"function_call\",\"status\":\"completed\","
+                                "\"call_id\":\"call_ab12_0\",\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}");
+        free(it);
+        cJSON_Delete(o);
+        free(body);
+        oai_buf_free(&out);
+        cpt_resp_free(r);
+    }
+}
+
 static void test_ollama_lines(void **state)
 {
     (void)state;
@@ -450,6 +518,7 @@ int main(void)
         cmocka_unit_test(test_responses_requests),
         cmocka_unit_test(test_ollama_requests),
         cmocka_unit_test(test_responses_events),
+        cmocka_unit_test(test_responses_streamed_call),
         cmocka_unit_test(test_ollama_lines),
         cmocka_unit_test(test_vmetrics),
         cmocka_unit_test(test_vmetrics_fleet),

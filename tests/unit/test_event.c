@@ -84,6 +84,25 @@ static int build_events(char **out, int max)
                          .ttft_ms = 35, .total_ms = 60, .speculated = true,
                          .spec_drafted = 4, .spec_accepted = 2};
     assert_int_equal(ev_build_done(1, &ds, &out[n++], NULL), 0);
+    /* a tool call streamed (issue 29): the opening fragment, the next one,
+     * and done with the whole call, whose arguments the fragments make */
+    cJSON *t0 = cJSON_Parse("[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\",\"function\":"
+                            "{\"name\":\"add\",\"arguments\":\"{\\\"a\\\": 2, \"}}]");
+    cJSON *t1 = cJSON_Parse("[{\"index\":0,\"function\":{\"arguments\":\"\\\"b\\\": 2}\"}}]");
+    cJSON *tcd = cJSON_Parse("[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":"
+                             "\"add\",\"arguments\":\"{\\\"a\\\": 2, \\\"b\\\": 2}\"}}]");
+    assert_true(t0 && t1 && tcd);
+    const int32_t tids[] = {90, 91};
+    struct ev_delta td0 = {.token_ids = tids, .n_token_ids = 1, .tool_calls = t0};
+    struct ev_delta td1 = {.token_ids = tids + 1, .n_token_ids = 1, .tool_calls = t1};
+    assert_int_equal(ev_build_delta(0, &td0, &out[n++], NULL), 0);
+    assert_int_equal(ev_build_delta(1, &td1, &out[n++], NULL), 0);
+    struct ev_done dt = {.finish_reason = EV_FINISH_STOP, .prompt_tokens = 50,
+                         .completion_tokens = 2, .tool_calls = tcd};
+    assert_int_equal(ev_build_done(2, &dt, &out[n++], NULL), 0);
+    cJSON_Delete(t0);
+    cJSON_Delete(t1);
+    cJSON_Delete(tcd);
     cJSON_Delete(meta);
     cJSON_Delete(tc);
     assert_true(n <= max);
@@ -227,8 +246,8 @@ static void check_file(const char *path, char **docs, int n)
 static void test_events_match_examples(void **state)
 {
     (void)state;
-    char *ev[16];
-    int n = build_events(ev, 16);
+    char *ev[24];
+    int n = build_events(ev, 24);
     check_file(tu_repo_file("schemas/examples/events.json"), ev, n);
     char *dead[4];
     int m = build_dead(dead);
@@ -322,8 +341,8 @@ static void test_bad_arguments(void **state)
 static void test_parse_round_trip(void **state)
 {
     (void)state;
-    char *ev[16];
-    int n = build_events(ev, 16);
+    char *ev[24];
+    int n = build_events(ev, 24);
     struct ev_info info;
     assert_int_equal(ev_parse(ev[1], strlen(ev[1]), &info, NULL), 0);
     assert_int_equal(info.type, EV_TYPE_DELTA);

@@ -489,6 +489,34 @@ static void test_stream_chunks(void **state)
          HEAD "\"delta\":{},\"logprobs\":null,\"finish_reason\":\"tool_calls\"}]}\n\ndata: [DONE]\n\n"},
     };
     run_steps(&req, tools, 1, "tools");
+
+    /* tool calls streamed (issue 29): the worker's delta.tool_calls become a
+     * chunk that opens the call (id, type, name, arguments "") and one per
+     * fragment; done sends only what the fragments lacked (here: nothing
+     * for call 0, the tail for call 1) and call 2, never streamed, whole */
+#define TC_EV(seq, tc) "{\"seq\":" #seq ",\"type\":\"delta\",\"delta\":{\"tool_calls\":" tc "},\"token_ids\":[1]}"
+#define TC_CHUNK(tc) HEAD "\"delta\":{\"tool_calls\":" tc "},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
+    const struct step streamed[] = {
+        {"{\"seq\":0,\"type\":\"delta\",\"delta\":{\"content\":\"\"},\"token_ids\":[1]}", OAI_MORE,
+         HEAD "\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"},
+        {TC_EV(1, "[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\": \"}}]"),
+         OAI_MORE,
+         TC_CHUNK("[{\"index\":0,\"id\":\"call_1_0\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"\"}}]")
+         TC_CHUNK("[{\"index\":0,\"function\":{\"arguments\":\"{\\\"a\\\": \"}}]")},
+        {TC_EV(2, "[{\"index\":0,\"function\":{\"arguments\":\"1}\"}},{\"index\":1,\"id\":\"call_2\",\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"{\"}}]"),
+         OAI_MORE,
+         TC_CHUNK("[{\"index\":0,\"function\":{\"arguments\":\"1}\"}}]")
+         TC_CHUNK("[{\"index\":1,\"id\":\"call_1_1\",\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"\"}}]")
+         TC_CHUNK("[{\"index\":1,\"function\":{\"arguments\":\"{\"}}]")},
+        {TC_EV(3, "[{\"index\":7,\"function\":{\"arguments\":\"junk\"}}]"), OAI_MORE, ""},
+        {DONE_EV(4, "stop", "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\": 1}\"}},"
+                            "{\"id\":\"call_2\",\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"{}\"}},"
+                            "{\"id\":\"call_3\",\"type\":\"function\",\"function\":{\"name\":\"h\",\"arguments\":\"{}\"}}]"),
+         OAI_END,
+         TC_CHUNK("[{\"index\":1,\"function\":{\"arguments\":\"}\"}},{\"id\":\"call_1_2\",\"type\":\"function\",\"function\":{\"name\":\"h\",\"arguments\":\"{}\"},\"index\":2}]")
+         HEAD "\"delta\":{},\"logprobs\":null,\"finish_reason\":\"tool_calls\"}]}\n\ndata: [DONE]\n\n"},
+    };
+    run_steps(&req, streamed, 5, "streamed tools");
     const struct step empty[] = {
         {DONE_EV(0, "cancelled", "[]"), OAI_END,
          HEAD "\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":\"cancelled\"}]}\n\ndata: [DONE]\n\n"},
