@@ -13,6 +13,9 @@
  *      prefill chunk);
  *   4. w_flush(): all new events, acks and cancel checks in one pipelined
  *      round trip (publish.c).
+ * While Redis refuses writes for memory (maxmemory, noeviction), nothing
+ * new is read or claimed (w_admissible is 0): the running jobs go on, their
+ * events held in their outboxes until Redis takes them (publish.c).
  * Redis being away never stops the engine: reads fail fast, the outbox
  * keeps what was not confirmed, and the next successful flush sends it.
  *
@@ -306,6 +309,14 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
     w->last_prompt_len = j->n_ids;
     if (resumed) {
         int r = w_resume_prepare(w, j, &err);
+        if (r < 0 && w_is_oom(err.msg)) {
+            /* Redis is out of memory (its FENCE_TAKE refused): hand the
+             * entry back as it was (publish.c), admit nothing more */
+            w_oom_seen(w, 0, 0);
+            j->state = 0;
+            j->release = true;
+            return 0;
+        }
         if (r < 0) { /* cannot read it back now: leave it pending for a later claim */
             RL_LOG(&w->log, RL_LOG_WARN, "job %s: resume: %s", j->id, err.msg);
             w->n_jobs--;
@@ -738,6 +749,8 @@ static void read_jobs(struct worker *w, int k, int block_ms)
  * job read on this estimate only waits its turn there. */
 int w_admissible(struct worker *w)
 {
+    if (w->redis_oom) /* Redis out of memory: finish what runs first (publish.c) */
+        return 0;
     struct engine_stats st;
     engine_get_stats(w->eng, &st);
     int k = engine_can_admit(w->eng, w->last_prompt_len > 0 ? w->last_prompt_len : 1);
@@ -858,6 +871,16 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
             nanosleep(&ts, NULL);
         } else if (draining && engine_n_active(w->eng) == 0 && w_has_pending(w)) {
             struct timespec ts = {0, 1000000L};
+            nanosleep(&ts, NULL);
+        } else if (w->redis_oom && engine_n_active(w->eng) == 0) {
+            /* nothing to compute, nothing to admit: sleep to the next write
+             * attempt (publish.c's back-off) instead of spinning */
+            int64_t ms = w->oom_retry_ms - rl_mono_ms();
+            if (ms < 1)
+                ms = 1;
+            if (ms > 100)
+                ms = 100;
+            struct timespec ts = {0, (long)ms * 1000000L};
             nanosleep(&ts, NULL);
         }
     }
