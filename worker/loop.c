@@ -755,6 +755,8 @@ int w_admissible(struct worker *w)
     engine_get_stats(w->eng, &st);
     int k = engine_can_admit(w->eng, w->last_prompt_len > 0 ? w->last_prompt_len : 1);
     int slots = st.max_batch - st.n_slots_used;
+    if (w->admit_cap > 0 && w->admit_cap - st.n_slots_used < slots) /* publish.c */
+        slots = w->admit_cap - st.n_slots_used > 0 ? w->admit_cap - st.n_slots_used : 0;
     return k < slots ? k : slots;
 }
 

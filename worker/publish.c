@@ -668,6 +668,8 @@ static void apply_reply(struct worker *w, struct flush *f, struct item *it,
     case IT_ACK:
         if (!is_err) {
             it->j->state = 0; /* marks it for removal below */
+            if (w->admit_cap > 0 && ++w->admit_cap >= w->opt.max_batch)
+                w->admit_cap = 0; /* back to full admission */
         } else {
             RL_LOG(&w->log, RL_LOG_WARN, "job %s: XACK: %s", it->j->id, r->str);
         }
@@ -837,6 +839,14 @@ void w_oom_seen(struct worker *w, int n_ev, int n_jobs)
 {
     int64_t now = rl_mono_ms();
     if (!w->redis_oom) {
+        /* multiplicative decrease, as TCP does for congestion: Redis holds
+         * every running job's half-written stream, which no reader can
+         * free before its done */
+        struct engine_stats st;
+        engine_get_stats(w->eng, &st);
+        int cap = w->admit_cap > 0 && w->admit_cap < st.n_slots_used ? w->admit_cap
+                                                                      : st.n_slots_used;
+        w->admit_cap = cap / 2 > 1 ? cap / 2 : 1;
         w->redis_oom = true;
         w->oom_since_ms = now;
         w->oom_backoff_ms = BACKOFF_MIN_MS;

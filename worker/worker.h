@@ -202,6 +202,10 @@ struct worker {
     int64_t oom_since_ms;         /* monotonic, when the refusals began */
     int64_t oom_retry_ms;         /* monotonic: next attempt to write */
     int oom_backoff_ms;           /* the wait after the next refusal */
+    int admit_cap;                /* after memory pressure: most jobs in the engine
+                                     (halved per episode, +1 per job finished), so
+                                     the half-written streams Redis must hold stay
+                                     few and the jobs given up finish; 0 = no cap */
     char claim_cursor[WOPTS_MAX_POOLS][RCONN_ID_MAX];
     uint64_t watchdog_usec;
     int64_t t_start_ms;
