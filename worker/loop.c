@@ -9,10 +9,11 @@
  *      own connection, so a blocked read never holds up publishing);
  *      otherwise it polls without BLOCK, pool by pool in priority order, so
  *      a busy worker takes only what it can run and never hoards jobs;
- *   3. engine_step(): every running request advances one token (or one
- *      prefill chunk);
- *   4. w_flush(): all new events, acks and cancel checks in one pipelined
- *      round trip (publish.c).
+ *   3. w_flush_start(): the events so far, acks and cancel checks, written
+ *      as one pipeline (publish.c), without waiting for the replies;
+ *   4. engine_step(): every running request advances one token (or one
+ *      prefill chunk), while Redis answers;
+ *   5. w_flush_finish(): the replies read and applied.
  * While Redis refuses writes for memory (maxmemory, noeviction), nothing
  * new is read or claimed (w_admissible is 0): the running jobs go on, their
  * events held in their outboxes until Redis takes them (publish.c).
@@ -842,19 +843,28 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
                 read_jobs(w, k, idle ? block : -1);
             active = engine_n_active(w->eng);
         }
+        /* the last step's events go out now, and the engine computes the
+         * next step while Redis answers: the round trip is off the
+         * critical path (issue 27). Its replies are applied before anything
+         * else is sent, so the order rules hold: seq order per job, done
+         * last, XACK only once done is stored (publish.c). */
+        if (w->opt.coalesce_ms > 0)
+            w_hold_due(w, rl_wall_ms(), draining);
+        int frc = w_flush_start(w, err);
         if (active > 0) {
             const struct engine_event *evs;
             int n_ev = 0;
             if (engine_step(w->eng, &evs, &n_ev, err)) {
                 RL_LOG(&w->log, RL_LOG_ERROR, "engine: %s", err->msg);
+                struct rl_err e2;
+                w_flush_finish(w, &e2);
                 return -err->code;
             }
             for (int i = 0; i < n_ev; i++)
                 on_event(w, &evs[i]);
         }
-        if (w->opt.coalesce_ms > 0)
-            w_hold_due(w, rl_wall_ms(), draining);
-        int frc = w_flush(w, err);
+        int frc2 = w_flush_finish(w, err);
+        frc = frc ? frc : frc2;
         bool up = frc == 0 && rconn_connected(w->rc);
         if (up != was_up) {
             RL_LOG(&w->log, up ? RL_LOG_INFO : RL_LOG_WARN, "redis %s: %s", rconn_addr(w->rc),

@@ -224,6 +224,8 @@ struct flush {
     int n_writes;       /* commands queued that Redis refuses when out of memory */
     int n_oom;          /* replies: refused for memory (OOM) */
     int n_stored;       /* replies: such a write done */
+    int64_t now;        /* wall clock when it was built */
+    bool lease, hb;     /* it renews the leases / writes the heartbeat */
     struct rl_err *err;
 };
 
@@ -897,68 +899,111 @@ static void note_writes(struct worker *w, const struct flush *f)
     }
 }
 
-int w_flush(struct worker *w, struct rl_err *err)
+/* The gauge of events waiting to be stored. */
+static void count_buffered(struct worker *w)
 {
-    struct flush f = {.b = w->batch, .err = err};
-    int64_t now = rl_wall_ms(), mono = rl_mono_ms();
-    bool lease = now >= w->next_lease_ms, hb = now >= w->next_hb_ms;
-    bool cluster = w_cluster(w); /* a script's keys share one slot: one job per call */
-    /* out of memory: writes (and so admission) wait for the back-off */
-    bool writes = !w->redis_oom || mono >= w->oom_retry_ms;
-    int rc = 0;
-
-    f.probe = w->redis_oom;
-    if (rconn_connected(w->rc)) {
-        struct rl_err e2; /* not loaded at start: until it is, bodies go by EVAL */
-        fence_load(&w->fence, w->rc, &e2);
-    }
-    fence_begin(&w->fence);
-    rconn_batch_reset(f.b);
-    for (int i = 0; i < w->n_jobs && !rc; i++) {
-        struct wjob *j = w->jobs[i];
-        if (j->release && (rc = queue_release(w, &f, j)))
-            break;
-        if (writes && ((rc = queue_take(w, &f, j)) || (rc = queue_cache(w, &f, j)) ||
-                       (rc = collect_events(&f, j, mono)) || (rc = cluster ? queue_emit(w, &f) : 0)))
-            break;
-        rc = queue_job_state(w, &f, j, writes);
-    }
-    if (!rc)
-        rc = queue_emit(w, &f); /* a single instance: every job in one call */
-    if (!rc && lease)
-        rc = queue_lease(w, &f);
-    /* the heartbeat is the probe when nothing else would find out whether
-     * Redis takes writes again */
-    if (!rc && (hb || (w->redis_oom && writes && f.n_writes == 0)))
-        rc = queue_heartbeat(w, &f, writes);
-    if (rc || rconn_batch_count(f.b) == 0) {
-        settle_jobs(w); /* finished dropped jobs go even when nothing is sent */
-        give_up_due(w);
-        goto out;
-    }
-
-    int xrc = rconn_batch_exec(w->rc, f.b, err);
-    int n_done = rconn_batch_n_done(f.b);
-    if (xrc == 0 || n_done > 0) {
-        if (lease)
-            w->next_lease_ms = now + w->opt.lease_renew_ms;
-        if (hb)
-            w->next_hb_ms = now + w->opt.heartbeat_ms;
-    }
-    for (int i = 0; i < n_done && i < f.n_items; i++)
-        apply_reply(w, &f, &f.items[i], rconn_batch_reply(f.b, i));
-    note_writes(w, &f);
-    settle_jobs(w);
-    give_up_due(w);
-    rc = xrc;
-out:;
     int64_t buffered = 0;
     for (int i = 0; i < w->n_jobs; i++)
         buffered += w->jobs[i]->n_out;
     pthread_mutex_lock(&w->m.mu);
     w->m.events_buffered = buffered;
     pthread_mutex_unlock(&w->m.mu);
-    free(f.items);
-    free(f.emits);
-    return rc;
+}
+
+static void flush_free(struct flush *f)
+{
+    if (!f)
+        return;
+    free(f->items);
+    free(f->emits);
+    free(f);
+}
+
+int w_flush_start(struct worker *w, struct rl_err *err)
+{
+    if (w->flush) /* one in flight at a time: its replies first */
+        return 0;
+    struct flush *f = calloc(1, sizeof *f);
+    if (!f)
+        return rl_errf(err, RL_ENOMEM, "flush: out of memory");
+    f->b = w->batch;
+    f->err = err;
+    int64_t now = rl_wall_ms(), mono = rl_mono_ms();
+    f->now = now;
+    f->lease = now >= w->next_lease_ms;
+    f->hb = now >= w->next_hb_ms;
+    bool cluster = w_cluster(w); /* a script's keys share one slot: one job per call */
+    /* out of memory: writes (and so admission) wait for the back-off */
+    bool writes = !w->redis_oom || mono >= w->oom_retry_ms;
+    int rc = 0;
+
+    f->probe = w->redis_oom;
+    if (rconn_connected(w->rc)) {
+        struct rl_err e2; /* not loaded at start: until it is, bodies go by EVAL */
+        fence_load(&w->fence, w->rc, &e2);
+    }
+    fence_begin(&w->fence);
+    rconn_batch_reset(f->b);
+    for (int i = 0; i < w->n_jobs && !rc; i++) {
+        struct wjob *j = w->jobs[i];
+        if (j->release && (rc = queue_release(w, f, j)))
+            break;
+        if (writes && ((rc = queue_take(w, f, j)) || (rc = queue_cache(w, f, j)) ||
+                       (rc = collect_events(f, j, mono)) || (rc = cluster ? queue_emit(w, f) : 0)))
+            break;
+        rc = queue_job_state(w, f, j, writes);
+    }
+    if (!rc)
+        rc = queue_emit(w, f); /* a single instance: every job in one call */
+    if (!rc && f->lease)
+        rc = queue_lease(w, f);
+    /* the heartbeat is the probe when nothing else would find out whether
+     * Redis takes writes again */
+    if (!rc && (f->hb || (w->redis_oom && writes && f->n_writes == 0)))
+        rc = queue_heartbeat(w, f, writes);
+    if (rc || rconn_batch_count(f->b) == 0) {
+        settle_jobs(w); /* finished dropped jobs go even when nothing is sent */
+        give_up_due(w);
+        count_buffered(w);
+        flush_free(f);
+        return rc;
+    }
+    w->flush = f;
+    /* written now, read by w_flush_finish: the engine steps meanwhile; a
+     * failure here is met again, and reported, by the exec there */
+    struct rl_err e3;
+    rconn_batch_send(w->rc, f->b, &e3);
+    return 0;
+}
+
+int w_flush_finish(struct worker *w, struct rl_err *err)
+{
+    struct flush *f = w->flush;
+    if (!f)
+        return 0;
+    w->flush = NULL;
+    f->err = err;
+    int xrc = rconn_batch_exec(w->rc, f->b, err);
+    int n_done = rconn_batch_n_done(f->b);
+    if (xrc == 0 || n_done > 0) {
+        if (f->lease)
+            w->next_lease_ms = f->now + w->opt.lease_renew_ms;
+        if (f->hb)
+            w->next_hb_ms = f->now + w->opt.heartbeat_ms;
+    }
+    for (int i = 0; i < n_done && i < f->n_items; i++)
+        apply_reply(w, f, &f->items[i], rconn_batch_reply(f->b, i));
+    note_writes(w, f);
+    settle_jobs(w);
+    give_up_due(w);
+    count_buffered(w);
+    flush_free(f);
+    return xrc;
+}
+
+int w_flush(struct worker *w, struct rl_err *err)
+{
+    int rc = w_flush_start(w, err);
+    int rc2 = w_flush_finish(w, err);
+    return rc ? rc : rc2;
 }

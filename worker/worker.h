@@ -214,6 +214,7 @@ struct worker {
 
     struct wmetrics m;
     struct wmetrics_server *http;
+    struct flush *flush;          /* the round trip in flight (publish.c), or NULL */
 };
 
 /* loop.c */
@@ -256,6 +257,14 @@ int w_set_dead(struct worker *w, struct wjob *j, const char *raw, size_t raw_len
  * and the heartbeat. Returns 0, or -RL_EIO when Redis is unreachable (what
  * was not confirmed stays queued). */
 int w_flush(struct worker *w, struct rl_err *err);
+/* The same round trip in two halves, so the engine steps while Redis
+ * answers (loop.c): start builds the pipeline and writes it (settling at
+ * once when there is nothing to send); finish reads the replies and applies
+ * them. Between the two, nothing else may use w->rc or w->batch; events
+ * pushed meanwhile wait for the next start. finish does nothing when none
+ * is in flight. */
+int w_flush_start(struct worker *w, struct rl_err *err);
+int w_flush_finish(struct worker *w, struct rl_err *err);
 bool w_has_pending(const struct worker *w);
 /* Redis refused a write for memory (n_ev events of n_jobs jobs wait):
  * enters the out-of-memory state (logged once, metrics, no admission) or
