@@ -127,6 +127,8 @@ static const struct opt options[] = {
      "Lifetime of a result-cache entry."},
     {"coalesce_ms", T_INT, O(coalesce_ms), "0", 0, 1000, NULL, CFG_WORKER, F_LIVE,
      "Coalescing: a running job's token deltas are held back and sent as one delta event once the oldest has waited this long (or the job ends), so Redis takes one XADD for several tokens; the bound on the latency it adds. 0 = every step's delta goes out at once. Jobs asking for logprobs are never coalesced."},
+    {"publish_overlap", T_BOOL, O(publish_overlap), "true", 0, 0, NULL, CFG_WORKER, F_LIVE,
+     "Write each step's events to Redis while the engine computes the next step, and read the replies after it (one round trip off the critical path); false = the serial loop: step, then wait for the round trip."},
     {"publish_buffer_kb", T_INT, O(publish_buffer_kb), "256", 1, 1048576, NULL, CFG_WORKER, F_LIVE,
      "Most KiB of one running job's events a worker keeps while Redis refuses to store them (maxmemory with noeviction, or another refusal); past it the job is given up: left pending, unacknowledged, for a worker to resume from its last stored event, never a gap (schemas/README.md, \"Memory pressure\")."},
     {"publish_channel", T_BOOL, O(publish_channel), "false", 0, 0, NULL, CFG_WORKER, F_LIVE,

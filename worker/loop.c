@@ -848,9 +848,9 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
          * critical path (issue 27). Its replies are applied before anything
          * else is sent, so the order rules hold: seq order per job, done
          * last, XACK only once done is stored (publish.c). */
-        if (w->opt.coalesce_ms > 0)
+        if (w->opt.coalesce_ms > 0 && w->opt.publish_overlap)
             w_hold_due(w, rl_wall_ms(), draining);
-        int frc = w_flush_start(w, err);
+        int frc = w->opt.publish_overlap ? w_flush_start(w, err) : 0;
         if (active > 0) {
             const struct engine_event *evs;
             int n_ev = 0;
@@ -863,7 +863,14 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
             for (int i = 0; i < n_ev; i++)
                 on_event(w, &evs[i]);
         }
-        int frc2 = w_flush_finish(w, err);
+        int frc2;
+        if (w->opt.publish_overlap) {
+            frc2 = w_flush_finish(w, err);
+        } else { /* the serial loop: this step's events, and wait for Redis */
+            if (w->opt.coalesce_ms > 0)
+                w_hold_due(w, rl_wall_ms(), draining);
+            frc2 = w_flush(w, err);
+        }
         frc = frc ? frc : frc2;
         bool up = frc == 0 && rconn_connected(w->rc);
         if (up != was_up) {
