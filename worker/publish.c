@@ -36,6 +36,14 @@
  * entry handed back (FENCE_RELEASE) for a worker to resume from its last
  * stored event; so the stream goes on without a gap, later.
  *
+ * The round trip comes in two halves (issue 27): w_flush_start builds the
+ * pipeline and writes it, w_flush_finish reads and applies the replies;
+ * loop.c runs the next engine step between them (publish_overlap), so the
+ * step does not wait for Redis. Events pushed meanwhile wait for the next
+ * start; nothing else uses the connection or the batch in between; and the
+ * replies are applied before anything else is sent, so every rule above
+ * holds as with one w_flush.
+ *
  * Called by the main thread only (loop.c), once per loop iteration. */
 #include <inttypes.h>
 #include <stdio.h>
