@@ -106,7 +106,7 @@ LIBCOMMON  := $(BUILD)/libredlm_common.a
 # make's "intermediate" files otherwise, deleted and rebuilt every time)
 .SECONDARY:
 
-.PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks demo gpu-bundle fuzz asan deps clean install
+.PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks bench-overlap demo gpu-bundle fuzz asan deps clean install
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 ifeq ($(CUDA),1)
@@ -176,6 +176,11 @@ bench-fleet-cluster: all
 # answers to the wrong submitter, honest requests refused; each must be 0.
 bench-attacks: all
 	BUILD=$(BUILD) /usr/bin/python3 tests/bench/attacks.py $(ATTACK_ARGS)
+
+# Publishing off the critical path (issue 27 point 5): a sim worker's step period at
+# batch 64, direct and behind 1 ms of added latency, publish_overlap on and off.
+bench-overlap: all
+	/usr/bin/python3 tests/bench/bench_overlap.py --build $(BUILD) $(OVERLAP_ARGS)
 
 demo: all
 	BUILD=$(BUILD) bash examples/demo.sh
