@@ -6,6 +6,7 @@
 #   make bench-fleet  the soak: Redis, 2 dispatchers, 64 sim H200 workers, faults (BENCHMARKS.md)
 #   make bench-fleet-cluster  the same soak on one Redis, then on a local 3-master cluster
 #   make bench-attacks  every attack on the queue contract at once: lost, gaps, mixed, wrong submitter, refused (all 0)
+#   make bench-overlap  step period at batch 64 behind 1 ms of added Redis latency, publish_overlap on and off
 #   make gpu-bundle  the CUDA build, stripped with its libraries and the device script, for a GPU machine
 #   make demo       the whole system on one machine: Redis, a CPU worker, the dispatcher, the chat page
 #   make fuzz       builds the libFuzzer targets with clang
