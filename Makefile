@@ -7,6 +7,7 @@
 #   make bench-fleet-cluster  the same soak on one Redis, then on a local 3-master cluster
 #   make bench-attacks  every attack on the queue contract at once: lost, gaps, mixed, wrong submitter, refused (all 0)
 #   make bench-affinity  prefix-affine pulling: multi-turn conversations on 4 CPU workers, affinity off and on (BENCHMARKS.md)
+#   make bench-overlap  step period at batch 64 behind 1 ms of added Redis latency, publish_overlap on and off
 #   make gpu-bundle  the CUDA build, stripped with its libraries and the device script, for a GPU machine
 #   make demo       the whole system on one machine: Redis, a CPU worker, the dispatcher, the chat page
 #   make fuzz       builds the libFuzzer targets with clang
@@ -114,7 +115,7 @@ LIBCOMMON  := $(BUILD)/libredlm_common.a
 .SECONDARY: $(TEST_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o) \
             $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/backend/test_*.c))
 
-.PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks bench-affinity demo gpu-bundle fuzz asan deps clean install
+.PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks bench-affinity bench-overlap demo gpu-bundle fuzz asan deps clean install
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 ifeq ($(CUDA),1)
@@ -190,6 +191,11 @@ bench-affinity: all
 # answers to the wrong submitter, honest requests refused; each must be 0.
 bench-attacks: all
 	BUILD=$(BUILD) /usr/bin/python3 tests/bench/attacks.py $(ATTACK_ARGS)
+
+# Publishing off the critical path (issue 27 point 5): a sim worker's step period at
+# batch 64, direct and behind 1 ms of added latency, publish_overlap on and off.
+bench-overlap: all
+	/usr/bin/python3 tests/bench/bench_overlap.py --build $(BUILD) $(OVERLAP_ARGS)
 
 demo: all
 	BUILD=$(BUILD) bash examples/demo.sh

@@ -64,6 +64,8 @@ struct cfg {
     int max_job_kb;
     int stream_ttl_s;
     int coalesce_ms;              /* hold token deltas up to this long; 0 = off */
+    bool publish_overlap;         /* flush while the next step computes */
+    int publish_buffer_kb;        /* a job's unstored events kept at most; past it: given up */
     int max_stream_ttl_s;
     bool result_cache;
     int cache_ttl_s;

@@ -971,6 +971,8 @@ struct rconn_batch {
     unsigned char *done;    /* (n) reply i was read */
     int n_done;
     int n_errors;
+    int64_t sent_on;        /* 1 + the connection count when rconn_batch_send wrote
+                               it (0: not sent): exec then only reads the replies */
 };
 
 int rconn_batch_create(struct rconn_batch **out, struct rl_err *err)
@@ -987,6 +989,7 @@ void rconn_batch_reset(struct rconn_batch *b)
         if (b->done[i])
             clear_reply(&b->replies[i]);
     b->n = b->n_done = b->n_errors = 0;
+    b->sent_on = 0;
 }
 
 void rconn_batch_free(struct rconn_batch *b)
@@ -1196,16 +1199,37 @@ static int cl_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *
     return rc;
 }
 
+int rconn_batch_send(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
+{
+    if (b->n_done == b->n || b->sent_on)
+        return 0;
+    int rc = rconn_ensure(c, err);
+    if (rc || c->cluster)
+        return rc; /* a cluster's batch goes whole, by rconn_batch_exec */
+    for (int i = b->n_done; i < b->n; i++)
+        if (redisAppendFormattedCommand(c->ctx, b->cmd[i], (size_t)b->cmd_len[i]) != REDIS_OK)
+            return lost(c, "pipeline", err);
+    int wdone = 0;
+    while (!wdone)
+        if (redisBufferWrite(c->ctx, &wdone) != REDIS_OK)
+            return lost(c, "pipeline", err);
+    b->sent_on = c->n_connects + 1;
+    return 0;
+}
+
 int rconn_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
 {
     if (b->n_done == b->n)
         return 0;
-    int rc = rconn_ensure(c, err);
+    /* sent by rconn_batch_send on this very connection: only read */
+    bool sent = b->sent_on && b->sent_on == c->n_connects + 1 && c->ctx && !c->cluster;
+    b->sent_on = 0;
+    int rc = sent ? 0 : rconn_ensure(c, err);
     if (rc)
         return rc;
     if (c->cluster)
         return cl_batch_exec(c, b, err);
-    for (int i = b->n_done; i < b->n; i++)
+    for (int i = b->n_done; i < b->n && !sent; i++)
         if (redisAppendFormattedCommand(c->ctx, b->cmd[i], (size_t)b->cmd_len[i]) != REDIS_OK)
             return lost(c, "pipeline", err);
     while (b->n_done < b->n) {

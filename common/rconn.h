@@ -141,6 +141,11 @@ int rconn_batch_add_xadd(struct rconn_batch *b, const char *key, const char *id,
  * when every reply was read (check rconn_batch_n_errors for error
  * replies), -RL_EIO when the connection failed part-way. */
 int rconn_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err);
+/* Writes the batch's commands to the connection without reading a reply,
+ * so the caller can work while Redis answers; rconn_batch_exec then only
+ * reads the replies (or sends everything again when the connection was
+ * lost meanwhile). On a cluster it does nothing: exec sends and reads. */
+int rconn_batch_send(struct rconn *c, struct rconn_batch *b, struct rl_err *err);
 int rconn_batch_count(const struct rconn_batch *b);
 int rconn_batch_n_done(const struct rconn_batch *b);
 /* Error replies among the replies read so far. */

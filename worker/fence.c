@@ -110,7 +110,23 @@ static const char lease_lua[] =
     "end\n"
     "return lost\n";
 
-static const char *const bodies[FENCE_N_SCRIPTS] = {take_lua, emit_lua, lease_lua};
+/* KEYS[1] pool; ARGV[1] group, ARGV[2] consumer, ARGV[3] entry, ARGV[4]
+ * idle ms. A job given up (publish.c: Redis would not store its events):
+ * if the consumer still owns the entry, it is made idle for ARGV[4] ms
+ * (claimable at once) and its delivery count is put back by one, so the
+ * delivery that follows is not taken for a worker that died without
+ * publishing (max_deliveries, FENCE_TAKE's stalls). XPENDING and XCLAIM
+ * are not refused under maxmemory. Returns 1, or 0 when it is not ours. */
+static const char release_lua[] =
+    "local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)\n"
+    "if not (p[1] and p[1][2] == ARGV[2]) then return 0 end\n"
+    "local d = tonumber(p[1][4]) - 1\n"
+    "if d < 0 then d = 0 end\n"
+    "redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'IDLE', ARGV[4],\n"
+    "           'RETRYCOUNT', d, 'JUSTID')\n"
+    "return 1\n";
+
+static const char *const bodies[FENCE_N_SCRIPTS] = {take_lua, emit_lua, lease_lua, release_lua};
 
 int fence_load(struct fence *f, struct rconn *c, struct rl_err *err)
 {

@@ -35,6 +35,10 @@
  *           still owns in the pool's pending list, and names the others:
  *           a renewal never takes a job back from the worker that
  *           reclaimed it.
+ *   FENCE_RELEASE hands back an entry the caller still owns: a job it
+ *           gave up because Redis would not store its events (publish.c)
+ *           becomes claimable at once, and that delivery does not count
+ *           toward max_deliveries.
  * A worker told FENCED or "lost" stops the job at once and forgets it
  * (no event, no XACK): its new holder finishes it.
  *
@@ -52,7 +56,7 @@
 #include "err.h"
 #include "rconn.h"
 
-enum fence_script { FENCE_TAKE, FENCE_EMIT, FENCE_LEASE, FENCE_N_SCRIPTS };
+enum fence_script { FENCE_TAKE, FENCE_EMIT, FENCE_LEASE, FENCE_RELEASE, FENCE_N_SCRIPTS };
 
 #define FENCE_HOLDER_MAX 192
 

@@ -9,10 +9,14 @@
  *      own connection, so a blocked read never holds up publishing);
  *      otherwise it polls without BLOCK, pool by pool in priority order, so
  *      a busy worker takes only what it can run and never hoards jobs;
- *   3. engine_step(): every running request advances one token (or one
- *      prefill chunk);
- *   4. w_flush(): all new events, acks and cancel checks in one pipelined
- *      round trip (publish.c).
+ *   3. w_flush_start(): the events so far, acks and cancel checks, written
+ *      as one pipeline (publish.c), without waiting for the replies;
+ *   4. engine_step(): every running request advances one token (or one
+ *      prefill chunk), while Redis answers;
+ *   5. w_flush_finish(): the replies read and applied.
+ * While Redis refuses writes for memory (maxmemory, noeviction), nothing
+ * new is read or claimed (w_admissible is 0): the running jobs go on, their
+ * events held in their outboxes until Redis takes them (publish.c).
  * Redis being away never stops the engine: reads fail fast, the outbox
  * keeps what was not confirmed, and the next successful flush sends it.
  *
@@ -324,6 +328,14 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
     w->last_prompt_len = j->n_ids;
     if (resumed) {
         int r = w_resume_prepare(w, j, &err);
+        if (r < 0 && w_is_oom(err.msg)) {
+            /* Redis is out of memory (its FENCE_TAKE refused): hand the
+             * entry back as it was (publish.c), admit nothing more */
+            w_oom_seen(w, 0, 0);
+            j->state = 0;
+            j->release = true;
+            return 0;
+        }
         if (r < 0) { /* cannot read it back now: leave it pending for a later claim */
             RL_LOG(&w->log, RL_LOG_WARN, "job %s: resume: %s", j->id, err.msg);
             w->n_jobs--;
@@ -885,10 +897,14 @@ static void aff_refresh(struct worker *w, int64_t now, bool idle)
  * job read on this estimate only waits its turn there. */
 int w_admissible(struct worker *w)
 {
+    if (w->redis_oom) /* Redis out of memory: finish what runs first (publish.c) */
+        return 0;
     struct engine_stats st;
     engine_get_stats(w->eng, &st);
     int k = engine_can_admit(w->eng, w->last_prompt_len > 0 ? w->last_prompt_len : 1);
     int slots = st.max_batch - st.n_slots_used;
+    if (w->admit_cap > 0 && w->admit_cap - st.n_slots_used < slots) /* publish.c */
+        slots = w->admit_cap - st.n_slots_used > 0 ? w->admit_cap - st.n_slots_used : 0;
     return k < slots ? k : slots;
 }
 
@@ -980,6 +996,14 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
                 read_jobs(w, k, idle ? block : -1);
             active = engine_n_active(w->eng);
         }
+        /* the last step's events go out now, and the engine computes the
+         * next step while Redis answers: the round trip is off the
+         * critical path (issue 27). Its replies are applied before anything
+         * else is sent, so the order rules hold: seq order per job, done
+         * last, XACK only once done is stored (publish.c). */
+        if (w->opt.coalesce_ms > 0 && w->opt.publish_overlap)
+            w_hold_due(w, rl_wall_ms(), draining);
+        int frc = w->opt.publish_overlap ? w_flush_start(w, err) : 0;
         if (active > 0) {
             const struct engine_event *evs;
             int n_ev = 0;
@@ -990,15 +1014,23 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
             w->t_step_ms = now;
             if (engine_step(w->eng, &evs, &n_ev, err)) {
                 RL_LOG(&w->log, RL_LOG_ERROR, "engine: %s", err->msg);
+                struct rl_err e2;
+                w_flush_finish(w, &e2);
                 return -err->code;
             }
             for (int i = 0; i < n_ev; i++)
                 on_event(w, &evs[i]);
             w->aff_dirty = true; /* the KV cache may hold new blocks */
         }
-        if (w->opt.coalesce_ms > 0)
-            w_hold_due(w, rl_wall_ms(), draining);
-        int frc = w_flush(w, err);
+        int frc2;
+        if (w->opt.publish_overlap) {
+            frc2 = w_flush_finish(w, err);
+        } else { /* the serial loop: this step's events, and wait for Redis */
+            if (w->opt.coalesce_ms > 0)
+                w_hold_due(w, rl_wall_ms(), draining);
+            frc2 = w_flush(w, err);
+        }
+        frc = frc ? frc : frc2;
         bool up = frc == 0 && rconn_connected(w->rc);
         if (up != was_up) {
             RL_LOG(&w->log, up ? RL_LOG_INFO : RL_LOG_WARN, "redis %s: %s", rconn_addr(w->rc),
@@ -1017,6 +1049,16 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
             nanosleep(&ts, NULL);
         } else if (draining && engine_n_active(w->eng) == 0 && w_has_pending(w)) {
             struct timespec ts = {0, 1000000L};
+            nanosleep(&ts, NULL);
+        } else if (w->redis_oom && engine_n_active(w->eng) == 0) {
+            /* nothing to compute, nothing to admit: sleep to the next write
+             * attempt (publish.c's back-off) instead of spinning */
+            int64_t ms = w->oom_retry_ms - rl_mono_ms();
+            if (ms < 1)
+                ms = 1;
+            if (ms > 100)
+                ms = 100;
+            struct timespec ts = {0, (long)ms * 1000000L};
             nanosleep(&ts, NULL);
         }
     }

@@ -139,7 +139,7 @@ static void put_one(struct text *t, const char *mn, const char *name, const char
 /* The families with one sample each (or one histogram), in page order:
  * the field of struct wmetrics each reads and what kind of value it is.
  * One row a line, as common/event.c's table of codes, so a row reads whole. */
-enum wm_kind { WM_HIST, WM_I64, WM_INT, WM_DBL };
+enum wm_kind { WM_HIST, WM_I64, WM_INT, WM_DBL, WM_BOOL };
 #define WM_F(f) offsetof(struct wmetrics, f)
 static const struct {
     const char *name, *type, *help;
@@ -172,6 +172,10 @@ static const struct {
     {"redlm_reclaimed_total", "counter", "jobs claimed from a worker that stopped answering", WM_F(reclaimed), WM_I64},
     {"redlm_jobs_fenced_total", "counter", "jobs this worker stopped because another worker had taken them over (fence.h)", WM_F(fenced), WM_I64},
     {"redlm_redis_reconnects_total", "counter", "reconnections to Redis", WM_F(redis_reconnects), WM_I64},
+    {"redlm_redis_oom", "gauge", "1 while Redis refuses writes for memory (maxmemory, noeviction): no job is admitted, events are held back", WM_F(redis_oom), WM_BOOL},
+    {"redlm_redis_oom_total", "counter", "times Redis began refusing writes for memory", WM_F(redis_oom_total), WM_I64},
+    {"redlm_publish_buffered_events", "gauge", "events waiting in outboxes for Redis to store them", WM_F(events_buffered), WM_I64},
+    {"redlm_jobs_given_up_total", "counter", "jobs left pending for another delivery because Redis would not store their events (publish_buffer_kb or deadline)", WM_F(jobs_given_up), WM_I64},
     {"redlm_tokens_per_second", "gauge", "generation rate, tokens per second, smoothed over about two seconds", WM_F(tokens_per_s), WM_DBL},
 };
 #undef WM_F
@@ -196,6 +200,7 @@ static char *render(struct worker *w)
         case WM_I64: v = (double)*(const int64_t *)f; break;
         case WM_INT: v = *(const int *)f; break;
         case WM_DBL: v = *(const double *)f; break;
+        case WM_BOOL: v = *(const bool *)f; break;
         }
         put_one(&t, mn, wm_families[i].name, wm_families[i].type, wm_families[i].help, v);
     }
@@ -233,9 +238,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     } else if (!strcmp(url, "/healthz")) {
         pthread_mutex_lock(&w->m.mu);
         bool ok = w->m.ready && w->m.redis_up && !w->m.draining;
+        bool oom = w->m.redis_oom;
         pthread_mutex_unlock(&w->m.mu);
-        status = ok ? 200 : 503;
-        body = strdup(ok ? "ok\n" : "unavailable\n");
+        status = ok && !oom ? 200 : 503;
+        /* out of memory: the worker is alive but can take no work */
+        body = strdup(!ok ? "unavailable\n" : oom ? "redis out of memory: not admitting\n" : "ok\n");
     } else if (!strcmp(url, "/metrics")) {
         body = render(w);
         ctype = "text/plain; version=0.0.4";
@@ -337,6 +344,12 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddNumberToObject(o, "reclaimed", (double)w->m.reclaimed);
     cJSON_AddNumberToObject(o, "fenced", (double)w->m.fenced);
     cJSON_AddNumberToObject(o, "affinity_taken", (double)w->m.affinity_taken);
+    /* memory pressure: Redis refuses this very SET while it lasts, so the
+     * first heartbeat after it says it happened (the dispatcher and redlm
+     * top see redis_oom_total grow); /healthz and /metrics say it now */
+    cJSON_AddBoolToObject(o, "redis_oom", w->m.redis_oom);
+    cJSON_AddNumberToObject(o, "redis_oom_total", (double)w->m.redis_oom_total);
+    cJSON_AddNumberToObject(o, "jobs_given_up", (double)w->m.jobs_given_up);
     bool draining = w->m.draining;
     pthread_mutex_unlock(&w->m.mu);
     /* prefix-affine pulling (issue 27): the filter of the block hashes our

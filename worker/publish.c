@@ -20,12 +20,37 @@
  * back FENCED, or whose lease renewal finds it owned by another consumer,
  * is dropped after the replies are read (drop_job).
  *
+ * Memory pressure (schemas/README.md, "Memory pressure"). A Redis at
+ * maxmemory with noeviction refuses every command that may grow it (XADD,
+ * HSET, SET), but not XACK, XCLAIM, EXPIRE or reads. FENCE_EMIT stops a
+ * job's events at the first refused XADD, and an event leaves the outbox
+ * only once Redis confirms it, so seq N+1 never lands before N and done
+ * never before the last delta: nothing is ever dropped. On an OOM refusal
+ * the worker says so once (log, /healthz, metrics, heartbeat), admits no
+ * new job (loop.c), and retries with back-off (5 ms doubling to 500 ms),
+ * each retry a probe of at most PROBE_EVENTS events per job; the first
+ * write Redis takes again ends it. Another refusal (NOPERM, READONLY,
+ * LOADING...) backs off that job alone. A job whose unstored events pass
+ * publish_buffer_kb, or whose deadline passes while they cannot be
+ * stored, is given up (give_up): cancelled here, never acknowledged, its
+ * entry handed back (FENCE_RELEASE) for a worker to resume from its last
+ * stored event; so the stream goes on without a gap, later.
+ *
+ * The round trip comes in two halves (issue 27): w_flush_start builds the
+ * pipeline and writes it, w_flush_finish reads and applies the replies;
+ * loop.c runs the next engine step between them (publish_overlap), so the
+ * step does not wait for Redis. Events pushed meanwhile wait for the next
+ * start; nothing else uses the connection or the batch in between; and the
+ * replies are applied before anything else is sent, so every rule above
+ * holds as with one w_flush.
+ *
  * Called by the main thread only (loop.c), once per loop iteration. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "fence.h"
 #include "qack.h"
 #include "rcluster.h"
@@ -85,6 +110,7 @@ int w_push_event(struct wjob *j, char *json)
     /* the cache keeps the event as the engine made it; the stream's first
      * event names this request (ident.c) */
     w_ident_stamp(j, seq, &slot->json, &slot->len);
+    j->out_bytes += slot->len;
     return 0;
 }
 
@@ -157,7 +183,7 @@ bool w_has_pending(const struct worker *w)
 {
     for (int i = 0; i < w->n_jobs; i++) {
         const struct wjob *j = w->jobs[i];
-        if (j->n_out || j->dead || j->state != WJ_RUNNING)
+        if (j->n_out || j->dead || j->release || j->state != WJ_RUNNING)
             return true;
     }
     return false;
@@ -167,8 +193,20 @@ bool w_has_pending(const struct worker *w)
 
 /* What a command of the flush was for: reply i answers items[i]. */
 enum item_kind {
-    IT_TAKE, IT_EMIT, IT_LEASE, IT_OTHER, IT_DEAD, IT_ACK, IT_CANCEL, IT_CACHE, IT_CLIENT
+    IT_TAKE, IT_EMIT, IT_LEASE, IT_OTHER, IT_DEAD, IT_ACK, IT_CANCEL, IT_CACHE, IT_CLIENT,
+    IT_HB, IT_RELEASE
 };
+
+/* Events per job in one FENCE_EMIT: a backlog (Redis was away or full)
+ * goes out in slices, so no one script call holds Redis for long; while
+ * Redis refuses writes for memory, a retry sends only a probe's worth, as
+ * its arguments take Redis memory too. */
+#define EMIT_EVENTS_MAX 256
+#define PROBE_EVENTS 8
+/* The back-off between write attempts while Redis is out of memory, and
+ * for one job whose writes Redis refuses otherwise. */
+#define BACKOFF_MIN_MS 5
+#define BACKOFF_MAX_MS 500
 struct item {
     enum item_kind kind;
     struct wjob *j;
@@ -190,8 +228,22 @@ struct flush {
     struct emit *emits; /* (cap_emits) owned here, freed by w_flush */
     int n_emits, cap_emits;
     int emit_from;      /* the first of emits not yet in a queued FENCE_EMIT */
+    bool probe;         /* Redis was out of memory: PROBE_EVENTS per job */
+    int n_writes;       /* commands queued that Redis refuses when out of memory */
+    int n_oom;          /* replies: refused for memory (OOM) */
+    int n_stored;       /* replies: such a write done */
+    int64_t now;        /* wall clock when it was built */
+    bool lease, hb;     /* it renews the leases / writes the heartbeat */
     struct rl_err *err;
 };
+
+/* Redis refused the command for memory: maxmemory reached under
+ * noeviction ("OOM command not allowed when used memory > 'maxmemory'"),
+ * directly or inside FENCE_EMIT ("XADD <k>: OOM ..."). */
+static bool is_oom(const char *msg)
+{
+    return msg && (!strncmp(msg, "OOM", 3) || strstr(msg, ": OOM") != NULL);
+}
 
 static int add_item(struct flush *f, struct item it)
 {
@@ -240,6 +292,7 @@ static int queue_cache(struct worker *w, struct flush *f, struct wjob *j)
     char ttl[32];
     snprintf(ttl, sizeof ttl, "%d", w->opt.cache_ttl_s);
     const char *argv[5] = {"SET", j->cache_key, j->cache_value, "EX", ttl};
+    f->n_writes++;
     return queue_cmd(f, (struct item){IT_CACHE, j, 0, 0}, 5, argv, NULL);
 }
 
@@ -256,19 +309,24 @@ static int queue_take(struct worker *w, struct flush *f, struct wjob *j)
     struct fence_take_buf b;
     int a = fence_take_cmd(&w->fence, argv, &b, j->own_key, j->out_key, w->holder, j->entry_id,
                            !j->resumed, j->deliveries, j->req, j->sha);
+    f->n_writes++;
     return queue_cmd(f, (struct item){IT_TAKE, j, 0, 0}, a, argv, NULL);
 }
 
-/* Notes j's unconfirmed events for the next FENCE_EMIT (queue_emit). */
-static int collect_events(struct flush *f, struct wjob *j)
+/* Notes j's unconfirmed events (the first EMIT_EVENTS_MAX, or
+ * PROBE_EVENTS) for the next FENCE_EMIT (queue_emit), unless j is backing
+ * off a refusal. */
+static int collect_events(struct flush *f, struct wjob *j, int64_t mono)
 {
-    if (j->n_out == 0 || j->state == WJ_DROPPED || j->fenced)
+    if (j->n_out == 0 || j->state == WJ_DROPPED || j->fenced || mono < j->retry_ms)
         return 0;
     struct emit *g = grow(f->emits, f->n_emits, &f->cap_emits, sizeof *g, 64);
     if (!g)
         return rl_errf(f->err, RL_ENOMEM, "flush: out of memory");
     f->emits = g;
-    f->emits[f->n_emits++] = (struct emit){j, j->n_out};
+    int n = j->n_out, cap = f->probe ? PROBE_EVENTS : EMIT_EVENTS_MAX;
+    f->emits[f->n_emits++] = (struct emit){j, n < cap ? n : cap};
+    f->n_writes++;
     return 0;
 }
 
@@ -354,11 +412,12 @@ static int queue_ack(struct worker *w, struct flush *f, struct wjob *j)
 
 /* j's pending dead letter, its XACK (and XDEL) once it is acknowledged,
  * and the GET of its cancel key while it runs. */
-static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j)
+static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j, bool writes)
 {
     char buf[W_KEY_MAX + WOPTS_STR_MAX + 64];
     int rc;
-    if (j->dead) {
+    if (j->dead && writes) {
+        f->n_writes++;
         rcl_queue_key(buf, sizeof buf, w_cluster(w), w->opt.prefix, "dead");
         if ((rc = queue_xadd(f, (struct item){IT_DEAD, j, 0, 0}, buf, "*", w->opt.dead_maxlen,
                              "dead", j->dead, strlen(j->dead))))
@@ -418,17 +477,28 @@ static int queue_lease(struct worker *w, struct flush *f)
 }
 
 /* The heartbeat SET <prefix>worker:<name> (nothing when it cannot be
- * built). */
-static int queue_heartbeat(struct worker *w, struct flush *f)
+ * built). While Redis is out of memory the SET is refused, so an EXPIRE
+ * (which it takes) keeps the last value alive: the worker stays in the
+ * dispatcher's view; without writes, only that. */
+static int queue_heartbeat(struct worker *w, struct flush *f, bool writes)
 {
-    char *v = wm_heartbeat_json(w);
-    if (!v)
-        return 0;
     char buf[W_KEY_MAX + WOPTS_STR_MAX + 64], ttl[32];
     snprintf(buf, sizeof buf, "%sworker:%s", w->opt.prefix, w->opt.name);
     snprintf(ttl, sizeof ttl, "%d", w->opt.heartbeat_ttl_s);
+    int rc;
+    if (w->redis_oom) {
+        const char *ea[3] = {"EXPIRE", buf, ttl};
+        if ((rc = queue_cmd(f, (struct item){IT_OTHER, NULL, 0, 0}, 3, ea, NULL)))
+            return rc;
+    }
+    if (!writes)
+        return 0;
+    char *v = wm_heartbeat_json(w);
+    if (!v)
+        return 0;
     const char *argv[5] = {"SET", buf, v, "EX", ttl};
-    int rc = queue_cmd(f, (struct item){IT_OTHER, NULL, 0, 0}, 5, argv, NULL);
+    f->n_writes++;
+    rc = queue_cmd(f, (struct item){IT_HB, NULL, 0, 0}, 5, argv, NULL);
     free(v);
     if (rc)
         return rc;
@@ -447,10 +517,29 @@ static int queue_heartbeat(struct worker *w, struct flush *f)
     return queue_cmd(f, (struct item){IT_OTHER, NULL, 0, 0}, 4, zr, NULL);
 }
 
+/* FENCE_RELEASE of a job given up (give_up): its entry, if still ours,
+ * is claimable at once and this delivery does not count as a stall. */
+static int queue_release(struct worker *w, struct flush *f, struct wjob *j)
+{
+    j->release = false;
+    const char *argv[10];
+    char nk[12], idle[24];
+    int a = fence_cmd(&w->fence, FENCE_RELEASE, 1, argv, nk);
+    snprintf(idle, sizeof idle, "%d", w->opt.claim_idle_ms);
+    argv[a++] = w->pool_keys[j->pool];
+    argv[a++] = w->opt.group;
+    argv[a++] = w->opt.name;
+    argv[a++] = j->entry_id;
+    argv[a++] = idle;
+    return queue_cmd(f, (struct item){IT_RELEASE, j, 0, 0}, a, argv, NULL);
+}
+
 /* One job's answer e from an IT_EMIT that carried n of its events
  * (fence.c): confirmed, FENCED, or "XADD <k>: <error>" with the k before
- * it confirmed. An event that keeps failing is given up after 20 tries. */
-static void apply_emit_job(struct worker *w, struct wjob *j, int n, const struct rconn_reply *e)
+ * it confirmed. Nothing after a refused event was written, and nothing
+ * unconfirmed is ever dropped: it is sent again, after a back-off. */
+static void apply_emit_job(struct worker *w, struct flush *f, struct wjob *j, int n,
+                           const struct rconn_reply *e)
 {
     int ok = n;
     const char *why = NULL;
@@ -468,27 +557,37 @@ static void apply_emit_job(struct worker *w, struct wjob *j, int n, const struct
         ok = 0;
         why = "unexpected reply";
     }
-    for (int k = 0; k < n && k < j->n_out; k++) {
+    for (int k = 0; k < ok && k < n && k < j->n_out; k++) {
         struct wout *o = &j->out[k];
-        if (k < ok) {
-            free(o->json);
-            o->json = NULL; /* confirmed */
-        } else if (k == ok && why) {
-            if (++o->n_fail >= 20) {
-                RL_LOG(&w->log, RL_LOG_ERROR, "job %s: XADD seq %" PRId64 " failed %d times (%s); "
-                       "dropped", j->id, o->seq, o->n_fail, why);
-                free(o->json);
-                o->json = NULL;
-            } else {
-                RL_LOG(&w->log, RL_LOG_WARN, "job %s: XADD seq %" PRId64 ": %s", j->id, o->seq, why);
-            }
-        }
+        j->out_bytes -= o->len;
+        free(o->json);
+        o->json = NULL; /* confirmed */
     }
+    if (ok > 0 || !why)
+        f->n_stored++;
+    if (!why) {
+        if (j->n_refused)
+            RL_LOG(&w->log, RL_LOG_INFO, "job %s: Redis stores its events again", j->id);
+        j->n_refused = 0;
+        j->retry_ms = 0;
+        return;
+    }
+    if (is_oom(why)) {
+        f->n_oom++; /* the worker's back-off, reported once (note_writes) */
+        return;
+    }
+    /* another refusal: this job alone waits, its later events held back */
+    if (j->n_refused++ == 0)
+        RL_LOG(&w->log, RL_LOG_WARN, "job %s: XADD seq %" PRId64 " refused: %s; retrying with "
+               "back-off, its later events held back", j->id,
+               ok < j->n_out ? j->out[ok].seq : (int64_t)-1, why);
+    int64_t b = (int64_t)BACKOFF_MIN_MS << (j->n_refused < 8 ? j->n_refused : 8);
+    j->retry_ms = rl_mono_ms() + (b < BACKOFF_MAX_MS ? b : BACKOFF_MAX_MS);
 }
 
 /* An IT_EMIT's reply: one element per job, or one error for all (a
  * NOSCRIPT: sent again, whole, with the next flush). */
-static void apply_emit(struct worker *w, const struct flush *f, const struct item *it,
+static void apply_emit(struct worker *w, struct flush *f, const struct item *it,
                        const struct rconn_reply *r)
 {
     if (!r || fence_noscript(&w->fence, r))
@@ -498,7 +597,7 @@ static void apply_emit(struct worker *w, const struct flush *f, const struct ite
         const struct rconn_reply *e =
             r->type == RCONN_ARRAY ? ((size_t)g < r->n_elem ? &r->elem[g] : NULL) : r;
         if (e)
-            apply_emit_job(w, em->j, em->n_ev, e);
+            apply_emit_job(w, f, em->j, em->n_ev, e);
     }
 }
 
@@ -528,14 +627,20 @@ static void apply_lease(struct worker *w, int p, const struct rconn_reply *r)
 /* What reply r (NULL: none came) means for the item that asked: a holder
  * record taken, events confirmed, leases renewed, a dead letter sent, a
  * job acknowledged (state 0 marks it for removal), a cancel key found. */
-static void apply_reply(struct worker *w, const struct flush *f, struct item *it,
+static void apply_reply(struct worker *w, struct flush *f, struct item *it,
                         const struct rconn_reply *r)
 {
     bool is_err = r && r->type == RCONN_ERROR;
+    if (is_err && it->kind != IT_EMIT && is_oom(r->str)) { /* reported once: note_writes */
+        f->n_oom++;
+        return;
+    }
     switch (it->kind) {
     case IT_TAKE:
         if (!r || fence_noscript(&w->fence, r))
             break;
+        if (r->type == RCONN_INTEGER)
+            f->n_stored++;
         if (r->type == RCONN_INTEGER && r->integer <= FENCE_DUPLICATE) {
             it->j->ident = (int)r->integer; /* another request owns the id: settle_jobs */
         } else if (r->type == RCONN_INTEGER && r->integer < 0) {
@@ -561,7 +666,9 @@ static void apply_reply(struct worker *w, const struct flush *f, struct item *it
         it->j->cache_fill = false;
         break;
     case IT_DEAD:
-        if (!is_err) {
+        if (r && !is_err)
+            f->n_stored++;
+        if (r && !is_err) {
             free(it->j->dead);
             it->j->dead = NULL;
         } else {
@@ -571,6 +678,8 @@ static void apply_reply(struct worker *w, const struct flush *f, struct item *it
     case IT_ACK:
         if (!is_err) {
             it->j->state = 0; /* marks it for removal below */
+            if (w->admit_cap > 0 && ++w->admit_cap >= w->opt.max_batch)
+                w->admit_cap = 0; /* back to full admission */
         } else {
             RL_LOG(&w->log, RL_LOG_WARN, "job %s: XACK: %s", it->j->id, r->str);
         }
@@ -603,9 +712,20 @@ static void apply_reply(struct worker *w, const struct flush *f, struct item *it
                 RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: cancel: %s", it->j->id, e2.msg);
         }
         break;
+    case IT_HB:
+        if (r && !is_err)
+            f->n_stored++;
+        /* fall through */
     case IT_OTHER:
         if (is_err)
             RL_LOG(&w->log, RL_LOG_WARN, "flush: %s", r->str);
+        break;
+    case IT_RELEASE:
+        if (fence_noscript(&w->fence, r))
+            it->j->release = true; /* again with the next flush */
+        else if (is_err)
+            RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: releasing entry %s: %s", it->j->id,
+                   it->j->entry_id, r->str);
         break;
     }
 }
@@ -616,17 +736,16 @@ static void remove_job(struct worker *w, int i)
     w->jobs[i] = w->jobs[--w->n_jobs];
 }
 
-/* Another worker holds j now (fence.h): stop generating, send nothing
- * more, never acknowledge; its new holder resumes from what reached the
- * stream and finishes it. A job still in the engine waits for the
- * cancel's final event (loop.c) before it is freed. */
-static void drop_job(struct worker *w, struct wjob *j)
+/* Stops j here and forgets what it holds unsent: its outbox, dead
+ * letter, cache entry and held deltas. A job still in the engine is
+ * cancelled and waits for the cancel's final event (loop.c: WJ_DROPPED)
+ * before it is freed; one that is not goes with the next settle_jobs. */
+static void stop_job(struct worker *w, struct wjob *j)
 {
-    RL_LOG(&w->log, RL_LOG_WARN, "job %s (entry %s): another worker holds it now; stopping it "
-           "here after %d tokens", j->id[0] ? j->id : "-", j->entry_id, j->n_gen);
     for (int k = 0; k < j->n_out; k++)
         free(j->out[k].json);
     j->n_out = 0;
+    j->out_bytes = 0;
     free(j->dead);
     j->dead = NULL;
     free(j->cache_value);
@@ -634,11 +753,8 @@ static void drop_job(struct worker *w, struct wjob *j)
     j->cache_fill = false;
     w_hold_clear(j);
     j->fenced = false;
-    pthread_mutex_lock(&w->m.mu);
-    w->m.fenced++;
-    pthread_mutex_unlock(&w->m.mu);
     if (!j->eng_id) {
-        j->state = 0; /* removed below */
+        j->state = 0; /* removed by settle_jobs */
         return;
     }
     struct rl_err err;
@@ -646,6 +762,57 @@ static void drop_job(struct worker *w, struct wjob *j)
         RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: cancel: %s", j->id, err.msg);
     j->cancel_sent = true;
     j->state = WJ_DROPPED;
+}
+
+/* Another worker holds j now (fence.h): stop generating, send nothing
+ * more, never acknowledge; its new holder resumes from what reached the
+ * stream and finishes it. */
+static void drop_job(struct worker *w, struct wjob *j)
+{
+    RL_LOG(&w->log, RL_LOG_WARN, "job %s (entry %s): another worker holds it now; stopping it "
+           "here after %d tokens", j->id[0] ? j->id : "-", j->entry_id, j->n_gen);
+    pthread_mutex_lock(&w->m.mu);
+    w->m.fenced++;
+    pthread_mutex_unlock(&w->m.mu);
+    stop_job(w, j);
+}
+
+/* Redis will not store j's events and j cannot wait any longer (more than
+ * publish_buffer_kb of them, or its deadline passed): stop it here, never
+ * acknowledge it, and hand its entry back (FENCE_RELEASE with the next
+ * flush). Whoever claims it next (this worker too, once Redis takes
+ * writes again) resumes it from the last event in its stream (resume.c),
+ * so the client reads one gapless stream, later. */
+static void give_up(struct worker *w, struct wjob *j, const char *why)
+{
+    RL_LOG(&w->log, RL_LOG_WARN, "job %s (entry %s): given up (%s): %d events (%zu bytes) Redis "
+           "has not stored; left pending, unacknowledged, to be resumed from its last stored "
+           "event", j->id[0] ? j->id : "-", j->entry_id, why, j->n_out, j->out_bytes);
+    pthread_mutex_lock(&w->m.mu);
+    w->m.jobs_given_up++;
+    pthread_mutex_unlock(&w->m.mu);
+    j->release = true;
+    stop_job(w, j);
+}
+
+/* Gives up every job that has waited too long for Redis to store its
+ * events: over publish_buffer_kb of them, or past its deadline while
+ * Redis refuses (or is away). */
+static void give_up_due(struct worker *w)
+{
+    size_t bound = (size_t)w->opt.publish_buffer_kb * 1024;
+    int64_t now = rl_wall_ms();
+    bool away = !rconn_connected(w->rc);
+    for (int i = 0; i < w->n_jobs; i++) {
+        struct wjob *j = w->jobs[i];
+        if ((j->state != WJ_RUNNING && j->state != WJ_CLOSING) || !j->n_out || j->fenced)
+            continue;
+        bool blocked = w->redis_oom || j->n_refused || away;
+        if (j->out_bytes > bound)
+            give_up(w, j, "publish_buffer_kb");
+        else if (blocked && j->job && j->job->deadline_ms > 0 && now >= j->job->deadline_ms)
+            give_up(w, j, "its deadline passed");
+    }
 }
 
 /* After the replies: drop what another worker took, compact outboxes,
@@ -668,7 +835,7 @@ static void settle_jobs(struct worker *w)
     }
     for (int i = 0; i < w->n_jobs;) {
         struct wjob *j = w->jobs[i];
-        if (j->state == 0) {
+        if (j->state == 0 && !j->release) {
             remove_job(w, i);
             continue;
         }
@@ -678,51 +845,173 @@ static void settle_jobs(struct worker *w)
     }
 }
 
-int w_flush(struct worker *w, struct rl_err *err)
+void w_oom_seen(struct worker *w, int n_ev, int n_jobs)
 {
-    struct flush f = {.b = w->batch, .err = err};
-    int64_t now = rl_wall_ms();
-    bool lease = now >= w->next_lease_ms, hb = now >= w->next_hb_ms;
+    int64_t now = rl_mono_ms();
+    if (!w->redis_oom) {
+        /* multiplicative decrease, as TCP does for congestion: Redis holds
+         * every running job's half-written stream, which no reader can
+         * free before its done */
+        struct engine_stats st;
+        engine_get_stats(w->eng, &st);
+        int cap = w->admit_cap > 0 && w->admit_cap < st.n_slots_used ? w->admit_cap
+                                                                      : st.n_slots_used;
+        w->admit_cap = cap / 2 > 1 ? cap / 2 : 1;
+        w->redis_oom = true;
+        w->oom_since_ms = now;
+        w->oom_backoff_ms = BACKOFF_MIN_MS;
+        RL_LOG(&w->log, RL_LOG_WARN, "redis %s is out of memory (maxmemory with "
+               "noeviction): admitting no new jobs; %d events of %d jobs held back, "
+               "retried with back-off", rconn_addr(w->rc), n_ev, n_jobs);
+        pthread_mutex_lock(&w->m.mu);
+        w->m.redis_oom = true;
+        w->m.redis_oom_total++;
+        pthread_mutex_unlock(&w->m.mu);
+    }
+    w->oom_retry_ms = now + w->oom_backoff_ms;
+    w->oom_backoff_ms = w->oom_backoff_ms * 2 < BACKOFF_MAX_MS ? w->oom_backoff_ms * 2
+                                                               : BACKOFF_MAX_MS;
+}
+
+bool w_is_oom(const char *msg)
+{
+    return is_oom(msg);
+}
+
+/* What this flush's writes met: OOM refusals start (or prolong, with a
+ * doubled back-off) the out-of-memory state, reported once; a write Redis
+ * took while none was refused ends it. */
+static void note_writes(struct worker *w, const struct flush *f)
+{
+    int64_t now = rl_mono_ms();
+    int n_ev = 0, n_jobs = 0;
+    if (f->n_oom || (w->redis_oom && f->n_stored))
+        for (int i = 0; i < w->n_jobs; i++) {
+            n_ev += w->jobs[i]->n_out;
+            n_jobs += w->jobs[i]->n_out > 0;
+        }
+    if (f->n_oom) {
+        w_oom_seen(w, n_ev, n_jobs);
+    } else if (w->redis_oom && f->n_stored) {
+        w->redis_oom = false;
+        /* the jobs given up meanwhile (handed back, claimable at once) go
+         * before new ones: their streams are half written, and they hold
+         * Redis memory until they end */
+        w->next_claim_ms = 0;
+        RL_LOG(&w->log, RL_LOG_INFO, "redis %s stores again after %lld ms out of memory: "
+               "admitting jobs; %d events of %d jobs still to send", rconn_addr(w->rc),
+               (long long)(now - w->oom_since_ms), n_ev, n_jobs);
+        pthread_mutex_lock(&w->m.mu);
+        w->m.redis_oom = false;
+        pthread_mutex_unlock(&w->m.mu);
+    }
+}
+
+/* The gauge of events waiting to be stored. */
+static void count_buffered(struct worker *w)
+{
+    int64_t buffered = 0;
+    for (int i = 0; i < w->n_jobs; i++)
+        buffered += w->jobs[i]->n_out;
+    pthread_mutex_lock(&w->m.mu);
+    w->m.events_buffered = buffered;
+    pthread_mutex_unlock(&w->m.mu);
+}
+
+static void flush_free(struct flush *f)
+{
+    if (!f)
+        return;
+    free(f->items);
+    free(f->emits);
+    free(f);
+}
+
+int w_flush_start(struct worker *w, struct rl_err *err)
+{
+    if (w->flush) /* one in flight at a time: its replies first */
+        return 0;
+    struct flush *f = calloc(1, sizeof *f);
+    if (!f)
+        return rl_errf(err, RL_ENOMEM, "flush: out of memory");
+    f->b = w->batch;
+    f->err = err;
+    int64_t now = rl_wall_ms(), mono = rl_mono_ms();
+    f->now = now;
+    f->lease = now >= w->next_lease_ms;
+    f->hb = now >= w->next_hb_ms;
     bool cluster = w_cluster(w); /* a script's keys share one slot: one job per call */
+    /* out of memory: writes (and so admission) wait for the back-off */
+    bool writes = !w->redis_oom || mono >= w->oom_retry_ms;
     int rc = 0;
 
+    f->probe = w->redis_oom;
     if (rconn_connected(w->rc)) {
         struct rl_err e2; /* not loaded at start: until it is, bodies go by EVAL */
         fence_load(&w->fence, w->rc, &e2);
     }
     fence_begin(&w->fence);
-    rconn_batch_reset(f.b);
+    rconn_batch_reset(f->b);
     for (int i = 0; i < w->n_jobs && !rc; i++) {
         struct wjob *j = w->jobs[i];
-        if (!(rc = queue_take(w, &f, j)) && !(rc = queue_cache(w, &f, j)) &&
-            !(rc = collect_events(&f, j)) && !(rc = cluster ? queue_emit(w, &f) : 0))
-            rc = queue_job_state(w, &f, j);
+        if (j->release && (rc = queue_release(w, f, j)))
+            break;
+        if (writes && ((rc = queue_take(w, f, j)) || (rc = queue_cache(w, f, j)) ||
+                       (rc = collect_events(f, j, mono)) || (rc = cluster ? queue_emit(w, f) : 0)))
+            break;
+        rc = queue_job_state(w, f, j, writes);
     }
     if (!rc)
-        rc = queue_emit(w, &f); /* a single instance: every job in one call */
-    if (!rc && lease)
-        rc = queue_lease(w, &f);
-    if (!rc && hb)
-        rc = queue_heartbeat(w, &f);
-    if (rc || rconn_batch_count(f.b) == 0) {
+        rc = queue_emit(w, f); /* a single instance: every job in one call */
+    if (!rc && f->lease)
+        rc = queue_lease(w, f);
+    /* the heartbeat is the probe when nothing else would find out whether
+     * Redis takes writes again */
+    if (!rc && (f->hb || (w->redis_oom && writes && f->n_writes == 0)))
+        rc = queue_heartbeat(w, f, writes);
+    if (rc || rconn_batch_count(f->b) == 0) {
         settle_jobs(w); /* finished dropped jobs go even when nothing is sent */
-        goto out;
+        give_up_due(w);
+        count_buffered(w);
+        flush_free(f);
+        return rc;
     }
+    w->flush = f;
+    /* written now, read by w_flush_finish: the engine steps meanwhile; a
+     * failure here is met again, and reported, by the exec there */
+    struct rl_err e3;
+    rconn_batch_send(w->rc, f->b, &e3);
+    return 0;
+}
 
-    int xrc = rconn_batch_exec(w->rc, f.b, err);
-    int n_done = rconn_batch_n_done(f.b);
+int w_flush_finish(struct worker *w, struct rl_err *err)
+{
+    struct flush *f = w->flush;
+    if (!f)
+        return 0;
+    w->flush = NULL;
+    f->err = err;
+    int xrc = rconn_batch_exec(w->rc, f->b, err);
+    int n_done = rconn_batch_n_done(f->b);
     if (xrc == 0 || n_done > 0) {
-        if (lease)
-            w->next_lease_ms = now + w->opt.lease_renew_ms;
-        if (hb)
-            w->next_hb_ms = now + w->opt.heartbeat_ms;
+        if (f->lease)
+            w->next_lease_ms = f->now + w->opt.lease_renew_ms;
+        if (f->hb)
+            w->next_hb_ms = f->now + w->opt.heartbeat_ms;
     }
-    for (int i = 0; i < n_done && i < f.n_items; i++)
-        apply_reply(w, &f, &f.items[i], rconn_batch_reply(f.b, i));
+    for (int i = 0; i < n_done && i < f->n_items; i++)
+        apply_reply(w, f, &f->items[i], rconn_batch_reply(f->b, i));
+    note_writes(w, f);
     settle_jobs(w);
-    rc = xrc;
-out:
-    free(f.items);
-    free(f.emits);
-    return rc;
+    give_up_due(w);
+    count_buffered(w);
+    flush_free(f);
+    return xrc;
+}
+
+int w_flush(struct worker *w, struct rl_err *err)
+{
+    int rc = w_flush_start(w, err);
+    int rc2 = w_flush_finish(w, err);
+    return rc ? rc : rc2;
 }

@@ -85,6 +85,8 @@ static int from_cfg(struct wopts *o, const struct cfg *c, struct rl_err *err)
     o->max_stream_ttl_s = c->max_stream_ttl_s;
     o->publish = c->publish_channel;
     o->coalesce_ms = c->coalesce_ms;
+    o->publish_buffer_kb = c->publish_buffer_kb;
+    o->publish_overlap = c->publish_overlap;
     return 0;
 }
 

@@ -63,6 +63,8 @@ struct wopts {
     int max_stream_ttl_s;
     int coalesce_ms;         /* coalesce_ms: deltas held back at most this long; 0 = off */
     bool publish;            /* also PUBLISH every event on <prefix>tok:<id> */
+    bool publish_overlap;    /* flush while the next step computes (loop.c) */
+    int publish_buffer_kb;   /* a job's unstored events kept at most (KiB); past it: given up */
 };
 
 /* Defaults (common/config.c's table). */

@@ -54,7 +54,6 @@ struct wout {
     char *json;      /* the `event` field, malloc'd */
     size_t len;
     bool is_done;    /* EXPIRE the stream after it */
-    int n_fail;      /* error replies so far (not counting lost connections) */
 };
 
 enum wj_state { WJ_RUNNING = 1, WJ_CLOSING, WJ_ACKING, WJ_DROPPED };
@@ -92,6 +91,10 @@ struct wjob {
 
     struct wout *out;             /* (n_out) the outbox, in seq order */
     int n_out, cap_out;
+    size_t out_bytes;             /* JSON bytes in the outbox (publish_buffer_kb bounds it) */
+    int n_refused;                /* flushes in a row whose emit Redis refused (not OOM) */
+    int64_t retry_ms;             /* monotonic: no emit before (its back-off), 0 = now */
+    bool release;                 /* given up: FENCE_RELEASE its entry with the next flush */
     char *dead;                   /* dead letter JSON waiting for its XADD, or NULL */
 
     /* result cache: the full event list of a deterministic job, kept
@@ -154,6 +157,11 @@ struct wmetrics {
     int running, waiting, kv_blocks, kv_used;
     int64_t prefix_hit_tokens, prefix_miss_tokens;
     int64_t affinity_taken;                /* jobs read from our offer streams */
+    /* memory pressure (publish.c): Redis refusing writes with OOM */
+    bool redis_oom;                        /* now: admission stopped */
+    int64_t redis_oom_total;               /* times it started refusing */
+    int64_t jobs_given_up;                 /* left pending: their events could not be stored */
+    int64_t events_buffered;               /* events in outboxes, not yet stored */
     int64_t spec_drafted, spec_accepted;
     double tokens_per_s;
     bool ready, draining, redis_up;
@@ -208,6 +216,17 @@ struct worker {
     int n_jobs, cap_jobs;
 
     int64_t next_claim_ms, next_lease_ms, next_hb_ms, next_wd_ms;
+    /* Redis at maxmemory (noeviction) refuses every write that would grow
+     * it: publish.c then holds events back and retries with back-off,
+     * loop.c admits nothing new (schemas/README.md, "Memory pressure") */
+    bool redis_oom;
+    int64_t oom_since_ms;         /* monotonic, when the refusals began */
+    int64_t oom_retry_ms;         /* monotonic: next attempt to write */
+    int oom_backoff_ms;           /* the wait after the next refusal */
+    int admit_cap;                /* after memory pressure: most jobs in the engine
+                                     (halved per episode, +1 per job finished), so
+                                     the half-written streams Redis must hold stay
+                                     few and the jobs given up finish; 0 = no cap */
     char claim_cursor[W_MAX_STREAMS][RCONN_ID_MAX];
     uint64_t watchdog_usec;
     int64_t t_start_ms;
@@ -216,6 +235,7 @@ struct worker {
 
     struct wmetrics m;
     struct wmetrics_server *http;
+    struct flush *flush;          /* the round trip in flight (publish.c), or NULL */
 };
 
 /* loop.c */
@@ -258,7 +278,21 @@ int w_set_dead(struct worker *w, struct wjob *j, const char *raw, size_t raw_len
  * and the heartbeat. Returns 0, or -RL_EIO when Redis is unreachable (what
  * was not confirmed stays queued). */
 int w_flush(struct worker *w, struct rl_err *err);
+/* The same round trip in two halves, so the engine steps while Redis
+ * answers (loop.c): start builds the pipeline and writes it (settling at
+ * once when there is nothing to send); finish reads the replies and applies
+ * them. Between the two, nothing else may use w->rc or w->batch; events
+ * pushed meanwhile wait for the next start. finish does nothing when none
+ * is in flight. */
+int w_flush_start(struct worker *w, struct rl_err *err);
+int w_flush_finish(struct worker *w, struct rl_err *err);
 bool w_has_pending(const struct worker *w);
+/* Redis refused a write for memory (n_ev events of n_jobs jobs wait):
+ * enters the out-of-memory state (logged once, metrics, no admission) or
+ * doubles its back-off. */
+void w_oom_seen(struct worker *w, int n_ev, int n_jobs);
+/* Whether an error message is Redis's OOM refusal. */
+bool w_is_oom(const char *msg);
 
 /* resume.c */
 /* XAUTOCLAIM idle jobs of dead consumers on every pool and admit them,
