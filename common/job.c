@@ -1496,6 +1496,14 @@ int job_parse(const char *text, size_t len, const struct job_opts *opts, struct 
                  "job: give only one of messages, prompt and prompt_ids");
         goto done;
     }
+    /* vLLM's rule: a floor above the ceiling cannot be met (max_tokens is
+     * the default when not given: the default must hold it too) */
+    if ((j->given & JOB_F_MIN_TOKENS) && j->min_tokens > j->max_tokens) {
+        set_field(fault, "min_tokens");
+        rc = bad(fault, err, EV_CODE_BAD_VALUE, "min_tokens: %d is above max_tokens (%d)", j->min_tokens,
+                 j->max_tokens);
+        goto done;
+    }
     if (j->tools && !j->messages) {
         set_field(fault, "tools");
         rc = bad(fault, err, EV_CODE_CONFLICTING_PROMPT, "tools: only allowed with messages");

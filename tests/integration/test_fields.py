@@ -117,6 +117,10 @@ def test_stop_token_ids_and_min_tokens(front, workers, redis_addr, prefix):  # n
                                 {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 2,
                                  "stop_token_ids": [-1]})
     assert status == 400 and json.loads(data)["error"]["param"] == "stop_token_ids[0]", data
+    # a floor above the ceiling: refused, as vLLM refuses it
+    status, _, data = f.request("POST", "/v1/completions",
+                                {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 2, "min_tokens": 3})
+    assert status == 400 and json.loads(data)["error"]["param"] == "min_tokens", data
 
 
 def test_echo_batched_prompts_suffix(front, workers, redis_addr, prefix):  # noqa: F811

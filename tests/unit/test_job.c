@@ -230,6 +230,7 @@ static const struct {
     /* issue 29: min_tokens, stop_token_ids, logit_bias */
     {"{" P ",\"min_tokens\":-1}", EV_CODE_OUT_OF_RANGE, "min_tokens"},
     {"{" P ",\"min_tokens\":1.5}", EV_CODE_BAD_TYPE, "min_tokens"},
+    {"{" P ",\"max_tokens\":8,\"min_tokens\":9}", EV_CODE_BAD_VALUE, "min_tokens"}, /* vLLM refuses it too */
     {"{" P ",\"stop_token_ids\":5}", EV_CODE_BAD_TYPE, "stop_token_ids"},
     {"{" P ",\"stop_token_ids\":[1,-2]}", EV_CODE_OUT_OF_RANGE, "stop_token_ids[1]"},
     {"{" P ",\"stop_token_ids\":[\"1\"]}", EV_CODE_BAD_TYPE, "stop_token_ids[0]"},
