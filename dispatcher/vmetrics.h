@@ -30,10 +30,12 @@
 #ifndef RL_VMETRICS_H
 #define RL_VMETRICS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "job.h"
 #include "openai.h"
+#include "vbuckets.h"
 
 #define VM_MODELS 16
 
@@ -68,6 +70,15 @@ struct vm_fleet {
     int64_t prefix_queries;        /* prompt tokens looked up in the prefix cache */
     int64_t prefix_hits;           /* of those, found there */
     int64_t preemptions;           /* sequences preempted to free KV blocks */
+    /* The workers' latency histograms (heartbeat ttft_*, e2e_*): cumulative
+     * counts at vLLM's bounds (common/vbuckets.h), counts, sums in seconds;
+     * hist: some worker of the model reports them (else all 0, and the
+     * page shows the front door's own) */
+    bool hist;
+    int64_t ttft[VB_N_TTFT], ttft_n;
+    double ttft_sum;
+    int64_t e2e[VB_N_E2E], e2e_n;
+    double e2e_sum;
 };
 
 /* Appends the families (Prometheus text with HELP and TYPE) to b: the
