@@ -26,7 +26,10 @@
  * the fleet's (the engines' running and waiting sequences): the fleet's
  * sees jobs that skipped the front door, the front door's sees requests
  * still queued in Redis streams and is current between heartbeats; taking
- * the larger never counts a request twice. */
+ * the larger never counts a request twice. The two histograms are the
+ * fleet's (the workers' heartbeats, vLLM's buckets) for a model where
+ * some worker reports them, else the front door's own (older workers):
+ * never both, as an HTTP request is a worker's job too. */
 #ifndef RL_VMETRICS_H
 #define RL_VMETRICS_H
 
