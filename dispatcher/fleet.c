@@ -94,6 +94,8 @@ static int64_t num(const cJSON *hb, const char *key)
  * most VM_MODELS models keep theirs; past that they are dropped. */
 static void retire(struct fleet *f, const char *model, int c, int64_t v)
 {
+    /* C_TTFT_N comes only from a worker that reported histograms (retire_all)
+     * and marks the model's retired sums as holding them, even at 0 */
     if (v <= 0 && c != C_TTFT_N)
         return;
     int i = 0;
