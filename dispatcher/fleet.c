@@ -9,15 +9,30 @@
 #include <string.h>
 
 #include "rconn.h"
+#include "vbuckets.h"
 
-/* The counters a worker reports as totals since its start. */
-enum { C_QUERIES, C_HITS, C_PREEMPT, N_COUNTERS };
+/* The counters a worker reports as totals since its start: the prefix
+ * cache's, preemptions, and its two latency histograms (cumulative counts
+ * at vLLM's bounds, the count, the sum in microseconds). */
+enum {
+    C_QUERIES,
+    C_HITS,
+    C_PREEMPT,
+    C_TTFT,                       /* VB_N_TTFT buckets */
+    C_TTFT_N = C_TTFT + VB_N_TTFT,
+    C_TTFT_US,
+    C_E2E,                        /* VB_N_E2E buckets */
+    C_E2E_N = C_E2E + VB_N_E2E,
+    C_E2E_US,
+    N_COUNTERS
+};
 
 struct fworker {
     char name[RCONN_NAME_MAX];
     char model[JOB_MODEL_MAX + 1];
     int64_t running, waiting, kv_blocks, kv_used;
     int64_t c[N_COUNTERS];
+    bool hist; /* its heartbeat carries the histograms (a newer worker) */
     bool seen; /* in this reading */
     bool live; /* seen in the last reading; a gone one keeps its counters
                   (a heartbeat that expired and came back counts on) */
@@ -27,6 +42,7 @@ struct fworker {
 struct fretired {
     char model[JOB_MODEL_MAX + 1];
     int64_t c[N_COUNTERS];
+    bool hist; /* some of them reported histograms */
 };
 
 struct fleet {
@@ -78,7 +94,9 @@ static int64_t num(const cJSON *hb, const char *key)
  * most VM_MODELS models keep theirs; past that they are dropped. */
 static void retire(struct fleet *f, const char *model, int c, int64_t v)
 {
-    if (v <= 0)
+    /* C_TTFT_N comes only from a worker that reported histograms (retire_all)
+     * and marks the model's retired sums as holding them, even at 0 */
+    if (v <= 0 && c != C_TTFT_N)
         return;
     int i = 0;
     while (i < f->n_r && strcmp(f->r[i].model, model))
@@ -91,6 +109,55 @@ static void retire(struct fleet *f, const char *model, int c, int64_t v)
         f->n_r++;
     }
     f->r[i].c[c] += v;
+    if (c == C_TTFT_N)
+        f->r[i].hist = true;
+}
+
+/* A worker's totals go to its model's retired sums (it left, restarted,
+ * or serves another model now). */
+static void retire_all(struct fleet *f, struct fworker *w)
+{
+    for (int c = 0; c < N_COUNTERS; c++)
+        if (c != C_TTFT_N || w->hist)
+            retire(f, w->model, c, w->c[c]);
+    memset(w->c, 0, sizeof w->c);
+}
+
+/* A histogram of the heartbeat (key_buckets: n cumulative counts at vLLM's
+ * bounds, key_sum seconds, key_count) into c[0..n-1], c[n] (count) and
+ * c[n+1] (sum, us). Returns false, c zeroed, when absent or inconsistent
+ * (an older worker, or a bad heartbeat: counted as none). */
+static bool hist_of(const cJSON *hb, const char *key, int n, int64_t *c)
+{
+    char k[32];
+    memset(c, 0, sizeof c[0] * (size_t)(n + 2));
+    snprintf(k, sizeof k, "%s_buckets", key);
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(hb, k);
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != n)
+        return false;
+    snprintf(k, sizeof k, "%s_count", key);
+    const cJSON *cnt = cJSON_GetObjectItemCaseSensitive(hb, k);
+    snprintf(k, sizeof k, "%s_sum", key);
+    const cJSON *sum = cJSON_GetObjectItemCaseSensitive(hb, k);
+    if (!cJSON_IsNumber(cnt) || !cJSON_IsNumber(sum) || cnt->valuedouble < 0 ||
+        cnt->valuedouble >= 1e15 || !(sum->valuedouble >= 0) || sum->valuedouble >= 1e9)
+        goto bad;
+    c[n] = (int64_t)cnt->valuedouble;
+    c[n + 1] = (int64_t)(sum->valuedouble * 1e6 + 0.5);
+    int i = 0;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, a) {
+        if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= 1e15)
+            goto bad;
+        c[i] = (int64_t)v->valuedouble;
+        if ((i > 0 && c[i] < c[i - 1]) || c[i] > c[n]) /* cumulative, at most the count */
+            goto bad;
+        i++;
+    }
+    return true;
+bad:
+    memset(c, 0, sizeof c[0] * (size_t)(n + 2));
+    return false;
 }
 
 int fleet_observe(struct fleet *f, const char *worker, const char *model, const cJSON *hb)
@@ -107,8 +174,7 @@ int fleet_observe(struct fleet *f, const char *worker, const char *model, const 
             ;
         if (i == f->n_w)
             return -1;
-        for (int c = 0; c < N_COUNTERS; c++)
-            retire(f, f->w[i].model, c, f->w[i].c[c]);
+        retire_all(f, &f->w[i]);
         f->w[i].name[0] = 0;
     }
     if (i == f->n_w || !f->w[i].name[0]) {
@@ -120,10 +186,7 @@ int fleet_observe(struct fleet *f, const char *worker, const char *model, const 
     }
     struct fworker *w = &f->w[i];
     if (strcmp(w->model, model)) { /* reloaded with another model */
-        for (int c = 0; c < N_COUNTERS; c++) {
-            retire(f, w->model, c, w->c[c]);
-            w->c[c] = 0;
-        }
+        retire_all(f, w);
         snprintf(w->model, sizeof w->model, "%s", model);
     }
     int64_t now[N_COUNTERS];
@@ -131,11 +194,19 @@ int fleet_observe(struct fleet *f, const char *worker, const char *model, const 
     now[C_HITS] = hit;
     now[C_QUERIES] = hit + num(hb, "prefix_miss_tokens");
     now[C_PREEMPT] = num(hb, "preemptions");
-    for (int c = 0; c < N_COUNTERS; c++) {
-        if (now[c] < w->c[c]) /* it restarted: what it had counted stays counted */
-            retire(f, w->model, c, w->c[c]);
-        w->c[c] = now[c];
-    }
+    bool hist = hist_of(hb, "ttft", VB_N_TTFT, &now[C_TTFT]);
+    hist = hist_of(hb, "e2e", VB_N_E2E, &now[C_E2E]) && hist;
+    if (!hist) /* both or neither: a row's two histograms count the same jobs */
+        memset(&now[C_TTFT], 0, sizeof now[0] * (size_t)(N_COUNTERS - C_TTFT));
+    /* any total that fell: it restarted, and what it had counted stays
+     * counted, all of it (a histogram's buckets must stay consistent) */
+    bool fell = false;
+    for (int c = 0; c < N_COUNTERS; c++)
+        fell = fell || now[c] < w->c[c];
+    if (fell)
+        retire_all(f, w);
+    memcpy(w->c, now, sizeof now);
+    w->hist = hist;
     w->running = num(hb, "running");
     w->waiting = num(hb, "waiting");
     w->kv_blocks = num(hb, "kv_blocks");
@@ -158,6 +229,20 @@ static struct vm_fleet *row_of(struct vm_fleet *rows, int *n, const char *model)
     return r;
 }
 
+/* Adds a worker's (or the retired) histogram totals to a row. */
+static void add_hist(struct vm_fleet *r, const int64_t *c, bool hist)
+{
+    r->hist = r->hist || hist;
+    for (int i = 0; i < VB_N_TTFT; i++)
+        r->ttft[i] += c[C_TTFT + i];
+    r->ttft_n += c[C_TTFT_N];
+    r->ttft_sum += (double)c[C_TTFT_US] / 1e6;
+    for (int i = 0; i < VB_N_E2E; i++)
+        r->e2e[i] += c[C_E2E + i];
+    r->e2e_n += c[C_E2E_N];
+    r->e2e_sum += (double)c[C_E2E_US] / 1e6;
+}
+
 void fleet_end(struct fleet *f)
 {
     struct vm_fleet rows[VM_MODELS];
@@ -178,6 +263,7 @@ void fleet_end(struct fleet *f)
         r->prefix_queries += w->c[C_QUERIES];
         r->prefix_hits += w->c[C_HITS];
         r->preemptions += w->c[C_PREEMPT];
+        add_hist(r, w->c, w->hist);
     }
     for (int i = 0; i < f->n_r; i++) {
         struct vm_fleet *r = row_of(rows, &n, f->r[i].model);
@@ -186,6 +272,7 @@ void fleet_end(struct fleet *f)
         r->prefix_queries += f->r[i].c[C_QUERIES];
         r->prefix_hits += f->r[i].c[C_HITS];
         r->preemptions += f->r[i].c[C_PREEMPT];
+        add_hist(r, f->r[i].c, f->r[i].hist);
     }
     pthread_mutex_lock(&f->mu);
     memcpy(f->rows, rows, sizeof rows[0] * (size_t)n);

@@ -1,7 +1,9 @@
 /* dispatcher/fleet.h - the fleet's figures for the front door's /metrics,
  * summed per served model over the live workers' heartbeats
  * (<prefix>worker:<name>: running, waiting, kv_blocks, kv_used,
- * prefix_hit_tokens, prefix_miss_tokens, preemptions).
+ * prefix_hit_tokens, prefix_miss_tokens, preemptions, and the latency
+ * histograms ttft_buckets/_count/_sum, e2e_buckets/_count/_sum at vLLM's
+ * bounds, common/vbuckets.h).
  *
  * models.c reads every live heartbeat once per heartbeat interval; it
  * calls fleet_begin, fleet_observe for each, then fleet_end, which makes
@@ -9,7 +11,8 @@
  * workers' sums. Counters never go down, as Prometheus wants: a worker
  * that leaves (its heartbeat expired) keeps its last totals in the sums,
  * and counts on from them if it comes back under the same name; one that
- * restarts (a counter went down) leaves its old totals in its model's
+ * restarts (any counter went down: all of them, so a histogram's buckets
+ * stay consistent) leaves its old totals in its model's
  * retired sums. Gone workers are remembered until FLEET_WORKERS names
  * are known; then a new one takes a gone one's place, whose totals move
  * to the retired sums.

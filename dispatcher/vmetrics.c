@@ -10,13 +10,13 @@
 #include <string.h>
 
 #include "job.h"
+#include "vbuckets.h"
 
-static const double ttft_b[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
-                                1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
-static const double e2e_b[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
-                               30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
-#define N_TTFT (sizeof ttft_b / sizeof ttft_b[0])
-#define N_E2E (sizeof e2e_b / sizeof e2e_b[0])
+/* vLLM's bounds, shared with the workers' heartbeats (common/vbuckets.h) */
+#define ttft_b vb_ttft
+#define e2e_b vb_e2e
+#define N_TTFT ((size_t)VB_N_TTFT)
+#define N_E2E ((size_t)VB_N_E2E)
 
 enum { F_STOP, F_LENGTH, F_ABORT, N_FINISH };
 static const char *const finish_names[N_FINISH] = {"stop", "length", "abort"};
@@ -163,6 +163,18 @@ static void put_hist(struct oai_buf *b, const char *name, const char *lab, const
         name, lab, (long long)h->n, name, lab, h->sum, name, lab, (long long)h->n);
 }
 
+/* The same from cumulative counts (the fleet's sums). */
+static void put_cum(struct oai_buf *b, const char *name, const char *lab, const int64_t *cum,
+                    const double *bounds, size_t n, int64_t count, double sum)
+{
+    for (size_t i = 0; i < n; i++)
+        put(b, "%s_bucket{le=\"%g\",model_name=\"%s\"} %lld\n", name, bounds[i], lab,
+            (long long)cum[i]);
+    put(b, "%s_bucket{le=\"+Inf\",model_name=\"%s\"} %lld\n%s_sum{model_name=\"%s\"} %.6f\n"
+           "%s_count{model_name=\"%s\"} %lld\n",
+        name, lab, (long long)count, name, lab, sum, name, lab, (long long)count);
+}
+
 /* A page row: the front door's record of a model merged with the fleet's. */
 struct row {
     struct vm_model v;
@@ -247,19 +259,35 @@ void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, st
         put(b, "vllm:num_preemptions_total{model_name=\"%s\"} %lld\n", lab,
             (long long)(rows[i].f ? rows[i].f->preemptions : 0));
     }
+    /* the latency histograms: the workers' sums where they report them
+     * (every job, however it came; HTTP requests run on workers too, so the
+     * front door's own are not added), else the front door's (older
+     * workers) */
     put(b, "# HELP vllm:time_to_first_token_seconds Seconds from a request's queueing to its "
-           "first event.\n# TYPE vllm:time_to_first_token_seconds histogram\n");
+           "first event (the workers' sums, or the front door's where no worker reports "
+           "them).\n# TYPE vllm:time_to_first_token_seconds histogram\n");
     for (int i = 0; i < total; i++) {
+        const struct vm_fleet *f = rows[i].f;
         label(rows[i].v.name, lab);
-        put_hist(b, "vllm:time_to_first_token_seconds", lab, rows[i].v.ttft, ttft_b, N_TTFT,
-                 &rows[i].v.ttft_h);
+        if (f && f->hist)
+            put_cum(b, "vllm:time_to_first_token_seconds", lab, f->ttft, ttft_b, N_TTFT,
+                    f->ttft_n, f->ttft_sum);
+        else
+            put_hist(b, "vllm:time_to_first_token_seconds", lab, rows[i].v.ttft, ttft_b,
+                     N_TTFT, &rows[i].v.ttft_h);
     }
     put(b, "# HELP vllm:e2e_request_latency_seconds Seconds from a request's queueing to its "
-           "end.\n# TYPE vllm:e2e_request_latency_seconds histogram\n");
+           "end (the workers' sums, or the front door's where no worker reports them).\n"
+           "# TYPE vllm:e2e_request_latency_seconds histogram\n");
     for (int i = 0; i < total; i++) {
+        const struct vm_fleet *f = rows[i].f;
         label(rows[i].v.name, lab);
-        put_hist(b, "vllm:e2e_request_latency_seconds", lab, rows[i].v.e2e, e2e_b, N_E2E,
-                 &rows[i].v.e2e_h);
+        if (f && f->hist)
+            put_cum(b, "vllm:e2e_request_latency_seconds", lab, f->e2e, e2e_b, N_E2E,
+                    f->e2e_n, f->e2e_sum);
+        else
+            put_hist(b, "vllm:e2e_request_latency_seconds", lab, rows[i].v.e2e, e2e_b, N_E2E,
+                     &rows[i].v.e2e_h);
     }
     put(b, "# HELP vllm:prompt_tokens_total Prompt tokens of ended requests.\n"
            "# TYPE vllm:prompt_tokens_total counter\n");

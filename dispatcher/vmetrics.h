@@ -26,14 +26,19 @@
  * the fleet's (the engines' running and waiting sequences): the fleet's
  * sees jobs that skipped the front door, the front door's sees requests
  * still queued in Redis streams and is current between heartbeats; taking
- * the larger never counts a request twice. */
+ * the larger never counts a request twice. The two histograms are the
+ * fleet's (the workers' heartbeats, vLLM's buckets) for a model where
+ * some worker reports them, else the front door's own (older workers):
+ * never both, as an HTTP request is a worker's job too. */
 #ifndef RL_VMETRICS_H
 #define RL_VMETRICS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "job.h"
 #include "openai.h"
+#include "vbuckets.h"
 
 #define VM_MODELS 16
 
@@ -68,6 +73,15 @@ struct vm_fleet {
     int64_t prefix_queries;        /* prompt tokens looked up in the prefix cache */
     int64_t prefix_hits;           /* of those, found there */
     int64_t preemptions;           /* sequences preempted to free KV blocks */
+    /* The workers' latency histograms (heartbeat ttft_*, e2e_*): cumulative
+     * counts at vLLM's bounds (common/vbuckets.h), counts, sums in seconds;
+     * hist: some worker of the model reports them (else all 0, and the
+     * page shows the front door's own) */
+    bool hist;
+    int64_t ttft[VB_N_TTFT], ttft_n;
+    double ttft_sum;
+    int64_t e2e[VB_N_E2E], e2e_n;
+    double e2e_sum;
 };
 
 /* Appends the families (Prometheus text with HELP and TYPE) to b: the

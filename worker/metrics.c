@@ -22,6 +22,7 @@
 #include "affinity.h"
 #include "worker.h"
 #include "text.h"
+#include "vbuckets.h"
 
 /* Bucket bounds, in the spirit of vLLM's: latency up to 2560 s so that a
  * queue backed up for minutes still lands in a finite bucket, inter-token
@@ -303,6 +304,30 @@ void wm_stop(struct worker *w)
     w->http = NULL;
 }
 
+/* h's cumulative counts at vLLM's bounds (n of them), with its count and
+ * sum, as key_buckets, key_count, key_sum: the front door sums them over
+ * the fleet into vllm:time_to_first_token_seconds and
+ * vllm:e2e_request_latency_seconds (dispatcher/fleet.c). vLLM's bounds are
+ * among h's (wm_le_latency, wm_le_request), so the counts are exact; an
+ * observation above h's last bound is in the count only, as on /metrics. */
+static void hb_hist(cJSON *o, const char *key, const struct whist *h, const double *vb, int n)
+{
+    char k[32];
+    snprintf(k, sizeof k, "%s_buckets", key);
+    cJSON *a = cJSON_AddArrayToObject(o, k);
+    int64_t cum = 0;
+    int j = 0;
+    for (int i = 0; i < n && a; i++) {
+        while (j < h->n_le && h->le[j] <= vb[i] * (1 + 1e-9))
+            cum += h->bucket[j++];
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((double)cum));
+    }
+    snprintf(k, sizeof k, "%s_count", key);
+    cJSON_AddNumberToObject(o, k, (double)h->count);
+    snprintf(k, sizeof k, "%s_sum", key);
+    cJSON_AddNumberToObject(o, k, h->sum);
+}
+
 char *wm_heartbeat_json(struct worker *w)
 {
     struct engine_stats st;
@@ -350,6 +375,8 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddBoolToObject(o, "redis_oom", w->m.redis_oom);
     cJSON_AddNumberToObject(o, "redis_oom_total", (double)w->m.redis_oom_total);
     cJSON_AddNumberToObject(o, "jobs_given_up", (double)w->m.jobs_given_up);
+    hb_hist(o, "ttft", &w->m.ttft, vb_ttft, VB_N_TTFT);
+    hb_hist(o, "e2e", &w->m.e2e, vb_e2e, VB_N_E2E);
     bool draining = w->m.draining;
     pthread_mutex_unlock(&w->m.mu);
     /* prefix-affine pulling (issue 27): the filter of the block hashes our

@@ -536,7 +536,15 @@ def test_vllm_metrics_and_ops(front, workers, redis_addr, prefix, tmp_path):  # 
                                 headers=auth)
     assert status == 200, data
     gen = json.loads(data)
-    text = page()
+    # the latency histograms are the workers' sums (their heartbeats):
+    # wait for the heartbeat after the second job
+    deadline = time.time() + 30
+    while True:
+        text = page()
+        if metric(text, "vllm:e2e_request_latency_seconds_count", **m) == 2:
+            break
+        assert time.time() < deadline, text
+        time.sleep(0.05)
     promtool_check(text)
     assert metric(text, "vllm:time_to_first_token_seconds_count", **m) == 2
     assert metric(text, "vllm:e2e_request_latency_seconds_count", **m) == 2

@@ -5,7 +5,9 @@ ops"), end to end through a real redis-server, dispatcher and workers:
   - jobs XADDed straight to a pool stream (never through the front door)
     show in vllm:num_requests_running and vllm:kv_cache_usage_perc while
     they run, and in vllm:prefix_cache_queries_total / _hits_total and
-    vllm:num_preemptions_total after, equal to the worker's heartbeat;
+    vllm:num_preemptions_total after, equal to the worker's heartbeat, and
+    in vllm:time_to_first_token_seconds / vllm:e2e_request_latency_seconds
+    (the workers' histograms, summed: the front door saw no request);
   - every metric that examples/grafana/redlm-vllm-dashboard.json's PromQL
     names exists on a live front door's /metrics, with the model_name its
     $model_name variable offers, after a few requests;
@@ -62,8 +64,9 @@ def test_fleet_counts_jobs_sent_to_redis(front, workers, redis_addr, prefix):  #
     after it the gauges fall to 0 and the prefix cache counters equal the
     worker's heartbeat (hits > 0 once the same prompt came twice), all
     under the front door's served name, though the front door saw no
-    request (its latency histograms stay empty). When that worker leaves
-    and another takes a job, the counters add on to what it had counted."""
+    request; so do the latency histograms (the workers' sums, vLLM's
+    buckets). When that worker leaves and another takes a job, the
+    counters and histograms add on to what it had counted."""
     f = front()
     w1 = workers("w1")
     c = Client(redis_addr, prefix)
@@ -89,14 +92,30 @@ def test_fleet_counts_jobs_sent_to_redis(front, workers, redis_addr, prefix):  #
                 val(t, "vllm:prefix_cache_hits_total", **LAB) == hb["prefix_hit_tokens"] and
                 val(t, "vllm:prefix_cache_queries_total", **LAB) ==
                 hb["prefix_hit_tokens"] + hb["prefix_miss_tokens"] and
-                val(t, "vllm:num_preemptions_total", **LAB) == hb["preemptions"])
+                val(t, "vllm:num_preemptions_total", **LAB) == hb["preemptions"] and
+                hb["ttft_count"] >= 2 and
+                val(t, "vllm:time_to_first_token_seconds_count", **LAB) == hb["ttft_count"] and
+                val(t, "vllm:e2e_request_latency_seconds_count", **LAB) == hb["e2e_count"])
     text = wait_page(f, settled, "the fleet's figures never matched the heartbeat")
+    # the two direct jobs are in the TTFT histogram, bucket by bucket as
+    # the worker's heartbeat has them, under vLLM's bounds
+    hb = json.loads(r.get(f"{prefix}worker:w1"))
+    ttft = "vllm:time_to_first_token_seconds"
+    assert len(hb["ttft_buckets"]) == 22 and len(hb["e2e_buckets"]) == 21
+    assert metric(text, ttft + "_bucket", le="+Inf", **LAB) == hb["ttft_count"] >= 2
+    assert metric(text, ttft + "_bucket", le="2560", **LAB) == hb["ttft_buckets"][-1] >= 2
+    assert metric(text, ttft + "_bucket", le="0.001", **LAB) == hb["ttft_buckets"][0]
+    assert metric(text, ttft + "_bucket", le="1", **LAB) == hb["ttft_buckets"][11]
+    assert abs(metric(text, ttft + "_sum", **LAB) - hb["ttft_sum"]) < 1e-3
+    assert metric(text, "vllm:e2e_request_latency_seconds_bucket", le="7680", **LAB) == \
+        hb["e2e_buckets"][-1]
     assert metric(text, "vllm:prefix_cache_queries_total", **LAB) >= 2 * len(prompt)
     assert metric(text, "vllm:num_requests_waiting", **LAB) == 0
     promtool_check(text)
     # w1 leaves (its heartbeat gone, as when it expires); w2 takes a job:
     # the counters go on from w1's totals, never back
     before = metric(text, "vllm:prefix_cache_queries_total", **LAB)
+    before_ttft = metric(text, ttft + "_count", **LAB)
     w1.stop()
     r.delete(f"{prefix}worker:w1")
     workers("w2")
@@ -107,8 +126,11 @@ def test_fleet_counts_jobs_sent_to_redis(front, workers, redis_addr, prefix):  #
     def summed(t):
         hb = json.loads(r.get(f"{prefix}worker:w2"))
         got = val(t, "vllm:prefix_cache_queries_total", **LAB)
+        n = val(t, ttft + "_count", **LAB)
         assert got is not None and got >= before, "the counter went down"
-        return got == before + hb["prefix_hit_tokens"] + hb["prefix_miss_tokens"] > before
+        assert n is not None and n >= before_ttft, "the histogram went down"
+        return (got == before + hb["prefix_hit_tokens"] + hb["prefix_miss_tokens"] > before and
+                n == before_ttft + hb.get("ttft_count", 0) > before_ttft)
     wait_page(f, summed, "the counter did not go on from the departed worker's totals")
 
 
@@ -169,7 +191,10 @@ def test_dashboard_metrics_exist(front, workers):  # noqa: F811
     status, _, data = f.request("POST", "/v1/completions",
                                 {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 3})
     assert status == 200, data
-    text = wait_page(f, lambda t: (val(t, "vllm:prefix_cache_queries_total", **LAB) or 0) > 0,
+    # the latency histograms are the workers' (heartbeats): all 3 once
+    # the heartbeat after the last one came
+    text = wait_page(f, lambda t: (val(t, "vllm:prefix_cache_queries_total", **LAB) or 0) > 0
+                     and val(t, "vllm:e2e_request_latency_seconds_count", **LAB) == 3,
                      "the fleet's figures never came")
     samples = {}
     for line in text.splitlines():

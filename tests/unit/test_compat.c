@@ -512,6 +512,96 @@ static void test_fleet_counters(void **state)
     fleet_free(f);
 }
 
+/* A heartbeat's histograms: TTFT buckets all b, e2e buckets all b, n
+ * jobs, sums s seconds each. */
+static char *hb_hist(int64_t b, int64_t n, double s)
+{
+    static char t[4][1024];
+    static int k;
+    char *o = t[k++ % 4];
+    int at = snprintf(o, 1024, "{\"model\":\"q\",\"ttft_buckets\":[");
+    for (int i = 0; i < VB_N_TTFT; i++)
+        at += snprintf(o + at, 1024 - (size_t)at, "%s%lld", i ? "," : "",
+                       (long long)(i < 3 ? 0 : b));
+    at += snprintf(o + at, 1024 - (size_t)at, "],\"ttft_count\":%lld,\"ttft_sum\":%g,"
+                   "\"e2e_buckets\":[", (long long)n, s);
+    for (int i = 0; i < VB_N_E2E; i++)
+        at += snprintf(o + at, 1024 - (size_t)at, "%s%lld", i ? "," : "", (long long)b);
+    snprintf(o + at, 1024 - (size_t)at, "],\"e2e_count\":%lld,\"e2e_sum\":%g}",
+             (long long)n, s);
+    return o;
+}
+
+/* The workers' latency histograms summed per model like the counters:
+ * bucket by bucket, never down when a worker restarts or leaves; a
+ * malformed one counts as none; rendered instead of the front door's. */
+static void test_fleet_hist(void **state)
+{
+    (void)state;
+    struct fleet *f = fleet_create();
+    struct vm_fleet r[VM_MODELS];
+    const char *names[] = {"w1", "w2"};
+    /* no histograms (older workers): none in the row */
+    const char *old[] = {"{\"model\":\"q\"}"};
+    fleet_read(f, old, names, 1);
+    assert_int_equal(fleet_rows(f, r, VM_MODELS), 1);
+    assert_false(r[0].hist);
+    const char *one[] = {hb_hist(2, 3, 1.5), hb_hist(4, 4, 2.0)};
+    fleet_read(f, one, names, 2);
+    assert_int_equal(fleet_rows(f, r, VM_MODELS), 1);
+    assert_true(r[0].hist);
+    assert_int_equal(r[0].ttft[0], 0);
+    assert_int_equal(r[0].ttft[3], 6);
+    assert_int_equal(r[0].ttft[VB_N_TTFT - 1], 6);
+    assert_int_equal(r[0].ttft_n, 7);
+    assert_int_equal(r[0].e2e[0], 6);
+    assert_int_equal(r[0].e2e_n, 7);
+    assert_true(r[0].ttft_sum > 3.49 && r[0].ttft_sum < 3.51);
+    /* w1 restarted (one job since), w2 is gone: nothing goes down */
+    const char *two[] = {hb_hist(1, 1, 0.25)};
+    fleet_read(f, two, names, 1);
+    assert_int_equal(fleet_rows(f, r, VM_MODELS), 1);
+    assert_int_equal(r[0].ttft[3], 6 + 1);
+    assert_int_equal(r[0].ttft_n, 7 + 1);
+    assert_int_equal(r[0].e2e[VB_N_E2E - 1], 6 + 1);
+    assert_true(r[0].e2e_sum > 3.74 && r[0].e2e_sum < 3.76);
+    /* a bad heartbeat (buckets not cumulative, too few) counts as none:
+     * w1's totals stay counted */
+    const char *bad[] = {"{\"model\":\"q\",\"ttft_buckets\":[3,1],\"ttft_count\":3,"
+                         "\"ttft_sum\":1,\"e2e_buckets\":[],\"e2e_count\":3,\"e2e_sum\":1}"};
+    fleet_read(f, bad, names, 1);
+    assert_int_equal(fleet_rows(f, r, VM_MODELS), 1);
+    assert_true(r[0].hist);
+    assert_int_equal(r[0].ttft_n, 8);
+    /* the page shows the fleet's, not the front door's own observation */
+    struct vmetrics *m = vm_create();
+    vm_first_token(m, "q", 0.002);
+    vm_done(m, "q", 0.4, 1, 1, "stop");
+    struct oai_buf b = {0};
+    vm_render(m, r, 1, &b);
+    oai_buf_put(&b, "", 1);
+    static const char *const want[] = {
+        "vllm:time_to_first_token_seconds_bucket{le=\"0.005\",model_name=\"q\"} 0\n",
+        "vllm:time_to_first_token_seconds_bucket{le=\"0.02\",model_name=\"q\"} 7\n",
+        "vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"q\"} 8\n",
+        "vllm:time_to_first_token_seconds_count{model_name=\"q\"} 8\n",
+        "vllm:time_to_first_token_seconds_sum{model_name=\"q\"} 3.750000\n",
+        "vllm:e2e_request_latency_seconds_count{model_name=\"q\"} 8\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(b.p, want[i]))
+            fail_msg("missing: %s\n%s", want[i], b.p);
+    oai_buf_free(&b);
+    /* without the fleet's, the front door's own */
+    struct vm_fleet none = {.model = "q"};
+    vm_render(m, &none, 1, &b);
+    oai_buf_put(&b, "", 1);
+    assert_non_null(strstr(b.p, "vllm:time_to_first_token_seconds_count{model_name=\"q\"} 1\n"));
+    oai_buf_free(&b);
+    vm_free(m);
+    fleet_free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -523,6 +613,7 @@ int main(void)
         cmocka_unit_test(test_vmetrics),
         cmocka_unit_test(test_vmetrics_fleet),
         cmocka_unit_test(test_fleet_counters),
+        cmocka_unit_test(test_fleet_hist),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
