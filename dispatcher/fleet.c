@@ -12,8 +12,9 @@
 #include "vbuckets.h"
 
 /* The counters a worker reports as totals since its start: the prefix
- * cache's, preemptions, and its two latency histograms (cumulative counts
- * at vLLM's bounds, the count, the sum in microseconds). */
+ * cache's, preemptions, and its five histograms: TTFT, e2e, time per
+ * output token, prompt and generation lengths (cumulative counts at vLLM's
+ * bounds, the count, the sum in millionths). */
 enum {
     C_QUERIES,
     C_HITS,
@@ -24,6 +25,15 @@ enum {
     C_E2E,                        /* VB_N_E2E buckets */
     C_E2E_N = C_E2E + VB_N_E2E,
     C_E2E_US,
+    C_TPOT,                       /* VB_N_TPOT buckets */
+    C_TPOT_N = C_TPOT + VB_N_TPOT,
+    C_TPOT_US,
+    C_PLEN,                       /* VB_N_LEN buckets; the sum in millionths of a token */
+    C_PLEN_N = C_PLEN + VB_N_LEN,
+    C_PLEN_US,
+    C_GLEN,                       /* VB_N_LEN buckets */
+    C_GLEN_N = C_GLEN + VB_N_LEN,
+    C_GLEN_US,
     N_COUNTERS
 };
 
@@ -196,7 +206,12 @@ int fleet_observe(struct fleet *f, const char *worker, const char *model, const 
     now[C_PREEMPT] = num(hb, "preemptions");
     bool hist = hist_of(hb, "ttft", VB_N_TTFT, &now[C_TTFT]);
     hist = hist_of(hb, "e2e", VB_N_E2E, &now[C_E2E]) && hist;
-    if (!hist) /* both or neither: a row's two histograms count the same jobs */
+    hist = hist_of(hb, "tpot", VB_N_TPOT, &now[C_TPOT]) && hist;
+    hist = hist_of(hb, "prompt_len", VB_N_LEN, &now[C_PLEN]) && hist;
+    hist = hist_of(hb, "gen_len", VB_N_LEN, &now[C_GLEN]) && hist;
+    /* all or none: a row's histograms count the same jobs (a worker from
+     * before tpot/prompt_len/gen_len counts as reporting none) */
+    if (!hist)
         memset(&now[C_TTFT], 0, sizeof now[0] * (size_t)(N_COUNTERS - C_TTFT));
     /* any total that fell: it restarted, and what it had counted stays
      * counted, all of it (a histogram's buckets must stay consistent) */
@@ -241,6 +256,18 @@ static void add_hist(struct vm_fleet *r, const int64_t *c, bool hist)
         r->e2e[i] += c[C_E2E + i];
     r->e2e_n += c[C_E2E_N];
     r->e2e_sum += (double)c[C_E2E_US] / 1e6;
+    for (int i = 0; i < VB_N_TPOT; i++)
+        r->tpot[i] += c[C_TPOT + i];
+    r->tpot_n += c[C_TPOT_N];
+    r->tpot_sum += (double)c[C_TPOT_US] / 1e6;
+    for (int i = 0; i < VB_N_LEN; i++) {
+        r->plen[i] += c[C_PLEN + i];
+        r->glen[i] += c[C_GLEN + i];
+    }
+    r->plen_n += c[C_PLEN_N];
+    r->plen_sum += (double)c[C_PLEN_US] / 1e6;
+    r->glen_n += c[C_GLEN_N];
+    r->glen_sum += (double)c[C_GLEN_US] / 1e6;
 }
 
 void fleet_end(struct fleet *f)

@@ -17,6 +17,8 @@
 #define e2e_b vb_e2e
 #define N_TTFT ((size_t)VB_N_TTFT)
 #define N_E2E ((size_t)VB_N_E2E)
+#define N_TPOT ((size_t)VB_N_TPOT)
+#define N_LEN ((size_t)VB_N_LEN)
 
 enum { F_STOP, F_LENGTH, F_ABORT, N_FINISH };
 static const char *const finish_names[N_FINISH] = {"stop", "length", "abort"};
@@ -31,6 +33,10 @@ struct vm_model {
     int64_t running, waiting;
     int64_t ttft[N_TTFT + 1], e2e[N_E2E + 1]; /* per bucket; the last: +Inf */
     struct hist ttft_h, e2e_h;
+    /* tpot: never observed here (the front door sees no token gaps), so
+     * its fallback is an empty histogram; lengths: per ended request */
+    int64_t tpot[N_TPOT + 1], plen[N_LEN + 1], glen[N_LEN + 1];
+    struct hist tpot_h, plen_h, glen_h;
     int64_t prompt, generation, success[N_FINISH];
 };
 
@@ -122,6 +128,9 @@ void vm_done(struct vmetrics *m, const char *model, double e2e_s, int64_t prompt
     observe(x->e2e, e2e_b, N_E2E, &x->e2e_h, e2e_s);
     x->prompt += prompt_tokens > 0 ? prompt_tokens : 0;
     x->generation += generation_tokens > 0 ? generation_tokens : 0;
+    observe(x->plen, vb_len, N_LEN, &x->plen_h, (double)(prompt_tokens > 0 ? prompt_tokens : 0));
+    observe(x->glen, vb_len, N_LEN, &x->glen_h,
+            (double)(generation_tokens > 0 ? generation_tokens : 0));
     x->success[f]++;
     pthread_mutex_unlock(&m->mu);
 }
@@ -288,6 +297,45 @@ void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, st
         else
             put_hist(b, "vllm:e2e_request_latency_seconds", lab, rows[i].v.e2e, e2e_b, N_E2E,
                      &rows[i].v.e2e_h);
+    }
+    put(b, "# HELP vllm:time_per_output_token_seconds Seconds between two successive tokens "
+           "of a request, one observation per gap (the workers' sums; empty where no worker "
+           "reports them).\n# TYPE vllm:time_per_output_token_seconds histogram\n");
+    for (int i = 0; i < total; i++) {
+        const struct vm_fleet *f = rows[i].f;
+        label(rows[i].v.name, lab);
+        if (f && f->hist)
+            put_cum(b, "vllm:time_per_output_token_seconds", lab, f->tpot, vb_tpot, N_TPOT,
+                    f->tpot_n, f->tpot_sum);
+        else
+            put_hist(b, "vllm:time_per_output_token_seconds", lab, rows[i].v.tpot, vb_tpot,
+                     N_TPOT, &rows[i].v.tpot_h);
+    }
+    put(b, "# HELP vllm:request_prompt_tokens Prompt tokens per ended request (the workers' "
+           "sums, or the front door's where no worker reports them).\n"
+           "# TYPE vllm:request_prompt_tokens histogram\n");
+    for (int i = 0; i < total; i++) {
+        const struct vm_fleet *f = rows[i].f;
+        label(rows[i].v.name, lab);
+        if (f && f->hist)
+            put_cum(b, "vllm:request_prompt_tokens", lab, f->plen, vb_len, N_LEN, f->plen_n,
+                    f->plen_sum);
+        else
+            put_hist(b, "vllm:request_prompt_tokens", lab, rows[i].v.plen, vb_len, N_LEN,
+                     &rows[i].v.plen_h);
+    }
+    put(b, "# HELP vllm:request_generation_tokens Generated tokens per ended request (the "
+           "workers' sums, or the front door's where no worker reports them).\n"
+           "# TYPE vllm:request_generation_tokens histogram\n");
+    for (int i = 0; i < total; i++) {
+        const struct vm_fleet *f = rows[i].f;
+        label(rows[i].v.name, lab);
+        if (f && f->hist)
+            put_cum(b, "vllm:request_generation_tokens", lab, f->glen, vb_len, N_LEN, f->glen_n,
+                    f->glen_sum);
+        else
+            put_hist(b, "vllm:request_generation_tokens", lab, rows[i].v.glen, vb_len, N_LEN,
+                     &rows[i].v.glen_h);
     }
     put(b, "# HELP vllm:prompt_tokens_total Prompt tokens of ended requests.\n"
            "# TYPE vllm:prompt_tokens_total counter\n");

@@ -5,6 +5,10 @@
  *   vllm:num_requests_waiting{model_name}   gauge: queued, no event yet
  *   vllm:time_to_first_token_seconds         histogram: XADD -> first event
  *   vllm:e2e_request_latency_seconds         histogram: XADD -> done
+ *   vllm:time_per_output_token_seconds       histogram: gap between two tokens
+ *                                            (the fleet's only; else empty)
+ *   vllm:request_prompt_tokens               histogram: prompt tokens per request
+ *   vllm:request_generation_tokens           histogram: generated tokens per request
  *   vllm:prompt_tokens_total                 counter
  *   vllm:generation_tokens_total             counter
  *   vllm:request_success_total{finished_reason="stop|length|abort"}
@@ -26,7 +30,7 @@
  * the fleet's (the engines' running and waiting sequences): the fleet's
  * sees jobs that skipped the front door, the front door's sees requests
  * still queued in Redis streams and is current between heartbeats; taking
- * the larger never counts a request twice. The two histograms are the
+ * the larger never counts a request twice. The histograms are the
  * fleet's (the workers' heartbeats, vLLM's buckets) for a model where
  * some worker reports them, else the front door's own (older workers):
  * never both, as an HTTP request is a worker's job too. */
@@ -73,7 +77,7 @@ struct vm_fleet {
     int64_t prefix_queries;        /* prompt tokens looked up in the prefix cache */
     int64_t prefix_hits;           /* of those, found there */
     int64_t preemptions;           /* sequences preempted to free KV blocks */
-    /* The workers' latency histograms (heartbeat ttft_*, e2e_*): cumulative
+    /* The workers' histograms (heartbeat ttft_*, e2e_*, ...): cumulative
      * counts at vLLM's bounds (common/vbuckets.h), counts, sums in seconds;
      * hist: some worker of the model reports them (else all 0, and the
      * page shows the front door's own) */
@@ -82,6 +86,14 @@ struct vm_fleet {
     double ttft_sum;
     int64_t e2e[VB_N_E2E], e2e_n;
     double e2e_sum;
+    /* heartbeat tpot_* (one per token gap), prompt_len_*, gen_len_* (one
+     * per finished job; sums in tokens) */
+    int64_t tpot[VB_N_TPOT], tpot_n;
+    double tpot_sum;
+    int64_t plen[VB_N_LEN], plen_n;
+    double plen_sum;
+    int64_t glen[VB_N_LEN], glen_n;
+    double glen_sum;
 };
 
 /* Appends the families (Prometheus text with HELP and TYPE) to b: the

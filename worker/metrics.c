@@ -306,9 +306,11 @@ void wm_stop(struct worker *w)
 
 /* h's cumulative counts at vLLM's bounds (n of them), with its count and
  * sum, as key_buckets, key_count, key_sum: the front door sums them over
- * the fleet into vllm:time_to_first_token_seconds and
- * vllm:e2e_request_latency_seconds (dispatcher/fleet.c). vLLM's bounds are
- * among h's (wm_le_latency, wm_le_request), so the counts are exact; an
+ * the fleet into vllm:time_to_first_token_seconds,
+ * vllm:e2e_request_latency_seconds, vllm:time_per_output_token_seconds,
+ * vllm:request_prompt_tokens and vllm:request_generation_tokens
+ * (dispatcher/fleet.c). vLLM's bounds are among h's (wm_le_latency,
+ * wm_le_request, wm_le_token, wm_le_len), so the counts are exact; an
  * observation above h's last bound is in the count only, as on /metrics. */
 static void hb_hist(cJSON *o, const char *key, const struct whist *h, const double *vb, int n)
 {
@@ -377,6 +379,12 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddNumberToObject(o, "jobs_given_up", (double)w->m.jobs_given_up);
     hb_hist(o, "ttft", &w->m.ttft, vb_ttft, VB_N_TTFT);
     hb_hist(o, "e2e", &w->m.e2e, vb_e2e, VB_N_E2E);
+    /* vllm:time_per_output_token_seconds is, as in vLLM v1, one observation
+     * per gap between two tokens of a job (inter_token, loop.c), not one
+     * per job; the lengths are one per finished job */
+    hb_hist(o, "tpot", &w->m.inter_token, vb_tpot, VB_N_TPOT);
+    hb_hist(o, "prompt_len", &w->m.prompt_len, vb_len, VB_N_LEN);
+    hb_hist(o, "gen_len", &w->m.gen_len, vb_len, VB_N_LEN);
     bool draining = w->m.draining;
     pthread_mutex_unlock(&w->m.mu);
     /* prefix-affine pulling (issue 27): the filter of the block hashes our

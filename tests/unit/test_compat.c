@@ -512,22 +512,39 @@ static void test_fleet_counters(void **state)
     fleet_free(f);
 }
 
-/* A heartbeat's histograms: TTFT buckets all b, e2e buckets all b, n
- * jobs, sums s seconds each. */
+/* A heartbeat's histograms: TTFT buckets all b (the first 3: 0), e2e
+ * buckets all b, n jobs, sums s seconds each; tpot: 2n gaps, buckets 2b
+ * (the first 2: 0), sum 2s; prompt_len: buckets b (the first 4: 0), sum
+ * 10n tokens; gen_len: buckets all b, sum s tokens. */
 static char *hb_hist(int64_t b, int64_t n, double s)
 {
-    static char t[4][1024];
+    static char t[4][2048];
     static int k;
     char *o = t[k++ % 4];
-    int at = snprintf(o, 1024, "{\"model\":\"q\",\"ttft_buckets\":[");
+    size_t z = sizeof t[0];
+    int at = snprintf(o, z, "{\"model\":\"q\",\"ttft_buckets\":[");
     for (int i = 0; i < VB_N_TTFT; i++)
-        at += snprintf(o + at, 1024 - (size_t)at, "%s%lld", i ? "," : "",
+        at += snprintf(o + at, z - (size_t)at, "%s%lld", i ? "," : "",
                        (long long)(i < 3 ? 0 : b));
-    at += snprintf(o + at, 1024 - (size_t)at, "],\"ttft_count\":%lld,\"ttft_sum\":%g,"
+    at += snprintf(o + at, z - (size_t)at, "],\"ttft_count\":%lld,\"ttft_sum\":%g,"
                    "\"e2e_buckets\":[", (long long)n, s);
     for (int i = 0; i < VB_N_E2E; i++)
-        at += snprintf(o + at, 1024 - (size_t)at, "%s%lld", i ? "," : "", (long long)b);
-    snprintf(o + at, 1024 - (size_t)at, "],\"e2e_count\":%lld,\"e2e_sum\":%g}",
+        at += snprintf(o + at, z - (size_t)at, "%s%lld", i ? "," : "", (long long)b);
+    at += snprintf(o + at, z - (size_t)at, "],\"e2e_count\":%lld,\"e2e_sum\":%g,"
+                   "\"tpot_buckets\":[", (long long)n, s);
+    for (int i = 0; i < VB_N_TPOT; i++)
+        at += snprintf(o + at, z - (size_t)at, "%s%lld", i ? "," : "",
+                       (long long)(i < 2 ? 0 : 2 * b));
+    at += snprintf(o + at, z - (size_t)at, "],\"tpot_count\":%lld,\"tpot_sum\":%g,"
+                   "\"prompt_len_buckets\":[", (long long)(2 * n), 2 * s);
+    for (int i = 0; i < VB_N_LEN; i++)
+        at += snprintf(o + at, z - (size_t)at, "%s%lld", i ? "," : "",
+                       (long long)(i < 4 ? 0 : b));
+    at += snprintf(o + at, z - (size_t)at, "],\"prompt_len_count\":%lld,\"prompt_len_sum\":%lld,"
+                   "\"gen_len_buckets\":[", (long long)n, (long long)(10 * n));
+    for (int i = 0; i < VB_N_LEN; i++)
+        at += snprintf(o + at, z - (size_t)at, "%s%lld", i ? "," : "", (long long)b);
+    snprintf(o + at, z - (size_t)at, "],\"gen_len_count\":%lld,\"gen_len_sum\":%g}",
              (long long)n, s);
     return o;
 }
@@ -557,6 +574,28 @@ static void test_fleet_hist(void **state)
     assert_int_equal(r[0].e2e[0], 6);
     assert_int_equal(r[0].e2e_n, 7);
     assert_true(r[0].ttft_sum > 3.49 && r[0].ttft_sum < 3.51);
+    assert_int_equal(r[0].tpot[1], 0);
+    assert_int_equal(r[0].tpot[2], 12);
+    assert_int_equal(r[0].tpot_n, 14);
+    assert_true(r[0].tpot_sum > 6.99 && r[0].tpot_sum < 7.01);
+    assert_int_equal(r[0].plen[3], 0);
+    assert_int_equal(r[0].plen[4], 6);
+    assert_int_equal(r[0].plen_n, 7);
+    assert_true(r[0].plen_sum > 69.99 && r[0].plen_sum < 70.01);
+    assert_int_equal(r[0].glen[0], 6);
+    assert_int_equal(r[0].glen_n, 7);
+    /* a heartbeat with TTFT/e2e but none of the newer three counts as
+     * reporting none (a row's histograms count the same jobs): w2's last
+     * totals stay */
+    char partial[2048];
+    snprintf(partial, sizeof partial, "%s", hb_hist(5, 5, 3.0));
+    *strstr(partial, ",\"tpot_buckets\"") = 0;
+    strcat(partial, "}");
+    const char *part[] = {one[0], partial};
+    fleet_read(f, part, names, 2);
+    assert_int_equal(fleet_rows(f, r, VM_MODELS), 1);
+    assert_int_equal(r[0].ttft_n, 7);
+    assert_int_equal(r[0].tpot_n, 14);
     /* w1 restarted (one job since), w2 is gone: nothing goes down */
     const char *two[] = {hb_hist(1, 1, 0.25)};
     fleet_read(f, two, names, 1);
@@ -565,6 +604,10 @@ static void test_fleet_hist(void **state)
     assert_int_equal(r[0].ttft_n, 7 + 1);
     assert_int_equal(r[0].e2e[VB_N_E2E - 1], 6 + 1);
     assert_true(r[0].e2e_sum > 3.74 && r[0].e2e_sum < 3.76);
+    assert_int_equal(r[0].tpot_n, 14 + 2);
+    assert_int_equal(r[0].plen_n, 7 + 1);
+    assert_int_equal(r[0].glen[VB_N_LEN - 1], 6 + 1);
+    assert_true(r[0].glen_sum > 3.74 && r[0].glen_sum < 3.76);
     /* a bad heartbeat (buckets not cumulative, too few) counts as none:
      * w1's totals stay counted */
     const char *bad[] = {"{\"model\":\"q\",\"ttft_buckets\":[3,1],\"ttft_count\":3,"
@@ -587,6 +630,18 @@ static void test_fleet_hist(void **state)
         "vllm:time_to_first_token_seconds_count{model_name=\"q\"} 8\n",
         "vllm:time_to_first_token_seconds_sum{model_name=\"q\"} 3.750000\n",
         "vllm:e2e_request_latency_seconds_count{model_name=\"q\"} 8\n",
+        "# TYPE vllm:time_per_output_token_seconds histogram\n",
+        "vllm:time_per_output_token_seconds_bucket{le=\"0.025\",model_name=\"q\"} 0\n",
+        "vllm:time_per_output_token_seconds_bucket{le=\"80\",model_name=\"q\"} 14\n",
+        "vllm:time_per_output_token_seconds_count{model_name=\"q\"} 16\n",
+        "# TYPE vllm:request_prompt_tokens histogram\n",
+        "vllm:request_prompt_tokens_bucket{le=\"10\",model_name=\"q\"} 0\n",
+        "vllm:request_prompt_tokens_bucket{le=\"20\",model_name=\"q\"} 7\n",
+        "vllm:request_prompt_tokens_count{model_name=\"q\"} 8\n",
+        "vllm:request_prompt_tokens_sum{model_name=\"q\"} 80.000000\n",
+        "# TYPE vllm:request_generation_tokens histogram\n",
+        "vllm:request_generation_tokens_bucket{le=\"100000\",model_name=\"q\"} 7\n",
+        "vllm:request_generation_tokens_bucket{le=\"+Inf\",model_name=\"q\"} 8\n",
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         if (!strstr(b.p, want[i]))
@@ -597,6 +652,10 @@ static void test_fleet_hist(void **state)
     vm_render(m, &none, 1, &b);
     oai_buf_put(&b, "", 1);
     assert_non_null(strstr(b.p, "vllm:time_to_first_token_seconds_count{model_name=\"q\"} 1\n"));
+    /* lengths from the front door's done events; no token gaps seen there */
+    assert_non_null(strstr(b.p, "vllm:request_prompt_tokens_bucket{le=\"1\",model_name=\"q\"} 1\n"));
+    assert_non_null(strstr(b.p, "vllm:request_generation_tokens_count{model_name=\"q\"} 1\n"));
+    assert_non_null(strstr(b.p, "vllm:time_per_output_token_seconds_count{model_name=\"q\"} 0\n"));
     oai_buf_free(&b);
     vm_free(m);
     fleet_free(f);
