@@ -65,7 +65,8 @@ def test_fleet_counts_jobs_sent_to_redis(front, workers, redis_addr, prefix):  #
     worker's heartbeat (hits > 0 once the same prompt came twice), all
     under the front door's served name, though the front door saw no
     request; so do the latency histograms (the workers' sums, vLLM's
-    buckets). When that worker leaves and another takes a job, the
+    buckets: TTFT, e2e, time per output token, prompt and generation
+    lengths). When that worker leaves and another takes a job, the
     counters and histograms add on to what it had counted."""
     f = front()
     w1 = workers("w1")
@@ -95,7 +96,10 @@ def test_fleet_counts_jobs_sent_to_redis(front, workers, redis_addr, prefix):  #
                 val(t, "vllm:num_preemptions_total", **LAB) == hb["preemptions"] and
                 hb["ttft_count"] >= 2 and
                 val(t, "vllm:time_to_first_token_seconds_count", **LAB) == hb["ttft_count"] and
-                val(t, "vllm:e2e_request_latency_seconds_count", **LAB) == hb["e2e_count"])
+                val(t, "vllm:e2e_request_latency_seconds_count", **LAB) == hb["e2e_count"] and
+                val(t, "vllm:time_per_output_token_seconds_count", **LAB) == hb["tpot_count"] and
+                val(t, "vllm:request_prompt_tokens_count", **LAB) == hb["prompt_len_count"] and
+                val(t, "vllm:request_generation_tokens_count", **LAB) == hb["gen_len_count"])
     text = wait_page(f, settled, "the fleet's figures never matched the heartbeat")
     # the two direct jobs are in the TTFT histogram, bucket by bucket as
     # the worker's heartbeat has them, under vLLM's bounds
@@ -109,6 +113,24 @@ def test_fleet_counts_jobs_sent_to_redis(front, workers, redis_addr, prefix):  #
     assert abs(metric(text, ttft + "_sum", **LAB) - hb["ttft_sum"]) < 1e-3
     assert metric(text, "vllm:e2e_request_latency_seconds_bucket", le="7680", **LAB) == \
         hb["e2e_buckets"][-1]
+    # TPOT: one observation per token gap ("again" has one, "long" many);
+    # the lengths: one per finished job, the 40-token prompt in (20, 50]
+    tpot, plen, glen = ("vllm:time_per_output_token_seconds", "vllm:request_prompt_tokens",
+                        "vllm:request_generation_tokens")
+    assert len(hb["tpot_buckets"]) == 19 and len(hb["prompt_len_buckets"]) == 16
+    assert metric(text, tpot + "_count", **LAB) == hb["tpot_count"] >= 2
+    assert metric(text, tpot + "_bucket", le="80", **LAB) == hb["tpot_buckets"][-1]
+    assert metric(text, tpot + "_bucket", le="0.01", **LAB) == hb["tpot_buckets"][0]
+    assert abs(metric(text, tpot + "_sum", **LAB) - hb["tpot_sum"]) < 1e-3
+    assert hb["prompt_len_count"] == hb["gen_len_count"] == hb["e2e_count"] >= 2
+    assert metric(text, plen + "_count", **LAB) == hb["prompt_len_count"]
+    assert metric(text, plen + "_bucket", le="20", **LAB) == hb["prompt_len_buckets"][4] == 0
+    assert metric(text, plen + "_bucket", le="50", **LAB) == hb["prompt_len_buckets"][5] == \
+        hb["prompt_len_count"]
+    assert metric(text, plen + "_sum", **LAB) == hb["prompt_len_sum"] == 40 * hb["prompt_len_count"]
+    assert metric(text, glen + "_bucket", le="2", **LAB) == hb["gen_len_buckets"][1] >= 1
+    assert metric(text, glen + "_bucket", le="100000", **LAB) == hb["gen_len_buckets"][-1]
+    assert metric(text, glen + "_sum", **LAB) == hb["gen_len_sum"]
     assert metric(text, "vllm:prefix_cache_queries_total", **LAB) >= 2 * len(prompt)
     assert metric(text, "vllm:num_requests_waiting", **LAB) == 0
     promtool_check(text)
@@ -178,6 +200,9 @@ def test_dashboard_metrics_exist(front, workers):  # noqa: F811
     names, variables = dashboard_metrics(dash)
     assert "model_name" in variables and "DS_PROMETHEUS" in variables
     assert len(names) >= 10 and all(n.startswith("vllm:") for n in names), names
+    # the inter-token latency and the two length heatmaps, as vLLM's dashboard has them
+    assert {"vllm:time_per_output_token_seconds_bucket", "vllm:request_prompt_tokens_bucket",
+            "vllm:request_generation_tokens_bucket"} <= names, names
     for p in dash["panels"]:
         for t in p["targets"]:
             assert 'model_name="$model_name"' in t["expr"], t["expr"]
@@ -205,6 +230,8 @@ def test_dashboard_metrics_exist(front, workers):  # noqa: F811
                if not any(f'model_name="{MODEL_NAME}"' in s for s in samples.get(n, []))]
     assert not missing, f"the dashboard queries metrics the front door lacks: {missing}"
     assert metric(text, "vllm:e2e_request_latency_seconds_count", **LAB) == 3
+    assert metric(text, "vllm:request_prompt_tokens_count", **LAB) == 3
+    assert metric(text, "vllm:request_generation_tokens_count", **LAB) == 3
     promtool_check(text)
 
 
