@@ -12,8 +12,9 @@
 #include "vbuckets.h"
 
 /* The counters a worker reports as totals since its start: the prefix
- * cache's, preemptions, and its five histograms: TTFT, e2e, time per
- * output token, prompt and generation lengths (cumulative counts at vLLM's
+ * cache's, preemptions, and its eight histograms: TTFT, e2e, time per
+ * output token, prompt and generation lengths, queue, prefill and decode
+ * times (cumulative counts at vLLM's
  * bounds, the count, the sum in millionths). */
 enum {
     C_QUERIES,
@@ -34,6 +35,15 @@ enum {
     C_GLEN,                       /* VB_N_LEN buckets */
     C_GLEN_N = C_GLEN + VB_N_LEN,
     C_GLEN_US,
+    C_QT,                         /* VB_N_E2E buckets: queue, prefill, decode times */
+    C_QT_N = C_QT + VB_N_E2E,
+    C_QT_US,
+    C_PT,
+    C_PT_N = C_PT + VB_N_E2E,
+    C_PT_US,
+    C_DT,
+    C_DT_N = C_DT + VB_N_E2E,
+    C_DT_US,
     N_COUNTERS
 };
 
@@ -209,8 +219,12 @@ int fleet_observe(struct fleet *f, const char *worker, const char *model, const 
     hist = hist_of(hb, "tpot", VB_N_TPOT, &now[C_TPOT]) && hist;
     hist = hist_of(hb, "prompt_len", VB_N_LEN, &now[C_PLEN]) && hist;
     hist = hist_of(hb, "gen_len", VB_N_LEN, &now[C_GLEN]) && hist;
+    hist = hist_of(hb, "queue_time", VB_N_E2E, &now[C_QT]) && hist;
+    hist = hist_of(hb, "prefill_time", VB_N_E2E, &now[C_PT]) && hist;
+    hist = hist_of(hb, "decode_time", VB_N_E2E, &now[C_DT]) && hist;
     /* all or none: a row's histograms count the same jobs (a worker from
-     * before tpot/prompt_len/gen_len counts as reporting none) */
+     * before tpot/prompt_len/gen_len or queue/prefill/decode_time counts as
+     * reporting none) */
     if (!hist)
         memset(&now[C_TTFT], 0, sizeof now[0] * (size_t)(N_COUNTERS - C_TTFT));
     /* any total that fell: it restarted, and what it had counted stays
@@ -268,6 +282,17 @@ static void add_hist(struct vm_fleet *r, const int64_t *c, bool hist)
     r->plen_sum += (double)c[C_PLEN_US] / 1e6;
     r->glen_n += c[C_GLEN_N];
     r->glen_sum += (double)c[C_GLEN_US] / 1e6;
+    for (int i = 0; i < VB_N_E2E; i++) {
+        r->qt[i] += c[C_QT + i];
+        r->pt[i] += c[C_PT + i];
+        r->dt[i] += c[C_DT + i];
+    }
+    r->qt_n += c[C_QT_N];
+    r->qt_sum += (double)c[C_QT_US] / 1e6;
+    r->pt_n += c[C_PT_N];
+    r->pt_sum += (double)c[C_PT_US] / 1e6;
+    r->dt_n += c[C_DT_N];
+    r->dt_sum += (double)c[C_DT_US] / 1e6;
 }
 
 void fleet_end(struct fleet *f)

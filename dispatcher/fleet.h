@@ -2,7 +2,8 @@
  * summed per served model over the live workers' heartbeats
  * (<prefix>worker:<name>: running, waiting, kv_blocks, kv_used,
  * prefix_hit_tokens, prefix_miss_tokens, preemptions, and the latency
- * histograms ttft_, e2e_, tpot_, prompt_len_, gen_len_ buckets/count/sum
+ * histograms ttft_, e2e_, tpot_, prompt_len_, gen_len_, queue_time_,
+ * prefill_time_, decode_time_ buckets/count/sum
  * at vLLM's bounds, common/vbuckets.h).
  *
  * models.c reads every live heartbeat once per heartbeat interval; it

@@ -37,6 +37,10 @@ struct vm_model {
      * its fallback is an empty histogram; lengths: per ended request */
     int64_t tpot[N_TPOT + 1], plen[N_LEN + 1], glen[N_LEN + 1];
     struct hist tpot_h, plen_h, glen_h;
+    /* queue/prefill/decode times: the front door sees no admission, so
+     * these are never observed here (empty fallback, as tpot) */
+    int64_t qt[N_E2E + 1];
+    struct hist qt_h;
     int64_t prompt, generation, success[N_FINISH];
 };
 
@@ -336,6 +340,33 @@ void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, st
         else
             put_hist(b, "vllm:request_generation_tokens", lab, rows[i].v.glen, vb_len, N_LEN,
                      &rows[i].v.glen_h);
+    }
+    {
+        static const char *const names[3] = {"vllm:request_queue_time_seconds",
+                                             "vllm:request_prefill_time_seconds",
+                                             "vllm:request_decode_time_seconds"};
+        static const char *const helps[3] = {
+            "Seconds from the job's XADD to its admission into the engine",
+            "Seconds from admission to the first token",
+            "Seconds from the first token to the job's end"};
+        for (int k = 0; k < 3; k++) {
+            put(b,
+                "# HELP %s %s, one per finished job (the workers' sums; empty where no "
+                "worker reports them).\n# TYPE %s histogram\n",
+                names[k], helps[k], names[k]);
+            for (int i = 0; i < total; i++) {
+                const struct vm_fleet *f = rows[i].f;
+                label(rows[i].v.name, lab);
+                if (f && f->hist) {
+                    const int64_t *c = k == 0 ? f->qt : k == 1 ? f->pt : f->dt;
+                    int64_t cnt = k == 0 ? f->qt_n : k == 1 ? f->pt_n : f->dt_n;
+                    double sum = k == 0 ? f->qt_sum : k == 1 ? f->pt_sum : f->dt_sum;
+                    put_cum(b, names[k], lab, c, e2e_b, N_E2E, cnt, sum);
+                } else {
+                    put_hist(b, names[k], lab, rows[i].v.qt, e2e_b, N_E2E, &rows[i].v.qt_h);
+                }
+            }
+        }
     }
     put(b, "# HELP vllm:prompt_tokens_total Prompt tokens of ended requests.\n"
            "# TYPE vllm:prompt_tokens_total counter\n");

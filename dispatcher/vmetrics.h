@@ -9,6 +9,10 @@
  *                                            (the fleet's only; else empty)
  *   vllm:request_prompt_tokens               histogram: prompt tokens per request
  *   vllm:request_generation_tokens           histogram: generated tokens per request
+ *   vllm:request_queue_time_seconds          histogram: XADD -> admission
+ *   vllm:request_prefill_time_seconds        histogram: admission -> first token
+ *   vllm:request_decode_time_seconds         histogram: first token -> end
+ *                                            (these three: the fleet's only; else empty)
  *   vllm:prompt_tokens_total                 counter
  *   vllm:generation_tokens_total             counter
  *   vllm:request_success_total{finished_reason="stop|length|abort"}
@@ -94,6 +98,14 @@ struct vm_fleet {
     double plen_sum;
     int64_t glen[VB_N_LEN], glen_n;
     double glen_sum;
+    /* heartbeat queue_time_*, prefill_time_*, decode_time_* (one each per
+     * finished job, at e2e's bounds; together about e2e) */
+    int64_t qt[VB_N_E2E], qt_n;
+    double qt_sum;
+    int64_t pt[VB_N_E2E], pt_n;
+    double pt_sum;
+    int64_t dt[VB_N_E2E], dt_n;
+    double dt_sum;
 };
 
 /* Appends the families (Prometheus text with HELP and TYPE) to b: the

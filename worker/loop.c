@@ -727,6 +727,19 @@ static void on_event(struct worker *w, const struct engine_event *ev)
     w->m.finished[map_finish(ev->finish)]++;
     int64_t t0 = j->t_enqueued && j->t_enqueued <= now ? j->t_enqueued : now;
     wm_observe(&w->m.e2e, (double)(now - t0) / 1000.0);
+    {
+        /* the heartbeat's queue/prefill/decode split of e2e: XADD ->
+         * admission -> first token -> end, each clamped into [t0, now] so
+         * the three add up to e2e (a job that never got a token: all its
+         * time after admission is prefill) */
+        int64_t ta = j->t_admitted ? j->t_admitted : now;
+        ta = ta < t0 ? t0 : (ta > now ? now : ta);
+        int64_t tf = j->t_first ? j->t_first : now;
+        tf = tf < ta ? ta : (tf > now ? now : tf);
+        wm_observe(&w->m.v_queue, (double)(ta - t0) / 1000.0);
+        wm_observe(&w->m.v_prefill, (double)(tf - ta) / 1000.0);
+        wm_observe(&w->m.v_decode, (double)(now - tf) / 1000.0);
+    }
     if (j->t_first)
         wm_observe(&w->m.decode, (double)(now > j->t_first ? now - j->t_first : 0) / 1000.0);
     wm_observe(&w->m.prompt_len, ev->usage.prompt_tokens);

@@ -63,6 +63,9 @@ void wm_init(struct wmetrics *m)
     hist_init(&m->decode, wm_le_request, N_OF(wm_le_request));
     hist_init(&m->prompt_len, wm_le_len, N_OF(wm_le_len));
     hist_init(&m->gen_len, wm_le_len, N_OF(wm_le_len));
+    hist_init(&m->v_queue, wm_le_request, N_OF(wm_le_request));
+    hist_init(&m->v_prefill, wm_le_request, N_OF(wm_le_request));
+    hist_init(&m->v_decode, wm_le_request, N_OF(wm_le_request));
     snprintf(m->model_name, sizeof m->model_name, "unknown");
 }
 
@@ -308,8 +311,9 @@ void wm_stop(struct worker *w)
  * sum, as key_buckets, key_count, key_sum: the front door sums them over
  * the fleet into vllm:time_to_first_token_seconds,
  * vllm:e2e_request_latency_seconds, vllm:time_per_output_token_seconds,
- * vllm:request_prompt_tokens and vllm:request_generation_tokens
- * (dispatcher/fleet.c). vLLM's bounds are among h's (wm_le_latency,
+ * vllm:request_prompt_tokens, vllm:request_generation_tokens,
+ * vllm:request_queue_time_seconds, vllm:request_prefill_time_seconds and
+ * vllm:request_decode_time_seconds (dispatcher/fleet.c). vLLM's bounds are among h's (wm_le_latency,
  * wm_le_request, wm_le_token, wm_le_len), so the counts are exact; an
  * observation above h's last bound is in the count only, as on /metrics. */
 static void hb_hist(cJSON *o, const char *key, const struct whist *h, const double *vb, int n)
@@ -385,6 +389,11 @@ char *wm_heartbeat_json(struct worker *w)
     hb_hist(o, "tpot", &w->m.inter_token, vb_tpot, VB_N_TPOT);
     hb_hist(o, "prompt_len", &w->m.prompt_len, vb_len, VB_N_LEN);
     hb_hist(o, "gen_len", &w->m.gen_len, vb_len, VB_N_LEN);
+    /* queue, prefill and decode times, one each per finished job, so that
+     * they count the same jobs as e2e and their sums add up to about its sum */
+    hb_hist(o, "queue_time", &w->m.v_queue, vb_e2e, VB_N_E2E);
+    hb_hist(o, "prefill_time", &w->m.v_prefill, vb_e2e, VB_N_E2E);
+    hb_hist(o, "decode_time", &w->m.v_decode, vb_e2e, VB_N_E2E);
     bool draining = w->m.draining;
     pthread_mutex_unlock(&w->m.mu);
     /* prefix-affine pulling (issue 27): the filter of the block hashes our

@@ -149,6 +149,10 @@ struct wmetrics {
      * to done */
     struct whist queue_wait, ttft, inter_token, e2e, prefill, decode;
     struct whist prompt_len, gen_len;  /* tokens per finished job */
+    /* per finished job at vLLM's request-latency bounds, for the heartbeat
+     * (vllm:request_queue_time/prefill_time/decode_time_seconds): queue_wait
+     * and prefill above are observed earlier and at finer bounds */
+    struct whist v_queue, v_prefill, v_decode;
     int64_t prompt_tokens, tokens_out, jobs_done, cache_hits, cache_misses, reclaimed, fenced,
         redis_reconnects;
     int64_t finished[EV_FINISH_ERROR + 1]; /* jobs by finish reason */

@@ -518,7 +518,7 @@ static void test_fleet_counters(void **state)
  * 10n tokens; gen_len: buckets all b, sum s tokens. */
 static char *hb_hist(int64_t b, int64_t n, double s)
 {
-    static char t[4][2048];
+    static char t[4][4096];
     static int k;
     char *o = t[k++ % 4];
     size_t z = sizeof t[0];
@@ -544,8 +544,24 @@ static char *hb_hist(int64_t b, int64_t n, double s)
                    "\"gen_len_buckets\":[", (long long)n, (long long)(10 * n));
     for (int i = 0; i < VB_N_LEN; i++)
         at += snprintf(o + at, z - (size_t)at, "%s%lld", i ? "," : "", (long long)b);
-    snprintf(o + at, z - (size_t)at, "],\"gen_len_count\":%lld,\"gen_len_sum\":%g}",
-             (long long)n, s);
+    /* queue, prefill, decode times: the same jobs as e2e, their sums a
+     * quarter, a quarter and a half of e2e's */
+    at += snprintf(o + at, z - (size_t)at, "],\"gen_len_count\":%lld,\"gen_len_sum\":%g,"
+                   "\"queue_time_buckets\":[", (long long)n, s);
+    for (int i = 0; i < VB_N_E2E; i++)
+        at += snprintf(o + at, z - (size_t)at, "%s%lld", i ? "," : "", (long long)b);
+    at += snprintf(o + at, z - (size_t)at, "],\"queue_time_count\":%lld,\"queue_time_sum\":%g,"
+                   "\"prefill_time_buckets\":[", (long long)n, s / 4);
+    for (int i = 0; i < VB_N_E2E; i++)
+        at += snprintf(o + at, z - (size_t)at, "%s%lld", i ? "," : "", (long long)b);
+    at += snprintf(o + at, z - (size_t)at,
+                   "],\"prefill_time_count\":%lld,\"prefill_time_sum\":%g,"
+                   "\"decode_time_buckets\":[", (long long)n, s / 4);
+    for (int i = 0; i < VB_N_E2E; i++)
+        at += snprintf(o + at, z - (size_t)at, "%s%lld", i ? "," : "",
+                       (long long)(i < 5 ? 0 : b));
+    snprintf(o + at, z - (size_t)at, "],\"decode_time_count\":%lld,\"decode_time_sum\":%g}",
+             (long long)n, s / 2);
     return o;
 }
 
@@ -584,10 +600,19 @@ static void test_fleet_hist(void **state)
     assert_true(r[0].plen_sum > 69.99 && r[0].plen_sum < 70.01);
     assert_int_equal(r[0].glen[0], 6);
     assert_int_equal(r[0].glen_n, 7);
+    assert_int_equal(r[0].qt[0], 6);
+    assert_int_equal(r[0].qt_n, 7);
+    assert_true(r[0].qt_sum > 0.87 && r[0].qt_sum < 0.88);
+    assert_int_equal(r[0].pt_n, 7);
+    assert_true(r[0].pt_sum > 0.87 && r[0].pt_sum < 0.88);
+    assert_int_equal(r[0].dt[4], 0);
+    assert_int_equal(r[0].dt[5], 6);
+    assert_int_equal(r[0].dt_n, 7);
+    assert_true(r[0].dt_sum > 1.74 && r[0].dt_sum < 1.76);
     /* a heartbeat with TTFT/e2e but none of the newer three counts as
      * reporting none (a row's histograms count the same jobs): w2's last
      * totals stay */
-    char partial[2048];
+    char partial[4096];
     snprintf(partial, sizeof partial, "%s", hb_hist(5, 5, 3.0));
     *strstr(partial, ",\"tpot_buckets\"") = 0;
     strcat(partial, "}");
@@ -596,6 +621,14 @@ static void test_fleet_hist(void **state)
     assert_int_equal(fleet_rows(f, r, VM_MODELS), 1);
     assert_int_equal(r[0].ttft_n, 7);
     assert_int_equal(r[0].tpot_n, 14);
+    /* nor does one with all but decode_time */
+    snprintf(partial, sizeof partial, "%s", hb_hist(5, 5, 3.0));
+    *strstr(partial, ",\"decode_time_buckets\"") = 0;
+    strcat(partial, "}");
+    fleet_read(f, part, names, 2);
+    assert_int_equal(fleet_rows(f, r, VM_MODELS), 1);
+    assert_int_equal(r[0].ttft_n, 7);
+    assert_int_equal(r[0].qt_n, 7);
     /* w1 restarted (one job since), w2 is gone: nothing goes down */
     const char *two[] = {hb_hist(1, 1, 0.25)};
     fleet_read(f, two, names, 1);
@@ -608,6 +641,9 @@ static void test_fleet_hist(void **state)
     assert_int_equal(r[0].plen_n, 7 + 1);
     assert_int_equal(r[0].glen[VB_N_LEN - 1], 6 + 1);
     assert_true(r[0].glen_sum > 3.74 && r[0].glen_sum < 3.76);
+    assert_int_equal(r[0].qt_n, 7 + 1);
+    assert_int_equal(r[0].dt[VB_N_E2E - 1], 6 + 1);
+    assert_true(r[0].dt_sum > 1.87 && r[0].dt_sum < 1.88);
     /* a bad heartbeat (buckets not cumulative, too few) counts as none:
      * w1's totals stay counted */
     const char *bad[] = {"{\"model\":\"q\",\"ttft_buckets\":[3,1],\"ttft_count\":3,"
@@ -642,6 +678,15 @@ static void test_fleet_hist(void **state)
         "# TYPE vllm:request_generation_tokens histogram\n",
         "vllm:request_generation_tokens_bucket{le=\"100000\",model_name=\"q\"} 7\n",
         "vllm:request_generation_tokens_bucket{le=\"+Inf\",model_name=\"q\"} 8\n",
+        "# TYPE vllm:request_queue_time_seconds histogram\n",
+        "vllm:request_queue_time_seconds_bucket{le=\"0.3\",model_name=\"q\"} 7\n",
+        "vllm:request_queue_time_seconds_count{model_name=\"q\"} 8\n",
+        "# TYPE vllm:request_prefill_time_seconds histogram\n",
+        "vllm:request_prefill_time_seconds_count{model_name=\"q\"} 8\n",
+        "# TYPE vllm:request_decode_time_seconds histogram\n",
+        "vllm:request_decode_time_seconds_bucket{le=\"1.5\",model_name=\"q\"} 0\n",
+        "vllm:request_decode_time_seconds_bucket{le=\"2\",model_name=\"q\"} 7\n",
+        "vllm:request_decode_time_seconds_sum{model_name=\"q\"} 1.875000\n",
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         if (!strstr(b.p, want[i]))
@@ -656,6 +701,9 @@ static void test_fleet_hist(void **state)
     assert_non_null(strstr(b.p, "vllm:request_prompt_tokens_bucket{le=\"1\",model_name=\"q\"} 1\n"));
     assert_non_null(strstr(b.p, "vllm:request_generation_tokens_count{model_name=\"q\"} 1\n"));
     assert_non_null(strstr(b.p, "vllm:time_per_output_token_seconds_count{model_name=\"q\"} 0\n"));
+    /* nor any admission: queue/prefill/decode times empty */
+    assert_non_null(strstr(b.p, "vllm:request_queue_time_seconds_count{model_name=\"q\"} 0\n"));
+    assert_non_null(strstr(b.p, "vllm:request_decode_time_seconds_count{model_name=\"q\"} 0\n"));
     oai_buf_free(&b);
     vm_free(m);
     fleet_free(f);
