@@ -66,7 +66,7 @@ def test_fleet_counts_jobs_sent_to_redis(front, workers, redis_addr, prefix):  #
     under the front door's served name, though the front door saw no
     request; so do the latency histograms (the workers' sums, vLLM's
     buckets: TTFT, e2e, time per output token, prompt and generation
-    lengths). When that worker leaves and another takes a job, the
+    lengths, queue, prefill and decode times). When that worker leaves and another takes a job, the
     counters and histograms add on to what it had counted."""
     f = front()
     w1 = workers("w1")
@@ -99,7 +99,10 @@ def test_fleet_counts_jobs_sent_to_redis(front, workers, redis_addr, prefix):  #
                 val(t, "vllm:e2e_request_latency_seconds_count", **LAB) == hb["e2e_count"] and
                 val(t, "vllm:time_per_output_token_seconds_count", **LAB) == hb["tpot_count"] and
                 val(t, "vllm:request_prompt_tokens_count", **LAB) == hb["prompt_len_count"] and
-                val(t, "vllm:request_generation_tokens_count", **LAB) == hb["gen_len_count"])
+                val(t, "vllm:request_generation_tokens_count", **LAB) == hb["gen_len_count"] and
+                val(t, "vllm:request_queue_time_seconds_count", **LAB) == hb["queue_time_count"]
+                and val(t, "vllm:request_decode_time_seconds_count", **LAB) ==
+                hb["decode_time_count"])
     text = wait_page(f, settled, "the fleet's figures never matched the heartbeat")
     # the two direct jobs are in the TTFT histogram, bucket by bucket as
     # the worker's heartbeat has them, under vLLM's bounds
@@ -131,6 +134,16 @@ def test_fleet_counts_jobs_sent_to_redis(front, workers, redis_addr, prefix):  #
     assert metric(text, glen + "_bucket", le="2", **LAB) == hb["gen_len_buckets"][1] >= 1
     assert metric(text, glen + "_bucket", le="100000", **LAB) == hb["gen_len_buckets"][-1]
     assert metric(text, glen + "_sum", **LAB) == hb["gen_len_sum"]
+    # queue, prefill and decode times: one each per finished job, the
+    # direct ones counted; they split e2e, so each sum is within its sum
+    e2e_sum = metric(text, "vllm:e2e_request_latency_seconds_sum", **LAB)
+    for name, key in (("vllm:request_queue_time_seconds", "queue_time"),
+                      ("vllm:request_prefill_time_seconds", "prefill_time"),
+                      ("vllm:request_decode_time_seconds", "decode_time")):
+        assert len(hb[key + "_buckets"]) == 21
+        assert metric(text, name + "_count", **LAB) == hb[key + "_count"] == hb["e2e_count"] >= 2
+        assert metric(text, name + "_bucket", le="7680", **LAB) == hb[key + "_buckets"][-1]
+        assert 0 <= metric(text, name + "_sum", **LAB) <= e2e_sum * 1.01, name
     assert metric(text, "vllm:prefix_cache_queries_total", **LAB) >= 2 * len(prompt)
     assert metric(text, "vllm:num_requests_waiting", **LAB) == 0
     promtool_check(text)
@@ -203,6 +216,9 @@ def test_dashboard_metrics_exist(front, workers):  # noqa: F811
     # the inter-token latency and the two length heatmaps, as vLLM's dashboard has them
     assert {"vllm:time_per_output_token_seconds_bucket", "vllm:request_prompt_tokens_bucket",
             "vllm:request_generation_tokens_bucket"} <= names, names
+    # and vLLM's "Queue time" and "Requests prefill and decode time" panels
+    assert {"vllm:request_queue_time_seconds_sum", "vllm:request_prefill_time_seconds_sum",
+            "vllm:request_decode_time_seconds_sum"} <= names, names
     for p in dash["panels"]:
         for t in p["targets"]:
             assert 'model_name="$model_name"' in t["expr"], t["expr"]
@@ -232,6 +248,8 @@ def test_dashboard_metrics_exist(front, workers):  # noqa: F811
     assert metric(text, "vllm:e2e_request_latency_seconds_count", **LAB) == 3
     assert metric(text, "vllm:request_prompt_tokens_count", **LAB) == 3
     assert metric(text, "vllm:request_generation_tokens_count", **LAB) == 3
+    assert metric(text, "vllm:request_queue_time_seconds_count", **LAB) == 3
+    assert metric(text, "vllm:request_decode_time_seconds_count", **LAB) == 3
     promtool_check(text)
 
 
