@@ -54,7 +54,6 @@
 #include "kv_cache.h"
 #include "prompt.h"
 
-#define DA_MAX_WORKERS 1000 /* as models.c: ~29 KB of table per worker (its offer keys) */
 #define DA_SWEEP_COUNT "256" /* entries a sweep moves at most per stream */
 #define GROUP_WORKERS "workers"
 
@@ -240,29 +239,10 @@ void da_refresh(struct disp *d, bool all)
     if (!d->cfg.affinity)
         return;
     struct rl_err err;
-    char reg[D_KEY_MAX], stop[16];
-    snprintf(reg, sizeof reg, "%.200sworkers", d->cfg.prefix);
-    snprintf(stop, sizeof stop, "%d", DA_MAX_WORKERS - 1);
-    const char *za[4] = {"ZRANGE", reg, "0", stop};
     struct rconn_reply *names = NULL, *hbs = NULL;
-    if (rconn_command(d->rc, 4, za, NULL, &names, &err) || names->type != RCONN_ARRAY) {
-        rconn_reply_free(names);
+    if (d_read_heartbeats(d, &names, &hbs, &err))
         return;
-    }
     size_t nn = names->n_elem;
-    const char **argv = calloc(nn + 1, sizeof *argv);
-    char (*keys)[D_KEY_MAX + RCONN_NAME_MAX] = calloc(nn + 1, sizeof *keys);
-    if (!argv || !keys)
-        goto out;
-    argv[0] = "MGET";
-    for (size_t i = 0; i < nn; i++) {
-        snprintf(keys[i], sizeof keys[i], "%.200sworker:%s", d->cfg.prefix,
-                 names->elem[i].str ? names->elem[i].str : "");
-        argv[i + 1] = keys[i];
-    }
-    if (nn && (rconn_command(d->rc, (int)nn + 1, argv, NULL, &hbs, &err) ||
-               hbs->type != RCONN_ARRAY || hbs->n_elem != nn))
-        goto out;
     for (int i = 0; i < a->n; i++)
         a->w[i].seen = false;
     int64_t hit = 0, miss = 0;
@@ -293,9 +273,6 @@ void da_refresh(struct disp *d, bool all)
     d->m.fleet_hit_tokens = hit;
     d->m.fleet_miss_tokens = miss;
     pthread_mutex_unlock(&d->m.mu);
-out:
-    free(argv);
-    free(keys);
     rconn_reply_free(names);
     rconn_reply_free(hbs);
 }

@@ -37,7 +37,6 @@
 #include "disp.h"
 #include "fleet.h"
 
-#define MAX_WORKERS 1000 /* heartbeats read per refresh */
 
 static struct dmodel *find(struct dmodel *ms, int n, const char *name)
 {
@@ -139,36 +138,51 @@ static const char *fleet_label(const struct disp *d, const cJSON *hb)
     return cJSON_IsString(name) ? name->valuestring : "";
 }
 
+int d_read_heartbeats(struct disp *d, struct rconn_reply **names, struct rconn_reply **hbs,
+                      struct rl_err *err)
+{
+    char reg[D_KEY_MAX], stop[16];
+    snprintf(reg, sizeof reg, "%.200sworkers", d->cfg.prefix);
+    snprintf(stop, sizeof stop, "%d", D_MAX_WORKERS - 1);
+    const char *za[4] = {"ZRANGE", reg, "0", stop};
+    *names = *hbs = NULL;
+    int rc = rconn_command(d->rc, 4, za, NULL, names, err);
+    if (!rc && (*names)->type != RCONN_ARRAY)
+        rc = rl_errf(err, RL_EFORMAT, "ZRANGE %s: not a sorted set", reg);
+    size_t nn = rc ? 0 : (*names)->n_elem;
+    const char **argv = rc ? NULL : calloc(nn + 1, sizeof *argv);
+    char (*keys)[D_KEY_MAX + RCONN_NAME_MAX] = rc ? NULL : calloc(nn + 1, sizeof *keys);
+    if (!rc && (!argv || !keys))
+        rc = rl_errf(err, RL_ENOMEM, "heartbeats: out of memory");
+    if (!rc && nn) {
+        argv[0] = "MGET";
+        for (size_t i = 0; i < nn; i++) {
+            snprintf(keys[i], sizeof keys[i], "%.200sworker:%s", d->cfg.prefix,
+                     (*names)->elem[i].str ? (*names)->elem[i].str : "");
+            argv[i + 1] = keys[i];
+        }
+        rc = rconn_command(d->rc, (int)nn + 1, argv, NULL, hbs, err);
+        if (!rc && ((*hbs)->type != RCONN_ARRAY || (*hbs)->n_elem != nn))
+            rc = rl_errf(err, RL_EFORMAT, "MGET of the heartbeats: not one reply per worker");
+    }
+    free(argv);
+    free(keys);
+    if (rc) {
+        rconn_reply_free(*names);
+        rconn_reply_free(*hbs);
+        *names = *hbs = NULL;
+    }
+    return rc;
+}
+
 void d_models_refresh(struct disp *d)
 {
     struct rl_err err;
-    char reg[D_KEY_MAX], stop[16];
-    snprintf(reg, sizeof reg, "%.200sworkers", d->cfg.prefix);
-    snprintf(stop, sizeof stop, "%d", MAX_WORKERS - 1);
-    const char *za[4] = {"ZRANGE", reg, "0", stop};
     struct rconn_reply *names = NULL, *hbs = NULL;
     d->models_t_ms = rl_wall_ms();
-    if (rconn_command(d->rc, 4, za, NULL, &names, &err) || names->type != RCONN_ARRAY) {
-        RL_LOG(&d->log, RL_LOG_DEBUG, "models: ZRANGE %s: %s", reg,
-               names ? "not a sorted set" : err.msg);
-        rconn_reply_free(names);
+    if (d_read_heartbeats(d, &names, &hbs, &err)) {
+        RL_LOG(&d->log, RL_LOG_DEBUG, "models: %s", err.msg);
         return;
-    }
-    size_t nn = names->n_elem;
-    const char **argv = calloc(nn + 1, sizeof *argv);
-    char (*keys)[D_KEY_MAX + RCONN_NAME_MAX] = calloc(nn + 1, sizeof *keys);
-    if (!argv || !keys)
-        goto out;
-    argv[0] = "MGET";
-    for (size_t i = 0; i < nn; i++) {
-        snprintf(keys[i], sizeof keys[i], "%.200sworker:%s", d->cfg.prefix,
-                 names->elem[i].str ? names->elem[i].str : "");
-        argv[i + 1] = keys[i];
-    }
-    if (nn && (rconn_command(d->rc, (int)nn + 1, argv, NULL, &hbs, &err) ||
-               hbs->type != RCONN_ARRAY)) {
-        RL_LOG(&d->log, RL_LOG_DEBUG, "models: MGET of the heartbeats: %s", err.msg);
-        goto out;
     }
 
     /* the new table, built beside the old so routers and split states of
@@ -297,9 +311,6 @@ void d_models_refresh(struct disp *d)
         d->shared_warned = true;
     }
     publish_json(d);
-out:
-    free(argv);
-    free(keys);
     rconn_reply_free(names);
     rconn_reply_free(hbs);
 }
