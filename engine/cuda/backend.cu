@@ -140,7 +140,7 @@ struct cuda_ctx {
     size_t meta_cap;          /* int32 elements */
 
     struct cu_graph graphs[N_BUCKETS];
-    int use_graphs, device_argmax, fp8_path;
+    int use_graphs, device_argmax, gemm_path;
     struct cu_prof *prof; /* NULL unless the benchmark asked (eager steps only) */
     size_t kv_reserve;        /* be_options.kv_reserve_bytes */
     /* per-row wants (set_row_wants, issue 25): the next forward's, or NULL */
@@ -454,6 +454,34 @@ static int check_config(const struct cuda_ctx *c, const struct model_config *cfg
     return 0;
 }
 
+/* Which kernel each BF16/F16 decode product runs (gemm.cu's
+ * cu_gemm_tune): measured once per shape at load on every layer's copy of
+ * the matrix, before any graph is captured. */
+static int tune_products(struct cuda_ctx *c, struct rl_err *err)
+{
+    int L = c->cfg.n_layers, rc = 0;
+    const struct cu_mat **ms = (const struct cu_mat **)calloc((size_t)(L > 1 ? L : 1), sizeof *ms);
+    if (!ms)
+        return rl_errf(err, RL_ENOMEM, "out of memory");
+    for (int kind = 0; kind < 4 && !rc; kind++)
+        for (int part = 0; part < 3 && !rc; part++) {
+            int n = 0;
+            for (int l = 0; l < L; l++) {
+                const struct cu_layer *Ly = &c->layers[l];
+                const struct cu_linear *lin = kind == 0 ? &Ly->qkv : kind == 1 ? &Ly->o : kind == 2 ? &Ly->gu : &Ly->down;
+                if (part < lin->n)
+                    ms[n++] = &lin->m[part];
+            }
+            if (n)
+                rc = cu_gemm_tune(c->gemm, ms, n, err);
+        }
+    free(ms);
+    if (rc)
+        return rc;
+    const struct cu_mat *head = &c->lm_head.m[0];
+    return cu_gemm_tune(c->gemm, &head, 1, err);
+}
+
 /* Activations, rotary table and the gemm context: shared by both loads. */
 static int alloc_common(struct cuda_ctx *c, int max_tokens, struct rl_err *err)
 {
@@ -491,8 +519,8 @@ static int alloc_common(struct cuda_ctx *c, int max_tokens, struct rl_err *err)
     CU_CHECK(err, cudaMemcpy(c->inv_freq, fr, (size_t)cfg->head_dim / 2 * 4, cudaMemcpyHostToDevice));
     if ((rc = cu_gemm_create(&c->gemm, c->rows, (int)widest, c->cc_major, c->st, err)))
         return rc;
-    if (c->fp8_path)
-        cu_gemm_force(c->gemm, (enum cu_gemm_path)c->fp8_path);
+    if (c->gemm_path)
+        cu_gemm_force(c->gemm, (enum cu_gemm_path)c->gemm_path);
     return cu_attn_init(err);
 }
 
@@ -600,7 +628,7 @@ static int cuda_load(void *ctx, const struct model_config *cfg, const struct mod
      * widest one (prefill's cuBLASLt products then run in a few chunks) */
     if (qcols && (rc = cu_gemm_reserve_dequant(c->gemm, (size_t)2048 * (size_t)qcols * 2, err)))
         goto fail;
-    if ((rc = fit_kv(c, err)))
+    if ((rc = fit_kv(c, err)) || (rc = tune_products(c, err)))
         goto fail;
     if (c->progress)
         c->progress(c->progress_user, pg_total, pg_total);
@@ -698,7 +726,7 @@ extern "C" int cuda_backend_load_random(struct backend *be, const struct model_c
     if ((rc = alloc_common(c, max_tokens, err)))
         goto fail;
     CU_CHECK(err, cudaStreamSynchronize(c->st));
-    if ((rc = fit_kv(c, err)))
+    if ((rc = fit_kv(c, err)) || (rc = tune_products(c, err)))
         goto fail;
     c->loaded = 1;
     return 0;
@@ -1305,9 +1333,16 @@ static int cuda_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
 static const char *cuda_describe(void *ctx)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    snprintf(c->desc, sizeof c->desc, "cuda %s (sm_%d%d, %d SMs), kv %s, graphs %s%s%s", c->dev_name, c->cc_major,
+    char tuned[64] = "";
+    if (c->gemm) {
+        int n, own = cu_gemm_n_own(c->gemm, &n);
+        if (n)
+            snprintf(tuned, sizeof tuned, ", decode products: ours on %d of %d shapes", own, n);
+    }
+    snprintf(c->desc, sizeof c->desc, "cuda %s (sm_%d%d, %d SMs), kv %s, graphs %s%s%s%s", c->dev_name, c->cc_major,
              c->cc_minor, c->sm_count, c->kv_dtype == BE_KV_F32 ? "f32" : "bf16", c->use_graphs ? "on" : "off",
-             c->gemm && c->cfg.fp8_block_rows ? ", " : "", c->gemm && c->cfg.fp8_block_rows ? cu_gemm_fp8_path(c->gemm) : "");
+             c->gemm && c->cfg.fp8_block_rows ? ", " : "", c->gemm && c->cfg.fp8_block_rows ? cu_gemm_fp8_path(c->gemm) : "",
+             tuned);
     return c->desc;
 }
 
@@ -1398,16 +1433,24 @@ extern "C" int cuda_backend_set_graphs(struct backend *be, int on)
     return 0;
 }
 
-extern "C" int cuda_backend_set_fp8_path(struct backend *be, int path)
+extern "C" int cuda_backend_set_gemm_path(struct backend *be, int path)
 {
     struct cuda_ctx *c = ctx_of(be);
     if (!c || path < 0 || path > 2)
         return -RL_EINVAL;
-    c->fp8_path = path;
+    c->gemm_path = path;
     if (c->gemm)
         cu_gemm_force(c->gemm, (enum cu_gemm_path)path);
     graphs_reset(c);
     return 0;
+}
+
+extern "C" int cuda_backend_gemm_report(struct backend *be, char *buf, size_t cap)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (!c || !c->gemm || !cap)
+        return -RL_EINVAL;
+    return cu_gemm_tune_report(c->gemm, buf, cap);
 }
 
 extern "C" int cuda_backend_set_device_argmax(struct backend *be, int on)

@@ -27,9 +27,15 @@ int cuda_device_count(char *why, size_t why_len);
  * batch-size bucket (1, 2, 4, ... 512); on by default. */
 int cuda_backend_set_graphs(struct backend *be, int on);
 
-/* FP8 matrix products: 0 auto, 1 cuBLASLt block-scaled only, 2 our
- * dequantizing kernels only. */
-int cuda_backend_set_fp8_path(struct backend *be, int path);
+/* Matrix products: 0 auto, 1 cuBLASLt only (block-scaled for FP8), 2 our
+ * kernels only (FP8 at every batch, BF16/F16 at batches <= 8). Auto: FP8
+ * by batch size, BF16/F16 decode products by what was measured at load
+ * (cuda_backend_gemm_report). */
+int cuda_backend_set_gemm_path(struct backend *be, int path);
+/* The load-time measurements of the BF16/F16 decode products (cuBLASLt
+ * against ours, per shape and batch 1/2/4/8) as a JSON array in buf;
+ * returns the number of shapes, or -RL_EINVAL. */
+int cuda_backend_gemm_report(struct backend *be, char *buf, size_t cap);
 
 /* On-device sampling hook. When on, forward() leaves batch->logits alone
  * and instead keeps the greedy token (argmax, lower id on ties) of each
@@ -76,7 +82,7 @@ int cuda_measure_gemm(int device, enum model_dtype dt, int M, int N, int K, doub
 /* y (M, N) = x (M, K) . W^T, W (N, K) as a checkpoint stores it (F32,
  * BF16, F16, or FP8 bytes with scale (ceil(N/br), ceil(K/bc)) row-major),
  * x f32 rounded to the matrix's activation type. path as in
- * cuda_backend_set_fp8_path. */
+ * cuda_backend_set_gemm_path. */
 int cuda_test_gemm(int M, int N, int K, enum model_dtype dt, const void *w, const float *scale, int br,
                    int bc, const float *x, float *y, int path, struct rl_err *err);
 /* The same for a quantized matrix (Q8_0, Q4_K, Q5_K, Q6_K in GGUF's

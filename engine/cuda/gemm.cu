@@ -9,7 +9,13 @@
  *
  * BF16, F16 and F32 go to cuBLASLt with f32 accumulation and f32 output
  * (CUBLAS_COMPUTE_32F: no TF32 for F32 weights, so an F32 checkpoint gives
- * reference-grade logits). FP8 E4M3 with 128x128 block scales:
+ * reference-grade logits). For BF16/F16 at M <= 8 (decode) we also have a
+ * skinny kernel of our own: cuBLASLt's GEMV-shaped products reached only
+ * 2.5-2.9 TB/s of an H200's 4.8 on Qwen3-14B's 5120-wide matrices, and a
+ * decode step is nothing but those. Which one runs is measured, not
+ * guessed: cu_gemm_tune() times both on the model's own matrices at load
+ * and keeps, per shape, the largest M up to which ours wins.
+ * FP8 E4M3 with 128x128 block scales:
  *   - M <= 8 (decode): our kernel, a warp per output row streaming 16 weight
  *     bytes per lane, dequantizing with the block scale on the fly, BF16
  *     activations. Memory-bound, which is all decode needs.
@@ -37,6 +43,14 @@ extern "C" {
 
 #define GEMM_WORKSPACE (32u << 20)
 #define GEMM_PLANS 96
+#define SKINNY_PICKS 32 /* distinct BF16/F16 shapes a model has: 5 in Qwen3 */
+
+/* What cu_gemm_tune measured for one shape: our skinny kernel runs for
+ * M <= own_max_m (0: cuBLASLt always). */
+struct skinny_pick {
+    int dt, N, K, own_max_m;
+    float lt_us[4], own_us[4]; /* per call at M = 1, 2, 4, 8: the report */
+};
 
 struct gemm_plan {
     int used;
@@ -62,6 +76,8 @@ struct cu_gemm {
     int lt_fp8; /* -1 not tried, 0 unavailable, 1 used */
     void *qpanel;        /* quantized prefill: dequantized rows, bf16 */
     size_t qpanel_bytes;
+    struct skinny_pick picks[SKINNY_PICKS];
+    int n_picks;
 };
 
 /* ---- kernels ---- */
@@ -127,6 +143,70 @@ __global__ void __launch_bounds__(256) fp8_skinny_kernel(const uint8_t *__restri
     }
     if (k < K)
         fp8_piece<MM>(__ldcs((const uint4 *)(wr + k)), sr[k / bc], X, K, k, acc);
+#pragma unroll
+    for (int m = 0; m < MM; m++) {
+        float t = cu_warp_sum(acc[m]);
+        if (lane == 0)
+            Y[(size_t)m * (size_t)ldy + n] = t;
+    }
+}
+
+/* BF16 / F16 weights x activations of the same type for M <= 8: a warp per
+ * output row, each lane loading 16 bytes (8 weights) at a time, four of
+ * them in flight (2 KB per warp, 16 KB per block), so that enough loads
+ * are outstanding per SM to reach HBM's bandwidth rather than its latency.
+ * The weights stream past L1 (__ldcs); the activations, read by every
+ * warp, stay in it. f32 accumulation, like cuBLASLt's compute type. */
+__device__ __forceinline__ float2 half2_to_f2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
+__device__ __forceinline__ float2 half2_to_f2(__half2 v) { return __half22float2(v); }
+
+template <int MM, typename T2>
+__device__ __forceinline__ void half_piece(uint4 wv, const uint4 *__restrict__ xp, int K8, float *acc)
+{
+    const T2 *w2 = (const T2 *)&wv;
+    float2 wf[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        wf[j] = half2_to_f2(w2[j]);
+#pragma unroll
+    for (int m = 0; m < MM; m++) {
+        uint4 xv = xp[(size_t)m * (size_t)K8];
+        const T2 *x2 = (const T2 *)&xv;
+        float t = acc[m];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float2 xf = half2_to_f2(x2[j]);
+            t = fmaf(wf[j].x, xf.x, t);
+            t = fmaf(wf[j].y, xf.y, t);
+        }
+        acc[m] = t;
+    }
+}
+
+template <int MM, typename T2>
+__global__ void __launch_bounds__(256) half_skinny_kernel(const uint4 *__restrict__ W, int N, int K8,
+                                                          const uint4 *__restrict__ X, float *__restrict__ Y,
+                                                          int ldy)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int n = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (n >= N)
+        return;
+    float acc[MM];
+#pragma unroll
+    for (int m = 0; m < MM; m++)
+        acc[m] = 0.0f;
+    const uint4 *wr = W + (size_t)n * (size_t)K8;
+    int k = lane;
+    for (; k + 96 < K8; k += 128) {
+        uint4 w0 = __ldcs(wr + k), w1 = __ldcs(wr + k + 32), w2 = __ldcs(wr + k + 64), w3 = __ldcs(wr + k + 96);
+        half_piece<MM, T2>(w0, X + k, K8, acc);
+        half_piece<MM, T2>(w1, X + k + 32, K8, acc);
+        half_piece<MM, T2>(w2, X + k + 64, K8, acc);
+        half_piece<MM, T2>(w3, X + k + 96, K8, acc);
+    }
+    for (; k < K8; k += 32)
+        half_piece<MM, T2>(__ldcs(wr + k), X + k, K8, acc);
 #pragma unroll
     for (int m = 0; m < MM; m++) {
         float t = cu_warp_sum(acc[m]);
@@ -396,6 +476,51 @@ static int fp8_own(struct cu_gemm *g, const struct cu_mat *m, int M, const void 
     return 0;
 }
 
+/* Our BF16/F16 kernel takes whole 16-byte pieces: K a multiple of 8 and
+ * 16-byte aligned rows and activations. */
+static int half_own_ok(const struct cu_mat *m, int M, const void *x)
+{
+    return M >= 1 && M <= SKINNY_MAX_M && (m->dt == MODEL_BF16 || m->dt == MODEL_F16) && m->cols % 8 == 0 &&
+           ptr_align(m->w) >= 16 && ptr_align(x) >= 16;
+}
+
+static int half_own(struct cu_gemm *g, const struct cu_mat *m, int M, const void *x, float *y, int ldy,
+                    struct rl_err *err)
+{
+    dim3 grid(cu_blocks((size_t)m->rows, 8));
+    const uint4 *W = (const uint4 *)m->w, *X = (const uint4 *)x;
+    int K8 = m->cols / 8;
+#define HK(MM, T2) half_skinny_kernel<MM, T2><<<grid, 256, 0, g->st>>>(W, m->rows, K8, X, y, ldy)
+#define HKT(T2)                                                                                            \
+    switch (M) {                                                                                           \
+    case 1: HK(1, T2); break;                                                                              \
+    case 2: HK(2, T2); break;                                                                              \
+    case 3: HK(3, T2); break;                                                                              \
+    case 4: HK(4, T2); break;                                                                              \
+    case 5: HK(5, T2); break;                                                                              \
+    case 6: HK(6, T2); break;                                                                              \
+    case 7: HK(7, T2); break;                                                                              \
+    default: HK(8, T2); break;                                                                             \
+    }
+    if (m->dt == MODEL_BF16) {
+        HKT(__nv_bfloat162)
+    } else {
+        HKT(__half2)
+    }
+#undef HKT
+#undef HK
+    LAUNCH_CHECK(err, "half_skinny_kernel");
+    return 0;
+}
+
+static const struct skinny_pick *pick_find(const struct cu_gemm *g, const struct cu_mat *m)
+{
+    for (int i = 0; i < g->n_picks; i++)
+        if (g->picks[i].dt == (int)m->dt && g->picks[i].N == m->rows && g->picks[i].K == m->cols)
+            return &g->picks[i];
+    return NULL;
+}
+
 static int fp8_lt(struct cu_gemm *g, const struct cu_mat *m, int M, const void *x, float *y, int ldy,
                   int *done, struct rl_err *err)
 {
@@ -546,6 +671,11 @@ int cu_gemm_run(struct cu_gemm *g, const struct cu_mat *m, int M, const void *x,
         }
         return fp8_own(g, m, M, x, y, ldy, err);
     }
+    if (g->force != CU_GEMM_LT && half_own_ok(m, M, x)) {
+        const struct skinny_pick *pk = g->force == CU_GEMM_OWN ? NULL : pick_find(g, m);
+        if (g->force == CU_GEMM_OWN || (pk && M <= pk->own_max_m))
+            return half_own(g, m, M, x, y, ldy, err);
+    }
     int align = ptr_align(y);
     if (ptr_align(x) < align)
         align = ptr_align(x);
@@ -570,6 +700,118 @@ int cu_linear_run(struct cu_gemm *g, const struct cu_linear *l, int M, const voi
             return rc;
     }
     return 0;
+}
+
+/* ---- choosing the decode kernel by measurement ---- */
+
+/* Microseconds per product: reps passes over ms (n matrices of one shape),
+ * M rows, path forced. The caller warmed both paths up (plans made). */
+static int time_products(struct cu_gemm *g, const struct cu_mat *const *ms, int n, int M, const void *x, float *y,
+                         int reps, enum cu_gemm_path path, float *us, struct rl_err *err)
+{
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float t = 0;
+    int rc = 0;
+    enum cu_gemm_path was = g->force;
+    g->force = path;
+    CU_CHECK_GOTO(err, rc, out, cudaEventCreate(&e0));
+    CU_CHECK_GOTO(err, rc, out, cudaEventCreate(&e1));
+    for (int i = 0; i < n && !rc; i++) /* warm-up: plans, first-touch */
+        rc = cu_gemm_run(g, ms[i], M, x, y, ms[i]->rows, err);
+    if (rc)
+        goto out;
+    CU_CHECK_GOTO(err, rc, out, cudaEventRecord(e0, g->st));
+    for (int r = 0; r < reps && !rc; r++)
+        for (int i = 0; i < n && !rc; i++)
+            rc = cu_gemm_run(g, ms[i], M, x, y, ms[i]->rows, err);
+    if (rc)
+        goto out;
+    CU_CHECK_GOTO(err, rc, out, cudaEventRecord(e1, g->st));
+    CU_CHECK_GOTO(err, rc, out, cudaEventSynchronize(e1));
+    CU_CHECK_GOTO(err, rc, out, cudaEventElapsedTime(&t, e0, e1));
+    *us = t * 1e3f / (float)(reps * n);
+out:
+    g->force = was;
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    return rc;
+}
+
+int cu_gemm_tune(struct cu_gemm *g, const struct cu_mat *const *ms, int n, struct rl_err *err)
+{
+    if (n < 1 || g->force != CU_GEMM_AUTO || g->n_picks == SKINNY_PICKS)
+        return 0;
+    const struct cu_mat *m0 = ms[0];
+    if ((m0->dt != MODEL_BF16 && m0->dt != MODEL_F16) || m0->cols % 8 || pick_find(g, m0))
+        return 0;
+    for (int i = 1; i < n; i++)
+        if (ms[i]->dt != m0->dt || ms[i]->rows != m0->rows || ms[i]->cols != m0->cols)
+            return rl_errf(err, RL_EINVAL, "gemm tune: matrices of different shapes");
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CU_CHECK(err, cudaStreamIsCapturing(g->st, &cs));
+    if (cs != cudaStreamCaptureStatusNone)
+        return 0; /* no timing inside a capture: cuBLASLt for this shape */
+    struct skinny_pick pk;
+    memset(&pk, 0, sizeof pk);
+    pk.dt = (int)m0->dt, pk.N = m0->rows, pk.K = m0->cols;
+    void *x = NULL;
+    float *y = NULL;
+    int rc = 0;
+    /* the model's own matrices, one pass over all of them per rep, so the
+     * weights come from HBM as in a step, not from L2 */
+    int reps = n >= 8 ? 2 : 16 / n + 1;
+    static const int Ms[4] = {1, 2, 4, 8};
+    CU_CHECK_GOTO(err, rc, out, cudaMalloc(&x, (size_t)SKINNY_MAX_M * (size_t)m0->cols * 2));
+    CU_CHECK_GOTO(err, rc, out, cudaMalloc((void **)&y, (size_t)SKINNY_MAX_M * (size_t)m0->rows * 4));
+    if ((rc = cu_fill_random(x, (size_t)SKINNY_MAX_M * (size_t)m0->cols, m0->dt, 1.0f, 11, g->st, err)))
+        goto out;
+    for (int i = 0; i < 4; i++) {
+        if ((rc = time_products(g, ms, n, Ms[i], x, y, reps, CU_GEMM_LT, &pk.lt_us[i], err)) ||
+            (rc = time_products(g, ms, n, Ms[i], x, y, reps, CU_GEMM_OWN, &pk.own_us[i], err)))
+            goto out;
+    }
+    /* ours for every M up to the last measured one of an unbroken run of
+     * wins from M = 1 */
+    for (int i = 0; i < 4 && pk.own_us[i] < pk.lt_us[i]; i++)
+        pk.own_max_m = Ms[i];
+    g->picks[g->n_picks++] = pk;
+out:
+    cudaFree(x);
+    cudaFree(y);
+    return rc;
+}
+
+int cu_gemm_tune_report(const struct cu_gemm *g, char *buf, size_t cap)
+{
+    size_t at = 0;
+    int w = snprintf(buf, cap, "[");
+    at = w > 0 ? (size_t)w : 0;
+    for (int i = 0; i < g->n_picks && at < cap; i++) {
+        const struct skinny_pick *p = &g->picks[i];
+        double bytes = (double)p->N * p->K * 2;
+        w = snprintf(buf + at, cap - at,
+                     "%s{\"dtype\":\"%s\",\"N\":%d,\"K\":%d,\"own_max_m\":%d,\"M\":[1,2,4,8],"
+                     "\"cublaslt_us\":[%.2f,%.2f,%.2f,%.2f],\"own_us\":[%.2f,%.2f,%.2f,%.2f],"
+                     "\"cublaslt_gb_s_m1\":%.0f,\"own_gb_s_m1\":%.0f}",
+                     i ? "," : "", model_dtype_name((enum model_dtype)p->dt), p->N, p->K, p->own_max_m,
+                     p->lt_us[0], p->lt_us[1], p->lt_us[2], p->lt_us[3], p->own_us[0], p->own_us[1], p->own_us[2],
+                     p->own_us[3], bytes / (p->lt_us[0] * 1e3 + 1e-9), bytes / (p->own_us[0] * 1e3 + 1e-9));
+        at += w > 0 ? (size_t)w : 0;
+    }
+    if (at < cap)
+        at += (size_t)snprintf(buf + at, cap - at, "]");
+    return g->n_picks;
+}
+
+int cu_gemm_n_own(const struct cu_gemm *g, int *n_tuned)
+{
+    int k = 0;
+    *n_tuned = g->n_picks;
+    for (int i = 0; i < g->n_picks; i++)
+        k += g->picks[i].own_max_m > 0;
+    return k;
 }
 
 /* ---- test entry point ---- */

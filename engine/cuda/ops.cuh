@@ -60,9 +60,21 @@ struct cu_gemm; /* opaque: cuBLASLt handle, workspace, plan cache, FP8 scratch *
 int cu_gemm_create(struct cu_gemm **out, int max_m, int max_k, int cc_major, cudaStream_t st,
                    struct rl_err *err);
 void cu_gemm_free(struct cu_gemm *g);
-/* Tests: force cuBLASLt or our kernels for FP8 (BF16/F16/F32 always use
- * cuBLASLt). */
+/* Force cuBLASLt or our kernels: for FP8 at every M, for BF16/F16 at
+ * M <= 8 (F32 and larger BF16/F16 products always use cuBLASLt). AUTO:
+ * FP8 by M, BF16/F16 by what cu_gemm_tune measured. */
 void cu_gemm_force(struct cu_gemm *g, enum cu_gemm_path p);
+/* Times cuBLASLt against our skinny kernel at M = 1, 2, 4, 8 over the n
+ * matrices ms (one BF16/F16 shape: a model's every layer's copy, so the
+ * weights stream from HBM) and remembers, for that shape, up to which M
+ * ours is faster. Once per shape, outside graph capture, with the path on
+ * AUTO; anything else is a no-op. Synchronises the stream. */
+int cu_gemm_tune(struct cu_gemm *g, const struct cu_mat *const *ms, int n, struct rl_err *err);
+/* The measurements as a JSON array into buf (cap bytes); returns the
+ * number of shapes tuned. cu_gemm_n_own: how many of them run ours at
+ * M = 1, and in *n_tuned how many were tuned. */
+int cu_gemm_tune_report(const struct cu_gemm *g, char *buf, size_t cap);
+int cu_gemm_n_own(const struct cu_gemm *g, int *n_tuned);
 const char *cu_gemm_fp8_path(const struct cu_gemm *g);
 /* y[:, 0:m->rows] (M rows, leading dim ldy, f32) = x (M, cols) . W^T.
  * x has element type cu_act_for(m->dt). y must have room for M rounded up

@@ -191,6 +191,18 @@ static void test_gemm(void **state)
     }
     gemm_case(MODEL_F8_E4M3, 3, 200, 96, 2, 1e-2, "own, partial blocks");
     gemm_case(MODEL_F8_E4M3, 70, 200, 96, 2, 1e-2, "own, partial blocks");
+    /* the BF16/F16 decode kernel (M <= 8), forced: the unrolled loop
+     * (K / 8 = 513: four rounds of 128 pieces and one left), a K shorter
+     * than a warp's first round (72), rows not a multiple of 8 (203); and
+     * cuBLASLt forced for the same shapes */
+    for (int m = 1; m <= 8; m += 3) {
+        gemm_case(MODEL_BF16, m, 203, 4104, 2, 1e-2, "own");
+        gemm_case(MODEL_F16, m, 203, 4104, 2, 1e-2, "own");
+        gemm_case(MODEL_BF16, m, 203, 72, 2, 1e-2, "own");
+        gemm_case(MODEL_BF16, m, 203, 4104, 1, 1e-2, "cublasLt");
+    }
+    gemm_case(MODEL_BF16, 8, 384, 256, 2, 1e-2, "own");
+    gemm_case(MODEL_BF16, 37, 384, 256, 2, 1e-2, "own forced, M > 8: cuBLASLt");
 }
 
 /* Quantized weights: random codes with sane scales, quantized from random
@@ -735,7 +747,7 @@ static void compare_models(const struct model_config *cfg, const struct model_we
     struct backend *cpu = open_be("cpu", cfg, w, 512, nblk, bs);
     struct backend *gpu = open_be("cuda", cfg, w, 512, nblk, bs);
     if (fp8_path)
-        RUN(cuda_backend_set_fp8_path(gpu, fp8_path));
+        RUN(cuda_backend_set_gemm_path(gpu, fp8_path));
     printf("  [%s] %s\n", label, gpu->ops->describe(gpu->ctx));
     enum { NS = 4 };
     int lens[NS] = {70, 17, 1, 33};
@@ -887,6 +899,8 @@ static void test_models_vs_cpu(void **state)
     struct host_model h;
     hm_make(&h, MODEL_BF16, 1);
     compare_models(&h.cfg, &h.w, 0, 1e-2, "random bf16 yarn G=5 hd=128");
+    compare_models(&h.cfg, &h.w, 2, 1e-2, "random bf16, own decode kernels");
+    compare_models(&h.cfg, &h.w, 1, 1e-2, "random bf16, cuBLASLt only");
     hm_free(&h);
     hm_make(&h, MODEL_F8_E4M3, 0);
     compare_models(&h.cfg, &h.w, 2, 1e-2, "random fp8, own kernels");
@@ -979,7 +993,7 @@ static void prefill_seqs(struct backend **bes, int n_be, int n, int plen, int V,
  * random layers then carry (measured on an H200, 2026-12-04: 3.6e-3 BF16 at
  * 13 sequences, 1.7e-2 FP8 at 16, against 1e-4 as first written). Then the
  * graph's rows against the CPU backend, the same bounds. fp8: the FP8 model with cuBLASLt
- * forced (cuda_backend_set_fp8_path 1), so every product inside the
+ * forced (cuda_backend_set_gemm_path 1), so every product inside the
  * captured graph is cuBLASLt's block-scaled FP8: no algorithm on sm_90 is
  * the forward's error, a failure here, never a skip. */
 static void graph_buckets(enum model_dtype dt)
@@ -1003,7 +1017,7 @@ static void graph_buckets(enum model_dtype dt)
             hm_free(&h);
             return;
         }
-        RUN(cuda_backend_set_fp8_path(gpu, 1));
+        RUN(cuda_backend_set_gemm_path(gpu, 1));
     }
     printf("  [graphs %s] %s\n", label, gpu->ops->describe(gpu->ctx));
     int ctx[64];

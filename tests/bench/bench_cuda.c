@@ -76,7 +76,7 @@ static double matrix_params(const struct model_config *c, int with_lm_head)
 
 struct figures {
     double bw, gemm;
-    double dec1, dec1_ceiling, dec1_host, dec1_8k;
+    double dec1, dec1_ceiling, dec1_host, dec1_8k, dec1_lt;
     double prefill, prefill_ceiling, prefill_chunked;
     double agg[3], agg_e2e[3];
     double b64_1k_dev, b64_1k_host;
@@ -251,6 +251,12 @@ static void run_dtype(enum model_dtype dt, const char *name, int quick, struct f
     for (int i = 0; i < n_blocks; i++)
         tables[i] = i;
     fprintf(stderr, "# %s: random weights on the device in %.1f s; %s\n", name, rl_mono_s() - t0, be->ops->describe(be->ctx));
+    {
+        /* which kernel each decode product runs, as measured at load */
+        static char rep[8192];
+        if (cuda_backend_gemm_report(be, rep, sizeof rep) >= 0)
+            printf("{\"bench\":\"decode_products\",\"dtype\":\"%s\",\"shapes\":%s}\n", name, rep);
+    }
     int32_t *ids = calloc((size_t)max_tokens, sizeof *ids);
     for (int i = 0; i < max_tokens; i++)
         ids[i] = (i * 7919) % cfg.vocab;
@@ -278,6 +284,19 @@ static void run_dtype(enum model_dtype dt, const char *name, int quick, struct f
     printf("{\"bench\":\"decode_single\",\"dtype\":\"%s\",\"ctx\":512,\"tok_s\":%.1f,\"ceiling_tok_s\":%.1f,"
            "\"fraction\":%.3f,\"weight_bytes_per_token\":%.0f,\"sim_tok_s\":%.1f}\n",
            name, f->dec1, f->dec1_ceiling, f->dec1 / f->dec1_ceiling, wbytes, sim_decode(&cfg, 1, 512 + steps / 2));
+    {
+        /* the same with every product on cuBLASLt: what the load-time
+         * choice of decode kernels is worth */
+        RUN(cuda_backend_set_gemm_path(be, 1));
+        prefill(be, 1, 0, 512, max_tokens, ids);
+        decode(be, 1, 512, 8, NULL);
+        prefill(be, 1, 0, 512, max_tokens, ids);
+        f->dec1_lt = steps / decode(be, 1, 512, steps, NULL);
+        RUN(cuda_backend_set_gemm_path(be, 0));
+        printf("{\"bench\":\"decode_single\",\"dtype\":\"%s\",\"ctx\":512,\"products\":\"cublaslt\",\"tok_s\":%.1f,"
+               "\"auto_over_cublaslt\":%.3f}\n",
+               name, f->dec1_lt, f->dec1 / f->dec1_lt);
+    }
     {
         int keep = per_seq_blocks;
         per_seq_blocks = (long_ctx + BS - 1) / BS; /* sequence 0 owns the first blocks */
@@ -401,6 +420,7 @@ int main(int argc, char **argv)
     printf("%-34s %12.1f %12.1f\n", "  bandwidth ceiling tok/s", fb.dec1_ceiling, ff.dec1_ceiling);
     printf("%-34s %11.0f%% %11.0f%%\n", "  fraction (target 85%)", 100 * fb.dec1 / (fb.dec1_ceiling + 1e-9),
            100 * ff.dec1 / (ff.dec1_ceiling + 1e-9));
+    printf("%-34s %12.1f %12.1f\n", "  all products on cuBLASLt", fb.dec1_lt, ff.dec1_lt);
     printf("%-34s %12.1f %12.1f\n", "decode 1 seq tok/s (host logits)", fb.dec1_host, ff.dec1_host);
     printf("%-34s %12.1f %12.1f\n", "decode 1 seq tok/s at 8k context", fb.dec1_8k, ff.dec1_8k);
     printf("%-34s %12.0f %12.0f\n", "prefill 2048 tok/s", fb.prefill, ff.prefill);
