@@ -8,6 +8,11 @@ off (the serial loop). The step period is measured from the worker's
 window in which all 64 jobs run (tokens 25 % to 75 % of the total).
 
   /usr/bin/python3 tests/bench/bench_overlap.py [--tokens 400] [--reps 1]
+  /usr/bin/python3 tests/bench/bench_overlap.py --backend cpu [--cpu-model DIR] [--threads 1]
+
+--backend cpu runs a CPU worker on a real checkpoint (default: the demo
+model, build/models/demo-qwen3, which `make demo` makes) instead of the sim:
+its step is real matrix arithmetic on this machine's cores.
 
 Prints one row per (overlap, latency) and the ratio of each 1 ms period to
 the no-latency one of the same mode.
@@ -37,7 +42,7 @@ def tokens_total(port):
     return float(m.group(1)) if m else 0.0
 
 
-def one(build, work, overlap, delay, n_tokens, batch=64):
+def one(build, work, overlap, delay, n_tokens, backend, batch=64):
     rport = free_port()
     srv = subprocess.Popen(["redis-server", "--port", str(rport), "--bind", "127.0.0.1",
                             "--save", "", "--appendonly", "no", "--dir", str(work)],
@@ -47,9 +52,13 @@ def one(build, work, overlap, delay, n_tokens, batch=64):
     addr = f"127.0.0.1:{proxy.port if proxy else rport}"
     hp = free_port()
     log = open(work / f"w-{overlap}-{delay}.log", "w")
-    w = subprocess.Popen([str(build / "redlm-worker"), "--redis", addr, "--backend", "sim",
-                          "--sim-profile", "h200", "--sim-model", "qwen3-14b",
-                          "--model", str(ROOT / "engine" / "tokenizers" / "qwen3"),
+    if backend["name"] == "sim":
+        engine = ["--backend", "sim", "--sim-profile", "h200", "--sim-model", "qwen3-14b",
+                  "--model", str(ROOT / "engine" / "tokenizers" / "qwen3")]
+    else:
+        engine = ["--backend", "cpu", "--model", str(backend["model"]),
+                  "--threads", str(backend["threads"])]
+    w = subprocess.Popen([str(build / "redlm-worker"), "--redis", addr] + engine + [
                           "--no-result-cache", "--max-batch", str(batch), "--pools", "fast",
                           "--name", "b1", "--http-port", str(hp),
                           "--publish-overlap" if overlap else "--no-publish-overlap"],
@@ -87,13 +96,20 @@ def main():
     ap.add_argument("--tokens", type=int, default=400)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--build", default=str(ROOT / "build"))
+    ap.add_argument("--backend", choices=("sim", "cpu"), default="sim")
+    ap.add_argument("--cpu-model", default=None, help="checkpoint for --backend cpu")
+    ap.add_argument("--threads", type=int, default=1, help="engine threads for --backend cpu")
     args = ap.parse_args()
+    backend = {"name": args.backend, "threads": args.threads,
+               "model": pathlib.Path(args.cpu_model or pathlib.Path(args.build) / "models" / "demo-qwen3")}
+    if args.backend == "cpu" and not (backend["model"] / "config.json").exists():
+        sys.exit(f"bench_overlap: no checkpoint at {backend['model']} (make demo makes the demo model)")
     work = pathlib.Path(tempfile.mkdtemp(prefix="bench-overlap-"))
     res = {}
     for rep in range(args.reps):
         for overlap in (True, False):
             for delay in (0.0, 0.001):
-                p = one(pathlib.Path(args.build), work, overlap, delay, args.tokens)
+                p = one(pathlib.Path(args.build), work, overlap, delay, args.tokens, backend)
                 res.setdefault((overlap, delay), []).append(p)
     print("publish_overlap  added latency  step period (ms, best of reps)  vs no latency")
     for (overlap, delay), ps in res.items():
