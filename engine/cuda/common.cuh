@@ -136,6 +136,30 @@ __device__ __forceinline__ float cu_block_sum(float v, float *red)
     return cu_warp_sum(t);
 }
 
+/* The skinny (decode, M <= 8) products share one shape: a warp per output
+ * row, each lane accumulating its share of the row for every one of the M
+ * activation rows. cu_skinny_row: the row this warp owns, -1 past N.
+ * cu_skinny_store: sums each accumulator over the warp and lane 0 writes
+ * Y[m][n] for m < M. */
+__device__ __forceinline__ int cu_skinny_row(int N)
+{
+    int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    return n < N ? n : -1;
+}
+
+template <int MM>
+__device__ __forceinline__ void cu_skinny_store(const float *acc, int M, float *__restrict__ Y, int ldy, int n)
+{
+#pragma unroll
+    for (int m = 0; m < MM; m++) {
+        if (m < M) {
+            float t = cu_warp_sum(acc[m]);
+            if ((threadIdx.x & 31) == 0)
+                Y[(size_t)m * (size_t)ldy + n] = t;
+        }
+    }
+}
+
 static inline unsigned cu_blocks(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }
 
 /* For the per-op test entry points: cudaMalloc + optional upload. On

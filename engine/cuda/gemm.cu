@@ -123,14 +123,10 @@ __global__ void __launch_bounds__(256) fp8_skinny_kernel(const uint8_t *__restri
                                                          const __nv_bfloat16 *__restrict__ X, float *__restrict__ Y,
                                                          int ldy)
 {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int n = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (n >= N)
+    int lane = threadIdx.x & 31, n = cu_skinny_row(N);
+    if (n < 0)
         return;
-    float acc[MM];
-#pragma unroll
-    for (int m = 0; m < MM; m++)
-        acc[m] = 0.0f;
+    float acc[MM] = {};
     const uint8_t *wr = W + (size_t)n * (size_t)K;
     const float *sr = S + (size_t)(n / br) * (size_t)sld;
     int k = lane * 16;
@@ -143,12 +139,7 @@ __global__ void __launch_bounds__(256) fp8_skinny_kernel(const uint8_t *__restri
     }
     if (k < K)
         fp8_piece<MM>(__ldcs((const uint4 *)(wr + k)), sr[k / bc], X, K, k, acc);
-#pragma unroll
-    for (int m = 0; m < MM; m++) {
-        float t = cu_warp_sum(acc[m]);
-        if (lane == 0)
-            Y[(size_t)m * (size_t)ldy + n] = t;
-    }
+    cu_skinny_store<MM>(acc, MM, Y, ldy, n);
 }
 
 /* BF16 / F16 weights x activations of the same type for M <= 8: a warp per
@@ -188,16 +179,12 @@ __global__ void __launch_bounds__(256) half_skinny_kernel(const uint4 *__restric
                                                           const uint4 *__restrict__ X, float *__restrict__ Y,
                                                           int ldy)
 {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int n = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (n >= N)
+    int n = cu_skinny_row(N);
+    if (n < 0)
         return;
-    float acc[MM];
-#pragma unroll
-    for (int m = 0; m < MM; m++)
-        acc[m] = 0.0f;
+    float acc[MM] = {};
     const uint4 *wr = W + (size_t)n * (size_t)K8;
-    int k = lane;
+    int k = threadIdx.x & 31;
     for (; k + 96 < K8; k += 128) {
         uint4 w0 = __ldcs(wr + k), w1 = __ldcs(wr + k + 32), w2 = __ldcs(wr + k + 64), w3 = __ldcs(wr + k + 96);
         half_piece<MM, T2>(w0, X + k, K8, acc);
@@ -207,12 +194,7 @@ __global__ void __launch_bounds__(256) half_skinny_kernel(const uint4 *__restric
     }
     for (; k < K8; k += 32)
         half_piece<MM, T2>(__ldcs(wr + k), X + k, K8, acc);
-#pragma unroll
-    for (int m = 0; m < MM; m++) {
-        float t = cu_warp_sum(acc[m]);
-        if (lane == 0)
-            Y[(size_t)m * (size_t)ldy + n] = t;
-    }
+    cu_skinny_store<MM>(acc, MM, Y, ldy, n);
 }
 
 /* FP8 x BF16, any M: 64x64 output tile, K in steps of 32, 4x4 per thread. */

@@ -102,14 +102,10 @@ template <int DT>
 __global__ void q_skinny_kernel(const uint8_t *__restrict__ W, size_t rb, int G, int N, int K,
                                 const __nv_bfloat16 *__restrict__ X, int M, float *__restrict__ Y, int ldy)
 {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int n = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (n >= N)
+    int lane = threadIdx.x & 31, n = cu_skinny_row(N);
+    if (n < 0)
         return;
-    float acc[Q_SKINNY_MAX_M];
-#pragma unroll
-    for (int m = 0; m < Q_SKINNY_MAX_M; m++)
-        acc[m] = 0.0f;
+    float acc[Q_SKINNY_MAX_M] = {};
     const uint8_t *row = W + (size_t)n * rb;
     for (int e = lane * 8; e < K; e += 256) {
         float w[8];
@@ -127,14 +123,7 @@ __global__ void q_skinny_kernel(const uint8_t *__restrict__ W, size_t rb, int G,
             }
         }
     }
-#pragma unroll
-    for (int m = 0; m < Q_SKINNY_MAX_M; m++) {
-        if (m < M) {
-            float t = cu_warp_sum(acc[m]);
-            if (lane == 0)
-                Y[(size_t)m * (size_t)ldy + n] = t;
-        }
-    }
+    cu_skinny_store<Q_SKINNY_MAX_M>(acc, M, Y, ldy, n);
 }
 
 /* Rows r0 .. r0 + nrows - 1 into out (nrows, K) bf16: a thread per 8. */
