@@ -98,6 +98,24 @@ template <int DT> __device__ __forceinline__ void dq8(const uint8_t *row, int G,
 
 #define Q_SKINNY_MAX_M 8
 
+/* acc[m] += w . x[m][e .. e + 7] for the M activation rows. */
+__device__ __forceinline__ void q_skinny_step(const float w[8], const __nv_bfloat16 *__restrict__ X, int K, int e,
+                                              int M, float *acc)
+{
+#pragma unroll
+    for (int m = 0; m < Q_SKINNY_MAX_M; m++) {
+        if (m < M) {
+            uint4 xv = *(const uint4 *)(X + (size_t)m * (size_t)K + e);
+            const __nv_bfloat16 *a = (const __nv_bfloat16 *)&xv;
+            float t = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                t += w[i] * __bfloat162float(a[i]);
+            acc[m] += t;
+        }
+    }
+}
+
 template <int DT>
 __global__ void q_skinny_kernel(const uint8_t *__restrict__ W, size_t rb, int G, int N, int K,
                                 const __nv_bfloat16 *__restrict__ X, int M, float *__restrict__ Y, int ldy)
@@ -107,21 +125,23 @@ __global__ void q_skinny_kernel(const uint8_t *__restrict__ W, size_t rb, int G,
         return;
     float acc[Q_SKINNY_MAX_M] = {};
     const uint8_t *row = W + (size_t)n * rb;
-    for (int e = lane * 8; e < K; e += 256) {
+    int e = lane * 8;
+    /* four steps' weights dequantized before any is used, so that their
+     * loads are in flight together (one step's bytes, ~150-270 a warp, are
+     * too few to cover the memory's latency); same sums in the same order */
+    for (; e + 3 * 256 < K; e += 4 * 256) {
+        float w[4][8];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            dq8<DT>(row, G, e + u * 256, w[u]);
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            q_skinny_step(w[u], X, K, e + u * 256, M, acc);
+    }
+    for (; e < K; e += 256) {
         float w[8];
         dq8<DT>(row, G, e, w);
-#pragma unroll
-        for (int m = 0; m < Q_SKINNY_MAX_M; m++) {
-            if (m < M) {
-                uint4 xv = *(const uint4 *)(X + (size_t)m * (size_t)K + e);
-                const __nv_bfloat16 *a = (const __nv_bfloat16 *)&xv;
-                float t = 0.0f;
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    t += w[i] * __bfloat162float(a[i]);
-                acc[m] += t;
-            }
-        }
+        q_skinny_step(w, X, K, e, M, acc);
     }
     cu_skinny_store<Q_SKINNY_MAX_M>(acc, M, Y, ldy, n);
 }
