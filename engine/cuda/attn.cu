@@ -90,7 +90,62 @@ __device__ __forceinline__ size_t kv_off(const int32_t *table, int p, int g, int
     return (((size_t)table[p / bs] * (size_t)NKV + (size_t)g) * (size_t)bs + (size_t)(p % bs)) * (size_t)HD;
 }
 
-template <typename KT, int HD>
+/* One lane's key row against the G queries in shared memory: sc[h] +=
+ * q[h] . k, 8 dims at a time. PRE (BF16, head_dim <= 128): all of the
+ * row's 16-byte loads are issued before the first product, so a tile waits
+ * for memory once rather than once per four loads; same sums, same order.
+ * (An alternative under measurement, issue 25: cu_attn_decode's variant.) */
+template <typename KT, int HD, bool PRE>
+__device__ __forceinline__ void dec_key_scores(const KT *__restrict__ kp, const float (*qs)[HD], int G, float *sc)
+{
+    constexpr int MG = CU_ATTN_MAXG;
+    if constexpr (PRE) {
+        static_assert(sizeof(KT) == 2 && HD <= 128, "preloaded keys: bf16, head_dim <= 128");
+        constexpr int NP = HD / 8;
+        uint4 raw[NP];
+#pragma unroll
+        for (int i = 0; i < NP; i++)
+            raw[i] = ((const uint4 *)kp)[i];
+#pragma unroll
+        for (int i = 0; i < NP; i++) {
+            float kf[8];
+            const __nv_bfloat162 *h2 = (const __nv_bfloat162 *)&raw[i];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float2 f = __bfloat1622float2(h2[j]);
+                kf[2 * j] = f.x, kf[2 * j + 1] = f.y;
+            }
+#pragma unroll
+            for (int h = 0; h < MG; h++) {
+                if (h < G) {
+                    float a = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < 8; j++)
+                        a += qs[h][8 * i + j] * kf[j];
+                    sc[h] += a;
+                }
+            }
+        }
+    } else {
+#pragma unroll 4
+        for (int d = 0; d < HD; d += 8) {
+            float kf[8];
+            load8(kp + d, kf);
+#pragma unroll
+            for (int h = 0; h < MG; h++) {
+                if (h < G) {
+                    float a = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < 8; j++)
+                        a += qs[h][d + j] * kf[j];
+                    sc[h] += a;
+                }
+            }
+        }
+    }
+}
+
+template <typename KT, int HD, bool PRE>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
 attn_decode_kernel(const KT *__restrict__ q, const KT *__restrict__ kc, const KT *__restrict__ vc, int NH,
                    int NKV, int bs, float scale, int nsplit, struct cu_attn_meta m, float *__restrict__ out,
@@ -129,24 +184,8 @@ attn_decode_kernel(const KT *__restrict__ q, const KT *__restrict__ kc, const KT
 #pragma unroll
         for (int h = 0; h < MG; h++)
             sc[h] = 0.0f;
-        if (valid) {
-            const KT *kp = kc + kv_off(table, p, g, NKV, bs, HD);
-#pragma unroll 4
-            for (int d = 0; d < HD; d += 8) {
-                float kf[8];
-                load8(kp + d, kf);
-#pragma unroll
-                for (int h = 0; h < MG; h++) {
-                    if (h < G) {
-                        float a = 0.0f;
-#pragma unroll
-                        for (int j = 0; j < 8; j++)
-                            a += qs[h][d + j] * kf[j];
-                        sc[h] += a;
-                    }
-                }
-            }
-        }
+        if (valid)
+            dec_key_scores<KT, HD, PRE>(kc + kv_off(table, p, g, NKV, bs, HD), qs, G, sc);
 #pragma unroll
         for (int h = 0; h < MG; h++) {
             if (h < G) {
@@ -620,17 +659,18 @@ int cu_attn_splits(int n_items, int n_kv, int sm_count, int max_len, int cap)
     return s;
 }
 
-template <typename KT, int HD>
+template <typename KT, int HD, bool PRE = false>
 static void dec_launch(dim3 grid, cudaStream_t st, const void *q, const struct cu_kv_layer *kv, int NH, float scale,
                        int nsplit, const struct cu_attn_meta *m, float *out, float *pml, float *pacc)
 {
-    attn_decode_kernel<KT, HD><<<grid, DEC_WARPS * 32, 0, st>>>((const KT *)q, (const KT *)kv->k, (const KT *)kv->v,
+    attn_decode_kernel<KT, HD, PRE><<<grid, DEC_WARPS * 32, 0, st>>>((const KT *)q, (const KT *)kv->k, (const KT *)kv->v,
                                                                 NH, kv->n_kv, kv->block_size, scale, nsplit, *m,
                                                                 out, pml, pacc);
 }
 
 int cu_attn_decode(const void *q, const struct cu_kv_layer *kv, const struct cu_attn_meta *m, int n_dec, int n_heads,
-                   int nsplit, float *part_ml, float *part_acc, float *out, cudaStream_t st, struct rl_err *err)
+                   int nsplit, int variant, float *part_ml, float *part_acc, float *out, cudaStream_t st,
+                   struct rl_err *err)
 {
     if (n_dec <= 0)
         return 0;
@@ -640,7 +680,12 @@ int cu_attn_decode(const void *q, const struct cu_kv_layer *kv, const struct cu_
     float scale = 1.0f / sqrtf((float)HD);
     dim3 grid((unsigned)n_dec, (unsigned)kv->n_kv, (unsigned)nsplit);
 #define DEC(KT, D) dec_launch<KT, D>(grid, st, q, kv, n_heads, scale, nsplit, m, out, part_ml, part_acc)
-    if (kv->bf16) {
+#define DECP(D) dec_launch<__nv_bfloat16, D, true>(grid, st, q, kv, n_heads, scale, nsplit, m, out, part_ml, part_acc)
+    if (kv->bf16 && variant == CU_ATTN_DEC_PRELOAD && HD <= 128) {
+        if (HD == 32) DECP(32);
+        else if (HD == 64) DECP(64);
+        else DECP(128);
+    } else if (kv->bf16) {
         if (HD == 32) DEC(__nv_bfloat16, 32);
         else if (HD == 64) DEC(__nv_bfloat16, 64);
         else if (HD == 128) DEC(__nv_bfloat16, 128);
@@ -652,6 +697,7 @@ int cu_attn_decode(const void *q, const struct cu_kv_layer *kv, const struct cu_
         else DEC(float, 256);
     }
 #undef DEC
+#undef DECP
     LAUNCH_CHECK(err, "attn_decode_kernel");
     if (nsplit > 1) {
         attn_combine_kernel<<<dim3((unsigned)n_dec, (unsigned)n_heads), HD < 128 ? HD : 128, 0, st>>>(
@@ -751,7 +797,8 @@ extern "C" int cuda_test_attention(int kv_bf16, int n_heads, int n_kv, int hd, i
         memcpy(bt + at, sq->block_table, (size_t)nb * 4);
         s_tok0[s] = t, s_nnew[s] = sq->n_new, s_npast[s] = sq->n_past, s_bt[s] = at;
         at += nb;
-        int use_dec = mode == 1 || (mode == 0 && sq->n_new == 1); /* 2, 3: prefill (tensor cores, SIMT) */
+        /* 1, 4: decode kernel (4: its preloading variant); 2, 3: prefill (tensor cores, SIMT) */
+        int use_dec = mode == 1 || mode == 4 || (mode == 0 && sq->n_new == 1);
         if (!use_dec)
             for (int r0 = 0; r0 < sq->n_new * G; r0 += CU_ATTN_TILE_ROWS)
                 tile_seq[n_tiles] = s, tile_r0[n_tiles++] = r0;
@@ -803,8 +850,8 @@ extern "C" int cuda_test_attention(int kv_bf16, int n_heads, int n_kv, int hd, i
         m.seq_bt_off = m.seq_npast + n_seqs, m.bt = m.seq_bt_off + n_seqs;
     }
     kv.k = dk, kv.v = dv, kv.bf16 = kv_bf16, kv.n_kv = n_kv, kv.head_dim = hd, kv.block_size = bs;
-    if ((rc = cu_attn_decode(dq, &kv, &m, n_dec, n_heads, nsplit, (float *)dml, (float *)dacc, (float *)dout, 0,
-                             err)) ||
+    if ((rc = cu_attn_decode(dq, &kv, &m, n_dec, n_heads, nsplit, mode == 4 ? CU_ATTN_DEC_PRELOAD : CU_ATTN_DEC_PLAIN,
+                             (float *)dml, (float *)dacc, (float *)dout, 0, err)) ||
         (rc = cu_attn_prefill_path(dq, &kv, &m, n_tiles, n_heads, (float *)dout, mode == 3, 0, err)))
         goto out;
     CU_CHECK_GOTO(err, rc, out, cudaMemcpy(out, dout, nq * 4, cudaMemcpyDeviceToHost));

@@ -140,7 +140,7 @@ struct cuda_ctx {
     size_t meta_cap;          /* int32 elements */
 
     struct cu_graph graphs[N_BUCKETS];
-    int use_graphs, device_argmax, gemm_path;
+    int use_graphs, device_argmax, gemm_path, attn_variant;
     struct cu_prof *prof; /* NULL unless the benchmark asked (eager steps only) */
     size_t kv_reserve;        /* be_options.kv_reserve_bytes */
     /* per-row wants (set_row_wants, issue 25): the next forward's, or NULL */
@@ -991,8 +991,8 @@ static int run_step(struct cuda_ctx *c, const struct step *s, float *out_logits,
                                    s->d.slot, c->q, &kv, c->st, err)))
             return rc;
         MARK(ROPE);
-        if ((rc = cu_attn_decode(c->q, &kv, &am, s->n_dec, NH, s->nsplit, c->part_ml, c->part_acc, c->att, c->st,
-                                 err)) ||
+        if ((rc = cu_attn_decode(c->q, &kv, &am, s->n_dec, NH, s->nsplit, c->attn_variant, c->part_ml, c->part_acc,
+                                 c->att, c->st, err)) ||
             (rc = cu_attn_prefill(c->q, &kv, &am, s->n_tiles, NH, c->att, c->st, err)))
             return rc;
         MARK(ATTN);
@@ -1441,6 +1441,16 @@ extern "C" int cuda_backend_set_gemm_path(struct backend *be, int path)
     c->gemm_path = path;
     if (c->gemm)
         cu_gemm_force(c->gemm, (enum cu_gemm_path)path);
+    graphs_reset(c);
+    return 0;
+}
+
+extern "C" int cuda_backend_set_attn_variant(struct backend *be, int variant)
+{
+    struct cuda_ctx *c = ctx_of(be);
+    if (!c || (variant != CU_ATTN_DEC_PLAIN && variant != CU_ATTN_DEC_PRELOAD))
+        return -RL_EINVAL;
+    c->attn_variant = variant;
     graphs_reset(c);
     return 0;
 }

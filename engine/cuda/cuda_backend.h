@@ -37,6 +37,11 @@ int cuda_backend_set_gemm_path(struct backend *be, int path);
  * returns the number of shapes, or -RL_EINVAL. */
 int cuda_backend_gemm_report(struct backend *be, char *buf, size_t cap);
 
+/* Decode attention's kernel form: 0 plain (the default), 1 a key row's
+ * loads issued at once (BF16 KV, head_dim <= 128). Same results; which is
+ * faster is for bench_cuda to show on a device (issue 25). */
+int cuda_backend_set_attn_variant(struct backend *be, int variant);
+
 /* On-device sampling hook. When on, forward() leaves batch->logits alone
  * and instead keeps the greedy token (argmax, lower id on ties) of each
  * logits row; cuda_backend_sampled() returns them, n_logits ids owned by
@@ -109,7 +114,8 @@ int cuda_test_rope(int T, int n_heads, int n_kv, int hd, const float *qkv, const
  * shape as q. mode 0: decode kernel for n_new == 1 sequences, prefill
  * kernel otherwise; 1: decode kernel for every token; 2: prefill kernel for
  * every sequence (tensor cores where they apply); 3: the SIMT prefill
- * kernel for every sequence. nsplit 0 = automatic. */
+ * kernel for every sequence; 4: as 1 with the decode kernel's preloading
+ * variant (cuda_backend_set_attn_variant). nsplit 0 = automatic. */
 int cuda_test_attention(int kv_bf16, int n_heads, int n_kv, int hd, int bs, int n_blocks, const float *k_pool,
                         const float *v_pool, int n_seqs, const struct be_seq *seqs, const float *q, float *out,
                         int mode, int nsplit, struct rl_err *err);

@@ -198,9 +198,12 @@ int cu_attn_splits(int n_items, int n_kv, int sm_count, int max_len, int cap);
 /* One query token per item (keys 0..pos), GQA group per block, the keys
  * split nsplit ways and merged. q: (T, n_heads, hd) in the KV type; out:
  * (T, n_heads, hd) f32. part_ml (cap, n_heads, 2), part_acc (cap, n_heads,
- * hd) with cap >= n_dec * nsplit; unused when nsplit == 1. */
+ * hd) with cap >= n_dec * nsplit; unused when nsplit == 1. variant: the
+ * kernel's form (same results): PRELOAD issues a key row's loads at once
+ * (BF16 cache, head_dim <= 128; plain otherwise). */
+enum { CU_ATTN_DEC_PLAIN = 0, CU_ATTN_DEC_PRELOAD = 1 };
 int cu_attn_decode(const void *q, const struct cu_kv_layer *kv, const struct cu_attn_meta *m,
-                   int n_dec, int n_heads, int nsplit, float *part_ml, float *part_acc, float *out,
+                   int n_dec, int n_heads, int nsplit, int variant, float *part_ml, float *part_acc, float *out,
                    cudaStream_t st, struct rl_err *err);
 /* Causal attention for whole tiles of a sequence's new tokens: on the
  * tensor cores for a bf16 KV cache and head_dim 64 or 128, else SIMT. */

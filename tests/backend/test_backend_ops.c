@@ -436,9 +436,11 @@ static void attn_config(int NH, int NKV, int HD, int bs)
     float *out = malloc(nq * 4), *ref = malloc(nq * 4);
     for (int bf = 0; bf < 2; bf++) {
         ref_attention(bf, NH, NKV, HD, bs, kp, vp, NS, seqs, q, ref);
-        /* mode 2: prefill on the tensor cores where the KV is bf16, 3: SIMT */
-        int modes[5][2] = {{0, 0}, {1, 0}, {1, 7}, {2, 0}, {3, 0}};
-        for (int mi = 0; mi < 5; mi++) {
+        /* mode 2: prefill on the tensor cores where the KV is bf16, 3: SIMT;
+         * 4: the decode kernel's preloading variant (the plain one for f32
+         * or head_dim 256) */
+        int modes[7][2] = {{0, 0}, {1, 0}, {1, 7}, {2, 0}, {3, 0}, {4, 0}, {4, 7}};
+        for (int mi = 0; mi < 7; mi++) {
             memset(out, 0, nq * 4);
             RUN(cuda_test_attention(bf, NH, NKV, HD, bs, nb, kp, vp, NS, seqs, q, out, modes[mi][0], modes[mi][1], &err));
             char name[96];
@@ -446,7 +448,8 @@ static void attn_config(int NH, int NKV, int HD, int bs)
                      modes[mi][0] == 0   ? "auto"
                      : modes[mi][0] == 1 ? "decode"
                      : modes[mi][0] == 2 ? "prefill"
-                                         : "prefill simt",
+                     : modes[mi][0] == 3 ? "prefill simt"
+                                         : "decode preload",
                      modes[mi][1] ? " split 7" : "");
             CHECK_REL(name, out, ref, nq, 1e-3);
         }
