@@ -49,23 +49,29 @@ static const char take_lua[] =
     "return stalls\n";
 
 /* Several jobs in one call, because the Lua entry costs Redis more than
- * the XADD itself (BENCHMARKS.md): KEYS are (out, own) per job; ARGV[1]
- * the holder, then per job: the TTL to set on both keys after done ("0":
- * not yet), the pub/sub channel ("" for none), its pool entry, the number
- * of events n and n (entry ID, event JSON) pairs. The record must name
- * both the holder and the entry: two jobs of one worker under one id (the
- * second refused by FENCE_TAKE, its events not yet dropped) never both
- * write. One reply element per job: the number of
- * its events now in the stream (all of them; a resend after a lost reply
- * counts as written), FENCED when the caller is not its holder, or
- * "XADD <k>: <error>" when its event k failed (the k before it are
- * written, none after it is tried: no gap). On a cluster every call
- * carries one job, as a script's keys must share a slot. */
+ * the XADD itself (BENCHMARKS.md): KEYS per job are out, own, then c check
+ * keys (c = 0, 1: cancel:<id>, 2: cancel:<id> and lease:<id>, all in the
+ * job's hash-tag slot); ARGV[1] the holder, then per job: the TTL to set
+ * on both keys after done ("0": not yet), the pub/sub channel ("" for
+ * none), its pool entry, the number of events n, c, and n (entry ID, event
+ * JSON) pairs. The record must name both the holder and the entry: two
+ * jobs of one worker under one id (the second refused by FENCE_TAKE, its
+ * events not yet dropped) never both write. Per job, one reply element:
+ * the number of its events now in the stream (all of them; a resend after
+ * a lost reply counts as written), FENCED when the caller is not its
+ * holder, or "XADD <k>: <error>" when its event k failed (the k before it
+ * are written, none after it is tried: no gap); then c more: the cancel
+ * key's value (nil when absent or unreadable) and the lease key's EXISTS
+ * (nil when unreadable). The checks ride here so that a job that emits
+ * costs no separate GET/EXISTS command (issue 27, publish.c). On a
+ * cluster every call carries one job, as a script's keys must share a
+ * slot. */
 static const char emit_lua[] =
-    "local res, a = {}, 2\n"
-    "for j = 1, #KEYS, 2 do\n"
+    "local res, a, j = {}, 2, 1\n"
+    "while j <= #KEYS do\n"
     "  local ttl, chan, entry, n = ARGV[a], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3])\n"
-    "  a = a + 4\n"
+    "  local c = tonumber(ARGV[a + 4])\n"
+    "  a = a + 5\n"
     "  local h = redis.call('HMGET', KEYS[j + 1], 'holder', 'entry')\n"
     "  if h[1] ~= ARGV[1] or h[2] ~= entry then\n"
     "    res[#res + 1] = redis.error_reply('FENCED another worker holds this job')\n"
@@ -91,6 +97,12 @@ static const char emit_lua[] =
     "      res[#res + 1] = k\n"
     "    end\n"
     "  end\n"
+    "  for q = 1, c do\n"
+    "    local r = redis.pcall(q == 1 and 'GET' or 'EXISTS', KEYS[j + 1 + q])\n"
+    "    if type(r) == 'table' then r = false end\n"
+    "    res[#res + 1] = r\n"
+    "  end\n"
+    "  j = j + 2 + c\n"
     "  a = a + 2 * n\n"
     "end\n"
     "return res\n";

@@ -30,7 +30,10 @@
  *           PUBLISHes when configured) only if the caller is the holder;
  *           otherwise that job's answer is FENCED and nothing of it is
  *           written. One call carries every job of a flush on a single
- *           instance (one job per call on a cluster).
+ *           instance (one job per call on a cluster). It also reads, for
+ *           a job whose check is due, its cancel key and its client's
+ *           lease key (same hash tag, so same slot): the per-step cancel
+ *           check costs no command of its own (publish.c).
  *   FENCE_LEASE renews, with XCLAIM JUSTID, only the entries the caller
  *           still owns in the pool's pending list, and names the others:
  *           a renewal never takes a job back from the worker that
