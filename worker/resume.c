@@ -72,9 +72,13 @@ static bool held(const struct worker *w, int pool, const char *id)
  * is never renewed or released: it simply expires, so a claimer that dies
  * (or fills up) is replaced within one interval by the next worker whose
  * timer fires, and an idle entry is reclaimed within claim_idle_ms +
- * 2 x claim_interval_ms at most. Our own offer streams (issue 27) are
- * ours alone to claim: no lease. won[p] says which pools to claim; a
- * refused SET (an ACL without it, a read-only replica) claims as before. */
+ * 2 x claim_interval_ms at most. Our own offer streams (issue 27) are not
+ * claimed here at all: an entry idle there for claim_idle_ms (a job given
+ * up, one whose resume failed) is moved to its pool by the dispatcher's
+ * sweep (dispatcher/affinity.c), "moved": "pending", and resumed by
+ * whoever reads it; w_claim_own covers them after a restart. won[p] says
+ * which pools to claim; a refused SET (an ACL without it, a read-only
+ * replica) claims as before. */
 static void take_claimers(struct worker *w, bool *won)
 {
     struct rl_err err;
@@ -110,8 +114,9 @@ int w_claim(struct worker *w, struct rl_err *err)
         int k = w_admissible(w);
         if (k <= 0)
             return 0;
-        if (p < w->n_base_pools && !won[p])
-            continue; /* another worker claims this pool this interval */
+        if (p >= w->n_base_pools || !won[p])
+            continue; /* another worker claims this pool this interval; our offer
+                         streams: the dispatcher's sweep moves their idle entries */
         if (!w->claim_cursor[p][0])
             snprintf(w->claim_cursor[p], RCONN_ID_MAX, "0-0");
         struct rconn_entries ents = {0};
