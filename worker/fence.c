@@ -107,20 +107,27 @@ static const char emit_lua[] =
     "end\n"
     "return res\n";
 
-/* KEYS[1] pool; ARGV[1] group, ARGV[2] consumer, then entry IDs. Renews
- * the ones the consumer owns; returns the others (taken over, or no
- * longer pending). */
+/* KEYS the pools; ARGV[1] group, ARGV[2] consumer, then per pool the
+ * number of its entries n and n entry IDs. Renews the ones the consumer
+ * owns; returns, per pool, an array of the others (taken over, or no
+ * longer pending). Every pool in one call on a single instance (issue 27:
+ * a script call costs more than its commands), one per call on a cluster. */
 static const char lease_lua[] =
-    "local lost = {}\n"
-    "for i = 3, #ARGV do\n"
-    "  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)\n"
-    "  if p[1] and p[1][2] == ARGV[2] then\n"
-    "    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')\n"
-    "  else\n"
-    "    lost[#lost + 1] = ARGV[i]\n"
+    "local res, a = {}, 3\n"
+    "for k = 1, #KEYS do\n"
+    "  local n, lost = tonumber(ARGV[a]), {}\n"
+    "  for i = a + 1, a + n do\n"
+    "    local p = redis.call('XPENDING', KEYS[k], ARGV[1], ARGV[i], ARGV[i], 1)\n"
+    "    if p[1] and p[1][2] == ARGV[2] then\n"
+    "      redis.call('XCLAIM', KEYS[k], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')\n"
+    "    else\n"
+    "      lost[#lost + 1] = ARGV[i]\n"
+    "    end\n"
     "  end\n"
+    "  a = a + 1 + n\n"
+    "  res[k] = lost\n"
     "end\n"
-    "return lost\n";
+    "return res\n";
 
 /* KEYS[1] pool; ARGV[1] group, ARGV[2] consumer, ARGV[3] entry, ARGV[4]
  * idle ms. A job given up (publish.c: Redis would not store its events):

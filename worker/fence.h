@@ -35,9 +35,10 @@
  *           lease key (same hash tag, so same slot): the per-step cancel
  *           check costs no command of its own (publish.c).
  *   FENCE_LEASE renews, with XCLAIM JUSTID, only the entries the caller
- *           still owns in the pool's pending list, and names the others:
+ *           still owns in the pools' pending lists, and names the others:
  *           a renewal never takes a job back from the worker that
- *           reclaimed it.
+ *           reclaimed it. Every pool in one call on a single instance (one
+ *           pool per call on a cluster).
  *   FENCE_RELEASE hands back an entry the caller still owns: a job it
  *           gave up because Redis would not store its events (publish.c)
  *           becomes claimable at once, and that delivery does not count

@@ -221,7 +221,7 @@ enum item_kind {
 struct item {
     enum item_kind kind;
     struct wjob *j;
-    int idx; /* IT_EMIT: its first job in flush.emits; IT_LEASE: the pool */
+    int idx; /* IT_EMIT: its first job in flush.emits; IT_LEASE: its pools, bit p for pool p */
     int n;   /* IT_EMIT: how many jobs it carries */
 };
 
@@ -496,8 +496,10 @@ static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j, bo
 
 /* A lease is renewed only for what this worker still owns, so a long
  * generation is never taken for a dead consumer's, and a renewal never
- * takes a job back from the worker that reclaimed it: FENCE_LEASE per
- * pool over every job held there (fence.h). */
+ * takes a job back from the worker that reclaimed it: FENCE_LEASE over
+ * every job held, one call for all pools on a single instance, one per
+ * pool on a cluster (fence.h). */
+_Static_assert(W_MAX_STREAMS < 31, "IT_LEASE's pools are bits of an int");
 static bool leased(const struct wjob *j, int pool)
 {
     return j->pool == pool && (j->state == WJ_RUNNING || j->state == WJ_CLOSING) && !j->fenced;
@@ -505,29 +507,57 @@ static bool leased(const struct wjob *j, int pool)
 
 static int queue_lease(struct worker *w, struct flush *f)
 {
+    bool cluster = w_cluster(w); /* a script's keys share one slot: one pool per call */
+    int n_jobs[W_MAX_STREAMS] = {0}, mask = 0, n_ids = 0;
     for (int p = 0; p < w->n_pools; p++) {
-        int n = 0;
         for (int i = 0; i < w->n_jobs; i++)
-            n += leased(w->jobs[i], p);
-        if (!n)
-            continue;
-        const char **argv = malloc((size_t)(n + 6) * sizeof *argv);
-        if (!argv)
-            return rl_errf(f->err, RL_ENOMEM, "flush: out of memory");
+            n_jobs[p] += leased(w->jobs[i], p);
+        n_ids += n_jobs[p];
+    }
+    if (!n_ids)
+        return 0;
+    const char **argv = malloc((size_t)(n_ids + 4 * w->n_pools + 6) * sizeof *argv);
+    char(*counts)[12] = malloc((size_t)w->n_pools * sizeof *counts);
+    int rc = 0;
+    if (!argv || !counts) {
+        rc = rl_errf(f->err, RL_ENOMEM, "flush: out of memory");
+        goto out;
+    }
+    for (int p0 = 0; p0 < w->n_pools;) {
+        /* the pools of this call: [p0, p1) with jobs, all of them when not a cluster */
+        int p1 = p0, n_keys = 0;
+        mask = 0;
+        for (; p1 < w->n_pools && (!cluster || n_keys == 0); p1++)
+            if (n_jobs[p1]) {
+                mask |= 1 << p1;
+                n_keys++;
+            }
+        p0 = p1;
+        if (!n_keys)
+            break;
         char nk[12];
-        int a = fence_cmd(&w->fence, FENCE_LEASE, 1, argv, nk);
-        argv[a++] = w->pool_keys[p];
+        int a = fence_cmd(&w->fence, FENCE_LEASE, n_keys, argv, nk);
+        for (int p = 0; p < w->n_pools; p++)
+            if (mask & (1 << p))
+                argv[a++] = w->pool_keys[p];
         argv[a++] = w->opt.group;
         argv[a++] = w->opt.name;
-        for (int i = 0; i < w->n_jobs; i++)
-            if (leased(w->jobs[i], p))
-                argv[a++] = w->jobs[i]->entry_id;
-        int rc = queue_cmd(f, (struct item){IT_LEASE, NULL, p, 0}, a, argv, NULL);
-        free(argv);
-        if (rc)
-            return rc;
+        for (int p = 0; p < w->n_pools; p++) {
+            if (!(mask & (1 << p)))
+                continue;
+            snprintf(counts[p], sizeof counts[p], "%d", n_jobs[p]);
+            argv[a++] = counts[p];
+            for (int i = 0; i < w->n_jobs; i++)
+                if (leased(w->jobs[i], p))
+                    argv[a++] = w->jobs[i]->entry_id;
+        }
+        if ((rc = queue_cmd(f, (struct item){IT_LEASE, NULL, mask, 0}, a, argv, NULL)))
+            break;
     }
-    return 0;
+out:
+    free(argv);
+    free(counts);
+    return rc;
 }
 
 /* The heartbeat SET <prefix>worker:<name> (nothing when it cannot be
@@ -712,27 +742,36 @@ static void apply_emit(struct worker *w, struct flush *f, const struct item *it,
     }
 }
 
-/* FENCE_LEASE's answer for pool p: the entries it did not renew belong to
- * another worker now (or to nobody: acknowledged by the one that
- * finished them). */
-static void apply_lease(struct worker *w, int p, const struct rconn_reply *r)
+/* FENCE_LEASE's answer for the pools of mask (one array each, in pool
+ * order): the entries it did not renew belong to another worker now (or
+ * to nobody: acknowledged by the one that finished them). */
+static void apply_lease(struct worker *w, int mask, const struct rconn_reply *r)
 {
     if (!r || fence_noscript(&w->fence, r))
         return;
     if (r->type != RCONN_ARRAY) {
-        RL_LOG(&w->log, RL_LOG_WARN, "lease renewal on %s: %s", w->pools[p],
+        RL_LOG(&w->log, RL_LOG_WARN, "lease renewal: %s",
                r->type == RCONN_ERROR ? r->str : "unexpected reply");
         return;
     }
-    for (size_t e = 0; e < r->n_elem; e++)
-        for (int i = 0; i < w->n_jobs; i++) {
-            struct wjob *j = w->jobs[i];
-            if (leased(j, p) && r->elem[e].str && !strcmp(j->entry_id, r->elem[e].str)) {
-                RL_LOG(&w->log, RL_LOG_WARN, "job %s (entry %s): its lease was taken over",
-                       j->id[0] ? j->id : "-", j->entry_id);
-                j->fenced = true;
+    size_t k = 0;
+    for (int p = 0; p < w->n_pools; p++) {
+        if (!(mask & (1 << p)))
+            continue;
+        const struct rconn_reply *lost = k < r->n_elem ? &r->elem[k] : NULL;
+        k++;
+        if (!lost || lost->type != RCONN_ARRAY)
+            continue;
+        for (size_t e = 0; e < lost->n_elem; e++)
+            for (int i = 0; i < w->n_jobs; i++) {
+                struct wjob *j = w->jobs[i];
+                if (leased(j, p) && lost->elem[e].str && !strcmp(j->entry_id, lost->elem[e].str)) {
+                    RL_LOG(&w->log, RL_LOG_WARN, "job %s (entry %s): its lease was taken over",
+                           j->id[0] ? j->id : "-", j->entry_id);
+                    j->fenced = true;
+                }
             }
-        }
+    }
 }
 
 /* What reply r (NULL: none came) means for the item that asked: a holder
