@@ -213,9 +213,12 @@ enum item_kind {
  * FENCE_EMIT whenever it emits, so a decoding job is checked every step at
  * no command of its own; one with nothing to emit (prefill, deltas held by
  * coalesce_ms, a backlog backing off) gets a standalone GET (and EXISTS)
- * at most every CHECK_MS. A cancel therefore stops a job within one step
- * and a round trip while it emits, within CHECK_MS + a step + a round trip
- * otherwise (issue 27: per event, not per step per job). */
+ * every CHECK_MS, or up to CHECK_MS / 2 later when its held deltas are due
+ * by then (their emit carries it: a worker that coalesces flushes once per
+ * coalesce_ms, not once more for the check). A cancel therefore stops a
+ * job within one step and a round trip while it emits, within 1.5 x
+ * CHECK_MS + a step + a round trip otherwise (issue 27: per event, not per
+ * step per job). */
 #define CHECK_MS 50
 #define CHECK_KEY_MAX (W_KEY_MAX + 64) /* <prefix>cancel:<id>, lease:<id> */
 struct item {
@@ -478,7 +481,11 @@ static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j, bo
     }
     if (j->state == WJ_ACKING && (rc = queue_ack(w, f, j)))
         return rc;
-    if (checked(j) && !folded && mono >= j->next_check_ms) {
+    /* deltas held by coalesce_ms whose emit (which will carry the check)
+     * is due within CHECK_MS / 2: no round trip of its own meanwhile */
+    bool emit_soon = j->t_hold && w->opt.coalesce_ms > 0 &&
+                     j->t_hold + w->opt.coalesce_ms - f->now <= CHECK_MS / 2;
+    if (checked(j) && !folded && !emit_soon && mono >= j->next_check_ms) {
         char keys[2][CHECK_KEY_MAX];
         int n_check = check_keys(w, j, keys);
         j->next_check_ms = mono + CHECK_MS;
@@ -588,7 +595,8 @@ static int queue_heartbeat(struct worker *w, struct flush *f, bool writes)
         return rc;
     /* the registry of workers (schemas/README.md): the dispatcher reads its
      * members' heartbeats instead of SCANning the key space; names silent
-     * for a day are pruned */
+     * for a day are pruned, which a minute's delay does not change: once a
+     * minute, not with every heartbeat (issue 27: per worker-second work) */
     char reg[W_KEY_MAX], score[32], old[32];
     int64_t now = rl_wall_ms();
     snprintf(reg, sizeof reg, "%sworkers", w->opt.prefix);
@@ -596,8 +604,10 @@ static int queue_heartbeat(struct worker *w, struct flush *f, bool writes)
     snprintf(old, sizeof old, "(%lld", (long long)(now - 86400000));
     const char *za[4] = {"ZADD", reg, score, w->opt.name};
     const char *zr[4] = {"ZREMRANGEBYSCORE", reg, "-inf", old};
-    if ((rc = queue_cmd(f, (struct item){IT_OTHER, NULL, 0, 0}, 4, za, NULL)))
+    if ((rc = queue_cmd(f, (struct item){IT_OTHER, NULL, 0, 0}, 4, za, NULL)) ||
+        now < w->next_prune_ms)
         return rc;
+    w->next_prune_ms = now + 60000;
     return queue_cmd(f, (struct item){IT_OTHER, NULL, 0, 0}, 4, zr, NULL);
 }
 

@@ -224,6 +224,7 @@ struct worker {
     int n_jobs, cap_jobs;
 
     int64_t next_claim_ms, next_lease_ms, next_hb_ms, next_wd_ms;
+    int64_t next_prune_ms;        /* the registry's pruning, once a minute (publish.c) */
     /* Redis at maxmemory (noeviction) refuses every write that would grow
      * it: publish.c then holds events back and retries with back-off,
      * loop.c admits nothing new (schemas/README.md, "Memory pressure") */
