@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "fence.h"
+#include "qack.h"
 
 /* KEYS[1] own, KEYS[2] out; ARGV[1] holder, ARGV[2] pool entry, ARGV[3]
  * "1" for a fresh delivery, ARGV[4] its delivery count, ARGV[5] the
@@ -145,7 +146,8 @@ static const char release_lua[] =
     "           'RETRYCOUNT', d, 'JUSTID')\n"
     "return 1\n";
 
-static const char *const bodies[FENCE_N_SCRIPTS] = {take_lua, emit_lua, lease_lua, release_lua};
+static const char *const bodies[FENCE_N_SCRIPTS] = {take_lua, emit_lua, lease_lua, release_lua,
+                                                     qack_lua};
 
 int fence_load(struct fence *f, struct rconn *c, struct rl_err *err)
 {

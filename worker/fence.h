@@ -60,7 +60,12 @@
 #include "err.h"
 #include "rconn.h"
 
-enum fence_script { FENCE_TAKE, FENCE_EMIT, FENCE_LEASE, FENCE_RELEASE, FENCE_N_SCRIPTS };
+/* FENCE_ACK is common/qack.h's QACK_LUA (XACK + XDEL of a finished job's
+ * entry), loaded with the others so a job's end costs an EVALSHA, not its
+ * body sent and hashed again (issue 27). */
+enum fence_script {
+    FENCE_TAKE, FENCE_EMIT, FENCE_LEASE, FENCE_RELEASE, FENCE_ACK, FENCE_N_SCRIPTS
+};
 
 #define FENCE_HOLDER_MAX 192
 

@@ -54,7 +54,6 @@
 
 #include "clock.h"
 #include "fence.h"
-#include "qack.h"
 #include "rcluster.h"
 #include "worker.h"
 
@@ -458,9 +457,13 @@ out:
  * nothing. Its reply is the XACK's (IT_ACK). */
 static int queue_ack(struct worker *w, struct flush *f, struct wjob *j)
 {
-    const char *argv[6] = {"EVAL", qack_lua, "1", w->pool_keys[j->pool], w->opt.group,
-                           j->entry_id};
-    return queue_cmd(f, (struct item){IT_ACK, j, 0, 0}, 6, argv, NULL);
+    const char *argv[6];
+    char nk[12];
+    int a = fence_cmd(&w->fence, FENCE_ACK, 1, argv, nk);
+    argv[a++] = w->pool_keys[j->pool];
+    argv[a++] = w->opt.group;
+    argv[a++] = j->entry_id;
+    return queue_cmd(f, (struct item){IT_ACK, j, 0, 0}, a, argv, NULL);
 }
 
 /* j's pending dead letter, its XACK (and XDEL) once it is acknowledged,
@@ -836,6 +839,8 @@ static void apply_reply(struct worker *w, struct flush *f, struct item *it,
         }
         break;
     case IT_ACK:
+        if (fence_noscript(&w->fence, r))
+            break; /* still ACKING: again, by EVAL, with the next flush */
         if (!is_err) {
             it->j->state = 0; /* marks it for removal below */
             if (w->admit_cap > 0 && ++w->admit_cap >= w->opt.max_batch)
