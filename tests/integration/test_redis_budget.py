@@ -13,6 +13,7 @@ worker sends, and, marked "lua", every command its scripts run:
   stops it within that bound, long before its next coalesced delta;
 - a client lease that stops being renewed still cancels its job, with the
   check folded into the emit and with it standalone;
+- every pool's lease renewal in one FENCE_LEASE call on a single instance;
 - one claimer per pool: of 4 workers with room, one at a time holds the
   lease claimer:<pool key> and runs XAUTOCLAIM on that pool, about once a
   claim interval for the whole fleet; kill the job's worker and the
@@ -259,3 +260,35 @@ def test_full_worker_reads_nothing(workers, client, redis_addr, prefix, tmp_path
     client.submit(long_job("next", n=3))
     _, done = check_stream(client.events("next"), event_validator)
     assert done["finish_reason"] == "length"
+
+
+def test_lease_renewal_is_one_call_for_all_pools(workers, client, redis_addr, prefix, tmp_path,
+                                                 event_validator):
+    workers("w1", "--max-batch", "4", "--lease-renew-ms", "200", "--claim-idle-ms", "1000")
+    r = connect(redis_addr)
+    client.submit(long_job("lf"), pool="fast")
+    client.submit(dict(long_job("lt"), mode="think"), pool="think")
+    pools = [f"{prefix}jobs:fast", f"{prefix}jobs:think"]
+    for jid in ("lf", "lt"):
+        wait_for(lambda: r.xlen(f"{prefix}out:{jid}") >= 5, f"{jid}'s first events")
+    mon = Monitor(redis_addr, tmp_path / "monitor.txt")
+
+    def renewals(cmds):
+        return [(t, a) for t, src, a in cmds if src != "lua" and a and a[0].upper() == "EVALSHA"
+                and pools[0] in a and pools[1] in a]
+    try:
+        cmds = mon.until(lambda c: len(renewals(c)) >= 4, "4 lease renewals")
+    finally:
+        mon.stop()
+    # both pools' jobs in one FENCE_LEASE call, never one call per pool
+    single = [a for t, src, a in cmds if src != "lua" and a and a[0].upper() == "EVALSHA"
+              and (pools[0] in a) != (pools[1] in a) and "workers" in a]
+    assert not single, single[:2]
+    # and it renews: neither entry goes idle for the claim_idle_ms of 1 s
+    for pool in pools:
+        pend = r.xpending_range(pool, "workers", "-", "+", 10)
+        assert len(pend) == 1 and pend[0]["time_since_delivered"] < 1000, pend
+    for jid in ("lf", "lt"):
+        cancel_now(r, prefix, jid)
+        _, done = check_stream(client.events(jid), event_validator)
+        assert done["finish_reason"] == "cancelled"
