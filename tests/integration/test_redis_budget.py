@@ -14,6 +14,8 @@ worker sends, and, marked "lua", every command its scripts run:
 - a client lease that stops being renewed still cancels its job, with the
   check folded into the emit and with it standalone;
 - every pool's lease renewal in one FENCE_LEASE call on a single instance;
+- every pool's lease renewal goes in one FENCE_LEASE call on a single
+  instance, and keeps the jobs from going idle;
 - one claimer per pool: of 4 workers with room, one at a time holds the
   lease claimer:<pool key> and runs XAUTOCLAIM on that pool, about once a
   claim interval for the whole fleet; kill the job's worker and the
@@ -21,7 +23,6 @@ worker sends, and, marked "lua", every command its scripts run:
 - a worker with no room (max_batch reached) reads no job: no XREADGROUP,
   no claimer lease, until a slot frees.
 """
-import json
 import pathlib
 import re
 import signal
