@@ -145,7 +145,7 @@ static const struct opt options[] = {
     {"claim_idle_ms", T_INT, O(claim_idle_ms), "30000", 1000, 3600000, NULL, CFG_BOTH, F_LIVE,
      "A job pending this long without a lease renewal is taken over (XAUTOCLAIM) from its dead worker."},
     {"claim_interval_ms", T_INT, O(claim_interval_ms), "5000", 100, 600000, NULL, CFG_BOTH, F_LIVE,
-     "How often to look for such jobs (and once at start)."},
+     "How often to look for such jobs (and once at start). A worker with room first takes its pool's claimer lease (<prefix>claimer:<pool key>, SET NX for this long) and only the holder runs XAUTOCLAIM: about one worker per pool per interval, fleet-wide."},
     {"lease_renew_ms", T_INT, O(lease_renew_ms), "5000", 100, 600000, NULL, CFG_WORKER, F_LIVE,
      "How often a worker renews its claim on its running jobs (XCLAIM JUSTID, only for the ones it still owns); must be below claim_idle_ms."},
     {"max_deliveries", T_INT, O(max_deliveries), "3", 1, 100, NULL, CFG_WORKER, F_LIVE,

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "fence.h"
+#include "qack.h"
 
 /* KEYS[1] own, KEYS[2] out; ARGV[1] holder, ARGV[2] pool entry, ARGV[3]
  * "1" for a fresh delivery, ARGV[4] its delivery count, ARGV[5] the
@@ -49,23 +50,29 @@ static const char take_lua[] =
     "return stalls\n";
 
 /* Several jobs in one call, because the Lua entry costs Redis more than
- * the XADD itself (BENCHMARKS.md): KEYS are (out, own) per job; ARGV[1]
- * the holder, then per job: the TTL to set on both keys after done ("0":
- * not yet), the pub/sub channel ("" for none), its pool entry, the number
- * of events n and n (entry ID, event JSON) pairs. The record must name
- * both the holder and the entry: two jobs of one worker under one id (the
- * second refused by FENCE_TAKE, its events not yet dropped) never both
- * write. One reply element per job: the number of
- * its events now in the stream (all of them; a resend after a lost reply
- * counts as written), FENCED when the caller is not its holder, or
- * "XADD <k>: <error>" when its event k failed (the k before it are
- * written, none after it is tried: no gap). On a cluster every call
- * carries one job, as a script's keys must share a slot. */
+ * the XADD itself (BENCHMARKS.md): KEYS per job are out, own, then c check
+ * keys (c = 0, 1: cancel:<id>, 2: cancel:<id> and lease:<id>, all in the
+ * job's hash-tag slot); ARGV[1] the holder, then per job: the TTL to set
+ * on both keys after done ("0": not yet), the pub/sub channel ("" for
+ * none), its pool entry, the number of events n, c, and n (entry ID, event
+ * JSON) pairs. The record must name both the holder and the entry: two
+ * jobs of one worker under one id (the second refused by FENCE_TAKE, its
+ * events not yet dropped) never both write. Per job, one reply element:
+ * the number of its events now in the stream (all of them; a resend after
+ * a lost reply counts as written), FENCED when the caller is not its
+ * holder, or "XADD <k>: <error>" when its event k failed (the k before it
+ * are written, none after it is tried: no gap); then c more: the cancel
+ * key's value (nil when absent or unreadable) and the lease key's EXISTS
+ * (nil when unreadable). The checks ride here so that a job that emits
+ * costs no separate GET/EXISTS command (issue 27, publish.c). On a
+ * cluster every call carries one job, as a script's keys must share a
+ * slot. */
 static const char emit_lua[] =
-    "local res, a = {}, 2\n"
-    "for j = 1, #KEYS, 2 do\n"
+    "local res, a, j = {}, 2, 1\n"
+    "while j <= #KEYS do\n"
     "  local ttl, chan, entry, n = ARGV[a], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3])\n"
-    "  a = a + 4\n"
+    "  local c = tonumber(ARGV[a + 4])\n"
+    "  a = a + 5\n"
     "  local h = redis.call('HMGET', KEYS[j + 1], 'holder', 'entry')\n"
     "  if h[1] ~= ARGV[1] or h[2] ~= entry then\n"
     "    res[#res + 1] = redis.error_reply('FENCED another worker holds this job')\n"
@@ -91,24 +98,37 @@ static const char emit_lua[] =
     "      res[#res + 1] = k\n"
     "    end\n"
     "  end\n"
+    "  for q = 1, c do\n"
+    "    local r = redis.pcall(q == 1 and 'GET' or 'EXISTS', KEYS[j + 1 + q])\n"
+    "    if type(r) == 'table' then r = false end\n"
+    "    res[#res + 1] = r\n"
+    "  end\n"
+    "  j = j + 2 + c\n"
     "  a = a + 2 * n\n"
     "end\n"
     "return res\n";
 
-/* KEYS[1] pool; ARGV[1] group, ARGV[2] consumer, then entry IDs. Renews
- * the ones the consumer owns; returns the others (taken over, or no
- * longer pending). */
+/* KEYS the pools; ARGV[1] group, ARGV[2] consumer, then per pool the
+ * number of its entries n and n entry IDs. Renews the ones the consumer
+ * owns; returns, per pool, an array of the others (taken over, or no
+ * longer pending). Every pool in one call on a single instance (issue 27:
+ * a script call costs more than its commands), one per call on a cluster. */
 static const char lease_lua[] =
-    "local lost = {}\n"
-    "for i = 3, #ARGV do\n"
-    "  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)\n"
-    "  if p[1] and p[1][2] == ARGV[2] then\n"
-    "    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')\n"
-    "  else\n"
-    "    lost[#lost + 1] = ARGV[i]\n"
+    "local res, a = {}, 3\n"
+    "for k = 1, #KEYS do\n"
+    "  local n, lost = tonumber(ARGV[a]), {}\n"
+    "  for i = a + 1, a + n do\n"
+    "    local p = redis.call('XPENDING', KEYS[k], ARGV[1], ARGV[i], ARGV[i], 1)\n"
+    "    if p[1] and p[1][2] == ARGV[2] then\n"
+    "      redis.call('XCLAIM', KEYS[k], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')\n"
+    "    else\n"
+    "      lost[#lost + 1] = ARGV[i]\n"
+    "    end\n"
     "  end\n"
+    "  a = a + 1 + n\n"
+    "  res[k] = lost\n"
     "end\n"
-    "return lost\n";
+    "return res\n";
 
 /* KEYS[1] pool; ARGV[1] group, ARGV[2] consumer, ARGV[3] entry, ARGV[4]
  * idle ms. A job given up (publish.c: Redis would not store its events):
@@ -126,7 +146,8 @@ static const char release_lua[] =
     "           'RETRYCOUNT', d, 'JUSTID')\n"
     "return 1\n";
 
-static const char *const bodies[FENCE_N_SCRIPTS] = {take_lua, emit_lua, lease_lua, release_lua};
+static const char *const bodies[FENCE_N_SCRIPTS] = {take_lua, emit_lua, lease_lua, release_lua,
+                                                     qack_lua};
 
 int fence_load(struct fence *f, struct rconn *c, struct rl_err *err)
 {

@@ -30,11 +30,15 @@
  *           PUBLISHes when configured) only if the caller is the holder;
  *           otherwise that job's answer is FENCED and nothing of it is
  *           written. One call carries every job of a flush on a single
- *           instance (one job per call on a cluster).
+ *           instance (one job per call on a cluster). It also reads, for
+ *           a job whose check is due, its cancel key and its client's
+ *           lease key (same hash tag, so same slot): the per-step cancel
+ *           check costs no command of its own (publish.c).
  *   FENCE_LEASE renews, with XCLAIM JUSTID, only the entries the caller
- *           still owns in the pool's pending list, and names the others:
+ *           still owns in the pools' pending lists, and names the others:
  *           a renewal never takes a job back from the worker that
- *           reclaimed it.
+ *           reclaimed it. Every pool in one call on a single instance (one
+ *           pool per call on a cluster).
  *   FENCE_RELEASE hands back an entry the caller still owns: a job it
  *           gave up because Redis would not store its events (publish.c)
  *           becomes claimable at once, and that delivery does not count
@@ -56,7 +60,12 @@
 #include "err.h"
 #include "rconn.h"
 
-enum fence_script { FENCE_TAKE, FENCE_EMIT, FENCE_LEASE, FENCE_RELEASE, FENCE_N_SCRIPTS };
+/* FENCE_ACK is common/qack.h's QACK_LUA (XACK + XDEL of a finished job's
+ * entry), loaded with the others so a job's end costs an EVALSHA, not its
+ * body sent and hashed again (issue 27). */
+enum fence_script {
+    FENCE_TAKE, FENCE_EMIT, FENCE_LEASE, FENCE_RELEASE, FENCE_ACK, FENCE_N_SCRIPTS
+};
 
 #define FENCE_HOLDER_MAX 192
 

@@ -6,9 +6,11 @@
  * a finished job's result-cache SET ahead of its done; one FENCE_EMIT per
  * job with unconfirmed events (their XADDs with the explicit IDs
  * 0-<seq+1>, the EXPIRE after done, the PUBLISH when configured, all only
- * while this worker holds the job); pending dead letters; the XACK of jobs
- * whose events are all confirmed; one EXISTS per running job for
- * cancellation; and, when due, the FENCE_LEASE renewal and the heartbeat.
+ * while this worker holds the job, and reading its cancel key and its
+ * client's lease key); pending dead letters; the XACK of jobs whose events
+ * are all confirmed; a GET of the cancel key (and EXISTS of the lease) of
+ * a running job that emits nothing this flush, every CHECK_MS at most;
+ * and, when due, the FENCE_LEASE renewal and the heartbeat.
  *
  * Why it is safe to resend everything that was not confirmed: event IDs
  * are explicit and monotone, so an XADD that did land before a connection
@@ -52,7 +54,6 @@
 
 #include "clock.h"
 #include "fence.h"
-#include "qack.h"
 #include "rcluster.h"
 #include "worker.h"
 
@@ -207,10 +208,22 @@ enum item_kind {
  * for one job whose writes Redis refuses otherwise. */
 #define BACKOFF_MIN_MS 5
 #define BACKOFF_MAX_MS 500
+/* A running job's cancel key (and its client's lease key) is read in its
+ * FENCE_EMIT whenever it emits, so a decoding job is checked every step at
+ * no command of its own; one with nothing to emit (prefill, deltas held by
+ * coalesce_ms, a backlog backing off) gets a standalone GET (and EXISTS)
+ * every CHECK_MS, or up to CHECK_MS / 2 later when its held deltas are due
+ * by then (their emit carries it: a worker that coalesces flushes once per
+ * coalesce_ms, not once more for the check). A cancel therefore stops a
+ * job within one step and a round trip while it emits, within 1.5 x
+ * CHECK_MS + a step + a round trip otherwise (issue 27: per event, not per
+ * step per job). */
+#define CHECK_MS 50
+#define CHECK_KEY_MAX (W_KEY_MAX + 64) /* <prefix>cancel:<id>, lease:<id> */
 struct item {
     enum item_kind kind;
     struct wjob *j;
-    int idx; /* IT_EMIT: its first job in flush.emits; IT_LEASE: the pool */
+    int idx; /* IT_EMIT: its first job in flush.emits; IT_LEASE: its pools, bit p for pool p */
     int n;   /* IT_EMIT: how many jobs it carries */
 };
 
@@ -218,6 +231,7 @@ struct item {
 struct emit {
     struct wjob *j;
     int n_ev;
+    int n_check; /* 0; 1: its cancel key read too; 2: and its client's lease key */
 };
 
 /* One flush being built: the pipeline and, in the same order, the items. */
@@ -316,16 +330,44 @@ static int queue_take(struct worker *w, struct flush *f, struct wjob *j)
 /* Notes j's unconfirmed events (the first EMIT_EVENTS_MAX, or
  * PROBE_EVENTS) for the next FENCE_EMIT (queue_emit), unless j is backing
  * off a refusal. */
-static int collect_events(struct flush *f, struct wjob *j, int64_t mono)
+/* Whether j is a running job whose cancel key (and client lease) is read. */
+static bool checked(const struct wjob *j)
 {
+    return j->state == WJ_RUNNING && j->eng_id && !j->cancel_sent && j->id[0];
+}
+
+/* The keys j's check reads (1 or 2): cancel:<id>, then lease:<id> when its
+ * client holds a lease; in its hash-tag slot on a cluster. */
+static int check_keys(const struct worker *w, const struct wjob *j, char (*keys)[CHECK_KEY_MAX])
+{
+    rcl_tagged_key(keys[0], CHECK_KEY_MAX, w_cluster(w), w->opt.prefix, "cancel:", j->id);
+    if (!(j->job && j->job->client_lease_ms > 0))
+        return 1;
+    rcl_tagged_key(keys[1], CHECK_KEY_MAX, w_cluster(w), w->opt.prefix, "lease:", j->id);
+    return 2;
+}
+
+/* Notes j's unconfirmed events (the first EMIT_EVENTS_MAX, or
+ * PROBE_EVENTS) for the next FENCE_EMIT (queue_emit), unless j is backing
+ * off a refusal; a running job's cancel check rides along (*folded). */
+static int collect_events(struct worker *w, struct flush *f, struct wjob *j, int64_t mono,
+                          bool *folded)
+{
+    *folded = false;
     if (j->n_out == 0 || j->state == WJ_DROPPED || j->fenced || mono < j->retry_ms)
         return 0;
     struct emit *g = grow(f->emits, f->n_emits, &f->cap_emits, sizeof *g, 64);
     if (!g)
         return rl_errf(f->err, RL_ENOMEM, "flush: out of memory");
     f->emits = g;
-    int n = j->n_out, cap = f->probe ? PROBE_EVENTS : EMIT_EVENTS_MAX;
-    f->emits[f->n_emits++] = (struct emit){j, n < cap ? n : cap};
+    int n = j->n_out, cap = f->probe ? PROBE_EVENTS : EMIT_EVENTS_MAX, n_check = 0;
+    if (checked(j) && !w->checks_apart) {
+        char keys[2][CHECK_KEY_MAX];
+        n_check = check_keys(w, j, keys);
+        j->next_check_ms = mono + CHECK_MS;
+        *folded = true;
+    }
+    f->emits[f->n_emits++] = (struct emit){j, n < cap ? n : cap, n_check};
     f->n_writes++;
     return 0;
 }
@@ -339,26 +381,34 @@ static int queue_emit(struct worker *w, struct flush *f)
     if (n_jobs <= 0)
         return 0;
     f->emit_from = f->n_emits;
-    int n_ev = 0;
-    for (int g = first; g < f->n_emits; g++)
+    int n_ev = 0, n_keys = 0;
+    for (int g = first; g < f->n_emits; g++) {
         n_ev += f->emits[g].n_ev;
-    int n = 4 + 6 * n_jobs + 2 * n_ev;
+        n_keys += 2 + f->emits[g].n_check;
+    }
+    int n = 4 + n_keys + 5 * n_jobs + 2 * n_ev;
     const char **argv = malloc((size_t)n * sizeof *argv);
     size_t *lens = malloc((size_t)n * sizeof *lens);
     char(*ids)[EV_STREAM_ID_MAX] = malloc((size_t)(n_ev ? n_ev : 1) * sizeof *ids);
-    /* per job: TTL, event count, channel */
-    char(*nums)[2][24] = malloc((size_t)n_jobs * sizeof *nums);
+    /* per job: TTL, event count, check count, channel, check keys */
+    char(*nums)[3][24] = malloc((size_t)n_jobs * sizeof *nums);
     char(*chans)[W_KEY_MAX + WOPTS_STR_MAX + 64] = malloc((size_t)n_jobs * sizeof *chans);
+    char(*cks)[2][CHECK_KEY_MAX] = malloc((size_t)n_jobs * sizeof *cks);
     char nk[12];
     int rc = 0;
-    if (!argv || !lens || !ids || !nums || !chans) {
+    if (!argv || !lens || !ids || !nums || !chans || !cks) {
         rc = rl_errf(f->err, RL_ENOMEM, "flush: out of memory");
         goto out;
     }
-    int a = fence_cmd(&w->fence, FENCE_EMIT, 2 * n_jobs, argv, nk);
+    int a = fence_cmd(&w->fence, FENCE_EMIT, n_keys, argv, nk);
     for (int g = first; g < f->n_emits; g++) {
-        argv[a++] = f->emits[g].j->out_key;
-        argv[a++] = f->emits[g].j->own_key;
+        const struct emit *em = &f->emits[g];
+        argv[a++] = em->j->out_key;
+        argv[a++] = em->j->own_key;
+        if (em->n_check)
+            check_keys(w, em->j, cks[g - first]);
+        for (int c = 0; c < em->n_check; c++)
+            argv[a++] = cks[g - first][c];
     }
     argv[a++] = w->holder;
     for (int i = 0; i < a; i++)
@@ -371,13 +421,14 @@ static int queue_emit(struct worker *w, struct flush *f)
             if (j->out[k].is_done)
                 snprintf(nums[q][0], sizeof nums[q][0], "%d", j->stream_ttl_s);
         snprintf(nums[q][1], sizeof nums[q][1], "%d", f->emits[g].n_ev);
+        snprintf(nums[q][2], sizeof nums[q][2], "%d", f->emits[g].n_check);
         chans[q][0] = 0;
         if (w->opt.publish)
             rcl_tagged_key(chans[q], sizeof chans[q], w_cluster(w), w->opt.prefix, "tok:", j->id);
         /* the pool entry too: the holder record must be this job's, not
          * only this process's (another job of ours may own the id: ident.c) */
-        const char *head[4] = {nums[q][0], chans[q], j->entry_id, nums[q][1]};
-        for (int h = 0; h < 4; h++) {
+        const char *head[5] = {nums[q][0], chans[q], j->entry_id, nums[q][1], nums[q][2]};
+        for (int h = 0; h < 5; h++) {
             lens[a] = strlen(head[h]);
             argv[a++] = head[h];
         }
@@ -396,6 +447,7 @@ out:
     free(ids);
     free(nums);
     free(chans);
+    free(cks);
     return rc;
 }
 
@@ -405,14 +457,21 @@ out:
  * nothing. Its reply is the XACK's (IT_ACK). */
 static int queue_ack(struct worker *w, struct flush *f, struct wjob *j)
 {
-    const char *argv[6] = {"EVAL", qack_lua, "1", w->pool_keys[j->pool], w->opt.group,
-                           j->entry_id};
-    return queue_cmd(f, (struct item){IT_ACK, j, 0, 0}, 6, argv, NULL);
+    const char *argv[6];
+    char nk[12];
+    int a = fence_cmd(&w->fence, FENCE_ACK, 1, argv, nk);
+    argv[a++] = w->pool_keys[j->pool];
+    argv[a++] = w->opt.group;
+    argv[a++] = j->entry_id;
+    return queue_cmd(f, (struct item){IT_ACK, j, 0, 0}, a, argv, NULL);
 }
 
 /* j's pending dead letter, its XACK (and XDEL) once it is acknowledged,
- * and the GET of its cancel key while it runs. */
-static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j, bool writes)
+ * and, while it runs with nothing emitted in this flush (folded: its
+ * FENCE_EMIT reads them), the GET of its cancel key and the EXISTS of its
+ * client's lease, every CHECK_MS at most. */
+static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j, bool writes,
+                           bool folded, int64_t mono)
 {
     char buf[W_KEY_MAX + WOPTS_STR_MAX + 64];
     int rc;
@@ -425,14 +484,19 @@ static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j, bo
     }
     if (j->state == WJ_ACKING && (rc = queue_ack(w, f, j)))
         return rc;
-    if (j->state == WJ_RUNNING && j->eng_id && !j->cancel_sent && j->id[0]) {
-        rcl_tagged_key(buf, sizeof buf, w_cluster(w), w->opt.prefix, "cancel:", j->id);
-        const char *argv[2] = {"GET", buf}; /* whose cancel it is: ident.c */
+    /* deltas held by coalesce_ms whose emit (which will carry the check)
+     * is due within CHECK_MS / 2: no round trip of its own meanwhile */
+    bool emit_soon = j->t_hold && w->opt.coalesce_ms > 0 &&
+                     j->t_hold + w->opt.coalesce_ms - f->now <= CHECK_MS / 2;
+    if (checked(j) && !folded && !emit_soon && mono >= j->next_check_ms) {
+        char keys[2][CHECK_KEY_MAX];
+        int n_check = check_keys(w, j, keys);
+        j->next_check_ms = mono + CHECK_MS;
+        const char *argv[2] = {"GET", keys[0]}; /* whose cancel it is: ident.c */
         if ((rc = queue_cmd(f, (struct item){IT_CANCEL, j, 0, 0}, 2, argv, NULL)))
             return rc;
-        if (j->job && j->job->client_lease_ms > 0) { /* its client's front end alive? */
-            rcl_tagged_key(buf, sizeof buf, w_cluster(w), w->opt.prefix, "lease:", j->id);
-            const char *la[2] = {"EXISTS", buf};
+        if (n_check > 1) { /* its client's front end alive? */
+            const char *la[2] = {"EXISTS", keys[1]};
             if ((rc = queue_cmd(f, (struct item){IT_CLIENT, j, 0, 0}, 2, la, NULL)))
                 return rc;
         }
@@ -442,8 +506,10 @@ static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j, bo
 
 /* A lease is renewed only for what this worker still owns, so a long
  * generation is never taken for a dead consumer's, and a renewal never
- * takes a job back from the worker that reclaimed it: FENCE_LEASE per
- * pool over every job held there (fence.h). */
+ * takes a job back from the worker that reclaimed it: FENCE_LEASE over
+ * every job held, one call for all pools on a single instance, one per
+ * pool on a cluster (fence.h). */
+_Static_assert(W_MAX_STREAMS < 31, "IT_LEASE's pools are bits of an int");
 static bool leased(const struct wjob *j, int pool)
 {
     return j->pool == pool && (j->state == WJ_RUNNING || j->state == WJ_CLOSING) && !j->fenced;
@@ -451,29 +517,57 @@ static bool leased(const struct wjob *j, int pool)
 
 static int queue_lease(struct worker *w, struct flush *f)
 {
+    bool cluster = w_cluster(w); /* a script's keys share one slot: one pool per call */
+    int n_jobs[W_MAX_STREAMS] = {0}, mask = 0, n_ids = 0;
     for (int p = 0; p < w->n_pools; p++) {
-        int n = 0;
         for (int i = 0; i < w->n_jobs; i++)
-            n += leased(w->jobs[i], p);
-        if (!n)
-            continue;
-        const char **argv = malloc((size_t)(n + 6) * sizeof *argv);
-        if (!argv)
-            return rl_errf(f->err, RL_ENOMEM, "flush: out of memory");
+            n_jobs[p] += leased(w->jobs[i], p);
+        n_ids += n_jobs[p];
+    }
+    if (!n_ids)
+        return 0;
+    const char **argv = malloc((size_t)(n_ids + 4 * w->n_pools + 6) * sizeof *argv);
+    char(*counts)[12] = malloc((size_t)w->n_pools * sizeof *counts);
+    int rc = 0;
+    if (!argv || !counts) {
+        rc = rl_errf(f->err, RL_ENOMEM, "flush: out of memory");
+        goto out;
+    }
+    for (int p0 = 0; p0 < w->n_pools;) {
+        /* the pools of this call: [p0, p1) with jobs, all of them when not a cluster */
+        int p1 = p0, n_keys = 0;
+        mask = 0;
+        for (; p1 < w->n_pools && (!cluster || n_keys == 0); p1++)
+            if (n_jobs[p1]) {
+                mask |= 1 << p1;
+                n_keys++;
+            }
+        p0 = p1;
+        if (!n_keys)
+            break;
         char nk[12];
-        int a = fence_cmd(&w->fence, FENCE_LEASE, 1, argv, nk);
-        argv[a++] = w->pool_keys[p];
+        int a = fence_cmd(&w->fence, FENCE_LEASE, n_keys, argv, nk);
+        for (int p = 0; p < w->n_pools; p++)
+            if (mask & (1 << p))
+                argv[a++] = w->pool_keys[p];
         argv[a++] = w->opt.group;
         argv[a++] = w->opt.name;
-        for (int i = 0; i < w->n_jobs; i++)
-            if (leased(w->jobs[i], p))
-                argv[a++] = w->jobs[i]->entry_id;
-        int rc = queue_cmd(f, (struct item){IT_LEASE, NULL, p, 0}, a, argv, NULL);
-        free(argv);
-        if (rc)
-            return rc;
+        for (int p = 0; p < w->n_pools; p++) {
+            if (!(mask & (1 << p)))
+                continue;
+            snprintf(counts[p], sizeof counts[p], "%d", n_jobs[p]);
+            argv[a++] = counts[p];
+            for (int i = 0; i < w->n_jobs; i++)
+                if (leased(w->jobs[i], p))
+                    argv[a++] = w->jobs[i]->entry_id;
+        }
+        if ((rc = queue_cmd(f, (struct item){IT_LEASE, NULL, mask, 0}, a, argv, NULL)))
+            break;
     }
-    return 0;
+out:
+    free(argv);
+    free(counts);
+    return rc;
 }
 
 /* The heartbeat SET <prefix>worker:<name> (nothing when it cannot be
@@ -504,7 +598,8 @@ static int queue_heartbeat(struct worker *w, struct flush *f, bool writes)
         return rc;
     /* the registry of workers (schemas/README.md): the dispatcher reads its
      * members' heartbeats instead of SCANning the key space; names silent
-     * for a day are pruned */
+     * for a day are pruned, which a minute's delay does not change: once a
+     * minute, not with every heartbeat (issue 27: per worker-second work) */
     char reg[W_KEY_MAX], score[32], old[32];
     int64_t now = rl_wall_ms();
     snprintf(reg, sizeof reg, "%sworkers", w->opt.prefix);
@@ -512,8 +607,10 @@ static int queue_heartbeat(struct worker *w, struct flush *f, bool writes)
     snprintf(old, sizeof old, "(%lld", (long long)(now - 86400000));
     const char *za[4] = {"ZADD", reg, score, w->opt.name};
     const char *zr[4] = {"ZREMRANGEBYSCORE", reg, "-inf", old};
-    if ((rc = queue_cmd(f, (struct item){IT_OTHER, NULL, 0, 0}, 4, za, NULL)))
+    if ((rc = queue_cmd(f, (struct item){IT_OTHER, NULL, 0, 0}, 4, za, NULL)) ||
+        now < w->next_prune_ms)
         return rc;
+    w->next_prune_ms = now + 60000;
     return queue_cmd(f, (struct item){IT_OTHER, NULL, 0, 0}, 4, zr, NULL);
 }
 
@@ -532,6 +629,41 @@ static int queue_release(struct worker *w, struct flush *f, struct wjob *j)
     argv[a++] = j->entry_id;
     argv[a++] = idle;
     return queue_cmd(f, (struct item){IT_RELEASE, j, 0, 0}, a, argv, NULL);
+}
+
+/* The value r of j's cancel key (GET, or read by FENCE_EMIT): a cancel
+ * meant for this request stops it in the engine. */
+static void apply_cancel(struct worker *w, struct wjob *j, const struct rconn_reply *r)
+{
+    if (w_ident_cancel_meant(j, r) && j->eng_id && !j->cancel_sent) {
+        struct rl_err e2;
+        RL_LOG(&w->log, RL_LOG_INFO, "job %s: cancelled by its cancel key", j->id);
+        j->cancel_sent = true;
+        if (engine_cancel(w->eng, j->eng_id, &e2))
+            RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: cancel: %s", j->id, e2.msg);
+    }
+}
+
+/* EXISTS r of j's client lease key. The front end renews the lease every
+ * third of client_lease_ms; one missing for a whole lease more (a Redis
+ * that came back without it gets that long to see it renewed) means the
+ * front end died. */
+static void apply_client(struct worker *w, struct wjob *j, const struct rconn_reply *r)
+{
+    if (!r || r->type != RCONN_INTEGER || !j->eng_id || j->cancel_sent)
+        return;
+    if (r->integer > 0) {
+        j->lease_gone_ms = 0;
+    } else if (!j->lease_gone_ms) {
+        j->lease_gone_ms = rl_mono_ms();
+    } else if (rl_mono_ms() - j->lease_gone_ms >= j->job->client_lease_ms) {
+        struct rl_err e2;
+        RL_LOG(&w->log, RL_LOG_WARN, "job %s: cancelled: its client's lease expired (the "
+               "front end that queued it is gone)", j->id);
+        j->cancel_sent = true;
+        if (engine_cancel(w->eng, j->eng_id, &e2))
+            RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: cancel: %s", j->id, e2.msg);
+    }
 }
 
 /* One job's answer e from an IT_EMIT that carried n of its events
@@ -592,36 +724,67 @@ static void apply_emit(struct worker *w, struct flush *f, const struct item *it,
 {
     if (!r || fence_noscript(&w->fence, r))
         return; /* no reply: resent with the next flush */
+    if (r->type == RCONN_ERROR && !strncmp(r->str, "NOPERM", 6) && !w->checks_apart)
+        for (int g = 0; g < it->n; g++)
+            if (f->emits[it->idx + g].n_check) {
+                /* an ACL from before the checks were folded in (its eval
+                 * selector lacks cancel:* and lease:*): send them apart */
+                RL_LOG(&w->log, RL_LOG_WARN, "FENCE_EMIT refused with the cancel and lease "
+                       "keys in it (%s): checking them with GET/EXISTS instead; update the "
+                       "worker's ACL (config/redis-acl.conf)", r->str);
+                w->checks_apart = true;
+                break;
+            }
+    size_t e = 0; /* per job: its answer, then its n_check check replies */
     for (int g = 0; g < it->n; g++) {
         const struct emit *em = &f->emits[it->idx + g];
-        const struct rconn_reply *e =
-            r->type == RCONN_ARRAY ? ((size_t)g < r->n_elem ? &r->elem[g] : NULL) : r;
-        if (e)
-            apply_emit_job(w, f, em->j, em->n_ev, e);
+        if (r->type != RCONN_ARRAY) { /* one error for all: no check read either */
+            apply_emit_job(w, f, em->j, em->n_ev, r);
+            continue;
+        }
+        if (e < r->n_elem)
+            apply_emit_job(w, f, em->j, em->n_ev, &r->elem[e]);
+        e++;
+        for (int c = 0; c < em->n_check; c++, e++)
+            if (e < r->n_elem) {
+                if (c == 0)
+                    apply_cancel(w, em->j, &r->elem[e]);
+                else
+                    apply_client(w, em->j, &r->elem[e]);
+            }
     }
 }
 
-/* FENCE_LEASE's answer for pool p: the entries it did not renew belong to
- * another worker now (or to nobody: acknowledged by the one that
- * finished them). */
-static void apply_lease(struct worker *w, int p, const struct rconn_reply *r)
+/* FENCE_LEASE's answer for the pools of mask (one array each, in pool
+ * order): the entries it did not renew belong to another worker now (or
+ * to nobody: acknowledged by the one that finished them). */
+static void apply_lease(struct worker *w, int mask, const struct rconn_reply *r)
 {
     if (!r || fence_noscript(&w->fence, r))
         return;
     if (r->type != RCONN_ARRAY) {
-        RL_LOG(&w->log, RL_LOG_WARN, "lease renewal on %s: %s", w->pools[p],
+        RL_LOG(&w->log, RL_LOG_WARN, "lease renewal: %s",
                r->type == RCONN_ERROR ? r->str : "unexpected reply");
         return;
     }
-    for (size_t e = 0; e < r->n_elem; e++)
-        for (int i = 0; i < w->n_jobs; i++) {
-            struct wjob *j = w->jobs[i];
-            if (leased(j, p) && r->elem[e].str && !strcmp(j->entry_id, r->elem[e].str)) {
-                RL_LOG(&w->log, RL_LOG_WARN, "job %s (entry %s): its lease was taken over",
-                       j->id[0] ? j->id : "-", j->entry_id);
-                j->fenced = true;
+    size_t k = 0;
+    for (int p = 0; p < w->n_pools; p++) {
+        if (!(mask & (1 << p)))
+            continue;
+        const struct rconn_reply *lost = k < r->n_elem ? &r->elem[k] : NULL;
+        k++;
+        if (!lost || lost->type != RCONN_ARRAY)
+            continue;
+        for (size_t e = 0; e < lost->n_elem; e++)
+            for (int i = 0; i < w->n_jobs; i++) {
+                struct wjob *j = w->jobs[i];
+                if (leased(j, p) && lost->elem[e].str && !strcmp(j->entry_id, lost->elem[e].str)) {
+                    RL_LOG(&w->log, RL_LOG_WARN, "job %s (entry %s): its lease was taken over",
+                           j->id[0] ? j->id : "-", j->entry_id);
+                    j->fenced = true;
+                }
             }
-        }
+    }
 }
 
 /* What reply r (NULL: none came) means for the item that asked: a holder
@@ -676,6 +839,8 @@ static void apply_reply(struct worker *w, struct flush *f, struct item *it,
         }
         break;
     case IT_ACK:
+        if (fence_noscript(&w->fence, r))
+            break; /* still ACKING: again, by EVAL, with the next flush */
         if (!is_err) {
             it->j->state = 0; /* marks it for removal below */
             if (w->admit_cap > 0 && ++w->admit_cap >= w->opt.max_batch)
@@ -685,32 +850,10 @@ static void apply_reply(struct worker *w, struct flush *f, struct item *it,
         }
         break;
     case IT_CANCEL:
-        if (w_ident_cancel_meant(it->j, r) && it->j->eng_id && !it->j->cancel_sent) {
-            struct rl_err e2;
-            RL_LOG(&w->log, RL_LOG_INFO, "job %s: cancelled by its cancel key", it->j->id);
-            it->j->cancel_sent = true;
-            if (engine_cancel(w->eng, it->j->eng_id, &e2))
-                RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: cancel: %s", it->j->id, e2.msg);
-        }
+        apply_cancel(w, it->j, r);
         break;
     case IT_CLIENT:
-        /* the front end renews the lease every third of client_lease_ms; one
-         * missing for a whole lease more (a Redis that came back without
-         * it gets that long to see it renewed) means the front end died */
-        if (!r || r->type != RCONN_INTEGER || !it->j->eng_id || it->j->cancel_sent)
-            break;
-        if (r->integer > 0) {
-            it->j->lease_gone_ms = 0;
-        } else if (!it->j->lease_gone_ms) {
-            it->j->lease_gone_ms = rl_mono_ms();
-        } else if (rl_mono_ms() - it->j->lease_gone_ms >= it->j->job->client_lease_ms) {
-            struct rl_err e2;
-            RL_LOG(&w->log, RL_LOG_WARN, "job %s: cancelled: its client's lease expired (the "
-                   "front end that queued it is gone)", it->j->id);
-            it->j->cancel_sent = true;
-            if (engine_cancel(w->eng, it->j->eng_id, &e2))
-                RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: cancel: %s", it->j->id, e2.msg);
-        }
+        apply_client(w, it->j, r);
         break;
     case IT_HB:
         if (r && !is_err)
@@ -954,12 +1097,14 @@ int w_flush_start(struct worker *w, struct rl_err *err)
     rconn_batch_reset(f->b);
     for (int i = 0; i < w->n_jobs && !rc; i++) {
         struct wjob *j = w->jobs[i];
+        bool folded = false; /* its cancel check rides in its FENCE_EMIT */
         if (j->release && (rc = queue_release(w, f, j)))
             break;
         if (writes && ((rc = queue_take(w, f, j)) || (rc = queue_cache(w, f, j)) ||
-                       (rc = collect_events(f, j, mono)) || (rc = cluster ? queue_emit(w, f) : 0)))
+                       (rc = collect_events(w, f, j, mono, &folded)) ||
+                       (rc = cluster ? queue_emit(w, f) : 0)))
             break;
-        rc = queue_job_state(w, f, j, writes);
+        rc = queue_job_state(w, f, j, writes, folded, mono);
     }
     if (!rc)
         rc = queue_emit(w, f); /* a single instance: every job in one call */

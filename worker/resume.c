@@ -6,7 +6,8 @@
  * every lease_renew_ms (publish.c), so an entry idle longer than
  * claim_idle_ms belongs to a worker that is gone. w_claim() takes such
  * entries over with XAUTOCLAIM, on start and every claim_interval_ms, no
- * more than the engine can admit; w_claim_own() re-reads this consumer's
+ * more than the engine can admit, on the pools whose claimer lease it
+ * holds (one claimer per pool: take_claimers); w_claim_own() re-reads this consumer's
  * own PEL after a restart under the same name.
  *
  * Resumption (w_resume_prepare): XRANGE <prefix>out:<id> - + gives the
@@ -61,12 +62,61 @@ static bool held(const struct worker *w, int pool, const char *id)
     return false;
 }
 
+/* One claimer per pool (issue 27): XAUTOCLAIM scans the pending list, and
+ * every worker running it every claim_interval_ms made Redis's claim work
+ * grow with the fleet, not with the jobs to reclaim. So a worker with room
+ * first takes the short lease <prefix>claimer:<pool key> (SET NX PX
+ * claim_interval_ms; the pool key's hash tag keeps it in the pool's slot),
+ * all pools' in one round trip, and claims only the pools whose lease it
+ * got: about one XAUTOCLAIM per pool per interval, fleet-wide. The lease
+ * is never renewed or released: it simply expires, so a claimer that dies
+ * (or fills up) is replaced within one interval by the next worker whose
+ * timer fires, and an idle entry is reclaimed within claim_idle_ms +
+ * 2 x claim_interval_ms at most. Our own offer streams (issue 27) are not
+ * claimed here at all: an entry idle there for claim_idle_ms (a job given
+ * up, one whose resume failed) is moved to its pool by the dispatcher's
+ * sweep (dispatcher/affinity.c), "moved": "pending", and resumed by
+ * whoever reads it; w_claim_own covers them after a restart. won[p] says
+ * which pools to claim; a refused SET (an ACL without it, a read-only
+ * replica) claims as before. */
+static void take_claimers(struct worker *w, bool *won)
+{
+    struct rl_err err;
+    char keys[W_MAX_STREAMS][W_KEY_MAX + 64], px[24];
+    snprintf(px, sizeof px, "%d", w->opt.claim_interval_ms);
+    rconn_batch_reset(w->batch);
+    int n = 0;
+    for (int p = 0; p < w->n_base_pools; p++) {
+        won[p] = false;
+        snprintf(keys[p], sizeof keys[p], "%sclaimer:%s", w->opt.prefix, w->pool_keys[p]);
+        const char *argv[6] = {"SET", keys[p], w->holder, "NX", "PX", px};
+        if (rconn_batch_add(w->batch, 6, argv, NULL, &err))
+            return;
+        n++;
+    }
+    if (rconn_batch_exec(w->rc, w->batch, &err) && rconn_batch_n_done(w->batch) < n)
+        return; /* Redis away: the XAUTOCLAIM would fail too */
+    for (int p = 0; p < n; p++) {
+        const struct rconn_reply *r = rconn_batch_reply(w->batch, p);
+        won[p] = r && r->type != RCONN_NIL;
+        if (r && r->type == RCONN_ERROR)
+            RL_LOG(&w->log, RL_LOG_DEBUG, "claimer lease %s: %s", keys[p], r->str);
+    }
+}
+
 int w_claim(struct worker *w, struct rl_err *err)
 {
+    bool won[W_MAX_STREAMS];
+    if (w_admissible(w) <= 0)
+        return 0;
+    take_claimers(w, won);
     for (int p = 0; p < w->n_pools; p++) {
         int k = w_admissible(w);
         if (k <= 0)
             return 0;
+        if (p >= w->n_base_pools || !won[p])
+            continue; /* another worker claims this pool this interval; our offer
+                         streams: the dispatcher's sweep moves their idle entries */
         if (!w->claim_cursor[p][0])
             snprintf(w->claim_cursor[p], RCONN_ID_MAX, "0-0");
         struct rconn_entries ents = {0};

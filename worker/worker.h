@@ -86,6 +86,8 @@ struct wjob {
     uint64_t eng_id;              /* engine request id, 0 when not in the engine */
     bool cancel_sent;             /* engine_cancel called */
     int64_t lease_gone_ms;        /* monotonic: first seen without its client lease; 0 = seen */
+    int64_t next_check_ms;        /* monotonic: its next standalone cancel/lease check
+                                     (a job that emits is checked in its FENCE_EMIT) */
     struct ev_seq seq;
     int stream_ttl_s;
 
@@ -190,6 +192,8 @@ struct worker {
     struct rconn *rc_read;        /* the (blocking) XREADGROUP only */
     struct rconn_batch *batch;
     struct fence fence;           /* the fencing scripts' SHA1s */
+    bool checks_apart;            /* an ACL refused FENCE_EMIT with the check keys in it
+                                     (an older config/redis-acl.conf): checks go alone */
     char holder[FENCE_HOLDER_MAX];/* this process as a job's holder (fence_holder) */
 
     /* [0, n_base_pools): the configured pools; with affinity on, then
@@ -220,6 +224,7 @@ struct worker {
     int n_jobs, cap_jobs;
 
     int64_t next_claim_ms, next_lease_ms, next_hb_ms, next_wd_ms;
+    int64_t next_prune_ms;        /* the registry's pruning, once a minute (publish.c) */
     /* Redis at maxmemory (noeviction) refuses every write that would grow
      * it: publish.c then holds events back and retries with back-off,
      * loop.c admits nothing new (schemas/README.md, "Memory pressure") */

@@ -179,6 +179,12 @@ class Fleet:
                     n[f"us_{k[8:]}"] = v.get("usec", 0) / 1e6
                     n[f"calls_{k[8:]}"] = v.get("calls", 0)
             n["redis_cpu"] = info["used_cpu_sys"] + info["used_cpu_user"]
+            # read events (a client's socket readable: about one per round
+            # trip, whatever the pipeline holds) and commands: what the CPU
+            # outside the commands goes with (issue 27 point 3)
+            st = r.info("stats")
+            n["reads"] = st.get("total_reads_processed", 0)
+            n["cmds"] = st.get("total_commands_processed", 0)
             n["xadd"] = stats.get("cmdstat_xadd", {}).get("calls", 0)
             n["master"] = r.info("replication")["role"] == "master"
             nodes[port] = n
@@ -366,6 +372,8 @@ def row(lv):
             "busiest_port": c["busiest_port"],
             "events_per_tok": round(evs / max(toks, 1), 3),
             "xadd_per_tok": round(c["xadd"] / max(toks, 1), 3),
+            "reads_per_tok": round(c.get("reads", 0) / max(toks, 1), 3),
+            "cmds_per_tok": round(c.get("cmds", 0) / max(toks, 1), 3),
             "disp_us_per_req": round(c["disp_cpu"] / max(len(reqs), 1) * 1e6),
             "worker_cpu_util": round(c["worker_cpu"] / c["t"], 3),
             "ttft_p50": round(L["ttft_ms"]["p50"], 1), "ttft_p99": round(L["ttft_ms"]["p99"], 1),
@@ -490,7 +498,7 @@ def soak(a):
     (fleet.out / "fleet.json").write_text(json.dumps(result, indent=1))
     cols = ["rate", "issued", "errors", "tok_s", "redis_us_per_tok", "redis_util",
             *(["busiest_us_per_tok", "busiest_share"] if a.cluster else []), "events_per_tok",
-            "xadd_per_tok", "disp_us_per_req", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99"]
+            "xadd_per_tok", "reads_per_tok", "disp_us_per_req", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99"]
     print("| run | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
     for run in rows:

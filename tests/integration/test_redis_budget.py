@@ -1,0 +1,296 @@
+"""Redis's work per token (issue 27 point 3): what a worker sends Redis
+grows with the events it writes, not with its steps, its jobs or the fleet.
+
+MONITOR (redis-cli monitor, on the test's Redis) shows every command a
+worker sends, and, marked "lua", every command its scripts run:
+
+- the cancel check (GET cancel:<id>) and the client-lease check (EXISTS
+  lease:<id>) of a job that emits ride inside its FENCE_EMIT call: the
+  script runs them, the worker sends no GET of its own, and a cancel still
+  stops the job within a few steps;
+- a running job with nothing to emit (coalesce_ms holds its deltas) gets a
+  standalone GET at most every 50 ms, not every step, and a cancel still
+  stops it within that bound, long before its next coalesced delta;
+- a client lease that stops being renewed still cancels its job, with the
+  check folded into the emit and with it standalone;
+- every pool's lease renewal in one FENCE_LEASE call on a single instance;
+- every pool's lease renewal goes in one FENCE_LEASE call on a single
+  instance, and keeps the jobs from going idle;
+- one claimer per pool: of 4 workers with room, one at a time holds the
+  lease claimer:<pool key> and runs XAUTOCLAIM on that pool, about once a
+  claim interval for the whole fleet; kill the job's worker and the
+  claimer and the job is still resumed to its end, gapless;
+- a worker with no room (max_batch reached) reads no job: no XREADGROUP,
+  no claimer lease, until a slot frees.
+"""
+import pathlib
+import re
+import signal
+import subprocess
+import time
+
+from conftest import check_stream, connect
+
+LINE = re.compile(r'^(\d+\.\d+) \[\d+ ([^\]]+)\] (.*)$')
+ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
+class Monitor:
+    """redis-cli monitor into a file, parsed on demand: a list of (time,
+    source, args), source "lua" for a script's commands, else the client's
+    address."""
+
+    def __init__(self, addr, path):
+        host, port = addr.rsplit(":", 1)
+        self.path = pathlib.Path(path)
+        self.out = open(self.path, "w")
+        self.proc = subprocess.Popen(["redis-cli", "-h", host, "-p", port, "monitor"],
+                                     stdout=self.out, stderr=subprocess.STDOUT)
+        wait_for(lambda: self.path.read_text().startswith("OK"), "MONITOR to start", 10)
+
+    def commands(self):
+        out = []
+        for line in self.path.read_text().splitlines():
+            m = LINE.match(line)
+            if m:
+                out.append((float(m.group(1)), m.group(2), ARG.findall(m.group(3))))
+        return out
+
+    def until(self, cond, what, timeout=30):
+        """Waits until cond(commands) is true; returns the commands."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            cmds = self.commands()
+            if cond(cmds):
+                return cmds
+            time.sleep(0.05)
+        raise AssertionError(f"MONITOR never saw {what}")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.out.close()
+
+
+def wait_for(cond, what, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def calls(cmds, name, key, lua):
+    """(time, args) of the commands `name` on `key`, by scripts (lua) or sent."""
+    return [(t, a) for t, src, a in cmds
+            if a and a[0].upper() == name and len(a) > 1 and a[1] == key
+            and (src == "lua") == lua]
+
+
+def long_job(jid, n=30000, **kw):
+    return {"id": jid, "prompt_ids": [1, 2, 3], "max_tokens": n, "temperature": 0,
+            "ignore_eos": True, **kw}
+
+
+def cancel_now(r, prefix, jid):
+    """Sets the cancel key and reads the stream's length in one transaction:
+    the count is exact at the moment the cancel exists."""
+    p = r.pipeline(transaction=True)
+    p.set(f"{prefix}cancel:{jid}", 1, ex=600)
+    p.xlen(f"{prefix}out:{jid}")
+    return p.execute()[1]
+
+
+def test_checks_ride_in_the_emit_script(workers, client, redis_addr, prefix, tmp_path,
+                                        event_validator):
+    workers("w1", "--max-batch", "2")
+    r = connect(redis_addr)
+    client.submit(long_job("long"))
+    out, ck = f"{prefix}out:long", f"{prefix}cancel:long"
+    wait_for(lambda: r.xlen(out) >= 5, "the job's first events")
+    mon = Monitor(redis_addr, tmp_path / "monitor.txt")
+    try:
+        cmds = mon.until(lambda c: len(calls(c, "GET", ck, True)) >= 100,
+                         "100 cancel checks inside the emit script")
+    finally:
+        mon.stop()
+    inside, apart = calls(cmds, "GET", ck, True), calls(cmds, "GET", ck, False)
+    window = inside[-1][0] - inside[0][0]
+    # decoding, every flush carries an event: no GET of its own, except a
+    # flush that had none (every 50 ms at most)
+    assert len(apart) <= window / 0.05 + 1, (len(apart), len(inside), window)
+    # and the FENCE_EMIT that carries them is the worker's one script call a step
+    emits = [a for t, src, a in cmds if src != "lua" and a and a[0].upper() == "EVALSHA"
+             and out in a]
+    assert len(emits) >= len(inside) - 2, (len(emits), len(inside))
+    n_at_cancel = cancel_now(r, prefix, "long")
+    evs = client.events("long")
+    _, done = check_stream(evs, event_validator)
+    assert done["finish_reason"] == "cancelled"
+    # the check rides with every step's emit: a handful of steps at most
+    assert len(evs) - n_at_cancel <= 4, (n_at_cancel, len(evs))
+
+
+def test_job_with_nothing_to_emit_is_checked_every_50ms(workers, client, redis_addr, prefix,
+                                                         tmp_path, event_validator):
+    # coalescing holds a job's deltas for 1 s: most steps emit nothing
+    workers("w1", "--max-batch", "2", "--coalesce-ms", "1000")
+    r = connect(redis_addr)
+    client.submit(long_job("held"))
+    ck = f"{prefix}cancel:held"
+    mon = Monitor(redis_addr, tmp_path / "monitor.txt")
+    try:
+        cmds = mon.until(lambda c: len(calls(c, "GET", ck, False)) >= 12,
+                         "12 standalone cancel checks")
+    finally:
+        mon.stop()
+    apart = [t for t, _ in calls(cmds, "GET", ck, False)]
+    gaps = [b - a for a, b in zip(apart, apart[1:])]
+    # every 50 ms at most (the worker's clock against Redis's arrival times:
+    # a little jitter either way), not every step (the tiny model steps in
+    # about a millisecond)
+    assert sum(gaps) / len(gaps) >= 0.045, gaps
+    assert min(gaps) >= 0.02, gaps
+    evs_before = r.xlen(f"{prefix}out:held")
+    t0 = time.time()
+    cancel_now(r, prefix, "held")
+    evs = client.events("held")
+    took = time.time() - t0
+    _, done = check_stream(evs, event_validator)
+    assert done["finish_reason"] == "cancelled"
+    # within the check interval, a step and a round trip: well before the
+    # held deltas' 1 s would have let a folded check see it
+    assert took < 0.8, took
+    assert len(evs) - evs_before <= 3, (evs_before, len(evs))
+
+
+def test_client_lease_expiry_cancels(workers, client, redis_addr, prefix, tmp_path,
+                                     event_validator):
+    """Folded (coalesce 0: the EXISTS runs in the emit script) and
+    standalone (coalesce 1000: nothing to emit most steps)."""
+    r = connect(redis_addr)
+    for name, coalesce in (("folded", "0"), ("apart", "1000")):
+        w = workers(f"w-{name}", "--max-batch", "2", "--coalesce-ms", coalesce)
+        jid, lk = f"lease-{name}", f"{prefix}lease:lease-{name}"
+        r.set(lk, "1", px=3000)
+        mon = Monitor(redis_addr, tmp_path / f"monitor-{name}.txt")
+        try:
+            client.submit(long_job(jid, client_lease_ms=1000))
+            # folded: the script's EXISTS; apart: the worker's own
+            mon.until(lambda c: len(calls(c, "EXISTS", lk, coalesce == "0")) >= 5,
+                      f"5 lease checks ({name})")
+        finally:
+            mon.stop()
+        # the lease lives: the job runs on
+        assert r.exists(lk) and r.xlen(f"{prefix}out:{jid}") > 0
+        wait_for(lambda: not r.exists(lk), "the lease to expire", 10)
+        t0 = time.time()
+        evs = client.events(jid)
+        took = time.time() - t0
+        _, done = check_stream(evs, event_validator)
+        assert done["finish_reason"] == "cancelled"
+        # missing for one whole lease (1 s), seen by a check every 50 ms
+        assert took < 1.0 + 1.5, took
+        assert "its client's lease expired" in w.text()
+        w.stop()
+
+
+def test_one_claimer_per_pool(workers, client, redis_addr, prefix, tmp_path, event_validator):
+    fast = ["--claim-interval-ms", "200", "--claim-idle-ms", "1000", "--lease-renew-ms", "200",
+            "--max-batch", "4"]
+    ws = {n: workers(n, *fast) for n in ("c1", "c2", "c3", "c4")}
+    r = connect(redis_addr)
+    pools = [f"{prefix}jobs:fast", f"{prefix}jobs:think"]
+    mon = Monitor(redis_addr, tmp_path / "monitor.txt")
+    try:
+        cmds = mon.until(lambda c: len(c) > 1 and c[-1][0] - c[0][0] >= 2.0, "2 s of traffic")
+    finally:
+        mon.stop()
+    window = cmds[-1][0] - cmds[0][0]
+    for pool in pools:
+        claims = [(t, src) for t, src, a in cmds
+                  if a and a[0].upper() == "XAUTOCLAIM" and a[1] == pool]
+        leases = [(t, src) for t, src, a in cmds if a and a[0].upper() == "SET"
+                  and a[1] == f"{prefix}claimer:{pool}"]
+        # every worker asks for the lease each interval (4 x 10 in 2 s) ...
+        assert len({src for _, src in leases}) == 4, leases
+        # ... and about one of them claims: not 4 per interval
+        assert 0.3 * window / 0.2 <= len(claims) <= window / 0.2 + 2, (len(claims), window)
+    # crash safety: kill the job's worker, and the claimer if another one
+    client.submit(long_job("crash", n=1500))
+    out = f"{prefix}out:crash"
+    wait_for(lambda: r.xlen(out) >= 20, "the job's first events")
+    held = r.xpending_range(pools[0], "workers", "-", "+", 10)
+    victims = {held[0]["consumer"]}
+    holder = r.get(f"{prefix}claimer:{pools[0]}")
+    if holder:
+        victims.add(holder.split("/")[0])
+    for n in victims:
+        ws[n].kill(signal.SIGKILL)
+        ws[n].wait(10)
+    evs = client.events("crash", timeout=120)
+    _, done = check_stream(evs, event_validator)
+    assert done["finish_reason"] == "length" and done["usage"]["completion_tokens"] == 1500
+    assert any("reclaimed entry" in w.text() for n, w in ws.items() if n not in victims)
+
+
+def test_full_worker_reads_nothing(workers, client, redis_addr, prefix, tmp_path,
+                                   event_validator):
+    workers("w1", "--max-batch", "1", "--claim-interval-ms", "100")
+    r = connect(redis_addr)
+    client.submit(long_job("only"))
+    out = f"{prefix}out:only"
+    wait_for(lambda: r.xlen(out) >= 5, "the job's first events")
+    mon = Monitor(redis_addr, tmp_path / "monitor.txt")
+    try:
+        # 100 steps' emits: the worker is full throughout
+        cmds = mon.until(lambda c: sum(1 for _, src, a in c if src != "lua" and a
+                                       and a[0].upper() == "EVALSHA" and out in a) >= 100,
+                         "100 emits")
+    finally:
+        mon.stop()
+    mine = [a[0].upper() for _, src, a in cmds if src != "lua" and a and prefix in " ".join(a)]
+    assert "XREADGROUP" not in mine and "XAUTOCLAIM" not in mine, sorted(set(mine))
+    assert not any(a[0].upper() == "SET" and "claimer:" in a[1] for _, _, a in cmds if a)
+    cancel_now(r, prefix, "only")
+    _, done = check_stream(client.events("only"), event_validator)
+    assert done["finish_reason"] == "cancelled"
+    # room again: it reads (BLOCKs) for the next job
+    client.submit(long_job("next", n=3))
+    _, done = check_stream(client.events("next"), event_validator)
+    assert done["finish_reason"] == "length"
+
+
+def test_lease_renewal_is_one_call_for_all_pools(workers, client, redis_addr, prefix, tmp_path,
+                                                 event_validator):
+    workers("w1", "--max-batch", "4", "--lease-renew-ms", "200", "--claim-idle-ms", "1000")
+    r = connect(redis_addr)
+    client.submit(long_job("lf"), pool="fast")
+    client.submit(dict(long_job("lt"), mode="think"), pool="think")
+    pools = [f"{prefix}jobs:fast", f"{prefix}jobs:think"]
+    for jid in ("lf", "lt"):
+        wait_for(lambda: r.xlen(f"{prefix}out:{jid}") >= 5, f"{jid}'s first events")
+    mon = Monitor(redis_addr, tmp_path / "monitor.txt")
+
+    def renewals(cmds):
+        return [(t, a) for t, src, a in cmds if src != "lua" and a and a[0].upper() == "EVALSHA"
+                and pools[0] in a and pools[1] in a]
+    try:
+        cmds = mon.until(lambda c: len(renewals(c)) >= 4, "4 lease renewals")
+    finally:
+        mon.stop()
+    # both pools' jobs in one FENCE_LEASE call, never one call per pool
+    single = [a for t, src, a in cmds if src != "lua" and a and a[0].upper() == "EVALSHA"
+              and (pools[0] in a) != (pools[1] in a) and "workers" in a]
+    assert not single, single[:2]
+    # and it renews: neither entry goes idle for the claim_idle_ms of 1 s
+    for pool in pools:
+        pend = r.xpending_range(pool, "workers", "-", "+", 10)
+        assert len(pend) == 1 and pend[0]["time_since_delivered"] < 1000, pend
+    for jid in ("lf", "lt"):
+        cancel_now(r, prefix, jid)
+        _, done = check_stream(client.events(jid), event_validator)
+        assert done["finish_reason"] == "cancelled"
