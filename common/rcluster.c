@@ -199,3 +199,48 @@ int rcl_tagged_key(char *buf, size_t cap, bool cluster, const char *prefix, cons
     int n = snprintf(buf, cap, cluster ? "%s%s{%s}" : "%s%s%s", prefix, kind, id);
     return n < 0 || (size_t)n >= cap ? -1 : n;
 }
+
+int rcl_shard_key(char *buf, size_t cap, const char *key, int shard, int n_shards)
+{
+    const char *close = key[0] == '{' ? strchr(key, '}') : NULL;
+    if (!close || close == key + 1 || n_shards < 1 || n_shards > RCL_MAX_SHARDS || shard < 0 ||
+        shard >= n_shards)
+        return -1;
+    if (shard == 0) {
+        int n = snprintf(buf, cap, "%s", key);
+        return n < 0 || (size_t)n >= cap ? -1 : n;
+    }
+    int tag_len = (int)(close - key - 1);
+    int s0 = rcl_key_slot(key, strlen(key));
+    int width = RCL_N_SLOTS / (8 * n_shards);
+    int start = (s0 + shard * (RCL_N_SLOTS / n_shards)) % RCL_N_SLOTS;
+    char tag[RCL_HOST_MAX + 32];
+    if (tag_len > RCL_HOST_MAX)
+        return -1;
+    /* ~8 n_shards tries on average: CRC16 spreads short strings evenly */
+    long pick = 0;
+    for (long n = 0; n < 1000000; n++) {
+        int len = snprintf(tag, sizeof tag, "%.*s%d.%ld", tag_len, key + 1, shard, n);
+        int off = ((int)rcl_crc16(tag, (size_t)len) % RCL_N_SLOTS - start + RCL_N_SLOTS) %
+                  RCL_N_SLOTS;
+        if (off < width) {
+            pick = n;
+            break;
+        }
+    }
+    int n = snprintf(buf, cap, "{%.*s%d.%ld}%s", tag_len, key + 1, shard, pick, close + 1);
+    return n < 0 || (size_t)n >= cap ? -1 : n;
+}
+
+int rcl_shard_pick(const char *intake_key, const char *entry_id, int n_shards)
+{
+    if (n_shards <= 1)
+        return 0;
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = intake_key; *p; p++)
+        h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull; /* a separator: ("ab","c") != ("a","bc") */
+    for (const char *p = entry_id; *p; p++)
+        h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    return (int)(h % (uint64_t)n_shards);
+}
