@@ -1,0 +1,164 @@
+"""Pool shards on a Redis Cluster (issue 27 point 4): a real local 3-master +
+3-replica cluster (the redis_cluster fixture), real workers and dispatchers.
+
+On a cluster each pool stream is split over pool_shards hash tags (default
+6): {<prefix>}jobs:<pool> (shard 0) and {<prefix><s>.<n>}jobs:<pool>, the
+dispatcher forwarding each request into shard rcl_shard_pick(entry) with a
+script that leaves a marker there, then acknowledging the request. This
+test shows, on real processes:
+
+  - the shard names the C code uses are the ones an independent Python
+    implementation of the rule gives, and they sit 2 per master;
+  - jobs through the dispatcher land in every shard, on every master;
+  - a dispatcher SIGKILLed after its forwards and before its XACKs (made
+    certain with an ACL that refuses the XACK's script on the intake stream
+    until the kill) is restarted under its name: it forwards every pending
+    request again, the markers refuse every duplicate (its log says so per
+    request), and each job is in the shards exactly once;
+  - a worker SIGKILLed mid-generation: the other one takes its shard
+    entries over and resumes them;
+  - every job done, token-exact against `redlm run`, seqs gapless, nothing
+    pending in any shard.
+
+Run with Debian's interpreter: /usr/bin/python3 -m pytest tests/integration
+"""
+import json
+import signal
+import time
+
+import redis
+from redis.crc import key_slot
+
+from conftest import check_stream, greedy_jobs, reference, stream_events
+
+FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
+K = 6  # pool_shards' default
+
+
+def shard_key(key, s, k=K):
+    """common/rcluster.c's rcl_shard_key, written again from its contract."""
+    if s == 0:
+        return key
+    close = key.index("}")
+    tag, rest = key[1:close], key[close + 1:]
+    s0 = key_slot(key.encode())
+    width, start = 16384 // (8 * k), (s0 + s * (16384 // k)) % 16384
+    n = 0
+    while (key_slot(f"{tag}{s}.{n}".encode()) - start) % 16384 >= width:
+        n += 1
+    return f"{{{tag}{s}.{n}}}{rest}"
+
+
+def shards(prefix, pool="fast"):
+    return [shard_key(f"{{{prefix}}}jobs:{pool}", s) for s in range(K)]
+
+
+def out_key(prefix, jid):
+    return f"{prefix}out:{{{jid}}}"
+
+
+def wait_for(what, cond, timeout=60):
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, what
+        time.sleep(0.05)
+
+
+def entries_by_job(rc, keys):
+    """{job id: [shard index, ...]} over every entry of the shard streams."""
+    seen = {}
+    for i, k in enumerate(keys):
+        for _, f in rc.xrange(k):
+            seen.setdefault(json.loads(f["job"])["id"], []).append(i)
+    return seen
+
+
+def acl_all_nodes(cluster, *rules):
+    for p in cluster.running():
+        cluster.node(p).execute_command("ACL", "SETUSER", "dsp", *rules)
+
+
+def test_shards_spread_exactly_once_and_kills(redis_cluster, workers, dispatchers, prefix,
+                                              tmp_path, event_validator):
+    rc = redis_cluster.client()
+    keys = shards(prefix)
+    # 2 shards per master: the slot ranges redis-cli --cluster create makes
+    masters = [redis_cluster.master_of(k) for k in keys]
+    assert len(set(masters)) == 3 and all(masters.count(m) == 2 for m in masters), masters
+
+    # the dispatcher may run EVAL on the shards and markers, not on the
+    # intake stream: its XACK (common/qack.c's script) is refused
+    pw = tmp_path / "dsp.pw"
+    pw.write_text("dsp-secret\n")
+    acl_all_nodes(redis_cluster, "reset", "on", ">dsp-secret", "+@all", "-eval", "~*", "&*",
+                  f"(+eval ~{{{prefix}}}jobs:* ~{{{prefix}}}fwd:* ~{{{prefix}?*}}*)")
+    login = ["--redis-user", "dsp", "--redis-password-file", str(pw), "--redis-io-timeout-ms",
+             "2000"]
+    d1 = dispatchers("d1", "--think-ratio", "0", *login, addr=redis_cluster.seeds)
+    for k in keys:  # the dispatcher made every shard and its workers group
+        assert rc.exists(k), k
+
+    jobs = greedy_jobs(60, seed=27, tag="s")
+    for j in jobs:
+        rc.xadd(f"{{{prefix}}}requests", {"job": json.dumps(j)})
+    # every job forwarded (once) while every XACK is refused: the requests
+    # stay pending on d1
+    wait_for("jobs forwarded", lambda: len(entries_by_job(rc, keys)) == len(jobs))
+    wait_for("XACKs refused", lambda: "transaction failed" in d1.text())
+    d1.kill(signal.SIGKILL)
+    d1.wait()
+    pend = rc.xpending(f"{{{prefix}}}requests", "dispatchers")
+    assert pend["pending"] == len(jobs), pend
+    seen = entries_by_job(rc, keys)
+    assert all(len(v) == 1 for v in seen.values()), seen
+    # spread: every shard, every master holds jobs
+    used = {i for v in seen.values() for i in v}
+    assert used == set(range(K)), used
+
+    # the same dispatcher again, allowed its XACKs: it re-forwards its
+    # pending requests; the markers refuse every one
+    acl_all_nodes(redis_cluster, "+eval")
+    d1b = dispatchers("d1", "--think-ratio", "0", *login, addr=redis_cluster.seeds)
+    wait_for("requests acknowledged",
+             lambda: rc.xpending(f"{{{prefix}}}requests", "dispatchers")["pending"] == 0)
+    assert d1b.text().count("already forwarded") >= len(jobs)
+    seen = entries_by_job(rc, keys)
+    assert sorted(seen) == sorted(j["id"] for j in jobs)
+    assert all(len(v) == 1 for v in seen.values()), "a request was forwarded twice"
+
+    # workers: w1 takes long jobs and is SIGKILLed mid-generation; w2
+    # reclaims its entries from the shards and resumes them
+    w1 = workers("wa", *FAST_CLAIM, "--max-batch", "8", addr=redis_cluster.seeds)
+    long = greedy_jobs(10, seed=28, max_tokens=(150, 200), tag="L")
+    for j in long:
+        rc.xadd(f"{{{prefix}}}requests", {"job": json.dumps(j)})
+
+    def mid():
+        held = sum(rc.xpending_range(k, "workers", "-", "+", 100, consumername="wa") != []
+                   for k in keys)
+        started = sum(rc.xlen(out_key(prefix, j["id"])) >= 3 for j in long)
+        return held > 0 and started >= 2
+    wait_for("wa mid-generation", mid, timeout=120)
+    w1.kill(signal.SIGKILL)
+    w1.wait()
+    unfinished = [j["id"] for j in long
+                  if not rc.xrevrange(out_key(prefix, j["id"]), count=1)
+                  or json.loads(rc.xrevrange(out_key(prefix, j["id"]), count=1)[0][1]["event"])
+                  ["type"] != "done"]
+    assert unfinished, "the kill came too late to test resumption"
+    w2 = workers("wb", *FAST_CLAIM, addr=redis_cluster.seeds)
+
+    every = jobs + long
+    ref = reference(every, tmp_path)
+    for j, want in zip(every, ref):
+        evs = stream_events(rc, out_key(prefix, j["id"]), 180)
+        seqs = [e["seq"] for _, e in evs]
+        assert seqs == list(range(len(evs))), f"{j['id']}: gaps or duplicates {seqs}"
+        toks, _ = check_stream(evs, event_validator)
+        assert toks == want, j["id"]
+    assert "reclaimed entry" in w2.text()
+    # nothing left pending in any shard
+    for k in keys:
+        wait_for(f"{k} acknowledged",
+                 lambda k=k: rc.xinfo_groups(k) and all(
+                     g["pending"] == 0 for g in rc.xinfo_groups(k) if g["name"] == "workers"))
