@@ -26,31 +26,14 @@ import json
 import signal
 import time
 
-import redis
-from redis.crc import key_slot
-
-from conftest import check_stream, greedy_jobs, reference, stream_events
+from conftest import check_stream, greedy_jobs, pool_shards, reference, stream_events
 
 FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
 K = 6  # pool_shards' default
 
 
-def shard_key(key, s, k=K):
-    """common/rcluster.c's rcl_shard_key, written again from its contract."""
-    if s == 0:
-        return key
-    close = key.index("}")
-    tag, rest = key[1:close], key[close + 1:]
-    s0 = key_slot(key.encode())
-    width, start = 16384 // (8 * k), (s0 + s * (16384 // k)) % 16384
-    n = 0
-    while (key_slot(f"{tag}{s}.{n}".encode()) - start) % 16384 >= width:
-        n += 1
-    return f"{{{tag}{s}.{n}}}{rest}"
-
-
 def shards(prefix, pool="fast"):
-    return [shard_key(f"{{{prefix}}}jobs:{pool}", s) for s in range(K)]
+    return pool_shards(prefix, pool, K)
 
 
 def out_key(prefix, jid):
