@@ -218,6 +218,7 @@ static void test_shard_keys(void **state)
     const char *prefixes[] = {"{redlm:}jobs:fast", "{fl:}jobs:think", "{t1:}jobs:m:fast"};
     static const struct { int k, masters, lo, hi; } cases[] = {
         {6, 3, 2, 2}, {12, 3, 4, 4}, {8, 3, 2, 3}, {8, 4, 2, 2}, {16, 4, 4, 4}, {6, 2, 3, 3},
+        {3, 3, 1, 1},
     };
     for (size_t p = 0; p < sizeof prefixes / sizeof prefixes[0]; p++)
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
