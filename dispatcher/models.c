@@ -68,8 +68,13 @@ static int pool_slot(struct disp *d, const char *model, const char *pool)
     snprintf(p->name, sizeof p->name, "%.128s:%.64s", model, pool);
     snprintf(p->key, sizeof p->key, "%.255s", key);
     struct rl_err err;
-    if (rconn_xgroup_create(d->rc, key, "workers", "0", &err))
-        RL_LOG(&d->log, RL_LOG_DEBUG, "XGROUP CREATE %s: %s", key, err.msg);
+    for (int s = 0; s < d->n_shards || s == 0; s++) { /* every shard on a cluster (issue 27) */
+        char sk[D_KEY_MAX + 72];
+        if (rcl_shard_key(sk, sizeof sk, key, s, d->n_shards) < 0)
+            snprintf(sk, sizeof sk, "%s", key);
+        if (rconn_xgroup_create(d->rc, sk, "workers", "0", &err))
+            RL_LOG(&d->log, RL_LOG_DEBUG, "XGROUP CREATE %s: %s", sk, err.msg);
+    }
     return d->n_pools++;
 }
 

@@ -823,8 +823,9 @@ static void admit_read(struct worker *w, int p, const struct rconn_entry *e)
  * to us for the prefix we hold, issue 27), then the pools in order.
  * The BLOCKing read has COUNT 1 per stream: an idle worker may take one
  * job per shard when several arrive together. On a cluster rconn sends it
- * to every master holding shards at once and returns with the first that
- * answers (rconn_xreadgroup): no shard waits for another's BLOCK. */
+ * to every shard's slot at once and returns with the first that answers,
+ * cutting the others short (rconn_xreadgroup): no shard waits for
+ * another's BLOCK, and an idle worker does not poll. */
 static void read_jobs(struct worker *w, int k, int block_ms)
 {
     struct rconn_entries ents = {0};
