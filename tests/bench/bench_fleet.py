@@ -415,7 +415,7 @@ def main():
                          " instead of one redis-server; the faults add a CLUSTER FAILOVER")
     ap.add_argument("--pool-shards", type=int, default=0,
                     help="pool_shards for workers and dispatchers (a cluster's pool streams are "
-                         "split over this many hash tags, issue 27); 0 = their default (6)")
+                         "split over this many hash tags, issue 27); 0 = their default (3)")
     ap.add_argument("--build", default=os.environ.get("BUILD", "build"))
     ap.add_argument("--pin", action="store_true",
                     help="redis-server alone on core 0 (taskset), everything else on the others: "

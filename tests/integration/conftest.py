@@ -450,7 +450,7 @@ def tap(r, *keys):
                 raise
 
 
-def shard_key(key, s, k=6):
+def shard_key(key, s, k=3):
     """Shard s of k of a cluster queue key "{<prefix>}<rest>" (issue 27):
     common/rcluster.c's rcl_shard_key, written again from its contract, so
     the tests check the C names against an independent implementation."""
@@ -467,6 +467,6 @@ def shard_key(key, s, k=6):
     return f"{{{tag}{s}.{n}}}{rest}"
 
 
-def pool_shards(prefix, pool="fast", k=6):
+def pool_shards(prefix, pool="fast", k=3):
     """Every shard key of a pool on a cluster, shard 0 first (pool_shards = k)."""
     return [shard_key(f"{{{prefix}}}jobs:{pool}", s, k) for s in range(k)]

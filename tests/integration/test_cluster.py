@@ -120,7 +120,7 @@ def test_protocol_on_cluster(redis_cluster, workers, dispatchers, prefix, tmp_pa
     pools = {p["name"]: p for p in json.loads(out.stdout)["pools"]}
     assert pools["fast"]["key"] == qkey(prefix, "jobs:fast")
     assert pools["fast"]["length"] == 10  # 8 greedy, long, c1 (c2 was a cache hit)
-    assert pools["fast"]["shards"] == 6  # summed over the pool's shards (issue 27)
+    assert pools["fast"]["shards"] == 3  # summed over the pool's shards (issue 27)
 
 
 def n_unfinished(rc, prefix, jobs):
