@@ -18,6 +18,7 @@
 #include "job.h"
 #include "log.h"
 #include "modelref.h"
+#include "rcluster.h"
 #include "rconn.h"
 #include "route.h"
 #include "sha256.h"
@@ -148,6 +149,7 @@ struct disp {
      * leaves a marker there (loop.c, forward_first); markers whose XACK
      * is confirmed are deleted with the next round's forwards (fwd_gc) */
     int n_shards;
+    long shard_n[RCL_MAX_SHARDS]; /* each shard's tag number (rcl_shard_n), found once */
     char **fwd_gc;                /* (n_fwd_gc) marker keys, malloc'd */
     int n_fwd_gc, cap_fwd_gc;
     /* Our own pending entries (read, not yet acknowledged: after a start

@@ -210,7 +210,7 @@ static int replay(struct dreq *q, const char *value, size_t len, struct rl_err *
 static void shard_key(const struct disp *d, int p, int s, char buf[D_SKEY_MAX])
 {
     if (s == 0 || d->n_shards <= 1 ||
-        rcl_shard_key(buf, D_SKEY_MAX, d->pools[p].key, s, d->n_shards) < 0)
+        rcl_shard_key_n(buf, D_SKEY_MAX, d->pools[p].key, s, d->shard_n[s]) < 0)
         snprintf(buf, D_SKEY_MAX, "%s", d->pools[p].key);
 }
 
@@ -732,7 +732,7 @@ static bool forward_first(struct disp *d, struct dreq *qs, int n, struct rl_err 
         snprintf(pfx, sizeof pfx, "%.128s", d->cfg.prefix);
         snprintf(base, sizeof base, "{%s}fwd:%s:%s", pfx, rest ? rest + 1 : ikey, q->e->id);
         shard_key(d, q->dec.pool, s, skey);
-        if (rcl_shard_key(q->mark, sizeof q->mark, base, s, d->n_shards) < 0)
+        if (rcl_shard_key_n(q->mark, sizeof q->mark, base, s, d->shard_n[s]) < 0)
             continue; /* cannot be named: stays pending, logged by commit */
         const char *tenant = d->intake[q->stream].tenant;
         /* the fields as the unsharded forward writes them (commit) */

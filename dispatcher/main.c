@@ -136,6 +136,8 @@ void d_make_keys(struct disp *d, bool cluster)
     rcl_queue_key(d->dead_key, sizeof d->dead_key, cluster, pfx, "dead");
     d->keys_cluster = cluster;
     d->n_shards = cluster ? d->cfg.pool_shards : 1;
+    for (int s = 1; s < d->n_shards; s++)
+        d->shard_n[s] = rcl_shard_n(pfx, strlen(pfx), s, d->n_shards);
 }
 
 int main(int argc, char **argv)

@@ -70,7 +70,7 @@ static int pool_slot(struct disp *d, const char *model, const char *pool)
     struct rl_err err;
     for (int s = 0; s < d->n_shards || s == 0; s++) { /* every shard on a cluster (issue 27) */
         char sk[D_KEY_MAX + 72];
-        if (rcl_shard_key(sk, sizeof sk, key, s, d->n_shards) < 0)
+        if (d->n_shards <= 1 || rcl_shard_key_n(sk, sizeof sk, key, s, d->shard_n[s]) < 0)
             snprintf(sk, sizeof sk, "%s", key);
         if (rconn_xgroup_create(d->rc, sk, "workers", "0", &err))
             RL_LOG(&d->log, RL_LOG_DEBUG, "XGROUP CREATE %s: %s", sk, err.msg);

@@ -78,20 +78,25 @@ static int make_pool_keys(struct worker *w, bool cluster, struct rl_err *err)
     if (n * k > 64)
         return rl_errf(err, RL_EINVAL, "pool_shards: %d pools x %d shards = %d streams; one "
                        "read takes 64 at most", n, k, n * k);
+    /* the shards' tags are the same for every pool: searched once (rcl_shard_n) */
+    long sn[RCL_MAX_SHARDS] = {0};
+    char pfx[72];
+    snprintf(pfx, sizeof pfx, "%.64s", w->opt.prefix);
+    for (int s = 1; s < k; s++)
+        if ((sn[s] = rcl_shard_n(pfx, strlen(pfx), s, k)) < 0)
+            return rl_errf(err, RL_EINVAL, "pool_shards: prefix \"%s\" cannot be a hash tag", pfx);
     for (int p = 0; p < n; p++) {
         if (w->opt.pool_scope_model)
             snprintf(rest, sizeof rest, "jobs:%.128s:%.64s", w->model.name, w->pools[p]);
         else
             snprintf(rest, sizeof rest, "jobs:%.64s", w->pools[p]);
-        char pfx[72];
-        snprintf(pfx, sizeof pfx, "%.64s", w->opt.prefix);
         rcl_queue_key(w->pool_keys[p], W_KEY_MAX, cluster, pfx, rest);
         for (int s = 1; s < k; s++) {
             int i = p + s * n;
             memcpy(w->pools[i], w->pools[p], sizeof w->pools[p]);
             w->pool_names[i] = w->pools[i];
             w->pool_key_ptrs[i] = w->pool_keys[i];
-            if (rcl_shard_key(w->pool_keys[i], W_KEY_MAX, w->pool_keys[p], s, k) < 0)
+            if (rcl_shard_key_n(w->pool_keys[i], W_KEY_MAX, w->pool_keys[p], s, sn[s]) < 0)
                 return rl_errf(err, RL_EINVAL, "pool %s: shard key too long", w->pools[p]);
         }
     }

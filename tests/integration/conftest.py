@@ -459,10 +459,9 @@ def shard_key(key, s, k=3):
         return key
     close = key.index("}")
     tag, rest = key[1:close], key[close + 1:]
-    s0 = key_slot(key.encode())
-    width, start = 16384 // (8 * k), (s0 + s * (16384 // k)) % 16384
+    want = (key_slot(key.encode()) + (s * 16384 + k // 2) // k) % 16384
     n = 0
-    while (key_slot(f"{tag}{s}.{n}".encode()) - start) % 16384 >= width:
+    while key_slot(f"{tag}{s}.{n}".encode()) != want:
         n += 1
     return f"{{{tag}{s}.{n}}}{rest}"
 

@@ -214,6 +214,28 @@ static void test_shard_keys(void **state)
     assert_int_equal(rcl_shard_key(k, sizeof k, "{redlm:}jobs:fast", 8, 8), -1);
     assert_int_equal(rcl_shard_key(k, sizeof k, "{redlm:}jobs:fast", 0, RCL_MAX_SHARDS + 1), -1);
     assert_int_equal(rcl_shard_key(k, 12, "{redlm:}jobs:fast", 1, 8), -1);
+    /* the search done once: the same names from rcl_shard_n + rcl_shard_key_n */
+    long n3 = rcl_shard_n("redlm:", 6, 3, 8);
+    assert_true(n3 >= 0);
+    rcl_shard_key(k, sizeof k, "{redlm:}jobs:fast", 3, 8);
+    assert_true(rcl_shard_key_n(k2, sizeof k2, "{redlm:}jobs:fast", 3, n3) > 0);
+    assert_string_equal(k, k2);
+    assert_int_equal(rcl_shard_n("redlm:", 6, 0, 8), -1);
+    assert_int_equal(rcl_shard_n("redlm:", 6, 8, 8), -1);
+    /* the spread holds wherever the prefix's slot falls (but a slot or two
+     * from a range's end): 200 prefixes, 3 shards on 3 masters */
+    int bad = 0;
+    for (int i = 0; i < 200; i++) {
+        char key[64], sh[96];
+        snprintf(key, sizeof key, "{t%08x:}jobs:fast", (unsigned)i * 2654435761u);
+        int seen = 0;
+        for (int s = 0; s < 3; s++) {
+            assert_true(rcl_shard_key(sh, sizeof sh, key, s, 3) > 0);
+            seen |= 1 << master_of(slot_of(sh), 3);
+        }
+        bad += seen != 7;
+    }
+    assert_int_equal(bad, 0);
     /* spacing and spread, for several prefixes and shard counts */
     const char *prefixes[] = {"{redlm:}jobs:fast", "{fl:}jobs:think", "{t1:}jobs:m:fast"};
     static const struct { int k, masters, lo, hi; } cases[] = {
@@ -228,8 +250,7 @@ static void test_shard_keys(void **state)
                 assert_true(rcl_shard_key(k, sizeof k, prefixes[p], s, n) > 0);
                 int sl = slot_of(k);
                 int off = (sl - s0 + RCL_N_SLOTS) % RCL_N_SLOTS;
-                assert_true(off >= s * (RCL_N_SLOTS / n));
-                assert_true(off < s * (RCL_N_SLOTS / n) + RCL_N_SLOTS / (8 * n) || s == 0);
+                assert_int_equal(off, (s * RCL_N_SLOTS + n / 2) / n); /* evenly, exactly */
                 count[master_of(sl, cases[c].masters)]++;
             }
             for (int m = 0; m < cases[c].masters; m++) {
