@@ -18,7 +18,9 @@ test shows, on real processes:
   - a worker SIGKILLed mid-generation: the other one takes its shard
     entries over and resumes them;
   - every job done, token-exact against `redlm run`, seqs gapless, nothing
-    pending in any shard.
+    pending in any shard;
+  - an idle worker does not poll, and wakes at once for a job in any shard
+    (test_idle_worker_wakes_on_any_shard).
 
 Run with Debian's interpreter: /usr/bin/python3 -m pytest tests/integration
 """
@@ -145,3 +147,45 @@ def test_shards_spread_exactly_once_and_kills(redis_cluster, workers, dispatcher
         wait_for(f"{k} acknowledged",
                  lambda k=k: rc.xinfo_groups(k) and all(
                      g["pending"] == 0 for g in rc.xinfo_groups(k) if g["name"] == "workers"))
+
+
+def xreadgroup_calls(cluster):
+    """XREADGROUP calls so far, summed over the masters (INFO commandstats)."""
+    n = 0
+    for p, role in cluster.roles().items():
+        if role == "master":
+            st = cluster.node(p).info("commandstats").get("cmdstat_xreadgroup", {})
+            n += int(st.get("calls", 0))
+    return n
+
+
+def test_idle_worker_wakes_on_any_shard(redis_cluster, workers, prefix, tmp_path,
+                                        event_validator):
+    """An idle worker BLOCKs on every shard at once: it does not poll (few
+    XREADGROUPs while idle, with BLOCK 8 s), and a job XADDed straight to any
+    shard (shard 0 being the unsharded pool key clients write) is taken at
+    once, not after another shard's BLOCK runs out."""
+    rc = redis_cluster.client()
+    keys = shards(prefix)
+    w = workers("wi", "--block-ms", "8000", addr=redis_cluster.seeds)
+    wait_for("the worker's groups", lambda: all(
+        rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k)) for k in keys))
+    jobs = greedy_jobs(2 * K, seed=29, tag="i")
+    ref = reference(jobs, tmp_path)
+    before = xreadgroup_calls(redis_cluster)
+    t0 = time.time()
+    time.sleep(2)  # a measured idle period, not a moment picked
+    calls = xreadgroup_calls(redis_cluster) - before
+    # one BLOCKing read per shard's slot may end and be made again in 2 s,
+    # and the polls after it: a worker polling would make hundreds
+    assert calls <= 4 * K, f"{calls} XREADGROUPs in {time.time() - t0:.1f} s idle"
+    for i, j in enumerate(jobs):
+        k = keys[i % K]
+        t = time.time()
+        rc.xadd(k, {"job": json.dumps(j)})
+        wait_for(f"{j['id']} started", lambda: rc.exists(out_key(prefix, j["id"])), timeout=30)
+        took = time.time() - t
+        assert took < 3.0, f"{j['id']} on shard {i % K}: first event after {took:.1f} s"
+        toks, _ = check_stream(stream_events(rc, out_key(prefix, j["id"]), 60), event_validator)
+        assert toks == ref[i], j["id"]
+    assert "ready:" in w.text()
