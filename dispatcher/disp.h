@@ -150,6 +150,7 @@ struct disp {
      * is confirmed are deleted with the next round's forwards (fwd_gc) */
     int n_shards;
     long shard_n[RCL_MAX_SHARDS]; /* each shard's tag number (rcl_shard_n), found once */
+    bool shards_warned;           /* logged once: a worker's pool_shards differs */
     char **fwd_gc;                /* (n_fwd_gc) marker keys, malloc'd */
     int n_fwd_gc, cap_fwd_gc;
     /* Our own pending entries (read, not yet acknowledged: after a start

@@ -216,6 +216,17 @@ void d_models_refresh(struct disp *d)
                    "leave some out", FLEET_WORKERS);
             d->fleet_warned = true;
         }
+        /* pool shards (issue 27): a worker reading other shards than we
+         * write to leaves jobs nobody reads, or never gets some */
+        const cJSON *ps = cJSON_GetObjectItemCaseSensitive(hb, "pool_shards");
+        if (cJSON_IsNumber(ps) && (int)ps->valuedouble != d->n_shards && d->keys_cluster &&
+            !d->shards_warned) {
+            RL_LOG(&d->log, RL_LOG_ERROR, "worker %s reads %d shards per pool, this dispatcher "
+                   "writes to %d: give workers and dispatchers the same pool_shards, or jobs "
+                   "wait in shards no worker reads", names->elem[i].str ? names->elem[i].str : "?",
+                   (int)ps->valuedouble, d->n_shards);
+            d->shards_warned = true;
+        }
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(hb, "model");
         if (!cJSON_IsString(name) || !modelref_name_ok(name->valuestring)) {
             cJSON_Delete(hb); /* a worker from before served names: the shared pools */

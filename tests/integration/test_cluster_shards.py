@@ -159,7 +159,7 @@ def xreadgroup_calls(cluster):
     return n
 
 
-def test_idle_worker_wakes_on_any_shard(redis_cluster, workers, prefix, tmp_path,
+def test_idle_worker_wakes_on_any_shard(redis_cluster, workers, dispatchers, prefix, tmp_path,
                                         event_validator):
     """An idle worker BLOCKs on every shard at once: it does not poll (few
     XREADGROUPs while idle, with BLOCK 8 s), and a job XADDed straight to any
@@ -189,3 +189,7 @@ def test_idle_worker_wakes_on_any_shard(redis_cluster, workers, prefix, tmp_path
         toks, _ = check_stream(stream_events(rc, out_key(prefix, j["id"]), 60), event_validator)
         assert toks == ref[i], j["id"]
     assert "ready:" in w.text()
+    # a dispatcher configured with other shards than the workers says so
+    d = dispatchers("dm", "--pool-shards", "2", addr=redis_cluster.seeds)
+    wait_for("the pool_shards mismatch logged",
+             lambda: f"reads {K} shards per pool, this dispatcher writes to 2" in d.text())
