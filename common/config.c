@@ -142,6 +142,8 @@ static const struct opt options[] = {
     /* queue */
     {"block_ms", T_INT, O(block_ms), "1000", 1, 60000, NULL, CFG_BOTH, F_LIVE,
      "XREADGROUP BLOCK time when idle."},
+    {"pool_shards", T_INT, O(pool_shards), "3", 1, 16, NULL, CFG_BOTH, 0,
+     "Redis Cluster only (issue 27): each pool stream is split over this many hash tags (the number of masters, or a multiple of it: every shard costs each worker calls of its own), {<prefix>}jobs:<pool> (shard 0, also where jobs XADDed directly land) and {<prefix><s>.<n>}jobs:<pool>, so that the queue work spreads over the masters; workers read every shard, the dispatcher forwards each request into one (schemas/README.md, \"Key layout on a Redis Cluster\"). Workers and dispatchers of one prefix must use the same value. A single instance always has one pool stream; 1 = the cluster layout before issue 27 (one queue slot)."},
     {"claim_idle_ms", T_INT, O(claim_idle_ms), "30000", 1000, 3600000, NULL, CFG_BOTH, F_LIVE,
      "A job pending this long without a lease renewal is taken over (XAUTOCLAIM) from its dead worker."},
     {"claim_interval_ms", T_INT, O(claim_interval_ms), "5000", 100, 600000, NULL, CFG_BOTH, F_LIVE,

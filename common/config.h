@@ -73,6 +73,7 @@ struct cfg {
     int dead_maxlen;              /* cap of redlm:dead; 0 = none */
     /* queue */
     int block_ms;
+    int pool_shards;              /* cluster: hash tags per pool stream (rcl_shard_key) */
     int claim_idle_ms;
     int claim_interval_ms;
     int lease_renew_ms;

@@ -199,3 +199,55 @@ int rcl_tagged_key(char *buf, size_t cap, bool cluster, const char *prefix, cons
     int n = snprintf(buf, cap, cluster ? "%s%s{%s}" : "%s%s%s", prefix, kind, id);
     return n < 0 || (size_t)n >= cap ? -1 : n;
 }
+
+long rcl_shard_n(const char *tag, size_t tag_len, int shard, int n_shards)
+{
+    if (!tag_len || tag_len > RCL_HOST_MAX || n_shards < 1 || n_shards > RCL_MAX_SHARDS ||
+        shard < 1 || shard >= n_shards)
+        return -1;
+    int s0 = rcl_crc16(tag, tag_len) & (RCL_N_SLOTS - 1);
+    int want = (s0 + (shard * RCL_N_SLOTS + n_shards / 2) / n_shards) % RCL_N_SLOTS;
+    char buf[RCL_HOST_MAX + 32];
+    /* ~16384 tries on average (CRC16 spreads short strings evenly): a few
+     * ms, once per process and shard */
+    for (long n = 0; n < 100000000; n++) {
+        int len = snprintf(buf, sizeof buf, "%.*s%d.%ld", (int)tag_len, tag, shard, n);
+        if ((rcl_crc16(buf, (size_t)len) & (RCL_N_SLOTS - 1)) == want)
+            return n;
+    }
+    return 0; /* not reached: CRC16 takes every value */
+}
+
+int rcl_shard_key_n(char *buf, size_t cap, const char *key, int shard, long n)
+{
+    const char *close = key[0] == '{' ? strchr(key, '}') : NULL;
+    if (!close || close == key + 1 || shard < 0 || (shard > 0 && n < 0))
+        return -1;
+    int len = shard == 0 ? snprintf(buf, cap, "%s", key)
+                         : snprintf(buf, cap, "{%.*s%d.%ld}%s", (int)(close - key - 1), key + 1,
+                                    shard, n, close + 1);
+    return len < 0 || (size_t)len >= cap ? -1 : len;
+}
+
+int rcl_shard_key(char *buf, size_t cap, const char *key, int shard, int n_shards)
+{
+    const char *close = key[0] == '{' ? strchr(key, '}') : NULL;
+    if (!close || close == key + 1 || n_shards < 1 || n_shards > RCL_MAX_SHARDS || shard < 0 ||
+        shard >= n_shards)
+        return -1;
+    long n = shard ? rcl_shard_n(key + 1, (size_t)(close - key - 1), shard, n_shards) : 0;
+    return n < 0 ? -1 : rcl_shard_key_n(buf, cap, key, shard, n);
+}
+
+int rcl_shard_pick(const char *intake_key, const char *entry_id, int n_shards)
+{
+    if (n_shards <= 1)
+        return 0;
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = intake_key; *p; p++)
+        h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull; /* a separator: ("ab","c") != ("a","bc") */
+    for (const char *p = entry_id; *p; p++)
+        h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    return (int)(h % (uint64_t)n_shards);
+}

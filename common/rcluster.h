@@ -86,4 +86,39 @@ int rcl_tagged_key(char *buf, size_t cap, bool cluster, const char *prefix, cons
  * pools in one XREADGROUP. Returns the length, or -1 when it does not fit. */
 int rcl_queue_key(char *buf, size_t cap, bool cluster, const char *prefix, const char *rest);
 
+/* Pool shards (issue 27, schemas/README.md "Key layout on a Redis
+ * Cluster"): on a cluster each pool stream is split over pool_shards hash
+ * tags so that the queue traffic spreads over the masters.
+ *
+ * The key of shard `shard` (0 <= shard < n_shards <= RCL_MAX_SHARDS) of a
+ * cluster queue key "{<prefix>}<rest>": shard 0 is the key itself (what
+ * a single instance and pool_shards = 1 use, and where jobs XADDed
+ * directly to the pool land); shard s > 0 is "{<prefix><s>.<n>}<rest>",
+ * n the smallest number >= 0 that puts its slot exactly
+ * round(s * RCL_N_SLOTS / n_shards) slots after the slot of shard 0 (mod
+ * RCL_N_SLOTS). The shards thus sit evenly over the slot space, and
+ * masters holding even contiguous ranges (what redis-cli --cluster create
+ * makes) hold n_shards / masters each (but for a prefix whose slot is
+ * within a slot or two of a range's end), while every process computes
+ * the same names from the prefix alone. Finding n takes ~16384 CRCs (a
+ * few ms): callers that name shards often take it once from rcl_shard_n
+ * and build keys with rcl_shard_key_n.
+ * The same shard of every pool (and of the dispatcher's forward markers,
+ * "fwd:...") shares one tag. Returns the length, or -1 when it does not
+ * fit, key has no leading "{...}" tag, or shard is out of range. */
+#define RCL_MAX_SHARDS 16
+int rcl_shard_key(char *buf, size_t cap, const char *key, int shard, int n_shards);
+/* The n of shard `shard` (1 <= shard < n_shards) of keys tagged {tag}
+ * (tag_len bytes, not empty): the same for every pool and marker of one
+ * prefix. -1 when out of range. */
+long rcl_shard_n(const char *tag, size_t tag_len, int shard, int n_shards);
+/* rcl_shard_key with n from rcl_shard_n (ignored for shard 0): no search. */
+int rcl_shard_key_n(char *buf, size_t cap, const char *key, int shard, long n);
+
+/* The shard an intake entry is forwarded to: FNV-1a of the intake key and
+ * the entry ID, modulo n_shards. A function of the entry alone, so that a
+ * dispatcher that re-forwards an entry (it died before the XACK) writes
+ * into the same shard, whose forward marker refuses the duplicate. */
+int rcl_shard_pick(const char *intake_key, const char *entry_id, int n_shards);
+
 #endif

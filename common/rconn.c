@@ -58,6 +58,8 @@
 #include <sys/random.h>
 #include <time.h>
 
+#define RCONN_N_AUX 64 /* extra cluster connections (aux_ctx) */
+
 struct rconn {
     char *addr;          /* as given */
     char *host;          /* TCP host, NULL for a unix socket */
@@ -83,7 +85,10 @@ struct rconn {
     redisContext *node_ctx[RCL_MAX_NODES]; /* by map node index, NULL = not connected */
     int64_t node_retry_ms[RCL_MAX_NODES]; /* a node's connect failed: not before this */
     int block_ms;        /* > 0 while a BLOCKing read runs: widens the node's timeout */
-    unsigned rotor;      /* which node's pools a split XREADGROUP blocks on next */
+    /* extra connections to masters, by address and role (aux_ctx): the
+     * BLOCKing reads of a second slot on one master, and CLIENT UNBLOCK
+     * (cl_xreadgroup_par) */
+    struct { char name[RCL_HOST_MAX + 24]; redisContext *ctx; } aux[RCONN_N_AUX];
 };
 
 void rconn_opts_default(struct rconn_opts *o)
@@ -220,9 +225,13 @@ void rconn_free(struct rconn *c)
     free(c->password_file);
     free(c->client_name);
     free(c->seeds);
-    for (int i = 0; i < RCL_MAX_NODES; i++)
+    for (int i = 0; i < RCL_MAX_NODES; i++) {
         if (c->node_ctx[i])
             redisFree(c->node_ctx[i]);
+    }
+    for (int i = 0; i < RCONN_N_AUX; i++)
+        if (c->aux[i].ctx)
+            redisFree(c->aux[i].ctx);
     free(c->map);
     free(c);
 }
@@ -253,6 +262,11 @@ void rconn_disconnect(struct rconn *c)
         if (c->node_ctx[i]) {
             redisFree(c->node_ctx[i]);
             c->node_ctx[i] = NULL;
+        }
+    for (int i = 0; i < RCONN_N_AUX; i++)
+        if (c->aux[i].ctx) {
+            redisFree(c->aux[i].ctx);
+            c->aux[i].ctx = NULL;
         }
     if (c->cluster)
         c->stale = true;
@@ -1393,6 +1407,30 @@ int rconn_xgroup_create(struct rconn *c, const char *key, const char *group, con
     return rc;
 }
 
+/* Moves the entries of an XREADGROUP reply r (nil: none) over keys into
+ * out, each numbered by its key's index. */
+static int xread_entries(struct rconn_reply *r, int n_keys, const char *const *keys,
+                         struct rconn_entries *out, struct rl_err *err)
+{
+    if (r->type == RCONN_NIL)
+        return 0;
+    if (r->type != RCONN_ARRAY)
+        return rl_errf(err, RL_EFORMAT, "XREADGROUP: reply is not an array");
+    int rc = 0;
+    for (size_t s = 0; s < r->n_elem && !rc; s++) {
+        struct rconn_reply *sr = &r->elem[s];
+        if (sr->type != RCONN_ARRAY || sr->n_elem != 2 || sr->elem[0].type != RCONN_STRING)
+            return rl_errf(err, RL_EFORMAT, "XREADGROUP: malformed stream reply");
+        int idx = 0;
+        while (idx < n_keys && strcmp(keys[idx], sr->elem[0].str))
+            idx++;
+        if (idx == n_keys)
+            return rl_errf(err, RL_EFORMAT, "XREADGROUP: reply for a key not asked for");
+        rc = take_entries(&sr->elem[1], idx, out, "XREADGROUP", err);
+    }
+    return rc;
+}
+
 /* One XREADGROUP as asked (all keys on one node in cluster mode). */
 static int xreadgroup_one(struct rconn *c, const char *group, const char *consumer, int n_keys,
                           const char *const *keys, const char *id, int count, int block_ms,
@@ -1429,28 +1467,8 @@ static int xreadgroup_one(struct rconn *c, const char *group, const char *consum
     c->block_ms = 0;
     if (widened && c->ctx)
         redisSetTimeout(c->ctx, tv_ms(c->io_timeout_ms));
-    if (rc || r->type == RCONN_NIL)
-        goto done;
-    if (r->type != RCONN_ARRAY) {
-        rc = rl_errf(err, RL_EFORMAT, "XREADGROUP: reply is not an array");
-        goto done;
-    }
-    for (size_t s = 0; s < r->n_elem && !rc; s++) {
-        struct rconn_reply *sr = &r->elem[s];
-        if (sr->type != RCONN_ARRAY || sr->n_elem != 2 || sr->elem[0].type != RCONN_STRING) {
-            rc = rl_errf(err, RL_EFORMAT, "XREADGROUP: malformed stream reply");
-            break;
-        }
-        int idx = 0;
-        while (idx < n_keys && strcmp(keys[idx], sr->elem[0].str))
-            idx++;
-        if (idx == n_keys) {
-            rc = rl_errf(err, RL_EFORMAT, "XREADGROUP: reply for a key not asked for");
-            break;
-        }
-        rc = take_entries(&sr->elem[1], idx, out, "XREADGROUP", err);
-    }
-done:
+    if (!rc)
+        rc = xread_entries(r, n_keys, keys, out, err);
     rconn_reply_free(r);
     if (rc)
         rconn_entries_free(out);
@@ -1480,48 +1498,306 @@ static int append_entries(struct rconn_entries *out, struct rconn_entries *part,
     return 0;
 }
 
-/* Cluster: the keys grouped by master. One master: one read, as asked.
- * Several: a read without BLOCK on each, and when that finds nothing a
- * BLOCKing read on one of them (in turn) for block_ms / n_masters, so a
- * job queued on any master waits at most that long. */
+/* An extra connection to node n for `role` ("ctl" for CLIENT UNBLOCK,
+ * "b1", "b2" ... for the BLOCKing reads of a second, third ... slot on
+ * the node), opened when first needed and kept by address, so that a
+ * re-read map's renumbering does not matter. NULL when it cannot be had. */
+static redisContext *aux_ctx(struct rconn *c, int n, const char *role)
+{
+    char name[RCL_HOST_MAX + 24];
+    snprintf(name, sizeof name, "%s:%d/%s", c->map->nodes[n].host, c->map->nodes[n].port, role);
+    int free_i = -1;
+    for (int i = 0; i < RCONN_N_AUX; i++) {
+        if (c->aux[i].ctx && !strcmp(c->aux[i].name, name))
+            return c->aux[i].ctx;
+        if (!c->aux[i].ctx && free_i < 0)
+            free_i = i;
+    }
+    if (free_i < 0)
+        return NULL;
+    struct rl_err e;
+    if (open_ctx(c, c->map->nodes[n].host, c->map->nodes[n].port, NULL, name,
+                 &c->aux[free_i].ctx, &e))
+        return NULL;
+    snprintf(c->aux[free_i].name, sizeof c->aux[free_i].name, "%s", name);
+    return c->aux[free_i].ctx;
+}
+
+/* Frees the connection ctx, whether node n's own or an extra one (a read
+ * we could not finish or cut short: what it delivered stays pending for
+ * this consumer, taken back by XAUTOCLAIM after claim_idle_ms). */
+static void ctx_drop(struct rconn *c, int n, redisContext *ctx)
+{
+    if (c->node_ctx[n] == ctx) {
+        c->node_ctx[n] = NULL;
+    } else {
+        for (int i = 0; i < RCONN_N_AUX; i++)
+            if (c->aux[i].ctx == ctx)
+                c->aux[i].ctx = NULL;
+    }
+    redisFree(ctx);
+}
+
+/* Keys grouped by slot (a cluster command's keys must share one). */
+struct slot_group {
+    int slot, node;
+    int n_keys;
+    int idx[64];                  /* into the caller's keys */
+    const char *keys[64];
+};
+
+static int group_by_slot(struct rconn *c, int n_keys, const char *const *keys,
+                         struct slot_group *g, int *n_groups, struct rl_err *err)
+{
+    int ng = 0;
+    for (int i = 0; i < n_keys; i++) {
+        int slot = rcl_key_slot(keys[i], strlen(keys[i]));
+        int n = node_of(c, slot);
+        if (n < 0) {
+            c->stale = true;
+            return rl_errf(err, RL_EIO, "redis cluster %s: no master known for %s", c->addr,
+                           keys[i]);
+        }
+        int k = 0;
+        while (k < ng && g[k].slot != slot)
+            k++;
+        if (k == ng)
+            g[ng++] = (struct slot_group){.slot = slot, .node = n};
+        g[k].idx[g[k].n_keys] = i;
+        g[k].keys[g[k].n_keys++] = keys[i];
+    }
+    *n_groups = ng;
+    return 0;
+}
+
+/* Cluster, BLOCKing, keys in several slots (issue 27: a pool's shards):
+ * one read per slot, all sent at once (a master holding several of the
+ * slots gets them on as many connections: a connection blocked in one
+ * read runs nothing else), each preceded by CLIENT ID in the same write;
+ * then poll() waits for the first answer. The reads still blocked are
+ * then cut short with CLIENT UNBLOCK <id> from one more connection to
+ * their master (aux_ctx "ctl"): each answers nil at once, or the entries
+ * it had delivered before the unblock came, which are returned too (they
+ * are this consumer's now). So an idle worker sleeps in one poll()
+ * instead of polling, and a job queued in any shard wakes it at once. A
+ * read that cannot be cut short (no CLIENT ID or UNBLOCK, e.g. an ACL
+ * without them) has its connection dropped instead. Entries are returned
+ * when any read gave some, even if another failed (a MOVED marks the map
+ * stale). */
+static int cl_xreadgroup_par(struct rconn *c, const char *group, const char *consumer,
+                             struct slot_group *g, int ng, const char *id, int count,
+                             int block_ms, struct rconn_entries *out, struct rl_err *err)
+{
+    enum { IDLE, SENT, DONE };
+    int state[64] = {0}, used[RCL_MAX_NODES] = {0};
+    long long cid[64];
+    redisContext *ctx[64] = {0};
+    int rc = 0, n_sent = 0;
+    char cnt[16], blk[16];
+    snprintf(cnt, sizeof cnt, "%d", count);
+    snprintf(blk, sizeof blk, "%d", block_ms);
+    for (int m = 0; m < ng; m++) {
+        const char *argv[10 + 2 * 64];
+        int a = 0;
+        argv[a++] = "XREADGROUP", argv[a++] = "GROUP", argv[a++] = group;
+        argv[a++] = consumer, argv[a++] = "COUNT", argv[a++] = cnt;
+        argv[a++] = "BLOCK", argv[a++] = blk, argv[a++] = "STREAMS";
+        for (int i = 0; i < g[m].n_keys; i++)
+            argv[a++] = g[m].keys[i];
+        for (int i = 0; i < g[m].n_keys; i++)
+            argv[a++] = id;
+        cid[m] = -1;
+        int n = g[m].node;
+        if (used[n]++ == 0) {
+            c->block_ms = block_ms; /* node_ctx() widens the node's timeout */
+            int r = node_ctx(c, n, &ctx[m], err);
+            c->block_ms = 0;
+            if (r) {
+                rc = r;
+                ctx[m] = NULL;
+                continue;
+            }
+        } else {
+            char role[16];
+            snprintf(role, sizeof role, "b%d", used[n] - 1);
+            if (!(ctx[m] = aux_ctx(c, n, role))) {
+                rc = rl_errf(err, RL_EIO, "redis %s:%d: no extra connection for a read",
+                             c->map->nodes[n].host, c->map->nodes[n].port);
+                continue;
+            }
+            if (c->io_timeout_ms > 0)
+                redisSetTimeout(ctx[m], tv_ms(c->io_timeout_ms + block_ms));
+        }
+        int done = 0;
+        if (redisAppendCommand(ctx[m], "CLIENT ID") != REDIS_OK ||
+            redisAppendCommandArgv(ctx[m], a, argv, NULL) != REDIS_OK)
+            goto lost;
+        while (!done)
+            if (redisBufferWrite(ctx[m], &done) != REDIS_OK)
+                goto lost;
+        state[m] = SENT;
+        n_sent++;
+        continue;
+    lost:
+        rc = rl_errf(err, RL_EIO, "redis %s:%d: XREADGROUP: %s", c->map->nodes[n].host,
+                     c->map->nodes[n].port, ctx[m]->errstr[0] ? ctx[m]->errstr : "lost");
+        ctx_drop(c, n, ctx[m]);
+        c->stale = true;
+        ctx[m] = NULL;
+    }
+    /* CLIENT ID answers at once: read it on each (blocking read, due now) */
+    for (int m = 0; m < ng; m++) {
+        if (state[m] != SENT)
+            continue;
+        void *v = NULL;
+        if (redisGetReply(ctx[m], &v) != REDIS_OK || !v) {
+            rc = rl_errf(err, RL_EIO, "redis cluster: CLIENT ID: connection lost");
+            ctx_drop(c, g[m].node, ctx[m]);
+            state[m] = DONE, n_sent--;
+            continue;
+        }
+        redisReply *r = v;
+        if (r->type == REDIS_REPLY_INTEGER)
+            cid[m] = r->integer;
+        freeReplyObject(r);
+    }
+    int64_t deadline = rl_mono_ms() + block_ms + (c->io_timeout_ms > 0 ? c->io_timeout_ms : 60000);
+    bool unblocked = false;
+    while (n_sent > 0) {
+        struct pollfd pf[64];
+        int pm[64], np = 0;
+        bool buffered[64] = {0}, any_buffered = false;
+        for (int m = 0; m < ng; m++)
+            if (state[m] == SENT) {
+                /* bytes hiredis already read with CLIENT ID's reply: the
+                 * socket may have nothing more to say, so poll() would not
+                 * tell us */
+                buffered[np] = ctx[m]->reader && ctx[m]->reader->pos < ctx[m]->reader->len;
+                any_buffered |= buffered[np];
+                pf[np] = (struct pollfd){.fd = ctx[m]->fd, .events = POLLIN};
+                pm[np++] = m;
+            }
+        int64_t wait = any_buffered ? 0 : deadline - rl_mono_ms();
+        int pr = poll(pf, (nfds_t)np, wait > 0 ? (int)wait : 0);
+        if (pr < 0 && errno == EINTR)
+            continue;
+        for (int i = 0; i < np && pr >= 0; i++)
+            if (buffered[i])
+                pf[i].revents |= POLLIN, pr++;
+        if (pr <= 0) { /* past BLOCK + io timeout: those connections are dead */
+            for (int i = 0; i < np; i++) {
+                ctx_drop(c, g[pm[i]].node, ctx[pm[i]]);
+                state[pm[i]] = DONE, n_sent--;
+            }
+            c->stale = true;
+            rc = rl_errf(err, RL_EIO, "redis cluster %s: XREADGROUP: no answer", c->addr);
+            break;
+        }
+        for (int i = 0; i < np; i++) {
+            int m = pm[i];
+            if (!pf[i].revents)
+                continue;
+            void *v = NULL;
+            state[m] = DONE, n_sent--;
+            if (redisGetReply(ctx[m], &v) != REDIS_OK || !v) {
+                rc = rl_errf(err, RL_EIO, "redis cluster: XREADGROUP: connection lost");
+                ctx_drop(c, g[m].node, ctx[m]);
+                c->stale = true;
+                continue;
+            }
+            redisReply *hr = v;
+            if (hr->type == REDIS_REPLY_ERROR) {
+                int slot, port;
+                char host[RCL_HOST_MAX];
+                if (rcl_parse_redirect(hr->str, &slot, host, &port) != RCL_NONE ||
+                    transient_error(hr->str)) {
+                    c->stale = true; /* a slot moved or a failover: re-read the map */
+                    rc = rl_errf(err, RL_EIO, "XREADGROUP: %s", hr->str);
+                } else {
+                    rc = rl_errf(err, RL_EINVAL, "XREADGROUP: %s", hr->str);
+                }
+                freeReplyObject(hr);
+                continue;
+            }
+            struct rconn_reply cp = {0};
+            int prc = copy_reply(&cp, hr);
+            freeReplyObject(hr);
+            struct rconn_entries part = {0};
+            if (prc)
+                prc = rl_errf(err, RL_ENOMEM, "XREADGROUP: out of memory");
+            else
+                prc = xread_entries(&cp, g[m].n_keys, g[m].keys, &part, err);
+            clear_reply(&cp);
+            if (!prc)
+                prc = append_entries(out, &part, g[m].idx, err);
+            else
+                rconn_entries_free(&part);
+            if (prc)
+                rc = prc;
+        }
+        if (unblocked || n_sent == 0)
+            continue;
+        /* the first answer is in: cut the other reads short */
+        unblocked = true;
+        for (int m = 0; m < ng; m++) {
+            if (state[m] != SENT)
+                continue;
+            redisContext *cc = cid[m] > 0 ? aux_ctx(c, g[m].node, "ctl") : NULL;
+            redisReply *ur = cc ? redisCommand(cc, "CLIENT UNBLOCK %lld", cid[m]) : NULL;
+            bool ok = ur && ur->type == REDIS_REPLY_INTEGER;
+            if (ur)
+                freeReplyObject(ur);
+            else if (cc)
+                ctx_drop(c, g[m].node, cc); /* the control connection broke */
+            if (!ok) {
+                ctx_drop(c, g[m].node, ctx[m]);
+                state[m] = DONE, n_sent--;
+            }
+            /* 0 = it was answering already: its reply is on the way */
+        }
+        deadline = rl_mono_ms() + (c->io_timeout_ms > 0 ? c->io_timeout_ms : 60000);
+    }
+    if (out->n)
+        return 0; /* what was delivered is ours: never dropped for another's error */
+    if (rc)
+        rconn_entries_free(out);
+    return rc;
+}
+
+/* Cluster: the keys grouped by slot. One slot: one read, as asked.
+ * Several, without BLOCK: a read per slot, in turn, until count entries
+ * came; with BLOCK: all at once (cl_xreadgroup_par). */
 static int cl_xreadgroup(struct rconn *c, const char *group, const char *consumer, int n_keys,
                          const char *const *keys, const char *id, int count, int block_ms,
                          struct rconn_entries *out, struct rl_err *err)
 {
-    int node[64], masters[64], n_masters = 0;
-    for (int i = 0; i < n_keys; i++) {
-        node[i] = node_of(c, rcl_key_slot(keys[i], strlen(keys[i])));
-        int m = 0;
-        while (m < n_masters && masters[m] != node[i])
-            m++;
-        if (m == n_masters)
-            masters[n_masters++] = node[i];
+    struct slot_group *g = malloc(64 * sizeof *g);
+    int ng = 0, rc;
+    if (!g)
+        return rl_errf(err, RL_ENOMEM, "XREADGROUP: out of memory");
+    if ((rc = group_by_slot(c, n_keys, keys, g, &ng, err)))
+        goto out;
+    if (ng == 1) {
+        rc = xreadgroup_one(c, group, consumer, n_keys, keys, id, count, block_ms, out, err);
+        goto out;
     }
-    if (n_masters == 1)
-        return xreadgroup_one(c, group, consumer, n_keys, keys, id, count, block_ms, out, err);
-    int rc = 0;
-    for (int pass = 0; pass < 2 && !rc && !out->n; pass++) {
-        if (pass == 1 && block_ms < 0)
-            break;
-        int blk = block_ms / n_masters > 0 ? block_ms / n_masters : 1;
-        unsigned pick = c->rotor++ % (unsigned)n_masters;
-        for (int m = 0; m < n_masters && !rc && out->n < count; m++) {
-            if (pass == 1 && (unsigned)m != pick)
-                continue;
-            const char *sub[64];
-            int idx[64], n_sub = 0;
-            for (int i = 0; i < n_keys; i++)
-                if (node[i] == masters[m])
-                    idx[n_sub] = i, sub[n_sub++] = keys[i];
-            struct rconn_entries part = {0};
-            rc = xreadgroup_one(c, group, consumer, n_sub, sub, id, count - out->n,
-                                pass ? blk : -1, &part, err);
-            if (!rc)
-                rc = append_entries(out, &part, idx, err);
-        }
+    if (block_ms > 0) {
+        rc = cl_xreadgroup_par(c, group, consumer, g, ng, id, count, block_ms, out, err);
+        goto out;
     }
+    for (int m = 0; m < ng && !rc && out->n < count; m++) {
+        struct rconn_entries part = {0};
+        rc = xreadgroup_one(c, group, consumer, g[m].n_keys, g[m].keys, id, count - out->n,
+                            block_ms, &part, err);
+        if (!rc)
+            rc = append_entries(out, &part, g[m].idx, err);
+    }
+    if (rc && out->n)
+        rc = 0; /* delivered to us: keep them */
     if (rc)
         rconn_entries_free(out);
+out:
+    free(g);
     return rc;
 }
 

@@ -18,6 +18,7 @@
 #include "job.h"
 #include "log.h"
 #include "modelref.h"
+#include "rcluster.h"
 #include "rconn.h"
 #include "route.h"
 #include "sha256.h"
@@ -141,6 +142,17 @@ struct disp {
     bool fleet_warned;            /* logged once: more workers than fleet.h tells apart */
     bool groups_ok;
     bool keys_cluster;            /* the keys above are in the cluster layout (d_make_keys) */
+    /* pool shards (issue 27): on a cluster each pool stream key above is
+     * shard 0 of n_shards (cfg.pool_shards; 1 on a single instance), the
+     * others named by rcl_shard_key; a request is forwarded into shard
+     * rcl_shard_pick(its intake stream, its entry ID) by a script that
+     * leaves a marker there (loop.c, forward_first); markers whose XACK
+     * is confirmed are deleted with the next round's forwards (fwd_gc) */
+    int n_shards;
+    long shard_n[RCL_MAX_SHARDS]; /* each shard's tag number (rcl_shard_n), found once */
+    bool shards_warned;           /* logged once: a worker's pool_shards differs */
+    char **fwd_gc;                /* (n_fwd_gc) marker keys, malloc'd */
+    int n_fwd_gc, cap_fwd_gc;
     /* Our own pending entries (read, not yet acknowledged: after a start
      * under the same name, or a round that failed) are read again, from
      * own_cursor on, before new ones; a pass ends when such a read comes

@@ -73,6 +73,12 @@
 #define GROUP_WORKERS "workers"
 
 enum dact { A_ACK = 1, A_REJECT, A_OVERLOAD, A_CACHE, A_FORWARD };
+#define D_SKEY_MAX (D_KEY_MAX + 40) /* a pool key with its shard's tag */
+/* A forward marker lives this long at most (issue 27): longer than a
+ * request can stay pending with its job forwarded (until another
+ * dispatcher claims it after claim_idle_ms, or its own restarts); deleted
+ * at once when the XACK is confirmed (fwd_gc). */
+#define D_FWD_MARK_MIN_S 3600
 
 /* One request of a round. */
 struct dreq {
@@ -100,6 +106,10 @@ struct dreq {
     char *fwd;                    /* the forwarded job JSON */
     char offer[D_KEY_MAX + RCONN_NAME_MAX + 4]; /* its worker's offer stream; "" = the pool */
     int exec_idx;                 /* index of the EXEC reply in the batch */
+    /* sharded forwarding (cluster, pool_shards > 1: forward_first) */
+    int fwd_idx;                  /* index of its forward script's reply; -1 none */
+    bool fwd_ok;                  /* the job is in its shard (now or before) */
+    char mark[D_SKEY_MAX + RCONN_ID_MAX + 8]; /* its marker key */
 };
 
 static void dreq_clear(struct dreq *q)
@@ -195,18 +205,32 @@ static int replay(struct dreq *q, const char *value, size_t len, struct rl_err *
     return rc;
 }
 
-/* Round trip 1: XINFO GROUPS of every pool, then the oldest undelivered
- * entry of each (and a count when Redis cannot give the lag). */
+/* Shard s of pool p's stream (issue 27): the pool key itself for shard 0
+ * and on a single instance. */
+static void shard_key(const struct disp *d, int p, int s, char buf[D_SKEY_MAX])
+{
+    if (s == 0 || d->n_shards <= 1 ||
+        rcl_shard_key_n(buf, D_SKEY_MAX, d->pools[p].key, s, d->shard_n[s]) < 0)
+        snprintf(buf, D_SKEY_MAX, "%s", d->pools[p].key);
+}
+
+/* Round trip 1: XINFO GROUPS of every pool stream (every shard of each on
+ * a cluster), then the oldest undelivered entry of each (and a count when
+ * Redis cannot give the lag). A pool's waiting is the sum over its shards,
+ * its wait the oldest shard's. */
 static void refresh_stats(struct disp *d)
 {
     struct rconn_batch *b = d->batch;
     struct rl_err err;
-    char last[D_MAX_POOLS][RCONN_ID_MAX];
-    bool has_group[D_MAX_POOLS] = {false}, lag_known[D_MAX_POOLS] = {false};
-    int64_t lag[D_MAX_POOLS] = {0};
+    enum { NS = D_MAX_POOLS * RCL_MAX_SHARDS };
+    static char last[NS][RCONN_ID_MAX], keys[NS][D_SKEY_MAX]; /* main thread only */
+    bool has_group[NS] = {false}, lag_known[NS] = {false};
+    int64_t lag[NS] = {0};
+    int ns = d->n_shards > 0 ? d->n_shards : 1, n = d->n_pools * ns;
     rconn_batch_reset(b);
-    for (int p = 0; p < d->n_pools; p++) {
-        const char *argv[3] = {"XINFO", "GROUPS", d->pools[p].key};
+    for (int p = 0; p < n; p++) {
+        shard_key(d, p / ns, p % ns, keys[p]);
+        const char *argv[3] = {"XINFO", "GROUPS", keys[p]};
         if (rconn_batch_add(b, 3, argv, NULL, &err))
             return;
     }
@@ -214,7 +238,7 @@ static void refresh_stats(struct disp *d)
         RL_LOG(&d->log, RL_LOG_DEBUG, "pool stats: %s", err.msg);
         return;
     }
-    for (int p = 0; p < d->n_pools; p++) {
+    for (int p = 0; p < n; p++) {
         const struct rconn_reply *r = rconn_batch_reply(b, p);
         strcpy(last[p], "0-0");
         if (!r || r->type != RCONN_ARRAY)
@@ -250,25 +274,26 @@ static void refresh_stats(struct disp *d)
      * capped a little above max_waiting since only "over it" matters */
     rconn_batch_reset(b);
     int cap = d->cfg.max_waiting > 0 ? d->cfg.max_waiting + 1 : 10000;
-    char start[D_MAX_POOLS][RCONN_ID_MAX + 1], capbuf[32];
+    static char start[NS][RCONN_ID_MAX + 1];
+    char capbuf[32];
     snprintf(capbuf, sizeof capbuf, "%d", cap);
-    int idx_first[D_MAX_POOLS], idx_count[D_MAX_POOLS];
-    for (int p = 0; p < d->n_pools; p++) {
+    int idx_first[NS], idx_count[NS];
+    for (int p = 0; p < n; p++) {
         snprintf(start[p], sizeof start[p], "(%.46s", last[p]);
         const char *s = has_group[p] ? start[p] : "-";
-        const char *a1[6] = {"XRANGE", d->pools[p].key, s, "+", "COUNT", "1"};
+        const char *a1[6] = {"XRANGE", keys[p], s, "+", "COUNT", "1"};
         idx_first[p] = rconn_batch_count(b);
         if (rconn_batch_add(b, 6, a1, NULL, &err))
             return;
         idx_count[p] = -1;
         if (!lag_known[p]) {
             if (has_group[p]) {
-                const char *a2[6] = {"XRANGE", d->pools[p].key, s, "+", "COUNT", capbuf};
+                const char *a2[6] = {"XRANGE", keys[p], s, "+", "COUNT", capbuf};
                 idx_count[p] = rconn_batch_count(b);
                 if (rconn_batch_add(b, 6, a2, NULL, &err))
                     return;
             } else {
-                const char *a2[2] = {"XLEN", d->pools[p].key};
+                const char *a2[2] = {"XLEN", keys[p]};
                 idx_count[p] = rconn_batch_count(b);
                 if (rconn_batch_add(b, 2, a2, NULL, &err))
                     return;
@@ -281,23 +306,28 @@ static void refresh_stats(struct disp *d)
     }
     int64_t now = rl_wall_ms();
     for (int p = 0; p < d->n_pools; p++) {
-        struct dpool *pl = &d->pools[p];
+        d->pools[p].wait_ms = 0;
+        d->pools[p].waiting = 0;
+    }
+    for (int p = 0; p < n; p++) {
+        struct dpool *pl = &d->pools[p / ns];
         const struct rconn_reply *r = rconn_batch_reply(b, idx_first[p]);
-        pl->wait_ms = 0;
+        int64_t wait_ms = 0, waiting;
         if (r && r->type == RCONN_ARRAY && r->n_elem > 0 && r->elem[0].type == RCONN_ARRAY &&
             r->elem[0].n_elem > 0 && r->elem[0].elem[0].str) {
             int64_t ms = strtoll(r->elem[0].elem[0].str, NULL, 10);
-            pl->wait_ms = now > ms ? now - ms : 0;
+            wait_ms = now > ms ? now - ms : 0;
         }
         if (lag_known[p]) {
-            pl->waiting = lag[p];
+            waiting = lag[p];
         } else {
             const struct rconn_reply *c = rconn_batch_reply(b, idx_count[p]);
-            pl->waiting = !c ? 0 : c->type == RCONN_ARRAY ? (int64_t)c->n_elem
-                                 : c->type == RCONN_INTEGER ? c->integer : 0;
+            waiting = !c ? 0 : c->type == RCONN_ARRAY ? (int64_t)c->n_elem
+                             : c->type == RCONN_INTEGER ? c->integer : 0;
         }
-        if (pl->waiting == 0)
-            pl->wait_ms = 0;
+        pl->waiting += waiting;
+        if (waiting > 0 && wait_ms > pl->wait_ms)
+            pl->wait_ms = wait_ms;
     }
     /* adaptive routing follows the fresh waits */
     int tp = route_think_pool(d->router), fp = route_fast_pool(d->router);
@@ -654,19 +684,124 @@ static bool events_first(struct disp *d, struct dreq *qs, int n, struct rl_err *
     return true;
 }
 
+/* Sharded forwarding (issue 27): a cluster with pool_shards > 1 spreads
+ * each pool over shards in other slots than the intake stream's, so the
+ * job's XADD cannot share the XACK's transaction. Instead this script,
+ * run in the shard's slot, writes the job unless the marker of its intake
+ * entry is there, and leaves the marker: a dispatcher that dies after it
+ * and before the XACK leaves the entry pending, and whoever forwards it
+ * again (its restart, or another dispatcher's XAUTOCLAIM) computes the
+ * same shard (rcl_shard_pick of the entry) and finds the marker: the job
+ * is in its shard once. KEYS: the shard's pool stream, the marker. ARGV:
+ * the marker's TTL, then the job's field/value pairs. Returns the new
+ * entry ID, or 0 when it was forwarded before. EXISTS first and SET last:
+ * an XADD that fails (a key of another type) leaves no marker, and the
+ * entry is forwarded again rather than lost. */
+static const char fwd_lua[] =
+    "if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end\n"
+    "local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))\n"
+    "redis.call('SET', KEYS[2], id, 'EX', ARGV[1])\n"
+    "return id\n";
+
+/* Round trip before the transactions when forwarding is sharded: the
+ * forward script of every request to forward, and the DEL of the markers
+ * whose XACK the last round confirmed. Sets q->fwd_ok for each job that is
+ * now in its shard; the others stay pending (their XACK is not sent).
+ * Returns false when the round trip failed as a whole. */
+static bool forward_first(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
+{
+    struct rconn_batch *b = d->batch;
+    rconn_batch_reset(b);
+    char ttl[24];
+    int64_t t = (int64_t)d->cfg.claim_idle_ms / 1000 * 4;
+    snprintf(ttl, sizeof ttl, "%lld", (long long)(t > D_FWD_MARK_MIN_S ? t : D_FWD_MARK_MIN_S));
+    for (int i = 0; i < d->n_fwd_gc; i++) {
+        const char *argv[2] = {"UNLINK", d->fwd_gc[i]};
+        if (rconn_batch_add(b, 2, argv, NULL, err))
+            return false;
+    }
+    for (int i = 0; i < n; i++) {
+        struct dreq *q = &qs[i];
+        q->fwd_idx = -1;
+        q->fwd_ok = false;
+        if (q->act != A_FORWARD)
+            continue;
+        const char *ikey = d->intake[q->stream].key, *rest = strchr(ikey, '}');
+        int s = rcl_shard_pick(ikey, q->e->id, d->n_shards);
+        char skey[D_SKEY_MAX], base[D_KEY_MAX + RCONN_ID_MAX + 8], pfx[D_KEY_MAX];
+        snprintf(pfx, sizeof pfx, "%.128s", d->cfg.prefix);
+        snprintf(base, sizeof base, "{%s}fwd:%s:%s", pfx, rest ? rest + 1 : ikey, q->e->id);
+        shard_key(d, q->dec.pool, s, skey);
+        if (rcl_shard_key_n(q->mark, sizeof q->mark, base, s, d->shard_n[s]) < 0)
+            continue; /* cannot be named: stays pending, logged by commit */
+        const char *tenant = d->intake[q->stream].tenant;
+        /* the fields as the unsharded forward writes them (commit) */
+        const char *argv[14] = {"EVAL", fwd_lua, "2", skey, q->mark, ttl, "job", q->fwd,
+                                "req", q->e->id, "sha", q->sha, "tenant", tenant};
+        q->fwd_idx = rconn_batch_count(b);
+        if (rconn_batch_add(b, tenant[0] ? 14 : 12, argv, NULL, err))
+            return false;
+    }
+    if (!rconn_batch_count(b))
+        return true;
+    int rc = rconn_batch_exec(d->rc, b, err);
+    /* the markers' DELs: done or not, TTL reaps what failed */
+    for (int i = 0; i < d->n_fwd_gc; i++)
+        free(d->fwd_gc[i]);
+    d->n_fwd_gc = 0;
+    for (int i = 0; i < n; i++) {
+        struct dreq *q = &qs[i];
+        const struct rconn_reply *r = q->fwd_idx >= 0 ? rconn_batch_reply(b, q->fwd_idx) : NULL;
+        if (!r)
+            continue;
+        if (r->type == RCONN_STRING) {
+            q->fwd_ok = true;
+        } else if (r->type == RCONN_INTEGER && r->integer == 0) {
+            q->fwd_ok = true;
+            RL_LOG(&d->log, RL_LOG_INFO, "job %s (request %s): already forwarded (marker %s): "
+                   "acknowledging it", q->id[0] ? q->id : "-", q->e->id, q->mark);
+        } else {
+            RL_LOG(&d->log, RL_LOG_WARN, "job %s (request %s): forward failed: %s; it stays "
+                   "pending", q->id[0] ? q->id : "-", q->e->id, r->str ? r->str : "?");
+        }
+    }
+    return rc == 0;
+}
+
+/* Keeps q's marker key for deletion with the next round's forwards. */
+static void fwd_gc_add(struct disp *d, const struct dreq *q)
+{
+    if (d->n_fwd_gc == d->cap_fwd_gc) {
+        int cap = d->cap_fwd_gc ? 2 * d->cap_fwd_gc : 64;
+        char **g = realloc(d->fwd_gc, (size_t)cap * sizeof *g);
+        if (!g)
+            return; /* the TTL reaps it */
+        d->fwd_gc = g;
+        d->cap_fwd_gc = cap;
+    }
+    char *k = strdup(q->mark);
+    if (k)
+        d->fwd_gc[d->n_fwd_gc++] = k;
+}
+
 static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
 {
     struct rconn_batch *b = d->batch;
     bool cluster = rconn_is_cluster(d->rc), events_ok = true;
+    bool sharded = cluster && d->n_shards > 1;
     if (cluster && !(events_ok = events_first(d, qs, n, err)))
         RL_LOG(&d->log, RL_LOG_WARN, "events not written (%s): their requests stay pending",
                err->msg);
+    if (sharded && !forward_first(d, qs, n, err))
+        RL_LOG(&d->log, RL_LOG_WARN, "forwards not all confirmed (%s): those requests stay "
+               "pending", err->msg);
     rconn_batch_reset(b);
     int n_tx = 0;
     for (int i = 0; i < n; i++) {
         struct dreq *q = &qs[i];
         q->exec_idx = -1;
-        if (!q->act || (has_events(q) && !events_ok)) {
+        if (!q->act || (has_events(q) && !events_ok) ||
+            (sharded && q->act == A_FORWARD && !q->fwd_ok)) {
             /* could not be prepared (memory) or its events not written:
              * try it again later */
             d->own_again = true;
@@ -683,7 +818,7 @@ static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
             rc = rconn_batch_add_xadd(b, d->dead_key, "*", cfg_dead_maxlen(&d->cfg), 1, dn, vals, lens,
                                       err);
         }
-        if (!rc && q->act == A_FORWARD) {
+        if (!rc && q->act == A_FORWARD && !sharded) {
             /* the job as routed, and its identity as its client knows it:
              * the requests entry ID and the hash of the text it sent */
             const char *tenant = d->intake[q->stream].tenant;
@@ -732,6 +867,8 @@ static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
                        "job %s (request %s): %s", q->id[0] ? q->id : "-", q->e->id,
                        r->elem[k].str);
         handled++;
+        if (sharded && q->act == A_FORWARD)
+            fwd_gc_add(d, q); /* acknowledged: its marker has done its work */
         switch (q->act) {
         case A_FORWARD:
             routed[q->dec.pool]++;
@@ -803,9 +940,13 @@ static void ensure_groups(struct disp *d)
      * worker makes it, so that the queue state can be read before any
      * worker came */
     for (int p = 0; p < d->n_pools; p++)
-        if (rconn_xgroup_create(d->rc, d->pools[p].key, GROUP_WORKERS, "0", &err)) {
-            RL_LOG(&d->log, RL_LOG_DEBUG, "XGROUP CREATE %s: %s", d->pools[p].key, err.msg);
-            return;
+        for (int s = 0; s < d->n_shards; s++) {
+            char k[D_SKEY_MAX];
+            shard_key(d, p, s, k);
+            if (rconn_xgroup_create(d->rc, k, GROUP_WORKERS, "0", &err)) {
+                RL_LOG(&d->log, RL_LOG_DEBUG, "XGROUP CREATE %s: %s", k, err.msg);
+                return;
+            }
         }
     d->groups_ok = true;
     d->own_again = true; /* a restart under the same name finds its entries */

@@ -135,6 +135,9 @@ void d_make_keys(struct disp *d, bool cluster)
     }
     rcl_queue_key(d->dead_key, sizeof d->dead_key, cluster, pfx, "dead");
     d->keys_cluster = cluster;
+    d->n_shards = cluster ? d->cfg.pool_shards : 1;
+    for (int s = 1; s < d->n_shards; s++)
+        d->shard_n[s] = rcl_shard_n(pfx, strlen(pfx), s, d->n_shards);
 }
 
 int main(int argc, char **argv)
@@ -211,6 +214,9 @@ out:
     da_free(d);
     pthread_mutex_destroy(&d->models_mu);
     rconn_batch_free(d->batch);
+    for (int i = 0; i < d->n_fwd_gc; i++)
+        free(d->fwd_gc[i]);
+    free(d->fwd_gc);
     rconn_free(d->rc);
     tok_free(d->tok);
     cfg_free(&d->cfg);

@@ -68,8 +68,13 @@ static int pool_slot(struct disp *d, const char *model, const char *pool)
     snprintf(p->name, sizeof p->name, "%.128s:%.64s", model, pool);
     snprintf(p->key, sizeof p->key, "%.255s", key);
     struct rl_err err;
-    if (rconn_xgroup_create(d->rc, key, "workers", "0", &err))
-        RL_LOG(&d->log, RL_LOG_DEBUG, "XGROUP CREATE %s: %s", key, err.msg);
+    for (int s = 0; s < d->n_shards || s == 0; s++) { /* every shard on a cluster (issue 27) */
+        char sk[D_KEY_MAX + 72];
+        if (d->n_shards <= 1 || rcl_shard_key_n(sk, sizeof sk, key, s, d->shard_n[s]) < 0)
+            snprintf(sk, sizeof sk, "%s", key);
+        if (rconn_xgroup_create(d->rc, sk, "workers", "0", &err))
+            RL_LOG(&d->log, RL_LOG_DEBUG, "XGROUP CREATE %s: %s", sk, err.msg);
+    }
     return d->n_pools++;
 }
 
@@ -210,6 +215,17 @@ void d_models_refresh(struct disp *d)
             RL_LOG(&d->log, RL_LOG_WARN, "metrics: more than %d workers; the fleet's figures "
                    "leave some out", FLEET_WORKERS);
             d->fleet_warned = true;
+        }
+        /* pool shards (issue 27): a worker reading other shards than we
+         * write to leaves jobs nobody reads, or never gets some */
+        const cJSON *ps = cJSON_GetObjectItemCaseSensitive(hb, "pool_shards");
+        if (cJSON_IsNumber(ps) && (int)ps->valuedouble != d->n_shards && d->keys_cluster &&
+            !d->shards_warned) {
+            RL_LOG(&d->log, RL_LOG_ERROR, "worker %s reads %d shards per pool, this dispatcher "
+                   "writes to %d: give workers and dispatchers the same pool_shards, or jobs "
+                   "wait in shards no worker reads", names->elem[i].str ? names->elem[i].str : "?",
+                   (int)ps->valuedouble, d->n_shards);
+            d->shards_warned = true;
         }
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(hb, "model");
         if (!cJSON_IsString(name) || !modelref_name_ok(name->valuestring)) {

@@ -818,9 +818,14 @@ static void admit_read(struct worker *w, int p, const struct rconn_entry *e)
 }
 
 /* Reads up to k new jobs: one BLOCKing read over every pool (and offer
- * stream) when block_ms >= 0, then non-blocking reads for the rest: our
- * offer streams first (jobs offered to us for the prefix we hold, issue
- * 27), then the pools in order. */
+ * stream, or on a cluster every pool's shards) when block_ms >= 0, then
+ * non-blocking reads for the rest: our offer streams first (jobs offered
+ * to us for the prefix we hold, issue 27), then the pools in order.
+ * The BLOCKing read has COUNT 1 per stream: an idle worker may take one
+ * job per shard when several arrive together. On a cluster rconn sends it
+ * to every shard's slot at once and returns with the first that answers,
+ * cutting the others short (rconn_xreadgroup): no shard waits for
+ * another's BLOCK, and an idle worker does not poll. */
 static void read_jobs(struct worker *w, int k, int block_ms)
 {
     struct rconn_entries ents = {0};
@@ -860,14 +865,20 @@ static void read_jobs(struct worker *w, int k, int block_ms)
         first = 1;
     }
     for (int p = first; p < w->n_base_pools && k > 0; p++) {
-        const char *key = w->pool_keys[p];
+        /* a pool's shards (issue 27; one stream on a single instance):
+         * one per poll, in turn (workers start at different ones), so a
+         * busy worker's poll costs one call per pool as before; what an
+         * idle worker waits for it waits for on every shard at once */
+        int idx = p + w->shard_rot[p] * w->n_base_pools;
+        const char *key = w->pool_keys[idx];
+        w->shard_rot[p] = (w->shard_rot[p] + 1) % w->n_shards;
         if (rconn_xreadgroup(w->rc_read, w->opt.group, w->opt.name, 1, &key, ">", k, -1, &ents,
                              &err)) {
             read_failed(w, &err);
             return;
         }
         for (int i = 0; i < ents.n; i++)
-            admit_read(w, p, &ents.v[i]);
+            admit_read(w, idx, &ents.v[i]);
         k -= ents.n;
         rconn_entries_free(&ents);
     }

@@ -62,20 +62,51 @@ static void on_load_progress(void *user, size_t done, size_t total)
 
 /* The pool stream keys (schemas/README.md: the key layout); a cluster's
  * share the prefix as hash tag, so they are known only once Redis has
- * answered. */
-static void make_pool_keys(struct worker *w, bool cluster)
+ * answered. On a cluster each pool has pool_shards shard keys (issue 27,
+ * rcl_shard_key): shard s of pool p is stream p + s * n_base_pools, with
+ * the pool's name, so that everything the worker does per pool stream
+ * (group creation, leases, claims, acks) covers the shards as it covers
+ * the pools; loop.c reads a pool's shards together. Returns 0, or
+ * -RL_EINVAL when the streams would not fit one read (64 keys). */
+static int make_pool_keys(struct worker *w, bool cluster, struct rl_err *err)
 {
     char rest[W_KEY_MAX];
     int n = w->n_base_pools;
+    int k = cluster ? w->cfg.pool_shards : 1;
+    if (k < 1)
+        k = 1;
+    if (n * k > 64)
+        return rl_errf(err, RL_EINVAL, "pool_shards: %d pools x %d shards = %d streams; one "
+                       "read takes 64 at most", n, k, n * k);
+    /* the shards' tags are the same for every pool: searched once (rcl_shard_n) */
+    long sn[RCL_MAX_SHARDS] = {0};
+    char pfx[72];
+    snprintf(pfx, sizeof pfx, "%.64s", w->opt.prefix);
+    for (int s = 1; s < k; s++)
+        if ((sn[s] = rcl_shard_n(pfx, strlen(pfx), s, k)) < 0)
+            return rl_errf(err, RL_EINVAL, "pool_shards: prefix \"%s\" cannot be a hash tag", pfx);
     for (int p = 0; p < n; p++) {
         if (w->opt.pool_scope_model)
             snprintf(rest, sizeof rest, "jobs:%.128s:%.64s", w->model.name, w->pools[p]);
         else
             snprintf(rest, sizeof rest, "jobs:%.64s", w->pools[p]);
-        char pfx[72];
-        snprintf(pfx, sizeof pfx, "%.64s", w->opt.prefix);
         rcl_queue_key(w->pool_keys[p], W_KEY_MAX, cluster, pfx, rest);
+        for (int s = 1; s < k; s++) {
+            int i = p + s * n;
+            memcpy(w->pools[i], w->pools[p], sizeof w->pools[p]);
+            w->pool_names[i] = w->pools[i];
+            w->pool_key_ptrs[i] = w->pool_keys[i];
+            if (rcl_shard_key_n(w->pool_keys[i], W_KEY_MAX, w->pool_keys[p], s, sn[s]) < 0)
+                return rl_errf(err, RL_EINVAL, "pool %s: shard key too long", w->pools[p]);
+        }
     }
+    w->n_shards = k;
+    /* workers start their polls at different shards (loop.c) */
+    unsigned h = 2166136261u;
+    for (const char *c = w->opt.name; *c; c++)
+        h = (h ^ (unsigned char)*c) * 16777619u;
+    for (int p = 0; p < n; p++)
+        w->shard_rot[p] = (int)((h + (unsigned)p) % (unsigned)k);
     /* prefix-affine pulling (issue 27): our offer streams after the pools.
      * Off on a cluster: the dispatcher's move of a dead worker's offered
      * job rewrites its holder record, in another slot than the queue's */
@@ -83,9 +114,11 @@ static void make_pool_keys(struct worker *w, bool cluster)
         w->affinity = false;
         RL_LOG(&w->log, RL_LOG_INFO, "affinity: off on a Redis Cluster");
     }
-    w->n_pools = n;
+    w->n_pools = n * k;
+    if (k > 1)
+        RL_LOG(&w->log, RL_LOG_INFO, "pools: %d shards each on the cluster (pool_shards)", k);
     if (!w->affinity)
-        return;
+        return 0;
     for (int p = 0; p < n; p++) {
         memcpy(w->pools[n + p], w->pools[p], sizeof w->pools[p]);
         w->pool_names[n + p] = w->pools[n + p];
@@ -93,6 +126,7 @@ static void make_pool_keys(struct worker *w, bool cluster)
         snprintf(w->pool_keys[n + p], W_KEY_MAX, "%.250s:w:%.120s", w->pool_keys[p], w->opt.name);
     }
     w->n_pools = 2 * n;
+    return 0;
 }
 
 static int setup(struct worker *w, struct rl_err *err)
@@ -129,7 +163,8 @@ static int setup(struct worker *w, struct rl_err *err)
         w->pool_names[p] = w->pools[p];
         w->pool_key_ptrs[p] = w->pool_keys[p];
     }
-    make_pool_keys(w, false);
+    if ((rc = make_pool_keys(w, false, err)))
+        return rc;
     cfg_job_opts(&w->cfg, &w->jopts);
 
     struct engine_options eo;
@@ -283,8 +318,10 @@ int main(int argc, char **argv)
         status = 0;
         goto out;
     }
-    if (w_cluster(w))
-        make_pool_keys(w, true);
+    if (w_cluster(w) && make_pool_keys(w, true, &err)) {
+        RL_LOG(&w->log, RL_LOG_ERROR, "%s", err.msg);
+        goto out;
+    }
     fence_holder(w->holder, w->opt.name, (long long)w->t_start_ms);
     /* a failed load is retried after a reconnect; bodies go by EVAL meanwhile */
     if (fence_load(&w->fence, w->rc, &err))

@@ -362,6 +362,9 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddNumberToObject(o, "model_created", (double)w->model.created);
     cJSON_AddStringToObject(o, "model_owned_by", w->model.owned_by);
     cJSON_AddStringToObject(o, "pool_scope", w->opt.pool_scope_model ? "model" : "shared");
+    /* the shards it reads per pool (issue 27; 1 on a single instance): the
+     * dispatcher warns when its own pool_shards differs */
+    cJSON_AddNumberToObject(o, "pool_shards", w->n_shards > 0 ? w->n_shards : 1);
     /* the longest sequence (prompt + output) it takes: /v1/models' max_model_len */
     cJSON_AddNumberToObject(o, "max_model_len", st.max_context);
     /* counters since start, for redlm stats/top: totals and hit rates */

@@ -46,7 +46,9 @@
 #include "wopts.h"
 
 #define W_KEY_MAX 384 /* <prefix>jobs:<served name>:<pool> fits */
-#define W_MAX_STREAMS (2 * WOPTS_MAX_POOLS) /* the pools, then our offer streams */
+/* the pools, then our offer streams; or on a cluster the pools' shards
+ * (at most 64 in all: one XREADGROUP's keys, main.c) */
+#define W_MAX_STREAMS 64
 
 /* One event waiting for Redis to confirm its XADD. */
 struct wout {
@@ -207,6 +209,12 @@ struct worker {
     const char *pool_key_ptrs[W_MAX_STREAMS];  /* -> pool_keys[i] */
     int n_pools;
     int n_base_pools;
+    /* Redis Cluster (issue 27): [0, n_base_pools * n_shards) are the pools'
+     * shards, stream i being shard i / n_base_pools of pool i % n_base_pools
+     * (pools[i] its name); n_shards is 1 on a single instance, and with
+     * affinity, which is off on a cluster */
+    int n_shards;
+    int shard_rot[WOPTS_MAX_POOLS]; /* loop.c: the pool's shard its next poll starts at */
     /* prefix-affine pulling (issue 27): the filter of the block hashes the
      * KV cache holds, as last published (aff_bits) */
     bool affinity;

@@ -129,8 +129,13 @@ class Fleet:
     def start_dispatcher(self, name):
         self.dispatchers[name] = self.spawn(
             [str(ROOT / self.a.build / "redlm-dispatcher"), "--redis", self.addr, "--prefix",
-             self.prefix, "--name", name, "--pools", "fast,think", "--http-port", "0"],
+             self.prefix, "--name", name, "--pools", "fast,think", "--http-port", "0",
+             *self.shard_args()],
             f"dispatcher-{name}.log")
+
+    def shard_args(self):
+        """pool_shards (issue 27; the cluster only): the daemons' default unless given."""
+        return ["--pool-shards", str(self.a.pool_shards)] if self.a.pool_shards else []
 
     def start_worker(self, name):
         self.workers[name] = self.spawn(
@@ -139,7 +144,8 @@ class Fleet:
              "--sim-model", self.a.model, "--pools", "fast,think", "--name", name, "--threads", "1",
              "--http-port", "0", "--no-result-cache", "--max-batch", str(self.a.max_batch),
              "--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200",
-             "--heartbeat-interval-ms", "500", "--coalesce-ms", str(self.coalesce_ms)],
+             "--heartbeat-interval-ms", "500", "--coalesce-ms", str(self.coalesce_ms),
+             *self.shard_args()],
             f"worker-{name}.log")
 
     def wait_ready(self, names, kind):
@@ -415,6 +421,9 @@ def main():
     ap.add_argument("--cluster", action="store_true",
                     help="run on a local 3-master + 3-replica Redis Cluster (tests/bench/local_cluster.py)"
                          " instead of one redis-server; the faults add a CLUSTER FAILOVER")
+    ap.add_argument("--pool-shards", type=int, default=0,
+                    help="pool_shards for workers and dispatchers (a cluster's pool streams are "
+                         "split over this many hash tags, issue 27); 0 = their default (3)")
     ap.add_argument("--build", default=os.environ.get("BUILD", "build"))
     ap.add_argument("--pin", action="store_true",
                     help="redis-server alone on core 0 (taskset), everything else on the others: "

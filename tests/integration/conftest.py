@@ -448,3 +448,24 @@ def tap(r, *keys):
         except redis.exceptions.ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
+
+
+def shard_key(key, s, k=3):
+    """Shard s of k of a cluster queue key "{<prefix>}<rest>" (issue 27):
+    common/rcluster.c's rcl_shard_key, written again from its contract, so
+    the tests check the C names against an independent implementation."""
+    from redis.crc import key_slot
+    if s == 0:
+        return key
+    close = key.index("}")
+    tag, rest = key[1:close], key[close + 1:]
+    want = (key_slot(key.encode()) + (s * 16384 + k // 2) // k) % 16384
+    n = 0
+    while key_slot(f"{tag}{s}.{n}".encode()) != want:
+        n += 1
+    return f"{{{tag}{s}.{n}}}{rest}"
+
+
+def pool_shards(prefix, pool="fast", k=3):
+    """Every shard key of a pool on a cluster, shard 0 first (pool_shards = k)."""
+    return [shard_key(f"{{{prefix}}}jobs:{pool}", s, k) for s in range(k)]

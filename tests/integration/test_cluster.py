@@ -18,7 +18,8 @@ import subprocess
 import time
 
 import pytest
-from conftest import CLI, MODEL, check_stream, greedy_jobs, reference, stream_events, tap
+from conftest import (CLI, MODEL, check_stream, greedy_jobs, pool_shards, reference, stream_events,
+                      tap)
 
 FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
 
@@ -58,7 +59,7 @@ def master_of(cluster, key):
 def test_protocol_on_cluster(redis_cluster, workers, dispatchers, prefix, tmp_path,
                              event_validator):
     rc = redis_cluster.client()
-    tap(rc, qkey(prefix, "jobs:fast"))  # keeps the pool's entries, counted by stats below
+    tap(rc, *pool_shards(prefix))  # keeps the pool's entries (every shard), counted by stats below
     w = workers("w1", addr=redis_cluster.seeds)
     d = dispatchers("d1", "--model", str(MODEL), "--think-ratio", "0", addr=redis_cluster.seeds)
     assert "fast path on" in d.text()
@@ -119,6 +120,7 @@ def test_protocol_on_cluster(redis_cluster, workers, dispatchers, prefix, tmp_pa
     pools = {p["name"]: p for p in json.loads(out.stdout)["pools"]}
     assert pools["fast"]["key"] == qkey(prefix, "jobs:fast")
     assert pools["fast"]["length"] == 10  # 8 greedy, long, c1 (c2 was a cache hit)
+    assert pools["fast"]["shards"] == 3  # summed over the pool's shards (issue 27)
 
 
 def n_unfinished(rc, prefix, jobs):

@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -177,13 +178,126 @@ static void test_seeds(void **state)
     assert_int_equal(rcl_split_seeds("a:1,b:2,c:3,d:4,e:5", seeds, 4, &err), -RL_EINVAL);
 }
 
+/* Pool shards (issue 27): shard 0 is today's key; the others share a tag
+ * per shard across pools, sit evenly over the slot space, and give each
+ * master of an evenly split cluster its share. */
+static int master_of(int slot, int n_masters)
+{
+    /* redis-cli --cluster create's split: contiguous, even ranges */
+    for (int m = 0; m < n_masters; m++)
+        if (slot <= (m + 1) * RCL_N_SLOTS / n_masters - (m + 1 < n_masters))
+            return m;
+    return n_masters - 1;
+}
+
+static void test_shard_keys(void **state)
+{
+    (void)state;
+    char k[128], k2[128];
+    assert_int_equal(rcl_shard_key(k, sizeof k, "{redlm:}jobs:fast", 0, 8), 17);
+    assert_string_equal(k, "{redlm:}jobs:fast"); /* shard 0: today's key, byte for byte */
+    assert_true(rcl_shard_key(k, sizeof k, "{redlm:}jobs:fast", 3, 8) > 0);
+    assert_int_equal(strncmp(k, "{redlm:3.", 9), 0);
+    assert_non_null(strstr(k, "}jobs:fast"));
+    /* the same shard of another pool, of a model's pool and of the
+     * forward markers shares the slot (one tag per shard) */
+    rcl_shard_key(k2, sizeof k2, "{redlm:}jobs:think", 3, 8);
+    assert_int_equal(slot_of(k), slot_of(k2));
+    rcl_shard_key(k2, sizeof k2, "{redlm:}fwd:requests:1-0", 3, 8);
+    assert_int_equal(slot_of(k), slot_of(k2));
+    /* deterministic: every process computes the same name */
+    rcl_shard_key(k2, sizeof k2, "{redlm:}jobs:fast", 3, 8);
+    assert_string_equal(k, k2);
+    /* bad input */
+    assert_int_equal(rcl_shard_key(k, sizeof k, "redlm:jobs:fast", 1, 8), -1);
+    assert_int_equal(rcl_shard_key(k, sizeof k, "{}jobs:fast", 1, 8), -1);
+    assert_int_equal(rcl_shard_key(k, sizeof k, "{redlm:}jobs:fast", 8, 8), -1);
+    assert_int_equal(rcl_shard_key(k, sizeof k, "{redlm:}jobs:fast", 0, RCL_MAX_SHARDS + 1), -1);
+    assert_int_equal(rcl_shard_key(k, 12, "{redlm:}jobs:fast", 1, 8), -1);
+    /* the search done once: the same names from rcl_shard_n + rcl_shard_key_n */
+    long n3 = rcl_shard_n("redlm:", 6, 3, 8);
+    assert_true(n3 >= 0);
+    rcl_shard_key(k, sizeof k, "{redlm:}jobs:fast", 3, 8);
+    assert_true(rcl_shard_key_n(k2, sizeof k2, "{redlm:}jobs:fast", 3, n3) > 0);
+    assert_string_equal(k, k2);
+    assert_int_equal(rcl_shard_n("redlm:", 6, 0, 8), -1);
+    assert_int_equal(rcl_shard_n("redlm:", 6, 8, 8), -1);
+    /* the spread holds wherever the prefix's slot falls (but a slot or two
+     * from a range's end): 200 prefixes, 3 shards on 3 masters */
+    int bad = 0;
+    for (int i = 0; i < 200; i++) {
+        char key[64], sh[96];
+        snprintf(key, sizeof key, "{t%08x:}jobs:fast", (unsigned)i * 2654435761u);
+        int seen = 0;
+        for (int s = 0; s < 3; s++) {
+            assert_true(rcl_shard_key(sh, sizeof sh, key, s, 3) > 0);
+            seen |= 1 << master_of(slot_of(sh), 3);
+        }
+        bad += seen != 7;
+    }
+    assert_int_equal(bad, 0);
+    /* spacing and spread, for several prefixes and shard counts */
+    const char *prefixes[] = {"{redlm:}jobs:fast", "{fl:}jobs:think", "{t1:}jobs:m:fast"};
+    static const struct { int k, masters, lo, hi; } cases[] = {
+        {6, 3, 2, 2}, {12, 3, 4, 4}, {8, 3, 2, 3}, {8, 4, 2, 2}, {16, 4, 4, 4}, {6, 2, 3, 3},
+        {3, 3, 1, 1},
+    };
+    for (size_t p = 0; p < sizeof prefixes / sizeof prefixes[0]; p++)
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            int n = cases[c].k, count[8] = {0};
+            int s0 = slot_of(prefixes[p]);
+            for (int s = 0; s < n; s++) {
+                assert_true(rcl_shard_key(k, sizeof k, prefixes[p], s, n) > 0);
+                int sl = slot_of(k);
+                int off = (sl - s0 + RCL_N_SLOTS) % RCL_N_SLOTS;
+                assert_int_equal(off, (s * RCL_N_SLOTS + n / 2) / n); /* evenly, exactly */
+                count[master_of(sl, cases[c].masters)]++;
+            }
+            for (int m = 0; m < cases[c].masters; m++) {
+                assert_true(count[m] >= cases[c].lo);
+                assert_true(count[m] <= cases[c].hi);
+            }
+        }
+}
+
+static void test_shard_pick(void **state)
+{
+    (void)state;
+    assert_int_equal(rcl_shard_pick("{redlm:}requests", "1-0", 1), 0);
+    /* a function of the entry: the re-forward lands where the first did */
+    assert_int_equal(rcl_shard_pick("{redlm:}requests", "1733300000000-7", 8),
+                     rcl_shard_pick("{redlm:}requests", "1733300000000-7", 8));
+    /* entries as XADD * makes them spread evenly (within 15 % of 1/K) */
+    int count[8] = {0};
+    char id[48];
+    for (int i = 0; i < 8000; i++) {
+        snprintf(id, sizeof id, "%lld-%d", 1733300000000LL + i / 3, i % 3);
+        int s = rcl_shard_pick("{redlm:}requests", id, 8);
+        assert_true(s >= 0 && s < 8);
+        count[s]++;
+    }
+    for (int s = 0; s < 8; s++) {
+        assert_true(count[s] > 850);
+        assert_true(count[s] < 1150);
+    }
+    /* the intake stream is part of the identity */
+    int same = 0;
+    for (int i = 0; i < 64; i++) {
+        snprintf(id, sizeof id, "%d-0", i);
+        same += rcl_shard_pick("{redlm:}requests", id, 8) ==
+                rcl_shard_pick("{redlm:}requests:t1", id, 8);
+    }
+    assert_true(same < 32);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crc16),       cmocka_unit_test(test_key_slots),
         cmocka_unit_test(test_hash_tags),   cmocka_unit_test(test_command_keys),
         cmocka_unit_test(test_map_parse),   cmocka_unit_test(test_redirects),
-        cmocka_unit_test(test_seeds),
+        cmocka_unit_test(test_seeds),       cmocka_unit_test(test_shard_keys),
+        cmocka_unit_test(test_shard_pick),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

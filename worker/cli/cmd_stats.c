@@ -284,6 +284,47 @@ static int stream_stats(struct rconn *c, const char *key, const char *group, int
     return 0;
 }
 
+/* Whether key is a pool shard of prefix on a cluster (issue 27,
+ * rcl_shard_key): "{<prefix><s>.<n>}jobs:<name>". Returns the "jobs:..."
+ * rest, or NULL. */
+static const char *shard_rest(const char *key, const char *prefix)
+{
+    size_t pl = strlen(prefix);
+    if (key[0] != '{' || strncmp(key + 1, prefix, pl))
+        return NULL;
+    const char *t = key + 1 + pl, *q = t;
+    while (*q >= '0' && *q <= '9')
+        q++;
+    if (q == t || *q++ != '.')
+        return NULL;
+    const char *r = q;
+    while (*q >= '0' && *q <= '9')
+        q++;
+    if (q == r || *q != '}' || strncmp(q + 1, "jobs:", 5))
+        return NULL;
+    return q + 1;
+}
+
+/* Adds a shard's stream_stats (sh) into its pool's (o): counts summed,
+ * ages and consumers the largest. */
+static void add_shard(cJSON *o, const cJSON *sh)
+{
+    static const char *const sum[] = {"length", "waiting", "pending"};
+    static const char *const max[] = {"oldest_wait_ms", "oldest_pending_ms", "consumers"};
+    for (size_t i = 0; i < 3; i++) {
+        cJSON *a = cJSON_GetObjectItemCaseSensitive(o, sum[i]);
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(sh, sum[i]);
+        if (cJSON_IsNumber(a) && cJSON_IsNumber(b))
+            cJSON_SetNumberValue(a, a->valuedouble + b->valuedouble);
+        a = cJSON_GetObjectItemCaseSensitive(o, max[i]);
+        b = cJSON_GetObjectItemCaseSensitive(sh, max[i]);
+        if (cJSON_IsNumber(a) && cJSON_IsNumber(b) && b->valuedouble > a->valuedouble)
+            cJSON_SetNumberValue(a, b->valuedouble);
+    }
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(sh, "group")))
+        cJSON_ReplaceItemInObjectCaseSensitive(o, "group", cJSON_CreateTrue());
+}
+
 static double ratio(double a, double b)
 {
     return a + b > 0 ? a / (a + b) : -1;
@@ -336,7 +377,7 @@ static int collect(struct rconn *c, const char *prefix, const char *addr, cJSON 
     cJSON *disps = cJSON_AddArrayToObject(o, "dispatchers");
     cJSON *pools = cJSON_AddArrayToObject(o, "pools");
     char pat[CLI_KEY_MAX], key[CLI_KEY_MAX];
-    struct keys names = {0}, streams = {0};
+    struct keys names = {0}, streams = {0}, shard_keys = {0};
     if ((rc = cli_key(pat, prefix, "worker:*", NULL, err)) ||
         (rc = heartbeats(c, pat, now, workers, err)) ||
         (rc = cli_key(pat, prefix, "dispatcher:*", NULL, err)) ||
@@ -373,6 +414,13 @@ static int collect(struct rconn *c, const char *prefix, const char *addr, cJSON 
         if (strlen(streams.v[i]) > plen && !strstr(streams.v[i] + plen, ":w:") &&
             keys_add(&names, streams.v[i] + plen)) /* not a worker's offer stream (issue 27) */
             goto oom;
+    /* a cluster's pool shards (issue 27): counted into their pools */
+    if (rconn_is_cluster(c)) {
+        char sp[CLI_KEY_MAX];
+        snprintf(sp, sizeof sp, "{%.200s*}jobs:*", prefix);
+        if ((rc = scan_keys(c, sp, "stream", &shard_keys, err)))
+            goto fail;
+    }
     if (names.n)
         qsort(names.v, (size_t)names.n, sizeof *names.v, cmp_str);
     for (int i = 0; i < names.n; i++) {
@@ -392,7 +440,25 @@ static int collect(struct rconn *c, const char *prefix, const char *addr, cJSON 
         cJSON_AddNumberToObject(p, "workers", n_workers);
         if ((rc = stream_stats(c, key, "workers", now, p, err)))
             goto fail;
+        int n_shards = 1;
+        for (int k = 0; k < shard_keys.n; k++) {
+            const char *rest = shard_rest(shard_keys.v[k], prefix);
+            if (!rest || strcmp(rest + 5, names.v[i]))
+                continue;
+            cJSON *sh = cJSON_CreateObject();
+            if (!sh)
+                goto oom;
+            rc = stream_stats(c, shard_keys.v[k], "workers", now, sh, err);
+            if (!rc)
+                add_shard(p, sh);
+            cJSON_Delete(sh);
+            if (rc)
+                goto fail;
+            n_shards++;
+        }
+        cJSON_AddNumberToObject(p, "shards", n_shards);
     }
+    keys_free(&shard_keys);
 
     cJSON *req = cJSON_AddObjectToObject(o, "requests");
     if ((rc = add_key(req, key, qp, "requests", NULL, err)))
@@ -474,6 +540,7 @@ oom:
 fail:
     keys_free(&names);
     keys_free(&streams);
+    keys_free(&shard_keys);
     cJSON_Delete(o);
     return rc;
 }

@@ -1,0 +1,195 @@
+"""Pool shards on a Redis Cluster (issue 27 point 4): a real local 3-master +
+3-replica cluster (the redis_cluster fixture), real workers and dispatchers.
+
+On a cluster each pool stream is split over pool_shards hash tags (default
+3): {<prefix>}jobs:<pool> (shard 0) and {<prefix><s>.<n>}jobs:<pool>, the
+dispatcher forwarding each request into shard rcl_shard_pick(entry) with a
+script that leaves a marker there, then acknowledging the request. This
+test shows, on real processes:
+
+  - the shard names the C code uses are the ones an independent Python
+    implementation of the rule gives, and they sit 1 per master;
+  - jobs through the dispatcher land in every shard, on every master;
+  - a dispatcher SIGKILLed after its forwards and before its XACKs (made
+    certain with an ACL that refuses the XACK's script on the intake stream
+    until the kill) is restarted under its name: it forwards every pending
+    request again, the markers refuse every duplicate (its log says so per
+    request), and each job is in the shards exactly once;
+  - a worker SIGKILLed mid-generation: the other one takes its shard
+    entries over and resumes them;
+  - every job done, token-exact against `redlm run`, seqs gapless, nothing
+    pending in any shard;
+  - an idle worker does not poll, and wakes at once for a job in any shard
+    (test_idle_worker_wakes_on_any_shard).
+
+Run with Debian's interpreter: /usr/bin/python3 -m pytest tests/integration
+"""
+import json
+import signal
+import time
+
+from conftest import check_stream, greedy_jobs, pool_shards, reference, stream_events
+
+FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
+K = 3  # pool_shards' default
+
+
+def shards(prefix, pool="fast"):
+    return pool_shards(prefix, pool, K)
+
+
+def out_key(prefix, jid):
+    return f"{prefix}out:{{{jid}}}"
+
+
+def wait_for(what, cond, timeout=60):
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, what
+        time.sleep(0.05)
+
+
+def entries_by_job(rc, keys):
+    """{job id: [shard index, ...]} over every entry of the shard streams."""
+    seen = {}
+    for i, k in enumerate(keys):
+        for _, f in rc.xrange(k):
+            seen.setdefault(json.loads(f["job"])["id"], []).append(i)
+    return seen
+
+
+def acl_all_nodes(cluster, *rules):
+    for p in cluster.running():
+        cluster.node(p).execute_command("ACL", "SETUSER", "dsp", *rules)
+
+
+def test_shards_spread_exactly_once_and_kills(redis_cluster, workers, dispatchers, prefix,
+                                              tmp_path, event_validator):
+    rc = redis_cluster.client()
+    keys = shards(prefix)
+    # one shard per master: the slot ranges redis-cli --cluster create makes
+    masters = [redis_cluster.master_of(k) for k in keys]
+    assert len(set(masters)) == 3, masters
+
+    # the dispatcher may run EVAL on the shards and markers, not on the
+    # intake stream: its XACK (common/qack.c's script) is refused
+    pw = tmp_path / "dsp.pw"
+    pw.write_text("dsp-secret\n")
+    acl_all_nodes(redis_cluster, "reset", "on", ">dsp-secret", "+@all", "-eval", "~*", "&*",
+                  f"(+eval ~{{{prefix}}}jobs:* ~{{{prefix}}}fwd:* ~{{{prefix}?*}}*)")
+    login = ["--redis-user", "dsp", "--redis-password-file", str(pw), "--redis-io-timeout-ms",
+             "2000"]
+    d1 = dispatchers("d1", "--think-ratio", "0", *login, addr=redis_cluster.seeds)
+    for k in keys:  # the dispatcher made every shard and its workers group
+        assert rc.exists(k), k
+
+    jobs = greedy_jobs(60, seed=27, tag="s")
+    for j in jobs:
+        rc.xadd(f"{{{prefix}}}requests", {"job": json.dumps(j)})
+    # every job forwarded (once) while every XACK is refused: the requests
+    # stay pending on d1
+    wait_for("jobs forwarded", lambda: len(entries_by_job(rc, keys)) == len(jobs))
+    wait_for("XACKs refused", lambda: "transaction failed" in d1.text())
+    d1.kill(signal.SIGKILL)
+    d1.wait()
+    pend = rc.xpending(f"{{{prefix}}}requests", "dispatchers")
+    assert pend["pending"] == len(jobs), pend
+    seen = entries_by_job(rc, keys)
+    assert all(len(v) == 1 for v in seen.values()), seen
+    # spread: every shard, every master holds jobs
+    used = {i for v in seen.values() for i in v}
+    assert used == set(range(K)), used
+
+    # the same dispatcher again, allowed its XACKs: it re-forwards its
+    # pending requests; the markers refuse every one
+    acl_all_nodes(redis_cluster, "+eval")
+    d1b = dispatchers("d1", "--think-ratio", "0", *login, addr=redis_cluster.seeds)
+    wait_for("requests acknowledged",
+             lambda: rc.xpending(f"{{{prefix}}}requests", "dispatchers")["pending"] == 0)
+    assert d1b.text().count("already forwarded") >= len(jobs)
+    seen = entries_by_job(rc, keys)
+    assert sorted(seen) == sorted(j["id"] for j in jobs)
+    assert all(len(v) == 1 for v in seen.values()), "a request was forwarded twice"
+
+    # workers: w1 takes long jobs and is SIGKILLed mid-generation; w2
+    # reclaims its entries from the shards and resumes them
+    w1 = workers("wa", *FAST_CLAIM, "--max-batch", "8", addr=redis_cluster.seeds)
+    long = greedy_jobs(10, seed=28, max_tokens=(150, 200), tag="L")
+    for j in long:
+        rc.xadd(f"{{{prefix}}}requests", {"job": json.dumps(j)})
+
+    def mid():
+        held = sum(rc.xpending_range(k, "workers", "-", "+", 100, consumername="wa") != []
+                   for k in keys)
+        started = sum(rc.xlen(out_key(prefix, j["id"])) >= 3 for j in long)
+        return held > 0 and started >= 2
+    wait_for("wa mid-generation", mid, timeout=120)
+    w1.kill(signal.SIGKILL)
+    w1.wait()
+    unfinished = [j["id"] for j in long
+                  if not rc.xrevrange(out_key(prefix, j["id"]), count=1)
+                  or json.loads(rc.xrevrange(out_key(prefix, j["id"]), count=1)[0][1]["event"])
+                  ["type"] != "done"]
+    assert unfinished, "the kill came too late to test resumption"
+    w2 = workers("wb", *FAST_CLAIM, addr=redis_cluster.seeds)
+
+    every = jobs + long
+    ref = reference(every, tmp_path)
+    for j, want in zip(every, ref):
+        evs = stream_events(rc, out_key(prefix, j["id"]), 180)
+        seqs = [e["seq"] for _, e in evs]
+        assert seqs == list(range(len(evs))), f"{j['id']}: gaps or duplicates {seqs}"
+        toks, _ = check_stream(evs, event_validator)
+        assert toks == want, j["id"]
+    assert "reclaimed entry" in w2.text()
+    # nothing left pending in any shard
+    for k in keys:
+        wait_for(f"{k} acknowledged",
+                 lambda k=k: rc.xinfo_groups(k) and all(
+                     g["pending"] == 0 for g in rc.xinfo_groups(k) if g["name"] == "workers"))
+
+
+def xreadgroup_calls(cluster):
+    """XREADGROUP calls so far, summed over the masters (INFO commandstats)."""
+    n = 0
+    for p, role in cluster.roles().items():
+        if role == "master":
+            st = cluster.node(p).info("commandstats").get("cmdstat_xreadgroup", {})
+            n += int(st.get("calls", 0))
+    return n
+
+
+def test_idle_worker_wakes_on_any_shard(redis_cluster, workers, dispatchers, prefix, tmp_path,
+                                        event_validator):
+    """An idle worker BLOCKs on every shard at once: it does not poll (few
+    XREADGROUPs while idle, with BLOCK 8 s), and a job XADDed straight to any
+    shard (shard 0 being the unsharded pool key clients write) is taken at
+    once, not after another shard's BLOCK runs out."""
+    rc = redis_cluster.client()
+    keys = shards(prefix)
+    w = workers("wi", "--block-ms", "8000", addr=redis_cluster.seeds)
+    wait_for("the worker's groups", lambda: all(
+        rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k)) for k in keys))
+    jobs = greedy_jobs(2 * K, seed=29, tag="i")
+    ref = reference(jobs, tmp_path)
+    before = xreadgroup_calls(redis_cluster)
+    t0 = time.time()
+    time.sleep(2)  # a measured idle period, not a moment picked
+    calls = xreadgroup_calls(redis_cluster) - before
+    # one BLOCKing read per shard's slot may end and be made again in 2 s,
+    # and the polls after it: a worker polling would make hundreds
+    assert calls <= 4 * K, f"{calls} XREADGROUPs in {time.time() - t0:.1f} s idle"
+    for i, j in enumerate(jobs):
+        k = keys[i % K]
+        t = time.time()
+        rc.xadd(k, {"job": json.dumps(j)})
+        wait_for(f"{j['id']} started", lambda: rc.exists(out_key(prefix, j["id"])), timeout=30)
+        took = time.time() - t
+        assert took < 3.0, f"{j['id']} on shard {i % K}: first event after {took:.1f} s"
+        toks, _ = check_stream(stream_events(rc, out_key(prefix, j["id"]), 60), event_validator)
+        assert toks == ref[i], j["id"]
+    assert "ready:" in w.text()
+    # a dispatcher configured with other shards than the workers says so
+    d = dispatchers("dm", "--pool-shards", "2", addr=redis_cluster.seeds)
+    wait_for("the pool_shards mismatch logged",
+             lambda: f"reads {K} shards per pool, this dispatcher writes to 2" in d.text())
