@@ -223,8 +223,9 @@ enum item_kind {
 struct item {
     enum item_kind kind;
     struct wjob *j;
-    int idx; /* IT_EMIT: its first job in flush.emits; IT_LEASE: its pools, bit p for pool p */
+    int idx; /* IT_EMIT: its first job in flush.emits */
     int n;   /* IT_EMIT: how many jobs it carries */
+    uint64_t pools; /* IT_LEASE: its pools, bit p for pool stream p */
 };
 
 /* A job whose unconfirmed events go in an IT_EMIT, and how many. */
@@ -307,7 +308,7 @@ static int queue_cache(struct worker *w, struct flush *f, struct wjob *j)
     snprintf(ttl, sizeof ttl, "%d", w->opt.cache_ttl_s);
     const char *argv[5] = {"SET", j->cache_key, j->cache_value, "EX", ttl};
     f->n_writes++;
-    return queue_cmd(f, (struct item){IT_CACHE, j, 0, 0}, 5, argv, NULL);
+    return queue_cmd(f, (struct item){IT_CACHE, j, 0, 0, 0}, 5, argv, NULL);
 }
 
 /* FENCE_TAKE for a job that has not made this worker its holder yet, in
@@ -324,7 +325,7 @@ static int queue_take(struct worker *w, struct flush *f, struct wjob *j)
     int a = fence_take_cmd(&w->fence, argv, &b, j->own_key, j->out_key, w->holder, j->entry_id,
                            !j->resumed, j->deliveries, j->req, j->sha);
     f->n_writes++;
-    return queue_cmd(f, (struct item){IT_TAKE, j, 0, 0}, a, argv, NULL);
+    return queue_cmd(f, (struct item){IT_TAKE, j, 0, 0, 0}, a, argv, NULL);
 }
 
 /* Notes j's unconfirmed events (the first EMIT_EVENTS_MAX, or
@@ -463,7 +464,7 @@ static int queue_ack(struct worker *w, struct flush *f, struct wjob *j)
     argv[a++] = w->pool_keys[j->pool];
     argv[a++] = w->opt.group;
     argv[a++] = j->entry_id;
-    return queue_cmd(f, (struct item){IT_ACK, j, 0, 0}, a, argv, NULL);
+    return queue_cmd(f, (struct item){IT_ACK, j, 0, 0, 0}, a, argv, NULL);
 }
 
 /* j's pending dead letter, its XACK (and XDEL) once it is acknowledged,
@@ -478,7 +479,7 @@ static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j, bo
     if (j->dead && writes) {
         f->n_writes++;
         rcl_queue_key(buf, sizeof buf, w_cluster(w), w->opt.prefix, "dead");
-        if ((rc = queue_xadd(f, (struct item){IT_DEAD, j, 0, 0}, buf, "*", w->opt.dead_maxlen,
+        if ((rc = queue_xadd(f, (struct item){IT_DEAD, j, 0, 0, 0}, buf, "*", w->opt.dead_maxlen,
                              "dead", j->dead, strlen(j->dead))))
             return rc;
     }
@@ -493,11 +494,11 @@ static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j, bo
         int n_check = check_keys(w, j, keys);
         j->next_check_ms = mono + CHECK_MS;
         const char *argv[2] = {"GET", keys[0]}; /* whose cancel it is: ident.c */
-        if ((rc = queue_cmd(f, (struct item){IT_CANCEL, j, 0, 0}, 2, argv, NULL)))
+        if ((rc = queue_cmd(f, (struct item){IT_CANCEL, j, 0, 0, 0}, 2, argv, NULL)))
             return rc;
         if (n_check > 1) { /* its client's front end alive? */
             const char *la[2] = {"EXISTS", keys[1]};
-            if ((rc = queue_cmd(f, (struct item){IT_CLIENT, j, 0, 0}, 2, la, NULL)))
+            if ((rc = queue_cmd(f, (struct item){IT_CLIENT, j, 0, 0, 0}, 2, la, NULL)))
                 return rc;
         }
     }
@@ -509,7 +510,7 @@ static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j, bo
  * takes a job back from the worker that reclaimed it: FENCE_LEASE over
  * every job held, one call for all pools on a single instance, one per
  * pool on a cluster (fence.h). */
-_Static_assert(W_MAX_STREAMS < 31, "IT_LEASE's pools are bits of an int");
+_Static_assert(W_MAX_STREAMS <= 64, "IT_LEASE's pools are bits of a uint64_t");
 static bool leased(const struct wjob *j, int pool)
 {
     return j->pool == pool && (j->state == WJ_RUNNING || j->state == WJ_CLOSING) && !j->fenced;
@@ -518,7 +519,8 @@ static bool leased(const struct wjob *j, int pool)
 static int queue_lease(struct worker *w, struct flush *f)
 {
     bool cluster = w_cluster(w); /* a script's keys share one slot: one pool per call */
-    int n_jobs[W_MAX_STREAMS] = {0}, mask = 0, n_ids = 0;
+    int n_jobs[W_MAX_STREAMS] = {0}, n_ids = 0;
+    uint64_t mask = 0;
     for (int p = 0; p < w->n_pools; p++) {
         for (int i = 0; i < w->n_jobs; i++)
             n_jobs[p] += leased(w->jobs[i], p);
@@ -539,7 +541,7 @@ static int queue_lease(struct worker *w, struct flush *f)
         mask = 0;
         for (; p1 < w->n_pools && (!cluster || n_keys == 0); p1++)
             if (n_jobs[p1]) {
-                mask |= 1 << p1;
+                mask |= UINT64_C(1) << p1;
                 n_keys++;
             }
         p0 = p1;
@@ -548,12 +550,12 @@ static int queue_lease(struct worker *w, struct flush *f)
         char nk[12];
         int a = fence_cmd(&w->fence, FENCE_LEASE, n_keys, argv, nk);
         for (int p = 0; p < w->n_pools; p++)
-            if (mask & (1 << p))
+            if (mask & (UINT64_C(1) << p))
                 argv[a++] = w->pool_keys[p];
         argv[a++] = w->opt.group;
         argv[a++] = w->opt.name;
         for (int p = 0; p < w->n_pools; p++) {
-            if (!(mask & (1 << p)))
+            if (!(mask & (UINT64_C(1) << p)))
                 continue;
             snprintf(counts[p], sizeof counts[p], "%d", n_jobs[p]);
             argv[a++] = counts[p];
@@ -561,7 +563,7 @@ static int queue_lease(struct worker *w, struct flush *f)
                 if (leased(w->jobs[i], p))
                     argv[a++] = w->jobs[i]->entry_id;
         }
-        if ((rc = queue_cmd(f, (struct item){IT_LEASE, NULL, mask, 0}, a, argv, NULL)))
+        if ((rc = queue_cmd(f, (struct item){IT_LEASE, NULL, 0, 0, mask}, a, argv, NULL)))
             break;
     }
 out:
@@ -582,7 +584,7 @@ static int queue_heartbeat(struct worker *w, struct flush *f, bool writes)
     int rc;
     if (w->redis_oom) {
         const char *ea[3] = {"EXPIRE", buf, ttl};
-        if ((rc = queue_cmd(f, (struct item){IT_OTHER, NULL, 0, 0}, 3, ea, NULL)))
+        if ((rc = queue_cmd(f, (struct item){IT_OTHER, NULL, 0, 0, 0}, 3, ea, NULL)))
             return rc;
     }
     if (!writes)
@@ -592,7 +594,7 @@ static int queue_heartbeat(struct worker *w, struct flush *f, bool writes)
         return 0;
     const char *argv[5] = {"SET", buf, v, "EX", ttl};
     f->n_writes++;
-    rc = queue_cmd(f, (struct item){IT_HB, NULL, 0, 0}, 5, argv, NULL);
+    rc = queue_cmd(f, (struct item){IT_HB, NULL, 0, 0, 0}, 5, argv, NULL);
     free(v);
     if (rc)
         return rc;
@@ -607,11 +609,11 @@ static int queue_heartbeat(struct worker *w, struct flush *f, bool writes)
     snprintf(old, sizeof old, "(%lld", (long long)(now - 86400000));
     const char *za[4] = {"ZADD", reg, score, w->opt.name};
     const char *zr[4] = {"ZREMRANGEBYSCORE", reg, "-inf", old};
-    if ((rc = queue_cmd(f, (struct item){IT_OTHER, NULL, 0, 0}, 4, za, NULL)) ||
+    if ((rc = queue_cmd(f, (struct item){IT_OTHER, NULL, 0, 0, 0}, 4, za, NULL)) ||
         now < w->next_prune_ms)
         return rc;
     w->next_prune_ms = now + 60000;
-    return queue_cmd(f, (struct item){IT_OTHER, NULL, 0, 0}, 4, zr, NULL);
+    return queue_cmd(f, (struct item){IT_OTHER, NULL, 0, 0, 0}, 4, zr, NULL);
 }
 
 /* FENCE_RELEASE of a job given up (give_up): its entry, if still ours,
@@ -628,7 +630,7 @@ static int queue_release(struct worker *w, struct flush *f, struct wjob *j)
     argv[a++] = w->opt.name;
     argv[a++] = j->entry_id;
     argv[a++] = idle;
-    return queue_cmd(f, (struct item){IT_RELEASE, j, 0, 0}, a, argv, NULL);
+    return queue_cmd(f, (struct item){IT_RELEASE, j, 0, 0, 0}, a, argv, NULL);
 }
 
 /* The value r of j's cancel key (GET, or read by FENCE_EMIT): a cancel
@@ -758,7 +760,7 @@ static void apply_emit(struct worker *w, struct flush *f, const struct item *it,
 /* FENCE_LEASE's answer for the pools of mask (one array each, in pool
  * order): the entries it did not renew belong to another worker now (or
  * to nobody: acknowledged by the one that finished them). */
-static void apply_lease(struct worker *w, int mask, const struct rconn_reply *r)
+static void apply_lease(struct worker *w, uint64_t mask, const struct rconn_reply *r)
 {
     if (!r || fence_noscript(&w->fence, r))
         return;
@@ -769,7 +771,7 @@ static void apply_lease(struct worker *w, int mask, const struct rconn_reply *r)
     }
     size_t k = 0;
     for (int p = 0; p < w->n_pools; p++) {
-        if (!(mask & (1 << p)))
+        if (!(mask & (UINT64_C(1) << p)))
             continue;
         const struct rconn_reply *lost = k < r->n_elem ? &r->elem[k] : NULL;
         k++;
@@ -819,7 +821,7 @@ static void apply_reply(struct worker *w, struct flush *f, struct item *it,
         apply_emit(w, f, it, r);
         break;
     case IT_LEASE:
-        apply_lease(w, it->idx, r);
+        apply_lease(w, it->pools, r);
         break;
     case IT_CACHE: /* best effort: a refused SET is logged, not retried */
         if (is_err)
