@@ -84,6 +84,11 @@ bool w_cluster(const struct worker *w)
     return rconn_is_cluster(w->rc) || rconn_is_cluster(w->rc_read);
 }
 
+int w_n_queue_streams(const struct worker *w)
+{
+    return w->n_base_pools * (w->n_shards > 1 ? w->n_shards : 1);
+}
+
 static void set_id(struct worker *w, struct wjob *j, const char *id)
 {
     snprintf(j->id, sizeof j->id, "%s", id);
@@ -809,7 +814,7 @@ static void admit_read(struct worker *w, int p, const struct rconn_entry *e)
                 dl = 1;
         }
     }
-    if (p >= w->n_base_pools) {
+    if (p >= w_n_queue_streams(w)) { /* from our offer stream */
         pthread_mutex_lock(&w->m.mu);
         w->m.affinity_taken++;
         pthread_mutex_unlock(&w->m.mu);

@@ -66,7 +66,8 @@ static bool held(const struct worker *w, int pool, const char *id)
  * every worker running it every claim_interval_ms made Redis's claim work
  * grow with the fleet, not with the jobs to reclaim. So a worker with room
  * first takes the short lease <prefix>claimer:<pool key> (SET NX PX
- * claim_interval_ms; the pool key's hash tag keeps it in the pool's slot),
+ * claim_interval_ms; the pool key's hash tag keeps it in the pool's slot;
+ * on a cluster one per shard, each shard being a pool stream of its own),
  * all pools' in one round trip, and claims only the pools whose lease it
  * got: about one XAUTOCLAIM per pool per interval, fleet-wide. The lease
  * is never renewed or released: it simply expires, so a claimer that dies
@@ -86,7 +87,7 @@ static void take_claimers(struct worker *w, bool *won)
     snprintf(px, sizeof px, "%d", w->opt.claim_interval_ms);
     rconn_batch_reset(w->batch);
     int n = 0;
-    for (int p = 0; p < w->n_base_pools; p++) {
+    for (int p = 0; p < w_n_queue_streams(w); p++) { /* every shard of every pool */
         won[p] = false;
         snprintf(keys[p], sizeof keys[p], "%sclaimer:%s", w->opt.prefix, w->pool_keys[p]);
         const char *argv[6] = {"SET", keys[p], w->holder, "NX", "PX", px};
@@ -114,7 +115,7 @@ int w_claim(struct worker *w, struct rl_err *err)
         int k = w_admissible(w);
         if (k <= 0)
             return 0;
-        if (p >= w->n_base_pools || !won[p])
+        if (p >= w_n_queue_streams(w) || !won[p])
             continue; /* another worker claims this pool this interval; our offer
                          streams: the dispatcher's sweep moves their idle entries */
         if (!w->claim_cursor[p][0])

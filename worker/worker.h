@@ -270,6 +270,9 @@ int w_admissible(struct worker *w);
 /* Redis is a cluster: per-request keys carry their id as a hash tag
  * (rcl_tagged_key). Known once either connection has connected. */
 bool w_cluster(const struct worker *w);
+/* The pools' own streams, [0, w_n_queue_streams) of pool_keys: every shard
+ * of every pool; above them, the offer streams (none on a cluster). */
+int w_n_queue_streams(const struct worker *w);
 void w_job_free(struct wjob *j);
 /* Coalescing: sends the held-back deltas of every job whose oldest has
  * waited coalesce_ms (all of them when `all`) as one delta event each,
