@@ -38,6 +38,12 @@
 #define AI __attribute__((always_inline)) inline
 
 #define QP_PF_AHEAD 1536 /* bytes ahead of each panel's stream, decode */
+/* The hint of those prefetches: T0. NTA (which this file used first) kept
+ * the decode products at 11-14 GB/s where the same loops with T0 read
+ * 24-28 GB/s, as fast as a plain read loop on the same threads (Q8_0,
+ * Q4_K, Q6_K, AWQ alike, 2026-12-04): on this core an NTA prefetch seems
+ * to bypass the L2 and its streamer, so each line waits on DRAM. */
+#define QP_PF_HINT _MM_HINT_T0
 #define QP_MC_BYTES (192 * 1024) /* activation rows per prefill chunk */
 
 TQ static AI __m512i bcast32(const int8_t *p)
@@ -77,7 +83,7 @@ TQ static AI void q80_tile(const int MR, const int NV, const int PF, int nb2, co
                 {
                     const uint8_t *src = B + (size_t)j * ps + 64 + 512 * h + 64 * g;
                     if (PF)
-                        _mm_prefetch((const char *)src + QP_PF_AHEAD, _MM_HINT_NTA);
+                        _mm_prefetch((const char *)src + QP_PF_AHEAD, QP_PF_HINT);
                     wv[j] = _mm512_load_si512((const void *)src);
                 }
                 _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
@@ -138,13 +144,13 @@ TQ static AI void q45k_tile(const int Q5, const int MR, const int NV, const int 
                 {
                     const uint8_t *src = B + (size_t)j * ps + 320 + 64 * (8 * i + g);
                     if (PF && h == 0)
-                        _mm_prefetch((const char *)src + QP_PF_AHEAD, _MM_HINT_NTA);
+                        _mm_prefetch((const char *)src + QP_PF_AHEAD, QP_PF_HINT);
                     __m512i raw = _mm512_load_si512((const void *)src);
                     wv[j] = _mm512_and_si512(h ? _mm512_srli_epi16(raw, 4) : raw, lo4);
                     if (Q5) {
                         const uint8_t *hp = B + (size_t)j * ps + 2368 + 64 * g;
                         if (PF && s == 0)
-                            _mm_prefetch((const char *)hp + QP_PF_AHEAD, _MM_HINT_NTA);
+                            _mm_prefetch((const char *)hp + QP_PF_AHEAD, QP_PF_HINT);
                         __m512i hb = _mm512_load_si512((const void *)hp);
                         hb = _mm512_srl_epi16(_mm512_sll_epi16(hb, up), dn);
                         wv[j] = _mm512_ternarylogic_epi32(wv[j], hb, b4, 0xF8);
@@ -241,9 +247,9 @@ TQ static AI void q6k_tile(const int MR, const int NV, const int PF, int nsb, co
                     const uint8_t *Bj = B + (size_t)j * ps;
                     const uint8_t *pl = Bj + 320 + 64 * (g % 32), *ph = Bj + 2368 + 64 * (g % 16);
                     if (PF && g < 32)
-                        _mm_prefetch((const char *)pl + QP_PF_AHEAD, _MM_HINT_NTA);
+                        _mm_prefetch((const char *)pl + QP_PF_AHEAD, QP_PF_HINT);
                     if (PF && g < 16)
-                        _mm_prefetch((const char *)ph + QP_PF_AHEAD, _MM_HINT_NTA);
+                        _mm_prefetch((const char *)ph + QP_PF_AHEAD, QP_PF_HINT);
                     __m512i l = _mm512_load_si512((const void *)pl), q = _mm512_load_si512((const void *)ph);
                     l = _mm512_and_si512(g >= 32 ? _mm512_srli_epi16(l, 4) : l, lo4);
                     q = hs == 0 ? _mm512_slli_epi16(q, 4)
@@ -330,9 +336,9 @@ TQ static AI void q6kd_tile(const int MR, const int NV, const int PF, int nsb, c
                     const uint8_t *Bj = B + (size_t)j * ps;
                     const uint8_t *p0 = Bj + 320 + 64 * v, *p1 = Bj + 320 + 64 * (v + 16), *ph = Bj + 2368 + 64 * v;
                     if (PF) {
-                        _mm_prefetch((const char *)p0 + QP_PF_AHEAD, _MM_HINT_NTA);
-                        _mm_prefetch((const char *)p1 + QP_PF_AHEAD, _MM_HINT_NTA);
-                        _mm_prefetch((const char *)ph + QP_PF_AHEAD, _MM_HINT_NTA);
+                        _mm_prefetch((const char *)p0 + QP_PF_AHEAD, QP_PF_HINT);
+                        _mm_prefetch((const char *)p1 + QP_PF_AHEAD, QP_PF_HINT);
+                        _mm_prefetch((const char *)ph + QP_PF_AHEAD, QP_PF_HINT);
                     }
                     __m512i l0 = _mm512_load_si512((const void *)p0), l1 = _mm512_load_si512((const void *)p1);
                     __m512i q = _mm512_load_si512((const void *)ph);
@@ -423,7 +429,7 @@ TQ static AI void awq_tile(const int MR, const int NV, const int PF, int ng, int
                 {
                     const uint8_t *src = B + (size_t)j * ps + 64 + 64 * (u0 + g);
                     if (PF && !h)
-                        _mm_prefetch((const char *)src + QP_PF_AHEAD, _MM_HINT_NTA);
+                        _mm_prefetch((const char *)src + QP_PF_AHEAD, QP_PF_HINT);
                     __m512i raw = _mm512_load_si512((const void *)src);
                     wv[j] = _mm512_and_si512(h ? _mm512_srli_epi16(raw, 4) : raw, lo4);
                 }
