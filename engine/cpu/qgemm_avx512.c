@@ -32,7 +32,12 @@
 #include <string.h>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define TQ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 #define AI __attribute__((always_inline)) inline
@@ -457,6 +462,203 @@ TQ static AI void awq_tile(const int MR, const int NV, const int PF, int ng, int
             _mm512_storeu_ps(y + (size_t)m * ldy + 16 * j, acc[m][j]);
 }
 
+
+/* ------------------------------------------------------- Q8_0 on AMX */
+
+/* Prefill (M >= 16) with Q8_0 weights on the AMX tile unit, where the CPU
+ * has AMX-INT8 and the kernel lets this process use the tile state. The
+ * panel layout is already what TDPBSUD reads as its B operand: the 8
+ * vectors of one Q8_0 block in a panel are 8 rows of 64 bytes, each 4
+ * consecutive codes of each of the 16 weight rows, i.e. a (K = 32) x
+ * (N = 16) tile in the VNNI order; the A operand is 16 activation rows'
+ * codes of the same block, loaded in place (32 bytes at stride ldxq). One
+ * TDPBSUD gives the block's exact int32 sums sum (qw + 128) qx for 16 x 16
+ * outputs, the same integers vpdpbusd gives, and the float step is the
+ * same per element, blocks ascending: the same bits as the VNNI tiles and
+ * the portable product. One block per instruction (K = 32, half a tile's
+ * depth) because each block has its own scales; the float step, 5 vector
+ * instructions per row of 16 outputs and block, is then most of the work,
+ * against 8 vpdpbusd and their loads, broadcasts and float step for the
+ * same products on the VNNI path. */
+
+#define TA __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+
+/* ldtilecfg's 64-byte operand (palette 1). */
+struct amx_cfg {
+    uint8_t palette, start_row;
+    uint8_t rsv[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+static int amx_usable;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+/* Whether the CPU has AMX-TILE and AMX-INT8, the OS enables their state
+ * (XCR0 bits 17, 18) and grants this process the tile data
+ * (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16+); REDLM_CPU_AMX=0 turns the
+ * path off (A/B timing, or a machine where it misbehaves). A property of
+ * the process, asked once: the permission request is process-wide. */
+static void amx_probe(void)
+{
+    const char *e = getenv("REDLM_CPU_AMX");
+    if (e && e[0] == '0')
+        return;
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0, NULL) < 7)
+        return;
+    __cpuid_count(7, 0, a, b, c, d);
+    if (!((d >> 24) & 1) || !((d >> 25) & 1)) /* AMX-TILE, AMX-INT8 */
+        return;
+    __cpuid(1, a, b, c, d);
+    if (!((c >> 27) & 1)) /* OSXSAVE: xgetbv allowed */
+        return;
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    if ((lo & 0x60000) != 0x60000) /* XTILECFG, XTILEDATA */
+        return;
+#if defined(SYS_arch_prctl)
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0)
+        return;
+    amx_usable = 1;
+#endif
+}
+
+static int amx_ready(void)
+{
+    pthread_once(&amx_once, amx_probe);
+    return amx_usable;
+}
+
+/* The float step of one block for 16 rows: buf holds the block's 16 x 16
+ * int32 sums (row m, lane n), cs and dx the rows' 128 * (sum of codes) and
+ * scales. */
+TA static AI void q80_amx_epi(__m512 acc[16], const int32_t *buf, const int32_t *cs, const float *dx, __m512 dw)
+{
+    _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++)
+    {
+        __m512i is = _mm512_sub_epi32(_mm512_load_si512((const void *)(buf + 16 * m)), _mm512_set1_epi32(cs[m]));
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(dx[m])), acc[m]);
+    }
+}
+
+/* 16 activation rows (their blocks' cs / dx at [b][16]) against panels
+ * [pa, pb), the tile config loaded by the caller. Four blocks at a time
+ * in four accumulator tiles, so that the tile unit has four independent
+ * load-multiply-store chains in flight (two at a time measured 1.6x
+ * slower per block). */
+TA static void q80_amx_strip(int nb, const uint8_t *W, size_t ps, int pa, int pb, const int8_t *xa,
+                             const int32_t *cs, const float *dx, float *y, int ldy)
+{
+    int32_t buf[4][256] __attribute__((aligned(64)));
+    for (int p = pa; p < pb; p++) {
+        const uint8_t *w = W + (size_t)p * ps;
+        __m512 acc[16];
+        _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
+        int b = 0;
+        for (; b + 4 <= nb; b += 4) {
+            const uint8_t *B = w + (size_t)(b / 2) * 1088;
+            const int8_t *X = xa + (size_t)512 * b;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            _tile_loadd(4, X, 32);
+            _tile_loadd(6, B + 64, 64);
+            _tile_dpbsud(0, 4, 6);
+            _tile_loadd(5, X + 512, 32);
+            _tile_loadd(7, B + 576, 64);
+            _tile_dpbsud(1, 5, 7);
+            _tile_loadd(4, X + 1024, 32);
+            _tile_loadd(6, B + 1088 + 64, 64);
+            _tile_dpbsud(2, 4, 6);
+            _tile_loadd(5, X + 1536, 32);
+            _tile_loadd(7, B + 1088 + 576, 64);
+            _tile_dpbsud(3, 5, 7);
+            _tile_stored(0, buf[0], 64);
+            _tile_stored(1, buf[1], 64);
+            _tile_stored(2, buf[2], 64);
+            _tile_stored(3, buf[3], 64);
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+                q80_amx_epi(acc, buf[i], cs + 16 * (b + i), dx + 16 * (b + i),
+                            ld_f16x16(B + 1088 * (i / 2) + 32 * (i % 2)));
+        }
+        for (; b < nb; b += 2) { /* nb % 4 == 2: the last pair */
+            const uint8_t *B = w + (size_t)(b / 2) * 1088;
+            const int8_t *X = xa + (size_t)512 * b;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_loadd(4, X, 32);
+            _tile_loadd(6, B + 64, 64);
+            _tile_dpbsud(0, 4, 6);
+            _tile_loadd(5, X + 512, 32);
+            _tile_loadd(7, B + 576, 64);
+            _tile_dpbsud(1, 5, 7);
+            _tile_stored(0, buf[0], 64);
+            _tile_stored(1, buf[1], 64);
+            q80_amx_epi(acc, buf[0], cs + 16 * b, dx + 16 * b, ld_f16x16(B));
+            q80_amx_epi(acc, buf[1], cs + 16 * (b + 1), dx + 16 * (b + 1), ld_f16x16(B + 32));
+        }
+        _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++)
+            _mm512_storeu_ps(y + (size_t)m * ldy + 16 * p, acc[m]);
+    }
+}
+
+/* Rows [0, M16) (a multiple of 16) against panels [pa, pb), in chunks of
+ * activation rows whose codes stay in L2 (as the VNNI path), each chunk
+ * first copied into scratch as the A tiles want them: per strip of 16
+ * rows and block, the 16 rows' 32 codes in 512 contiguous bytes (a tile
+ * load of 8 whole lines, not 16 lines of the rows' blocks), beside each
+ * block's cs = 128 * (sum of codes) and scale per row. Returns 0 without
+ * touching y when the scratch cannot be had (the caller then runs the VNNI
+ * tiles). */
+TA static int q80_amx(int M16, int nb2, const uint8_t *W, size_t ps, int pa, int pb, const uint8_t *xq,
+                      size_t ldxq, float *y, int ldy)
+{
+    int nb = 2 * nb2;
+    int mc = (int)(QP_MC_BYTES / ldxq) / 16 * 16;
+    mc = mc < 16 ? 16 : mc;
+    mc = mc < M16 ? mc : M16;
+    size_t per_row = (size_t)nb * 40; /* 32 codes, cs and dx per block */
+    uint8_t *scratch = aligned_alloc(64, (size_t)mc * per_row);
+    if (!scratch)
+        return 0;
+    int8_t *xa = (int8_t *)scratch;
+    int32_t *cs = (int32_t *)(scratch + (size_t)mc * nb * 32);
+    float *dx = (float *)(cs + (size_t)mc * nb);
+    struct amx_cfg cfg __attribute__((aligned(64)));
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 4; t++) /* C: 16 x 16 int32 */
+        cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    cfg.rows[4] = cfg.rows[5] = 16, cfg.colsb[4] = cfg.colsb[5] = 32; /* A: 16 rows x 32 codes */
+    cfg.rows[6] = cfg.rows[7] = 8, cfg.colsb[6] = cfg.colsb[7] = 64;  /* B: 8 x (16 rows x 4 codes) */
+    _tile_loadconfig(&cfg);
+    for (int m0 = 0; m0 < M16; m0 += mc) {
+        int m1 = m0 + mc < M16 ? m0 + mc : M16;
+        for (int m = m0; m < m1; m++) {
+            const struct cpu_xq32 *xb = (const struct cpu_xq32 *)(xq + (size_t)m * ldxq);
+            size_t st = (size_t)((m - m0) / 16) * (size_t)nb, r = (size_t)(m % 16);
+            for (int b = 0; b < nb; b++) {
+                memcpy(xa + ((st + (size_t)b) * 16 + r) * 32, xb[b].q, 32);
+                cs[(st + (size_t)b) * 16 + r] = 128 * xb[b].s;
+                dx[(st + (size_t)b) * 16 + r] = xb[b].d;
+            }
+        }
+        for (int p = pa; p < pb; p += 4) {
+            int pe = pb - p < 4 ? pb : p + 4;
+            for (int m = m0; m < m1; m += 16) {
+                size_t o = (size_t)((m - m0) / 16) * (size_t)nb * 16;
+                q80_amx_strip(nb, W, ps, p, pe, xa + o * 32, cs + o, dx + o, y + (size_t)m * ldy, ldy);
+            }
+        }
+    }
+    _tile_release();
+    free(scratch);
+    return 1;
+}
+
 /* ---------------------------------------------------------------- driver */
 
 struct qargs {
@@ -546,6 +748,14 @@ TQ static void gemm_q_panels(int M, int n0, int n1, const struct cpu_qmat *w, co
             tile_any(w->dt, M, nv, nv == 4, &a);
         }
         return;
+    }
+    if (w->dt == MODEL_Q8_0 && M >= 16 && amx_ready() && q80_amx(M / 16 * 16, nblk, W, ps, p0, p1, xq, ldxq, y, ldy)) {
+        int M16 = M / 16 * 16;
+        if (M16 == M)
+            return;
+        xq = (const uint8_t *)xq + (size_t)M16 * ldxq;
+        y += (size_t)M16 * ldy;
+        M -= M16;
     }
     int mrmax = w->dt == MODEL_Q4_K || w->dt == MODEL_Q5_K || w->dt == MODEL_Q6_K ? 4 : 6;
     int nvs = w->dt == MODEL_Q6_K ? 1 : 2; /* Q6_K: the one-panel tiles of q6kd_tile */
