@@ -531,6 +531,24 @@ static int amx_ready(void)
     return amx_usable;
 }
 
+/* The tiles both AMX products use: tmm0-3 C (16 x 16 int32), tmm4-5 A (16
+ * rows x 32 codes), tmm6-7 B (8 x (16 rows x 4 codes)). This thread's
+ * tile state until _tile_release(). */
+TA static void amx_config(void)
+{
+    struct amx_cfg cfg __attribute__((aligned(64)));
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 4; t++)
+        cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    cfg.rows[4] = cfg.rows[5] = 16, cfg.colsb[4] = cfg.colsb[5] = 32;
+    cfg.rows[6] = cfg.rows[7] = 8, cfg.colsb[6] = cfg.colsb[7] = 64;
+    /* GCC 12 does not see ldtilecfg read the struct and drops the stores
+     * above (the tile instructions then fault): make them visible */
+    __asm__ volatile("" : : "m"(cfg) : "memory");
+    _tile_loadconfig(&cfg);
+}
+
 /* The float step of one block for 16 rows: buf holds the block's 16 x 16
  * int32 sums (row m, lane n), cs and dx the rows' 128 * (sum of codes) and
  * scales. */
@@ -627,14 +645,7 @@ TA static int q80_amx(int M16, int nb2, const uint8_t *W, size_t ps, int pa, int
     int8_t *xa = (int8_t *)scratch;
     int32_t *cs = (int32_t *)(scratch + (size_t)mc * nb * 32);
     float *dx = (float *)(cs + (size_t)mc * nb);
-    struct amx_cfg cfg __attribute__((aligned(64)));
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 4; t++) /* C: 16 x 16 int32 */
-        cfg.rows[t] = 16, cfg.colsb[t] = 64;
-    cfg.rows[4] = cfg.rows[5] = 16, cfg.colsb[4] = cfg.colsb[5] = 32; /* A: 16 rows x 32 codes */
-    cfg.rows[6] = cfg.rows[7] = 8, cfg.colsb[6] = cfg.colsb[7] = 64;  /* B: 8 x (16 rows x 4 codes) */
-    _tile_loadconfig(&cfg);
+    amx_config();
     for (int m0 = 0; m0 < M16; m0 += mc) {
         int m1 = m0 + mc < M16 ? m0 + mc : M16;
         for (int m = m0; m < m1; m++) {
@@ -651,6 +662,140 @@ TA static int q80_amx(int M16, int nb2, const uint8_t *W, size_t ps, int pa, int
             for (int m = m0; m < m1; m += 16) {
                 size_t o = (size_t)((m - m0) / 16) * (size_t)nb * 16;
                 q80_amx_strip(nb, W, ps, p, pe, xa + o * 32, cs + o, dx + o, y + (size_t)m * ldy, ldy);
+            }
+        }
+    }
+    _tile_release();
+    free(scratch);
+    return 1;
+}
+
+/* ------------------------------------------------------- Q4_K on AMX */
+
+/* Prefill with Q4_K weights on the tile unit, as Q8_0's: the int32 sum of
+ * each 32-wide sub-block is one TDPBSUD of 16 activation rows (A, copied
+ * per chunk into tile order) against the sub-block's 16 weight rows (B).
+ * The panels hold two sub-blocks per byte (nibbles), so each panel is
+ * first unpacked into scratch once per chunk of rows (16 x 32 bytes per
+ * sub-block, the layout TDPBSUD reads) and then serves every 16-row strip
+ * of the chunk. Then the sums go through qgemm.h's Q4_K recipe exactly as
+ * on the VNNI tiles: I = sum_s sc_s * sum_s (vpmulld, int32), the min term
+ * J by vpdpwssd of the min pairs against the activation's 32-element sum
+ * pairs, and the two f32 steps per super-block, ascending; between
+ * super-blocks the f32 accumulator waits in y (16 rows of integer sums
+ * fill the registers), which rounds nothing. */
+
+/* One panel (unpacked: u, its header lines in w) against one strip of 16
+ * rows (codes xa [sub-block][16][32]; per super-block pair sums pr
+ * [sb][4][16] and scales dx [sb][16]). */
+TA static void q4k_amx_strip(int nsb, const uint8_t *w, const uint8_t *u, const int8_t *xa, const int32_t *pr,
+                             const float *dx, float *y, int ldy)
+{
+    const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
+    int32_t buf[4][256] __attribute__((aligned(64)));
+    for (int sb = 0; sb < nsb; sb++) {
+        const uint8_t *B = w + (size_t)sb * 2368;
+        __m512i ia[16];
+        _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++) ia[m] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 2") for (int hf = 0; hf < 2; hf++)
+        {
+            const int8_t *X = xa + (size_t)(8 * sb + 4 * hf) * 512;
+            const uint8_t *U = u + (size_t)(8 * sb + 4 * hf) * 512;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            _tile_loadd(4, X, 32);
+            _tile_loadd(6, U, 64);
+            _tile_dpbsud(0, 4, 6);
+            _tile_loadd(5, X + 512, 32);
+            _tile_loadd(7, U + 512, 64);
+            _tile_dpbsud(1, 5, 7);
+            _tile_loadd(4, X + 1024, 32);
+            _tile_loadd(6, U + 1024, 64);
+            _tile_dpbsud(2, 4, 6);
+            _tile_loadd(5, X + 1536, 32);
+            _tile_loadd(7, U + 1536, 64);
+            _tile_dpbsud(3, 5, 7);
+            _tile_stored(0, buf[0], 64);
+            _tile_stored(1, buf[1], 64);
+            _tile_stored(2, buf[2], 64);
+            _tile_stored(3, buf[3], 64);
+            _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++)
+            {
+                /* sub-block 4 hf + t: scale pair t, half hf */
+                __m512i sp = _mm512_cvtepu8_epi16(_mm256_load_si256((const void *)(B + 64 + 32 * t)));
+                __m512i sc = hf ? _mm512_srli_epi32(sp, 16) : _mm512_and_si512(sp, lo16);
+                _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++) ia[m] = _mm512_add_epi32(
+                    ia[m], _mm512_mullo_epi32(_mm512_load_si512((const void *)buf[t] + 64 * m), sc));
+            }
+        }
+        __m512 d = ld_f16x16(B), dmin = ld_f16x16(B + 32);
+        __m512i mp[4];
+        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) mp[i] =
+            _mm512_cvtepu8_epi16(_mm256_load_si256((const void *)(B + 192 + 32 * i)));
+        const int32_t *P = pr + (size_t)sb * 64;
+        const float *D = dx + (size_t)sb * 16;
+        _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++)
+        {
+            __m512i J = _mm512_setzero_si512();
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) J =
+                _mm512_dpwssd_epi32(J, mp[i], _mm512_set1_epi32(P[16 * i + m]));
+            __m512 dxv = _mm512_set1_ps(D[m]);
+            float *yr = y + (size_t)m * ldy;
+            __m512 a = sb ? _mm512_loadu_ps(yr) : _mm512_setzero_ps();
+            a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[m]), _mm512_mul_ps(d, dxv), a);
+            a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), J)),
+                                _mm512_mul_ps(dmin, dxv), a);
+            _mm512_storeu_ps(yr, a);
+        }
+    }
+}
+
+/* Rows [0, M16) against panels [pa, pb) of Q4_K; as q80_amx. */
+TA static int q4k_amx(int M16, int nsb, const uint8_t *W, size_t ps, int pa, int pb, const uint8_t *xq,
+                      size_t ldxq, float *y, int ldy)
+{
+    int mc = (int)(QP_MC_BYTES / ldxq) / 16 * 16;
+    mc = mc < 16 ? 16 : mc;
+    mc = mc < M16 ? mc : M16;
+    size_t per_row = (size_t)nsb * (256 + 16 * 4 + 4);
+    uint8_t *scratch = aligned_alloc(64, (size_t)mc * per_row + (size_t)nsb * 4096);
+    if (!scratch)
+        return 0;
+    int8_t *xa = (int8_t *)scratch;
+    int32_t *pr = (int32_t *)(scratch + (size_t)mc * nsb * 256);
+    float *dx = (float *)(pr + (size_t)mc * nsb * 16);
+    uint8_t *u = (uint8_t *)(dx + (size_t)mc * nsb);
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    amx_config();
+    for (int m0 = 0; m0 < M16; m0 += mc) {
+        int m1 = m0 + mc < M16 ? m0 + mc : M16;
+        for (int m = m0; m < m1; m++) {
+            const struct cpu_xq256 *xb = (const struct cpu_xq256 *)(xq + (size_t)m * ldxq);
+            size_t st = (size_t)((m - m0) / 16), r = (size_t)(m % 16);
+            for (int sb = 0; sb < nsb; sb++) {
+                for (int sub = 0; sub < 8; sub++)
+                    memcpy(xa + (((st * (size_t)nsb + (size_t)sb) * 8 + (size_t)sub) * 16 + r) * 32,
+                           xb[sb].q + 32 * sub, 32);
+                for (int i = 0; i < 4; i++)
+                    memcpy(pr + ((st * (size_t)nsb + (size_t)sb) * 4 + (size_t)i) * 16 + r, &xb[sb].s32p[2 * i], 4);
+                dx[(st * (size_t)nsb + (size_t)sb) * 16 + r] = xb[sb].d;
+            }
+        }
+        for (int p = pa; p < pb; p++) {
+            const uint8_t *w = W + (size_t)p * ps;
+            for (int sb = 0; sb < nsb; sb++)
+                for (int sub = 0; sub < 8; sub++)
+                    for (int g = 0; g < 8; g++) {
+                        __m512i raw = _mm512_load_si512((const void *)(w + (size_t)sb * 2368 + 320 + 64 * (8 * (sub % 4) + g)));
+                        _mm512_store_si512((void *)(u + ((size_t)(8 * sb + sub) * 8 + (size_t)g) * 64),
+                                           _mm512_and_si512(sub >= 4 ? _mm512_srli_epi16(raw, 4) : raw, lo4));
+                    }
+            for (int m = m0; m < m1; m += 16) {
+                size_t st = (size_t)((m - m0) / 16);
+                q4k_amx_strip(nsb, w, u, xa + st * (size_t)nsb * 8 * 512, pr + st * (size_t)nsb * 64,
+                              dx + st * (size_t)nsb * 16, y + (size_t)m * ldy + 16 * p, ldy);
             }
         }
     }
@@ -749,7 +894,9 @@ TQ static void gemm_q_panels(int M, int n0, int n1, const struct cpu_qmat *w, co
         }
         return;
     }
-    if (w->dt == MODEL_Q8_0 && M >= 16 && amx_ready() && q80_amx(M / 16 * 16, nblk, W, ps, p0, p1, xq, ldxq, y, ldy)) {
+    if (M >= 16 && (w->dt == MODEL_Q8_0 || w->dt == MODEL_Q4_K) && amx_ready() &&
+        (w->dt == MODEL_Q8_0 ? q80_amx(M / 16 * 16, nblk, W, ps, p0, p1, xq, ldxq, y, ldy)
+                             : q4k_amx(M / 16 * 16, nblk, W, ps, p0, p1, xq, ldxq, y, ldy))) {
         int M16 = M / 16 * 16;
         if (M16 == M)
             return;
