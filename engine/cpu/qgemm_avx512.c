@@ -531,18 +531,18 @@ static int amx_ready(void)
     return amx_usable;
 }
 
-/* The tiles both AMX products use: tmm0-3 C (16 x 16 int32), tmm4-5 A (16
- * rows x 32 codes), tmm6-7 B (8 x (16 rows x 4 codes)). This thread's
+/* The tiles the AMX products use: tmm0-3 C (16 x 16 int32), tmm4-5 A (16
+ * rows x kd codes), tmm6-7 B (kd / 4 x (16 rows x 4 codes)). This thread's
  * tile state until _tile_release(). */
-TA static void amx_config(void)
+TA static void amx_config(int kd) /* kd: the codes per dot product, 32 or 16 */
 {
     struct amx_cfg cfg __attribute__((aligned(64)));
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int t = 0; t < 4; t++)
         cfg.rows[t] = 16, cfg.colsb[t] = 64;
-    cfg.rows[4] = cfg.rows[5] = 16, cfg.colsb[4] = cfg.colsb[5] = 32;
-    cfg.rows[6] = cfg.rows[7] = 8, cfg.colsb[6] = cfg.colsb[7] = 64;
+    cfg.rows[4] = cfg.rows[5] = 16, cfg.colsb[4] = cfg.colsb[5] = (uint16_t)kd;
+    cfg.rows[6] = cfg.rows[7] = (uint8_t)(kd / 4), cfg.colsb[6] = cfg.colsb[7] = 64;
     /* GCC 12 does not see ldtilecfg read the struct and drops the stores
      * above (the tile instructions then fault): make them visible */
     __asm__ volatile("" : : "m"(cfg) : "memory");
@@ -645,7 +645,7 @@ TA static int q80_amx(int M16, int nb2, const uint8_t *W, size_t ps, int pa, int
     int8_t *xa = (int8_t *)scratch;
     int32_t *cs = (int32_t *)(scratch + (size_t)mc * nb * 32);
     float *dx = (float *)(cs + (size_t)mc * nb);
-    amx_config();
+    amx_config(32);
     for (int m0 = 0; m0 < M16; m0 += mc) {
         int m1 = m0 + mc < M16 ? m0 + mc : M16;
         for (int m = m0; m < m1; m++) {
@@ -768,7 +768,7 @@ TA static int q4k_amx(int M16, int nsb, const uint8_t *W, size_t ps, int pa, int
     float *dx = (float *)(pr + (size_t)mc * nsb * 16);
     uint8_t *u = (uint8_t *)(dx + (size_t)mc * nsb);
     const __m512i lo4 = _mm512_set1_epi8(0x0F);
-    amx_config();
+    amx_config(32);
     for (int m0 = 0; m0 < M16; m0 += mc) {
         int m1 = m0 + mc < M16 ? m0 + mc : M16;
         for (int m = m0; m < m1; m++) {
@@ -795,6 +795,133 @@ TA static int q4k_amx(int M16, int nsb, const uint8_t *W, size_t ps, int pa, int
             for (int m = m0; m < m1; m += 16) {
                 size_t st = (size_t)((m - m0) / 16);
                 q4k_amx_strip(nsb, w, u, xa + st * (size_t)nsb * 8 * 512, pr + st * (size_t)nsb * 64,
+                              dx + st * (size_t)nsb * 16, y + (size_t)m * ldy + 16 * p, ldy);
+            }
+        }
+    }
+    _tile_release();
+    free(scratch);
+    return 1;
+}
+
+/* ------------------------------------------------------- Q6_K on AMX */
+
+/* Q6_K as Q4_K, with 16-wide sub-blocks: one TDPBSUD of depth 16 per
+ * sub-block (A 16 rows x 16 codes, B 4 x 64 bytes), the panel unpacked per
+ * chunk into the codes + 32 (6 bits: low nibble and top pair merged as the
+ * VNNI tiles do), then qgemm.h's recipe as q6k_tile: I = sum_s sc_s *
+ * sum_s (vpmulld) less 32 sum_s sc_s * (sum of the activation's codes over
+ * s) (vpdpwssd against the stored 16-element sum pairs), one f32 step per
+ * super-block, the accumulator waiting in y between them. */
+TA static void q6k_amx_strip(int nsb, const uint8_t *w, const uint8_t *u, const int8_t *xa, const int32_t *pr,
+                             const float *dx, float *y, int ldy)
+{
+    int32_t buf[4][256] __attribute__((aligned(64)));
+    for (int sb = 0; sb < nsb; sb++) {
+        const uint8_t *B = w + (size_t)sb * 3392;
+        __m512i ia[16];
+        _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++) ia[m] = _mm512_setzero_si512();
+        for (int q4 = 0; q4 < 4; q4++) { /* sub-blocks 4 q4 .. 4 q4 + 3 */
+            const int8_t *X = xa + (size_t)(16 * sb + 4 * q4) * 256;
+            const uint8_t *U = u + (size_t)(16 * sb + 4 * q4) * 256;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            _tile_loadd(4, X, 16);
+            _tile_loadd(6, U, 64);
+            _tile_dpbsud(0, 4, 6);
+            _tile_loadd(5, X + 256, 16);
+            _tile_loadd(7, U + 256, 64);
+            _tile_dpbsud(1, 5, 7);
+            _tile_loadd(4, X + 512, 16);
+            _tile_loadd(6, U + 512, 64);
+            _tile_dpbsud(2, 4, 6);
+            _tile_loadd(5, X + 768, 16);
+            _tile_loadd(7, U + 768, 64);
+            _tile_dpbsud(3, 5, 7);
+            _tile_stored(0, buf[0], 64);
+            _tile_stored(1, buf[1], 64);
+            _tile_stored(2, buf[2], 64);
+            _tile_stored(3, buf[3], 64);
+            _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++)
+            {
+                int sub = 4 * q4 + t;
+                __m512i sp = _mm512_cvtepi8_epi16(_mm256_load_si256((const void *)(B + 64 + 32 * (sub % 8))));
+                __m512i sc = sub >= 8 ? _mm512_srai_epi32(sp, 16) : _mm512_srai_epi32(_mm512_slli_epi32(sp, 16), 16);
+                _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++) ia[m] = _mm512_add_epi32(
+                    ia[m], _mm512_mullo_epi32(_mm512_load_si512((const void *)buf[t] + 64 * m), sc));
+            }
+        }
+        __m512 d = ld_f16x16(B);
+        __m512i sp[8];
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) sp[i] =
+            _mm512_cvtepi8_epi16(_mm256_load_si256((const void *)(B + 64 + 32 * i)));
+        const int32_t *P = pr + (size_t)sb * 128;
+        const float *D = dx + (size_t)sb * 16;
+        _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++)
+        {
+            __m512i c = _mm512_setzero_si512();
+            _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) c =
+                _mm512_dpwssd_epi32(c, sp[i], _mm512_set1_epi32(P[16 * i + m]));
+            __m512i I = _mm512_sub_epi32(ia[m], _mm512_slli_epi32(c, 5));
+            float *yr = y + (size_t)m * ldy;
+            __m512 a = sb ? _mm512_loadu_ps(yr) : _mm512_setzero_ps();
+            a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(d, _mm512_set1_ps(D[m])), a);
+            _mm512_storeu_ps(yr, a);
+        }
+    }
+}
+
+/* Rows [0, M16) against panels [pa, pb) of Q6_K; as q4k_amx. */
+TA static int q6k_amx(int M16, int nsb, const uint8_t *W, size_t ps, int pa, int pb, const uint8_t *xq,
+                      size_t ldxq, float *y, int ldy)
+{
+    int mc = (int)(QP_MC_BYTES / ldxq) / 16 * 16;
+    mc = mc < 16 ? 16 : mc;
+    mc = mc < M16 ? mc : M16;
+    size_t per_row = (size_t)nsb * (256 + 8 * 4 + 4);
+    uint8_t *scratch = aligned_alloc(64, (size_t)mc * per_row + (size_t)nsb * 4096);
+    if (!scratch)
+        return 0;
+    int8_t *xa = (int8_t *)scratch;
+    int32_t *pr = (int32_t *)(scratch + (size_t)mc * nsb * 256);
+    float *dx = (float *)(pr + (size_t)mc * nsb * 8);
+    uint8_t *u = (uint8_t *)(dx + (size_t)mc * nsb);
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    amx_config(16);
+    for (int m0 = 0; m0 < M16; m0 += mc) {
+        int m1 = m0 + mc < M16 ? m0 + mc : M16;
+        for (int m = m0; m < m1; m++) {
+            const struct cpu_xq256 *xb = (const struct cpu_xq256 *)(xq + (size_t)m * ldxq);
+            size_t st = (size_t)((m - m0) / 16), r = (size_t)(m % 16);
+            for (int sb = 0; sb < nsb; sb++) {
+                size_t o = st * (size_t)nsb + (size_t)sb;
+                for (int sub = 0; sub < 16; sub++)
+                    memcpy(xa + ((o * 16 + (size_t)sub) * 16 + r) * 16, xb[sb].q + 16 * sub, 16);
+                for (int i = 0; i < 8; i++)
+                    memcpy(pr + (o * 8 + (size_t)i) * 16 + r, &xb[sb].s16p[2 * i], 4);
+                dx[o * 16 + r] = xb[sb].d;
+            }
+        }
+        for (int p = pa; p < pb; p++) {
+            const uint8_t *w = W + (size_t)p * ps;
+            for (int sb = 0; sb < nsb; sb++) {
+                const uint8_t *B = w + (size_t)sb * 3392;
+                for (int g = 0; g < 64; g++) { /* codes 4 g .. 4 g + 3 of the 16 rows */
+                    int hs = g / 16;
+                    __m512i l = _mm512_load_si512((const void *)(B + 320 + 64 * (g % 32)));
+                    __m512i q = _mm512_load_si512((const void *)(B + 2368 + 64 * (g % 16)));
+                    l = _mm512_and_si512(g >= 32 ? _mm512_srli_epi16(l, 4) : l, lo4);
+                    q = hs == 0 ? _mm512_slli_epi16(q, 4)
+                        : hs == 1 ? _mm512_slli_epi16(q, 2)
+                        : hs == 2 ? q : _mm512_srli_epi16(q, 2);
+                    _mm512_store_si512((void *)(u + ((size_t)sb * 64 + (size_t)g) * 64), or_and30(l, q, m30));
+                }
+            }
+            for (int m = m0; m < m1; m += 16) {
+                size_t st = (size_t)((m - m0) / 16);
+                q6k_amx_strip(nsb, w, u, xa + st * (size_t)nsb * 16 * 256, pr + st * (size_t)nsb * 128,
                               dx + st * (size_t)nsb * 16, y + (size_t)m * ldy + 16 * p, ldy);
             }
         }
@@ -894,9 +1021,10 @@ TQ static void gemm_q_panels(int M, int n0, int n1, const struct cpu_qmat *w, co
         }
         return;
     }
-    if (M >= 16 && (w->dt == MODEL_Q8_0 || w->dt == MODEL_Q4_K) && amx_ready() &&
-        (w->dt == MODEL_Q8_0 ? q80_amx(M / 16 * 16, nblk, W, ps, p0, p1, xq, ldxq, y, ldy)
-                             : q4k_amx(M / 16 * 16, nblk, W, ps, p0, p1, xq, ldxq, y, ldy))) {
+    if (M >= 16 && (w->dt == MODEL_Q8_0 || w->dt == MODEL_Q4_K || w->dt == MODEL_Q6_K) && amx_ready() &&
+        (w->dt == MODEL_Q8_0   ? q80_amx(M / 16 * 16, nblk, W, ps, p0, p1, xq, ldxq, y, ldy)
+         : w->dt == MODEL_Q4_K ? q4k_amx(M / 16 * 16, nblk, W, ps, p0, p1, xq, ldxq, y, ldy)
+                               : q6k_amx(M / 16 * 16, nblk, W, ps, p0, p1, xq, ldxq, y, ldy))) {
         int M16 = M / 16 * 16;
         if (M16 == M)
             return;
