@@ -50,6 +50,9 @@
  * to bypass the L2 and its streamer, so each line waits on DRAM. */
 #define QP_PF_HINT _MM_HINT_T0
 #define QP_MC_BYTES (192 * 1024) /* activation rows per prefill chunk */
+#ifndef QP_AMX_MIN_M
+#define QP_AMX_MIN_M 16 /* the fewest rows the AMX products take */
+#endif
 
 TQ static AI __m512i bcast32(const int8_t *p)
 {
@@ -1021,7 +1024,7 @@ TQ static void gemm_q_panels(int M, int n0, int n1, const struct cpu_qmat *w, co
         }
         return;
     }
-    if (M >= 16 && (w->dt == MODEL_Q8_0 || w->dt == MODEL_Q4_K || w->dt == MODEL_Q6_K) && amx_ready() &&
+    if (M >= QP_AMX_MIN_M && (w->dt == MODEL_Q8_0 || w->dt == MODEL_Q4_K || w->dt == MODEL_Q6_K) && amx_ready() &&
         (w->dt == MODEL_Q8_0   ? q80_amx(M / 16 * 16, nblk, W, ps, p0, p1, xq, ldxq, y, ldy)
          : w->dt == MODEL_Q4_K ? q4k_amx(M / 16 * 16, nblk, W, ps, p0, p1, xq, ldxq, y, ldy)
                                : q6k_amx(M / 16 * 16, nblk, W, ps, p0, p1, xq, ldxq, y, ldy))) {
