@@ -22,6 +22,9 @@
  * line QP_PF_AHEAD bytes ahead (four far streams). Prefill: chunks of
  * activation rows that stay in L2, swept by 2-panel strips; for small
  * batches (M <= 24) the first row tile of a strip prefetches the same way.
+ * Prefill with Q8_0, Q4_K and Q6_K weights (M >= QP_AMX_MIN_M) runs on the
+ * AMX tile unit instead where the CPU and the kernel allow it (below: the
+ * same integer sums from TDPBSUD, the same f32 steps, the same bits).
  *
  * Compiled through target attributes; the table only hands gemm_q out
  * after cpu_isa_detect() found AVX-512 BF16 and VNNI. */
