@@ -645,7 +645,7 @@ TA static int q80_amx(int M16, int nb2, const uint8_t *W, size_t ps, int pa, int
     mc = mc < 16 ? 16 : mc;
     mc = mc < M16 ? mc : M16;
     size_t per_row = (size_t)nb * 40; /* 32 codes, cs and dx per block */
-    uint8_t *scratch = aligned_alloc(64, (size_t)mc * per_row);
+    uint8_t *scratch = aligned_alloc(64, ((size_t)mc * per_row + 63) / 64 * 64);
     if (!scratch)
         return 0;
     int8_t *xa = (int8_t *)scratch;
@@ -766,7 +766,7 @@ TA static int q4k_amx(int M16, int nsb, const uint8_t *W, size_t ps, int pa, int
     mc = mc < 16 ? 16 : mc;
     mc = mc < M16 ? mc : M16;
     size_t per_row = (size_t)nsb * (256 + 16 * 4 + 4);
-    uint8_t *scratch = aligned_alloc(64, (size_t)mc * per_row + (size_t)nsb * 4096);
+    uint8_t *scratch = aligned_alloc(64, ((size_t)mc * per_row + 63) / 64 * 64 + (size_t)nsb * 4096);
     if (!scratch)
         return 0;
     int8_t *xa = (int8_t *)scratch;
@@ -887,7 +887,7 @@ TA static int q6k_amx(int M16, int nsb, const uint8_t *W, size_t ps, int pa, int
     mc = mc < 16 ? 16 : mc;
     mc = mc < M16 ? mc : M16;
     size_t per_row = (size_t)nsb * (256 + 8 * 4 + 4);
-    uint8_t *scratch = aligned_alloc(64, (size_t)mc * per_row + (size_t)nsb * 4096);
+    uint8_t *scratch = aligned_alloc(64, ((size_t)mc * per_row + 63) / 64 * 64 + (size_t)nsb * 4096);
     if (!scratch)
         return 0;
     int8_t *xa = (int8_t *)scratch;
