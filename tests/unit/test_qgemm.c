@@ -420,10 +420,10 @@ static void test_prefill_vs_decode(void **state)
 
 /* The prefill shapes of every table against the scalar table, bit for
  * bit: M of 16 and more (the AVX-512 table's Q8_0, Q4_K and Q6_K
- * products run on the AMX tile unit there, where the CPU has it, 16 rows
- * at a time, the rest on the VNNI tiles), K of 3 Q8_0 block pairs (an odd
- * number of pairs: the AMX loop's two-block tail), N split as the threads
- * split it. */
+ * products run on the AMX tile unit from 17 rows on, where the CPU has it,
+ * 16 rows at a time, the rest on the VNNI tiles), K of 3 Q8_0 block pairs
+ * (an odd number of pairs: the AMX loop's two-block tail), N split as the
+ * threads split it. */
 static void test_prefill_shapes(void **state)
 {
     (void)state;
