@@ -22,6 +22,9 @@
  * line QP_PF_AHEAD bytes ahead (four far streams). Prefill: chunks of
  * activation rows that stay in L2, swept by 2-panel strips; for small
  * batches (M <= 24) the first row tile of a strip prefetches the same way.
+ * Prefill with Q8_0, Q4_K and Q6_K weights (M >= QP_AMX_MIN_M) runs on the
+ * AMX tile unit instead where the CPU and the kernel allow it (below: the
+ * same integer sums from TDPBSUD, the same f32 steps, the same bits).
  *
  * Compiled through target attributes; the table only hands gemm_q out
  * after cpu_isa_detect() found AVX-512 BF16 and VNNI. */
@@ -32,13 +35,31 @@
 #include <string.h>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define TQ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 #define AI __attribute__((always_inline)) inline
 
 #define QP_PF_AHEAD 1536 /* bytes ahead of each panel's stream, decode */
+/* The hint of those prefetches: T0. NTA (which this file used first) kept
+ * the decode products at 11-14 GB/s where the same loops with T0 read
+ * 24-28 GB/s, as fast as a plain read loop on the same threads (Q8_0,
+ * Q4_K, Q6_K, AWQ alike, 2026-12-04): on this core an NTA prefetch seems
+ * to bypass the L2 and its streamer, so each line waits on DRAM. */
+#define QP_PF_HINT _MM_HINT_T0
 #define QP_MC_BYTES (192 * 1024) /* activation rows per prefill chunk */
+/* The fewest rows the AMX products take: at M = 16 (a batch of 16
+ * decoding) the VNNI tiles, which prefetch the weights' stream, measured
+ * 3-30 % faster (Q8_0, Q4_K, Q6_K; 3072 x 1024); from 24 rows on the tiles
+ * win (12-32 % at 24 and 32 rows for Q8_0 and Q4_K). */
+#ifndef QP_AMX_MIN_M
+#define QP_AMX_MIN_M 17
+#endif
 
 TQ static AI __m512i bcast32(const int8_t *p)
 {
@@ -77,7 +98,7 @@ TQ static AI void q80_tile(const int MR, const int NV, const int PF, int nb2, co
                 {
                     const uint8_t *src = B + (size_t)j * ps + 64 + 512 * h + 64 * g;
                     if (PF)
-                        _mm_prefetch((const char *)src + QP_PF_AHEAD, _MM_HINT_NTA);
+                        _mm_prefetch((const char *)src + QP_PF_AHEAD, QP_PF_HINT);
                     wv[j] = _mm512_load_si512((const void *)src);
                 }
                 _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
@@ -138,13 +159,13 @@ TQ static AI void q45k_tile(const int Q5, const int MR, const int NV, const int 
                 {
                     const uint8_t *src = B + (size_t)j * ps + 320 + 64 * (8 * i + g);
                     if (PF && h == 0)
-                        _mm_prefetch((const char *)src + QP_PF_AHEAD, _MM_HINT_NTA);
+                        _mm_prefetch((const char *)src + QP_PF_AHEAD, QP_PF_HINT);
                     __m512i raw = _mm512_load_si512((const void *)src);
                     wv[j] = _mm512_and_si512(h ? _mm512_srli_epi16(raw, 4) : raw, lo4);
                     if (Q5) {
                         const uint8_t *hp = B + (size_t)j * ps + 2368 + 64 * g;
                         if (PF && s == 0)
-                            _mm_prefetch((const char *)hp + QP_PF_AHEAD, _MM_HINT_NTA);
+                            _mm_prefetch((const char *)hp + QP_PF_AHEAD, QP_PF_HINT);
                         __m512i hb = _mm512_load_si512((const void *)hp);
                         hb = _mm512_srl_epi16(_mm512_sll_epi16(hb, up), dn);
                         wv[j] = _mm512_ternarylogic_epi32(wv[j], hb, b4, 0xF8);
@@ -241,9 +262,9 @@ TQ static AI void q6k_tile(const int MR, const int NV, const int PF, int nsb, co
                     const uint8_t *Bj = B + (size_t)j * ps;
                     const uint8_t *pl = Bj + 320 + 64 * (g % 32), *ph = Bj + 2368 + 64 * (g % 16);
                     if (PF && g < 32)
-                        _mm_prefetch((const char *)pl + QP_PF_AHEAD, _MM_HINT_NTA);
+                        _mm_prefetch((const char *)pl + QP_PF_AHEAD, QP_PF_HINT);
                     if (PF && g < 16)
-                        _mm_prefetch((const char *)ph + QP_PF_AHEAD, _MM_HINT_NTA);
+                        _mm_prefetch((const char *)ph + QP_PF_AHEAD, QP_PF_HINT);
                     __m512i l = _mm512_load_si512((const void *)pl), q = _mm512_load_si512((const void *)ph);
                     l = _mm512_and_si512(g >= 32 ? _mm512_srli_epi16(l, 4) : l, lo4);
                     q = hs == 0 ? _mm512_slli_epi16(q, 4)
@@ -330,9 +351,9 @@ TQ static AI void q6kd_tile(const int MR, const int NV, const int PF, int nsb, c
                     const uint8_t *Bj = B + (size_t)j * ps;
                     const uint8_t *p0 = Bj + 320 + 64 * v, *p1 = Bj + 320 + 64 * (v + 16), *ph = Bj + 2368 + 64 * v;
                     if (PF) {
-                        _mm_prefetch((const char *)p0 + QP_PF_AHEAD, _MM_HINT_NTA);
-                        _mm_prefetch((const char *)p1 + QP_PF_AHEAD, _MM_HINT_NTA);
-                        _mm_prefetch((const char *)ph + QP_PF_AHEAD, _MM_HINT_NTA);
+                        _mm_prefetch((const char *)p0 + QP_PF_AHEAD, QP_PF_HINT);
+                        _mm_prefetch((const char *)p1 + QP_PF_AHEAD, QP_PF_HINT);
+                        _mm_prefetch((const char *)ph + QP_PF_AHEAD, QP_PF_HINT);
                     }
                     __m512i l0 = _mm512_load_si512((const void *)p0), l1 = _mm512_load_si512((const void *)p1);
                     __m512i q = _mm512_load_si512((const void *)ph);
@@ -423,7 +444,7 @@ TQ static AI void awq_tile(const int MR, const int NV, const int PF, int ng, int
                 {
                     const uint8_t *src = B + (size_t)j * ps + 64 + 64 * (u0 + g);
                     if (PF && !h)
-                        _mm_prefetch((const char *)src + QP_PF_AHEAD, _MM_HINT_NTA);
+                        _mm_prefetch((const char *)src + QP_PF_AHEAD, QP_PF_HINT);
                     __m512i raw = _mm512_load_si512((const void *)src);
                     wv[j] = _mm512_and_si512(h ? _mm512_srli_epi16(raw, 4) : raw, lo4);
                 }
@@ -449,6 +470,475 @@ TQ static AI void awq_tile(const int MR, const int NV, const int PF, int ng, int
     _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
             _mm512_storeu_ps(y + (size_t)m * ldy + 16 * j, acc[m][j]);
+}
+
+
+/* ------------------------------------------------------- Q8_0 on AMX */
+
+/* Prefill (M >= 16) with Q8_0 weights on the AMX tile unit, where the CPU
+ * has AMX-INT8 and the kernel lets this process use the tile state. The
+ * panel layout is already what TDPBSUD reads as its B operand: the 8
+ * vectors of one Q8_0 block in a panel are 8 rows of 64 bytes, each 4
+ * consecutive codes of each of the 16 weight rows, i.e. a (K = 32) x
+ * (N = 16) tile in the VNNI order; the A operand is 16 activation rows'
+ * codes of the same block, loaded in place (32 bytes at stride ldxq). One
+ * TDPBSUD gives the block's exact int32 sums sum (qw + 128) qx for 16 x 16
+ * outputs, the same integers vpdpbusd gives, and the float step is the
+ * same per element, blocks ascending: the same bits as the VNNI tiles and
+ * the portable product. One block per instruction (K = 32, half a tile's
+ * depth) because each block has its own scales; the float step, 5 vector
+ * instructions per row of 16 outputs and block, is then most of the work,
+ * against 8 vpdpbusd and their loads, broadcasts and float step for the
+ * same products on the VNNI path. */
+
+#define TA __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+
+/* ldtilecfg's 64-byte operand (palette 1). */
+struct amx_cfg {
+    uint8_t palette, start_row;
+    uint8_t rsv[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+static int amx_usable;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+/* Whether the CPU has AMX-TILE and AMX-INT8, the OS enables their state
+ * (XCR0 bits 17, 18) and grants this process the tile data
+ * (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16+); REDLM_CPU_AMX=0 turns the
+ * path off (A/B timing, or a machine where it misbehaves). A property of
+ * the process, asked once: the permission request is process-wide. */
+static void amx_probe(void)
+{
+    const char *e = getenv("REDLM_CPU_AMX");
+    if (e && e[0] == '0')
+        return;
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0, NULL) < 7)
+        return;
+    __cpuid_count(7, 0, a, b, c, d);
+    if (!((d >> 24) & 1) || !((d >> 25) & 1)) /* AMX-TILE, AMX-INT8 */
+        return;
+    __cpuid(1, a, b, c, d);
+    if (!((c >> 27) & 1)) /* OSXSAVE: xgetbv allowed */
+        return;
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    if ((lo & 0x60000) != 0x60000) /* XTILECFG, XTILEDATA */
+        return;
+#if defined(SYS_arch_prctl)
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0)
+        return;
+    amx_usable = 1;
+#endif
+}
+
+static int amx_ready(void)
+{
+    pthread_once(&amx_once, amx_probe);
+    return amx_usable;
+}
+
+/* The tiles the AMX products use: tmm0-3 C (16 x 16 int32), tmm4-5 A (16
+ * rows x kd codes), tmm6-7 B (kd / 4 x (16 rows x 4 codes)). This thread's
+ * tile state until _tile_release(). */
+TA static void amx_config(int kd) /* kd: the codes per dot product, 32 or 16 */
+{
+    struct amx_cfg cfg __attribute__((aligned(64)));
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 4; t++)
+        cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    cfg.rows[4] = cfg.rows[5] = 16, cfg.colsb[4] = cfg.colsb[5] = (uint16_t)kd;
+    cfg.rows[6] = cfg.rows[7] = (uint8_t)(kd / 4), cfg.colsb[6] = cfg.colsb[7] = 64;
+    /* GCC 12 does not see ldtilecfg read the struct and drops the stores
+     * above (the tile instructions then fault): make them visible */
+    __asm__ volatile("" : : "m"(cfg) : "memory");
+    _tile_loadconfig(&cfg);
+}
+
+/* The float step of one block for 16 rows: buf holds the block's 16 x 16
+ * int32 sums (row m, lane n), cs and dx the rows' 128 * (sum of codes) and
+ * scales. */
+TA static AI void q80_amx_epi(__m512 acc[16], const int32_t *buf, const int32_t *cs, const float *dx, __m512 dw)
+{
+    _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++)
+    {
+        __m512i is = _mm512_sub_epi32(_mm512_load_si512((const void *)(buf + 16 * m)), _mm512_set1_epi32(cs[m]));
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(dx[m])), acc[m]);
+    }
+}
+
+/* 16 activation rows (their blocks' cs / dx at [b][16]) against panels
+ * [pa, pb), the tile config loaded by the caller. Four blocks at a time
+ * in four accumulator tiles, so that the tile unit has four independent
+ * load-multiply-store chains in flight (two at a time measured 1.6x
+ * slower per block). */
+TA static void q80_amx_strip(int nb, const uint8_t *W, size_t ps, int pa, int pb, const int8_t *xa,
+                             const int32_t *cs, const float *dx, float *y, int ldy)
+{
+    int32_t buf[4][256] __attribute__((aligned(64)));
+    for (int p = pa; p < pb; p++) {
+        const uint8_t *w = W + (size_t)p * ps;
+        __m512 acc[16];
+        _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
+        int b = 0;
+        for (; b + 4 <= nb; b += 4) {
+            const uint8_t *B = w + (size_t)(b / 2) * 1088;
+            const int8_t *X = xa + (size_t)512 * b;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            _tile_loadd(4, X, 32);
+            _tile_loadd(6, B + 64, 64);
+            _tile_dpbsud(0, 4, 6);
+            _tile_loadd(5, X + 512, 32);
+            _tile_loadd(7, B + 576, 64);
+            _tile_dpbsud(1, 5, 7);
+            _tile_loadd(4, X + 1024, 32);
+            _tile_loadd(6, B + 1088 + 64, 64);
+            _tile_dpbsud(2, 4, 6);
+            _tile_loadd(5, X + 1536, 32);
+            _tile_loadd(7, B + 1088 + 576, 64);
+            _tile_dpbsud(3, 5, 7);
+            _tile_stored(0, buf[0], 64);
+            _tile_stored(1, buf[1], 64);
+            _tile_stored(2, buf[2], 64);
+            _tile_stored(3, buf[3], 64);
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+                q80_amx_epi(acc, buf[i], cs + 16 * (b + i), dx + 16 * (b + i),
+                            ld_f16x16(B + 1088 * (i / 2) + 32 * (i % 2)));
+        }
+        for (; b < nb; b += 2) { /* nb % 4 == 2: the last pair */
+            const uint8_t *B = w + (size_t)(b / 2) * 1088;
+            const int8_t *X = xa + (size_t)512 * b;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_loadd(4, X, 32);
+            _tile_loadd(6, B + 64, 64);
+            _tile_dpbsud(0, 4, 6);
+            _tile_loadd(5, X + 512, 32);
+            _tile_loadd(7, B + 576, 64);
+            _tile_dpbsud(1, 5, 7);
+            _tile_stored(0, buf[0], 64);
+            _tile_stored(1, buf[1], 64);
+            q80_amx_epi(acc, buf[0], cs + 16 * b, dx + 16 * b, ld_f16x16(B));
+            q80_amx_epi(acc, buf[1], cs + 16 * (b + 1), dx + 16 * (b + 1), ld_f16x16(B + 32));
+        }
+        _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++)
+            _mm512_storeu_ps(y + (size_t)m * ldy + 16 * p, acc[m]);
+    }
+}
+
+/* Rows [0, M16) (a multiple of 16) against panels [pa, pb), in chunks of
+ * activation rows whose codes stay in L2 (as the VNNI path), each chunk
+ * first copied into scratch as the A tiles want them: per strip of 16
+ * rows and block, the 16 rows' 32 codes in 512 contiguous bytes (a tile
+ * load of 8 whole lines, not 16 lines of the rows' blocks), beside each
+ * block's cs = 128 * (sum of codes) and scale per row. Returns 0 without
+ * touching y when the scratch cannot be had (the caller then runs the VNNI
+ * tiles). */
+TA static int q80_amx(int M16, int nb2, const uint8_t *W, size_t ps, int pa, int pb, const uint8_t *xq,
+                      size_t ldxq, float *y, int ldy)
+{
+    int nb = 2 * nb2;
+    int mc = (int)(QP_MC_BYTES / ldxq) / 16 * 16;
+    mc = mc < 16 ? 16 : mc;
+    mc = mc < M16 ? mc : M16;
+    size_t per_row = (size_t)nb * 40; /* 32 codes, cs and dx per block */
+    uint8_t *scratch = aligned_alloc(64, ((size_t)mc * per_row + 63) / 64 * 64);
+    if (!scratch)
+        return 0;
+    int8_t *xa = (int8_t *)scratch;
+    int32_t *cs = (int32_t *)(scratch + (size_t)mc * nb * 32);
+    float *dx = (float *)(cs + (size_t)mc * nb);
+    amx_config(32);
+    for (int m0 = 0; m0 < M16; m0 += mc) {
+        int m1 = m0 + mc < M16 ? m0 + mc : M16;
+        for (int m = m0; m < m1; m++) {
+            const struct cpu_xq32 *xb = (const struct cpu_xq32 *)(xq + (size_t)m * ldxq);
+            size_t st = (size_t)((m - m0) / 16) * (size_t)nb, r = (size_t)(m % 16);
+            for (int b = 0; b < nb; b++) {
+                memcpy(xa + ((st + (size_t)b) * 16 + r) * 32, xb[b].q, 32);
+                cs[(st + (size_t)b) * 16 + r] = 128 * xb[b].s;
+                dx[(st + (size_t)b) * 16 + r] = xb[b].d;
+            }
+        }
+        for (int p = pa; p < pb; p += 4) {
+            int pe = pb - p < 4 ? pb : p + 4;
+            for (int m = m0; m < m1; m += 16) {
+                size_t o = (size_t)((m - m0) / 16) * (size_t)nb * 16;
+                q80_amx_strip(nb, W, ps, p, pe, xa + o * 32, cs + o, dx + o, y + (size_t)m * ldy, ldy);
+            }
+        }
+    }
+    _tile_release();
+    free(scratch);
+    return 1;
+}
+
+/* ------------------------------------------------------- Q4_K on AMX */
+
+/* Prefill with Q4_K weights on the tile unit, as Q8_0's: the int32 sum of
+ * each 32-wide sub-block is one TDPBSUD of 16 activation rows (A, copied
+ * per chunk into tile order) against the sub-block's 16 weight rows (B).
+ * The panels hold two sub-blocks per byte (nibbles), so each panel is
+ * first unpacked into scratch once per chunk of rows (16 x 32 bytes per
+ * sub-block, the layout TDPBSUD reads) and then serves every 16-row strip
+ * of the chunk. Then the sums go through qgemm.h's Q4_K recipe exactly as
+ * on the VNNI tiles: I = sum_s sc_s * sum_s (vpmulld, int32), the min term
+ * J by vpdpwssd of the min pairs against the activation's 32-element sum
+ * pairs, and the two f32 steps per super-block, ascending; between
+ * super-blocks the f32 accumulator waits in y (16 rows of integer sums
+ * fill the registers), which rounds nothing. */
+
+/* One panel (unpacked: u, its header lines in w) against one strip of 16
+ * rows (codes xa [sub-block][16][32]; per super-block pair sums pr
+ * [sb][4][16] and scales dx [sb][16]). */
+TA static void q4k_amx_strip(int nsb, const uint8_t *w, const uint8_t *u, const int8_t *xa, const int32_t *pr,
+                             const float *dx, float *y, int ldy)
+{
+    const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
+    int32_t buf[4][256] __attribute__((aligned(64)));
+    for (int sb = 0; sb < nsb; sb++) {
+        const uint8_t *B = w + (size_t)sb * 2368;
+        __m512i ia[16];
+        _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++) ia[m] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 2") for (int hf = 0; hf < 2; hf++)
+        {
+            const int8_t *X = xa + (size_t)(8 * sb + 4 * hf) * 512;
+            const uint8_t *U = u + (size_t)(8 * sb + 4 * hf) * 512;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            _tile_loadd(4, X, 32);
+            _tile_loadd(6, U, 64);
+            _tile_dpbsud(0, 4, 6);
+            _tile_loadd(5, X + 512, 32);
+            _tile_loadd(7, U + 512, 64);
+            _tile_dpbsud(1, 5, 7);
+            _tile_loadd(4, X + 1024, 32);
+            _tile_loadd(6, U + 1024, 64);
+            _tile_dpbsud(2, 4, 6);
+            _tile_loadd(5, X + 1536, 32);
+            _tile_loadd(7, U + 1536, 64);
+            _tile_dpbsud(3, 5, 7);
+            _tile_stored(0, buf[0], 64);
+            _tile_stored(1, buf[1], 64);
+            _tile_stored(2, buf[2], 64);
+            _tile_stored(3, buf[3], 64);
+            _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++)
+            {
+                /* sub-block 4 hf + t: scale pair t, half hf */
+                __m512i sp = _mm512_cvtepu8_epi16(_mm256_load_si256((const void *)(B + 64 + 32 * t)));
+                __m512i sc = hf ? _mm512_srli_epi32(sp, 16) : _mm512_and_si512(sp, lo16);
+                _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++) ia[m] = _mm512_add_epi32(
+                    ia[m], _mm512_mullo_epi32(_mm512_load_si512((const void *)buf[t] + 64 * m), sc));
+            }
+        }
+        __m512 d = ld_f16x16(B), dmin = ld_f16x16(B + 32);
+        __m512i mp[4];
+        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) mp[i] =
+            _mm512_cvtepu8_epi16(_mm256_load_si256((const void *)(B + 192 + 32 * i)));
+        const int32_t *P = pr + (size_t)sb * 64;
+        const float *D = dx + (size_t)sb * 16;
+        _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++)
+        {
+            __m512i J = _mm512_setzero_si512();
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) J =
+                _mm512_dpwssd_epi32(J, mp[i], _mm512_set1_epi32(P[16 * i + m]));
+            __m512 dxv = _mm512_set1_ps(D[m]);
+            float *yr = y + (size_t)m * ldy;
+            __m512 a = sb ? _mm512_loadu_ps(yr) : _mm512_setzero_ps();
+            a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[m]), _mm512_mul_ps(d, dxv), a);
+            a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), J)),
+                                _mm512_mul_ps(dmin, dxv), a);
+            _mm512_storeu_ps(yr, a);
+        }
+    }
+}
+
+/* Rows [0, M16) against panels [pa, pb) of Q4_K; as q80_amx. */
+TA static int q4k_amx(int M16, int nsb, const uint8_t *W, size_t ps, int pa, int pb, const uint8_t *xq,
+                      size_t ldxq, float *y, int ldy)
+{
+    int mc = (int)(QP_MC_BYTES / ldxq) / 16 * 16;
+    mc = mc < 16 ? 16 : mc;
+    mc = mc < M16 ? mc : M16;
+    size_t per_row = (size_t)nsb * (256 + 16 * 4 + 4);
+    uint8_t *scratch = aligned_alloc(64, ((size_t)mc * per_row + 63) / 64 * 64 + (size_t)nsb * 4096);
+    if (!scratch)
+        return 0;
+    int8_t *xa = (int8_t *)scratch;
+    int32_t *pr = (int32_t *)(scratch + (size_t)mc * nsb * 256);
+    float *dx = (float *)(pr + (size_t)mc * nsb * 16);
+    uint8_t *u = (uint8_t *)(dx + (size_t)mc * nsb);
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    amx_config(32);
+    for (int m0 = 0; m0 < M16; m0 += mc) {
+        int m1 = m0 + mc < M16 ? m0 + mc : M16;
+        for (int m = m0; m < m1; m++) {
+            const struct cpu_xq256 *xb = (const struct cpu_xq256 *)(xq + (size_t)m * ldxq);
+            size_t st = (size_t)((m - m0) / 16), r = (size_t)(m % 16);
+            for (int sb = 0; sb < nsb; sb++) {
+                for (int sub = 0; sub < 8; sub++)
+                    memcpy(xa + (((st * (size_t)nsb + (size_t)sb) * 8 + (size_t)sub) * 16 + r) * 32,
+                           xb[sb].q + 32 * sub, 32);
+                for (int i = 0; i < 4; i++)
+                    memcpy(pr + ((st * (size_t)nsb + (size_t)sb) * 4 + (size_t)i) * 16 + r, &xb[sb].s32p[2 * i], 4);
+                dx[(st * (size_t)nsb + (size_t)sb) * 16 + r] = xb[sb].d;
+            }
+        }
+        for (int p = pa; p < pb; p++) {
+            const uint8_t *w = W + (size_t)p * ps;
+            for (int sb = 0; sb < nsb; sb++)
+                for (int sub = 0; sub < 8; sub++)
+                    for (int g = 0; g < 8; g++) {
+                        __m512i raw = _mm512_load_si512((const void *)(w + (size_t)sb * 2368 + 320 + 64 * (8 * (sub % 4) + g)));
+                        _mm512_store_si512((void *)(u + ((size_t)(8 * sb + sub) * 8 + (size_t)g) * 64),
+                                           _mm512_and_si512(sub >= 4 ? _mm512_srli_epi16(raw, 4) : raw, lo4));
+                    }
+            for (int m = m0; m < m1; m += 16) {
+                size_t st = (size_t)((m - m0) / 16);
+                q4k_amx_strip(nsb, w, u, xa + st * (size_t)nsb * 8 * 512, pr + st * (size_t)nsb * 64,
+                              dx + st * (size_t)nsb * 16, y + (size_t)m * ldy + 16 * p, ldy);
+            }
+        }
+    }
+    _tile_release();
+    free(scratch);
+    return 1;
+}
+
+/* ------------------------------------------------------- Q6_K on AMX */
+
+/* Q6_K as Q4_K, with 16-wide sub-blocks: one TDPBSUD of depth 16 per
+ * sub-block (A 16 rows x 16 codes, B 4 x 64 bytes), the panel unpacked per
+ * chunk into the codes + 32 (6 bits: low nibble and top pair merged as the
+ * VNNI tiles do), then qgemm.h's recipe as q6k_tile: I = sum_s sc_s *
+ * sum_s (vpmulld) less 32 sum_s sc_s * (sum of the activation's codes over
+ * s) (vpdpwssd against the stored 16-element sum pairs), one f32 step per
+ * super-block, the accumulator waiting in y between them. */
+TA static void q6k_amx_strip(int nsb, const uint8_t *w, const uint8_t *u, const int8_t *xa, const int32_t *pr,
+                             const float *dx, float *y, int ldy)
+{
+    int32_t buf[4][256] __attribute__((aligned(64)));
+    for (int sb = 0; sb < nsb; sb++) {
+        const uint8_t *B = w + (size_t)sb * 3392;
+        __m512i ia[16];
+        _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++) ia[m] = _mm512_setzero_si512();
+        for (int q4 = 0; q4 < 4; q4++) { /* sub-blocks 4 q4 .. 4 q4 + 3 */
+            const int8_t *X = xa + (size_t)(16 * sb + 4 * q4) * 256;
+            const uint8_t *U = u + (size_t)(16 * sb + 4 * q4) * 256;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            _tile_loadd(4, X, 16);
+            _tile_loadd(6, U, 64);
+            _tile_dpbsud(0, 4, 6);
+            _tile_loadd(5, X + 256, 16);
+            _tile_loadd(7, U + 256, 64);
+            _tile_dpbsud(1, 5, 7);
+            _tile_loadd(4, X + 512, 16);
+            _tile_loadd(6, U + 512, 64);
+            _tile_dpbsud(2, 4, 6);
+            _tile_loadd(5, X + 768, 16);
+            _tile_loadd(7, U + 768, 64);
+            _tile_dpbsud(3, 5, 7);
+            _tile_stored(0, buf[0], 64);
+            _tile_stored(1, buf[1], 64);
+            _tile_stored(2, buf[2], 64);
+            _tile_stored(3, buf[3], 64);
+            _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++)
+            {
+                int sub = 4 * q4 + t;
+                __m512i sp = _mm512_cvtepi8_epi16(_mm256_load_si256((const void *)(B + 64 + 32 * (sub % 8))));
+                __m512i sc = sub >= 8 ? _mm512_srai_epi32(sp, 16) : _mm512_srai_epi32(_mm512_slli_epi32(sp, 16), 16);
+                _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++) ia[m] = _mm512_add_epi32(
+                    ia[m], _mm512_mullo_epi32(_mm512_load_si512((const void *)buf[t] + 64 * m), sc));
+            }
+        }
+        __m512 d = ld_f16x16(B);
+        __m512i sp[8];
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) sp[i] =
+            _mm512_cvtepi8_epi16(_mm256_load_si256((const void *)(B + 64 + 32 * i)));
+        const int32_t *P = pr + (size_t)sb * 128;
+        const float *D = dx + (size_t)sb * 16;
+        _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++)
+        {
+            __m512i c = _mm512_setzero_si512();
+            _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) c =
+                _mm512_dpwssd_epi32(c, sp[i], _mm512_set1_epi32(P[16 * i + m]));
+            __m512i I = _mm512_sub_epi32(ia[m], _mm512_slli_epi32(c, 5));
+            float *yr = y + (size_t)m * ldy;
+            __m512 a = sb ? _mm512_loadu_ps(yr) : _mm512_setzero_ps();
+            a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(d, _mm512_set1_ps(D[m])), a);
+            _mm512_storeu_ps(yr, a);
+        }
+    }
+}
+
+/* Rows [0, M16) against panels [pa, pb) of Q6_K; as q4k_amx. */
+TA static int q6k_amx(int M16, int nsb, const uint8_t *W, size_t ps, int pa, int pb, const uint8_t *xq,
+                      size_t ldxq, float *y, int ldy)
+{
+    int mc = (int)(QP_MC_BYTES / ldxq) / 16 * 16;
+    mc = mc < 16 ? 16 : mc;
+    mc = mc < M16 ? mc : M16;
+    size_t per_row = (size_t)nsb * (256 + 8 * 4 + 4);
+    uint8_t *scratch = aligned_alloc(64, ((size_t)mc * per_row + 63) / 64 * 64 + (size_t)nsb * 4096);
+    if (!scratch)
+        return 0;
+    int8_t *xa = (int8_t *)scratch;
+    int32_t *pr = (int32_t *)(scratch + (size_t)mc * nsb * 256);
+    float *dx = (float *)(pr + (size_t)mc * nsb * 8);
+    uint8_t *u = (uint8_t *)(dx + (size_t)mc * nsb);
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    amx_config(16);
+    for (int m0 = 0; m0 < M16; m0 += mc) {
+        int m1 = m0 + mc < M16 ? m0 + mc : M16;
+        for (int m = m0; m < m1; m++) {
+            const struct cpu_xq256 *xb = (const struct cpu_xq256 *)(xq + (size_t)m * ldxq);
+            size_t st = (size_t)((m - m0) / 16), r = (size_t)(m % 16);
+            for (int sb = 0; sb < nsb; sb++) {
+                size_t o = st * (size_t)nsb + (size_t)sb;
+                for (int sub = 0; sub < 16; sub++)
+                    memcpy(xa + ((o * 16 + (size_t)sub) * 16 + r) * 16, xb[sb].q + 16 * sub, 16);
+                for (int i = 0; i < 8; i++)
+                    memcpy(pr + (o * 8 + (size_t)i) * 16 + r, &xb[sb].s16p[2 * i], 4);
+                dx[o * 16 + r] = xb[sb].d;
+            }
+        }
+        for (int p = pa; p < pb; p++) {
+            const uint8_t *w = W + (size_t)p * ps;
+            for (int sb = 0; sb < nsb; sb++) {
+                const uint8_t *B = w + (size_t)sb * 3392;
+                for (int g = 0; g < 64; g++) { /* codes 4 g .. 4 g + 3 of the 16 rows */
+                    int hs = g / 16;
+                    __m512i l = _mm512_load_si512((const void *)(B + 320 + 64 * (g % 32)));
+                    __m512i q = _mm512_load_si512((const void *)(B + 2368 + 64 * (g % 16)));
+                    l = _mm512_and_si512(g >= 32 ? _mm512_srli_epi16(l, 4) : l, lo4);
+                    q = hs == 0 ? _mm512_slli_epi16(q, 4)
+                        : hs == 1 ? _mm512_slli_epi16(q, 2)
+                        : hs == 2 ? q : _mm512_srli_epi16(q, 2);
+                    _mm512_store_si512((void *)(u + ((size_t)sb * 64 + (size_t)g) * 64), or_and30(l, q, m30));
+                }
+            }
+            for (int m = m0; m < m1; m += 16) {
+                size_t st = (size_t)((m - m0) / 16);
+                q6k_amx_strip(nsb, w, u, xa + st * (size_t)nsb * 16 * 256, pr + st * (size_t)nsb * 128,
+                              dx + st * (size_t)nsb * 16, y + (size_t)m * ldy + 16 * p, ldy);
+            }
+        }
+    }
+    _tile_release();
+    free(scratch);
+    return 1;
 }
 
 /* ---------------------------------------------------------------- driver */
@@ -540,6 +1030,17 @@ TQ static void gemm_q_panels(int M, int n0, int n1, const struct cpu_qmat *w, co
             tile_any(w->dt, M, nv, nv == 4, &a);
         }
         return;
+    }
+    if (M >= QP_AMX_MIN_M && (w->dt == MODEL_Q8_0 || w->dt == MODEL_Q4_K || w->dt == MODEL_Q6_K) && amx_ready() &&
+        (w->dt == MODEL_Q8_0   ? q80_amx(M / 16 * 16, nblk, W, ps, p0, p1, xq, ldxq, y, ldy)
+         : w->dt == MODEL_Q4_K ? q4k_amx(M / 16 * 16, nblk, W, ps, p0, p1, xq, ldxq, y, ldy)
+                               : q6k_amx(M / 16 * 16, nblk, W, ps, p0, p1, xq, ldxq, y, ldy))) {
+        int M16 = M / 16 * 16;
+        if (M16 == M)
+            return;
+        xq = (const uint8_t *)xq + (size_t)M16 * ldxq;
+        y += (size_t)M16 * ldy;
+        M -= M16;
     }
     int mrmax = w->dt == MODEL_Q4_K || w->dt == MODEL_Q5_K || w->dt == MODEL_Q6_K ? 4 : 6;
     int nvs = w->dt == MODEL_Q6_K ? 1 : 2; /* Q6_K: the one-panel tiles of q6kd_tile */

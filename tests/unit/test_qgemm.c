@@ -418,6 +418,46 @@ static void test_prefill_vs_decode(void **state)
         }
 }
 
+/* The prefill shapes of every table against the scalar table, bit for
+ * bit: M of 16 and more (the AVX-512 table's Q8_0, Q4_K and Q6_K
+ * products run on the AMX tile unit from 17 rows on, where the CPU has it,
+ * 16 rows at a time, the rest on the VNNI tiles), K of 3 Q8_0 block pairs
+ * (an odd number of pairs: the AMX loop's two-block tail), N split as the
+ * threads split it. */
+static void test_prefill_shapes(void **state)
+{
+    (void)state;
+    const struct qcase cs[] = {{MODEL_Q8_0, 80, 192, 0}, {MODEL_Q8_0, 48, 512, 0}, {MODEL_Q4_K, 48, 512, 0},
+                               {MODEL_Q6_K, 32, 256, 0}};
+    const int Ms[] = {16, 17, 31, 48, 53};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        struct qmats q;
+        mats_make(&cs[i], &q);
+        int Mmax = 53, N = cs[i].N;
+        float *x = rand_x(Mmax, cs[i].K);
+        size_t ld;
+        uint8_t *xq = quant_rows(cpu_xq_for(cs[i].dt), x, Mmax, cs[i].K, &ld);
+        float *ref = malloc((size_t)Mmax * N * 4), *got = malloc((size_t)Mmax * N * 4);
+        cpu_kernels_scalar()->gemm_q(Mmax, 0, N, &q.nat, xq, ld, ref, N);
+        for (int t = 0; t < n_tables; t++) {
+            const struct cpu_qmat *w = tables[t]->q_panels && q.wp ? &q.pan : &q.nat;
+            for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+                int M = Ms[mi];
+                for (int z = 0; z < Mmax * N; z++)
+                    got[z] = -12345.0f;
+                tables[t]->gemm_q(M, 0, 16, w, xq, ld, got, N);
+                tables[t]->gemm_q(M, 16, N, w, xq, ld, got, N);
+                for (int m = 0; m < M; m++)
+                    if (memcmp(got + (size_t)m * N, ref + (size_t)m * N, (size_t)N * 4))
+                        fail_msg("%s %s %dx%d M=%d: row %d differs from the scalar table's",
+                                 cpu_isa_name(tables[t]->isa), model_dtype_name(cs[i].dt), N, cs[i].K, M, m);
+            }
+        }
+        free(x), free(xq), free(ref), free(got);
+        mats_free(&q);
+    }
+}
+
 /* What quantizing the activations costs, against the float64 product with
  * the original x: max over outputs of |y - exact| / sqrt(sum (w x)^2),
  * the error relative to the size of a typical output (random signs). The
@@ -477,6 +517,7 @@ int main(void)
         cmocka_unit_test(test_xq_quantize),
         cmocka_unit_test(test_products),
         cmocka_unit_test(test_prefill_vs_decode),
+        cmocka_unit_test(test_prefill_shapes),
         cmocka_unit_test(test_activation_accuracy),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
