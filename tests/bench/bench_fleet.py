@@ -121,10 +121,27 @@ class Fleet:
         for _ in range(200):
             try:
                 if self.r.ping():
-                    return
+                    break
             except redis.exceptions.RedisError:
                 time.sleep(0.02)
-        sys.exit("redis-server did not start")
+        else:
+            sys.exit("redis-server did not start")
+        if self.a.single_replica:
+            # like for like with the cluster, whose masters each feed a
+            # replica: the instance feeds one too (it runs with the rest)
+            rport = free_port()
+            self.spawn(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
+                        "--appendonly", "no", "--dir", str(self.out / "logs"),
+                        "--replicaof", "127.0.0.1", str(self.port)], "replica.log")
+            rr = redis.Redis(port=rport, decode_responses=True)
+            for _ in range(500):
+                try:
+                    if rr.info("replication").get("master_link_status") == "up":
+                        return
+                except redis.exceptions.RedisError:
+                    pass
+                time.sleep(0.02)
+            sys.exit("the replica did not sync")
 
     def start_dispatcher(self, name):
         self.dispatchers[name] = self.spawn(
@@ -428,6 +445,9 @@ def main():
     ap.add_argument("--pin", action="store_true",
                     help="redis-server alone on core 0 (taskset), everything else on the others: "
                          "Redis's CPU per token without the fleet's noise in it")
+    ap.add_argument("--single-replica", action="store_true",
+                    help="give the one redis-server a replica, as each cluster master has one "
+                         "(a like-for-like --against-single)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--against-single", action="store_true",
                     help="with --cluster: first run the same soak on one redis-server, then on "
