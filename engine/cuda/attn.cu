@@ -95,10 +95,25 @@ __device__ __forceinline__ size_t kv_off(const int32_t *table, int p, int g, int
  * row's 16-byte loads are issued before the first product, so a tile waits
  * for memory once rather than once per four loads; same sums, same order.
  * (An alternative under measurement, issue 25: cu_attn_decode's variant.) */
+/* sc[h] += q[h][d .. d + 7] . kf for the G query heads. */
+template <int HD>
+__device__ __forceinline__ void dec_dot8(const float (*qs)[HD], int d, const float *kf, int G, float *sc)
+{
+#pragma unroll
+    for (int h = 0; h < CU_ATTN_MAXG; h++) {
+        if (h < G) {
+            float a = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                a += qs[h][d + j] * kf[j];
+            sc[h] += a;
+        }
+    }
+}
+
 template <typename KT, int HD, bool PRE>
 __device__ __forceinline__ void dec_key_scores(const KT *__restrict__ kp, const float (*qs)[HD], int G, float *sc)
 {
-    constexpr int MG = CU_ATTN_MAXG;
     if constexpr (PRE) {
         static_assert(sizeof(KT) == 2 && HD <= 128, "preloaded keys: bf16, head_dim <= 128");
         constexpr int NP = HD / 8;
@@ -115,32 +130,14 @@ __device__ __forceinline__ void dec_key_scores(const KT *__restrict__ kp, const 
                 float2 f = __bfloat1622float2(h2[j]);
                 kf[2 * j] = f.x, kf[2 * j + 1] = f.y;
             }
-#pragma unroll
-            for (int h = 0; h < MG; h++) {
-                if (h < G) {
-                    float a = 0.0f;
-#pragma unroll
-                    for (int j = 0; j < 8; j++)
-                        a += qs[h][8 * i + j] * kf[j];
-                    sc[h] += a;
-                }
-            }
+            dec_dot8<HD>(qs, 8 * i, kf, G, sc);
         }
     } else {
 #pragma unroll 4
         for (int d = 0; d < HD; d += 8) {
             float kf[8];
             load8(kp + d, kf);
-#pragma unroll
-            for (int h = 0; h < MG; h++) {
-                if (h < G) {
-                    float a = 0.0f;
-#pragma unroll
-                    for (int j = 0; j < 8; j++)
-                        a += qs[h][d + j] * kf[j];
-                    sc[h] += a;
-                }
-            }
+            dec_dot8<HD>(qs, d, kf, G, sc);
         }
     }
 }
