@@ -290,6 +290,17 @@ def job_events(r, prefix, job_id, timeout=60):
     return [ev for _, ev in stream_events(r, f"{prefix}out:{job_id}", timeout)]
 
 
+def wait_for(cond, what, timeout=30, every=0.02):
+    """cond()'s first true value within timeout, else an AssertionError."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def wait_no_pending(r, prefix, pools=("fast", "think"), timeout=10):
     """Waits up to timeout for every pool's group "workers" to have no
     pending entry, then asserts it (a job someone still holds, or one

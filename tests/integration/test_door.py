@@ -44,22 +44,11 @@ import pytest
 import redis
 
 from conftest import (BUILD, CLI, MODEL, WORKER, Daemon, RedisServer, connect, free_port,
-                      job_events, wait_ping)
+                      job_events, wait_for, wait_ping)
 from test_http import DISPATCHER, MODEL_NAME, Front, sse_events
 
 MSGS = [{"role": "user", "content": "Tell me a story about a cat."}]
 KEY = "sk-door-0123456789"
-
-
-def wait_for(cond, what, timeout=30, every=0.02):
-    """cond()'s first true value within timeout, else an AssertionError."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class FakeWorker:

@@ -13,9 +13,8 @@ SIGSTOP stands in for the starved worker: it is the same thing, made
 deterministic.
 """
 import signal
-import time
 
-from conftest import check_stream, greedy_jobs, reference, wait_no_pending
+from conftest import check_stream, greedy_jobs, reference, wait_for, wait_no_pending
 
 # coalescing on (the case that broke), and max_deliveries 1: any second
 # delivery would be refused under the old count
@@ -32,16 +31,6 @@ def let_go(by_name):
     """How often a worker has stopped a job another worker took over."""
     return sum(w.log_path.read_text().count("another worker holds it now")
                for w in by_name.values())
-
-
-def wait_for(cond, what, timeout=30):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_woken_worker_writes_nothing_after_takeover(workers, client, event_validator,

@@ -29,7 +29,7 @@ import signal
 import subprocess
 import time
 
-from conftest import check_stream, connect
+from conftest import check_stream, connect, wait_for
 
 LINE = re.compile(r'^(\d+\.\d+) \[\d+ ([^\]]+)\] (.*)$')
 ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
@@ -71,16 +71,6 @@ class Monitor:
             self.proc.terminate()
             self.proc.wait(10)
         self.out.close()
-
-
-def wait_for(cond, what, timeout=30):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def calls(cmds, name, key, lua):
