@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "rconn.h"
+#include "xmux.h"
 
 static char addr[256];        /* host:port of the server under test */
 static char sock_path[256];   /* its unix socket, "" if none */
@@ -583,6 +584,213 @@ static void test_reconnect_after_restart(void **state)
     rconn_free(c);
 }
 
+/* ---- xmux: one XREAD for many streams ---- */
+
+static struct xmux *mk_mux(void)
+{
+    struct rconn_opts o;
+    rconn_opts_default(&o);
+    o.addr = addr;
+    struct xmux *m = NULL;
+    struct rl_err err = {0};
+    if (xmux_create(&m, &o, &err))
+        fail_msg("xmux_create: %s", err.msg);
+    return m;
+}
+
+static void xadd_n(struct rconn *c, const char *k, int from, int n)
+{
+    for (int i = from; i < from + n; i++) {
+        char id[32], v[32];
+        snprintf(id, sizeof id, "0-%d", i);
+        snprintf(v, sizeof v, "%s/%d", k, i);
+        const char *argv[] = {"XADD", k, id, "event", v};
+        cmd_ok(c, 5, argv);
+    }
+}
+
+/* Takes entries from s until `want` have come (each checked: its stream's
+ * own, in order, ids from..): the count taken. A failed read in between
+ * (the reader's connection lost) is waited out. */
+static int take_in_order(struct xmux_sub *s, const char *k, int from, int want)
+{
+    int got = 0, eio_ok = 100;
+    while (got < want) {
+        struct rconn_reply *r = NULL;
+        struct rl_err err = {0};
+        int rc = xmux_next(s, 5000, &r, &err);
+        if (rc == -RL_EIO && eio_ok) { /* the reader reconnects and reads on */
+            eio_ok--;
+            continue;
+        }
+        assert_int_equal(rc, 0);
+        if (!r)
+            fail_msg("%s: no entry within 5 s after %d of %d", k, got, want);
+        assert_int_equal(r->type, RCONN_ARRAY);
+        assert_int_equal(r->n_elem, 1);
+        assert_string_equal(r->elem[0].elem[0].str, k);
+        const struct rconn_reply *es = &r->elem[0].elem[1];
+        for (size_t i = 0; i < es->n_elem; i++) {
+            char id[32], v[32];
+            snprintf(id, sizeof id, "0-%d", from + got);
+            snprintf(v, sizeof v, "%s/%d", k, from + got);
+            assert_string_equal(es->elem[i].elem[0].str, id);
+            assert_string_equal(es->elem[i].elem[1].elem[1].str, v);
+            got++;
+        }
+        rconn_reply_free(r);
+    }
+    return got;
+}
+
+static long long cmd_calls(struct rconn *c, const char *cmd)
+{
+    const char *argv[] = {"INFO", "commandstats"};
+    struct rconn_reply *r = NULL;
+    assert_int_equal(rconn_command(c, 2, argv, NULL, &r, NULL), 0);
+    char pat[64];
+    snprintf(pat, sizeof pat, "cmdstat_%s:calls=", cmd);
+    const char *p = strstr(r->str, pat);
+    long long n = p ? atoll(p + strlen(pat)) : 0;
+    rconn_reply_free(r);
+    return n;
+}
+
+/* Some client is blocked in XREAD, as CLIENT LIST shows it. */
+static bool reader_blocked(struct rconn *c)
+{
+    const char *argv[] = {"CLIENT", "LIST"};
+    struct rconn_reply *r = NULL;
+    assert_int_equal(rconn_command(c, 2, argv, NULL, &r, NULL), 0);
+    bool b = false;
+    char *save = NULL;
+    for (char *l = strtok_r(r->str, "\n", &save); l && !b; l = strtok_r(NULL, "\n", &save))
+        b = strstr(l, " flags=b ") && strstr(l, " cmd=xread ");
+    rconn_reply_free(r);
+    return b;
+}
+
+static void test_xmux_streams_apart(void **state)
+{
+    (void)state;
+    struct rconn *c = mk(addr, NULL, NULL);
+    assert_int_equal(rconn_wait(c, 2000, NULL), 0);
+    const char *ka = key("mux-a"), *kb = key("mux-b"), *kc = key("mux-c");
+    xadd_n(c, ka, 1, 3);
+    struct xmux *m = mk_mux();
+    struct xmux_sub *a = NULL, *b = NULL, *b2 = NULL, *cc = NULL;
+    assert_int_equal(xmux_sub(m, ka, "0-0", &a, NULL), 0);
+    assert_int_equal(xmux_sub(m, kb, "0-0", &b, NULL), 0);
+    assert_string_equal(xmux_sub_key(b), kb);
+    assert_int_equal(take_in_order(a, ka, 1, 3), 3);
+    /* the reader now blocks on both; a third stream joins: CLIENT UNBLOCK
+     * cuts the read short instead of waiting out its BLOCK */
+    for (int t = 0; t < 5000 && !reader_blocked(c); t++)
+        sleep_ms(1);
+    assert_true(reader_blocked(c));
+    long long unb = cmd_calls(c, "client|unblock");
+    assert_int_equal(xmux_sub(m, kc, "0-0", &cc, NULL), 0);
+    assert_true(cmd_calls(c, "client|unblock") > unb);
+    xadd_n(c, kc, 1, 2);
+    xadd_n(c, kb, 1, 4);
+    xadd_n(c, ka, 4, 2);
+    assert_int_equal(take_in_order(cc, kc, 1, 2), 2);
+    assert_int_equal(take_in_order(b, kb, 1, 4), 4);
+    assert_int_equal(take_in_order(a, ka, 4, 2), 2);
+    /* one key twice, from two places: each from its own cursor */
+    assert_int_equal(xmux_sub(m, kb, "0-2", &b2, NULL), 0);
+    xadd_n(c, kb, 5, 1);
+    assert_int_equal(take_in_order(b2, kb, 3, 3), 3);
+    assert_int_equal(take_in_order(b, kb, 5, 1), 1);
+    /* the reader's connection killed under it: it reconnects, and the
+     * entries written meanwhile still come, each once */
+    for (int t = 0; t < 5000 && !reader_blocked(c); t++)
+        sleep_ms(1);
+    long long n0 = xmux_n_reads(m);
+    const char *list[] = {"CLIENT", "LIST"};
+    struct rconn_reply *cl = NULL;
+    assert_int_equal(rconn_command(c, 2, list, NULL, &cl, NULL), 0);
+    char *line = strstr(cl->str, " name=xmux ");
+    assert_non_null(line);
+    while (line > cl->str && line[-1] != '\n')
+        line--;
+    assert_int_equal(strncmp(line, "id=", 3), 0);
+    char id[24];
+    snprintf(id, sizeof id, "%lld", atoll(line + 3));
+    rconn_reply_free(cl);
+    const char *kill_id[] = {"CLIENT", "KILL", "ID", id};
+    cmd_ok(c, 4, kill_id);
+    for (int t = 0; t < 5000 && xmux_n_reads(m) == n0; t++)
+        sleep_ms(1); /* the read it was in has failed */
+    xadd_n(c, ka, 6, 3);
+    assert_int_equal(take_in_order(a, ka, 6, 3), 3);
+    /* nothing new: a timeout, not an entry of another stream */
+    struct rconn_reply *r = (struct rconn_reply *)1;
+    assert_int_equal(xmux_next(a, 50, &r, NULL), 0);
+    assert_null(r);
+    xmux_unsub(a);
+    xmux_unsub(b);
+    xmux_unsub(b2);
+    xmux_unsub(cc);
+    xmux_unsub(NULL);
+    xmux_free(m);
+    rconn_free(c);
+}
+
+static void test_xmux_backpressure(void **state)
+{
+    (void)state;
+    struct rconn *c = mk(addr, NULL, NULL);
+    assert_int_equal(rconn_wait(c, 2000, NULL), 0);
+    const char *k = key("mux-many");
+    int n = XMUX_HELD_MAX + 1000; /* more than one subscription may hold */
+    xadd_n(c, k, 1, n);
+    struct xmux *m = mk_mux();
+    struct xmux_sub *s = NULL, *gone = NULL;
+    assert_int_equal(xmux_sub(m, k, "0-0", &s, NULL), 0);
+    /* a subscription ended while the reader may be reading it */
+    assert_int_equal(xmux_sub(m, k, "0-0", &gone, NULL), 0);
+    xmux_unsub(gone);
+    /* the reader fills s up to its cap, and no further, before anything
+     * is taken; the rest waits in Redis */
+    for (int t = 0; t < 5000 && xmux_n_held(s) < XMUX_HELD_MAX; t++)
+        sleep_ms(1);
+    assert_int_equal(xmux_n_held(s), XMUX_HELD_MAX);
+    assert_int_equal(take_in_order(s, k, 1, n), n);
+    xmux_unsub(s);
+    xmux_free(m);
+    rconn_free(c);
+}
+
+static void test_xmux_refused_without_unblock(void **state)
+{
+    (void)state;
+    struct rconn *admin = mk(addr, NULL, NULL);
+    const char *user = key("nounblock");
+    const char *setuser[] = {"ACL", "SETUSER", user, "on", ">pw", "~*", "+@all", "-client|unblock"};
+    cmd_ok(admin, 8, setuser);
+    char pw[300];
+    snprintf(pw, sizeof pw, "/tmp/redlm-xmux-pw-%d", (int)getpid());
+    FILE *f = fopen(pw, "w");
+    assert_non_null(f);
+    fputs("pw\n", f);
+    fclose(f);
+    struct rconn_opts o;
+    rconn_opts_default(&o);
+    o.addr = addr;
+    o.user = user;
+    o.password_file = pw;
+    struct xmux *m = (struct xmux *)1;
+    struct rl_err err = {0};
+    assert_int_equal(xmux_create(&m, &o, &err), -RL_EUNSUPPORTED);
+    assert_null(m);
+    assert_non_null(strstr(err.msg, "CLIENT UNBLOCK"));
+    unlink(pw);
+    const char *deluser[] = {"ACL", "DELUSER", user};
+    cmd_ok(admin, 3, deluser);
+    rconn_free(admin);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -594,6 +802,9 @@ int main(void)
         cmocka_unit_test(test_streams),
         cmocka_unit_test(test_out_stream_idempotent),
         cmocka_unit_test(test_pipeline),
+        cmocka_unit_test(test_xmux_streams_apart),
+        cmocka_unit_test(test_xmux_backpressure),
+        cmocka_unit_test(test_xmux_refused_without_unblock),
         cmocka_unit_test(test_reconnect_after_restart),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

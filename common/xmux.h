@@ -1,0 +1,68 @@
+/* common/xmux.h - one blocking XREAD shared by every stream a process follows.
+ *
+ * A process that follows many request streams at once (the front door: one
+ * per HTTP request; `redlm bench`: one per client) used to hold a blocked
+ * XREAD per stream, so Redis paid a read event, a command and a reply write
+ * for every token of every stream: the largest single cost per delivered
+ * token in issue 27's breakdown (5.8 us of XREAD command, about as much
+ * again in Redis's event loop). The mux reads all of them with one
+ * XREAD BLOCK on a connection of its own: a worker's flush writes a whole
+ * batch's events in one call, and the mux's one read takes them all.
+ *
+ * Threads: xmux_create starts a reader thread. Any thread may subscribe; a
+ * subscription belongs to the thread that made it until it ends it. A new
+ * subscription cuts the reader's BLOCK short with CLIENT UNBLOCK (from a
+ * second connection), so its first event never waits for the BLOCK time.
+ *
+ * Ordering: a subscription gets its stream's entries in stream order, each
+ * once, from the one after from_id on; entries come as XREAD would have
+ * returned them. Backpressure: a subscription holding XMUX_HELD_MAX entries
+ * not yet taken is left out of the read until its owner takes them (the
+ * entries wait in Redis, not in our memory).
+ *
+ * Not for a Redis Cluster: every out stream sits in a slot of its own (its
+ * id's hash tag), and one XREAD reads one slot. xmux_create refuses a
+ * cluster, and an ACL without CLIENT ID and CLIENT UNBLOCK, with
+ * -RL_EUNSUPPORTED: callers then read each stream on its own.
+ */
+#ifndef RL_XMUX_H
+#define RL_XMUX_H
+
+#include "err.h"
+#include "rconn.h"
+
+#define XMUX_HELD_MAX 4096 /* entries held for one subscription before its stream is skipped */
+
+struct xmux;
+struct xmux_sub;
+
+/* Opens two connections with *o (its strings are copied; the reader's is
+ * named "<client_name>-xmux", or "xmux"), checks CLIENT ID
+ * and CLIENT UNBLOCK, and starts the reader. -RL_EUNSUPPORTED for a
+ * cluster or an ACL that refuses either command (err says which),
+ * -RL_EIO when Redis cannot be reached now (try again later). */
+int xmux_create(struct xmux **out, const struct rconn_opts *o, struct rl_err *err);
+/* Stops and joins the reader. Every subscription must have been ended. */
+void xmux_free(struct xmux *m);
+
+/* Follows key from the entry after from_id ("0-0": from the start). *out
+ * is owned by the caller until xmux_unsub. */
+int xmux_sub(struct xmux *m, const char *key, const char *from_id, struct xmux_sub **out,
+             struct rl_err *err);
+/* Waits up to timeout_ms for entries. Returns 0 with *out a reply shaped as
+ * XREAD's ([[key, [[id, [field, value, ...]], ...]]], every entry held so
+ * far; the caller frees it) or NULL when none came in time; -RL_EIO when the
+ * reader's last read failed and nothing is held (err says why; the reader
+ * keeps trying, so waiting again is right). */
+int xmux_next(struct xmux_sub *s, int timeout_ms, struct rconn_reply **out, struct rl_err *err);
+/* The key s follows (owned by s). */
+const char *xmux_sub_key(const struct xmux_sub *s);
+/* Ends s and frees it with any entries still held; NULL is fine. */
+void xmux_unsub(struct xmux_sub *s);
+
+/* Reads the reader thread has made; entries held for s (for tests and
+ * metrics). */
+long long xmux_n_reads(struct xmux *m);
+size_t xmux_n_held(struct xmux_sub *s);
+
+#endif
