@@ -201,6 +201,8 @@ static const struct opt options[] = {
      "An HTTP request's deadline (sent as the job's deadline_ms; 504 if nothing came by then); 0 = none."},
     {"http_idle_timeout_s", T_INT, O(http_idle_timeout_s), "60", 1, 3600, NULL, CFG_DISPATCHER, 0,
      "An idle keep-alive HTTP connection is closed after this long."},
+    {"http_shared_reader", T_BOOL, O(http_shared_reader), "true", 0, 0, NULL, CFG_DISPATCHER, 0,
+     "Read every HTTP request's events with one shared blocking XREAD (common/xmux.h) instead of one per request: Redis then pays one read per worker step instead of one per token and stream. Off by itself on a Redis Cluster (a stream per slot) or an ACL without client|id and client|unblock."},
     {"http_default_mode", T_ENUM, O(http_default_mode), "think", 0, 0, "think|no_think|auto", CFG_DISPATCHER, 0,
      "Mode of an HTTP chat request that chooses none (no mode, chat_template_kwargs.enable_thinking or reasoning_effort, no /think or /no_think in its last user message): think is Qwen3's own default; auto leaves it to think_rules and think_ratio."},
     {"http_cors_origins", T_LIST, O(http_cors_origins), "", 0, 0, NULL, CFG_DISPATCHER, F_EMPTY,

@@ -104,6 +104,7 @@ struct cfg {
     int http_max_connections;     /* one thread each */
     int http_timeout_s;           /* a request's deadline; 0 = none */
     int http_idle_timeout_s;
+    bool http_shared_reader;
     char *http_default_mode;      /* think|no_think|auto: chat requests that choose none */
     struct cfg_strlist http_cors_origins; /* allowed Origin values, "*" = any; empty = CORS off */
     int http_header_timeout_s;    /* request line + headers within this of connecting */

@@ -2,10 +2,15 @@
  *
  * Threads. libmicrohttpd runs one thread per connection
  * (MHD_USE_THREAD_PER_CONNECTION); each request borrows a Redis connection
- * of its own from a small pool for as long as it lives, so every stream
- * has its own blocking XREAD on <prefix>out:<id> and no request waits on
- * another. The only shared state is the pool, the key table and the
- * counters, each behind its own mutex, held for microseconds.
+ * of its own from a small pool for as long as it lives (its XADD, cancel,
+ * leases). Its events come from the shared reader (common/xmux.h): one
+ * blocking XREAD over every request's <prefix>out:<id>, so Redis pays one
+ * read per worker flush rather than one per token per request (issue 27);
+ * each request thread waits on its own subscription, so none waits on
+ * another. On a cluster, or with http_shared_reader off, each request
+ * reads its own stream on its own connection instead. The other shared
+ * state is the pool, the key table and the counters, each behind its own
+ * mutex, held for microseconds.
  *
  * A chat request: the access handler collects the body (413 past
  * max_body_kb, checked against Content-Length before anything is read),
@@ -102,6 +107,7 @@
 #include "openai.h"
 #include "prompt.h"
 #include "rconn.h"
+#include "xmux.h"
 #include "tokenizer.h"
 #include "vmetrics.h"
 #include "rcluster.h"
@@ -181,6 +187,14 @@ struct dhttp {
     char block[16];      /* XREAD BLOCK ms: POLL_MS, or less under a short redis_io_timeout_ms */
     int64_t started_s;
     atomic_bool stopping;
+    /* the one blocking XREAD every request's events are read by (xmux.h),
+     * made by the first request that reads; mux_off once it cannot be had
+     * (a cluster, an ACL without client|id / client|unblock): each request
+     * then reads its own stream (mux_mu) */
+    pthread_mutex_t mux_mu;
+    struct xmux *mux;
+    bool shared_reader, mux_off;
+    int64_t mux_tried_ms;
     /* Redis connections not in use */
     pthread_mutex_t pool_mu;
     struct rconn **idle; /* (n_idle) */
@@ -310,6 +324,7 @@ struct req {
     /* several choices (oreq.n_jobs > 1): one job each, "<id>-<i>", read one
      * after the other; sub is the one out_key reads */
     int sub;
+    struct xmux_sub *xs;       /* out_key on the shared reader; NULL: read on rc */
     struct req *lease_prev, *lease_next;
 };
 
@@ -1136,7 +1151,7 @@ static void vm_end(struct req *q, const char *event, size_t len)
 /* Feeds the entries of one XREAD reply. */
 static int take_events(struct req *q, const struct rconn_reply *r)
 {
-    if (r->type != RCONN_ARRAY || r->n_elem < 1)
+    if (!r || r->type != RCONN_ARRAY || r->n_elem < 1) /* NULL: the shared reader's timeout */
         return 0;
     const struct rconn_reply *s = &r->elem[0];
     if (s->type != RCONN_ARRAY || s->n_elem != 2 || s->elem[1].type != RCONN_ARRAY)
@@ -1199,6 +1214,32 @@ static int take_events(struct req *q, const struct rconn_reply *r)
     return 0;
 }
 
+/* The shared reader (NULL: the request reads its stream on its own
+ * connection). Made on first use, when Redis is known to be reachable and
+ * whether it is a cluster; a failure to reach it is tried again a second
+ * later, not by every request of an outage. */
+static struct xmux *shared_reader(struct dhttp *h)
+{
+    pthread_mutex_lock(&h->mux_mu);
+    int64_t now = rl_mono_ms();
+    if (!h->mux && !h->mux_off && h->shared_reader && now - h->mux_tried_ms >= 1000) {
+        struct rl_err e = {0};
+        h->mux_tried_ms = now;
+        int rc = xmux_create(&h->mux, &h->ropts, &e);
+        if (rc == -RL_EUNSUPPORTED) {
+            h->mux_off = true;
+            RL_LOG(h->log, RL_LOG_INFO, "http: every request reads its own event stream: %s",
+                   e.msg);
+        } else if (rc) {
+            RL_LOG(h->log, RL_LOG_DEBUG, "http: the shared reader: %s (tried again in 1 s)",
+                   e.msg);
+        }
+    }
+    struct xmux *m = h->mux;
+    pthread_mutex_unlock(&h->mux_mu);
+    return m;
+}
+
 enum pump { P_OK = 0, P_GONE = -1, P_STOPPING = -2, P_TIMEOUT = -3, P_NOMEM = -4, P_FIN = -5 };
 
 /* Bytes that change nothing for the client: an SSE comment in a stream,
@@ -1254,8 +1295,12 @@ static int pump(struct req *q)
         }
         struct rconn_reply *r = NULL;
         struct rl_err err = {0};
+        struct xmux *m = q->xs ? NULL : shared_reader(h);
+        if (m && xmux_sub(m, q->out_key, q->last, &q->xs, &err))
+            q->xs = NULL; /* out of memory: this read on our own connection */
         argv[7] = q->last;
-        int rc = rconn_command(q->rc, 8, argv, NULL, &r, &err);
+        int rc = q->xs ? xmux_next(q->xs, atoi(h->block), &r, &err)
+                       : rconn_command(q->rc, 8, argv, NULL, &r, &err);
         if (rc) {
             rconn_reply_free(r);
             if (!q->read_warned) /* once: an outage must not flood the log */
@@ -1268,6 +1313,10 @@ static int pump(struct req *q)
         }
         rc = take_events(q, r);
         rconn_reply_free(r);
+        if (q->xs && strcmp(xmux_sub_key(q->xs), q->out_key)) {
+            xmux_unsub(q->xs); /* the next choice's stream: subscribed at the next read */
+            q->xs = NULL;
+        }
         if (rc == -RL_ENOMEM)
             return P_NOMEM;
         if (rc) {
@@ -2324,6 +2373,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         RL_LOG(h->log, RL_LOG_DEBUG, "http: %s done: %d%s", q->id, q->status,
                toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection lost)");
     vm_end(q, NULL, 0);
+    xmux_unsub(q->xs);
     pool_put(h, q->rc);
     oai_resp_free(q->resp);
     cpt_resp_free(q->cresp);
@@ -2382,6 +2432,7 @@ static void free_dhttp(struct dhttp *h)
     for (int i = 0; i < h->n_idle; i++)
         rconn_free(h->idle[i]);
     free(h->idle);
+    xmux_free(h->mux); /* after the daemon: every request has ended its subscription */
     oai_keys_free(&h->keys);
     free(h->prefix);
     free(h->model);
@@ -2391,6 +2442,7 @@ static void free_dhttp(struct dhttp *h)
     free(h->redis_user);
     free(h->redis_pw);
     pthread_mutex_destroy(&h->pool_mu);
+    pthread_mutex_destroy(&h->mux_mu);
     pthread_mutex_destroy(&h->keys_mu);
     pthread_mutex_destroy(&h->m_mu);
     pthread_mutex_destroy(&h->conn_mu);
@@ -2436,6 +2488,7 @@ static int start(struct dhttp **out, const struct cfg *cfg, const struct rl_log 
     if (!h)
         return rl_errf(err, RL_ENOMEM, "http: out of memory");
     pthread_mutex_init(&h->pool_mu, NULL);
+    pthread_mutex_init(&h->mux_mu, NULL);
     pthread_mutex_init(&h->keys_mu, NULL);
     pthread_mutex_init(&h->m_mu, NULL);
     pthread_mutex_init(&h->conn_mu, NULL);
@@ -2462,6 +2515,7 @@ static int start(struct dhttp **out, const struct cfg *cfg, const struct rl_log 
     h->drain_s = cfg->drain_timeout_s;
     h->max_conn = cfg->http_max_connections;
     h->idle_s = cfg->http_idle_timeout_s;
+    h->shared_reader = !ops && cfg->http_shared_reader;
     /* rconn waits io_timeout for a reply: a BLOCK as long would read as a
      * dead connection */
     int io = cfg->redis_io_timeout_ms;

@@ -304,8 +304,9 @@ def redis_delta(before, after):
     return out
 
 
-def sweep(fleet, tag):
+def sweep(fleet, tag, read=None):
     a = fleet.a
+    read = read or a.read
     levels = []
     for rate in a.rates:
         res = fleet.out / f"{tag}-r{rate:g}" / "result.json"
@@ -315,7 +316,7 @@ def sweep(fleet, tag):
                str(a.clients), "--duration", str(a.duration), "--requests", "100000",
                "--prompt-len", a.prompt_len, "--output-len", a.output_len, "--think", "0.3",
                "--repeat", "0.2", "--hot", "4", "--seed", "19", "--timeout", "120",
-               "--no-plots", "--label", f"{tag} {rate:g}/s", "--out", str(res)]
+               "--read", read, "--no-plots", "--label", f"{tag} {rate:g}/s", "--out", str(res)]
         if a.pin:
             cmd = ["taskset", "-c", f"1-{os.cpu_count() - 1}", *cmd]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL,
@@ -448,6 +449,12 @@ def main():
     ap.add_argument("--single-replica", action="store_true",
                     help="give the one redis-server a replica, as each cluster master has one "
                          "(a like-for-like --against-single)")
+    ap.add_argument("--read", choices=("shared", "own"), default="shared",
+                    help="how the load generator reads the requests' streams: one shared XREAD "
+                         "per process, as the front door does (default), or one per request")
+    ap.add_argument("--compare-reads", action="store_true",
+                    help="after the calm sweep, the same sweep with the other --read: the "
+                         "clients' share of Redis's work, measured in one run")
     ap.add_argument("--out", default=None)
     ap.add_argument("--against-single", action="store_true",
                     help="with --cluster: first run the same soak on one redis-server, then on "
@@ -494,12 +501,15 @@ def soak(a):
         s1 = fleet.snap()
         idle = (s1["worker_cpu"] - s0["worker_cpu"]) / (s1["t"] - s0["t"]) / a.workers
         calm, cmd = sweep(fleet, "calm")
+        other = "own" if a.read == "shared" else "shared"
+        calm_other = sweep(fleet, f"calm-{other}", other)[0] if a.compare_reads else []
         flog = []
         th = threading.Thread(target=faults, args=(fleet, flog))
         th.start()
         faulted, _ = sweep(fleet, "fault")
         th.join()
         tot = check(fleet, calm, faulted)
+        tot_other = check(fleet, calm, calm_other) if calm_other else None
         coal, tot_coal = [], None
         if a.coalesce_ms:
             for n in names:
@@ -512,7 +522,9 @@ def soak(a):
             tot_coal = check(fleet, calm, coal)
     finally:
         fleet.stop_all()
-    rows = {"calm": [row(lv) for lv in calm], "fault": [row(lv) for lv in faulted],
+    rows = {"calm": [row(lv) for lv in calm],
+            **({f"calm, {other} reads": [row(lv) for lv in calm_other]} if calm_other else {}),
+            "fault": [row(lv) for lv in faulted],
             f"coalesce {a.coalesce_ms} ms": [row(lv) for lv in coal]}
     top = rows["calm"][-1]
     # the busiest master saturates first (on one instance: the instance)
@@ -520,7 +532,8 @@ def soak(a):
     result = {"options": {k: v for k, v in vars(a).items()}, "bench_command": cmd,
               "workers_start_s": round(start_s, 1), "idle_cpu_per_worker": round(idle, 4),
               "busy_cpu_per_worker": round(top["worker_cpu_util"] / a.workers, 4),
-              "faults": flog, "check": tot, "check_coalesced": tot_coal, "rows": rows,
+              "faults": flog, "check": tot, "check_coalesced": tot_coal,
+              "check_other_reads": tot_other, "rows": rows,
               "redis": "cluster 3+3" if a.cluster else "one instance",
               "redis_saturation_tok_s": round(sat_tok_s),
               "gpus_per_redis": round(sat_tok_s / a.gpu_tok_s, 1)}
@@ -554,7 +567,10 @@ def soak(a):
     print(f"{who} saturates at ~{sat_tok_s:.0f} delivered tokens/s "
           f"(1e6 us / {top['busiest_us_per_tok']} us per token) = "
           f"{result['gpus_per_redis']} GPUs at {a.gpu_tok_s:.0f} tok/s each")
-    bad = sum(t["lost"] + t["dup"] + t["out_of_order"] + t["mismatch"] for t in (tot, tot_coal) if t)
+    if tot_other:
+        print(f"check, {other} reads against calm: {tot_other}")
+    bad = sum(t["lost"] + t["dup"] + t["out_of_order"] + t["mismatch"]
+              for t in (tot, tot_coal, tot_other) if t)
     return result, 1 if bad else 0
 
 

@@ -421,12 +421,47 @@ def test_http_front_door_as_dispatcher_user(built, acl_redis, tmp_path):
         done = out_events(admin, job_id)[-1]
         assert done["finish_reason"] == "cancelled"
         assert f.request("GET", "/healthz")[0] == 200
+        # the events came through the shared reader, as the dispatcher user
+        assert [c["user"] for c in admin.client_list()
+                if c["name"] == "redlm-http-xmux"] == ["dispatcher"]
         denied = [e for e in admin.acl_log(count=100)
                   if e["username"] in ("worker", "dispatcher")]
         assert denied == [], denied
     finally:
         w.stop()
         f.stop()
+
+
+def test_http_front_door_with_an_acl_from_before_the_shared_reader(built, tmp_path):
+    """An ACL written before the front door read every stream with one XREAD
+    (its dispatcher user lacks client|id and client|unblock): the front door
+    says so once and each request reads its own stream, as before."""
+    lines = [l.replace(" +client|id +client|unblock", "") if l.split()[1] == "dispatcher" else l
+             for l in acl_lines()]
+    assert lines != acl_lines()
+    srv = AclRedis(tmp_path / "redis-old", with_passwords(lines))
+    pw = daemon_passwords(tmp_path)
+    from test_http import MODEL_NAME, Front
+    f = Front(srv.addr, "redlm:", tmp_path,
+              ["--redis-user", "dispatcher", "--redis-password-file", str(pw["dispatcher"])])
+    w = Worker(srv.addr, "redlm:", "acl-old", tmp_path,
+               ["--redis-user", "worker", "--redis-password-file", str(pw["worker"])])
+    try:
+        for stream in (False, True):
+            status, _, data = f.request("POST", "/v1/chat/completions",
+                                        {"model": MODEL_NAME, "stream": stream, "max_tokens": 5,
+                                         "ignore_eos": True,
+                                         "messages": [{"role": "user", "content": "Hello"}]})
+            assert status == 200, data
+        assert data.rstrip().endswith(b"data: [DONE]"), data
+        log = f.log_path.read_text()
+        assert "every request reads its own event stream: CLIENT ID: NOPERM" in log, log
+        names = [c["name"] for c in srv.as_user("admin").client_list()]
+        assert "redlm-http-xmux" not in names, names
+    finally:
+        w.stop()
+        f.stop()
+        srv.stop()
 
 
 # --- the same file on a Redis Cluster (issue 19) -----------------------------

@@ -72,6 +72,7 @@
 #include "job.h"
 #include "loadstats.h"
 #include "rconn.h"
+#include "xmux.h"
 #include "rcluster.h"
 
 extern char **environ;
@@ -110,6 +111,7 @@ struct lb_opts {
     const char *out;
     const char *label;
     bool check, plots;
+    bool own_reads;               /* --read own: an XREAD per request, not one shared */
 };
 
 /* The prompts of --prompts FILE: each line's prompt fields as a JSON
@@ -163,6 +165,8 @@ struct lb_run {
     pthread_mutex_t mu;   /* guards next and stop */
     int next;
     bool stop;
+    struct xmux *mux;     /* the one XREAD all requests are read by; NULL: each its own */
+    bool shared_reads;    /* mux was there (it is freed before the statistics) */
     char err_msg[RL_ERR_MSG_MAX]; /* the first connection error, for the report */
 };
 
@@ -208,6 +212,9 @@ static void lb_usage(FILE *f)
 "  --seed N             what is sent depends only on this (1); a new seed starts\n"
 "                       the result cache cold for the repeated prompts\n"
 "  --timeout S          per request, then it is cancelled and counted TIMEOUT (120)\n"
+"  --read shared|own    read every request's events with one shared XREAD, as the\n"
+"                       front door does (shared, default; own on a Redis Cluster),\n"
+"                       or each with its own blocking XREAD (own)\n"
 "  --out FILE           full result JSON; latency.png and throughput.png beside it\n"
 "  --label S            a name for this run in the JSON and the plot titles\n"
 "  --no-check           skip the check (waiting up to 5 s) that a dispatcher or worker\n"
@@ -339,6 +346,11 @@ static int lb_parse(int argc, char **argv, struct lb_opts *o, struct rl_err *err
             o->redis = v;
         else if (!strcmp(f, "--prefix"))
             o->prefix = v;
+        else if (!strcmp(f, "--read")) {
+            if (strcmp(v, "shared") && strcmp(v, "own"))
+                rc = rl_errf(err, RL_EINVAL, "--read: \"%s\" is not shared or own", v);
+            o->own_reads = !strcmp(v, "own");
+        }
         else if (!strcmp(f, "--target")) {
             o->target_text = v;
             if (!strcmp(v, "dispatcher"))
@@ -767,9 +779,17 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
     q->t_sent = now;
     double deadline = q->t_sent + o->timeout_s;
     char last[RCONN_ID_MAX] = "0-0";
+    struct xmux_sub *sub = NULL; /* ended at every return below */
+    if (run->mux && (rc = xmux_sub(run->mux, out_key, last, &sub, &err)) < 0) {
+        note_redis_error(run, &err);
+        set_code(q, "CLIENT_NOMEM");
+        q->t_done = now;
+        return;
+    }
     for (;;) {
         now = rl_mono_s() - run->t0;
         if (now >= deadline) {
+            xmux_unsub(sub);
             char ck[256];
             rcl_tagged_key(ck, sizeof ck, rconn_is_cluster(c), o->prefix, "cancel:", q->id);
             const char *argv[] = {"SET", ck, "1", "EX", "600"};
@@ -787,7 +807,7 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
         snprintf(bs, sizeof bs, "%d", block);
         const char *argv[] = {"XREAD", "COUNT", "1000", "BLOCK", bs, "STREAMS", out_key, last};
         struct rconn_reply *r = NULL;
-        rc = rconn_command(c, 8, argv, NULL, &r, &err);
+        rc = sub ? xmux_next(sub, block, &r, &err) : rconn_command(c, 8, argv, NULL, &r, &err);
         double t = rl_mono_s() - run->t0; /* every event of this reply arrived now */
         if (rc < 0) {
             rconn_reply_free(r);
@@ -800,6 +820,7 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
             note_redis_error(run, &err);
             set_code(q, "REDIS");
             q->t_done = t;
+            xmux_unsub(sub);
             return;
         }
         /* nil on timeout, else [[key, [[id, [field, value, ...]], ...]]] */
@@ -826,8 +847,10 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
             }
         }
         rconn_reply_free(r);
-        if (over)
+        if (over) {
+            xmux_unsub(sub);
             return;
+        }
     }
 }
 
@@ -874,6 +897,7 @@ static void *client_main(void *arg)
 struct lb_level {
     double level;
     int n_clients;
+    bool shared_reads;   /* the requests were read by one shared XREAD (xmux) */
     int issued, measured, completed, n_errors, n_cached;
     long prompt_tokens, output_tokens, delta_tokens;
     double window_s, req_per_s, tok_per_s;
@@ -908,6 +932,7 @@ static int level_stats(const struct lb_run *run, struct lb_level *lv, struct rl_
     memset(lv, 0, sizeof *lv);
     lv->level = run->level;
     lv->n_clients = run->n_clients;
+    lv->shared_reads = run->shared_reads;
     snprintf(lv->err_msg, sizeof lv->err_msg, "%s", run->err_msg);
     lv->errors = cJSON_CreateObject();
     double *v[6];
@@ -1004,6 +1029,7 @@ static cJSON *level_json(const struct lb_opts *o, const struct lb_level *lv, con
     cJSON_AddStringToObject(j, "loop", open ? "open" : "closed");
     cJSON_AddNumberToObject(j, "level", lv->level);
     cJSON_AddNumberToObject(j, "clients", lv->n_clients);
+    cJSON_AddStringToObject(j, "read", lv->shared_reads ? "shared" : "own");
     if (open)
         cJSON_AddNumberToObject(j, "rate", lv->level);
     else
@@ -1114,6 +1140,16 @@ static int run_level(const struct lb_opts *o, const struct lb_prompts *prompts, 
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, 256 * 1024); /* blocked on a socket; 1024 of them fit */
+    if (!o->own_reads) {
+        struct rconn_opts ro;
+        rconn_opts_default(&ro);
+        ro.addr = o->redis;
+        ro.client_name = "redlm-bench";
+        struct rl_err e = {0};
+        if (xmux_create(&run->mux, &ro, &e) && level_idx == 0)
+            fprintf(stderr, "redlm bench: each request reads its own stream: %s\n", e.msg);
+        run->shared_reads = run->mux != NULL;
+    }
     run->t0 = rl_mono_s();
     int started = 0, rc = 0;
     for (; started < run->n_clients; started++)
@@ -1126,6 +1162,8 @@ static int run_level(const struct lb_opts *o, const struct lb_prompts *prompts, 
         }
     for (int i = 0; i < started; i++)
         pthread_join(th[i], NULL);
+    xmux_free(run->mux);
+    run->mux = NULL;
     pthread_attr_destroy(&attr);
     free(th);
     return rc;
@@ -1456,6 +1494,7 @@ int cmd_loadbench(int argc, char **argv)
         cJSON_AddStringToObject(j, "target", o.target_text);
         cJSON *op = cJSON_AddObjectToObject(j, "options");
         cJSON_AddStringToObject(op, "loop", o.rate > 0 ? "open" : "closed");
+        cJSON_AddStringToObject(op, "read", o.own_reads ? "own" : "shared");
         cJSON_AddNumberToObject(op, "clients", o.clients);
         cJSON_AddNumberToObject(op, "requests", o.requests);
         cJSON_AddNumberToObject(op, "duration_s", o.duration_s);

@@ -1,0 +1,103 @@
+"""The front door reads every request's events with one shared XREAD
+(common/xmux.h; issue 27 point 3): Redis pays a read per worker flush, not
+one per token and stream.
+
+- concurrent streamed requests through a real dispatcher and CPU worker:
+  each client gets exactly its own job's tokens (what out:<id> holds), and
+  none of the front door's request connections ever sent an XREAD; the one
+  that reads is the shared reader (CLIENT LIST: name redlm-http-xmux);
+- with http_shared_reader off, the same requests are read by the request
+  connections themselves (so the check above can fail), with the same
+  result;
+- a request whose client hangs up mid-stream on the shared reader is
+  cancelled, and the ones beside it run to their end.
+"""
+import json
+import threading
+
+from conftest import connect, stream_events
+from test_http import MODEL_NAME, chat_stream, front, stream_and_hang_up  # noqa: F401 (fixture)
+
+PROMPTS = [f"Count to {n} and then name {n} animals." for n in range(3, 11)]
+
+
+def stream_all(f, max_tokens=24):
+    """Streams every prompt at once; {prompt: (job id, content)}."""
+    out, errors = {}, []
+
+    def one(p):
+        try:
+            _, chunks = chat_stream(f, {"model": MODEL_NAME, "stream": True, "temperature": 0,
+                                        "max_tokens": max_tokens, "ignore_eos": True,
+                                        "messages": [{"role": "user", "content": p}]})
+            assert chunks[-1] == "[DONE]", chunks[-3:]
+            body = [c for c in chunks if c != "[DONE]"]
+            text = "".join(c["choices"][0]["delta"].get("content") or "" for c in body if c["choices"])
+            out[p] = (body[0]["id"], text)
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(f"{p}: {e!r}")
+
+    ts = [threading.Thread(target=one, args=(p,)) for p in PROMPTS]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert not errors, errors
+    assert sorted(out) == sorted(PROMPTS)
+    return out
+
+
+def own_content(r, prefix, job_id):
+    """The content of job_id's own out stream, as its worker wrote it."""
+    text = ""
+    for _, f in r.xrange(f"{prefix}out:{job_id}"):
+        ev = json.loads(f["event"])
+        if ev["type"] == "delta":
+            text += ev["delta"].get("content") or ""
+    return text
+
+
+def http_clients(r):
+    """The front door's connections: {name: [last command, ...]}."""
+    seen = {}
+    for c in r.client_list():
+        if c["name"].startswith("redlm-http"):
+            seen.setdefault(c["name"], []).append(c["cmd"])
+    return seen
+
+
+def test_one_xread_reads_every_stream(front, workers, redis_addr, prefix):
+    workers("w1", "--max-batch", "16")
+    r = connect(redis_addr)
+    f = front()
+    got = stream_all(f)
+    for p, (jid, text) in got.items():
+        assert text and text == own_content(r, prefix, jid), p  # its own job's tokens, all of them
+    assert len({jid for jid, _ in got.values()}) == len(PROMPTS)
+    conns = http_clients(r)
+    assert conns.get("redlm-http-xmux") == ["xread"], conns
+    assert "xread" not in conns.get("redlm-http", []), conns
+    f.stop()
+
+    # switched off: each request reads its own stream, on its own connection
+    f = front("--http-shared-reader", "false")
+    got = stream_all(f)
+    for p, (jid, text) in got.items():
+        assert text and text == own_content(r, prefix, jid), p
+    conns = http_clients(r)
+    assert "redlm-http-xmux" not in conns, conns
+    assert "xread" in conns.get("redlm-http", []), conns
+
+
+def test_a_client_gone_on_the_shared_reader(front, workers, redis_addr, prefix):
+    workers("w1", "--max-batch", "16")
+    r = connect(redis_addr)
+    f = front()
+    msgs = [{"role": "user", "content": "Tell me a long story."}]
+    gone = stream_and_hang_up(f.port, msgs)  # 4000 tokens wanted; its job is cancelled
+    last = [e for _, e in stream_events(r, f"{prefix}out:{gone}", 60)][-1]
+    assert last["type"] == "done" and last["finish_reason"] == "cancelled", last
+    got = stream_all(f, max_tokens=16)
+    for p, (jid, text) in got.items():
+        assert text and text == own_content(r, prefix, jid), p
+    assert http_clients(r).get("redlm-http-xmux") == ["xread"]
