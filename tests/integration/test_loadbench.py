@@ -42,14 +42,20 @@ def ordered(s):
     return s["min"] <= s["p50"] <= s["p90"] <= s["p99"] <= s["max"]
 
 
-def test_counts_match_the_workers(workers, client, redis_addr, prefix, tmp_path):
+@pytest.mark.parametrize("read", ["shared", "own"])
+def test_counts_match_the_workers(workers, client, redis_addr, prefix, tmp_path, read):
+    """Every event of every request counted, whether the requests are read
+    by one shared XREAD (the default, as the front door reads) or each by
+    its own."""
     workers("w1")
     out = tmp_path / "res" / "result.json"
     summary, full, table = bench(redis_addr, prefix, out, "--target", "pool:fast", "--clients", "4",
                                  "--requests", "20", "--repeat", "0.5", "--hot", "1",
-                                 "--output-len", "4..12", "--prompt-len", "3..12", "--seed", "3")
+                                 "--output-len", "4..12", "--prompt-len", "3..12", "--seed", "3",
+                                 "--read", read)
     assert "req/s" in table  # the table on stderr
     (lv,) = full["levels"]
+    assert lv["read"] == read and full["options"]["read"] == read
     assert summary["levels"][0]["completed"] == lv["completed"]
     assert "requests" not in summary["levels"][0]  # the summary leaves the records out
 
