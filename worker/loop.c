@@ -822,15 +822,25 @@ static void admit_read(struct worker *w, int p, const struct rconn_entry *e)
     w_admit(w, p, e, dl, pend);
 }
 
-/* Reads up to k new jobs: one BLOCKing read over every pool (and offer
- * stream, or on a cluster every pool's shards) when block_ms >= 0, then
- * non-blocking reads for the rest: our offer streams first (jobs offered
- * to us for the prefix we hold, issue 27), then the pools in order.
- * The BLOCKing read has COUNT 1 per stream: an idle worker may take one
- * job per shard when several arrive together. On a cluster rconn sends it
- * to every shard's slot at once and returns with the first that answers,
- * cutting the others short (rconn_xreadgroup): no shard waits for
- * another's BLOCK, and an idle worker does not poll. */
+/* Reads up to k new jobs. Idle (block_ms >= 0): one BLOCKing read over
+ * every pool and offer stream (on a cluster every pool's shards), COUNT 1
+ * per stream, so an idle worker may take one job per stream when several
+ * arrive together; on a cluster rconn sends it to every shard's slot at
+ * once and returns with the first that answers, cutting the others short
+ * (rconn_xreadgroup): no shard waits for another's BLOCK, and an idle
+ * worker does not poll. A read that timed out empty ends there.
+ *
+ * Then, and on every busy step (block_ms < 0), one non-blocking read over
+ * our offer streams (jobs offered to us for the prefix we hold, issue 27)
+ * and every pool, the pools' shards in turn (workers start at different
+ * ones): one round trip per step, not one per pool, since it sits on the
+ * step's critical path and each read is an event Redis pays for (issue
+ * 27: two polls a step were most of a batch-1 worker's Redis cost). The
+ * reply is in key order: offers first, then the pools in order. COUNT is
+ * per stream on a single instance: ceil(k / streams) each, so at most
+ * streams - 1 jobs more than k are taken (they wait their turn in the
+ * engine's queue) and a burst of free slots fills over a few steps; on a
+ * cluster rconn reads slot by slot, the total bounded by COUNT. */
 static void read_jobs(struct worker *w, int k, int block_ms)
 {
     struct rconn_entries ents = {0};
@@ -842,51 +852,37 @@ static void read_jobs(struct worker *w, int k, int block_ms)
             read_failed(w, &err);
             return;
         }
+        int got = ents.n;
         for (int i = 0; i < ents.n; i++)
             admit_read(w, ents.v[i].stream, &ents.v[i]);
         k -= ents.n;
         rconn_entries_free(&ents);
-    }
-    int n_offer = w->n_pools - w->n_base_pools, first = 0;
-    if (n_offer > 0 && k > 0) {
-        /* our offer streams and the first pool in one read, so affinity
-         * costs a busy worker no round trip per step. COUNT is per
-         * stream: this may take more than k by the offers it finds, jobs
-         * offered to us that then wait their turn in the engine's queue */
-        const char *keys[W_MAX_STREAMS];
-        for (int i = 0; i < n_offer; i++)
-            keys[i] = w->pool_key_ptrs[w->n_base_pools + i];
-        keys[n_offer] = w->pool_key_ptrs[0];
-        if (rconn_xreadgroup(w->rc_read, w->opt.group, w->opt.name, n_offer + 1, keys, ">", k,
-                             -1, &ents, &err)) {
-            read_failed(w, &err);
+        if (!got)
             return;
-        }
-        for (int i = 0; i < ents.n; i++) /* offers first: the reply is in key order */
-            admit_read(w, ents.v[i].stream < n_offer ? w->n_base_pools + ents.v[i].stream : 0,
-                       &ents.v[i]);
-        k -= ents.n;
-        rconn_entries_free(&ents);
-        first = 1;
     }
-    for (int p = first; p < w->n_base_pools && k > 0; p++) {
-        /* a pool's shards (issue 27; one stream on a single instance):
-         * one per poll, in turn (workers start at different ones), so a
-         * busy worker's poll costs one call per pool as before; what an
-         * idle worker waits for it waits for on every shard at once */
-        int idx = p + w->shard_rot[p] * w->n_base_pools;
-        const char *key = w->pool_keys[idx];
+    if (k <= 0)
+        return;
+    const char *keys[W_MAX_STREAMS];
+    int idx[W_MAX_STREAMS], n = 0;
+    for (int i = w_n_queue_streams(w); i < w->n_pools; i++) { /* our offer streams */
+        keys[n] = w->pool_key_ptrs[i];
+        idx[n++] = i;
+    }
+    for (int p = 0; p < w->n_base_pools; p++) {
+        int s = p + w->shard_rot[p] * w->n_base_pools;
         w->shard_rot[p] = (w->shard_rot[p] + 1) % w->n_shards;
-        if (rconn_xreadgroup(w->rc_read, w->opt.group, w->opt.name, 1, &key, ">", k, -1, &ents,
-                             &err)) {
-            read_failed(w, &err);
-            return;
-        }
-        for (int i = 0; i < ents.n; i++)
-            admit_read(w, idx, &ents.v[i]);
-        k -= ents.n;
-        rconn_entries_free(&ents);
+        keys[n] = w->pool_keys[s];
+        idx[n++] = s;
     }
+    int count = rconn_is_cluster(w->rc_read) ? k : (k + n - 1) / n;
+    if (rconn_xreadgroup(w->rc_read, w->opt.group, w->opt.name, n, keys, ">", count, -1, &ents,
+                         &err)) {
+        read_failed(w, &err);
+        return;
+    }
+    for (int i = 0; i < ents.n; i++)
+        admit_read(w, idx[ents.v[i].stream], &ents.v[i]);
+    rconn_entries_free(&ents);
 }
 
 static void aff_add_cb(void *ctx, uint64_t h)

@@ -254,6 +254,44 @@ def test_full_worker_reads_nothing(workers, client, redis_addr, prefix, tmp_path
     assert done["finish_reason"] == "length"
 
 
+def test_busy_worker_polls_once_a_step(workers, client, redis_addr, prefix, tmp_path,
+                                       event_validator):
+    """A worker with a job running and room for more reads new jobs with one
+    non-blocking XREADGROUP a step over both pools and its offer streams,
+    not one per pool: each is a round trip on the step's critical path and
+    an event Redis pays for. A job then sent to either pool is still taken
+    while the first runs."""
+    workers("w1", "--max-batch", "4")
+    r = connect(redis_addr)
+    client.submit(long_job("busy"))
+    out = f"{prefix}out:busy"
+    wait_for(lambda: r.xlen(out) >= 5, "the job's first events")
+    mon = Monitor(redis_addr, tmp_path / "monitor.txt")
+    try:
+        cmds = mon.until(lambda c: sum(1 for _, src, a in c if src != "lua" and a
+                                       and a[0].upper() == "EVALSHA" and out in a) >= 100,
+                         "100 emits")
+    finally:
+        mon.stop()
+    emits = sum(1 for _, src, a in cmds if src != "lua" and a and a[0].upper() == "EVALSHA"
+                and out in a)
+    polls = [a for _, src, a in cmds if src != "lua" and a and a[0].upper() == "XREADGROUP"]
+    # every poll names both pools and both offer streams
+    for a in polls:
+        streams = a[a.index("STREAMS") + 1:]
+        keys = streams[:len(streams) // 2]
+        assert sorted(keys) == sorted([f"{prefix}jobs:fast", f"{prefix}jobs:think",
+                                       f"{prefix}jobs:fast:w:w1", f"{prefix}jobs:think:w:w1"]), a
+    assert 0.5 * emits <= len(polls) <= 1.2 * emits + 5, (len(polls), emits)
+    for pool, mode in (("think", "think"), ("fast", "no_think")):
+        client.submit(long_job(f"also-{pool}", n=3, mode=mode))
+        _, done = check_stream(client.events(f"also-{pool}"), event_validator)
+        assert done["finish_reason"] == "length"
+    cancel_now(r, prefix, "busy")
+    _, done = check_stream(client.events("busy"), event_validator)
+    assert done["finish_reason"] == "cancelled"
+
+
 def test_lease_renewal_is_one_call_for_all_pools(workers, client, redis_addr, prefix, tmp_path,
                                                  event_validator):
     workers("w1", "--max-batch", "4", "--lease-renew-ms", "200", "--claim-idle-ms", "1000")
