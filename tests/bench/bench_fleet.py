@@ -500,6 +500,11 @@ def soak(a):
         time.sleep(5)
         s1 = fleet.snap()
         idle = (s1["worker_cpu"] - s0["worker_cpu"]) / (s1["t"] - s0["t"]) / a.workers
+        # Redis's own floor with the fleet up and no load (the workers'
+        # BLOCKing reads, heartbeats, claims, its cron): a cost per second,
+        # which the per-token figures of a light load carry too
+        idle_redis = sum(s1["nodes"][p]["redis_cpu"] - s0["nodes"][p]["redis_cpu"]
+                         for p in s1["nodes"]) / (s1["t"] - s0["t"])
         calm, cmd = sweep(fleet, "calm")
         other = "own" if a.read == "shared" else "shared"
         calm_other = sweep(fleet, f"calm-{other}", other)[0] if a.compare_reads else []
@@ -531,6 +536,7 @@ def soak(a):
     sat_tok_s = 1e6 / top["busiest_us_per_tok"]
     result = {"options": {k: v for k, v in vars(a).items()}, "bench_command": cmd,
               "workers_start_s": round(start_s, 1), "idle_cpu_per_worker": round(idle, 4),
+              "idle_redis_util": round(idle_redis, 4),
               "busy_cpu_per_worker": round(top["worker_cpu_util"] / a.workers, 4),
               "faults": flog, "check": tot, "check_coalesced": tot_coal,
               "check_other_reads": tot_other, "rows": rows,
@@ -562,6 +568,9 @@ def soak(a):
         print(f"check, coalesced against calm: {tot_coal}")
     print(f"sim worker CPU: idle {idle:.4f}, busy {result['busy_cpu_per_worker']:.4f} cores each; "
           f"{a.workers} workers ready in {start_s:.1f} s")
+    print(f"Redis with the fleet up and no load: {idle_redis:.4f} of a core "
+          f"({idle_redis * 1e6 / max(top['tok_s'], 1):.1f} us per token at the top rate's "
+          f"{top['tok_s']} tok/s)")
     who = (f"The busiest master (:{top['busiest_port']}, {top['busiest_share']:.0%} of the masters' "
            f"{top['redis_us_per_tok']} us/token)" if a.cluster else "Redis")
     print(f"{who} saturates at ~{sat_tok_s:.0f} delivered tokens/s "
