@@ -566,6 +566,44 @@ def test_backend_streams_events_with_sse_headers(web_factory, redis_addr, prefix
     assert evs[1][1]["delta"] == {"content": "a"}
 
 
+def test_backend_reads_every_stream_with_one_xread(web_factory, redis_addr, prefix):
+    """Several requests at once: each gets exactly its own job's events, in
+    order, while the backend's only XREAD is its shared reader's (the
+    request threads never read a stream themselves)."""
+    r = connect(redis_addr)
+    web = web_factory("--pool", "fast")
+    import threading
+    got, ts = {}, []
+    for i in range(4):
+        body = {"messages": [{"role": "user", "content": f"hi {i}"}]}
+        ts.append(threading.Thread(target=lambda i=i, b=body: got.__setitem__(i, web.post(b))))
+        ts[-1].start()
+    jobs = [read_job(r, f"{prefix}jobs:fast") for _ in range(4)]
+    for seq in range(3):  # interleaved, as a worker's batch writes them
+        for j in jobs:
+            put(r, prefix, j["id"], seq, {"type": "delta", "delta": {"content": f"{j['id']}/{seq}"},
+                                          "token_ids": [seq]})
+    for j in jobs:
+        put(r, prefix, j["id"], 3, {**DONE})
+    for t in ts:
+        t.join(30)
+    for i in range(4):
+        status, _, body = got[i]
+        assert status == 200
+        evs = sse_events(body)
+        jid = evs[0][1]["id"]
+        assert [e[0] for e in evs] == ["job", "delta", "delta", "delta", "done"]
+        assert [e[1]["delta"]["content"] for e in evs[1:4]] == [f"{jid}/{s}" for s in range(3)]
+    # an earlier test's backend may still be leaving (its connections are
+    # listed until Redis has seen them close): wait for ours alone
+    from conftest import wait_for
+
+    def mine():
+        return [c for c in r.client_list() if c["name"].startswith("redlm-web")]
+    wait_for(lambda: sum(c["name"] == "redlm-web-xmux" for c in mine()) == 1, "one shared reader")
+    assert [c["name"] for c in mine() if c["cmd"] == "xread"] == ["redlm-web-xmux"], mine()
+
+
 @pytest.mark.parametrize("body,code", [
     ({}, "BAD_MESSAGES"),
     ({"messages": []}, "BAD_MESSAGES"),
