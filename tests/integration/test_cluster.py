@@ -145,7 +145,8 @@ def run_and_check(rc, prefix, jobs, ref, validator, timeout=180):
 def test_kill9_resume_on_cluster(redis_cluster, workers, prefix, tmp_path, event_validator):
     rc = redis_cluster.client()
     w1 = workers("w1", *FAST_CLAIM, "--max-batch", "6", addr=redis_cluster.seeds)
-    jobs = greedy_jobs(6, seed=7, max_tokens=(150, 200), tag="k")
+    # long enough that the kill lands mid-run on a fast, quiet machine too
+    jobs = greedy_jobs(6, seed=7, max_tokens=(600, 800), tag="k")
     for j in jobs:
         submit(rc, prefix, j)
     wait_started(rc, prefix, jobs)
@@ -167,18 +168,26 @@ def test_failover_mid_run(redis_cluster, workers, prefix, tmp_path, event_valida
     for j in first:
         submit(rc, prefix, j)
     wait_started(rc, prefix, first)
-    # fail over the master of the pool stream (and its consumer group)
+    # fail over the master of the pool stream (and its consumer group),
+    # the worker frozen meanwhile (SIGSTOP): its jobs are then certainly
+    # mid-run when it wakes to a changed map, with reads blocked on the old
+    # master answered UNBLOCKED and writes answered MOVED (a running worker
+    # on a fast machine finished jobs of 3,000 tokens before the vote)
     old = master_of(redis_cluster, qkey(prefix, "jobs:fast"))
     new = redis_cluster.replica_of(old)
-    # WAIT: the replica has every write so far, so the manual failover is
-    # the lossless kind (the test checks our client, not Redis's async replication)
-    redis_cluster.node(old).execute_command("WAIT", 1, 2000)
-    redis_cluster.node(new).execute_command("CLUSTER", "FAILOVER")
-    deadline = time.time() + 30
-    while redis_cluster.roles().get(new) != "master":
-        assert time.time() < deadline, "failover did not happen"
-        time.sleep(0.05)
-    assert n_unfinished(rc, prefix, first) > 0, "the failover came too late to test"
+    w.signal(signal.SIGSTOP)
+    try:
+        # WAIT: the replica has every write so far, so the manual failover is
+        # the lossless kind (the test checks our client, not Redis's async replication)
+        redis_cluster.node(old).execute_command("WAIT", 1, 2000)
+        redis_cluster.node(new).execute_command("CLUSTER", "FAILOVER")
+        deadline = time.time() + 30
+        while redis_cluster.roles().get(new) != "master":
+            assert time.time() < deadline, "failover did not happen"
+            time.sleep(0.05)
+        assert n_unfinished(rc, prefix, first) > 0, "the jobs ended before the failover"
+    finally:
+        w.signal(signal.SIGCONT)
     redis_cluster.wait_ok()
     while master_of(redis_cluster, qkey(prefix, "jobs:fast")) != new:  # the news spreads
         assert time.time() < deadline, "the slot map never showed the new master"

@@ -36,7 +36,10 @@ def let_go(by_name):
 def test_woken_worker_writes_nothing_after_takeover(workers, client, event_validator,
                                                      tmp_path):
     by_name = {"wa": workers("wa", *FAST), "wb": workers("wb", *FAST)}
-    job = greedy_jobs(1, seed=5, max_tokens=(1200, 1200), prompt_len=(8, 8), tag="fence")[0]
+    # long enough that neither round can see it end: each round lets the new
+    # holder write 3 coalesced events (a few hundred tokens on a fast CPU;
+    # at 1200 tokens a quiet machine finished the job inside round 0)
+    job = greedy_jobs(1, seed=5, max_tokens=(4000, 4000), prompt_len=(8, 8), tag="fence")[0]
     want = reference([job], tmp_path)[0]
     r = client.r
     key = f"{client.prefix}jobs:fast"
