@@ -227,21 +227,31 @@ def test_one_claimer_per_pool(workers, client, redis_addr, prefix, tmp_path, eve
     assert any("reclaimed entry" in w.text() for n, w in ws.items() if n not in victims)
 
 
+def emits_of(cmds, out):
+    """The FENCE_EMIT calls a worker sent for the job whose stream is out."""
+    return sum(1 for _, src, a in cmds if src != "lua" and a and a[0].upper() == "EVALSHA"
+               and out in a)
+
+
+def watch_100_emits(client, redis_addr, tmp_path, jid):
+    """Starts the long job jid, and once it runs, MONITORs Redis until its
+    worker has sent 100 emits: the commands seen meanwhile."""
+    r = connect(redis_addr)
+    client.submit(long_job(jid))
+    out = f"{client.prefix}out:{jid}"
+    wait_for(lambda: r.xlen(out) >= 5, "the job's first events")
+    mon = Monitor(redis_addr, tmp_path / "monitor.txt")
+    try:
+        return mon.until(lambda c: emits_of(c, out) >= 100, "100 emits")
+    finally:
+        mon.stop()
+
+
 def test_full_worker_reads_nothing(workers, client, redis_addr, prefix, tmp_path,
                                    event_validator):
     workers("w1", "--max-batch", "1", "--claim-interval-ms", "100")
     r = connect(redis_addr)
-    client.submit(long_job("only"))
-    out = f"{prefix}out:only"
-    wait_for(lambda: r.xlen(out) >= 5, "the job's first events")
-    mon = Monitor(redis_addr, tmp_path / "monitor.txt")
-    try:
-        # 100 steps' emits: the worker is full throughout
-        cmds = mon.until(lambda c: sum(1 for _, src, a in c if src != "lua" and a
-                                       and a[0].upper() == "EVALSHA" and out in a) >= 100,
-                         "100 emits")
-    finally:
-        mon.stop()
+    cmds = watch_100_emits(client, redis_addr, tmp_path, "only")  # full throughout
     mine = [a[0].upper() for _, src, a in cmds if src != "lua" and a and prefix in " ".join(a)]
     assert "XREADGROUP" not in mine and "XAUTOCLAIM" not in mine, sorted(set(mine))
     assert not any(a[0].upper() == "SET" and "claimer:" in a[1] for _, _, a in cmds if a)
@@ -263,18 +273,8 @@ def test_busy_worker_polls_once_a_step(workers, client, redis_addr, prefix, tmp_
     while the first runs."""
     workers("w1", "--max-batch", "4")
     r = connect(redis_addr)
-    client.submit(long_job("busy"))
-    out = f"{prefix}out:busy"
-    wait_for(lambda: r.xlen(out) >= 5, "the job's first events")
-    mon = Monitor(redis_addr, tmp_path / "monitor.txt")
-    try:
-        cmds = mon.until(lambda c: sum(1 for _, src, a in c if src != "lua" and a
-                                       and a[0].upper() == "EVALSHA" and out in a) >= 100,
-                         "100 emits")
-    finally:
-        mon.stop()
-    emits = sum(1 for _, src, a in cmds if src != "lua" and a and a[0].upper() == "EVALSHA"
-                and out in a)
+    cmds = watch_100_emits(client, redis_addr, tmp_path, "busy")
+    emits = emits_of(cmds, f"{prefix}out:busy")
     polls = [a for _, src, a in cmds if src != "lua" and a and a[0].upper() == "XREADGROUP"]
     # every poll names both pools and both offer streams
     for a in polls:

@@ -154,6 +154,20 @@ static void cmd_ok(struct rconn *c, int argc, const char *const *argv)
         fail_msg("%s: %s", argv[0], err.msg);
 }
 
+/* Writes password + "\n" to a file of this run (path filled in) for an
+ * ACL user's rconn_opts.password_file. */
+static void write_pw_file(char *path, size_t cap, const char *name, const char *password)
+{
+    if (tmpdir[0])
+        snprintf(path, cap, "%s/%s", tmpdir, name);
+    else
+        snprintf(path, cap, "/tmp/redlm-rconn-%s-%d", name, (int)getpid());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "%s\n", password);
+    fclose(f);
+}
+
 static void test_bad_addresses(void **state)
 {
     (void)state;
@@ -243,14 +257,7 @@ static void test_acl_auth(void **state)
     cmd_ok(admin, 8, setuser);
 
     char pw[300];
-    if (tmpdir[0])
-        snprintf(pw, sizeof pw, "%s/pw", tmpdir);
-    else
-        snprintf(pw, sizeof pw, "/tmp/redlm-rconn-pw-%d", (int)getpid());
-    FILE *f = fopen(pw, "w");
-    assert_non_null(f);
-    fputs("s3cret pw\n", f);
-    fclose(f);
+    write_pw_file(pw, sizeof pw, "pw", "s3cret pw");
     struct rconn *c = mk(addr, user, pw);
     struct rl_err err = {0};
     assert_int_equal(rconn_wait(c, 2000, &err), 0);
@@ -262,9 +269,7 @@ static void test_acl_auth(void **state)
     rconn_free(c);
 
     /* wrong password: a connect failure with Redis's reason, and backoff */
-    f = fopen(pw, "w");
-    fputs("wrong\n", f);
-    fclose(f);
+    write_pw_file(pw, sizeof pw, "pw", "wrong");
     c = mk(addr, user, pw);
     assert_int_equal(rconn_ensure(c, &err), -RL_EIO);
     assert_non_null(strstr(err.msg, "WRONGPASS"));
@@ -770,11 +775,7 @@ static void test_xmux_refused_without_unblock(void **state)
     const char *setuser[] = {"ACL", "SETUSER", user, "on", ">pw", "~*", "+@all", "-client|unblock"};
     cmd_ok(admin, 8, setuser);
     char pw[300];
-    snprintf(pw, sizeof pw, "/tmp/redlm-xmux-pw-%d", (int)getpid());
-    FILE *f = fopen(pw, "w");
-    assert_non_null(f);
-    fputs("pw\n", f);
-    fclose(f);
+    write_pw_file(pw, sizeof pw, "xmux-pw", "pw");
     struct rconn_opts o;
     rconn_opts_default(&o);
     o.addr = addr;
