@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import MODEL, connect, job_events, wait_no_pending
+from conftest import MODEL, connect, job_events, wait_for, wait_no_pending
 
 SYSTEM = ("You are a careful assistant for the redlm project. Answer briefly, cite the "
           "module you mean, and never invent an option that the documentation does not "
@@ -32,21 +32,11 @@ def hb(r, prefix, kind, name):
     return json.loads(v) if v else None
 
 
-def wait_for(pred, timeout=30, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def dispatcher_saw(r, prefix, dname, t_ms):
     """Waits for a dispatcher heartbeat written after t_ms: it re-read the
     workers' filters (da_refresh) just before writing it."""
     wait_for(lambda: (hb(r, prefix, "dispatcher", dname) or {}).get("time_ms", 0) > t_ms,
-             what="a dispatcher heartbeat")
+             "a dispatcher heartbeat", timeout=30)
 
 
 def filters_settled(r, prefix, names):
@@ -56,7 +46,7 @@ def filters_settled(r, prefix, names):
     t0 = time.time() * 1000
     for n in names:
         wait_for(lambda: (hb(r, prefix, "worker", n) or {}).get("time_ms", 0) > t0 + 150,
-                 what=f"worker {n}'s heartbeat")
+                 f"worker {n}'s heartbeat", timeout=30)
     return time.time() * 1000
 
 
@@ -150,13 +140,13 @@ def test_killed_affine_worker_loses_nothing(workers, dispatchers, redis_addr, pr
     send(r, prefix, jobs[0])
     offer = f"{prefix}jobs:fast:w:{holder.name}"
     # the first is taken by the holder: pending in its offer stream, streaming
-    wait_for(lambda: r.xlen(f"{prefix}out:f0") >= 3, what="f0 streaming")
+    wait_for(lambda: r.xlen(f"{prefix}out:f0") >= 3, "f0 streaming", timeout=30)
     holder.signal(19)  # SIGSTOP
     assert r.xpending(offer, "workers")["pending"] == 1
     for j in jobs[1:]:
         send(r, prefix, j)
     wait_for(lambda: (hb(r, prefix, "dispatcher", d.name) or {}).get("affinity", {})
-             .get("offers", 0) >= 2, what="offers to the stopped worker")
+             .get("offers", 0) >= 2, "offers to the stopped worker", timeout=30)
     holder.kill()
     holder.wait()
     # every job finishes, once, on the other worker
@@ -173,7 +163,7 @@ def test_killed_affine_worker_loses_nothing(workers, dispatchers, redis_addr, pr
         if n_tok:
             assert n_tok == evs[-1]["usage"]["completion_tokens"], (n_tok, evs[-1])
     dh = wait_for(lambda: (lambda h: h if h["affinity"]["takeovers"] >= 1 else None)(
-        hb(r, prefix, "dispatcher", d.name)), what="the takeover counted")
+        hb(r, prefix, "dispatcher", d.name)), "the takeover counted", timeout=30)
     assert dh["affinity"]["fallbacks"] + dh["affinity"]["takeovers"] >= 2, dh["affinity"]
     assert r.xlen(offer) == 0 or r.xpending(offer, "workers")["pending"] == 0
     wait_no_pending(r, prefix, timeout=20)
@@ -199,14 +189,14 @@ def test_busy_holder_falls_back_within_the_wait(workers, dispatchers, redis_addr
                         {"role": "user", "content": "Now explain all of it at length."}]
     send(r, prefix, {"id": "long", "messages": long_msgs, "max_tokens": 3000, "ignore_eos": True,
                      "temperature": 0, "mode": "no_think"})
-    wait_for(lambda: r.xlen(f"{prefix}out:long") >= 3, what="the long job streaming")
+    wait_for(lambda: r.xlen(f"{prefix}out:long") >= 3, "the long job streaming", timeout=30)
     short = msgs + [{"role": "assistant", "content": "engine/prompt.c"},
                     {"role": "user", "content": "And the tokenizer?"}]
     send(r, prefix, {"id": "short", "messages": short, "max_tokens": 4, "temperature": 0,
                      "mode": "no_think"})
     done_of(r, prefix, "short")
     dh = wait_for(lambda: (lambda h: h if h["affinity"]["fallbacks"] >= 1 else None)(
-        hb(r, prefix, "dispatcher", d.name)), what="the fallback counted")
+        hb(r, prefix, "dispatcher", d.name)), "the fallback counted", timeout=30)
     assert dh["affinity"]["offers"] >= 2, dh["affinity"]
     evs = done_of(r, prefix, "long", timeout=120)
     assert evs[-1]["usage"]["completion_tokens"] == 3000
@@ -226,9 +216,9 @@ def test_affinity_off_uses_the_pools(workers, dispatchers, redis_addr, prefix):
         evs = done_of(r, prefix, f"off-t{t}")
         msgs.append({"role": "assistant", "content": reply_text(evs)})
     for n in ("wa", "wb"):
-        h = wait_for(lambda: hb(r, prefix, "worker", n), what="heartbeat")
+        h = wait_for(lambda: hb(r, prefix, "worker", n), "heartbeat", timeout=30)
         assert "affinity" not in h and h["affinity_taken"] == 0
         assert not r.exists(f"{prefix}jobs:fast:w:{n}")
-    dh = wait_for(lambda: hb(r, prefix, "dispatcher", d.name), what="dispatcher heartbeat")
+    dh = wait_for(lambda: hb(r, prefix, "dispatcher", d.name), "dispatcher heartbeat", timeout=30)
     assert dh["affinity"]["offers"] == 0
     wait_no_pending(r, prefix)

@@ -28,7 +28,7 @@ import json
 import signal
 import time
 
-from conftest import check_stream, greedy_jobs, pool_shards, reference, stream_events
+from conftest import check_stream, greedy_jobs, pool_shards, reference, stream_events, wait_for
 
 FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
 K = 3  # pool_shards' default
@@ -40,13 +40,6 @@ def shards(prefix, pool="fast"):
 
 def out_key(prefix, jid):
     return f"{prefix}out:{{{jid}}}"
-
-
-def wait_for(what, cond, timeout=60):
-    deadline = time.time() + timeout
-    while not cond():
-        assert time.time() < deadline, what
-        time.sleep(0.05)
 
 
 def entries_by_job(rc, keys):
@@ -88,8 +81,8 @@ def test_shards_spread_exactly_once_and_kills(redis_cluster, workers, dispatcher
         rc.xadd(f"{{{prefix}}}requests", {"job": json.dumps(j)})
     # every job forwarded (once) while every XACK is refused: the requests
     # stay pending on d1
-    wait_for("jobs forwarded", lambda: len(entries_by_job(rc, keys)) == len(jobs))
-    wait_for("XACKs refused", lambda: "transaction failed" in d1.text())
+    wait_for(lambda: len(entries_by_job(rc, keys)) == len(jobs), "jobs forwarded", timeout=60)
+    wait_for(lambda: "transaction failed" in d1.text(), "XACKs refused", timeout=60)
     d1.kill(signal.SIGKILL)
     d1.wait()
     pend = rc.xpending(f"{{{prefix}}}requests", "dispatchers")
@@ -104,8 +97,8 @@ def test_shards_spread_exactly_once_and_kills(redis_cluster, workers, dispatcher
     # pending requests; the markers refuse every one
     acl_all_nodes(redis_cluster, "+eval")
     d1b = dispatchers("d1", "--think-ratio", "0", *login, addr=redis_cluster.seeds)
-    wait_for("requests acknowledged",
-             lambda: rc.xpending(f"{{{prefix}}}requests", "dispatchers")["pending"] == 0)
+    wait_for(lambda: rc.xpending(f"{{{prefix}}}requests", "dispatchers")["pending"] == 0,
+             "requests acknowledged", timeout=60)
     assert d1b.text().count("already forwarded") >= len(jobs)
     seen = entries_by_job(rc, keys)
     assert sorted(seen) == sorted(j["id"] for j in jobs)
@@ -123,7 +116,7 @@ def test_shards_spread_exactly_once_and_kills(redis_cluster, workers, dispatcher
                    for k in keys)
         started = sum(rc.xlen(out_key(prefix, j["id"])) >= 3 for j in long)
         return held > 0 and started >= 2
-    wait_for("wa mid-generation", mid, timeout=120)
+    wait_for(mid, "wa mid-generation", timeout=120)
     w1.kill(signal.SIGKILL)
     w1.wait()
     unfinished = [j["id"] for j in long
@@ -144,9 +137,9 @@ def test_shards_spread_exactly_once_and_kills(redis_cluster, workers, dispatcher
     assert "reclaimed entry" in w2.text()
     # nothing left pending in any shard
     for k in keys:
-        wait_for(f"{k} acknowledged",
-                 lambda k=k: rc.xinfo_groups(k) and all(
-                     g["pending"] == 0 for g in rc.xinfo_groups(k) if g["name"] == "workers"))
+        wait_for(lambda k=k: rc.xinfo_groups(k) and all(
+                     g["pending"] == 0 for g in rc.xinfo_groups(k) if g["name"] == "workers"),
+                 f"{k} acknowledged", timeout=60)
 
 
 def xreadgroup_calls(cluster):
@@ -168,8 +161,9 @@ def test_idle_worker_wakes_on_any_shard(redis_cluster, workers, dispatchers, pre
     rc = redis_cluster.client()
     keys = shards(prefix)
     w = workers("wi", "--block-ms", "8000", addr=redis_cluster.seeds)
-    wait_for("the worker's groups", lambda: all(
-        rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k)) for k in keys))
+    wait_for(lambda: all(
+        rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k)) for k in keys),
+             "the worker's groups", timeout=60)
     jobs = greedy_jobs(2 * K, seed=29, tag="i")
     ref = reference(jobs, tmp_path)
     before = xreadgroup_calls(redis_cluster)
@@ -183,7 +177,7 @@ def test_idle_worker_wakes_on_any_shard(redis_cluster, workers, dispatchers, pre
         k = keys[i % K]
         t = time.time()
         rc.xadd(k, {"job": json.dumps(j)})
-        wait_for(f"{j['id']} started", lambda: rc.exists(out_key(prefix, j["id"])), timeout=30)
+        wait_for(lambda: rc.exists(out_key(prefix, j["id"])), f"{j['id']} started", timeout=30)
         took = time.time() - t
         assert took < 3.0, f"{j['id']} on shard {i % K}: first event after {took:.1f} s"
         toks, _ = check_stream(stream_events(rc, out_key(prefix, j["id"]), 60), event_validator)
@@ -191,5 +185,5 @@ def test_idle_worker_wakes_on_any_shard(redis_cluster, workers, dispatchers, pre
     assert "ready:" in w.text()
     # a dispatcher configured with other shards than the workers says so
     d = dispatchers("dm", "--pool-shards", "2", addr=redis_cluster.seeds)
-    wait_for("the pool_shards mismatch logged",
-             lambda: f"reads {K} shards per pool, this dispatcher writes to 2" in d.text())
+    wait_for(lambda: f"reads {K} shards per pool, this dispatcher writes to 2" in d.text(),
+             "the pool_shards mismatch logged", timeout=60)

@@ -17,9 +17,9 @@ import json
 import re
 import subprocess
 import sys
-import time
 
-from conftest import ROOT, check_stream, connect, reference, stream_events, wait_no_pending
+from conftest import (ROOT, check_stream, connect, reference, stream_events, wait_for,
+                     wait_no_pending)
 
 
 def sha(text):
@@ -33,16 +33,6 @@ def greedy(jid, prompt, n, **kw):
 
 def tokens_of(events):
     return [t for _, e in events if e["type"] == "delta" for t in e["token_ids"]]
-
-
-def wait_for(pred, timeout=20, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def conflict_answer(r, key, entry, text, validator):
@@ -82,7 +72,7 @@ def test_same_job_again_is_one_run_one_answer(workers, client, prefix, event_val
     first = client.events("twice")
     check_stream(first, event_validator)
     e2 = client.submit(None, raw=a)
-    wait_for(lambda: "acknowledged without running" in w.text(), what="the duplicate's ack")
+    wait_for(lambda: "acknowledged without running" in w.text(), "the duplicate's ack", timeout=20)
     wait_no_pending(client.r, prefix)
     again = stream_events(client.r, f"{prefix}out:twice")
     assert again == first  # not one event more: one run, one answer
@@ -132,13 +122,13 @@ def test_cancel_key_cancels_one_request(workers, client, prefix):
     workers("w1")
     # a long job, cancelled by a key naming its entry
     e1 = client.submit(None, raw=greedy("cx", [5, 6], 3000, stream_ttl_s=1))
-    wait_for(lambda: client.r.xlen(f"{prefix}out:cx") >= 2, what="cx's first tokens")
+    wait_for(lambda: client.r.xlen(f"{prefix}out:cx") >= 2, "cx's first tokens", timeout=20)
     client.r.set(f"{prefix}cancel:cx", e1, ex=600)
     assert client.events("cx")[-1][1]["finish_reason"] == "cancelled"
     # its stream (and holder record) expire; the id is free again, and the
     # cancel key, still there, is not the new request's
-    wait_for(lambda: not client.r.exists(f"{prefix}out:cx", f"{prefix}own:cx"), timeout=30,
-             what="cx's stream to expire")
+    wait_for(lambda: not client.r.exists(f"{prefix}out:cx", f"{prefix}own:cx"),
+             "cx's stream to expire", timeout=30)
     assert client.r.get(f"{prefix}cancel:cx") == e1
     e2 = client.submit(None, raw=greedy("cx", [5, 6], 6))
     evs = client.events("cx")
@@ -164,7 +154,7 @@ def test_identity_through_the_dispatcher(dispatchers, workers, redis_addr, prefi
     assert first[0][1]["request"] == {"entry": e1, "job_sha256": sha(a)}
     # the same text again: forwarded, acknowledged by the worker unrun
     r.xadd(req, {"job": a})
-    wait_for(lambda: "acknowledged without running" in w.text(), what="the duplicate's ack")
+    wait_for(lambda: "acknowledged without running" in w.text(), "the duplicate's ack", timeout=20)
     # a different job: refused on its own stream
     b = greedy("dj", [2, 7, 1], 5)
     e3 = r.xadd(req, {"job": b})
@@ -180,7 +170,7 @@ def test_identity_through_the_dispatcher(dispatchers, workers, redis_addr, prefi
     evs = stream_events(r, f"{prefix}out:dk", timeout=20)
     assert evs[0][1]["code"] == "BAD_TYPE" and evs[0][1]["request"]["entry"] == e5
     # handled entries leave the intake and pool streams
-    wait_for(lambda: r.xlen(req) == 0, what="the requests stream to empty")
+    wait_for(lambda: r.xlen(req) == 0, "the requests stream to empty", timeout=20)
     wait_no_pending(r, prefix)
     assert r.xlen(f"{prefix}jobs:fast") == 0
 
@@ -229,11 +219,11 @@ def test_cached_job_under_a_running_jobs_id_writes_nothing(workers, client, pref
               "ignore_eos": True}
     client.submit({"id": "fill", **cached})
     client.events("fill")
-    wait_for(lambda: client.r.keys(f"{prefix}cache:*"), what="the cache entry")
+    wait_for(lambda: client.r.keys(f"{prefix}cache:*"), "the cache entry", timeout=20)
     ja = {"prompt_ids": [2, 7, 18], "max_tokens": 2500}
     ta = greedy("mix", ja["prompt_ids"], ja["max_tokens"])
     ea = client.submit(None, raw=ta)
-    wait_for(lambda: client.r.xlen(f"{prefix}out:mix") >= 2, what="A's first events")
+    wait_for(lambda: client.r.xlen(f"{prefix}out:mix") >= 2, "A's first events", timeout=20)
     tb = json.dumps({"id": "mix", **cached})
     eb = client.submit(None, raw=tb)
     conflict_answer(client.r, f"{prefix}out:mix", eb, tb, event_validator)
@@ -251,7 +241,7 @@ def test_redlm_cancel_names_the_request(workers, client, redis_addr, prefix):
     from conftest import CLI
     workers("w1")
     e1 = client.submit(None, raw=greedy("cc", [9, 9], 3000))
-    wait_for(lambda: client.r.xlen(f"{prefix}out:cc") >= 1, what="cc's first event")
+    wait_for(lambda: client.r.xlen(f"{prefix}out:cc") >= 1, "cc's first event", timeout=20)
     out = subprocess.run([str(CLI), "cancel", "cc", "--redis", redis_addr, "--prefix", prefix],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr

@@ -26,7 +26,7 @@ import urllib.request
 import pytest
 
 from conftest import (QWEN3_TOKENIZER, RedisServer, check_stream, connect, free_port,
-                      greedy_jobs, wait_no_pending)
+                      greedy_jobs, wait_for, wait_no_pending)
 
 SIM = ["--backend", "sim", "--sim-profile", "h200", "--sim-model", "qwen3-14b",
        "--model", str(QWEN3_TOKENIZER), "--no-result-cache"]
@@ -59,16 +59,6 @@ def oom_refusals(r):
     if isinstance(v, dict):
         return int(v.get("count", 0))
     return int(str(v).split("=")[-1]) if v else 0
-
-
-def wait_for(what, fn, timeout=90):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def read_and_free(r, prefix, ids, timeout=120):
@@ -106,23 +96,25 @@ def test_no_gap_under_maxmemory(workers, prefix, tmp_path, event_validator):
         # under load (about 60 jobs' streams written), the limit: room for
         # about 25 more jobs (~7 KB of Redis memory each)
         base = r.info("memory")["used_memory"]
-        wait_for("streams written", lambda: r.info("memory")["used_memory"] - base > 400 * 1024)
+        wait_for(lambda: r.info("memory")["used_memory"] - base > 400 * 1024,
+                 "streams written", timeout=90)
         r.config_set("maxmemory-policy", "noeviction")
         r.config_set("maxmemory", str(r.info("memory")["used_memory"] + 180 * 1024))
 
         # Redis refuses writes; every worker says so and gives jobs up
-        wait_for("OOM refusals", lambda: oom_refusals(r) > 0)
+        wait_for(lambda: oom_refusals(r) > 0, "OOM refusals", timeout=90)
         for p in ports:
-            wait_for("redlm_redis_oom", lambda p=p: metrics(p).get("redlm_redis_oom") == 1)
+            wait_for(lambda p=p: metrics(p).get("redlm_redis_oom") == 1,
+                     "redlm_redis_oom", timeout=90)
         # /healthz says it while an episode lasts; one can end and another
         # begin between two reads (acks and deletes free memory), so the
         # moment is one at which /healthz itself answers so (CI run
         # 2026-12-04: it answered 200 just after the metric read 1)
         for p in ports:
-            wait_for(f"/healthz 503 'out of memory' on :{p}",
-                     lambda p=p: (lambda sb: sb[0] == 503 and "out of memory" in sb[1])(healthz(p)))
-        wait_for("a job given up", lambda: sum(metrics(p).get("redlm_jobs_given_up_total", 0)
-                                               for p in ports) >= 1)
+            wait_for(lambda p=p: (lambda sb: sb[0] == 503 and "out of memory" in sb[1])(healthz(p)),
+                     f"/healthz 503 'out of memory' on :{p}", timeout=90)
+        wait_for(lambda: sum(metrics(p).get("redlm_jobs_given_up_total", 0)
+                                               for p in ports) >= 1, "a job given up", timeout=90)
 
         # the reader frees memory: whichever stream has its done is read
         # and deleted (with its holder record), in the order they finish

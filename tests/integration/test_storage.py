@@ -13,11 +13,11 @@ handled, so memory returns to where it started.
 Each test has its own redis-server, so used_memory is only its own.
 """
 import json
-import time
 
 import pytest
 
-from conftest import Dispatcher, RedisServer, Worker, connect, stream_events, wait_no_pending
+from conftest import (Dispatcher, RedisServer, Worker, connect, stream_events, wait_for,
+                     wait_no_pending)
 
 MB = 1 << 20
 
@@ -33,18 +33,10 @@ def used(r):
     return r.info("memory")["used_memory"]
 
 
-def wait_for(pred, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def settled(r, n_keys):
     """used_memory once the key space is back to n_keys keys."""
-    wait_for(lambda: r.dbsize() <= n_keys, 120, f"the key space to shrink to {n_keys} keys")
+    wait_for(lambda: r.dbsize() <= n_keys,
+             f"the key space to shrink to {n_keys} keys", timeout=120)
     return used(r)
 
 
@@ -80,7 +72,7 @@ def test_2000_jobs_leave_nothing_behind(own_redis, tmp_path, prefix):
             pipe.xadd(req, {"job": job(i)})
         pipe.execute()
         wait_for(lambda: json.loads(r.get(f"{prefix}worker:sw") or "{}").get("jobs_done", 0)
-                 >= 2020, 600, "2,020 jobs done")
+                 >= 2020, "2,020 jobs done", timeout=600)
         wait_no_pending(r, prefix)
         assert r.xlen(req) == 0 and r.xlen(f"{prefix}jobs:fast") == 0
         m1 = settled(r, base_keys)
@@ -102,8 +94,8 @@ def test_refused_50mb_job_leaves_nothing(own_redis, tmp_path, prefix):
             big = connect(own_redis.addr)  # its query buffer goes with it
             big.xadd(key, {"job": '{"id":"huge","prompt":"' + "x" * (50 * MB) + '"}'})
             big.close()
-            wait_for(lambda: r.xlen(key) == 0, 120, f"{key} to empty")
-        wait_for(lambda: r.xlen(f"{prefix}dead") == 2, 60, "two dead letters")
+            wait_for(lambda: r.xlen(key) == 0, f"{key} to empty", timeout=120)
+        wait_for(lambda: r.xlen(f"{prefix}dead") == 2, "two dead letters", timeout=60)
         letters = [json.loads(f["dead"]) for _, f in r.xrange(f"{prefix}dead")]
         assert [l["code"] for l in letters] == ["JOB_TOO_LARGE", "JOB_TOO_LARGE"]
         assert all(l["job_truncated"] and l["job_bytes"] > 50 * MB for l in letters)
@@ -131,7 +123,7 @@ def test_dead_letters_bounded_in_bytes(own_redis, tmp_path, prefix):
         for _ in range(300):
             pipe.xadd(f"{prefix}jobs:fast", {"job": raw})
         pipe.execute()
-        wait_for(lambda: r.xlen(f"{prefix}jobs:fast") == 0, 120, "the refusals")
+        wait_for(lambda: r.xlen(f"{prefix}jobs:fast") == 0, "the refusals", timeout=120)
         for _, f in r.xrange(f"{prefix}dead"):
             assert len(f["dead"].encode()) <= 20480
         size = r.memory_usage(f"{prefix}dead", samples=0)
