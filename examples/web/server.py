@@ -376,7 +376,7 @@ def parse_args(argv):
     p.add_argument("--first-event-timeout-s", type=float, default=300,
                    help="give up (NO_WORKER) when nothing arrives for this long (default %(default)s)")
     p.add_argument("--poll-ms", type=int, default=500,
-                   help="XREAD BLOCK time between disconnect checks (default %(default)s)")
+                   help="how long a request waits for events between disconnect checks (default %(default)s)")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request to stderr")
     return p.parse_args(argv)
 
