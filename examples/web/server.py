@@ -68,8 +68,9 @@ class SharedReader:
     def __init__(self, host, port):
         self.r = redis.Redis(host=host, port=port, decode_responses=True,
                              single_connection_client=True, client_name="redlm-web-xmux")
-        self.ctl = redis.Redis(host=host, port=port, decode_responses=True,
-                               single_connection_client=True)
+        # CLIENT UNBLOCK comes from any request thread: a pooled client (one
+        # connection per thread at a time), never a shared single connection
+        self.ctl = redis.Redis(host=host, port=port, decode_responses=True)
         self.cv = threading.Condition()
         self.follows = []
         self.gen = self.read_gen = 0
