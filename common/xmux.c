@@ -63,7 +63,9 @@ struct xmux {
     unsigned long long gen;      /* bumped by every change the reader must see */
     unsigned long long read_gen; /* the gen the current read was made from */
     bool in_read, stopping;
-    long long cid;               /* the reader connection's CLIENT ID, -1 unknown */
+    long long cid;               /* the reader connection's CLIENT ID (stale until the
+                                    reader reads it again after a reconnect: an UNBLOCK
+                                    then answers 0 and kick() tries again) */
     long long cid_conn;          /* rconn_n_reconnects(rd) when cid was read */
     struct rl_err fail;          /* the last read's failure, code 0 after a good read */
     long long n_reads;
@@ -116,6 +118,23 @@ static void unlink_sub(struct xmux *m, struct xmux_sub *s)
         s->next->prev = s->prev;
 }
 
+/* One command that must answer an integer (CLIENT ID, CLIENT UNBLOCK); an
+ * error reply is -RL_EUNSUPPORTED: an ACL without the command. */
+static int probe(struct rconn *c, int argc, const char *const *argv, long long *val,
+                 struct rl_err *err)
+{
+    struct rconn_reply *r = NULL;
+    int rc = rconn_command(c, argc, argv, NULL, &r, err);
+    if (rc == -RL_EINVAL && r && r->type == RCONN_ERROR)
+        rc = rl_errf(err, RL_EUNSUPPORTED, "%s %s: %s", argv[0], argv[1], r->str);
+    else if (!rc && (!r || r->type != RCONN_INTEGER))
+        rc = rl_errf(err, RL_EUNSUPPORTED, "%s %s: not an integer reply", argv[0], argv[1]);
+    else if (!rc)
+        *val = r->integer;
+    rconn_reply_free(r);
+    return rc;
+}
+
 /* CLIENT ID of the reader's connection, read again after a reconnect (the
  * id is per connection). Called by the reader only. */
 static int refresh_cid(struct xmux *m, struct rl_err *err)
@@ -125,19 +144,14 @@ static int refresh_cid(struct xmux *m, struct rl_err *err)
         return rc;
     long long conn = rconn_n_reconnects(m->rd);
     pthread_mutex_lock(&m->mu);
-    bool fresh = m->cid >= 0 && m->cid_conn == conn;
+    bool fresh = m->cid_conn == conn;
     pthread_mutex_unlock(&m->mu);
     if (fresh)
         return 0;
     const char *argv[] = {"CLIENT", "ID"};
-    struct rconn_reply *r = NULL;
-    rc = rconn_command(m->rd, 2, argv, NULL, &r, err);
-    long long id = !rc && r && r->type == RCONN_INTEGER ? r->integer : -1;
-    rconn_reply_free(r);
-    if (rc)
+    long long id;
+    if ((rc = probe(m->rd, 2, argv, &id, err)))
         return rc;
-    if (id < 0)
-        return rl_errf(err, RL_EFORMAT, "CLIENT ID: not an integer");
     pthread_mutex_lock(&m->mu);
     m->cid = id;
     m->cid_conn = rconn_n_reconnects(m->rd);
@@ -300,40 +314,18 @@ static void kick(struct xmux *m, unsigned long long want)
         pthread_mutex_unlock(&m->mu);
         if (!need)
             return;
-        struct timespec ts = {0, 100 * 1000};
-        if (cid < 0) { /* the reader is reading its new connection's id */
-            nanosleep(&ts, NULL);
-            continue;
-        }
         char id[24];
         snprintf(id, sizeof id, "%lld", cid);
         const char *argv[] = {"CLIENT", "UNBLOCK", id};
-        struct rconn_reply *r = NULL;
+        long long n = 0;
         pthread_mutex_lock(&m->ctl_mu);
-        int rc = rconn_command(m->ctl, 3, argv, NULL, &r, NULL);
+        int rc = probe(m->ctl, 3, argv, &n, NULL);
         pthread_mutex_unlock(&m->ctl_mu);
-        bool done = !rc && r && r->type == RCONN_INTEGER && r->integer == 1;
-        rconn_reply_free(r);
-        if (done || rc)
+        if (rc || n == 1)
             return; /* unblocked; or Redis is away (and so is the read) */
+        struct timespec ts = {0, 100 * 1000};
         nanosleep(&ts, NULL);
     }
-}
-
-/* One command that must answer an integer: the capability checks. */
-static int probe(struct rconn *c, int argc, const char *const *argv, long long *val,
-                 struct rl_err *err)
-{
-    struct rconn_reply *r = NULL;
-    int rc = rconn_command(c, argc, argv, NULL, &r, err);
-    if (rc == -RL_EINVAL && r && r->type == RCONN_ERROR)
-        rc = rl_errf(err, RL_EUNSUPPORTED, "%s %s: %s", argv[0], argv[1], r->str);
-    else if (!rc && (!r || r->type != RCONN_INTEGER))
-        rc = rl_errf(err, RL_EUNSUPPORTED, "%s %s: not an integer reply", argv[0], argv[1]);
-    else if (!rc)
-        *val = r->integer;
-    rconn_reply_free(r);
-    return rc;
 }
 
 int xmux_create(struct xmux **out, const struct rconn_opts *o, struct rl_err *err)
@@ -342,7 +334,6 @@ int xmux_create(struct xmux **out, const struct rconn_opts *o, struct rl_err *er
     struct xmux *m = calloc(1, sizeof *m);
     if (!m)
         return rl_errf(err, RL_ENOMEM, "xmux: out of memory");
-    m->cid = -1;
     int rc = 0;
     bool mu = false, ctl_mu = false, idle = false;
     /* named, so that CLIENT LIST tells the shared reader from the rest */
@@ -405,7 +396,7 @@ void xmux_free(struct xmux *m)
     pthread_mutex_unlock(&m->mu);
     kick(m, g);
     pthread_join(m->thread, NULL);
-    while (m->subs) { /* ended by their owners but still marked in a round */
+    while (m->subs) { /* never ended by their owners (they must be): freed, not leaked */
         struct xmux_sub *s = m->subs;
         unlink_sub(m, s);
         sub_free(s);

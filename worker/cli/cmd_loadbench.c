@@ -741,6 +741,80 @@ static void note_redis_error(struct lb_run *run, const struct rl_err *err)
     pthread_mutex_unlock(&run->mu);
 }
 
+/* Reads q's events from out_key (on the shared reader's subscription sub,
+ * or with XREADs of its own on c when sub is NULL) until done, an error
+ * that ends it, or q's timeout (then it is cancelled). */
+static void read_events(struct lb_run *run, struct rconn *c, struct lb_req *q, const char *out_key,
+                        struct xmux_sub *sub)
+{
+    const struct lb_opts *o = run->o;
+    struct rl_err err = {0};
+    double deadline = q->t_sent + o->timeout_s;
+    char last[RCONN_ID_MAX] = "0-0";
+    for (;;) {
+        double now = rl_mono_s() - run->t0;
+        if (now >= deadline) {
+            char ck[256];
+            rcl_tagged_key(ck, sizeof ck, rconn_is_cluster(c), o->prefix, "cancel:", q->id);
+            const char *argv[] = {"SET", ck, "1", "EX", "600"};
+            rconn_command(c, 5, argv, NULL, NULL, &err);
+            set_code(q, "TIMEOUT");
+            q->t_done = now;
+            return;
+        }
+        int block = (int)ceil((deadline - now) * 1000);
+        if (block > 1000)
+            block = 1000;
+        if (block < 1)
+            block = 1;
+        char bs[16];
+        snprintf(bs, sizeof bs, "%d", block);
+        const char *argv[] = {"XREAD", "COUNT", "1000", "BLOCK", bs, "STREAMS", out_key, last};
+        struct rconn_reply *r = NULL;
+        int rc = sub ? xmux_next(sub, block, &r, &err) : rconn_command(c, 8, argv, NULL, &r, &err);
+        double t = rl_mono_s() - run->t0; /* every event of this reply arrived now */
+        if (rc < 0) {
+            rconn_reply_free(r);
+            if (rc == -RL_EIO) { /* rconn reconnects; the stream keeps the events */
+                note_redis_error(run, &err);
+                struct timespec ts = {0, 20 * 1000 * 1000};
+                nanosleep(&ts, NULL);
+                continue;
+            }
+            note_redis_error(run, &err);
+            set_code(q, "REDIS");
+            q->t_done = t;
+            return;
+        }
+        /* nil on timeout, else [[key, [[id, [field, value, ...]], ...]]] */
+        bool over = false;
+        if (r && r->type == RCONN_ARRAY && r->n_elem >= 1 && r->elem[0].type == RCONN_ARRAY &&
+            r->elem[0].n_elem == 2 && r->elem[0].elem[1].type == RCONN_ARRAY) {
+            const struct rconn_reply *ents = &r->elem[0].elem[1];
+            for (size_t e = 0; e < ents->n_elem && !over; e++) {
+                const struct rconn_reply *ent = &ents->elem[e];
+                if (ent->type != RCONN_ARRAY || ent->n_elem != 2 || ent->elem[0].type != RCONN_STRING)
+                    continue;
+                snprintf(last, sizeof last, "%s", ent->elem[0].str);
+                const struct rconn_reply *fv = &ent->elem[1];
+                const struct rconn_reply *ev = NULL;
+                for (size_t k = 0; fv->type == RCONN_ARRAY && k + 1 < fv->n_elem; k += 2)
+                    if (fv->elem[k].type == RCONN_STRING && !strcmp(fv->elem[k].str, "event"))
+                        ev = &fv->elem[k + 1];
+                if (!ev || ev->type != RCONN_STRING) {
+                    set_code(q, "BAD_EVENT");
+                    q->t_done = t;
+                    over = true;
+                } else
+                    over = on_event(q, ev->str, ev->len, t);
+            }
+        }
+        rconn_reply_free(r);
+        if (over)
+            return;
+    }
+}
+
 /* Sends request q and reads its stream until it is over or times out. */
 static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_req *q)
 {
@@ -777,81 +851,15 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
     /* after the XADD: the connection knows whether Redis is a cluster */
     rcl_tagged_key(out_key, sizeof out_key, rconn_is_cluster(c), o->prefix, "out:", q->id);
     q->t_sent = now;
-    double deadline = q->t_sent + o->timeout_s;
-    char last[RCONN_ID_MAX] = "0-0";
-    struct xmux_sub *sub = NULL; /* ended at every return below */
-    if (run->mux && (rc = xmux_sub(run->mux, out_key, last, &sub, &err)) < 0) {
+    struct xmux_sub *sub = NULL;
+    if (run->mux && xmux_sub(run->mux, out_key, "0-0", &sub, &err) < 0) {
         note_redis_error(run, &err);
         set_code(q, "CLIENT_NOMEM");
         q->t_done = now;
         return;
     }
-    for (;;) {
-        now = rl_mono_s() - run->t0;
-        if (now >= deadline) {
-            xmux_unsub(sub);
-            char ck[256];
-            rcl_tagged_key(ck, sizeof ck, rconn_is_cluster(c), o->prefix, "cancel:", q->id);
-            const char *argv[] = {"SET", ck, "1", "EX", "600"};
-            rconn_command(c, 5, argv, NULL, NULL, &err);
-            set_code(q, "TIMEOUT");
-            q->t_done = now;
-            return;
-        }
-        int block = (int)ceil((deadline - now) * 1000);
-        if (block > 1000)
-            block = 1000;
-        if (block < 1)
-            block = 1;
-        char bs[16];
-        snprintf(bs, sizeof bs, "%d", block);
-        const char *argv[] = {"XREAD", "COUNT", "1000", "BLOCK", bs, "STREAMS", out_key, last};
-        struct rconn_reply *r = NULL;
-        rc = sub ? xmux_next(sub, block, &r, &err) : rconn_command(c, 8, argv, NULL, &r, &err);
-        double t = rl_mono_s() - run->t0; /* every event of this reply arrived now */
-        if (rc < 0) {
-            rconn_reply_free(r);
-            if (rc == -RL_EIO) { /* rconn reconnects; the stream keeps the events */
-                note_redis_error(run, &err);
-                struct timespec ts = {0, 20 * 1000 * 1000};
-                nanosleep(&ts, NULL);
-                continue;
-            }
-            note_redis_error(run, &err);
-            set_code(q, "REDIS");
-            q->t_done = t;
-            xmux_unsub(sub);
-            return;
-        }
-        /* nil on timeout, else [[key, [[id, [field, value, ...]], ...]]] */
-        bool over = false;
-        if (r && r->type == RCONN_ARRAY && r->n_elem >= 1 && r->elem[0].type == RCONN_ARRAY &&
-            r->elem[0].n_elem == 2 && r->elem[0].elem[1].type == RCONN_ARRAY) {
-            const struct rconn_reply *ents = &r->elem[0].elem[1];
-            for (size_t e = 0; e < ents->n_elem && !over; e++) {
-                const struct rconn_reply *ent = &ents->elem[e];
-                if (ent->type != RCONN_ARRAY || ent->n_elem != 2 || ent->elem[0].type != RCONN_STRING)
-                    continue;
-                snprintf(last, sizeof last, "%s", ent->elem[0].str);
-                const struct rconn_reply *fv = &ent->elem[1];
-                const struct rconn_reply *ev = NULL;
-                for (size_t k = 0; fv->type == RCONN_ARRAY && k + 1 < fv->n_elem; k += 2)
-                    if (fv->elem[k].type == RCONN_STRING && !strcmp(fv->elem[k].str, "event"))
-                        ev = &fv->elem[k + 1];
-                if (!ev || ev->type != RCONN_STRING) {
-                    set_code(q, "BAD_EVENT");
-                    q->t_done = t;
-                    over = true;
-                } else
-                    over = on_event(q, ev->str, ev->len, t);
-            }
-        }
-        rconn_reply_free(r);
-        if (over) {
-            xmux_unsub(sub);
-            return;
-        }
-    }
+    read_events(run, c, q, out_key, sub);
+    xmux_unsub(sub);
 }
 
 static void *client_main(void *arg)
