@@ -309,7 +309,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache, no-transform")
         self.send_header("X-Accel-Buffering", "no")
         self.end_headers()
-        key = f"{opts.prefix}out:{job_id}"
+        key = follow.key
         started, got_any, error_at = time.monotonic(), False, None
         try:
             self.send_event("job", json.dumps({"id": job_id, "stream": key}))
