@@ -597,11 +597,19 @@ static bool hold_take(struct worker *w, struct wjob *j, const struct ev_delta *d
     return true;
 }
 
+/* One clock for the whole batch, not one per job: every held delta goes
+ * out in the same flush, so a coalescing worker writes once per
+ * coalesce_ms (one emit call, one wake of each reader) instead of every
+ * step for whichever jobs happened to come due then. No delta waits
+ * longer than coalesce_ms either way. */
 void w_hold_due(struct worker *w, int64_t now_ms, bool all)
 {
+    if (!all && now_ms - w->hold_tick_ms < w->opt.coalesce_ms)
+        return;
+    w->hold_tick_ms = now_ms;
     for (int i = 0; i < w->n_jobs; i++) {
         struct wjob *j = w->jobs[i];
-        if (j->t_hold && (all || now_ms - j->t_hold >= w->opt.coalesce_ms))
+        if (j->t_hold)
             hold_release(w, j);
     }
 }
@@ -679,9 +687,7 @@ static void on_event(struct worker *w, const struct engine_event *ev)
         if (!hold_take(w, j, &d, now)) {
             hold_release(w, j); /* what was held goes first, in order */
             emit_delta(w, j, &d);
-        } else if (fin || now - j->t_hold >= w->opt.coalesce_ms) {
-            hold_release(w, j);
-        }
+        } /* else held: out at the next tick (w_hold_due), or below if it ended */
         free(lp);
         free(top_ids);
         free(top_lp);

@@ -488,7 +488,7 @@ static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j, bo
     /* deltas held by coalesce_ms whose emit (which will carry the check)
      * is due within CHECK_MS / 2: no round trip of its own meanwhile */
     bool emit_soon = j->t_hold && w->opt.coalesce_ms > 0 &&
-                     j->t_hold + w->opt.coalesce_ms - f->now <= CHECK_MS / 2;
+                     w->hold_tick_ms + w->opt.coalesce_ms - f->now <= CHECK_MS / 2;
     if (checked(j) && !folded && !emit_soon && mono >= j->next_check_ms) {
         char keys[2][CHECK_KEY_MAX];
         int n_check = check_keys(w, j, keys);

@@ -225,6 +225,7 @@ struct worker {
     double step_ms;               /* loop iterations that stepped the engine, smoothed:
                                      how long an offer may wait for our next read */
     int64_t t_step_ms;            /* when the last stepping iteration began; 0 = idle */
+    int64_t hold_tick_ms;         /* coalescing: when the held deltas last went out (wall ms) */
     bool groups_ok;               /* XGROUP CREATE done since the last NOGROUP */
 
     int last_prompt_len;          /* rendered length of the last job admitted */
@@ -274,8 +275,8 @@ bool w_cluster(const struct worker *w);
  * of every pool; above them, the offer streams (none on a cluster). */
 int w_n_queue_streams(const struct worker *w);
 void w_job_free(struct wjob *j);
-/* Coalescing: sends the held-back deltas of every job whose oldest has
- * waited coalesce_ms (all of them when `all`) as one delta event each,
+/* Coalescing: once coalesce_ms has passed since the last time (at once
+ * when `all`), sends every job's held-back deltas as one delta event each,
  * into the outbox; the loop calls it before every flush. */
 void w_hold_due(struct worker *w, int64_t now_ms, bool all);
 /* Forgets what j holds back, unsent (a job another worker took over). */

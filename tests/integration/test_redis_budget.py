@@ -21,7 +21,10 @@ worker sends, and, marked "lua", every command its scripts run:
   claim interval for the whole fleet; kill the job's worker and the
   claimer and the job is still resumed to its end, gapless;
 - a worker with no room (max_batch reached) reads no job: no XREADGROUP,
-  no claimer lease, until a slot frees.
+  no claimer lease, until a slot frees;
+- a coalescing worker releases every job's held deltas at one tick: one
+  FENCE_EMIT call carries them all, once per coalesce_ms, whenever the jobs
+  started.
 """
 import pathlib
 import re
@@ -322,3 +325,37 @@ def test_lease_renewal_is_one_call_for_all_pools(workers, client, redis_addr, pr
         cancel_now(r, prefix, jid)
         _, done = check_stream(client.events(jid), event_validator)
         assert done["finish_reason"] == "cancelled"
+
+
+def test_coalescing_one_tick_for_the_batch(workers, client, redis_addr, prefix, tmp_path):
+    """Jobs that start at different steps have their held deltas sent in the
+    same emit call (one clock for the batch, not one per job), so a busy
+    coalescing worker makes one emit call, and each reader one wake, per
+    coalesce_ms; with a clock per job the calls came every few steps, each
+    with whichever jobs were due."""
+    workers("w1", "--max-batch", "4", "--coalesce-ms", "40")
+    r = connect(redis_addr)
+    ids = ["t0", "t1", "t2"]
+    outs = [f"{prefix}out:{i}" for i in ids]
+    for i, jid in enumerate(ids):  # each starts a few steps after the last
+        client.submit(long_job(jid))
+        wait_for(lambda: r.xlen(outs[i]) >= 2, f"{jid} streaming")
+    mon = Monitor(redis_addr, tmp_path / "monitor.txt")
+    try:
+        cmds = mon.until(lambda c: sum(1 for _, src, a in c if src != "lua" and a
+                                       and a[0].upper() == "EVALSHA" and outs[0] in a) >= 15,
+                         "15 emits of the first job")
+    finally:
+        mon.stop()
+    for jid in ids:
+        r.set(f"{prefix}cancel:{jid}", 1, ex=600)
+    emits = [a for _, src, a in cmds if src != "lua" and a and a[0].upper() == "EVALSHA"
+             and any(o in a for o in outs)]
+    named = [tuple(o in a for o in outs) for a in emits]
+    # the call that was in flight when MONITOR started may be the tail of one
+    assert all(n == (True, True, True) for n in named[1:]), named
+    times = [t for t, src, a in cmds if src != "lua" and a and a[0].upper() == "EVALSHA"
+             and outs[0] in a]
+    # once per coalesce_ms, not every step: the worker spaces its ticks 40 ms
+    # apart at least, Redis sees them up to one call's delay closer
+    assert (len(times) - 1) * 0.040 <= times[-1] - times[0] + 0.030, times
