@@ -12,6 +12,14 @@
  * nothing new), moving the entries out of the reply rather than copying
  * them, and signals the owner's condition variable.
  *
+ * With a bell (xmux.h), a round is only the subscriptions marked dirty
+ * (new, named by the bell, capped by COUNT last time, back from
+ * backpressure, or all of them at a sweep or after a failed read), and the
+ * bell comes first in the XREAD: when none has news the read blocks on the
+ * bell (and those few streams) alone. A stream in a round that answered is
+ * clean afterwards even when it had nothing: anything written to it after
+ * the read was made rings the bell again.
+ *
  * A subscription in the current round is never freed under the reader:
  * xmux_unsub only marks it dead, and the reader frees it after the read.
  * That is what lets the round hold plain pointers and the argv point at
@@ -32,6 +40,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,8 +49,12 @@
 #include "xmux.h"
 
 #define BLOCK_MS "1000"     /* the reader's BLOCK when nothing changes */
-#define COUNT_PER_KEY "512" /* entries per stream per read */
+#define COUNT_PER_KEY_N 512 /* entries per stream per read (the bell's too: < its MAXLEN) */
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define COUNT_PER_KEY STR(COUNT_PER_KEY_N)
 #define KICK_TRIES 2000     /* x 100 us: how long kick() waits for the read to block */
+#define N_BUCKETS 1024      /* subscriptions by key, for the keys a bell names */
 
 struct xmux_sub {
     struct xmux *m;
@@ -50,8 +63,10 @@ struct xmux_sub {
     struct rconn_reply *held;   /* (n_held) entries moved out of replies, not yet taken */
     size_t n_held, cap_held;
     bool in_round, dead;
+    bool dirty;                 /* with a bell: to be read (named by the bell, new, ...) */
     pthread_cond_t cond;        /* entries arrived, or the reader failed */
     struct xmux_sub *prev, *next;
+    struct xmux_sub *hnext;     /* the next in its key's bucket */
 };
 
 struct xmux {
@@ -68,7 +83,12 @@ struct xmux {
                                     then answers 0 and kick() tries again) */
     long long cid_conn;          /* rconn_n_reconnects(rd) when cid was read */
     struct rl_err fail;          /* the last read's failure, code 0 after a good read */
-    long long n_reads;
+    long long n_reads, n_named;
+    char *bell;                  /* NULL: block on every stream */
+    char bell_cursor[RCONN_ID_MAX]; /* the last bell entry read (reader-only) */
+    int64_t next_sweep_ms;       /* with a bell: when every stream is read next */
+    int sweep_ms;
+    struct xmux_sub *bucket[N_BUCKETS];
 };
 
 static void deadline_in(struct timespec *ts, int ms)
@@ -108,8 +128,42 @@ static void sub_free(struct xmux_sub *s)
     free(s);
 }
 
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static size_t bucket_of(const char *key)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *)key; *p; p++)
+        h = (h ^ *p) * 16777619u;
+    return h & (N_BUCKETS - 1);
+}
+
+/* Marks every subscription of key to be read (under mu). */
+static void mark_key(struct xmux *m, const char *key)
+{
+    for (struct xmux_sub *s = m->bucket[bucket_of(key)]; s; s = s->hnext)
+        if (!strcmp(s->key, key))
+            s->dirty = true;
+}
+
+static void mark_all(struct xmux *m)
+{
+    for (struct xmux_sub *s = m->subs; s; s = s->next)
+        s->dirty = true;
+}
+
 static void unlink_sub(struct xmux *m, struct xmux_sub *s)
 {
+    for (struct xmux_sub **p = &m->bucket[bucket_of(s->key)]; *p; p = &(*p)->hnext)
+        if (*p == s) {
+            *p = s->hnext;
+            break;
+        }
     if (s->prev)
         s->prev->next = s->next;
     else
@@ -167,11 +221,15 @@ static void take_stream(struct xmux_sub *s, struct rconn_reply *st)
     struct rconn_reply *es = &st->elem[1];
     if (!es->n_elem)
         return;
+    if (es->n_elem >= COUNT_PER_KEY_N)
+        s->dirty = true; /* capped by COUNT: more may be waiting */
     if (s->n_held + es->n_elem > s->cap_held) {
         size_t cap = (s->n_held + es->n_elem) * 2;
         struct rconn_reply *h = realloc(s->held, cap * sizeof *h);
-        if (!h)
-            return; /* the cursor stays: the same entries come again next read */
+        if (!h) {
+            s->dirty = true; /* the cursor stays: the same entries come again next read */
+            return;
+        }
         s->held = h;
         s->cap_held = cap;
     }
@@ -186,8 +244,50 @@ static void take_stream(struct xmux_sub *s, struct rconn_reply *st)
     es->n_elem = 0;
 }
 
-/* Hands a reply's streams to the round's subscriptions (under mu). */
-static void deliver(struct xmux_sub **round, int n, struct rconn_reply *r)
+/* Marks the streams the bell's new entries name ([bell, [entry, ...]]),
+ * under mu; every stream when the read came back full, for then entries
+ * may have been trimmed unread (the bell keeps more than a read takes). */
+static void ring(struct xmux *m, const struct rconn_reply *st)
+{
+    if (st->n_elem != 2 || st->elem[1].type != RCONN_ARRAY)
+        return;
+    const struct rconn_reply *es = &st->elem[1];
+    for (size_t i = 0; i < es->n_elem; i++) {
+        const struct rconn_reply *e = &es->elem[i];
+        if (e->type != RCONN_ARRAY || e->n_elem != 2 || e->elem[0].type != RCONN_STRING)
+            continue;
+        snprintf(m->bell_cursor, sizeof m->bell_cursor, "%s", e->elem[0].str);
+        const struct rconn_reply *fv = &e->elem[1];
+        for (size_t k = 0; fv->type == RCONN_ARRAY && k < fv->n_elem; k += 2)
+            if (fv->elem[k].type == RCONN_STRING)
+                mark_key(m, fv->elem[k].str);
+    }
+    if (es->n_elem >= COUNT_PER_KEY_N)
+        mark_all(m);
+}
+
+/* Whether stream entry ID a ("ms-seq") is before b. */
+static bool id_before(const char *a, const char *b)
+{
+    char *e;
+    unsigned long long am = strtoull(a, &e, 10), as = *e == '-' ? strtoull(e + 1, NULL, 10) : 0;
+    unsigned long long bm = strtoull(b, &e, 10), bs = *e == '-' ? strtoull(e + 1, NULL, 10) : 0;
+    return am < bm || (am == bm && as < bs);
+}
+
+/* The ID of the first entry of a reply stream ([key, [[id, ...], ...]]). */
+static const char *first_id(const struct rconn_reply *st)
+{
+    const struct rconn_reply *es = &st->elem[1];
+    if (es->type != RCONN_ARRAY || !es->n_elem || es->elem[0].type != RCONN_ARRAY ||
+        !es->elem[0].n_elem || es->elem[0].elem[0].type != RCONN_STRING)
+        return NULL;
+    return es->elem[0].elem[0].str;
+}
+
+/* Hands a reply's streams to the round's subscriptions, and the bell's
+ * entries to ring() (under mu). */
+static void deliver(struct xmux *m, struct xmux_sub **round, int n, struct rconn_reply *r)
 {
     if (!r || r->type != RCONN_ARRAY)
         return; /* nil: the BLOCK ran out, or an UNBLOCK */
@@ -196,7 +296,19 @@ static void deliver(struct xmux_sub **round, int n, struct rconn_reply *r)
         struct rconn_reply *st = &r->elem[k];
         if (st->type != RCONN_ARRAY || st->n_elem != 2 || st->elem[0].type != RCONN_STRING)
             continue;
-        while (i < n && strcmp(round[i]->key, st->elem[0].str))
+        if (m->bell && k == 0 && !strcmp(st->elem[0].str, m->bell)) { /* named first */
+            ring(m, st);
+            continue;
+        }
+        /* XREAD leaves out the streams with nothing new, so a key named
+         * twice (two subscriptions, two cursors) may come back once: it is
+         * the first one whose cursor is before its first entry (any such
+         * cursor had news, and came back). Served from a BLOCK it is always
+         * the first occurrence's: Redis blocks on a key once, with the
+         * first cursor named for it. */
+        const char *f = first_id(st);
+        while (i < n && (strcmp(round[i]->key, st->elem[0].str) ||
+                         (f && !id_before(round[i]->cursor, f))))
             i++;
         if (i == n)
             return; /* not in argument order: nothing more can be matched */
@@ -214,17 +326,26 @@ static void *reader_main(void *arg)
     struct xmux_sub **round = NULL;
     const char **argv = NULL;
     int cap = 0;
+    char block[24];
     pthread_mutex_lock(&m->mu);
     while (!m->stopping) {
-        int n = 0;
-        for (struct xmux_sub *s = m->subs; s; s = s->next)
-            n += !s->dead && s->n_held < XMUX_HELD_MAX;
+        int n = 0, n_live = 0;
+        int64_t now = mono_ms();
+        if (m->bell && now >= m->next_sweep_ms) { /* writers that do not ring */
+            mark_all(m);
+            m->next_sweep_ms = now + m->sweep_ms;
+        }
+        for (struct xmux_sub *s = m->subs; s; s = s->next) {
+            bool live = !s->dead && s->n_held < XMUX_HELD_MAX;
+            n_live += live;
+            n += live && (!m->bell || s->dirty);
+        }
         if (n > cap) {
             int c2 = n * 2;
             struct xmux_sub **r2 = realloc(round, (size_t)c2 * sizeof *r2);
             if (r2)
                 round = r2;
-            const char **a2 = r2 ? realloc(argv, (size_t)(6 + 2 * c2) * sizeof *a2) : NULL;
+            const char **a2 = r2 ? realloc(argv, (size_t)(8 + 2 * c2) * sizeof *a2) : NULL;
             if (a2)
                 argv = a2;
             if (!r2 || !a2) { /* out of memory: wait and try again */
@@ -237,12 +358,12 @@ static void *reader_main(void *arg)
         }
         n = 0;
         for (struct xmux_sub *s = m->subs; s; s = s->next)
-            if (!s->dead && s->n_held < XMUX_HELD_MAX) {
+            if (!s->dead && s->n_held < XMUX_HELD_MAX && (!m->bell || s->dirty)) {
                 s->in_round = true;
                 round[n++] = s;
             }
         m->read_gen = m->gen;
-        if (!n) {
+        if (!n_live) {
             while (m->gen == m->read_gen && !m->stopping)
                 pthread_cond_wait(&m->idle, &m->mu);
             continue;
@@ -254,28 +375,47 @@ static void *reader_main(void *arg)
         struct rconn_reply *r = NULL;
         int rc = refresh_cid(m, &e);
         if (!rc) {
-            int a = 0;
+            /* with a bell: the bell first, then the streams to be read; a
+             * read that finds nothing blocks until the next sweep at most */
+            int a = 0, nb = m->bell ? 1 : 0;
+            snprintf(block, sizeof block, "%s", BLOCK_MS);
+            if (m->bell) {
+                int64_t left = m->next_sweep_ms - mono_ms();
+                snprintf(block, sizeof block, "%lld", (long long)(left > 1 ? left : 1));
+            }
             argv[a++] = "XREAD", argv[a++] = "COUNT", argv[a++] = COUNT_PER_KEY;
-            argv[a++] = "BLOCK", argv[a++] = BLOCK_MS, argv[a++] = "STREAMS";
+            argv[a++] = "BLOCK", argv[a++] = block, argv[a++] = "STREAMS";
+            if (nb)
+                argv[a++] = m->bell;
             for (int i = 0; i < n; i++)
                 argv[a + i] = round[i]->key;
+            a += n;
+            if (nb)
+                argv[a++] = m->bell_cursor;
             for (int i = 0; i < n; i++)
-                argv[a + n + i] = round[i]->cursor;
-            rc = rconn_command(m->rd, a + 2 * n, argv, NULL, &r, &e);
+                argv[a + i] = round[i]->cursor;
+            rc = rconn_command(m->rd, a + n, argv, NULL, &r, &e);
         }
 
         pthread_mutex_lock(&m->mu);
         m->in_read = false;
         m->n_reads++;
+        m->n_named += n;
         if (rc) {
             m->fail = e;
             if (!m->fail.code)
                 m->fail.code = RL_EIO;
             for (struct xmux_sub *s = m->subs; s; s = s->next)
                 pthread_cond_signal(&s->cond);
+            mark_all(m); /* anything may have come while Redis was away */
         } else {
             m->fail.code = 0;
-            deliver(round, n, r);
+            /* read now: clean, unless the reply says otherwise (a stream
+             * capped by COUNT, the bell naming it again). A stream that
+             * had nothing was read too: what comes later rings the bell */
+            for (int i = 0; i < n; i++)
+                round[i]->dirty = false;
+            deliver(m, round, n, r);
         }
         for (int i = 0; i < n; i++) {
             round[i]->in_round = false;
@@ -328,12 +468,33 @@ static void kick(struct xmux *m, unsigned long long want)
     }
 }
 
-int xmux_create(struct xmux **out, const struct rconn_opts *o, struct rl_err *err)
+/* The bell's last entry ID, so the first read takes only what comes
+ * after; "0-0" when it is empty or cannot be read that way (the first
+ * read then comes back full, and every stream is read: slower, right). */
+static void bell_start(struct xmux *m)
+{
+    const char *argv[] = {"XREVRANGE", m->bell, "+", "-", "COUNT", "1"};
+    struct rconn_reply *r = NULL;
+    snprintf(m->bell_cursor, sizeof m->bell_cursor, "0-0");
+    if (!rconn_command(m->rd, 6, argv, NULL, &r, NULL) && r && r->type == RCONN_ARRAY &&
+        r->n_elem == 1 && r->elem[0].type == RCONN_ARRAY && r->elem[0].n_elem == 2 &&
+        r->elem[0].elem[0].type == RCONN_STRING)
+        snprintf(m->bell_cursor, sizeof m->bell_cursor, "%s", r->elem[0].elem[0].str);
+    rconn_reply_free(r);
+}
+
+int xmux_create(struct xmux **out, const struct rconn_opts *o, const struct xmux_opts *xo,
+                struct rl_err *err)
 {
     *out = NULL;
     struct xmux *m = calloc(1, sizeof *m);
     if (!m)
         return rl_errf(err, RL_ENOMEM, "xmux: out of memory");
+    m->sweep_ms = xo && xo->sweep_ms > 0 ? xo->sweep_ms : XMUX_SWEEP_MS;
+    if (xo && xo->bell && !(m->bell = strdup(xo->bell))) {
+        free(m);
+        return rl_errf(err, RL_ENOMEM, "xmux: out of memory");
+    }
     int rc = 0;
     bool mu = false, ctl_mu = false, idle = false;
     /* named, so that CLIENT LIST tells the shared reader from the rest */
@@ -362,6 +523,18 @@ int xmux_create(struct xmux **out, const struct rconn_opts *o, struct rl_err *er
     const char *unb[] = {"CLIENT", "UNBLOCK", ids}; /* itself, not blocked: answers 0 */
     if ((rc = probe(m->ctl, 3, unb, &n, err)))
         goto fail;
+    if (m->bell) { /* may the reader read the bell? (an older ACL does not let it) */
+        const char *rd[] = {"XREAD", "COUNT", "1", "STREAMS", m->bell, "0-0"};
+        struct rconn_reply *r = NULL;
+        rc = rconn_command(m->rd, 6, rd, NULL, &r, err);
+        if (rc == -RL_EINVAL && r && r->type == RCONN_ERROR)
+            rc = rl_errf(err, RL_EUNSUPPORTED, "XREAD %s: %s", m->bell, r->str);
+        rconn_reply_free(r);
+        if (rc)
+            goto fail;
+        bell_start(m);
+        m->next_sweep_ms = mono_ms() + m->sweep_ms;
+    }
     if (pthread_mutex_init(&m->mu, NULL) || !(mu = true) || pthread_mutex_init(&m->ctl_mu, NULL) ||
         !(ctl_mu = true) || cond_init(&m->idle) || !(idle = true)) {
         rc = rl_errf(err, RL_ENOMEM, "xmux: cannot make its locks");
@@ -382,6 +555,7 @@ fail:
         pthread_mutex_destroy(&m->mu);
     rconn_free(m->rd);
     rconn_free(m->ctl);
+    free(m->bell);
     free(m);
     return rc;
 }
@@ -406,6 +580,7 @@ void xmux_free(struct xmux *m)
     pthread_mutex_destroy(&m->mu);
     rconn_free(m->rd);
     rconn_free(m->ctl);
+    free(m->bell);
     free(m);
 }
 
@@ -424,11 +599,15 @@ int xmux_sub(struct xmux *m, const char *key, const char *from_id, struct xmux_s
     }
     s->m = m;
     snprintf(s->cursor, sizeof s->cursor, "%s", from_id);
+    s->dirty = true;
     pthread_mutex_lock(&m->mu);
     s->next = m->subs;
     if (m->subs)
         m->subs->prev = s;
     m->subs = s;
+    size_t b = bucket_of(s->key);
+    s->hnext = m->bucket[b];
+    m->bucket[b] = s;
     unsigned long long g = ++m->gen;
     pthread_mutex_unlock(&m->mu);
     kick(m, g);
@@ -470,6 +649,8 @@ int xmux_next(struct xmux_sub *s, int timeout_ms, struct rconn_reply **out, stru
     *r = (struct rconn_reply){.type = RCONN_ARRAY, .elem = st, .n_elem = 1};
     s->held = NULL;
     s->n_held = s->cap_held = 0;
+    if (was_full)
+        s->dirty = true; /* skipped while full: its stream waits in Redis */
     unsigned long long g = was_full ? ++m->gen : 0;
     pthread_mutex_unlock(&m->mu);
     if (was_full)
@@ -502,6 +683,14 @@ long long xmux_n_reads(struct xmux *m)
 {
     pthread_mutex_lock(&m->mu);
     long long n = m->n_reads;
+    pthread_mutex_unlock(&m->mu);
+    return n;
+}
+
+long long xmux_n_named(struct xmux *m)
+{
+    pthread_mutex_lock(&m->mu);
+    long long n = m->n_named;
     pthread_mutex_unlock(&m->mu);
     return n;
 }

@@ -1225,7 +1225,7 @@ static struct xmux *shared_reader(struct dhttp *h)
     if (!h->mux && !h->mux_off && h->shared_reader && now - h->mux_tried_ms >= 1000) {
         struct rl_err e = {0};
         h->mux_tried_ms = now;
-        int rc = xmux_create(&h->mux, &h->ropts, &e);
+        int rc = xmux_create(&h->mux, &h->ropts, NULL, &e);
         if (rc == -RL_EUNSUPPORTED) {
             h->mux_off = true;
             RL_LOG(h->log, RL_LOG_INFO, "http: every request reads its own event stream: %s",

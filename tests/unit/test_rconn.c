@@ -591,27 +591,44 @@ static void test_reconnect_after_restart(void **state)
 
 /* ---- xmux: one XREAD for many streams ---- */
 
-static struct xmux *mk_mux(void)
+/* bell: NULL, or the bell's key (the reader then blocks on it alone, and
+ * sweeps every sweep_ms, 0 for the default) */
+static struct xmux *mk_mux(const char *bell, int sweep_ms)
 {
     struct rconn_opts o;
     rconn_opts_default(&o);
     o.addr = addr;
     struct xmux *m = NULL;
     struct rl_err err = {0};
-    if (xmux_create(&m, &o, &err))
+    struct xmux_opts xo = {.bell = bell, .sweep_ms = sweep_ms};
+    if (xmux_create(&m, &o, &xo, &err))
         fail_msg("xmux_create: %s", err.msg);
     return m;
 }
 
-static void xadd_n(struct rconn *c, const char *k, int from, int n)
+/* Rings the bell (unless NULL) for key, as a writer does after its XADDs. */
+static void ring(struct rconn *c, const char *bell, const char *k)
+{
+    if (!bell)
+        return;
+    const char *argv[] = {"XADD", bell, "MAXLEN", "~", XMUX_BELL_MAXLEN, "*", k, "1"};
+    struct rconn_reply *r = NULL;
+    assert_int_equal(rconn_command(c, 8, argv, NULL, &r, NULL), 0);
+    assert_int_equal(r->type, RCONN_STRING);
+    rconn_reply_free(r);
+}
+
+/* Entries from..from+n-1 on k (ids 0-i), then the bell rung for it. */
+static void xadd_n(struct rconn *c, const char *k, int from, int n, const char *bell)
 {
     for (int i = from; i < from + n; i++) {
-        char id[32], v[32];
+        char id[32], v[200];
         snprintf(id, sizeof id, "0-%d", i);
         snprintf(v, sizeof v, "%s/%d", k, i);
         const char *argv[] = {"XADD", k, id, "event", v};
         cmd_ok(c, 5, argv);
     }
+    ring(c, bell, k);
 }
 
 /* Takes entries from s until `want` have come (each checked: its stream's
@@ -636,7 +653,7 @@ static int take_in_order(struct xmux_sub *s, const char *k, int from, int want)
         assert_string_equal(r->elem[0].elem[0].str, k);
         const struct rconn_reply *es = &r->elem[0].elem[1];
         for (size_t i = 0; i < es->n_elem; i++) {
-            char id[32], v[32];
+            char id[32], v[200];
             snprintf(id, sizeof id, "0-%d", from + got);
             snprintf(v, sizeof v, "%s/%d", k, from + got);
             assert_string_equal(es->elem[i].elem[0].str, id);
@@ -675,14 +692,16 @@ static bool reader_blocked(struct rconn *c)
     return b;
 }
 
+/* Blocking on every stream (state NULL) and on a bell (state its key). */
 static void test_xmux_streams_apart(void **state)
 {
-    (void)state;
+    const char *bell = *state ? key(*state) : NULL;
     struct rconn *c = mk(addr, NULL, NULL);
     assert_int_equal(rconn_wait(c, 2000, NULL), 0);
-    const char *ka = key("mux-a"), *kb = key("mux-b"), *kc = key("mux-c");
-    xadd_n(c, ka, 1, 3);
-    struct xmux *m = mk_mux();
+    const char *ka = key(bell ? "mux-a-b" : "mux-a"), *kb = key(bell ? "mux-b-b" : "mux-b");
+    const char *kc = key(bell ? "mux-c-b" : "mux-c");
+    xadd_n(c, ka, 1, 3, bell);
+    struct xmux *m = mk_mux(bell, 0);
     struct xmux_sub *a = NULL, *b = NULL, *b2 = NULL, *cc = NULL;
     assert_int_equal(xmux_sub(m, ka, "0-0", &a, NULL), 0);
     assert_int_equal(xmux_sub(m, kb, "0-0", &b, NULL), 0);
@@ -696,15 +715,15 @@ static void test_xmux_streams_apart(void **state)
     long long unb = cmd_calls(c, "client|unblock");
     assert_int_equal(xmux_sub(m, kc, "0-0", &cc, NULL), 0);
     assert_true(cmd_calls(c, "client|unblock") > unb);
-    xadd_n(c, kc, 1, 2);
-    xadd_n(c, kb, 1, 4);
-    xadd_n(c, ka, 4, 2);
+    xadd_n(c, kc, 1, 2, bell);
+    xadd_n(c, kb, 1, 4, bell);
+    xadd_n(c, ka, 4, 2, bell);
     assert_int_equal(take_in_order(cc, kc, 1, 2), 2);
     assert_int_equal(take_in_order(b, kb, 1, 4), 4);
     assert_int_equal(take_in_order(a, ka, 4, 2), 2);
     /* one key twice, from two places: each from its own cursor */
     assert_int_equal(xmux_sub(m, kb, "0-2", &b2, NULL), 0);
-    xadd_n(c, kb, 5, 1);
+    xadd_n(c, kb, 5, 1, bell);
     assert_int_equal(take_in_order(b2, kb, 3, 3), 3);
     assert_int_equal(take_in_order(b, kb, 5, 1), 1);
     /* the reader's connection killed under it: it reconnects, and the
@@ -727,7 +746,7 @@ static void test_xmux_streams_apart(void **state)
     cmd_ok(c, 4, kill_id);
     for (int t = 0; t < 5000 && xmux_n_reads(m) == n0; t++)
         sleep_ms(1); /* the read it was in has failed */
-    xadd_n(c, ka, 6, 3);
+    xadd_n(c, ka, 6, 3, bell);
     assert_int_equal(take_in_order(a, ka, 6, 3), 3);
     /* nothing new: a timeout, not an entry of another stream */
     struct rconn_reply *r = (struct rconn_reply *)1;
@@ -744,13 +763,13 @@ static void test_xmux_streams_apart(void **state)
 
 static void test_xmux_backpressure(void **state)
 {
-    (void)state;
+    const char *bell = *state ? key(*state) : NULL;
     struct rconn *c = mk(addr, NULL, NULL);
     assert_int_equal(rconn_wait(c, 2000, NULL), 0);
-    const char *k = key("mux-many");
+    const char *k = key(bell ? "mux-many-b" : "mux-many");
     int n = XMUX_HELD_MAX + 1000; /* more than one subscription may hold */
-    xadd_n(c, k, 1, n);
-    struct xmux *m = mk_mux();
+    xadd_n(c, k, 1, n, bell);
+    struct xmux *m = mk_mux(bell, 0);
     struct xmux_sub *s = NULL, *gone = NULL;
     assert_int_equal(xmux_sub(m, k, "0-0", &s, NULL), 0);
     /* a subscription ended while the reader may be reading it */
@@ -765,6 +784,108 @@ static void test_xmux_backpressure(void **state)
     xmux_unsub(s);
     xmux_free(m);
     rconn_free(c);
+}
+
+/* With a bell the reader names only the streams the bell names: one that
+ * is written without a ring waits (here: the sweep is a minute off), and
+ * comes once the bell names it; a bell read that comes back full (more
+ * rings than one read takes: some may have been trimmed unread) reads
+ * every stream; the sweep reads the ones nobody rang for. */
+static void test_xmux_bell(void **state)
+{
+    (void)state;
+    struct rconn *c = mk(addr, NULL, NULL);
+    assert_int_equal(rconn_wait(c, 2000, NULL), 0);
+    char bell[160], keys[40][160];
+    snprintf(bell, sizeof bell, "%s", key("bell-only"));
+    struct xmux *m = mk_mux(bell, 60000);
+    struct xmux_sub *s[40];
+    for (int i = 0; i < 40; i++) {
+        snprintf(keys[i], sizeof keys[i], "%sbell-%d", prefix, i);
+        assert_int_equal(xmux_sub(m, keys[i], "0-0", &s[i], NULL), 0);
+    }
+    /* the first read names all 40 and blocks on them (new subscriptions
+     * are read whole); a ring ends it, and from then on it blocks on the
+     * bell alone */
+    for (int t = 0; t < 5000 && !reader_blocked(c); t++)
+        sleep_ms(1);
+    ring(c, bell, "nobody");
+    for (int t = 0; t < 5000 && !reader_blocked(c); t++)
+        sleep_ms(1);
+    assert_true(reader_blocked(c));
+    long long named0 = xmux_n_named(m), reads0 = xmux_n_reads(m);
+    xadd_n(c, keys[7], 1, 1, NULL); /* no ring */
+    xadd_n(c, keys[9], 1, 2, bell);
+    assert_int_equal(take_in_order(s[9], keys[9], 1, 2), 2);
+    struct rconn_reply *r = (struct rconn_reply *)1;
+    assert_int_equal(xmux_next(s[7], 300, &r, NULL), 0);
+    assert_null(r); /* not read: nobody rang for it */
+    ring(c, bell, keys[7]);
+    assert_int_equal(take_in_order(s[7], keys[7], 1, 1), 1);
+    /* each wake named the bell and the one stream it rang for, not all 40 */
+    long long reads = xmux_n_reads(m) - reads0, named = xmux_n_named(m) - named0;
+    assert_true(reads >= 2);
+    assert_true(named <= reads);
+    /* a full bell read: every stream is read */
+    xadd_n(c, keys[3], 1, 1, NULL);
+    struct rconn_batch *b = NULL;
+    assert_int_equal(rconn_batch_create(&b, NULL), 0);
+    const char *multi[] = {"MULTI"}, *exec[] = {"EXEC"};
+    assert_int_equal(rconn_batch_add(b, 1, multi, NULL, NULL), 0);
+    for (int i = 0; i < 600; i++) {
+        const char *x[] = {"XADD", bell, "MAXLEN", "~", XMUX_BELL_MAXLEN, "*", "nobody", "1"};
+        assert_int_equal(rconn_batch_add(b, 8, x, NULL, NULL), 0);
+    }
+    assert_int_equal(rconn_batch_add(b, 1, exec, NULL, NULL), 0);
+    assert_int_equal(rconn_batch_exec(c, b, NULL), 0);
+    rconn_batch_free(b);
+    assert_int_equal(take_in_order(s[3], keys[3], 1, 1), 1);
+    for (int i = 0; i < 40; i++)
+        xmux_unsub(s[i]);
+    xmux_free(m);
+    /* the sweep: a stream written without a ring still comes */
+    m = mk_mux(bell, 100);
+    struct xmux_sub *w = NULL;
+    assert_int_equal(xmux_sub(m, keys[11], "0-0", &w, NULL), 0);
+    for (int t = 0; t < 5000 && !reader_blocked(c); t++)
+        sleep_ms(1);
+    xadd_n(c, keys[11], 1, 3, NULL);
+    assert_int_equal(take_in_order(w, keys[11], 1, 3), 3);
+    xmux_unsub(w);
+    xmux_free(m);
+    rconn_free(c);
+}
+
+/* An ACL that does not let the reader read the bell: refused with the
+ * reason (the caller then blocks on every stream). */
+static void test_xmux_bell_refused(void **state)
+{
+    (void)state;
+    struct rconn *admin = mk(addr, NULL, NULL);
+    const char *user = key("nobell");
+    char pat[200];
+    snprintf(pat, sizeof pat, "~%sout*", prefix);
+    const char *setuser[] = {"ACL", "SETUSER", user, "on", ">pw", pat, "+@all"};
+    cmd_ok(admin, 7, setuser);
+    char pw[300];
+    write_pw_file(pw, sizeof pw, "xmux-bell-pw", "pw");
+    struct rconn_opts o;
+    rconn_opts_default(&o);
+    o.addr = addr;
+    o.user = user;
+    o.password_file = pw;
+    struct xmux *m = (struct xmux *)1;
+    struct rl_err err = {0};
+    struct xmux_opts xo = {.bell = key("bell")};
+    assert_int_equal(xmux_create(&m, &o, &xo, &err), -RL_EUNSUPPORTED);
+    assert_null(m);
+    assert_non_null(strstr(err.msg, "XREAD"));
+    assert_int_equal(xmux_create(&m, &o, NULL, &err), 0); /* without it: fine */
+    xmux_free(m);
+    unlink(pw);
+    const char *deluser[] = {"ACL", "DELUSER", user};
+    cmd_ok(admin, 3, deluser);
+    rconn_free(admin);
 }
 
 static void test_xmux_refused_without_unblock(void **state)
@@ -783,7 +904,7 @@ static void test_xmux_refused_without_unblock(void **state)
     o.password_file = pw;
     struct xmux *m = (struct xmux *)1;
     struct rl_err err = {0};
-    assert_int_equal(xmux_create(&m, &o, &err), -RL_EUNSUPPORTED);
+    assert_int_equal(xmux_create(&m, &o, NULL, &err), -RL_EUNSUPPORTED);
     assert_null(m);
     assert_non_null(strstr(err.msg, "CLIENT UNBLOCK"));
     unlink(pw);
@@ -804,7 +925,11 @@ int main(void)
         cmocka_unit_test(test_out_stream_idempotent),
         cmocka_unit_test(test_pipeline),
         cmocka_unit_test(test_xmux_streams_apart),
+        cmocka_unit_test_prestate(test_xmux_streams_apart, (void *)"bell-apart"),
         cmocka_unit_test(test_xmux_backpressure),
+        cmocka_unit_test_prestate(test_xmux_backpressure, (void *)"bell-many"),
+        cmocka_unit_test(test_xmux_bell),
+        cmocka_unit_test(test_xmux_bell_refused),
         cmocka_unit_test(test_xmux_refused_without_unblock),
         cmocka_unit_test(test_reconnect_after_restart),
     };

@@ -1154,7 +1154,7 @@ static int run_level(const struct lb_opts *o, const struct lb_prompts *prompts, 
         ro.addr = o->redis;
         ro.client_name = "redlm-bench";
         struct rl_err e = {0};
-        if (xmux_create(&run->mux, &ro, &e) && level_idx == 0)
+        if (xmux_create(&run->mux, &ro, NULL, &e) && level_idx == 0)
             fprintf(stderr, "redlm bench: each request reads its own stream: %s\n", e.msg);
         run->shared_reads = run->mux != NULL;
     }
