@@ -64,6 +64,7 @@ struct xmux_sub {
     size_t n_held, cap_held;
     bool in_round, dead;
     bool dirty;                 /* with a bell: to be read (named by the bell, new, ...) */
+    bool swept;                 /* dirty only because a sweep reads every stream */
     pthread_cond_t cond;        /* entries arrived, or the reader failed */
     struct xmux_sub *prev, *next;
     struct xmux_sub *hnext;     /* the next in its key's bucket */
@@ -85,6 +86,8 @@ struct xmux {
     struct rl_err fail;          /* the last read's failure, code 0 after a good read */
     long long n_reads, n_named;
     char *bell;                  /* NULL: block on every stream */
+    bool bell_on;                /* false once a writer was caught not ringing */
+    long long n_unrung;          /* streams a sweep found news in that no ring named */
     char bell_cursor[RCONN_ID_MAX]; /* the last bell entry read (reader-only) */
     int64_t next_sweep_ms;       /* with a bell: when every stream is read next */
     int sweep_ms;
@@ -148,13 +151,17 @@ static void mark_key(struct xmux *m, const char *key)
 {
     for (struct xmux_sub *s = m->bucket[bucket_of(key)]; s; s = s->hnext)
         if (!strcmp(s->key, key))
-            s->dirty = true;
+            s->dirty = true, s->swept = false;
 }
 
-static void mark_all(struct xmux *m)
+/* Marks every subscription to be read: for a cause (swept false), or by
+ * the sweep, which notes the ones that had no other cause. */
+static void mark_all(struct xmux *m, bool sweep)
 {
-    for (struct xmux_sub *s = m->subs; s; s = s->next)
+    for (struct xmux_sub *s = m->subs; s; s = s->next) {
+        s->swept = sweep ? !s->dirty || s->swept : false;
         s->dirty = true;
+    }
 }
 
 static void unlink_sub(struct xmux *m, struct xmux_sub *s)
@@ -222,12 +229,12 @@ static void take_stream(struct xmux_sub *s, struct rconn_reply *st)
     if (!es->n_elem)
         return;
     if (es->n_elem >= COUNT_PER_KEY_N)
-        s->dirty = true; /* capped by COUNT: more may be waiting */
+        s->dirty = true, s->swept = false; /* capped by COUNT: more may be waiting */
     if (s->n_held + es->n_elem > s->cap_held) {
         size_t cap = (s->n_held + es->n_elem) * 2;
         struct rconn_reply *h = realloc(s->held, cap * sizeof *h);
         if (!h) {
-            s->dirty = true; /* the cursor stays: the same entries come again next read */
+            s->dirty = true, s->swept = false; /* the cursor stays: they come again */
             return;
         }
         s->held = h;
@@ -263,7 +270,7 @@ static void ring(struct xmux *m, const struct rconn_reply *st)
                 mark_key(m, fv->elem[k].str);
     }
     if (es->n_elem >= COUNT_PER_KEY_N)
-        mark_all(m);
+        mark_all(m, false);
 }
 
 /* Whether stream entry ID a ("ms-seq") is before b. */
@@ -286,18 +293,25 @@ static const char *first_id(const struct rconn_reply *st)
 }
 
 /* Hands a reply's streams to the round's subscriptions, and the bell's
- * entries to ring() (under mu). */
+ * entries to ring() (under mu). With the bell, a read that named streams
+ * did not block, so its reply is one moment's snapshot of the bell and the
+ * streams, and a writer rings in the same script as it writes: news in a
+ * stream that only the sweep had marked, which the bell does not name,
+ * was written by a writer that does not ring. Then the bell is given up
+ * for blocking on every stream, and n_unrung says so. */
 static void deliver(struct xmux *m, struct xmux_sub **round, int n, struct rconn_reply *r)
 {
     if (!r || r->type != RCONN_ARRAY)
         return; /* nil: the BLOCK ran out, or an UNBLOCK */
     int i = 0;
+    bool judge = m->bell_on; /* not when the bell came back full (naming cut off) */
     for (size_t k = 0; k < r->n_elem; k++) {
         struct rconn_reply *st = &r->elem[k];
         if (st->type != RCONN_ARRAY || st->n_elem != 2 || st->elem[0].type != RCONN_STRING)
             continue;
-        if (m->bell && k == 0 && !strcmp(st->elem[0].str, m->bell)) { /* named first */
+        if (m->bell_on && k == 0 && !strcmp(st->elem[0].str, m->bell)) { /* named first */
             ring(m, st);
+            judge = st->elem[1].type == RCONN_ARRAY && st->elem[1].n_elem < COUNT_PER_KEY_N;
             continue;
         }
         /* XREAD leaves out the streams with nothing new, so a key named
@@ -313,6 +327,10 @@ static void deliver(struct xmux *m, struct xmux_sub **round, int n, struct rconn
         if (i == n)
             return; /* not in argument order: nothing more can be matched */
         struct xmux_sub *s = round[i++];
+        if (judge && s->swept && st->elem[1].type == RCONN_ARRAY && st->elem[1].n_elem) {
+            m->n_unrung++;
+            m->bell_on = false;
+        }
         if (s->dead)
             continue;
         take_stream(s, st);
@@ -330,15 +348,16 @@ static void *reader_main(void *arg)
     pthread_mutex_lock(&m->mu);
     while (!m->stopping) {
         int n = 0, n_live = 0;
+        bool bell = m->bell_on;
         int64_t now = mono_ms();
-        if (m->bell && now >= m->next_sweep_ms) { /* writers that do not ring */
-            mark_all(m);
+        if (bell && now >= m->next_sweep_ms) { /* writers that do not ring */
+            mark_all(m, true);
             m->next_sweep_ms = now + m->sweep_ms;
         }
         for (struct xmux_sub *s = m->subs; s; s = s->next) {
             bool live = !s->dead && s->n_held < XMUX_HELD_MAX;
             n_live += live;
-            n += live && (!m->bell || s->dirty);
+            n += live && (!bell || s->dirty);
         }
         if (n > cap) {
             int c2 = n * 2;
@@ -358,7 +377,7 @@ static void *reader_main(void *arg)
         }
         n = 0;
         for (struct xmux_sub *s = m->subs; s; s = s->next)
-            if (!s->dead && s->n_held < XMUX_HELD_MAX && (!m->bell || s->dirty)) {
+            if (!s->dead && s->n_held < XMUX_HELD_MAX && (!bell || s->dirty)) {
                 s->in_round = true;
                 round[n++] = s;
             }
@@ -375,16 +394,17 @@ static void *reader_main(void *arg)
         struct rconn_reply *r = NULL;
         int rc = refresh_cid(m, &e);
         if (!rc) {
-            /* with a bell: the bell first, then the streams to be read; a
-             * read that finds nothing blocks until the next sweep at most */
-            int a = 0, nb = m->bell ? 1 : 0;
-            snprintf(block, sizeof block, "%s", BLOCK_MS);
-            if (m->bell) {
-                int64_t left = m->next_sweep_ms - mono_ms();
-                snprintf(block, sizeof block, "%lld", (long long)(left > 1 ? left : 1));
-            }
+            /* with a bell: the bell first, then the streams to be read, and
+             * no BLOCK; with none to read, a BLOCK on the bell alone, up to
+             * the next sweep */
+            int a = 0, nb = bell ? 1 : 0;
             argv[a++] = "XREAD", argv[a++] = "COUNT", argv[a++] = COUNT_PER_KEY;
-            argv[a++] = "BLOCK", argv[a++] = block, argv[a++] = "STREAMS";
+            if (!bell || !n) {
+                int64_t left = bell ? m->next_sweep_ms - mono_ms() : 0;
+                snprintf(block, sizeof block, "%lld", (long long)(left > 1 ? left : 1));
+                argv[a++] = "BLOCK", argv[a++] = bell ? block : BLOCK_MS;
+            }
+            argv[a++] = "STREAMS";
             if (nb)
                 argv[a++] = m->bell;
             for (int i = 0; i < n; i++)
@@ -407,7 +427,7 @@ static void *reader_main(void *arg)
                 m->fail.code = RL_EIO;
             for (struct xmux_sub *s = m->subs; s; s = s->next)
                 pthread_cond_signal(&s->cond);
-            mark_all(m); /* anything may have come while Redis was away */
+            mark_all(m, false); /* anything may have come while Redis was away */
         } else {
             m->fail.code = 0;
             /* read now: clean, unless the reply says otherwise (a stream
@@ -416,6 +436,8 @@ static void *reader_main(void *arg)
             for (int i = 0; i < n; i++)
                 round[i]->dirty = false;
             deliver(m, round, n, r);
+            for (int i = 0; i < n; i++)
+                round[i]->swept = false;
         }
         for (int i = 0; i < n; i++) {
             round[i]->in_round = false;
@@ -533,6 +555,7 @@ int xmux_create(struct xmux **out, const struct rconn_opts *o, const struct xmux
         if (rc)
             goto fail;
         bell_start(m);
+        m->bell_on = true;
         m->next_sweep_ms = mono_ms() + m->sweep_ms;
     }
     if (pthread_mutex_init(&m->mu, NULL) || !(mu = true) || pthread_mutex_init(&m->ctl_mu, NULL) ||
@@ -649,8 +672,8 @@ int xmux_next(struct xmux_sub *s, int timeout_ms, struct rconn_reply **out, stru
     *r = (struct rconn_reply){.type = RCONN_ARRAY, .elem = st, .n_elem = 1};
     s->held = NULL;
     s->n_held = s->cap_held = 0;
-    if (was_full)
-        s->dirty = true; /* skipped while full: its stream waits in Redis */
+    if (was_full) /* skipped while full: its stream waits in Redis */
+        s->dirty = true, s->swept = false;
     unsigned long long g = was_full ? ++m->gen : 0;
     pthread_mutex_unlock(&m->mu);
     if (was_full)
@@ -679,12 +702,37 @@ void xmux_unsub(struct xmux_sub *s)
     pthread_mutex_unlock(&m->mu);
 }
 
+int xmux_ring_probe(struct rconn *c, const char *bell, struct rl_err *err)
+{
+    const char *argv[] = {"EVAL",
+                          "return redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', "
+                          "'probe', '0')",
+                          "1", bell, XMUX_BELL_MAXLEN};
+    struct rconn_reply *r = NULL;
+    int rc = rconn_command(c, 5, argv, NULL, &r, err);
+    if (rc == -RL_EINVAL && r && r->type == RCONN_ERROR) {
+        /* the ACL's refusals; anything else (OOM, BUSY, LOADING) passes */
+        bool acl = !strncmp(r->str, "NOPERM", 6) || strstr(r->str, "The user executing");
+        rc = rl_errf(err, acl ? RL_EUNSUPPORTED : RL_EIO, "ringing %s: %s", bell, r->str);
+    }
+    rconn_reply_free(r);
+    return rc;
+}
+
 long long xmux_n_reads(struct xmux *m)
 {
     pthread_mutex_lock(&m->mu);
     long long n = m->n_reads;
     pthread_mutex_unlock(&m->mu);
     return n;
+}
+
+bool xmux_bell_on(struct xmux *m)
+{
+    pthread_mutex_lock(&m->mu);
+    bool on = m->bell_on;
+    pthread_mutex_unlock(&m->mu);
+    return on;
 }
 
 long long xmux_n_named(struct xmux *m)

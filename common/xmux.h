@@ -29,11 +29,14 @@
  * streams rings the bell in the same script or transaction as its events:
  * XADD <bell> MAXLEN ~ XMUX_BELL_MAXLEN * <key> <n> [<key> <n> ...], one
  * entry per write naming the streams written (the value is unused). A
- * writer that does not ring (an older version) is caught by a read of
- * every followed stream each XMUX_SWEEP_MS: late, never lost. Nothing is
- * lost to the bell's trimming either: a read of it is capped at fewer
- * entries than it keeps, so one that comes back full may have missed
- * some, and then every stream is read.
+ * writer that does not ring (an older version, an ACL that lets it write
+ * the streams but not the bell) is caught by a read of every followed
+ * stream each XMUX_SWEEP_MS: its news, which no ring named, comes then
+ * (late, never lost), and the reader gives the bell up and blocks on every
+ * stream from then on (xmux_bell_on). Nothing is lost to the bell's
+ * trimming either: a read of it is capped at fewer entries than it keeps,
+ * so one that comes back full may have missed some, and then every stream
+ * is read.
  *
  * Not for a Redis Cluster: every out stream sits in a slot of its own (its
  * id's hash tag), and one XREAD reads one slot. xmux_create refuses a
@@ -66,6 +69,13 @@ struct xmux_opts {
  * later). */
 int xmux_create(struct xmux **out, const struct rconn_opts *o, const struct xmux_opts *xo,
                 struct rl_err *err);
+/* For writers: whether a writer on c may ring bell, found by ringing it
+ * once from a script, as the writers do (a ring that names no followed
+ * stream is harmless). 0: it may; -RL_EUNSUPPORTED: the ACL refuses it
+ * (err says how), so the writer must not name the bell in its scripts;
+ * -RL_EIO: Redis is away (ask again). */
+int xmux_ring_probe(struct rconn *c, const char *bell, struct rl_err *err);
+
 /* Stops and joins the reader. Every subscription must have been ended. */
 void xmux_free(struct xmux *m);
 
@@ -89,5 +99,10 @@ void xmux_unsub(struct xmux_sub *s);
 long long xmux_n_reads(struct xmux *m);
 long long xmux_n_named(struct xmux *m);
 size_t xmux_n_held(struct xmux_sub *s);
+/* Whether the reader still blocks on the bell: false without one, and
+ * once a read found news in a stream that no ring had named (a writer
+ * that does not ring, e.g. an older worker): it then blocks on every
+ * stream, for as long as it runs. */
+bool xmux_bell_on(struct xmux *m);
 
 #endif

@@ -127,6 +127,11 @@ struct disp {
     int own_stream;               /* the intake stream the own pass is reading */
     int64_t next_repair_ms;       /* the periodic intake check (repair_intake) */
     char dead_key[D_KEY_MAX];     /* <prefix>dead */
+    /* the bell its answers ring on a single instance (common/xmux.h), as
+     * the workers' emits do: <prefix>bell */
+    char bell_key[D_KEY_MAX];
+    int bell;                     /* 1 rings it, 0 may not (the ACL), -1 not asked yet */
+    long long bell_conn;          /* rconn_n_reconnects + 1 when last asked */
     struct dpool pools[D_MAX_POOLS]; /* [0, n_shared): the configured pools */
     int n_pools, n_shared;
     /* the served models (models.c); refreshed at every heartbeat, and at

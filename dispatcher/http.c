@@ -190,10 +190,12 @@ struct dhttp {
     /* the one blocking XREAD every request's events are read by (xmux.h),
      * made by the first request that reads; mux_off once it cannot be had
      * (a cluster, an ACL without client|id / client|unblock): each request
-     * then reads its own stream (mux_mu) */
+     * then reads its own stream (mux_mu). It blocks on the bell the
+     * workers ring (mux_bell) unless the ACL keeps it from the bell, or
+     * it finds a writer that does not ring (said once in the log) */
     pthread_mutex_t mux_mu;
     struct xmux *mux;
-    bool shared_reader, mux_off;
+    bool shared_reader, mux_off, mux_bell;
     int64_t mux_tried_ms;
     /* Redis connections not in use */
     pthread_mutex_t pool_mu;
@@ -1225,7 +1227,19 @@ static struct xmux *shared_reader(struct dhttp *h)
     if (!h->mux && !h->mux_off && h->shared_reader && now - h->mux_tried_ms >= 1000) {
         struct rl_err e = {0};
         h->mux_tried_ms = now;
-        int rc = xmux_create(&h->mux, &h->ropts, NULL, &e);
+        char bell[160];
+        snprintf(bell, sizeof bell, "%.128sbell", h->prefix);
+        struct xmux_opts xo = {.bell = bell};
+        int rc = xmux_create(&h->mux, &h->ropts, &xo, &e);
+        h->mux_bell = rc == 0;
+        if (rc == -RL_EUNSUPPORTED) { /* without the bell, maybe */
+            struct rl_err e2 = {0};
+            if (!(rc = xmux_create(&h->mux, &h->ropts, NULL, &e2)))
+                RL_LOG(h->log, RL_LOG_INFO, "http: the shared reader blocks on every stream, "
+                       "not on the bell: %s", e.msg);
+            else
+                e = e2;
+        }
         if (rc == -RL_EUNSUPPORTED) {
             h->mux_off = true;
             RL_LOG(h->log, RL_LOG_INFO, "http: every request reads its own event stream: %s",
@@ -1234,6 +1248,12 @@ static struct xmux *shared_reader(struct dhttp *h)
             RL_LOG(h->log, RL_LOG_DEBUG, "http: the shared reader: %s (tried again in 1 s)",
                    e.msg);
         }
+    }
+    if (h->mux && h->mux_bell && !xmux_bell_on(h->mux)) {
+        h->mux_bell = false;
+        RL_LOG(h->log, RL_LOG_WARN, "http: a stream was written without ringing %.128sbell "
+               "(a worker or dispatcher from before it, or an ACL that does not let it): "
+               "the shared reader blocks on every stream from now on", h->prefix);
     }
     struct xmux *m = h->mux;
     pthread_mutex_unlock(&h->mux_mu);

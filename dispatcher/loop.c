@@ -61,6 +61,7 @@
 #include "prompt.h"
 #include "qack.h"
 #include "rcluster.h"
+#include "xmux.h"
 
 #define STATS_MS 100       /* pool state is at most this old when routing */
 /* An intake entry ID more than this far ahead of the clock was written
@@ -549,6 +550,27 @@ static void decide(struct disp *d, struct dreq *qs, int n)
     pthread_mutex_unlock(&d->m.mu);
 }
 
+/* May the dispatcher ring the bell? Asked once per connection, as the
+ * workers do (worker/publish.c); said in the log when the answer changes. */
+static void bell_probe(struct disp *d)
+{
+    long long conn = rconn_n_reconnects(d->rc) + 1;
+    if (d->bell_conn == conn)
+        return;
+    struct rl_err e;
+    int rc = xmux_ring_probe(d->rc, d->bell_key, &e);
+    if (rc && rc != -RL_EUNSUPPORTED)
+        return; /* Redis away or busy: asked again with the next answer */
+    int on = rc == 0;
+    if (on != d->bell)
+        RL_LOG(&d->log, on ? RL_LOG_DEBUG : RL_LOG_WARN,
+               on ? "ringing %s with every answer" :
+                    "not ringing %s (%s): config/redis-acl.conf lets the dispatcher ring it",
+               d->bell_key, e.msg);
+    d->bell = on;
+    d->bell_conn = conn;
+}
+
 /* The dispatcher's answers (refusals, OVERLOADED, cache replays) keep the
  * identity rules the workers' FENCE_TAKE keeps (worker/fence.c,
  * schemas/README.md "Job identity"): the events go to out:<id> only when
@@ -557,9 +579,10 @@ static void decide(struct disp *d, struct dreq *qs, int n)
  * same job text under another request is a duplicate (nothing written:
  * that stream answers it); anything else is ID_CONFLICT, answered on
  * out:<id>@<entry> and never on the other job's stream.
- * KEYS[1] own, KEYS[2] out, KEYS[3] out@entry; ARGV[1] holder, [2] the
- * request's entry ID, [3] its job_sha256, [4] the TTL, [5] n, then the n
- * events, then the two ID_CONFLICT events. Returns 0 (written), 1
+ * KEYS[1] own, KEYS[2] out, KEYS[3] out@entry, KEYS[4] (when given) the
+ * bell, rung for the stream written (common/xmux.h); ARGV[1] holder, [2]
+ * the request's entry ID, [3] its job_sha256, [4] the TTL, [5] n, then the
+ * n events, then the two ID_CONFLICT events. Returns 0 (written), 1
  * (duplicate), 2 (conflict), or the failed XADD's error. */
 static const char answer_lua[] =
     "local h = redis.call('HMGET', KEYS[1], 'req', 'sha', 'entry')\n"
@@ -586,6 +609,9 @@ static const char answer_lua[] =
     "  end\n"
     "end\n"
     "redis.call('EXPIRE', key, ARGV[4])\n"
+    "if KEYS[4] then\n"
+    "  redis.pcall('XADD', KEYS[4], 'MAXLEN', '~', '" XMUX_BELL_MAXLEN "', '*', key, count)\n"
+    "end\n"
     "if not mine then return 2 end\n"
     "redis.call('EXPIRE', KEYS[1], ARGV[4])\n"
     "return 0\n";
@@ -616,7 +642,8 @@ static int add_events(struct disp *d, struct dreq *q, struct rl_err *err)
     if (ev_build_error(0, EV_CODE_ID_CONFLICT, msg, &conflict[0], &e2) == 0)
         ev_stamp_request(&conflict[0], q->e->id, q->sha, &e2);
     conflict[1] = error_done(q, 1, rl_wall_ms());
-    int argc = 11 + q->n_events + 2, rc;
+    bool bell = !cl && d->bell == 1;
+    int argc = 12 + q->n_events + 2, rc;
     const char **argv = malloc((size_t)argc * sizeof *argv);
     if (!argv || !conflict[0] || !conflict[1]) {
         rc = rl_errf(err, RL_ENOMEM, "dispatcher: out of memory");
@@ -625,10 +652,12 @@ static int add_events(struct disp *d, struct dreq *q, struct rl_err *err)
     int a = 0;
     argv[a++] = "EVAL";
     argv[a++] = answer_lua;
-    argv[a++] = "3";
+    argv[a++] = bell ? "4" : "3";
     argv[a++] = own;
     argv[a++] = out;
     argv[a++] = alt;
+    if (bell)
+        argv[a++] = d->bell_key;
     argv[a++] = holder;
     argv[a++] = q->e->id;
     argv[a++] = q->sha;
@@ -795,6 +824,8 @@ static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
     if (sharded && !forward_first(d, qs, n, err))
         RL_LOG(&d->log, RL_LOG_WARN, "forwards not all confirmed (%s): those requests stay "
                "pending", err->msg);
+    if (!cluster && rconn_connected(d->rc))
+        bell_probe(d);
     rconn_batch_reset(b);
     int n_tx = 0;
     for (int i = 0; i < n; i++) {

@@ -134,6 +134,7 @@ void d_make_keys(struct disp *d, bool cluster)
         d->intake_keys[i] = in->key;
     }
     rcl_queue_key(d->dead_key, sizeof d->dead_key, cluster, pfx, "dead");
+    snprintf(d->bell_key, sizeof d->bell_key, "%.128sbell", pfx);
     d->keys_cluster = cluster;
     d->n_shards = cluster ? d->cfg.pool_shards : 1;
     for (int s = 1; s < d->n_shards; s++)
@@ -152,6 +153,7 @@ int main(int argc, char **argv)
         return 1;
     }
     dm_init(&d->m);
+    d->bell = -1; /* not asked yet (loop.c) */
     pthread_mutex_init(&d->models_mu, NULL);
     if (!(d->fleet = fleet_create())) {
         fprintf(stderr, "redlm-dispatcher: out of memory\n");

@@ -5,6 +5,7 @@
 
 #include "fence.h"
 #include "qack.h"
+#include "xmux.h"
 
 /* KEYS[1] own, KEYS[2] out; ARGV[1] holder, ARGV[2] pool entry, ARGV[3]
  * "1" for a fresh delivery, ARGV[4] its delivery count, ARGV[5] the
@@ -52,7 +53,12 @@ static const char take_lua[] =
 /* Several jobs in one call, because the Lua entry costs Redis more than
  * the XADD itself (BENCHMARKS.md): KEYS per job are out, own, then c check
  * keys (c = 0, 1: cancel:<id>, 2: cancel:<id> and lease:<id>, all in the
- * job's hash-tag slot); ARGV[1] the holder, then per job: the TTL to set
+ * job's hash-tag slot), and last the bell when ARGV[2] is "1" (a single
+ * instance whose ACL lets us: common/xmux.h): once the events are written
+ * it gets one entry naming every stream written, in the same script, so a
+ * shared reader blocked on the bell never misses them (a refused ring is
+ * ignored: the reader's sweep finds them). ARGV[1] the holder, ARGV[2] the
+ * bell flag, then per job: the TTL to set
  * on both keys after done ("0": not yet), the pub/sub channel ("" for
  * none), its pool entry, the number of events n, c, and n (entry ID, event
  * JSON) pairs. The record must name both the holder and the entry: two
@@ -68,8 +74,9 @@ static const char take_lua[] =
  * cluster every call carries one job, as a script's keys must share a
  * slot. */
 static const char emit_lua[] =
-    "local res, a, j = {}, 2, 1\n"
-    "while j <= #KEYS do\n"
+    "local res, a, j, rung = {}, 3, 1, {}\n"
+    "local nk = #KEYS - tonumber(ARGV[2])\n"
+    "while j <= nk do\n"
     "  local ttl, chan, entry, n = ARGV[a], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3])\n"
     "  local c = tonumber(ARGV[a + 4])\n"
     "  a = a + 5\n"
@@ -96,6 +103,7 @@ static const char emit_lua[] =
     "        redis.call('EXPIRE', KEYS[j + 1], ttl)\n"
     "      end\n"
     "      res[#res + 1] = k\n"
+    "      if k > 0 then rung[#rung + 1] = KEYS[j]; rung[#rung + 1] = k end\n"
     "    end\n"
     "  end\n"
     "  for q = 1, c do\n"
@@ -105,6 +113,9 @@ static const char emit_lua[] =
     "  end\n"
     "  j = j + 2 + c\n"
     "  a = a + 2 * n\n"
+    "end\n"
+    "if nk < #KEYS and #rung > 0 then\n"
+    "  redis.pcall('XADD', KEYS[#KEYS], 'MAXLEN', '~', '" XMUX_BELL_MAXLEN "', '*', unpack(rung))\n"
     "end\n"
     "return res\n";
 

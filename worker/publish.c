@@ -56,6 +56,7 @@
 #include "fence.h"
 #include "rcluster.h"
 #include "worker.h"
+#include "xmux.h"
 
 /* Room for element n of the array v of *cap elements of size bytes,
  * doubling from first: v itself when it has room, the grown array (*cap
@@ -373,6 +374,30 @@ static int collect_events(struct worker *w, struct flush *f, struct wjob *j, int
     return 0;
 }
 
+/* May this worker ring the bell? Asked once per connection (an ACL may
+ * change with a restart); said in the log when the answer changes. */
+static void bell_probe(struct worker *w)
+{
+    long long conn = rconn_n_reconnects(w->rc) + 1;
+    if (w->bell_conn == conn)
+        return;
+    snprintf(w->bell_key, sizeof w->bell_key, "%sbell", w->opt.prefix);
+    struct rl_err e;
+    int rc = xmux_ring_probe(w->rc, w->bell_key, &e);
+    if (rc && rc != -RL_EUNSUPPORTED)
+        return; /* Redis away or busy: asked again next flush */
+    int on = rc == 0;
+    if (on != w->bell)
+        RL_LOG(&w->log, on ? RL_LOG_DEBUG : RL_LOG_WARN,
+               on ? "ringing %s with every emit" :
+                    "not ringing %s (%s): the front door's shared reader reads this "
+                    "worker's streams only once a second, until it blocks on every "
+                    "stream again; config/redis-acl.conf lets workers ring it",
+               w->bell_key, e.msg);
+    w->bell = on;
+    w->bell_conn = conn;
+}
+
 /* One FENCE_EMIT over the jobs collected since the last: per job its
  * keys, then its TTL after done (or "0"), pub/sub channel (or ""), the
  * number of events and their (entry ID, JSON) pairs (fence.c). */
@@ -387,7 +412,8 @@ static int queue_emit(struct worker *w, struct flush *f)
         n_ev += f->emits[g].n_ev;
         n_keys += 2 + f->emits[g].n_check;
     }
-    int n = 4 + n_keys + 5 * n_jobs + 2 * n_ev;
+    bool bell = w->bell == 1 && !w_cluster(w);
+    int n = 6 + n_keys + 5 * n_jobs + 2 * n_ev;
     const char **argv = malloc((size_t)n * sizeof *argv);
     size_t *lens = malloc((size_t)n * sizeof *lens);
     char(*ids)[EV_STREAM_ID_MAX] = malloc((size_t)(n_ev ? n_ev : 1) * sizeof *ids);
@@ -401,7 +427,7 @@ static int queue_emit(struct worker *w, struct flush *f)
         rc = rl_errf(f->err, RL_ENOMEM, "flush: out of memory");
         goto out;
     }
-    int a = fence_cmd(&w->fence, FENCE_EMIT, n_keys, argv, nk);
+    int a = fence_cmd(&w->fence, FENCE_EMIT, n_keys + bell, argv, nk);
     for (int g = first; g < f->n_emits; g++) {
         const struct emit *em = &f->emits[g];
         argv[a++] = em->j->out_key;
@@ -411,7 +437,10 @@ static int queue_emit(struct worker *w, struct flush *f)
         for (int c = 0; c < em->n_check; c++)
             argv[a++] = cks[g - first][c];
     }
+    if (bell)
+        argv[a++] = w->bell_key;
     argv[a++] = w->holder;
+    argv[a++] = bell ? "1" : "0";
     for (int i = 0; i < a; i++)
         lens[i] = strlen(argv[i]);
     for (int g = first, e = 0; g < f->n_emits; g++) {
@@ -1094,6 +1123,8 @@ int w_flush_start(struct worker *w, struct rl_err *err)
     if (rconn_connected(w->rc)) {
         struct rl_err e2; /* not loaded at start: until it is, bodies go by EVAL */
         fence_load(&w->fence, w->rc, &e2);
+        if (!cluster)
+            bell_probe(w);
     }
     fence_begin(&w->fence);
     rconn_batch_reset(f->b);

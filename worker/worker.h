@@ -226,6 +226,11 @@ struct worker {
                                      how long an offer may wait for our next read */
     int64_t t_step_ms;            /* when the last stepping iteration began; 0 = idle */
     int64_t hold_tick_ms;         /* coalescing: when the held deltas last went out (wall ms) */
+    /* the bell (common/xmux.h) every emit rings on a single instance, so
+     * that shared readers read only the streams written: <prefix>bell */
+    char bell_key[W_KEY_MAX];
+    int bell;                     /* 1 rings it, 0 may not (the ACL), -1 not asked yet */
+    long long bell_conn;          /* rconn_n_reconnects + 1 when last asked */
     bool groups_ok;               /* XGROUP CREATE done since the last NOGROUP */
 
     int last_prompt_len;          /* rendered length of the last job admitted */

@@ -397,6 +397,7 @@ def row(lv):
             "events_per_tok": round(evs / max(toks, 1), 3),
             "xadd_per_tok": round(c["xadd"] / max(toks, 1), 3),
             "reads_per_tok": round(c.get("reads", 0) / max(toks, 1), 3),
+            "read": L.get("read"), "streams_per_read": round(L.get("streams_per_read", 0), 1),
             "cmds_per_tok": round(c.get("cmds", 0) / max(toks, 1), 3),
             "disp_us_per_req": round(c["disp_cpu"] / max(len(reqs), 1) * 1e6),
             "worker_cpu_util": round(c["worker_cpu"] / c["t"], 3),
@@ -449,11 +450,14 @@ def main():
     ap.add_argument("--single-replica", action="store_true",
                     help="give the one redis-server a replica, as each cluster master has one "
                          "(a like-for-like --against-single)")
-    ap.add_argument("--read", choices=("shared", "own"), default="shared",
+    ap.add_argument("--read", choices=("shared", "all", "own"), default="shared",
                     help="how the load generator reads the requests' streams: one shared XREAD "
-                         "per process, as the front door does (default), or one per request")
-    ap.add_argument("--compare-reads", action="store_true",
-                    help="after the calm sweep, the same sweep with the other --read: the "
+                         "per process blocked on the bell the workers ring, as the front door "
+                         "does (default); one shared XREAD blocked on every stream (all: the "
+                         "shared reader before the bell); or one per request")
+    ap.add_argument("--compare-reads", nargs="?", const="own", default="",
+                    help="after the calm sweep, the same sweep with each of these --read modes "
+                         "(comma-separated; alone: own unless --read own, then shared): the "
                          "clients' share of Redis's work, measured in one run")
     ap.add_argument("--out", default=None)
     ap.add_argument("--against-single", action="store_true",
@@ -506,15 +510,17 @@ def soak(a):
         idle_redis = sum(s1["nodes"][p]["redis_cpu"] - s0["nodes"][p]["redis_cpu"]
                          for p in s1["nodes"]) / (s1["t"] - s0["t"])
         calm, cmd = sweep(fleet, "calm")
-        other = "own" if a.read == "shared" else "shared"
-        calm_other = sweep(fleet, f"calm-{other}", other)[0] if a.compare_reads else []
+        others = [m for m in a.compare_reads.split(",") if m] if a.compare_reads else []
+        if others == ["own"] and a.read == "own":
+            others = ["shared"]
+        calm_other = {m: sweep(fleet, f"calm-{m}", m)[0] for m in others}
         flog = []
         th = threading.Thread(target=faults, args=(fleet, flog))
         th.start()
         faulted, _ = sweep(fleet, "fault")
         th.join()
         tot = check(fleet, calm, faulted)
-        tot_other = check(fleet, calm, calm_other) if calm_other else None
+        tot_other = {m: check(fleet, calm, lvs) for m, lvs in calm_other.items()}
         coal, tot_coal = [], None
         if a.coalesce_ms:
             for n in names:
@@ -528,7 +534,7 @@ def soak(a):
     finally:
         fleet.stop_all()
     rows = {"calm": [row(lv) for lv in calm],
-            **({f"calm, {other} reads": [row(lv) for lv in calm_other]} if calm_other else {}),
+            **{f"calm, {m} reads": [row(lv) for lv in lvs] for m, lvs in calm_other.items()},
             "fault": [row(lv) for lv in faulted],
             f"coalesce {a.coalesce_ms} ms": [row(lv) for lv in coal]}
     top = rows["calm"][-1]
@@ -546,20 +552,22 @@ def soak(a):
     (fleet.out / "fleet.json").write_text(json.dumps(result, indent=1))
     cols = ["rate", "issued", "errors", "tok_s", "redis_us_per_tok", "redis_util",
             *(["busiest_us_per_tok", "busiest_share"] if a.cluster else []), "events_per_tok",
-            "xadd_per_tok", "reads_per_tok", "disp_us_per_req", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99"]
+            "xadd_per_tok", "reads_per_tok", "streams_per_read", "disp_us_per_req", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99"]
     print("| run | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
     for run in rows:
         for r in rows[run]:
             print(f"| {run} | " + " | ".join(str(r[c]) for c in cols) + " |")
-    # the INFO commandstats breakdown of the calm run's top level
-    calm_top = rows["calm"][-1] if rows.get("calm") else None
-    if calm_top:
-        print(f"\nRedis commands, calm run at {calm_top['rate']}/s ({a.workers} workers"
+    # the INFO commandstats breakdown of the calm and coalesced runs' top levels
+    for run in ("calm", f"coalesce {a.coalesce_ms} ms"):
+        top_lv = rows[run][-1] if rows.get(run) else None
+        if not top_lv:
+            continue
+        print(f"\nRedis commands, {run} run at {top_lv['rate']}/s ({a.workers} workers"
               f"{', Redis pinned to core 0' if a.pin else ''}):")
         print("| command | calls/token | us/token | calls/worker-s | us/call |")
         print("|---|---:|---:|---:|---:|")
-        for cmd in calm_top["commands"][:14]:
+        for cmd in top_lv["commands"][:14]:
             print(f"| {cmd['cmd']} | {cmd['calls_per_tok']} | {cmd['us_per_tok']} | "
                   f"{cmd['calls_per_worker_s']} | {cmd['us_per_call']} |")
     print(f"\nfaults: {flog}")
@@ -576,10 +584,10 @@ def soak(a):
     print(f"{who} saturates at ~{sat_tok_s:.0f} delivered tokens/s "
           f"(1e6 us / {top['busiest_us_per_tok']} us per token) = "
           f"{result['gpus_per_redis']} GPUs at {a.gpu_tok_s:.0f} tok/s each")
-    if tot_other:
-        print(f"check, {other} reads against calm: {tot_other}")
+    for m, t in tot_other.items():
+        print(f"check, {m} reads against calm: {t}")
     bad = sum(t["lost"] + t["dup"] + t["out_of_order"] + t["mismatch"]
-              for t in (tot, tot_coal, tot_other) if t)
+              for t in (tot, tot_coal, *tot_other.values()) if t)
     return result, 1 if bad else 0
 
 

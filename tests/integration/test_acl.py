@@ -421,9 +421,13 @@ def test_http_front_door_as_dispatcher_user(built, acl_redis, tmp_path):
         done = out_events(admin, job_id)[-1]
         assert done["finish_reason"] == "cancelled"
         assert f.request("GET", "/healthz")[0] == 200
-        # the events came through the shared reader, as the dispatcher user
+        # the events came through the shared reader, as the dispatcher user,
+        # blocked on the bell the worker rang
         assert [c["user"] for c in admin.client_list()
                 if c["name"] == "redlm-http-xmux"] == ["dispatcher"]
+        assert admin.xlen("redlm:bell") > 0
+        assert "not on the bell" not in f.log_path.read_text()
+        assert "not ringing" not in w.text()
         denied = [e for e in admin.acl_log(count=100)
                   if e["username"] in ("worker", "dispatcher")]
         assert denied == [], denied
@@ -458,6 +462,44 @@ def test_http_front_door_with_an_acl_from_before_the_shared_reader(built, tmp_pa
         assert "every request reads its own event stream: CLIENT ID: NOPERM" in log, log
         names = [c["name"] for c in srv.as_user("admin").client_list()]
         assert "redlm-http-xmux" not in names, names
+    finally:
+        w.stop()
+        f.stop()
+        srv.stop()
+
+
+def test_an_acl_from_before_the_bell(built, tmp_path):
+    """An ACL written before the bell (no ~redlm:bell for the worker or the
+    dispatcher): the worker says once that it does not ring, the front door
+    that its shared reader blocks on every stream, and requests are served
+    as before; nothing but their one probe each is refused."""
+    lines = [l.replace(" ~redlm:bell", "") for l in acl_lines()]
+    assert lines != acl_lines()
+    srv = AclRedis(tmp_path / "redis-old", with_passwords(lines))
+    pw = daemon_passwords(tmp_path)
+    from test_http import MODEL_NAME, Front
+    f = Front(srv.addr, "redlm:", tmp_path,
+              ["--redis-user", "dispatcher", "--redis-password-file", str(pw["dispatcher"])])
+    w = Worker(srv.addr, "redlm:", "acl-nobell", tmp_path,
+               ["--redis-user", "worker", "--redis-password-file", str(pw["worker"])])
+    admin = srv.as_user("admin")
+    try:
+        for stream in (False, True):
+            status, _, data = f.request("POST", "/v1/chat/completions",
+                                        {"model": MODEL_NAME, "stream": stream, "max_tokens": 5,
+                                         "ignore_eos": True,
+                                         "messages": [{"role": "user", "content": "Hello"}]})
+            assert status == 200, data
+        assert data.rstrip().endswith(b"data: [DONE]"), data
+        log = f.log_path.read_text()
+        assert "the shared reader blocks on every stream, not on the bell" in log, log
+        assert w.text().count("not ringing redlm:bell") == 1, w.text()
+        names = [c["name"] for c in admin.client_list()]
+        assert "redlm-http-xmux" in names, names
+        assert not admin.exists("redlm:bell")
+        denied = [e for e in admin.acl_log(count=100) if e["username"] in ("worker", "dispatcher")]
+        assert denied and all(e["object"] in ("redlm:bell", "xadd", "xread", "eval")
+                              for e in denied), denied
     finally:
         w.stop()
         f.stop()

@@ -42,7 +42,7 @@ def ordered(s):
     return s["min"] <= s["p50"] <= s["p90"] <= s["p99"] <= s["max"]
 
 
-@pytest.mark.parametrize("read", ["shared", "own"])
+@pytest.mark.parametrize("read", ["shared", "all", "own"])
 def test_counts_match_the_workers(workers, client, redis_addr, prefix, tmp_path, read):
     """Every event of every request counted, whether the requests are read
     by one shared XREAD (the default, as the front door reads) or each by
@@ -56,6 +56,7 @@ def test_counts_match_the_workers(workers, client, redis_addr, prefix, tmp_path,
     assert "req/s" in table  # the table on stderr
     (lv,) = full["levels"]
     assert lv["read"] == read and full["options"]["read"] == read
+    assert (lv["shared_reads"] > 0) == (read != "own")  # the shared reader's own count
     assert summary["levels"][0]["completed"] == lv["completed"]
     assert "requests" not in summary["levels"][0]  # the summary leaves the records out
 

@@ -112,6 +112,7 @@ struct lb_opts {
     const char *label;
     bool check, plots;
     bool own_reads;               /* --read own: an XREAD per request, not one shared */
+    bool no_bell;                 /* --read all: the shared XREAD blocks on every stream */
 };
 
 /* The prompts of --prompts FILE: each line's prompt fields as a JSON
@@ -166,7 +167,8 @@ struct lb_run {
     int next;
     bool stop;
     struct xmux *mux;     /* the one XREAD all requests are read by; NULL: each its own */
-    bool shared_reads;    /* mux was there (it is freed before the statistics) */
+    const char *read;     /* how they were read: shared (on the bell), all, own */
+    long long mux_reads, mux_named; /* the shared reader's reads, streams named in them */
     char err_msg[RL_ERR_MSG_MAX]; /* the first connection error, for the report */
 };
 
@@ -212,9 +214,12 @@ static void lb_usage(FILE *f)
 "  --seed N             what is sent depends only on this (1); a new seed starts\n"
 "                       the result cache cold for the repeated prompts\n"
 "  --timeout S          per request, then it is cancelled and counted TIMEOUT (120)\n"
-"  --read shared|own    read every request's events with one shared XREAD, as the\n"
-"                       front door does (shared, default; own on a Redis Cluster),\n"
-"                       or each with its own blocking XREAD (own)\n"
+"  --read shared|all|own  read every request's events with one shared XREAD, as\n"
+"                       the front door does: blocked on the bell the workers ring,\n"
+"                       reading only the streams it names (shared, default; own on\n"
+"                       a Redis Cluster), or blocked on every stream (all, the\n"
+"                       shared reader before the bell); or each request with its\n"
+"                       own blocking XREAD (own)\n"
 "  --out FILE           full result JSON; latency.png and throughput.png beside it\n"
 "  --label S            a name for this run in the JSON and the plot titles\n"
 "  --no-check           skip the check (waiting up to 5 s) that a dispatcher or worker\n"
@@ -347,9 +352,10 @@ static int lb_parse(int argc, char **argv, struct lb_opts *o, struct rl_err *err
         else if (!strcmp(f, "--prefix"))
             o->prefix = v;
         else if (!strcmp(f, "--read")) {
-            if (strcmp(v, "shared") && strcmp(v, "own"))
-                rc = rl_errf(err, RL_EINVAL, "--read: \"%s\" is not shared or own", v);
+            if (strcmp(v, "shared") && strcmp(v, "all") && strcmp(v, "own"))
+                rc = rl_errf(err, RL_EINVAL, "--read: \"%s\" is not shared, all or own", v);
             o->own_reads = !strcmp(v, "own");
+            o->no_bell = !strcmp(v, "all");
         }
         else if (!strcmp(f, "--target")) {
             o->target_text = v;
@@ -905,7 +911,9 @@ static void *client_main(void *arg)
 struct lb_level {
     double level;
     int n_clients;
-    bool shared_reads;   /* the requests were read by one shared XREAD (xmux) */
+    const char *read;    /* shared: one XREAD blocked on the bell; all: one blocked on
+                            every stream; own: one per request (a static string) */
+    long long mux_reads, mux_named;
     int issued, measured, completed, n_errors, n_cached;
     long prompt_tokens, output_tokens, delta_tokens;
     double window_s, req_per_s, tok_per_s;
@@ -940,7 +948,9 @@ static int level_stats(const struct lb_run *run, struct lb_level *lv, struct rl_
     memset(lv, 0, sizeof *lv);
     lv->level = run->level;
     lv->n_clients = run->n_clients;
-    lv->shared_reads = run->shared_reads;
+    lv->read = run->read;
+    lv->mux_reads = run->mux_reads;
+    lv->mux_named = run->mux_named;
     snprintf(lv->err_msg, sizeof lv->err_msg, "%s", run->err_msg);
     lv->errors = cJSON_CreateObject();
     double *v[6];
@@ -1037,7 +1047,11 @@ static cJSON *level_json(const struct lb_opts *o, const struct lb_level *lv, con
     cJSON_AddStringToObject(j, "loop", open ? "open" : "closed");
     cJSON_AddNumberToObject(j, "level", lv->level);
     cJSON_AddNumberToObject(j, "clients", lv->n_clients);
-    cJSON_AddStringToObject(j, "read", lv->shared_reads ? "shared" : "own");
+    cJSON_AddStringToObject(j, "read", lv->read);
+    /* the shared reader: its reads, and the streams they named on average */
+    cJSON_AddNumberToObject(j, "shared_reads", (double)lv->mux_reads);
+    cJSON_AddNumberToObject(j, "streams_per_read",
+                            lv->mux_reads ? (double)lv->mux_named / (double)lv->mux_reads : 0);
     if (open)
         cJSON_AddNumberToObject(j, "rate", lv->level);
     else
@@ -1154,9 +1168,19 @@ static int run_level(const struct lb_opts *o, const struct lb_prompts *prompts, 
         ro.addr = o->redis;
         ro.client_name = "redlm-bench";
         struct rl_err e = {0};
-        if (xmux_create(&run->mux, &ro, NULL, &e) && level_idx == 0)
+        char bell[160];
+        snprintf(bell, sizeof bell, "%.128sbell", o->prefix);
+        struct xmux_opts xo = {.bell = bell};
+        int rc = xmux_create(&run->mux, &ro, o->no_bell ? NULL : &xo, &e);
+        run->read = rc ? "own" : o->no_bell ? "all" : "shared";
+        if (rc == -RL_EUNSUPPORTED && !o->no_bell) { /* without the bell, maybe */
+            if (!(rc = xmux_create(&run->mux, &ro, NULL, &e)))
+                run->read = "all";
+        }
+        if (rc && level_idx == 0)
             fprintf(stderr, "redlm bench: each request reads its own stream: %s\n", e.msg);
-        run->shared_reads = run->mux != NULL;
+    } else {
+        run->read = "own";
     }
     run->t0 = rl_mono_s();
     int started = 0, rc = 0;
@@ -1170,6 +1194,12 @@ static int run_level(const struct lb_opts *o, const struct lb_prompts *prompts, 
         }
     for (int i = 0; i < started; i++)
         pthread_join(th[i], NULL);
+    if (run->mux && !strcmp(run->read, "shared") && !xmux_bell_on(run->mux))
+        run->read = "all"; /* a writer did not ring: it went back to blocking on every stream */
+    if (run->mux) {
+        run->mux_reads = xmux_n_reads(run->mux);
+        run->mux_named = xmux_n_named(run->mux);
+    }
     xmux_free(run->mux);
     run->mux = NULL;
     pthread_attr_destroy(&attr);
@@ -1502,7 +1532,7 @@ int cmd_loadbench(int argc, char **argv)
         cJSON_AddStringToObject(j, "target", o.target_text);
         cJSON *op = cJSON_AddObjectToObject(j, "options");
         cJSON_AddStringToObject(op, "loop", o.rate > 0 ? "open" : "closed");
-        cJSON_AddStringToObject(op, "read", o.own_reads ? "own" : "shared");
+        cJSON_AddStringToObject(op, "read", o.own_reads ? "own" : o.no_bell ? "all" : "shared");
         cJSON_AddNumberToObject(op, "clients", o.clients);
         cJSON_AddNumberToObject(op, "requests", o.requests);
         cJSON_AddNumberToObject(op, "duration_s", o.duration_s);
