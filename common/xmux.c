@@ -48,7 +48,7 @@
 
 #include "xmux.h"
 
-#define BLOCK_MS "1000"     /* the reader's BLOCK when nothing changes */
+#define BLOCK_MS 1000       /* the reader's BLOCK when nothing changes (at most) */
 #define COUNT_PER_KEY_N 512 /* entries per stream per read (the bell's too: < its MAXLEN) */
 #define STR_(x) #x
 #define STR(x) STR_(x)
@@ -91,6 +91,7 @@ struct xmux {
     char bell_cursor[RCONN_ID_MAX]; /* the last bell entry read (reader-only) */
     int64_t next_sweep_ms;       /* with a bell: when every stream is read next */
     int sweep_ms;
+    int block_ms;                /* BLOCK_MS, or half the connection's reply timeout */
     struct xmux_sub *bucket[N_BUCKETS];
 };
 
@@ -400,9 +401,11 @@ static void *reader_main(void *arg)
             int a = 0, nb = bell ? 1 : 0;
             argv[a++] = "XREAD", argv[a++] = "COUNT", argv[a++] = COUNT_PER_KEY;
             if (!bell || !n) {
-                int64_t left = bell ? m->next_sweep_ms - mono_ms() : 0;
+                int64_t left = bell ? m->next_sweep_ms - mono_ms() : m->block_ms;
+                if (left > m->block_ms)
+                    left = m->block_ms;
                 snprintf(block, sizeof block, "%lld", (long long)(left > 1 ? left : 1));
-                argv[a++] = "BLOCK", argv[a++] = bell ? block : BLOCK_MS;
+                argv[a++] = "BLOCK", argv[a++] = block;
             }
             argv[a++] = "STREAMS";
             if (nb)
@@ -513,6 +516,10 @@ int xmux_create(struct xmux **out, const struct rconn_opts *o, const struct xmux
     if (!m)
         return rl_errf(err, RL_ENOMEM, "xmux: out of memory");
     m->sweep_ms = xo && xo->sweep_ms > 0 ? xo->sweep_ms : XMUX_SWEEP_MS;
+    /* rconn waits io_timeout_ms for a reply: a BLOCK as long would read as
+     * a dead connection */
+    m->block_ms = o->io_timeout_ms > 0 && o->io_timeout_ms / 2 < BLOCK_MS
+                      ? (o->io_timeout_ms / 2 > 0 ? o->io_timeout_ms / 2 : 1) : BLOCK_MS;
     if (xo && xo->bell && !(m->bell = strdup(xo->bell))) {
         free(m);
         return rl_errf(err, RL_ENOMEM, "xmux: out of memory");

@@ -863,6 +863,38 @@ static void test_xmux_bell(void **state)
     rconn_free(c);
 }
 
+/* A connection whose reply timeout is shorter than the reader's usual
+ * BLOCK: the reader blocks for less, instead of every read failing as a
+ * dead connection (state: NULL, or the bell's key). */
+static void test_xmux_short_io_timeout(void **state)
+{
+    const char *bell = *state ? key(*state) : NULL;
+    struct rconn *c = mk(addr, NULL, NULL);
+    assert_int_equal(rconn_wait(c, 2000, NULL), 0);
+    const char *k = key(bell ? "mux-io-b" : "mux-io");
+    struct rconn_opts o;
+    rconn_opts_default(&o);
+    o.addr = addr;
+    o.io_timeout_ms = 800; /* less than the usual BLOCK of 1000 ms */
+    struct xmux *m = NULL;
+    struct rl_err err = {0};
+    struct xmux_opts xo = {.bell = bell};
+    assert_int_equal(xmux_create(&m, &o, bell ? &xo : NULL, &err), 0);
+    struct xmux_sub *s = NULL;
+    assert_int_equal(xmux_sub(m, k, "0-0", &s, NULL), 0);
+    struct rconn_reply *r = (struct rconn_reply *)1;
+    int nrc = xmux_next(s, 1300, &r, &err);
+    if (nrc)
+        fail_msg("xmux_next: %s", err.msg); /* no read failed meanwhile */
+    assert_null(r);
+    assert_true(xmux_n_reads(m) >= 2); /* blocked reads that ended, none failed */
+    xadd_n(c, k, 1, 2, bell);
+    assert_int_equal(take_in_order(s, k, 1, 2), 2);
+    xmux_unsub(s);
+    xmux_free(m);
+    rconn_free(c);
+}
+
 /* An ACL that does not let the reader read the bell: refused with the
  * reason (the caller then blocks on every stream). */
 static void test_xmux_bell_refused(void **state)
@@ -936,6 +968,8 @@ int main(void)
         cmocka_unit_test(test_xmux_backpressure),
         cmocka_unit_test_prestate(test_xmux_backpressure, (void *)"bell-many"),
         cmocka_unit_test(test_xmux_bell),
+        cmocka_unit_test(test_xmux_short_io_timeout),
+        cmocka_unit_test_prestate(test_xmux_short_io_timeout, (void *)"bell-io"),
         cmocka_unit_test(test_xmux_bell_refused),
         cmocka_unit_test(test_xmux_refused_without_unblock),
         cmocka_unit_test(test_reconnect_after_restart),
