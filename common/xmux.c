@@ -55,6 +55,11 @@
 #define COUNT_PER_KEY STR(COUNT_PER_KEY_N)
 #define KICK_TRIES 2000     /* x 100 us: how long kick() waits for the read to block */
 #define N_BUCKETS 1024      /* subscriptions by key, for the keys a bell names */
+/* With a bell, up to this many streams are blocked on with it: a flush that
+ * writes one of them is then answered by the one read it wakes, where the
+ * bell alone costs a wake and a read (per stream a blocked read costs
+ * Redis ~0.7 us to register, a read ~20 us of event loop on our VM) */
+#define BLOCK_ALL_MAX 24
 
 struct xmux_sub {
     struct xmux *m;
@@ -147,12 +152,16 @@ static size_t bucket_of(const char *key)
     return h & (N_BUCKETS - 1);
 }
 
-/* Marks every subscription of key to be read (under mu). */
-static void mark_key(struct xmux *m, const char *key)
+/* Marks every subscription of key to be read (under mu), but those of the
+ * round just read when `fresh` (see ring). */
+static void mark_key(struct xmux *m, const char *key, bool fresh)
 {
     for (struct xmux_sub *s = m->bucket[bucket_of(key)]; s; s = s->hnext)
-        if (!strcmp(s->key, key))
-            s->dirty = true, s->swept = false;
+        if (!strcmp(s->key, key)) {
+            s->swept = false; /* rung for: its news is accounted for */
+            if (!(fresh && s->in_round))
+                s->dirty = true;
+        }
 }
 
 /* Marks every subscription to be read: for a cause (swept false), or by
@@ -254,8 +263,12 @@ static void take_stream(struct xmux_sub *s, struct rconn_reply *st)
 
 /* Marks the streams the bell's new entries name ([bell, [entry, ...]]),
  * under mu; every stream when the read came back full, for then entries
- * may have been trimmed unread (the bell keeps more than a read takes). */
-static void ring(struct xmux *m, const struct rconn_reply *st)
+ * may have been trimmed unread (the bell keeps more than a read takes).
+ * fresh: the reply is one moment's snapshot of the bell and the round's
+ * streams (a read without BLOCK), so a ring in it is for a write the same
+ * reply already holds: the round's streams need no read again for it
+ * (unless capped by COUNT: take_stream). */
+static void ring(struct xmux *m, const struct rconn_reply *st, bool fresh)
 {
     if (st->n_elem != 2 || st->elem[1].type != RCONN_ARRAY)
         return;
@@ -268,7 +281,7 @@ static void ring(struct xmux *m, const struct rconn_reply *st)
         const struct rconn_reply *fv = &e->elem[1];
         for (size_t k = 0; fv->type == RCONN_ARRAY && k < fv->n_elem; k += 2)
             if (fv->elem[k].type == RCONN_STRING)
-                mark_key(m, fv->elem[k].str);
+                mark_key(m, fv->elem[k].str, fresh);
     }
     if (es->n_elem >= COUNT_PER_KEY_N)
         mark_all(m, false);
@@ -294,24 +307,25 @@ static const char *first_id(const struct rconn_reply *st)
 }
 
 /* Hands a reply's streams to the round's subscriptions, and the bell's
- * entries to ring() (under mu). With the bell, a read that named streams
- * did not block, so its reply is one moment's snapshot of the bell and the
- * streams, and a writer rings in the same script as it writes: news in a
- * stream that only the sweep had marked, which the bell does not name,
- * was written by a writer that does not ring. Then the bell is given up
- * for blocking on every stream, and n_unrung says so. */
-static void deliver(struct xmux *m, struct xmux_sub **round, int n, struct rconn_reply *r)
+ * entries to ring() (under mu). sync: the read had no BLOCK, so its reply
+ * is one moment's snapshot of the bell and the streams; and a writer rings
+ * in the same script as it writes: news in a stream that only the sweep
+ * had marked, which the bell does not name, was written by a writer that
+ * does not ring. Then the bell is given up for blocking on every stream,
+ * and n_unrung says so. */
+static void deliver(struct xmux *m, struct xmux_sub **round, int n, struct rconn_reply *r,
+                    bool sync)
 {
     if (!r || r->type != RCONN_ARRAY)
         return; /* nil: the BLOCK ran out, or an UNBLOCK */
     int i = 0;
-    bool judge = m->bell_on; /* not when the bell came back full (naming cut off) */
+    bool judge = m->bell_on && sync; /* not when the bell came back full (naming cut off) */
     for (size_t k = 0; k < r->n_elem; k++) {
         struct rconn_reply *st = &r->elem[k];
         if (st->type != RCONN_ARRAY || st->n_elem != 2 || st->elem[0].type != RCONN_STRING)
             continue;
         if (m->bell_on && k == 0 && !strcmp(st->elem[0].str, m->bell)) { /* named first */
-            ring(m, st);
+            ring(m, st, sync);
             judge = st->elem[1].type == RCONN_ARRAY && st->elem[1].n_elem < COUNT_PER_KEY_N;
             continue;
         }
@@ -346,6 +360,7 @@ static void *reader_main(void *arg)
     const char **argv = NULL;
     int cap = 0;
     char block[24];
+    bool sync = false; /* the read had no BLOCK */
     pthread_mutex_lock(&m->mu);
     while (!m->stopping) {
         int n = 0, n_live = 0;
@@ -355,11 +370,12 @@ static void *reader_main(void *arg)
             mark_all(m, true);
             m->next_sweep_ms = now + m->sweep_ms;
         }
-        for (struct xmux_sub *s = m->subs; s; s = s->next) {
-            bool live = !s->dead && s->n_held < XMUX_HELD_MAX;
-            n_live += live;
-            n += live && (!bell || s->dirty);
-        }
+        for (struct xmux_sub *s = m->subs; s; s = s->next)
+            n_live += !s->dead && s->n_held < XMUX_HELD_MAX;
+        /* few streams: blocked on, with the bell (see BLOCK_ALL_MAX) */
+        bool all = !bell || n_live <= BLOCK_ALL_MAX;
+        for (struct xmux_sub *s = m->subs; s; s = s->next)
+            n += !s->dead && s->n_held < XMUX_HELD_MAX && (all || s->dirty);
         if (n > cap) {
             int c2 = n * 2;
             struct xmux_sub **r2 = realloc(round, (size_t)c2 * sizeof *r2);
@@ -378,7 +394,7 @@ static void *reader_main(void *arg)
         }
         n = 0;
         for (struct xmux_sub *s = m->subs; s; s = s->next)
-            if (!s->dead && s->n_held < XMUX_HELD_MAX && (!bell || s->dirty)) {
+            if (!s->dead && s->n_held < XMUX_HELD_MAX && (all || s->dirty)) {
                 s->in_round = true;
                 round[n++] = s;
             }
@@ -397,10 +413,11 @@ static void *reader_main(void *arg)
         if (!rc) {
             /* with a bell: the bell first, then the streams to be read, and
              * no BLOCK; with none to read, a BLOCK on the bell alone, up to
-             * the next sweep */
+             * the next sweep; with few streams, a BLOCK on them all */
             int a = 0, nb = bell ? 1 : 0;
             argv[a++] = "XREAD", argv[a++] = "COUNT", argv[a++] = COUNT_PER_KEY;
-            if (!bell || !n) {
+            sync = bell && !all && n;
+            if (!sync) {
                 int64_t left = bell ? m->next_sweep_ms - mono_ms() : m->block_ms;
                 if (left > m->block_ms)
                     left = m->block_ms;
@@ -438,7 +455,7 @@ static void *reader_main(void *arg)
              * had nothing was read too: what comes later rings the bell */
             for (int i = 0; i < n; i++)
                 round[i]->dirty = false;
-            deliver(m, round, n, r);
+            deliver(m, round, n, r, sync);
             for (int i = 0; i < n; i++)
                 round[i]->swept = false;
         }
