@@ -55,11 +55,15 @@
 #define COUNT_PER_KEY STR(COUNT_PER_KEY_N)
 #define KICK_TRIES 2000     /* x 100 us: how long kick() waits for the read to block */
 #define N_BUCKETS 1024      /* subscriptions by key, for the keys a bell names */
-/* With a bell, up to this many streams are blocked on with it: a flush that
- * writes one of them is then answered by the one read it wakes, where the
- * bell alone costs a wake and a read (per stream a blocked read costs
- * Redis ~0.7 us to register, a read ~20 us of event loop on our VM) */
+/* Even with a bell, up to BLOCK_ALL_MAX streams are blocked on directly, as
+ * without one: a flush that writes one of them is then answered by the one
+ * read it wakes, where the bell costs a wake and a read (a blocked read
+ * costs Redis ~0.7 us per stream it names, a read ~20 us of event loop on
+ * our VM). Above it the reader blocks on the bell alone, until the streams
+ * are down to BLOCK_ALL_MIN (so that it does not flap at the border). */
 #define BLOCK_ALL_MAX 24
+#define BLOCK_ALL_MIN 16
+static void bell_start(struct xmux *m);
 
 struct xmux_sub {
     struct xmux *m;
@@ -94,6 +98,8 @@ struct xmux {
     bool bell_on;                /* false once a writer was caught not ringing */
     long long n_unrung;          /* streams a sweep found news in that no ring named */
     char bell_cursor[RCONN_ID_MAX]; /* the last bell entry read (reader-only) */
+    bool bell_only;              /* blocking on the bell alone (BLOCK_ALL_MAX) */
+    bool bell_synced;            /* bell_cursor read since the reader last left it */
     int64_t next_sweep_ms;       /* with a bell: when every stream is read next */
     int sweep_ms;
     int block_ms;                /* BLOCK_MS, or half the connection's reply timeout */
@@ -372,8 +378,20 @@ static void *reader_main(void *arg)
         }
         for (struct xmux_sub *s = m->subs; s; s = s->next)
             n_live += !s->dead && s->n_held < XMUX_HELD_MAX;
-        /* few streams: blocked on, with the bell (see BLOCK_ALL_MAX) */
-        bool all = !bell || n_live <= BLOCK_ALL_MAX;
+        m->bell_only = bell && (n_live > BLOCK_ALL_MAX || (m->bell_only && n_live > BLOCK_ALL_MIN));
+        if (!m->bell_only) {
+            m->bell_synced = false;
+        } else if (!m->bell_synced) {
+            /* onto the bell: its last entry first, then every stream read
+             * once; whatever is written after the first rings the bell */
+            pthread_mutex_unlock(&m->mu);
+            bell_start(m);
+            pthread_mutex_lock(&m->mu);
+            mark_all(m, false);
+            m->bell_synced = true;
+            continue;
+        }
+        bool all = !m->bell_only;
         for (struct xmux_sub *s = m->subs; s; s = s->next)
             n += !s->dead && s->n_held < XMUX_HELD_MAX && (all || s->dirty);
         if (n > cap) {
@@ -411,14 +429,14 @@ static void *reader_main(void *arg)
         struct rconn_reply *r = NULL;
         int rc = refresh_cid(m, &e);
         if (!rc) {
-            /* with a bell: the bell first, then the streams to be read, and
+            /* on the bell: the bell first, then the streams to be read, and
              * no BLOCK; with none to read, a BLOCK on the bell alone, up to
-             * the next sweep; with few streams, a BLOCK on them all */
-            int a = 0, nb = bell ? 1 : 0;
+             * the next sweep. Else a BLOCK on every stream */
+            int a = 0, nb = all ? 0 : 1;
             argv[a++] = "XREAD", argv[a++] = "COUNT", argv[a++] = COUNT_PER_KEY;
-            sync = bell && !all && n;
+            sync = !all && n;
             if (!sync) {
-                int64_t left = bell ? m->next_sweep_ms - mono_ms() : m->block_ms;
+                int64_t left = all ? m->block_ms : m->next_sweep_ms - mono_ms();
                 if (left > m->block_ms)
                     left = m->block_ms;
                 snprintf(block, sizeof block, "%lld", (long long)(left > 1 ? left : 1));
@@ -578,7 +596,6 @@ int xmux_create(struct xmux **out, const struct rconn_opts *o, const struct xmux
         rconn_reply_free(r);
         if (rc)
             goto fail;
-        bell_start(m);
         m->bell_on = true;
         m->next_sweep_ms = mono_ms() + m->sweep_ms;
     }
