@@ -760,28 +760,11 @@ int xmux_ring_probe(struct rconn *c, const char *bell, struct rl_err *err)
     return rc;
 }
 
-long long xmux_n_reads(struct xmux *m)
+void xmux_stats(struct xmux *m, struct xmux_stats *out)
 {
     pthread_mutex_lock(&m->mu);
-    long long n = m->n_reads;
+    *out = (struct xmux_stats){.reads = m->n_reads, .named = m->n_named, .bell_on = m->bell_on};
     pthread_mutex_unlock(&m->mu);
-    return n;
-}
-
-bool xmux_bell_on(struct xmux *m)
-{
-    pthread_mutex_lock(&m->mu);
-    bool on = m->bell_on;
-    pthread_mutex_unlock(&m->mu);
-    return on;
-}
-
-long long xmux_n_named(struct xmux *m)
-{
-    pthread_mutex_lock(&m->mu);
-    long long n = m->n_named;
-    pthread_mutex_unlock(&m->mu);
-    return n;
 }
 
 size_t xmux_n_held(struct xmux_sub *s)

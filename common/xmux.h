@@ -33,7 +33,7 @@
  * the streams but not the bell) is caught by a read of every followed
  * stream each XMUX_SWEEP_MS: its news, which no ring named, comes then
  * (late, never lost), and the reader gives the bell up and blocks on every
- * stream from then on (xmux_bell_on). Nothing is lost to the bell's
+ * stream from then on (xmux_stats). Nothing is lost to the bell's
  * trimming either: a read of it is capped at fewer entries than it keeps,
  * so one that comes back full may have missed some, and then every stream
  * is read.
@@ -94,15 +94,17 @@ const char *xmux_sub_key(const struct xmux_sub *s);
 /* Ends s and frees it with any entries still held; NULL is fine. */
 void xmux_unsub(struct xmux_sub *s);
 
-/* Reads the reader thread has made; streams it named in them, the bell
- * not counted; entries held for s (for tests and metrics). */
-long long xmux_n_reads(struct xmux *m);
-long long xmux_n_named(struct xmux *m);
+/* What the reader has done so far (for tests and metrics). */
+struct xmux_stats {
+    long long reads; /* reads made */
+    long long named; /* streams named in them, the bell not counted */
+    bool bell_on;    /* still on the bell: false without one, and once a read
+                        found news in a stream that no ring had named (a
+                        writer that does not ring, e.g. an older worker): it
+                        then blocks on every stream, for as long as it runs */
+};
+void xmux_stats(struct xmux *m, struct xmux_stats *out);
+/* Entries held for s, not yet taken. */
 size_t xmux_n_held(struct xmux_sub *s);
-/* Whether the reader still blocks on the bell: false without one, and
- * once a read found news in a stream that no ring had named (a writer
- * that does not ring, e.g. an older worker): it then blocks on every
- * stream, for as long as it runs. */
-bool xmux_bell_on(struct xmux *m);
 
 #endif

@@ -1249,7 +1249,8 @@ static struct xmux *shared_reader(struct dhttp *h)
                    e.msg);
         }
     }
-    if (h->mux && h->mux_bell && !xmux_bell_on(h->mux)) {
+    struct xmux_stats st;
+    if (h->mux && h->mux_bell && (xmux_stats(h->mux, &st), !st.bell_on)) {
         h->mux_bell = false;
         RL_LOG(h->log, RL_LOG_WARN, "http: a stream was written without ringing %.128sbell "
                "(a worker or dispatcher from before it, or an ACL that does not let it): "

@@ -10,6 +10,7 @@ Redis's ACL LOG holds no denial for it; a `client` can enqueue, read its
 out stream, cancel and subscribe, and everything else it tries is NOPERM;
 `default` can do nothing; users shipped without a password cannot log in.
 """
+import contextlib
 import hashlib
 import json
 import pathlib
@@ -436,19 +437,18 @@ def test_http_front_door_as_dispatcher_user(built, acl_redis, tmp_path):
         f.stop()
 
 
-def test_http_front_door_with_an_acl_from_before_the_shared_reader(built, tmp_path):
-    """An ACL written before the front door read every stream with one XREAD
-    (its dispatcher user lacks client|id and client|unblock): the front door
-    says so once and each request reads its own stream, as before."""
-    lines = [l.replace(" +client|id +client|unblock", "") if l.split()[1] == "dispatcher" else l
-             for l in acl_lines()]
+@contextlib.contextmanager
+def served_with_an_older_acl(tmp_path, lines, name):
+    """A redis-server with these ACL lines, a front door and a worker as
+    their users, and a plain and a streamed request through them (each
+    checked served): yields (front door, worker, the admin's connection)."""
     assert lines != acl_lines()
     srv = AclRedis(tmp_path / "redis-old", with_passwords(lines))
     pw = daemon_passwords(tmp_path)
     from test_http import MODEL_NAME, Front
     f = Front(srv.addr, "redlm:", tmp_path,
               ["--redis-user", "dispatcher", "--redis-password-file", str(pw["dispatcher"])])
-    w = Worker(srv.addr, "redlm:", "acl-old", tmp_path,
+    w = Worker(srv.addr, "redlm:", name, tmp_path,
                ["--redis-user", "worker", "--redis-password-file", str(pw["worker"])])
     try:
         for stream in (False, True):
@@ -458,14 +458,24 @@ def test_http_front_door_with_an_acl_from_before_the_shared_reader(built, tmp_pa
                                          "messages": [{"role": "user", "content": "Hello"}]})
             assert status == 200, data
         assert data.rstrip().endswith(b"data: [DONE]"), data
-        log = f.log_path.read_text()
-        assert "every request reads its own event stream: CLIENT ID: NOPERM" in log, log
-        names = [c["name"] for c in srv.as_user("admin").client_list()]
-        assert "redlm-http-xmux" not in names, names
+        yield f, w, srv.as_user("admin")
     finally:
         w.stop()
         f.stop()
         srv.stop()
+
+
+def test_http_front_door_with_an_acl_from_before_the_shared_reader(built, tmp_path):
+    """An ACL written before the front door read every stream with one XREAD
+    (its dispatcher user lacks client|id and client|unblock): the front door
+    says so once and each request reads its own stream, as before."""
+    lines = [l.replace(" +client|id +client|unblock", "") if l.split()[1] == "dispatcher" else l
+             for l in acl_lines()]
+    with served_with_an_older_acl(tmp_path, lines, "acl-old") as (f, _, admin):
+        log = f.log_path.read_text()
+        assert "every request reads its own event stream: CLIENT ID: NOPERM" in log, log
+        names = [c["name"] for c in admin.client_list()]
+        assert "redlm-http-xmux" not in names, names
 
 
 def test_an_acl_from_before_the_bell(built, tmp_path):
@@ -474,23 +484,7 @@ def test_an_acl_from_before_the_bell(built, tmp_path):
     that its shared reader blocks on every stream, and requests are served
     as before; nothing but their one probe each is refused."""
     lines = [l.replace(" ~redlm:bell", "") for l in acl_lines()]
-    assert lines != acl_lines()
-    srv = AclRedis(tmp_path / "redis-old", with_passwords(lines))
-    pw = daemon_passwords(tmp_path)
-    from test_http import MODEL_NAME, Front
-    f = Front(srv.addr, "redlm:", tmp_path,
-              ["--redis-user", "dispatcher", "--redis-password-file", str(pw["dispatcher"])])
-    w = Worker(srv.addr, "redlm:", "acl-nobell", tmp_path,
-               ["--redis-user", "worker", "--redis-password-file", str(pw["worker"])])
-    admin = srv.as_user("admin")
-    try:
-        for stream in (False, True):
-            status, _, data = f.request("POST", "/v1/chat/completions",
-                                        {"model": MODEL_NAME, "stream": stream, "max_tokens": 5,
-                                         "ignore_eos": True,
-                                         "messages": [{"role": "user", "content": "Hello"}]})
-            assert status == 200, data
-        assert data.rstrip().endswith(b"data: [DONE]"), data
+    with served_with_an_older_acl(tmp_path, lines, "acl-nobell") as (f, w, admin):
         log = f.log_path.read_text()
         assert "the shared reader blocks on every stream, not on the bell" in log, log
         assert w.text().count("not ringing redlm:bell") == 1, w.text()
@@ -500,10 +494,6 @@ def test_an_acl_from_before_the_bell(built, tmp_path):
         denied = [e for e in admin.acl_log(count=100) if e["username"] in ("worker", "dispatcher")]
         assert denied and all(e["object"] in ("redlm:bell", "xadd", "xread", "eval")
                               for e in denied), denied
-    finally:
-        w.stop()
-        f.stop()
-        srv.stop()
 
 
 # --- the same file on a Redis Cluster (issue 19) -----------------------------

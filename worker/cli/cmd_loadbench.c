@@ -1194,11 +1194,13 @@ static int run_level(const struct lb_opts *o, const struct lb_prompts *prompts, 
         }
     for (int i = 0; i < started; i++)
         pthread_join(th[i], NULL);
-    if (run->mux && !strcmp(run->read, "shared") && !xmux_bell_on(run->mux))
-        run->read = "all"; /* a writer did not ring: it went back to blocking on every stream */
     if (run->mux) {
-        run->mux_reads = xmux_n_reads(run->mux);
-        run->mux_named = xmux_n_named(run->mux);
+        struct xmux_stats st;
+        xmux_stats(run->mux, &st);
+        if (!strcmp(run->read, "shared") && !st.bell_on)
+            run->read = "all"; /* a writer did not ring: it went back to blocking on every stream */
+        run->mux_reads = st.reads;
+        run->mux_named = st.named;
     }
     xmux_free(run->mux);
     run->mux = NULL;
