@@ -466,6 +466,7 @@ static void *reader_main(void *arg)
             for (struct xmux_sub *s = m->subs; s; s = s->next)
                 pthread_cond_signal(&s->cond);
             mark_all(m, false); /* anything may have come while Redis was away */
+            m->bell_synced = false; /* and it may be another Redis, its bell elsewhere */
         } else {
             m->fail.code = 0;
             /* read now: clean, unless the reply says otherwise (a stream
@@ -528,17 +529,20 @@ static void kick(struct xmux *m, unsigned long long want)
     }
 }
 
-/* The bell's last entry ID, so the first read takes only what comes
- * after; "0-0" when it is empty or cannot be read that way (the first
- * read then comes back full, and every stream is read: slower, right). */
+/* The bell's last entry ID, so that the next read takes only what comes
+ * after; "0-0" when it is empty or cannot be read that way (that read
+ * then comes back full, and every stream is read: slower, right). When
+ * Redis cannot answer now the cursor stays as it was: the read that
+ * follows fails too, and this is asked again after it. */
 static void bell_start(struct xmux *m)
 {
     const char *argv[] = {"XREVRANGE", m->bell, "+", "-", "COUNT", "1"};
     struct rconn_reply *r = NULL;
-    snprintf(m->bell_cursor, sizeof m->bell_cursor, "0-0");
-    if (!rconn_command(m->rd, 6, argv, NULL, &r, NULL) && r && r->type == RCONN_ARRAY &&
-        r->n_elem == 1 && r->elem[0].type == RCONN_ARRAY && r->elem[0].n_elem == 2 &&
-        r->elem[0].elem[0].type == RCONN_STRING)
+    int rc = rconn_command(m->rd, 6, argv, NULL, &r, NULL);
+    if (rc != -RL_EIO || !m->bell_cursor[0])
+        snprintf(m->bell_cursor, sizeof m->bell_cursor, "0-0");
+    if (!rc && r && r->type == RCONN_ARRAY && r->n_elem == 1 && r->elem[0].type == RCONN_ARRAY &&
+        r->elem[0].n_elem == 2 && r->elem[0].elem[0].type == RCONN_STRING)
         snprintf(m->bell_cursor, sizeof m->bell_cursor, "%s", r->elem[0].elem[0].str);
     rconn_reply_free(r);
 }

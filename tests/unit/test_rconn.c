@@ -699,6 +699,30 @@ static struct xmux_stats stats(struct xmux *m)
     return st;
 }
 
+/* Kills the reader's connection while it is blocked and waits for the
+ * read it was in to fail (the reader then reconnects). */
+static void kill_reader(struct rconn *c, struct xmux *m)
+{
+    for (int t = 0; t < 5000 && !reader_blocked(c); t++)
+        sleep_ms(1);
+    long long n0 = stats(m).reads;
+    const char *list[] = {"CLIENT", "LIST"};
+    struct rconn_reply *cl = NULL;
+    assert_int_equal(rconn_command(c, 2, list, NULL, &cl, NULL), 0);
+    char *line = strstr(cl->str, " name=xmux ");
+    assert_non_null(line);
+    while (line > cl->str && line[-1] != '\n')
+        line--;
+    assert_int_equal(strncmp(line, "id=", 3), 0);
+    char id[24];
+    snprintf(id, sizeof id, "%lld", atoll(line + 3));
+    rconn_reply_free(cl);
+    const char *kill_id[] = {"CLIENT", "KILL", "ID", id};
+    cmd_ok(c, 4, kill_id);
+    for (int t = 0; t < 5000 && stats(m).reads == n0; t++)
+        sleep_ms(1);
+}
+
 /* Blocking on every stream (state NULL) and on a bell (state its key). */
 static void test_xmux_streams_apart(void **state)
 {
@@ -735,24 +759,7 @@ static void test_xmux_streams_apart(void **state)
     assert_int_equal(take_in_order(b, kb, 5, 1), 1);
     /* the reader's connection killed under it: it reconnects, and the
      * entries written meanwhile still come, each once */
-    for (int t = 0; t < 5000 && !reader_blocked(c); t++)
-        sleep_ms(1);
-    long long n0 = stats(m).reads;
-    const char *list[] = {"CLIENT", "LIST"};
-    struct rconn_reply *cl = NULL;
-    assert_int_equal(rconn_command(c, 2, list, NULL, &cl, NULL), 0);
-    char *line = strstr(cl->str, " name=xmux ");
-    assert_non_null(line);
-    while (line > cl->str && line[-1] != '\n')
-        line--;
-    assert_int_equal(strncmp(line, "id=", 3), 0);
-    char id[24];
-    snprintf(id, sizeof id, "%lld", atoll(line + 3));
-    rconn_reply_free(cl);
-    const char *kill_id[] = {"CLIENT", "KILL", "ID", id};
-    cmd_ok(c, 4, kill_id);
-    for (int t = 0; t < 5000 && stats(m).reads == n0; t++)
-        sleep_ms(1); /* the read it was in has failed */
+    kill_reader(c, m);
     xadd_n(c, ka, 6, 3, bell);
     assert_int_equal(take_in_order(a, ka, 6, 3), 3);
     /* nothing new: a timeout, not an entry of another stream */
@@ -852,6 +859,13 @@ static void test_xmux_bell(void **state)
     assert_int_equal(rconn_batch_exec(c, b, NULL), 0);
     rconn_batch_free(b);
     assert_int_equal(take_in_order(s[3], keys[3], 1, 1), 1);
+    /* its connection killed on the bell: it reconnects, takes the bell's
+     * place again, and what was rung meanwhile still comes */
+    kill_reader(c, m);
+    xadd_n(c, keys[5], 1, 2, bell);
+    assert_int_equal(take_in_order(s[5], keys[5], 1, 2), 2);
+    xadd_n(c, keys[6], 1, 1, bell);
+    assert_int_equal(take_in_order(s[6], keys[6], 1, 1), 1);
     assert_true(stats(m).bell_on); /* every write it saw was rung for */
     for (int i = 0; i < 40; i++)
         xmux_unsub(s[i]);
