@@ -12,13 +12,14 @@
  * nothing new), moving the entries out of the reply rather than copying
  * them, and signals the owner's condition variable.
  *
- * With a bell (xmux.h), a round is only the subscriptions marked dirty
- * (new, named by the bell, capped by COUNT last time, back from
- * backpressure, or all of them at a sweep or after a failed read), and the
- * bell comes first in the XREAD: when none has news the read blocks on the
- * bell (and those few streams) alone. A stream in a round that answered is
- * clean afterwards even when it had nothing: anything written to it after
- * the read was made rings the bell again.
+ * With a bell (xmux.h) and more than BLOCK_ALL_MAX streams, a round is
+ * only the subscriptions marked dirty (new, named by the bell, capped by
+ * COUNT last time, back from backpressure, or all of them at a sweep or
+ * after a failed read), read without BLOCK with the bell first; with none
+ * dirty the read blocks on the bell alone. A stream in a round that
+ * answered is clean afterwards even when it had nothing: anything written
+ * to it after the read was made rings the bell again. With fewer streams
+ * the reader blocks on all of them, as without a bell.
  *
  * A subscription in the current round is never freed under the reader:
  * xmux_unsub only marks it dead, and the reader frees it after the read.
@@ -63,7 +64,6 @@
  * are down to BLOCK_ALL_MIN (so that it does not flap at the border). */
 #define BLOCK_ALL_MAX 24
 #define BLOCK_ALL_MIN 16
-static void bell_start(struct xmux *m);
 
 struct xmux_sub {
     struct xmux *m;
@@ -96,7 +96,6 @@ struct xmux {
     long long n_reads, n_named;
     char *bell;                  /* NULL: block on every stream */
     bool bell_on;                /* false once a writer was caught not ringing */
-    long long n_unrung;          /* streams a sweep found news in that no ring named */
     char bell_cursor[RCONN_ID_MAX]; /* the last bell entry read (reader-only) */
     bool bell_only;              /* blocking on the bell alone (BLOCK_ALL_MAX) */
     bool bell_synced;            /* bell_cursor read since the reader last left it */
@@ -317,8 +316,8 @@ static const char *first_id(const struct rconn_reply *st)
  * is one moment's snapshot of the bell and the streams; and a writer rings
  * in the same script as it writes: news in a stream that only the sweep
  * had marked, which the bell does not name, was written by a writer that
- * does not ring. Then the bell is given up for blocking on every stream,
- * and n_unrung says so. */
+ * does not ring. Then the bell is given up for blocking on every stream
+ * (bell_on, which xmux_stats reports). */
 static void deliver(struct xmux *m, struct xmux_sub **round, int n, struct rconn_reply *r,
                     bool sync)
 {
@@ -348,15 +347,31 @@ static void deliver(struct xmux *m, struct xmux_sub **round, int n, struct rconn
         if (i == n)
             return; /* not in argument order: nothing more can be matched */
         struct xmux_sub *s = round[i++];
-        if (judge && s->swept && st->elem[1].type == RCONN_ARRAY && st->elem[1].n_elem) {
-            m->n_unrung++;
+        if (judge && s->swept && st->elem[1].type == RCONN_ARRAY && st->elem[1].n_elem)
             m->bell_on = false;
-        }
         if (s->dead)
             continue;
         take_stream(s, st);
         pthread_cond_signal(&s->cond);
     }
+}
+
+/* The bell's last entry ID, so that the next read takes only what comes
+ * after; "0-0" when it is empty or cannot be read that way (that read
+ * then comes back full, and every stream is read: slower, right). When
+ * Redis cannot answer now the cursor stays as it was: the read that
+ * follows fails too, and this is asked again after it. */
+static void bell_start(struct xmux *m)
+{
+    const char *argv[] = {"XREVRANGE", m->bell, "+", "-", "COUNT", "1"};
+    struct rconn_reply *r = NULL;
+    int rc = rconn_command(m->rd, 6, argv, NULL, &r, NULL);
+    if (rc != -RL_EIO || !m->bell_cursor[0])
+        snprintf(m->bell_cursor, sizeof m->bell_cursor, "0-0");
+    if (!rc && r && r->type == RCONN_ARRAY && r->n_elem == 1 && r->elem[0].type == RCONN_ARRAY &&
+        r->elem[0].n_elem == 2 && r->elem[0].elem[0].type == RCONN_STRING)
+        snprintf(m->bell_cursor, sizeof m->bell_cursor, "%s", r->elem[0].elem[0].str);
+    rconn_reply_free(r);
 }
 
 static void *reader_main(void *arg)
@@ -370,15 +385,15 @@ static void *reader_main(void *arg)
     pthread_mutex_lock(&m->mu);
     while (!m->stopping) {
         int n = 0, n_live = 0;
-        bool bell = m->bell_on;
+        for (struct xmux_sub *s = m->subs; s; s = s->next)
+            n_live += !s->dead && s->n_held < XMUX_HELD_MAX;
+        m->bell_only = m->bell_on &&
+                       (n_live > BLOCK_ALL_MAX || (m->bell_only && n_live > BLOCK_ALL_MIN));
         int64_t now = mono_ms();
-        if (bell && now >= m->next_sweep_ms) { /* writers that do not ring */
+        if (m->bell_only && now >= m->next_sweep_ms) { /* writers that do not ring */
             mark_all(m, true);
             m->next_sweep_ms = now + m->sweep_ms;
         }
-        for (struct xmux_sub *s = m->subs; s; s = s->next)
-            n_live += !s->dead && s->n_held < XMUX_HELD_MAX;
-        m->bell_only = bell && (n_live > BLOCK_ALL_MAX || (m->bell_only && n_live > BLOCK_ALL_MIN));
         if (!m->bell_only) {
             m->bell_synced = false;
         } else if (!m->bell_synced) {
@@ -527,24 +542,6 @@ static void kick(struct xmux *m, unsigned long long want)
         struct timespec ts = {0, 100 * 1000};
         nanosleep(&ts, NULL);
     }
-}
-
-/* The bell's last entry ID, so that the next read takes only what comes
- * after; "0-0" when it is empty or cannot be read that way (that read
- * then comes back full, and every stream is read: slower, right). When
- * Redis cannot answer now the cursor stays as it was: the read that
- * follows fails too, and this is asked again after it. */
-static void bell_start(struct xmux *m)
-{
-    const char *argv[] = {"XREVRANGE", m->bell, "+", "-", "COUNT", "1"};
-    struct rconn_reply *r = NULL;
-    int rc = rconn_command(m->rd, 6, argv, NULL, &r, NULL);
-    if (rc != -RL_EIO || !m->bell_cursor[0])
-        snprintf(m->bell_cursor, sizeof m->bell_cursor, "0-0");
-    if (!rc && r && r->type == RCONN_ARRAY && r->n_elem == 1 && r->elem[0].type == RCONN_ARRAY &&
-        r->elem[0].n_elem == 2 && r->elem[0].elem[0].type == RCONN_STRING)
-        snprintf(m->bell_cursor, sizeof m->bell_cursor, "%s", r->elem[0].elem[0].str);
-    rconn_reply_free(r);
 }
 
 int xmux_create(struct xmux **out, const struct rconn_opts *o, const struct xmux_opts *xo,
@@ -747,7 +744,9 @@ void xmux_unsub(struct xmux_sub *s)
     pthread_mutex_unlock(&m->mu);
 }
 
-int xmux_ring_probe(struct rconn *c, const char *bell, struct rl_err *err)
+/* 0: a writer on c may ring bell; -RL_EUNSUPPORTED: the ACL refuses it
+ * (err says how); -RL_EIO: Redis is away or busy (ask again). */
+static int ring_probe(struct rconn *c, const char *bell, struct rl_err *err)
 {
     const char *argv[] = {"EVAL",
                           "return redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', "
@@ -762,6 +761,22 @@ int xmux_ring_probe(struct rconn *c, const char *bell, struct rl_err *err)
     }
     rconn_reply_free(r);
     return rc;
+}
+
+bool xmux_ringer_check(struct xmux_ringer *rg, struct rconn *c, const char *bell,
+                       struct rl_err *why)
+{
+    long long conn = rconn_n_reconnects(c) + 1;
+    if (rg->conn == conn)
+        return false;
+    int rc = ring_probe(c, bell, why);
+    if (rc && rc != -RL_EUNSUPPORTED)
+        return false;
+    int on = rc ? -1 : 1;
+    bool changed = on != rg->on;
+    rg->on = on;
+    rg->conn = conn;
+    return changed;
 }
 
 void xmux_stats(struct xmux *m, struct xmux_stats *out)

@@ -69,12 +69,20 @@ struct xmux_opts {
  * later). */
 int xmux_create(struct xmux **out, const struct rconn_opts *o, const struct xmux_opts *xo,
                 struct rl_err *err);
-/* For writers: whether a writer on c may ring bell, found by ringing it
- * once from a script, as the writers do (a ring that names no followed
- * stream is harmless). 0: it may; -RL_EUNSUPPORTED: the ACL refuses it
- * (err says how), so the writer must not name the bell in its scripts;
- * -RL_EIO: Redis is away (ask again). */
-int xmux_ring_probe(struct rconn *c, const char *bell, struct rl_err *err);
+/* For writers: whether a writer may ring the bell, asked once per
+ * connection (an ACL may change with a restart) by ringing it from a
+ * script, as the writers do (a ring that names no followed stream is
+ * harmless). A writer that may not must not name the bell in its scripts.
+ * Zeroed: not asked yet. */
+struct xmux_ringer {
+    int on;         /* 1 may ring, -1 may not (the ACL), 0 not asked yet */
+    long long conn; /* rconn_n_reconnects(c) + 1 when last answered */
+};
+/* Asks unless c's connection was asked already; true when the answer
+ * changed, with *why saying what refused it when it is now -1. Redis away
+ * or busy: unchanged, asked again at the next call. */
+bool xmux_ringer_check(struct xmux_ringer *rg, struct rconn *c, const char *bell,
+                       struct rl_err *why);
 
 /* Stops and joins the reader. Every subscription must have been ended. */
 void xmux_free(struct xmux *m);

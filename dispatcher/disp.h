@@ -22,6 +22,7 @@
 #include "rconn.h"
 #include "route.h"
 #include "sha256.h"
+#include "xmux.h"
 
 #define D_MAX_POOLS 64 /* the shared pools, then every served model's own */
 #define D_MAX_MODELS 16
@@ -130,8 +131,7 @@ struct disp {
     /* the bell its answers ring on a single instance (common/xmux.h), as
      * the workers' emits do: <prefix>bell */
     char bell_key[D_KEY_MAX];
-    int bell;                     /* 1 rings it, 0 may not (the ACL), -1 not asked yet */
-    long long bell_conn;          /* rconn_n_reconnects + 1 when last asked */
+    struct xmux_ringer ringer;    /* whether it may ring it */
     struct dpool pools[D_MAX_POOLS]; /* [0, n_shared): the configured pools */
     int n_pools, n_shared;
     /* the served models (models.c); refreshed at every heartbeat, and at

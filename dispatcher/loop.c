@@ -550,25 +550,15 @@ static void decide(struct disp *d, struct dreq *qs, int n)
     pthread_mutex_unlock(&d->m.mu);
 }
 
-/* May the dispatcher ring the bell? Asked once per connection, as the
- * workers do (worker/publish.c); said in the log when the answer changes. */
+/* May the dispatcher ring the bell? Said in the log when the answer changes. */
 static void bell_probe(struct disp *d)
 {
-    long long conn = rconn_n_reconnects(d->rc) + 1;
-    if (d->bell_conn == conn)
-        return;
     struct rl_err e;
-    int rc = xmux_ring_probe(d->rc, d->bell_key, &e);
-    if (rc && rc != -RL_EUNSUPPORTED)
-        return; /* Redis away or busy: asked again with the next answer */
-    int on = rc == 0;
-    if (on != d->bell)
-        RL_LOG(&d->log, on ? RL_LOG_DEBUG : RL_LOG_WARN,
-               on ? "ringing %s with every answer" :
+    if (xmux_ringer_check(&d->ringer, d->rc, d->bell_key, &e))
+        RL_LOG(&d->log, d->ringer.on > 0 ? RL_LOG_DEBUG : RL_LOG_WARN,
+               d->ringer.on > 0 ? "ringing %s with every answer" :
                     "not ringing %s (%s): config/redis-acl.conf lets the dispatcher ring it",
                d->bell_key, e.msg);
-    d->bell = on;
-    d->bell_conn = conn;
 }
 
 /* The dispatcher's answers (refusals, OVERLOADED, cache replays) keep the
@@ -642,7 +632,7 @@ static int add_events(struct disp *d, struct dreq *q, struct rl_err *err)
     if (ev_build_error(0, EV_CODE_ID_CONFLICT, msg, &conflict[0], &e2) == 0)
         ev_stamp_request(&conflict[0], q->e->id, q->sha, &e2);
     conflict[1] = error_done(q, 1, rl_wall_ms());
-    bool bell = !cl && d->bell == 1;
+    bool bell = !cl && d->ringer.on > 0;
     int argc = 12 + q->n_events + 2, rc;
     const char **argv = malloc((size_t)argc * sizeof *argv);
     if (!argv || !conflict[0] || !conflict[1]) {

@@ -153,7 +153,6 @@ int main(int argc, char **argv)
         return 1;
     }
     dm_init(&d->m);
-    d->bell = -1; /* not asked yet (loop.c) */
     pthread_mutex_init(&d->models_mu, NULL);
     if (!(d->fleet = fleet_create())) {
         fprintf(stderr, "redlm-dispatcher: out of memory\n");

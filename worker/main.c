@@ -284,7 +284,6 @@ int main(int argc, char **argv)
     w->argc = argc; /* cfg_load skips argv[0] itself */
     w->argv = argv;
     w->t_start_ms = rl_wall_ms();
-    w->bell = -1; /* not asked yet (publish.c) */
     wopts_default(&w->opt);
     int rc = wopts_parse_args(&w->opt, &w->cfg, w->argc, w->argv, &err);
     if (rc == 1) {

@@ -374,28 +374,19 @@ static int collect_events(struct worker *w, struct flush *f, struct wjob *j, int
     return 0;
 }
 
-/* May this worker ring the bell? Asked once per connection (an ACL may
- * change with a restart); said in the log when the answer changes. */
+/* May this worker ring the bell? Said in the log when the answer changes. */
 static void bell_probe(struct worker *w)
 {
-    long long conn = rconn_n_reconnects(w->rc) + 1;
-    if (w->bell_conn == conn)
-        return;
-    snprintf(w->bell_key, sizeof w->bell_key, "%sbell", w->opt.prefix);
+    if (!w->bell_key[0])
+        snprintf(w->bell_key, sizeof w->bell_key, "%sbell", w->opt.prefix);
     struct rl_err e;
-    int rc = xmux_ring_probe(w->rc, w->bell_key, &e);
-    if (rc && rc != -RL_EUNSUPPORTED)
-        return; /* Redis away or busy: asked again next flush */
-    int on = rc == 0;
-    if (on != w->bell)
-        RL_LOG(&w->log, on ? RL_LOG_DEBUG : RL_LOG_WARN,
-               on ? "ringing %s with every emit" :
+    if (xmux_ringer_check(&w->ringer, w->rc, w->bell_key, &e))
+        RL_LOG(&w->log, w->ringer.on > 0 ? RL_LOG_DEBUG : RL_LOG_WARN,
+               w->ringer.on > 0 ? "ringing %s with every emit" :
                     "not ringing %s (%s): the front door's shared reader reads this "
                     "worker's streams only once a second, until it blocks on every "
                     "stream again; config/redis-acl.conf lets workers ring it",
                w->bell_key, e.msg);
-    w->bell = on;
-    w->bell_conn = conn;
 }
 
 /* One FENCE_EMIT over the jobs collected since the last: per job its
@@ -412,7 +403,7 @@ static int queue_emit(struct worker *w, struct flush *f)
         n_ev += f->emits[g].n_ev;
         n_keys += 2 + f->emits[g].n_check;
     }
-    bool bell = w->bell == 1 && !w_cluster(w);
+    bool bell = w->ringer.on > 0 && !w_cluster(w);
     int n = 6 + n_keys + 5 * n_jobs + 2 * n_ev;
     const char **argv = malloc((size_t)n * sizeof *argv);
     size_t *lens = malloc((size_t)n * sizeof *lens);

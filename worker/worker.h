@@ -44,6 +44,7 @@
 #include "rconn.h"
 #include "text.h"
 #include "wopts.h"
+#include "xmux.h"
 
 #define W_KEY_MAX 384 /* <prefix>jobs:<served name>:<pool> fits */
 /* the pools, then our offer streams; or on a cluster the pools' shards
@@ -229,8 +230,7 @@ struct worker {
     /* the bell (common/xmux.h) every emit rings on a single instance, so
      * that shared readers read only the streams written: <prefix>bell */
     char bell_key[W_KEY_MAX];
-    int bell;                     /* 1 rings it, 0 may not (the ACL), -1 not asked yet */
-    long long bell_conn;          /* rconn_n_reconnects + 1 when last asked */
+    struct xmux_ringer ringer;    /* whether this worker may ring it */
     bool groups_ok;               /* XGROUP CREATE done since the last NOGROUP */
 
     int last_prompt_len;          /* rendered length of the last job admitted */

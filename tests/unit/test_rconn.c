@@ -592,12 +592,15 @@ static void test_reconnect_after_restart(void **state)
 /* ---- xmux: one XREAD for many streams ---- */
 
 /* bell: NULL, or the bell's key (the reader then blocks on it alone, and
- * sweeps every sweep_ms, 0 for the default) */
-static struct xmux *mk_mux(const char *bell, int sweep_ms)
+ * sweeps every sweep_ms, 0 for the default); io_timeout_ms: its
+ * connections' reply timeout, 0 for rconn's default */
+static struct xmux *mk_mux(const char *bell, int sweep_ms, int io_timeout_ms)
 {
     struct rconn_opts o;
     rconn_opts_default(&o);
     o.addr = addr;
+    if (io_timeout_ms)
+        o.io_timeout_ms = io_timeout_ms;
     struct xmux *m = NULL;
     struct rl_err err = {0};
     struct xmux_opts xo = {.bell = bell, .sweep_ms = sweep_ms};
@@ -732,7 +735,7 @@ static void test_xmux_streams_apart(void **state)
     const char *ka = key(bell ? "mux-a-b" : "mux-a"), *kb = key(bell ? "mux-b-b" : "mux-b");
     const char *kc = key(bell ? "mux-c-b" : "mux-c");
     xadd_n(c, ka, 1, 3, bell);
-    struct xmux *m = mk_mux(bell, 0);
+    struct xmux *m = mk_mux(bell, 0, 0);
     struct xmux_sub *a = NULL, *b = NULL, *b2 = NULL, *cc = NULL;
     assert_int_equal(xmux_sub(m, ka, "0-0", &a, NULL), 0);
     assert_int_equal(xmux_sub(m, kb, "0-0", &b, NULL), 0);
@@ -783,7 +786,7 @@ static void test_xmux_backpressure(void **state)
     const char *k = key(bell ? "mux-many-b" : "mux-many");
     int n = XMUX_HELD_MAX + 1000; /* more than one subscription may hold */
     xadd_n(c, k, 1, n, bell);
-    struct xmux *m = mk_mux(bell, 0);
+    struct xmux *m = mk_mux(bell, 0, 0);
     struct xmux_sub *s = NULL, *gone = NULL;
     assert_int_equal(xmux_sub(m, k, "0-0", &s, NULL), 0);
     /* a subscription ended while the reader may be reading it */
@@ -824,7 +827,7 @@ static void test_xmux_bell(void **state)
     assert_int_equal(rconn_wait(c, 2000, NULL), 0);
     char bell[160], keys[40][160];
     snprintf(bell, sizeof bell, "%s", key("bell-only"));
-    struct xmux *m = mk_mux(bell, 60000);
+    struct xmux *m = mk_mux(bell, 60000, 0);
     struct xmux_sub *s[40];
     follow_n(m, "bell", 40, keys, s);
     /* more than 24 streams: the reader reads them all once (new
@@ -873,7 +876,7 @@ static void test_xmux_bell(void **state)
     /* the sweep: a stream written without a ring still comes, and the
      * reader, caught out by a writer that does not ring, gives the bell up
      * and blocks on every stream from then on */
-    m = mk_mux(bell, 100);
+    m = mk_mux(bell, 100, 0);
     struct xmux_sub *w[30];
     for (int i = 0; i < 30; i++) /* more than 24: on the bell alone */
         assert_int_equal(xmux_sub(m, keys[10 + i], "0-0", &w[i], NULL), 0);
@@ -890,7 +893,7 @@ static void test_xmux_bell(void **state)
     xmux_free(m);
     /* few streams: blocked on them, not on the bell, so a write to one is
      * answered by the read it wakes, rung for or not */
-    m = mk_mux(bell, 60000);
+    m = mk_mux(bell, 60000, 0);
     char few_keys[3][160];
     struct xmux_sub *few[3];
     follow_n(m, "few", 3, few_keys, few);
@@ -916,14 +919,8 @@ static void test_xmux_short_io_timeout(void **state)
     struct rconn *c = mk(addr, NULL, NULL);
     assert_int_equal(rconn_wait(c, 2000, NULL), 0);
     const char *k = key(bell ? "mux-io-b" : "mux-io");
-    struct rconn_opts o;
-    rconn_opts_default(&o);
-    o.addr = addr;
-    o.io_timeout_ms = 800; /* less than the usual BLOCK of 1000 ms */
-    struct xmux *m = NULL;
+    struct xmux *m = mk_mux(bell, 0, 800); /* less than the usual BLOCK of 1000 ms */
     struct rl_err err = {0};
-    struct xmux_opts xo = {.bell = bell};
-    assert_int_equal(xmux_create(&m, &o, bell ? &xo : NULL, &err), 0);
     struct xmux_sub *s = NULL;
     assert_int_equal(xmux_sub(m, k, "0-0", &s, NULL), 0);
     struct rconn_reply *r = (struct rconn_reply *)1;
