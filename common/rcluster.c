@@ -12,16 +12,18 @@
 #include <string.h>
 #include <strings.h>
 
-uint16_t rcl_crc16(const char *buf, size_t len)
+/* crc carried on over len bytes of buf, or of zeros when buf is NULL */
+static uint16_t crc16_more(uint16_t crc, const char *buf, size_t len)
 {
-    uint16_t crc = 0;
     for (size_t i = 0; i < len; i++) {
-        crc ^= (uint16_t)((uint8_t)buf[i] << 8);
+        crc ^= (uint16_t)((buf ? (uint8_t)buf[i] : 0) << 8);
         for (int b = 0; b < 8; b++)
             crc = crc & 0x8000 ? (uint16_t)((crc << 1) ^ 0x1021) : (uint16_t)(crc << 1);
     }
     return crc;
 }
+
+uint16_t rcl_crc16(const char *buf, size_t len) { return crc16_more(0, buf, len); }
 
 int rcl_key_slot(const char *key, size_t len)
 {
@@ -250,4 +252,79 @@ int rcl_shard_pick(const char *intake_key, const char *entry_id, int n_shards)
     for (const char *p = entry_id; *p; p++)
         h = (h ^ (uint8_t)*p) * 1099511628211ull;
     return (int)(h % (uint64_t)n_shards);
+}
+
+/* The window's letters are 0x68 | b, b in 0..7 ('h'..'o'): three free bits
+ * each, 18 in all, and crc(id) = crc(id with the window all 'h') ^ crc(the
+ * free bits set alone), since a zero-start CRC is linear and leading zero
+ * bytes leave it 0. An XOR basis of the 18 bits' images (their low 14 bits,
+ * the slot) solves for the bits that turn the first into slot. */
+int rcl_slot_fill(char *id, size_t len, size_t at, int slot)
+{
+    if (at > len || len - at < RCL_SLOT_FILL_LEN || slot < 0 || slot >= RCL_N_SLOTS)
+        return -1;
+    enum { NB = 3 * RCL_SLOT_FILL_LEN, SB = 14 };
+    memset(id + at, 'h', RCL_SLOT_FILL_LEN);
+    unsigned want = (rcl_crc16(id, len) ^ (unsigned)slot) & (RCL_N_SLOTS - 1);
+    unsigned basis[SB] = {0};
+    uint32_t made_of[SB] = {0}; /* which free bits XOR to basis[b] */
+    /* the image of bit b of window byte i: that byte alone, then zeros
+     * through the rest of the window and the id's tail */
+    unsigned image[NB];
+    size_t tail = len - at - RCL_SLOT_FILL_LEN;
+    for (int b = 0; b < 3; b++) {
+        char one = (char)(1 << b);
+        uint16_t c = crc16_more(crc16_more(0, &one, 1), NULL, tail);
+        for (int i = RCL_SLOT_FILL_LEN - 1; i >= 0; i--) {
+            image[3 * i + b] = c & (RCL_N_SLOTS - 1);
+            c = crc16_more(c, NULL, 1);
+        }
+    }
+    for (int k = 0; k < NB; k++) {
+        unsigned v = image[k];
+        uint32_t m = UINT32_C(1) << k;
+        for (int b = SB - 1; b >= 0 && v; b--) {
+            if (!(v >> b & 1))
+                continue;
+            if (!basis[b]) {
+                basis[b] = v, made_of[b] = m;
+                break;
+            }
+            v ^= basis[b], m ^= made_of[b];
+        }
+    }
+    uint32_t bits = 0;
+    for (int b = SB - 1; b >= 0; b--)
+        if (want >> b & 1) {
+            if (!basis[b]) /* not reached: the 18 bits span every slot (test_rcluster) */
+                return -1;
+            want ^= basis[b], bits ^= made_of[b];
+        }
+    for (int i = 0; i < RCL_SLOT_FILL_LEN; i++)
+        id[at + (size_t)i] = (char)(0x68 | (bits >> (3 * i) & 7));
+    return 0;
+}
+
+int rcl_map_request_slots(const struct rcl_map *m, int *slots, int max)
+{
+    int n = 0;
+    for (int node = 0; node < m->n_nodes && n < max; node++)
+        for (int s = 0; s < RCL_N_SLOTS; s++)
+            if (m->slot_node[s] == node) {
+                slots[n++] = s;
+                break;
+            }
+    return n;
+}
+
+int rcl_bell_key(char *buf, size_t cap, bool cluster, const char *prefix, int slot)
+{
+    int n = snprintf(buf, cap, cluster ? "%sbell{%.*s}" : "%sbell", prefix, RCL_SLOT_FILL_LEN,
+                     "......");
+    if (n < 0 || (size_t)n >= cap)
+        return -1;
+    /* the tag is the letters alone: they are what the slot is of */
+    if (cluster && rcl_slot_fill(buf + n - 1 - RCL_SLOT_FILL_LEN, RCL_SLOT_FILL_LEN, 0, slot))
+        return -1;
+    return n;
 }

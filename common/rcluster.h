@@ -121,4 +121,34 @@ int rcl_shard_key_n(char *buf, size_t cap, const char *key, int shard, long n);
  * into the same shard, whose forward marker refuses the duplicate. */
 int rcl_shard_pick(const char *intake_key, const char *entry_id, int n_shards);
 
+/* Ids that share a slot (issue 27 point 4, schemas/README.md "Request
+ * slots"). On a cluster every key of one request carries its id as hash
+ * tag, so requests with ids of one slot can be written by one script call
+ * and read by one XREAD; ids of a slot each (the default for ids a client
+ * makes up) cost a call each. A client that makes ids picks, per request,
+ * one of the "request slots" (rcl_map_request_slots) and fills a window of
+ * its id with rcl_slot_fill.
+ *
+ * Overwrites id[at .. at + RCL_SLOT_FILL_LEN) with letters 'h'..'o' so
+ * that the slot of the whole id (len bytes, as hashed: the part between
+ * the braces of out:{<id>}) is slot. CRC16 with a zero start is linear
+ * over GF(2), so the letters come from solving 14 equations in the
+ * window's 18 free bits, not from a search: a few microseconds. Returns 0,
+ * or -1 when the window does not fit in len or slot is out of range. */
+#define RCL_SLOT_FILL_LEN 6
+int rcl_slot_fill(char *id, size_t len, size_t at, int slot);
+
+/* The bell (common/xmux.h) that writers of streams in slot ring: on a
+ * single instance <prefix>bell, one for every stream; on a cluster
+ * <prefix>bell{<six letters>}, the letters putting it in slot, since a
+ * script that writes a stream must ring in its slot. Returns the length,
+ * or -1 when it does not fit in cap. */
+int rcl_bell_key(char *buf, size_t cap, bool cluster, const char *prefix, int slot);
+
+/* The request slots of a cluster: for each master of m (in node order),
+ * the lowest slot it serves, so that every client of one cluster picks the
+ * same ones from its own map. Returns the count (<= max), 0 for an empty
+ * map. */
+int rcl_map_request_slots(const struct rcl_map *m, int *slots, int max);
+
 #endif

@@ -83,6 +83,8 @@ struct rconn {
     bool down;           /* the last re-read found no node answering */
     struct rcl_map *map; /* cluster only: slot -> master */
     redisContext *node_ctx[RCL_MAX_NODES]; /* by map node index, NULL = not connected */
+    int64_t node_serial[RCL_MAX_NODES]; /* which open made node_ctx[i] (n_node_opens then) */
+    int64_t n_node_opens;
     int64_t node_retry_ms[RCL_MAX_NODES]; /* a node's connect failed: not before this */
     int block_ms;        /* > 0 while a BLOCKing read runs: widens the node's timeout */
     /* extra connections to masters, by address and role (aux_ctx): the
@@ -479,6 +481,7 @@ static int refresh_map(struct rconn *c, struct rl_err *err)
     }
     /* carry contexts over to the new node numbering */
     redisContext *keep[RCL_MAX_NODES] = {0};
+    int64_t keep_serial[RCL_MAX_NODES] = {0};
     for (int i = 0; c->map && i < c->map->n_nodes; i++) {
         if (!c->node_ctx[i])
             continue;
@@ -488,12 +491,13 @@ static int refresh_map(struct rconn *c, struct rl_err *err)
                 !strcmp(fresh->nodes[k].host, c->map->nodes[i].host))
                 n = k;
         if (n >= 0)
-            keep[n] = c->node_ctx[i];
+            keep[n] = c->node_ctx[i], keep_serial[n] = c->node_serial[i];
         else
             redisFree(c->node_ctx[i]);
         c->node_ctx[i] = NULL;
     }
     memcpy(c->node_ctx, keep, sizeof keep);
+    memcpy(c->node_serial, keep_serial, sizeof keep_serial);
     memset(c->node_retry_ms, 0, sizeof c->node_retry_ms); /* the numbering changed */
     free(c->map);
     c->map = fresh;
@@ -738,6 +742,7 @@ static int node_ctx(struct rconn *c, int n, redisContext **out, struct rl_err *e
             return rc;
         }
         c->node_retry_ms[n] = 0;
+        c->node_serial[n] = ++c->n_node_opens;
     }
     *out = c->node_ctx[n];
     if (c->io_timeout_ms > 0)
@@ -936,6 +941,26 @@ int rconn_command(struct rconn *c, int argc, const char *const *argv, const size
 int rconn_n_masters(const struct rconn *c)
 {
     return c->cluster && c->map ? c->map->n_nodes : 1;
+}
+
+int rconn_slot_master(const struct rconn *c, int slot)
+{
+    if (!c->cluster || !c->map)
+        return 0;
+    return slot < 0 || slot >= RCL_N_SLOTS ? -1 : c->map->slot_node[slot];
+}
+
+int64_t rconn_slot_conn(const struct rconn *c, int slot)
+{
+    if (!c->cluster || !c->map)
+        return c->ctx ? c->n_connects : 0;
+    int n = slot >= 0 && slot < RCL_N_SLOTS ? c->map->slot_node[slot] : -1;
+    return n >= 0 && c->node_ctx[n] ? c->node_serial[n] : 0;
+}
+
+int rconn_request_slots(const struct rconn *c, int *slots, int max)
+{
+    return c->cluster && c->map ? rcl_map_request_slots(c->map, slots, max) : 0;
 }
 
 int rconn_command_on(struct rconn *c, int master, int argc, const char *const *argv,

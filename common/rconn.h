@@ -119,6 +119,19 @@ int rconn_command(struct rconn *c, int argc, const char *const *argv, const size
 int rconn_n_masters(const struct rconn *c);
 int rconn_command_on(struct rconn *c, int master, int argc, const char *const *argv,
                      const size_t *lens, struct rconn_reply **out, struct rl_err *err);
+/* On a cluster: the master serving slot now, as an index for
+ * rconn_command_on (-1 while no master is known for it); 0 for a single
+ * instance. */
+int rconn_slot_master(const struct rconn *c, int slot);
+/* Which connection serves slot now: a number that changes whenever that
+ * may be another one (a reconnect, a failover, a new slot map), 0 while
+ * none is open. Per connection state (a CLIENT ID) is read again when it
+ * changes (common/xmux.c). A single instance: its one connection's. */
+int64_t rconn_slot_conn(const struct rconn *c, int slot);
+/* The request slots (common/rcluster.h, rcl_map_request_slots) of the
+ * slot map as last read, up to max of them: 0 for a single instance and
+ * before the first connect, where ids need no slot. */
+int rconn_request_slots(const struct rconn *c, int *slots, int max);
 
 /* Pipelining: queue commands, send them in one write, read all replies.
  * The batch keeps each command encoded, so after -RL_EIO mid-way a second

@@ -47,6 +47,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "rcluster.h"
 #include "xmux.h"
 
 #define BLOCK_MS 1000       /* the reader's BLOCK when nothing changes (at most) */
@@ -91,7 +92,9 @@ struct xmux {
     long long cid;               /* the reader connection's CLIENT ID (stale until the
                                     reader reads it again after a reconnect: an UNBLOCK
                                     then answers 0 and kick() tries again) */
-    long long cid_conn;          /* rconn_n_reconnects(rd) when cid was read */
+    long long cid_conn;          /* rconn_slot_conn(rd, slot) when cid was read */
+    bool cluster;                /* every stream in one slot, CLIENT ID/UNBLOCK on its master */
+    int slot;
     struct rl_err fail;          /* the last read's failure, code 0 after a good read */
     long long n_reads, n_named;
     char *bell;                  /* NULL: block on every stream */
@@ -195,12 +198,16 @@ static void unlink_sub(struct xmux *m, struct xmux_sub *s)
 }
 
 /* One command that must answer an integer (CLIENT ID, CLIENT UNBLOCK); an
- * error reply is -RL_EUNSUPPORTED: an ACL without the command. */
-static int probe(struct rconn *c, int argc, const char *const *argv, long long *val,
-                 struct rl_err *err)
+ * error reply is -RL_EUNSUPPORTED: an ACL without the command. On a
+ * cluster it goes to the master of the reader's slot, where its reads
+ * block. */
+static int probe(const struct xmux *m, struct rconn *c, int argc, const char *const *argv,
+                 long long *val, struct rl_err *err)
 {
     struct rconn_reply *r = NULL;
-    int rc = rconn_command(c, argc, argv, NULL, &r, err);
+    int rc = m->cluster ? rconn_command_on(c, rconn_slot_master(c, m->slot), argc, argv, NULL,
+                                           &r, err)
+                        : rconn_command(c, argc, argv, NULL, &r, err);
     if (rc == -RL_EINVAL && r && r->type == RCONN_ERROR)
         rc = rl_errf(err, RL_EUNSUPPORTED, "%s %s: %s", argv[0], argv[1], r->str);
     else if (!rc && (!r || r->type != RCONN_INTEGER))
@@ -218,19 +225,19 @@ static int refresh_cid(struct xmux *m, struct rl_err *err)
     int rc = rconn_ensure(m->rd, err);
     if (rc)
         return rc;
-    long long conn = rconn_n_reconnects(m->rd);
+    long long conn = rconn_slot_conn(m->rd, m->slot);
     pthread_mutex_lock(&m->mu);
-    bool fresh = m->cid_conn == conn;
+    bool fresh = conn && m->cid_conn == conn;
     pthread_mutex_unlock(&m->mu);
     if (fresh)
         return 0;
     const char *argv[] = {"CLIENT", "ID"};
     long long id;
-    if ((rc = probe(m->rd, 2, argv, &id, err)))
+    if ((rc = probe(m, m->rd, 2, argv, &id, err)))
         return rc;
     pthread_mutex_lock(&m->mu);
     m->cid = id;
-    m->cid_conn = rconn_n_reconnects(m->rd);
+    m->cid_conn = rconn_slot_conn(m->rd, m->slot);
     pthread_mutex_unlock(&m->mu);
     return 0;
 }
@@ -535,7 +542,7 @@ static void kick(struct xmux *m, unsigned long long want)
         const char *argv[] = {"CLIENT", "UNBLOCK", id};
         long long n = 0;
         pthread_mutex_lock(&m->ctl_mu);
-        int rc = probe(m->ctl, 3, argv, &n, NULL);
+        int rc = probe(m, m->ctl, 3, argv, &n, NULL);
         pthread_mutex_unlock(&m->ctl_mu);
         if (rc || n == 1)
             return; /* unblocked; or Redis is away (and so is the read) */
@@ -556,6 +563,7 @@ int xmux_create(struct xmux **out, const struct rconn_opts *o, const struct xmux
      * a dead connection */
     m->block_ms = o->io_timeout_ms > 0 && o->io_timeout_ms / 2 < BLOCK_MS
                       ? (o->io_timeout_ms / 2 > 0 ? o->io_timeout_ms / 2 : 1) : BLOCK_MS;
+    m->slot = xo ? xo->slot : 0;
     if (xo && xo->bell && !(m->bell = strdup(xo->bell))) {
         free(m);
         return rl_errf(err, RL_ENOMEM, "xmux: out of memory");
@@ -572,21 +580,29 @@ int xmux_create(struct xmux **out, const struct rconn_opts *o, const struct xmux
         goto fail;
     if ((rc = rconn_ensure(m->rd, err)) || (rc = rconn_ensure(m->ctl, err)))
         goto fail;
-    if (rconn_is_cluster(m->rd)) {
-        rc = rl_errf(err, RL_EUNSUPPORTED,
-                     "a Redis Cluster keeps each stream in a slot of its own: one read cannot "
-                     "follow several");
-        goto fail;
+    if ((m->cluster = rconn_is_cluster(m->rd))) {
+        if (!xo || xo->slot < 0 || xo->slot >= RCL_N_SLOTS) {
+            rc = rl_errf(err, RL_EUNSUPPORTED,
+                         "on a Redis Cluster one read follows the streams of one slot: "
+                         "xmux_opts.slot names it");
+            goto fail;
+        }
+        if (m->bell && rcl_key_slot(m->bell, strlen(m->bell)) != m->slot) {
+            rc = rl_errf(err, RL_EINVAL, "xmux: the bell %.100s is not in slot %d", m->bell,
+                         m->slot);
+            goto fail;
+        }
     }
     long long id = -1, n = 0;
     const char *cid[] = {"CLIENT", "ID"};
-    if ((rc = probe(m->rd, 2, cid, &m->cid, err)) || (rc = probe(m->ctl, 2, cid, &id, err)))
+    if ((rc = probe(m, m->rd, 2, cid, &m->cid, err)) ||
+        (rc = probe(m, m->ctl, 2, cid, &id, err)))
         goto fail;
-    m->cid_conn = rconn_n_reconnects(m->rd);
+    m->cid_conn = rconn_slot_conn(m->rd, m->slot);
     char ids[24];
     snprintf(ids, sizeof ids, "%lld", id);
     const char *unb[] = {"CLIENT", "UNBLOCK", ids}; /* itself, not blocked: answers 0 */
-    if ((rc = probe(m->ctl, 3, unb, &n, err)))
+    if ((rc = probe(m, m->ctl, 3, unb, &n, err)))
         goto fail;
     if (m->bell) { /* may the reader read the bell? (an older ACL does not let it) */
         const char *rd[] = {"XREAD", "COUNT", "1", "STREAMS", m->bell, "0-0"};
@@ -655,6 +671,9 @@ int xmux_sub(struct xmux *m, const char *key, const char *from_id, struct xmux_s
     *out = NULL;
     if (strlen(from_id) >= RCONN_ID_MAX)
         return rl_errf(err, RL_EINVAL, "xmux: entry id \"%.60s\" is too long", from_id);
+    if (m->cluster && rcl_key_slot(key, strlen(key)) != m->slot)
+        return rl_errf(err, RL_EINVAL, "xmux: %.100s is not in slot %d, the one this reader follows",
+                       key, m->slot);
     struct xmux_sub *s = calloc(1, sizeof *s);
     if (!s || !(s->key = strdup(key)) || cond_init(&s->cond)) {
         if (s)
@@ -792,4 +811,96 @@ size_t xmux_n_held(struct xmux_sub *s)
     size_t n = s->n_held;
     pthread_mutex_unlock(&s->m->mu);
     return n;
+}
+
+struct xmux_set {
+    int n;                          /* readers: 1 on a single instance */
+    struct xmux *mux[RCL_MAX_NODES];
+    int slot[RCL_MAX_NODES];        /* the request slots (cluster only) */
+    bool cluster;
+};
+
+int xmux_set_create(struct xmux_set **out, const struct rconn_opts *o, const char *prefix,
+                    bool bell, struct rl_err *note, struct rl_err *err)
+{
+    *out = NULL;
+    if (note)
+        note->code = 0;
+    struct xmux_set *s = calloc(1, sizeof *s);
+    if (!s)
+        return rl_errf(err, RL_ENOMEM, "xmux: out of memory");
+    struct rconn *c = NULL; /* asked once: a cluster? its request slots */
+    int rc = rconn_create(&c, o, err);
+    if (!rc && !(rc = rconn_ensure(c, err)) && (s->cluster = rconn_is_cluster(c)))
+        s->n = rconn_request_slots(c, s->slot, RCL_MAX_NODES);
+    rconn_free(c);
+    if (!rc && !s->cluster)
+        s->n = 1;
+    /* on the bell when the ACL lets the reader read it; else without */
+    for (int i = 0; !rc && bell && i < s->n; i++) {
+        char key[XMUX_KEY_MAX];
+        struct xmux_opts xo = {.bell = key, .slot = s->slot[i]};
+        if (rcl_bell_key(key, sizeof key, s->cluster, prefix, s->slot[i]) < 0)
+            rc = rl_errf(err, RL_EINVAL, "xmux: the prefix \"%.60s\" is too long", prefix);
+        else
+            rc = xmux_create(&s->mux[i], o, &xo, err);
+        if (rc == -RL_EUNSUPPORTED) {
+            if (note)
+                *note = *err;
+            bell = false;
+            for (int k = 0; k < i; k++)
+                xmux_free(s->mux[k]), s->mux[k] = NULL;
+            rc = 0;
+        }
+    }
+    for (int i = 0; !rc && !bell && i < s->n; i++) {
+        struct xmux_opts xo = {.slot = s->slot[i]};
+        rc = xmux_create(&s->mux[i], o, &xo, err);
+    }
+    if (!rc && s->cluster && !s->n)
+        rc = rl_errf(err, RL_EIO, "xmux: the cluster's slot map names no master");
+    if (rc) {
+        xmux_set_free(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+void xmux_set_free(struct xmux_set *s)
+{
+    if (!s)
+        return;
+    for (int i = 0; i < s->n; i++)
+        xmux_free(s->mux[i]);
+    free(s);
+}
+
+int xmux_set_sub(struct xmux_set *s, const char *key, const char *from_id,
+                 struct xmux_sub **out, struct rl_err *err)
+{
+    *out = NULL;
+    int slot = s->cluster ? rcl_key_slot(key, strlen(key)) : 0;
+    for (int i = 0; i < s->n; i++)
+        if (!s->cluster || s->slot[i] == slot)
+            return xmux_sub(s->mux[i], key, from_id, out, err);
+    return 0;
+}
+
+int xmux_set_slots(const struct xmux_set *s, const int **slots)
+{
+    *slots = s->slot;
+    return s->cluster ? s->n : 0;
+}
+
+void xmux_set_stats(struct xmux_set *s, struct xmux_stats *out)
+{
+    *out = (struct xmux_stats){0};
+    for (int i = 0; i < s->n; i++) {
+        struct xmux_stats st;
+        xmux_stats(s->mux[i], &st);
+        out->reads += st.reads;
+        out->named += st.named;
+        out->bell_on = (i == 0 || out->bell_on) && st.bell_on;
+    }
 }

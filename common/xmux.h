@@ -38,13 +38,21 @@
  * so one that comes back full may have missed some, and then every stream
  * is read.
  *
- * Not for a Redis Cluster: every out stream sits in a slot of its own (its
- * id's hash tag), and one XREAD reads one slot. xmux_create refuses a
- * cluster, and an ACL without CLIENT ID and CLIENT UNBLOCK, with
+ * On a Redis Cluster one XREAD reads one slot, and an out stream sits in
+ * its id's: a reader there follows the streams of one slot (xmux_opts.slot;
+ * xmux_sub refuses the others), its CLIENT ID and UNBLOCK go to that
+ * slot's master (asked again whenever another connection serves the slot:
+ * a failover, a new slot map), and its bell is that slot's (writers ring
+ * the bell of the slot they write, common/rcluster.h rcl_bell_key). A caller keeps one reader per request slot
+ * (common/rcluster.h, rcl_map_request_slots) for the ids it chose there,
+ * and reads any other stream on its own. xmux_create refuses a cluster
+ * without a slot, and an ACL without CLIENT ID and CLIENT UNBLOCK, with
  * -RL_EUNSUPPORTED: callers then read each stream on its own.
  */
 #ifndef RL_XMUX_H
 #define RL_XMUX_H
+
+#include <stdbool.h>
 
 #include "err.h"
 #include "rconn.h"
@@ -52,6 +60,7 @@
 #define XMUX_HELD_MAX 4096 /* entries held for one subscription before its stream is skipped */
 #define XMUX_BELL_MAXLEN "4096" /* the bell's length (MAXLEN ~): more than one read takes */
 #define XMUX_SWEEP_MS 1000      /* with a bell: every stream read this often regardless */
+#define XMUX_KEY_MAX 192        /* a bell's key */
 
 struct xmux;
 struct xmux_sub;
@@ -59,13 +68,15 @@ struct xmux_sub;
 struct xmux_opts {
     const char *bell; /* the bell stream's key (copied); NULL: block on every stream */
     int sweep_ms;     /* with a bell: every stream is read this often; 0: XMUX_SWEEP_MS */
+    int slot;         /* on a cluster: the slot of every stream followed (needed there);
+                         ignored on a single instance */
 };
 
 /* Opens two connections with *o (its strings are copied; the reader's is
  * named "<client_name>-xmux", or "xmux"), checks CLIENT ID and CLIENT
  * UNBLOCK (and XREAD of the bell), and starts the reader. xo NULL: no
- * bell. -RL_EUNSUPPORTED for a cluster or an ACL that refuses one of those
- * (err says which), -RL_EIO when Redis cannot be reached now (try again
+ * bell. -RL_EUNSUPPORTED for a cluster without xo->slot or an ACL that
+ * refuses one of those (err says which), -RL_EIO when Redis cannot be reached now (try again
  * later). */
 int xmux_create(struct xmux **out, const struct rconn_opts *o, const struct xmux_opts *xo,
                 struct rl_err *err);
@@ -88,7 +99,8 @@ bool xmux_ringer_check(struct xmux_ringer *rg, struct rconn *c, const char *bell
 void xmux_free(struct xmux *m);
 
 /* Follows key from the entry after from_id ("0-0": from the start). *out
- * is owned by the caller until xmux_unsub. */
+ * is owned by the caller until xmux_unsub. -RL_EINVAL on a cluster for a
+ * key outside the reader's slot. */
 int xmux_sub(struct xmux *m, const char *key, const char *from_id, struct xmux_sub **out,
              struct rl_err *err);
 /* Waits up to timeout_ms for entries. Returns 0 with *out a reply shaped as
@@ -114,5 +126,32 @@ struct xmux_stats {
 void xmux_stats(struct xmux *m, struct xmux_stats *out);
 /* Entries held for s, not yet taken. */
 size_t xmux_n_held(struct xmux_sub *s);
+
+/* The readers one process needs, made together (the front door, `redlm
+ * bench`): on a single instance one; on a cluster one per request slot
+ * (common/rcluster.h) of the slot map at creation, for the ids the process
+ * chooses there (xmux_set_slots). With bell, each is on the bell of its
+ * slot (rcl_bell_key of prefix) when the ACL lets it read it, else all
+ * block on every stream. */
+struct xmux_set;
+/* *note (may be NULL) gets why the bell was not used when it was refused
+ * (code 0 otherwise). -RL_EUNSUPPORTED when no reader can be had (an ACL
+ * without CLIENT ID / CLIENT UNBLOCK): every stream is then read on its
+ * own; -RL_EIO when Redis cannot be reached now. */
+int xmux_set_create(struct xmux_set **out, const struct rconn_opts *o, const char *prefix,
+                    bool bell, struct rl_err *note, struct rl_err *err);
+/* Stops every reader (every subscription must have been ended); NULL is fine. */
+void xmux_set_free(struct xmux_set *s);
+/* Follows key on the reader of its slot, as xmux_sub. *out NULL (and 0
+ * returned) when no reader has that slot (an id not chosen on a request
+ * slot, on a cluster): the caller reads that stream on its own. */
+int xmux_set_sub(struct xmux_set *s, const char *key, const char *from_id,
+                 struct xmux_sub **out, struct rl_err *err);
+/* The request slots ids are chosen on (*slots owned by s): 0 on a single
+ * instance, where any id will do. */
+int xmux_set_slots(const struct xmux_set *s, const int **slots);
+/* Every reader's xmux_stats summed; bell_on: every reader is still on its
+ * bell. */
+void xmux_set_stats(struct xmux_set *s, struct xmux_stats *out);
 
 #endif

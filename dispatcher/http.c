@@ -187,14 +187,16 @@ struct dhttp {
     char block[16];      /* XREAD BLOCK ms: POLL_MS, or less under a short redis_io_timeout_ms */
     int64_t started_s;
     atomic_bool stopping;
-    /* the one blocking XREAD every request's events are read by (xmux.h),
-     * made by the first request that reads; mux_off once it cannot be had
-     * (a cluster, an ACL without client|id / client|unblock): each request
-     * then reads its own stream (mux_mu). It blocks on the bell the
+    /* the blocking XREADs every request's events are read by (xmux.h):
+     * one on a single instance, one per master of a cluster, made by the
+     * first request that reads; mux_off once they cannot be had (an ACL
+     * without client|id / client|unblock): each request then reads its
+     * own stream (mux_mu). On a single instance it blocks on the bell the
      * workers ring (mux_bell) unless the ACL keeps it from the bell, or
-     * it finds a writer that does not ring (said once in the log) */
+     * it finds a writer that does not ring (said once in the log). On a
+     * cluster ids are chosen on its request slots (new_id) */
     pthread_mutex_t mux_mu;
-    struct xmux *mux;
+    struct xmux_set *mux;
     bool shared_reader, mux_off, mux_bell;
     int64_t mux_tried_ms;
     /* Redis connections not in use */
@@ -1220,26 +1222,18 @@ static int take_events(struct req *q, const struct rconn_reply *r)
  * connection). Made on first use, when Redis is known to be reachable and
  * whether it is a cluster; a failure to reach it is tried again a second
  * later, not by every request of an outage. */
-static struct xmux *shared_reader(struct dhttp *h)
+static struct xmux_set *shared_reader(struct dhttp *h)
 {
     pthread_mutex_lock(&h->mux_mu);
     int64_t now = rl_mono_ms();
     if (!h->mux && !h->mux_off && h->shared_reader && now - h->mux_tried_ms >= 1000) {
-        struct rl_err e = {0};
+        struct rl_err e = {0}, note;
         h->mux_tried_ms = now;
-        char bell[160];
-        snprintf(bell, sizeof bell, "%.128sbell", h->prefix);
-        struct xmux_opts xo = {.bell = bell};
-        int rc = xmux_create(&h->mux, &h->ropts, &xo, &e);
-        h->mux_bell = rc == 0;
-        if (rc == -RL_EUNSUPPORTED) { /* without the bell, maybe */
-            struct rl_err e2 = {0};
-            if (!(rc = xmux_create(&h->mux, &h->ropts, NULL, &e2)))
-                RL_LOG(h->log, RL_LOG_INFO, "http: the shared reader blocks on every stream, "
-                       "not on the bell: %s", e.msg);
-            else
-                e = e2;
-        }
+        int rc = xmux_set_create(&h->mux, &h->ropts, h->prefix, true, &note, &e);
+        h->mux_bell = rc == 0 && !note.code;
+        if (!rc && note.code)
+            RL_LOG(h->log, RL_LOG_INFO, "http: the shared reader blocks on every stream, "
+                   "not on the bell: %s", note.msg);
         if (rc == -RL_EUNSUPPORTED) {
             h->mux_off = true;
             RL_LOG(h->log, RL_LOG_INFO, "http: every request reads its own event stream: %s",
@@ -1250,13 +1244,13 @@ static struct xmux *shared_reader(struct dhttp *h)
         }
     }
     struct xmux_stats st;
-    if (h->mux && h->mux_bell && (xmux_stats(h->mux, &st), !st.bell_on)) {
+    if (h->mux && h->mux_bell && (xmux_set_stats(h->mux, &st), !st.bell_on)) {
         h->mux_bell = false;
         RL_LOG(h->log, RL_LOG_WARN, "http: a stream was written without ringing %.128sbell "
                "(a worker or dispatcher from before it, or an ACL that does not let it): "
                "the shared reader blocks on every stream from now on", h->prefix);
     }
-    struct xmux *m = h->mux;
+    struct xmux_set *m = h->mux;
     pthread_mutex_unlock(&h->mux_mu);
     return m;
 }
@@ -1316,8 +1310,8 @@ static int pump(struct req *q)
         }
         struct rconn_reply *r = NULL;
         struct rl_err err = {0};
-        struct xmux *m = q->xs ? NULL : shared_reader(h);
-        if (m && xmux_sub(m, q->out_key, q->last, &q->xs, &err))
+        struct xmux_set *m = q->xs ? NULL : shared_reader(h);
+        if (m && xmux_set_sub(m, q->out_key, q->last, &q->xs, &err))
             q->xs = NULL; /* out of memory: this read on our own connection */
         argv[7] = q->last;
         int rc = q->xs ? xmux_next(q->xs, atoi(h->block), &r, &err)
@@ -1416,17 +1410,28 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
 
 /* ---- routes ---- */
 
-static void new_id(char out[64], const char *prefix)
+/* <prefix><24 random hex digits>; on a cluster, then six letters that put
+ * it on one of the request slots (common/rcluster.h), a random one, so
+ * that workers write, and the shared readers read, the requests of one
+ * master in one call each */
+static void new_id(struct dhttp *h, char out[64], const char *prefix)
 {
-    unsigned char r[12];
+    unsigned char r[13];
     if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
         uint64_t t = (uint64_t)rl_wall_ms() ^ ((uint64_t)getpid() << 32);
         memcpy(r, &t, 8);
-        memcpy(r + 8, &t, 4);
+        memcpy(r + 8, &t, 5);
     }
     int n = snprintf(out, 64, "%s", prefix);
     for (int i = 0; i < 12; i++)
         n += snprintf(out + n, 64 - (size_t)n, "%02x", r[i]);
+    const int *slots;
+    struct xmux_set *m = shared_reader(h);
+    int n_slots = m ? xmux_set_slots(m, &slots) : 0;
+    if (n_slots && n + RCL_SLOT_FILL_LEN < 64) {
+        out[n + RCL_SLOT_FILL_LEN] = 0;
+        rcl_slot_fill(out, (size_t)(n + RCL_SLOT_FILL_LEN), (size_t)n, slots[r[12] % n_slots]);
+    }
 }
 
 static int rate_limit(struct req *q, struct oai_error *e)
@@ -1684,7 +1689,7 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     bool compl = q->route == R_COMPLETIONS;
     q->compat = q->route == R_RESPONSES || ollama_route(q->route);
-    new_id(q->id, compl ? "cmpl-" : q->route == R_RESPONSES ? "resp_"
+    new_id(h, q->id, compl ? "cmpl-" : q->route == R_RESPONSES ? "resp_"
                                     : q->compat ? "ollama-" : "chatcmpl-");
     int64_t now = rl_wall_ms();
     int64_t deadline = h->timeout_s ? now + (int64_t)h->timeout_s * 1000 : 0;
@@ -2453,7 +2458,7 @@ static void free_dhttp(struct dhttp *h)
     for (int i = 0; i < h->n_idle; i++)
         rconn_free(h->idle[i]);
     free(h->idle);
-    xmux_free(h->mux); /* after the daemon: every request has ended its subscription */
+    xmux_set_free(h->mux); /* after the daemon: every request has ended its subscription */
     oai_keys_free(&h->keys);
     free(h->prefix);
     free(h->model);

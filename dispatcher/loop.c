@@ -632,7 +632,10 @@ static int add_events(struct disp *d, struct dreq *q, struct rl_err *err)
     if (ev_build_error(0, EV_CODE_ID_CONFLICT, msg, &conflict[0], &e2) == 0)
         ev_stamp_request(&conflict[0], q->e->id, q->sha, &e2);
     conflict[1] = error_done(q, 1, rl_wall_ms());
-    bool bell = !cl && d->ringer.on > 0;
+    char bell_key[D_KEY_MAX + 16]; /* the bell of out's slot (common/rcluster.h) */
+    bool bell = d->ringer.on > 0 &&
+                rcl_bell_key(bell_key, sizeof bell_key, cl, d->cfg.prefix,
+                             rcl_key_slot(out, strlen(out))) > 0;
     int argc = 12 + q->n_events + 2, rc;
     const char **argv = malloc((size_t)argc * sizeof *argv);
     if (!argv || !conflict[0] || !conflict[1]) {
@@ -647,7 +650,7 @@ static int add_events(struct disp *d, struct dreq *q, struct rl_err *err)
     argv[a++] = out;
     argv[a++] = alt;
     if (bell)
-        argv[a++] = d->bell_key;
+        argv[a++] = bell_key;
     argv[a++] = holder;
     argv[a++] = q->e->id;
     argv[a++] = q->sha;
@@ -814,7 +817,7 @@ static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
     if (sharded && !forward_first(d, qs, n, err))
         RL_LOG(&d->log, RL_LOG_WARN, "forwards not all confirmed (%s): those requests stay "
                "pending", err->msg);
-    if (!cluster && rconn_connected(d->rc))
+    if (rconn_connected(d->rc))
         bell_probe(d);
     rconn_batch_reset(b);
     int n_tx = 0;

@@ -53,8 +53,9 @@ static const char take_lua[] =
 /* Several jobs in one call, because the Lua entry costs Redis more than
  * the XADD itself (BENCHMARKS.md): KEYS per job are out, own, then c check
  * keys (c = 0, 1: cancel:<id>, 2: cancel:<id> and lease:<id>, all in the
- * job's hash-tag slot), and last the bell when ARGV[2] is "1" (a single
- * instance whose ACL lets us: common/xmux.h): once the events are written
+ * job's hash-tag slot), and last the bell when ARGV[2] is "1" (when the
+ * ACL lets us: common/xmux.h; on a cluster the bell of the jobs' slot,
+ * common/rcluster.h rcl_bell_key): once the events are written
  * it gets one entry naming every stream written, in the same script, so a
  * shared reader blocked on the bell never misses them (a refused ring is
  * ignored: the reader's sweep finds them). ARGV[1] the holder, ARGV[2] the
@@ -71,8 +72,8 @@ static const char take_lua[] =
  * key's value (nil when absent or unreadable) and the lease key's EXISTS
  * (nil when unreadable). The checks ride here so that a job that emits
  * costs no separate GET/EXISTS command (issue 27, publish.c). On a
- * cluster every call carries one job, as a script's keys must share a
- * slot. */
+ * cluster a call carries the jobs of one slot, as a script's keys must
+ * share it (publish.c, queue_emits). */
 static const char emit_lua[] =
     "local res, a, j, rung = {}, 3, 1, {}\n"
     "local nk = #KEYS - tonumber(ARGV[2])\n"

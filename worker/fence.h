@@ -30,7 +30,8 @@
  *           PUBLISHes when configured) only if the caller is the holder;
  *           otherwise that job's answer is FENCED and nothing of it is
  *           written. One call carries every job of a flush on a single
- *           instance (one job per call on a cluster). It also reads, for
+ *           instance (on a cluster, every job of one slot: ids chosen on
+ *           the request slots share one, common/rcluster.h). It also reads, for
  *           a job whose check is due, its cancel key and its client's
  *           lease key (same hash tag, so same slot): the per-step cancel
  *           check costs no command of its own (publish.c).

@@ -3,11 +3,12 @@
  * Every event a job produces goes into that job's outbox (struct wout)
  * and stays there until Redis has confirmed its XADD. w_flush() sends, in
  * one pipeline: for every job not yet its holder, FENCE_TAKE (fence.h);
- * a finished job's result-cache SET ahead of its done; one FENCE_EMIT per
- * job with unconfirmed events (their XADDs with the explicit IDs
- * 0-<seq+1>, the EXPIRE after done, the PUBLISH when configured, all only
- * while this worker holds the job, and reading its cancel key and its
- * client's lease key); pending dead letters; the XACK of jobs whose events
+ * a finished job's result-cache SET ahead of its done; FENCE_EMIT of every
+ * job with unconfirmed events, in one call (on a cluster, one per slot):
+ * their XADDs with the explicit IDs 0-<seq+1>, the EXPIRE after done,
+ * the PUBLISH when configured, all only while this worker holds the job,
+ * and reading its cancel key and its client's lease key; pending dead
+ * letters; the XACK of jobs whose events
  * are all confirmed; a GET of the cancel key (and EXISTS of the lease) of
  * a running job that emits nothing this flush, every CHECK_MS at most;
  * and, when due, the FENCE_LEASE renewal and the heartbeat.
@@ -234,6 +235,8 @@ struct emit {
     struct wjob *j;
     int n_ev;
     int n_check; /* 0; 1: its cancel key read too; 2: and its client's lease key */
+    int slot;    /* its keys' slot on a cluster (its id's), 0 on a single instance */
+    int order;   /* its place in the flush's job order, kept within a slot */
 };
 
 /* One flush being built: the pipeline and, in the same order, the items. */
@@ -243,7 +246,6 @@ struct flush {
     int n_items, cap_items;
     struct emit *emits; /* (cap_emits) owned here, freed by w_flush */
     int n_emits, cap_emits;
-    int emit_from;      /* the first of emits not yet in a queued FENCE_EMIT */
     bool probe;         /* Redis was out of memory: PROBE_EVENTS per job */
     int n_writes;       /* commands queued that Redis refuses when out of memory */
     int n_oom;          /* replies: refused for memory (OOM) */
@@ -369,7 +371,9 @@ static int collect_events(struct worker *w, struct flush *f, struct wjob *j, int
         j->next_check_ms = mono + CHECK_MS;
         *folded = true;
     }
-    f->emits[f->n_emits++] = (struct emit){j, n < cap ? n : cap, n_check};
+    int slot = w_cluster(w) ? rcl_key_slot(j->out_key, strlen(j->out_key)) : 0;
+    f->emits[f->n_emits++] = (struct emit){j, n < cap ? n : cap, n_check, slot,
+                                                f->n_emits};
     f->n_writes++;
     return 0;
 }
@@ -392,18 +396,20 @@ static void bell_probe(struct worker *w)
 /* One FENCE_EMIT over the jobs collected since the last: per job its
  * keys, then its TTL after done (or "0"), pub/sub channel (or ""), the
  * number of events and their (entry ID, JSON) pairs (fence.c). */
-static int queue_emit(struct worker *w, struct flush *f)
+static int queue_emit(struct worker *w, struct flush *f, int first, int end)
 {
-    int first = f->emit_from, n_jobs = f->n_emits - first;
+    int n_jobs = end - first;
     if (n_jobs <= 0)
         return 0;
-    f->emit_from = f->n_emits;
     int n_ev = 0, n_keys = 0;
-    for (int g = first; g < f->n_emits; g++) {
+    for (int g = first; g < end; g++) {
         n_ev += f->emits[g].n_ev;
         n_keys += 2 + f->emits[g].n_check;
     }
-    bool bell = w->ringer.on > 0 && !w_cluster(w);
+    /* the bell of the streams' slot: on a cluster every call's jobs share one */
+    char bell_key[W_KEY_MAX + 16];
+    bool bell = w->ringer.on > 0 && rcl_bell_key(bell_key, sizeof bell_key, w_cluster(w),
+                                                  w->opt.prefix, f->emits[first].slot) > 0;
     int n = 6 + n_keys + 5 * n_jobs + 2 * n_ev;
     const char **argv = malloc((size_t)n * sizeof *argv);
     size_t *lens = malloc((size_t)n * sizeof *lens);
@@ -419,7 +425,7 @@ static int queue_emit(struct worker *w, struct flush *f)
         goto out;
     }
     int a = fence_cmd(&w->fence, FENCE_EMIT, n_keys + bell, argv, nk);
-    for (int g = first; g < f->n_emits; g++) {
+    for (int g = first; g < end; g++) {
         const struct emit *em = &f->emits[g];
         argv[a++] = em->j->out_key;
         argv[a++] = em->j->own_key;
@@ -429,12 +435,12 @@ static int queue_emit(struct worker *w, struct flush *f)
             argv[a++] = cks[g - first][c];
     }
     if (bell)
-        argv[a++] = w->bell_key;
+        argv[a++] = bell_key;
     argv[a++] = w->holder;
     argv[a++] = bell ? "1" : "0";
     for (int i = 0; i < a; i++)
         lens[i] = strlen(argv[i]);
-    for (int g = first, e = 0; g < f->n_emits; g++) {
+    for (int g = first, e = 0; g < end; g++) {
         struct wjob *j = f->emits[g].j;
         int q = g - first;
         snprintf(nums[q][0], sizeof nums[q][0], "0");
@@ -469,6 +475,35 @@ out:
     free(nums);
     free(chans);
     free(cks);
+    return rc;
+}
+
+static int by_slot(const void *a, const void *b)
+{
+    const struct emit *x = a, *y = b;
+    return x->slot != y->slot ? (x->slot > y->slot) - (x->slot < y->slot)
+                              : (x->order > y->order) - (x->order < y->order);
+}
+
+/* Every emit of the flush, after every job's other commands (a job's
+ * FENCE_TAKE and result-cache SET come before its events; its XACK waits
+ * for the flush after its last event is confirmed, so none is in this
+ * one): one FENCE_EMIT for all of them on a single instance; on a cluster,
+ * where a script's keys share one slot, one per slot. Jobs whose ids share
+ * a slot (the request slots, common/rcluster.h) thus cost one call per
+ * master a step, as on a single instance, and ids of a slot each one call
+ * per job. */
+static int queue_emits(struct worker *w, struct flush *f)
+{
+    if (!w_cluster(w))
+        return queue_emit(w, f, 0, f->n_emits);
+    qsort(f->emits, (size_t)f->n_emits, sizeof *f->emits, by_slot);
+    int rc = 0;
+    for (int g = 0, end; g < f->n_emits && !rc; g = end) {
+        for (end = g + 1; end < f->n_emits && f->emits[end].slot == f->emits[g].slot; end++)
+            ;
+        rc = queue_emit(w, f, g, end);
+    }
     return rc;
 }
 
@@ -1105,7 +1140,6 @@ int w_flush_start(struct worker *w, struct rl_err *err)
     f->now = now;
     f->lease = now >= w->next_lease_ms;
     f->hb = now >= w->next_hb_ms;
-    bool cluster = w_cluster(w); /* a script's keys share one slot: one job per call */
     /* out of memory: writes (and so admission) wait for the back-off */
     bool writes = !w->redis_oom || mono >= w->oom_retry_ms;
     int rc = 0;
@@ -1114,8 +1148,7 @@ int w_flush_start(struct worker *w, struct rl_err *err)
     if (rconn_connected(w->rc)) {
         struct rl_err e2; /* not loaded at start: until it is, bodies go by EVAL */
         fence_load(&w->fence, w->rc, &e2);
-        if (!cluster)
-            bell_probe(w);
+        bell_probe(w);
     }
     fence_begin(&w->fence);
     rconn_batch_reset(f->b);
@@ -1125,13 +1158,12 @@ int w_flush_start(struct worker *w, struct rl_err *err)
         if (j->release && (rc = queue_release(w, f, j)))
             break;
         if (writes && ((rc = queue_take(w, f, j)) || (rc = queue_cache(w, f, j)) ||
-                       (rc = collect_events(w, f, j, mono, &folded)) ||
-                       (rc = cluster ? queue_emit(w, f) : 0)))
+                       (rc = collect_events(w, f, j, mono, &folded))))
             break;
         rc = queue_job_state(w, f, j, writes, folded, mono);
     }
     if (!rc)
-        rc = queue_emit(w, f); /* a single instance: every job in one call */
+        rc = queue_emits(w, f);
     if (!rc && f->lease)
         rc = queue_lease(w, f);
     /* the heartbeat is the probe when nothing else would find out whether

@@ -316,7 +316,7 @@ def sweep(fleet, tag, read=None):
                str(a.clients), "--duration", str(a.duration), "--requests", "100000",
                "--prompt-len", a.prompt_len, "--output-len", a.output_len, "--think", "0.3",
                "--repeat", "0.2", "--hot", "4", "--seed", "19", "--timeout", "120",
-               "--read", read, "--no-plots", "--label", f"{tag} {rate:g}/s", "--out", str(res)]
+               "--read", read, "--ids", a.ids, "--no-plots", "--label", f"{tag} {rate:g}/s", "--out", str(res)]
         if a.pin:
             cmd = ["taskset", "-c", f"1-{os.cpu_count() - 1}", *cmd]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL,
@@ -455,6 +455,11 @@ def main():
                          "per process blocked on the bell the workers ring, as the front door "
                          "does (default); one shared XREAD blocked on every stream (all: the "
                          "shared reader before the bell); or one per request")
+    ap.add_argument("--ids", choices=("slots", "own"), default="slots",
+                    help="on a cluster, the load generator's ids: on the request slots, one per "
+                         "master, as redlm's front door chooses them (default: a worker writes "
+                         "and a reader reads the requests of one master in one call), or one "
+                         "slot each, as a client that makes up its own ids")
     ap.add_argument("--compare-reads", nargs="?", const="own", default="",
                     help="after the calm sweep, the same sweep with each of these --read modes "
                          "(comma-separated; alone: own unless --read own, then shared): the "

@@ -290,6 +290,74 @@ static void test_shard_pick(void **state)
     assert_true(same < 32);
 }
 
+/* Every slot is reachable from a window at the start, the middle and the
+ * end of ids of several lengths (the 18 free bits span the 14 of a slot
+ * whatever CRC the tail carries them through), and the rest of the id is
+ * left as it was. */
+static void test_slot_fill(void **state)
+{
+    (void)state;
+    const char *ids[] = {"......", "chatcmpl-3f9a0c27d1e4b6a8......",
+                         "lb0000abcd-1-......-17", "......-a-much-longer-tail-of-forty-bytes-x"};
+    for (size_t t = 0; t < sizeof ids / sizeof *ids; t++) {
+        size_t len = strlen(ids[t]), at = (size_t)(strstr(ids[t], "......") - ids[t]);
+        char id[128];
+        for (int slot = 0; slot < RCL_N_SLOTS; slot++) {
+            memcpy(id, ids[t], len + 1);
+            assert_int_equal(rcl_slot_fill(id, len, at, slot), 0);
+            assert_int_equal(rcl_key_slot(id, len), slot);
+            assert_memory_equal(id, ids[t], at);
+            assert_string_equal(id + at + RCL_SLOT_FILL_LEN, ids[t] + at + RCL_SLOT_FILL_LEN);
+            for (size_t i = at; i < at + RCL_SLOT_FILL_LEN; i++)
+                assert_true(id[i] >= 'h' && id[i] <= 'o');
+        }
+    }
+    char id[8] = "abcdefg";
+    assert_int_equal(rcl_slot_fill(id, 7, 2, 100), -1); /* the window does not fit */
+    assert_int_equal(rcl_slot_fill(id, 7, 0, RCL_N_SLOTS), -1);
+    assert_int_equal(rcl_slot_fill(id, 7, 0, -1), -1);
+    assert_string_equal(id, "abcdefg");
+}
+
+/* A bell per slot on a cluster, in that slot; one on a single instance. */
+static void test_bell_keys(void **state)
+{
+    (void)state;
+    char k[64];
+    assert_int_equal(rcl_bell_key(k, sizeof k, false, "redlm:", 77), 10);
+    assert_string_equal(k, "redlm:bell");
+    for (int slot = 0; slot < RCL_N_SLOTS; slot += 97) {
+        assert_int_equal(rcl_bell_key(k, sizeof k, true, "redlm:", slot), 18);
+        assert_int_equal(rcl_key_slot(k, strlen(k)), slot);
+        assert_memory_equal(k, "redlm:bell{", 11);
+        assert_int_equal(k[17], '}');
+    }
+    assert_int_equal(rcl_bell_key(k, 12, true, "redlm:", 5), -1);
+}
+
+/* One request slot per master, each the lowest it serves, whatever order
+ * the map lists them in. */
+static void test_request_slots(void **state)
+{
+    (void)state;
+    struct rcl_map *m = malloc(sizeof *m);
+    assert_non_null(m);
+    rcl_map_clear(m);
+    int a = rcl_map_node(m, "10.0.0.1", 7000), b = rcl_map_node(m, "10.0.0.2", 7000),
+        c = rcl_map_node(m, "10.0.0.3", 7000);
+    for (int s = 0; s < RCL_N_SLOTS; s++)
+        m->slot_node[s] = (int16_t)(s < 5461 ? b : s < 10923 ? c : s < 12000 ? a : b);
+    int got[8];
+    assert_int_equal(rcl_map_request_slots(m, got, 8), 3);
+    assert_int_equal(got[a], 10923);
+    assert_int_equal(got[b], 0);
+    assert_int_equal(got[c], 5461);
+    assert_int_equal(rcl_map_request_slots(m, got, 2), 2);
+    rcl_map_clear(m);
+    assert_int_equal(rcl_map_request_slots(m, got, 8), 0);
+    free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -297,7 +365,8 @@ int main(void)
         cmocka_unit_test(test_hash_tags),   cmocka_unit_test(test_command_keys),
         cmocka_unit_test(test_map_parse),   cmocka_unit_test(test_redirects),
         cmocka_unit_test(test_seeds),       cmocka_unit_test(test_shard_keys),
-        cmocka_unit_test(test_shard_pick),
+        cmocka_unit_test(test_shard_pick),  cmocka_unit_test(test_slot_fill),
+        cmocka_unit_test(test_request_slots), cmocka_unit_test(test_bell_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -113,6 +113,7 @@ struct lb_opts {
     bool check, plots;
     bool own_reads;               /* --read own: an XREAD per request, not one shared */
     bool no_bell;                 /* --read all: the shared XREAD blocks on every stream */
+    bool own_ids;                 /* --ids own: no id chosen on a request slot (cluster) */
 };
 
 /* The prompts of --prompts FILE: each line's prompt fields as a JSON
@@ -166,7 +167,9 @@ struct lb_run {
     pthread_mutex_t mu;   /* guards next and stop */
     int next;
     bool stop;
-    struct xmux *mux;     /* the one XREAD all requests are read by; NULL: each its own */
+    struct xmux_set *mux; /* the shared XREADs requests are read by; NULL: each its own */
+    int slots[RCL_MAX_NODES]; /* the request slots ids are chosen on (cluster) */
+    int n_slots;
     const char *read;     /* how they were read: shared (on the bell), all, own */
     long long mux_reads, mux_named; /* the shared reader's reads, streams named in them */
     char err_msg[RL_ERR_MSG_MAX]; /* the first connection error, for the report */
@@ -216,10 +219,16 @@ static void lb_usage(FILE *f)
 "  --timeout S          per request, then it is cancelled and counted TIMEOUT (120)\n"
 "  --read shared|all|own  read every request's events with one shared XREAD, as\n"
 "                       the front door does: blocked on the bell the workers ring,\n"
-"                       reading only the streams it names (shared, default; own on\n"
-"                       a Redis Cluster), or blocked on every stream (all, the\n"
+"                       reading only the streams it names (shared, default), or\n"
+"                       blocked on every stream (all, the\n"
 "                       shared reader before the bell); or each request with its\n"
-"                       own blocking XREAD (own)\n"
+"                       own blocking XREAD (own); on a Redis Cluster one shared\n"
+"                       XREAD per master\n"
+"  --ids slots|own      on a Redis Cluster, every id on one of the request slots\n"
+"                       (one per master), so that a worker writes and a reader\n"
+"                       reads the requests of one master in one call (slots,\n"
+"                       default); or ids in a slot each, as clients that do not\n"
+"                       choose theirs make (own)\n"
 "  --out FILE           full result JSON; latency.png and throughput.png beside it\n"
 "  --label S            a name for this run in the JSON and the plot titles\n"
 "  --no-check           skip the check (waiting up to 5 s) that a dispatcher or worker\n"
@@ -356,6 +365,10 @@ static int lb_parse(int argc, char **argv, struct lb_opts *o, struct rl_err *err
                 rc = rl_errf(err, RL_EINVAL, "--read: \"%s\" is not shared, all or own", v);
             o->own_reads = !strcmp(v, "own");
             o->no_bell = !strcmp(v, "all");
+        } else if (!strcmp(f, "--ids")) {
+            if (strcmp(v, "slots") && strcmp(v, "own"))
+                rc = rl_errf(err, RL_EINVAL, "--ids: \"%s\" is not slots or own", v);
+            o->own_ids = !strcmp(v, "own");
         }
         else if (!strcmp(f, "--target")) {
             o->target_text = v;
@@ -608,7 +621,13 @@ static char *build_job(const struct lb_run *run, int i, struct lb_req *q)
         u = lst_rng_unit(&pr);
         q->mode = u < o->think ? LB_MODE_THINK : u < o->think + o->auto_frac ? LB_MODE_AUTO : LB_MODE_NO_THINK;
     }
-    snprintf(q->id, sizeof q->id, "%s-%d-%d", run->run_id, run->level_idx, i);
+    if (run->n_slots) { /* a cluster: the id's window picks its request slot */
+        int at = snprintf(q->id, sizeof q->id, "%s-%d-", run->run_id, run->level_idx);
+        snprintf(q->id + at, sizeof q->id - (size_t)at, "%.*s-%d", RCL_SLOT_FILL_LEN, "......", i);
+        rcl_slot_fill(q->id, strlen(q->id), (size_t)at, run->slots[i % run->n_slots]);
+    } else {
+        snprintf(q->id, sizeof q->id, "%s-%d-%d", run->run_id, run->level_idx, i);
+    }
     cJSON *job = cJSON_CreateObject();
     if (!job)
         return NULL;
@@ -858,7 +877,7 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
     rcl_tagged_key(out_key, sizeof out_key, rconn_is_cluster(c), o->prefix, "out:", q->id);
     q->t_sent = now;
     struct xmux_sub *sub = NULL;
-    if (run->mux && xmux_sub(run->mux, out_key, "0-0", &sub, &err) < 0) {
+    if (run->mux && xmux_set_sub(run->mux, out_key, "0-0", &sub, &err) < 0) {
         note_redis_error(run, &err);
         set_code(q, "CLIENT_NOMEM");
         q->t_done = now;
@@ -1127,6 +1146,22 @@ static cJSON *level_json(const struct lb_opts *o, const struct lb_level *lv, con
 
 /* ---- one level ---- */
 
+/* On a Redis Cluster, the request slots (common/rcluster.h) the ids are
+ * chosen on; none on a single instance, whose ids need no slot, nor when
+ * Redis cannot be reached now (the requests then say so themselves). */
+static void request_slots(struct lb_run *run)
+{
+    struct rl_err e;
+    struct rconn_opts ro;
+    rconn_opts_default(&ro);
+    ro.addr = run->o->redis;
+    ro.client_name = "redlm-bench";
+    struct rconn *c = NULL;
+    if (!rconn_create(&c, &ro, &e) && !rconn_wait(c, 2000, &e))
+        run->n_slots = rconn_request_slots(c, run->slots, RCL_MAX_NODES);
+    rconn_free(c);
+}
+
 static int run_level(const struct lb_opts *o, const struct lb_prompts *prompts, const char *run_id,
                      int level_idx, struct lb_run *run, struct rl_err *err)
 {
@@ -1156,6 +1191,9 @@ static int run_level(const struct lb_opts *o, const struct lb_prompts *prompts, 
         lst_rng_seed(&r, lst_seed_mix(o->seed, 0x617272ull, (uint64_t)level_idx));
         lst_poisson_arrivals(&r, run->level, o->requests, run->arrivals);
     }
+    if (!o->own_ids)
+        request_slots(run);
+    int rc = 0;
     pthread_t *th = calloc((size_t)run->n_clients, sizeof *th);
     if (!th)
         return rl_errf(err, RL_ENOMEM, "out of memory for %d clients", run->n_clients);
@@ -1167,23 +1205,17 @@ static int run_level(const struct lb_opts *o, const struct lb_prompts *prompts, 
         rconn_opts_default(&ro);
         ro.addr = o->redis;
         ro.client_name = "redlm-bench";
-        struct rl_err e = {0};
-        char bell[160];
-        snprintf(bell, sizeof bell, "%.128sbell", o->prefix);
-        struct xmux_opts xo = {.bell = bell};
-        int rc = xmux_create(&run->mux, &ro, o->no_bell ? NULL : &xo, &e);
-        run->read = rc ? "own" : o->no_bell ? "all" : "shared";
-        if (rc == -RL_EUNSUPPORTED && !o->no_bell) { /* without the bell, maybe */
-            if (!(rc = xmux_create(&run->mux, &ro, NULL, &e)))
-                run->read = "all";
-        }
+        struct rl_err e = {0}, note;
+        rc = xmux_set_create(&run->mux, &ro, o->prefix, !o->no_bell, &note, &e);
+        run->read = rc ? "own" : o->no_bell || note.code ? "all" : "shared";
         if (rc && level_idx == 0)
             fprintf(stderr, "redlm bench: each request reads its own stream: %s\n", e.msg);
     } else {
         run->read = "own";
     }
+    rc = 0; /* a request whose stream has no shared reader reads on its own */
     run->t0 = rl_mono_s();
-    int started = 0, rc = 0;
+    int started = 0;
     for (; started < run->n_clients; started++)
         if (pthread_create(&th[started], &attr, client_main, run)) {
             rc = rl_errf(err, RL_EIO, "could not start client thread %d", started);
@@ -1196,14 +1228,15 @@ static int run_level(const struct lb_opts *o, const struct lb_prompts *prompts, 
         pthread_join(th[i], NULL);
     if (run->mux) {
         struct xmux_stats st;
-        xmux_stats(run->mux, &st);
+        xmux_set_stats(run->mux, &st);
         if (!strcmp(run->read, "shared") && !st.bell_on)
             run->read = "all"; /* a writer did not ring: it went back to blocking on every stream */
         run->mux_reads = st.reads;
         run->mux_named = st.named;
     }
-    xmux_free(run->mux);
+    xmux_set_free(run->mux);
     run->mux = NULL;
+    run->n_slots = 0;
     pthread_attr_destroy(&attr);
     free(th);
     return rc;
@@ -1535,6 +1568,7 @@ int cmd_loadbench(int argc, char **argv)
         cJSON *op = cJSON_AddObjectToObject(j, "options");
         cJSON_AddStringToObject(op, "loop", o.rate > 0 ? "open" : "closed");
         cJSON_AddStringToObject(op, "read", o.own_reads ? "own" : o.no_bell ? "all" : "shared");
+        cJSON_AddStringToObject(op, "ids", o.own_ids ? "own" : "slots");
         cJSON_AddNumberToObject(op, "clients", o.clients);
         cJSON_AddNumberToObject(op, "requests", o.requests);
         cJSON_AddNumberToObject(op, "duration_s", o.duration_s);
