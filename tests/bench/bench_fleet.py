@@ -482,11 +482,17 @@ def main():
         res[cluster] = soak(b)
     single, cl = res[False][0], res[True][0]
     ratio = cl["redis_saturation_tok_s"] / single["redis_saturation_tok_s"]
+    margin = cl["redis_saturation_margin_tok_s"] / single["redis_saturation_margin_tok_s"]
     print(f"\nsaturation: one instance ~{single['redis_saturation_tok_s']} tok/s, cluster (busiest "
-          f"master) ~{cl['redis_saturation_tok_s']} tok/s: {ratio:.2f}x")
+          f"master) ~{cl['redis_saturation_tok_s']} tok/s: {ratio:.2f}x; idle floors apart: "
+          f"~{single['redis_saturation_margin_tok_s']} and "
+          f"~{cl['redis_saturation_margin_tok_s']} tok/s: {margin:.2f}x")
     (pathlib.Path(a.out) / "compare.json").write_text(json.dumps(
         {"single_tok_s": single["redis_saturation_tok_s"],
-         "cluster_tok_s": cl["redis_saturation_tok_s"], "ratio": round(ratio, 3)}, indent=1))
+         "cluster_tok_s": cl["redis_saturation_tok_s"], "ratio": round(ratio, 3),
+         "single_margin_tok_s": single["redis_saturation_margin_tok_s"],
+         "cluster_margin_tok_s": cl["redis_saturation_margin_tok_s"],
+         "ratio_margin": round(margin, 3)}, indent=1))
     return res[False][1] or res[True][1]
 
 
@@ -512,8 +518,9 @@ def soak(a):
         # Redis's own floor with the fleet up and no load (the workers'
         # BLOCKing reads, heartbeats, claims, its cron): a cost per second,
         # which the per-token figures of a light load carry too
-        idle_redis = sum(s1["nodes"][p]["redis_cpu"] - s0["nodes"][p]["redis_cpu"]
-                         for p in s1["nodes"]) / (s1["t"] - s0["t"])
+        idle_node = {p: (s1["nodes"][p]["redis_cpu"] - s0["nodes"][p]["redis_cpu"]) /
+                     (s1["t"] - s0["t"]) for p in s1["nodes"] if p in s0["nodes"]}
+        idle_redis = sum(idle_node.values())
         calm, cmd = sweep(fleet, "calm")
         others = [m for m in a.compare_reads.split(",") if m] if a.compare_reads else []
         if others == ["own"] and a.read == "own":
@@ -545,6 +552,13 @@ def soak(a):
     top = rows["calm"][-1]
     # the busiest master saturates first (on one instance: the instance)
     sat_tok_s = 1e6 / top["busiest_us_per_tok"]
+    # the same without the idle floor in the per-token cost: a cost per
+    # second (a cluster's bus and replica pings, the workers' blocked reads)
+    # that a light load's tokens carry in full and a saturating load shares
+    # out: busiest util = floor + tok/s x margin, saturated at util 1
+    floor = idle_node.get(top["busiest_port"], 0.0)
+    margin_us = top["busiest_us_per_tok"] - floor * 1e6 / max(top["tok_s"], 1)
+    sat_margin = (1 - floor) * 1e6 / margin_us if margin_us > 0 else sat_tok_s
     result = {"options": {k: v for k, v in vars(a).items()}, "bench_command": cmd,
               "workers_start_s": round(start_s, 1), "idle_cpu_per_worker": round(idle, 4),
               "idle_redis_util": round(idle_redis, 4),
@@ -553,6 +567,8 @@ def soak(a):
               "check_other_reads": tot_other, "rows": rows,
               "redis": "cluster 3+3" if a.cluster else "one instance",
               "redis_saturation_tok_s": round(sat_tok_s),
+              "busiest_idle_util": round(floor, 4), "busiest_margin_us_per_tok": round(margin_us, 2),
+              "redis_saturation_margin_tok_s": round(sat_margin),
               "gpus_per_redis": round(sat_tok_s / a.gpu_tok_s, 1)}
     (fleet.out / "fleet.json").write_text(json.dumps(result, indent=1))
     cols = ["rate", "issued", "errors", "tok_s", "redis_us_per_tok", "redis_util",
@@ -589,6 +605,9 @@ def soak(a):
     print(f"{who} saturates at ~{sat_tok_s:.0f} delivered tokens/s "
           f"(1e6 us / {top['busiest_us_per_tok']} us per token) = "
           f"{result['gpus_per_redis']} GPUs at {a.gpu_tok_s:.0f} tok/s each")
+    print(f"Without its idle floor ({floor:.4f} of a core, paid per second): {margin_us:.2f} us "
+          f"per token at the margin, saturating at ~{sat_margin:.0f} tokens/s "
+          f"((1 - floor) / margin)")
     for m, t in tot_other.items():
         print(f"check, {m} reads against calm: {t}")
     bad = sum(t["lost"] + t["dup"] + t["out_of_order"] + t["mismatch"]
