@@ -84,6 +84,8 @@ struct rconn {
     struct rcl_map *map; /* cluster only: slot -> master */
     redisContext *node_ctx[RCL_MAX_NODES]; /* by map node index, NULL = not connected */
     int64_t node_serial[RCL_MAX_NODES]; /* which open made node_ctx[i] (n_node_opens then) */
+    int64_t out_since_ms;  /* > 0: a command sent by rconn_xreadgroup_send awaits its reply */
+    int out_block_ms;      /* its BLOCK */
     int64_t n_node_opens;
     int64_t node_retry_ms[RCL_MAX_NODES]; /* a node's connect failed: not before this */
     int block_ms;        /* > 0 while a BLOCKing read runs: widens the node's timeout */
@@ -256,6 +258,7 @@ int64_t rconn_retry_in_ms(const struct rconn *c)
 
 void rconn_disconnect(struct rconn *c)
 {
+    c->out_since_ms = 0; /* a reply awaited is lost with the socket */
     if (c->ctx) {
         redisFree(c->ctx);
         c->ctx = NULL;
@@ -897,6 +900,8 @@ static int run(struct rconn *c, int argc, const char *const *argv, const size_t 
                struct rconn_reply **out, struct rl_err *err)
 {
     *out = NULL;
+    if (c->out_since_ms)
+        return rl_errf(err, RL_EINVAL, "redis %s: a read sent earlier awaits its reply", argv[0]);
     int rc = rconn_ensure(c, err);
     if (rc)
         return rc;
@@ -1457,18 +1462,18 @@ static int xread_entries(struct rconn_reply *r, int n_keys, const char *const *k
 }
 
 /* One XREADGROUP as asked (all keys on one node in cluster mode). */
-static int xreadgroup_one(struct rconn *c, const char *group, const char *consumer, int n_keys,
-                          const char *const *keys, const char *id, int count, int block_ms,
-                          struct rconn_entries *out, struct rl_err *err)
+/* XREADGROUP's argv (10 + 2 * n_keys at most) into argv; cnt and blk are
+ * the caller's buffers (16 bytes). Returns argc. */
+static int xreadgroup_argv(const char **argv, char *cnt, char *blk, const char *group,
+                           const char *consumer, int n_keys, const char *const *keys,
+                           const char *id, int count, int block_ms)
 {
-    const char *argv[10 + 2 * 64];
-    char cnt[16], blk[16];
     int a = 0;
-    snprintf(cnt, sizeof cnt, "%d", count);
+    snprintf(cnt, 16, "%d", count);
     argv[a++] = "XREADGROUP", argv[a++] = "GROUP", argv[a++] = group, argv[a++] = consumer;
     argv[a++] = "COUNT", argv[a++] = cnt;
     if (block_ms >= 0) {
-        snprintf(blk, sizeof blk, "%d", block_ms);
+        snprintf(blk, 16, "%d", block_ms);
         argv[a++] = "BLOCK", argv[a++] = blk;
     }
     argv[a++] = "STREAMS";
@@ -1476,7 +1481,16 @@ static int xreadgroup_one(struct rconn *c, const char *group, const char *consum
         argv[a++] = keys[i];
     for (int i = 0; i < n_keys; i++)
         argv[a++] = id;
+    return a;
+}
 
+static int xreadgroup_one(struct rconn *c, const char *group, const char *consumer, int n_keys,
+                          const char *const *keys, const char *id, int count, int block_ms,
+                          struct rconn_entries *out, struct rl_err *err)
+{
+    const char *argv[10 + 2 * 64];
+    char cnt[16], blk[16];
+    int a = xreadgroup_argv(argv, cnt, blk, group, consumer, n_keys, keys, id, count, block_ms);
     int rc = rconn_ensure(c, err);
     if (rc)
         return rc;
@@ -1840,6 +1854,88 @@ int rconn_xreadgroup(struct rconn *c, const char *group, const char *consumer, i
     if (c->cluster)
         return cl_xreadgroup(c, group, consumer, n_keys, keys, id, count, block_ms, out, err);
     return xreadgroup_one(c, group, consumer, n_keys, keys, id, count, block_ms, out, err);
+}
+
+int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consumer, int n_keys,
+                          const char *const *keys, int count, int block_ms, struct rl_err *err)
+{
+    if (n_keys < 1 || n_keys > 64 || count < 1 || block_ms < 1)
+        return rl_errf(err, RL_EINVAL, "XREADGROUP: 1-64 keys, count >= 1 and BLOCK >= 1");
+    if (c->out_since_ms)
+        return rl_errf(err, RL_EINVAL, "XREADGROUP: a read sent earlier awaits its reply");
+    int rc = rconn_ensure(c, err);
+    if (rc)
+        return rc;
+    if (c->cluster) /* a read per slot, each to its own node: rconn_xreadgroup's */
+        return rl_errf(err, RL_EUNSUPPORTED, "XREADGROUP: no standing read on a cluster");
+    const char *argv[10 + 2 * 64];
+    char cnt[16], blk[16];
+    int a = xreadgroup_argv(argv, cnt, blk, group, consumer, n_keys, keys, ">", count, block_ms);
+    int done = 0;
+    if (redisAppendCommandArgv(c->ctx, a, argv, NULL) != REDIS_OK)
+        return lost(c, "XREADGROUP", err);
+    while (!done)
+        if (redisBufferWrite(c->ctx, &done) != REDIS_OK)
+            return lost(c, "XREADGROUP", err);
+    c->out_since_ms = rl_mono_ms();
+    c->out_block_ms = block_ms;
+    return 0;
+}
+
+bool rconn_xreadgroup_waiting(const struct rconn *c) { return c->out_since_ms > 0; }
+
+int rconn_xreadgroup_collect(struct rconn *c, int n_keys, const char *const *keys, int wait_ms,
+                             struct rconn_entries *out, bool *came, struct rl_err *err)
+{
+    out->n = 0;
+    out->v = NULL;
+    *came = false;
+    if (!c->out_since_ms || !c->ctx)
+        return rl_errf(err, RL_EINVAL, "XREADGROUP: no read awaits its reply");
+    int64_t until = rl_mono_ms() + (wait_ms > 0 ? wait_ms : 0);
+    /* the reply must come within its BLOCK and a round trip: later, the
+     * connection is taken for dead, as a blocking call's timeout would */
+    int64_t dead = c->out_since_ms + c->out_block_ms + (c->io_timeout_ms > 0 ? c->io_timeout_ms : 0);
+    void *r = NULL;
+    for (;;) {
+        if (redisGetReplyFromReader(c->ctx, &r) == REDIS_ERR) /* what is buffered: no wait */
+            return lost(c, "XREADGROUP", err);
+        if (r)
+            break;
+        int64_t now = rl_mono_ms();
+        if (c->io_timeout_ms > 0 && now >= dead) {
+            rl_errf(err, RL_EIO, "redis %s: XREADGROUP: no reply after %lld ms", c->addr,
+                    (long long)(now - c->out_since_ms));
+            rconn_disconnect(c);
+            return -RL_EIO;
+        }
+        struct pollfd pfd = {.fd = c->ctx->fd, .events = POLLIN};
+        int left = until > now ? (int)(until - now) : 0;
+        int pr = poll(&pfd, 1, left);
+        if (pr < 0 && errno != EINTR)
+            return lost(c, "XREADGROUP", err);
+        if (pr > 0 && redisBufferRead(c->ctx) != REDIS_OK)
+            return lost(c, "XREADGROUP", err);
+        if (pr == 0 && rl_mono_ms() >= until)
+            return 0; /* not yet */
+    }
+    c->out_since_ms = 0;
+    *came = true;
+    struct rconn_reply cp;
+    int rc = copy_reply(&cp, r);
+    freeReplyObject(r);
+    if (rc) {
+        clear_reply(&cp);
+        return rl_errf(err, RL_ENOMEM, "XREADGROUP: out of memory copying a reply");
+    }
+    if (cp.type == RCONN_ERROR)
+        rc = rl_errf(err, transient_error(cp.str) ? RL_EIO : RL_EINVAL, "XREADGROUP: %s", cp.str);
+    else
+        rc = xread_entries(&cp, n_keys, keys, out, err);
+    clear_reply(&cp);
+    if (rc)
+        rconn_entries_free(out);
+    return rc;
 }
 
 int rconn_xack(struct rconn *c, const char *key, const char *group, int n_ids,

@@ -209,6 +209,32 @@ int rconn_xreadgroup(struct rconn *c, const char *group, const char *consumer, i
                      const char *const *keys, const char *id, int count, int block_ms,
                      struct rconn_entries *out, struct rl_err *err);
 
+/* A standing read (issue 27): a busy worker that polled for new jobs every
+ * step cost Redis a read event a step (most of a coalescing worker's
+ * Redis work) and put a round trip on the step's critical path. Instead it
+ * sends XREADGROUP GROUP group consumer COUNT count BLOCK block_ms
+ * STREAMS keys... > ... once, and looks each step, without waiting,
+ * whether its reply came: Redis answers when a job arrives (or the BLOCK
+ * runs out), and meanwhile costs nothing. Entries are delivered (into the
+ * consumer's pending list) when Redis answers, as with any read.
+ * Single instance only (-RL_EUNSUPPORTED on a cluster, whose reads go to
+ * one node per slot: rconn_xreadgroup). While a read awaits its reply,
+ * nothing else may use c (rconn_command and the stream calls refuse with
+ * -RL_EINVAL; batches must not be run on it). */
+int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consumer, int n_keys,
+                          const char *const *keys, int count, int block_ms, struct rl_err *err);
+/* True while a read sent awaits its reply. */
+bool rconn_xreadgroup_waiting(const struct rconn *c);
+/* Waits up to wait_ms (0: only looks) for that reply. *came false: not
+ * yet (0 returned). *came true: the read is over, out its entries (none
+ * when the BLOCK ran out), as rconn_xreadgroup gives them for the same
+ * keys. -RL_EIO when the connection broke or no reply came within BLOCK
+ * and the reply timeout (the connection is dropped; what Redis delivered
+ * then stays in the consumer's pending list, reclaimed as any lost
+ * reply's). */
+int rconn_xreadgroup_collect(struct rconn *c, int n_keys, const char *const *keys, int wait_ms,
+                             struct rconn_entries *out, bool *came, struct rl_err *err);
+
 /* XACK key group ids...; *n_acked (may be NULL) gets Redis's count. */
 int rconn_xack(struct rconn *c, const char *key, const char *group, int n_ids,
                const char *const *ids, long long *n_acked, struct rl_err *err);

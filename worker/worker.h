@@ -193,6 +193,11 @@ struct worker {
 
     struct rconn *rc;             /* publish, ack, claim, cancel checks */
     struct rconn *rc_read;        /* the (blocking) XREADGROUP only */
+    /* the standing read's streams as sent (loop.c, single instance): its
+     * reply is matched against these, and stream i is pool stream
+     * stand_idx[i] */
+    const char *stand_keys[W_MAX_STREAMS];
+    int stand_idx[W_MAX_STREAMS], stand_n;
     struct rconn_batch *batch;
     struct fence fence;           /* the fencing scripts' SHA1s */
     bool checks_apart;            /* an ACL refused FENCE_EMIT with the check keys in it

@@ -267,25 +267,29 @@ def test_full_worker_reads_nothing(workers, client, redis_addr, prefix, tmp_path
     assert done["finish_reason"] == "length"
 
 
-def test_busy_worker_polls_once_a_step(workers, client, redis_addr, prefix, tmp_path,
-                                       event_validator):
-    """A worker with a job running and room for more reads new jobs with one
-    non-blocking XREADGROUP a step over both pools and its offer streams,
-    not one per pool: each is a round trip on the step's critical path and
-    an event Redis pays for. A job then sent to either pool is still taken
-    while the first runs."""
+def test_busy_worker_keeps_one_standing_read(workers, client, redis_addr, prefix, tmp_path,
+                                             event_validator):
+    """A worker with a job running and room for more does not poll for new
+    jobs every step (each poll a round trip on the step's critical path and
+    an event Redis pays for): it keeps one XREADGROUP ... BLOCK waiting in
+    Redis over both pools and its offer streams, sent again when it comes
+    back (a job, or its BLOCK of 100 ms run out). A job then sent to either
+    pool is still taken while the first runs."""
     workers("w1", "--max-batch", "4")
     r = connect(redis_addr)
     cmds = watch_100_emits(client, redis_addr, tmp_path, "busy")
     emits = emits_of(cmds, f"{prefix}out:busy")
     polls = [a for _, src, a in cmds if src != "lua" and a and a[0].upper() == "XREADGROUP"]
-    # every poll names both pools and both offer streams
+    # every read names both pools and both offer streams, and blocks
     for a in polls:
         streams = a[a.index("STREAMS") + 1:]
         keys = streams[:len(streams) // 2]
         assert sorted(keys) == sorted([f"{prefix}jobs:fast", f"{prefix}jobs:think",
                                        f"{prefix}jobs:fast:w:w1", f"{prefix}jobs:think:w:w1"]), a
-    assert 0.5 * emits <= len(polls) <= 1.2 * emits + 5, (len(polls), emits)
+        assert "BLOCK" in [x.upper() for x in a], a
+    # one a BLOCK (100 ms) at most, where a poll a step made about one an emit
+    span = cmds[-1][0] - cmds[0][0]
+    assert len(polls) <= span / 0.1 + 2 and len(polls) < 0.5 * emits, (len(polls), emits, span)
     for pool, mode in (("think", "think"), ("fast", "no_think")):
         client.submit(long_job(f"also-{pool}", n=3, mode=mode))
         _, done = check_stream(client.events(f"also-{pool}"), event_validator)

@@ -594,6 +594,109 @@ static void test_reconnect_after_restart(void **state)
 /* bell: NULL, or the bell's key (the reader then blocks on it alone, and
  * sweeps every sweep_ms, 0 for the default); io_timeout_ms: its
  * connections' reply timeout, 0 for rconn's default */
+static double ms_since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) * 1e3 + (double)(t1.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+/* The id of the connection blocked in an XREADGROUP, from CLIENT LIST; 0
+ * when none is (yet). */
+static long long blocked_xreadgroup(struct rconn *c)
+{
+    const char *argv[] = {"CLIENT", "LIST"};
+    struct rconn_reply *r = NULL;
+    assert_int_equal(rconn_command(c, 2, argv, NULL, &r, NULL), 0);
+    long long id = 0;
+    char *save = NULL;
+    for (char *l = strtok_r(r->str, "\n", &save); l && !id; l = strtok_r(NULL, "\n", &save))
+        if (strstr(l, " flags=b ") && strstr(l, " cmd=xreadgroup "))
+            id = atoll(l + 3);
+    rconn_reply_free(r);
+    return id;
+}
+
+/* The standing read (a busy worker's, issue 27): sent once; looked at
+ * without waiting; answered when entries come (delivered to the consumer
+ * then, COUNT honoured), or empty when its BLOCK runs out; the connection
+ * refuses other commands meanwhile; a connection killed under it is an
+ * error, and the connection works again afterwards. */
+static void test_standing_read(void **state)
+{
+    (void)state;
+    struct rconn *c = mk(addr, NULL, NULL), *w = mk(addr, NULL, NULL);
+    struct rl_err err = {0};
+    const char *jobs = key("stand:jobs"), *keys[] = {jobs};
+    assert_int_equal(rconn_xgroup_create(w, jobs, "workers", "0", &err), 0);
+    assert_int_equal(rconn_xreadgroup_send(c, "workers", "ws", 1, keys, 2, 5000, &err), 0);
+    assert_true(rconn_xreadgroup_waiting(c));
+    struct rconn_entries e;
+    bool came = true;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(rconn_xreadgroup_collect(c, 1, keys, 0, &e, &came, &err), 0);
+    assert_false(came);
+    assert_int_equal(e.n, 0);
+    assert_true(ms_since(&t0) < 500); /* looking does not wait for the BLOCK */
+    for (int t = 0; t < 5000 && !blocked_xreadgroup(w); t++)
+        sleep_ms(1);
+    assert_true(blocked_xreadgroup(w) > 0); /* it waits in Redis, not in a poll */
+    const char *ping[] = {"PING"};
+    assert_int_equal(rconn_command(c, 1, ping, NULL, NULL, &err), -RL_EINVAL);
+    assert_int_equal(rconn_xreadgroup_send(c, "workers", "ws", 1, keys, 2, 5000, &err),
+                     -RL_EINVAL);
+    assert_true(rconn_xreadgroup_waiting(c));
+
+    /* three jobs: the reply brings the first two (COUNT 2) */
+    char ids[3][RCONN_ID_MAX];
+    const char *names[] = {"job"}, *vals[] = {"{}"};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(rconn_xadd(w, jobs, "*", 0, 1, names, vals, NULL, ids[i], NULL, &err), 0);
+    assert_int_equal(rconn_xreadgroup_collect(c, 1, keys, 3000, &e, &came, &err), 0);
+    assert_true(came);
+    assert_false(rconn_xreadgroup_waiting(c));
+    assert_true(e.n >= 1 && e.n <= 2); /* the first XADD may wake it alone */
+    assert_string_equal(e.v[0].id, ids[0]);
+    assert_int_equal(e.v[0].stream, 0);
+    int got = e.n;
+    rconn_entries_free(&e);
+    /* the next read takes the rest at once */
+    assert_int_equal(rconn_xreadgroup_send(c, "workers", "ws", 1, keys, 2, 5000, &err), 0);
+    assert_int_equal(rconn_xreadgroup_collect(c, 1, keys, 3000, &e, &came, &err), 0);
+    assert_true(came);
+    assert_int_equal(got + e.n, 3);
+    assert_string_equal(e.v[e.n - 1].id, ids[2]);
+    rconn_entries_free(&e);
+    assert_int_equal(rconn_command(c, 1, ping, NULL, NULL, &err), 0); /* usable again */
+
+    /* nothing comes: the BLOCK runs out, and the read is over, empty */
+    assert_int_equal(rconn_xreadgroup_send(c, "workers", "ws", 1, keys, 2, 100, &err), 0);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(rconn_xreadgroup_collect(c, 1, keys, 3000, &e, &came, &err), 0);
+    assert_true(came);
+    assert_int_equal(e.n, 0);
+    assert_true(ms_since(&t0) >= 80);
+
+    /* its connection killed: an error, nothing awaited any more, and the
+     * next command reconnects */
+    assert_int_equal(rconn_xreadgroup_send(c, "workers", "ws", 1, keys, 2, 5000, &err), 0);
+    long long id = 0;
+    for (int t = 0; t < 5000 && !(id = blocked_xreadgroup(w)); t++)
+        sleep_ms(1);
+    char ids_[24];
+    snprintf(ids_, sizeof ids_, "%lld", id);
+    const char *kill_id[] = {"CLIENT", "KILL", "ID", ids_};
+    cmd_ok(w, 4, kill_id);
+    assert_int_equal(rconn_xreadgroup_collect(c, 1, keys, 3000, &e, &came, &err), -RL_EIO);
+    assert_false(rconn_xreadgroup_waiting(c));
+    for (int t = 0; t < 100 && rconn_command(c, 1, ping, NULL, NULL, &err); t++)
+        sleep_ms(20);
+    assert_int_equal(rconn_command(c, 1, ping, NULL, NULL, &err), 0);
+    rconn_free(c);
+    rconn_free(w);
+}
+
 static struct xmux *mk_mux(const char *bell, int sweep_ms, int io_timeout_ms)
 {
     struct rconn_opts o;
@@ -1004,6 +1107,7 @@ int main(void)
         cmocka_unit_test(test_streams),
         cmocka_unit_test(test_out_stream_idempotent),
         cmocka_unit_test(test_pipeline),
+        cmocka_unit_test(test_standing_read),
         cmocka_unit_test(test_xmux_streams_apart),
         cmocka_unit_test_prestate(test_xmux_streams_apart, (void *)"bell-apart"),
         cmocka_unit_test(test_xmux_backpressure),
