@@ -955,6 +955,12 @@ int rconn_slot_master(const struct rconn *c, int slot)
     return slot < 0 || slot >= RCL_N_SLOTS ? -1 : c->map->slot_node[slot];
 }
 
+void rconn_map_stale(struct rconn *c)
+{
+    if (c->cluster)
+        c->stale = true;
+}
+
 int64_t rconn_slot_conn(const struct rconn *c, int slot)
 {
     if (!c->cluster || !c->map)

@@ -123,6 +123,11 @@ int rconn_command_on(struct rconn *c, int master, int argc, const char *const *a
  * rconn_command_on (-1 while no master is known for it); 0 for a single
  * instance. */
 int rconn_slot_master(const struct rconn *c, int slot);
+/* Cluster: the slot map is read again before the next command (another
+ * connection of ours saw the cluster change, e.g. the one whose blocked
+ * reads this one's CLIENT UNBLOCK must reach: common/xmux.c). A keyless
+ * command is never redirected, so this connection would not find out. */
+void rconn_map_stale(struct rconn *c);
 /* Which connection serves slot now: a number that changes whenever that
  * may be another one (a reconnect, a failover, a new slot map), 0 while
  * none is open. Per connection state (a CLIENT ID) is read again when it

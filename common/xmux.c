@@ -236,9 +236,15 @@ static int refresh_cid(struct xmux *m, struct rl_err *err)
     if ((rc = probe(m, m->rd, 2, argv, &id, err)))
         return rc;
     pthread_mutex_lock(&m->mu);
+    bool moved = m->cluster && m->cid_conn; /* not the first: maybe another master */
     m->cid = id;
     m->cid_conn = rconn_slot_conn(m->rd, m->slot);
     pthread_mutex_unlock(&m->mu);
+    if (moved) { /* the UNBLOCKs must follow: their connection reads the map again */
+        pthread_mutex_lock(&m->ctl_mu);
+        rconn_map_stale(m->ctl);
+        pthread_mutex_unlock(&m->ctl_mu);
+    }
     return 0;
 }
 

@@ -10,7 +10,11 @@ sampled one with its own seed): first calm, then under faults: a quarter of
 the workers killed with SIGKILL and restarted, one dispatcher restarted, and
 Redis stopped (SIGSTOP) for 2 s, at fixed fractions of the faulted sweep's
 length (levels x duration; for 3 levels 0.5, 1.3 and 2.2 durations in). Then (--coalesce-ms) the workers restart with coalesce_ms and the
-calm sweep runs a third time, coalesced. Afterwards every job's redlm:out:<id> stream is read back: jobs lost
+calm sweep runs a third time, coalesced. The calm and coalesced sweeps run the
+workers at the daemons' default claim, lease and heartbeat intervals (Redis's
+cost per token is stated at defaults); the faulted one restarts them with short
+ones (claims after 1 s idle, renewals every 200 ms), so that a killed worker's
+jobs move within the sweep (--calm-intervals soak: short ones throughout). Afterwards every job's redlm:out:<id> stream is read back: jobs lost
 (no done), duplicated events (a seq twice), out-of-order events (seq i not at
 entry 0-(i+1)), and jobs whose token ids differ from the calm run's.
 
@@ -87,6 +91,10 @@ class Fleet:
         self.workers = {}
         self.dispatchers = {}
         self.coalesce_ms = 0      # the workers' --coalesce-ms
+        # the claim, lease and heartbeat intervals: the daemons' defaults, or
+        # (fault sweep) short ones, so that a killed worker's jobs are taken
+        # over within a second rather than claim_idle_ms's 30 s
+        self.fast_claims = a.calm_intervals == "soak"
 
     def spawn(self, args, log, redis_core=False):
         """--pin: Redis on core 0 alone, everything else on the other
@@ -160,8 +168,9 @@ class Fleet:
              "--model", str(TOKENIZER), "--backend", "sim", "--sim-profile", self.a.profile,
              "--sim-model", self.a.model, "--pools", "fast,think", "--name", name, "--threads", "1",
              "--http-port", "0", "--no-result-cache", "--max-batch", str(self.a.max_batch),
-             "--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200",
-             "--heartbeat-interval-ms", "500", "--coalesce-ms", str(self.coalesce_ms),
+             *(["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200",
+                "--heartbeat-interval-ms", "500"] if self.fast_claims else []),
+             "--coalesce-ms", str(self.coalesce_ms),
              *self.shard_args()],
             f"worker-{name}.log")
 
@@ -316,7 +325,7 @@ def sweep(fleet, tag, read=None):
                str(a.clients), "--duration", str(a.duration), "--requests", "100000",
                "--prompt-len", a.prompt_len, "--output-len", a.output_len, "--think", "0.3",
                "--repeat", "0.2", "--hot", "4", "--seed", "19", "--timeout", "120",
-               "--read", read, "--ids", a.ids, "--no-plots", "--label", f"{tag} {rate:g}/s", "--out", str(res)]
+               "--read", read, *(["--ids", a.ids] if a.ids != "slots" else []), "--no-plots", "--label", f"{tag} {rate:g}/s", "--out", str(res)]
         if a.pin:
             cmd = ["taskset", "-c", f"1-{os.cpu_count() - 1}", *cmd]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL,
@@ -455,6 +464,12 @@ def main():
                          "per process blocked on the bell the workers ring, as the front door "
                          "does (default); one shared XREAD blocked on every stream (all: the "
                          "shared reader before the bell); or one per request")
+    ap.add_argument("--calm-intervals", choices=("defaults", "soak"), default="defaults",
+                    help="the workers' claim, lease and heartbeat intervals in the calm and "
+                         "coalesced sweeps: the daemons' defaults (5 s lease renewals, 2 s "
+                         "heartbeats: what Redis's cost per token is stated at), or the fault "
+                         "sweep's short ones throughout (200 ms, 500 ms: the soak before "
+                         "2026-12-05)")
     ap.add_argument("--ids", choices=("slots", "own"), default="slots",
                     help="on a cluster, the load generator's ids: on the request slots, one per "
                          "master, as redlm's front door chooses them (default: a worker writes "
@@ -496,6 +511,15 @@ def main():
     return res[False][1] or res[True][1]
 
 
+def restart_workers(fleet, names, fast_claims):
+    for n in names:
+        fleet.kill("worker", n, signal.SIGTERM)
+    fleet.fast_claims = fast_claims
+    for n in names:
+        fleet.start_worker(n)
+    fleet.wait_ready(names, "worker")
+
+
 def soak(a):
     """One whole soak on the backend a names; (result, exit status: 1 when
     anything was lost, duplicated, out of order or mismatched)."""
@@ -526,6 +550,8 @@ def soak(a):
         if others == ["own"] and a.read == "own":
             others = ["shared"]
         calm_other = {m: sweep(fleet, f"calm-{m}", m)[0] for m in others}
+        if not fleet.fast_claims:  # the faults need short claim intervals
+            restart_workers(fleet, names, fast_claims=True)
         flog = []
         th = threading.Thread(target=faults, args=(fleet, flog))
         th.start()
@@ -535,12 +561,8 @@ def soak(a):
         tot_other = {m: check(fleet, calm, lvs) for m, lvs in calm_other.items()}
         coal, tot_coal = [], None
         if a.coalesce_ms:
-            for n in names:
-                fleet.kill("worker", n, signal.SIGTERM)
             fleet.coalesce_ms = a.coalesce_ms
-            for n in names:
-                fleet.start_worker(n)
-            fleet.wait_ready(names, "worker")
+            restart_workers(fleet, names, fast_claims=a.calm_intervals == "soak")
             coal, _ = sweep(fleet, "coalesced")
             tot_coal = check(fleet, calm, coal)
     finally:
