@@ -381,8 +381,10 @@ static int collect_events(struct worker *w, struct flush *f, struct wjob *j, int
 /* May this worker ring the bell? Said in the log when the answer changes. */
 static void bell_probe(struct worker *w)
 {
-    if (!w->bell_key[0])
-        snprintf(w->bell_key, sizeof w->bell_key, "%sbell", w->opt.prefix);
+    /* on a cluster a bell of a slot (any: the ACL's pattern is what is
+     * asked), as the emits ring: an ACL granting the single instance's bell
+     * alone would refuse every emit script that names one */
+    rcl_bell_key(w->bell_key, sizeof w->bell_key, w_cluster(w), w->opt.prefix, 0);
     struct rl_err e;
     if (xmux_ringer_check(&w->ringer, w->rc, w->bell_key, &e))
         RL_LOG(&w->log, w->ringer.on > 0 ? RL_LOG_DEBUG : RL_LOG_WARN,

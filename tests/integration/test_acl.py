@@ -539,6 +539,44 @@ def cluster_events(cluster, user, job_id, timeout=60):
     return [ev for _, ev in stream_events(on_slot(cluster, user, key), key, timeout)]
 
 
+def test_an_acl_with_the_single_bell_on_cluster(built, tmp_path):
+    """An ACL that grants the single instance's bell alone (`~redlm:bell`,
+    before the cluster's per-slot bells): on a cluster the worker and the
+    dispatcher find that they may not ring a slot's bell and say so once;
+    their scripts then name no bell (an EVALSHA naming a key the ACL refuses
+    would be refused whole), and jobs are served."""
+    from conftest import Dispatcher, RedisCluster
+    lines = [l.replace("~redlm:bell*", "~redlm:bell") for l in acl_lines()]
+    assert lines != acl_lines()
+    acl = tmp_path / "users.acl"
+    acl.write_text("\n".join(with_passwords(lines)) + "\n")
+    c = RedisCluster(tmp_path / "cluster", aclfile=acl, auth=("admin", PW["admin"]))
+    pw = daemon_passwords(tmp_path)
+    d = w = None
+    try:
+        d = Dispatcher(c.seeds, "redlm:", "acl-bd", tmp_path,
+                       ["--redis-user", "dispatcher", "--redis-password-file", str(pw["dispatcher"]),
+                        "--model", str(MODEL), "--think-ratio", "0", "--tenants", "client"])
+        w = Worker(c.seeds, "redlm:", "acl-bw", tmp_path,
+                   ["--redis-user", "worker", "--redis-password-file", str(pw["worker"]), *FAST])
+        client = on_slot(c, "client", "{redlm:}requests:client")
+        job = {"prompt_ids": [9, 8, 7], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+        for jid in ("b1", "b2"):
+            client.xadd("{redlm:}requests:client", {"job": json.dumps({**job, "id": jid})})
+            evs = cluster_events(c, "client", f"client:{jid}")
+            assert [e["seq"] for e in evs] == list(range(len(evs)))
+            assert evs[-1]["finish_reason"] == "length", evs[-1]
+        assert w.text().count("not ringing redlm:bell{") == 1, w.text()
+        assert d.text().count("not ringing redlm:bell{") == 1, d.text()
+        denied = cluster_denials(c, ("worker", "dispatcher"))
+        assert denied and all(e["object"].startswith("redlm:bell{") for e in denied), denied
+    finally:
+        for p in (w, d):
+            if p:
+                p.stop()
+        c.stop()
+
+
 def test_acl_users_serve_jobs_on_cluster(built, acl_cluster, tmp_path):
     """The whole path on a cluster with least privilege on every hop: a web
     backend (user `client`, on the master of each key it touches) enqueues on
