@@ -1023,6 +1023,12 @@ struct rconn_batch {
     int n_errors;
     int64_t sent_on;        /* 1 + the connection count when rconn_batch_send wrote
                                it (0: not sent): exec then only reads the replies */
+    /* a cluster's batch written by rconn_batch_send: exec reads the nodes'
+     * replies if their connections are still the ones written to */
+    int *node;              /* (n) each command's node then; NULL: not sent */
+    int n_used, used[RCL_MAX_NODES]; /* the nodes written, in order of first use */
+    int64_t serial[RCL_MAX_NODES];   /* their connections (node_serial), 0: write failed */
+    int send_rc;            /* the write's failure, reported by exec */
 };
 
 int rconn_batch_create(struct rconn_batch **out, struct rl_err *err)
@@ -1040,6 +1046,8 @@ void rconn_batch_reset(struct rconn_batch *b)
             clear_reply(&b->replies[i]);
     b->n = b->n_done = b->n_errors = 0;
     b->sent_on = 0;
+    free(b->node);
+    b->node = NULL;
 }
 
 void rconn_batch_free(struct rconn_batch *b)
@@ -1165,19 +1173,19 @@ static void cl_route(const struct rconn *c, const struct rconn_batch *b, int *no
     }
 }
 
-/* Cluster batch: one pipeline per node, in command order within each,
- * all written before any reply is read, so the nodes work in parallel
- * (one round trip, not one per node); then the redirected commands one by
- * one. A node that fails leaves its commands unanswered (-RL_EIO). */
-static int cl_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
+/* Cluster batch, first half: routes every unanswered command (node[],
+ * b->n of them) and writes one pipeline per node, in command order within
+ * each, all before any reply is read, so the nodes work in parallel (one
+ * round trip, not one per node). used[]/n_used: the nodes, in order of
+ * first use; ctxs[u]: the connection written to, NULL where the write
+ * failed (its commands stay unanswered: -RL_EIO). */
+static int cl_write(struct rconn *c, struct rconn_batch *b, int *node, int *used, int *n_used,
+                    redisContext **ctxs, struct rl_err *err)
 {
-    int *node = malloc(sizeof *node * (size_t)b->n);
-    if (!node)
-        return rl_errf(err, RL_ENOMEM, "pipeline: out of memory");
     cl_route(c, b, node);
-    int rc = 0, used[RCL_MAX_NODES], n_used = 0;
-    redisContext *ctxs[RCL_MAX_NODES];
-    for (int i = 0; i < b->n; i++) { /* the nodes, in order of first use */
+    int rc = 0;
+    *n_used = 0;
+    for (int i = 0; i < b->n; i++) {
         if (b->done[i])
             continue;
         if (node[i] < 0) {
@@ -1186,12 +1194,12 @@ static int cl_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *
             continue;
         }
         int u = 0;
-        while (u < n_used && used[u] != node[i])
+        while (u < *n_used && used[u] != node[i])
             u++;
-        if (u == n_used)
-            used[n_used++] = node[i];
+        if (u == *n_used)
+            used[(*n_used)++] = node[i];
     }
-    for (int u = 0; u < n_used; u++) { /* write every node's pipeline */
+    for (int u = 0; u < *n_used; u++) {
         int n = used[u], nrc = node_ctx(c, n, &ctxs[u], err), wdone = 0;
         for (int i = 0; i < b->n && !nrc; i++)
             if (node[i] == n && !b->done[i] &&
@@ -1205,7 +1213,15 @@ static int cl_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *
             ctxs[u] = NULL;
         }
     }
-    for (int u = 0; u < n_used; u++) { /* then read them */
+    return rc;
+}
+
+/* Second half: reads every written node's replies, then sends the
+ * redirected commands again one by one. rc: the first half's. */
+static int cl_read(struct rconn *c, struct rconn_batch *b, const int *node, const int *used,
+                   int n_used, redisContext **ctxs, int rc, struct rl_err *err)
+{
+    for (int u = 0; u < n_used; u++) {
         int n = used[u], nrc = 0;
         if (!ctxs[u])
             continue;
@@ -1243,9 +1259,41 @@ static int cl_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *
         if (store_reply(b, i, nr))
             rc = rl_errf(err, RL_ENOMEM, "pipeline: out of memory copying a reply");
     }
-    free(node);
     while (b->n_done < b->n && b->done[b->n_done])
         b->n_done++;
+    return rc;
+}
+
+/* Cluster batch: written (unless rconn_batch_send did, on connections that
+ * are still open) and read. */
+static int cl_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
+{
+    redisContext *ctxs[RCL_MAX_NODES];
+    int used[RCL_MAX_NODES], n_used = 0, rc;
+    int *node = b->node;
+    b->node = NULL;
+    if (node) { /* written by rconn_batch_send: the same connections, or their commands lost */
+        rc = b->send_rc;
+        n_used = b->n_used;
+        memcpy(used, b->used, sizeof used);
+        for (int u = 0; u < n_used; u++) {
+            int n = used[u];
+            ctxs[u] = b->serial[u] && n < c->map->n_nodes && c->node_ctx[n] &&
+                              c->node_serial[n] == b->serial[u] ? c->node_ctx[n] : NULL;
+            if (!ctxs[u] && b->serial[u])
+                rc = rc ? rc : rl_errf(err, RL_EIO, "redis cluster %s: a node's connection "
+                                       "was lost before its replies were read", c->addr);
+        }
+        if (b->send_rc) /* its message was overwritten since: say what it was */
+            rl_errf(err, -b->send_rc, "redis cluster %s: a node's pipeline could not be "
+                    "written (a node lost, or a slot without a master)", c->addr);
+    } else if (!(node = malloc(sizeof *node * (size_t)b->n))) {
+        return rl_errf(err, RL_ENOMEM, "pipeline: out of memory");
+    } else {
+        rc = cl_write(c, b, node, used, &n_used, ctxs, err);
+    }
+    rc = cl_read(c, b, node, used, n_used, ctxs, rc, err);
+    free(node);
     return rc;
 }
 
@@ -1254,8 +1302,18 @@ int rconn_batch_send(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
     if (b->n_done == b->n || b->sent_on)
         return 0;
     int rc = rconn_ensure(c, err);
-    if (rc || c->cluster)
-        return rc; /* a cluster's batch goes whole, by rconn_batch_exec */
+    if (rc)
+        return rc;
+    if (c->cluster) { /* every node's pipeline written; exec reads them (cl_batch_exec) */
+        redisContext *ctxs[RCL_MAX_NODES];
+        free(b->node);
+        if (!(b->node = malloc(sizeof *b->node * (size_t)b->n)))
+            return rl_errf(err, RL_ENOMEM, "pipeline: out of memory");
+        b->send_rc = cl_write(c, b, b->node, b->used, &b->n_used, ctxs, err);
+        for (int u = 0; u < b->n_used; u++)
+            b->serial[u] = ctxs[u] ? c->node_serial[b->used[u]] : 0;
+        return 0; /* a failure is exec's to report: those commands stay unanswered */
+    }
     for (int i = b->n_done; i < b->n; i++)
         if (redisAppendFormattedCommand(c->ctx, b->cmd[i], (size_t)b->cmd_len[i]) != REDIS_OK)
             return lost(c, "pipeline", err);
@@ -1274,7 +1332,9 @@ int rconn_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
     /* sent by rconn_batch_send on this very connection: only read */
     bool sent = b->sent_on && b->sent_on == c->n_connects + 1 && c->ctx && !c->cluster;
     b->sent_on = 0;
-    int rc = sent ? 0 : rconn_ensure(c, err);
+    /* a cluster's batch written by rconn_batch_send: its node numbers hold
+     * only while the map is not read again, so no rconn_ensure first */
+    int rc = sent || (c->cluster && b->node) ? 0 : rconn_ensure(c, err);
     if (rc)
         return rc;
     if (c->cluster)
@@ -1989,6 +2049,7 @@ int rconn_xadd(struct rconn *c, const char *key, const char *id, long maxlen, in
     free(b.replies);
     free(b.slot);
     free(b.done);
+    free(b.node);
     return rc;
 }
 

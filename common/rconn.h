@@ -162,7 +162,10 @@ int rconn_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
 /* Writes the batch's commands to the connection without reading a reply,
  * so the caller can work while Redis answers; rconn_batch_exec then only
  * reads the replies (or sends everything again when the connection was
- * lost meanwhile). On a cluster it does nothing: exec sends and reads. */
+ * lost meanwhile). On a cluster it writes every node's pipeline; exec
+ * reads each node's replies if that node's connection is still the one
+ * written to (else those commands stay unanswered, -RL_EIO, to be sent
+ * again). Between the two nothing else may use c or b. */
 int rconn_batch_send(struct rconn *c, struct rconn_batch *b, struct rl_err *err);
 int rconn_batch_count(const struct rconn_batch *b);
 int rconn_batch_n_done(const struct rconn_batch *b);
