@@ -170,15 +170,21 @@ int fence_load(struct fence *f, struct rconn *c, struct rl_err *err)
         if (f->sha[s][0])
             continue;
         const char *argv[3] = {"SCRIPT", "LOAD", bodies[s]};
-        struct rconn_reply *r = NULL;
-        int rc = rconn_command(c, 3, argv, NULL, &r, err);
-        if (!rc && r && r->type == RCONN_STRING && r->len == 40)
-            memcpy(f->sha[s], r->str, 41);
-        else if (!rc)
-            rc = rl_errf(err, RL_EINVAL, "SCRIPT LOAD: unexpected reply");
-        rconn_reply_free(r);
-        if (rc)
-            return rc;
+        char sha[41] = "";
+        /* every master of a cluster: a script that one lacks would answer
+         * NOSCRIPT there until a flush sends its body to that very node */
+        for (int m = 0; m < rconn_n_masters(c); m++) {
+            struct rconn_reply *r = NULL;
+            int rc = rconn_command_on(c, m, 3, argv, NULL, &r, err);
+            if (!rc && r && r->type == RCONN_STRING && r->len == 40)
+                memcpy(sha, r->str, 41);
+            else if (!rc)
+                rc = rl_errf(err, RL_EINVAL, "SCRIPT LOAD: unexpected reply");
+            rconn_reply_free(r);
+            if (rc)
+                return rc;
+        }
+        memcpy(f->sha[s], sha, sizeof sha);
     }
     f->tried_on = 0;
     return 0;
@@ -186,22 +192,23 @@ int fence_load(struct fence *f, struct rconn *c, struct rl_err *err)
 
 void fence_begin(struct fence *f)
 {
-    f->eval_now = f->eval_next;
-    f->eval_next = false;
+    memcpy(f->eval_now, f->eval_next, sizeof f->eval_now);
 }
 
-int fence_cmd(const struct fence *f, enum fence_script s, int n_keys, const char **argv,
+int fence_cmd(struct fence *f, enum fence_script s, int n_keys, const char **argv,
               char *nbuf)
 {
     snprintf(nbuf, 12, "%d", n_keys);
-    bool eval = f->eval_now || !f->sha[s][0];
+    if (f->eval_now[s]) /* this flush sends the body: every call of s in it */
+        f->eval_next[s] = false;
+    bool eval = f->eval_now[s] || !f->sha[s][0];
     argv[0] = eval ? "EVAL" : "EVALSHA";
     argv[1] = eval ? bodies[s] : f->sha[s];
     argv[2] = nbuf;
     return 3;
 }
 
-int fence_take_cmd(const struct fence *f, const char **argv, struct fence_take_buf *b,
+int fence_take_cmd(struct fence *f, const char **argv, struct fence_take_buf *b,
                    const char *own_key, const char *out_key, const char *holder,
                    const char *entry, bool fresh, int64_t deliveries, const char *req,
                    const char *sha)
@@ -219,10 +226,10 @@ int fence_take_cmd(const struct fence *f, const char **argv, struct fence_take_b
     return a;
 }
 
-bool fence_noscript(struct fence *f, const struct rconn_reply *r)
+bool fence_noscript(struct fence *f, enum fence_script s, const struct rconn_reply *r)
 {
     if (r && r->type == RCONN_ERROR && !strncmp(r->str, "NOSCRIPT", 8)) {
-        f->eval_next = true;
+        f->eval_next[s] = true;
         return true;
     }
     return false;

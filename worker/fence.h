@@ -48,9 +48,11 @@
  * (no event, no XACK): its new holder finishes it.
  *
  * The scripts run by EVALSHA; the SHA1s come from SCRIPT LOAD once Redis
- * answers. Until then, and for one flush after a NOSCRIPT (a Redis that
- * restarted, a failed-over master), they are sent whole by EVAL, which
- * loads them again. Main thread only. */
+ * answers (on a cluster, on every master). Until then, and after a
+ * NOSCRIPT (a Redis that restarted, a failed-over master, a master that
+ * joined), that script is sent whole by EVAL, which loads it again, in
+ * the next flush that calls it: every call of it in that flush, so that
+ * each node it goes to loads it. Main thread only. */
 #ifndef RL_FENCE_H
 #define RL_FENCE_H
 
@@ -72,13 +74,15 @@ enum fence_script {
 
 struct fence {
     char sha[FENCE_N_SCRIPTS][41]; /* "" until SCRIPT LOAD answered */
-    bool eval_next;                /* a NOSCRIPT was seen: EVAL in the next flush */
-    bool eval_now;                 /* this flush sends bodies (fence_begin) */
+    bool eval_next[FENCE_N_SCRIPTS]; /* a NOSCRIPT was seen: EVAL in the next flush
+                                        that calls it */
+    bool eval_now[FENCE_N_SCRIPTS];  /* this flush sends its body (fence_begin) */
     int64_t tried_on;              /* 1 + c's reconnect count at the last failed load */
 };
 
-/* SCRIPT LOAD of every script on c (on a cluster, one node: the others
- * load on their first NOSCRIPT) while a SHA1 is missing, at most once per
+/* SCRIPT LOAD of every script on c (on a cluster, on every master: a
+ * script is called on whichever master holds its keys) while a SHA1 is
+ * missing, at most once per
  * connection, so a refused load (an ACL without SCRIPT LOAD) does not cost
  * every flush a round trip. Returns 0 (loaded, or not tried again on this
  * connection), or the error; missing SHA1s make fence_cmd send bodies. */
@@ -100,24 +104,24 @@ struct fence_take_buf {
  * (a different job owns the id). */
 #define FENCE_TAKE_ARGC 11
 enum { FENCE_TAKEN_BY_OTHER = -1, FENCE_DUPLICATE = -2, FENCE_ID_CONFLICT = -3 };
-int fence_take_cmd(const struct fence *f, const char **argv, struct fence_take_buf *b,
+int fence_take_cmd(struct fence *f, const char **argv, struct fence_take_buf *b,
                    const char *own_key, const char *out_key, const char *holder,
                    const char *entry, bool fresh, int64_t deliveries, const char *req,
                    const char *sha);
 
 /* Called once per flush before any fence_cmd: decides EVAL or EVALSHA
- * for this flush. */
+ * of each script for this flush. */
 void fence_begin(struct fence *f);
 
 /* Fills argv[0..2] with the head of a call of script s with n_keys keys:
  * EVALSHA <sha> <n> or EVAL <body> <n>. nbuf (>= 12 bytes) holds the
  * number's text and must live as long as argv. Returns 3. */
-int fence_cmd(const struct fence *f, enum fence_script s, int n_keys, const char **argv,
+int fence_cmd(struct fence *f, enum fence_script s, int n_keys, const char **argv,
               char *nbuf);
 
-/* The reply r answered a fence_cmd: true when it is NOSCRIPT (and the
- * next flush will EVAL). */
-bool fence_noscript(struct fence *f, const struct rconn_reply *r);
+/* The reply r answered a fence_cmd of script s: true when it is NOSCRIPT
+ * (and the next flush that calls s sends its body). */
+bool fence_noscript(struct fence *f, enum fence_script s, const struct rconn_reply *r);
 
 /* FENCE_EMIT's refusal: the caller no longer holds the job. */
 bool fence_is_fenced(const struct rconn_reply *r);

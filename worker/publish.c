@@ -781,7 +781,7 @@ static void apply_emit_job(struct worker *w, struct flush *f, struct wjob *j, in
 static void apply_emit(struct worker *w, struct flush *f, const struct item *it,
                        const struct rconn_reply *r)
 {
-    if (!r || fence_noscript(&w->fence, r))
+    if (!r || fence_noscript(&w->fence, FENCE_EMIT, r))
         return; /* no reply: resent with the next flush */
     if (r->type == RCONN_ERROR && !strncmp(r->str, "NOPERM", 6) && !w->checks_apart)
         for (int g = 0; g < it->n; g++)
@@ -819,7 +819,7 @@ static void apply_emit(struct worker *w, struct flush *f, const struct item *it,
  * to nobody: acknowledged by the one that finished them). */
 static void apply_lease(struct worker *w, uint64_t mask, const struct rconn_reply *r)
 {
-    if (!r || fence_noscript(&w->fence, r))
+    if (!r || fence_noscript(&w->fence, FENCE_LEASE, r))
         return;
     if (r->type != RCONN_ARRAY) {
         RL_LOG(&w->log, RL_LOG_WARN, "lease renewal: %s",
@@ -859,7 +859,7 @@ static void apply_reply(struct worker *w, struct flush *f, struct item *it,
     }
     switch (it->kind) {
     case IT_TAKE:
-        if (!r || fence_noscript(&w->fence, r))
+        if (!r || fence_noscript(&w->fence, FENCE_TAKE, r))
             break;
         if (r->type == RCONN_INTEGER)
             f->n_stored++;
@@ -898,7 +898,7 @@ static void apply_reply(struct worker *w, struct flush *f, struct item *it,
         }
         break;
     case IT_ACK:
-        if (fence_noscript(&w->fence, r))
+        if (fence_noscript(&w->fence, FENCE_ACK, r))
             break; /* still ACKING: again, by EVAL, with the next flush */
         if (!is_err) {
             it->j->state = 0; /* marks it for removal below */
@@ -923,7 +923,7 @@ static void apply_reply(struct worker *w, struct flush *f, struct item *it,
             RL_LOG(&w->log, RL_LOG_WARN, "flush: %s", r->str);
         break;
     case IT_RELEASE:
-        if (fence_noscript(&w->fence, r))
+        if (fence_noscript(&w->fence, FENCE_RELEASE, r))
             it->j->release = true; /* again with the next flush */
         else if (is_err)
             RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: releasing entry %s: %s", it->j->id,

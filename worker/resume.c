@@ -195,7 +195,7 @@ static int take_over(struct worker *w, struct wjob *j, struct rl_err *err)
             rconn_reply_free(r);
             return 0;
         }
-        bool again = fence_noscript(&w->fence, r);
+        bool again = fence_noscript(&w->fence, FENCE_TAKE, r);
         rconn_reply_free(r);
         if (!again)
             return rc ? rc : rl_errf(err, RL_EINVAL, "taking the holder record: unexpected reply");

@@ -187,3 +187,51 @@ def test_idle_worker_wakes_on_any_shard(redis_cluster, workers, dispatchers, pre
     d = dispatchers("dm", "--pool-shards", "2", addr=redis_cluster.seeds)
     wait_for(lambda: f"reads {K} shards per pool, this dispatcher writes to 2" in d.text(),
              "the pool_shards mismatch logged", timeout=60)
+
+
+def test_leases_renewed_on_every_shard(redis_cluster, workers, prefix, tmp_path, event_validator):
+    """A worker renews the lease of a long job on every shard, whichever
+    master holds it: the scripts are loaded on every master (and sent whole
+    to a master that answers NOSCRIPT, in the next flush that calls them).
+    Before, the lease script was loaded on one node only and every renewal
+    elsewhere answered NOSCRIPT: jobs there went idle, were reclaimed each
+    claim_idle_ms and hopped from worker to worker (seen in the fleet soak
+    as hundreds of reclaims in a calm run). Watched while three long jobs,
+    one per shard, run for more than twice claim_idle_ms: each stays
+    delivered once, its idle time below claim_idle_ms (3 s: renewals every
+    200 ms leave a loaded machine room)."""
+    rc = redis_cluster.client()
+    keys = shards(prefix)
+    w = workers("wr", "--claim-idle-ms", "3000", "--claim-interval-ms", "200",
+                "--lease-renew-ms", "200", addr=redis_cluster.seeds)
+    wait_for(lambda: all(
+        rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k)) for k in keys),
+             "the worker's groups", timeout=60)
+    jobs = [{"id": f"lease-{i}", "prompt_ids": [3, 1, 4 + i], "max_tokens": 40000,
+             "temperature": 0, "ignore_eos": True} for i in range(K)]
+    for j, k in zip(jobs, keys):
+        rc.xadd(k, {"job": json.dumps(j)})
+    first, seen = None, 0
+    while True:  # every observation checked; the watch ends on what Redis shows
+        pend = {k: rc.xpending_range(k, "workers", "-", "+", 10) for k in keys}
+        running = [p for ps in pend.values() for p in ps]
+        if len(running) == K:
+            now = time.time()
+            first = first or now
+            seen += 1
+            for p in running:
+                assert p["times_delivered"] == 1, (p, pend)
+                assert p["time_since_delivered"] < 3000, (p, pend)
+            if now - first > 6.5:  # more than twice claim_idle_ms watched
+                break
+        assert first is None or len(running) == K, f"a job left its shard early: {pend}"
+        assert time.time() - (first or time.time()) < 60
+        time.sleep(0.05)
+    assert seen >= 10
+    for j in jobs:
+        rc.set(f"{prefix}cancel:{{{j['id']}}}", "1", ex=600)
+    for j in jobs:
+        evs = stream_events(rc, out_key(prefix, j["id"]), 60)
+        _, done = check_stream(evs, event_validator)
+        assert done["finish_reason"] == "cancelled", done
+    assert "reclaimed" not in w.text() and "another worker holds" not in w.text()
