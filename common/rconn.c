@@ -84,11 +84,11 @@ struct rconn {
     struct rcl_map *map; /* cluster only: slot -> master */
     redisContext *node_ctx[RCL_MAX_NODES]; /* by map node index, NULL = not connected */
     int64_t node_serial[RCL_MAX_NODES]; /* which open made node_ctx[i] (n_node_opens then) */
-    int64_t out_since_ms;  /* > 0: a command sent by rconn_xreadgroup_send awaits its reply */
-    int out_block_ms;      /* its BLOCK */
     int64_t n_node_opens;
     int64_t node_retry_ms[RCL_MAX_NODES]; /* a node's connect failed: not before this */
     int block_ms;        /* > 0 while a BLOCKing read runs: widens the node's timeout */
+    int64_t out_since_ms; /* > 0: a read sent by rconn_xreadgroup_send awaits its reply */
+    int out_block_ms;     /* its BLOCK */
     /* extra connections to masters, by address and role (aux_ctx): the
      * BLOCKing reads of a second slot on one master, and CLIENT UNBLOCK
      * (cl_xreadgroup_par) */
@@ -1527,7 +1527,6 @@ static int xread_entries(struct rconn_reply *r, int n_keys, const char *const *k
     return rc;
 }
 
-/* One XREADGROUP as asked (all keys on one node in cluster mode). */
 /* XREADGROUP's argv (10 + 2 * n_keys at most) into argv; cnt and blk are
  * the caller's buffers (16 bytes). Returns argc. */
 static int xreadgroup_argv(const char **argv, char *cnt, char *blk, const char *group,
@@ -1550,6 +1549,7 @@ static int xreadgroup_argv(const char **argv, char *cnt, char *blk, const char *
     return a;
 }
 
+/* One XREADGROUP as asked (all keys on one node in cluster mode). */
 static int xreadgroup_one(struct rconn *c, const char *group, const char *consumer, int n_keys,
                           const char *const *keys, const char *id, int count, int block_ms,
                           struct rconn_entries *out, struct rl_err *err)

@@ -128,10 +128,11 @@ struct disp {
     int own_stream;               /* the intake stream the own pass is reading */
     int64_t next_repair_ms;       /* the periodic intake check (repair_intake) */
     char dead_key[D_KEY_MAX];     /* <prefix>dead */
-    /* the bell its answers ring on a single instance (common/xmux.h), as
-     * the workers' emits do: <prefix>bell */
+    /* the bell asked about before ringing (common/xmux.h): <prefix>bell, or
+     * on a cluster a slot's (each answer rings its stream's slot's); named
+     * by the first probe, once connected ("" until then) */
     char bell_key[D_KEY_MAX];
-    struct xmux_ringer ringer;    /* whether it may ring it */
+    struct xmux_ringer ringer;    /* whether it may ring */
     struct dpool pools[D_MAX_POOLS]; /* [0, n_shared): the configured pools */
     int n_pools, n_shared;
     /* the served models (models.c); refreshed at every heartbeat, and at

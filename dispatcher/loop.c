@@ -553,8 +553,10 @@ static void decide(struct disp *d, struct dreq *qs, int n)
 /* May the dispatcher ring the bell? Said in the log when the answer changes. */
 static void bell_probe(struct disp *d)
 {
-    /* on a cluster a slot's bell, as the answers ring (worker/publish.c) */
-    rcl_bell_key(d->bell_key, sizeof d->bell_key, rconn_is_cluster(d->rc), d->cfg.prefix, 0);
+    /* on a cluster a slot's bell, as the answers ring (worker/publish.c);
+     * named once, when connected */
+    if (!d->bell_key[0])
+        rcl_bell_key(d->bell_key, sizeof d->bell_key, rconn_is_cluster(d->rc), d->cfg.prefix, 0);
     struct rl_err e;
     if (xmux_ringer_check(&d->ringer, d->rc, d->bell_key, &e))
         RL_LOG(&d->log, d->ringer.on > 0 ? RL_LOG_DEBUG : RL_LOG_WARN,

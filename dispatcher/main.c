@@ -134,7 +134,6 @@ void d_make_keys(struct disp *d, bool cluster)
         d->intake_keys[i] = in->key;
     }
     rcl_queue_key(d->dead_key, sizeof d->dead_key, cluster, pfx, "dead");
-    snprintf(d->bell_key, sizeof d->bell_key, "%.128sbell", pfx);
     d->keys_cluster = cluster;
     d->n_shards = cluster ? d->cfg.pool_shards : 1;
     for (int s = 1; s < d->n_shards; s++)

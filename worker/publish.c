@@ -372,8 +372,8 @@ static int collect_events(struct worker *w, struct flush *f, struct wjob *j, int
         *folded = true;
     }
     int slot = w_cluster(w) ? rcl_key_slot(j->out_key, strlen(j->out_key)) : 0;
-    f->emits[f->n_emits++] = (struct emit){j, n < cap ? n : cap, n_check, slot,
-                                                f->n_emits};
+    f->emits[f->n_emits] = (struct emit){j, n < cap ? n : cap, n_check, slot, f->n_emits};
+    f->n_emits++;
     f->n_writes++;
     return 0;
 }
@@ -383,8 +383,10 @@ static void bell_probe(struct worker *w)
 {
     /* on a cluster a bell of a slot (any: the ACL's pattern is what is
      * asked), as the emits ring: an ACL granting the single instance's bell
-     * alone would refuse every emit script that names one */
-    rcl_bell_key(w->bell_key, sizeof w->bell_key, w_cluster(w), w->opt.prefix, 0);
+     * alone would refuse every emit script that names one. Named once:
+     * called when connected, so whether Redis is a cluster is known */
+    if (!w->bell_key[0])
+        rcl_bell_key(w->bell_key, sizeof w->bell_key, w_cluster(w), w->opt.prefix, 0);
     struct rl_err e;
     if (xmux_ringer_check(&w->ringer, w->rc, w->bell_key, &e))
         RL_LOG(&w->log, w->ringer.on > 0 ? RL_LOG_DEBUG : RL_LOG_WARN,

@@ -232,8 +232,10 @@ struct worker {
                                      how long an offer may wait for our next read */
     int64_t t_step_ms;            /* when the last stepping iteration began; 0 = idle */
     int64_t hold_tick_ms;         /* coalescing: when the held deltas last went out (wall ms) */
-    /* the bell (common/xmux.h) every emit rings on a single instance, so
-     * that shared readers read only the streams written: <prefix>bell */
+    /* the bell asked about before ringing (common/xmux.h), so that shared
+     * readers read only the streams written: <prefix>bell, or on a cluster
+     * a slot's (each emit rings its jobs' slot's); named by the first
+     * probe, once connected */
     char bell_key[W_KEY_MAX];
     struct xmux_ringer ringer;    /* whether this worker may ring it */
     bool groups_ok;               /* XGROUP CREATE done since the last NOGROUP */

@@ -1147,10 +1147,18 @@ static cJSON *level_json(const struct lb_opts *o, const struct lb_level *lv, con
 /* ---- one level ---- */
 
 /* On a Redis Cluster, the request slots (common/rcluster.h) the ids are
- * chosen on; none on a single instance, whose ids need no slot, nor when
- * Redis cannot be reached now (the requests then say so themselves). */
+ * chosen on: the shared readers' (made for the same map), or asked for
+ * when each request reads on its own; none on a single instance, whose ids
+ * need no slot, nor when Redis cannot be reached now (the requests then
+ * say so themselves). */
 static void request_slots(struct lb_run *run)
 {
+    const int *slots;
+    if (run->mux) {
+        run->n_slots = xmux_set_slots(run->mux, &slots);
+        memcpy(run->slots, slots, sizeof *slots * (size_t)run->n_slots);
+        return;
+    }
     struct rl_err e;
     struct rconn_opts ro;
     rconn_opts_default(&ro);
@@ -1191,9 +1199,6 @@ static int run_level(const struct lb_opts *o, const struct lb_prompts *prompts, 
         lst_rng_seed(&r, lst_seed_mix(o->seed, 0x617272ull, (uint64_t)level_idx));
         lst_poisson_arrivals(&r, run->level, o->requests, run->arrivals);
     }
-    if (!o->own_ids)
-        request_slots(run);
-    int rc = 0;
     pthread_t *th = calloc((size_t)run->n_clients, sizeof *th);
     if (!th)
         return rl_errf(err, RL_ENOMEM, "out of memory for %d clients", run->n_clients);
@@ -1206,16 +1211,17 @@ static int run_level(const struct lb_opts *o, const struct lb_prompts *prompts, 
         ro.addr = o->redis;
         ro.client_name = "redlm-bench";
         struct rl_err e = {0}, note;
-        rc = xmux_set_create(&run->mux, &ro, o->prefix, !o->no_bell, &note, &e);
+        int rc = xmux_set_create(&run->mux, &ro, o->prefix, !o->no_bell, &note, &e);
         run->read = rc ? "own" : o->no_bell || note.code ? "all" : "shared";
         if (rc && level_idx == 0)
             fprintf(stderr, "redlm bench: each request reads its own stream: %s\n", e.msg);
     } else {
         run->read = "own";
     }
-    rc = 0; /* a request whose stream has no shared reader reads on its own */
+    if (!o->own_ids)
+        request_slots(run);
     run->t0 = rl_mono_s();
-    int started = 0;
+    int started = 0, rc = 0;
     for (; started < run->n_clients; started++)
         if (pthread_create(&th[started], &attr, client_main, run)) {
             rc = rl_errf(err, RL_EIO, "could not start client thread %d", started);
