@@ -24,7 +24,8 @@ import threading
 import time
 
 import pytest
-from conftest import QWEN3_TOKENIZER, RedisServer, connect, run_threads, stream_events
+from conftest import (QWEN3_TOKENIZER, RedisServer, connect, pool_shards, run_threads,
+                      stream_events)
 
 SIM = ["--backend", "sim", "--sim-profile", "h200", "--sim-model", "qwen3-14b",
        "--model", str(QWEN3_TOKENIZER), "--no-result-cache", "--max-batch", "16",
@@ -118,8 +119,10 @@ def test_fleet_faults_token_exact(own_redis, workers, dispatchers, prefix, event
     sender = threading.Thread(target=submit_open_loop, args=(connect(addr), f"{prefix}requests", jobs, 8))
     sender.start()
     # a quarter of the workers die holding jobs in mid-generation ...
-    time.sleep(2.0)
     victims = ws[:2]  # a quarter of 6, rounded up
+    keys = [f"{prefix}jobs:{p}{w}" for p in ("fast", "think")
+            for w in ("", *(f":w:{v.name}" for v in victims))]
+    wait_held_mid_generation(r, keys, [v.name for v in victims], lambda i: f"{prefix}out:{i}")
     for w in victims:
         w.kill(signal.SIGKILL)
     for w in victims:
@@ -146,6 +149,39 @@ def test_fleet_faults_token_exact(own_redis, workers, dispatchers, prefix, event
               (r.get(f"{prefix}dispatcher:{d.name}") for d in ds) if v]
     print("affinity offers per dispatcher:", offers)
     assert sum(offers) > 0, "no job was offered: the affinity path did not run"
+
+
+def wait_held_mid_generation(r, keys, consumers, out_key, min_tokens=2, timeout=60):
+    """Waits, reading Redis rather than the clock, until every consumer holds
+    (as a pending entry of one of keys) a job that has published at least
+    min_tokens tokens, no done, and at least half its max_tokens still to
+    go, so that a kill that follows at once lands in the middle of a job of
+    each victim however slow the machine is. Fails the test when no such
+    moment comes within timeout."""
+    deadline = time.time() + timeout
+    seen = {}
+    while time.time() < deadline:
+        if all(holds_mid_generation(r, keys, c, out_key, min_tokens, seen) for c in consumers):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{consumers} never all held a job mid-generation within {timeout}s: "
+                         f"(tokens, done) of the jobs they held: {seen}")
+
+
+def holds_mid_generation(r, keys, consumer, out_key, min_tokens, seen):
+    for key in keys:
+        for p in r.xpending_range(key, "workers", "-", "+", 100, consumername=consumer):
+            entry = r.xrange(key, p["message_id"], p["message_id"])
+            if not entry:
+                continue
+            job = json.loads(entry[0][1]["job"])
+            evs = [json.loads(f["event"]) for _, f in r.xrange(out_key(job["id"]))]
+            n = sum(len(ev["token_ids"]) for ev in evs if ev["type"] == "delta")
+            done = any(ev["type"] in ("done", "error") for ev in evs)
+            seen[job["id"]] = (n, done)
+            if not done and min_tokens <= n <= job["max_tokens"] // 2:
+                return True
+    return False
 
 
 def assert_resumed(ws, tag):
@@ -187,7 +223,8 @@ def test_fleet_cluster_kill9_failover(redis_cluster, workers, dispatchers, prefi
     jobs = fleet_jobs(n, "c")
     sender = threading.Thread(target=submit_open_loop, args=(c.client(), requests, jobs, 8))
     sender.start()
-    time.sleep(2.0)  # jobs mid-generation on every worker
+    keys = [k for p in ("fast", "think") for k in pool_shards(prefix, p)]
+    wait_held_mid_generation(rc, keys, ["w0"], lambda i: f"{prefix}out:{{{i}}}")
     ws[0].kill(signal.SIGKILL)
     ws[0].wait(10)
     time.sleep(0.5)
