@@ -894,6 +894,9 @@ static int cl_command(struct rconn *c, int argc, const char *const *argv, const 
     return rc;
 }
 
+static int own_reply(redisReply *r, const char *what, struct rconn_reply **out,
+                     struct rl_err *err);
+
 /* Runs one command and hands back the copied reply (always, when one was
  * read). Error replies return -RL_EINVAL (or -RL_EIO when transient). */
 static int run(struct rconn *c, int argc, const char *const *argv, const size_t *lens,
@@ -912,21 +915,7 @@ static int run(struct rconn *c, int argc, const char *const *argv, const size_t 
     } else if (!(r = redisCommandArgv(c->ctx, argc, (const char **)argv, lens))) {
         return lost(c, argv[0], err);
     }
-    struct rconn_reply *cp = malloc(sizeof *cp);
-    if (!cp || copy_reply(cp, r)) {
-        if (cp) {
-            clear_reply(cp);
-            free(cp);
-        }
-        freeReplyObject(r);
-        return rl_errf(err, RL_ENOMEM, "redis %s: out of memory copying a reply", argv[0]);
-    }
-    freeReplyObject(r);
-    *out = cp;
-    if (cp->type == RCONN_ERROR)
-        return rl_errf(err, transient_error(cp->str) ? RL_EIO : RL_EINVAL, "%s: %s", argv[0],
-                       cp->str);
-    return 0;
+    return own_reply(r, argv[0], out, err);
 }
 
 int rconn_command(struct rconn *c, int argc, const char *const *argv, const size_t *lens,
@@ -1948,7 +1937,49 @@ int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consum
     return 0;
 }
 
-bool rconn_xreadgroup_waiting(const struct rconn *c) { return c->out_since_ms > 0; }
+bool rconn_awaiting(const struct rconn *c) { return c->out_since_ms > 0; }
+
+/* Waits up to wait_ms (0: only looks) for the reply of the command left
+ * sent (out_since_ms). *r NULL: not yet. The reply must come within its
+ * BLOCK and a round trip: later, the connection is taken for dead, as a
+ * blocking call's timeout would. */
+static int collect_raw(struct rconn *c, int wait_ms, const char *what, redisReply **out,
+                       struct rl_err *err)
+{
+    *out = NULL;
+    if (!c->out_since_ms || !c->ctx)
+        return rl_errf(err, RL_EINVAL, "%s: no command awaits its reply", what);
+    int64_t until = rl_mono_ms() + (wait_ms > 0 ? wait_ms : 0);
+    int64_t dead = c->out_since_ms + c->out_block_ms + (c->io_timeout_ms > 0 ? c->io_timeout_ms : 0);
+    void *r = NULL;
+    for (;;) {
+        if (redisGetReplyFromReader(c->ctx, &r) == REDIS_ERR) /* what is buffered: no wait */
+            return lost(c, what, err);
+        if (r)
+            break;
+        int64_t now = rl_mono_ms();
+        if (c->io_timeout_ms > 0 && now >= dead) {
+            rl_errf(err, RL_EIO, "redis %s: %s: no reply after %lld ms", c->addr, what,
+                    (long long)(now - c->out_since_ms));
+            rconn_disconnect(c);
+            return -RL_EIO;
+        }
+        if (wait_ms > 0 && until > dead && c->io_timeout_ms > 0)
+            until = dead;
+        struct pollfd pfd = {.fd = c->ctx->fd, .events = POLLIN};
+        int left = until > now ? (int)(until - now) : 0;
+        int pr = poll(&pfd, 1, left);
+        if (pr < 0 && errno != EINTR)
+            return lost(c, what, err);
+        if (pr > 0 && redisBufferRead(c->ctx) != REDIS_OK)
+            return lost(c, what, err);
+        if (pr == 0 && rl_mono_ms() >= until && (c->io_timeout_ms <= 0 || rl_mono_ms() < dead))
+            return 0; /* not yet */
+    }
+    c->out_since_ms = 0;
+    *out = r;
+    return 0;
+}
 
 int rconn_xreadgroup_collect(struct rconn *c, int n_keys, const char *const *keys, int wait_ms,
                              struct rconn_entries *out, bool *came, struct rl_err *err)
@@ -1956,39 +1987,13 @@ int rconn_xreadgroup_collect(struct rconn *c, int n_keys, const char *const *key
     out->n = 0;
     out->v = NULL;
     *came = false;
-    if (!c->out_since_ms || !c->ctx)
-        return rl_errf(err, RL_EINVAL, "XREADGROUP: no read awaits its reply");
-    int64_t until = rl_mono_ms() + (wait_ms > 0 ? wait_ms : 0);
-    /* the reply must come within its BLOCK and a round trip: later, the
-     * connection is taken for dead, as a blocking call's timeout would */
-    int64_t dead = c->out_since_ms + c->out_block_ms + (c->io_timeout_ms > 0 ? c->io_timeout_ms : 0);
-    void *r = NULL;
-    for (;;) {
-        if (redisGetReplyFromReader(c->ctx, &r) == REDIS_ERR) /* what is buffered: no wait */
-            return lost(c, "XREADGROUP", err);
-        if (r)
-            break;
-        int64_t now = rl_mono_ms();
-        if (c->io_timeout_ms > 0 && now >= dead) {
-            rl_errf(err, RL_EIO, "redis %s: XREADGROUP: no reply after %lld ms", c->addr,
-                    (long long)(now - c->out_since_ms));
-            rconn_disconnect(c);
-            return -RL_EIO;
-        }
-        struct pollfd pfd = {.fd = c->ctx->fd, .events = POLLIN};
-        int left = until > now ? (int)(until - now) : 0;
-        int pr = poll(&pfd, 1, left);
-        if (pr < 0 && errno != EINTR)
-            return lost(c, "XREADGROUP", err);
-        if (pr > 0 && redisBufferRead(c->ctx) != REDIS_OK)
-            return lost(c, "XREADGROUP", err);
-        if (pr == 0 && rl_mono_ms() >= until)
-            return 0; /* not yet */
-    }
-    c->out_since_ms = 0;
+    redisReply *r = NULL;
+    int rc = collect_raw(c, wait_ms, "XREADGROUP", &r, err);
+    if (rc || !r)
+        return rc;
     *came = true;
     struct rconn_reply cp;
-    int rc = copy_reply(&cp, r);
+    rc = copy_reply(&cp, r);
     freeReplyObject(r);
     if (rc) {
         clear_reply(&cp);
@@ -2002,6 +2007,67 @@ int rconn_xreadgroup_collect(struct rconn *c, int n_keys, const char *const *key
     if (rc)
         rconn_entries_free(out);
     return rc;
+}
+
+/* A copied reply, error replies -RL_EINVAL (-RL_EIO when transient), as
+ * run() hands them back. */
+static int own_reply(redisReply *r, const char *what, struct rconn_reply **out,
+                     struct rl_err *err)
+{
+    struct rconn_reply *cp = malloc(sizeof *cp);
+    if (!cp || copy_reply(cp, r)) {
+        if (cp) {
+            clear_reply(cp);
+            free(cp);
+        }
+        freeReplyObject(r);
+        return rl_errf(err, RL_ENOMEM, "redis %s: out of memory copying a reply", what);
+    }
+    freeReplyObject(r);
+    *out = cp;
+    if (cp->type == RCONN_ERROR)
+        return rl_errf(err, transient_error(cp->str) ? RL_EIO : RL_EINVAL, "%s: %s", what,
+                       cp->str);
+    return 0;
+}
+
+int rconn_command_then(struct rconn *c, int argc, const char *const *argv, const size_t *lens,
+                       struct rconn_reply **out, int argc2, const char *const *argv2,
+                       int block_ms, struct rl_err *err)
+{
+    *out = NULL;
+    if (argc < 1 || argc2 < 1 || block_ms < 0)
+        return rl_errf(err, RL_EINVAL, "rconn_command_then: no command");
+    if (c->out_since_ms)
+        return rl_errf(err, RL_EINVAL, "redis %s: a command sent earlier awaits its reply",
+                       argv[0]);
+    int rc = rconn_ensure(c, err);
+    if (rc)
+        return rc;
+    if (c->cluster)
+        return rl_errf(err, RL_EUNSUPPORTED, "%s: no command left sent on a cluster", argv[0]);
+    if (redisAppendCommandArgv(c->ctx, argc, (const char **)argv, lens) != REDIS_OK ||
+        redisAppendCommandArgv(c->ctx, argc2, (const char **)argv2, NULL) != REDIS_OK)
+        return lost(c, argv[0], err);
+    void *r = NULL;
+    if (redisGetReply(c->ctx, &r) != REDIS_OK || !r) /* writes both, reads the first */
+        return lost(c, argv[0], err);
+    c->out_since_ms = rl_mono_ms();
+    c->out_block_ms = block_ms;
+    return own_reply(r, argv[0], out, err);
+}
+
+int rconn_collect(struct rconn *c, int wait_ms, struct rconn_reply **out, bool *came,
+                  struct rl_err *err)
+{
+    *out = NULL;
+    *came = false;
+    redisReply *r = NULL;
+    int rc = collect_raw(c, wait_ms, "reply", &r, err);
+    if (rc || !r)
+        return rc;
+    *came = true;
+    return own_reply(r, "reply", out, err);
 }
 
 int rconn_xack(struct rconn *c, const char *key, const char *group, int n_ids,

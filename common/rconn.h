@@ -231,8 +231,9 @@ int rconn_xreadgroup(struct rconn *c, const char *group, const char *consumer, i
  * -RL_EINVAL; batches must not be run on it). */
 int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consumer, int n_keys,
                           const char *const *keys, int count, int block_ms, struct rl_err *err);
-/* True while a read sent awaits its reply. */
-bool rconn_xreadgroup_waiting(const struct rconn *c);
+/* True while a command sent (a standing read, the second of
+ * rconn_command_then) awaits its reply. */
+bool rconn_awaiting(const struct rconn *c);
 /* Waits up to wait_ms (0: only looks) for that reply. *came false: not
  * yet (0 returned). *came true: the read is over, out its entries (none
  * when the BLOCK ran out), as rconn_xreadgroup gives them for the same
@@ -242,6 +243,25 @@ bool rconn_xreadgroup_waiting(const struct rconn *c);
  * reply's). */
 int rconn_xreadgroup_collect(struct rconn *c, int n_keys, const char *const *keys, int wait_ms,
                              struct rconn_entries *out, bool *came, struct rl_err *err);
+
+/* A pipelined pair (issue 27: common/xmux.c's reader). Writes both
+ * commands in one write, reads the first's reply into *out as
+ * rconn_command does, and leaves the second sent: a blocking read (BLOCK
+ * block_ms) that Redis runs right after the first, with no other client's
+ * command in between, so a "$" in it means "after what the first read".
+ * Its reply is read by rconn_collect; until then nothing else may use c,
+ * as with a standing read. One read event in Redis where two commands in
+ * turn cost two. Single instance only (-RL_EUNSUPPORTED on a cluster). */
+int rconn_command_then(struct rconn *c, int argc, const char *const *argv, const size_t *lens,
+                       struct rconn_reply **out, int argc2, const char *const *argv2,
+                       int block_ms, struct rl_err *err);
+/* Waits up to wait_ms (0: only looks) for the reply of the command left
+ * sent: *came false, not yet; true, *out its reply (NULL after a failure;
+ * error replies return -RL_EINVAL as rconn_command's). -RL_EIO and the
+ * connection dropped when no reply came within its BLOCK and the reply
+ * timeout. */
+int rconn_collect(struct rconn *c, int wait_ms, struct rconn_reply **out, bool *came,
+                  struct rl_err *err);
 
 /* XACK key group ids...; *n_acked (may be NULL) gets Redis's count. */
 int rconn_xack(struct rconn *c, const char *key, const char *group, int n_ids,

@@ -21,6 +21,16 @@
  * to it after the read was made rings the bell again. With fewer streams
  * the reader blocks on all of them, as without a bell.
  *
+ * On one instance the read of a round goes out with the blocking read of
+ * the bell that would follow it (rconn_command_then), so a round costs
+ * Redis one read event, not two (issue 27: an event is worth ~20 us of
+ * its CPU on our VM, more than the commands). That second read starts at
+ * the bell cursor the first one starts at: a ring the first one answered
+ * makes it answer at once, and ring() skips the entries taken already.
+ * Only work the bell will not announce (a stream capped by COUNT) has the
+ * reader cut its own second read short with CLIENT UNBLOCK. A cluster's
+ * reader does not pair its reads (rconn sends nothing ahead there).
+ *
  * A subscription in the current round is never freed under the reader:
  * xmux_unsub only marks it dead, and the reader frees it after the read.
  * That is what lets the round hold plain pointers and the argv point at
@@ -102,6 +112,7 @@ struct xmux {
     char bell_cursor[RCONN_ID_MAX]; /* the last bell entry read (reader-only) */
     bool bell_only;              /* blocking on the bell alone (BLOCK_ALL_MAX) */
     bool bell_synced;            /* bell_cursor read since the reader last left it */
+    bool rang;                   /* the last reply named a stream on the bell's new entries */
     int64_t next_sweep_ms;       /* with a bell: when every stream is read next */
     int sweep_ms;
     int block_ms;                /* BLOCK_MS, or half the connection's reply timeout */
@@ -279,6 +290,15 @@ static void take_stream(struct xmux_sub *s, struct rconn_reply *st)
     es->n_elem = 0;
 }
 
+/* Whether stream entry ID a ("ms-seq") is before b. */
+static bool id_before(const char *a, const char *b)
+{
+    char *e;
+    unsigned long long am = strtoull(a, &e, 10), as = *e == '-' ? strtoull(e + 1, NULL, 10) : 0;
+    unsigned long long bm = strtoull(b, &e, 10), bs = *e == '-' ? strtoull(e + 1, NULL, 10) : 0;
+    return am < bm || (am == bm && as < bs);
+}
+
 /* Marks the streams the bell's new entries name ([bell, [entry, ...]]),
  * under mu; every stream when the read came back full, for then entries
  * may have been trimmed unread (the bell keeps more than a read takes).
@@ -295,6 +315,11 @@ static void ring(struct xmux *m, const struct rconn_reply *st, bool fresh)
         const struct rconn_reply *e = &es->elem[i];
         if (e->type != RCONN_ARRAY || e->n_elem != 2 || e->elem[0].type != RCONN_STRING)
             continue;
+        /* a pair's blocking read starts where its first read did, so it
+         * may answer again with rings the first one took */
+        if (m->bell_cursor[0] && !id_before(m->bell_cursor, e->elem[0].str))
+            continue;
+        m->rang = true;
         snprintf(m->bell_cursor, sizeof m->bell_cursor, "%s", e->elem[0].str);
         const struct rconn_reply *fv = &e->elem[1];
         for (size_t k = 0; fv->type == RCONN_ARRAY && k < fv->n_elem; k += 2)
@@ -303,15 +328,6 @@ static void ring(struct xmux *m, const struct rconn_reply *st, bool fresh)
     }
     if (es->n_elem >= COUNT_PER_KEY_N)
         mark_all(m, false);
-}
-
-/* Whether stream entry ID a ("ms-seq") is before b. */
-static bool id_before(const char *a, const char *b)
-{
-    char *e;
-    unsigned long long am = strtoull(a, &e, 10), as = *e == '-' ? strtoull(e + 1, NULL, 10) : 0;
-    unsigned long long bm = strtoull(b, &e, 10), bs = *e == '-' ? strtoull(e + 1, NULL, 10) : 0;
-    return am < bm || (am == bm && as < bs);
 }
 
 /* The ID of the first entry of a reply stream ([key, [[id, ...], ...]]). */
@@ -387,6 +403,44 @@ static void bell_start(struct xmux *m)
     rconn_reply_free(r);
 }
 
+/* A read failed (under mu): its owners hear of it, and every stream is
+ * read again once Redis is back. */
+static void read_failed(struct xmux *m, const struct rl_err *e)
+{
+    m->fail = *e;
+    if (!m->fail.code)
+        m->fail.code = RL_EIO;
+    for (struct xmux_sub *s = m->subs; s; s = s->next)
+        pthread_cond_signal(&s->cond);
+    mark_all(m, false);     /* anything may have come while Redis was away */
+    m->bell_synced = false; /* and it may be another Redis, its bell elsewhere */
+}
+
+/* Redis is away (under mu): rconn's backoff says when to try again. */
+static void failed_wait(struct xmux *m)
+{
+    if (m->stopping)
+        return;
+    int64_t wait = rconn_retry_in_ms(m->rd);
+    struct timespec ts;
+    deadline_in(&ts, wait > 20 && wait < 1000 ? (int)wait : 50);
+    pthread_cond_timedwait(&m->idle, &m->mu, &ts);
+}
+
+/* CLIENT UNBLOCK cid from the control connection: 1 when a read was cut
+ * short, 0 when none was blocked, -1 when Redis could not be asked. */
+static int unblock(struct xmux *m, long long cid)
+{
+    char id[24];
+    snprintf(id, sizeof id, "%lld", cid);
+    const char *argv[] = {"CLIENT", "UNBLOCK", id};
+    long long n = 0;
+    pthread_mutex_lock(&m->ctl_mu);
+    int rc = probe(m, m->ctl, 3, argv, &n, NULL);
+    pthread_mutex_unlock(&m->ctl_mu);
+    return rc ? -1 : (int)n;
+}
+
 static void *reader_main(void *arg)
 {
     struct xmux *m = arg;
@@ -394,9 +448,37 @@ static void *reader_main(void *arg)
     const char **argv = NULL;
     int cap = 0;
     char block[24];
+    char pblock[24], pcursor[RCONN_ID_MAX];
     bool sync = false; /* the read had no BLOCK */
+    bool pair_out = false; /* the bell's blocking read, sent with the last read, is out */
     pthread_mutex_lock(&m->mu);
     while (!m->stopping) {
+        if (pair_out) {
+            /* in_read and read_gen stay as the pair set them: a kick
+             * cuts this read short as any other */
+            pthread_mutex_unlock(&m->mu);
+            struct rl_err e = {0};
+            struct rconn_reply *r = NULL;
+            bool came = false;
+            int rc;
+            do
+                rc = rconn_collect(m->rd, 1 << 30, &r, &came, &e);
+            while (!rc && !came);
+            pair_out = false;
+            pthread_mutex_lock(&m->mu);
+            m->in_read = false;
+            m->n_reads++;
+            if (rc) {
+                read_failed(m, &e);
+                failed_wait(m);
+            } else {
+                deliver(m, NULL, 0, r, false);
+            }
+            pthread_mutex_unlock(&m->mu);
+            rconn_reply_free(r);
+            pthread_mutex_lock(&m->mu);
+            continue;
+        }
         int n = 0, n_live = 0;
         for (struct xmux_sub *s = m->subs; s; s = s->next)
             n_live += !s->dead && s->n_held < XMUX_HELD_MAX;
@@ -463,11 +545,13 @@ static void *reader_main(void *arg)
             int a = 0, nb = all ? 0 : 1;
             argv[a++] = "XREAD", argv[a++] = "COUNT", argv[a++] = COUNT_PER_KEY;
             sync = !all && n;
+            int64_t left = all ? m->block_ms : m->next_sweep_ms - mono_ms();
+            if (left > m->block_ms)
+                left = m->block_ms;
+            if (left < 1)
+                left = 1;
             if (!sync) {
-                int64_t left = all ? m->block_ms : m->next_sweep_ms - mono_ms();
-                if (left > m->block_ms)
-                    left = m->block_ms;
-                snprintf(block, sizeof block, "%lld", (long long)(left > 1 ? left : 1));
+                snprintf(block, sizeof block, "%lld", (long long)left);
                 argv[a++] = "BLOCK", argv[a++] = block;
             }
             argv[a++] = "STREAMS";
@@ -480,21 +564,30 @@ static void *reader_main(void *arg)
                 argv[a++] = m->bell_cursor;
             for (int i = 0; i < n; i++)
                 argv[a + i] = round[i]->cursor;
-            rc = rconn_command(m->rd, a + n, argv, NULL, &r, &e);
+            if (sync && !m->cluster) {
+                /* the read that follows this one, blocked on the bell, goes
+                 * with it: one read event for Redis a round, not two. It
+                 * starts where this one's bell does, so a ring this one
+                 * answers makes it answer at once (ring() skips what this
+                 * one took) and the streams it names are read next */
+                snprintf(pblock, sizeof pblock, "%lld", (long long)left);
+                snprintf(pcursor, sizeof pcursor, "%s", m->bell_cursor);
+                const char *then[] = {"XREAD",  "COUNT",  COUNT_PER_KEY, "BLOCK",
+                                      pblock,   "STREAMS", m->bell,      pcursor};
+                rc = rconn_command_then(m->rd, a + n, argv, NULL, &r, 8, then, (int)left, &e);
+                pair_out = rconn_awaiting(m->rd);
+            } else {
+                rc = rconn_command(m->rd, a + n, argv, NULL, &r, &e);
+            }
         }
 
         pthread_mutex_lock(&m->mu);
-        m->in_read = false;
+        m->in_read = pair_out;
         m->n_reads++;
         m->n_named += n;
+        m->rang = false;
         if (rc) {
-            m->fail = e;
-            if (!m->fail.code)
-                m->fail.code = RL_EIO;
-            for (struct xmux_sub *s = m->subs; s; s = s->next)
-                pthread_cond_signal(&s->cond);
-            mark_all(m, false); /* anything may have come while Redis was away */
-            m->bell_synced = false; /* and it may be another Redis, its bell elsewhere */
+            read_failed(m, &e);
         } else {
             m->fail.code = 0;
             /* read now: clean, unless the reply says otherwise (a stream
@@ -506,6 +599,10 @@ static void *reader_main(void *arg)
             for (int i = 0; i < n; i++)
                 round[i]->swept = false;
         }
+        bool cut = false; /* the pair's blocking read would sit on work to do */
+        if (pair_out && !m->rang)
+            for (struct xmux_sub *s = m->subs; s && !cut; s = s->next)
+                cut = !s->dead && s->dirty && s->n_held < XMUX_HELD_MAX;
         for (int i = 0; i < n; i++) {
             round[i]->in_round = false;
             if (round[i]->dead) {
@@ -513,14 +610,13 @@ static void *reader_main(void *arg)
                 sub_free(round[i]);
             }
         }
-        if (rc && !m->stopping) { /* Redis is away: rconn's backoff says when to try */
-            int64_t wait = rconn_retry_in_ms(m->rd);
-            struct timespec ts;
-            deadline_in(&ts, wait > 20 && wait < 1000 ? (int)wait : 50);
-            pthread_cond_timedwait(&m->idle, &m->mu, &ts);
-        }
+        if (rc && !pair_out)
+            failed_wait(m);
+        long long cid = m->cid;
         pthread_mutex_unlock(&m->mu);
         rconn_reply_free(r);
+        if (cut)
+            unblock(m, cid);
         pthread_mutex_lock(&m->mu);
     }
     pthread_mutex_unlock(&m->mu);
@@ -543,14 +639,7 @@ static void kick(struct xmux *m, unsigned long long want)
         pthread_mutex_unlock(&m->mu);
         if (!need)
             return;
-        char id[24];
-        snprintf(id, sizeof id, "%lld", cid);
-        const char *argv[] = {"CLIENT", "UNBLOCK", id};
-        long long n = 0;
-        pthread_mutex_lock(&m->ctl_mu);
-        int rc = probe(m, m->ctl, 3, argv, &n, NULL);
-        pthread_mutex_unlock(&m->ctl_mu);
-        if (rc || n == 1)
+        if (unblock(m, cid) != 0)
             return; /* unblocked; or Redis is away (and so is the read) */
         struct timespec ts = {0, 100 * 1000};
         nanosleep(&ts, NULL);

@@ -926,7 +926,7 @@ static bool stand_send(struct worker *w, int k)
 
 static void standing_read(struct worker *w, int k, int wait_ms, bool draining)
 {
-    if (!rconn_xreadgroup_waiting(w->rc_read) && (k <= 0 || draining || !stand_send(w, k)))
+    if (!rconn_awaiting(w->rc_read) && (k <= 0 || draining || !stand_send(w, k)))
         return;
     struct rl_err err;
     struct rconn_entries ents = {0};
@@ -1048,7 +1048,7 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
         if (draining) {
             /* a standing read may still bring jobs delivered to us: they
              * are run, not left pending, so it is waited for (its BLOCK) */
-            if (w->n_jobs == 0 && !rconn_xreadgroup_waiting(w->rc_read))
+            if (w->n_jobs == 0 && !rconn_awaiting(w->rc_read))
                 break;
             if (rl_mono_ms() >= drain_until) {
                 RL_LOG(&w->log, RL_LOG_WARN, "drain timeout: leaving %d jobs pending for "
@@ -1085,7 +1085,7 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
             else if (k > 0)
                 read_jobs(w, k, idle ? block : -1);
             active = engine_n_active(w->eng);
-        } else if (rconn_xreadgroup_waiting(w->rc_read)) {
+        } else if (rconn_awaiting(w->rc_read)) {
             standing_read(w, 0, active ? 0 : 20, true);
             active = engine_n_active(w->eng);
         }

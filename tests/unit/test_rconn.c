@@ -630,7 +630,7 @@ static void test_standing_read(void **state)
     const char *jobs = key("stand:jobs"), *keys[] = {jobs};
     assert_int_equal(rconn_xgroup_create(w, jobs, "workers", "0", &err), 0);
     assert_int_equal(rconn_xreadgroup_send(c, "workers", "ws", 1, keys, 2, 5000, &err), 0);
-    assert_true(rconn_xreadgroup_waiting(c));
+    assert_true(rconn_awaiting(c));
     struct rconn_entries e;
     bool came = true;
     struct timespec t0;
@@ -646,7 +646,7 @@ static void test_standing_read(void **state)
     assert_int_equal(rconn_command(c, 1, ping, NULL, NULL, &err), -RL_EINVAL);
     assert_int_equal(rconn_xreadgroup_send(c, "workers", "ws", 1, keys, 2, 5000, &err),
                      -RL_EINVAL);
-    assert_true(rconn_xreadgroup_waiting(c));
+    assert_true(rconn_awaiting(c));
 
     /* three jobs: the reply brings the first two (COUNT 2) */
     char ids[3][RCONN_ID_MAX];
@@ -655,7 +655,7 @@ static void test_standing_read(void **state)
         assert_int_equal(rconn_xadd(w, jobs, "*", 0, 1, names, vals, NULL, ids[i], NULL, &err), 0);
     assert_int_equal(rconn_xreadgroup_collect(c, 1, keys, 3000, &e, &came, &err), 0);
     assert_true(came);
-    assert_false(rconn_xreadgroup_waiting(c));
+    assert_false(rconn_awaiting(c));
     assert_true(e.n >= 1 && e.n <= 2); /* the first XADD may wake it alone */
     assert_string_equal(e.v[0].id, ids[0]);
     assert_int_equal(e.v[0].stream, 0);
@@ -689,7 +689,7 @@ static void test_standing_read(void **state)
     const char *kill_id[] = {"CLIENT", "KILL", "ID", ids_};
     cmd_ok(w, 4, kill_id);
     assert_int_equal(rconn_xreadgroup_collect(c, 1, keys, 3000, &e, &came, &err), -RL_EIO);
-    assert_false(rconn_xreadgroup_waiting(c));
+    assert_false(rconn_awaiting(c));
     for (int t = 0; t < 100 && rconn_command(c, 1, ping, NULL, NULL, &err); t++)
         sleep_ms(20);
     assert_int_equal(rconn_command(c, 1, ping, NULL, NULL, &err), 0);
@@ -1039,6 +1039,99 @@ static void test_xmux_short_io_timeout(void **state)
     rconn_free(c);
 }
 
+static long long info_stat(struct rconn *c, const char *field)
+{
+    const char *argv[] = {"INFO", "stats"};
+    struct rconn_reply *r = NULL;
+    assert_int_equal(rconn_command(c, 2, argv, NULL, &r, NULL), 0);
+    const char *p = strstr(r->str, field);
+    assert_non_null(p);
+    long long n = atoll(p + strlen(field));
+    rconn_reply_free(r);
+    return n;
+}
+
+/* On the bell, a round is one read event for Redis (issue 27): the read
+ * of the streams a ring named goes in one write with the next blocking
+ * read of the bell (rconn_command_then). A writer that writes and rings
+ * in one write and waits for its entry before the next costs 2 read
+ * events a round (its write, the reader's pair), where a read and then
+ * a blocking read cost 3. A ring answered by the first of the pair makes
+ * the second answer at once without taking it twice; a new subscription
+ * cuts the blocked second short. */
+static void test_xmux_bell_pair(void **state)
+{
+    (void)state;
+    struct rconn *c = mk(addr, NULL, NULL);
+    assert_int_equal(rconn_wait(c, 2000, NULL), 0);
+    char bell[160], keys[40][160];
+    snprintf(bell, sizeof bell, "%s", key("bell-pair"));
+    struct xmux *m = mk_mux(bell, 60000, 0);
+    struct xmux_sub *s[40];
+    follow_n(m, "pair", 30, keys, s);
+    for (int t = 0; t < 5000 && !reader_blocked(c); t++)
+        sleep_ms(1);
+    assert_true(reader_blocked(c));
+    struct rconn_batch *b = NULL;
+    assert_int_equal(rconn_batch_create(&b, NULL), 0);
+    enum { ROUNDS = 40 };
+    long long reads0 = info_stat(c, "total_reads_processed:"), xr0 = stats(m).reads;
+    for (int i = 0; i < ROUNDS; i++) {
+        const char *k = keys[i % 30];
+        char id[32], v[200];
+        snprintf(id, sizeof id, "0-%d", i / 30 + 1);
+        snprintf(v, sizeof v, "%s/%d", k, i / 30 + 1);
+        const char *x[] = {"XADD", k, id, "event", v};
+        const char *rg[] = {"XADD", bell, "MAXLEN", "~", XMUX_BELL_MAXLEN, "*", k, "1"};
+        rconn_batch_reset(b);
+        assert_int_equal(rconn_batch_add(b, 5, x, NULL, NULL), 0);
+        assert_int_equal(rconn_batch_add(b, 8, rg, NULL, NULL), 0);
+        assert_int_equal(rconn_batch_exec(c, b, NULL), 0);
+        assert_int_equal(take_in_order(s[i % 30], k, i / 30 + 1, 1), 1);
+    }
+    long long reads = info_stat(c, "total_reads_processed:") - reads0 - 1; /* less the INFO */
+    long long xreads = stats(m).reads - xr0;
+    print_message("bell pair: %lld read events, %lld XREADs in %d rounds\n", reads, xreads,
+                  ROUNDS);
+    assert_true(reads <= ROUNDS * 2 + ROUNDS / 4);
+    assert_true(xreads >= 2 * ROUNDS); /* each round: the pair's two reads */
+    /* two rings in one write, the second's stream read by the first of a
+     * pair: each entry comes once */
+    char v1[200], v2[200], v3[200];
+    snprintf(v1, sizeof v1, "%s/9", keys[1]);
+    snprintf(v2, sizeof v2, "%s/9", keys[2]);
+    const char *x1[] = {"XADD", keys[1], "0-9", "event", v1};
+    const char *r1[] = {"XADD", bell, "MAXLEN", "~", XMUX_BELL_MAXLEN, "*", keys[1], "1"};
+    const char *x2[] = {"XADD", keys[2], "0-9", "event", v2};
+    const char *r2[] = {"XADD", bell, "MAXLEN", "~", XMUX_BELL_MAXLEN, "*", keys[2], "1"};
+    rconn_batch_reset(b);
+    assert_int_equal(rconn_batch_add(b, 5, x1, NULL, NULL), 0);
+    assert_int_equal(rconn_batch_add(b, 8, r1, NULL, NULL), 0);
+    assert_int_equal(rconn_batch_add(b, 5, x2, NULL, NULL), 0);
+    assert_int_equal(rconn_batch_add(b, 8, r2, NULL, NULL), 0);
+    assert_int_equal(rconn_batch_exec(c, b, NULL), 0);
+    assert_int_equal(take_in_order(s[1], keys[1], 9, 1), 1);
+    assert_int_equal(take_in_order(s[2], keys[2], 9, 1), 1);
+    struct rconn_reply *r = (struct rconn_reply *)1;
+    assert_int_equal(xmux_next(s[1], 200, &r, NULL), 0);
+    assert_null(r);
+    assert_int_equal(xmux_next(s[2], 1, &r, NULL), 0);
+    assert_null(r);
+    /* a subscription made while the pair's second read blocks: read at once */
+    snprintf(keys[35], sizeof keys[35], "%spair-%d", prefix, 35);
+    snprintf(v3, sizeof v3, "%s/1", keys[35]);
+    const char *x3[] = {"XADD", keys[35], "0-1", "event", v3};
+    cmd_ok(c, 5, x3);
+    assert_int_equal(xmux_sub(m, keys[35], "0-0", &s[35], NULL), 0);
+    assert_int_equal(take_in_order(s[35], keys[35], 1, 1), 1);
+    rconn_batch_free(b);
+    for (int i = 0; i < 30; i++)
+        xmux_unsub(s[i]);
+    xmux_unsub(s[35]);
+    xmux_free(m);
+    rconn_free(c);
+}
+
 /* An ACL that does not let the reader read the bell: refused with the
  * reason (the caller then blocks on every stream). */
 static void test_xmux_bell_refused(void **state)
@@ -1113,6 +1206,7 @@ int main(void)
         cmocka_unit_test(test_xmux_backpressure),
         cmocka_unit_test_prestate(test_xmux_backpressure, (void *)"bell-many"),
         cmocka_unit_test(test_xmux_bell),
+        cmocka_unit_test(test_xmux_bell_pair),
         cmocka_unit_test(test_xmux_short_io_timeout),
         cmocka_unit_test_prestate(test_xmux_short_io_timeout, (void *)"bell-io"),
         cmocka_unit_test(test_xmux_bell_refused),
