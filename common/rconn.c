@@ -89,6 +89,8 @@ struct rconn {
     int block_ms;        /* > 0 while a BLOCKing read runs: widens the node's timeout */
     int64_t out_since_ms; /* > 0: a read sent by rconn_xreadgroup_send awaits its reply */
     int out_block_ms;     /* its BLOCK */
+    redisContext *out_ctx; /* the connection it was sent on */
+    int out_node;         /* cluster: that connection's node (-1: the single instance's) */
     /* extra connections to masters, by address and role (aux_ctx): the
      * BLOCKing reads of a second slot on one master, and CLIENT UNBLOCK
      * (cl_xreadgroup_par) */
@@ -259,6 +261,7 @@ int64_t rconn_retry_in_ms(const struct rconn *c)
 void rconn_disconnect(struct rconn *c)
 {
     c->out_since_ms = 0; /* a reply awaited is lost with the socket */
+    c->out_ctx = NULL;
     if (c->ctx) {
         redisFree(c->ctx);
         c->ctx = NULL;
@@ -763,6 +766,10 @@ static int node_lost(struct rconn *c, int n, const char *what, struct rl_err *er
         redisFree(ctx);
     c->node_ctx[n] = NULL;
     c->stale = true;
+    if (c->out_since_ms && c->out_ctx == ctx) { /* its reply is lost with it */
+        c->out_since_ms = 0;
+        c->out_ctx = NULL;
+    }
     return rc;
 }
 
@@ -1934,10 +1941,21 @@ int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consum
             return lost(c, "XREADGROUP", err);
     c->out_since_ms = rl_mono_ms();
     c->out_block_ms = block_ms;
+    c->out_ctx = c->ctx;
+    c->out_node = -1;
     return 0;
 }
 
 bool rconn_awaiting(const struct rconn *c) { return c->out_since_ms > 0; }
+
+/* The connection a reply was awaited on broke: dropped (on a cluster that
+ * node's alone), and the reply with it. */
+static int awaited_lost(struct rconn *c, const char *what, struct rl_err *err)
+{
+    if (c->out_node >= 0 && c->cluster)
+        return node_lost(c, c->out_node, what, err);
+    return lost(c, what, err);
+}
 
 /* Waits up to wait_ms (0: only looks) for the reply of the command left
  * sent (out_since_ms). *r NULL: not yet. The reply must come within its
@@ -1947,36 +1965,38 @@ static int collect_raw(struct rconn *c, int wait_ms, const char *what, redisRepl
                        struct rl_err *err)
 {
     *out = NULL;
-    if (!c->out_since_ms || !c->ctx)
+    redisContext *ctx = c->out_ctx;
+    if (!c->out_since_ms || !ctx)
         return rl_errf(err, RL_EINVAL, "%s: no command awaits its reply", what);
     int64_t until = rl_mono_ms() + (wait_ms > 0 ? wait_ms : 0);
     int64_t dead = c->out_since_ms + c->out_block_ms + (c->io_timeout_ms > 0 ? c->io_timeout_ms : 0);
     void *r = NULL;
     for (;;) {
-        if (redisGetReplyFromReader(c->ctx, &r) == REDIS_ERR) /* what is buffered: no wait */
-            return lost(c, what, err);
+        if (redisGetReplyFromReader(ctx, &r) == REDIS_ERR) /* what is buffered: no wait */
+            return awaited_lost(c, what, err);
         if (r)
             break;
         int64_t now = rl_mono_ms();
         if (c->io_timeout_ms > 0 && now >= dead) {
             rl_errf(err, RL_EIO, "redis %s: %s: no reply after %lld ms", c->addr, what,
                     (long long)(now - c->out_since_ms));
-            rconn_disconnect(c);
+            awaited_lost(c, what, NULL);
             return -RL_EIO;
         }
         if (wait_ms > 0 && until > dead && c->io_timeout_ms > 0)
             until = dead;
-        struct pollfd pfd = {.fd = c->ctx->fd, .events = POLLIN};
+        struct pollfd pfd = {.fd = ctx->fd, .events = POLLIN};
         int left = until > now ? (int)(until - now) : 0;
         int pr = poll(&pfd, 1, left);
         if (pr < 0 && errno != EINTR)
-            return lost(c, what, err);
-        if (pr > 0 && redisBufferRead(c->ctx) != REDIS_OK)
-            return lost(c, what, err);
+            return awaited_lost(c, what, err);
+        if (pr > 0 && redisBufferRead(ctx) != REDIS_OK)
+            return awaited_lost(c, what, err);
         if (pr == 0 && rl_mono_ms() >= until && (c->io_timeout_ms <= 0 || rl_mono_ms() < dead))
             return 0; /* not yet */
     }
     c->out_since_ms = 0;
+    c->out_ctx = NULL;
     *out = r;
     return 0;
 }
@@ -2044,16 +2064,39 @@ int rconn_command_then(struct rconn *c, int argc, const char *const *argv, const
     int rc = rconn_ensure(c, err);
     if (rc)
         return rc;
-    if (c->cluster)
-        return rl_errf(err, RL_EUNSUPPORTED, "%s: no command left sent on a cluster", argv[0]);
-    if (redisAppendCommandArgv(c->ctx, argc, (const char **)argv, lens) != REDIS_OK ||
-        redisAppendCommandArgv(c->ctx, argc2, (const char **)argv2, NULL) != REDIS_OK)
-        return lost(c, argv[0], err);
-    void *r = NULL;
-    if (redisGetReply(c->ctx, &r) != REDIS_OK || !r) /* writes both, reads the first */
-        return lost(c, argv[0], err);
+    redisContext *ctx = c->ctx;
+    int n = -1;
+    if (c->cluster) { /* both to the master of the first's slot, no redirect followed */
+        n = node_of(c, rcl_command_slot(argc, argv, lens));
+        if (n < 0) {
+            c->stale = true;
+            return rl_errf(err, RL_EIO, "redis cluster %s: no master known for %s's slot",
+                           c->addr, argv[0]);
+        }
+        if ((rc = node_ctx(c, n, &ctx, err)))
+            return rc;
+    }
+    if (redisAppendCommandArgv(ctx, argc, (const char **)argv, lens) != REDIS_OK ||
+        redisAppendCommandArgv(ctx, argc2, (const char **)argv2, NULL) != REDIS_OK)
+        return n >= 0 ? node_lost(c, n, argv[0], err) : lost(c, argv[0], err);
+    void *v = NULL;
+    if (redisGetReply(ctx, &v) != REDIS_OK || !v) /* writes both, reads the first */
+        return n >= 0 ? node_lost(c, n, argv[0], err) : lost(c, argv[0], err);
     c->out_since_ms = rl_mono_ms();
     c->out_block_ms = block_ms;
+    c->out_ctx = ctx;
+    c->out_node = n;
+    redisReply *r = v;
+    int ask = 0;
+    if (n >= 0 && follow_redirect(c, n, r, &ask) != -1) {
+        /* the slot moved (or is moving): the second, in the same slot, is
+         * redirected too, or served here; either way it is collected, and
+         * the caller reads again on the map read anew */
+        c->stale = true;
+        rl_errf(err, RL_EIO, "redis cluster %s: %s: redirected (%s)", c->addr, argv[0], r->str);
+        freeReplyObject(r);
+        return -RL_EIO;
+    }
     return own_reply(r, argv[0], out, err);
 }
 

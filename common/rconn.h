@@ -251,7 +251,9 @@ int rconn_xreadgroup_collect(struct rconn *c, int n_keys, const char *const *key
  * command in between, so a "$" in it means "after what the first read".
  * Its reply is read by rconn_collect; until then nothing else may use c,
  * as with a standing read. One read event in Redis where two commands in
- * turn cost two. Single instance only (-RL_EUNSUPPORTED on a cluster). */
+ * turn cost two. On a cluster both go to the master of the first's slot
+ * (the second must be in it too); a redirect of the first is -RL_EIO with
+ * the map marked stale, the second still to be collected. */
 int rconn_command_then(struct rconn *c, int argc, const char *const *argv, const size_t *lens,
                        struct rconn_reply **out, int argc2, const char *const *argv2,
                        int block_ms, struct rl_err *err);

@@ -21,15 +21,16 @@
  * to it after the read was made rings the bell again. With fewer streams
  * the reader blocks on all of them, as without a bell.
  *
- * On one instance the read of a round goes out with the blocking read of
+ * The read of a round goes out with the blocking read of
  * the bell that would follow it (rconn_command_then), so a round costs
  * Redis one read event, not two (issue 27: an event is worth ~20 us of
  * its CPU on our VM, more than the commands). That second read starts at
  * the bell cursor the first one starts at: a ring the first one answered
  * makes it answer at once, and ring() skips the entries taken already.
  * Only work the bell will not announce (a stream capped by COUNT) has the
- * reader cut its own second read short with CLIENT UNBLOCK. A cluster's
- * reader does not pair its reads (rconn sends nothing ahead there).
+ * reader cut its own second read short with CLIENT UNBLOCK. On a cluster
+ * the pair goes to the master of the reader's slot; after a failed pair
+ * (a redirect) the next read goes alone, following redirects.
  *
  * A subscription in the current round is never freed under the reader:
  * xmux_unsub only marks it dead, and the reader frees it after the read.
@@ -451,6 +452,8 @@ static void *reader_main(void *arg)
     char pblock[24], pcursor[RCONN_ID_MAX];
     bool sync = false; /* the read had no BLOCK */
     bool pair_out = false; /* the bell's blocking read, sent with the last read, is out */
+    bool unpaired = false; /* the last pair failed: the next read goes alone (it follows
+                              a cluster's ASK, which a pair does not) */
     pthread_mutex_lock(&m->mu);
     while (!m->stopping) {
         if (pair_out) {
@@ -564,7 +567,7 @@ static void *reader_main(void *arg)
                 argv[a++] = m->bell_cursor;
             for (int i = 0; i < n; i++)
                 argv[a + i] = round[i]->cursor;
-            if (sync && !m->cluster) {
+            if (sync && !unpaired) {
                 /* the read that follows this one, blocked on the bell, goes
                  * with it: one read event for Redis a round, not two. It
                  * starts where this one's bell does, so a ring this one
@@ -576,8 +579,10 @@ static void *reader_main(void *arg)
                                       pblock,   "STREAMS", m->bell,      pcursor};
                 rc = rconn_command_then(m->rd, a + n, argv, NULL, &r, 8, then, (int)left, &e);
                 pair_out = rconn_awaiting(m->rd);
+                unpaired = rc != 0;
             } else {
                 rc = rconn_command(m->rd, a + n, argv, NULL, &r, &e);
+                unpaired = false;
             }
         }
 
