@@ -1928,25 +1928,59 @@ int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consum
     int rc = rconn_ensure(c, err);
     if (rc)
         return rc;
-    if (c->cluster) /* a read per slot, each to its own node: rconn_xreadgroup's */
-        return rl_errf(err, RL_EUNSUPPORTED, "XREADGROUP: no standing read on a cluster");
+    redisContext *ctx = c->ctx;
+    int n = -1;
+    if (c->cluster) { /* one slot's streams, on its master's connection */
+        int slot = rcl_key_slot(keys[0], strlen(keys[0]));
+        for (int i = 1; i < n_keys; i++)
+            if (rcl_key_slot(keys[i], strlen(keys[i])) != slot)
+                return rl_errf(err, RL_EUNSUPPORTED,
+                               "XREADGROUP: a standing read on a cluster names one slot's streams");
+        if ((n = node_of(c, slot)) < 0) {
+            c->stale = true;
+            return rl_errf(err, RL_EIO, "redis cluster %s: no master known for slot %d", c->addr,
+                           slot);
+        }
+        if ((rc = node_ctx(c, n, &ctx, err)))
+            return rc;
+    }
     const char *argv[10 + 2 * 64];
     char cnt[16], blk[16];
     int a = xreadgroup_argv(argv, cnt, blk, group, consumer, n_keys, keys, ">", count, block_ms);
     int done = 0;
-    if (redisAppendCommandArgv(c->ctx, a, argv, NULL) != REDIS_OK)
-        return lost(c, "XREADGROUP", err);
+    if (redisAppendCommandArgv(ctx, a, argv, NULL) != REDIS_OK)
+        return n >= 0 ? node_lost(c, n, "XREADGROUP", err) : lost(c, "XREADGROUP", err);
     while (!done)
-        if (redisBufferWrite(c->ctx, &done) != REDIS_OK)
-            return lost(c, "XREADGROUP", err);
+        if (redisBufferWrite(ctx, &done) != REDIS_OK)
+            return n >= 0 ? node_lost(c, n, "XREADGROUP", err) : lost(c, "XREADGROUP", err);
     c->out_since_ms = rl_mono_ms();
     c->out_block_ms = block_ms;
-    c->out_ctx = c->ctx;
-    c->out_node = -1;
+    c->out_ctx = ctx;
+    c->out_node = n;
     return 0;
 }
 
 bool rconn_awaiting(const struct rconn *c) { return c->out_since_ms > 0; }
+
+int rconn_wait_any(struct rconn *const *cs, int n, int wait_ms)
+{
+    struct pollfd pfd[16];
+    int np = 0;
+    for (int i = 0; i < n && np < 16; i++) {
+        const redisContext *ctx = cs[i] && cs[i]->out_since_ms ? cs[i]->out_ctx : NULL;
+        if (!ctx)
+            continue;
+        if (ctx->reader && ctx->reader->pos < ctx->reader->len)
+            return 1; /* a reply (or part of one) is read already */
+        pfd[np].fd = ctx->fd;
+        pfd[np].events = POLLIN;
+        pfd[np++].revents = 0;
+    }
+    if (!np)
+        return 0;
+    int r = poll(pfd, (nfds_t)np, wait_ms > 0 ? wait_ms : 0);
+    return r > 0 ? r : 0;
+}
 
 /* The connection a reply was awaited on broke: dropped (on a cluster that
  * node's alone), and the reply with it. */
@@ -2019,8 +2053,12 @@ int rconn_xreadgroup_collect(struct rconn *c, int n_keys, const char *const *key
         clear_reply(&cp);
         return rl_errf(err, RL_ENOMEM, "XREADGROUP: out of memory copying a reply");
     }
+    if (cp.type == RCONN_ERROR && c->cluster)
+        c->stale = true; /* MOVED, or its master turned replica (UNBLOCKED): read the map */
     if (cp.type == RCONN_ERROR)
-        rc = rl_errf(err, transient_error(cp.str) ? RL_EIO : RL_EINVAL, "XREADGROUP: %s", cp.str);
+        rc = rl_errf(err, transient_error(cp.str) || (c->cluster && (!strncmp(cp.str, "MOVED ", 6) ||
+                          !strncmp(cp.str, "ASK ", 4))) ? RL_EIO : RL_EINVAL,
+                     "XREADGROUP: %s", cp.str);
     else
         rc = xread_entries(&cp, n_keys, keys, out, err);
     clear_reply(&cp);

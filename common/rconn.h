@@ -225,8 +225,10 @@ int rconn_xreadgroup(struct rconn *c, const char *group, const char *consumer, i
  * whether its reply came: Redis answers when a job arrives (or the BLOCK
  * runs out), and meanwhile costs nothing. Entries are delivered (into the
  * consumer's pending list) when Redis answers, as with any read.
- * Single instance only (-RL_EUNSUPPORTED on a cluster, whose reads go to
- * one node per slot: rconn_xreadgroup). While a read awaits its reply,
+ * On a cluster the keys must share a slot (-RL_EUNSUPPORTED otherwise): the
+ * read goes to its master, and a redirect or a master turned replica
+ * answers it with an error (-RL_EIO, the map read again before the next);
+ * a worker keeps one such read per shard, each on a connection of its own. While a read awaits its reply,
  * nothing else may use c (rconn_command and the stream calls refuse with
  * -RL_EINVAL; batches must not be run on it). */
 int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consumer, int n_keys,
@@ -234,6 +236,11 @@ int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consum
 /* True while a command sent (a standing read, the second of
  * rconn_command_then) awaits its reply. */
 bool rconn_awaiting(const struct rconn *c);
+/* Waits up to wait_ms until one of the n connections (NULL ones and those
+ * awaiting nothing are skipped; 16 at most) has reply bytes to read: >0
+ * then, 0 when none came (or none awaits). The replies are then read with
+ * a collect that does not wait. */
+int rconn_wait_any(struct rconn *const *cs, int n, int wait_ms);
 /* Waits up to wait_ms (0: only looks) for that reply. *came false: not
  * yet (0 returned). *came true: the read is over, out its entries (none
  * when the BLOCK ran out), as rconn_xreadgroup gives them for the same

@@ -828,10 +828,9 @@ static void admit_read(struct worker *w, int p, const struct rconn_entry *e)
     w_admit(w, p, e, dl, pend);
 }
 
-/* The streams a busy read names: our offer streams (jobs offered to us for
- * the prefix we hold, issue 27) first, then every pool, the pools' shards
- * in turn (workers start at different ones); keys[i] is pool stream
- * idx[i]. Returns how many. */
+/* The streams a single instance's standing read names: our offer streams
+ * (jobs offered to us for the prefix we hold, issue 27) first, then every
+ * pool; keys[i] is pool stream idx[i]. Returns how many. */
 static int busy_streams(struct worker *w, const char **keys, int *idx)
 {
     int n = 0;
@@ -840,110 +839,96 @@ static int busy_streams(struct worker *w, const char **keys, int *idx)
         idx[n++] = i;
     }
     for (int p = 0; p < w->n_base_pools; p++) {
-        int s = p + w->shard_rot[p] * w->n_base_pools;
-        w->shard_rot[p] = (w->shard_rot[p] + 1) % w->n_shards;
+        keys[n] = w->pool_key_ptrs[p];
+        idx[n++] = p;
+    }
+    return n;
+}
+
+/* The streams lane l's standing read names: on a single instance (one
+ * lane) busy_streams; on a cluster lane s names every pool's shard s, one
+ * slot's streams (affinity, and with it the offer streams, is off there). */
+static int lane_streams(struct worker *w, int l, const char **keys, int *idx)
+{
+    if (w->n_lanes == 1)
+        return busy_streams(w, keys, idx);
+    int n = 0;
+    for (int p = 0; p < w->n_base_pools; p++) {
+        int s = p + l * w->n_base_pools;
         keys[n] = w->pool_key_ptrs[s];
         idx[n++] = s;
     }
     return n;
 }
 
-/* Reads up to k new jobs on a cluster (a single instance keeps a standing
- * read instead: standing_read). Idle (block_ms >= 0): one BLOCKing read over
- * every pool and offer stream (on a cluster every pool's shards), COUNT 1
- * per stream, so an idle worker may take one job per stream when several
- * arrive together; on a cluster rconn sends it to every shard's slot at
- * once and returns with the first that answers, cutting the others short
- * (rconn_xreadgroup): no shard waits for another's BLOCK, and an idle
- * worker does not poll. A read that timed out empty ends there.
- *
- * Then, and on every busy step (block_ms < 0), one non-blocking read over
- * busy_streams: one round trip per step, not one per pool, since it sits
- * on the step's critical path and each read is an event Redis pays for
- * (issue 27: two polls a step were most of a batch-1 worker's Redis cost).
- * The reply is in key order: offers first, then the pools in order; rconn
- * reads slot by slot, the total bounded by COUNT. */
-static void read_jobs(struct worker *w, int k, int block_ms)
-{
-    struct rconn_entries ents = {0};
-    struct rl_err err;
-    if (block_ms >= 0) {
-        if (rconn_xreadgroup(w->rc_read, w->opt.group, w->opt.name, w->n_pools,
-                             w->pool_key_ptrs, ">", 1, block_ms, &ents,
-                             &err)) {
-            read_failed(w, &err);
-            return;
-        }
-        int got = ents.n;
-        for (int i = 0; i < ents.n; i++)
-            admit_read(w, ents.v[i].stream, &ents.v[i]);
-        k -= ents.n;
-        rconn_entries_free(&ents);
-        if (!got)
-            return;
-    }
-    if (k <= 0)
-        return;
-    const char *keys[W_MAX_STREAMS];
-    int idx[W_MAX_STREAMS], n = busy_streams(w, keys, idx);
-    int count = rconn_is_cluster(w->rc_read) ? k : (k + n - 1) / n;
-    if (rconn_xreadgroup(w->rc_read, w->opt.group, w->opt.name, n, keys, ">", count, -1, &ents,
-                         &err)) {
-        read_failed(w, &err);
-        return;
-    }
-    for (int i = 0; i < ents.n; i++)
-        admit_read(w, idx[ents.v[i].stream], &ents.v[i]);
-    rconn_entries_free(&ents);
-}
-
-/* The standing read (single instance; rconn_xreadgroup_send): a worker
- * with room keeps one XREADGROUP ... BLOCK waiting in Redis over the
- * streams of busy_streams and looks, each step, whether it came back,
- * waiting up to wait_ms (an idle worker's block time; 0 while it steps).
- * Redis answers when a job arrives, so a busy worker no longer polls every
- * step: a read event a step saved (most of a coalescing worker's Redis
- * work, issue 27 point 3), and no round trip on the step's critical path
- * (point 5). Once a read came back, the next is sent with what room there
- * is then (COUNT per stream as read_jobs'); a full worker sends none, so
- * it takes nothing while it has no room (the pull model). The room only
- * grows while a read waits (admissions come from it), but the KV estimate
- * may shrink: a job taken beyond it waits its turn in the engine's queue. */
-static bool stand_send(struct worker *w, int k)
+/* The standing reads (rconn_xreadgroup_send): a worker with room keeps an
+ * XREADGROUP ... BLOCK waiting in Redis on each lane (one on a single
+ * instance, one per pool shard on a cluster, each on a connection of its
+ * own: a cluster read names one slot's streams) and looks, each step,
+ * whether one came back, waiting up to wait_ms (an idle worker's block
+ * time; 0 while it steps) for any of them. Redis answers when a job
+ * arrives, so a busy worker does not poll every step: a read event a step
+ * saved (most of a coalescing worker's Redis work, issue 27 point 3; on a
+ * cluster one per shard a step, point 4), and no round trip on the step's
+ * critical path (point 5). Once a read came back, the next is sent with
+ * what room there is then; COUNT is per stream, so at most streams - 1
+ * jobs more than the room are taken (they wait their turn in the engine's
+ * queue); a full worker sends none, so it takes nothing while it has no
+ * room (the pull model). The room only grows while reads wait (admissions
+ * come from them), but the KV estimate may shrink: a job taken beyond it
+ * waits its turn in the engine's queue. */
+static bool stand_send(struct worker *w, int l, int k)
 {
     struct rl_err err;
-    w->stand_n = busy_streams(w, w->stand_keys, w->stand_idx);
-    /* COUNT is per stream: at most streams - 1 jobs more than k are taken
-     * (they wait their turn in the engine's queue) */
-    int count = (k + w->stand_n - 1) / w->stand_n;
-    if (!rconn_xreadgroup_send(w->rc_read, w->opt.group, w->opt.name, w->stand_n, w->stand_keys,
-                               count, w->opt.read_block_ms > 0 ? w->opt.read_block_ms : 1000,
-                               &err))
+    struct w_lane *ln = &w->lane[l];
+    ln->n = lane_streams(w, l, ln->keys, ln->idx);
+    int count = (k + w->n_pools - 1) / w->n_pools;
+    if (!rconn_xreadgroup_send(ln->rc, w->opt.group, w->opt.name, ln->n, ln->keys, count,
+                               w->opt.read_block_ms > 0 ? w->opt.read_block_ms : 1000, &err))
         return true;
     read_failed(w, &err);
     return false;
 }
 
+/* Whether a standing read awaits its reply on some lane. */
+static bool stand_out(const struct worker *w)
+{
+    for (int l = 0; l < w->n_lanes; l++)
+        if (rconn_awaiting(w->lane[l].rc))
+            return true;
+    return false;
+}
+
 static void standing_read(struct worker *w, int k, int wait_ms, bool draining)
 {
-    if (!rconn_awaiting(w->rc_read) && (k <= 0 || draining || !stand_send(w, k)))
-        return;
-    struct rl_err err;
-    struct rconn_entries ents = {0};
-    bool came = false;
-    if (rconn_xreadgroup_collect(w->rc_read, w->stand_n, w->stand_keys, wait_ms, &ents, &came,
-                                 &err)) {
-        read_failed(w, &err);
-        return;
+    struct rconn *rcs[RCL_MAX_SHARDS];
+    for (int l = 0; l < w->n_lanes; l++) {
+        if (!rconn_awaiting(w->lane[l].rc) && k > 0 && !draining)
+            stand_send(w, l, k);
+        rcs[l] = w->lane[l].rc;
     }
-    if (!came)
+    if (wait_ms > 0 && !rconn_wait_any(rcs, w->n_lanes, wait_ms))
         return;
-    for (int i = 0; i < ents.n; i++) /* delivered to us: taken even when draining */
-        admit_read(w, w->stand_idx[ents.v[i].stream], &ents.v[i]);
-    rconn_entries_free(&ents);
-    k = w_admissible(w);
-    if (k > 0 && !draining)
-        stand_send(w, k);
+    for (int l = 0; l < w->n_lanes; l++) {
+        struct w_lane *ln = &w->lane[l];
+        if (!rconn_awaiting(ln->rc))
+            continue;
+        struct rl_err err;
+        struct rconn_entries ents = {0};
+        bool came = false;
+        if (rconn_xreadgroup_collect(ln->rc, ln->n, ln->keys, 0, &ents, &came, &err)) {
+            read_failed(w, &err);
+            continue;
+        }
+        if (!came)
+            continue;
+        for (int i = 0; i < ents.n; i++) /* delivered to us: taken even when draining */
+            admit_read(w, ln->idx[ents.v[i].stream], &ents.v[i]);
+        rconn_entries_free(&ents);
+        k = w_admissible(w);
+        if (k > 0 && !draining)
+            stand_send(w, l, k);
+    }
 }
 
 static void aff_add_cb(void *ctx, uint64_t h)
@@ -1048,7 +1033,7 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
         if (draining) {
             /* a standing read may still bring jobs delivered to us: they
              * are run, not left pending, so it is waited for (its BLOCK) */
-            if (w->n_jobs == 0 && !rconn_awaiting(w->rc_read))
+            if (w->n_jobs == 0 && !stand_out(w))
                 break;
             if (rl_mono_ms() >= drain_until) {
                 RL_LOG(&w->log, RL_LOG_WARN, "drain timeout: leaving %d jobs pending for "
@@ -1080,12 +1065,9 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
              * longer than the time to the next ping would let systemd kill it */
             if (w->watchdog_usec && w->next_wd_ms - now < block)
                 block = w->next_wd_ms > now ? (int)(w->next_wd_ms - now) : 1; /* BLOCK 0 waits forever */
-            if (!w_cluster(w)) /* a cluster's reads go slot by slot: read_jobs */
-                standing_read(w, k, idle ? block : 0, false);
-            else if (k > 0)
-                read_jobs(w, k, idle ? block : -1);
+            standing_read(w, k, idle ? block : 0, false);
             active = engine_n_active(w->eng);
-        } else if (rconn_awaiting(w->rc_read)) {
+        } else if (stand_out(w)) {
             standing_read(w, 0, active ? 0 : 20, true);
             active = engine_n_active(w->eng);
         }

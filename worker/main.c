@@ -66,7 +66,7 @@ static void on_load_progress(void *user, size_t done, size_t total)
  * rcl_shard_key): shard s of pool p is stream p + s * n_base_pools, with
  * the pool's name, so that everything the worker does per pool stream
  * (group creation, leases, claims, acks) covers the shards as it covers
- * the pools; loop.c reads a pool's shards together. Returns 0, or
+ * the pools; loop.c keeps a standing read per shard. Returns 0, or
  * -RL_EINVAL when the streams would not fit one read (64 keys). */
 static int make_pool_keys(struct worker *w, bool cluster, struct rl_err *err)
 {
@@ -101,12 +101,6 @@ static int make_pool_keys(struct worker *w, bool cluster, struct rl_err *err)
         }
     }
     w->n_shards = k;
-    /* workers start their polls at different shards (loop.c) */
-    unsigned h = 2166136261u;
-    for (const char *c = w->opt.name; *c; c++)
-        h = (h ^ (unsigned char)*c) * 16777619u;
-    for (int p = 0; p < n; p++)
-        w->shard_rot[p] = (int)((h + (unsigned)p) % (unsigned)k);
     /* prefix-affine pulling (issue 27): our offer streams after the pools.
      * Off on a cluster: the dispatcher's move of a dead worker's offered
      * job rewrites its holder record, in another slot than the queue's */
@@ -226,6 +220,9 @@ static int setup(struct worker *w, struct rl_err *err)
         return rc;
     if ((rc = rconn_create(&w->rc_read, &ro, err)))
         return rc;
+    w->rc_opts = ro;
+    w->lane[0].rc = w->rc_read;
+    w->n_lanes = 1;
     if ((rc = rconn_batch_create(&w->batch, err)))
         return rc;
     /* a busy port costs the metrics, not the jobs */
@@ -322,6 +319,13 @@ int main(int argc, char **argv)
         RL_LOG(&w->log, RL_LOG_ERROR, "%s", err.msg);
         goto out;
     }
+    /* a standing read per shard on a cluster (loop.c), each on its own
+     * connection: a blocked read holds its connection */
+    for (; w->n_lanes < w->n_shards; w->n_lanes++)
+        if (rconn_create(&w->lane[w->n_lanes].rc, &w->rc_opts, &err)) {
+            RL_LOG(&w->log, RL_LOG_ERROR, "%s", err.msg);
+            goto out;
+        }
     fence_holder(w->holder, w->opt.name, (long long)w->t_start_ms);
     /* a failed load is retried after a reconnect; bodies go by EVAL meanwhile */
     if (fence_load(&w->fence, w->rc, &err))
@@ -345,6 +349,8 @@ out:
     rconn_batch_free(w->batch);
     rconn_free(w->rc);
     rconn_free(w->rc_read);
+    for (int i = 1; i < w->n_lanes; i++)
+        rconn_free(w->lane[i].rc);
     engine_free(w->eng);
     cfg_free(&w->cfg);
     free(w);

@@ -41,6 +41,7 @@
 #include "job.h"
 #include "log.h"
 #include "modelref.h"
+#include "rcluster.h"
 #include "rconn.h"
 #include "text.h"
 #include "wopts.h"
@@ -192,12 +193,19 @@ struct worker {
     struct modelref model;        /* the resolved --model; model.name is the served name */
 
     struct rconn *rc;             /* publish, ack, claim, cancel checks */
-    struct rconn *rc_read;        /* the (blocking) XREADGROUP only */
-    /* the standing read's streams as sent (loop.c, single instance): its
-     * reply is matched against these, and stream i is pool stream
-     * stand_idx[i] */
-    const char *stand_keys[W_MAX_STREAMS];
-    int stand_idx[W_MAX_STREAMS], stand_n;
+    struct rconn *rc_read;        /* the (blocking) XREADGROUP only: lane 0's */
+    struct rconn_opts rc_opts;    /* how rc and rc_read were made (lanes' too) */
+    /* The standing reads (loop.c): one lane on a single instance, one per
+     * pool shard on a cluster (a read names one slot's streams), each on a
+     * connection of its own (lane 0 on rc_read, the others owned). A
+     * lane's reply is matched against the streams it was sent with, and
+     * stream i is pool stream idx[i]. */
+    struct w_lane {
+        struct rconn *rc;
+        const char *keys[W_MAX_STREAMS];
+        int idx[W_MAX_STREAMS], n;
+    } lane[RCL_MAX_SHARDS];
+    int n_lanes;
     struct rconn_batch *batch;
     struct fence fence;           /* the fencing scripts' SHA1s */
     bool checks_apart;            /* an ACL refused FENCE_EMIT with the check keys in it
@@ -220,7 +228,6 @@ struct worker {
      * (pools[i] its name); n_shards is 1 on a single instance, and with
      * affinity, which is off on a cluster */
     int n_shards;
-    int shard_rot[WOPTS_MAX_POOLS]; /* loop.c: the pool's shard its next poll starts at */
     /* prefix-affine pulling (issue 27): the filter of the block hashes the
      * KV cache holds, as last published (aff_bits) */
     bool affinity;

@@ -20,7 +20,8 @@ test shows, on real processes:
   - every job done, token-exact against `redlm run`, seqs gapless, nothing
     pending in any shard;
   - an idle worker does not poll, and wakes at once for a job in any shard
-    (test_idle_worker_wakes_on_any_shard).
+    (test_idle_worker_wakes_on_any_shard); nor does a busy one: a standing
+    read per shard (test_busy_worker_keeps_a_standing_read_per_shard).
 
 Run with Debian's interpreter: /usr/bin/python3 -m pytest tests/integration
 """
@@ -187,6 +188,47 @@ def test_idle_worker_wakes_on_any_shard(redis_cluster, workers, dispatchers, pre
     d = dispatchers("dm", "--pool-shards", "2", addr=redis_cluster.seeds)
     wait_for(lambda: f"reads {K} shards per pool, this dispatcher writes to 2" in d.text(),
              "the pool_shards mismatch logged", timeout=60)
+
+
+def test_busy_worker_keeps_a_standing_read_per_shard(redis_cluster, workers, prefix, tmp_path,
+                                                     event_validator):
+    """A busy worker with room does not poll every step on a cluster either:
+    it keeps one XREADGROUP ... BLOCK waiting per shard, each naming that
+    shard's streams (one slot) on a connection of its own, sent again when
+    it comes back (a job, or its BLOCK of 500 ms run out). Counted over a
+    measured 2 s while a long job runs: polling a step would make hundreds.
+    A job sent to any shard is still taken at once while the first runs."""
+    rc = redis_cluster.client()
+    keys = shards(prefix)
+    w = workers("wb", "--block-ms", "500", "--max-batch", "4", addr=redis_cluster.seeds)
+    wait_for(lambda: all(
+        rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k)) for k in keys),
+             "the worker's groups", timeout=60)
+    long = {"id": "busy-long", "prompt_ids": [3, 1, 4], "max_tokens": 40000, "temperature": 0,
+            "ignore_eos": True}
+    rc.xadd(keys[0], {"job": json.dumps(long)})
+    wait_for(lambda: rc.xlen(out_key(prefix, long["id"])) >= 20, "the long job streaming",
+             timeout=60)
+    before, n0 = xreadgroup_calls(redis_cluster), rc.xlen(out_key(prefix, long["id"]))
+    time.sleep(2)  # a measured busy period, not a moment picked
+    calls = xreadgroup_calls(redis_cluster) - before
+    steps = rc.xlen(out_key(prefix, long["id"])) - n0
+    assert steps >= 20, f"only {steps} events in 2 s: the worker was not stepping"
+    # each shard's read: one per BLOCK of 500 ms (5 in 2 s) and a few more
+    assert calls <= K * 6 and calls < steps / 2, f"{calls} XREADGROUPs in {steps} steps"
+    jobs = greedy_jobs(K, seed=31, tag="b")
+    ref = reference(jobs, tmp_path)
+    for i, j in enumerate(jobs):
+        t = time.time()
+        rc.xadd(keys[i], {"job": json.dumps(j)})
+        wait_for(lambda: rc.exists(out_key(prefix, j["id"])), f"{j['id']} started", timeout=30)
+        assert time.time() - t < 3.0, f"{j['id']} on shard {i} waited"
+        toks, _ = check_stream(stream_events(rc, out_key(prefix, j["id"]), 60), event_validator)
+        assert toks == ref[i], j["id"]
+    rc.set(f"{prefix}cancel:{{{long['id']}}}", "1", ex=600)
+    _, done = check_stream(stream_events(rc, out_key(prefix, long["id"]), 60), event_validator)
+    assert done["finish_reason"] == "cancelled", done
+    assert "ready:" in w.text()
 
 
 def test_leases_renewed_on_every_shard(redis_cluster, workers, prefix, tmp_path, event_validator):
