@@ -118,7 +118,7 @@ class Fleet:
             d = self.out / "logs" / "cluster"
             shutil.rmtree(d, ignore_errors=True)  # a stale nodes.conf would not join
             # a node timeout past the 2 s SIGSTOP: the pause stays a pause
-            self.cluster = RedisCluster(d, node_timeout_ms=5000)
+            self.cluster = RedisCluster(d, node_timeout_ms=5000, cpus="0" if self.a.pin else None)
             self.addr = self.cluster.seeds
             self.r = self.cluster.client()
             return
@@ -140,7 +140,8 @@ class Fleet:
             rport = free_port()
             self.spawn(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
                         "--appendonly", "no", "--dir", str(self.out / "logs"),
-                        "--replicaof", "127.0.0.1", str(self.port)], "replica.log")
+                        "--replicaof", "127.0.0.1", str(self.port)], "replica.log",
+                       redis_core=True)  # --pin: with its master, as a cluster's replicas
             rr = redis.Redis(port=rport, decode_responses=True)
             for _ in range(500):
                 try:
@@ -455,7 +456,8 @@ def main():
     ap.add_argument("--build", default=os.environ.get("BUILD", "build"))
     ap.add_argument("--pin", action="store_true",
                     help="redis-server alone on core 0 (taskset), everything else on the others: "
-                         "Redis's CPU per token without the fleet's noise in it")
+                         "Redis's CPU per token without the fleet's noise in it (with --cluster "
+                         "every node there, with --single-replica the replica too)")
     ap.add_argument("--single-replica", action="store_true",
                     help="give the one redis-server a replica, as each cluster master has one "
                          "(a like-for-like --against-single)")

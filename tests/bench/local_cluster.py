@@ -57,10 +57,15 @@ class RedisCluster:
     nodes: redis-cli --cluster create, node(), client(), and the replicas'
     masteruser/masterauth (their replication link is an ordinary client
     connection, so an ACL whose default user is off would refuse it; the
-    cluster bus is not). Without them, no ACL: the default user does all."""
+    cluster bus is not). Without them, no ACL: the default user does all.
 
-    def __init__(self, dir, n_masters=3, node_timeout_ms=2000, aclfile=None, auth=None):
+    cpus: when given, every node runs under `taskset -c cpus` (bench_fleet
+    --pin: the nodes on core 0, the fleet on the others)."""
+
+    def __init__(self, dir, n_masters=3, node_timeout_ms=2000, aclfile=None, auth=None,
+                 cpus=None):
         self.dir = pathlib.Path(dir)
+        self.cpus = cpus  # taskset -c cpus for every node (a benchmark's pinning)
         self.node_timeout_ms = node_timeout_ms
         self.aclfile, self.auth = aclfile, auth
         self.procs, self.ports = {}, []
@@ -97,8 +102,9 @@ class RedisCluster:
     def start_node(self, port):
         d = self.dir / str(port)
         d.mkdir(parents=True, exist_ok=True)
+        pin = ["taskset", "-c", self.cpus] if self.cpus else []
         self.procs[port] = subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d),
+            [*pin, "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d),
              "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
              "--cluster-node-timeout", str(self.node_timeout_ms), "--save", "",
              "--appendonly", "no", "--logfile", str(d / "redis.log"), *self._acl_args()],
