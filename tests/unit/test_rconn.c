@@ -771,17 +771,24 @@ static int take_in_order(struct xmux_sub *s, const char *k, int from, int want)
     return got;
 }
 
-static long long cmd_calls(struct rconn *c, const char *cmd)
+/* The number after field (e.g. "total_reads_processed:") in INFO section;
+ * 0 when absent. */
+static long long info_field(struct rconn *c, const char *section, const char *field)
 {
-    const char *argv[] = {"INFO", "commandstats"};
+    const char *argv[] = {"INFO", section};
     struct rconn_reply *r = NULL;
     assert_int_equal(rconn_command(c, 2, argv, NULL, &r, NULL), 0);
-    char pat[64];
-    snprintf(pat, sizeof pat, "cmdstat_%s:calls=", cmd);
-    const char *p = strstr(r->str, pat);
-    long long n = p ? atoll(p + strlen(pat)) : 0;
+    const char *p = strstr(r->str, field);
+    long long n = p ? atoll(p + strlen(field)) : 0;
     rconn_reply_free(r);
     return n;
+}
+
+static long long cmd_calls(struct rconn *c, const char *cmd)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "cmdstat_%s:calls=", cmd);
+    return info_field(c, "commandstats", pat);
 }
 
 /* Some client is blocked in XREAD, as CLIENT LIST shows it. */
@@ -1039,18 +1046,6 @@ static void test_xmux_short_io_timeout(void **state)
     rconn_free(c);
 }
 
-static long long info_stat(struct rconn *c, const char *field)
-{
-    const char *argv[] = {"INFO", "stats"};
-    struct rconn_reply *r = NULL;
-    assert_int_equal(rconn_command(c, 2, argv, NULL, &r, NULL), 0);
-    const char *p = strstr(r->str, field);
-    assert_non_null(p);
-    long long n = atoll(p + strlen(field));
-    rconn_reply_free(r);
-    return n;
-}
-
 /* On the bell, a round is one read event for Redis (issue 27): the read
  * of the streams a ring named goes in one write with the next blocking
  * read of the bell (rconn_command_then). A writer that writes and rings
@@ -1075,7 +1070,7 @@ static void test_xmux_bell_pair(void **state)
     struct rconn_batch *b = NULL;
     assert_int_equal(rconn_batch_create(&b, NULL), 0);
     enum { ROUNDS = 40 };
-    long long reads0 = info_stat(c, "total_reads_processed:"), xr0 = stats(m).reads;
+    long long reads0 = info_field(c, "stats", "total_reads_processed:"), xr0 = stats(m).reads;
     for (int i = 0; i < ROUNDS; i++) {
         const char *k = keys[i % 30];
         char id[32], v[200];
@@ -1089,7 +1084,7 @@ static void test_xmux_bell_pair(void **state)
         assert_int_equal(rconn_batch_exec(c, b, NULL), 0);
         assert_int_equal(take_in_order(s[i % 30], k, i / 30 + 1, 1), 1);
     }
-    long long reads = info_stat(c, "total_reads_processed:") - reads0 - 1; /* less the INFO */
+    long long reads = info_field(c, "stats", "total_reads_processed:") - reads0 - 1; /* less the INFO */
     long long xreads = stats(m).reads - xr0;
     print_message("bell pair: %lld read events, %lld XREADs in %d rounds\n", reads, xreads,
                   ROUNDS);
