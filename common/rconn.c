@@ -91,6 +91,7 @@ struct rconn {
     int out_block_ms;     /* its BLOCK */
     redisContext *out_ctx; /* the connection it was sent on */
     int out_node;         /* cluster: that connection's node (-1: the single instance's) */
+    char out_what[16];    /* its command's name, for errors */
     /* extra connections to masters, by address and role (aux_ctx): the
      * BLOCKing reads of a second slot on one master, and CLIENT UNBLOCK
      * (cl_xreadgroup_par) */
@@ -1957,6 +1958,7 @@ int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consum
     c->out_block_ms = block_ms;
     c->out_ctx = ctx;
     c->out_node = n;
+    snprintf(c->out_what, sizeof c->out_what, "XREADGROUP");
     return 0;
 }
 
@@ -2124,6 +2126,7 @@ int rconn_command_then(struct rconn *c, int argc, const char *const *argv, const
     c->out_block_ms = block_ms;
     c->out_ctx = ctx;
     c->out_node = n;
+    snprintf(c->out_what, sizeof c->out_what, "%.6s (paired)", argv2[0]);
     redisReply *r = v;
     int ask = 0;
     if (n >= 0 && follow_redirect(c, n, r, &ask) != -1) {
@@ -2144,11 +2147,13 @@ int rconn_collect(struct rconn *c, int wait_ms, struct rconn_reply **out, bool *
     *out = NULL;
     *came = false;
     redisReply *r = NULL;
-    int rc = collect_raw(c, wait_ms, "reply", &r, err);
+    int rc = collect_raw(c, wait_ms, c->out_what, &r, err);
     if (rc || !r)
         return rc;
     *came = true;
-    return own_reply(r, "reply", out, err);
+    if (c->cluster && r->type == REDIS_REPLY_ERROR)
+        c->stale = true; /* MOVED, or its master turned replica (UNBLOCKED): read the map */
+    return own_reply(r, c->out_what, out, err);
 }
 
 int rconn_xack(struct rconn *c, const char *key, const char *group, int n_ids,

@@ -16,13 +16,19 @@ common/rcluster.h) share one slot per master; then, on real processes:
     exactly those bells (one bell key per master, in the request slot);
   - the front door answers with ids on the request slots, streamed and
     not streamed, read by its shared readers, and never finds a stream
-    written without a ring.
+    written without a ring;
+  - its readers (each sending its stream read and its next blocking bell
+    read together, to its master) follow a CLUSTER FAILOVER of a master
+    whose requests are mid-stream: every streamed answer comes whole.
 
 Run with Debian's interpreter: /usr/bin/python3 -m pytest tests/integration
 """
 import itertools
 import json
+import signal
 import subprocess
+import threading
+from collections import Counter
 
 from redis.crc import key_slot
 
@@ -154,5 +160,80 @@ def test_bench_and_front_door_ids_on_request_slots(redis_cluster, workers, prefi
             assert text == "".join(e["delta"].get("content", "") for _, e in evs
                                    if e["type"] == "delta"), jid
         assert "without ringing" not in f.text() and "not on the bell" not in f.text()
+    finally:
+        f.stop()
+
+
+def test_front_door_reads_through_a_failover(redis_cluster, workers, prefix, tmp_path,
+                                             event_validator):
+    """81 streamed answers through the front door, ~27 on each request slot
+    (more than a reader blocks on directly: each reader is on its bell,
+    sending its stream read and its next blocking bell read together);
+    once each has come part-way, the workers are frozen (SIGSTOP: nothing
+    is written, so every reader sits in the blocking half of its pair, and
+    the answers are certainly mid-stream) and the master of the request
+    slot with the most of them fails over to its replica (CLUSTER
+    FAILOVER). That reader's blocked read is answered UNBLOCKED; it reads
+    the map again and follows the streams on the new master. Every answer
+    comes whole (finish_reason length), equal to its Redis stream."""
+    seeds = redis_cluster.seeds
+    slots = request_slots(redis_cluster)
+    ws = [workers(f"w{i}", "--max-batch", "48", addr=seeds) for i in range(2)]
+    f = Front(seeds, prefix, tmp_path)
+    n = 81
+    got, ids, seen = [None] * n, [None] * n, [0] * n
+
+    def one(i):
+        body = {"model": MODEL_NAME, "max_tokens": 1500, "stream": True, "ignore_eos": True,
+                "temperature": 0, "messages": [{"role": "user", "content": f"story {i}"}]}
+        c = f.conn(timeout=180)
+        c.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        text, fin = [], None
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ch = json.loads(line[6:])
+            ids[i] = ch["id"]
+            for choice in ch.get("choices") or []:
+                text.append(choice["delta"].get("content") or "")
+                fin = choice.get("finish_reason") or fin
+            seen[i] += 1
+        c.close()
+        got[i] = (r.status, "".join(text), fin)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        wait_for(lambda: all(k >= 5 for k in seen), "every answer under way", timeout=120)
+        for w in ws:
+            w.signal(signal.SIGSTOP)
+        try:
+            slot = Counter(key_slot(i.encode()) for i in ids).most_common(1)[0][0]
+            mid = [i for i in range(n) if key_slot(ids[i].encode()) == slot and got[i] is None]
+            assert mid, "the answers on that slot ended before the failover"
+            old = next(p for p, s in slots.items() if s == slot)
+            new = redis_cluster.failover(old)
+        finally:
+            for w in ws:
+                w.signal(signal.SIGCONT)
+        for t in threads:
+            t.join(240)
+        assert not any(t.is_alive() for t in threads), "an answer never ended"
+        rc = redis_cluster.client()
+        for i in range(n):
+            status, text, fin = got[i]
+            assert status == 200 and fin == "length", (ids[i], status, fin)
+            evs = stream_events(rc, out_key(prefix, ids[i]), 60)
+            check_stream(evs, event_validator)
+            assert text == "".join(e["delta"].get("content", "") for _, e in evs
+                                   if e["type"] == "delta"), ids[i]
+        assert redis_cluster.roles()[new] == "master"
+        # the read cut was the blocking half of a pair (rconn_collect names
+        # it "XREAD (paired)")
+        assert "XREAD (paired): UNBLOCKED" in f.text(), "no paired read was cut by the failover"
     finally:
         f.stop()
