@@ -870,24 +870,52 @@ static int lane_streams(struct worker *w, int l, const char **keys, int *idx)
  * arrives, so a busy worker does not poll every step: a read event a step
  * saved (most of a coalescing worker's Redis work, issue 27 point 3; on a
  * cluster one per shard a step, point 4), and no round trip on the step's
- * critical path (point 5). Once a read came back, the next is sent with
- * what room there is then; COUNT is per stream, so at most streams - 1
- * jobs more than the room are taken (they wait their turn in the engine's
- * queue); a full worker sends none, so it takes nothing while it has no
- * room (the pull model). The room only grows while reads wait (admissions
- * come from them), but the KV estimate may shrink: a job taken beyond it
- * waits its turn in the engine's queue. */
-static bool stand_send(struct worker *w, int l, int k)
+ * critical path (point 5). A full worker has no read out, so it takes
+ * nothing while it has no room (the pull model).
+ *
+ * The room is shared out: a lane is sent with a share of what the reads
+ * already out may not bring (stand_send_all), COUNT being per stream, so
+ * all of them together bring at most the room plus a rounding (< a stream
+ * per lane); every lane keeps a read out while there is room at all (one
+ * job a stream at least), so a job in any shard is seen at once. The room
+ * only grows while reads wait (admissions come from them), but the KV
+ * estimate may shrink: a job taken beyond it waits its turn in the
+ * engine's queue. */
+static bool stand_send(struct worker *w, int l, int share)
 {
     struct rl_err err;
     struct w_lane *ln = &w->lane[l];
     ln->n = lane_streams(w, l, ln->keys, ln->idx);
-    int count = (k + w->n_pools - 1) / w->n_pools;
+    int count = (share + ln->n - 1) / ln->n;
     if (!rconn_xreadgroup_send(ln->rc, w->opt.group, w->opt.name, ln->n, ln->keys, count,
-                               w->opt.read_block_ms > 0 ? w->opt.read_block_ms : 1000, &err))
+                               w->opt.read_block_ms > 0 ? w->opt.read_block_ms : 1000, &err)) {
+        ln->want = count * ln->n;
         return true;
+    }
     read_failed(w, &err);
     return false;
+}
+
+/* Sends a read on every lane that has none out, sharing room less what
+ * the reads out may still bring. */
+static void stand_send_all(struct worker *w, int room)
+{
+    if (room <= 0)
+        return;
+    int idle = 0, promised = 0;
+    for (int l = 0; l < w->n_lanes; l++) {
+        if (rconn_awaiting(w->lane[l].rc))
+            promised += w->lane[l].want;
+        else
+            idle++;
+    }
+    if (!idle)
+        return;
+    int avail = room - promised;
+    int share = avail > idle ? (avail + idle - 1) / idle : 1;
+    for (int l = 0; l < w->n_lanes; l++)
+        if (!rconn_awaiting(w->lane[l].rc))
+            stand_send(w, l, share);
 }
 
 /* Whether a standing read awaits its reply on some lane. */
@@ -901,14 +929,14 @@ static bool stand_out(const struct worker *w)
 
 static void standing_read(struct worker *w, int k, int wait_ms, bool draining)
 {
+    if (!draining)
+        stand_send_all(w, k);
     struct rconn *rcs[RCL_MAX_SHARDS];
-    for (int l = 0; l < w->n_lanes; l++) {
-        if (!rconn_awaiting(w->lane[l].rc) && k > 0 && !draining)
-            stand_send(w, l, k);
+    for (int l = 0; l < w->n_lanes; l++)
         rcs[l] = w->lane[l].rc;
-    }
     if (wait_ms > 0 && !rconn_wait_any(rcs, w->n_lanes, wait_ms))
         return;
+    bool came_any = false;
     for (int l = 0; l < w->n_lanes; l++) {
         struct w_lane *ln = &w->lane[l];
         if (!rconn_awaiting(ln->rc))
@@ -922,13 +950,13 @@ static void standing_read(struct worker *w, int k, int wait_ms, bool draining)
         }
         if (!came)
             continue;
+        came_any = true;
         for (int i = 0; i < ents.n; i++) /* delivered to us: taken even when draining */
             admit_read(w, ln->idx[ents.v[i].stream], &ents.v[i]);
         rconn_entries_free(&ents);
-        k = w_admissible(w);
-        if (k > 0 && !draining)
-            stand_send(w, l, k);
     }
+    if (came_any && !draining)
+        stand_send_all(w, w_admissible(w));
 }
 
 static void aff_add_cb(void *ctx, uint64_t h)

@@ -204,6 +204,7 @@ struct worker {
         struct rconn *rc;
         const char *keys[W_MAX_STREAMS];
         int idx[W_MAX_STREAMS], n;
+        int want;                 /* the most jobs its read out may bring (COUNT x n) */
     } lane[RCL_MAX_SHARDS];
     int n_lanes;
     struct rconn_batch *batch;
