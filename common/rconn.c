@@ -1919,6 +1919,40 @@ int rconn_xreadgroup(struct rconn *c, const char *group, const char *consumer, i
     return xreadgroup_one(c, group, consumer, n_keys, keys, id, count, block_ms, out, err);
 }
 
+/* The connection broke that node n (-1: the single instance) serves us
+ * on: dropped, on a cluster that node's alone. */
+static int conn_lost(struct rconn *c, int n, const char *what, struct rl_err *err)
+{
+    return n >= 0 && c->cluster ? node_lost(c, n, what, err) : lost(c, what, err);
+}
+
+/* The connection a command left awaiting its reply goes on: the single
+ * instance's, or on a cluster that of slot's master (no redirect followed;
+ * *node its map index, -1 on a single instance). */
+static int out_conn(struct rconn *c, int slot, redisContext **ctx, int *node, struct rl_err *err)
+{
+    *ctx = c->ctx;
+    *node = -1;
+    if (!c->cluster)
+        return 0;
+    if ((*node = node_of(c, slot)) < 0) {
+        c->stale = true;
+        return rl_errf(err, RL_EIO, "redis cluster %s: no master known for slot %d", c->addr,
+                       slot);
+    }
+    return node_ctx(c, *node, ctx, err);
+}
+
+/* A command written to ctx (node n) now awaits its reply. */
+static void await_reply(struct rconn *c, redisContext *ctx, int n, int block_ms, const char *what)
+{
+    c->out_since_ms = rl_mono_ms();
+    c->out_block_ms = block_ms;
+    c->out_ctx = ctx;
+    c->out_node = n;
+    snprintf(c->out_what, sizeof c->out_what, "%s", what);
+}
+
 int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consumer, int n_keys,
                           const char *const *keys, int count, int block_ms, struct rl_err *err)
 {
@@ -1929,36 +1963,25 @@ int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consum
     int rc = rconn_ensure(c, err);
     if (rc)
         return rc;
-    redisContext *ctx = c->ctx;
-    int n = -1;
-    if (c->cluster) { /* one slot's streams, on its master's connection */
-        int slot = rcl_key_slot(keys[0], strlen(keys[0]));
-        for (int i = 1; i < n_keys; i++)
-            if (rcl_key_slot(keys[i], strlen(keys[i])) != slot)
-                return rl_errf(err, RL_EUNSUPPORTED,
-                               "XREADGROUP: a standing read on a cluster names one slot's streams");
-        if ((n = node_of(c, slot)) < 0) {
-            c->stale = true;
-            return rl_errf(err, RL_EIO, "redis cluster %s: no master known for slot %d", c->addr,
-                           slot);
-        }
-        if ((rc = node_ctx(c, n, &ctx, err)))
-            return rc;
-    }
+    int slot = rcl_key_slot(keys[0], strlen(keys[0]));
+    for (int i = 1; c->cluster && i < n_keys; i++)
+        if (rcl_key_slot(keys[i], strlen(keys[i])) != slot)
+            return rl_errf(err, RL_EUNSUPPORTED,
+                           "XREADGROUP: a standing read on a cluster names one slot's streams");
+    redisContext *ctx;
+    int n;
+    if ((rc = out_conn(c, slot, &ctx, &n, err)))
+        return rc;
     const char *argv[10 + 2 * 64];
     char cnt[16], blk[16];
     int a = xreadgroup_argv(argv, cnt, blk, group, consumer, n_keys, keys, ">", count, block_ms);
     int done = 0;
     if (redisAppendCommandArgv(ctx, a, argv, NULL) != REDIS_OK)
-        return n >= 0 ? node_lost(c, n, "XREADGROUP", err) : lost(c, "XREADGROUP", err);
+        return conn_lost(c, n, "XREADGROUP", err);
     while (!done)
         if (redisBufferWrite(ctx, &done) != REDIS_OK)
-            return n >= 0 ? node_lost(c, n, "XREADGROUP", err) : lost(c, "XREADGROUP", err);
-    c->out_since_ms = rl_mono_ms();
-    c->out_block_ms = block_ms;
-    c->out_ctx = ctx;
-    c->out_node = n;
-    snprintf(c->out_what, sizeof c->out_what, "XREADGROUP");
+            return conn_lost(c, n, "XREADGROUP", err);
+    await_reply(c, ctx, n, block_ms, "XREADGROUP");
     return 0;
 }
 
@@ -1984,15 +2007,6 @@ int rconn_wait_any(struct rconn *const *cs, int n, int wait_ms)
     return r > 0 ? r : 0;
 }
 
-/* The connection a reply was awaited on broke: dropped (on a cluster that
- * node's alone), and the reply with it. */
-static int awaited_lost(struct rconn *c, const char *what, struct rl_err *err)
-{
-    if (c->out_node >= 0 && c->cluster)
-        return node_lost(c, c->out_node, what, err);
-    return lost(c, what, err);
-}
-
 /* Waits up to wait_ms (0: only looks) for the reply of the command left
  * sent (out_since_ms). *r NULL: not yet. The reply must come within its
  * BLOCK and a round trip: later, the connection is taken for dead, as a
@@ -2009,14 +2023,14 @@ static int collect_raw(struct rconn *c, int wait_ms, const char *what, redisRepl
     void *r = NULL;
     for (;;) {
         if (redisGetReplyFromReader(ctx, &r) == REDIS_ERR) /* what is buffered: no wait */
-            return awaited_lost(c, what, err);
+            return conn_lost(c, c->out_node, what, err);
         if (r)
             break;
         int64_t now = rl_mono_ms();
         if (c->io_timeout_ms > 0 && now >= dead) {
             rl_errf(err, RL_EIO, "redis %s: %s: no reply after %lld ms", c->addr, what,
                     (long long)(now - c->out_since_ms));
-            awaited_lost(c, what, NULL);
+            conn_lost(c, c->out_node, what, NULL);
             return -RL_EIO;
         }
         if (wait_ms > 0 && until > dead && c->io_timeout_ms > 0)
@@ -2025,14 +2039,16 @@ static int collect_raw(struct rconn *c, int wait_ms, const char *what, redisRepl
         int left = until > now ? (int)(until - now) : 0;
         int pr = poll(&pfd, 1, left);
         if (pr < 0 && errno != EINTR)
-            return awaited_lost(c, what, err);
+            return conn_lost(c, c->out_node, what, err);
         if (pr > 0 && redisBufferRead(ctx) != REDIS_OK)
-            return awaited_lost(c, what, err);
+            return conn_lost(c, c->out_node, what, err);
         if (pr == 0 && rl_mono_ms() >= until && (c->io_timeout_ms <= 0 || rl_mono_ms() < dead))
             return 0; /* not yet */
     }
     c->out_since_ms = 0;
     c->out_ctx = NULL;
+    if (c->cluster && ((redisReply *)r)->type == REDIS_REPLY_ERROR)
+        c->stale = true; /* MOVED, or its master turned replica (UNBLOCKED): read the map */
     *out = r;
     return 0;
 }
@@ -2055,8 +2071,6 @@ int rconn_xreadgroup_collect(struct rconn *c, int n_keys, const char *const *key
         clear_reply(&cp);
         return rl_errf(err, RL_ENOMEM, "XREADGROUP: out of memory copying a reply");
     }
-    if (cp.type == RCONN_ERROR && c->cluster)
-        c->stale = true; /* MOVED, or its master turned replica (UNBLOCKED): read the map */
     if (cp.type == RCONN_ERROR)
         rc = rl_errf(err, transient_error(cp.str) || (c->cluster && (!strncmp(cp.str, "MOVED ", 6) ||
                           !strncmp(cp.str, "ASK ", 4))) ? RL_EIO : RL_EINVAL,
@@ -2104,29 +2118,19 @@ int rconn_command_then(struct rconn *c, int argc, const char *const *argv, const
     int rc = rconn_ensure(c, err);
     if (rc)
         return rc;
-    redisContext *ctx = c->ctx;
-    int n = -1;
-    if (c->cluster) { /* both to the master of the first's slot, no redirect followed */
-        n = node_of(c, rcl_command_slot(argc, argv, lens));
-        if (n < 0) {
-            c->stale = true;
-            return rl_errf(err, RL_EIO, "redis cluster %s: no master known for %s's slot",
-                           c->addr, argv[0]);
-        }
-        if ((rc = node_ctx(c, n, &ctx, err)))
-            return rc;
-    }
+    redisContext *ctx; /* both to the master of the first's slot */
+    int n;
+    if ((rc = out_conn(c, c->cluster ? rcl_command_slot(argc, argv, lens) : 0, &ctx, &n, err)))
+        return rc;
     if (redisAppendCommandArgv(ctx, argc, (const char **)argv, lens) != REDIS_OK ||
         redisAppendCommandArgv(ctx, argc2, (const char **)argv2, NULL) != REDIS_OK)
-        return n >= 0 ? node_lost(c, n, argv[0], err) : lost(c, argv[0], err);
+        return conn_lost(c, n, argv[0], err);
     void *v = NULL;
     if (redisGetReply(ctx, &v) != REDIS_OK || !v) /* writes both, reads the first */
-        return n >= 0 ? node_lost(c, n, argv[0], err) : lost(c, argv[0], err);
-    c->out_since_ms = rl_mono_ms();
-    c->out_block_ms = block_ms;
-    c->out_ctx = ctx;
-    c->out_node = n;
-    snprintf(c->out_what, sizeof c->out_what, "%.6s (paired)", argv2[0]);
+        return conn_lost(c, n, argv[0], err);
+    char what[16];
+    snprintf(what, sizeof what, "%.6s (paired)", argv2[0]);
+    await_reply(c, ctx, n, block_ms, what);
     redisReply *r = v;
     int ask = 0;
     if (n >= 0 && follow_redirect(c, n, r, &ask) != -1) {
@@ -2151,8 +2155,6 @@ int rconn_collect(struct rconn *c, int wait_ms, struct rconn_reply **out, bool *
     if (rc || !r)
         return rc;
     *came = true;
-    if (c->cluster && r->type == REDIS_REPLY_ERROR)
-        c->stale = true; /* MOVED, or its master turned replica (UNBLOCKED): read the map */
     return own_reply(r, c->out_what, out, err);
 }
 

@@ -449,16 +449,15 @@ static void *reader_main(void *arg)
     const char **argv = NULL;
     int cap = 0;
     char block[24];
-    char pblock[24], pcursor[RCONN_ID_MAX];
     bool sync = false; /* the read had no BLOCK */
-    bool pair_out = false; /* the bell's blocking read, sent with the last read, is out */
     bool unpaired = false; /* the last pair failed: the next read goes alone (it follows
                               a cluster's ASK, which a pair does not) */
     pthread_mutex_lock(&m->mu);
     while (!m->stopping) {
-        if (pair_out) {
-            /* in_read and read_gen stay as the pair set them: a kick
-             * cuts this read short as any other */
+        if (rconn_awaiting(m->rd)) {
+            /* the bell's blocking read, sent with the last read, is out;
+             * in_read and read_gen stay as the pair set them: a kick cuts
+             * it short as any other read */
             pthread_mutex_unlock(&m->mu);
             struct rl_err e = {0};
             struct rconn_reply *r = NULL;
@@ -467,7 +466,6 @@ static void *reader_main(void *arg)
             do
                 rc = rconn_collect(m->rd, 1 << 30, &r, &came, &e);
             while (!rc && !came);
-            pair_out = false;
             pthread_mutex_lock(&m->mu);
             m->in_read = false;
             m->n_reads++;
@@ -553,10 +551,9 @@ static void *reader_main(void *arg)
                 left = m->block_ms;
             if (left < 1)
                 left = 1;
-            if (!sync) {
-                snprintf(block, sizeof block, "%lld", (long long)left);
+            snprintf(block, sizeof block, "%lld", (long long)left);
+            if (!sync)
                 argv[a++] = "BLOCK", argv[a++] = block;
-            }
             argv[a++] = "STREAMS";
             if (nb)
                 argv[a++] = m->bell;
@@ -573,12 +570,9 @@ static void *reader_main(void *arg)
                  * starts where this one's bell does, so a ring this one
                  * answers makes it answer at once (ring() skips what this
                  * one took) and the streams it names are read next */
-                snprintf(pblock, sizeof pblock, "%lld", (long long)left);
-                snprintf(pcursor, sizeof pcursor, "%s", m->bell_cursor);
                 const char *then[] = {"XREAD",  "COUNT",  COUNT_PER_KEY, "BLOCK",
-                                      pblock,   "STREAMS", m->bell,      pcursor};
+                                      block,    "STREAMS", m->bell,      m->bell_cursor};
                 rc = rconn_command_then(m->rd, a + n, argv, NULL, &r, 8, then, (int)left, &e);
-                pair_out = rconn_awaiting(m->rd);
                 unpaired = rc != 0;
             } else {
                 rc = rconn_command(m->rd, a + n, argv, NULL, &r, &e);
@@ -586,6 +580,7 @@ static void *reader_main(void *arg)
             }
         }
 
+        bool pair_out = rconn_awaiting(m->rd); /* its second read */
         pthread_mutex_lock(&m->mu);
         m->in_read = pair_out;
         m->n_reads++;

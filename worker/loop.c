@@ -81,7 +81,7 @@ int w_jobs_add(struct worker *w, struct wjob *j)
 
 bool w_cluster(const struct worker *w)
 {
-    return rconn_is_cluster(w->rc) || rconn_is_cluster(w->rc_read);
+    return rconn_is_cluster(w->rc) || rconn_is_cluster(w->lane[0].rc);
 }
 
 int w_n_queue_streams(const struct worker *w)
@@ -828,31 +828,18 @@ static void admit_read(struct worker *w, int p, const struct rconn_entry *e)
     w_admit(w, p, e, dl, pend);
 }
 
-/* The streams a single instance's standing read names: our offer streams
- * (jobs offered to us for the prefix we hold, issue 27) first, then every
- * pool; keys[i] is pool stream idx[i]. Returns how many. */
-static int busy_streams(struct worker *w, const char **keys, int *idx)
+/* The streams lane l's standing read names; keys[i] is pool stream
+ * idx[i]. Returns how many. First our offer streams (jobs offered to us
+ * for the prefix we hold, issue 27: only with affinity, so only on a single
+ * instance, whose one lane is lane 0), then every pool's shard l (one
+ * slot's streams on a cluster; the pools themselves on a single instance). */
+static int lane_streams(struct worker *w, int l, const char **keys, int *idx)
 {
     int n = 0;
     for (int i = w_n_queue_streams(w); i < w->n_pools; i++) {
         keys[n] = w->pool_key_ptrs[i];
         idx[n++] = i;
     }
-    for (int p = 0; p < w->n_base_pools; p++) {
-        keys[n] = w->pool_key_ptrs[p];
-        idx[n++] = p;
-    }
-    return n;
-}
-
-/* The streams lane l's standing read names: on a single instance (one
- * lane) busy_streams; on a cluster lane s names every pool's shard s, one
- * slot's streams (affinity, and with it the offer streams, is off there). */
-static int lane_streams(struct worker *w, int l, const char **keys, int *idx)
-{
-    if (w->n_lanes == 1)
-        return busy_streams(w, keys, idx);
-    int n = 0;
     for (int p = 0; p < w->n_base_pools; p++) {
         int s = p + l * w->n_base_pools;
         keys[n] = w->pool_key_ptrs[s];

@@ -218,10 +218,9 @@ static int setup(struct worker *w, struct rl_err *err)
         ro.backoff_min_ms = ro.backoff_max_ms;
     if ((rc = rconn_create(&w->rc, &ro, err)))
         return rc;
-    if ((rc = rconn_create(&w->rc_read, &ro, err)))
+    if ((rc = rconn_create(&w->lane[0].rc, &ro, err)))
         return rc;
     w->rc_opts = ro;
-    w->lane[0].rc = w->rc_read;
     w->n_lanes = 1;
     if ((rc = rconn_batch_create(&w->batch, err)))
         return rc;
@@ -348,8 +347,7 @@ out:
     free(w->aff_scratch);
     rconn_batch_free(w->batch);
     rconn_free(w->rc);
-    rconn_free(w->rc_read);
-    for (int i = 1; i < w->n_lanes; i++)
+    for (int i = 0; i < w->n_lanes; i++)
         rconn_free(w->lane[i].rc);
     engine_free(w->eng);
     cfg_free(&w->cfg);

@@ -193,13 +193,12 @@ struct worker {
     struct modelref model;        /* the resolved --model; model.name is the served name */
 
     struct rconn *rc;             /* publish, ack, claim, cancel checks */
-    struct rconn *rc_read;        /* the (blocking) XREADGROUP only: lane 0's */
-    struct rconn_opts rc_opts;    /* how rc and rc_read were made (lanes' too) */
-    /* The standing reads (loop.c): one lane on a single instance, one per
-     * pool shard on a cluster (a read names one slot's streams), each on a
-     * connection of its own (lane 0 on rc_read, the others owned). A
-     * lane's reply is matched against the streams it was sent with, and
-     * stream i is pool stream idx[i]. */
+    struct rconn_opts rc_opts;    /* how rc and the lanes' connections were made */
+    /* The standing reads (loop.c), the blocking XREADGROUPs: one lane on a
+     * single instance, one per pool shard on a cluster (a read names one
+     * slot's streams), each on a connection of its own, owned. A lane's
+     * reply is matched against the streams it was sent with, and stream i
+     * is pool stream idx[i]. */
     struct w_lane {
         struct rconn *rc;
         const char *keys[W_MAX_STREAMS];

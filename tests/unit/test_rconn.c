@@ -737,6 +737,19 @@ static void xadd_n(struct rconn *c, const char *k, int from, int n, const char *
     ring(c, bell, k);
 }
 
+/* Queues on b entry i of k (id 0-i, as xadd_n writes it) and the bell's
+ * ring for k, so that a writer's entry and ring go in one write. */
+static void batch_entry_ring(struct rconn_batch *b, const char *k, int i, const char *bell)
+{
+    char id[32], v[200];
+    snprintf(id, sizeof id, "0-%d", i);
+    snprintf(v, sizeof v, "%s/%d", k, i);
+    const char *x[] = {"XADD", k, id, "event", v};
+    const char *rg[] = {"XADD", bell, "MAXLEN", "~", XMUX_BELL_MAXLEN, "*", k, "1"};
+    assert_int_equal(rconn_batch_add(b, 5, x, NULL, NULL), 0);
+    assert_int_equal(rconn_batch_add(b, 8, rg, NULL, NULL), 0);
+}
+
 /* Takes entries from s until `want` have come (each checked: its stream's
  * own, in order, ids from..): the count taken. A failed read in between
  * (the reader's connection lost) is waited out. */
@@ -805,6 +818,14 @@ static bool reader_blocked(struct rconn *c)
     return b;
 }
 
+/* Waits up to 5 s for reader_blocked; whether it came. */
+static bool wait_reader_blocked(struct rconn *c)
+{
+    for (int t = 0; t < 5000 && !reader_blocked(c); t++)
+        sleep_ms(1);
+    return reader_blocked(c);
+}
+
 static struct xmux_stats stats(struct xmux *m)
 {
     struct xmux_stats st;
@@ -816,8 +837,7 @@ static struct xmux_stats stats(struct xmux *m)
  * read it was in to fail (the reader then reconnects). */
 static void kill_reader(struct rconn *c, struct xmux *m)
 {
-    for (int t = 0; t < 5000 && !reader_blocked(c); t++)
-        sleep_ms(1);
+    (void)wait_reader_blocked(c);
     long long n0 = stats(m).reads;
     const char *list[] = {"CLIENT", "LIST"};
     struct rconn_reply *cl = NULL;
@@ -853,9 +873,7 @@ static void test_xmux_streams_apart(void **state)
     assert_int_equal(take_in_order(a, ka, 1, 3), 3);
     /* the reader now blocks on both; a third stream joins: CLIENT UNBLOCK
      * cuts the read short instead of waiting out its BLOCK */
-    for (int t = 0; t < 5000 && !reader_blocked(c); t++)
-        sleep_ms(1);
-    assert_true(reader_blocked(c));
+    assert_true(wait_reader_blocked(c));
     long long unb = cmd_calls(c, "client|unblock");
     assert_int_equal(xmux_sub(m, kc, "0-0", &cc, NULL), 0);
     assert_true(cmd_calls(c, "client|unblock") > unb);
@@ -942,9 +960,7 @@ static void test_xmux_bell(void **state)
     follow_n(m, "bell", 40, keys, s);
     /* more than 24 streams: the reader reads them all once (new
      * subscriptions are read whole), then blocks on the bell alone */
-    for (int t = 0; t < 5000 && !reader_blocked(c); t++)
-        sleep_ms(1);
-    assert_true(reader_blocked(c));
+    assert_true(wait_reader_blocked(c));
     long long named0 = stats(m).named, reads0 = stats(m).reads;
     xadd_n(c, keys[7], 1, 1, NULL); /* no ring */
     xadd_n(c, keys[9], 1, 2, bell);
@@ -990,8 +1006,7 @@ static void test_xmux_bell(void **state)
     struct xmux_sub *w[30];
     for (int i = 0; i < 30; i++) /* more than 24: on the bell alone */
         assert_int_equal(xmux_sub(m, keys[10 + i], "0-0", &w[i], NULL), 0);
-    for (int t = 0; t < 5000 && !reader_blocked(c); t++)
-        sleep_ms(1);
+    (void)wait_reader_blocked(c);
     assert_true(stats(m).bell_on);
     xadd_n(c, keys[11], 1, 3, NULL);
     assert_int_equal(take_in_order(w[1], keys[11], 1, 3), 3);
@@ -1007,8 +1022,7 @@ static void test_xmux_bell(void **state)
     char few_keys[3][160];
     struct xmux_sub *few[3];
     follow_n(m, "few", 3, few_keys, few);
-    for (int t = 0; t < 5000 && !reader_blocked(c); t++)
-        sleep_ms(1);
+    (void)wait_reader_blocked(c);
     long long reads1 = stats(m).reads;
     xadd_n(c, few_keys[1], 1, 2, NULL); /* no ring, and the sweep a minute off */
     assert_int_equal(take_in_order(few[1], few_keys[1], 1, 2), 2);
@@ -1064,23 +1078,15 @@ static void test_xmux_bell_pair(void **state)
     struct xmux *m = mk_mux(bell, 60000, 0);
     struct xmux_sub *s[40];
     follow_n(m, "pair", 30, keys, s);
-    for (int t = 0; t < 5000 && !reader_blocked(c); t++)
-        sleep_ms(1);
-    assert_true(reader_blocked(c));
+    assert_true(wait_reader_blocked(c));
     struct rconn_batch *b = NULL;
     assert_int_equal(rconn_batch_create(&b, NULL), 0);
     enum { ROUNDS = 40 };
     long long reads0 = info_field(c, "stats", "total_reads_processed:"), xr0 = stats(m).reads;
     for (int i = 0; i < ROUNDS; i++) {
         const char *k = keys[i % 30];
-        char id[32], v[200];
-        snprintf(id, sizeof id, "0-%d", i / 30 + 1);
-        snprintf(v, sizeof v, "%s/%d", k, i / 30 + 1);
-        const char *x[] = {"XADD", k, id, "event", v};
-        const char *rg[] = {"XADD", bell, "MAXLEN", "~", XMUX_BELL_MAXLEN, "*", k, "1"};
         rconn_batch_reset(b);
-        assert_int_equal(rconn_batch_add(b, 5, x, NULL, NULL), 0);
-        assert_int_equal(rconn_batch_add(b, 8, rg, NULL, NULL), 0);
+        batch_entry_ring(b, k, i / 30 + 1, bell);
         assert_int_equal(rconn_batch_exec(c, b, NULL), 0);
         assert_int_equal(take_in_order(s[i % 30], k, i / 30 + 1, 1), 1);
     }
@@ -1092,18 +1098,9 @@ static void test_xmux_bell_pair(void **state)
     assert_true(xreads >= 2 * ROUNDS); /* each round: the pair's two reads */
     /* two rings in one write, the second's stream read by the first of a
      * pair: each entry comes once */
-    char v1[200], v2[200], v3[200];
-    snprintf(v1, sizeof v1, "%s/9", keys[1]);
-    snprintf(v2, sizeof v2, "%s/9", keys[2]);
-    const char *x1[] = {"XADD", keys[1], "0-9", "event", v1};
-    const char *r1[] = {"XADD", bell, "MAXLEN", "~", XMUX_BELL_MAXLEN, "*", keys[1], "1"};
-    const char *x2[] = {"XADD", keys[2], "0-9", "event", v2};
-    const char *r2[] = {"XADD", bell, "MAXLEN", "~", XMUX_BELL_MAXLEN, "*", keys[2], "1"};
     rconn_batch_reset(b);
-    assert_int_equal(rconn_batch_add(b, 5, x1, NULL, NULL), 0);
-    assert_int_equal(rconn_batch_add(b, 8, r1, NULL, NULL), 0);
-    assert_int_equal(rconn_batch_add(b, 5, x2, NULL, NULL), 0);
-    assert_int_equal(rconn_batch_add(b, 8, r2, NULL, NULL), 0);
+    batch_entry_ring(b, keys[1], 9, bell);
+    batch_entry_ring(b, keys[2], 9, bell);
     assert_int_equal(rconn_batch_exec(c, b, NULL), 0);
     assert_int_equal(take_in_order(s[1], keys[1], 9, 1), 1);
     assert_int_equal(take_in_order(s[2], keys[2], 9, 1), 1);
@@ -1114,9 +1111,7 @@ static void test_xmux_bell_pair(void **state)
     assert_null(r);
     /* a subscription made while the pair's second read blocks: read at once */
     snprintf(keys[35], sizeof keys[35], "%spair-%d", prefix, 35);
-    snprintf(v3, sizeof v3, "%s/1", keys[35]);
-    const char *x3[] = {"XADD", keys[35], "0-1", "event", v3};
-    cmd_ok(c, 5, x3);
+    xadd_n(c, keys[35], 1, 1, NULL);
     assert_int_equal(xmux_sub(m, keys[35], "0-0", &s[35], NULL), 0);
     assert_int_equal(take_in_order(s[35], keys[35], 1, 1), 1);
     rconn_batch_free(b);
