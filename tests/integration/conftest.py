@@ -448,6 +448,30 @@ def kill_mid_generation(client, worker, jobs, consumer="wa", pool="fast", min_ev
     return mid
 
 
+def held_mid_generation(r, keys, consumer, out_key, min_tokens=2, seen=None):
+    """The jobs consumer holds (pending entries of the streams keys, read
+    from Redis, not the clock) that have published at least min_tokens
+    tokens, no done (nor error) and at least half their max_tokens still to
+    go, so that a kill that follows at once lands in their middle however
+    slow the machine is. out_key(job id) is a job's stream; seen (a dict),
+    when given, gets (tokens, done) of every job held."""
+    mid = []
+    for key in keys:
+        for p in r.xpending_range(key, "workers", "-", "+", 100, consumername=consumer):
+            entry = r.xrange(key, p["message_id"], p["message_id"])
+            if not entry:
+                continue
+            job = json.loads(entry[0][1]["job"])
+            evs = [json.loads(f["event"]) for _, f in r.xrange(out_key(job["id"]))]
+            n = sum(len(ev["token_ids"]) for ev in evs if ev["type"] == "delta")
+            done = any(ev["type"] in ("done", "error") for ev in evs)
+            if seen is not None:
+                seen[job["id"]] = (n, done)
+            if not done and min_tokens <= n <= job["max_tokens"] // 2:
+                mid.append(job)
+    return mid
+
+
 def tap(r, *keys):
     """A consumer group "tap" on each queue stream, made before anything is
     sent: a handled entry leaves a queue stream only once every group has

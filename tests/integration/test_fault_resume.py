@@ -32,7 +32,8 @@ import uuid
 
 import pytest
 
-from conftest import CLI, MODEL, Client, RedisServer, run_threads, wait_no_pending
+from conftest import (CLI, MODEL, Client, RedisServer, held_mid_generation, run_threads,
+                      wait_no_pending)
 
 FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200",
               "--max-batch", "6"]
@@ -210,25 +211,18 @@ def wait_sampled_mid_generation(client, jobs, who="wa", min_tokens=2, timeout=12
     """Waits, reading the events in Redis rather than the clock, until who
     holds (as a pending entry of the pool) a non-greedy job that has
     published at least min_tokens tokens, no done, and at least half its
-    max_tokens still to go, so that a kill that follows at once lands in the
-    middle of that job whatever the load. Returns its id; fails the test
-    when no such moment comes within timeout."""
+    max_tokens still to go (conftest.held_mid_generation), so that a kill
+    that follows at once lands in the middle of that job whatever the load.
+    Returns its id; fails the test when no such moment comes within
+    timeout."""
     key = f"{client.prefix}jobs:fast"
-    entry_of = {json.loads(f["job"])["id"]: eid for eid, f in client.r.xrange(key)}
+    sampled = {j["id"] for kind, j in jobs if kind != "greedy"}
     deadline = time.time() + timeout
     seen = {}
     while time.time() < deadline:
-        held = {p["message_id"] for p in client.r.xpending_range(key, "workers", "-", "+", 100,
-                                                                 consumername=who)}
-        for kind, j in jobs:
-            if kind == "greedy" or entry_of.get(j["id"]) not in held:
-                continue
-            evs = [json.loads(f["event"]) for _, f in
-                   client.r.xrange(f"{client.prefix}out:{j['id']}")]
-            n = sum(len(ev["token_ids"]) for ev in evs if ev["type"] == "delta")
-            done = any(ev["type"] == "done" for ev in evs)
-            seen[j["id"]] = (n, done)
-            if not done and min_tokens <= n <= j["max_tokens"] // 2:
+        for j in held_mid_generation(client.r, [key], who, lambda i: f"{client.prefix}out:{i}",
+                                     min_tokens, seen):
+            if j["id"] in sampled:
                 return j["id"]
         time.sleep(0.01)
     raise AssertionError(f"{who} never held a sampled job mid-generation within {timeout}s: "

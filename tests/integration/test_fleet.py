@@ -24,8 +24,8 @@ import threading
 import time
 
 import pytest
-from conftest import (QWEN3_TOKENIZER, RedisServer, connect, pool_shards, run_threads,
-                      stream_events)
+from conftest import (QWEN3_TOKENIZER, RedisServer, connect, held_mid_generation, pool_shards,
+                      run_threads, stream_events)
 
 SIM = ["--backend", "sim", "--sim-profile", "h200", "--sim-model", "qwen3-14b",
        "--model", str(QWEN3_TOKENIZER), "--no-result-cache", "--max-batch", "16",
@@ -161,27 +161,11 @@ def wait_held_mid_generation(r, keys, consumers, out_key, min_tokens=2, timeout=
     deadline = time.time() + timeout
     seen = {}
     while time.time() < deadline:
-        if all(holds_mid_generation(r, keys, c, out_key, min_tokens, seen) for c in consumers):
+        if all(held_mid_generation(r, keys, c, out_key, min_tokens, seen) for c in consumers):
             return
         time.sleep(0.01)
     raise AssertionError(f"{consumers} never all held a job mid-generation within {timeout}s: "
                          f"(tokens, done) of the jobs they held: {seen}")
-
-
-def holds_mid_generation(r, keys, consumer, out_key, min_tokens, seen):
-    for key in keys:
-        for p in r.xpending_range(key, "workers", "-", "+", 100, consumername=consumer):
-            entry = r.xrange(key, p["message_id"], p["message_id"])
-            if not entry:
-                continue
-            job = json.loads(entry[0][1]["job"])
-            evs = [json.loads(f["event"]) for _, f in r.xrange(out_key(job["id"]))]
-            n = sum(len(ev["token_ids"]) for ev in evs if ev["type"] == "delta")
-            done = any(ev["type"] in ("done", "error") for ev in evs)
-            seen[job["id"]] = (n, done)
-            if not done and min_tokens <= n <= job["max_tokens"] // 2:
-                return True
-    return False
 
 
 def assert_resumed(ws, tag):
