@@ -34,13 +34,15 @@ import json
 import os
 import pathlib
 import random
-import socket
 import subprocess
 import sys
 import threading
 import time
 
 import redis
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from local_cluster import free_port  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("BUILD", ROOT / "build"))
@@ -63,14 +65,6 @@ TOOLS = [{"type": "function", "function": {
             "order": {"type": "string"}}, "required": ["order"]}}}]
 WORDS = ("spade rake hoe shears trowel hose reel barrow pruner fork mower edger sprinkler "
          "gloves seed tray compost sieve ladder twine stake").split()
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def pct(v, q):

@@ -12,6 +12,7 @@ CPU account need: which master serves a key's slot, the replica of a
 master, every node's role and INFO. Plain redis-py, no pytest, so a bench
 script can import it without the test fixtures.
 """
+import random
 import socket
 import subprocess
 import pathlib
@@ -20,19 +21,68 @@ import time
 import redis
 
 
-def free_port():
+def _ephemeral_low():
+    """The first port of the kernel's ephemeral range (outgoing connections
+    take their local port from it)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _free(port):
     s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
 
 
-def wait_ping(port, what="redis-server", username=None, password=None):
+_handed_out = set()  # ports this process gave already: two callers never get the same
+
+
+def free_port(also=0):
+    """A free loopback port (and port + also free too, when also is given: a
+    cluster node's bus port) below the kernel's ephemeral range. A port the
+    kernel hands out (bind to 0) can be taken, between this check and the
+    server's bind, as the local port of any outgoing connection — a client
+    connecting to the node started just before, or that node's cluster bus —
+    and the server then dies on "Address already in use". Below the range no
+    connection takes it."""
+    low = _ephemeral_low()
+    top = low - also
+    if top - 10000 < 1000:  # an unusual range: fall back to what the kernel picks
+        for _ in range(100):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+            s.close()
+            if p not in _handed_out and (not also or _free(p + also)):
+                _handed_out.add(p)
+                return p
+        raise RuntimeError("no free port pair")
+    rnd = random.Random()
+    for _ in range(1000):
+        p = rnd.randrange(10000, top)
+        if p not in _handed_out and _free(p) and (not also or _free(p + also)):
+            _handed_out.add(p)
+            return p
+    raise RuntimeError(f"no free port below {low}")
+
+
+def wait_ping(port, what="redis-server", username=None, password=None, proc=None, log=None):
     """Until the server on port answers PING (10 s at most: a loaded machine), as username
-    when given (a server whose default user is off)."""
+    when given (a server whose default user is off). proc: the server's process, whose
+    exit ends the wait at once, with the end of its log file (log) in the error."""
     r = redis.Redis(port=port, username=username, password=password)
     for _ in range(500):
+        if proc is not None and proc.poll() is not None:
+            tail = pathlib.Path(log).read_text()[-600:] if log and pathlib.Path(log).exists() else ""
+            raise RuntimeError(f"{what} exited ({proc.returncode}): {tail}")
         try:
             if r.ping():
                 return
@@ -70,9 +120,7 @@ class RedisCluster:
         self.aclfile, self.auth = aclfile, auth
         self.procs, self.ports = {}, []
         while len(self.ports) < 2 * n_masters:
-            p = free_port()
-            if p < 55000 and p not in self.ports and self._free(p + 10000):  # the bus port
-                self.ports.append(p)
+            self.ports.append(free_port(also=10000))  # and its bus port
         try:
             for p in self.ports:
                 self.start_node(p)
@@ -88,17 +136,6 @@ class RedisCluster:
             self.stop()
             raise
 
-    @staticmethod
-    def _free(port):
-        s = socket.socket()
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-        finally:
-            s.close()
-
     def start_node(self, port):
         d = self.dir / str(port)
         d.mkdir(parents=True, exist_ok=True)
@@ -109,7 +146,8 @@ class RedisCluster:
              "--cluster-node-timeout", str(self.node_timeout_ms), "--save", "",
              "--appendonly", "no", "--logfile", str(d / "redis.log"), *self._acl_args()],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_ping(port, f"cluster node {port}", *(self.auth or ()))
+        wait_ping(port, f"cluster node {port}", *(self.auth or (None, None)),
+                  proc=self.procs[port], log=d / "redis.log")
 
     def _acl_args(self):
         if not self.aclfile:

@@ -119,14 +119,10 @@ def test_fleet_faults_token_exact(own_redis, workers, dispatchers, prefix, event
     sender = threading.Thread(target=submit_open_loop, args=(connect(addr), f"{prefix}requests", jobs, 8))
     sender.start()
     # a quarter of the workers die holding jobs in mid-generation ...
-    victims = ws[:2]  # a quarter of 6, rounded up
-    keys = [f"{prefix}jobs:{p}{w}" for p in ("fast", "think")
-            for w in ("", *(f":w:{v.name}" for v in victims))]
-    wait_held_mid_generation(r, keys, [v.name for v in victims], lambda i: f"{prefix}out:{i}")
-    for w in victims:
-        w.kill(signal.SIGKILL)
-    for w in victims:
-        w.wait(10)
+    def keys_of(w):  # the pools and w's offer streams (prefix-affine pulling)
+        return [f"{prefix}jobs:{p}{o}" for p in ("fast", "think") for o in ("", f":w:{w.name}")]
+    victims = kill_workers_mid_generation(r, ws, 2, keys_of,  # a quarter of 6
+                                          lambda i: f"{prefix}out:{i}")
     time.sleep(0.5)
     ws += [workers(f"{w.name}b", *SIM, addr=addr) for w in victims]
     # ... a dispatcher restarts ...
@@ -151,21 +147,29 @@ def test_fleet_faults_token_exact(own_redis, workers, dispatchers, prefix, event
     assert sum(offers) > 0, "no job was offered: the affinity path did not run"
 
 
-def wait_held_mid_generation(r, keys, consumers, out_key, min_tokens=2, timeout=60):
-    """Waits, reading Redis rather than the clock, until every consumer holds
-    (as a pending entry of one of keys) a job that has published at least
-    min_tokens tokens, no done, and at least half its max_tokens still to
-    go, so that a kill that follows at once lands in the middle of a job of
-    each victim however slow the machine is. Fails the test when no such
-    moment comes within timeout."""
+def kill_workers_mid_generation(r, ws, n, keys_of, out_key, min_tokens=2, timeout=60):
+    """SIGKILLs the first n workers of ws seen (as pending entries of
+    keys_of(worker), read from Redis rather than the clock) holding a job
+    that has published at least min_tokens tokens, no done, and at least
+    half its max_tokens still to go, each at once when seen, so that every
+    kill lands in the middle of a job however slow the machine is and
+    wherever the load went. Returns the workers killed (reaped); fails the
+    test when fewer than n such moments come within timeout."""
     deadline = time.time() + timeout
-    seen = {}
-    while time.time() < deadline:
-        if all(held_mid_generation(r, keys, c, out_key, min_tokens, seen) for c in consumers):
-            return
+    killed, seen = [], {}
+    while len(killed) < n and time.time() < deadline:
+        for w in ws:
+            if w not in killed and len(killed) < n and \
+                    held_mid_generation(r, keys_of(w), w.name, out_key, min_tokens, seen):
+                w.kill(signal.SIGKILL)
+                killed.append(w)
         time.sleep(0.01)
-    raise AssertionError(f"{consumers} never all held a job mid-generation within {timeout}s: "
-                         f"(tokens, done) of the jobs they held: {seen}")
+    for w in killed:
+        w.wait(10)
+    assert len(killed) == n, (f"only {[w.name for w in killed]} of {n} workers were seen holding "
+                              f"a job mid-generation within {timeout}s: (tokens, done) of the jobs "
+                              f"held: {seen}")
+    return killed
 
 
 def assert_resumed(ws, tag):
@@ -208,11 +212,10 @@ def test_fleet_cluster_kill9_failover(redis_cluster, workers, dispatchers, prefi
     sender = threading.Thread(target=submit_open_loop, args=(c.client(), requests, jobs, 8))
     sender.start()
     keys = [k for p in ("fast", "think") for k in pool_shards(prefix, p)]
-    wait_held_mid_generation(rc, keys, ["w0"], lambda i: f"{prefix}out:{{{i}}}")
-    ws[0].kill(signal.SIGKILL)
-    ws[0].wait(10)
+    victim, = kill_workers_mid_generation(rc, ws, 1, lambda w: keys,
+                                          lambda i: f"{prefix}out:{{{i}}}")
     time.sleep(0.5)
-    ws.append(workers("w0b", *SIM, addr=c.seeds))
+    ws.append(workers(f"{victim.name}b", *SIM, addr=c.seeds))
     old = c.master_of(requests)
     new = c.failover(old)  # WAIT, then CLUSTER FAILOVER on its replica
     assert sender.is_alive(), "the failover came after the last job was sent: too late to test"
