@@ -39,6 +39,10 @@ share is reported too, and sets the saturation estimate (it saturates first).
 Streams are read back with a cluster client: each key from its master.
 --against-single runs the soak on one redis-server first, then on the
 cluster, and prints the cluster/single saturation ratio of that one run.
+Before and after the soak tests/bench/redis_probe.py measures this
+machine's Redis speed (us a call of the soak's own commands, busy and
+paced), printed with the figures: on a shared host they drift by 2-3x
+within an hour, and a run is read against its own.
 
   /usr/bin/python3 tests/bench/bench_fleet.py --workers 64 --rates 4,8,16 --duration 20
   /usr/bin/python3 tests/bench/bench_fleet.py --cluster --against-single --workers 8 --rates 4,8 --duration 10
@@ -58,6 +62,7 @@ import time
 import redis
 
 from local_cluster import RedisCluster, free_port
+from redis_probe import probe as redis_probe
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "engine/tokenizers/qwen3"
@@ -525,6 +530,11 @@ def restart_workers(fleet, names, fast_claims):
 def soak(a):
     """One whole soak on the backend a names; (result, exit status: 1 when
     anything was lost, duplicated, out of order or mismatched)."""
+    # this machine's Redis speed now, before and after (redis_probe.py): a
+    # shared host's per-call costs drift by 2-3x within an hour, and the
+    # soak's figures are read against them
+    pin = ("0", f"1-{os.cpu_count() - 1}") if a.pin else (None, None)
+    speed = {"before": redis_probe(2.0, *pin)}
     fleet = Fleet(a)
     try:
         fleet.start_redis()
@@ -569,6 +579,7 @@ def soak(a):
             tot_coal = check(fleet, calm, coal)
     finally:
         fleet.stop_all()
+    speed["after"] = redis_probe(2.0, *pin)
     rows = {"calm": [row(lv) for lv in calm],
             **{f"calm, {m} reads": [row(lv) for lv in lvs] for m, lvs in calm_other.items()},
             "fault": [row(lv) for lv in faulted],
@@ -593,7 +604,7 @@ def soak(a):
               "redis_saturation_tok_s": round(sat_tok_s),
               "busiest_idle_util": round(floor, 4), "busiest_margin_us_per_tok": round(margin_us, 2),
               "redis_saturation_margin_tok_s": round(sat_margin),
-              "gpus_per_redis": round(sat_tok_s / a.gpu_tok_s, 1)}
+              "gpus_per_redis": round(sat_tok_s / a.gpu_tok_s, 1), "redis_probe": speed}
     (fleet.out / "fleet.json").write_text(json.dumps(result, indent=1))
     cols = ["rate", "issued", "errors", "tok_s", "redis_us_per_tok", "redis_util",
             *(["busiest_us_per_tok", "busiest_share"] if a.cluster else []), "events_per_tok",
@@ -615,6 +626,12 @@ def soak(a):
         for cmd in top_lv["commands"][:14]:
             print(f"| {cmd['cmd']} | {cmd['calls_per_tok']} | {cmd['us_per_tok']} | "
                   f"{cmd['calls_per_worker_s']} | {cmd['us_per_call']} |")
+    print("\nThis machine's Redis now (tests/bench/redis_probe.py, us a call: hot cache; the emit "
+          "script's commands over 1,024 jobs' keys, busy; the same paced, ~10 % busy like the soak's):")
+    for when, sp in speed.items():
+        print(f"  {when}: hot XADD {sp['hot']['xadd']}; busy XADD {sp['soak_shaped']['xadd']}, "
+              f"HMGET {sp['soak_shaped']['hmget']}; paced XADD {sp['paced']['xadd']}, "
+              f"HMGET {sp['paced']['hmget']}, a script call {sp['paced']['evalsha']}")
     print(f"\nfaults: {flog}")
     print(f"check: {tot}")
     if tot_coal:
