@@ -13,6 +13,15 @@
  *      ordinary BPE merges of Qwen3's vocabulary, no byte tokens and no
  *      special tokens - so the engine's sampler (greedy or seeded) picks one
  *      of them deterministically: same prompt + seed + parameters, same ids;
+ *      A row the engine wants as its best entry or its candidate set
+ *      (set_row_wants, issue 25: what the CUDA backend sends instead of a
+ *      151,936-float row) is never written: its set is built from the four
+ *      candidates directly, exactly as sample_cands_from_row() would build
+ *      it from the whole row (engine/sample.h), and fetch_row() writes the
+ *      whole row from the row's hash when the sampler asks. So a sim
+ *      worker's host work per step is what a GPU worker's is, not a
+ *      whole-row sampler's (0.2 ms a row), and a fleet of them on two cores
+ *      runs at the modelled speed;
  *   3. time: sleeps until the step has lasted sim_step_seconds() from its
  *      start (the CPU work of 1 and 2 is inside that time, as a GPU's
  *      compute would be).
@@ -22,12 +31,15 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+
+#include "sample.h"
 
 static const struct sim_profile profiles[] = {
     /* NVIDIA datasheets, SXM parts, dense (no sparsity) tensor peaks */
@@ -177,6 +189,15 @@ struct sim {
     double modelled_s, slept_s, over_s; /* since the last profile() */
     int64_t n_steps;
     char desc[160];
+    /* issue 25's reduced rows: the next forward's wants and masks (the
+     * engine's, valid until it returns), and the last forward's rows */
+    uint8_t *wants;
+    int n_wants;
+    const uint32_t *const *masks;
+    int n_masks;
+    uint64_t *row_h;              /* (cap_rows) each row's hash: the row, for fetch_row */
+    struct sample_cands *cands;   /* (cap_rows) the sets of the reduced rows */
+    int cap_rows, n_rows;
 };
 
 static uint64_t mix(uint64_t x)
@@ -260,12 +281,128 @@ static uint64_t *slot(struct sim *s, const struct be_seq *q, int32_t pos)
     return s->slots + (size_t)b * s->block_size + pos % s->block_size;
 }
 
+static const float cand_val[4] = {2.0f, 1.0f, 0.5f, 0.0f};
+
+/* Candidate c of the row whose hash is h. */
+static int32_t cand_id(const struct sim *s, uint64_t h, int c)
+{
+    return s->id_lo + (int32_t)(mix(h + (uint64_t)c) % (uint64_t)s->id_n);
+}
+
+/* The whole row of hash h into l (vocab floats). */
+static void fill_row(const struct sim *s, uint64_t h, float *l)
+{
+    for (int32_t v = 0; v < s->cfg.vocab; v++)
+        l[v] = -1e9f;
+    for (int c = 0; c < 4; c++) {
+        int32_t id = cand_id(s, h, c);
+        if (l[id] < cand_val[c])
+            l[id] = cand_val[c];
+    }
+}
+
+/* The set sample_cands_from_row() gives for fill_row(h), without the row:
+ * the distinct candidates by value (an id drawn twice keeps its first,
+ * larger, value), then the lowest other ids at -1e9, up to SAMPLE_CANDS. */
+static void row_set(const struct sim *s, uint64_t h, struct sample_cands *cs)
+{
+    memset(cs, 0, sizeof *cs);
+    int n = 0;
+    for (int c = 0; c < 4; c++) {
+        int32_t id = cand_id(s, h, c);
+        bool seen = false;
+        for (int k = 0; k < n; k++)
+            seen |= cs->c[k].id == id;
+        if (!seen && n < SAMPLE_CANDS) {
+            cs->c[n].z = cand_val[c];
+            cs->c[n++].id = id;
+        }
+    }
+    int n_cands = n;
+    for (int32_t id = 0; id < s->cfg.vocab && n < SAMPLE_CANDS; id++) {
+        bool cand = false;
+        for (int k = 0; k < n_cands; k++)
+            cand |= cs->c[k].id == id;
+        if (!cand) {
+            cs->c[n].z = -1e9f;
+            cs->c[n++].id = id;
+        }
+    }
+    cs->n = n;
+}
+
+static int sim_set_row_wants(void *ctx, uint8_t *wants, int n_rows, struct rl_err *err)
+{
+    (void)err;
+    struct sim *s = ctx;
+    s->wants = n_rows > 0 ? wants : NULL;
+    s->n_wants = wants ? n_rows : 0;
+    return 0;
+}
+
+static int sim_set_masks(void *ctx, const uint32_t *const *masks, int n_rows, struct rl_err *err)
+{
+    (void)err;
+    struct sim *s = ctx;
+    s->masks = n_rows > 0 ? masks : NULL;
+    s->n_masks = masks ? n_rows : 0;
+    return 0;
+}
+
+static const struct sample_cands *sim_row_cands(void *ctx)
+{
+    return ((struct sim *)ctx)->cands;
+}
+
+static int sim_fetch_row(void *ctx, int row, float *out, struct rl_err *err)
+{
+    struct sim *s = ctx;
+    if (row < 0 || row >= s->n_rows)
+        return rl_errf(err, RL_EINVAL, "sim: row %d of %d", row, s->n_rows);
+    fill_row(s, s->row_h[row], out);
+    return 0;
+}
+
+/* What row r of this step is handed back as: a row whose constraint mask
+ * the engine gave (set_masks) comes whole, since the sim applies no mask
+ * before a set as a device does (the engine masks whole rows itself). */
+static uint8_t row_want(const uint8_t *wants, int n_wants, const uint32_t *const *masks,
+                        int n_masks, int r)
+{
+    if (!wants || r >= n_wants || (r < n_masks && masks[r]))
+        return BE_ROW_FULL;
+    return wants[r];
+}
+
 static int sim_forward(void *ctx, const struct be_batch *batch, struct rl_err *err)
 {
     struct sim *s = ctx;
     double t0 = now_s();
     double attn = 0, kv = 0;
-    int32_t tok = 0, row = 0, V = s->cfg.vocab;
+    int32_t tok = 0, row = 0;
+    /* one step's wants and masks; all rows whole unless every row has a want */
+    uint8_t *wants = s->wants;
+    int n_wants = s->n_wants;
+    const uint32_t *const *masks = s->masks;
+    int n_masks = s->n_masks;
+    s->wants = NULL, s->n_wants = 0, s->masks = NULL, s->n_masks = 0;
+    s->n_rows = 0;
+    if (wants && n_wants < batch->n_logits) {
+        for (int r = 0; r < n_wants; r++)
+            wants[r] = BE_ROW_FULL;
+        wants = NULL;
+    }
+    if (batch->n_logits > s->cap_rows) {
+        uint64_t *h = realloc(s->row_h, sizeof *h * (size_t)batch->n_logits);
+        if (h)
+            s->row_h = h;
+        struct sample_cands *cs = realloc(s->cands, sizeof *cs * (size_t)batch->n_logits);
+        if (cs)
+            s->cands = cs;
+        if (!h || !cs)
+            return rl_errf(err, RL_ENOMEM, "sim: out of memory for %d rows", batch->n_logits);
+        s->cap_rows = batch->n_logits;
+    }
     for (int i = 0; i < batch->n_seqs; i++) {
         const struct be_seq *q = &batch->seqs[i];
         kv += q->n_past + q->n_new;
@@ -285,17 +422,23 @@ static int sim_forward(void *ctx, const struct be_batch *batch, struct rl_err *e
             *h = mix(prev ^ mix((uint64_t)(uint32_t)batch->tokens[tok]));
             if (j < q->logits_from)
                 continue;
-            float *l = batch->logits + (size_t)row++ * V;
-            for (int32_t v = 0; v < V; v++)
-                l[v] = -1e9f;
-            static const float val[4] = {2.0f, 1.0f, 0.5f, 0.0f};
-            for (int c = 0; c < 4; c++) {
-                int32_t id = s->id_lo + (int32_t)(mix(*h + (uint64_t)c) % (uint64_t)s->id_n);
-                if (l[id] < val[c])
-                    l[id] = val[c];
+            s->row_h[row] = *h;
+            uint8_t w = row_want(wants, n_wants, masks, n_masks, row);
+            if (wants)
+                wants[row] = w;
+            if (w == BE_ROW_FULL) {
+                fill_row(s, *h, batch->logits + (size_t)row * (size_t)s->cfg.vocab);
+            } else if (w == BE_ROW_ARGMAX || w == BE_ROW_CANDS) {
+                row_set(s, *h, &s->cands[row]);
+                if (w == BE_ROW_ARGMAX)
+                    s->cands[row].n = 1;
+            } else {
+                return rl_errf(err, RL_EINVAL, "sim: row %d wants %d", row, (int)w);
             }
+            row++;
         }
     }
+    s->n_rows = row;
     double t = sim_step_seconds(&s->p, &s->cfg, batch->n_tokens, batch->n_logits, attn, kv);
     double end = t0 + t, now = now_s();
     s->modelled_s += t;
@@ -332,6 +475,8 @@ static void sim_free(void *ctx)
     if (!s)
         return;
     free(s->slots);
+    free(s->row_h);
+    free(s->cands);
     free(s);
 }
 
@@ -346,6 +491,10 @@ static const struct be_ops sim_ops = {
     .describe = sim_describe,
     .kv_capacity = sim_kv_capacity_op,
     .free = sim_free,
+    .set_masks = sim_set_masks,
+    .set_row_wants = sim_set_row_wants,
+    .row_cands = sim_row_cands,
+    .fetch_row = sim_fetch_row,
 };
 
 int sim_backend_create(struct backend **out, const struct be_options *opt, struct rl_err *err)
