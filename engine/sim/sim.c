@@ -12,7 +12,7 @@
  *      from the row's hash (logits 2, 1, 0.5, 0), ids in [256, 151643) -
  *      ordinary BPE merges of Qwen3's vocabulary, no byte tokens and no
  *      special tokens - so the engine's sampler (greedy or seeded) picks one
- *      of them deterministically: same prompt + seed + parameters, same ids;
+ *      of them deterministically: same prompt + seed + parameters, same ids.
  *      A row the engine wants as its best entry or its candidate set
  *      (set_row_wants, issue 25: what the CUDA backend sends instead of a
  *      151,936-float row) is never written: its set is built from the four
