@@ -1963,7 +1963,7 @@ int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consum
     int rc = rconn_ensure(c, err);
     if (rc)
         return rc;
-    int slot = rcl_key_slot(keys[0], strlen(keys[0]));
+    int slot = c->cluster ? rcl_key_slot(keys[0], strlen(keys[0])) : 0;
     for (int i = 1; c->cluster && i < n_keys; i++)
         if (rcl_key_slot(keys[i], strlen(keys[i])) != slot)
             return rl_errf(err, RL_EUNSUPPORTED,

@@ -55,23 +55,22 @@ def free_port(also=0):
     connection takes it."""
     low = _ephemeral_low()
     top = low - also
-    if top - 10000 < 1000:  # an unusual range: fall back to what the kernel picks
-        for _ in range(100):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            p = s.getsockname()[1]
-            s.close()
-            if p not in _handed_out and (not also or _free(p + also)):
-                _handed_out.add(p)
-                return p
-        raise RuntimeError("no free port pair")
     rnd = random.Random()
+
+    def kernels():  # an unusual range: what the kernel picks, as before
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        p = s.getsockname()[1]
+        s.close()
+        return p
+
+    pick = kernels if top - 10000 < 1000 else lambda: rnd.randrange(10000, top)
     for _ in range(1000):
-        p = rnd.randrange(10000, top)
+        p = pick()
         if p not in _handed_out and _free(p) and (not also or _free(p + also)):
             _handed_out.add(p)
             return p
-    raise RuntimeError(f"no free port below {low}")
+    raise RuntimeError(f"no free port (below {low}) with port + {also} free too")
 
 
 def wait_ping(port, what="redis-server", username=None, password=None, proc=None, log=None):

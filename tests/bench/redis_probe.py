@@ -3,8 +3,8 @@ report Redis CPU per token (issue 27 point 3): bench_fleet.py runs it before
 and after its soak and prints it beside the figures, so that runs made hours
 apart on a shared machine can be told apart from changes in our code.
 
-Two probes against a redis-server of its own (pinned like the soak's: Redis
-on `redis_cpus`, this client on `client_cpus`):
+Three probes against a redis-server of its own (pinned like the soak's:
+Redis on `redis_cpus`, this client on `client_cpus`):
 - hot: pipelined XADDs of one 200-byte event to one stream, and GETs of one
   key: the machine's speed with everything in cache;
 - soak-shaped: the emit script's work (worker/fence.c FENCE_EMIT,
@@ -12,7 +12,10 @@ on `redis_cpus`, this client on `client_cpus`):
   event at an explicit ID and a GET of its cancel key, 16 jobs a call by
   EVALSHA, over 1,024 jobs' keys (a stream dropped at 300 events, as a job
   ends): what the soak's commands cost when the working set outgrows the
-  caches, which is where a shared host's neighbours show.
+  caches, which is where a shared host's neighbours show;
+- paced: the same, a call every 2 ms (Redis ~10 % busy, idle between, as
+  the soak's Redis runs): an idle core's caches and clock are not what a
+  busy one's are, on a shared host least of all.
 
 The answer is INFO commandstats' usec_per_call of each command (inside the
 script for the soak-shaped probe): the same counter the soak's breakdown
@@ -60,9 +63,23 @@ def _per_call(r, cmds):
     return {c: s.get(f"cmdstat_{c}", {}).get("usec_per_call") for c in cmds}
 
 
+def _emit_calls(r, sha, seconds, step, pace_s):
+    """The emit-shaped script over every job's keys, PER_CALL jobs a call,
+    for seconds, pace_s between calls; returns the next step."""
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        for g in range(0, JOBS, PER_CALL):
+            keys = [f"out:{i}" for i in range(g, g + PER_CALL)]
+            r.evalsha(sha, len(keys), *keys, str(step), EVENT)
+            if pace_s:
+                time.sleep(pace_s)
+        step += 1
+    return step
+
+
 def probe(seconds=2.0, redis_cpus=None, client_cpus=None):
-    """{"hot": {xadd, get}, "soak_shaped": {xadd, hmget, get, evalsha}}: us a
-    call, measured now on a redis-server of the probe's own (pinned to
+    """{"hot": {xadd, get}, "soak_shaped" and "paced": {xadd, hmget, get,
+    evalsha}}: us a call, measured now on a redis-server of the probe's own (pinned to
     redis_cpus when given; the caller runs on client_cpus, when given, for
     the probe's duration)."""
     port = free_port()
@@ -95,26 +112,11 @@ def probe(seconds=2.0, redis_cpus=None, client_cpus=None):
                                             "xlen": 0, "stalls": 0, "req": "0" * 64})
         p.execute()
         sha = r.script_load(EMIT_SHAPED)
-        r.config_resetstat()
-        t0, step = time.time(), 1
-        while time.time() - t0 < seconds / 2:
-            for g in range(0, JOBS, PER_CALL):
-                keys = [f"out:{i}" for i in range(g, g + PER_CALL)]
-                r.evalsha(sha, len(keys), *keys, str(step), EVENT)
-            step += 1
-        out["soak_shaped"] = _per_call(r, ("xadd", "hmget", "get", "evalsha"))
-        # the same paced as the soak's Redis runs (~10 % busy: a call every
-        # 2 ms, Redis idle between): an idle core's caches and clock are not
-        # what a busy one's are, on a shared host least of all
-        r.config_resetstat()
-        t0 = time.time()
-        while time.time() - t0 < seconds / 2:
-            for g in range(0, JOBS, PER_CALL):
-                keys = [f"out:{i}" for i in range(g, g + PER_CALL)]
-                r.evalsha(sha, len(keys), *keys, str(step), EVENT)
-                time.sleep(PACE_S)
-            step += 1
-        out["paced"] = _per_call(r, ("xadd", "hmget", "get", "evalsha"))
+        step = 1
+        for name, pace_s in (("soak_shaped", 0), ("paced", PACE_S)):
+            r.config_resetstat()
+            step = _emit_calls(r, sha, seconds / 2, step, pace_s)
+            out[name] = _per_call(r, ("xadd", "hmget", "get", "evalsha"))
         return out
     finally:
         os.sched_setaffinity(0, mask)
