@@ -74,6 +74,9 @@ struct cfg {
     /* queue */
     int block_ms;
     int pool_shards;              /* cluster: hash tags per pool stream (rcl_shard_key) */
+    int home_shard;               /* cluster: the shard a worker prefers, -1 = next of {<prefix>}homes */
+    int foreign_room_pct;         /* below this % free: other shards only polled */
+    int steal_ms;                 /* their poll interval */
     int claim_idle_ms;
     int claim_interval_ms;
     int lease_renew_ms;

@@ -208,7 +208,7 @@ long rcl_shard_n(const char *tag, size_t tag_len, int shard, int n_shards)
         shard < 1 || shard >= n_shards)
         return -1;
     int s0 = rcl_crc16(tag, tag_len) & (RCL_N_SLOTS - 1);
-    int want = (s0 + (shard * RCL_N_SLOTS + n_shards / 2) / n_shards) % RCL_N_SLOTS;
+    int want = rcl_shard_slot(s0, shard, n_shards);
     char buf[RCL_HOST_MAX + 32];
     /* ~16384 tries on average (CRC16 spreads short strings evenly): a few
      * ms, once per process and shard */
@@ -241,17 +241,25 @@ int rcl_shard_key(char *buf, size_t cap, const char *key, int shard, int n_shard
     return n < 0 ? -1 : rcl_shard_key_n(buf, cap, key, shard, n);
 }
 
-int rcl_shard_pick(const char *intake_key, const char *entry_id, int n_shards)
+int rcl_shard_slot(int slot0, int shard, int n_shards)
 {
-    if (n_shards <= 1)
+    if (slot0 < 0 || slot0 >= RCL_N_SLOTS || n_shards < 1 || n_shards > RCL_MAX_SHARDS ||
+        shard < 0 || shard >= n_shards)
+        return -1;
+    return (slot0 + (shard * RCL_N_SLOTS + n_shards / 2) / n_shards) % RCL_N_SLOTS;
+}
+
+int rcl_shard_for_slot(int slot0, int slot, int n_shards)
+{
+    if (n_shards <= 1 || slot0 < 0 || slot0 >= RCL_N_SLOTS || slot < 0 || slot >= RCL_N_SLOTS)
         return 0;
-    uint64_t h = 1469598103934665603ull;
-    for (const char *p = intake_key; *p; p++)
-        h = (h ^ (uint8_t)*p) * 1099511628211ull;
-    h = (h ^ 0xff) * 1099511628211ull; /* a separator: ("ab","c") != ("a","bc") */
-    for (const char *p = entry_id; *p; p++)
-        h = (h ^ (uint8_t)*p) * 1099511628211ull;
-    return (int)(h % (uint64_t)n_shards);
+    int best = 0, best_d = RCL_N_SLOTS;
+    for (int s = 0; s < n_shards && s < RCL_MAX_SHARDS; s++) {
+        int d = (rcl_shard_slot(slot0, s, n_shards) - slot + RCL_N_SLOTS) % RCL_N_SLOTS;
+        if (d < best_d)
+            best = s, best_d = d;
+    }
+    return best;
 }
 
 /* The window's letters are 0x68 | b, b in 0..7 ('h'..'o'): three free bits

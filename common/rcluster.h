@@ -115,11 +115,23 @@ long rcl_shard_n(const char *tag, size_t tag_len, int shard, int n_shards);
 /* rcl_shard_key with n from rcl_shard_n (ignored for shard 0): no search. */
 int rcl_shard_key_n(char *buf, size_t cap, const char *key, int shard, long n);
 
-/* The shard an intake entry is forwarded to: FNV-1a of the intake key and
- * the entry ID, modulo n_shards. A function of the entry alone, so that a
- * dispatcher that re-forwards an entry (it died before the XACK) writes
- * into the same shard, whose forward marker refuses the duplicate. */
-int rcl_shard_pick(const char *intake_key, const char *entry_id, int n_shards);
+/* The slot of shard `shard` of keys whose shard 0 sits in slot0:
+ * round(shard * RCL_N_SLOTS / n_shards) slots after it. -1 when out of
+ * range. */
+int rcl_shard_slot(int slot0, int shard, int n_shards);
+
+/* The shard a request in slot `slot` (its keys' slot, out:{<id>}) is
+ * forwarded to: the one whose slot comes first at or after it, going
+ * round. A function of the request's id alone, so that a dispatcher that
+ * re-forwards an entry (it died before the XACK) writes into the same
+ * shard, whose forward marker refuses the duplicate; and, the shards
+ * sitting evenly over the slot space, a master with a contiguous range
+ * that holds a shard is the master of the jobs whose requests it holds
+ * from the start of its range on: the request slots (rcl_map_request_slots)
+ * are those starts, so a worker that reads one master's shard writes that
+ * master's streams (issue 27 point 4, schemas/README.md "Pool shards").
+ * Ids spread evenly over the slots spread evenly over the shards. */
+int rcl_shard_for_slot(int slot0, int slot, int n_shards);
 
 /* Ids that share a slot (issue 27 point 4, schemas/README.md "Request
  * slots"). On a cluster every key of one request carries its id as hash

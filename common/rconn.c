@@ -1956,8 +1956,9 @@ static void await_reply(struct rconn *c, redisContext *ctx, int n, int block_ms,
 int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consumer, int n_keys,
                           const char *const *keys, int count, int block_ms, struct rl_err *err)
 {
-    if (n_keys < 1 || n_keys > 64 || count < 1 || block_ms < 1)
-        return rl_errf(err, RL_EINVAL, "XREADGROUP: 1-64 keys, count >= 1 and BLOCK >= 1");
+    if (n_keys < 1 || n_keys > 64 || count < 1 || (block_ms < 1 && block_ms != -1))
+        return rl_errf(err, RL_EINVAL, "XREADGROUP: 1-64 keys, count >= 1 and BLOCK >= 1 "
+                       "(or -1: none)");
     if (c->out_since_ms)
         return rl_errf(err, RL_EINVAL, "XREADGROUP: a read sent earlier awaits its reply");
     int rc = rconn_ensure(c, err);
@@ -1981,7 +1982,7 @@ int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consum
     while (!done)
         if (redisBufferWrite(ctx, &done) != REDIS_OK)
             return conn_lost(c, n, "XREADGROUP", err);
-    await_reply(c, ctx, n, block_ms, "XREADGROUP");
+    await_reply(c, ctx, n, block_ms > 0 ? block_ms : 0, "XREADGROUP");
     return 0;
 }
 

@@ -228,7 +228,9 @@ int rconn_xreadgroup(struct rconn *c, const char *group, const char *consumer, i
  * On a cluster the keys must share a slot (-RL_EUNSUPPORTED otherwise): the
  * read goes to its master, and a redirect or a master turned replica
  * answers it with an error (-RL_EIO, the map read again before the next);
- * a worker keeps one such read per shard, each on a connection of its own. While a read awaits its reply,
+ * a worker keeps one such read per shard, each on a connection of its own.
+ * block_ms -1 sends no BLOCK: Redis answers at once with what waits (a
+ * look at a shard, issue 27 point 4), collected the same way. While a read awaits its reply,
  * nothing else may use c (rconn_command and the stream calls refuse with
  * -RL_EINVAL; batches must not be run on it). */
 int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consumer, int n_keys,

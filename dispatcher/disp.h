@@ -150,8 +150,8 @@ struct disp {
     bool keys_cluster;            /* the keys above are in the cluster layout (d_make_keys) */
     /* pool shards (issue 27): on a cluster each pool stream key above is
      * shard 0 of n_shards (cfg.pool_shards; 1 on a single instance), the
-     * others named by rcl_shard_key; a request is forwarded into shard
-     * rcl_shard_pick(its intake stream, its entry ID) by a script that
+     * others named by rcl_shard_key; a request is forwarded into the
+     * shard of its id's slot (rcl_shard_for_slot) by a script that
      * leaves a marker there (loop.c, forward_first); markers whose XACK
      * is confirmed are deleted with the next round's forwards (fwd_gc) */
     int n_shards;

@@ -717,7 +717,7 @@ static bool events_first(struct disp *d, struct dreq *qs, int n, struct rl_err *
  * entry is there, and leaves the marker: a dispatcher that dies after it
  * and before the XACK leaves the entry pending, and whoever forwards it
  * again (its restart, or another dispatcher's XAUTOCLAIM) computes the
- * same shard (rcl_shard_pick of the entry) and finds the marker: the job
+ * same shard (rcl_shard_for_slot of the job's id) and finds the marker: the job
  * is in its shard once. KEYS: the shard's pool stream, the marker. ARGV:
  * the marker's TTL, then the job's field/value pairs. Returns the new
  * entry ID, or 0 when it was forwarded before. EXISTS first and SET last:
@@ -753,7 +753,14 @@ static bool forward_first(struct disp *d, struct dreq *qs, int n, struct rl_err 
         if (q->act != A_FORWARD)
             continue;
         const char *ikey = d->intake[q->stream].key, *rest = strchr(ikey, '}');
-        int s = rcl_shard_pick(ikey, q->e->id, d->n_shards);
+        /* the shard of the request's slot (out:{<id>}): a function of the
+         * id, and on the master of its streams (rcl_shard_for_slot) */
+        char out[D_KEY_MAX + JOB_ID_MAX + 8];
+        const char *pk = d->pools[q->dec.pool].key;
+        int len = rcl_tagged_key(out, sizeof out, true, d->cfg.prefix, "out:", q->id);
+        int s = len < 0 ? 0
+                        : rcl_shard_for_slot(rcl_key_slot(pk, strlen(pk)),
+                                             rcl_key_slot(out, (size_t)len), d->n_shards);
         char skey[D_SKEY_MAX], base[D_KEY_MAX + RCONN_ID_MAX + 8], pfx[D_KEY_MAX];
         snprintf(pfx, sizeof pfx, "%.128s", d->cfg.prefix);
         snprintf(base, sizeof base, "{%s}fwd:%s:%s", pfx, rest ? rest + 1 : ikey, q->e->id);

@@ -824,6 +824,10 @@ static void admit_read(struct worker *w, int p, const struct rconn_entry *e)
         pthread_mutex_lock(&w->m.mu);
         w->m.affinity_taken++;
         pthread_mutex_unlock(&w->m.mu);
+    } else if (w->home_lane >= 0 && p / w->n_base_pools != w->home_lane) {
+        pthread_mutex_lock(&w->m.mu);
+        w->m.foreign_taken++;
+        pthread_mutex_unlock(&w->m.mu);
     }
     w_admit(w, p, e, dl, pend);
 }
@@ -868,14 +872,15 @@ static int lane_streams(struct worker *w, int l, const char **keys, int *idx)
  * only grows while reads wait (admissions come from them), but the KV
  * estimate may shrink: a job taken beyond it waits its turn in the
  * engine's queue. */
-static bool stand_send(struct worker *w, int l, int share)
+static bool stand_send(struct worker *w, int l, int share, bool block)
 {
     struct rl_err err;
     struct w_lane *ln = &w->lane[l];
     ln->n = lane_streams(w, l, ln->keys, ln->idx);
     int count = (share + ln->n - 1) / ln->n;
+    int block_ms = !block ? -1 : w->opt.read_block_ms > 0 ? w->opt.read_block_ms : 1000;
     if (!rconn_xreadgroup_send(ln->rc, w->opt.group, w->opt.name, ln->n, ln->keys, count,
-                               w->opt.read_block_ms > 0 ? w->opt.read_block_ms : 1000, &err)) {
+                               block_ms, &err)) {
         ln->want = count * ln->n;
         return true;
     }
@@ -883,17 +888,56 @@ static bool stand_send(struct worker *w, int l, int share)
     return false;
 }
 
-/* Sends a read on every lane that has none out, sharing room less what
- * the reads out may still bring. */
+/* Home shards (issue 27 point 4): a job's pool shard is the one on the
+ * master of its own streams (the dispatcher's rcl_shard_for_slot), so a
+ * worker whose jobs come from one shard writes one master a step: one
+ * emit call and one reader woken there, where jobs from every shard cost
+ * a call and a wake on every master. A worker with little room therefore
+ * keeps its standing read on its home lane only; a foreign lane is looked
+ * at every steal_ms without BLOCK, which brings only what no standing
+ * read took as it came (Redis serves blocked reads within the XADD): jobs
+ * whose home workers are full. With foreign_room or more free it reads
+ * every lane as it comes, so that a job never waits for a shard's own
+ * workers while another worker idles. Whether lane l gets a read now: 1
+ * a standing one, -1 a look, 0 none yet. */
+static int lane_mode(struct worker *w, int l, int room, int64_t now)
+{
+    if (w->home_lane < 0 || l == w->home_lane || room >= w->foreign_room)
+        return 1;
+    if (now < w->lane[l].next_look_ms)
+        return 0;
+    w->lane[l].next_look_ms = now + w->cfg.steal_ms;
+    return -1;
+}
+
+/* Milliseconds until a foreign lane's next look (an idle wait must not
+ * outlast it), or -1 when none is due: no home, or room enough to read
+ * every lane as it comes. */
+static int next_look_in(const struct worker *w, int room, int64_t now)
+{
+    if (w->home_lane < 0 || room <= 0 || room >= w->foreign_room)
+        return -1;
+    int64_t next = -1;
+    for (int l = 0; l < w->n_lanes; l++)
+        if (l != w->home_lane && !rconn_awaiting(w->lane[l].rc) &&
+            (next < 0 || w->lane[l].next_look_ms < next))
+            next = w->lane[l].next_look_ms;
+    return next < 0 ? -1 : next > now ? (int)(next - now) : 0;
+}
+
+/* Sends a read on every lane that has none out (and may have one now,
+ * lane_mode), sharing room less what the reads out may still bring. */
 static void stand_send_all(struct worker *w, int room)
 {
     if (room <= 0)
         return;
-    int idle = 0, promised = 0;
+    int64_t now = rl_mono_ms();
+    int idle = 0, promised = 0, mode[RCL_MAX_SHARDS];
     for (int l = 0; l < w->n_lanes; l++) {
+        mode[l] = 0;
         if (rconn_awaiting(w->lane[l].rc))
             promised += w->lane[l].want;
-        else
+        else if ((mode[l] = lane_mode(w, l, room, now)) != 0)
             idle++;
     }
     if (!idle)
@@ -901,8 +945,8 @@ static void stand_send_all(struct worker *w, int room)
     int avail = room - promised;
     int share = avail > idle ? (avail + idle - 1) / idle : 1;
     for (int l = 0; l < w->n_lanes; l++)
-        if (!rconn_awaiting(w->lane[l].rc))
-            stand_send(w, l, share);
+        if (mode[l])
+            stand_send(w, l, share, mode[l] > 0);
 }
 
 /* Whether a standing read awaits its reply on some lane. */
@@ -921,6 +965,9 @@ static void standing_read(struct worker *w, int k, int wait_ms, bool draining)
     struct rconn *rcs[RCL_MAX_SHARDS];
     for (int l = 0; l < w->n_lanes; l++)
         rcs[l] = w->lane[l].rc;
+    int look = draining ? -1 : next_look_in(w, k, rl_mono_ms());
+    if (look >= 0 && wait_ms > look)
+        wait_ms = look > 0 ? look : 1;
     if (wait_ms > 0 && !rconn_wait_any(rcs, w->n_lanes, wait_ms))
         return;
     bool came_any = false;

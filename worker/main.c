@@ -60,6 +60,47 @@ static void on_load_progress(void *user, size_t done, size_t total)
                (double)done / unit, (double)total / unit, u, tenth * 10);
 }
 
+/* The home shard (issue 27 point 4, schemas/README.md "Home shards"):
+ * home_shard, or the next of the fleet's count {<prefix>}homes, so that
+ * workers started in turn take the shards in turn; a count refused (an
+ * ACL from before) falls back to a hash of our name, which spreads too,
+ * only less evenly. Lane l reads every pool's shard l, so the home is a
+ * lane. No home on a single instance, with one shard, or when
+ * foreign_room_pct is 0 (every shard read alike). */
+static void pick_home(struct worker *w)
+{
+    w->home_lane = -1;
+    if (w->n_lanes < 2 || w->cfg.foreign_room_pct <= 0)
+        return;
+    struct engine_stats st;
+    engine_get_stats(w->eng, &st);
+    w->foreign_room = (st.max_batch * w->cfg.foreign_room_pct + 99) / 100;
+    if (w->cfg.home_shard >= 0) {
+        w->home_lane = w->cfg.home_shard % w->n_lanes;
+        RL_LOG(&w->log, RL_LOG_INFO, "home shard %d (home_shard)", w->home_lane);
+        return;
+    }
+    char key[W_KEY_MAX], pfx[72];
+    snprintf(pfx, sizeof pfx, "%.64s", w->opt.prefix);
+    rcl_queue_key(key, sizeof key, true, pfx, "homes");
+    const char *argv[2] = {"INCR", key};
+    struct rconn_reply *r = NULL;
+    struct rl_err err;
+    if (rconn_command(w->rc, 2, argv, NULL, &r, &err) == 0 && r->type == RCONN_INTEGER) {
+        w->home_lane = (int)((r->integer - 1) % w->n_lanes);
+        RL_LOG(&w->log, RL_LOG_INFO, "home shard %d (worker %lld of %s)", w->home_lane,
+               (long long)r->integer, key);
+    } else {
+        uint32_t h = 2166136261u;
+        for (const char *p = w->opt.name; *p; p++)
+            h = (h ^ (uint8_t)*p) * 16777619u;
+        w->home_lane = (int)(h % (uint32_t)w->n_lanes);
+        RL_LOG(&w->log, RL_LOG_WARN, "home shard %d (by name: INCR %s refused: %s)",
+               w->home_lane, key, r && r->str ? r->str : err.msg);
+    }
+    rconn_reply_free(r);
+}
+
 /* The pool stream keys (schemas/README.md: the key layout); a cluster's
  * share the prefix as hash tag, so they are known only once Redis has
  * answered. On a cluster each pool has pool_shards shard keys (issue 27,
@@ -276,6 +317,7 @@ int main(int argc, char **argv)
         return 1;
     }
     wm_init(&w->m);
+    w->home_lane = -1; /* pick_home, once the lanes are known */
     w->log = (struct rl_log){.level = RL_LOG_INFO, .ident = "worker"};
     w->argc = argc; /* cfg_load skips argv[0] itself */
     w->argv = argv;
@@ -325,6 +367,7 @@ int main(int argc, char **argv)
             RL_LOG(&w->log, RL_LOG_ERROR, "%s", err.msg);
             goto out;
         }
+    pick_home(w);
     fence_holder(w->holder, w->opt.name, (long long)w->t_start_ms);
     /* a failed load is retried after a reconnect; bodies go by EVAL meanwhile */
     if (fence_load(&w->fence, w->rc, &err))

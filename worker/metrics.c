@@ -169,6 +169,7 @@ static const struct {
     {"redlm_prefix_cache_hit_tokens_total", "counter", "prompt tokens the prefix cache supplied", WM_F(prefix_hit_tokens), WM_I64},
     {"redlm_prefix_cache_miss_tokens_total", "counter", "prompt tokens the prefix cache did not have", WM_F(prefix_miss_tokens), WM_I64},
     {"redlm_affinity_taken_total", "counter", "jobs taken from this worker's offer streams (prefix-affine pulling)", WM_F(affinity_taken), WM_I64},
+    {"redlm_foreign_taken_total", "counter", "jobs taken from pool shards other than this worker's home shard (Redis Cluster)", WM_F(foreign_taken), WM_I64},
     {"redlm_spec_drafted_tokens_total", "counter", "draft tokens verified (speculative decoding)", WM_F(spec_drafted), WM_I64},
     {"redlm_spec_accepted_tokens_total", "counter", "draft tokens kept as output", WM_F(spec_accepted), WM_I64},
     {"redlm_result_cache_hits_total", "counter", "jobs answered from the result cache", WM_F(cache_hits), WM_I64},
@@ -365,6 +366,8 @@ char *wm_heartbeat_json(struct worker *w)
     /* the shards it reads per pool (issue 27; 1 on a single instance): the
      * dispatcher warns when its own pool_shards differs */
     cJSON_AddNumberToObject(o, "pool_shards", w->n_shards > 0 ? w->n_shards : 1);
+    /* its home shard on a cluster (-1: none; foreign_taken below) */
+    cJSON_AddNumberToObject(o, "home_shard", w->home_lane);
     /* the longest sequence (prompt + output) it takes: /v1/models' max_model_len */
     cJSON_AddNumberToObject(o, "max_model_len", st.max_context);
     /* counters since start, for redlm stats/top: totals and hit rates */
@@ -378,6 +381,7 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddNumberToObject(o, "reclaimed", (double)w->m.reclaimed);
     cJSON_AddNumberToObject(o, "fenced", (double)w->m.fenced);
     cJSON_AddNumberToObject(o, "affinity_taken", (double)w->m.affinity_taken);
+    cJSON_AddNumberToObject(o, "foreign_taken", (double)w->m.foreign_taken);
     /* memory pressure: Redis refuses this very SET while it lasts, so the
      * first heartbeat after it says it happened (the dispatcher and redlm
      * top see redis_oom_total grow); /healthz and /metrics say it now */

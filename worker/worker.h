@@ -167,6 +167,7 @@ struct wmetrics {
     int running, waiting, kv_blocks, kv_used;
     int64_t prefix_hit_tokens, prefix_miss_tokens;
     int64_t affinity_taken;                /* jobs read from our offer streams */
+    int64_t foreign_taken;                 /* jobs read from shards not our home */
     /* memory pressure (publish.c): Redis refusing writes with OOM */
     bool redis_oom;                        /* now: admission stopped */
     int64_t redis_oom_total;               /* times it started refusing */
@@ -204,8 +205,15 @@ struct worker {
         const char *keys[W_MAX_STREAMS];
         int idx[W_MAX_STREAMS], n;
         int want;                 /* the most jobs its read out may bring (COUNT x n) */
+        int64_t next_look_ms;     /* a foreign lane's next look without BLOCK */
     } lane[RCL_MAX_SHARDS];
     int n_lanes;
+    /* Home shards (issue 27 point 4, loop.c stand_send_all): on a cluster
+     * with pool_shards > 1 the lane this worker prefers (-1: every lane
+     * alike), and the room (jobs) from which it reads the others as
+     * their jobs come rather than every steal_ms */
+    int home_lane;
+    int foreign_room;
     struct rconn_batch *batch;
     struct fence fence;           /* the fencing scripts' SHA1s */
     bool checks_apart;            /* an ACL refused FENCE_EMIT with the check keys in it

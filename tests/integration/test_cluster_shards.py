@@ -3,7 +3,8 @@
 
 On a cluster each pool stream is split over pool_shards hash tags (default
 3): {<prefix>}jobs:<pool> (shard 0) and {<prefix><s>.<n>}jobs:<pool>, the
-dispatcher forwarding each request into shard rcl_shard_pick(entry) with a
+dispatcher forwarding each request into the shard that follows its slot
+(rcl_shard_for_slot: for a request slot, the shard on that master) with a
 script that leaves a marker there, then acknowledging the request. This
 test shows, on real processes:
 
@@ -21,7 +22,10 @@ test shows, on real processes:
     pending in any shard;
   - an idle worker does not poll, and wakes at once for a job in any shard
     (test_idle_worker_wakes_on_any_shard); nor does a busy one: a standing
-    read per shard (test_busy_worker_keeps_a_standing_read_per_shard).
+    read per shard (test_busy_worker_keeps_a_standing_read_per_shard);
+  - a request's job lands in its slot's shard, and a busy worker prefers
+    its home shard but takes a job waiting where the workers are full
+    (test_jobs_go_to_their_masters_shard_and_workers_prefer_home).
 
 Run with Debian's interpreter: /usr/bin/python3 -m pytest tests/integration
 """
@@ -29,7 +33,10 @@ import json
 import signal
 import time
 
+from redis.crc import key_slot
+
 from conftest import check_stream, greedy_jobs, pool_shards, reference, stream_events, wait_for
+from test_cluster_slots import id_in_slot, request_slots
 
 FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
 K = 3  # pool_shards' default
@@ -277,3 +284,112 @@ def test_leases_renewed_on_every_shard(redis_cluster, workers, prefix, tmp_path,
         _, done = check_stream(evs, event_validator)
         assert done["finish_reason"] == "cancelled", done
     assert "reclaimed" not in w.text() and "another worker holds" not in w.text()
+
+
+def shard_for_slot(slot0, slot, k=K):
+    """rcl_shard_for_slot written again from its contract: the shard whose
+    slot comes first at or after the request's slot, going round."""
+    return min(range(k), key=lambda s: ((slot0 + (s * 16384 + k // 2) // k) - slot) % 16384)
+
+
+def holder(rc, prefix, jid):
+    """The worker name in a job's holder record ("<name>/<pid>/<start>")."""
+    h = rc.hget(f"{prefix}own:{{{jid}}}", "holder")
+    return h.split("/")[0] if h else None
+
+
+def heartbeat(rc, prefix, name):
+    v = rc.get(f"{prefix}worker:{name}")
+    return json.loads(v) if v else {}
+
+
+def test_jobs_go_to_their_masters_shard_and_workers_prefer_home(
+        redis_cluster, workers, dispatchers, prefix, tmp_path, event_validator):
+    """Home shards (issue 27 point 4): the dispatcher forwards a request into
+    the shard that follows its slot (the rule written again here), which
+    for a request slot (a master's lowest, where clients put their ids) is
+    on that master; a busy worker takes its home shard's jobs as they come
+    and leaves the others' to their own busy workers, but takes a job that
+    waits in another shard whose workers are full (looked for every
+    steal_ms), so no job waits while a worker has room."""
+    rc = redis_cluster.client()
+    keys = shards(prefix)
+    slot0 = key_slot(keys[0].encode())
+    slots = request_slots(redis_cluster)
+
+    # forwarding: ids anywhere follow the rule; ids on a request slot land
+    # on that slot's master
+    d = dispatchers("dh", "--think-ratio", "0", addr=redis_cluster.seeds)
+    jobs = greedy_jobs(30, seed=37, tag="f")
+    for port, s in slots.items():
+        for i in range(3):
+            jobs.append(dict(greedy_jobs(1, seed=38 + i, tag="x")[0],
+                             id=id_in_slot(f"rs{port}-{i}", s)))
+    for j in jobs:
+        rc.xadd(f"{{{prefix}}}requests", {"job": json.dumps(j)})
+    wait_for(lambda: len(entries_by_job(rc, keys)) == len(jobs), "jobs forwarded", timeout=60)
+    seen = entries_by_job(rc, keys)
+    for j in jobs:
+        sl = key_slot(j["id"].encode())
+        assert seen[j["id"]] == [shard_for_slot(slot0, sl)], (j["id"], sl, seen[j["id"]])
+    masters = [redis_cluster.master_of(k) for k in keys]
+    for port, s in slots.items():
+        for i in range(3):
+            jid = id_in_slot(f"rs{port}-{i}", s)
+            assert masters[seen[jid][0]] == port, (jid, port, masters)
+    d.stop()
+    for k in keys:
+        rc.delete(k)
+
+    # preference: wa's home is shard 0, wb's shard 1; with a batch of 4 and
+    # foreign_room_pct 100 a worker running anything reads only its home
+    # as jobs come
+    common = ["--max-batch", "4", "--foreign-room-pct", "100", "--steal-ms", "50"]
+    wa = workers("wa", "--home-shard", "0", *common, addr=redis_cluster.seeds)
+    wait_for(lambda: all(rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k))
+                         for k in keys), "the worker's groups", timeout=60)
+
+    def long_job(jid):
+        return {"id": jid, "prompt_ids": [3, 1, 4], "max_tokens": 40000, "temperature": 0,
+                "ignore_eos": True}
+    held = [long_job("L0")]
+    rc.xadd(keys[0], {"job": json.dumps(held[0])})  # wa alone: it takes it
+    wait_for(lambda: holder(rc, prefix, "L0") == "wa", "wa running L0", timeout=60)
+    wb = workers("wb", "--home-shard", "1", *common, addr=redis_cluster.seeds)
+    wait_for(lambda: heartbeat(rc, prefix, "wb").get("home_shard") == 1, "wb's home", timeout=60)
+    assert heartbeat(rc, prefix, "wa").get("home_shard") == 0
+    held.append(long_job("L1"))
+    rc.xadd(keys[1], {"job": json.dumps(held[-1])})  # wa busy, wb idle: wb
+    wait_for(lambda: holder(rc, prefix, "L1") == "wb", "wb running L1", timeout=60)
+
+    # both busy with room: each shard's jobs go to its home worker
+    short = greedy_jobs(8, seed=39, max_tokens=(6, 10), tag="p")
+    ref = reference(short, tmp_path)
+    for i, j in enumerate(short):
+        rc.xadd(keys[i % 2], {"job": json.dumps(j)})
+        evs = stream_events(rc, out_key(prefix, j["id"]), 60)
+        toks, _ = check_stream(evs, event_validator)
+        assert toks == ref[i], j["id"]
+        assert holder(rc, prefix, j["id"]) == ("wa" if i % 2 == 0 else "wb"), j["id"]
+
+    # wb full (L1 and three more): a job in its shard is taken by wa, whose
+    # home is another, within its looks
+    for i in range(3):
+        held.append(long_job(f"F{i}"))
+        rc.xadd(keys[1], {"job": json.dumps(held[-1])})
+        wait_for(lambda i=i: holder(rc, prefix, f"F{i}") == "wb", f"wb running F{i}",
+                 timeout=60)
+    x = greedy_jobs(1, seed=40, max_tokens=(6, 6), tag="steal")[0]
+    rc.xadd(keys[1], {"job": json.dumps(x)})
+    toks, _ = check_stream(stream_events(rc, out_key(prefix, x["id"]), 60), event_validator)
+    assert toks == reference([x], tmp_path)[0]
+    assert holder(rc, prefix, x["id"]) == "wa"
+    wait_for(lambda: heartbeat(rc, prefix, "wa").get("foreign_taken", 0) >= 1,
+             "wa's foreign_taken", timeout=30)
+    assert heartbeat(rc, prefix, "wb").get("foreign_taken", 0) == 0
+    for j in held:
+        rc.set(f"{prefix}cancel:{{{j['id']}}}", "1", ex=600)
+    for j in held:
+        _, done = check_stream(stream_events(rc, out_key(prefix, j["id"]), 60), event_validator)
+        assert done["finish_reason"] == "cancelled", done
+    assert "home shard 0 (home_shard)" in wa.text()

@@ -260,19 +260,38 @@ static void test_shard_keys(void **state)
         }
 }
 
-static void test_shard_pick(void **state)
+static void test_shard_for_slot(void **state)
 {
     (void)state;
-    assert_int_equal(rcl_shard_pick("{redlm:}requests", "1-0", 1), 0);
-    /* a function of the entry: the re-forward lands where the first did */
-    assert_int_equal(rcl_shard_pick("{redlm:}requests", "1733300000000-7", 8),
-                     rcl_shard_pick("{redlm:}requests", "1733300000000-7", 8));
-    /* entries as XADD * makes them spread evenly (within 15 % of 1/K) */
+    assert_int_equal(rcl_shard_slot(100, 0, 3), 100);
+    assert_int_equal(rcl_shard_slot(100, 1, 3), 5561);
+    assert_int_equal(rcl_shard_slot(16000, 2, 3), (16000 + 10923) % 16384);
+    assert_int_equal(rcl_shard_slot(100, 3, 3), -1);
+    assert_int_equal(rcl_shard_for_slot(100, 5000, 1), 0);
+    /* the first shard at or after the slot, going round: 100, 5561, 11023 */
+    assert_int_equal(rcl_shard_for_slot(100, 100, 3), 0);
+    assert_int_equal(rcl_shard_for_slot(100, 101, 3), 1);
+    assert_int_equal(rcl_shard_for_slot(100, 5561, 3), 1);
+    assert_int_equal(rcl_shard_for_slot(100, 5562, 3), 2);
+    assert_int_equal(rcl_shard_for_slot(100, 16383, 3), 0);
+    assert_int_equal(rcl_shard_for_slot(100, 0, 3), 0);
+    /* shards of the real prefix, with the request slots of a cluster made
+     * by redis-cli --cluster create (0, 5461, 10923): each request slot's
+     * shard is served by the master of the request slot, for 3 and for 6
+     * shards (2 a master) */
+    int s0 = rcl_key_slot("{redlm:}jobs:fast", 17);
+    int starts[3] = {0, 5461, 10923}, ends[3] = {5460, 10922, 16383};
+    for (int k = 3; k <= 6; k += 3)
+        for (int m = 0; m < 3; m++) {
+            int sl = rcl_shard_slot(s0, rcl_shard_for_slot(s0, starts[m], k), k);
+            assert_true(sl >= starts[m] && sl <= ends[m]);
+        }
+    /* ids as clients make them spread evenly (within 15 % of 1/K) */
     int count[8] = {0};
     char id[48];
     for (int i = 0; i < 8000; i++) {
-        snprintf(id, sizeof id, "%lld-%d", 1733300000000LL + i / 3, i % 3);
-        int s = rcl_shard_pick("{redlm:}requests", id, 8);
+        int n = snprintf(id, sizeof id, "chatcmpl-%08x%04d", (unsigned)i * 2654435761u, i);
+        int s = rcl_shard_for_slot(s0, rcl_key_slot(id, (size_t)n), 8);
         assert_true(s >= 0 && s < 8);
         count[s]++;
     }
@@ -280,14 +299,6 @@ static void test_shard_pick(void **state)
         assert_true(count[s] > 850);
         assert_true(count[s] < 1150);
     }
-    /* the intake stream is part of the identity */
-    int same = 0;
-    for (int i = 0; i < 64; i++) {
-        snprintf(id, sizeof id, "%d-0", i);
-        same += rcl_shard_pick("{redlm:}requests", id, 8) ==
-                rcl_shard_pick("{redlm:}requests:t1", id, 8);
-    }
-    assert_true(same < 32);
 }
 
 /* Every slot is reachable from a window at the start, the middle and the
@@ -365,7 +376,7 @@ int main(void)
         cmocka_unit_test(test_hash_tags),   cmocka_unit_test(test_command_keys),
         cmocka_unit_test(test_map_parse),   cmocka_unit_test(test_redirects),
         cmocka_unit_test(test_seeds),       cmocka_unit_test(test_shard_keys),
-        cmocka_unit_test(test_shard_pick),  cmocka_unit_test(test_slot_fill),
+        cmocka_unit_test(test_shard_for_slot),  cmocka_unit_test(test_slot_fill),
         cmocka_unit_test(test_request_slots), cmocka_unit_test(test_bell_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
