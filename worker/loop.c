@@ -868,7 +868,8 @@ static int lane_streams(struct worker *w, int l, const char **keys, int *idx)
  * already out may not bring (stand_send_all), COUNT being per stream, so
  * all of them together bring at most the room plus a rounding (< a stream
  * per lane); every lane keeps a read out while there is room at all (one
- * job a stream at least), so a job in any shard is seen at once. The room
+ * job a stream at least), so a job in any shard is seen at once (but for
+ * a busy worker's foreign lanes on a cluster: lane_mode below). The room
  * only grows while reads wait (admissions come from them), but the KV
  * estimate may shrink: a job taken beyond it waits its turn in the
  * engine's queue. */

@@ -177,7 +177,9 @@ class Fleet:
              *(["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200",
                 "--heartbeat-interval-ms", "500"] if self.fast_claims else []),
              "--coalesce-ms", str(self.coalesce_ms),
-             *self.shard_args()],
+             *self.shard_args(),
+             *([] if int(self.a.foreign_room_pct) < 0 else
+               ["--foreign-room-pct", str(self.a.foreign_room_pct)])],
             f"worker-{name}.log")
 
     def wait_ready(self, names, kind):
@@ -458,6 +460,11 @@ def main():
     ap.add_argument("--pool-shards", type=int, default=0,
                     help="pool_shards for workers and dispatchers (a cluster's pool streams are "
                          "split over this many hash tags, issue 27); 0 = their default (3)")
+    ap.add_argument("--foreign-room-pct", default="-1",
+                    help="the workers' foreign_room_pct (home shards on a cluster, issue 27 "
+                         "point 4; 0 = every shard read alike, as before); -1 = their default; "
+                         "with --against-single a comma-separated list runs the cluster soak "
+                         "once for each, in one run (an A/B)")
     ap.add_argument("--build", default=os.environ.get("BUILD", "build"))
     ap.add_argument("--pin", action="store_true",
                     help="redis-server alone on core 0 (taskset), everything else on the others: "
@@ -497,25 +504,34 @@ def main():
         return soak(a)[1]
     # the same soak twice in one run, one instance first: a ratio from one run
     res = {}
-    for cluster in (False, True):
-        b = argparse.Namespace(**{**vars(a), "cluster": cluster,
-                                  "out": str(pathlib.Path(a.out) / ("cluster" if cluster else "single"))})
-        print(f"\n## {'3-master cluster' if cluster else 'one instance'}")
-        res[cluster] = soak(b)
-    single, cl = res[False][0], res[True][0]
-    ratio = cl["redis_saturation_tok_s"] / single["redis_saturation_tok_s"]
-    margin = cl["redis_saturation_margin_tok_s"] / single["redis_saturation_margin_tok_s"]
-    print(f"\nsaturation: one instance ~{single['redis_saturation_tok_s']} tok/s, cluster (busiest "
-          f"master) ~{cl['redis_saturation_tok_s']} tok/s: {ratio:.2f}x; idle floors apart: "
-          f"~{single['redis_saturation_margin_tok_s']} and "
-          f"~{cl['redis_saturation_margin_tok_s']} tok/s: {margin:.2f}x")
-    (pathlib.Path(a.out) / "compare.json").write_text(json.dumps(
-        {"single_tok_s": single["redis_saturation_tok_s"],
-         "cluster_tok_s": cl["redis_saturation_tok_s"], "ratio": round(ratio, 3),
-         "single_margin_tok_s": single["redis_saturation_margin_tok_s"],
-         "cluster_margin_tok_s": cl["redis_saturation_margin_tok_s"],
-         "ratio_margin": round(margin, 3)}, indent=1))
-    return res[False][1] or res[True][1]
+    pcts = [int(x) for x in str(a.foreign_room_pct).split(",")]
+    runs = [(False, pcts[0])] + [(True, p) for p in pcts]
+    for cluster, pct in runs:
+        sub = ("cluster" if len(pcts) == 1 else f"cluster-frp{pct}") if cluster else "single"
+        b = argparse.Namespace(**{**vars(a), "cluster": cluster, "foreign_room_pct": pct,
+                                  "out": str(pathlib.Path(a.out) / sub)})
+        print(f"\n## {'3-master cluster' if cluster else 'one instance'}"
+              + (f", foreign_room_pct {pct if pct >= 0 else 'default'}" if cluster else ""))
+        res[(cluster, pct)] = soak(b)
+    single = res[(False, pcts[0])][0]
+    cmp = []
+    for pct in pcts:
+        cl = res[(True, pct)][0]
+        ratio = cl["redis_saturation_tok_s"] / single["redis_saturation_tok_s"]
+        margin = cl["redis_saturation_margin_tok_s"] / single["redis_saturation_margin_tok_s"]
+        print(f"\nsaturation: one instance ~{single['redis_saturation_tok_s']} tok/s, cluster (busiest "
+              f"master{'' if len(pcts) == 1 else f', foreign_room_pct {pct}'}) "
+              f"~{cl['redis_saturation_tok_s']} tok/s: {ratio:.2f}x; idle floors apart: "
+              f"~{single['redis_saturation_margin_tok_s']} and "
+              f"~{cl['redis_saturation_margin_tok_s']} tok/s: {margin:.2f}x")
+        cmp.append({"foreign_room_pct": pct, "single_tok_s": single["redis_saturation_tok_s"],
+                    "cluster_tok_s": cl["redis_saturation_tok_s"], "ratio": round(ratio, 3),
+                    "single_margin_tok_s": single["redis_saturation_margin_tok_s"],
+                    "cluster_margin_tok_s": cl["redis_saturation_margin_tok_s"],
+                    "ratio_margin": round(margin, 3)})
+    (pathlib.Path(a.out) / "compare.json").write_text(
+        json.dumps(cmp[0] if len(cmp) == 1 else cmp, indent=1))
+    return max(r[1] for r in res.values())
 
 
 def restart_workers(fleet, names, fast_claims):

@@ -204,10 +204,14 @@ def test_busy_worker_keeps_a_standing_read_per_shard(redis_cluster, workers, pre
     shard's streams (one slot) on a connection of its own, sent again when
     it comes back (a job, or its BLOCK of 500 ms run out). Counted over a
     measured 2 s while a long job runs: polling a step would make hundreds.
-    A job sent to any shard is still taken at once while the first runs."""
+    A job sent to any shard is still taken at once while the first runs.
+    foreign_room_pct 0: every shard read alike (no home shard), the mode
+    whose reads this counts; a busy worker's looks at shards not its home
+    are test_jobs_go_to_their_masters_shard_and_workers_prefer_home's."""
     rc = redis_cluster.client()
     keys = shards(prefix)
-    w = workers("wb", "--block-ms", "500", "--max-batch", "4", addr=redis_cluster.seeds)
+    w = workers("wb", "--block-ms", "500", "--max-batch", "4", "--foreign-room-pct", "0",
+                addr=redis_cluster.seeds)
     wait_for(lambda: all(
         rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k)) for k in keys),
              "the worker's groups", timeout=60)
@@ -361,6 +365,17 @@ def test_jobs_go_to_their_masters_shard_and_workers_prefer_home(
     held.append(long_job("L1"))
     rc.xadd(keys[1], {"job": json.dumps(held[-1])})  # wa busy, wb idle: wb
     wait_for(lambda: holder(rc, prefix, "L1") == "wb", "wb running L1", timeout=60)
+
+    # both busy with room: the other shards are looked at every steal_ms
+    # (2 lanes each: 80 reads in a second for both) and the home's standing
+    # read comes back each BLOCK of 100 ms (20 more), not every step (~1,000
+    # steps a second here: thousands)
+    before, n0 = xreadgroup_calls(redis_cluster), rc.xlen(out_key(prefix, "L0"))
+    time.sleep(1)  # a measured busy second, not a moment picked
+    calls = xreadgroup_calls(redis_cluster) - before
+    steps = rc.xlen(out_key(prefix, "L0")) - n0
+    assert steps >= 20, f"only {steps} events of L0 in 1 s: wa was not stepping"
+    assert calls <= 1.5 * (80 + 20) + 10, f"{calls} XREADGROUPs in 1 s ({steps} steps of wa)"
 
     # both busy with room: each shard's jobs go to its home worker
     short = greedy_jobs(8, seed=39, max_tokens=(6, 10), tag="p")
