@@ -899,11 +899,13 @@ static bool stand_send(struct worker *w, int l, int share, bool block)
  * read took as it came (Redis serves blocked reads within the XADD): jobs
  * whose home workers are full. With foreign_room or more free it reads
  * every lane as it comes, so that a job never waits for a shard's own
- * workers while another worker idles. Whether lane l gets a read now: 1
+ * workers while another worker idles; so does a worker that holds no job
+ * (its room may be less than foreign_room when the KV cache bounds it:
+ * it must not look every steal_ms while idle). Whether lane l gets a read now: 1
  * a standing one, -1 a look, 0 none yet. */
 static int lane_mode(struct worker *w, int l, int room, int64_t now)
 {
-    if (w->home_lane < 0 || l == w->home_lane || room >= w->foreign_room)
+    if (w->home_lane < 0 || l == w->home_lane || room >= w->foreign_room || w->n_jobs == 0)
         return 1;
     if (now < w->lane[l].next_look_ms)
         return 0;
@@ -916,7 +918,7 @@ static int lane_mode(struct worker *w, int l, int room, int64_t now)
  * every lane as it comes. */
 static int next_look_in(const struct worker *w, int room, int64_t now)
 {
-    if (w->home_lane < 0 || room <= 0 || room >= w->foreign_room)
+    if (w->home_lane < 0 || room <= 0 || room >= w->foreign_room || w->n_jobs == 0)
         return -1;
     int64_t next = -1;
     for (int l = 0; l < w->n_lanes; l++)
