@@ -60,13 +60,59 @@ static void on_load_progress(void *user, size_t done, size_t total)
                (double)done / unit, (double)total / unit, u, tenth * 10);
 }
 
+/* How many live workers of the fleet (their heartbeats, through the
+ * registry, as the dispatcher finds them; ours left out: a restart's last
+ * heartbeat may still be there) have each shard as home, for the same
+ * number of shards. Returns how many were counted, or -1 when the
+ * registry cannot be read (an ACL from before). At most 1,024 looked at:
+ * once, at start. */
+static int home_counts(struct worker *w, int *counts)
+{
+    char reg[W_KEY_MAX];
+    snprintf(reg, sizeof reg, "%sworkers", w->opt.prefix);
+    const char *za[4] = {"ZRANGE", reg, "0", "1023"};
+    struct rconn_reply *names = NULL;
+    struct rl_err err;
+    if (rconn_command(w->rc, 4, za, NULL, &names, &err) || names->type != RCONN_ARRAY) {
+        rconn_reply_free(names);
+        return -1;
+    }
+    int seen = 0;
+    for (size_t i = 0; i < names->n_elem; i++) {
+        const struct rconn_reply *nm = &names->elem[i];
+        if (nm->type != RCONN_STRING || !strcmp(nm->str, w->opt.name))
+            continue;
+        char key[W_KEY_MAX + 160];
+        snprintf(key, sizeof key, "%sworker:%.150s", w->opt.prefix, nm->str);
+        const char *ga[2] = {"GET", key};
+        struct rconn_reply *hb = NULL;
+        if (rconn_command(w->rc, 2, ga, NULL, &hb, &err) == 0 && hb->type == RCONN_STRING) {
+            cJSON *o = cJSON_ParseWithLength(hb->str, hb->len);
+            const cJSON *h = cJSON_GetObjectItemCaseSensitive(o, "home_shard");
+            const cJSON *k = cJSON_GetObjectItemCaseSensitive(o, "pool_shards");
+            if (cJSON_IsNumber(h) && cJSON_IsNumber(k) && k->valueint == w->n_lanes &&
+                h->valueint >= 0 && h->valueint < w->n_lanes) {
+                counts[h->valueint]++;
+                seen++;
+            }
+            cJSON_Delete(o);
+        }
+        rconn_reply_free(hb);
+    }
+    rconn_reply_free(names);
+    return seen;
+}
+
 /* The home shard (issue 27 point 4, schemas/README.md "Home shards"):
- * home_shard, or the next of the fleet's count {<prefix>}homes, so that
- * workers started in turn take the shards in turn; a count refused (an
- * ACL from before) falls back to a hash of our name, which spreads too,
- * only less evenly. Lane l reads every pool's shard l, so the home is a
- * lane. No home on a single instance, with one shard, or when
- * foreign_room_pct is 0 (every shard read alike). */
+ * home_shard, or one of the shards that the fewest live workers have as
+ * home (home_counts), so that a worker restarted after a crash fills the
+ * shard it left; among those, the next of the fleet's count
+ * {<prefix>}homes picks, so that workers started together (each seeing
+ * none of the others yet) take the shards in turn. A registry or count
+ * refused (an ACL from before) leaves all shards or a hash of our name,
+ * which spread too, only less evenly. Lane l reads every pool's shard l,
+ * so the home is a lane. No home on a single instance, with one shard, or
+ * when foreign_room_pct is 0 (every shard read alike). */
 static void pick_home(struct worker *w)
 {
     w->home_lane = -1;
@@ -80,25 +126,34 @@ static void pick_home(struct worker *w)
         RL_LOG(&w->log, RL_LOG_INFO, "home shard %d (home_shard)", w->home_lane);
         return;
     }
+    int counts[RCL_MAX_SHARDS] = {0}, cand[RCL_MAX_SHARDS], n_cand = 0;
+    int seen = home_counts(w, counts), least = seen > 0 ? seen : 0;
+    for (int l = 0; l < w->n_lanes; l++)
+        least = counts[l] < least ? counts[l] : least;
+    for (int l = 0; l < w->n_lanes; l++)
+        if (counts[l] == least)
+            cand[n_cand++] = l;
     char key[W_KEY_MAX], pfx[72];
     snprintf(pfx, sizeof pfx, "%.64s", w->opt.prefix);
     rcl_queue_key(key, sizeof key, true, pfx, "homes");
     const char *argv[2] = {"INCR", key};
     struct rconn_reply *r = NULL;
     struct rl_err err;
+    long long pick;
     if (rconn_command(w->rc, 2, argv, NULL, &r, &err) == 0 && r->type == RCONN_INTEGER) {
-        w->home_lane = (int)((r->integer - 1) % w->n_lanes);
-        RL_LOG(&w->log, RL_LOG_INFO, "home shard %d (worker %lld of %s)", w->home_lane,
-               (long long)r->integer, key);
+        pick = r->integer - 1;
     } else {
         uint32_t h = 2166136261u;
         for (const char *p = w->opt.name; *p; p++)
             h = (h ^ (uint8_t)*p) * 16777619u;
-        w->home_lane = (int)(h % (uint32_t)w->n_lanes);
-        RL_LOG(&w->log, RL_LOG_WARN, "home shard %d (by name: INCR %s refused: %s)",
-               w->home_lane, key, r && r->str ? r->str : err.msg);
+        pick = h;
+        RL_LOG(&w->log, RL_LOG_WARN, "home shard by name: INCR %s refused: %s", key,
+               r && r->str ? r->str : err.msg);
     }
     rconn_reply_free(r);
+    w->home_lane = cand[pick % n_cand];
+    RL_LOG(&w->log, RL_LOG_INFO, "home shard %d (%d of %d live workers' homes there%s)",
+           w->home_lane, least, seen > 0 ? seen : 0, seen < 0 ? ": registry not readable" : "");
 }
 
 /* The pool stream keys (schemas/README.md: the key layout); a cluster's

@@ -528,10 +528,38 @@ def main():
                     "cluster_tok_s": cl["redis_saturation_tok_s"], "ratio": round(ratio, 3),
                     "single_margin_tok_s": single["redis_saturation_margin_tok_s"],
                     "cluster_margin_tok_s": cl["redis_saturation_margin_tok_s"],
-                    "ratio_margin": round(margin, 3)})
+                    "ratio_margin": round(margin, 3), **equal_node_load(single, cl)})
     (pathlib.Path(a.out) / "compare.json").write_text(
         json.dumps(cmp[0] if len(cmp) == 1 else cmp, indent=1))
     return max(r[1] for r in res.values())
+
+
+def equal_node_load(single, cl, masters=3):
+    """The cluster at its top rate against one instance at a third of it,
+    when the sweep has that rate (e.g. --rates 43,128): each master then
+    carries about what the one instance does. Redis's price a token falls
+    as its load grows (fewer, fuller wakes and calls; warmer caches), so
+    the ratio above, both measured at one fleet load, sets one instance at
+    full load against masters at a third of it each. At equal load a node
+    the two cost `cost_ratio` (cluster / one instance, Redis CPU a token);
+    were that so at saturation, where each master is as busy as one
+    instance at its own, the cluster would carry 1 / (busiest share x
+    cost_ratio) times one instance's tokens: an estimate, which this
+    machine cannot saturate to check. {} when the rate is not in the sweep."""
+    top = cl["rows"]["calm"][-1]
+    third = [r for r in single["rows"]["calm"]
+             if abs(r["rate"] * masters - top["rate"]) <= 0.05 * top["rate"]]
+    if not third:
+        return {}
+    cost = top["redis_us_per_tok"] / max(third[0]["redis_us_per_tok"], 1e-9)
+    est = 1 / max(top["busiest_share"] * cost, 1e-9)
+    print(f"equal load a node: the cluster at {top['rate']:g}/s {top['redis_us_per_tok']} us/token, "
+          f"one instance at {third[0]['rate']:g}/s {third[0]['redis_us_per_tok']}: {cost:.2f}x; "
+          f"with the busiest master's {top['busiest_share']:.0%}: ~{est:.2f}x one instance at "
+          f"saturation (an estimate)")
+    return {"equal_load_single_rate": third[0]["rate"],
+            "equal_load_single_us_per_tok": third[0]["redis_us_per_tok"],
+            "equal_load_cost_ratio": round(cost, 3), "equal_load_estimate": round(est, 3)}
 
 
 def restart_workers(fleet, names, fast_claims):

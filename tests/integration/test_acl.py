@@ -236,7 +236,10 @@ def test_worker_user_cannot_step_outside(acl_redis):
     noperm(w.xadd, "redlm:requests", {"job": "{}"})
     noperm(w.xrange, "redlm:requests")
     noperm(w.set, "redlm:cancel:x", "1")
-    noperm(w.get, "redlm:worker:w1")  # writes its heartbeat, reads none
+    noperm(w.get, "redlm:dispatcher:d1")  # reads workers' heartbeats only
+    w.get("redlm:worker:w1")  # and the registry: its home shard (issue 27)
+    w.zrange("redlm:workers", 0, -1)
+    noperm(w.zrem, "redlm:workers", "w1")
     noperm(w.set, "redlm:dispatcher:d1", "{}")
     noperm(w.keys, "*")
     noperm(w.flushall)
@@ -695,11 +698,12 @@ def test_roles_refused_on_cluster(acl_cluster):
     no("client", "{redlm:}requests", "set", "x")
     noperm(on_slot(acl_cluster, "client", "redlm:cancel:{c1}").execute_command,
            "SET", "redlm:cancel:{c1}", "1", "GET")
-    # worker: requests, cancels, others' heartbeats; its scripts reach only
-    # its keys, and what a script calls is checked like a direct call
+    # worker: requests, cancels, dispatchers' heartbeats (workers' it reads,
+    # for its home shard); its scripts reach only its keys, and what a
+    # script calls is checked like a direct call
     no("worker", "{redlm:}requests", "xadd", {"job": "{}"})
     no("worker", "redlm:cancel:{x}", "set", "1")
-    no("worker", "redlm:worker:w1", "get")
+    no("worker", "redlm:dispatcher:d1", "get")
     no("worker", "redlm:own:{x}", "set", "1")
     w = on_slot(acl_cluster, "worker", "{redlm:}requests")
     noperm(w.eval, "return 1", 1, "{redlm:}requests")

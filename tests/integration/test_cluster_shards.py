@@ -408,3 +408,27 @@ def test_jobs_go_to_their_masters_shard_and_workers_prefer_home(
         _, done = check_stream(stream_events(rc, out_key(prefix, j["id"]), 60), event_validator)
         assert done["finish_reason"] == "cancelled", done
     assert "home shard 0 (home_shard)" in wa.text()
+
+
+def test_home_shards_spread_and_a_restart_fills_its_shard(redis_cluster, workers, prefix):
+    """Workers with the default home_shard started one after another take
+    the shards in turn, and a worker SIGKILLed and restarted under its name
+    takes the shard it left (the one the fewest live workers have as home,
+    from their heartbeats), not the next of the count, which would put two
+    workers on one shard and none on another."""
+    rc = redis_cluster.client()
+    ws = {}
+    for i in range(K):
+        name = f"h{i}"
+        ws[name] = workers(name, addr=redis_cluster.seeds)
+        wait_for(lambda n=name: heartbeat(rc, prefix, n).get("home_shard", -1) >= 0,
+                 f"{name}'s heartbeat", timeout=60)
+    homes = {n: heartbeat(rc, prefix, n)["home_shard"] for n in ws}
+    assert sorted(homes.values()) == list(range(K)), homes
+    # the one whose shard the count would not give back next (4 - 1 = 3 = 0 mod 3)
+    victim = next(n for n, h in homes.items() if h != K % K)
+    ws[victim].kill(signal.SIGKILL)
+    ws[victim].wait()
+    again = workers(victim, addr=redis_cluster.seeds)
+    wait_for(lambda: f"home shard {homes[victim]} (0 of {K - 1} live workers' homes there)"
+             in again.text(), f"{victim} back on shard {homes[victim]}", timeout=60)
