@@ -678,6 +678,25 @@ static void test_standing_read(void **state)
     assert_int_equal(e.n, 0);
     assert_true(ms_since(&t0) >= 80);
 
+    /* no BLOCK (-1, a look at a shard): answered at once, empty when
+     * nothing waits, with what waits otherwise; 0 and -2 are refused */
+    assert_int_equal(rconn_xreadgroup_send(c, "workers", "ws", 1, keys, 2, 0, &err), -RL_EINVAL);
+    assert_int_equal(rconn_xreadgroup_send(c, "workers", "ws", 1, keys, 2, -2, &err), -RL_EINVAL);
+    assert_int_equal(rconn_xreadgroup_send(c, "workers", "ws", 1, keys, 2, -1, &err), 0);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(rconn_xreadgroup_collect(c, 1, keys, 3000, &e, &came, &err), 0);
+    assert_true(came);
+    assert_int_equal(e.n, 0);
+    assert_true(ms_since(&t0) < 1000);
+    char waiting[RCONN_ID_MAX];
+    assert_int_equal(rconn_xadd(w, jobs, "*", 0, 1, names, vals, NULL, waiting, NULL, &err), 0);
+    assert_int_equal(rconn_xreadgroup_send(c, "workers", "ws", 1, keys, 2, -1, &err), 0);
+    assert_int_equal(rconn_xreadgroup_collect(c, 1, keys, 3000, &e, &came, &err), 0);
+    assert_true(came);
+    assert_int_equal(e.n, 1);
+    assert_string_equal(e.v[0].id, waiting);
+    rconn_entries_free(&e);
+
     /* its connection killed: an error, nothing awaited any more, and the
      * next command reconnects */
     assert_int_equal(rconn_xreadgroup_send(c, "workers", "ws", 1, keys, 2, 5000, &err), 0);
