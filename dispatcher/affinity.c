@@ -51,6 +51,7 @@
 
 #include "affinity.h"
 #include "disp.h"
+#include "registry.h"
 #include "kv_cache.h"
 #include "prompt.h"
 
@@ -240,7 +241,7 @@ void da_refresh(struct disp *d, bool all)
         return;
     struct rl_err err;
     struct rconn_reply *names = NULL, *hbs = NULL;
-    if (d_read_heartbeats(d, &names, &hbs, &err))
+    if (reg_read_heartbeats(d->rc, d->cfg.prefix, D_MAX_WORKERS, &names, &hbs, &err))
         return;
     size_t nn = names->n_elem;
     for (int i = 0; i < a->n; i++)

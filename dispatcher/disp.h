@@ -197,13 +197,7 @@ int d_router_replace(struct disp *d, const char *const *pools, int n, struct rou
  * heartbeats; creates the streams, groups and routers of models with
  * their own pools. Keeps the old table when Redis fails. */
 void d_models_refresh(struct disp *d);
-#define D_MAX_WORKERS 1000 /* heartbeats read per refresh */
-/* The registered workers (ZRANGE <prefix>workers) and their heartbeats (one
- * MGET, one reply per name: nil for an expired one), for the model table
- * and the affinity filters alike. The caller frees both replies (NULL on
- * failure, then the error is filled). */
-int d_read_heartbeats(struct disp *d, struct rconn_reply **names, struct rconn_reply **hbs,
-                      struct rl_err *err);
+#define D_MAX_WORKERS 1000 /* heartbeats read per refresh (reg_read_heartbeats) */
 /* The destination of j: *m = the model (NULL: the shared pools, nothing
  * announced). Returns 0, or -RL_EINVAL with *code MODEL_NOT_FOUND /
  * MODEL_REQUIRED and msg filled. */

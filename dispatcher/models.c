@@ -35,6 +35,7 @@
 
 #include "rcluster.h"
 #include "disp.h"
+#include "registry.h"
 #include "fleet.h"
 
 
@@ -143,49 +144,12 @@ static const char *fleet_label(const struct disp *d, const cJSON *hb)
     return cJSON_IsString(name) ? name->valuestring : "";
 }
 
-int d_read_heartbeats(struct disp *d, struct rconn_reply **names, struct rconn_reply **hbs,
-                      struct rl_err *err)
-{
-    char reg[D_KEY_MAX], stop[16];
-    snprintf(reg, sizeof reg, "%.200sworkers", d->cfg.prefix);
-    snprintf(stop, sizeof stop, "%d", D_MAX_WORKERS - 1);
-    const char *za[4] = {"ZRANGE", reg, "0", stop};
-    *names = *hbs = NULL;
-    int rc = rconn_command(d->rc, 4, za, NULL, names, err);
-    if (!rc && (*names)->type != RCONN_ARRAY)
-        rc = rl_errf(err, RL_EFORMAT, "ZRANGE %s: not a sorted set", reg);
-    size_t nn = rc ? 0 : (*names)->n_elem;
-    const char **argv = rc ? NULL : calloc(nn + 1, sizeof *argv);
-    char (*keys)[D_KEY_MAX + RCONN_NAME_MAX] = rc ? NULL : calloc(nn + 1, sizeof *keys);
-    if (!rc && (!argv || !keys))
-        rc = rl_errf(err, RL_ENOMEM, "heartbeats: out of memory");
-    if (!rc && nn) {
-        argv[0] = "MGET";
-        for (size_t i = 0; i < nn; i++) {
-            snprintf(keys[i], sizeof keys[i], "%.200sworker:%s", d->cfg.prefix,
-                     (*names)->elem[i].str ? (*names)->elem[i].str : "");
-            argv[i + 1] = keys[i];
-        }
-        rc = rconn_command(d->rc, (int)nn + 1, argv, NULL, hbs, err);
-        if (!rc && ((*hbs)->type != RCONN_ARRAY || (*hbs)->n_elem != nn))
-            rc = rl_errf(err, RL_EFORMAT, "MGET of the heartbeats: not one reply per worker");
-    }
-    free(argv);
-    free(keys);
-    if (rc) {
-        rconn_reply_free(*names);
-        rconn_reply_free(*hbs);
-        *names = *hbs = NULL;
-    }
-    return rc;
-}
-
 void d_models_refresh(struct disp *d)
 {
     struct rl_err err;
     struct rconn_reply *names = NULL, *hbs = NULL;
     d->models_t_ms = rl_wall_ms();
-    if (d_read_heartbeats(d, &names, &hbs, &err)) {
+    if (reg_read_heartbeats(d->rc, d->cfg.prefix, D_MAX_WORKERS, &names, &hbs, &err)) {
         RL_LOG(&d->log, RL_LOG_DEBUG, "models: %s", err.msg);
         return;
     }

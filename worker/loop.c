@@ -901,11 +901,17 @@ static bool stand_send(struct worker *w, int l, int share, bool block)
  * every lane as it comes, so that a job never waits for a shard's own
  * workers while another worker idles; so does a worker that holds no job
  * (its room may be less than foreign_room when the KV cache bounds it:
- * it must not look every steal_ms while idle). Whether lane l gets a read now: 1
- * a standing one, -1 a look, 0 none yet. */
+ * it must not look every steal_ms while idle): reads_every_lane. Whether
+ * lane l gets a read now (lane_mode): 1 a standing one, -1 a look, 0 none
+ * yet. */
+static bool reads_every_lane(const struct worker *w, int room)
+{
+    return w->home_lane < 0 || room >= w->foreign_room || w->n_jobs == 0;
+}
+
 static int lane_mode(struct worker *w, int l, int room, int64_t now)
 {
-    if (w->home_lane < 0 || l == w->home_lane || room >= w->foreign_room || w->n_jobs == 0)
+    if (l == w->home_lane || reads_every_lane(w, room))
         return 1;
     if (now < w->lane[l].next_look_ms)
         return 0;
@@ -918,7 +924,7 @@ static int lane_mode(struct worker *w, int l, int room, int64_t now)
  * every lane as it comes. */
 static int next_look_in(const struct worker *w, int room, int64_t now)
 {
-    if (w->home_lane < 0 || room <= 0 || room >= w->foreign_room || w->n_jobs == 0)
+    if (room <= 0 || reads_every_lane(w, room))
         return -1;
     int64_t next = -1;
     for (int l = 0; l < w->n_lanes; l++)

@@ -31,6 +31,7 @@
 #include "modelref.h"
 #include "signals.h"
 #include "affinity.h"
+#include "registry.h"
 #include "worker.h"
 
 
@@ -68,38 +69,27 @@ static void on_load_progress(void *user, size_t done, size_t total)
  * once, at start. */
 static int home_counts(struct worker *w, int *counts)
 {
-    char reg[W_KEY_MAX];
-    snprintf(reg, sizeof reg, "%sworkers", w->opt.prefix);
-    const char *za[4] = {"ZRANGE", reg, "0", "1023"};
-    struct rconn_reply *names = NULL;
+    struct rconn_reply *names = NULL, *hbs = NULL;
     struct rl_err err;
-    if (rconn_command(w->rc, 4, za, NULL, &names, &err) || names->type != RCONN_ARRAY) {
-        rconn_reply_free(names);
+    if (reg_read_heartbeats(w->rc, w->opt.prefix, 1024, &names, &hbs, &err))
         return -1;
-    }
     int seen = 0;
-    for (size_t i = 0; i < names->n_elem; i++) {
-        const struct rconn_reply *nm = &names->elem[i];
-        if (nm->type != RCONN_STRING || !strcmp(nm->str, w->opt.name))
-            continue;
-        char key[W_KEY_MAX + 160];
-        snprintf(key, sizeof key, "%sworker:%.150s", w->opt.prefix, nm->str);
-        const char *ga[2] = {"GET", key};
-        struct rconn_reply *hb = NULL;
-        if (rconn_command(w->rc, 2, ga, NULL, &hb, &err) == 0 && hb->type == RCONN_STRING) {
-            cJSON *o = cJSON_ParseWithLength(hb->str, hb->len);
-            const cJSON *h = cJSON_GetObjectItemCaseSensitive(o, "home_shard");
-            const cJSON *k = cJSON_GetObjectItemCaseSensitive(o, "pool_shards");
-            if (cJSON_IsNumber(h) && cJSON_IsNumber(k) && k->valueint == w->n_lanes &&
-                h->valueint >= 0 && h->valueint < w->n_lanes) {
-                counts[h->valueint]++;
-                seen++;
-            }
-            cJSON_Delete(o);
+    for (size_t i = 0; hbs && i < hbs->n_elem; i++) {
+        const struct rconn_reply *nm = &names->elem[i], *hb = &hbs->elem[i];
+        if (nm->type != RCONN_STRING || !strcmp(nm->str, w->opt.name) || hb->type != RCONN_STRING)
+            continue; /* ours, or expired: that worker is gone */
+        cJSON *o = cJSON_ParseWithLength(hb->str, hb->len);
+        const cJSON *h = cJSON_GetObjectItemCaseSensitive(o, "home_shard");
+        const cJSON *k = cJSON_GetObjectItemCaseSensitive(o, "pool_shards");
+        if (cJSON_IsNumber(h) && cJSON_IsNumber(k) && k->valueint == w->n_lanes &&
+            h->valueint >= 0 && h->valueint < w->n_lanes) {
+            counts[h->valueint]++;
+            seen++;
         }
-        rconn_reply_free(hb);
+        cJSON_Delete(o);
     }
     rconn_reply_free(names);
+    rconn_reply_free(hbs);
     return seen;
 }
 

@@ -499,6 +499,8 @@ def main():
                          "the cluster, and report the cluster/single saturation ratio of this run")
     a = ap.parse_args()
     a.rates = [float(x) for x in a.rates.split(",")]
+    if "," in a.foreign_room_pct and not (a.cluster and a.against_single):
+        ap.error("--foreign-room-pct: a list only with --cluster --against-single")
     a.out = a.out or str(ROOT / a.build / ("bench-fleet-cluster" if a.cluster else "bench-fleet"))
     if not (a.cluster and a.against_single):
         return soak(a)[1]

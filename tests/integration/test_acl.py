@@ -238,6 +238,7 @@ def test_worker_user_cannot_step_outside(acl_redis):
     noperm(w.set, "redlm:cancel:x", "1")
     noperm(w.get, "redlm:dispatcher:d1")  # reads workers' heartbeats only
     w.get("redlm:worker:w1")  # and the registry: its home shard (issue 27)
+    w.mget(["redlm:worker:w1", "redlm:worker:w2"])
     w.zrange("redlm:workers", 0, -1)
     noperm(w.zrem, "redlm:workers", "w1")
     noperm(w.set, "redlm:dispatcher:d1", "{}")
