@@ -130,7 +130,7 @@ static const struct opt options[] = {
     {"cache_ttl_s", T_INT, O(cache_ttl_s), "86400", 1, 2592000, NULL, CFG_WORKER, F_LIVE,
      "Lifetime of a result-cache entry."},
     {"coalesce_ms", T_INT, O(coalesce_ms), "0", 0, 1000, NULL, CFG_WORKER, F_LIVE,
-     "Coalescing: running jobs' token deltas are held back and sent, one delta event per job, all together once this long has passed since the last time (or when a job ends), so Redis takes one XADD for several tokens and one emit call for the whole batch; the bound on the latency it adds. A job's first delta goes at once. 0 = every step's deltas go out at once. Jobs asking for logprobs are never coalesced."},
+     "Coalescing: running jobs' token deltas are held back and sent, one delta event per job, all together once this long has passed since the last time (a job that ends meanwhile sends its done then too), so Redis takes one XADD for several tokens and one emit call for the whole batch; the bound on the latency it adds. A job's first delta goes at once. 0 = every step's deltas go out at once. Jobs asking for logprobs are never coalesced."},
     {"publish_overlap", T_BOOL, O(publish_overlap), "true", 0, 0, NULL, CFG_WORKER, F_LIVE,
      "Write each step's events to Redis while the engine computes the next step, and read the replies after it (one round trip off the critical path); false = the serial loop: step, then wait for the round trip."},
     {"publish_buffer_kb", T_INT, O(publish_buffer_kb), "256", 1, 1048576, NULL, CFG_WORKER, F_LIVE,

@@ -611,7 +611,22 @@ void w_hold_due(struct worker *w, int64_t now_ms, bool all)
         struct wjob *j = w->jobs[i];
         if (j->t_hold)
             hold_release(w, j);
+        j->out_wait = false;
     }
+}
+
+/* Milliseconds to the next coalescing tick when a finished job waits for
+ * it (out_wait), else -1: an idle worker's blocking read ends by then. */
+static int tick_in(const struct worker *w, int64_t now_ms)
+{
+    if (w->opt.coalesce_ms <= 0)
+        return -1;
+    for (int i = 0; i < w->n_jobs; i++)
+        if (w->jobs[i]->out_wait) {
+            int64_t ms = w->hold_tick_ms + w->opt.coalesce_ms - now_ms;
+            return ms < 1 ? 1 : (int)ms;
+        }
+    return -1;
 }
 
 static void on_event(struct worker *w, const struct engine_event *ev)
@@ -723,6 +738,12 @@ static void on_event(struct worker *w, const struct engine_event *ev)
     if (!fin)
         return;
     hold_release(w, j); /* before done or error */
+    /* a job that ends between ticks waits for the next one, as its last
+     * delta would have: with jobs ending every few steps, sending each done
+     * at once made nearly every step an emit call and a wake of every
+     * reader, coalescing or not (issue 27 point 3). Its first token and an
+     * error still go at once; no event waits longer than coalesce_ms. */
+    j->out_wait = w->opt.coalesce_ms > 0 && j->t_first && ev->finish != ENGINE_FINISH_ERROR;
     j->eng_id = 0;
     if (ev->finish != ENGINE_FINISH_STOP && ev->finish != ENGINE_FINISH_LENGTH)
         j->cache_fill = false;
@@ -1132,6 +1153,9 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
             /* a heartbeat due now (a changed filter) goes out first */
             if (w->affinity && w->next_hb_ms <= now)
                 block = 1;
+            int tick = tick_in(w, now); /* a done waiting for the clock */
+            if (tick >= 0 && tick < block)
+                block = tick;
             /* an idle worker must still ping the watchdog on time: a BLOCK
              * longer than the time to the next ping would let systemd kill it */
             if (w->watchdog_usec && w->next_wd_ms - now < block)

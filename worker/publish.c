@@ -186,6 +186,10 @@ bool w_has_pending(const struct worker *w)
 {
     for (int i = 0; i < w->n_jobs; i++) {
         const struct wjob *j = w->jobs[i];
+        /* a finished job waiting for the coalescing clock is not pending:
+         * the loop waits for the tick, it does not spin (loop.c) */
+        if (j->out_wait && w->opt.coalesce_ms > 0 && !j->dead && !j->release)
+            continue;
         if (j->n_out || j->dead || j->release || j->state != WJ_RUNNING)
             return true;
     }
@@ -358,7 +362,8 @@ static int collect_events(struct worker *w, struct flush *f, struct wjob *j, int
                           bool *folded)
 {
     *folded = false;
-    if (j->n_out == 0 || j->state == WJ_DROPPED || j->fenced || mono < j->retry_ms)
+    if (j->n_out == 0 || j->state == WJ_DROPPED || j->fenced || mono < j->retry_ms ||
+        (j->out_wait && w->opt.coalesce_ms > 0))
         return 0;
     struct emit *g = grow(f->emits, f->n_emits, &f->cap_emits, sizeof *g, 64);
     if (!g)

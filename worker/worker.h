@@ -127,6 +127,10 @@ struct wjob {
     int n_hold, cap_hold;
     struct text hold_content, hold_reasoning;
     int64_t t_hold;
+    /* its done (and the last delta) waits in the outbox for the batch's
+     * coalescing clock (loop.c w_hold_due): one emit call a tick, not one
+     * more for every job that ends between ticks */
+    bool out_wait;
 
     /* timings, ms on the Unix clock */
     int64_t t_enqueued, t_admitted, t_first, t_last_tok;

@@ -24,7 +24,8 @@ worker sends, and, marked "lua", every command its scripts run:
   no claimer lease, until a slot frees;
 - a coalescing worker releases every job's held deltas at one tick: one
   FENCE_EMIT call carries them all, once per coalesce_ms, whenever the jobs
-  started.
+  started; a job that ends between ticks sends its done with the next tick,
+  not in a call of its own.
 """
 import pathlib
 import re
@@ -363,3 +364,43 @@ def test_coalescing_one_tick_for_the_batch(workers, client, redis_addr, prefix, 
     # once per coalesce_ms, not every step: the worker spaces its ticks 40 ms
     # apart at least, Redis sees them up to one call's delay closer
     assert (len(times) - 1) * 0.040 <= times[-1] - times[0] + 0.030, times
+
+
+def test_coalescing_a_done_waits_for_the_tick(workers, client, redis_addr, prefix, tmp_path,
+                                              event_validator):
+    """A job that ends between ticks sends its done (and its last delta)
+    with the batch's next tick, not in a call of its own at the step it
+    ended: with jobs ending every few steps, a done sent at once made nearly
+    every step an emit call and a wake of every reader, coalescing or not.
+    The streams stay whole: seq gapless, done last."""
+    workers("w1", "--max-batch", "8", "--coalesce-ms", "40")
+    r = connect(redis_addr)
+    longs = ["l0", "l1", "l2"]
+    louts = [f"{prefix}out:{i}" for i in longs]
+    for i, jid in enumerate(longs):
+        client.submit(long_job(jid))
+        wait_for(lambda: r.xlen(louts[i]) >= 2, f"{jid} streaming")
+    shorts = {f"s{n}": n for n in (3, 5, 8, 13)}
+    mon = Monitor(redis_addr, tmp_path / "monitor.txt")
+    try:
+        for k, (jid, n) in enumerate(shorts.items()):
+            client.submit(long_job(jid, n, prompt_ids=[5 + k, 6, 7]))
+        def ended(jid):
+            last = r.xrevrange(f"{prefix}out:{jid}", count=1)
+            return bool(last) and "finish_reason" in last[0][1]["event"]
+        wait_for(lambda: all(ended(j) for j in shorts), "the short jobs done", 60)
+        cmds = mon.until(lambda c: True, "anything")
+    finally:
+        mon.stop()
+    for jid in longs:
+        r.set(f"{prefix}cancel:{jid}", 1, ex=600)
+    for jid, n in shorts.items():
+        tokens, done = check_stream(client.events(jid), event_validator)
+        assert len(tokens) == n and done["finish_reason"] == "length"
+    # only the short jobs end while MONITOR runs: every done it saw went in
+    # a call that also carried the long jobs' held deltas, i.e. at a tick
+    with_done = [a for _, src, a in cmds if src != "lua" and a and a[0].upper() == "EVALSHA"
+                 and any("finish_reason" in x for x in a)]
+    assert with_done, "no emit call carried a done"
+    assert all(all(o in a for o in louts) for a in with_done), \
+        [[o for o in louts if o in a] for a in with_done]
