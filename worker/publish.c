@@ -225,6 +225,16 @@ enum item_kind {
  * CHECK_MS + a step + a round trip otherwise (issue 27: per event, not per
  * step per job). */
 #define CHECK_MS 50
+/* A job's FENCE_TAKE and its XACK are riders: neither has to reach Redis
+ * in the flush that could first send it, and each alone made a round
+ * trip, i.e. a wake of Redis, of its own (after admission, the step
+ * before the first token; after the done, the step after its tick). The
+ * TAKE goes with the job's first events (always in front of them) or once
+ * the job has run RIDE_MS without any (a long prefill); the XACK with the
+ * next flush that sends anything else, or after RIDE_MS, or at once when
+ * the engine runs nothing (no later flush is coming). Issue 27 point 3:
+ * Redis's read events are per job as much as per token. */
+#define RIDE_MS 50
 #define CHECK_KEY_MAX (W_KEY_MAX + 64) /* <prefix>cancel:<id>, lease:<id> */
 struct item {
     enum item_kind kind;
@@ -326,6 +336,9 @@ static int queue_take(struct worker *w, struct flush *f, struct wjob *j)
 {
     if (j->taken || !j->out_key[0] || j->state == WJ_DROPPED || j->fenced ||
         (j->n_out == 0 && j->state != WJ_RUNNING))
+        return 0;
+    /* nothing to write yet: rides with its first events (RIDE_MS) */
+    if (j->n_out == 0 && j->t_admitted && f->now - j->t_admitted < RIDE_MS)
         return 0;
     const char *argv[FENCE_TAKE_ARGC];
     struct fence_take_buf b;
@@ -531,10 +544,29 @@ static int queue_ack(struct worker *w, struct flush *f, struct wjob *j)
     return queue_cmd(f, (struct item){IT_ACK, j, 0, 0, 0}, a, argv, NULL);
 }
 
-/* j's pending dead letter, its XACK (and XDEL) once it is acknowledged,
- * and, while it runs with nothing emitted in this flush (folded: its
- * FENCE_EMIT reads them), the GET of its cancel key and the EXISTS of its
- * client's lease, every CHECK_MS at most. */
+/* The XACKs due (RIDE_MS): with the rest of a flush that sends anything,
+ * or once one has waited RIDE_MS, or at once when nothing runs. Queued
+ * last: each job's done was confirmed by an earlier flush, so its order
+ * against this flush's other commands does not matter. */
+static int queue_acks(struct worker *w, struct flush *f, int64_t mono)
+{
+    bool now = rconn_batch_count(f->b) > 0 || engine_n_active(w->eng) == 0;
+    for (int i = 0; i < w->n_jobs; i++) {
+        struct wjob *j = w->jobs[i];
+        if (j->state != WJ_ACKING)
+            continue;
+        if (!j->t_ack_due)
+            j->t_ack_due = mono;
+        int rc;
+        if ((now || mono - j->t_ack_due >= RIDE_MS) && (rc = queue_ack(w, f, j)))
+            return rc;
+    }
+    return 0;
+}
+
+/* j's pending dead letter and, while it runs with nothing emitted in this
+ * flush (folded: its FENCE_EMIT reads them), the GET of its cancel key and
+ * the EXISTS of its client's lease, every CHECK_MS at most. */
 static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j, bool writes,
                            bool folded, int64_t mono)
 {
@@ -547,8 +579,6 @@ static int queue_job_state(struct worker *w, struct flush *f, struct wjob *j, bo
                              "dead", j->dead, strlen(j->dead))))
             return rc;
     }
-    if (j->state == WJ_ACKING && (rc = queue_ack(w, f, j)))
-        return rc;
     /* deltas held by coalesce_ms whose emit (which will carry the check)
      * is due within CHECK_MS / 2: no round trip of its own meanwhile */
     bool emit_soon = j->t_hold && w->opt.coalesce_ms > 0 &&
@@ -1179,6 +1209,8 @@ int w_flush_start(struct worker *w, struct rl_err *err)
      * Redis takes writes again */
     if (!rc && (f->hb || (w->redis_oom && writes && f->n_writes == 0)))
         rc = queue_heartbeat(w, f, writes);
+    if (!rc)
+        rc = queue_acks(w, f, mono);
     if (rc || rconn_batch_count(f->b) == 0) {
         settle_jobs(w); /* finished dropped jobs go even when nothing is sent */
         give_up_due(w);

@@ -132,6 +132,10 @@ struct wjob {
      * more for every job that ends between ticks */
     bool out_wait;
 
+    /* when its XACK was first due (monotonic ms; 0 = not yet): it rides
+     * with the next flush that sends anything else (publish.c, RIDE_MS) */
+    int64_t t_ack_due;
+
     /* timings, ms on the Unix clock */
     int64_t t_enqueued, t_admitted, t_first, t_last_tok;
     int n_gen;                    /* tokens this worker generated */

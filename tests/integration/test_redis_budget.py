@@ -25,13 +25,17 @@ worker sends, and, marked "lua", every command its scripts run:
 - a coalescing worker releases every job's held deltas at one tick: one
   FENCE_EMIT call carries them all, once per coalesce_ms, whenever the jobs
   started; a job that ends between ticks sends its done with the next tick,
-  not in a call of its own.
+  not in a call of its own;
+- a job's FENCE_TAKE rides in the pipeline of its first events and its XACK
+  with the next flush's other commands: no round trip of their own.
 """
 import pathlib
 import re
 import signal
 import subprocess
 import time
+
+import pytest
 
 from conftest import check_stream, connect, wait_for
 
@@ -404,3 +408,59 @@ def test_coalescing_a_done_waits_for_the_tick(workers, client, redis_addr, prefi
     assert with_done, "no emit call carried a done"
     assert all(all(o in a for o in louts) for a in with_done), \
         [[o for o in louts if o in a] for a in with_done]
+
+
+@pytest.mark.parametrize("coalesce", ["0", "40"])
+def test_take_and_ack_ride_with_other_commands(workers, client, redis_addr, prefix, tmp_path,
+                                              event_validator, coalesce):
+    """A job's FENCE_TAKE and its XACK each made a round trip of their own
+    (a wake of Redis a job, twice): the TAKE now goes in the pipeline of the
+    job's first events, in front of them, and the XACK with the next flush
+    that sends anything else. With two long jobs streaming, MONITOR shows
+    each short job's TAKE followed by an emit call that carries its first
+    event, and each XACK after a later emit than the one that carried its
+    done. Coalesce 0 (an emit every step) tells the TAKE's place apart
+    (before: in the flush ahead of the first event's); coalesce 40 the
+    XACK's (before: alone, in the flush right after its done's tick)."""
+    workers("w1", "--max-batch", "8", "--coalesce-ms", coalesce)
+    r = connect(redis_addr)
+    longs = ["l0", "l1"]
+    for jid in longs:
+        client.submit(long_job(jid))
+        wait_for(lambda: r.xlen(f"{prefix}out:{jid}") >= 2, f"{jid} streaming")
+    shorts = {f"s{n}": n for n in (3, 5, 8, 13)}
+    mon = Monitor(redis_addr, tmp_path / "monitor.txt")
+    try:
+        for k, (jid, n) in enumerate(shorts.items()):
+            client.submit(long_job(jid, n, prompt_ids=[5 + k, 6, 7]))
+        pool = [k for k in r.scan_iter(f"{prefix}jobs:*") if r.type(k) == "stream"]
+        # every short job finished and acknowledged (its pool entry deleted)
+        cmds = mon.until(lambda c: sum(1 for _, src, a in c if src != "lua" and len(a) == 6
+                                       and a[0].upper() == "EVALSHA" and a[2] == "1"
+                                       and a[3] in pool) >= len(shorts), "the XACKs", 60)
+    finally:
+        mon.stop()
+    for jid in longs:
+        r.set(f"{prefix}cancel:{jid}", 1, ex=600)
+    for jid, n in shorts.items():
+        tokens, _ = check_stream(client.events(jid), event_validator)
+        assert len(tokens) == n
+    sent = [(src, a) for _, src, a in cmds if src != "lua" and a]
+    for jid in shorts:
+        own, out = f"{prefix}own:{jid}", f"{prefix}out:{jid}"
+        take = [i for i, (_, a) in enumerate(sent)
+                if a[0].upper() == "EVALSHA" and len(a) > 4 and a[2] == "2" and a[3] == own]
+        assert len(take) == 1, (jid, len(take))
+        src = sent[take[0]][0]
+        # the next emit call (FENCE_EMIT: its first key is an out stream)
+        after = next(a for s, a in sent[take[0] + 1:] if s == src and
+                     a[0].upper() == "EVALSHA" and len(a) > 3 and a[3].startswith(f"{prefix}out:"))
+        assert out in after, (jid, "the TAKE's flush did not carry its first event")
+        emits = [i for i, (s, a) in enumerate(sent) if s == src and a[0].upper() == "EVALSHA"
+                 and out in a]
+        entry = r.hget(own, "entry")  # its pool entry, in the holder record
+        acks = [i for i, (s, a) in enumerate(sent) if s == src and len(a) == 6
+                and a[3] in pool and a[5] == entry]
+        assert len(acks) == 1, (jid, len(acks))
+        before = [i for i, (s, _) in enumerate(sent[:acks[0]]) if s == src][-1]
+        assert before != emits[-1], f"{jid}: its XACK came alone, right after its done"
