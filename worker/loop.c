@@ -242,6 +242,8 @@ static void precheck(struct worker *w, struct wjob *j, bool *cancelled, char **c
         return;
     const struct rconn_reply *r = rconn_batch_reply(w->batch, 0);
     *cancelled = w_ident_cancel_meant(j, r);
+    if (r && r->type != RCONN_ERROR)
+        w_checked_now(j); /* no second GET of it in the very next flush */
     if (j->cache_fill) {
         r = rconn_batch_reply(w->batch, 1);
         if (r && r->type == RCONN_STRING) {

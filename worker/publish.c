@@ -351,6 +351,11 @@ static int queue_take(struct worker *w, struct flush *f, struct wjob *j)
 /* Notes j's unconfirmed events (the first EMIT_EVENTS_MAX, or
  * PROBE_EVENTS) for the next FENCE_EMIT (queue_emit), unless j is backing
  * off a refusal. */
+void w_checked_now(struct wjob *j)
+{
+    j->next_check_ms = rl_mono_ms() + CHECK_MS;
+}
+
 /* Whether j is a running job whose cancel key (and client lease) is read. */
 static bool checked(const struct wjob *j)
 {

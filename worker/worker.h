@@ -343,6 +343,9 @@ int w_flush(struct worker *w, struct rl_err *err);
 int w_flush_start(struct worker *w, struct rl_err *err);
 int w_flush_finish(struct worker *w, struct rl_err *err);
 bool w_has_pending(const struct worker *w);
+/* j's cancel key was just read (admission): its next standalone check is
+ * due a check interval from now (publish.c CHECK_MS). */
+void w_checked_now(struct wjob *j);
 /* Redis refused a write for memory (n_ev events of n_jobs jobs wait):
  * enters the out-of-memory state (logged once, metrics, no admission) or
  * doubles its back-off. */

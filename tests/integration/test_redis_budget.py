@@ -456,6 +456,10 @@ def test_take_and_ack_ride_with_other_commands(workers, client, redis_addr, pref
         after = next(a for s, a in sent[take[0] + 1:] if s == src and
                      a[0].upper() == "EVALSHA" and len(a) > 3 and a[3].startswith(f"{prefix}out:"))
         assert out in after, (jid, "the TAKE's flush did not carry its first event")
+        if coalesce == "0":  # it emits every step: its check rides in the emit
+            gets = [a for s, a in sent if s == src and a[0].upper() == "GET"
+                    and a[1] == f"{prefix}cancel:{jid}"]
+            assert len(gets) == 1, (jid, "the admission's GET, then no other", len(gets))
         emits = [i for i, (s, a) in enumerate(sent) if s == src and a[0].upper() == "EVALSHA"
                  and out in a]
         entry = r.hget(own, "entry")  # its pool entry, in the holder record
