@@ -370,6 +370,34 @@ def test_coalescing_one_tick_for_the_batch(workers, client, redis_addr, prefix, 
     assert (len(times) - 1) * 0.040 <= times[-1] - times[0] + 0.030, times
 
 
+# short jobs (id: tokens) that end while long ones stream
+SHORTS = {"s3": 3, "s5": 5, "s8": 8, "s13": 13}
+
+
+def stream_longs(client, r, prefix, n):
+    """n jobs of 30,000 tokens, each streaming before the next starts."""
+    longs = [f"l{i}" for i in range(n)]
+    for jid in longs:
+        client.submit(long_job(jid))
+        wait_for(lambda: r.xlen(f"{prefix}out:{jid}") >= 2, f"{jid} streaming")
+    return longs
+
+
+def submit_shorts(client):
+    for k, (jid, n) in enumerate(SHORTS.items()):
+        client.submit(long_job(jid, n, prompt_ids=[5 + k, 6, 7]))
+
+
+def end_longs_check_shorts(client, r, prefix, longs, validator):
+    """Cancels the long jobs; every short stream is whole: gapless, done
+    last, all its tokens."""
+    for jid in longs:
+        r.set(f"{prefix}cancel:{jid}", 1, ex=600)
+    for jid, n in SHORTS.items():
+        tokens, done = check_stream(client.events(jid), validator)
+        assert len(tokens) == n and done["finish_reason"] == "length"
+
+
 def test_coalescing_a_done_waits_for_the_tick(workers, client, redis_addr, prefix, tmp_path,
                                               event_validator):
     """A job that ends between ticks sends its done (and its last delta)
@@ -379,28 +407,20 @@ def test_coalescing_a_done_waits_for_the_tick(workers, client, redis_addr, prefi
     The streams stay whole: seq gapless, done last."""
     workers("w1", "--max-batch", "8", "--coalesce-ms", "40")
     r = connect(redis_addr)
-    longs = ["l0", "l1", "l2"]
+    longs = stream_longs(client, r, prefix, 3)
     louts = [f"{prefix}out:{i}" for i in longs]
-    for i, jid in enumerate(longs):
-        client.submit(long_job(jid))
-        wait_for(lambda: r.xlen(louts[i]) >= 2, f"{jid} streaming")
-    shorts = {f"s{n}": n for n in (3, 5, 8, 13)}
     mon = Monitor(redis_addr, tmp_path / "monitor.txt")
     try:
-        for k, (jid, n) in enumerate(shorts.items()):
-            client.submit(long_job(jid, n, prompt_ids=[5 + k, 6, 7]))
+        submit_shorts(client)
+
         def ended(jid):
             last = r.xrevrange(f"{prefix}out:{jid}", count=1)
             return bool(last) and "finish_reason" in last[0][1]["event"]
-        wait_for(lambda: all(ended(j) for j in shorts), "the short jobs done", 60)
+        wait_for(lambda: all(ended(j) for j in SHORTS), "the short jobs done", 60)
         cmds = mon.until(lambda c: True, "anything")
     finally:
         mon.stop()
-    for jid in longs:
-        r.set(f"{prefix}cancel:{jid}", 1, ex=600)
-    for jid, n in shorts.items():
-        tokens, done = check_stream(client.events(jid), event_validator)
-        assert len(tokens) == n and done["finish_reason"] == "length"
+    end_longs_check_shorts(client, r, prefix, longs, event_validator)
     # only the short jobs end while MONITOR runs: every done it saw went in
     # a call that also carried the long jobs' held deltas, i.e. at a tick
     with_done = [a for _, src, a in cmds if src != "lua" and a and a[0].upper() == "EVALSHA"
@@ -424,29 +444,20 @@ def test_take_and_ack_ride_with_other_commands(workers, client, redis_addr, pref
     XACK's (before: alone, in the flush right after its done's tick)."""
     workers("w1", "--max-batch", "8", "--coalesce-ms", coalesce)
     r = connect(redis_addr)
-    longs = ["l0", "l1"]
-    for jid in longs:
-        client.submit(long_job(jid))
-        wait_for(lambda: r.xlen(f"{prefix}out:{jid}") >= 2, f"{jid} streaming")
-    shorts = {f"s{n}": n for n in (3, 5, 8, 13)}
+    longs = stream_longs(client, r, prefix, 2)
     mon = Monitor(redis_addr, tmp_path / "monitor.txt")
     try:
-        for k, (jid, n) in enumerate(shorts.items()):
-            client.submit(long_job(jid, n, prompt_ids=[5 + k, 6, 7]))
+        submit_shorts(client)
         pool = [k for k in r.scan_iter(f"{prefix}jobs:*") if r.type(k) == "stream"]
         # every short job finished and acknowledged (its pool entry deleted)
         cmds = mon.until(lambda c: sum(1 for _, src, a in c if src != "lua" and len(a) == 6
                                        and a[0].upper() == "EVALSHA" and a[2] == "1"
-                                       and a[3] in pool) >= len(shorts), "the XACKs", 60)
+                                       and a[3] in pool) >= len(SHORTS), "the XACKs", 60)
     finally:
         mon.stop()
-    for jid in longs:
-        r.set(f"{prefix}cancel:{jid}", 1, ex=600)
-    for jid, n in shorts.items():
-        tokens, _ = check_stream(client.events(jid), event_validator)
-        assert len(tokens) == n
+    end_longs_check_shorts(client, r, prefix, longs, event_validator)
     sent = [(src, a) for _, src, a in cmds if src != "lua" and a]
-    for jid in shorts:
+    for jid in SHORTS:
         own, out = f"{prefix}own:{jid}", f"{prefix}out:{jid}"
         take = [i for i, (_, a) in enumerate(sent)
                 if a[0].upper() == "EVALSHA" and len(a) > 4 and a[2] == "2" and a[3] == own]
