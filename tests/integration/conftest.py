@@ -301,6 +301,19 @@ def wait_for(cond, what, timeout=30, every=0.02):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def read_heartbeat(r, prefix, kind, name, timeout=0):
+    """The last heartbeat of the worker or dispatcher `name` (the key
+    <prefix><kind>:<name>, kind "worker" or "dispatcher"), decoded; None when
+    there is none. With a timeout, waits up to that long for one (an
+    AssertionError when none comes)."""
+    key = f"{prefix}{kind}:{name}"
+
+    def get():
+        v = r.get(key)
+        return json.loads(v) if v else None
+    return wait_for(get, f"a heartbeat at {key}", timeout) if timeout else get()
+
+
 def wait_no_pending(r, prefix, pools=("fast", "think"), timeout=10):
     """Waits up to timeout for every pool's group "workers" to have no
     pending entry, then asserts it (a job someone still holds, or one

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import MODEL, connect, job_events, wait_for, wait_no_pending
+from conftest import MODEL, connect, job_events, read_heartbeat, wait_for, wait_no_pending
 
 SYSTEM = ("You are a careful assistant for the redlm project. Answer briefly, cite the "
           "module you mean, and never invent an option that the documentation does not "
@@ -28,8 +28,7 @@ WFLAGS = ("--claim-idle-ms", "1500", "--lease-renew-ms", "300", "--claim-interva
 
 
 def hb(r, prefix, kind, name):
-    v = r.get(f"{prefix}{kind}:{name}")
-    return json.loads(v) if v else None
+    return read_heartbeat(r, prefix, kind, name)
 
 
 def dispatcher_saw(r, prefix, dname, t_ms):

@@ -35,7 +35,8 @@ import time
 
 from redis.crc import key_slot
 
-from conftest import check_stream, greedy_jobs, pool_shards, reference, stream_events, wait_for
+from conftest import (check_stream, greedy_jobs, pool_shards, read_heartbeat, reference,
+                      stream_events, wait_for)
 from test_cluster_slots import id_in_slot, request_slots
 
 FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
@@ -303,8 +304,7 @@ def holder(rc, prefix, jid):
 
 
 def heartbeat(rc, prefix, name):
-    v = rc.get(f"{prefix}worker:{name}")
-    return json.loads(v) if v else {}
+    return read_heartbeat(rc, prefix, "worker", name) or {}
 
 
 def test_jobs_go_to_their_masters_shard_and_workers_prefer_home(

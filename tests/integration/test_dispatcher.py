@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import MODEL, RedisServer, check_stream, connect, stream_events
+from conftest import MODEL, RedisServer, check_stream, connect, read_heartbeat, stream_events
 
 ROOT_SCHEMAS = __import__("conftest").SCHEMAS
 
@@ -50,14 +50,7 @@ def wait_handled(r, prefix, n_total, timeout=30):
 
 
 def heartbeat(r, prefix, name, timeout=5):
-    key = f"{prefix}dispatcher:{name}"
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = r.get(key)
-        if v:
-            return json.loads(v)
-        time.sleep(0.02)
-    raise AssertionError(f"no heartbeat at {key}")
+    return read_heartbeat(r, prefix, "dispatcher", name, timeout)
 
 
 def wait_hb(r, prefix, name, pred, timeout=10):

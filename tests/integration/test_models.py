@@ -30,7 +30,8 @@ import time
 
 import pytest
 
-from conftest import CLI, DISPATCHER, MODEL, WORKER, Daemon, connect, free_port, tap
+from conftest import (CLI, DISPATCHER, Daemon, MODEL, WORKER, connect, free_port, read_heartbeat,
+                      tap)
 from conftest import job_events as events
 
 SMALL = {  # Qwen/Qwen3-0.6B stands in as this shape
@@ -146,13 +147,7 @@ def env_with(**kv):
 
 
 def heartbeat(r, prefix, name, timeout=10):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = r.get(f"{prefix}worker:{name}")
-        if v:
-            return json.loads(v)
-        time.sleep(0.05)
-    raise AssertionError(f"no heartbeat from {name}")
+    return read_heartbeat(r, prefix, "worker", name, timeout)
 
 
 def tokens(evs):

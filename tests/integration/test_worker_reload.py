@@ -3,11 +3,10 @@ live change (default_max_tokens here), the others keep their running values
 (kv_budget_mb: the KV pool is not resized), and a config that no longer
 loads keeps the old settings. The reload is table-driven (wopts_reload ->
 cfg_apply_live), so this also proves that no hand-kept list is needed."""
-import json
 import signal
 import time
 
-from conftest import check_stream
+from conftest import check_stream, read_heartbeat
 
 
 def write_conf(path, max_tokens, kv_mb):
@@ -23,13 +22,7 @@ def n_tokens(client, validator, job_id):
 
 
 def heartbeat(client, name):
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        v = client.r.get(f"{client.prefix}worker:{name}")
-        if v:
-            return json.loads(v)
-        time.sleep(0.05)
-    raise AssertionError("no heartbeat")
+    return read_heartbeat(client.r, client.prefix, "worker", name, 10)
 
 
 def wait_log(w, text, n):
