@@ -348,9 +348,6 @@ static int queue_take(struct worker *w, struct flush *f, struct wjob *j)
     return queue_cmd(f, (struct item){IT_TAKE, j, 0, 0, 0}, a, argv, NULL);
 }
 
-/* Notes j's unconfirmed events (the first EMIT_EVENTS_MAX, or
- * PROBE_EVENTS) for the next FENCE_EMIT (queue_emit), unless j is backing
- * off a refusal. */
 void w_checked_now(struct wjob *j)
 {
     j->next_check_ms = rl_mono_ms() + CHECK_MS;
