@@ -170,7 +170,7 @@ def test_bench_engine_speculative_oracle(built):
         out = subprocess.run([str(CLI), "bench-engine", "-m", str(MODEL), "--prompt", "16",
                               "--gen", "24", "--batch", "2", "--reps", "1", "--threads", "1",
                               *extra], capture_output=True, text=True, check=True, timeout=120)
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        return json.loads(out.stdout.strip().split("\n")[-1])  # not at U+2028 etc.
     full = bench("--speculative", "oracle", "--spec-correct", "100")
     assert full["identical"] is True
     assert full["acceptance"] == 1.0
