@@ -39,7 +39,8 @@
  * only by the reader, under the lock, after the read).
  *
  * Waking the reader: anything that changes what it must read (a new
- * subscription, one drained from backpressure, the end) bumps gen. If the
+ * subscription, but one of an unwritten stream while on the bell alone:
+ * xmux_sub; one drained from backpressure, the end) bumps gen. If the
  * reader is in a read made from an older gen, kick() sends CLIENT UNBLOCK
  * <its id> from the control connection; the read answers nil at once and
  * the next round includes the change. UNBLOCK answers 0 when the reader's
@@ -85,6 +86,8 @@ struct xmux_sub {
     size_t n_held, cap_held;
     bool in_round, dead;
     bool dirty;                 /* with a bell: to be read (named by the bell, new, ...) */
+    bool unwritten;             /* dirty only as new and XMUX_UNWRITTEN: read with the next
+                                   round, never a reason to cut a blocked read short */
     bool swept;                 /* dirty only because a sweep reads every stream */
     pthread_cond_t cond;        /* entries arrived, or the reader failed */
     struct xmux_sub *prev, *next;
@@ -180,7 +183,7 @@ static void mark_key(struct xmux *m, const char *key, bool fresh)
         if (!strcmp(s->key, key)) {
             s->swept = false; /* rung for: its news is accounted for */
             if (!(fresh && s->in_round))
-                s->dirty = true;
+                s->dirty = true, s->unwritten = false;
         }
 }
 
@@ -594,7 +597,7 @@ static void *reader_main(void *arg)
              * capped by COUNT, the bell naming it again). A stream that
              * had nothing was read too: what comes later rings the bell */
             for (int i = 0; i < n; i++)
-                round[i]->dirty = false;
+                round[i]->dirty = round[i]->unwritten = false;
             deliver(m, round, n, r, sync);
             for (int i = 0; i < n; i++)
                 round[i]->swept = false;
@@ -602,7 +605,7 @@ static void *reader_main(void *arg)
         bool cut = false; /* the pair's blocking read would sit on work to do */
         if (pair_out && !m->rang)
             for (struct xmux_sub *s = m->subs; s && !cut; s = s->next)
-                cut = !s->dead && s->dirty && s->n_held < XMUX_HELD_MAX;
+                cut = !s->dead && s->dirty && !s->unwritten && s->n_held < XMUX_HELD_MAX;
         for (int i = 0; i < n; i++) {
             round[i]->in_round = false;
             if (round[i]->dead) {
@@ -760,8 +763,8 @@ void xmux_free(struct xmux *m)
     free(m);
 }
 
-int xmux_sub(struct xmux *m, const char *key, const char *from_id, struct xmux_sub **out,
-             struct rl_err *err)
+int xmux_sub(struct xmux *m, const char *key, const char *from_id, unsigned flags,
+             struct xmux_sub **out, struct rl_err *err)
 {
     *out = NULL;
     if (strlen(from_id) >= RCONN_ID_MAX)
@@ -787,9 +790,21 @@ int xmux_sub(struct xmux *m, const char *key, const char *from_id, struct xmux_s
     size_t b = bucket_of(s->key);
     s->hnext = m->bucket[b];
     m->bucket[b] = s;
-    unsigned long long g = ++m->gen;
+    /* On the bell alone, a stream that nothing has written yet needs no
+     * read now: its first write rings the bell, which wakes the reader
+     * with the stream named (the ring is answered after this insert, as
+     * the write follows the caller's submit). Cutting the read short
+     * would cost Redis a CLIENT UNBLOCK and a read, a job (issue 27).
+     * It is still read with the next round, so a caller wrong about
+     * XMUX_UNWRITTEN gets its entries then (at the latest at the sweep),
+     * not never, and they do not count against the bell (not swept).
+     * Blocked on every stream instead, the read does not name it: cut
+     * short as any new subscription. */
+    s->unwritten = (flags & XMUX_UNWRITTEN) && m->bell_only;
+    unsigned long long g = s->unwritten ? 0 : ++m->gen;
     pthread_mutex_unlock(&m->mu);
-    kick(m, g);
+    if (g)
+        kick(m, g);
     *out = s;
     return 0;
 }
@@ -971,14 +986,14 @@ void xmux_set_free(struct xmux_set *s)
     free(s);
 }
 
-int xmux_set_sub(struct xmux_set *s, const char *key, const char *from_id,
+int xmux_set_sub(struct xmux_set *s, const char *key, const char *from_id, unsigned flags,
                  struct xmux_sub **out, struct rl_err *err)
 {
     *out = NULL;
     int slot = s->cluster ? rcl_key_slot(key, strlen(key)) : 0;
     for (int i = 0; i < s->n; i++)
         if (!s->cluster || s->slot[i] == slot)
-            return xmux_sub(s->mux[i], key, from_id, out, err);
+            return xmux_sub(s->mux[i], key, from_id, flags, out, err);
     return 0;
 }
 

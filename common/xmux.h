@@ -12,7 +12,9 @@
  * Threads: xmux_create starts a reader thread. Any thread may subscribe; a
  * subscription belongs to the thread that made it until it ends it. A new
  * subscription cuts the reader's BLOCK short with CLIENT UNBLOCK (from a
- * second connection), so its first event never waits for the BLOCK time.
+ * second connection), so its first event never waits for the BLOCK time;
+ * but one made with XMUX_UNWRITTEN while the reader blocks on the bell
+ * alone, whose first write will ring the bell anyway (xmux_sub).
  *
  * Ordering: a subscription gets its stream's entries in stream order, each
  * once, from the one after from_id on; entries come as XREAD would have
@@ -98,11 +100,20 @@ bool xmux_ringer_check(struct xmux_ringer *rg, struct rconn *c, const char *bell
 /* Stops and joins the reader. Every subscription must have been ended. */
 void xmux_free(struct xmux *m);
 
+/* flags of xmux_sub. XMUX_UNWRITTEN: nothing has written key yet, nor
+ * will before this call returns (the caller subscribes before it submits
+ * the job that writes it). Then, on the bell, the reader's read is not cut
+ * short for it (a CLIENT UNBLOCK and a read fewer, each job: issue 27):
+ * the stream's first write rings the bell. Wrong about it, the caller
+ * still gets every entry, later (with the reader's next round, at the
+ * latest after sweep_ms). */
+#define XMUX_UNWRITTEN 1u
+
 /* Follows key from the entry after from_id ("0-0": from the start). *out
  * is owned by the caller until xmux_unsub. -RL_EINVAL on a cluster for a
  * key outside the reader's slot. */
-int xmux_sub(struct xmux *m, const char *key, const char *from_id, struct xmux_sub **out,
-             struct rl_err *err);
+int xmux_sub(struct xmux *m, const char *key, const char *from_id, unsigned flags,
+             struct xmux_sub **out, struct rl_err *err);
 /* Waits up to timeout_ms for entries. Returns 0 with *out a reply shaped as
  * XREAD's ([[key, [[id, [field, value, ...]], ...]]], every entry held so
  * far; the caller frees it) or NULL when none came in time; -RL_EIO when the
@@ -145,7 +156,7 @@ void xmux_set_free(struct xmux_set *s);
 /* Follows key on the reader of its slot, as xmux_sub. *out NULL (and 0
  * returned) when no reader has that slot (an id not chosen on a request
  * slot, on a cluster): the caller reads that stream on its own. */
-int xmux_set_sub(struct xmux_set *s, const char *key, const char *from_id,
+int xmux_set_sub(struct xmux_set *s, const char *key, const char *from_id, unsigned flags,
                  struct xmux_sub **out, struct rl_err *err);
 /* The request slots ids are chosen on (*slots owned by s): 0 on a single
  * instance, where any id will do. */

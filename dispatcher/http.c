@@ -1311,7 +1311,7 @@ static int pump(struct req *q)
         struct rconn_reply *r = NULL;
         struct rl_err err = {0};
         struct xmux_set *m = q->xs ? NULL : shared_reader(h);
-        if (m && xmux_set_sub(m, q->out_key, q->last, &q->xs, &err))
+        if (m && xmux_set_sub(m, q->out_key, q->last, 0, &q->xs, &err))
             q->xs = NULL; /* out of memory: this read on our own connection */
         argv[7] = q->last;
         int rc = q->xs ? xmux_next(q->xs, atoi(h->block), &r, &err)
@@ -1777,6 +1777,12 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     rcl_tagged_key(q->out_key, sizeof q->out_key, rconn_is_cluster(q->rc), h->prefix, "out:",
                    jid);
     snprintf(q->last, sizeof q->last, "0-0");
+    /* Followed before the job is queued: its stream is unwritten (the id
+     * is ours, new_id), so the shared reader need not be woken for it
+     * (XMUX_UNWRITTEN). Left to the first read (pump) if this fails. */
+    struct xmux_set *mux = shared_reader(h);
+    if (mux && xmux_set_sub(mux, q->out_key, q->last, XMUX_UNWRITTEN, &q->xs, &err))
+        q->xs = NULL;
     q->t_xadd_ms = rl_mono_ms();
     q->give_up_ms = h->timeout_s ? q->t_xadd_ms + (int64_t)h->timeout_s * 1000 + 5000 : 0;
     for (int i = 0; i < n_jobs; i++) {

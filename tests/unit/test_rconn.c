@@ -886,15 +886,15 @@ static void test_xmux_streams_apart(void **state)
     xadd_n(c, ka, 1, 3, bell);
     struct xmux *m = mk_mux(bell, 0, 0);
     struct xmux_sub *a = NULL, *b = NULL, *b2 = NULL, *cc = NULL;
-    assert_int_equal(xmux_sub(m, ka, "0-0", &a, NULL), 0);
-    assert_int_equal(xmux_sub(m, kb, "0-0", &b, NULL), 0);
+    assert_int_equal(xmux_sub(m, ka, "0-0", 0, &a, NULL), 0);
+    assert_int_equal(xmux_sub(m, kb, "0-0", 0, &b, NULL), 0);
     assert_string_equal(xmux_sub_key(b), kb);
     assert_int_equal(take_in_order(a, ka, 1, 3), 3);
     /* the reader now blocks on both; a third stream joins: CLIENT UNBLOCK
      * cuts the read short instead of waiting out its BLOCK */
     assert_true(wait_reader_blocked(c));
     long long unb = cmd_calls(c, "client|unblock");
-    assert_int_equal(xmux_sub(m, kc, "0-0", &cc, NULL), 0);
+    assert_int_equal(xmux_sub(m, kc, "0-0", 0, &cc, NULL), 0);
     assert_true(cmd_calls(c, "client|unblock") > unb);
     xadd_n(c, kc, 1, 2, bell);
     xadd_n(c, kb, 1, 4, bell);
@@ -903,7 +903,7 @@ static void test_xmux_streams_apart(void **state)
     assert_int_equal(take_in_order(b, kb, 1, 4), 4);
     assert_int_equal(take_in_order(a, ka, 4, 2), 2);
     /* one key twice, from two places: each from its own cursor */
-    assert_int_equal(xmux_sub(m, kb, "0-2", &b2, NULL), 0);
+    assert_int_equal(xmux_sub(m, kb, "0-2", 0, &b2, NULL), 0);
     xadd_n(c, kb, 5, 1, bell);
     assert_int_equal(take_in_order(b2, kb, 3, 3), 3);
     assert_int_equal(take_in_order(b, kb, 5, 1), 1);
@@ -935,9 +935,9 @@ static void test_xmux_backpressure(void **state)
     xadd_n(c, k, 1, n, bell);
     struct xmux *m = mk_mux(bell, 0, 0);
     struct xmux_sub *s = NULL, *gone = NULL;
-    assert_int_equal(xmux_sub(m, k, "0-0", &s, NULL), 0);
+    assert_int_equal(xmux_sub(m, k, "0-0", 0, &s, NULL), 0);
     /* a subscription ended while the reader may be reading it */
-    assert_int_equal(xmux_sub(m, k, "0-0", &gone, NULL), 0);
+    assert_int_equal(xmux_sub(m, k, "0-0", 0, &gone, NULL), 0);
     xmux_unsub(gone);
     /* the reader fills s up to its cap, and no further, before anything
      * is taken; the rest waits in Redis */
@@ -957,7 +957,7 @@ static void follow_n(struct xmux *m, const char *name, int n, char (*keys)[160],
 {
     for (int i = 0; i < n; i++) {
         snprintf(keys[i], sizeof keys[i], "%s%s-%d", prefix, name, i);
-        assert_int_equal(xmux_sub(m, keys[i], "0-0", &subs[i], NULL), 0);
+        assert_int_equal(xmux_sub(m, keys[i], "0-0", 0, &subs[i], NULL), 0);
     }
 }
 
@@ -1024,7 +1024,7 @@ static void test_xmux_bell(void **state)
     m = mk_mux(bell, 100, 0);
     struct xmux_sub *w[30];
     for (int i = 0; i < 30; i++) /* more than 24: on the bell alone */
-        assert_int_equal(xmux_sub(m, keys[10 + i], "0-0", &w[i], NULL), 0);
+        assert_int_equal(xmux_sub(m, keys[10 + i], "0-0", 0, &w[i], NULL), 0);
     (void)wait_reader_blocked(c);
     assert_true(stats(m).bell_on);
     xadd_n(c, keys[11], 1, 3, NULL);
@@ -1065,7 +1065,7 @@ static void test_xmux_short_io_timeout(void **state)
     struct xmux *m = mk_mux(bell, 0, 800); /* less than the usual BLOCK of 1000 ms */
     struct rl_err err = {0};
     struct xmux_sub *s = NULL;
-    assert_int_equal(xmux_sub(m, k, "0-0", &s, NULL), 0);
+    assert_int_equal(xmux_sub(m, k, "0-0", 0, &s, NULL), 0);
     struct rconn_reply *r = (struct rconn_reply *)1;
     int nrc = xmux_next(s, 1300, &r, &err);
     if (nrc)
@@ -1131,12 +1131,69 @@ static void test_xmux_bell_pair(void **state)
     /* a subscription made while the pair's second read blocks: read at once */
     snprintf(keys[35], sizeof keys[35], "%spair-%d", prefix, 35);
     xadd_n(c, keys[35], 1, 1, NULL);
-    assert_int_equal(xmux_sub(m, keys[35], "0-0", &s[35], NULL), 0);
+    assert_int_equal(xmux_sub(m, keys[35], "0-0", 0, &s[35], NULL), 0);
     assert_int_equal(take_in_order(s[35], keys[35], 1, 1), 1);
     rconn_batch_free(b);
     for (int i = 0; i < 30; i++)
         xmux_unsub(s[i]);
     xmux_unsub(s[35]);
+    xmux_free(m);
+    rconn_free(c);
+}
+
+/* XMUX_UNWRITTEN (issue 27): on the bell alone, following a stream that
+ * nothing has written yet does not cut the reader's read short (no CLIENT
+ * UNBLOCK, which costs Redis a command and a read each job); the stream's
+ * first write, rung, brings it. A caller wrong about it (entries written
+ * and rung for before it followed) still gets them, with the reader's
+ * next round, and the bell stays on. With few streams, blocked on each,
+ * the read does not name the new one: cut short as any subscription. */
+static void test_xmux_unwritten(void **state)
+{
+    (void)state;
+    struct rconn *c = mk(addr, NULL, NULL);
+    assert_int_equal(rconn_wait(c, 2000, NULL), 0);
+    char bell[160], keys[40][160];
+    snprintf(bell, sizeof bell, "%s", key("bell-unwritten"));
+    struct xmux *m = mk_mux(bell, 60000, 0); /* no sweep within the test */
+    struct xmux_sub *s[40];
+    follow_n(m, "unw", 30, keys, s); /* more than 24: on the bell alone */
+    xadd_n(c, keys[0], 1, 1, bell);
+    assert_int_equal(take_in_order(s[0], keys[0], 1, 1), 1);
+    assert_true(wait_reader_blocked(c));
+    long long unb = cmd_calls(c, "client|unblock");
+    snprintf(keys[30], sizeof keys[30], "%sunw-30", prefix);
+    assert_int_equal(xmux_sub(m, keys[30], "0-0", XMUX_UNWRITTEN, &s[30], NULL), 0);
+    assert_int_equal(cmd_calls(c, "client|unblock"), unb);
+    xadd_n(c, keys[30], 1, 2, bell);
+    assert_int_equal(take_in_order(s[30], keys[30], 1, 2), 2);
+    /* wrong about it: its ring came before it was followed (ignored then:
+     * once keys[1]'s later ring is taken, the reader is past it) */
+    snprintf(keys[31], sizeof keys[31], "%sunw-31", prefix);
+    xadd_n(c, keys[31], 1, 3, bell);
+    xadd_n(c, keys[1], 1, 1, bell);
+    assert_int_equal(take_in_order(s[1], keys[1], 1, 1), 1);
+    assert_int_equal(xmux_sub(m, keys[31], "0-0", XMUX_UNWRITTEN, &s[31], NULL), 0);
+    assert_int_equal(cmd_calls(c, "client|unblock"), unb);
+    xadd_n(c, keys[2], 1, 1, bell); /* any ring: the next round reads it too */
+    assert_int_equal(take_in_order(s[2], keys[2], 1, 1), 1);
+    assert_int_equal(take_in_order(s[31], keys[31], 1, 3), 3);
+    assert_true(stats(m).bell_on);
+    for (int i = 0; i < 32; i++)
+        xmux_unsub(s[i]);
+    xmux_free(m);
+    /* few streams: the read names each, not the new one: cut short */
+    m = mk_mux(bell, 60000, 0);
+    follow_n(m, "unw-few", 3, keys, s);
+    assert_true(wait_reader_blocked(c));
+    unb = cmd_calls(c, "client|unblock");
+    snprintf(keys[3], sizeof keys[3], "%sunw-few-3", prefix);
+    assert_int_equal(xmux_sub(m, keys[3], "0-0", XMUX_UNWRITTEN, &s[3], NULL), 0);
+    assert_true(cmd_calls(c, "client|unblock") > unb);
+    xadd_n(c, keys[3], 1, 2, NULL);
+    assert_int_equal(take_in_order(s[3], keys[3], 1, 2), 2);
+    for (int i = 0; i < 4; i++)
+        xmux_unsub(s[i]);
     xmux_free(m);
     rconn_free(c);
 }
@@ -1216,6 +1273,7 @@ int main(void)
         cmocka_unit_test_prestate(test_xmux_backpressure, (void *)"bell-many"),
         cmocka_unit_test(test_xmux_bell),
         cmocka_unit_test(test_xmux_bell_pair),
+        cmocka_unit_test(test_xmux_unwritten),
         cmocka_unit_test(test_xmux_short_io_timeout),
         cmocka_unit_test_prestate(test_xmux_short_io_timeout, (void *)"bell-io"),
         cmocka_unit_test(test_xmux_bell_refused),

@@ -859,8 +859,21 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
         snprintf(rest, sizeof rest, "jobs:%.64s",
                  o->target == LB_TARGET_POOL ? o->pool : q->mode == LB_MODE_THINK ? "think" : "fast");
     /* the layout is known once connected: a cluster's queue keys share a tag */
-    rconn_ensure(c, NULL);
+    bool known = rconn_ensure(c, NULL) == 0;
     rcl_queue_key(key, sizeof key, rconn_is_cluster(c), o->prefix, rest);
+    /* Followed before it is submitted: nothing can have written the stream
+     * yet, so the shared reader need not be woken for it (XMUX_UNWRITTEN) */
+    struct xmux_sub *sub = NULL;
+    if (known) {
+        rcl_tagged_key(out_key, sizeof out_key, rconn_is_cluster(c), o->prefix, "out:", q->id);
+        if (run->mux && xmux_set_sub(run->mux, out_key, "0-0", XMUX_UNWRITTEN, &sub, &err) < 0) {
+            free(job);
+            note_redis_error(run, &err);
+            set_code(q, "CLIENT_NOMEM");
+            q->t_done = rl_mono_s() - run->t0;
+            return;
+        }
+    }
     const char *names[] = {"job"};
     const char *values[] = {job};
     size_t lens[] = {strlen(job)};
@@ -868,20 +881,21 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
     free(job);
     double now = rl_mono_s() - run->t0;
     if (rc < 0) {
+        xmux_unsub(sub);
         note_redis_error(run, &err);
         set_code(q, "REDIS");
         q->t_done = now;
         return;
     }
-    /* after the XADD: the connection knows whether Redis is a cluster */
-    rcl_tagged_key(out_key, sizeof out_key, rconn_is_cluster(c), o->prefix, "out:", q->id);
     q->t_sent = now;
-    struct xmux_sub *sub = NULL;
-    if (run->mux && xmux_set_sub(run->mux, out_key, "0-0", &sub, &err) < 0) {
-        note_redis_error(run, &err);
-        set_code(q, "CLIENT_NOMEM");
-        q->t_done = now;
-        return;
+    if (!known) { /* connected by the XADD: the layout is known now */
+        rcl_tagged_key(out_key, sizeof out_key, rconn_is_cluster(c), o->prefix, "out:", q->id);
+        if (run->mux && xmux_set_sub(run->mux, out_key, "0-0", 0, &sub, &err) < 0) {
+            note_redis_error(run, &err);
+            set_code(q, "CLIENT_NOMEM");
+            q->t_done = now;
+            return;
+        }
     }
     read_events(run, c, q, out_key, sub);
     xmux_unsub(sub);
