@@ -2106,44 +2106,105 @@ static int own_reply(redisReply *r, const char *what, struct rconn_reply **out,
     return 0;
 }
 
-int rconn_command_then(struct rconn *c, int argc, const char *const *argv, const size_t *lens,
-                       struct rconn_reply **out, int argc2, const char *const *argv2,
-                       int block_ms, struct rl_err *err)
+/* n commands, then a second command left sent (its reply collected
+ * later), in one write to the master of the first command's slot; the n
+ * replies into out[] (each NULL until read). A redirect of the first is
+ * -RL_EIO with the map marked stale; the second is collected either way. */
+static int commands_then(struct rconn *c, int n_cmd, const int *argcs,
+                         const char *const *const *argvs, const size_t *lens0,
+                         struct rconn_reply **out, int argc2, const char *const *argv2,
+                         int block_ms, struct rl_err *err)
 {
-    *out = NULL;
-    if (argc < 1 || argc2 < 1 || block_ms < 0)
+    for (int i = 0; i < n_cmd; i++)
+        out[i] = NULL;
+    if (n_cmd < 1 || argcs[0] < 1 || argc2 < 1 || block_ms < 0)
         return rl_errf(err, RL_EINVAL, "rconn_command_then: no command");
+    const char *what0 = argvs[0][0];
     if (c->out_since_ms)
-        return rl_errf(err, RL_EINVAL, "redis %s: a command sent earlier awaits its reply",
-                       argv[0]);
+        return rl_errf(err, RL_EINVAL, "redis %s: a command sent earlier awaits its reply", what0);
     int rc = rconn_ensure(c, err);
     if (rc)
         return rc;
-    redisContext *ctx; /* both to the master of the first's slot */
+    redisContext *ctx; /* all to the master of the first's slot */
     int n;
-    if ((rc = out_conn(c, c->cluster ? rcl_command_slot(argc, argv, lens) : 0, &ctx, &n, err)))
+    if ((rc = out_conn(c, c->cluster ? rcl_command_slot(argcs[0], argvs[0], lens0) : 0, &ctx, &n,
+                       err)))
         return rc;
-    if (redisAppendCommandArgv(ctx, argc, (const char **)argv, lens) != REDIS_OK ||
-        redisAppendCommandArgv(ctx, argc2, (const char **)argv2, NULL) != REDIS_OK)
-        return conn_lost(c, n, argv[0], err);
-    void *v = NULL;
-    if (redisGetReply(ctx, &v) != REDIS_OK || !v) /* writes both, reads the first */
-        return conn_lost(c, n, argv[0], err);
+    for (int i = 0; i < n_cmd; i++)
+        if (redisAppendCommandArgv(ctx, argcs[i], (const char **)argvs[i], i ? NULL : lens0) !=
+            REDIS_OK)
+            return conn_lost(c, n, what0, err);
+    if (redisAppendCommandArgv(ctx, argc2, (const char **)argv2, NULL) != REDIS_OK)
+        return conn_lost(c, n, what0, err);
+    void *v[8] = {NULL};
+    for (int i = 0; i < n_cmd; i++)
+        if (redisGetReply(ctx, &v[i]) != REDIS_OK || !v[i]) { /* the first writes them all */
+            for (int k = 0; k < i; k++)
+                freeReplyObject(v[k]);
+            return conn_lost(c, n, what0, err);
+        }
     char what[16];
     snprintf(what, sizeof what, "%.6s (paired)", argv2[0]);
     await_reply(c, ctx, n, block_ms, what);
-    redisReply *r = v;
     int ask = 0;
-    if (n >= 0 && follow_redirect(c, n, r, &ask) != -1) {
+    if (n >= 0 && follow_redirect(c, n, v[0], &ask) != -1) {
         /* the slot moved (or is moving): the second, in the same slot, is
          * redirected too, or served here; either way it is collected, and
          * the caller reads again on the map read anew */
         c->stale = true;
-        rl_errf(err, RL_EIO, "redis cluster %s: %s: redirected (%s)", c->addr, argv[0], r->str);
-        freeReplyObject(r);
+        rl_errf(err, RL_EIO, "redis cluster %s: %s: redirected (%s)", c->addr, what0,
+                ((redisReply *)v[0])->str);
+        for (int i = 0; i < n_cmd; i++)
+            freeReplyObject(v[i]);
         return -RL_EIO;
     }
-    return own_reply(r, argv[0], out, err);
+    int first = 0;
+    for (int i = 0; i < n_cmd; i++) {
+        struct rl_err e2;
+        int r = own_reply(v[i], argvs[i][0], &out[i], i && first ? &e2 : err);
+        if (r && !first)
+            first = r;
+    }
+    return first;
+}
+
+int rconn_command_then(struct rconn *c, int argc, const char *const *argv, const size_t *lens,
+                       struct rconn_reply **out, int argc2, const char *const *argv2,
+                       int block_ms, struct rl_err *err)
+{
+    const char *const *argvs[1] = {argv};
+    return commands_then(c, 1, &argc, argvs, lens, out, argc2, argv2, block_ms, err);
+}
+
+int rconn_commands_then_xreadgroup(struct rconn *c, int n_cmd, const int *argcs,
+                                   const char *const *const *argvs, struct rconn_reply **out,
+                                   const char *group, const char *consumer, int n_keys,
+                                   const char *const *keys, int count, int block_ms,
+                                   struct rl_err *err)
+{
+    for (int i = 0; i < n_cmd && i < 8; i++)
+        out[i] = NULL;
+    if (n_cmd < 1 || n_cmd > 8 || n_keys < 1 || n_keys > 64 || count < 1 || block_ms < 1)
+        return rl_errf(err, RL_EINVAL, "XREADGROUP (paired): 1-8 commands, 1-64 keys, "
+                       "count >= 1, BLOCK >= 1");
+    int rc = rconn_ensure(c, err);
+    if (rc)
+        return rc;
+    if (c->cluster) { /* all go to one master: every key in the read's slot */
+        int slot = rcl_key_slot(keys[0], strlen(keys[0]));
+        bool one = true;
+        for (int i = 0; one && i < n_cmd; i++)
+            one = rcl_command_slot(argcs[i], argvs[i], NULL) == slot;
+        for (int i = 1; one && i < n_keys; i++)
+            one = rcl_key_slot(keys[i], strlen(keys[i])) == slot;
+        if (!one)
+            return rl_errf(err, RL_EUNSUPPORTED, "%s then XREADGROUP: not one slot's keys",
+                           argvs[0][0]);
+    }
+    const char *argv2[10 + 2 * 64];
+    char cnt[16], blk[16];
+    int a = xreadgroup_argv(argv2, cnt, blk, group, consumer, n_keys, keys, ">", count, block_ms);
+    return commands_then(c, n_cmd, argcs, argvs, NULL, out, a, argv2, block_ms, err);
 }
 
 int rconn_collect(struct rconn *c, int wait_ms, struct rconn_reply **out, bool *came,

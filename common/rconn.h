@@ -266,6 +266,18 @@ int rconn_xreadgroup_collect(struct rconn *c, int n_keys, const char *const *key
 int rconn_command_then(struct rconn *c, int argc, const char *const *argv, const size_t *lens,
                        struct rconn_reply **out, int argc2, const char *const *argv2,
                        int block_ms, struct rl_err *err);
+/* Like rconn_command_then, with n_cmd (1-8) commands first, their
+ * replies in out[0..n_cmd) (error replies included; the first failure is
+ * returned), and a standing read (as rconn_xreadgroup_send, BLOCK
+ * block_ms >= 1) second, collected with rconn_xreadgroup_collect. Issue
+ * 27: a worker's admission check and the re-arm of its read, one read
+ * event in Redis where they cost two. On a cluster every key must be in
+ * the read's slot (-RL_EUNSUPPORTED otherwise). */
+int rconn_commands_then_xreadgroup(struct rconn *c, int n_cmd, const int *argcs,
+                                   const char *const *const *argvs, struct rconn_reply **out,
+                                   const char *group, const char *consumer, int n_keys,
+                                   const char *const *keys, int count, int block_ms,
+                                   struct rl_err *err);
 /* Waits up to wait_ms (0: only looks) for the reply of the command left
  * sent: *came false, not yet; true, *out its reply (NULL after a failure;
  * error replies return -RL_EINVAL as rconn_command's). -RL_EIO and the

@@ -218,9 +218,53 @@ static int submit(struct worker *w, struct wjob *j, struct rl_err *err)
     return engine_submit(w->eng, &r, &j->eng_id, err);
 }
 
+static bool stand_send(struct worker *w, int l, int share, bool block);
+static int stand_block_ms(const struct worker *w, bool block);
+static int lane_streams(struct worker *w, int l, const char **keys, int *idx);
+
+/* The admission check as the first of a pair on lane w->pair_lane (a
+ * single instance: the lane's connection reaches every key): the GET of
+ * the cancel key (and of the cache entry), then the lane's next standing
+ * read, in one write. The read comes back only when a job arrives, so the
+ * check went alone before: two read events for Redis each admission, now
+ * one (issue 27 point 3). The read is sent as stand_send_all would after
+ * this admission: the room less this job's slot. false when not paired
+ * (no lane, no room left, a cluster, or the check failed: the caller
+ * checks alone, and stand_send_all sends the read if it is not out). */
+static bool precheck_paired(struct worker *w, int n, const int *argcs,
+                            const char *const *const *argvs, struct rconn_reply **out)
+{
+    int l = w->pair_lane;
+    w->pair_lane = -1;
+    if (l < 0 || w_cluster(w) || rconn_awaiting(w->lane[l].rc))
+        return false;
+    int room = w_admissible(w) - 1;
+    if (room <= 0)
+        return false;
+    struct w_lane *ln = &w->lane[l];
+    ln->n = lane_streams(w, l, ln->keys, ln->idx);
+    int count = (room + ln->n - 1) / ln->n;
+    struct rl_err err;
+    int rc = rconn_commands_then_xreadgroup(ln->rc, n, argcs, argvs, out, w->opt.group,
+                                            w->opt.name, ln->n, ln->keys, count,
+                                            stand_block_ms(w, true), &err);
+    if (rconn_awaiting(ln->rc)) /* the read went, whatever the check's answer */
+        ln->want = count * ln->n;
+    if (rc) {
+        for (int i = 0; i < n; i++) {
+            rconn_reply_free(out[i]);
+            out[i] = NULL;
+        }
+        RL_LOG(&w->log, RL_LOG_DEBUG, "admission check with the read: %s", err.msg);
+        return false;
+    }
+    return true;
+}
+
 /* GET <prefix>cancel:<id> (meant for this request: ident.c) and GET of
- * the cache entry, in one round trip. A Redis failure here counts as "not cancelled, not cached": the
- * per-step check catches a cancel soon after. */
+ * the cache entry, in one round trip (with the lane's next read when it
+ * can: precheck_paired). A Redis failure here counts as "not cancelled,
+ * not cached": the per-step check catches a cancel soon after. */
 static void precheck(struct worker *w, struct wjob *j, bool *cancelled, char **cached,
                      size_t *cached_len)
 {
@@ -229,31 +273,38 @@ static void precheck(struct worker *w, struct wjob *j, bool *cancelled, char **c
     struct rl_err err;
     char ck[W_KEY_MAX + 16];
     rcl_tagged_key(ck, sizeof ck, w_cluster(w), w->opt.prefix, "cancel:", j->id);
-    rconn_batch_reset(w->batch);
-    const char *a1[2] = {"GET", ck};
-    if (rconn_batch_add(w->batch, 2, a1, NULL, &err))
-        return;
-    if (j->cache_fill) {
-        const char *a2[2] = {"GET", j->cache_key};
-        if (rconn_batch_add(w->batch, 2, a2, NULL, &err))
+    /* two GETs, not an MGET: an ACL lets the worker read each of the two
+     * keys, but no one command read both */
+    const char *a1[2] = {"GET", ck}, *a2[2] = {"GET", j->cache_key};
+    const char *const *argvs[2] = {a1, a2};
+    const int argcs[2] = {2, 2};
+    int n = j->cache_fill ? 2 : 1;
+    struct rconn_reply *pr[2] = {NULL, NULL};
+    const struct rconn_reply *r[2] = {NULL, NULL};
+    if (precheck_paired(w, n, argcs, argvs, pr)) {
+        r[0] = pr[0], r[1] = pr[1];
+    } else {
+        rconn_batch_reset(w->batch);
+        for (int i = 0; i < n; i++)
+            if (rconn_batch_add(w->batch, argcs[i], argvs[i], NULL, &err))
+                return;
+        if (rconn_batch_exec(w->rc, w->batch, &err))
             return;
+        for (int i = 0; i < n; i++)
+            r[i] = rconn_batch_reply(w->batch, i);
     }
-    if (rconn_batch_exec(w->rc, w->batch, &err))
-        return;
-    const struct rconn_reply *r = rconn_batch_reply(w->batch, 0);
-    *cancelled = w_ident_cancel_meant(j, r);
-    if (r && r->type != RCONN_ERROR)
+    *cancelled = w_ident_cancel_meant(j, r[0]);
+    if (r[0] && r[0]->type != RCONN_ERROR)
         w_checked_now(j); /* no second GET of it in the very next flush */
-    if (j->cache_fill) {
-        r = rconn_batch_reply(w->batch, 1);
-        if (r && r->type == RCONN_STRING) {
-            *cached = malloc(r->len + 1);
-            if (*cached) {
-                memcpy(*cached, r->str, r->len + 1);
-                *cached_len = r->len;
-            }
+    if (j->cache_fill && r[1] && r[1]->type == RCONN_STRING) {
+        *cached = malloc(r[1]->len + 1);
+        if (*cached) {
+            memcpy(*cached, r[1]->str, r[1]->len + 1);
+            *cached_len = r[1]->len;
         }
     }
+    rconn_reply_free(pr[0]);
+    rconn_reply_free(pr[1]);
 }
 
 int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t deliveries,
@@ -896,15 +947,19 @@ static int lane_streams(struct worker *w, int l, const char **keys, int *idx)
  * only grows while reads wait (admissions come from them), but the KV
  * estimate may shrink: a job taken beyond it waits its turn in the
  * engine's queue. */
+static int stand_block_ms(const struct worker *w, bool block)
+{
+    return !block ? -1 : w->opt.read_block_ms > 0 ? w->opt.read_block_ms : 1000;
+}
+
 static bool stand_send(struct worker *w, int l, int share, bool block)
 {
     struct rl_err err;
     struct w_lane *ln = &w->lane[l];
     ln->n = lane_streams(w, l, ln->keys, ln->idx);
     int count = (share + ln->n - 1) / ln->n;
-    int block_ms = !block ? -1 : w->opt.read_block_ms > 0 ? w->opt.read_block_ms : 1000;
     if (!rconn_xreadgroup_send(ln->rc, w->opt.group, w->opt.name, ln->n, ln->keys, count,
-                               block_ms, &err)) {
+                               stand_block_ms(w, block), &err)) {
         ln->want = count * ln->n;
         return true;
     }
@@ -1017,8 +1072,13 @@ static void standing_read(struct worker *w, int k, int wait_ms, bool draining)
         if (!came)
             continue;
         came_any = true;
-        for (int i = 0; i < ents.n; i++) /* delivered to us: taken even when draining */
+        for (int i = 0; i < ents.n; i++) { /* delivered to us: taken even when draining */
+            /* the last one's admission check goes with this lane's next
+             * read (precheck_paired): on a single instance, its one lane */
+            w->pair_lane = i == ents.n - 1 && !draining && !w_cluster(w) ? l : -1;
             admit_read(w, ln->idx[ents.v[i].stream], &ents.v[i]);
+            w->pair_lane = -1;
+        }
         rconn_entries_free(&ents);
     }
     if (came_any && !draining)

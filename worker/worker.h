@@ -222,6 +222,10 @@ struct worker {
      * their jobs come rather than every steal_ms */
     int home_lane;
     int foreign_room;
+    /* The lane whose standing read came back with the job being admitted
+     * (its last entry; loop.c standing_read): that job's admission check
+     * goes out with the lane's next read (precheck). -1: none. */
+    int pair_lane;
     struct rconn_batch *batch;
     struct fence fence;           /* the fencing scripts' SHA1s */
     bool checks_apart;            /* an ACL refused FENCE_EMIT with the check keys in it

@@ -27,7 +27,9 @@ worker sends, and, marked "lua", every command its scripts run:
   started; a job that ends between ticks sends its done with the next tick,
   not in a call of its own;
 - a job's FENCE_TAKE rides in the pipeline of its first events and its XACK
-  with the next flush's other commands: no round trip of their own.
+  with the next flush's other commands: no round trip of their own;
+- a job's admission check (GET of its cancel key) goes in one write with
+  the standing read sent again after it, on that read's connection.
 """
 import pathlib
 import re
@@ -468,7 +470,7 @@ def test_take_and_ack_ride_with_other_commands(workers, client, redis_addr, pref
                      a[0].upper() == "EVALSHA" and len(a) > 3 and a[3].startswith(f"{prefix}out:"))
         assert out in after, (jid, "the TAKE's flush did not carry its first event")
         if coalesce == "0":  # it emits every step: its check rides in the emit
-            gets = [a for s, a in sent if s == src and a[0].upper() == "GET"
+            gets = [a for s, a in sent if a[0].upper() == "GET"
                     and a[1] == f"{prefix}cancel:{jid}"]
             assert len(gets) == 1, (jid, "the admission's GET, then no other", len(gets))
         emits = [i for i, (s, a) in enumerate(sent) if s == src and a[0].upper() == "EVALSHA"
@@ -479,3 +481,47 @@ def test_take_and_ack_ride_with_other_commands(workers, client, redis_addr, pref
         assert len(acks) == 1, (jid, len(acks))
         before = [i for i, (s, _) in enumerate(sent[:acks[0]]) if s == src][-1]
         assert before != emits[-1], f"{jid}: its XACK came alone, right after its done"
+
+
+def test_admission_check_rides_with_the_next_read(workers, client, redis_addr, prefix, tmp_path,
+                                                  event_validator):
+    """A job's admission check (the GET of its cancel key) went alone, and
+    the worker's standing read, answered by that job, was sent again apart:
+    two round trips, two read events for Redis, each job. The check now
+    goes first in the write that sends the read again, on the read's own
+    connection: MONITOR shows each job's one GET (and its cache entry's)
+    followed, from the same client, by the XREADGROUP; and a job cancelled
+    before it is admitted still ends at once with nothing generated."""
+    workers("w1", "--max-batch", "4")
+    jobs = [f"adm{k}" for k in range(3)]
+    mon = Monitor(redis_addr, tmp_path / "monitor.txt")
+    try:
+        for jid in jobs:  # one at a time: each read brings one job
+            client.submit(long_job(jid, 2))
+            check_stream(client.events(jid), event_validator)
+        last = f"{prefix}cancel:{jobs[-1]}"
+
+        def read_after_last_check(c):
+            at = [i for i, (_, _, a) in enumerate(c) if a and a[0].upper() == "GET"
+                  and a[1:2] == [last]]
+            return bool(at) and any(a and a[0].upper() == "XREADGROUP" and s == c[at[0]][1]
+                                    for _, s, a in c[at[0] + 1:])
+        cmds = mon.until(read_after_last_check, "the read after the last job's check")
+    finally:
+        mon.stop()
+    sent = [(src, a) for _, src, a in cmds if src != "lua" and a]
+    for jid in jobs:
+        gets = [i for i, (_, a) in enumerate(sent)
+                if a[0].upper() == "GET" and a[1:2] == [f"{prefix}cancel:{jid}"]]
+        assert len(gets) == 1, (jid, len(gets))
+        src = sent[gets[0]][0]
+        # (its result-cache entry's GET may come between: a check too)
+        nxt = next((a for s, a in sent[gets[0] + 1:] if s == src and a[0].upper() != "GET"),
+                   [""])
+        assert nxt[0].upper() == "XREADGROUP", (jid, "its check went alone", nxt[:4])
+    r = connect(redis_addr)
+    r.set(f"{prefix}cancel:pre", 1, ex=600)
+    client.submit(long_job("pre", 50))
+    evs = client.events("pre")
+    _, done = check_stream(evs, event_validator)
+    assert done["finish_reason"] == "cancelled" and len(evs) == 1

@@ -1198,6 +1198,70 @@ static void test_xmux_unwritten(void **state)
     rconn_free(c);
 }
 
+/* Commands, then a standing read, in one write (issue 27: a worker's
+ * admission check and its next read): the commands' replies at once, error
+ * replies included (the first failure returned, the read still out); the
+ * read blocks in Redis and is collected as any standing read; nothing
+ * else may use the connection meanwhile. */
+static void test_commands_then_read(void **state)
+{
+    (void)state;
+    struct rconn *c = mk(addr, NULL, NULL), *w = mk(addr, NULL, NULL);
+    struct rl_err err = {0};
+    const char *jobs = key("then:jobs"), *keys[] = {jobs};
+    const char *k1 = key("then:a"), *k2 = key("then:b");
+    assert_int_equal(rconn_xgroup_create(w, jobs, "workers", "0", &err), 0);
+    const char *set[] = {"SET", k1, "one"};
+    cmd_ok(w, 3, set);
+    const char *g1[] = {"GET", k1}, *g2[] = {"GET", k2};
+    const char *const *argvs[] = {g1, g2};
+    const int argcs[] = {2, 2};
+    struct rconn_reply *out[2] = {NULL, NULL};
+    const char *ping[] = {"PING"};
+    assert_int_equal(rconn_command(c, 1, ping, NULL, NULL, &err), 0); /* connected */
+    long long reads0 = info_field(w, "stats", "total_reads_processed:");
+    assert_int_equal(rconn_commands_then_xreadgroup(c, 2, argcs, argvs, out, "workers", "ws", 1,
+                                                    keys, 4, 5000, &err), 0);
+    /* one read event for the three (less w's own INFO) */
+    assert_int_equal(info_field(w, "stats", "total_reads_processed:") - reads0, 2);
+    assert_int_equal(out[0]->type, RCONN_STRING);
+    assert_string_equal(out[0]->str, "one");
+    assert_int_equal(out[1]->type, RCONN_NIL);
+    rconn_reply_free(out[0]);
+    rconn_reply_free(out[1]);
+    assert_true(rconn_awaiting(c));
+    for (int t = 0; t < 5000 && !blocked_xreadgroup(w); t++)
+        sleep_ms(1);
+    assert_true(blocked_xreadgroup(w) > 0);
+    assert_int_equal(rconn_command(c, 1, ping, NULL, NULL, &err), -RL_EINVAL);
+    char id[RCONN_ID_MAX];
+    const char *names[] = {"job"}, *vals[] = {"{}"};
+    assert_int_equal(rconn_xadd(w, jobs, "*", 0, 1, names, vals, NULL, id, NULL, &err), 0);
+    struct rconn_entries e;
+    bool came = false;
+    assert_int_equal(rconn_xreadgroup_collect(c, 1, keys, 3000, &e, &came, &err), 0);
+    assert_true(came);
+    assert_int_equal(e.n, 1);
+    assert_string_equal(e.v[0].id, id);
+    rconn_entries_free(&e);
+    /* a refused command: its error, the first failure, and the read out */
+    const char *bad[] = {"NOSUCHCOMMAND", k1};
+    const char *const *argvs2[] = {g1, bad};
+    assert_int_equal(rconn_commands_then_xreadgroup(c, 2, argcs, argvs2, out, "workers", "ws", 1,
+                                                    keys, 4, 100, &err), -RL_EINVAL);
+    assert_int_equal(out[0]->type, RCONN_STRING);
+    assert_int_equal(out[1]->type, RCONN_ERROR);
+    rconn_reply_free(out[0]);
+    rconn_reply_free(out[1]);
+    assert_true(rconn_awaiting(c));
+    assert_int_equal(rconn_xreadgroup_collect(c, 1, keys, 3000, &e, &came, &err), 0);
+    assert_true(came);
+    assert_int_equal(e.n, 0); /* its BLOCK ran out */
+    assert_int_equal(rconn_command(c, 1, ping, NULL, NULL, &err), 0);
+    rconn_free(c);
+    rconn_free(w);
+}
+
 /* An ACL that does not let the reader read the bell: refused with the
  * reason (the caller then blocks on every stream). */
 static void test_xmux_bell_refused(void **state)
@@ -1273,6 +1337,7 @@ int main(void)
         cmocka_unit_test_prestate(test_xmux_backpressure, (void *)"bell-many"),
         cmocka_unit_test(test_xmux_bell),
         cmocka_unit_test(test_xmux_bell_pair),
+        cmocka_unit_test(test_commands_then_read),
         cmocka_unit_test(test_xmux_unwritten),
         cmocka_unit_test(test_xmux_short_io_timeout),
         cmocka_unit_test_prestate(test_xmux_short_io_timeout, (void *)"bell-io"),
