@@ -1361,6 +1361,58 @@ int rconn_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
     return 0;
 }
 
+static void await_reply(struct rconn *c, redisContext *ctx, int n, int block_ms,
+                        const char *what);
+static int xreadgroup_argv(const char **argv, char *cnt, char *blk, const char *group,
+                           const char *consumer, int n_keys, const char *const *keys,
+                           const char *id, int count, int block_ms);
+
+int rconn_batch_exec_then_xreadgroup(struct rconn *c, struct rconn_batch *b, const char *group,
+                                     const char *consumer, int n_keys, const char *const *keys,
+                                     int count, int block_ms, struct rl_err *err)
+{
+    if (n_keys < 1 || n_keys > 64 || count < 1 || block_ms < 1)
+        return rl_errf(err, RL_EINVAL, "XREADGROUP (paired): 1-64 keys, count >= 1, BLOCK >= 1");
+    if (c->out_since_ms)
+        return rl_errf(err, RL_EINVAL, "pipeline: a read sent earlier awaits its reply");
+    b->sent_on = 0;
+    int rc = rconn_ensure(c, err);
+    if (rc)
+        return rc;
+    if (c->cluster)
+        return rl_errf(err, RL_EUNSUPPORTED, "pipeline then XREADGROUP: a single instance only");
+    for (int i = b->n_done; i < b->n; i++)
+        if (redisAppendFormattedCommand(c->ctx, b->cmd[i], (size_t)b->cmd_len[i]) != REDIS_OK)
+            return lost(c, "pipeline", err);
+    const char *argv[10 + 2 * 64];
+    char cnt[16], blk[16];
+    int a = xreadgroup_argv(argv, cnt, blk, group, consumer, n_keys, keys, ">", count, block_ms);
+    if (redisAppendCommandArgv(c->ctx, a, argv, NULL) != REDIS_OK)
+        return lost(c, "pipeline", err);
+    /* the batch's replies, as rconn_batch_exec reads them (the first
+     * redisGetReply writes everything); the read's stays to collect */
+    while (b->n_done < b->n) {
+        void *v = NULL;
+        if (redisGetReply(c->ctx, &v) != REDIS_OK || !v)
+            return lost(c, "pipeline", err);
+        redisReply *r = v;
+        struct rconn_reply *dst = &b->replies[b->n_done];
+        if (copy_reply(dst, r)) {
+            clear_reply(dst);
+            memset(dst, 0, sizeof *dst);
+            freeReplyObject(r);
+            rconn_disconnect(c);
+            return rl_errf(err, RL_ENOMEM, "pipeline: out of memory copying a reply");
+        }
+        freeReplyObject(r);
+        if (dst->type == RCONN_ERROR)
+            b->n_errors++;
+        b->done[b->n_done++] = 1;
+    }
+    await_reply(c, c->ctx, -1, block_ms, "XREADG (paired)");
+    return 0;
+}
+
 int rconn_batch_count(const struct rconn_batch *b) { return b->n; }
 int rconn_batch_n_done(const struct rconn_batch *b) { return b->n_done; }
 int rconn_batch_n_errors(const struct rconn_batch *b) { return b->n_errors; }

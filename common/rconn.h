@@ -167,6 +167,16 @@ int rconn_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
  * written to (else those commands stay unanswered, -RL_EIO, to be sent
  * again). Between the two nothing else may use c or b. */
 int rconn_batch_send(struct rconn *c, struct rconn_batch *b, struct rl_err *err);
+/* rconn_batch_exec, then a standing read (as rconn_xreadgroup_send, BLOCK
+ * block_ms >= 1) in the same write, left to collect with
+ * rconn_xreadgroup_collect: the dispatcher's round ends in its next read
+ * (issue 27: one read event in Redis where the two cost two). A single
+ * instance only (-RL_EUNSUPPORTED on a cluster, nothing sent). The batch's
+ * replies are read as rconn_batch_exec reads them; the read is out only
+ * when they all were (0 returned). */
+int rconn_batch_exec_then_xreadgroup(struct rconn *c, struct rconn_batch *b, const char *group,
+                                     const char *consumer, int n_keys, const char *const *keys,
+                                     int count, int block_ms, struct rl_err *err);
 int rconn_batch_count(const struct rconn_batch *b);
 int rconn_batch_n_done(const struct rconn_batch *b);
 /* Error replies among the replies read so far. */

@@ -174,6 +174,9 @@ struct disp {
 
     int64_t t_start_ms;
     int64_t next_stats_ms, next_hb_ms, next_claim_ms, next_wd_ms;
+    /* d_run's SIGHUP flag, seen by commit (pair_ok): a reload waits for no
+     * paired read */
+    volatile sig_atomic_t *reload_req;
     char claim_cursor[RCONN_ID_MAX];
     uint64_t watchdog_usec;
     int64_t rate_t_ms, rate_n;    /* requests handled since rate_t_ms */

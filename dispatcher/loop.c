@@ -17,6 +17,10 @@
  *                  cached:true and this request's timings), EXPIRE, XACK
  *        invalid:  error + done(error) on out:<id>, EXPIRE, XADD dead, XACK
  *        overload: error OVERLOADED (+ retry_after_ms) + done, EXPIRE, XACK
+ * On a single instance the round's write of transactions also carries the
+ * next read of new requests (pair_ok, paired_round): one read event for
+ * Redis where the two cost two, each round (issue 27 point 3); the loop's
+ * other work waits for that read to come back (a round at most).
  * Because the XACK is inside the transaction with what it answers, a
  * request is either fully handled or still pending: never forwarded twice,
  * never lost. A round that fails part-way (Redis gone) leaves the rest
@@ -817,6 +821,40 @@ static void fwd_gc_add(struct disp *d, const struct dreq *q)
         d->fwd_gc[d->n_fwd_gc++] = k;
 }
 
+/* How long the next read of new requests may block: until the next
+ * heartbeat, watchdog ping or due offer (da_next_due_ms), cfg.block_ms at
+ * most. */
+static int read_block_ms(struct disp *d)
+{
+    int64_t now = rl_wall_ms(), block = d->next_hb_ms - now;
+    if (d->watchdog_usec && d->next_wd_ms - now < block)
+        block = d->next_wd_ms - now; /* a blocked read must not starve the watchdog */
+    if (block > d->cfg.block_ms)
+        block = d->cfg.block_ms;
+    int64_t due = da_next_due_ms(d);
+    if (due >= 0 && due < block)
+        block = due; /* ... on time, even while no request comes */
+    return block < 1 ? 1 : (int)block;
+}
+
+/* Whether a round's commit may end in the next read of new requests (one
+ * write, one read event in Redis: issue 27 point 3; d_run collects it,
+ * paired_round): on a single instance, when that read is what the loop
+ * would do next anyway, with nothing else due first (every other use of
+ * the connection waits while a read is out). */
+static bool pair_ok(struct disp *d)
+{
+    if (rconn_is_cluster(d->rc) || d->own_pending || d->own_again || !d->groups_ok ||
+        (d->reload_req && *d->reload_req))
+        return false;
+    for (int i = 0; i < d->n_intake; i++)
+        if (d->intake[i].repair)
+            return false;
+    int64_t now = rl_wall_ms();
+    return now < d->next_hb_ms && now < d->next_claim_ms && now < d->next_repair_ms &&
+           (!d->watchdog_usec || now < d->next_wd_ms) && da_next_due_ms(d) != 0;
+}
+
 static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
 {
     struct rconn_batch *b = d->batch;
@@ -878,7 +916,10 @@ static int commit(struct disp *d, struct dreq *qs, int n, struct rl_err *err)
     }
     if (!n_tx)
         return 0;
-    int xrc = rconn_batch_exec(d->rc, b, err);
+    int xrc = pair_ok(d) ? rconn_batch_exec_then_xreadgroup(d->rc, b, GROUP_REQ, d->name,
+                                                            d->n_intake, d->intake_keys, D_BATCH,
+                                                            read_block_ms(d), err)
+                         : rconn_batch_exec(d->rc, b, err);
     int64_t routed[D_MAX_POOLS] = {0}, auto_routed[D_MAX_POOLS] = {0};
     int64_t invalid = 0, overloaded = 0, handled = 0;
     for (int i = 0; i < n; i++) {
@@ -1194,11 +1235,49 @@ static void d_reload(struct disp *d)
            d->cfg.think_rules.n, d->cfg.max_waiting);
 }
 
+static void read_failed(struct disp *d, const struct rl_err *err)
+{
+    if (strstr(err->msg, "NOGROUP"))
+        d->groups_ok = false; /* Redis lost it (restarted empty) */
+    d->own_again = true;      /* the read may have delivered before it broke */
+    RL_LOG(&d->log, RL_LOG_DEBUG, "XREADGROUP: %s", err->msg);
+}
+
+/* The read of new requests sent with the last round's commit (pair_ok):
+ * collected (in steps, so that a stop is seen) and handled as d_run's
+ * own read is. Its BLOCK ends by the loop's next due time, and a commit
+ * pairs only while nothing else is due, so the loop's other work (the
+ * heartbeat, claims, offers, a reload) waits one round at most. */
+static void paired_round(struct disp *d)
+{
+    if (d->watchdog_usec && rl_wall_ms() >= d->next_wd_ms) {
+        sd_notify(0, "WATCHDOG=1");
+        d->next_wd_ms = rl_wall_ms() + (int64_t)(d->watchdog_usec / 2000);
+    }
+    struct rconn_entries ents = {0};
+    struct rl_err err;
+    bool came = false;
+    if (rconn_xreadgroup_collect(d->rc, d->n_intake, d->intake_keys, 100, &ents, &came, &err)) {
+        read_failed(d, &err);
+        return;
+    }
+    if (!came)
+        return;
+    handle(d, &ents);
+    rconn_entries_free(&ents);
+    repair_intake(d, false);
+}
+
 int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *reload)
 {
     bool was_up = true, notified = false;
     d->rate_t_ms = rl_wall_ms();
+    d->reload_req = reload;
     while (!*stop) {
+        if (rconn_awaiting(d->rc)) { /* the read that went with the last commit */
+            paired_round(d);
+            continue;
+        }
         int64_t now = rl_wall_ms();
         if (*reload) {
             *reload = 0;
@@ -1254,17 +1333,8 @@ int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *re
         }
         struct rconn_entries ents = {0};
         struct rl_err err;
-        int64_t block = d->next_hb_ms - rl_wall_ms();
-        if (d->watchdog_usec && d->next_wd_ms - rl_wall_ms() < block)
-            block = d->next_wd_ms - rl_wall_ms(); /* a blocked read must not starve the watchdog */
-        if (block > d->cfg.block_ms)
-            block = d->cfg.block_ms;
         da_sweep(d); /* offers past affinity_wait_ms go to their pools */
-        int64_t due = da_next_due_ms(d);
-        if (due >= 0 && due < block)
-            block = due; /* ... on time, even while no request comes */
-        if (block < 1)
-            block = 1;
+        int block = read_block_ms(d);
         if (!d->own_pending && d->own_again && now >= d->next_own_ms) {
             d->own_pending = true;
             d->own_again = false;
@@ -1282,12 +1352,9 @@ int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *re
                                          &d->intake_keys[d->own_stream], oi->own_cursor, D_BATCH,
                                          -1, &ents, &err)
                       : rconn_xreadgroup(d->rc, GROUP_REQ, d->name, d->n_intake, d->intake_keys,
-                                         ">", D_BATCH, (int)block, &ents, &err);
+                                         ">", D_BATCH, block, &ents, &err);
         if (rrc) {
-            if (strstr(err.msg, "NOGROUP"))
-                d->groups_ok = false; /* Redis lost it (restarted empty) */
-            d->own_again = true;      /* the read may have delivered before it broke */
-            RL_LOG(&d->log, RL_LOG_DEBUG, "XREADGROUP: %s", err.msg);
+            read_failed(d, &err);
             continue;
         }
         if (own) {
@@ -1304,7 +1371,9 @@ int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *re
     }
     sd_notify(0, "STOPPING=1");
     RL_LOG(&d->log, RL_LOG_INFO, "stopping");
-    if (rconn_connected(d->rc))
+    if (rconn_awaiting(d->rc)) /* what it delivered stays pending: leave_group keeps us then */
+        rconn_disconnect(d->rc);
+    if (rconn_connected(d->rc) || rconn_ensure(d->rc, NULL) == 0)
         leave_group(d);
     return 0;
 }

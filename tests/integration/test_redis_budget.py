@@ -29,8 +29,11 @@ worker sends, and, marked "lua", every command its scripts run:
 - a job's FENCE_TAKE rides in the pipeline of its first events and its XACK
   with the next flush's other commands: no round trip of their own;
 - a job's admission check (GET of its cancel key) goes in one write with
-  the standing read sent again after it, on that read's connection.
+  the standing read sent again after it, on that read's connection;
+- a dispatcher's round (its transactions) goes in one write with its next
+  read of new requests.
 """
+import json
 import pathlib
 import re
 import signal
@@ -88,6 +91,11 @@ def calls(cmds, name, key, lua):
     return [(t, a) for t, src, a in cmds
             if a and a[0].upper() == name and len(a) > 1 and a[1] == key
             and (src == "lua") == lua]
+
+
+def send(r, prefix, job):
+    """XADD one request to the dispatchers' intake."""
+    return r.xadd(f"{prefix}requests", {"job": json.dumps(job)})
 
 
 def long_job(jid, n=30000, **kw):
@@ -525,3 +533,35 @@ def test_admission_check_rides_with_the_next_read(workers, client, redis_addr, p
     evs = client.events("pre")
     _, done = check_stream(evs, event_validator)
     assert done["finish_reason"] == "cancelled" and len(evs) == 1
+
+
+def test_dispatcher_round_ends_in_its_next_read(dispatchers, redis_addr, prefix):
+    """A dispatcher's round was: a read of new requests, answered when one
+    comes; the transactions that forward them; then the next read, sent
+    apart: two read events for Redis of the dispatcher's own each round.
+    The next read now goes in the write of the round's transactions. With
+    requests sent one at a time (the client's XADD, then its blocking read
+    of the pool, answered by the forward: two events of the client's own),
+    Redis reads about three events a request, where it read four."""
+    dispatchers("d1")
+    r = connect(redis_addr)
+    pool = f"{prefix}jobs:fast"
+    job = {"messages": [{"role": "user", "content": "hi"}], "mode": "no_think",
+           "temperature": 0.7, "max_tokens": 4}
+
+    def one(last):
+        send(r, prefix, {**job, "id": f"rt{time.time_ns()}"})
+        got = r.xread({pool: last}, count=1, block=10000)
+        assert got, "the request was not forwarded"
+        return got[0][1][-1][0]
+    last = "0-0"
+    for _ in range(3):  # its first rounds (the first read, stats, models) done
+        last = one(last)
+    n = 40
+    reads0 = int(r.info("stats")["total_reads_processed"])
+    for _ in range(n):
+        last = one(last)
+    reads = int(r.info("stats")["total_reads_processed"]) - reads0 - 1  # less the INFO
+    # 2 the client's + 1 the dispatcher's a request; its periodic work
+    # (stats every 100 ms, heartbeat, claims) adds a few over the run
+    assert reads <= 3.5 * n, (reads, n)

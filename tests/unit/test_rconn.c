@@ -1262,6 +1262,51 @@ static void test_commands_then_read(void **state)
     rconn_free(w);
 }
 
+/* A pipeline, then a standing read, in one write (issue 27: the
+ * dispatcher's round and its next read): the batch's replies as
+ * rconn_batch_exec gives them, one read event for all, and the read out
+ * until collected. */
+static void test_batch_then_read(void **state)
+{
+    (void)state;
+    struct rconn *c = mk(addr, NULL, NULL), *w = mk(addr, NULL, NULL);
+    struct rl_err err = {0};
+    const char *reqs = key("bthen:reqs"), *keys[] = {reqs};
+    const char *k = key("bthen:k");
+    assert_int_equal(rconn_xgroup_create(w, reqs, "dispatchers", "0", &err), 0);
+    const char *ping[] = {"PING"};
+    assert_int_equal(rconn_command(c, 1, ping, NULL, NULL, &err), 0); /* connected */
+    struct rconn_batch *b = NULL;
+    assert_int_equal(rconn_batch_create(&b, NULL), 0);
+    const char *set[] = {"SET", k, "v"}, *get[] = {"GET", k};
+    assert_int_equal(rconn_batch_add(b, 3, set, NULL, NULL), 0);
+    assert_int_equal(rconn_batch_add(b, 2, get, NULL, NULL), 0);
+    long long reads0 = info_field(w, "stats", "total_reads_processed:");
+    assert_int_equal(rconn_batch_exec_then_xreadgroup(c, b, "dispatchers", "d1", 1, keys, 8, 5000,
+                                                      &err), 0);
+    assert_int_equal(info_field(w, "stats", "total_reads_processed:") - reads0, 2);
+    assert_int_equal(rconn_batch_n_done(b), 2);
+    assert_string_equal(rconn_batch_reply(b, 1)->str, "v");
+    assert_true(rconn_awaiting(c));
+    assert_int_equal(rconn_command(c, 1, ping, NULL, NULL, &err), -RL_EINVAL);
+    assert_int_equal(rconn_batch_exec_then_xreadgroup(c, b, "dispatchers", "d1", 1, keys, 8, 5000,
+                                                      &err), -RL_EINVAL);
+    char id[RCONN_ID_MAX];
+    const char *names[] = {"job"}, *vals[] = {"{}"};
+    assert_int_equal(rconn_xadd(w, reqs, "*", 0, 1, names, vals, NULL, id, NULL, &err), 0);
+    struct rconn_entries e;
+    bool came = false;
+    assert_int_equal(rconn_xreadgroup_collect(c, 1, keys, 3000, &e, &came, &err), 0);
+    assert_true(came);
+    assert_int_equal(e.n, 1);
+    assert_string_equal(e.v[0].id, id);
+    rconn_entries_free(&e);
+    assert_int_equal(rconn_command(c, 1, ping, NULL, NULL, &err), 0);
+    rconn_batch_free(b);
+    rconn_free(c);
+    rconn_free(w);
+}
+
 /* An ACL that does not let the reader read the bell: refused with the
  * reason (the caller then blocks on every stream). */
 static void test_xmux_bell_refused(void **state)
@@ -1338,6 +1383,7 @@ int main(void)
         cmocka_unit_test(test_xmux_bell),
         cmocka_unit_test(test_xmux_bell_pair),
         cmocka_unit_test(test_commands_then_read),
+        cmocka_unit_test(test_batch_then_read),
         cmocka_unit_test(test_xmux_unwritten),
         cmocka_unit_test(test_xmux_short_io_timeout),
         cmocka_unit_test_prestate(test_xmux_short_io_timeout, (void *)"bell-io"),
