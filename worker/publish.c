@@ -182,13 +182,20 @@ int w_set_dead(struct worker *w, struct wjob *j, const char *raw, size_t raw_len
     return ev_build_dead(&d, &j->dead, &err);
 }
 
+/* j's outbox waits for the coalescing tick (out_wait; coalesce_ms may
+ * have been set to 0 by a reload since: then it waits no more). */
+static bool waits_tick(const struct worker *w, const struct wjob *j)
+{
+    return j->out_wait && w->opt.coalesce_ms > 0;
+}
+
 bool w_has_pending(const struct worker *w)
 {
     for (int i = 0; i < w->n_jobs; i++) {
         const struct wjob *j = w->jobs[i];
         /* a finished job waiting for the coalescing clock is not pending:
          * the loop waits for the tick, it does not spin (loop.c) */
-        if (j->out_wait && w->opt.coalesce_ms > 0 && !j->dead && !j->release)
+        if (waits_tick(w, j) && !j->dead && !j->release)
             continue;
         if (j->n_out || j->dead || j->release || j->state != WJ_RUNNING)
             return true;
@@ -378,7 +385,7 @@ static int collect_events(struct worker *w, struct flush *f, struct wjob *j, int
 {
     *folded = false;
     if (j->n_out == 0 || j->state == WJ_DROPPED || j->fenced || mono < j->retry_ms ||
-        (j->out_wait && w->opt.coalesce_ms > 0))
+        waits_tick(w, j))
         return 0;
     struct emit *g = grow(f->emits, f->n_emits, &f->cap_emits, sizeof *g, 64);
     if (!g)
