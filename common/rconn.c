@@ -1322,23 +1322,10 @@ int rconn_batch_send(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
     return 0;
 }
 
-int rconn_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
+/* Reads the single instance's replies to b's commands not yet answered
+ * (appended to c->ctx already). */
+static int batch_replies(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
 {
-    if (b->n_done == b->n)
-        return 0;
-    /* sent by rconn_batch_send on this very connection: only read */
-    bool sent = b->sent_on && b->sent_on == c->n_connects + 1 && c->ctx && !c->cluster;
-    b->sent_on = 0;
-    /* a cluster's batch written by rconn_batch_send: its node numbers hold
-     * only while the map is not read again, so no rconn_ensure first */
-    int rc = sent || (c->cluster && b->node) ? 0 : rconn_ensure(c, err);
-    if (rc)
-        return rc;
-    if (c->cluster)
-        return cl_batch_exec(c, b, err);
-    for (int i = b->n_done; i < b->n && !sent; i++)
-        if (redisAppendFormattedCommand(c->ctx, b->cmd[i], (size_t)b->cmd_len[i]) != REDIS_OK)
-            return lost(c, "pipeline", err);
     while (b->n_done < b->n) {
         void *v = NULL;
         if (redisGetReply(c->ctx, &v) != REDIS_OK || !v)
@@ -1359,6 +1346,26 @@ int rconn_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
         b->done[b->n_done++] = 1;
     }
     return 0;
+}
+
+int rconn_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
+{
+    if (b->n_done == b->n)
+        return 0;
+    /* sent by rconn_batch_send on this very connection: only read */
+    bool sent = b->sent_on && b->sent_on == c->n_connects + 1 && c->ctx && !c->cluster;
+    b->sent_on = 0;
+    /* a cluster's batch written by rconn_batch_send: its node numbers hold
+     * only while the map is not read again, so no rconn_ensure first */
+    int rc = sent || (c->cluster && b->node) ? 0 : rconn_ensure(c, err);
+    if (rc)
+        return rc;
+    if (c->cluster)
+        return cl_batch_exec(c, b, err);
+    for (int i = b->n_done; i < b->n && !sent; i++)
+        if (redisAppendFormattedCommand(c->ctx, b->cmd[i], (size_t)b->cmd_len[i]) != REDIS_OK)
+            return lost(c, "pipeline", err);
+    return batch_replies(c, b, err);
 }
 
 static void await_reply(struct rconn *c, redisContext *ctx, int n, int block_ms,
@@ -1389,26 +1396,10 @@ int rconn_batch_exec_then_xreadgroup(struct rconn *c, struct rconn_batch *b, con
     int a = xreadgroup_argv(argv, cnt, blk, group, consumer, n_keys, keys, ">", count, block_ms);
     if (redisAppendCommandArgv(c->ctx, a, argv, NULL) != REDIS_OK)
         return lost(c, "pipeline", err);
-    /* the batch's replies, as rconn_batch_exec reads them (the first
-     * redisGetReply writes everything); the read's stays to collect */
-    while (b->n_done < b->n) {
-        void *v = NULL;
-        if (redisGetReply(c->ctx, &v) != REDIS_OK || !v)
-            return lost(c, "pipeline", err);
-        redisReply *r = v;
-        struct rconn_reply *dst = &b->replies[b->n_done];
-        if (copy_reply(dst, r)) {
-            clear_reply(dst);
-            memset(dst, 0, sizeof *dst);
-            freeReplyObject(r);
-            rconn_disconnect(c);
-            return rl_errf(err, RL_ENOMEM, "pipeline: out of memory copying a reply");
-        }
-        freeReplyObject(r);
-        if (dst->type == RCONN_ERROR)
-            b->n_errors++;
-        b->done[b->n_done++] = 1;
-    }
+    /* the batch's replies (the first redisGetReply writes everything);
+     * the read's stays to collect */
+    if ((rc = batch_replies(c, b, err)))
+        return rc;
     await_reply(c, c->ctx, -1, block_ms, "XREADG (paired)");
     return 0;
 }

@@ -1198,6 +1198,22 @@ static void test_xmux_unwritten(void **state)
     rconn_free(c);
 }
 
+/* c's standing read of key (alone) brings the one entry w now adds. */
+static void read_brings_one(struct rconn *c, struct rconn *w, const char *key)
+{
+    struct rl_err err = {0};
+    char id[RCONN_ID_MAX];
+    const char *names[] = {"job"}, *vals[] = {"{}"}, *keys[] = {key};
+    assert_int_equal(rconn_xadd(w, key, "*", 0, 1, names, vals, NULL, id, NULL, &err), 0);
+    struct rconn_entries e;
+    bool came = false;
+    assert_int_equal(rconn_xreadgroup_collect(c, 1, keys, 3000, &e, &came, &err), 0);
+    assert_true(came);
+    assert_int_equal(e.n, 1);
+    assert_string_equal(e.v[0].id, id);
+    rconn_entries_free(&e);
+}
+
 /* Commands, then a standing read, in one write (issue 27: a worker's
  * admission check and its next read): the commands' replies at once, error
  * replies included (the first failure returned, the read still out); the
@@ -1234,16 +1250,9 @@ static void test_commands_then_read(void **state)
         sleep_ms(1);
     assert_true(blocked_xreadgroup(w) > 0);
     assert_int_equal(rconn_command(c, 1, ping, NULL, NULL, &err), -RL_EINVAL);
-    char id[RCONN_ID_MAX];
-    const char *names[] = {"job"}, *vals[] = {"{}"};
-    assert_int_equal(rconn_xadd(w, jobs, "*", 0, 1, names, vals, NULL, id, NULL, &err), 0);
+    read_brings_one(c, w, jobs);
     struct rconn_entries e;
     bool came = false;
-    assert_int_equal(rconn_xreadgroup_collect(c, 1, keys, 3000, &e, &came, &err), 0);
-    assert_true(came);
-    assert_int_equal(e.n, 1);
-    assert_string_equal(e.v[0].id, id);
-    rconn_entries_free(&e);
     /* a refused command: its error, the first failure, and the read out */
     const char *bad[] = {"NOSUCHCOMMAND", k1};
     const char *const *argvs2[] = {g1, bad};
@@ -1291,16 +1300,7 @@ static void test_batch_then_read(void **state)
     assert_int_equal(rconn_command(c, 1, ping, NULL, NULL, &err), -RL_EINVAL);
     assert_int_equal(rconn_batch_exec_then_xreadgroup(c, b, "dispatchers", "d1", 1, keys, 8, 5000,
                                                       &err), -RL_EINVAL);
-    char id[RCONN_ID_MAX];
-    const char *names[] = {"job"}, *vals[] = {"{}"};
-    assert_int_equal(rconn_xadd(w, reqs, "*", 0, 1, names, vals, NULL, id, NULL, &err), 0);
-    struct rconn_entries e;
-    bool came = false;
-    assert_int_equal(rconn_xreadgroup_collect(c, 1, keys, 3000, &e, &came, &err), 0);
-    assert_true(came);
-    assert_int_equal(e.n, 1);
-    assert_string_equal(e.v[0].id, id);
-    rconn_entries_free(&e);
+    read_brings_one(c, w, reqs);
     assert_int_equal(rconn_command(c, 1, ping, NULL, NULL, &err), 0);
     rconn_batch_free(b);
     rconn_free(c);
