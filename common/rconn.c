@@ -1322,6 +1322,16 @@ int rconn_batch_send(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
     return 0;
 }
 
+/* Appends b's commands not yet answered to the single instance's output
+ * buffer (written by the first reply read). */
+static int batch_append(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
+{
+    for (int i = b->n_done; i < b->n; i++)
+        if (redisAppendFormattedCommand(c->ctx, b->cmd[i], (size_t)b->cmd_len[i]) != REDIS_OK)
+            return lost(c, "pipeline", err);
+    return 0;
+}
+
 /* Reads the single instance's replies to b's commands not yet answered
  * (appended to c->ctx already). */
 static int batch_replies(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
@@ -1362,9 +1372,8 @@ int rconn_batch_exec(struct rconn *c, struct rconn_batch *b, struct rl_err *err)
         return rc;
     if (c->cluster)
         return cl_batch_exec(c, b, err);
-    for (int i = b->n_done; i < b->n && !sent; i++)
-        if (redisAppendFormattedCommand(c->ctx, b->cmd[i], (size_t)b->cmd_len[i]) != REDIS_OK)
-            return lost(c, "pipeline", err);
+    if (!sent && (rc = batch_append(c, b, err)))
+        return rc;
     return batch_replies(c, b, err);
 }
 
@@ -1374,12 +1383,27 @@ static int xreadgroup_argv(const char **argv, char *cnt, char *blk, const char *
                            const char *consumer, int n_keys, const char *const *keys,
                            const char *id, int count, int block_ms);
 
+/* The argv (10 + 2 * 64 at most) of a standing read sent second in a
+ * pair (the rconn_*_then_xreadgroup calls): its argc, or -RL_EINVAL
+ * unless 1-64 keys, count >= 1 and BLOCK >= 1. */
+static int paired_read_argv(const char **argv, char *cnt, char *blk, const char *group,
+                            const char *consumer, int n_keys, const char *const *keys, int count,
+                            int block_ms, struct rl_err *err)
+{
+    if (n_keys < 1 || n_keys > 64 || count < 1 || block_ms < 1)
+        return rl_errf(err, RL_EINVAL, "XREADGROUP (paired): 1-64 keys, count >= 1, BLOCK >= 1");
+    return xreadgroup_argv(argv, cnt, blk, group, consumer, n_keys, keys, ">", count, block_ms);
+}
+
 int rconn_batch_exec_then_xreadgroup(struct rconn *c, struct rconn_batch *b, const char *group,
                                      const char *consumer, int n_keys, const char *const *keys,
                                      int count, int block_ms, struct rl_err *err)
 {
-    if (n_keys < 1 || n_keys > 64 || count < 1 || block_ms < 1)
-        return rl_errf(err, RL_EINVAL, "XREADGROUP (paired): 1-64 keys, count >= 1, BLOCK >= 1");
+    const char *argv[10 + 2 * 64];
+    char cnt[16], blk[16];
+    int a = paired_read_argv(argv, cnt, blk, group, consumer, n_keys, keys, count, block_ms, err);
+    if (a < 0)
+        return a;
     if (c->out_since_ms)
         return rl_errf(err, RL_EINVAL, "pipeline: a read sent earlier awaits its reply");
     b->sent_on = 0;
@@ -1388,12 +1412,8 @@ int rconn_batch_exec_then_xreadgroup(struct rconn *c, struct rconn_batch *b, con
         return rc;
     if (c->cluster)
         return rl_errf(err, RL_EUNSUPPORTED, "pipeline then XREADGROUP: a single instance only");
-    for (int i = b->n_done; i < b->n; i++)
-        if (redisAppendFormattedCommand(c->ctx, b->cmd[i], (size_t)b->cmd_len[i]) != REDIS_OK)
-            return lost(c, "pipeline", err);
-    const char *argv[10 + 2 * 64];
-    char cnt[16], blk[16];
-    int a = xreadgroup_argv(argv, cnt, blk, group, consumer, n_keys, keys, ">", count, block_ms);
+    if ((rc = batch_append(c, b, err)))
+        return rc;
     if (redisAppendCommandArgv(c->ctx, a, argv, NULL) != REDIS_OK)
         return lost(c, "pipeline", err);
     /* the batch's replies (the first redisGetReply writes everything);
@@ -2149,6 +2169,8 @@ static int own_reply(redisReply *r, const char *what, struct rconn_reply **out,
     return 0;
 }
 
+#define COMMANDS_THEN_MAX 8 /* commands ahead of the one left sent (rconn.h) */
+
 /* n commands, then a second command left sent (its reply collected
  * later), in one write to the master of the first command's slot; the n
  * replies into out[] (each NULL until read). A redirect of the first is
@@ -2158,10 +2180,11 @@ static int commands_then(struct rconn *c, int n_cmd, const int *argcs,
                          struct rconn_reply **out, int argc2, const char *const *argv2,
                          int block_ms, struct rl_err *err)
 {
-    for (int i = 0; i < n_cmd; i++)
+    for (int i = 0; i < n_cmd && i < COMMANDS_THEN_MAX; i++)
         out[i] = NULL;
-    if (n_cmd < 1 || argcs[0] < 1 || argc2 < 1 || block_ms < 0)
-        return rl_errf(err, RL_EINVAL, "rconn_command_then: no command");
+    if (n_cmd < 1 || n_cmd > COMMANDS_THEN_MAX || argcs[0] < 1 || argc2 < 1 || block_ms < 0)
+        return rl_errf(err, RL_EINVAL, "rconn_command_then: 1-%d commands, then one",
+                       COMMANDS_THEN_MAX);
     const char *what0 = argvs[0][0];
     if (c->out_since_ms)
         return rl_errf(err, RL_EINVAL, "redis %s: a command sent earlier awaits its reply", what0);
@@ -2179,7 +2202,7 @@ static int commands_then(struct rconn *c, int n_cmd, const int *argcs,
             return conn_lost(c, n, what0, err);
     if (redisAppendCommandArgv(ctx, argc2, (const char **)argv2, NULL) != REDIS_OK)
         return conn_lost(c, n, what0, err);
-    void *v[8] = {NULL};
+    void *v[COMMANDS_THEN_MAX] = {NULL};
     for (int i = 0; i < n_cmd; i++)
         if (redisGetReply(ctx, &v[i]) != REDIS_OK || !v[i]) { /* the first writes them all */
             for (int k = 0; k < i; k++)
@@ -2225,11 +2248,16 @@ int rconn_commands_then_xreadgroup(struct rconn *c, int n_cmd, const int *argcs,
                                    const char *const *keys, int count, int block_ms,
                                    struct rl_err *err)
 {
-    for (int i = 0; i < n_cmd && i < 8; i++)
+    for (int i = 0; i < n_cmd && i < COMMANDS_THEN_MAX; i++)
         out[i] = NULL;
-    if (n_cmd < 1 || n_cmd > 8 || n_keys < 1 || n_keys > 64 || count < 1 || block_ms < 1)
-        return rl_errf(err, RL_EINVAL, "XREADGROUP (paired): 1-8 commands, 1-64 keys, "
-                       "count >= 1, BLOCK >= 1");
+    if (n_cmd < 1 || n_cmd > COMMANDS_THEN_MAX)
+        return rl_errf(err, RL_EINVAL, "XREADGROUP (paired): 1-%d commands first",
+                       COMMANDS_THEN_MAX);
+    const char *argv2[10 + 2 * 64];
+    char cnt[16], blk[16];
+    int a = paired_read_argv(argv2, cnt, blk, group, consumer, n_keys, keys, count, block_ms, err);
+    if (a < 0)
+        return a;
     int rc = rconn_ensure(c, err);
     if (rc)
         return rc;
@@ -2244,9 +2272,6 @@ int rconn_commands_then_xreadgroup(struct rconn *c, int n_cmd, const int *argcs,
             return rl_errf(err, RL_EUNSUPPORTED, "%s then XREADGROUP: not one slot's keys",
                            argvs[0][0]);
     }
-    const char *argv2[10 + 2 * 64];
-    char cnt[16], blk[16];
-    int a = xreadgroup_argv(argv2, cnt, blk, group, consumer, n_keys, keys, ">", count, block_ms);
     return commands_then(c, n_cmd, argcs, argvs, NULL, out, a, argv2, block_ms, err);
 }
 

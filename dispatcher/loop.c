@@ -1243,6 +1243,24 @@ static void read_failed(struct disp *d, const struct rl_err *err)
     RL_LOG(&d->log, RL_LOG_DEBUG, "XREADGROUP: %s", err->msg);
 }
 
+/* Pings systemd's watchdog when due (d->watchdog_usec: under it). */
+static void watchdog_tick(struct disp *d, int64_t now)
+{
+    if (d->watchdog_usec && now >= d->next_wd_ms) {
+        sd_notify(0, "WATCHDOG=1");
+        d->next_wd_ms = now + (int64_t)(d->watchdog_usec / 2000);
+    }
+}
+
+/* A read's entries: handled, freed, and the intake streams one of them
+ * found ahead of the clock repaired. */
+static void round_of(struct disp *d, struct rconn_entries *ents)
+{
+    handle(d, ents);
+    rconn_entries_free(ents);
+    repair_intake(d, false);
+}
+
 /* The read of new requests sent with the last round's commit (pair_ok):
  * collected (in steps, so that a stop is seen) and handled as d_run's
  * own read is. Its BLOCK ends by the loop's next due time, and a commit
@@ -1250,10 +1268,7 @@ static void read_failed(struct disp *d, const struct rl_err *err)
  * heartbeat, claims, offers, a reload) waits one round at most. */
 static void paired_round(struct disp *d)
 {
-    if (d->watchdog_usec && rl_wall_ms() >= d->next_wd_ms) {
-        sd_notify(0, "WATCHDOG=1");
-        d->next_wd_ms = rl_wall_ms() + (int64_t)(d->watchdog_usec / 2000);
-    }
+    watchdog_tick(d, rl_wall_ms());
     struct rconn_entries ents = {0};
     struct rl_err err;
     bool came = false;
@@ -1261,11 +1276,8 @@ static void paired_round(struct disp *d)
         read_failed(d, &err);
         return;
     }
-    if (!came)
-        return;
-    handle(d, &ents);
-    rconn_entries_free(&ents);
-    repair_intake(d, false);
+    if (came)
+        round_of(d, &ents);
 }
 
 int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *reload)
@@ -1283,10 +1295,7 @@ int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *re
             *reload = 0;
             d_reload(d);
         }
-        if (d->watchdog_usec && now >= d->next_wd_ms) {
-            sd_notify(0, "WATCHDOG=1");
-            d->next_wd_ms = now + (int64_t)(d->watchdog_usec / 2000);
-        }
+        watchdog_tick(d, now);
         struct rl_err cerr;
         if (!rconn_connected(d->rc) && rconn_ensure(d->rc, &cerr) == 0)
             d->own_again = true; /* a round may have broken off: re-read what we hold */
@@ -1365,9 +1374,7 @@ int d_run(struct disp *d, volatile sig_atomic_t *stop, volatile sig_atomic_t *re
             else if (ents.n)
                 snprintf(oi->own_cursor, sizeof oi->own_cursor, "%s", ents.v[ents.n - 1].id);
         }
-        handle(d, &ents);
-        rconn_entries_free(&ents);
-        repair_intake(d, false); /* the streams whose round read an ID far ahead */
+        round_of(d, &ents);
     }
     sd_notify(0, "STOPPING=1");
     RL_LOG(&d->log, RL_LOG_INFO, "stopping");

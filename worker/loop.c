@@ -218,12 +218,11 @@ static int submit(struct worker *w, struct wjob *j, struct rl_err *err)
     return engine_submit(w->eng, &r, &j->eng_id, err);
 }
 
-static bool stand_send(struct worker *w, int l, int share, bool block);
 static int stand_block_ms(const struct worker *w, bool block);
-static int lane_streams(struct worker *w, int l, const char **keys, int *idx);
+static int lane_count(struct worker *w, int l, int share);
 
-/* The admission check as the first of a pair on lane w->pair_lane (a
- * single instance: the lane's connection reaches every key): the GET of
+/* The admission check as the first of a pair on lane l (a single
+ * instance, standing_read: the lane's connection reaches every key): the GET of
  * the cancel key (and of the cache entry), then the lane's next standing
  * read, in one write. The read comes back only when a job arrives, so the
  * check went alone before: two read events for Redis each admission, now
@@ -231,19 +230,16 @@ static int lane_streams(struct worker *w, int l, const char **keys, int *idx);
  * this admission: the room less this job's slot. false when not paired
  * (no lane, no room left, a cluster, or the check failed: the caller
  * checks alone, and stand_send_all sends the read if it is not out). */
-static bool precheck_paired(struct worker *w, int n, const int *argcs,
+static bool precheck_paired(struct worker *w, int l, int n, const int *argcs,
                             const char *const *const *argvs, struct rconn_reply **out)
 {
-    int l = w->pair_lane;
-    w->pair_lane = -1;
-    if (l < 0 || w_cluster(w) || rconn_awaiting(w->lane[l].rc))
+    if (l < 0 || rconn_awaiting(w->lane[l].rc))
         return false;
     int room = w_admissible(w) - 1;
     if (room <= 0)
         return false;
     struct w_lane *ln = &w->lane[l];
-    ln->n = lane_streams(w, l, ln->keys, ln->idx);
-    int count = (room + ln->n - 1) / ln->n;
+    int count = lane_count(w, l, room);
     struct rl_err err;
     int rc = rconn_commands_then_xreadgroup(ln->rc, n, argcs, argvs, out, w->opt.group,
                                             w->opt.name, ln->n, ln->keys, count,
@@ -265,8 +261,8 @@ static bool precheck_paired(struct worker *w, int n, const int *argcs,
  * the cache entry, in one round trip (with the lane's next read when it
  * can: precheck_paired). A Redis failure here counts as "not cancelled,
  * not cached": the per-step check catches a cancel soon after. */
-static void precheck(struct worker *w, struct wjob *j, bool *cancelled, char **cached,
-                     size_t *cached_len)
+static void precheck(struct worker *w, struct wjob *j, int pair_lane, bool *cancelled,
+                     char **cached, size_t *cached_len)
 {
     *cancelled = false;
     *cached = NULL;
@@ -281,7 +277,7 @@ static void precheck(struct worker *w, struct wjob *j, bool *cancelled, char **c
     int n = j->cache_fill ? 2 : 1;
     struct rconn_reply *pr[2] = {NULL, NULL};
     const struct rconn_reply *r[2] = {NULL, NULL};
-    if (precheck_paired(w, n, argcs, argvs, pr)) {
+    if (precheck_paired(w, pair_lane, n, argcs, argvs, pr)) {
         r[0] = pr[0], r[1] = pr[1];
     } else {
         rconn_batch_reset(w->batch);
@@ -308,7 +304,7 @@ static void precheck(struct worker *w, struct wjob *j, bool *cancelled, char **c
 }
 
 int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t deliveries,
-            bool resumed)
+            bool resumed, int pair_lane)
 {
     struct wjob *j = calloc(1, sizeof *j);
     if (!j)
@@ -440,7 +436,7 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
     bool cancelled;
     char *cached = NULL;
     size_t cached_len = 0;
-    precheck(w, j, &cancelled, &cached, &cached_len);
+    precheck(w, j, pair_lane, &cancelled, &cached, &cached_len);
     if (cancelled) {
         free(cached);
         j->cache_fill = false;
@@ -877,7 +873,7 @@ static void read_failed(struct worker *w, const struct rl_err *err)
  * dead (or stalled) worker's offer stream after it had been delivered
  * there ("moved": "pending", "dlv": its deliveries) is a takeover like an
  * XAUTOCLAIM's: resumed from what its stream holds. */
-static void admit_read(struct worker *w, int p, const struct rconn_entry *e)
+static void admit_read(struct worker *w, int p, const struct rconn_entry *e, int pair_lane)
 {
     size_t n = 0;
     const char *mv = rconn_entry_field(e, "moved", &n);
@@ -903,7 +899,7 @@ static void admit_read(struct worker *w, int p, const struct rconn_entry *e)
         w->m.foreign_taken++;
         pthread_mutex_unlock(&w->m.mu);
     }
-    w_admit(w, p, e, dl, pend);
+    w_admit(w, p, e, dl, pend, pair_lane);
 }
 
 /* The streams lane l's standing read names; keys[i] is pool stream
@@ -952,12 +948,21 @@ static int stand_block_ms(const struct worker *w, bool block)
     return !block ? -1 : w->opt.read_block_ms > 0 ? w->opt.read_block_ms : 1000;
 }
 
+/* Names lane l's streams for its next read (keys, idx, n) and returns the
+ * COUNT that brings at most share jobs, plus a rounding (COUNT is per
+ * stream). */
+static int lane_count(struct worker *w, int l, int share)
+{
+    struct w_lane *ln = &w->lane[l];
+    ln->n = lane_streams(w, l, ln->keys, ln->idx);
+    return (share + ln->n - 1) / ln->n;
+}
+
 static bool stand_send(struct worker *w, int l, int share, bool block)
 {
     struct rl_err err;
     struct w_lane *ln = &w->lane[l];
-    ln->n = lane_streams(w, l, ln->keys, ln->idx);
-    int count = (share + ln->n - 1) / ln->n;
+    int count = lane_count(w, l, share);
     if (!rconn_xreadgroup_send(ln->rc, w->opt.group, w->opt.name, ln->n, ln->keys, count,
                                stand_block_ms(w, block), &err)) {
         ln->want = count * ln->n;
@@ -1072,13 +1077,11 @@ static void standing_read(struct worker *w, int k, int wait_ms, bool draining)
         if (!came)
             continue;
         came_any = true;
-        for (int i = 0; i < ents.n; i++) { /* delivered to us: taken even when draining */
+        for (int i = 0; i < ents.n; i++) /* delivered to us: taken even when draining */
             /* the last one's admission check goes with this lane's next
              * read (precheck_paired): on a single instance, its one lane */
-            w->pair_lane = i == ents.n - 1 && !draining && !w_cluster(w) ? l : -1;
-            admit_read(w, ln->idx[ents.v[i].stream], &ents.v[i]);
-            w->pair_lane = -1;
-        }
+            admit_read(w, ln->idx[ents.v[i].stream], &ents.v[i],
+                       i == ents.n - 1 && !draining && !w_cluster(w) ? l : -1);
         rconn_entries_free(&ents);
     }
     if (came_any && !draining)

@@ -363,7 +363,6 @@ int main(int argc, char **argv)
     }
     wm_init(&w->m);
     w->home_lane = -1; /* pick_home, once the lanes are known */
-    w->pair_lane = -1;
     w->log = (struct rl_log){.level = RL_LOG_INFO, .ident = "worker"};
     w->argc = argc; /* cfg_load skips argv[0] itself */
     w->argv = argv;

@@ -141,7 +141,7 @@ int w_claim(struct worker *w, struct rl_err *err)
             pthread_mutex_lock(&w->m.mu);
             w->m.reclaimed++;
             pthread_mutex_unlock(&w->m.mu);
-            w_admit(w, p, &ents.v[i], d, true);
+            w_admit(w, p, &ents.v[i], d, true, -1);
         }
         rconn_entries_free(&ents);
     }
@@ -163,7 +163,7 @@ int w_claim_own(struct worker *w, struct rl_err *err)
             int64_t d = deliveries_of(w, key, ents.v[i].id);
             RL_LOG(&w->log, RL_LOG_INFO, "resuming our own pending entry %s on %s",
                    ents.v[i].id, w->pools[p]);
-            w_admit(w, p, &ents.v[i], d, true);
+            w_admit(w, p, &ents.v[i], d, true, -1);
         }
         rconn_entries_free(&ents);
     }

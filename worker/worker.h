@@ -222,10 +222,6 @@ struct worker {
      * their jobs come rather than every steal_ms */
     int home_lane;
     int foreign_room;
-    /* The lane whose standing read came back with the job being admitted
-     * (its last entry; loop.c standing_read): that job's admission check
-     * goes out with the lane's next read (precheck). -1: none. */
-    int pair_lane;
     struct rconn_batch *batch;
     struct fence fence;           /* the fencing scripts' SHA1s */
     bool checks_apart;            /* an ACL refused FENCE_EMIT with the check keys in it
@@ -301,9 +297,12 @@ struct worker {
 int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *reload,
           struct rl_err *err);
 /* Takes the entry (from a read or a claim) into the worker: validates it,
- * checks cancellation and the cache, submits it or answers it at once. */
+ * checks cancellation and the cache, submits it or answers it at once.
+ * pair_lane: the lane whose standing read brought it as its last entry,
+ * whose next read then goes with the admission check (loop.c
+ * precheck_paired); -1 for none. */
 int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t deliveries,
-            bool resumed);
+            bool resumed, int pair_lane);
 /* How many jobs to read or claim now: the engine's room (engine_can_admit
  * at the last admitted prompt's length) capped by free batch slots. */
 int w_admissible(struct worker *w);

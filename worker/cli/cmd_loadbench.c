@@ -840,6 +840,23 @@ static void read_events(struct lb_run *run, struct rconn *c, struct lb_req *q, c
     }
 }
 
+/* Names q's stream in out_key (256 bytes; the key layout of c's server)
+ * and follows it on the shared reader, if any, with xmux flags: *sub
+ * (NULL without a reader). false when that failed (q ends, CLIENT_NOMEM). */
+static bool follow(struct lb_run *run, struct rconn *c, struct lb_req *q, char *out_key,
+                   unsigned flags, struct xmux_sub **sub)
+{
+    struct rl_err err = {0};
+    rcl_tagged_key(out_key, 256, rconn_is_cluster(c), run->o->prefix, "out:", q->id);
+    if (run->mux && xmux_set_sub(run->mux, out_key, "0-0", flags, sub, &err) < 0) {
+        note_redis_error(run, &err);
+        set_code(q, "CLIENT_NOMEM");
+        q->t_done = rl_mono_s() - run->t0;
+        return false;
+    }
+    return true;
+}
+
 /* Sends request q and reads its stream until it is over or times out. */
 static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_req *q)
 {
@@ -864,15 +881,9 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
     /* Followed before it is submitted: nothing can have written the stream
      * yet, so the shared reader need not be woken for it (XMUX_UNWRITTEN) */
     struct xmux_sub *sub = NULL;
-    if (known) {
-        rcl_tagged_key(out_key, sizeof out_key, rconn_is_cluster(c), o->prefix, "out:", q->id);
-        if (run->mux && xmux_set_sub(run->mux, out_key, "0-0", XMUX_UNWRITTEN, &sub, &err) < 0) {
-            free(job);
-            note_redis_error(run, &err);
-            set_code(q, "CLIENT_NOMEM");
-            q->t_done = rl_mono_s() - run->t0;
-            return;
-        }
+    if (known && !follow(run, c, q, out_key, XMUX_UNWRITTEN, &sub)) {
+        free(job);
+        return;
     }
     const char *names[] = {"job"};
     const char *values[] = {job};
@@ -888,15 +899,8 @@ static void run_request(struct lb_run *run, struct rconn *c, int i, struct lb_re
         return;
     }
     q->t_sent = now;
-    if (!known) { /* connected by the XADD: the layout is known now */
-        rcl_tagged_key(out_key, sizeof out_key, rconn_is_cluster(c), o->prefix, "out:", q->id);
-        if (run->mux && xmux_set_sub(run->mux, out_key, "0-0", 0, &sub, &err) < 0) {
-            note_redis_error(run, &err);
-            set_code(q, "CLIENT_NOMEM");
-            q->t_done = now;
-            return;
-        }
-    }
+    if (!known && !follow(run, c, q, out_key, 0, &sub)) /* the layout known by the XADD */
+        return;
     read_events(run, c, q, out_key, sub);
     xmux_unsub(sub);
 }
