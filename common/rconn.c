@@ -2016,14 +2016,14 @@ static void await_reply(struct rconn *c, redisContext *ctx, int n, int block_ms,
     snprintf(c->out_what, sizeof c->out_what, "%s", what);
 }
 
-int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consumer, int n_keys,
-                          const char *const *keys, int count, int block_ms, struct rl_err *err)
+/* Writes a read (argv, a entries) of keys (one slot on a cluster) to
+ * their node and leaves it awaiting its reply: what rconn_xreadgroup_send
+ * and rconn_xreadgroup_send_aged share. */
+static int send_read(struct rconn *c, int n_keys, const char *const *keys, int a,
+                     const char **argv, int block_ms, const char *what, struct rl_err *err)
 {
-    if (n_keys < 1 || n_keys > 64 || count < 1 || (block_ms < 1 && block_ms != -1))
-        return rl_errf(err, RL_EINVAL, "XREADGROUP: 1-64 keys, count >= 1 and BLOCK >= 1 "
-                       "(or -1: none)");
     if (c->out_since_ms)
-        return rl_errf(err, RL_EINVAL, "XREADGROUP: a read sent earlier awaits its reply");
+        return rl_errf(err, RL_EINVAL, "%s: a read sent earlier awaits its reply", what);
     int rc = rconn_ensure(c, err);
     if (rc)
         return rc;
@@ -2031,22 +2031,92 @@ int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consum
     for (int i = 1; c->cluster && i < n_keys; i++)
         if (rcl_key_slot(keys[i], strlen(keys[i])) != slot)
             return rl_errf(err, RL_EUNSUPPORTED,
-                           "XREADGROUP: a standing read on a cluster names one slot's streams");
+                           "%s: a standing read on a cluster names one slot's streams", what);
     redisContext *ctx;
     int n;
     if ((rc = out_conn(c, slot, &ctx, &n, err)))
         return rc;
+    int done = 0;
+    if (redisAppendCommandArgv(ctx, a, argv, NULL) != REDIS_OK)
+        return conn_lost(c, n, what, err);
+    while (!done)
+        if (redisBufferWrite(ctx, &done) != REDIS_OK)
+            return conn_lost(c, n, what, err);
+    await_reply(c, ctx, n, block_ms > 0 ? block_ms : 0, what);
+    return 0;
+}
+
+int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consumer, int n_keys,
+                          const char *const *keys, int count, int block_ms, struct rl_err *err)
+{
+    if (n_keys < 1 || n_keys > 64 || count < 1 || (block_ms < 1 && block_ms != -1))
+        return rl_errf(err, RL_EINVAL, "XREADGROUP: 1-64 keys, count >= 1 and BLOCK >= 1 "
+                       "(or -1: none)");
     const char *argv[10 + 2 * 64];
     char cnt[16], blk[16];
     int a = xreadgroup_argv(argv, cnt, blk, group, consumer, n_keys, keys, ">", count, block_ms);
-    int done = 0;
-    if (redisAppendCommandArgv(ctx, a, argv, NULL) != REDIS_OK)
-        return conn_lost(c, n, "XREADGROUP", err);
-    while (!done)
-        if (redisBufferWrite(ctx, &done) != REDIS_OK)
-            return conn_lost(c, n, "XREADGROUP", err);
-    await_reply(c, ctx, n, block_ms > 0 ? block_ms : 0, "XREADGROUP");
-    return 0;
+    return send_read(c, n_keys, keys, a, argv, block_ms, "XREADGROUP", err);
+}
+
+/* KEYS the streams, ARGV[1] the group, [2] the consumer, [3] COUNT per
+ * stream, [4] the age in ms. Per stream: the entries after the group's
+ * last delivered one (none delivered yet: XREADGROUP's ">") whose IDs
+ * (Redis's clock when they were added) are at least that old, delivered
+ * by one XREADGROUP of just that many; the replies' stream elements
+ * together, or nil: XREADGROUP's reply. A missing key or group reads as
+ * XREADGROUP does (its NOGROUP error), and so does any error. */
+static const char aged_read_lua[] =
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "local age, res = tonumber(ARGV[4]), {}\n"
+    "for i = 1, #KEYS do\n"
+    "  local last, n = nil, 0\n"
+    "  local gs = redis.pcall('XINFO', 'GROUPS', KEYS[i])\n"
+    "  if type(gs) == 'table' and not gs.err then\n"
+    "    for _, g in ipairs(gs) do\n"
+    "      local name, ld\n"
+    "      for j = 1, #g, 2 do\n"
+    "        if g[j] == 'name' then name = g[j + 1]\n"
+    "        elseif g[j] == 'last-delivered-id' then ld = g[j + 1] end\n"
+    "      end\n"
+    "      if name == ARGV[1] then last = ld end\n"
+    "    end\n"
+    "  end\n"
+    "  if last then\n"
+    "    for _, e in ipairs(redis.call('XRANGE', KEYS[i], '(' .. last, '+', 'COUNT', ARGV[3])) do\n"
+    "      if now - tonumber(string.match(e[1], '^%d+')) < age then break end\n"
+    "      n = n + 1\n"
+    "    end\n"
+    "  else\n"
+    "    n = tonumber(ARGV[3])\n"
+    "  end\n"
+    "  if n > 0 then\n"
+    "    local r = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n, 'STREAMS',\n"
+    "                          KEYS[i], '>')\n"
+    "    if type(r) == 'table' and r.err then return r end\n"
+    "    if r then res[#res + 1] = r[1] end\n"
+    "  end\n"
+    "end\n"
+    "if #res == 0 then return false end\n"
+    "return res\n";
+
+int rconn_xreadgroup_send_aged(struct rconn *c, const char *group, const char *consumer,
+                               int n_keys, const char *const *keys, int count, int min_age_ms,
+                               struct rl_err *err)
+{
+    if (n_keys < 1 || n_keys > 64 || count < 1 || min_age_ms < 0)
+        return rl_errf(err, RL_EINVAL, "aged XREADGROUP: 1-64 keys, count >= 1, age >= 0");
+    const char *argv[3 + 64 + 4];
+    char nk[12], cnt[16], age[16];
+    snprintf(nk, sizeof nk, "%d", n_keys);
+    snprintf(cnt, sizeof cnt, "%d", count);
+    snprintf(age, sizeof age, "%d", min_age_ms);
+    int a = 0;
+    argv[a++] = "EVAL", argv[a++] = aged_read_lua, argv[a++] = nk;
+    for (int i = 0; i < n_keys; i++)
+        argv[a++] = keys[i];
+    argv[a++] = group, argv[a++] = consumer, argv[a++] = cnt, argv[a++] = age;
+    return send_read(c, n_keys, keys, a, argv, -1, "aged XREADGROUP", err);
 }
 
 bool rconn_awaiting(const struct rconn *c) { return c->out_since_ms > 0; }

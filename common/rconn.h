@@ -245,6 +245,20 @@ int rconn_xreadgroup(struct rconn *c, const char *group, const char *consumer, i
  * -RL_EINVAL; batches must not be run on it). */
 int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consumer, int n_keys,
                           const char *const *keys, int count, int block_ms, struct rl_err *err);
+/* A look (as block_ms -1 above) that takes only entries at least
+ * min_age_ms old by Redis's clock (their IDs' time: an XADD "*"), at most
+ * count a stream, collected with rconn_xreadgroup_collect. Why: a worker
+ * looking at another shard for jobs its home workers cannot take
+ * (issue 27 point 4) would otherwise take one that arrived a moment ago,
+ * while that shard's worker re-arms its read: under load on a cluster
+ * most looks did, and every such job costs its master's and the
+ * worker's calls a step. Runs as one Lua script (EVAL: sent at most every
+ * steal_ms, its hashing cheaper than keeping a SHA loaded per master);
+ * needs TIME, XINFO GROUPS and XRANGE on the keys besides XREADGROUP
+ * (config/redis-acl.conf), else its error comes back as the read's. */
+int rconn_xreadgroup_send_aged(struct rconn *c, const char *group, const char *consumer,
+                               int n_keys, const char *const *keys, int count, int min_age_ms,
+                               struct rl_err *err);
 /* True while a command sent (a standing read, the second of
  * rconn_command_then) awaits its reply. */
 bool rconn_awaiting(const struct rconn *c);

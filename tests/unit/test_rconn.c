@@ -1307,6 +1307,79 @@ static void test_batch_then_read(void **state)
     rconn_free(w);
 }
 
+/* One aged look on keys, collected at once: its entries' "job" values
+ * and streams must be want[] ("" ends it) in order ("1:newb": stream 1). */
+static void aged_look(struct rconn *c, int n, const char *const *keys, int count, int age,
+                      const char *const *want)
+{
+    struct rl_err err = {0};
+    assert_int_equal(rconn_xreadgroup_send_aged(c, "workers", "w1", n, keys, count, age, &err), 0);
+    assert_true(rconn_awaiting(c));
+    struct rconn_entries ents = {0};
+    bool came = false;
+    assert_int_equal(rconn_xreadgroup_collect(c, n, keys, 5000, &ents, &came, &err), 0);
+    assert_true(came);
+    int k = 0;
+    for (; want[k][0]; k++) {
+        assert_true(k < ents.n);
+        char got[64];
+        size_t len = 0;
+        const char *v = rconn_entry_field(&ents.v[k], "job", &len);
+        assert_non_null(v);
+        snprintf(got, sizeof got, "%d:%.*s", ents.v[k].stream, (int)len, v);
+        assert_string_equal(got, want[k]);
+    }
+    assert_int_equal(ents.n, k);
+    rconn_entries_free(&ents);
+}
+
+/* rconn_xreadgroup_send_aged (issue 27 point 4, a busy worker's look at
+ * another shard): only entries at least that old by Redis's clock, at
+ * most COUNT a stream, the younger ones left undelivered for the shard's
+ * own readers; the reply maps to the keys as a read's; a missing group is
+ * XREADGROUP's NOGROUP. */
+static void test_aged_read(void **state)
+{
+    (void)state;
+    struct rconn *c = mk(addr, NULL, NULL), *w = mk(addr, NULL, NULL);
+    struct rl_err err = {0};
+    const char *a = key("aged:a"), *b = key("aged:b"), *keys[] = {a, b};
+    assert_int_equal(rconn_xgroup_create(w, a, "workers", "0", &err), 0);
+    assert_int_equal(rconn_xgroup_create(w, b, "workers", "0", &err), 0);
+    /* a: two entries from long ago (explicit IDs: their time is 1970),
+     * then one added now; b: one added now */
+    const char *x1[] = {"XADD", a, "1-1", "job", "old1"}, *x2[] = {"XADD", a, "2-1", "job", "old2"};
+    const char *xa[] = {"XADD", a, "*", "job", "new"}, *xb[] = {"XADD", b, "*", "job", "newb"};
+    cmd_ok(w, 5, x1);
+    cmd_ok(w, 5, x2);
+    cmd_ok(w, 5, xa);
+    cmd_ok(w, 5, xb);
+    /* COUNT 1: the oldest only */
+    aged_look(c, 2, keys, 1, 60000, (const char *const[]){"0:old1", ""});
+    /* the next old one, not the new one after it, though COUNT allows */
+    aged_look(c, 2, keys, 8, 60000, (const char *const[]){"0:old2", ""});
+    aged_look(c, 2, keys, 8, 60000, (const char *const[]){""});
+    /* nothing young was delivered: the group's pending list holds two */
+    const char *pend[] = {"XPENDING", a, "workers"};
+    struct rconn_reply *r = NULL;
+    assert_int_equal(rconn_command(w, 3, pend, NULL, &r, &err), 0);
+    assert_int_equal(r->elem[0].integer, 2);
+    rconn_reply_free(r);
+    /* age 0: whatever waits, in both streams */
+    aged_look(c, 2, keys, 8, 0, (const char *const[]){"0:new", "1:newb", ""});
+    /* no group: the read's own error */
+    const char *nog[] = {key("aged:nogroup")};
+    const char *xn[] = {"XADD", nog[0], "*", "job", "x"};
+    cmd_ok(w, 5, xn);
+    assert_int_equal(rconn_xreadgroup_send_aged(c, "workers", "w1", 1, nog, 8, 0, &err), 0);
+    struct rconn_entries ents = {0};
+    bool came = false;
+    assert_int_not_equal(rconn_xreadgroup_collect(c, 1, nog, 5000, &ents, &came, &err), 0);
+    assert_non_null(strstr(err.msg, "NOGROUP"));
+    rconn_free(c);
+    rconn_free(w);
+}
+
 /* An ACL that does not let the reader read the bell: refused with the
  * reason (the caller then blocks on every stream). */
 static void test_xmux_bell_refused(void **state)
@@ -1384,6 +1457,7 @@ int main(void)
         cmocka_unit_test(test_xmux_bell_pair),
         cmocka_unit_test(test_commands_then_read),
         cmocka_unit_test(test_batch_then_read),
+        cmocka_unit_test(test_aged_read),
         cmocka_unit_test(test_xmux_unwritten),
         cmocka_unit_test(test_xmux_short_io_timeout),
         cmocka_unit_test_prestate(test_xmux_short_io_timeout, (void *)"bell-io"),
