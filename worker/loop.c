@@ -963,13 +963,29 @@ static bool stand_send(struct worker *w, int l, int share, bool block)
     struct rl_err err;
     struct w_lane *ln = &w->lane[l];
     int count = lane_count(w, l, share);
-    if (!rconn_xreadgroup_send(ln->rc, w->opt.group, w->opt.name, ln->n, ln->keys, count,
-                               stand_block_ms(w, block), &err)) {
+    ln->aged = !block && !w->plain_looks;
+    if (!(ln->aged ? rconn_xreadgroup_send_aged(ln->rc, w->opt.group, w->opt.name, ln->n,
+                                                ln->keys, count, w->cfg.steal_ms, &err)
+                   : rconn_xreadgroup_send(ln->rc, w->opt.group, w->opt.name, ln->n, ln->keys,
+                                           count, stand_block_ms(w, block), &err))) {
         ln->want = count * ln->n;
         return true;
     }
     read_failed(w, &err);
     return false;
+}
+
+/* A look at aged jobs refused by Redis for a reason other than a lost
+ * group or connection (its script's commands not in this worker's ACL, a
+ * Redis without them): plain looks from then on, which take what waits
+ * however young. */
+static void aged_look_failed(struct worker *w, const struct rl_err *err)
+{
+    if (err->code == RL_EIO || strstr(err->msg, "NOGROUP") || w->plain_looks)
+        return;
+    w->plain_looks = true;
+    RL_LOG(&w->log, RL_LOG_WARN, "looks at other shards take any waiting job from now on "
+           "(the aged read was refused: %s; config/redis-acl.conf has what it needs)", err->msg);
 }
 
 /* Home shards (issue 27 point 4): a job's pool shard is the one on the
@@ -1071,6 +1087,8 @@ static void standing_read(struct worker *w, int k, int wait_ms, bool draining)
         struct rconn_entries ents = {0};
         bool came = false;
         if (rconn_xreadgroup_collect(ln->rc, ln->n, ln->keys, 0, &ents, &came, &err)) {
+            if (ln->aged)
+                aged_look_failed(w, &err);
             read_failed(w, &err);
             continue;
         }

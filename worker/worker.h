@@ -214,6 +214,7 @@ struct worker {
         int idx[W_MAX_STREAMS], n;
         int want;                 /* the most jobs its read out may bring (COUNT x n) */
         int64_t next_look_ms;     /* a foreign lane's next look without BLOCK */
+        bool aged;                /* the read out is a look at aged jobs only */
     } lane[RCL_MAX_SHARDS];
     int n_lanes;
     /* Home shards (issue 27 point 4, loop.c stand_send_all): on a cluster
@@ -222,6 +223,10 @@ struct worker {
      * their jobs come rather than every steal_ms */
     int home_lane;
     int foreign_room;
+    /* a look at a foreign lane takes only jobs that waited steal_ms
+     * (rconn_xreadgroup_send_aged) until Redis refuses that script (an
+     * ACL from before it): plain looks from then on */
+    bool plain_looks;
     struct rconn_batch *batch;
     struct fence fence;           /* the fencing scripts' SHA1s */
     bool checks_apart;            /* an ACL refused FENCE_EMIT with the check keys in it

@@ -41,6 +41,7 @@ from test_cluster_slots import id_in_slot, request_slots
 
 FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
 K = 3  # pool_shards' default
+STEAL_MS = 1000  # long enough that a look taking a young job is seen doing it
 
 
 def shards(prefix, pool="fast"):
@@ -348,7 +349,7 @@ def test_jobs_go_to_their_masters_shard_and_workers_prefer_home(
     # preference: wa's home is shard 0, wb's shard 1; with a batch of 4 and
     # foreign_room_pct 100 a worker running anything reads only its home
     # as jobs come
-    common = ["--max-batch", "4", "--foreign-room-pct", "100", "--steal-ms", "50"]
+    common = ["--max-batch", "4", "--foreign-room-pct", "100", "--steal-ms", str(STEAL_MS)]
     wa = workers("wa", "--home-shard", "0", *common, addr=redis_cluster.seeds)
     wait_for(lambda: all(rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k))
                          for k in keys), "the worker's groups", timeout=60)
@@ -367,7 +368,7 @@ def test_jobs_go_to_their_masters_shard_and_workers_prefer_home(
     wait_for(lambda: holder(rc, prefix, "L1") == "wb", "wb running L1", timeout=60)
 
     # both busy with room: the other shards are looked at every steal_ms
-    # (2 lanes each: 80 reads in a second for both) and the home's standing
+    # (2 lanes each: 8 looks in a second for both) and the home's standing
     # read comes back each BLOCK of 100 ms (20 more), not every step (~1,000
     # steps a second here: thousands)
     before, n0 = xreadgroup_calls(redis_cluster), rc.xlen(out_key(prefix, "L0"))
@@ -375,7 +376,8 @@ def test_jobs_go_to_their_masters_shard_and_workers_prefer_home(
     calls = xreadgroup_calls(redis_cluster) - before
     steps = rc.xlen(out_key(prefix, "L0")) - n0
     assert steps >= 20, f"only {steps} events of L0 in 1 s: wa was not stepping"
-    assert calls <= 1.5 * (80 + 20) + 10, f"{calls} XREADGROUPs in 1 s ({steps} steps of wa)"
+    looks = 2 * 2 * 1000 / STEAL_MS
+    assert calls <= 1.5 * (looks + 20) + 10, f"{calls} XREADGROUPs in 1 s ({steps} steps of wa)"
 
     # both busy with room: each shard's jobs go to its home worker
     short = greedy_jobs(8, seed=39, max_tokens=(6, 10), tag="p")
@@ -395,7 +397,24 @@ def test_jobs_go_to_their_masters_shard_and_workers_prefer_home(
         wait_for(lambda i=i: holder(rc, prefix, f"F{i}") == "wb", f"wb running F{i}",
                  timeout=60)
     x = greedy_jobs(1, seed=40, max_tokens=(6, 6), tag="steal")[0]
-    rc.xadd(keys[1], {"job": json.dumps(x)})
+    added_ms = int(rc.xadd(keys[1], {"job": json.dumps(x)}).split("-")[0])
+    # a look takes a job only once it has waited steal_ms (by Redis's
+    # clock, which named the entry): every time wa's holder record is seen,
+    # read with the same master's TIME in one transaction, it is that late
+    own = f"{prefix}own:{{{x['id']}}}"
+    node = redis_cluster.node(redis_cluster.master_of(own))
+    deadline = time.time() + 60
+    while True:
+        p = node.pipeline(transaction=True)
+        p.time()
+        p.hget(own, "holder")
+        (sec, usec), h = p.execute()
+        if h:
+            waited = sec * 1000 + usec // 1000 - added_ms
+            assert waited >= STEAL_MS, f"taken {waited} ms after it was queued"
+            break
+        assert time.time() < deadline, "the waiting job was not taken by wa's looks"
+        time.sleep(0.01)
     toks, _ = check_stream(stream_events(rc, out_key(prefix, x["id"]), 60), event_validator)
     assert toks == reference([x], tmp_path)[0]
     assert holder(rc, prefix, x["id"]) == "wa"
