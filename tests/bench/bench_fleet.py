@@ -38,7 +38,12 @@ Redis CPU per token sums INFO cpu over the masters; the busiest master's
 share is reported too, and sets the saturation estimate (it saturates first).
 Streams are read back with a cluster client: each key from its master.
 --against-single runs the soak on one redis-server first, then on the
-cluster, and prints the cluster/single saturation ratio of that one run.
+cluster, and prints the cluster/single saturation ratio of that one run:
+estimated from CPU per token, and with --redis-cpu-pct measured, every
+redis-server capped at that share of a core (tests/bench/cpucap.py) so that
+one instance and the cluster's busiest master both saturate within this
+host's reach (the table gains busiest_util and busiest_throttled, the
+share of CFS periods the cap bit in: near 1 when saturated).
 Before and after the soak tests/bench/redis_probe.py measures this
 machine's Redis speed (us a call of the soak's own commands, busy and
 paced), printed with the figures: on a shared host they drift by 2-3x
@@ -46,6 +51,8 @@ within an hour, and a run is read against its own.
 
   /usr/bin/python3 tests/bench/bench_fleet.py --workers 64 --rates 4,8,16 --duration 20
   /usr/bin/python3 tests/bench/bench_fleet.py --cluster --against-single --workers 8 --rates 4,8 --duration 10
+  /usr/bin/python3 tests/bench/bench_fleet.py --cluster --against-single --single-replica --workers 6 \
+      --rates 160 --duration 10 --pin --coalesce-ms 0 --clients 256 --redis-cpu-pct 10   # root
 """
 import argparse
 import json
@@ -61,6 +68,7 @@ import time
 
 import redis
 
+from cpucap import CpuCap, CpuCapError
 from local_cluster import RedisCluster, free_port
 from redis_probe import probe as redis_probe
 
@@ -100,6 +108,9 @@ class Fleet:
         # (fault sweep) short ones, so that a killed worker's jobs are taken
         # over within a second rather than claim_idle_ms's 30 s
         self.fast_claims = a.calm_intervals == "soak"
+        # --redis-cpu-pct: every redis-server in a cgroup capped at that
+        # share of a core (cpucap.py), so that saturation is in reach
+        self.cap = CpuCap(a.redis_cpu_pct) if a.redis_cpu_pct else None
 
     def spawn(self, args, log, redis_core=False):
         """--pin: Redis on core 0 alone, everything else on the other
@@ -126,10 +137,15 @@ class Fleet:
             self.cluster = RedisCluster(d, node_timeout_ms=5000, cpus="0" if self.a.pin else None)
             self.addr = self.cluster.seeds
             self.r = self.cluster.client()
+            if self.cap:
+                for p in self.cluster.running():
+                    self.cap.add(self.cluster.proc(p).pid, str(p))
             return
         self.redis = self.spawn(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
                                  "--save", "", "--appendonly", "no", "--dir", str(self.out / "logs")],
                                 "redis.log", redis_core=True)
+        if self.cap:
+            self.cap.add(self.redis.pid, str(self.port))
         self.r = redis.Redis(port=self.port, decode_responses=True)
         for _ in range(200):
             try:
@@ -143,10 +159,12 @@ class Fleet:
             # like for like with the cluster, whose masters each feed a
             # replica: the instance feeds one too (it runs with the rest)
             rport = free_port()
-            self.spawn(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
-                        "--appendonly", "no", "--dir", str(self.out / "logs"),
-                        "--replicaof", "127.0.0.1", str(self.port)], "replica.log",
-                       redis_core=True)  # --pin: with its master, as a cluster's replicas
+            rp = self.spawn(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(self.out / "logs"),
+                             "--replicaof", "127.0.0.1", str(self.port)], "replica.log",
+                            redis_core=True)  # --pin: with its master, as a cluster's replicas
+            if self.cap:
+                self.cap.add(rp.pid, str(rport))
             rr = redis.Redis(port=rport, decode_responses=True)
             for _ in range(500):
                 try:
@@ -179,7 +197,8 @@ class Fleet:
              "--coalesce-ms", str(self.coalesce_ms),
              *self.shard_args(),
              *([] if int(self.a.foreign_room_pct) < 0 else
-               ["--foreign-room-pct", str(self.a.foreign_room_pct)])],
+               ["--foreign-room-pct", str(self.a.foreign_room_pct)]),
+             *self.a.worker_arg],
             f"worker-{name}.log")
 
     def wait_ready(self, names, kind):
@@ -227,6 +246,8 @@ class Fleet:
             n["cmds"] = st.get("total_commands_processed", 0)
             n["xadd"] = stats.get("cmdstat_xadd", {}).get("calls", 0)
             n["master"] = r.info("replication")["role"] == "master"
+            if self.cap:
+                n.update(self.cap.stat(str(port)))
             nodes[port] = n
         return {"t": time.time(), "nodes": nodes,
                 "disp_cpu": self.dead_cpu["dispatcher"] + sum(
@@ -250,6 +271,9 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        if self.cap:
+            for d in self.cap.close():
+                print(f"warning: cgroup {d} left behind", file=sys.stderr)
 
 
 def faults(fleet, log):
@@ -308,7 +332,8 @@ def redis_delta(before, after):
     summed over the masters (a node counts if it was a master at either end:
     a failover moves the role mid-level), and the busiest master's CPU (on a
     cluster it saturates first; on one instance it is the instance)."""
-    out = {"redis_cpu": 0.0, "xadd": 0, "busiest_cpu": 0.0, "busiest_port": None}
+    out = {"redis_cpu": 0.0, "xadd": 0, "busiest_cpu": 0.0, "busiest_port": None,
+           "busiest_throttled": None}
     for port, a in after["nodes"].items():
         b = before["nodes"].get(port)
         if b is None or not (a["master"] or b["master"]):
@@ -318,6 +343,9 @@ def redis_delta(before, after):
                 out[k] = out.get(k, 0) + v - b.get(k, 0)  # a command new in this level: from 0
         if a["redis_cpu"] - b["redis_cpu"] > out["busiest_cpu"]:
             out["busiest_cpu"], out["busiest_port"] = a["redis_cpu"] - b["redis_cpu"], port
+            if "periods" in a:  # --redis-cpu-pct: the share of periods its cap bit in
+                out["busiest_throttled"] = round((a["throttled"] - b["throttled"]) /
+                                                 max(a["periods"] - b["periods"], 1), 3)
     return out
 
 
@@ -411,6 +439,8 @@ def row(lv):
             "busiest_us_per_tok": round(c["busiest_cpu"] / max(toks, 1) * 1e6, 2),
             "busiest_share": round(c["busiest_cpu"] / max(c["redis_cpu"], 1e-9), 3),
             "busiest_port": c["busiest_port"],
+            "busiest_util": round(c["busiest_cpu"] / c["t"], 3),
+            "busiest_throttled": c["busiest_throttled"],
             "events_per_tok": round(evs / max(toks, 1), 3),
             "xadd_per_tok": round(c["xadd"] / max(toks, 1), 3),
             "reads_per_tok": round(c.get("reads", 0) / max(toks, 1), 3),
@@ -493,6 +523,14 @@ def main():
                     help="after the calm sweep, the same sweep with each of these --read modes "
                          "(comma-separated; alone: own unless --read own, then shared): the "
                          "clients' share of Redis's work, measured in one run")
+    ap.add_argument("--redis-cpu-pct", type=float, default=0,
+                    help="cap every redis-server at this %% of a core (a cgroup each, "
+                         "tests/bench/cpucap.py; root): saturation within this host's reach, "
+                         "so that --against-single measures the ratio of delivered tokens at "
+                         "saturation instead of estimating it (0 = no cap)")
+    ap.add_argument("--worker-arg", action="append", default=[],
+                    help="one more argument for every worker (repeat it: --worker-arg=--steal-ms "
+                         "--worker-arg=1000), for an A/B of a worker setting")
     ap.add_argument("--out", default=None)
     ap.add_argument("--against-single", action="store_true",
                     help="with --cluster: first run the same soak on one redis-server, then on "
@@ -502,6 +540,11 @@ def main():
     if "," in a.foreign_room_pct and not (a.cluster and a.against_single):
         ap.error("--foreign-room-pct: a list only with --cluster --against-single")
     a.out = a.out or str(ROOT / a.build / ("bench-fleet-cluster" if a.cluster else "bench-fleet"))
+    if a.redis_cpu_pct:
+        try:
+            CpuCap(a.redis_cpu_pct)
+        except CpuCapError as e:
+            ap.error(f"--redis-cpu-pct: {e}")
     if not (a.cluster and a.against_single):
         return soak(a)[1]
     # the same soak twice in one run, one instance first: a ratio from one run
@@ -530,10 +573,36 @@ def main():
                     "cluster_tok_s": cl["redis_saturation_tok_s"], "ratio": round(ratio, 3),
                     "single_margin_tok_s": single["redis_saturation_margin_tok_s"],
                     "cluster_margin_tok_s": cl["redis_saturation_margin_tok_s"],
-                    "ratio_margin": round(margin, 3), **equal_node_load(single, cl)})
+                    "ratio_margin": round(margin, 3), **equal_node_load(single, cl),
+                    **measured_at_cap(a, single, cl)})
     (pathlib.Path(a.out) / "compare.json").write_text(
         json.dumps(cmp[0] if len(cmp) == 1 else cmp, indent=1))
     return max(r[1] for r in res.values())
+
+
+def measured_at_cap(a, single, cl):
+    """--redis-cpu-pct: delivered tokens/s of the cluster against one
+    instance at the top calm rate, every node capped alike. A measured ratio
+    at saturation when one instance is saturated there (its CPU at the cap,
+    throttled in most periods): then the cluster's figure is at most its
+    own capacity, and the ratio at least what it would show saturated too
+    (unless the cluster also sits at its cap, then it is the ratio)."""
+    if not a.redis_cpu_pct:
+        return {}
+    s, c = single["rows"]["calm"][-1], cl["rows"]["calm"][-1]
+    cap = a.redis_cpu_pct / 100
+    ratio = c["tok_s"] / max(s["tok_s"], 1)
+    print(f"measured, every node capped at {a.redis_cpu_pct:g} % of a core, at {s['rate']:g} jobs/s: "
+          f"one instance {s['tok_s']} tok/s (its CPU {s['busiest_util'] / cap:.0%} of the cap, "
+          f"throttled in {s['busiest_throttled']:.0%} of periods), the cluster {c['tok_s']} tok/s "
+          f"(busiest master {c['busiest_util'] / cap:.0%} of the cap, throttled in "
+          f"{c['busiest_throttled']:.0%}): {ratio:.2f}x")
+    return {"cap_pct": a.redis_cpu_pct, "capped_single_tok_s": s["tok_s"],
+            "capped_cluster_tok_s": c["tok_s"], "capped_ratio": round(ratio, 3),
+            "capped_single_util_of_cap": round(s["busiest_util"] / cap, 3),
+            "capped_single_throttled": s["busiest_throttled"],
+            "capped_cluster_busiest_util_of_cap": round(c["busiest_util"] / cap, 3),
+            "capped_cluster_busiest_throttled": c["busiest_throttled"]}
 
 
 def equal_node_load(single, cl, masters=3):
@@ -653,7 +722,8 @@ def soak(a):
               "gpus_per_redis": round(sat_tok_s / a.gpu_tok_s, 1), "redis_probe": speed}
     (fleet.out / "fleet.json").write_text(json.dumps(result, indent=1))
     cols = ["rate", "issued", "errors", "tok_s", "redis_us_per_tok", "redis_util",
-            *(["busiest_us_per_tok", "busiest_share"] if a.cluster else []), "events_per_tok",
+            *(["busiest_us_per_tok", "busiest_share"] if a.cluster else []),
+            *(["busiest_util", "busiest_throttled"] if a.redis_cpu_pct else []), "events_per_tok",
             "xadd_per_tok", "reads_per_tok", "streams_per_read", "disp_us_per_req", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99"]
     print("| run | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
