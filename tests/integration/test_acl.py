@@ -581,6 +581,58 @@ def test_an_acl_with_the_single_bell_on_cluster(built, tmp_path):
         c.stop()
 
 
+def test_an_acl_from_before_aged_looks_on_cluster(built, tmp_path):
+    """An ACL from before a busy worker's looks at other shards took only
+    jobs that waited steal_ms (the worker without TIME and without XRANGE on
+    the pool keys): its first look is refused, it says so once and looks as
+    before, so a job waiting in another shard is still taken; nothing but
+    those two commands is refused."""
+    from conftest import RedisCluster, pool_shards
+    lines = [l.replace(" +script|load +time", " +script|load").replace(
+        " +xgroup|create +xrange)", " +xgroup|create)") if l.split()[1] == "worker" else l
+        for l in acl_lines()]
+    assert lines != acl_lines()
+    acl = tmp_path / "users.acl"
+    acl.write_text("\n".join(with_passwords(lines)) + "\n")
+    c = RedisCluster(tmp_path / "cluster", aclfile=acl, auth=("admin", PW["admin"]))
+    pw = daemon_passwords(tmp_path)
+    w = None
+    try:
+        w = Worker(c.seeds, "redlm:", "acl-aw", tmp_path,
+                   ["--redis-user", "worker", "--redis-password-file", str(pw["worker"]),
+                    "--home-shard", "0", "--max-batch", "4", "--steal-ms", "50"])
+        admin = c.client()
+        keys = pool_shards("redlm:", "fast", 3)
+        long = {"id": "client:L", "prompt_ids": [3, 1, 4], "max_tokens": 40000,
+                "temperature": 0, "ignore_eos": True}
+        admin.xadd(keys[0], {"job": json.dumps(long)})  # its home: it runs it, with room left
+        deadline = time.time() + 60
+        while not admin.hget("redlm:own:{client:L}", "holder"):
+            assert time.time() < deadline, "the worker did not take its home shard's job"
+            time.sleep(0.02)
+        # its reads on the other shards, sent while it was idle, end with
+        # their BLOCK; then it looks, and the first look is refused
+        while not cluster_denials(c, ("worker",)):
+            assert time.time() < deadline, "the busy worker never looked at another shard"
+            time.sleep(0.02)
+        job = {"id": "client:x", "prompt_ids": [9, 8, 7], "max_tokens": 6, "temperature": 0,
+               "ignore_eos": True}
+        admin.xadd(keys[1], {"job": json.dumps(job)})  # another shard's, no worker of its own
+        evs = cluster_events(c, "client", "client:x")
+        assert [e["seq"] for e in evs] == list(range(len(evs)))
+        assert evs[-1]["finish_reason"] == "length", evs[-1]
+        admin.set("redlm:cancel:{client:L}", "1", ex=600)
+        assert cluster_events(c, "client", "client:L")[-1]["finish_reason"] == "cancelled"
+        assert w.text().count("looks at other shards take any waiting job from now on") == 1, \
+            w.text()
+        denied = cluster_denials(c, ("worker",))
+        assert denied and all(e["object"] in ("time", "xrange") for e in denied), denied
+    finally:
+        if w:
+            w.stop()
+        c.stop()
+
+
 def test_acl_users_serve_jobs_on_cluster(built, acl_cluster, tmp_path):
     """The whole path on a cluster with least privilege on every hop: a web
     backend (user `client`, on the master of each key it touches) enqueues on
