@@ -43,7 +43,12 @@ estimated from CPU per token, and with --redis-cpu-pct measured, every
 redis-server capped at that share of a core (tests/bench/cpucap.py) so that
 one instance and the cluster's busiest master both saturate within this
 host's reach (the table gains busiest_util and busiest_throttled, the
-share of CFS periods the cap bit in: near 1 when saturated).
+share of CFS periods the cap bit in: near 1 when saturated). This host's
+speed drifts by 2x within minutes, and one soak's two halves are minutes
+apart: --alternate K keeps both fleets up and runs their calm sweeps in
+turn (S C S ... C S), each cluster sweep against the one-instance sweeps
+beside it, and prints the median ratio (no fault sweep; every sweep is
+checked against its fleet's first).
 Before and after the soak tests/bench/redis_probe.py measures this
 machine's Redis speed (us a call of the soak's own commands, busy and
 paced), printed with the figures: on a shared host they drift by 2-3x
@@ -52,7 +57,8 @@ within an hour, and a run is read against its own.
   /usr/bin/python3 tests/bench/bench_fleet.py --workers 64 --rates 4,8,16 --duration 20
   /usr/bin/python3 tests/bench/bench_fleet.py --cluster --against-single --workers 8 --rates 4,8 --duration 10
   /usr/bin/python3 tests/bench/bench_fleet.py --cluster --against-single --single-replica --workers 6 \
-      --rates 160 --duration 10 --pin --coalesce-ms 0 --clients 256 --redis-cpu-pct 10   # root
+      --rates 160 --duration 10 --pin --coalesce-ms 0 --clients 256 --redis-cpu-pct 10 \
+      [--alternate 5]   # root
 """
 import argparse
 import json
@@ -528,6 +534,11 @@ def main():
                          "tests/bench/cpucap.py; root): saturation within this host's reach, "
                          "so that --against-single measures the ratio of delivered tokens at "
                          "saturation instead of estimating it (0 = no cap)")
+    ap.add_argument("--alternate", type=int, default=0,
+                    help="with --cluster --against-single --redis-cpu-pct: both fleets up at once "
+                         "and their calm sweeps in turn, this many of the cluster's between one "
+                         "instance's (no fault sweep): each cluster sweep against the one-instance "
+                         "sweeps beside it, and the median ratio")
     ap.add_argument("--worker-arg", action="append", default=[],
                     help="one more argument for every worker (repeat it: --worker-arg=--steal-ms "
                          "--worker-arg=1000), for an A/B of a worker setting")
@@ -545,8 +556,12 @@ def main():
             CpuCap(a.redis_cpu_pct)
         except CpuCapError as e:
             ap.error(f"--redis-cpu-pct: {e}")
+    if a.alternate and not (a.cluster and a.against_single and a.redis_cpu_pct):
+        ap.error("--alternate: with --cluster --against-single --redis-cpu-pct")
     if not (a.cluster and a.against_single):
         return soak(a)[1]
+    if a.alternate:
+        return alternate(a)
     # the same soak twice in one run, one instance first: a ratio from one run
     res = {}
     pcts = [int(x) for x in str(a.foreign_room_pct).split(",")]
@@ -633,6 +648,114 @@ def equal_node_load(single, cl, masters=3):
             "equal_load_cost_ratio": round(cost, 3), "equal_load_estimate": round(est, 3)}
 
 
+def start_fleet(a, holder):
+    """Redis, 2 dispatchers and a.workers workers, all ready: (fleet, the
+    workers' names, seconds the workers took to get ready). The fleet is
+    the caller's to stop (stop_all), also when this raises."""
+    fleet = Fleet(a)
+    holder.append(fleet)
+    fleet.start_redis()
+    for d in ("d1", "d2"):
+        fleet.start_dispatcher(d)
+    fleet.wait_ready(["d1", "d2"], "dispatcher")
+    names = [f"w{i}" for i in range(a.workers)]
+    t = time.time()
+    for n in names:
+        fleet.start_worker(n)
+    fleet.wait_ready(names, "worker")
+    return fleet, names, time.time() - t
+
+
+def alternate(a):
+    """--alternate K: one instance's fleet and the cluster's up at once,
+    every redis-server capped alike (--redis-cpu-pct), and their calm
+    sweeps in turn, one instance first and last (S C S C ... C S). This
+    host's speed drifts by 2x within minutes (BENCHMARKS.md), more than the
+    gap between one soak's two halves can hide; each cluster sweep is read
+    against the mean of the one-instance sweeps just before and after it,
+    and the median of the K ratios is the figure. Every sweep of a fleet
+    sends the same jobs (one --seed), so each is checked against that
+    fleet's first: 0 lost / duplicated / out of order / mismatched."""
+    pin = ("0", f"1-{os.cpu_count() - 1}") if a.pin else (None, None)
+    speed = {"before": redis_probe(2.0, *pin)}
+    fleets, started = {}, []
+    try:
+        for cluster in (False, True):
+            b = argparse.Namespace(**{**vars(a), "cluster": cluster, "out": str(
+                pathlib.Path(a.out) / ("cluster" if cluster else "single"))})
+            fleets[cluster] = start_fleet(b, started)[0]
+        # each node's idle floor (the fleet up, no load: blocked reads,
+        # heartbeats, on a cluster the bus), a cost per second that a cap
+        # magnifies: at 10 % of a core a floor of 0.5 % of one is 5 % of
+        # the node, at a whole core 0.5 %
+        s0 = {c: f.snap() for c, f in fleets.items()}
+        time.sleep(5)  # a measured idle window
+        s1 = {c: f.snap() for c, f in fleets.items()}
+        floor = {c: {p: (s1[c]["nodes"][p]["redis_cpu"] - s0[c]["nodes"][p]["redis_cpu"]) /
+                     (s1[c]["t"] - s0[c]["t"]) for p in s1[c]["nodes"] if p in s0[c]["nodes"]}
+                 for c in fleets}
+        runs = {False: [], True: []}
+        for i in range(2 * a.alternate + 1):
+            cluster = i % 2 == 1
+            runs[cluster].append(sweep(fleets[cluster], f"calm{i // 2}")[0])
+        checks = {c: [check(fleets[c], runs[c][0], r) for r in runs[c][1:]] for c in runs}
+    finally:
+        for f in started:
+            f.stop_all()
+    speed["after"] = redis_probe(2.0, *pin)
+    rows = {c: [row(r[0]) for r in runs[c]] for c in runs}
+    cap = a.redis_cpu_pct / 100
+    print(f"| sweep | redis | tok_s | redis_us_per_tok | busiest CPU / cap | busiest throttled | "
+          f"reads_per_tok | ttft_p50 | itl_p50 |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    order = [(i % 2 == 1, i // 2) for i in range(2 * a.alternate + 1)]
+    for c, k in order:
+        r = rows[c][k]
+        print(f"| {k} | {'cluster' if c else 'one instance'} | {r['tok_s']} | {r['redis_us_per_tok']} | "
+              f"{r['busiest_util'] / cap:.2f} | {r['busiest_throttled']} | {r['reads_per_tok']} | "
+              f"{r['ttft_p50']} | {r['itl_p50']} |")
+    def beside(fc, fs):
+        """each cluster sweep's fc against the mean fs of the one-instance
+        sweeps before and after it"""
+        return [fc(rows[True][k]) / max((fs(rows[False][k]) + fs(rows[False][k + 1])) / 2, 1e-9)
+                for k in range(a.alternate)]
+
+    def median(xs):
+        xs = sorted(xs)
+        return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+
+    def net(c):
+        """tokens/s a saturated node carries per core of CPU above its
+        idle floor: the busiest node's (u - floor) is what its tokens cost"""
+        return lambda r: r["tok_s"] / max(r["busiest_util"] - floor[c].get(r["busiest_port"], 0), 1e-9)
+    ratios = beside(lambda r: r["tok_s"], lambda r: r["tok_s"])
+    nets = beside(net(True), net(False))
+    med = median(ratios)
+    print(f"\nmeasured, every node capped at {a.redis_cpu_pct:g} % of a core, at {a.rates[-1]:g} jobs/s: "
+          f"cluster / one instance beside it {', '.join(f'{x:.2f}' for x in ratios)}: median {med:.2f}x")
+    print(f"idle floors (a core's share, the fleet up and no load): one instance "
+          f"{max(floor[False].values()):.4f}, the cluster's busiest master {max(floor[True].values()):.4f}; "
+          f"tokens per CPU above the floor, cluster / one instance: "
+          f"{', '.join(f'{x:.2f}' for x in nets)}: median {median(nets):.2f}x (floors are paid per "
+          f"second: at a whole core each they weigh a tenth of what they do here)")
+    bad = 0
+    for c in (False, True):
+        tot = {k: sum(t[k] for t in checks[c]) for k in ("jobs", "lost", "dup", "out_of_order",
+                                                          "mismatch", "compared", "cut")}
+        bad += tot["lost"] + tot["dup"] + tot["out_of_order"] + tot["mismatch"]
+        print(f"check, {'cluster' if c else 'one instance'}, every sweep against its first: {tot}")
+    for when, sp in speed.items():
+        print(f"  Redis speed {when}: hot XADD {sp['hot']['xadd']}; busy XADD {sp['soak_shaped']['xadd']}")
+    (pathlib.Path(a.out) / "alternate.json").write_text(json.dumps(
+        {"options": vars(a), "rows": {"single": rows[False], "cluster": rows[True]},
+         "ratios": [round(x, 3) for x in ratios], "median": round(med, 3),
+         "idle_floor": {"single": floor[False], "cluster": floor[True]},
+         "ratios_above_floor": [round(x, 3) for x in nets], "median_above_floor": round(median(nets), 3),
+         "checks": {"single": checks[False], "cluster": checks[True]}, "redis_probe": speed},
+        indent=1))
+    return 1 if bad else 0
+
+
 def restart_workers(fleet, names, fast_claims):
     for n in names:
         fleet.kill("worker", n, signal.SIGTERM)
@@ -650,18 +773,9 @@ def soak(a):
     # soak's figures are read against them
     pin = ("0", f"1-{os.cpu_count() - 1}") if a.pin else (None, None)
     speed = {"before": redis_probe(2.0, *pin)}
-    fleet = Fleet(a)
+    started = []
     try:
-        fleet.start_redis()
-        for d in ("d1", "d2"):
-            fleet.start_dispatcher(d)
-        fleet.wait_ready(["d1", "d2"], "dispatcher")
-        names = [f"w{i}" for i in range(a.workers)]
-        t = time.time()
-        for n in names:
-            fleet.start_worker(n)
-        fleet.wait_ready(names, "worker")
-        start_s = time.time() - t
+        fleet, names, start_s = start_fleet(a, started)
         s0 = fleet.snap()
         time.sleep(5)
         s1 = fleet.snap()
@@ -693,7 +807,8 @@ def soak(a):
             coal, _ = sweep(fleet, "coalesced")
             tot_coal = check(fleet, calm, coal)
     finally:
-        fleet.stop_all()
+        for f in started:
+            f.stop_all()
     speed["after"] = redis_probe(2.0, *pin)
     rows = {"calm": [row(lv) for lv in calm],
             **{f"calm, {m} reads": [row(lv) for lv in lvs] for m, lvs in calm_other.items()},
