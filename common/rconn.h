@@ -251,8 +251,8 @@ int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consum
  * looking at another shard for jobs its home workers cannot take
  * (issue 27 point 4) would otherwise take one that arrived a moment ago,
  * while that shard's worker re-arms its read: under load on a cluster
- * most looks did, and every such job costs its master's and the
- * worker's calls a step. Runs as one Lua script (EVAL: sent at most every
+ * that spread every worker's jobs over every master, each such job a call
+ * and a wake on its master every step. Runs as one Lua script (EVAL: sent at most every
  * steal_ms, its hashing cheaper than keeping a SHA loaded per master);
  * needs TIME, XINFO GROUPS and XRANGE on the keys besides XREADGROUP
  * (config/redis-acl.conf), else its error comes back as the read's. */
