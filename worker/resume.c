@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "tokenizer.h"
 #include "worker.h"
 
@@ -105,16 +106,66 @@ static void take_claimers(struct worker *w, bool *won)
     }
 }
 
+/* Hands the claimed entries [from, n) of pool p back untaken: FENCE_RELEASE
+ * each (claimable at once, this delivery not counted), in one pipeline.
+ * Best effort: an entry not handed back stays ours and pending, and is
+ * claimed again after claim_idle_ms, as a dead worker's would be. */
+static void release_claimed(struct worker *w, int p, const struct rconn_entries *ents, int from)
+{
+    struct rconn_batch *b = NULL;
+    struct rl_err err;
+    if (rconn_batch_create(&b, &err))
+        return;
+    char nk[12], idle[24];
+    snprintf(idle, sizeof idle, "%d", w->opt.claim_idle_ms);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        rconn_batch_reset(b);
+        for (int i = from; i < ents->n; i++) {
+            const char *argv[10];
+            int a = fence_cmd(&w->fence, FENCE_RELEASE, 1, argv, nk);
+            argv[a++] = w->pool_keys[p];
+            argv[a++] = w->opt.group;
+            argv[a++] = w->opt.name;
+            argv[a++] = ents->v[i].id;
+            argv[a++] = idle;
+            if (rconn_batch_add(b, a, argv, NULL, &err))
+                goto out;
+        }
+        if (rconn_batch_exec(w->rc, b, &err))
+            break;
+        bool again = false;
+        for (int i = 0; i < rconn_batch_count(b); i++)
+            again |= fence_noscript(&w->fence, FENCE_RELEASE, rconn_batch_reply(b, i));
+        if (!again)
+            break;
+        fence_begin(&w->fence); /* the body this time */
+    }
+out:
+    rconn_batch_free(b);
+}
+
 int w_claim(struct worker *w, struct rl_err *err)
 {
     bool won[W_MAX_STREAMS];
     if (w_admissible(w) <= 0)
         return 0;
     take_claimers(w, won);
+    /* A claim takes each entry over a few round trips at a time
+     * (deliveries, admission, FENCE_TAKE, the stream read back) while the
+     * loop renews nobody's lease. On a slow or saturated Redis a batch of
+     * dozens outlasted claim_idle_ms: the next claimer took its tail before
+     * we got to it, a delivery more each time, until max_deliveries
+     * dead-lettered jobs no dead worker held, and our running jobs' leases
+     * lapsed too. So a claim stops at a quarter of claim_idle_ms, hands the
+     * rest back (claimable at once, not counted), and the next one takes
+     * no more than this one got through. */
+    int64_t until = rl_mono_ms() + w->opt.claim_idle_ms / 4;
     for (int p = 0; p < w->n_pools; p++) {
         int k = w_admissible(w);
         if (k <= 0)
             return 0;
+        if (w->claim_count > 0 && k > w->claim_count)
+            k = w->claim_count;
         if (p >= w_n_queue_streams(w) || !won[p])
             continue; /* another worker claims this pool this interval; our offer
                          streams: the dispatcher's sweep moves their idle entries */
@@ -133,6 +184,14 @@ int w_claim(struct worker *w, struct rl_err *err)
         }
         snprintf(w->claim_cursor[p], RCONN_ID_MAX, "%s", next);
         for (int i = 0; i < ents.n; i++) {
+            if (i > 0 && rl_mono_ms() >= until) {
+                RL_LOG(&w->log, RL_LOG_INFO, "claim on %s: %d of %d entries taken within "
+                       "claim_idle_ms / 4, the rest handed back", w->pools[p], i, ents.n);
+                release_claimed(w, p, &ents, i);
+                w->claim_count = i;
+                rconn_entries_free(&ents);
+                return 0;
+            }
             if (held(w, p, ents.v[i].id))
                 continue; /* ours and still running (a lease we were late to renew) */
             int64_t d = deliveries_of(w, w->pool_keys[p], ents.v[i].id);
@@ -143,6 +202,8 @@ int w_claim(struct worker *w, struct rl_err *err)
             pthread_mutex_unlock(&w->m.mu);
             w_admit(w, p, &ents.v[i], d, true, -1);
         }
+        if (w->claim_count > 0 && ents.n >= w->claim_count)
+            w->claim_count = w->claim_count < 4096 ? 2 * w->claim_count : 0; /* all in time */
         rconn_entries_free(&ents);
     }
     return 0;

@@ -286,6 +286,9 @@ struct worker {
                                      the half-written streams Redis must hold stay
                                      few and the jobs given up finish; 0 = no cap */
     char claim_cursor[W_MAX_STREAMS][RCONN_ID_MAX];
+    /* the most entries one XAUTOCLAIM takes (0: the room): what the last
+     * claim got through within its time (resume.c w_claim) */
+    int claim_count;
     uint64_t watchdog_usec;
     int64_t t_start_ms;
     double tok_rate;              /* tokens/s, exponentially smoothed */
