@@ -106,10 +106,11 @@ static void take_claimers(struct worker *w, bool *won)
     }
 }
 
-/* Hands the claimed entries [from, n) of pool p back untaken: FENCE_RELEASE
- * each (claimable at once, this delivery not counted), in one pipeline.
- * Best effort: an entry not handed back stays ours and pending, and is
- * claimed again after claim_idle_ms, as a dead worker's would be. */
+/* Hands the claimed entries [from, n) of pool p back untaken (but those
+ * we hold and run: a lease we were late to renew): FENCE_RELEASE each
+ * (claimable at once, this delivery not counted), in one pipeline. Best
+ * effort: an entry not handed back stays ours and pending, and is claimed
+ * again after claim_idle_ms, as a dead worker's would be. */
 static void release_claimed(struct worker *w, int p, const struct rconn_entries *ents, int from)
 {
     struct rconn_batch *b = NULL;
@@ -121,6 +122,8 @@ static void release_claimed(struct worker *w, int p, const struct rconn_entries 
     for (int attempt = 0; attempt < 2; attempt++) {
         rconn_batch_reset(b);
         for (int i = from; i < ents->n; i++) {
+            if (held(w, p, ents->v[i].id))
+                continue;
             const char *argv[10];
             int a = fence_cmd(&w->fence, FENCE_RELEASE, 1, argv, nk);
             argv[a++] = w->pool_keys[p];
@@ -131,7 +134,7 @@ static void release_claimed(struct worker *w, int p, const struct rconn_entries 
             if (rconn_batch_add(b, a, argv, NULL, &err))
                 goto out;
         }
-        if (rconn_batch_exec(w->rc, b, &err))
+        if (!rconn_batch_count(b) || rconn_batch_exec(w->rc, b, &err))
             break;
         bool again = false;
         for (int i = 0; i < rconn_batch_count(b); i++)
@@ -189,6 +192,9 @@ int w_claim(struct worker *w, struct rl_err *err)
                        "claim_idle_ms / 4, the rest handed back", w->pools[p], i, ents.n);
                 release_claimed(w, p, &ents, i);
                 w->claim_count = i;
+                /* the next claim's scan starts at what we handed back, not
+                 * after the batch (the cursor would pass it until it wraps) */
+                snprintf(w->claim_cursor[p], RCONN_ID_MAX, "%s", ents.v[i].id);
                 rconn_entries_free(&ents);
                 return 0;
             }
