@@ -537,8 +537,9 @@ def main():
     ap.add_argument("--alternate", type=int, default=0,
                     help="with --cluster --against-single --redis-cpu-pct: both fleets up at once "
                          "and their calm sweeps in turn, this many of the cluster's between one "
-                         "instance's (no fault sweep): each cluster sweep against the one-instance "
-                         "sweeps beside it, and the median ratio")
+                         "instance's (no fault sweep), the workers at --coalesce-ms throughout: "
+                         "each cluster sweep against the one-instance sweeps beside it, and the "
+                         "median ratio")
     ap.add_argument("--worker-arg", action="append", default=[],
                     help="one more argument for every worker (repeat it: --worker-arg=--steal-ms "
                          "--worker-arg=1000), for an A/B of a worker setting")
@@ -648,11 +649,12 @@ def equal_node_load(single, cl, masters=3):
             "equal_load_cost_ratio": round(cost, 3), "equal_load_estimate": round(est, 3)}
 
 
-def start_fleet(a, holder):
+def start_fleet(a, holder, coalesce_ms=0):
     """Redis, 2 dispatchers and a.workers workers, all ready: (fleet, the
     workers' names, seconds the workers took to get ready). The fleet is
     the caller's to stop (stop_all), also when this raises."""
     fleet = Fleet(a)
+    fleet.coalesce_ms = coalesce_ms
     holder.append(fleet)
     fleet.start_redis()
     for d in ("d1", "d2"):
@@ -675,7 +677,8 @@ def alternate(a):
     against the mean of the one-instance sweeps just before and after it,
     and the median of the K ratios is the figure. Every sweep of a fleet
     sends the same jobs (one --seed), so each is checked against that
-    fleet's first: 0 lost / duplicated / out of order / mismatched."""
+    fleet's first: 0 lost / duplicated / out of order / mismatched. The
+    workers run with --coalesce-ms throughout (0: uncoalesced)."""
     pin = ("0", f"1-{os.cpu_count() - 1}") if a.pin else (None, None)
     speed = {"before": redis_probe(2.0, *pin)}
     fleets, started = {}, []
@@ -683,7 +686,7 @@ def alternate(a):
         for cluster in (False, True):
             b = argparse.Namespace(**{**vars(a), "cluster": cluster, "out": str(
                 pathlib.Path(a.out) / ("cluster" if cluster else "single"))})
-            fleets[cluster] = start_fleet(b, started)[0]
+            fleets[cluster] = start_fleet(b, started, a.coalesce_ms)[0]
         # each node's idle floor (the fleet up, no load: blocked reads,
         # heartbeats, on a cluster the bus), a cost per second that a cap
         # magnifies: at 10 % of a core a floor of 0.5 % of one is 5 % of
@@ -731,7 +734,8 @@ def alternate(a):
     ratios = beside(lambda r: r["tok_s"], lambda r: r["tok_s"])
     nets = beside(net(True), net(False))
     med = median(ratios)
-    print(f"\nmeasured, every node capped at {a.redis_cpu_pct:g} % of a core, at {a.rates[-1]:g} jobs/s: "
+    print(f"\nmeasured, every node capped at {a.redis_cpu_pct:g} % of a core, at {a.rates[-1]:g} jobs/s"
+          f"{f', coalesce_ms {a.coalesce_ms}' if a.coalesce_ms else ''}: "
           f"cluster / one instance beside it {', '.join(f'{x:.2f}' for x in ratios)}: median {med:.2f}x")
     print(f"idle floors (a core's share, the fleet up and no load): one instance "
           f"{max(floor[False].values()):.4f}, the cluster's busiest master {max(floor[True].values()):.4f}; "
