@@ -226,6 +226,20 @@ int fence_take_cmd(struct fence *f, const char **argv, struct fence_take_buf *b,
     return a;
 }
 
+int fence_release_cmd(struct fence *f, const char **argv, struct fence_release_buf *b,
+                      const char *pool_key, const char *group, const char *consumer,
+                      const char *entry, int idle_ms)
+{
+    int a = fence_cmd(f, FENCE_RELEASE, 1, argv, b->nk);
+    snprintf(b->idle, sizeof b->idle, "%d", idle_ms);
+    argv[a++] = pool_key;
+    argv[a++] = group;
+    argv[a++] = consumer;
+    argv[a++] = entry;
+    argv[a++] = b->idle;
+    return a;
+}
+
 bool fence_noscript(struct fence *f, enum fence_script s, const struct rconn_reply *r)
 {
     if (r && r->type == RCONN_ERROR && !strncmp(r->str, "NOSCRIPT", 8)) {

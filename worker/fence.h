@@ -109,6 +109,22 @@ int fence_take_cmd(struct fence *f, const char **argv, struct fence_take_buf *b,
                    const char *entry, bool fresh, int64_t deliveries, const char *req,
                    const char *sha);
 
+/* Buffers for the text arguments of fence_release_cmd; live as long as
+ * argv. */
+struct fence_release_buf {
+    char nk[12], idle[24];
+};
+
+/* The whole FENCE_RELEASE call into argv (FENCE_RELEASE_ARGC entries):
+ * pool entry `entry` of stream pool_key, if consumer still owns it in
+ * group, made idle idle_ms (claimable at once when that is claim_idle_ms)
+ * without counting this delivery. Returns argc; answers 1 (handed back)
+ * or 0 (no longer ours). */
+#define FENCE_RELEASE_ARGC 8
+int fence_release_cmd(struct fence *f, const char **argv, struct fence_release_buf *b,
+                      const char *pool_key, const char *group, const char *consumer,
+                      const char *entry, int idle_ms);
+
 /* Called once per flush before any fence_cmd: decides EVAL or EVALSHA
  * of each script for this flush. */
 void fence_begin(struct fence *f);

@@ -724,15 +724,10 @@ static int queue_heartbeat(struct worker *w, struct flush *f, bool writes)
 static int queue_release(struct worker *w, struct flush *f, struct wjob *j)
 {
     j->release = false;
-    const char *argv[10];
-    char nk[12], idle[24];
-    int a = fence_cmd(&w->fence, FENCE_RELEASE, 1, argv, nk);
-    snprintf(idle, sizeof idle, "%d", w->opt.claim_idle_ms);
-    argv[a++] = w->pool_keys[j->pool];
-    argv[a++] = w->opt.group;
-    argv[a++] = w->opt.name;
-    argv[a++] = j->entry_id;
-    argv[a++] = idle;
+    const char *argv[FENCE_RELEASE_ARGC];
+    struct fence_release_buf b;
+    int a = fence_release_cmd(&w->fence, argv, &b, w->pool_keys[j->pool], w->opt.group,
+                              w->opt.name, j->entry_id, w->opt.claim_idle_ms);
     return queue_cmd(f, (struct item){IT_RELEASE, j, 0, 0, 0}, a, argv, NULL);
 }
 

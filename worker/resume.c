@@ -117,20 +117,15 @@ static void release_claimed(struct worker *w, int p, const struct rconn_entries 
     struct rl_err err;
     if (rconn_batch_create(&b, &err))
         return;
-    char nk[12], idle[24];
-    snprintf(idle, sizeof idle, "%d", w->opt.claim_idle_ms);
     for (int attempt = 0; attempt < 2; attempt++) {
         rconn_batch_reset(b);
         for (int i = from; i < ents->n; i++) {
             if (held(w, p, ents->v[i].id))
                 continue;
-            const char *argv[10];
-            int a = fence_cmd(&w->fence, FENCE_RELEASE, 1, argv, nk);
-            argv[a++] = w->pool_keys[p];
-            argv[a++] = w->opt.group;
-            argv[a++] = w->opt.name;
-            argv[a++] = ents->v[i].id;
-            argv[a++] = idle;
+            const char *argv[FENCE_RELEASE_ARGC];
+            struct fence_release_buf rb;
+            int a = fence_release_cmd(&w->fence, argv, &rb, w->pool_keys[p], w->opt.group,
+                                      w->opt.name, ents->v[i].id, w->opt.claim_idle_ms);
             if (rconn_batch_add(b, a, argv, NULL, &err))
                 goto out;
         }
