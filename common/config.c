@@ -149,7 +149,7 @@ static const struct opt options[] = {
     {"foreign_room_pct", T_INT, O(foreign_room_pct), "100", 0, 100, NULL, CFG_WORKER, 0,
      "Redis Cluster with pool_shards > 1: while at least this share of its batch is free a worker takes jobs from every shard as they come; below it only from its home shard as they come, and from the others only what waits there, looked for every steal_ms. 100 (the default) = every shard only while it runs nothing; 0 = every shard always (no home)."},
     {"steal_ms", T_INT, O(steal_ms), "50", 1, 60000, NULL, CFG_WORKER, 0,
-     "How often a worker with some room but less than foreign_room_pct looks for jobs waiting in the shards other than its home, and how long such a job must have waited to be taken there (so a look takes what that shard's own workers did not, not one they are about to): it waits at most twice this while a worker has room."},
+     "How often a worker with some room but less than foreign_room_pct looks for jobs waiting in the shards other than its home, and how long such a job must have waited to be taken there (so a look takes what that shard's own workers did not, not one they are about to). A shard a look finds with nothing waiting is looked at half as often each time, down to every 4 x steal_ms (looks cost its master a read event each, per worker): such a job waits at most 4 x this while a worker has room."},
     {"claim_idle_ms", T_INT, O(claim_idle_ms), "30000", 1000, 3600000, NULL, CFG_BOTH, F_LIVE,
      "A job pending this long without a lease renewal is taken over (XAUTOCLAIM) from its dead worker."},
     {"claim_interval_ms", T_INT, O(claim_interval_ms), "5000", 100, 600000, NULL, CFG_BOTH, F_LIVE,

@@ -1449,6 +1449,7 @@ void rconn_entries_free(struct rconn_entries *e)
     free(e->v);
     e->n = 0;
     e->v = NULL;
+    e->drained = false;
 }
 
 void rconn_ids_free(struct rconn_ids *ids)
@@ -2063,12 +2064,14 @@ int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consum
  * last delivered one (none delivered yet: XREADGROUP's ">") whose IDs
  * (Redis's clock when they were added) are at least that old, delivered
  * by one XREADGROUP of just that many; the replies' stream elements
- * together, or nil: XREADGROUP's reply. A missing key or group reads as
- * XREADGROUP does (its NOGROUP error), and so does any error. */
+ * together: XREADGROUP's reply. None taken: nil when some stream held an
+ * undelivered entry (too young), an empty array when none held any (the
+ * drained flag of rconn_xreadgroup_collect). A missing key or group reads
+ * as XREADGROUP does (its NOGROUP error), and so does any error. */
 static const char aged_read_lua[] =
     "local t = redis.call('TIME')\n"
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
-    "local age, res = tonumber(ARGV[4]), {}\n"
+    "local age, res, waiting = tonumber(ARGV[4]), {}, false\n"
     "for i = 1, #KEYS do\n"
     "  local last, n = nil, 0\n"
     "  local gs = redis.pcall('XINFO', 'GROUPS', KEYS[i])\n"
@@ -2084,6 +2087,7 @@ static const char aged_read_lua[] =
     "  end\n"
     "  if last then\n"
     "    for _, e in ipairs(redis.call('XRANGE', KEYS[i], '(' .. last, '+', 'COUNT', ARGV[3])) do\n"
+    "      waiting = true\n"
     "      if now - tonumber(string.match(e[1], '^%d+')) < age then break end\n"
     "      n = n + 1\n"
     "    end\n"
@@ -2097,8 +2101,9 @@ static const char aged_read_lua[] =
     "    if r then res[#res + 1] = r[1] end\n"
     "  end\n"
     "end\n"
-    "if #res == 0 then return false end\n"
-    "return res\n";
+    "if #res > 0 then return res end\n"
+    "if waiting then return false end\n"
+    "return {}\n";
 
 int rconn_xreadgroup_send_aged(struct rconn *c, const char *group, const char *consumer,
                                int n_keys, const char *const *keys, int count, int min_age_ms,
@@ -2192,6 +2197,7 @@ int rconn_xreadgroup_collect(struct rconn *c, int n_keys, const char *const *key
 {
     out->n = 0;
     out->v = NULL;
+    out->drained = false;
     *came = false;
     redisReply *r = NULL;
     int rc = collect_raw(c, wait_ms, "XREADGROUP", &r, err);
@@ -2211,6 +2217,9 @@ int rconn_xreadgroup_collect(struct rconn *c, int n_keys, const char *const *key
                      "XREADGROUP: %s", cp.str);
     else
         rc = xread_entries(&cp, n_keys, keys, out, err);
+    /* XREADGROUP itself answers nil, never an empty array: only an aged
+     * look's script does, for streams with nothing undelivered */
+    out->drained = !rc && cp.type == RCONN_ARRAY && cp.n_elem == 0;
     clear_reply(&cp);
     if (rc)
         rconn_entries_free(out);

@@ -202,6 +202,9 @@ struct rconn_entry {
 struct rconn_entries {
     int n;
     struct rconn_entry *v; /* (n) */
+    bool drained; /* an aged look (rconn_xreadgroup_send_aged) found nothing
+                     undelivered at all in its streams, young or old: their
+                     own workers keep up (n is 0 then) */
 };
 /* Frees what e holds and zeroes it. */
 void rconn_entries_free(struct rconn_entries *e);
@@ -255,7 +258,11 @@ int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consum
  * and a wake on its master every step. Runs as one Lua script (EVAL: sent at most every
  * steal_ms, its hashing cheaper than keeping a SHA loaded per master);
  * needs TIME, XINFO GROUPS and XRANGE on the keys besides XREADGROUP
- * (config/redis-acl.conf), else its error comes back as the read's. */
+ * (config/redis-acl.conf), else its error comes back as the read's.
+ * Its reply says more than XREADGROUP's: an empty array (collected as no
+ * entries with drained set) when nothing waited undelivered in any of the
+ * streams, nil when something did but none was old enough; so a caller can
+ * look less often where nothing waits (worker/loop.c). */
 int rconn_xreadgroup_send_aged(struct rconn *c, const char *group, const char *consumer,
                                int n_keys, const char *const *keys, int count, int min_age_ms,
                                struct rl_err *err);

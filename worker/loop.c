@@ -1010,12 +1010,38 @@ static bool reads_every_lane(const struct worker *w, int room)
 
 static int lane_mode(struct worker *w, int l, int room, int64_t now)
 {
+    struct w_lane *ln = &w->lane[l];
     if (l == w->home_lane || reads_every_lane(w, room))
         return 1;
-    if (now < w->lane[l].next_look_ms)
+    if (now < ln->next_look_ms)
         return 0;
-    w->lane[l].next_look_ms = now + w->cfg.steal_ms;
+    ln->next_look_ms = now + (ln->look_every_ms > 0 ? ln->look_every_ms : w->cfg.steal_ms);
     return -1;
+}
+
+/* Looks paced by what they find (issue 27 point 4). Every busy worker
+ * looks at every other shard, so a shard is looked at by (workers - its
+ * own) / steal_ms a second, each look a read event on its master (~20 us
+ * of Redis CPU on this host, more than the script it runs): a cost per
+ * worker, not per token, and nearly always for nothing, since a shard's
+ * own workers keep up but for moments. A look that finds nothing
+ * undelivered there at all (rconn_entries.drained) doubles the time to
+ * the lane's next look, up to W_LOOK_BACKOFF x steal_ms; one that finds
+ * anything waiting, young or old, or a read there that brings a job, puts
+ * it back to steal_ms. The bound on a job's wait while a worker has room
+ * grows from 2 to W_LOOK_BACKOFF x steal_ms: a job that came just after a
+ * drained look is taken at the next (old enough by then); one that is too
+ * young at it, one steal_ms later. */
+static void look_came(struct worker *w, struct w_lane *ln, const struct rconn_entries *ents)
+{
+    if (!ln->aged || ents->n > 0 || !ents->drained) {
+        ln->look_every_ms = 0;
+        return;
+    }
+    int every = ln->look_every_ms > 0 ? ln->look_every_ms : w->cfg.steal_ms;
+    int most = w->cfg.steal_ms * W_LOOK_BACKOFF;
+    ln->look_every_ms = every < most / 2 ? 2 * every : most;
+    ln->next_look_ms = rl_mono_ms() + ln->look_every_ms;
 }
 
 /* Milliseconds until a foreign lane's next look (an idle wait must not
@@ -1095,6 +1121,8 @@ static void standing_read(struct worker *w, int k, int wait_ms, bool draining)
         if (!came)
             continue;
         came_any = true;
+        if (ln->aged || ents.n > 0)
+            look_came(w, ln, &ents);
         for (int i = 0; i < ents.n; i++) /* delivered to us: taken even when draining */
             /* the last one's admission check goes with this lane's next
              * read (precheck_paired): on a single instance, its one lane */

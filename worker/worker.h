@@ -51,6 +51,10 @@
 /* the pools, then our offer streams; or on a cluster the pools' shards
  * (at most 64 in all: one XREADGROUP's keys, main.c) */
 #define W_MAX_STREAMS 64
+/* A foreign lane whose looks find nothing waiting is looked at half as
+ * often each time, down to once every this many steal_ms (loop.c,
+ * look_came) */
+#define W_LOOK_BACKOFF 4
 
 /* One event waiting for Redis to confirm its XADD. */
 struct wout {
@@ -214,6 +218,8 @@ struct worker {
         int idx[W_MAX_STREAMS], n;
         int want;                 /* the most jobs its read out may bring (COUNT x n) */
         int64_t next_look_ms;     /* a foreign lane's next look without BLOCK */
+        int look_every_ms;        /* and the time between its looks (0: steal_ms;
+                                     longer while they find the shard drained) */
         bool aged;                /* the read out is a look at aged jobs only */
     } lane[RCL_MAX_SHARDS];
     int n_lanes;

@@ -429,6 +429,63 @@ def test_jobs_go_to_their_masters_shard_and_workers_prefer_home(
     assert "home shard 0 (home_shard)" in wa.text()
 
 
+def looks_at(cluster, port):
+    """Looks at the shards on master port so far: its TIME calls (the look
+    script's first command; nothing else in these tests asks the time)."""
+    st = cluster.node(port).info("commandstats").get("cmdstat_time", {})
+    return int(st.get("calls", 0))
+
+
+def test_looks_at_drained_shards_slow_down(redis_cluster, workers, prefix, tmp_path,
+                                           event_validator):
+    """A busy worker looks at the other shards every steal_ms only while
+    something waits there: a look that finds a shard drained (nothing
+    undelivered at all) doubles the time to that lane's next, up to 4 x
+    steal_ms (worker/loop.c look_came), since each look is a read event on
+    that master paid per worker, not per token. A job that comes to such a
+    shard is still taken by the looks."""
+    rc = redis_cluster.client()
+    keys = shards(prefix)
+    steal = 100
+    wa = workers("wa", "--home-shard", "0", "--max-batch", "4", "--foreign-room-pct", "100",
+                 "--steal-ms", str(steal), addr=redis_cluster.seeds)
+    wait_for(lambda: all(rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k))
+                         for k in keys), "the worker's groups", timeout=60)
+    long_job = {"id": "DL0", "prompt_ids": [3, 1, 4], "max_tokens": 40000, "temperature": 0,
+                "ignore_eos": True}
+    rc.xadd(keys[0], {"job": json.dumps(long_job)})
+    wait_for(lambda: holder(rc, prefix, "DL0") == "wa", "wa running DL0", timeout=60)
+    foreign = {redis_cluster.master_of(k) for k in keys[1:]} - {redis_cluster.master_of(keys[0])}
+    assert foreign, "the shards' masters"
+    # wa busy with room, shards 1 and 2 empty: at most one look each
+    # 2 x steal_ms on average over a measured window once backed off
+    # (4 x steal_ms at the end), where looks every steal_ms would be
+    # window / steal_ms each
+    wait_for(lambda: rc.xlen(out_key(prefix, "DL0")) >= 20, "wa stepping", timeout=60)
+    window_ms = 3000
+    before = {p: looks_at(redis_cluster, p) for p in foreign}
+    n0 = rc.xlen(out_key(prefix, "DL0"))
+    time.sleep(window_ms / 1000)  # a measured window, not a moment picked
+    looks = sum(looks_at(redis_cluster, p) - before[p] for p in foreign)
+    steps = rc.xlen(out_key(prefix, "DL0")) - n0
+    assert steps >= 30, f"only {steps} events of DL0 in {window_ms} ms: wa was not stepping"
+    lanes = K - 1
+    assert looks >= lanes, f"{looks} looks at {lanes} drained lanes in {window_ms} ms: none"
+    assert looks <= lanes * (window_ms / (2 * steal) + 2), \
+        f"{looks} looks at {lanes} drained lanes in {window_ms} ms (every steal_ms: " \
+        f"{lanes * window_ms // steal})"
+    # a job in a shard no worker has as home: taken by wa's looks (it has room)
+    x = greedy_jobs(1, seed=41, max_tokens=(6, 6), tag="drained")[0]
+    rc.xadd(keys[1], {"job": json.dumps(x)})
+    toks, _ = check_stream(stream_events(rc, out_key(prefix, x["id"]), 60), event_validator)
+    assert toks == reference([x], tmp_path)[0]
+    assert holder(rc, prefix, x["id"]) == "wa"
+    rc.set(f"{prefix}cancel:{{DL0}}", "1", ex=600)
+    _, done = check_stream(stream_events(rc, out_key(prefix, "DL0"), 60), event_validator)
+    assert done["finish_reason"] == "cancelled", done
+    wa.stop()
+
+
 def test_home_shards_spread_and_a_restart_fills_its_shard(redis_cluster, workers, prefix):
     """Workers with the default home_shard started one after another take
     the shards in turn, and a worker SIGKILLed and restarted under its name

@@ -1310,7 +1310,7 @@ static void test_batch_then_read(void **state)
 /* One aged look on keys, collected at once: its entries' "job" values
  * and streams must be want[] ("" ends it) in order ("1:newb": stream 1). */
 static void aged_look(struct rconn *c, int n, const char *const *keys, int count, int age,
-                      const char *const *want)
+                      const char *const *want, bool drained)
 {
     struct rl_err err = {0};
     assert_int_equal(rconn_xreadgroup_send_aged(c, "workers", "w1", n, keys, count, age, &err), 0);
@@ -1330,7 +1330,9 @@ static void aged_look(struct rconn *c, int n, const char *const *keys, int count
         assert_string_equal(got, want[k]);
     }
     assert_int_equal(ents.n, k);
+    assert_int_equal(ents.drained, drained);
     rconn_entries_free(&ents);
+    assert_false(ents.drained);
 }
 
 /* rconn_xreadgroup_send_aged (issue 27 point 4, a busy worker's look at
@@ -1355,10 +1357,12 @@ static void test_aged_read(void **state)
     cmd_ok(w, 5, xa);
     cmd_ok(w, 5, xb);
     /* COUNT 1: the oldest only */
-    aged_look(c, 2, keys, 1, 60000, (const char *const[]){"0:old1", ""});
+    aged_look(c, 2, keys, 1, 60000, (const char *const[]){"0:old1", ""}, false);
     /* the next old one, not the new one after it, though COUNT allows */
-    aged_look(c, 2, keys, 8, 60000, (const char *const[]){"0:old2", ""});
-    aged_look(c, 2, keys, 8, 60000, (const char *const[]){""});
+    aged_look(c, 2, keys, 8, 60000, (const char *const[]){"0:old2", ""}, false);
+    /* none old enough, but some waiting: not drained (the look comes
+     * again at steal_ms, worker/loop.c) */
+    aged_look(c, 2, keys, 8, 60000, (const char *const[]){""}, false);
     /* nothing young was delivered: the group's pending list holds two */
     const char *pend[] = {"XPENDING", a, "workers"};
     struct rconn_reply *r = NULL;
@@ -1366,7 +1370,18 @@ static void test_aged_read(void **state)
     assert_int_equal(r->elem[0].integer, 2);
     rconn_reply_free(r);
     /* age 0: whatever waits, in both streams */
-    aged_look(c, 2, keys, 8, 0, (const char *const[]){"0:new", "1:newb", ""});
+    aged_look(c, 2, keys, 8, 0, (const char *const[]){"0:new", "1:newb", ""}, false);
+    /* nothing undelivered in either: drained, the one answer that says so */
+    aged_look(c, 2, keys, 8, 0, (const char *const[]){""}, true);
+    aged_look(c, 2, keys, 8, 60000, (const char *const[]){""}, true);
+    /* a plain read of nothing (nil) is never drained */
+    struct rconn_entries none = {0};
+    bool came0 = false;
+    assert_int_equal(rconn_xreadgroup_send(c, "workers", "w1", 2, keys, 8, -1, &err), 0);
+    assert_int_equal(rconn_xreadgroup_collect(c, 2, keys, 5000, &none, &came0, &err), 0);
+    assert_true(came0);
+    assert_int_equal(none.n, 0);
+    assert_false(none.drained);
     /* no group: the read's own error */
     const char *nog[] = {key("aged:nogroup")};
     const char *xn[] = {"XADD", nog[0], "*", "job", "x"};
