@@ -2340,15 +2340,17 @@ int rconn_commands_then_xreadgroup(struct rconn *c, int n_cmd, const int *argcs,
     int rc = rconn_ensure(c, err);
     if (rc)
         return rc;
-    if (c->cluster) { /* all go to one master: every key in the read's slot */
-        int slot = rcl_key_slot(keys[0], strlen(keys[0]));
-        bool one = true;
-        for (int i = 0; one && i < n_cmd; i++)
-            one = rcl_command_slot(argcs[i], argvs[i], NULL) == slot;
+    if (c->cluster) { /* all go to one master: the read's, serving every key */
+        int slot = rcl_key_slot(keys[0], strlen(keys[0])), node = rconn_slot_master(c, slot);
+        bool one = node >= 0;
+        for (int i = 0; one && i < n_cmd; i++) {
+            int s = rcl_command_slot(argcs[i], argvs[i], NULL);
+            one = s == slot || (s >= 0 && rconn_slot_master(c, s) == node);
+        }
         for (int i = 1; one && i < n_keys; i++)
             one = rcl_key_slot(keys[i], strlen(keys[i])) == slot;
         if (!one)
-            return rl_errf(err, RL_EUNSUPPORTED, "%s then XREADGROUP: not one slot's keys",
+            return rl_errf(err, RL_EUNSUPPORTED, "%s then XREADGROUP: not one master's keys",
                            argvs[0][0]);
     }
     return commands_then(c, n_cmd, argcs, argvs, NULL, out, a, argv2, block_ms, err);

@@ -302,8 +302,12 @@ int rconn_command_then(struct rconn *c, int argc, const char *const *argv, const
  * returned), and a standing read (as rconn_xreadgroup_send, BLOCK
  * block_ms >= 1) second, collected with rconn_xreadgroup_collect. Issue
  * 27: a worker's admission check and the re-arm of its read, one read
- * event in Redis where they cost two. On a cluster every key must be in
- * the read's slot (-RL_EUNSUPPORTED otherwise). */
+ * event in Redis where they cost two. On a cluster the read's keys must
+ * share a slot and every command first must be served by that slot's
+ * master, by the slot map as last read (-RL_EUNSUPPORTED otherwise,
+ * nothing sent): the worker's check of a job from its home shard, whose
+ * keys the dispatcher put on that shard's master. A slot that moved since
+ * is redirected as rconn_command_then says. */
 int rconn_commands_then_xreadgroup(struct rconn *c, int n_cmd, const int *argcs,
                                    const char *const *const *argvs, struct rconn_reply **out,
                                    const char *group, const char *consumer, int n_keys,

@@ -220,16 +220,23 @@ static int submit(struct worker *w, struct wjob *j, struct rl_err *err)
 
 static int stand_block_ms(const struct worker *w, bool block);
 static int lane_count(struct worker *w, int l, int share);
+static bool reads_every_lane(const struct worker *w, int room);
 
-/* The admission check as the first of a pair on lane l (a single
- * instance, standing_read: the lane's connection reaches every key): the GET of
- * the cancel key (and of the cache entry), then the lane's next standing
- * read, in one write. The read comes back only when a job arrives, so the
- * check went alone before: two read events for Redis each admission, now
- * one (issue 27 point 3). The read is sent as stand_send_all would after
- * this admission: the room less this job's slot. false when not paired
- * (no lane, no room left, a cluster, or the check failed: the caller
- * checks alone, and stand_send_all sends the read if it is not out). */
+/* The admission check as the first of a pair on lane l (standing_read):
+ * the GET of the cancel key (and of the cache entry), then the lane's next
+ * standing read, in one write. The read comes back only when a job
+ * arrives, so the check went alone before: two read events for Redis each
+ * admission, now one (issue 27 point 3). The read is sent as
+ * stand_send_all would after this admission: the room less this job's
+ * slot. On a single instance the lane's connection reaches every key. On
+ * a cluster (point 4) only a busy worker's home lane, its one standing
+ * read (the whole room is its share), and only when the keys are on that
+ * lane's master (rconn_commands_then_xreadgroup): a job of a home shard
+ * has its streams and cancel key there (the dispatcher's home shards), so
+ * its check saves a read event on the master that carries the job, as on
+ * a single instance. false when not paired (no lane, no room left, another
+ * lane, keys elsewhere, or the check failed: the caller checks alone, and
+ * stand_send_all sends the read if it is not out). */
 static bool precheck_paired(struct worker *w, int l, int n, const int *argcs,
                             const char *const *const *argvs, struct rconn_reply **out)
 {
@@ -237,6 +244,8 @@ static bool precheck_paired(struct worker *w, int l, int n, const int *argcs,
         return false;
     int room = w_admissible(w) - 1;
     if (room <= 0)
+        return false;
+    if (w_cluster(w) && (l != w->home_lane || reads_every_lane(w, room)))
         return false;
     struct w_lane *ln = &w->lane[l];
     int count = lane_count(w, l, room);
@@ -1125,9 +1134,9 @@ static void standing_read(struct worker *w, int k, int wait_ms, bool draining)
             look_came(w, ln, &ents);
         for (int i = 0; i < ents.n; i++) /* delivered to us: taken even when draining */
             /* the last one's admission check goes with this lane's next
-             * read (precheck_paired): on a single instance, its one lane */
+             * read (precheck_paired: on a cluster the home lane's) */
             admit_read(w, ln->idx[ents.v[i].stream], &ents.v[i],
-                       i == ents.n - 1 && !draining && !w_cluster(w) ? l : -1);
+                       i == ents.n - 1 && !draining ? l : -1);
         rconn_entries_free(&ents);
     }
     if (came_any && !draining)

@@ -38,6 +38,7 @@ from redis.crc import key_slot
 from conftest import (check_stream, greedy_jobs, pool_shards, read_heartbeat, reference,
                       stream_events, wait_for)
 from test_cluster_slots import id_in_slot, request_slots
+from test_redis_budget import Monitor
 
 FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
 K = 3  # pool_shards' default
@@ -482,6 +483,67 @@ def test_looks_at_drained_shards_slow_down(redis_cluster, workers, prefix, tmp_p
     assert holder(rc, prefix, x["id"]) == "wa"
     rc.set(f"{prefix}cancel:{{DL0}}", "1", ex=600)
     _, done = check_stream(stream_events(rc, out_key(prefix, "DL0"), 60), event_validator)
+    assert done["finish_reason"] == "cancelled", done
+    wa.stop()
+
+
+def test_a_home_jobs_admission_check_rides_with_the_read(redis_cluster, workers, prefix, tmp_path,
+                                                        event_validator):
+    """On a cluster a job's admission check (the GET of its cancel key)
+    went alone, on the worker's main connection, while its home lane's
+    standing read was sent again apart: two read events on the master that
+    carries the job, each job. A job of the home shard has its cancel key
+    on that shard's master (the dispatcher's home shards), so a busy
+    worker's check now goes first in the write that sends the home read
+    again, as on a single instance: MONITOR on that master shows each job's
+    GET followed, from the same client, by the XREADGROUP. A job whose id
+    is on another master is checked alone, and still runs."""
+    rc = redis_cluster.client()
+    keys = shards(prefix)
+    home = redis_cluster.master_of(keys[0])
+    slots = request_slots(redis_cluster)
+    wa = workers("wa", "--home-shard", "0", "--max-batch", "4", "--foreign-room-pct", "100",
+                 addr=redis_cluster.seeds)
+    wait_for(lambda: all(rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k))
+                         for k in keys), "the worker's groups", timeout=60)
+    busy = {"id": id_in_slot("AL", slots[home]), "prompt_ids": [3, 1, 4], "max_tokens": 40000,
+            "temperature": 0, "ignore_eos": True}
+    rc.xadd(keys[0], {"job": json.dumps(busy)})
+    wait_for(lambda: holder(rc, prefix, busy["id"]) == "wa", "wa running the long job", timeout=60)
+    short = greedy_jobs(3, seed=42, max_tokens=(4, 6), tag="adm")
+    for k, j in enumerate(short):
+        j["id"] = id_in_slot(f"adm{k}", slots[home])
+    other = next(p for p in slots if p != home)
+    away = dict(greedy_jobs(1, seed=43, max_tokens=(4, 4), tag="away")[0],
+                id=id_in_slot("away", slots[other]))
+    ref = reference(short + [away], tmp_path)
+    ck = {j["id"]: f"{prefix}cancel:{{{j['id']}}}" for j in short}
+    mon = Monitor(f"127.0.0.1:{home}", tmp_path / "monitor.txt")
+    try:
+        for i, j in enumerate(short + [away]):  # one at a time: each read brings one
+            rc.xadd(keys[0], {"job": json.dumps(j)})
+            toks, _ = check_stream(stream_events(rc, out_key(prefix, j["id"]), 60), event_validator)
+            assert toks == ref[i], j["id"]
+            assert holder(rc, prefix, j["id"]) == "wa"
+        last = ck[short[-1]["id"]]
+
+        def read_after_last_check(c):
+            at = [i for i, (_, _, a) in enumerate(c) if a[:2] == ["GET", last]]
+            return bool(at) and any(a and a[0].upper() == "XREADGROUP" and s == c[at[0]][1]
+                                    for _, s, a in c[at[0] + 1:])
+        cmds = mon.until(read_after_last_check, "the read after the last job's check")
+    finally:
+        mon.stop()
+    sent = [(src, a) for _, src, a in cmds if src != "lua" and a]
+    for jid, key in ck.items():
+        gets = [i for i, (_, a) in enumerate(sent) if a[0].upper() == "GET" and a[1:2] == [key]]
+        assert len(gets) == 1, (jid, len(gets))
+        src = sent[gets[0]][0]
+        nxt = next((a for s, a in sent[gets[0] + 1:] if s == src and a[0].upper() != "GET"), [""])
+        assert nxt[0].upper() == "XREADGROUP", (jid, "its check went alone", nxt[:4])
+        assert keys[0] in nxt, (jid, "not the home lane's read", nxt)
+    rc.set(f"{prefix}cancel:{{{busy['id']}}}", "1", ex=600)
+    _, done = check_stream(stream_events(rc, out_key(prefix, busy["id"]), 60), event_validator)
     assert done["finish_reason"] == "cancelled", done
     wa.stop()
 
