@@ -288,6 +288,13 @@ static void precheck(struct worker *w, struct wjob *j, int pair_lane, bool *canc
     const struct rconn_reply *r[2] = {NULL, NULL};
     if (precheck_paired(w, pair_lane, n, argcs, argvs, pr)) {
         r[0] = pr[0], r[1] = pr[1];
+    } else if (n == 2 && w_cluster(w) && precheck_paired(w, pair_lane, 1, argcs, argvs, pr)) {
+        /* the cache entry's key is on another master (its slot is its
+         * hash's): the cancel GET still rides with the home read, the cache
+         * GET goes alone to its own master */
+        r[0] = pr[0];
+        if (rconn_command(w->rc, argcs[1], argvs[1], NULL, &pr[1], &err) == 0)
+            r[1] = pr[1];
     } else {
         rconn_batch_reset(w->batch);
         for (int i = 0; i < n; i++)

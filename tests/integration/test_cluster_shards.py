@@ -496,8 +496,10 @@ def test_a_home_jobs_admission_check_rides_with_the_read(redis_cluster, workers,
     on that shard's master (the dispatcher's home shards), so a busy
     worker's check now goes first in the write that sends the home read
     again, as on a single instance: MONITOR on that master shows each job's
-    GET followed, from the same client, by the XREADGROUP. A job whose id
-    is on another master is checked alone, and still runs."""
+    GET followed, from the same client, by the XREADGROUP, for jobs whose
+    result-cache entry is looked up too (its key most often on another
+    master). A job whose id is on another master is checked alone, and
+    still runs."""
     rc = redis_cluster.client()
     keys = shards(prefix)
     home = redis_cluster.master_of(keys[0])
@@ -510,9 +512,13 @@ def test_a_home_jobs_admission_check_rides_with_the_read(redis_cluster, workers,
             "temperature": 0, "ignore_eos": True}
     rc.xadd(keys[0], {"job": json.dumps(busy)})
     wait_for(lambda: holder(rc, prefix, busy["id"]) == "wa", "wa running the long job", timeout=60)
-    short = greedy_jobs(3, seed=42, max_tokens=(4, 6), tag="adm")
+    # three jobs, then three whose answers go to the result cache: a cache
+    # entry's key is in its hash's slot, most often on another master; the
+    # cancel GET still rides with the read and the cache GET goes alone
+    short = greedy_jobs(6, seed=42, max_tokens=(4, 6), tag="adm")
     for k, j in enumerate(short):
         j["id"] = id_in_slot(f"adm{k}", slots[home])
+        j["cache"] = k >= 3
     other = next(p for p in slots if p != home)
     away = dict(greedy_jobs(1, seed=43, max_tokens=(4, 4), tag="away")[0],
                 id=id_in_slot("away", slots[other]))
