@@ -1050,6 +1050,12 @@ static int lane_mode(struct worker *w, int l, int room, int64_t now)
  * young at it, one steal_ms later. */
 static void look_came(struct worker *w, struct w_lane *ln, const struct rconn_entries *ents)
 {
+    if (ln->aged) {
+        pthread_mutex_lock(&w->m.mu);
+        w->m.foreign_looks++;
+        w->m.foreign_looks_drained += ents->drained;
+        pthread_mutex_unlock(&w->m.mu);
+    }
     if (!ln->aged || ents->n > 0 || !ents->drained) {
         ln->look_every_ms = 0;
         return;

@@ -170,6 +170,8 @@ static const struct {
     {"redlm_prefix_cache_miss_tokens_total", "counter", "prompt tokens the prefix cache did not have", WM_F(prefix_miss_tokens), WM_I64},
     {"redlm_affinity_taken_total", "counter", "jobs taken from this worker's offer streams (prefix-affine pulling)", WM_F(affinity_taken), WM_I64},
     {"redlm_foreign_taken_total", "counter", "jobs taken from pool shards other than this worker's home shard (Redis Cluster)", WM_F(foreign_taken), WM_I64},
+    {"redlm_foreign_looks_total", "counter", "looks at pool shards other than this worker's home shard for jobs waiting there (Redis Cluster, a busy worker)", WM_F(foreign_looks), WM_I64},
+    {"redlm_foreign_looks_drained_total", "counter", "of those looks, the ones that found nothing waiting (each slows that shard's next look)", WM_F(foreign_looks_drained), WM_I64},
     {"redlm_spec_drafted_tokens_total", "counter", "draft tokens verified (speculative decoding)", WM_F(spec_drafted), WM_I64},
     {"redlm_spec_accepted_tokens_total", "counter", "draft tokens kept as output", WM_F(spec_accepted), WM_I64},
     {"redlm_result_cache_hits_total", "counter", "jobs answered from the result cache", WM_F(cache_hits), WM_I64},
@@ -382,6 +384,8 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddNumberToObject(o, "fenced", (double)w->m.fenced);
     cJSON_AddNumberToObject(o, "affinity_taken", (double)w->m.affinity_taken);
     cJSON_AddNumberToObject(o, "foreign_taken", (double)w->m.foreign_taken);
+    cJSON_AddNumberToObject(o, "foreign_looks", (double)w->m.foreign_looks);
+    cJSON_AddNumberToObject(o, "foreign_looks_drained", (double)w->m.foreign_looks_drained);
     /* memory pressure: Redis refuses this very SET while it lasts, so the
      * first heartbeat after it says it happened (the dispatcher and redlm
      * top see redis_oom_total grow); /healthz and /metrics say it now */

@@ -180,6 +180,8 @@ struct wmetrics {
     int64_t prefix_hit_tokens, prefix_miss_tokens;
     int64_t affinity_taken;                /* jobs read from our offer streams */
     int64_t foreign_taken;                 /* jobs read from shards not our home */
+    int64_t foreign_looks;                 /* looks at those shards (aged reads) */
+    int64_t foreign_looks_drained;         /* of them, ones that found nothing waiting */
     /* memory pressure (publish.c): Redis refusing writes with OOM */
     bool redis_oom;                        /* now: admission stopped */
     int64_t redis_oom_total;               /* times it started refusing */

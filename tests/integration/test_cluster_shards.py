@@ -475,6 +475,11 @@ def test_looks_at_drained_shards_slow_down(redis_cluster, workers, prefix, tmp_p
     assert looks <= lanes * (window_ms / (2 * steal) + 2), \
         f"{looks} looks at {lanes} drained lanes in {window_ms} ms (every steal_ms: " \
         f"{lanes * window_ms // steal})"
+    # the worker counts them too: its heartbeat's looks, nearly all drained
+    wait_for(lambda: heartbeat(rc, prefix, "wa").get("foreign_looks_drained", 0) >= lanes,
+             "wa's heartbeat counting drained looks", timeout=30)
+    hb = heartbeat(rc, prefix, "wa")
+    assert hb["foreign_looks"] >= hb["foreign_looks_drained"] >= lanes, hb
     # a job in a shard no worker has as home: taken by wa's looks (it has room)
     x = greedy_jobs(1, seed=41, max_tokens=(6, 6), tag="drained")[0]
     rc.xadd(keys[1], {"job": json.dumps(x)})
