@@ -101,3 +101,12 @@ if command -v redis-server >/dev/null; then
 else
     echo "# fencing: skipped (needs redis-server)"
 fi
+
+# ---- what one read event costs Redis, against the command it carries (issue 27 point 4;
+# tests/bench/read_event_cost.py): why the cluster's figures are read in read events ----
+if command -v redis-server >/dev/null; then
+    echo "# read events: Redis CPU a call, PING alone / pipelined, a plain look, the aged look"
+    /usr/bin/python3 tests/bench/read_event_cost.py --calls "${READ_EVENT_CALLS:-20000}"
+else
+    echo "# read events: skipped (needs redis-server)"
+fi
