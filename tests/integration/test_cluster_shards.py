@@ -38,7 +38,7 @@ from redis.crc import key_slot
 from conftest import (check_stream, greedy_jobs, pool_shards, read_heartbeat, reference,
                       stream_events, wait_for)
 from test_cluster_slots import id_in_slot, request_slots
-from test_redis_budget import Monitor
+from test_redis_budget import Monitor, checks_rode_with_reads
 
 FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
 K = 3  # pool_shards' default
@@ -536,22 +536,11 @@ def test_a_home_jobs_admission_check_rides_with_the_read(redis_cluster, workers,
             toks, _ = check_stream(stream_events(rc, out_key(prefix, j["id"]), 60), event_validator)
             assert toks == ref[i], j["id"]
             assert holder(rc, prefix, j["id"]) == "wa"
-        last = ck[short[-1]["id"]]
-
-        def read_after_last_check(c):
-            at = [i for i, (_, _, a) in enumerate(c) if a[:2] == ["GET", last]]
-            return bool(at) and any(a and a[0].upper() == "XREADGROUP" and s == c[at[0]][1]
-                                    for _, s, a in c[at[0] + 1:])
-        cmds = mon.until(read_after_last_check, "the read after the last job's check")
-    finally:
+    except BaseException:
         mon.stop()
-    sent = [(src, a) for _, src, a in cmds if src != "lua" and a]
-    for jid, key in ck.items():
-        gets = [i for i, (_, a) in enumerate(sent) if a[0].upper() == "GET" and a[1:2] == [key]]
-        assert len(gets) == 1, (jid, len(gets))
-        src = sent[gets[0]][0]
-        nxt = next((a for s, a in sent[gets[0] + 1:] if s == src and a[0].upper() != "GET"), [""])
-        assert nxt[0].upper() == "XREADGROUP", (jid, "its check went alone", nxt[:4])
+        raise
+    reads = checks_rode_with_reads(mon, list(ck.values()))
+    for jid, nxt in zip(ck, reads):
         assert keys[0] in nxt, (jid, "not the home lane's read", nxt)
     rc.set(f"{prefix}cancel:{{{busy['id']}}}", "1", ex=600)
     _, done = check_stream(stream_events(rc, out_key(prefix, busy["id"]), 60), event_validator)

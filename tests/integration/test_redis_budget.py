@@ -491,6 +491,37 @@ def test_take_and_ack_ride_with_other_commands(workers, client, redis_addr, pref
         assert before != emits[-1], f"{jid}: its XACK came alone, right after its done"
 
 
+def checks_rode_with_reads(mon, keys):
+    """Each of keys (cancel keys, in the order their jobs were admitted) was
+    read by one GET, followed from the same client by an XREADGROUP (a
+    result-cache GET may come between: a check too): the admission check
+    went in one write with the standing read sent again. Waits until
+    MONITOR shows the last one's read, then stops mon. Returns the
+    XREADGROUPs found, in keys' order."""
+    last = keys[-1]
+
+    def read_after_last_check(c):
+        at = [i for i, (_, _, a) in enumerate(c) if a and a[0].upper() == "GET"
+              and a[1:2] == [last]]
+        return bool(at) and any(a and a[0].upper() == "XREADGROUP" and s == c[at[0]][1]
+                                for _, s, a in c[at[0] + 1:])
+    try:
+        cmds = mon.until(read_after_last_check, "the read after the last job's check")
+    finally:
+        mon.stop()
+    sent = [(src, a) for _, src, a in cmds if src != "lua" and a]
+    reads = []
+    for key in keys:
+        gets = [i for i, (_, a) in enumerate(sent) if a[0].upper() == "GET" and a[1:2] == [key]]
+        assert len(gets) == 1, (key, len(gets))
+        src = sent[gets[0]][0]
+        nxt = next((a for s, a in sent[gets[0] + 1:] if s == src and a[0].upper() != "GET"),
+                   [""])
+        assert nxt[0].upper() == "XREADGROUP", (key, "its check went alone", nxt[:4])
+        reads.append(nxt)
+    return reads
+
+
 def test_admission_check_rides_with_the_next_read(workers, client, redis_addr, prefix, tmp_path,
                                                   event_validator):
     """A job's admission check (the GET of its cancel key) went alone, and
@@ -507,26 +538,10 @@ def test_admission_check_rides_with_the_next_read(workers, client, redis_addr, p
         for jid in jobs:  # one at a time: each read brings one job
             client.submit(long_job(jid, 2))
             check_stream(client.events(jid), event_validator)
-        last = f"{prefix}cancel:{jobs[-1]}"
-
-        def read_after_last_check(c):
-            at = [i for i, (_, _, a) in enumerate(c) if a and a[0].upper() == "GET"
-                  and a[1:2] == [last]]
-            return bool(at) and any(a and a[0].upper() == "XREADGROUP" and s == c[at[0]][1]
-                                    for _, s, a in c[at[0] + 1:])
-        cmds = mon.until(read_after_last_check, "the read after the last job's check")
-    finally:
+    except BaseException:
         mon.stop()
-    sent = [(src, a) for _, src, a in cmds if src != "lua" and a]
-    for jid in jobs:
-        gets = [i for i, (_, a) in enumerate(sent)
-                if a[0].upper() == "GET" and a[1:2] == [f"{prefix}cancel:{jid}"]]
-        assert len(gets) == 1, (jid, len(gets))
-        src = sent[gets[0]][0]
-        # (its result-cache entry's GET may come between: a check too)
-        nxt = next((a for s, a in sent[gets[0] + 1:] if s == src and a[0].upper() != "GET"),
-                   [""])
-        assert nxt[0].upper() == "XREADGROUP", (jid, "its check went alone", nxt[:4])
+        raise
+    checks_rode_with_reads(mon, [f"{prefix}cancel:{jid}" for jid in jobs])
     r = connect(redis_addr)
     r.set(f"{prefix}cancel:pre", 1, ex=600)
     client.submit(long_job("pre", 50))
