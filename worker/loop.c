@@ -266,6 +266,14 @@ static bool precheck_paired(struct worker *w, int l, int n, const int *argcs,
     return true;
 }
 
+/* Whether two one-key commands go to the same master of c's slot map (on
+ * a single instance: always). */
+static bool same_master(const struct rconn *c, const char *const *a, const char *const *b)
+{
+    int m = rconn_slot_master(c, rcl_command_slot(2, a, NULL));
+    return m >= 0 && m == rconn_slot_master(c, rcl_command_slot(2, b, NULL));
+}
+
 /* GET <prefix>cancel:<id> (meant for this request: ident.c) and GET of
  * the cache entry, in one round trip (with the lane's next read when it
  * can: precheck_paired). A Redis failure here counts as "not cancelled,
@@ -284,16 +292,15 @@ static void precheck(struct worker *w, struct wjob *j, int pair_lane, bool *canc
     const char *const *argvs[2] = {a1, a2};
     const int argcs[2] = {2, 2};
     int n = j->cache_fill ? 2 : 1;
+    /* on a cluster the cache entry's key is in its hash's slot, most often
+     * on another master than the cancel key's: the cancel GET still rides
+     * with the read, the cache GET goes alone to its own master */
+    int n_pair = n == 2 && w_cluster(w) && !same_master(w->rc, a1, a2) ? 1 : n;
     struct rconn_reply *pr[2] = {NULL, NULL};
     const struct rconn_reply *r[2] = {NULL, NULL};
-    if (precheck_paired(w, pair_lane, n, argcs, argvs, pr)) {
+    if (precheck_paired(w, pair_lane, n_pair, argcs, argvs, pr)) {
         r[0] = pr[0], r[1] = pr[1];
-    } else if (n == 2 && w_cluster(w) && precheck_paired(w, pair_lane, 1, argcs, argvs, pr)) {
-        /* the cache entry's key is on another master (its slot is its
-         * hash's): the cancel GET still rides with the home read, the cache
-         * GET goes alone to its own master */
-        r[0] = pr[0];
-        if (rconn_command(w->rc, argcs[1], argvs[1], NULL, &pr[1], &err) == 0)
+        if (n_pair < n && rconn_command(w->rc, argcs[1], argvs[1], NULL, &pr[1], &err) == 0)
             r[1] = pr[1];
     } else {
         rconn_batch_reset(w->batch);
@@ -1024,6 +1031,12 @@ static bool reads_every_lane(const struct worker *w, int room)
     return w->home_lane < 0 || room >= w->foreign_room || w->n_jobs == 0;
 }
 
+/* The time between a foreign lane's looks now (look_came below). */
+static int look_every(const struct worker *w, const struct w_lane *ln)
+{
+    return ln->look_every_ms > 0 ? ln->look_every_ms : w->cfg.steal_ms;
+}
+
 static int lane_mode(struct worker *w, int l, int room, int64_t now)
 {
     struct w_lane *ln = &w->lane[l];
@@ -1031,7 +1044,7 @@ static int lane_mode(struct worker *w, int l, int room, int64_t now)
         return 1;
     if (now < ln->next_look_ms)
         return 0;
-    ln->next_look_ms = now + (ln->look_every_ms > 0 ? ln->look_every_ms : w->cfg.steal_ms);
+    ln->next_look_ms = now + look_every(w, ln);
     return -1;
 }
 
@@ -1060,8 +1073,7 @@ static void look_came(struct worker *w, struct w_lane *ln, const struct rconn_en
         ln->look_every_ms = 0;
         return;
     }
-    int every = ln->look_every_ms > 0 ? ln->look_every_ms : w->cfg.steal_ms;
-    int most = w->cfg.steal_ms * W_LOOK_BACKOFF;
+    int every = look_every(w, ln), most = w->cfg.steal_ms * W_LOOK_BACKOFF;
     ln->look_every_ms = every < most / 2 ? 2 * every : most;
     ln->next_look_ms = rl_mono_ms() + ln->look_every_ms;
 }
