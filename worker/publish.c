@@ -7,10 +7,10 @@
  * job with unconfirmed events, in one call (on a cluster, one per slot):
  * their XADDs with the explicit IDs 0-<seq+1>, the EXPIRE after done,
  * the PUBLISH when configured, all only while this worker holds the job,
- * and reading its cancel key and its client's lease key; pending dead
- * letters; the XACK of jobs whose events
- * are all confirmed; a GET of the cancel key (and EXISTS of the lease) of
- * a running job that emits nothing this flush, every CHECK_MS at most;
+ * and, every CHECK_MS, reading its cancel key and its client's lease key;
+ * pending dead letters; the XACK of jobs whose events are all confirmed;
+ * a GET of the cancel key (and EXISTS of the lease) of a running job that
+ * emits nothing this flush, every CHECK_MS at most;
  * and, when due, the FENCE_LEASE renewal and the heartbeat.
  *
  * Why it is safe to resend everything that was not confirmed: event IDs
@@ -222,15 +222,19 @@ enum item_kind {
 #define BACKOFF_MIN_MS 5
 #define BACKOFF_MAX_MS 500
 /* A running job's cancel key (and its client's lease key) is read in its
- * FENCE_EMIT whenever it emits, so a decoding job is checked every step at
- * no command of its own; one with nothing to emit (prefill, deltas held by
- * coalesce_ms, a backlog backing off) gets a standalone GET (and EXISTS)
- * every CHECK_MS, or up to CHECK_MS / 2 later when its held deltas are due
- * by then (their emit carries it: a worker that coalesces flushes once per
- * coalesce_ms, not once more for the check). A cancel therefore stops a
- * job within one step and a round trip while it emits, within 1.5 x
- * CHECK_MS + a step + a round trip otherwise (issue 27: per event, not per
- * step per job). */
+ * FENCE_EMIT of the first step it emits in once CHECK_MS has passed, so a
+ * decoding job is checked every CHECK_MS at no command of its own; one with
+ * nothing to emit (prefill, deltas held by coalesce_ms, a backlog backing
+ * off) gets a standalone GET (and EXISTS) every CHECK_MS, or up to
+ * CHECK_MS / 2 later when its held deltas are due by then (their emit
+ * carries it: a worker that coalesces flushes once per coalesce_ms, not
+ * once more for the check). A cancel therefore stops a job within CHECK_MS
+ * + a step + a round trip while it emits, within 1.5 x CHECK_MS + a step +
+ * a round trip otherwise (issue 27: per event, not per step per job). Not
+ * every step: inside the script a check is a pcall, a GET and a reply
+ * element, about a fifth of what a job's one-event emit costs Redis
+ * (tests/bench/bench_fence.py: ~1.2 us of ~6), paid for every token when
+ * each step carries it; a cancel is rare, and 50 ms late is no loss. */
 #define CHECK_MS 50
 /* A job's FENCE_TAKE and its XACK are riders: neither has to reach Redis
  * in the flush that could first send it, and each alone made a round
@@ -379,7 +383,8 @@ static int check_keys(const struct worker *w, const struct wjob *j, char (*keys)
 
 /* Notes j's unconfirmed events (the first EMIT_EVENTS_MAX, or
  * PROBE_EVENTS) for the next FENCE_EMIT (queue_emit), unless j is backing
- * off a refusal; a running job's cancel check rides along (*folded). */
+ * off a refusal; a running job's cancel check, when due, rides along
+ * (*folded). */
 static int collect_events(struct worker *w, struct flush *f, struct wjob *j, int64_t mono,
                           bool *folded)
 {
@@ -392,7 +397,7 @@ static int collect_events(struct worker *w, struct flush *f, struct wjob *j, int
         return rl_errf(f->err, RL_ENOMEM, "flush: out of memory");
     f->emits = g;
     int n = j->n_out, cap = f->probe ? PROBE_EVENTS : EMIT_EVENTS_MAX, n_check = 0;
-    if (checked(j) && !w->checks_apart) {
+    if (checked(j) && !w->checks_apart && mono >= j->next_check_ms) {
         char keys[2][CHECK_KEY_MAX];
         n_check = check_keys(w, j, keys);
         j->next_check_ms = mono + CHECK_MS;
