@@ -981,6 +981,24 @@ static int lane_count(struct worker *w, int l, int share)
     return (share + ln->n - 1) / ln->n;
 }
 
+/* How old a job waiting in a foreign shard must be for a look to take it,
+ * and the time between looks before any backoff: steal_ms, or two of this
+ * worker's busy loop periods when that is longer, up to W_LOOK_BACKOFF x
+ * steal_ms. A shard's own workers with room take its jobs as they come
+ * (their standing reads); a full one sends its read again once a job ends,
+ * at its next loop. Where loops take longer than steal_ms / 2 (a slow
+ * model, a saturated Redis: 60 ms at the capped soak's cap) a fixed
+ * steal_ms took jobs that their own workers would have read within a loop,
+ * and every step of the thief then wrote a second master for them (an emit
+ * call, a read event and a reader woken there: issue 27 point 4). The
+ * loops of a fleet's workers are alike; this worker's stands for theirs. */
+static int steal_after(const struct worker *w)
+{
+    double two = 2 * w->step_ms;
+    int most = w->cfg.steal_ms * W_LOOK_BACKOFF;
+    return two <= w->cfg.steal_ms ? w->cfg.steal_ms : two >= most ? most : (int)two;
+}
+
 static bool stand_send(struct worker *w, int l, int share, bool block)
 {
     struct rl_err err;
@@ -988,7 +1006,7 @@ static bool stand_send(struct worker *w, int l, int share, bool block)
     int count = lane_count(w, l, share);
     ln->aged = !block && !w->plain_looks;
     if (!(ln->aged ? rconn_xreadgroup_send_aged(ln->rc, w->opt.group, w->opt.name, ln->n,
-                                                ln->keys, count, w->cfg.steal_ms, &err)
+                                                ln->keys, count, steal_after(w), &err)
                    : rconn_xreadgroup_send(ln->rc, w->opt.group, w->opt.name, ln->n, ln->keys,
                                            count, stand_block_ms(w, block), &err))) {
         ln->want = count * ln->n;
@@ -1034,7 +1052,7 @@ static bool reads_every_lane(const struct worker *w, int room)
 /* The time between a foreign lane's looks now (look_came below). */
 static int look_every(const struct worker *w, const struct w_lane *ln)
 {
-    return ln->look_every_ms > 0 ? ln->look_every_ms : w->cfg.steal_ms;
+    return ln->look_every_ms > 0 ? ln->look_every_ms : steal_after(w);
 }
 
 static int lane_mode(struct worker *w, int l, int room, int64_t now)
@@ -1057,10 +1075,11 @@ static int lane_mode(struct worker *w, int l, int room, int64_t now)
  * undelivered there at all (rconn_entries.drained) doubles the time to
  * the lane's next look, up to W_LOOK_BACKOFF x steal_ms; one that finds
  * anything waiting, young or old, or a read there that brings a job, puts
- * it back to steal_ms. The bound on a job's wait while a worker has room
- * grows from 2 to W_LOOK_BACKOFF x steal_ms: a job that came just after a
- * drained look is taken at the next (old enough by then); one that is too
- * young at it, one steal_ms later. */
+ * it back to steal_after(). The bound on a job's wait while a worker has
+ * room grows from 2 to W_LOOK_BACKOFF x steal_ms: a job that came just
+ * after a drained look is taken at the next (old enough by then); one that
+ * is too young at it, one steal_after() later (with loops slower than
+ * steal_ms / 2, up to twice that bound). */
 static void look_came(struct worker *w, struct w_lane *ln, const struct rconn_entries *ents)
 {
     if (ln->aged) {

@@ -492,6 +492,61 @@ def test_looks_at_drained_shards_slow_down(redis_cluster, workers, prefix, tmp_p
     wa.stop()
 
 
+def test_a_slow_workers_looks_take_only_jobs_older_than_two_loops(
+        redis_cluster, workers, prefix, tmp_path, event_validator):
+    """A look takes jobs that have waited steal_ms, or two of the worker's
+    busy loop periods when those are longer, up to 4 x steal_ms
+    (worker/loop.c steal_after): a shard's own full workers read again only
+    at their next loop, so a fixed steal_ms shorter than that took jobs they
+    were about to read, and each one made every step of its taker write a
+    second master. A sim worker stepping a modelled Qwen3-14B on an L40S
+    (~45 ms a step) with steal_ms 20: MONITOR on another shard's master
+    shows every look, once the loop's period is known, asking for jobs 40
+    ms old or more (two loops, capped at 80); a job queued there is still
+    taken by the looks."""
+    rc = redis_cluster.client()
+    keys = shards(prefix)
+    steal = 20
+    wa = workers("wa", "--home-shard", "0", "--max-batch", "4", "--foreign-room-pct", "100",
+                 "--steal-ms", str(steal), "--backend", "sim", "--sim-profile", "l40s",
+                 "--sim-model", "qwen3-14b", addr=redis_cluster.seeds)
+    wait_for(lambda: all(rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k))
+                         for k in keys), "the worker's groups", timeout=60)
+    busy = {"id": "SL0", "prompt_ids": [3, 1, 4], "max_tokens": 40000, "temperature": 0,
+            "ignore_eos": True}
+    rc.xadd(keys[0], {"job": json.dumps(busy)})
+    wait_for(lambda: holder(rc, prefix, "SL0") == "wa", "wa running SL0", timeout=60)
+    # the loop's period, smoothed over its steps, settled: 30 steps
+    wait_for(lambda: rc.xlen(out_key(prefix, "SL0")) >= 30, "wa stepping", timeout=60)
+    t0 = time.time()
+    n0 = rc.xlen(out_key(prefix, "SL0"))
+    other = redis_cluster.master_of(keys[1])
+    assert other != redis_cluster.master_of(keys[0]), "the shards' masters"
+    mon = Monitor(f"127.0.0.1:{other}", tmp_path / "monitor.txt")
+
+    def looks(cmds):  # EVAL <script> <n> <keys...> <group> <consumer> <count> <min age>
+        return [int(a[-1]) for _, src, a in cmds
+                if src != "lua" and a and a[0].upper() == "EVAL" and len(a) > 4 and a[-3] == "wa"]
+    try:
+        cmds = mon.until(lambda c: len(looks(c)) >= 6, "six looks at shard 1's master")
+    finally:
+        mon.stop()
+    step_ms = (time.time() - t0) * 1000 / max(rc.xlen(out_key(prefix, "SL0")) - n0, 1)
+    assert step_ms >= steal, f"wa's loop took {step_ms:.0f} ms: not slow enough to show anything"
+    ages = looks(cmds)
+    assert all(2 * steal <= a <= 4 * steal for a in ages), (ages, step_ms)
+    # still taken: a job in shard 1, whose master no worker has as home
+    x = {"id": "SL1", "prompt_ids": [2, 7], "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    rc.xadd(keys[1], {"job": json.dumps(x)})
+    _, done = check_stream(stream_events(rc, out_key(prefix, "SL1"), 60), event_validator)
+    assert done["finish_reason"] == "length", done
+    assert holder(rc, prefix, "SL1") == "wa"
+    rc.set(f"{prefix}cancel:{{SL0}}", "1", ex=600)
+    _, done = check_stream(stream_events(rc, out_key(prefix, "SL0"), 60), event_validator)
+    assert done["finish_reason"] == "cancelled", done
+    wa.stop()
+
+
 def test_a_home_jobs_admission_check_rides_with_the_read(redis_cluster, workers, prefix, tmp_path,
                                                         event_validator):
     """On a cluster a job's admission check (the GET of its cancel key)
