@@ -118,6 +118,10 @@ class Fleet:
         # share of a core (cpucap.py), so that saturation is in reach
         self.cap = CpuCap(a.redis_cpu_pct) if a.redis_cpu_pct else None
 
+    @staticmethod
+    def fleet_cores():
+        return set(range(1, os.cpu_count()))
+
     def spawn(self, args, log, redis_core=False):
         """--pin: Redis on core 0 alone, everything else on the other
         cores, so Redis's CPU per token is its own (issue 27 point 3)."""
@@ -143,6 +147,10 @@ class Fleet:
             self.cluster = RedisCluster(d, node_timeout_ms=5000, cpus="0" if self.a.pin else None)
             self.addr = self.cluster.seeds
             self.r = self.cluster.client()
+            if self.a.pin and self.a.replicas_on == "fleet":
+                for p, role in self.cluster.roles().items():
+                    if role == "slave":
+                        os.sched_setaffinity(self.cluster.proc(p).pid, self.fleet_cores())
             if self.cap:
                 for p in self.cluster.running():
                     self.cap.add(self.cluster.proc(p).pid, str(p))
@@ -168,7 +176,8 @@ class Fleet:
             rp = self.spawn(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--dir", str(self.out / "logs"),
                              "--replicaof", "127.0.0.1", str(self.port)], "replica.log",
-                            redis_core=True)  # --pin: with its master, as a cluster's replicas
+                            # --pin: with its master, as a cluster's replicas
+                            redis_core=self.a.replicas_on == "redis")
             if self.cap:
                 self.cap.add(rp.pid, str(rport))
             rr = redis.Redis(port=rport, decode_responses=True)
@@ -259,7 +268,34 @@ class Fleet:
                 "disp_cpu": self.dead_cpu["dispatcher"] + sum(
                     cpu_s(p.pid) for p in self.dispatchers.values() if p.poll() is None),
                 "worker_cpu": self.dead_cpu["worker"] + sum(
-                    cpu_s(p.pid) for p in self.workers.values() if p.poll() is None)}
+                    cpu_s(p.pid) for p in self.workers.values() if p.poll() is None),
+                "hb": self.heartbeats()}
+
+    HB_COUNTERS = ("jobs_done", "tokens_out", "foreign_taken", "foreign_looks")
+
+    def heartbeats(self):
+        """{worker: its counters} from the workers' heartbeats (as of each
+        one's last, every heartbeat_interval_ms): on a cluster, how many
+        jobs a worker took from a shard not its home one."""
+        out = {}
+        for n in self.workers:
+            try:
+                hb = json.loads(self.r.get(f"{self.prefix}worker:{n}") or "{}")  # as publish.c names it
+            except (redis.exceptions.RedisError, ValueError):
+                continue
+            out[n] = {k: hb.get(k, 0) for k in self.HB_COUNTERS}
+        return out
+
+
+def hb_delta(before, after):
+    """The fleet's heartbeat counters over a level, summed over workers (a
+    worker restarted meanwhile counts from its restart)."""
+    tot = dict.fromkeys(Fleet.HB_COUNTERS, 0)
+    for n, a in after.items():
+        b = before.get(n, {})
+        for k in tot:
+            tot[k] += a[k] - b.get(k, 0) if a[k] >= b.get(k, 0) else a[k]
+    return tot
 
     def stop_all(self):
         if self.cluster:
@@ -375,6 +411,7 @@ def sweep(fleet, tag, read=None):
         after = fleet.snap()
         lv = json.loads(res.read_text())["levels"][0]
         cpu = {k: after[k] - before[k] for k in ("t", "disp_cpu", "worker_cpu")}
+        cpu["hb"] = hb_delta(before["hb"], after["hb"])
         levels.append({"rate": rate, "level": lv, "workers": len(fleet.workers),
                        "cpu": {**cpu, **redis_delta(before, after)}})
     return levels, " ".join(cmd)
@@ -454,6 +491,10 @@ def row(lv):
             "cmds_per_tok": round(c.get("cmds", 0) / max(toks, 1), 3),
             "disp_us_per_req": round(c["disp_cpu"] / max(len(reqs), 1) * 1e6),
             "worker_cpu_util": round(c["worker_cpu"] / c["t"], 3),
+            # on a cluster: the share of jobs a worker took away from home
+            # (heartbeat counters: a heartbeat interval's lag at either end)
+            "foreign_share": round(c["hb"]["foreign_taken"] / max(c["hb"]["jobs_done"], 1), 3)
+            if "hb" in c else None,
             "ttft_p50": round(L["ttft_ms"]["p50"], 1), "ttft_p99": round(L["ttft_ms"]["p99"], 1),
             "itl_p50": round(L["tpot_ms"]["p50"], 2), "itl_p99": round(L["tpot_ms"]["p99"], 2),
             "wall_s": wall,
@@ -506,6 +547,11 @@ def main():
                     help="redis-server alone on core 0 (taskset), everything else on the others: "
                          "Redis's CPU per token without the fleet's noise in it (with --cluster "
                          "every node there, with --single-replica the replica too)")
+    ap.add_argument("--replicas-on", choices=("redis", "fleet"), default="redis",
+                    help="with --pin, where the replicas run: on core 0 with the masters (redis: "
+                         "six time-sliced redis-servers on one core for a cluster, two for one "
+                         "instance), or on the fleet's cores (fleet: the masters alone on core 0, "
+                         "as a replica runs on another host than its master)")
     ap.add_argument("--single-replica", action="store_true",
                     help="give the one redis-server a replica, as each cluster master has one "
                          "(a like-for-like --against-single)")
@@ -709,13 +755,14 @@ def alternate(a):
     rows = {c: [row(r[0]) for r in runs[c]] for c in runs}
     cap = a.redis_cpu_pct / 100
     print(f"| sweep | redis | tok_s | redis_us_per_tok | busiest CPU / cap | busiest throttled | "
-          f"reads_per_tok | ttft_p50 | itl_p50 |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          f"reads_per_tok | foreign_share | ttft_p50 | itl_p50 |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     order = [(i % 2 == 1, i // 2) for i in range(2 * a.alternate + 1)]
     for c, k in order:
         r = rows[c][k]
         print(f"| {k} | {'cluster' if c else 'one instance'} | {r['tok_s']} | {r['redis_us_per_tok']} | "
               f"{r['busiest_util'] / cap:.2f} | {r['busiest_throttled']} | {r['reads_per_tok']} | "
+              f"{r['foreign_share'] if c else '-'} | "
               f"{r['ttft_p50']} | {r['itl_p50']} |")
     def beside(fc, fs):
         """each cluster sweep's fc against the mean fs of the one-instance
