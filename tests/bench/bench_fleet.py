@@ -286,17 +286,6 @@ class Fleet:
             out[n] = {k: hb.get(k, 0) for k in self.HB_COUNTERS}
         return out
 
-
-def hb_delta(before, after):
-    """The fleet's heartbeat counters over a level, summed over workers (a
-    worker restarted meanwhile counts from its restart)."""
-    tot = dict.fromkeys(Fleet.HB_COUNTERS, 0)
-    for n, a in after.items():
-        b = before.get(n, {})
-        for k in tot:
-            tot[k] += a[k] - b.get(k, 0) if a[k] >= b.get(k, 0) else a[k]
-    return tot
-
     def stop_all(self):
         if self.cluster:
             for p in self.cluster.running():
@@ -316,6 +305,17 @@ def hb_delta(before, after):
         if self.cap:
             for d in self.cap.close():
                 print(f"warning: cgroup {d} left behind", file=sys.stderr)
+
+
+def hb_delta(before, after):
+    """The fleet's heartbeat counters over a level, summed over workers (a
+    worker restarted meanwhile counts from its restart)."""
+    tot = dict.fromkeys(Fleet.HB_COUNTERS, 0)
+    for n, a in after.items():
+        b = before.get(n, {})
+        for k in tot:
+            tot[k] += a[k] - b.get(k, 0) if a[k] >= b.get(k, 0) else a[k]
+    return tot
 
 
 def faults(fleet, log):
