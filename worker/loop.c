@@ -1005,6 +1005,7 @@ static bool stand_send(struct worker *w, int l, int share, bool block)
     struct w_lane *ln = &w->lane[l];
     int count = lane_count(w, l, share);
     ln->aged = !block && !w->plain_looks;
+    ln->sent_ms = rl_mono_ms();
     if (!(ln->aged ? rconn_xreadgroup_send_aged(ln->rc, w->opt.group, w->opt.name, ln->n,
                                                 ln->keys, count, steal_after(w), &err)
                    : rconn_xreadgroup_send(ln->rc, w->opt.group, w->opt.name, ln->n, ln->keys,
@@ -1055,12 +1056,31 @@ static int look_every(const struct worker *w, const struct w_lane *ln)
     return ln->look_every_ms > 0 ? ln->look_every_ms : steal_after(w);
 }
 
+/* Home first: whether the home shard may still hold jobs undelivered to
+ * anyone, so that a busy worker's room goes there rather than to a look.
+ * Under saturation every shard has jobs waiting, old enough for a look;
+ * a worker that looked anyway took, for each slot freed, as many foreign
+ * jobs as home ones, while its home's jobs waited for other workers'
+ * looks: at 512 clients on 384 slots 40-47 % of the cluster's jobs ran
+ * away from home and every step wrote every master (BENCHMARKS.md, "Home
+ * first"). The home lane's last read brought all it asked of a stream:
+ * more may wait; a read out there unanswered for steal_after() has found
+ * nothing (a read of a shard that has some returns within a round trip),
+ * and one that brought less than it asked found the shard drained. */
+static bool home_backlog(const struct worker *w, int64_t now)
+{
+    const struct w_lane *h = &w->lane[w->home_lane];
+    if (!h->came_full)
+        return false;
+    return !rconn_awaiting(h->rc) || now - h->sent_ms < steal_after(w);
+}
+
 static int lane_mode(struct worker *w, int l, int room, int64_t now)
 {
     struct w_lane *ln = &w->lane[l];
     if (l == w->home_lane || reads_every_lane(w, room))
         return 1;
-    if (now < ln->next_look_ms)
+    if (now < ln->next_look_ms || home_backlog(w, now))
         return 0;
     ln->next_look_ms = now + look_every(w, ln);
     return -1;
@@ -1099,16 +1119,28 @@ static void look_came(struct worker *w, struct w_lane *ln, const struct rconn_en
 
 /* Milliseconds until a foreign lane's next look (an idle wait must not
  * outlast it), or -1 when none is due: no home, or room enough to read
- * every lane as it comes. */
+ * every lane as it comes, or a home backlog with no home read out (the
+ * next one says whether it lasts). */
 static int next_look_in(const struct worker *w, int room, int64_t now)
 {
     if (room <= 0 || reads_every_lane(w, room))
         return -1;
     int64_t next = -1;
+    if (home_backlog(w, now)) {
+        const struct w_lane *h = &w->lane[w->home_lane];
+        if (!rconn_awaiting(h->rc))
+            return -1;
+        next = h->sent_ms + steal_after(w); /* then it found nothing */
+    }
+    int64_t look = -1;
     for (int l = 0; l < w->n_lanes; l++)
         if (l != w->home_lane && !rconn_awaiting(w->lane[l].rc) &&
-            (next < 0 || w->lane[l].next_look_ms < next))
-            next = w->lane[l].next_look_ms;
+            (look < 0 || w->lane[l].next_look_ms < look))
+            look = w->lane[l].next_look_ms;
+    if (look >= 0 && look > next)
+        next = look;
+    else if (look < 0)
+        next = -1;
     return next < 0 ? -1 : next > now ? (int)(next - now) : 0;
 }
 
@@ -1145,6 +1177,18 @@ static bool stand_out(const struct worker *w)
     return false;
 }
 
+/* Whether a read brought COUNT entries of some stream it named (more may
+ * wait there). */
+static bool came_full(const struct w_lane *ln, const struct rconn_entries *ents)
+{
+    int per = ln->n > 0 ? ln->want / ln->n : 0, got[W_MAX_STREAMS] = {0};
+    for (int i = 0; per > 0 && i < ents->n; i++)
+        if (ents->v[i].stream >= 0 && ents->v[i].stream < ln->n &&
+            ++got[ents->v[i].stream] >= per)
+            return true;
+    return false;
+}
+
 static void standing_read(struct worker *w, int k, int wait_ms, bool draining)
 {
     if (!draining)
@@ -1176,6 +1220,7 @@ static void standing_read(struct worker *w, int k, int wait_ms, bool draining)
         came_any = true;
         if (ln->aged || ents.n > 0)
             look_came(w, ln, &ents);
+        ln->came_full = came_full(ln, &ents);
         for (int i = 0; i < ents.n; i++) /* delivered to us: taken even when draining */
             /* the last one's admission check goes with this lane's next
              * read (precheck_paired: on a cluster the home lane's) */

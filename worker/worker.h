@@ -223,6 +223,9 @@ struct worker {
         int look_every_ms;        /* and the time between its looks (0: steal_ms;
                                      longer while they find the shard drained) */
         bool aged;                /* the read out is a look at aged jobs only */
+        int64_t sent_ms;          /* monotonic: when its read out was sent */
+        bool came_full;           /* its last read brought all it asked of some stream:
+                                     more may wait there (the home lane: loop.c home_backlog) */
     } lane[RCL_MAX_SHARDS];
     int n_lanes;
     /* Home shards (issue 27 point 4, loop.c stand_send_all): on a cluster

@@ -547,6 +547,60 @@ def test_a_slow_workers_looks_take_only_jobs_older_than_two_loops(
     wa.stop()
 
 
+def test_a_busy_worker_empties_its_home_before_looking_away(
+        redis_cluster, workers, prefix, tmp_path, event_validator):
+    """Home first: a busy worker looks at another shard only once its home
+    shard has nothing left for it (worker/loop.c home_backlog). Under
+    saturation every shard has old enough jobs waiting; a worker that
+    looked anyway took, for each slot freed, foreign jobs beside home ones
+    (40-47 % of a saturated cluster's jobs ran away from home, every step
+    writing every master). wa (home shard 0, one slot free beside a long
+    job) gets eight jobs in its home shard and, before them, one in shard
+    1, which no worker has as home and which is old enough for a look long
+    before the home jobs are done: it is started only after every home job
+    has started; the build before took it second or third."""
+    rc = redis_cluster.client()
+    keys = shards(prefix)
+    wa = workers("wa", "--home-shard", "0", "--max-batch", "2", "--foreign-room-pct", "100",
+                 "--steal-ms", "50", addr=redis_cluster.seeds)
+    wait_for(lambda: all(rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k))
+                         for k in keys), "the worker's groups", timeout=60)
+    rc.xadd(keys[0], {"job": json.dumps({"id": "HL", "prompt_ids": [3, 1, 4],
+                                         "max_tokens": 40000, "temperature": 0,
+                                         "ignore_eos": True})})
+    wait_for(lambda: holder(rc, prefix, "HL") == "wa", "wa running HL", timeout=60)
+    # its reads of the other shards from while it was idle have ended: it
+    # looks there now (a blocked read left over would take a job at once)
+    wait_for(lambda: heartbeat(rc, prefix, "wa").get("foreign_looks", 0) >= 2, "wa's looks",
+             timeout=30)
+
+    def job(jid, n):
+        return {"id": jid, "prompt_ids": [2, 7, 1], "max_tokens": n, "temperature": 0,
+                "ignore_eos": True}
+    rc.xadd(keys[1], {"job": json.dumps(job("HF", 4))})
+    home = [f"H{i}" for i in range(8)]
+    for jid in home:
+        rc.xadd(keys[0], {"job": json.dumps(job(jid, 600))})
+    first = {}  # when each job's first event was seen
+    deadline = time.time() + 120
+    while len(first) < len(home) + 1:
+        assert time.time() < deadline, f"started so far: {sorted(first, key=first.get)}"
+        for jid in ["HF", *home]:
+            if jid not in first and rc.xlen(out_key(prefix, jid)):
+                first[jid] = time.monotonic()
+        time.sleep(0.002)
+    order = sorted(first, key=first.get)
+    assert order[-1] == "HF", [(j, round(first[j] - first[order[0]], 3)) for j in order]
+    for jid in ["HF", *home]:
+        _, done = check_stream(stream_events(rc, out_key(prefix, jid), 60), event_validator)
+        assert done["finish_reason"] == "length", (jid, done)
+    assert holder(rc, prefix, "HF") == "wa"
+    rc.set(f"{prefix}cancel:{{HL}}", "1", ex=600)
+    _, done = check_stream(stream_events(rc, out_key(prefix, "HL"), 60), event_validator)
+    assert done["finish_reason"] == "cancelled", done
+    wa.stop()
+
+
 def test_a_home_jobs_admission_check_rides_with_the_read(redis_cluster, workers, prefix, tmp_path,
                                                         event_validator):
     """On a cluster a job's admission check (the GET of its cancel key)
