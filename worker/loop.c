@@ -220,6 +220,15 @@ static int submit(struct worker *w, struct wjob *j, struct rl_err *err)
 
 static int stand_block_ms(const struct worker *w, bool block);
 static int lane_count(struct worker *w, int l, int share);
+
+/* Notes lane ln's read as sent: COUNT count a stream, a look (aged) or a
+ * standing read, now. */
+static void lane_sent(struct w_lane *ln, int count, bool aged)
+{
+    ln->want = count * ln->n;
+    ln->aged = aged;
+    ln->sent_ms = rl_mono_ms();
+}
 static bool reads_every_lane(const struct worker *w, int room);
 
 /* The admission check as the first of a pair on lane l (standing_read):
@@ -254,7 +263,7 @@ static bool precheck_paired(struct worker *w, int l, int n, const int *argcs,
                                             w->opt.name, ln->n, ln->keys, count,
                                             stand_block_ms(w, true), &err);
     if (rconn_awaiting(ln->rc)) /* the read went, whatever the check's answer */
-        ln->want = count * ln->n;
+        lane_sent(ln, count, false);
     if (rc) {
         for (int i = 0; i < n; i++) {
             rconn_reply_free(out[i]);
@@ -1004,13 +1013,14 @@ static bool stand_send(struct worker *w, int l, int share, bool block)
     struct rl_err err;
     struct w_lane *ln = &w->lane[l];
     int count = lane_count(w, l, share);
-    ln->aged = !block && !w->plain_looks;
-    ln->sent_ms = rl_mono_ms();
-    if (!(ln->aged ? rconn_xreadgroup_send_aged(ln->rc, w->opt.group, w->opt.name, ln->n,
-                                                ln->keys, count, steal_after(w), &err)
+    bool aged = !block && !w->plain_looks;
+    if (!(aged ? rconn_xreadgroup_send_aged(ln->rc, w->opt.group, w->opt.name, ln->n,
+                                                ln->keys, count,
+                                                ln->starved_only ? w->cfg.steal_ms * W_STARVE
+                                                                 : steal_after(w), &err)
                    : rconn_xreadgroup_send(ln->rc, w->opt.group, w->opt.name, ln->n, ln->keys,
                                            count, stand_block_ms(w, block), &err))) {
-        ln->want = count * ln->n;
+        lane_sent(ln, count, aged);
         return true;
     }
     read_failed(w, &err);
@@ -1066,7 +1076,11 @@ static int look_every(const struct worker *w, const struct w_lane *ln)
  * first"). The home lane's last read brought all it asked of a stream:
  * more may wait; a read out there unanswered for steal_after() has found
  * nothing (a read of a shard that has some returns within a round trip),
- * and one that brought less than it asked found the shard drained. */
+ * and one that brought less than it asked found the shard drained. While
+ * it lasts the other lanes are still looked at, every W_LOOK_BACKOFF x
+ * steal_ms, for jobs W_STARVE x steal_ms old: a shard whose own workers
+ * are gone, or that has none (fewer workers than shards), is not left to
+ * wait for the end of every backlog. */
 static bool home_backlog(const struct worker *w, int64_t now)
 {
     const struct w_lane *h = &w->lane[w->home_lane];
@@ -1080,9 +1094,11 @@ static int lane_mode(struct worker *w, int l, int room, int64_t now)
     struct w_lane *ln = &w->lane[l];
     if (l == w->home_lane || reads_every_lane(w, room))
         return 1;
-    if (now < ln->next_look_ms || home_backlog(w, now))
+    if (now < ln->next_look_ms)
         return 0;
-    ln->next_look_ms = now + look_every(w, ln);
+    ln->starved_only = home_backlog(w, now);
+    ln->next_look_ms = now + (ln->starved_only ? w->cfg.steal_ms * W_LOOK_BACKOFF
+                                               : look_every(w, ln));
     return -1;
 }
 
@@ -1119,28 +1135,16 @@ static void look_came(struct worker *w, struct w_lane *ln, const struct rconn_en
 
 /* Milliseconds until a foreign lane's next look (an idle wait must not
  * outlast it), or -1 when none is due: no home, or room enough to read
- * every lane as it comes, or a home backlog with no home read out (the
- * next one says whether it lasts). */
+ * every lane as it comes. */
 static int next_look_in(const struct worker *w, int room, int64_t now)
 {
     if (room <= 0 || reads_every_lane(w, room))
         return -1;
     int64_t next = -1;
-    if (home_backlog(w, now)) {
-        const struct w_lane *h = &w->lane[w->home_lane];
-        if (!rconn_awaiting(h->rc))
-            return -1;
-        next = h->sent_ms + steal_after(w); /* then it found nothing */
-    }
-    int64_t look = -1;
     for (int l = 0; l < w->n_lanes; l++)
         if (l != w->home_lane && !rconn_awaiting(w->lane[l].rc) &&
-            (look < 0 || w->lane[l].next_look_ms < look))
-            look = w->lane[l].next_look_ms;
-    if (look >= 0 && look > next)
-        next = look;
-    else if (look < 0)
-        next = -1;
+            (next < 0 || w->lane[l].next_look_ms < next))
+            next = w->lane[l].next_look_ms;
     return next < 0 ? -1 : next > now ? (int)(next - now) : 0;
 }
 

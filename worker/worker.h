@@ -55,6 +55,12 @@
  * often each time, down to once every this many steal_ms (loop.c,
  * look_came) */
 #define W_LOOK_BACKOFF 4
+/* While its home shard has a backlog a busy worker still looks at the
+ * others every W_LOOK_BACKOFF steal_ms, for jobs that have waited this
+ * many steal_ms (1 s by default): a shard with no worker of its own (fewer
+ * workers than shards, or its own all dead) is never starved by home
+ * first (loop.c home_backlog) */
+#define W_STARVE 20
 
 /* One event waiting for Redis to confirm its XADD. */
 struct wout {
@@ -223,6 +229,7 @@ struct worker {
         int look_every_ms;        /* and the time between its looks (0: steal_ms;
                                      longer while they find the shard drained) */
         bool aged;                /* the read out is a look at aged jobs only */
+        bool starved_only;        /* ... at jobs W_STARVE x steal_ms old (home backlog) */
         int64_t sent_ms;          /* monotonic: when its read out was sent */
         bool came_full;           /* its last read brought all it asked of some stream:
                                      more may wait there (the home lane: loop.c home_backlog) */

@@ -549,20 +549,25 @@ def test_a_slow_workers_looks_take_only_jobs_older_than_two_loops(
 
 def test_a_busy_worker_empties_its_home_before_looking_away(
         redis_cluster, workers, prefix, tmp_path, event_validator):
-    """Home first: a busy worker looks at another shard only once its home
-    shard has nothing left for it (worker/loop.c home_backlog). Under
-    saturation every shard has old enough jobs waiting; a worker that
-    looked anyway took, for each slot freed, foreign jobs beside home ones
-    (40-47 % of a saturated cluster's jobs ran away from home, every step
-    writing every master). wa (home shard 0, one slot free beside a long
-    job) gets eight jobs in its home shard and, before them, one in shard
-    1, which no worker has as home and which is old enough for a look long
-    before the home jobs are done: it is started only after every home job
-    has started; the build before took it second or third."""
+    """Home first: a busy worker looks at another shard for jobs of the
+    usual age (steal_ms) only once its home shard has nothing left for it
+    (worker/loop.c home_backlog). Under saturation every shard has old
+    enough jobs waiting; a worker that looked anyway took, for each slot
+    freed, foreign jobs beside home ones (40-47 % of a saturated cluster's
+    jobs ran away from home, every step writing every master). While the
+    backlog lasts it looks only for jobs that have waited W_STARVE x
+    steal_ms, so that a shard without a worker of its own is not starved.
+    wa (home shard 0, one slot free beside a long job, steal_ms 100): the
+    test keeps three jobs waiting in wa's home shard all along, and queues
+    one in shard 1, which no worker has as home: it starts no sooner than
+    2 s (20 x steal_ms) after it was queued (the build before took it
+    within a few looks: 0.2-0.5 s), and it does start while the backlog
+    lasts."""
     rc = redis_cluster.client()
     keys = shards(prefix)
+    steal = 100
     wa = workers("wa", "--home-shard", "0", "--max-batch", "2", "--foreign-room-pct", "100",
-                 "--steal-ms", "50", addr=redis_cluster.seeds)
+                 "--steal-ms", str(steal), addr=redis_cluster.seeds)
     wait_for(lambda: all(rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k))
                          for k in keys), "the worker's groups", timeout=60)
     rc.xadd(keys[0], {"job": json.dumps({"id": "HL", "prompt_ids": [3, 1, 4],
@@ -573,31 +578,45 @@ def test_a_busy_worker_empties_its_home_before_looking_away(
     # looks there now (a blocked read left over would take a job at once)
     wait_for(lambda: heartbeat(rc, prefix, "wa").get("foreign_looks", 0) >= 2, "wa's looks",
              timeout=30)
+    prompts = iter(range(3, 100000))
 
-    def job(jid, n):
-        return {"id": jid, "prompt_ids": [2, 7, 1], "max_tokens": n, "temperature": 0,
-                "ignore_eos": True}
-    rc.xadd(keys[1], {"job": json.dumps(job("HF", 4))})
-    home = [f"H{i}" for i in range(8)]
-    for jid in home:
-        rc.xadd(keys[0], {"job": json.dumps(job(jid, 600))})
-    first = {}  # when each job's first event was seen
-    deadline = time.time() + 120
-    while len(first) < len(home) + 1:
-        assert time.time() < deadline, f"started so far: {sorted(first, key=first.get)}"
-        for jid in ["HF", *home]:
-            if jid not in first and rc.xlen(out_key(prefix, jid)):
-                first[jid] = time.monotonic()
+    def job(jid, n):  # a prompt of its own: no answer from the result cache
+        return {"id": jid, "prompt_ids": [2, 7, 1, next(prompts)], "max_tokens": n,
+                "temperature": 0, "ignore_eos": True}
+
+    queued, started = [], set()
+
+    def feed():  # three home jobs waiting, not yet started, at every moment
+        for jid in queued:
+            if jid not in started and rc.xlen(out_key(prefix, jid)):
+                started.add(jid)
+        while len(queued) - len(started) < 3:
+            queued.append(f"B{len(queued)}")
+            rc.xadd(keys[0], {"job": json.dumps(job(queued[-1], 40))})
+    feed()
+    t_away = time.monotonic()
+    rc.xadd(keys[1], {"job": json.dumps(job("BF", 4))})
+    deadline = t_away + 20 * steal / 1000 + 10
+    while not rc.xlen(out_key(prefix, "BF")):
+        assert time.monotonic() < deadline, \
+            f"BF not started in {deadline - t_away:.0f} s of home backlog: starved"
+        feed()
         time.sleep(0.002)
-    order = sorted(first, key=first.get)
-    assert order[-1] == "HF", [(j, round(first[j] - first[order[0]], 3)) for j in order]
-    for jid in ["HF", *home]:
+    waited = time.monotonic() - t_away
+    n_home = len(started)
+    feed()
+    assert len(queued) - len(started) >= 2, "the home backlog ran out: nothing shown"
+    assert n_home >= 3, f"only {n_home} home jobs started meanwhile"
+    assert waited >= 0.9 * 20 * steal / 1000, \
+        f"BF started {waited:.2f} s after it was queued, {n_home} home jobs meanwhile"
+    _, done = check_stream(stream_events(rc, out_key(prefix, "BF"), 60), event_validator)
+    assert done["finish_reason"] == "length", done
+    assert holder(rc, prefix, "BF") == "wa"
+    for jid in [*queued, "HL"]:
+        rc.set(f"{prefix}cancel:{{{jid}}}", "1", ex=600)
+    for jid in [*queued, "HL"]:
         _, done = check_stream(stream_events(rc, out_key(prefix, jid), 60), event_validator)
-        assert done["finish_reason"] == "length", (jid, done)
-    assert holder(rc, prefix, "HF") == "wa"
-    rc.set(f"{prefix}cancel:{{HL}}", "1", ex=600)
-    _, done = check_stream(stream_events(rc, out_key(prefix, "HL"), 60), event_validator)
-    assert done["finish_reason"] == "cancelled", done
+        assert done["finish_reason"] in ("length", "cancelled"), (jid, done)
     wa.stop()
 
 
