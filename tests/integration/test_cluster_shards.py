@@ -163,6 +163,23 @@ def xreadgroup_calls(cluster):
     return n
 
 
+def wait_groups(rc, keys):
+    """Until every shard's pool stream has the workers' group (a worker
+    creates them at start)."""
+    wait_for(lambda: all(rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k))
+                         for k in keys), "the worker's groups", timeout=60)
+
+
+def cancel_all(rc, prefix, ids, event_validator, ends=("cancelled",)):
+    """Cancels every job of ids, then checks that each stream is whole and
+    ended one of ends."""
+    for jid in ids:
+        rc.set(f"{prefix}cancel:{{{jid}}}", "1", ex=600)
+    for jid in ids:
+        _, done = check_stream(stream_events(rc, out_key(prefix, jid), 60), event_validator)
+        assert done["finish_reason"] in ends, (jid, done)
+
+
 def test_idle_worker_wakes_on_any_shard(redis_cluster, workers, dispatchers, prefix, tmp_path,
                                         event_validator):
     """An idle worker BLOCKs on every shard at once: it does not poll (few
@@ -172,9 +189,7 @@ def test_idle_worker_wakes_on_any_shard(redis_cluster, workers, dispatchers, pre
     rc = redis_cluster.client()
     keys = shards(prefix)
     w = workers("wi", "--block-ms", "8000", addr=redis_cluster.seeds)
-    wait_for(lambda: all(
-        rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k)) for k in keys),
-             "the worker's groups", timeout=60)
+    wait_groups(rc, keys)
     jobs = greedy_jobs(2 * K, seed=29, tag="i")
     ref = reference(jobs, tmp_path)
     before = xreadgroup_calls(redis_cluster)
@@ -215,9 +230,7 @@ def test_busy_worker_keeps_a_standing_read_per_shard(redis_cluster, workers, pre
     keys = shards(prefix)
     w = workers("wb", "--block-ms", "500", "--max-batch", "4", "--foreign-room-pct", "0",
                 addr=redis_cluster.seeds)
-    wait_for(lambda: all(
-        rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k)) for k in keys),
-             "the worker's groups", timeout=60)
+    wait_groups(rc, keys)
     long = {"id": "busy-long", "prompt_ids": [3, 1, 4], "max_tokens": 40000, "temperature": 0,
             "ignore_eos": True}
     rc.xadd(keys[0], {"job": json.dumps(long)})
@@ -239,9 +252,7 @@ def test_busy_worker_keeps_a_standing_read_per_shard(redis_cluster, workers, pre
         assert time.time() - t < 3.0, f"{j['id']} on shard {i} waited"
         toks, _ = check_stream(stream_events(rc, out_key(prefix, j["id"]), 60), event_validator)
         assert toks == ref[i], j["id"]
-    rc.set(f"{prefix}cancel:{{{long['id']}}}", "1", ex=600)
-    _, done = check_stream(stream_events(rc, out_key(prefix, long["id"]), 60), event_validator)
-    assert done["finish_reason"] == "cancelled", done
+    cancel_all(rc, prefix, [long["id"]], event_validator)
     assert "ready:" in w.text()
 
 
@@ -260,9 +271,7 @@ def test_leases_renewed_on_every_shard(redis_cluster, workers, prefix, tmp_path,
     keys = shards(prefix)
     w = workers("wr", "--claim-idle-ms", "3000", "--claim-interval-ms", "200",
                 "--lease-renew-ms", "200", addr=redis_cluster.seeds)
-    wait_for(lambda: all(
-        rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k)) for k in keys),
-             "the worker's groups", timeout=60)
+    wait_groups(rc, keys)
     jobs = [{"id": f"lease-{i}", "prompt_ids": [3, 1, 4 + i], "max_tokens": 40000,
              "temperature": 0, "ignore_eos": True} for i in range(K)]
     for j, k in zip(jobs, keys):
@@ -352,8 +361,7 @@ def test_jobs_go_to_their_masters_shard_and_workers_prefer_home(
     # as jobs come
     common = ["--max-batch", "4", "--foreign-room-pct", "100", "--steal-ms", str(STEAL_MS)]
     wa = workers("wa", "--home-shard", "0", *common, addr=redis_cluster.seeds)
-    wait_for(lambda: all(rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k))
-                         for k in keys), "the worker's groups", timeout=60)
+    wait_groups(rc, keys)
 
     def long_job(jid):
         return {"id": jid, "prompt_ids": [3, 1, 4], "max_tokens": 40000, "temperature": 0,
@@ -422,11 +430,7 @@ def test_jobs_go_to_their_masters_shard_and_workers_prefer_home(
     wait_for(lambda: heartbeat(rc, prefix, "wa").get("foreign_taken", 0) >= 1,
              "wa's foreign_taken", timeout=30)
     assert heartbeat(rc, prefix, "wb").get("foreign_taken", 0) == 0
-    for j in held:
-        rc.set(f"{prefix}cancel:{{{j['id']}}}", "1", ex=600)
-    for j in held:
-        _, done = check_stream(stream_events(rc, out_key(prefix, j["id"]), 60), event_validator)
-        assert done["finish_reason"] == "cancelled", done
+    cancel_all(rc, prefix, [j["id"] for j in held], event_validator)
     assert "home shard 0 (home_shard)" in wa.text()
 
 
@@ -450,8 +454,7 @@ def test_looks_at_drained_shards_slow_down(redis_cluster, workers, prefix, tmp_p
     steal = 100
     wa = workers("wa", "--home-shard", "0", "--max-batch", "4", "--foreign-room-pct", "100",
                  "--steal-ms", str(steal), addr=redis_cluster.seeds)
-    wait_for(lambda: all(rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k))
-                         for k in keys), "the worker's groups", timeout=60)
+    wait_groups(rc, keys)
     long_job = {"id": "DL0", "prompt_ids": [3, 1, 4], "max_tokens": 40000, "temperature": 0,
                 "ignore_eos": True}
     rc.xadd(keys[0], {"job": json.dumps(long_job)})
@@ -486,9 +489,7 @@ def test_looks_at_drained_shards_slow_down(redis_cluster, workers, prefix, tmp_p
     toks, _ = check_stream(stream_events(rc, out_key(prefix, x["id"]), 60), event_validator)
     assert toks == reference([x], tmp_path)[0]
     assert holder(rc, prefix, x["id"]) == "wa"
-    rc.set(f"{prefix}cancel:{{DL0}}", "1", ex=600)
-    _, done = check_stream(stream_events(rc, out_key(prefix, "DL0"), 60), event_validator)
-    assert done["finish_reason"] == "cancelled", done
+    cancel_all(rc, prefix, ["DL0"], event_validator)
     wa.stop()
 
 
@@ -510,8 +511,7 @@ def test_a_slow_workers_looks_take_only_jobs_older_than_two_loops(
     wa = workers("wa", "--home-shard", "0", "--max-batch", "4", "--foreign-room-pct", "100",
                  "--steal-ms", str(steal), "--backend", "sim", "--sim-profile", "l40s",
                  "--sim-model", "qwen3-14b", addr=redis_cluster.seeds)
-    wait_for(lambda: all(rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k))
-                         for k in keys), "the worker's groups", timeout=60)
+    wait_groups(rc, keys)
     busy = {"id": "SL0", "prompt_ids": [3, 1, 4], "max_tokens": 40000, "temperature": 0,
             "ignore_eos": True}
     rc.xadd(keys[0], {"job": json.dumps(busy)})
@@ -541,9 +541,7 @@ def test_a_slow_workers_looks_take_only_jobs_older_than_two_loops(
     _, done = check_stream(stream_events(rc, out_key(prefix, "SL1"), 60), event_validator)
     assert done["finish_reason"] == "length", done
     assert holder(rc, prefix, "SL1") == "wa"
-    rc.set(f"{prefix}cancel:{{SL0}}", "1", ex=600)
-    _, done = check_stream(stream_events(rc, out_key(prefix, "SL0"), 60), event_validator)
-    assert done["finish_reason"] == "cancelled", done
+    cancel_all(rc, prefix, ["SL0"], event_validator)
     wa.stop()
 
 
@@ -568,8 +566,7 @@ def test_a_busy_worker_empties_its_home_before_looking_away(
     steal = 100
     wa = workers("wa", "--home-shard", "0", "--max-batch", "2", "--foreign-room-pct", "100",
                  "--steal-ms", str(steal), addr=redis_cluster.seeds)
-    wait_for(lambda: all(rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k))
-                         for k in keys), "the worker's groups", timeout=60)
+    wait_groups(rc, keys)
     rc.xadd(keys[0], {"job": json.dumps({"id": "HL", "prompt_ids": [3, 1, 4],
                                          "max_tokens": 40000, "temperature": 0,
                                          "ignore_eos": True})})
@@ -612,11 +609,7 @@ def test_a_busy_worker_empties_its_home_before_looking_away(
     _, done = check_stream(stream_events(rc, out_key(prefix, "BF"), 60), event_validator)
     assert done["finish_reason"] == "length", done
     assert holder(rc, prefix, "BF") == "wa"
-    for jid in [*queued, "HL"]:
-        rc.set(f"{prefix}cancel:{{{jid}}}", "1", ex=600)
-    for jid in [*queued, "HL"]:
-        _, done = check_stream(stream_events(rc, out_key(prefix, jid), 60), event_validator)
-        assert done["finish_reason"] in ("length", "cancelled"), (jid, done)
+    cancel_all(rc, prefix, [*queued, "HL"], event_validator, ends=("length", "cancelled"))
     wa.stop()
 
 
@@ -639,8 +632,7 @@ def test_a_home_jobs_admission_check_rides_with_the_read(redis_cluster, workers,
     slots = request_slots(redis_cluster)
     wa = workers("wa", "--home-shard", "0", "--max-batch", "4", "--foreign-room-pct", "100",
                  addr=redis_cluster.seeds)
-    wait_for(lambda: all(rc.exists(k) and any(g["name"] == "workers" for g in rc.xinfo_groups(k))
-                         for k in keys), "the worker's groups", timeout=60)
+    wait_groups(rc, keys)
     busy = {"id": id_in_slot("AL", slots[home]), "prompt_ids": [3, 1, 4], "max_tokens": 40000,
             "temperature": 0, "ignore_eos": True}
     rc.xadd(keys[0], {"job": json.dumps(busy)})
@@ -670,9 +662,7 @@ def test_a_home_jobs_admission_check_rides_with_the_read(redis_cluster, workers,
     reads = checks_rode_with_reads(mon, list(ck.values()))
     for jid, nxt in zip(ck, reads):
         assert keys[0] in nxt, (jid, "not the home lane's read", nxt)
-    rc.set(f"{prefix}cancel:{{{busy['id']}}}", "1", ex=600)
-    _, done = check_stream(stream_events(rc, out_key(prefix, busy["id"]), 60), event_validator)
-    assert done["finish_reason"] == "cancelled", done
+    cancel_all(rc, prefix, [busy["id"]], event_validator)
     wa.stop()
 
 
