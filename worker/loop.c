@@ -220,6 +220,7 @@ static int submit(struct worker *w, struct wjob *j, struct rl_err *err)
 
 static int stand_block_ms(const struct worker *w, bool block);
 static int lane_count(struct worker *w, int l, int share);
+static bool reads_every_lane(const struct worker *w, int room);
 
 /* Notes lane ln's read as sent: COUNT count a stream, a look (aged) or a
  * standing read, now. */
@@ -229,7 +230,6 @@ static void lane_sent(struct w_lane *ln, int count, bool aged)
     ln->aged = aged;
     ln->sent_ms = rl_mono_ms();
 }
-static bool reads_every_lane(const struct worker *w, int room);
 
 /* The admission check as the first of a pair on lane l (standing_read):
  * the GET of the cancel key (and of the cache entry), then the lane's next
@@ -1014,12 +1014,11 @@ static bool stand_send(struct worker *w, int l, int share, bool block)
     struct w_lane *ln = &w->lane[l];
     int count = lane_count(w, l, share);
     bool aged = !block && !w->plain_looks;
-    if (!(aged ? rconn_xreadgroup_send_aged(ln->rc, w->opt.group, w->opt.name, ln->n,
-                                                ln->keys, count,
-                                                ln->starved_only ? w->cfg.steal_ms * W_STARVE
-                                                                 : steal_after(w), &err)
-                   : rconn_xreadgroup_send(ln->rc, w->opt.group, w->opt.name, ln->n, ln->keys,
-                                           count, stand_block_ms(w, block), &err))) {
+    int min_age = ln->starved_only ? w->cfg.steal_ms * W_STARVE : steal_after(w);
+    if (!(aged ? rconn_xreadgroup_send_aged(ln->rc, w->opt.group, w->opt.name, ln->n, ln->keys,
+                                            count, min_age, &err)
+               : rconn_xreadgroup_send(ln->rc, w->opt.group, w->opt.name, ln->n, ln->keys,
+                                       count, stand_block_ms(w, block), &err))) {
         lane_sent(ln, count, aged);
         return true;
     }
