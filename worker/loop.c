@@ -990,6 +990,13 @@ static int lane_count(struct worker *w, int l, int share)
     return (share + ln->n - 1) / ln->n;
 }
 
+/* W_LOOK_BACKOFF x steal_ms: the longest time between a foreign lane's
+ * looks, and the most steal_after() stretches to. */
+static int look_most(const struct worker *w)
+{
+    return w->cfg.steal_ms * W_LOOK_BACKOFF;
+}
+
 /* How old a job waiting in a foreign shard must be for a look to take it,
  * and the time between looks before any backoff: steal_ms, or two of this
  * worker's busy loop periods when that is longer, up to W_LOOK_BACKOFF x
@@ -1004,7 +1011,7 @@ static int lane_count(struct worker *w, int l, int share)
 static int steal_after(const struct worker *w)
 {
     double two = 2 * w->step_ms;
-    int most = w->cfg.steal_ms * W_LOOK_BACKOFF;
+    int most = look_most(w);
     return two <= w->cfg.steal_ms ? w->cfg.steal_ms : two >= most ? most : (int)two;
 }
 
@@ -1096,8 +1103,7 @@ static int lane_mode(struct worker *w, int l, int room, int64_t now)
     if (now < ln->next_look_ms)
         return 0;
     ln->starved_only = home_backlog(w, now);
-    ln->next_look_ms = now + (ln->starved_only ? w->cfg.steal_ms * W_LOOK_BACKOFF
-                                               : look_every(w, ln));
+    ln->next_look_ms = now + (ln->starved_only ? look_most(w) : look_every(w, ln));
     return -1;
 }
 
@@ -1127,7 +1133,7 @@ static void look_came(struct worker *w, struct w_lane *ln, const struct rconn_en
         ln->look_every_ms = 0;
         return;
     }
-    int every = look_every(w, ln), most = w->cfg.steal_ms * W_LOOK_BACKOFF;
+    int every = look_every(w, ln), most = look_most(w);
     ln->look_every_ms = every < most / 2 ? 2 * every : most;
     ln->next_look_ms = rl_mono_ms() + ln->look_every_ms;
 }

@@ -226,7 +226,7 @@ struct worker {
         int idx[W_MAX_STREAMS], n;
         int want;                 /* the most jobs its read out may bring (COUNT x n) */
         int64_t next_look_ms;     /* a foreign lane's next look without BLOCK */
-        int look_every_ms;        /* and the time between its looks (0: steal_ms;
+        int look_every_ms;        /* and the time between its looks (0: steal_after();
                                      longer while they find the shard drained) */
         bool aged;                /* the read out is a look at aged jobs only */
         bool starved_only;        /* ... at jobs W_STARVE x steal_ms old (home backlog) */

@@ -441,6 +441,18 @@ def looks_at(cluster, port):
     return int(st.get("calls", 0))
 
 
+def busy_at_home(redis_cluster, workers, rc, prefix, keys, jid, *flags):
+    """wa: a worker whose home is shard 0, made busy (foreign_room_pct 100:
+    any job) with a long job there; returned once it holds it."""
+    wa = workers("wa", "--home-shard", "0", "--foreign-room-pct", "100", *flags,
+                 addr=redis_cluster.seeds)
+    wait_groups(rc, keys)
+    rc.xadd(keys[0], {"job": json.dumps({"id": jid, "prompt_ids": [3, 1, 4], "max_tokens": 40000,
+                                         "temperature": 0, "ignore_eos": True})})
+    wait_for(lambda: holder(rc, prefix, jid) == "wa", f"wa running {jid}", timeout=60)
+    return wa
+
+
 def test_looks_at_drained_shards_slow_down(redis_cluster, workers, prefix, tmp_path,
                                            event_validator):
     """A busy worker looks at the other shards every steal_ms only while
@@ -452,13 +464,8 @@ def test_looks_at_drained_shards_slow_down(redis_cluster, workers, prefix, tmp_p
     rc = redis_cluster.client()
     keys = shards(prefix)
     steal = 100
-    wa = workers("wa", "--home-shard", "0", "--max-batch", "4", "--foreign-room-pct", "100",
-                 "--steal-ms", str(steal), addr=redis_cluster.seeds)
-    wait_groups(rc, keys)
-    long_job = {"id": "DL0", "prompt_ids": [3, 1, 4], "max_tokens": 40000, "temperature": 0,
-                "ignore_eos": True}
-    rc.xadd(keys[0], {"job": json.dumps(long_job)})
-    wait_for(lambda: holder(rc, prefix, "DL0") == "wa", "wa running DL0", timeout=60)
+    wa = busy_at_home(redis_cluster, workers, rc, prefix, keys, "DL0", "--max-batch", "4",
+                      "--steal-ms", str(steal))
     foreign = {redis_cluster.master_of(k) for k in keys[1:]} - {redis_cluster.master_of(keys[0])}
     assert foreign, "the shards' masters"
     # wa busy with room, shards 1 and 2 empty: at most one look each
@@ -508,14 +515,9 @@ def test_a_slow_workers_looks_take_only_jobs_older_than_two_loops(
     rc = redis_cluster.client()
     keys = shards(prefix)
     steal = 20
-    wa = workers("wa", "--home-shard", "0", "--max-batch", "4", "--foreign-room-pct", "100",
-                 "--steal-ms", str(steal), "--backend", "sim", "--sim-profile", "l40s",
-                 "--sim-model", "qwen3-14b", addr=redis_cluster.seeds)
-    wait_groups(rc, keys)
-    busy = {"id": "SL0", "prompt_ids": [3, 1, 4], "max_tokens": 40000, "temperature": 0,
-            "ignore_eos": True}
-    rc.xadd(keys[0], {"job": json.dumps(busy)})
-    wait_for(lambda: holder(rc, prefix, "SL0") == "wa", "wa running SL0", timeout=60)
+    wa = busy_at_home(redis_cluster, workers, rc, prefix, keys, "SL0", "--max-batch", "4",
+                      "--steal-ms", str(steal), "--backend", "sim", "--sim-profile", "l40s",
+                      "--sim-model", "qwen3-14b")
     # the loop's period, smoothed over its steps, settled: 30 steps
     wait_for(lambda: rc.xlen(out_key(prefix, "SL0")) >= 30, "wa stepping", timeout=60)
     t0 = time.time()
@@ -564,13 +566,8 @@ def test_a_busy_worker_empties_its_home_before_looking_away(
     rc = redis_cluster.client()
     keys = shards(prefix)
     steal = 100
-    wa = workers("wa", "--home-shard", "0", "--max-batch", "2", "--foreign-room-pct", "100",
-                 "--steal-ms", str(steal), addr=redis_cluster.seeds)
-    wait_groups(rc, keys)
-    rc.xadd(keys[0], {"job": json.dumps({"id": "HL", "prompt_ids": [3, 1, 4],
-                                         "max_tokens": 40000, "temperature": 0,
-                                         "ignore_eos": True})})
-    wait_for(lambda: holder(rc, prefix, "HL") == "wa", "wa running HL", timeout=60)
+    wa = busy_at_home(redis_cluster, workers, rc, prefix, keys, "HL", "--max-batch", "2",
+                      "--steal-ms", str(steal))
     # its reads of the other shards from while it was idle have ended: it
     # looks there now (a blocked read left over would take a job at once)
     wait_for(lambda: heartbeat(rc, prefix, "wa").get("foreign_looks", 0) >= 2, "wa's looks",
