@@ -1352,7 +1352,10 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
             }
         }
         ensure_groups(w);
-        if (!draining && now >= w->next_claim_ms) {
+        /* after memory pressure, jobs handed back go first: a claim
+         * whenever there is room, and no new entry read until none is
+         * left (resume.c w_reclaim_first) */
+        if (!draining && (now >= w->next_claim_ms || w->reclaim_first)) {
             w_claim(w, err);
             w->next_claim_ms = now + w->opt.claim_interval_ms;
         }
@@ -1362,7 +1365,7 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
         }
         int active = engine_n_active(w->eng);
         if (!draining) {
-            int k = w_admissible(w);
+            int k = w->reclaim_first ? 0 : w_admissible(w);
             bool idle = active == 0 && !w_has_pending(w);
             aff_refresh(w, now, idle);
             int block = w->opt.read_block_ms;

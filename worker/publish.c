@@ -1041,6 +1041,7 @@ static void give_up(struct worker *w, struct wjob *j, const char *why)
     pthread_mutex_unlock(&w->m.mu);
     j->release = true;
     stop_job(w, j);
+    w_reclaim_first(w);
 }
 
 /* Gives up every job that has waited too long for Redis to store its
@@ -1106,6 +1107,7 @@ void w_oom_seen(struct worker *w, int n_ev, int n_jobs)
                                                                       : st.n_slots_used;
         w->admit_cap = cap / 2 > 1 ? cap / 2 : 1;
         w->redis_oom = true;
+        w_reclaim_first(w); /* what is given up meanwhile goes first */
         w->oom_since_ms = now;
         w->oom_backoff_ms = BACKOFF_MIN_MS;
         RL_LOG(&w->log, RL_LOG_WARN, "redis %s is out of memory (maxmemory with "

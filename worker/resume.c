@@ -142,12 +142,59 @@ out:
     rconn_batch_free(b);
 }
 
+/* Memory pressure (schemas/README.md): a job given up holds its half
+ * written stream in Redis, and no reader frees a stream before its done.
+ * Admitting a new job instead of resuming it starts one more such stream;
+ * under a tight maxmemory that became a livelock (CI, 2026-12-06): each
+ * time a reader freed a little memory, new jobs' first events took it,
+ * until Redis held a hundred half-written streams and could finish none.
+ * The claim used to wait for its interval (claim_interval_ms, and a claim
+ * that found no room pushed it one interval further), while the standing
+ * read took new entries the moment a slot freed. So after pressure every
+ * worker claims first: it reads no new entry (loop.c) and claims whenever
+ * it has room, every pool itself whoever holds the claimer lease, until a
+ * scan of each pool's pending list from its start to its end finds
+ * nothing to take. */
+void w_reclaim_first(struct worker *w)
+{
+    w->reclaim_first = true;
+    for (int p = 0; p < W_MAX_STREAMS; p++) {
+        w->reclaim_scan[p] = 0;
+        snprintf(w->claim_cursor[p], RCONN_ID_MAX, "0-0");
+    }
+}
+
+/* After pool p's XAUTOCLAIM from cursor `from` to `next` that admitted
+ * `taken` entries: whether every pool is now scanned clean to its end,
+ * which ends reclaim_first. */
+static void reclaim_scanned(struct worker *w, int p, const char *from, const char *next,
+                            int taken)
+{
+    if (!w->reclaim_first || w->reclaim_scan[p] == 2)
+        return;
+    if (!strcmp(from, "0-0"))
+        w->reclaim_scan[p] = 1;
+    if (taken)
+        w->reclaim_scan[p] = 0;
+    if (w->reclaim_scan[p] == 1 && !strcmp(next, "0-0"))
+        w->reclaim_scan[p] = 2;
+    for (int q = 0; q < w_n_queue_streams(w); q++)
+        if (w->reclaim_scan[q] != 2)
+            return;
+    w->reclaim_first = false;
+    RL_LOG(&w->log, RL_LOG_INFO, "no job handed back is left to claim: reading new jobs again");
+}
+
 int w_claim(struct worker *w, struct rl_err *err)
 {
     bool won[W_MAX_STREAMS];
     if (w_admissible(w) <= 0)
         return 0;
-    take_claimers(w, won);
+    if (w->reclaim_first) /* every worker scans every pool: w_reclaim_first */
+        for (int p = 0; p < w_n_queue_streams(w); p++)
+            won[p] = true;
+    else
+        take_claimers(w, won);
     /* A claim takes each entry over a few round trips at a time
      * (deliveries, admission, FENCE_TAKE, the stream read back) while the
      * loop renews nobody's lease. On a slow or saturated Redis a batch of
@@ -171,7 +218,8 @@ int w_claim(struct worker *w, struct rl_err *err)
             snprintf(w->claim_cursor[p], RCONN_ID_MAX, "0-0");
         struct rconn_entries ents = {0};
         struct rconn_ids deleted = {0};
-        char next[RCONN_ID_MAX];
+        char next[RCONN_ID_MAX], from[RCONN_ID_MAX];
+        snprintf(from, sizeof from, "%s", w->claim_cursor[p]);
         int rc = rconn_xautoclaim(w->rc, w->pool_keys[p], w->opt.group, w->opt.name,
                                   w->opt.claim_idle_ms, w->claim_cursor[p], k, &ents, next,
                                   &deleted, err);
@@ -181,6 +229,7 @@ int w_claim(struct worker *w, struct rl_err *err)
             return rc;
         }
         snprintf(w->claim_cursor[p], RCONN_ID_MAX, "%s", next);
+        int taken = 0;
         for (int i = 0; i < ents.n; i++) {
             if (i > 0 && rl_mono_ms() >= until) {
                 RL_LOG(&w->log, RL_LOG_INFO, "claim on %s: %d of %d entries taken within "
@@ -190,6 +239,7 @@ int w_claim(struct worker *w, struct rl_err *err)
                 /* the next claim's scan starts at what we handed back, not
                  * after the batch (the cursor would pass it until it wraps) */
                 snprintf(w->claim_cursor[p], RCONN_ID_MAX, "%s", ents.v[i].id);
+                reclaim_scanned(w, p, from, w->claim_cursor[p], i);
                 rconn_entries_free(&ents);
                 return 0;
             }
@@ -202,7 +252,9 @@ int w_claim(struct worker *w, struct rl_err *err)
             w->m.reclaimed++;
             pthread_mutex_unlock(&w->m.mu);
             w_admit(w, p, &ents.v[i], d, true, -1);
+            taken++;
         }
+        reclaim_scanned(w, p, from, next, taken);
         if (w->claim_count > 0 && ents.n >= w->claim_count)
             w->claim_count = w->claim_count < 4096 ? 2 * w->claim_count : 0; /* all in time */
         rconn_entries_free(&ents);

@@ -303,6 +303,13 @@ struct worker {
                                      (halved per episode, +1 per job finished), so
                                      the half-written streams Redis must hold stay
                                      few and the jobs given up finish; 0 = no cap */
+    /* after memory pressure or a job given up: jobs handed back (their
+     * streams half written, holding Redis memory no reader can free before
+     * their done) are claimed before any new entry is read; cleared by a
+     * claim pass that scanned every pool's PEL to its end and found none
+     * (resume.c w_claim) */
+    bool reclaim_first;
+    signed char reclaim_scan[W_MAX_STREAMS]; /* pool p: 0 not yet, 1 clean since 0-0, 2 done */
     char claim_cursor[W_MAX_STREAMS][RCONN_ID_MAX];
     /* the most entries one XAUTOCLAIM takes (0: the room): what the last
      * claim got through within its time (resume.c w_claim) */
@@ -388,6 +395,9 @@ bool w_is_oom(const char *msg);
 int w_claim(struct worker *w, struct rl_err *err);
 /* Our own pending entries (a restart under the same name). */
 int w_claim_own(struct worker *w, struct rl_err *err);
+/* Jobs were handed back (given up), or may have been (memory pressure):
+ * from now on claims go before new reads (reclaim_first). */
+void w_reclaim_first(struct worker *w);
 /* Reads back out_key and prepares j to continue: n_prev, seq, and the
  * prompt extended by the published tokens. Returns 1 when the stream
  * already holds done (nothing to run), 2 when it holds an error without

@@ -144,3 +144,50 @@ def test_no_gap_under_maxmemory(workers, prefix, tmp_path, event_validator):
         assert healthz(ports[0])[0] == 200
     finally:
         srv.stop()
+
+
+def test_a_job_given_up_is_resumed_before_a_new_one(workers, prefix, tmp_path, event_validator):
+    """Under memory pressure a job given up holds its half-written stream in
+    Redis until its done, which no reader frees before: a worker that took a
+    new job instead of resuming it added one more such stream each time
+    memory freed, and under a tight maxmemory Redis ended full of streams it
+    could finish none of (CI, 2026-12-06). So after pressure every worker
+    claims first, whoever holds the pool's claimer lease (held here by
+    another name for the whole test, so the order cannot come out right by
+    luck): job A, given up, is resumed and done before job B, queued while
+    A ran, has a single event; and B still runs once nothing is left to
+    claim."""
+    srv = RedisServer(tmp_path / "redis")
+    try:
+        r = connect(srv.addr)
+        a, b = greedy_jobs(2, seed=27, max_tokens=(20, 20), tag="g")
+        a["max_tokens"] = 400
+        r.set(f"{prefix}claimer:{prefix}jobs:fast", "another-worker", px=600000)
+        r.xadd(f"{prefix}jobs:fast", {"job": json.dumps(a)})
+        port = free_port()
+        w = workers("g0", *SIM, *FAST_CLAIM, "--max-batch", "1", "--publish-buffer-kb", "1",
+                    "--http-port", str(port), addr=srv.addr)
+        a_out, b_out = f"{prefix}out:{a['id']}", f"{prefix}out:{b['id']}"
+        wait_for(lambda: r.xlen(a_out) >= 3, "A's first events")
+        r.xadd(f"{prefix}jobs:fast", {"job": json.dumps(b)})  # waits: one slot, A's
+        r.config_set("maxmemory-policy", "noeviction")
+        r.config_set("maxmemory", str(r.info("memory")["used_memory"]))
+        wait_for(lambda: metrics(port).get("redlm_jobs_given_up_total", 0) >= 1, "A given up",
+                 timeout=60)
+        assert not r.exists(b_out)
+        r.config_set("maxmemory", "0")
+
+        wait_for(lambda: r.exists(b_out), "B's first event", timeout=60)
+        last = r.xrevrange(a_out, count=1)
+        assert last and json.loads(last[0][1]["event"])["type"] == "done", \
+            "B started while A, given up, waited to be claimed"
+        wait_for(lambda: json.loads(r.xrevrange(b_out, count=1)[0][1]["event"])["type"] == "done",
+                 "B's done", timeout=60)
+        for job, key in ((a, a_out), (b, b_out)):
+            evs = [(eid, json.loads(f["event"])) for eid, f in r.xrange(key)]
+            tokens, done = check_stream(evs, event_validator)  # gapless, done last
+            assert len(tokens) == job["max_tokens"] == done["usage"]["completion_tokens"]
+        assert "resuming after" in w.text()
+        assert "no job handed back is left to claim" in w.text()
+    finally:
+        srv.stop()
