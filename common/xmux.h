@@ -60,7 +60,13 @@
 #include "rconn.h"
 
 #define XMUX_HELD_MAX 4096 /* entries held for one subscription before its stream is skipped */
-#define XMUX_BELL_MAXLEN "4096" /* the bell's length (MAXLEN ~): more than one read takes */
+/* The bell's length (MAXLEN ~): more than one read takes (COUNT_PER_KEY_N,
+ * 512, xmux.c), so that a reader that fell further behind finds its read
+ * full and reads every stream. Not more: an entry names every stream one
+ * flush wrote (about 30 bytes each, up to a batch's worth), and the bell
+ * is memory no reader frees; at 4096 it grew to 450 KB in a 2-worker test
+ * under maxmemory and took what the streams needed (CI, 2026-12-06). */
+#define XMUX_BELL_MAXLEN "1024"
 #define XMUX_SWEEP_MS 1000      /* with a bell: every stream read this often regardless */
 #define XMUX_KEY_MAX 192        /* a bell's key */
 

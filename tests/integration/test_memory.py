@@ -31,6 +31,7 @@ from conftest import (QWEN3_TOKENIZER, RedisServer, check_stream, connect, free_
 SIM = ["--backend", "sim", "--sim-profile", "h200", "--sim-model", "qwen3-14b",
        "--model", str(QWEN3_TOKENIZER), "--no-result-cache"]
 FAST_CLAIM = ["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200"]
+BELL_MAXLEN = 1024  # schemas/README.md, redlm:bell: MAXLEN ~ 1024 (common/xmux.h)
 
 
 def metrics(port):
@@ -93,9 +94,11 @@ def test_no_gap_under_maxmemory(workers, prefix, tmp_path, event_validator):
         ws = [workers(f"m{i}", *SIM, *FAST_CLAIM, "--max-batch", "8", "--publish-buffer-kb", "1",
                       "--http-port", str(ports[i]), addr=srv.addr)
               for i in range(2)]
-        # under load (about 60 jobs' streams written), the limit: room for
-        # about 25 more jobs (~7 KB of Redis memory each)
+        # under load (the bell full: it stops growing at its MAXLEN, memory
+        # no reader frees; and at least 60 jobs' streams written), the
+        # limit: room for about 25 more jobs (~7 KB of Redis memory each)
         base = r.info("memory")["used_memory"]
+        wait_for(lambda: r.xlen(f"{prefix}bell") >= BELL_MAXLEN, "the bell full", timeout=90)
         wait_for(lambda: r.info("memory")["used_memory"] - base > 400 * 1024,
                  "streams written", timeout=90)
         r.config_set("maxmemory-policy", "noeviction")
