@@ -2060,9 +2060,10 @@ int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consum
 }
 
 /* KEYS the streams, ARGV[1] the group, [2] the consumer, [3] COUNT per
- * stream, [4] the age in ms. Per stream: the entries after the group's
- * last delivered one (none delivered yet: XREADGROUP's ">") whose IDs
- * (Redis's clock when they were added) are at least that old, delivered
+ * stream, [4] the age in ms, [5] the latest ID time in ms (0: any). Per
+ * stream: the entries after the group's last delivered one (none
+ * delivered yet: XREADGROUP's ">") whose IDs (Redis's clock when they
+ * were added) are at least that old and no later than [5], delivered
  * by one XREADGROUP of just that many; the replies' stream elements
  * together: XREADGROUP's reply. None taken: nil when some stream held an
  * undelivered entry (too young), an empty array when none held any (the
@@ -2071,7 +2072,7 @@ int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consum
 static const char aged_read_lua[] =
     "local t = redis.call('TIME')\n"
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
-    "local age, res, waiting = tonumber(ARGV[4]), {}, false\n"
+    "local age, upto, res, waiting = tonumber(ARGV[4]), tonumber(ARGV[5]), {}, false\n"
     "for i = 1, #KEYS do\n"
     "  local last, n = nil, 0\n"
     "  local gs = redis.pcall('XINFO', 'GROUPS', KEYS[i])\n"
@@ -2088,7 +2089,8 @@ static const char aged_read_lua[] =
     "  if last then\n"
     "    for _, e in ipairs(redis.call('XRANGE', KEYS[i], '(' .. last, '+', 'COUNT', ARGV[3])) do\n"
     "      waiting = true\n"
-    "      if now - tonumber(string.match(e[1], '^%d+')) < age then break end\n"
+    "      local ms = tonumber(string.match(e[1], '^%d+'))\n"
+    "      if now - ms < age or (upto > 0 and ms > upto) then break end\n"
     "      n = n + 1\n"
     "    end\n"
     "  else\n"
@@ -2107,20 +2109,21 @@ static const char aged_read_lua[] =
 
 int rconn_xreadgroup_send_aged(struct rconn *c, const char *group, const char *consumer,
                                int n_keys, const char *const *keys, int count, int min_age_ms,
-                               struct rl_err *err)
+                               int64_t upto_ms, struct rl_err *err)
 {
     if (n_keys < 1 || n_keys > 64 || count < 1 || min_age_ms < 0)
         return rl_errf(err, RL_EINVAL, "aged XREADGROUP: 1-64 keys, count >= 1, age >= 0");
-    const char *argv[3 + 64 + 4];
-    char nk[12], cnt[16], age[16];
+    const char *argv[3 + 64 + 5];
+    char nk[12], cnt[16], age[16], upto[24];
     snprintf(nk, sizeof nk, "%d", n_keys);
     snprintf(cnt, sizeof cnt, "%d", count);
     snprintf(age, sizeof age, "%d", min_age_ms);
+    snprintf(upto, sizeof upto, "%lld", (long long)(upto_ms > 0 ? upto_ms : 0));
     int a = 0;
     argv[a++] = "EVAL", argv[a++] = aged_read_lua, argv[a++] = nk;
     for (int i = 0; i < n_keys; i++)
         argv[a++] = keys[i];
-    argv[a++] = group, argv[a++] = consumer, argv[a++] = cnt, argv[a++] = age;
+    argv[a++] = group, argv[a++] = consumer, argv[a++] = cnt, argv[a++] = age, argv[a++] = upto;
     return send_read(c, n_keys, keys, a, argv, -1, "aged XREADGROUP", err);
 }
 

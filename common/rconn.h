@@ -249,8 +249,10 @@ int rconn_xreadgroup(struct rconn *c, const char *group, const char *consumer, i
 int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consumer, int n_keys,
                           const char *const *keys, int count, int block_ms, struct rl_err *err);
 /* A look (as block_ms -1 above) that takes only entries at least
- * min_age_ms old by Redis's clock (their IDs' time: an XADD "*"), at most
- * count a stream, collected with rconn_xreadgroup_collect. Why: a worker
+ * min_age_ms old by Redis's clock (their IDs' time: an XADD "*"), and,
+ * with upto_ms > 0, added no later than upto_ms (Unix ms, the time in
+ * their IDs), at most count a stream, collected with
+ * rconn_xreadgroup_collect. Why: a worker
  * looking at another shard for jobs its home workers cannot take
  * (issue 27 point 4) would otherwise take one that arrived a moment ago,
  * while that shard's worker re-arms its read: under load on a cluster
@@ -265,7 +267,7 @@ int rconn_xreadgroup_send(struct rconn *c, const char *group, const char *consum
  * look less often where nothing waits (worker/loop.c). */
 int rconn_xreadgroup_send_aged(struct rconn *c, const char *group, const char *consumer,
                                int n_keys, const char *const *keys, int count, int min_age_ms,
-                               struct rl_err *err);
+                               int64_t upto_ms, struct rl_err *err);
 /* True while a command sent (a standing read, the second of
  * rconn_command_then) awaits its reply. */
 bool rconn_awaiting(const struct rconn *c);

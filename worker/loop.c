@@ -1021,9 +1021,14 @@ static bool stand_send(struct worker *w, int l, int share, bool block)
     struct w_lane *ln = &w->lane[l];
     int count = lane_count(w, l, share);
     bool aged = !block && !w->plain_looks;
-    int min_age = ln->starved_only ? w->cfg.steal_ms * W_STARVE : steal_after(w);
+    int min_age = steal_after(w);
+    int64_t upto = 0; /* any time */
+    if (ln->starved_only) { /* home_backlog: 1 ms after the epoch at the least */
+        upto = w->lane[w->home_lane].head_ms - (int64_t)w->cfg.steal_ms * W_STARVE;
+        upto = upto > 1 ? upto : 1;
+    }
     if (!(aged ? rconn_xreadgroup_send_aged(ln->rc, w->opt.group, w->opt.name, ln->n, ln->keys,
-                                            count, min_age, &err)
+                                            count, min_age, upto, &err)
                : rconn_xreadgroup_send(ln->rc, w->opt.group, w->opt.name, ln->n, ln->keys,
                                        count, stand_block_ms(w, block), &err))) {
         lane_sent(ln, count, aged);
@@ -1084,9 +1089,15 @@ static int look_every(const struct worker *w, const struct w_lane *ln)
  * nothing (a read of a shard that has some returns within a round trip),
  * and one that brought less than it asked found the shard drained. While
  * it lasts the other lanes are still looked at, every W_LOOK_BACKOFF x
- * steal_ms, for jobs W_STARVE x steal_ms old: a shard whose own workers
- * are gone, or that has none (fewer workers than shards), is not left to
- * wait for the end of every backlog. */
+ * steal_ms, for jobs queued W_STARVE x steal_ms before the home's next
+ * one (after the last the home read brought: head_ms), by the times in
+ * their IDs (each master's clock: NTP keeps them well within that margin):
+ * a shard whose own workers are gone, or that has none (fewer workers than
+ * shards), is not left to wait for the end of every backlog, and in a
+ * cluster saturated alike, where every shard's next job waited about as
+ * long, none runs away. A fixed age (1 s) did not tell the two apart: past
+ * it every job of an overloaded cluster was old enough, and 25-30 % ran
+ * away from home again (BENCHMARKS.md, "Home first"). */
 static bool home_backlog(const struct worker *w, int64_t now)
 {
     const struct w_lane *h = &w->lane[w->home_lane];
@@ -1187,15 +1198,23 @@ static bool stand_out(const struct worker *w)
 }
 
 /* Whether a read brought COUNT entries of some stream it named (more may
- * wait there). */
-static bool came_full(const struct w_lane *ln, const struct rconn_entries *ents)
+ * wait there); *head_ms gets the time in the ID of the last entry such a
+ * stream brought, the earliest of them. */
+static bool came_full(const struct w_lane *ln, const struct rconn_entries *ents, int64_t *head_ms)
 {
     int per = ln->n > 0 ? ln->want / ln->n : 0, got[W_MAX_STREAMS] = {0};
-    for (int i = 0; per > 0 && i < ents->n; i++)
-        if (ents->v[i].stream >= 0 && ents->v[i].stream < ln->n &&
-            ++got[ents->v[i].stream] >= per)
-            return true;
-    return false;
+    bool full = false;
+    *head_ms = 0;
+    for (int i = 0; per > 0 && i < ents->n; i++) {
+        int s = ents->v[i].stream;
+        if (s < 0 || s >= ln->n || ++got[s] != per)
+            continue;
+        int64_t ms = strtoll(ents->v[i].id, NULL, 10);
+        if (!full || ms < *head_ms)
+            *head_ms = ms;
+        full = true;
+    }
+    return full;
 }
 
 static void standing_read(struct worker *w, int k, int wait_ms, bool draining)
@@ -1229,7 +1248,7 @@ static void standing_read(struct worker *w, int k, int wait_ms, bool draining)
         came_any = true;
         if (ln->aged || ents.n > 0)
             look_came(w, ln, &ents);
-        ln->came_full = came_full(ln, &ents);
+        ln->came_full = came_full(ln, &ents, &ln->head_ms);
         for (int i = 0; i < ents.n; i++) /* delivered to us: taken even when draining */
             /* the last one's admission check goes with this lane's next
              * read (precheck_paired: on a cluster the home lane's) */

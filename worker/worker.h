@@ -229,10 +229,14 @@ struct worker {
         int look_every_ms;        /* and the time between its looks (0: steal_after();
                                      longer while they find the shard drained) */
         bool aged;                /* the read out is a look at aged jobs only */
-        bool starved_only;        /* ... at jobs W_STARVE x steal_ms old (home backlog) */
+        bool starved_only;        /* ... at jobs W_STARVE x steal_ms older than the home's
+                                     next (home backlog) */
         int64_t sent_ms;          /* monotonic: when its read out was sent */
         bool came_full;           /* its last read brought all it asked of some stream:
                                      more may wait there (the home lane: loop.c home_backlog) */
+        int64_t head_ms;          /* with came_full: the time in the ID of the last entry
+                                     such a stream brought (the earliest of them): what
+                                     waits after it was queued no earlier */
     } lane[RCL_MAX_SHARDS];
     int n_lanes;
     /* Home shards (issue 27 point 4, loop.c stand_send_all): on a cluster

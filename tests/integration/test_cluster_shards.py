@@ -526,9 +526,9 @@ def test_a_slow_workers_looks_take_only_jobs_older_than_two_loops(
     assert other != redis_cluster.master_of(keys[0]), "the shards' masters"
     mon = Monitor(f"127.0.0.1:{other}", tmp_path / "monitor.txt")
 
-    def looks(cmds):  # EVAL <script> <n> <keys...> <group> <consumer> <count> <min age>
-        return [int(a[-1]) for _, src, a in cmds
-                if src != "lua" and a and a[0].upper() == "EVAL" and len(a) > 4 and a[-3] == "wa"]
+    def looks(cmds):  # EVAL <script> <n> <keys...> <group> <consumer> <count> <min age> <upto>
+        return [int(a[-2]) for _, src, a in cmds
+                if src != "lua" and a and a[0].upper() == "EVAL" and len(a) > 5 and a[-4] == "wa"]
     try:
         cmds = mon.until(lambda c: len(looks(c)) >= 6, "six looks at shard 1's master")
     finally:
@@ -607,6 +607,55 @@ def test_a_busy_worker_empties_its_home_before_looking_away(
     assert done["finish_reason"] == "length", done
     assert holder(rc, prefix, "BF") == "wa"
     cancel_all(rc, prefix, [*queued, "HL"], event_validator, ends=("length", "cancelled"))
+    wa.stop()
+
+
+def test_a_backlog_alike_everywhere_keeps_every_job_at_home(
+        redis_cluster, workers, prefix, tmp_path, event_validator):
+    """Home first, relative: while its home shard has a backlog, a busy
+    worker takes a job from another shard only when it was queued W_STARVE
+    x steal_ms before the home's next one (worker/loop.c home_backlog), not
+    merely once it is that old: in a cluster overloaded alike every job
+    waits past any fixed age, and 25-30 % of a saturated cluster's jobs
+    ran away from home under the 1 s rule. wa (home shard 0, one slot free
+    beside a long job, steal_ms 100): a home backlog of jobs all queued
+    before BF, queued in shard 1 (no worker's home): BF starts only once
+    every home job has (the 1 s rule took it 2 s after it was queued, the
+    backlog still waiting), however long it waited."""
+    rc = redis_cluster.client()
+    keys = shards(prefix)
+    steal = 100
+    wa = busy_at_home(redis_cluster, workers, rc, prefix, keys, "RL", "--max-batch", "2",
+                      "--steal-ms", str(steal))
+    wait_for(lambda: heartbeat(rc, prefix, "wa").get("foreign_looks", 0) >= 2, "wa's looks",
+             timeout=30)
+    home = [f"R{i}" for i in range(24)]
+    for i, jid in enumerate(home):
+        rc.xadd(keys[0], {"job": json.dumps({"id": jid, "prompt_ids": [2, 7, 1, 100 + i],
+                                             "max_tokens": 250, "temperature": 0,
+                                             "ignore_eos": True})})
+    t_away = time.monotonic()
+    rc.xadd(keys[1], {"job": json.dumps({"id": "RF", "prompt_ids": [2, 7, 1, 99],
+                                         "max_tokens": 4, "temperature": 0,
+                                         "ignore_eos": True})})
+    started = {}
+    deadline = t_away + 120
+    while not rc.xlen(out_key(prefix, "RF")):
+        assert time.monotonic() < deadline, "RF not started in 120 s"
+        for jid in home:
+            if jid not in started and rc.xlen(out_key(prefix, jid)):
+                started[jid] = time.monotonic() - t_away
+        time.sleep(0.002)
+    waited = time.monotonic() - t_away
+    waiting = [jid for jid in home if not rc.xlen(out_key(prefix, jid))]
+    assert not waiting, (f"RF, queued after them, started {waited:.2f} s after it was queued, "
+                         f"{len(waiting)} home jobs still waiting")
+    # the backlog outlasted the 1 s rule's moment (2 s): the test shows it
+    last = max(started.values(), default=0)
+    assert last >= 1.5 * 20 * steal / 1000, f"the home backlog lasted only {last:.2f} s"
+    _, done = check_stream(stream_events(rc, out_key(prefix, "RF"), 60), event_validator)
+    assert done["finish_reason"] == "length", done
+    cancel_all(rc, prefix, [*home, "RL"], event_validator, ends=("length", "cancelled"))
     wa.stop()
 
 

@@ -1310,10 +1310,11 @@ static void test_batch_then_read(void **state)
 /* One aged look on keys, collected at once: its entries' "job" values
  * and streams must be want[] ("" ends it) in order ("1:newb": stream 1). */
 static void aged_look(struct rconn *c, int n, const char *const *keys, int count, int age,
-                      const char *const *want, bool drained)
+                      int64_t upto, const char *const *want, bool drained)
 {
     struct rl_err err = {0};
-    assert_int_equal(rconn_xreadgroup_send_aged(c, "workers", "w1", n, keys, count, age, &err), 0);
+    assert_int_equal(
+        rconn_xreadgroup_send_aged(c, "workers", "w1", n, keys, count, age, upto, &err), 0);
     assert_true(rconn_awaiting(c));
     struct rconn_entries ents = {0};
     bool came = false;
@@ -1356,13 +1357,16 @@ static void test_aged_read(void **state)
     cmd_ok(w, 5, x2);
     cmd_ok(w, 5, xa);
     cmd_ok(w, 5, xb);
-    /* COUNT 1: the oldest only */
-    aged_look(c, 2, keys, 1, 60000, (const char *const[]){"0:old1", ""}, false);
-    /* the next old one, not the new one after it, though COUNT allows */
-    aged_look(c, 2, keys, 8, 60000, (const char *const[]){"0:old2", ""}, false);
+    /* added no later than 1 ms after the epoch: the first only, though
+     * the second is old enough too and COUNT allows (a worker's look
+     * during a home backlog: only jobs older than the home's next) */
+    aged_look(c, 2, keys, 8, 60000, 1, (const char *const[]){"0:old1", ""}, false);
+    aged_look(c, 2, keys, 8, 60000, 1, (const char *const[]){""}, false);
+    /* COUNT 1, any time: the oldest left */
+    aged_look(c, 2, keys, 1, 60000, 0, (const char *const[]){"0:old2", ""}, false);
     /* none old enough, but some waiting: not drained (the look comes
      * again at steal_ms, worker/loop.c) */
-    aged_look(c, 2, keys, 8, 60000, (const char *const[]){""}, false);
+    aged_look(c, 2, keys, 8, 60000, 0, (const char *const[]){""}, false);
     /* nothing young was delivered: the group's pending list holds two */
     const char *pend[] = {"XPENDING", a, "workers"};
     struct rconn_reply *r = NULL;
@@ -1370,10 +1374,10 @@ static void test_aged_read(void **state)
     assert_int_equal(r->elem[0].integer, 2);
     rconn_reply_free(r);
     /* age 0: whatever waits, in both streams */
-    aged_look(c, 2, keys, 8, 0, (const char *const[]){"0:new", "1:newb", ""}, false);
+    aged_look(c, 2, keys, 8, 0, 0, (const char *const[]){"0:new", "1:newb", ""}, false);
     /* nothing undelivered in either: drained, the one answer that says so */
-    aged_look(c, 2, keys, 8, 0, (const char *const[]){""}, true);
-    aged_look(c, 2, keys, 8, 60000, (const char *const[]){""}, true);
+    aged_look(c, 2, keys, 8, 0, 0, (const char *const[]){""}, true);
+    aged_look(c, 2, keys, 8, 60000, 0, (const char *const[]){""}, true);
     /* a plain read of nothing (nil) is never drained */
     struct rconn_entries none = {0};
     bool came0 = false;
@@ -1386,7 +1390,7 @@ static void test_aged_read(void **state)
     const char *nog[] = {key("aged:nogroup")};
     const char *xn[] = {"XADD", nog[0], "*", "job", "x"};
     cmd_ok(w, 5, xn);
-    assert_int_equal(rconn_xreadgroup_send_aged(c, "workers", "w1", 1, nog, 8, 0, &err), 0);
+    assert_int_equal(rconn_xreadgroup_send_aged(c, "workers", "w1", 1, nog, 8, 0, 0, &err), 0);
     struct rconn_entries ents = {0};
     bool came = false;
     assert_int_not_equal(rconn_xreadgroup_collect(c, 1, nog, 5000, &ents, &came, &err), 0);
