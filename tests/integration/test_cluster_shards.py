@@ -453,6 +453,25 @@ def busy_at_home(redis_cluster, workers, rc, prefix, keys, jid, *flags):
     return wa
 
 
+def busy_and_looking(redis_cluster, workers, rc, prefix, keys, jid, steal):
+    """wa busy at home (busy_at_home) with one slot free beside jid, steal_ms
+    steal, once its reads of the other shards from while it was idle have
+    ended and it looks there (a blocked read left over would take a job at
+    once)."""
+    wa = busy_at_home(redis_cluster, workers, rc, prefix, keys, jid, "--max-batch", "2",
+                      "--steal-ms", str(steal))
+    wait_for(lambda: heartbeat(rc, prefix, "wa").get("foreign_looks", 0) >= 2, "wa's looks",
+             timeout=30)
+    return wa
+
+
+def short_job(jid, tail, n):
+    """A greedy job whose prompt ends in tail (prompts of their own: no
+    answer from the result cache)."""
+    return {"id": jid, "prompt_ids": [2, 7, 1, tail], "max_tokens": n, "temperature": 0,
+            "ignore_eos": True}
+
+
 def test_looks_at_drained_shards_slow_down(redis_cluster, workers, prefix, tmp_path,
                                            event_validator):
     """A busy worker looks at the other shards every steal_ms only while
@@ -558,25 +577,20 @@ def test_a_busy_worker_empties_its_home_before_looking_away(
     backlog lasts it looks only for jobs that have waited W_STARVE x
     steal_ms, so that a shard without a worker of its own is not starved.
     wa (home shard 0, one slot free beside a long job, steal_ms 100): the
-    test keeps three jobs waiting in wa's home shard all along, and queues
-    one in shard 1, which no worker has as home: it starts no sooner than
-    2 s (20 x steal_ms) after it was queued (the build before took it
-    within a few looks: 0.2-0.5 s), and it does start while the backlog
-    lasts."""
+    test keeps three jobs waiting in wa's home shard all along, each queued
+    as another starts, and queues one in shard 1, which no worker has as
+    home: it starts no sooner than 2 s (20 x steal_ms) after it was queued,
+    once it was queued that long before the home's next (the build before
+    home first took it within a few looks: 0.2-0.5 s), and it does start
+    while the backlog lasts."""
     rc = redis_cluster.client()
     keys = shards(prefix)
     steal = 100
-    wa = busy_at_home(redis_cluster, workers, rc, prefix, keys, "HL", "--max-batch", "2",
-                      "--steal-ms", str(steal))
-    # its reads of the other shards from while it was idle have ended: it
-    # looks there now (a blocked read left over would take a job at once)
-    wait_for(lambda: heartbeat(rc, prefix, "wa").get("foreign_looks", 0) >= 2, "wa's looks",
-             timeout=30)
+    wa = busy_and_looking(redis_cluster, workers, rc, prefix, keys, "HL", steal)
     prompts = iter(range(3, 100000))
 
-    def job(jid, n):  # a prompt of its own: no answer from the result cache
-        return {"id": jid, "prompt_ids": [2, 7, 1, next(prompts)], "max_tokens": n,
-                "temperature": 0, "ignore_eos": True}
+    def job(jid, n):
+        return short_job(jid, next(prompts), n)
 
     queued, started = [], set()
 
@@ -625,19 +639,12 @@ def test_a_backlog_alike_everywhere_keeps_every_job_at_home(
     rc = redis_cluster.client()
     keys = shards(prefix)
     steal = 100
-    wa = busy_at_home(redis_cluster, workers, rc, prefix, keys, "RL", "--max-batch", "2",
-                      "--steal-ms", str(steal))
-    wait_for(lambda: heartbeat(rc, prefix, "wa").get("foreign_looks", 0) >= 2, "wa's looks",
-             timeout=30)
+    wa = busy_and_looking(redis_cluster, workers, rc, prefix, keys, "RL", steal)
     home = [f"R{i}" for i in range(24)]
     for i, jid in enumerate(home):
-        rc.xadd(keys[0], {"job": json.dumps({"id": jid, "prompt_ids": [2, 7, 1, 100 + i],
-                                             "max_tokens": 250, "temperature": 0,
-                                             "ignore_eos": True})})
+        rc.xadd(keys[0], {"job": json.dumps(short_job(jid, 100 + i, 250))})
     t_away = time.monotonic()
-    rc.xadd(keys[1], {"job": json.dumps({"id": "RF", "prompt_ids": [2, 7, 1, 99],
-                                         "max_tokens": 4, "temperature": 0,
-                                         "ignore_eos": True})})
+    rc.xadd(keys[1], {"job": json.dumps(short_job("RF", 99, 4))})
     started = {}
     deadline = t_away + 120
     while not rc.xlen(out_key(prefix, "RF")):
