@@ -180,6 +180,7 @@ static const struct {
     {"redlm_jobs_fenced_total", "counter", "jobs this worker stopped because another worker had taken them over (fence.h)", WM_F(fenced), WM_I64},
     {"redlm_redis_reconnects_total", "counter", "reconnections to Redis", WM_F(redis_reconnects), WM_I64},
     {"redlm_redis_oom", "gauge", "1 while Redis refuses writes for memory (maxmemory, noeviction): no job is admitted, events are held back", WM_F(redis_oom), WM_BOOL},
+    {"redlm_reclaiming", "gauge", "1 while, after memory pressure or a job given up, the worker reads no new job and claims the jobs handed back first", WM_F(reclaiming), WM_BOOL},
     {"redlm_redis_oom_total", "counter", "times Redis began refusing writes for memory", WM_F(redis_oom_total), WM_I64},
     {"redlm_publish_buffered_events", "gauge", "events waiting in outboxes for Redis to store them", WM_F(events_buffered), WM_I64},
     {"redlm_jobs_given_up_total", "counter", "jobs left pending for another delivery because Redis would not store their events (publish_buffer_kb or deadline)", WM_F(jobs_given_up), WM_I64},
@@ -392,6 +393,7 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddBoolToObject(o, "redis_oom", w->m.redis_oom);
     cJSON_AddNumberToObject(o, "redis_oom_total", (double)w->m.redis_oom_total);
     cJSON_AddNumberToObject(o, "jobs_given_up", (double)w->m.jobs_given_up);
+    cJSON_AddBoolToObject(o, "reclaiming", w->m.reclaiming);
     hb_hist(o, "ttft", &w->m.ttft, vb_ttft, VB_N_TTFT);
     hb_hist(o, "e2e", &w->m.e2e, vb_e2e, VB_N_E2E);
     /* vllm:time_per_output_token_seconds is, as in vLLM v1, one observation

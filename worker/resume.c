@@ -158,6 +158,9 @@ out:
 void w_reclaim_first(struct worker *w)
 {
     w->reclaim_first = true;
+    pthread_mutex_lock(&w->m.mu);
+    w->m.reclaiming = true;
+    pthread_mutex_unlock(&w->m.mu);
     for (int p = 0; p < W_MAX_STREAMS; p++) {
         w->reclaim_scan[p] = 0;
         snprintf(w->claim_cursor[p], RCONN_ID_MAX, "0-0");
@@ -182,6 +185,9 @@ static void reclaim_scanned(struct worker *w, int p, const char *from, const cha
         if (w->reclaim_scan[q] != 2)
             return;
     w->reclaim_first = false;
+    pthread_mutex_lock(&w->m.mu);
+    w->m.reclaiming = false;
+    pthread_mutex_unlock(&w->m.mu);
     RL_LOG(&w->log, RL_LOG_INFO, "no job handed back is left to claim: reading new jobs again");
 }
 

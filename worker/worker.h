@@ -191,6 +191,8 @@ struct wmetrics {
     /* memory pressure (publish.c): Redis refusing writes with OOM */
     bool redis_oom;                        /* now: admission stopped */
     int64_t redis_oom_total;               /* times it started refusing */
+    bool reclaiming;                       /* now: no new entry read, handed-back
+                                              jobs claimed first (reclaim_first) */
     int64_t jobs_given_up;                 /* left pending: their events could not be stored */
     int64_t events_buffered;               /* events in outboxes, not yet stored */
     int64_t spec_drafted, spec_accepted;

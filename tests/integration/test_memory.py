@@ -174,10 +174,13 @@ def test_a_job_given_up_is_resumed_before_a_new_one(workers, prefix, tmp_path, e
         wait_for(lambda: r.xlen(a_out) >= 3, "A's first events")
         r.xadd(f"{prefix}jobs:fast", {"job": json.dumps(b)})  # waits: one slot, A's
         r.config_set("maxmemory-policy", "noeviction")
-        r.config_set("maxmemory", str(r.info("memory")["used_memory"]))
+        # below what Redis holds: every write refused until the limit goes
+        r.config_set("maxmemory", str(r.info("memory")["used_memory"] - 100 * 1024))
         wait_for(lambda: metrics(port).get("redlm_jobs_given_up_total", 0) >= 1, "A given up",
                  timeout=60)
         assert not r.exists(b_out)
+        # while Redis refuses writes nothing is claimed: it stays so
+        assert metrics(port)["redlm_reclaiming"] == 1
         r.config_set("maxmemory", "0")
 
         wait_for(lambda: r.exists(b_out), "B's first event", timeout=60)
@@ -192,5 +195,6 @@ def test_a_job_given_up_is_resumed_before_a_new_one(workers, prefix, tmp_path, e
             assert len(tokens) == job["max_tokens"] == done["usage"]["completion_tokens"]
         assert "resuming after" in w.text()
         assert "no job handed back is left to claim" in w.text()
+        assert metrics(port)["redlm_reclaiming"] == 0
     finally:
         srv.stop()
