@@ -154,7 +154,11 @@ out:
  * worker claims first: it reads no new entry (loop.c) and claims whenever
  * it has room, every pool itself whoever holds the claimer lease, until a
  * scan of each pool's pending list from its start to its end finds
- * nothing to take. */
+ * nothing to take. (A standing read already out when pressure began may
+ * still bring new jobs, at most its COUNT; it is out only while its
+ * streams are empty, so they are not a backlog's.) A claim Redis refuses
+ * for good (an ACL without XAUTOCLAIM) ends this at once: waiting for it
+ * would stop the worker reading jobs for ever. */
 void w_reclaim_first(struct worker *w)
 {
     w->reclaim_first = true;
@@ -165,6 +169,21 @@ void w_reclaim_first(struct worker *w)
         w->reclaim_scan[p] = 0;
         snprintf(w->claim_cursor[p], RCONN_ID_MAX, "0-0");
     }
+}
+
+/* Ends reclaim_first, saying why: none left to claim (refusal NULL), or
+ * Redis's refusal of the claim. */
+static void reclaim_end(struct worker *w, const char *refusal)
+{
+    w->reclaim_first = false;
+    pthread_mutex_lock(&w->m.mu);
+    w->m.reclaiming = false;
+    pthread_mutex_unlock(&w->m.mu);
+    if (refusal)
+        RL_LOG(&w->log, RL_LOG_WARN, "cannot claim the jobs handed back first (XAUTOCLAIM: %s): "
+               "reading new jobs again", refusal);
+    else
+        RL_LOG(&w->log, RL_LOG_INFO, "no job handed back is left to claim: reading new jobs again");
 }
 
 /* After pool p's XAUTOCLAIM from cursor `from` to `next` that admitted
@@ -184,11 +203,7 @@ static void reclaim_scanned(struct worker *w, int p, const char *from, const cha
     for (int q = 0; q < w_n_queue_streams(w); q++)
         if (w->reclaim_scan[q] != 2)
             return;
-    w->reclaim_first = false;
-    pthread_mutex_lock(&w->m.mu);
-    w->m.reclaiming = false;
-    pthread_mutex_unlock(&w->m.mu);
-    RL_LOG(&w->log, RL_LOG_INFO, "no job handed back is left to claim: reading new jobs again");
+    reclaim_end(w, NULL);
 }
 
 int w_claim(struct worker *w, struct rl_err *err)
@@ -232,6 +247,11 @@ int w_claim(struct worker *w, struct rl_err *err)
         rconn_ids_free(&deleted);
         if (rc) {
             RL_LOG(&w->log, RL_LOG_DEBUG, "XAUTOCLAIM %s: %s", w->pool_keys[p], err->msg);
+            /* refused for good (an ACL without XAUTOCLAIM): claiming first
+             * would stop this worker reading jobs for ever; Redis away or
+             * busy (-RL_EIO) is waited out */
+            if (w->reclaim_first && rc != -RL_EIO)
+                reclaim_end(w, err->msg);
             return rc;
         }
         snprintf(w->claim_cursor[p], RCONN_ID_MAX, "%s", next);

@@ -21,7 +21,7 @@ import time
 import pytest
 import redis
 
-from conftest import CLI, MODEL, ROOT, Worker, free_port, job_events
+from conftest import CLI, MODEL, ROOT, Worker, free_port, job_events, wait_for
 
 ACL_SRC = ROOT / "config" / "redis-acl.conf"
 USERS = ("admin", "worker", "dispatcher", "client", "client2", "monitor")
@@ -348,7 +348,8 @@ def test_dispatcher_and_worker_as_acl_users(built, acl_redis, tmp_path):
                    ["--redis-user", "dispatcher", "--redis-password-file", str(pw["dispatcher"]),
                     "--model", str(MODEL), "--think-ratio", "0", "--tenants", "client,client2"])
     w = Worker(acl_redis.addr, "redlm:", "acl-w", tmp_path,
-               ["--redis-user", "worker", "--redis-password-file", str(pw["worker"])])
+               ["--redis-user", "worker", "--redis-password-file", str(pw["worker"]),
+                *worker_args])
     try:
         job = {"prompt_ids": [9, 8, 7], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
         client.xadd("redlm:requests:client", {"job": json.dumps({**job, "id": "r1"})})
@@ -407,7 +408,8 @@ def test_http_front_door_as_dispatcher_user(built, acl_redis, tmp_path):
               ["--redis-user", "dispatcher", "--redis-password-file", str(pw["dispatcher"]),
                "--api-keys-file", str(keys)])
     w = Worker(acl_redis.addr, "redlm:", "acl-hw", tmp_path,
-               ["--redis-user", "worker", "--redis-password-file", str(pw["worker"])])
+               ["--redis-user", "worker", "--redis-password-file", str(pw["worker"]),
+                *worker_args])
     auth = {"Authorization": "Bearer sk-acl-00000001"}
     try:
         msgs = [{"role": "user", "content": "Hello"}]
@@ -442,10 +444,11 @@ def test_http_front_door_as_dispatcher_user(built, acl_redis, tmp_path):
 
 
 @contextlib.contextmanager
-def served_with_an_older_acl(tmp_path, lines, name):
-    """A redis-server with these ACL lines, a front door and a worker as
-    their users, and a plain and a streamed request through them (each
-    checked served): yields (front door, worker, the admin's connection)."""
+def served_with_an_older_acl(tmp_path, lines, name, worker_args=()):
+    """A redis-server with these ACL lines, a front door and a worker (with
+    worker_args) as their users, and a plain and a streamed request through
+    them (each checked served): yields (front door, worker, the admin's
+    connection)."""
     assert lines != acl_lines()
     srv = AclRedis(tmp_path / "redis-old", with_passwords(lines))
     pw = daemon_passwords(tmp_path)
@@ -453,7 +456,8 @@ def served_with_an_older_acl(tmp_path, lines, name):
     f = Front(srv.addr, "redlm:", tmp_path,
               ["--redis-user", "dispatcher", "--redis-password-file", str(pw["dispatcher"])])
     w = Worker(srv.addr, "redlm:", name, tmp_path,
-               ["--redis-user", "worker", "--redis-password-file", str(pw["worker"])])
+               ["--redis-user", "worker", "--redis-password-file", str(pw["worker"]),
+                *worker_args])
     try:
         for stream in (False, True):
             status, _, data = f.request("POST", "/v1/chat/completions",
@@ -498,6 +502,36 @@ def test_an_acl_from_before_the_bell(built, tmp_path):
         denied = [e for e in admin.acl_log(count=100) if e["username"] in ("worker", "dispatcher")]
         assert denied and all(e["object"] in ("redlm:bell", "xadd", "xread", "eval")
                               for e in denied), denied
+
+
+def test_an_acl_without_xautoclaim_still_reads_jobs_after_memory_pressure(built, tmp_path):
+    """After memory pressure a worker claims the jobs handed back before it
+    reads new ones (worker/resume.c w_reclaim_first). With an ACL that does
+    not let it claim (no XAUTOCLAIM), waiting for that would stop it reading
+    jobs for ever: it says so once and reads new jobs again. A moment of
+    Redis refusing writes while job A runs in the worker's one slot (so no
+    read of its is out to bring B early), then job B must still run."""
+    lines = [l.replace(" +xautoclaim", "") if l.split()[1] == "worker" else l
+             for l in acl_lines()]
+    with served_with_an_older_acl(tmp_path, lines, "acl-noclaim",
+                                  ("--max-batch", "1")) as (f, w, admin):
+        def job(jid, n):
+            return {"job": json.dumps({"id": jid, "prompt_ids": [5, 9, 2], "max_tokens": n,
+                                       "temperature": 0, "ignore_eos": True})}
+
+        admin.xadd("redlm:jobs:fast", job("noclaim-a", 400))
+        wait_for(lambda: admin.xlen("redlm:out:noclaim-a") >= 3, "A's first events")
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", str(admin.info("memory")["used_memory"] - 100 * 1024))
+        wait_for(lambda: "is out of memory" in w.text(), "an OOM refusal")
+        admin.config_set("maxmemory", "0")
+        wait_for(lambda: "stores again" in w.text(), "the end of the refusals")
+        admin.xadd("redlm:jobs:fast", job("noclaim-b", 5))
+        for jid, n in (("noclaim-a", 400), ("noclaim-b", 5)):
+            evs = job_events(admin, "redlm:", jid, timeout=60)
+            assert evs[-1]["type"] == "done", (jid, evs[-1])
+            assert evs[-1]["usage"]["completion_tokens"] == n, (jid, evs[-1])
+        assert w.text().count("cannot claim the jobs handed back first") == 1, w.text()
 
 
 # --- the same file on a Redis Cluster (issue 19) -----------------------------
