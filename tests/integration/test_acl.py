@@ -348,8 +348,7 @@ def test_dispatcher_and_worker_as_acl_users(built, acl_redis, tmp_path):
                    ["--redis-user", "dispatcher", "--redis-password-file", str(pw["dispatcher"]),
                     "--model", str(MODEL), "--think-ratio", "0", "--tenants", "client,client2"])
     w = Worker(acl_redis.addr, "redlm:", "acl-w", tmp_path,
-               ["--redis-user", "worker", "--redis-password-file", str(pw["worker"]),
-                *worker_args])
+               ["--redis-user", "worker", "--redis-password-file", str(pw["worker"])])
     try:
         job = {"prompt_ids": [9, 8, 7], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
         client.xadd("redlm:requests:client", {"job": json.dumps({**job, "id": "r1"})})
@@ -408,8 +407,7 @@ def test_http_front_door_as_dispatcher_user(built, acl_redis, tmp_path):
               ["--redis-user", "dispatcher", "--redis-password-file", str(pw["dispatcher"]),
                "--api-keys-file", str(keys)])
     w = Worker(acl_redis.addr, "redlm:", "acl-hw", tmp_path,
-               ["--redis-user", "worker", "--redis-password-file", str(pw["worker"]),
-                *worker_args])
+               ["--redis-user", "worker", "--redis-password-file", str(pw["worker"])])
     auth = {"Authorization": "Bearer sk-acl-00000001"}
     try:
         msgs = [{"role": "user", "content": "Hello"}]
