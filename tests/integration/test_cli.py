@@ -164,6 +164,10 @@ def ptys():
 # ---- enqueue and tail ----
 
 def test_enqueue_flags_then_tail_shows_the_events(workers, client, redis_addr, prefix):
+    # keeps the entry to read below: the worker deletes it with its XACK,
+    # and 9 tokens of the tiny model can be done before the read (CI,
+    # 2026-12-06: the read found the stream empty)
+    tap(client.r, f"{prefix}jobs:fast")
     workers("w1")
     out = cli(redis_addr, prefix, "enqueue", "--pool", "fast", "--id", "e1", "--system", "be brief",
               "--message", "hello", "--max-tokens", "9", "--temperature", "0", "--seed", "5",
