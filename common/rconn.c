@@ -1452,6 +1452,11 @@ void rconn_entries_free(struct rconn_entries *e)
     e->drained = false;
 }
 
+int64_t rconn_id_ms(const char *id)
+{
+    return strtoll(id, NULL, 10);
+}
+
 void rconn_ids_free(struct rconn_ids *ids)
 {
     if (!ids)

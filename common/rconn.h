@@ -216,6 +216,9 @@ struct rconn_ids {
     char (*v)[RCONN_ID_MAX]; /* (n) */
 };
 void rconn_ids_free(struct rconn_ids *ids);
+/* The time part of a stream entry ID "<ms>-<seq>": Unix ms by the clock of
+ * the Redis that added it with "*". */
+int64_t rconn_id_ms(const char *id);
 
 /* XGROUP CREATE key group start MKSTREAM; an existing group (BUSYGROUP)
  * is success. start "0" serves what was queued before any worker came. */

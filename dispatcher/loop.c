@@ -375,7 +375,7 @@ static void refresh_stats(struct disp *d)
 static void prepare(struct disp *d, struct dreq *q)
 {
     struct rl_err err = {0};
-    q->t0 = strtoll(q->e->id, NULL, 10);
+    q->t0 = rconn_id_ms(q->e->id);
     q->stream_ttl_s = d->cfg.stream_ttl_s;
     if (q->t0 > rl_wall_ms() + D_FUTURE_MS)
         d->intake[q->stream].repair = true; /* an explicit ID far ahead: repair_intake */

@@ -1209,7 +1209,7 @@ static bool came_full(const struct w_lane *ln, const struct rconn_entries *ents,
         int s = ents->v[i].stream;
         if (s < 0 || s >= ln->n || ++got[s] != per)
             continue;
-        int64_t ms = strtoll(ents->v[i].id, NULL, 10);
+        int64_t ms = rconn_id_ms(ents->v[i].id);
         if (!full || ms < *head_ms)
             *head_ms = ms;
         full = true;

@@ -141,11 +141,6 @@ static int simple(struct rconn *c, int argc, const char *const *argv, struct rco
     return rc;
 }
 
-static int64_t id_ms(const char *id)
-{
-    return strtoll(id, NULL, 10);
-}
-
 static double num(const cJSON *o, const char *name)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
@@ -253,7 +248,7 @@ static int stream_stats(struct rconn *c, const char *key, const char *group, int
         return rc;
     if (r->type == RCONN_ARRAY && r->n_elem && r->elem[0].type == RCONN_ARRAY &&
         r->elem[0].n_elem && r->elem[0].elem[0].type == RCONN_STRING)
-        oldest_wait = now - id_ms(r->elem[0].elem[0].str);
+        oldest_wait = now - rconn_id_ms(r->elem[0].elem[0].str);
     else
         waiting = 0;
     rconn_reply_free(r);
@@ -271,7 +266,7 @@ static int stream_stats(struct rconn *c, const char *key, const char *group, int
         if ((rc = simple(c, 3, xp, &r, err)))
             return rc;
         if (r->type == RCONN_ARRAY && r->n_elem >= 2 && r->elem[1].type == RCONN_STRING)
-            oldest_pending = now - id_ms(r->elem[1].str);
+            oldest_pending = now - rconn_id_ms(r->elem[1].str);
         rconn_reply_free(r);
     }
     cJSON_AddBoolToObject(o, "group", has_group);
@@ -490,7 +485,7 @@ static int collect(struct rconn *c, const char *prefix, const char *addr, cJSON 
                     cJSON_AddStringToObject(last, "id", v->valuestring);
                 if ((v = cJSON_GetObjectItemCaseSensitive(d, "pool")) && cJSON_IsString(v))
                     cJSON_AddStringToObject(last, "pool", v->valuestring);
-                cJSON_AddNumberToObject(last, "age_ms", (double)(now - id_ms(r->elem[0].elem[0].str)));
+                cJSON_AddNumberToObject(last, "age_ms", (double)(now - rconn_id_ms(r->elem[0].elem[0].str)));
                 cJSON_AddItemToObject(dead, "last", last);
                 cJSON_Delete(d);
             }
