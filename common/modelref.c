@@ -31,10 +31,25 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "file.h"
+
+/* An Ollama manifest is ~1 KB of JSON */
+#define MANIFEST_MAX (1u << 20)
+
 static bool is_dir(const char *p)
 {
     struct stat st;
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* $HOME, else the password database's, else "/". */
+static const char *home_dir(void)
+{
+    const char *home = getenv("HOME");
+    if (home && *home)
+        return home;
+    struct passwd *pw = getpwuid(getuid());
+    return pw && pw->pw_dir ? pw->pw_dir : "/";
 }
 
 const char *modelref_hub_cache(char *buf, size_t size, const char **why)
@@ -53,22 +68,19 @@ const char *modelref_hub_cache(char *buf, size_t size, const char **why)
             *why = "$HF_HOME/hub";
         return buf;
     }
-    const char *home = getenv("HOME");
-    if (!home || !*home) {
-        struct passwd *pw = getpwuid(getuid());
-        home = pw && pw->pw_dir ? pw->pw_dir : "/";
-    }
+    const char *home = home_dir();
     snprintf(buf, size, "%s/.cache/huggingface/hub", home);
     if (why)
         *why = "~/.cache/huggingface/hub";
     return buf;
 }
 
-/* One part of a repo id: [A-Za-z0-9._-]+, not "." or "..", not starting
- * with '.' or '-' (as the Hub's own rules). */
-static bool repo_part_ok(const char *s, size_t n)
+/* A part of a name, at most max bytes of [A-Za-z0-9._-], not starting
+ * with '.' or '-' (so never "." or ".."): the Hub's rule for the two parts
+ * of a repo id (max 96), Ollama's for a model name or tag (max 80). */
+static bool name_part_ok(const char *s, size_t n, size_t max)
 {
-    if (n == 0 || n > 96 || s[0] == '.' || s[0] == '-')
+    if (n == 0 || n > max || s[0] == '.' || s[0] == '-')
         return false;
     for (size_t i = 0; i < n; i++)
         if (!isalnum((unsigned char)s[i]) && s[i] != '.' && s[i] != '_' && s[i] != '-')
@@ -143,39 +155,10 @@ const char *modelref_ollama_store(char *buf, size_t size, const char **why)
             *why = "$OLLAMA_MODELS";
         return buf;
     }
-    const char *home = getenv("HOME");
-    if (!home || !*home) {
-        struct passwd *pw = getpwuid(getuid());
-        home = pw && pw->pw_dir ? pw->pw_dir : "/";
-    }
+    const char *home = home_dir();
     snprintf(buf, size, "%s/.ollama/models", home);
     if (why)
         *why = "~/.ollama/models";
-    return buf;
-}
-
-/* A part of an Ollama name: [A-Za-z0-9._-]+ not starting with '.' or '-'. */
-static bool ollama_part_ok(const char *s, size_t n)
-{
-    if (n == 0 || n > 80 || s[0] == '.' || s[0] == '-')
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (!isalnum((unsigned char)s[i]) && s[i] != '.' && s[i] != '_' && s[i] != '-')
-            return false;
-    return true;
-}
-
-/* Reads a small file (a manifest) into a NUL-terminated malloc'd buffer. */
-static char *slurp_small(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    char *buf = malloc(1 << 20);
-    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
-    fclose(f);
-    if (buf)
-        buf[n] = 0;
     return buf;
 }
 
@@ -186,7 +169,7 @@ static int resolve_ollama(const char *full, const char *spec, struct modelref *m
     char name[256], tag[128] = "latest";
     const char *colon = strrchr(spec, ':');
     size_t nn = colon ? (size_t)(colon - spec) : strlen(spec);
-    if (colon && (!ollama_part_ok(colon + 1, strlen(colon + 1)) || strlen(colon + 1) >= sizeof tag))
+    if (colon && (!name_part_ok(colon + 1, strlen(colon + 1), 80) || strlen(colon + 1) >= sizeof tag))
         return rl_errf(err, RL_ENOTFOUND, "model %s: \"%s\" is not an Ollama tag", full, colon + 1);
     if (colon)
         snprintf(tag, sizeof tag, "%s", colon + 1);
@@ -201,7 +184,7 @@ static int resolve_ollama(const char *full, const char *spec, struct modelref *m
     for (const char *p = name; np < 4;) {
         const char *e = strchr(p, '/');
         size_t l = e ? (size_t)(e - p) : strlen(p);
-        if (np == 3 || !ollama_part_ok(p, l))
+        if (np == 3 || !name_part_ok(p, l, 80))
             return rl_errf(err, RL_ENOTFOUND,
                            "model %s: \"%s\" is not an Ollama model name (MODEL, NAMESPACE/MODEL or "
                            "HOST/NAMESPACE/MODEL)", full, name);
@@ -222,8 +205,11 @@ static int resolve_ollama(const char *full, const char *spec, struct modelref *m
     char store[MODELREF_PATH_MAX], man[MODELREF_PATH_MAX * 2], blob[MODELREF_PATH_MAX * 2];
     modelref_ollama_store(store, sizeof store, &why);
     snprintf(man, sizeof man, "%s/manifests/%s/%s", store, path3, tag);
-    char *text = slurp_small(man);
-    if (!text)
+    char *text;
+    int rc = file_read(man, MANIFEST_MAX, &text, NULL, err);
+    if (rc && rc != -RL_ENOTFOUND)
+        return rl_err_wrap(err, "model %s", full);
+    if (rc)
         return rl_errf(err, RL_ENOTFOUND,
                        "model %s: not in the Ollama store %s (%s): looked for the manifest %s; "
                        "pull it with `ollama pull %s:%s`, or give a GGUF file or checkpoint "
@@ -243,7 +229,6 @@ static int resolve_ollama(const char *full, const char *spec, struct modelref *m
             break;
         }
     }
-    int rc = 0;
     if (!digest) {
         rc = rl_errf(err, RL_ENOTFOUND,
                      "model %s: the Ollama manifest %s has no layer of mediaType "
@@ -314,9 +299,9 @@ int modelref_resolve(const char *spec, struct modelref *m, struct rl_err *err)
         snprintf(rev, sizeof rev, "%s", at + 1);
     const char *slash = memchr(spec, '/', rn);
     bool ok = rn < sizeof repo &&
-              (slash ? repo_part_ok(spec, (size_t)(slash - spec)) &&
-                           repo_part_ok(slash + 1, rn - (size_t)(slash - spec) - 1)
-                     : repo_part_ok(spec, rn));
+              (slash ? name_part_ok(spec, (size_t)(slash - spec), 96) &&
+                           name_part_ok(slash + 1, rn - (size_t)(slash - spec) - 1, 96)
+                     : name_part_ok(spec, rn, 96));
     if (!ok)
         return rl_errf(err, RL_ENOTFOUND,
                        "model %s: no such directory (and not a Hugging Face repo id "

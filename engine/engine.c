@@ -77,6 +77,7 @@
 #include "backend.h"
 #include "chat.h"
 #include "constrain.h"
+#include "file.h"
 #include "grammar/grammar.h"
 #include "kv_cache.h"
 #include "model.h"
@@ -278,23 +279,12 @@ static int load_gen_defaults(const char *dir, struct gen_defaults *g, struct rl_
     memset(g, 0, sizeof *g);
     char path[4096];
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return 0;
-    char buf[65536];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    bool big = !feof(f);
-    fclose(f);
-    if (big)
-        return rl_errf(err, RL_EFORMAT, "%s: larger than %zu bytes", path, sizeof buf - 1);
-    buf[n] = 0;
-    cJSON *root = cJSON_Parse(buf);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return rl_errf(err, RL_EFORMAT, "%s: not a JSON object", path);
-    }
+    cJSON *root;
+    int rc = file_read_json(path, 65535, &root, err);
+    if (rc)
+        return rc == -RL_ENOTFOUND ? 0 : rc; /* none: no defaults of the model's */
     double t = 0, p = 0, k = 0, m = 0;
-    int rc = gen_number(root, path, "temperature", 0, 2, &g->has_temperature, &t, err);
+    rc = gen_number(root, path, "temperature", 0, 2, &g->has_temperature, &t, err);
     if (!rc)
         rc = gen_number(root, path, "top_p", 1e-9, 1, &g->has_top_p, &p, err);
     if (!rc)

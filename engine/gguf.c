@@ -43,6 +43,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "file.h"
+
 #define GGUF_MAGIC "GGUF"
 #define GGUF_VERSION 3
 #define GGUF_MAX_NAME 256    /* tensor names; ggml's limit is 64 */
@@ -972,25 +974,6 @@ int gguf_writer_tensor(struct gguf_writer *w, const char *name, uint32_t type, i
     return 0;
 }
 
-static int write_all(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n) {
-        size_t chunk = n < (1u << 30) ? n : (1u << 30);
-        ssize_t r = write(fd, p, chunk);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
-#define GGUF_FILL_CHUNK (8u << 20)
-
 int gguf_writer_write(struct gguf_writer *w, const char *path, struct rl_err *err)
 {
     if (w->err.code)
@@ -998,9 +981,6 @@ int gguf_writer_write(struct gguf_writer *w, const char *path, struct rl_err *er
     const uint64_t A = GGUF_DEFAULT_ALIGNMENT;
     /* the header: fixed part, metadata, tensor infos, padding */
     struct gguf_writer h = {0};
-    int rc = 0, fd = -1;
-    char tmp[4096];
-    uint8_t *buf = NULL;
     uint64_t off = 0;
     int bad = w_put(&h, GGUF_MAGIC, 4) || w_le(&h, GGUF_VERSION, 4) || w_le(&h, (uint64_t)w->n_t, 8) ||
               w_le(&h, w->n_kv, 8) || w_put(&h, w->kv, w->kv_len);
@@ -1017,63 +997,28 @@ int gguf_writer_write(struct gguf_writer *w, const char *path, struct rl_err *er
     if (!bad && h.kv_len % A)
         bad = w_put(&h, zeros, (size_t)(A - h.kv_len % A));
     if (bad) {
-        rc = rl_errf(err, RL_ENOMEM, "%s: out of memory building the header", path);
-        goto out;
+        free(h.kv);
+        return rl_errf(err, RL_ENOMEM, "%s: out of memory building the header", path);
     }
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) {
-        rc = rl_errf(err, RL_EINVAL, "%s: path too long", path);
-        goto out;
-    }
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        rc = rl_errf(err, RL_EIO, "%s: %s", tmp, strerror(errno));
-        goto out;
-    }
-    if (write_all(fd, h.kv, h.kv_len))
-        goto io;
-    for (int i = 0; i < w->n_t; i++) {
-        const struct gguf_wtensor *t = &w->t[i];
-        if (t->data) {
-            if (write_all(fd, t->data, (size_t)t->n_bytes))
-                goto io;
-        } else {
-            if (!buf && t->n_bytes && !(buf = malloc(GGUF_FILL_CHUNK))) {
-                rc = rl_errf(err, RL_ENOMEM, "%s: out of memory", path);
-                goto fail;
-            }
-            for (uint64_t o = 0; o < t->n_bytes;) {
-                size_t n = t->n_bytes - o < GGUF_FILL_CHUNK ? (size_t)(t->n_bytes - o) : GGUF_FILL_CHUNK;
-                if ((rc = t->fill(t->ctx, o, buf, n, err))) {
-                    rl_err_wrap(err, "%s: tensor \"%s\"", path, t->name);
-                    goto fail;
-                }
-                if (write_all(fd, buf, n))
-                    goto io;
-                o += n;
-            }
+    /* then the data, each tensor padded to the alignment but the last */
+    struct file_out *fo;
+    int rc = file_out_open(&fo, path, err);
+    if (!rc) {
+        rc = file_out_write(fo, h.kv, h.kv_len, err);
+        for (int i = 0; i < w->n_t && !rc; i++) {
+            const struct gguf_wtensor *t = &w->t[i];
+            if (t->data)
+                rc = file_out_write(fo, t->data, (size_t)t->n_bytes, err);
+            else if ((rc = file_out_fill(fo, t->n_bytes, t->fill, t->ctx, err)))
+                rl_err_wrap(err, "%s: tensor \"%s\"", path, t->name);
+            if (!rc && i + 1 < w->n_t && t->n_bytes % A)
+                rc = file_out_write(fo, zeros, (size_t)(A - t->n_bytes % A), err);
         }
-        if (i + 1 < w->n_t && t->n_bytes % A && write_all(fd, zeros, (size_t)(A - t->n_bytes % A)))
-            goto io;
+        if (rc)
+            file_out_abort(fo);
+        else
+            rc = file_out_commit(fo, err);
     }
-    if (close(fd)) {
-        fd = -1;
-        goto io;
-    }
-    fd = -1;
-    if (rename(tmp, path)) {
-        rc = rl_errf(err, RL_EIO, "%s: rename: %s", path, strerror(errno));
-        goto fail;
-    }
-    goto out;
-io:
-    rc = rl_errf(err, RL_EIO, "%s: write: %s", tmp, strerror(errno));
-fail:
-    if (fd >= 0)
-        close(fd);
-    fd = -1;
-    unlink(tmp);
-out:
-    free(buf);
     free(h.kv);
     return rc;
 }

@@ -36,7 +36,9 @@
 #include <cjson/cJSON.h>
 
 #include "dtype.h"
+#include "file.h"
 #include "gguf.h"
+#include "model.h"
 #include "quant.h"
 #include "safetensors.h"
 #include "xoshiro.h"
@@ -711,14 +713,15 @@ static int mkdir_p(const char *dir, struct rl_err *err)
 
 static int write_text(const char *path, const char *text, struct rl_err *err)
 {
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        return rl_errf(err, RL_EIO, "%s: %s", path, strerror(errno));
-    size_t n = strlen(text);
-    int bad = fwrite(text, 1, n, f) != n || fputc('\n', f) == EOF;
-    if (fclose(f) || bad)
-        return rl_errf(err, RL_EIO, "%s: write failed", path);
-    return 0;
+    struct file_out *f;
+    int rc = file_out_open(&f, path, err);
+    if (rc)
+        return rc;
+    if ((rc = file_out_write(f, text, strlen(text), err)) || (rc = file_out_write(f, "\n", 1, err))) {
+        file_out_abort(f);
+        return rc;
+    }
+    return file_out_commit(f, err);
 }
 
 static int write_json(const char *path, const cJSON *j, struct rl_err *err)
@@ -744,38 +747,25 @@ static int copy_file(const char *dir, const char *out, const char *name, int mus
             return 0;
         return rl_errf(err, errno == ENOENT ? RL_ENOTFOUND : RL_EIO, "%s: %s", src, strerror(errno));
     }
-    int fd = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        close(in);
-        return rl_errf(err, RL_EIO, "%s: %s", dst, strerror(errno));
-    }
+    struct file_out *f;
+    int rc = file_out_open(&f, dst, err);
     char buf[65536];
-    int rc = 0;
-    for (;;) {
+    while (!rc) {
         ssize_t r = read(in, buf, sizeof buf);
         if (r < 0 && errno == EINTR)
             continue;
-        if (r < 0) {
+        if (r < 0)
             rc = rl_errf(err, RL_EIO, "%s: %s", src, strerror(errno));
+        else if (r == 0)
             break;
-        }
-        if (r == 0)
-            break;
-        for (ssize_t w = 0; w < r;) {
-            ssize_t k = write(fd, buf + w, (size_t)(r - w));
-            if (k < 0 && errno == EINTR)
-                continue;
-            if (k < 0) {
-                rc = rl_errf(err, RL_EIO, "%s: %s", dst, strerror(errno));
-                goto out;
-            }
-            w += k;
-        }
+        else
+            rc = file_out_write(f, buf, (size_t)r, err);
     }
-out:
     close(in);
-    if (close(fd) && !rc)
-        rc = rl_errf(err, RL_EIO, "%s: %s", dst, strerror(errno));
+    if (f && rc)
+        file_out_abort(f);
+    else if (f)
+        rc = file_out_commit(f, err);
     return rc;
 }
 
@@ -975,32 +965,10 @@ static int load_src_config(const char *dir, cJSON **out, int *br, int *bc, struc
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return rl_errf(err, errno == ENOENT ? RL_ENOTFOUND : RL_EIO, "%s: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t n = 0, cap = 0, r;
-    do {
-        if (n + 4096 > cap) {
-            cap = cap ? cap * 2 : 65536;
-            char *b = cap > (64u << 20) ? NULL : realloc(buf, cap);
-            if (!b) {
-                free(buf);
-                fclose(f);
-                return rl_errf(err, RL_EFORMAT, "%s: too large", path);
-            }
-            buf = b;
-        }
-        r = fread(buf + n, 1, cap - n, f);
-        n += r;
-    } while (r);
-    fclose(f);
-    cJSON *c = cJSON_ParseWithLength(buf, n);
-    free(buf);
-    if (!cJSON_IsObject(c)) {
-        cJSON_Delete(c);
-        return rl_errf(err, RL_EFORMAT, "%s: not a JSON object", path);
-    }
+    cJSON *c;
+    int rc = file_read_json(path, MODEL_CONFIG_MAX, &c, err);
+    if (rc)
+        return rc;
     *br = *bc = MK_BLOCK;
     const cJSON *q = cJSON_GetObjectItemCaseSensitive(c, "quantization_config");
     const cJSON *bs = cJSON_IsObject(q) ? cJSON_GetObjectItemCaseSensitive(q, "weight_block_size") : NULL;
@@ -1129,43 +1097,18 @@ static const char *json_str(const cJSON *o, const char *k)
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
+/* tokenizer.json and its config, copied into the checkpoint made */
+#define MK_JSON_MAX (256u << 20)
+
 static cJSON *read_json_file(const char *dir, const char *name, int must, struct rl_err *err,
                              int *rc)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    *rc = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (must || errno != ENOENT)
-            *rc = rl_errf(err, errno == ENOENT ? RL_ENOTFOUND : RL_EIO, "%s: %s", path, strerror(errno));
-        return NULL;
-    }
-    char *buf = NULL;
-    size_t n = 0, cap = 0, r;
-    do {
-        if (n + 65536 > cap) {
-            cap = cap ? cap * 2 : 1 << 20;
-            char *b = cap > (256u << 20) ? NULL : realloc(buf, cap);
-            if (!b) {
-                free(buf);
-                fclose(f);
-                *rc = rl_errf(err, RL_EFORMAT, "%s: too large", path);
-                return NULL;
-            }
-            buf = b;
-        }
-        r = fread(buf + n, 1, cap - n, f);
-        n += r;
-    } while (r);
-    fclose(f);
-    cJSON *j = cJSON_ParseWithLength(buf, n);
-    free(buf);
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        *rc = rl_errf(err, RL_EFORMAT, "%s: not a JSON object", path);
-        return NULL;
-    }
+    cJSON *j;
+    *rc = file_read_json(path, MK_JSON_MAX, &j, err);
+    if (*rc == -RL_ENOTFOUND && !must)
+        *rc = 0;
     return j;
 }
 

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "dtype.h"
+#include "file.h"
 #include "gguf.h"
 #include "quant.h"
 #include "safetensors.h"
@@ -55,40 +56,6 @@ const char *model_dtype_name(enum model_dtype dt)
 }
 
 /* ---- config.json ---- */
-
-static int read_file(const char *path, char **out, struct rl_err *err)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return rl_errf(err, RL_EIO, "%s: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len + 4096 + 1 > cap) {
-            cap = cap ? cap * 2 : 65536;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return rl_errf(err, RL_ENOMEM, "%s: out of memory", path);
-            }
-            buf = nb;
-        }
-        size_t n = fread(buf + len, 1, cap - len - 1, f);
-        len += n;
-        if (n == 0)
-            break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return rl_errf(err, RL_EIO, "%s: read error", path);
-    }
-    buf[len] = 0;
-    *out = buf;
-    return 0;
-}
 
 /* Reads an integer field. `required` fields must exist; others keep *v. */
 static int cfg_int(const cJSON *root, const char *key, int required, int lo,
@@ -836,7 +803,7 @@ int model_load(struct model **out, const char *dir, struct rl_err *err)
     char path[4096];
     char *json = NULL;
     snprintf(path, sizeof path, "%s/config.json", dir);
-    if ((rc = read_file(path, &json, err)) || (rc = model_parse_config(&m->cfg, json, path, err)))
+    if ((rc = file_read(path, MODEL_CONFIG_MAX, &json, NULL, err)) || (rc = model_parse_config(&m->cfg, json, path, err)))
         goto fail;
     if ((rc = st_open(&m->st, dir, err)) || (rc = bind_all(m, err)))
         goto fail;

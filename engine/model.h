@@ -121,6 +121,10 @@ size_t model_weight_bytes_per_token(const struct model *m);
  * in doubles, rounded to float once. */
 void model_rope_inv_freq(const struct model_config *cfg, float *inv_freq, float *mscale);
 
+/* The largest config.json read (a real one is ~1 KB; a bigger file is a
+ * wrong path, refused before it is read whole). */
+#define MODEL_CONFIG_MAX (16u << 20)
+
 /* Parses config.json text alone (tests, the model maker). */
 int model_parse_config(struct model_config *cfg, const char *json,
                        const char *path, struct rl_err *err);

@@ -40,6 +40,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "file.h"
+
 /* A header beyond this is hostile or broken: real ones are well under 1 MB
  * even for 1000-tensor shards. */
 #define ST_MAX_HEADER (100u * 1000u * 1000u)
@@ -457,60 +459,6 @@ int st_prefetch(const struct st_file *f)
     return rc;
 }
 
-/* Reads a whole small file into *out (NUL-terminated, caller frees). */
-static int read_small_file(const char *path, size_t max, char **out, size_t *len,
-                           struct rl_err *err)
-{
-    *out = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return rl_errf(err, errno == ENOENT ? RL_ENOTFOUND : RL_EIO, "%s: %s", path,
-                       strerror(errno));
-    int rc = 0;
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n == cap) {
-            cap = cap ? cap * 2 : 65536;
-            if (cap > max + 1) {
-                if (n > max) {
-                    rc = rl_errf(err, RL_EFORMAT, "%s: larger than %zu bytes", path, max);
-                    goto fail;
-                }
-                cap = max + 1;
-            }
-            char *b = realloc(buf, cap + 1);
-            if (!b) {
-                rc = rl_errf(err, RL_ENOMEM, "%s: out of memory", path);
-                goto fail;
-            }
-            buf = b;
-        }
-        size_t r = fread(buf + n, 1, cap - n, fp);
-        n += r;
-        if (r == 0) {
-            if (ferror(fp)) {
-                rc = rl_errf(err, RL_EIO, "%s: read error", path);
-                goto fail;
-            }
-            break;
-        }
-        if (n > max) {
-            rc = rl_errf(err, RL_EFORMAT, "%s: larger than %zu bytes", path, max);
-            goto fail;
-        }
-    }
-    fclose(fp);
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return 0;
-fail:
-    fclose(fp);
-    free(buf);
-    return rc;
-}
-
 struct map_ent {
     const char *name;
     int shard;
@@ -541,20 +489,13 @@ static const struct st_entry *find_ent(const struct st_file *f, const char *name
  * inside `dir`) and checks the weight map against their contents. */
 static int open_index(struct st_file *f, const char *dir, const char *index, struct rl_err *err)
 {
-    size_t len = 0;
-    char *text;
-    int rc = read_small_file(index, ST_MAX_INDEX, &text, &len, err);
+    cJSON *root;
+    int rc = file_read_json(index, ST_MAX_INDEX, &root, err);
     if (rc)
         return rc;
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    free(text);
     struct map_ent *me = NULL;
     int n_me = 0;
     char path[4096];
-    if (!cJSON_IsObject(root)) {
-        rc = rl_errf(err, RL_EFORMAT, "%s: not a JSON object", index);
-        goto out;
-    }
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "metadata");
     if (meta && !cJSON_IsObject(meta) && !cJSON_IsNull(meta)) {
         rc = rl_errf(err, RL_EFORMAT, "%s: \"metadata\" is not an object", index);
@@ -849,93 +790,33 @@ fail:
     return NULL;
 }
 
-static int write_all(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n) {
-        /* Linux caps one write at ~2 GB; stay below it */
-        size_t chunk = n < (1u << 30) ? n : (1u << 30);
-        ssize_t r = write(fd, p, chunk);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
-/* Size of the staging buffer for fill callbacks: large enough that writes
- * are disk-bound, small enough to be irrelevant next to the model. */
-#define ST_FILL_CHUNK (8u << 20)
-
 int st_writer_write(struct st_writer *w, const char *path, struct rl_err *err)
 {
     uint64_t hlen = 0;
     char *hdr = build_header(w, &hlen);
-    char *buf = NULL, tmp[4096];
-    int fd = -1, rc = 0;
     if (!hdr)
         return rl_errf(err, RL_ENOMEM, "%s: out of memory building the header", path);
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) {
-        rc = rl_errf(err, RL_EINVAL, "%s: path too long", path);
-        goto out;
-    }
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        rc = rl_errf(err, RL_EIO, "%s: %s", tmp, strerror(errno));
-        goto out;
-    }
     uint8_t lenb[8];
     for (int i = 0; i < 8; i++)
         lenb[i] = (uint8_t)(hlen >> (8 * i));
-    if (write_all(fd, lenb, 8) || write_all(fd, hdr, (size_t)hlen))
-        goto io;
-    for (int i = 0; i < w->n; i++) {
-        const struct st_wtensor *t = &w->t[i];
-        if (t->data) {
-            if (write_all(fd, t->data, (size_t)t->n_bytes))
-                goto io;
-            continue;
-        }
-        if (!buf && t->n_bytes && !(buf = malloc(ST_FILL_CHUNK))) {
-            rc = rl_errf(err, RL_ENOMEM, "%s: out of memory", path);
-            goto fail;
-        }
-        for (uint64_t off = 0; off < t->n_bytes;) {
-            size_t n = t->n_bytes - off < ST_FILL_CHUNK ? (size_t)(t->n_bytes - off) : ST_FILL_CHUNK;
-            if ((rc = t->fill(t->fill_ctx, off, buf, n, err))) {
+    struct file_out *fo;
+    int rc = file_out_open(&fo, path, err);
+    if (!rc) {
+        rc = file_out_write(fo, lenb, 8, err);
+        if (!rc)
+            rc = file_out_write(fo, hdr, (size_t)hlen, err);
+        for (int i = 0; i < w->n && !rc; i++) {
+            const struct st_wtensor *t = &w->t[i];
+            if (t->data)
+                rc = file_out_write(fo, t->data, (size_t)t->n_bytes, err);
+            else if ((rc = file_out_fill(fo, t->n_bytes, t->fill, t->fill_ctx, err)))
                 rl_err_wrap(err, "%s: tensor \"%s\"", path, t->name);
-                goto fail;
-            }
-            if (write_all(fd, buf, n))
-                goto io;
-            off += n;
         }
+        if (rc)
+            file_out_abort(fo);
+        else
+            rc = file_out_commit(fo, err);
     }
-    if (close(fd)) {
-        fd = -1;
-        goto io;
-    }
-    fd = -1;
-    if (rename(tmp, path)) {
-        rc = rl_errf(err, RL_EIO, "%s: rename: %s", path, strerror(errno));
-        goto fail;
-    }
-    goto out;
-io:
-    rc = rl_errf(err, RL_EIO, "%s: write: %s", tmp, strerror(errno));
-fail:
-    if (fd >= 0)
-        close(fd);
-    fd = -1;
-    unlink(tmp);
-out:
-    if (fd >= 0)
-        close(fd);
-    free(buf);
     free(hdr);
     return rc;
 }

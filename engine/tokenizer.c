@@ -29,6 +29,7 @@
  * Callers: the engine front (prompt encoding, streaming detokenization of
  * generated ids), the CLI (tokenize/detokenize), the fuzzer. */
 #include "tokenizer.h"
+#include "file.h"
 #include "gguf.h"
 #include "text.h"
 
@@ -48,6 +49,9 @@
  * hostile file huge. Real vocabularies are below 300k. */
 #define TOK_MAX_IDS (1 << 22)
 #define TOK_MAX_STAGES 4
+/* tokenizer.json and tokenizer_config.json are read whole: Qwen3's is 11 MB,
+ * the largest vocabularies' ~35 MB; past this it is not a tokenizer */
+#define TOK_FILE_MAX (256u << 20)
 /* The NFC fast path covers planes 0-2 (BMP, emoji, CJK extensions and the
  * CJK compatibility supplement, where the last decompositions are). */
 #define NFC_INERT_LIMIT 0x30000
@@ -404,34 +408,6 @@ static uint32_t pow2_at_least(uint64_t n)
 }
 
 /* ---- loading ------------------------------------------------------------ */
-
-static int read_file(const char *path, char **out, size_t *len, struct rl_err *err)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return rl_errf(err, RL_EIO, "%s: %s", path, strerror(errno));
-    struct text b = {0};
-    char tmp[65536];
-    size_t k;
-    while ((k = fread(tmp, 1, sizeof tmp, f)) > 0) {
-        if (text_add(&b, tmp, k)) {
-            fclose(f);
-            free(b.p);
-            return rl_errf(err, RL_ENOMEM, "%s: out of memory", path);
-        }
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(b.p);
-        return rl_errf(err, RL_EIO, "%s: read error", path);
-    }
-    if (!b.p && text_reserve(&b, 0))
-        return rl_errf(err, RL_ENOMEM, "%s: out of memory", path);
-    *out = b.p;
-    *len = b.n;
-    return 0;
-}
 
 static const char *json_type_str(const cJSON *o, const char *key)
 {
@@ -1084,18 +1060,18 @@ int tok_load(struct tokenizer **out, const char *dir, struct rl_err *err)
     if (rc) /* a GGUF model carries its tokenizer in its metadata */
         return tok_load_gguf(out, path, err);
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    rc = read_file(path, &json, &len, err);
+    rc = file_read(path, TOK_FILE_MAX, &json, &len, err);
     if (rc)
         return rc;
     char cpath[4096];
     snprintf(cpath, sizeof cpath, "%s/tokenizer_config.json", dir);
-    FILE *f = fopen(cpath, "rb");
-    if (f) {
-        fclose(f);
-        if ((rc = read_file(cpath, &cfg, &cfg_len, err))) {
-            free(json);
-            return rc;
-        }
+    rc = file_read(cpath, TOK_FILE_MAX, &cfg, &cfg_len, err);
+    if (rc == -RL_ENOTFOUND) { /* optional: the chat template may come from elsewhere */
+        rc = 0;
+        cfg_len = 0;
+    } else if (rc) {
+        free(json);
+        return rc;
     }
     rc = tok_load_json(out, json, len, cfg, cfg_len, path, err);
     free(json);

@@ -39,6 +39,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "file.h"
 #include "sample.h"
 
 static const struct sim_profile profiles[] = {
@@ -85,26 +86,6 @@ static const struct {
     {"qwen3-32b-fp8", QWEN3(5120, 25600, 64, 64, false, FP8)},
 };
 
-static int read_text(const char *path, char **out, struct rl_err *err)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return rl_errf(err, RL_EIO, "%s: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (!s || fread(s, 1, (size_t)n, f) != (size_t)n) {
-        free(s);
-        fclose(f);
-        return rl_errf(err, RL_EIO, "%s: cannot read", path);
-    }
-    s[n] = 0;
-    fclose(f);
-    *out = s;
-    return 0;
-}
-
 int sim_model_config(const char *spec, struct model_config *cfg, struct rl_err *err)
 {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
@@ -121,7 +102,7 @@ int sim_model_config(const char *spec, struct model_config *cfg, struct rl_err *
     }
     snprintf(path, sizeof path, S_ISDIR(st.st_mode) ? "%s/config.json" : "%s", spec);
     char *json = NULL;
-    int rc = read_text(path, &json, err);
+    int rc = file_read(path, MODEL_CONFIG_MAX, &json, NULL, err);
     if (!rc)
         rc = model_parse_config(cfg, json, path, err);
     free(json);

@@ -645,7 +645,7 @@ static void test_malformed(void **state)
     }
     struct tokenizer *t = NULL;
     struct rl_err err = {0};
-    assert_int_equal(tok_load(&t, "/nonexistent/dir", &err), -RL_EIO);
+    assert_int_equal(tok_load(&t, "/nonexistent/dir", &err), -RL_ENOTFOUND);
     assert_non_null(strstr(err.msg, "/nonexistent/dir/tokenizer.json"));
 }
 
