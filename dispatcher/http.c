@@ -399,17 +399,6 @@ static void observe_first_event(struct dhttp *h, double ms)
     pthread_mutex_unlock(&h->m_mu);
 }
 
-__attribute__((format(printf, 2, 3))) static void put(struct oai_buf *b, const char *fmt, ...)
-{
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    if (k > 0)
-        oai_buf_put(b, line, (size_t)k < sizeof line ? (size_t)k : sizeof line - 1);
-}
-
 /* The front door's own families (its counters, under m_mu). */
 static void put_http_families(struct dhttp *h, struct oai_buf *b)
 {
@@ -417,58 +406,84 @@ static void put_http_families(struct dhttp *h, struct oai_buf *b)
     pthread_mutex_lock(&h->m_mu);
     m = h->m;
     pthread_mutex_unlock(&h->m_mu);
-    put(b, "# HELP redlm_http_requests_total HTTP requests answered, by status\n"
-            "# TYPE redlm_http_requests_total counter\n");
+    oai_buf_printf(b, "# HELP redlm_http_requests_total HTTP requests answered, by status\n"
+                      "# TYPE redlm_http_requests_total counter\n");
     for (int i = 0; i <= N_STATUS; i++)
         if (i < N_STATUS)
-            put(b, "redlm_http_requests_total{code=\"%d\"} %lld\n", status_codes[i],
-                (long long)m.by_status[i]);
+            oai_buf_printf(b, "redlm_http_requests_total{code=\"%d\"} %lld\n", status_codes[i],
+                           (long long)m.by_status[i]);
         else
-            put(b, "redlm_http_requests_total{code=\"other\"} %lld\n", (long long)m.by_status[i]);
-    put(b, "# HELP redlm_http_chat_requests_total chat completion requests, streamed or not\n"
-            "# TYPE redlm_http_chat_requests_total counter\n"
-            "redlm_http_chat_requests_total{stream=\"true\"} %lld\n"
-            "redlm_http_chat_requests_total{stream=\"false\"} %lld\n",
+            oai_buf_printf(b, "redlm_http_requests_total{code=\"other\"} %lld\n",
+                           (long long)m.by_status[i]);
+    oai_buf_printf(
+        b,
+        "# HELP redlm_http_chat_requests_total chat completion requests, streamed or not\n"
+        "# TYPE redlm_http_chat_requests_total counter\n"
+        "redlm_http_chat_requests_total{stream=\"true\"} %lld\n"
+        "redlm_http_chat_requests_total{stream=\"false\"} %lld\n",
         (long long)m.chat_stream, (long long)m.chat_plain);
-    put(b, "# HELP redlm_http_active_requests requests in flight\n"
-            "# TYPE redlm_http_active_requests gauge\nredlm_http_active_requests %d\n", m.active);
-    put(b, "# HELP redlm_http_client_cancels_total jobs cancelled because their client left\n"
-            "# TYPE redlm_http_client_cancels_total counter\nredlm_http_client_cancels_total %lld\n",
+    oai_buf_printf(b,
+                   "# HELP redlm_http_active_requests requests in flight\n"
+                   "# TYPE redlm_http_active_requests gauge\nredlm_http_active_requests %d\n",
+                   m.active);
+    oai_buf_printf(
+        b,
+        "# HELP redlm_http_client_cancels_total jobs cancelled because their client left\n"
+        "# TYPE redlm_http_client_cancels_total counter\nredlm_http_client_cancels_total %lld\n",
         (long long)m.client_cancels);
-    put(b, "# HELP redlm_http_rate_limited_total requests refused with 429 by a tenant's limits\n"
-            "# TYPE redlm_http_rate_limited_total counter\nredlm_http_rate_limited_total %lld\n",
+    oai_buf_printf(
+        b,
+        "# HELP redlm_http_rate_limited_total requests refused with 429 by a tenant's limits\n"
+        "# TYPE redlm_http_rate_limited_total counter\nredlm_http_rate_limited_total %lld\n",
         (long long)m.rate_limited);
-    put(b, "# HELP redlm_http_auth_failures_total requests refused for a missing or unknown "
-            "API key\n# TYPE redlm_http_auth_failures_total counter\nredlm_http_auth_failures_total %lld\n",
+    oai_buf_printf(
+        b,
+        "# HELP redlm_http_auth_failures_total requests refused for a missing or unknown "
+        "API key\n# TYPE redlm_http_auth_failures_total counter\nredlm_http_auth_failures_total "
+        "%lld\n",
         (long long)m.auth_failures);
-    put(b, "# HELP redlm_http_sse_events_total server-sent events written\n"
-            "# TYPE redlm_http_sse_events_total counter\nredlm_http_sse_events_total %lld\n",
-        (long long)m.sse_events);
-    put(b, "# HELP redlm_http_slow_clients_closed_total connections closed for sending their "
-            "request too slowly\n# TYPE redlm_http_slow_clients_closed_total counter\n"
-            "redlm_http_slow_clients_closed_total %lld\n", (long long)m.slow_closed);
-    put(b, "# HELP redlm_http_connections_evicted_total connections waiting for their request "
-            "closed to make room at http_max_connections\n"
-            "# TYPE redlm_http_connections_evicted_total counter\n"
-            "redlm_http_connections_evicted_total %lld\n", (long long)m.evicted);
-    put(b, "# HELP redlm_http_connections_refused_total connections refused at "
-            "http_max_connections while every one was being answered\n"
-            "# TYPE redlm_http_connections_refused_total counter\n"
-            "redlm_http_connections_refused_total %lld\n", (long long)m.refused);
-    put(b, "# HELP redlm_http_auth_throttled_total requests refused with 429 because their "
-            "address sent too many wrong API keys\n"
-            "# TYPE redlm_http_auth_throttled_total counter\n"
-            "redlm_http_auth_throttled_total %lld\n", (long long)m.auth_throttled);
-    put(b, "# HELP redlm_http_first_event_seconds time from the job's XADD to its first event\n"
-            "# TYPE redlm_http_first_event_seconds histogram\n");
+    oai_buf_printf(b,
+                   "# HELP redlm_http_sse_events_total server-sent events written\n"
+                   "# TYPE redlm_http_sse_events_total counter\nredlm_http_sse_events_total %lld\n",
+                   (long long)m.sse_events);
+    oai_buf_printf(
+        b,
+        "# HELP redlm_http_slow_clients_closed_total connections closed for sending their "
+        "request too slowly\n# TYPE redlm_http_slow_clients_closed_total counter\n"
+        "redlm_http_slow_clients_closed_total %lld\n",
+        (long long)m.slow_closed);
+    oai_buf_printf(
+        b,
+        "# HELP redlm_http_connections_evicted_total connections waiting for their request "
+        "closed to make room at http_max_connections\n"
+        "# TYPE redlm_http_connections_evicted_total counter\n"
+        "redlm_http_connections_evicted_total %lld\n",
+        (long long)m.evicted);
+    oai_buf_printf(b,
+                   "# HELP redlm_http_connections_refused_total connections refused at "
+                   "http_max_connections while every one was being answered\n"
+                   "# TYPE redlm_http_connections_refused_total counter\n"
+                   "redlm_http_connections_refused_total %lld\n",
+                   (long long)m.refused);
+    oai_buf_printf(b,
+                   "# HELP redlm_http_auth_throttled_total requests refused with 429 because their "
+                   "address sent too many wrong API keys\n"
+                   "# TYPE redlm_http_auth_throttled_total counter\n"
+                   "redlm_http_auth_throttled_total %lld\n",
+                   (long long)m.auth_throttled);
+    oai_buf_printf(
+        b, "# HELP redlm_http_first_event_seconds time from the job's XADD to its first event\n"
+           "# TYPE redlm_http_first_event_seconds histogram\n");
     int64_t cum = 0;
     for (int i = 0; i < N_BUCKETS; i++) {
         cum += m.first_event[i];
-        put(b, "redlm_http_first_event_seconds_bucket{le=\"%g\"} %lld\n", bucket_ms[i] / 1000,
-            (long long)cum);
+        oai_buf_printf(b, "redlm_http_first_event_seconds_bucket{le=\"%g\"} %lld\n",
+                       bucket_ms[i] / 1000, (long long)cum);
     }
-    put(b, "redlm_http_first_event_seconds_bucket{le=\"+Inf\"} %lld\n"
-            "redlm_http_first_event_seconds_sum %.6f\nredlm_http_first_event_seconds_count %lld\n",
+    oai_buf_printf(
+        b,
+        "redlm_http_first_event_seconds_bucket{le=\"+Inf\"} %lld\n"
+        "redlm_http_first_event_seconds_sum %.6f\nredlm_http_first_event_seconds_count %lld\n",
         (long long)m.first_event_n, m.first_event_sum_ms / 1000, (long long)m.first_event_n);
 }
 

@@ -76,6 +76,28 @@ int oai_buf_put(struct oai_buf *b, const char *s, size_t len)
     return 0;
 }
 
+int oai_buf_printf(struct oai_buf *b, const char *fmt, ...)
+{
+    char line[512]; /* most lines fit: one vsnprintf */
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (k < 0)
+        return -RL_EINVAL;
+    if ((size_t)k < sizeof line)
+        return oai_buf_put(b, line, (size_t)k);
+    char *big = malloc((size_t)k + 1);
+    if (!big)
+        return -RL_ENOMEM;
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)k + 1, fmt, ap);
+    va_end(ap);
+    int rc = oai_buf_put(b, big, (size_t)k);
+    free(big);
+    return rc;
+}
+
 void oai_buf_free(struct oai_buf *b)
 {
     free(b->p);
@@ -1969,19 +1991,20 @@ int oai_sse_error(const struct oai_error *e, struct oai_buf *sse)
     return rc;
 }
 
-/* The text_completion object of a completions request. */
-static char *text_completion(const struct oai_resp *r)
+/* The whole object of a request that was not streamed ("chat.completion",
+ * "text_completion"): the choices before the current one, then choice,
+ * which it takes (freed on failure too). */
+static char *completion_object(const struct oai_resp *r, const char *object, cJSON *choice)
 {
     cJSON *c = cJSON_CreateObject();
     cJSON_AddStringToObject(c, "id", r->id);
-    cJSON_AddStringToObject(c, "object", "text_completion");
+    cJSON_AddStringToObject(c, "object", object);
     cJSON_AddNumberToObject(c, "created", (double)r->created);
     cJSON_AddStringToObject(c, "model", r->model);
     cJSON *choices = cJSON_AddItemToObject(c, "choices", cJSON_Duplicate(r->choices, 1))
                          ? cJSON_GetObjectItemCaseSensitive(c, "choices") : NULL;
-    cJSON *ch = compl_choice(r);
-    if (!choices || !ch || !cJSON_AddItemToArray(choices, ch)) {
-        cJSON_Delete(ch);
+    if (!choices || !choice || !cJSON_AddItemToArray(choices, choice)) {
+        cJSON_Delete(choice);
         cJSON_Delete(c);
         return NULL;
     }
@@ -2033,24 +2056,8 @@ char *oai_resp_completion(const struct oai_resp *r)
     if (r->state != OAI_END)
         return NULL;
     if (r->api == OAI_API_COMPLETIONS)
-        return text_completion(r);
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddStringToObject(c, "id", r->id);
-    cJSON_AddStringToObject(c, "object", "chat.completion");
-    cJSON_AddNumberToObject(c, "created", (double)r->created);
-    cJSON_AddStringToObject(c, "model", r->model);
-    cJSON *choices = cJSON_AddItemToObject(c, "choices", cJSON_Duplicate(r->choices, 1))
-                         ? cJSON_GetObjectItemCaseSensitive(c, "choices") : NULL;
-    cJSON *ch = chat_choice(r);
-    if (!choices || !ch || !cJSON_AddItemToArray(choices, ch)) {
-        cJSON_Delete(ch);
-        cJSON_Delete(c);
-        return NULL;
-    }
-    cJSON_AddItemToObject(c, "usage", usage_json(r));
-    char *s = cJSON_PrintUnformatted(c);
-    cJSON_Delete(c);
-    return s;
+        return completion_object(r, "text_completion", compl_choice(r));
+    return completion_object(r, "chat.completion", chat_choice(r));
 }
 
 /* The current choice of a chat request as a choices[] entry. */

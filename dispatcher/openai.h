@@ -40,6 +40,9 @@ struct oai_buf {
 };
 /* Appends len bytes; -RL_ENOMEM on failure (the buffer is unchanged). */
 int oai_buf_put(struct oai_buf *b, const char *s, size_t len);
+/* Appends printf-formatted text; -RL_ENOMEM on failure (the buffer is
+ * unchanged). The /metrics pages are built with it. */
+__attribute__((format(printf, 2, 3))) int oai_buf_printf(struct oai_buf *b, const char *fmt, ...);
 void oai_buf_free(struct oai_buf *b);
 
 /* What a request may ask for; from the dispatcher's options. */

@@ -4,7 +4,6 @@
 #include "vmetrics.h"
 
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,17 +138,6 @@ void vm_done(struct vmetrics *m, const char *model, double e2e_s, int64_t prompt
     pthread_mutex_unlock(&m->mu);
 }
 
-__attribute__((format(printf, 2, 3))) static void put(struct oai_buf *b, const char *fmt, ...)
-{
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    if (k > 0)
-        oai_buf_put(b, line, (size_t)k < sizeof line ? (size_t)k : sizeof line - 1);
-}
-
 /* A label value as Prometheus text wants it: \ " and newline escaped. */
 static void label(const char *s, char out[2 * JOB_MODEL_MAX + 8])
 {
@@ -168,12 +156,13 @@ static void put_hist(struct oai_buf *b, const char *name, const char *lab, const
     int64_t cum = 0;
     for (size_t i = 0; i < n; i++) {
         cum += bk[i];
-        put(b, "%s_bucket{le=\"%g\",model_name=\"%s\"} %lld\n", name, bounds[i], lab,
-            (long long)cum);
+        oai_buf_printf(b, "%s_bucket{le=\"%g\",model_name=\"%s\"} %lld\n", name, bounds[i], lab,
+                       (long long)cum);
     }
-    put(b, "%s_bucket{le=\"+Inf\",model_name=\"%s\"} %lld\n%s_sum{model_name=\"%s\"} %.6f\n"
-           "%s_count{model_name=\"%s\"} %lld\n",
-        name, lab, (long long)h->n, name, lab, h->sum, name, lab, (long long)h->n);
+    oai_buf_printf(b,
+                   "%s_bucket{le=\"+Inf\",model_name=\"%s\"} %lld\n%s_sum{model_name=\"%s\"} %.6f\n"
+                   "%s_count{model_name=\"%s\"} %lld\n",
+                   name, lab, (long long)h->n, name, lab, h->sum, name, lab, (long long)h->n);
 }
 
 /* The same from cumulative counts (the fleet's sums). */
@@ -181,11 +170,12 @@ static void put_cum(struct oai_buf *b, const char *name, const char *lab, const 
                     const double *bounds, size_t n, int64_t count, double sum)
 {
     for (size_t i = 0; i < n; i++)
-        put(b, "%s_bucket{le=\"%g\",model_name=\"%s\"} %lld\n", name, bounds[i], lab,
-            (long long)cum[i]);
-    put(b, "%s_bucket{le=\"+Inf\",model_name=\"%s\"} %lld\n%s_sum{model_name=\"%s\"} %.6f\n"
-           "%s_count{model_name=\"%s\"} %lld\n",
-        name, lab, (long long)count, name, lab, sum, name, lab, (long long)count);
+        oai_buf_printf(b, "%s_bucket{le=\"%g\",model_name=\"%s\"} %lld\n", name, bounds[i], lab,
+                       (long long)cum[i]);
+    oai_buf_printf(b,
+                   "%s_bucket{le=\"+Inf\",model_name=\"%s\"} %lld\n%s_sum{model_name=\"%s\"} %.6f\n"
+                   "%s_count{model_name=\"%s\"} %lld\n",
+                   name, lab, (long long)count, name, lab, sum, name, lab, (long long)count);
 }
 
 /* A page row: the front door's record of a model merged with the fleet's. */
@@ -226,57 +216,63 @@ void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, st
     }
     int total = n;
     char lab[2 * JOB_MODEL_MAX + 8];
-    put(b, "# HELP vllm:num_requests_running Requests running: the larger of the front door's "
+    oai_buf_printf(
+        b, "# HELP vllm:num_requests_running Requests running: the larger of the front door's "
            "count (first token came, not ended) and the fleet's (sequences running in the "
            "workers' engines).\n# TYPE vllm:num_requests_running gauge\n");
     for (int i = 0; i < total; i++) {
         label(rows[i].v.name, lab);
-        put(b, "vllm:num_requests_running{model_name=\"%s\"} %lld\n", lab,
-            (long long)max64(rows[i].v.running, rows[i].f ? rows[i].f->running : 0));
+        oai_buf_printf(b, "vllm:num_requests_running{model_name=\"%s\"} %lld\n", lab,
+                       (long long)max64(rows[i].v.running, rows[i].f ? rows[i].f->running : 0));
     }
-    put(b, "# HELP vllm:num_requests_waiting Requests waiting: the larger of the front door's "
+    oai_buf_printf(
+        b, "# HELP vllm:num_requests_waiting Requests waiting: the larger of the front door's "
            "count (queued, no token yet) and the fleet's (sequences waiting in the workers' "
            "engines).\n# TYPE vllm:num_requests_waiting gauge\n");
     for (int i = 0; i < total; i++) {
         label(rows[i].v.name, lab);
-        put(b, "vllm:num_requests_waiting{model_name=\"%s\"} %lld\n", lab,
-            (long long)max64(rows[i].v.waiting, rows[i].f ? rows[i].f->waiting : 0));
+        oai_buf_printf(b, "vllm:num_requests_waiting{model_name=\"%s\"} %lld\n", lab,
+                       (long long)max64(rows[i].v.waiting, rows[i].f ? rows[i].f->waiting : 0));
     }
-    put(b, "# HELP vllm:kv_cache_usage_perc KV cache usage of the live workers: blocks "
-           "referenced by a sequence over the blocks of their pools (1 = full).\n"
-           "# TYPE vllm:kv_cache_usage_perc gauge\n");
+    oai_buf_printf(b, "# HELP vllm:kv_cache_usage_perc KV cache usage of the live workers: blocks "
+                      "referenced by a sequence over the blocks of their pools (1 = full).\n"
+                      "# TYPE vllm:kv_cache_usage_perc gauge\n");
     for (int i = 0; i < total; i++) {
         const struct vm_fleet *f = rows[i].f;
         label(rows[i].v.name, lab);
-        put(b, "vllm:kv_cache_usage_perc{model_name=\"%s\"} %.6f\n", lab,
-            f && f->kv_blocks > 0 ? (double)f->kv_used / (double)f->kv_blocks : 0.0);
+        oai_buf_printf(b, "vllm:kv_cache_usage_perc{model_name=\"%s\"} %.6f\n", lab,
+                       f && f->kv_blocks > 0 ? (double)f->kv_used / (double)f->kv_blocks : 0.0);
     }
-    put(b, "# HELP vllm:prefix_cache_queries_total Prompt tokens the workers looked up in "
-           "their prefix caches.\n# TYPE vllm:prefix_cache_queries_total counter\n");
+    oai_buf_printf(b,
+                   "# HELP vllm:prefix_cache_queries_total Prompt tokens the workers looked up in "
+                   "their prefix caches.\n# TYPE vllm:prefix_cache_queries_total counter\n");
     for (int i = 0; i < total; i++) {
         label(rows[i].v.name, lab);
-        put(b, "vllm:prefix_cache_queries_total{model_name=\"%s\"} %lld\n", lab,
-            (long long)(rows[i].f ? rows[i].f->prefix_queries : 0));
+        oai_buf_printf(b, "vllm:prefix_cache_queries_total{model_name=\"%s\"} %lld\n", lab,
+                       (long long)(rows[i].f ? rows[i].f->prefix_queries : 0));
     }
-    put(b, "# HELP vllm:prefix_cache_hits_total Of those, tokens found in the prefix cache.\n"
+    oai_buf_printf(
+        b, "# HELP vllm:prefix_cache_hits_total Of those, tokens found in the prefix cache.\n"
            "# TYPE vllm:prefix_cache_hits_total counter\n");
     for (int i = 0; i < total; i++) {
         label(rows[i].v.name, lab);
-        put(b, "vllm:prefix_cache_hits_total{model_name=\"%s\"} %lld\n", lab,
-            (long long)(rows[i].f ? rows[i].f->prefix_hits : 0));
+        oai_buf_printf(b, "vllm:prefix_cache_hits_total{model_name=\"%s\"} %lld\n", lab,
+                       (long long)(rows[i].f ? rows[i].f->prefix_hits : 0));
     }
-    put(b, "# HELP vllm:num_preemptions_total Sequences the workers' schedulers preempted to "
+    oai_buf_printf(
+        b, "# HELP vllm:num_preemptions_total Sequences the workers' schedulers preempted to "
            "free KV blocks.\n# TYPE vllm:num_preemptions_total counter\n");
     for (int i = 0; i < total; i++) {
         label(rows[i].v.name, lab);
-        put(b, "vllm:num_preemptions_total{model_name=\"%s\"} %lld\n", lab,
-            (long long)(rows[i].f ? rows[i].f->preemptions : 0));
+        oai_buf_printf(b, "vllm:num_preemptions_total{model_name=\"%s\"} %lld\n", lab,
+                       (long long)(rows[i].f ? rows[i].f->preemptions : 0));
     }
     /* the latency histograms: the workers' sums where they report them
      * (every job, however it came; HTTP requests run on workers too, so the
      * front door's own are not added), else the front door's (older
      * workers) */
-    put(b, "# HELP vllm:time_to_first_token_seconds Seconds from a request's queueing to its "
+    oai_buf_printf(
+        b, "# HELP vllm:time_to_first_token_seconds Seconds from a request's queueing to its "
            "first event (the workers' sums, or the front door's where no worker reports "
            "them).\n# TYPE vllm:time_to_first_token_seconds histogram\n");
     for (int i = 0; i < total; i++) {
@@ -289,7 +285,8 @@ void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, st
             put_hist(b, "vllm:time_to_first_token_seconds", lab, rows[i].v.ttft, ttft_b,
                      N_TTFT, &rows[i].v.ttft_h);
     }
-    put(b, "# HELP vllm:e2e_request_latency_seconds Seconds from a request's queueing to its "
+    oai_buf_printf(
+        b, "# HELP vllm:e2e_request_latency_seconds Seconds from a request's queueing to its "
            "end (the workers' sums, or the front door's where no worker reports them).\n"
            "# TYPE vllm:e2e_request_latency_seconds histogram\n");
     for (int i = 0; i < total; i++) {
@@ -302,7 +299,8 @@ void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, st
             put_hist(b, "vllm:e2e_request_latency_seconds", lab, rows[i].v.e2e, e2e_b, N_E2E,
                      &rows[i].v.e2e_h);
     }
-    put(b, "# HELP vllm:time_per_output_token_seconds Seconds between two successive tokens "
+    oai_buf_printf(
+        b, "# HELP vllm:time_per_output_token_seconds Seconds between two successive tokens "
            "of a request, one observation per gap (the workers' sums; empty where no worker "
            "reports them).\n# TYPE vllm:time_per_output_token_seconds histogram\n");
     for (int i = 0; i < total; i++) {
@@ -315,7 +313,8 @@ void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, st
             put_hist(b, "vllm:time_per_output_token_seconds", lab, rows[i].v.tpot, vb_tpot,
                      N_TPOT, &rows[i].v.tpot_h);
     }
-    put(b, "# HELP vllm:request_prompt_tokens Prompt tokens per ended request (the workers' "
+    oai_buf_printf(
+        b, "# HELP vllm:request_prompt_tokens Prompt tokens per ended request (the workers' "
            "sums, or the front door's where no worker reports them).\n"
            "# TYPE vllm:request_prompt_tokens histogram\n");
     for (int i = 0; i < total; i++) {
@@ -328,9 +327,10 @@ void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, st
             put_hist(b, "vllm:request_prompt_tokens", lab, rows[i].v.plen, vb_len, N_LEN,
                      &rows[i].v.plen_h);
     }
-    put(b, "# HELP vllm:request_generation_tokens Generated tokens per ended request (the "
-           "workers' sums, or the front door's where no worker reports them).\n"
-           "# TYPE vllm:request_generation_tokens histogram\n");
+    oai_buf_printf(b,
+                   "# HELP vllm:request_generation_tokens Generated tokens per ended request (the "
+                   "workers' sums, or the front door's where no worker reports them).\n"
+                   "# TYPE vllm:request_generation_tokens histogram\n");
     for (int i = 0; i < total; i++) {
         const struct vm_fleet *f = rows[i].f;
         label(rows[i].v.name, lab);
@@ -350,10 +350,10 @@ void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, st
             "Seconds from admission to the first token",
             "Seconds from the first token to the job's end"};
         for (int k = 0; k < 3; k++) {
-            put(b,
-                "# HELP %s %s, one per finished job (the workers' sums; empty where no "
-                "worker reports them).\n# TYPE %s histogram\n",
-                names[k], helps[k], names[k]);
+            oai_buf_printf(b,
+                           "# HELP %s %s, one per finished job (the workers' sums; empty where no "
+                           "worker reports them).\n# TYPE %s histogram\n",
+                           names[k], helps[k], names[k]);
             for (int i = 0; i < total; i++) {
                 const struct vm_fleet *f = rows[i].f;
                 label(rows[i].v.name, lab);
@@ -368,27 +368,28 @@ void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, st
             }
         }
     }
-    put(b, "# HELP vllm:prompt_tokens_total Prompt tokens of ended requests.\n"
-           "# TYPE vllm:prompt_tokens_total counter\n");
+    oai_buf_printf(b, "# HELP vllm:prompt_tokens_total Prompt tokens of ended requests.\n"
+                      "# TYPE vllm:prompt_tokens_total counter\n");
     for (int i = 0; i < total; i++) {
         label(rows[i].v.name, lab);
-        put(b, "vllm:prompt_tokens_total{model_name=\"%s\"} %lld\n", lab,
-            (long long)rows[i].v.prompt);
+        oai_buf_printf(b, "vllm:prompt_tokens_total{model_name=\"%s\"} %lld\n", lab,
+                       (long long)rows[i].v.prompt);
     }
-    put(b, "# HELP vllm:generation_tokens_total Generated tokens of ended requests.\n"
-           "# TYPE vllm:generation_tokens_total counter\n");
+    oai_buf_printf(b, "# HELP vllm:generation_tokens_total Generated tokens of ended requests.\n"
+                      "# TYPE vllm:generation_tokens_total counter\n");
     for (int i = 0; i < total; i++) {
         label(rows[i].v.name, lab);
-        put(b, "vllm:generation_tokens_total{model_name=\"%s\"} %lld\n", lab,
-            (long long)rows[i].v.generation);
+        oai_buf_printf(b, "vllm:generation_tokens_total{model_name=\"%s\"} %lld\n", lab,
+                       (long long)rows[i].v.generation);
     }
-    put(b, "# HELP vllm:request_success_total Ended requests by finish reason (abort: "
-           "cancelled, past its deadline, or failed).\n"
-           "# TYPE vllm:request_success_total counter\n");
+    oai_buf_printf(b, "# HELP vllm:request_success_total Ended requests by finish reason (abort: "
+                      "cancelled, past its deadline, or failed).\n"
+                      "# TYPE vllm:request_success_total counter\n");
     for (int i = 0; i < total; i++) {
         label(rows[i].v.name, lab);
         for (int f = 0; f < N_FINISH; f++)
-            put(b, "vllm:request_success_total{finished_reason=\"%s\",model_name=\"%s\"} %lld\n",
+            oai_buf_printf(
+                b, "vllm:request_success_total{finished_reason=\"%s\",model_name=\"%s\"} %lld\n",
                 finish_names[f], lab, (long long)rows[i].v.success[f]);
     }
     free(rows);
