@@ -4,6 +4,7 @@
 #include "vmetrics.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,6 +187,113 @@ struct row {
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+/* The families of one value a model, in the page's order. */
+enum { G_RUNNING, G_WAITING, G_KV, G_PREFIX_QUERIES, G_PREFIX_HITS, G_PREEMPTIONS, G_PROMPT,
+       G_GENERATION };
+static const struct gauge {
+    const char *name, *type, *help;
+} gauges[] = {
+    [G_RUNNING] = {"vllm:num_requests_running", "gauge",
+                   "Requests running: the larger of the front door's count (first token came, "
+                   "not ended) and the fleet's (sequences running in the workers' engines)."},
+    [G_WAITING] = {"vllm:num_requests_waiting", "gauge",
+                   "Requests waiting: the larger of the front door's count (queued, no token yet) "
+                   "and the fleet's (sequences waiting in the workers' engines)."},
+    [G_KV] = {"vllm:kv_cache_usage_perc", "gauge",
+              "KV cache usage of the live workers: blocks referenced by a sequence over the "
+              "blocks of their pools (1 = full)."},
+    [G_PREFIX_QUERIES] = {"vllm:prefix_cache_queries_total", "counter",
+                          "Prompt tokens the workers looked up in their prefix caches."},
+    [G_PREFIX_HITS] = {"vllm:prefix_cache_hits_total", "counter",
+                       "Of those, tokens found in the prefix cache."},
+    [G_PREEMPTIONS] = {"vllm:num_preemptions_total", "counter",
+                       "Sequences the workers' schedulers preempted to free KV blocks."},
+    [G_PROMPT] = {"vllm:prompt_tokens_total", "counter", "Prompt tokens of ended requests."},
+    [G_GENERATION] = {"vllm:generation_tokens_total", "counter",
+                      "Generated tokens of ended requests."},
+};
+
+static int64_t gauge_value(const struct row *r, size_t k)
+{
+    const struct vm_fleet *f = r->f;
+    switch (k) {
+    case G_RUNNING: return max64(r->v.running, f ? f->running : 0);
+    case G_WAITING: return max64(r->v.waiting, f ? f->waiting : 0);
+    case G_PREFIX_QUERIES: return f ? f->prefix_queries : 0;
+    case G_PREFIX_HITS: return f ? f->prefix_hits : 0;
+    case G_PREEMPTIONS: return f ? f->preemptions : 0;
+    case G_PROMPT: return r->v.prompt;
+    case G_GENERATION: return r->v.generation;
+    }
+    return 0;
+}
+
+static double kv_usage(const struct vm_fleet *f)
+{
+    return f && f->kv_blocks > 0 ? (double)f->kv_used / (double)f->kv_blocks : 0.0;
+}
+
+/* A histogram family: the workers' sums where a worker of the model
+ * reports them (vm_fleet.hist), else the front door's own, which is empty
+ * for what the front door never sees (token gaps, admission). Its fields
+ * by offset: in vm_fleet the cumulative counts, count and sum; in
+ * vm_model the per-bucket counts and the struct hist. */
+static const struct hist_family {
+    const char *name, *help;
+    const double *bounds;
+    size_t n;
+    size_t f_cum, f_n, f_sum, v_bk, v_h;
+} hists[] = {
+#define FLEET_OF(x) offsetof(struct vm_fleet, x), offsetof(struct vm_fleet, x##_n), \
+                    offsetof(struct vm_fleet, x##_sum)
+#define OWN_OF(x) offsetof(struct vm_model, x), offsetof(struct vm_model, x##_h)
+#define SUMS_OR_OURS "(the workers' sums, or the front door's where no worker reports them)."
+#define SUMS_ONLY "(the workers' sums; empty where no worker reports them)."
+    {"vllm:time_to_first_token_seconds",
+     "Seconds from a request's queueing to its first event " SUMS_OR_OURS, ttft_b, N_TTFT,
+     FLEET_OF(ttft), OWN_OF(ttft)},
+    {"vllm:e2e_request_latency_seconds",
+     "Seconds from a request's queueing to its end " SUMS_OR_OURS, e2e_b, N_E2E, FLEET_OF(e2e),
+     OWN_OF(e2e)},
+    {"vllm:time_per_output_token_seconds",
+     "Seconds between two successive tokens of a request, one observation per gap " SUMS_ONLY,
+     vb_tpot, N_TPOT, FLEET_OF(tpot), OWN_OF(tpot)},
+    {"vllm:request_prompt_tokens", "Prompt tokens per ended request " SUMS_OR_OURS, vb_len,
+     N_LEN, FLEET_OF(plen), OWN_OF(plen)},
+    {"vllm:request_generation_tokens", "Generated tokens per ended request " SUMS_OR_OURS,
+     vb_len, N_LEN, FLEET_OF(glen), OWN_OF(glen)},
+    {"vllm:request_queue_time_seconds",
+     "Seconds from the job's XADD to its admission into the engine, one per finished job "
+     SUMS_ONLY, e2e_b, N_E2E, FLEET_OF(qt), OWN_OF(qt)},
+    {"vllm:request_prefill_time_seconds",
+     "Seconds from admission to the first token, one per finished job " SUMS_ONLY, e2e_b, N_E2E,
+     FLEET_OF(pt), OWN_OF(qt)},
+    {"vllm:request_decode_time_seconds",
+     "Seconds from the first token to the job's end, one per finished job " SUMS_ONLY, e2e_b,
+     N_E2E, FLEET_OF(dt), OWN_OF(qt)},
+#undef FLEET_OF
+#undef OWN_OF
+#undef SUMS_OR_OURS
+#undef SUMS_ONLY
+};
+
+static void put_family(struct oai_buf *b, const struct hist_family *h, const struct row *rows,
+                       int n)
+{
+    char lab[2 * JOB_MODEL_MAX + 8];
+    oai_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", h->name, h->help, h->name);
+    for (int i = 0; i < n; i++) {
+        const char *f = (const char *)rows[i].f, *v = (const char *)&rows[i].v;
+        label(rows[i].v.name, lab);
+        if (f && rows[i].f->hist)
+            put_cum(b, h->name, lab, (const int64_t *)(f + h->f_cum), h->bounds, h->n,
+                    *(const int64_t *)(f + h->f_n), *(const double *)(f + h->f_sum));
+        else
+            put_hist(b, h->name, lab, (const int64_t *)(v + h->v_bk), h->bounds, h->n,
+                     (const struct hist *)(v + h->v_h));
+    }
+}
+
 void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, struct oai_buf *b)
 {
     if (!m)
@@ -216,171 +324,21 @@ void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, st
     }
     int total = n;
     char lab[2 * JOB_MODEL_MAX + 8];
-    oai_buf_printf(
-        b, "# HELP vllm:num_requests_running Requests running: the larger of the front door's "
-           "count (first token came, not ended) and the fleet's (sequences running in the "
-           "workers' engines).\n# TYPE vllm:num_requests_running gauge\n");
-    for (int i = 0; i < total; i++) {
-        label(rows[i].v.name, lab);
-        oai_buf_printf(b, "vllm:num_requests_running{model_name=\"%s\"} %lld\n", lab,
-                       (long long)max64(rows[i].v.running, rows[i].f ? rows[i].f->running : 0));
-    }
-    oai_buf_printf(
-        b, "# HELP vllm:num_requests_waiting Requests waiting: the larger of the front door's "
-           "count (queued, no token yet) and the fleet's (sequences waiting in the workers' "
-           "engines).\n# TYPE vllm:num_requests_waiting gauge\n");
-    for (int i = 0; i < total; i++) {
-        label(rows[i].v.name, lab);
-        oai_buf_printf(b, "vllm:num_requests_waiting{model_name=\"%s\"} %lld\n", lab,
-                       (long long)max64(rows[i].v.waiting, rows[i].f ? rows[i].f->waiting : 0));
-    }
-    oai_buf_printf(b, "# HELP vllm:kv_cache_usage_perc KV cache usage of the live workers: blocks "
-                      "referenced by a sequence over the blocks of their pools (1 = full).\n"
-                      "# TYPE vllm:kv_cache_usage_perc gauge\n");
-    for (int i = 0; i < total; i++) {
-        const struct vm_fleet *f = rows[i].f;
-        label(rows[i].v.name, lab);
-        oai_buf_printf(b, "vllm:kv_cache_usage_perc{model_name=\"%s\"} %.6f\n", lab,
-                       f && f->kv_blocks > 0 ? (double)f->kv_used / (double)f->kv_blocks : 0.0);
-    }
-    oai_buf_printf(b,
-                   "# HELP vllm:prefix_cache_queries_total Prompt tokens the workers looked up in "
-                   "their prefix caches.\n# TYPE vllm:prefix_cache_queries_total counter\n");
-    for (int i = 0; i < total; i++) {
-        label(rows[i].v.name, lab);
-        oai_buf_printf(b, "vllm:prefix_cache_queries_total{model_name=\"%s\"} %lld\n", lab,
-                       (long long)(rows[i].f ? rows[i].f->prefix_queries : 0));
-    }
-    oai_buf_printf(
-        b, "# HELP vllm:prefix_cache_hits_total Of those, tokens found in the prefix cache.\n"
-           "# TYPE vllm:prefix_cache_hits_total counter\n");
-    for (int i = 0; i < total; i++) {
-        label(rows[i].v.name, lab);
-        oai_buf_printf(b, "vllm:prefix_cache_hits_total{model_name=\"%s\"} %lld\n", lab,
-                       (long long)(rows[i].f ? rows[i].f->prefix_hits : 0));
-    }
-    oai_buf_printf(
-        b, "# HELP vllm:num_preemptions_total Sequences the workers' schedulers preempted to "
-           "free KV blocks.\n# TYPE vllm:num_preemptions_total counter\n");
-    for (int i = 0; i < total; i++) {
-        label(rows[i].v.name, lab);
-        oai_buf_printf(b, "vllm:num_preemptions_total{model_name=\"%s\"} %lld\n", lab,
-                       (long long)(rows[i].f ? rows[i].f->preemptions : 0));
-    }
-    /* the latency histograms: the workers' sums where they report them
-     * (every job, however it came; HTTP requests run on workers too, so the
-     * front door's own are not added), else the front door's (older
-     * workers) */
-    oai_buf_printf(
-        b, "# HELP vllm:time_to_first_token_seconds Seconds from a request's queueing to its "
-           "first event (the workers' sums, or the front door's where no worker reports "
-           "them).\n# TYPE vllm:time_to_first_token_seconds histogram\n");
-    for (int i = 0; i < total; i++) {
-        const struct vm_fleet *f = rows[i].f;
-        label(rows[i].v.name, lab);
-        if (f && f->hist)
-            put_cum(b, "vllm:time_to_first_token_seconds", lab, f->ttft, ttft_b, N_TTFT,
-                    f->ttft_n, f->ttft_sum);
-        else
-            put_hist(b, "vllm:time_to_first_token_seconds", lab, rows[i].v.ttft, ttft_b,
-                     N_TTFT, &rows[i].v.ttft_h);
-    }
-    oai_buf_printf(
-        b, "# HELP vllm:e2e_request_latency_seconds Seconds from a request's queueing to its "
-           "end (the workers' sums, or the front door's where no worker reports them).\n"
-           "# TYPE vllm:e2e_request_latency_seconds histogram\n");
-    for (int i = 0; i < total; i++) {
-        const struct vm_fleet *f = rows[i].f;
-        label(rows[i].v.name, lab);
-        if (f && f->hist)
-            put_cum(b, "vllm:e2e_request_latency_seconds", lab, f->e2e, e2e_b, N_E2E,
-                    f->e2e_n, f->e2e_sum);
-        else
-            put_hist(b, "vllm:e2e_request_latency_seconds", lab, rows[i].v.e2e, e2e_b, N_E2E,
-                     &rows[i].v.e2e_h);
-    }
-    oai_buf_printf(
-        b, "# HELP vllm:time_per_output_token_seconds Seconds between two successive tokens "
-           "of a request, one observation per gap (the workers' sums; empty where no worker "
-           "reports them).\n# TYPE vllm:time_per_output_token_seconds histogram\n");
-    for (int i = 0; i < total; i++) {
-        const struct vm_fleet *f = rows[i].f;
-        label(rows[i].v.name, lab);
-        if (f && f->hist)
-            put_cum(b, "vllm:time_per_output_token_seconds", lab, f->tpot, vb_tpot, N_TPOT,
-                    f->tpot_n, f->tpot_sum);
-        else
-            put_hist(b, "vllm:time_per_output_token_seconds", lab, rows[i].v.tpot, vb_tpot,
-                     N_TPOT, &rows[i].v.tpot_h);
-    }
-    oai_buf_printf(
-        b, "# HELP vllm:request_prompt_tokens Prompt tokens per ended request (the workers' "
-           "sums, or the front door's where no worker reports them).\n"
-           "# TYPE vllm:request_prompt_tokens histogram\n");
-    for (int i = 0; i < total; i++) {
-        const struct vm_fleet *f = rows[i].f;
-        label(rows[i].v.name, lab);
-        if (f && f->hist)
-            put_cum(b, "vllm:request_prompt_tokens", lab, f->plen, vb_len, N_LEN, f->plen_n,
-                    f->plen_sum);
-        else
-            put_hist(b, "vllm:request_prompt_tokens", lab, rows[i].v.plen, vb_len, N_LEN,
-                     &rows[i].v.plen_h);
-    }
-    oai_buf_printf(b,
-                   "# HELP vllm:request_generation_tokens Generated tokens per ended request (the "
-                   "workers' sums, or the front door's where no worker reports them).\n"
-                   "# TYPE vllm:request_generation_tokens histogram\n");
-    for (int i = 0; i < total; i++) {
-        const struct vm_fleet *f = rows[i].f;
-        label(rows[i].v.name, lab);
-        if (f && f->hist)
-            put_cum(b, "vllm:request_generation_tokens", lab, f->glen, vb_len, N_LEN, f->glen_n,
-                    f->glen_sum);
-        else
-            put_hist(b, "vllm:request_generation_tokens", lab, rows[i].v.glen, vb_len, N_LEN,
-                     &rows[i].v.glen_h);
-    }
-    {
-        static const char *const names[3] = {"vllm:request_queue_time_seconds",
-                                             "vllm:request_prefill_time_seconds",
-                                             "vllm:request_decode_time_seconds"};
-        static const char *const helps[3] = {
-            "Seconds from the job's XADD to its admission into the engine",
-            "Seconds from admission to the first token",
-            "Seconds from the first token to the job's end"};
-        for (int k = 0; k < 3; k++) {
-            oai_buf_printf(b,
-                           "# HELP %s %s, one per finished job (the workers' sums; empty where no "
-                           "worker reports them).\n# TYPE %s histogram\n",
-                           names[k], helps[k], names[k]);
-            for (int i = 0; i < total; i++) {
-                const struct vm_fleet *f = rows[i].f;
-                label(rows[i].v.name, lab);
-                if (f && f->hist) {
-                    const int64_t *c = k == 0 ? f->qt : k == 1 ? f->pt : f->dt;
-                    int64_t cnt = k == 0 ? f->qt_n : k == 1 ? f->pt_n : f->dt_n;
-                    double sum = k == 0 ? f->qt_sum : k == 1 ? f->pt_sum : f->dt_sum;
-                    put_cum(b, names[k], lab, c, e2e_b, N_E2E, cnt, sum);
-                } else {
-                    put_hist(b, names[k], lab, rows[i].v.qt, e2e_b, N_E2E, &rows[i].v.qt_h);
-                }
-            }
+    for (size_t k = 0; k < sizeof gauges / sizeof gauges[0]; k++) {
+        if (k == G_PROMPT) /* the histograms, before the token counters */
+            for (size_t h = 0; h < sizeof hists / sizeof hists[0]; h++)
+                put_family(b, &hists[h], rows, total);
+        const struct gauge *g = &gauges[k];
+        oai_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", g->name, g->help, g->name, g->type);
+        for (int i = 0; i < total; i++) {
+            label(rows[i].v.name, lab);
+            if (k == G_KV)
+                oai_buf_printf(b, "%s{model_name=\"%s\"} %.6f\n", g->name, lab,
+                               kv_usage(rows[i].f));
+            else
+                oai_buf_printf(b, "%s{model_name=\"%s\"} %lld\n", g->name, lab,
+                               (long long)gauge_value(&rows[i], k));
         }
-    }
-    oai_buf_printf(b, "# HELP vllm:prompt_tokens_total Prompt tokens of ended requests.\n"
-                      "# TYPE vllm:prompt_tokens_total counter\n");
-    for (int i = 0; i < total; i++) {
-        label(rows[i].v.name, lab);
-        oai_buf_printf(b, "vllm:prompt_tokens_total{model_name=\"%s\"} %lld\n", lab,
-                       (long long)rows[i].v.prompt);
-    }
-    oai_buf_printf(b, "# HELP vllm:generation_tokens_total Generated tokens of ended requests.\n"
-                      "# TYPE vllm:generation_tokens_total counter\n");
-    for (int i = 0; i < total; i++) {
-        label(rows[i].v.name, lab);
-        oai_buf_printf(b, "vllm:generation_tokens_total{model_name=\"%s\"} %lld\n", lab,
-                       (long long)rows[i].v.generation);
     }
     oai_buf_printf(b, "# HELP vllm:request_success_total Ended requests by finish reason (abort: "
                       "cancelled, past its deadline, or failed).\n"

@@ -449,6 +449,59 @@ static void test_vmetrics_fleet(void **state)
     vm_free(m);
 }
 
+/* Every histogram family from the fleet's sums where a worker reports
+ * them (each from its own fields: a count and a sum apiece), from the front
+ * door's own otherwise; the front door never sees prefill or decode. */
+static void test_vmetrics_histograms(void **state)
+{
+    (void)state;
+    struct vmetrics *m = vm_create();
+    vm_first_token(m, "a", 0.03);
+    vm_done(m, "a", 1.2, 30, 40, "stop");
+    vm_first_token(m, "b", 0.03);
+    vm_done(m, "b", 1.2, 30, 40, "stop");
+    struct vm_fleet f = {.model = "a", .n_workers = 1, .hist = true};
+    f.ttft_n = 101, f.e2e_n = 102, f.tpot_n = 103, f.plen_n = 104, f.glen_n = 105;
+    f.qt_n = 106, f.pt_n = 107, f.dt_n = 108;
+    f.ttft_sum = 1.5, f.e2e_sum = 2.5, f.tpot_sum = 3.5, f.plen_sum = 4.5, f.glen_sum = 5.5;
+    f.qt_sum = 6.5, f.pt_sum = 7.5, f.dt_sum = 8.5;
+    f.e2e[0] = 11, f.qt[0] = 12, f.pt[0] = 13, f.dt[0] = 14, f.glen[0] = 15;
+    struct oai_buf b = {0};
+    vm_render(m, &f, 1, &b);
+    oai_buf_put(&b, "", 1);
+    static const char *const want[] = {
+        "vllm:time_to_first_token_seconds_count{model_name=\"a\"} 101\n",
+        "vllm:e2e_request_latency_seconds_count{model_name=\"a\"} 102\n",
+        "vllm:time_per_output_token_seconds_count{model_name=\"a\"} 103\n",
+        "vllm:request_prompt_tokens_count{model_name=\"a\"} 104\n",
+        "vllm:request_generation_tokens_count{model_name=\"a\"} 105\n",
+        "vllm:request_queue_time_seconds_count{model_name=\"a\"} 106\n",
+        "vllm:request_prefill_time_seconds_count{model_name=\"a\"} 107\n",
+        "vllm:request_decode_time_seconds_count{model_name=\"a\"} 108\n",
+        "vllm:time_to_first_token_seconds_sum{model_name=\"a\"} 1.500000\n",
+        "vllm:request_decode_time_seconds_sum{model_name=\"a\"} 8.500000\n",
+        "vllm:e2e_request_latency_seconds_bucket{le=\"0.3\",model_name=\"a\"} 11\n",
+        "vllm:request_queue_time_seconds_bucket{le=\"0.3\",model_name=\"a\"} 12\n",
+        "vllm:request_prefill_time_seconds_bucket{le=\"0.3\",model_name=\"a\"} 13\n",
+        "vllm:request_decode_time_seconds_bucket{le=\"0.3\",model_name=\"a\"} 14\n",
+        "vllm:request_generation_tokens_bucket{le=\"1\",model_name=\"a\"} 15\n",
+        /* b: no worker reports it, the front door's own */
+        "vllm:time_to_first_token_seconds_count{model_name=\"b\"} 1\n",
+        "vllm:request_prompt_tokens_sum{model_name=\"b\"} 30.000000\n",
+        "vllm:request_generation_tokens_count{model_name=\"b\"} 1\n",
+        "vllm:time_per_output_token_seconds_count{model_name=\"b\"} 0\n",
+        "vllm:request_prefill_time_seconds_count{model_name=\"b\"} 0\n",
+        "# HELP vllm:request_decode_time_seconds Seconds from the first token to the job's end, "
+        "one per finished job (the workers' sums; empty where no worker reports them).\n"
+        "# TYPE vllm:request_decode_time_seconds histogram\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(b.p, want[i]))
+            fail_msg("missing: %s", want[i]);
+    oai_buf_free(&b);
+    vm_free(m);
+}
+
 /* One reading of heartbeats (JSON texts, n of them, named w0, w1...). */
 static void fleet_read(struct fleet *f, const char *const *hbs, const char *const *names, int n)
 {
@@ -719,6 +772,7 @@ int main(void)
         cmocka_unit_test(test_ollama_lines),
         cmocka_unit_test(test_vmetrics),
         cmocka_unit_test(test_vmetrics_fleet),
+        cmocka_unit_test(test_vmetrics_histograms),
         cmocka_unit_test(test_fleet_counters),
         cmocka_unit_test(test_fleet_hist),
     };
