@@ -575,25 +575,49 @@ static int plan_random(struct plan *p, const struct mk_opts *o, const char *name
     return 0;
 }
 
-static int plan_model(struct plan *p, const struct mk_opts *o, struct rl_err *err)
+/* A decoder layer's tensors, in the order they are written: the Hugging
+ * Face name after "model.layers.<l>.", the GGUF name between "blk.<l>." and
+ * ".weight", and the shape (rows 0: a norm's vector of cols). */
+enum { LT_ATTN_V = 3, LT_FFN_DOWN = 10, N_LAYER_TENSORS = 11 };
+static const struct {
+    const char *hf, *gguf;
+} layer_tensors[N_LAYER_TENSORS] = {
+    {"input_layernorm.weight", "attn_norm"},
+    {"self_attn.q_proj.weight", "attn_q"},
+    {"self_attn.k_proj.weight", "attn_k"},
+    {"self_attn.v_proj.weight", "attn_v"},
+    {"self_attn.o_proj.weight", "attn_output"},
+    {"self_attn.q_norm.weight", "attn_q_norm"},
+    {"self_attn.k_norm.weight", "attn_k_norm"},
+    {"post_attention_layernorm.weight", "ffn_norm"},
+    {"mlp.gate_proj.weight", "ffn_gate"},
+    {"mlp.up_proj.weight", "ffn_up"},
+    {"mlp.down_proj.weight", "ffn_down"},
+};
+
+static void layer_shape(const struct mk_opts *o, int i, int64_t *rows, int64_t *cols)
 {
     int64_t H = o->hidden, I = o->intermediate, Q = (int64_t)o->n_heads * o->head_dim,
-            KV = (int64_t)o->n_kv_heads * o->head_dim, D = o->head_dim, V = o->vocab;
+            KV = (int64_t)o->n_kv_heads * o->head_dim, D = o->head_dim;
+    const int64_t r[N_LAYER_TENSORS] = {0, Q, KV, KV, H, 0, 0, 0, I, I, H};
+    const int64_t c[N_LAYER_TENSORS] = {H, H, H, H, Q, D, D, H, H, H, I};
+    *rows = r[i];
+    *cols = c[i];
+}
+
+static int plan_model(struct plan *p, const struct mk_opts *o, struct rl_err *err)
+{
+    int64_t H = o->hidden, V = o->vocab;
     int rc;
     if ((rc = plan_random(p, o, "model.embed_tokens.weight", V, H, err)))
         return rc;
     for (int l = 0; l < o->n_layers; l++) {
-        static const char *const sfx[11] = {
-            "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-            "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_norm.weight",
-            "self_attn.k_norm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
-            "mlp.up_proj.weight", "mlp.down_proj.weight"};
-        const int64_t rows[11] = {0, Q, KV, KV, H, 0, 0, 0, I, I, H};
-        const int64_t cols[11] = {H, H, H, H, Q, D, D, H, H, H, I};
-        for (int i = 0; i < 11; i++) {
+        for (int i = 0; i < N_LAYER_TENSORS; i++) {
             char n[160];
-            snprintf(n, sizeof n, "model.layers.%d.%s", l, sfx[i]);
-            if ((rc = plan_random(p, o, n, rows[i], cols[i], err)))
+            int64_t rows, cols;
+            layer_shape(o, i, &rows, &cols);
+            snprintf(n, sizeof n, "model.layers.%d.%s", l, layer_tensors[i].hf);
+            if ((rc = plan_random(p, o, n, rows, cols, err)))
                 return rc;
         }
     }
@@ -1261,9 +1285,8 @@ out:
 
 static int mk_write_gguf(const struct mk_opts *o, struct mk_result *res, struct rl_err *err)
 {
-    int64_t H = o->hidden, I = o->intermediate, Q = (int64_t)o->n_heads * o->head_dim,
-            KV = (int64_t)o->n_kv_heads * o->head_dim, D = o->head_dim, V = o->vocab;
-    int L = o->n_layers, n_t = 3 + 11 * L + (o->tied ? 0 : 1);
+    int64_t H = o->hidden, I = o->intermediate, D = o->head_dim, V = o->vocab;
+    int L = o->n_layers, n_t = 3 + N_LAYER_TENSORS * L + (o->tied ? 0 : 1);
     int bos = o->bos_id >= 0 ? o->bos_id : o->vocab > 151645 ? 151643 : o->vocab - 2;
     int eos = o->eos_id >= 0 ? o->eos_id : o->vocab > 151645 ? 151645 : o->vocab - 1;
     struct qt *t = calloc((size_t)n_t, sizeof *t);
@@ -1299,21 +1322,14 @@ static int mk_write_gguf(const struct mk_opts *o, struct mk_result *res, struct 
     /* tied: the embedding is also the output, so it gets the output's 6 bits */
     ADD("token_embd.weight", "model.embed_tokens.weight", V, H, o->tied ? six : base);
     for (int l = 0; l < L; l++) {
-        static const char *const gn[11] = {"attn_norm", "attn_q", "attn_k", "attn_v",
-                                           "attn_output", "attn_q_norm", "attn_k_norm",
-                                           "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"};
-        static const char *const hf[11] = {
-            "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-            "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_norm.weight",
-            "self_attn.k_norm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
-            "mlp.up_proj.weight", "mlp.down_proj.weight"};
-        const int64_t rows[11] = {0, Q, KV, KV, H, 0, 0, 0, I, I, H};
-        const int64_t cols[11] = {H, H, H, H, Q, D, D, H, H, H, I};
-        for (int i = 0; i < 11; i++) {
+        for (int i = 0; i < N_LAYER_TENSORS; i++) {
             char a[96], b[160];
-            snprintf(a, sizeof a, "blk.%d.%s.weight", l, gn[i]);
-            snprintf(b, sizeof b, "model.layers.%d.%s", l, hf[i]);
-            ADD(a, b, rows[i], cols[i], (i == 3 || i == 10) && more_bits(l, L) ? six : base);
+            int64_t rows, cols;
+            layer_shape(o, i, &rows, &cols);
+            snprintf(a, sizeof a, "blk.%d.%s.weight", l, layer_tensors[i].gguf);
+            snprintf(b, sizeof b, "model.layers.%d.%s", l, layer_tensors[i].hf);
+            int six_bits = (i == LT_ATTN_V || i == LT_FFN_DOWN) && more_bits(l, L);
+            ADD(a, b, rows, cols, six_bits ? six : base);
         }
     }
     ADD("output_norm.weight", "model.norm.weight", 0, H, MODEL_F32);
