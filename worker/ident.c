@@ -107,15 +107,9 @@ bool w_ident_cancel_meant(const struct wjob *j, const struct rconn_reply *r)
 void w_ident_refuse(struct worker *w, struct wjob *j, int code)
 {
     j->ident = code;
-    for (int k = 0; k < j->n_out; k++)
-        free(j->out[k].json);
-    j->n_out = 0;
-    free(j->dead);
-    j->dead = NULL;
-    free(j->cache_value);
-    j->cache_value = NULL;
-    j->cache_fill = false;
-    w_hold_clear(j);
+    /* (and its byte count: the answer that follows is bounded by
+     * publish_buffer_kb alone, not with what was dropped) */
+    w_outbox_drop(j);
     if (j->eng_id) {
         /* the engine gives its final event for the cancel later (loop.c
          * on_event), then w_ident_apply finishes the refusal */

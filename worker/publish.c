@@ -117,6 +117,20 @@ int w_push_event(struct wjob *j, char *json)
     return 0;
 }
 
+void w_outbox_drop(struct wjob *j)
+{
+    for (int k = 0; k < j->n_out; k++)
+        free(j->out[k].json);
+    j->n_out = 0;
+    j->out_bytes = 0;
+    free(j->dead);
+    j->dead = NULL;
+    free(j->cache_value);
+    j->cache_value = NULL;
+    j->cache_fill = false;
+    w_hold_clear(j);
+}
+
 int w_push_done(struct worker *w, struct wjob *j, enum ev_finish fin,
                 const struct engine_usage *u)
 {
@@ -990,16 +1004,7 @@ static void remove_job(struct worker *w, int i)
  * before it is freed; one that is not goes with the next settle_jobs. */
 static void stop_job(struct worker *w, struct wjob *j)
 {
-    for (int k = 0; k < j->n_out; k++)
-        free(j->out[k].json);
-    j->n_out = 0;
-    j->out_bytes = 0;
-    free(j->dead);
-    j->dead = NULL;
-    free(j->cache_value);
-    j->cache_value = NULL;
-    j->cache_fill = false;
-    w_hold_clear(j);
+    w_outbox_drop(j);
     j->fenced = false;
     if (!j->eng_id) {
         j->state = 0; /* removed by settle_jobs */

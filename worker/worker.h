@@ -363,6 +363,10 @@ int w_jobs_add(struct worker *w, struct wjob *j);
 /* publish.c */
 /* Appends an event to j's outbox (taking json), and to its cache history. */
 int w_push_event(struct wjob *j, char *json);
+/* Drops everything of j not yet stored: its outbox, its dead letter, the
+ * result-cache entry it was filling and the deltas it holds back. For a
+ * job that will not write to its stream again, or not what it had. */
+void w_outbox_drop(struct wjob *j);
 /* Builds and queues an error event followed by done(error). */
 int w_push_error(struct worker *w, struct wjob *j, enum ev_code code, const char *msg);
 /* Builds and queues a done event with the usage and timings of j. */
