@@ -41,7 +41,6 @@ import http.client
 import json
 import os
 import pathlib
-import selectors
 import shutil
 import signal
 import socket
@@ -57,6 +56,7 @@ import redis
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
 from local_cluster import free_port, wait_ping  # noqa: E402
+from slow_flood import SlowFlood  # noqa: E402
 
 MODEL = ROOT / "tests" / "data" / "models" / "tiny-qwen3-a"
 NAME = "tiny-qwen3"
@@ -237,65 +237,6 @@ def check_honest(results, r, prefix, counters):
 
 # --- the attacks -------------------------------------------------------------------
 
-class SlowFlood:
-    """n connections sending a header byte every `every` s from sources, each
-    reopened as soon as it is closed."""
-
-    def __init__(self, port, n, sources, every=0.5):
-        self.port, self.n, self.sources, self.every = port, n, sources, every
-        self.sel, self.pending = selectors.DefaultSelector(), {}
-        self.opened = self.reopened = 0
-        self.stop = threading.Event()
-        self.t = threading.Thread(target=self.run, daemon=True)
-        self.t.start()
-
-    def open_one(self, i):
-        s = socket.socket()
-        s.setblocking(False)
-        s.bind((self.sources[i % len(self.sources)], 0))
-        try:
-            s.connect(("127.0.0.1", self.port))
-        except BlockingIOError:
-            pass
-        self.sel.register(s, selectors.EVENT_READ, i)
-        self.pending[s] = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-        self.opened += 1
-
-    def run(self):
-        for i in range(self.n):
-            self.open_one(i)
-        tick = time.time()
-        while not self.stop.is_set():
-            for key, _ in self.sel.select(0.05):
-                s, i = key.fileobj, key.data
-                try:
-                    gone = s.recv(4096) == b""
-                except BlockingIOError:
-                    gone = False
-                except OSError:
-                    gone = True
-                if gone:
-                    self.sel.unregister(s)
-                    self.pending.pop(s, None)
-                    s.close()
-                    self.open_one(i)
-                    self.reopened += 1
-            if time.time() >= tick:
-                tick += self.every
-                for key in list(self.sel.get_map().values()):
-                    try:
-                        key.fileobj.send(self.pending.get(key.fileobj) or b"X")
-                        self.pending[key.fileobj] = None
-                    except OSError:
-                        pass
-        for key in list(self.sel.get_map().values()):
-            key.fileobj.close()
-
-    def close(self):
-        self.stop.set()
-        self.t.join(10)
-
-
 def timed_get(port, path, headers=None, body=None):
     t = time.time()
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
@@ -316,16 +257,16 @@ def p99_ms(xs):
 
 
 def attack_flood(f, out):
-    flood = SlowFlood(f.port, 300, ["127.0.0.2"] * 5 + [f"127.0.0.{10 + k}" for k in range(15)])
     health, reqs = [], []
-    t0 = time.time()
     auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     body = json.dumps({"model": NAME, "messages": [{"role": "user", "content": "hi"}],
                        "max_tokens": 2})
-    while time.time() - t0 < 12:
-        health.append(timed_get(f.port, "/health"))
-        reqs.append(timed_get(f.port, "/v1/chat/completions", auth, body))
-    flood.close()
+    sources = ["127.0.0.2"] * 5 + [f"127.0.0.{10 + k}" for k in range(15)]
+    with SlowFlood(f.port, 300, sources) as flood:
+        t0 = time.time()
+        while time.time() - t0 < 12:
+            health.append(timed_get(f.port, "/health"))
+            reqs.append(timed_get(f.port, "/v1/chat/completions", auth, body))
     out["flood_health_p99_ms"] = p99_ms(health)
     out["flood_request_p99_ms"] = p99_ms(reqs)
     out["flood_probes_failed"] = sum(x == float("inf") for x in health + reqs)

@@ -31,7 +31,6 @@ import http.client
 import json
 import os
 import pathlib
-import selectors
 import shutil
 import signal
 import socket
@@ -45,6 +44,7 @@ import redis
 
 from conftest import (BUILD, CLI, MODEL, WORKER, Daemon, RedisServer, connect, free_port,
                       job_events, wait_for, wait_ping)
+from slow_flood import SlowFlood  # tests/bench, on the path conftest sets
 from test_http import DISPATCHER, MODEL_NAME, Front, sse_events
 
 MSGS = [{"role": "user", "content": "Tell me a story about a cat."}]
@@ -209,72 +209,6 @@ def test_pooled_connections_reconnect_after_redis_restart(door, fake, prefix, tm
 
 
 # --- slow clients -------------------------------------------------------------
-
-class SlowFlood:
-    """n connections that send a request line and then one header byte every
-    `every` seconds, never finishing; each one closed is opened again at once.
-    sources: the local addresses they come from, round robin."""
-
-    def __init__(self, port, n, sources, every=0.5):
-        self.port, self.n, self.sources, self.every = port, n, sources, every
-        self.sel = selectors.DefaultSelector()
-        self.opened = self.reopened = 0
-        self.stop = threading.Event()
-        self.t = threading.Thread(target=self.run, daemon=True)
-
-    def open_one(self, i):
-        s = socket.socket()
-        s.setblocking(False)
-        s.bind((self.sources[i % len(self.sources)], 0))
-        try:
-            s.connect(("127.0.0.1", self.port))
-        except BlockingIOError:
-            pass
-        self.sel.register(s, selectors.EVENT_READ, i)
-        self.pending[s] = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-        self.opened += 1
-
-    def run(self):
-        self.pending = {}
-        for i in range(self.n):
-            self.open_one(i)
-        next_tick = time.time()
-        while not self.stop.is_set():
-            for key, _ in self.sel.select(0.05):
-                s, i = key.fileobj, key.data
-                try:
-                    gone = s.recv(4096) == b""
-                except BlockingIOError:
-                    gone = False
-                except OSError:
-                    gone = True
-                if gone:
-                    self.sel.unregister(s)
-                    self.pending.pop(s, None)
-                    s.close()
-                    self.open_one(i)
-                    self.reopened += 1
-            if time.time() >= next_tick:
-                next_tick += self.every
-                for key in list(self.sel.get_map().values()):
-                    s = key.fileobj
-                    data = self.pending.get(s) or b"X"
-                    try:
-                        s.send(data)
-                        self.pending[s] = None
-                    except (BlockingIOError, OSError):
-                        pass
-        for key in list(self.sel.get_map().values()):
-            key.fileobj.close()
-
-    def __enter__(self):
-        self.t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.t.join(10)
-
 
 def p99(xs):
     xs = sorted(xs)
