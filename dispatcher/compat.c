@@ -59,7 +59,7 @@ static int content_text(const cJSON *c, const char *param, char **out, struct oa
         return (*out = strdup("")) ? 0 : -RL_ENOMEM;
     if (!cJSON_IsArray(c))
         return bad(e, "BAD_TYPE", param, "must be a string or an array of content parts");
-    struct oai_buf b = {0};
+    struct text b = {0};
     int i = 0;
     const cJSON *p;
     cJSON_ArrayForEach(p, c)
@@ -70,20 +70,20 @@ static int content_text(const cJSON *c, const char *param, char **out, struct oa
                     (!strcmp(t->valuestring, "input_text") ||
                      !strcmp(t->valuestring, "output_text") || !strcmp(t->valuestring, "text"));
         if (!text || !cJSON_IsString(x)) {
-            oai_buf_free(&b);
+            text_free(&b);
             char pp[JOB_FIELD_MAX];
             snprintf(pp, sizeof pp, "%.60s[%d].type", param, i);
             return bad(e, "BAD_VALUE", pp,
                        "only text parts (input_text, output_text) are supported");
         }
-        if (oai_buf_put(&b, x->valuestring, strlen(x->valuestring))) {
-            oai_buf_free(&b);
+        if (text_add(&b, x->valuestring, strlen(x->valuestring))) {
+            text_free(&b);
             return -RL_ENOMEM;
         }
         i++;
     }
-    if (oai_buf_put(&b, "", 1)) {
-        oai_buf_free(&b);
+    if (text_add(&b, "", 1)) {
+        text_free(&b);
         return -RL_ENOMEM;
     }
     *out = b.p;
@@ -621,13 +621,13 @@ struct cpt_resp {
     cJSON *items;              /* the output items closed so far */
     enum open_item open;
     char item_id[96];
-    struct oai_buf cur;        /* the open item's text (OPEN_CALL: its arguments) */
+    struct text cur;        /* the open item's text (OPEN_CALL: its arguments) */
     bool had_message;
     struct oai_tc_stream tc;   /* stream: tool calls sent in fragments */
     int call_index;            /* OPEN_CALL: the call's index in done's tool_calls */
     char call_name[256];       /* OPEN_CALL: its function name */
     /* both */
-    struct oai_buf content, reasoning; /* the whole answer */
+    struct text content, reasoning; /* the whole answer */
     cJSON *tool_calls;
     const char *finish;        /* done's finish_reason */
     int64_t prompt_tokens, completion_tokens, reasoning_tokens, cached_tokens;
@@ -663,9 +663,9 @@ void cpt_resp_free(struct cpt_resp *r)
     cJSON_Delete(r->items);
     cJSON_Delete(r->tool_calls);
     oai_tc_free(&r->tc);
-    oai_buf_free(&r->cur);
-    oai_buf_free(&r->content);
-    oai_buf_free(&r->reasoning);
+    text_free(&r->cur);
+    text_free(&r->content);
+    text_free(&r->reasoning);
     free(r);
 }
 
@@ -678,22 +678,22 @@ static int fail(struct cpt_resp *r, struct oai_error *e)
 
 /* Writes c (freed) as one Responses SSE event: its type as the event name,
  * sequence_number added. */
-static int sse_event(struct cpt_resp *r, cJSON *c, struct oai_buf *out)
+static int sse_event(struct cpt_resp *r, cJSON *c, struct text *out)
 {
     if (!c)
         return -RL_ENOMEM;
     cJSON_AddNumberToObject(c, "sequence_number", (double)r->seqno++);
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(c, "type");
     char *s = cJSON_PrintUnformatted(c);
-    int rc = !s ? -RL_ENOMEM : oai_buf_put(out, "event: ", 7);
+    int rc = !s ? -RL_ENOMEM : text_add(out, "event: ", 7);
     if (!rc)
-        rc = oai_buf_put(out, t->valuestring, strlen(t->valuestring));
+        rc = text_add(out, t->valuestring, strlen(t->valuestring));
     if (!rc)
-        rc = oai_buf_put(out, "\ndata: ", 7);
+        rc = text_add(out, "\ndata: ", 7);
     if (!rc)
-        rc = oai_buf_put(out, s, strlen(s));
+        rc = text_add(out, s, strlen(s));
     if (!rc)
-        rc = oai_buf_put(out, "\n\n", 2);
+        rc = text_add(out, "\n\n", 2);
     free(s);
     cJSON_Delete(c);
     return rc;
@@ -848,7 +848,7 @@ static cJSON *call_item(const struct cpt_resp *r, const char *id, const char *ca
 /* Closes the open function_call item (streamed): what the fragments lacked
  * of final (done's arguments; NULL before done: the fragments are the
  * arguments), then its done events. */
-static int close_call(struct cpt_resp *r, const char *final, struct oai_buf *out)
+static int close_call(struct cpt_resp *r, const char *final, struct text *out)
 {
     const char *rest = final ? oai_tc_rest(&r->tc, r->call_index, final) : NULL;
     int rc = 0;
@@ -858,10 +858,10 @@ static int close_call(struct cpt_resp *r, const char *final, struct oai_buf *out
         cJSON_AddStringToObject(c, "delta", rest);
         rc = sse_event(r, c, out);
         if (!rc)
-            rc = oai_buf_put(&r->cur, rest, strlen(rest));
+            rc = text_add(&r->cur, rest, strlen(rest));
     }
     if (!rc)
-        rc = oai_buf_put(&r->cur, "", 1);
+        rc = text_add(&r->cur, "", 1);
     if (rc)
         return rc;
     r->cur.n--; /* the NUL stays behind the text */
@@ -884,14 +884,14 @@ static int close_call(struct cpt_resp *r, const char *final, struct oai_buf *out
 }
 
 /* Closes the open item: its done events, and onto items. */
-static int close_item(struct cpt_resp *r, struct oai_buf *out)
+static int close_item(struct cpt_resp *r, struct text *out)
 {
     if (r->open == OPEN_NONE)
         return 0;
     if (r->open == OPEN_CALL)
         return close_call(r, NULL, out);
     const char *text = r->cur.p ? r->cur.p : "";
-    if (oai_buf_put(&r->cur, "", 1))
+    if (text_add(&r->cur, "", 1))
         return -RL_ENOMEM;
     text = r->cur.p;
     cJSON *item = r->open == OPEN_REASONING ? reasoning_item(r, text, true)
@@ -928,7 +928,7 @@ static int close_item(struct cpt_resp *r, struct oai_buf *out)
 }
 
 /* Opens an item of kind k: its added events. */
-static int open_item(struct cpt_resp *r, enum open_item k, struct oai_buf *out)
+static int open_item(struct cpt_resp *r, enum open_item k, struct text *out)
 {
     int rc = close_item(r, out);
     if (rc)
@@ -955,7 +955,7 @@ static int open_item(struct cpt_resp *r, enum open_item k, struct oai_buf *out)
     return rc;
 }
 
-static int start(struct cpt_resp *r, struct oai_buf *out)
+static int start(struct cpt_resp *r, struct text *out)
 {
     if (r->started || r->api != CPT_RESPONSES)
         return 0;
@@ -975,12 +975,12 @@ static int start(struct cpt_resp *r, struct oai_buf *out)
 
 /* Responses: one text delta, reasoning or answer. */
 static int responses_text(struct cpt_resp *r, enum open_item k, const char *s,
-                          struct oai_buf *out)
+                          struct text *out)
 {
     if (!s || !s[0])
         return 0;
     int rc = r->open == k ? 0 : open_item(r, k, out);
-    if (rc || (rc = oai_buf_put(&r->cur, s, strlen(s))))
+    if (rc || (rc = text_add(&r->cur, s, strlen(s))))
         return rc;
     if (!r->stream)
         return 0;
@@ -995,7 +995,7 @@ static int responses_text(struct cpt_resp *r, enum open_item k, const char *s,
 /* Responses, streamed: a delta's tool_calls. A call that opens closes the
  * open item and opens its function_call item (output_item.added, arguments
  * ""); each fragment is a response.function_call_arguments.delta. */
-static int responses_tool_deltas(struct cpt_resp *r, const cJSON *tcs, struct oai_buf *out)
+static int responses_tool_deltas(struct cpt_resp *r, const cJSON *tcs, struct text *out)
 {
     const cJSON *t;
     cJSON_ArrayForEach(t, tcs)
@@ -1028,7 +1028,7 @@ static int responses_tool_deltas(struct cpt_resp *r, const cJSON *tcs, struct oa
             continue; /* its item closed already (text came between) */
         }
         if (*frag) {
-            if ((rc = oai_buf_put(&r->cur, frag, strlen(frag))))
+            if ((rc = text_add(&r->cur, frag, strlen(frag))))
                 return rc;
             cJSON *c = item_event(r, "response.function_call_arguments.delta", false);
             cJSON_AddStringToObject(c, "delta", frag);
@@ -1096,13 +1096,13 @@ static cJSON *ollama_object(const struct cpt_resp *r, const char *content, const
     return o;
 }
 
-static int ndjson_put(cJSON *o, struct oai_buf *out)
+static int ndjson_put(cJSON *o, struct text *out)
 {
     char *s = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
-    int rc = !s ? -RL_ENOMEM : oai_buf_put(out, s, strlen(s));
+    int rc = !s ? -RL_ENOMEM : text_add(out, s, strlen(s));
     if (!rc)
-        rc = oai_buf_put(out, "\n", 1);
+        rc = text_add(out, "\n", 1);
     free(s);
     return rc;
 }
@@ -1120,13 +1120,13 @@ static int64_t int_member(const cJSON *o, const char *k)
                ? (int64_t)v->valuedouble : 0;
 }
 
-static int feed_delta(struct cpt_resp *r, const cJSON *ev, struct oai_buf *out)
+static int feed_delta(struct cpt_resp *r, const cJSON *ev, struct text *out)
 {
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(ev, "delta");
     const char *content = str_member(d, "content");
     const char *reasoning = str_member(d, "reasoning_content");
-    if ((content && oai_buf_put(&r->content, content, strlen(content))) ||
-        (reasoning && oai_buf_put(&r->reasoning, reasoning, strlen(reasoning))))
+    if ((content && text_add(&r->content, content, strlen(content))) ||
+        (reasoning && text_add(&r->reasoning, reasoning, strlen(reasoning))))
         return -RL_ENOMEM;
     int rc = 0;
     if (r->api == CPT_RESPONSES) {
@@ -1144,7 +1144,7 @@ static int feed_delta(struct cpt_resp *r, const cJSON *ev, struct oai_buf *out)
 }
 
 /* Responses: the function calls, the last item, response.completed. */
-static int responses_done(struct cpt_resp *r, struct oai_buf *out)
+static int responses_done(struct cpt_resp *r, struct text *out)
 {
     int rc = 0;
     if (!r->had_message && !(r->tool_calls && r->tool_calls->child))
@@ -1213,7 +1213,7 @@ static int responses_done(struct cpt_resp *r, struct oai_buf *out)
     return sse_event(r, c, out);
 }
 
-static int feed_done(struct cpt_resp *r, const cJSON *ev, struct oai_buf *out,
+static int feed_done(struct cpt_resp *r, const cJSON *ev, struct text *out,
                      struct oai_error *e)
 {
     const char *fr = str_member(ev, "finish_reason");
@@ -1248,7 +1248,7 @@ static int feed_done(struct cpt_resp *r, const cJSON *ev, struct oai_buf *out,
     return OAI_END;
 }
 
-int cpt_resp_feed(struct cpt_resp *r, const char *event, size_t len, struct oai_buf *out,
+int cpt_resp_feed(struct cpt_resp *r, const char *event, size_t len, struct text *out,
                   struct oai_error *e)
 {
     if (r->state == OAI_FAILED) {
@@ -1306,13 +1306,13 @@ char *cpt_error_json(enum cpt_api api, const struct oai_error *e)
     return s;
 }
 
-int cpt_stream_error(const struct cpt_resp *r, const struct oai_error *e, struct oai_buf *out)
+int cpt_stream_error(const struct cpt_resp *r, const struct oai_error *e, struct text *out)
 {
     if (r->api != CPT_RESPONSES) {
         char *s = cpt_error_json(r->api, e);
-        int rc = !s ? -RL_ENOMEM : oai_buf_put(out, s, strlen(s));
+        int rc = !s ? -RL_ENOMEM : text_add(out, s, strlen(s));
         if (!rc)
-            rc = oai_buf_put(out, "\n", 1);
+            rc = text_add(out, "\n", 1);
         free(s);
         return rc;
     }
@@ -1327,10 +1327,10 @@ int cpt_stream_error(const struct cpt_resp *r, const struct oai_error *e, struct
     return sse_event((struct cpt_resp *)r, c, out);
 }
 
-int cpt_keepalive(const struct cpt_resp *r, struct oai_buf *out)
+int cpt_keepalive(const struct cpt_resp *r, struct text *out)
 {
     if (r->api == CPT_RESPONSES)
-        return oai_buf_put(out, ": keep-alive\n\n", 14);
+        return text_add(out, ": keep-alive\n\n", 14);
     return ndjson_put(ollama_object(r, "", NULL, false), out);
 }
 
@@ -1342,18 +1342,18 @@ char *cpt_resp_body(const struct cpt_resp *r)
     if (r->api == CPT_RESPONSES) {
         o = response_object(r);
     } else {
-        struct oai_buf c = {0}, t = {0};
-        if (oai_buf_put(&c, r->content.p ? r->content.p : "", r->content.n) ||
-            oai_buf_put(&c, "", 1) ||
-            oai_buf_put(&t, r->reasoning.p ? r->reasoning.p : "", r->reasoning.n) ||
-            oai_buf_put(&t, "", 1)) {
-            oai_buf_free(&c);
-            oai_buf_free(&t);
+        struct text c = {0}, t = {0};
+        if (text_add(&c, r->content.p ? r->content.p : "", r->content.n) ||
+            text_add(&c, "", 1) ||
+            text_add(&t, r->reasoning.p ? r->reasoning.p : "", r->reasoning.n) ||
+            text_add(&t, "", 1)) {
+            text_free(&c);
+            text_free(&t);
             return NULL;
         }
         o = ollama_object(r, c.p, t.p, true);
-        oai_buf_free(&c);
-        oai_buf_free(&t);
+        text_free(&c);
+        text_free(&t);
     }
     char *s = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);

@@ -68,19 +68,19 @@ void cpt_resp_free(struct cpt_resp *r);
 
 /* As oai_resp_feed: the bytes of a stream are appended to *out; returns an
  * enum oai_feed or -RL_ENOMEM. */
-int cpt_resp_feed(struct cpt_resp *r, const char *event, size_t len, struct oai_buf *out,
+int cpt_resp_feed(struct cpt_resp *r, const char *event, size_t len, struct text *out,
                   struct oai_error *e);
 
 /* A stream that fails after its first bytes: Responses `event: error`
  * (type error, code, message, param); Ollama {"error": "..."} as the last
  * line. */
-int cpt_stream_error(const struct cpt_resp *r, const struct oai_error *e, struct oai_buf *out);
+int cpt_stream_error(const struct cpt_resp *r, const struct oai_error *e, struct text *out);
 
 /* Bytes that change nothing for a streaming client, for a silence that
  * must be broken (a proxy's idle timeout, probing a half-closed client):
  * Responses an SSE comment; Ollama a line with empty content and done
  * false, since NDJSON has no comments and its readers parse every line. */
-int cpt_keepalive(const struct cpt_resp *r, struct oai_buf *out);
+int cpt_keepalive(const struct cpt_resp *r, struct text *out);
 
 /* Non-stream, after OAI_END: the response object, malloc'd; NULL when out
  * of memory. */

@@ -282,7 +282,7 @@ struct req {
     const char *cors_origin;   /* the Access-Control-Allow-Origin to send, or NULL */
     struct conn *c;            /* its connection's record, or NULL */
     int fd;                    /* the client's socket (for disconnect checks) */
-    struct oai_buf body;
+    struct text body;
     bool too_big, responded;
     /* the caller's tenant (auth on) */
     bool has_tenant;
@@ -302,7 +302,7 @@ struct req {
     /* its place in the vLLM-named gauges, under the model name it echoes */
     enum vm_state vm;
     char vm_model[JOB_MODEL_MAX + 1];
-    struct oai_buf sse;        /* bytes produced and not yet handed to MHD */
+    struct text sse;        /* bytes produced and not yet handed to MHD */
     size_t sse_off;
     bool enqueued;             /* the job is in Redis */
     bool job_ended;            /* done or error seen: nothing to cancel */
@@ -400,87 +400,87 @@ static void observe_first_event(struct dhttp *h, double ms)
 }
 
 /* The front door's own families (its counters, under m_mu). */
-static void put_http_families(struct dhttp *h, struct oai_buf *b)
+static void put_http_families(struct dhttp *h, struct text *b)
 {
     struct counters m;
     pthread_mutex_lock(&h->m_mu);
     m = h->m;
     pthread_mutex_unlock(&h->m_mu);
-    oai_buf_printf(b, "# HELP redlm_http_requests_total HTTP requests answered, by status\n"
+    text_printf(b, "# HELP redlm_http_requests_total HTTP requests answered, by status\n"
                       "# TYPE redlm_http_requests_total counter\n");
     for (int i = 0; i <= N_STATUS; i++)
         if (i < N_STATUS)
-            oai_buf_printf(b, "redlm_http_requests_total{code=\"%d\"} %lld\n", status_codes[i],
+            text_printf(b, "redlm_http_requests_total{code=\"%d\"} %lld\n", status_codes[i],
                            (long long)m.by_status[i]);
         else
-            oai_buf_printf(b, "redlm_http_requests_total{code=\"other\"} %lld\n",
+            text_printf(b, "redlm_http_requests_total{code=\"other\"} %lld\n",
                            (long long)m.by_status[i]);
-    oai_buf_printf(
+    text_printf(
         b,
         "# HELP redlm_http_chat_requests_total chat completion requests, streamed or not\n"
         "# TYPE redlm_http_chat_requests_total counter\n"
         "redlm_http_chat_requests_total{stream=\"true\"} %lld\n"
         "redlm_http_chat_requests_total{stream=\"false\"} %lld\n",
         (long long)m.chat_stream, (long long)m.chat_plain);
-    oai_buf_printf(b,
+    text_printf(b,
                    "# HELP redlm_http_active_requests requests in flight\n"
                    "# TYPE redlm_http_active_requests gauge\nredlm_http_active_requests %d\n",
                    m.active);
-    oai_buf_printf(
+    text_printf(
         b,
         "# HELP redlm_http_client_cancels_total jobs cancelled because their client left\n"
         "# TYPE redlm_http_client_cancels_total counter\nredlm_http_client_cancels_total %lld\n",
         (long long)m.client_cancels);
-    oai_buf_printf(
+    text_printf(
         b,
         "# HELP redlm_http_rate_limited_total requests refused with 429 by a tenant's limits\n"
         "# TYPE redlm_http_rate_limited_total counter\nredlm_http_rate_limited_total %lld\n",
         (long long)m.rate_limited);
-    oai_buf_printf(
+    text_printf(
         b,
         "# HELP redlm_http_auth_failures_total requests refused for a missing or unknown "
         "API key\n# TYPE redlm_http_auth_failures_total counter\nredlm_http_auth_failures_total "
         "%lld\n",
         (long long)m.auth_failures);
-    oai_buf_printf(b,
+    text_printf(b,
                    "# HELP redlm_http_sse_events_total server-sent events written\n"
                    "# TYPE redlm_http_sse_events_total counter\nredlm_http_sse_events_total %lld\n",
                    (long long)m.sse_events);
-    oai_buf_printf(
+    text_printf(
         b,
         "# HELP redlm_http_slow_clients_closed_total connections closed for sending their "
         "request too slowly\n# TYPE redlm_http_slow_clients_closed_total counter\n"
         "redlm_http_slow_clients_closed_total %lld\n",
         (long long)m.slow_closed);
-    oai_buf_printf(
+    text_printf(
         b,
         "# HELP redlm_http_connections_evicted_total connections waiting for their request "
         "closed to make room at http_max_connections\n"
         "# TYPE redlm_http_connections_evicted_total counter\n"
         "redlm_http_connections_evicted_total %lld\n",
         (long long)m.evicted);
-    oai_buf_printf(b,
+    text_printf(b,
                    "# HELP redlm_http_connections_refused_total connections refused at "
                    "http_max_connections while every one was being answered\n"
                    "# TYPE redlm_http_connections_refused_total counter\n"
                    "redlm_http_connections_refused_total %lld\n",
                    (long long)m.refused);
-    oai_buf_printf(b,
+    text_printf(b,
                    "# HELP redlm_http_auth_throttled_total requests refused with 429 because their "
                    "address sent too many wrong API keys\n"
                    "# TYPE redlm_http_auth_throttled_total counter\n"
                    "redlm_http_auth_throttled_total %lld\n",
                    (long long)m.auth_throttled);
-    oai_buf_printf(
+    text_printf(
         b, "# HELP redlm_http_first_event_seconds time from the job's XADD to its first event\n"
            "# TYPE redlm_http_first_event_seconds histogram\n");
     int64_t cum = 0;
     for (int i = 0; i < N_BUCKETS; i++) {
         cum += m.first_event[i];
-        oai_buf_printf(b, "redlm_http_first_event_seconds_bucket{le=\"%g\"} %lld\n",
+        text_printf(b, "redlm_http_first_event_seconds_bucket{le=\"%g\"} %lld\n",
                        bucket_ms[i] / 1000, (long long)cum);
     }
-    oai_buf_printf(
+    text_printf(
         b,
         "redlm_http_first_event_seconds_bucket{le=\"+Inf\"} %lld\n"
         "redlm_http_first_event_seconds_sum %.6f\nredlm_http_first_event_seconds_count %lld\n",
@@ -491,7 +491,7 @@ static char *render_metrics(struct dhttp *h)
 {
     if (h->ops && h->front)
         return render_metrics(h->front); /* the same page on both ports */
-    struct oai_buf b = {0};
+    struct text b = {0};
     if (!h->ops) { /* an ops port with no front door: the dispatcher's families only */
         put_http_families(h, &b);
         struct vm_fleet fleet[VM_MODELS];
@@ -500,11 +500,11 @@ static char *render_metrics(struct dhttp *h)
     }
     char *more = h->hooks.metrics_text ? h->hooks.metrics_text(h->hooks.ctx) : NULL;
     if (more) {
-        oai_buf_put(&b, more, strlen(more));
+        text_add(&b, more, strlen(more));
         free(more);
     }
     if (!b.p)
-        oai_buf_put(&b, "", 0);
+        text_add(&b, "", 0);
     return b.p;
 }
 
@@ -528,18 +528,18 @@ static int keys_refresh(struct dhttp *h, bool force, struct rl_err *err)
     FILE *f = fopen(h->keys_path, "rb");
     if (!f)
         return rl_errf(err, RL_EIO, "%s: %s", h->keys_path, strerror(errno));
-    struct oai_buf b = {0};
+    struct text b = {0};
     char chunk[4096];
     size_t k;
     int rc = 0;
     while ((k = fread(chunk, 1, sizeof chunk, f)) > 0 && !rc)
-        if (oai_buf_put(&b, chunk, k))
+        if (text_add(&b, chunk, k))
             rc = rl_errf(err, RL_ENOMEM, "%s: out of memory", h->keys_path);
     fclose(f);
     struct oai_keys keys;
     if (!rc)
         rc = oai_keys_parse(b.p ? b.p : "", b.n, h->keys_path, &keys, err);
-    oai_buf_free(&b);
+    text_free(&b);
     if (rc)
         return rc;
     oai_keys_free(&h->keys);
@@ -1278,8 +1278,8 @@ static int put_filler(struct req *q)
 {
     if (q->oreq.stream && q->compat)
         return cpt_keepalive(q->cresp, &q->sse);
-    return q->oreq.stream ? oai_buf_put(&q->sse, ": keep-alive\n\n", 14)
-                          : oai_buf_put(&q->sse, "\n", 1);
+    return q->oreq.stream ? text_add(&q->sse, ": keep-alive\n\n", 14)
+                          : text_add(&q->sse, "\n", 1);
 }
 
 /* Reads events until there is something to deliver: in stream mode any
@@ -1370,7 +1370,7 @@ static int put_tail(struct req *q)
     if (q->oreq.stream || q->tail_added || !(q->finished || q->failed))
         return 0;
     char *body = q->failed ? error_body(q, &q->err) : resp_body(q);
-    int rc = body ? oai_buf_put(&q->sse, body, strlen(body)) : -RL_ENOMEM;
+    int rc = body ? text_add(&q->sse, body, strlen(body)) : -RL_ENOMEM;
     free(body);
     q->tail_added = q->finished = true;
     q->failed = false;
@@ -2383,7 +2383,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (!q->responded && !q->too_big) {
             if (q->body.n + *upload_size > h->lim.max_body_bytes)
                 q->too_big = true; /* read on, answer 413 at the end */
-            else if (oai_buf_put(&q->body, upload, *upload_size))
+            else if (text_add(&q->body, upload, *upload_size))
                 return MHD_NO;
         }
         *upload_size = 0;
@@ -2426,8 +2426,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     cpt_resp_free(q->cresp);
     cpt_request_clear(&q->creq);
     oai_request_clear(&q->oreq);
-    oai_buf_free(&q->body);
-    oai_buf_free(&q->sse);
+    text_free(&q->body);
+    text_free(&q->sse);
     free(q->more_leases);
     free(q);
     *con_cls = NULL;

@@ -58,52 +58,6 @@
 
 /* ---- buffers ---- */
 
-int oai_buf_put(struct oai_buf *b, const char *s, size_t len)
-{
-    if (b->n + len + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + len + 1)
-            cap *= 2;
-        char *g = realloc(b->p, cap);
-        if (!g)
-            return -RL_ENOMEM;
-        b->p = g;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, len);
-    b->n += len;
-    b->p[b->n] = 0; /* keeps the text printable while debugging */
-    return 0;
-}
-
-int oai_buf_printf(struct oai_buf *b, const char *fmt, ...)
-{
-    char line[512]; /* most lines fit: one vsnprintf */
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    if (k < 0)
-        return -RL_EINVAL;
-    if ((size_t)k < sizeof line)
-        return oai_buf_put(b, line, (size_t)k);
-    char *big = malloc((size_t)k + 1);
-    if (!big)
-        return -RL_ENOMEM;
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)k + 1, fmt, ap);
-    va_end(ap);
-    int rc = oai_buf_put(b, big, (size_t)k);
-    free(big);
-    return rc;
-}
-
-void oai_buf_free(struct oai_buf *b)
-{
-    free(b->p);
-    memset(b, 0, sizeof *b);
-}
-
 void oai_limits_default(struct oai_limits *l)
 {
     memset(l, 0, sizeof *l);
@@ -636,17 +590,17 @@ static int take_extension(struct parse_state *ps, enum kind kind, const char *na
         /* root ::= "a" | "b": the answer is one of the strings, as they are */
         if (!cJSON_IsArray(v) || !v->child)
             return bad400(e, "BAD_TYPE", name, "%s: must be a non-empty array of strings", name);
-        struct oai_buf g = {0};
-        int rc = oai_buf_put(&g, "root ::=", 8);
+        struct text g = {0};
+        int rc = text_add(&g, "root ::=", 8);
         const cJSON *c;
         cJSON_ArrayForEach(c, v)
         {
             if (!cJSON_IsString(c) || !c->valuestring[0]) {
-                oai_buf_free(&g);
+                text_free(&g);
                 return bad400(e, "BAD_TYPE", name, "%s: each choice must be a non-empty string",
                               name);
             }
-            rc = rc ? rc : oai_buf_put(&g, c == v->child ? " \"" : " | \"", c == v->child ? 2 : 4);
+            rc = rc ? rc : text_add(&g, c == v->child ? " \"" : " | \"", c == v->child ? 2 : 4);
             for (const unsigned char *p = (const unsigned char *)c->valuestring; *p && !rc; p++) {
                 char esc[8];
                 if (*p == '"' || *p == '\\')
@@ -655,14 +609,14 @@ static int take_extension(struct parse_state *ps, enum kind kind, const char *na
                     snprintf(esc, sizeof esc, "\\x%02X", *p);
                 else
                     snprintf(esc, sizeof esc, "%c", *p);
-                rc = oai_buf_put(&g, esc, strlen(esc));
+                rc = text_add(&g, esc, strlen(esc));
             }
-            rc = rc ? rc : oai_buf_put(&g, "\"", 1);
+            rc = rc ? rc : text_add(&g, "\"", 1);
         }
-        rc = rc ? rc : oai_buf_put(&g, "", 1);
+        rc = rc ? rc : text_add(&g, "", 1);
         if (!rc && !cJSON_AddStringToObject(ps->job, "grammar", g.p))
             rc = -RL_ENOMEM;
-        oai_buf_free(&g);
+        text_free(&g);
         return rc;
     }
     default: { /* K_SKIP_SPECIAL: the job's; true (the default) makes no member */
@@ -1247,7 +1201,7 @@ struct oai_resp {
     struct oai_error failure;  /* when state is OAI_FAILED */
     bool role_sent;
     /* non-stream accumulation */
-    struct oai_buf content, reasoning;
+    struct text content, reasoning;
     cJSON *lp_content;         /* chat: array of OpenAI logprob entries, or NULL */
     cJSON *lp_legacy;          /* completions: {tokens, token_logprobs, top_logprobs,
                                   text_offset}, or NULL */
@@ -1302,8 +1256,8 @@ void oai_resp_free(struct oai_resp *r)
     if (!r)
         return;
     free(r->model);
-    oai_buf_free(&r->content);
-    oai_buf_free(&r->reasoning);
+    text_free(&r->content);
+    text_free(&r->reasoning);
     cJSON_Delete(r->lp_content);
     cJSON_Delete(r->lp_legacy);
     cJSON_Delete(r->tool_calls);
@@ -1342,18 +1296,18 @@ static cJSON *chunk_new(const struct oai_resp *r, cJSON **choice)
 }
 
 /* Writes one SSE event, "data: <json>\n\n". */
-static int sse_data(const char *json, struct oai_buf *sse)
+static int sse_data(const char *json, struct text *sse)
 {
-    int rc = oai_buf_put(sse, "data: ", 6);
+    int rc = text_add(sse, "data: ", 6);
     if (!rc)
-        rc = oai_buf_put(sse, json, strlen(json));
+        rc = text_add(sse, json, strlen(json));
     if (!rc)
-        rc = oai_buf_put(sse, "\n\n", 2);
+        rc = text_add(sse, "\n\n", 2);
     return rc;
 }
 
 /* Writes c as one SSE event and frees c. */
-static int sse_put(cJSON *c, struct oai_buf *sse)
+static int sse_put(cJSON *c, struct text *sse)
 {
     char *s = c ? cJSON_PrintUnformatted(c) : NULL;
     cJSON_Delete(c);
@@ -1547,33 +1501,33 @@ static int64_t int_member(const cJSON *o, const char *k)
 /* A completions delta: the text (reasoning, should a think block come,
  * then content: the legacy API has one text) and the legacy logprobs. */
 static int feed_text_delta(struct oai_resp *r, const char *content, const char *reasoning,
-                           const cJSON *lps, bool want_lp, struct oai_buf *sse)
+                           const cJSON *lps, bool want_lp, struct text *sse)
 {
-    struct oai_buf t = {0};
+    struct text t = {0};
     const char *echo = r->stream && !r->echo_sent && r->echo ? r->echo[r->cur] : NULL;
     r->echo_sent = true; /* (non-stream: compl_choice prepends it) */
-    if ((echo && oai_buf_put(&t, echo, strlen(echo))) ||
-        (reasoning && oai_buf_put(&t, reasoning, strlen(reasoning))) ||
-        (content && oai_buf_put(&t, content, strlen(content)))) {
-        oai_buf_free(&t);
+    if ((echo && text_add(&t, echo, strlen(echo))) ||
+        (reasoning && text_add(&t, reasoning, strlen(reasoning))) ||
+        (content && text_add(&t, content, strlen(content)))) {
+        text_free(&t);
         return -RL_ENOMEM;
     }
     int rc = OAI_MORE;
     if (!r->stream) {
-        if ((t.n && oai_buf_put(&r->content, t.p, t.n)) ||
+        if ((t.n && text_add(&r->content, t.p, t.n)) ||
             (want_lp && legacy_logprobs(r, lps, &r->lp_legacy)))
             rc = -RL_ENOMEM;
-        oai_buf_free(&t);
+        text_free(&t);
         return rc;
     }
     if (!t.n && !want_lp) {
-        oai_buf_free(&t);
+        text_free(&t);
         return OAI_MORE;
     }
     cJSON *choice;
     cJSON *c = chunk_new(r, &choice);
     cJSON_AddStringToObject(choice, "text", t.p ? t.p : "");
-    oai_buf_free(&t);
+    text_free(&t);
     cJSON *l = NULL;
     if (want_lp && legacy_logprobs(r, lps, &l)) {
         cJSON_Delete(c);
@@ -1590,9 +1544,9 @@ static int feed_text_delta(struct oai_resp *r, const char *content, const char *
     return rc ? rc : OAI_MORE;
 }
 
-static int feed_tool_deltas(struct oai_resp *r, const cJSON *tcs, struct oai_buf *sse);
+static int feed_tool_deltas(struct oai_resp *r, const cJSON *tcs, struct text *sse);
 
-static int feed_delta(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse)
+static int feed_delta(struct oai_resp *r, const cJSON *ev, struct text *sse)
 {
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(ev, "delta");
     const char *content = str_member(d, "content");
@@ -1602,9 +1556,9 @@ static int feed_delta(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse)
     if (r->api == OAI_API_COMPLETIONS)
         return feed_text_delta(r, content, reasoning, lps, want_lp, sse);
     if (!r->stream) {
-        if (content && oai_buf_put(&r->content, content, strlen(content)))
+        if (content && text_add(&r->content, content, strlen(content)))
             return -RL_ENOMEM;
-        if (reasoning && oai_buf_put(&r->reasoning, reasoning, strlen(reasoning)))
+        if (reasoning && text_add(&r->reasoning, reasoning, strlen(reasoning)))
             return -RL_ENOMEM;
         if (want_lp) {
             if (!r->lp_content && !(r->lp_content = cJSON_CreateArray()))
@@ -1693,8 +1647,8 @@ static int next_choice(struct oai_resp *r)
             return -RL_ENOMEM;
         }
     }
-    oai_buf_free(&r->content);
-    oai_buf_free(&r->reasoning);
+    text_free(&r->content);
+    text_free(&r->reasoning);
     cJSON_Delete(r->lp_content);
     cJSON_Delete(r->lp_legacy);
     cJSON_Delete(r->tool_calls);
@@ -1726,18 +1680,18 @@ int oai_tc_entry(struct oai_tc_stream *s, const cJSON *entry, int *index, bool *
         /* a new call; or index i again after a block that turned out
          * malformed: its sent fragments cannot be taken back */
         if (i == s->n) {
-            struct oai_buf *a = realloc(s->args, (size_t)(s->n + 1) * sizeof *a);
+            struct text *a = realloc(s->args, (size_t)(s->n + 1) * sizeof *a);
             if (!a)
                 return -RL_ENOMEM;
             s->args = a;
-            s->args[s->n++] = (struct oai_buf){0};
+            s->args[s->n++] = (struct text){0};
         }
         s->args[i].n = 0;
         *opens = true;
     } else if (i >= s->n) {
         return 0;
     }
-    if (**frag && oai_buf_put(&s->args[i], *frag, strlen(*frag)))
+    if (**frag && text_add(&s->args[i], *frag, strlen(*frag)))
         return -RL_ENOMEM;
     return 1;
 }
@@ -1746,7 +1700,7 @@ const char *oai_tc_rest(const struct oai_tc_stream *s, int i, const char *final)
 {
     if (i >= s->n || !final)
         return NULL;
-    const struct oai_buf *b = &s->args[i];
+    const struct text *b = &s->args[i];
     if (strlen(final) < b->n || (b->n && memcmp(final, b->p, b->n)))
         return NULL;
     return final + b->n;
@@ -1755,13 +1709,13 @@ const char *oai_tc_rest(const struct oai_tc_stream *s, int i, const char *final)
 void oai_tc_free(struct oai_tc_stream *s)
 {
     for (int i = 0; i < s->n; i++)
-        oai_buf_free(&s->args[i]);
+        text_free(&s->args[i]);
     free(s->args);
     *s = (struct oai_tc_stream){0};
 }
 
 /* One chunk whose delta holds tool_calls entries (takes arr). */
-static int tool_chunk(struct oai_resp *r, cJSON *arr, struct oai_buf *sse)
+static int tool_chunk(struct oai_resp *r, cJSON *arr, struct text *sse)
 {
     cJSON *choice;
     cJSON *c = chunk_new(r, &choice);
@@ -1795,7 +1749,7 @@ static cJSON *tool_entry(int index, const char *id, const char *name, const char
 
 /* A delta's tool_calls, as OpenAI streams them: a chunk that opens a call
  * (index, id, type, name, arguments ""), then chunks of fragments. */
-static int feed_tool_deltas(struct oai_resp *r, const cJSON *tcs, struct oai_buf *sse)
+static int feed_tool_deltas(struct oai_resp *r, const cJSON *tcs, struct text *sse)
 {
     const cJSON *t;
     cJSON_ArrayForEach(t, tcs)
@@ -1829,7 +1783,7 @@ static int feed_tool_deltas(struct oai_resp *r, const cJSON *tcs, struct oai_buf
     return 0;
 }
 
-static int feed_done(struct oai_resp *r, const cJSON *ev, struct oai_buf *sse,
+static int feed_done(struct oai_resp *r, const cJSON *ev, struct text *sse,
                      struct oai_error *e)
 {
     const char *fr = str_member(ev, "finish_reason");
@@ -1928,12 +1882,12 @@ usage:
         if ((rc = sse_put(c, sse)))
             return rc;
     }
-    if ((rc = oai_buf_put(sse, "data: [DONE]\n\n", 14)))
+    if ((rc = text_add(sse, "data: [DONE]\n\n", 14)))
         return rc;
     return OAI_END;
 }
 
-int oai_resp_feed(struct oai_resp *r, const char *event, size_t len, struct oai_buf *sse,
+int oai_resp_feed(struct oai_resp *r, const char *event, size_t len, struct text *sse,
                   struct oai_error *e)
 {
     if (r->state == OAI_FAILED) {
@@ -1979,14 +1933,14 @@ done:
     return rc;
 }
 
-int oai_sse_error(const struct oai_error *e, struct oai_buf *sse)
+int oai_sse_error(const struct oai_error *e, struct text *sse)
 {
     char *s = oai_error_json(e);
     if (!s)
         return -RL_ENOMEM;
     int rc = sse_data(s, sse);
     if (!rc)
-        rc = oai_buf_put(sse, "data: [DONE]\n\n", 14);
+        rc = text_add(sse, "data: [DONE]\n\n", 14);
     free(s);
     return rc;
 }
@@ -2022,16 +1976,16 @@ static cJSON *compl_choice(const struct oai_resp *r)
         return NULL;
     const char *echo = r->echo ? r->echo[r->cur] : NULL;
     if (echo) {
-        struct oai_buf t = {0};
-        if (oai_buf_put(&t, echo, strlen(echo)) ||
-            (r->content.n && oai_buf_put(&t, r->content.p, r->content.n)) ||
-            oai_buf_put(&t, "", 1)) {
-            oai_buf_free(&t);
+        struct text t = {0};
+        if (text_add(&t, echo, strlen(echo)) ||
+            (r->content.n && text_add(&t, r->content.p, r->content.n)) ||
+            text_add(&t, "", 1)) {
+            text_free(&t);
             cJSON_Delete(ch);
             return NULL;
         }
         cJSON_AddStringToObject(ch, "text", t.p);
-        oai_buf_free(&t);
+        text_free(&t);
     } else {
         cJSON_AddStringToObject(ch, "text", r->content.p ? r->content.p : "");
     }

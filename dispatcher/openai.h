@@ -29,21 +29,9 @@
 
 #include "err.h"
 #include "job.h"
+#include "text.h" /* the buffers SSE, bodies and /metrics pages are built in */
 
 typedef struct cJSON cJSON;
-
-/* A growable byte buffer. p is malloc'd (or NULL while empty); n bytes
- * used of cap. */
-struct oai_buf {
-    char *p;
-    size_t n, cap;
-};
-/* Appends len bytes; -RL_ENOMEM on failure (the buffer is unchanged). */
-int oai_buf_put(struct oai_buf *b, const char *s, size_t len);
-/* Appends printf-formatted text; -RL_ENOMEM on failure (the buffer is
- * unchanged). The /metrics pages are built with it. */
-__attribute__((format(printf, 2, 3))) int oai_buf_printf(struct oai_buf *b, const char *fmt, ...);
-void oai_buf_free(struct oai_buf *b);
 
 /* What a request may ask for; from the dispatcher's options. */
 struct oai_limits {
@@ -182,7 +170,7 @@ void oai_resp_free(struct oai_resp *r);
  * are appended to *sse; in non-stream mode nothing is. Returns an enum
  * oai_feed, or -RL_ENOMEM. After OAI_END or OAI_FAILED further events are
  * ignored (OAI_END / OAI_FAILED again). */
-int oai_resp_feed(struct oai_resp *r, const char *event, size_t len, struct oai_buf *sse,
+int oai_resp_feed(struct oai_resp *r, const char *event, size_t len, struct text *sse,
                   struct oai_error *e);
 
 /* Gives each tool call of the array (a done event's tool_calls, OpenAI
@@ -198,7 +186,7 @@ void oai_tool_call_id(char *out, size_t n, const char *request_id, int i);
  * (worker delta events' delta.tool_calls, schemas/README.md "Streamed
  * tool calls"), shared by the chat and Responses streams. */
 struct oai_tc_stream {
-    struct oai_buf *args; /* (n) the arguments sent so far, per index */
+    struct text *args; /* (n) the arguments sent so far, per index */
     int n;                /* calls opened */
 };
 /* One delta.tool_calls entry: *index and *frag (the fragment, "" if none),
@@ -216,7 +204,7 @@ void oai_tc_free(struct oai_tc_stream *s);
 
 /* Stream mode, after OAI_FAILED once bytes were sent: the error as one
  * SSE event ({"error": {...}}) followed by "data: [DONE]". */
-int oai_sse_error(const struct oai_error *e, struct oai_buf *sse);
+int oai_sse_error(const struct oai_error *e, struct text *sse);
 
 /* Non-stream mode, after OAI_END: the chat.completion object (for
  * completions: the text_completion object), malloc'd compact JSON; NULL

@@ -151,29 +151,29 @@ static void label(const char *s, char out[2 * JOB_MODEL_MAX + 8])
     out[n] = 0;
 }
 
-static void put_hist(struct oai_buf *b, const char *name, const char *lab, const int64_t *bk,
+static void put_hist(struct text *b, const char *name, const char *lab, const int64_t *bk,
                      const double *bounds, size_t n, const struct hist *h)
 {
     int64_t cum = 0;
     for (size_t i = 0; i < n; i++) {
         cum += bk[i];
-        oai_buf_printf(b, "%s_bucket{le=\"%g\",model_name=\"%s\"} %lld\n", name, bounds[i], lab,
+        text_printf(b, "%s_bucket{le=\"%g\",model_name=\"%s\"} %lld\n", name, bounds[i], lab,
                        (long long)cum);
     }
-    oai_buf_printf(b,
+    text_printf(b,
                    "%s_bucket{le=\"+Inf\",model_name=\"%s\"} %lld\n%s_sum{model_name=\"%s\"} %.6f\n"
                    "%s_count{model_name=\"%s\"} %lld\n",
                    name, lab, (long long)h->n, name, lab, h->sum, name, lab, (long long)h->n);
 }
 
 /* The same from cumulative counts (the fleet's sums). */
-static void put_cum(struct oai_buf *b, const char *name, const char *lab, const int64_t *cum,
+static void put_cum(struct text *b, const char *name, const char *lab, const int64_t *cum,
                     const double *bounds, size_t n, int64_t count, double sum)
 {
     for (size_t i = 0; i < n; i++)
-        oai_buf_printf(b, "%s_bucket{le=\"%g\",model_name=\"%s\"} %lld\n", name, bounds[i], lab,
+        text_printf(b, "%s_bucket{le=\"%g\",model_name=\"%s\"} %lld\n", name, bounds[i], lab,
                        (long long)cum[i]);
-    oai_buf_printf(b,
+    text_printf(b,
                    "%s_bucket{le=\"+Inf\",model_name=\"%s\"} %lld\n%s_sum{model_name=\"%s\"} %.6f\n"
                    "%s_count{model_name=\"%s\"} %lld\n",
                    name, lab, (long long)count, name, lab, sum, name, lab, (long long)count);
@@ -277,11 +277,11 @@ static const struct hist_family {
 #undef SUMS_ONLY
 };
 
-static void put_family(struct oai_buf *b, const struct hist_family *h, const struct row *rows,
+static void put_family(struct text *b, const struct hist_family *h, const struct row *rows,
                        int n)
 {
     char lab[2 * JOB_MODEL_MAX + 8];
-    oai_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", h->name, h->help, h->name);
+    text_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", h->name, h->help, h->name);
     for (int i = 0; i < n; i++) {
         const char *f = (const char *)rows[i].f, *v = (const char *)&rows[i].v;
         label(rows[i].v.name, lab);
@@ -294,7 +294,7 @@ static void put_family(struct oai_buf *b, const struct hist_family *h, const str
     }
 }
 
-void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, struct oai_buf *b)
+void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, struct text *b)
 {
     if (!m)
         return;
@@ -329,24 +329,24 @@ void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, st
             for (size_t h = 0; h < sizeof hists / sizeof hists[0]; h++)
                 put_family(b, &hists[h], rows, total);
         const struct gauge *g = &gauges[k];
-        oai_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", g->name, g->help, g->name, g->type);
+        text_printf(b, "# HELP %s %s\n# TYPE %s %s\n", g->name, g->help, g->name, g->type);
         for (int i = 0; i < total; i++) {
             label(rows[i].v.name, lab);
             if (k == G_KV)
-                oai_buf_printf(b, "%s{model_name=\"%s\"} %.6f\n", g->name, lab,
+                text_printf(b, "%s{model_name=\"%s\"} %.6f\n", g->name, lab,
                                kv_usage(rows[i].f));
             else
-                oai_buf_printf(b, "%s{model_name=\"%s\"} %lld\n", g->name, lab,
+                text_printf(b, "%s{model_name=\"%s\"} %lld\n", g->name, lab,
                                (long long)gauge_value(&rows[i], k));
         }
     }
-    oai_buf_printf(b, "# HELP vllm:request_success_total Ended requests by finish reason (abort: "
+    text_printf(b, "# HELP vllm:request_success_total Ended requests by finish reason (abort: "
                       "cancelled, past its deadline, or failed).\n"
                       "# TYPE vllm:request_success_total counter\n");
     for (int i = 0; i < total; i++) {
         label(rows[i].v.name, lab);
         for (int f = 0; f < N_FINISH; f++)
-            oai_buf_printf(
+            text_printf(
                 b, "vllm:request_success_total{finished_reason=\"%s\",model_name=\"%s\"} %lld\n",
                 finish_names[f], lab, (long long)rows[i].v.success[f]);
     }

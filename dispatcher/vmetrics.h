@@ -111,6 +111,6 @@ struct vm_fleet {
 /* Appends the families (Prometheus text with HELP and TYPE) to b: the
  * front door's, merged with the fleet's rows (n_fleet of them, borrowed;
  * fleet may be NULL when n_fleet is 0). */
-void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, struct oai_buf *b);
+void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, struct text *b);
 
 #endif

@@ -37,7 +37,7 @@ static void json_or_die(const char *s, size_t n)
     cJSON_Delete(c);
 }
 
-static void check_stream(enum cpt_api api, const struct oai_buf *b)
+static void check_stream(enum cpt_api api, const struct text *b)
 {
     size_t i = 0;
     while (i < b->n) {
@@ -111,7 +111,7 @@ static void fuzz_events(const char *s, size_t n, uint8_t sel)
         struct rl_err err = {0};
         if (cpt_resp_create(&r, &c, "resp_fz1", "m", 1700000000000, stream, &err))
             return;
-        struct oai_buf out = {0};
+        struct text out = {0};
         struct oai_error e;
         int last = OAI_MORE;
         size_t i = 0;
@@ -134,7 +134,7 @@ static void fuzz_events(const char *s, size_t n, uint8_t sel)
         if (body)
             json_or_die(body, strlen(body));
         free(body);
-        oai_buf_free(&out);
+        text_free(&out);
         cpt_resp_free(r);
     }
 }

@@ -28,7 +28,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static void check_sse(const struct oai_buf *b)
+static void check_sse(const struct text *b)
 {
     size_t i = 0;
     while (i < b->n) {
@@ -88,7 +88,7 @@ static void fuzz_events(const char *s, size_t n, uint8_t sel)
         struct oai_resp *r;
         if (oai_resp_create(&r, "fz", "m", 1, &req, NULL))
             return;
-        struct oai_buf b = {0};
+        struct text b = {0};
         int rc = OAI_MORE;
         for (size_t i = 0; i < n;) {
             const char *nl = memchr(s + i, '\n', n - i);
@@ -115,7 +115,7 @@ static void fuzz_events(const char *s, size_t n, uint8_t sel)
             cJSON_Delete(j);
         }
         free(c);
-        oai_buf_free(&b);
+        text_free(&b);
         oai_resp_free(r);
     }
 }

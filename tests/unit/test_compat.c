@@ -199,12 +199,12 @@ static const char *const EVENTS[] = {
 /* Feeds EVENTS; returns the bytes written (malloc'd). */
 static char *feed_all(struct cpt_resp *r)
 {
-    struct oai_buf out = {0};
+    struct text out = {0};
     struct oai_error e;
     for (int i = 0; i < 4; i++)
         assert_int_equal(cpt_resp_feed(r, EVENTS[i], strlen(EVENTS[i]), &out, &e),
                          i < 3 ? OAI_MORE : OAI_END);
-    oai_buf_put(&out, "", 1);
+    text_add(&out, "", 1);
     return out.p;
 }
 
@@ -292,11 +292,11 @@ static void test_responses_streamed_call(void **state)
         struct cpt_resp *r;
         struct rl_err err = {0};
         assert_int_equal(cpt_resp_create(&r, &c, "resp_ab12", "m", 1700000000123, stream, &err), 0);
-        struct oai_buf out = {0};
+        struct text out = {0};
         struct oai_error e;
         for (int i = 0; i < 4; i++)
             assert_int_equal(cpt_resp_feed(r, ev[i], strlen(ev[i]), &out, &e), i < 3 ? OAI_MORE : OAI_END);
-        oai_buf_put(&out, "", 1);
+        text_add(&out, "", 1);
         if (stream) {
             static const char *const names[] = {
                 "response.created", "response.in_progress", "response.output_item.added",
@@ -336,7 +336,7 @@ static void test_responses_streamed_call(void **state)
         free(it);
         cJSON_Delete(o);
         free(body);
-        oai_buf_free(&out);
+        text_free(&out);
         cpt_resp_free(r);
     }
 }
@@ -364,21 +364,21 @@ static void test_ollama_lines(void **state)
         "\"eval_count\":4,\"eval_duration\":3000000}\n");
     free(nd);
     /* a keep-alive is a line like any other, with nothing in it */
-    struct oai_buf ka = {0};
+    struct text ka = {0};
     assert_int_equal(cpt_keepalive(r, &ka), 0);
-    oai_buf_put(&ka, "", 1);
+    text_add(&ka, "", 1);
     assert_string_equal(ka.p, "{\"model\":\"m\",\"created_at\":\"2023-11-14T22:13:20.123Z\","
                               "\"message\":{\"role\":\"assistant\",\"content\":\"\"},"
                               "\"done\":false}\n");
-    oai_buf_free(&ka);
+    text_free(&ka);
     /* an error after the first line: one {"error"} line */
-    struct oai_buf out = {0};
+    struct text out = {0};
     struct oai_error e;
     oai_error_set(&e, 500, "server_error", "ENGINE_ERROR", NULL, "the backend failed");
     assert_int_equal(cpt_stream_error(r, &e, &out), 0);
-    oai_buf_put(&out, "", 1);
+    text_add(&out, "", 1);
     assert_string_equal(out.p, "{\"error\":\"the backend failed\"}\n");
-    oai_buf_free(&out);
+    text_free(&out);
     cpt_resp_free(r);
 }
 
@@ -392,9 +392,9 @@ static void test_vmetrics(void **state)
     vm_move(m, "b", VM_NONE, VM_WAITING);
     vm_done(m, "a", 1.2, 10, 5, "length");
     vm_move(m, "a", VM_RUNNING, VM_NONE);
-    struct oai_buf b = {0};
+    struct text b = {0};
     vm_render(m, NULL, 0, &b);
-    oai_buf_put(&b, "", 1);
+    text_add(&b, "", 1);
     static const char *const want[] = {
         "vllm:num_requests_running{model_name=\"a\"} 0\n",
         "vllm:num_requests_waiting{model_name=\"b\"} 1\n",
@@ -411,7 +411,7 @@ static void test_vmetrics(void **state)
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         if (!strstr(b.p, want[i]))
             fail_msg("missing: %s", want[i]);
-    oai_buf_free(&b);
+    text_free(&b);
     vm_free(m);
 }
 
@@ -427,9 +427,9 @@ static void test_vmetrics_fleet(void **state)
                              .kv_blocks = 100, .kv_used = 25, .prefix_queries = 40,
                              .prefix_hits = 16, .preemptions = 2},
                             {.model = "c", .n_workers = 1, .running = 1, .kv_blocks = 10}};
-    struct oai_buf b = {0};
+    struct text b = {0};
     vm_render(m, f, 2, &b);
-    oai_buf_put(&b, "", 1);
+    text_add(&b, "", 1);
     static const char *const want[] = {
         "vllm:num_requests_running{model_name=\"a\"} 3\n",
         "vllm:num_requests_waiting{model_name=\"a\"} 2\n",
@@ -445,7 +445,7 @@ static void test_vmetrics_fleet(void **state)
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         if (!strstr(b.p, want[i]))
             fail_msg("missing: %s", want[i]);
-    oai_buf_free(&b);
+    text_free(&b);
     vm_free(m);
 }
 
@@ -466,9 +466,9 @@ static void test_vmetrics_histograms(void **state)
     f.ttft_sum = 1.5, f.e2e_sum = 2.5, f.tpot_sum = 3.5, f.plen_sum = 4.5, f.glen_sum = 5.5;
     f.qt_sum = 6.5, f.pt_sum = 7.5, f.dt_sum = 8.5;
     f.e2e[0] = 11, f.qt[0] = 12, f.pt[0] = 13, f.dt[0] = 14, f.glen[0] = 15;
-    struct oai_buf b = {0};
+    struct text b = {0};
     vm_render(m, &f, 1, &b);
-    oai_buf_put(&b, "", 1);
+    text_add(&b, "", 1);
     static const char *const want[] = {
         "vllm:time_to_first_token_seconds_count{model_name=\"a\"} 101\n",
         "vllm:e2e_request_latency_seconds_count{model_name=\"a\"} 102\n",
@@ -498,7 +498,7 @@ static void test_vmetrics_histograms(void **state)
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         if (!strstr(b.p, want[i]))
             fail_msg("missing: %s", want[i]);
-    oai_buf_free(&b);
+    text_free(&b);
     vm_free(m);
 }
 
@@ -709,9 +709,9 @@ static void test_fleet_hist(void **state)
     struct vmetrics *m = vm_create();
     vm_first_token(m, "q", 0.002);
     vm_done(m, "q", 0.4, 1, 1, "stop");
-    struct oai_buf b = {0};
+    struct text b = {0};
     vm_render(m, r, 1, &b);
-    oai_buf_put(&b, "", 1);
+    text_add(&b, "", 1);
     static const char *const want[] = {
         "vllm:time_to_first_token_seconds_bucket{le=\"0.005\",model_name=\"q\"} 0\n",
         "vllm:time_to_first_token_seconds_bucket{le=\"0.02\",model_name=\"q\"} 7\n",
@@ -744,11 +744,11 @@ static void test_fleet_hist(void **state)
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         if (!strstr(b.p, want[i]))
             fail_msg("missing: %s\n%s", want[i], b.p);
-    oai_buf_free(&b);
+    text_free(&b);
     /* without the fleet's, the front door's own */
     struct vm_fleet none = {.model = "q"};
     vm_render(m, &none, 1, &b);
-    oai_buf_put(&b, "", 1);
+    text_add(&b, "", 1);
     assert_non_null(strstr(b.p, "vllm:time_to_first_token_seconds_count{model_name=\"q\"} 1\n"));
     /* lengths from the front door's done events; no token gaps seen there */
     assert_non_null(strstr(b.p, "vllm:request_prompt_tokens_bucket{le=\"1\",model_name=\"q\"} 1\n"));
@@ -757,7 +757,7 @@ static void test_fleet_hist(void **state)
     /* nor any admission: queue/prefill/decode times empty */
     assert_non_null(strstr(b.p, "vllm:request_queue_time_seconds_count{model_name=\"q\"} 0\n"));
     assert_non_null(strstr(b.p, "vllm:request_decode_time_seconds_count{model_name=\"q\"} 0\n"));
-    oai_buf_free(&b);
+    text_free(&b);
     vm_free(m);
     fleet_free(f);
 }

@@ -434,7 +434,7 @@ static void run_steps(const struct oai_request *req, const struct step *steps, i
 {
     struct oai_resp *r;
     assert_int_equal(oai_resp_create(&r, ID, "redlm", 1700000000, req, NULL), 0);
-    struct oai_buf b = {0};
+    struct text b = {0};
     for (int i = 0; i < n; i++) {
         size_t before = b.n;
         struct oai_error e;
@@ -446,7 +446,7 @@ static void run_steps(const struct oai_request *req, const struct step *steps, i
             fail_msg("%s step %d:\n got  %.*s\n want %s", what, i, (int)add, b.p ? b.p + before : "",
                      steps[i].sse);
     }
-    oai_buf_free(&b);
+    text_free(&b);
     oai_resp_free(r);
 }
 
@@ -557,7 +557,7 @@ static void test_stream_error_details(void **state)
     struct oai_request req = {.stream = true};
     struct oai_resp *r;
     assert_int_equal(oai_resp_create(&r, ID, "redlm", 1, &req, NULL), 0);
-    struct oai_buf b = {0};
+    struct text b = {0};
     struct oai_error e;
     const char *ev = "{\"seq\":0,\"type\":\"error\",\"code\":\"OVERLOADED\",\"message\":\"pool fast is full\",\"retry_after_ms\":1500}";
     assert_int_equal(oai_resp_feed(r, ev, strlen(ev), &b, &e), OAI_FAILED);
@@ -569,7 +569,7 @@ static void test_stream_error_details(void **state)
     assert_int_equal(oai_sse_error(&e, &b), 0);
     assert_string_equal(b.p, "data: {\"error\":{\"message\":\"pool fast is full\",\"type\":\"server_error\","
                              "\"param\":null,\"code\":\"OVERLOADED\"}}\n\ndata: [DONE]\n\n");
-    oai_buf_free(&b);
+    text_free(&b);
     oai_resp_free(r);
 }
 
@@ -607,7 +607,7 @@ static void test_completion_object(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct oai_resp *r;
         assert_int_equal(oai_resp_create(&r, ID, "redlm", 1700000000, &cases[i].req, NULL), 0);
-        struct oai_buf b = {0};
+        struct text b = {0};
         struct oai_error e;
         int rc = OAI_MORE;
         assert_null(oai_resp_completion(r)); /* not before done */
@@ -836,7 +836,7 @@ static void test_token_text(void **state)
     struct oai_request preq = {.api = OAI_API_COMPLETIONS, .logprobs = true};
     struct oai_resp *r;
     assert_int_equal(oai_resp_create(&r, ID, "redlm", 1700000000, &preq, NULL), 0);
-    struct oai_buf b = {0};
+    struct text b = {0};
     struct oai_error e;
     const char *evs[] = {
         LPEV(0, "Hel", "[1]", "[{\"token_id\":1,\"logprob\":-0.5,\"bytes\":[72,101,108],\"top\":[]}]"),
@@ -906,7 +906,7 @@ static void test_several_choices(void **state)
                              .echo = ech};
     struct oai_resp *r;
     assert_int_equal(oai_resp_create(&r, ID, "redlm", 1700000000, &cq, NULL), 0);
-    struct oai_buf b = {0};
+    struct text b = {0};
     const char *evs[] = {
         "{\"seq\":0,\"type\":\"delta\",\"delta\":{\"content\":\"a\"},\"token_ids\":[1]}",
         DONE_EV(1, "stop", "[]"),
@@ -935,7 +935,7 @@ static void test_several_choices(void **state)
     assert_int_equal(oai_resp_create(&r, ID, "redlm", 1700000000, &sq, NULL), 0);
     for (int i = 0; i < 4; i++)
         assert_int_equal(oai_resp_feed(r, evs[i], strlen(evs[i]), &b, &e), rcs[i]);
-    assert_int_equal(oai_buf_put(&b, "", 1), 0);
+    assert_int_equal(text_add(&b, "", 1), 0);
     cJSON *ch0 = NULL;
     int n_done = 0, seen[2] = {0, 0};
     for (char *line = strstr(b.p, "data: "); line; line = strstr(line + 1, "data: ")) {
@@ -960,7 +960,7 @@ static void test_several_choices(void **state)
     }
     assert_int_equal(n_done, 1);
     assert_true(seen[0] >= 2 && seen[1] >= 2); /* content and finish for each */
-    oai_buf_free(&b);
+    text_free(&b);
     oai_resp_free(r);
 }
 
