@@ -205,7 +205,7 @@ demo: all
 # gpu_check.sh; on the GPU machine: bash gpu-bundle/gpu_check.sh
 # gpu_check.sh. Its own build folder: machine code for sm_90 (H100/H200)
 # alone keeps four programs' kernels inside the bundle's 40 MB.
-GPU_BIN := redlm redlm-worker tests/test_backend_ops tests/bench_cuda
+GPU_BIN := redlm redlm-worker redlm-dispatcher tests/test_backend_ops tests/bench_cuda
 GPU_NVFLAGS := -O3 -std=c++17 -Xcompiler -fPIC -gencode arch=compute_90,code=sm_90
 gpu-bundle:
 	$(MAKE) CUDA=1 BUILD=build-gpu NVFLAGS="$(GPU_NVFLAGS)" $(addprefix build-gpu/,$(GPU_BIN))

@@ -86,6 +86,35 @@ TICK = os.sysconf("SC_CLK_TCK")
 logging.getLogger("redis.cluster").setLevel(logging.CRITICAL)
 
 
+def cores(a, who, i=0):
+    """--pin: the CPUs (a taskset -c list) of a process: who is "fleet"
+    (workers, dispatchers, the load generator), "master" or "replica" (the
+    redis-server of master i; one instance is master 0). By default every
+    redis-server on core 0 (a replica there or with the fleet, per
+    --replicas-on) and the fleet on the others. --own-cores: each
+    redis-server on a core of its own, master i on core i and its replica
+    on core 3 + i, the fleet on the rest: Redis on real cores, as a
+    deployment runs it (needs 7 cores; on fewer they wrap around, which
+    makes the figures meaningless: a dry run)."""
+    n = os.cpu_count()
+    if a.own_cores:
+        if who == "fleet":
+            return f"6-{n - 1}" if n > 6 else f"0-{n - 1}"
+        return str(((3 if who == "replica" else 0) + i) % n)
+    if who == "replica" and a.replicas_on == "fleet":
+        who = "fleet"
+    return f"1-{n - 1}" if who == "fleet" else "0"
+
+
+def cpu_list(spec):
+    """A taskset -c list ("1-3", "0", "0,2") as a set of CPUs."""
+    out = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 def cpu_s(pid):
     """utime + stime of pid in seconds (0 once it is gone)."""
     try:
@@ -118,15 +147,11 @@ class Fleet:
         # share of a core (cpucap.py), so that saturation is in reach
         self.cap = CpuCap(a.redis_cpu_pct) if a.redis_cpu_pct else None
 
-    @staticmethod
-    def fleet_cores():
-        return set(range(1, os.cpu_count()))
-
-    def spawn(self, args, log, redis_core=False):
-        """--pin: Redis on core 0 alone, everything else on the other
-        cores, so Redis's CPU per token is its own (issue 27 point 3)."""
+    def spawn(self, args, log, who="fleet"):
+        """--pin: Redis on cores of its own, everything else on the others,
+        so Redis's CPU per token is its own (issue 27 point 3; cores())."""
         if self.a.pin:
-            args = ["taskset", "-c", "0" if redis_core else f"1-{os.cpu_count() - 1}", *args]
+            args = ["taskset", "-c", cores(self.a, who), *args]
         p = subprocess.Popen(args, stdout=open(self.out / "logs" / log, "w"),
                              stderr=subprocess.STDOUT, cwd=ROOT)
         self.procs.append(p)
@@ -144,20 +169,24 @@ class Fleet:
             d = self.out / "logs" / "cluster"
             shutil.rmtree(d, ignore_errors=True)  # a stale nodes.conf would not join
             # a node timeout past the 2 s SIGSTOP: the pause stays a pause
-            self.cluster = RedisCluster(d, node_timeout_ms=5000, cpus="0" if self.a.pin else None)
+            self.cluster = RedisCluster(d, node_timeout_ms=5000,
+                                        cpus=cores(self.a, "master") if self.a.pin else None)
             self.addr = self.cluster.seeds
             self.r = self.cluster.client()
-            if self.a.pin and self.a.replicas_on == "fleet":
-                for p, role in self.cluster.roles().items():
-                    if role == "slave":
-                        os.sched_setaffinity(self.cluster.proc(p).pid, self.fleet_cores())
+            if self.a.pin:  # each node where cores() puts it: master i, its replica
+                roles = self.cluster.roles()
+                for i, m in enumerate(sorted(p for p, r in roles.items() if r == "master")):
+                    os.sched_setaffinity(self.cluster.proc(m).pid, cpu_list(cores(self.a, "master", i)))
+                    rp = self.cluster.replica_of(m)
+                    os.sched_setaffinity(self.cluster.proc(rp).pid,
+                                         cpu_list(cores(self.a, "replica", i)))
             if self.cap:
                 for p in self.cluster.running():
                     self.cap.add(self.cluster.proc(p).pid, str(p))
             return
         self.redis = self.spawn(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
                                  "--save", "", "--appendonly", "no", "--dir", str(self.out / "logs")],
-                                "redis.log", redis_core=True)
+                                "redis.log", who="master")
         if self.cap:
             self.cap.add(self.redis.pid, str(self.port))
         self.r = redis.Redis(port=self.port, decode_responses=True)
@@ -176,8 +205,8 @@ class Fleet:
             rp = self.spawn(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--dir", str(self.out / "logs"),
                              "--replicaof", "127.0.0.1", str(self.port)], "replica.log",
-                            # --pin: with its master, as a cluster's replicas
-                            redis_core=self.a.replicas_on == "redis")
+                            # --pin: where a cluster's replica of master 0 runs
+                            who="replica")
             if self.cap:
                 self.cap.add(rp.pid, str(rport))
             rr = redis.Redis(port=rport, decode_responses=True)
@@ -204,7 +233,7 @@ class Fleet:
     def start_worker(self, name):
         self.workers[name] = self.spawn(
             [str(ROOT / self.a.build / "redlm-worker"), "--redis", self.addr, "--prefix", self.prefix,
-             "--model", str(TOKENIZER), "--backend", "sim", "--sim-profile", self.a.profile,
+             "--model", self.a.tokenizer, "--backend", "sim", "--sim-profile", self.a.profile,
              "--sim-model", self.a.model, "--pools", "fast,think", "--name", name, "--threads", "1",
              "--http-port", "0", "--no-result-cache", "--max-batch", str(self.a.max_batch),
              *(["--claim-idle-ms", "1000", "--claim-interval-ms", "200", "--lease-renew-ms", "200",
@@ -287,21 +316,36 @@ class Fleet:
         return out
 
     def stop_all(self):
+        """Everything this fleet started: the workers and dispatchers first,
+        while Redis still answers (a draining worker's last flush needs it;
+        with Redis gone it would wait out drain_timeout_s), then Redis. One
+        deadline for them all, then SIGKILL."""
         if self.cluster:
             for p in self.cluster.running():
                 self.cluster.proc(p).send_signal(signal.SIGCONT)  # none left stopped
-            self.cluster.stop()
+        if self.redis and self.redis.poll() is None:
+            self.redis.send_signal(signal.SIGCONT)
         for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT if p is self.redis else signal.SIGTERM)
-                if p is self.redis:
-                    p.terminate()
+            if p is not self.redis and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.time() + 20
         for p in self.procs:
+            if p is self.redis:
+                continue
             try:
-                p.wait(20)
+                p.wait(max(deadline - time.time(), 0.1))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        if self.cluster:
+            self.cluster.stop()
+        if self.redis and self.redis.poll() is None:
+            self.redis.terminate()
+            try:
+                self.redis.wait(20)
+            except subprocess.TimeoutExpired:
+                self.redis.kill()
+                self.redis.wait()
         if self.cap:
             for d in self.cap.close():
                 print(f"warning: cgroup {d} left behind", file=sys.stderr)
@@ -405,7 +449,7 @@ def sweep(fleet, tag, read=None):
                "--repeat", "0.2", "--hot", "4", "--seed", "19", "--timeout", "120",
                "--read", read, *(["--ids", a.ids] if a.ids != "slots" else []), "--no-plots", "--label", f"{tag} {rate:g}/s", "--out", str(res)]
         if a.pin:
-            cmd = ["taskset", "-c", f"1-{os.cpu_count() - 1}", *cmd]
+            cmd = ["taskset", "-c", cores(a, "fleet"), *cmd]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL,
                        stderr=open(fleet.out / "logs" / f"bench-{tag}-{rate:g}.log", "w"))
         after = fleet.snap()
@@ -523,6 +567,8 @@ def main():
     ap.add_argument("--output-len", default="64..256")
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--profile", default="h200")
+    ap.add_argument("--tokenizer", default=str(TOKENIZER),
+                    help="the sim workers' tokenizer folder (default: the repo's Qwen3 one)")
     ap.add_argument("--model", default="qwen3-14b")
     ap.add_argument("--gpu-tok-s", type=float, default=3780,
                     help="one real GPU's tokens/s at full batch: redlm's CUDA backend measured on an H200, "
@@ -547,6 +593,10 @@ def main():
                     help="redis-server alone on core 0 (taskset), everything else on the others: "
                          "Redis's CPU per token without the fleet's noise in it (with --cluster "
                          "every node there, with --single-replica the replica too)")
+    ap.add_argument("--own-cores", action="store_true",
+                    help="with --pin, every redis-server on a core of its own (master i on core i, "
+                         "its replica on core 3 + i; one instance as master 0) and the fleet on the "
+                         "rest: saturation on real cores, no cap (a machine of 8 cores or more)")
     ap.add_argument("--replicas-on", choices=("redis", "fleet"), default="redis",
                     help="with --pin, where the replicas run: on core 0 with the masters (redis: "
                          "six time-sliced redis-servers on one core for a cluster, two for one "
@@ -581,7 +631,8 @@ def main():
                          "so that --against-single measures the ratio of delivered tokens at "
                          "saturation instead of estimating it (0 = no cap)")
     ap.add_argument("--alternate", type=int, default=0,
-                    help="with --cluster --against-single --redis-cpu-pct: both fleets up at once "
+                    help="with --cluster --against-single and --redis-cpu-pct or --own-cores: both "
+                         "fleets up at once "
                          "and their calm sweeps in turn, this many of the cluster's between one "
                          "instance's (no fault sweep), the workers at --coalesce-ms throughout: "
                          "each cluster sweep against the one-instance sweeps beside it, and the "
@@ -594,6 +645,9 @@ def main():
                     help="with --cluster: first run the same soak on one redis-server, then on "
                          "the cluster, and report the cluster/single saturation ratio of this run")
     a = ap.parse_args()
+    # SIGTERM (a timeout, a CI stop) unwinds like an exception: every
+    # fleet's finally stops what it started, nothing is left running
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     a.rates = [float(x) for x in a.rates.split(",")]
     if "," in a.foreign_room_pct and not (a.cluster and a.against_single):
         ap.error("--foreign-room-pct: a list only with --cluster --against-single")
@@ -603,8 +657,10 @@ def main():
             CpuCap(a.redis_cpu_pct)
         except CpuCapError as e:
             ap.error(f"--redis-cpu-pct: {e}")
-    if a.alternate and not (a.cluster and a.against_single and a.redis_cpu_pct):
-        ap.error("--alternate: with --cluster --against-single --redis-cpu-pct")
+    if a.own_cores and not a.pin:
+        ap.error("--own-cores: with --pin")
+    if a.alternate and not (a.cluster and a.against_single and (a.redis_cpu_pct or a.own_cores)):
+        ap.error("--alternate: with --cluster --against-single, and --redis-cpu-pct or --own-cores")
     if not (a.cluster and a.against_single):
         return soak(a)[1]
     if a.alternate:
@@ -725,7 +781,7 @@ def alternate(a):
     sends the same jobs (one --seed), so each is checked against that
     fleet's first: 0 lost / duplicated / out of order / mismatched. The
     workers run with --coalesce-ms throughout (0: uncoalesced)."""
-    pin = ("0", f"1-{os.cpu_count() - 1}") if a.pin else (None, None)
+    pin = (cores(a, "master"), cores(a, "fleet")) if a.pin else (None, None)
     speed = {"before": redis_probe(2.0, *pin)}
     fleets, started = {}, []
     try:
@@ -753,15 +809,15 @@ def alternate(a):
             f.stop_all()
     speed["after"] = redis_probe(2.0, *pin)
     rows = {c: [row(r[0]) for r in runs[c]] for c in runs}
-    cap = a.redis_cpu_pct / 100
-    print(f"| sweep | redis | tok_s | redis_us_per_tok | busiest CPU / cap | busiest throttled | "
-          f"reads_per_tok | foreign_share | ttft_p50 | itl_p50 |")
+    cap = a.redis_cpu_pct / 100 or 1.0  # --own-cores: a whole core each
+    print(f"| sweep | redis | tok_s | redis_us_per_tok | busiest CPU / {'cap' if a.redis_cpu_pct else 'core'} | "
+          f"busiest throttled | reads_per_tok | foreign_share | ttft_p50 | itl_p50 |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     order = [(i % 2 == 1, i // 2) for i in range(2 * a.alternate + 1)]
     for c, k in order:
         r = rows[c][k]
         print(f"| {k} | {'cluster' if c else 'one instance'} | {r['tok_s']} | {r['redis_us_per_tok']} | "
-              f"{r['busiest_util'] / cap:.2f} | {r['busiest_throttled']} | {r['reads_per_tok']} | "
+              f"{r['busiest_util'] / cap:.2f} | {'-' if r['busiest_throttled'] is None else r['busiest_throttled']} | {r['reads_per_tok']} | "
               f"{r['foreign_share'] if c else '-'} | "
               f"{r['ttft_p50']} | {r['itl_p50']} |")
     def beside(fc, fs):
@@ -781,14 +837,16 @@ def alternate(a):
     ratios = beside(lambda r: r["tok_s"], lambda r: r["tok_s"])
     nets = beside(net(True), net(False))
     med = median(ratios)
-    print(f"\nmeasured, every node capped at {a.redis_cpu_pct:g} % of a core, at {a.rates[-1]:g} jobs/s"
+    how = (f"every node capped at {a.redis_cpu_pct:g} % of a core" if a.redis_cpu_pct
+           else "every redis-server on a core of its own")
+    print(f"\nmeasured, {how}, at {a.rates[-1]:g} jobs/s"
           f"{f', coalesce_ms {a.coalesce_ms}' if a.coalesce_ms else ''}: "
           f"cluster / one instance beside it {', '.join(f'{x:.2f}' for x in ratios)}: median {med:.2f}x")
     print(f"idle floors (a core's share, the fleet up and no load): one instance "
           f"{max(floor[False].values()):.4f}, the cluster's busiest master {max(floor[True].values()):.4f}; "
           f"tokens per CPU above the floor, cluster / one instance: "
           f"{', '.join(f'{x:.2f}' for x in nets)}: median {median(nets):.2f}x (floors are paid per "
-          f"second: at a whole core each they weigh a tenth of what they do here)")
+          f"second{': at a whole core each they weigh a tenth of what they do here' if a.redis_cpu_pct else ''})")
     bad = 0
     for c in (False, True):
         tot = {k: sum(t[k] for t in checks[c]) for k in ("jobs", "lost", "dup", "out_of_order",
@@ -822,7 +880,7 @@ def soak(a):
     # this machine's Redis speed now, before and after (redis_probe.py): a
     # shared host's per-call costs drift by 2-3x within an hour, and the
     # soak's figures are read against them
-    pin = ("0", f"1-{os.cpu_count() - 1}") if a.pin else (None, None)
+    pin = (cores(a, "master"), cores(a, "fleet")) if a.pin else (None, None)
     speed = {"before": redis_probe(2.0, *pin)}
     started = []
     try:

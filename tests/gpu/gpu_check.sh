@@ -28,6 +28,14 @@
 #   bench       bench_cuda on Qwen3-14B shapes (the time left but 90 s)
 #   quant       Qwen3-1.7B random checkpoints in BF16, GGUF Q8_0 and Q4_K_M made
 #               here, decode at batch 1 and 16 through the engine on CUDA
+#   cluster     not the GPU: this machine's CPUs (12 or more) measure a 3-master
+#               Redis Cluster against one redis-server, each on a core of its
+#               own, with sim workers (issue 27 point 4; tests/bench/bench_fleet.py
+#               --own-cores --alternate). Off unless CLUSTER_S (its seconds) is
+#               set; then it runs last and the bench step leaves it that time.
+#               GPU_CHECK_ONLY=cluster runs it alone (a second call while the
+#               machine is warm, so the GPU steps keep their whole budget). On
+#               fewer cores it only checks that the script and wrappers load.
 #
 # Results: $OUT (or gpu-bundle/logs) gets one log per step and summary.json
 # ({"steps": [{"name", "status", "seconds", "detail"}], ...}), rewritten
@@ -41,6 +49,12 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 LOGS=${OUT:-$HERE/logs}
 mkdir -p "$LOGS"
 BUDGET_S=${BUDGET_S:-470}
+# the cluster step's share of the budget (0: not run); on 12 cores or more
+# (CLUSTER_FORCE=1: on any, a dry run whose figures mean nothing)
+NCPU=$(nproc 2>/dev/null || echo 1)
+ONLY=${GPU_CHECK_ONLY:-}
+CLUSTER_S=${CLUSTER_S:-0}
+[ "$ONLY" = cluster ] && [ "$CLUSTER_S" = 0 ] && CLUSTER_S=$(( BUDGET_S - 10 ))
 T0=$(date +%s)
 CUDA_LIBS=""
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
@@ -77,6 +91,49 @@ nodev() { grep -qi 'no CUDA device' "$1"; }
 
 echo "== gpu_check ($(cat "$HERE/commit" 2>/dev/null)), logs in $LOGS, budget ${BUDGET_S}s"
 
+# --- a Redis Cluster against one instance, on this machine's cores (no GPU)
+cluster_step() {
+    local s t rc m c st
+    s=$(date +%s)
+    # the soak with the bundle's programs first on its PATH (the wrappers give
+    # them its libraries) and the bundle's Python client; python3 is the machine's
+    FLEET_ENV=(env "PATH=$HERE/wrap:$PATH" "PYTHONPATH=$HERE/py.zip")
+    FLEET=("$PY" "$HERE/tests/bench/bench_fleet.py" --build wrap --tokenizer "$WORK/qwen3")
+    mkdir -p "$WORK/qwen3"
+    : > "$LOGS/cluster.log"
+    cp "$HERE/data/qwen3-tokenizer/tokenizer_config.json" "$WORK/qwen3/"
+    "$PY" -c 'import gzip, shutil, sys; shutil.copyfileobj(gzip.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+        "$HERE/data/qwen3-tokenizer/tokenizer.json.gz" "$WORK/qwen3/tokenizer.json" 2>> "$LOGS/cluster.log"
+    if ! "${FLEET_ENV[@]}" "${FLEET[@]}" --help >> "$LOGS/cluster.log" 2>&1 ||
+            ! "$PY" -S -c 'import sys; sys.path.insert(0, sys.argv[1]); import redis, redis.cluster' \
+                "$HERE/py.zip" >> "$LOGS/cluster.log" 2>&1 ||
+            ! "$HERE/wrap/redis-server" --version >> "$LOGS/cluster.log" 2>&1 ||
+            ! "$HERE/wrap/redlm-dispatcher" --help >> "$LOGS/cluster.log" 2>&1; then
+        record cluster failed $(( $(date +%s) - s )) "the soak or a wrapper does not start: $(tail -3 "$LOGS/cluster.log" | tr '\n' ' ' | head -c 300)"
+    elif [ "$CLUSTER_S" = 0 ]; then
+        record cluster skipped $(( $(date +%s) - s )) "not asked (CLUSTER_S=0); bench_fleet.py and the wrappers load"
+    elif { [ "$NCPU" -lt 12 ] && [ "${CLUSTER_FORCE:-0}" != 1 ]; } || [ "$(left)" -lt 100 ]; then
+        record cluster skipped $(( $(date +%s) - s )) "bench_fleet.py and the wrappers load; the measurement needs 12 cores and 100 s ($NCPU cores, $(left) s left)"
+    else
+        t=$(left)
+        [ "$t" -gt "$CLUSTER_S" ] && t=$CLUSTER_S
+        # sim workers serving Qwen3-1.7B (short steps: many tokens a worker, so
+        # that a dozen of them load a whole core of Redis); three cluster
+        # sweeps between four of one instance. SIGTERM at the limit, to the
+        # soak alone: it stops every process it started; SIGKILL 30 s on
+        "${FLEET_ENV[@]}" timeout --foreground -k 30 "$t" "${FLEET[@]}" --out "$LOGS/cluster" \
+            --cluster --against-single --single-replica --pin --own-cores --alternate 3 \
+            --workers "${CLUSTER_WORKERS:-12}" --model qwen3-1.7b --rates "${CLUSTER_RATE:-1500}" \
+            --clients "${CLUSTER_CLIENTS:-2048}" --duration 8 --coalesce-ms 0 >> "$LOGS/cluster.log" 2>&1
+        rc=$?
+        m=$(grep -m1 '^measured' "$LOGS/cluster.log" | head -c 300)
+        c=$(grep -m2 '^check' "$LOGS/cluster.log" | tr '\n' ' ' | head -c 300)
+        if [ "$rc" = 0 ] && [ -n "$m" ]; then st=passed; else st=failed; fi
+        record cluster "$st" $(( $(date +%s) - s )) "rc $rc; ${m:-no ratio}; $c"
+        [ -f "$LOGS/cluster/alternate.json" ] && cp "$LOGS/cluster/alternate.json" "$LOGS/cluster-alternate.json"
+    fi
+}
+
 # --- device
 s=$(date +%s)
 if nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader \
@@ -91,6 +148,13 @@ else
     DEVICE_NAME=none
     HAVE_GPU=0
     record device no-device $(( $(date +%s) - s )) "no CUDA device (nvidia-smi: $(head -c 120 "$LOGS/device.txt" | tr '\n' ' '))"
+fi
+
+if [ "$ONLY" = cluster ]; then
+    cluster_step
+    echo "== done in $(elapsed)s"
+    grep -q '"status": "failed"' "$LOGS/summary.json" && exit 1
+    exit 0
 fi
 
 # --- backend op tests
@@ -282,7 +346,7 @@ fi
 
 # --- throughput
 s=$(date +%s)
-t=$(( $(left) - 90 ))
+t=$(( $(left) - 90 - CLUSTER_S ))
 [ "$t" -lt 30 ] && t=30
 q=""
 [ "$t" -lt 300 ] && q=--quick
@@ -299,7 +363,7 @@ grep '^{' "$LOGS/bench.jsonl" | head -40
 # --- quantized checkpoints on CUDA (issue 28): a random Qwen3-1.7B in BF16,
 # GGUF Q8_0 and Q4_K_M made here; decode at batch 1 and 16 through the
 # engine (bench-engine), with the weight bytes a token reads
-if [ "$HAVE_GPU" = 1 ] && [ "$BE" = cuda ] && [ "$(left)" -gt 90 ]; then
+if [ "$HAVE_GPU" = 1 ] && [ "$BE" = cuda ] && [ "$(left)" -gt $(( 90 + CLUSTER_S )) ]; then
     s=$(date +%s)
     st=passed detail=""
     for fmt in bf16 q8_0 q4_k_m; do
@@ -323,6 +387,8 @@ if [ "$HAVE_GPU" = 1 ] && [ "$BE" = cuda ] && [ "$(left)" -gt 90 ]; then
 else
     record quant skipped 0 "$([ "$HAVE_GPU" = 1 ] && [ "$BE" = cuda ] && echo "under 90 s left" || echo "no CUDA device")"
 fi
+
+cluster_step
 
 echo "== done in $(elapsed)s"
 grep -q '"status": "failed"' "$LOGS/summary.json" && exit 1
