@@ -90,20 +90,22 @@ def cores(a, who, i=0):
     """--pin: the CPUs (a taskset -c list) of a process: who is "fleet"
     (workers, dispatchers, the load generator), "master" or "replica" (the
     redis-server of master i; one instance is master 0). By default every
-    redis-server on core 0 (a replica there or with the fleet, per
+    redis-server on the first CPU (a replica there or with the fleet, per
     --replicas-on) and the fleet on the others. --own-cores: each
-    redis-server on a core of its own, master i on core i and its replica
-    on core 3 + i, the fleet on the rest: Redis on real cores, as a
-    deployment runs it (needs 7 cores; on fewer they wrap around, which
-    makes the figures meaningless: a dry run)."""
-    n = os.cpu_count()
+    redis-server on a CPU of its own, master i on the i-th and its replica
+    on the (3 + i)-th, the fleet on the rest: Redis on real cores, as a
+    deployment runs it (needs 7; on fewer they wrap around, which makes the
+    figures meaningless: a dry run). CPUs are those this process may use
+    (a container's cpuset need not start at 0)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    n = len(cpus)
     if a.own_cores:
         if who == "fleet":
-            return f"6-{n - 1}" if n > 6 else f"0-{n - 1}"
-        return str(((3 if who == "replica" else 0) + i) % n)
+            return ",".join(map(str, cpus[6:] if n > 6 else cpus))
+        return str(cpus[((3 if who == "replica" else 0) + i) % n])
     if who == "replica" and a.replicas_on == "fleet":
         who = "fleet"
-    return f"1-{n - 1}" if who == "fleet" else "0"
+    return ",".join(map(str, cpus[1:] if n > 1 else cpus)) if who == "fleet" else str(cpus[0])
 
 
 def cpu_list(spec):
