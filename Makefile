@@ -201,10 +201,10 @@ demo: all
 	BUILD=$(BUILD) bash examples/demo.sh
 
 # The folder a GPU machine runs (tests/gpu/bundle.sh): the CUDA flavour built
-# here, stripped, with its libraries, redis-server and the device script
-# gpu_check.sh; on the GPU machine: bash gpu-bundle/gpu_check.sh
-# gpu_check.sh. Its own build folder: machine code for sm_90 (H100/H200)
-# alone keeps four programs' kernels inside the bundle's 40 MB.
+# here, stripped, with its libraries, redis-server, the fleet soak for the
+# machine's CPUs and the device script; on the GPU machine:
+# bash gpu-bundle/gpu_check.sh. Its own build folder: machine code for sm_90
+# (H100/H200) alone keeps five programs' kernels inside the bundle's 48 MB.
 GPU_BIN := redlm redlm-worker redlm-dispatcher tests/test_backend_ops tests/bench_cuda
 GPU_NVFLAGS := -O3 -std=c++17 -Xcompiler -fPIC -gencode arch=compute_90,code=sm_90
 gpu-bundle:

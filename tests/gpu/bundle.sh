@@ -22,7 +22,7 @@
 # libraries, so that a script with wrap/ first on its PATH (and --build
 # wrap) runs ours and Redis's while python3 keeps the machine's own.
 #
-# Checks: the folder is at most 40 MB; no program or library needs a glibc
+# Checks: the folder is at most 48 MB; no program or library needs a glibc
 # newer than 2.35 (an older base image on the device must still load them).
 #
 #   make gpu-bundle                  # -> gpu-bundle/
