@@ -1343,8 +1343,7 @@ char *cpt_resp_body(const struct cpt_resp *r)
         o = response_object(r);
     } else {
         struct text c = {0}, t = {0};
-        if (text_add(&c, r->content.p ? r->content.p : "", r->content.n) ||
-            text_add(&c, "", 1) ||
+        if (text_add(&c, r->content.p ? r->content.p : "", r->content.n) || text_add(&c, "", 1) ||
             text_add(&t, r->reasoning.p ? r->reasoning.p : "", r->reasoning.n) ||
             text_add(&t, "", 1)) {
             text_free(&c);

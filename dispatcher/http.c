@@ -407,25 +407,24 @@ static void put_http_families(struct dhttp *h, struct text *b)
     m = h->m;
     pthread_mutex_unlock(&h->m_mu);
     text_printf(b, "# HELP redlm_http_requests_total HTTP requests answered, by status\n"
-                      "# TYPE redlm_http_requests_total counter\n");
+                   "# TYPE redlm_http_requests_total counter\n");
     for (int i = 0; i <= N_STATUS; i++)
         if (i < N_STATUS)
             text_printf(b, "redlm_http_requests_total{code=\"%d\"} %lld\n", status_codes[i],
-                           (long long)m.by_status[i]);
+                        (long long)m.by_status[i]);
         else
             text_printf(b, "redlm_http_requests_total{code=\"other\"} %lld\n",
-                           (long long)m.by_status[i]);
-    text_printf(
-        b,
-        "# HELP redlm_http_chat_requests_total chat completion requests, streamed or not\n"
-        "# TYPE redlm_http_chat_requests_total counter\n"
-        "redlm_http_chat_requests_total{stream=\"true\"} %lld\n"
-        "redlm_http_chat_requests_total{stream=\"false\"} %lld\n",
-        (long long)m.chat_stream, (long long)m.chat_plain);
+                        (long long)m.by_status[i]);
     text_printf(b,
-                   "# HELP redlm_http_active_requests requests in flight\n"
-                   "# TYPE redlm_http_active_requests gauge\nredlm_http_active_requests %d\n",
-                   m.active);
+                "# HELP redlm_http_chat_requests_total chat completion requests, streamed or not\n"
+                "# TYPE redlm_http_chat_requests_total counter\n"
+                "redlm_http_chat_requests_total{stream=\"true\"} %lld\n"
+                "redlm_http_chat_requests_total{stream=\"false\"} %lld\n",
+                (long long)m.chat_stream, (long long)m.chat_plain);
+    text_printf(b,
+                "# HELP redlm_http_active_requests requests in flight\n"
+                "# TYPE redlm_http_active_requests gauge\nredlm_http_active_requests %d\n",
+                m.active);
     text_printf(
         b,
         "# HELP redlm_http_client_cancels_total jobs cancelled because their client left\n"
@@ -443,34 +442,32 @@ static void put_http_families(struct dhttp *h, struct text *b)
         "%lld\n",
         (long long)m.auth_failures);
     text_printf(b,
-                   "# HELP redlm_http_sse_events_total server-sent events written\n"
-                   "# TYPE redlm_http_sse_events_total counter\nredlm_http_sse_events_total %lld\n",
-                   (long long)m.sse_events);
-    text_printf(
-        b,
-        "# HELP redlm_http_slow_clients_closed_total connections closed for sending their "
-        "request too slowly\n# TYPE redlm_http_slow_clients_closed_total counter\n"
-        "redlm_http_slow_clients_closed_total %lld\n",
-        (long long)m.slow_closed);
-    text_printf(
-        b,
-        "# HELP redlm_http_connections_evicted_total connections waiting for their request "
-        "closed to make room at http_max_connections\n"
-        "# TYPE redlm_http_connections_evicted_total counter\n"
-        "redlm_http_connections_evicted_total %lld\n",
-        (long long)m.evicted);
+                "# HELP redlm_http_sse_events_total server-sent events written\n"
+                "# TYPE redlm_http_sse_events_total counter\nredlm_http_sse_events_total %lld\n",
+                (long long)m.sse_events);
     text_printf(b,
-                   "# HELP redlm_http_connections_refused_total connections refused at "
-                   "http_max_connections while every one was being answered\n"
-                   "# TYPE redlm_http_connections_refused_total counter\n"
-                   "redlm_http_connections_refused_total %lld\n",
-                   (long long)m.refused);
+                "# HELP redlm_http_slow_clients_closed_total connections closed for sending their "
+                "request too slowly\n# TYPE redlm_http_slow_clients_closed_total counter\n"
+                "redlm_http_slow_clients_closed_total %lld\n",
+                (long long)m.slow_closed);
     text_printf(b,
-                   "# HELP redlm_http_auth_throttled_total requests refused with 429 because their "
-                   "address sent too many wrong API keys\n"
-                   "# TYPE redlm_http_auth_throttled_total counter\n"
-                   "redlm_http_auth_throttled_total %lld\n",
-                   (long long)m.auth_throttled);
+                "# HELP redlm_http_connections_evicted_total connections waiting for their request "
+                "closed to make room at http_max_connections\n"
+                "# TYPE redlm_http_connections_evicted_total counter\n"
+                "redlm_http_connections_evicted_total %lld\n",
+                (long long)m.evicted);
+    text_printf(b,
+                "# HELP redlm_http_connections_refused_total connections refused at "
+                "http_max_connections while every one was being answered\n"
+                "# TYPE redlm_http_connections_refused_total counter\n"
+                "redlm_http_connections_refused_total %lld\n",
+                (long long)m.refused);
+    text_printf(b,
+                "# HELP redlm_http_auth_throttled_total requests refused with 429 because their "
+                "address sent too many wrong API keys\n"
+                "# TYPE redlm_http_auth_throttled_total counter\n"
+                "redlm_http_auth_throttled_total %lld\n",
+                (long long)m.auth_throttled);
     text_printf(
         b, "# HELP redlm_http_first_event_seconds time from the job's XADD to its first event\n"
            "# TYPE redlm_http_first_event_seconds histogram\n");
@@ -478,7 +475,7 @@ static void put_http_families(struct dhttp *h, struct text *b)
     for (int i = 0; i < N_BUCKETS; i++) {
         cum += m.first_event[i];
         text_printf(b, "redlm_http_first_event_seconds_bucket{le=\"%g\"} %lld\n",
-                       bucket_ms[i] / 1000, (long long)cum);
+                    bucket_ms[i] / 1000, (long long)cum);
     }
     text_printf(
         b,
@@ -1278,8 +1275,7 @@ static int put_filler(struct req *q)
 {
     if (q->oreq.stream && q->compat)
         return cpt_keepalive(q->cresp, &q->sse);
-    return q->oreq.stream ? text_add(&q->sse, ": keep-alive\n\n", 14)
-                          : text_add(&q->sse, "\n", 1);
+    return q->oreq.stream ? text_add(&q->sse, ": keep-alive\n\n", 14) : text_add(&q->sse, "\n", 1);
 }
 
 /* Reads events until there is something to deliver: in stream mode any

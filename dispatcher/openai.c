@@ -1978,8 +1978,7 @@ static cJSON *compl_choice(const struct oai_resp *r)
     if (echo) {
         struct text t = {0};
         if (text_add(&t, echo, strlen(echo)) ||
-            (r->content.n && text_add(&t, r->content.p, r->content.n)) ||
-            text_add(&t, "", 1)) {
+            (r->content.n && text_add(&t, r->content.p, r->content.n)) || text_add(&t, "", 1)) {
             text_free(&t);
             cJSON_Delete(ch);
             return NULL;

@@ -158,12 +158,12 @@ static void put_hist(struct text *b, const char *name, const char *lab, const in
     for (size_t i = 0; i < n; i++) {
         cum += bk[i];
         text_printf(b, "%s_bucket{le=\"%g\",model_name=\"%s\"} %lld\n", name, bounds[i], lab,
-                       (long long)cum);
+                    (long long)cum);
     }
     text_printf(b,
-                   "%s_bucket{le=\"+Inf\",model_name=\"%s\"} %lld\n%s_sum{model_name=\"%s\"} %.6f\n"
-                   "%s_count{model_name=\"%s\"} %lld\n",
-                   name, lab, (long long)h->n, name, lab, h->sum, name, lab, (long long)h->n);
+                "%s_bucket{le=\"+Inf\",model_name=\"%s\"} %lld\n%s_sum{model_name=\"%s\"} %.6f\n"
+                "%s_count{model_name=\"%s\"} %lld\n",
+                name, lab, (long long)h->n, name, lab, h->sum, name, lab, (long long)h->n);
 }
 
 /* The same from cumulative counts (the fleet's sums). */
@@ -172,11 +172,11 @@ static void put_cum(struct text *b, const char *name, const char *lab, const int
 {
     for (size_t i = 0; i < n; i++)
         text_printf(b, "%s_bucket{le=\"%g\",model_name=\"%s\"} %lld\n", name, bounds[i], lab,
-                       (long long)cum[i]);
+                    (long long)cum[i]);
     text_printf(b,
-                   "%s_bucket{le=\"+Inf\",model_name=\"%s\"} %lld\n%s_sum{model_name=\"%s\"} %.6f\n"
-                   "%s_count{model_name=\"%s\"} %lld\n",
-                   name, lab, (long long)count, name, lab, sum, name, lab, (long long)count);
+                "%s_bucket{le=\"+Inf\",model_name=\"%s\"} %lld\n%s_sum{model_name=\"%s\"} %.6f\n"
+                "%s_count{model_name=\"%s\"} %lld\n",
+                name, lab, (long long)count, name, lab, sum, name, lab, (long long)count);
 }
 
 /* A page row: the front door's record of a model merged with the fleet's. */
@@ -333,16 +333,15 @@ void vm_render(struct vmetrics *m, const struct vm_fleet *fleet, int n_fleet, st
         for (int i = 0; i < total; i++) {
             label(rows[i].v.name, lab);
             if (k == G_KV)
-                text_printf(b, "%s{model_name=\"%s\"} %.6f\n", g->name, lab,
-                               kv_usage(rows[i].f));
+                text_printf(b, "%s{model_name=\"%s\"} %.6f\n", g->name, lab, kv_usage(rows[i].f));
             else
                 text_printf(b, "%s{model_name=\"%s\"} %lld\n", g->name, lab,
-                               (long long)gauge_value(&rows[i], k));
+                            (long long)gauge_value(&rows[i], k));
         }
     }
     text_printf(b, "# HELP vllm:request_success_total Ended requests by finish reason (abort: "
-                      "cancelled, past its deadline, or failed).\n"
-                      "# TYPE vllm:request_success_total counter\n");
+                   "cancelled, past its deadline, or failed).\n"
+                   "# TYPE vllm:request_success_total counter\n");
     for (int i = 0; i < total; i++) {
         label(rows[i].v.name, lab);
         for (int f = 0; f < N_FINISH; f++)

@@ -76,7 +76,7 @@ import redis
 
 from cpucap import CpuCap, CpuCapError
 from local_cluster import RedisCluster, free_port
-from redis_probe import probe as redis_probe
+from redis_probe import cpu_set, probe as redis_probe
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "engine/tokenizers/qwen3"
@@ -106,15 +106,6 @@ def cores(a, who, i=0):
     if who == "replica" and a.replicas_on == "fleet":
         who = "fleet"
     return ",".join(map(str, cpus[1:] if n > 1 else cpus)) if who == "fleet" else str(cpus[0])
-
-
-def cpu_list(spec):
-    """A taskset -c list ("1-3", "0", "0,2") as a set of CPUs."""
-    out = set()
-    for part in spec.split(","):
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 def cpu_s(pid):
@@ -178,10 +169,10 @@ class Fleet:
             if self.a.pin:  # each node where cores() puts it: master i, its replica
                 roles = self.cluster.roles()
                 for i, m in enumerate(sorted(p for p, r in roles.items() if r == "master")):
-                    os.sched_setaffinity(self.cluster.proc(m).pid, cpu_list(cores(self.a, "master", i)))
+                    os.sched_setaffinity(self.cluster.proc(m).pid, cpu_set(cores(self.a, "master", i)))
                     rp = self.cluster.replica_of(m)
                     os.sched_setaffinity(self.cluster.proc(rp).pid,
-                                         cpu_list(cores(self.a, "replica", i)))
+                                         cpu_set(cores(self.a, "replica", i)))
             if self.cap:
                 for p in self.cluster.running():
                     self.cap.add(self.cluster.proc(p).pid, str(p))
