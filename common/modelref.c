@@ -169,7 +169,8 @@ static int resolve_ollama(const char *full, const char *spec, struct modelref *m
     char name[256], tag[128] = "latest";
     const char *colon = strrchr(spec, ':');
     size_t nn = colon ? (size_t)(colon - spec) : strlen(spec);
-    if (colon && (!name_part_ok(colon + 1, strlen(colon + 1), 80) || strlen(colon + 1) >= sizeof tag))
+    if (colon &&
+        (!name_part_ok(colon + 1, strlen(colon + 1), 80) || strlen(colon + 1) >= sizeof tag))
         return rl_errf(err, RL_ENOTFOUND, "model %s: \"%s\" is not an Ollama tag", full, colon + 1);
     if (colon)
         snprintf(tag, sizeof tag, "%s", colon + 1);

@@ -741,7 +741,8 @@ static int write_text(const char *path, const char *text, struct rl_err *err)
     int rc = file_out_open(&f, path, err);
     if (rc)
         return rc;
-    if ((rc = file_out_write(f, text, strlen(text), err)) || (rc = file_out_write(f, "\n", 1, err))) {
+    if ((rc = file_out_write(f, text, strlen(text), err)) ||
+        (rc = file_out_write(f, "\n", 1, err))) {
         file_out_abort(f);
         return rc;
     }

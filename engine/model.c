@@ -803,7 +803,8 @@ int model_load(struct model **out, const char *dir, struct rl_err *err)
     char path[4096];
     char *json = NULL;
     snprintf(path, sizeof path, "%s/config.json", dir);
-    if ((rc = file_read(path, MODEL_CONFIG_MAX, &json, NULL, err)) || (rc = model_parse_config(&m->cfg, json, path, err)))
+    if ((rc = file_read(path, MODEL_CONFIG_MAX, &json, NULL, err)) ||
+        (rc = model_parse_config(&m->cfg, json, path, err)))
         goto fail;
     if ((rc = st_open(&m->st, dir, err)) || (rc = bind_all(m, err)))
         goto fail;
