@@ -118,13 +118,13 @@ cluster_step() {
         t=$(left)
         [ "$t" -gt "$CLUSTER_S" ] && t=$CLUSTER_S
         # sim workers serving Qwen3-1.7B (short steps: many tokens a worker, so
-        # that a dozen of them load a whole core of Redis); three cluster
+        # that 16 of them can load three cores of Redis); three cluster
         # sweeps between four of one instance. SIGTERM at the limit, to the
         # soak alone: it stops every process it started; SIGKILL 30 s on
         "${FLEET_ENV[@]}" timeout --foreground -k 30 "$t" "${FLEET[@]}" --out "$LOGS/cluster" \
             --cluster --against-single --single-replica --pin --own-cores --alternate 3 \
-            --workers "${CLUSTER_WORKERS:-12}" --model qwen3-1.7b --rates "${CLUSTER_RATE:-1500}" \
-            --clients "${CLUSTER_CLIENTS:-2048}" --duration 8 --coalesce-ms 0 >> "$LOGS/cluster.log" 2>&1
+            --workers "${CLUSTER_WORKERS:-16}" --model qwen3-1.7b --rates "${CLUSTER_RATE:-2500}" \
+            --clients "${CLUSTER_CLIENTS:-1024}" --duration 8 --coalesce-ms 0 >> "$LOGS/cluster.log" 2>&1
         rc=$?
         m=$(grep -m1 '^measured' "$LOGS/cluster.log" | head -c 300)
         c=$(grep -m2 '^check' "$LOGS/cluster.log" | tr '\n' ' ' | head -c 300)
