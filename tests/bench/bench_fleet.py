@@ -59,6 +59,9 @@ within an hour, and a run is read against its own.
   /usr/bin/python3 tests/bench/bench_fleet.py --cluster --against-single --single-replica --workers 6 \
       --rates 160 --duration 10 --pin --coalesce-ms 0 --clients 256 --redis-cpu-pct 10 \
       [--alternate 5]   # root
+  /usr/bin/python3 tests/bench/bench_fleet.py --cluster --against-single --single-replica --pin \
+      --own-cores --alternate 3 --workers 16 --model qwen3-1.7b --rates 2500 --clients 1024 \
+      --duration 8 --coalesce-ms 0   # 16+ cores: each redis-server on a core of its own
 """
 import argparse
 import json
