@@ -283,14 +283,20 @@ static void put_family(struct text *b, const struct hist_family *h, const struct
     char lab[2 * JOB_MODEL_MAX + 8];
     text_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", h->name, h->help, h->name);
     for (int i = 0; i < n; i++) {
+        /* the fields by offset from their struct (offsetof's own use) */
         const char *f = (const char *)rows[i].f, *v = (const char *)&rows[i].v;
         label(rows[i].v.name, lab);
-        if (f && rows[i].f->hist)
-            put_cum(b, h->name, lab, (const int64_t *)(f + h->f_cum), h->bounds, h->n,
-                    *(const int64_t *)(f + h->f_n), *(const double *)(f + h->f_sum));
-        else
-            put_hist(b, h->name, lab, (const int64_t *)(v + h->v_bk), h->bounds, h->n,
-                     (const struct hist *)(v + h->v_h));
+        if (f && rows[i].f->hist) {
+            int64_t count;
+            double sum;
+            memcpy(&count, f + h->f_n, sizeof count);
+            memcpy(&sum, f + h->f_sum, sizeof sum);
+            put_cum(b, h->name, lab, (const int64_t *)(const void *)(f + h->f_cum), h->bounds,
+                    h->n, count, sum);
+        } else {
+            put_hist(b, h->name, lab, (const int64_t *)(const void *)(v + h->v_bk), h->bounds,
+                     h->n, (const struct hist *)(const void *)(v + h->v_h));
+        }
     }
 }
 
