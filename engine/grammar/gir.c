@@ -497,10 +497,11 @@ static int determinise(struct dfab *d, const struct nfa *f, int entry, int rule)
 {
     char *mark = calloc((size_t)f->len, 1);
     int *stack = malloc(sizeof(int) * 2 * (size_t)f->len);
-    int *tmp = malloc(sizeof(int) * 2 * (size_t)f->len), *prev = tmp + f->len;
+    int *tmp = malloc(sizeof(int) * 2 * (size_t)f->len), *prev = NULL;
     int n_prev = -1, t_prev = -1;
     int first = d->p->n_st, ret = -1;
     if (!mark || !stack || !tmp) { d->oom = true; goto out; }
+    prev = tmp + f->len; /* not before the check: NULL + len is undefined */
     int n;
     int *v = closure(f, &entry, 1, &n, mark, stack);
     if (!v) { d->oom = true; goto out; }
