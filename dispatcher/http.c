@@ -100,6 +100,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "file.h"
 #include "job.h"
 #include "listen.h"
 #include "modelref.h"
@@ -115,6 +116,7 @@
 #define POLL_MS 200           /* XREAD BLOCK between disconnect checks (at most) */
 #define KEEPALIVE_MS 15000    /* an SSE comment after this long without a byte */
 #define KEYS_RECHECK_MS 1000  /* how often the keys file's mtime is looked at */
+#define KEYS_FILE_MAX (16u << 20) /* a keys file is a line a key: past this, not one */
 #define CANCEL_TTL_S "600"
 #define RL_WINDOW_TTL_S "120" /* a minute window outlives its minute */
 #define BLOCK_SIZE (16 * 1024)
@@ -522,21 +524,13 @@ static int keys_refresh(struct dhttp *h, bool force, struct rl_err *err)
     if (!force && st.st_mtim.tv_sec == h->keys_mtime.tv_sec &&
         st.st_mtim.tv_nsec == h->keys_mtime.tv_nsec && st.st_size == h->keys_size)
         return 0;
-    FILE *f = fopen(h->keys_path, "rb");
-    if (!f)
-        return rl_errf(err, RL_EIO, "%s: %s", h->keys_path, strerror(errno));
-    struct text b = {0};
-    char chunk[4096];
-    size_t k;
-    int rc = 0;
-    while ((k = fread(chunk, 1, sizeof chunk, f)) > 0 && !rc)
-        if (text_add(&b, chunk, k))
-            rc = rl_errf(err, RL_ENOMEM, "%s: out of memory", h->keys_path);
-    fclose(f);
+    char *text;
+    size_t n;
+    int rc = file_read(h->keys_path, KEYS_FILE_MAX, &text, &n, err);
     struct oai_keys keys;
     if (!rc)
-        rc = oai_keys_parse(b.p ? b.p : "", b.n, h->keys_path, &keys, err);
-    text_free(&b);
+        rc = oai_keys_parse(text, n, h->keys_path, &keys, err);
+    free(text);
     if (rc)
         return rc;
     oai_keys_free(&h->keys);

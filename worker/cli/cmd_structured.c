@@ -26,6 +26,7 @@
 #include "cli_util.h"
 #include "cmds.h"
 #include "engine.h"
+#include "file.h"
 
 struct st_args {
     const char *dir, *schema, *isa, *backend;
@@ -79,26 +80,6 @@ static int st_parse(int argc, char **argv, struct st_args *a, struct rl_err *err
     if (!a->dir || !a->schema)
         return rl_errf(err, RL_EINVAL, "-m DIR and --json-schema FILE are required");
     return 0;
-}
-
-/* The schema file, NUL-terminated (malloc'd), or NULL with err filled. */
-static char *st_read(const char *path, size_t *len, struct rl_err *err)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    long n = -1;
-    if (f && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
-        (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) == (size_t)n) {
-        buf[n] = 0;
-        *len = (size_t)n;
-        fclose(f);
-        return buf;
-    }
-    rl_errf(err, RL_EIO, "%s: %s", path, f ? "cannot read it" : strerror(errno));
-    free(buf);
-    if (f)
-        fclose(f);
-    return NULL;
 }
 
 enum st_mode { ST_FREE, ST_HELPER, ST_INLINE };
@@ -193,7 +174,9 @@ int cmd_bench_structured(int argc, char **argv)
         return 1;
     }
     size_t len = 0;
-    char *schema = rc ? NULL : st_read(a.schema, &len, &err);
+    char *schema = NULL;
+    if (!rc && file_read(a.schema, 0, &schema, &len, &err))
+        schema = NULL;
     struct engine *e[2] = {NULL, NULL}; /* helper masks, inline masks */
     int32_t *prompts = NULL;
     if (!rc && !schema)

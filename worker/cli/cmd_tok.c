@@ -16,40 +16,8 @@
 #include "chat.h"
 #include "cmds.h"
 #include "err.h"
+#include "file.h"
 #include "tokenizer.h"
-
-static int read_all(const char *path, char **out, size_t *len, struct rl_err *err)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return rl_errf(err, RL_EIO, "%s: %s", path, strerror(errno));
-    size_t cap = 65536, n = 0;
-    char *b = malloc(cap);
-    for (;;) {
-        if (!b) {
-            fclose(f);
-            return rl_errf(err, RL_ENOMEM, "%s: out of memory", path);
-        }
-        n += fread(b + n, 1, cap - n - 1, f);
-        if (n < cap - 1)
-            break;
-        cap *= 2;
-        char *nb = realloc(b, cap);
-        if (!nb)
-            free(b);
-        b = nb;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(b);
-        return rl_errf(err, RL_EIO, "%s: read error", path);
-    }
-    b[n] = 0;
-    *out = b;
-    *len = n;
-    return 0;
-}
 
 static int usage(const char *cmd, const char *text)
 {
@@ -200,7 +168,7 @@ int cmd_tokenize(int argc, char **argv)
     struct rl_err err = {0};
     char *buf = NULL; /* the file's text, read before the tokenizer loads */
     size_t len = text ? strlen(text) : 0;
-    if (file && read_all(file, &buf, &len, &err)) {
+    if (file && file_read(file, 0, &buf, &len, &err)) {
         fprintf(stderr, "tokenize: %s\n", err.msg);
         return 1;
     }
@@ -268,7 +236,7 @@ static cJSON *load_json(const char *path)
     struct rl_err err = {0};
     char *text = NULL;
     size_t len;
-    if (read_all(path, &text, &len, &err)) {
+    if (file_read(path, 0, &text, &len, &err)) {
         fprintf(stderr, "template: %s\n", err.msg);
         return NULL;
     }
@@ -310,7 +278,7 @@ int cmd_template(int argc, char **argv)
      * checked, so that rendering another model's format is not silent. */
     char cpath[MODELREF_PATH_MAX + 32];
     snprintf(cpath, sizeof cpath, "%s/tokenizer_config.json", dir);
-    if (read_all(cpath, &ctext, &clen, &err)) {
+    if (file_read(cpath, 0, &ctext, &clen, &err)) {
         fprintf(stderr, "template: %s\n", err.msg);
         goto out;
     }
