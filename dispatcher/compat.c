@@ -82,10 +82,8 @@ static int content_text(const cJSON *c, const char *param, char **out, struct oa
         }
         i++;
     }
-    if (text_add(&b, "", 1)) {
-        text_free(&b);
+    if (text_reserve(&b, 0)) /* no parts: "" */
         return -RL_ENOMEM;
-    }
     *out = b.p;
     return 0;
 }
@@ -861,10 +859,9 @@ static int close_call(struct cpt_resp *r, const char *final, struct text *out)
             rc = text_add(&r->cur, rest, strlen(rest));
     }
     if (!rc)
-        rc = text_add(&r->cur, "", 1);
+        rc = text_reserve(&r->cur, 0); /* no fragment at all: "" */
     if (rc)
         return rc;
-    r->cur.n--; /* the NUL stays behind the text */
     char cid[JOB_ID_MAX + 32];
     oai_tool_call_id(cid, sizeof cid, r->id, r->call_index);
     cJSON *item = call_item(r, r->item_id, cid, r->call_name, r->cur.p, true);
@@ -890,10 +887,9 @@ static int close_item(struct cpt_resp *r, struct text *out)
         return 0;
     if (r->open == OPEN_CALL)
         return close_call(r, NULL, out);
-    const char *text = r->cur.p ? r->cur.p : "";
-    if (text_add(&r->cur, "", 1))
+    if (text_reserve(&r->cur, 0)) /* no text at all: "" */
         return -RL_ENOMEM;
-    text = r->cur.p;
+    const char *text = r->cur.p;
     cJSON *item = r->open == OPEN_REASONING ? reasoning_item(r, text, true)
                                             : message_item(r, text, true);
     int rc = 0;
@@ -1342,17 +1338,8 @@ char *cpt_resp_body(const struct cpt_resp *r)
     if (r->api == CPT_RESPONSES) {
         o = response_object(r);
     } else {
-        struct text c = {0}, t = {0};
-        if (text_add(&c, r->content.p ? r->content.p : "", r->content.n) || text_add(&c, "", 1) ||
-            text_add(&t, r->reasoning.p ? r->reasoning.p : "", r->reasoning.n) ||
-            text_add(&t, "", 1)) {
-            text_free(&c);
-            text_free(&t);
-            return NULL;
-        }
-        o = ollama_object(r, c.p, t.p, true);
-        text_free(&c);
-        text_free(&t);
+        o = ollama_object(r, r->content.p ? r->content.p : "",
+                          r->reasoning.p ? r->reasoning.p : "", true);
     }
     char *s = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);

@@ -613,7 +613,6 @@ static int take_extension(struct parse_state *ps, enum kind kind, const char *na
             }
             rc = rc ? rc : text_add(&g, "\"", 1);
         }
-        rc = rc ? rc : text_add(&g, "", 1);
         if (!rc && !cJSON_AddStringToObject(ps->job, "grammar", g.p))
             rc = -RL_ENOMEM;
         text_free(&g);
@@ -1978,7 +1977,7 @@ static cJSON *compl_choice(const struct oai_resp *r)
     if (echo) {
         struct text t = {0};
         if (text_add(&t, echo, strlen(echo)) ||
-            (r->content.n && text_add(&t, r->content.p, r->content.n)) || text_add(&t, "", 1)) {
+            (r->content.n && text_add(&t, r->content.p, r->content.n))) {
             text_free(&t);
             cJSON_Delete(ch);
             return NULL;

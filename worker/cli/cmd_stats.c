@@ -485,7 +485,8 @@ static int collect(struct rconn *c, const char *prefix, const char *addr, cJSON 
                     cJSON_AddStringToObject(last, "id", v->valuestring);
                 if ((v = cJSON_GetObjectItemCaseSensitive(d, "pool")) && cJSON_IsString(v))
                     cJSON_AddStringToObject(last, "pool", v->valuestring);
-                cJSON_AddNumberToObject(last, "age_ms", (double)(now - rconn_id_ms(r->elem[0].elem[0].str)));
+                cJSON_AddNumberToObject(last, "age_ms",
+                                        (double)(now - rconn_id_ms(r->elem[0].elem[0].str)));
                 cJSON_AddItemToObject(dead, "last", last);
                 cJSON_Delete(d);
             }

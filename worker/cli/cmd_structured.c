@@ -175,12 +175,10 @@ int cmd_bench_structured(int argc, char **argv)
     }
     size_t len = 0;
     char *schema = NULL;
-    if (!rc && file_read(a.schema, 0, &schema, &len, &err))
-        schema = NULL;
+    if (!rc)
+        rc = file_read(a.schema, 0, &schema, &len, &err);
     struct engine *e[2] = {NULL, NULL}; /* helper masks, inline masks */
     int32_t *prompts = NULL;
-    if (!rc && !schema)
-        rc = -1;
     if (!rc && (rc = st_engine(&a, false, &e[0], &err)) == 0)
         rc = st_engine(&a, true, &e[1], &err);
     if (!rc && !(prompts = malloc((size_t)a.batch * (size_t)a.prompt * sizeof *prompts)))
