@@ -55,7 +55,7 @@ import redis
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
-from local_cluster import free_port, wait_ping  # noqa: E402
+from local_cluster import free_port, stop_process, wait_ping  # noqa: E402
 from slow_flood import SlowFlood  # noqa: E402
 
 MODEL = ROOT / "tests" / "data" / "models" / "tiny-qwen3-a"
@@ -89,13 +89,7 @@ class Proc:
         self.p.wait(10)
 
     def stop(self):
-        if self.p.poll() is None:
-            self.p.terminate()
-            try:
-                self.p.wait(15)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
+        stop_process(self.p, 15)
         self.f.close()
 
 

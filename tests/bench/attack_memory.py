@@ -32,7 +32,6 @@ import pathlib
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,7 @@ import redis
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
-from local_cluster import free_port, wait_ping  # noqa: E402
+from local_cluster import free_port, stop_process, wait_ping  # noqa: E402
 
 TOKENIZER = ROOT / "engine" / "tokenizers" / "qwen3"
 PREFIX = "mem:"
@@ -153,13 +152,7 @@ def run(redis_addr, build, workdir, n_jobs=600):
         return c
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop_process(p, 30)
         try:
             r.config_set("maxmemory", "0")
         except redis.exceptions.RedisError:

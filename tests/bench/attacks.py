@@ -54,7 +54,7 @@ import redis
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-from local_cluster import free_port, wait_ping  # noqa: E402
+from local_cluster import free_port, stop_process, wait_ping  # noqa: E402
 
 MODEL = ROOT / "tests" / "data" / "models" / "tiny-qwen3-a"
 MAX_ID = "18446744073709551615-18446744073709551615"
@@ -83,13 +83,7 @@ class Proc:
         raise RuntimeError(f"{self.path}: no {text!r} within {timeout} s")
 
     def stop(self, sig=signal.SIGTERM):
-        if self.p.poll() is None:
-            self.p.send_signal(sig)
-            try:
-                self.p.wait(30)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
+        stop_process(self.p, 30, sig)
         self.log.close()
 
 

@@ -78,7 +78,7 @@ import time
 import redis
 
 from cpucap import CpuCap, CpuCapError
-from local_cluster import RedisCluster, free_port
+from local_cluster import RedisCluster, free_port, stop_process, wait_or_kill
 from redis_probe import cpu_set, probe as redis_probe
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -172,10 +172,9 @@ class Fleet:
             if self.a.pin:  # each node where cores() puts it: master i, its replica
                 roles = self.cluster.roles()
                 for i, m in enumerate(sorted(p for p, r in roles.items() if r == "master")):
-                    os.sched_setaffinity(self.cluster.proc(m).pid, cpu_set(cores(self.a, "master", i)))
-                    rp = self.cluster.replica_of(m)
-                    os.sched_setaffinity(self.cluster.proc(rp).pid,
-                                         cpu_set(cores(self.a, "replica", i)))
+                    for port, who in ((m, "master"), (self.cluster.replica_of(m), "replica")):
+                        os.sched_setaffinity(self.cluster.proc(port).pid,
+                                             cpu_set(cores(self.a, who, i)))
             if self.cap:
                 for p in self.cluster.running():
                     self.cap.add(self.cluster.proc(p).pid, str(p))
@@ -326,22 +325,12 @@ class Fleet:
                 p.send_signal(signal.SIGTERM)
         deadline = time.time() + 20
         for p in self.procs:
-            if p is self.redis:
-                continue
-            try:
-                p.wait(max(deadline - time.time(), 0.1))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            if p is not self.redis:
+                wait_or_kill(p, deadline - time.time())
         if self.cluster:
             self.cluster.stop()
-        if self.redis and self.redis.poll() is None:
-            self.redis.terminate()
-            try:
-                self.redis.wait(20)
-            except subprocess.TimeoutExpired:
-                self.redis.kill()
-                self.redis.wait()
+        if self.redis:
+            stop_process(self.redis, 20)
         if self.cap:
             for d in self.cap.close():
                 print(f"warning: cgroup {d} left behind", file=sys.stderr)
@@ -586,13 +575,14 @@ def main():
                          "once for each, in one run (an A/B)")
     ap.add_argument("--build", default=os.environ.get("BUILD", "build"))
     ap.add_argument("--pin", action="store_true",
-                    help="redis-server alone on core 0 (taskset), everything else on the others: "
+                    help="redis-server alone on the first CPU (taskset), everything else on the others: "
                          "Redis's CPU per token without the fleet's noise in it (with --cluster "
                          "every node there, with --single-replica the replica too)")
     ap.add_argument("--own-cores", action="store_true",
                     help="with --pin, every redis-server on a core of its own (master i on core i, "
                          "its replica on core 3 + i; one instance as master 0) and the fleet on the "
-                         "rest: saturation on real cores, no cap (a machine of 8 cores or more)")
+                         "rest: saturation on real cores, no cap (7 CPUs or more; on fewer they "
+                         "wrap around: a dry run)")
     ap.add_argument("--replicas-on", choices=("redis", "fleet"), default="redis",
                     help="with --pin, where the replicas run: on core 0 with the masters (redis: "
                          "six time-sliced redis-servers on one core for a cluster, two for one "

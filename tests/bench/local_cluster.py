@@ -13,6 +13,7 @@ master, every node's role and INFO. Plain redis-py, no pytest, so a bench
 script can import it without the test fixtures.
 """
 import random
+import signal
 import socket
 import subprocess
 import pathlib
@@ -43,6 +44,24 @@ def _free(port):
 
 
 _handed_out = set()  # ports this process gave already: two callers never get the same
+
+
+def wait_or_kill(p, timeout):
+    """Waits up to timeout seconds for process p (a Popen) to end, then
+    SIGKILLs and reaps it."""
+    try:
+        p.wait(max(timeout, 0.1))
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+def stop_process(p, timeout=15, sig=signal.SIGTERM):
+    """Sends sig to process p if it still runs, then wait_or_kill: how the
+    benchmarks stop what they started (a worker drains on SIGTERM)."""
+    if p.poll() is None:
+        p.send_signal(sig)
+        wait_or_kill(p, timeout)
 
 
 def free_port(also=0):
