@@ -97,13 +97,9 @@ cluster_step() {
     s=$(date +%s)
     # the soak with the bundle's programs first on its PATH (the wrappers give
     # them its libraries) and the bundle's Python client; python3 is the machine's
-    FLEET_ENV=(env "PATH=$HERE/wrap:$PATH" "PYTHONPATH=$HERE/py.zip")
-    FLEET=("$PY" "$HERE/tests/bench/bench_fleet.py" --build wrap --tokenizer "$WORK/qwen3")
-    mkdir -p "$WORK/qwen3"
+    local -a FLEET_ENV=(env "PATH=$HERE/wrap:$PATH" "PYTHONPATH=$HERE/py.zip")
+    local -a FLEET=("$PY" "$HERE/tests/bench/bench_fleet.py" --build wrap --tokenizer "$WORK/qwen3")
     : > "$LOGS/cluster.log"
-    cp "$HERE/data/qwen3-tokenizer/tokenizer_config.json" "$WORK/qwen3/"
-    "$PY" -c 'import gzip, shutil, sys; shutil.copyfileobj(gzip.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-        "$HERE/data/qwen3-tokenizer/tokenizer.json.gz" "$WORK/qwen3/tokenizer.json" 2>> "$LOGS/cluster.log"
     if ! "${FLEET_ENV[@]}" "${FLEET[@]}" --help >> "$LOGS/cluster.log" 2>&1 ||
             ! "$PY" -S -c 'import sys; sys.path.insert(0, sys.argv[1]); import redis, redis.cluster' \
                 "$HERE/py.zip" >> "$LOGS/cluster.log" 2>&1 ||
@@ -115,6 +111,10 @@ cluster_step() {
     elif { [ "$NCPU" -lt 12 ] && [ "${CLUSTER_FORCE:-0}" != 1 ]; } || [ "$(left)" -lt 100 ]; then
         record cluster skipped $(( $(date +%s) - s )) "bench_fleet.py and the wrappers load; the measurement needs 12 cores and 100 s ($NCPU cores, $(left) s left)"
     else
+        mkdir -p "$WORK/qwen3"
+        cp "$HERE/data/qwen3-tokenizer/tokenizer_config.json" "$WORK/qwen3/"
+        "$PY" -c 'import gzip, shutil, sys; shutil.copyfileobj(gzip.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+            "$HERE/data/qwen3-tokenizer/tokenizer.json.gz" "$WORK/qwen3/tokenizer.json" 2>> "$LOGS/cluster.log"
         t=$(left)
         [ "$t" -gt "$CLUSTER_S" ] && t=$CLUSTER_S
         # sim workers serving Qwen3-1.7B (short steps: many tokens a worker, so
@@ -132,6 +132,12 @@ cluster_step() {
         record cluster "$st" $(( $(date +%s) - s )) "rc $rc; ${m:-no ratio}; $c"
         [ -f "$LOGS/cluster/alternate.json" ] && cp "$LOGS/cluster/alternate.json" "$LOGS/cluster-alternate.json"
     fi
+}
+
+finish() { # exit status 0 when no step failed
+    echo "== done in $(elapsed)s"
+    grep -q '"status": "failed"' "$LOGS/summary.json" && exit 1
+    exit 0
 }
 
 # --- device
@@ -152,9 +158,7 @@ fi
 
 if [ "$ONLY" = cluster ]; then
     cluster_step
-    echo "== done in $(elapsed)s"
-    grep -q '"status": "failed"' "$LOGS/summary.json" && exit 1
-    exit 0
+    finish
 fi
 
 # --- backend op tests
@@ -389,7 +393,4 @@ else
 fi
 
 cluster_step
-
-echo "== done in $(elapsed)s"
-grep -q '"status": "failed"' "$LOGS/summary.json" && exit 1
-exit 0
+finish
