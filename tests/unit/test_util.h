@@ -11,6 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "file.h"
+
 /* The repository's root, found from the test binary's own path
  * (<root>/<build dir>/<tests|fuzz>/<binary>), so a test reads its fixtures
  * wherever the clone sits and whatever the working directory. Falls back to
@@ -71,27 +73,12 @@ static inline const char *tu_qwen3_tokenizer_dir(void)
 }
 
 /* The whole file, NUL-terminated, malloc'd (caller frees); NULL when it
- * cannot be read. *len (if non-NULL) gets its length. */
+ * cannot be read. *len (if non-NULL) gets its length. (common/file.h's
+ * reader, which test_file checks, without its error.) */
 static inline char *tu_slurp(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    char *b = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0)
-        b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) {
-        b[n] = 0;
-        if (len)
-            *len = (size_t)n;
-    }
-    return b;
+    char *b;
+    return file_read(path, 0, &b, len, NULL) ? NULL : b;
 }
 
 /* The ids of a JSON array of numbers (a reference file's "ids" or
