@@ -7,7 +7,7 @@
  * mistake is an error, not an allocation). file_read is the one reader;
  * file_read_json also parses and wants a JSON object.
  *
- * Writing: the model maker and the quantizer write checkpoints of tens of
+ * Writing: the model maker (`redlm mkmodel`, random or converted) writes checkpoints of tens of
  * GB. A file_out writes "<path>.tmp" and renames it over path only once
  * every byte is written, so an interrupted or failed write never leaves a
  * truncated checkpoint under the real name (a loader would mmap it and
