@@ -1384,8 +1384,7 @@ static int setup(void **state)
     (void)state;
     snprintf(model_dir, sizeof model_dir, "%s/models/tiny-qwen3-a", tu_data_dir());
     strcpy(f32_dir, model_dir);
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/redlm-test-engine-XXXXXX");
-    if (!mkdtemp(tmpdir))
+    if (tu_tmpdir(tmpdir, sizeof tmpdir, "test-engine"))
         return -1;
     snprintf(bf16_dir, sizeof bf16_dir, "%s/bf16", tmpdir);
     struct mk_opts mo;
@@ -1430,12 +1429,9 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (tmpdir[0] && system(cmd)) {
-    }
+    int rc = tu_rmtree(tmpdir);
     cJSON_Delete(reference);
-    return 0;
+    return rc;
 }
 
 int main(void)

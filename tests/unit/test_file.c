@@ -16,22 +16,20 @@
 #include <unistd.h>
 
 #include "file.h"
+#include "test_util.h"
 
 static char dir[64];
 
 static int setup(void **state)
 {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/redlm-test-file.XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
+    return tu_tmpdir(dir, sizeof dir, "test-file");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tu_rmtree(dir);
 }
 
 static const char *at(const char *name)

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "gguf.h"
+#include "test_util.h"
 
 /* ---- a byte builder for hand-made images ---- */
 
@@ -290,16 +291,13 @@ static char tmp[256];
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmp, sizeof tmp, "/tmp/test_gguf.XXXXXX");
-    return mkdtemp(tmp) ? 0 : -1;
+    return tu_tmpdir(tmp, sizeof tmp, "test-gguf");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    return system(cmd);
+    return tu_rmtree(tmp);
 }
 
 struct fill_ctx {

@@ -24,6 +24,7 @@
 
 #include "mkmodel.h"
 #include "test_rig.h"
+#include "test_util.h"
 
 #define MAX_TOK 128
 
@@ -145,16 +146,13 @@ static void test_heldout_shapes(void **state)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/redlm-heldout-XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return tu_tmpdir(tmpdir, sizeof tmpdir, "heldout");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tu_rmtree(tmpdir);
 }
 
 int main(void)

@@ -25,23 +25,18 @@
 #include "test_util.h"
 
 
-static char *tmp_root;
+static char tmp_root[256];
 
 static int setup(void **state)
 {
     (void)state;
-    tmp_root = strdup("/tmp/test_mk_XXXXXX");
-    return mkdtemp(tmp_root) ? 0 : -1;
+    return tu_tmpdir(tmp_root, sizeof tmp_root, "test-mk");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_root);
-    int rc = system(cmd);
-    free(tmp_root);
-    return rc;
+    return tu_rmtree(tmp_root);
 }
 
 static const char *sub(const char *name)

@@ -271,19 +271,15 @@ static void copy_model(const char *dir, enum st_dtype dt, const char *rename_fro
 
 static int setup_tmp(void **state)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/redlm-test-model-XXXXXX");
-    if (!mkdtemp(tmpdir))
+    if (tu_tmpdir(tmpdir, sizeof tmpdir, "test-model"))
         return -1;
     return setup_ref(state);
 }
 
 static int teardown_tmp(void **state)
 {
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd)) {
-    }
-    return teardown_ref(state);
+    int rc = tu_rmtree(tmpdir);
+    return teardown_ref(state) ? -1 : rc;
 }
 
 /* BF16 copy vs F32 original, teacher-forced along the reference's greedy

@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "modelref.h"
+#include "test_util.h"
 
 static char root[256];
 
@@ -33,8 +34,7 @@ static void put(const char *rel, const char *text)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(root, sizeof root, "/tmp/test_modelref.XXXXXX");
-    if (!mkdtemp(root))
+    if (tu_tmpdir(root, sizeof root, "test-modelref"))
         return -1;
     put("hub/models--Qwen--Qwen3-14B/refs/main", "abc123");
     put("hub/models--Qwen--Qwen3-14B/refs/v2", "def456\n");
@@ -78,9 +78,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    return system(cmd) == 0 ? 0 : -1;
+    return tu_rmtree(root);
 }
 
 static void use_cache(const char *hub_cache, const char *hf_home, const char *home)

@@ -42,6 +42,7 @@
 #include "mkmodel.h"
 #include "model.h"
 #include "quant.h"
+#include "test_util.h"
 
 /* max |dlogit| of the native quantized kernels (int8 activations) */
 #define TOL_NATIVE 0.3
@@ -72,8 +73,7 @@ static void model_path(const struct fmt *f, char *buf, size_t n)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmp, sizeof tmp, "/tmp/test_qfwd.XXXXXX");
-    if (!mkdtemp(tmp))
+    if (tu_tmpdir(tmp, sizeof tmp, "test-qfwd"))
         return -1;
     for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
         struct mk_opts o;
@@ -105,9 +105,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    return system(cmd);
+    return tu_rmtree(tmp);
 }
 
 /* ---- the float64 reference ---- */

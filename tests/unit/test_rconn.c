@@ -26,6 +26,7 @@
 
 #include "rconn.h"
 #include "xmux.h"
+#include "test_util.h"
 
 static char addr[256];        /* host:port of the server under test */
 static char sock_path[256];   /* its unix socket, "" if none */
@@ -113,8 +114,7 @@ static int group_setup(void **state)
         snprintf(addr, sizeof addr, "%s", env);
         return 0;
     }
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/redlm-rconn-XXXXXX");
-    if (!mkdtemp(tmpdir))
+    if (tu_tmpdir(tmpdir, sizeof tmpdir, "rconn"))
         return -1;
     memcpy(sock_path, tmpdir, strlen(tmpdir));
     strcpy(sock_path + strlen(tmpdir), "/redis.sock");
@@ -128,14 +128,7 @@ static int group_teardown(void **state)
 {
     (void)state;
     stop_server(SIGTERM);
-    if (tmpdir[0]) {
-        char p[300];
-        snprintf(p, sizeof p, "%s/pw", tmpdir);
-        unlink(p);
-        unlink(sock_path);
-        rmdir(tmpdir);
-    }
-    return 0;
+    return tu_rmtree(tmpdir); /* the socket, password files, a dump */
 }
 
 static const char *key(const char *name)

@@ -35,18 +35,17 @@ static uint8_t *image(const char *hdr, size_t data_len, size_t *len)
     return b;
 }
 
+/* malloc'd (the caller frees it after rm_rf) */
 static char *mktemp_dir(void)
 {
-    char *d = strdup("/tmp/test_st_XXXXXX");
-    assert_non_null(mkdtemp(d));
-    return d;
+    char d[256];
+    assert_int_equal(tu_tmpdir(d, sizeof d, "test-st"), 0);
+    return strdup(d);
 }
 
 static void rm_rf(const char *dir)
 {
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(tu_rmtree(dir), 0);
 }
 
 static void write_file(const char *path, const void *buf, size_t n)

@@ -737,8 +737,7 @@ static void same_ids(const struct tokenizer *a, const struct tokenizer *b, const
 
 static void test_gguf_tokenizer(void **state)
 {
-    snprintf(gguf_dir, sizeof gguf_dir, "/tmp/test_tok_gguf.XXXXXX");
-    assert_non_null(mkdtemp(gguf_dir));
+    assert_int_equal(tu_tmpdir(gguf_dir, sizeof gguf_dir, "test-tok-gguf"), 0);
     struct tokenizer *g = gguf_tok(tu_qwen3_tokenizer_dir(), 151936, "qwen3");
     cJSON *root = load_json("tokenizer/qwen3/cases.json");
     const cJSON *c;
@@ -822,9 +821,7 @@ static void test_gguf_tokenizer_refused(void **state)
         if (!strstr(err.msg, cases[i].needle) || !strstr(err.msg, path))
             fail_msg("\"%s\" lacks \"%s\" or the file", err.msg, cases[i].needle);
     }
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", gguf_dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(tu_rmtree(gguf_dir), 0);
 }
 
 int main(void)

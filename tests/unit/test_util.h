@@ -5,6 +5,7 @@
 #define RL_TEST_UTIL_H
 
 #include <cjson/cJSON.h>
+#include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,6 +71,41 @@ static inline const char *tu_qwen3_tokenizer_dir(void)
     if (!dir[0])
         snprintf(dir, sizeof dir, "%s/engine/tokenizers/qwen3", tu_repo_dir());
     return dir;
+}
+
+/* A fresh, empty directory for one test binary's files:
+ * $TMPDIR (else /tmp) / redlm-<tag>.XXXXXX, its name written into buf.
+ * 0, or -1 when it cannot be made or the name does not fit. */
+static inline int tu_tmpdir(char *buf, size_t cap, const char *tag)
+{
+    const char *base = getenv("TMPDIR");
+    if (!base || !base[0])
+        base = "/tmp";
+    int n = snprintf(buf, cap, "%s/redlm-%s.XXXXXX", base, tag);
+    if (n < 0 || (size_t)n >= cap || !mkdtemp(buf)) {
+        if (cap)
+            buf[0] = 0;
+        return -1;
+    }
+    return 0;
+}
+
+static inline int tu_rmtree_one(const char *path, const struct stat *st, int kind,
+                                struct FTW *ftw)
+{
+    (void)st, (void)ftw;
+    return kind == FTW_DP ? rmdir(path) : unlink(path);
+}
+
+/* Removes dir and everything below it, without a shell (a name with a
+ * quote in it stays harmless) and without following links out of it.
+ * 0, or -1 when something could not be removed; "" or NULL (a setup that
+ * failed before its directory existed) is 0. */
+static inline int tu_rmtree(const char *dir)
+{
+    if (!dir || !dir[0])
+        return 0;
+    return nftw(dir, tu_rmtree_one, 16, FTW_DEPTH | FTW_PHYS) ? -1 : 0;
 }
 
 /* The whole file, NUL-terminated, malloc'd (caller frees); NULL when it
