@@ -42,7 +42,7 @@ import time
 import redis
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from local_cluster import free_port  # noqa: E402
+from local_cluster import free_port, stop_process, stop_processes, wait_ping  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("BUILD", ROOT / "build"))
@@ -102,15 +102,8 @@ class Procs:
         return total
 
     def stop_all(self):
-        for proc, _ in self.p:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc, log in self.p:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes([proc for proc, _ in self.p], 30)
+        for _, log in self.p:
             log.close()
         self.p = []
 
@@ -277,13 +270,8 @@ def main():
                                    "--save", "", "--appendonly", "no", "--logfile",
                                    str(logdir / "redis.log")])
     addr = f"127.0.0.1:{port}"
+    wait_ping(port, proc=redis_proc, log=logdir / "redis.log")
     r = redis.Redis(host="127.0.0.1", port=port, decode_responses=True)
-    for _ in range(100):
-        try:
-            r.ping()
-            break
-        except redis.exceptions.ConnectionError:
-            time.sleep(0.05)
     trace = make_trace(args.seed, args.conversations, args.min_turns, args.max_turns,
                        args.user_words)
     noreuse = make_noreuse(args.seed, args.noreuse_jobs)
@@ -301,8 +289,7 @@ def main():
             rows.append(run_phase(args, name, aff, tr, shared, nw, r, addr, procs, logdir))
     finally:
         procs.stop_all()
-        redis_proc.terminate()
-        redis_proc.wait(10)
+        stop_process(redis_proc, 10)
     hdr = (f"{'phase':7} {'wk':>3} {'jobs':>5} {'prompt':>7} {'cached':>7} {'hit':>6} "
            f"{'ttft p50':>9} {'p99':>8} {'t>=3 p50':>9} {'p99':>8} {'jobs/s':>7} {'tok/s':>7} "
            f"{'offers':>6} {'fallb':>5} {'nomatch':>7} {'deep':>5} {'disp us/job':>11} {'wk ms/job':>9}")

@@ -25,7 +25,7 @@ import time
 import redis
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from local_cluster import free_port  # noqa: E402
+from local_cluster import free_port, stop_process, wait_ping  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "engine/tokenizers/qwen3"
@@ -56,13 +56,8 @@ def main():
             ["taskset", "-c", "0", "redis-server", "--port", str(port), "--bind", "127.0.0.1",
              "--save", "", "--appendonly", "no", "--dir", str(tmp)],
             stdout=open(tmp / "redis.log", "w"), stderr=subprocess.STDOUT))
+        wait_ping(port, proc=procs[0], log=tmp / "redis.log")
         r = redis.Redis(port=port, decode_responses=True)
-        for _ in range(200):
-            try:
-                if r.ping():
-                    break
-            except redis.exceptions.RedisError:
-                time.sleep(0.02)
         logs = []
         for i in range(a.workers):
             log = tmp / f"worker-{i}.log"
@@ -96,14 +91,8 @@ def main():
             if n > 0:
                 print(f"| {k} | {n / ws:.2f} |")
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        for p in reversed(procs):  # the workers, then Redis: a draining worker's flush needs it
+            stop_process(p, 15)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

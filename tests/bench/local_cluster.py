@@ -64,6 +64,19 @@ def stop_process(p, timeout=15, sig=signal.SIGTERM):
         wait_or_kill(p, timeout)
 
 
+def stop_processes(procs, timeout=30, sig=signal.SIGTERM):
+    """stop_process for several at once: sig to every one still running,
+    then one deadline for them all (workers drain side by side), then
+    SIGKILL for what is left."""
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(sig)
+    deadline = time.time() + timeout
+    for p in procs:
+        wait_or_kill(p, deadline - time.time())
+
+
 def free_port(also=0):
     """A free loopback port (and port + also free too, when also is given: a
     cluster node's bus port) below the kernel's ephemeral range. A port the
