@@ -90,6 +90,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -401,6 +402,32 @@ static void observe_first_event(struct dhttp *h, double ms)
     pthread_mutex_unlock(&h->m_mu);
 }
 
+/* The front door's unlabelled counters: one family each, read from a
+ * copy of struct counters by offset. */
+static const struct {
+    const char *name, *help;
+    size_t off;
+} plain_counters[] = {
+    {"client_cancels_total", "jobs cancelled because their client left",
+     offsetof(struct counters, client_cancels)},
+    {"rate_limited_total", "requests refused with 429 by a tenant's limits",
+     offsetof(struct counters, rate_limited)},
+    {"auth_failures_total", "requests refused for a missing or unknown API key",
+     offsetof(struct counters, auth_failures)},
+    {"sse_events_total", "server-sent events written", offsetof(struct counters, sse_events)},
+    {"slow_clients_closed_total", "connections closed for sending their request too slowly",
+     offsetof(struct counters, slow_closed)},
+    {"connections_evicted_total",
+     "connections waiting for their request closed to make room at http_max_connections",
+     offsetof(struct counters, evicted)},
+    {"connections_refused_total",
+     "connections refused at http_max_connections while every one was being answered",
+     offsetof(struct counters, refused)},
+    {"auth_throttled_total",
+     "requests refused with 429 because their address sent too many wrong API keys",
+     offsetof(struct counters, auth_throttled)},
+};
+
 /* The front door's own families (its counters, under m_mu). */
 static void put_http_families(struct dhttp *h, struct text *b)
 {
@@ -427,49 +454,13 @@ static void put_http_families(struct dhttp *h, struct text *b)
                 "# HELP redlm_http_active_requests requests in flight\n"
                 "# TYPE redlm_http_active_requests gauge\nredlm_http_active_requests %d\n",
                 m.active);
-    text_printf(
-        b,
-        "# HELP redlm_http_client_cancels_total jobs cancelled because their client left\n"
-        "# TYPE redlm_http_client_cancels_total counter\nredlm_http_client_cancels_total %lld\n",
-        (long long)m.client_cancels);
-    text_printf(
-        b,
-        "# HELP redlm_http_rate_limited_total requests refused with 429 by a tenant's limits\n"
-        "# TYPE redlm_http_rate_limited_total counter\nredlm_http_rate_limited_total %lld\n",
-        (long long)m.rate_limited);
-    text_printf(
-        b,
-        "# HELP redlm_http_auth_failures_total requests refused for a missing or unknown "
-        "API key\n# TYPE redlm_http_auth_failures_total counter\nredlm_http_auth_failures_total "
-        "%lld\n",
-        (long long)m.auth_failures);
-    text_printf(b,
-                "# HELP redlm_http_sse_events_total server-sent events written\n"
-                "# TYPE redlm_http_sse_events_total counter\nredlm_http_sse_events_total %lld\n",
-                (long long)m.sse_events);
-    text_printf(b,
-                "# HELP redlm_http_slow_clients_closed_total connections closed for sending their "
-                "request too slowly\n# TYPE redlm_http_slow_clients_closed_total counter\n"
-                "redlm_http_slow_clients_closed_total %lld\n",
-                (long long)m.slow_closed);
-    text_printf(b,
-                "# HELP redlm_http_connections_evicted_total connections waiting for their request "
-                "closed to make room at http_max_connections\n"
-                "# TYPE redlm_http_connections_evicted_total counter\n"
-                "redlm_http_connections_evicted_total %lld\n",
-                (long long)m.evicted);
-    text_printf(b,
-                "# HELP redlm_http_connections_refused_total connections refused at "
-                "http_max_connections while every one was being answered\n"
-                "# TYPE redlm_http_connections_refused_total counter\n"
-                "redlm_http_connections_refused_total %lld\n",
-                (long long)m.refused);
-    text_printf(b,
-                "# HELP redlm_http_auth_throttled_total requests refused with 429 because their "
-                "address sent too many wrong API keys\n"
-                "# TYPE redlm_http_auth_throttled_total counter\n"
-                "redlm_http_auth_throttled_total %lld\n",
-                (long long)m.auth_throttled);
+    for (size_t i = 0; i < sizeof plain_counters / sizeof plain_counters[0]; i++) {
+        const char *n = plain_counters[i].name;
+        int64_t v;
+        memcpy(&v, (const char *)&m + plain_counters[i].off, sizeof v);
+        text_printf(b, "# HELP redlm_http_%s %s\n# TYPE redlm_http_%s counter\nredlm_http_%s %lld\n",
+                    n, plain_counters[i].help, n, n, (long long)v);
+    }
     text_printf(
         b, "# HELP redlm_http_first_event_seconds time from the job's XADD to its first event\n"
            "# TYPE redlm_http_first_event_seconds histogram\n");
