@@ -152,11 +152,13 @@ double sim_kv_capacity(const struct sim_profile *p, const struct model_config *c
 double sim_step_seconds(const struct sim_profile *p, const struct model_config *c,
                         double n_tokens, double n_logits, double attn_pairs, double kv_tokens)
 {
-    double bw = p->bw * SIM_BW_EFF;
-    double peak = (c->fp8_block_rows && p->fp8_flops > 0 ? p->fp8_flops : p->bf16_flops) * SIM_FLOP_EFF;
+    bool fp8 = c->fp8_block_rows > 0;
+    double layers = layer_params(c) * wbytes(c), head = sim_weight_bytes(c, 1) - layers;
+    double wt = layers / (p->bw * (fp8 ? SIM_FP8_BW_EFF : SIM_BW_EFF)) + head / (p->bw * SIM_BW_EFF);
+    double peak = fp8 && p->fp8_flops > 0 ? p->fp8_flops * SIM_FP8_FLOP_EFF : p->bf16_flops * SIM_FLOP_EFF;
     double flops = 2.0 * layer_params(c) * n_tokens + 2.0 * (double)c->vocab * c->hidden * n_logits +
                    4.0 * c->n_layers * (double)c->n_heads * c->head_dim * attn_pairs;
-    double wt = sim_weight_bytes(c, 1) / bw, ct = flops / peak;
+    double ct = flops / peak;
     return (wt > ct ? wt : ct) + kv_tokens * sim_kv_token_bytes(c) / (p->bw * SIM_KV_EFF) + SIM_LAUNCH_S +
            c->n_layers * SIM_LAYER_S;
 }

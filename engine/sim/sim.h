@@ -27,11 +27,17 @@ struct sim_profile {
 
 /* The model's calibration constants (one set for every profile; README),
  * fitted to redlm's CUDA backend on an H200 (BENCHMARKS.md, issue 25:
- * Qwen3-14B shapes, decode at batch 1 / 64 and contexts 512 / 8k, prefill
- * of 2,048 tokens; every fitted figure within 4 % of the measured one). */
+ * Qwen3-14B shapes, decode at batch 1 / 64 / 256 and contexts 512 / 8k,
+ * prefill of 2,048 tokens; every fitted BF16 figure within 5 % of the
+ * measured one, every FP8 figure within 11 %). FP8 checkpoints have their
+ * own two: their block-scaled products (activations quantized to e4m3 on
+ * the way in) reach less of the bandwidth and of the FP8 peak than BF16
+ * products reach of theirs, and one set fitted both 1.1-1.5x too fast. */
 #define SIM_BW_EFF 0.74       /* share of bandwidth the weights' products attain */
 #define SIM_KV_EFF 0.30       /* share of bandwidth the decode attention's KV reads attain */
 #define SIM_FLOP_EFF 0.48     /* share of the tensor peak a prefill attains */
+#define SIM_FP8_BW_EFF 0.52   /* ... an FP8 checkpoint's layer products (lm_head stays BF16) */
+#define SIM_FP8_FLOP_EFF 0.28 /* ... of the FP8 peak, an FP8 checkpoint's prefill */
 #define SIM_LAUNCH_S 100e-6   /* fixed per step: graph launch, logits copy, sync */
 #define SIM_LAYER_S 52e-6     /* per layer and step: the small kernels (norms, rope,
                                  attention and its merge), a few us each */
@@ -62,7 +68,9 @@ double sim_kv_capacity(const struct sim_profile *p, const struct model_config *c
  *   max(weights read / bw', FLOPs / peak') + KV bytes read / bw''
  *   + SIM_LAUNCH_S + n_layers * SIM_LAYER_S
  * with bw' = bw * SIM_BW_EFF, bw'' = bw * SIM_KV_EFF and peak' = peak *
- * SIM_FLOP_EFF. n_tokens are
+ * SIM_FLOP_EFF (an FP8 checkpoint: its layer matrices at bw *
+ * SIM_FP8_BW_EFF, its FLOPs at the FP8 peak * SIM_FP8_FLOP_EFF where the
+ * part has one). n_tokens are
  * computed, n_logits of them go through lm_head, attn_pairs is the sum over
  * new tokens of the positions they attend to, kv_tokens the tokens whose K
  * and V the step reads (each sequence's whole context once). */
