@@ -441,6 +441,10 @@ static void test_schema_refusals(void **state)
         {"{\"type\":\"string\",\"minLength\":2001}", "/minLength: 2001 is over the supported limit of 2000"},
         /* not JSON */
         {"{\"type\":", "not valid JSON"},
+        /* not UTF-8 (found by tests/fuzz/fuzz_grammar: the bytes reached the
+         * generated grammar, whose parser refused it as our bug) */
+        {"{\"enum\":[\"h\xc3\xa9llo\",\"\xe3\x81\xff\"]}", "schema is not valid UTF-8 (at byte 19)"},
+        {"{\"const\":\"\xed\xa0\x80\"}", "schema is not valid UTF-8 (at byte 10)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         struct gram *g = NULL;
@@ -473,6 +477,9 @@ static void test_limits(void **state)
     expect_refusal(gram_compile_json_schema(&g, voc, b.p, b.n, &err), &err, "depth 1000", "nests 1000 levels deep; the limit is 64");
     /* and a tools array as deep */
     expect_refusal(gram_compile_tool_call(&g, voc, b.p, b.n, NULL, &err), &err, "deep tools", "nests");
+    static const char bad_tools[] = "[{\"type\":\"function\",\"function\":{\"name\":\"f\xff\"}}]";
+    expect_refusal(gram_compile_tool_call(&g, voc, bad_tools, strlen(bad_tools), NULL, &err), &err,
+                   "tools not UTF-8", "tools is not valid UTF-8 (at byte 41)");
     free(b.p);
     /* depth 64 is fine */
     struct { char p[2000]; size_t n; } c = {.n = 0};
