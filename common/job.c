@@ -688,6 +688,8 @@ static int shallow_id(const char *s, size_t len, char out[JOB_ID_MAX + 1])
             size_t at = ++i;
             while (i < len && s[i] != '"')
                 i += s[i] == '\\' ? 2 : 1;
+            if (i >= len)
+                return 0; /* the text ends inside this string */
             if (depth != 1 || i - at != 2 || memcmp(s + at, "id", 2))
                 continue;
             size_t j = i + 1;
@@ -700,9 +702,9 @@ static int shallow_id(const char *s, size_t len, char out[JOB_ID_MAX + 1])
             if (j >= len || s[j] != '"')
                 return -1;
             size_t v = ++j;
-            while (j < len && s[j] != '"' && s[j] != '\\' && j - v <= JOB_ID_MAX)
-                if (!id_char(s[j++], false))
-                    return -1;
+            for (; j < len && s[j] != '"' && s[j] != '\\'; j++)
+                if (j - v == JOB_ID_MAX || !id_char(s[j], false))
+                    return -1; /* too long for an id, or not an id's byte */
             if (j >= len || s[j] != '"' || j == v)
                 return -1;
             memcpy(out, s + v, j - v);

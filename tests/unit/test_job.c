@@ -747,11 +747,22 @@ static void test_guess_id(void **state)
         {"{\"prompt_ids\": [1], \"id\": \"t1\" \"x\"}", "r1-0", "t1"},
         {"{\"a\": {\"id\": \"inner\"}, NaN}", "r1-0", "r1-0"},
         {"{\"id\": \"bad id\", NaN}", "r1-0", ""},
+        /* the text ends inside a string, after a backslash (tests/fuzz/fuzz_job:
+         * the scan stepped past the end and compared a byte beyond it) */
+        {"{\"\\", "r1-0", "r1-0"},
+        {"{\"prompt\":\"a\\", "r1-0", "r1-0"},
+        {"{\"id\":\"\\", "r1-0", ""},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char out[JOB_ID_MAX + 1] = "junk";
-        const char *raw = cases[i].raw;
-        job_guess_id(raw, raw ? strlen(raw) : 0, cases[i].fallback, out);
+        /* the bytes alone, without a terminator: as a Redis reply's may
+         * be, and so that make asan sees a read past them */
+        size_t n = cases[i].raw ? strlen(cases[i].raw) : 0;
+        char *raw = cases[i].raw ? malloc(n ? n : 1) : NULL;
+        if (raw)
+            memcpy(raw, cases[i].raw, n);
+        job_guess_id(raw, n, cases[i].fallback, out);
+        free(raw);
         if (strcmp(out, cases[i].want))
             fail_msg("case %zu: \"%s\", want \"%s\"", i, out, cases[i].want);
     }
@@ -760,6 +771,18 @@ static void test_guess_id(void **state)
     char out[JOB_ID_MAX + 1];
     job_guess_id(long_id, strlen(long_id), "r1-0", out);
     assert_string_equal(out, "");
+    /* the same past cJSON (the scan's path): 128 is an id, 129 is none
+     * (tests/fuzz/fuzz_job: the scan copied 129 bytes and their NUL into
+     * the 129-byte answer, one byte past it) */
+    for (int n = JOB_ID_MAX; n <= JOB_ID_MAX + 1; n++) {
+        char raw[JOB_ID_MAX + 40];
+        snprintf(raw, sizeof raw, "{\"prompt\":-\"hi\",\"id\":\"%0*d\"}", n, 7);
+        struct { char out[JOB_ID_MAX + 1]; char canary[8]; } g;
+        memset(g.canary, 'c', sizeof g.canary);
+        job_guess_id(raw, strlen(raw), "r1-0", g.out);
+        assert_int_equal(strlen(g.out), n == JOB_ID_MAX ? JOB_ID_MAX : 0);
+        assert_memory_equal(g.canary, "cccccccc", 8);
+    }
     /* an escaped backslash before "u0000" is text, not a NUL: accepted whole */
     const char *lit = "{\"prompt\":\"a\\\\u0000b\"}";
     struct job *j = NULL;
