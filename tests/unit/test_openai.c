@@ -442,7 +442,7 @@ static void run_steps(const struct oai_request *req, const struct step *steps, i
         if (rc != steps[i].ret)
             fail_msg("%s step %d: returned %d, want %d (%s)", what, i, rc, steps[i].ret, e.message);
         size_t add = b.n - before;
-        if (add != strlen(steps[i].sse) || memcmp(b.p + before, steps[i].sse, add))
+        if (add != strlen(steps[i].sse) || (add && memcmp(b.p + before, steps[i].sse, add)))
             fail_msg("%s step %d:\n got  %.*s\n want %s", what, i, (int)add, b.p ? b.p + before : "",
                      steps[i].sse);
     }
