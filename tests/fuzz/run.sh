@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# tests/fuzz/run.sh [SECONDS] [TARGET...] - runs the libFuzzer targets that
+# `make fuzz` built, SECONDS each (default 60), all of them when no TARGET is
+# named (fuzz_grammar, fuzz_job, ...). Each keeps its corpus in
+# build-fuzz/corpus/TARGET across runs and starts from seeds written from
+# the repository's own fixtures:
+#   fuzz_grammar  every schema of tests/data/schemas (and its generators
+#                 folder) after the selector byte 0x00, each job's tools of
+#                 schemas/examples/jobs-valid.json after 0xa0, a few
+#                 grammars after 0x60;
+#   fuzz_job      every job of schemas/examples/jobs-valid.json and
+#                 jobs-invalid.json.
+# A finding is written to build-fuzz/findings/TARGET-*; the script ends
+# non-zero when a target found one (rerun the target on that file to see
+# it). Run as root or not; needs nothing but the build.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+secs=${1:-60}
+shift || true
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+    for f in build-fuzz/fuzz/fuzz_*; do targets+=("$(basename "$f")"); done
+fi
+[ -x "build-fuzz/fuzz/${targets[0]}" ] || { echo "run.sh: no ${targets[0]}: make fuzz first" >&2; exit 2; }
+
+seeds=$(mktemp -d)
+trap 'rm -rf "$seeds"' EXIT
+mkdir -p build-fuzz/findings
+/usr/bin/python3 - "$seeds" <<'EOF'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+def put(target, name, data):
+    d = out / target
+    d.mkdir(exist_ok=True)
+    (d / name).write_bytes(data)
+for p in sorted(pathlib.Path("tests/data/schemas").rglob("*.json")):
+    put("fuzz_grammar", "schema-" + p.stem, b"\x00" + p.read_bytes())
+grammars = ['root ::= cmd ("; " cmd){0,3}\ncmd ::= "go " [a-z]+ | "stop"',
+            'root ::= [0-9]{2,4} "-" ("a" | "b")* "x"?',
+            'root ::= obj\nobj ::= "{" ws "\\"k\\"" ws ":" ws val ws "}"\n'
+            'val ::= obj | [0-9]+ | "\\"" [^"\\\\]* "\\""\nws ::= [ \\t\\n]*']
+for i, g in enumerate(grammars):
+    put("fuzz_grammar", f"grammar-{i}", b"\x60" + g.encode())
+n = 0
+for f in ("schemas/examples/jobs-valid.json", "schemas/examples/jobs-invalid.json"):
+    for j in json.loads(pathlib.Path(f).read_text()):
+        text = j["job"] if isinstance(j, dict) and isinstance(j.get("job"), str) else json.dumps(j)
+        n += 1
+        put("fuzz_job", f"job-{n}", text.encode())
+        if isinstance(j, dict) and isinstance(j.get("tools"), list):
+            put("fuzz_grammar", f"tools-{n}", b"\xa0" + json.dumps(j["tools"]).encode())
+EOF
+
+found=0
+for t in "${targets[@]}"; do
+    corpus=build-fuzz/corpus/$t
+    mkdir -p "$corpus"
+    dirs=("$corpus")
+    [ -d "$seeds/$t" ] && dirs+=("$seeds/$t")
+    log=build-fuzz/findings/$t.log
+    if build-fuzz/fuzz/"$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 \
+        -artifact_prefix=build-fuzz/findings/"$t"- "${dirs[@]}" > "$log" 2>&1; then
+        echo "$t: $(grep -o 'Done [0-9]* runs in [0-9]* second(s)' "$log" | tail -1), nothing found"
+    else
+        found=1
+        echo "$t: FOUND something (build-fuzz/findings/$t-*; the log: $log)"
+        grep -m1 -E 'ERROR|SUMMARY|deadly' "$log" || true
+    fi
+done
+exit $found
