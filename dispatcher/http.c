@@ -1749,7 +1749,10 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     int crc = q->compat ? cpt_resp_create(&q->cresp, &q->creq, q->id, echo, now,
                                           q->oreq.stream, &err)
                         : oai_resp_create(&q->resp, q->id, echo, now / 1000, &q->oreq, &err);
+    /* echo may point into served: copied before it goes */
+    snprintf(q->vm_model, sizeof q->vm_model, "%s", echo ? echo : "");
     cJSON_Delete(served);
+    echo = NULL;
     if (crc) {
         oai_error_set(&e, 500, "server_error", ev_code_name(EV_CODE_INTERNAL), NULL, "%s", err.msg);
         return respond_error(q, conn, &e);
@@ -1809,7 +1812,6 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         }
     }
     q->enqueued = true;
-    snprintf(q->vm_model, sizeof q->vm_model, "%s", echo ? echo : "");
     vm_move(h->vm, q->vm_model, VM_NONE, VM_WAITING);
     q->vm = VM_WAITING;
     if (h->lease_ms)
