@@ -12,7 +12,8 @@
 #                 schemas/examples/jobs-valid.json after 0xa0, a few
 #                 grammars after 0x60;
 #   fuzz_job      every job of schemas/examples/jobs-valid.json and
-#                 jobs-invalid.json.
+#                 jobs-invalid.json;
+# and, for each, the inputs that once found a fault.
 # A finding is written to build-fuzz/findings/TARGET-*; the script ends
 # non-zero when a target found one (rerun the target on that file to see
 # it). Run as root or not; needs nothing but the build.
@@ -44,6 +45,10 @@ grammars = ['root ::= cmd ("; " cmd){0,3}\ncmd ::= "go " [a-z]+ | "stop"',
             'val ::= obj | [0-9]+ | "\\"" [^"\\\\]* "\\""\nws ::= [ \\t\\n]*']
 for i, g in enumerate(grammars):
     put("fuzz_grammar", f"grammar-{i}", b"\x60" + g.encode())
+# what the targets found once (tests/README.md, "Fuzz"), kept as seeds
+put("fuzz_grammar", "found-utf8", b'\x00{"enum":["h\xc3\xa9llo","\xe3\x81\xff"]}')
+put("fuzz_job", "found-id-129", b'{"prompt":-"hi","id":"' + b"x" * 129 + b'"}')
+put("fuzz_job", "found-backslash", b'{"\\')
 n = 0
 for f in ("schemas/examples/jobs-valid.json", "schemas/examples/jobs-invalid.json"):
     for j in json.loads(pathlib.Path(f).read_text()):
