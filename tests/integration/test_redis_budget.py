@@ -80,6 +80,18 @@ class Monitor:
             time.sleep(0.05)
         raise AssertionError(f"MONITOR never saw {what}")
 
+    def sync(self, r, timeout=30):
+        """Every command Redis ran before now, as MONITOR shows them: MONITOR
+        reaches its client later than the commands reach their streams, so
+        "the events are in Redis" does not mean "redis-cli has printed
+        them". An ECHO of a marker through r runs after them all; once the
+        marker is in the file, so is everything before it."""
+        marker = f"monitor-sync-{time.monotonic_ns()}"
+        r.echo(marker)
+        cmds = self.until(lambda c: any(marker in a for _, _, a in c), f"the marker {marker}",
+                          timeout)
+        return [c for c in cmds if marker not in c[2]]
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -437,7 +449,7 @@ def test_coalescing_a_done_waits_for_the_tick(workers, client, redis_addr, prefi
             last = r.xrevrange(f"{prefix}out:{jid}", count=1)
             return bool(last) and "finish_reason" in last[0][1]["event"]
         wait_for(lambda: all(ended(j) for j in SHORTS), "the short jobs done", 60)
-        cmds = mon.until(lambda c: True, "anything")
+        cmds = mon.sync(r)
     finally:
         mon.stop()
     end_longs_check_shorts(client, r, prefix, longs, event_validator)

@@ -124,11 +124,12 @@ def test_the_shared_reader_blocks_on_the_bell(front, workers, redis_addr, prefix
         # 30 at once, long enough to be open together: the bell alone
         got = stream_all(f, max_tokens=160, prompts=many)
         again = stream_all(f, max_tokens=160, prompts=many)  # the same: cached answers
+        cmds = mon.sync(r)
     finally:
         mon.stop()
     assert {p: t for p, (_, t) in got.items()} == {p: t for p, (_, t) in again.items()}
     bell = f"{prefix}bell"
-    reads = [a for _, src, a in mon.commands() if src == xmux and a and a[0].upper() == "XREAD"]
+    reads = [a for _, src, a in cmds if src == xmux and a and a[0].upper() == "XREAD"]
     named = []
     for a in reads:
         keys = a[a.index("STREAMS") + 1:]
