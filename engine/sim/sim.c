@@ -163,6 +163,25 @@ double sim_step_seconds(const struct sim_profile *p, const struct model_config *
            c->n_layers * SIM_LAYER_S;
 }
 
+double sim_decode_tok_s(const struct sim_profile *p, const struct model_config *c, int n_seqs,
+                        int ctx)
+{
+    double kv = (double)n_seqs * ctx;
+    return n_seqs / sim_step_seconds(p, c, n_seqs, n_seqs, kv, kv);
+}
+
+double sim_prefill_tok_s(const struct sim_profile *p, const struct model_config *c, int len,
+                         int chunk)
+{
+    double t = 0;
+    for (int at = 0; at < len; at += chunk) {
+        int n = len - at < chunk ? len - at : chunk;
+        double pairs = (double)n * at + (double)n * (n + 1) / 2;
+        t += sim_step_seconds(p, c, n, 1, pairs, at + n);
+    }
+    return len / t;
+}
+
 struct sim {
     struct sim_profile p;
     struct model_config cfg;

@@ -77,6 +77,14 @@ double sim_kv_capacity(const struct sim_profile *p, const struct model_config *c
 double sim_step_seconds(const struct sim_profile *p, const struct model_config *cfg,
                         double n_tokens, double n_logits, double attn_pairs, double kv_tokens);
 
+/* The model's tokens/s for the figures bench_cuda measures: n_seqs
+ * sequences decoding at context ctx (a step each), and a prompt of len
+ * tokens prefilled in chunks of chunk tokens. */
+double sim_decode_tok_s(const struct sim_profile *p, const struct model_config *cfg, int n_seqs,
+                        int ctx);
+double sim_prefill_tok_s(const struct sim_profile *p, const struct model_config *cfg, int len,
+                         int chunk);
+
 int sim_backend_create(struct backend **out, const struct be_options *opt, struct rl_err *err);
 
 #endif

@@ -88,23 +88,15 @@ static int per_seq_blocks;
 
 static struct sim_profile simp;
 
-/* The sim model's tokens/s for n_seqs decoding at context ctx. */
+/* The sim model's tokens/s for the same shape (engine/sim/sim.h). */
 static double sim_decode(const struct model_config *c, int n_seqs, int ctx)
 {
-    double t = sim_step_seconds(&simp, c, n_seqs, n_seqs, (double)n_seqs * ctx, (double)n_seqs * ctx);
-    return n_seqs / t;
+    return sim_decode_tok_s(&simp, c, n_seqs, ctx);
 }
 
-/* ... and for a prompt of len tokens in chunks of chunk. */
 static double sim_prefill(const struct model_config *c, int len, int chunk)
 {
-    double t = 0;
-    for (int at = 0; at < len; at += chunk) {
-        int n = len - at < chunk ? len - at : chunk;
-        double pairs = (double)n * at + (double)n * (n + 1) / 2;
-        t += sim_step_seconds(&simp, c, n, 1, pairs, at + n);
-    }
-    return len / t;
+    return sim_prefill_tok_s(&simp, c, len, chunk);
 }
 
 /* Decode steps at batch n_seqs with the logits on the host, sampled there

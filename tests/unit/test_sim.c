@@ -161,23 +161,6 @@ static void test_sets_equal_whole_rows_small_vocab(void **state)
     check_vocab(40);
 }
 
-/* The sim's tokens/s for n sequences decoding at context ctx, and for a
- * prompt of len tokens in chunks of chunk, as bench_cuda models them. */
-static double modelled_decode(const struct sim_profile *p, const struct model_config *c, int n, int ctx)
-{
-    return n / sim_step_seconds(p, c, n, n, (double)n * ctx, (double)n * ctx);
-}
-
-static double modelled_prefill(const struct sim_profile *p, const struct model_config *c, int len, int chunk)
-{
-    double t = 0;
-    for (int at = 0; at < len; at += chunk) {
-        int n = len - at < chunk ? len - at : chunk;
-        t += sim_step_seconds(p, c, n, 1, (double)n * at + (double)n * (n + 1) / 2, at + n);
-    }
-    return len / t;
-}
-
 /* The SIM_* constants are a fit to measurements: changed without a refit,
  * the fleet's modelled GPUs drift from what the CUDA backend does. The
  * figures are run 3 of BENCHMARKS.md "The CUDA backend on an H200"
@@ -209,8 +192,8 @@ static void test_step_model_fits_the_h200_figures(void **state)
     for (size_t i = 0; i < sizeof fig / sizeof fig[0]; i++) {
         struct model_config c;
         assert_int_equal(sim_model_config(fig[i].model, &c, &err), 0);
-        double m = fig[i].prefill_chunk ? modelled_prefill(&p, &c, 2048, fig[i].prefill_chunk)
-                                        : modelled_decode(&p, &c, fig[i].batch, fig[i].ctx);
+        double m = fig[i].prefill_chunk ? sim_prefill_tok_s(&p, &c, 2048, fig[i].prefill_chunk)
+                                        : sim_decode_tok_s(&p, &c, fig[i].batch, fig[i].ctx);
         double off = m / fig[i].measured_tok_s - 1;
         printf("%-14s batch %3d ctx %4d chunk %4d: modelled %8.1f measured %8.1f tok/s (%+.1f %%)\n",
                fig[i].model, fig[i].batch, fig[i].ctx, fig[i].prefill_chunk, m, fig[i].measured_tok_s,
