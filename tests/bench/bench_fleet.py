@@ -78,7 +78,7 @@ import time
 import redis
 
 from cpucap import CpuCap, CpuCapError
-from local_cluster import RedisCluster, free_port, stop_process, wait_or_kill
+from local_cluster import RedisCluster, free_port, stop_process, stop_processes
 from redis_probe import cpu_set, probe as redis_probe
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -320,13 +320,7 @@ class Fleet:
                 self.cluster.proc(p).send_signal(signal.SIGCONT)  # none left stopped
         if self.redis and self.redis.poll() is None:
             self.redis.send_signal(signal.SIGCONT)
-        for p in self.procs:
-            if p is not self.redis and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.time() + 20
-        for p in self.procs:
-            if p is not self.redis:
-                wait_or_kill(p, deadline - time.time())
+        stop_processes([p for p in self.procs if p is not self.redis], 20)
         if self.cluster:
             self.cluster.stop()
         if self.redis:
