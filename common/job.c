@@ -31,6 +31,7 @@
  * and integers must stay below 2^53 to be exact; seeds are bounded there. */
 #include "job.h"
 #include "modelref.h"
+#include "utf8.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -93,32 +94,6 @@ static void subi(char out[JOB_FIELD_MAX], const char *base, int i)
     char idx[16];
     snprintf(idx, sizeof idx, "[%d]", i);
     sub(out, base, idx);
-}
-
-/* Strict UTF-8 (RFC 3629): no overlongs, no surrogates, nothing past
- * U+10FFFF. Returns the offset of the first bad byte, or len if none. */
-static size_t utf8_check(const unsigned char *s, size_t len)
-{
-    size_t i = 0;
-    while (i < len) {
-        unsigned c = s[i];
-        size_t n;
-        unsigned min;
-        if (c < 0x80) { i++; continue; }
-        else if ((c & 0xE0) == 0xC0) { n = 1; min = 0x80; c &= 0x1F; }
-        else if ((c & 0xF0) == 0xE0) { n = 2; min = 0x800; c &= 0x0F; }
-        else if ((c & 0xF8) == 0xF0) { n = 3; min = 0x10000; c &= 0x07; }
-        else return i;
-        for (size_t k = 1; k <= n; k++) {
-            if (i + k >= len || (s[i + k] & 0xC0) != 0x80)
-                return i;
-            c = (c << 6) | (s[i + k] & 0x3F);
-        }
-        if (c < min || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF))
-            return i;
-        i += n + 1;
-    }
-    return len;
 }
 
 /* The JSON grammar cJSON is lenient about: raw control characters (it
@@ -1399,7 +1374,7 @@ int job_parse(const char *text, size_t len, const struct job_opts *opts, struct 
     if (len > opts->max_job_bytes)
         return bad(fault, err, EV_CODE_JOB_TOO_LARGE, "job: %zu bytes is over the limit of %zu",
                    len, opts->max_job_bytes);
-    size_t badpos = utf8_check((const unsigned char *)text, len);
+    size_t badpos = utf8_valid_len(text, len);
     if (badpos != len)
         return bad(fault, err, EV_CODE_BAD_UTF8, "job: invalid UTF-8 at byte %zu", badpos);
 
@@ -1546,7 +1521,7 @@ int job_check_text(const char *text, size_t len, const char *what, struct job_fa
     if (!fault)
         fault = &fdummy;
     memset(fault, 0, sizeof *fault);
-    size_t badpos = utf8_check((const unsigned char *)text, len);
+    size_t badpos = utf8_valid_len(text, len);
     if (badpos != len)
         return bad(fault, err, EV_CODE_BAD_UTF8, "%s: invalid UTF-8 at byte %zu", what, badpos);
     badpos = json_lex_check(text, len);

@@ -32,6 +32,7 @@
 #include "file.h"
 #include "gguf.h"
 #include "text.h"
+#include "utf8.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <cjson/cJSON.h>
@@ -238,22 +239,6 @@ static int utf8_next(const uint8_t *s, size_t n)
         lo = 0x80, hi = 0xBF;
     }
     return need + 1;
-}
-
-static size_t utf8_valid_len(const uint8_t *s, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        if (s[i] < 0x80) {
-            i++;
-            continue;
-        }
-        int k = utf8_next(s + i, n - i);
-        if (k <= 0)
-            return i;
-        i += (size_t)k;
-    }
-    return n;
 }
 
 /* Appends s[0..n) to b with invalid subparts replaced by U+FFFD. With final

@@ -36,10 +36,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <utf8proc.h>
 
 #include "event.h"
 #include "grammar.h"
+#include "utf8.h"
 
 /* ---- a growable string ---- */
 struct sb { char *p; size_t n, cap; bool oom; };
@@ -1814,13 +1814,9 @@ static int parse_doc(const char *json, size_t len, const char *what, cJSON **doc
         return rl_errf(err, EV_CODE_BAD_PARAM, "%s nests %d levels deep; the limit is %d", what, d, GRAM_MAX_DEPTH);
     /* JSON text is UTF-8 (RFC 8259); a string that is not would reach the
      * generated grammar, whose parser would then refuse our own text */
-    for (size_t i = 0; i < len;) {
-        utf8proc_int32_t cp;
-        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)json + i, (utf8proc_ssize_t)(len - i), &cp);
-        if (k <= 0)
-            return rl_errf(err, EV_CODE_BAD_PARAM, "%s is not valid UTF-8 (at byte %zu)", what, i);
-        i += (size_t)k;
-    }
+    size_t ok = utf8_valid_len(json, len);
+    if (ok != len)
+        return rl_errf(err, EV_CODE_BAD_PARAM, "%s is not valid UTF-8 (at byte %zu)", what, ok);
     *doc = cJSON_ParseWithLength(json, len);
     if (!*doc)
         return rl_errf(err, EV_CODE_BAD_PARAM, "%s is not valid JSON", what);
