@@ -59,6 +59,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "rcluster.h"
 #include "xmux.h"
 
@@ -123,27 +124,6 @@ struct xmux {
     struct xmux_sub *bucket[N_BUCKETS];
 };
 
-static void deadline_in(struct timespec *ts, int ms)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += ms / 1000;
-    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
-static int cond_init(pthread_cond_t *c)
-{
-    pthread_condattr_t a;
-    if (pthread_condattr_init(&a))
-        return -1;
-    int rc = pthread_condattr_setclock(&a, CLOCK_MONOTONIC) || pthread_cond_init(c, &a);
-    pthread_condattr_destroy(&a);
-    return rc ? -1 : 0;
-}
-
 static void sub_free(struct xmux_sub *s)
 {
     if (s->n_held) { /* the entries held: one array reply frees them all */
@@ -158,13 +138,6 @@ static void sub_free(struct xmux_sub *s)
     free(s->key);
     pthread_cond_destroy(&s->cond);
     free(s);
-}
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static size_t bucket_of(const char *key)
@@ -427,7 +400,7 @@ static void failed_wait(struct xmux *m)
         return;
     int64_t wait = rconn_retry_in_ms(m->rd);
     struct timespec ts;
-    deadline_in(&ts, wait > 20 && wait < 1000 ? (int)wait : 50);
+    rl_mono_deadline(&ts, wait > 20 && wait < 1000 ? (int)wait : 50);
     pthread_cond_timedwait(&m->idle, &m->mu, &ts);
 }
 
@@ -488,7 +461,7 @@ static void *reader_main(void *arg)
             n_live += !s->dead && s->n_held < XMUX_HELD_MAX;
         m->bell_only = m->bell_on &&
                        (n_live > BLOCK_ALL_MAX || (m->bell_only && n_live > BLOCK_ALL_MIN));
-        int64_t now = mono_ms();
+        int64_t now = rl_mono_ms();
         if (m->bell_only && now >= m->next_sweep_ms) { /* writers that do not ring */
             mark_all(m, true);
             m->next_sweep_ms = now + m->sweep_ms;
@@ -518,7 +491,7 @@ static void *reader_main(void *arg)
                 argv = a2;
             if (!r2 || !a2) { /* out of memory: wait and try again */
                 struct timespec ts;
-                deadline_in(&ts, 100);
+                rl_mono_deadline(&ts, 100);
                 pthread_cond_timedwait(&m->idle, &m->mu, &ts);
                 continue;
             }
@@ -549,7 +522,7 @@ static void *reader_main(void *arg)
             int a = 0, nb = all ? 0 : 1;
             argv[a++] = "XREAD", argv[a++] = "COUNT", argv[a++] = COUNT_PER_KEY;
             sync = !all && n;
-            int64_t left = all ? m->block_ms : m->next_sweep_ms - mono_ms();
+            int64_t left = all ? m->block_ms : m->next_sweep_ms - rl_mono_ms();
             if (left > m->block_ms)
                 left = m->block_ms;
             if (left < 1)
@@ -712,10 +685,10 @@ int xmux_create(struct xmux **out, const struct rconn_opts *o, const struct xmux
         if (rc)
             goto fail;
         m->bell_on = true;
-        m->next_sweep_ms = mono_ms() + m->sweep_ms;
+        m->next_sweep_ms = rl_mono_ms() + m->sweep_ms;
     }
     if (pthread_mutex_init(&m->mu, NULL) || !(mu = true) || pthread_mutex_init(&m->ctl_mu, NULL) ||
-        !(ctl_mu = true) || cond_init(&m->idle) || !(idle = true)) {
+        !(ctl_mu = true) || rl_cond_init_mono(&m->idle) || !(idle = true)) {
         rc = rl_errf(err, RL_ENOMEM, "xmux: cannot make its locks");
         goto fail;
     }
@@ -773,7 +746,7 @@ int xmux_sub(struct xmux *m, const char *key, const char *from_id, unsigned flag
         return rl_errf(err, RL_EINVAL, "xmux: %.100s is not in slot %d, the one this reader follows",
                        key, m->slot);
     struct xmux_sub *s = calloc(1, sizeof *s);
-    if (!s || !(s->key = strdup(key)) || cond_init(&s->cond)) {
+    if (!s || !(s->key = strdup(key)) || rl_cond_init_mono(&s->cond)) {
         if (s)
             free(s->key);
         free(s);
@@ -814,7 +787,7 @@ int xmux_next(struct xmux_sub *s, int timeout_ms, struct rconn_reply **out, stru
     struct xmux *m = s->m;
     *out = NULL;
     struct timespec ts;
-    deadline_in(&ts, timeout_ms > 0 ? timeout_ms : 0);
+    rl_mono_deadline(&ts, timeout_ms > 0 ? timeout_ms : 0);
     pthread_mutex_lock(&m->mu);
     long long reads0 = m->n_reads;
     /* a failure ends the wait when a read fails after it began (one that
