@@ -10,6 +10,19 @@
  * matchers that still hold it). Refusals are not cached: a bad schema is
  * the client's to fix, and compiling it again costs the client's time.
  *
+ * Compile thread: a constraint the cache lacks is compiled on a thread of
+ * the cons's own (started on the first miss), so that a schema that takes
+ * 0.4 s to compile stalls only its own request, not every running one
+ * (vLLM's requests wait for their grammar the same way). Jobs live on one
+ * list, c->jobs, in arrival order: the thread takes the oldest queued one;
+ * the owner thread links and unlinks them, and moves finished ones into
+ * the cache ("adopts" them) whenever it calls in, so that the cache itself
+ * stays the owner's alone. A job's state, gram and result are written by
+ * the thread and read by the owner under c->mu; its references are the
+ * owner's (callers, plus one for the list until it is adopted), so the
+ * thread never sees a job freed: none is freed before it is done. The
+ * vocabulary is built by whichever thread first needs it, under c->vmu.
+ *
  * Helper thread: engine_step starts one per step that has constrained
  * rows, before the forward pass, and joins it before sampling, so mask
  * time hides behind the forward pass; a mask depends only on the matcher's
@@ -18,14 +31,18 @@
  * step of milliseconds; a pool would save nothing measurable.
  *
  * Threading: everything here runs on the engine's owner thread except the
- * helper's loop, which touches only the matchers and masks it was handed. */
+ * helper's loop, which touches only the matchers and masks it was handed,
+ * and the compile thread's, which touches only the jobs (under c->mu) and
+ * the vocabulary (under c->vmu). */
 #include "constrain.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "event.h"
 #include "grammar/grammar.h"
 #include "tokenizer.h"
@@ -39,13 +56,33 @@ struct cons_entry {
     uint64_t used;             /* cons.clock at the last hit */
 };
 
+enum job_state { JOB_QUEUED, JOB_COMPILING, JOB_DONE };
+
+struct cons_job {
+    struct cons_job *next;     /* c->jobs; linked and unlinked under c->mu */
+    enum job_state state;      /* under c->mu */
+    bool adopted;              /* owner: its result went into the cache */
+    int refs;                  /* owner: callers, + 1 for c->jobs until adopted */
+    enum cons_kind kind;
+    uint64_t hash;
+    char *key;                 /* (key_len) the cache key, owned */
+    size_t key_len;
+    const char *src;           /* (len) inside key */
+    size_t len;
+    char *tool_name;           /* owned; NULL = any tool */
+    struct gram *g;            /* the job's reference, once done */
+    int rc;                    /* once done */
+    struct rl_err err;
+};
+
 struct cons {
     const struct tokenizer *tok;
     int n_vocab, n_words;
     int32_t eos[8];
     int n_eos;
     int32_t think_open, think_close;
-    struct gram_vocab *vocab;  /* NULL until the first cons_get */
+    pthread_mutex_t vmu;       /* guards the vocabulary's creation */
+    struct gram_vocab *vocab;  /* NULL until the first compile */
     struct cons_entry *ent;    /* (cap) */
     int n, cap;
     uint64_t clock;
@@ -58,6 +95,18 @@ struct cons {
     struct gram_match *const *bm;
     uint32_t *const *bmask;
     int bn;
+
+    /* the compile thread */
+    pthread_mutex_t mu;
+    pthread_cond_t work, done; /* a job queued (or stop); a job done */
+    bool sync_ok;              /* mu, work and done exist */
+    pthread_t cth;
+    bool compiling;            /* cth runs */
+    bool stop;                 /* under mu */
+    struct cons_job *jobs;     /* under mu: oldest first */
+    void (*hook)(void *user);  /* cons_set_compile_hook */
+    void *hook_user;
+    uint64_t n_done, n_seen;   /* jobs finished (under mu); as cons_wait last saw */
 };
 
 static void set_bit(uint32_t *m, int32_t id, bool on)
@@ -94,6 +143,15 @@ int cons_create(struct cons **out, const struct tokenizer *tok, int n_vocab,
         cons_free(c);
         return rl_errf(err, RL_ENOMEM, "constrain: out of memory");
     }
+    if (pthread_mutex_init(&c->vmu, NULL) || pthread_mutex_init(&c->mu, NULL) ||
+        rl_cond_init_mono(&c->work) || rl_cond_init_mono(&c->done)) {
+        free(c->ent);
+        free(c->open_mask);
+        free(c->think_mask);
+        free(c);
+        return rl_errf(err, RL_ENOMEM, "constrain: cannot make the compile thread's locks");
+    }
+    c->sync_ok = true;
     memset(c->think_mask, 0xff, (size_t)c->n_words * sizeof *c->think_mask);
     for (int32_t id = n_vocab; id < c->n_words * 32; id++)
         set_bit(c->think_mask, id, false); /* past the row: never a token */
@@ -106,11 +164,33 @@ int cons_create(struct cons **out, const struct tokenizer *tok, int n_vocab,
     return 0;
 }
 
+static void job_free(struct cons_job *j)
+{
+    gram_unref(j->g);
+    free(j->key);
+    free(j->tool_name);
+    free(j);
+}
+
 void cons_free(struct cons *c)
 {
     if (!c)
         return;
     cons_masks_join(c);
+    if (c->compiling) {
+        /* a compile under way runs to its end (the library has no way to
+         * cut one short): at most a few hundred milliseconds */
+        pthread_mutex_lock(&c->mu);
+        c->stop = true;
+        pthread_cond_broadcast(&c->work);
+        pthread_mutex_unlock(&c->mu);
+        pthread_join(c->cth, NULL);
+    }
+    while (c->jobs) { /* every caller's reference is gone with the engine */
+        struct cons_job *j = c->jobs;
+        c->jobs = j->next;
+        job_free(j);
+    }
     for (int i = 0; i < c->n; i++) {
         gram_unref(c->ent[i].g);
         free(c->ent[i].key);
@@ -119,6 +199,12 @@ void cons_free(struct cons *c)
     gram_vocab_free(c->vocab); /* after every gram made from it */
     free(c->open_mask);
     free(c->think_mask);
+    if (c->sync_ok) {
+        pthread_mutex_destroy(&c->vmu);
+        pthread_mutex_destroy(&c->mu);
+        pthread_cond_destroy(&c->work);
+        pthread_cond_destroy(&c->done);
+    }
     free(c);
 }
 
@@ -154,50 +240,61 @@ static int compile(struct cons *c, enum cons_kind kind, const char *src, size_t 
     }
 }
 
-int cons_get(struct cons *c, enum cons_kind kind, const char *src, size_t len,
-             const char *tool_name, struct gram **out, struct rl_err *err)
+/* The vocabulary, built on first use by whichever thread needs it. */
+static int ensure_vocab(struct cons *c, struct rl_err *err)
 {
-    *out = NULL;
-    int rc;
-    if (!src)
-        len = 0;
-    if (!c->vocab && (rc = gram_vocab_create(&c->vocab, c->n_vocab, token_bytes, c,
-                                             c->eos, c->n_eos, err)))
-        return rc;
-    /* the key: the source, or for a tool call "name\n" + the tools */
+    int rc = 0;
+    pthread_mutex_lock(&c->vmu);
+    if (!c->vocab)
+        rc = gram_vocab_create(&c->vocab, c->n_vocab, token_bytes, c, c->eos, c->n_eos, err);
+    pthread_mutex_unlock(&c->vmu);
+    return rc;
+}
+
+/* The cache key of a constraint (malloc'd, NUL-terminated, caller frees):
+ * the source, or for a tool call "name\n" + the tools. *src_at: where the
+ * source starts inside it. */
+static char *make_key(enum cons_kind kind, const char *src, size_t len, const char *tool_name,
+                      size_t *key_len, size_t *src_at)
+{
     size_t nl = kind == CONS_TOOL_CALL && tool_name ? strlen(tool_name) : 0;
-    size_t key_len = kind == CONS_TOOL_CALL ? nl + 1 + len : len;
-    char *key = malloc(key_len + 1);
+    *src_at = kind == CONS_TOOL_CALL ? nl + 1 : 0;
+    *key_len = *src_at + len;
+    char *key = malloc(*key_len + 1);
     if (!key)
-        return rl_errf(err, RL_ENOMEM, "constrain: out of memory");
+        return NULL;
     if (kind == CONS_TOOL_CALL) {
         memcpy(key, tool_name ? tool_name : "", nl);
         key[nl] = '\n';
-        if (len)
-            memcpy(key + nl + 1, src, len);
-    } else if (len) {
-        memcpy(key, src, len);
     }
-    key[key_len] = 0;
-    uint64_t h = gram_hash(kind_name(kind), key, key_len);
+    if (len)
+        memcpy(key + *src_at, src, len);
+    key[*key_len] = 0;
+    return key;
+}
+
+static struct gram *cache_find(struct cons *c, enum cons_kind kind, uint64_t h, const char *key,
+                               size_t key_len)
+{
     c->clock++;
     for (int i = 0; i < c->n; i++) {
         struct cons_entry *e = &c->ent[i];
         if (e->hash == h && e->kind == kind && e->key_len == key_len &&
             !memcmp(e->key, key, key_len)) {
             e->used = c->clock;
-            *out = e->g;
-            free(key);
-            return 0;
+            return e->g;
         }
     }
-    struct gram *g = NULL;
-    if ((rc = compile(c, kind, src, len, tool_name, &g, err))) {
-        free(key);
-        return rc;
-    }
+    return NULL;
+}
+
+/* Puts g (the cache takes a reference of its own) under key (taken over),
+ * evicting the least recently used entry when full. */
+static void cache_put(struct cons *c, enum cons_kind kind, uint64_t h, char *key, size_t key_len,
+                      struct gram *g)
+{
     int at = c->n;
-    if (c->n == c->cap) { /* evict the least recently used */
+    if (c->n == c->cap) {
         at = 0;
         for (int i = 1; i < c->n; i++)
             if (c->ent[i].used < c->ent[at].used)
@@ -207,9 +304,219 @@ int cons_get(struct cons *c, enum cons_kind kind, const char *src, size_t len,
     } else {
         c->n++;
     }
-    c->ent[at] = (struct cons_entry){h, kind, key, key_len, g, c->clock};
+    c->ent[at] = (struct cons_entry){h, kind, key, key_len, gram_ref(g), ++c->clock};
+}
+
+int cons_get(struct cons *c, enum cons_kind kind, const char *src, size_t len,
+             const char *tool_name, struct gram **out, struct rl_err *err)
+{
+    *out = NULL;
+    int rc;
+    if (!src)
+        len = 0;
+    if ((rc = ensure_vocab(c, err)))
+        return rc;
+    size_t key_len, at;
+    char *key = make_key(kind, src, len, tool_name, &key_len, &at);
+    if (!key)
+        return rl_errf(err, RL_ENOMEM, "constrain: out of memory");
+    uint64_t h = gram_hash(kind_name(kind), key, key_len);
+    if ((*out = cache_find(c, kind, h, key, key_len))) {
+        free(key);
+        return 0;
+    }
+    struct gram *g = NULL;
+    if ((rc = compile(c, kind, src, len, tool_name, &g, err))) {
+        free(key);
+        return rc;
+    }
+    cache_put(c, kind, h, key, key_len, g);
+    gram_unref(g); /* the cache's reference is the one left */
     *out = g;
     return 0;
+}
+
+/* Unlinks j from c->jobs and frees it (its last reference went). */
+static void job_drop(struct cons *c, struct cons_job *j)
+{
+    pthread_mutex_lock(&c->mu);
+    for (struct cons_job **p = &c->jobs; *p; p = &(*p)->next)
+        if (*p == j) {
+            *p = j->next;
+            break;
+        }
+    pthread_mutex_unlock(&c->mu);
+    job_free(j);
+}
+
+/* Moves every finished job's gram into the cache and drops the list's
+ * reference on it. */
+static void adopt(struct cons *c)
+{
+    for (;;) {
+        struct cons_job *j;
+        pthread_mutex_lock(&c->mu);
+        for (j = c->jobs; j && !(j->state == JOB_DONE && !j->adopted); j = j->next)
+            ;
+        pthread_mutex_unlock(&c->mu);
+        if (!j)
+            return;
+        j->adopted = true;
+        if (!j->rc && !cache_find(c, j->kind, j->hash, j->key, j->key_len)) {
+            char *key = malloc(j->key_len + 1);
+            if (key) {
+                memcpy(key, j->key, j->key_len + 1);
+                cache_put(c, j->kind, j->hash, key, j->key_len, j->g);
+            }
+        }
+        if (--j->refs == 0)
+            job_drop(c, j);
+    }
+}
+
+static void *compile_main(void *arg)
+{
+    struct cons *c = arg;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        struct cons_job *j = NULL;
+        while (!c->stop) {
+            for (j = c->jobs; j && j->state != JOB_QUEUED; j = j->next)
+                ;
+            if (j)
+                break;
+            pthread_cond_wait(&c->work, &c->mu);
+        }
+        if (c->stop)
+            break;
+        j->state = JOB_COMPILING;
+        pthread_mutex_unlock(&c->mu);
+        struct gram *g = NULL;
+        struct rl_err e = {0};
+        if (c->hook)
+            c->hook(c->hook_user);
+        int rc = ensure_vocab(c, &e);
+        if (!rc)
+            rc = compile(c, j->kind, j->src, j->len, j->tool_name, &g, &e);
+        pthread_mutex_lock(&c->mu);
+        j->g = g;
+        j->rc = rc;
+        j->err = e;
+        j->state = JOB_DONE;
+        c->n_done++;
+        pthread_cond_broadcast(&c->done);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+int cons_request(struct cons *c, enum cons_kind kind, const char *src, size_t len,
+                 const char *tool_name, struct gram **g, struct cons_job **job,
+                 struct rl_err *err)
+{
+    *g = NULL;
+    *job = NULL;
+    if (!src)
+        len = 0;
+    adopt(c);
+    size_t key_len, at;
+    char *key = make_key(kind, src, len, tool_name, &key_len, &at);
+    if (!key)
+        return rl_errf(err, RL_ENOMEM, "constrain: out of memory");
+    uint64_t h = gram_hash(kind_name(kind), key, key_len);
+    if ((*g = cache_find(c, kind, h, key, key_len))) {
+        free(key);
+        return 0;
+    }
+    /* the same text queued or compiling already (a client's retries, or a
+     * burst of one application's requests): one compile for all */
+    pthread_mutex_lock(&c->mu);
+    for (struct cons_job *j = c->jobs; j; j = j->next)
+        if (!j->adopted && j->hash == h && j->kind == kind && j->key_len == key_len &&
+            !memcmp(j->key, key, key_len)) {
+            j->refs++;
+            *job = j;
+            break;
+        }
+    pthread_mutex_unlock(&c->mu);
+    if (*job) {
+        free(key);
+        return 0;
+    }
+    struct cons_job *j = calloc(1, sizeof *j);
+    if (!j || (tool_name && !(j->tool_name = strdup(tool_name)))) {
+        free(j);
+        free(key);
+        return rl_errf(err, RL_ENOMEM, "constrain: out of memory");
+    }
+    j->refs = 2; /* the caller's and the list's */
+    j->kind = kind;
+    j->hash = h;
+    j->key = key;
+    j->key_len = key_len;
+    j->src = key + at;
+    j->len = len;
+    if (!c->compiling && pthread_create(&c->cth, NULL, compile_main, c) == 0)
+        c->compiling = true;
+    if (!c->compiling) {
+        /* no thread to be had: compiled here, as cons_get would */
+        j->rc = ensure_vocab(c, &j->err);
+        if (!j->rc)
+            j->rc = compile(c, kind, j->src, len, j->tool_name, &j->g, &j->err);
+        j->state = JOB_DONE;
+    }
+    pthread_mutex_lock(&c->mu);
+    struct cons_job **end = &c->jobs;
+    while (*end)
+        end = &(*end)->next;
+    *end = j;
+    if (j->state == JOB_DONE)
+        c->n_done++;
+    pthread_cond_signal(&c->work);
+    pthread_mutex_unlock(&c->mu);
+    *job = j;
+    return 0;
+}
+
+int cons_job_poll(struct cons *c, struct cons_job *job, struct gram **g, struct rl_err *err)
+{
+    *g = NULL;
+    adopt(c);
+    if (!job->adopted)
+        return 0;
+    if (job->rc) {
+        if (err)
+            *err = job->err;
+        return job->rc;
+    }
+    *g = job->g;
+    return 1;
+}
+
+void cons_job_release(struct cons *c, struct cons_job *job)
+{
+    if (job && --job->refs == 0)
+        job_drop(c, job);
+}
+
+void cons_set_compile_hook(struct cons *c, void (*fn)(void *user), void *user)
+{
+    c->hook = fn;
+    c->hook_user = user;
+}
+
+bool cons_wait(struct cons *c, int ms)
+{
+    struct timespec ts;
+    rl_mono_deadline(&ts, ms > 0 ? ms : 0);
+    pthread_mutex_lock(&c->mu);
+    while (c->n_done == c->n_seen)
+        if (pthread_cond_timedwait(&c->done, &c->mu, &ts))
+            break;
+    bool came = c->n_done != c->n_seen;
+    c->n_seen = c->n_done;
+    pthread_mutex_unlock(&c->mu);
+    return came;
 }
 
 int cons_mask_words(const struct cons *c) { return c->n_words; }

@@ -1,20 +1,25 @@
 /* engine/constrain.h - what the engine needs to serve constrained
  * (structured) output over the grammar library (engine/grammar/grammar.h):
  * the tokenizer's vocabulary in the library's form, an in-process cache of
- * compiled constraints keyed by gram_hash, the two fixed masks of think
- * mode, and the helper thread that fills next-step masks while the
- * backend runs the forward pass.
+ * compiled constraints keyed by gram_hash, the compile thread that builds
+ * what the cache lacks while the engine goes on stepping, the two fixed
+ * masks of think mode, and the helper thread that fills next-step masks
+ * while the backend runs the forward pass.
  *
  * Ownership: the engine owns one struct cons (cons_create / cons_free) and
  * calls it from its owner thread only; a compiled gram handed out is
  * borrowed from the cache (a gram_match made from it holds its own
  * reference, so eviction never pulls one from under a running request).
+ * A compile job (cons_request) belongs to the callers that asked for it,
+ * each holding one reference until cons_job_release; the compile thread
+ * holds one of its own while the job is queued or compiling.
  * Errors: 0 or a negative code; a constraint the compiler refuses comes
  * back with err->code = EV_CODE_BAD_PARAM (the library's message), any
  * other failure with an RL_E* code. */
 #ifndef RL_CONSTRAIN_H
 #define RL_CONSTRAIN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -57,6 +62,33 @@ void cons_free(struct cons *c);
  * JSON_OBJECT nothing. *out is borrowed (see above). */
 int cons_get(struct cons *c, enum cons_kind kind, const char *src, size_t len,
              const char *tool_name, struct gram **out, struct rl_err *err);
+
+/* The compiled form of a constraint without compiling it here: *g
+ * (borrowed, as cons_get's) when the cache holds it, else *job, a compile
+ * queued on the compile thread (an identical one already queued or
+ * compiling is shared), with the caller's reference. Exactly one of *g and
+ * *job is set on success. A schema takes from under a millisecond to a few
+ * hundred (schemas/grammar.md): compiled on the owner thread it would stall
+ * every running request's step for that long. */
+struct cons_job;
+int cons_request(struct cons *c, enum cons_kind kind, const char *src, size_t len,
+                 const char *tool_name, struct gram **g, struct cons_job **job,
+                 struct rl_err *err);
+/* 0: still compiling. 1: compiled: *g is valid while the caller holds job,
+ * and the cache now holds it too. < 0: the compiler refused it
+ * (err->code EV_CODE_BAD_PARAM) or failed (an RL_E* code). */
+int cons_job_poll(struct cons *c, struct cons_job *job, struct gram **g, struct rl_err *err);
+/* Drops the caller's reference (NULL is a no-op). A compile nobody waits
+ * for any more is still finished and cached: the next request with the
+ * same text, a retry most likely, finds it. */
+void cons_job_release(struct cons *c, struct cons_job *job);
+/* fn(user) runs on the compile thread before each compile (tests hold a
+ * compile there to see what goes on meanwhile); NULL = none. Set it
+ * before the first cons_request. */
+void cons_set_compile_hook(struct cons *c, void (*fn)(void *user), void *user);
+/* Waits until a compile has finished since the last call, or ms pass.
+ * true when one has. */
+bool cons_wait(struct cons *c, int ms);
 
 /* Mask words per row: (n_vocab + 31) / 32. */
 int cons_mask_words(const struct cons *c);

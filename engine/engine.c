@@ -144,6 +144,16 @@ struct eng_req {
     int n_draft;
 
     /* structured output (NULL gm: free text) */
+    struct cons_job *cjob;       /* its constraint compiling (the compile
+                                    thread): the request waits outside the
+                                    scheduler until attach_compiled */
+    int32_t *wait_ids;           /* (n_wait_ids) the prompt, for sched_add then */
+    int n_wait_ids, n_resumed;
+    bool think;                  /* ENGINE_MODE_THINK */
+    int priority;
+    double deadline;
+    uint64_t cache_salt;
+    int refused;                 /* engine_event.refused */
     struct gram_match *gm;       /* the document so far */
     uint32_t *mask;              /* (cons_mask_words) the matcher's next mask */
     bool mask_ready;             /* mask is that of gm's current state */
@@ -453,6 +463,8 @@ int engine_create(struct engine **out, const char *dir,
                                     e->n_default_stop, e->think_open, e->think_close,
                                     opt.grammar_cache, err)))
         goto fail;
+    if (e->cons)
+        cons_set_compile_hook(e->cons, opt.grammar_compile_hook, opt.grammar_compile_user);
     e->mask_m = calloc((size_t)opt.max_batch, sizeof *e->mask_m);
     e->mask_out = calloc((size_t)opt.max_batch, sizeof *e->mask_out);
     e->row_masks = calloc((size_t)rows, sizeof *e->row_masks);
@@ -484,6 +496,7 @@ static void req_free(struct eng_req *r)
         return;
     sample_state_free(r->ss);
     tok_stream_free(r->ts);
+    free(r->wait_ids);
     gram_match_free(r->gm);
     free(r->mask);
     free(r->stop_ids);
@@ -507,8 +520,10 @@ void engine_free(struct engine *e)
         return;
     if (e->cons)
         cons_masks_join(e->cons);
-    for (int i = 0; i < e->n_reqs; i++)
+    for (int i = 0; i < e->n_reqs; i++) {
+        cons_job_release(e->cons, e->reqs[i]->cjob);
         req_free(e->reqs[i]);
+    }
     free(e->reqs);
     cons_free(e->cons); /* after the requests' matchers */
     free(e->mask_m);
@@ -654,10 +669,17 @@ static int check_request(const struct engine *e, const struct engine_request *r,
 }
 
 /* Fills a new eng_req for a checked request; nothing of the engine changes. */
+static int req_constrain(struct engine *e, struct eng_req *q, struct gram *g,
+                         const int32_t *prompt, int n_prompt, struct rl_err *err);
+
+/* Fills a new eng_req for a checked request; nothing of the engine
+ * changes. g: its compiled constraint, or NULL (none, or still compiling:
+ * req_constrain then). */
 static int req_build(struct engine *e, const struct engine_request *r, uint64_t id,
                      const int32_t *prompt, int n_prompt, const struct sample_params *checked,
                      int limit, struct gram *g, struct eng_req **out, struct rl_err *err)
 {
+    bool constrained = r->constraint != ENGINE_CONSTRAINT_NONE;
     *out = NULL;
     struct sample_params sp = *checked;
     sp.seed = r->has_seed ? r->seed : splitmix64(id);
@@ -704,7 +726,7 @@ static int req_build(struct engine *e, const struct engine_request *r, uint64_t 
      * lifts it); a constraint's grammar decides where its document ends,
      * so there it does not apply (engine.h). A resumed request's earlier
      * output counts: the caller shrinks min_tokens as it does max_tokens */
-    q->min_tokens = g ? 0 : r->min_tokens;
+    q->min_tokens = constrained ? 0 : r->min_tokens;
     q->sp.ban_ids = q->min_tokens > 0 ? q->stop_ids : NULL;
     q->sp.n_ban = q->min_tokens > 0 ? q->n_stop_ids : 0;
     /* a prompt whose last think tag is <think> (thinking templates that open
@@ -717,35 +739,14 @@ static int req_build(struct engine *e, const struct engine_request *r, uint64_t 
             break;
         }
     }
-    if (g) {
-        if ((rc = gram_match_create(&q->gm, g, err)))
-            goto fail;
-        if (!(q->mask = malloc((size_t)cons_mask_words(e->cons) * sizeof *q->mask)))
-            goto oom;
-        q->doc_started = !(r->mode == ENGINE_MODE_THINK && e->think_close >= 0);
-        /* a resumed request: the output so far goes into the matcher, the
-         * reasoning skipped; tokens the matcher refuses between </think>
-         * and the document's first token are the think-stop text's forced
-         * tail, which precedes the document */
-        bool in_doc = false;
-        for (int i = n_prompt - r->n_resumed; i < n_prompt; i++) {
-            if (!q->doc_started) {
-                q->doc_started = prompt[i] == e->think_close;
-                continue;
-            }
-            struct rl_err me = {0};
-            if (gram_match_accept(q->gm, prompt[i], &me) == 0)
-                in_doc = true;
-            else if (in_doc) {
-                req_free(q);
-                return refuse(err, EV_CODE_BAD_VALUE, "n_resumed: output token %d (id %d) does "
-                              "not continue the constraint's document", i - (n_prompt - r->n_resumed),
-                              (int)prompt[i]);
-            }
-        }
+    q->think = r->mode == ENGINE_MODE_THINK;
+    q->n_resumed = r->n_resumed;
+    if (g && (rc = req_constrain(e, q, g, prompt, n_prompt, err))) {
+        req_free(q);
+        return rc;
     }
     /* a constrained request decodes plainly (engine.h) */
-    q->spec = e->opt.speculative != SPEC_OFF && !r->no_speculative && !g;
+    q->spec = e->opt.speculative != SPEC_OFF && !r->no_speculative && !constrained;
     spec_adapt_init(&q->adapt, q->spec ? e->opt.spec_tokens : 0);
     /* a resumed request: the earlier output counts as output for the
      * penalties, and its draws are spent, so draw n stays output token n */
@@ -768,6 +769,39 @@ fail:
     req_free(q);
     rl_err_wrap(err, "engine");
     return recode(err, EV_CODE_ENGINE_ERROR);
+}
+
+/* Gives q its matcher over g. A resumed request's output so far goes into
+ * the matcher, the reasoning skipped; tokens the matcher refuses between
+ * </think> and the document's first token are the think-stop text's
+ * forced tail, which precedes the document. Refusal: BAD_VALUE (output
+ * that does not continue the document). */
+static int req_constrain(struct engine *e, struct eng_req *q, struct gram *g,
+                         const int32_t *prompt, int n_prompt, struct rl_err *err)
+{
+    int rc = gram_match_create(&q->gm, g, err);
+    if (rc) {
+        rl_err_wrap(err, "engine");
+        return recode(err, EV_CODE_ENGINE_ERROR);
+    }
+    if (!(q->mask = malloc((size_t)cons_mask_words(e->cons) * sizeof *q->mask)))
+        return refuse(err, EV_CODE_ENGINE_ERROR, "engine: out of memory");
+    q->doc_started = !(q->think && e->think_close >= 0);
+    bool in_doc = false;
+    for (int i = n_prompt - q->n_resumed; i < n_prompt; i++) {
+        if (!q->doc_started) {
+            q->doc_started = prompt[i] == e->think_close;
+            continue;
+        }
+        struct rl_err me = {0};
+        if (gram_match_accept(q->gm, prompt[i], &me) == 0)
+            in_doc = true;
+        else if (in_doc)
+            return refuse(err, EV_CODE_BAD_VALUE, "n_resumed: output token %d (id %d) does "
+                          "not continue the constraint's document", i - (n_prompt - q->n_resumed),
+                          (int)prompt[i]);
+    }
+    return 0;
 }
 
 /* The prompt of r as ids: r->prompt_ids, or the messages rendered with the
@@ -804,12 +838,17 @@ static int request_prompt(struct engine *e, const struct engine_request *r,
     return 0;
 }
 
-/* The compiled constraint of r, borrowed from the engine's cache (*g NULL:
- * none). Refusals: BAD_PARAM (the compiler's message), BAD_VALUE. */
-static int request_constraint(struct engine *e, const struct engine_request *r,
-                              struct gram **g, struct rl_err *err)
+/* What r's constraint compiles from: *src and *len, the tools array printed
+ * into *printed (caller frees) when it must be. Refusals: BAD_PARAM,
+ * BAD_VALUE. *kind CONS_NONE: no constraint. */
+static int constraint_text(struct engine *e, const struct engine_request *r,
+                           enum cons_kind *kind, const char **src, size_t *len, char **printed,
+                           struct rl_err *err)
 {
-    *g = NULL;
+    *kind = CONS_NONE;
+    *src = NULL;
+    *len = 0;
+    *printed = NULL;
     if (r->constraint == ENGINE_CONSTRAINT_NONE)
         return 0;
     if ((int)r->constraint < 0 || r->constraint > ENGINE_CONSTRAINT_TOOL_CALL)
@@ -817,28 +856,55 @@ static int request_constraint(struct engine *e, const struct engine_request *r,
     if (!e->cons)
         return refuse(err, EV_CODE_BAD_VALUE,
                       "structured output needs a tokenizer.json in the model directory");
-    const char *src = r->constraint_src;
-    size_t len = r->constraint_len;
-    char *printed = NULL;
-    if (r->constraint == ENGINE_CONSTRAINT_TOOL_CALL && !src) {
+    *src = r->constraint_src;
+    *len = r->constraint_len;
+    if (r->constraint == ENGINE_CONSTRAINT_TOOL_CALL && !*src) {
         if (!r->tools)
             return refuse(err, EV_CODE_BAD_PARAM, "tool_choice: a forced tool call needs tools");
-        if (!(printed = cJSON_PrintUnformatted(r->tools)))
+        if (!(*printed = cJSON_PrintUnformatted(r->tools)))
             return refuse(err, EV_CODE_ENGINE_ERROR, "engine: out of memory");
-        src = printed;
-        len = strlen(printed);
+        *src = *printed;
+        *len = strlen(*printed);
     }
-    if (!src && (r->constraint == ENGINE_CONSTRAINT_JSON_SCHEMA ||
-                 r->constraint == ENGINE_CONSTRAINT_GRAMMAR))
+    if (!*src && (r->constraint == ENGINE_CONSTRAINT_JSON_SCHEMA ||
+                  r->constraint == ENGINE_CONSTRAINT_GRAMMAR))
         return refuse(err, EV_CODE_BAD_PARAM, "constraint: a schema or grammar needs its text");
-    struct rl_err ce = {0};
-    int rc = cons_get(e->cons, (enum cons_kind)r->constraint, src, len, r->tool_name, g, &ce);
-    free(printed);
-    if (!rc)
-        return 0;
+    *kind = (enum cons_kind)r->constraint;
+    return 0;
+}
+
+/* A compiler's failure as a refusal: BAD_PARAM (its message) when the
+ * constraint is at fault, ENGINE_ERROR otherwise. */
+static int compile_refusal(struct rl_err *err, const struct rl_err *ce)
+{
     if (err)
-        *err = ce;
-    return recode(err, ce.code == EV_CODE_BAD_PARAM ? EV_CODE_BAD_PARAM : EV_CODE_ENGINE_ERROR);
+        *err = *ce;
+    return recode(err, ce->code == EV_CODE_BAD_PARAM ? EV_CODE_BAD_PARAM : EV_CODE_ENGINE_ERROR);
+}
+
+/* The compiled constraint of r: *g (borrowed from the engine's cache), or
+ * *job, its compile under way on the compile thread (the caller's
+ * reference), or neither (no constraint). With grammar_sync_compile it is
+ * compiled here. */
+static int request_constraint(struct engine *e, const struct engine_request *r,
+                              struct gram **g, struct cons_job **job, struct rl_err *err)
+{
+    *g = NULL;
+    *job = NULL;
+    enum cons_kind kind;
+    const char *src;
+    size_t len;
+    char *printed;
+    int rc = constraint_text(e, r, &kind, &src, &len, &printed, err);
+    if (rc || kind == CONS_NONE)
+        return rc;
+    struct rl_err ce = {0};
+    if (e->opt.grammar_sync_compile)
+        rc = cons_get(e->cons, kind, src, len, r->tool_name, g, &ce);
+    else
+        rc = cons_request(e->cons, kind, src, len, r->tool_name, g, job, &ce);
+    free(printed);
+    return rc ? compile_refusal(err, &ce) : 0;
 }
 
 int engine_check(struct engine *e, const struct engine_request *r, struct rl_err *err)
@@ -847,12 +913,17 @@ int engine_check(struct engine *e, const struct engine_request *r, struct rl_err
     int32_t *rendered;
     int n, limit;
     struct sample_params sp;
-    struct gram *g;
     int rc = request_prompt(e, r, &ids, &n, &rendered, err);
     if (!rc)
         rc = check_request(e, r, ids, n, &sp, &limit, err);
-    if (!rc)
-        rc = request_constraint(e, r, &g, err);
+    if (!rc) { /* the constraint's text, not its compile (engine.h) */
+        enum cons_kind kind;
+        const char *src;
+        size_t len;
+        char *printed;
+        rc = constraint_text(e, r, &kind, &src, &len, &printed, err);
+        free(printed);
+    }
     free(rendered);
     return rc;
 }
@@ -875,20 +946,37 @@ int engine_submit(struct engine *e, const struct engine_request *r, uint64_t *id
     int n, limit;
     struct sample_params sp;
     struct gram *g = NULL;
+    struct cons_job *job = NULL;
     int rc = request_prompt(e, r, &ids, &n, &rendered, err);
     if (!rc)
         rc = check_request(e, r, ids, n, &sp, &limit, err);
     if (!rc)
-        rc = request_constraint(e, r, &g, err);
+        rc = request_constraint(e, r, &g, &job, err);
     struct eng_req *q = NULL;
     if (!rc)
         rc = req_build(e, r, e->next_id, ids, n, &sp, limit, g, &q, err);
-    if (!rc && sched_add(e->sched, ids, n, r->priority, r->deadline, q, &q->seq, err)) {
+    if (!rc && job) {
+        /* it waits outside the scheduler for its compile (attach_compiled) */
+        q->cjob = job;
+        job = NULL;
+        q->priority = r->priority;
+        q->deadline = r->deadline;
+        q->cache_salt = r->cache_salt;
+        q->n_wait_ids = n;
+        if (!(q->wait_ids = malloc((size_t)n * sizeof *q->wait_ids))) {
+            cons_job_release(e->cons, q->cjob);
+            req_free(q);
+            rc = refuse(err, EV_CODE_ENGINE_ERROR, "engine: out of memory");
+        } else {
+            memcpy(q->wait_ids, ids, (size_t)n * sizeof *ids);
+        }
+    } else if (!rc && sched_add(e->sched, ids, n, r->priority, r->deadline, q, &q->seq, err)) {
         req_free(q);
         rc = recode(err, EV_CODE_ENGINE_ERROR);
     } else if (!rc) {
         sched_seq_set_cache_salt(q->seq, r->cache_salt);
     }
+    cons_job_release(e->cons, job); /* the request was refused after all */
     free(rendered);
     if (rc)
         return rc;
@@ -966,6 +1054,12 @@ static void finish_req(struct engine *e, struct eng_req *q, enum engine_finish w
                                             ? sched_seq_n_cached_prompt(q->seq) : 0;
         sched_remove(e->sched, q->seq);
         q->seq = NULL;
+    }
+    if (q->cjob) { /* finished while its constraint compiled */
+        cons_job_release(e->cons, q->cjob);
+        q->cjob = NULL;
+        free(q->wait_ids);
+        q->wait_ids = NULL;
     }
 }
 
@@ -1295,6 +1389,7 @@ static int collect_events(struct engine *e, const struct engine_event **events,
         if (q->finish == ENGINE_FINISH_ERROR) {
             ev->error_code = q->err_code;
             ev->error = q->err_msg;
+            ev->refused = q->refused;
         }
         if (final)
             q->reported = true;
@@ -1302,6 +1397,71 @@ static int collect_events(struct engine *e, const struct engine_event **events,
     *events = e->events;
     *n_events = n;
     return 0;
+}
+
+/* Requests whose constraint finished compiling join the scheduler; those
+ * the compiler refused finish with ERROR and their refusal code; those
+ * past their deadline meanwhile finish "deadline". Returns how many still
+ * wait. */
+static int attach_compiled(struct engine *e, double now)
+{
+    int waiting = 0;
+    for (int i = 0; i < e->n_reqs; i++) {
+        struct eng_req *q = e->reqs[i];
+        if (!q->cjob || q->finish != ENGINE_FINISH_NONE)
+            continue;
+        struct gram *g;
+        struct rl_err ce = {0};
+        int rc = cons_job_poll(e->cons, q->cjob, &g, &ce);
+        if (rc == 0 && q->deadline > 0 && now >= q->deadline) {
+            finish_req(e, q, ENGINE_FINISH_DEADLINE);
+            continue;
+        }
+        if (rc == 0) {
+            waiting++;
+            continue;
+        }
+        if (rc > 0)
+            rc = req_constrain(e, q, g, q->wait_ids, q->n_wait_ids, &ce);
+        else
+            compile_refusal(&ce, &ce);
+        if (rc) {
+            /* refused as engine_submit would have refused it: its code
+             * goes with the error event (engine_event.refused) */
+            q->refused = ce.code;
+            q->err_code = ce.code;
+            snprintf(q->err_msg, sizeof q->err_msg, "%s", ce.msg);
+            q->drop_tail = true;
+            finish_req(e, q, ENGINE_FINISH_ERROR);
+            continue;
+        }
+        if (sched_add(e->sched, q->wait_ids, q->n_wait_ids, q->priority, q->deadline, q, &q->seq,
+                      &ce)) {
+            q->seq = NULL;
+            fail_req(e, q, &ce); /* as engine_submit's own sched_add failure */
+            continue;
+        }
+        sched_seq_set_cache_salt(q->seq, q->cache_salt);
+        cons_job_release(e->cons, q->cjob);
+        q->cjob = NULL;
+        free(q->wait_ids);
+        q->wait_ids = NULL;
+    }
+    return waiting;
+}
+
+/* Whether a step would hand back nothing: no sequence to run, no final
+ * event due. */
+static bool nothing_to_step(const struct engine *e)
+{
+    struct sched_stats ss;
+    sched_get_stats(e->sched, &ss);
+    if (ss.n_running || ss.n_waiting)
+        return false;
+    for (int i = 0; i < e->n_reqs; i++)
+        if (e->reqs[i]->finish != ENGINE_FINISH_NONE && !e->reqs[i]->reported)
+            return false;
+    return true;
 }
 
 int engine_step(struct engine *e, const struct engine_event **events, int *n_events,
@@ -1323,6 +1483,13 @@ int engine_step(struct engine *e, const struct engine_event **events, int *n_eve
     for (int i = 0; i < e->n_reqs; i++)
         if (e->reqs[i]->finish == ENGINE_FINISH_NONE)
             reset_event(e->reqs[i]); /* cancelled ones keep theirs */
+    if (e->cons) {
+        /* only compiles to wait for: wait for one (bounded, so that the
+         * caller still reads its queue and answers cancels), not spin */
+        if (attach_compiled(e, engine_now()) > 0 && nothing_to_step(e) &&
+            cons_wait(e->cons, ENGINE_COMPILE_WAIT_MS))
+            attach_compiled(e, engine_now());
+    }
 
     struct sched_plan plan;
     int rc = sched_schedule(e->sched, engine_now(), &plan, err);
@@ -1505,8 +1672,10 @@ void engine_get_stats(const struct engine *e, struct engine_stats *st)
     kv_get_stats(e->kv, &ks);
     st->n_running = ss.n_running;
     st->n_waiting = ss.n_waiting;
-    for (int i = 0; i < e->n_reqs; i++)
+    for (int i = 0; i < e->n_reqs; i++) {
         st->n_slots_used += e->reqs[i]->finish == ENGINE_FINISH_NONE;
+        st->n_compiling += e->reqs[i]->cjob != NULL;
+    }
     st->kv_blocks = ks.n_blocks;
     st->kv_used = ks.n_used;
     st->kv_cached = ks.n_evictable;

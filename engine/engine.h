@@ -68,6 +68,16 @@
  * the backend, be_batch.masks, which CUDA applies on the device). Speculative decoding is off for a constrained
  * request (its drafts would need the matcher's rollback for every
  * rejected token; plain decoding keeps the two features apart).
+ * A constraint the cache lacks is compiled on the engine's compile thread:
+ * engine_submit takes the request at once, and it waits, holding its slot
+ * but no KV, outside the scheduler until its grammar is ready, while the
+ * other requests go on stepping (a schema can take hundreds of
+ * milliseconds to compile: on the stepping thread it would stall every
+ * running request that long). A constraint the compiler refuses then
+ * finishes its request with an ERROR event whose `refused` field carries
+ * the code engine_submit would have returned (BAD_PARAM, with the
+ * compiler's message). options.grammar_sync_compile compiles inside
+ * engine_submit instead (benchmarks).
  *
  * This header is the engine's whole face: opaque handles and plain C
  * values (no backend, model or sampler types), as llama.h is llama.cpp's.
@@ -163,7 +173,17 @@ struct engine_options {
     bool grammar_inline_masks; /* compute constraint masks on the owner
                                   thread before the forward pass instead of
                                   on a helper during it (benchmarks) */
+    bool grammar_sync_compile; /* compile a constraint inside engine_submit
+                                  (refusals from it) instead of on the
+                                  compile thread (benchmarks) */
+    void (*grammar_compile_hook)(void *user); /* runs on the compile thread
+                                  before each compile (tests); NULL none */
+    void *grammar_compile_user;
 };
+
+/* How long engine_step waits for a compile when nothing else can run,
+ * before it returns so that the caller can read its queue. */
+#define ENGINE_COMPILE_WAIT_MS 10
 
 void engine_options_default(struct engine_options *o);
 
@@ -322,10 +342,18 @@ struct engine_event {
     int error_code;                   /* an enum rl_code (RL_EBACKEND, ...)
                                          when finish is ERROR */
     const char *error;                /* a sentence, when finish is ERROR */
+    int refused;                      /* when finish is ERROR because the
+                                         request was refused after
+                                         engine_submit took it (its
+                                         constraint did not compile): the
+                                         enum ev_code engine_submit would
+                                         have returned; 0 otherwise */
 };
 
 struct engine_stats {
     int n_running, n_waiting;   /* sequences in the scheduler */
+    int n_compiling;            /* requests waiting for their constraint's
+                                   compile (outside the scheduler) */
     int n_slots_used;           /* requests submitted and not yet finished:
                                    the batch slots in use (engine_n_active()
                                    is another count: it adds finished ones
@@ -372,9 +400,11 @@ void engine_free(struct engine *e);
  *   BAD_VALUE        a malformed stop list; text features (stop strings,
  *                    a thinking budget, messages) without a tokenizer
  *   TEMPLATE_ERROR   messages the chat template cannot render
- *   BAD_PARAM        a constraint that cannot be compiled (the grammar
- *                    library's message: keyword and JSON pointer, or
- *                    line:column); BAD_VALUE for one without a tokenizer
+ *   BAD_PARAM        a constraint without its text; one that cannot be
+ *                    compiled only with grammar_sync_compile (else it
+ *                    comes as the request's ERROR event, `refused`
+ *                    BAD_PARAM: a check never compiles). BAD_VALUE for a
+ *                    constraint without a tokenizer
  *   ENGINE_ERROR     out of memory
  * and a sentence in err->msg. */
 int engine_check(struct engine *e, const struct engine_request *r, struct rl_err *err);
@@ -386,7 +416,9 @@ int engine_submit(struct engine *e, const struct engine_request *r,
 
 /* Runs one iteration. *events (n_events of them) are owned by the engine
  * and valid until the next engine_step(). A step with nothing to run
- * returns at once with what finished meanwhile (cancels, deadlines).
+ * returns at once with what finished meanwhile (cancels, deadlines); one
+ * whose only requests wait for their constraint's compile waits up to
+ * ENGINE_COMPILE_WAIT_MS for it first.
  * A backend failure finishes the requests of that step with ERROR events
  * and still returns 0; a negative return means the engine itself failed
  * (out of memory, a broken invariant). */

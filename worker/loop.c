@@ -57,6 +57,7 @@ void w_job_free(struct wjob *j)
     free(j->hist);
     free(j->cache_value);
     free(j->ids);
+    free(j->raw);
     free(j->hold_ids);
     text_free(&j->hold_content);
     text_free(&j->hold_reasoning);
@@ -499,6 +500,11 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
         if (chat_parser_create(&j->parser, &po, &err) == 0)
             j->tool_calls = cJSON_CreateArray();
     }
+    if (j->job->constraint != JOB_CONSTRAINT_NONE && (j->raw = malloc(raw_len + 1))) {
+        memcpy(j->raw, raw, raw_len);
+        j->raw[raw_len] = 0;
+        j->raw_len = raw_len;
+    }
     if (submit(w, j, &err)) {
         j->cache_fill = false;
         reject(w, j, raw, raw_len, refusal_code(&err), err.msg);
@@ -725,6 +731,18 @@ static void on_event(struct worker *w, const struct engine_event *ev)
     }
     if (!j || j->state != WJ_RUNNING)
         return;
+    if (ev->finish == ENGINE_FINISH_ERROR && ev->refused > EV_CODE_NONE &&
+        ev->refused < EV_CODE_COUNT) {
+        /* its constraint did not compile (the engine's compile thread):
+         * answered as at admission, dead letter included */
+        j->eng_id = 0;
+        j->cache_fill = false;
+        reject(w, j, j->raw ? j->raw : "", j->raw ? j->raw_len : 0, (enum ev_code)ev->refused,
+               ev->error);
+        return;
+    }
+    free(j->raw); /* it runs: no refusal to come */
+    j->raw = NULL;
     int64_t now = rl_wall_ms();
     bool fin = ev->finish != ENGINE_FINISH_NONE;
     struct text content = {0};
@@ -1322,6 +1340,7 @@ static void update_metrics(struct worker *w, bool draining)
     pthread_mutex_lock(&w->m.mu);
     w->m.running = st.n_running;
     w->m.waiting = st.n_waiting;
+    w->m.compiling = st.n_compiling;
     w->m.kv_blocks = st.kv_blocks;
     w->m.kv_used = st.kv_used;
     w->m.prefix_hit_tokens = st.prefix_hit_tokens;

@@ -121,6 +121,13 @@ struct wjob {
     int n_hist, cap_hist;
     char *cache_value;            /* the SET value, built at done */
 
+    /* the job text as sent, kept from admission to the first engine
+     * event when it has a constraint: compiled while the job already
+     * runs, a refused one is answered like an admission refusal, whose
+     * dead letter carries the text (loop.c on_event) */
+    char *raw;                    /* (raw_len) owned, or NULL */
+    size_t raw_len;
+
     /* prompt and resumption */
     int32_t *ids;                 /* (n_ids) rendered prompt, owned */
     int n_ids;
@@ -182,7 +189,7 @@ struct wmetrics {
     int64_t finished[EV_FINISH_ERROR + 1]; /* jobs by finish reason */
     int64_t preemptions;                   /* the engine's count since start */
     int64_t errors[EV_CODE_COUNT];
-    int running, waiting, kv_blocks, kv_used;
+    int running, waiting, compiling, kv_blocks, kv_used;
     int64_t prefix_hit_tokens, prefix_miss_tokens;
     int64_t affinity_taken;                /* jobs read from our offer streams */
     int64_t foreign_taken;                 /* jobs read from shards not our home */

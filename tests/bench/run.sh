@@ -40,6 +40,19 @@ for b in 1 16; do
         --prompt 32 --gen 16 --batch "$b" --reps 3 --threads "$THREADS"
 done
 
+# a small model with the real vocabulary: steps of a few ms, as a GPU's are
+MTV="$BUILD/models/tiny-256-vocab-tok"
+if [ ! -f "$MTV/config.json" ]; then
+    "$BUILD/redlm" mkmodel --shape tiny --hidden 256 --intermediate 768 --heads 4 --kv-heads 2 \
+        --head-dim 64 --layers 4 --vocab 151936 --dtype bf16 --tokenizer engine/tokenizers/qwen3 \
+        --out "$MTV" >/dev/null
+fi
+if [ -x "$BUILD/tests/bench_compile" ]; then
+    echo "# structured output: a new schema's compile, on the compile thread vs inside submit, as the"
+    echo "# running requests see it ($MTV, batch 4, $THREADS threads, a near-limit schema)"
+    "$BUILD/tests/bench_compile" -m "$MTV" --batch 4 --reps 5 --threads "$THREADS"
+fi
+
 if [ -x "$BUILD/tests/bench_tokenizer" ]; then
     echo "# tokenizer encode speed, one core"
     "$BUILD/tests/bench_tokenizer" --tokenizer engine/tokenizers/qwen3

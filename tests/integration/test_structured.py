@@ -16,8 +16,9 @@ import time
 import jsonschema
 import pytest
 
-from conftest import CLI, DATA, QWEN3_TOKENIZER, WORKER, Daemon, check_stream
+from conftest import CLI, DATA, QWEN3_TOKENIZER, WORKER, Daemon, check_stream, wait_for
 from test_http import front  # noqa: F401
+from test_redis_budget import Monitor
 
 SCHEMAS = sorted((DATA / "schemas").glob("*.json"))
 # (seed, temperature): greedy, the card's and hotter sampling
@@ -211,6 +212,48 @@ def test_refusals(worker, client, event_validator, dead_validator, name, schema,
     raw = ('{"id": "bad-%s", "prompt": "x", "max_tokens": 4, "response_format": {"type": '
            '"json_schema", "json_schema": {"name": "n", "schema": %s}}}' % (name, text))
     refused(client, event_validator, dead_validator, {"id": f"bad-{name}"}, words, raw)
+
+
+def test_compile_does_not_stall_running_jobs(worker, client, event_validator, redis_addr,
+                                             tmp_path):
+    """A schema near the compiler's limit takes a few hundred milliseconds to
+    compile. It compiles on the engine's compile thread: a job already
+    running goes on producing tokens meanwhile, and the schema job then
+    runs. Counted in Redis's own order of commands (MONITOR): the running
+    job's events stored after the schema job's XADD and before that job's
+    first event. Compiled on the worker's own thread, as before, the
+    running job stood still for the whole compile (an event or two at most
+    in that window)."""
+    mon = Monitor(redis_addr, tmp_path / "monitor.txt")
+    try:
+        client.submit({"id": "runner", "prompt": "x", "max_tokens": 2000, "ignore_eos": True,
+                       "temperature": 0, "cache": False})
+        wait_for(lambda: len(client.events("runner", partial=True, timeout=0.2)) >= 2,
+                 "the running job's tokens")
+        heavy = {"id": "heavy", "prompt": "x", "max_tokens": 4, "cache": False,
+                 "response_format": {"type": "json_schema", "json_schema": {
+                     "name": "near_limit", "schema": {
+                         "type": "array",
+                         "prefixItems": [{"type": "string", "maxLength": 2000}]}}}}
+        client.submit(heavy)
+        evs = client.events("heavy", timeout=120)
+        check_stream(evs, event_validator)
+        assert evs[-1][1]["finish_reason"] in ("stop", "length"), evs[-1][1]
+        cmds = mon.sync(client.r)
+    finally:
+        mon.stop()
+    client.r.set(f"{client.prefix}cancel:runner", 1, ex=600)
+    runner = client.events("runner", timeout=120)
+    check_stream(runner, event_validator)
+    assert runner[-1][1]["finish_reason"] == "cancelled"
+    jobs_key, out_runner, out_heavy = (f"{client.prefix}jobs:fast", f"{client.prefix}out:runner",
+                                       f"{client.prefix}out:heavy")
+    at = next(i for i, (_, src, a) in enumerate(cmds)
+              if src != "lua" and a[:2] == ["XADD", jobs_key] and "heavy" in a[-1])
+    end = next(i for i, (_, src, a) in enumerate(cmds)
+               if i > at and src == "lua" and a[:2] == ["XADD", out_heavy])
+    during = sum(1 for _, src, a in cmds[at:end] if src == "lua" and a[:2] == ["XADD", out_runner])
+    assert during >= 10, f"{during} events of the running job while the schema compiled"
 
 
 def test_bad_grammar_refused(worker, client, event_validator, dead_validator):

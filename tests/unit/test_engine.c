@@ -13,12 +13,15 @@
 #include "test_util.h"
 
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "chat.h"
 #include "engine.h"
+#include "event.h"
 #include "cpu/kernels.h"
 #include "mkmodel.h"
 #include "tokenizer.h"
@@ -49,6 +52,8 @@ struct result {
     struct engine_usage usage;
     uint64_t id;
     int n_events;
+    int refused;          /* engine_event.refused of an ERROR end */
+    char error[256];
 };
 
 static int n_threads = 1; /* for open_engine; test_thread_counts changes it */
@@ -116,6 +121,10 @@ static void on_event(const struct engine_event *ev)
     r->n_content += ev->n_content;
     r->usage = ev->usage;
     r->finish = ev->finish;
+    if (ev->finish == ENGINE_FINISH_ERROR) {
+        r->refused = ev->refused;
+        snprintf(r->error, sizeof r->error, "%s", ev->error ? ev->error : "");
+    }
     r->n_events++;
 }
 
@@ -1323,6 +1332,228 @@ static void count_progress(void *user, size_t done, size_t total)
     l->total = total;
 }
 
+/* ---- constraints compile off the stepping thread ---- */
+
+/* A gate on the compile thread (engine_options.grammar_compile_hook): each
+ * compile announces itself and waits until the test opens the gate, so the
+ * test sees what the engine does while a compile is under way without
+ * reading a clock. */
+struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int entered, opened; /* compiles that reached the gate; that may pass */
+};
+
+static void gate_hook(void *user)
+{
+    struct gate *g = user;
+    pthread_mutex_lock(&g->mu);
+    int me = g->entered++;
+    pthread_cond_broadcast(&g->cv);
+    while (g->opened <= me)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* Fails (instead of hanging) when no compile comes to the gate: an engine
+ * that compiled on the caller's thread never calls the hook. */
+static void gate_wait_entered(struct gate *g, int n)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 60;
+    pthread_mutex_lock(&g->mu);
+    int rc = 0;
+    while (g->entered < n && rc == 0)
+        rc = pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+    int entered = g->entered;
+    pthread_mutex_unlock(&g->mu);
+    if (entered < n)
+        fail_msg("%d compiles reached the compile thread's gate in 60 s; %d expected", entered, n);
+}
+
+static void gate_open(struct gate *g, int n)
+{
+    pthread_mutex_lock(&g->mu);
+    g->opened = n;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static struct engine *open_gated_engine(struct gate *g, bool sync)
+{
+    struct engine_options o;
+    engine_options_default(&o);
+    o.n_threads = 1;
+    o.kv_blocks = 64;
+    o.max_batch = 8;
+    o.token_budget = 256;
+    o.grammar_compile_hook = gate_hook;
+    o.grammar_compile_user = g;
+    o.grammar_sync_compile = sync;
+    struct engine *e = NULL;
+    struct rl_err err = {0};
+    if (engine_create(&e, model_dir, &o, &err))
+        fail_msg("engine_create: %s", err.msg);
+    return e;
+}
+
+static const char SMALL_SCHEMA[] =
+    "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":0,"
+    "\"maximum\":9}},\"required\":[\"a\"],\"additionalProperties\":false}";
+
+static void constrained_req(struct engine_request *q, const int32_t *ids, int n,
+                            enum engine_constraint kind, const char *src)
+{
+    greedy_req(q, ids, n, 40);
+    q->ignore_eos = false;
+    q->mode = ENGINE_MODE_NO_THINK;
+    q->constraint = kind;
+    q->constraint_src = src;
+    q->constraint_len = strlen(src);
+}
+
+static int step_once(struct engine *e)
+{
+    const struct engine_event *ev;
+    int n;
+    struct rl_err err = {0};
+    if (engine_step(e, &ev, &n, &err))
+        fail_msg("engine_step: %s", err.msg);
+    for (int i = 0; i < n; i++)
+        on_event(&ev[i]);
+    return n;
+}
+
+static int n_compiling(const struct engine *e)
+{
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    return st.n_compiling;
+}
+
+/* A running request keeps stepping while another's schema compiles; the
+ * constrained one waits, then runs to a document of its schema. */
+static void test_compile_off_the_step(void **state)
+{
+    (void)state;
+    static struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    g.entered = g.opened = 0;
+    struct engine *e = open_gated_engine(&g, false);
+    int32_t ids[12];
+    make_prompt(ids, 12, 3);
+    struct engine_request qa, qb;
+    static struct result ra, rb;
+    greedy_req(&qa, ids, 12, 30);
+    submit(e, &qa, &ra);
+    while (ra.n_tokens == 0)
+        step_once(e);
+    constrained_req(&qb, ids, 12, ENGINE_CONSTRAINT_JSON_SCHEMA, SMALL_SCHEMA);
+    submit(e, &qb, &rb);
+    assert_int_equal(n_compiling(e), 1);
+    gate_wait_entered(&g, 1); /* the compile is under way, held */
+    for (int i = 0; i < 5; i++) {
+        int before = ra.n_tokens;
+        step_once(e);
+        assert_int_equal(ra.n_tokens, before + 1); /* A steps on */
+        assert_int_equal(rb.n_events, 0);          /* B waits */
+        assert_int_equal(n_compiling(e), 1);
+    }
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    assert_int_equal(st.n_slots_used, 2); /* B holds its slot */
+    assert_int_equal(st.n_running + st.n_waiting, 1); /* but is not scheduled */
+    gate_open(&g, 1);
+    drain(e);
+    assert_int_equal(n_compiling(e), 0);
+    assert_int_equal(ra.finish, ENGINE_FINISH_LENGTH);
+    assert_int_equal(ra.n_tokens, 30);
+    assert_true(rb.finish == ENGINE_FINISH_STOP || rb.finish == ENGINE_FINISH_LENGTH);
+    assert_true(rb.n_tokens > 0);
+    if (rb.finish == ENGINE_FINISH_STOP) { /* a whole document of the schema */
+        rb.content[rb.n_content] = 0;
+        cJSON *doc = cJSON_Parse(rb.content);
+        assert_non_null(doc);
+        cJSON *a = cJSON_GetObjectItemCaseSensitive(doc, "a");
+        assert_true(cJSON_IsNumber(a) && a->valuedouble >= 0 && a->valuedouble <= 9);
+        assert_int_equal(cJSON_GetArraySize(doc), 1);
+        cJSON_Delete(doc);
+    }
+    /* compiled once, then cached: the same schema again does not wait */
+    submit(e, &qb, &rb);
+    assert_int_equal(n_compiling(e), 0);
+    drain(e);
+    assert_int_equal(g.entered, 1);
+    engine_free(e);
+}
+
+/* What happens to a request while its constraint compiles: a cancel and a
+ * deadline end it at once; the same text asked twice compiles once (and
+ * is cached though its requests are gone); a refusal comes as an ERROR
+ * event with the refusal's code, and engine_check never compiles. With
+ * grammar_sync_compile the refusal comes from engine_submit itself. */
+static void test_compile_waiting_requests(void **state)
+{
+    (void)state;
+    static struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    g.entered = g.opened = 0;
+    struct engine *e = open_gated_engine(&g, false);
+    int32_t ids[8];
+    make_prompt(ids, 8, 4);
+    struct engine_request qc, qd, qf;
+    static struct result rc, rd, rf, rg;
+    struct rl_err err = {0};
+
+    /* two requests, one text: one compile; one cancelled while it runs */
+    constrained_req(&qc, ids, 8, ENGINE_CONSTRAINT_JSON_SCHEMA, SMALL_SCHEMA);
+    submit(e, &qc, &rc);
+    constrained_req(&qd, ids, 8, ENGINE_CONSTRAINT_JSON_SCHEMA, SMALL_SCHEMA);
+    submit(e, &qd, &rd);
+    assert_int_equal(n_compiling(e), 2);
+    gate_wait_entered(&g, 1);
+    assert_int_equal(engine_cancel(e, rc.id, &err), 0);
+    step_once(e);
+    assert_int_equal(rc.finish, ENGINE_FINISH_CANCELLED);
+    assert_int_equal(rc.n_tokens, 0);
+    assert_int_equal(n_compiling(e), 1);
+    /* a deadline passes while the compile is held */
+    constrained_req(&qf, ids, 8, ENGINE_CONSTRAINT_GRAMMAR, "root ::= \"x\"+");
+    qf.deadline = engine_now() + 0.02;
+    submit(e, &qf, &rf);
+    while (rf.finish == ENGINE_FINISH_NONE)
+        step_once(e); /* each waits ENGINE_COMPILE_WAIT_MS at most: no spin */
+    assert_int_equal(rf.finish, ENGINE_FINISH_DEADLINE);
+    assert_int_equal(rd.n_events, 0);
+    gate_open(&g, 100);
+    drain(e);
+    assert_true(rd.finish == ENGINE_FINISH_STOP || rd.finish == ENGINE_FINISH_LENGTH);
+    assert_int_equal(g.entered, 2); /* the schema once, the grammar once */
+
+    /* a grammar the compiler refuses: engine_check and engine_submit take
+     * it, its request ends with the refusal's code */
+    struct engine_request qg;
+    constrained_req(&qg, ids, 8, ENGINE_CONSTRAINT_GRAMMAR, "root ::= \"a\" (b");
+    assert_int_equal(engine_check(e, &qg, &err), 0);
+    submit(e, &qg, &rg);
+    drain(e);
+    assert_int_equal(rg.finish, ENGINE_FINISH_ERROR);
+    assert_int_equal(rg.refused, EV_CODE_BAD_PARAM);
+    assert_non_null(strstr(rg.error, "1:"));
+    assert_int_equal(rg.n_tokens, 0);
+    engine_free(e);
+
+    /* ... and that same grammar refused by engine_submit itself */
+    e = open_gated_engine(&g, true);
+    uint64_t id = 9;
+    memset(&err, 0, sizeof err);
+    assert_int_equal(engine_submit(e, &qg, &id, &err), -(int)EV_CODE_BAD_PARAM);
+    assert_int_equal(err.code, EV_CODE_BAD_PARAM);
+    assert_non_null(strstr(err.msg, "1:"));
+    assert_int_equal(id, 0);
+    assert_int_equal(engine_n_active(e), 0);
+    engine_free(e);
+}
+
 static void test_progress_every(void **state)
 {
     (void)state;
@@ -1469,6 +1700,8 @@ int main(void)
         cmocka_unit_test(test_generation_config),
         cmocka_unit_test(test_chat_messages),
         cmocka_unit_test(test_progress_every),
+        cmocka_unit_test(test_compile_off_the_step),
+        cmocka_unit_test(test_compile_waiting_requests),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
