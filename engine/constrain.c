@@ -307,6 +307,24 @@ static void cache_put(struct cons *c, enum cons_kind kind, uint64_t h, char *key
     c->ent[at] = (struct cons_entry){h, kind, key, key_len, gram_ref(g), ++c->clock};
 }
 
+/* A constraint's cache key (its hash *h, the source at key + *src_at)
+ * and what the cache holds under it: *g on a hit, else *key (malloc'd,
+ * the caller's). */
+static int lookup(struct cons *c, enum cons_kind kind, const char *src, size_t len,
+                  const char *tool_name, struct gram **g, char **key, size_t *key_len,
+                  size_t *src_at, uint64_t *h, struct rl_err *err)
+{
+    *key = make_key(kind, src, len, tool_name, key_len, src_at);
+    if (!*key)
+        return rl_errf(err, RL_ENOMEM, "constrain: out of memory");
+    *h = gram_hash(kind_name(kind), *key, *key_len);
+    if ((*g = cache_find(c, kind, *h, *key, *key_len))) {
+        free(*key);
+        *key = NULL;
+    }
+    return 0;
+}
+
 int cons_get(struct cons *c, enum cons_kind kind, const char *src, size_t len,
              const char *tool_name, struct gram **out, struct rl_err *err)
 {
@@ -317,14 +335,10 @@ int cons_get(struct cons *c, enum cons_kind kind, const char *src, size_t len,
     if ((rc = ensure_vocab(c, err)))
         return rc;
     size_t key_len, at;
-    char *key = make_key(kind, src, len, tool_name, &key_len, &at);
-    if (!key)
-        return rl_errf(err, RL_ENOMEM, "constrain: out of memory");
-    uint64_t h = gram_hash(kind_name(kind), key, key_len);
-    if ((*out = cache_find(c, kind, h, key, key_len))) {
-        free(key);
-        return 0;
-    }
+    uint64_t h;
+    char *key;
+    if ((rc = lookup(c, kind, src, len, tool_name, out, &key, &key_len, &at, &h, err)) || *out)
+        return rc;
     struct gram *g = NULL;
     if ((rc = compile(c, kind, src, len, tool_name, &g, err))) {
         free(key);
@@ -420,14 +434,11 @@ int cons_request(struct cons *c, enum cons_kind kind, const char *src, size_t le
         len = 0;
     adopt(c);
     size_t key_len, at;
-    char *key = make_key(kind, src, len, tool_name, &key_len, &at);
-    if (!key)
-        return rl_errf(err, RL_ENOMEM, "constrain: out of memory");
-    uint64_t h = gram_hash(kind_name(kind), key, key_len);
-    if ((*g = cache_find(c, kind, h, key, key_len))) {
-        free(key);
-        return 0;
-    }
+    uint64_t h;
+    char *key;
+    int rc = lookup(c, kind, src, len, tool_name, g, &key, &key_len, &at, &h, err);
+    if (rc || *g)
+        return rc;
     /* the same text queued or compiling already (a client's retries, or a
      * burst of one application's requests): one compile for all */
     pthread_mutex_lock(&c->mu);
