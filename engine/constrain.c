@@ -10,11 +10,11 @@
  * matchers that still hold it). Refusals are not cached: a bad schema is
  * the client's to fix, and compiling it again costs the client's time.
  *
- * Compile thread: a constraint the cache lacks is compiled on a thread of
- * the cons's own (started on the first miss), so that a schema that takes
- * 0.4 s to compile stalls only its own request, not every running one
+ * Compile threads: a constraint the cache lacks is compiled on a thread of
+ * the cons's own (a few, started on the first miss), so that a schema that
+ * takes 0.4 s to compile stalls only its own request, not every running one
  * (vLLM's requests wait for their grammar the same way). Jobs live on one
- * list, c->jobs, in arrival order: the thread takes the oldest queued one;
+ * list, c->jobs, in arrival order: a free thread takes the oldest queued one;
  * the owner thread links and unlinks them, and moves finished ones into
  * the cache ("adopts" them) whenever it calls in, so that the cache itself
  * stays the owner's alone. A job's state, gram and result are written by
@@ -32,11 +32,12 @@
  *
  * Threading: everything here runs on the engine's owner thread except the
  * helper's loop, which touches only the matchers and masks it was handed,
- * and the compile thread's, which touches only the jobs (under c->mu) and
+ * and the compile threads', which touches only the jobs (under c->mu) and
  * the vocabulary (under c->vmu). */
 #include "constrain.h"
 
 #include <pthread.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -96,12 +97,12 @@ struct cons {
     uint32_t *const *bmask;
     int bn;
 
-    /* the compile thread */
+    /* the compile threads */
     pthread_mutex_t mu;
     pthread_cond_t work, done; /* a job queued (or stop); a job done */
     bool sync_ok;              /* mu, work and done exist */
-    pthread_t cth;
-    bool compiling;            /* cth runs */
+    pthread_t cth[CONS_COMPILE_THREADS_MAX];
+    int n_cth, want_cth;       /* compile threads running; to start */
     bool stop;                 /* under mu */
     struct cons_job *jobs;     /* under mu: oldest first */
     void (*hook)(void *user);  /* cons_set_compile_hook */
@@ -119,8 +120,7 @@ static void set_bit(uint32_t *m, int32_t id, bool on)
 
 int cons_create(struct cons **out, const struct tokenizer *tok, int n_vocab,
                 const int32_t *eos_ids, int n_eos, int32_t think_open, int32_t think_close,
-                int cache_cap,
-                struct rl_err *err)
+                int cache_cap, int compile_threads, struct rl_err *err)
 {
     *out = NULL;
     if (!tok || n_vocab <= 0 || n_eos < 0 || n_eos > 8)
@@ -136,6 +136,12 @@ int cons_create(struct cons **out, const struct tokenizer *tok, int n_vocab,
     c->think_close = think_close;
     memcpy(c->eos, eos_ids, (size_t)n_eos * sizeof *eos_ids);
     c->cap = cache_cap > 0 ? cache_cap : CONS_CACHE_DEFAULT;
+    if (compile_threads <= 0) { /* a quarter of the cores, 1 to 4 */
+        long n = sysconf(_SC_NPROCESSORS_ONLN) / 4;
+        compile_threads = n < 1 ? 1 : n > 4 ? 4 : (int)n;
+    }
+    c->want_cth = compile_threads < CONS_COMPILE_THREADS_MAX ? compile_threads
+                                                             : CONS_COMPILE_THREADS_MAX;
     c->ent = calloc((size_t)c->cap, sizeof *c->ent);
     c->open_mask = calloc((size_t)c->n_words, sizeof *c->open_mask);
     c->think_mask = malloc((size_t)c->n_words * sizeof *c->think_mask);
@@ -149,7 +155,7 @@ int cons_create(struct cons **out, const struct tokenizer *tok, int n_vocab,
         free(c->open_mask);
         free(c->think_mask);
         free(c);
-        return rl_errf(err, RL_ENOMEM, "constrain: cannot make the compile thread's locks");
+        return rl_errf(err, RL_ENOMEM, "constrain: cannot make the compile threads' locks");
     }
     c->sync_ok = true;
     memset(c->think_mask, 0xff, (size_t)c->n_words * sizeof *c->think_mask);
@@ -177,14 +183,15 @@ void cons_free(struct cons *c)
     if (!c)
         return;
     cons_masks_join(c);
-    if (c->compiling) {
+    if (c->n_cth) {
         /* a compile under way runs to its end (the library has no way to
          * cut one short): at most a few hundred milliseconds */
         pthread_mutex_lock(&c->mu);
         c->stop = true;
         pthread_cond_broadcast(&c->work);
         pthread_mutex_unlock(&c->mu);
-        pthread_join(c->cth, NULL);
+        for (int i = 0; i < c->n_cth; i++)
+            pthread_join(c->cth[i], NULL);
     }
     while (c->jobs) { /* every caller's reference is gone with the engine */
         struct cons_job *j = c->jobs;
@@ -467,9 +474,10 @@ int cons_request(struct cons *c, enum cons_kind kind, const char *src, size_t le
     j->key_len = key_len;
     j->src = key + at;
     j->len = len;
-    if (!c->compiling && pthread_create(&c->cth, NULL, compile_main, c) == 0)
-        c->compiling = true;
-    if (!c->compiling) {
+    while (c->n_cth < c->want_cth && pthread_create(&c->cth[c->n_cth], NULL, compile_main, c) == 0)
+        c->n_cth++;
+    c->want_cth = c->n_cth; /* what could not start is not tried again */
+    if (!c->n_cth) {
         /* no thread to be had: compiled here, as cons_get would */
         j->rc = ensure_vocab(c, &j->err);
         if (!j->rc)

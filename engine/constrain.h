@@ -1,7 +1,7 @@
 /* engine/constrain.h - what the engine needs to serve constrained
  * (structured) output over the grammar library (engine/grammar/grammar.h):
  * the tokenizer's vocabulary in the library's form, an in-process cache of
- * compiled constraints keyed by gram_hash, the compile thread that builds
+ * compiled constraints keyed by gram_hash, the compile threads that build
  * what the cache lacks while the engine goes on stepping, the two fixed
  * masks of think mode, and the helper thread that fills next-step masks
  * while the backend runs the forward pass.
@@ -11,8 +11,8 @@
  * borrowed from the cache (a gram_match made from it holds its own
  * reference, so eviction never pulls one from under a running request).
  * A compile job (cons_request) belongs to the callers that asked for it,
- * each holding one reference until cons_job_release; the compile thread
- * holds one of its own while the job is queued or compiling.
+ * each holding one reference until cons_job_release; the cons holds one
+ * more until the finished compile is in its cache.
  * Errors: 0 or a negative code; a constraint the compiler refuses comes
  * back with err->code = EV_CODE_BAD_PARAM (the library's message), any
  * other failure with an RL_E* code. */
@@ -40,6 +40,7 @@ enum cons_kind {
 };
 
 #define CONS_CACHE_DEFAULT 64 /* compiled constraints kept */
+#define CONS_COMPILE_THREADS_MAX 16
 
 /* tok: the engine's tokenizer (must outlive c); n_vocab: logits per row
  * (the model's vocab, which may pad past the tokenizer's ids); eos_ids:
@@ -47,13 +48,16 @@ enum cons_kind {
  * complete, and held back inside the reasoning); think_open/think_close:
  * the <think> and </think> ids (-1: none), never allowed inside a document
  * (Qwen3 marks them non-special, but the engine treats them as channel
- * switches, not text). cache_cap 0 = CONS_CACHE_DEFAULT. The vocabulary trie is built on
+ * switches, not text). cache_cap 0 = CONS_CACHE_DEFAULT. compile_threads:
+ * how many compiles run at once (0 = a quarter of the cores, 1 to 4; at
+ * most CONS_COMPILE_THREADS_MAX), started on the first miss: a client
+ * sending many new schemas at once is served in parallel, not one after
+ * another while their requests hold batch slots. The vocabulary trie is built on
  * first use (cons_get), not here: engines that never see a constraint do
  * not pay for it. */
 int cons_create(struct cons **out, const struct tokenizer *tok, int n_vocab,
                 const int32_t *eos_ids, int n_eos, int32_t think_open, int32_t think_close,
-                int cache_cap,
-                struct rl_err *err);
+                int cache_cap, int compile_threads, struct rl_err *err);
 void cons_free(struct cons *c);
 
 /* The compiled form of a constraint, from the cache or compiled now.
@@ -65,7 +69,7 @@ int cons_get(struct cons *c, enum cons_kind kind, const char *src, size_t len,
 
 /* The compiled form of a constraint without compiling it here: *g
  * (borrowed, as cons_get's) when the cache holds it, else *job, a compile
- * queued on the compile thread (an identical one already queued or
+ * queued for the compile threads (an identical one already queued or
  * compiling is shared), with the caller's reference. Exactly one of *g and
  * *job is set on success. A schema takes from under a millisecond to a few
  * hundred (schemas/grammar.md): compiled on the owner thread it would stall
@@ -82,7 +86,7 @@ int cons_job_poll(struct cons *c, struct cons_job *job, struct gram **g, struct 
  * for any more is still finished and cached: the next request with the
  * same text, a retry most likely, finds it. */
 void cons_job_release(struct cons *c, struct cons_job *job);
-/* fn(user) runs on the compile thread before each compile (tests hold a
+/* fn(user) runs on a compile thread before each compile (tests hold a
  * compile there to see what goes on meanwhile); NULL = none. Set it
  * before the first cons_request. */
 void cons_set_compile_hook(struct cons *c, void (*fn)(void *user), void *user);

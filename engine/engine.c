@@ -461,7 +461,7 @@ int engine_create(struct engine **out, const char *dir,
     }
     if (e->tok && (rc = cons_create(&e->cons, e->tok, e->cfg->vocab, e->default_stop,
                                     e->n_default_stop, e->think_open, e->think_close,
-                                    opt.grammar_cache, err)))
+                                    opt.grammar_cache, opt.grammar_compile_threads, err)))
         goto fail;
     if (e->cons)
         cons_set_compile_hook(e->cons, opt.grammar_compile_hook, opt.grammar_compile_user);
@@ -883,7 +883,7 @@ static int compile_refusal(struct rl_err *err, const struct rl_err *ce)
 }
 
 /* The compiled constraint of r: *g (borrowed from the engine's cache), or
- * *job, its compile under way on the compile thread (the caller's
+ * *job, its compile under way on a compile thread (the caller's
  * reference), or neither (no constraint). With grammar_sync_compile it is
  * compiled here. */
 static int request_constraint(struct engine *e, const struct engine_request *r,

@@ -68,7 +68,8 @@
  * the backend, be_batch.masks, which CUDA applies on the device). Speculative decoding is off for a constrained
  * request (its drafts would need the matcher's rollback for every
  * rejected token; plain decoding keeps the two features apart).
- * A constraint the cache lacks is compiled on the engine's compile thread:
+ * A constraint the cache lacks is compiled on one of the engine's compile
+ * threads (options.grammar_compile_threads):
  * engine_submit takes the request at once, and it waits, holding its slot
  * but no KV, outside the scheduler until its grammar is ready, while the
  * other requests go on stepping (a schema can take hundreds of
@@ -175,8 +176,10 @@ struct engine_options {
                                   on a helper during it (benchmarks) */
     bool grammar_sync_compile; /* compile a constraint inside engine_submit
                                   (refusals from it) instead of on the
-                                  compile thread (benchmarks) */
-    void (*grammar_compile_hook)(void *user); /* runs on the compile thread
+                                  compile threads (benchmarks) */
+    int grammar_compile_threads; /* constraints compiled at once; 0 = a
+                                  quarter of the cores, 1 to 4 */
+    void (*grammar_compile_hook)(void *user); /* runs on a compile thread
                                   before each compile (tests); NULL none */
     void *grammar_compile_user;
 };

@@ -5,19 +5,23 @@
  *
  * One engine per mode, the same model. B free requests decode (no_think,
  * temperature 1, a seed each, ignore_eos, G tokens); once every one has 4
- * tokens, one request constrained by the schema arrives, its text new to
- * the engine every run (the run's number appended as trailing spaces: the
- * same grammar, a cache miss). What the running requests see is the time
- * between two steps of theirs, submit included (a worker's loop submits
- * and steps on one thread): per run, the longest such gap from the
- * submit until the constrained request's first token ("stall"), and the
- * median gap before the submit ("step"); and the constrained request's
- * time from submit to first token ("ttft"). The modes alternate R times
- * after an untimed warm-up of each; medians over the runs, wall clock
- * (latency is what is measured; the machine's noise is why the modes
- * alternate). Prints one JSON line per mode and one with the ratios.
+ * tokens, K requests constrained by the schema arrive together, each text
+ * new to the engine (trailing spaces, a different number per request and
+ * run: the same grammar, a cache miss). What the running requests see is
+ * the time between two steps of theirs, submits included (a worker's loop
+ * submits and steps on one thread): per run, the longest such gap from
+ * the submits until every constrained request has its first token
+ * ("stall"), and the median gap before the submits ("step"); and the
+ * constrained requests' time from submit to first token, the first's and
+ * the last's ("ttft"). Modes: inside engine_submit (grammar_sync_compile,
+ * how the engine worked before), one compile thread, C compile threads.
+ * They alternate R times after an untimed warm-up of each; medians over
+ * the runs, wall clock (latency is what is measured; the machine's noise
+ * is why the modes alternate). Prints one JSON line per mode and one with
+ * the ratios.
  *
  * usage: bench_compile -m DIR [--schema FILE] [--batch B] [--gen G]
+ *                      [--constrained K] [--compile-threads C]
  *                      [--reps R] [--threads N]
  * DIR needs the real tokenizer (a compile's cost is the vocabulary's). */
 #include <stdio.h>
@@ -34,8 +38,10 @@ static const char DEFAULT_SCHEMA[] =
     "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\",\"maxLength\":2000}]}";
 
 struct run {
-    double stall_ms, step_ms, ttft_ms;
+    double stall_ms, step_ms, ttft_ms, ttft_last_ms;
 };
+
+#define K_MAX 16
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -55,9 +61,9 @@ static int die(const char *what, const struct rl_err *err)
     return 1;
 }
 
-/* One run on e: B free requests, then the constrained one with src. */
-static int one_run(struct engine *e, const int32_t *prompt, int P, int B, int G, const char *src,
-                   struct run *out, struct rl_err *err)
+/* One run on e: B free requests, then the K constrained ones with src[]. */
+static int one_run(struct engine *e, const int32_t *prompt, int P, int B, int G, int K,
+                   char *const *src, struct run *out, struct rl_err *err)
 {
     int tokens[256] = {0};
     int rc = 0;
@@ -75,29 +81,32 @@ static int one_run(struct engine *e, const int32_t *prompt, int P, int B, int G,
         q.user = &tokens[s];
         rc = engine_submit(e, &q, NULL, err);
     }
-    int constrained_tok = 0;
+    int constrained_tok[K_MAX] = {0};
     double gaps[4096];
-    int n_gaps = 0;
-    double t_last = rl_mono_s(), t_submit = 0, stall = 0, ttft = 0;
-    bool submitted = false, first = false;
+    int n_gaps = 0, n_first = 0;
+    double t_last = rl_mono_s(), t_submit = 0, stall = 0, ttft = 0, ttft_last = 0;
+    bool submitted = false;
     while (!rc && engine_n_active(e) > 0) {
         if (!submitted) {
             bool all = true;
             for (int s = 0; s < B; s++)
                 all = all && tokens[s] >= 4;
             if (all) {
-                struct engine_request q;
-                engine_request_init(&q);
-                q.prompt_ids = prompt;
-                q.n_prompt = P;
-                q.mode = ENGINE_MODE_NO_THINK;
-                q.max_tokens = 4;
-                q.user = &constrained_tok;
-                q.constraint = ENGINE_CONSTRAINT_JSON_SCHEMA;
-                q.constraint_src = src;
-                q.constraint_len = strlen(src);
                 t_submit = rl_mono_s();
-                if ((rc = engine_submit(e, &q, NULL, err)))
+                for (int k = 0; k < K && !rc; k++) {
+                    struct engine_request q;
+                    engine_request_init(&q);
+                    q.prompt_ids = prompt;
+                    q.n_prompt = P;
+                    q.mode = ENGINE_MODE_NO_THINK;
+                    q.max_tokens = 4;
+                    q.user = &constrained_tok[k];
+                    q.constraint = ENGINE_CONSTRAINT_JSON_SCHEMA;
+                    q.constraint_src = src[k];
+                    q.constraint_len = strlen(src[k]);
+                    rc = engine_submit(e, &q, NULL, err);
+                }
+                if (rc)
                     break;
                 submitted = true;
             }
@@ -116,26 +125,33 @@ static int one_run(struct engine *e, const int32_t *prompt, int P, int B, int G,
         }
         if (!submitted && n_gaps < 4096)
             gaps[n_gaps++] = t - t_last;
-        else if (submitted && !first && t - t_last > stall)
+        else if (submitted && n_first < K && t - t_last > stall)
             stall = t - t_last;
-        if (submitted && !first && constrained_tok > 0) {
-            first = true;
-            ttft = t - t_submit;
+        if (submitted && n_first < K) {
+            int got = 0;
+            for (int k = 0; k < K; k++)
+                got += constrained_tok[k] > 0;
+            if (got > 0 && n_first == 0)
+                ttft = t - t_submit;
+            if (got == K)
+                ttft_last = t - t_submit;
+            n_first = got;
         }
         t_last = t;
     }
-    if (!rc && !first)
-        rc = rl_errf(err, RL_EINTERNAL, "the constrained request never started");
+    if (!rc && n_first < K)
+        rc = rl_errf(err, RL_EINTERNAL, "a constrained request never started");
     out->stall_ms = stall * 1e3;
     out->step_ms = median(gaps + 1, n_gaps > 1 ? n_gaps - 1 : 0) * 1e3; /* the first has the prefill */
     out->ttft_ms = ttft * 1e3;
+    out->ttft_last_ms = ttft_last * 1e3;
     return rc;
 }
 
 int main(int argc, char **argv)
 {
     const char *dir = NULL, *schema_file = NULL;
-    int B = 4, G = 400, R = 5, threads = 2, P = 16;
+    int B = 4, G = 400, R = 5, threads = 2, P = 16, K = 1, C = 2;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-m")) dir = argv[i + 1];
         else if (!strcmp(argv[i], "--schema")) schema_file = argv[i + 1];
@@ -143,11 +159,15 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--gen")) G = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--reps")) R = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--constrained")) K = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--compile-threads")) C = atoi(argv[i + 1]);
         else dir = NULL, i = argc;
     }
-    if (!dir || B < 1 || B > 255 || G < 16 || R < 1 || R > 100 || threads < 1) {
-        fprintf(stderr, "usage: %s -m DIR [--schema FILE] [--batch B] [--gen G] [--reps R] "
-                        "[--threads N]\n", argv[0]);
+    if (!dir || B < 1 || B > 255 || G < 16 || R < 1 || R > 100 || threads < 1 || K < 1 ||
+        K > K_MAX || C < 2 || C > 16) {
+        fprintf(stderr, "usage: %s -m DIR [--schema FILE] [--batch B] [--gen G] [--constrained K"
+                        " (1-%d)] [--compile-threads C (2-16)] [--reps R] [--threads N]\n",
+                argv[0], K_MAX);
         return 2;
     }
     struct rl_err err = {0};
@@ -157,19 +177,26 @@ int main(int argc, char **argv)
         return die(schema_file, &err);
     const char *base = schema ? schema : DEFAULT_SCHEMA;
     size_t base_len = strlen(base);
-    char *src = malloc(base_len + 2 * (size_t)R + 8);
+    size_t pad_max = (size_t)(R + 1) * K_MAX;
+    char *src[K_MAX];
+    for (int k = 0; k < K; k++)
+        if (!(src[k] = malloc(base_len + pad_max + 1)))
+            return fprintf(stderr, "bench_compile: out of memory\n"), 1;
     int32_t *prompt = malloc((size_t)B * (size_t)P * sizeof *prompt);
-    if (!src || !prompt)
+    if (!prompt)
         return fprintf(stderr, "bench_compile: out of memory\n"), 1;
-    struct engine *e[2] = {NULL, NULL}; /* async, sync */
-    for (int m = 0; m < 2; m++) {
+    enum { N_MODES = 3 };
+    const char *names[N_MODES] = {"sync", "threads_1", "threads_n"};
+    struct engine *e[N_MODES] = {NULL, NULL, NULL};
+    for (int m = 0; m < N_MODES; m++) {
         struct engine_options o;
         engine_options_default(&o);
         o.n_threads = threads;
-        o.max_batch = B + 1;
-        o.kv_blocks = (B + 1) * ((P + G + 15) / 16 + 2);
+        o.max_batch = B + K;
+        o.kv_blocks = (B + K) * ((P + G + 15) / 16 + 2);
         o.kv_prefault = 1;
-        o.grammar_sync_compile = m == 1;
+        o.grammar_sync_compile = m == 0;
+        o.grammar_compile_threads = m == 2 ? C : 1;
         if (engine_create(&e[m], dir, &o, &err))
             return die(dir, &err);
     }
@@ -178,36 +205,45 @@ int main(int argc, char **argv)
         r ^= r << 13, r ^= r >> 7, r ^= r << 17;
         prompt[i] = (int32_t)(r % (uint64_t)engine_n_vocab(e[0]));
     }
-    double stall[2][100], step[2][100], ttft[2][100];
-    /* run k's text: the schema and k spaces (k = 0 the warm-up's) */
+    static double stall[N_MODES][100], step[N_MODES][100], ttft[N_MODES][100],
+        ttft_last[N_MODES][100];
+    /* run k's texts: the schema and k * K_MAX + i spaces (k = 0 the warm-up's) */
     for (int k = 0; k <= R; k++)
-        for (int mi = 0; mi < 2; mi++) {
-            int m = (k + mi) % 2; /* each mode first in turn */
-            memcpy(src, base, base_len);
-            memset(src + base_len, ' ', (size_t)k);
-            src[base_len + (size_t)k] = 0;
+        for (int mi = 0; mi < N_MODES; mi++) {
+            int m = (k + mi) % N_MODES; /* each mode first in turn */
+            for (int i = 0; i < K; i++) {
+                size_t pad = (size_t)k * K_MAX + (size_t)i;
+                memcpy(src[i], base, base_len);
+                memset(src[i] + base_len, ' ', pad);
+                src[i][base_len + pad] = 0;
+            }
             struct run x;
-            if (one_run(e[m], prompt, P, B, G, src, &x, &err))
-                return die(m ? "sync" : "async", &err);
+            if (one_run(e[m], prompt, P, B, G, K, src, &x, &err))
+                return die(names[m], &err);
             if (k > 0) {
                 stall[m][k - 1] = x.stall_ms;
                 step[m][k - 1] = x.step_ms;
                 ttft[m][k - 1] = x.ttft_ms;
+                ttft_last[m][k - 1] = x.ttft_last_ms;
             }
         }
-    const char *names[2] = {"async", "sync"};
-    double ms[2];
-    for (int m = 0; m < 2; m++) {
+    double ms[N_MODES], last[N_MODES];
+    for (int m = 0; m < N_MODES; m++) {
         ms[m] = median(stall[m], R);
-        printf("{\"bench\": \"compile_stall\", \"mode\": \"%s\", \"batch\": %d, \"reps\": %d, "
-               "\"step_ms\": %.2f, \"stall_ms\": %.2f, \"ttft_ms\": %.2f}\n",
-               names[m], B, R, median(step[m], R), ms[m], median(ttft[m], R));
+        last[m] = median(ttft_last[m], R);
+        printf("{\"bench\": \"compile_stall\", \"mode\": \"%s\", \"compile_threads\": %d, "
+               "\"batch\": %d, \"constrained\": %d, \"reps\": %d, \"step_ms\": %.2f, "
+               "\"stall_ms\": %.2f, \"ttft_first_ms\": %.2f, \"ttft_last_ms\": %.2f}\n",
+               names[m], m == 0 ? 0 : m == 1 ? 1 : C, B, K, R, median(step[m], R), ms[m],
+               median(ttft[m], R), last[m]);
     }
-    printf("{\"bench\": \"compile_stall_ratio\", \"batch\": %d, \"sync_over_async_stall\": %.2f}\n",
-           B, ms[0] > 0 ? ms[1] / ms[0] : 0);
-    engine_free(e[0]);
-    engine_free(e[1]);
-    free(src);
+    printf("{\"bench\": \"compile_stall_ratio\", \"batch\": %d, \"constrained\": %d, "
+           "\"sync_over_threads_1_stall\": %.2f, \"threads_1_over_threads_n_ttft_last\": %.2f}\n",
+           B, K, ms[1] > 0 ? ms[0] / ms[1] : 0, last[2] > 0 ? last[1] / last[2] : 0);
+    for (int m = 0; m < N_MODES; m++)
+        engine_free(e[m]);
+    for (int k = 0; k < K; k++)
+        free(src[k]);
     free(prompt);
     free(schema);
     return 0;

@@ -48,9 +48,12 @@ if [ ! -f "$MTV/config.json" ]; then
         --out "$MTV" >/dev/null
 fi
 if [ -x "$BUILD/tests/bench_compile" ]; then
-    echo "# structured output: a new schema's compile, on the compile thread vs inside submit, as the"
-    echo "# running requests see it ($MTV, batch 4, $THREADS threads, a near-limit schema)"
-    "$BUILD/tests/bench_compile" -m "$MTV" --batch 4 --reps 5 --threads "$THREADS"
+    echo "# structured output: new schemas' compiles inside submit vs on 1 and 2 compile threads, as the"
+    echo "# running requests see them ($MTV, batch 4, $THREADS threads, near-limit schemas: 1, then 4 at once)"
+    for k in 1 4; do
+        "$BUILD/tests/bench_compile" -m "$MTV" --batch 4 --constrained "$k" --compile-threads 2 \
+            --reps 5 --threads "$THREADS"
+    done
 fi
 
 if [ -x "$BUILD/tests/bench_tokenizer" ]; then

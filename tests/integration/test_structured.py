@@ -217,7 +217,7 @@ def test_refusals(worker, client, event_validator, dead_validator, name, schema,
 def test_compile_does_not_stall_running_jobs(worker, client, event_validator, redis_addr,
                                              tmp_path):
     """A schema near the compiler's limit takes a few hundred milliseconds to
-    compile. It compiles on the engine's compile thread: a job already
+    compile. It compiles on one of the engine's compile threads: a job already
     running goes on producing tokens meanwhile, and the schema job then
     runs. Counted in Redis's own order of commands (MONITOR): the running
     job's events stored after the schema job's XADD and before that job's

@@ -1388,7 +1388,7 @@ static void gate_open(struct gate *g, int n)
     pthread_mutex_unlock(&g->mu);
 }
 
-static struct engine *open_gated_engine(struct gate *g, bool sync)
+static struct engine *open_gated_engine(struct gate *g, bool sync, int compile_threads)
 {
     struct engine_options o;
     engine_options_default(&o);
@@ -1399,6 +1399,7 @@ static struct engine *open_gated_engine(struct gate *g, bool sync)
     o.grammar_compile_hook = gate_hook;
     o.grammar_compile_user = g;
     o.grammar_sync_compile = sync;
+    o.grammar_compile_threads = compile_threads;
     struct engine *e = NULL;
     struct rl_err err = {0};
     if (engine_create(&e, model_dir, &o, &err))
@@ -1447,7 +1448,7 @@ static void test_compile_off_the_step(void **state)
     (void)state;
     static struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
     g.entered = g.opened = 0;
-    struct engine *e = open_gated_engine(&g, false);
+    struct engine *e = open_gated_engine(&g, false, 1);
     int32_t ids[12];
     make_prompt(ids, 12, 3);
     struct engine_request qa, qb;
@@ -1505,7 +1506,7 @@ static void test_compile_waiting_requests(void **state)
     (void)state;
     static struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
     g.entered = g.opened = 0;
-    struct engine *e = open_gated_engine(&g, false);
+    struct engine *e = open_gated_engine(&g, false, 1);
     int32_t ids[8];
     make_prompt(ids, 8, 4);
     struct engine_request qc, qd, qf;
@@ -1554,7 +1555,7 @@ static void test_compile_waiting_requests(void **state)
     engine_free(e);
 
     /* ... and that same grammar refused by engine_submit itself */
-    e = open_gated_engine(&g, true);
+    e = open_gated_engine(&g, true, 1);
     uint64_t id = 9;
     memset(&err, 0, sizeof err);
     assert_int_equal(engine_submit(e, &qg, &id, &err), -(int)EV_CODE_BAD_PARAM);
@@ -1562,6 +1563,39 @@ static void test_compile_waiting_requests(void **state)
     assert_non_null(strstr(err.msg, "1:"));
     assert_int_equal(id, 0);
     assert_int_equal(engine_n_active(e), 0);
+    engine_free(e);
+}
+
+/* Several compile threads: two new schemas compile at once (both reach
+ * the gate before either may pass), while a third waits its turn. */
+static void test_compile_in_parallel(void **state)
+{
+    (void)state;
+    static struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    g.entered = g.opened = 0;
+    struct engine *e = open_gated_engine(&g, false, 2);
+    int32_t ids[8];
+    make_prompt(ids, 8, 5);
+    const char *src[3] = {SMALL_SCHEMA, "root ::= \"y\"+", "root ::= \"z\"{1,3}"};
+    enum engine_constraint kind[3] = {ENGINE_CONSTRAINT_JSON_SCHEMA, ENGINE_CONSTRAINT_GRAMMAR,
+                                      ENGINE_CONSTRAINT_GRAMMAR};
+    struct engine_request q[3];
+    static struct result r[3];
+    for (int i = 0; i < 3; i++) {
+        constrained_req(&q[i], ids, 8, kind[i], src[i]);
+        submit(e, &q[i], &r[i]);
+    }
+    gate_wait_entered(&g, 2); /* two at once */
+    step_once(e);
+    assert_int_equal(gate_entered(&g), 2); /* the third waits for a thread */
+    assert_int_equal(n_compiling(e), 3);
+    gate_open(&g, 3);
+    drain(e);
+    assert_int_equal(gate_entered(&g), 3);
+    for (int i = 0; i < 3; i++)
+        assert_true(r[i].finish == ENGINE_FINISH_STOP || r[i].finish == ENGINE_FINISH_LENGTH);
+    r[1].content[r[1].n_content] = 0;
+    assert_true(r[1].n_content > 0 && strspn(r[1].content, "y") == r[1].n_content);
     engine_free(e);
 }
 
@@ -1713,6 +1747,7 @@ int main(void)
         cmocka_unit_test(test_progress_every),
         cmocka_unit_test(test_compile_off_the_step),
         cmocka_unit_test(test_compile_waiting_requests),
+        cmocka_unit_test(test_compile_in_parallel),
     };
     /* TEST_FILTER=test_compile* runs only those (a sanitizer run that must
      * skip the CPU pool's tests: tests/README.md) */
