@@ -144,7 +144,7 @@ struct eng_req {
     int n_draft;
 
     /* structured output (NULL gm: free text) */
-    struct cons_job *cjob;       /* its constraint compiling (the compile
+    struct cons_job *cjob;       /* its constraint compiling (a compile
                                     thread): the request waits outside the
                                     scheduler until attach_compiled */
     int32_t *wait_ids;           /* (n_wait_ids) the prompt, for sched_add then */
@@ -668,7 +668,6 @@ static int check_request(const struct engine *e, const struct engine_request *r,
     return 0;
 }
 
-/* Fills a new eng_req for a checked request; nothing of the engine changes. */
 static int req_constrain(struct engine *e, struct eng_req *q, struct gram *g,
                          const int32_t *prompt, int n_prompt, struct rl_err *err);
 
@@ -873,13 +872,11 @@ static int constraint_text(struct engine *e, const struct engine_request *r,
     return 0;
 }
 
-/* A compiler's failure as a refusal: BAD_PARAM (its message) when the
- * constraint is at fault, ENGINE_ERROR otherwise. */
-static int compile_refusal(struct rl_err *err, const struct rl_err *ce)
+/* A compiler's failure (in err) as a refusal: BAD_PARAM (its message)
+ * when the constraint is at fault, ENGINE_ERROR otherwise. */
+static int compile_refusal(struct rl_err *err)
 {
-    if (err)
-        *err = *ce;
-    return recode(err, ce->code == EV_CODE_BAD_PARAM ? EV_CODE_BAD_PARAM : EV_CODE_ENGINE_ERROR);
+    return recode(err, err->code == EV_CODE_BAD_PARAM ? EV_CODE_BAD_PARAM : EV_CODE_ENGINE_ERROR);
 }
 
 /* The compiled constraint of r: *g (borrowed from the engine's cache), or
@@ -904,7 +901,12 @@ static int request_constraint(struct engine *e, const struct engine_request *r,
     else
         rc = cons_request(e->cons, kind, src, len, r->tool_name, g, job, &ce);
     free(printed);
-    return rc ? compile_refusal(err, &ce) : 0;
+    if (!rc)
+        return 0;
+    rc = compile_refusal(&ce);
+    if (err)
+        *err = ce;
+    return rc;
 }
 
 int engine_check(struct engine *e, const struct engine_request *r, struct rl_err *err)
@@ -1424,7 +1426,7 @@ static int attach_compiled(struct engine *e, double now)
         if (rc > 0)
             rc = req_constrain(e, q, g, q->wait_ids, q->n_wait_ids, &ce);
         else
-            compile_refusal(&ce, &ce);
+            compile_refusal(&ce);
         if (rc) {
             /* refused as engine_submit would have refused it: its code
              * goes with the error event (engine_event.refused) */
