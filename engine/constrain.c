@@ -37,11 +37,10 @@
 #include "constrain.h"
 
 #include <pthread.h>
-#include <unistd.h>
-#include <stdio.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "clock.h"
 #include "event.h"
@@ -100,7 +99,6 @@ struct cons {
     /* the compile threads */
     pthread_mutex_t mu;
     pthread_cond_t work, done; /* a job queued (or stop); a job done */
-    bool sync_ok;              /* mu, work and done exist */
     pthread_t cth[CONS_COMPILE_THREADS_MAX];
     int n_cth, want_cth;       /* compile threads running; to start */
     bool stop;                 /* under mu */
@@ -128,6 +126,12 @@ int cons_create(struct cons **out, const struct tokenizer *tok, int n_vocab,
     struct cons *c = calloc(1, sizeof *c);
     if (!c)
         return rl_errf(err, RL_ENOMEM, "constrain: out of memory");
+    /* first, so that cons_free can always destroy them */
+    if (pthread_mutex_init(&c->vmu, NULL) || pthread_mutex_init(&c->mu, NULL) ||
+        rl_cond_init_mono(&c->work) || rl_cond_init_mono(&c->done)) {
+        free(c);
+        return rl_errf(err, RL_ENOMEM, "constrain: cannot make the compile threads' locks");
+    }
     c->tok = tok;
     c->n_vocab = n_vocab;
     c->n_words = gram_mask_words_n(n_vocab);
@@ -149,15 +153,6 @@ int cons_create(struct cons **out, const struct tokenizer *tok, int n_vocab,
         cons_free(c);
         return rl_errf(err, RL_ENOMEM, "constrain: out of memory");
     }
-    if (pthread_mutex_init(&c->vmu, NULL) || pthread_mutex_init(&c->mu, NULL) ||
-        rl_cond_init_mono(&c->work) || rl_cond_init_mono(&c->done)) {
-        free(c->ent);
-        free(c->open_mask);
-        free(c->think_mask);
-        free(c);
-        return rl_errf(err, RL_ENOMEM, "constrain: cannot make the compile threads' locks");
-    }
-    c->sync_ok = true;
     memset(c->think_mask, 0xff, (size_t)c->n_words * sizeof *c->think_mask);
     for (int32_t id = n_vocab; id < c->n_words * 32; id++)
         set_bit(c->think_mask, id, false); /* past the row: never a token */
@@ -206,12 +201,10 @@ void cons_free(struct cons *c)
     gram_vocab_free(c->vocab); /* after every gram made from it */
     free(c->open_mask);
     free(c->think_mask);
-    if (c->sync_ok) {
-        pthread_mutex_destroy(&c->vmu);
-        pthread_mutex_destroy(&c->mu);
-        pthread_cond_destroy(&c->work);
-        pthread_cond_destroy(&c->done);
-    }
+    pthread_mutex_destroy(&c->vmu);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->work);
+    pthread_cond_destroy(&c->done);
     free(c);
 }
 
@@ -256,6 +249,15 @@ static int ensure_vocab(struct cons *c, struct rl_err *err)
         rc = gram_vocab_create(&c->vocab, c->n_vocab, token_bytes, c, c->eos, c->n_eos, err);
     pthread_mutex_unlock(&c->vmu);
     return rc;
+}
+
+/* Compiles a constraint, the vocabulary first if no thread built it yet:
+ * what cons_get, a compile thread and the no-thread fallback all do. */
+static int build(struct cons *c, enum cons_kind kind, const char *src, size_t len,
+                 const char *tool_name, struct gram **g, struct rl_err *err)
+{
+    int rc = ensure_vocab(c, err);
+    return rc ? rc : compile(c, kind, src, len, tool_name, g, err);
 }
 
 /* The cache key of a constraint (malloc'd, NUL-terminated, caller frees):
@@ -339,15 +341,13 @@ int cons_get(struct cons *c, enum cons_kind kind, const char *src, size_t len,
     int rc;
     if (!src)
         len = 0;
-    if ((rc = ensure_vocab(c, err)))
-        return rc;
     size_t key_len, at;
     uint64_t h;
     char *key;
     if ((rc = lookup(c, kind, src, len, tool_name, out, &key, &key_len, &at, &h, err)) || *out)
         return rc;
     struct gram *g = NULL;
-    if ((rc = compile(c, kind, src, len, tool_name, &g, err))) {
+    if ((rc = build(c, kind, src, len, tool_name, &g, err))) {
         free(key);
         return rc;
     }
@@ -416,9 +416,7 @@ static void *compile_main(void *arg)
         struct rl_err e = {0};
         if (c->hook)
             c->hook(c->hook_user);
-        int rc = ensure_vocab(c, &e);
-        if (!rc)
-            rc = compile(c, j->kind, j->src, j->len, j->tool_name, &g, &e);
+        int rc = build(c, j->kind, j->src, j->len, j->tool_name, &g, &e);
         pthread_mutex_lock(&c->mu);
         j->g = g;
         j->rc = rc;
@@ -479,9 +477,7 @@ int cons_request(struct cons *c, enum cons_kind kind, const char *src, size_t le
     c->want_cth = c->n_cth; /* what could not start is not tried again */
     if (!c->n_cth) {
         /* no thread to be had: compiled here, as cons_get would */
-        j->rc = ensure_vocab(c, &j->err);
-        if (!j->rc)
-            j->rc = compile(c, kind, j->src, len, j->tool_name, &j->g, &j->err);
+        j->rc = build(c, kind, j->src, len, j->tool_name, &j->g, &j->err);
         j->state = JOB_DONE;
     }
     pthread_mutex_lock(&c->mu);

@@ -1036,6 +1036,15 @@ static int flush_hold(struct eng_req *q)
     return rc;
 }
 
+/* q waits for its compile no more (attached, or finished meanwhile). */
+static void stop_waiting(struct engine *e, struct eng_req *q)
+{
+    cons_job_release(e->cons, q->cjob);
+    q->cjob = NULL;
+    free(q->wait_ids);
+    q->wait_ids = NULL;
+}
+
 static void finish_req(struct engine *e, struct eng_req *q, enum engine_finish why)
 {
     if (q->finish != ENGINE_FINISH_NONE)
@@ -1057,12 +1066,8 @@ static void finish_req(struct engine *e, struct eng_req *q, enum engine_finish w
         sched_remove(e->sched, q->seq);
         q->seq = NULL;
     }
-    if (q->cjob) { /* finished while its constraint compiled */
-        cons_job_release(e->cons, q->cjob);
-        q->cjob = NULL;
-        free(q->wait_ids);
-        q->wait_ids = NULL;
-    }
+    if (q->cjob) /* finished while its constraint compiled */
+        stop_waiting(e, q);
 }
 
 static void fail_req(struct engine *e, struct eng_req *q, const struct rl_err *err)
@@ -1444,10 +1449,7 @@ static int attach_compiled(struct engine *e, double now)
             continue;
         }
         sched_seq_set_cache_salt(q->seq, q->cache_salt);
-        cons_job_release(e->cons, q->cjob);
-        q->cjob = NULL;
-        free(q->wait_ids);
-        q->wait_ids = NULL;
+        stop_waiting(e, q);
     }
     return waiting;
 }

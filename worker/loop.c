@@ -733,7 +733,7 @@ static void on_event(struct worker *w, const struct engine_event *ev)
         return;
     if (ev->finish == ENGINE_FINISH_ERROR && ev->refused > EV_CODE_NONE &&
         ev->refused < EV_CODE_COUNT) {
-        /* its constraint did not compile (the engine's compile thread):
+        /* its constraint did not compile (the engine's compile threads):
          * answered as at admission, dead letter included */
         j->eng_id = 0;
         j->cache_fill = false;
