@@ -116,6 +116,16 @@ static const struct opt options[] = {
     {"spec_max_rows", T_INT, O(spec_max_rows), "0", 0, 1048576, NULL, CFG_WORKER, 0,
      "Drafts go into a step only while it computes fewer tokens than this: past it a step is "
      "compute-bound and a draft row costs more than it can win; 0 = the backend's (cpu 8, cuda 64)."},
+    /* structured output: new constraints compile off the stepping thread */
+    {"grammar_compile_threads", T_INT, O(grammar_compile_threads), "0", 0, 16, NULL, CFG_WORKER, 0,
+     "Threads compiling the JSON Schemas, tool sets and grammars the worker has not compiled "
+     "before (a schema near the compiler's limit takes a few hundred milliseconds), while the "
+     "running requests go on; 0 = a quarter of the cores, 1 to 4."},
+    {"max_compiling", T_INT, O(max_compiling), "0", 0, 4096, NULL, CFG_WORKER, 0,
+     "Most jobs the worker holds while their constraint compiles; they hold no batch slot, so "
+     "plain jobs keep running beside a burst of new schemas. At this many the worker reads no "
+     "more jobs until a compile ends (the rest stay in the pool for other workers); 0 = "
+     "twice max_batch (a whole batch of new schemas compiles while plain jobs still start)."},
     /* jobs */
     {"default_max_tokens", T_INT, O(default_max_tokens), "1024", 1, 1048576, NULL, CFG_BOTH, F_LIVE,
      "max_tokens of a job that gives none."},

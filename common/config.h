@@ -59,6 +59,8 @@ struct cfg {
     char *speculative;            /* "off" or "ngram" */
     int spec_tokens;              /* draft tokens per request per step */
     int spec_max_rows;            /* no drafts in a step of this many tokens; 0 = backend's */
+    int max_compiling;            /* requests waiting for a compile; 0 = 2 x max_batch */
+    int grammar_compile_threads;  /* 0 = the engine's default */
     /* jobs */
     int default_max_tokens;
     int max_job_kb;

@@ -1677,8 +1677,13 @@ void engine_get_stats(const struct engine *e, struct engine_stats *st)
     st->n_running = ss.n_running;
     st->n_waiting = ss.n_waiting;
     for (int i = 0; i < e->n_reqs; i++) {
-        st->n_slots_used += e->reqs[i]->finish == ENGINE_FINISH_NONE;
-        st->n_compiling += e->reqs[i]->cjob != NULL;
+        const struct eng_req *q = e->reqs[i];
+        if (q->finish != ENGINE_FINISH_NONE)
+            continue;
+        if (q->cjob)
+            st->n_compiling++;
+        else
+            st->n_slots_used++;
     }
     st->kv_blocks = ks.n_blocks;
     st->kv_used = ks.n_used;

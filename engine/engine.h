@@ -70,11 +70,14 @@
  * rejected token; plain decoding keeps the two features apart).
  * A constraint the cache lacks is compiled on one of the engine's compile
  * threads (options.grammar_compile_threads):
- * engine_submit takes the request at once, and it waits, holding its slot
- * but no KV, outside the scheduler until its grammar is ready, while the
- * other requests go on stepping (a schema can take hundreds of
+ * engine_submit takes the request at once, and it waits, holding neither
+ * a batch slot nor KV, outside the scheduler until its grammar is ready,
+ * while the other requests go on stepping (a schema can take hundreds of
  * milliseconds to compile: on the stepping thread it would stall every
- * running request that long). A constraint the compiler refuses then
+ * running request that long; holding a slot, a burst of new schemas
+ * would keep plain requests out for as long). engine_stats counts such
+ * requests apart (n_compiling), so the caller bounds how many it lets
+ * wait. A constraint the compiler refuses then
  * finishes its request with an ERROR event whose `refused` field carries
  * the code engine_submit would have returned (BAD_PARAM, with the
  * compiler's message). options.grammar_sync_compile compiles inside
@@ -356,11 +359,16 @@ struct engine_event {
 struct engine_stats {
     int n_running, n_waiting;   /* sequences in the scheduler */
     int n_compiling;            /* requests waiting for their constraint's
-                                   compile (outside the scheduler) */
-    int n_slots_used;           /* requests submitted and not yet finished:
-                                   the batch slots in use (engine_n_active()
-                                   is another count: it adds finished ones
-                                   whose final event is still due) */
+                                   compile (outside the scheduler, holding
+                                   no slot and no KV) */
+    int n_slots_used;           /* requests submitted, not yet finished and
+                                   not compiling: the batch slots in use or
+                                   queued for (the scheduler runs max_batch
+                                   of them; more wait there when compiles
+                                   finish into a full batch).
+                                   engine_n_active() is another count: it
+                                   adds the compiling and finished ones
+                                   whose final event is still due */
     int kv_blocks;              /* pool size */
     int kv_used;                /* referenced by a sequence */
     int kv_cached;              /* unreferenced but holding a cached prefix */

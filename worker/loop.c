@@ -1319,11 +1319,19 @@ int w_admissible(struct worker *w)
         return 0;
     struct engine_stats st;
     engine_get_stats(w->eng, &st);
+    /* jobs waiting for a compile hold no slot (engine.h), so they are
+     * bounded apart; a job's constraint is known only once it is read, so
+     * no read may take more than the bound leaves (each could be one) and
+     * at the bound the worker reads nothing, leaving the pool's jobs to
+     * workers that can start them */
     int k = engine_can_admit(w->eng, w->last_prompt_len > 0 ? w->last_prompt_len : 1);
-    int slots = st.max_batch - st.n_slots_used;
+    if (k > w->opt.max_compiling - st.n_compiling)
+        k = w->opt.max_compiling - st.n_compiling;
+    int slots = st.max_batch - st.n_slots_used; /* < 0: compiles ended into a full batch */
     if (w->admit_cap > 0 && w->admit_cap - st.n_slots_used < slots) /* publish.c */
-        slots = w->admit_cap - st.n_slots_used > 0 ? w->admit_cap - st.n_slots_used : 0;
-    return k < slots ? k : slots;
+        slots = w->admit_cap - st.n_slots_used;
+    int n = k < slots ? k : slots;
+    return n > 0 ? n : 0;
 }
 
 static void update_metrics(struct worker *w, bool draining)

@@ -266,6 +266,7 @@ static int setup(struct worker *w, struct rl_err *err)
         return rl_errf(err, RL_EINVAL, "speculative: unknown mode \"%s\"", w->opt.speculative);
     eo.spec_tokens = w->opt.spec_tokens;
     eo.spec_max_rows = w->opt.spec_max_rows;
+    eo.grammar_compile_threads = w->opt.grammar_compile_threads;
     struct load_progress lp = {w, rl_wall_ms(), 1};
     eo.progress = on_load_progress;
     eo.progress_user = &lp;

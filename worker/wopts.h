@@ -45,6 +45,8 @@ struct wopts {
     char speculative[16];            /* "off" or "ngram" */
     int spec_tokens;
     int spec_max_rows;
+    int max_compiling;            /* resolved: never 0 */
+    int grammar_compile_threads;
     int read_block_ms;       /* XREADGROUP BLOCK when idle */
     int claim_idle_ms;       /* XAUTOCLAIM jobs idle longer than this */
     int claim_interval_ms;   /* how often to look for them */

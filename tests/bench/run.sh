@@ -56,6 +56,9 @@ if [ -x "$BUILD/tests/bench_compile" ]; then
     done
 fi
 
+echo "# structured output: plain jobs beside a burst of new schemas, through a worker of 4 slots"
+/usr/bin/python3 tests/bench/bench_compile_slots.py --model "$MTV"
+
 if [ -x "$BUILD/tests/bench_tokenizer" ]; then
     echo "# tokenizer encode speed, one core"
     "$BUILD/tests/bench_tokenizer" --tokenizer engine/tokenizers/qwen3

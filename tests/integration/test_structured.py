@@ -256,6 +256,73 @@ def test_compile_does_not_stall_running_jobs(worker, client, event_validator, re
     assert during >= 10, f"{during} events of the running job while the schema compiled"
 
 
+def near_limit_job(job_id, length):
+    """A job whose schema takes a few hundred milliseconds to compile; each
+    length is a different text, so a different compile."""
+    return {"id": job_id, "prompt": "x", "max_tokens": 4, "cache": False,
+            "response_format": {"type": "json_schema", "json_schema": {
+                "name": "near_limit", "schema": {
+                    "type": "array", "prefixItems": [{"type": "string", "maxLength": length}]}}}}
+
+
+def test_compiling_jobs_hold_no_batch_slot(vocab_model, redis_addr, prefix, client,
+                                           event_validator, tmp_path):
+    """A job waiting for its schema's compile holds no batch slot: a worker
+    of one slot, given three new near-limit schemas and then a plain job,
+    finishes the plain job while the schemas still compile (one compile
+    thread: they take their turns, a few hundred ms each). Held in a slot,
+    as before, the plain job waited for all three schema jobs to finish."""
+    w = VocabWorker(redis_addr, prefix, vocab_model, tmp_path, "--max-batch", "1",
+                    "--max-compiling", "4", "--grammar-compile-threads", "1")
+    try:
+        for i, length in enumerate((2000, 1999, 1998)):
+            client.submit(near_limit_job(f"h{i}", length))
+        client.submit({"id": "plain", "prompt": "x", "max_tokens": 4, "ignore_eos": True,
+                       "temperature": 0, "cache": False})
+        evs = client.events("plain", timeout=120)
+        check_stream(evs, event_validator)
+        assert evs[-1][1]["finish_reason"] == "length"
+        # the moment the plain job is done: the last schema job has not begun
+        assert client.r.xlen(f"{client.prefix}out:h2") == 0
+        for i in range(3):
+            evs = client.events(f"h{i}", timeout=120)
+            check_stream(evs, event_validator)
+            assert evs[-1][1]["finish_reason"] in ("stop", "length"), evs[-1][1]
+    finally:
+        w.stop()
+
+
+def test_max_compiling_bounds_the_jobs_held(vocab_model, redis_addr, prefix, client,
+                                            event_validator, tmp_path):
+    """max_compiling bounds the jobs a worker holds while they compile, even
+    when one read could take several: three new schemas queued at once,
+    a worker of four slots and max_compiling 1 has read at most two of them
+    (the first, now running, and the second, compiling) when the first one's
+    first event is stored; the third stays in the pool for other workers.
+    Unbounded, one read took all three."""
+    w = VocabWorker(redis_addr, prefix, vocab_model, tmp_path, "--max-batch", "4",
+                    "--max-compiling", "1", "--grammar-compile-threads", "1")
+    try:
+        pool = f"{client.prefix}jobs:fast"
+        wait_for(lambda: client.r.exists(pool) and any(
+            g["name"] == "workers" for g in client.r.xinfo_groups(pool)),
+                 "the worker's consumer group")
+        with client.r.pipeline(transaction=True) as p:
+            for i, length in enumerate((2000, 1999, 1998)):
+                p.xadd(pool, {"job": json.dumps(near_limit_job(f"b{i}", length))})
+            p.execute()
+        wait_for(lambda: client.r.xlen(f"{client.prefix}out:b0") > 0, "b0's first event",
+                 timeout=120, every=0.005)
+        group = next(g for g in client.r.xinfo_groups(pool) if g["name"] == "workers")
+        assert group["entries-read"] is not None and group["entries-read"] <= 2, group
+        for i in range(3):
+            evs = client.events(f"b{i}", timeout=120)
+            check_stream(evs, event_validator)
+            assert evs[-1][1]["finish_reason"] in ("stop", "length"), evs[-1][1]
+    finally:
+        w.stop()
+
+
 def test_bad_grammar_refused(worker, client, event_validator, dead_validator):
     refused(client, event_validator, dead_validator,
             {"id": "bad-grammar", "prompt": "x", "max_tokens": 4, "grammar": 'root ::= "a" (b'},

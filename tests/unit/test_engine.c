@@ -1388,13 +1388,14 @@ static void gate_open(struct gate *g, int n)
     pthread_mutex_unlock(&g->mu);
 }
 
-static struct engine *open_gated_engine(struct gate *g, bool sync, int compile_threads)
+static struct engine *open_gated_engine(struct gate *g, bool sync, int compile_threads,
+                                        int max_batch)
 {
     struct engine_options o;
     engine_options_default(&o);
     o.n_threads = 1;
     o.kv_blocks = 64;
-    o.max_batch = 8;
+    o.max_batch = max_batch;
     o.token_budget = 256;
     o.grammar_compile_hook = gate_hook;
     o.grammar_compile_user = g;
@@ -1448,7 +1449,7 @@ static void test_compile_off_the_step(void **state)
     (void)state;
     static struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
     g.entered = g.opened = 0;
-    struct engine *e = open_gated_engine(&g, false, 1);
+    struct engine *e = open_gated_engine(&g, false, 1, 8);
     int32_t ids[12];
     make_prompt(ids, 12, 3);
     struct engine_request qa, qb;
@@ -1470,8 +1471,8 @@ static void test_compile_off_the_step(void **state)
     }
     struct engine_stats st;
     engine_get_stats(e, &st);
-    assert_int_equal(st.n_slots_used, 2); /* B holds its slot */
-    assert_int_equal(st.n_running + st.n_waiting, 1); /* but is not scheduled */
+    assert_int_equal(st.n_slots_used, 1); /* B holds no slot */
+    assert_int_equal(st.n_running + st.n_waiting, 1); /* and is not scheduled */
     gate_open(&g, 1);
     drain(e);
     assert_int_equal(n_compiling(e), 0);
@@ -1506,7 +1507,7 @@ static void test_compile_waiting_requests(void **state)
     (void)state;
     static struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
     g.entered = g.opened = 0;
-    struct engine *e = open_gated_engine(&g, false, 1);
+    struct engine *e = open_gated_engine(&g, false, 1, 8);
     int32_t ids[8];
     make_prompt(ids, 8, 4);
     struct engine_request qc, qd, qf;
@@ -1555,7 +1556,7 @@ static void test_compile_waiting_requests(void **state)
     engine_free(e);
 
     /* ... and that same grammar refused by engine_submit itself */
-    e = open_gated_engine(&g, true, 1);
+    e = open_gated_engine(&g, true, 1, 8);
     uint64_t id = 9;
     memset(&err, 0, sizeof err);
     assert_int_equal(engine_submit(e, &qg, &id, &err), -(int)EV_CODE_BAD_PARAM);
@@ -1566,6 +1567,59 @@ static void test_compile_waiting_requests(void **state)
     engine_free(e);
 }
 
+/* A compiling request holds no batch slot: with max_batch 2, two plain
+ * requests run while a third compiles; its compile, finished into the
+ * full batch, waits in the scheduler (never a third running sequence)
+ * and runs when a slot frees. */
+static void test_compile_into_a_full_batch(void **state)
+{
+    (void)state;
+    static struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    g.entered = g.opened = 0;
+    struct engine *e = open_gated_engine(&g, false, 1, 2);
+    int32_t ids[8];
+    make_prompt(ids, 8, 6);
+    struct engine_request qa, qb, qc;
+    static struct result ra, rb, rc;
+    constrained_req(&qc, ids, 8, ENGINE_CONSTRAINT_JSON_SCHEMA, SMALL_SCHEMA);
+    submit(e, &qc, &rc);
+    gate_wait_entered(&g, 1);
+    greedy_req(&qa, ids, 8, 40);
+    submit(e, &qa, &ra);
+    greedy_req(&qb, ids, 8, 60);
+    submit(e, &qb, &rb);
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    assert_int_equal(st.n_slots_used, 2);
+    assert_int_equal(st.n_compiling, 1);
+    while (ra.n_tokens == 0 || rb.n_tokens == 0) /* both run while C compiles */
+        step_once(e);
+    assert_int_equal(rc.n_events, 0);
+    assert_int_equal(n_compiling(e), 1);
+    gate_open(&g, 1);
+    while (n_compiling(e) > 0) /* attached at a step once compiled */
+        step_once(e);
+    engine_get_stats(e, &st);
+    if (ra.finish == ENGINE_FINISH_NONE) { /* still a full batch: C queues */
+        assert_int_equal(st.n_slots_used, 3);
+        assert_int_equal(st.n_running, 2);
+        assert_int_equal(st.n_waiting, 1);
+        assert_int_equal(rc.n_events, 0);
+    }
+    while (engine_n_active(e) > 0) {
+        step_once(e);
+        engine_get_stats(e, &st);
+        assert_true(st.n_running <= 2);
+        if (rc.n_events > 0 && rc.finish == ENGINE_FINISH_NONE) /* C runs after A */
+            assert_int_equal(ra.finish, ENGINE_FINISH_LENGTH);
+    }
+    assert_int_equal(ra.n_tokens, 40);
+    assert_int_equal(rb.n_tokens, 60);
+    assert_true(rc.finish == ENGINE_FINISH_STOP || rc.finish == ENGINE_FINISH_LENGTH);
+    assert_true(rc.n_tokens > 0);
+    engine_free(e);
+}
+
 /* Several compile threads: two new schemas compile at once (both reach
  * the gate before either may pass), while a third waits its turn. */
 static void test_compile_in_parallel(void **state)
@@ -1573,7 +1627,7 @@ static void test_compile_in_parallel(void **state)
     (void)state;
     static struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
     g.entered = g.opened = 0;
-    struct engine *e = open_gated_engine(&g, false, 2);
+    struct engine *e = open_gated_engine(&g, false, 2, 8);
     int32_t ids[8];
     make_prompt(ids, 8, 5);
     const char *src[3] = {SMALL_SCHEMA, "root ::= \"y\"+", "root ::= \"z\"{1,3}"};
@@ -1747,6 +1801,7 @@ int main(void)
         cmocka_unit_test(test_progress_every),
         cmocka_unit_test(test_compile_off_the_step),
         cmocka_unit_test(test_compile_waiting_requests),
+        cmocka_unit_test(test_compile_into_a_full_batch),
         cmocka_unit_test(test_compile_in_parallel),
     };
     /* TEST_FILTER=test_compile* runs only those (a sanitizer run that must
