@@ -1182,10 +1182,9 @@ static void test_submit_errors(void **state)
 static void test_generation_config(void **state)
 {
     (void)state;
-    char dir[100], cmd[1400], path[200];
+    char dir[100], path[200];
     snprintf(dir, sizeof dir, "%s/gen", tmpdir);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", dir, f32_dir, dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(tu_copy_dir(f32_dir, dir), 0);
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
     FILE *f = fopen(path, "w");
     assert_non_null(f);

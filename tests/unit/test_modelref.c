@@ -21,10 +21,11 @@ static char root[256];
 
 static void put(const char *rel, const char *text)
 {
-    char p[1024], cmd[1100];
+    char p[1024];
     snprintf(p, sizeof p, "%s/%s", root, rel);
-    snprintf(cmd, sizeof cmd, "mkdir -p \"$(dirname '%s')\"", p);
-    assert_int_equal(system(cmd), 0);
+    *strrchr(p, '/') = 0;
+    assert_int_equal(tu_mkdirs(p), 0);
+    snprintf(p, sizeof p, "%s/%s", root, rel);
     FILE *f = fopen(p, "w");
     assert_non_null(f);
     fputs(text, f);
@@ -137,8 +138,10 @@ static void test_cache_places(void **state)
     const char *why;
     snprintf(target, sizeof target, "%s/hub", root);
     snprintf(link, sizeof link, "%s/home/.cache/huggingface", root);
-    snprintf(buf, sizeof buf, "mkdir -p '%s' && ln -sfn '%s' '%s/hub'", link, target, link);
-    assert_int_equal(system(buf), 0);
+    assert_int_equal(tu_mkdirs(link), 0);
+    snprintf(buf, sizeof buf, "%s/hub", link);
+    unlink(buf);
+    assert_int_equal(symlink(target, buf), 0);
     struct modelref m;
     use_cache(NULL, NULL, "home");
     assert_int_equal(modelref_resolve("Qwen/Qwen3-14B", &m, NULL), 0);
@@ -171,11 +174,11 @@ static void test_directories(void **state)
     assert_int_equal(modelref_resolve("dirs/q14b", &m, NULL), 0);
     assert_string_equal(m.name, "q14b");
     /* a directory spelt like a repo id is a directory */
-    assert_int_equal(system("mkdir -p Qwen/Qwen3-14B"), 0);
+    assert_int_equal(tu_mkdirs("Qwen/Qwen3-14B"), 0);
     assert_int_equal(modelref_resolve("Qwen/Qwen3-14B", &m, NULL), 0);
     assert_string_equal(m.dir, "Qwen/Qwen3-14B");
     assert_false(m.from_hub);
-    assert_int_equal(system("rm -r Qwen"), 0);
+    assert_int_equal(tu_rmtree("Qwen"), 0);
 }
 
 /* Misses name what was looked for and where. */

@@ -5,11 +5,14 @@
 #define RL_TEST_UTIL_H
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
 #include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "file.h"
@@ -106,6 +109,65 @@ static inline int tu_rmtree(const char *dir)
     if (!dir || !dir[0])
         return 0;
     return nftw(dir, tu_rmtree_one, 16, FTW_DEPTH | FTW_PHYS) ? -1 : 0;
+}
+
+/* mkdir -p path (mode 0755), without a shell. 0, or -1. */
+static inline int tu_mkdirs(const char *path)
+{
+    char p[1024];
+    if (snprintf(p, sizeof p, "%s", path) >= (int)sizeof p)
+        return -1;
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = 0;
+        if (mkdir(p, 0755) && errno != EEXIST)
+            return -1;
+        *s = '/';
+    }
+    return mkdir(p, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+/* A fresh copy of the regular files directly in src (a checkpoint
+ * directory is flat) into dst, which is removed first and made. 0, or -1. */
+static inline int tu_copy_dir(const char *src, const char *dst)
+{
+    if (tu_rmtree(dst) && errno != ENOENT)
+        return -1;
+    DIR *d = opendir(src);
+    if (!d || tu_mkdirs(dst)) {
+        if (d)
+            closedir(d);
+        return -1;
+    }
+    int rc = 0;
+    struct dirent *e;
+    while (rc == 0 && (e = readdir(d))) {
+        char from[1024], to[1024];
+        struct stat st;
+        if (snprintf(from, sizeof from, "%.700s/%.255s", src, e->d_name) >= (int)sizeof from ||
+            snprintf(to, sizeof to, "%.700s/%.255s", dst, e->d_name) >= (int)sizeof to ||
+            strlen(src) > 700 || strlen(dst) > 700) {
+            rc = -1;
+            continue;
+        }
+        if (stat(from, &st) || !S_ISREG(st.st_mode))
+            continue;
+        char *b;
+        size_t n;
+        FILE *f = NULL;
+        if (file_read(from, 0, &b, &n, NULL)) {
+            rc = -1;
+            continue;
+        }
+        if (!(f = fopen(to, "wb")) || fwrite(b, 1, n, f) != n)
+            rc = -1;
+        if (f && fclose(f))
+            rc = -1;
+        free(b);
+    }
+    closedir(d);
+    return rc;
 }
 
 /* The whole file, NUL-terminated, malloc'd (caller frees); NULL when it
