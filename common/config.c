@@ -121,6 +121,10 @@ static const struct opt options[] = {
      "Threads compiling the JSON Schemas, tool sets and grammars the worker has not compiled "
      "before (a schema near the compiler's limit takes a few hundred milliseconds), while the "
      "running requests go on; 0 = a quarter of the cores, 1 to 4."},
+    {"grammar_cache_mb", T_INT, O(grammar_cache_mb), "512", 1, 1048576, NULL, CFG_WORKER, 0,
+     "Memory the worker's cache of compiled constraints may hold, in MiB (it keeps the last 64, "
+     "least recently used first out): a schema near the compiler's state limit compiles to tens "
+     "of MB, so a client sending many distinct ones is bounded by this, not by the count."},
     {"max_compiling", T_INT, O(max_compiling), "0", 0, 4096, NULL, CFG_WORKER, 0,
      "Most jobs the worker holds while their constraint compiles; they hold no batch slot, so "
      "plain jobs keep running beside a burst of new schemas. At this many the worker reads no "

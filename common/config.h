@@ -61,6 +61,7 @@ struct cfg {
     int spec_max_rows;            /* no drafts in a step of this many tokens; 0 = backend's */
     int max_compiling;            /* requests waiting for a compile; 0 = 2 x max_batch */
     int grammar_compile_threads;  /* 0 = the engine's default */
+    int grammar_cache_mb;         /* compiled constraints' memory */
     /* jobs */
     int default_max_tokens;
     int max_job_kb;

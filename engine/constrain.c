@@ -6,8 +6,11 @@
  * gram_hash of (kind, key) plus the key itself, so that a hash collision
  * is a miss, never another schema's grammar. The key is the source text;
  * for a tool call the tool name, a newline, then the tools' text. When
- * full, the least recently used entry goes (its gram lives on in the
- * matchers that still hold it). Refusals are not cached: a bad schema is
+ * full, in entries or in bytes (gram_bytes: a grammar near the state limit
+ * holds tens of MB, and its classifications grow as it is used), the least
+ * recently used entries go (a gram lives on in the matchers that still
+ * hold it); the bytes are counted at every lookup and insert, so a grammar
+ * that grew meanwhile is seen. Refusals are not cached: a bad schema is
  * the client's to fix, and compiling it again costs the client's time.
  *
  * Compile threads: a constraint the cache lacks is compiled on a thread of
@@ -85,6 +88,7 @@ struct cons {
     struct gram_vocab *vocab;  /* NULL until the first compile */
     struct cons_entry *ent;    /* (cap) */
     int n, cap;
+    size_t cap_bytes;          /* gram_bytes of the entries, at most */
     uint64_t clock;
     uint32_t *open_mask;       /* (n_words) only <think> */
     uint32_t *think_mask;      /* (n_words) all but eos */
@@ -118,7 +122,7 @@ static void set_bit(uint32_t *m, int32_t id, bool on)
 
 int cons_create(struct cons **out, const struct tokenizer *tok, int n_vocab,
                 const int32_t *eos_ids, int n_eos, int32_t think_open, int32_t think_close,
-                int cache_cap, int compile_threads, struct rl_err *err)
+                int cache_cap, size_t cache_bytes, int compile_threads, struct rl_err *err)
 {
     *out = NULL;
     if (!tok || n_vocab <= 0 || n_eos < 0 || n_eos > 8)
@@ -140,6 +144,7 @@ int cons_create(struct cons **out, const struct tokenizer *tok, int n_vocab,
     c->think_close = think_close;
     memcpy(c->eos, eos_ids, (size_t)n_eos * sizeof *eos_ids);
     c->cap = cache_cap > 0 ? cache_cap : CONS_CACHE_DEFAULT;
+    c->cap_bytes = cache_bytes > 0 ? cache_bytes : CONS_CACHE_BYTES_DEFAULT;
     if (compile_threads <= 0) { /* a quarter of the cores, 1 to 4 */
         long n = sysconf(_SC_NPROCESSORS_ONLN) / 4;
         compile_threads = n < 1 ? 1 : n > 4 ? 4 : (int)n;
@@ -282,38 +287,64 @@ static char *make_key(enum cons_kind kind, const char *src, size_t len, const ch
     return key;
 }
 
+static void cache_drop(struct cons *c, int i)
+{
+    gram_unref(c->ent[i].g);
+    free(c->ent[i].key);
+    c->ent[i] = c->ent[--c->n];
+}
+
+/* Evicts least recently used entries until at most max_n are left and
+ * their bytes fit cap_bytes; the most recently used one always stays (a
+ * grammar larger than the whole budget still serves its retries). */
+static void cache_trim(struct cons *c, int max_n)
+{
+    size_t bytes = 0;
+    for (int i = 0; i < c->n; i++)
+        bytes += gram_bytes(c->ent[i].g);
+    while (c->n > 1 && (c->n > max_n || bytes > c->cap_bytes)) {
+        int old = 0;
+        for (int i = 1; i < c->n; i++)
+            if (c->ent[i].used < c->ent[old].used)
+                old = i;
+        bytes -= gram_bytes(c->ent[old].g);
+        cache_drop(c, old);
+    }
+}
+
 static struct gram *cache_find(struct cons *c, enum cons_kind kind, uint64_t h, const char *key,
                                size_t key_len)
 {
     c->clock++;
-    for (int i = 0; i < c->n; i++) {
+    struct gram *g = NULL;
+    for (int i = 0; i < c->n && !g; i++) {
         struct cons_entry *e = &c->ent[i];
         if (e->hash == h && e->kind == kind && e->key_len == key_len &&
             !memcmp(e->key, key, key_len)) {
             e->used = c->clock;
-            return e->g;
+            g = e->g;
         }
     }
-    return NULL;
+    cache_trim(c, c->cap); /* g, just used, stays */
+    return g;
 }
 
 /* Puts g (the cache takes a reference of its own) under key (taken over),
- * evicting the least recently used entry when full. */
+ * evicting least recently used entries to make room. */
 static void cache_put(struct cons *c, enum cons_kind kind, uint64_t h, char *key, size_t key_len,
                       struct gram *g)
 {
-    int at = c->n;
-    if (c->n == c->cap) {
-        at = 0;
-        for (int i = 1; i < c->n; i++)
-            if (c->ent[i].used < c->ent[at].used)
-                at = i;
-        gram_unref(c->ent[at].g);
-        free(c->ent[at].key);
-    } else {
-        c->n++;
-    }
-    c->ent[at] = (struct cons_entry){h, kind, key, key_len, gram_ref(g), ++c->clock};
+    cache_trim(c, c->cap - 1);
+    c->ent[c->n++] = (struct cons_entry){h, kind, key, key_len, gram_ref(g), ++c->clock};
+    cache_trim(c, c->cap);
+}
+
+size_t cons_cache_bytes(const struct cons *c)
+{
+    size_t bytes = 0;
+    for (int i = 0; i < c->n; i++)
+        bytes += gram_bytes(c->ent[i].g);
+    return bytes;
 }
 
 /* A constraint's cache key (its hash *h, the source at key + *src_at)

@@ -8,8 +8,9 @@
  *
  * Ownership: the engine owns one struct cons (cons_create / cons_free) and
  * calls it from its owner thread only; a compiled gram handed out is
- * borrowed from the cache (a gram_match made from it holds its own
- * reference, so eviction never pulls one from under a running request).
+ * borrowed from the cache until the next call into the cons (a gram_match
+ * made from it holds its own reference, so eviction never pulls one from
+ * under a running request).
  * A compile job (cons_request) belongs to the callers that asked for it,
  * each holding one reference until cons_job_release; the cons holds one
  * more until the finished compile is in its cache.
@@ -40,6 +41,7 @@ enum cons_kind {
 };
 
 #define CONS_CACHE_DEFAULT 64 /* compiled constraints kept */
+#define CONS_CACHE_BYTES_DEFAULT ((size_t)512 << 20) /* ... and their gram_bytes */
 #define CONS_COMPILE_THREADS_MAX 16
 
 /* tok: the engine's tokenizer (must outlive c); n_vocab: logits per row
@@ -48,7 +50,9 @@ enum cons_kind {
  * complete, and held back inside the reasoning); think_open/think_close:
  * the <think> and </think> ids (-1: none), never allowed inside a document
  * (Qwen3 marks them non-special, but the engine treats them as channel
- * switches, not text). cache_cap 0 = CONS_CACHE_DEFAULT. compile_threads:
+ * switches, not text). cache_cap 0 = CONS_CACHE_DEFAULT; cache_bytes 0 =
+ * CONS_CACHE_BYTES_DEFAULT (the most recently used constraint is kept
+ * even when it alone is larger). compile_threads:
  * how many compiles run at once (0 = a quarter of the cores, 1 to 4; at
  * most CONS_COMPILE_THREADS_MAX), started on the first miss: a client
  * sending many new schemas at once is served in parallel, not one after
@@ -57,8 +61,11 @@ enum cons_kind {
  * not pay for it. */
 int cons_create(struct cons **out, const struct tokenizer *tok, int n_vocab,
                 const int32_t *eos_ids, int n_eos, int32_t think_open, int32_t think_close,
-                int cache_cap, int compile_threads, struct rl_err *err);
+                int cache_cap, size_t cache_bytes, int compile_threads, struct rl_err *err);
 void cons_free(struct cons *c);
+
+/* The memory the cached constraints hold now (gram_bytes summed). */
+size_t cons_cache_bytes(const struct cons *c);
 
 /* The compiled form of a constraint, from the cache or compiled now.
  * src/len: JSON_SCHEMA the schema text, GRAMMAR the grammar, TOOL_CALL the

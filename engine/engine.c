@@ -461,7 +461,8 @@ int engine_create(struct engine **out, const char *dir,
     }
     if (e->tok && (rc = cons_create(&e->cons, e->tok, e->cfg->vocab, e->default_stop,
                                     e->n_default_stop, e->think_open, e->think_close,
-                                    opt.grammar_cache, opt.grammar_compile_threads, err)))
+                                    opt.grammar_cache, opt.grammar_cache_bytes,
+                                    opt.grammar_compile_threads, err)))
         goto fail;
     if (e->cons)
         cons_set_compile_hook(e->cons, opt.grammar_compile_hook, opt.grammar_compile_user);
@@ -1676,6 +1677,7 @@ void engine_get_stats(const struct engine *e, struct engine_stats *st)
     kv_get_stats(e->kv, &ks);
     st->n_running = ss.n_running;
     st->n_waiting = ss.n_waiting;
+    st->grammar_cache_bytes = e->cons ? cons_cache_bytes(e->cons) : 0;
     for (int i = 0; i < e->n_reqs; i++) {
         const struct eng_req *q = e->reqs[i];
         if (q->finish != ENGINE_FINISH_NONE)

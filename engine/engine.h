@@ -174,6 +174,8 @@ struct engine_options {
                                  (engine_served_name); NULL = the model
                                  directory's last component */
     int grammar_cache;        /* compiled constraints kept; 0 = 64 */
+    size_t grammar_cache_bytes; /* ... holding at most this much memory
+                                  (grammar.h gram_bytes); 0 = 512 MiB */
     bool grammar_inline_masks; /* compute constraint masks on the owner
                                   thread before the forward pass instead of
                                   on a helper during it (benchmarks) */
@@ -358,6 +360,8 @@ struct engine_event {
 
 struct engine_stats {
     int n_running, n_waiting;   /* sequences in the scheduler */
+    size_t grammar_cache_bytes; /* memory of the compiled constraints
+                                   cached (grammar_cache_bytes bounds it) */
     int n_compiling;            /* requests waiting for their constraint's
                                    compile (outside the scheduler, holding
                                    no slot and no KV) */

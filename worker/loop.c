@@ -1349,6 +1349,7 @@ static void update_metrics(struct worker *w, bool draining)
     w->m.running = st.n_running;
     w->m.waiting = st.n_waiting;
     w->m.compiling = st.n_compiling;
+    w->m.grammar_cache_bytes = (int64_t)st.grammar_cache_bytes;
     w->m.kv_blocks = st.kv_blocks;
     w->m.kv_used = st.kv_used;
     w->m.prefix_hit_tokens = st.prefix_hit_tokens;

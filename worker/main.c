@@ -267,6 +267,7 @@ static int setup(struct worker *w, struct rl_err *err)
     eo.spec_tokens = w->opt.spec_tokens;
     eo.spec_max_rows = w->opt.spec_max_rows;
     eo.grammar_compile_threads = w->opt.grammar_compile_threads;
+    eo.grammar_cache_bytes = (size_t)w->opt.grammar_cache_mb << 20;
     struct load_progress lp = {w, rl_wall_ms(), 1};
     eo.progress = on_load_progress;
     eo.progress_user = &lp;

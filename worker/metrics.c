@@ -165,6 +165,7 @@ static const struct {
     {"redlm_running", "gauge", "sequences running in the engine", WM_F(running), WM_INT},
     {"redlm_waiting", "gauge", "sequences waiting for admission in the engine", WM_F(waiting), WM_INT},
     {"redlm_compiling", "gauge", "requests waiting for their constraint (response_format, grammar, tool_choice) to compile on the engine's compile threads", WM_F(compiling), WM_INT},
+    {"redlm_grammar_cache_bytes", "gauge", "memory held by the compiled constraints the engine caches (bounded by grammar_cache_mb)", WM_F(grammar_cache_bytes), WM_I64},
     {"redlm_kv_blocks", "gauge", "KV cache blocks in the pool", WM_F(kv_blocks), WM_INT},
     {"redlm_kv_used_blocks", "gauge", "KV cache blocks referenced by a sequence", WM_F(kv_used), WM_INT},
     {"redlm_prefix_cache_hit_tokens_total", "counter", "prompt tokens the prefix cache supplied", WM_F(prefix_hit_tokens), WM_I64},

@@ -69,6 +69,7 @@ static int from_cfg(struct wopts *o, const struct cfg *c, struct rl_err *err)
     o->spec_max_rows = c->spec_max_rows;
     o->max_compiling = c->max_compiling > 0 ? c->max_compiling : 2 * c->max_batch;
     o->grammar_compile_threads = c->grammar_compile_threads;
+    o->grammar_cache_mb = c->grammar_cache_mb;
     o->read_block_ms = c->block_ms;
     o->claim_idle_ms = c->claim_idle_ms;
     o->claim_interval_ms = c->claim_interval_ms;

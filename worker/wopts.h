@@ -47,6 +47,7 @@ struct wopts {
     int spec_max_rows;
     int max_compiling;            /* resolved: never 0 */
     int grammar_compile_threads;
+    int grammar_cache_mb;
     int read_block_ms;       /* XREADGROUP BLOCK when idle */
     int claim_idle_ms;       /* XAUTOCLAIM jobs idle longer than this */
     int claim_interval_ms;   /* how often to look for them */

@@ -191,6 +191,7 @@ struct wmetrics {
     int64_t errors[EV_CODE_COUNT];
     int running, waiting, compiling, kv_blocks, kv_used;
     int64_t prefix_hit_tokens, prefix_miss_tokens;
+    int64_t grammar_cache_bytes;           /* the engine's compiled constraints */
     int64_t affinity_taken;                /* jobs read from our offer streams */
     int64_t foreign_taken;                 /* jobs read from shards not our home */
     int64_t foreign_looks;                 /* looks at those shards (aged reads) */

@@ -31,6 +31,16 @@
  * use (lock-free publish) for the rest: which states are eager changes
  * only timing, never a mask.
  *
+ * Memory. A classified state costs up to a vocabulary bitmask (19 KB for
+ * Qwen3's), and a grammar near the state limit has tens of thousands of
+ * states: a client whose output walks through them could make one grammar
+ * hold hundreds of MB. So a grammar publishes classifications only up to
+ * GRAM_MASK_BYTES; a state first met beyond that is classified for the
+ * step that needs it and dropped (a few ms a step for a state of a long
+ * string: what its first visit costs anyway, now at every visit, for that
+ * grammar alone). gram_bytes says what a grammar holds, so its owner can
+ * bound a cache of them by bytes.
+ *
  * Threads: gram_vocab and gram are shared read-only (a lazily classified
  * state is published with a compare-and-swap); a gram_match belongs to
  * one thread. */
@@ -53,6 +63,10 @@
                              thread's CPU time: a schema with long counted
                              repetitions (maxLength: 5000) has a state per
                              position; the rest wait for first use */
+#define GRAM_MASK_BYTES ((size_t)64 << 20) /* classifications kept per grammar:
+                                        about 3,400 of Qwen3's dense masks,
+                                        every position of a 3,000-character
+                                        maxLength string */
 #define BOTTOM (-2)     /* the frame under the classified state */
 #define BOTTOM_ESC (-4) /* under it after leaving its rule: any caller */
 #define ROOTF (-1)      /* under the root rule: the document */
@@ -86,6 +100,9 @@ struct gram {
     _Atomic(struct smask *) *sm; /* (p.n_st) */
     int32_t *call_off, *call_ret; /* (n_rules + 1), (n_refs): the return
                                      states of every call of each rule */
+    size_t fixed_bytes;           /* the automaton and the arrays above */
+    atomic_size_t mask_bytes;     /* the classifications published in sm */
+    atomic_size_t mask_budget;    /* mask_bytes at most (GRAM_MASK_BYTES) */
 };
 
 struct cfg { int32_t st, par; };
@@ -511,16 +528,35 @@ static void smask_free(struct smask *sm)
     free(sm);
 }
 
-/* The classification of state, computing and publishing it on first use. */
-static const struct smask *get_smask(struct gram *g, struct walker *w, int state)
+static size_t smask_bytes(const struct gram_vocab *v, const struct smask *sm)
 {
+    return sizeof *sm + (sm->bits ? (size_t)v->n_words * 4 : (size_t)sm->n_acc * 4) +
+           (size_t)sm->n_unc * 6;
+}
+
+/* The classification of state, computing and publishing it on first use.
+ * Past the grammar's GRAM_MASK_BYTES it is computed and not published:
+ * *transient is then true and the caller frees it (smask_free). */
+static struct smask *get_smask(struct gram *g, struct walker *w, int state, bool *transient)
+{
+    *transient = false;
     struct smask *sm = atomic_load_explicit(&g->sm[state], memory_order_acquire);
     if (sm) return sm;
     struct smask *mine = classify(w, g->v, state);
     if (!mine) return NULL;
+    size_t b = smask_bytes(g->v, mine);
+    /* reserved before the publish, so racing threads cannot pass the bound
+     * together; given back by the thread that loses the race */
+    if (atomic_fetch_add(&g->mask_bytes, b) + b >
+        atomic_load_explicit(&g->mask_budget, memory_order_relaxed)) {
+        atomic_fetch_sub(&g->mask_bytes, b);
+        *transient = true;
+        return mine;
+    }
     struct smask *expect = NULL;
     if (atomic_compare_exchange_strong(&g->sm[state], &expect, mine))
         return mine;
+    atomic_fetch_sub(&g->mask_bytes, b);
     smask_free(mine);
     return expect;
 }
@@ -536,10 +572,15 @@ static int gram_from_gir(struct gram **out, const struct gram_vocab *v, struct g
     int rc = gir_build(ir, root, &g->p, err);
     if (rc) { free(g); return rc; }
     atomic_init(&g->refs, 1);
+    atomic_init(&g->mask_bytes, 0);
+    atomic_init(&g->mask_budget, GRAM_MASK_BYTES);
     g->v = v;
     g->sm = calloc((size_t)g->p.n_st, sizeof(*g->sm));
     g->call_off = calloc((size_t)g->p.n_rules + 1, sizeof(int32_t));
     g->call_ret = malloc(sizeof(int32_t) * (size_t)(g->p.n_refs + 1));
+    g->fixed_bytes = sizeof *g + (size_t)g->p.n_st * (sizeof(struct gstate) + sizeof(*g->sm)) +
+                     (size_t)g->p.n_refs * (sizeof(struct gref) + 4) +
+                     (size_t)g->p.n_rules * 8 + 8;
     if (!g->sm || !g->call_off || !g->call_ret) {
         gram_unref(g);
         return rl_errf(err, RL_ENOMEM, "grammar: out of memory");
@@ -578,9 +619,15 @@ static int gram_from_gir(struct gram **out, const struct gram_vocab *v, struct g
             clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
             double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
             if (done < GRAM_EAGER && ms < GRAM_EAGER_MS) {
-                if (!get_smask(g, &w, s)) {
+                bool transient;
+                struct smask *sm = get_smask(g, &w, s, &transient);
+                if (!sm) {
                     free(seen); free(q); walker_fini(&w); gram_unref(g);
                     return rl_errf(err, RL_ENOMEM, "grammar: out of memory");
+                }
+                if (transient) { /* the grammar's mask memory is spent */
+                    smask_free(sm);
+                    done = GRAM_EAGER;
                 }
                 done++;
             }
@@ -632,6 +679,17 @@ void gram_unref(struct gram *g)
     free(g->call_off); free(g->call_ret);
     gpda_fini(&g->p);
     free(g);
+}
+
+void gram_set_mask_budget(struct gram *g, size_t bytes)
+{
+    atomic_store(&g->mask_budget, bytes);
+}
+
+size_t gram_bytes(const struct gram *g)
+{
+    return g->fixed_bytes + atomic_load_explicit(&((struct gram *)g)->mask_bytes,
+                                                 memory_order_relaxed);
 }
 
 uint64_t gram_hash(const char *kind, const char *src, size_t len)
@@ -794,13 +852,14 @@ int gram_match_mask(struct gram_match *m, uint32_t *mask)
     int n = e->n_cfg;
     struct walker *w = &m->w;
     int mark = w->n_nd;
-    const struct smask *sms[MAX_CFG];
+    struct smask *sms[MAX_CFG];
+    bool transient[MAX_CFG];
     int ns = 0;
     for (int i = 0; i < n; i++) {
         bool dup = false;
         for (int j = 0; j < i; j++) dup |= cur[j].st == cur[i].st;
         if (dup) continue;
-        const struct smask *sm = get_smask(m->g, w, cur[i].st);
+        struct smask *sm = get_smask(m->g, w, cur[i].st, &transient[ns]);
         if (!sm) continue; /* out of memory: fewer tokens, never wrong ones */
         sms[ns++] = sm;
         if (sm->bits) {
@@ -833,6 +892,8 @@ int gram_match_mask(struct gram_match *m, uint32_t *mask)
         if (closed) { w->n_nd = w->nd_mark[0]; }
     }
     w->n_nd = mark;
+    for (int s = 0; s < ns; s++)
+        if (transient[s]) smask_free(sms[s]);
     return 0;
 }
 

@@ -73,6 +73,16 @@ int gram_compile_tool_call(struct gram **out, const struct gram_vocab *v,
                            struct rl_err *err);
 struct gram *gram_ref(struct gram *g);
 void gram_unref(struct gram *g); /* frees on the last reference; NULL is a no-op */
+/* The memory g holds now, in bytes: its automaton (about 1 KB a state)
+ * and the per-state classifications published so far, which grow as
+ * matchers meet new states, up to a bound per grammar (64 MiB; states
+ * met beyond it are classified for the step and dropped). Any thread. */
+size_t gram_bytes(const struct gram *g);
+/* Sets g's bound on published classifications (64 MiB when compiled);
+ * what is already published stays. Masks are the same under any bound,
+ * only slower beyond it (tests; a caller short of memory). */
+void gram_set_mask_budget(struct gram *g, size_t bytes);
+
 /* Cache key helper: a 64-bit hash of kind ("json_schema", "ebnf", ...) and
  * the source text. */
 uint64_t gram_hash(const char *kind, const char *src, size_t len);

@@ -153,7 +153,7 @@ int main(int argc, char **argv)
     size_t cap_all = 1 << 16, n_all = 0;
     double *all = malloc(sizeof(double) * cap_all);
     static char table[65536];
-    int tl = snprintf(table, sizeof table, "| grammar | compile ms | steps | mask p50 us | mask p99 us | mask max us | warm p50 us | warm p99 us |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    int tl = snprintf(table, sizeof table, "| grammar | compile ms | KB compiled | KB walked | steps | mask p50 us | mask p99 us | mask max us | warm p50 us | warm p99 us |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     size_t cap_warm = 1 << 16, n_warm = 0;
     double *warm = malloc(sizeof(double) * cap_warm);
     for (int c = 0; c < n_items; c++) {
@@ -171,6 +171,7 @@ int main(int argc, char **argv)
         }
         size_t cap = 4096, n = 0, n_cold = 0;
         double *t = malloc(sizeof(double) * cap);
+        double kb0 = (double)gram_bytes(g) / 1024; /* after the compile's eager states */
         /* pass 0: cold (states past the eager budget classified on first
          * use); pass 1: the same walks again, every visited state ready */
         for (int pass = 0; pass < 2; pass++)
@@ -209,11 +210,13 @@ int main(int argc, char **argv)
         double w50 = pct(t + n, (int)nw, 0.5), w99 = pct(t + n, (int)nw, 0.99);
         qsort(t, n, sizeof(double), cmp_d);
         double p50 = pct(t, (int)n, 0.5), p99 = pct(t, (int)n, 0.99), mx = n ? t[n - 1] : 0;
-        printf("{\"bench\": \"grammar_mask\", \"grammar\": \"%s\", \"compile_ms\": %.2f, \"steps\": %zu, "
+        double kb1 = (double)gram_bytes(g) / 1024; /* and every state the walks met */
+        printf("{\"bench\": \"grammar_mask\", \"grammar\": \"%s\", \"compile_ms\": %.2f, \"kb_compiled\": %.0f, "
+               "\"kb_walked\": %.0f, \"steps\": %zu, "
                "\"mask_p50_us\": %.1f, \"mask_p99_us\": %.1f, \"mask_max_us\": %.1f, \"warm_p50_us\": %.1f, \"warm_p99_us\": %.1f}\n",
-               it->name, best / 1e3, n, p50, p99, mx, w50, w99);
-        tl += snprintf(table + tl, sizeof table - (size_t)tl, "| %s | %.1f | %zu | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
-                       it->name, best / 1e3, n, p50, p99, mx, w50, w99);
+               it->name, best / 1e3, kb0, kb1, n, p50, p99, mx, w50, w99);
+        tl += snprintf(table + tl, sizeof table - (size_t)tl, "| %s | %.1f | %.0f | %.0f | %zu | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+                       it->name, best / 1e3, kb0, kb1, n, p50, p99, mx, w50, w99);
         free(t);
         gram_unref(g);
     }
@@ -223,7 +226,7 @@ int main(int argc, char **argv)
            "\"mask_p99_us\": %.1f, \"mask_max_us\": %.1f, \"warm_p50_us\": %.1f, \"warm_p99_us\": %.1f}\n",
            n_all, pct(all, (int)n_all, 0.5), pct(all, (int)n_all, 0.99), n_all ? all[n_all - 1] : 0,
            pct(warm, (int)n_warm, 0.5), pct(warm, (int)n_warm, 0.99));
-    tl += snprintf(table + tl, sizeof table - (size_t)tl, "| **corpus** | | %zu | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+    tl += snprintf(table + tl, sizeof table - (size_t)tl, "| **corpus** | | | | %zu | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
                    n_all, pct(all, (int)n_all, 0.5), pct(all, (int)n_all, 0.99), n_all ? all[n_all - 1] : 0,
                    pct(warm, (int)n_warm, 0.5), pct(warm, (int)n_warm, 0.99));
     free(warm);

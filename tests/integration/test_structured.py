@@ -16,8 +16,9 @@ import time
 import jsonschema
 import pytest
 
-from conftest import CLI, DATA, QWEN3_TOKENIZER, WORKER, Daemon, check_stream, wait_for
+from conftest import CLI, DATA, QWEN3_TOKENIZER, WORKER, Daemon, check_stream, free_port, wait_for
 from test_http import front  # noqa: F401
+from test_memory import metrics
 from test_redis_budget import Monitor
 
 SCHEMAS = sorted((DATA / "schemas").glob("*.json"))
@@ -319,6 +320,28 @@ def test_max_compiling_bounds_the_jobs_held(vocab_model, redis_addr, prefix, cli
             evs = client.events(f"b{i}", timeout=120)
             check_stream(evs, event_validator)
             assert evs[-1][1]["finish_reason"] in ("stop", "length"), evs[-1][1]
+    finally:
+        w.stop()
+
+
+def test_grammar_cache_bounded_in_bytes(vocab_model, redis_addr, prefix, client,
+                                        event_validator, tmp_path):
+    """A near-limit schema compiles to about 50 MB. With grammar_cache_mb
+    64 the worker's cache keeps one of two such schemas, not both: its gauge
+    redlm_grammar_cache_bytes stays within the bound (with the default 512 it
+    would hold both, over 100 MB)."""
+    port = free_port()
+    w = VocabWorker(redis_addr, prefix, vocab_model, tmp_path, "--grammar-cache-mb", "64",
+                    "--http-port", str(port))
+    try:
+        for i, length in enumerate((2000, 1999)):
+            client.submit(near_limit_job(f"c{i}", length))
+            evs = client.events(f"c{i}", timeout=120)
+            check_stream(evs, event_validator)
+            assert evs[-1][1]["finish_reason"] in ("stop", "length"), evs[-1][1]
+        # the gauge is refreshed with the worker's loop
+        held = wait_for(lambda: metrics(port).get("redlm_grammar_cache_bytes"), "the gauge")
+        assert 30 << 20 < held <= 64 << 20, held
     finally:
         w.stop()
 

@@ -1387,8 +1387,8 @@ static void gate_open(struct gate *g, int n)
     pthread_mutex_unlock(&g->mu);
 }
 
-static struct engine *open_gated_engine(struct gate *g, bool sync, int compile_threads,
-                                        int max_batch)
+static struct engine *open_gated_engine_bytes(struct gate *g, bool sync, int compile_threads,
+                                              int max_batch, size_t cache_bytes)
 {
     struct engine_options o;
     engine_options_default(&o);
@@ -1400,11 +1400,18 @@ static struct engine *open_gated_engine(struct gate *g, bool sync, int compile_t
     o.grammar_compile_user = g;
     o.grammar_sync_compile = sync;
     o.grammar_compile_threads = compile_threads;
+    o.grammar_cache_bytes = cache_bytes;
     struct engine *e = NULL;
     struct rl_err err = {0};
     if (engine_create(&e, model_dir, &o, &err))
         fail_msg("engine_create: %s", err.msg);
     return e;
+}
+
+static struct engine *open_gated_engine(struct gate *g, bool sync, int compile_threads,
+                                        int max_batch)
+{
+    return open_gated_engine_bytes(g, sync, compile_threads, max_batch, 0);
 }
 
 static const char SMALL_SCHEMA[] =
@@ -1619,6 +1626,45 @@ static void test_compile_into_a_full_batch(void **state)
     engine_free(e);
 }
 
+/* The compile cache is bounded in bytes too: with room for one grammar, A,
+ * B, A compiles A twice; with the default room, once. engine_stats says
+ * what the cache holds. */
+static void test_compile_cache_bytes(void **state)
+{
+    (void)state;
+    static struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    int32_t ids[8];
+    make_prompt(ids, 8, 7);
+    const char *src[3] = {SMALL_SCHEMA, "root ::= \"y\"+", SMALL_SCHEMA};
+    enum engine_constraint kind[3] = {ENGINE_CONSTRAINT_JSON_SCHEMA, ENGINE_CONSTRAINT_GRAMMAR,
+                                      ENGINE_CONSTRAINT_JSON_SCHEMA};
+    for (int room = 0; room < 2; room++) {
+        g.entered = 0;
+        g.opened = 100;
+        struct engine *e = open_gated_engine_bytes(&g, false, 1, 8, room ? 0 : 1);
+        struct engine_stats st;
+        size_t first = 0;
+        for (int i = 0; i < 3; i++) {
+            struct engine_request q;
+            static struct result r;
+            constrained_req(&q, ids, 8, kind[i], src[i]);
+            submit(e, &q, &r);
+            drain(e);
+            assert_true(r.finish == ENGINE_FINISH_STOP || r.finish == ENGINE_FINISH_LENGTH);
+            engine_get_stats(e, &st);
+            if (i == 0)
+                first = st.grammar_cache_bytes;
+            assert_true(st.grammar_cache_bytes > 0);
+        }
+        assert_int_equal(gate_entered(&g), room ? 2 : 3);
+        if (room) /* both kept */
+            assert_true(st.grammar_cache_bytes > first);
+        else /* A alone again, compiled and walked as the first time */
+            assert_int_equal(st.grammar_cache_bytes, first);
+        engine_free(e);
+    }
+}
+
 /* Several compile threads: two new schemas compile at once (both reach
  * the gate before either may pass), while a third waits its turn. */
 static void test_compile_in_parallel(void **state)
@@ -1801,6 +1847,7 @@ int main(void)
         cmocka_unit_test(test_compile_off_the_step),
         cmocka_unit_test(test_compile_waiting_requests),
         cmocka_unit_test(test_compile_into_a_full_batch),
+        cmocka_unit_test(test_compile_cache_bytes),
         cmocka_unit_test(test_compile_in_parallel),
     };
     /* TEST_FILTER=test_compile* runs only those (a sanitizer run that must

@@ -725,6 +725,43 @@ static void test_threads_lazy(void **state)
     gram_unref(g);
 }
 
+/* gram_bytes counts what walks publish; a grammar whose mask budget is
+ * spent computes the same masks without keeping them: the same walks give
+ * the same documents, and its memory stays where it was. */
+static void test_mask_budget(void **state)
+{
+    const char *js = "{\"type\":\"string\",\"minLength\":50,\"maxLength\":400}";
+    struct gram *kept = schema(js), *spent = schema(js);
+    size_t kept0 = gram_bytes(kept), spent0 = gram_bytes(spent);
+    assert_true(spent0 > 400 * 1024); /* a state a position, 1 KB each at least */
+    gram_set_mask_budget(spent, 0);
+    for (uint64_t seed = 21; seed < 24; seed++) {
+        char *a = walk_plain(kept, seed, 3000), *b = walk_plain(spent, seed, 3000);
+        assert_non_null(a);
+        assert_non_null(b);
+        assert_string_equal(a, b);
+        free(a);
+        free(b);
+    }
+    assert_true(gram_bytes(kept) > kept0); /* the states the walks met */
+    assert_int_equal(gram_bytes(spent), spent0);
+    /* and on two threads at once, the transient masks freed by each */
+    struct job jobs[2] = {{spent, 11, NULL}, {spent, 12, NULL}};
+    thrd_t th[2];
+    for (int i = 0; i < 2; i++) assert_int_equal(thrd_create(&th[i], run_job, &jobs[i]), thrd_success);
+    for (int i = 0; i < 2; i++) thrd_join(th[i], NULL);
+    for (int i = 0; i < 2; i++) {
+        char *alone = walk_plain(kept, (uint64_t)(11 + i), 3000);
+        assert_non_null(jobs[i].doc);
+        assert_string_equal(jobs[i].doc, alone);
+        free(alone);
+        free(jobs[i].doc);
+    }
+    assert_int_equal(gram_bytes(spent), spent0);
+    gram_unref(kept);
+    gram_unref(spent);
+}
+
 /* 1 when text, tokenized, is a complete document; 0 when every token is
  * accepted but it is not complete; -1 when a token is refused. */
 static int feed(struct gram *g, const char *text)
@@ -907,6 +944,7 @@ int main(void)
         cmocka_unit_test(test_json_object),
         cmocka_unit_test(test_tool_call),
         cmocka_unit_test(test_threads_lazy),
+        cmocka_unit_test(test_mask_budget),
         cmocka_unit_test(test_language),
         cmocka_unit_test(test_ebnf_walk),
         cmocka_unit_test(test_schema_walks),
