@@ -75,14 +75,18 @@ cleanup() {
     done
     rm -rf "$tmp"
 }
-trap 'echo; echo "demo: stopping"; cleanup; echo "demo: stopped"; exit 0' INT TERM
+trap 'echo; echo "demo: stopping"; cleanup; echo "demo: stopped"; exit 0' INT TERM HUP
 trap 'cleanup' EXIT
 
-# start NAME CMD...: runs CMD in the background, its output in $tmp/NAME.log
+# start NAME CMD...: runs CMD in the background, its output in $tmp/NAME.log,
+# in a session of its own: a Ctrl-C reaches only this script, which stops
+# the children in order (in the terminal's group, Redis took the SIGINT at
+# once and the loop below could see it gone before the trap ran). setsid
+# execs in place (a background child is no group leader): $! is CMD's pid.
 start() {
     local name=$1
     shift
-    "$@" >"$tmp/$name.log" 2>&1 &
+    setsid "$@" >"$tmp/$name.log" 2>&1 &
     names+=("$name") pids+=($!)
 }
 
