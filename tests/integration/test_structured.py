@@ -266,6 +266,15 @@ def near_limit_job(job_id, length):
                     "type": "array", "prefixItems": [{"type": "string", "maxLength": length}]}}}}
 
 
+def all_finish(client, event_validator, ids):
+    """Each job's whole stream is valid and ends with a document (stop) or
+    max_tokens (length)."""
+    for job_id in ids:
+        evs = client.events(job_id, timeout=120)
+        check_stream(evs, event_validator)
+        assert evs[-1][1]["finish_reason"] in ("stop", "length"), (job_id, evs[-1][1])
+
+
 def test_compiling_jobs_hold_no_batch_slot(vocab_model, redis_addr, prefix, client,
                                            event_validator, tmp_path):
     """A job waiting for its schema's compile holds no batch slot: a worker
@@ -285,10 +294,7 @@ def test_compiling_jobs_hold_no_batch_slot(vocab_model, redis_addr, prefix, clie
         assert evs[-1][1]["finish_reason"] == "length"
         # the moment the plain job is done: the last schema job has not begun
         assert client.r.xlen(f"{client.prefix}out:h2") == 0
-        for i in range(3):
-            evs = client.events(f"h{i}", timeout=120)
-            check_stream(evs, event_validator)
-            assert evs[-1][1]["finish_reason"] in ("stop", "length"), evs[-1][1]
+        all_finish(client, event_validator, ["h0", "h1", "h2"])
     finally:
         w.stop()
 
@@ -316,10 +322,7 @@ def test_max_compiling_bounds_the_jobs_held(vocab_model, redis_addr, prefix, cli
                  timeout=120, every=0.005)
         group = next(g for g in client.r.xinfo_groups(pool) if g["name"] == "workers")
         assert group["entries-read"] is not None and group["entries-read"] <= 2, group
-        for i in range(3):
-            evs = client.events(f"b{i}", timeout=120)
-            check_stream(evs, event_validator)
-            assert evs[-1][1]["finish_reason"] in ("stop", "length"), evs[-1][1]
+        all_finish(client, event_validator, ["b0", "b1", "b2"])
     finally:
         w.stop()
 
@@ -336,9 +339,7 @@ def test_grammar_cache_bounded_in_bytes(vocab_model, redis_addr, prefix, client,
     try:
         for i, length in enumerate((2000, 1999)):
             client.submit(near_limit_job(f"c{i}", length))
-            evs = client.events(f"c{i}", timeout=120)
-            check_stream(evs, event_validator)
-            assert evs[-1][1]["finish_reason"] in ("stop", "length"), evs[-1][1]
+            all_finish(client, event_validator, [f"c{i}"])
         # the gauge is refreshed with the worker's loop
         held = wait_for(lambda: metrics(port).get("redlm_grammar_cache_bytes"), "the gauge")
         assert 30 << 20 < held <= 64 << 20, held
