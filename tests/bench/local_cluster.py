@@ -43,7 +43,8 @@ def _free(port):
         s.close()
 
 
-_handed_out = set()  # ports this process gave already: two callers never get the same
+_handed_out = set()  # ports this process gave already, bus ports included: no two callers
+                     # get the same, and no node's port is another node's bus port
 
 
 def wait_or_kill(p, timeout):
@@ -99,8 +100,11 @@ def free_port(also=0):
     pick = kernels if top - 10000 < 1000 else lambda: rnd.randrange(10000, top)
     for _ in range(1000):
         p = pick()
-        if p not in _handed_out and _free(p) and (not also or _free(p + also)):
-            _handed_out.add(p)
+        # the nodes are picked first and started after: a node on 12001
+        # (bus 22001) started before one picked for 22001 takes its port
+        want = {p, p + also} if also else {p}
+        if not want & _handed_out and all(_free(x) for x in want):
+            _handed_out.update(want)
             return p
     raise RuntimeError(f"no free port (below {low}) with port + {also} free too")
 
