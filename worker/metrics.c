@@ -351,6 +351,7 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddStringToObject(o, "name", w->opt.name);
     cJSON_AddNumberToObject(o, "running", st.n_running);
     cJSON_AddNumberToObject(o, "waiting", st.n_waiting);
+    cJSON_AddNumberToObject(o, "compiling", st.n_compiling); /* no slot yet (engine.h) */
     cJSON_AddNumberToObject(o, "held", w->n_jobs);
     cJSON_AddNumberToObject(o, "kv_free_blocks", st.kv_free + st.kv_cached);
     cJSON_AddNumberToObject(o, "kv_blocks", st.kv_blocks);

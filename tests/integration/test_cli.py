@@ -682,7 +682,7 @@ def test_stats_json_matches_what_was_done(workers, client, redis_addr, prefix):
     assert w["name"] == "w1" and w["pools"] == ["fast", "think"] and w["jobs_done"] == 5
     assert w["tokens_out"] == 15 and s["totals"]["tokens_out"] == 15
     assert w["cache_misses"] == 5 and s["totals"]["cache_hit_rate"] == pytest.approx(1 / 6)
-    assert w["age_ms"] < 5000
+    assert w["age_ms"] < 5000 and w["compiling"] == 0
     pools = {p["name"]: p for p in s["pools"]}
     assert set(pools) == {"fast", "think", "idle", "held"}
     assert pools["fast"]["length"] == 4 and pools["think"]["length"] == 4
@@ -711,6 +711,8 @@ def test_stats_json_matches_what_was_done(workers, client, redis_addr, prefix):
     assert re.search(r"jobs done 5 ", table)
     assert re.search(r"^jobs:held +3 +1 +\S+ +2 ", table, re.M)
     assert "DEAD LETTERS 2" in table and "WORKERS 1" in table and "DISPATCHERS 1" in table
+    # run, wait, comp(iling) of the idle worker, its held count, its KV column
+    assert re.search(r"^w1 +fast,think +0 +0 +0 +\d+ +\d+/\d+ ", table, re.M), table
 
 
 def test_top_draws_and_q_restores_the_terminal(workers, redis_addr, prefix, ptys):

@@ -605,8 +605,8 @@ static void render(struct text *t, const cJSON *s, bool bold)
     const cJSON *ws = cJSON_GetObjectItemCaseSensitive(s, "workers");
     text_printf(t, "%sWORKERS %d%s\n", B, cJSON_GetArraySize(ws), N);
     if (cJSON_GetArraySize(ws))
-        text_printf(t, "%-16s %-14s %4s %5s %5s %13s %8s %8s %9s %7s %7s\n", "name", "pools", "run", "wait",
-            "held", "kv free/total", "tok/s", "done", "tokens", "uptime", "seen");
+        text_printf(t, "%-16s %-14s %4s %5s %5s %5s %13s %8s %8s %9s %7s %7s\n", "name", "pools", "run",
+            "wait", "comp", "held", "kv free/total", "tok/s", "done", "tokens", "uptime", "seen");
     const cJSON *w;
     cJSON_ArrayForEach(w, ws) {
         char pools[64] = "", kv[32];
@@ -615,9 +615,9 @@ static void render(struct text *t, const cJSON *s, bool bold)
             if (cJSON_IsString(p) && strlen(pools) + strlen(p->valuestring) + 2 < sizeof pools)
                 strcat(strcat(pools, pools[0] ? "," : ""), p->valuestring);
         snprintf(kv, sizeof kv, "%.0f/%.0f", num(w, "kv_free_blocks"), num(w, "kv_blocks"));
-        text_printf(t, "%-16.16s %-14.14s %4.0f %5.0f %5.0f %13s %8.1f %8.0f %9.0f %7s %7s\n",
+        text_printf(t, "%-16.16s %-14.14s %4.0f %5.0f %5.0f %5.0f %13s %8.1f %8.0f %9.0f %7s %7s\n",
             cJSON_IsString(nm) ? nm->valuestring : "?", pools, num(w, "running"), num(w, "waiting"),
-            num(w, "held"), kv, num(w, "tokens_per_s"), num(w, "jobs_done"), num(w, "tokens_out"),
+            num(w, "compiling"), num(w, "held"), kv, num(w, "tokens_per_s"), num(w, "jobs_done"), num(w, "tokens_out"),
             dur(d1, num(w, "uptime_s") * 1000), dur(d2, num(w, "age_ms")));
     }
     const cJSON *ds = cJSON_GetObjectItemCaseSensitive(s, "dispatchers");
