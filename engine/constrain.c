@@ -17,11 +17,13 @@
  * the cons's own (a few, started on the first miss), so that a schema that
  * takes 0.4 s to compile stalls only its own request, not every running one
  * (vLLM's requests wait for their grammar the same way). Jobs live on one
- * list, c->jobs, in arrival order: a free thread takes the oldest queued one;
- * the owner thread links and unlinks them, and moves finished ones into
- * the cache ("adopts" them) whenever it calls in, so that the cache itself
- * stays the owner's alone. A job's state, gram and result are written by
- * the thread and read by the owner under c->mu; its references are the
+ * list, c->jobs, in arrival order; a free thread takes the queued job of
+ * the highest priority (its requests' highest: engine.h), the oldest among
+ * equals, as the scheduler admits requests. The owner thread links and
+ * unlinks jobs, and moves finished ones into the cache ("adopts" them)
+ * whenever it calls in, so that the cache itself stays the owner's alone.
+ * A job's state, gram and result are written by the thread and read by
+ * the owner under c->mu; its references are the
  * owner's (callers, plus one for the list until it is adopted), so the
  * thread never sees a job freed: none is freed before it is done. The
  * vocabulary is built by whichever thread first needs it, under c->vmu.
@@ -64,6 +66,7 @@ enum job_state { JOB_QUEUED, JOB_COMPILING, JOB_DONE };
 struct cons_job {
     struct cons_job *next;     /* c->jobs; linked and unlinked under c->mu */
     enum job_state state;      /* under c->mu */
+    int priority;              /* under c->mu: its requests' highest */
     bool adopted;              /* owner: its result went into the cache */
     int refs;                  /* owner: callers, + 1 for c->jobs until adopted */
     enum cons_kind kind;
@@ -433,8 +436,9 @@ static void *compile_main(void *arg)
     for (;;) {
         struct cons_job *j = NULL;
         while (!c->stop) {
-            for (j = c->jobs; j && j->state != JOB_QUEUED; j = j->next)
-                ;
+            for (struct cons_job *x = c->jobs; x; x = x->next)
+                if (x->state == JOB_QUEUED && (!j || x->priority > j->priority))
+                    j = x;
             if (j)
                 break;
             pthread_cond_wait(&c->work, &c->mu);
@@ -461,7 +465,7 @@ static void *compile_main(void *arg)
 }
 
 int cons_request(struct cons *c, enum cons_kind kind, const char *src, size_t len,
-                 const char *tool_name, struct gram **g, struct cons_job **job,
+                 const char *tool_name, int priority, struct gram **g, struct cons_job **job,
                  struct rl_err *err)
 {
     *g = NULL;
@@ -482,6 +486,8 @@ int cons_request(struct cons *c, enum cons_kind kind, const char *src, size_t le
         if (!j->adopted && j->hash == h && j->kind == kind && j->key_len == key_len &&
             !memcmp(j->key, key, key_len)) {
             j->refs++;
+            if (priority > j->priority)
+                j->priority = priority;
             *job = j;
             break;
         }
@@ -497,6 +503,7 @@ int cons_request(struct cons *c, enum cons_kind kind, const char *src, size_t le
         return rl_errf(err, RL_ENOMEM, "constrain: out of memory");
     }
     j->refs = 2; /* the caller's and the list's */
+    j->priority = priority;
     j->kind = kind;
     j->hash = h;
     j->key = key;

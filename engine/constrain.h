@@ -80,10 +80,12 @@ int cons_get(struct cons *c, enum cons_kind kind, const char *src, size_t len,
  * compiling is shared), with the caller's reference. Exactly one of *g and
  * *job is set on success. A schema takes from under a millisecond to a few
  * hundred (schemas/grammar.md): compiled on the owner thread it would stall
- * every running request's step for that long. */
+ * every running request's step for that long. priority: the request's
+ * (engine.h); queued compiles go highest first, the oldest among equals,
+ * and a shared one takes its highest requester's. */
 struct cons_job;
 int cons_request(struct cons *c, enum cons_kind kind, const char *src, size_t len,
-                 const char *tool_name, struct gram **g, struct cons_job **job,
+                 const char *tool_name, int priority, struct gram **g, struct cons_job **job,
                  struct rl_err *err);
 /* 0: still compiling. 1: compiled: *g is valid while the caller holds job,
  * and the cache now holds it too. < 0: the compiler refused it

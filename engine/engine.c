@@ -900,7 +900,7 @@ static int request_constraint(struct engine *e, const struct engine_request *r,
     if (e->opt.grammar_sync_compile)
         rc = cons_get(e->cons, kind, src, len, r->tool_name, g, &ce);
     else
-        rc = cons_request(e->cons, kind, src, len, r->tool_name, g, job, &ce);
+        rc = cons_request(e->cons, kind, src, len, r->tool_name, r->priority, g, job, &ce);
     free(printed);
     if (!rc)
         return 0;

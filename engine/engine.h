@@ -287,7 +287,9 @@ struct engine_request {
                                    thinking budget are the caller's to
                                    shrink. Needs prompt_ids */
 
-    int priority;               /* higher runs first; FIFO within one */
+    int priority;               /* higher runs first; FIFO within one.
+                                   A new constraint's compile is queued
+                                   by it too */
     double deadline;            /* absolute, on engine_now()'s clock; <= 0
                                    none. Past it: finish "deadline" */
     void *user;                 /* opaque, handed back in events */

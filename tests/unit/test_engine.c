@@ -1626,6 +1626,43 @@ static void test_compile_into_a_full_batch(void **state)
     engine_free(e);
 }
 
+/* Queued compiles go by their requests' priority: with one compile thread
+ * held on X, Y (priority 0) and then Z (priority 5) queue; Z's compile
+ * comes next and Z runs while Y's waits at the gate. */
+static void test_compile_by_priority(void **state)
+{
+    (void)state;
+    static struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    g.entered = g.opened = 0;
+    struct engine *e = open_gated_engine(&g, false, 1, 8);
+    int32_t ids[8];
+    make_prompt(ids, 8, 8);
+    struct engine_request qx, qy, qz;
+    static struct result rx, ry, rz;
+    constrained_req(&qx, ids, 8, ENGINE_CONSTRAINT_JSON_SCHEMA, SMALL_SCHEMA);
+    submit(e, &qx, &rx);
+    gate_wait_entered(&g, 1); /* X compiling, held */
+    constrained_req(&qy, ids, 8, ENGINE_CONSTRAINT_GRAMMAR, "root ::= \"y\"+");
+    submit(e, &qy, &ry);
+    constrained_req(&qz, ids, 8, ENGINE_CONSTRAINT_GRAMMAR, "root ::= \"z\"+");
+    qz.priority = 5;
+    submit(e, &qz, &rz);
+    gate_open(&g, 2);         /* X's and the next compile pass */
+    gate_wait_entered(&g, 3); /* the third is at the gate: the second is done */
+    for (int guard = 0; rz.n_tokens == 0; guard++) {
+        assert_true(guard < 10000);
+        step_once(e);
+    }
+    assert_int_equal(ry.n_events, 0); /* Y's compile is the one held */
+    assert_int_equal(n_compiling(e), 1);
+    gate_open(&g, 3);
+    drain(e);
+    assert_true(ry.finish == ENGINE_FINISH_STOP || ry.finish == ENGINE_FINISH_LENGTH);
+    rz.content[rz.n_content] = 0;
+    assert_true(rz.n_content > 0 && strspn(rz.content, "z") == rz.n_content);
+    engine_free(e);
+}
+
 /* The compile cache is bounded in bytes too: with room for one grammar, A,
  * B, A compiles A twice; with the default room, once. engine_stats says
  * what the cache holds. */
@@ -1847,6 +1884,7 @@ int main(void)
         cmocka_unit_test(test_compile_off_the_step),
         cmocka_unit_test(test_compile_waiting_requests),
         cmocka_unit_test(test_compile_into_a_full_batch),
+        cmocka_unit_test(test_compile_by_priority),
         cmocka_unit_test(test_compile_cache_bytes),
         cmocka_unit_test(test_compile_in_parallel),
     };
