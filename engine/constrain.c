@@ -89,7 +89,8 @@ struct cons {
     int32_t think_open, think_close;
     pthread_mutex_t vmu;       /* guards the vocabulary's creation */
     struct gram_vocab *vocab;  /* NULL until the first compile */
-    struct cons_entry *ent;    /* (cap) */
+    struct cons_entry *ent;    /* (cap + 1): a spare, filled by an insert
+                                  before the trim that makes room */
     int n, cap;
     size_t cap_bytes;          /* gram_bytes of the entries, at most */
     uint64_t clock;
@@ -154,7 +155,7 @@ int cons_create(struct cons **out, const struct tokenizer *tok, int n_vocab,
     }
     c->want_cth = compile_threads < CONS_COMPILE_THREADS_MAX ? compile_threads
                                                              : CONS_COMPILE_THREADS_MAX;
-    c->ent = calloc((size_t)c->cap, sizeof *c->ent);
+    c->ent = calloc((size_t)c->cap + 1, sizeof *c->ent);
     c->open_mask = calloc((size_t)c->n_words, sizeof *c->open_mask);
     c->think_mask = malloc((size_t)c->n_words * sizeof *c->think_mask);
     if (!c->ent || !c->open_mask || !c->think_mask) {
@@ -290,6 +291,14 @@ static char *make_key(enum cons_kind kind, const char *src, size_t len, const ch
     return key;
 }
 
+size_t cons_cache_bytes(const struct cons *c)
+{
+    size_t bytes = 0;
+    for (int i = 0; i < c->n; i++)
+        bytes += gram_bytes(c->ent[i].g);
+    return bytes;
+}
+
 static void cache_drop(struct cons *c, int i)
 {
     gram_unref(c->ent[i].g);
@@ -297,15 +306,13 @@ static void cache_drop(struct cons *c, int i)
     c->ent[i] = c->ent[--c->n];
 }
 
-/* Evicts least recently used entries until at most max_n are left and
+/* Evicts least recently used entries until at most cap are left and
  * their bytes fit cap_bytes; the most recently used one always stays (a
  * grammar larger than the whole budget still serves its retries). */
-static void cache_trim(struct cons *c, int max_n)
+static void cache_trim(struct cons *c)
 {
-    size_t bytes = 0;
-    for (int i = 0; i < c->n; i++)
-        bytes += gram_bytes(c->ent[i].g);
-    while (c->n > 1 && (c->n > max_n || bytes > c->cap_bytes)) {
+    size_t bytes = cons_cache_bytes(c);
+    while (c->n > 1 && (c->n > c->cap || bytes > c->cap_bytes)) {
         int old = 0;
         for (int i = 1; i < c->n; i++)
             if (c->ent[i].used < c->ent[old].used)
@@ -328,7 +335,7 @@ static struct gram *cache_find(struct cons *c, enum cons_kind kind, uint64_t h, 
             g = e->g;
         }
     }
-    cache_trim(c, c->cap); /* g, just used, stays */
+    cache_trim(c); /* g, just used, stays */
     return g;
 }
 
@@ -337,17 +344,8 @@ static struct gram *cache_find(struct cons *c, enum cons_kind kind, uint64_t h, 
 static void cache_put(struct cons *c, enum cons_kind kind, uint64_t h, char *key, size_t key_len,
                       struct gram *g)
 {
-    cache_trim(c, c->cap - 1);
     c->ent[c->n++] = (struct cons_entry){h, kind, key, key_len, gram_ref(g), ++c->clock};
-    cache_trim(c, c->cap);
-}
-
-size_t cons_cache_bytes(const struct cons *c)
-{
-    size_t bytes = 0;
-    for (int i = 0; i < c->n; i++)
-        bytes += gram_bytes(c->ent[i].g);
-    return bytes;
+    cache_trim(c);
 }
 
 /* A constraint's cache key (its hash *h, the source at key + *src_at)

@@ -688,8 +688,7 @@ void gram_set_mask_budget(struct gram *g, size_t bytes)
 
 size_t gram_bytes(const struct gram *g)
 {
-    return g->fixed_bytes + atomic_load_explicit(&((struct gram *)g)->mask_bytes,
-                                                 memory_order_relaxed);
+    return g->fixed_bytes + atomic_load_explicit(&g->mask_bytes, memory_order_relaxed);
 }
 
 uint64_t gram_hash(const char *kind, const char *src, size_t len)
