@@ -696,6 +696,14 @@ static void *run_job(void *arg)
     return NULL;
 }
 
+/* Both jobs' walks at once, one thread each. */
+static void run_together(struct job jobs[2])
+{
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, run_job, &jobs[i]), 0);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+}
+
 /* A schema whose states do not all fit the compile-time budget: the rest
  * are classified on first use, by whichever thread gets there first. Two
  * threads sharing one gram produce exactly what one thread alone does. */
@@ -711,9 +719,7 @@ static void test_threads_lazy(void **state)
     }
     struct gram *g = schema(js);
     struct job jobs[2] = {{g, 11, NULL}, {g, 12, NULL}};
-    pthread_t th[2];
-    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, run_job, &jobs[i]), 0);
-    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    run_together(jobs);
     for (int i = 0; i < 2; i++) {
         assert_non_null(jobs[i].doc);
         assert_string_equal(jobs[i].doc, alone[i]);
@@ -750,9 +756,7 @@ static void test_mask_budget(void **state)
     assert_int_equal(gram_bytes(spent), spent0);
     /* and on two threads at once, the transient masks freed by each */
     struct job jobs[2] = {{spent, 11, NULL}, {spent, 12, NULL}};
-    pthread_t th[2];
-    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, run_job, &jobs[i]), 0);
-    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    run_together(jobs);
     for (int i = 0; i < 2; i++) {
         char *alone = walk_plain(kept, (uint64_t)(11 + i), 3000);
         assert_non_null(jobs[i].doc);
