@@ -1,5 +1,4 @@
-/* common/affinity.c - the block-hash Bloom filter and its base64 form
- * (affinity.h). */
+/* common/affinity.c - the block-hash Bloom filter (affinity.h). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,55 +59,4 @@ int aff_prefix_len(const uint8_t *bits, size_t nbytes, const uint64_t *hashes, i
     while (k < n && aff_has(bits, nbytes, hashes[k]))
         k++;
     return k;
-}
-
-static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-char *aff_b64_encode(const uint8_t *b, size_t n)
-{
-    char *s = malloc((n + 2) / 3 * 4 + 1), *o = s;
-    if (!s)
-        return NULL;
-    for (size_t i = 0; i < n; i += 3) {
-        uint32_t v = (uint32_t)b[i] << 16 | (i + 1 < n ? (uint32_t)b[i + 1] << 8 : 0) |
-                     (i + 2 < n ? b[i + 2] : 0);
-        *o++ = b64[v >> 18 & 63];
-        *o++ = b64[v >> 12 & 63];
-        *o++ = i + 1 < n ? b64[v >> 6 & 63] : '=';
-        *o++ = i + 2 < n ? b64[v & 63] : '=';
-    }
-    *o = 0;
-    return s;
-}
-
-static int val(char c)
-{
-    const char *p = c ? strchr(b64, c) : NULL;
-    return p ? (int)(p - b64) : -1;
-}
-
-long aff_b64_decode(const char *s, size_t len, uint8_t *out, size_t cap)
-{
-    if (len % 4)
-        return -RL_EFORMAT;
-    size_t n = 0;
-    for (size_t i = 0; i < len; i += 4) {
-        int v[4];
-        int pad = 0;
-        for (int k = 0; k < 4; k++) {
-            if (s[i + k] == '=' && i + 4 == len && k >= 2) {
-                v[k] = 0;
-                pad++;
-            } else if (pad || (v[k] = val(s[i + k])) < 0) {
-                return -RL_EFORMAT;
-            }
-        }
-        uint32_t x = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
-        uint8_t t[3] = {(uint8_t)(x >> 16), (uint8_t)(x >> 8), (uint8_t)x};
-        if (n + 3 - (size_t)pad > cap)
-            return -RL_EFORMAT;
-        memcpy(out + n, t, 3 - (size_t)pad);
-        n += 3 - (size_t)pad;
-    }
-    return (long)n;
 }

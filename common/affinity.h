@@ -35,11 +35,4 @@ int aff_has(const uint8_t *bits, size_t nbytes, uint64_t h);
 /* How many of hashes[0..n) lead the run of hashes all in the filter. */
 int aff_prefix_len(const uint8_t *bits, size_t nbytes, const uint64_t *hashes, int n);
 
-/* Standard base64 (with padding) of b (n bytes): malloc'd, NUL-ended;
- * NULL when out of memory. */
-char *aff_b64_encode(const uint8_t *b, size_t n);
-/* Decodes s (len chars) into out (cap bytes). Returns the byte count, or
- * -RL_EFORMAT (not base64, or longer than cap). */
-long aff_b64_decode(const char *s, size_t len, uint8_t *out, size_t cap);
-
 #endif

@@ -13,6 +13,7 @@
  * the two agree, so a client-side table generated from the schema never
  * drifts from what workers send. */
 #include "event.h"
+#include "base64.h"
 
 #include <cjson/cJSON.h>
 #include <inttypes.h>
@@ -287,6 +288,29 @@ oom:
     return rl_errf(err, RL_ENOMEM, "ev_build_delta: out of memory (seq %" PRId64 ")", seq);
 }
 
+/* `embedding` as the little-endian bytes of its float32 values in base64
+ * (a third of the text of decimal floats, and exact), and `dimensions`. */
+static int add_embedding(cJSON *o, const float *v, int n)
+{
+    size_t nb = (size_t)n * 4;
+    uint8_t *b = malloc(nb ? nb : 1);
+    char *s = b ? malloc(b64_len(nb) + 1) : NULL;
+    int rc = -1;
+    if (s) {
+        for (int i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, &v[i], 4);
+            for (int k = 0; k < 4; k++)
+                b[4 * i + k] = (uint8_t)(u >> (8 * k));
+        }
+        b64_encode_to(b, nb, s);
+        rc = cJSON_AddStringToObject(o, "embedding", s) && !add_int(o, "dimensions", n) ? 0 : -1;
+    }
+    free(s);
+    free(b);
+    return rc;
+}
+
 int ev_build_done(int64_t seq, const struct ev_done *d, char **out, struct rl_err *err)
 {
     *out = NULL;
@@ -331,6 +355,8 @@ int ev_build_done(int64_t seq, const struct ev_done *d, char **out, struct rl_er
         if (!m || !cJSON_AddItemToObject(o, "metadata", m))
             goto oom;
     }
+    if (d->embedding && add_embedding(o, d->embedding, d->n_embedding))
+        goto oom;
     return finish(o, out, err);
 oom:
     cJSON_Delete(o);

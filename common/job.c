@@ -793,6 +793,7 @@ enum kind {
     K_SEED, K_STOP, K_IGNORE_EOS, K_MAX_THINKING, K_LOGPROBS, K_PRIORITY, K_DEADLINE,
     K_CACHE, K_STREAM_TTL, K_METADATA, K_SPECULATIVE, K_RESPONSE_FORMAT, K_TOOL_CHOICE,
     K_GRAMMAR, K_CLIENT_LEASE, K_MIN_TOKENS, K_STOP_IDS, K_LOGIT_BIAS, K_SKIP_SPECIAL,
+    K_TASK, K_DIMENSIONS,
 };
 static const struct {
     const char *name;
@@ -811,7 +812,7 @@ static const struct {
     {"tool_choice", K_TOOL_CHOICE}, {"grammar", K_GRAMMAR},
     {"client_lease_ms", K_CLIENT_LEASE}, {"min_tokens", K_MIN_TOKENS},
     {"stop_token_ids", K_STOP_IDS}, {"logit_bias", K_LOGIT_BIAS},
-    {"skip_special_tokens", K_SKIP_SPECIAL},
+    {"skip_special_tokens", K_SKIP_SPECIAL}, {"task", K_TASK}, {"dimensions", K_DIMENSIONS},
 };
 #define N_TOP ((int)(sizeof top_fields / sizeof top_fields[0]))
 
@@ -1305,6 +1306,19 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
         return 0;
     case K_STREAM_TTL:
         return take_int(j, v, 1, o->max_stream_ttl_s, &j->stream_ttl_s, JOB_F_STREAM_TTL, f, err);
+    case K_TASK:
+        if ((rc = get_string(v, "task", 0, 64, &s, f, err)))
+            return rc;
+        if (!strcmp(s, "generate"))
+            j->task = JOB_TASK_GENERATE;
+        else if (!strcmp(s, "embed"))
+            j->task = JOB_TASK_EMBED;
+        else
+            return bad(f, err, EV_CODE_BAD_VALUE, "task: \"%.32s\" is not generate or embed", s);
+        j->given |= JOB_F_TASK;
+        return 0;
+    case K_DIMENSIONS:
+        return take_int(j, v, 1, JOB_DIMENSIONS_MAX, &j->dimensions, JOB_F_DIMENSIONS, f, err);
     case K_METADATA:
         set_field(f, "metadata");
         if (!cJSON_IsObject(v))
@@ -1315,6 +1329,43 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
         return 0;
     }
     return rl_errf(err, RL_EINTERNAL, "job: unhandled field kind %d", (int)k);
+}
+
+/* An embedding job runs its prompt through the model once and generates
+ * nothing: a member that only shapes generated tokens would be silently
+ * meaningless, so it is refused by name, as is `dimensions` on a job that
+ * generates. The members an embedding job may carry: */
+static const char *const embed_fields[] = {
+    "id", "model", "pool", "prompt", "prompt_ids", "mode", "task", "dimensions", "priority",
+    "deadline_ms", "cache", "stream_ttl_s", "metadata", "client_lease_ms",
+};
+
+static int check_task(const struct job *j, const cJSON *root, struct job_fault *f,
+                      struct rl_err *err)
+{
+    if (j->task != JOB_TASK_EMBED) {
+        if (!(j->given & JOB_F_DIMENSIONS))
+            return 0;
+        set_field(f, "dimensions");
+        return bad(f, err, EV_CODE_BAD_VALUE, "dimensions: only for task \"embed\"");
+    }
+    if (j->messages) {
+        set_field(f, "messages");
+        return bad(f, err, EV_CODE_CONFLICTING_PROMPT,
+                   "messages: task \"embed\" takes prompt or prompt_ids");
+    }
+    for (const cJSON *v = root->child; v; v = v->next) {
+        size_t k = 0, n = sizeof embed_fields / sizeof embed_fields[0];
+        while (k < n && strcmp(embed_fields[k], v->string))
+            k++;
+        if (k < n)
+            continue;
+        set_field(f, v->string);
+        return bad(f, err, EV_CODE_BAD_VALUE,
+                   "%.80s: not a member of an embedding job (task \"embed\" generates no "
+                   "tokens)", v->string);
+    }
+    return 0;
 }
 
 static void defaults(struct job *j, const struct job_opts *o)
@@ -1473,6 +1524,8 @@ int job_parse(const char *text, size_t len, const struct job_opts *opts, struct 
                  "job: give only one of messages, prompt and prompt_ids");
         goto done;
     }
+    if ((rc = check_task(j, root, fault, err)))
+        goto done;
     /* vLLM's rule: a floor above the ceiling cannot be met (max_tokens is
      * the default when not given: the default must hold it too) */
     if ((j->given & JOB_F_MIN_TOKENS) && j->min_tokens > j->max_tokens) {
@@ -1578,7 +1631,7 @@ enum job_mode job_mode_on(const struct job *j, const char *pool)
 
 bool job_is_deterministic(const struct job *j)
 {
-    return j->temperature == 0.0 || j->top_k == 1 || j->has_seed;
+    return j->task == JOB_TASK_EMBED || j->temperature == 0.0 || j->top_k == 1 || j->has_seed;
 }
 
 /* cJSON prints numbers with 15 significant digits and accepts the result
@@ -1634,6 +1687,10 @@ int job_to_json(const struct job *j, char **out, struct rl_err *err)
         for (int i = 0; i < j->n_prompt_ids; i++)
             ADD(cJSON_AddItemToArray(a, num_exact(j->prompt_ids[i])));
     }
+    if (j->given & JOB_F_TASK)
+        ADD(cJSON_AddStringToObject(o, "task", j->task == JOB_TASK_EMBED ? "embed" : "generate"));
+    if (j->given & JOB_F_DIMENSIONS)
+        ADD(add_num(o, "dimensions", j->dimensions));
     if (j->given & JOB_F_MODE)
         ADD(cJSON_AddStringToObject(o, "mode", j->mode == JOB_MODE_THINK      ? "think"
                                                : j->mode == JOB_MODE_AUTO ? "auto"
@@ -1804,6 +1861,13 @@ int job_cache_key(const struct job *j, enum job_mode mode, const char *model_id,
         put_f64(&c, j->bias[i]);
     }
     put_u64(&c, j->skip_special ? 1 : 0); /* the text differs */
+    /* an embedding is not text: its key says so (appended only there, so
+     * the keys of generating jobs are those of v4) */
+    if (j->task == JOB_TASK_EMBED) {
+        static const char etag[] = "embed";
+        put_str(&c, etag, sizeof etag - 1);
+        put_u64(&c, (uint64_t)j->dimensions);
+    }
     uint8_t d[SHA256_DIGEST_LEN];
     sha256_final(&c, d);
     sha256_to_hex(d, out);

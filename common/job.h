@@ -80,7 +80,18 @@ enum job_field_bit {
     JOB_F_POOL = 1u << 20, JOB_F_TOOLS = 1u << 21, JOB_F_SPECULATIVE = 1u << 22,
     JOB_F_MODEL = 1u << 23, JOB_F_CLIENT_LEASE = 1u << 24, JOB_F_MIN_TOKENS = 1u << 25,
     JOB_F_STOP_IDS = 1u << 26, JOB_F_LOGIT_BIAS = 1u << 27, JOB_F_SKIP_SPECIAL = 1u << 28,
+    JOB_F_TASK = 1u << 29, JOB_F_DIMENSIONS = 1u << 30,
 };
+/* What a job asks the model for. */
+enum job_task {
+    JOB_TASK_GENERATE = 0, /* tokens (the default) */
+    JOB_TASK_EMBED,        /* "embed": one vector for the prompt and no tokens
+                              (schemas/README.md, "Embeddings"); only prompt or
+                              prompt_ids, and none of the generation fields */
+};
+/* The largest `dimensions` a job may ask for (Qwen3-32B's hidden size is
+ * 5120; the worker refuses more than its model has). */
+#define JOB_DIMENSIONS_MAX 16384
 
 /* A validated job. Owned by whoever called job_parse; job_free releases it
  * and everything it points to. Absent fields hold the protocol's defaults,
@@ -103,6 +114,10 @@ struct job {
     int32_t *prompt_ids;      /* JOB_INPUT_IDS: (n_prompt_ids), owned */
     int n_prompt_ids;
 
+    enum job_task task;       /* default JOB_TASK_GENERATE */
+    int dimensions;           /* JOB_TASK_EMBED: the vector's first this many
+                                 values, normalised again (Matryoshka
+                                 truncation); 0 = all of them */
     enum job_mode mode;
     int max_tokens;           /* 1..JOB_MAX_TOKENS_MAX; default from job_opts */
     double temperature;       /* 0..2; 0 = greedy. -1 = unset */

@@ -50,6 +50,7 @@
 #include <cjson/cJSON.h>
 
 #include "affinity.h"
+#include "base64.h"
 #include "disp.h"
 #include "registry.h"
 #include "kv_cache.h"
@@ -186,7 +187,7 @@ static void take_heartbeat(struct disp *d, struct daff_worker *w, const char *js
         usable = false;
     if (usable) {
         uint8_t *bits = w->bits && w->nbytes >= nb ? w->bits : realloc(w->bits, nb);
-        long got = bits ? aff_b64_decode(f->valuestring, len, bits, nb) : -1;
+        long got = bits ? b64_decode(f->valuestring, len, bits, nb) : -1;
         if (bits)
             w->bits = bits;
         if (got < AFF_MIN_BYTES || aff_size((size_t)got) != (size_t)got) {

@@ -20,6 +20,7 @@
 
 #include "listen.h"
 #include "affinity.h"
+#include "base64.h"
 #include "worker.h"
 #include "text.h"
 #include "vbuckets.h"
@@ -417,7 +418,7 @@ char *wm_heartbeat_json(struct worker *w)
      * draining worker takes no offers */
     if (w->affinity && w->aff_bits && !draining) {
         cJSON *a = cJSON_AddObjectToObject(o, "affinity");
-        char *b = aff_b64_encode(w->aff_bits, w->aff_bytes);
+        char *b = b64_encode(w->aff_bits, w->aff_bytes);
         cJSON *offer = a ? cJSON_AddArrayToObject(a, "offer") : NULL;
         if (a && b && offer) {
             cJSON_AddNumberToObject(a, "block_size", st.block_size);

@@ -96,10 +96,12 @@ def test_every_known_field_is_in_the_schema():
                     "stream_ttl_s", "metadata"}
     assert issue_fields <= props
     # speculative: issue 18, model: issue 15, structured output: issue 17,
-    # client_lease_ms: issue 26; min_tokens, stop_token_ids, logit_bias: issue 29
+    # client_lease_ms: issue 26; min_tokens, stop_token_ids, logit_bias: issue 29;
+    # task and dimensions: embeddings
     assert props - issue_fields == {"pool", "speculative", "model", "response_format",
                                     "tool_choice", "grammar", "client_lease_ms", "min_tokens",
-                                    "stop_token_ids", "logit_bias", "skip_special_tokens"}
+                                    "stop_token_ids", "logit_bias", "skip_special_tokens",
+                                    "task", "dimensions"}
 
 
 def test_events():

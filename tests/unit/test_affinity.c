@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "affinity.h"
+#include "base64.h"
 #include "kv_cache.h"
 
 static void test_size(void **state)
@@ -51,17 +52,17 @@ static void test_b64(void **state)
     for (int i = 0; i < 256; i++)
         b[i] = (uint8_t)(i * 37 + 11);
     for (size_t n = 0; n < 8; n++) {
-        char *s = aff_b64_encode(b, n + 64);
+        char *s = b64_encode(b, n + 64);
         assert_non_null(s);
         assert_int_equal(strlen(s), (n + 64 + 2) / 3 * 4);
-        assert_int_equal(aff_b64_decode(s, strlen(s), back, sizeof back), (long)(n + 64));
+        assert_int_equal(b64_decode(s, strlen(s), back, sizeof back), (long)(n + 64));
         assert_memory_equal(b, back, n + 64);
-        assert_true(aff_b64_decode(s, strlen(s), back, n + 63) < 0); /* too long for cap */
+        assert_true(b64_decode(s, strlen(s), back, n + 63) < 0); /* too long for cap */
         free(s);
     }
-    assert_true(aff_b64_decode("ab!d", 4, back, sizeof back) < 0);
-    assert_true(aff_b64_decode("abc", 3, back, sizeof back) < 0);
-    assert_true(aff_b64_decode("a=bc", 4, back, sizeof back) < 0);
+    assert_true(b64_decode("ab!d", 4, back, sizeof back) < 0);
+    assert_true(b64_decode("abc", 3, back, sizeof back) < 0);
+    assert_true(b64_decode("a=bc", 4, back, sizeof back) < 0);
 }
 
 static void collect(void *ctx, uint64_t h)

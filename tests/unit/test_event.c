@@ -284,6 +284,13 @@ static void test_exact_shapes(void **state)
                            "\"cached_prompt_tokens\":0},\"cached\":false,\"timings\":{\"queue_ms\":0,"
                            "\"ttft_ms\":0,\"total_ms\":1700000000123},\"tool_calls\":[]}");
     free(s);
+    /* an embedding: base64 of little-endian float32, and its length */
+    const float vec[3] = {1.0f, -0.5f, 0.25f};
+    struct ev_done de = {.finish_reason = EV_FINISH_STOP, .embedding = vec, .n_embedding = 3};
+    assert_int_equal(ev_build_done(0, &de, &s, NULL), 0);
+    /* 00 00 80 3f | 00 00 00 bf | 00 00 80 3e */
+    assert_non_null(strstr(s, "\"embedding\":\"AACAPwAAAL8AAIA+\",\"dimensions\":3"));
+    free(s);
     /* content given with a length is cut there, not at a NUL */
     struct ev_delta cut = {.content = "abcdef", .content_len = 3, .token_ids = ids, .n_token_ids = 1};
     assert_int_equal(ev_build_delta(0, &cut, &s, NULL), 0);

@@ -869,9 +869,52 @@ static void test_issue29_fields(void **state)
     job_free(j);
 }
 
+/* task "embed": what it keeps, what it writes back, and a cache key of
+ * its own (an embedding must never answer a generating job, nor one of
+ * other dimensions). */
+static void test_embed_jobs(void **state)
+{
+    (void)state;
+    struct job *j = ok("{\"prompt\":\"x\"}", NULL);
+    assert_int_equal(j->task, JOB_TASK_GENERATE);
+    assert_int_equal(j->dimensions, 0);
+    assert_false(job_is_deterministic(j)); /* unset temperature: sampled */
+    job_free(j);
+    j = ok("{\"task\":\"embed\",\"prompt_ids\":[1,2],\"dimensions\":64,\"priority\":3}", NULL);
+    assert_int_equal(j->task, JOB_TASK_EMBED);
+    assert_int_equal(j->dimensions, 64);
+    assert_int_equal(j->input, JOB_INPUT_IDS);
+    assert_true(job_is_deterministic(j)); /* no sampling: cacheable */
+    char *back = NULL;
+    assert_int_equal(job_to_json(j, &back, NULL), 0);
+    assert_non_null(strstr(back, "\"task\":\"embed\""));
+    assert_non_null(strstr(back, "\"dimensions\":64"));
+    struct job *j2 = ok(back, NULL);
+    assert_int_equal(j2->task, JOB_TASK_EMBED);
+    assert_int_equal(j2->dimensions, 64);
+    free(back);
+    job_free(j2);
+    job_free(j);
+
+    int32_t ids[] = {10, 20, 30};
+    char gen[65], emb[65], emb64[65], emb32[65];
+    key_of("{\"prompt\":\"x\",\"temperature\":0}", "m", ids, 3, gen);
+    key_of("{\"prompt\":\"x\",\"task\":\"embed\"}", "m", ids, 3, emb);
+    key_of("{\"prompt\":\"x\",\"task\":\"embed\",\"dimensions\":64}", "m", ids, 3, emb64);
+    key_of("{\"prompt\":\"x\",\"task\":\"embed\",\"dimensions\":32}", "m", ids, 3, emb32);
+    assert_string_not_equal(gen, emb);
+    assert_string_not_equal(emb, emb64);
+    assert_string_not_equal(emb64, emb32);
+    /* "generate" spelt out is the default: the same key as before */
+    char gen2[65];
+    key_of("{\"prompt\":\"x\",\"temperature\":0,\"task\":\"generate\"}", "m", ids, 3, gen2);
+    assert_string_equal(gen, gen2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_embed_jobs),
         cmocka_unit_test(test_bad_jobs),
         cmocka_unit_test(test_messages_name_the_field),
         cmocka_unit_test(test_size_limit_and_no_entry),
