@@ -481,17 +481,15 @@ struct parse_state {
     cJSON *guided_rf;            /* guided_json as a response_format, owned; or NULL */
 };
 
-/* A member (or value) accepted but not applied: named in out->ignored, or
- * refused when the deployment says so. why: the refusal's sentence. */
-static int not_applied(struct parse_state *ps, const char *name, const char *code,
-                       const char *why)
+int oai_not_applied(const struct oai_limits *lim, struct oai_request *out, const char *name,
+                    const char *code, const char *why, struct oai_error *e)
 {
-    if (ps->lim->refuse_unknown) {
-        oai_error_set(ps->e, 400, T_INVALID, code, name, "%.80s: %s", name, why);
+    if (lim->refuse_unknown) {
+        oai_error_set(e, 400, T_INVALID, code, name, "%.80s: %s", name, why);
         return -RL_EINVAL;
     }
-    char *g = ps->out->ignored;
-    size_t n = strlen(g), room = sizeof ps->out->ignored;
+    char *g = out->ignored;
+    size_t n = strlen(g), room = sizeof out->ignored;
     if (n + 2 + strlen(name) + 6 > room) { /* keep room for ", ..." */
         if (!strstr(g, ", ...") && n + 6 <= room)
             strcat(g, ", ...");
@@ -499,6 +497,13 @@ static int not_applied(struct parse_state *ps, const char *name, const char *cod
     }
     snprintf(g + n, room - n, "%s%s", n ? ", " : "", name);
     return 0;
+}
+
+/* A member (or value) accepted but not applied (oai_not_applied). */
+static int not_applied(struct parse_state *ps, const char *name, const char *code,
+                       const char *why)
+{
+    return oai_not_applied(ps->lim, ps->out, name, code, why, ps->e);
 }
 
 /* An object of boolean switches, the shape of stream_options and
@@ -1087,8 +1092,8 @@ static int expand_jobs(struct parse_state *ps, const char *id, struct oai_reques
 /* The body as a JSON object: its size, its text (job_check_text, as the
  * job's strings are checked), its syntax. *buf (the NUL-terminated copy)
  * and *root are the caller's to free, whatever the result. */
-static int parse_body(const char *body, size_t len, const struct oai_limits *lim, char **buf,
-                      cJSON **root, struct oai_error *e)
+int oai_parse_body(const char *body, size_t len, const struct oai_limits *lim, char **buf,
+                   cJSON **root, struct oai_error *e)
 {
     if (len > lim->max_body_bytes) {
         oai_error_set(e, 413, T_INVALID, "JOB_TOO_LARGE", NULL,
@@ -1135,7 +1140,7 @@ static int parse_request(enum oai_api api, const char *body, size_t len,
     };
     char *buf = NULL, *text = NULL;
     cJSON *root = NULL;
-    int rc = parse_body(body, len, lim, &buf, &root, e);
+    int rc = oai_parse_body(body, len, lim, &buf, &root, e);
     if (!rc && (!(ps.job = cJSON_CreateObject()) || !cJSON_AddStringToObject(ps.job, "id", id)))
         rc = -RL_ENOMEM;
     out->api = api;

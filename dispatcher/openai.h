@@ -145,6 +145,24 @@ int oai_parse_completion(const char *body, size_t len, const struct oai_limits *
                          const char *id, int64_t deadline_ms, struct oai_request *out,
                          struct oai_error *e);
 
+/* Shared by the other request parsers (compat.c, embed.c), so every API
+ * checks a body and treats unknown members alike. */
+
+/* The body as a JSON object: its size (413 past lim->max_body_bytes), its
+ * text (job_check_text, as a job's strings are checked), its syntax, an
+ * object. *buf (the NUL-terminated copy) and *root are the caller's to
+ * free (free, cJSON_Delete), whatever the result. Returns 0, -RL_EINVAL
+ * with *e filled, or -RL_ENOMEM (*e untouched). */
+int oai_parse_body(const char *body, size_t len, const struct oai_limits *lim, char **buf,
+                   cJSON **root, struct oai_error *e);
+
+/* A member (or value) accepted but not applied: named in out->ignored
+ * (", "-separated, cut with ", ..."), or, with lim->refuse_unknown, a 400
+ * of code naming it in param, its message "<name>: <why>". Returns 0 or
+ * -RL_EINVAL. */
+int oai_not_applied(const struct oai_limits *lim, struct oai_request *out, const char *name,
+                    const char *code, const char *why, struct oai_error *e);
+
 /* ---- responses ---- */
 
 struct oai_resp;
