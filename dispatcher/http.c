@@ -106,6 +106,7 @@
 #include "listen.h"
 #include "modelref.h"
 #include "compat.h"
+#include "embed.h"
 #include "openai.h"
 #include "prompt.h"
 #include "rconn.h"
@@ -231,20 +232,37 @@ enum route {
     R_RESPONSES, R_OLLAMA_CHAT, R_OLLAMA_GENERATE, R_OLLAMA_SHOW, R_OLLAMA_TAGS, R_OLLAMA_PS,
     R_OLLAMA_VERSION,
     R_VERSION, /* vLLM's GET /version */
-    R_TOKENIZE, R_DETOKENIZE /* vLLM's, with the dispatcher's tokenizer */
+    R_TOKENIZE, R_DETOKENIZE, /* vLLM's, with the dispatcher's tokenizer */
+    /* embed.c's: OpenAI's POST /v1/embeddings, Ollama's /api/embed and
+     * /api/embeddings */
+    R_EMBEDDINGS, R_OLLAMA_EMBED, R_OLLAMA_EMBEDDINGS,
 };
 
 /* A route that answers with a job's events (chat()). */
 static bool job_route(enum route r)
 {
     return r == R_CHAT || r == R_COMPLETIONS || r == R_RESPONSES || r == R_OLLAMA_CHAT ||
-           r == R_OLLAMA_GENERATE;
+           r == R_OLLAMA_GENERATE || r == R_EMBEDDINGS || r == R_OLLAMA_EMBED ||
+           r == R_OLLAMA_EMBEDDINGS;
+}
+
+/* An embedding route: embed.c parses and answers it. */
+static bool embed_route(enum route r)
+{
+    return r == R_EMBEDDINGS || r == R_OLLAMA_EMBED || r == R_OLLAMA_EMBEDDINGS;
+}
+
+static enum emb_api emb_api_of(enum route r)
+{
+    return r == R_OLLAMA_EMBED ? EMB_OLLAMA_EMBED
+           : r == R_OLLAMA_EMBEDDINGS ? EMB_OLLAMA_LEGACY : EMB_OPENAI;
 }
 
 /* An Ollama route: errors are {"error": "..."}. */
 static bool ollama_route(enum route r)
 {
-    return r >= R_OLLAMA_CHAT && r <= R_OLLAMA_VERSION;
+    return (r >= R_OLLAMA_CHAT && r <= R_OLLAMA_VERSION) || r == R_OLLAMA_EMBED ||
+           r == R_OLLAMA_EMBEDDINGS;
 }
 
 /* One TCP connection, from libmicrohttpd's connection-started callback to
@@ -302,6 +320,10 @@ struct req {
     bool compat;
     struct cpt_request creq;
     struct cpt_resp *cresp;
+    /* the embedding routes: embed.c formats the answer instead */
+    bool embed;
+    struct emb_request ereq;
+    struct emb_resp *eresp;
     /* its place in the vLLM-named gauges, under the model name it echoes */
     enum vm_state vm;
     char vm_model[JOB_MODEL_MAX + 1];
@@ -1088,17 +1110,23 @@ static void log_ignored(struct dhttp *h, const struct req *q)
 /* The answer's formatter: openai.c's, or compat.c's for the other APIs. */
 static int64_t resp_tokens(const struct req *q)
 {
-    return q->compat ? cpt_resp_total_tokens(q->cresp) : oai_resp_total_tokens(q->resp);
+    return q->embed    ? emb_resp_total_tokens(q->eresp)
+           : q->compat ? cpt_resp_total_tokens(q->cresp)
+                       : oai_resp_total_tokens(q->resp);
 }
 
 static int resp_stream_error(struct req *q)
 {
+    if (q->embed) /* never streamed; an answer committed early ends in the error object */
+        return 0;
     return q->compat ? cpt_stream_error(q->cresp, &q->err, &q->sse)
                      : oai_sse_error(&q->err, &q->sse);
 }
 
 static char *resp_body(const struct req *q)
 {
+    if (q->embed) /* Ollama's total_duration: from the first XADD */
+        return emb_resp_body(q->eresp, rl_mono_ms() - q->t_xadd_ms);
     return q->compat ? cpt_resp_body(q->cresp) : oai_resp_completion(q->resp);
 }
 
@@ -1180,8 +1208,9 @@ static int take_events(struct req *q, const struct rconn_reply *r)
             q->vm = VM_RUNNING;
         }
         size_t before = q->sse.n;
-        int rc = q->compat ? cpt_resp_feed(q->cresp, ev, ev_len, &q->sse, &q->err)
-                           : oai_resp_feed(q->resp, ev, ev_len, &q->sse, &q->err);
+        int rc = q->embed    ? emb_resp_feed(q->eresp, ev, ev_len, &q->err)
+                 : q->compat ? cpt_resp_feed(q->cresp, ev, ev_len, &q->sse, &q->err)
+                             : oai_resp_feed(q->resp, ev, ev_len, &q->sse, &q->err);
         if (rc < 0)
             return rc;
         if (q->sse.n > before)
@@ -1684,8 +1713,9 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
      * close it. The idle timeout is set again when the request ends. */
     MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     bool compl = q->route == R_COMPLETIONS;
-    q->compat = q->route == R_RESPONSES || ollama_route(q->route);
-    new_id(h, q->id, compl ? "cmpl-" : q->route == R_RESPONSES ? "resp_"
+    q->embed = embed_route(q->route);
+    q->compat = !q->embed && (q->route == R_RESPONSES || ollama_route(q->route));
+    new_id(h, q->id, compl ? "cmpl-" : q->embed ? "embd-" : q->route == R_RESPONSES ? "resp_"
                                     : q->compat ? "ollama-" : "chatcmpl-");
     int64_t now = rl_wall_ms();
     int64_t deadline = h->timeout_s ? now + (int64_t)h->timeout_s * 1000 : 0;
@@ -1696,7 +1726,10 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     }
     const char *body = q->body.p ? q->body.p : "";
     int prc;
-    if (q->compat)
+    if (q->embed)
+        prc = emb_parse(emb_api_of(q->route), body, q->body.n, &h->lim, q->id, deadline,
+                        &q->oreq, &q->ereq, &e);
+    else if (q->compat)
         prc = cpt_parse(q->route == R_RESPONSES ? CPT_RESPONSES
                         : q->route == R_OLLAMA_CHAT ? CPT_OLLAMA_CHAT : CPT_OLLAMA_GENERATE,
                         body, q->body.n, &h->lim, q->id, deadline, &q->oreq, &q->creq, &e);
@@ -1715,6 +1748,10 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     if (q->creq.load_only) /* Ollama's preload: the workers hold their models loaded */
         return respond(q, conn, 200, "application/json",
                        cpt_ollama_loaded(h->model[0] ? h->model : "", now), NULL);
+    if (q->ereq.load_only) /* the same, Ollama's embedding way: no input */
+        return respond(q, conn, 200, "application/json",
+                       emb_empty_body(q->ereq.api, h->model[0] ? h->model : q->oreq.model),
+                       NULL);
     if (q->oreq.stream)
         BUMP(h, chat_stream);
     else
@@ -1746,9 +1783,10 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         echo = q->oreq.model[0] ? q->oreq.model
                : cJSON_GetArraySize(served) == 1 && cJSON_IsString(fid) ? fid->valuestring : "";
     }
-    int crc = q->compat ? cpt_resp_create(&q->cresp, &q->creq, q->id, echo, now,
-                                          q->oreq.stream, &err)
-                        : oai_resp_create(&q->resp, q->id, echo, now / 1000, &q->oreq, &err);
+    int crc = q->embed    ? emb_resp_create(&q->eresp, &q->ereq, echo, &err)
+              : q->compat ? cpt_resp_create(&q->cresp, &q->creq, q->id, echo, now,
+                                            q->oreq.stream, &err)
+                          : oai_resp_create(&q->resp, q->id, echo, now / 1000, &q->oreq, &err);
     /* echo may point into served: copied before it goes */
     snprintf(q->vm_model, sizeof q->vm_model, "%s", echo ? echo : "");
     cJSON_Delete(served);
@@ -2134,6 +2172,8 @@ static enum route route_of(struct dhttp *h, const char *method, const char *url,
         {"/api/generate", R_OLLAMA_GENERATE, true}, {"/api/show", R_OLLAMA_SHOW, true},
         {"/api/tags", R_OLLAMA_TAGS, false},    {"/api/ps", R_OLLAMA_PS, false},
         {"/api/version", R_OLLAMA_VERSION, false},
+        {"/v1/embeddings", R_EMBEDDINGS, true}, {"/api/embed", R_OLLAMA_EMBED, true},
+        {"/api/embeddings", R_OLLAMA_EMBEDDINGS, true},
     };
     for (size_t i = 0; i < sizeof compat / sizeof compat[0] && !h->ops; i++) {
         if (strcmp(url, compat[i].url))
@@ -2311,6 +2351,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         case R_OLLAMA_SHOW:
         case R_TOKENIZE:
         case R_DETOKENIZE:
+        case R_EMBEDDINGS:
+        case R_OLLAMA_EMBED:
+        case R_OLLAMA_EMBEDDINGS:
         case R_CHAT: {
             if (!authorize(q, conn))
                 return refuse_auth(q, conn);
@@ -2408,6 +2451,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     oai_resp_free(q->resp);
     cpt_resp_free(q->cresp);
     cpt_request_clear(&q->creq);
+    emb_resp_free(q->eresp);
     oai_request_clear(&q->oreq);
     text_free(&q->body);
     text_free(&q->sse);

@@ -7,6 +7,8 @@
  *   POST /v1/responses          the Responses API (compat.c)
  *   POST /api/chat, /api/generate, /api/show; GET /api/tags, /api/ps,
  *        /api/version         Ollama's API (compat.c)
+ *   POST /v1/embeddings; POST /api/embed, /api/embeddings
+ *                               embedding jobs, OpenAI's and Ollama's (embed.c)
  *   POST /tokenize, /detokenize  vLLM's, with hooks->tok
  *   GET  /healthz (= /health, GET/POST /ping), /version, /metrics (behind the
  *        key when keys are on; with vLLM's request metrics: vmetrics.h)
