@@ -634,6 +634,10 @@ static int check_request(const struct engine *e, const struct engine_request *r,
         return refuse(err, EV_CODE_PROMPT_TOO_LONG,
                       "prompt has %d tokens; the context is %d", n_prompt, *limit);
     }
+    if (!r->embed && e->cfg->embed_only)
+        return refuse(err, EV_CODE_BAD_PARAM,
+                      "this model is an embedding checkpoint (no lm_head.weight): it serves "
+                      "task embed only");
     if (r->embed) {
         if (!e->be->ops->hidden)
             return refuse(err, EV_CODE_BAD_PARAM,
@@ -1783,4 +1787,5 @@ int engine_n_vocab(const struct engine *e) { return e->cfg->vocab; }
 int engine_n_context(const struct engine *e) { return e->max_context; }
 const char *engine_served_name(const struct engine *e) { return e->served_name; }
 int engine_eos_id(const struct engine *e) { return e->cfg->eos_id; }
+bool engine_embed_only(const struct engine *e) { return e->cfg->embed_only != 0; }
 const struct tokenizer *engine_get_tokenizer(const struct engine *e) { return e->tok; }

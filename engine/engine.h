@@ -488,6 +488,9 @@ int engine_n_vocab(const struct engine *e);       /* token ids are [0, n) */
 int engine_n_context(const struct engine *e);     /* tokens per sequence at
                                                      most (engine_stats.max_context) */
 const char *engine_served_name(const struct engine *e); /* owned by the engine */
+/* true for an embedding checkpoint without a vocabulary product
+ * (model.h embed_only): it takes embed requests only */
+bool engine_embed_only(const struct engine *e);
 int engine_eos_id(const struct engine *e);        /* config.json's eos_token_id,
                                                      -1 when it names none */
 /* The tokenizer, or NULL when the model directory has none. */

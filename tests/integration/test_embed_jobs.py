@@ -7,8 +7,9 @@ Run with Debian's interpreter: /usr/bin/python3 -m pytest tests/integration
 import base64
 import math
 import struct
+import subprocess
 
-from conftest import check_stream
+from conftest import CLI, MODEL, check_stream
 
 HIDDEN = 128  # tests/data/models/tiny-qwen3-a's hidden_size
 
@@ -103,3 +104,22 @@ def test_embedding_refusals(workers, client, event_validator):
         assert evs[-1][1]["finish_reason"] == "error"
     # the worker goes on: an embedding after the refusals
     assert "embedding" in embed(client, event_validator, "ok", prompt="fine")
+
+
+def test_embedding_only_checkpoint(workers, client, event_validator, tmp_path):
+    """A checkpoint in Qwen3-Embedding-8B's layout (bare names, untied, no
+    lm_head.weight), made by the model maker: the worker serves its
+    embeddings and refuses to generate, by code."""
+    out = tmp_path / "emb-only"
+    subprocess.run([str(CLI), "mkmodel", "--out", str(out), "--embedding", "--untied",
+                    "--dtype", "f32", "--tokenizer", str(MODEL)], check=True,
+                   capture_output=True)
+    w = workers("we", "--model", str(out))
+    done = embed(client, event_validator, "o1", prompt="a document")
+    assert done["dimensions"] == HIDDEN and abs(norm(vector(done)) - 1) < 1e-5
+    client.submit({"id": "o2", "prompt": "a document", "max_tokens": 3})
+    evs = client.events("o2")
+    check_stream(evs, event_validator)
+    assert evs[0][1]["type"] == "error" and evs[0][1]["code"] == "BAD_PARAM"
+    assert "embed" in evs[0][1]["message"]
+    assert "serves embedding jobs" in w.text()

@@ -30,6 +30,8 @@
 static char model_dir[1024];  /* the model open_engine() opens */
 static char f32_dir[1024];    /* the tiny reference model (F32) */
 static char q8_dir[1100];     /* random-weight checkpoints in GGUF Q8_0 (the tiny */
+static char emb_dir[1100];    /* the tiny model in Qwen3-Embedding's layout (bare */
+static char emb_only_dir[1100]; /* names), and an untied one without lm_head */
 static char q4km_dir[1100];   /* shape) and Q4_K_M (256-wide dims), made in setup */
 static char bf16_dir[1100];   /* its BF16 copy, made in setup: on AVX-512 its
                                  KV cache is bf16 in the packed layouts, so
@@ -1207,6 +1209,54 @@ static void test_embed_rowsets(void **state)
     engine_backend = NULL;
 }
 
+/* Checkpoints in Qwen3-Embedding's layout: bare names load as the same
+ * model (the same vector, bit for bit, and the same tokens); an untied one
+ * without lm_head.weight serves embeddings and refuses to generate. */
+static void test_embedding_checkpoints(void **state)
+{
+    (void)state;
+    int32_t a[30];
+    make_prompt(a, 30, 21);
+    static struct result want, got, gen_want, gen_got, only;
+    struct engine_request q;
+    struct engine *e = open_engine(64, 4, 0); /* the tiny model, as released */
+    embed_req(&q, a, 30, 0);
+    submit(e, &q, &want);
+    greedy_req(&q, a, 30, 8);
+    submit(e, &q, &gen_want);
+    drain(e);
+    engine_free(e);
+    char keep[1024];
+    strcpy(keep, model_dir);
+    strcpy(model_dir, emb_dir);
+    e = open_engine(64, 4, 0);
+    embed_req(&q, a, 30, 0);
+    submit(e, &q, &got);
+    greedy_req(&q, a, 30, 8);
+    submit(e, &q, &gen_got);
+    drain(e);
+    engine_free(e);
+    assert_int_equal(got.n_emb, 128);
+    assert_memory_equal(got.emb, want.emb, 128 * sizeof(float));
+    assert_same(&gen_got, &gen_want); /* tied: it still generates */
+
+    strcpy(model_dir, emb_only_dir);
+    e = open_engine(64, 4, 0);
+    struct rl_err err = {0};
+    uint64_t id;
+    greedy_req(&q, a, 30, 8);
+    assert_int_not_equal(engine_submit(e, &q, &id, &err), 0);
+    assert_int_equal(err.code, EV_CODE_BAD_PARAM);
+    assert_non_null(strstr(err.msg, "embed"));
+    embed_req(&q, a, 30, 0);
+    submit(e, &q, &only);
+    drain(e);
+    assert_int_equal(only.finish, ENGINE_FINISH_STOP);
+    assert_true(fabs(norm_of(only.emb, only.n_emb) - 1.0) < 1e-5);
+    engine_free(e);
+    strcpy(model_dir, keep);
+}
+
 static void test_submit_errors(void **state)
 {
     (void)state;
@@ -1934,6 +1984,29 @@ static int setup(void **state)
         fprintf(stderr, "cannot make the BF16 copy: %s\n", err.msg);
         return -1;
     }
+    /* Qwen3-Embedding's layout: the tiny model's own weights under bare
+     * names; and an untied random one with no lm_head at all */
+    snprintf(emb_dir, sizeof emb_dir, "%s/emb", tmpdir);
+    snprintf(emb_only_dir, sizeof emb_only_dir, "%s/emb-only", tmpdir);
+    mk_opts_init(&mo);
+    mo.from_dir = f32_dir;
+    mo.out_dir = emb_dir;
+    mo.dtype = MK_F32;
+    mo.embedding = 1;
+    if (mk_write(&mo, NULL, &err)) {
+        fprintf(stderr, "cannot make the embedding-layout copy: %s\n", err.msg);
+        return -1;
+    }
+    mk_opts_init(&mo);
+    mo.out_dir = emb_only_dir;
+    mo.tokenizer_dir = f32_dir;
+    mo.dtype = MK_F32;
+    mo.tied = 0;
+    mo.embedding = 1;
+    if (mk_write(&mo, NULL, &err)) {
+        fprintf(stderr, "cannot make the embeddings-only checkpoint: %s\n", err.msg);
+        return -1;
+    }
     /* the quantized ones: random weights (the model maker converts only to
      * f32 / bf16 / fp8), shapes whose dims fit the formats' blocks */
     snprintf(q8_dir, sizeof q8_dir, "%s/q8_0", tmpdir);
@@ -2003,6 +2076,7 @@ int main(void)
         cmocka_unit_test(test_thread_counts_quant),
         cmocka_unit_test(test_embed),
         cmocka_unit_test(test_embed_rowsets),
+        cmocka_unit_test(test_embedding_checkpoints),
         cmocka_unit_test(test_submit_errors),
         cmocka_unit_test(test_eos_and_defaults),
         cmocka_unit_test(test_generation_config),
