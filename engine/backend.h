@@ -153,6 +153,13 @@ struct be_ops {
      * full speed without staging); NULL when it cannot; host_free frees it */
     void *(*host_alloc)(void *ctx, size_t bytes);
     void (*host_free)(void *ctx, void *p);
+
+    /* optional: copies the final-normed hidden state (cfg->hidden floats,
+     * the input of the vocabulary product) of logits row `row` of the last
+     * forward into out: an embedding (Qwen3-Embedding's last-token
+     * pooling). Valid until the next forward(); without it the engine
+     * refuses embedding requests */
+    int (*hidden)(void *ctx, int row, float *out, struct rl_err *err);
 };
 
 

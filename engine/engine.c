@@ -107,6 +107,10 @@ struct gen_defaults {
 struct eng_req {
     uint64_t id;
     void *user;
+    bool embed;                  /* engine_request.embed */
+    int embed_dims;              /* its dimensions (0 = hidden size) */
+    float *emb;                  /* (n_emb) the vector, once computed */
+    int n_emb;
     struct sched_seq *seq;       /* NULL once finished */
     struct sample_state *ss;
     struct sample_params sp;
@@ -497,6 +501,7 @@ static void req_free(struct eng_req *r)
         return;
     sample_state_free(r->ss);
     tok_stream_free(r->ts);
+    free(r->emb);
     free(r->wait_ids);
     gram_match_free(r->gm);
     free(r->mask);
@@ -615,11 +620,12 @@ static int check_request(const struct engine *e, const struct engine_request *r,
                           "prompt_ids[%d]: %d is outside the vocabulary [0, %d)", i,
                           (int)prompt[i], (int)e->cfg->vocab);
     /* the one context check: the prompt and every token asked for (at
-     * least one) must fit */
+     * least one; an embedding asks for none, and its prompt leaves room
+     * for one as any prompt does: the scheduler's rule) must fit */
     *limit = e->max_context;
     if (r->context_limit > 0 && r->context_limit < *limit)
         *limit = r->context_limit;
-    int64_t need = (int64_t)n_prompt + (r->max_tokens > 0 ? r->max_tokens : 1);
+    int64_t need = (int64_t)n_prompt + (!r->embed && r->max_tokens > 0 ? r->max_tokens : 1);
     if (need > *limit) {
         if (r->max_tokens > 0)
             return refuse(err, EV_CODE_PROMPT_TOO_LONG,
@@ -627,6 +633,23 @@ static int check_request(const struct engine *e, const struct engine_request *r,
                           n_prompt, r->max_tokens, *limit);
         return refuse(err, EV_CODE_PROMPT_TOO_LONG,
                       "prompt has %d tokens; the context is %d", n_prompt, *limit);
+    }
+    if (!r->embed && e->cfg->embed_only)
+        return refuse(err, EV_CODE_BAD_PARAM,
+                      "this model is an embedding checkpoint (no lm_head.weight): it serves "
+                      "task embed only");
+    if (r->embed) {
+        if (!e->be->ops->hidden)
+            return refuse(err, EV_CODE_BAD_PARAM,
+                          "task embed: the %s backend cannot compute embeddings",
+                          e->be->ops->name);
+        if (r->constraint != ENGINE_CONSTRAINT_NONE || r->n_resumed)
+            return refuse(err, EV_CODE_BAD_PARAM,
+                          "task embed: an embedding takes no constraint and no resumption");
+        if (r->embed_dims < 0 || r->embed_dims > e->cfg->hidden)
+            return refuse(err, EV_CODE_BAD_VALUE,
+                          "dimensions: %d is more than the model's %d", r->embed_dims,
+                          e->cfg->hidden);
     }
     if (r->n_resumed < 0 || r->n_resumed >= n_prompt || (r->n_resumed && !r->prompt_ids))
         return refuse(err, EV_CODE_BAD_VALUE,
@@ -741,6 +764,12 @@ static int req_build(struct engine *e, const struct engine_request *r, uint64_t 
     }
     q->think = r->mode == ENGINE_MODE_THINK;
     q->n_resumed = r->n_resumed;
+    if (r->embed) { /* no token will be sampled or decoded */
+        q->embed = true;
+        q->embed_dims = r->embed_dims > 0 ? r->embed_dims : e->cfg->hidden;
+        *out = q;
+        return 0;
+    }
     if (g && (rc = req_constrain(e, q, g, prompt, n_prompt, err))) {
         req_free(q);
         return rc;
@@ -1286,8 +1315,45 @@ static bool process_row(struct engine *e, struct eng_req *q, float *row, const s
  * after draft r - 1. Processes them in order while the drafts hold (the
  * essay at the top), keeps the accepted drafts' KV and proposes the next
  * draft. */
+/* An embed request's row: the backend's final-normed hidden state of its
+ * last prompt token, cut to its dimensions and scaled to unit length
+ * (what Qwen3-Embedding's last-token pooling and normalisation give); the
+ * request is then done. */
+static void embed_row(struct engine *e, struct eng_req *q, int row)
+{
+    struct rl_err err = {0};
+    int h = e->cfg->hidden;
+    float *v = malloc((size_t)h * sizeof *v);
+    if (!v) {
+        rl_errf(&err, RL_ENOMEM, "engine: out of memory for an embedding");
+        fail_req(e, q, &err);
+        return;
+    }
+    int rc = e->be->ops->hidden(e->be->ctx, row, v, &err);
+    double ss = 0;
+    for (int i = 0; !rc && i < q->embed_dims; i++)
+        ss += (double)v[i] * v[i];
+    if (!rc && !(ss > 0 && ss < INFINITY))
+        rc = rl_errf(&err, RL_EBACKEND, "engine: the hidden state has norm %g", sqrt(ss));
+    if (rc) {
+        free(v);
+        fail_req(e, q, &err);
+        return;
+    }
+    double inv = 1.0 / sqrt(ss);
+    for (int i = 0; i < q->embed_dims; i++)
+        v[i] = (float)(v[i] * inv);
+    q->emb = v;
+    q->n_emb = q->embed_dims;
+    finish_req(e, q, ENGINE_FINISH_STOP);
+}
+
 static void process_rows(struct engine *e, struct eng_req *q, float *rows, int row0, int n_draft)
 {
+    if (q->embed) {
+        embed_row(e, q, row0);
+        return;
+    }
     size_t v = (size_t)e->cfg->vocab;
     int n_acc = 0;
     bool goes_on = true;
@@ -1394,6 +1460,10 @@ static int collect_events(struct engine *e, const struct engine_event **events,
             q->usage.cached_prompt_tokens = c > 0 ? c : 0;
         }
         ev->usage = q->usage;
+        if (final && q->emb) {
+            ev->embedding = q->emb;
+            ev->n_embedding = q->n_emb;
+        }
         if (q->finish == ENGINE_FINISH_ERROR) {
             ev->error_code = q->err_code;
             ev->error = q->err_msg;
@@ -1575,7 +1645,10 @@ int engine_step(struct engine *e, const struct engine_event **events, int *n_eve
                     continue;
                 const struct eng_req *q = it->user;
                 const struct sample_params *sp = &q->sp;
-                uint8_t w = !sample_params_reducible(sp) ? BE_ROW_FULL
+                /* an embedding reads the hidden state, not the logits: the
+                 * cheapest row there is */
+                uint8_t w = q->embed ? BE_ROW_ARGMAX
+                            : !sample_params_reducible(sp) ? BE_ROW_FULL
                             : sp->temperature == 0 && sp->repetition_penalty == 1.0f &&
                                       sp->frequency_penalty == 0 && sp->presence_penalty == 0
                                 ? BE_ROW_ARGMAX
@@ -1714,4 +1787,5 @@ int engine_n_vocab(const struct engine *e) { return e->cfg->vocab; }
 int engine_n_context(const struct engine *e) { return e->max_context; }
 const char *engine_served_name(const struct engine *e) { return e->served_name; }
 int engine_eos_id(const struct engine *e) { return e->cfg->eos_id; }
+bool engine_embed_only(const struct engine *e) { return e->cfg->embed_only != 0; }
 const struct tokenizer *engine_get_tokenizer(const struct engine *e) { return e->tok; }

@@ -293,6 +293,19 @@ struct engine_request {
     double deadline;            /* absolute, on engine_now()'s clock; <= 0
                                    none. Past it: finish "deadline" */
     void *user;                 /* opaque, handed back in events */
+    bool embed;                 /* an embedding instead of tokens: the
+                                   prompt runs through the model once and
+                                   the request finishes "stop" with the
+                                   final-normed hidden state of its last
+                                   token, L2-normalised, in its final
+                                   event (engine_event.embedding); no
+                                   token is generated, the sampling
+                                   fields are not used. No constraint,
+                                   n_resumed or speculation. Needs a
+                                   backend with `hidden` (BAD_PARAM) */
+    int embed_dims;             /* embed: the first this many values,
+                                   normalised again (Matryoshka); 0 = the
+                                   model's hidden size; more: BAD_VALUE */
     uint64_t cache_salt;        /* prefix-cache domain (kv_seq_set_salt): only
                                    requests of equal salt share cached
                                    prompt blocks, so one tenant cannot read
@@ -352,6 +365,12 @@ struct engine_event {
     int error_code;                   /* an enum rl_code (RL_EBACKEND, ...)
                                          when finish is ERROR */
     const char *error;                /* a sentence, when finish is ERROR */
+    const float *embedding;           /* an embed request's final event:
+                                         (n_embedding) the unit vector;
+                                         NULL otherwise. Owned by the
+                                         engine, valid until the next
+                                         engine_step */
+    int n_embedding;
     int refused;                      /* when finish is ERROR because the
                                          request was refused after
                                          engine_submit took it (its
@@ -469,6 +488,9 @@ int engine_n_vocab(const struct engine *e);       /* token ids are [0, n) */
 int engine_n_context(const struct engine *e);     /* tokens per sequence at
                                                      most (engine_stats.max_context) */
 const char *engine_served_name(const struct engine *e); /* owned by the engine */
+/* true for an embedding checkpoint without a vocabulary product
+ * (model.h embed_only): it takes embed requests only */
+bool engine_embed_only(const struct engine *e);
 int engine_eos_id(const struct engine *e);        /* config.json's eos_token_id,
                                                      -1 when it names none */
 /* The tokenizer, or NULL when the model directory has none. */

@@ -609,21 +609,24 @@ static int plan_model(struct plan *p, const struct mk_opts *o, struct rl_err *er
 {
     int64_t H = o->hidden, V = o->vocab;
     int rc;
-    if ((rc = plan_random(p, o, "model.embed_tokens.weight", V, H, err)))
+    const char *pfx = o->embedding ? "" : "model.";
+    char n[160];
+    snprintf(n, sizeof n, "%sembed_tokens.weight", pfx);
+    if ((rc = plan_random(p, o, n, V, H, err)))
         return rc;
     for (int l = 0; l < o->n_layers; l++) {
         for (int i = 0; i < N_LAYER_TENSORS; i++) {
-            char n[160];
             int64_t rows, cols;
             layer_shape(o, i, &rows, &cols);
-            snprintf(n, sizeof n, "model.layers.%d.%s", l, layer_tensors[i].hf);
+            snprintf(n, sizeof n, "%slayers.%d.%s", pfx, l, layer_tensors[i].hf);
             if ((rc = plan_random(p, o, n, rows, cols, err)))
                 return rc;
         }
     }
-    if ((rc = plan_random(p, o, "model.norm.weight", 0, H, err)))
+    snprintf(n, sizeof n, "%snorm.weight", pfx);
+    if ((rc = plan_random(p, o, n, 0, H, err)))
         return rc;
-    if (!o->tied && (rc = plan_random(p, o, "lm_head.weight", V, H, err)))
+    if (!o->tied && !o->embedding && (rc = plan_random(p, o, "lm_head.weight", V, H, err)))
         return rc;
     return 0;
 }
@@ -656,10 +659,16 @@ static int plan_from(struct plan *p, const struct mk_opts *o, const struct st_fi
                 return rl_errf(err, RL_EFORMAT, "%s: F8 tensor \"%s\" lacks a matching F32/BF16 \"%s\"",
                                t->file, t->name, sn);
         }
+        /* the embedding layout: the body's names bare, no vocabulary product */
+        const char *name = t->name;
+        if (o->embedding && !strcmp(name, "lm_head.weight"))
+            continue;
+        if (o->embedding && !strncmp(name, "model.", 6))
+            name += 6;
         int fl = is_float_dtype(t->dtype);
         enum st_dtype out = fl ? out_dtype(o->dtype, t->n_dims == 2 && is_proj(t->name)) : t->dtype;
         struct gen *g;
-        int rc = plan_add(p, t->name, t->n_dims, t->shape, out, &g, err);
+        int rc = plan_add(p, name, t->n_dims, t->shape, out, &g, err);
         if (rc)
             return rc;
         g->kind = fl ? GEN_SOURCE : GEN_RAW;
@@ -952,6 +961,9 @@ static int check_opts(const struct mk_opts *o, struct rl_err *err)
     if (o->from_dir && o->dtype >= MK_AWQ)
             return rl_errf(err, RL_EINVAL, "--from converts to f32, bf16 or fp8 only; awq and GGUF "
                                        "models are made with random weights");
+    if (o->embedding && o->dtype >= MK_AWQ)
+        return rl_errf(err, RL_EINVAL, "--embedding: the embedding layout is written as "
+                                       "safetensors in f32, bf16 or fp8");
     if (o->awq_group < 0 || o->awq_group > 1 << 16)
         return rl_errf(err, RL_EINVAL, "--group %d: must be in [1, 65536]", o->awq_group);
     if (o->n_shards < 0 || (o->n_shards > 1 && o->shard_size))

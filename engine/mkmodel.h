@@ -61,6 +61,10 @@ struct mk_opts {
     int awq_group;             /* AWQ: group size along the input features; 0 = 128 */
     float weight_std;          /* std of the random matrices; 0 = 0.02 (tests that want
                                 * confident logits from a tiny model raise it) */
+    int embedding;             /* Qwen3-Embedding's layout (Qwen3Model saved bare): names
+                                * without "model.", no lm_head.weight even untied (the
+                                * 4B/8B releases); safetensors dtypes only. Converting,
+                                * the source's lm_head.weight is left out */
 };
 
 /* What mk_write produced. */

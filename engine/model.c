@@ -475,11 +475,23 @@ static int bind_all(struct model *m, struct rl_err *err)
     int64_t H = c->hidden, I = c->intermediate, Q = (int64_t)c->n_heads * c->head_dim,
             KV = (int64_t)c->n_kv_heads * c->head_dim, D = c->head_dim;
     int rc;
-    if ((rc = bind(m, &w->embed, "model.embed_tokens.weight", c->vocab, H, err)) ||
-        (rc = bind(m, &w->final_norm, "model.norm.weight", 0, H, err)))
+    /* Qwen3ForCausalLM names its body "model.*"; an embedding checkpoint
+     * (Qwen3-Embedding, saved as Qwen3Model) names the same tensors bare */
+    const char *pfx = !st_find(m->st, "model.embed_tokens.weight") &&
+                              st_find(m->st, "embed_tokens.weight") ? "" : "model.";
+    char en[64], nn[64];
+    snprintf(en, sizeof en, "%sembed_tokens.weight", pfx);
+    snprintf(nn, sizeof nn, "%snorm.weight", pfx);
+    if ((rc = bind(m, &w->embed, en, c->vocab, H, err)) ||
+        (rc = bind(m, &w->final_norm, nn, 0, H, err)))
         return rc;
     if (w->embed.dtype == MODEL_F8_E4M3)
         return rl_errf(err, RL_EUNSUPPORTED, "%s: FP8 embeddings are not supported", m->dir);
+    if (!c->tied && !pfx[0] && !st_find(m->st, "lm_head.weight")) {
+        /* the bare body of an untied model: no vocabulary product at all */
+        m->cfg.embed_only = 1;
+        m->cfg.tied = 1;
+    }
     if (c->tied) {
         w->lm_head = w->embed;
         const struct st_tensor *lm = st_find(m->st, "lm_head.weight");
@@ -501,7 +513,7 @@ static int bind_all(struct model *m, struct rl_err *err)
             "self_attn.k_norm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
             "mlp.up_proj.weight", "mlp.down_proj.weight"};
         for (int i = 0; i < 11; i++)
-            snprintf(n[i], sizeof n[i], "model.layers.%d.%s", l, suffix[i]);
+            snprintf(n[i], sizeof n[i], "%slayers.%d.%s", pfx, l, suffix[i]);
         if ((rc = bind(m, &L->attn_norm, n[0], 0, H, err)) ||
             (rc = bind_proj(m, &L->wq, n[1], Q, H, err)) ||
             (rc = bind_proj(m, &L->wk, n[2], KV, H, err)) ||

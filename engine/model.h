@@ -52,6 +52,12 @@ struct model_config {
     int awq_group;         /* 0 when not an AWQ checkpoint */
     enum model_dtype dtype; /* torch_dtype, the dtype of unquantized tensors */
     int bos_id, eos_id;    /* -1 when absent */
+    /* An embedding checkpoint (Qwen3-Embedding-4B/8B: Qwen3Model's weights,
+     * named without "model.", and no lm_head.weight though untied): it
+     * serves embeddings only. tied is then set, so that the backends use
+     * the embedding matrix where the vocabulary product was (the forward
+     * pass stays one; its logits mean nothing and nobody samples them) */
+    int embed_only;
 };
 
 /* A weight as the checkpoint stores it. Matrices are row-major (rows = out

@@ -50,6 +50,21 @@ int prompt_render(const struct job *j, enum job_mode mode, const struct tokenize
         tok_ids_free(&v);
         return rc;
     }
+    if (j->task == JOB_TASK_EMBED) {
+        /* Qwen3-Embedding's tokenizer ends every text with <|endoftext|>,
+         * and its vector is that token's hidden state (last-token pooling) */
+        static const char eot[] = "<|endoftext|>";
+        int32_t id = tok_find(tok, eot, sizeof eot - 1);
+        int32_t *g = id >= 0 ? realloc(v.ids, (v.n + 2) * sizeof *g) : v.ids;
+        if (!g) {
+            tok_ids_free(&v);
+            *code = EV_CODE_INTERNAL;
+            return rl_errf(err, RL_ENOMEM, "out of memory");
+        }
+        v.ids = g;
+        if (id >= 0)
+            v.ids[v.n++] = id;
+    }
     *ids = v.ids;
     *n_ids = (int)v.n;
     return 0;

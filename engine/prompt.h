@@ -19,7 +19,9 @@ struct tokenizer;
  * JOB_MODE_NO_THINK, see job_mode_on): messages (+ tools) through
  * chat_tokenize (no_think adds the empty think block; the template's tags
  * are tokens, the messages' text never is); prompt text through the
- * tokenizer with its tags live (the sender wrote the template); prompt_ids
+ * tokenizer with its tags live (the sender wrote the template; an
+ * embedding job's text gets <|endoftext|> after it, as Qwen3-Embedding's
+ * tokenizer adds it: its vector is that token's hidden state); prompt_ids
  * copied as they are (the caller checks them against its vocabulary). On
  * success *ids (malloc'd, caller frees; one spare slot) and *n_ids are
  * set. On failure *code says which protocol error it is: TEMPLATE_ERROR,

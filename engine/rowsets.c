@@ -174,6 +174,14 @@ static void rows_free(void *ctx)
     free(c);
 }
 
+static int rows_hidden(void *ctx, int row, float *out, struct rl_err *err)
+{
+    struct rows_ctx *c = ctx;
+    if (!c->inner->ops->hidden)
+        return rl_errf(err, RL_EUNSUPPORTED, "rowsets: the inner backend has no hidden states");
+    return c->inner->ops->hidden(c->inner->ctx, row, out, err);
+}
+
 static const struct be_ops rows_ops = {
     .name = "cpu-rowsets",
     .load = rows_load,
@@ -189,6 +197,7 @@ static const struct be_ops rows_ops = {
     .set_row_wants = rows_set_row_wants,
     .row_cands = rows_row_cands,
     .fetch_row = rows_fetch_row,
+    .hidden = rows_hidden,
 };
 
 int rows_backend_wrap(struct backend **out, struct backend *inner, struct rl_err *err)

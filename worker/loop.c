@@ -200,6 +200,8 @@ static void build_request(struct worker *w, struct wjob *j, struct engine_reques
         r.deadline = d > 1e-6 ? d : 1e-6; /* <= 0 would mean "none" */
     }
     r.user = j;
+    r.embed = jb->task == JOB_TASK_EMBED;
+    r.embed_dims = jb->dimensions;
     r.cache_salt = j->cache_salt; /* a tenant's own prefix-cache domain (ident.c) */
     *rq = r;
 }
@@ -434,7 +436,7 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
             return 0;
         }
         if (r == 2) { /* an error was published but not its done */
-            w_push_done(w, j, EV_FINISH_ERROR, NULL);
+            w_push_done(w, j, EV_FINISH_ERROR, NULL, NULL, 0);
             return 0;
         }
         if (r == 3) { /* another request owns the id (ident.c) */
@@ -443,7 +445,7 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
         }
         if (j->n_prev >= j->job->max_tokens) { /* it died right after its last token */
             struct engine_usage u = {.prompt_tokens = j->n_ids};
-            w_push_done(w, j, EV_FINISH_LENGTH, &u);
+            w_push_done(w, j, EV_FINISH_LENGTH, &u, NULL, 0);
             return 0;
         }
         if (j->stalls >= w->opt.max_deliveries) {
@@ -460,7 +462,7 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
         }
     }
     if (j->job->deadline_ms > 0 && rl_wall_ms() >= j->job->deadline_ms) {
-        w_push_done(w, j, EV_FINISH_DEADLINE, NULL);
+        w_push_done(w, j, EV_FINISH_DEADLINE, NULL, NULL, 0);
         wm_error(&w->m, EV_CODE_DEADLINE_EXCEEDED);
         return 0;
     }
@@ -473,7 +475,7 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
     if (cancelled) {
         free(cached);
         j->cache_fill = false;
-        w_push_done(w, j, EV_FINISH_CANCELLED, NULL);
+        w_push_done(w, j, EV_FINISH_CANCELLED, NULL, NULL, 0);
         return 0;
     }
     if (cached) {
@@ -851,7 +853,7 @@ static void on_event(struct worker *w, const struct engine_event *ev)
                ev->error ? ev->error : "?");
         w_push_error(w, j, EV_CODE_ENGINE_ERROR, ev->error);
     } else {
-        w_push_done(w, j, map_finish(ev->finish), &ev->usage);
+        w_push_done(w, j, map_finish(ev->finish), &ev->usage, ev->embedding, ev->n_embedding);
     }
     pthread_mutex_lock(&w->m.mu);
     w->m.jobs_done++;

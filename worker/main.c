@@ -284,6 +284,9 @@ static int setup(struct worker *w, struct rl_err *err)
         RL_LOG(&w->log, RL_LOG_INFO, "KV cache: %ld tokens (%d blocks of %d, sized by %s), max_context %d",
                (long)es.kv_blocks * es.block_size, es.kv_blocks, es.block_size, es.kv_sizing, es.max_context);
     }
+    if (engine_embed_only(w->eng))
+        RL_LOG(&w->log, RL_LOG_INFO, "%s has no lm_head.weight (an embedding checkpoint): it serves "
+               "embedding jobs (task embed) only", w->model.dir);
     if ((rc = modelid_compute(w->model.dir, w->model_id, err)))
         return rc;
     /* the worker still serves token-id jobs without one, so this is a

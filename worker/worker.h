@@ -377,9 +377,11 @@ int w_push_event(struct wjob *j, char *json);
 void w_outbox_drop(struct wjob *j);
 /* Builds and queues an error event followed by done(error). */
 int w_push_error(struct worker *w, struct wjob *j, enum ev_code code, const char *msg);
-/* Builds and queues a done event with the usage and timings of j. */
+/* Builds and queues a done event with the usage and timings of j, and an
+ * embedding job's vector (emb: n_emb floats, borrowed for the call; NULL
+ * for every other job). */
 int w_push_done(struct worker *w, struct wjob *j, enum ev_finish fin,
-                const struct engine_usage *u);
+                const struct engine_usage *u, const float *emb, int n_emb);
 /* Writes a dead letter for j into its pending slot (sent with the flush). */
 int w_set_dead(struct worker *w, struct wjob *j, const char *raw, size_t raw_len,
                enum ev_code code, const char *msg);

@@ -117,7 +117,10 @@ struct cpu_ctx {
 
     int max_tokens;
     float *x;       /* (max_tokens, hidden) residual stream */
-    float *xn;      /* (max_tokens, max(hidden, q_dim)) normed f32 input */
+    float *xn;      /* (max_tokens, max(hidden, q_dim)) normed f32 input; after
+                       a forward, its logits rows' final-normed hidden states
+                       (cpu_hidden) */
+    int n_hidden;   /* logits rows of the last forward held in xn */
     uint16_t *xb;   /* (max_tokens, max(hidden, q_dim)) bf16 copy of xn / att */
     uint16_t *hb;   /* (max_tokens, inter) bf16 SwiGLU output: apart from xb,
                        which the gate/up gemms are still reading */
@@ -1740,6 +1743,7 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         }
         prof_mark(c, PH_DOWN, &tp);
     }
+    c->n_hidden = 0;
     if (b->n_logits == 0)
         return 0;
     /* Final norm on the rows that want logits, then the vocabulary matrix. */
@@ -1757,7 +1761,19 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
     struct mm_job lj = {.k = c->k, .M = n, .n_mats = 1, .mat = {&c->lm_head}, .y = {b->logits},
                         .ldy = {cfg->vocab}, .x = c->xn, .xb = c->xb, .ldx = H};
     mm_run(c, &lj);
+    c->n_hidden = n;
     prof_mark(c, PH_LOGITS, &tp);
+    return 0;
+}
+
+static int cpu_hidden(void *ctx, int row, float *out, struct rl_err *err)
+{
+    struct cpu_ctx *c = ctx;
+    if (row < 0 || row >= c->n_hidden)
+        return rl_errf(err, RL_EINVAL, "cpu backend: logits row %d of %d has no hidden state", row,
+                       c->n_hidden);
+    size_t H = (size_t)c->cfg.hidden;
+    memcpy(out, c->xn + (size_t)row * H, H * sizeof *out);
     return 0;
 }
 
@@ -1809,6 +1825,7 @@ static const struct be_ops cpu_ops = {
     .profile = cpu_profile,
     .describe = cpu_describe,
     .free = cpu_free,
+    .hidden = cpu_hidden,
 };
 
 int cpu_backend_create(struct backend **out, const struct be_options *opt, struct rl_err *err)

@@ -149,6 +149,9 @@ struct cuda_ctx {
     int32_t *wrows_h, *wrows_d;        /* (max_tokens) argmax rows, then cands rows: pinned, device */
     struct sample_cands *cands_d, *cands_h; /* (logit_rows) per logits row: device, pinned */
     int last_rows;                     /* logits rows of the last forward still in c->logits (fetch_row) */
+    const int32_t *last_lrow_d;        /* the last forward's token row of each logits row (in meta_d) */
+    int last_hidden;                   /* logits rows cuda_hidden can serve: their x rows hold the full residual */
+    float *hid_d;                      /* (hidden) one final-normed row in f32 (cuda_hidden) */
     struct kv_fit_out fit;    /* the pool the device holds, from load (fit_kv) */
     char desc[256];
 };
@@ -168,6 +171,7 @@ static const struct sample_cands *cuda_row_cands(void *ctx);
 static int cuda_fetch_row(void *ctx, int row, float *out, struct rl_err *err);
 static void *cuda_host_alloc_op(void *ctx, size_t bytes);
 static void cuda_host_free_op(void *ctx, void *p);
+static int cuda_hidden(void *ctx, int row, float *out, struct rl_err *err);
 
 static const struct be_ops cuda_ops = {
     "cuda",
@@ -186,6 +190,7 @@ static const struct be_ops cuda_ops = {
     cuda_fetch_row,
     cuda_host_alloc_op,
     cuda_host_free_op,
+    cuda_hidden,
 };
 
 /* ---- allocation ---- */
@@ -508,7 +513,8 @@ static int alloc_common(struct cuda_ctx *c, int max_tokens, struct rl_err *err)
         (rc = dev_alloc(c, (void **)&c->ids_d, (size_t)max_tokens * 4, err)) ||
         (rc = dev_alloc(c, (void **)&c->inv_freq, (size_t)cfg->head_dim / 2 * 4, err)) ||
         (rc = dev_alloc(c, (void **)&c->wrows_d, (size_t)max_tokens * 4, err)) ||
-        (rc = dev_alloc(c, (void **)&c->cands_d, (size_t)c->logit_rows * sizeof(struct sample_cands), err)))
+        (rc = dev_alloc(c, (void **)&c->cands_d, (size_t)c->logit_rows * sizeof(struct sample_cands), err)) ||
+        (rc = dev_alloc(c, (void **)&c->hid_d, H * 4, err)))
         return rc;
     CU_CHECK(err, cudaHostAlloc((void **)&c->ids_h, (size_t)max_tokens * 4, cudaHostAllocDefault));
     CU_CHECK(err, cudaHostAlloc((void **)&c->wrows_h, (size_t)max_tokens * 4, cudaHostAllocDefault));
@@ -1246,6 +1252,25 @@ static int cuda_fetch_row(void *ctx, int row, float *out, struct rl_err *err)
     return 0;
 }
 
+/* The final norm once more, over the residual the forward left in x, into
+ * an f32 row (the forward's own normed rows are in the lm_head's input
+ * type, BF16 or FP8, and overwritten pass by pass). */
+static int cuda_hidden(void *ctx, int row, float *out, struct rl_err *err)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (row < 0 || row >= c->last_hidden || !c->last_lrow_d)
+        return rl_errf(err, RL_EINVAL, "cuda backend: logits row %d of %d has no hidden state", row,
+                       c->last_hidden);
+    int H = c->cfg.hidden, rc;
+    CU_CHECK(err, cudaSetDevice(c->device));
+    if ((rc = cu_rmsnorm(c->x, NULL, c->last_lrow_d + row, 1, H, c->final_norm, c->cfg.rms_eps, c->hid_d, CU_ACT_F32,
+                         c->st, err)))
+        return rc;
+    CU_CHECK(err, cudaMemcpyAsync(out, c->hid_d, (size_t)H * 4, cudaMemcpyDeviceToHost, c->st));
+    CU_CHECK(err, cudaStreamSynchronize(c->st));
+    return 0;
+}
+
 static void *cuda_host_alloc_op(void *ctx, size_t bytes)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -1286,6 +1311,7 @@ static int cuda_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         for (int r = 0; r < n_wants; r++)
             wants[r] = BE_ROW_FULL;
     c->last_rows = 0;
+    c->last_hidden = 0;
     /* a captured graph ends in the argmax: masked rows take the plain path */
     int graphs = c->use_graphs && !(c->device_argmax && c->n_masked);
     int idx = 0, B = graphs && all_decode ? bucket_of(c, b->n_seqs, &idx) : 0;
@@ -1321,6 +1347,10 @@ static int cuda_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
     }
     if (b->n_logits <= c->logit_rows)
         c->last_rows = b->n_logits;
+    /* every logits row's x row got its last residual add in the final norm
+     * (each pass of logit_rows adds its own rows once) */
+    c->last_lrow_d = s.d.lrow;
+    c->last_hidden = b->n_logits;
     if (c->device_argmax && b->n_logits > 0)
         CU_CHECK(err, cudaMemcpyAsync(c->ids_h, c->ids_d, (size_t)b->n_logits * 4, cudaMemcpyDeviceToHost, c->st));
     c->n_ids = b->n_logits;

@@ -365,6 +365,20 @@ static int sim_fetch_row(void *ctx, int row, float *out, struct rl_err *err)
     return 0;
 }
 
+/* A row's "hidden state": values drawn from the row's hash (the row
+ * depends on its sequence's tokens, as the model's would), so that the
+ * same prompt embeds the same wherever it runs and the fleet's embedding
+ * jobs cost what a prefill costs. */
+static int sim_hidden(void *ctx, int row, float *out, struct rl_err *err)
+{
+    struct sim *s = ctx;
+    if (row < 0 || row >= s->n_rows)
+        return rl_errf(err, RL_EINVAL, "sim: row %d of %d", row, s->n_rows);
+    for (int d = 0; d < s->cfg.hidden; d++)
+        out[d] = (float)((double)(mix(s->row_h[row] + (uint64_t)d) >> 11) * 0x1p-53 - 0.5);
+    return 0;
+}
+
 /* What row r of this step is handed back as: a row whose constraint mask
  * the engine gave (set_masks) comes whole, since the sim applies no mask
  * before a set as a device does (the engine masks whole rows itself). */
@@ -497,6 +511,7 @@ static const struct be_ops sim_ops = {
     .set_row_wants = sim_set_row_wants,
     .row_cands = sim_row_cands,
     .fetch_row = sim_fetch_row,
+    .hidden = sim_hidden,
 };
 
 int sim_backend_create(struct backend **out, const struct be_options *opt, struct rl_err *err)

@@ -852,6 +852,84 @@ static void compare_models(const struct model_config *cfg, const struct model_we
     be_free(gpu);
 }
 
+/* lm_head . v for token v of an F32 checkpoint's untied lm_head */
+static double head_dot(const struct model_tensor *W, int H, int v, const float *h)
+{
+    const float *w = (const float *)W->data + (size_t)v * (size_t)H;
+    double dot = 0;
+    for (int d = 0; d < H; d++)
+        dot += (double)w[d] * h[d];
+    return dot;
+}
+
+/* be_ops.hidden on the device (embeddings): the lm_head times the hidden
+ * state of a prefill row is the device's own logits row and the
+ * reference's; so is a decode row's, whether the step ran as a graph or
+ * not; a row the last forward did not produce is refused. */
+static void test_hidden_state(void **state)
+{
+    char dir[1024], path[1200];
+    snprintf(dir, sizeof dir, "%s/models/tiny-qwen3-a", tu_data_dir());
+    snprintf(path, sizeof path, "%s/reference.json", dir);
+    char *txt = tu_slurp(path, NULL);
+    if (!txt)
+        fail_msg("cannot read %s", path);
+    cJSON *ref = cJSON_Parse(txt);
+    free(txt);
+    struct model *m;
+    RUN(model_load(&m, dir, &err));
+    const struct model_config *cfg = model_get_config(m);
+    const struct model_tensor *W = &model_get_weights(m)->lm_head;
+    assert_int_equal(W->dtype, MODEL_F32);
+    int V = cfg->vocab, H = cfg->hidden;
+    int32_t table[64];
+    for (int i = 0; i < 64; i++)
+        table[i] = 63 - i;
+    struct backend *be = open_be("cuda", cfg, model_get_weights(m), 512, 64, 16);
+    assert_non_null(be->ops->hidden);
+    float *h = malloc((size_t)H * 4);
+    double worst_ref = 0, worst_own = 0;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, cJSON_GetObjectItem(ref, "prompts"))
+    {
+        int32_t ids[512];
+        int n = tu_ids_from_json(cJSON_GetObjectItem(p, "ids"), ids, 512);
+        float *lg = malloc((size_t)n * V * 4);
+        step1(be, 0, ids, n, 0, lg, table);
+        const cJSON *pos = cJSON_GetObjectItem(p, "positions"), *rows = cJSON_GetObjectItem(p, "logits");
+        for (int k = 0; k < cJSON_GetArraySize(pos); k++) {
+            int at = cJSON_GetArrayItem(pos, k)->valueint;
+            RUN(be->ops->hidden(be->ctx, at, h, &err));
+            const cJSON *row = cJSON_GetArrayItem(rows, k);
+            for (int v = 0; v < V; v++) {
+                double dot = head_dot(W, H, v, h);
+                double dr = fabs(dot - cJSON_GetArrayItem(row, v)->valuedouble);
+                double dd = fabs(dot - lg[(size_t)at * V + v]);
+                worst_ref = dr > worst_ref ? dr : worst_ref;
+                worst_own = dd > worst_own ? dd : worst_own;
+            }
+        }
+        assert_int_not_equal(be->ops->hidden(be->ctx, n, h, &err), 0);
+        /* a decode step (one token: the graph path where graphs are on) */
+        int32_t t = argmax(lg + (size_t)(n - 1) * V, V);
+        step1(be, n, &t, 1, 0, lg, table);
+        RUN(be->ops->hidden(be->ctx, 0, h, &err));
+        for (int v = 0; v < V; v++) {
+            double dd = fabs(head_dot(W, H, v, h) - lg[v]);
+            worst_own = dd > worst_own ? dd : worst_own;
+        }
+        free(lg);
+    }
+    printf("  hidden states: lm_head . h against the reference %.3g, against the device's logits %.3g (< 2e-3)\n",
+           worst_ref, worst_own);
+    if (worst_ref > 2e-3 || worst_own > 2e-3)
+        fail_msg("hidden state off: %g against the reference, %g against the logits", worst_ref, worst_own);
+    free(h);
+    be_free(be);
+    model_free(m);
+    cJSON_Delete(ref);
+}
+
 static void test_models_vs_cpu(void **state)
 {
     /* tiny-qwen3-a in BF16 (weights rounded here) */
@@ -1461,6 +1539,7 @@ GPU_CASE(test_rmsnorm_swiglu)
 GPU_CASE(test_rope)
 GPU_CASE(test_attention)
 GPU_CASE(test_tiny_reference)
+GPU_CASE(test_hidden_state)
 GPU_CASE(test_models_vs_cpu)
 GPU_CASE(test_qgemm)
 GPU_CASE(test_quant_models_vs_cpu)
@@ -1483,6 +1562,7 @@ int main(void)
         cmocka_unit_test(test_rope_on_gpu),
         cmocka_unit_test(test_attention_on_gpu),
         cmocka_unit_test(test_tiny_reference_on_gpu),
+        cmocka_unit_test(test_hidden_state_on_gpu),
         cmocka_unit_test(test_models_vs_cpu_on_gpu),
         cmocka_unit_test(test_qgemm_on_gpu),
         cmocka_unit_test(test_quant_models_vs_cpu_on_gpu),

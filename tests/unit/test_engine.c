@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -29,6 +30,8 @@
 static char model_dir[1024];  /* the model open_engine() opens */
 static char f32_dir[1024];    /* the tiny reference model (F32) */
 static char q8_dir[1100];     /* random-weight checkpoints in GGUF Q8_0 (the tiny */
+static char emb_dir[1100];    /* the tiny model in Qwen3-Embedding's layout (bare */
+static char emb_only_dir[1100]; /* names), and an untied one without lm_head */
 static char q4km_dir[1100];   /* shape) and Q4_K_M (256-wide dims), made in setup */
 static char bf16_dir[1100];   /* its BF16 copy, made in setup: on AVX-512 its
                                  KV cache is bf16 in the packed layouts, so
@@ -54,6 +57,8 @@ struct result {
     int n_events;
     int refused;          /* engine_event.refused of an ERROR end */
     char error[256];
+    float emb[256];       /* an embed request's vector (engine_event.embedding) */
+    int n_emb;
 };
 
 static int n_threads = 1; /* for open_engine; test_thread_counts changes it */
@@ -121,6 +126,12 @@ static void on_event(const struct engine_event *ev)
     r->n_content += ev->n_content;
     r->usage = ev->usage;
     r->finish = ev->finish;
+    if (ev->embedding) {
+        assert_int_not_equal(ev->finish, ENGINE_FINISH_NONE); /* on the final event only */
+        assert_true(ev->n_embedding <= 256);
+        memcpy(r->emb, ev->embedding, (size_t)ev->n_embedding * sizeof *r->emb);
+        r->n_emb = ev->n_embedding;
+    }
     if (ev->finish == ENGINE_FINISH_ERROR) {
         r->refused = ev->refused;
         snprintf(r->error, sizeof r->error, "%s", ev->error ? ev->error : "");
@@ -1082,6 +1093,170 @@ static void test_thread_counts_bf16(void **state) { on_bf16(test_thread_counts, 
  * protocol code in err.code (and -code), never as text in the message;
  * the walk over schemas/errors.json below checks that each code the
  * engine gives is a row of that table, one name per value. */
+static void embed_req(struct engine_request *q, const int32_t *ids, int n, int dims)
+{
+    engine_request_init(q);
+    q->prompt_ids = ids;
+    q->n_prompt = n;
+    q->embed = true;
+    q->embed_dims = dims;
+}
+
+static double norm_of(const float *v, int n)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += (double)v[i] * v[i];
+    return sqrt(ss);
+}
+
+/* Embedding requests: one unit vector of the hidden size and no token;
+ * bit for bit the same alone, beside generating requests, from a prefix
+ * cache hit and in other prefill chunks; dimensions are the renormalised
+ * prefix; the context check counts the prompt alone. */
+static void test_embed(void **state)
+{
+    (void)state;
+    int32_t a[40], b[40];
+    make_prompt(a, 40, 11);
+    memcpy(b, a, 20 * sizeof *a);
+    make_prompt(b + 20, 20, 12);
+    static struct result alone, alone_b, in_mix, cut, gen1, gen2, chunked;
+    struct engine_request q;
+    struct engine *e = open_engine(256, 8, 0);
+    embed_req(&q, a, 40, 0);
+    submit(e, &q, &alone);
+    drain(e);
+    assert_int_equal(alone.finish, ENGINE_FINISH_STOP);
+    assert_int_equal(alone.n_tokens, 0);
+    assert_int_equal(alone.n_content + alone.n_reasoning, 0);
+    assert_int_equal(alone.n_emb, 128);
+    assert_true(fabs(norm_of(alone.emb, 128) - 1.0) < 1e-5);
+    assert_int_equal(alone.usage.prompt_tokens, 40);
+    assert_int_equal(alone.usage.completion_tokens, 0);
+    embed_req(&q, b, 40, 0);
+    submit(e, &q, &alone_b);
+    drain(e);
+    assert_int_equal(alone_b.usage.cached_prompt_tokens, 16); /* a's first block */
+    double dot = 0;
+    for (int i = 0; i < 128; i++)
+        dot += (double)alone.emb[i] * alone_b.emb[i];
+    assert_true(dot < 0.9999); /* another text, another vector */
+
+    /* beside two generating requests, a's whole prompt cached now */
+    greedy_req(&q, b, 30, 12);
+    submit(e, &q, &gen1);
+    greedy_req(&q, a, 25, 12);
+    submit(e, &q, &gen2);
+    embed_req(&q, a, 40, 0);
+    submit(e, &q, &in_mix);
+    embed_req(&q, a, 40, 32);
+    submit(e, &q, &cut);
+    drain(e);
+    assert_int_equal(gen1.n_tokens, 12);
+    assert_int_equal(gen2.n_tokens, 12);
+    assert_int_equal(in_mix.n_emb, 128);
+    assert_true(in_mix.usage.cached_prompt_tokens > 0);
+    assert_memory_equal(in_mix.emb, alone.emb, 128 * sizeof(float));
+    assert_int_equal(cut.n_emb, 32);
+    double n32 = norm_of(alone.emb, 32);
+    for (int i = 0; i < 32; i++)
+        assert_true(fabs(cut.emb[i] - alone.emb[i] / n32) < 1e-6);
+    engine_free(e);
+
+    e = open_engine(256, 8, 8); /* 8-token prefill chunks, a cold cache */
+    embed_req(&q, a, 40, 0);
+    submit(e, &q, &chunked);
+    drain(e);
+    assert_memory_equal(chunked.emb, alone.emb, 128 * sizeof(float));
+    engine_free(e);
+
+    /* the context check is the prompt's own: 63 tokens fit a 64-token
+     * context whatever max_tokens says, 64 do not (room for one token, as
+     * for every prompt) */
+    e = open_engine(4, 4, 0);
+    int32_t c[65];
+    make_prompt(c, 65, 13);
+    struct rl_err err = {0};
+    uint64_t id;
+    static struct result full;
+    embed_req(&q, c, 63, 0);
+    q.max_tokens = 100;
+    submit(e, &q, &full);
+    drain(e);
+    assert_int_equal(full.finish, ENGINE_FINISH_STOP);
+    assert_int_equal(full.n_emb, 128);
+    embed_req(&q, c, 64, 0);
+    assert_int_not_equal(engine_submit(e, &q, &id, &err), 0);
+    assert_int_equal(err.code, EV_CODE_PROMPT_TOO_LONG);
+    embed_req(&q, c, 8, 129);
+    assert_int_not_equal(engine_submit(e, &q, &id, &err), 0);
+    assert_int_equal(err.code, EV_CODE_BAD_VALUE);
+    embed_req(&q, c, 8, 0);
+    q.constraint = ENGINE_CONSTRAINT_JSON_OBJECT;
+    assert_int_not_equal(engine_submit(e, &q, &id, &err), 0);
+    assert_int_equal(err.code, EV_CODE_BAD_PARAM);
+    engine_free(e);
+}
+
+/* The same through the row-set backend: an embedding's row is wanted as
+ * its argmax (no logits leave the device), its vector is still the
+ * hidden state */
+static void test_embed_rowsets(void **state)
+{
+    engine_backend = "cpu-rowsets";
+    test_embed(state);
+    engine_backend = NULL;
+}
+
+/* Checkpoints in Qwen3-Embedding's layout: bare names load as the same
+ * model (the same vector, bit for bit, and the same tokens); an untied one
+ * without lm_head.weight serves embeddings and refuses to generate. */
+static void test_embedding_checkpoints(void **state)
+{
+    (void)state;
+    int32_t a[30];
+    make_prompt(a, 30, 21);
+    static struct result want, got, gen_want, gen_got, only;
+    struct engine_request q;
+    struct engine *e = open_engine(64, 4, 0); /* the tiny model, as released */
+    embed_req(&q, a, 30, 0);
+    submit(e, &q, &want);
+    greedy_req(&q, a, 30, 8);
+    submit(e, &q, &gen_want);
+    drain(e);
+    engine_free(e);
+    char keep[1024];
+    strcpy(keep, model_dir);
+    strcpy(model_dir, emb_dir);
+    e = open_engine(64, 4, 0);
+    embed_req(&q, a, 30, 0);
+    submit(e, &q, &got);
+    greedy_req(&q, a, 30, 8);
+    submit(e, &q, &gen_got);
+    drain(e);
+    engine_free(e);
+    assert_int_equal(got.n_emb, 128);
+    assert_memory_equal(got.emb, want.emb, 128 * sizeof(float));
+    assert_same(&gen_got, &gen_want); /* tied: it still generates */
+
+    strcpy(model_dir, emb_only_dir);
+    e = open_engine(64, 4, 0);
+    struct rl_err err = {0};
+    uint64_t id;
+    greedy_req(&q, a, 30, 8);
+    assert_int_not_equal(engine_submit(e, &q, &id, &err), 0);
+    assert_int_equal(err.code, EV_CODE_BAD_PARAM);
+    assert_non_null(strstr(err.msg, "embed"));
+    embed_req(&q, a, 30, 0);
+    submit(e, &q, &only);
+    drain(e);
+    assert_int_equal(only.finish, ENGINE_FINISH_STOP);
+    assert_true(fabs(norm_of(only.emb, only.n_emb) - 1.0) < 1e-5);
+    engine_free(e);
+    strcpy(model_dir, keep);
+}
+
 static void test_submit_errors(void **state)
 {
     (void)state;
@@ -1809,6 +1984,29 @@ static int setup(void **state)
         fprintf(stderr, "cannot make the BF16 copy: %s\n", err.msg);
         return -1;
     }
+    /* Qwen3-Embedding's layout: the tiny model's own weights under bare
+     * names; and an untied random one with no lm_head at all */
+    snprintf(emb_dir, sizeof emb_dir, "%s/emb", tmpdir);
+    snprintf(emb_only_dir, sizeof emb_only_dir, "%s/emb-only", tmpdir);
+    mk_opts_init(&mo);
+    mo.from_dir = f32_dir;
+    mo.out_dir = emb_dir;
+    mo.dtype = MK_F32;
+    mo.embedding = 1;
+    if (mk_write(&mo, NULL, &err)) {
+        fprintf(stderr, "cannot make the embedding-layout copy: %s\n", err.msg);
+        return -1;
+    }
+    mk_opts_init(&mo);
+    mo.out_dir = emb_only_dir;
+    mo.tokenizer_dir = f32_dir;
+    mo.dtype = MK_F32;
+    mo.tied = 0;
+    mo.embedding = 1;
+    if (mk_write(&mo, NULL, &err)) {
+        fprintf(stderr, "cannot make the embeddings-only checkpoint: %s\n", err.msg);
+        return -1;
+    }
     /* the quantized ones: random weights (the model maker converts only to
      * f32 / bf16 / fp8), shapes whose dims fit the formats' blocks */
     snprintf(q8_dir, sizeof q8_dir, "%s/q8_0", tmpdir);
@@ -1876,6 +2074,9 @@ int main(void)
         cmocka_unit_test(test_preemption_identical_quant),
         cmocka_unit_test(test_spec_identical_quant),
         cmocka_unit_test(test_thread_counts_quant),
+        cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_embed_rowsets),
+        cmocka_unit_test(test_embedding_checkpoints),
         cmocka_unit_test(test_submit_errors),
         cmocka_unit_test(test_eos_and_defaults),
         cmocka_unit_test(test_generation_config),

@@ -625,6 +625,39 @@ static void test_pattern_mode(void **state)
     check_loads(o.out_dir);
 }
 
+/* --embedding: Qwen3-Embedding's layout, which the loader takes as an
+ * embeddings-only model when untied (no lm_head anywhere). */
+static void test_embedding_layout(void **state)
+{
+    (void)state;
+    struct mk_opts o;
+    mk_opts_init(&o);
+    o.out_dir = sub("emb");
+    o.tied = 0;
+    o.embedding = 1;
+    make(&o, NULL);
+    struct st_file *f;
+    struct rl_err err = {0};
+    assert_int_equal(st_open(&f, o.out_dir, &err), 0);
+    assert_non_null(st_find(f, "embed_tokens.weight"));
+    assert_non_null(st_find(f, "layers.0.self_attn.q_proj.weight"));
+    assert_non_null(st_find(f, "norm.weight"));
+    for (int i = 0; i < st_n_tensors(f); i++)
+        assert_true(strncmp(st_get(f, i)->name, "model.", 6) != 0);
+    assert_null(st_find(f, "lm_head.weight"));
+    st_close(f);
+    struct model *m;
+    assert_int_equal(model_load(&m, o.out_dir, &err), 0);
+    assert_int_equal(model_get_config(m)->embed_only, 1);
+    assert_int_equal(model_get_config(m)->tied, 1); /* the embedding stands in */
+    model_free(m);
+    /* GGUF and AWQ have layouts of their own */
+    o.dtype = MK_Q8_0;
+    o.out_dir = sub("emb-q8");
+    assert_int_equal(mk_write(&o, NULL, &err), -RL_EINVAL);
+    assert_non_null(strstr(err.msg, "--embedding"));
+}
+
 static void test_bad_options(void **state)
 {
     (void)state;
@@ -733,6 +766,7 @@ int main(void)
         cmocka_unit_test(test_sharding),
         cmocka_unit_test(test_config_fields),
         cmocka_unit_test(test_pattern_mode),
+        cmocka_unit_test(test_embedding_layout),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_presets),
     };

@@ -98,6 +98,53 @@ static void check_reference(const char *isa)
     rig_close(&r);
 }
 
+/* The backend's hidden state (be_ops.hidden, what an embedding is made
+ * of) is the vocabulary product's input: the lm_head times it gives the
+ * independent implementation's logits at every listed position. */
+static void test_hidden_state(void **state)
+{
+    (void)state;
+    struct rig r;
+    rig_open(&r, model_dir, "auto", 2, 512);
+    int V = r.cfg->vocab, H = r.cfg->hidden;
+    const struct model_tensor *W = &model_get_weights(r.m)->lm_head;
+    assert_int_equal(W->dtype, MODEL_F32); /* the reference checkpoint is F32 */
+    assert_non_null(r.be->ops->hidden);
+    float *h = malloc((size_t)H * sizeof *h);
+    const cJSON *p;
+    cJSON_ArrayForEach(p, cJSON_GetObjectItem(reference, "prompts"))
+    {
+        int32_t ids[512];
+        int n = tu_ids_from_json(cJSON_GetObjectItem(p, "ids"), ids, 512);
+        float *lg = malloc((size_t)n * (size_t)V * sizeof(float));
+        rig_step(&r, 0, ids, n, lg, NULL);
+        const cJSON *pos = cJSON_GetObjectItem(p, "positions");
+        const cJSON *rows = cJSON_GetObjectItem(p, "logits");
+        for (int k = 0; k < cJSON_GetArraySize(pos); k++) {
+            int at = cJSON_GetArrayItem(pos, k)->valueint;
+            struct rl_err err = {0};
+            assert_int_equal(r.be->ops->hidden(r.be->ctx, at, h, &err), 0);
+            const cJSON *row = cJSON_GetArrayItem(rows, k);
+            for (int v = 0; v < V; v++) {
+                const float *w = (const float *)W->data + (size_t)v * (size_t)H;
+                double dot = 0;
+                for (int d = 0; d < H; d++)
+                    dot += (double)w[d] * h[d];
+                double ref = cJSON_GetArrayItem(row, v)->valuedouble;
+                if (fabs(dot - ref) > 1e-3)
+                    fail_msg("%s: position %d: lm_head . hidden = %g for token %d, reference %g",
+                             cJSON_GetObjectItem(p, "name")->valuestring, at, dot, v, ref);
+            }
+        }
+        /* a row the last forward did not produce is refused */
+        struct rl_err err = {0};
+        assert_int_not_equal(r.be->ops->hidden(r.be->ctx, n, h, &err), 0);
+        free(lg);
+    }
+    free(h);
+    rig_close(&r);
+}
+
 static void test_reference_scalar(void **state) { check_reference("scalar"); }
 static void test_reference_avx2(void **state) { check_reference("avx2"); }
 static void test_reference_avx512(void **state) { check_reference("avx512bf16"); }
@@ -779,6 +826,7 @@ int main(void)
         cmocka_unit_test(test_reference_scalar),
         cmocka_unit_test(test_reference_avx2),
         cmocka_unit_test(test_reference_avx512),
+        cmocka_unit_test(test_hidden_state),
         cmocka_unit_test(test_paths_agree),
         cmocka_unit_test(test_batch_and_chunk_invariance),
         cmocka_unit_test(test_bf16_vs_f32),

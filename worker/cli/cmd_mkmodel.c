@@ -38,6 +38,9 @@ static void usage(FILE *f)
           "  --bos ID --eos ID   token ids (default 151643/151645, or vocab-2/vocab-1)\n"
           "  --shards N | --shard-size BYTES[K|M|G]  write model-0000i-of-0000N files + index\n"
           "  --pattern           repeat a small random pattern per tensor (fast, for huge models)\n"
+          "  --embedding         Qwen3-Embedding's layout: tensor names without \"model.\" and\n"
+          "                      no lm_head.weight (untied: an embeddings-only checkpoint,\n"
+          "                      as Qwen3-Embedding-4B/8B); safetensors dtypes only\n"
           "  --tokenizer DIR     copy tokenizer.json and tokenizer_config.json from DIR\n"
           "                      (GGUF: into the file's tokenizer metadata)\n"
           "  --from DIR          convert the checkpoint in DIR to --dtype (same weights,\n"
@@ -87,6 +90,10 @@ static int parse_args(int argc, char **argv, struct mk_opts *o, struct rl_err *e
         }
         if (!strcmp(a, "--pattern")) {
             o->pattern = 1;
+            continue;
+        }
+        if (!strcmp(a, "--embedding")) {
+            o->embedding = 1;
             continue;
         }
         if (i + 1 >= argc || strncmp(a, "--", 2))
