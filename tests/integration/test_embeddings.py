@@ -346,6 +346,12 @@ def test_real_worker(front, workers, redis_addr, prefix):  # noqa: F811
     assert vecs[2] == third
     singles = [embeddings(f, t)[1]["usage"]["prompt_tokens"] for t in batch]
     assert body["usage"]["prompt_tokens"] == sum(singles)
+    # the most inputs one request takes (2048), in order (about 1.5 s on the tiny model)
+    many = [f"text number {i}" for i in range(2048)]
+    vecs, body = embeddings(f, many, encoding_format="base64")
+    assert len(vecs) == 2048 and all(abs(norm(v) - 1) < 1e-5 for v in vecs)
+    for i in (0, 5, 2047):
+        assert vecs[i] == embeddings(f, many[i])[0][0]
     # token ids: one input, or a list of them
     (ids,), _ = embeddings(f, [1, 2, 3, 4])
     assert len(ids) == 128 and abs(norm(ids) - 1) < 1e-5
