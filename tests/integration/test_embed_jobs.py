@@ -7,6 +7,7 @@ Run with Debian's interpreter: /usr/bin/python3 -m pytest tests/integration
 import base64
 import json
 import math
+import re
 import struct
 import subprocess
 
@@ -143,3 +144,19 @@ def test_embedding_through_the_dispatcher(dispatchers, workers, client, event_va
     second = client.events("d2", timeout=10)
     _, again = check_stream(second, event_validator)
     assert again["cached"] is True and again["embedding"] == done["embedding"]
+
+
+def test_embedding_truncate(workers, client, event_validator):
+    """A prompt past the worker's context: PROMPT_TOO_LONG, or with
+    truncate its first tokens and its last one, counted as they ran."""
+    w = workers("wt", "--kv-budget-mb", "1")  # 2 KiB a token: a 512-token pool
+    ctx = int(re.search(r"max_context (\d+)", w.text()).group(1))
+    ids = [5 + i % 700 for i in range(ctx + 40)]
+    client.submit({"id": "long", "task": "embed", "prompt_ids": ids})
+    evs = client.events("long")
+    check_stream(evs, event_validator)
+    assert evs[0][1]["code"] == "PROMPT_TOO_LONG"
+    cut = embed(client, event_validator, "cut", prompt_ids=ids, truncate=True)
+    assert cut["usage"]["prompt_tokens"] == ctx - 1
+    same = embed(client, event_validator, "same", prompt_ids=ids[:ctx - 2] + ids[-1:])
+    assert same["embedding"] == cut["embedding"]
