@@ -793,7 +793,7 @@ enum kind {
     K_SEED, K_STOP, K_IGNORE_EOS, K_MAX_THINKING, K_LOGPROBS, K_PRIORITY, K_DEADLINE,
     K_CACHE, K_STREAM_TTL, K_METADATA, K_SPECULATIVE, K_RESPONSE_FORMAT, K_TOOL_CHOICE,
     K_GRAMMAR, K_CLIENT_LEASE, K_MIN_TOKENS, K_STOP_IDS, K_LOGIT_BIAS, K_SKIP_SPECIAL,
-    K_TASK, K_DIMENSIONS,
+    K_TASK, K_DIMENSIONS, K_TRUNCATE,
 };
 static const struct {
     const char *name;
@@ -813,6 +813,7 @@ static const struct {
     {"client_lease_ms", K_CLIENT_LEASE}, {"min_tokens", K_MIN_TOKENS},
     {"stop_token_ids", K_STOP_IDS}, {"logit_bias", K_LOGIT_BIAS},
     {"skip_special_tokens", K_SKIP_SPECIAL}, {"task", K_TASK}, {"dimensions", K_DIMENSIONS},
+    {"truncate", K_TRUNCATE},
 };
 #define N_TOP ((int)(sizeof top_fields / sizeof top_fields[0]))
 
@@ -1319,6 +1320,9 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
         return 0;
     case K_DIMENSIONS:
         return take_int(j, v, 1, JOB_DIMENSIONS_MAX, &j->dimensions, JOB_F_DIMENSIONS, f, err);
+    case K_TRUNCATE:
+        j->given |= JOB_F_TRUNCATE;
+        return get_bool(v, name, &j->truncate, f, err);
     case K_METADATA:
         set_field(f, "metadata");
         if (!cJSON_IsObject(v))
@@ -1336,18 +1340,21 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
  * meaningless, so it is refused by name, as is `dimensions` on a job that
  * generates. The members an embedding job may carry: */
 static const char *const embed_fields[] = {
-    "id", "model", "pool", "prompt", "prompt_ids", "mode", "task", "dimensions", "priority",
-    "deadline_ms", "cache", "stream_ttl_s", "metadata", "client_lease_ms",
+    "id", "model", "pool", "prompt", "prompt_ids", "mode", "task", "dimensions", "truncate",
+    "priority", "deadline_ms", "cache", "stream_ttl_s", "metadata", "client_lease_ms",
 };
 
 static int check_task(const struct job *j, const cJSON *root, struct job_fault *f,
                       struct rl_err *err)
 {
     if (j->task != JOB_TASK_EMBED) {
-        if (!(j->given & JOB_F_DIMENSIONS))
+        const char *only = j->given & JOB_F_DIMENSIONS ? "dimensions"
+                           : j->given & JOB_F_TRUNCATE ? "truncate"
+                                                       : NULL;
+        if (!only)
             return 0;
-        set_field(f, "dimensions");
-        return bad(f, err, EV_CODE_BAD_VALUE, "dimensions: only for task \"embed\"");
+        set_field(f, only);
+        return bad(f, err, EV_CODE_BAD_VALUE, "%s: only for task \"embed\"", only);
     }
     if (j->messages) {
         set_field(f, "messages");
@@ -1691,6 +1698,8 @@ int job_to_json(const struct job *j, char **out, struct rl_err *err)
         ADD(cJSON_AddStringToObject(o, "task", j->task == JOB_TASK_EMBED ? "embed" : "generate"));
     if (j->given & JOB_F_DIMENSIONS)
         ADD(add_num(o, "dimensions", j->dimensions));
+    if (j->given & JOB_F_TRUNCATE)
+        ADD(cJSON_AddBoolToObject(o, "truncate", j->truncate));
     if (j->given & JOB_F_MODE)
         ADD(cJSON_AddStringToObject(o, "mode", j->mode == JOB_MODE_THINK      ? "think"
                                                : j->mode == JOB_MODE_AUTO ? "auto"
@@ -1867,6 +1876,7 @@ int job_cache_key(const struct job *j, enum job_mode mode, const char *model_id,
         static const char etag[] = "embed";
         put_str(&c, etag, sizeof etag - 1);
         put_u64(&c, (uint64_t)j->dimensions);
+        put_u64(&c, j->truncate ? 1 : 0);
     }
     uint8_t d[SHA256_DIGEST_LEN];
     sha256_final(&c, d);

@@ -80,7 +80,7 @@ enum job_field_bit {
     JOB_F_POOL = 1u << 20, JOB_F_TOOLS = 1u << 21, JOB_F_SPECULATIVE = 1u << 22,
     JOB_F_MODEL = 1u << 23, JOB_F_CLIENT_LEASE = 1u << 24, JOB_F_MIN_TOKENS = 1u << 25,
     JOB_F_STOP_IDS = 1u << 26, JOB_F_LOGIT_BIAS = 1u << 27, JOB_F_SKIP_SPECIAL = 1u << 28,
-    JOB_F_TASK = 1u << 29, JOB_F_DIMENSIONS = 1u << 30,
+    JOB_F_TASK = 1u << 29, JOB_F_DIMENSIONS = 1u << 30, JOB_F_TRUNCATE = 1u << 31,
 };
 /* What a job asks the model for. */
 enum job_task {
@@ -118,6 +118,10 @@ struct job {
     int dimensions;           /* JOB_TASK_EMBED: the vector's first this many
                                  values, normalised again (Matryoshka
                                  truncation); 0 = all of them */
+    bool truncate;            /* JOB_TASK_EMBED: a prompt longer than the
+                                 context keeps its first tokens and its last
+                                 (the pooled one) instead of PROMPT_TOO_LONG;
+                                 default false */
     enum job_mode mode;
     int max_tokens;           /* 1..JOB_MAX_TOKENS_MAX; default from job_opts */
     double temperature;       /* 0..2; 0 = greedy. -1 = unset */

@@ -835,12 +835,38 @@ static int req_constrain(struct engine *e, struct eng_req *q, struct gram *g,
 
 /* The prompt of r as ids: r->prompt_ids, or the messages rendered with the
  * template and tokenized into *rendered (malloc'd, caller frees). */
+/* An embedding whose prompt is longer than the context and whose sender
+ * asked for truncation (Ollama's /api/embed does by default): the first
+ * tokens that fit, and the last one, the pooled token (<|endoftext|> for
+ * text), so the vector still comes from where the model was taught to
+ * sum a text up. */
+static int embed_cut(const struct engine *e, const struct engine_request *r, const int32_t **ids,
+                     int *n, int32_t **rendered, struct rl_err *err)
+{
+    int limit = e->max_context;
+    if (r->context_limit > 0 && r->context_limit < limit)
+        limit = r->context_limit;
+    if (*n + 1 <= limit || limit < 3)
+        return 0; /* fits, or nothing sensible to keep: the usual check says */
+    int keep = limit - 1;
+    int32_t *v = malloc((size_t)keep * sizeof *v);
+    if (!v)
+        return refuse(err, EV_CODE_ENGINE_ERROR, "engine: out of memory");
+    memcpy(v, *ids, (size_t)(keep - 1) * sizeof *v);
+    v[keep - 1] = (*ids)[*n - 1];
+    *ids = *rendered = v;
+    *n = keep;
+    return 0;
+}
+
 static int request_prompt(struct engine *e, const struct engine_request *r,
                           const int32_t **ids, int *n, int32_t **rendered, struct rl_err *err)
 {
     *rendered = NULL;
     *ids = r->prompt_ids;
     *n = r->n_prompt;
+    if (r->prompt_ids && r->embed && r->embed_truncate)
+        return embed_cut(e, r, ids, n, rendered, err);
     if (r->prompt_ids)
         return 0;
     if (!r->messages)

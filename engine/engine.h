@@ -306,6 +306,11 @@ struct engine_request {
     int embed_dims;             /* embed: the first this many values,
                                    normalised again (Matryoshka); 0 = the
                                    model's hidden size; more: BAD_VALUE */
+    bool embed_truncate;        /* embed with prompt_ids: a prompt longer
+                                   than the context keeps its first tokens
+                                   that fit and its last one (the pooled
+                                   token) instead of PROMPT_TOO_LONG;
+                                   usage.prompt_tokens counts what ran */
     uint64_t cache_salt;        /* prefix-cache domain (kv_seq_set_salt): only
                                    requests of equal salt share cached
                                    prompt blocks, so one tenant cannot read

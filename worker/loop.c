@@ -202,6 +202,7 @@ static void build_request(struct worker *w, struct wjob *j, struct engine_reques
     r.user = j;
     r.embed = jb->task == JOB_TASK_EMBED;
     r.embed_dims = jb->dimensions;
+    r.embed_truncate = jb->truncate;
     r.cache_salt = j->cache_salt; /* a tenant's own prefix-cache domain (ident.c) */
     *rq = r;
 }
@@ -414,7 +415,11 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
         reject(w, j, raw, raw_len, refusal_code(&err), err.msg);
         return 0;
     }
-    w->last_prompt_len = j->n_ids;
+    /* what the engine will hold of it: a truncated embedding's prompt is
+     * longer than any the pool can take, and an estimate that long would
+     * admit nothing ever again */
+    int ctx = engine_n_context(w->eng);
+    w->last_prompt_len = j->n_ids < ctx ? j->n_ids : ctx - 1;
     if (resumed) {
         int r = w_resume_prepare(w, j, &err);
         if (r < 0 && w_is_oom(err.msg)) {

@@ -59,6 +59,11 @@ fi
 echo "# structured output: plain jobs beside a burst of new schemas, through a worker of 4 slots"
 /usr/bin/python3 tests/bench/bench_compile_slots.py --model "$MTV"
 
+if [ -x "$BUILD/tests/bench_embed" ]; then
+    echo "# embeddings: 16 documents of 128 tokens one at a time, together, and as 1-token"
+    echo "# generations (the prefill an embedding costs); $M06, $THREADS threads, alternating"
+    "$BUILD/tests/bench_embed" -m "$M06" --docs 16 --len 128 --reps 5 --threads "$THREADS"
+fi
 if [ -x "$BUILD/tests/bench_tokenizer" ]; then
     echo "# tokenizer encode speed, one core"
     "$BUILD/tests/bench_tokenizer" --tokenizer engine/tokenizers/qwen3

@@ -5,11 +5,13 @@ result cache, and the refusals (schemas/README.md, "Embeddings").
 Run with Debian's interpreter: /usr/bin/python3 -m pytest tests/integration
 """
 import base64
+import json
 import math
+import re
 import struct
 import subprocess
 
-from conftest import CLI, MODEL, check_stream
+from conftest import CLI, MODEL, check_stream, wait_for
 
 HIDDEN = 128  # tests/data/models/tiny-qwen3-a's hidden_size
 
@@ -123,3 +125,38 @@ def test_embedding_only_checkpoint(workers, client, event_validator, tmp_path):
     assert evs[0][1]["type"] == "error" and evs[0][1]["code"] == "BAD_PARAM"
     assert "embed" in evs[0][1]["message"]
     assert "serves embedding jobs" in w.text()
+
+
+def test_embedding_through_the_dispatcher(dispatchers, workers, client, event_validator):
+    """Through redlm:requests: routed like any job, and the second time
+    answered by the dispatcher's cache fast path (no worker running)."""
+    r = client.r
+    dispatchers("d1", "--model", str(MODEL), "--think-ratio", "0")
+    w = workers("w1")
+    job = {"task": "embed", "prompt": "a repeated document", "dimensions": 64}
+    r.xadd(f"{client.prefix}requests", {"job": json.dumps({**job, "id": "d1"})})
+    first = client.events("d1")
+    _, done = check_stream(first, event_validator)
+    assert done["cached"] is False and done["dimensions"] == 64
+    wait_for(lambda: r.keys(f"{client.prefix}cache:*"), "the cache entry")
+    w.stop()
+    r.xadd(f"{client.prefix}requests", {"job": json.dumps({**job, "id": "d2"})})
+    second = client.events("d2", timeout=10)
+    _, again = check_stream(second, event_validator)
+    assert again["cached"] is True and again["embedding"] == done["embedding"]
+
+
+def test_embedding_truncate(workers, client, event_validator):
+    """A prompt past the worker's context: PROMPT_TOO_LONG, or with
+    truncate its first tokens and its last one, counted as they ran."""
+    w = workers("wt", "--kv-budget-mb", "1")  # 2 KiB a token: a 512-token pool
+    ctx = int(re.search(r"max_context (\d+)", w.text()).group(1))
+    ids = [5 + i % 700 for i in range(ctx + 40)]
+    client.submit({"id": "long", "task": "embed", "prompt_ids": ids})
+    evs = client.events("long")
+    check_stream(evs, event_validator)
+    assert evs[0][1]["code"] == "PROMPT_TOO_LONG"
+    cut = embed(client, event_validator, "cut", prompt_ids=ids, truncate=True)
+    assert cut["usage"]["prompt_tokens"] == ctx - 1
+    same = embed(client, event_validator, "same", prompt_ids=ids[:ctx - 2] + ids[-1:])
+    assert same["embedding"] == cut["embedding"]

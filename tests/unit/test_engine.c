@@ -1189,6 +1189,20 @@ static void test_embed(void **state)
     embed_req(&q, c, 64, 0);
     assert_int_not_equal(engine_submit(e, &q, &id, &err), 0);
     assert_int_equal(err.code, EV_CODE_PROMPT_TOO_LONG);
+    /* truncate: the first 62 tokens and the last, what ran is counted */
+    static struct result cut64, kept;
+    embed_req(&q, c, 65, 0);
+    q.embed_truncate = true;
+    submit(e, &q, &cut64);
+    int32_t c2[63];
+    memcpy(c2, c, 62 * sizeof *c);
+    c2[62] = c[64];
+    embed_req(&q, c2, 63, 0);
+    submit(e, &q, &kept);
+    drain(e);
+    assert_int_equal(cut64.finish, ENGINE_FINISH_STOP);
+    assert_int_equal(cut64.usage.prompt_tokens, 63);
+    assert_memory_equal(cut64.emb, kept.emb, 128 * sizeof(float));
     embed_req(&q, c, 8, 129);
     assert_int_not_equal(engine_submit(e, &q, &id, &err), 0);
     assert_int_equal(err.code, EV_CODE_BAD_VALUE);
