@@ -7,18 +7,21 @@
  * of the front door treats them alike), then its inputs: every input is
  * checked before any job is built, so the first bad one is reported and
  * nothing is queued. Each input becomes one job {"task": "embed",
- * "prompt" | "prompt_ids", "dimensions", "model", "mode": "no_think",
- * "deadline_ms", "client_lease_ms"} that job_parse() accepts, the code the
+ * "prompt" | "prompt_ids", "dimensions", "truncate", "model", "mode":
+ * "no_think", "deadline_ms", "client_lease_ms"} that job_parse() accepts, the code the
  * dispatcher and the worker run; its faults are renamed back to the
  * member the client wrote (prompt, prompt_ids -> input). The mode is
  * no_think for the reason completions use it: an embedding has no
  * thinking to route for, so it goes to the fast pool and leaves the
  * think ratio's count alone.
  *
- * What the front door cannot do without a tokenizer: count or cut
- * tokens. A text longer than the model's context is the worker's
- * PROMPT_TOO_LONG, a 400 whose message names the limit; Ollama's
- * `truncate` is accepted but changes nothing (dispatcher/README.md).
+ * Too long. The front door has no tokenizer to count or cut tokens: a
+ * prompt longer than the model's context is the worker's to find. Ollama's
+ * APIs truncate by default (truncate true, or absent), so their jobs carry
+ * the job's truncate, and the worker keeps the prompt's first tokens and
+ * its last (the pooled one); OpenAI's API does not (OpenAI answers 400),
+ * nor does /api/embed with truncate false: the worker's PROMPT_TOO_LONG,
+ * a 400 whose message names the limit.
  *
  * Responses. Each job's stream holds one done event carrying the vector
  * as base64 of little-endian float32 values. It is decoded and checked
@@ -82,6 +85,7 @@ struct emb_parse {
     const cJSON *input;         /* the input member, or NULL */
     char model[JOB_MODEL_MAX + 1]; /* written into the jobs; "" = none */
     int dimensions;             /* 0 = the model's size */
+    bool truncate;              /* the jobs' truncate: Ollama's default true */
 };
 
 /* model: the one served name (404 for another), or (lim->model NULL) any
@@ -147,10 +151,9 @@ static const struct {
     {"dimensions", M_DIMENSIONS, ON_OPENAI | ON_EMBED},
     /* OpenAI's end-user id: checked, changes nothing (as on chat) */
     {"user", M_USER, ON_OPENAI},
-    /* Ollama's: truncate is checked and changes nothing (no tokenizer
-     * here: a text too long is a 400 naming the limit, truncate or not);
-     * keep_alive and the runner's options change nothing either, the
-     * workers keep their model loaded (as compat.c takes them) */
+    /* Ollama's: truncate (default true) is the job's; keep_alive and the
+     * runner's options change nothing, the workers keep their model loaded
+     * (as compat.c takes them) */
     {"truncate", M_TRUNCATE, ON_EMBED},
     {"keep_alive", M_KEEP_ALIVE, ON_EMBED | ON_LEGACY},
     {"options", M_OPTIONS, ON_EMBED | ON_LEGACY},
@@ -179,7 +182,10 @@ static int take_member(struct emb_parse *ps, enum member m, const char *name, co
     case M_USER:
         return cJSON_IsString(v) ? 0 : bad(ps->e, "BAD_TYPE", name, "user: must be a string");
     case M_TRUNCATE:
-        return cJSON_IsBool(v) ? 0 : bad(ps->e, "BAD_TYPE", name, "truncate: must be true or false");
+        if (!cJSON_IsBool(v))
+            return bad(ps->e, "BAD_TYPE", name, "truncate: must be true or false");
+        ps->truncate = cJSON_IsTrue(v);
+        return 0;
     case M_OPTIONS:
         return cJSON_IsObject(v) ? 0 : bad(ps->e, "BAD_TYPE", name, "options: must be an object");
     case M_KEEP_ALIVE:
@@ -341,6 +347,8 @@ static int build_job(struct emb_parse *ps, const cJSON *in, const char *jid, int
     }
     if (ok && ps->dimensions)
         ok = cJSON_AddNumberToObject(j, "dimensions", ps->dimensions) != NULL;
+    if (ok && ps->truncate)
+        ok = cJSON_AddTrueToObject(j, "truncate") != NULL;
     if (ok)
         ok = cJSON_AddStringToObject(j, "mode", "no_think") != NULL;
     if (ok && deadline_ms > 0)
@@ -410,7 +418,11 @@ int emb_parse(enum emb_api api, const char *body, size_t len, const struct oai_l
     memset(c, 0, sizeof *c);
     memset(e, 0, sizeof *e);
     c->api = api;
-    struct emb_parse ps = {.api = api, .lim = lim, .out = out, .c = c, .e = e};
+    /* Ollama truncates unless told not to (its /api/embed's default; its
+     * older /api/embeddings has no switch and truncates as well); OpenAI
+     * answers a text too long with a 400 */
+    struct emb_parse ps = {.api = api, .lim = lim, .out = out, .c = c, .e = e,
+                           .truncate = api != EMB_OPENAI};
     char *buf = NULL;
     cJSON *root = NULL;
     const cJSON **items = NULL;

@@ -16,7 +16,9 @@ through a real redis-server and dispatcher:
   - with a real worker on the tiny model: unit vectors, float and base64
     agree bit for bit, `dimensions` gives the renormalised prefix of the
     full vector, the same text twice gives the same vector and two texts
-    differ, a batch equals its inputs one by one; Ollama's endpoints;
+    differ, a batch equals its inputs one by one; Ollama's endpoints; a
+    text past the context: OpenAI's 400 naming the limit, Ollama's
+    truncation by default (and its 400 with truncate false);
   - the clients users embed with: the AI SDK's embed/embedMany with
     @ai-sdk/openai's embedding model (floats) and LangChain's
     OpenAIEmbeddings (base64 through the openai client), from
@@ -25,6 +27,7 @@ through a real redis-server and dispatcher:
 import base64
 import json
 import math
+import re
 import struct
 import subprocess
 import threading
@@ -238,7 +241,7 @@ def test_ollama_played(front, redis_addr, prefix):  # noqa: F811
     byprompt = {j["prompt"]: j for j in jobs}
     assert [[f32(x) for x in e] for e in body["embeddings"]] == \
         [played_vector(byprompt["one"]), played_vector(byprompt["three"])]
-    assert all(j["dimensions"] == 5 for j in jobs)
+    assert all(j["dimensions"] == 5 and j["truncate"] is True for j in jobs)
     # a single string
     join = in_thread(play_embed, r, prefix, 1, played)
     status, _, body = embed_post(f, {"model": MODEL_NAME, "input": "solo"}, "/api/embed")
@@ -416,3 +419,31 @@ def test_node_clients(front, workers, redis_addr, prefix, tmp_path):  # noqa: F8
     assert [f32(x) for x in res["langchainDims"]] == small
     # an empty input is the server's 400, as the client reports it
     assert res["emptyError"] and res["emptyError"]["status"] == 400
+
+
+def test_too_long(front, workers, redis_addr, prefix):  # noqa: F811
+    """A text past the worker's context: OpenAI's API answers 400 naming the
+    limit (as OpenAI does); Ollama's truncate by default (the job's
+    truncate: the first tokens and the last), and /api/embed with
+    truncate false is the 400."""
+    w = workers("wt", "--kv-budget-mb", "1")  # 2 KiB a token: a 512-token pool
+    ctx = int(re.search(r"max_context (\d+)", w.text()).group(1))
+    f = front()
+    text = " ".join(f"w{i} x{i * 7 % 13}" for i in range(ctx * 2))
+    status, _, out = embed_post(f, {"model": MODEL_NAME, "input": text})
+    assert status == 400, out
+    assert out["error"]["code"] == "context_length_exceeded" and out["error"]["param"] == "input"
+    assert str(ctx) in out["error"]["message"]
+    status, _, out = embed_post(f, {"model": MODEL_NAME, "input": [text], "truncate": False},
+                                "/api/embed")
+    assert status == 400 and str(ctx) in out["error"], out
+    status, _, out = embed_post(f, {"model": MODEL_NAME, "input": ["short", text]}, "/api/embed")
+    assert status == 200, out
+    long_vec = [f32(x) for x in out["embeddings"][1]]
+    assert len(long_vec) == 128 and abs(norm(long_vec) - 1) < 1e-5
+    (short,), body = embeddings(f, "short")
+    assert [f32(x) for x in out["embeddings"][0]] == short
+    # what ran: the short one's tokens and the cut one's (the context less one)
+    assert out["prompt_eval_count"] == body["usage"]["prompt_tokens"] + ctx - 1
+    status, _, leg = embed_post(f, {"model": MODEL_NAME, "prompt": text}, "/api/embeddings")
+    assert status == 200 and [f32(x) for x in leg["embedding"]] == long_vec

@@ -307,18 +307,26 @@ static void test_ollama_requests(void **state)
     assert_string_equal(cJSON_GetObjectItem(a->child, "model")->valuestring, "qwen");
     assert_int_equal(cJSON_GetObjectItem(a->child, "dimensions")->valueint, 4);
     assert_string_equal(cJSON_GetObjectItem(a->child->next, "prompt")->valuestring, "b");
+    assert_null(cJSON_GetObjectItem(a->child, "truncate")); /* truncate false: none */
     assert_string_equal(r.ignored, "");
     assert_false(c.load_only);
     cJSON_Delete(a);
     oai_request_clear(&r);
+    /* Ollama truncates unless told not to: the job's truncate */
     a = jobs_of(EMB_OLLAMA_EMBED, "{\"input\":\"one\"}", &l, &r, &c);
     assert_int_equal(cJSON_GetArraySize(a), 1);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(a->child, "truncate")));
+    cJSON_Delete(a);
+    oai_request_clear(&r);
+    a = jobs_of(EMB_OLLAMA_EMBED, "{\"input\":\"one\",\"truncate\":true}", &l, &r, &c);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(a->child, "truncate")));
     cJSON_Delete(a);
     oai_request_clear(&r);
     a = jobs_of(EMB_OLLAMA_LEGACY, "{\"model\":\"qwen\",\"prompt\":\"p\",\"keep_alive\":0}", &l,
                 &r, &c);
     assert_string_equal(cJSON_GetObjectItem(a->child, "prompt")->valuestring, "p");
     assert_string_equal(cJSON_GetObjectItem(a->child, "id")->valuestring, "embd-ab12");
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(a->child, "truncate")));
     cJSON_Delete(a);
     oai_request_clear(&r);
     /* no input: Ollama's way to load a model, answered at once */
