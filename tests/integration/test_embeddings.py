@@ -447,3 +447,25 @@ def test_too_long(front, workers, redis_addr, prefix):  # noqa: F811
     assert out["prompt_eval_count"] == body["usage"]["prompt_tokens"] + ctx - 1
     status, _, leg = embed_post(f, {"model": MODEL_NAME, "prompt": text}, "/api/embeddings")
     assert status == 200 and [f32(x) for x in leg["embedding"]] == long_vec
+
+
+def test_workers_models(front, workers, redis_addr, prefix):  # noqa: F811
+    """Without served_model_name the request's model picks one the live
+    workers serve (their directory's name here) and is echoed; another is
+    404 model_not_found naming what is served, as on chat."""
+    workers("w1")
+    f = front("--served-model-name", "")
+    served = "tiny-qwen3-a"
+    deadline = time.time() + 20
+    while time.time() < deadline:  # the dispatcher learns the models from heartbeats
+        status, _, out = embed_post(f, {"model": served, "input": "hello"})
+        if status != 404:
+            break
+        time.sleep(0.2)
+    assert status == 200, out
+    assert out["model"] == served and len(out["data"][0]["embedding"]) == 128
+    status, _, out = embed_post(f, {"model": "nope", "input": "hello"})
+    assert status == 404 and out["error"]["code"] == "model_not_found", out
+    assert served in out["error"]["message"]
+    status, _, out = embed_post(f, {"model": "nope", "input": "hello"}, "/api/embed")
+    assert status == 404 and served in out["error"], out
