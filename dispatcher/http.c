@@ -62,7 +62,8 @@
  * requests count against the request limit too.
  *
  * POST /v1/completions takes the same path as chat (openai.c converts
- * either). Slow clients cannot hold connection threads: each connection
+ * either), and so do the embedding routes (embed.c: one job per input,
+ * laid out as several choices are, the answer never streamed). Slow clients cannot hold connection threads: each connection
  * has a deadline for its headers and its body, enforced by a reaper
  * thread, only so many connections (per address and in all) get the full
  * one, and a new connection at http_max_connections displaces the one
@@ -1107,7 +1108,8 @@ static void log_ignored(struct dhttp *h, const struct req *q)
                q->id, q->oreq.ignored, (long long)more);
 }
 
-/* The answer's formatter: openai.c's, or compat.c's for the other APIs. */
+/* The answer's formatter: openai.c's, compat.c's for the Responses and
+ * Ollama's chat APIs, embed.c's for the embedding routes. */
 static int64_t resp_tokens(const struct req *q)
 {
     return q->embed    ? emb_resp_total_tokens(q->eresp)
