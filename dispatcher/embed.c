@@ -7,10 +7,11 @@
  * of the front door treats them alike), then its inputs: every input is
  * checked before any job is built, so the first bad one is reported and
  * nothing is queued. Each input becomes one job {"task": "embed",
- * "prompt" | "prompt_ids", "dimensions", "truncate", "model", "mode":
- * "no_think", "deadline_ms", "client_lease_ms"} that job_parse() accepts, the code the
- * dispatcher and the worker run; its faults are renamed back to the
- * member the client wrote (prompt, prompt_ids -> input). The mode is
+ * "prompt" | "prompt_ids", "dimensions", "truncate", "model",
+ * "mode": "no_think", "deadline_ms", "client_lease_ms"} that job_parse()
+ * accepts, the code the dispatcher and the worker run; its faults are
+ * renamed back to the member the client wrote (prompt, prompt_ids ->
+ * input; prompt on Ollama's older API). The mode is
  * no_think for the reason completions use it: an embedding has no
  * thinking to route for, so it goes to the fast pool and leaves the
  * think ratio's count alone.
