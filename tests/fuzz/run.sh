@@ -13,6 +13,8 @@
 #                 grammars after 0x60;
 #   fuzz_job      every job of schemas/examples/jobs-valid.json and
 #                 jobs-invalid.json;
+#   fuzz_embed    a body of each embedding endpoint, and done events of
+#                 one to three inputs;
 # and, for each, the inputs that once found a fault.
 # A finding is written to build-fuzz/findings/TARGET-*; the script ends
 # non-zero when a target found one (rerun the target on that file to see
@@ -49,6 +51,27 @@ for i, g in enumerate(grammars):
 put("fuzz_grammar", "found-utf8", b'\x00{"enum":["h\xc3\xa9llo","\xe3\x81\xff"]}')
 put("fuzz_job", "found-id-129", b'{"prompt":-"hi","id":"' + b"x" * 129 + b'"}')
 put("fuzz_job", "found-backslash", b'{"\\')
+# fuzz_embed: bodies of the three embedding endpoints (selector 0-2), and
+# a worker's done events for 1, 2 and 3 inputs (selector 0x80 | api |
+# base64 << 2 | (inputs - 1) << 3)
+import base64, struct
+for i, (sel, body) in enumerate([
+        (0, {"model": "redlm", "input": ["a", "b"], "encoding_format": "base64",
+             "dimensions": 4, "user": "u"}),
+        (0, {"input": [[1, 2], [3]]}), (0, {"input": [1, 2, 3]}),
+        (1, {"model": "redlm:latest", "input": ["a"], "truncate": False, "options": {}}),
+        (2, {"model": "redlm", "prompt": "hi", "keep_alive": 0})]):
+    put("fuzz_embed", f"body-{i}", bytes([sel]) + json.dumps(body).encode())
+def done(vals):
+    return json.dumps({"seq": 0, "type": "done", "finish_reason": "stop",
+                       "usage": {"prompt_tokens": 2, "completion_tokens": 0},
+                       "embedding": base64.b64encode(struct.pack(f"<{len(vals)}f", *vals)).decode(),
+                       "dimensions": len(vals)})
+put("fuzz_embed", "events-1", b"\x80" + done([0.6, 0.8]).encode())
+put("fuzz_embed", "events-2", b"\x8d" + "\n".join([done([1.0]), done([0.0, 1.0])]).encode())
+put("fuzz_embed", "events-3", b"\x96" + "\n".join([done([1.0])] * 3).encode())
+put("fuzz_embed", "events-error", b"\x81" + json.dumps(
+    {"seq": 0, "type": "error", "code": "PROMPT_TOO_LONG", "message": "prompt: too long"}).encode())
 n = 0
 for f in ("schemas/examples/jobs-valid.json", "schemas/examples/jobs-invalid.json"):
     for j in json.loads(pathlib.Path(f).read_text()):
