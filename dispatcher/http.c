@@ -63,11 +63,12 @@
  *
  * POST /v1/completions takes the same path as chat (openai.c converts
  * either), and so do the embedding routes (embed.c: one job per input,
- * laid out as several choices are, the answer never streamed). Slow clients cannot hold connection threads: each connection
- * has a deadline for its headers and its body, enforced by a reaper
- * thread, only so many connections (per address and in all) get the full
- * one, and a new connection at http_max_connections displaces the one
- * that has waited longest (see "slow clients" below);
+ * laid out as several choices are, the answer never streamed). Slow
+ * clients cannot hold connection threads: each connection has a deadline
+ * for its headers and its body, enforced by a reaper thread, only so many
+ * connections (per address and in all) get the full one, and a new
+ * connection at http_max_connections displaces the one that has waited
+ * longest (see "slow clients" below);
  * http_max_connections_per_ip caps one address. Wrong API keys are
  * throttled per address (auth_slot), and headers that leave the body's
  * end in doubt (two Content-Lengths, one beside Transfer-Encoding) are
