@@ -64,6 +64,9 @@ if [ -x "$BUILD/tests/bench_embed" ]; then
     echo "# generations (the prefill an embedding costs); $M06, $THREADS threads, alternating"
     "$BUILD/tests/bench_embed" -m "$M06" --docs 16 --len 128 --reps 5 --threads "$THREADS"
 fi
+echo "# embeddings end to end: 64 documents through the front door, Redis and a worker ($MTV):"
+echo "# one request with a list, one request a document, 8 requests at a time"
+/usr/bin/python3 tests/bench/bench_embed_front.py --model "$MTV" --rounds 7 --threads "$THREADS"
 if [ -x "$BUILD/tests/bench_tokenizer" ]; then
     echo "# tokenizer encode speed, one core"
     "$BUILD/tests/bench_tokenizer" --tokenizer engine/tokenizers/qwen3
