@@ -1103,24 +1103,11 @@ static int ndjson_put(cJSON *o, struct text *out)
     return rc;
 }
 
-static const char *str_member(const cJSON *o, const char *k)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
-static int64_t int_member(const cJSON *o, const char *k)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 9e15
-               ? (int64_t)v->valuedouble : 0;
-}
-
 static int feed_delta(struct cpt_resp *r, const cJSON *ev, struct text *out)
 {
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(ev, "delta");
-    const char *content = str_member(d, "content");
-    const char *reasoning = str_member(d, "reasoning_content");
+    const char *content = oai_str_member(d, "content");
+    const char *reasoning = oai_str_member(d, "reasoning_content");
     if ((content && text_add(&r->content, content, strlen(content))) ||
         (reasoning && text_add(&r->reasoning, reasoning, strlen(reasoning))))
         return -RL_ENOMEM;
@@ -1147,7 +1134,7 @@ static int responses_done(struct cpt_resp *r, struct text *out)
         rc = open_item(r, OPEN_MESSAGE, out); /* an empty answer is an empty message */
     if (!rc && r->open == OPEN_CALL) { /* the last streamed call gets done's arguments */
         const cJSON *last = cJSON_GetArrayItem(r->tool_calls, r->call_index);
-        rc = close_call(r, str_member(cJSON_GetObjectItemCaseSensitive(last, "function"),
+        rc = close_call(r, oai_str_member(cJSON_GetObjectItemCaseSensitive(last, "function"),
                                       "arguments"), out);
     }
     if (!rc)
@@ -1159,9 +1146,9 @@ static int responses_done(struct cpt_resp *r, struct text *out)
         if (rc)
             return rc;
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
-        const char *name = str_member(f, "name");
-        const char *args = str_member(f, "arguments");
-        const char *cid = str_member(t, "id");
+        const char *name = oai_str_member(f, "name");
+        const char *args = oai_str_member(f, "arguments");
+        const char *cid = oai_str_member(t, "id");
         if (oai_tc_rest(&r->tc, ++ci, args))
             continue; /* streamed: its item is out already */
         snprintf(r->item_id, sizeof r->item_id, "fc_%s_%d", r->tail,
@@ -1212,16 +1199,16 @@ static int responses_done(struct cpt_resp *r, struct text *out)
 static int feed_done(struct cpt_resp *r, const cJSON *ev, struct text *out,
                      struct oai_error *e)
 {
-    const char *fr = str_member(ev, "finish_reason");
+    const char *fr = oai_str_member(ev, "finish_reason");
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(ev, "tool_calls");
     const cJSON *u = cJSON_GetObjectItemCaseSensitive(ev, "usage");
     const cJSON *tm = cJSON_GetObjectItemCaseSensitive(ev, "timings");
-    r->prompt_tokens = int_member(u, "prompt_tokens");
-    r->completion_tokens = int_member(u, "completion_tokens");
-    r->reasoning_tokens = int_member(u, "reasoning_tokens");
-    r->cached_tokens = int_member(u, "cached_prompt_tokens");
-    r->ttft_ms = int_member(tm, "ttft_ms");
-    r->total_ms = int_member(tm, "total_ms");
+    r->prompt_tokens = oai_int_member(u, "prompt_tokens");
+    r->completion_tokens = oai_int_member(u, "completion_tokens");
+    r->reasoning_tokens = oai_int_member(u, "reasoning_tokens");
+    r->cached_tokens = oai_int_member(u, "cached_prompt_tokens");
+    r->ttft_ms = oai_int_member(tm, "ttft_ms");
+    r->total_ms = oai_int_member(tm, "total_ms");
     if (!(r->tool_calls = cJSON_IsArray(tc) ? cJSON_Duplicate(tc, 1) : cJSON_CreateArray()))
         return -RL_ENOMEM;
     oai_tool_call_ids(r->tool_calls, r->id);
@@ -1255,7 +1242,7 @@ int cpt_resp_feed(struct cpt_resp *r, const char *event, size_t len, struct text
         return OAI_END;
     cJSON *ev = event ? cJSON_ParseWithLength(event, len) : NULL;
     const cJSON *seq = cJSON_GetObjectItemCaseSensitive(ev, "seq");
-    const char *type = str_member(ev, "type");
+    const char *type = oai_str_member(ev, "type");
     int rc;
     if (!cJSON_IsObject(ev) || !cJSON_IsNumber(seq) || !type ||
         seq->valuedouble != (double)r->next_seq) {
@@ -1267,7 +1254,7 @@ int cpt_resp_feed(struct cpt_resp *r, const char *event, size_t len, struct text
     r->next_seq++;
     if (!strcmp(type, "error")) {
         const cJSON *ra = cJSON_GetObjectItemCaseSensitive(ev, "retry_after_ms");
-        oai_error_from_event(str_member(ev, "code"), str_member(ev, "message"),
+        oai_error_from_event(oai_str_member(ev, "code"), oai_str_member(ev, "message"),
                              cJSON_IsNumber(ra) && ra->valuedouble > 0 && ra->valuedouble < 1e9
                                  ? (int64_t)ra->valuedouble : 0,
                              e);

@@ -49,24 +49,6 @@
 static const char T_INVALID[] = "invalid_request_error";
 static const char T_SERVER[] = "server_error";
 
-static int bad(struct oai_error *e, const char *code, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int bad(struct oai_error *e, const char *code, const char *param, const char *fmt, ...)
-{
-    char msg[RL_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    oai_error_set(e, 400, T_INVALID, code, param, "%s", msg);
-    return -RL_EINVAL;
-}
-
-static bool is_integer(const cJSON *v)
-{
-    return cJSON_IsNumber(v) && isfinite(v->valuedouble) && floor(v->valuedouble) == v->valuedouble;
-}
-
 /* The name of the input member on api. */
 static const char *input_name(enum emb_api api)
 {
@@ -95,7 +77,7 @@ struct emb_parse {
 static int take_model(struct emb_parse *ps, const cJSON *v)
 {
     if (!cJSON_IsString(v))
-        return bad(ps->e, "BAD_TYPE", "model", "model: must be a string");
+        return oai_bad_request(ps->e, "BAD_TYPE", "model", "model: must be a string");
     char name[JOB_MODEL_MAX + 1];
     size_t n = strlen(v->valuestring);
     if (ps->api != EMB_OPENAI && n > 7 && !strcmp(v->valuestring + n - 7, ":latest"))
@@ -123,10 +105,10 @@ static int take_model(struct emb_parse *ps, const cJSON *v)
 
 static int take_dimensions(struct emb_parse *ps, const cJSON *v)
 {
-    if (!is_integer(v))
-        return bad(ps->e, "BAD_TYPE", "dimensions", "dimensions: must be an integer");
+    if (!oai_is_integer(v))
+        return oai_bad_request(ps->e, "BAD_TYPE", "dimensions", "dimensions: must be an integer");
     if (v->valuedouble < 1 || v->valuedouble > JOB_DIMENSIONS_MAX)
-        return bad(ps->e, "OUT_OF_RANGE", "dimensions",
+        return oai_bad_request(ps->e, "OUT_OF_RANGE", "dimensions",
                    "dimensions: %.0f is out of range [1, %d]", v->valuedouble,
                    JOB_DIMENSIONS_MAX);
     ps->dimensions = (int)v->valuedouble;
@@ -171,24 +153,24 @@ static int take_member(struct emb_parse *ps, enum member m, const char *name, co
         return 0;
     case M_ENCODING:
         if (!cJSON_IsString(v))
-            return bad(ps->e, "BAD_TYPE", name, "encoding_format: must be a string");
+            return oai_bad_request(ps->e, "BAD_TYPE", name, "encoding_format: must be a string");
         if (!strcmp(v->valuestring, "base64"))
             ps->c->base64 = true;
         else if (strcmp(v->valuestring, "float"))
-            return bad(ps->e, "BAD_VALUE", name,
+            return oai_bad_request(ps->e, "BAD_VALUE", name,
                        "encoding_format: \"%.20s\" is not float or base64", v->valuestring);
         return 0;
     case M_DIMENSIONS:
         return take_dimensions(ps, v);
     case M_USER:
-        return cJSON_IsString(v) ? 0 : bad(ps->e, "BAD_TYPE", name, "user: must be a string");
+        return cJSON_IsString(v) ? 0 : oai_bad_request(ps->e, "BAD_TYPE", name, "user: must be a string");
     case M_TRUNCATE:
         if (!cJSON_IsBool(v))
-            return bad(ps->e, "BAD_TYPE", name, "truncate: must be true or false");
+            return oai_bad_request(ps->e, "BAD_TYPE", name, "truncate: must be true or false");
         ps->truncate = cJSON_IsTrue(v);
         return 0;
     case M_OPTIONS:
-        return cJSON_IsObject(v) ? 0 : bad(ps->e, "BAD_TYPE", name, "options: must be an object");
+        return cJSON_IsObject(v) ? 0 : oai_bad_request(ps->e, "BAD_TYPE", name, "options: must be an object");
     case M_KEEP_ALIVE:
         return 0;
     }
@@ -211,7 +193,7 @@ static int walk_members(struct emb_parse *ps, const cJSON *root)
             continue;
         }
         if (seen & (1u << k))
-            return bad(ps->e, "DUPLICATE_FIELD", members[k].name, "%s: given twice",
+            return oai_bad_request(ps->e, "DUPLICATE_FIELD", members[k].name, "%s: given twice",
                        members[k].name);
         seen |= 1u << k;
         if (cJSON_IsNull(v))
@@ -230,7 +212,7 @@ static bool is_id_list(const cJSON *v)
     if (!cJSON_IsArray(v) || !v->child)
         return false;
     for (const cJSON *t = v->child; t; t = t->next)
-        if (!is_integer(t))
+        if (!oai_is_integer(t))
             return false;
     return true;
 }
@@ -255,7 +237,7 @@ static int check_inputs(struct emb_parse *ps, const cJSON ***items, int *n)
         return 0;
     }
     if (!in)
-        return bad(e, "MISSING_FIELD", name, "%s: required", name);
+        return oai_bad_request(e, "MISSING_FIELD", name, "%s: required", name);
     const char *shape = ps->api == EMB_OPENAI
                             ? "must be a string, an array of strings, an array of token ids or "
                               "an array of arrays of token ids"
@@ -265,18 +247,18 @@ static int check_inputs(struct emb_parse *ps, const cJSON ***items, int *n)
                                       (ps->api == EMB_OPENAI && in->child &&
                                        !cJSON_IsNumber(in->child)));
     if (!cJSON_IsString(in) && !(ps->api == EMB_OPENAI && cJSON_IsArray(in)) && !list)
-        return bad(e, "BAD_TYPE", name, "%s: %s", name, shape);
+        return oai_bad_request(e, "BAD_TYPE", name, "%s: %s", name, shape);
     int count = list ? cJSON_GetArraySize(in) : 1;
     if (cJSON_IsArray(in) && !in->child)
-        return bad(e, "BAD_VALUE", name, "%s: must not be an empty array", name);
+        return oai_bad_request(e, "BAD_VALUE", name, "%s: must not be an empty array", name);
     if (count > EMB_INPUTS_MAX)
-        return bad(e, "OUT_OF_RANGE", name, "%s: %d inputs is over the limit of %d", name, count,
+        return oai_bad_request(e, "OUT_OF_RANGE", name, "%s: %d inputs is over the limit of %d", name, count,
                    EMB_INPUTS_MAX);
     /* every item's shape: all strings or (OpenAI) all token-id lists, as
      * the first is */
     if (list && !cJSON_IsString(in->child) &&
         !(ps->api == EMB_OPENAI && cJSON_IsArray(in->child)))
-        return bad(e, "BAD_TYPE", name, "%s: %s", name, shape);
+        return oai_bad_request(e, "BAD_TYPE", name, "%s: %s", name, shape);
     bool texts = list ? cJSON_IsString(in->child) : cJSON_IsString(in);
     int i = 0;
     for (const cJSON *it = list ? in->child : in; it; it = list ? it->next : NULL, i++) {
@@ -284,14 +266,14 @@ static int check_inputs(struct emb_parse *ps, const cJSON ***items, int *n)
         if (list)
             snprintf(at, sizeof at, "[%d]", i);
         if (texts && !cJSON_IsString(it))
-            return bad(e, "BAD_TYPE", name, "%s%s: %s", name, at,
+            return oai_bad_request(e, "BAD_TYPE", name, "%s%s: %s", name, at,
                        list ? "every input must be a string, as the first is" : shape);
         if (texts && !it->valuestring[0])
-            return bad(e, "BAD_VALUE", name, "%s%s: must not be empty", name, at);
+            return oai_bad_request(e, "BAD_VALUE", name, "%s%s: must not be empty", name, at);
         if (!texts && cJSON_IsArray(it) && !it->child)
-            return bad(e, "BAD_VALUE", name, "%s%s: must not be an empty array", name, at);
+            return oai_bad_request(e, "BAD_VALUE", name, "%s%s: must not be an empty array", name, at);
         if (!texts && !is_id_list(it))
-            return bad(e, "BAD_TYPE", name, "%s%s: %s", name, at,
+            return oai_bad_request(e, "BAD_TYPE", name, "%s%s: %s", name, at,
                        list ? "every input must be an array of integer token ids, as the "
                               "first is"
                             : "token ids must be integers");
@@ -501,12 +483,6 @@ static int fail(struct emb_resp *r, struct oai_error *e)
     return OAI_FAILED;
 }
 
-static const char *str_member(const cJSON *o, const char *k)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
 /* The values of s (base64 of n little-endian float32) as a JSON array's
  * text, malloc'd into *out. Returns 0, -RL_EFORMAT (not n finite float32
  * values) or -RL_ENOMEM. */
@@ -556,8 +532,8 @@ static int vector_text(const char *s, int n, bool keep_base64, char **out)
 
 static int feed_done(struct emb_resp *r, const cJSON *ev, struct oai_error *e)
 {
-    const char *fr = str_member(ev, "finish_reason");
-    const char *emb = str_member(ev, "embedding");
+    const char *fr = oai_str_member(ev, "finish_reason");
+    const char *emb = oai_str_member(ev, "embedding");
     const cJSON *dims = cJSON_GetObjectItemCaseSensitive(ev, "dimensions");
     if (fr && !strcmp(fr, "error")) {
         oai_error_set(e, 500, T_SERVER, "ENGINE_ERROR", NULL, "the job ended with an error");
@@ -568,7 +544,7 @@ static int feed_done(struct emb_resp *r, const cJSON *ev, struct oai_error *e)
                       "the embedding job passed its deadline");
         return fail(r, e);
     }
-    if (!emb || !is_integer(dims) || dims->valuedouble < 1 ||
+    if (!emb || !oai_is_integer(dims) || dims->valuedouble < 1 ||
         dims->valuedouble > JOB_DIMENSIONS_MAX) {
         oai_error_set(e, 502, T_SERVER, "BAD_EVENT", NULL,
                       "the done event of input %d has no embedding and dimensions (a worker "
@@ -606,7 +582,7 @@ int emb_resp_feed(struct emb_resp *r, const char *event, size_t len, struct oai_
         return OAI_END;
     cJSON *ev = event ? cJSON_ParseWithLength(event, len) : NULL;
     const cJSON *seq = cJSON_GetObjectItemCaseSensitive(ev, "seq");
-    const char *type = str_member(ev, "type");
+    const char *type = oai_str_member(ev, "type");
     int rc;
     if (!cJSON_IsObject(ev) || !cJSON_IsNumber(seq) || !type ||
         seq->valuedouble != (double)r->next_seq) {
@@ -619,7 +595,7 @@ int emb_resp_feed(struct emb_resp *r, const char *event, size_t len, struct oai_
     r->next_seq++;
     if (!strcmp(type, "error")) {
         const cJSON *ra = cJSON_GetObjectItemCaseSensitive(ev, "retry_after_ms");
-        oai_error_from_event(str_member(ev, "code"), str_member(ev, "message"),
+        oai_error_from_event(oai_str_member(ev, "code"), oai_str_member(ev, "message"),
                              cJSON_IsNumber(ra) && ra->valuedouble > 0 && ra->valuedouble < 1e9
                                  ? (int64_t)ra->valuedouble : 0,
                              e);

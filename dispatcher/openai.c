@@ -264,9 +264,7 @@ static bool add_copy(cJSON *job, const char *k, const cJSON *v)
     return false;
 }
 
-static int bad400(struct oai_error *e, const char *code, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int bad400(struct oai_error *e, const char *code, const char *param, const char *fmt, ...)
+int oai_bad_request(struct oai_error *e, const char *code, const char *param, const char *fmt, ...)
 {
     char msg[RL_ERR_MSG_MAX];
     va_list ap;
@@ -277,7 +275,7 @@ static int bad400(struct oai_error *e, const char *code, const char *param, cons
     return -RL_EINVAL;
 }
 
-static bool is_integer(const cJSON *v)
+bool oai_is_integer(const cJSON *v)
 {
     return cJSON_IsNumber(v) && isfinite(v->valuedouble) && floor(v->valuedouble) == v->valuedouble;
 }
@@ -286,11 +284,11 @@ static bool is_integer(const cJSON *v)
 static int get_tokens(const cJSON *v, const char *name, int max, int *out, struct oai_error *e)
 {
     if (!cJSON_IsNumber(v))
-        return bad400(e, "BAD_TYPE", name, "%s: must be an integer", name);
-    if (!is_integer(v))
-        return bad400(e, "BAD_TYPE", name, "%s: must be an integer, not %g", name, v->valuedouble);
+        return oai_bad_request(e, "BAD_TYPE", name, "%s: must be an integer", name);
+    if (!oai_is_integer(v))
+        return oai_bad_request(e, "BAD_TYPE", name, "%s: must be an integer, not %g", name, v->valuedouble);
     if (v->valuedouble < 1 || v->valuedouble > max)
-        return bad400(e, "OUT_OF_RANGE", name, "%s: %.0f is out of range [1, %d]", name,
+        return oai_bad_request(e, "OUT_OF_RANGE", name, "%s: %.0f is out of range [1, %d]", name,
                       v->valuedouble, max);
     *out = (int)v->valuedouble;
     return 0;
@@ -299,7 +297,7 @@ static int get_tokens(const cJSON *v, const char *name, int max, int *out, struc
 static int get_bool(const cJSON *v, const char *name, bool *out, struct oai_error *e)
 {
     if (!cJSON_IsBool(v))
-        return bad400(e, "BAD_TYPE", name, "%s: must be true or false", name);
+        return oai_bad_request(e, "BAD_TYPE", name, "%s: must be true or false", name);
     *out = cJSON_IsTrue(v);
     return 0;
 }
@@ -382,7 +380,7 @@ static int effort_mode(const cJSON *v, int *think, struct oai_error *e)
     static const char *const off[] = {"none", "minimal", "low"};
     static const char *const on[] = {"medium", "high", "xhigh"};
     if (!cJSON_IsString(v))
-        return bad400(e, "BAD_TYPE", "reasoning_effort", "reasoning_effort: must be a string");
+        return oai_bad_request(e, "BAD_TYPE", "reasoning_effort", "reasoning_effort: must be a string");
     for (int i = 0; i < 3; i++) {
         if (!strcmp(v->valuestring, off[i])) {
             *think = 0;
@@ -393,7 +391,7 @@ static int effort_mode(const cJSON *v, int *think, struct oai_error *e)
             return 0;
         }
     }
-    return bad400(e, "BAD_VALUE", "reasoning_effort",
+    return oai_bad_request(e, "BAD_VALUE", "reasoning_effort",
                   "reasoning_effort: \"%.20s\" is not one of none, minimal, low (no thinking), "
                   "medium, high, xhigh (thinking)", v->valuestring);
 }
@@ -421,13 +419,13 @@ static int put_one_prompt(const cJSON *p, cJSON *job, struct oai_error *e)
         return 0;
     }
     if (!cJSON_IsArray(p))
-        return bad400(e, "BAD_TYPE", "prompt",
+        return oai_bad_request(e, "BAD_TYPE", "prompt",
                       "prompt: must be a string or an array of token ids");
     const cJSON *t;
     cJSON_ArrayForEach(t, p)
     {
-        if (!is_integer(t))
-            return bad400(e, "BAD_TYPE", "prompt", "prompt: token ids must be integers");
+        if (!oai_is_integer(t))
+            return oai_bad_request(e, "BAD_TYPE", "prompt", "prompt: token ids must be integers");
     }
     cJSON *c = cJSON_Duplicate(p, 1);
     if (!c || !cJSON_AddItemToObject(job, "prompt_ids", c)) {
@@ -445,7 +443,7 @@ static int put_prompt(const cJSON *v, cJSON *job, struct oai_error *e)
         return put_one_prompt(v, job, e);
     int n = cJSON_GetArraySize(v);
     if (n > OAI_CHOICES_MAX)
-        return bad400(e, "OUT_OF_RANGE", "prompt", "prompt: %d prompts is over the limit of %d",
+        return oai_bad_request(e, "OUT_OF_RANGE", "prompt", "prompt: %d prompts is over the limit of %d",
                       n, OAI_CHOICES_MAX);
     const cJSON *p;
     cJSON_ArrayForEach(p, v)
@@ -516,7 +514,7 @@ static int get_flags(struct parse_state *ps, const cJSON *v, const char *name, c
 {
     *out = -1;
     if (!cJSON_IsObject(v))
-        return bad400(ps->e, "BAD_TYPE", name, "%s: must be an object", name);
+        return oai_bad_request(ps->e, "BAD_TYPE", name, "%s: must be an object", name);
     for (const cJSON *o = v->child; o; o = o->next) {
         char p[JOB_FIELD_MAX];
         snprintf(p, sizeof p, "%s.%.60s", name, o->string);
@@ -538,10 +536,10 @@ static int get_flags(struct parse_state *ps, const cJSON *v, const char *name, c
 /* An integer in [lo, hi], else a 400 naming it. */
 static int get_int(const cJSON *v, const char *name, double lo, double hi, struct oai_error *e)
 {
-    if (!is_integer(v))
-        return bad400(e, "BAD_TYPE", name, "%s: must be an integer", name);
+    if (!oai_is_integer(v))
+        return oai_bad_request(e, "BAD_TYPE", name, "%s: must be an integer", name);
     if (v->valuedouble < lo || v->valuedouble > hi)
-        return bad400(e, "OUT_OF_RANGE", name, "%s: %.0f is out of range [%.0f, %.0f]", name,
+        return oai_bad_request(e, "OUT_OF_RANGE", name, "%s: %.0f is out of range [%.0f, %.0f]", name,
                       v->valuedouble, lo, hi);
     return 0;
 }
@@ -566,7 +564,7 @@ static int take_extension(struct parse_state *ps, enum kind kind, const char *na
         return 0;
     case K_THINK_BUDGET:
         if (cJSON_GetObjectItemCaseSensitive(ps->job, "max_thinking_tokens"))
-            return bad400(e, "DUPLICATE_FIELD", name,
+            return oai_bad_request(e, "DUPLICATE_FIELD", name,
                           "%s: the thinking budget is given twice (max_thinking_tokens, "
                           "thinking_budget)", name);
         return cJSON_AddItemToObject(ps->job, "max_thinking_tokens", cJSON_Duplicate(v, 1))
@@ -576,7 +574,7 @@ static int take_extension(struct parse_state *ps, enum kind kind, const char *na
         cJSON *schema = cJSON_IsString(v) ? cJSON_Parse(v->valuestring) : cJSON_Duplicate(v, 1);
         if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema)) {
             cJSON_Delete(schema);
-            return bad400(e, "BAD_TYPE", name, "%s: must be a JSON schema (an object or its text)",
+            return oai_bad_request(e, "BAD_TYPE", name, "%s: must be a JSON schema (an object or its text)",
                           name);
         }
         cJSON *rf = cJSON_CreateObject(), *js = NULL;
@@ -594,7 +592,7 @@ static int take_extension(struct parse_state *ps, enum kind kind, const char *na
     case K_GUIDED_CHOICE: {
         /* root ::= "a" | "b": the answer is one of the strings, as they are */
         if (!cJSON_IsArray(v) || !v->child)
-            return bad400(e, "BAD_TYPE", name, "%s: must be a non-empty array of strings", name);
+            return oai_bad_request(e, "BAD_TYPE", name, "%s: must be a non-empty array of strings", name);
         struct text g = {0};
         int rc = text_add(&g, "root ::=", 8);
         const cJSON *c;
@@ -602,7 +600,7 @@ static int take_extension(struct parse_state *ps, enum kind kind, const char *na
         {
             if (!cJSON_IsString(c) || !c->valuestring[0]) {
                 text_free(&g);
-                return bad400(e, "BAD_TYPE", name, "%s: each choice must be a non-empty string",
+                return oai_bad_request(e, "BAD_TYPE", name, "%s: each choice must be a non-empty string",
                               name);
             }
             rc = rc ? rc : text_add(&g, c == v->child ? " \"" : " | \"", c == v->child ? 2 : 4);
@@ -640,7 +638,7 @@ static int take_extension(struct parse_state *ps, enum kind kind, const char *na
 static int take_model(struct parse_state *ps, enum kind kind, const char *name, const cJSON *v)
 {
     if (!cJSON_IsString(v))
-        return bad400(ps->e, "BAD_TYPE", "model", "model: must be a string");
+        return oai_bad_request(ps->e, "BAD_TYPE", "model", "model: must be a string");
     const char *served = ps->lim->model;
     if (served && strcmp(v->valuestring, served)) {
         oai_error_set(ps->e, 404, T_INVALID, "model_not_found", "model",
@@ -669,7 +667,7 @@ static int take_input(struct parse_state *ps, enum kind kind, const char *name, 
         return 0;
     }
     if (!cJSON_IsArray(v))
-        return bad400(ps->e, "BAD_TYPE", "messages", "messages: must be an array");
+        return oai_bad_request(ps->e, "BAD_TYPE", "messages", "messages: must be an array");
     ps->messages = v;
     return 0;
 }
@@ -711,10 +709,10 @@ static int take_sampling(struct parse_state *ps, enum kind kind, const char *nam
 /* A 0..JOB_LOGPROBS_MAX count of alternatives per token. */
 static int get_logprobs_count(const cJSON *v, const char *name, int *out, struct oai_error *e)
 {
-    if (!is_integer(v))
-        return bad400(e, "BAD_TYPE", name, "%s: must be an integer", name);
+    if (!oai_is_integer(v))
+        return oai_bad_request(e, "BAD_TYPE", name, "%s: must be an integer", name);
     if (v->valuedouble < 0 || v->valuedouble > JOB_LOGPROBS_MAX)
-        return bad400(e, "OUT_OF_RANGE", name, "%s: %g is out of range [0, %d]", name,
+        return oai_bad_request(e, "OUT_OF_RANGE", name, "%s: %g is out of range [0, %d]", name,
                       v->valuedouble, JOB_LOGPROBS_MAX);
     *out = (int)v->valuedouble;
     return 0;
@@ -795,31 +793,31 @@ static int take_ignored(struct parse_state *ps, enum kind kind, const char *name
         return get_bool(v, name, &ps->echo, e);
     case K_SUFFIX:
         if (!cJSON_IsString(v))
-            return bad400(e, "BAD_TYPE", name, "suffix: must be a string");
+            return oai_bad_request(e, "BAD_TYPE", name, "suffix: must be a string");
         if (v->valuestring[0])
-            return bad400(e, "BAD_VALUE", name,
+            return oai_bad_request(e, "BAD_VALUE", name,
                           "suffix: fill-in-the-middle is not supported: Qwen3 was not trained "
                           "for it (its <|fim_*|> tokens are unused); give none or \"\"");
         return 0;
     case K_BEST_OF:
-        if (!is_integer(v) || v->valuedouble != 1)
-            return bad400(e, "OUT_OF_RANGE", name,
+        if (!oai_is_integer(v) || v->valuedouble != 1)
+            return oai_bad_request(e, "OUT_OF_RANGE", name,
                           "best_of: only 1 is supported (use n for several choices)");
         return 0;
     case K_METADATA_IGNORED: {
         bool ok = cJSON_IsObject(v);
         for (const cJSON *m = ok ? v->child : NULL; m; m = m->next)
             ok = ok && cJSON_IsString(m);
-        return ok ? 0 : bad400(e, "BAD_TYPE", name, "metadata: must be an object of strings");
+        return ok ? 0 : oai_bad_request(e, "BAD_TYPE", name, "metadata: must be an object of strings");
     }
     case K_MODALITIES: {
         bool ok = cJSON_IsArray(v);
         for (const cJSON *m = ok ? v->child : NULL; m; m = m->next)
             ok = ok && cJSON_IsString(m) && !strcmp(m->valuestring, "text");
-        return ok ? 0 : bad400(e, "BAD_VALUE", name, "modalities: only [\"text\"] is supported");
+        return ok ? 0 : oai_bad_request(e, "BAD_VALUE", name, "modalities: only [\"text\"] is supported");
     }
     case K_STRING_IGNORED:
-        return cJSON_IsString(v) ? 0 : bad400(e, "BAD_TYPE", name, "%s: must be a string", name);
+        return cJSON_IsString(v) ? 0 : oai_bad_request(e, "BAD_TYPE", name, "%s: must be a string", name);
     default: /* K_BOOL_IGNORED */
         return get_bool(v, name, &b, e);
     }
@@ -865,7 +863,7 @@ static int walk_members(struct parse_state *ps, const cJSON *root)
         }
         const char *name = fields[k].name;
         if (seen & (1ull << k))
-            return bad400(ps->e, "DUPLICATE_FIELD", name, "%s: given twice", name);
+            return oai_bad_request(ps->e, "DUPLICATE_FIELD", name, "%s: given twice", name);
         seen |= 1ull << k;
         if (cJSON_IsNull(v))
             continue; /* null = absent, as OpenAI reads it */
@@ -885,31 +883,31 @@ static int check_across(struct parse_state *ps)
 {
     struct oai_error *e = ps->e;
     if (ps->api == OAI_API_COMPLETIONS && !ps->prompt)
-        return bad400(e, "MISSING_FIELD", "prompt", "prompt: required");
+        return oai_bad_request(e, "MISSING_FIELD", "prompt", "prompt: required");
     if (ps->api == OAI_API_CHAT && !ps->messages)
-        return bad400(e, "MISSING_FIELD", "messages", "messages: required");
+        return oai_bad_request(e, "MISSING_FIELD", "messages", "messages: required");
     int n_msg = ps->messages ? cJSON_GetArraySize(ps->messages) : 0;
     if (n_msg > ps->lim->max_messages)
-        return bad400(e, "OUT_OF_RANGE", "messages",
+        return oai_bad_request(e, "OUT_OF_RANGE", "messages",
                       "messages: %d messages is over the limit of %d", n_msg,
                       ps->lim->max_messages);
     if (ps->stream_options && !ps->out->stream)
-        return bad400(e, "BAD_VALUE", "stream_options",
+        return oai_bad_request(e, "BAD_VALUE", "stream_options",
                       "stream_options: only allowed when stream is true");
     if (ps->top_logprobs_given && !ps->logprobs)
-        return bad400(e, "BAD_VALUE", "top_logprobs", "top_logprobs: requires logprobs: true");
+        return oai_bad_request(e, "BAD_VALUE", "top_logprobs", "top_logprobs: requires logprobs: true");
     int n_prompts = prompt_is_list(ps->prompt) ? cJSON_GetArraySize(ps->prompt) : 1;
     if (n_prompts * ps->n > OAI_CHOICES_MAX)
-        return bad400(e, "OUT_OF_RANGE", "n", "n: %d prompts times n %d is over %d choices",
+        return oai_bad_request(e, "OUT_OF_RANGE", "n", "n: %d prompts times n %d is over %d choices",
                       n_prompts, ps->n, OAI_CHOICES_MAX);
     if (ps->echo && ps->logprobs)
-        return bad400(e, "BAD_VALUE", "echo",
+        return oai_bad_request(e, "BAD_VALUE", "echo",
                       "echo: not with logprobs (redlm computes no prompt logprobs)");
     if (ps->echo && ps->prompt) {
         const cJSON *p = prompt_is_list(ps->prompt) ? ps->prompt->child : ps->prompt;
         for (; p; p = prompt_is_list(ps->prompt) ? p->next : NULL)
             if (!cJSON_IsString(p))
-                return bad400(e, "BAD_VALUE", "echo",
+                return oai_bad_request(e, "BAD_VALUE", "echo",
                               "echo: only with text prompts (the front door does not turn "
                               "token ids back into text)");
     }
@@ -917,13 +915,13 @@ static int check_across(struct parse_state *ps)
     int think = ps->enable_thinking;
     const char *mode_s = cJSON_IsString(mode) ? mode->valuestring : NULL;
     if (mode_s && think >= 0 && strcmp(mode_s, think ? "think" : "no_think"))
-        return bad400(e, "BAD_VALUE", "mode",
+        return oai_bad_request(e, "BAD_VALUE", "mode",
                       "mode: \"%.20s\" contradicts chat_template_kwargs.enable_thinking: %s",
                       mode_s, think ? "true" : "false");
     int effort = ps->effort;
     if (effort >= 0 && ((think >= 0 && effort != think) ||
                         (mode_s && !strcmp(mode_s, effort ? "no_think" : "think"))))
-        return bad400(e, "BAD_VALUE", "reasoning_effort", "reasoning_effort: contradicts %s",
+        return oai_bad_request(e, "BAD_VALUE", "reasoning_effort", "reasoning_effort: contradicts %s",
                       think >= 0 ? "chat_template_kwargs.enable_thinking" : "mode");
     if (think < 0)
         ps->enable_thinking = effort;
@@ -951,7 +949,7 @@ static int build_job(struct parse_state *ps, int64_t deadline_ms)
     const cJSON *tc = ps->tool_choice;
     bool no_tools = cJSON_IsString(tc) && !strcmp(tc->valuestring, "none");
     if (ps->guided_rf && ps->response_format)
-        return bad400(ps->e, "BAD_PARAM", "guided_json",
+        return oai_bad_request(ps->e, "BAD_PARAM", "guided_json",
                       "guided_json: give it or response_format, not both");
     if ((!no_tools && (!add_copy(job, "tools", ps->tools) || !add_copy(job, "tool_choice", tc))) ||
         !add_copy(job, "response_format", ps->guided_rf ? ps->guided_rf : ps->response_format))
@@ -1103,7 +1101,7 @@ int oai_parse_body(const char *body, size_t len, const struct oai_limits *lim, c
     struct job_fault fault;
     struct rl_err jerr = {0};
     if (job_check_text(body, len, "body", &fault, &jerr))
-        return bad400(e, ev_code_name(fault.code), NULL, "%s", jerr.msg);
+        return oai_bad_request(e, ev_code_name(fault.code), NULL, "%s", jerr.msg);
     char *b = *buf = malloc(len + 1);
     if (!b)
         return -RL_ENOMEM;
@@ -1113,11 +1111,11 @@ int oai_parse_body(const char *body, size_t len, const struct oai_limits *lim, c
     *root = cJSON_ParseWithOpts(b, &end, 1);
     if (!*root) {
         size_t at = end && end >= b ? (size_t)(end - b) : 0;
-        return bad400(e, "INVALID_JSON", NULL, "body: not valid JSON (at byte %zu of %zu)", at,
+        return oai_bad_request(e, "INVALID_JSON", NULL, "body: not valid JSON (at byte %zu of %zu)", at,
                       len);
     }
     if (!cJSON_IsObject(*root))
-        return bad400(e, "NOT_OBJECT", NULL, "body: must be a JSON object");
+        return oai_bad_request(e, "NOT_OBJECT", NULL, "body: must be a JSON object");
     return 0;
 }
 
@@ -1361,7 +1359,7 @@ static int token_of(const cJSON *entry, double *logprob, char **text, cJSON **by
     if (raw) {
         cJSON_ArrayForEach(x, b)
         {
-            if (!is_integer(x) || x->valuedouble < 0 || x->valuedouble > 255)
+            if (!oai_is_integer(x) || x->valuedouble < 0 || x->valuedouble > 255)
                 break;
             raw[i++] = (char)(int)x->valuedouble;
         }
@@ -1490,13 +1488,13 @@ static int legacy_logprobs(struct oai_resp *r, const cJSON *lps, cJSON **acc)
     return 0;
 }
 
-static const char *str_member(const cJSON *o, const char *k)
+const char *oai_str_member(const cJSON *o, const char *k)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
-static int64_t int_member(const cJSON *o, const char *k)
+int64_t oai_int_member(const cJSON *o, const char *k)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 9e15 ? (int64_t)v->valuedouble : 0;
@@ -1553,8 +1551,8 @@ static int feed_tool_deltas(struct oai_resp *r, const cJSON *tcs, struct text *s
 static int feed_delta(struct oai_resp *r, const cJSON *ev, struct text *sse)
 {
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(ev, "delta");
-    const char *content = str_member(d, "content");
-    const char *reasoning = str_member(d, "reasoning_content");
+    const char *content = oai_str_member(d, "content");
+    const char *reasoning = oai_str_member(d, "reasoning_content");
     const cJSON *lps = cJSON_GetObjectItemCaseSensitive(ev, "logprobs");
     bool want_lp = r->logprobs && cJSON_IsArray(lps) && lps->child;
     if (r->api == OAI_API_COMPLETIONS)
@@ -1671,8 +1669,8 @@ int oai_tc_entry(struct oai_tc_stream *s, const cJSON *entry, int *index, bool *
 {
     const cJSON *ix = cJSON_GetObjectItemCaseSensitive(entry, "index");
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(entry, "function");
-    *name = str_member(f, "name");
-    *frag = str_member(f, "arguments");
+    *name = oai_str_member(f, "name");
+    *frag = oai_str_member(f, "arguments");
     if (!*frag)
         *frag = "";
     if (!cJSON_IsNumber(ix) || ix->valuedouble < 0 || ix->valuedouble > 1e6)
@@ -1790,17 +1788,17 @@ static int feed_tool_deltas(struct oai_resp *r, const cJSON *tcs, struct text *s
 static int feed_done(struct oai_resp *r, const cJSON *ev, struct text *sse,
                      struct oai_error *e)
 {
-    const char *fr = str_member(ev, "finish_reason");
+    const char *fr = oai_str_member(ev, "finish_reason");
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(ev, "tool_calls");
     const cJSON *u = cJSON_GetObjectItemCaseSensitive(ev, "usage");
     /* several choices: the completion tokens of all; the prompt (and its
      * cache hits) once per prompt, as OpenAI counts n */
     if (r->cur % r->n_per_prompt == 0) {
-        r->prompt_tokens += int_member(u, "prompt_tokens");
-        r->cached_tokens += int_member(u, "cached_prompt_tokens");
+        r->prompt_tokens += oai_int_member(u, "prompt_tokens");
+        r->cached_tokens += oai_int_member(u, "cached_prompt_tokens");
     }
-    r->completion_tokens += int_member(u, "completion_tokens");
-    r->reasoning_tokens += int_member(u, "reasoning_tokens");
+    r->completion_tokens += oai_int_member(u, "completion_tokens");
+    r->reasoning_tokens += oai_int_member(u, "reasoning_tokens");
     cJSON_Delete(r->tool_calls);
     if (!(r->tool_calls = cJSON_IsArray(tc) ? cJSON_Duplicate(tc, 1) : cJSON_CreateArray()))
         return -RL_ENOMEM;
@@ -1847,7 +1845,7 @@ static int feed_done(struct oai_resp *r, const cJSON *ev, struct text *sse,
         cJSON_ArrayForEach(t, r->tool_calls)
         {
             const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
-            const char *rest = oai_tc_rest(&r->tc, i, str_member(f, "arguments"));
+            const char *rest = oai_tc_rest(&r->tc, i, oai_str_member(f, "arguments"));
             cJSON *x = NULL;
             if (rest && *rest)
                 x = tool_entry(i, NULL, NULL, rest);
@@ -1903,7 +1901,7 @@ int oai_resp_feed(struct oai_resp *r, const char *event, size_t len, struct text
     cJSON *ev = event ? cJSON_ParseWithLength(event, len) : NULL;
     int rc;
     const cJSON *seq = cJSON_GetObjectItemCaseSensitive(ev, "seq");
-    const char *type = str_member(ev, "type");
+    const char *type = oai_str_member(ev, "type");
     if (!cJSON_IsObject(ev) || !cJSON_IsNumber(seq) || !type) {
         oai_error_set(e, 502, T_SERVER, "BAD_EVENT", NULL,
                       "event %lld of the job is not a valid event", (long long)r->next_seq);
@@ -1923,7 +1921,7 @@ int oai_resp_feed(struct oai_resp *r, const char *event, size_t len, struct text
         rc = feed_done(r, ev, sse, e);
     } else if (!strcmp(type, "error")) {
         const cJSON *ra = cJSON_GetObjectItemCaseSensitive(ev, "retry_after_ms");
-        oai_error_from_event(str_member(ev, "code"), str_member(ev, "message"),
+        oai_error_from_event(oai_str_member(ev, "code"), oai_str_member(ev, "message"),
                              cJSON_IsNumber(ra) && ra->valuedouble > 0 && ra->valuedouble < 1e9
                                  ? (int64_t)ra->valuedouble : 0,
                              e);

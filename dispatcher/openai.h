@@ -163,6 +163,18 @@ int oai_parse_body(const char *body, size_t len, const struct oai_limits *lim, c
 int oai_not_applied(const struct oai_limits *lim, struct oai_request *out, const char *name,
                     const char *code, const char *why, struct oai_error *e);
 
+/* Helpers the other wire formats (compat.c, embed.c) share with this one.
+ * oai_bad_request: fills *e as a 400 invalid_request_error (code and
+ * param may be NULL) and returns -RL_EINVAL. */
+int oai_bad_request(struct oai_error *e, const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* A JSON number with an integral, finite value. */
+bool oai_is_integer(const cJSON *v);
+/* Member k of o as a string (NULL when absent or not one), and as a
+ * count (a number in [0, 9e15), else 0: the usage of an event). */
+const char *oai_str_member(const cJSON *o, const char *k);
+int64_t oai_int_member(const cJSON *o, const char *k);
+
 /* ---- responses ---- */
 
 struct oai_resp;
