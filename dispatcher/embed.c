@@ -109,8 +109,8 @@ static int take_dimensions(struct emb_parse *ps, const cJSON *v)
         return oai_bad_request(ps->e, "BAD_TYPE", "dimensions", "dimensions: must be an integer");
     if (v->valuedouble < 1 || v->valuedouble > JOB_DIMENSIONS_MAX)
         return oai_bad_request(ps->e, "OUT_OF_RANGE", "dimensions",
-                   "dimensions: %.0f is out of range [1, %d]", v->valuedouble,
-                   JOB_DIMENSIONS_MAX);
+                               "dimensions: %.0f is out of range [1, %d]", v->valuedouble,
+                               JOB_DIMENSIONS_MAX);
     ps->dimensions = (int)v->valuedouble;
     return 0;
 }
@@ -158,19 +158,22 @@ static int take_member(struct emb_parse *ps, enum member m, const char *name, co
             ps->c->base64 = true;
         else if (strcmp(v->valuestring, "float"))
             return oai_bad_request(ps->e, "BAD_VALUE", name,
-                       "encoding_format: \"%.20s\" is not float or base64", v->valuestring);
+                                   "encoding_format: \"%.20s\" is not float or base64",
+                                   v->valuestring);
         return 0;
     case M_DIMENSIONS:
         return take_dimensions(ps, v);
     case M_USER:
-        return cJSON_IsString(v) ? 0 : oai_bad_request(ps->e, "BAD_TYPE", name, "user: must be a string");
+        return cJSON_IsString(v) ? 0 : oai_bad_request(ps->e, "BAD_TYPE", name,
+                                                       "user: must be a string");
     case M_TRUNCATE:
         if (!cJSON_IsBool(v))
             return oai_bad_request(ps->e, "BAD_TYPE", name, "truncate: must be true or false");
         ps->truncate = cJSON_IsTrue(v);
         return 0;
     case M_OPTIONS:
-        return cJSON_IsObject(v) ? 0 : oai_bad_request(ps->e, "BAD_TYPE", name, "options: must be an object");
+        return cJSON_IsObject(v) ? 0 : oai_bad_request(ps->e, "BAD_TYPE", name,
+                                                       "options: must be an object");
     case M_KEEP_ALIVE:
         return 0;
     }
@@ -194,7 +197,7 @@ static int walk_members(struct emb_parse *ps, const cJSON *root)
         }
         if (seen & (1u << k))
             return oai_bad_request(ps->e, "DUPLICATE_FIELD", members[k].name, "%s: given twice",
-                       members[k].name);
+                                   members[k].name);
         seen |= 1u << k;
         if (cJSON_IsNull(v))
             continue;
@@ -252,8 +255,8 @@ static int check_inputs(struct emb_parse *ps, const cJSON ***items, int *n)
     if (cJSON_IsArray(in) && !in->child)
         return oai_bad_request(e, "BAD_VALUE", name, "%s: must not be an empty array", name);
     if (count > EMB_INPUTS_MAX)
-        return oai_bad_request(e, "OUT_OF_RANGE", name, "%s: %d inputs is over the limit of %d", name, count,
-                   EMB_INPUTS_MAX);
+        return oai_bad_request(e, "OUT_OF_RANGE", name, "%s: %d inputs is over the limit of %d",
+                               name, count, EMB_INPUTS_MAX);
     /* every item's shape: all strings or (OpenAI) all token-id lists, as
      * the first is */
     if (list && !cJSON_IsString(in->child) &&
@@ -267,16 +270,17 @@ static int check_inputs(struct emb_parse *ps, const cJSON ***items, int *n)
             snprintf(at, sizeof at, "[%d]", i);
         if (texts && !cJSON_IsString(it))
             return oai_bad_request(e, "BAD_TYPE", name, "%s%s: %s", name, at,
-                       list ? "every input must be a string, as the first is" : shape);
+                                   list ? "every input must be a string, as the first is" : shape);
         if (texts && !it->valuestring[0])
             return oai_bad_request(e, "BAD_VALUE", name, "%s%s: must not be empty", name, at);
         if (!texts && cJSON_IsArray(it) && !it->child)
-            return oai_bad_request(e, "BAD_VALUE", name, "%s%s: must not be an empty array", name, at);
+            return oai_bad_request(e, "BAD_VALUE", name, "%s%s: must not be an empty array", name,
+                                   at);
         if (!texts && !is_id_list(it))
             return oai_bad_request(e, "BAD_TYPE", name, "%s%s: %s", name, at,
-                       list ? "every input must be an array of integer token ids, as the "
-                              "first is"
-                            : "token ids must be integers");
+                                   list ? "every input must be an array of integer token "
+                                          "ids, as the first is"
+                                        : "token ids must be integers");
     }
     if (!(*items = calloc((size_t)count, sizeof **items)))
         return -RL_ENOMEM;

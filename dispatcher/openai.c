@@ -286,10 +286,11 @@ static int get_tokens(const cJSON *v, const char *name, int max, int *out, struc
     if (!cJSON_IsNumber(v))
         return oai_bad_request(e, "BAD_TYPE", name, "%s: must be an integer", name);
     if (!oai_is_integer(v))
-        return oai_bad_request(e, "BAD_TYPE", name, "%s: must be an integer, not %g", name, v->valuedouble);
+        return oai_bad_request(e, "BAD_TYPE", name, "%s: must be an integer, not %g", name,
+                               v->valuedouble);
     if (v->valuedouble < 1 || v->valuedouble > max)
         return oai_bad_request(e, "OUT_OF_RANGE", name, "%s: %.0f is out of range [1, %d]", name,
-                      v->valuedouble, max);
+                               v->valuedouble, max);
     *out = (int)v->valuedouble;
     return 0;
 }
@@ -380,7 +381,8 @@ static int effort_mode(const cJSON *v, int *think, struct oai_error *e)
     static const char *const off[] = {"none", "minimal", "low"};
     static const char *const on[] = {"medium", "high", "xhigh"};
     if (!cJSON_IsString(v))
-        return oai_bad_request(e, "BAD_TYPE", "reasoning_effort", "reasoning_effort: must be a string");
+        return oai_bad_request(e, "BAD_TYPE", "reasoning_effort",
+                               "reasoning_effort: must be a string");
     for (int i = 0; i < 3; i++) {
         if (!strcmp(v->valuestring, off[i])) {
             *think = 0;
@@ -392,8 +394,8 @@ static int effort_mode(const cJSON *v, int *think, struct oai_error *e)
         }
     }
     return oai_bad_request(e, "BAD_VALUE", "reasoning_effort",
-                  "reasoning_effort: \"%.20s\" is not one of none, minimal, low (no thinking), "
-                  "medium, high, xhigh (thinking)", v->valuestring);
+                           "reasoning_effort: \"%.20s\" is not one of none, minimal, low "
+                           "(no thinking), medium, high, xhigh (thinking)", v->valuestring);
 }
 
 /* The completions prompt: a string, token ids, or a list holding one of
@@ -420,7 +422,7 @@ static int put_one_prompt(const cJSON *p, cJSON *job, struct oai_error *e)
     }
     if (!cJSON_IsArray(p))
         return oai_bad_request(e, "BAD_TYPE", "prompt",
-                      "prompt: must be a string or an array of token ids");
+                               "prompt: must be a string or an array of token ids");
     const cJSON *t;
     cJSON_ArrayForEach(t, p)
     {
@@ -443,8 +445,9 @@ static int put_prompt(const cJSON *v, cJSON *job, struct oai_error *e)
         return put_one_prompt(v, job, e);
     int n = cJSON_GetArraySize(v);
     if (n > OAI_CHOICES_MAX)
-        return oai_bad_request(e, "OUT_OF_RANGE", "prompt", "prompt: %d prompts is over the limit of %d",
-                      n, OAI_CHOICES_MAX);
+        return oai_bad_request(e, "OUT_OF_RANGE", "prompt",
+                               "prompt: %d prompts is over the limit of %d",
+                               n, OAI_CHOICES_MAX);
     const cJSON *p;
     cJSON_ArrayForEach(p, v)
     {
@@ -539,8 +542,8 @@ static int get_int(const cJSON *v, const char *name, double lo, double hi, struc
     if (!oai_is_integer(v))
         return oai_bad_request(e, "BAD_TYPE", name, "%s: must be an integer", name);
     if (v->valuedouble < lo || v->valuedouble > hi)
-        return oai_bad_request(e, "OUT_OF_RANGE", name, "%s: %.0f is out of range [%.0f, %.0f]", name,
-                      v->valuedouble, lo, hi);
+        return oai_bad_request(e, "OUT_OF_RANGE", name, "%s: %.0f is out of range [%.0f, %.0f]",
+                               name, v->valuedouble, lo, hi);
     return 0;
 }
 
@@ -565,8 +568,8 @@ static int take_extension(struct parse_state *ps, enum kind kind, const char *na
     case K_THINK_BUDGET:
         if (cJSON_GetObjectItemCaseSensitive(ps->job, "max_thinking_tokens"))
             return oai_bad_request(e, "DUPLICATE_FIELD", name,
-                          "%s: the thinking budget is given twice (max_thinking_tokens, "
-                          "thinking_budget)", name);
+                                   "%s: the thinking budget is given twice (max_thinking_tokens, "
+                                   "thinking_budget)", name);
         return cJSON_AddItemToObject(ps->job, "max_thinking_tokens", cJSON_Duplicate(v, 1))
                    ? 0 : -RL_ENOMEM;
     case K_GUIDED_JSON: {
@@ -574,8 +577,9 @@ static int take_extension(struct parse_state *ps, enum kind kind, const char *na
         cJSON *schema = cJSON_IsString(v) ? cJSON_Parse(v->valuestring) : cJSON_Duplicate(v, 1);
         if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema)) {
             cJSON_Delete(schema);
-            return oai_bad_request(e, "BAD_TYPE", name, "%s: must be a JSON schema (an object or its text)",
-                          name);
+            return oai_bad_request(e, "BAD_TYPE", name,
+                                   "%s: must be a JSON schema (an object or its text)",
+                                   name);
         }
         cJSON *rf = cJSON_CreateObject(), *js = NULL;
         if (!rf || !cJSON_AddStringToObject(rf, "type", "json_schema") ||
@@ -592,7 +596,8 @@ static int take_extension(struct parse_state *ps, enum kind kind, const char *na
     case K_GUIDED_CHOICE: {
         /* root ::= "a" | "b": the answer is one of the strings, as they are */
         if (!cJSON_IsArray(v) || !v->child)
-            return oai_bad_request(e, "BAD_TYPE", name, "%s: must be a non-empty array of strings", name);
+            return oai_bad_request(e, "BAD_TYPE", name, "%s: must be a non-empty array of strings",
+                                   name);
         struct text g = {0};
         int rc = text_add(&g, "root ::=", 8);
         const cJSON *c;
@@ -600,8 +605,9 @@ static int take_extension(struct parse_state *ps, enum kind kind, const char *na
         {
             if (!cJSON_IsString(c) || !c->valuestring[0]) {
                 text_free(&g);
-                return oai_bad_request(e, "BAD_TYPE", name, "%s: each choice must be a non-empty string",
-                              name);
+                return oai_bad_request(e, "BAD_TYPE", name,
+                                       "%s: each choice must be a non-empty string",
+                                       name);
             }
             rc = rc ? rc : text_add(&g, c == v->child ? " \"" : " | \"", c == v->child ? 2 : 4);
             for (const unsigned char *p = (const unsigned char *)c->valuestring; *p && !rc; p++) {
@@ -713,7 +719,7 @@ static int get_logprobs_count(const cJSON *v, const char *name, int *out, struct
         return oai_bad_request(e, "BAD_TYPE", name, "%s: must be an integer", name);
     if (v->valuedouble < 0 || v->valuedouble > JOB_LOGPROBS_MAX)
         return oai_bad_request(e, "OUT_OF_RANGE", name, "%s: %g is out of range [0, %d]", name,
-                      v->valuedouble, JOB_LOGPROBS_MAX);
+                               v->valuedouble, JOB_LOGPROBS_MAX);
     *out = (int)v->valuedouble;
     return 0;
 }
@@ -796,28 +802,32 @@ static int take_ignored(struct parse_state *ps, enum kind kind, const char *name
             return oai_bad_request(e, "BAD_TYPE", name, "suffix: must be a string");
         if (v->valuestring[0])
             return oai_bad_request(e, "BAD_VALUE", name,
-                          "suffix: fill-in-the-middle is not supported: Qwen3 was not trained "
-                          "for it (its <|fim_*|> tokens are unused); give none or \"\"");
+                                   "suffix: fill-in-the-middle is not supported: Qwen3 was "
+                                   "not trained for it (its <|fim_*|> tokens are unused); "
+                                   "give none or \"\"");
         return 0;
     case K_BEST_OF:
         if (!oai_is_integer(v) || v->valuedouble != 1)
             return oai_bad_request(e, "OUT_OF_RANGE", name,
-                          "best_of: only 1 is supported (use n for several choices)");
+                                   "best_of: only 1 is supported (use n for several choices)");
         return 0;
     case K_METADATA_IGNORED: {
         bool ok = cJSON_IsObject(v);
         for (const cJSON *m = ok ? v->child : NULL; m; m = m->next)
             ok = ok && cJSON_IsString(m);
-        return ok ? 0 : oai_bad_request(e, "BAD_TYPE", name, "metadata: must be an object of strings");
+        return ok ? 0 : oai_bad_request(e, "BAD_TYPE", name,
+                                        "metadata: must be an object of strings");
     }
     case K_MODALITIES: {
         bool ok = cJSON_IsArray(v);
         for (const cJSON *m = ok ? v->child : NULL; m; m = m->next)
             ok = ok && cJSON_IsString(m) && !strcmp(m->valuestring, "text");
-        return ok ? 0 : oai_bad_request(e, "BAD_VALUE", name, "modalities: only [\"text\"] is supported");
+        return ok ? 0 : oai_bad_request(e, "BAD_VALUE", name,
+                                        "modalities: only [\"text\"] is supported");
     }
     case K_STRING_IGNORED:
-        return cJSON_IsString(v) ? 0 : oai_bad_request(e, "BAD_TYPE", name, "%s: must be a string", name);
+        return cJSON_IsString(v) ? 0 : oai_bad_request(e, "BAD_TYPE", name, "%s: must be a string",
+                                                       name);
     default: /* K_BOOL_IGNORED */
         return get_bool(v, name, &b, e);
     }
@@ -889,40 +899,44 @@ static int check_across(struct parse_state *ps)
     int n_msg = ps->messages ? cJSON_GetArraySize(ps->messages) : 0;
     if (n_msg > ps->lim->max_messages)
         return oai_bad_request(e, "OUT_OF_RANGE", "messages",
-                      "messages: %d messages is over the limit of %d", n_msg,
-                      ps->lim->max_messages);
+                               "messages: %d messages is over the limit of %d", n_msg,
+                               ps->lim->max_messages);
     if (ps->stream_options && !ps->out->stream)
         return oai_bad_request(e, "BAD_VALUE", "stream_options",
-                      "stream_options: only allowed when stream is true");
+                               "stream_options: only allowed when stream is true");
     if (ps->top_logprobs_given && !ps->logprobs)
-        return oai_bad_request(e, "BAD_VALUE", "top_logprobs", "top_logprobs: requires logprobs: true");
+        return oai_bad_request(e, "BAD_VALUE", "top_logprobs",
+                               "top_logprobs: requires logprobs: true");
     int n_prompts = prompt_is_list(ps->prompt) ? cJSON_GetArraySize(ps->prompt) : 1;
     if (n_prompts * ps->n > OAI_CHOICES_MAX)
-        return oai_bad_request(e, "OUT_OF_RANGE", "n", "n: %d prompts times n %d is over %d choices",
-                      n_prompts, ps->n, OAI_CHOICES_MAX);
+        return oai_bad_request(e, "OUT_OF_RANGE", "n",
+                               "n: %d prompts times n %d is over %d choices",
+                               n_prompts, ps->n, OAI_CHOICES_MAX);
     if (ps->echo && ps->logprobs)
         return oai_bad_request(e, "BAD_VALUE", "echo",
-                      "echo: not with logprobs (redlm computes no prompt logprobs)");
+                               "echo: not with logprobs (redlm computes no prompt logprobs)");
     if (ps->echo && ps->prompt) {
         const cJSON *p = prompt_is_list(ps->prompt) ? ps->prompt->child : ps->prompt;
         for (; p; p = prompt_is_list(ps->prompt) ? p->next : NULL)
             if (!cJSON_IsString(p))
                 return oai_bad_request(e, "BAD_VALUE", "echo",
-                              "echo: only with text prompts (the front door does not turn "
-                              "token ids back into text)");
+                                       "echo: only with text prompts (the front door does not turn "
+                                       "token ids back into text)");
     }
     const cJSON *mode = ps->mode;
     int think = ps->enable_thinking;
     const char *mode_s = cJSON_IsString(mode) ? mode->valuestring : NULL;
     if (mode_s && think >= 0 && strcmp(mode_s, think ? "think" : "no_think"))
         return oai_bad_request(e, "BAD_VALUE", "mode",
-                      "mode: \"%.20s\" contradicts chat_template_kwargs.enable_thinking: %s",
-                      mode_s, think ? "true" : "false");
+                               "mode: \"%.20s\" contradicts "
+                               "chat_template_kwargs.enable_thinking: %s",
+                               mode_s, think ? "true" : "false");
     int effort = ps->effort;
     if (effort >= 0 && ((think >= 0 && effort != think) ||
                         (mode_s && !strcmp(mode_s, effort ? "no_think" : "think"))))
-        return oai_bad_request(e, "BAD_VALUE", "reasoning_effort", "reasoning_effort: contradicts %s",
-                      think >= 0 ? "chat_template_kwargs.enable_thinking" : "mode");
+        return oai_bad_request(e, "BAD_VALUE", "reasoning_effort",
+                               "reasoning_effort: contradicts %s",
+                               think >= 0 ? "chat_template_kwargs.enable_thinking" : "mode");
     if (think < 0)
         ps->enable_thinking = effort;
     return 0;
@@ -950,7 +964,7 @@ static int build_job(struct parse_state *ps, int64_t deadline_ms)
     bool no_tools = cJSON_IsString(tc) && !strcmp(tc->valuestring, "none");
     if (ps->guided_rf && ps->response_format)
         return oai_bad_request(ps->e, "BAD_PARAM", "guided_json",
-                      "guided_json: give it or response_format, not both");
+                               "guided_json: give it or response_format, not both");
     if ((!no_tools && (!add_copy(job, "tools", ps->tools) || !add_copy(job, "tool_choice", tc))) ||
         !add_copy(job, "response_format", ps->guided_rf ? ps->guided_rf : ps->response_format))
         return -RL_ENOMEM;
@@ -1111,8 +1125,8 @@ int oai_parse_body(const char *body, size_t len, const struct oai_limits *lim, c
     *root = cJSON_ParseWithOpts(b, &end, 1);
     if (!*root) {
         size_t at = end && end >= b ? (size_t)(end - b) : 0;
-        return oai_bad_request(e, "INVALID_JSON", NULL, "body: not valid JSON (at byte %zu of %zu)", at,
-                      len);
+        return oai_bad_request(e, "INVALID_JSON", NULL,
+                               "body: not valid JSON (at byte %zu of %zu)", at, len);
     }
     if (!cJSON_IsObject(*root))
         return oai_bad_request(e, "NOT_OBJECT", NULL, "body: must be a JSON object");
