@@ -17,7 +17,7 @@
 #               to the CPU backend's, token for token
 #   batch-tiny  `redlm run --batch`: 12 jobs of different prompts through the
 #               batching engine on CUDA and on CPU, tokens equal
-#   worker      redis-server + `redlm-worker --backend $BE`: 8 jobs enqueued,
+#   worker      redis-server + `redlm-worker --backend $BE`: 8 jobs and an embedding job enqueued,
 #               every stream ends in done, seq gapless from 0
 #   batch-0.6b  a random BF16 Qwen3-0.6B made here by `redlm mkmodel`, 40 jobs
 #               greedy on CUDA and CPU, 40 decoding at once: the agreed prefix
@@ -286,8 +286,28 @@ EOF
         [ "${r%% *}" = ok ] || bad=$((bad + 1))
         ntok=$((ntok + ${r##* }))
     done
+    # an embedding job: the CUDA backend's hidden state (be_ops.hidden),
+    # one done event with a unit vector of the model's hidden size
+    eid=$(echo '{"task":"embed","prompt_ids":[7,8,9,10,11]}' | ours "$BIN/redlm" enqueue \
+          --redis 127.0.0.1:$port --pool fast --file - 2>>"$LOGS/worker-client.log")
+    ours timeout 60 "$BIN/redlm" tail "$eid" --json --timeout 30 --redis 127.0.0.1:$port \
+        > "$WORK/emb.jsonl" 2>>"$LOGS/worker-client.log"
+    cat "$WORK/emb.jsonl" >> "$LOGS/worker-events.jsonl"
+    emb=$("$PY" - "$WORK/emb.jsonl" "$TINY/config.json" <<'EOF'
+import base64, json, math, struct, sys
+ev = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+h = json.load(open(sys.argv[2]))["hidden_size"]
+d = ev[-1] if ev else {}
+ok = len(ev) == 1 and d.get("type") == "done" and d.get("dimensions") == h
+if ok:
+    v = struct.unpack(f"<{h}f", base64.b64decode(d["embedding"]))
+    ok = abs(math.sqrt(sum(x * x for x in v)) - 1) < 1e-4
+print("ok" if ok else "bad")
+EOF
+)
+    [ "$emb" = ok ] || bad=$((bad + 1))
     if [ "$bad" = 0 ]; then st=passed; else st=failed; fi
-    detail="8 jobs, $bad without done or with a seq gap, $ntok events; $(grep -m1 "KV cache" "$LOGS/worker.log" | cut -c35- | head -c 200)"
+    detail="8 jobs and an embedding, $bad without done, with a seq gap or a bad vector, $ntok events; $(grep -m1 "KV cache" "$LOGS/worker.log" | cut -c35- | head -c 200)"
 fi
 stop_proc() { # pid: SIGTERM, then SIGKILL after 20 s (a worker drains first)
     kill "$1" 2>/dev/null || return 0
