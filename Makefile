@@ -338,7 +338,7 @@ $(BUILD)/tests/test_dmetrics: $(BUILD)/tests/unit/test_dmetrics.o $(BUILD)/dispa
 # test, benchmark and fuzz target link the objects they need. The fuzz
 # targets are compiled by clang in one loop above; FUZZ_EXTRA_SRC is
 # compiled into each (the others never call it).
-FUZZ_EXTRA_SRC := dispatcher/openai.c dispatcher/compat.c dispatcher/embed.c dispatcher/route.c
+FUZZ_EXTRA_SRC := dispatcher/openai.c dispatcher/compat.c dispatcher/embed.c dispatcher/rerank.c dispatcher/route.c
 $(BUILD)/tests/test_openai: $(BUILD)/tests/unit/test_openai.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
@@ -350,6 +350,10 @@ $(BUILD)/tests/test_compat: $(BUILD)/tests/unit/test_compat.o $(BUILD)/dispatche
 $(BUILD)/tests/test_embed: $(BUILD)/tests/unit/test_embed.o $(BUILD)/dispatcher/embed.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
-$(BUILD)/tests/bench_http: $(BUILD)/tests/bench/bench_http.o $(BUILD)/dispatcher/http.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/compat.o $(BUILD)/dispatcher/embed.o $(BUILD)/dispatcher/vmetrics.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
+# the rerank and score endpoints (POST /v1/rerank, /v1/score and their aliases)
+$(BUILD)/tests/test_rerank: $(BUILD)/tests/unit/test_rerank.o $(BUILD)/dispatcher/rerank.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
+$(BUILD)/tests/bench_http: $(BUILD)/tests/bench/bench_http.o $(BUILD)/dispatcher/http.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/compat.o $(BUILD)/dispatcher/embed.o $(BUILD)/dispatcher/rerank.o $(BUILD)/dispatcher/vmetrics.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) $(DAEMON_LIBS)
