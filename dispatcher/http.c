@@ -63,8 +63,9 @@
  *
  * POST /v1/completions takes the same path as chat (openai.c converts
  * either), and so do the embedding routes (embed.c: one job per input,
- * laid out as several choices are, the answer never streamed). Slow
- * clients cannot hold connection threads: each connection has a deadline
+ * laid out as several choices are, the answer never streamed) and the
+ * rerank and score routes (rerank.c: one job per document, the same way).
+ * Slow clients cannot hold connection threads: each connection has a deadline
  * for its headers and its body, enforced by a reaper thread, only so many
  * connections (per address and in all) get the full one, and a new
  * connection at http_max_connections displaces the one that has waited
@@ -109,6 +110,7 @@
 #include "modelref.h"
 #include "compat.h"
 #include "embed.h"
+#include "rerank.h"
 #include "openai.h"
 #include "prompt.h"
 #include "rconn.h"
@@ -238,6 +240,9 @@ enum route {
     /* embed.c's: OpenAI's POST /v1/embeddings, Ollama's /api/embed and
      * /api/embeddings */
     R_EMBEDDINGS, R_OLLAMA_EMBED, R_OLLAMA_EMBEDDINGS,
+    /* rerank.c's: Jina's and Cohere's POST /v1/rerank (and /rerank,
+     * /v2/rerank), vLLM's POST /v1/score (and /score) */
+    R_RERANK, R_SCORE,
 };
 
 /* A route that answers with a job's events (chat()). */
@@ -245,7 +250,7 @@ static bool job_route(enum route r)
 {
     return r == R_CHAT || r == R_COMPLETIONS || r == R_RESPONSES || r == R_OLLAMA_CHAT ||
            r == R_OLLAMA_GENERATE || r == R_EMBEDDINGS || r == R_OLLAMA_EMBED ||
-           r == R_OLLAMA_EMBEDDINGS;
+           r == R_OLLAMA_EMBEDDINGS || r == R_RERANK || r == R_SCORE;
 }
 
 /* An embedding route: embed.c parses and answers it. */
@@ -326,6 +331,10 @@ struct req {
     bool embed;
     struct emb_request ereq;
     struct emb_resp *eresp;
+    /* the rerank and score routes: rerank.c formats the answer instead */
+    bool rerank;
+    struct rr_request rreq;
+    struct rr_resp *rresp;
     /* its place in the vLLM-named gauges, under the model name it echoes */
     enum vm_state vm;
     char vm_model[JOB_MODEL_MAX + 1];
@@ -1110,17 +1119,20 @@ static void log_ignored(struct dhttp *h, const struct req *q)
 }
 
 /* The answer's formatter: openai.c's, compat.c's for the Responses and
- * Ollama's chat APIs, embed.c's for the embedding routes. */
+ * Ollama's chat APIs, embed.c's for the embedding routes, rerank.c's for
+ * the rerank and score routes. */
 static int64_t resp_tokens(const struct req *q)
 {
     return q->embed    ? emb_resp_total_tokens(q->eresp)
+           : q->rerank ? rr_resp_total_tokens(q->rresp)
            : q->compat ? cpt_resp_total_tokens(q->cresp)
                        : oai_resp_total_tokens(q->resp);
 }
 
 static int resp_stream_error(struct req *q)
 {
-    if (q->embed) /* never streamed; an answer committed early ends in the error object */
+    if (q->embed || q->rerank) /* never streamed; an answer committed early ends in the
+                                  error object */
         return 0;
     return q->compat ? cpt_stream_error(q->cresp, &q->err, &q->sse)
                      : oai_sse_error(&q->err, &q->sse);
@@ -1130,6 +1142,8 @@ static char *resp_body(const struct req *q)
 {
     if (q->embed) /* Ollama's total_duration: from the first XADD */
         return emb_resp_body(q->eresp, rl_mono_ms() - q->t_xadd_ms);
+    if (q->rerank)
+        return rr_resp_body(q->rresp);
     return q->compat ? cpt_resp_body(q->cresp) : oai_resp_completion(q->resp);
 }
 
@@ -1212,6 +1226,7 @@ static int take_events(struct req *q, const struct rconn_reply *r)
         }
         size_t before = q->sse.n;
         int rc = q->embed    ? emb_resp_feed(q->eresp, ev, ev_len, &q->err)
+                 : q->rerank ? rr_resp_feed(q->rresp, ev, ev_len, &q->err)
                  : q->compat ? cpt_resp_feed(q->cresp, ev, ev_len, &q->sse, &q->err)
                              : oai_resp_feed(q->resp, ev, ev_len, &q->sse, &q->err);
         if (rc < 0)
@@ -1717,9 +1732,11 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     bool compl = q->route == R_COMPLETIONS;
     q->embed = embed_route(q->route);
-    q->compat = !q->embed && (q->route == R_RESPONSES || ollama_route(q->route));
-    new_id(h, q->id, compl ? "cmpl-" : q->embed ? "embd-" : q->route == R_RESPONSES ? "resp_"
-                                    : q->compat ? "ollama-" : "chatcmpl-");
+    q->rerank = q->route == R_RERANK || q->route == R_SCORE;
+    q->compat = !q->embed && !q->rerank && (q->route == R_RESPONSES || ollama_route(q->route));
+    new_id(h, q->id, compl ? "cmpl-" : q->embed ? "embd-" : q->route == R_RERANK ? "rerank-"
+                                    : q->route == R_SCORE ? "score-" : q->route == R_RESPONSES
+                                    ? "resp_" : q->compat ? "ollama-" : "chatcmpl-");
     int64_t now = rl_wall_ms();
     int64_t deadline = h->timeout_s ? now + (int64_t)h->timeout_s * 1000 : 0;
     if (q->too_big) {
@@ -1732,6 +1749,9 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     if (q->embed)
         prc = emb_parse(emb_api_of(q->route), body, q->body.n, &h->lim, q->id, deadline,
                         &q->oreq, &q->ereq, &e);
+    else if (q->rerank)
+        prc = rr_parse(q->route == R_SCORE ? RR_SCORE : RR_RERANK, body, q->body.n, &h->lim,
+                       q->id, deadline, &q->oreq, &q->rreq, &e);
     else if (q->compat)
         prc = cpt_parse(q->route == R_RESPONSES ? CPT_RESPONSES
                         : q->route == R_OLLAMA_CHAT ? CPT_OLLAMA_CHAT : CPT_OLLAMA_GENERATE,
@@ -1787,6 +1807,7 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
                : cJSON_GetArraySize(served) == 1 && cJSON_IsString(fid) ? fid->valuestring : "";
     }
     int crc = q->embed    ? emb_resp_create(&q->eresp, &q->ereq, echo, &err)
+              : q->rerank ? rr_resp_create(&q->rresp, &q->rreq, q->id, echo, now / 1000, &err)
               : q->compat ? cpt_resp_create(&q->cresp, &q->creq, q->id, echo, now,
                                             q->oreq.stream, &err)
                           : oai_resp_create(&q->resp, q->id, echo, now / 1000, &q->oreq, &err);
@@ -2177,6 +2198,9 @@ static enum route route_of(struct dhttp *h, const char *method, const char *url,
         {"/api/version", R_OLLAMA_VERSION, false},
         {"/v1/embeddings", R_EMBEDDINGS, true}, {"/api/embed", R_OLLAMA_EMBED, true},
         {"/api/embeddings", R_OLLAMA_EMBEDDINGS, true},
+        {"/v1/rerank", R_RERANK, true},         {"/rerank", R_RERANK, true},
+        {"/v2/rerank", R_RERANK, true},         {"/v1/score", R_SCORE, true},
+        {"/score", R_SCORE, true},
     };
     for (size_t i = 0; i < sizeof compat / sizeof compat[0] && !h->ops; i++) {
         if (strcmp(url, compat[i].url))
@@ -2357,6 +2381,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         case R_EMBEDDINGS:
         case R_OLLAMA_EMBED:
         case R_OLLAMA_EMBEDDINGS:
+        case R_RERANK:
+        case R_SCORE:
         case R_CHAT: {
             if (!authorize(q, conn))
                 return refuse_auth(q, conn);
@@ -2455,6 +2481,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     cpt_resp_free(q->cresp);
     cpt_request_clear(&q->creq);
     emb_resp_free(q->eresp);
+    rr_resp_free(q->rresp); /* before the request its documents are borrowed from */
+    rr_request_clear(&q->rreq);
     oai_request_clear(&q->oreq);
     text_free(&q->body);
     text_free(&q->sse);

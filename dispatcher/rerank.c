@@ -204,25 +204,30 @@ static int take_text(struct rr_parse *ps, const cJSON *v, const char *name, cons
     struct oai_error *e = ps->e;
     const cJSON *t = v;
     if (doc_object && cJSON_IsObject(v)) {
+        /* the text first: an object without one (an image document) is
+         * refused for that, whatever else it holds */
         t = NULL;
         for (const cJSON *m = v->child; m; m = m->next) {
-            if (!strcmp(m->string, "text")) {
-                if (t)
-                    return oai_bad_request(e, "DUPLICATE_FIELD", name, "%s%s.text: given twice",
-                                           name, at);
-                t = m;
+            if (strcmp(m->string, "text"))
                 continue;
-            }
+            if (t)
+                return oai_bad_request(e, "DUPLICATE_FIELD", name, "%s%s.text: given twice",
+                                       name, at);
+            t = m;
+        }
+        if (!t)
+            return oai_bad_request(e, "MISSING_FIELD", name, "%s%s.text: required", name, at);
+        if (!cJSON_IsString(t))
+            return oai_bad_request(e, "BAD_TYPE", name, "%s%s.text: must be a string", name, at);
+        for (const cJSON *m = v->child; m; m = m->next) {
+            if (m == t)
+                continue;
             char path[JOB_FIELD_MAX];
             snprintf(path, sizeof path, "%s%s.%.40s", name, at, m->string);
             if (oai_not_applied(ps->lim, ps->out, path, "UNKNOWN_FIELD",
                                 "unknown member of a document (only text is read)", e))
                 return -RL_EINVAL;
         }
-        if (!t)
-            return oai_bad_request(e, "MISSING_FIELD", name, "%s%s.text: required", name, at);
-        if (!cJSON_IsString(t))
-            return oai_bad_request(e, "BAD_TYPE", name, "%s%s.text: must be a string", name, at);
     }
     if (!cJSON_IsString(t))
         return oai_bad_request(e, "BAD_TYPE", name, "%s%s: must be a string%s", name, at,
