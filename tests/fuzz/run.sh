@@ -15,6 +15,8 @@
 #                 jobs-invalid.json;
 #   fuzz_embed    a body of each embedding endpoint, and done events of
 #                 one to three inputs;
+#   fuzz_rerank   rerank and score bodies, and done events (scores) of one
+#                 to three documents, and an error after a score;
 # and, for each, the inputs that once found a fault.
 # A finding is written to build-fuzz/findings/TARGET-*; the script ends
 # non-zero when a target found one (rerun the target on that file to see
@@ -72,6 +74,24 @@ put("fuzz_embed", "events-2", b"\x8d" + "\n".join([done([1.0]), done([0.0, 1.0])
 put("fuzz_embed", "events-3", b"\x96" + "\n".join([done([1.0])] * 3).encode())
 put("fuzz_embed", "events-error", b"\x81" + json.dumps(
     {"seq": 0, "type": "error", "code": "PROMPT_TOO_LONG", "message": "prompt: too long"}).encode())
+# fuzz_rerank: rerank and score bodies (selector 0, 1), and a worker's
+# done events for 1 to 3 documents (selector 0x80 | score | top_n 1 << 2 |
+# (documents - 1) << 3)
+for i, (sel, body) in enumerate([
+        (0, {"model": "redlm", "query": "q", "documents": ["a", {"text": "b"}], "top_n": 1,
+             "return_documents": False, "instruction": "Judge."}),
+        (0, {"query": "q", "documents": ["a"]}),
+        (1, {"text_1": ["q1", "q2"], "text_2": ["a", "b"]}),
+        (1, {"model": "redlm", "text_1": "q", "text_2": "d", "instruction": ""})]):
+    put("fuzz_rerank", f"body-{i}", bytes([sel]) + json.dumps(body).encode())
+def scored(s):
+    return json.dumps({"seq": 0, "type": "done", "finish_reason": "stop",
+                       "usage": {"prompt_tokens": 9, "completion_tokens": 0}, "score": s})
+put("fuzz_rerank", "events-1", b"\x80" + scored(0.5).encode())
+put("fuzz_rerank", "events-3", b"\x90" + "\n".join(map(scored, (0.1, 0.9, 0.1))).encode())
+put("fuzz_rerank", "events-score-2", b"\x89" + "\n".join(map(scored, (1.0, 0.0))).encode())
+put("fuzz_rerank", "events-error", b"\x88" + "\n".join([scored(0.2), json.dumps(
+    {"seq": 0, "type": "error", "code": "PROMPT_TOO_LONG", "message": "prompt: too long"})]).encode())
 n = 0
 for f in ("schemas/examples/jobs-valid.json", "schemas/examples/jobs-invalid.json"):
     for j in json.loads(pathlib.Path(f).read_text()):
