@@ -357,6 +357,8 @@ int ev_build_done(int64_t seq, const struct ev_done *d, char **out, struct rl_er
     }
     if (d->embedding && add_embedding(o, d->embedding, d->n_embedding))
         goto oom;
+    if (d->has_score && !cJSON_AddNumberToObject(o, "score", d->score))
+        goto oom;
     return finish(o, out, err);
 oom:
     cJSON_Delete(o);

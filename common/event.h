@@ -151,6 +151,8 @@ struct ev_done {
                                        values, little-endian) and `dimensions`;
                                        NULL: left out. Borrowed */
     int n_embedding;
+    bool has_score;                 /* task "rerank": `score`, the relevance in [0, 1] */
+    double score;
 };
 
 /* Builders. Each returns 0 and sets *out to a malloc'd string, or a

@@ -793,7 +793,7 @@ enum kind {
     K_SEED, K_STOP, K_IGNORE_EOS, K_MAX_THINKING, K_LOGPROBS, K_PRIORITY, K_DEADLINE,
     K_CACHE, K_STREAM_TTL, K_METADATA, K_SPECULATIVE, K_RESPONSE_FORMAT, K_TOOL_CHOICE,
     K_GRAMMAR, K_CLIENT_LEASE, K_MIN_TOKENS, K_STOP_IDS, K_LOGIT_BIAS, K_SKIP_SPECIAL,
-    K_TASK, K_DIMENSIONS, K_TRUNCATE,
+    K_TASK, K_DIMENSIONS, K_TRUNCATE, K_QUERY, K_DOCUMENT, K_INSTRUCTION,
 };
 static const struct {
     const char *name;
@@ -813,7 +813,8 @@ static const struct {
     {"client_lease_ms", K_CLIENT_LEASE}, {"min_tokens", K_MIN_TOKENS},
     {"stop_token_ids", K_STOP_IDS}, {"logit_bias", K_LOGIT_BIAS},
     {"skip_special_tokens", K_SKIP_SPECIAL}, {"task", K_TASK}, {"dimensions", K_DIMENSIONS},
-    {"truncate", K_TRUNCATE},
+    {"truncate", K_TRUNCATE}, {"query", K_QUERY}, {"document", K_DOCUMENT},
+    {"instruction", K_INSTRUCTION},
 };
 #define N_TOP ((int)(sizeof top_fields / sizeof top_fields[0]))
 
@@ -1314,12 +1315,23 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
             j->task = JOB_TASK_GENERATE;
         else if (!strcmp(s, "embed"))
             j->task = JOB_TASK_EMBED;
+        else if (!strcmp(s, "rerank"))
+            j->task = JOB_TASK_RERANK;
         else
-            return bad(f, err, EV_CODE_BAD_VALUE, "task: \"%.32s\" is not generate or embed", s);
+            return bad(f, err, EV_CODE_BAD_VALUE,
+                       "task: \"%.32s\" is not generate, embed or rerank", s);
         j->given |= JOB_F_TASK;
         return 0;
     case K_DIMENSIONS:
         return take_int(j, v, 1, JOB_DIMENSIONS_MAX, &j->dimensions, JOB_F_DIMENSIONS, f, err);
+    case K_QUERY:
+    case K_DOCUMENT:
+    case K_INSTRUCTION: {
+        char **dst = k == K_QUERY ? &j->query : k == K_DOCUMENT ? &j->document : &j->instruction;
+        if ((rc = get_string(v, name, k == K_INSTRUCTION ? 0 : 1, SIZE_MAX, &s, f, err)))
+            return rc;
+        return (*dst = strdup(s)) ? 0 : -RL_ENOMEM;
+    }
     case K_TRUNCATE:
         j->given |= JOB_F_TRUNCATE;
         return get_bool(v, name, &j->truncate, f, err);
@@ -1335,42 +1347,83 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
     return rl_errf(err, RL_EINTERNAL, "job: unhandled field kind %d", (int)k);
 }
 
-/* An embedding job runs its prompt through the model once and generates
- * nothing: a member that only shapes generated tokens would be silently
- * meaningless, so it is refused by name, as is `dimensions` on a job that
- * generates. The members an embedding job may carry: */
+/* An embedding or rerank job runs its prompt through the model once and
+ * generates nothing: a member that only shapes generated tokens would be
+ * silently meaningless, so it is refused by name, as are the members of
+ * one task on a job of another. The members each may carry: */
 static const char *const embed_fields[] = {
     "id", "model", "pool", "prompt", "prompt_ids", "mode", "task", "dimensions", "truncate",
-    "priority", "deadline_ms", "cache", "stream_ttl_s", "metadata", "client_lease_ms",
+    "priority", "deadline_ms", "cache", "stream_ttl_s", "metadata", "client_lease_ms", NULL,
+};
+static const char *const rerank_fields[] = {
+    "id", "model", "pool", "query", "document", "instruction", "mode", "task", "priority",
+    "deadline_ms", "cache", "stream_ttl_s", "metadata", "client_lease_ms", NULL,
 };
 
+static bool listed(const char *const *names, const char *s)
+{
+    while (*names && strcmp(*names, s))
+        names++;
+    return *names != NULL;
+}
+
+/* The task's own rules, before any other check of the job's inputs. */
 static int check_task(const struct job *j, const cJSON *root, struct job_fault *f,
                       struct rl_err *err)
 {
+    static const char *const task_name[] = {"generate", "embed", "rerank"};
+    const char *tn = task_name[j->task];
     if (j->task != JOB_TASK_EMBED) {
         const char *only = j->given & JOB_F_DIMENSIONS ? "dimensions"
                            : j->given & JOB_F_TRUNCATE ? "truncate"
                                                        : NULL;
-        if (!only)
-            return 0;
-        set_field(f, only);
-        return bad(f, err, EV_CODE_BAD_VALUE, "%s: only for task \"embed\"", only);
+        if (only) {
+            set_field(f, only);
+            return bad(f, err, EV_CODE_BAD_VALUE, "%s: only for task \"embed\"", only);
+        }
     }
+    if (j->task != JOB_TASK_RERANK) {
+        const char *only = j->query ? "query" : j->document ? "document"
+                           : j->instruction ? "instruction" : NULL;
+        if (only) {
+            set_field(f, only);
+            return bad(f, err, EV_CODE_BAD_VALUE, "%s: only for task \"rerank\"", only);
+        }
+    }
+    int n_inputs = !!j->messages + !!j->prompt + !!j->prompt_ids;
+    if (j->task == JOB_TASK_RERANK) {
+        if (n_inputs) {
+            set_field(f, j->messages ? "messages" : j->prompt ? "prompt" : "prompt_ids");
+            return bad(f, err, EV_CODE_CONFLICTING_PROMPT,
+                       "%s: task \"rerank\" takes a query and a document instead", f->field);
+        }
+        if (!j->query || !j->document) {
+            set_field(f, j->query ? "document" : "query");
+            return bad(f, err, EV_CODE_MISSING_PROMPT, "%s: required for task \"rerank\"",
+                       f->field);
+        }
+    } else if (n_inputs == 0) {
+        return bad(f, err, EV_CODE_MISSING_PROMPT,
+                   "job: one of messages, prompt or prompt_ids is required");
+    } else if (n_inputs > 1) {
+        return bad(f, err, EV_CODE_CONFLICTING_PROMPT,
+                   "job: give only one of messages, prompt and prompt_ids");
+    }
+    if (j->task == JOB_TASK_GENERATE)
+        return 0;
     if (j->messages) {
         set_field(f, "messages");
         return bad(f, err, EV_CODE_CONFLICTING_PROMPT,
                    "messages: task \"embed\" takes prompt or prompt_ids");
     }
+    const char *const *allowed = j->task == JOB_TASK_EMBED ? embed_fields : rerank_fields;
     for (const cJSON *v = root->child; v; v = v->next) {
-        size_t k = 0, n = sizeof embed_fields / sizeof embed_fields[0];
-        while (k < n && strcmp(embed_fields[k], v->string))
-            k++;
-        if (k < n)
+        if (listed(allowed, v->string))
             continue;
         set_field(f, v->string);
         return bad(f, err, EV_CODE_BAD_VALUE,
-                   "%.80s: not a member of an embedding job (task \"embed\" generates no "
-                   "tokens)", v->string);
+                   "%.80s: not a member of a job of task \"%s\" (it generates no tokens)",
+                   v->string, tn);
     }
     return 0;
 }
@@ -1405,6 +1458,9 @@ void job_free(struct job *j)
     free(j->constraint_src);
     free(j->prompt);
     free(j->prompt_ids);
+    free(j->query);
+    free(j->document);
+    free(j->instruction);
     free(j->stop_ids);
     free(j->bias_ids);
     free(j->bias);
@@ -1520,17 +1576,6 @@ int job_parse(const char *text, size_t len, const struct job_opts *opts, struct 
     }
     memset(fault, 0, sizeof *fault);
 
-    int n_inputs = !!j->messages + !!j->prompt + !!j->prompt_ids;
-    if (n_inputs == 0) {
-        rc = bad(fault, err, EV_CODE_MISSING_PROMPT,
-                 "job: one of messages, prompt or prompt_ids is required");
-        goto done;
-    }
-    if (n_inputs > 1) {
-        rc = bad(fault, err, EV_CODE_CONFLICTING_PROMPT,
-                 "job: give only one of messages, prompt and prompt_ids");
-        goto done;
-    }
     if ((rc = check_task(j, root, fault, err)))
         goto done;
     /* vLLM's rule: a floor above the ceiling cannot be met (max_tokens is
@@ -1552,7 +1597,9 @@ int job_parse(const char *text, size_t len, const struct job_opts *opts, struct 
         goto done;
     }
     memset(fault, 0, sizeof *fault);
-    j->input = j->messages ? JOB_INPUT_MESSAGES : j->prompt ? JOB_INPUT_PROMPT : JOB_INPUT_IDS;
+    j->input = j->messages ? JOB_INPUT_MESSAGES : j->prompt ? JOB_INPUT_PROMPT
+               : j->prompt_ids                ? JOB_INPUT_IDS
+                                              : JOB_INPUT_RERANK;
     if (!(j->given & JOB_F_ID)) {
         const char *fb = opts->fallback_id;
         if (fb && fb[0] && strlen(fb) <= JOB_ID_MAX)
@@ -1638,7 +1685,7 @@ enum job_mode job_mode_on(const struct job *j, const char *pool)
 
 bool job_is_deterministic(const struct job *j)
 {
-    return j->task == JOB_TASK_EMBED || j->temperature == 0.0 || j->top_k == 1 || j->has_seed;
+    return j->task != JOB_TASK_GENERATE || j->temperature == 0.0 || j->top_k == 1 || j->has_seed;
 }
 
 /* cJSON prints numbers with 15 significant digits and accepts the result
@@ -1695,7 +1742,15 @@ int job_to_json(const struct job *j, char **out, struct rl_err *err)
             ADD(cJSON_AddItemToArray(a, num_exact(j->prompt_ids[i])));
     }
     if (j->given & JOB_F_TASK)
-        ADD(cJSON_AddStringToObject(o, "task", j->task == JOB_TASK_EMBED ? "embed" : "generate"));
+        ADD(cJSON_AddStringToObject(o, "task", j->task == JOB_TASK_EMBED    ? "embed"
+                                               : j->task == JOB_TASK_RERANK ? "rerank"
+                                                                            : "generate"));
+    if (j->query)
+        ADD(cJSON_AddStringToObject(o, "query", j->query));
+    if (j->document)
+        ADD(cJSON_AddStringToObject(o, "document", j->document));
+    if (j->instruction)
+        ADD(cJSON_AddStringToObject(o, "instruction", j->instruction));
     if (j->given & JOB_F_DIMENSIONS)
         ADD(add_num(o, "dimensions", j->dimensions));
     if (j->given & JOB_F_TRUNCATE)
@@ -1877,6 +1932,10 @@ int job_cache_key(const struct job *j, enum job_mode mode, const char *model_id,
         put_str(&c, etag, sizeof etag - 1);
         put_u64(&c, (uint64_t)j->dimensions);
         put_u64(&c, j->truncate ? 1 : 0);
+    }
+    if (j->task == JOB_TASK_RERANK) { /* query, document and instruction are in the ids */
+        static const char rtag[] = "rerank";
+        put_str(&c, rtag, sizeof rtag - 1);
     }
     uint8_t d[SHA256_DIGEST_LEN];
     sha256_final(&c, d);

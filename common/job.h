@@ -45,6 +45,8 @@ enum job_input {
     JOB_INPUT_MESSAGES = 1, /* messages (+ tools): rendered by the chat template */
     JOB_INPUT_PROMPT,       /* raw text, tokenized as is */
     JOB_INPUT_IDS,          /* token ids, used as is */
+    JOB_INPUT_RERANK,       /* query + document (+ instruction): rendered by
+                               Qwen3-Reranker's template (task rerank) */
 };
 
 enum job_mode {
@@ -88,6 +90,10 @@ enum job_task {
     JOB_TASK_EMBED,        /* "embed": one vector for the prompt and no tokens
                               (schemas/README.md, "Embeddings"); only prompt or
                               prompt_ids, and none of the generation fields */
+    JOB_TASK_RERANK,       /* "rerank": the relevance of a document to a query,
+                              Qwen3-Reranker's P("yes") (schemas/README.md,
+                              "Rerank jobs"); query and document instead of a
+                              prompt, none of the generation fields */
 };
 /* The largest `dimensions` a job may ask for (Qwen3-32B's hidden size is
  * 5120; the worker refuses more than its model has). */
@@ -118,6 +124,9 @@ struct job {
     int dimensions;           /* JOB_TASK_EMBED: the vector's first this many
                                  values, normalised again (Matryoshka
                                  truncation); 0 = all of them */
+    char *query;              /* JOB_TASK_RERANK: NUL-terminated UTF-8, owned; */
+    char *document;           /* plain text, never control tokens; instruction */
+    char *instruction;        /* NULL = the worker's default */
     bool truncate;            /* JOB_TASK_EMBED: a prompt longer than the
                                  context keeps its first tokens and its last
                                  (the pooled one) instead of PROMPT_TOO_LONG;

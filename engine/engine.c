@@ -111,6 +111,10 @@ struct eng_req {
     int embed_dims;              /* its dimensions (0 = hidden size) */
     float *emb;                  /* (n_emb) the vector, once computed */
     int n_emb;
+    int n_score;                 /* engine_request.n_score: a score request */
+    int32_t score_ids[ENGINE_MAX_SCORE];
+    float scores[ENGINE_MAX_SCORE]; /* filled at its row */
+    bool scored;
     struct sched_seq *seq;       /* NULL once finished */
     struct sample_state *ss;
     struct sample_params sp;
@@ -625,7 +629,8 @@ static int check_request(const struct engine *e, const struct engine_request *r,
     *limit = e->max_context;
     if (r->context_limit > 0 && r->context_limit < *limit)
         *limit = r->context_limit;
-    int64_t need = (int64_t)n_prompt + (!r->embed && r->max_tokens > 0 ? r->max_tokens : 1);
+    bool one_pass = r->embed || r->n_score > 0; /* no token asked for */
+    int64_t need = (int64_t)n_prompt + (!one_pass && r->max_tokens > 0 ? r->max_tokens : 1);
     if (need > *limit) {
         if (r->max_tokens > 0)
             return refuse(err, EV_CODE_PROMPT_TOO_LONG,
@@ -638,6 +643,16 @@ static int check_request(const struct engine *e, const struct engine_request *r,
         return refuse(err, EV_CODE_BAD_PARAM,
                       "this model is an embedding checkpoint (no lm_head.weight): it serves "
                       "task embed only");
+    if (r->n_score < 0 || r->n_score > ENGINE_MAX_SCORE || (r->n_score && !r->score_ids) ||
+        (r->n_score && (r->embed || r->constraint != ENGINE_CONSTRAINT_NONE || r->n_resumed)))
+        return refuse(err, EV_CODE_BAD_PARAM,
+                      "score: 1 to %d token ids, not with an embedding, a constraint or a "
+                      "resumption", ENGINE_MAX_SCORE);
+    for (int i = 0; i < r->n_score; i++)
+        if (r->score_ids[i] < 0 || r->score_ids[i] >= e->cfg->vocab)
+            return refuse(err, EV_CODE_INVALID_TOKEN,
+                          "score id %d is outside the vocabulary [0, %d)", (int)r->score_ids[i],
+                          (int)e->cfg->vocab);
     if (r->embed) {
         if (!e->be->ops->hidden)
             return refuse(err, EV_CODE_BAD_PARAM,
@@ -764,9 +779,12 @@ static int req_build(struct engine *e, const struct engine_request *r, uint64_t 
     }
     q->think = r->mode == ENGINE_MODE_THINK;
     q->n_resumed = r->n_resumed;
-    if (r->embed) { /* no token will be sampled or decoded */
-        q->embed = true;
+    if (r->embed || r->n_score) { /* no token will be sampled or decoded */
+        q->embed = r->embed;
         q->embed_dims = r->embed_dims > 0 ? r->embed_dims : e->cfg->hidden;
+        q->n_score = r->n_score;
+        if (r->n_score)
+            memcpy(q->score_ids, r->score_ids, (size_t)r->n_score * sizeof *q->score_ids);
         *out = q;
         return 0;
     }
@@ -1374,10 +1392,24 @@ static void embed_row(struct engine *e, struct eng_req *q, int row)
     finish_req(e, q, ENGINE_FINISH_STOP);
 }
 
+/* A score request's row: the logits it asked for (the row came whole:
+ * engine_step wants it so), and the request is done. */
+static void score_row(struct engine *e, struct eng_req *q, const float *row)
+{
+    for (int i = 0; i < q->n_score; i++)
+        q->scores[i] = row[q->score_ids[i]];
+    q->scored = true;
+    finish_req(e, q, ENGINE_FINISH_STOP);
+}
+
 static void process_rows(struct engine *e, struct eng_req *q, float *rows, int row0, int n_draft)
 {
     if (q->embed) {
         embed_row(e, q, row0);
+        return;
+    }
+    if (q->n_score) {
+        score_row(e, q, rows);
         return;
     }
     size_t v = (size_t)e->cfg->vocab;
@@ -1489,6 +1521,10 @@ static int collect_events(struct engine *e, const struct engine_event **events,
         if (final && q->emb) {
             ev->embedding = q->emb;
             ev->n_embedding = q->n_emb;
+        }
+        if (final && q->scored) {
+            ev->scores = q->scores;
+            ev->n_scores = q->n_score;
         }
         if (q->finish == ENGINE_FINISH_ERROR) {
             ev->error_code = q->err_code;
@@ -1673,7 +1709,8 @@ int engine_step(struct engine *e, const struct engine_event **events, int *n_eve
                 const struct sample_params *sp = &q->sp;
                 /* an embedding reads the hidden state, not the logits: the
                  * cheapest row there is */
-                uint8_t w = q->embed ? BE_ROW_ARGMAX
+                uint8_t w = q->embed     ? BE_ROW_ARGMAX
+                            : q->n_score ? BE_ROW_FULL /* it reads its ids' entries */
                             : !sample_params_reducible(sp) ? BE_ROW_FULL
                             : sp->temperature == 0 && sp->repetition_penalty == 1.0f &&
                                       sp->frequency_penalty == 0 && sp->presence_penalty == 0

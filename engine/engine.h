@@ -118,6 +118,8 @@ enum engine_kv_dtype {
  * thread, at most once per progress_every bytes and once at the end. */
 typedef void (*engine_progress_fn)(void *user, size_t done, size_t total);
 
+/* The most token ids one score request reads (engine_request.score_ids). */
+#define ENGINE_MAX_SCORE 16
 /* The largest n_logprobs a request may ask for (sample.h's limit). */
 #define ENGINE_MAX_LOGPROBS 20
 
@@ -311,6 +313,17 @@ struct engine_request {
                                    that fit and its last one (the pooled
                                    token) instead of PROMPT_TOO_LONG;
                                    usage.prompt_tokens counts what ran */
+    const int32_t *score_ids;   /* (n_score) score instead of tokens: the
+                                   prompt runs through the model once and
+                                   the request finishes "stop" with the raw
+                                   logits of these ids at its last position
+                                   in its final event (engine_event.scores;
+                                   a classifier read off the vocabulary
+                                   product, as Qwen3-Reranker's "yes" and
+                                   "no"); no token sampled, the sampling
+                                   fields unused. Not with embed, a
+                                   constraint or n_resumed (BAD_PARAM) */
+    int n_score;                /* 0 = none; at most ENGINE_MAX_SCORE */
     uint64_t cache_salt;        /* prefix-cache domain (kv_seq_set_salt): only
                                    requests of equal salt share cached
                                    prompt blocks, so one tenant cannot read
@@ -376,6 +389,12 @@ struct engine_event {
                                          engine, valid until the next
                                          engine_step */
     int n_embedding;
+    const float *scores;              /* a score request's final event:
+                                         (n_scores) the logits asked for,
+                                         in its order; NULL otherwise.
+                                         Owned by the engine, valid until
+                                         the next engine_step */
+    int n_scores;
     int refused;                      /* when finish is ERROR because the
                                          request was refused after
                                          engine_submit took it (its

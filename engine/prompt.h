@@ -26,6 +26,11 @@ struct tokenizer;
  * success *ids (malloc'd, caller frees; one spare slot) and *n_ids are
  * set. On failure *code says which protocol error it is: TEMPLATE_ERROR,
  * BAD_VALUE (text without a tokenizer; tok may be NULL), INTERNAL. */
+/* A rerank job's instruction when it gives none (Qwen3-Reranker's own). */
+#define PROMPT_RERANK_INSTRUCTION \
+    "Given a web search query, retrieve relevant passages that answer the query"
+/* (rerank jobs: query, document and instruction through Qwen3-Reranker's
+ * template, their text never control tokens) */
 int prompt_render(const struct job *j, enum job_mode mode, const struct tokenizer *tok,
                   int32_t **ids, int *n_ids, enum ev_code *code, struct rl_err *err);
 

@@ -31,6 +31,7 @@
  * only. */
 #include <inttypes.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <systemd/sd-daemon.h>
@@ -203,6 +204,10 @@ static void build_request(struct worker *w, struct wjob *j, struct engine_reques
     r.embed = jb->task == JOB_TASK_EMBED;
     r.embed_dims = jb->dimensions;
     r.embed_truncate = jb->truncate;
+    if (jb->task == JOB_TASK_RERANK) {
+        r.score_ids = w->rerank_ids;
+        r.n_score = 2;
+    }
     r.cache_salt = j->cache_salt; /* a tenant's own prefix-cache domain (ident.c) */
     *rq = r;
 }
@@ -409,6 +414,12 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
         reject(w, j, raw, raw_len, code, err.msg);
         return 0;
     }
+    if (j->job->task == JOB_TASK_RERANK && (w->rerank_ids[0] < 0 || w->rerank_ids[1] < 0)) {
+        reject(w, j, raw, raw_len, EV_CODE_BAD_PARAM,
+               "task rerank: this model's tokenizer has no single \"yes\" and \"no\" tokens "
+               "(a Qwen3-Reranker's has)");
+        return 0;
+    }
     struct engine_request rq;
     build_request(w, j, &rq);
     if (engine_check(w->eng, &rq, &err)) {
@@ -441,7 +452,7 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
             return 0;
         }
         if (r == 2) { /* an error was published but not its done */
-            w_push_done(w, j, EV_FINISH_ERROR, NULL, NULL, 0);
+            w_push_done(w, j, EV_FINISH_ERROR, NULL, NULL);
             return 0;
         }
         if (r == 3) { /* another request owns the id (ident.c) */
@@ -450,7 +461,7 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
         }
         if (j->n_prev >= j->job->max_tokens) { /* it died right after its last token */
             struct engine_usage u = {.prompt_tokens = j->n_ids};
-            w_push_done(w, j, EV_FINISH_LENGTH, &u, NULL, 0);
+            w_push_done(w, j, EV_FINISH_LENGTH, &u, NULL);
             return 0;
         }
         if (j->stalls >= w->opt.max_deliveries) {
@@ -467,7 +478,7 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
         }
     }
     if (j->job->deadline_ms > 0 && rl_wall_ms() >= j->job->deadline_ms) {
-        w_push_done(w, j, EV_FINISH_DEADLINE, NULL, NULL, 0);
+        w_push_done(w, j, EV_FINISH_DEADLINE, NULL, NULL);
         wm_error(&w->m, EV_CODE_DEADLINE_EXCEEDED);
         return 0;
     }
@@ -480,7 +491,7 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
     if (cancelled) {
         free(cached);
         j->cache_fill = false;
-        w_push_done(w, j, EV_FINISH_CANCELLED, NULL, NULL, 0);
+        w_push_done(w, j, EV_FINISH_CANCELLED, NULL, NULL);
         return 0;
     }
     if (cached) {
@@ -858,7 +869,14 @@ static void on_event(struct worker *w, const struct engine_event *ev)
                ev->error ? ev->error : "?");
         w_push_error(w, j, EV_CODE_ENGINE_ERROR, ev->error);
     } else {
-        w_push_done(w, j, map_finish(ev->finish), &ev->usage, ev->embedding, ev->n_embedding);
+        struct w_answer a = {.embedding = ev->embedding, .n_embedding = ev->n_embedding};
+        if (ev->scores && ev->n_scores == 2) {
+            /* Qwen3-Reranker's relevance: P("yes") of the two answers it
+             * was taught, a softmax over their logits alone */
+            a.has_score = true;
+            a.score = 1.0 / (1.0 + exp((double)ev->scores[1] - (double)ev->scores[0]));
+        }
+        w_push_done(w, j, map_finish(ev->finish), &ev->usage, &a);
     }
     pthread_mutex_lock(&w->m.mu);
     w->m.jobs_done++;

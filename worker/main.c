@@ -291,6 +291,10 @@ static int setup(struct worker *w, struct rl_err *err)
         return rc;
     /* the worker still serves token-id jobs without one, so this is a
      * warning, but said once here rather than as a dead letter per job */
+    /* rerank jobs' answer tokens (Qwen3-Reranker's "yes" and "no") */
+    const struct tokenizer *tk = engine_get_tokenizer(w->eng);
+    w->rerank_ids[0] = tk ? tok_find(tk, "yes", 3) : -1;
+    w->rerank_ids[1] = tk ? tok_find(tk, "no", 2) : -1;
     if (!engine_get_tokenizer(w->eng))
         RL_LOG(&w->log, RL_LOG_WARN,
                "%s has no tokenizer.json: only prompt_ids jobs will work; jobs with messages or "

@@ -132,12 +132,17 @@ void w_outbox_drop(struct wjob *j)
 }
 
 int w_push_done(struct worker *w, struct wjob *j, enum ev_finish fin,
-                const struct engine_usage *u, const float *emb, int n_emb)
+                const struct engine_usage *u, const struct w_answer *a)
 {
     int64_t now = rl_wall_ms();
     struct ev_done d = {.finish_reason = fin, .tool_calls = j->tool_calls,
-                        .metadata = j->job ? j->job->metadata : NULL,
-                        .embedding = emb, .n_embedding = n_emb};
+                        .metadata = j->job ? j->job->metadata : NULL};
+    if (a) {
+        d.embedding = a->embedding;
+        d.n_embedding = a->n_embedding;
+        d.has_score = a->has_score;
+        d.score = a->score;
+    }
     if (u) {
         /* a resumed request was submitted as prompt + earlier tokens: give
          * the client the counts of the request it sent */
@@ -179,7 +184,7 @@ int w_push_error(struct worker *w, struct wjob *j, enum ev_code code, const char
     if ((rc = w_push_event(j, json)))
         return rc;
     j->cache_fill = false;
-    return w_push_done(w, j, EV_FINISH_ERROR, NULL, NULL, 0);
+    return w_push_done(w, j, EV_FINISH_ERROR, NULL, NULL);
 }
 
 int w_set_dead(struct worker *w, struct wjob *j, const char *raw, size_t raw_len,

@@ -301,6 +301,8 @@ struct worker {
     bool groups_ok;               /* XGROUP CREATE done since the last NOGROUP */
 
     int last_prompt_len;          /* rendered length of the last job admitted */
+    int32_t rerank_ids[2];        /* the tokenizer's "yes" and "no" (rerank jobs'
+                                     score ids), -1 when it lacks one */
     struct wjob **jobs;           /* (n_jobs) every job we hold */
     int n_jobs, cap_jobs;
 
@@ -377,11 +379,18 @@ int w_push_event(struct wjob *j, char *json);
 void w_outbox_drop(struct wjob *j);
 /* Builds and queues an error event followed by done(error). */
 int w_push_error(struct worker *w, struct wjob *j, enum ev_code code, const char *msg);
-/* Builds and queues a done event with the usage and timings of j, and an
- * embedding job's vector (emb: n_emb floats, borrowed for the call; NULL
- * for every other job). */
+/* What a one-pass job's done event carries beside the usage. */
+struct w_answer {
+    const float *embedding; /* an embedding job's vector (n_embedding floats), borrowed */
+    int n_embedding;
+    bool has_score;         /* a rerank job's relevance */
+    double score;
+};
+/* Builds and queues a done event with the usage and timings of j, and a
+ * one-pass job's answer (a: borrowed for the call; NULL for every
+ * generating job). */
 int w_push_done(struct worker *w, struct wjob *j, enum ev_finish fin,
-                const struct engine_usage *u, const float *emb, int n_emb);
+                const struct engine_usage *u, const struct w_answer *a);
 /* Writes a dead letter for j into its pending slot (sent with the flush). */
 int w_set_dead(struct worker *w, struct wjob *j, const char *raw, size_t raw_len,
                enum ev_code code, const char *msg);

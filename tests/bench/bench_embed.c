@@ -8,7 +8,9 @@
  *     batching packs their prompts into the steps (a list in one request,
  *     which the front door sends as D jobs);
  *   - "prefill": the same D prompts as generating requests of one token,
- *     submitted together: the prefill an embedding should cost, no more.
+ *     submitted together: the prefill an embedding should cost, no more;
+ *   - "score": the same D prompts as score requests of two ids, together
+ *     (what a rerank job costs: Qwen3-Reranker's "yes" and "no").
  * Each mode runs R times, alternating, after an untimed warm-up; every
  * run has documents of its own, so each computes every prompt. Prints one JSON line per mode (median
  * prompt tokens per second and ms per document) and one with the ratios
@@ -23,8 +25,8 @@
 #include "clock.h"
 #include "engine.h"
 
-enum mode { MODE_ONE, MODE_BATCH, MODE_PREFILL, N_MODES };
-static const char *const mode_name[N_MODES] = {"one", "batch", "prefill"};
+enum mode { MODE_ONE, MODE_BATCH, MODE_PREFILL, MODE_SCORE, N_MODES };
+static const char *const mode_name[N_MODES] = {"one", "batch", "prefill", "score"};
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -54,13 +56,18 @@ static int drain(struct engine *e, int *n_vectors, struct rl_err *err)
     return 0;
 }
 
-static int submit(struct engine *e, const int32_t *ids, int L, bool embed, struct rl_err *err)
+static int submit(struct engine *e, const int32_t *ids, int L, enum mode m, struct rl_err *err)
 {
+    static const int32_t yes_no[2] = {9693, 2152};
     struct engine_request q;
     engine_request_init(&q);
     q.prompt_ids = ids;
     q.n_prompt = L;
-    q.embed = embed;
+    q.embed = m == MODE_ONE || m == MODE_BATCH;
+    if (m == MODE_SCORE) {
+        q.score_ids = yes_no;
+        q.n_score = 2;
+    }
     q.temperature = 0;
     q.ignore_eos = true;
     q.max_tokens = 1;
@@ -75,7 +82,7 @@ static int one_run(struct engine *e, enum mode m, const int32_t *docs, int D, in
     int got = 0;
     double t0 = engine_now();
     for (int d = 0; d < D; d++) {
-        if (submit(e, docs + (size_t)d * (size_t)L, L, m != MODE_PREFILL, err))
+        if (submit(e, docs + (size_t)d * (size_t)L, L, m, err))
             return -1;
         if (m == MODE_ONE && drain(e, &got, err))
             return -1;
@@ -83,7 +90,7 @@ static int one_run(struct engine *e, enum mode m, const int32_t *docs, int D, in
     if (drain(e, &got, err))
         return -1;
     *secs = engine_now() - t0;
-    if (got != (m == MODE_PREFILL ? 0 : D))
+    if (got != (m == MODE_PREFILL || m == MODE_SCORE ? 0 : D))
         return rl_errf(err, RL_EINTERNAL, "%s: %d vectors for %d documents", mode_name[m], got, D);
     return 0;
 }
@@ -156,8 +163,10 @@ int main(int argc, char **argv)
                "\"reps\":%d,\"tok_s\":%.1f,\"ms_per_doc\":%.2f}\n",
                mode_name[m], D, L, threads, R, (double)D * L / med[m], 1e3 * med[m] / D);
     }
-    printf("{\"bench\":\"embed\",\"batch_over_one\":%.2f,\"batch_over_prefill\":%.3f}\n",
-           med[MODE_ONE] / med[MODE_BATCH], med[MODE_PREFILL] / med[MODE_BATCH]);
+    printf("{\"bench\":\"embed\",\"batch_over_one\":%.2f,\"batch_over_prefill\":%.3f,"
+           "\"score_over_prefill\":%.3f}\n",
+           med[MODE_ONE] / med[MODE_BATCH], med[MODE_PREFILL] / med[MODE_BATCH],
+           med[MODE_PREFILL] / med[MODE_SCORE]);
     free(docs);
     engine_free(e);
     return 0;

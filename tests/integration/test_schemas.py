@@ -101,7 +101,8 @@ def test_every_known_field_is_in_the_schema():
     assert props - issue_fields == {"pool", "speculative", "model", "response_format",
                                     "tool_choice", "grammar", "client_lease_ms", "min_tokens",
                                     "stop_token_ids", "logit_bias", "skip_special_tokens",
-                                    "task", "dimensions", "truncate"}
+                                    "task", "dimensions", "truncate", "query", "document",
+                                    "instruction"}
 
 
 def test_events():

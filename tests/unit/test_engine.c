@@ -59,6 +59,8 @@ struct result {
     char error[256];
     float emb[256];       /* an embed request's vector (engine_event.embedding) */
     int n_emb;
+    float scores[ENGINE_MAX_SCORE]; /* a score request's logits (engine_event.scores) */
+    int n_scores;
 };
 
 static int n_threads = 1; /* for open_engine; test_thread_counts changes it */
@@ -126,6 +128,11 @@ static void on_event(const struct engine_event *ev)
     r->n_content += ev->n_content;
     r->usage = ev->usage;
     r->finish = ev->finish;
+    if (ev->scores) {
+        assert_int_not_equal(ev->finish, ENGINE_FINISH_NONE);
+        memcpy(r->scores, ev->scores, (size_t)ev->n_scores * sizeof *r->scores);
+        r->n_scores = ev->n_scores;
+    }
     if (ev->embedding) {
         assert_int_not_equal(ev->finish, ENGINE_FINISH_NONE); /* on the final event only */
         assert_true(ev->n_embedding <= 256);
@@ -1271,6 +1278,74 @@ static void test_embedding_checkpoints(void **state)
     strcpy(model_dir, keep);
 }
 
+/* Score requests: the raw logits of the ids asked for at the prompt's last
+ * position, the independent reference's within 1e-3, for every reference
+ * prompt at once beside a generating request; no token; refusals. */
+static void test_score(void **state)
+{
+    (void)state;
+    struct engine *e = open_engine(512, 16, 0);
+    const cJSON *prompts = cJSON_GetObjectItem(reference, "prompts");
+    int np = cJSON_GetArraySize(prompts);
+    static int32_t ids[8][512];
+    static struct result r[8], gen;
+    const int32_t sid[4] = {0, 5, 100, 767};
+    struct engine_request q;
+    for (int i = 0; i < np; i++) {
+        int n = ids_from_json(cJSON_GetObjectItem(cJSON_GetArrayItem(prompts, i), "ids"), ids[i], 512);
+        engine_request_init(&q);
+        q.prompt_ids = ids[i];
+        q.n_prompt = n;
+        q.score_ids = sid;
+        q.n_score = 4;
+        submit(e, &q, &r[i]);
+        if (i == 1) {
+            greedy_req(&q, ids[i], n, 6); /* a generating request beside them */
+            submit(e, &q, &gen);
+        }
+    }
+    drain(e);
+    for (int i = 0; i < np; i++) {
+        const cJSON *p = cJSON_GetArrayItem(prompts, i);
+        const cJSON *pos = cJSON_GetObjectItem(p, "positions");
+        int k = cJSON_GetArraySize(pos) - 1, n = r[i].usage.prompt_tokens;
+        assert_int_equal(cJSON_GetArrayItem(pos, k)->valueint, n - 1);
+        const cJSON *row = cJSON_GetArrayItem(cJSON_GetObjectItem(p, "logits"), k);
+        assert_int_equal(r[i].finish, ENGINE_FINISH_STOP);
+        assert_int_equal(r[i].n_tokens, 0);
+        assert_int_equal(r[i].n_scores, 4);
+        for (int j = 0; j < 4; j++)
+            assert_true(fabs(r[i].scores[j] - cJSON_GetArrayItem(row, sid[j])->valuedouble) < 1e-3);
+    }
+    assert_int_equal(gen.n_tokens, 6);
+    struct rl_err err = {0};
+    uint64_t id;
+    const int32_t bad_id[1] = {768};
+    engine_request_init(&q);
+    q.prompt_ids = ids[0];
+    q.n_prompt = 1;
+    q.score_ids = bad_id;
+    q.n_score = 1;
+    assert_int_not_equal(engine_submit(e, &q, &id, &err), 0);
+    assert_int_equal(err.code, EV_CODE_INVALID_TOKEN);
+    q.score_ids = sid;
+    q.n_score = ENGINE_MAX_SCORE + 1;
+    assert_int_not_equal(engine_submit(e, &q, &id, &err), 0);
+    assert_int_equal(err.code, EV_CODE_BAD_PARAM);
+    q.n_score = 2;
+    q.embed = true;
+    assert_int_not_equal(engine_submit(e, &q, &id, &err), 0);
+    assert_int_equal(err.code, EV_CODE_BAD_PARAM);
+    engine_free(e);
+}
+
+static void test_score_rowsets(void **state)
+{
+    engine_backend = "cpu-rowsets"; /* a score row is wanted whole */
+    test_score(state);
+    engine_backend = NULL;
+}
+
 static void test_submit_errors(void **state)
 {
     (void)state;
@@ -2091,6 +2166,8 @@ int main(void)
         cmocka_unit_test(test_embed),
         cmocka_unit_test(test_embed_rowsets),
         cmocka_unit_test(test_embedding_checkpoints),
+        cmocka_unit_test(test_score),
+        cmocka_unit_test(test_score_rowsets),
         cmocka_unit_test(test_submit_errors),
         cmocka_unit_test(test_eos_and_defaults),
         cmocka_unit_test(test_generation_config),

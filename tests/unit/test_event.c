@@ -291,6 +291,10 @@ static void test_exact_shapes(void **state)
     /* 00 00 80 3f | 00 00 00 bf | 00 00 80 3e */
     assert_non_null(strstr(s, "\"embedding\":\"AACAPwAAAL8AAIA+\",\"dimensions\":3"));
     free(s);
+    struct ev_done ds = {.finish_reason = EV_FINISH_STOP, .has_score = true, .score = 0.25};
+    assert_int_equal(ev_build_done(0, &ds, &s, NULL), 0);
+    assert_non_null(strstr(s, "\"score\":0.25"));
+    free(s);
     /* content given with a length is cut there, not at a NUL */
     struct ev_delta cut = {.content = "abcdef", .content_len = 3, .token_ids = ids, .n_token_ids = 1};
     assert_int_equal(ev_build_delta(0, &cut, &s, NULL), 0);

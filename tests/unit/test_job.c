@@ -911,9 +911,41 @@ static void test_embed_jobs(void **state)
     assert_string_equal(gen, gen2);
 }
 
+/* task "rerank": query, document and instruction kept and written back;
+ * always cacheable, with a key of its own. */
+static void test_rerank_jobs(void **state)
+{
+    (void)state;
+    struct job *j = ok("{\"task\":\"rerank\",\"query\":\"q?\",\"document\":\"d.\","
+                       "\"instruction\":\"find\"}", NULL);
+    assert_int_equal(j->task, JOB_TASK_RERANK);
+    assert_int_equal(j->input, JOB_INPUT_RERANK);
+    assert_string_equal(j->query, "q?");
+    assert_string_equal(j->document, "d.");
+    assert_string_equal(j->instruction, "find");
+    assert_true(job_is_deterministic(j));
+    char *back = NULL;
+    assert_int_equal(job_to_json(j, &back, NULL), 0);
+    struct job *j2 = ok(back, NULL);
+    assert_string_equal(j2->query, "q?");
+    assert_string_equal(j2->document, "d.");
+    assert_string_equal(j2->instruction, "find");
+    free(back);
+    job_free(j2);
+    job_free(j);
+    int32_t ids[] = {10, 20, 30};
+    char gen[65], emb[65], rr[65];
+    key_of("{\"prompt\":\"x\",\"temperature\":0}", "m", ids, 3, gen);
+    key_of("{\"prompt\":\"x\",\"task\":\"embed\"}", "m", ids, 3, emb);
+    key_of("{\"task\":\"rerank\",\"query\":\"a\",\"document\":\"b\"}", "m", ids, 3, rr);
+    assert_string_not_equal(rr, gen);
+    assert_string_not_equal(rr, emb);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rerank_jobs),
         cmocka_unit_test(test_embed_jobs),
         cmocka_unit_test(test_bad_jobs),
         cmocka_unit_test(test_messages_name_the_field),
