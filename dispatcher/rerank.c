@@ -574,12 +574,17 @@ static int feed_done(struct rr_resp *r, const cJSON *ev, struct oai_error *e)
 
 /* The worker's error, as this API names things: the job's prompt (which
  * PROMPT_TOO_LONG names messages) and document are the documents member,
- * its query the query member; with several documents the message leads
- * with the index of the one at fault. */
+ * its query the query member, and a BAD_PARAM (which openai.c reads as the
+ * grammar's: a rerank job has none) is the model's, one that cannot rerank
+ * (no single "yes" and "no" tokens); with several documents the message
+ * leads with the index of the one at fault. */
 static void rename_error(const struct rr_resp *r, struct oai_error *e)
 {
     const char *p = e->param;
-    if (!strcmp(p, "messages") || !strncmp(p, "prompt", 6) || !strcmp(p, "document"))
+    if (!strcmp(e->code, "BAD_PARAM") &&
+        (!strcmp(p, "response_format") || !strcmp(p, "grammar") || !p[0]))
+        snprintf(e->param, sizeof e->param, "model");
+    else if (!strcmp(p, "messages") || !strncmp(p, "prompt", 6) || !strcmp(p, "document"))
         snprintf(e->param, sizeof e->param, "%s", docs_name(r->api));
     else if (!strcmp(p, "query"))
         snprintf(e->param, sizeof e->param, "%s", query_name(r->api));

@@ -16,18 +16,22 @@ end to end through a real redis-server and dispatcher:
     mismatched text_1 and text_2, a model nobody serves, unknown members
     under http_unknown_fields = refuse (named in X-Redlm-Ignored-Fields
     under ignore);
-  - with a real worker on the tiny model: scores in [0, 1], results sorted,
+  - with a real worker on a small random model with Qwen3's real vocabulary
+    (the tiny model's has no "yes" and "no" tokens; tests/integration/
+    test_rerank_jobs.py makes the same): scores in [0, 1], results sorted,
     the same pair twice gives the same score, the score endpoint agrees with
-    rerank on the same pairs, usage summed over the documents. These skip,
-    saying so, while the worker refuses task rerank (a worker from before
-    rerank jobs).
+    rerank on the same pairs, usage summed over the documents, the done
+    event's score passed on as it is; the tiny model, which cannot rerank,
+    is the worker's 400 naming model. These skip, saying so, while the
+    worker refuses task rerank (a worker from before rerank jobs).
 """
 import json
+import subprocess
 import time
 
 import pytest
 
-from conftest import connect, job_events, tap
+from conftest import CLI, ROOT, connect, job_events, tap
 from test_embeddings import in_thread, pool_jobs
 from test_http import MODEL_NAME, front  # noqa: F401 (front is a fixture)
 
@@ -285,7 +289,23 @@ def test_refusals(front, redis_addr, prefix):  # noqa: F811
     assert out["results"][0]["document"] == {"text": "alpha"}
 
 
-# ---- a real worker on the tiny model ----
+# ---- a real worker ----
+
+RERANKER = "tiny-reranker"  # the model's directory: the name its workers serve
+
+
+@pytest.fixture(scope="module")
+def vocab_model(tmp_path_factory):
+    """A small random model with Qwen3's real tokenizer, whose vocabulary
+    has the single "yes" and "no" tokens a rerank job reads."""
+    out = tmp_path_factory.mktemp("rerank") / RERANKER
+    subprocess.run([str(CLI), "mkmodel", "--shape", "tiny", "--hidden", "64", "--intermediate",
+                    "128", "--heads", "2", "--kv-heads", "1", "--head-dim", "32", "--layers", "2",
+                    "--vocab", "151936", "--tokenizer",
+                    str(ROOT / "engine" / "tokenizers" / "qwen3"), "--out", str(out)],
+                   check=True, capture_output=True)
+    return out
+
 
 def rerank_or_skip(f, body, path="/v1/rerank"):
     """The answer to body; skips the test while the worker (or this build's
@@ -300,8 +320,8 @@ def rerank_or_skip(f, body, path="/v1/rerank"):
     return out
 
 
-def test_real_worker(front, workers, redis_addr, prefix):  # noqa: F811
-    workers("w1")
+def test_real_worker(front, workers, redis_addr, prefix, vocab_model):  # noqa: F811
+    workers("w1", "--model", str(vocab_model))
     f = front()
     r = connect(redis_addr)
     query = "What is the capital of France?"
@@ -352,13 +372,27 @@ def test_real_worker(front, workers, redis_addr, prefix):  # noqa: F811
     assert all(0 <= x["relevance_score"] <= 1 for x in ins["results"])
 
 
-def test_workers_models(front, workers, redis_addr, prefix):  # noqa: F811
+def test_model_cannot_rerank(front, workers, redis_addr, prefix):  # noqa: F811
+    """The tiny model's vocabulary has no "yes" and "no": the worker's
+    BAD_PARAM, a 400 naming model, on both APIs."""
+    workers("w1")
+    f = front()
+    for path, body in (("/v1/rerank", {"query": "q", "documents": ["a", "b"]}),
+                       ("/v1/score", {"text_1": "q", "text_2": "d"})):
+        status, _, out = post(f, {"model": MODEL_NAME, **body}, path)
+        if status != 400 or out["error"]["code"] != "BAD_PARAM":
+            rerank_or_skip(f, {"model": MODEL_NAME, **body}, path)
+        assert status == 400 and out["error"]["code"] == "BAD_PARAM", out
+        assert out["error"]["param"] == "model" and "yes" in out["error"]["message"], out
+
+
+def test_workers_models(front, workers, redis_addr, prefix, vocab_model):  # noqa: F811
     """Without served_model_name the request's model picks one the live
     workers serve and is echoed; another is 404 model_not_found naming
     what is served, as on the other endpoints."""
-    workers("w1")
+    workers("w1", "--model", str(vocab_model))
     f = front("--served-model-name", "")
-    served = "tiny-qwen3-a"
+    served = RERANKER
     deadline = time.time() + 20
     while time.time() < deadline:  # the dispatcher learns the models from heartbeats
         status, _, out = post(f, {"model": served, "query": "q", "documents": ["d"]})

@@ -599,6 +599,11 @@ static void test_event_failures(void **state)
         {RR_SCORE, 2, EV_CODE_BAD_VALUE, "query: no", 400, "BAD_VALUE", "text_1", "text_2[1]: "},
         {RR_RERANK, 2, EV_CODE_BAD_VALUE, "task: \"rerank\" is not generate or embed", 400,
          "BAD_VALUE", "task", "documents[1]: task"},
+        /* a model that cannot rerank: the worker's BAD_PARAM names it */
+        {RR_RERANK, 1, EV_CODE_BAD_PARAM, "task rerank: this model's tokenizer has no single "
+         "\"yes\" and \"no\" tokens", 400, "BAD_PARAM", "model", "task rerank: "},
+        {RR_SCORE, 2, EV_CODE_BAD_PARAM, "task rerank: no yes", 400, "BAD_PARAM", "model",
+         "text_2[1]: task"},
         {RR_RERANK, 2, EV_CODE_OVERLOADED, "queue full", 503, "OVERLOADED", "", "documents[1]: "},
         {RR_RERANK, 2, EV_CODE_MODEL_NOT_FOUND, "no worker serves x", 404, "model_not_found",
          "model", "documents[1]: no worker"},
