@@ -2,11 +2,11 @@
  * (dispatcher/rerank.c): rerank bodies (Jina's and Cohere's, as vLLM
  * serves them) and vLLM's score bodies -> rerank jobs (one per document, in
  * order, each one job_parse accepts, the text exact), every refusal with
- * its status, code and param, and done events carrying scores -> the
- * response objects: rerank's results by relevance with ties in index order,
- * cut to top_n, with or without the documents; score's in input order,
- * pairs as the body paired them; the worker's errors renamed to the API's
- * members. */
+ * its status, code and param, and done events carrying scores (built by
+ * the worker's own ev_build_done) -> the response objects: rerank's results
+ * by relevance with ties in index order, cut to top_n, with or without the
+ * documents; score's in input order, pairs as the body paired them; the
+ * worker's errors renamed to the API's members. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -277,6 +277,9 @@ static const struct refusal refusals[] = {
      "documents"},
     {RR_RERANK, "{\"query\":\"q\",\"documents\":[{\"title\":\"a\"}]}", false, NULL, 400,
      "MISSING_FIELD", "documents"},
+    /* an image document: refused for its missing text, not its image */
+    {RR_RERANK, "{\"query\":\"q\",\"documents\":[{\"image\":\"x.png\"}]}", true, NULL, 400,
+     "MISSING_FIELD", "documents"},
     {RR_RERANK, "{\"query\":\"q\",\"documents\":[{\"text\":1}]}", false, NULL, 400, "BAD_TYPE",
      "documents"},
     {RR_RERANK, "{\"query\":\"q\",\"documents\":[{\"text\":\"\"}]}", false, NULL, 400,
@@ -434,16 +437,15 @@ static void test_query_copies(void **state)
 
 /* ---- responses ---- */
 
-/* The done event a worker writes for a rerank job. */
+/* The done event a worker writes for a rerank job (the worker's own
+ * ev_build_done). */
 static char *done_event(int64_t seq, double score, int64_t prompt_tokens)
 {
-    char *s = malloc(512);
-    snprintf(s, 512,
-             "{\"seq\":%lld,\"type\":\"done\",\"finish_reason\":\"stop\",\"usage\":"
-             "{\"prompt_tokens\":%lld,\"completion_tokens\":0,\"reasoning_tokens\":0,"
-             "\"cached_prompt_tokens\":0},\"cached\":false,\"timings\":{\"queue_ms\":0,"
-             "\"ttft_ms\":1,\"total_ms\":1},\"tool_calls\":[],\"score\":%.17g}",
-             (long long)seq, (long long)prompt_tokens, score);
+    struct ev_done d = {.finish_reason = EV_FINISH_STOP, .prompt_tokens = prompt_tokens,
+                        .total_ms = 3, .has_score = true, .score = score};
+    char *s = NULL;
+    struct rl_err err = {0};
+    assert_int_equal(ev_build_done(seq, &d, &s, &err), 0);
     return s;
 }
 
