@@ -1722,6 +1722,21 @@ out:
     return NULL;
 }
 
+/* The start of a job route's request ids: each API's own (OpenAI's
+ * chatcmpl-, cmpl-, resp_; vLLM's embd-, rerank-, score-). */
+static const char *id_prefix(enum route r)
+{
+    switch (r) {
+    case R_COMPLETIONS: return "cmpl-";
+    case R_RESPONSES: return "resp_";
+    case R_OLLAMA_CHAT: case R_OLLAMA_GENERATE: return "ollama-";
+    case R_EMBEDDINGS: case R_OLLAMA_EMBED: case R_OLLAMA_EMBEDDINGS: return "embd-";
+    case R_RERANK: return "rerank-";
+    case R_SCORE: return "score-";
+    default: return "chatcmpl-";
+    }
+}
+
 static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
 {
     struct dhttp *h = q->h;
@@ -1734,9 +1749,7 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     q->embed = embed_route(q->route);
     q->rerank = q->route == R_RERANK || q->route == R_SCORE;
     q->compat = !q->embed && !q->rerank && (q->route == R_RESPONSES || ollama_route(q->route));
-    new_id(h, q->id, compl ? "cmpl-" : q->embed ? "embd-" : q->route == R_RERANK ? "rerank-"
-                                    : q->route == R_SCORE ? "score-" : q->route == R_RESPONSES
-                                    ? "resp_" : q->compat ? "ollama-" : "chatcmpl-");
+    new_id(h, q->id, id_prefix(q->route));
     int64_t now = rl_wall_ms();
     int64_t deadline = h->timeout_s ? now + (int64_t)h->timeout_s * 1000 : 0;
     if (q->too_big) {
