@@ -306,9 +306,10 @@ static int check_texts(struct rr_parse *ps, const char ***queries, const char **
                  (ps->instruction ? strlen(ps->instruction) : 0);
     if (!rc && nd > 1 && rep > ps->lim->max_body_bytes / (size_t)(nd - 1)) {
         oai_error_set(ps->e, 413, T_INVALID, ev_code_name(EV_CODE_JOB_TOO_LARGE), qn,
-                      "%s: its %zu bytes (with the instruction's), copied into each of the %d "
-                      "jobs, are over the limit of %zu bytes; send a shorter %s or fewer texts",
-                      qn, rep, nd, ps->lim->max_body_bytes, qn);
+                      "%s: its %zu bytes (with the instruction's), copied into each of %d jobs, "
+                      "add %zu bytes, over the limit of one body's worth (%zu); send a shorter "
+                      "%s or fewer texts", qn, rep, nd, rep * (size_t)(nd - 1),
+                      ps->lim->max_body_bytes, qn);
         rc = -RL_EINVAL;
     }
     if (!rc && nq == 1 && nd > 1) { /* one query for every document */

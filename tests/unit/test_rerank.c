@@ -414,6 +414,8 @@ static void test_query_copies(void **state)
             assert_int_equal(e.status, 413);
             assert_string_equal(e.code, "JOB_TOO_LARGE");
             assert_string_equal(e.param, cases[k].member);
+            assert_non_null(strstr(e.message, "add 4100 bytes, over the limit of one body's "
+                                              "worth (4096)"));
         }
         oai_request_clear(&r);
         rr_request_clear(&c);
