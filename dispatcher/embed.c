@@ -37,7 +37,6 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,11 +121,7 @@ enum member {
 #define ON_OPENAI (1u << EMB_OPENAI)
 #define ON_EMBED (1u << EMB_OLLAMA_EMBED)
 #define ON_LEGACY (1u << EMB_OLLAMA_LEGACY)
-static const struct {
-    const char *name;
-    enum member m;
-    unsigned apis;
-} members[] = {
+static const struct oai_member members[] = {
     {"model", M_MODEL, ON_OPENAI | ON_EMBED | ON_LEGACY},
     {"input", M_INPUT, ON_OPENAI | ON_EMBED},
     {"prompt", M_INPUT, ON_LEGACY},
@@ -143,9 +138,10 @@ static const struct {
 };
 #define N_MEMBERS ((int)(sizeof members / sizeof members[0]))
 
-static int take_member(struct emb_parse *ps, enum member m, const char *name, const cJSON *v)
+static int take_member(void *ctx, int m, const char *name, const cJSON *v)
 {
-    switch (m) {
+    struct emb_parse *ps = ctx;
+    switch ((enum member)m) {
     case M_MODEL:
         return take_model(ps, v);
     case M_INPUT:
@@ -178,34 +174,6 @@ static int take_member(struct emb_parse *ps, enum member m, const char *name, co
         return 0;
     }
     abort(); /* a member with no case: a broken table */
-}
-
-/* Every member in body order, so the first bad one is the one reported.
- * null means absent, as OpenAI reads it. */
-static int walk_members(struct emb_parse *ps, const cJSON *root)
-{
-    unsigned seen = 0;
-    for (const cJSON *v = root->child; v; v = v->next) {
-        int k = 0;
-        while (k < N_MEMBERS && strcmp(members[k].name, v->string))
-            k++;
-        if (k == N_MEMBERS || !(members[k].apis & (1u << ps->api))) {
-            if (oai_not_applied(ps->lim, ps->out, v->string, "UNKNOWN_FIELD",
-                                "unknown or unsupported parameter", ps->e))
-                return -RL_EINVAL;
-            continue;
-        }
-        if (seen & (1u << k))
-            return oai_bad_request(ps->e, "DUPLICATE_FIELD", members[k].name, "%s: given twice",
-                                   members[k].name);
-        seen |= 1u << k;
-        if (cJSON_IsNull(v))
-            continue;
-        int rc = take_member(ps, members[k].m, members[k].name, v);
-        if (rc)
-            return rc;
-    }
-    return 0;
 }
 
 /* A list of token ids, checked as integers (job_parse checks their range
@@ -416,7 +384,8 @@ int emb_parse(enum emb_api api, const char *body, size_t len, const struct oai_l
     int n = 0;
     int rc = oai_parse_body(body, len, lim, &buf, &root, e);
     if (!rc)
-        rc = walk_members(&ps, root);
+        rc = oai_walk_members(root, members, N_MEMBERS, 1u << api, lim, out, e, take_member,
+                              &ps);
     if (!rc)
         rc = check_inputs(&ps, &items, &n);
     if (!rc && !c->load_only)
@@ -584,41 +553,21 @@ int emb_resp_feed(struct emb_resp *r, const char *event, size_t len, struct oai_
     }
     if (r->state == OAI_END)
         return OAI_END;
-    cJSON *ev = event ? cJSON_ParseWithLength(event, len) : NULL;
-    const cJSON *seq = cJSON_GetObjectItemCaseSensitive(ev, "seq");
-    const char *type = oai_str_member(ev, "type");
-    int rc;
-    if (!cJSON_IsObject(ev) || !cJSON_IsNumber(seq) || !type ||
-        seq->valuedouble != (double)r->next_seq) {
-        oai_error_set(e, 502, T_SERVER, "BAD_EVENT", NULL,
-                      "event %lld of input %d's job is not a valid event",
-                      (long long)r->next_seq, r->cur);
-        rc = fail(r, e);
-        goto done;
-    }
-    r->next_seq++;
-    if (!strcmp(type, "error")) {
-        const cJSON *ra = cJSON_GetObjectItemCaseSensitive(ev, "retry_after_ms");
-        oai_error_from_event(oai_str_member(ev, "code"), oai_str_member(ev, "message"),
-                             cJSON_IsNumber(ra) && ra->valuedouble > 0 && ra->valuedouble < 1e9
-                                 ? (int64_t)ra->valuedouble : 0,
-                             e);
+    char what[32];
+    snprintf(what, sizeof what, "input %d", r->cur);
+    cJSON *done;
+    int rc = oai_onepass_event(event, len, &r->next_seq, what, &done, e);
+    if (rc == OAI_MORE)
+        return OAI_MORE;
+    if (rc == OAI_FAILED) {
         /* the job's prompt is this API's input (PROMPT_TOO_LONG names
          * messages, INVALID_TOKEN prompt_ids) */
         if (!strcmp(e->param, "messages") || !strncmp(e->param, "prompt", 6))
             snprintf(e->param, sizeof e->param, "%s", input_name(r->api));
-        rc = fail(r, e);
-    } else if (!strcmp(type, "done")) {
-        rc = feed_done(r, ev, e);
-    } else if (!strcmp(type, "delta")) {
-        rc = OAI_MORE; /* an embedding job writes none; nothing in one to keep */
-    } else {
-        oai_error_set(e, 502, T_SERVER, "BAD_EVENT", NULL, "event type \"%.20s\" is unknown",
-                      type);
-        rc = fail(r, e);
+        return fail(r, e);
     }
-done:
-    cJSON_Delete(ev);
+    rc = feed_done(r, done, e);
+    cJSON_Delete(done);
     return rc;
 }
 

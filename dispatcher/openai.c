@@ -275,6 +275,66 @@ int oai_bad_request(struct oai_error *e, const char *code, const char *param, co
     return -RL_EINVAL;
 }
 
+int oai_walk_members(const cJSON *root, const struct oai_member *table, int n, unsigned api_bit,
+                     const struct oai_limits *lim, struct oai_request *out, struct oai_error *e,
+                     int (*take)(void *ctx, int tag, const char *name, const cJSON *v),
+                     void *ctx)
+{
+    uint64_t seen = 0; /* tables have fewer than 64 members */
+    for (const cJSON *v = root->child; v; v = v->next) {
+        int k = 0;
+        while (k < n && strcmp(table[k].name, v->string))
+            k++;
+        if (k == n || !(table[k].apis & api_bit)) {
+            if (oai_not_applied(lim, out, v->string, "UNKNOWN_FIELD",
+                                "unknown or unsupported parameter", e))
+                return -RL_EINVAL;
+            continue;
+        }
+        if (seen & (1ull << k))
+            return oai_bad_request(e, "DUPLICATE_FIELD", table[k].name, "%s: given twice",
+                                   table[k].name);
+        seen |= 1ull << k;
+        if (cJSON_IsNull(v))
+            continue;
+        int rc = take(ctx, table[k].tag, table[k].name, v);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int oai_onepass_event(const char *event, size_t len, int64_t *next_seq, const char *what,
+                      cJSON **done, struct oai_error *e)
+{
+    *done = NULL;
+    cJSON *ev = event ? cJSON_ParseWithLength(event, len) : NULL;
+    const cJSON *seq = cJSON_GetObjectItemCaseSensitive(ev, "seq");
+    const char *type = oai_str_member(ev, "type");
+    int rc = OAI_FAILED;
+    if (!cJSON_IsObject(ev) || !cJSON_IsNumber(seq) || !type ||
+        seq->valuedouble != (double)*next_seq) {
+        oai_error_set(e, 502, "server_error", "BAD_EVENT", NULL,
+                      "event %lld of %s's job is not a valid event", (long long)*next_seq, what);
+    } else if (++*next_seq, !strcmp(type, "error")) {
+        const cJSON *ra = cJSON_GetObjectItemCaseSensitive(ev, "retry_after_ms");
+        oai_error_from_event(oai_str_member(ev, "code"), oai_str_member(ev, "message"),
+                             cJSON_IsNumber(ra) && ra->valuedouble > 0 && ra->valuedouble < 1e9
+                                 ? (int64_t)ra->valuedouble : 0,
+                             e);
+    } else if (!strcmp(type, "done")) {
+        *done = ev;
+        return OAI_END;
+    } else if (!strcmp(type, "delta")) {
+        rc = OAI_MORE; /* a one-pass job writes none; nothing in one to keep */
+    } else {
+        oai_error_set(e, 502, "server_error", "BAD_EVENT", NULL,
+                      "event type \"%.20s\" is unknown", type);
+    }
+    cJSON_Delete(ev);
+    return rc;
+}
+
 bool oai_is_integer(const cJSON *v)
 {
     return cJSON_IsNumber(v) && isfinite(v->valuedouble) && floor(v->valuedouble) == v->valuedouble;

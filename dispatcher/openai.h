@@ -175,6 +175,34 @@ bool oai_is_integer(const cJSON *v);
 const char *oai_str_member(const cJSON *o, const char *k);
 int64_t oai_int_member(const cJSON *o, const char *k);
 
+/* A body member a table-driven parser knows (embed.c, rerank.c): its
+ * name, the parser's tag for it, and the APIs that take it (a bit per
+ * API, the parser's own numbering). */
+struct oai_member {
+    const char *name;
+    int tag;
+    unsigned apis;
+};
+/* Walks root's members in body order, so the first bad one is the one
+ * reported: one the table lacks for api_bit goes to oai_not_applied (the
+ * http_unknown_fields policy), one given twice is DUPLICATE_FIELD, null
+ * is absent (as OpenAI reads it), any other goes to take(ctx, tag, name,
+ * value). Returns 0 or take's / the refusal's code with *e filled. */
+int oai_walk_members(const cJSON *root, const struct oai_member *table, int n, unsigned api_bit,
+                     const struct oai_limits *lim, struct oai_request *out, struct oai_error *e,
+                     int (*take)(void *ctx, int tag, const char *name, const cJSON *v),
+                     void *ctx);
+/* One event of a one-pass job's stream (an embedding or rerank job: one
+ * done event and nothing else). *next_seq is the seq expected, moved past
+ * a valid event. Returns OAI_END with *done the parsed done event (the
+ * caller frees it with cJSON_Delete), OAI_MORE for a delta (none is
+ * expected: skipped), or OAI_FAILED with *e: the error event's (its
+ * status, code, message and param, oai_error_from_event), or 502
+ * BAD_EVENT for a malformed event (what names the job in the sentence:
+ * "input 3"). */
+int oai_onepass_event(const char *event, size_t len, int64_t *next_seq, const char *what,
+                      cJSON **done, struct oai_error *e);
+
 /* ---- responses ---- */
 
 struct oai_resp;

@@ -113,11 +113,7 @@ static int take_model(struct rr_parse *ps, const cJSON *v)
 enum member { M_MODEL, M_QUERY, M_DOCS, M_TOP_N, M_RETURN_DOCS, M_INSTRUCTION };
 #define ON_RERANK (1u << RR_RERANK)
 #define ON_SCORE (1u << RR_SCORE)
-static const struct {
-    const char *name;
-    enum member m;
-    unsigned apis;
-} members[] = {
+static const struct oai_member members[] = {
     {"model", M_MODEL, ON_RERANK | ON_SCORE},
     {"query", M_QUERY, ON_RERANK},
     {"documents", M_DOCS, ON_RERANK},
@@ -131,9 +127,10 @@ static const struct {
 };
 #define N_MEMBERS ((int)(sizeof members / sizeof members[0]))
 
-static int take_member(struct rr_parse *ps, enum member m, const char *name, const cJSON *v)
+static int take_member(void *ctx, int m, const char *name, const cJSON *v)
 {
-    switch (m) {
+    struct rr_parse *ps = ctx;
+    switch ((enum member)m) {
     case M_MODEL:
         return take_model(ps, v);
     case M_QUERY:
@@ -164,34 +161,6 @@ static int take_member(struct rr_parse *ps, enum member m, const char *name, con
         return 0;
     }
     abort(); /* a member with no case: a broken table */
-}
-
-/* Every member in body order, so the first bad one is the one reported.
- * null means absent, as OpenAI reads it. */
-static int walk_members(struct rr_parse *ps, const cJSON *root)
-{
-    unsigned seen = 0;
-    for (const cJSON *v = root->child; v; v = v->next) {
-        int k = 0;
-        while (k < N_MEMBERS && strcmp(members[k].name, v->string))
-            k++;
-        if (k == N_MEMBERS || !(members[k].apis & (1u << ps->api))) {
-            if (oai_not_applied(ps->lim, ps->out, v->string, "UNKNOWN_FIELD",
-                                "unknown or unsupported parameter", ps->e))
-                return -RL_EINVAL;
-            continue;
-        }
-        if (seen & (1u << k))
-            return oai_bad_request(ps->e, "DUPLICATE_FIELD", members[k].name, "%s: given twice",
-                                   members[k].name);
-        seen |= 1u << k;
-        if (cJSON_IsNull(v))
-            continue;
-        int rc = take_member(ps, members[k].m, members[k].name, v);
-        if (rc)
-            return rc;
-    }
-    return 0;
 }
 
 /* One text of member name (at: "" or "[i]"): a non-empty string, or on
@@ -464,7 +433,8 @@ int rr_parse(enum rr_api api, const char *body, size_t len, const struct oai_lim
     int n = 0;
     int rc = oai_parse_body(body, len, lim, &buf, &root, e);
     if (!rc)
-        rc = walk_members(&ps, root);
+        rc = oai_walk_members(root, members, N_MEMBERS, 1u << api, lim, out, e, take_member,
+                              &ps);
     if (!rc)
         rc = check_texts(&ps, &queries, &docs, &n);
     if (!rc)
@@ -609,38 +579,19 @@ int rr_resp_feed(struct rr_resp *r, const char *event, size_t len, struct oai_er
     }
     if (r->state == OAI_END)
         return OAI_END;
-    cJSON *ev = event ? cJSON_ParseWithLength(event, len) : NULL;
-    const cJSON *seq = cJSON_GetObjectItemCaseSensitive(ev, "seq");
-    const char *type = oai_str_member(ev, "type");
-    int rc;
-    if (!cJSON_IsObject(ev) || !cJSON_IsNumber(seq) || !type ||
-        seq->valuedouble != (double)r->next_seq) {
-        oai_error_set(e, 502, T_SERVER, "BAD_EVENT", NULL,
-                      "event %lld of %s %d's job is not a valid event", (long long)r->next_seq,
-                      r->api == RR_SCORE ? "pair" : "document", r->cur);
-        rc = fail(r, e);
-        goto done;
+    char what[32];
+    snprintf(what, sizeof what, "%s %d", r->api == RR_SCORE ? "pair" : "document", r->cur);
+    cJSON *done;
+    int rc = oai_onepass_event(event, len, &r->next_seq, what, &done, e);
+    if (rc == OAI_MORE)
+        return OAI_MORE;
+    if (rc == OAI_FAILED) {
+        if (strcmp(e->code, "BAD_EVENT"))
+            rename_error(r, e); /* the worker's, in this API's words */
+        return fail(r, e);
     }
-    r->next_seq++;
-    if (!strcmp(type, "error")) {
-        const cJSON *ra = cJSON_GetObjectItemCaseSensitive(ev, "retry_after_ms");
-        oai_error_from_event(oai_str_member(ev, "code"), oai_str_member(ev, "message"),
-                             cJSON_IsNumber(ra) && ra->valuedouble > 0 && ra->valuedouble < 1e9
-                                 ? (int64_t)ra->valuedouble : 0,
-                             e);
-        rename_error(r, e);
-        rc = fail(r, e);
-    } else if (!strcmp(type, "done")) {
-        rc = feed_done(r, ev, e);
-    } else if (!strcmp(type, "delta")) {
-        rc = OAI_MORE; /* a rerank job writes none; nothing in one to keep */
-    } else {
-        oai_error_set(e, 502, T_SERVER, "BAD_EVENT", NULL, "event type \"%.20s\" is unknown",
-                      type);
-        rc = fail(r, e);
-    }
-done:
-    cJSON_Delete(ev);
+    rc = feed_done(r, done, e);
+    cJSON_Delete(done);
     return rc;
 }
 
