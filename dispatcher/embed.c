@@ -68,6 +68,11 @@ struct emb_parse {
     char model[JOB_MODEL_MAX + 1]; /* written into the jobs; "" = none */
     int dimensions;             /* 0 = the model's size */
     bool truncate;              /* the jobs' truncate: Ollama's default true */
+    /* the jobs being built (oai_lay_out_jobs): the inputs, their count,
+     * the deadline each carries */
+    const cJSON *const *items;
+    int n;
+    int64_t deadline_ms;
 };
 
 /* model: the one served name (404 for another), or (lim->model NULL) any
@@ -285,9 +290,10 @@ static void fault_error(const struct emb_parse *ps, const struct job_fault *f,
 }
 
 /* The job of input i of n, checked by job_parse; *text malloc'd. */
-static int build_job(struct emb_parse *ps, const cJSON *in, const char *jid, int64_t deadline_ms,
-                     int i, int n, char **text)
+static int build_job(void *ctx, int i, const char *jid, char **text)
 {
+    struct emb_parse *ps = ctx;
+    const cJSON *in = ps->items[i];
     *text = NULL;
     cJSON *j = cJSON_CreateObject();
     bool ok = j && cJSON_AddStringToObject(j, "id", jid) &&
@@ -304,60 +310,16 @@ static int build_job(struct emb_parse *ps, const cJSON *in, const char *jid, int
         ok = cJSON_AddNumberToObject(j, "dimensions", ps->dimensions) != NULL;
     if (ok && ps->truncate)
         ok = cJSON_AddTrueToObject(j, "truncate") != NULL;
-    if (ok)
-        ok = cJSON_AddStringToObject(j, "mode", "no_think") != NULL;
-    if (ok && deadline_ms > 0)
-        ok = cJSON_AddNumberToObject(j, "deadline_ms", (double)deadline_ms) != NULL;
-    if (ok && ps->lim->client_lease_ms > 0)
-        ok = cJSON_AddNumberToObject(j, "client_lease_ms", ps->lim->client_lease_ms) != NULL;
-    char *t = ok ? cJSON_PrintUnformatted(j) : NULL;
-    cJSON_Delete(j);
-    if (!t)
+    if (!ok) {
+        cJSON_Delete(j);
         return -RL_ENOMEM;
-    struct job *jb = NULL;
+    }
     struct job_fault fault;
     struct rl_err jerr = {0};
-    int rc = job_parse(t, strlen(t), ps->lim->job, &jb, &fault, &jerr);
-    if (rc) {
-        free(t);
-        if (rc != -RL_ENOMEM)
-            fault_error(ps, &fault, &jerr, i, n, ps->e);
-        return rc;
-    }
-    job_free(jb);
-    *text = t;
-    return 0;
-}
-
-/* One job per input: out->job alone (id <id>) for one, out->jobs (ids
- * "<id>-<i>", job = jobs[0]) for several, as openai.c lays out several
- * choices, so http.c queues and reads them the same way. */
-static int build_jobs(struct emb_parse *ps, const cJSON *const *items, int n, const char *id,
-                      int64_t deadline_ms)
-{
-    struct oai_request *out = ps->out;
-    out->n_jobs = n;
-    out->n_per_prompt = 1;
-    if (n == 1) {
-        int rc = build_job(ps, items[0], id, deadline_ms, 0, 1, &out->job);
-        if (!rc)
-            out->job_len = strlen(out->job);
-        return rc;
-    }
-    if (!(out->jobs = calloc((size_t)n, sizeof *out->jobs)) ||
-        !(out->job_lens = calloc((size_t)n, sizeof *out->job_lens)))
-        return -RL_ENOMEM;
-    for (int i = 0; i < n; i++) {
-        char jid[JOB_ID_MAX + 1];
-        snprintf(jid, sizeof jid, "%.100s-%d", id, i);
-        int rc = build_job(ps, items[i], jid, deadline_ms, i, n, &out->jobs[i]);
-        if (rc)
-            return rc;
-        out->job_lens[i] = strlen(out->jobs[i]);
-    }
-    out->job = out->jobs[0];
-    out->job_len = out->job_lens[0];
-    return 0;
+    int rc = oai_seal_job(j, ps->lim, ps->deadline_ms, text, &fault, &jerr);
+    if (rc && rc != -RL_ENOMEM)
+        fault_error(ps, &fault, &jerr, i, ps->n, ps->e);
+    return rc;
 }
 
 int emb_parse(enum emb_api api, const char *body, size_t len, const struct oai_limits *lim,
@@ -388,8 +350,12 @@ int emb_parse(enum emb_api api, const char *body, size_t len, const struct oai_l
                               &ps);
     if (!rc)
         rc = check_inputs(&ps, &items, &n);
-    if (!rc && !c->load_only)
-        rc = build_jobs(&ps, items, n, id, deadline_ms);
+    if (!rc && !c->load_only) {
+        ps.items = items;
+        ps.n = n;
+        ps.deadline_ms = deadline_ms;
+        rc = oai_lay_out_jobs(out, n, id, build_job, &ps);
+    }
     if (rc == -RL_ENOMEM)
         oai_error_set(e, 500, T_SERVER, "INTERNAL", NULL, "out of memory");
     if (rc) {

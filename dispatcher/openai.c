@@ -335,6 +335,57 @@ int oai_onepass_event(const char *event, size_t len, int64_t *next_seq, const ch
     return rc;
 }
 
+int oai_seal_job(cJSON *j, const struct oai_limits *lim, int64_t deadline_ms, char **text,
+                 struct job_fault *fault, struct rl_err *jerr)
+{
+    *text = NULL;
+    bool ok = j && cJSON_AddStringToObject(j, "mode", "no_think");
+    if (ok && deadline_ms > 0)
+        ok = cJSON_AddNumberToObject(j, "deadline_ms", (double)deadline_ms) != NULL;
+    if (ok && lim->client_lease_ms > 0)
+        ok = cJSON_AddNumberToObject(j, "client_lease_ms", lim->client_lease_ms) != NULL;
+    char *t = ok ? cJSON_PrintUnformatted(j) : NULL;
+    cJSON_Delete(j);
+    if (!t)
+        return -RL_ENOMEM;
+    struct job *jb = NULL;
+    int rc = job_parse(t, strlen(t), lim->job, &jb, fault, jerr);
+    if (rc) {
+        free(t);
+        return rc;
+    }
+    job_free(jb);
+    *text = t;
+    return 0;
+}
+
+int oai_lay_out_jobs(struct oai_request *out, int n, const char *id,
+                     int (*build)(void *ctx, int i, const char *jid, char **text), void *ctx)
+{
+    out->n_jobs = n;
+    out->n_per_prompt = 1;
+    if (n == 1) {
+        int rc = build(ctx, 0, id, &out->job);
+        if (!rc)
+            out->job_len = strlen(out->job);
+        return rc;
+    }
+    if (!(out->jobs = calloc((size_t)n, sizeof *out->jobs)) ||
+        !(out->job_lens = calloc((size_t)n, sizeof *out->job_lens)))
+        return -RL_ENOMEM;
+    for (int i = 0; i < n; i++) {
+        char jid[JOB_ID_MAX + 1];
+        snprintf(jid, sizeof jid, "%.100s-%d", id, i);
+        int rc = build(ctx, i, jid, &out->jobs[i]);
+        if (rc)
+            return rc;
+        out->job_lens[i] = strlen(out->jobs[i]);
+    }
+    out->job = out->jobs[0];
+    out->job_len = out->job_lens[0];
+    return 0;
+}
+
 bool oai_is_integer(const cJSON *v)
 {
     return cJSON_IsNumber(v) && isfinite(v->valuedouble) && floor(v->valuedouble) == v->valuedouble;

@@ -203,6 +203,23 @@ int oai_walk_members(const cJSON *root, const struct oai_member *table, int n, u
 int oai_onepass_event(const char *event, size_t len, int64_t *next_seq, const char *what,
                       cJSON **done, struct oai_error *e);
 
+/* The end of every job a one-pass endpoint builds (j: its own members
+ * already in): mode no_think (an embedding or a score has no thinking to
+ * route for: the fast pool, and the think ratio's count is left alone),
+ * the deadline (deadline_ms > 0) and the client lease, printed, then
+ * checked by job_parse, the code the dispatcher and the worker run. j is
+ * consumed. Returns 0 with *text malloc'd; job_parse's refusal with
+ * *fault and *jerr filled; or -RL_ENOMEM. */
+int oai_seal_job(cJSON *j, const struct oai_limits *lim, int64_t deadline_ms, char **text,
+                 struct job_fault *fault, struct rl_err *jerr);
+/* Lays n jobs out in *out as several choices are (out->job alone, id id,
+ * for one; out->jobs with ids "<id>-<i>" and job = jobs[0] for several),
+ * so http.c queues and reads them alike: build(ctx, i, jid, &text) makes
+ * job i. Returns 0 or build's code (what was built stays in *out, for
+ * oai_request_clear). */
+int oai_lay_out_jobs(struct oai_request *out, int n, const char *id,
+                     int (*build)(void *ctx, int i, const char *jid, char **text), void *ctx);
+
 /* ---- responses ---- */
 
 struct oai_resp;

@@ -84,6 +84,11 @@ struct rr_parse {
     const char *instruction;       /* NULL: the worker's default */
     double top_n;                  /* 0 = absent */
     char model[JOB_MODEL_MAX + 1]; /* written into the jobs; "" = none */
+    /* the jobs being built (oai_lay_out_jobs): each pair's texts, their
+     * count, the deadline each carries */
+    const char *const *pair_queries, *const *pair_docs;
+    int n;
+    int64_t deadline_ms;
 };
 
 /* model: the one served name (404 for another), or (lim->model NULL) any
@@ -331,9 +336,10 @@ static void fault_error(const struct rr_parse *ps, const struct job_fault *f,
 }
 
 /* The job of pair i of n, checked by job_parse; *text malloc'd. */
-static int build_job(struct rr_parse *ps, const char *query, const char *doc, const char *jid,
-                     int64_t deadline_ms, int i, int n, char **text)
+static int build_job(void *ctx, int i, const char *jid, char **text)
 {
+    struct rr_parse *ps = ctx;
+    const char *query = ps->pair_queries[i], *doc = ps->pair_docs[i];
     *text = NULL;
     cJSON *j = cJSON_CreateObject();
     bool ok = j && cJSON_AddStringToObject(j, "id", jid) &&
@@ -344,60 +350,16 @@ static int build_job(struct rr_parse *ps, const char *query, const char *doc, co
          cJSON_AddStringToObject(j, "document", doc);
     if (ok && ps->instruction)
         ok = cJSON_AddStringToObject(j, "instruction", ps->instruction) != NULL;
-    if (ok)
-        ok = cJSON_AddStringToObject(j, "mode", "no_think") != NULL;
-    if (ok && deadline_ms > 0)
-        ok = cJSON_AddNumberToObject(j, "deadline_ms", (double)deadline_ms) != NULL;
-    if (ok && ps->lim->client_lease_ms > 0)
-        ok = cJSON_AddNumberToObject(j, "client_lease_ms", ps->lim->client_lease_ms) != NULL;
-    char *t = ok ? cJSON_PrintUnformatted(j) : NULL;
-    cJSON_Delete(j);
-    if (!t)
+    if (!ok) {
+        cJSON_Delete(j);
         return -RL_ENOMEM;
-    struct job *jb = NULL;
+    }
     struct job_fault fault;
     struct rl_err jerr = {0};
-    int rc = job_parse(t, strlen(t), ps->lim->job, &jb, &fault, &jerr);
-    if (rc) {
-        free(t);
-        if (rc != -RL_ENOMEM)
-            fault_error(ps, &fault, &jerr, i, n, ps->e);
-        return rc;
-    }
-    job_free(jb);
-    *text = t;
-    return 0;
-}
-
-/* One job per pair: out->job alone (id <id>) for one, out->jobs (ids
- * "<id>-<i>", job = jobs[0]) for several, as openai.c lays out several
- * choices, so http.c queues and reads them the same way. */
-static int build_jobs(struct rr_parse *ps, const char *const *queries, const char *const *docs,
-                      int n, const char *id, int64_t deadline_ms)
-{
-    struct oai_request *out = ps->out;
-    out->n_jobs = n;
-    out->n_per_prompt = 1;
-    if (n == 1) {
-        int rc = build_job(ps, queries[0], docs[0], id, deadline_ms, 0, 1, &out->job);
-        if (!rc)
-            out->job_len = strlen(out->job);
-        return rc;
-    }
-    if (!(out->jobs = calloc((size_t)n, sizeof *out->jobs)) ||
-        !(out->job_lens = calloc((size_t)n, sizeof *out->job_lens)))
-        return -RL_ENOMEM;
-    for (int i = 0; i < n; i++) {
-        char jid[JOB_ID_MAX + 1];
-        snprintf(jid, sizeof jid, "%.100s-%d", id, i);
-        int rc = build_job(ps, queries[i], docs[i], jid, deadline_ms, i, n, &out->jobs[i]);
-        if (rc)
-            return rc;
-        out->job_lens[i] = strlen(out->jobs[i]);
-    }
-    out->job = out->jobs[0];
-    out->job_len = out->job_lens[0];
-    return 0;
+    int rc = oai_seal_job(j, ps->lim, ps->deadline_ms, text, &fault, &jerr);
+    if (rc && rc != -RL_ENOMEM)
+        fault_error(ps, &fault, &jerr, i, ps->n, ps->e);
+    return rc;
 }
 
 /* The documents' texts for the answer (rerank, return_documents). */
@@ -437,8 +399,13 @@ int rr_parse(enum rr_api api, const char *body, size_t len, const struct oai_lim
                               &ps);
     if (!rc)
         rc = check_texts(&ps, &queries, &docs, &n);
-    if (!rc)
-        rc = build_jobs(&ps, queries, docs, n, id, deadline_ms);
+    if (!rc) {
+        ps.pair_queries = queries;
+        ps.pair_docs = docs;
+        ps.n = n;
+        ps.deadline_ms = deadline_ms;
+        rc = oai_lay_out_jobs(out, n, id, build_job, &ps);
+    }
     if (!rc && api == RR_RERANK && c->return_documents)
         rc = keep_docs(c, docs, n);
     if (rc == -RL_ENOMEM)
