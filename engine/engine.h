@@ -83,6 +83,16 @@
  * compiler's message). options.grammar_sync_compile compiles inside
  * engine_submit instead (benchmarks).
  *
+ * One-pass requests (engine_request.embed, .score_ids): the prompt runs
+ * through the model once, scheduled, chunked, prefix-cached and batched
+ * like any other, and the request finishes "stop" at its last prompt
+ * position with no token sampled: an embedding takes the final-normed
+ * hidden state there (be_ops.hidden; Qwen3-Embedding's last-token
+ * pooling), a score request the logits of the ids it names (a classifier
+ * read off the vocabulary product: Qwen3-Reranker's "yes" and "no"). Both
+ * are bit-identical alone or in any batch on the CPU backend, as tokens
+ * are.
+ *
  * This header is the engine's whole face: opaque handles and plain C
  * values (no backend, model or sampler types), as llama.h is llama.cpp's.
  *
