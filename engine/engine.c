@@ -113,8 +113,7 @@ struct eng_req {
     int n_emb;
     int n_score;                 /* engine_request.n_score: a score request */
     int32_t score_ids[ENGINE_MAX_SCORE];
-    float scores[ENGINE_MAX_SCORE]; /* filled at its row */
-    bool scored;
+    float scores[ENGINE_MAX_SCORE]; /* filled at its row, which finishes it "stop" */
     struct sched_seq *seq;       /* NULL once finished */
     struct sample_state *ss;
     struct sample_params sp;
@@ -610,6 +609,13 @@ static void sampling_defaults(const struct engine *e, const struct engine_reques
     sp->n_logprobs = r->n_logprobs > 0 ? r->n_logprobs : 0;
 }
 
+/* The tokens r's sequence may hold at most, prompt and output. */
+static int request_limit(const struct engine *e, const struct engine_request *r)
+{
+    return r->context_limit > 0 && r->context_limit < e->max_context ? r->context_limit
+                                                                     : e->max_context;
+}
+
 /* Every check of a request whose prompt is the n_prompt ids at prompt;
  * fills *sp (seed aside) and *limit. Nothing of the engine changes. */
 static int check_request(const struct engine *e, const struct engine_request *r,
@@ -624,11 +630,9 @@ static int check_request(const struct engine *e, const struct engine_request *r,
                           "prompt_ids[%d]: %d is outside the vocabulary [0, %d)", i,
                           (int)prompt[i], (int)e->cfg->vocab);
     /* the one context check: the prompt and every token asked for (at
-     * least one; an embedding asks for none, and its prompt leaves room
+     * least one; a one-pass request asks for none, and its prompt leaves room
      * for one as any prompt does: the scheduler's rule) must fit */
-    *limit = e->max_context;
-    if (r->context_limit > 0 && r->context_limit < *limit)
-        *limit = r->context_limit;
+    *limit = request_limit(e, r);
     bool one_pass = r->embed || r->n_score > 0; /* no token asked for */
     int64_t need = (int64_t)n_prompt + (!one_pass && r->max_tokens > 0 ? r->max_tokens : 1);
     if (need > *limit) {
@@ -644,10 +648,12 @@ static int check_request(const struct engine *e, const struct engine_request *r,
                       "this model is an embedding checkpoint (no lm_head.weight): it serves "
                       "task embed only");
     if (r->n_score < 0 || r->n_score > ENGINE_MAX_SCORE || (r->n_score && !r->score_ids) ||
-        (r->n_score && (r->embed || r->constraint != ENGINE_CONSTRAINT_NONE || r->n_resumed)))
+        (r->n_score && r->embed))
         return refuse(err, EV_CODE_BAD_PARAM,
-                      "score: 1 to %d token ids, not with an embedding, a constraint or a "
-                      "resumption", ENGINE_MAX_SCORE);
+                      "score: 1 to %d token ids, not with an embedding", ENGINE_MAX_SCORE);
+    if (one_pass && (r->constraint != ENGINE_CONSTRAINT_NONE || r->n_resumed))
+        return refuse(err, EV_CODE_BAD_PARAM, "%s: takes no constraint and no resumption",
+                      r->embed ? "task embed" : "score");
     for (int i = 0; i < r->n_score; i++)
         if (r->score_ids[i] < 0 || r->score_ids[i] >= e->cfg->vocab)
             return refuse(err, EV_CODE_INVALID_TOKEN,
@@ -658,9 +664,6 @@ static int check_request(const struct engine *e, const struct engine_request *r,
             return refuse(err, EV_CODE_BAD_PARAM,
                           "task embed: the %s backend cannot compute embeddings",
                           e->be->ops->name);
-        if (r->constraint != ENGINE_CONSTRAINT_NONE || r->n_resumed)
-            return refuse(err, EV_CODE_BAD_PARAM,
-                          "task embed: an embedding takes no constraint and no resumption");
         if (r->embed_dims < 0 || r->embed_dims > e->cfg->hidden)
             return refuse(err, EV_CODE_BAD_VALUE,
                           "dimensions: %d is more than the model's %d", r->embed_dims,
@@ -851,8 +854,6 @@ static int req_constrain(struct engine *e, struct eng_req *q, struct gram *g,
     return 0;
 }
 
-/* The prompt of r as ids: r->prompt_ids, or the messages rendered with the
- * template and tokenized into *rendered (malloc'd, caller frees). */
 /* An embedding whose prompt is longer than the context and whose sender
  * asked for truncation (Ollama's /api/embed does by default): the first
  * tokens that fit, and the last one, the pooled token (<|endoftext|> for
@@ -861,9 +862,7 @@ static int req_constrain(struct engine *e, struct eng_req *q, struct gram *g,
 static int embed_cut(const struct engine *e, const struct engine_request *r, const int32_t **ids,
                      int *n, int32_t **rendered, struct rl_err *err)
 {
-    int limit = e->max_context;
-    if (r->context_limit > 0 && r->context_limit < limit)
-        limit = r->context_limit;
+    int limit = request_limit(e, r);
     if (*n + 1 <= limit || limit < 3)
         return 0; /* fits, or nothing sensible to keep: the usual check says */
     int keep = limit - 1;
@@ -877,6 +876,9 @@ static int embed_cut(const struct engine *e, const struct engine_request *r, con
     return 0;
 }
 
+/* The prompt of r as ids: r->prompt_ids (cut when an embedding asks for
+ * it), or the messages rendered with the template and tokenized into
+ * *rendered (malloc'd, caller frees). */
 static int request_prompt(struct engine *e, const struct engine_request *r,
                           const int32_t **ids, int *n, int32_t **rendered, struct rl_err *err)
 {
@@ -1355,10 +1357,6 @@ static bool process_row(struct engine *e, struct eng_req *q, float *row, const s
     return rc == 0 && q->forced == forced;
 }
 
-/* The rows of request q this step: 1 + n_draft, row r predicting the token
- * after draft r - 1. Processes them in order while the drafts hold (the
- * essay at the top), keeps the accepted drafts' KV and proposes the next
- * draft. */
 /* An embed request's row: the backend's final-normed hidden state of its
  * last prompt token, cut to its dimensions and scaled to unit length
  * (what Qwen3-Embedding's last-token pooling and normalisation give); the
@@ -1398,10 +1396,13 @@ static void score_row(struct engine *e, struct eng_req *q, const float *row)
 {
     for (int i = 0; i < q->n_score; i++)
         q->scores[i] = row[q->score_ids[i]];
-    q->scored = true;
     finish_req(e, q, ENGINE_FINISH_STOP);
 }
 
+/* The rows of request q this step: 1 + n_draft, row r predicting the token
+ * after draft r - 1. Processes them in order while the drafts hold (the
+ * essay at the top), keeps the accepted drafts' KV and proposes the next
+ * draft. A one-pass request's one row is its answer. */
 static void process_rows(struct engine *e, struct eng_req *q, float *rows, int row0, int n_draft)
 {
     if (q->embed) {
@@ -1522,7 +1523,7 @@ static int collect_events(struct engine *e, const struct engine_event **events,
             ev->embedding = q->emb;
             ev->n_embedding = q->n_emb;
         }
-        if (final && q->scored) {
+        if (final && q->n_score && q->finish == ENGINE_FINISH_STOP) {
             ev->scores = q->scores;
             ev->n_scores = q->n_score;
         }
