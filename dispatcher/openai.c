@@ -462,20 +462,29 @@ void oai_request_clear(struct oai_request *r)
 
 /* What a job_parse fault looks like to the client: the job field is
  * renamed back to the request field it came from. */
+bool oai_fault_settled(const struct job_fault *f, const struct rl_err *jerr, const char *own,
+                       struct oai_error *e)
+{
+    if (!strcmp(f->field, "id") || !strcmp(f->field, "deadline_ms") ||
+        (own && !strcmp(f->field, own))) {
+        oai_error_set(e, 500, T_SERVER, "INTERNAL", NULL, "the front door built a bad job: %s",
+                      jerr->msg);
+        return true;
+    }
+    if (f->code == EV_CODE_JOB_TOO_LARGE) {
+        oai_error_set(e, 413, T_INVALID, ev_code_name(f->code), NULL, "%s", jerr->msg);
+        return true;
+    }
+    return false;
+}
+
 static void job_fault_error(const struct job_fault *f, const struct rl_err *jerr,
                             const char *max_tokens_name, struct oai_error *e)
 {
+    if (oai_fault_settled(f, jerr, NULL, e))
+        return;
     const char *code = ev_code_name(f->code);
     const char *param = f->field;
-    if (!strcmp(param, "id") || !strcmp(param, "deadline_ms")) {
-        oai_error_set(e, 500, T_SERVER, "INTERNAL", NULL, "the front door built a bad job: %s",
-                      jerr->msg);
-        return;
-    }
-    if (f->code == EV_CODE_JOB_TOO_LARGE) {
-        oai_error_set(e, 413, T_INVALID, code, NULL, "%s", jerr->msg);
-        return;
-    }
     const char *msg = jerr->msg;
     if (!strcmp(param, "max_tokens") && strcmp(max_tokens_name, "max_tokens")) {
         /* "max_tokens: ..." -> "max_completion_tokens: ..." */

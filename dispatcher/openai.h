@@ -203,6 +203,13 @@ int oai_walk_members(const cJSON *root, const struct oai_member *table, int n, u
 int oai_onepass_event(const char *event, size_t len, int64_t *next_seq, const char *what,
                       cJSON **done, struct oai_error *e);
 
+/* A job_parse fault on a job the front door built, where no API's words
+ * are needed: a member of its own making at fault (id, deadline_ms, or
+ * own when not NULL) is its bug, a 500; a job over the size limit is a
+ * 413. Returns true with *e filled so; false for a fault the caller
+ * names in its API's words. */
+bool oai_fault_settled(const struct job_fault *f, const struct rl_err *jerr, const char *own,
+                       struct oai_error *e);
 /* The end of every job a one-pass endpoint builds (j: its own members
  * already in): mode no_think (an embedding or a score has no thinking to
  * route for: the fast pool, and the think ratio's count is left alone),

@@ -314,17 +314,9 @@ static int check_texts(struct rr_parse *ps, const char ***queries, const char **
 static void fault_error(const struct rr_parse *ps, const struct job_fault *f,
                         const struct rl_err *jerr, int i, int n, struct oai_error *e)
 {
+    if (oai_fault_settled(f, jerr, "task", e))
+        return;
     const char *code = ev_code_name(f->code);
-    if (!strcmp(f->field, "id") || !strcmp(f->field, "deadline_ms") ||
-        !strcmp(f->field, "task")) {
-        oai_error_set(e, 500, T_SERVER, "INTERNAL", NULL, "the front door built a bad job: %s",
-                      jerr->msg);
-        return;
-    }
-    if (f->code == EV_CODE_JOB_TOO_LARGE) {
-        oai_error_set(e, 413, T_INVALID, code, NULL, "%s", jerr->msg);
-        return;
-    }
     const char *param = !strcmp(f->field, "query")      ? query_name(ps->api)
                         : !strcmp(f->field, "document") ? docs_name(ps->api)
                                                         : f->field;
