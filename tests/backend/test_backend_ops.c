@@ -496,18 +496,23 @@ static void step1(struct backend *be, int past, const int32_t *ids, int n, int l
     RUN(be->ops->forward(be->ctx, &b, &err));
 }
 
-static void test_tiny_reference(void **state)
+/* tiny-qwen3-a into *m, and its reference.json (the caller deletes it). */
+static cJSON *open_tiny(struct model **m)
 {
     char dir[1024], path[1200];
     snprintf(dir, sizeof dir, "%s/models/tiny-qwen3-a", tu_data_dir());
     snprintf(path, sizeof path, "%s/reference.json", dir);
-    char *txt = tu_slurp(path, NULL);
-    if (!txt)
+    cJSON *ref = tu_read_json(path);
+    if (!ref)
         fail_msg("cannot read %s", path);
-    cJSON *ref = cJSON_Parse(txt);
-    free(txt);
+    RUN(model_load(m, dir, &err));
+    return ref;
+}
+
+static void test_tiny_reference(void **state)
+{
     struct model *m;
-    RUN(model_load(&m, dir, &err));
+    cJSON *ref = open_tiny(&m);
     const struct model_config *cfg = model_get_config(m);
     int V = cfg->vocab;
     int32_t table[64];
@@ -868,16 +873,8 @@ static double head_dot(const struct model_tensor *W, int H, int v, const float *
  * not; a row the last forward did not produce is refused. */
 static void test_hidden_state(void **state)
 {
-    char dir[1024], path[1200];
-    snprintf(dir, sizeof dir, "%s/models/tiny-qwen3-a", tu_data_dir());
-    snprintf(path, sizeof path, "%s/reference.json", dir);
-    char *txt = tu_slurp(path, NULL);
-    if (!txt)
-        fail_msg("cannot read %s", path);
-    cJSON *ref = cJSON_Parse(txt);
-    free(txt);
     struct model *m;
-    RUN(model_load(&m, dir, &err));
+    cJSON *ref = open_tiny(&m);
     const struct model_config *cfg = model_get_config(m);
     const struct model_tensor *W = &model_get_weights(m)->lm_head;
     assert_int_equal(W->dtype, MODEL_F32);
