@@ -65,7 +65,6 @@ struct emb_parse {
     struct emb_request *c;
     struct oai_error *e;
     const cJSON *input;         /* the input member, or NULL */
-    char model[JOB_MODEL_MAX + 1]; /* written into the jobs; "" = none */
     int dimensions;             /* 0 = the model's size */
     bool truncate;              /* the jobs' truncate: Ollama's default true */
     /* the jobs being built (oai_lay_out_jobs): the inputs, their count,
@@ -80,31 +79,7 @@ struct emb_parse {
  * it is served). Ollama's clients add ":latest" to a name without a tag. */
 static int take_model(struct emb_parse *ps, const cJSON *v)
 {
-    if (!cJSON_IsString(v))
-        return oai_bad_request(ps->e, "BAD_TYPE", "model", "model: must be a string");
-    char name[JOB_MODEL_MAX + 1];
-    size_t n = strlen(v->valuestring);
-    if (ps->api != EMB_OPENAI && n > 7 && !strcmp(v->valuestring + n - 7, ":latest"))
-        n -= 7;
-    const char *served = ps->lim->model;
-    if (n > JOB_MODEL_MAX) { /* no model has such a name */
-        oai_error_set(ps->e, 404, T_INVALID, "model_not_found", "model",
-                      "The model `%.200s` does not exist.", v->valuestring);
-        return -RL_EINVAL;
-    }
-    memcpy(name, v->valuestring, n);
-    name[n] = 0;
-    if (served && strcmp(name, served)) {
-        oai_error_set(ps->e, 404, T_INVALID, "model_not_found", "model",
-                      "The model `%.200s` does not exist; this server serves `%.200s`.", name,
-                      served);
-        return -RL_EINVAL;
-    }
-    if (served)
-        return 0;
-    memcpy(ps->model, name, n + 1);
-    memcpy(ps->out->model, name, n + 1);
-    return 0;
+    return oai_model_name(v, ps->lim, ps->api != EMB_OPENAI, ps->out->model, ps->e);
 }
 
 static int take_dimensions(struct emb_parse *ps, const cJSON *v)
@@ -291,8 +266,8 @@ static int build_job(void *ctx, int i, const char *jid, char **text)
     cJSON *j = cJSON_CreateObject();
     bool ok = j && cJSON_AddStringToObject(j, "id", jid) &&
               cJSON_AddStringToObject(j, "task", "embed");
-    if (ok && ps->model[0])
-        ok = cJSON_AddStringToObject(j, "model", ps->model) != NULL;
+    if (ok && ps->out->model[0]) /* the request's model, when any is taken */
+        ok = cJSON_AddStringToObject(j, "model", ps->out->model) != NULL;
     if (ok) {
         cJSON *p = cJSON_Duplicate(in, 1);
         ok = p && cJSON_AddItemToObject(j, cJSON_IsString(in) ? "prompt" : "prompt_ids", p);

@@ -462,6 +462,35 @@ void oai_request_clear(struct oai_request *r)
 
 /* What a job_parse fault looks like to the client: the job field is
  * renamed back to the request field it came from. */
+int oai_model_name(const cJSON *v, const struct oai_limits *lim, bool ollama_tag,
+                   char out[JOB_MODEL_MAX + 1], struct oai_error *e)
+{
+    out[0] = 0;
+    if (!cJSON_IsString(v))
+        return oai_bad_request(e, "BAD_TYPE", "model", "model: must be a string");
+    const char *name = v->valuestring, *served = lim->model;
+    size_t n = strlen(name);
+    if (ollama_tag && n > 7 && !strcmp(name + n - 7, ":latest"))
+        n -= 7;
+    int shown = n < 200 ? (int)n : 200;
+    if (served && (n != strlen(served) || strncmp(name, served, n))) {
+        oai_error_set(e, 404, T_INVALID, "model_not_found", "model",
+                      "The model `%.*s` does not exist; this server serves `%.200s`.", shown,
+                      name, served);
+        return -RL_EINVAL;
+    }
+    if (served)
+        return 0;
+    if (n > JOB_MODEL_MAX) { /* no model has such a name */
+        oai_error_set(e, 404, T_INVALID, "model_not_found", "model",
+                      "The model `%.*s` does not exist.", shown, name);
+        return -RL_EINVAL;
+    }
+    memcpy(out, name, n);
+    out[n] = 0;
+    return 0;
+}
+
 bool oai_fault_settled(const struct job_fault *f, const struct rl_err *jerr, const char *own,
                        struct oai_error *e)
 {
@@ -763,26 +792,10 @@ static int take_extension(struct parse_state *ps, enum kind kind, const char *na
  * the job for the dispatcher to route by. */
 static int take_model(struct parse_state *ps, enum kind kind, const char *name, const cJSON *v)
 {
-    if (!cJSON_IsString(v))
-        return oai_bad_request(ps->e, "BAD_TYPE", "model", "model: must be a string");
-    const char *served = ps->lim->model;
-    if (served && strcmp(v->valuestring, served)) {
-        oai_error_set(ps->e, 404, T_INVALID, "model_not_found", "model",
-                      "The model `%.200s` does not exist; this server serves `%.200s`.",
-                      v->valuestring, served);
-        return -RL_EINVAL;
-    }
-    if (served)
-        return 0;
-    /* the workers' models: the job carries the name, the dispatcher
-     * routes by it (http.c checks it is served) */
-    if (strlen(v->valuestring) > JOB_MODEL_MAX) {
-        oai_error_set(ps->e, 404, T_INVALID, "model_not_found", "model",
-                      "The model `%.200s` does not exist.", v->valuestring);
-        return -RL_EINVAL;
-    }
-    snprintf(ps->out->model, sizeof ps->out->model, "%s", v->valuestring);
-    return cJSON_AddStringToObject(ps->job, "model", v->valuestring) ? 0 : -RL_ENOMEM;
+    int rc = oai_model_name(v, ps->lim, false, ps->out->model, ps->e);
+    if (rc || !ps->out->model[0])
+        return rc;
+    return cJSON_AddStringToObject(ps->job, "model", ps->out->model) ? 0 : -RL_ENOMEM;
 }
 
 /* messages or prompt: kept for build_job, which copies the one given. */

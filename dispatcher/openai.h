@@ -203,6 +203,14 @@ int oai_walk_members(const cJSON *root, const struct oai_member *table, int n, u
 int oai_onepass_event(const char *event, size_t len, int64_t *next_seq, const char *what,
                       cJSON **done, struct oai_error *e);
 
+/* A request's model member: the one served name (lim->model; another is
+ * a 404 model_not_found), or any name, into out for the jobs to carry (the
+ * dispatcher routes by it; http.c checks a worker serves it). ollama_tag:
+ * a trailing ":latest" is dropped first (Ollama's clients add it to a name
+ * without a tag). Returns 0 with out "" when one model is served, or
+ * -RL_EINVAL with *e filled (400 BAD_TYPE, 404). */
+int oai_model_name(const cJSON *v, const struct oai_limits *lim, bool ollama_tag,
+                   char out[JOB_MODEL_MAX + 1], struct oai_error *e);
 /* A job_parse fault on a job the front door built, where no API's words
  * are needed: a member of its own making at fault (id, deadline_ms, or
  * own when not NULL) is its bug, a 500; a job over the size limit is a

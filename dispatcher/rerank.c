@@ -83,7 +83,6 @@ struct rr_parse {
     const cJSON *query, *docs;     /* query / text_1, documents / text_2, or NULL */
     const char *instruction;       /* NULL: the worker's default */
     double top_n;                  /* 0 = absent */
-    char model[JOB_MODEL_MAX + 1]; /* written into the jobs; "" = none */
     /* the jobs being built (oai_lay_out_jobs): each pair's texts, their
      * count, the deadline each carries */
     const char *const *pair_queries, *const *pair_docs;
@@ -96,22 +95,7 @@ struct rr_parse {
  * it is served), as embed.c takes it for OpenAI's API. */
 static int take_model(struct rr_parse *ps, const cJSON *v)
 {
-    if (!cJSON_IsString(v))
-        return oai_bad_request(ps->e, "BAD_TYPE", "model", "model: must be a string");
-    const char *name = v->valuestring, *served = ps->lim->model;
-    size_t n = strlen(name);
-    if (n > JOB_MODEL_MAX || (served && strcmp(name, served))) {
-        oai_error_set(ps->e, 404, T_INVALID, "model_not_found", "model",
-                      "The model `%.200s` does not exist%s%.200s%s", name,
-                      served ? "; this server serves `" : ".", served ? served : "",
-                      served ? "`." : "");
-        return -RL_EINVAL;
-    }
-    if (served)
-        return 0;
-    memcpy(ps->model, name, n + 1);
-    memcpy(ps->out->model, name, n + 1);
-    return 0;
+    return oai_model_name(v, ps->lim, false, ps->out->model, ps->e);
 }
 
 /* The members each API knows; any other goes to oai_not_applied. */
@@ -336,8 +320,8 @@ static int build_job(void *ctx, int i, const char *jid, char **text)
     cJSON *j = cJSON_CreateObject();
     bool ok = j && cJSON_AddStringToObject(j, "id", jid) &&
               cJSON_AddStringToObject(j, "task", "rerank");
-    if (ok && ps->model[0])
-        ok = cJSON_AddStringToObject(j, "model", ps->model) != NULL;
+    if (ok && ps->out->model[0]) /* the request's model, when any is taken */
+        ok = cJSON_AddStringToObject(j, "model", ps->out->model) != NULL;
     ok = ok && cJSON_AddStringToObject(j, "query", query) &&
          cJSON_AddStringToObject(j, "document", doc);
     if (ok && ps->instruction)
