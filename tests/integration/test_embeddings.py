@@ -85,7 +85,7 @@ def pool_jobs(r, prefix):
     return jobs
 
 
-def play_embed(r, prefix, n, answer, timeout=20):
+def play_jobs(r, prefix, n, answer, timeout=20):
     """Plays the worker for the next n jobs: waits for each in the pools and
     writes answer(job) (a list of event dicts) to its stream. Returns the
     jobs answered, in the order they were seen."""
@@ -152,7 +152,7 @@ def test_openai_shape_played(front, redis_addr, prefix):  # noqa: F811
     r = connect(redis_addr)
     texts = ["alpha", "be", "gamma ray", "d"]
     for fmt in ("float", "base64"):
-        join = in_thread(play_embed, r, prefix, len(texts), played)
+        join = in_thread(play_jobs, r, prefix, len(texts), played)
         status, h, body = embed_post(f, {"model": MODEL_NAME, "input": texts,
                                          "encoding_format": fmt, "dimensions": 6,
                                          "user": "u-1"})
@@ -195,7 +195,7 @@ def test_errors_played(front, redis_addr, prefix):  # noqa: F811
                  "usage": {"prompt_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0,
                            "cached_prompt_tokens": 0}, "cached": False,
                  "timings": {"queue_ms": 0, "ttft_ms": 0, "total_ms": 0}, "tool_calls": []}]
-    join = in_thread(play_embed, r, prefix, 1, lambda job: too_long)
+    join = in_thread(play_jobs, r, prefix, 1, lambda job: too_long)
     status, _, body = embed_post(f, {"model": MODEL_NAME, "input": "x" * 10})
     join()
     assert status == 400, body
@@ -203,12 +203,12 @@ def test_errors_played(front, redis_addr, prefix):  # noqa: F811
     assert body["error"]["param"] == "input"
     assert "40960" in body["error"]["message"]
     # the same on Ollama's API: {"error": "..."}
-    join = in_thread(play_embed, r, prefix, 1, lambda job: too_long)
+    join = in_thread(play_jobs, r, prefix, 1, lambda job: too_long)
     status, _, body = embed_post(f, {"model": MODEL_NAME, "input": "x"}, "/api/embed")
     join()
     assert status == 400 and "40960" in body["error"]
     # the second of two inputs fails: the request fails
-    join = in_thread(play_embed, r, prefix, 2,
+    join = in_thread(play_jobs, r, prefix, 2,
                      lambda job: too_long if job["id"].endswith("-1") else played(job))
     status, _, body = embed_post(f, {"model": MODEL_NAME, "input": ["a", "b"]})
     join()
@@ -216,7 +216,7 @@ def test_errors_played(front, redis_addr, prefix):  # noqa: F811
     # a done without an embedding (a worker from before embedding jobs): 502
     no_vec = [{k: v for k, v in done_event([1.0], 1).items()
                if k not in ("embedding", "dimensions")}]
-    join = in_thread(play_embed, r, prefix, 1, lambda job: no_vec)
+    join = in_thread(play_jobs, r, prefix, 1, lambda job: no_vec)
     status, _, body = embed_post(f, {"model": MODEL_NAME, "input": "a"})
     join()
     assert status == 502 and body["error"]["code"] == "BAD_EVENT"
@@ -226,7 +226,7 @@ def test_ollama_played(front, redis_addr, prefix):  # noqa: F811
     tap(connect(redis_addr), f"{prefix}jobs:fast", f"{prefix}jobs:think")
     f = front()
     r = connect(redis_addr)
-    join = in_thread(play_embed, r, prefix, 2, played)
+    join = in_thread(play_jobs, r, prefix, 2, played)
     status, _, body = embed_post(f, {"model": MODEL_NAME + ":latest", "input": ["one", "three"],
                                      "truncate": True, "keep_alive": "5m",
                                      "options": {"num_ctx": 512}, "dimensions": 5},
@@ -243,13 +243,13 @@ def test_ollama_played(front, redis_addr, prefix):  # noqa: F811
         [played_vector(byprompt["one"]), played_vector(byprompt["three"])]
     assert all(j["dimensions"] == 5 and j["truncate"] is True for j in jobs)
     # a single string
-    join = in_thread(play_embed, r, prefix, 1, played)
+    join = in_thread(play_jobs, r, prefix, 1, played)
     status, _, body = embed_post(f, {"model": MODEL_NAME, "input": "solo"}, "/api/embed")
     (job,) = join()
     assert status == 200 and len(body["embeddings"]) == 1
     assert [f32(x) for x in body["embeddings"][0]] == played_vector(job)
     # the legacy endpoint: {"embedding": [...]}
-    join = in_thread(play_embed, r, prefix, 1, played)
+    join = in_thread(play_jobs, r, prefix, 1, played)
     status, _, body = embed_post(f, {"model": MODEL_NAME, "prompt": "legacy"}, "/api/embeddings")
     (job,) = join()
     assert status == 200 and set(body) == {"embedding"}
@@ -299,7 +299,7 @@ def test_refusals(front, redis_addr, prefix):  # noqa: F811
     assert pool_jobs(r, prefix) == {}
     # ignore (the default): the unknown member is named, the answer given
     g = front()
-    join = in_thread(play_embed, r, prefix, 1, played)
+    join = in_thread(play_jobs, r, prefix, 1, played)
     status, h, out = embed_post(g, {"model": MODEL_NAME, "input": "a", "frobnicate": 1})
     join()
     assert status == 200 and h["X-Redlm-Ignored-Fields"] == "frobnicate"

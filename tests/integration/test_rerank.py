@@ -32,7 +32,7 @@ import time
 import pytest
 
 from conftest import CLI, ROOT, connect, job_events, tap
-from test_embeddings import in_thread, pool_jobs
+from test_embeddings import in_thread, play_jobs, pool_jobs
 from test_http import MODEL_NAME, front  # noqa: F401 (front is a fixture)
 
 
@@ -49,25 +49,6 @@ def done_event(score, prompt_tokens, seq=0):
                       "reasoning_tokens": 0, "cached_prompt_tokens": 0},
             "cached": False, "timings": {"queue_ms": 0, "ttft_ms": 1, "total_ms": 1},
             "tool_calls": [], "score": score}
-
-
-def play(r, prefix, n, answer, timeout=20):
-    """Plays the worker for the next n jobs: waits for each in the pools and
-    writes answer(job) (a list of event dicts) to its stream. Returns the
-    jobs answered, in the order they were seen."""
-    done, order = set(), []
-    deadline = time.time() + timeout
-    while len(order) < n and time.time() < deadline:
-        for job in pool_jobs(r, prefix).values():
-            if job["id"] in done or r.exists(f"{prefix}out:{job['id']}"):
-                continue
-            done.add(job["id"])
-            order.append(job)
-            for i, e in enumerate(answer(job)):
-                r.xadd(f"{prefix}out:{job['id']}", {"event": json.dumps(e)}, id=f"0-{i + 1}")
-        time.sleep(0.02)
-    assert len(order) == n, f"{len(order)} of {n} jobs came"
-    return order
 
 
 # the played worker's scores: chosen per document, with a tie (0.5) and
@@ -94,7 +75,7 @@ def test_rerank_played(front, redis_addr, prefix):  # noqa: F811
     texts = ["alpha", "beta", "gamma", "delta", "epsilon"]
     order = [2, 1, 3, 0, 4]  # by score; beta and delta tie: the lower index first
     for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
-        join = in_thread(play, r, prefix, len(docs), played)
+        join = in_thread(play_jobs, r, prefix, len(docs), played)
         status, h, body = post(f, {"model": MODEL_NAME, "query": "which letter?",
                                    "documents": docs, "instruction": "Find Greek letters."},
                                path)
@@ -121,7 +102,7 @@ def test_rerank_played(front, redis_addr, prefix):  # noqa: F811
                  "instruction": "Find Greek letters.", "mode": "no_think"}
 
     # top_n and return_documents false; no instruction: none in the jobs
-    join = in_thread(play, r, prefix, len(docs), played)
+    join = in_thread(play_jobs, r, prefix, len(docs), played)
     status, _, body = post(f, {"model": MODEL_NAME, "query": "q", "documents": docs,
                                "top_n": 2, "return_documents": False})
     jobs = join()
@@ -130,7 +111,7 @@ def test_rerank_played(front, redis_addr, prefix):  # noqa: F811
                                {"index": 1, "relevance_score": 0.5}]
     assert all("instruction" not in j for j in jobs)
     # top_n past the count: all of them; one document: one job under the id
-    join = in_thread(play, r, prefix, 1, played)
+    join = in_thread(play_jobs, r, prefix, 1, played)
     status, h, body = post(f, {"model": MODEL_NAME, "query": "q", "documents": ["zeta"],
                                "top_n": 10})
     (job,) = join()
@@ -154,7 +135,7 @@ def test_score_played(front, redis_addr, prefix):  # noqa: F811
 
     # N:N, pair i is text_1[i] with text_2[i]; in input order, not by score
     t1, t2 = ["a", "bbbbb", "cc"], ["xxxx", "y", "zzzzzzz"]
-    join = in_thread(play, r, prefix, 3, pair_score)
+    join = in_thread(play_jobs, r, prefix, 3, pair_score)
     status, h, body = post(f, {"model": MODEL_NAME, "text_1": t1, "text_2": t2}, "/v1/score")
     jobs = join()
     assert status == 200, body
@@ -173,14 +154,14 @@ def test_score_played(front, redis_addr, prefix):  # noqa: F811
         assert (job["task"], job["query"], job["document"]) == ("rerank", t1[i], t2[i])
     # 1:N, a string or a list of one; and 1:1 on /score
     for q in ("qq", ["qq"]):
-        join = in_thread(play, r, prefix, 2, pair_score)
+        join = in_thread(play_jobs, r, prefix, 2, pair_score)
         status, _, body = post(f, {"model": MODEL_NAME, "text_1": q, "text_2": ["a", "bbb"],
                                    "instruction": "Judge."}, "/score")
         jobs = join()
         assert status == 200, body
         assert [d["score"] for d in body["data"]] == [want("qq", "a"), want("qq", "bbb")]
         assert all(j["query"] == "qq" and j["instruction"] == "Judge." for j in jobs)
-    join = in_thread(play, r, prefix, 1, pair_score)
+    join = in_thread(play_jobs, r, prefix, 1, pair_score)
     status, _, body = post(f, {"model": MODEL_NAME, "text_1": "q", "text_2": "dd"}, "/score")
     join()
     assert status == 200 and body["data"] == [{"index": 0, "object": "score",
@@ -197,7 +178,7 @@ def test_errors_played(front, redis_addr, prefix):  # noqa: F811
                            "cached_prompt_tokens": 0}, "cached": False,
                  "timings": {"queue_ms": 0, "ttft_ms": 0, "total_ms": 0}, "tool_calls": []}]
     # the second of three documents fails: the request fails, naming it
-    join = in_thread(play, r, prefix, 3,
+    join = in_thread(play_jobs, r, prefix, 3,
                      lambda job: too_long if job["id"].endswith("-1") else played(job))
     status, _, body = post(f, {"model": MODEL_NAME, "query": "q",
                                "documents": ["alpha", "x" * 20, "gamma"]})
@@ -208,18 +189,18 @@ def test_errors_played(front, redis_addr, prefix):  # noqa: F811
     assert body["error"]["message"].startswith("documents[1]: ")
     assert "40960" in body["error"]["message"]
     # the same on the score API: text_2
-    join = in_thread(play, r, prefix, 1, lambda job: too_long)
+    join = in_thread(play_jobs, r, prefix, 1, lambda job: too_long)
     status, _, body = post(f, {"model": MODEL_NAME, "text_1": "q", "text_2": "d"}, "/v1/score")
     join()
     assert status == 400 and body["error"]["param"] == "text_2", body
     # a done without a score (a worker from before rerank jobs): 502
     no_score = [{k: v for k, v in done_event(0.5, 1).items() if k != "score"}]
-    join = in_thread(play, r, prefix, 1, lambda job: no_score)
+    join = in_thread(play_jobs, r, prefix, 1, lambda job: no_score)
     status, _, body = post(f, {"model": MODEL_NAME, "query": "q", "documents": ["a"]})
     join()
     assert status == 502 and body["error"]["code"] == "BAD_EVENT", body
     # a score out of [0, 1]: 502 as well
-    join = in_thread(play, r, prefix, 1, lambda job: [done_event(1.5, 1)])
+    join = in_thread(play_jobs, r, prefix, 1, lambda job: [done_event(1.5, 1)])
     status, _, body = post(f, {"model": MODEL_NAME, "text_1": "q", "text_2": "d"}, "/v1/score")
     join()
     assert status == 502 and body["error"]["code"] == "BAD_EVENT", body
@@ -280,7 +261,7 @@ def test_refusals(front, redis_addr, prefix):  # noqa: F811
     assert pool_jobs(r, prefix) == {}
     # ignore (the default): the unknown members are named, the answer given
     g = front()
-    join = in_thread(play, r, prefix, 1, played)
+    join = in_thread(play_jobs, r, prefix, 1, played)
     status, h, out = post(g, {"model": MODEL_NAME, "query": "q", "max_tokens_per_doc": 512,
                               "documents": [{"text": "alpha", "title": "A"}]})
     join()
