@@ -32,6 +32,8 @@ struct be_seq {
     const int32_t *block_table;  /* (ceil((n_past + n_new) / block_size)) */
     int32_t logits_from;         /* logits for new tokens [logits_from, n_new):
                                     n_new - 1 = last only, n_new = none, 0 = all */
+    int32_t lora;                /* 0 = the base model; k = the adapter set in
+                                    slot k by be_ops.lora_set */
 };
 
 struct be_batch {
@@ -88,6 +90,7 @@ struct be_options {
 /* What a backend hands back for one logits row (be_ops.set_row_wants). */
 enum be_row_want { BE_ROW_FULL = 0, BE_ROW_ARGMAX = 1, BE_ROW_CANDS = 2 };
 struct sample_cands; /* engine/sample.h */
+struct lora_adapter; /* engine/lora.h */
 
 struct be_ops {
     const char *name;
@@ -160,6 +163,14 @@ struct be_ops {
      * pooling). Valid until the next forward(); without it the engine
      * refuses embedding requests */
     int (*hidden)(void *ctx, int row, float *out, struct rl_err *err);
+
+    /* optional: puts adapter a (engine/lora.h) in slot k, 1 <= k <=
+     * LORA_MAX_ADAPTERS, for the sequences whose be_seq.lora is k; a NULL
+     * empties the slot. The backend may keep pointers into a (the caller
+     * keeps it alive and unchanged until the slot is emptied or the
+     * backend freed) or copy it to its own memory. Without it the engine
+     * refuses adapters */
+    int (*lora_set)(void *ctx, int slot, const struct lora_adapter *a, struct rl_err *err);
 };
 
 

@@ -339,6 +339,13 @@ struct engine_request {
                                    prompt blocks, so one tenant cannot read
                                    another's prompts from cache hits or
                                    timings; 0 = the shared domain */
+    const char *lora;           /* NULL or "": the base model; else the name
+                                   of an adapter given to engine_lora_add,
+                                   whose delta applies to this request's
+                                   every row (unknown: BAD_VALUE). Its
+                                   prefix-cache domain is its own: the
+                                   blocks are hashed from
+                                   kv_salt_lora(cache_salt, lora) */
 };
 
 void engine_request_init(struct engine_request *r);
@@ -525,6 +532,19 @@ const char *engine_served_name(const struct engine *e); /* owned by the engine *
 /* true for an embedding checkpoint without a vocabulary product
  * (model.h embed_only): it takes embed requests only */
 bool engine_embed_only(const struct engine *e);
+
+/* LoRA adapters (engine/lora.h): loads the PEFT adapter in dir and serves
+ * it as `name` (1-128 of [A-Za-z0-9._:/-], not the served name), for
+ * requests whose engine_request.lora names it. Before or between steps;
+ * adapters stay until engine_free. Errors: BAD_PARAM when the backend has
+ * no adapters (lora_set) or the name is taken or malformed, RL_ENOSPC past
+ * LORA_MAX_ADAPTERS, and lora_load's. */
+int engine_lora_add(struct engine *e, const char *name, const char *dir, struct rl_err *err);
+int engine_lora_count(const struct engine *e);
+/* Adapter i's name (owned by the engine), i < engine_lora_count; NULL past. */
+const char *engine_lora_name(const struct engine *e, int i);
+/* Adapter i's largest rank, 0 past the count. */
+int engine_lora_rank(const struct engine *e, int i);
 int engine_eos_id(const struct engine *e);        /* config.json's eos_token_id,
                                                      -1 when it names none */
 /* The tokenizer, or NULL when the model directory has none. */

@@ -516,6 +516,21 @@ void kv_seq_set_salt(struct kv_seq *seq, uint64_t salt)
     seq->salt = salt;
 }
 
+uint64_t kv_salt_lora(uint64_t salt, const char *lora)
+{
+    if (!lora || !lora[0])
+        return salt;
+    /* FNV-1a over the name from the domain's salt, then a final mix so
+     * that neighbouring names do not give neighbouring salts */
+    uint64_t h = salt ^ 0x9e3779b97f4a7c15ull;
+    for (const char *p = lora; *p; p++)
+        h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h ? h : 1;
+}
+
 void kv_seq_free(struct kv_seq *seq)
 {
     if (!seq)

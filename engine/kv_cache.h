@@ -156,6 +156,14 @@ int kv_seq_create(struct kv_cache *kv, struct kv_seq **out,
  * (vLLM's cache_salt). Call before kv_seq_match_prefix; 0 = shared. */
 void kv_seq_set_salt(struct kv_seq *seq, uint64_t salt);
 
+/* The salt of a request of adapter `lora` (engine/lora.h) in domain salt:
+ * a LoRA changes every layer's keys and values, so its blocks must never
+ * match the base model's or another adapter's. salt itself for NULL or ""
+ * (the base model); never 0 otherwise. A function of the name, so that
+ * the dispatcher, which hashes prompts to find the worker holding them
+ * (dispatcher/affinity.c), gets the engine's hashes. */
+uint64_t kv_salt_lora(uint64_t salt, const char *lora);
+
 /* Releases every block the sequence holds (last block first, so the tail of
  * a prompt is evicted before its head) and frees it. Committed full blocks
  * stay cached until evicted, so a preempted request that is later resumed
