@@ -111,6 +111,44 @@ bool modelref_name_ok(const char *s)
     return true;
 }
 
+int modelref_lora_parse(const char *spec, struct modelref_lora *out, struct rl_err *err)
+{
+    memset(out, 0, sizeof *out);
+    const char *eq = strchr(spec, '=');
+    if (!eq || eq == spec || !eq[1])
+        return rl_errf(err, RL_EINVAL, "lora: \"%.200s\" is not NAME=DIR (an adapter's model "
+                       "name and its PEFT directory)", spec);
+    size_t n = (size_t)(eq - spec);
+    if (n > MODELREF_NAME_MAX)
+        return rl_errf(err, RL_EINVAL, "lora: the name of \"%.200s\" is longer than %d characters",
+                       spec, MODELREF_NAME_MAX);
+    memcpy(out->name, spec, n);
+    out->name[n] = 0;
+    if (!modelref_name_ok(out->name))
+        return rl_errf(err, RL_EINVAL, "lora: name \"%.128s\" must be 1-%d of [A-Za-z0-9._:/-], "
+                       "not starting with '/' or '.'", out->name, MODELREF_NAME_MAX);
+    if (strlen(eq + 1) >= sizeof out->dir)
+        return rl_errf(err, RL_EINVAL, "lora %s: the directory is longer than %d characters",
+                       out->name, MODELREF_PATH_MAX - 1);
+    snprintf(out->dir, sizeof out->dir, "%s", eq + 1);
+    return 0;
+}
+
+int modelref_lora_check(const struct modelref_lora *l, int n, const char *served,
+                        struct rl_err *err)
+{
+    for (int i = 0; i < n; i++) {
+        if (served && !strcmp(l[i].name, served))
+            return rl_errf(err, RL_EINVAL, "lora %s: the name is the model's own served name; "
+                           "a job naming it would mean the base model", l[i].name);
+        for (int k = 0; k < i; k++)
+            if (!strcmp(l[i].name, l[k].name))
+                return rl_errf(err, RL_EINVAL, "lora %s: the name is given twice (%s and %s)",
+                               l[i].name, l[k].dir, l[i].dir);
+    }
+    return 0;
+}
+
 static void fill_common(struct modelref *m)
 {
     char p[MODELREF_PATH_MAX + 16];

@@ -64,4 +64,22 @@ int modelref_resolve(const char *spec, struct modelref *out, struct rl_err *err)
  * MODELREF_NAME_MAX of [A-Za-z0-9._:/-], not starting with '/' or '.'. */
 bool modelref_name_ok(const char *name);
 
+/* A LoRA adapter a worker serves beside its model (vLLM's --lora-modules):
+ * the worker option lora_modules / --lora NAME=DIR. Plain record. */
+struct modelref_lora {
+    char name[MODELREF_NAME_MAX + 1]; /* the model name jobs select it by */
+    char dir[MODELREF_PATH_MAX];      /* the PEFT adapter directory, as given */
+};
+
+/* Parses spec "NAME=DIR" (split at the first '=': a name holds none, a
+ * directory may) into *out. NAME must pass modelref_name_ok, DIR be
+ * non-empty. Returns 0, or -RL_EINVAL with a message quoting spec. */
+int modelref_lora_parse(const char *spec, struct modelref_lora *out, struct rl_err *err);
+
+/* Checks n parsed adapters against each other and the model's served
+ * name: names distinct and none equal to served (a job's `model` must say
+ * which of them it means). Returns 0, or -RL_EINVAL naming the adapter. */
+int modelref_lora_check(const struct modelref_lora *l, int n, const char *served,
+                        struct rl_err *err);
+
 #endif

@@ -300,12 +300,74 @@ static void test_names(void **state)
     assert_true(modelref_name_ok(long_name));
 }
 
+/* --lora NAME=DIR (worker option lora_modules) */
+static void test_lora_parse(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *spec;
+        int rc;
+        const char *name, *dir, *msg; /* msg: a part of the refusal */
+    } cases[] = {
+        {"a=/x/y", 0, "a", "/x/y", NULL},
+        {"sql-lora=adapters/sql", 0, "sql-lora", "adapters/sql", NULL},
+        {"org/ft:v1=/m", 0, "org/ft:v1", "/m", NULL},
+        {"a=/dir=with=eq", 0, "a", "/dir=with=eq", NULL}, /* split at the first '=' */
+        {"a=/x,y", 0, "a", "/x,y", NULL},                 /* a comma is the directory's */
+        {"a", -RL_EINVAL, NULL, NULL, "NAME=DIR"},
+        {"=/x", -RL_EINVAL, NULL, NULL, "NAME=DIR"},
+        {"a=", -RL_EINVAL, NULL, NULL, "NAME=DIR"},
+        {"", -RL_EINVAL, NULL, NULL, "NAME=DIR"},
+        {"a b=/x", -RL_EINVAL, NULL, NULL, "[A-Za-z0-9._:/-]"},
+        {".a=/x", -RL_EINVAL, NULL, NULL, "not starting"},
+        {"/a=/x", -RL_EINVAL, NULL, NULL, "not starting"},
+        {"\"q\"=/x", -RL_EINVAL, NULL, NULL, "[A-Za-z0-9._:/-]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct modelref_lora l;
+        struct rl_err err = {0};
+        int rc = modelref_lora_parse(cases[i].spec, &l, &err);
+        if (rc != cases[i].rc)
+            fail_msg("\"%s\": rc %d, want %d (%s)", cases[i].spec, rc, cases[i].rc, err.msg);
+        if (rc == 0 && (strcmp(l.name, cases[i].name) || strcmp(l.dir, cases[i].dir)))
+            fail_msg("\"%s\": name \"%s\" dir \"%s\"", cases[i].spec, l.name, l.dir);
+        if (rc && !strstr(err.msg, cases[i].msg))
+            fail_msg("\"%s\": message \"%s\" lacks \"%s\"", cases[i].spec, err.msg, cases[i].msg);
+    }
+    char spec[MODELREF_NAME_MAX + 8];
+    memset(spec, 'n', MODELREF_NAME_MAX + 1);
+    strcpy(spec + MODELREF_NAME_MAX + 1, "=/x");
+    struct modelref_lora l;
+    struct rl_err err;
+    assert_int_equal(modelref_lora_parse(spec, &l, &err), -RL_EINVAL);
+    assert_non_null(strstr(err.msg, "longer than"));
+    strcpy(spec + MODELREF_NAME_MAX, "=/x"); /* exactly MODELREF_NAME_MAX: taken */
+    assert_int_equal(modelref_lora_parse(spec, &l, &err), 0);
+}
+
+static void test_lora_check(void **state)
+{
+    (void)state;
+    struct modelref_lora l[3];
+    struct rl_err err;
+    assert_int_equal(modelref_lora_parse("a=/x", &l[0], &err), 0);
+    assert_int_equal(modelref_lora_parse("b=/y", &l[1], &err), 0);
+    assert_int_equal(modelref_lora_parse("a=/z", &l[2], &err), 0);
+    assert_int_equal(modelref_lora_check(l, 2, "base", &err), 0);
+    assert_int_equal(modelref_lora_check(l, 0, "base", &err), 0);
+    assert_int_equal(modelref_lora_check(l, 3, "base", &err), -RL_EINVAL);
+    assert_non_null(strstr(err.msg, "lora a: the name is given twice"));
+    assert_int_equal(modelref_lora_check(l, 2, "b", &err), -RL_EINVAL);
+    assert_non_null(strstr(err.msg, "lora b: the name is the model's own served name"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_repo_ids),     cmocka_unit_test(test_cache_places),
         cmocka_unit_test(test_directories),  cmocka_unit_test(test_misses),
         cmocka_unit_test(test_names),        cmocka_unit_test(test_ollama),
+        cmocka_unit_test(test_lora_parse),   cmocka_unit_test(test_lora_check),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
