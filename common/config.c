@@ -30,6 +30,10 @@ enum opt_type { T_STR, T_INT, T_BOOL, T_ENUM, T_LIST, T_DOUBLE };
 #define F_LIVE 1u  /* SIGHUP may change it */
 #define F_NAMES 2u /* list items / string: [A-Za-z0-9_-], 1-64 chars */
 #define F_EMPTY 4u /* T_LIST: may have no items (default "" = none) */
+/* T_LIST: as a flag, each occurrence is one whole item (no comma split: a
+ * directory may hold one) and the occurrences add up; the first replaces
+ * what the file said, as any flag overrides the file */
+#define F_REPEAT 8u
 
 struct opt {
     const char *name;
@@ -70,6 +74,8 @@ static const struct opt options[] = {
     /* engine */
     {"model", T_STR, O(model), "", 0, 0, NULL, CFG_BOTH, 0,
      "Model directory (config.json, tokenizer.json, *.safetensors), or a Hugging Face repo id ORG/NAME[@REVISION] found offline in the Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub); the dispatcher loads only its tokenizer, for the result-cache fast path of that model (off when empty)."},
+    {"lora_modules", T_LIST, O(lora_modules), "", 0, 0, NULL, CFG_WORKER, F_EMPTY | F_REPEAT,
+     "LoRA adapters served beside the model (vLLM's --lora-modules), each \"NAME=DIR\": the PEFT adapter in DIR (adapter_config.json, adapter_model.safetensors) answers jobs and HTTP requests whose model is NAME (1-128 of [A-Za-z0-9._:/-], not the served name); the worker announces them in its heartbeat and the dispatcher lists and routes them as models whose parent is this one. A bad adapter stops the worker at start. Every worker of a model should load the same adapters. As a flag: --lora NAME=DIR, once per adapter."},
     {"served_model_name", T_STR, O(served_model_name), "", 0, 0, NULL, CFG_BOTH, 0,
      "Worker: the name it serves its model under (in its heartbeat; jobs and HTTP requests select it with `model`); empty = the repo id given as model, else the model directory's name. Dispatcher: empty = the HTTP API serves the models live workers announce; a name = it serves that one name only and forwards to the shared pools (the single-model behaviour)."},
     {"pool_scope", T_ENUM, O(pool_scope), "shared", 0, 0, "shared|model", CFG_WORKER, 0,
@@ -532,6 +538,40 @@ static const struct opt *find(const char *name, size_t len)
     return NULL;
 }
 
+/* Flags that are other names of an option (vLLM's spelling is --lora-modules,
+ * one adapter a flag reads better as --lora); the file knows only the
+ * option's own name. */
+static const struct {
+    const char *flag, *option;
+} flag_aliases[] = {
+    {"lora", "lora_modules"},
+};
+
+static const struct opt *find_flag(const char *name, size_t len)
+{
+    for (size_t i = 0; i < sizeof flag_aliases / sizeof flag_aliases[0]; i++)
+        if (strlen(flag_aliases[i].flag) == len && !strncmp(flag_aliases[i].flag, name, len))
+            return find(flag_aliases[i].option, strlen(flag_aliases[i].option));
+    return find(name, len);
+}
+
+/* One more item of an F_REPEAT list from a flag: the first occurrence
+ * replaces the list (the file's), later ones append. */
+static int add_item(struct cfg *c, const struct opt *o, const char *v, bool first,
+                    const char *where, struct rl_err *err)
+{
+    const struct cfg_strlist *l = cfield(c, o);
+    int n = first ? 0 : l->n;
+    if (n == 64)
+        return rl_errf(err, RL_EINVAL, "%s: %s has more than 64 items", where, o->name);
+    const char *items[64];
+    for (int i = 0; i < n; i++)
+        items[i] = l->v[i];
+    items[n] = v;
+    /* set_list copies before it frees the old list, so items may point into it */
+    return set_list(c, o, items, n + 1, where, err);
+}
+
 static int apply_setting(struct cfg *c, const config_setting_t *s, const char *path,
                          struct rl_err *err)
 {
@@ -651,6 +691,7 @@ int cfg_apply_args(struct cfg *c, int argc, char **argv, unsigned who, struct rl
     int rc = cfg_copy(&tmp, c, err);
     if (rc)
         return rc;
+    bool repeated[N_OPTS] = {false}; /* F_REPEAT lists given a flag already */
     for (int i = 1; i < argc && !rc; i++) {
         const char *a = argv[i];
         if (is_meta(a))
@@ -678,7 +719,7 @@ int cfg_apply_args(struct cfg *c, int argc, char **argv, unsigned who, struct rl
         for (char *p = name; *p; p++)
             if (*p == '-')
                 *p = '_';
-        const struct opt *o = find(name, len);
+        const struct opt *o = find_flag(name, len);
         bool negated = false;
         if (!o && !strncmp(name, "no_", 3) && !eq) {
             o = find(name + 3, len - 3);
@@ -713,7 +754,12 @@ int cfg_apply_args(struct cfg *c, int argc, char **argv, unsigned who, struct rl
             rc = rl_errf(err, RL_EINVAL, "%s needs a value", where);
             break;
         }
-        rc = set_text(&tmp, o, v, where, err);
+        if (o->type == T_LIST && (o->flags & F_REPEAT)) {
+            rc = add_item(&tmp, o, v, !repeated[o - options], where, err);
+            repeated[o - options] = true;
+        } else {
+            rc = set_text(&tmp, o, v, where, err);
+        }
     }
     if (rc) {
         cfg_free(&tmp);

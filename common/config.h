@@ -41,6 +41,7 @@ struct cfg {
     char *default_pool;           /* dispatcher: jobs naming no pool go here */
     /* engine */
     char *model;                  /* model directory or Hugging Face repo id (modelref.h) */
+    struct cfg_strlist lora_modules; /* worker: "NAME=DIR" LoRA adapters (modelref_lora_parse); may be empty */
     char *served_model_name;      /* "" = derived from model (modelref.h) */
     char *pool_scope;             /* "shared" (jobs:<pool>) or "model" (jobs:<name>:<pool>) */
     char *backend;                /* "cpu", "cuda" or "sim" */

@@ -198,6 +198,31 @@ static void test_file_overrides(void **state)
     assert_string_equal(c.redis, "127.0.0.1:7000");
     cfg_free(&c);
     unlink(p);
+    /* LoRA adapters: --lora NAME=DIR once per adapter (a comma is the
+     * directory's), --lora-modules the same, the first flag replacing the
+     * file's list; the dispatcher has no such flag */
+    p = write_tmp("lora_modules = [\"f=/file/a\", \"g=/file/b\"];\n");
+    char *lo[] = {"redlm-worker", "-c", (char *)p, "--lora", "a=/x,y", "--lora-modules=b=/z",
+                  "--lora", "c=/w", NULL};
+    assert_int_equal(cfg_load(&c, 8, lo, CFG_WORKER, &act, &err), 0);
+    assert_int_equal(c.lora_modules.n, 3);
+    assert_string_equal(c.lora_modules.v[0], "a=/x,y");
+    assert_string_equal(c.lora_modules.v[1], "b=/z");
+    assert_string_equal(c.lora_modules.v[2], "c=/w");
+    cfg_free(&c);
+    char *lf[] = {"redlm-worker", "-c", (char *)p, NULL};
+    assert_int_equal(cfg_load(&c, 3, lf, CFG_WORKER, &act, &err), 0);
+    assert_int_equal(c.lora_modules.n, 2);
+    assert_string_equal(c.lora_modules.v[1], "g=/file/b");
+    cfg_free(&c);
+    unlink(p);
+    char *ld[] = {"redlm-dispatcher", "--lora", "a=/x", NULL};
+    assert_int_equal(cfg_load(&c, 3, ld, CFG_DISPATCHER, &act, &err), -RL_EINVAL);
+    assert_non_null(strstr(err.msg, "--lora_modules is not an option of this program"));
+    char *l0[] = {"redlm-worker", NULL};
+    assert_int_equal(cfg_load(&c, 1, l0, CFG_WORKER, &act, &err), 0);
+    assert_int_equal(c.lora_modules.n, 0);
+    cfg_free(&c);
     char *b[] = {"redlm-dispatcher", "--adaptive-min-ratio", "0.8", NULL};
     assert_int_equal(cfg_load(&c, 3, b, CFG_DISPATCHER, &act, &err), -RL_EINVAL);
     assert_non_null(strstr(err.msg, "adaptive_min_ratio"));
