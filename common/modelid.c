@@ -94,3 +94,26 @@ int modelid_compute(const char *dir, char out[SHA256_HEX_LEN + 1], struct rl_err
     sha256_to_hex(dg, out);
     return 0;
 }
+
+int modelid_lora(const char *base_id, const char *dir, char out[SHA256_HEX_LEN + 1],
+                 struct rl_err *err)
+{
+    static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors"};
+    struct sha256_ctx c;
+    sha256_init(&c);
+    sha256_update(&c, "redlm-lora-id-v1", 16);
+    sha256_update(&c, base_id, strlen(base_id) + 1);
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        FILE *f = fopen(path, "rb");
+        if (!f)
+            return rl_errf(err, RL_EIO, "%s: cannot read the adapter file", path);
+        fclose(f);
+        hash_file(&c, dir, files[i]);
+    }
+    uint8_t dg[SHA256_DIGEST_LEN];
+    sha256_final(&c, dg);
+    sha256_to_hex(dg, out);
+    return 0;
+}

@@ -19,4 +19,13 @@
  * or read. */
 int modelid_compute(const char *dir, char out[SHA256_HEX_LEN + 1], struct rl_err *err);
 
+/* The identity of the base model base_id with the LoRA adapter in dir
+ * (engine/lora.h): a SHA-256 over base_id, adapter_config.json and the
+ * whole of adapter_model.safetensors. The content, not only the size as
+ * for a model: an adapter retrained in place keeps its rank and so its
+ * size, and is small enough to read at start. Returns 0, or -RL_EIO
+ * naming the file that cannot be read. */
+int modelid_lora(const char *base_id, const char *dir, char out[SHA256_HEX_LEN + 1],
+                 struct rl_err *err);
+
 #endif

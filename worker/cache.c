@@ -17,7 +17,10 @@
  * tokenizer.json, tokenizer_config.json and the names and sizes of the
  * *.safetensors files, so a new checkpoint in the same directory never
  * answers from an old entry; the dispatcher computes the same identity
- * for its fast path (dispatcher/cache.c). Main thread only. */
+ * for its fast path (dispatcher/loop.c). A job for a LoRA adapter is keyed
+ * by the adapter's identity instead (modelid_lora: base identity and the
+ * adapter's files), which the dispatcher does not know: its fast path
+ * leaves adapter requests to the worker. Main thread only. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,11 +34,14 @@ int w_cache_key(struct worker *w, struct wjob *j, struct rl_err *err)
     if (w->opt.cache_ttl_s <= 0 || !j->job || !j->job->cache || !job_is_deterministic(j->job))
         return 0;
     char hex[JOB_CACHE_KEY_LEN + 1], id[SHA256_HEX_LEN + JOB_TENANT_MAX + 16];
+    /* an adapter's answers are its own: its identity (the base's and the
+     * adapter's files, modelid_lora) stands for the model's */
+    const char *mid = j->lora >= 0 ? w->lora_id[j->lora] : w->model_id;
     /* a tenant's entries are its own: the key covers the tenant too */
     if (j->tenant[0])
-        snprintf(id, sizeof id, "%s/tenant:%s", w->model_id, j->tenant);
+        snprintf(id, sizeof id, "%s/tenant:%s", mid, j->tenant);
     else
-        snprintf(id, sizeof id, "%s", w->model_id);
+        snprintf(id, sizeof id, "%s", mid);
     int rc = job_cache_key(j->job, job_mode_on(j->job, w->pools[j->pool]), id, j->ids, j->n_ids, hex, err);
     if (rc)
         return rc;

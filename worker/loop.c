@@ -209,6 +209,9 @@ static void build_request(struct worker *w, struct wjob *j, struct engine_reques
         r.n_score = 2;
     }
     r.cache_salt = j->cache_salt; /* a tenant's own prefix-cache domain (ident.c) */
+    /* the adapter the job's model names: the engine salts its prefix-cache
+     * blocks with it (kv_salt_lora), the dispatcher's affinity hashes alike */
+    r.lora = j->lora >= 0 ? engine_lora_name(w->eng, j->lora) : NULL;
     *rq = r;
 }
 
@@ -351,6 +354,7 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
     if (!j)
         return -RL_ENOMEM;
     j->pool = pool;
+    j->lora = -1;
     j->state = WJ_CLOSING;
     j->deliveries = deliveries;
     j->resumed = resumed;
@@ -400,12 +404,19 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
         reject(w, j, raw, raw_len, fault.code, err.msg);
         return 0;
     }
-    if (j->job->model[0] && strcmp(j->job->model, w->model.name)) {
+    if (j->job->model[0] && strcmp(j->job->model, w->model.name) &&
+        (j->lora = w_lora_find(w, j->job->model)) < 0) {
         /* queued where another model's jobs go (a shared pool, or by hand):
          * running it on these weights would answer for the wrong model */
-        char msg[384];
-        snprintf(msg, sizeof msg, "model: the job asks for \"%s\"; this worker (pool %s) serves "
-                 "\"%s\"", j->job->model, w->pools[pool], w->model.name);
+        char msg[RL_ERR_MSG_MAX], names[256] = "";
+        for (int i = 0; i < w->n_loras; i++) {
+            size_t used = strlen(names);
+            snprintf(names + used, sizeof names - used, "%s\"%s\"", i ? ", " : "",
+                     engine_lora_name(w->eng, i));
+        }
+        snprintf(msg, sizeof msg, "model: the job asks for \"%.128s\"; this worker (pool %s) serves "
+                 "\"%s\"%s%s", j->job->model, w->pools[pool], w->model.name,
+                 w->n_loras ? " and its LoRA adapters " : "", names);
         reject(w, j, raw, raw_len, EV_CODE_MODEL_NOT_FOUND, msg);
         return 0;
     }

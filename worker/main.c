@@ -209,6 +209,67 @@ static int make_pool_keys(struct worker *w, bool cluster, struct rl_err *err)
     return 0;
 }
 
+int w_lora_find(const struct worker *w, const char *name)
+{
+    for (int i = 0; i < w->n_loras; i++)
+        if (!strcmp(engine_lora_name(w->eng, i), name))
+            return i;
+    return -1;
+}
+
+/* lora_modules, parsed and checked against each other and the served name
+ * before anything is loaded: *out (n of them, malloc'd; NULL for none). */
+static int lora_specs(struct worker *w, struct modelref_lora **out, int *n, struct rl_err *err)
+{
+    const struct cfg_strlist *l = &w->cfg.lora_modules;
+    *out = NULL;
+    *n = 0;
+    if (l->n == 0)
+        return 0;
+    if (l->n > LORA_MAX_ADAPTERS)
+        return rl_errf(err, RL_EINVAL, "lora_modules: %d adapters; a worker serves at most %d",
+                       l->n, LORA_MAX_ADAPTERS);
+    struct modelref_lora *s = calloc((size_t)l->n, sizeof *s);
+    if (!s)
+        return rl_errf(err, RL_ENOMEM, "lora_modules: out of memory");
+    int rc = 0;
+    for (int i = 0; i < l->n && !rc; i++)
+        rc = modelref_lora_parse(l->v[i], &s[i], err);
+    if (!rc)
+        rc = modelref_lora_check(s, l->n, w->model.name, err);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    *out = s;
+    *n = l->n;
+    return 0;
+}
+
+/* Loads the adapters into the engine (after its weights) and computes each
+ * one's result-cache identity. A failure names the adapter: the worker
+ * does not start with part of what it was asked to serve. */
+static int lora_load_all(struct worker *w, const struct modelref_lora *s, int n,
+                         struct rl_err *err)
+{
+    for (int i = 0; i < n; i++) {
+        int64_t t0 = rl_wall_ms();
+        int rc = engine_lora_add(w->eng, s[i].name, s[i].dir, err);
+        if (rc)
+            return rl_err_wrap(err, "lora %s (%s)", s[i].name, s[i].dir);
+        if ((rc = modelid_lora(w->model_id, s[i].dir, w->lora_id[i], err)))
+            return rl_err_wrap(err, "lora %s", s[i].name);
+        w->n_loras = i + 1;
+        RL_LOG(&w->log, RL_LOG_INFO, "LoRA adapter \"%s\": %s, rank %d, loaded in %.1f s",
+               s[i].name, s[i].dir, engine_lora_rank(w->eng, i),
+               (double)(rl_wall_ms() - t0) / 1000.0);
+    }
+    return 0;
+}
+
+static int setup_rest(struct worker *w, const struct modelref_lora *loras, int n_loras,
+                      struct rl_err *err);
+
 static int setup(struct worker *w, struct rl_err *err)
 {
     int rc;
@@ -225,6 +286,20 @@ static int setup(struct worker *w, struct rl_err *err)
         return rl_errf(err, RL_EINVAL,
                        "served_model_name \"%.200s\" must be 1-%d of [A-Za-z0-9._:/-], not "
                        "starting with '/' or '.'", w->model.name, MODELREF_NAME_MAX);
+    struct modelref_lora *loras = NULL;
+    int n_loras = 0;
+    if ((rc = lora_specs(w, &loras, &n_loras, err)))
+        return rc;
+    rc = setup_rest(w, loras, n_loras, err);
+    free(loras);
+    return rc;
+}
+
+/* setup() once the adapters' specs are known to be well formed. */
+static int setup_rest(struct worker *w, const struct modelref_lora *loras, int n_loras,
+                      struct rl_err *err)
+{
+    int rc;
     char pools[WOPTS_MAX_POOLS][64];
     int n = wopts_pools(&w->opt, pools, err);
     if (n < 0)
@@ -288,6 +363,8 @@ static int setup(struct worker *w, struct rl_err *err)
         RL_LOG(&w->log, RL_LOG_INFO, "%s has no lm_head.weight (an embedding checkpoint): it serves "
                "embedding jobs (task embed) only", w->model.dir);
     if ((rc = modelid_compute(w->model.dir, w->model_id, err)))
+        return rc;
+    if ((rc = lora_load_all(w, loras, n_loras, err)))
         return rc;
     /* the worker still serves token-id jobs without one, so this is a
      * warning, but said once here rather than as a dead letter per job */

@@ -370,6 +370,19 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddNumberToObject(o, "model_created", (double)w->model.created);
     cJSON_AddStringToObject(o, "model_owned_by", w->model.owned_by);
     cJSON_AddStringToObject(o, "pool_scope", w->opt.pool_scope_model ? "model" : "shared");
+    /* the LoRA adapters it serves beside model (lora_modules): more model
+     * names, which the dispatcher routes to this model's pools */
+    if (w->n_loras > 0) {
+        cJSON *la = cJSON_AddArrayToObject(o, "lora_adapters");
+        for (int i = 0; la && i < w->n_loras; i++) {
+            cJSON *a = cJSON_CreateObject();
+            if (!a)
+                break;
+            cJSON_AddStringToObject(a, "name", engine_lora_name(w->eng, i));
+            cJSON_AddNumberToObject(a, "rank", engine_lora_rank(w->eng, i));
+            cJSON_AddItemToArray(la, a);
+        }
+    }
     /* the shards it reads per pool (issue 27; 1 on a single instance): the
      * dispatcher warns when its own pool_shards differs */
     cJSON_AddNumberToObject(o, "pool_shards", w->n_shards > 0 ? w->n_shards : 1);

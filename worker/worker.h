@@ -39,6 +39,7 @@
 #include "event.h"
 #include "fence.h"
 #include "job.h"
+#include "lora.h"
 #include "log.h"
 #include "modelref.h"
 #include "rcluster.h"
@@ -96,6 +97,8 @@ struct wjob {
     char tenant[JOB_TENANT_MAX + 1]; /* the tenant it came from ("" = none): its own
                                      prefix-cache domain and result-cache keys */
     uint64_t cache_salt;          /* engine_request.cache_salt: 0, or the tenant's */
+    int lora;                     /* the adapter its model names (worker.lora_id's index,
+                                     engine_lora_name's), -1 = the base model */
 
     uint64_t eng_id;              /* engine request id, 0 when not in the engine */
     bool cancel_sent;             /* engine_cancel called */
@@ -222,6 +225,12 @@ struct worker {
     struct job_opts jopts;
     char model_id[SHA256_HEX_LEN + 1];
     struct modelref model;        /* the resolved --model; model.name is the served name */
+    /* LoRA adapters (lora_modules, main.c): adapter i is the engine's
+     * (engine_lora_name/rank), served as a model name beside model.name;
+     * lora_id[i] is its result-cache identity (modelid_lora), so that its
+     * answers never meet the base model's or another adapter's */
+    int n_loras;
+    char lora_id[LORA_MAX_ADAPTERS][SHA256_HEX_LEN + 1];
 
     struct rconn *rc;             /* publish, ack, claim, cancel checks */
     struct rconn_opts rc_opts;    /* how rc and the lanes' connections were made */
@@ -451,6 +460,9 @@ void w_ident_refuse(struct worker *w, struct wjob *j, int code);
 /* Finishes the refusal: a duplicate is acknowledged, a conflict answered
  * with ID_CONFLICT on out:<id>@<req>. */
 void w_ident_apply(struct worker *w, struct wjob *j);
+
+/* main.c: the index of the adapter served as name, -1 when none is. */
+int w_lora_find(const struct worker *w, const char *name);
 
 /* cache.c (the model identity is modelid_compute, common/modelid.h) */
 /* Sets j->cache_fill / cache_key for a deterministic job with cache on. */
