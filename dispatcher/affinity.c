@@ -301,7 +301,7 @@ static void count(struct disp *d, int64_t *field)
 }
 
 const char *da_choose(struct disp *d, const struct job *j, enum job_mode mode, const char *tenant,
-                      int pool)
+                      const char *lora, int pool)
 {
     struct daff *a = &d->aff;
     if (!a->on || pool < 0 || pool >= d->n_pools)
@@ -325,6 +325,10 @@ const char *da_choose(struct disp *d, const struct job *j, enum job_mode mode, c
             h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
         salt = h | 1;
     }
+    /* an adapter's blocks are its own (the engine hashes them from this
+     * salt: engine_request.lora), so only a worker that ran the same
+     * adapter on the prompt holds them */
+    salt = kv_salt_lora(salt, lora);
     uint64_t *hashes = NULL;
     int nb = 0, hashed_bs = 0;
     int best = -1, bestn = 0, others = 0, n_idx = 0;

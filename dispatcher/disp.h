@@ -87,6 +87,16 @@ struct dmodel {
     char pool_sig[512];           /* scoped: the pool names it was built for */
 };
 
+/* One LoRA adapter a live worker serves beside its model (heartbeat
+ * lora_adapters, models.c): a model name whose jobs go where its parent's
+ * go, by the parent's router, carrying the adapter's name as `model`. */
+#define D_MAX_LORAS 256
+struct dlora {
+    char name[MODELREF_NAME_MAX + 1];
+    char parent[MODELREF_NAME_MAX + 1]; /* the served name of its base model */
+    int rank;                           /* as the first heartbeat naming it said */
+};
+
 /* One worker as affinity.c knows it from its heartbeat. */
 struct daff_worker {
     char name[RCONN_NAME_MAX];
@@ -140,6 +150,9 @@ struct disp {
     struct dmodel models[D_MAX_MODELS];
     int n_models;
     int64_t models_t_ms;          /* when the table was read; 0 = never */
+    struct dlora loras[D_MAX_LORAS]; /* the LoRA adapters, by the same refresh */
+    int n_loras;
+    bool loras_warned;            /* logged once: an adapter table overflow */
     pthread_mutex_t models_mu;    /* guards models_json, read by the HTTP threads */
     char *models_json;            /* [{"id","object","created","owned_by"}...], malloc'd */
     struct fleet *fleet;          /* the workers' figures for /metrics (fleet.h); owned */
@@ -202,10 +215,12 @@ int d_router_replace(struct disp *d, const char *const *pools, int n, struct rou
 void d_models_refresh(struct disp *d);
 #define D_MAX_WORKERS 1000 /* heartbeats read per refresh (reg_read_heartbeats) */
 /* The destination of j: *m = the model (NULL: the shared pools, nothing
- * announced). Returns 0, or -RL_EINVAL with *code MODEL_NOT_FOUND /
- * MODEL_REQUIRED and msg filled. */
-int d_model_pick(struct disp *d, const struct job *j, struct dmodel **m, enum ev_code *code,
-                 char *msg, size_t size);
+ * announced); when j's model is a LoRA adapter, *m is its parent and
+ * *lora true (the job keeps the adapter's name as its model). Returns 0,
+ * or -RL_EINVAL with *code MODEL_NOT_FOUND / MODEL_REQUIRED and msg
+ * filled. */
+int d_model_pick(struct disp *d, const struct job *j, struct dmodel **m, bool *lora,
+                 enum ev_code *code, char *msg, size_t size);
 void d_models_free(struct disp *d);
 /* The routers of models are re-made from d->cfg (SIGHUP). */
 void d_models_reroute(struct disp *d);
@@ -214,12 +229,13 @@ void d_models_reroute(struct disp *d);
 /* Re-reads the workers' filters when affinity_refresh_ms has passed (all:
  * now). */
 void da_refresh(struct disp *d, bool all);
-/* The offer stream for job j (mode rendered, intake tenant) routed to pool:
+/* The offer stream for job j (mode rendered, intake tenant, LoRA adapter
+ * lora or NULL: the prefix-cache domain kv_salt_lora gives) routed to pool:
  * the key of the one live worker whose filter holds more of its prompt's
  * leading blocks than any other's, whose offers are not deeper than the
  * pool's queue; NULL for the pool. Counts the offer as made. */
 const char *da_choose(struct disp *d, const struct job *j, enum job_mode mode, const char *tenant,
-                      int pool);
+                      const char *lora, int pool);
 /* The offer to key did not go out (its transaction failed). */
 void da_unoffer(struct disp *d, const char *key);
 /* Moves offers not taken within affinity_wait_ms (and those of dead

@@ -1567,6 +1567,17 @@ static cJSON *served_models(struct dhttp *h)
             if (cJSON_IsString(id) && !strcmp(id->valuestring, h->model) && cJSON_IsNumber(ml))
                 cJSON_AddNumberToObject(o, "max_model_len", ml->valuedouble);
         }
+        /* the workers' LoRA adapters are served too, as adapters of the one
+         * name this door shows: their parent is said to be it */
+        cJSON_ArrayForEach(m, all)
+        {
+            const cJSON *parent = cJSON_GetObjectItemCaseSensitive(m, "parent");
+            cJSON *x = cJSON_IsString(parent) ? cJSON_Duplicate(m, 1) : NULL;
+            if (!x)
+                continue;
+            cJSON_ReplaceItemInObjectCaseSensitive(x, "parent", cJSON_CreateString(h->model));
+            cJSON_AddItemToArray(a, x);
+        }
         cJSON_Delete(all);
         return a;
     }
@@ -1801,9 +1812,11 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         return respond_error(q, conn, &e);
     const char *echo = h->model;
     cJSON *served = NULL;
-    if (!h->model[0]) {
+    if (!h->model[0] || q->oreq.model[0]) {
         /* the workers' models: the request must name one that is served
-         * (absent: the dispatcher takes the only one, or says MODEL_REQUIRED) */
+         * (absent: the dispatcher takes the only one, or says MODEL_REQUIRED);
+         * with served_model_name, a name other than it must be one of its
+         * LoRA adapters (lim.adapters) */
         if (!(served = served_models(h))) {
             oai_error_set(&e, 500, "server_error",
                           ev_code_name(EV_CODE_INTERNAL), NULL, "out of memory");
@@ -1974,10 +1987,12 @@ static enum MHD_Result models(struct req *q, struct MHD_Connection *conn, const 
 }
 
 /* Ollama's details of a model: what its clients show and test for. */
-static cJSON *ollama_details(void)
+static cJSON *ollama_details(const cJSON *model)
 {
+    /* a LoRA adapter's base model (its /v1/models parent) */
+    const cJSON *parent = cJSON_GetObjectItemCaseSensitive(model, "parent");
     cJSON *d = cJSON_CreateObject();
-    cJSON_AddStringToObject(d, "parent_model", "");
+    cJSON_AddStringToObject(d, "parent_model", cJSON_IsString(parent) ? parent->valuestring : "");
     cJSON_AddStringToObject(d, "format", "safetensors");
     cJSON_AddStringToObject(d, "family", "qwen3");
     cJSON *f = cJSON_AddArrayToObject(d, "families");
@@ -2025,7 +2040,7 @@ static enum MHD_Result ollama_info(struct req *q, struct MHD_Connection *conn, c
         cJSON_AddStringToObject(o, "modelfile", "");
         cJSON_AddStringToObject(o, "parameters", "");
         cJSON_AddStringToObject(o, "template", "");
-        cJSON_AddItemToObject(o, "details", ollama_details());
+        cJSON_AddItemToObject(o, "details", ollama_details(m));
         cJSON_AddStringToObject(cJSON_AddObjectToObject(o, "model_info"), "general.architecture",
                                 "qwen3");
         cJSON *caps = cJSON_AddArrayToObject(o, "capabilities");
@@ -2049,7 +2064,7 @@ static enum MHD_Result ollama_info(struct req *q, struct MHD_Connection *conn, c
                                     q->route == R_OLLAMA_PS ? "2318-01-01T00:00:00.000Z" : at);
             cJSON_AddNumberToObject(x, "size", 0);
             cJSON_AddStringToObject(x, "digest", "");
-            cJSON_AddItemToObject(x, "details", ollama_details());
+            cJSON_AddItemToObject(x, "details", ollama_details(m));
             if (q->route == R_OLLAMA_PS)
                 cJSON_AddNumberToObject(x, "size_vram", 0);
             cJSON_AddItemToArray(list, x);
@@ -2692,6 +2707,7 @@ static int start(struct dhttp **out, const struct cfg *cfg, const struct rl_log 
     h->lim.max_messages = cfg->max_messages;
     h->lim.max_tokens = cfg->http_max_tokens;
     h->lim.model = h->model[0] ? h->model : NULL; /* NULL: the workers' models (chat()) */
+    h->lim.adapters = true; /* another name may be a LoRA adapter: chat() checks it */
     h->lim.job = &h->jopts;
     h->lim.default_mode = !strcmp(cfg->http_default_mode, "think")      ? JOB_MODE_THINK
                           : !strcmp(cfg->http_default_mode, "no_think") ? JOB_MODE_NO_THINK

@@ -102,6 +102,7 @@ struct dreq {
     enum ev_code code;            /* A_REJECT */
     char msg[RL_ERR_MSG_MAX];
     bool lookup;                  /* GET cache_key in round trip 2 */
+    bool lora;                    /* job.model is a LoRA adapter of model (models.c) */
     char cache_key[D_KEY_MAX];
     int get_idx;
     char **events;                /* (n_events) to XADD as 0-1 .. 0-n */
@@ -429,7 +430,7 @@ static void prepare(struct disp *d, struct dreq *q)
     q->stream_ttl_s = q->job->stream_ttl_s;
     enum ev_code code = EV_CODE_NONE;
     char msg[RL_ERR_MSG_MAX];
-    if (d_model_pick(d, q->job, &q->model, &code, msg, sizeof msg)) {
+    if (d_model_pick(d, q->job, &q->model, &q->lora, &code, msg, sizeof msg)) {
         reject(d, q, code, msg);
         return;
     }
@@ -448,6 +449,11 @@ static void prepare(struct disp *d, struct dreq *q)
     }
     q->act = A_FORWARD;
     if (!d->model_id[0] || !q->job->cache || !job_is_deterministic(q->job))
+        return;
+    /* a LoRA adapter's answers are keyed by the adapter's files
+     * (worker/cache.c, modelid_lora), which only its workers have: the
+     * base model's key would find the base's answer */
+    if (q->lora)
         return;
     /* the fast path knows one model's tokenizer and identity: the key it
      * computes is that model's, so for another model's request it would
@@ -541,7 +547,8 @@ static void decide(struct disp *d, struct dreq *qs, int n)
         struct dmodel *m = q->model;
         const char *offer = NULL;
         if (!(m && !m->alias && strcmp(m->name, d->fast_name)))
-            offer = da_choose(d, q->job, q->dec.mode, d->intake[q->stream].tenant, q->dec.pool);
+            offer = da_choose(d, q->job, q->dec.mode, d->intake[q->stream].tenant,
+                              q->lora ? q->job->model : NULL, q->dec.pool);
         if (offer) {
             snprintf(q->offer, sizeof q->offer, "%s", offer);
             continue;

@@ -24,6 +24,15 @@
  * The dispatcher's served_model_name, when set, is one more entry (alias)
  * that always exists and means the shared pools.
  *
+ * LoRA adapters (heartbeat lora_adapters, worker option lora_modules) are
+ * model names too: d->loras, each with the served name of the model its
+ * workers serve it beside (its parent). A job naming one goes where its
+ * parent's jobs go, by the parent's router, and keeps the adapter's name
+ * as its model (the worker picks the adapter by it); /v1/models lists it
+ * with "parent", as vLLM does. A name that is a model's own means the
+ * model. Every worker of a model is expected to serve the same adapters
+ * (as vLLM's replicas do): a worker without one answers MODEL_NOT_FOUND.
+ *
  * Main thread only, except models_json (the HTTP threads' copy, under
  * models_mu). */
 #include <inttypes.h>
@@ -89,6 +98,44 @@ static int make_router(struct disp *d, struct dmodel *m, char pools[][JOB_POOL_M
     return d_router_replace(d, names, n, &m->router, err);
 }
 
+/* adds the LoRA adapters of one heartbeat (arr) of a worker serving
+ * parent to the table being built (loras, *n), each name once: the first
+ * heartbeat naming it decides its parent, another parent is warned about */
+static void add_loras(struct disp *d, struct dlora *loras, int *n, const char *parent,
+                      const cJSON *arr)
+{
+    const cJSON *x;
+    cJSON_ArrayForEach(x, arr) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(x, "name");
+        const cJSON *rank = cJSON_GetObjectItemCaseSensitive(x, "rank");
+        if (!cJSON_IsString(name) || !modelref_name_ok(name->valuestring))
+            continue;
+        struct dlora *l = NULL;
+        for (int k = 0; k < *n && !l; k++)
+            if (!strcmp(loras[k].name, name->valuestring))
+                l = &loras[k];
+        if (l) {
+            if (strcmp(l->parent, parent) && !d->loras_warned) {
+                RL_LOG(&d->log, RL_LOG_WARN, "models: LoRA adapter %s is served by workers of "
+                       "%s and of %s; its jobs go to %s's", l->name, l->parent, parent, l->parent);
+                d->loras_warned = true;
+            }
+            continue;
+        }
+        if (*n == D_MAX_LORAS) {
+            if (!d->loras_warned)
+                RL_LOG(&d->log, RL_LOG_WARN, "models: more than %d LoRA adapters served; %s "
+                       "left out", D_MAX_LORAS, name->valuestring);
+            d->loras_warned = true;
+            return;
+        }
+        l = &loras[(*n)++];
+        snprintf(l->name, sizeof l->name, "%s", name->valuestring);
+        snprintf(l->parent, sizeof l->parent, "%s", parent);
+        l->rank = cJSON_IsNumber(rank) ? (int)rank->valuedouble : 0;
+    }
+}
+
 static void publish_json(struct disp *d)
 {
     cJSON *a = cJSON_CreateArray();
@@ -102,6 +149,23 @@ static void publish_json(struct disp *d)
         cJSON_AddStringToObject(o, "owned_by", d->models[i].owned_by);
         if (d->models[i].max_model_len) /* vLLM's: the context its workers take */
             cJSON_AddNumberToObject(o, "max_model_len", (double)d->models[i].max_model_len);
+        cJSON_AddItemToArray(a, o);
+    }
+    /* LoRA adapters as vLLM lists them: a model whose parent is the base
+     * model's served name, with the base's card otherwise */
+    for (int i = 0; a && i < d->n_loras; i++) {
+        const struct dlora *l = &d->loras[i];
+        const struct dmodel *m = find(d->models, d->n_models, l->parent);
+        cJSON *o = m ? cJSON_CreateObject() : NULL;
+        if (!o)
+            continue;
+        cJSON_AddStringToObject(o, "id", l->name);
+        cJSON_AddStringToObject(o, "object", "model");
+        cJSON_AddNumberToObject(o, "created", (double)m->created);
+        cJSON_AddStringToObject(o, "owned_by", m->owned_by);
+        cJSON_AddStringToObject(o, "parent", l->parent);
+        if (m->max_model_len)
+            cJSON_AddNumberToObject(o, "max_model_len", (double)m->max_model_len);
         cJSON_AddItemToArray(a, o);
     }
     char *s = a ? cJSON_PrintUnformatted(a) : NULL;
@@ -157,6 +221,13 @@ void d_models_refresh(struct disp *d)
     /* the new table, built beside the old so routers and split states of
      * models that stay are carried over */
     struct dmodel fresh[D_MAX_MODELS];
+    struct dlora *loras = calloc(D_MAX_LORAS, sizeof *loras); /* 66 KB: not on the stack */
+    int n_loras = 0;
+    if (!loras) {
+        rconn_reply_free(names);
+        rconn_reply_free(hbs);
+        return; /* the old table stays */
+    }
     fleet_begin(d->fleet);
     char pools[D_MAX_MODELS][D_MAX_POOLS][JOB_POOL_MAX + 1];
     int n_pools[D_MAX_MODELS] = {0};
@@ -219,6 +290,9 @@ void d_models_refresh(struct disp *d)
         if (m && !m->alias && scoped)
             add_pools(pools[m - fresh], &n_pools[m - fresh],
                       cJSON_GetObjectItemCaseSensitive(hb, "pools"));
+        if (m)
+            add_loras(d, loras, &n_loras, m->name,
+                      cJSON_GetObjectItemCaseSensitive(hb, "lora_adapters"));
         /* the longest sequence every worker of the model takes; the alias
          * (served_model_name) means the shared pools' workers */
         const cJSON *ml = cJSON_GetObjectItemCaseSensitive(hb, "max_model_len");
@@ -280,6 +354,39 @@ void d_models_refresh(struct disp *d)
     for (int i = 0; i < n; i++)
         if (fresh[i].name[0])
             d->models[d->n_models++] = fresh[i];
+    /* the adapters whose parent stays served and whose name is no model's
+     * own (a model's name means that model) */
+    int n_kept = 0;
+    for (int i = 0; i < n_loras; i++) {
+        const struct dlora *l = &loras[i];
+        if (!find(d->models, d->n_models, l->parent))
+            continue;
+        if (find(d->models, d->n_models, l->name)) {
+            if (!d->loras_warned)
+                RL_LOG(&d->log, RL_LOG_WARN, "models: LoRA adapter %s of %s has the name of a "
+                       "served model; that name means the model", l->name, l->parent);
+            d->loras_warned = true;
+            continue;
+        }
+        bool had = false;
+        for (int k = 0; k < d->n_loras && !had; k++)
+            had = !strcmp(d->loras[k].name, l->name);
+        if (!had)
+            RL_LOG(&d->log, RL_LOG_INFO, "model %s served (LoRA adapter of %s, rank %d)", l->name,
+                   l->parent, l->rank);
+        loras[n_kept++] = *l;
+    }
+    for (int k = 0; k < d->n_loras; k++) {
+        bool still = false;
+        for (int i = 0; i < n_kept && !still; i++)
+            still = !strcmp(loras[i].name, d->loras[k].name);
+        if (!still)
+            RL_LOG(&d->log, RL_LOG_INFO, "model %s no longer served (no live worker announces "
+                   "the adapter)", d->loras[k].name);
+    }
+    memcpy(d->loras, loras, (size_t)n_kept * sizeof *loras);
+    d->n_loras = n_kept;
+    free(loras);
     int n_shared_names = 0;
     for (int i = 0; i < d->n_models; i++)
         n_shared_names += !d->models[i].scoped && !d->models[i].alias;
@@ -319,21 +426,42 @@ static void served_list(const struct disp *d, char *buf, size_t size)
         size_t used = strlen(buf);
         snprintf(buf + used, size - used, "%s%s", i ? ", " : "", d->models[i].name);
     }
+    for (int i = 0; i < d->n_loras; i++) {
+        size_t used = strlen(buf);
+        snprintf(buf + used, size - used, ", %s (LoRA of %s)", d->loras[i].name,
+                 d->loras[i].parent);
+    }
 }
 
-int d_model_pick(struct disp *d, const struct job *j, struct dmodel **out, enum ev_code *code,
-                 char *msg, size_t size)
+/* The parent of the LoRA adapter named name, or NULL when it is none. */
+static struct dmodel *lora_parent(struct disp *d, const char *name)
+{
+    for (int i = 0; i < d->n_loras; i++)
+        if (!strcmp(d->loras[i].name, name))
+            return find(d->models, d->n_models, d->loras[i].parent);
+    return NULL;
+}
+
+int d_model_pick(struct disp *d, const struct job *j, struct dmodel **out, bool *lora,
+                 enum ev_code *code, char *msg, size_t size)
 {
     *out = NULL;
+    *lora = false;
     char list[768];
     if (j->model[0]) {
-        struct dmodel *m = find(d->models, d->n_models, j->model);
-        if (!m && rl_wall_ms() - d->models_t_ms >= 100) {
+        struct dmodel *m = find(d->models, d->n_models, j->model), *p = NULL;
+        if (!m && !(p = lora_parent(d, j->model)) && rl_wall_ms() - d->models_t_ms >= 100) {
             d_models_refresh(d); /* a worker that came up since the last heartbeat */
-            m = find(d->models, d->n_models, j->model);
+            if (!(m = find(d->models, d->n_models, j->model)))
+                p = lora_parent(d, j->model);
         }
         if (m) {
             *out = m;
+            return 0;
+        }
+        if (p) { /* an adapter: its base model's pools and router */
+            *out = p;
+            *lora = true;
             return 0;
         }
         served_list(d, list, sizeof list);

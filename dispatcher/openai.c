@@ -473,13 +473,14 @@ int oai_model_name(const cJSON *v, const struct oai_limits *lim, bool ollama_tag
     if (ollama_tag && n > 7 && !strcmp(name + n - 7, ":latest"))
         n -= 7;
     int shown = n < 200 ? (int)n : 200;
-    if (served && (n != strlen(served) || strncmp(name, served, n))) {
+    bool other = served && (n != strlen(served) || strncmp(name, served, n));
+    if (other && !lim->adapters) {
         oai_error_set(e, 404, T_INVALID, "model_not_found", "model",
                       "The model `%.*s` does not exist; this server serves `%.200s`.", shown,
                       name, served);
         return -RL_EINVAL;
     }
-    if (served)
+    if (served && !other)
         return 0;
     if (n > JOB_MODEL_MAX) { /* no model has such a name */
         oai_error_set(e, 404, T_INVALID, "model_not_found", "model",

@@ -41,6 +41,11 @@ struct oai_limits {
     const char *model;          /* the one served model name (served_model_name); borrowed.
                                    NULL: any name, copied into the job's `model` (the host
                                    checks it against the models workers serve) */
+    /* with model set: a request naming another model may mean one of its
+     * LoRA adapters (served_models lists them): the name is copied into the
+     * job's `model` as with model NULL, for the host to check, instead of
+     * being refused here */
+    bool adapters;
     const struct job_opts *job; /* job_parse limits; NULL: job_opts_default() */
     /* The mode of a chat request that chooses none (no mode,
      * chat_template_kwargs.enable_thinking, reasoning_effort, nor a /think
@@ -104,7 +109,8 @@ struct oai_request {
     bool include_usage;   /* stream_options.include_usage */
     bool logprobs;        /* choices[].logprobs wanted */
     int top_logprobs;     /* alternatives per token, 0..20 */
-    char model[JOB_MODEL_MAX + 1]; /* the request's model when lim->model is NULL; else "" */
+    char model[JOB_MODEL_MAX + 1]; /* the request's model when lim->model is NULL, or when it
+                                      is not lim->model and lim->adapters; else "" */
     char *job;            /* the job JSON for redlm:requests, NUL-terminated, malloc'd */
     size_t job_len;
     /* the members (and values) accepted but not applied, ", "-separated
