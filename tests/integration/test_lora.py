@@ -1,0 +1,404 @@
+"""LoRA adapters served by the worker and routed by the dispatcher, against
+a real redis-server and real worker and dispatcher processes.
+
+The models: a random F32 checkpoint (tiny shape, the tiny model's
+tokenizer), a random PEFT adapter for it (`redlm mkmodel --lora-of`), and
+the reference, the base with the adapter merged into its weights
+(`redlm mkmodel --merge-lora`). What is proved:
+
+  - a worker started with `--lora a=DIR` answers a greedy job for model `a`
+    with exactly the tokens a worker on the merged checkpoint gives, and a
+    job for the base model (by name or naming none) with the base's tokens,
+    which differ; its heartbeat announces the adapter and its rank; a job
+    for a name it does not serve is MODEL_NOT_FOUND naming what it serves;
+  - the result cache never crosses base and adapter, neither in the worker
+    nor in the dispatcher's fast path: the same deterministic job for the
+    base and for the adapter each get their own answer, cached or not;
+  - the dispatcher routes an adapter to its base model's pools with the
+    adapter's name kept as the job's model; GET /v1/models lists it with
+    "parent" (also in the single-model mode, where the parent is the one
+    name the door shows); /api/tags lists it; POST /v1/chat/completions with
+    "model": "a" answers what the merged checkpoint answers; an unknown
+    name is 404 model_not_found / MODEL_NOT_FOUND;
+  - prefix-affine pulling hashes an adapter's prompts as the engine does
+    (kv_salt_lora): the turns of an adapter conversation are offered to the
+    worker holding its history and served from its prefix cache;
+  - a bad adapter (missing directory, malformed NAME=DIR, the served name,
+    a name given twice) stops the worker at start with a message naming it.
+
+Waits are on observable state (heartbeats, events, HTTP answers), never
+fixed sleeps.
+"""
+import http.client
+import json
+import subprocess
+import time
+
+import pytest
+
+from conftest import (CLI, DISPATCHER, MODEL, WORKER, Daemon, connect, free_port, job_events,
+                      read_heartbeat, tap, wait_for, wait_no_pending)
+
+SHAPE = ["--hidden", "64", "--intermediate", "128", "--heads", "2", "--kv-heads", "1",
+         "--head-dim", "32", "--layers", "2"]
+RANK = 8
+PROMPTS = [[7, 8, 9, 10, 11], [100, 3, 250, 17], [42, 42, 5, 600, 31, 2, 9], [1, 2]]
+
+
+def run(*args, timeout=180):
+    p = subprocess.run([str(CLI), *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout)
+    assert p.returncode == 0, f"redlm {' '.join(map(str, args))}: {p.stdout}{p.stderr}"
+    return p
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """{"base", "adapter", "merged"}: directories, made once."""
+    if not CLI.exists() or not WORKER.exists() or not DISPATCHER.exists():
+        pytest.skip("build/ lacks redlm, redlm-worker or redlm-dispatcher (run make)")
+    if not (MODEL / "config.json").exists():
+        pytest.skip(f"tiny model missing at {MODEL}")
+    d = tmp_path_factory.mktemp("lora")
+    cfg = json.loads((MODEL / "config.json").read_text())
+    base, adapter, merged = d / "base", d / "adapter", d / "merged"
+    run("mkmodel", "--shape", "tiny", *SHAPE, "--vocab", cfg["vocab_size"],
+        "--bos", cfg["bos_token_id"], "--eos", cfg["eos_token_id"], "--dtype", "f32",
+        "--seed", "1", "--untied", "--tokenizer", MODEL, "--out", base)
+    run("mkmodel", "--lora-of", base, "--lora-rank", RANK, "--lora-alpha", 2 * RANK,
+        "--seed", "7", "--out", adapter)
+    run("mkmodel", "--merge-lora", adapter, "--from", base, "--out", merged)
+    return {"base": base, "adapter": adapter, "merged": merged}
+
+
+class Proc(Daemon):
+    """A worker or dispatcher, ready at its "ready:" line."""
+
+    def __init__(self, args, log_path, timeout=60):
+        self.kind = args[0].rsplit("/", 1)[-1]
+        self.start(args, log_path, self.logged_ready, timeout)
+
+
+@pytest.fixture
+def procs(redis_addr, prefix, tmp_path):
+    """{"worker": (name, model, *flags), "dispatcher": (*flags, http_port=)};
+    every process is stopped at the end."""
+    started = []
+
+    def worker(name, model, *extra):
+        w = Proc([str(WORKER), "--redis", redis_addr, "--prefix", prefix, "--model", str(model),
+                  "--name", name, "--threads", "1", "--block-ms", "100",
+                  "--heartbeat-interval-ms", "300", "--http-port", "0", *map(str, extra)],
+                 tmp_path / f"worker-{name}.log")
+        w.name = name
+        started.append(w)
+        return w
+
+    def dispatcher(*extra, http_port=None, name="d1"):
+        args = [str(DISPATCHER), "--redis", redis_addr, "--prefix", prefix, "--name", name,
+                "--http-port", "0", "--block-ms", "100", "--heartbeat-interval-ms", "200",
+                *map(str, extra)]
+        if http_port:
+            args += ["--http", str(http_port)]
+        d = Proc(args, tmp_path / f"dispatcher-{name}.log")
+        d.name = name
+        started.append(d)
+        return d
+
+    yield {"worker": worker, "dispatcher": dispatcher}
+    for p in started:
+        p.stop()
+
+
+def tokens(evs):
+    return [t for e in evs if e["type"] == "delta" for t in e["token_ids"]]
+
+
+def greedy(jid, ids, model=None, n=8, **kw):
+    j = {"id": jid, "prompt_ids": ids, "max_tokens": n, "temperature": 0, "ignore_eos": True}
+    if model:
+        j["model"] = model
+    j.update(kw)
+    return j
+
+
+def answer(r, prefix, job, pool="fast", stream=None):
+    """Sends job (to the pool stream, or to `stream`) and returns its events."""
+    r.xadd(stream or f"{prefix}jobs:{pool}", {"job": json.dumps(job)})
+    return job_events(r, prefix, job["id"], timeout=60)
+
+
+def http_req(port, method, path, body=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request(method, path, body=json.dumps(body) if body is not None else None,
+              headers={"Content-Type": "application/json"})
+    resp = c.getresponse()
+    data = resp.read()
+    c.close()
+    return resp.status, json.loads(data) if data else None
+
+
+def wait_models(port, want, timeout=15):
+    """GET /v1/models once it lists exactly the ids want."""
+    def listed():
+        st, m = http_req(port, "GET", "/v1/models")
+        return m if st == 200 and sorted(x["id"] for x in m["data"]) == sorted(want) else None
+    return wait_for(listed, f"/v1/models listing {want}", timeout, every=0.05)
+
+
+def chat(port, model, text, n=8):
+    st, body = http_req(port, "POST", "/v1/chat/completions", {
+        "model": model, "messages": [{"role": "user", "content": text}], "max_tokens": n,
+        "temperature": 0, "ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}})
+    assert st == 200, body
+    msg = body["choices"][0]["message"]
+    return (msg.get("reasoning_content") or "") + "|" + (msg.get("content") or "")
+
+
+# ---------------------------------------------------------------------------
+
+def test_worker_serves_the_adapter_as_its_merged_checkpoint(models, procs, redis_addr, prefix):
+    r = connect(redis_addr)
+    base = models["base"].name
+    # the reference: a worker on the merged checkpoint, reading its own pool
+    procs["worker"]("ref", models["merged"], "--pools", "ref")
+    procs["worker"]("wl", models["base"], "--pools", "fast", "--lora",
+                    f"a={models['adapter']}")
+    hb = read_heartbeat(r, prefix, "worker", "wl", timeout=10)
+    assert hb["model"] == base
+    assert hb["lora_adapters"] == [{"name": "a", "rank": RANK}], hb
+    assert "lora_adapters" not in read_heartbeat(r, prefix, "worker", "ref", timeout=10)
+
+    for i, ids in enumerate(PROMPTS):
+        want = tokens(answer(r, prefix, greedy(f"ref{i}", ids, cache=False), pool="ref"))
+        got = answer(r, prefix, greedy(f"a{i}", ids, "a", cache=False))
+        assert got[-1]["finish_reason"] == "length", got[-1]
+        assert tokens(got) == want, (ids, tokens(got), want)
+        named = tokens(answer(r, prefix, greedy(f"b{i}", ids, base, cache=False)))
+        plain = tokens(answer(r, prefix, greedy(f"p{i}", ids, cache=False)))
+        assert named == plain and len(plain) == 8
+        assert plain != want, f"the adapter changes nothing on {ids}: pick a stronger one"
+
+    # a name this worker does not serve: refused, naming what it serves
+    evs = answer(r, prefix, greedy("nf", PROMPTS[0], "b"))
+    assert evs[0]["type"] == "error" and evs[0]["code"] == "MODEL_NOT_FOUND", evs
+    assert '"b"' in evs[0]["message"] and '"a"' in evs[0]["message"]
+    assert base in evs[0]["message"]
+    dead = [json.loads(f["dead"]) for _, f in r.xrange(f"{prefix}dead")]
+    assert any(d["id"] == "nf" and d["code"] == "MODEL_NOT_FOUND" for d in dead)
+    wait_no_pending(r, prefix, pools=("fast", "ref"))
+
+
+def test_result_cache_never_crosses_base_and_adapter(models, procs, redis_addr, prefix):
+    r = connect(redis_addr)
+    base = models["base"].name
+    procs["worker"]("wl", models["base"], "--pools", "fast,think", "--lora",
+                    f"a={models['adapter']}")
+    read_heartbeat(r, prefix, "worker", "wl", timeout=10)
+    ids = PROMPTS[2]
+    # the worker's own cache: base first, then the adapter, then each again
+    b1 = answer(r, prefix, greedy("b1", ids, base))
+    a1 = answer(r, prefix, greedy("a1", ids, "a"))
+    assert not b1[-1]["cached"] and not a1[-1]["cached"]
+    assert tokens(a1) != tokens(b1)
+    a2 = answer(r, prefix, greedy("a2", ids, "a"))
+    b2 = answer(r, prefix, greedy("b2", ids))  # no model: the base, the same key as b1
+    assert a2[-1]["cached"] and tokens(a2) == tokens(a1)
+    assert b2[-1]["cached"] and tokens(b2) == tokens(b1)
+    # an adapter first this time: its entry does not answer the base
+    a3 = answer(r, prefix, greedy("a3", PROMPTS[3], "a"))
+    b3 = answer(r, prefix, greedy("b3", PROMPTS[3], base))
+    assert not a3[-1]["cached"] and not b3[-1]["cached"] and tokens(a3) != tokens(b3)
+
+    # the dispatcher's fast path (it has the base model): it answers the base
+    # from the cache, never the adapter from the base's entry
+    d = procs["dispatcher"]("--model", models["base"], "--no-affinity")
+    hits0 = read_heartbeat(r, prefix, "dispatcher", d.name, timeout=10)["cache_hits"]
+    req = f"{prefix}requests"
+    db = answer(r, prefix, greedy("db", ids, base, mode="no_think"), stream=req)
+    da = answer(r, prefix, greedy("da", ids, "a", mode="no_think"), stream=req)
+    assert tokens(db) == tokens(b1) and tokens(da) == tokens(a1)
+    assert db[-1]["cached"] and da[-1]["cached"]  # the base by the dispatcher, a by the worker
+    wait_for(lambda: read_heartbeat(r, prefix, "dispatcher", d.name)["cache_hits"] >= hits0 + 1,
+             "the dispatcher's cache hit counted")
+    assert read_heartbeat(r, prefix, "dispatcher", d.name)["cache_hits"] == hits0 + 1
+    wait_no_pending(r, prefix)
+
+
+def test_dispatcher_routes_and_lists_adapters(models, procs, redis_addr, prefix):
+    r = connect(redis_addr)
+    base = models["base"].name
+    port = free_port()
+    tap(r, f"{prefix}jobs:{base}:fast", f"{prefix}jobs:{base}:think")
+    procs["worker"]("wl", models["base"], "--pool-scope", "model", "--lora",
+                    f"a={models['adapter']}")
+    procs["worker"]("ref", models["merged"], "--pool-scope", "model", "--served-model-name",
+                    "merged")
+    procs["dispatcher"]("--model", models["base"], "--think-ratio", "0.5", http_port=port)
+
+    m = wait_models(port, [base, "merged", "a"])
+    by = {x["id"]: x for x in m["data"]}
+    assert by["a"]["parent"] == base and by["a"]["object"] == "model", by["a"]
+    assert "parent" not in by[base]
+    assert by["a"]["max_model_len"] == by[base]["max_model_len"]
+    st, one = http_req(port, "GET", "/v1/models/a")
+    assert st == 200 and one["parent"] == base
+    st, tags = http_req(port, "GET", "/api/tags")
+    t = {x["name"]: x for x in tags["models"]}
+    assert st == 200 and t["a"]["details"]["parent_model"] == base
+
+    # HTTP: the adapter answers what the merged checkpoint answers
+    for text in ("Hello there", "Which module renders prompts?"):
+        want = chat(port, "merged", text)
+        assert chat(port, "a", text) == want
+        assert chat(port, base, text) != want
+    st, e = http_req(port, "POST", "/v1/chat/completions",
+                     {"model": "b", "messages": [{"role": "user", "content": "Hi"}]})
+    assert st == 404 and e["error"]["code"] == "model_not_found", e
+    assert "`a`" in e["error"]["message"]
+
+    # the queue: adapter jobs go to the base's pools by the base's split,
+    # carrying the adapter's name; an unknown name is refused
+    for i in range(4):
+        r.xadd(f"{prefix}requests", {"job": json.dumps(greedy(f"q{i}", PROMPTS[0], "a",
+                                                              mode="auto", cache=False))})
+    for i in range(4):
+        assert job_events(r, prefix, f"q{i}")[-1]["finish_reason"] == "length"
+    fwd = {p: [json.loads(f["job"]) for _, f in r.xrange(f"{prefix}jobs:{base}:{p}")]
+           for p in ("fast", "think")}
+    mine = [j for p in fwd for j in fwd[p] if j["id"].startswith("q")]
+    assert len(mine) == 4 and all(j["model"] == "a" for j in mine), mine
+    # the base's router split them (the only auto requests it saw): 2 and 2
+    assert sum(j["id"].startswith("q") for j in fwd["think"]) == 2, fwd
+    evs = answer(r, prefix, greedy("nf", PROMPTS[0], "b"), stream=f"{prefix}requests")
+    assert evs[0]["code"] == "MODEL_NOT_FOUND" and "a (LoRA of " in evs[0]["message"], evs
+
+
+def test_single_model_front_door_serves_adapters(models, procs, redis_addr, prefix):
+    """served_model_name on the dispatcher (the single-model mode: jobs for
+    it carry no model): adapters are served beside that name, and their
+    jobs carry the adapter's name."""
+    r = connect(redis_addr)
+    port = free_port()
+    tap(r, f"{prefix}jobs:fast")
+    procs["worker"]("wl", models["base"], "--pools", "fast,think", "--lora",
+                    f"a={models['adapter']}")
+    ref = procs["worker"]("ref", models["merged"], "--pools", "ref")
+    procs["dispatcher"]("--served-model-name", "qwen", http_port=port)
+    m = wait_for(lambda: (lambda s, b: b if s == 200 and len(b["data"]) == 2 else None)(
+        *http_req(port, "GET", "/v1/models")), "the adapter listed")
+    by = {x["id"]: x for x in m["data"]}
+    assert sorted(by) == ["a", "qwen"] and by["a"]["parent"] == "qwen", by
+    ids = PROMPTS[1]
+    want = tokens(answer(r, prefix, greedy("ref", ids, cache=False), pool="ref"))
+    ref.stop()
+    # by the queue: the adapter's name travels with the job
+    a = answer(r, prefix, greedy("qa", ids, "a", cache=False, mode="no_think"),
+               stream=f"{prefix}requests")
+    q = answer(r, prefix, greedy("qq", ids, "qwen", cache=False, mode="no_think"),
+               stream=f"{prefix}requests")
+    assert tokens(a) == want and tokens(q) != want
+    fwd = {json.loads(f["job"])["id"]: json.loads(f["job"])
+           for _, f in r.xrange(f"{prefix}jobs:fast")}
+    assert fwd["qa"]["model"] == "a" and "model" not in fwd["qq"], fwd
+    # by HTTP: "a" answers, "qwen" is the base, another name is refused
+    assert chat(port, "a", "Hello there") != chat(port, "qwen", "Hello there")
+    st, e = http_req(port, "POST", "/v1/chat/completions",
+                     {"model": "b", "messages": [{"role": "user", "content": "Hi"}]})
+    assert st == 404 and e["error"]["code"] == "model_not_found", e
+
+
+def test_adapter_turns_land_on_the_worker_holding_them(models, procs, redis_addr, prefix):
+    """Prefix-affine pulling with adapter jobs: the dispatcher's hashes of an
+    adapter's prompt (kv_salt_lora) are the engine's, so every turn after
+    the first is offered to the worker that ran the earlier ones and found
+    in its prefix cache; the base model's same prompt is not (its blocks
+    are another domain)."""
+    r = connect(redis_addr)
+    flags = ("--lora", f"a={models['adapter']}", "--heartbeat-ttl-s", "2")
+    procs["worker"]("wa", models["base"], *flags)
+    procs["worker"]("wb", models["base"], *flags)
+    d = procs["dispatcher"]("--model", models["base"], "--affinity-refresh-ms", "20",
+                            "--affinity-wait-ms", "5000")
+    system = ("You are a careful assistant for the redlm project. Answer briefly and name "
+              "the module you mean. " * 4)
+    msgs = [{"role": "system", "content": system}]
+    usages = []
+
+    def settled():
+        """Each worker's heartbeat (its filter) written after now, then a
+        dispatcher heartbeat after those: it re-read the filters before
+        writing it (as test_affinity.py waits)."""
+        t0 = time.time() * 1000
+        for n in ("wa", "wb"):
+            wait_for(lambda: (read_heartbeat(r, prefix, "worker", n) or {}).get("time_ms", 0) >
+                     t0 + 150, f"worker {n}'s heartbeat")
+        t1 = time.time() * 1000
+        wait_for(lambda: (read_heartbeat(r, prefix, "dispatcher", d.name) or {})
+                 .get("time_ms", 0) > t1, "a dispatcher heartbeat after them")
+
+    for t in range(4):
+        msgs.append({"role": "user", "content": f"Turn {t}: which module renders prompts?"})
+        settled()
+        evs = answer(r, prefix, {"id": f"t{t}", "model": "a", "messages": msgs, "max_tokens": 5,
+                                 "temperature": 0, "mode": "no_think", "cache": False},
+                     stream=f"{prefix}requests")
+        assert evs[-1]["type"] == "done", evs[-3:]
+        usages.append(evs[-1]["usage"])
+        text = "".join(e.get("delta", {}).get("content", "") or ""
+                       for e in evs if e["type"] == "delta")
+        msgs.append({"role": "assistant", "content": text})
+    for i, u in enumerate(usages[1:], 1):
+        assert u["cached_prompt_tokens"] >= usages[i - 1]["prompt_tokens"] - 32, (i, usages)
+    settled()
+    aff = read_heartbeat(r, prefix, "dispatcher", d.name)["affinity"]
+    assert aff["offers"] >= 3 and aff["fallbacks"] == 0, aff
+    ha, hb = (read_heartbeat(r, prefix, "worker", n) for n in ("wa", "wb"))
+    assert sorted([ha["jobs_done"], hb["jobs_done"]]) == [0, 4], (ha, hb)
+    holder = "wa" if ha["jobs_done"] else "wb"
+    # the last turn's prompt for the base model, put straight into the
+    # holder's offer stream: the adapter's blocks are no base blocks
+    evs = answer(r, prefix, {"id": "base", "model": models["base"].name, "messages": msgs[:-1],
+                             "max_tokens": 2, "temperature": 0, "mode": "no_think",
+                             "cache": False}, stream=f"{prefix}jobs:fast:w:{holder}")
+    assert evs[-1]["usage"]["cached_prompt_tokens"] == 0, evs[-1]
+    again = answer(r, prefix, {"id": "again", "model": "a", "messages": msgs[:-1],
+                               "max_tokens": 2, "temperature": 0, "mode": "no_think",
+                               "cache": False}, stream=f"{prefix}jobs:fast:w:{holder}")
+    assert again[-1]["usage"]["cached_prompt_tokens"] >= usages[-1]["prompt_tokens"] - 32
+    wait_no_pending(r, prefix)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--lora", "bad=/nonexistent/adapter"], ["lora bad", "/nonexistent/adapter"]),
+    (["--lora", "noequals"], ["noequals", "NAME=DIR"]),
+    (["--lora", "a=/x", "--lora", "a=/y"], ["lora a", "twice"]),
+    (["--lora", ".hidden=/x"], [".hidden", "[A-Za-z0-9._:/-]"]),
+])
+def test_bad_adapter_stops_the_worker(models, redis_addr, prefix, flags, says):
+    p = subprocess.run([str(WORKER), "--redis", redis_addr, "--prefix", prefix, "--model",
+                        str(models["base"]), "--name", "bad", "--threads", "1", "--http-port", "0",
+                        *flags], capture_output=True, text=True, timeout=60)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    for s in says:
+        assert s in out, out
+    assert "ready:" not in out
+
+
+def test_adapter_named_as_the_model_stops_the_worker(models, redis_addr, prefix, tmp_path):
+    base = models["base"].name
+    p = subprocess.run([str(WORKER), "--redis", redis_addr, "--prefix", prefix, "--model",
+                        str(models["base"]), "--name", "bad", "--threads", "1", "--http-port", "0",
+                        "--lora", f"{base}={models['adapter']}"],
+                       capture_output=True, text=True, timeout=60)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and f"lora {base}" in out and "served name" in out, out
+    # and a directory that is no adapter: the engine's refusal, named
+    (tmp_path / "empty").mkdir()
+    p = subprocess.run([str(WORKER), "--redis", redis_addr, "--prefix", prefix, "--model",
+                        str(models["base"]), "--name", "bad", "--threads", "1", "--http-port", "0",
+                        "--lora", f"e={tmp_path / 'empty'}"],
+                       capture_output=True, text=True, timeout=60)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and "lora e" in out and str(tmp_path / "empty") in out, out
