@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define READ_FIRST (64u << 10)
@@ -185,4 +186,84 @@ void file_out_abort(struct file_out *f)
     close(f->fd);
     unlink(f->tmp);
     out_free(f);
+}
+
+int file_mkdir_p(const char *dir, struct rl_err *err)
+{
+    char buf[4096];
+    if ((size_t)snprintf(buf, sizeof buf, "%s", dir) >= sizeof buf)
+        return rl_errf(err, RL_EINVAL, "%s: path too long", dir);
+    for (char *s = buf + 1;; s++) {
+        if (*s == '/' || !*s) {
+            char c = *s;
+            *s = 0;
+            if (mkdir(buf, 0755) && errno != EEXIST)
+                return rl_errf(err, RL_EIO, "%s: mkdir: %s", buf, strerror(errno));
+            *s = c;
+            if (!c)
+                break;
+        }
+    }
+    struct stat st;
+    if (stat(dir, &st) || !S_ISDIR(st.st_mode))
+        return rl_errf(err, RL_EIO, "%s: not a directory", dir);
+    return 0;
+}
+
+int file_write_text(const char *path, const char *text, struct rl_err *err)
+{
+    struct file_out *f;
+    int rc = file_out_open(&f, path, err);
+    if (rc)
+        return rc;
+    if ((rc = file_out_write(f, text, strlen(text), err)) ||
+        (rc = file_out_write(f, "\n", 1, err))) {
+        file_out_abort(f);
+        return rc;
+    }
+    return file_out_commit(f, err);
+}
+
+int file_write_json(const char *path, const cJSON *j, struct rl_err *err)
+{
+    char *s = cJSON_Print(j);
+    if (!s)
+        return rl_errf(err, RL_ENOMEM, "%s: out of memory", path);
+    int rc = file_write_text(path, s, err);
+    free(s);
+    return rc;
+}
+
+int file_copy(const char *dir, const char *out, const char *name, int must,
+                     struct rl_err *err)
+{
+    char src[4096], dst[4096];
+    snprintf(src, sizeof src, "%s/%s", dir, name);
+    snprintf(dst, sizeof dst, "%s/%s", out, name);
+    int in = open(src, O_RDONLY | O_CLOEXEC);
+    if (in < 0) {
+        if (errno == ENOENT && !must)
+            return 0;
+        return rl_errf(err, errno == ENOENT ? RL_ENOTFOUND : RL_EIO, "%s: %s", src, strerror(errno));
+    }
+    struct file_out *f;
+    int rc = file_out_open(&f, dst, err);
+    char buf[65536];
+    while (!rc) {
+        ssize_t r = read(in, buf, sizeof buf);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            rc = rl_errf(err, RL_EIO, "%s: %s", src, strerror(errno));
+        else if (r == 0)
+            break;
+        else
+            rc = file_out_write(f, buf, (size_t)r, err);
+    }
+    close(in);
+    if (f && rc)
+        file_out_abort(f);
+    else if (f)
+        rc = file_out_commit(f, err);
+    return rc;
 }

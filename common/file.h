@@ -64,4 +64,15 @@ int file_out_commit(struct file_out *f, struct rl_err *err);
 /* Closes and removes the temporary file, and frees f. NULL is a no-op. */
 void file_out_abort(struct file_out *f);
 
+/* Creates dir and its missing parents (mkdir -p); an existing directory is
+ * fine, an existing non-directory is RL_EIO. */
+int file_mkdir_p(const char *dir, struct rl_err *err);
+/* Writes text and a newline to path (through a file_out: all or nothing). */
+int file_write_text(const char *path, const char *text, struct rl_err *err);
+/* Writes j indented, as file_write_text. */
+int file_write_json(const char *path, const struct cJSON *j, struct rl_err *err);
+/* Copies dir/name to out/name; a missing source is fine (0) unless `must`
+ * (RL_ENOTFOUND). */
+int file_copy(const char *dir, const char *out, const char *name, int must, struct rl_err *err);
+
 #endif

@@ -80,6 +80,7 @@
 #include "file.h"
 #include "grammar/grammar.h"
 #include "kv_cache.h"
+#include "lora.h"
 #include "model.h"
 #include "sample.h"
 #include "sched.h"
@@ -159,7 +160,8 @@ struct eng_req {
     bool think;                  /* ENGINE_MODE_THINK */
     int priority;
     double deadline;
-    uint64_t cache_salt;
+    uint64_t cache_salt;         /* with the adapter's mixed in (kv_salt_lora) */
+    int lora;                    /* be_seq.lora: 0 base, k = loras[k - 1] */
     int refused;                 /* engine_event.refused */
     struct gram_match *gm;       /* the document so far */
     uint32_t *mask;              /* (cons_mask_words) the matcher's next mask */
@@ -186,6 +188,11 @@ struct engine {
     int block_size, n_blocks, max_context;
     struct gen_defaults gen;     /* from dir/generation_config.json */
     char served_name[256];
+    struct eng_lora {            /* engine_lora_add; slot k is loras[k - 1] */
+        char name[129];
+        struct lora_adapter *a;
+    } loras[LORA_MAX_ADAPTERS];
+    int n_loras;
 
     int32_t default_stop[4];     /* eos ids: <|im_end|>, <|endoftext|>, ... */
     int n_default_stop;
@@ -549,6 +556,8 @@ void engine_free(struct engine *e)
         free(e->logits);
     free(e->wants);
     be_free(e->be);
+    for (int i = 0; i < e->n_loras; i++) /* after the backend that read them */
+        lora_free(e->loras[i].a);
     model_free(e->model);
     free(e->bseqs);
     free(e->btokens);
@@ -616,6 +625,15 @@ static int request_limit(const struct engine *e, const struct engine_request *r)
                                                                      : e->max_context;
 }
 
+/* The be_seq.lora slot of adapter `name`, -1 when none is loaded so. */
+static int lora_slot(const struct engine *e, const char *name)
+{
+    for (int i = 0; i < e->n_loras; i++)
+        if (!strcmp(e->loras[i].name, name))
+            return i + 1;
+    return -1;
+}
+
 /* Every check of a request whose prompt is the n_prompt ids at prompt;
  * fills *sp (seed aside) and *limit. Nothing of the engine changes. */
 static int check_request(const struct engine *e, const struct engine_request *r,
@@ -643,6 +661,8 @@ static int check_request(const struct engine *e, const struct engine_request *r,
         return refuse(err, EV_CODE_PROMPT_TOO_LONG,
                       "prompt has %d tokens; the context is %d", n_prompt, *limit);
     }
+    if (r->lora && r->lora[0] && lora_slot(e, r->lora) < 0)
+        return refuse(err, EV_CODE_BAD_VALUE, "adapter \"%.128s\" is not loaded here", r->lora);
     if (!r->embed && e->cfg->embed_only)
         return refuse(err, EV_CODE_BAD_PARAM,
                       "this model is an embedding checkpoint (no lm_head.weight): it serves "
@@ -1033,13 +1053,16 @@ int engine_submit(struct engine *e, const struct engine_request *r, uint64_t *id
     struct eng_req *q = NULL;
     if (!rc)
         rc = req_build(e, r, e->next_id, ids, n, &sp, limit, g, &q, err);
+    uint64_t salt = kv_salt_lora(r->cache_salt, r->lora);
+    if (!rc)
+        q->lora = r->lora && r->lora[0] ? lora_slot(e, r->lora) : 0;
     if (!rc && job) {
         /* it waits outside the scheduler for its compile (attach_compiled) */
         q->cjob = job;
         job = NULL;
         q->priority = r->priority;
         q->deadline = r->deadline;
-        q->cache_salt = r->cache_salt;
+        q->cache_salt = salt;
         q->n_wait_ids = n;
         if (!(q->wait_ids = malloc((size_t)n * sizeof *q->wait_ids))) {
             cons_job_release(e->cons, q->cjob);
@@ -1052,7 +1075,8 @@ int engine_submit(struct engine *e, const struct engine_request *r, uint64_t *id
         req_free(q);
         rc = recode(err, EV_CODE_ENGINE_ERROR);
     } else if (!rc) {
-        sched_seq_set_cache_salt(q->seq, r->cache_salt);
+        q->cache_salt = salt;
+        sched_seq_set_cache_salt(q->seq, salt);
     }
     cons_job_release(e->cons, job); /* the request was refused after all */
     free(rendered);
@@ -1652,6 +1676,7 @@ int engine_step(struct engine *e, const struct engine_event **events, int *n_eve
                 .block_table = it->block_table,
                 .logits_from = !it->want_logits ? it->n_new
                                : it->n_new - 1 - it->n_draft,
+                .lora = ((const struct eng_req *)it->user)->lora,
             };
             memcpy(e->btokens + nt, it->tokens, (size_t)it->n_new * sizeof *e->btokens);
             nt += it->n_new;
@@ -1852,4 +1877,57 @@ int engine_n_context(const struct engine *e) { return e->max_context; }
 const char *engine_served_name(const struct engine *e) { return e->served_name; }
 int engine_eos_id(const struct engine *e) { return e->cfg->eos_id; }
 bool engine_embed_only(const struct engine *e) { return e->cfg->embed_only != 0; }
+
+/* Names as served names are spelled (config/README.md, served_model_name):
+ * they travel in job and heartbeat fields and Redis key names */
+static bool lora_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n < 1 || n > 128)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+              (s[i] >= '0' && s[i] <= '9') || strchr("._:/-", s[i])))
+            return false;
+    return true;
+}
+
+int engine_lora_add(struct engine *e, const char *name, const char *dir, struct rl_err *err)
+{
+    if (!e->be->ops->lora_set)
+        return refuse(err, EV_CODE_BAD_PARAM, "adapter %s: the %s backend serves no LoRA adapters",
+                      name ? name : "?", e->be->ops->name);
+    if (!name || !lora_name_ok(name))
+        return refuse(err, EV_CODE_BAD_PARAM,
+                      "adapter name \"%.128s\": 1-128 of [A-Za-z0-9._:/-]", name ? name : "");
+    if (!strcmp(name, e->served_name) || lora_slot(e, name) > 0)
+        return refuse(err, EV_CODE_BAD_PARAM, "adapter name \"%s\" is already served", name);
+    if (e->n_loras == LORA_MAX_ADAPTERS)
+        return rl_errf(err, RL_EFULL, "adapter %s: %d adapters are served already", name,
+                       LORA_MAX_ADAPTERS);
+    struct lora_adapter *a = NULL;
+    int rc = lora_load(&a, dir, e->cfg, err);
+    if (rc)
+        return rl_err_wrap(err, "adapter %s", name);
+    if ((rc = e->be->ops->lora_set(e->be->ctx, e->n_loras + 1, a, err))) {
+        lora_free(a);
+        return rl_err_wrap(err, "adapter %s", name);
+    }
+    struct eng_lora *l = &e->loras[e->n_loras++];
+    snprintf(l->name, sizeof l->name, "%s", name);
+    l->a = a;
+    return 0;
+}
+
+int engine_lora_count(const struct engine *e) { return e->n_loras; }
+
+const char *engine_lora_name(const struct engine *e, int i)
+{
+    return i >= 0 && i < e->n_loras ? e->loras[i].name : NULL;
+}
+
+int engine_lora_rank(const struct engine *e, int i)
+{
+    return i >= 0 && i < e->n_loras ? lora_max_rank(e->loras[i].a) : 0;
+}
 const struct tokenizer *engine_get_tokenizer(const struct engine *e) { return e->tok; }

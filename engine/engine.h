@@ -537,7 +537,7 @@ bool engine_embed_only(const struct engine *e);
  * it as `name` (1-128 of [A-Za-z0-9._:/-], not the served name), for
  * requests whose engine_request.lora names it. Before or between steps;
  * adapters stay until engine_free. Errors: BAD_PARAM when the backend has
- * no adapters (lora_set) or the name is taken or malformed, RL_ENOSPC past
+ * no adapters (lora_set) or the name is taken or malformed, RL_EFULL past
  * LORA_MAX_ADAPTERS, and lora_load's. */
 int engine_lora_add(struct engine *e, const char *name, const char *dir, struct rl_err *err);
 int engine_lora_count(const struct engine *e);

@@ -66,16 +66,7 @@ static void rng_seed(struct rng *r, uint64_t seed, const char *name)
 
 static inline uint64_t rng_next(struct rng *r) { return xo_next(r->s); }
 
-/* Roughly standard normal: the sum of four 16-bit uniforms (Irwin-Hall),
- * centred and scaled to unit variance. Bounded at +-3.46, which keeps random
- * models free of outliers; one PRNG draw per value keeps it disk-bound. */
-static inline float rng_normal(struct rng *r)
-{
-    uint64_t v = rng_next(r);
-    int32_t s = (int32_t)(v & 0xffff) + (int32_t)((v >> 16) & 0xffff) +
-                (int32_t)((v >> 32) & 0xffff) + (int32_t)(v >> 48);
-    return (float)(s - 131070) * (1.0f / 37837.23f);
-}
+static inline float rng_normal(struct rng *r) { return xo_normal(r->s); }
 
 uint8_t mk_f32_to_e4m3(float f)
 {
@@ -722,87 +713,6 @@ static int plan_shards(struct plan *p, const struct mk_opts *o)
 
 /* ---- files ---- */
 
-static int mkdir_p(const char *dir, struct rl_err *err)
-{
-    char buf[4096];
-    if ((size_t)snprintf(buf, sizeof buf, "%s", dir) >= sizeof buf)
-        return rl_errf(err, RL_EINVAL, "%s: path too long", dir);
-    for (char *s = buf + 1;; s++) {
-        if (*s == '/' || !*s) {
-            char c = *s;
-            *s = 0;
-            if (mkdir(buf, 0755) && errno != EEXIST)
-                return rl_errf(err, RL_EIO, "%s: mkdir: %s", buf, strerror(errno));
-            *s = c;
-            if (!c)
-                break;
-        }
-    }
-    struct stat st;
-    if (stat(dir, &st) || !S_ISDIR(st.st_mode))
-        return rl_errf(err, RL_EIO, "%s: not a directory", dir);
-    return 0;
-}
-
-static int write_text(const char *path, const char *text, struct rl_err *err)
-{
-    struct file_out *f;
-    int rc = file_out_open(&f, path, err);
-    if (rc)
-        return rc;
-    if ((rc = file_out_write(f, text, strlen(text), err)) ||
-        (rc = file_out_write(f, "\n", 1, err))) {
-        file_out_abort(f);
-        return rc;
-    }
-    return file_out_commit(f, err);
-}
-
-static int write_json(const char *path, const cJSON *j, struct rl_err *err)
-{
-    char *s = cJSON_Print(j);
-    if (!s)
-        return rl_errf(err, RL_ENOMEM, "%s: out of memory", path);
-    int rc = write_text(path, s, err);
-    free(s);
-    return rc;
-}
-
-/* Copies dir/name to out/name; a missing source is fine unless `must`. */
-static int copy_file(const char *dir, const char *out, const char *name, int must,
-                     struct rl_err *err)
-{
-    char src[4096], dst[4096];
-    snprintf(src, sizeof src, "%s/%s", dir, name);
-    snprintf(dst, sizeof dst, "%s/%s", out, name);
-    int in = open(src, O_RDONLY | O_CLOEXEC);
-    if (in < 0) {
-        if (errno == ENOENT && !must)
-            return 0;
-        return rl_errf(err, errno == ENOENT ? RL_ENOTFOUND : RL_EIO, "%s: %s", src, strerror(errno));
-    }
-    struct file_out *f;
-    int rc = file_out_open(&f, dst, err);
-    char buf[65536];
-    while (!rc) {
-        ssize_t r = read(in, buf, sizeof buf);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            rc = rl_errf(err, RL_EIO, "%s: %s", src, strerror(errno));
-        else if (r == 0)
-            break;
-        else
-            rc = file_out_write(f, buf, (size_t)r, err);
-    }
-    close(in);
-    if (f && rc)
-        file_out_abort(f);
-    else if (f)
-        rc = file_out_commit(f, err);
-    return rc;
-}
-
 static void set_item(cJSON *obj, const char *key, cJSON *v)
 {
     if (cJSON_GetObjectItemCaseSensitive(obj, key))
@@ -1044,7 +954,7 @@ static int write_index(const char *out_dir, const struct plan *p, char (*fn)[64]
         cJSON_AddStringToObject(wm, p->g[i].name, fn[p->g[i].shard]);
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", out_dir);
-    int rc = write_json(path, root, err);
+    int rc = file_write_json(path, root, err);
     cJSON_Delete(root);
     return rc;
 }
@@ -1386,7 +1296,7 @@ static int mk_write_gguf(const struct mk_opts *o, struct mk_result *res, struct 
     char *slash = strrchr(dir, '/');
     if (slash && slash != dir)
         *slash = 0;
-    if (slash && (rc = mkdir_p(dir, err)))
+    if (slash && (rc = file_mkdir_p(dir, err)))
         goto out;
     if ((rc = gguf_writer_write(w, path, err)))
         goto out;
@@ -1453,18 +1363,18 @@ int mk_write(const struct mk_opts *o, struct mk_result *res, struct rl_err *err)
         else
             snprintf(fn[s], sizeof fn[s], "model-%05d-of-%05d.safetensors", s + 1, n_shards);
     }
-    if ((rc = mkdir_p(o->out_dir, err)))
+    if ((rc = file_mkdir_p(o->out_dir, err)))
         goto out;
     snprintf(path, sizeof path, "%s/config.json", o->out_dir);
-    if ((rc = write_json(path, cfg, err)))
+    if ((rc = file_write_json(path, cfg, err)))
         goto out;
     const char *tok = o->tokenizer_dir ? o->tokenizer_dir : o->from_dir;
     /* an explicit --tokenizer must hold tokenizer.json; generation_config.json
      * carries token ids, so it only travels with a converted model */
-    if (tok && ((rc = copy_file(tok, o->out_dir, "tokenizer.json", !!o->tokenizer_dir, err)) ||
-                (rc = copy_file(tok, o->out_dir, "tokenizer_config.json", 0, err))))
+    if (tok && ((rc = file_copy(tok, o->out_dir, "tokenizer.json", !!o->tokenizer_dir, err)) ||
+                (rc = file_copy(tok, o->out_dir, "tokenizer_config.json", 0, err))))
         goto out;
-    if (o->from_dir && (rc = copy_file(o->from_dir, o->out_dir, "generation_config.json", 0, err)))
+    if (o->from_dir && (rc = file_copy(o->from_dir, o->out_dir, "generation_config.json", 0, err)))
         goto out;
     /* a stale single file or index would contradict what we write now */
     snprintf(path, sizeof path, "%s/%s", o->out_dir,

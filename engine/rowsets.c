@@ -182,6 +182,14 @@ static int rows_hidden(void *ctx, int row, float *out, struct rl_err *err)
     return c->inner->ops->hidden(c->inner->ctx, row, out, err);
 }
 
+static int rows_lora_set(void *ctx, int slot, const struct lora_adapter *a, struct rl_err *err)
+{
+    struct rows_ctx *c = ctx;
+    if (!c->inner->ops->lora_set)
+        return rl_errf(err, RL_EUNSUPPORTED, "rowsets: the inner backend serves no adapters");
+    return c->inner->ops->lora_set(c->inner->ctx, slot, a, err);
+}
+
 static const struct be_ops rows_ops = {
     .name = "cpu-rowsets",
     .load = rows_load,
@@ -198,6 +206,7 @@ static const struct be_ops rows_ops = {
     .row_cands = rows_row_cands,
     .fetch_row = rows_fetch_row,
     .hidden = rows_hidden,
+    .lora_set = rows_lora_set,
 };
 
 int rows_backend_wrap(struct backend **out, struct backend *inner, struct rl_err *err)

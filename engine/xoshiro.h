@@ -35,4 +35,16 @@ static inline uint64_t xo_next(uint64_t s[4])
     return r;
 }
 
+/* Roughly standard normal: the sum of four 16-bit uniforms (Irwin-Hall),
+ * centred and scaled to unit variance. Bounded at +-3.46, which keeps random
+ * models free of outliers; one draw per value keeps the model maker
+ * disk-bound. */
+static inline float xo_normal(uint64_t s[4])
+{
+    uint64_t v = xo_next(s);
+    int32_t t = (int32_t)(v & 0xffff) + (int32_t)((v >> 16) & 0xffff) +
+                (int32_t)((v >> 32) & 0xffff) + (int32_t)(v >> 48);
+    return (float)(t - 131070) * (1.0f / 37837.23f);
+}
+
 #endif

@@ -40,6 +40,7 @@
  * Threading: driven by one thread; every loop runs on the pool. */
 #include <math.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,7 @@
 #include "backend.h"
 #include "dtype.h"
 #include "kernels.h"
+#include "cpu/lora_apply.h"
 #include "pool.h"
 #include "quant.h"
 
@@ -156,6 +158,16 @@ struct cpu_ctx {
     int s_ld;                  /* row stride of the score tile: seq_max
                                   rounded up to whole blocks */
     int q_tile;                /* queries per attention item: ATT_ROWS / group */
+
+    /* LoRA adapters (lora_apply.h): slot k's adapter (the engine's, kept
+     * alive by it until the slot is emptied), this step's rows that run
+     * with one, and the rank-wide scratch between the two phases */
+    const struct lora_adapter *lora[LORA_MAX_ADAPTERS + 1];
+    int lora_max_rank;             /* of the adapters in the slots */
+    struct cpu_lora_rows lrows;    /* this forward's */
+    int32_t *lrow_t;               /* (max_tokens) */
+    const struct lora_adapter **lrow_a; /* (max_tokens) */
+    float *lora_tmp;               /* (max_tokens * 3 * lora_max_rank) */
 
     double prof[PH_N];         /* seconds per phase since the last profile() */
     long prof_steps;           /* forward calls since then */
@@ -1589,6 +1601,9 @@ static int check_batch(const struct cpu_ctx *c, const struct be_batch *b, struct
             if (q->block_table[i] < 0 || q->block_table[i] >= c->n_blocks)
                 return rl_errf(err, RL_EINVAL, "cpu backend: sequence %d names KV block %d of %d", s,
                                q->block_table[i], c->n_blocks);
+        if (q->lora < 0 || q->lora > LORA_MAX_ADAPTERS || (q->lora && !c->lora[q->lora]))
+            return rl_errf(err, RL_EINVAL, "cpu backend: sequence %d names LoRA slot %d, which is empty",
+                           s, q->lora);
         nt += q->n_new;
         nl += q->n_new - q->logits_from;
     }
@@ -1686,6 +1701,67 @@ static void project(struct cpu_ctx *c, int M, const float *xn, const uint16_t *x
     mm_run(c, &j);
 }
 
+/* SwiGLU over whole rows after an unfused gate/up product (a step with
+ * LoRA rows: their gate and up get their deltas before the activation),
+ * with the fused kernels' bits (kernels.h), and the bf16 copy the down
+ * product reads. */
+struct glu_job {
+    const struct cpu_kernels *k;
+    float *g;
+    const float *u;
+    uint16_t *hb;
+    int M, I;
+    _Atomic int next;
+};
+
+static void glu_task(void *arg, int ith, int nth)
+{
+    (void)ith, (void)nth;
+    struct glu_job *j = arg;
+    int m;
+    while ((m = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->M) {
+        float *g = j->g + (size_t)m * (size_t)j->I;
+        const float *u = j->u + (size_t)m * (size_t)j->I;
+        if (j->k->swiglu)
+            j->k->swiglu(g, u, j->I);
+        else
+            for (int n = 0; n < j->I; n++)
+                g[n] = g[n] / (1.0f + expf(-g[n])) * u[n];
+        if (j->hb)
+            j->k->f32_to_bf16(g, j->hb + (size_t)m * (size_t)j->I, j->I);
+    }
+}
+
+/* This step's rows that run with an adapter (c->lrows). */
+static void lora_rows(struct cpu_ctx *c, const struct be_batch *b)
+{
+    int n = 0, r = 0;
+    for (int s = 0, t = 0; s < b->n_seqs; s++) {
+        const struct be_seq *q = &b->seqs[s];
+        for (int i = 0; i < q->n_new; i++, t++)
+            if (q->lora) {
+                c->lrow_t[n] = t;
+                c->lrow_a[n++] = c->lora[q->lora];
+                r = lora_max_rank(c->lora[q->lora]) > r ? lora_max_rank(c->lora[q->lora]) : r;
+            }
+    }
+    c->lrows = (struct cpu_lora_rows){n, c->lrow_t, c->lrow_a, r};
+}
+
+/* The adapters' deltas of up to three products that read the same rows x
+ * (f32, or their bf16 copy xb widened first into the f32 rows x when x
+ * holds nothing of them: the o projection's input) */
+static void lora_deltas(struct cpu_ctx *c, int layer, int n, const enum lora_proj *projs, float *x,
+                        const uint16_t *xb, int ldx, float *const *y, const int *ldy)
+{
+    if (xb)
+        for (int i = 0; i < c->lrows.n; i++) {
+            size_t t = (size_t)c->lrows.t[i] * (size_t)ldx;
+            c->k->bf16_to_f32(xb + t, x + t, ldx);
+        }
+    cpu_lora_apply(c->pool, c->k, &c->lrows, layer, n, projs, x, ldx, y, ldy, c->lora_tmp);
+}
+
 static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
 {
     struct cpu_ctx *c = ctx;
@@ -1701,6 +1777,10 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
             c->tok_pos[t] = b->seqs[s].n_past + i;
         }
     int n_items = attn_items(c, b, c->items);
+    c->lrows.n = 0;
+    if (c->lrow_t)
+        lora_rows(c, b);
+    bool lora = c->lrows.n > 0;
     double tp = rl_mono_s(); /* start of the phase being timed */
     c->prof_steps++;
     c->prof_tokens += T;
@@ -1716,6 +1796,12 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         run_dyn(c, norm_task, &nj, T);
         prof_mark(c, PH_NORM, &tp);
         project(c, T, c->xn, c->xb, H, &L->wq, c->q, &L->wk, c->kx, &L->wv, c->vx);
+        if (lora) {
+            static const enum lora_proj qkv[3] = {LORA_Q, LORA_K, LORA_V};
+            int kvd = cfg->n_kv_heads * cfg->head_dim;
+            lora_deltas(c, l, 3, qkv, c->xn, NULL, H, (float *const[]){c->q, c->kx, c->vx},
+                        (const int[]){Q, kvd, kvd});
+        }
         prof_mark(c, PH_QKV, &tp);
         struct rope_job rj = {c, L, l, T, b};
         run(c, rope_task, &rj, T);
@@ -1726,17 +1812,31 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         run_dyn(c, attn_task, &aj, n_items);
         prof_mark(c, PH_ATTN, &tp);
         project(c, T, c->att, c->xb, Q, &L->wo, c->tmp, NULL, NULL, NULL, NULL);
+        if (lora)
+            lora_deltas(c, l, 1, (const enum lora_proj[]){LORA_O}, c->att, aj.ob, Q,
+                        (float *const[]){c->tmp}, (const int[]){H});
         prof_mark(c, PH_O, &tp);
         struct norm_job mj = {c->k, c->x, H, NULL, T, H, L->mlp_norm, cfg->rms_eps, c->xn,
                               needs_bf16(&L->gate) ? c->xb : NULL, c->tmp, 0};
         run_dyn(c, norm_task, &mj, T);
         prof_mark(c, PH_NORM, &tp);
+        uint16_t *hb = needs_bf16(&L->down) ? c->hb : NULL;
         struct mm_job gj = {.k = c->k, .M = T, .n_mats = 2, .mat = {&L->gate, &L->up},
                             .y = {c->g, c->u}, .ldy = {I, I}, .x = c->xn, .xb = c->xb, .ldx = H,
-                            .swiglu = 1, .hb = needs_bf16(&L->down) ? c->hb : NULL};
+                            .swiglu = !lora, .hb = lora ? NULL : hb};
         mm_run(c, &gj);
+        if (lora) {
+            static const enum lora_proj gu[2] = {LORA_GATE, LORA_UP};
+            lora_deltas(c, l, 2, gu, c->xn, NULL, H, (float *const[]){c->g, c->u},
+                        (const int[]){I, I});
+            struct glu_job uj = {c->k, c->g, c->u, hb, T, I, 0};
+            run_dyn(c, glu_task, &uj, T);
+        }
         prof_mark(c, PH_GATEUP, &tp);
         project(c, T, c->g, c->hb, I, &L->down, c->tmp, NULL, NULL, NULL, NULL);
+        if (lora)
+            lora_deltas(c, l, 1, (const enum lora_proj[]){LORA_DOWN}, c->g, NULL, I,
+                        (float *const[]){c->tmp}, (const int[]){H});
         if (l + 1 == cfg->n_layers) { /* else the next layer's norm adds it */
             struct add_job adj = {c->x, c->tmp, (size_t)T * (size_t)H};
             run(c, add_task, &adj, T);
@@ -1811,8 +1911,36 @@ static void cpu_free(void *ctx)
     free_weights(c);
     kv_unmap(c);
     free(c->scratch);
+    free(c->lrow_t);
+    free(c->lrow_a);
+    free(c->lora_tmp);
     cpu_pool_free(c->pool);
     free(c);
+}
+
+static int cpu_lora_set(void *ctx, int slot, const struct lora_adapter *a, struct rl_err *err)
+{
+    struct cpu_ctx *c = ctx;
+    if (slot < 1 || slot > LORA_MAX_ADAPTERS)
+        return rl_errf(err, RL_EINVAL, "cpu backend: LoRA slot %d outside 1..%d", slot,
+                       LORA_MAX_ADAPTERS);
+    if (!c->loaded)
+        return rl_errf(err, RL_EINVAL, "cpu backend: an adapter before load");
+    size_t T = (size_t)c->max_tokens;
+    if (!c->lrow_t && (!(c->lrow_t = malloc(T * sizeof *c->lrow_t)) ||
+                       !(c->lrow_a = malloc(T * sizeof *c->lrow_a))))
+        return rl_errf(err, RL_ENOMEM, "cpu backend: out of memory");
+    int r = lora_max_rank(a);
+    if (r > c->lora_max_rank) {
+        float *t = malloc(T * 3 * (size_t)r * sizeof *t);
+        if (!t)
+            return rl_errf(err, RL_ENOMEM, "cpu backend: out of memory");
+        free(c->lora_tmp);
+        c->lora_tmp = t;
+        c->lora_max_rank = r;
+    }
+    c->lora[slot] = a;
+    return 0;
 }
 
 static const struct be_ops cpu_ops = {
@@ -1826,6 +1954,7 @@ static const struct be_ops cpu_ops = {
     .describe = cpu_describe,
     .free = cpu_free,
     .hidden = cpu_hidden,
+    .lora_set = cpu_lora_set,
 };
 
 int cpu_backend_create(struct backend **out, const struct be_options *opt, struct rl_err *err)

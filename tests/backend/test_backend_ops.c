@@ -427,7 +427,7 @@ static void attn_config(int NH, int NKV, int HD, int bs)
     struct be_seq seqs[NS];
     int T = 0, at = 0;
     for (int s = 0; s < NS; s++) {
-        seqs[s] = (struct be_seq){past[s], nnew[s], perm + at, 0};
+        seqs[s] = (struct be_seq){past[s], nnew[s], perm + at, 0, 0};
         at += (past[s] + nnew[s] + bs - 1) / bs;
         T += nnew[s];
     }
@@ -491,7 +491,7 @@ static struct backend *open_be(const char *name, const struct model_config *cfg,
 static void step1(struct backend *be, int past, const int32_t *ids, int n, int logits_from, float *logits,
                   const int32_t *table)
 {
-    struct be_seq s = {past, n, table, logits_from};
+    struct be_seq s = {past, n, table, logits_from, 0};
     struct be_batch b = {1, &s, n, ids, n - logits_from, logits};
     RUN(be->ops->forward(be->ctx, &b, &err));
 }
@@ -769,7 +769,7 @@ static void compare_models(const struct model_config *cfg, const struct model_we
     for (int s = 0; s < NS; s++) {
         for (int i = 0; i < lens[s]; i++)
             ids[nt + i] = (int32_t)(urand() * V);
-        seqs[s] = (struct be_seq){0, lens[s], tables[s], s == 0 ? 0 : lens[s] - 1};
+        seqs[s] = (struct be_seq){0, lens[s], tables[s], s == 0 ? 0 : lens[s] - 1, 0};
         nt += lens[s];
     }
     int nl = lens[0] + (NS - 1);
@@ -786,7 +786,7 @@ static void compare_models(const struct model_config *cfg, const struct model_we
             int32_t next[NS];
             for (int s = 0; s < NS; s++) {
                 next[s] = (int32_t)(urand() * V);
-                seqs[s] = (struct be_seq){ctx[s], 1, tables[s], step == 2 && s == 1 ? 1 : 0};
+                seqs[s] = (struct be_seq){ctx[s], 1, tables[s], step == 2 && s == 1 ? 1 : 0, 0};
             }
             int n_l = NS - (step == 2 ? 1 : 0);
             struct be_batch d = {NS - (step == 5 ? 1 : 0), seqs, NS - (step == 5 ? 1 : 0), next,
@@ -807,9 +807,9 @@ static void compare_models(const struct model_config *cfg, const struct model_we
         int32_t mix[12];
         for (int i = 0; i < 12; i++)
             mix[i] = (int32_t)(urand() * V);
-        seqs[0] = (struct be_seq){ctx[0], 9, tables[0], 0};
-        seqs[1] = (struct be_seq){ctx[1], 1, tables[1], 0};
-        seqs[2] = (struct be_seq){ctx[2], 2, tables[2], 1};
+        seqs[0] = (struct be_seq){ctx[0], 9, tables[0], 0, 0};
+        seqs[1] = (struct be_seq){ctx[1], 1, tables[1], 0, 0};
+        seqs[2] = (struct be_seq){ctx[2], 2, tables[2], 1, 0};
         struct be_batch m = {3, seqs, 12, mix, 9 + 1 + 1, NULL};
         snprintf(what, sizeof what, "[%s] mixed prefill + decode step", label);
         both(cpu, gpu, &m, V, tol, what);
@@ -825,13 +825,13 @@ static void compare_models(const struct model_config *cfg, const struct model_we
             lids[i] = (int32_t)(urand() * V);
         for (int at = 0; at < 1200; at += 256) {
             int n = 1200 - at < 256 ? 1200 - at : 256;
-            struct be_seq s = {at, n, lt, n - 1};
+            struct be_seq s = {at, n, lt, n - 1, 0};
             struct be_batch c1 = {1, &s, n, lids + at, 1, NULL};
             snprintf(what, sizeof what, "[%s] long prefill chunk at %d", label, at);
             both(cpu, gpu, &c1, V, tol, what);
         }
         for (int g = 0; g < 3; g++) {
-            struct be_seq s = {1200 + g, 1, lt, 0};
+            struct be_seq s = {1200 + g, 1, lt, 0, 0};
             struct be_batch d1 = {1, &s, 1, lids + 1200 + g, 1, NULL};
             snprintf(what, sizeof what, "[%s] long decode at %d (split-K)", label, 1200 + g);
             both(cpu, gpu, &d1, V, tol, what);
@@ -848,7 +848,7 @@ static void compare_models(const struct model_config *cfg, const struct model_we
         memcpy(t2, tables[3], sizeof t2);
         t2[last] = fresh;
         int32_t tok = 5;
-        struct be_seq s = {ctx[3], 1, t2, 0};
+        struct be_seq s = {ctx[3], 1, t2, 0, 0};
         struct be_batch d1 = {1, &s, 1, &tok, 1, NULL};
         snprintf(what, sizeof what, "[%s] decode after kv_copy", label);
         both(cpu, gpu, &d1, V, tol, what);
@@ -1046,7 +1046,7 @@ static void prefill_seqs(struct backend **bes, int n_be, int n, int plen, int V,
     for (int s = 0; s < n; s++) {
         for (int i = 0; i < plen; i++)
             ids[s * plen + i] = (int32_t)(urand() * V);
-        seqs[s] = (struct be_seq){0, plen, tables[s], plen - 1};
+        seqs[s] = (struct be_seq){0, plen, tables[s], plen - 1, 0};
         ctx[s] = plen;
     }
     float *lg = malloc((size_t)n * V * 4);
@@ -1110,7 +1110,7 @@ static void graph_buckets(enum model_dtype dt)
             int32_t next[64];
             for (int s = 0; s < n; s++) {
                 next[s] = (int32_t)(urand() * V);
-                seqs[s] = (struct be_seq){ctx[s], 1, tables[s], 0};
+                seqs[s] = (struct be_seq){ctx[s], 1, tables[s], 0, 0};
             }
             struct be_batch b = {n, seqs, n, next, n, lgr};
             RUN(cuda_backend_set_graphs(gpu, 1));
@@ -1186,7 +1186,7 @@ static void test_device_argmax(void **state)
         int32_t next[20];
         for (int s = 0; s < 20; s++) {
             next[s] = (int32_t)(urand() * V);
-            seqs[s] = (struct be_seq){ctx[s], 1, tables[s], 0};
+            seqs[s] = (struct be_seq){ctx[s], 1, tables[s], 0, 0};
             masks[s] = NULL;
             if (round && s % 2 == 0) {
                 for (int w = 0; w < W; w++)
@@ -1232,7 +1232,7 @@ static void test_device_argmax(void **state)
             lt[i] = 200 + i; /* above the 20 sequences' blocks 0..159 */
         for (int i = 0; i < 700; i++)
             ids7[i] = (int32_t)(urand() * V);
-        struct be_seq s = {0, 700, lt, 0};
+        struct be_seq s = {0, 700, lt, 0, 0};
         struct be_batch b = {1, &s, 700, ids7, 700, lg};
         RUN(cuda_backend_set_device_argmax(gpu, 0));
         RUN(gpu->ops->forward(gpu->ctx, &b, &err));
@@ -1287,13 +1287,13 @@ static void test_long_context_16k(void **state)
         ids[i] = (int32_t)(urand() * V);
     char what[128];
     for (int at = 0; at < N; at += 2048) {
-        struct be_seq s = {at, 2048, perm, 2047};
+        struct be_seq s = {at, 2048, perm, 2047, 0};
         struct be_batch b = {1, &s, 2048, ids + at, 1, NULL};
         snprintf(what, sizeof what, "[16k] prefill chunk at %d (%d pages)", at, (at + 2048) / bs);
         both(cpu, gpu, &b, V, 1e-2, what);
     }
     for (int g = 0; g < 4; g++) {
-        struct be_seq s = {N + g, 1, perm, 0};
+        struct be_seq s = {N + g, 1, perm, 0, 0};
         struct be_batch b = {1, &s, 1, ids + N + g, 1, NULL};
         snprintf(what, sizeof what, "[16k] decode at %d (split-K, graphs on)", N + g);
         both(cpu, gpu, &b, V, 1e-2, what);
@@ -1330,7 +1330,7 @@ static void test_spec_batches(void **state)
         int32_t toks[32];
         int nt = 0, nl = 0;
         for (int s = 0; s < 4; s++) {
-            seqs[s] = (struct be_seq){ctx[s], shape[s], tables[s], 0};
+            seqs[s] = (struct be_seq){ctx[s], shape[s], tables[s], 0, 0};
             for (int i = 0; i < shape[s]; i++)
                 toks[nt++] = (int32_t)(urand() * V);
             nl += shape[s];
@@ -1433,7 +1433,7 @@ static void test_reduced_rows(void **state)
         uint8_t wants[16];
         for (int s = 0; s < 16; s++) {
             next[s] = (int32_t)(urand() * Vm);
-            seqs[s] = (struct be_seq){ctx[s], 1, tables[s], 0};
+            seqs[s] = (struct be_seq){ctx[s], 1, tables[s], 0, 0};
             wants[s] = s % 4 == 0 ? BE_ROW_FULL : s % 4 == 1 ? BE_ROW_ARGMAX : BE_ROW_CANDS;
         }
         struct be_batch b = {16, seqs, 16, next, 16, lw};

@@ -115,7 +115,7 @@ static double decode_host_sampled(struct backend *be, int n_seqs, int ctx0, int 
     double t0 = rl_mono_s();
     for (int k = 0; k < steps; k++) {
         for (int s = 0; s < n_seqs; s++)
-            seqs[s] = (struct be_seq){ctx0 + k, 1, tables + (size_t)s * per_seq_blocks, 0};
+            seqs[s] = (struct be_seq){ctx0 + k, 1, tables + (size_t)s * per_seq_blocks, 0, 0};
         struct be_batch b = {n_seqs, seqs, n_seqs, tok, n_seqs, host_logits};
         RUN(be->ops->forward(be->ctx, &b, &err));
         for (int s = 0; s < n_seqs; s++) {
@@ -143,14 +143,14 @@ static void prefill(struct backend *be, int n_seqs, int first, int len, int max_
         if (len > max_tokens) { /* one long prompt, chunked */
             for (int at = 0; at < len; at += max_tokens) {
                 int c = len - at < max_tokens ? len - at : max_tokens;
-                struct be_seq sq = {at, c, tables + (size_t)(first + s0) * per_seq_blocks, c - 1};
+                struct be_seq sq = {at, c, tables + (size_t)(first + s0) * per_seq_blocks, c - 1, 0};
                 struct be_batch b = {1, &sq, c, scratch_ids, 1, NULL};
                 RUN(be->ops->forward(be->ctx, &b, &err));
             }
             continue;
         }
         for (int i = 0; i < n; i++)
-            seqs[i] = (struct be_seq){0, len, tables + (size_t)(first + s0 + i) * per_seq_blocks, len - 1};
+            seqs[i] = (struct be_seq){0, len, tables + (size_t)(first + s0 + i) * per_seq_blocks, len - 1, 0};
         struct be_batch b = {n, seqs, n * len, scratch_ids, n, NULL};
         RUN(be->ops->forward(be->ctx, &b, &err));
     }
@@ -163,7 +163,7 @@ static void prefill_chunks(struct backend *be, int seq, int len, int chunk, int3
 {
     for (int at = 0; at < len; at += chunk) {
         int c = len - at < chunk ? len - at : chunk;
-        struct be_seq sq = {at, c, tables + (size_t)seq * per_seq_blocks, c - 1};
+        struct be_seq sq = {at, c, tables + (size_t)seq * per_seq_blocks, c - 1, 0};
         struct be_batch b = {1, &sq, c, scratch_ids, 1, NULL};
         RUN(be->ops->forward(be->ctx, &b, &err));
     }
@@ -177,7 +177,7 @@ static double decode(struct backend *be, int n_seqs, int ctx0, int steps, float 
     double t0 = rl_mono_s();
     for (int st = 0; st < steps; st++) {
         for (int s = 0; s < n_seqs; s++)
-            seqs[s] = (struct be_seq){ctx0 + st, 1, tables + (size_t)s * per_seq_blocks, 0};
+            seqs[s] = (struct be_seq){ctx0 + st, 1, tables + (size_t)s * per_seq_blocks, 0, 0};
         struct be_batch b = {n_seqs, seqs, n_seqs, tok, n_seqs, host_logits};
         RUN(be->ops->forward(be->ctx, &b, &err));
         const int32_t *ids = cuda_backend_sampled(be);

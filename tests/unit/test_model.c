@@ -181,7 +181,7 @@ static void invariance_on(const char *dir, const char *isa)
     for (int s = 0; s < NS; s++) {
         for (int b = 0; b < 4; b++)
             t2[s][b] = 100 + s * 4 + b;
-        seqs[s] = (struct be_seq){0, lens[s], t2[s], lens[s] - 1};
+        seqs[s] = (struct be_seq){0, lens[s], t2[s], lens[s] - 1, 0};
         memcpy(flat + nt, ids[s], (size_t)lens[s] * 4);
         nt += lens[s];
     }
@@ -195,7 +195,7 @@ static void invariance_on(const char *dir, const char *isa)
     int32_t next[NS];
     for (int s = 0; s < NS; s++) {
         next[s] = argmax(together + (size_t)s * (size_t)V, V);
-        seqs[s] = (struct be_seq){lens[s], 1, t2[s], 0};
+        seqs[s] = (struct be_seq){lens[s], 1, t2[s], 0, 0};
     }
     struct be_batch d = {NS, seqs, NS, next, NS, together};
     assert_int_equal(r.be->ops->forward(r.be->ctx, &d, &err), 0);
@@ -499,7 +499,7 @@ static void test_quantize_at_load(void **state)
             for (int i = 0; i < 64; i++)
                 table[i] = i;
             float *la = malloc((size_t)n * V * 4), *lb = malloc((size_t)n * V * 4);
-            struct be_seq s = {0, n, table, 0};
+            struct be_seq s = {0, n, table, 0, 0};
             struct be_batch ba = {1, &s, n, ids, n, la}, bb = {1, &s, n, ids, n, lb};
             if (a->ops->forward(a->ctx, &ba, &err))
                 fail_msg("forward: %s", err.msg);

@@ -292,12 +292,12 @@ static void check_format(const struct fmt *f, const char *isa, double tol, struc
         be->ops->kv_init(be->ctx, 64, 16, &err))
         fail_msg("%s/%s: %s", f->name, isa, err.msg);
     float *lg = malloc((size_t)T_ALL * V * sizeof *lg);
-    struct be_seq s = {0, T_PREFILL, table, 0};
+    struct be_seq s = {0, T_PREFILL, table, 0, 0};
     struct be_batch b = {1, &s, T_PREFILL, tokens, T_PREFILL, lg};
     if (be->ops->forward(be->ctx, &b, &err))
         fail_msg("%s/%s: forward: %s", f->name, isa, err.msg);
     for (int t = T_PREFILL; t < T_ALL; t++) {
-        struct be_seq s1 = {t, 1, table, 0};
+        struct be_seq s1 = {t, 1, table, 0, 0};
         struct be_batch b1 = {1, &s1, 1, tokens + t, 1, lg + (size_t)t * V};
         if (be->ops->forward(be->ctx, &b1, &err))
             fail_msg("%s/%s: decode: %s", f->name, isa, err.msg);
@@ -552,7 +552,7 @@ static float *run_model(const char *path, const char *isa, const int32_t *tokens
         be->ops->kv_init(be->ctx, 64, 16, &err))
         fail_msg("%s: %s", path, err.msg);
     float *lg = malloc((size_t)T_ALL * c->vocab * sizeof *lg);
-    struct be_seq s = {0, T_ALL, table, 0};
+    struct be_seq s = {0, T_ALL, table, 0, 0};
     struct be_batch b = {1, &s, T_ALL, tokens, T_ALL, lg};
     if (be->ops->forward(be->ctx, &b, &err))
         fail_msg("%s: forward: %s", path, err.msg);

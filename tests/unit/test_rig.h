@@ -50,7 +50,7 @@ static inline void rig_step(struct rig *r, int past, const int32_t *ids, int n, 
                             const int32_t *table)
 {
     struct rl_err err = {0};
-    struct be_seq s = {past, n, table ? table : r->table, 0};
+    struct be_seq s = {past, n, table ? table : r->table, 0, 0};
     struct be_batch b = {1, &s, n, ids, n, logits};
     int rc = r->be->ops->forward(r->be->ctx, &b, &err);
     if (rc)

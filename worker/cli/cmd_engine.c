@@ -130,7 +130,7 @@ int cmd_logits(int argc, char **argv)
     int rc = !logits || !table ? rl_errf(&err, RL_ENOMEM, "out of memory") : 0;
     if (!rc) {
         table_identity(table, cm.n_blocks, 0);
-        struct be_seq s = {0, n, table, a.all ? 0 : n - 1};
+        struct be_seq s = {0, n, table, a.all ? 0 : n - 1, 0};
         struct be_batch b = {1, &s, n, ids, rows, logits};
         rc = cm.be->ops->forward(cm.be->ctx, &b, &err);
     }
@@ -181,7 +181,7 @@ int cmd_run(int argc, char **argv)
     const int32_t *feed = ids;
     int n_feed = n;
     while (!rc && n_out < a.n_gen) {
-        struct be_seq s = {past, n_feed, table, n_feed - 1};
+        struct be_seq s = {past, n_feed, table, n_feed - 1, 0};
         struct be_batch b = {1, &s, n_feed, feed, 1, logits};
         if ((rc = cm.be->ops->forward(cm.be->ctx, &b, &err)))
             break;
@@ -306,7 +306,7 @@ int cmd_bench_engine(int argc, char **argv)
      * llama-bench's warm-up run); then every sequence's prompt is
      * prefilled in turn, and the mean rate reported. */
     {
-        struct be_seq q = {0, P, tables, P - 1};
+        struct be_seq q = {0, P, tables, P - 1, 0};
         struct be_batch b = {1, &q, P, prompt, 1, logits};
         rc = cm.be->ops->forward(cm.be->ctx, &b, &err);
         if (!rc && cm.be->ops->profile)
@@ -314,7 +314,7 @@ int cmd_bench_engine(int argc, char **argv)
     }
     double t_prefill = 0;
     for (int s = 0; s < B && !rc; s++) {
-        struct be_seq q = {0, P, tables + (size_t)s * (size_t)per_seq, P - 1};
+        struct be_seq q = {0, P, tables + (size_t)s * (size_t)per_seq, P - 1, 0};
         struct be_batch b = {1, &q, P, prompt, 1, logits + (size_t)s * V};
         double t0 = rl_mono_s();
         rc = cm.be->ops->forward(cm.be->ctx, &b, &err);
@@ -326,7 +326,7 @@ int cmd_bench_engine(int argc, char **argv)
     double t_decode = 0;
     for (int g = 0; g < G - 1 && !rc; g++) {
         for (int s = 0; s < B; s++)
-            seqs[s] = (struct be_seq){P + g, 1, tables + (size_t)s * (size_t)per_seq, 0};
+            seqs[s] = (struct be_seq){P + g, 1, tables + (size_t)s * (size_t)per_seq, 0, 0};
         struct be_batch b = {B, seqs, B, next, B, logits};
         double t0 = rl_mono_s();
         rc = cm.be->ops->forward(cm.be->ctx, &b, &err);

@@ -13,6 +13,7 @@
 #include "modelref.h"
 #include "cli_util.h"
 #include "cmds.h"
+#include "mklora.h"
 #include "mkmodel.h"
 
 static void usage(FILE *f)
@@ -45,8 +46,121 @@ static void usage(FILE *f)
           "                      (GGUF: into the file's tokenizer metadata)\n"
           "  --from DIR          convert the checkpoint in DIR to --dtype (same weights,\n"
           "                      its config and tokenizer files kept); shape flags ignored\n"
-          "  prints {\"out\": DIR, \"params\": N, \"bytes\": N, \"files\": N}\n",
+          "  prints {\"out\": DIR, \"params\": N, \"bytes\": N, \"files\": N}\n"
+          "\n"
+          "usage: redlm mkmodel --lora-of BASE --out DIR [options]\n"
+          "  Writes a PEFT LoRA adapter with random A and B for the checkpoint BASE\n"
+          "  (adapter_config.json + adapter_model.safetensors, as PEFT saves them).\n"
+          "  --lora-rank N       r (default 8)\n"
+          "  --lora-alpha F      lora_alpha (default 2 r)\n"
+          "  --lora-std F        std of the entries of A and B (default 0.02)\n"
+          "  --lora-targets L    comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,\n"
+          "                      up_proj,down_proj (default all)\n"
+          "  --rslora            scale alpha / sqrt(r) instead of alpha / r\n"
+          "  --seed N --dtype f32|bf16\n"
+          "usage: redlm mkmodel --merge-lora ADAPTER --from BASE --out DIR\n"
+          "  Writes BASE with the adapter merged into its weights (one model.safetensors)\n"
+          "  prints {\"out\": DIR}\n",
           f);
+}
+
+/* --lora-of and --merge-lora: the adapter maker's own flags. */
+static int lora_args(int argc, char **argv, struct mk_lora_opts *o, const char **merge,
+                     const char **from, struct rl_err *err)
+{
+    mk_lora_opts_init(o);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--rslora")) {
+            o->rslora = 1;
+            continue;
+        }
+        if (i + 1 >= argc)
+            return rl_errf(err, RL_EINVAL, "unknown or incomplete argument \"%s\" (see --help)", a);
+        const char *v = argv[++i];
+        long x;
+        char *end;
+        int rc;
+        if (!strcmp(a, "--lora-of")) {
+            o->base_dir = v;
+        } else if (!strcmp(a, "--merge-lora")) {
+            *merge = v;
+        } else if (!strcmp(a, "--from")) {
+            *from = v;
+        } else if (!strcmp(a, "--out")) {
+            o->out_dir = v;
+        } else if (!strcmp(a, "--lora-rank")) {
+            if ((rc = cli_parse_int(v, 1, 512, &x, a, err)))
+                return rc;
+            o->rank = (int)x;
+        } else if (!strcmp(a, "--lora-alpha") || !strcmp(a, "--lora-std")) {
+            double f = strtod(v, &end);
+            if (end == v || *end || !(f > 0) || f > 1e6)
+                return rl_errf(err, RL_EINVAL, "%s: \"%s\" is not a positive number", a, v);
+            if (a[7] == 'a')
+                o->alpha = f;
+            else
+                o->std = (float)f;
+        } else if (!strcmp(a, "--lora-targets")) {
+            static const char *const names[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                "gate_proj", "up_proj", "down_proj"};
+            o->targets = 0;
+            for (const char *t = v; *t;) {
+                size_t n = strcspn(t, ",");
+                int found = 0;
+                for (int p = 0; p < 7; p++)
+                    if (strlen(names[p]) == n && !strncmp(t, names[p], n))
+                        o->targets |= 1u << p, found = 1;
+                if (!found)
+                    return rl_errf(err, RL_EINVAL, "--lora-targets: \"%.*s\" is not one of q_proj, "
+                                   "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj", (int)n, t);
+                t += n + (t[n] == ',');
+            }
+        } else if (!strcmp(a, "--seed")) {
+            errno = 0;
+            unsigned long long sd = strtoull(v, &end, 0);
+            if (errno || end == v || *end || v[0] == '-')
+                return rl_errf(err, RL_EINVAL, "--seed: \"%s\" is not a non-negative integer", v);
+            o->seed = sd;
+        } else if (!strcmp(a, "--dtype")) {
+            if (strcmp(v, "f32") && strcmp(v, "bf16"))
+                return rl_errf(err, RL_EINVAL, "--dtype: an adapter is f32 or bf16, not \"%s\"", v);
+            o->bf16 = !strcmp(v, "bf16");
+        } else {
+            return rl_errf(err, RL_EINVAL, "unknown argument \"%s\" for an adapter (see --help)", a);
+        }
+    }
+    if (!o->out_dir)
+        return rl_errf(err, RL_EINVAL, "--out is needed");
+    if (*merge && (!*from || o->base_dir))
+        return rl_errf(err, RL_EINVAL, "--merge-lora ADAPTER takes --from BASE (and no --lora-of)");
+    return 0;
+}
+
+static int cmd_lora(int argc, char **argv)
+{
+    struct mk_lora_opts o;
+    const char *merge = NULL, *from = NULL;
+    struct rl_err err = {0};
+    struct modelref base;
+    int rc = lora_args(argc, argv, &o, &merge, &from, &err);
+    const char *b = merge ? from : o.base_dir;
+    if (!rc && !(rc = modelref_resolve(b, &base, &err)))
+        b = base.dir;
+    if (!rc)
+        rc = merge ? mk_lora_merge(b, merge, o.out_dir, &err)
+                   : (o.base_dir = b, mk_lora_write(&o, &err));
+    if (rc) {
+        fprintf(stderr, "mkmodel: %s\n", err.msg);
+        return 1;
+    }
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "out", o.out_dir);
+    char *s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    printf("%s\n", s ? s : "{}");
+    free(s);
+    return 0;
 }
 
 static int parse_size(const char *s, uint64_t *out, struct rl_err *err)
@@ -182,6 +296,9 @@ int cmd_mkmodel(int argc, char **argv)
             usage(stdout);
             return 0;
         }
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--lora-of") || !strcmp(argv[i], "--merge-lora"))
+            return cmd_lora(argc, argv);
     struct mk_opts o;
     struct mk_result r;
     struct rl_err err = {0};
