@@ -65,8 +65,10 @@ def models(tmp_path_factory):
     run("mkmodel", "--shape", "tiny", *SHAPE, "--vocab", cfg["vocab_size"],
         "--bos", cfg["bos_token_id"], "--eos", cfg["eos_token_id"], "--dtype", "f32",
         "--seed", "1", "--untied", "--tokenizer", MODEL, "--out", base)
+    # a strong adapter (mkmodel's default std, 0.02, leaves a long prompt's
+    # greedy tokens as the base's): every answer below tells the two apart
     run("mkmodel", "--lora-of", base, "--lora-rank", RANK, "--lora-alpha", 2 * RANK,
-        "--seed", "7", "--out", adapter)
+        "--lora-std", "0.1", "--seed", "7", "--out", adapter)
     run("mkmodel", "--merge-lora", adapter, "--from", base, "--out", merged)
     return {"base": base, "adapter": adapter, "merged": merged}
 
@@ -232,8 +234,11 @@ def test_dispatcher_routes_and_lists_adapters(models, procs, redis_addr, prefix)
     tap(r, f"{prefix}jobs:{base}:fast", f"{prefix}jobs:{base}:think")
     procs["worker"]("wl", models["base"], "--pool-scope", "model", "--lora",
                     f"a={models['adapter']}")
+    # the reference writes no cache entries: its checkpoint has the base's
+    # config, tokenizer and file sizes, which is all a model's identity
+    # covers (common/modelid.c), so its answers would be keyed as the base's
     procs["worker"]("ref", models["merged"], "--pool-scope", "model", "--served-model-name",
-                    "merged")
+                    "merged", "--no-result-cache")
     procs["dispatcher"]("--model", models["base"], "--think-ratio", "0.5", http_port=port)
 
     m = wait_models(port, [base, "merged", "a"])
