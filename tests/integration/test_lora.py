@@ -9,7 +9,8 @@ the reference, the base with the adapter merged into its weights
   - a worker started with `--lora a=DIR` answers a greedy job for model `a`
     with exactly the tokens a worker on the merged checkpoint gives, and a
     job for the base model (by name or naming none) with the base's tokens,
-    which differ; its heartbeat announces the adapter and its rank; a job
+    which differ; an embedding job for `a` gives the merged checkpoint's
+    vector; its heartbeat announces the adapter and its rank; a job
     for a name it does not serve is MODEL_NOT_FOUND naming what it serves;
   - the result cache never crosses base and adapter, neither in the worker
     nor in the dispatcher's fast path: the same deterministic job for the
@@ -29,8 +30,10 @@ the reference, the base with the adapter merged into its weights
 Waits are on observable state (heartbeats, events, HTTP answers), never
 fixed sleeps.
 """
+import base64
 import http.client
 import json
+import struct
 import subprocess
 import time
 
@@ -180,6 +183,19 @@ def test_worker_serves_the_adapter_as_its_merged_checkpoint(models, procs, redis
         plain = tokens(answer(r, prefix, greedy(f"p{i}", ids, cache=False)))
         assert named == plain and len(plain) == 8
         assert plain != want, f"the adapter changes nothing on {ids}: pick a stronger one"
+
+    # an embedding job may name the adapter too: the engine applies it to
+    # every row, so the vector is the merged checkpoint's, not the base's
+    def embedding(jid, model, pool="fast"):
+        j = {"id": jid, "task": "embed", "prompt_ids": PROMPTS[0], "cache": False}
+        if model:
+            j["model"] = model
+        evs = answer(r, prefix, j, pool=pool)
+        assert evs[-1]["type"] == "done" and "embedding" in evs[-1], evs[-1]
+        return struct.unpack(f"<{evs[-1]['dimensions']}f", base64.b64decode(evs[-1]["embedding"]))
+    ea, er, eb = embedding("ea", "a"), embedding("er", None, "ref"), embedding("eb", None)
+    assert max(abs(x - y) for x, y in zip(ea, er)) < 1e-4, (ea[:4], er[:4])
+    assert max(abs(x - y) for x, y in zip(ea, eb)) > 1e-3
 
     # a name this worker does not serve: refused, naming what it serves
     evs = answer(r, prefix, greedy("nf", PROMPTS[0], "b"))
