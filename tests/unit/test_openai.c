@@ -174,6 +174,22 @@ static void test_model_into_job(void **state)
     assert_int_equal(oai_parse_request(same, strlen(same), &lim, ID, 0, &r, &e), 0);
     assert_null(strstr(r.job, "\"model\""));
     oai_request_clear(&r);
+    /* lim.adapters (the front door with served_model_name): another name
+     * may be a LoRA adapter of it, so it goes into the job for the host to
+     * check; the served name still carries none */
+    lim.adapters = true;
+    const char *lora = "{\"model\":\"sql-lora\",\"messages\":[{\"role\":\"user\","
+                       "\"content\":\"Hi\"}]}";
+    assert_int_equal(oai_parse_request(lora, strlen(lora), &lim, ID, 0, &r, &e), 0);
+    assert_string_equal(r.model, "sql-lora");
+    assert_non_null(strstr(r.job, "\"model\":\"sql-lora\""));
+    oai_request_clear(&r);
+    assert_int_equal(oai_parse_request(same, strlen(same), &lim, ID, 0, &r, &e), 0);
+    assert_string_equal(r.model, "");
+    assert_null(strstr(r.job, "\"model\""));
+    oai_request_clear(&r);
+    assert_int_not_equal(oai_parse_request(bad, strlen(bad), &lim, ID, 0, &r, &e), 0);
+    assert_int_equal(e.status, 400);
 }
 
 static void test_deadline_written(void **state)
