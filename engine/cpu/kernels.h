@@ -145,6 +145,13 @@ struct cpu_kernels {
      * u[i]. Both are functions of the row alone. */
     void (*rmsnorm)(const float *x, const float *w, float *y, int n, float eps);
     void (*swiglu)(float *g, const float *u, int n);
+    /* The up half of a LoRA delta (cpu/lora_apply.h): y[i] += sum_k t[k] *
+     * w[k * ldw + i] for i < n, k < r, each i's sum in one f32 chain from
+     * 0, k ascending, then added to y[i]: the r rows of w stream once and
+     * the sums stay in registers (r axpys would load and store y r times).
+     * A function of i's column alone, so any split of [0, n) gives the
+     * same bits. Required. */
+    void (*lora_up)(int r, const float *t, const float *w, size_t ldw, float *y, int n);
     /* Qwen3's per-head q/k step: each of n rows of hd floats (stride hd)
      * gets rmsnorm(row) * w as rmsnorm() computes it, then the rotate-half
      * rotary embedding with cos cs[i] / sin sn[i] for i < hd/2:

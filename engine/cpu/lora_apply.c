@@ -20,49 +20,73 @@ struct lora_job {
     float *const *y;
     const int *ldy;
     float *tmp;
-    int per_row; /* items per (row, projection) */
+    int per_row; /* items per (group of rows, projection) */
     int n_items;
     _Atomic int next;
 };
 
-/* t = A x, LORA_RANKS_PER_ITEM entries of one (row, projection) an item */
+/* Rows of one item: rows of one sequence, one adapter, in a prefill; the
+ * item's slice of A or B^T stays in L1 while they all use it. */
+#define LORA_ROWS_PER_ITEM 8
+
+/* An item's group, projection and chunk. */
+static void item_at(const struct lora_job *j, int it, int *g, int *p, int *c)
+{
+    *c = it % j->per_row;
+    *p = it / j->per_row % j->n_proj;
+    *g = it / j->per_row / j->n_proj;
+}
+
+/* t = A x: LORA_RANKS_PER_ITEM entries of one projection for a group of
+ * rows an item, as a product (gemm_f32: independent accumulators for the
+ * ranks, where a dot per entry waits on its one chain) over each run of
+ * consecutive rows of one adapter; a value's bits do not depend on the
+ * run it is computed in (kernels.h) */
 static void phase_a(void *arg, int ith, int nth)
 {
     (void)ith, (void)nth;
     struct lora_job *j = arg;
-    int it;
+    int it, g, p, c;
+    size_t ld = (size_t)j->n_proj * (size_t)j->rows->max_rank;
     while ((it = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->n_items) {
-        int c = it % j->per_row, rp = it / j->per_row, p = rp % j->n_proj, i = rp / j->n_proj;
-        const struct lora_pair *pr = lora_get(j->rows->a[i], j->layer, j->projs[p]);
-        if (!pr)
-            continue;
-        int k0 = c * LORA_RANKS_PER_ITEM, k1 = k0 + LORA_RANKS_PER_ITEM;
-        k1 = k1 < pr->rank ? k1 : pr->rank;
-        const float *xr = j->x + (size_t)j->rows->t[i] * (size_t)j->ldx;
-        float *t = j->tmp + (size_t)rp * (size_t)j->rows->max_rank;
-        for (int k = k0; k < k1; k++)
-            t[k] = j->k->dot_f32(pr->a + (size_t)k * (size_t)pr->in, xr, pr->in);
+        item_at(j, it, &g, &p, &c);
+        int i1 = (g + 1) * LORA_ROWS_PER_ITEM < j->rows->n ? (g + 1) * LORA_ROWS_PER_ITEM : j->rows->n;
+        for (int i = g * LORA_ROWS_PER_ITEM, n; i < i1; i += n) {
+            const struct lora_pair *pr = lora_get(j->rows->a[i], j->layer, j->projs[p]);
+            for (n = 1; i + n < i1 && j->rows->a[i + n] == j->rows->a[i] &&
+                        j->rows->t[i + n] == j->rows->t[i] + n;)
+                n++;
+            int k0 = c * LORA_RANKS_PER_ITEM;
+            if (!pr || k0 >= pr->rank)
+                continue;
+            int k1 = k0 + LORA_RANKS_PER_ITEM < pr->rank ? k0 + LORA_RANKS_PER_ITEM : pr->rank;
+            j->k->gemm_f32(n, k0, k1, pr->in, j->x + (size_t)j->rows->t[i] * (size_t)j->ldx, j->ldx,
+                           pr->a, j->tmp + (size_t)i * ld + (size_t)p * (size_t)j->rows->max_rank,
+                           (int)ld);
+        }
     }
 }
 
-/* y += sum_k t[k] Bt[k], LORA_COLS_PER_ITEM columns of one (row,
- * projection) an item, k ascending whatever the split */
+/* y += sum_k t[k] Bt[k] (kernels.h lora_up): LORA_COLS_PER_ITEM columns of one projection for
+ * a group of rows an item, k ascending whatever the split */
 static void phase_b(void *arg, int ith, int nth)
 {
     (void)ith, (void)nth;
     struct lora_job *j = arg;
-    int it;
+    int it, g, p, c;
     while ((it = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->n_items) {
-        int c = it % j->per_row, rp = it / j->per_row, p = rp % j->n_proj, i = rp / j->n_proj;
-        const struct lora_pair *pr = lora_get(j->rows->a[i], j->layer, j->projs[p]);
+        item_at(j, it, &g, &p, &c);
+        int i1 = (g + 1) * LORA_ROWS_PER_ITEM < j->rows->n ? (g + 1) * LORA_ROWS_PER_ITEM : j->rows->n;
         int o0 = c * LORA_COLS_PER_ITEM;
-        if (!pr || o0 >= pr->out)
-            continue;
-        int o1 = o0 + LORA_COLS_PER_ITEM < pr->out ? o0 + LORA_COLS_PER_ITEM : pr->out;
-        const float *t = j->tmp + (size_t)rp * (size_t)j->rows->max_rank;
-        float *yr = j->y[p] + (size_t)j->rows->t[i] * (size_t)j->ldy[p];
-        for (int k = 0; k < pr->rank; k++)
-            j->k->axpy_f32(t[k], pr->bt + (size_t)k * (size_t)pr->out + o0, yr + o0, o1 - o0);
+        for (int i = g * LORA_ROWS_PER_ITEM; i < i1; i++) {
+            const struct lora_pair *pr = lora_get(j->rows->a[i], j->layer, j->projs[p]);
+            if (!pr || o0 >= pr->out)
+                continue;
+            int o1 = o0 + LORA_COLS_PER_ITEM < pr->out ? o0 + LORA_COLS_PER_ITEM : pr->out;
+            const float *t = j->tmp + ((size_t)i * (size_t)j->n_proj + (size_t)p) * (size_t)j->rows->max_rank;
+            float *yr = j->y[p] + (size_t)j->rows->t[i] * (size_t)j->ldy[p];
+            j->k->lora_up(pr->rank, t, pr->bt + o0, (size_t)pr->out, yr + o0, o1 - o0);
+        }
     }
 }
 
@@ -93,10 +117,11 @@ void cpu_lora_apply(struct cpu_pool *pool, const struct cpu_kernels *k, const st
     if (!any)
         return;
     struct lora_job j = {k, rows, layer, n_proj, projs, x, ldx, y, ldy, tmp, 0, 0, 0};
+    int groups = (rows->n + LORA_ROWS_PER_ITEM - 1) / LORA_ROWS_PER_ITEM;
     j.per_row = (rows->max_rank + LORA_RANKS_PER_ITEM - 1) / LORA_RANKS_PER_ITEM;
-    j.n_items = rows->n * n_proj * j.per_row;
+    j.n_items = groups * n_proj * j.per_row;
     run_phase(pool, phase_a, &j);
     j.per_row = (max_out + LORA_COLS_PER_ITEM - 1) / LORA_COLS_PER_ITEM;
-    j.n_items = rows->n * n_proj * j.per_row;
+    j.n_items = groups * n_proj * j.per_row;
     run_phase(pool, phase_b, &j);
 }

@@ -1070,6 +1070,47 @@ static void test_dot_axpy(void **state)
     }
 }
 
+/* lora_up against a double sum, nothing written past n, and the same bits
+ * for a column whatever piece of [0, n) it is computed in */
+static void test_lora_up(void **state)
+{
+    (void)state;
+    const struct cpu_kernels *ks[CPU_ISA_N];
+    int nk = available(ks);
+    enum { R = 19, LD = 203 };
+    static const int ns[] = {1, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 129, 200};
+    static float t[R], w[R * LD], y0[LD], y[LD], yp[LD];
+    for (int k = 0; k < R; k++)
+        t[k] = rnd_f();
+    for (int i = 0; i < R * LD; i++)
+        w[i] = rnd_f();
+    for (int i = 0; i < LD; i++)
+        y0[i] = rnd_f();
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+        for (int r = 1; r <= R; r += 6)
+            for (int x = 0; x < nk; x++) {
+                int n = ns[ni];
+                const char *isa = cpu_isa_name(ks[x]->isa);
+                memcpy(y, y0, sizeof y);
+                ks[x]->lora_up(r, t, w, LD, y, n);
+                for (int i = 0; i < LD; i++) {
+                    double want = y0[i], mag = fabs(y0[i]);
+                    for (int k = 0; i < n && k < r; k++) {
+                        want += (double)t[k] * w[k * LD + i];
+                        mag += fabs((double)t[k] * w[k * LD + i]);
+                    }
+                    if (fabs(y[i] - want) > TOL_DOT * mag + (i >= n ? 0 : 1e-30))
+                        fail_msg("%s lora_up r=%d n=%d [%d]: %.9g vs %.9g", isa, r, n, i, y[i], want);
+                }
+                /* in two pieces cut anywhere: the same bits */
+                int cut = n / 3;
+                memcpy(yp, y0, sizeof yp);
+                ks[x]->lora_up(r, t, w + cut, LD, yp + cut, n - cut);
+                ks[x]->lora_up(r, t, w, LD, yp, cut);
+                assert_memory_equal(yp, y, sizeof y);
+            }
+}
+
 /* ---- dispatch ----------------------------------------------------------- */
 
 static void test_dispatch(void **state)
@@ -1095,6 +1136,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dispatch),
+        cmocka_unit_test(test_lora_up),
         cmocka_unit_test(test_bf16_rounding),
         cmocka_unit_test(test_f16_convert),
         cmocka_unit_test(test_checker_catches_errors),
