@@ -47,6 +47,7 @@ extern "C" {
 #include "quant.h"
 #include "cpu/qgemm.h"
 #include "cuda/kv_fit.h"
+#include "lora.h"
 #include "sample.h"
 }
 
@@ -73,6 +74,7 @@ struct cu_graph {
 struct meta_view {
     int32_t *tokens, *pos, *seq, *slot; /* (capT) */
     int32_t *dec;                       /* (capT) */
+    int32_t *lslot;                     /* (capT) each token row's be_seq.lora, 0 padding */
     int32_t *lrow;                      /* (capL) token rows for lm_head, wanted ones first */
     int32_t *tile_seq, *tile_r0;        /* (capTiles) */
     int32_t *seq_tok0, *seq_nnew, *seq_npast, *seq_bt_off; /* (capS) */
@@ -85,6 +87,7 @@ struct meta_caps {
 
 struct step {
     int T, n_dec, nsplit, n_tiles, n_lrows;
+    int lora;                           /* some row runs with an adapter */
     struct meta_view d;
 };
 
@@ -139,7 +142,7 @@ struct cuda_ctx {
     int32_t *meta_h, *meta_d; /* step metadata, pinned host and device */
     size_t meta_cap;          /* int32 elements */
 
-    struct cu_graph graphs[N_BUCKETS];
+    struct cu_graph graphs[2 * N_BUCKETS]; /* per bucket: without, then with LoRA deltas */
     int use_graphs, device_argmax, gemm_path, attn_variant;
     struct cu_prof *prof; /* NULL unless the benchmark asked (eager steps only) */
     size_t kv_reserve;        /* be_options.kv_reserve_bytes */
@@ -152,6 +155,13 @@ struct cuda_ctx {
     const int32_t *last_lrow_d;        /* the last forward's token row of each logits row (in meta_d) */
     int last_hidden;                   /* logits rows cuda_hidden can serve: their x rows hold the full residual */
     float *hid_d;                      /* (hidden) one final-normed row in f32 (cuda_hidden) */
+    /* LoRA adapters (lora.cu): the device table of every slot's matrices,
+     * the rank-wide scratch between the two kernels (both allocated at the
+     * first adapter, at fixed addresses the graphs keep), and each slot's
+     * own allocation */
+    struct cu_lora_ent *lora_tab_d;    /* ((LORA_MAX_ADAPTERS + 1) * n_layers * CU_LORA_PROJ) */
+    float *lora_tmp;                   /* (rows, 3, CU_LORA_MAX_RANK) */
+    void *lora_mem[LORA_MAX_ADAPTERS + 1];
     struct kv_fit_out fit;    /* the pool the device holds, from load (fit_kv) */
     char desc[256];
 };
@@ -172,6 +182,7 @@ static int cuda_fetch_row(void *ctx, int row, float *out, struct rl_err *err);
 static void *cuda_host_alloc_op(void *ctx, size_t bytes);
 static void cuda_host_free_op(void *ctx, void *p);
 static int cuda_hidden(void *ctx, int row, float *out, struct rl_err *err);
+static int cuda_lora_set(void *ctx, int slot, const struct lora_adapter *a, struct rl_err *err);
 
 static const struct be_ops cuda_ops = {
     "cuda",
@@ -191,6 +202,7 @@ static const struct be_ops cuda_ops = {
     cuda_host_alloc_op,
     cuda_host_free_op,
     cuda_hidden,
+    cuda_lora_set,
 };
 
 /* ---- allocation ---- */
@@ -216,7 +228,7 @@ static int dev_alloc(struct cuda_ctx *c, void **p, size_t bytes, struct rl_err *
 
 static void graphs_reset(struct cuda_ctx *c)
 {
-    for (int i = 0; i < N_BUCKETS; i++) {
+    for (int i = 0; i < 2 * N_BUCKETS; i++) {
         if (c->graphs[i].exec)
             cudaGraphExecDestroy(c->graphs[i].exec);
         memset(&c->graphs[i], 0, sizeof c->graphs[i]);
@@ -799,7 +811,7 @@ static int cuda_kv_copy(void *ctx, int32_t dst, int32_t src, int n_tokens, struc
 
 static size_t meta_fixed(const struct meta_caps *k)
 {
-    return 5 * (size_t)k->T + (size_t)k->L + 2 * (size_t)k->tiles + 4 * (size_t)k->S;
+    return 6 * (size_t)k->T + (size_t)k->L + 2 * (size_t)k->tiles + 4 * (size_t)k->S;
 }
 
 static void meta_view_at(int32_t *base, const struct meta_caps *k, struct meta_view *v)
@@ -810,6 +822,7 @@ static void meta_view_at(int32_t *base, const struct meta_caps *k, struct meta_v
     v->seq = p, p += k->T;
     v->slot = p, p += k->T;
     v->dec = p, p += k->T;
+    v->lslot = p, p += k->T;
     v->lrow = p, p += k->L;
     v->tile_seq = p, p += k->tiles;
     v->tile_r0 = p, p += k->tiles;
@@ -889,8 +902,10 @@ static int build_step(struct cuda_ctx *c, const struct be_batch *b, int B, struc
     meta_view_at(c->meta_h, &k, &h);
     int bs = c->block_size, T = b->n_tokens;
     int n_dec = 0, nl = 0, nt = 0, bt_at = 0;
+    s->lora = 0;
     for (int i = 0, t = 0; i < b->n_seqs; i++) {
         const struct be_seq *q = &b->seqs[i];
+        s->lora |= q->lora != 0;
         int nb = n_tbl(c, q);
         memcpy(h.bt + bt_at, q->block_table, (size_t)nb * 4);
         h.seq_tok0[i] = t;
@@ -909,6 +924,7 @@ static int build_step(struct cuda_ctx *c, const struct be_batch *b, int B, struc
             h.pos[t] = p;
             h.seq[t] = i;
             h.slot[t] = q->block_table[p / bs] * bs + p % bs;
+            h.lslot[t] = q->lora;
             if (q->n_new == 1 && !tc_dec)
                 h.dec[n_dec++] = t;
             if (j >= q->logits_from)
@@ -923,6 +939,7 @@ static int build_step(struct cuda_ctx *c, const struct be_batch *b, int B, struc
             h.pos[t] = 0;
             h.seq[t] = t;
             h.slot[t] = c->n_blocks * bs;
+            h.lslot[t] = 0;
             if (tc_dec) {
                 h.tile_seq[nt] = t;
                 h.tile_r0[nt++] = 0;
@@ -960,6 +977,34 @@ static int build_step(struct cuda_ctx *c, const struct be_batch *b, int B, struc
 
 static enum cu_act lin_act(const struct cu_linear *l) { return cu_act_for(l->m[0].dt); }
 
+/* The adapters' deltas of projections p0 .. p0 + n - 1 of layer l (one
+ * input x of type xt, ldx wide) into y (ldy wide, projection j's outputs
+ * from column col[j]), for the step's rows that run with one. */
+static int lora_deltas(struct cuda_ctx *c, const struct step *s, int l, int p0, int n, const void *x,
+                       enum cu_act xt, int ldx, float *y, int ldy, const int col[3], int max_out,
+                       struct rl_err *err)
+{
+    struct cu_lora_call a;
+    memset(&a, 0, sizeof a);
+    a.x = x;
+    a.xt = xt;
+    a.ldx = ldx;
+    a.T = s->T;
+    a.slot = s->d.lslot;
+    a.tab = c->lora_tab_d;
+    a.n_layers = c->cfg.n_layers;
+    a.layer = l;
+    a.p0 = p0;
+    a.n_proj = n;
+    a.max_out = max_out;
+    a.tmp = c->lora_tmp;
+    a.y = y;
+    a.ldy = ldy;
+    for (int j = 0; j < 3; j++)
+        a.col[j] = col[j];
+    return cu_lora_apply(&a, c->st, err);
+}
+
 /* Enqueues a whole step. out_logits: host rows to copy into (NULL in
  * graph capture, where the caller copies after the launch). */
 static int run_step(struct cuda_ctx *c, const struct step *s, float *out_logits, struct rl_err *err)
@@ -992,6 +1037,13 @@ static int run_step(struct cuda_ctx *c, const struct step *s, float *out_logits,
                                  cfg->n_kv_heads, cfg->head_dim, c->block_size};
         if ((rc = cu_linear_run(c->gemm, &L->qkv, T, c->xin, c->qkv, err)))
             return rc;
+        int KV = cfg->n_kv_heads * cfg->head_dim;
+        if (s->lora) {
+            const int col[3] = {0, Q, Q + KV};
+            if ((rc = lora_deltas(c, s, l, LORA_Q, 3, c->xin, lin_act(&L->qkv), H, c->qkv, Q + 2 * KV, col,
+                                  Q > KV ? Q : KV, err)))
+                return rc;
+        }
         MARK(QKV);
         if ((rc = cu_qk_rope_write(c->qkv, T, NH, L->q_norm, L->k_norm, eps, c->inv_freq, c->mscale, s->d.pos,
                                    s->d.slot, c->q, &kv, c->st, err)))
@@ -1010,18 +1062,34 @@ static int run_step(struct cuda_ctx *c, const struct step *s, float *out_logits,
         }
         if ((rc = cu_linear_run(c->gemm, &L->o, T, oin, c->tmp, err)))
             return rc;
+        if (s->lora) {
+            const int col[3] = {0, 0, 0};
+            if ((rc = lora_deltas(c, s, l, LORA_O, 1, oin, oin == c->att ? CU_ACT_F32 : lin_act(&L->o), Q, c->tmp,
+                                  H, col, H, err)))
+                return rc;
+        }
         MARK(O);
         if ((rc = cu_rmsnorm(c->x, c->tmp, NULL, T, H, L->mlp_norm, eps, c->xin, lin_act(&L->gu), c->st, err)))
             return rc;
         MARK(NORM);
         if ((rc = cu_linear_run(c->gemm, &L->gu, T, c->xin, c->gu, err)))
             return rc;
+        if (s->lora) {
+            const int col[3] = {0, I, 0};
+            if ((rc = lora_deltas(c, s, l, LORA_GATE, 2, c->xin, lin_act(&L->gu), H, c->gu, 2 * I, col, I, err)))
+                return rc;
+        }
         MARK(GU);
         if ((rc = cu_swiglu(c->gu, T, I, c->xin, lin_act(&L->down), c->st, err)))
             return rc;
         MARK(SWIGLU);
         if ((rc = cu_linear_run(c->gemm, &L->down, T, c->xin, c->tmp, err)))
             return rc;
+        if (s->lora) {
+            const int col[3] = {0, 0, 0};
+            if ((rc = lora_deltas(c, s, l, LORA_DOWN, 1, c->xin, lin_act(&L->down), I, c->tmp, H, col, H, err)))
+                return rc;
+        }
         MARK(DOWN);
         if (l + 1 < cfg->n_layers &&
             (rc = cu_rmsnorm(c->x, c->tmp, NULL, T, H, c->layers[l + 1].attn_norm, eps, c->xin,
@@ -1075,6 +1143,9 @@ static int check_batch(const struct cuda_ctx *c, const struct be_batch *b, struc
             if (q->block_table[i] < 0 || q->block_table[i] >= c->n_blocks)
                 return rl_errf(err, RL_EINVAL, "cuda backend: sequence %d names KV block %d of %d", s,
                                q->block_table[i], c->n_blocks);
+        if (q->lora < 0 || q->lora > LORA_MAX_ADAPTERS || (q->lora && !c->lora_mem[q->lora]))
+            return rl_errf(err, RL_EINVAL, "cuda backend: sequence %d names LoRA slot %d, which is empty", s,
+                           q->lora);
         nt += q->n_new;
         nl += q->n_new - q->logits_from;
     }
@@ -1255,6 +1326,94 @@ static int cuda_fetch_row(void *ctx, int row, float *out, struct rl_err *err)
 /* The final norm once more, over the residual the forward left in x, into
  * an f32 row (the forward's own normed rows are in the lm_head's input
  * type, BF16 or FP8, and overwritten pass by pass). */
+/* An adapter's pairs go to one device allocation of their own, f32 as
+ * lora.h keeps them, and the slot's table entries point into it. The
+ * table and the scratch are allocated with the first adapter, at the
+ * addresses every captured graph keeps. Memory comes out of what the KV
+ * pool left (kv_reserve_mb). */
+static int cuda_lora_set(void *ctx, int slot, const struct lora_adapter *a, struct rl_err *err)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (slot < 1 || slot > LORA_MAX_ADAPTERS)
+        return rl_errf(err, RL_EINVAL, "cuda backend: LoRA slot %d outside 1..%d", slot, LORA_MAX_ADAPTERS);
+    if (!c->loaded)
+        return rl_errf(err, RL_EINVAL, "cuda backend: an adapter before load");
+    CU_CHECK(err, cudaSetDevice(c->device));
+    int L = c->cfg.n_layers;
+    size_t per_slot = (size_t)L * CU_LORA_PROJ;
+    if (!c->lora_tab_d) {
+        size_t tb = (size_t)(LORA_MAX_ADAPTERS + 1) * per_slot * sizeof(struct cu_lora_ent);
+        size_t sb = (size_t)c->rows * 3 * CU_LORA_MAX_RANK * sizeof(float);
+        cudaError_t e = cudaMalloc((void **)&c->lora_tab_d, tb);
+        if (e == cudaSuccess)
+            e = cudaMalloc((void **)&c->lora_tmp, sb);
+        if (e != cudaSuccess) {
+            cudaFree(c->lora_tab_d);
+            c->lora_tab_d = NULL;
+            return rl_errf(err, RL_ENOMEM,
+                           "cuda backend: %zu MB for the LoRA tables: %s (raise kv_reserve_mb to leave room)",
+                           (tb + sb) >> 20, cudaGetErrorString(e));
+        }
+        CU_CHECK(err, cudaMemset(c->lora_tab_d, 0, tb));
+    }
+    struct cu_lora_ent *ents = (struct cu_lora_ent *)calloc(per_slot, sizeof *ents);
+    if (!ents)
+        return rl_errf(err, RL_ENOMEM, "out of memory");
+    void *mem = NULL;
+    if (a) {
+        size_t need = 16; /* each pair's A and B^T together, on 256-byte boundaries */
+        for (int l = 0; l < L; l++)
+            for (int p = 0; p < CU_LORA_PROJ; p++) {
+                const struct lora_pair *pr = lora_get(a, l, (enum lora_proj)p);
+                if (pr)
+                    need += ((size_t)pr->rank * (size_t)(pr->in + pr->out) * 4 + 255) / 256 * 256;
+            }
+        cudaError_t e = cudaMalloc(&mem, need);
+        if (e != cudaSuccess) {
+            free(ents);
+            return rl_errf(err, RL_ENOMEM,
+                           "cuda backend: %zu MB for an adapter: %s (raise kv_reserve_mb to leave room)",
+                           need >> 20, cudaGetErrorString(e));
+        }
+        char *at = (char *)mem;
+        int rc = 0;
+        for (int l = 0; l < L && !rc; l++)
+            for (int p = 0; p < CU_LORA_PROJ && !rc; p++) {
+                const struct lora_pair *pr = lora_get(a, l, (enum lora_proj)p);
+                if (!pr)
+                    continue;
+                size_t na = (size_t)pr->rank * (size_t)pr->in * 4, nb = (size_t)pr->rank * (size_t)pr->out * 4;
+                struct cu_lora_ent *en = &ents[(size_t)l * CU_LORA_PROJ + p];
+                en->a = (const float *)at;
+                en->bt = (const float *)(at + na);
+                en->rank = pr->rank;
+                en->in = pr->in;
+                en->out = pr->out;
+                if (cudaMemcpy(at, pr->a, na, cudaMemcpyHostToDevice) != cudaSuccess ||
+                    cudaMemcpy(at + na, pr->bt, nb, cudaMemcpyHostToDevice) != cudaSuccess)
+                    rc = rl_errf(err, RL_EBACKEND, "cuda backend: uploading an adapter failed");
+                at += (na + nb + 255) / 256 * 256;
+            }
+        if (rc) {
+            cudaFree(mem);
+            free(ents);
+            return rc;
+        }
+    }
+    /* the table changes between steps only (forward synchronises before
+     * it returns), so no step reads a half-written slot */
+    cudaError_t e = cudaMemcpy(c->lora_tab_d + (size_t)slot * per_slot, ents, per_slot * sizeof *ents,
+                               cudaMemcpyHostToDevice);
+    free(ents);
+    if (e != cudaSuccess) {
+        cudaFree(mem);
+        return rl_errf(err, RL_EBACKEND, "cuda backend: the LoRA table: %s", cudaGetErrorString(e));
+    }
+    cudaFree(c->lora_mem[slot]);
+    c->lora_mem[slot] = mem;
+    return 0;
+}
+
 static int cuda_hidden(void *ctx, int row, float *out, struct rl_err *err)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -1320,7 +1479,7 @@ static int cuda_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         return rc;
     if (B) {
         cudaGraphExec_t exec;
-        if ((rc = graph_get(c, idx, &s, &exec, err)))
+        if ((rc = graph_get(c, idx + (s.lora ? N_BUCKETS : 0), &s, &exec, err)))
             return rc;
         CU_CHECK(err, cudaGraphLaunch(exec, c->st));
         if (c->n_masked && (rc = cu_mask_logits(c->logits, c->cfg.vocab, 0, b->n_logits, c->mrows_d, c->masks_d,
@@ -1384,6 +1543,10 @@ static void cuda_free(void *ctx)
     cudaSetDevice(c->device);
     free_kv(c);
     free_weights(c);
+    for (int i = 0; i <= LORA_MAX_ADAPTERS; i++)
+        cudaFree(c->lora_mem[i]);
+    cudaFree(c->lora_tab_d);
+    cudaFree(c->lora_tmp);
     cu_prof_free(c->prof);
     free(c->allocs);
     if (c->meta_h)

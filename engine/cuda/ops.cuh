@@ -111,6 +111,35 @@ int cu_embed(const struct cu_mat *e, const int32_t *tokens, int n, float *x, cud
 int cu_rmsnorm(float *x, const float *add, const int32_t *rows, int n, int dim, const float *w,
                float eps, void *y, enum cu_act yt, cudaStream_t st, struct rl_err *err);
 
+/* ---- lora.cu: LoRA deltas per row (engine/lora.h) ---- */
+
+#define CU_LORA_PROJ 7          /* enum lora_proj's projections */
+#define CU_LORA_MAX_RANK 512    /* LORA_MAX_RANK */
+
+/* One table entry: slot s, layer l, projection p at
+ * [(s * n_layers + l) * CU_LORA_PROJ + p]; rank 0 = no pair. a (rank, in),
+ * bt (rank, out) = scale * B^T, device f32. */
+struct cu_lora_ent {
+    const float *a, *bt;
+    int rank, in, out, pad;
+};
+
+/* y rows t < T of projections p0 .. p0 + n_proj - 1 (at most 3, reading the
+ * same input x) get their adapter's delta: slot[t] names it (0 = none);
+ * projection j's outputs start at column col[j] of y (ldy). tmp: (T, 3,
+ * CU_LORA_MAX_RANK) f32 scratch. max_out: the widest projection's outputs. */
+struct cu_lora_call {
+    const void *x;
+    enum cu_act xt;
+    int ldx, T;
+    const int32_t *slot;
+    const struct cu_lora_ent *tab;
+    int n_layers, layer, p0, n_proj, max_out;
+    float *tmp, *y;
+    int ldy, col[3];
+};
+int cu_lora_apply(const struct cu_lora_call *a, cudaStream_t st, struct rl_err *err);
+
 /* ---- act.cu: SwiGLU, casts, greedy argmax ---- */
 
 /* gu (M, 2*inter) f32 = [gate | up]; h (M, inter) = silu(gate) * up. */

@@ -48,6 +48,8 @@
 #include "cpu/qgemm.h"
 #include "cuda/cuda_backend.h"
 #include "dtype.h"
+#include "lora.h"
+#include "mklora.h"
 #include "mkmodel.h"
 #include "model.h"
 #include "quant.h"
@@ -1521,6 +1523,105 @@ static void test_reduced_rows(void **state)
     hm_free(&h);
 }
 
+/* LoRA adapters (engine/cuda/lora.cu) against the CPU backend's deltas
+ * (which tests/unit/test_lora.c shows equal to the adapter merged into the
+ * weights): on tiny-qwen3-a (F32), three sequences with adapter 1, none and
+ * adapter 2 (rank 16 everywhere; rank 4 on q and v only, rsLoRA) prefilled
+ * in one step, every row's logits; then decode steps replayed as graphs (a
+ * LoRA step's own graph, bucket 4) and eagerly, each against the CPU; then
+ * slot 2 emptied and filled with adapter 1 between steps (the table the
+ * captured graph reads changes, the graph stays). 2e-3, as the tiny
+ * model's logits against its reference. */
+static void test_lora_vs_cpu(void **state)
+{
+    (void)state;
+    struct model *m;
+    cJSON_Delete(open_tiny(&m));
+    const struct model_config *cfg = model_get_config(m);
+    const struct model_weights *w = model_get_weights(m);
+    int V = cfg->vocab;
+    char tmp[1024], base[1100], d1[1100], d2[1100];
+    if (tu_tmpdir(tmp, sizeof tmp, "backend-lora"))
+        fail_msg("tmpdir");
+    snprintf(base, sizeof base, "%s/models/tiny-qwen3-a", tu_data_dir());
+    snprintf(d1, sizeof d1, "%s/a1", tmp);
+    snprintf(d2, sizeof d2, "%s/a2", tmp);
+    struct mk_lora_opts lo;
+    mk_lora_opts_init(&lo);
+    lo.base_dir = base;
+    lo.out_dir = d1;
+    lo.rank = 16;
+    lo.std = 0.05f;
+    RUN(mk_lora_write(&lo, &err));
+    lo.out_dir = d2;
+    lo.rank = 4;
+    lo.rslora = 1;
+    lo.seed = 9;
+    lo.targets = 1u << LORA_Q | 1u << LORA_V;
+    RUN(mk_lora_write(&lo, &err));
+    struct lora_adapter *a1 = NULL, *a2 = NULL;
+    RUN(lora_load(&a1, d1, cfg, &err));
+    RUN(lora_load(&a2, d2, cfg, &err));
+    struct backend *cpu = open_be("cpu", cfg, w, 256, 64, 16);
+    struct backend *gpu = open_be("cuda", cfg, w, 256, 64, 16);
+    struct backend *bes[2] = {cpu, gpu};
+    for (int i = 0; i < 2; i++) {
+        RUN(bes[i]->ops->lora_set(bes[i]->ctx, 1, a1, &err));
+        RUN(bes[i]->ops->lora_set(bes[i]->ctx, 2, a2, &err));
+    }
+    printf("  [lora] %s\n", gpu->ops->describe(gpu->ctx));
+    int32_t tables[3][8];
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < 8; i++)
+            tables[s][i] = 60 - (s * 8 + i);
+    const int lens[3] = {20, 17, 23}, slots[3] = {1, 0, 2};
+    int32_t ids[60];
+    for (int i = 0; i < 60; i++)
+        ids[i] = (int32_t)(urand() * V);
+    struct be_seq seqs[3];
+    for (int s = 0; s < 3; s++)
+        seqs[s] = (struct be_seq){.n_past = 0, .n_new = lens[s], .block_table = tables[s], .logits_from = 0,
+                                  .lora = slots[s]};
+    struct be_batch b = {3, seqs, 60, ids, 60, NULL};
+    both(cpu, gpu, &b, V, 2e-3, "[lora] prefill, adapters 1, none, 2: every row");
+    int ctx[3] = {20, 17, 23};
+    float *lc = malloc((size_t)3 * V * 4), *lgr = malloc((size_t)3 * V * 4), *leg = malloc((size_t)3 * V * 4);
+    for (int step = 0; step < 4; step++) {
+        if (step == 2) /* slot 2 emptied, then adapter 1 in it: the graph reads the new table */
+            for (int i = 0; i < 2; i++) {
+                RUN(bes[i]->ops->lora_set(bes[i]->ctx, 2, NULL, &err));
+                RUN(bes[i]->ops->lora_set(bes[i]->ctx, 2, a1, &err));
+            }
+        int32_t next[3];
+        for (int s = 0; s < 3; s++) {
+            next[s] = (int32_t)(urand() * V);
+            seqs[s] = (struct be_seq){.n_past = ctx[s], .n_new = 1, .block_table = tables[s], .logits_from = 0,
+                                      .lora = slots[s]};
+        }
+        struct be_batch d = {3, seqs, 3, next, 3, lgr};
+        RUN(cuda_backend_set_graphs(gpu, 1));
+        RUN(gpu->ops->forward(gpu->ctx, &d, &err));
+        RUN(cuda_backend_set_graphs(gpu, 0));
+        d.logits = leg;
+        RUN(gpu->ops->forward(gpu->ctx, &d, &err));
+        d.logits = lc;
+        RUN(cpu->ops->forward(cpu->ctx, &d, &err));
+        double e1 = rows_rel(lgr, leg, 3, V), e2 = rows_rel(lgr, lc, 3, V);
+        printf("  [lora] decode step %d: replay vs eager rel %.3g, vs the CPU %.3g (< 2e-3)\n", step, e1, e2);
+        if (!(e1 < 2e-3) || !(e2 < 2e-3))
+            fail_msg("[lora] decode step %d: %g / %g", step, e1, e2);
+        for (int s = 0; s < 3; s++)
+            ctx[s]++;
+    }
+    free(lc), free(lgr), free(leg);
+    be_free(cpu);
+    be_free(gpu);
+    lora_free(a1);
+    lora_free(a2);
+    model_free(m);
+    tu_rmtree(tmp);
+}
+
 /* Without a device every case is reported as skipped (cmocka skip()), so
  * the totals of tests/run_tests.sh show that they did not run. */
 static bool have_gpu;
@@ -1546,6 +1647,7 @@ GPU_CASE(test_device_argmax)
 GPU_CASE(test_long_context_16k)
 GPU_CASE(test_spec_batches)
 GPU_CASE(test_reduced_rows)
+GPU_CASE(test_lora_vs_cpu)
 
 int main(void)
 {
@@ -1569,6 +1671,7 @@ int main(void)
         cmocka_unit_test(test_long_context_16k_on_gpu),
         cmocka_unit_test(test_spec_batches_on_gpu),
         cmocka_unit_test(test_reduced_rows_on_gpu),
+        cmocka_unit_test(test_lora_vs_cpu_on_gpu),
     };
     return cmocka_run_group_tests_name("backend_ops", tests, NULL, NULL);
 }
