@@ -5,11 +5,42 @@
 #include "modelid.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+/* Weight bytes sampled per file: MODELID_SAMPLES blocks at evenly spaced
+ * offsets. Names and sizes alone cannot tell a checkpoint from the same
+ * shape with other weights (a fine-tune, an adapter merged into its base:
+ * the same files, the same sizes), whose cached answers would then be
+ * served for it; a fine-tune changes nearly every byte of the matrices,
+ * so a few hundred KB read per file at start tell them apart. */
+#define MODELID_SAMPLES 64
+#define MODELID_BLOCK 4096
+
+static int hash_samples(struct sha256_ctx *c, const char *path, long long size)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    char buf[MODELID_BLOCK];
+    for (int i = 0; i < MODELID_SAMPLES && size > 0; i++) {
+        long long span = size > MODELID_BLOCK ? size - MODELID_BLOCK : 0;
+        off_t at = (off_t)(span * i / (MODELID_SAMPLES - 1));
+        ssize_t n = pread(fd, buf, sizeof buf, at);
+        if (n < 0) {
+            close(fd);
+            return -1;
+        }
+        sha256_update(c, buf, (size_t)n);
+    }
+    close(fd);
+    return 0;
+}
 
 static void hash_file(struct sha256_ctx *c, const char *dir, const char *name)
 {
@@ -35,7 +66,7 @@ int modelid_compute(const char *dir, char out[SHA256_HEX_LEN + 1], struct rl_err
 {
     struct sha256_ctx c;
     sha256_init(&c);
-    sha256_update(&c, "redlm-model-id-v1", 17);
+    sha256_update(&c, "redlm-model-id-v2", 17); /* v2: sampled weight bytes */
     hash_file(&c, dir, "config.json");
     hash_file(&c, dir, "tokenizer.json");
     hash_file(&c, dir, "tokenizer_config.json");
@@ -58,6 +89,8 @@ int modelid_compute(const char *dir, char out[SHA256_HEX_LEN + 1], struct rl_err
             total += n;
         }
         fclose(f);
+        if (hash_samples(&c, dir, (long long)fst.st_size))
+            return rl_errf(err, RL_EIO, "%s: cannot read the model file", dir);
         uint8_t dg[SHA256_DIGEST_LEN];
         sha256_final(&c, dg);
         sha256_to_hex(dg, out);
@@ -88,6 +121,11 @@ int modelid_compute(const char *dir, char out[SHA256_HEX_LEN + 1], struct rl_err
         sha256_update(&c, names[i], strlen(names[i]));
         sha256_update(&c, rec, strlen(rec));
         free(names[i]);
+        if (size >= 0 && hash_samples(&c, path, size)) {
+            for (int j = i + 1; j < n; j++)
+                free(names[j]);
+            return rl_errf(err, RL_EIO, "%s: cannot read the weights", path);
+        }
     }
     uint8_t dg[SHA256_DIGEST_LEN];
     sha256_final(&c, dg);

@@ -12,11 +12,12 @@
 /* A SHA-256 (lower-case hex) over config.json, tokenizer.json,
  * tokenizer_config.json and generation_config.json of dir (each by name and content; a missing file
  * counts as empty) and the names and sizes of its *.safetensors and *.gguf
- * files, so a new checkpoint in the same directory never answers from an
- * old cache entry. Reads the JSON files, not the weights. When dir is a
- * file (a GGUF model), its size and its first 16 MiB (the metadata: config
- * and tokenizer) instead. Returns 0, or -RL_EIO when dir cannot be listed
- * or read. */
+ * files and 64 blocks of 4 KiB of each at evenly spaced offsets, so a new
+ * checkpoint in the same directory, or another one of the same shape (a
+ * fine-tune, an adapter merged into its base), never answers from an old
+ * cache entry; 256 KiB read a file. When dir is a file (a GGUF model), its
+ * size, its first 16 MiB (the metadata: config and tokenizer) and the same
+ * samples. Returns 0, or -RL_EIO when dir cannot be listed or read. */
 int modelid_compute(const char *dir, char out[SHA256_HEX_LEN + 1], struct rl_err *err);
 
 /* The identity of the base model base_id with the LoRA adapter in dir

@@ -250,11 +250,12 @@ def test_dispatcher_routes_and_lists_adapters(models, procs, redis_addr, prefix)
     tap(r, f"{prefix}jobs:{base}:fast", f"{prefix}jobs:{base}:think")
     procs["worker"]("wl", models["base"], "--pool-scope", "model", "--lora",
                     f"a={models['adapter']}")
-    # the reference writes no cache entries: its checkpoint has the base's
-    # config, tokenizer and file sizes, which is all a model's identity
-    # covers (common/modelid.c), so its answers would be keyed as the base's
+    # the reference caches its answers too: its checkpoint has the base's
+    # config, tokenizer, file names and sizes, and only the weight bytes
+    # the identity samples (common/modelid.c) keep its entries apart from
+    # the base's, which the base's answers below then show
     procs["worker"]("ref", models["merged"], "--pool-scope", "model", "--served-model-name",
-                    "merged", "--no-result-cache")
+                    "merged")
     procs["dispatcher"]("--model", models["base"], "--think-ratio", "0.5", http_port=port)
 
     m = wait_models(port, [base, "merged", "a"])
