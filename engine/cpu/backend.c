@@ -1748,6 +1748,16 @@ static void lora_rows(struct cpu_ctx *c, const struct be_batch *b)
     c->lrows = (struct cpu_lora_rows){n, c->lrow_t, c->lrow_a, r};
 }
 
+/* Whether some row of the step has an adapter pair for projection p or q
+ * of layer l. */
+static bool lora_touches(const struct cpu_ctx *c, int l, enum lora_proj p, enum lora_proj q)
+{
+    for (int i = 0; i < c->lrows.n; i++)
+        if (lora_get(c->lrows.a[i], l, p) || lora_get(c->lrows.a[i], l, q))
+            return true;
+    return false;
+}
+
 /* The adapters' deltas of up to three products that read the same rows x
  * (f32, or their bf16 copy xb widened first into the f32 rows x when x
  * holds nothing of them: the o projection's input) */
@@ -1821,11 +1831,12 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         run_dyn(c, norm_task, &mj, T);
         prof_mark(c, PH_NORM, &tp);
         uint16_t *hb = needs_bf16(&L->down) ? c->hb : NULL;
+        bool glu = lora && lora_touches(c, l, LORA_GATE, LORA_UP); /* unfused: deltas before SwiGLU */
         struct mm_job gj = {.k = c->k, .M = T, .n_mats = 2, .mat = {&L->gate, &L->up},
                             .y = {c->g, c->u}, .ldy = {I, I}, .x = c->xn, .xb = c->xb, .ldx = H,
-                            .swiglu = !lora, .hb = lora ? NULL : hb};
+                            .swiglu = !glu, .hb = glu ? NULL : hb};
         mm_run(c, &gj);
-        if (lora) {
+        if (glu) {
             static const enum lora_proj gu[2] = {LORA_GATE, LORA_UP};
             lora_deltas(c, l, 2, gu, c->xn, NULL, H, (float *const[]){c->g, c->u},
                         (const int[]){I, I});
@@ -1835,7 +1846,8 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         prof_mark(c, PH_GATEUP, &tp);
         project(c, T, c->g, c->hb, I, &L->down, c->tmp, NULL, NULL, NULL, NULL);
         if (lora)
-            lora_deltas(c, l, 1, (const enum lora_proj[]){LORA_DOWN}, c->g, NULL, I,
+            /* fused, the bf16 rows are all the SwiGLU output there is */
+            lora_deltas(c, l, 1, (const enum lora_proj[]){LORA_DOWN}, c->g, glu ? NULL : hb, I,
                         (float *const[]){c->tmp}, (const int[]){H});
         if (l + 1 == cfg->n_layers) { /* else the next layer's norm adds it */
             struct add_job adj = {c->x, c->tmp, (size_t)T * (size_t)H};

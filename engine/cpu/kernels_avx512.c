@@ -919,25 +919,24 @@ T512 static void av512_norm_rope(float *x, int n, int hd, const float *w, float 
     }
 }
 
-/* kernels.h lora_up: 64 columns in four registers while the r rows go by,
- * then 16, then a masked tail */
+/* kernels.h lora_up: 128 columns in eight registers while the r rows go
+ * by (eight chains, enough to cover the FMA latency), then 16, then a
+ * masked tail */
 T512 static void av512_lora_up(int r, const float *t, const float *w, size_t ldw, float *y, int n)
 {
     int i = 0;
-    for (; i + 64 <= n; i += 64) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 128 <= n; i += 128) {
+        __m512 a[8];
+        for (int j = 0; j < 8; j++)
+            a[j] = _mm512_setzero_ps();
         for (int k = 0; k < r; k++) {
             const float *wr = w + (size_t)k * ldw + i;
             __m512 tk = _mm512_set1_ps(t[k]);
-            a0 = _mm512_fmadd_ps(tk, _mm512_loadu_ps(wr), a0);
-            a1 = _mm512_fmadd_ps(tk, _mm512_loadu_ps(wr + 16), a1);
-            a2 = _mm512_fmadd_ps(tk, _mm512_loadu_ps(wr + 32), a2);
-            a3 = _mm512_fmadd_ps(tk, _mm512_loadu_ps(wr + 48), a3);
+            for (int j = 0; j < 8; j++)
+                a[j] = _mm512_fmadd_ps(tk, _mm512_loadu_ps(wr + 16 * j), a[j]);
         }
-        _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(y + i), a0));
-        _mm512_storeu_ps(y + i + 16, _mm512_add_ps(_mm512_loadu_ps(y + i + 16), a1));
-        _mm512_storeu_ps(y + i + 32, _mm512_add_ps(_mm512_loadu_ps(y + i + 32), a2));
-        _mm512_storeu_ps(y + i + 48, _mm512_add_ps(_mm512_loadu_ps(y + i + 48), a3));
+        for (int j = 0; j < 8; j++)
+            _mm512_storeu_ps(y + i + 16 * j, _mm512_add_ps(_mm512_loadu_ps(y + i + 16 * j), a[j]));
     }
     for (; i < n; i += 16) {
         __mmask16 m = n - i < 16 ? (__mmask16)((1u << (n - i)) - 1u) : (__mmask16)0xffff;

@@ -64,6 +64,12 @@ if [ -x "$BUILD/tests/bench_embed" ]; then
     echo "# generations (the prefill an embedding costs); $M06, $THREADS threads, alternating"
     "$BUILD/tests/bench_embed" -m "$M06" --docs 16 --len 128 --reps 5 --threads "$THREADS"
 fi
+if [ -x "$BUILD/tests/bench_lora" ]; then
+    echo "# LoRA adapters: decode at batch 8 on the base, on one rank-16 adapter, over four adapters"
+    echo "# and the base; prefill 512 on the base and on an adapter ($M06, $THREADS threads, alternating)"
+    "$BUILD/tests/bench_lora" -m "$M06" --rank 16 --adapters 4 --batch 8 --gen 32 --prompt 512 --reps 7 \
+        --threads "$THREADS"
+fi
 echo "# embeddings end to end: 64 documents through the front door, Redis and a worker ($MTV):"
 echo "# one request with a list, one request a document, 8 requests at a time"
 /usr/bin/python3 tests/bench/bench_embed_front.py --model "$MTV" --rounds 7 --threads "$THREADS"
