@@ -64,6 +64,9 @@ done
 strip --strip-unneeded "$OUTDIR"/lib/* 2>/dev/null || true
 
 cp -r tests/data/models/tiny-qwen3-a "$OUTDIR/data/models/"
+# a LoRA adapter for it (gpu_check's worker step serves it)
+"$BUILD/redlm" mkmodel --lora-of tests/data/models/tiny-qwen3-a --lora-rank 8 --lora-std 0.1 \
+    --out "$OUTDIR/data/lora-a" > /dev/null
 
 # the cluster measurement's scripts, tokenizer, Python client and wrappers
 mkdir -p "$OUTDIR/tests/bench" "$OUTDIR/data/qwen3-tokenizer" "$OUTDIR/wrap"

@@ -17,7 +17,8 @@
 #               to the CPU backend's, token for token
 #   batch-tiny  `redlm run --batch`: 12 jobs of different prompts through the
 #               batching engine on CUDA and on CPU, tokens equal
-#   worker      redis-server + `redlm-worker --backend $BE`: 8 jobs and an embedding job enqueued,
+#   worker      redis-server + `redlm-worker --backend $BE --lora a=...`: 8 jobs, an embedding job
+#               and a job for the LoRA adapter (its tokens not the base's) enqueued,
 #               every stream ends in done, seq gapless from 0
 #   batch-0.6b  a random BF16 Qwen3-0.6B made here by `redlm mkmodel`, 40 jobs
 #               greedy on CUDA and CPU, 40 decoding at once: the agreed prefix
@@ -249,7 +250,7 @@ LD_LIBRARY_PATH="$HERE/lib$CUDA_LIBS" "$BIN/redis-server" --port $port --bind 12
 REDIS_PID=$!
 for _ in $(seq 50); do ours "$BIN/redis-cli" -p $port ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
 LD_LIBRARY_PATH="$HERE/lib$CUDA_LIBS" "$BIN/redlm-worker" --redis 127.0.0.1:$port --model "$TINY" \
-    --backend $BE --pools fast --http-port 0 --name gpu0 > "$LOGS/worker.log" 2>&1 &
+    --backend $BE --pools fast --http-port 0 --name gpu0 --lora "a=$HERE/data/lora-a" > "$LOGS/worker.log" 2>&1 &
 WORKER_PID=$!
 st="" detail=""
 # the worker is up when its heartbeat key exists (or it has exited)
@@ -306,8 +307,33 @@ print("ok" if ok else "bad")
 EOF
 )
     [ "$emb" = ok ] || bad=$((bad + 1))
+    # the LoRA adapter (engine/cuda/lora.cu) through the worker: a greedy
+    # job for model "a" and the same for the base, each done in order, and
+    # the adapter's tokens not the base's
+    for m in a base; do
+        mf=""
+        [ $m = a ] && mf='"model":"a",'
+        lid=$(echo "{${mf}\"prompt_ids\":[5,6,7,8,9,10],\"max_tokens\":24,\"temperature\":0,\"ignore_eos\":true}" |
+              ours "$BIN/redlm" enqueue --redis 127.0.0.1:$port --pool fast --file - 2>>"$LOGS/worker-client.log")
+        ours timeout 60 "$BIN/redlm" tail "$lid" --json --timeout 30 --redis 127.0.0.1:$port \
+            > "$WORK/lora-$m.jsonl" 2>>"$LOGS/worker-client.log"
+        cat "$WORK/lora-$m.jsonl" >> "$LOGS/worker-events.jsonl"
+    done
+    lora=$("$PY" - "$WORK/lora-a.jsonl" "$WORK/lora-base.jsonl" <<'EOF'
+import json, sys
+def toks(path):
+    ev = [json.loads(l) for l in open(path) if l.startswith("{")]
+    seqs = [int(e["seq"]) for e in ev if "seq" in e]
+    if not ev or ev[-1].get("type") != "done" or seqs != list(range(len(seqs))):
+        return None
+    return [t for e in ev for t in e.get("token_ids", [])]
+a, b = toks(sys.argv[1]), toks(sys.argv[2])
+print("ok" if a and b and len(a) == 24 and a != b else "bad")
+EOF
+)
+    [ "$lora" = ok ] || bad=$((bad + 1))
     if [ "$bad" = 0 ]; then st=passed; else st=failed; fi
-    detail="8 jobs and an embedding, $bad without done, with a seq gap or a bad vector, $ntok events; $(grep -m1 "KV cache" "$LOGS/worker.log" | cut -c35- | head -c 200)"
+    detail="8 jobs, an embedding and a LoRA adapter's job, $bad without done, with a seq gap, a bad vector or the base's tokens, $ntok events; $(grep -m1 "KV cache" "$LOGS/worker.log" | cut -c35- | head -c 200)"
 fi
 stop_proc() { # pid: SIGTERM, then SIGKILL after 20 s (a worker drains first)
     kill "$1" 2>/dev/null || return 0
