@@ -31,6 +31,7 @@
 #include "clock.h"
 #include "engine.h"
 #include "file.h"
+#include "tests/bench/bench_util.h"
 
 /* Near the compiler's state limit (schemas/grammar.md): the slowest kind
  * of schema a client can send that is still accepted. */
@@ -42,18 +43,6 @@ struct run {
 };
 
 #define K_MAX 16
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n ? (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])) : 0;
-}
 
 static int die(const char *what, const struct rl_err *err)
 {
@@ -142,7 +131,7 @@ static int one_run(struct engine *e, const int32_t *prompt, int P, int B, int G,
     if (!rc && n_first < K)
         rc = rl_errf(err, RL_EINTERNAL, "a constrained request never started");
     out->stall_ms = stall * 1e3;
-    out->step_ms = median(gaps + 1, n_gaps > 1 ? n_gaps - 1 : 0) * 1e3; /* the first has the prefill */
+    out->step_ms = bench_median(gaps + 1, n_gaps > 1 ? n_gaps - 1 : 0) * 1e3; /* the first has the prefill */
     out->ttft_ms = ttft * 1e3;
     out->ttft_last_ms = ttft_last * 1e3;
     return rc;
@@ -229,13 +218,13 @@ int main(int argc, char **argv)
         }
     double ms[N_MODES], last[N_MODES];
     for (int m = 0; m < N_MODES; m++) {
-        ms[m] = median(stall[m], R);
-        last[m] = median(ttft_last[m], R);
+        ms[m] = bench_median(stall[m], R);
+        last[m] = bench_median(ttft_last[m], R);
         printf("{\"bench\": \"compile_stall\", \"mode\": \"%s\", \"compile_threads\": %d, "
                "\"batch\": %d, \"constrained\": %d, \"reps\": %d, \"step_ms\": %.2f, "
                "\"stall_ms\": %.2f, \"ttft_first_ms\": %.2f, \"ttft_last_ms\": %.2f}\n",
-               names[m], m == 0 ? 0 : m == 1 ? 1 : C, B, K, R, median(step[m], R), ms[m],
-               median(ttft[m], R), last[m]);
+               names[m], m == 0 ? 0 : m == 1 ? 1 : C, B, K, R, bench_median(step[m], R), ms[m],
+               bench_median(ttft[m], R), last[m]);
     }
     printf("{\"bench\": \"compile_stall_ratio\", \"batch\": %d, \"constrained\": %d, "
            "\"sync_over_threads_1_stall\": %.2f, \"threads_1_over_threads_n_ttft_last\": %.2f}\n",

@@ -24,21 +24,10 @@
 
 #include "clock.h"
 #include "engine.h"
+#include "tests/bench/bench_util.h"
 
 enum mode { MODE_ONE, MODE_BATCH, MODE_PREFILL, MODE_SCORE, N_MODES };
 static const char *const mode_name[N_MODES] = {"one", "batch", "prefill", "score"};
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n ? (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])) : 0;
-}
 
 static int drain(struct engine *e, int *n_vectors, struct rl_err *err)
 {
@@ -158,7 +147,7 @@ int main(int argc, char **argv)
                 goto fail;
     double med[N_MODES];
     for (int m = 0; m < N_MODES; m++) {
-        med[m] = median(t[m], R);
+        med[m] = bench_median(t[m], R);
         printf("{\"bench\":\"embed\",\"mode\":\"%s\",\"docs\":%d,\"len\":%d,\"threads\":%d,"
                "\"reps\":%d,\"tok_s\":%.1f,\"ms_per_doc\":%.2f}\n",
                mode_name[m], D, L, threads, R, (double)D * L / med[m], 1e3 * med[m] / D);

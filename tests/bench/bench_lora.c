@@ -21,24 +21,13 @@
 #include "clock.h"
 #include "engine.h"
 #include "mklora.h"
+#include "tests/bench/bench_util.h"
 
 enum mode { M_BASE, M_LORA, M_MIXED, M_PRE_BASE, M_PRE_LORA, N_MODES };
 static const char *const mode_name[N_MODES] = {"decode_base", "decode_lora", "decode_mixed",
                                                "prefill_base", "prefill_lora"};
 static const char *const lora_names[] = {"a0", "a1", "a2", "a3", "a4", "a5", "a6", "a7"};
 #define MAX_ADAPTERS 8
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n ? (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])) : 0;
-}
 
 struct args {
     const char *model;
@@ -184,7 +173,7 @@ int main(int argc, char **argv)
     } else {
         double med[N_MODES];
         for (int m = 0; m < N_MODES; m++) {
-            med[m] = median(rates + m * a.reps, a.reps);
+            med[m] = bench_median(rates + m * a.reps, a.reps);
             printf("{\"mode\": \"%s\", \"tokens_per_s\": %.1f, \"rank\": %d, \"adapters\": %d, "
                    "\"batch\": %d, \"gen\": %d, \"prompt\": %d, \"reps\": %d, \"threads\": %d}\n",
                    mode_name[m], med[m], a.rank, a.n_adapters,
