@@ -892,6 +892,8 @@ static void on_event(struct worker *w, const struct engine_event *ev)
     pthread_mutex_lock(&w->m.mu);
     w->m.jobs_done++;
     w->m.finished[map_finish(ev->finish)]++;
+    if (j->lora >= 0 && j->lora < LORA_MAX_ADAPTERS)
+        w->m.lora_jobs[j->lora]++;
     int64_t t0 = j->t_enqueued && j->t_enqueued <= now ? j->t_enqueued : now;
     wm_observe(&w->m.e2e, (double)(now - t0) / 1000.0);
     {

@@ -222,6 +222,15 @@ static char *render(struct worker *w)
     for (int f = 0; f <= EV_FINISH_ERROR; f++)
         text_printf(&t, "redlm_requests_finished_total{model_name=\"%s\",finished_reason=\"%s\"} %lld\n",
                     mn, ev_finish_name((enum ev_finish)f), (long long)m->finished[f]);
+    /* adapters are loaded before this page is served and never change,
+     * so their names are read without the engine's owner thread */
+    if (w->n_loras > 0) {
+        put_head(&t, "redlm_lora_requests_total", "counter",
+                 "jobs the engine finished with each LoRA adapter (lora_modules)");
+        for (int i = 0; i < w->n_loras; i++)
+            text_printf(&t, "redlm_lora_requests_total{model_name=\"%s\",lora_name=\"%s\"} %lld\n", mn,
+                        engine_lora_name(w->eng, i), (long long)m->lora_jobs[i]);
+    }
     put_head(&t, "redlm_errors_total", "counter", "error events sent, by code");
     for (int c = 1; c < EV_CODE_COUNT; c++)
         if (m->errors[c])

@@ -187,6 +187,7 @@ struct wmetrics {
      * (vllm:request_queue_time/prefill_time/decode_time_seconds): queue_wait
      * and prefill above are observed earlier and at finer bounds */
     struct whist v_queue, v_prefill, v_decode;
+    int64_t lora_jobs[LORA_MAX_ADAPTERS]; /* jobs finished per adapter (worker.lora_id's index) */
     int64_t prompt_tokens, tokens_out, jobs_done, cache_hits, cache_misses, reclaimed, fenced,
         redis_reconnects;
     int64_t finished[EV_FINISH_ERROR + 1]; /* jobs by finish reason */

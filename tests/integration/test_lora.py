@@ -167,8 +167,9 @@ def test_worker_serves_the_adapter_as_its_merged_checkpoint(models, procs, redis
     base = models["base"].name
     # the reference: a worker on the merged checkpoint, reading its own pool
     procs["worker"]("ref", models["merged"], "--pools", "ref")
+    mport = free_port()
     procs["worker"]("wl", models["base"], "--pools", "fast", "--lora",
-                    f"a={models['adapter']}")
+                    f"a={models['adapter']}", "--http-port", mport)
     hb = read_heartbeat(r, prefix, "worker", "wl", timeout=10)
     assert hb["model"] == base
     assert hb["lora_adapters"] == [{"name": "a", "rank": RANK}], hb
@@ -196,6 +197,19 @@ def test_worker_serves_the_adapter_as_its_merged_checkpoint(models, procs, redis
     ea, er, eb = embedding("ea", "a"), embedding("er", None, "ref"), embedding("eb", None)
     assert max(abs(x - y) for x, y in zip(ea, er)) < 1e-4, (ea[:4], er[:4])
     assert max(abs(x - y) for x, y in zip(ea, eb)) > 1e-3
+
+    # its /metrics counts the jobs each adapter finished: the four
+    # generations and the embedding above, none of the base's (counted
+    # just after the done event is handed to the publisher: polled)
+    def lora_lines():
+        c = http.client.HTTPConnection("127.0.0.1", mport, timeout=10)
+        c.request("GET", "/metrics")
+        page = c.getresponse().read().decode()
+        c.close()
+        return [l for l in page.splitlines() if l.startswith("redlm_lora_requests_total")]
+    want = f'redlm_lora_requests_total{{model_name="{base}",lora_name="a"}} 5'
+    wait_for(lambda: want in lora_lines(), f"{want} on /metrics", 10, every=0.05)
+    assert lora_lines() == [want]
 
     # a name this worker does not serve: refused, naming what it serves
     evs = answer(r, prefix, greedy("nf", PROMPTS[0], "b"))
