@@ -17,6 +17,8 @@
  *   <store>/manifests/registry.ollama.ai/library/qwen3/14b   a JSON manifest:
  *       {"layers": [{"mediaType": "application/vnd.ollama.image.model",
  *                    "digest": "sha256:<hex>", ...}, ...template, params...]}
+ *       (a Modelfile's ADAPTER adds an application/vnd.ollama.image.adapter
+ *       layer: refused, the base alone is another model)
  *   <store>/blobs/sha256-<hex>                                the GGUF file
  *
  * Reentrant; reads the environment and the file system only. */
@@ -258,15 +260,25 @@ static int resolve_ollama(const char *full, const char *spec, struct modelref *m
     const cJSON *layers = cJSON_GetObjectItemCaseSensitive(root, "layers");
     const char *digest = NULL;
     const cJSON *l, *arr = cJSON_IsArray(layers) ? layers : NULL;
+    bool adapter = false;
     cJSON_ArrayForEach(l, arr)
     {
         const cJSON *mt = cJSON_GetObjectItemCaseSensitive(l, "mediaType");
         const cJSON *dg = cJSON_GetObjectItemCaseSensitive(l, "digest");
-        if (cJSON_IsString(mt) && !strcmp(mt->valuestring, "application/vnd.ollama.image.model") &&
-            cJSON_IsString(dg)) {
+        adapter |= cJSON_IsString(mt) && !strcmp(mt->valuestring, "application/vnd.ollama.image.adapter");
+        if (!digest && cJSON_IsString(mt) &&
+            !strcmp(mt->valuestring, "application/vnd.ollama.image.model") && cJSON_IsString(dg))
             digest = dg->valuestring;
-            break;
-        }
+    }
+    /* a Modelfile's ADAPTER: the model is the base plus a LoRA, and serving
+     * the base alone would answer as another model */
+    if (adapter) {
+        rc = rl_errf(err, RL_EUNSUPPORTED,
+                     "model %s: the Ollama manifest %s has a LoRA adapter layer "
+                     "(application/vnd.ollama.image.adapter, a Modelfile's ADAPTER), which redlm "
+                     "does not load from the store; serve the base model and the adapter's PEFT "
+                     "directory with --lora NAME=DIR", full, man);
+        goto out;
     }
     if (!digest) {
         rc = rl_errf(err, RL_ENOTFOUND,

@@ -69,6 +69,11 @@ static int setup(void **state)
     put("ollama/manifests/registry.ollama.ai/library/baddigest/latest",
         "{\"layers\":[{\"mediaType\":\"application/vnd.ollama.image.model\",\"digest\":"
         "\"sha256:../../etc/passwd\"}]}");
+    put("ollama/manifests/registry.ollama.ai/library/finetuned/latest",
+        "{\"layers\":[{\"mediaType\":\"application/vnd.ollama.image.model\",\"digest\":"
+        "\"sha256:a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5\"},"
+        "{\"mediaType\":\"application/vnd.ollama.image.adapter\",\"digest\":"
+        "\"sha256:b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6\"}]}");
     put("ollama/blobs/sha256-a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5", "GGUF");
     put("ollama/blobs/sha256-b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6", "GGUF");
     put("home/.ollama/models/manifests/registry.ollama.ai/library/qwen3/0.6b", man_latest);
@@ -261,6 +266,14 @@ static void test_ollama(void **state)
         if (!strstr(err.msg, miss[i].has1) || !strstr(err.msg, miss[i].has2))
             fail_msg("%s: \"%s\" lacks \"%s\" or \"%s\"", miss[i].spec, err.msg,
                      miss[i].has1, miss[i].has2);
+    }
+    /* a Modelfile's ADAPTER: refused, not served as its base */
+    {
+        struct modelref m;
+        struct rl_err err = {0};
+        assert_int_equal(modelref_resolve("ollama:finetuned", &m, &err), -RL_EUNSUPPORTED);
+        assert_non_null(strstr(err.msg, "application/vnd.ollama.image.adapter"));
+        assert_non_null(strstr(err.msg, "--lora NAME=DIR"));
     }
     /* without $OLLAMA_MODELS: ~/.ollama/models */
     unsetenv("OLLAMA_MODELS");
