@@ -141,7 +141,22 @@ int modelid_lora(const char *base_id, const char *dir, char out[SHA256_HEX_LEN +
     sha256_init(&c);
     sha256_update(&c, "redlm-lora-id-v1", 16);
     sha256_update(&c, base_id, strlen(base_id) + 1);
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    struct stat st = {0};
+    if (stat(dir, &st) != 0)
+        st.st_mode = 0;
+    if (S_ISREG(st.st_mode)) { /* a GGUF adapter: the one file */
+        char d[4096], *slash;
+        snprintf(d, sizeof d, "%s", dir);
+        const char *name = (slash = strrchr(d, '/')) ? slash + 1 : d;
+        if (slash)
+            *slash = 0;
+        FILE *f = fopen(dir, "rb");
+        if (!f)
+            return rl_errf(err, RL_EIO, "%s: cannot read the adapter file", dir);
+        fclose(f);
+        hash_file(&c, slash ? (d[0] ? d : "/") : ".", name);
+    }
+    for (size_t i = 0; !S_ISREG(st.st_mode) && i < sizeof files / sizeof files[0]; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);
         FILE *f = fopen(path, "rb");

@@ -22,7 +22,8 @@ int modelid_compute(const char *dir, char out[SHA256_HEX_LEN + 1], struct rl_err
 
 /* The identity of the base model base_id with the LoRA adapter in dir
  * (engine/lora.h): a SHA-256 over base_id, adapter_config.json and the
- * whole of adapter_model.safetensors. The content, not only the size as
+ * whole of adapter_model.safetensors (for a GGUF adapter, dir is the file:
+ * the whole file). The content, not only the size as
  * for a model: an adapter retrained in place keeps its rank and so its
  * size, and is small enough to read at start. Returns 0, or -RL_EIO
  * naming the file that cannot be read. */

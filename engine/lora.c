@@ -8,9 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "dtype.h"
 #include "file.h"
+#include "gguf.h"
+#include "quant.h"
 #include "safetensors.h"
 
 /* adapter_config.json is a few KB; anything near this is not one */
@@ -46,25 +49,31 @@ static void proj_shape(const struct model_config *cfg, enum lora_proj p, int *in
     }
 }
 
-/* Reads element i of a 2-D tensor of a float dtype as f32. */
-static float elem(const struct st_tensor *t, size_t i)
+/* One LoRA matrix as its file holds it: row-major (rows, cols) in a float
+ * dtype (a quantized GGUF matrix is dequantized into `owned` first). */
+enum src_dt { SRC_F32, SRC_BF16, SRC_F16 };
+struct src {
+    const void *data; /* NULL: absent */
+    enum src_dt dt;
+    int64_t rows, cols;
+    float *owned;
+};
+
+static float src_at(const struct src *t, size_t i)
 {
-    switch (t->dtype) {
-    case ST_F32: {
+    uint16_t h;
+    switch (t->dt) {
+    case SRC_F32: {
         float v;
         memcpy(&v, (const char *)t->data + i * 4, 4);
         return v;
     }
-    case ST_BF16: {
-        uint16_t h;
+    case SRC_BF16:
         memcpy(&h, (const char *)t->data + i * 2, 2);
         return bf16_to_f32(h);
-    }
-    default: {
-        uint16_t h;
+    default:
         memcpy(&h, (const char *)t->data + i * 2, 2);
         return f16_to_f32(h);
-    }
     }
 }
 
@@ -88,6 +97,7 @@ struct lora_conf {
     double alpha;
     int rank;
     int rslora;
+    int gguf;   /* llama.cpp's rule: alpha 0 means scale 1 */
 };
 
 static int parse_config(const char *dir, struct lora_conf *c, struct rl_err *err)
@@ -169,76 +179,31 @@ static int parse_name(const char *name, int *layer, enum lora_proj *p, int *is_b
     return -1;
 }
 
-int lora_load(struct lora_adapter **out, const char *dir, const struct model_config *cfg,
-              struct rl_err *err)
+/* From the table of matrices (tab[(l * LORA_N_PROJ + p) * 2 + is_b], A
+ * (r, in) and B (out, r)) to the adapter: shapes checked against cfg, A
+ * copied, B transposed with the scale folded in, every value finite. */
+static int build(struct lora_adapter *a, const struct src *tab, const struct model_config *cfg,
+                 const struct lora_conf *conf, const char *path, struct rl_err *err)
 {
-    *out = NULL;
-    struct lora_conf conf = {0};
-    int rc = parse_config(dir, &conf, err);
-    if (rc)
-        return rc;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
-    struct st_file *st = NULL;
-    if ((rc = st_open(&st, path, err)))
-        return rc;
     int L = cfg->n_layers;
-    const struct st_tensor **tab = calloc((size_t)L * LORA_N_PROJ * 2, sizeof *tab);
-    struct lora_adapter *a = calloc(1, sizeof *a);
-    if (!tab || !a || !(a->pairs = calloc((size_t)L * LORA_N_PROJ, sizeof *a->pairs))) {
-        rc = rl_errf(err, RL_ENOMEM, "out of memory");
-        goto done;
-    }
-    a->n_layers = L;
-    int n = st_n_tensors(st);
-    for (int i = 0; i < n; i++) {
-        const struct st_tensor *t = st_get(st, i);
-        int l, b;
-        enum lora_proj p;
-        if (parse_name(t->name, &l, &p, &b)) {
-            rc = rl_errf(err, RL_EUNSUPPORTED,
-                         "%s: tensor \"%s\" is not a LoRA pair of a layer's q/k/v/o/gate/up/down "
-                         "projection (embedding, lm_head and DoRA adapters are not served)",
-                         path, t->name);
-            goto done;
-        }
-        if (l >= L) {
-            rc = rl_errf(err, RL_EFORMAT, "%s: tensor \"%s\": layer %d, the model has %d", path,
-                         t->name, l, L);
-            goto done;
-        }
-        if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16) {
-            rc = rl_errf(err, RL_EUNSUPPORTED, "%s: tensor \"%s\" is %s (F32, BF16 or F16 taken)",
-                         path, t->name, st_dtype_name(t->dtype));
-            goto done;
-        }
-        tab[((size_t)l * LORA_N_PROJ + p) * 2 + b] = t;
-    }
-    /* shapes first, then one allocation for every pair */
     size_t floats = 0;
     int n_pairs = 0;
     for (int l = 0; l < L; l++)
         for (int p = 0; p < LORA_N_PROJ; p++) {
-            const struct st_tensor *ta = tab[((size_t)l * LORA_N_PROJ + p) * 2];
-            const struct st_tensor *tb = tab[((size_t)l * LORA_N_PROJ + p) * 2 + 1];
-            if (!ta && !tb)
+            const struct src *ta = &tab[((size_t)l * LORA_N_PROJ + p) * 2], *tb = ta + 1;
+            if (!ta->data && !tb->data)
                 continue;
-            if (!ta || !tb) {
-                rc = rl_errf(err, RL_EFORMAT, "%s: layer %d %s has lora_%c but no lora_%c", path, l,
-                             proj_names[p], ta ? 'A' : 'B', ta ? 'B' : 'A');
-                goto done;
-            }
+            if (!ta->data || !tb->data)
+                return rl_errf(err, RL_EFORMAT, "%s: layer %d %s has lora_%c but no lora_%c", path, l,
+                               proj_names[p], ta->data ? 'A' : 'B', ta->data ? 'B' : 'A');
             int in, o;
             proj_shape(cfg, (enum lora_proj)p, &in, &o);
-            int64_t r = ta->n_dims == 2 ? ta->shape[0] : -1;
-            if (ta->n_dims != 2 || tb->n_dims != 2 || r < 1 || r > LORA_MAX_RANK ||
-                ta->shape[1] != in || tb->shape[0] != o || tb->shape[1] != r) {
-                rc = rl_errf(err, RL_EFORMAT,
-                             "%s: layer %d %s: lora_A must be (r, %d) and lora_B (%d, r) with r "
-                             "1-%d for this model",
-                             path, l, proj_names[p], in, o, LORA_MAX_RANK);
-                goto done;
-            }
+            int64_t r = ta->rows;
+            if (r < 1 || r > LORA_MAX_RANK || ta->cols != in || tb->rows != o || tb->cols != r)
+                return rl_errf(err, RL_EFORMAT,
+                               "%s: layer %d %s: lora_A must be (r, %d) and lora_B (%d, r) with r "
+                               "1-%d for this model",
+                               path, l, proj_names[p], in, o, LORA_MAX_RANK);
             struct lora_pair *pr = &a->pairs[(size_t)l * LORA_N_PROJ + p];
             pr->rank = (int)r;
             pr->in = in;
@@ -249,15 +214,12 @@ int lora_load(struct lora_adapter **out, const char *dir, const struct model_con
             if (pr->rank > a->max_rank)
                 a->max_rank = pr->rank;
         }
-    if (!n_pairs) {
-        rc = rl_errf(err, RL_EFORMAT, "%s: no LoRA tensors", path);
-        goto done;
-    }
+    if (!n_pairs)
+        return rl_errf(err, RL_EFORMAT, "%s: no LoRA tensors", path);
     if (posix_memalign((void **)&a->data, 64, floats * sizeof(float))) {
         a->data = NULL;
-        rc = rl_errf(err, RL_ENOMEM, "%s: out of memory for %zu MB of adapter", path,
-                     floats * sizeof(float) >> 20);
-        goto done;
+        return rl_errf(err, RL_ENOMEM, "%s: out of memory for %zu MB of adapter", path,
+                       floats * sizeof(float) >> 20);
     }
     a->bytes = floats * sizeof(float);
     float *at = a->data;
@@ -266,39 +228,179 @@ int lora_load(struct lora_adapter **out, const char *dir, const struct model_con
             struct lora_pair *pr = &a->pairs[(size_t)l * LORA_N_PROJ + p];
             if (!pr->rank)
                 continue;
-            const struct st_tensor *ta = tab[((size_t)l * LORA_N_PROJ + p) * 2];
-            const struct st_tensor *tb = tab[((size_t)l * LORA_N_PROJ + p) * 2 + 1];
-            /* PEFT's scaling: lora_alpha / r, with rsLoRA lora_alpha / sqrt(r);
-             * r is the pair's own (rank_pattern gives some pairs another) */
-            double scale = conf.rslora ? conf.alpha / sqrt((double)pr->rank) : conf.alpha / pr->rank;
+            const struct src *ta = &tab[((size_t)l * LORA_N_PROJ + p) * 2], *tb = ta + 1;
+            /* PEFT's scaling: lora_alpha / r, with rsLoRA lora_alpha / sqrt(r),
+             * r the pair's own (rank_pattern gives some pairs another);
+             * llama.cpp's GGUF adapters: alpha / r, or 1 without an alpha */
+            double scale = conf->gguf && conf->alpha == 0 ? 1.0
+                           : conf->rslora                 ? conf->alpha / sqrt((double)pr->rank)
+                                                          : conf->alpha / pr->rank;
             size_t na = (size_t)pr->rank * (size_t)pr->in, nb = (size_t)pr->rank * (size_t)pr->out;
             float *A = at, *Bt = at + (na + 15) / 16 * 16;
             for (size_t i = 0; i < na; i++)
-                A[i] = elem(ta, i);
+                A[i] = src_at(ta, i);
             for (int o = 0; o < pr->out; o++)
                 for (int k = 0; k < pr->rank; k++)
                     Bt[(size_t)k * (size_t)pr->out + (size_t)o] =
-                        (float)(scale * elem(tb, (size_t)o * (size_t)pr->rank + (size_t)k));
+                        (float)(scale * src_at(tb, (size_t)o * (size_t)pr->rank + (size_t)k));
             for (size_t i = 0; i < na; i++)
-                if (!isfinite(A[i])) {
-                    rc = rl_errf(err, RL_EFORMAT, "%s: layer %d %s: lora_A holds a non-finite value",
-                                 path, l, proj_names[p]);
-                    goto done;
-                }
+                if (!isfinite(A[i]))
+                    return rl_errf(err, RL_EFORMAT, "%s: layer %d %s: lora_A holds a non-finite value",
+                                   path, l, proj_names[p]);
             for (size_t i = 0; i < nb; i++)
-                if (!isfinite(Bt[i])) {
-                    rc = rl_errf(err, RL_EFORMAT, "%s: layer %d %s: lora_B holds a non-finite value",
-                                 path, l, proj_names[p]);
-                    goto done;
-                }
+                if (!isfinite(Bt[i]))
+                    return rl_errf(err, RL_EFORMAT, "%s: layer %d %s: lora_B holds a non-finite value",
+                                   path, l, proj_names[p]);
             pr->a = A;
             pr->bt = Bt;
             at = Bt + (nb + 15) / 16 * 16;
         }
-    (void)conf.rank; /* the pairs' own shapes decide; r only had to be valid */
-done:
-    free(tab);
+    return 0;
+}
+
+/* PEFT: dir/adapter_config.json and dir/adapter_model.safetensors. */
+static int load_peft(struct lora_adapter *a, struct src *tab, const char *dir,
+                     const struct model_config *cfg, struct rl_err *err)
+{
+    struct lora_conf conf = {0};
+    int rc = parse_config(dir, &conf, err);
+    if (rc)
+        return rc;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    struct st_file *st = NULL;
+    if ((rc = st_open(&st, path, err)))
+        return rc;
+    int n = st_n_tensors(st);
+    for (int i = 0; i < n && !rc; i++) {
+        const struct st_tensor *t = st_get(st, i);
+        int l, b;
+        enum lora_proj p;
+        if (parse_name(t->name, &l, &p, &b))
+            rc = rl_errf(err, RL_EUNSUPPORTED,
+                         "%s: tensor \"%s\" is not a LoRA pair of a layer's q/k/v/o/gate/up/down "
+                         "projection (embedding, lm_head and DoRA adapters are not served)",
+                         path, t->name);
+        else if (l >= cfg->n_layers)
+            rc = rl_errf(err, RL_EFORMAT, "%s: tensor \"%s\": layer %d, the model has %d", path,
+                         t->name, l, cfg->n_layers);
+        else if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16)
+            rc = rl_errf(err, RL_EUNSUPPORTED, "%s: tensor \"%s\" is %s (F32, BF16 or F16 taken)",
+                         path, t->name, st_dtype_name(t->dtype));
+        else if (t->n_dims != 2)
+            rc = rl_errf(err, RL_EFORMAT, "%s: tensor \"%s\" is not a matrix", path, t->name);
+        else
+            tab[((size_t)l * LORA_N_PROJ + p) * 2 + b] = (struct src){
+                t->data, t->dtype == ST_F32 ? SRC_F32 : t->dtype == ST_BF16 ? SRC_BF16 : SRC_F16,
+                t->shape[0], t->shape[1], NULL};
+    }
+    if (!rc)
+        rc = build(a, tab, cfg, &conf, path, err);
     st_close(st);
+    return rc;
+}
+
+/* llama.cpp's GGUF adapters (convert_lora_to_gguf.py): general.type
+ * "adapter", adapter.type "lora", adapter.lora.alpha; tensors named after
+ * the base GGUF's with ".lora_a" / ".lora_b", ne = (in, r) and (r, out),
+ * i.e. row-major A (r, in) and B (out, r) as PEFT's. */
+static int load_gguf(struct lora_adapter *a, struct src *tab, const char *path,
+                     const struct model_config *cfg, struct rl_err *err)
+{
+    static const char *const gname[LORA_N_PROJ] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                                                   "ffn_gate", "ffn_up", "ffn_down"};
+    struct gguf_file *g = NULL;
+    int rc = gguf_open(&g, path, err);
+    if (rc)
+        return rc;
+    const char *s;
+    size_t n;
+    struct lora_conf conf = {.gguf = 1};
+    if (gguf_get_str(g, "adapter.type", &s, &n, err) || n != 4 || memcmp(s, "lora", 4)) {
+        rc = rl_errf(err, RL_EUNSUPPORTED,
+                     "%s: not a LoRA adapter (its adapter.type is not \"lora\": a model, or "
+                     "another kind of adapter)", path);
+        goto out;
+    }
+    if (gguf_has_key(g, "general.architecture") &&
+        (gguf_get_str(g, "general.architecture", &s, &n, err) || n != 5 || memcmp(s, "qwen3", 5))) {
+        rc = rl_errf(err, RL_EUNSUPPORTED, "%s: an adapter for general.architecture \"%.*s\", not "
+                     "qwen3", path, (int)(n < 64 ? n : 64), s);
+        goto out;
+    }
+    if (gguf_has_key(g, "adapter.lora.alpha") &&
+        ((rc = gguf_get_float(g, "adapter.lora.alpha", &conf.alpha, err)) ||
+         !isfinite(conf.alpha) || conf.alpha < 0)) {
+        rc = rl_errf(err, RL_EFORMAT, "%s: adapter.lora.alpha must be a number >= 0", path);
+        goto out;
+    }
+    for (int i = 0; i < gguf_n_tensors(g) && !rc; i++) {
+        const struct gguf_tensor *t = gguf_get_tensor(g, i);
+        int l = -1, b = -1, p = -1, at = 0;
+        char sfx[32] = "";
+        if (sscanf(t->name, "blk.%d.%31[a-z_].weight.lora_%n", &l, sfx, &at) == 2 && at > 0 &&
+            (!strcmp(t->name + at, "a") || !strcmp(t->name + at, "b")))
+            b = t->name[at] == 'b';
+        for (int k = 0; k < LORA_N_PROJ && b >= 0; k++)
+            if (!strcmp(sfx, gname[k]))
+                p = k;
+        if (p < 0) {
+            rc = rl_errf(err, RL_EUNSUPPORTED,
+                         "%s: tensor \"%s\" is not a LoRA pair of a layer's attn_q/k/v/output or "
+                         "ffn_gate/up/down (token_embd and output adapters are not served)",
+                         path, t->name);
+        } else if (l < 0 || l >= cfg->n_layers) {
+            rc = rl_errf(err, RL_EFORMAT, "%s: tensor \"%s\": layer %d, the model has %d", path,
+                         t->name, l, cfg->n_layers);
+        } else if (t->n_dims != 2) {
+            rc = rl_errf(err, RL_EFORMAT, "%s: tensor \"%s\" is not a matrix", path, t->name);
+        } else {
+            struct src *d = &tab[((size_t)l * LORA_N_PROJ + p) * 2 + b];
+            *d = (struct src){t->data, SRC_F32, t->ne[1], t->ne[0], NULL};
+            size_t cnt = (size_t)(t->ne[0] * t->ne[1]);
+            if (t->type == GGUF_T_F16)
+                d->dt = SRC_F16;
+            else if (t->type == GGUF_T_BF16)
+                d->dt = SRC_BF16;
+            else if (t->type == GGUF_T_Q8_0 && t->ne[0] % 32 == 0) {
+                if (!(d->owned = malloc(cnt * sizeof(float))))
+                    rc = rl_errf(err, RL_ENOMEM, "out of memory");
+                else
+                    quant_dequant_q8_0((const struct quant_block_q8_0 *)t->data, d->owned, (int64_t)cnt);
+                d->data = d->owned;
+            } else if (t->type != GGUF_T_F32) {
+                char tn[16];
+                rc = rl_errf(err, RL_EUNSUPPORTED, "%s: tensor \"%s\" is %s (F32, F16, BF16 or Q8_0 "
+                             "taken)", path, t->name, gguf_type_name(t->type, tn));
+            }
+        }
+    }
+    if (!rc)
+        rc = build(a, tab, cfg, &conf, path, err);
+out:
+    gguf_close(g);
+    return rc;
+}
+
+int lora_load(struct lora_adapter **out, const char *path, const struct model_config *cfg,
+              struct rl_err *err)
+{
+    *out = NULL;
+    int L = cfg->n_layers;
+    struct src *tab = calloc((size_t)L * LORA_N_PROJ * 2, sizeof *tab);
+    struct lora_adapter *a = calloc(1, sizeof *a);
+    int rc = 0;
+    if (!tab || !a || !(a->pairs = calloc((size_t)L * LORA_N_PROJ, sizeof *a->pairs)))
+        rc = rl_errf(err, RL_ENOMEM, "out of memory");
+    else {
+        a->n_layers = L;
+        struct stat st;
+        rc = stat(path, &st) == 0 && S_ISREG(st.st_mode) ? load_gguf(a, tab, path, cfg, err)
+                                                         : load_peft(a, tab, path, cfg, err);
+    }
+    for (size_t i = 0; tab && i < (size_t)L * LORA_N_PROJ * 2; i++)
+        free(tab[i].owned);
+    free(tab);
     if (rc) {
         lora_free(a);
         return rc;

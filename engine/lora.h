@@ -10,7 +10,9 @@
  *
  * What loads: a directory with adapter_config.json (peft_type "LORA") and
  * adapter_model.safetensors (F32/BF16/F16), tensors named as PEFT saves
- * them for Qwen3ForCausalLM:
+ * them for Qwen3ForCausalLM (or, given a file, llama.cpp's GGUF adapter:
+ * adapter.type "lora", adapter.lora.alpha, "blk.<l>.attn_q.weight.lora_a"
+ * ... in F32/F16/BF16/Q8_0, scale alpha / r, or 1 without an alpha):
  *   base_model.model.model.layers.<l>.self_attn.{q,k,v,o}_proj.lora_{A,B}.weight
  *   base_model.model.model.layers.<l>.mlp.{gate,up,down}_proj.lora_{A,B}.weight
  * Any subset of layers and of those seven projections (target_modules,
@@ -50,7 +52,8 @@ struct lora_pair {
     const float *bt;
 };
 
-/* Loads the adapter in dir for a model of shape cfg. The caller owns *out
+/* Loads the adapter in dir (a PEFT directory, or a GGUF adapter file) for
+ * a model of shape cfg. The caller owns *out
  * and frees it with lora_free. Errors: RL_EIO (files), RL_EFORMAT (what the
  * files say, named), RL_ENOMEM. */
 int lora_load(struct lora_adapter **out, const char *dir, const struct model_config *cfg,

@@ -3,12 +3,14 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dtype.h"
 #include "file.h"
+#include "gguf.h"
 #include "lora.h"
 #include "model.h"
 #include "safetensors.h"
@@ -58,8 +60,14 @@ int mk_lora_write(const struct mk_lora_opts *o, struct rl_err *err)
         return rc;
     unsigned targets = o->targets ? o->targets : (1u << LORA_N_PROJ) - 1;
     float std = o->std > 0 ? o->std : 0.02f;
+    /* out_dir ending in ".gguf": llama.cpp's adapter file instead (lora.h) */
+    size_t ol = strlen(o->out_dir);
+    bool gguf = ol > 5 && !strcmp(o->out_dir + ol - 5, ".gguf");
+    if (gguf && o->rslora)
+        return rl_errf(err, RL_EINVAL, "--rslora: a GGUF adapter's scale is alpha / r, always");
     struct st_writer *w = NULL;
-    if ((rc = st_writer_create(&w, err)))
+    struct gguf_writer *gw = NULL;
+    if ((rc = gguf ? gguf_writer_create(&gw, err) : st_writer_create(&w, err)))
         return rc;
     /* every tensor's values live until the write: one list of buffers */
     int n_bufs = 0;
@@ -93,6 +101,14 @@ int mk_lora_write(const struct mk_lora_opts *o, struct rl_err *err)
                         ((float *)v)[i] = f;
                 }
                 char name[256];
+                if (gguf) { /* the same bytes: ne is the shape reversed */
+                    static const char *const gname[LORA_N_PROJ] = {
+                        "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+                    snprintf(name, sizeof name, "blk.%d.%s.weight.lora_%c", l, gname[p], b ? 'b' : 'a');
+                    int64_t ne[2] = {shape[1], shape[0]};
+                    gguf_writer_tensor(gw, name, o->bf16 ? GGUF_T_BF16 : GGUF_T_F32, 2, ne, v, NULL, NULL);
+                    continue;
+                }
                 snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", l,
                          proj_block(p), lora_proj_name((enum lora_proj)p), b ? 'B' : 'A');
                 rc = st_writer_add(w, name, o->bf16 ? ST_BF16 : ST_F32, 2, shape, v, err);
@@ -114,18 +130,36 @@ int mk_lora_write(const struct mk_lora_opts *o, struct rl_err *err)
     cJSON_AddBoolToObject(c, "fan_in_fan_out", 0);
     cJSON_AddItemToObject(c, "modules_to_save", cJSON_CreateNull());
     char path[4096];
-    if (!rc)
-        rc = file_mkdir_p(o->out_dir, err);
-    if (!rc) {
-        snprintf(path, sizeof path, "%s/adapter_model.safetensors", o->out_dir);
-        rc = st_writer_write(w, path, err);
-    }
-    if (!rc) {
-        snprintf(path, sizeof path, "%s/adapter_config.json", o->out_dir);
-        rc = file_write_json(path, c, err);
+    if (gguf) {
+        double alpha = o->alpha > 0 ? o->alpha : 2.0 * o->rank;
+        gguf_writer_str(gw, "general.architecture", "qwen3", 5);
+        gguf_writer_str(gw, "general.type", "adapter", 7);
+        gguf_writer_str(gw, "adapter.type", "lora", 4);
+        gguf_writer_f32(gw, "adapter.lora.alpha", (float)alpha);
+        snprintf(path, sizeof path, "%s", o->out_dir);
+        char *slash = strrchr(path, '/');
+        if (slash && slash != path) {
+            *slash = 0;
+            if (!rc)
+                rc = file_mkdir_p(path, err);
+        }
+        if (!rc)
+            rc = gguf_writer_write(gw, o->out_dir, err);
+    } else {
+        if (!rc)
+            rc = file_mkdir_p(o->out_dir, err);
+        if (!rc) {
+            snprintf(path, sizeof path, "%s/adapter_model.safetensors", o->out_dir);
+            rc = st_writer_write(w, path, err);
+        }
+        if (!rc) {
+            snprintf(path, sizeof path, "%s/adapter_config.json", o->out_dir);
+            rc = file_write_json(path, c, err);
+        }
     }
     cJSON_Delete(c);
     st_writer_free(w);
+    gguf_writer_free(gw);
     for (int i = 0; i < n_bufs; i++)
         free(bufs[i]);
     free(bufs);

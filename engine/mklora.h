@@ -15,7 +15,9 @@
 
 struct mk_lora_opts {
     const char *base_dir;   /* the base checkpoint (its config.json gives the shapes) */
-    const char *out_dir;    /* created (with parents) if missing */
+    const char *out_dir;    /* created (with parents) if missing; ending in ".gguf":
+                             * one GGUF adapter file (llama.cpp's layout, the same
+                             * values; no rslora) instead of PEFT's two files */
     int rank;               /* r, 1..LORA_MAX_RANK */
     double alpha;           /* lora_alpha; 0 = 2 * rank */
     int rslora;             /* use_rslora: scale alpha / sqrt(r) */

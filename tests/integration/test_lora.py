@@ -73,7 +73,11 @@ def models(tmp_path_factory):
     run("mkmodel", "--lora-of", base, "--lora-rank", RANK, "--lora-alpha", 2 * RANK,
         "--lora-std", "0.1", "--seed", "7", "--out", adapter)
     run("mkmodel", "--merge-lora", adapter, "--from", base, "--out", merged)
-    return {"base": base, "adapter": adapter, "merged": merged}
+    # the same adapter as llama.cpp's GGUF adapter file (same seed: same values)
+    gguf = d / "adapter.gguf"
+    run("mkmodel", "--lora-of", base, "--lora-rank", RANK, "--lora-alpha", 2 * RANK,
+        "--lora-std", "0.1", "--seed", "7", "--out", gguf)
+    return {"base": base, "adapter": adapter, "merged": merged, "gguf": gguf}
 
 
 class Proc(Daemon):
@@ -169,10 +173,10 @@ def test_worker_serves_the_adapter_as_its_merged_checkpoint(models, procs, redis
     procs["worker"]("ref", models["merged"], "--pools", "ref")
     mport = free_port()
     procs["worker"]("wl", models["base"], "--pools", "fast", "--lora",
-                    f"a={models['adapter']}", "--http-port", mport)
+                    f"a={models['adapter']}", "--lora", f"g={models['gguf']}", "--http-port", mport)
     hb = read_heartbeat(r, prefix, "worker", "wl", timeout=10)
     assert hb["model"] == base
-    assert hb["lora_adapters"] == [{"name": "a", "rank": RANK}], hb
+    assert hb["lora_adapters"] == [{"name": "a", "rank": RANK}, {"name": "g", "rank": RANK}], hb
     assert "lora_adapters" not in read_heartbeat(r, prefix, "worker", "ref", timeout=10)
 
     for i, ids in enumerate(PROMPTS):
@@ -180,6 +184,8 @@ def test_worker_serves_the_adapter_as_its_merged_checkpoint(models, procs, redis
         got = answer(r, prefix, greedy(f"a{i}", ids, "a", cache=False))
         assert got[-1]["finish_reason"] == "length", got[-1]
         assert tokens(got) == want, (ids, tokens(got), want)
+        # the GGUF file of the same adapter answers the same
+        assert tokens(answer(r, prefix, greedy(f"g{i}", ids, "g", cache=False))) == want
         named = tokens(answer(r, prefix, greedy(f"b{i}", ids, base, cache=False)))
         plain = tokens(answer(r, prefix, greedy(f"p{i}", ids, cache=False)))
         assert named == plain and len(plain) == 8
@@ -207,9 +213,9 @@ def test_worker_serves_the_adapter_as_its_merged_checkpoint(models, procs, redis
         page = c.getresponse().read().decode()
         c.close()
         return [l for l in page.splitlines() if l.startswith("redlm_lora_requests_total")]
-    want = f'redlm_lora_requests_total{{model_name="{base}",lora_name="a"}} 5'
-    wait_for(lambda: want in lora_lines(), f"{want} on /metrics", 10, every=0.05)
-    assert lora_lines() == [want]
+    want = [f'redlm_lora_requests_total{{model_name="{base}",lora_name="a"}} 5',
+            f'redlm_lora_requests_total{{model_name="{base}",lora_name="g"}} 4']
+    wait_for(lambda: lora_lines() == want, f"{want} on /metrics", 10, every=0.05)
 
     # a name this worker does not serve: refused, naming what it serves
     evs = answer(r, prefix, greedy("nf", PROMPTS[0], "b"))

@@ -27,7 +27,8 @@
 
 static char tmpdir[1024], base_dir[1100], bf16_dir[1100];
 static char ad_dir[1100], ad2_dir[1100], qv_dir[1100], merged_dir[1100], merged2_dir[1100],
-    qv_merged_dir[1100], bf16_ad_dir[1100], down_dir[1100], down_merged_dir[1100];
+    qv_merged_dir[1100], bf16_ad_dir[1100], down_dir[1100], down_merged_dir[1100], ad_gguf[1100],
+    ad_gguf_bf16[1100], bf16_ad_peft[1100];
 
 #define MAX_OUT 24
 
@@ -43,6 +44,7 @@ struct result {
 static void make_adapter(const char *base, const char *out, unsigned targets, int rank, int rslora,
                          int bf16, uint64_t seed)
 {
+    /* out ending in .gguf: llama.cpp's adapter file, the same values */
     struct mk_lora_opts o;
     mk_lora_opts_init(&o);
     o.base_dir = base;
@@ -80,6 +82,9 @@ static int setup(void **state)
     snprintf(qv_merged_dir, sizeof qv_merged_dir, "%s/qv-merged", tmpdir);
     snprintf(bf16_ad_dir, sizeof bf16_ad_dir, "%s/bf16-ad", tmpdir);
     snprintf(down_dir, sizeof down_dir, "%s/down", tmpdir);
+    snprintf(ad_gguf, sizeof ad_gguf, "%s/ad.gguf", tmpdir);
+    snprintf(ad_gguf_bf16, sizeof ad_gguf_bf16, "%s/gg/bf16-ad.gguf", tmpdir);
+    snprintf(bf16_ad_peft, sizeof bf16_ad_peft, "%s/bf16-ad-peft", tmpdir);
     snprintf(down_merged_dir, sizeof down_merged_dir, "%s/down-merged", tmpdir);
     struct mk_opts mo;
     mk_opts_init(&mo);
@@ -92,6 +97,9 @@ static int setup(void **state)
         return -1;
     }
     make_adapter(base_dir, ad_dir, 0, 8, 0, 0, 1);
+    make_adapter(base_dir, ad_gguf, 0, 8, 0, 0, 1);           /* ad_dir's values, as GGUF */
+    make_adapter(base_dir, ad_gguf_bf16, 1u << LORA_O | 1u << LORA_UP, 8, 0, 1, 6);
+    make_adapter(base_dir, bf16_ad_peft, 1u << LORA_O | 1u << LORA_UP, 8, 0, 1, 6);
     make_adapter(base_dir, ad2_dir, 0, 16, 0, 0, 2);
     /* two projections only, rsLoRA, BF16 tensors */
     make_adapter(base_dir, qv_dir, 1u << LORA_Q | 1u << LORA_V, 4, 1, 1, 3);
@@ -285,6 +293,40 @@ static void test_served_equals_merged(void **state)
     check_against_merged(base_dir, ad2_dir, merged2_dir, 2e-4);  /* another rank */
     check_against_merged(base_dir, qv_dir, qv_merged_dir, 2e-4); /* q and v only, rsLoRA, BF16 tensors */
     check_against_merged(bf16_dir, down_dir, down_merged_dir, 0.1); /* v and down on BF16 weights */
+}
+
+/* A GGUF adapter (llama.cpp's convert_lora_to_gguf layout) holding the
+ * same values as a PEFT one serves the very same logits, bit for bit. */
+static void test_gguf_adapter(void **state)
+{
+    (void)state;
+    int32_t ids[20];
+    prompt(ids, 20, 5);
+    int V;
+    for (int k = 0; k < 2; k++) {
+        const char *g = k ? ad_gguf_bf16 : ad_gguf, *pe = k ? bf16_ad_peft : ad_dir;
+        float *fg = forward_all(base_dir, g, ids, 20, &V);
+        float *fp = forward_all(base_dir, pe, ids, 20, &V);
+        float *fb = forward_all(base_dir, NULL, ids, 20, &V);
+        size_t n = (size_t)20 * (size_t)V;
+        assert_memory_equal(fg, fp, n * sizeof *fg);
+        assert_true(max_diff(fg, fb, n) > 0.05);
+        free(fg), free(fp), free(fb);
+    }
+    /* through the engine by name, and refused where it is not one */
+    struct engine *e = open_engine(base_dir, 4);
+    add_lora(e, "g", ad_gguf);
+    struct rl_err err = {0};
+    char model_gguf[1200];
+    snprintf(model_gguf, sizeof model_gguf, "%s/model-q8.gguf", tmpdir);
+    struct mk_opts mo;
+    mk_opts_init(&mo);
+    mo.out_dir = model_gguf;
+    mo.dtype = MK_Q8_0;
+    assert_int_equal(mk_write(&mo, NULL, &err), 0);
+    assert_true(engine_lora_add(e, "m", model_gguf, &err) < 0);
+    assert_non_null(strstr(err.msg, "not a LoRA adapter"));
+    engine_free(e);
 }
 
 /* ---- through the engine ---- */
@@ -534,6 +576,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_served_equals_merged),
+        cmocka_unit_test(test_gguf_adapter),
         cmocka_unit_test(test_engine_tokens),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_prefix_cache_domains),

@@ -73,6 +73,18 @@ static void test_checkpoints(void **state)
     assert_int_equal(mk_lora_write(&lo, &err), 0);
     assert_int_equal(modelid_lora(a, ad2, lb, &err), 0);
     assert_string_not_equal(la, lb);
+    /* a GGUF adapter: the file is the identity */
+    char g1[1100], lg[SHA256_HEX_LEN + 1], lg2[SHA256_HEX_LEN + 1];
+    snprintf(g1, sizeof g1, "%s/ad.gguf", tmp);
+    lo.out_dir = g1;
+    lo.seed = 0;
+    assert_int_equal(mk_lora_write(&lo, &err), 0);
+    assert_int_equal(modelid_lora(a, g1, lg, &err), 0);
+    assert_string_not_equal(lg, la);
+    lo.seed = 1;
+    assert_int_equal(mk_lora_write(&lo, &err), 0);
+    assert_int_equal(modelid_lora(a, g1, lg2, &err), 0);
+    assert_string_not_equal(lg, lg2); /* rewritten in place, the same size */
     assert_true(modelid_lora(a, tmp, lb, &err) < 0); /* no adapter there */
     assert_non_null(strstr(err.msg, "adapter_config.json"));
 }
