@@ -3,6 +3,7 @@
  * the hashed files when unset sampling fields began to take its values. Reentrant; called once at start by the worker and
  * by the dispatcher. */
 #include "modelid.h"
+#include "modelref.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -169,4 +170,13 @@ int modelid_lora(const char *base_id, const char *dir, char out[SHA256_HEX_LEN +
     sha256_final(&c, dg);
     sha256_to_hex(dg, out);
     return 0;
+}
+
+int modelid_of(const struct modelref *m, char out[SHA256_HEX_LEN + 1], struct rl_err *err)
+{
+    char base[SHA256_HEX_LEN + 1];
+    int rc = modelid_compute(m->dir, m->adapter[0] ? base : out, err);
+    if (rc || !m->adapter[0])
+        return rc;
+    return modelid_lora(base, m->adapter, out, err);
 }

@@ -30,4 +30,11 @@ int modelid_compute(const char *dir, char out[SHA256_HEX_LEN + 1], struct rl_err
 int modelid_lora(const char *base_id, const char *dir, char out[SHA256_HEX_LEN + 1],
                  struct rl_err *err);
 
+/* The identity of a resolved --model (common/modelref.h): modelid_compute
+ * of its checkpoint, and, for an Ollama model with an ADAPTER layer, that
+ * identity with the adapter's (modelid_lora): the worker and the
+ * dispatcher's fast path key the model alike. */
+struct modelref;
+int modelid_of(const struct modelref *m, char out[SHA256_HEX_LEN + 1], struct rl_err *err);
+
 #endif

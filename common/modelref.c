@@ -203,7 +203,28 @@ const char *modelref_ollama_store(char *buf, size_t size, const char **why)
 }
 
 /* spec without the "ollama:" prefix: NAME[:TAG]. */
-static int resolve_ollama(const char *full, const char *spec, struct modelref *m,
+/* The blob a manifest layer's digest names: "sha256:<64 hex>" ->
+ * <store>/blobs/sha256-<64 hex>, which must be a file. */
+static int layer_blob(const char *store, const char *digest, const char *what, const char *full,
+                      const char *man, char *out, size_t size, struct rl_err *err)
+{
+    size_t dl = strlen(digest);
+    bool hex_ok = dl == 71 && !strncmp(digest, "sha256:", 7);
+    for (size_t i = 7; hex_ok && i < dl; i++)
+        hex_ok = isxdigit((unsigned char)digest[i]) != 0;
+    if (!hex_ok)
+        return rl_errf(err, RL_ENOTFOUND, "model %s: the Ollama manifest %s names the %s blob "
+                                          "\"%.80s\", not a sha256 digest", full, man, what, digest);
+    if ((size_t)snprintf(out, size, "%s/blobs/sha256-%s", store, digest + 7) >= size)
+        return rl_errf(err, RL_EINVAL, "model %s: the path is too long", full);
+    struct stat st;
+    if (stat(out, &st) || !S_ISREG(st.st_mode))
+        return rl_errf(err, RL_ENOTFOUND, "model %s: the Ollama manifest %s names the blob %s, which "
+                                          "is not there (an unfinished pull?)", full, man, out);
+    return 0;
+}
+
+static int resolve_ollama(const char *full, const char *spec, unsigned flags, struct modelref *m,
                           struct rl_err *err)
 {
     char name[256], tag[128] = "latest";
@@ -260,24 +281,34 @@ static int resolve_ollama(const char *full, const char *spec, struct modelref *m
     const cJSON *layers = cJSON_GetObjectItemCaseSensitive(root, "layers");
     const char *digest = NULL;
     const cJSON *l, *arr = cJSON_IsArray(layers) ? layers : NULL;
-    bool adapter = false;
+    const char *adapter = NULL;
+    int n_adapters = 0;
     cJSON_ArrayForEach(l, arr)
     {
         const cJSON *mt = cJSON_GetObjectItemCaseSensitive(l, "mediaType");
         const cJSON *dg = cJSON_GetObjectItemCaseSensitive(l, "digest");
-        adapter |= cJSON_IsString(mt) && !strcmp(mt->valuestring, "application/vnd.ollama.image.adapter");
+        if (cJSON_IsString(mt) && !strcmp(mt->valuestring, "application/vnd.ollama.image.adapter")) {
+            n_adapters++;
+            adapter = cJSON_IsString(dg) ? dg->valuestring : "";
+        }
         if (!digest && cJSON_IsString(mt) &&
             !strcmp(mt->valuestring, "application/vnd.ollama.image.model") && cJSON_IsString(dg))
             digest = dg->valuestring;
     }
-    /* a Modelfile's ADAPTER: the model is the base plus a LoRA, and serving
-     * the base alone would answer as another model */
-    if (adapter) {
+    /* a Modelfile's ADAPTER: the model is the base plus a LoRA (a GGUF
+     * adapter blob); serving the base alone would answer as another model */
+    if (n_adapters && !(flags & MODELREF_ADAPTER)) {
         rc = rl_errf(err, RL_EUNSUPPORTED,
                      "model %s: the Ollama manifest %s has a LoRA adapter layer "
-                     "(application/vnd.ollama.image.adapter, a Modelfile's ADAPTER), which redlm "
-                     "does not load from the store; serve the base model and the adapter's PEFT "
-                     "directory with --lora NAME=DIR", full, man);
+                     "(application/vnd.ollama.image.adapter, a Modelfile's ADAPTER), which only "
+                     "redlm-worker serves; or serve the base model and the adapter with --lora "
+                     "NAME=DIR", full, man);
+        goto out;
+    }
+    if (n_adapters > 1) {
+        rc = rl_errf(err, RL_EUNSUPPORTED,
+                     "model %s: the Ollama manifest %s has %d adapter layers; one is served", full,
+                     man, n_adapters);
         goto out;
     }
     if (!digest) {
@@ -286,23 +317,11 @@ static int resolve_ollama(const char *full, const char *spec, struct modelref *m
                      "application/vnd.ollama.image.model", full, man);
         goto out;
     }
-    /* sha256:<64 hex> -> blobs/sha256-<64 hex> */
-    size_t dl = strlen(digest);
-    bool hex_ok = dl == 71 && !strncmp(digest, "sha256:", 7);
-    for (size_t i = 7; hex_ok && i < dl; i++)
-        hex_ok = isxdigit((unsigned char)digest[i]) != 0;
-    if (!hex_ok) {
-        rc = rl_errf(err, RL_ENOTFOUND, "model %s: the Ollama manifest %s names the model blob "
-                                        "\"%.80s\", not a sha256 digest", full, man, digest);
+    if ((rc = layer_blob(store, digest, "model", full, man, blob, sizeof blob, err)) ||
+        (adapter && (rc = layer_blob(store, adapter, "adapter", full, man, m->adapter,
+                                     sizeof m->adapter, err))))
         goto out;
-    }
-    snprintf(blob, sizeof blob, "%s/blobs/sha256-%s", store, digest + 7);
     struct stat st;
-    if (stat(blob, &st) || !S_ISREG(st.st_mode)) {
-        rc = rl_errf(err, RL_ENOTFOUND, "model %s: the Ollama manifest %s names the blob %s, which "
-                                        "is not there (an unfinished pull?)", full, man, blob);
-        goto out;
-    }
     if (strlen(blob) >= sizeof m->dir) {
         rc = rl_errf(err, RL_EINVAL, "model %s: the path is too long", full);
         goto out;
@@ -320,6 +339,11 @@ out:
 
 int modelref_resolve(const char *spec, struct modelref *m, struct rl_err *err)
 {
+    return modelref_resolve_ex(spec, 0, m, err);
+}
+
+int modelref_resolve_ex(const char *spec, unsigned flags, struct modelref *m, struct rl_err *err)
+{
     memset(m, 0, sizeof *m);
     if (!spec || !*spec)
         return rl_errf(err, RL_EINVAL, "no model: give --model DIR or a Hugging Face repo id");
@@ -329,7 +353,7 @@ int modelref_resolve(const char *spec, struct modelref *m, struct rl_err *err)
     /* ollama:NAME[:TAG] names a model of the Ollama store, unless a file or
      * directory of that spelling exists (it wins, as for repo ids) */
     if (!strncmp(spec, "ollama:", 7) && stat(spec, &st) != 0)
-        return resolve_ollama(spec, spec + 7, m, err);
+        return resolve_ollama(spec, spec + 7, flags, m, err);
     /* an existing file (a .gguf, a config.json given by mistake) goes to
      * the model loader as it is, which says what it expects instead */
     if (is_dir(spec) || stat(spec, &st) == 0) {

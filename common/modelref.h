@@ -32,7 +32,15 @@ struct modelref {
     bool from_hub;                  /* found in the Hugging Face cache */
     char revision[MODELREF_NAME_MAX + 1]; /* from_hub: the revision asked for ("main") */
     bool from_ollama;               /* found in the Ollama store: dir is the model blob */
+    char adapter[MODELREF_PATH_MAX]; /* from_ollama with MODELREF_ADAPTER: the blob of the
+                                        manifest's ADAPTER layer (a GGUF LoRA adapter,
+                                        part of the model), else "" */
 };
+
+/* modelref_resolve_ex flags. */
+#define MODELREF_ADAPTER 1u /* the caller serves an Ollama model's ADAPTER layer
+                               (fills modelref.adapter); without it such a model
+                               is refused, since its base alone is another model */
 
 /* The Hugging Face hub cache directory, as the Hugging Face tools choose it:
  * $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub. *why
@@ -59,6 +67,8 @@ const char *modelref_ollama_store(char *buf, size_t size, const char **why);
  * says what was looked for and where (the cache directory and the
  * variable that chose it), or -RL_EINVAL for an empty spec. */
 int modelref_resolve(const char *spec, struct modelref *out, struct rl_err *err);
+/* The same with flags (MODELREF_ADAPTER). */
+int modelref_resolve_ex(const char *spec, unsigned flags, struct modelref *out, struct rl_err *err);
 
 /* A served name clients can send and Redis keys can hold: 1 to
  * MODELREF_NAME_MAX of [A-Za-z0-9._:/-], not starting with '/' or '.'. */

@@ -76,11 +76,11 @@ static int setup(struct disp *d, struct rl_err *err)
                        "starting with '/' or '.'", d->cfg.served_model_name, MODELREF_NAME_MAX);
     if (d->cfg.model[0]) {
         struct modelref ref;
-        if ((rc = modelref_resolve(d->cfg.model, &ref, err)))
+        if ((rc = modelref_resolve_ex(d->cfg.model, MODELREF_ADAPTER, &ref, err)))
             return rl_err_wrap(err, "the result-cache fast path");
         if ((rc = tok_load(&d->tok, ref.dir, err)))
             return rl_err_wrap(err, "model %s (for the result-cache fast path)", d->cfg.model);
-        if ((rc = modelid_compute(ref.dir, d->model_id, err)))
+        if ((rc = modelid_of(&ref, d->model_id, err)))
             return rc;
         snprintf(d->fast_name, sizeof d->fast_name, "%s", ref.name);
         RL_LOG(&d->log, RL_LOG_INFO, "result-cache fast path on for model %s: tokenizer of %s, "

@@ -193,6 +193,7 @@ struct engine {
         struct lora_adapter *a;
     } loras[LORA_MAX_ADAPTERS];
     int n_loras;
+    struct lora_adapter *model_lora; /* engine_options.model_lora, in the last slot */
 
     int32_t default_stop[4];     /* eos ids: <|im_end|>, <|endoftext|>, ... */
     int n_default_stop;
@@ -429,6 +430,19 @@ int engine_create(struct engine **out, const char *dir,
     }
     if ((rc = e->be->ops->kv_init(e->be->ctx, e->n_blocks, e->block_size, err)))
         goto fail;
+    if (opt.model_lora && opt.model_lora[0]) {
+        if (!e->be->ops->lora_set) {
+            rc = rl_errf(err, RL_EUNSUPPORTED, "model adapter %s: the %s backend serves no LoRA adapters",
+                         opt.model_lora, e->be->ops->name);
+            goto fail;
+        }
+        if ((rc = lora_load(&e->model_lora, opt.model_lora, e->cfg, err)) ||
+            (rc = e->be->ops->lora_set(e->be->ctx, LORA_MAX_ADAPTERS, e->model_lora, err))) {
+            rl_err_wrap(err, "the model's adapter %s", opt.model_lora);
+            goto fail;
+        }
+    }
+    e->opt.model_lora = NULL; /* loaded: the caller's string need not live on */
     if ((rc = kv_cache_create(&e->kv, e->n_blocks, e->block_size, err)))
         goto fail;
     struct sched_options so = {opt.max_batch, opt.token_budget, opt.prefill_chunk,
@@ -558,6 +572,7 @@ void engine_free(struct engine *e)
     be_free(e->be);
     for (int i = 0; i < e->n_loras; i++) /* after the backend that read them */
         lora_free(e->loras[i].a);
+    lora_free(e->model_lora);
     model_free(e->model);
     free(e->bseqs);
     free(e->btokens);
@@ -1055,7 +1070,7 @@ int engine_submit(struct engine *e, const struct engine_request *r, uint64_t *id
         rc = req_build(e, r, e->next_id, ids, n, &sp, limit, g, &q, err);
     uint64_t salt = kv_salt_lora(r->cache_salt, r->lora);
     if (!rc)
-        q->lora = r->lora && r->lora[0] ? lora_slot(e, r->lora) : 0;
+        q->lora = r->lora && r->lora[0] ? lora_slot(e, r->lora) : e->model_lora ? LORA_MAX_ADAPTERS : 0;
     if (!rc && job) {
         /* it waits outside the scheduler for its compile (attach_compiled) */
         q->cjob = job;
@@ -1902,9 +1917,9 @@ int engine_lora_add(struct engine *e, const char *name, const char *dir, struct 
                       "adapter name \"%.128s\": 1-128 of [A-Za-z0-9._:/-]", name ? name : "");
     if (!strcmp(name, e->served_name) || lora_slot(e, name) > 0)
         return refuse(err, EV_CODE_BAD_PARAM, "adapter name \"%s\" is already served", name);
-    if (e->n_loras == LORA_MAX_ADAPTERS)
+    if (e->n_loras == LORA_MAX_ADAPTERS - 1) /* the last slot is model_lora's */
         return rl_errf(err, RL_EFULL, "adapter %s: %d adapters are served already", name,
-                       LORA_MAX_ADAPTERS);
+                       LORA_MAX_ADAPTERS - 1);
     struct lora_adapter *a = NULL;
     int rc = lora_load(&a, dir, e->cfg, err);
     if (rc)

@@ -182,6 +182,13 @@ struct engine_options {
                                  tests); NULL = spec_ngram_propose */
     void *spec_draft_user;
     size_t progress_every;    /* bytes between progress calls; 0 = 64 MiB */
+    const char *model_lora;   /* a LoRA adapter that is part of the model
+                                 (an Ollama model's ADAPTER layer, a GGUF
+                                 adapter file or PEFT directory, lora.h):
+                                 applied to every request that names no
+                                 adapter of its own, its KV in the model's
+                                 own prefix-cache domain; NULL = none.
+                                 Needs a backend with adapters */
     const char *served_name;  /* the name the model is served under
                                  (engine_served_name); NULL = the model
                                  directory's last component */
@@ -538,7 +545,8 @@ bool engine_embed_only(const struct engine *e);
  * requests whose engine_request.lora names it. Before or between steps;
  * adapters stay until engine_free. Errors: BAD_PARAM when the backend has
  * no adapters (lora_set) or the name is taken or malformed, RL_EFULL past
- * LORA_MAX_ADAPTERS, and lora_load's. */
+ * LORA_MAX_ADAPTERS - 1 (the last slot is engine_options.model_lora's),
+ * and lora_load's. */
 int engine_lora_add(struct engine *e, const char *name, const char *dir, struct rl_err *err);
 int engine_lora_count(const struct engine *e);
 /* Adapter i's name (owned by the engine), i < engine_lora_count; NULL past. */

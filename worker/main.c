@@ -226,9 +226,15 @@ static int lora_specs(struct worker *w, struct modelref_lora **out, int *n, stru
     *n = 0;
     if (l->n == 0)
         return 0;
-    if (l->n > LORA_MAX_ADAPTERS)
+    if (l->n > LORA_MAX_ADAPTERS - 1) /* the engine keeps the last slot for a model's own */
         return rl_errf(err, RL_EINVAL, "lora_modules: %d adapters; a worker serves at most %d",
-                       l->n, LORA_MAX_ADAPTERS);
+                       l->n, LORA_MAX_ADAPTERS - 1);
+    /* an adapter is a delta to the base weights it was trained on, not to
+     * a fine-tune of them */
+    if (w->model.adapter[0])
+        return rl_errf(err, RL_EINVAL,
+                       "lora_modules: %s is an Ollama model with an ADAPTER of its own; serve "
+                       "other adapters beside its base model instead", w->model.name);
     struct modelref_lora *s = calloc((size_t)l->n, sizeof *s);
     if (!s)
         return rl_errf(err, RL_ENOMEM, "lora_modules: out of memory");
@@ -275,7 +281,7 @@ static int setup(struct worker *w, struct rl_err *err)
     int rc;
     if (!w->opt.model[0])
         return rl_errf(err, RL_EINVAL, "no model: give --model DIR or model = \"DIR\"");
-    if ((rc = modelref_resolve(w->opt.model, &w->model, err)))
+    if ((rc = modelref_resolve_ex(w->opt.model, MODELREF_ADAPTER, &w->model, err)))
         return rc;
     if (strlen(w->opt.served_name) > MODELREF_NAME_MAX)
         return rl_errf(err, RL_EINVAL, "served_model_name: longer than %d characters",
@@ -350,6 +356,11 @@ static int setup_rest(struct worker *w, const struct modelref_lora *loras, int n
         RL_LOG(&w->log, RL_LOG_INFO, "model %s: %s", w->opt.model, w->model.dir);
     RL_LOG(&w->log, RL_LOG_INFO, "loading %s on %s, serving it as \"%s\"", w->model.dir,
            w->opt.backend, w->model.name);
+    /* an Ollama model's ADAPTER layer is part of the model */
+    eo.model_lora = w->model.adapter[0] ? w->model.adapter : NULL;
+    if (eo.model_lora)
+        RL_LOG(&w->log, RL_LOG_INFO, "the model's own LoRA adapter (its Ollama ADAPTER layer): %s",
+               eo.model_lora);
     if ((rc = engine_create(&w->eng, w->model.dir, &eo, err)))
         return rc;
     {
@@ -362,7 +373,7 @@ static int setup_rest(struct worker *w, const struct modelref_lora *loras, int n
     if (engine_embed_only(w->eng))
         RL_LOG(&w->log, RL_LOG_INFO, "%s has no lm_head.weight (an embedding checkpoint): it serves "
                "embedding jobs (task embed) only", w->model.dir);
-    if ((rc = modelid_compute(w->model.dir, w->model_id, err)))
+    if ((rc = modelid_of(&w->model, w->model_id, err)))
         return rc;
     if ((rc = lora_load_all(w, loras, n_loras, err)))
         return rc;

@@ -444,3 +444,71 @@ def test_adapter_named_as_the_model_stops_the_worker(models, redis_addr, prefix,
                        capture_output=True, text=True, timeout=60)
     out = p.stdout + p.stderr
     assert p.returncode != 0 and "lora e" in out and str(tmp_path / "empty") in out, out
+
+
+def test_ollama_model_with_an_adapter_layer(models, redis_addr, prefix, tmp_path):
+    """An Ollama model made with a Modelfile's ADAPTER (a manifest with a
+    model layer and an application/vnd.ollama.image.adapter layer, both GGUF
+    blobs): a worker given `--model ollama:ft` serves it as ft:latest with
+    the adapter applied to every job, exactly as a worker serving the base
+    GGUF with the adapter named per job answers, and its result-cache
+    entries are not the base's."""
+    import hashlib
+    import os
+    gguf_base = tmp_path / "base.gguf"
+    cfg = json.loads((MODEL / "config.json").read_text())
+    run("mkmodel", "--shape", "tiny", *SHAPE, "--vocab", cfg["vocab_size"],
+        "--bos", cfg["bos_token_id"], "--eos", cfg["eos_token_id"], "--dtype", "q8_0",
+        "--seed", "1", "--untied", "--tokenizer", MODEL, "--out", gguf_base)
+    store = tmp_path / "ollama"
+    (store / "blobs").mkdir(parents=True)
+    layers = []
+    for path, mt in ((gguf_base, "model"), (models["gguf"], "adapter")):
+        data = path.read_bytes()
+        dg = hashlib.sha256(data).hexdigest()
+        (store / "blobs" / f"sha256-{dg}").write_bytes(data)
+        layers.append({"mediaType": f"application/vnd.ollama.image.{mt}",
+                       "digest": f"sha256:{dg}", "size": len(data)})
+    man = store / "manifests" / "registry.ollama.ai" / "library" / "ft" / "latest"
+    man.parent.mkdir(parents=True)
+    man.write_text(json.dumps({"schemaVersion": 2, "layers": layers}))
+
+    r = connect(redis_addr)
+    env = dict(os.environ, OLLAMA_MODELS=str(store))
+    started = []
+    try:
+        def worker(name, model, *extra, env=None):
+            w = Daemon()
+            w.start([str(WORKER), "--redis", redis_addr, "--prefix", prefix, "--model", str(model),
+                     "--name", name, "--threads", "1", "--block-ms", "100", "--http-port", "0",
+                     "--heartbeat-interval-ms", "300", *map(str, extra)],
+                    tmp_path / f"worker-{name}.log", w.logged_ready, env=env)
+            started.append(w)
+            return w
+        worker("ft", "ollama:ft", "--pools", "ft", env=env)
+        worker("ref", gguf_base, "--pools", "ref", "--lora", f"a={models['gguf']}")
+        worker("plain", gguf_base, "--pools", "plain")
+        hb = read_heartbeat(r, prefix, "worker", "ft", timeout=10)
+        assert hb["model"] == "ft:latest" and "lora_adapters" not in hb, hb
+        for i, ids in enumerate(PROMPTS[:2]):
+            # deterministic jobs naming no model: the same text on every pool
+            ft = answer(r, prefix, greedy(f"ft{i}", ids), pool="ft")
+            ref = answer(r, prefix, greedy(f"ref{i}", ids, "a"), pool="ref")
+            assert tokens(ft) == tokens(ref) and len(tokens(ft)) == 8
+            assert not ft[-1]["cached"]
+            named = answer(r, prefix, greedy(f"ftn{i}", ids, "ft:latest"), pool="ft")
+            assert tokens(named) == tokens(ft)
+            # the base GGUF alone, the same job text as ft's: its own answer,
+            # never ft's cache entry; ft's own repeat is
+            pl = answer(r, prefix, greedy(f"pl{i}", ids), pool="plain")
+            assert not pl[-1]["cached"] and tokens(pl) != tokens(ft)
+            again = answer(r, prefix, greedy(f"ft2{i}", ids), pool="ft")
+            assert again[-1]["cached"] and tokens(again) == tokens(ft)
+        wait_no_pending(r, prefix, pools=("ft", "ref", "plain"))
+    finally:
+        for w in started:
+            w.stop()
+    # a program that serves no adapter refuses the model rather than its base
+    p = subprocess.run([str(CLI), "bench-engine", "-m", "ollama:ft", "--prompt", "4", "--gen", "2"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode != 0 and "application/vnd.ollama.image.adapter" in p.stderr, p.stderr

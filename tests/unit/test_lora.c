@@ -370,6 +370,49 @@ static void test_engine_tokens(void **state)
     assert_true(memcmp(with_a.tokens, with_b.tokens, sizeof base.tokens[0] * 16));
 }
 
+/* An adapter that is part of the model (engine_options.model_lora: an
+ * Ollama model's ADAPTER layer): every request without an adapter of its
+ * own gets it, with the same bits as the adapter named per request; one
+ * naming another adapter gets that one instead. */
+static void test_model_adapter(void **state)
+{
+    (void)state;
+    int32_t ids[30];
+    prompt(ids, 30, 4);
+    static struct result named, implied, other, other_ref;
+    struct engine *e = open_engine(base_dir, 4);
+    add_lora(e, "a", ad_gguf);
+    add_lora(e, "b", ad2_dir);
+    run_one(e, ids, 30, "a", 12, &named);
+    run_one(e, ids, 30, "b", 12, &other_ref);
+    engine_free(e);
+    struct engine_options o;
+    engine_options_default(&o);
+    o.n_threads = 2;
+    o.kv_blocks = 256;
+    o.max_batch = 4;
+    o.token_budget = 256;
+    char path[1100];
+    snprintf(path, sizeof path, "%s", ad_gguf);
+    o.model_lora = path;
+    struct rl_err err = {0};
+    if (engine_create(&e, base_dir, &o, &err))
+        fail_msg("engine_create: %s", err.msg);
+    memset(path, 0, sizeof path); /* loaded at create: the string need not live on */
+    assert_int_equal(engine_lora_count(e), 0); /* not an adapter clients name */
+    run_one(e, ids, 30, NULL, 12, &implied);
+    assert_bits(&implied, &named);
+    add_lora(e, "b", ad2_dir);
+    run_one(e, ids, 30, "b", 12, &other);
+    assert_bits(&other, &other_ref);
+    run_one(e, ids, 30, NULL, 12, &implied); /* its own domain: the prompt's blocks hit */
+    assert_int_equal(implied.usage.cached_prompt_tokens, 16);
+    engine_free(e);
+    o.model_lora = tmpdir; /* no adapter there: engine_create says so */
+    assert_true(engine_create(&e, base_dir, &o, &err) < 0);
+    assert_non_null(strstr(err.msg, "the model's adapter"));
+}
+
 /* A row's bits do not depend on its neighbours: base rows beside adapter
  * rows (which switch the step's gate/up product to its unfused form) and
  * adapters beside other adapters, prefill and decode mixed. On the F32
@@ -578,6 +621,7 @@ int main(void)
         cmocka_unit_test(test_served_equals_merged),
         cmocka_unit_test(test_gguf_adapter),
         cmocka_unit_test(test_engine_tokens),
+        cmocka_unit_test(test_model_adapter),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_prefix_cache_domains),
         cmocka_unit_test(test_refusals),

@@ -274,6 +274,13 @@ static void test_ollama(void **state)
         assert_int_equal(modelref_resolve("ollama:finetuned", &m, &err), -RL_EUNSUPPORTED);
         assert_non_null(strstr(err.msg, "application/vnd.ollama.image.adapter"));
         assert_non_null(strstr(err.msg, "--lora NAME=DIR"));
+        /* ... which a worker serves: the adapter's blob beside the model's */
+        assert_int_equal(modelref_resolve_ex("ollama:finetuned", MODELREF_ADAPTER, &m, &err), 0);
+        assert_non_null(strstr(m.dir, "/blobs/sha256-a5a5"));
+        assert_non_null(strstr(m.adapter, "/blobs/sha256-b6b6"));
+        assert_string_equal(m.name, "finetuned:latest");
+        assert_int_equal(modelref_resolve_ex("ollama:qwen3:14b", MODELREF_ADAPTER, &m, &err), 0);
+        assert_string_equal(m.adapter, ""); /* none */
     }
     /* without $OLLAMA_MODELS: ~/.ollama/models */
     unsetenv("OLLAMA_MODELS");
