@@ -90,10 +90,15 @@ static void phase_b(void *arg, int ith, int nth)
     }
 }
 
-static void run_phase(struct cpu_pool *pool, cpu_pool_fn fn, struct lora_job *j)
+/* Below this many multiply-adds a phase runs on the calling thread: a
+ * decode row's phase is ~50k of them, a few microseconds, about what
+ * waking the pool and meeting at its barrier costs. */
+#define LORA_INLINE_MACS 200000
+
+static void run_phase(struct cpu_pool *pool, cpu_pool_fn fn, struct lora_job *j, long macs)
 {
     atomic_store_explicit(&j->next, 0, memory_order_relaxed);
-    if (j->n_items <= 1) /* not worth waking the pool */
+    if (j->n_items <= 1 || macs < LORA_INLINE_MACS)
         fn(j, 0, 1);
     else
         cpu_pool_run_dyn(pool, fn, j);
@@ -106,12 +111,15 @@ void cpu_lora_apply(struct cpu_pool *pool, const struct cpu_kernels *k, const st
     if (rows->n == 0)
         return;
     int any = 0, max_out = 0;
+    long macs_a = 0, macs_b = 0;
     for (int i = 0; i < rows->n; i++)
         for (int p = 0; p < n_proj; p++) {
             const struct lora_pair *pr = lora_get(rows->a[i], layer, projs[p]);
             if (pr) {
                 any = 1;
                 max_out = pr->out > max_out ? pr->out : max_out;
+                macs_a += (long)pr->rank * pr->in;
+                macs_b += (long)pr->rank * pr->out;
             }
         }
     if (!any)
@@ -120,8 +128,8 @@ void cpu_lora_apply(struct cpu_pool *pool, const struct cpu_kernels *k, const st
     int groups = (rows->n + LORA_ROWS_PER_ITEM - 1) / LORA_ROWS_PER_ITEM;
     j.per_row = (rows->max_rank + LORA_RANKS_PER_ITEM - 1) / LORA_RANKS_PER_ITEM;
     j.n_items = groups * n_proj * j.per_row;
-    run_phase(pool, phase_a, &j);
+    run_phase(pool, phase_a, &j, macs_a);
     j.per_row = (max_out + LORA_COLS_PER_ITEM - 1) / LORA_COLS_PER_ITEM;
     j.n_items = groups * n_proj * j.per_row;
-    run_phase(pool, phase_b, &j);
+    run_phase(pool, phase_b, &j, macs_b);
 }
