@@ -932,6 +932,7 @@ static void apply_reload(struct worker *w)
     if (lvl >= 0)
         w->log.level = lvl;
     cfg_job_opts(&w->cfg, &w->jopts);
+    w_lora_reload(w); /* adapters added to lora_modules load now */
     RL_LOG(&w->log, RL_LOG_INFO, "SIGHUP: settings reloaded");
 }
 

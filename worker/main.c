@@ -255,22 +255,71 @@ static int lora_specs(struct worker *w, struct modelref_lora **out, int *n, stru
 /* Loads the adapters into the engine (after its weights) and computes each
  * one's result-cache identity. A failure names the adapter: the worker
  * does not start with part of what it was asked to serve. */
+/* Loads one adapter as the next one the worker serves. */
+static int lora_add_one(struct worker *w, const struct modelref_lora *s, struct rl_err *err)
+{
+    int i = w->n_loras;
+    int64_t t0 = rl_wall_ms();
+    char id[SHA256_HEX_LEN + 1];
+    char *dir = strdup(s->dir);
+    if (!dir)
+        return rl_errf(err, RL_ENOMEM, "lora %s: out of memory", s->name);
+    int rc = modelid_lora(w->model_id, s->dir, id, err);
+    if (rc) {
+        free(dir);
+        return rl_err_wrap(err, "lora %s", s->name);
+    }
+    if ((rc = engine_lora_add(w->eng, s->name, s->dir, err))) {
+        free(dir);
+        return rl_err_wrap(err, "lora %s (%s)", s->name, s->dir);
+    }
+    memcpy(w->lora_id[i], id, sizeof id);
+    w->lora_dir[i] = dir;
+    pthread_mutex_lock(&w->m.mu);
+    w->n_loras = i + 1;
+    pthread_mutex_unlock(&w->m.mu);
+    RL_LOG(&w->log, RL_LOG_INFO, "LoRA adapter \"%s\": %s, rank %d, loaded in %.1f s", s->name,
+           s->dir, engine_lora_rank(w->eng, i), (double)(rl_wall_ms() - t0) / 1000.0);
+    return 0;
+}
+
 static int lora_load_all(struct worker *w, const struct modelref_lora *s, int n,
                          struct rl_err *err)
 {
     for (int i = 0; i < n; i++) {
-        int64_t t0 = rl_wall_ms();
-        int rc = engine_lora_add(w->eng, s[i].name, s[i].dir, err);
+        int rc = lora_add_one(w, &s[i], err);
         if (rc)
-            return rl_err_wrap(err, "lora %s (%s)", s[i].name, s[i].dir);
-        if ((rc = modelid_lora(w->model_id, s[i].dir, w->lora_id[i], err)))
-            return rl_err_wrap(err, "lora %s", s[i].name);
-        w->n_loras = i + 1;
-        RL_LOG(&w->log, RL_LOG_INFO, "LoRA adapter \"%s\": %s, rank %d, loaded in %.1f s",
-               s[i].name, s[i].dir, engine_lora_rank(w->eng, i),
-               (double)(rl_wall_ms() - t0) / 1000.0);
+            return rc;
     }
     return 0;
+}
+
+void w_lora_reload(struct worker *w)
+{
+    struct modelref_lora *s = NULL;
+    int n = 0;
+    struct rl_err err = {0};
+    if (lora_specs(w, &s, &n, &err)) {
+        RL_LOG(&w->log, RL_LOG_ERROR, "SIGHUP: lora_modules: %s; the adapters served stay", err.msg);
+        return;
+    }
+    for (int k = 0; k < n; k++) {
+        int i = w_lora_find(w, s[k].name);
+        if (i >= 0 && strcmp(w->lora_dir[i], s[k].dir))
+            RL_LOG(&w->log, RL_LOG_WARN, "SIGHUP: lora %s now names %s; %s stays served until a "
+                   "restart (jobs may be running with it)", s[k].name, s[k].dir, w->lora_dir[i]);
+        else if (i < 0 && lora_add_one(w, &s[k], &err))
+            RL_LOG(&w->log, RL_LOG_ERROR, "SIGHUP: %s; not served", err.msg);
+    }
+    for (int i = 0; i < w->n_loras; i++) {
+        bool listed = false;
+        for (int k = 0; k < n && !listed; k++)
+            listed = !strcmp(s[k].name, engine_lora_name(w->eng, i));
+        if (!listed)
+            RL_LOG(&w->log, RL_LOG_WARN, "SIGHUP: lora %s left lora_modules; it stays served until "
+                   "a restart (jobs may be running with it)", engine_lora_name(w->eng, i));
+    }
+    free(s);
 }
 
 static int setup_rest(struct worker *w, const struct modelref_lora *loras, int n_loras,
@@ -535,6 +584,8 @@ out:
     for (int i = 0; i < w->n_lanes; i++)
         rconn_free(w->lane[i].rc);
     engine_free(w->eng);
+    for (int i = 0; i < w->n_loras; i++)
+        free(w->lora_dir[i]);
     cfg_free(&w->cfg);
     free(w);
     return status;

@@ -230,8 +230,10 @@ struct worker {
      * (engine_lora_name/rank), served as a model name beside model.name;
      * lora_id[i] is its result-cache identity (modelid_lora), so that its
      * answers never meet the base model's or another adapter's */
-    int n_loras;
+    int n_loras;                  /* grows on SIGHUP (w_lora_reload): changed under m.mu,
+                                     which the metrics page reads it under */
     char lora_id[LORA_MAX_ADAPTERS][SHA256_HEX_LEN + 1];
+    char *lora_dir[LORA_MAX_ADAPTERS]; /* where adapter i came from (owned) */
 
     struct rconn *rc;             /* publish, ack, claim, cancel checks */
     struct rconn_opts rc_opts;    /* how rc and the lanes' connections were made */
@@ -464,6 +466,11 @@ void w_ident_apply(struct worker *w, struct wjob *j);
 
 /* main.c: the index of the adapter served as name, -1 when none is. */
 int w_lora_find(const struct worker *w, const char *name);
+/* SIGHUP: loads the adapters lora_modules names now and the worker does not
+ * serve yet (the loop thread, between steps); an adapter whose directory
+ * changed or that left the list is logged and kept until a restart (jobs
+ * may be running with it). Errors are logged, never fatal. */
+void w_lora_reload(struct worker *w);
 
 /* cache.c (the model identity is modelid_compute, common/modelid.h) */
 /* Sets j->cache_fill / cache_key for a deterministic job with cache on. */

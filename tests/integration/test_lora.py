@@ -512,3 +512,38 @@ def test_ollama_model_with_an_adapter_layer(models, redis_addr, prefix, tmp_path
     p = subprocess.run([str(CLI), "bench-engine", "-m", "ollama:ft", "--prompt", "4", "--gen", "2"],
                        capture_output=True, text=True, env=env, timeout=60)
     assert p.returncode != 0 and "application/vnd.ollama.image.adapter" in p.stderr, p.stderr
+
+
+def test_sighup_loads_the_adapters_added(models, procs, redis_addr, prefix, tmp_path):
+    """lora_modules is live: after SIGHUP the worker loads the adapters added
+    to its config file (announced in the next heartbeat, answering at once);
+    a bad one added is logged and skipped, the worker serving on; one that
+    left the list stays served until a restart."""
+    import signal
+    r = connect(redis_addr)
+    conf = tmp_path / "worker.conf"
+    conf.write_text(f'lora_modules = ["a={models["adapter"]}"];\n')
+    w = procs["worker"]("wh", models["base"], "-c", conf, "--pools", "fast")
+    assert [x["name"] for x in read_heartbeat(r, prefix, "worker", "wh", timeout=10)
+            ["lora_adapters"]] == ["a"]
+    ids = PROMPTS[0]
+    want = tokens(answer(r, prefix, greedy("a0", ids, "a", cache=False)))
+    nf = answer(r, prefix, greedy("g0", ids, "g", cache=False))
+    assert nf[0]["type"] == "error" and nf[0]["code"] == "MODEL_NOT_FOUND", nf
+
+    conf.write_text(f'lora_modules = ["a={models["adapter"]}", "g={models["gguf"]}", '
+                    f'"bad={tmp_path}/nowhere"];\n')
+    w.signal(signal.SIGHUP)
+    hb = wait_for(lambda: (lambda h: h if [x["name"] for x in h.get("lora_adapters", [])] ==
+                           ["a", "g"] else None)(read_heartbeat(r, prefix, "worker", "wh")),
+                  "the heartbeat announcing g", 15)
+    assert hb["lora_adapters"][1] == {"name": "g", "rank": RANK}
+    assert tokens(answer(r, prefix, greedy("g1", ids, "g", cache=False))) == want
+    assert "lora bad" in w.text() and "not served" in w.text()
+
+    conf.write_text(f'lora_modules = ["g={models["gguf"]}"];\n')  # a left the list
+    w.signal(signal.SIGHUP)
+    wait_for(lambda: "lora a left lora_modules" in w.text(), "a's warning", 15)
+    assert tokens(answer(r, prefix, greedy("a1", ids, "a", cache=False))) == want
+    assert w.proc.poll() is None
+    wait_no_pending(r, prefix, pools=("fast",))
