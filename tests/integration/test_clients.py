@@ -24,7 +24,8 @@ CLIENTS = pathlib.Path(__file__).resolve().parent / "node-clients"
 def node_clients():
     if not shutil.which("node"):
         pytest.skip("node is not installed (make deps installs nodejs)")
-    if not (CLIENTS / "node_modules" / "ai").exists():
+    deps = json.loads((CLIENTS / "package.json").read_text())["dependencies"]
+    if not all((CLIENTS / "node_modules" / name).exists() for name in deps):
         assert shutil.which("npm"), "node is installed but npm is not: run make deps"
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=CLIENTS,
                        capture_output=True, timeout=600, check=True)

@@ -121,6 +121,33 @@ def test_rerank_played(front, redis_addr, prefix):  # noqa: F811
                                 "document": {"text": "zeta"}}]
 
 
+def test_node_clients(front, redis_addr, prefix):  # noqa: F811
+    """The AI SDK's rerank() with @ai-sdk/cohere and Cohere's own TypeScript
+    SDK against /v2/rerank (node-clients/rerank.mjs): each parses the answer
+    with its own schema and ranks the documents as the played scores say."""
+    from test_clients import node_clients
+    d = node_clients()
+    tap(connect(redis_addr), f"{prefix}jobs:fast", f"{prefix}jobs:think")
+    f = front()
+    r = connect(redis_addr)
+    join = in_thread(play_jobs, r, prefix, 15, played)  # three requests of five documents
+    out = subprocess.run(["node", str(d / "rerank.mjs"), f"http://127.0.0.1:{f.port}", MODEL_NAME],
+                         capture_output=True, text=True, timeout=180, cwd=d)
+    join()
+    assert out.returncode == 0, out.stderr[-4000:]
+    res = json.loads(out.stdout.strip().split("\n")[-1])
+    texts = ["alpha", "beta", "gamma", "delta", "epsilon"]
+    order = [2, 1, 3, 0, 4]  # by score; beta and delta tie: the lower index first
+    assert [x["index"] for x in res["aisdk"]] == order[:3]
+    for x in res["aisdk"]:
+        assert x["score"] == SCORES[texts[x["index"]]] and x["document"] == texts[x["index"]]
+    assert res["aisdkAll"] == order
+    assert res["cohere"]["id"].startswith("rerank-")
+    assert res["cohere"]["results"] == [{"index": i, "score": SCORES[texts[i]]} for i in order[:3]]
+    # no documents: the server's 400, as the client reports it
+    assert res["emptyError"] and res["emptyError"]["status"] == 400
+
+
 def test_score_played(front, redis_addr, prefix):  # noqa: F811
     tap(connect(redis_addr), f"{prefix}jobs:fast", f"{prefix}jobs:think")
     f = front()
