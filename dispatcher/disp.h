@@ -85,6 +85,7 @@ struct dmodel {
     int pool_idx[D_MAX_POOLS];    /* scoped: the router's pool i is d->pools[pool_idx[i]] */
     int n_pools;
     char pool_sig[512];           /* scoped: the pool names it was built for */
+    int n_workers;                /* live workers announcing it (models.c, each refresh) */
 };
 
 /* One LoRA adapter a live worker serves beside its model (heartbeat
@@ -95,6 +96,8 @@ struct dlora {
     char name[MODELREF_NAME_MAX + 1];
     char parent[MODELREF_NAME_MAX + 1]; /* the served name of its base model */
     int rank;                           /* as the first heartbeat naming it said */
+    int holders;                        /* live workers announcing it, of its parent's */
+    int of;                             /* ... n_workers, at the last refresh */
 };
 
 /* One worker as affinity.c knows it from its heartbeat. */

@@ -115,6 +115,7 @@ static void add_loras(struct disp *d, struct dlora *loras, int *n, const char *p
             if (!strcmp(loras[k].name, name->valuestring))
                 l = &loras[k];
         if (l) {
+            l->holders += !strcmp(l->parent, parent);
             if (strcmp(l->parent, parent) && !d->loras_warned) {
                 RL_LOG(&d->log, RL_LOG_WARN, "models: LoRA adapter %s is served by workers of "
                        "%s and of %s; its jobs go to %s's", l->name, l->parent, parent, l->parent);
@@ -130,6 +131,7 @@ static void add_loras(struct disp *d, struct dlora *loras, int *n, const char *p
             return;
         }
         l = &loras[(*n)++];
+        l->holders = 1;
         snprintf(l->name, sizeof l->name, "%s", name->valuestring);
         snprintf(l->parent, sizeof l->parent, "%s", parent);
         l->rank = cJSON_IsNumber(rank) ? (int)rank->valuedouble : 0;
@@ -290,9 +292,11 @@ void d_models_refresh(struct disp *d)
         if (m && !m->alias && scoped)
             add_pools(pools[m - fresh], &n_pools[m - fresh],
                       cJSON_GetObjectItemCaseSensitive(hb, "pools"));
-        if (m)
+        if (m) {
+            m->n_workers++;
             add_loras(d, loras, &n_loras, m->name,
                       cJSON_GetObjectItemCaseSensitive(hb, "lora_adapters"));
+        }
         /* the longest sequence every worker of the model takes; the alias
          * (served_model_name) means the shared pools' workers */
         const cJSON *ml = cJSON_GetObjectItemCaseSensitive(hb, "max_model_len");
@@ -368,13 +372,27 @@ void d_models_refresh(struct disp *d)
             d->loras_warned = true;
             continue;
         }
-        bool had = false;
-        for (int k = 0; k < d->n_loras && !had; k++)
-            had = !strcmp(d->loras[k].name, l->name);
-        if (!had)
+        const struct dlora *was = NULL;
+        for (int k = 0; k < d->n_loras && !was; k++)
+            if (!strcmp(d->loras[k].name, l->name))
+                was = &d->loras[k];
+        if (!was)
             RL_LOG(&d->log, RL_LOG_INFO, "model %s served (LoRA adapter of %s, rank %d)", l->name,
                    l->parent, l->rank);
-        loras[n_kept++] = *l;
+        struct dlora *k = &loras[n_kept++];
+        *k = *l;
+        k->of = find(d->models, d->n_models, l->parent)->n_workers;
+        /* jobs for it go to the parent's pools, where a worker without it
+         * answers MODEL_NOT_FOUND: said whenever the share changes (a
+         * rollout by SIGHUP passes through it for a moment) */
+        if (k->holders < k->of && (!was || was->holders != k->holders || was->of != k->of))
+            RL_LOG(&d->log, RL_LOG_WARN, "LoRA adapter %s is served by %d of the %d live workers of "
+                   "%s: its jobs that one of the others takes fail with MODEL_NOT_FOUND; give every "
+                   "worker of %s the same lora_modules", k->name, k->holders, k->of, k->parent,
+                   k->parent);
+        else if (was && was->holders < was->of && k->holders == k->of)
+            RL_LOG(&d->log, RL_LOG_INFO, "LoRA adapter %s: every live worker of %s serves it now",
+                   k->name, k->parent);
     }
     for (int k = 0; k < d->n_loras; k++) {
         bool still = false;

@@ -547,3 +547,17 @@ def test_sighup_loads_the_adapters_added(models, procs, redis_addr, prefix, tmp_
     assert tokens(answer(r, prefix, greedy("a1", ids, "a", cache=False))) == want
     assert w.proc.poll() is None
     wait_no_pending(r, prefix, pools=("fast",))
+
+
+def test_dispatcher_warns_when_workers_disagree(models, procs, redis_addr, prefix):
+    """Two workers of one model, one with adapter a: the dispatcher says that
+    a is served by 1 of the 2 (its jobs may land on the other), and when the
+    one without it stops, that every live worker serves it now."""
+    procs["worker"]("w1", models["base"], "--lora", f"a={models['adapter']}")
+    w2 = procs["worker"]("w2", models["base"], "--heartbeat-ttl-s", "2")
+    d = procs["dispatcher"]()
+    wait_for(lambda: "LoRA adapter a is served by 1 of the 2 live workers" in d.text(),
+             "the dispatcher's warning", 15)
+    w2.stop()
+    wait_for(lambda: "LoRA adapter a: every live worker of" in d.text(),
+             "the dispatcher seeing the fleet agree", 20)
