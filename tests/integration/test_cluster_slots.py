@@ -102,10 +102,18 @@ def test_one_emit_per_slot_a_step(redis_cluster, workers, prefix, tmp_path, even
             n_events += len(evs)
         # the takes (one a job) and a ring probe at most ride along
         emits = script_calls(redis_cluster, port) - before - len(jobs) - 1
+        print(f"{phase}: {emits} emit calls for {n_events} events")
         if phase == "apart":
             assert emits >= 0.6 * n_events, f"{emits} emit calls for {n_events} events, ids apart"
+            apart = emits / n_events
         else:
-            assert emits <= 0.35 * n_events, f"{emits} emit calls for {n_events} events, one slot"
+            # against the apart phase of the same run, not a fixed share:
+            # how steps and flushes fall moves the one-slot count (29-40 of
+            # 150 events in four runs here, 54 in one CI run, which a fixed
+            # 0.35 failed); one call per job a step would be the apart
+            # phase's share again (143-145 of 150)
+            assert emits <= 0.5 * apart * n_events, \
+                f"{emits} emit calls for {n_events} events, one slot ({apart:.2f} a event apart)"
 
 
 def test_bench_and_front_door_ids_on_request_slots(redis_cluster, workers, prefix, tmp_path,
