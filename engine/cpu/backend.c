@@ -167,8 +167,6 @@ struct cpu_ctx {
     struct cpu_lora_rows lrows;    /* this forward's */
     int32_t *lrow_t;               /* (max_tokens) */
     const struct lora_adapter **lrow_a; /* (max_tokens) */
-    struct cpu_lora_half *lora_half[LORA_MAX_ADAPTERS + 1]; /* slot k's bf16 copy (a BF16 model) */
-    const struct cpu_lora_half **lrow_h; /* (max_tokens) */
     float *lora_tmp;               /* (max_tokens * 3 * lora_max_rank) */
 
     double prof[PH_N];         /* seconds per phase since the last profile() */
@@ -1743,13 +1741,11 @@ static void lora_rows(struct cpu_ctx *c, const struct be_batch *b)
         for (int i = 0; i < q->n_new; i++, t++)
             if (q->lora) {
                 c->lrow_t[n] = t;
-                c->lrow_h[n] = c->lora_half[q->lora];
                 c->lrow_a[n++] = c->lora[q->lora];
                 r = lora_max_rank(c->lora[q->lora]) > r ? lora_max_rank(c->lora[q->lora]) : r;
             }
     }
-    /* bf16 copies exist for every slot or for none (lora_bf16) */
-    c->lrows = (struct cpu_lora_rows){n, c->lrow_t, c->lrow_a, n && c->lrow_h[0] ? c->lrow_h : NULL, r};
+    c->lrows = (struct cpu_lora_rows){n, c->lrow_t, c->lrow_a, r};
 }
 
 /* Whether some row of the step has an adapter pair for projection p or q
@@ -1762,22 +1758,18 @@ static bool lora_touches(const struct cpu_ctx *c, int l, enum lora_proj p, enum 
     return false;
 }
 
-/* The adapters' deltas of up to three products that read the same rows:
- * x (f32; x_ok false when they are not there, the o projection's input
- * after a bf16 attention output and down's after a fused SwiGLU) and xb
- * (their bf16 copy, or NULL). A BF16 model's adapters (bf16 copies) read
- * xb, as its products do; the f32 ones read x, widened from xb first when
- * it holds nothing. */
+/* The adapters' deltas of up to three products that read the same rows x
+ * (f32, or their bf16 copy xb widened first into the f32 rows x when x
+ * holds nothing of them: the o projection's input) */
 static void lora_deltas(struct cpu_ctx *c, int layer, int n, const enum lora_proj *projs, float *x,
-                        bool x_ok, const uint16_t *xb, int ldx, float *const *y, const int *ldy)
+                        const uint16_t *xb, int ldx, float *const *y, const int *ldy)
 {
-    if (!c->lrows.h && !x_ok)
+    if (xb)
         for (int i = 0; i < c->lrows.n; i++) {
             size_t t = (size_t)c->lrows.t[i] * (size_t)ldx;
             c->k->bf16_to_f32(xb + t, x + t, ldx);
         }
-    cpu_lora_apply(c->pool, c->k, &c->lrows, layer, n, projs, x, c->lrows.h ? xb : NULL, ldx, y,
-                   ldy, c->lora_tmp);
+    cpu_lora_apply(c->pool, c->k, &c->lrows, layer, n, projs, x, ldx, y, ldy, c->lora_tmp);
 }
 
 static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
@@ -1817,7 +1809,7 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         if (lora) {
             static const enum lora_proj qkv[3] = {LORA_Q, LORA_K, LORA_V};
             int kvd = cfg->n_kv_heads * cfg->head_dim;
-            lora_deltas(c, l, 3, qkv, c->xn, true, c->xb, H, (float *const[]){c->q, c->kx, c->vx},
+            lora_deltas(c, l, 3, qkv, c->xn, NULL, H, (float *const[]){c->q, c->kx, c->vx},
                         (const int[]){Q, kvd, kvd});
         }
         prof_mark(c, PH_QKV, &tp);
@@ -1831,7 +1823,7 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         prof_mark(c, PH_ATTN, &tp);
         project(c, T, c->att, c->xb, Q, &L->wo, c->tmp, NULL, NULL, NULL, NULL);
         if (lora)
-            lora_deltas(c, l, 1, (const enum lora_proj[]){LORA_O}, c->att, !aj.ob, aj.ob, Q,
+            lora_deltas(c, l, 1, (const enum lora_proj[]){LORA_O}, c->att, aj.ob, Q,
                         (float *const[]){c->tmp}, (const int[]){H});
         prof_mark(c, PH_O, &tp);
         struct norm_job mj = {c->k, c->x, H, NULL, T, H, L->mlp_norm, cfg->rms_eps, c->xn,
@@ -1846,7 +1838,7 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         mm_run(c, &gj);
         if (glu) {
             static const enum lora_proj gu[2] = {LORA_GATE, LORA_UP};
-            lora_deltas(c, l, 2, gu, c->xn, true, c->xb, H, (float *const[]){c->g, c->u},
+            lora_deltas(c, l, 2, gu, c->xn, NULL, H, (float *const[]){c->g, c->u},
                         (const int[]){I, I});
             struct glu_job uj = {c->k, c->g, c->u, hb, T, I, 0};
             run_dyn(c, glu_task, &uj, T);
@@ -1855,7 +1847,7 @@ static int cpu_forward(void *ctx, const struct be_batch *b, struct rl_err *err)
         project(c, T, c->g, c->hb, I, &L->down, c->tmp, NULL, NULL, NULL, NULL);
         if (lora)
             /* fused, the bf16 rows are all the SwiGLU output there is */
-            lora_deltas(c, l, 1, (const enum lora_proj[]){LORA_DOWN}, c->g, glu || !hb, hb, I,
+            lora_deltas(c, l, 1, (const enum lora_proj[]){LORA_DOWN}, c->g, glu ? NULL : hb, I,
                         (float *const[]){c->tmp}, (const int[]){H});
         if (l + 1 == cfg->n_layers) { /* else the next layer's norm adds it */
             struct add_job adj = {c->x, c->tmp, (size_t)T * (size_t)H};
@@ -1933,9 +1925,6 @@ static void cpu_free(void *ctx)
     free(c->scratch);
     free(c->lrow_t);
     free(c->lrow_a);
-    free(c->lrow_h);
-    for (int i = 0; i <= LORA_MAX_ADAPTERS; i++)
-        cpu_lora_half_free(c->lora_half[i]);
     free(c->lora_tmp);
     cpu_pool_free(c->pool);
     free(c);
@@ -1951,20 +1940,8 @@ static int cpu_lora_set(void *ctx, int slot, const struct lora_adapter *a, struc
         return rl_errf(err, RL_EINVAL, "cpu backend: an adapter before load");
     size_t T = (size_t)c->max_tokens;
     if (!c->lrow_t && (!(c->lrow_t = malloc(T * sizeof *c->lrow_t)) ||
-                       !(c->lrow_a = malloc(T * sizeof *c->lrow_a)) ||
-                       !(c->lrow_h = malloc(T * sizeof *c->lrow_h))))
+                       !(c->lrow_a = malloc(T * sizeof *c->lrow_a))))
         return rl_errf(err, RL_ENOMEM, "cpu backend: out of memory");
-    /* a model whose seven products all read bf16 rows takes its adapters
-     * in bf16 too: half the bytes a step, rounded as the rows are */
-    struct cpu_lora_half *h = NULL;
-    const struct cpu_layer *L0 = &c->layers[0];
-    bool bf = a && needs_bf16(&L0->wq) && needs_bf16(&L0->wk) && needs_bf16(&L0->wv) &&
-              needs_bf16(&L0->wo) && needs_bf16(&L0->gate) && needs_bf16(&L0->up) && needs_bf16(&L0->down);
-    if (bf) {
-        int rc = cpu_lora_half_make(a, c->cfg.n_layers, &h, err);
-        if (rc)
-            return rc;
-    }
     int r = lora_max_rank(a);
     if (r > c->lora_max_rank) {
         float *t = malloc(T * 3 * (size_t)r * sizeof *t);
@@ -1974,8 +1951,6 @@ static int cpu_lora_set(void *ctx, int slot, const struct lora_adapter *a, struc
         c->lora_tmp = t;
         c->lora_max_rank = r;
     }
-    cpu_lora_half_free(c->lora_half[slot]);
-    c->lora_half[slot] = h;
     c->lora[slot] = a;
     return 0;
 }

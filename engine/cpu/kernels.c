@@ -185,16 +185,6 @@ static void sc_lora_up(int r, const float *t, const float *w, size_t ldw, float 
     }
 }
 
-static void sc_lora_up_bf16(int r, const float *t, const uint16_t *w, size_t ldw, float *y, int n)
-{
-    for (int i = 0; i < n; i++) {
-        float s = 0;
-        for (int k = 0; k < r; k++)
-            s += t[k] * cpu_bf16_to_f32(w[(size_t)k * ldw + (size_t)i]);
-        y[i] += s;
-    }
-}
-
 void cpu_pack_bf16(const uint16_t *w, int N, int K, uint16_t *out)
 {
     size_t kp = (size_t)K / 2;
@@ -219,7 +209,6 @@ static const struct cpu_kernels sc_table = {
     .bf16_to_f32 = sc_bf16_to_f32,
     .dot_f32 = sc_dot_f32,
     .lora_up = sc_lora_up,
-    .lora_up_bf16 = sc_lora_up_bf16,
     .dot_bf16_f32 = sc_dot_bf16_f32,
     .axpy_f32 = sc_axpy_f32,
     .axpy_bf16 = sc_axpy_bf16,

@@ -152,9 +152,6 @@ struct cpu_kernels {
      * A function of i's column alone, so any split of [0, n) gives the
      * same bits. Required. */
     void (*lora_up)(int r, const float *t, const float *w, size_t ldw, float *y, int n);
-    /* The same with w in bf16 (an adapter's BF16 copy for a BF16 model:
-     * half the bytes to stream); w widened exactly, the same recipe. */
-    void (*lora_up_bf16)(int r, const float *t, const uint16_t *w, size_t ldw, float *y, int n);
     /* Qwen3's per-head q/k step: each of n rows of hd floats (stride hd)
      * gets rmsnorm(row) * w as rmsnorm() computes it, then the rotate-half
      * rotary embedding with cos cs[i] / sin sn[i] for i < hd/2:

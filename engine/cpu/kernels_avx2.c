@@ -250,54 +250,36 @@ T2 static AI float hsum8(__m256 v)
 DEFINE_DOT_AXPY(av2_dot_f32, av2_axpy_f32, float, F32_LD, ld_f32_t, F32_SC)
 DEFINE_DOT_AXPY(av2_dot_bf16_f32, av2_axpy_bf16, uint16_t, ld_bf16, ld_bf16_t, cpu_bf16_to_f32)
 
-/* kernels.h lora_up and lora_up_bf16: 32 columns in four registers while
- * the r rows go by, then 8, the tail through a zero-padded copy; LD(p)
- * loads 8 of w's elements as f32 (a bf16 row widened by a shift, exact),
- * LDT(p, m) the first m of them */
-T2 static AI __m256 ld_bf16x8(const uint16_t *p)
+/* kernels.h lora_up: 32 columns in four registers while the r rows go by,
+ * then 8, then the tail through a zero-padded copy */
+T2 static void av2_lora_up(int r, const float *t, const float *w, size_t ldw, float *y, int n)
 {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-
-T2 static AI __m256 ld_bf16x8_t(const uint16_t *p, int m)
-{
-    uint16_t b[8] = {0};
-    memcpy(b, p, (size_t)m * sizeof *b);
-    return ld_bf16x8(b);
-}
-
-#define DEFINE_LORA_UP(NAME, WT, LD, LDT)                                                    \
-    T2 static void NAME(int r, const float *t, const WT *w, size_t ldw, float *y, int n)     \
-    {                                                                                        \
-        int i = 0;                                                                           \
-        for (; i + 32 <= n; i += 32) {                                                       \
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                      \
-            for (int k = 0; k < r; k++) {                                                    \
-                const WT *wr = w + (size_t)k * ldw + i;                                      \
-                __m256 tk = _mm256_set1_ps(t[k]);                                            \
-                a0 = _mm256_fmadd_ps(tk, LD(wr), a0);                                        \
-                a1 = _mm256_fmadd_ps(tk, LD(wr + 8), a1);                                    \
-                a2 = _mm256_fmadd_ps(tk, LD(wr + 16), a2);                                   \
-                a3 = _mm256_fmadd_ps(tk, LD(wr + 24), a3);                                   \
-            }                                                                                \
-            _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), a0));              \
-            _mm256_storeu_ps(y + i + 8, _mm256_add_ps(_mm256_loadu_ps(y + i + 8), a1));      \
-            _mm256_storeu_ps(y + i + 16, _mm256_add_ps(_mm256_loadu_ps(y + i + 16), a2));    \
-            _mm256_storeu_ps(y + i + 24, _mm256_add_ps(_mm256_loadu_ps(y + i + 24), a3));    \
-        }                                                                                    \
-        for (; i < n; i += 8) {                                                              \
-            int m = n - i < 8 ? n - i : 8;                                                   \
-            __m256 a = _mm256_setzero_ps();                                                  \
-            for (int k = 0; k < r; k++)                                                      \
-                a = _mm256_fmadd_ps(_mm256_set1_ps(t[k]), LDT(w + (size_t)k * ldw + i, m), a); \
-            float out[8];                                                                    \
-            _mm256_storeu_ps(out, _mm256_add_ps(ld_f32_t(y + i, m), a));                     \
-            memcpy(y + i, out, (size_t)m * sizeof *out);                                     \
-        }                                                                                    \
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int k = 0; k < r; k++) {
+            const float *wr = w + (size_t)k * ldw + i;
+            __m256 tk = _mm256_set1_ps(t[k]);
+            a0 = _mm256_fmadd_ps(tk, _mm256_loadu_ps(wr), a0);
+            a1 = _mm256_fmadd_ps(tk, _mm256_loadu_ps(wr + 8), a1);
+            a2 = _mm256_fmadd_ps(tk, _mm256_loadu_ps(wr + 16), a2);
+            a3 = _mm256_fmadd_ps(tk, _mm256_loadu_ps(wr + 24), a3);
+        }
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), a0));
+        _mm256_storeu_ps(y + i + 8, _mm256_add_ps(_mm256_loadu_ps(y + i + 8), a1));
+        _mm256_storeu_ps(y + i + 16, _mm256_add_ps(_mm256_loadu_ps(y + i + 16), a2));
+        _mm256_storeu_ps(y + i + 24, _mm256_add_ps(_mm256_loadu_ps(y + i + 24), a3));
     }
-
-DEFINE_LORA_UP(av2_lora_up, float, _mm256_loadu_ps, ld_f32_t)
-DEFINE_LORA_UP(av2_lora_up_bf16, uint16_t, ld_bf16x8, ld_bf16x8_t)
+    for (; i < n; i += 8) {
+        int m = n - i < 8 ? n - i : 8;
+        __m256 a = _mm256_setzero_ps();
+        for (int k = 0; k < r; k++)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(t[k]), ld_f32_t(w + (size_t)k * ldw + i, m), a);
+        float out[8];
+        _mm256_storeu_ps(out, _mm256_add_ps(ld_f32_t(y + i, m), a));
+        memcpy(y + i, out, (size_t)m * sizeof *out);
+    }
+}
 
 static const struct cpu_kernels av2_table = {
     .isa = CPU_ISA_AVX2,
@@ -308,7 +290,6 @@ static const struct cpu_kernels av2_table = {
     .bf16_to_f32 = av2_bf16_to_f32,
     .dot_f32 = av2_dot_f32,
     .lora_up = av2_lora_up,
-    .lora_up_bf16 = av2_lora_up_bf16,
     .dot_bf16_f32 = av2_dot_bf16_f32,
     .axpy_f32 = av2_axpy_f32,
     .axpy_bf16 = av2_axpy_bf16,

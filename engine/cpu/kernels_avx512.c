@@ -919,44 +919,33 @@ T512 static void av512_norm_rope(float *x, int n, int hd, const float *w, float 
     }
 }
 
-/* kernels.h lora_up and lora_up_bf16: 128 columns in eight registers while
- * the r rows go by (eight chains, enough to cover the FMA latency), then
- * 16, then a masked tail; LDM(mask, p) loads 16 of w's elements as f32 (a
- * bf16 row widened by a shift, exact) */
-T512 static AI __m512 ld_bf16x16m(__mmask16 m, const uint16_t *p)
+/* kernels.h lora_up: 128 columns in eight registers while the r rows go
+ * by (eight chains, enough to cover the FMA latency), then 16, then a
+ * masked tail */
+T512 static void av512_lora_up(int r, const float *t, const float *w, size_t ldw, float *y, int n)
 {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
-}
-#define LD_F32X16M(m, p) _mm512_maskz_loadu_ps((m), (p))
-
-#define DEFINE_LORA_UP(NAME, WT, LDM)                                                         \
-    T512 static void NAME(int r, const float *t, const WT *w, size_t ldw, float *y, int n)    \
-    {                                                                                         \
-        int i = 0;                                                                            \
-        for (; i + 128 <= n; i += 128) {                                                      \
-            __m512 a[8];                                                                      \
-            for (int j = 0; j < 8; j++)                                                       \
-                a[j] = _mm512_setzero_ps();                                                   \
-            for (int k = 0; k < r; k++) {                                                     \
-                const WT *wr = w + (size_t)k * ldw + i;                                       \
-                __m512 tk = _mm512_set1_ps(t[k]);                                             \
-                for (int j = 0; j < 8; j++)                                                   \
-                    a[j] = _mm512_fmadd_ps(tk, LDM((__mmask16)0xffff, wr + 16 * j), a[j]);    \
-            }                                                                                 \
-            for (int j = 0; j < 8; j++)                                                       \
-                _mm512_storeu_ps(y + i + 16 * j, _mm512_add_ps(_mm512_loadu_ps(y + i + 16 * j), a[j])); \
-        }                                                                                     \
-        for (; i < n; i += 16) {                                                              \
-            __mmask16 m = n - i < 16 ? (__mmask16)((1u << (n - i)) - 1u) : (__mmask16)0xffff; \
-            __m512 a = _mm512_setzero_ps();                                                   \
-            for (int k = 0; k < r; k++)                                                       \
-                a = _mm512_fmadd_ps(_mm512_set1_ps(t[k]), LDM(m, w + (size_t)k * ldw + i), a); \
-            _mm512_mask_storeu_ps(y + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), a)); \
-        }                                                                                     \
+    int i = 0;
+    for (; i + 128 <= n; i += 128) {
+        __m512 a[8];
+        for (int j = 0; j < 8; j++)
+            a[j] = _mm512_setzero_ps();
+        for (int k = 0; k < r; k++) {
+            const float *wr = w + (size_t)k * ldw + i;
+            __m512 tk = _mm512_set1_ps(t[k]);
+            for (int j = 0; j < 8; j++)
+                a[j] = _mm512_fmadd_ps(tk, _mm512_loadu_ps(wr + 16 * j), a[j]);
+        }
+        for (int j = 0; j < 8; j++)
+            _mm512_storeu_ps(y + i + 16 * j, _mm512_add_ps(_mm512_loadu_ps(y + i + 16 * j), a[j]));
     }
-
-DEFINE_LORA_UP(av512_lora_up, float, LD_F32X16M)
-DEFINE_LORA_UP(av512_lora_up_bf16, uint16_t, ld_bf16x16m)
+    for (; i < n; i += 16) {
+        __mmask16 m = n - i < 16 ? (__mmask16)((1u << (n - i)) - 1u) : (__mmask16)0xffff;
+        __m512 a = _mm512_setzero_ps();
+        for (int k = 0; k < r; k++)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(t[k]), _mm512_maskz_loadu_ps(m, w + (size_t)k * ldw + i), a);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), a));
+    }
+}
 
 T512 static void av512_swiglu(float *g, const float *u, int n)
 {
@@ -1001,7 +990,6 @@ static const struct cpu_kernels av512_table = {
     .rmsnorm = av512_rmsnorm,
     .swiglu = av512_swiglu,
     .lora_up = av512_lora_up,
-    .lora_up_bf16 = av512_lora_up_bf16,
     .norm_rope = av512_norm_rope,
     .gemm_q = cpu_gemm_q_avx512,
     .q_panels = 1,

@@ -3,66 +3,6 @@
 
 #include <stdatomic.h>
 #include <stddef.h>
-#include <stdlib.h>
-
-#include "dtype.h"
-
-struct cpu_lora_half {
-    int n_layers;
-    uint16_t *mem;
-    const uint16_t **a, **bt; /* (n_layers * LORA_N_PROJ), NULL where no pair */
-};
-
-int cpu_lora_half_make(const struct lora_adapter *a, int n_layers, struct cpu_lora_half **out,
-                       struct rl_err *err)
-{
-    *out = NULL;
-    size_t n = 0, np = (size_t)n_layers * LORA_N_PROJ;
-    for (int l = 0; l < n_layers; l++)
-        for (int p = 0; p < LORA_N_PROJ; p++) {
-            const struct lora_pair *pr = lora_get(a, l, (enum lora_proj)p);
-            if (pr) /* each matrix on a 64-byte boundary */
-                n += ((size_t)pr->rank * (size_t)pr->in + 31) / 32 * 32 +
-                     ((size_t)pr->rank * (size_t)pr->out + 31) / 32 * 32;
-        }
-    struct cpu_lora_half *h = calloc(1, sizeof *h);
-    if (!h || !(h->a = calloc(np, sizeof *h->a)) || !(h->bt = calloc(np, sizeof *h->bt)) ||
-        posix_memalign((void **)&h->mem, 64, (n ? n : 1) * sizeof *h->mem)) {
-        if (h)
-            h->mem = NULL;
-        cpu_lora_half_free(h);
-        return rl_errf(err, RL_ENOMEM, "cpu backend: out of memory for an adapter's bf16 copy");
-    }
-    h->n_layers = n_layers;
-    uint16_t *at = h->mem;
-    for (int l = 0; l < n_layers; l++)
-        for (int p = 0; p < LORA_N_PROJ; p++) {
-            const struct lora_pair *pr = lora_get(a, l, (enum lora_proj)p);
-            if (!pr)
-                continue;
-            size_t na = (size_t)pr->rank * (size_t)pr->in, nb = (size_t)pr->rank * (size_t)pr->out;
-            for (size_t i = 0; i < na; i++)
-                at[i] = f32_to_bf16(pr->a[i]);
-            h->a[(size_t)l * LORA_N_PROJ + p] = at;
-            at += (na + 31) / 32 * 32;
-            for (size_t i = 0; i < nb; i++)
-                at[i] = f32_to_bf16(pr->bt[i]);
-            h->bt[(size_t)l * LORA_N_PROJ + p] = at;
-            at += (nb + 31) / 32 * 32;
-        }
-    *out = h;
-    return 0;
-}
-
-void cpu_lora_half_free(struct cpu_lora_half *h)
-{
-    if (!h)
-        return;
-    free(h->mem);
-    free(h->a);
-    free(h->bt);
-    free(h);
-}
 
 /* Ranks of one phase-A item, columns of one phase-B item: small enough
  * that a decode row's few hundred columns still spread over the threads,
@@ -76,7 +16,6 @@ struct lora_job {
     int layer, n_proj;
     const enum lora_proj *projs;
     const float *x;
-    const uint16_t *xb; /* bf16 rows: the pairs' bf16 copies are used */
     int ldx;
     float *const *y;
     const int *ldy;
@@ -121,13 +60,9 @@ static void phase_a(void *arg, int ith, int nth)
             if (!pr || k0 >= pr->rank)
                 continue;
             int k1 = k0 + LORA_RANKS_PER_ITEM < pr->rank ? k0 + LORA_RANKS_PER_ITEM : pr->rank;
-            float *t = j->tmp + (size_t)i * ld + (size_t)p * (size_t)j->rows->max_rank;
-            size_t xo = (size_t)j->rows->t[i] * (size_t)j->ldx;
-            if (j->xb)
-                j->k->gemm_bf16(n, k0, k1, pr->in, j->xb + xo, j->ldx,
-                                j->rows->h[i]->a[(size_t)j->layer * LORA_N_PROJ + j->projs[p]], t, (int)ld);
-            else
-                j->k->gemm_f32(n, k0, k1, pr->in, j->x + xo, j->ldx, pr->a, t, (int)ld);
+            j->k->gemm_f32(n, k0, k1, pr->in, j->x + (size_t)j->rows->t[i] * (size_t)j->ldx, j->ldx,
+                           pr->a, j->tmp + (size_t)i * ld + (size_t)p * (size_t)j->rows->max_rank,
+                           (int)ld);
         }
     }
 }
@@ -150,12 +85,7 @@ static void phase_b(void *arg, int ith, int nth)
             int o1 = o0 + LORA_COLS_PER_ITEM < pr->out ? o0 + LORA_COLS_PER_ITEM : pr->out;
             const float *t = j->tmp + ((size_t)i * (size_t)j->n_proj + (size_t)p) * (size_t)j->rows->max_rank;
             float *yr = j->y[p] + (size_t)j->rows->t[i] * (size_t)j->ldy[p];
-            if (j->xb)
-                j->k->lora_up_bf16(pr->rank, t,
-                                   j->rows->h[i]->bt[(size_t)j->layer * LORA_N_PROJ + j->projs[p]] + o0,
-                                   (size_t)pr->out, yr + o0, o1 - o0);
-            else
-                j->k->lora_up(pr->rank, t, pr->bt + o0, (size_t)pr->out, yr + o0, o1 - o0);
+            j->k->lora_up(pr->rank, t, pr->bt + o0, (size_t)pr->out, yr + o0, o1 - o0);
         }
     }
 }
@@ -175,8 +105,8 @@ static void run_phase(struct cpu_pool *pool, cpu_pool_fn fn, struct lora_job *j,
 }
 
 void cpu_lora_apply(struct cpu_pool *pool, const struct cpu_kernels *k, const struct cpu_lora_rows *rows,
-                    int layer, int n_proj, const enum lora_proj *projs, const float *x,
-                    const uint16_t *xb, int ldx, float *const *y, const int *ldy, float *tmp)
+                    int layer, int n_proj, const enum lora_proj *projs, const float *x, int ldx,
+                    float *const *y, const int *ldy, float *tmp)
 {
     if (rows->n == 0)
         return;
@@ -194,8 +124,7 @@ void cpu_lora_apply(struct cpu_pool *pool, const struct cpu_kernels *k, const st
         }
     if (!any)
         return;
-    struct lora_job j = {k, rows, layer, n_proj, projs, x, rows->h ? xb : NULL, ldx, y, ldy, tmp,
-                         0, 0, 0};
+    struct lora_job j = {k, rows, layer, n_proj, projs, x, ldx, y, ldy, tmp, 0, 0, 0};
     int groups = (rows->n + LORA_ROWS_PER_ITEM - 1) / LORA_ROWS_PER_ITEM;
     j.per_row = (rows->max_rank + LORA_RANKS_PER_ITEM - 1) / LORA_RANKS_PER_ITEM;
     j.n_items = groups * n_proj * j.per_row;

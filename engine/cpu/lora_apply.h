@@ -20,29 +20,19 @@
 #include "cpu/pool.h"
 #include "lora.h"
 
-/* An adapter's matrices rounded to bf16, for a BF16 model, whose products
- * read bf16 rows anyway: half the bytes to stream a step (the mix of
- * adapters' main cost), A through gemm_bf16, B^T through lora_up_bf16. */
-struct cpu_lora_half;
-int cpu_lora_half_make(const struct lora_adapter *a, int n_layers, struct cpu_lora_half **out,
-                       struct rl_err *err);
-void cpu_lora_half_free(struct cpu_lora_half *h);
-
 /* The rows of a step that run with an adapter. */
 struct cpu_lora_rows {
     int n;                                 /* rows with an adapter */
     const int32_t *t;                      /* (n) their token rows in the batch */
     const struct lora_adapter *const *a;   /* (n) each row's adapter */
-    const struct cpu_lora_half *const *h;  /* (n) its bf16 copy, or NULL: f32 */
     int max_rank;                          /* of those adapters */
 };
 
 /* For p < n_proj: y[p][t * ldy[p] + o] += delta of projection projs[p] of
- * layer for x's row t (x + t * ldx, f32; or xb's, the same rows in bf16,
- * when the rows have bf16 copies), for every row t of rows. tmp holds
- * rows->n * n_proj * rows->max_rank floats. n_proj <= 3. */
+ * layer for x's row t (x + t * ldx, f32), for every row t of rows. tmp
+ * holds rows->n * n_proj * rows->max_rank floats. n_proj <= 3. */
 void cpu_lora_apply(struct cpu_pool *pool, const struct cpu_kernels *k, const struct cpu_lora_rows *rows,
-                    int layer, int n_proj, const enum lora_proj *projs, const float *x,
-                    const uint16_t *xb, int ldx, float *const *y, const int *ldy, float *tmp);
+                    int layer, int n_proj, const enum lora_proj *projs, const float *x, int ldx,
+                    float *const *y, const int *ldy, float *tmp);
 
 #endif
