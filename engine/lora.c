@@ -30,12 +30,22 @@ struct lora_adapter {
 static const char *const proj_names[LORA_N_PROJ] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                     "gate_proj", "up_proj", "down_proj"};
 
+static const char *const gguf_names[LORA_N_PROJ] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                                                    "ffn_gate", "ffn_up", "ffn_down"};
+
 const char *lora_proj_name(enum lora_proj p)
 {
     return p >= 0 && p < LORA_N_PROJ ? proj_names[p] : "?";
 }
 
-static void proj_shape(const struct model_config *cfg, enum lora_proj p, int *in, int *out)
+const char *lora_proj_block(enum lora_proj p) { return p <= LORA_O ? "self_attn" : "mlp"; }
+
+const char *lora_proj_gguf_name(enum lora_proj p)
+{
+    return p >= 0 && p < LORA_N_PROJ ? gguf_names[p] : "?";
+}
+
+void lora_proj_shape(const struct model_config *cfg, enum lora_proj p, int *in, int *out)
 {
     int q = cfg->n_heads * cfg->head_dim, kv = cfg->n_kv_heads * cfg->head_dim;
     switch (p) {
@@ -165,9 +175,9 @@ static int parse_name(const char *name, int *layer, enum lora_proj *p, int *is_b
     s = end + 1;
     for (int i = 0; i < LORA_N_PROJ; i++) {
         char want[96];
-        const char *blk = i <= LORA_O ? "self_attn" : "mlp";
         for (int b = 0; b < 2; b++) {
-            snprintf(want, sizeof want, "%s.%s.lora_%c.weight", blk, proj_names[i], b ? 'B' : 'A');
+            snprintf(want, sizeof want, "%s.%s.lora_%c.weight", lora_proj_block((enum lora_proj)i),
+                     proj_names[i], b ? 'B' : 'A');
             if (!strcmp(s, want)) {
                 *layer = (int)l;
                 *p = (enum lora_proj)i;
@@ -197,7 +207,7 @@ static int build(struct lora_adapter *a, const struct src *tab, const struct mod
                 return rl_errf(err, RL_EFORMAT, "%s: layer %d %s has lora_%c but no lora_%c", path, l,
                                proj_names[p], ta->data ? 'A' : 'B', ta->data ? 'B' : 'A');
             int in, o;
-            proj_shape(cfg, (enum lora_proj)p, &in, &o);
+            lora_proj_shape(cfg, (enum lora_proj)p, &in, &o);
             int64_t r = ta->rows;
             if (r < 1 || r > LORA_MAX_RANK || ta->cols != in || tb->rows != o || tb->cols != r)
                 return rl_errf(err, RL_EFORMAT,
@@ -307,8 +317,6 @@ static int load_peft(struct lora_adapter *a, struct src *tab, const char *dir,
 static int load_gguf(struct lora_adapter *a, struct src *tab, const char *path,
                      const struct model_config *cfg, struct rl_err *err)
 {
-    static const char *const gname[LORA_N_PROJ] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
-                                                   "ffn_gate", "ffn_up", "ffn_down"};
     struct gguf_file *g = NULL;
     int rc = gguf_open(&g, path, err);
     if (rc)
@@ -342,7 +350,7 @@ static int load_gguf(struct lora_adapter *a, struct src *tab, const char *path,
             (!strcmp(t->name + at, "a") || !strcmp(t->name + at, "b")))
             b = t->name[at] == 'b';
         for (int k = 0; k < LORA_N_PROJ && b >= 0; k++)
-            if (!strcmp(sfx, gname[k]))
+            if (!strcmp(sfx, gguf_names[k]))
                 p = k;
         if (p < 0) {
             rc = rl_errf(err, RL_EUNSUPPORTED,

@@ -67,5 +67,11 @@ int lora_max_rank(const struct lora_adapter *a);
 size_t lora_bytes(const struct lora_adapter *a);
 /* "q_proj" ... "down_proj". */
 const char *lora_proj_name(enum lora_proj p);
+/* The module PEFT names it under: "self_attn" (q/k/v/o) or "mlp". */
+const char *lora_proj_block(enum lora_proj p);
+/* Its tensor in a GGUF model: "attn_q" ... "ffn_down". */
+const char *lora_proj_gguf_name(enum lora_proj p);
+/* Its input and output features in a model of shape cfg. */
+void lora_proj_shape(const struct model_config *cfg, enum lora_proj p, int *in, int *out);
 
 #endif

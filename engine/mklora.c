@@ -35,16 +35,6 @@ static int base_config(const char *dir, struct model_config *cfg, struct rl_err 
     return rc;
 }
 
-static void proj_dims(const struct model_config *c, int p, int64_t *in, int64_t *out)
-{
-    int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
-    const int64_t ins[LORA_N_PROJ] = {c->hidden, c->hidden, c->hidden, q, c->hidden, c->hidden, c->intermediate};
-    const int64_t outs[LORA_N_PROJ] = {q, kv, kv, c->hidden, c->intermediate, c->intermediate, c->hidden};
-    *in = ins[p];
-    *out = outs[p];
-}
-
-static const char *proj_block(int p) { return p <= LORA_O ? "self_attn" : "mlp"; }
 
 int mk_lora_write(const struct mk_lora_opts *o, struct rl_err *err)
 {
@@ -82,8 +72,8 @@ int mk_lora_write(const struct mk_lora_opts *o, struct rl_err *err)
         for (int p = 0; !rc && p < LORA_N_PROJ; p++) {
             if (!(targets & (1u << p)))
                 continue;
-            int64_t in, out;
-            proj_dims(&cfg, p, &in, &out);
+            int in, out;
+            lora_proj_shape(&cfg, (enum lora_proj)p, &in, &out);
             for (int b = 0; !rc && b < 2; b++) {
                 int64_t shape[2] = {b ? out : o->rank, b ? o->rank : in};
                 size_t n = (size_t)(shape[0] * shape[1]);
@@ -102,15 +92,14 @@ int mk_lora_write(const struct mk_lora_opts *o, struct rl_err *err)
                 }
                 char name[256];
                 if (gguf) { /* the same bytes: ne is the shape reversed */
-                    static const char *const gname[LORA_N_PROJ] = {
-                        "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
-                    snprintf(name, sizeof name, "blk.%d.%s.weight.lora_%c", l, gname[p], b ? 'b' : 'a');
+                    snprintf(name, sizeof name, "blk.%d.%s.weight.lora_%c", l,
+                             lora_proj_gguf_name((enum lora_proj)p), b ? 'b' : 'a');
                     int64_t ne[2] = {shape[1], shape[0]};
                     gguf_writer_tensor(gw, name, o->bf16 ? GGUF_T_BF16 : GGUF_T_F32, 2, ne, v, NULL, NULL);
                     continue;
                 }
                 snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", l,
-                         proj_block(p), lora_proj_name((enum lora_proj)p), b ? 'B' : 'A');
+                         lora_proj_block((enum lora_proj)p), lora_proj_name((enum lora_proj)p), b ? 'B' : 'A');
                 rc = st_writer_add(w, name, o->bf16 ? ST_BF16 : ST_F32, 2, shape, v, err);
             }
         }
@@ -174,7 +163,8 @@ static int base_proj(const char *name, int *layer)
         return -1;
     for (int p = 0; p < LORA_N_PROJ; p++) {
         char want[96];
-        snprintf(want, sizeof want, "%s.%s.weight", proj_block(p), lora_proj_name((enum lora_proj)p));
+        snprintf(want, sizeof want, "%s.%s.weight", lora_proj_block((enum lora_proj)p),
+                 lora_proj_name((enum lora_proj)p));
         if (!strcmp(name + n, want)) {
             *layer = l;
             return p;
