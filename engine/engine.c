@@ -82,6 +82,7 @@
 #include "kv_cache.h"
 #include "lora.h"
 #include "model.h"
+#include "modelref.h"
 #include "sample.h"
 #include "sched.h"
 #include "sim/sim.h"
@@ -338,6 +339,9 @@ static void default_served_name(const char *dir, char *out, size_t size)
     snprintf(out, size, "%.*s", (int)(n - b), dir + b);
 }
 
+static int lora_into_slot(struct engine *e, int slot, const char *path, struct lora_adapter **out,
+                          struct rl_err *err);
+
 int engine_create(struct engine **out, const char *dir,
                   const struct engine_options *o, struct rl_err *err)
 {
@@ -436,8 +440,7 @@ int engine_create(struct engine **out, const char *dir,
                          opt.model_lora, e->be->ops->name);
             goto fail;
         }
-        if ((rc = lora_load(&e->model_lora, opt.model_lora, e->cfg, err)) ||
-            (rc = e->be->ops->lora_set(e->be->ctx, LORA_MAX_ADAPTERS, e->model_lora, err))) {
+        if ((rc = lora_into_slot(e, LORA_MAX_ADAPTERS, opt.model_lora, &e->model_lora, err))) {
             rl_err_wrap(err, "the model's adapter %s", opt.model_lora);
             goto fail;
         }
@@ -1893,18 +1896,18 @@ const char *engine_served_name(const struct engine *e) { return e->served_name; 
 int engine_eos_id(const struct engine *e) { return e->cfg->eos_id; }
 bool engine_embed_only(const struct engine *e) { return e->cfg->embed_only != 0; }
 
-/* Names as served names are spelled (config/README.md, served_model_name):
- * they travel in job and heartbeat fields and Redis key names */
-static bool lora_name_ok(const char *s)
+/* Loads the adapter at path into backend slot `slot`; *out owns it. */
+static int lora_into_slot(struct engine *e, int slot, const char *path, struct lora_adapter **out,
+                          struct rl_err *err)
 {
-    size_t n = strlen(s);
-    if (n < 1 || n > 128)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
-              (s[i] >= '0' && s[i] <= '9') || strchr("._:/-", s[i])))
-            return false;
-    return true;
+    *out = NULL;
+    struct lora_adapter *a = NULL;
+    int rc = lora_load(&a, path, e->cfg, err);
+    if (!rc && (rc = e->be->ops->lora_set(e->be->ctx, slot, a, err)))
+        lora_free(a);
+    if (!rc)
+        *out = a;
+    return rc;
 }
 
 int engine_lora_add(struct engine *e, const char *name, const char *dir, struct rl_err *err)
@@ -1912,22 +1915,20 @@ int engine_lora_add(struct engine *e, const char *name, const char *dir, struct 
     if (!e->be->ops->lora_set)
         return refuse(err, EV_CODE_BAD_PARAM, "adapter %s: the %s backend serves no LoRA adapters",
                       name ? name : "?", e->be->ops->name);
-    if (!name || !lora_name_ok(name))
+    /* spelled as served names are: they travel in job and heartbeat
+     * fields and Redis key names */
+    if (!name || !modelref_name_ok(name))
         return refuse(err, EV_CODE_BAD_PARAM,
-                      "adapter name \"%.128s\": 1-128 of [A-Za-z0-9._:/-]", name ? name : "");
+                      "adapter name \"%.128s\": 1-128 of [A-Za-z0-9._:/-], not starting with '/' "
+                      "or '.'", name ? name : "");
     if (!strcmp(name, e->served_name) || lora_slot(e, name) > 0)
         return refuse(err, EV_CODE_BAD_PARAM, "adapter name \"%s\" is already served", name);
     if (e->n_loras == LORA_MAX_ADAPTERS - 1) /* the last slot is model_lora's */
         return rl_errf(err, RL_EFULL, "adapter %s: %d adapters are served already", name,
                        LORA_MAX_ADAPTERS - 1);
-    struct lora_adapter *a = NULL;
-    int rc = lora_load(&a, dir, e->cfg, err);
-    if (rc)
+    struct lora_adapter *a;
+    if (lora_into_slot(e, e->n_loras + 1, dir, &a, err))
         return rl_err_wrap(err, "adapter %s", name);
-    if ((rc = e->be->ops->lora_set(e->be->ctx, e->n_loras + 1, a, err))) {
-        lora_free(a);
-        return rl_err_wrap(err, "adapter %s", name);
-    }
     struct eng_lora *l = &e->loras[e->n_loras++];
     snprintf(l->name, sizeof l->name, "%s", name);
     l->a = a;
