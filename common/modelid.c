@@ -43,10 +43,9 @@ static int hash_samples(struct sha256_ctx *c, const char *path, long long size)
     return 0;
 }
 
-static void hash_file(struct sha256_ctx *c, const char *dir, const char *name)
+/* name, then the content of the file at path (none when it cannot be read) */
+static void hash_named(struct sha256_ctx *c, const char *name, const char *path)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "rb");
     sha256_update(c, name, strlen(name) + 1);
     if (!f)
@@ -56,6 +55,13 @@ static void hash_file(struct sha256_ctx *c, const char *dir, const char *name)
     while ((n = fread(buf, 1, sizeof buf, f)) > 0)
         sha256_update(c, buf, n);
     fclose(f);
+}
+
+static void hash_file(struct sha256_ctx *c, const char *dir, const char *name)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    hash_named(c, name, path);
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -146,16 +152,12 @@ int modelid_lora(const char *base_id, const char *dir, char out[SHA256_HEX_LEN +
     if (stat(dir, &st) != 0)
         st.st_mode = 0;
     if (S_ISREG(st.st_mode)) { /* a GGUF adapter: the one file */
-        char d[4096], *slash;
-        snprintf(d, sizeof d, "%s", dir);
-        const char *name = (slash = strrchr(d, '/')) ? slash + 1 : d;
-        if (slash)
-            *slash = 0;
         FILE *f = fopen(dir, "rb");
         if (!f)
             return rl_errf(err, RL_EIO, "%s: cannot read the adapter file", dir);
         fclose(f);
-        hash_file(&c, slash ? (d[0] ? d : "/") : ".", name);
+        const char *slash = strrchr(dir, '/');
+        hash_named(&c, slash ? slash + 1 : dir, dir);
     }
     for (size_t i = 0; !S_ISREG(st.st_mode) && i < sizeof files / sizeof files[0]; i++) {
         char path[4096];
