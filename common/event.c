@@ -359,6 +359,9 @@ int ev_build_done(int64_t seq, const struct ev_done *d, char **out, struct rl_er
         goto oom;
     if (d->has_score && !cJSON_AddNumberToObject(o, "score", d->score))
         goto oom;
+    if (d->matched_stop && d->finish_reason == EV_FINISH_STOP &&
+        !cJSON_AddStringToObject(o, "matched_stop", d->matched_stop))
+        goto oom;
     return finish(o, out, err);
 oom:
     cJSON_Delete(o);

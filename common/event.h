@@ -153,6 +153,10 @@ struct ev_done {
     int n_embedding;
     bool has_score;                 /* task "rerank": `score`, the relevance in [0, 1] */
     double score;
+    const char *matched_stop;       /* finish "stop" at one of the job's stop strings:
+                                       that string, written as `matched_stop`; NULL:
+                                       left out (eos, a stop id, other finishes).
+                                       Borrowed */
 };
 
 /* Builders. Each returns 0 and sets *out to a malloc'd string, or a

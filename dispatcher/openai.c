@@ -1367,6 +1367,8 @@ struct oai_resp {
     cJSON *tool_calls;         /* array (possibly empty) */
     struct oai_tc_stream tc;   /* stream: tool calls sent in fragments */
     const char *finish;        /* the OpenAI finish_reason, static */
+    char *stop_reason;         /* vLLM's: the stop string the choice ended at
+                                  (done's matched_stop), NULL; owned */
     int64_t prompt_tokens, completion_tokens, reasoning_tokens, cached_tokens;
 };
 
@@ -1406,6 +1408,7 @@ void oai_resp_free(struct oai_resp *r)
     if (!r)
         return;
     free(r->model);
+    free(r->stop_reason);
     text_free(&r->content);
     text_free(&r->reasoning);
     cJSON_Delete(r->lp_content);
@@ -1933,6 +1936,16 @@ static int feed_tool_deltas(struct oai_resp *r, const cJSON *tcs, struct text *s
     return 0;
 }
 
+/* vLLM's stop_reason beside finish_reason: the stop string the choice
+ * ended at, or null (an end-of-turn or stop token, a length cut). */
+static void add_stop_reason(cJSON *choice, const struct oai_resp *r)
+{
+    if (r->stop_reason)
+        cJSON_AddStringToObject(choice, "stop_reason", r->stop_reason);
+    else
+        cJSON_AddNullToObject(choice, "stop_reason");
+}
+
 static int feed_done(struct oai_resp *r, const cJSON *ev, struct text *sse,
                      struct oai_error *e)
 {
@@ -1955,6 +1968,10 @@ static int feed_done(struct oai_resp *r, const cJSON *ev, struct text *sse,
     snprintf(cid, sizeof cid, r->cur ? "%s" "c%d" : "%s", r->id, r->cur);
     oai_tool_call_ids(r->tool_calls, cid);
     bool tools = r->tool_calls->child != NULL;
+    const char *ms = oai_str_member(ev, "matched_stop");
+    free(r->stop_reason);
+    if ((r->stop_reason = ms ? strdup(ms) : NULL) == NULL && ms)
+        return -RL_ENOMEM;
     if (!fr || !strcmp(fr, "error")) {
         oai_error_set(e, 500, T_SERVER, "ENGINE_ERROR", NULL, "the job ended with an error");
         return fail(r, e);
@@ -1978,6 +1995,7 @@ static int feed_done(struct oai_resp *r, const cJSON *ev, struct text *sse,
         cJSON_AddStringToObject(choice, "text", echo ? echo : "");
         cJSON_AddNullToObject(choice, "logprobs");
         cJSON_AddStringToObject(choice, "finish_reason", r->finish);
+        add_stop_reason(choice, r);
         if (r->include_usage)
             cJSON_AddNullToObject(c, "usage");
         if ((rc = sse_put(c, sse)))
@@ -2019,6 +2037,7 @@ static int feed_done(struct oai_resp *r, const cJSON *ev, struct text *sse,
     }
     cJSON_AddNullToObject(choice, "logprobs");
     cJSON_AddStringToObject(choice, "finish_reason", r->finish);
+    add_stop_reason(choice, r);
     if (r->include_usage)
         cJSON_AddNullToObject(c, "usage");
     if ((rc = sse_put(c, sse)))
@@ -2151,6 +2170,7 @@ static cJSON *compl_choice(const struct oai_resp *r)
         cJSON_AddNullToObject(ch, "logprobs");
     }
     cJSON_AddStringToObject(ch, "finish_reason", r->finish);
+    add_stop_reason(ch, r);
     return ch;
 }
 
@@ -2191,6 +2211,7 @@ static cJSON *chat_choice(const struct oai_resp *r)
         cJSON_AddNullToObject(ch, "logprobs");
     }
     cJSON_AddStringToObject(ch, "finish_reason", r->finish);
+    add_stop_reason(ch, r);
     return ch;
 }
 

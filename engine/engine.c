@@ -133,6 +133,7 @@ struct eng_req {
     int n_stop;
     bool in_think, forced;
     bool drop_tail;              /* a stop string matched: nothing after it */
+    const char *stop_hit;        /* that string (one of stop), NULL before */
     struct engine_usage usage;
     struct tok_stream *ts;       /* NULL without a tokenizer */
     struct text hold;          /* text held back for stop matching */
@@ -1208,8 +1209,10 @@ static int feed_text(struct engine *e, struct eng_req *q, const char *t, size_t 
     size_t best = (size_t)-1;
     for (int i = 0; i < q->n_stop; i++) {
         const char *m = memmem(q->hold.p, q->hold.n, q->stop[i], strlen(q->stop[i]));
-        if (m && (size_t)(m - q->hold.p) < best)
+        if (m && (size_t)(m - q->hold.p) < best) {
             best = (size_t)(m - q->hold.p);
+            q->stop_hit = q->stop[i]; /* the earliest match; the first listed on a tie */
+        }
     }
     if (best != (size_t)-1) {
         q->hold.n = best; /* the match and all after it are dropped */
@@ -1569,6 +1572,8 @@ static int collect_events(struct engine *e, const struct engine_event **events,
             ev->scores = q->scores;
             ev->n_scores = q->n_score;
         }
+        if (final && q->finish == ENGINE_FINISH_STOP)
+            ev->stop = q->stop_hit;
         if (q->finish == ENGINE_FINISH_ERROR) {
             ev->error_code = q->err_code;
             ev->error = q->err_msg;

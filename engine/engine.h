@@ -419,6 +419,14 @@ struct engine_event {
                                          Owned by the engine, valid until
                                          the next engine_step */
     int n_scores;
+    const char *stop;                 /* the final event of a request that
+                                         finished STOP at a stop string:
+                                         that string (one of the request's
+                                         stop, as given); NULL when it
+                                         stopped otherwise (eos, a stop id)
+                                         or is not final. Owned by the
+                                         engine, valid until the next
+                                         engine_step */
     int refused;                      /* when finish is ERROR because the
                                          request was refused after
                                          engine_submit took it (its

@@ -880,7 +880,8 @@ static void on_event(struct worker *w, const struct engine_event *ev)
                ev->error ? ev->error : "?");
         w_push_error(w, j, EV_CODE_ENGINE_ERROR, ev->error);
     } else {
-        struct w_answer a = {.embedding = ev->embedding, .n_embedding = ev->n_embedding};
+        struct w_answer a = {.embedding = ev->embedding, .n_embedding = ev->n_embedding,
+                             .matched_stop = ev->stop};
         if (ev->scores && ev->n_scores == 2) {
             /* Qwen3-Reranker's relevance: P("yes") of the two answers it
              * was taught, a softmax over their logits alone */

@@ -142,6 +142,7 @@ int w_push_done(struct worker *w, struct wjob *j, enum ev_finish fin,
         d.n_embedding = a->n_embedding;
         d.has_score = a->has_score;
         d.score = a->score;
+        d.matched_stop = a->matched_stop;
     }
     if (u) {
         /* a resumed request was submitted as prompt + earlier tokens: give

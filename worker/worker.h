@@ -397,10 +397,12 @@ struct w_answer {
     int n_embedding;
     bool has_score;         /* a rerank job's relevance */
     double score;
+    const char *matched_stop; /* the stop string the answer ended at, borrowed; NULL */
 };
-/* Builds and queues a done event with the usage and timings of j, and a
- * one-pass job's answer (a: borrowed for the call; NULL for every
- * generating job). */
+/* Builds and queues a done event with the usage and timings of j, and
+ * what the engine said of the answer: a one-pass job's vector or score,
+ * the stop string it ended at (a: borrowed for the call; NULL when the job
+ * did not finish in the engine). */
 int w_push_done(struct worker *w, struct wjob *j, enum ev_finish fin,
                 const struct engine_usage *u, const struct w_answer *a);
 /* Writes a dead letter for j into its pending slot (sent with the flush). */

@@ -61,6 +61,8 @@ struct result {
     int n_emb;
     float scores[ENGINE_MAX_SCORE]; /* a score request's logits (engine_event.scores) */
     int n_scores;
+    char stop[64];        /* engine_event.stop of the final event, "" for NULL */
+    int n_stop_events;    /* events that carried a stop (only the final may) */
 };
 
 static int n_threads = 1; /* for open_engine; test_thread_counts changes it */
@@ -128,6 +130,11 @@ static void on_event(const struct engine_event *ev)
     r->n_content += ev->n_content;
     r->usage = ev->usage;
     r->finish = ev->finish;
+    if (ev->stop) {
+        assert_int_equal(ev->finish, ENGINE_FINISH_STOP);
+        snprintf(r->stop, sizeof r->stop, "%s", ev->stop);
+        r->n_stop_events++;
+    }
     if (ev->scores) {
         assert_int_not_equal(ev->finish, ENGINE_FINISH_NONE);
         memcpy(r->scores, ev->scores, (size_t)ev->n_scores * sizeof *r->scores);
@@ -432,6 +439,7 @@ static void test_stop_string_split(void **state)
     submit(e, &q, &base);
     drain(e);
     assert_true(base.n_content > 8);
+    assert_string_equal(base.stop, ""); /* no stop strings: none matched */
     /* find a token boundary, past the first few bytes, with printable text
      * on both sides and where the stop string occurs for the first time */
     char stop[16] = "";
@@ -465,6 +473,9 @@ static void test_stop_string_split(void **state)
     submit(e, &q, &cut);
     drain(e);
     assert_int_equal(cut.finish, ENGINE_FINISH_STOP);
+    /* the final event names the string that matched, once */
+    assert_string_equal(cut.stop, stop);
+    assert_int_equal(cut.n_stop_events, 1);
     assert_int_equal(cut.n_content, want);
     assert_memory_equal(cut.content, base.content, want);
     assert_true(cut.n_tokens <= base.n_tokens);

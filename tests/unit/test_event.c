@@ -84,6 +84,15 @@ static int build_events(char **out, int max)
                          .ttft_ms = 35, .total_ms = 60, .speculated = true,
                          .spec_drafted = 4, .spec_accepted = 2};
     assert_int_equal(ev_build_done(1, &ds, &out[n++], NULL), 0);
+    /* a stop string ended the answer: matched_stop names it; any other
+     * finish leaves it out */
+    struct ev_done dm = {.finish_reason = EV_FINISH_STOP, .prompt_tokens = 5,
+                         .completion_tokens = 2, .matched_stop = "\nUser:"};
+    assert_int_equal(ev_build_done(0, &dm, &out[n], NULL), 0);
+    assert_non_null(strstr(out[n++], "\"matched_stop\":\"\\nUser:\""));
+    dm.finish_reason = EV_FINISH_LENGTH;
+    assert_int_equal(ev_build_done(0, &dm, &out[n], NULL), 0);
+    assert_null(strstr(out[n++], "matched_stop"));
     /* a tool call streamed (issue 29): the opening fragment, the next one,
      * and done with the whole call, whose arguments the fragments make */
     cJSON *t0 = cJSON_Parse("[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\",\"function\":"

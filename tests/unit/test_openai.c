@@ -479,7 +479,7 @@ static void test_stream_chunks(void **state)
          OAI_MORE,
          HEAD "\"delta\":{\"content\":\"Hi \\\"x\\\"\\n\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"},
         {DONE_EV(3, "stop", "[]"), OAI_END,
-         HEAD "\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"},
+         HEAD "\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\",\"stop_reason\":null}]}\n\ndata: [DONE]\n\n"},
         {"{\"seq\":4,\"type\":\"delta\",\"delta\":{\"content\":\"late\"},\"token_ids\":[5]}", OAI_END, ""},
     };
     run_steps(&req, plain, 5, "plain");
@@ -490,7 +490,7 @@ static void test_stream_chunks(void **state)
         {"{\"seq\":0,\"type\":\"delta\",\"delta\":{\"content\":\"a\"},\"token_ids\":[1]}", OAI_MORE,
          HEAD "\"delta\":{\"role\":\"assistant\",\"content\":\"a\"},\"logprobs\":null,\"finish_reason\":null}],\"usage\":null}\n\n"},
         {DONE_EV(1, "length", "[]"), OAI_END,
-         HEAD "\"delta\":{},\"logprobs\":null,\"finish_reason\":\"length\"}],\"usage\":null}\n\n"
+         HEAD "\"delta\":{},\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null}],\"usage\":null}\n\n"
          "data: {\"id\":\"" ID "\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"redlm\",\"choices\":[]," USAGE "}\n\n"
          "data: [DONE]\n\n"},
     };
@@ -502,7 +502,7 @@ static void test_stream_chunks(void **state)
         {DONE_EV(0, "stop", "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]"),
          OAI_END,
          HEAD "\"delta\":{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"call_1_0\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"},\"index\":0}]},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
-         HEAD "\"delta\":{},\"logprobs\":null,\"finish_reason\":\"tool_calls\"}]}\n\ndata: [DONE]\n\n"},
+         HEAD "\"delta\":{},\"logprobs\":null,\"finish_reason\":\"tool_calls\",\"stop_reason\":null}]}\n\ndata: [DONE]\n\n"},
     };
     run_steps(&req, tools, 1, "tools");
 
@@ -530,12 +530,12 @@ static void test_stream_chunks(void **state)
                             "{\"id\":\"call_3\",\"type\":\"function\",\"function\":{\"name\":\"h\",\"arguments\":\"{}\"}}]"),
          OAI_END,
          TC_CHUNK("[{\"index\":1,\"function\":{\"arguments\":\"}\"}},{\"id\":\"call_1_2\",\"type\":\"function\",\"function\":{\"name\":\"h\",\"arguments\":\"{}\"},\"index\":2}]")
-         HEAD "\"delta\":{},\"logprobs\":null,\"finish_reason\":\"tool_calls\"}]}\n\ndata: [DONE]\n\n"},
+         HEAD "\"delta\":{},\"logprobs\":null,\"finish_reason\":\"tool_calls\",\"stop_reason\":null}]}\n\ndata: [DONE]\n\n"},
     };
     run_steps(&req, streamed, 5, "streamed tools");
     const struct step empty[] = {
         {DONE_EV(0, "cancelled", "[]"), OAI_END,
-         HEAD "\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":\"cancelled\"}]}\n\ndata: [DONE]\n\n"},
+         HEAD "\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":\"cancelled\",\"stop_reason\":null}]}\n\ndata: [DONE]\n\n"},
     };
     run_steps(&req, empty, 1, "empty");
 
@@ -604,13 +604,13 @@ static void test_completion_object(void **state)
           DONE_EV(3, "stop", "[]")},
          "{\"id\":\"" ID "\",\"object\":\"chat.completion\",\"created\":1700000000,\"model\":\"redlm\","
          "\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"Hello\","
-         "\"reasoning_content\":\"hmm\",\"reasoning\":\"hmm\"},\"logprobs\":null,\"finish_reason\":\"stop\"}]," USAGE "}"},
+         "\"reasoning_content\":\"hmm\",\"reasoning\":\"hmm\"},\"logprobs\":null,\"finish_reason\":\"stop\",\"stop_reason\":null}]," USAGE "}"},
         {{.stream = false},
          {DONE_EV(0, "stop", "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}}]")},
          "{\"id\":\"" ID "\",\"object\":\"chat.completion\",\"created\":1700000000,\"model\":\"redlm\","
          "\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":null,\"tool_calls\":"
          "[{\"id\":\"call_1_0\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}}]},"
-         "\"logprobs\":null,\"finish_reason\":\"tool_calls\"}]," USAGE "}"},
+         "\"logprobs\":null,\"finish_reason\":\"tool_calls\",\"stop_reason\":null}]," USAGE "}"},
         {{.stream = false, .logprobs = true, .top_logprobs = 0},
          {"{\"seq\":0,\"type\":\"delta\",\"delta\":{\"content\":\"x\"},\"token_ids\":[7],\"logprobs\":"
           "[{\"token_id\":7,\"logprob\":-0.25,\"top\":[]}]}",
@@ -618,7 +618,7 @@ static void test_completion_object(void **state)
          "{\"id\":\"" ID "\",\"object\":\"chat.completion\",\"created\":1700000000,\"model\":\"redlm\","
          "\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"x\"},\"logprobs\":"
          "{\"content\":[{\"token\":\"token_id:7\",\"logprob\":-0.25,\"bytes\":null,\"top_logprobs\":[]}]},"
-         "\"finish_reason\":\"length\"}]," USAGE "}"},
+         "\"finish_reason\":\"length\",\"stop_reason\":null}]," USAGE "}"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct oai_resp *r;
@@ -842,7 +842,7 @@ static void test_token_text(void **state)
          OAI_MORE,
          CHEAD "\"text\":\"r\",\"logprobs\":{\"tokens\":[\"r\"],\"token_logprobs\":[-1],\"top_logprobs\":[{}],\"text_offset\":[3]},\"finish_reason\":null}],\"usage\":null}\n\n"},
         {DONE_EV(2, "length", "[]"), OAI_END,
-         CHEAD "\"text\":\"\",\"logprobs\":null,\"finish_reason\":\"length\"}],\"usage\":null}\n\n"
+         CHEAD "\"text\":\"\",\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null}],\"usage\":null}\n\n"
          "data: {\"id\":\"" ID "\",\"object\":\"text_completion\",\"created\":1700000000,\"model\":\"redlm\",\"choices\":[]," USAGE "}\n\n"
          "data: [DONE]\n\n"},
     };
@@ -866,7 +866,7 @@ static void test_token_text(void **state)
     assert_string_equal(s, "{\"id\":\"" ID "\",\"object\":\"text_completion\",\"created\":1700000000,"
                            "\"model\":\"redlm\",\"choices\":[{\"text\":\"Hello\",\"index\":0,\"logprobs\":"
                            "{\"tokens\":[\"Hel\",\"lo\"],\"token_logprobs\":[-0.5,-0.25],\"top_logprobs\":"
-                           "[null,null],\"text_offset\":[0,3]},\"finish_reason\":\"stop\"}]," USAGE "}");
+                           "[null,null],\"text_offset\":[0,3]},\"finish_reason\":\"stop\",\"stop_reason\":null}]," USAGE "}");
     free(s);
     oai_resp_free(r);
 }
@@ -936,8 +936,8 @@ static void test_several_choices(void **state)
     char *s = oai_resp_completion(r);
     assert_string_equal(s, "{\"id\":\"" ID "\",\"object\":\"text_completion\",\"created\":1700000000,"
                            "\"model\":\"redlm\",\"choices\":[{\"text\":\"P: a\",\"index\":0,"
-                           "\"logprobs\":null,\"finish_reason\":\"stop\"},{\"text\":\"Q: b\",\"index\":1,"
-                           "\"logprobs\":null,\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":24,"
+                           "\"logprobs\":null,\"finish_reason\":\"stop\",\"stop_reason\":null},{\"text\":\"Q: b\",\"index\":1,"
+                           "\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null}],\"usage\":{\"prompt_tokens\":24,"
                            "\"completion_tokens\":10,\"total_tokens\":34,\"prompt_tokens_details\":"
                            "{\"cached_tokens\":16},\"completion_tokens_details\":{\"reasoning_tokens\":4}}}");
     free(s);
