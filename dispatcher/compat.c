@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "anthropic.h"
 #include "event.h"
 
 static const char T_INVALID[] = "invalid_request_error";
@@ -538,6 +539,24 @@ static int ollama_to_chat(enum cpt_api api, const cJSON *root, cJSON *chat, bool
     return 0;
 }
 
+/* An error about chat's member `chat` (or an entry of it, "stop[0]") as
+ * one about the member the client sent, `client`: param and the message's
+ * leading "<param>: ". */
+static void rename_param(struct oai_error *e, const char *chat, const char *client)
+{
+    size_t n = strlen(chat);
+    if (strncmp(e->param, chat, n) || (e->param[n] && e->param[n] != '['))
+        return;
+    char p[JOB_FIELD_MAX], m[RL_ERR_MSG_MAX];
+    size_t pn = strlen(e->param);
+    snprintf(p, sizeof p, "%s%s", client, e->param + n);
+    if (!strncmp(e->message, e->param, pn) && e->message[pn] == ':') {
+        snprintf(m, sizeof m, "%s%s", p, e->message + pn);
+        snprintf(e->message, sizeof e->message, "%s", m);
+    }
+    snprintf(e->param, sizeof e->param, "%s", p);
+}
+
 int cpt_parse(enum cpt_api api, const char *body, size_t len, const struct oai_limits *lim,
               const char *id, int64_t deadline_ms, struct oai_request *out,
               struct cpt_request *c, struct oai_error *e)
@@ -566,7 +585,10 @@ int cpt_parse(enum cpt_api api, const char *body, size_t len, const struct oai_l
     bool raw = false;
     int rc = !chat || !echo ? -RL_ENOMEM
              : api == CPT_RESPONSES ? responses_to_chat(root, chat, echo, e)
-                                    : ollama_to_chat(api, root, chat, &raw, c, e);
+             : api == CPT_ANTHROPIC || api == CPT_ANTHROPIC_COUNT
+                 ? ant_to_chat(root, api == CPT_ANTHROPIC ? ANT_MESSAGES : ANT_COUNT_TOKENS, chat,
+                               &c->omit_thinking, e)
+                 : ollama_to_chat(api, root, chat, &raw, c, e);
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(chat, "stream");
     out->stream = cJSON_IsTrue(st);
     if (!rc && c->load_only) {
@@ -579,8 +601,10 @@ int cpt_parse(enum cpt_api api, const char *body, size_t len, const struct oai_l
             rc = (raw ? oai_parse_completion : oai_parse_request)(text, strlen(text), lim, id,
                                                                   deadline_ms, out, e);
         free(text);
-        if (rc == -RL_EINVAL && api == CPT_RESPONSES && !strcmp(e->param, "max_tokens"))
-            snprintf(e->param, sizeof e->param, "max_output_tokens");
+        if (rc == -RL_EINVAL && api == CPT_RESPONSES)
+            rename_param(e, "max_tokens", "max_output_tokens");
+        if (rc == -RL_EINVAL && api >= CPT_ANTHROPIC)
+            rename_param(e, "stop", "stop_sequences");
     }
     if (!rc && api == CPT_RESPONSES && !(c->echo = cJSON_PrintUnformatted(echo)))
         rc = -RL_ENOMEM;
@@ -630,6 +654,7 @@ struct cpt_resp {
     const char *finish;        /* done's finish_reason */
     int64_t prompt_tokens, completion_tokens, reasoning_tokens, cached_tokens;
     int64_t ttft_ms, total_ms;
+    struct ant_resp *ant;      /* Anthropic: the whole answer is its */
 };
 
 int cpt_resp_create(struct cpt_resp **out, const struct cpt_request *c, const char *id,
@@ -637,7 +662,9 @@ int cpt_resp_create(struct cpt_resp **out, const struct cpt_request *c, const ch
 {
     struct cpt_resp *r = calloc(1, sizeof *r);
     if (!r || !(r->model = strdup(model ? model : "")) || !(r->items = cJSON_CreateArray()) ||
-        (c->echo && !(r->echo = cJSON_Parse(c->echo)))) {
+        (c->echo && !(r->echo = cJSON_Parse(c->echo))) ||
+        (c->api == CPT_ANTHROPIC &&
+         !(r->ant = ant_resp_create(id, model, stream, c->omit_thinking)))) {
         cpt_resp_free(r);
         return rl_errf(err, RL_ENOMEM, "cpt_resp_create: out of memory");
     }
@@ -657,6 +684,7 @@ void cpt_resp_free(struct cpt_resp *r)
     if (!r)
         return;
     free(r->model);
+    ant_resp_free(r->ant);
     cJSON_Delete(r->echo);
     cJSON_Delete(r->items);
     cJSON_Delete(r->tool_calls);
@@ -1264,7 +1292,15 @@ int cpt_resp_feed(struct cpt_resp *r, const char *event, size_t len, struct text
     /* the first event that is not an error opens the response */
     if ((rc = start(r, out)))
         goto done;
-    if (!strcmp(type, "delta")) {
+    if (r->ant && (!strcmp(type, "delta") || !strcmp(type, "done"))) {
+        if (r->next_seq == 1 && (rc = ant_start(r->ant, out)))
+            goto done;
+        rc = type[1] == 'e' ? ant_delta(r->ant, ev, out) : ant_done(r->ant, ev, out, e);
+        if (rc == OAI_FAILED)
+            rc = fail(r, e);
+        else if (rc == OAI_END)
+            r->state = OAI_END;
+    } else if (!strcmp(type, "delta")) {
         rc = feed_delta(r, ev, out);
     } else if (!strcmp(type, "done")) {
         rc = feed_done(r, ev, out, e);
@@ -1282,6 +1318,8 @@ char *cpt_error_json(enum cpt_api api, const struct oai_error *e)
 {
     if (api == CPT_RESPONSES)
         return oai_error_json(e);
+    if (api == CPT_ANTHROPIC || api == CPT_ANTHROPIC_COUNT)
+        return ant_error_json(e);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "error", e->message);
     char *s = cJSON_PrintUnformatted(o);
@@ -1291,6 +1329,8 @@ char *cpt_error_json(enum cpt_api api, const struct oai_error *e)
 
 int cpt_stream_error(const struct cpt_resp *r, const struct oai_error *e, struct text *out)
 {
+    if (r->ant)
+        return ant_stream_error(e, out);
     if (r->api != CPT_RESPONSES) {
         char *s = cpt_error_json(r->api, e);
         int rc = !s ? -RL_ENOMEM : text_add(out, s, strlen(s));
@@ -1312,6 +1352,8 @@ int cpt_stream_error(const struct cpt_resp *r, const struct oai_error *e, struct
 
 int cpt_keepalive(const struct cpt_resp *r, struct text *out)
 {
+    if (r->ant)
+        return ant_ping(out);
     if (r->api == CPT_RESPONSES)
         return text_add(out, ": keep-alive\n\n", 14);
     return ndjson_put(ollama_object(r, "", NULL, false), out);
@@ -1321,6 +1363,8 @@ char *cpt_resp_body(const struct cpt_resp *r)
 {
     if (r->state != OAI_END)
         return NULL;
+    if (r->ant)
+        return ant_body(r->ant);
     cJSON *o;
     if (r->api == CPT_RESPONSES) {
         o = response_object(r);
@@ -1335,6 +1379,8 @@ char *cpt_resp_body(const struct cpt_resp *r)
 
 int64_t cpt_resp_total_tokens(const struct cpt_resp *r)
 {
+    if (r->ant)
+        return ant_total_tokens(r->ant);
     return r->state == OAI_END ? r->prompt_tokens + r->completion_tokens : 0;
 }
 

@@ -1,6 +1,7 @@
 /* dispatcher/compat.h - the other wire formats clients speak, over the same
- * jobs: OpenAI's Responses API (POST /v1/responses) and Ollama's API
- * (POST /api/chat, POST /api/generate).
+ * jobs: OpenAI's Responses API (POST /v1/responses), Ollama's API
+ * (POST /api/chat, POST /api/generate) and Anthropic's Messages API
+ * (POST /v1/messages; its conversions are anthropic.c's).
  *
  * Pure conversion, as openai.c: no I/O, no clock, no randomness; the
  * caller (http.c) passes the id, the times and the deadline in.
@@ -32,6 +33,9 @@ enum cpt_api {
     CPT_RESPONSES = 0,   /* POST /v1/responses */
     CPT_OLLAMA_CHAT,     /* POST /api/chat */
     CPT_OLLAMA_GENERATE, /* POST /api/generate */
+    CPT_ANTHROPIC,       /* POST /v1/messages */
+    CPT_ANTHROPIC_COUNT, /* POST /v1/messages/count_tokens: parsed only (the
+                            job it would be, to render and count) */
 };
 
 /* What the response side needs of the request, beside the oai_request. */
@@ -45,6 +49,8 @@ struct cpt_request {
     /* Ollama generate with an empty prompt: no job, the answer is the
      * "model loaded" object at once (what Ollama does to preload) */
     bool load_only;
+    /* Anthropic: thinking.display "omitted" */
+    bool omit_thinking;
 };
 void cpt_request_clear(struct cpt_request *c);
 
@@ -90,7 +96,8 @@ char *cpt_resp_body(const struct cpt_resp *r);
 int64_t cpt_resp_total_tokens(const struct cpt_resp *r);
 
 /* The error body of api: Responses the OpenAI error object
- * (oai_error_json); Ollama {"error": "message"}. malloc'd, NULL when out of
+ * (oai_error_json); Ollama {"error": "message"}; Anthropic its error
+ * object (ant_error_json). malloc'd, NULL when out of
  * memory. */
 char *cpt_error_json(enum cpt_api api, const struct oai_error *e);
 

@@ -108,6 +108,7 @@
 #include "job.h"
 #include "listen.h"
 #include "modelref.h"
+#include "anthropic.h"
 #include "compat.h"
 #include "embed.h"
 #include "rerank.h"
@@ -243,6 +244,9 @@ enum route {
     /* rerank.c's: Jina's and Cohere's POST /v1/rerank (and /rerank,
      * /v2/rerank), vLLM's POST /v1/score (and /score) */
     R_RERANK, R_SCORE,
+    /* Anthropic's Messages API (compat.c, anthropic.c): POST /v1/messages
+     * and POST /v1/messages/count_tokens */
+    R_ANTHROPIC, R_ANTHROPIC_COUNT,
 };
 
 /* A route that answers with a job's events (chat()). */
@@ -250,7 +254,7 @@ static bool job_route(enum route r)
 {
     return r == R_CHAT || r == R_COMPLETIONS || r == R_RESPONSES || r == R_OLLAMA_CHAT ||
            r == R_OLLAMA_GENERATE || r == R_EMBEDDINGS || r == R_OLLAMA_EMBED ||
-           r == R_OLLAMA_EMBEDDINGS || r == R_RERANK || r == R_SCORE;
+           r == R_OLLAMA_EMBEDDINGS || r == R_RERANK || r == R_SCORE || r == R_ANTHROPIC;
 }
 
 /* An embedding route: embed.c parses and answers it. */
@@ -270,6 +274,15 @@ static bool ollama_route(enum route r)
 {
     return (r >= R_OLLAMA_CHAT && r <= R_OLLAMA_VERSION) || r == R_OLLAMA_EMBED ||
            r == R_OLLAMA_EMBEDDINGS;
+}
+
+/* An error as the route's clients parse it: Ollama's {"error": "..."},
+ * Anthropic's {"type": "error", ...}, else OpenAI's. malloc'd. */
+static char *route_error_json(enum route r, const struct oai_error *e)
+{
+    if (r == R_ANTHROPIC || r == R_ANTHROPIC_COUNT)
+        return cpt_error_json(CPT_ANTHROPIC, e);
+    return ollama_route(r) ? cpt_error_json(CPT_OLLAMA_CHAT, e) : oai_error_json(e);
 }
 
 /* One TCP connection, from libmicrohttpd's connection-started callback to
@@ -662,6 +675,13 @@ static bool authorize(struct req *q, struct MHD_Connection *conn)
         }
     }
     const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    /* Anthropic's SDKs send the key as x-api-key */
+    const char *xkey = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "x-api-key");
+    char bearer[300];
+    if (!auth && xkey && strlen(xkey) < sizeof bearer - 8) {
+        snprintf(bearer, sizeof bearer, "Bearer %s", xkey);
+        auth = bearer;
+    }
     pthread_mutex_lock(&h->keys_mu);
     struct rl_err err = {0};
     if (keys_refresh(h, false, &err))
@@ -1025,8 +1045,7 @@ static enum MHD_Result respond_error(struct req *q, struct MHD_Connection *conn,
         RL_LOG(q->h->log, RL_LOG_WARN, "http: %s %d %s: %s", q->id[0] ? q->id : "-", e->status,
                e->code, e->message);
     return respond(q, conn, e->status, "application/json",
-                   ollama_route(q->route) ? cpt_error_json(CPT_OLLAMA_CHAT, e) : oai_error_json(e),
-                   e);
+                   route_error_json(q->route, e), e);
 }
 
 /* ---- the job's events ---- */
@@ -1149,7 +1168,7 @@ static char *resp_body(const struct req *q)
 
 static char *error_body(const struct req *q, const struct oai_error *e)
 {
-    return ollama_route(q->route) ? cpt_error_json(CPT_OLLAMA_CHAT, e) : oai_error_json(e);
+    return route_error_json(q->route, e);
 }
 
 /* Adds prompt + completion tokens to the tenant's current minute. */
@@ -1740,6 +1759,7 @@ static const char *id_prefix(enum route r)
     switch (r) {
     case R_COMPLETIONS: return "cmpl-";
     case R_RESPONSES: return "resp_";
+    case R_ANTHROPIC: return "msg_";
     case R_OLLAMA_CHAT: case R_OLLAMA_GENERATE: return "ollama-";
     case R_EMBEDDINGS: case R_OLLAMA_EMBED: case R_OLLAMA_EMBEDDINGS: return "embd-";
     case R_RERANK: return "rerank-";
@@ -1759,7 +1779,8 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     bool compl = q->route == R_COMPLETIONS;
     q->embed = embed_route(q->route);
     q->rerank = q->route == R_RERANK || q->route == R_SCORE;
-    q->compat = !q->embed && !q->rerank && (q->route == R_RESPONSES || ollama_route(q->route));
+    q->compat = !q->embed && !q->rerank &&
+                (q->route == R_RESPONSES || q->route == R_ANTHROPIC || ollama_route(q->route));
     new_id(h, q->id, id_prefix(q->route));
     int64_t now = rl_wall_ms();
     int64_t deadline = h->timeout_s ? now + (int64_t)h->timeout_s * 1000 : 0;
@@ -1777,8 +1798,10 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         prc = rr_parse(q->route == R_SCORE ? RR_SCORE : RR_RERANK, body, q->body.n, &h->lim,
                        q->id, deadline, &q->oreq, &q->rreq, &e);
     else if (q->compat)
-        prc = cpt_parse(q->route == R_RESPONSES ? CPT_RESPONSES
-                        : q->route == R_OLLAMA_CHAT ? CPT_OLLAMA_CHAT : CPT_OLLAMA_GENERATE,
+        prc = cpt_parse(q->route == R_RESPONSES     ? CPT_RESPONSES
+                        : q->route == R_ANTHROPIC   ? CPT_ANTHROPIC
+                        : q->route == R_OLLAMA_CHAT ? CPT_OLLAMA_CHAT
+                                                    : CPT_OLLAMA_GENERATE,
                         body, q->body.n, &h->lim, q->id, deadline, &q->oreq, &q->creq, &e);
     else
         prc = (compl ? oai_parse_completion : oai_parse_request)(body, q->body.n, &h->lim, q->id,
@@ -2136,7 +2159,7 @@ static enum MHD_Result tokenize(struct req *q, struct MHD_Connection *conn)
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(b, "prompt");
         int32_t *ids = NULL;
         int n_ids = 0;
-        if (cJSON_IsString(p)) {
+        if (cJSON_IsString(p) && q->route != R_ANTHROPIC_COUNT) {
             struct tok_ids v = {0};
             if (tok_encode(tok, p->valuestring, strlen(p->valuestring), 0, &v, &err)) {
                 oai_error_set(&e, 500, "server_error", "INTERNAL", NULL, "%s", err.msg);
@@ -2145,11 +2168,16 @@ static enum MHD_Result tokenize(struct req *q, struct MHD_Connection *conn)
             ids = v.ids;
             n_ids = (int)v.n;
         } else {
-            /* a chat request: the job the front door would queue, rendered */
+            /* a chat request (or an Anthropic message to count): the job
+             * the front door would queue, rendered */
             struct oai_request r;
+            struct cpt_request cr;
             struct oai_limits lim = h->lim;
             lim.refuse_unknown = false; /* add_generation_prompt and the like */
-            if (oai_parse_request(q->body.p, q->body.n, &lim, "tokenize", 0, &r, &e)) {
+            if (q->route == R_ANTHROPIC_COUNT
+                    ? cpt_parse(CPT_ANTHROPIC_COUNT, q->body.p, q->body.n, &lim, "count", 0, &r,
+                                &cr, &e)
+                    : oai_parse_request(q->body.p, q->body.n, &lim, "tokenize", 0, &r, &e)) {
                 rc = -1;
             } else {
                 struct job *j = NULL;
@@ -2162,8 +2190,16 @@ static enum MHD_Result tokenize(struct req *q, struct MHD_Connection *conn)
                     rc = -1;
                 }
                 job_free(j);
+                if (q->route == R_ANTHROPIC_COUNT)
+                    cpt_request_clear(&cr);
             }
             oai_request_clear(&r);
+        }
+        if (!rc && q->route == R_ANTHROPIC_COUNT) {
+            free(ids);
+            cJSON_Delete(b);
+            cJSON_Delete(out);
+            return respond(q, conn, 200, "application/json", ant_count_body(n_ids), NULL);
         }
         if (!rc) {
             cJSON_AddNumberToObject(out, "count", n_ids);
@@ -2229,6 +2265,7 @@ static enum route route_of(struct dhttp *h, const char *method, const char *url,
         {"/v1/rerank", R_RERANK, true},         {"/rerank", R_RERANK, true},
         {"/v2/rerank", R_RERANK, true},         {"/v1/score", R_SCORE, true},
         {"/score", R_SCORE, true},
+        {"/v1/messages", R_ANTHROPIC, true},    {"/v1/messages/count_tokens", R_ANTHROPIC_COUNT, true},
     };
     for (size_t i = 0; i < sizeof compat / sizeof compat[0] && !h->ops; i++) {
         if (strcmp(url, compat[i].url))
@@ -2272,7 +2309,8 @@ static enum MHD_Result refuse_auth(struct req *q, struct MHD_Connection *conn)
         e.retry_after_s = q->throttle_s;
     } else {
         oai_error_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
-                      "Incorrect or missing API key: send \"Authorization: Bearer KEY\".");
+                      "Incorrect or missing API key: send \"Authorization: Bearer KEY\" (or "
+                      "\"x-api-key: KEY\").");
     }
     return respond_error(q, conn, &e);
 }
@@ -2343,7 +2381,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         q->route = route_of(h, method, url, &q->allow);
         q->cors_origin = cors_origin(h, conn);
         bool has_body = job_route(q->route) || q->route == R_OLLAMA_SHOW ||
-                        q->route == R_TOKENIZE || q->route == R_DETOKENIZE;
+                        q->route == R_TOKENIZE || q->route == R_DETOKENIZE ||
+                        q->route == R_ANTHROPIC_COUNT;
         if (has_body) {
             /* the body's deadline: the grace, plus its length at the
              * minimum rate (without a length: the largest body's) */
@@ -2411,6 +2450,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         case R_OLLAMA_EMBEDDINGS:
         case R_RERANK:
         case R_SCORE:
+        case R_ANTHROPIC:
+        case R_ANTHROPIC_COUNT:
         case R_CHAT: {
             if (!authorize(q, conn))
                 return refuse_auth(q, conn);
@@ -2477,7 +2518,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     set_deadline(q, 0, NULL); /* all in: the answer's wait is http_timeout_s's */
     if (q->route == R_OLLAMA_SHOW)
         return ollama_info(q, conn, q->body.p ? q->body.p : "");
-    if (q->route == R_TOKENIZE || q->route == R_DETOKENIZE)
+    if (q->route == R_TOKENIZE || q->route == R_DETOKENIZE || q->route == R_ANTHROPIC_COUNT)
         return tokenize(q, conn);
     return chat(q, conn);
 }

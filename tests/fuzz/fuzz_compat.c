@@ -1,20 +1,24 @@
-/* tests/fuzz/fuzz_compat.c - libFuzzer target for the Responses API and
- * Ollama's API (dispatcher/compat.c).
+/* tests/fuzz/fuzz_compat.c - libFuzzer target for the Responses API,
+ * Ollama's API (dispatcher/compat.c) and Anthropic's Messages API
+ * (dispatcher/anthropic.c).
  *
  * The input's first byte picks what is fuzzed, the rest is the text:
- *   0-127   a body (bits 0-1: /v1/responses, /api/chat, /api/generate) for
+ *   0-127   a body (bits 0-1: /v1/responses, /api/chat, /api/generate,
+ *           /v1/messages; with bit 4 /v1/messages/count_tokens) for
  *           cpt_parse. A refused body has a status in {400, 404, 413} and a
- *           message, and its error body (OpenAI's object or Ollama's
- *           {"error"}) is valid JSON; an accepted one a job that job_parse
- *           accepts again, or (generate) load_only with no job.
+ *           message, and its error body (OpenAI's object, Ollama's
+ *           {"error"} or Anthropic's) is valid JSON; an accepted one a job
+ *           that job_parse accepts again, or (generate) load_only with no
+ *           job.
  *   128-255 the rest split at newlines into events fed to one streamed and
  *           one plain answer of the API of bits 0-1: the bytes of the stream
  *           are Responses SSE events ("event: <type>\ndata: <JSON whose type
- *           is that>\n\n") or NDJSON lines of JSON objects, and a body
+ *           is that>\n\n"; Anthropic's too) or NDJSON lines of JSON objects, and a body
  *           exists exactly after OAI_END.
  *
  *   make fuzz && build-fuzz/fuzz/fuzz_compat -max_total_time=60 */
 #include <cjson/cJSON.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +30,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static enum cpt_api api_of(uint8_t sel)
 {
-    return (sel & 3) == 1 ? CPT_OLLAMA_CHAT : (sel & 3) == 2 ? CPT_OLLAMA_GENERATE : CPT_RESPONSES;
+    static const enum cpt_api apis[] = {CPT_RESPONSES, CPT_OLLAMA_CHAT, CPT_OLLAMA_GENERATE,
+                                        CPT_ANTHROPIC};
+    return apis[sel & 3];
+}
+
+static bool sse_api(enum cpt_api api)
+{
+    return api == CPT_RESPONSES || api == CPT_ANTHROPIC;
 }
 
 static void json_or_die(const char *s, size_t n)
@@ -42,7 +53,7 @@ static void check_stream(enum cpt_api api, const struct text *b)
     size_t i = 0;
     while (i < b->n) {
         const char *p = b->p + i;
-        if (api != CPT_RESPONSES) {
+        if (!sse_api(api)) {
             const char *nl = memchr(p, '\n', b->n - i);
             if (!nl)
                 abort();
@@ -77,6 +88,8 @@ static void fuzz_request(const char *s, size_t n, uint8_t sel)
     struct cpt_request c;
     struct oai_error e;
     enum cpt_api api = api_of(sel);
+    if (api == CPT_ANTHROPIC && (sel & 16))
+        api = CPT_ANTHROPIC_COUNT;
     int rc = cpt_parse(api, s, n, &lim, "fz-1", 0, &r, &c, &e);
     if (rc) {
         if (r.job || c.echo || !e.message[0] ||

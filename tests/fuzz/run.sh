@@ -92,6 +92,34 @@ put("fuzz_rerank", "events-3", b"\x90" + "\n".join(map(scored, (0.1, 0.9, 0.1)))
 put("fuzz_rerank", "events-score-2", b"\x89" + "\n".join(map(scored, (1.0, 0.0))).encode())
 put("fuzz_rerank", "events-error", b"\x88" + "\n".join([scored(0.2), json.dumps(
     {"seq": 0, "type": "error", "code": "PROMPT_TOO_LONG", "message": "prompt: too long"})]).encode())
+# fuzz_compat: Anthropic Messages bodies (selector 3; 19 count_tokens), and a
+# played answer's events, thinking, text and a streamed tool call (0x83)
+ask = {"role": "user", "content": "Weather?"}
+tools = [{"name": "w", "input_schema": {"type": "object", "properties": {"c": {"type": "string"}}}}]
+for i, (sel, body) in enumerate([
+        (3, {"model": "redlm", "max_tokens": 8, "system": "Be brief.", "messages": [ask],
+             "stream": True, "thinking": {"type": "enabled", "budget_tokens": 4},
+             "stop_sequences": ["END"], "tools": tools, "tool_choice": {"type": "any"}}),
+        (3, {"max_tokens": 8, "system": [{"type": "text", "text": "s"}], "messages": [
+            ask, {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "t", "signature": ""},
+                {"type": "tool_use", "id": "t1", "name": "w", "input": {"c": "P"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                          "content": [{"type": "text", "text": "ok"}]},
+                                         {"type": "text", "text": "and?"}]}],
+             "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}),
+        (19, {"model": "redlm", "messages": [ask], "thinking": {"type": "disabled"}})]):
+    put("fuzz_compat", f"anthropic-{i}", bytes([sel]) + json.dumps(body).encode())
+put("fuzz_compat", "anthropic-events", b"\x83" + "\n".join(json.dumps(e) for e in [
+    {"seq": 0, "type": "delta", "delta": {"reasoning_content": "Hm"}, "token_ids": [1]},
+    {"seq": 1, "type": "delta", "delta": {"content": "Ok."}, "token_ids": [2]},
+    {"seq": 2, "type": "delta", "delta": {"tool_calls": [
+        {"index": 0, "id": "call_1", "type": "function",
+         "function": {"name": "w", "arguments": "{\"c\": "}}]}, "token_ids": [3]},
+    {"seq": 3, "type": "done", "finish_reason": "stop",
+     "usage": {"prompt_tokens": 9, "completion_tokens": 3, "cached_prompt_tokens": 4},
+     "tool_calls": [{"id": "call_1", "type": "function",
+                     "function": {"name": "w", "arguments": "{\"c\": \"P\"}"}}]}]).encode())
 n = 0
 for f in ("schemas/examples/jobs-valid.json", "schemas/examples/jobs-invalid.json"):
     for j in json.loads(pathlib.Path(f).read_text()):

@@ -1,5 +1,6 @@
-/* tests/unit/test_compat.c - the Responses API and Ollama's API
- * (dispatcher/compat.c) and the vLLM-named metrics (dispatcher/vmetrics.c):
+/* tests/unit/test_compat.c - the Responses API, Ollama's API
+ * (dispatcher/compat.c), Anthropic's Messages API (dispatcher/anthropic.c)
+ * and the vLLM-named metrics (dispatcher/vmetrics.c):
  * bodies -> the job JSON (through openai.c), refusals with the field the
  * client wrote, events -> Responses server-sent events and objects, Ollama
  * NDJSON lines, and the metric families. */
@@ -338,6 +339,170 @@ static void test_responses_streamed_call(void **state)
         free(body);
         text_free(&out);
         cpt_resp_free(r);
+    }
+}
+
+/* Anthropic's Messages API (dispatcher/anthropic.c): a tool call streamed
+ * by the worker is one tool_use block whose input_json_delta fragments
+ * are its arguments, done adding what they lacked; the stop_reason is
+ * tool_use; not streamed, the same events give the same block. */
+static void test_anthropic_streamed_call(void **state)
+{
+    (void)state;
+    static const char *const ev[] = {
+        "{\"seq\":0,\"type\":\"delta\",\"delta\":{\"content\":\"ok\"}}",
+        "{\"seq\":1,\"type\":\"delta\",\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\","
+        "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\"\"}}]}}",
+        "{\"seq\":2,\"type\":\"delta\",\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\":1\"}}]}}",
+        DONE,
+    };
+    struct cpt_request c = {.api = CPT_ANTHROPIC};
+    for (int stream = 1; stream >= 0; stream--) {
+        struct cpt_resp *r;
+        struct rl_err err = {0};
+        assert_int_equal(cpt_resp_create(&r, &c, "msg_ab12", "m", 1700000000123, stream, &err), 0);
+        struct text out = {0};
+        struct oai_error e;
+        for (int i = 0; i < 4; i++)
+            assert_int_equal(cpt_resp_feed(r, ev[i], strlen(ev[i]), &out, &e), i < 3 ? OAI_MORE : OAI_END);
+        text_add(&out, "", 1);
+        if (stream) {
+            static const char *const want[] = {
+                "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_ab12\"",
+                "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,"
+                "\"content_block\":{\"type\":\"text\",\"text\":\"\"}}",
+                "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,"
+                "\"delta\":{\"type\":\"text_delta\",\"text\":\"ok\"}}",
+                "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}",
+                "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,"
+                "\"content_block\":{\"type\":\"tool_use\",\"id\":\"call_ab12_0\",\"name\":\"f\",\"input\":{}}}",
+                "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,"
+                "\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"a\\\"\"}}",
+                "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,"
+                "\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\":1\"}}",
+                "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,"
+                "\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"}\"}}",
+                "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":1}",
+                "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":"
+                "\"tool_use\",\"stop_sequence\":null},\"usage\":{\"input_tokens\":9,",
+                "event: message_stop\ndata: {\"type\":\"message_stop\"}"};
+            const char *p = out.p;
+            for (int i = 0; i < (int)(sizeof want / sizeof want[0]); i++) {
+                if (strncmp(p, want[i], strlen(want[i])))
+                    fail_msg("event %d: %.200s", i, p);
+                const char *end = strstr(p, "\n\n");
+                assert_non_null(end);
+                p = end + 2;
+            }
+            assert_string_equal(p, "");
+        } else {
+            assert_string_equal(out.p, "");
+        }
+        char *body = cpt_resp_body(r);
+        cJSON *o = cJSON_Parse(body);
+        assert_string_equal(cJSON_GetObjectItem(o, "stop_reason")->valuestring, "tool_use");
+        char *blocks = cJSON_PrintUnformatted(cJSON_GetObjectItem(o, "content"));
+        assert_string_equal(blocks, "[{\"type\":\"text\",\"text\":\"ok\",\"citations\":null},"
+                                    "{\"type\":\"tool_use\",\"id\":\"call_ab12_0\",\"name\":\"f\","
+                                    "\"input\":{\"a\":1}}]");
+        free(blocks);
+        assert_int_equal(cpt_resp_total_tokens(r), 13);
+        cJSON_Delete(o);
+        free(body);
+        text_free(&out);
+        cpt_resp_free(r);
+    }
+    /* an answer cut by max_tokens: stop_reason max_tokens; an empty one: no block */
+    static const char *const cut =
+        "{\"seq\":0,\"type\":\"done\",\"finish_reason\":\"length\",\"usage\":{\"prompt_tokens\":5,"
+        "\"completion_tokens\":0,\"cached_prompt_tokens\":5}}";
+    struct cpt_resp *r;
+    struct rl_err err = {0};
+    assert_int_equal(cpt_resp_create(&r, &c, "msg_ab12", "m", 1700000000123, false, &err), 0);
+    struct text out = {0};
+    struct oai_error e;
+    assert_int_equal(cpt_resp_feed(r, cut, strlen(cut), &out, &e), OAI_END);
+    char *body = cpt_resp_body(r);
+    cJSON *o = cJSON_Parse(body);
+    assert_string_equal(cJSON_GetObjectItem(o, "stop_reason")->valuestring, "max_tokens");
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(o, "content")), 0);
+    cJSON *u = cJSON_GetObjectItem(o, "usage");
+    assert_int_equal(cJSON_GetObjectItem(u, "input_tokens")->valueint, 0);
+    assert_int_equal(cJSON_GetObjectItem(u, "cache_read_input_tokens")->valueint, 5);
+    cJSON_Delete(o);
+    free(body);
+    cpt_resp_free(r);
+}
+
+/* Messages bodies -> the job: blocks, tool turns, thinking; refusals name
+ * the member. */
+static void test_anthropic_requests(void **state)
+{
+    (void)state;
+    struct cpt_request c;
+    struct oai_request r;
+    cJSON *j = job_of(CPT_ANTHROPIC,
+                      "{\"model\":\"m\",\"max_tokens\":7,\"system\":\"S\",\"thinking\":{\"type\":"
+                      "\"adaptive\"},\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":"
+                      "\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t1\",\"name\":\"f\","
+                      "\"input\":{}}]},{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\","
+                      "\"tool_use_id\":\"t1\",\"content\":\"r\"}]}],\"tools\":[{\"name\":\"f\","
+                      "\"input_schema\":{\"type\":\"object\"}}],\"tool_choice\":{\"type\":\"tool\","
+                      "\"name\":\"f\"}}",
+                      &c, &r);
+    assert_string_equal(cJSON_GetObjectItem(j, "mode")->valuestring, "think");
+    assert_int_equal(cJSON_GetObjectItem(j, "max_tokens")->valueint, 7);
+    char *m = cJSON_PrintUnformatted(cJSON_GetObjectItem(j, "messages"));
+    assert_string_equal(m, "[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"q\"},"
+                           "{\"role\":\"assistant\",\"content\":[],\"tool_calls\":[{\"id\":\"t1\",\"type\":"
+                           "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+                           "{\"role\":\"tool\",\"content\":\"r\",\"tool_call_id\":\"t1\"}]");
+    free(m);
+    m = cJSON_PrintUnformatted(cJSON_GetObjectItem(j, "tool_choice"));
+    assert_string_equal(m, "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}");
+    free(m);
+    cJSON_Delete(j);
+    oai_request_clear(&r);
+    cpt_request_clear(&c);
+    /* count_tokens: no max_tokens needed, nothing streamed */
+    j = job_of(CPT_ANTHROPIC_COUNT, "{\"model\":\"m\",\"stream\":true,\"messages\":[{\"role\":"
+                                    "\"user\",\"content\":\"q\"}]}", &c, &r);
+    assert_false(r.stream);
+    cJSON_Delete(j);
+    oai_request_clear(&r);
+    cpt_request_clear(&c);
+    static const char *const refused[][2] = {
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}", "max_tokens"},
+        {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"document\"}]}]}",
+         "messages[0].content[0].type"},
+        {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\","
+         "\"content\":[{\"type\":\"server_tool_use\"}]},{\"role\":\"user\",\"content\":\"q\"}]}",
+         "messages[1].content[0].type"},
+        {"{\"max_tokens\":1,\"messages\":[{\"role\":\"tool\",\"content\":\"q\"}]}", "messages[0].role"},
+        {"{\"max_tokens\":1,\"messages\":[]}", "messages"},
+        {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tool_choice\":"
+         "{\"type\":\"tool\"}}", "tool_choice.name"},
+        {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"mcp_servers\":[{}]}",
+         "mcp_servers"},
+        {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"output_config\":"
+         "{\"format\":{\"type\":\"json_object\"}}}", "output_config.format"},
+        {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"stop_sequences\":[1]}",
+         "stop_sequences[0]"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        struct oai_limits l = lim_any();
+        struct oai_error e;
+        const char *b = refused[i][0];
+        int rc = cpt_parse(CPT_ANTHROPIC, b, strlen(b), &l, "msg_1", 0, &r, &c, &e);
+        if (rc != -RL_EINVAL || e.status != 400 || strcmp(e.param, refused[i][1]))
+            fail_msg("%s: %d %d [%s] %s", b, rc, e.status, e.param, e.message);
+        char *ej = cpt_error_json(CPT_ANTHROPIC, &e);
+        cJSON *o = cJSON_Parse(ej);
+        assert_string_equal(cJSON_GetObjectItem(o, "type")->valuestring, "error");
+        assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "error"), "type")->valuestring,
+                            "invalid_request_error");
+        cJSON_Delete(o);
+        free(ej);
     }
 }
 
@@ -770,6 +935,8 @@ int main(void)
         cmocka_unit_test(test_responses_events),
         cmocka_unit_test(test_responses_streamed_call),
         cmocka_unit_test(test_ollama_lines),
+        cmocka_unit_test(test_anthropic_requests),
+        cmocka_unit_test(test_anthropic_streamed_call),
         cmocka_unit_test(test_vmetrics),
         cmocka_unit_test(test_vmetrics_fleet),
         cmocka_unit_test(test_vmetrics_histograms),
