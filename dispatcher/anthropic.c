@@ -655,29 +655,30 @@ static int open_call(struct ant_resp *r, int i, const char *name, struct text *o
     return open_block(r, B_TOOL, out);
 }
 
-/* Streamed: a delta's tool_calls. A call that opens closes the open block
- * and opens its tool_use block; each fragment is an input_json_delta. */
+struct tc_ctx {
+    struct ant_resp *r;
+    struct text *out;
+};
+
+/* Streamed: one entry of a delta's tool_calls. A call that opens closes
+ * the open block and opens its tool_use block; each fragment is an
+ * input_json_delta. */
+static int tool_delta(void *ctx, int i, bool opens, const char *name, const char *frag)
+{
+    struct ant_resp *r = ((struct tc_ctx *)ctx)->r;
+    struct text *out = ((struct tc_ctx *)ctx)->out;
+    int rc;
+    if (opens && (rc = open_call(r, i, name, out)))
+        return rc;
+    if (r->open != B_TOOL || r->call_index != i)
+        return 0; /* its block closed already (text came between) */
+    return put_input(r, frag, out);
+}
+
 static int tool_deltas(struct ant_resp *r, const cJSON *tcs, struct text *out)
 {
-    const cJSON *t;
-    cJSON_ArrayForEach(t, tcs)
-    {
-        int i, rc;
-        bool opens;
-        const char *name, *frag;
-        if ((rc = oai_tc_entry(&r->tc, t, &i, &opens, &name, &frag)) <= 0) {
-            if (rc)
-                return rc;
-            continue;
-        }
-        if (opens && (rc = open_call(r, i, name, out)))
-            return rc;
-        if (r->open != B_TOOL || r->call_index != i)
-            continue; /* its block closed already (text came between) */
-        if ((rc = put_input(r, frag, out)))
-            return rc;
-    }
-    return 0;
+    struct tc_ctx c = {r, out};
+    return oai_tc_each(&r->tc, tcs, tool_delta, &c);
 }
 
 int ant_start(struct ant_resp *r, struct text *out)

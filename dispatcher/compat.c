@@ -1016,51 +1016,53 @@ static int responses_text(struct cpt_resp *r, enum open_item k, const char *s,
     return sse_event(r, c, out);
 }
 
-/* Responses, streamed: a delta's tool_calls. A call that opens closes the
- * open item and opens its function_call item (output_item.added, arguments
- * ""); each fragment is a response.function_call_arguments.delta. */
+struct tc_ctx {
+    struct cpt_resp *r;
+    struct text *out;
+};
+
+/* Responses, streamed: one entry of a delta's tool_calls. A call that
+ * opens closes the open item and opens its function_call item
+ * (output_item.added, arguments ""); each fragment is a
+ * response.function_call_arguments.delta. */
+static int responses_tool_delta(void *ctx, int i, bool opens, const char *name,
+                                const char *frag)
+{
+    struct cpt_resp *r = ((struct tc_ctx *)ctx)->r;
+    struct text *out = ((struct tc_ctx *)ctx)->out;
+    int rc;
+    if (opens) {
+        if ((rc = close_item(r, out)))
+            return rc;
+        snprintf(r->item_id, sizeof r->item_id, "fc_%s_%d", r->tail,
+                 cJSON_GetArraySize(r->items));
+        snprintf(r->call_name, sizeof r->call_name, "%s", name);
+        r->call_index = i;
+        r->open = OPEN_CALL;
+        r->cur.n = 0;
+        char cid[JOB_ID_MAX + 32];
+        oai_tool_call_id(cid, sizeof cid, r->id, i);
+        cJSON *c = item_event(r, "response.output_item.added", false);
+        cJSON_DeleteItemFromObjectCaseSensitive(c, "item_id");
+        cJSON_AddItemToObject(c, "item", call_item(r, r->item_id, cid, name, "", false));
+        if ((rc = sse_event(r, c, out)))
+            return rc;
+    } else if (r->open != OPEN_CALL || r->call_index != i) {
+        return 0; /* its item closed already (text came between) */
+    }
+    if (!*frag)
+        return 0;
+    if ((rc = text_add(&r->cur, frag, strlen(frag))))
+        return rc;
+    cJSON *c = item_event(r, "response.function_call_arguments.delta", false);
+    cJSON_AddStringToObject(c, "delta", frag);
+    return sse_event(r, c, out);
+}
+
 static int responses_tool_deltas(struct cpt_resp *r, const cJSON *tcs, struct text *out)
 {
-    const cJSON *t;
-    cJSON_ArrayForEach(t, tcs)
-    {
-        int i, rc;
-        bool opens;
-        const char *name, *frag;
-        if ((rc = oai_tc_entry(&r->tc, t, &i, &opens, &name, &frag)) <= 0) {
-            if (rc)
-                return rc;
-            continue;
-        }
-        if (opens) {
-            if ((rc = close_item(r, out)))
-                return rc;
-            snprintf(r->item_id, sizeof r->item_id, "fc_%s_%d", r->tail,
-                     cJSON_GetArraySize(r->items));
-            snprintf(r->call_name, sizeof r->call_name, "%s", name);
-            r->call_index = i;
-            r->open = OPEN_CALL;
-            r->cur.n = 0;
-            char cid[JOB_ID_MAX + 32];
-            oai_tool_call_id(cid, sizeof cid, r->id, i);
-            cJSON *c = item_event(r, "response.output_item.added", false);
-            cJSON_DeleteItemFromObjectCaseSensitive(c, "item_id");
-            cJSON_AddItemToObject(c, "item", call_item(r, r->item_id, cid, name, "", false));
-            if ((rc = sse_event(r, c, out)))
-                return rc;
-        } else if (r->open != OPEN_CALL || r->call_index != i) {
-            continue; /* its item closed already (text came between) */
-        }
-        if (*frag) {
-            if ((rc = text_add(&r->cur, frag, strlen(frag))))
-                return rc;
-            cJSON *c = item_event(r, "response.function_call_arguments.delta", false);
-            cJSON_AddStringToObject(c, "delta", frag);
-            if ((rc = sse_event(r, c, out)))
-                return rc;
-        }
-    }
-    return 0;
+    struct tc_ctx c = {r, out};
+    return oai_tc_each(&r->tc, tcs, responses_tool_delta, &c);
 }
 
 /* One Ollama NDJSON line (stream) or object: the text of this step, or the

@@ -1849,6 +1849,22 @@ int oai_tc_entry(struct oai_tc_stream *s, const cJSON *entry, int *index, bool *
     return 1;
 }
 
+int oai_tc_each(struct oai_tc_stream *s, const cJSON *tool_calls, oai_tc_fn fn, void *ctx)
+{
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tool_calls)
+    {
+        int i, rc;
+        bool opens;
+        const char *name, *frag;
+        if ((rc = oai_tc_entry(s, t, &i, &opens, &name, &frag)) < 0)
+            return rc;
+        if (rc && (rc = fn(ctx, i, opens, name, frag)))
+            return rc;
+    }
+    return 0;
+}
+
 const char *oai_tc_rest(const struct oai_tc_stream *s, int i, const char *final)
 {
     if (i >= s->n || !final)
@@ -1900,40 +1916,43 @@ static cJSON *tool_entry(int index, const char *id, const char *name, const char
     return x;
 }
 
-/* A delta's tool_calls, as OpenAI streams them: a chunk that opens a call
- * (index, id, type, name, arguments ""), then chunks of fragments. */
-static int feed_tool_deltas(struct oai_resp *r, const cJSON *tcs, struct text *sse)
+struct tc_ctx {
+    struct oai_resp *r;
+    struct text *sse;
+};
+
+/* One entry of a delta's tool_calls, as OpenAI streams them: a chunk that
+ * opens the call (index, id, type, name, arguments ""), then a chunk of
+ * its fragment. */
+static int tool_delta(void *ctx, int i, bool opens, const char *name, const char *frag)
 {
-    const cJSON *t;
-    cJSON_ArrayForEach(t, tcs)
-    {
-        int i, rc;
-        bool opens;
-        const char *name, *frag;
-        if ((rc = oai_tc_entry(&r->tc, t, &i, &opens, &name, &frag)) <= 0) {
-            if (rc)
-                return rc;
-            continue;
-        }
-        if (opens) {
-            /* the id feed_done gives the call: choices after the first
-             * have ids of their own */
-            char cid[JOB_ID_MAX + 16], id[JOB_ID_MAX + 48];
-            snprintf(cid, sizeof cid, r->cur ? "%s" "c%d" : "%s", r->id, r->cur);
-            oai_tool_call_id(id, sizeof id, cid, i);
-            cJSON *arr = cJSON_CreateArray();
-            cJSON_AddItemToArray(arr, tool_entry(i, id, name, ""));
-            if ((rc = tool_chunk(r, arr, sse)))
-                return rc;
-        }
-        if (*frag) {
-            cJSON *arr = cJSON_CreateArray();
-            cJSON_AddItemToArray(arr, tool_entry(i, NULL, NULL, frag));
-            if ((rc = tool_chunk(r, arr, sse)))
-                return rc;
-        }
+    struct oai_resp *r = ((struct tc_ctx *)ctx)->r;
+    struct text *sse = ((struct tc_ctx *)ctx)->sse;
+    int rc;
+    if (opens) {
+        /* the id feed_done gives the call: choices after the first
+         * have ids of their own */
+        char cid[JOB_ID_MAX + 16], id[JOB_ID_MAX + 48];
+        snprintf(cid, sizeof cid, r->cur ? "%s" "c%d" : "%s", r->id, r->cur);
+        oai_tool_call_id(id, sizeof id, cid, i);
+        cJSON *arr = cJSON_CreateArray();
+        cJSON_AddItemToArray(arr, tool_entry(i, id, name, ""));
+        if ((rc = tool_chunk(r, arr, sse)))
+            return rc;
+    }
+    if (*frag) {
+        cJSON *arr = cJSON_CreateArray();
+        cJSON_AddItemToArray(arr, tool_entry(i, NULL, NULL, frag));
+        if ((rc = tool_chunk(r, arr, sse)))
+            return rc;
     }
     return 0;
+}
+
+static int feed_tool_deltas(struct oai_resp *r, const cJSON *tcs, struct text *sse)
+{
+    struct tc_ctx c = {r, sse};
+    return oai_tc_each(&r->tc, tcs, tool_delta, &c);
 }
 
 /* vLLM's stop_reason beside finish_reason: the stop string the choice

@@ -296,6 +296,12 @@ int oai_tc_entry(struct oai_tc_stream *s, const cJSON *entry, int *index, bool *
  * was sent). A stream whose fragments are not a prefix of final (cannot
  * happen with a conforming worker) gets NULL too, and the full call. */
 const char *oai_tc_rest(const struct oai_tc_stream *s, int i, const char *final);
+/* Each entry of a delta's tool_calls array through oai_tc_entry, the ones
+ * to pass on given to fn (its ctx, the call's index, whether the entry
+ * opens it and then its name, the fragment, "" if none). Returns 0, fn's
+ * first non-zero return, or -RL_ENOMEM. */
+typedef int (*oai_tc_fn)(void *ctx, int index, bool opens, const char *name, const char *frag);
+int oai_tc_each(struct oai_tc_stream *s, const cJSON *tool_calls, oai_tc_fn fn, void *ctx);
 void oai_tc_free(struct oai_tc_stream *s);
 
 /* Stream mode, after OAI_FAILED once bytes were sent: the error as one
