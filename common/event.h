@@ -146,7 +146,8 @@ struct ev_done {
     int64_t spec_accepted;       /* of those, kept */
     const struct cJSON *tool_calls; /* array or NULL (written as []); borrowed */
     const struct cJSON *metadata;   /* the job's metadata or NULL (left out); borrowed */
-    const float *embedding;         /* task "embed": (n_embedding) the unit vector,
+    const float *embedding;         /* task "embed": (n_embedding) the vector (unit
+                                       length unless the job said normalize false),
                                        written as `embedding` (base64 of its float32
                                        values, little-endian) and `dimensions`;
                                        NULL: left out. Borrowed */

@@ -793,7 +793,7 @@ enum kind {
     K_SEED, K_STOP, K_IGNORE_EOS, K_MAX_THINKING, K_LOGPROBS, K_PRIORITY, K_DEADLINE,
     K_CACHE, K_STREAM_TTL, K_METADATA, K_SPECULATIVE, K_RESPONSE_FORMAT, K_TOOL_CHOICE,
     K_GRAMMAR, K_CLIENT_LEASE, K_MIN_TOKENS, K_STOP_IDS, K_LOGIT_BIAS, K_SKIP_SPECIAL,
-    K_TASK, K_DIMENSIONS, K_TRUNCATE, K_QUERY, K_DOCUMENT, K_INSTRUCTION,
+    K_TASK, K_DIMENSIONS, K_TRUNCATE, K_QUERY, K_DOCUMENT, K_INSTRUCTION, K_NORMALIZE,
 };
 static const struct {
     const char *name;
@@ -814,7 +814,7 @@ static const struct {
     {"stop_token_ids", K_STOP_IDS}, {"logit_bias", K_LOGIT_BIAS},
     {"skip_special_tokens", K_SKIP_SPECIAL}, {"task", K_TASK}, {"dimensions", K_DIMENSIONS},
     {"truncate", K_TRUNCATE}, {"query", K_QUERY}, {"document", K_DOCUMENT},
-    {"instruction", K_INSTRUCTION},
+    {"instruction", K_INSTRUCTION}, {"normalize", K_NORMALIZE},
 };
 #define N_TOP ((int)(sizeof top_fields / sizeof top_fields[0]))
 
@@ -1335,6 +1335,13 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
     case K_TRUNCATE:
         j->given |= JOB_F_TRUNCATE;
         return get_bool(v, name, &j->truncate, f, err);
+    case K_NORMALIZE: { /* no given bit left: written back only when false */
+        bool b;
+        if ((rc = get_bool(v, name, &b, f, err)))
+            return rc;
+        j->no_normalize = !b;
+        return 0;
+    }
     case K_METADATA:
         set_field(f, "metadata");
         if (!cJSON_IsObject(v))
@@ -1353,7 +1360,8 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
  * one task on a job of another. The members each may carry: */
 static const char *const embed_fields[] = {
     "id", "model", "pool", "prompt", "prompt_ids", "mode", "task", "dimensions", "truncate",
-    "priority", "deadline_ms", "cache", "stream_ttl_s", "metadata", "client_lease_ms", NULL,
+    "normalize", "priority", "deadline_ms", "cache", "stream_ttl_s", "metadata",
+    "client_lease_ms", NULL,
 };
 static const char *const rerank_fields[] = {
     "id", "model", "pool", "query", "document", "instruction", "mode", "task", "priority",
@@ -1376,6 +1384,7 @@ static int check_task(const struct job *j, const cJSON *root, struct job_fault *
     if (j->task != JOB_TASK_EMBED) {
         const char *only = j->given & JOB_F_DIMENSIONS ? "dimensions"
                            : j->given & JOB_F_TRUNCATE ? "truncate"
+                           : cJSON_GetObjectItemCaseSensitive(root, "normalize") ? "normalize"
                                                        : NULL;
         if (only) {
             set_field(f, only);
@@ -1755,6 +1764,8 @@ int job_to_json(const struct job *j, char **out, struct rl_err *err)
         ADD(add_num(o, "dimensions", j->dimensions));
     if (j->given & JOB_F_TRUNCATE)
         ADD(cJSON_AddBoolToObject(o, "truncate", j->truncate));
+    if (j->no_normalize)
+        ADD(cJSON_AddBoolToObject(o, "normalize", 0));
     if (j->given & JOB_F_MODE)
         ADD(cJSON_AddStringToObject(o, "mode", j->mode == JOB_MODE_THINK      ? "think"
                                                : j->mode == JOB_MODE_AUTO ? "auto"
@@ -1932,6 +1943,10 @@ int job_cache_key(const struct job *j, enum job_mode mode, const char *model_id,
         put_str(&c, etag, sizeof etag - 1);
         put_u64(&c, (uint64_t)j->dimensions);
         put_u64(&c, j->truncate ? 1 : 0);
+        if (j->no_normalize) { /* appended only then: unit vectors keep their keys */
+            static const char raw[] = "raw";
+            put_str(&c, raw, sizeof raw - 1);
+        }
     }
     if (j->task == JOB_TASK_RERANK) { /* query, document and instruction are in the ids */
         static const char rtag[] = "rerank";

@@ -131,6 +131,9 @@ struct job {
                                  context keeps its first tokens and its last
                                  (the pooled one) instead of PROMPT_TOO_LONG;
                                  default false */
+    bool no_normalize;        /* JOB_TASK_EMBED: "normalize": false, the
+                                 pooled vector as the model gives it (cut to
+                                 dimensions) instead of unit length */
     enum job_mode mode;
     int max_tokens;           /* 1..JOB_MAX_TOKENS_MAX; default from job_opts */
     double temperature;       /* 0..2; 0 = greedy. -1 = unset */

@@ -67,6 +67,9 @@ struct emb_parse {
     const cJSON *input;         /* the input member, or NULL */
     int dimensions;             /* 0 = the model's size */
     bool truncate;              /* the jobs' truncate: Ollama's default true */
+    bool raw;                   /* the jobs' normalize false: vLLM's normalize
+                                   false; Ollama's legacy /api/embeddings
+                                   (its vectors were never unit length) */
     /* the jobs being built (oai_lay_out_jobs): the inputs, their count,
      * the deadline each carries */
     const cJSON *const *items;
@@ -97,6 +100,7 @@ static int take_dimensions(struct emb_parse *ps, const cJSON *v)
 /* The members each API knows; any other goes to oai_not_applied. */
 enum member {
     M_MODEL, M_INPUT, M_ENCODING, M_DIMENSIONS, M_USER, M_TRUNCATE, M_KEEP_ALIVE, M_OPTIONS,
+    M_NORMALIZE,
 };
 #define ON_OPENAI (1u << EMB_OPENAI)
 #define ON_EMBED (1u << EMB_OLLAMA_EMBED)
@@ -115,6 +119,8 @@ static const struct oai_member members[] = {
     {"truncate", M_TRUNCATE, ON_EMBED},
     {"keep_alive", M_KEEP_ALIVE, ON_EMBED | ON_LEGACY},
     {"options", M_OPTIONS, ON_EMBED | ON_LEGACY},
+    /* vLLM's: false for the vector as the model gives it */
+    {"normalize", M_NORMALIZE, ON_OPENAI},
 };
 #define N_MEMBERS ((int)(sizeof members / sizeof members[0]))
 
@@ -151,6 +157,11 @@ static int take_member(void *ctx, int m, const char *name, const cJSON *v)
         return cJSON_IsObject(v) ? 0 : oai_bad_request(ps->e, "BAD_TYPE", name,
                                                        "options: must be an object");
     case M_KEEP_ALIVE:
+        return 0;
+    case M_NORMALIZE:
+        if (!cJSON_IsBool(v))
+            return oai_bad_request(ps->e, "BAD_TYPE", name, "normalize: must be true or false");
+        ps->raw = cJSON_IsFalse(v);
         return 0;
     }
     abort(); /* a member with no case: a broken table */
@@ -278,6 +289,8 @@ static int build_job(void *ctx, int i, const char *jid, char **text)
         ok = cJSON_AddNumberToObject(j, "dimensions", ps->dimensions) != NULL;
     if (ok && ps->truncate)
         ok = cJSON_AddTrueToObject(j, "truncate") != NULL;
+    if (ok && ps->raw)
+        ok = cJSON_AddFalseToObject(j, "normalize") != NULL;
     if (!ok) {
         cJSON_Delete(j);
         return -RL_ENOMEM;
@@ -307,7 +320,7 @@ int emb_parse(enum emb_api api, const char *body, size_t len, const struct oai_l
      * older /api/embeddings has no switch and truncates as well); OpenAI
      * answers a text too long with a 400 */
     struct emb_parse ps = {.api = api, .lim = lim, .out = out, .c = c, .e = e,
-                           .truncate = api != EMB_OPENAI};
+                           .truncate = api != EMB_OPENAI, .raw = api == EMB_OLLAMA_LEGACY};
     char *buf = NULL;
     cJSON *root = NULL;
     const cJSON **items = NULL;

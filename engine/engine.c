@@ -111,6 +111,7 @@ struct eng_req {
     void *user;
     bool embed;                  /* engine_request.embed */
     int embed_dims;              /* its dimensions (0 = hidden size) */
+    bool embed_raw;              /* not scaled to unit length */
     float *emb;                  /* (n_emb) the vector, once computed */
     int n_emb;
     int n_score;                 /* engine_request.n_score: a score request */
@@ -824,6 +825,7 @@ static int req_build(struct engine *e, const struct engine_request *r, uint64_t 
     if (r->embed || r->n_score) { /* no token will be sampled or decoded */
         q->embed = r->embed;
         q->embed_dims = r->embed_dims > 0 ? r->embed_dims : e->cfg->hidden;
+        q->embed_raw = r->embed_raw;
         q->n_score = r->n_score;
         if (r->n_score)
             memcpy(q->score_ids, r->score_ids, (size_t)r->n_score * sizeof *q->score_ids);
@@ -1404,8 +1406,8 @@ static bool process_row(struct engine *e, struct eng_req *q, float *row, const s
 
 /* An embed request's row: the backend's final-normed hidden state of its
  * last prompt token, cut to its dimensions and scaled to unit length
- * (what Qwen3-Embedding's last-token pooling and normalisation give); the
- * request is then done. */
+ * (what Qwen3-Embedding's last-token pooling and normalisation give; raw:
+ * not scaled); the request is then done. */
 static void embed_row(struct engine *e, struct eng_req *q, int row)
 {
     struct rl_err err = {0};
@@ -1428,7 +1430,7 @@ static void embed_row(struct engine *e, struct eng_req *q, int row)
         return;
     }
     double inv = 1.0 / sqrt(ss);
-    for (int i = 0; i < q->embed_dims; i++)
+    for (int i = 0; i < q->embed_dims && !q->embed_raw; i++)
         v[i] = (float)(v[i] * inv);
     q->emb = v;
     q->n_emb = q->embed_dims;

@@ -325,6 +325,10 @@ struct engine_request {
     int embed_dims;             /* embed: the first this many values,
                                    normalised again (Matryoshka); 0 = the
                                    model's hidden size; more: BAD_VALUE */
+    bool embed_raw;             /* embed: the vector as the model gives it
+                                   (cut to embed_dims), not scaled to unit
+                                   length (vLLM's normalize false, Ollama's
+                                   legacy /api/embeddings) */
     bool embed_truncate;        /* embed with prompt_ids: a prompt longer
                                    than the context keeps its first tokens
                                    that fit and its last one (the pooled
@@ -408,7 +412,8 @@ struct engine_event {
                                          when finish is ERROR */
     const char *error;                /* a sentence, when finish is ERROR */
     const float *embedding;           /* an embed request's final event:
-                                         (n_embedding) the unit vector;
+                                         (n_embedding) the unit vector
+                                         (embed_raw: as the model gave it);
                                          NULL otherwise. Owned by the
                                          engine, valid until the next
                                          engine_step */

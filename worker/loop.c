@@ -204,6 +204,7 @@ static void build_request(struct worker *w, struct wjob *j, struct engine_reques
     r.embed = jb->task == JOB_TASK_EMBED;
     r.embed_dims = jb->dimensions;
     r.embed_truncate = jb->truncate;
+    r.embed_raw = jb->no_normalize;
     if (jb->task == JOB_TASK_RERANK) {
         r.score_ids = w->rerank_ids;
         r.n_score = 2;

@@ -97,12 +97,12 @@ def test_every_known_field_is_in_the_schema():
     assert issue_fields <= props
     # speculative: issue 18, model: issue 15, structured output: issue 17,
     # client_lease_ms: issue 26; min_tokens, stop_token_ids, logit_bias: issue 29;
-    # task and dimensions: embeddings
+    # task, dimensions, truncate and normalize: embeddings
     assert props - issue_fields == {"pool", "speculative", "model", "response_format",
                                     "tool_choice", "grammar", "client_lease_ms", "min_tokens",
                                     "stop_token_ids", "logit_bias", "skip_special_tokens",
-                                    "task", "dimensions", "truncate", "query", "document",
-                                    "instruction"}
+                                    "task", "dimensions", "truncate", "normalize", "query",
+                                    "document", "instruction"}
 
 
 def test_events():

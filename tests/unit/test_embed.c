@@ -327,6 +327,21 @@ static void test_ollama_requests(void **state)
     assert_string_equal(cJSON_GetObjectItem(a->child, "prompt")->valuestring, "p");
     assert_string_equal(cJSON_GetObjectItem(a->child, "id")->valuestring, "embd-ab12");
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(a->child, "truncate")));
+    /* the legacy endpoint's vectors were never unit length */
+    assert_true(cJSON_IsFalse(cJSON_GetObjectItem(a->child, "normalize")));
+    cJSON_Delete(a);
+    oai_request_clear(&r);
+    /* vLLM's normalize on /v1: false is the job's; true (the default) adds nothing */
+    a = jobs_of(EMB_OPENAI, "{\"input\":\"x\",\"normalize\":false}", &l, &r, &c);
+    assert_true(cJSON_IsFalse(cJSON_GetObjectItem(a->child, "normalize")));
+    cJSON_Delete(a);
+    oai_request_clear(&r);
+    a = jobs_of(EMB_OPENAI, "{\"input\":\"x\",\"normalize\":true}", &l, &r, &c);
+    assert_null(cJSON_GetObjectItem(a->child, "normalize"));
+    cJSON_Delete(a);
+    oai_request_clear(&r);
+    a = jobs_of(EMB_OLLAMA_EMBED, "{\"input\":\"x\"}", &l, &r, &c);
+    assert_null(cJSON_GetObjectItem(a->child, "normalize")); /* /api/embed: unit, as Ollama's */
     cJSON_Delete(a);
     oai_request_clear(&r);
     /* no input: Ollama's way to load a model, answered at once */

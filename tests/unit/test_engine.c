@@ -1180,6 +1180,20 @@ static void test_embed(void **state)
     double n32 = norm_of(alone.emb, 32);
     for (int i = 0; i < 32; i++)
         assert_true(fabs(cut.emb[i] - alone.emb[i] / n32) < 1e-6);
+    /* raw: the hidden state itself, the unit vector times its norm */
+    static struct result raw, raw32;
+    embed_req(&q, a, 40, 0);
+    q.embed_raw = true;
+    submit(e, &q, &raw);
+    embed_req(&q, a, 40, 32);
+    q.embed_raw = true;
+    submit(e, &q, &raw32);
+    drain(e);
+    double nr = norm_of(raw.emb, 128);
+    assert_true(fabs(nr - 1.0) > 1e-3); /* the final norm's output is not unit length */
+    for (int i = 0; i < 128; i++)
+        assert_true(fabs(raw.emb[i] / nr - alone.emb[i]) < 1e-5);
+    assert_memory_equal(raw32.emb, raw.emb, 32 * sizeof(float)); /* cut, not rescaled */
     engine_free(e);
 
     e = open_engine(256, 8, 8); /* 8-token prefill chunks, a cold cache */

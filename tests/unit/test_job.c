@@ -909,6 +909,28 @@ static void test_embed_jobs(void **state)
     char gen2[65];
     key_of("{\"prompt\":\"x\",\"temperature\":0,\"task\":\"generate\"}", "m", ids, 3, gen2);
     assert_string_equal(gen, gen2);
+    /* normalize false: a key of its own; true spelt out is the default */
+    char raw[65], unit[65];
+    key_of("{\"prompt\":\"x\",\"task\":\"embed\",\"normalize\":false}", "m", ids, 3, raw);
+    key_of("{\"prompt\":\"x\",\"task\":\"embed\",\"normalize\":true}", "m", ids, 3, unit);
+    assert_string_not_equal(raw, emb);
+    assert_string_equal(unit, emb);
+    j = ok("{\"task\":\"embed\",\"prompt\":\"x\",\"normalize\":false}", NULL);
+    assert_true(j->no_normalize);
+    back = NULL;
+    assert_int_equal(job_to_json(j, &back, NULL), 0);
+    assert_non_null(strstr(back, "\"normalize\":false"));
+    free(back);
+    job_free(j);
+    /* a generating job has nothing to normalize: refused by name */
+    struct job_fault f;
+    struct rl_err err = {0};
+    const char *gn = "{\"prompt\":\"x\",\"normalize\":true}";
+    assert_int_not_equal(job_parse(gn, strlen(gn), NULL, &j, &f, &err), 0);
+    assert_string_equal(f.field, "normalize");
+    const char *bt = "{\"task\":\"embed\",\"prompt\":\"x\",\"normalize\":1}";
+    assert_int_not_equal(job_parse(bt, strlen(bt), NULL, &j, &f, &err), 0);
+    assert_int_equal(f.code, EV_CODE_BAD_TYPE);
 }
 
 /* task "rerank": query, document and instruction kept and written back;
