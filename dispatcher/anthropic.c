@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compat.h"
 #include "job.h"
 #include "text.h"
 
@@ -842,6 +843,31 @@ int ant_stream_error(const struct oai_error *e, struct text *out)
 int ant_ping(struct text *out)
 {
     return sse(event("ping"), out);
+}
+
+void ant_models_list(cJSON *o)
+{
+    cJSON *data = cJSON_GetObjectItemCaseSensitive(o, "data");
+    cJSON *m;
+    cJSON_ArrayForEach(m, data)
+    {
+        const char *id = oai_str_member(m, "id");
+        char at[32];
+        cpt_iso_time(oai_int_member(m, "created") * 1000, at);
+        cJSON_AddStringToObject(m, "type", "model");
+        cJSON_AddStringToObject(m, "display_name", id ? id : "");
+        cJSON_AddStringToObject(m, "created_at", at);
+    }
+    cJSON_AddBoolToObject(o, "has_more", 0);
+    const char *first = oai_str_member(cJSON_GetArrayItem(data, 0), "id");
+    const char *last = oai_str_member(cJSON_GetArrayItem(data, cJSON_GetArraySize(data) - 1), "id");
+    if (first && last) {
+        cJSON_AddStringToObject(o, "first_id", first);
+        cJSON_AddStringToObject(o, "last_id", last);
+    } else {
+        cJSON_AddNullToObject(o, "first_id");
+        cJSON_AddNullToObject(o, "last_id");
+    }
 }
 
 char *ant_count_body(int64_t n)

@@ -74,4 +74,10 @@ int ant_ping(struct text *out);
 /* count_tokens' answer: {"input_tokens": n}, malloc'd. */
 char *ant_count_body(int64_t n);
 
+/* GET /v1/models for a client that sent anthropic-version: the OpenAI list
+ * object (o, {"object": "list", "data": [...]}) given Anthropic's members
+ * too: each model's type, display_name and created_at, the list's
+ * has_more, first_id and last_id (Anthropic's SDKs page by them). */
+void ant_models_list(struct cJSON *o);
+
 #endif

@@ -2001,6 +2001,9 @@ static enum MHD_Result models(struct req *q, struct MHD_Connection *conn, const 
         if (o && cJSON_AddStringToObject(o, "object", "list")) {
             cJSON_AddItemToObject(o, "data", a);
             a = NULL;
+            /* Anthropic's SDKs list models as their API does */
+            if (MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "anthropic-version"))
+                ant_models_list(o);
             body = cJSON_PrintUnformatted(o);
         }
         cJSON_Delete(o);

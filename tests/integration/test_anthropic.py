@@ -16,7 +16,8 @@ real redis-server, dispatcher and worker:
     the key as x-api-key;
   - count_tokens counts what the worker's usage says the prompt had;
   - Anthropic's TypeScript SDK and the AI SDK's Anthropic provider, pinned
-    in tests/integration/node-clients, against a real worker: create,
+    in tests/integration/node-clients, against a real worker: the models
+    list (Anthropic's shape when anthropic-version is sent), create,
     stream (the SDK's accumulator), a forced tool and its result sent back,
     a streamed tool call, errors as the SDK's error classes; the texts equal
     the job's events in Redis.
@@ -290,6 +291,7 @@ def test_anthropic_sdks(front, workers, redis_addr, prefix, tmp_path):  # noqa: 
         t = "".join(e["delta"].get("reasoning_content", "") for e in ev if e["type"] == "delta")
         return c, t, ev[-1]
 
+    assert res["models"] == [{"id": MODEL_NAME, "type": "model", "name": MODEL_NAME}]
     c = res["create"]
     assert c["type"] == "message" and c["stop_reason"] == "max_tokens"
     assert c["usage"]["output_tokens"] == 8

@@ -17,6 +17,10 @@ const apiKey = "sk-test-0123456789";
 const client = new Anthropic({ baseURL: baseURL.replace(/\/v1$/, ""), apiKey, maxRetries: 0 });
 const out = {};
 
+// the models the SDK pages through (GET /v1/models, Anthropic's shape)
+out.models = [];
+for await (const m of client.models.list()) out.models.push({ id: m.id, type: m.type, name: m.display_name });
+
 out.create = await client.messages.create({
   model, max_tokens: 8, system: "Be brief.", thinking: { type: "disabled" },
   messages: [{ role: "user", content: "Tell me a story about a cat." }],
