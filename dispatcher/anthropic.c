@@ -374,12 +374,27 @@ int ant_to_chat(const cJSON *root, enum ant_body kind, cJSON *chat, bool *omit_t
         "metadata",      "service_tier",   "container",   "context_management",
         "inference_geo", "speed",          "diagnostics", "user_profile_id",
         "workspace_id",  "cache_control",  "betas",       NULL};
+    /* the members mapped here: each at most once (openai.c refuses the
+     * others' duplicates; a mask, not a search, so that a body of a million
+     * members costs no more than its parse) */
+    static const char *const own[] = {
+        "messages", "system",        "max_tokens",    "stop_sequences", "stream", "tools",
+        "tool_choice", "thinking",   "output_config", "output_format",  "mcp_servers", NULL};
+    unsigned seen = 0;
     *omit_thinking = false;
     cJSON *msgs = cJSON_CreateArray();
     cJSON *system = NULL;
     int rc = 0;
     for (const cJSON *v = root->child; v && !rc; v = v->next) {
         const char *k = v->string;
+        int o = 0;
+        while (own[o] && strcmp(own[o], k))
+            o++;
+        if (own[o] && (seen & 1u << o)) {
+            rc = bad(e, "DUPLICATE_FIELD", k, "given twice");
+            break;
+        }
+        seen |= own[o] ? 1u << o : 0;
         bool drop = cJSON_IsNull(v);
         for (int i = 0; dropped[i] && !drop; i++)
             drop = !strcmp(k, dropped[i]);

@@ -110,6 +110,9 @@ for i, (sel, body) in enumerate([
              "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}),
         (19, {"model": "redlm", "messages": [ask], "thinking": {"type": "disabled"}})]):
     put("fuzz_compat", f"anthropic-{i}", bytes([sel]) + json.dumps(body).encode())
+# found once: a second system member leaked the first
+put("fuzz_compat", "found-anthropic-system-twice", b'\x03{"max_tokens": 8, "system": "a", '
+    b'"messages": [{"role": "user", "content": "q"}], "system": "b"}')
 put("fuzz_compat", "anthropic-events", b"\x83" + "\n".join(json.dumps(e) for e in [
     {"seq": 0, "type": "delta", "delta": {"reasoning_content": "Hm"}, "token_ids": [1]},
     {"seq": 1, "type": "delta", "delta": {"content": "Ok."}, "token_ids": [2]},

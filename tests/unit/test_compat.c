@@ -488,6 +488,9 @@ static void test_anthropic_requests(void **state)
          "{\"format\":{\"type\":\"json_object\"}}}", "output_config.format"},
         {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"stop_sequences\":[1]}",
          "stop_sequences[0]"},
+        /* found by fuzz_compat: a second system leaked the first */
+        {"{\"max_tokens\":1,\"system\":\"a\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],"
+         "\"system\":\"b\"}", "system"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         struct oai_limits l = lim_any();
