@@ -11,18 +11,21 @@
 
 int text_reserve(struct text *t, size_t extra)
 {
-    if (t->n + extra + 1 <= t->cap)
-        return 0;
-    size_t cap = t->cap ? t->cap : 64;
-    while (cap < t->n + extra + 1)
-        cap *= 2;
-    char *p = realloc(t->p, cap);
-    if (!p) {
-        t->oom = true;
-        return -RL_ENOMEM;
+    if (t->n + extra + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap : 64;
+        while (cap < t->n + extra + 1)
+            cap *= 2;
+        char *p = realloc(t->p, cap);
+        if (!p) {
+            t->oom = true;
+            return -RL_ENOMEM;
+        }
+        t->p = p;
+        t->cap = cap;
     }
-    t->p = p;
-    t->cap = cap;
+    /* a string of its n bytes also when nothing was added ("reserve 0" is
+     * how a caller asks for "" rather than NULL) */
+    t->p[t->n] = 0;
     return 0;
 }
 

@@ -21,7 +21,8 @@ struct text {
 
 /* Makes room for extra more bytes (and the NUL) without adding any, for a
  * caller about to write into p + n itself. Returns 0, or -RL_ENOMEM (and
- * sets oom). After it p is never NULL. */
+ * sets oom). After it p is never NULL and p[n] == 0 (reserving 0 bytes of
+ * an empty buffer gives ""). */
 int text_reserve(struct text *t, size_t extra);
 
 /* Appends n bytes of s. Returns 0, or -RL_ENOMEM (and sets oom). */

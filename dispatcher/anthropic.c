@@ -600,9 +600,7 @@ static int close_block(struct ant_resp *r, struct text *out)
         rc = sse(block_event(r, "content_block_stop"), out);
     cJSON_AddItemToArray(r->content, b);
     r->open = B_NONE;
-    r->cur.n = 0;
-    if (r->cur.p)
-        r->cur.p[0] = 0;
+    text_clear(&r->cur);
     return rc;
 }
 

@@ -904,7 +904,7 @@ static int close_call(struct cpt_resp *r, const char *final, struct text *out)
     }
     cJSON_AddItemToArray(r->items, item);
     r->open = OPEN_NONE;
-    r->cur.n = 0;
+    text_clear(&r->cur);
     return rc;
 }
 
@@ -947,7 +947,7 @@ static int close_item(struct cpt_resp *r, struct text *out)
     }
     cJSON_AddItemToArray(r->items, item);
     r->open = OPEN_NONE;
-    r->cur.n = 0;
+    text_clear(&r->cur);
     return rc;
 }
 
@@ -1039,7 +1039,7 @@ static int responses_tool_delta(void *ctx, int i, bool opens, const char *name,
         snprintf(r->call_name, sizeof r->call_name, "%s", name);
         r->call_index = i;
         r->open = OPEN_CALL;
-        r->cur.n = 0;
+        text_clear(&r->cur);
         char cid[JOB_ID_MAX + 32];
         oai_tool_call_id(cid, sizeof cid, r->id, i);
         cJSON *c = item_event(r, "response.output_item.added", false);

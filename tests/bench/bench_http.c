@@ -14,13 +14,20 @@
  * event written, so every event is measured alone. The first event of a
  * request goes through the access handler (status still open), the
  * others through the streaming reader; they are reported apart, as JSON
- * lines with the median, p90 and p99 in milliseconds. */
+ * lines with the median, p90 and p99 in milliseconds.
+ *
+ * --api chat|anthropic|both (default both): the requests are chat
+ * completions, Anthropic messages (POST /v1/messages: the same events as
+ * content_block_delta events, after message_start and
+ * content_block_start), or the two taking turns, reported apart, so that
+ * the Messages door's cost is read against chat's in one run. */
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +53,7 @@ struct shared {
     pthread_cond_t cv;
     int port;
     int n_req, n_tok;
+    int api;          /* 0 chat, 1 anthropic, 2 both (request r: r % 2) */
     const char *redis, *prefix;
     /* handshake: the worker writes event k of request r at t_sent[...],
      * the client reports it got it */
@@ -139,6 +147,12 @@ static void set_got(struct shared *s, int v)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Whether request r is an Anthropic message. */
+static bool api_of(const struct shared *s, int r)
+{
+    return s->api == 1 || (s->api == 2 && r % 2);
+}
+
 /* One streamed request over a fresh connection; records when each
  * event's chunk is complete in the bytes received. */
 static int client_one(struct shared *s, int r)
@@ -152,13 +166,17 @@ static int client_one(struct shared *s, int r)
         close(fd);
         return -1;
     }
-    const char *body = "{\"model\":\"redlm\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    bool ant = api_of(s, r);
+    const char *body = ant ? "{\"model\":\"redlm\",\"max_tokens\":64,\"stream\":true,\"messages\":"
+                             "[{\"role\":\"user\",\"content\":\"hi\"}]}"
+                           : "{\"model\":\"redlm\",\"stream\":true,\"messages\":[{\"role\":"
+                             "\"user\",\"content\":\"hi\"}]}";
     char req[512];
     int n = snprintf(req, sizeof req,
-                     "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                      "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
                      "Connection: close\r\nContent-Length: %zu\r\n\r\n%s",
-                     strlen(body), body);
+                     ant ? "/v1/messages" : "/v1/chat/completions", strlen(body), body);
     if (write(fd, req, (size_t)n) != n) {
         close(fd);
         return -1;
@@ -177,7 +195,7 @@ static int client_one(struct shared *s, int r)
         buf[len] = 0;
         char marker[32];
         while (k < s->n_tok) {
-            snprintf(marker, sizeof marker, "\"content\":\"t%d \"", k);
+            snprintf(marker, sizeof marker, ant ? "\"text\":\"t%d \"" : "\"content\":\"t%d \"", k);
             char *m = strstr(buf, marker);
             if (!m || !strstr(m, "\n\n"))
                 break;
@@ -185,12 +203,14 @@ static int client_one(struct shared *s, int r)
             k++;
             set_got(s, r * (s->n_tok + 1) + k);
         }
-        if (strstr(buf, "data: [DONE]")) {
+        if (strstr(buf, ant ? "event: message_stop" : "data: [DONE]")) {
             rc = k == s->n_tok ? 0 : -1;
             break;
         }
     }
     set_got(s, (r + 1) * (s->n_tok + 1));
+    if (rc && len) /* what the door said instead */
+        fprintf(stderr, "bench_http: request %d got: %.300s\n", r, buf);
     free(buf);
     close(fd);
     return rc;
@@ -225,7 +245,7 @@ static int free_port(void)
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
-    struct shared s = {.n_req = 300, .n_tok = 8, .redis = "127.0.0.1:6379"};
+    struct shared s = {.n_req = 300, .n_tok = 8, .api = 2, .redis = "127.0.0.1:6379"};
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--redis"))
             s.redis = argv[i + 1];
@@ -233,8 +253,13 @@ int main(int argc, char **argv)
             s.n_req = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--tokens"))
             s.n_tok = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--api") && (!strcmp(argv[i + 1], "chat") ||
+                                               !strcmp(argv[i + 1], "anthropic") ||
+                                               !strcmp(argv[i + 1], "both")))
+            s.api = argv[i + 1][0] == 'c' ? 0 : argv[i + 1][0] == 'a' ? 1 : 2;
         else {
-            fprintf(stderr, "usage: bench_http [--redis ADDR] [--requests N] [--tokens N]\n");
+            fprintf(stderr, "usage: bench_http [--redis ADDR] [--requests N] [--tokens N] "
+                            "[--api chat|anthropic|both]\n");
             return 2;
         }
     }
@@ -247,12 +272,13 @@ int main(int argc, char **argv)
     s.prefix = prefix;
     s.port = free_port();
     snprintf(port, sizeof port, "%d", s.port);
+    /* one served name: there is no worker to announce one */
     char *cargv[] = {"bench_http", "--redis", (char *)s.redis, "--http", port, "--prefix", prefix,
-                     "--log-level", "warn", NULL};
+                     "--log-level", "warn", "--served-model-name", "redlm", NULL};
     struct cfg c;
     struct rl_err err = {0};
     enum cfg_action act;
-    if (cfg_load(&c, 9, cargv, CFG_DISPATCHER, &act, &err)) {
+    if (cfg_load(&c, 11, cargv, CFG_DISPATCHER, &act, &err)) {
         fprintf(stderr, "bench_http: %s\n", err.msg);
         return 1;
     }
@@ -284,17 +310,21 @@ int main(int argc, char **argv)
     if (!rc && !s.failed) {
         double *first = malloc(sizeof(double) * (size_t)s.n_req);
         double *next = malloc(sizeof(double) * (size_t)(s.n_req * (s.n_tok - 1)));
-        int nn = 0;
-        for (int r = 0; r < s.n_req; r++)
-            for (int k = 0; k < s.n_tok; k++) {
-                double d = s.t_recv[r * s.n_tok + k] - s.t_sent[r * s.n_tok + k];
-                if (k == 0)
-                    first[r] = d;
-                else
-                    next[nn++] = d;
-            }
-        report("http_sse_first_event", first, s.n_req);
-        report("http_sse_next_event", next, nn);
+        for (int ant = 0; ant < 2; ant++) {
+            int nf = 0, nn = 0;
+            for (int r = 0; r < s.n_req; r++)
+                for (int k = 0; k < s.n_tok && api_of(&s, r) == ant; k++) {
+                    double d = s.t_recv[r * s.n_tok + k] - s.t_sent[r * s.n_tok + k];
+                    if (k == 0)
+                        first[nf++] = d;
+                    else
+                        next[nn++] = d;
+                }
+            if (!nf)
+                continue;
+            report(ant ? "anthropic_sse_first_event" : "http_sse_first_event", first, nf);
+            report(ant ? "anthropic_sse_next_event" : "http_sse_next_event", next, nn);
+        }
         free(first);
         free(next);
     } else {

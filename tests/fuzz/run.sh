@@ -110,6 +110,12 @@ for i, (sel, body) in enumerate([
              "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}),
         (19, {"model": "redlm", "messages": [ask], "thinking": {"type": "disabled"}})]):
     put("fuzz_compat", f"anthropic-{i}", bytes([sel]) + json.dumps(body).encode())
+# found once: an answer all reasoning read the Responses item's text buffer
+# past its end (text_reserve gave no NUL)
+put("fuzz_compat", "found-responses-thinking-only", b"\x80" + "\n".join(json.dumps(e) for e in [
+    {"seq": 0, "type": "delta", "delta": {"reasoning_content": "hmm"}},
+    {"seq": 1, "type": "done", "finish_reason": "length",
+     "usage": {"prompt_tokens": 3, "completion_tokens": 1}}]).encode())
 # found once: a second system member leaked the first
 put("fuzz_compat", "found-anthropic-system-twice", b'\x03{"max_tokens": 8, "system": "a", '
     b'"messages": [{"role": "user", "content": "q"}], "system": "b"}')

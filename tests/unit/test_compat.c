@@ -274,6 +274,42 @@ static void test_responses_events(void **state)
     cpt_request_clear(&c);
 }
 
+/* An answer that is all reasoning (cut by max_output_tokens while it
+ * thought): its message item is empty, not the reasoning again (the item's
+ * text buffer was reused unterminated; fuzz_compat found it). */
+static void test_responses_thinking_only(void **state)
+{
+    (void)state;
+    static const char *const ev[] = {
+        "{\"seq\":0,\"type\":\"delta\",\"delta\":{\"reasoning_content\":\"hmm\"}}",
+        "{\"seq\":1,\"type\":\"done\",\"finish_reason\":\"length\",\"usage\":{\"prompt_tokens\":3,"
+        "\"completion_tokens\":1,\"reasoning_tokens\":1}}",
+    };
+    struct cpt_request c = {.api = CPT_RESPONSES};
+    for (int stream = 0; stream < 2; stream++) {
+        struct cpt_resp *r;
+        struct rl_err err = {0};
+        assert_int_equal(cpt_resp_create(&r, &c, "resp_ab12", "m", 1700000000123, stream, &err), 0);
+        struct text out = {0};
+        struct oai_error e;
+        assert_int_equal(cpt_resp_feed(r, ev[0], strlen(ev[0]), &out, &e), OAI_MORE);
+        assert_int_equal(cpt_resp_feed(r, ev[1], strlen(ev[1]), &out, &e), OAI_END);
+        char *body = cpt_resp_body(r);
+        cJSON *o = cJSON_Parse(body);
+        cJSON *items = cJSON_GetObjectItem(o, "output");
+        assert_int_equal(cJSON_GetArraySize(items), 2);
+        cJSON *msg = cJSON_GetArrayItem(items, 1);
+        assert_string_equal(cJSON_GetObjectItem(msg, "type")->valuestring, "message");
+        cJSON *part = cJSON_GetArrayItem(cJSON_GetObjectItem(msg, "content"), 0);
+        assert_string_equal(cJSON_GetObjectItem(part, "text")->valuestring, "");
+        assert_string_equal(cJSON_GetObjectItem(o, "status")->valuestring, "incomplete");
+        cJSON_Delete(o);
+        free(body);
+        text_free(&out);
+        cpt_resp_free(r);
+    }
+}
+
 /* Tool arguments streamed by the worker (delta.tool_calls, issue 29): the
  * function_call item opens at the first fragment, each fragment is a
  * function_call_arguments.delta, done adds what they lacked ("}") and
@@ -937,6 +973,7 @@ int main(void)
         cmocka_unit_test(test_ollama_requests),
         cmocka_unit_test(test_responses_events),
         cmocka_unit_test(test_responses_streamed_call),
+        cmocka_unit_test(test_responses_thinking_only),
         cmocka_unit_test(test_ollama_lines),
         cmocka_unit_test(test_anthropic_requests),
         cmocka_unit_test(test_anthropic_streamed_call),
