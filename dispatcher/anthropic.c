@@ -100,54 +100,11 @@ static cJSON *chat_message(const char *role, cJSON *content)
     return m;
 }
 
-/* A user message's blocks: tool_result blocks as tool messages, then the
- * text blocks as one user message. */
-static int user_blocks(const cJSON *c, const char *mp, cJSON *msgs, struct oai_error *e)
-{
-    cJSON *parts = cJSON_CreateArray();
-    int j = 0, rc = 0;
-    for (const cJSON *b = c->child; b && !rc; b = b->next, j++) {
-        char p[JOB_FIELD_MAX];
-        snprintf(p, sizeof p, "%.60s.content[%d].type", mp, j);
-        const char *t = oai_str_member(b, "type");
-        if (!t) {
-            rc = bad(e, "BAD_TYPE", p, "must be a block type");
-        } else if (!strcmp(t, "text")) {
-            const cJSON *x = cJSON_GetObjectItemCaseSensitive(b, "text");
-            if (!cJSON_IsString(x)) {
-                snprintf(p, sizeof p, "%.60s.content[%d].text", mp, j);
-                rc = bad(e, "BAD_TYPE", p, "must be a string");
-            } else {
-                cJSON_AddItemToArray(parts, text_part(x->valuestring));
-            }
-        } else if (!strcmp(t, "tool_result")) {
-            const char *id = oai_str_member(b, "tool_use_id");
-            cJSON *content = NULL;
-            snprintf(p, sizeof p, "%.60s.content[%d].content", mp, j);
-            if (!id) {
-                snprintf(p, sizeof p, "%.60s.content[%d].tool_use_id", mp, j);
-                rc = bad(e, "MISSING_FIELD", p, "required (a string)");
-            } else if (!(rc = text_content(cJSON_GetObjectItemCaseSensitive(b, "content"), p,
-                                           &content, e))) {
-                cJSON *m = chat_message("tool", content);
-                cJSON_AddStringToObject(m, "tool_call_id", id);
-                cJSON_AddItemToArray(msgs, m);
-            }
-        } else {
-            rc = bad_block(e, p, t, "is not a block a user message carries (text, tool_result)");
-        }
-    }
-    if (!rc && parts->child) {
-        cJSON_AddItemToArray(msgs, chat_message("user", parts));
-        parts = NULL;
-    }
-    cJSON_Delete(parts);
-    return rc;
-}
-
-/* An assistant message's blocks: text, thinking (as reasoning_content,
- * which the template keeps only where Qwen3 keeps it) and tool_use. */
-static int assistant_blocks(const cJSON *c, const char *mp, cJSON *msgs, struct oai_error *e)
+/* A message's blocks. A user's: text, and tool_result blocks as tool
+ * messages, which come before the user's text as the API orders them. An
+ * assistant's: text, thinking (its reasoning_content, which the template
+ * keeps only where Qwen3 keeps it) and tool_use (its tool calls). */
+static int blocks_of(bool user, const cJSON *c, const char *mp, cJSON *msgs, struct oai_error *e)
 {
     cJSON *parts = cJSON_CreateArray(), *calls = cJSON_CreateArray();
     struct text reasoning = {0};
@@ -165,13 +122,26 @@ static int assistant_blocks(const cJSON *c, const char *mp, cJSON *msgs, struct 
                 rc = bad(e, "BAD_TYPE", p, "must be a string");
             else
                 cJSON_AddItemToArray(parts, text_part(x));
-        } else if (!strcmp(t, "thinking")) {
+        } else if (user && !strcmp(t, "tool_result")) {
+            const char *id = oai_str_member(b, "tool_use_id");
+            cJSON *content = NULL;
+            snprintf(p, sizeof p, "%.60s.content[%d].content", mp, j);
+            if (!id) {
+                snprintf(p, sizeof p, "%.60s.content[%d].tool_use_id", mp, j);
+                rc = bad(e, "MISSING_FIELD", p, "required (a string)");
+            } else if (!(rc = text_content(cJSON_GetObjectItemCaseSensitive(b, "content"), p,
+                                           &content, e))) {
+                cJSON *m = chat_message("tool", content);
+                cJSON_AddStringToObject(m, "tool_call_id", id);
+                cJSON_AddItemToArray(msgs, m);
+            }
+        } else if (!user && !strcmp(t, "thinking")) {
             const char *x = oai_str_member(b, "thinking");
             if (x && text_add(&reasoning, x, strlen(x)))
                 rc = -RL_ENOMEM;
-        } else if (!strcmp(t, "redacted_thinking")) {
+        } else if (!user && !strcmp(t, "redacted_thinking")) {
             /* another model's encrypted thinking: nothing Qwen3 can read */
-        } else if (!strcmp(t, "tool_use")) {
+        } else if (!user && !strcmp(t, "tool_use")) {
             const char *id = oai_str_member(b, "id"), *name = oai_str_member(b, "name");
             const cJSON *input = cJSON_GetObjectItemCaseSensitive(b, "input");
             snprintf(p, sizeof p, "%.60s.content[%d]", mp, j);
@@ -193,12 +163,13 @@ static int assistant_blocks(const cJSON *c, const char *mp, cJSON *msgs, struct 
             free(args);
         } else {
             rc = bad_block(e, p, t,
-                           "is not a block an assistant message carries (text, thinking, "
-                           "tool_use)");
+                           user ? "is not a block a user message carries (text, tool_result)"
+                                : "is not a block an assistant message carries (text, thinking, "
+                                  "tool_use)");
         }
     }
-    if (!rc) {
-        cJSON *m = chat_message("assistant", parts);
+    if (!rc && (!user || parts->child)) { /* a user turn of tool results alone has no text */
+        cJSON *m = chat_message(user ? "user" : "assistant", parts);
         parts = NULL;
         if (reasoning.n)
             cJSON_AddStringToObject(m, "reasoning_content", reasoning.p);
@@ -246,8 +217,7 @@ static int messages_of(const cJSON *v, cJSON *msgs, struct oai_error *e)
         }
         if (!cJSON_IsArray(c))
             return bad(e, "BAD_TYPE", p, "must be a string or an array of content blocks");
-        rc = !strcmp(role, "user") ? user_blocks(c, mp, msgs, e)
-                                   : assistant_blocks(c, mp, msgs, e);
+        rc = blocks_of(!strcmp(role, "user"), c, mp, msgs, e);
         if (rc)
             return rc;
     }
