@@ -794,6 +794,7 @@ enum kind {
     K_CACHE, K_STREAM_TTL, K_METADATA, K_SPECULATIVE, K_RESPONSE_FORMAT, K_TOOL_CHOICE,
     K_GRAMMAR, K_CLIENT_LEASE, K_MIN_TOKENS, K_STOP_IDS, K_LOGIT_BIAS, K_SKIP_SPECIAL,
     K_TASK, K_DIMENSIONS, K_TRUNCATE, K_QUERY, K_DOCUMENT, K_INSTRUCTION, K_NORMALIZE,
+    K_CONTINUE_FINAL,
 };
 static const struct {
     const char *name;
@@ -815,6 +816,7 @@ static const struct {
     {"skip_special_tokens", K_SKIP_SPECIAL}, {"task", K_TASK}, {"dimensions", K_DIMENSIONS},
     {"truncate", K_TRUNCATE}, {"query", K_QUERY}, {"document", K_DOCUMENT},
     {"instruction", K_INSTRUCTION}, {"normalize", K_NORMALIZE},
+    {"continue_final_message", K_CONTINUE_FINAL},
 };
 #define N_TOP ((int)(sizeof top_fields / sizeof top_fields[0]))
 
@@ -1335,6 +1337,8 @@ static int take(struct job *j, enum kind k, const cJSON *v, const struct job_opt
     case K_TRUNCATE:
         j->given |= JOB_F_TRUNCATE;
         return get_bool(v, name, &j->truncate, f, err);
+    case K_CONTINUE_FINAL: /* no given bit left: written back only when true */
+        return get_bool(v, name, &j->continue_final, f, err);
     case K_NORMALIZE: { /* no given bit left: written back only when false */
         bool b;
         if ((rc = get_bool(v, name, &b, f, err)))
@@ -1606,6 +1610,25 @@ int job_parse(const char *text, size_t len, const struct job_opts *opts, struct 
         goto done;
     }
     memset(fault, 0, sizeof *fault);
+    if (j->continue_final) {
+        const cJSON *last = cJSON_GetArrayItem(j->messages, cJSON_GetArraySize(j->messages) - 1);
+        const char *role = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(last, "role"));
+        set_field(fault, "continue_final_message");
+        if (!role || strcmp(role, "assistant")) {
+            rc = bad(fault, err, EV_CODE_BAD_VALUE,
+                     "continue_final_message: the last message must be the assistant's (the "
+                     "text to continue)");
+            goto done;
+        }
+        if (j->constraint != JOB_CONSTRAINT_NONE) {
+            /* the constraint would start its document again after the prefill */
+            rc = bad(fault, err, EV_CODE_BAD_VALUE,
+                     "continue_final_message: not with response_format, grammar or a "
+                     "required tool call");
+            goto done;
+        }
+        memset(fault, 0, sizeof *fault);
+    }
     j->input = j->messages ? JOB_INPUT_MESSAGES : j->prompt ? JOB_INPUT_PROMPT
                : j->prompt_ids                ? JOB_INPUT_IDS
                                               : JOB_INPUT_RERANK;
@@ -1766,6 +1789,8 @@ int job_to_json(const struct job *j, char **out, struct rl_err *err)
         ADD(cJSON_AddBoolToObject(o, "truncate", j->truncate));
     if (j->no_normalize)
         ADD(cJSON_AddBoolToObject(o, "normalize", 0));
+    if (j->continue_final)
+        ADD(cJSON_AddBoolToObject(o, "continue_final_message", 1));
     if (j->given & JOB_F_MODE)
         ADD(cJSON_AddStringToObject(o, "mode", j->mode == JOB_MODE_THINK      ? "think"
                                                : j->mode == JOB_MODE_AUTO ? "auto"

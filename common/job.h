@@ -131,6 +131,10 @@ struct job {
                                  context keeps its first tokens and its last
                                  (the pooled one) instead of PROMPT_TOO_LONG;
                                  default false */
+    bool continue_final;      /* "continue_final_message" (vLLM's): the last
+                                 message, an assistant's, is continued, not
+                                 answered (a prefill); messages only, no
+                                 constraint */
     bool no_normalize;        /* JOB_TASK_EMBED: "normalize": false, the
                                  pooled vector as the model gives it (cut to
                                  dimensions) instead of unit length */

@@ -6,7 +6,9 @@
  * system -> a system message; text blocks -> text parts; an assistant's
  * tool_use blocks -> its tool_calls (input as the arguments' JSON), its
  * thinking -> reasoning_content; a user's tool_result blocks -> tool
- * messages, before the user's text as the API orders them; thinking
+ * messages, before the user's text as the API orders them; a last
+ * assistant message a prefill the model continues (continue_final_message,
+ * not with a forced tool or format); thinking
  * enabled / adaptive / disabled -> redlm's think / no_think mode and
  * budget_tokens -> the thinking budget. Without `thinking` the request is
  * routed as any request without a mode (the dispatcher's ratios decide)
@@ -185,7 +187,8 @@ static int blocks_of(bool user, const cJSON *c, const char *mp, cJSON *msgs, str
     return rc;
 }
 
-static int messages_of(const cJSON *v, cJSON *msgs, struct oai_error *e)
+/* The messages; *prefill: the last is the assistant's, to be continued. */
+static int messages_of(const cJSON *v, cJSON *msgs, bool *prefill, struct oai_error *e)
 {
     if (!cJSON_IsArray(v))
         return bad(e, "BAD_TYPE", "messages", "must be an array of messages");
@@ -202,10 +205,7 @@ static int messages_of(const cJSON *v, cJSON *msgs, struct oai_error *e)
         snprintf(p, sizeof p, "messages[%d].role", i);
         if (!role || (strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "system")))
             return bad(e, "BAD_VALUE", p, "must be user, assistant or system");
-        if (i == n - 1 && !strcmp(role, "assistant"))
-            return bad(e, "BAD_VALUE", p,
-                       "the last message must be the user's: continuing an assistant message "
-                       "(prefill) is not supported");
+        *prefill = i == n - 1 && !strcmp(role, "assistant");
         snprintf(p, sizeof p, "messages[%d].content", i);
         int rc;
         if (!strcmp(role, "system") || cJSON_IsString(c)) {
@@ -351,6 +351,7 @@ int ant_to_chat(const cJSON *root, enum ant_body kind, cJSON *chat, bool *omit_t
         "messages", "system",        "max_tokens",    "stop_sequences", "stream", "tools",
         "tool_choice", "thinking",   "output_config", "output_format",  "mcp_servers", NULL};
     unsigned seen = 0;
+    bool prefill = false;
     *omit_thinking = false;
     cJSON *msgs = cJSON_CreateArray();
     cJSON *system = NULL;
@@ -371,7 +372,7 @@ int ant_to_chat(const cJSON *root, enum ant_body kind, cJSON *chat, bool *omit_t
         if (drop)
             continue;
         if (!strcmp(k, "messages")) {
-            rc = messages_of(v, msgs, e);
+            rc = messages_of(v, msgs, &prefill, e);
         } else if (!strcmp(k, "system")) {
             rc = text_content(v, "system", &system, e);
         } else if (!strcmp(k, "max_tokens")) {
@@ -418,6 +419,20 @@ int ant_to_chat(const cJSON *root, enum ant_body kind, cJSON *chat, bool *omit_t
     }
     cJSON_Delete(system);
     cJSON_AddItemToObject(chat, "messages", msgs);
+    /* a last assistant turn is a prefill: the model writes on from it, but
+     * not inside a forced tool call or output format, whose document would
+     * begin again after it */
+    if (!rc && prefill) {
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(chat, "tool_choice");
+        bool forced = cJSON_IsObject(tc) || (cJSON_IsString(tc) && !strcmp(tc->valuestring,
+                                                                           "required"));
+        if (forced || cJSON_GetObjectItemCaseSensitive(chat, "response_format"))
+            rc = bad(e, "BAD_VALUE", "messages",
+                     "a last assistant message (a prefill) cannot be continued with tool_choice "
+                     "any or tool, or output_config.format");
+        else
+            cJSON_AddTrueToObject(chat, "continue_final_message");
+    }
     return rc;
 }
 

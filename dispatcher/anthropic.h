@@ -12,7 +12,8 @@
  * tool_result, thinking, stop_sequences, tools and tool_choice,
  * output_config.format), which openai.c then parses like any other, so a
  * field means the same on every door. What cannot be served as asked is
- * refused by name (images, documents, server tools, an assistant prefill).
+ * refused by name (images, documents, server tools); a last assistant
+ * message is a prefill the model continues (continue_final_message).
  *
  * Response side: an ant_resp turns the job's events into the Messages
  * stream (message_start, content_block_start / _delta / _stop per block,

@@ -603,8 +603,10 @@ int cpt_parse(enum cpt_api api, const char *body, size_t len, const struct oai_l
         free(text);
         if (rc == -RL_EINVAL && api == CPT_RESPONSES)
             rename_param(e, "max_tokens", "max_output_tokens");
-        if (rc == -RL_EINVAL && api >= CPT_ANTHROPIC)
+        if (rc == -RL_EINVAL && api >= CPT_ANTHROPIC) {
             rename_param(e, "stop", "stop_sequences");
+            rename_param(e, "continue_final_message", "messages"); /* a prefill's */
+        }
     }
     if (!rc && api == CPT_RESPONSES && !(c->echo = cJSON_PrintUnformatted(echo)))
         rc = -RL_ENOMEM;

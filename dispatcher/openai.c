@@ -239,6 +239,10 @@ static const struct {
     {"min_tokens", K_COPY_SET, A_BOTH},
     {"stop_token_ids", K_COPY_SET, A_BOTH},
     {"skip_special_tokens", K_SKIP_SPECIAL, A_BOTH},
+    /* vLLM's prefill: the last (assistant) message is continued; vLLM asks
+     * add_generation_prompt false beside it, which adds nothing here */
+    {"continue_final_message", K_COPY, A_CHAT},
+    {"add_generation_prompt", K_BOOL_IGNORED, A_CHAT},
     /* accepted and ignored */
     {"user", K_STRING_IGNORED, A_BOTH},
     {"service_tier", K_STRING_IGNORED, A_BOTH},

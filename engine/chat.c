@@ -491,7 +491,7 @@ static int render_tool_calls(struct cbuf *b, const cJSON *calls, int i, struct s
 }
 
 static int render_assistant(struct cbuf *b, const cJSON *m, int i, bool last, int last_query,
-                            struct slice content, struct rl_err *err)
+                            bool keep_open, struct slice content, struct rl_err *err)
 {
     /* {%- set reasoning_content = '' %} */
     struct slice reasoning = {"", 0};
@@ -533,7 +533,8 @@ static int render_assistant(struct cbuf *b, const cJSON *m, int i, bool last, in
         if (rc)
             return rc;
     }
-    cb_str(b, "<|im_end|>\n");
+    if (!keep_open) /* continued: the model writes on from its last byte */
+        cb_str(b, "<|im_end|>\n");
     return 0;
 }
 
@@ -575,6 +576,13 @@ static int render(struct cbuf *b, const cJSON *messages, const cJSON *tools,
         i++;
     }
 
+    bool cont = o && o->continue_final;
+    if (cont && strcmp(role_of(msg[n - 1]), "assistant")) {
+        rc = rl_errf(err, RL_EINVAL,
+                     "messages[%d]: continuing the final message needs an assistant's, not "
+                     "a %s's", n - 1, role_of(msg[n - 1]));
+        goto out;
+    }
     bool first_system = !strcmp(role_of(msg[0]), "system");
     if (have_tools) {
         cb_str(b, "<|im_start|>system\n");
@@ -622,7 +630,8 @@ static int render(struct cbuf *b, const cJSON *messages, const cJSON *tools,
             cb_content(b, content[i]);
             cb_str(b, "<|im_end|>\n");
         } else if (!strcmp(role, "assistant")) {
-            if ((rc = render_assistant(b, msg[i], i, last, last_query, content[i], err)))
+            if ((rc = render_assistant(b, msg[i], i, last, last_query, cont && last, content[i],
+                                       err)))
                 goto out;
         } else if (!strcmp(role, "tool")) {
             if (i == 0 || strcmp(role_of(msg[i - 1]), "tool"))
@@ -635,7 +644,7 @@ static int render(struct cbuf *b, const cJSON *messages, const cJSON *tools,
         }
         /* any other role renders nothing, as in the template */
     }
-    if (o && o->add_generation_prompt) {
+    if (o && o->add_generation_prompt && !cont) {
         cb_str(b, "<|im_start|>assistant\n");
         if (o->disable_thinking)
             cb_str(b, "<think>\n\n</think>\n\n");

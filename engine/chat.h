@@ -33,6 +33,12 @@ struct chat_template_opts {
     bool add_generation_prompt; /* end with "<|im_start|>assistant\n" */
     bool disable_thinking;      /* enable_thinking=false: the generation prompt
                                    gets an empty "<think>\n\n</think>\n\n" */
+    bool continue_final;        /* the last message, an assistant's, stays
+                                   open (no <|im_end|>, no generation prompt)
+                                   so the model continues it: a prefill
+                                   (vLLM's continue_final_message, what
+                                   transformers renders for it); another
+                                   last role is -RL_EINVAL */
 };
 
 /* Renders messages (a non-empty array) and tools (NULL, null, or an array;

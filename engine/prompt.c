@@ -72,6 +72,7 @@ int prompt_render(const struct job *j, enum job_mode mode, const struct tokenize
         struct chat_template_opts co = {
             .add_generation_prompt = true,
             .disable_thinking = mode == JOB_MODE_NO_THINK,
+            .continue_final = j->continue_final,
         };
         /* message content is text, never control tokens (chat_tokenize) */
         rc = chat_tokenize(tok, j->messages, j->tools, &co, &v, err);

@@ -12,7 +12,9 @@ real redis-server, dispatcher and worker:
   - the job a Messages body becomes: system, text blocks, tool_use and
     tool_result turns, stop_sequences, thinking's mode and budget, tools
     and tool_choice in chat's shape; what cannot be served (images, server
-    tools, an assistant prefill, no max_tokens) is a 400 naming the member;
+    tools, a prefill under a forced tool, no max_tokens) is a 400 naming the
+    member; a prefill (a last assistant message) is continued, as vLLM's
+    continue_final_message on chat completions;
     the key as x-api-key;
   - count_tokens counts what the worker's usage says the prompt had;
   - Anthropic's TypeScript SDK and the AI SDK's Anthropic provider, pinned
@@ -221,8 +223,8 @@ def test_messages_become_the_job(front, redis_addr, prefix, tmp_path):  # noqa: 
         ({"max_tokens": 4, "messages": ask, "tools": [{"type": "web_search_20250305",
                                                        "name": "web_search"}]},
          "tools[0].type"),
-        ({"max_tokens": 4, "messages": ask + [{"role": "assistant", "content": "{"}]},
-         "messages[1].role"),
+        ({"max_tokens": 4, "messages": ask + [{"role": "assistant", "content": "{"}],
+          "tools": BODY["tools"], "tool_choice": {"type": "any"}}, "messages"),
         ({"max_tokens": 4, "messages": ask, "thinking": {"type": "enabled"}},
          "thinking.budget_tokens"),
         ({"max_tokens": 4, "messages": ask, "stop_sequences": "END"}, "stop_sequences"),
@@ -383,3 +385,47 @@ def test_stop_sequence(front, workers, redis_addr, prefix):  # noqa: F811
     status, _, data = f.request("POST", "/v1/chat/completions", {**chat, "stop": ["never said"]})
     ch = json.loads(data)["choices"][0]
     assert ch["finish_reason"] == "length" and ch["stop_reason"] is None, ch
+
+
+def test_prefill(front, workers, redis_addr, prefix):  # noqa: F811
+    """A last assistant message is continued, not answered: the prompt
+    ends with its text (no end of turn, no new assistant turn), on the
+    Messages API and as vLLM's continue_final_message on chat completions;
+    the worker's prompt is the one the dispatcher renders and counts."""
+    workers("w1")
+    f = front("--model", str(MODEL))
+    r = connect(redis_addr)
+    tap(r, *(prefix + q for q in QUEUES))
+    msgs = [{"role": "user", "content": "Give me JSON."},
+            {"role": "assistant", "content": '{"answer": '}]
+    chat = {"model": MODEL_NAME, "messages": msgs, "mode": "no_think",
+            "continue_final_message": True, "add_generation_prompt": False}
+    status, _, data = f.request("POST", "/tokenize", chat)
+    assert status == 200, data
+    tk = json.loads(data)
+    status, _, data = f.request("POST", "/detokenize", {"tokens": tk["tokens"]})
+    text = json.loads(data)["prompt"]
+    assert text.endswith('<|im_start|>assistant\n<think>\n\n</think>\n\n{"answer": '), text
+    assert text.count("<|im_start|>assistant") == 1  # no second, empty turn
+    body = {"model": MODEL_NAME, "max_tokens": 6, "thinking": {"type": "disabled"},
+            "messages": msgs}
+    status, _, data = f.request("POST", "/v1/messages/count_tokens", body)
+    assert json.loads(data)["input_tokens"] == tk["count"]
+    status, _, data = f.request("POST", "/v1/messages", body)
+    assert status == 200, data
+    msg = json.loads(data)
+    u = msg["usage"]
+    assert u["input_tokens"] + u["cache_read_input_tokens"] == tk["count"]
+    jobs = {}
+    for q in QUEUES:
+        for _, x in r.xrange(prefix + q):
+            j = json.loads(x["job"])
+            jobs[j["id"]] = j
+    assert jobs[msg_job(r, prefix, msg["id"])]["continue_final_message"] is True
+    status, _, data = f.request("POST", "/v1/chat/completions", {**chat, "max_tokens": 6})
+    assert status == 200, data
+    assert json.loads(data)["usage"]["prompt_tokens"] == tk["count"]
+    # a chat whose last message is the user's has nothing to continue
+    status, _, data = f.request("POST", "/v1/chat/completions",
+                                {**chat, "messages": msgs[:1], "max_tokens": 6})
+    assert status == 400 and json.loads(data)["error"]["param"] == "continue_final_message"

@@ -102,7 +102,7 @@ def test_every_known_field_is_in_the_schema():
                                     "tool_choice", "grammar", "client_lease_ms", "min_tokens",
                                     "stop_token_ids", "logit_bias", "skip_special_tokens",
                                     "task", "dimensions", "truncate", "normalize", "query",
-                                    "document", "instruction"}
+                                    "document", "instruction", "continue_final_message"}
 
 
 def test_events():

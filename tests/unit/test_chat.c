@@ -393,6 +393,55 @@ static void test_template_extra(void **state)
     }
 }
 
+/* continue_final: transformers renders continue_final_message as the
+ * whole conversation cut right after the final message's text; for Qwen3
+ * that is the render without a generation prompt less its last
+ * "<|im_end|>\n". Checked on a JSON prefill and on a turn with its own
+ * reasoning, thinking on and off, against the renders without it; a last
+ * message that is not an assistant's is refused. */
+static void test_template_continue_final(void **state)
+{
+    static const char *const convs[] = {
+        "[{\"role\": \"user\", \"content\": \"Give me JSON.\"}, {\"role\": \"assistant\", "
+        "\"content\": \"{\\\"a\\\": \"}]",
+        "[{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", \"content\": \"Q\"}, "
+        "{\"role\": \"assistant\", \"reasoning_content\": \"hm\", \"content\": \"The answer is\"}]",
+    };
+    for (size_t i = 0; i < sizeof convs / sizeof convs[0]; i++) {
+        cJSON *m = parse(convs[i]);
+        for (int think = 0; think < 2; think++) {
+            struct chat_template_opts plain = {.add_generation_prompt = false,
+                                               .disable_thinking = !think};
+            struct chat_template_opts cont = {.add_generation_prompt = true,
+                                              .disable_thinking = !think, .continue_final = true};
+            char *a, *b;
+            size_t la, lb;
+            struct rl_err err = {0};
+            assert_int_equal(chat_render(m, NULL, &plain, &a, &la, &err), 0);
+            assert_int_equal(chat_render(m, NULL, &cont, &b, &lb, &err), 0);
+            const char *end = "<|im_end|>\n";
+            assert_true(la > strlen(end) && !strcmp(a + la - strlen(end), end));
+            assert_int_equal(lb, la - strlen(end));
+            assert_memory_equal(a, b, lb);
+            /* the open turn ends with the prefill itself */
+            const cJSON *last = cJSON_GetArrayItem(m, cJSON_GetArraySize(m) - 1);
+            const char *text = cJSON_GetObjectItem(last, "content")->valuestring;
+            assert_string_equal(b + lb - strlen(text), text);
+            free(a);
+            free(b);
+        }
+        cJSON_Delete(m);
+    }
+    cJSON *u = parse("[{\"role\": \"user\", \"content\": \"Q\"}]");
+    struct chat_template_opts cont = {.add_generation_prompt = true, .continue_final = true};
+    char *out = NULL;
+    size_t len;
+    struct rl_err err = {0};
+    assert_int_equal(chat_render(u, NULL, &cont, &out, &len, &err), -RL_EINVAL);
+    assert_non_null(strstr(err.msg, "messages[0]"));
+    cJSON_Delete(u);
+}
+
 /* Where Jinja would raise, we render: null content is "", text parts join. */
 static void test_template_lenient(void **state)
 {
@@ -970,6 +1019,7 @@ int main(void)
         cmocka_unit_test(test_template_shared),
         cmocka_unit_test(test_template_extra),
         cmocka_unit_test(test_template_lenient),
+        cmocka_unit_test(test_template_continue_final),
         cmocka_unit_test(test_template_errors),
         cmocka_unit_test(test_json_dumps),
         cmocka_unit_test(test_parser_splits),

@@ -500,6 +500,13 @@ static void test_anthropic_requests(void **state)
     cJSON_Delete(j);
     oai_request_clear(&r);
     cpt_request_clear(&c);
+    /* a last assistant message: a prefill, continued */
+    j = job_of(CPT_ANTHROPIC, "{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
+                              "{\"role\":\"assistant\",\"content\":\"{\\\"a\\\":\"}]}", &c, &r);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "continue_final_message")));
+    cJSON_Delete(j);
+    oai_request_clear(&r);
+    cpt_request_clear(&c);
     /* count_tokens: no max_tokens needed, nothing streamed */
     j = job_of(CPT_ANTHROPIC_COUNT, "{\"model\":\"m\",\"stream\":true,\"messages\":[{\"role\":"
                                     "\"user\",\"content\":\"q\"}]}", &c, &r);
@@ -515,6 +522,9 @@ static void test_anthropic_requests(void **state)
          "\"content\":[{\"type\":\"server_tool_use\"}]},{\"role\":\"user\",\"content\":\"q\"}]}",
          "messages[1].content[0].type"},
         {"{\"max_tokens\":1,\"messages\":[{\"role\":\"tool\",\"content\":\"q\"}]}", "messages[0].role"},
+        {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\","
+         "\"content\":\"{\"}],\"output_config\":{\"format\":{\"type\":\"json_schema\",\"schema\":{}}}}",
+         "messages"},
         {"{\"max_tokens\":1,\"messages\":[]}", "messages"},
         {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tool_choice\":"
          "{\"type\":\"tool\"}}", "tool_choice.name"},

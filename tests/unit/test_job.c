@@ -933,6 +933,42 @@ static void test_embed_jobs(void **state)
     assert_int_equal(f.code, EV_CODE_BAD_TYPE);
 }
 
+/* continue_final_message (vLLM's prefill): messages ending with the
+ * assistant's, no constraint; written back only when true. */
+static void test_continue_final(void **state)
+{
+    (void)state;
+    struct job *j = ok("{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":"
+                       "\"assistant\",\"content\":\"{\"}],\"continue_final_message\":true}", NULL);
+    assert_true(j->continue_final);
+    char *back = NULL;
+    assert_int_equal(job_to_json(j, &back, NULL), 0);
+    assert_non_null(strstr(back, "\"continue_final_message\":true"));
+    free(back);
+    job_free(j);
+    j = ok("{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"continue_final_message\":false}",
+           NULL);
+    assert_false(j->continue_final);
+    assert_int_equal(job_to_json(j, &back, NULL), 0);
+    assert_null(strstr(back, "continue_final_message"));
+    free(back);
+    job_free(j);
+    static const char *const refused[] = {
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"continue_final_message\":true}",
+        "{\"prompt\":\"q\",\"continue_final_message\":true}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":"
+        "\"{\"}],\"continue_final_message\":true,\"response_format\":{\"type\":\"json_object\"}}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"continue_final_message\":1}",
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        struct job_fault f;
+        struct rl_err err = {0};
+        if (!job_parse(refused[i], strlen(refused[i]), NULL, &j, &f, &err))
+            fail_msg("accepted: %s", refused[i]);
+        assert_string_equal(f.field, "continue_final_message");
+    }
+}
+
 /* task "rerank": query, document and instruction kept and written back;
  * always cacheable, with a key of its own. */
 static void test_rerank_jobs(void **state)
@@ -969,6 +1005,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rerank_jobs),
         cmocka_unit_test(test_embed_jobs),
+        cmocka_unit_test(test_continue_final),
         cmocka_unit_test(test_bad_jobs),
         cmocka_unit_test(test_messages_name_the_field),
         cmocka_unit_test(test_size_limit_and_no_entry),
