@@ -7,8 +7,8 @@
  * tool_use blocks -> its tool_calls (input as the arguments' JSON), its
  * thinking -> reasoning_content; a user's tool_result blocks -> tool
  * messages, before the user's text as the API orders them; a last
- * assistant message a prefill the model continues (continue_final_message,
- * not with a forced tool or format); thinking
+ * assistant message -> a prefill the model continues
+ * (continue_final_message; not with a forced tool or format); thinking
  * enabled / adaptive / disabled -> redlm's think / no_think mode and
  * budget_tokens -> the thinking budget. Without `thinking` the request is
  * routed as any request without a mode (the dispatcher's ratios decide)
