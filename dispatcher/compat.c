@@ -1299,7 +1299,7 @@ int cpt_resp_feed(struct cpt_resp *r, const char *event, size_t len, struct text
     if (r->ant && (!strcmp(type, "delta") || !strcmp(type, "done"))) {
         if (r->next_seq == 1 && (rc = ant_start(r->ant, out)))
             goto done;
-        rc = type[1] == 'e' ? ant_delta(r->ant, ev, out) : ant_done(r->ant, ev, out, e);
+        rc = !strcmp(type, "delta") ? ant_delta(r->ant, ev, out) : ant_done(r->ant, ev, out, e);
         if (rc == OAI_FAILED)
             rc = fail(r, e);
         else if (rc == OAI_END)

@@ -675,18 +675,15 @@ static bool authorize(struct req *q, struct MHD_Connection *conn)
         }
     }
     const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-    /* Anthropic's SDKs send the key as x-api-key */
-    const char *xkey = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "x-api-key");
-    char bearer[300];
-    if (!auth && xkey && strlen(xkey) < sizeof bearer - 8) {
-        snprintf(bearer, sizeof bearer, "Bearer %s", xkey);
-        auth = bearer;
-    }
     pthread_mutex_lock(&h->keys_mu);
     struct rl_err err = {0};
     if (keys_refresh(h, false, &err))
         RL_LOG(h->log, RL_LOG_ERROR, "http: keeping the old API keys: %s", err.msg);
-    const struct oai_key *k = oai_keys_find(&h->keys, auth);
+    /* without Authorization, the key as Anthropic's SDKs send it */
+    const struct oai_key *k =
+        auth ? oai_keys_find(&h->keys, auth)
+             : oai_keys_lookup(&h->keys,
+                               MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "x-api-key"));
     if (k) {
         q->has_tenant = true;
         memcpy(q->tenant, k->tenant, sizeof q->tenant);

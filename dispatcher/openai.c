@@ -1993,7 +1993,8 @@ static int feed_done(struct oai_resp *r, const cJSON *ev, struct text *sse,
     bool tools = r->tool_calls->child != NULL;
     const char *ms = oai_str_member(ev, "matched_stop");
     free(r->stop_reason);
-    if ((r->stop_reason = ms ? strdup(ms) : NULL) == NULL && ms)
+    r->stop_reason = NULL;
+    if (ms && !(r->stop_reason = strdup(ms)))
         return -RL_ENOMEM;
     if (!fr || !strcmp(fr, "error")) {
         oai_error_set(e, 500, T_SERVER, "ENGINE_ERROR", NULL, "the job ended with an error");
@@ -2377,7 +2378,13 @@ const struct oai_key *oai_keys_find(const struct oai_keys *k, const char *author
 {
     if (!authorization || strncasecmp(authorization, "Bearer ", 7))
         return NULL;
-    const char *key = authorization + 7;
+    return oai_keys_lookup(k, authorization + 7);
+}
+
+const struct oai_key *oai_keys_lookup(const struct oai_keys *k, const char *key)
+{
+    if (!key)
+        return NULL;
     while (*key == ' ')
         key++;
     size_t n = strlen(key);

@@ -347,5 +347,8 @@ void oai_keys_free(struct oai_keys *k);
 /* The entry for the value of an Authorization header ("Bearer KEY"), or
  * NULL for a missing, malformed or unknown key. */
 const struct oai_key *oai_keys_find(const struct oai_keys *k, const char *authorization);
+/* The same for the key itself (an x-api-key header's value; spaces around
+ * it ignored), NULL for NULL. */
+const struct oai_key *oai_keys_lookup(const struct oai_keys *k, const char *key);
 
 #endif

@@ -1429,9 +1429,11 @@ static void embed_row(struct engine *e, struct eng_req *q, int row)
         fail_req(e, q, &err);
         return;
     }
-    double inv = 1.0 / sqrt(ss);
-    for (int i = 0; i < q->embed_dims && !q->embed_raw; i++)
-        v[i] = (float)(v[i] * inv);
+    if (!q->embed_raw) {
+        double inv = 1.0 / sqrt(ss);
+        for (int i = 0; i < q->embed_dims; i++)
+            v[i] = (float)(v[i] * inv);
+    }
     q->emb = v;
     q->n_emb = q->embed_dims;
     finish_req(e, q, ENGINE_FINISH_STOP);

@@ -1010,6 +1010,10 @@ static void test_keys(void **state)
     assert_null(oai_keys_find(&k, ""));
     assert_null(oai_keys_find(&k, "sk-alpha-0001"));
     assert_null(oai_keys_find(&k, "Basic sk-alpha-0001"));
+    /* the bare key, as x-api-key carries it */
+    assert_ptr_equal(oai_keys_lookup(&k, " sk-alpha-0001 "), oai_keys_find(&k, "Bearer sk-alpha-0001"));
+    assert_null(oai_keys_lookup(&k, "sk-unknown-0001"));
+    assert_null(oai_keys_lookup(&k, NULL));
     assert_null(oai_keys_find(&k, "Bearer sk-alpha-0002"));
     assert_null(oai_keys_find(&k, "Bearer sk-alpha-000"));
     /* only digests are kept */
