@@ -334,81 +334,94 @@ static int format_of(const cJSON *f, const char *param, cJSON *chat, struct oai_
     return 0;
 }
 
+/* The members mapped here; the others pass on to the chat body. */
+enum member {
+    M_MESSAGES, M_SYSTEM, M_MAX_TOKENS, M_STOP, M_STREAM, M_TOOLS, M_TOOL_CHOICE, M_THINKING,
+    M_OUTPUT_CONFIG, M_OUTPUT_FORMAT, M_MCP, M_DROPPED, M_CHAT,
+};
+static const struct oai_member members[] = {
+    {"messages", M_MESSAGES, 1},           {"system", M_SYSTEM, 1},
+    {"max_tokens", M_MAX_TOKENS, 1},       {"stop_sequences", M_STOP, 1},
+    {"stream", M_STREAM, 1},               {"tools", M_TOOLS, 1},
+    {"tool_choice", M_TOOL_CHOICE, 1},     {"thinking", M_THINKING, 1},
+    {"output_config", M_OUTPUT_CONFIG, 1}, {"output_format", M_OUTPUT_FORMAT, 1},
+    {"mcp_servers", M_MCP, 1},
+    /* change nothing here: where a request runs and how it is billed,
+     * beta switches, Anthropic's own prompt caching (redlm caches every
+     * prefix) */
+    {"metadata", M_DROPPED, 1},            {"service_tier", M_DROPPED, 1},
+    {"container", M_DROPPED, 1},           {"context_management", M_DROPPED, 1},
+    {"inference_geo", M_DROPPED, 1},       {"speed", M_DROPPED, 1},
+    {"diagnostics", M_DROPPED, 1},         {"user_profile_id", M_DROPPED, 1},
+    {"workspace_id", M_DROPPED, 1},        {"cache_control", M_DROPPED, 1},
+    {"betas", M_DROPPED, 1},
+    /* model, temperature, top_p, top_k, and redlm's and vLLM's extensions:
+     * as openai.c takes them (its policy on unknown members applies) */
+    {NULL, M_CHAT, 1},
+};
+
+struct walk {
+    enum ant_body kind;
+    cJSON *chat, *msgs, *system;
+    bool prefill, *omit_thinking;
+    struct oai_error *e;
+};
+
+static int take_member(void *ctx, int m, const char *k, const cJSON *v)
+{
+    struct walk *w = ctx;
+    struct oai_error *e = w->e;
+    switch ((enum member)m) {
+    case M_MESSAGES:
+        return messages_of(v, w->msgs, &w->prefill, e);
+    case M_SYSTEM:
+        return text_content(v, "system", &w->system, e);
+    case M_MAX_TOKENS:
+    case M_STREAM:
+        if (w->kind == ANT_MESSAGES) /* count_tokens: nothing is generated */
+            cJSON_AddItemToObject(w->chat, k, cJSON_Duplicate(v, 1));
+        return 0;
+    case M_STOP:
+        if (!cJSON_IsArray(v)) /* chat's stop also takes one string */
+            return bad(e, "BAD_TYPE", k, "must be an array of strings");
+        cJSON_AddItemToObject(w->chat, "stop", cJSON_Duplicate(v, 1));
+        return 0;
+    case M_TOOLS:
+        return tools_of(v, w->chat, e);
+    case M_TOOL_CHOICE:
+        return tool_choice_of(v, w->chat, e);
+    case M_THINKING:
+        return thinking_of(v, w->chat, w->omit_thinking, e);
+    case M_OUTPUT_CONFIG: /* effort has no Qwen3 meaning beside the thinking switch */
+        return cJSON_IsObject(v) ? format_of(cJSON_GetObjectItemCaseSensitive(v, "format"),
+                                             "output_config.format", w->chat, e)
+                                 : bad(e, "BAD_TYPE", k, "must be an object");
+    case M_OUTPUT_FORMAT: /* its name in the beta */
+        return format_of(v, k, w->chat, e);
+    case M_MCP:
+        return cJSON_IsArray(v) && !v->child
+                   ? 0 : bad(e, "BAD_VALUE", k, "redlm connects to no MCP servers");
+    case M_DROPPED:
+        return 0;
+    case M_CHAT:
+        cJSON_AddItemToObject(w->chat, k, cJSON_Duplicate(v, 1));
+        return 0;
+    }
+    abort(); /* a member with no case: a broken table */
+}
+
 int ant_to_chat(const cJSON *root, enum ant_body kind, cJSON *chat, bool *omit_thinking,
                 struct oai_error *e)
 {
-    /* members that change nothing here: where a request runs and how it is
-     * billed, beta switches, Anthropic's own prompt caching (redlm caches
-     * every prefix) */
-    static const char *const dropped[] = {
-        "metadata",      "service_tier",   "container",   "context_management",
-        "inference_geo", "speed",          "diagnostics", "user_profile_id",
-        "workspace_id",  "cache_control",  "betas",       NULL};
-    /* the members mapped here: each at most once (openai.c refuses the
-     * others' duplicates; a mask, not a search, so that a body of a million
-     * members costs no more than its parse) */
-    static const char *const own[] = {
-        "messages", "system",        "max_tokens",    "stop_sequences", "stream", "tools",
-        "tool_choice", "thinking",   "output_config", "output_format",  "mcp_servers", NULL};
-    unsigned seen = 0;
-    bool prefill = false;
     *omit_thinking = false;
-    cJSON *msgs = cJSON_CreateArray();
-    cJSON *system = NULL;
-    int rc = 0;
-    for (const cJSON *v = root->child; v && !rc; v = v->next) {
-        const char *k = v->string;
-        int o = 0;
-        while (own[o] && strcmp(own[o], k))
-            o++;
-        if (own[o] && (seen & 1u << o)) {
-            rc = bad(e, "DUPLICATE_FIELD", k, "given twice");
-            break;
-        }
-        seen |= own[o] ? 1u << o : 0;
-        bool drop = cJSON_IsNull(v);
-        for (int i = 0; dropped[i] && !drop; i++)
-            drop = !strcmp(k, dropped[i]);
-        if (drop)
-            continue;
-        if (!strcmp(k, "messages")) {
-            rc = messages_of(v, msgs, &prefill, e);
-        } else if (!strcmp(k, "system")) {
-            rc = text_content(v, "system", &system, e);
-        } else if (!strcmp(k, "max_tokens")) {
-            if (kind == ANT_MESSAGES)
-                cJSON_AddItemToObject(chat, k, cJSON_Duplicate(v, 1));
-        } else if (!strcmp(k, "stop_sequences")) {
-            if (!cJSON_IsArray(v)) /* chat's stop also takes one string */
-                rc = bad(e, "BAD_TYPE", k, "must be an array of strings");
-            else
-                cJSON_AddItemToObject(chat, "stop", cJSON_Duplicate(v, 1));
-        } else if (!strcmp(k, "stream")) {
-            if (kind == ANT_MESSAGES)
-                cJSON_AddItemToObject(chat, k, cJSON_Duplicate(v, 1));
-        } else if (!strcmp(k, "tools")) {
-            rc = tools_of(v, chat, e);
-        } else if (!strcmp(k, "tool_choice")) {
-            rc = tool_choice_of(v, chat, e);
-        } else if (!strcmp(k, "thinking")) {
-            rc = thinking_of(v, chat, omit_thinking, e);
-        } else if (!strcmp(k, "output_config")) {
-            /* effort has no Qwen3 meaning beside the thinking switch */
-            rc = cJSON_IsObject(v) ? format_of(cJSON_GetObjectItemCaseSensitive(v, "format"),
-                                               "output_config.format", chat, e)
-                                   : bad(e, "BAD_TYPE", k, "must be an object");
-        } else if (!strcmp(k, "output_format")) { /* its name in the beta */
-            rc = format_of(v, k, chat, e);
-        } else if (!strcmp(k, "mcp_servers")) {
-            if (!cJSON_IsArray(v) || v->child)
-                rc = bad(e, "BAD_VALUE", k, "redlm connects to no MCP servers");
-        } else {
-            /* model, temperature, top_p, top_k, and redlm's and vLLM's
-             * extensions: as openai.c takes them (its policy on unknown
-             * members applies) */
-            cJSON_AddItemToObject(chat, k, cJSON_Duplicate(v, 1));
-        }
-    }
+    struct walk w = {kind, chat, cJSON_CreateArray(), NULL, false, omit_thinking, e};
+    cJSON *msgs = w.msgs;
+    /* each mapped member at most once (DUPLICATE_FIELD); a catch-all takes
+     * the rest, so no lim or request is needed for unknown members */
+    int rc = oai_walk_members(root, members, (int)(sizeof members / sizeof members[0]), 1, NULL,
+                              NULL, e, take_member, &w);
+    cJSON *system = w.system;
+    bool prefill = w.prefill;
     if (!rc && kind == ANT_MESSAGES && !cJSON_GetObjectItemCaseSensitive(root, "max_tokens"))
         rc = bad(e, "MISSING_FIELD", "max_tokens", "required");
     if (!rc && !cJSON_GetObjectItemCaseSensitive(root, "messages"))

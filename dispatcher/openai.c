@@ -285,10 +285,17 @@ int oai_walk_members(const cJSON *root, const struct oai_member *table, int n, u
                      void *ctx)
 {
     uint64_t seen = 0; /* tables have fewer than 64 members */
+    const struct oai_member *rest = n && !table[n - 1].name ? &table[n - 1] : NULL;
     for (const cJSON *v = root->child; v; v = v->next) {
         int k = 0;
-        while (k < n && strcmp(table[k].name, v->string))
+        while (k < n && (!table[k].name || strcmp(table[k].name, v->string)))
             k++;
+        if ((k == n || !(table[k].apis & api_bit)) && rest) {
+            int rc = cJSON_IsNull(v) ? 0 : take(ctx, rest->tag, v->string, v);
+            if (rc)
+                return rc;
+            continue;
+        }
         if (k == n || !(table[k].apis & api_bit)) {
             if (oai_not_applied(lim, out, v->string, "UNKNOWN_FIELD",
                                 "unknown or unsupported parameter", e))

@@ -191,9 +191,11 @@ struct oai_member {
 };
 /* Walks root's members in body order, so the first bad one is the one
  * reported: one the table lacks for api_bit goes to oai_not_applied (the
- * http_unknown_fields policy), one given twice is DUPLICATE_FIELD, null
- * is absent (as OpenAI reads it), any other goes to take(ctx, tag, name,
- * value). Returns 0 or take's / the refusal's code with *e filled. */
+ * http_unknown_fields policy), or, when the table's last entry has a NULL
+ * name, to take with that entry's tag (a door that passes the others on
+ * to openai.c); one given twice is DUPLICATE_FIELD, null is absent (as
+ * OpenAI reads it), any other goes to take(ctx, tag, name, value).
+ * Returns 0 or take's / the refusal's code with *e filled. */
 int oai_walk_members(const cJSON *root, const struct oai_member *table, int n, unsigned api_bit,
                      const struct oai_limits *lim, struct oai_request *out, struct oai_error *e,
                      int (*take)(void *ctx, int tag, const char *name, const cJSON *v),
