@@ -227,7 +227,7 @@ def test_compile_does_not_stall_running_jobs(worker, client, event_validator, re
     in that window)."""
     mon = Monitor(redis_addr, tmp_path / "monitor.txt")
     try:
-        client.submit({"id": "runner", "prompt": "x", "max_tokens": 2000, "ignore_eos": True,
+        client.submit({"id": "runner", "prompt": "x", "max_tokens": 16000, "ignore_eos": True,
                        "temperature": 0, "cache": False})
         wait_for(lambda: len(client.events("runner", partial=True, timeout=0.2)) >= 2,
                  "the running job's tokens")
