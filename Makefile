@@ -115,7 +115,7 @@ LIBCOMMON  := $(BUILD)/libredlm_common.a
 .SECONDARY: $(TEST_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o) \
             $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/backend/test_*.c))
 
-.PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks bench-affinity bench-overlap demo gpu-bundle fuzz asan deps clean install
+.PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks bench-affinity bench-overlap bench-responses demo gpu-bundle fuzz asan deps clean install
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 ifeq ($(CUDA),1)
@@ -196,6 +196,11 @@ bench-attacks: all
 # batch 64, direct and behind 1 ms of added latency, publish_overlap on and off.
 bench-overlap: all
 	/usr/bin/python3 tests/bench/bench_overlap.py --build $(BUILD) $(OVERLAP_ARGS)
+
+# Stored responses (tests/bench/bench_responses_store.py): store on vs off, and a
+# conversation chained by previous_response_id vs sent whole, alternating.
+bench-responses: all
+	/usr/bin/python3 tests/bench/bench_responses_store.py $(RESPONSES_ARGS)
 
 demo: all
 	BUILD=$(BUILD) bash examples/demo.sh
@@ -338,12 +343,12 @@ $(BUILD)/tests/test_dmetrics: $(BUILD)/tests/unit/test_dmetrics.o $(BUILD)/dispa
 # test, benchmark and fuzz target link the objects they need. The fuzz
 # targets are compiled by clang in one loop above; FUZZ_EXTRA_SRC is
 # compiled into each (the others never call it).
-FUZZ_EXTRA_SRC := dispatcher/openai.c dispatcher/compat.c dispatcher/anthropic.c dispatcher/embed.c dispatcher/rerank.c dispatcher/route.c
+FUZZ_EXTRA_SRC := dispatcher/openai.c dispatcher/compat.c dispatcher/rstore.c dispatcher/anthropic.c dispatcher/embed.c dispatcher/rerank.c dispatcher/route.c
 $(BUILD)/tests/test_openai: $(BUILD)/tests/unit/test_openai.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
 # issue 29: the Responses API, Ollama's API and the vLLM-named metrics
-$(BUILD)/tests/test_compat: $(BUILD)/tests/unit/test_compat.o $(BUILD)/dispatcher/compat.o $(BUILD)/dispatcher/anthropic.o $(BUILD)/dispatcher/vmetrics.o $(BUILD)/dispatcher/fleet.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
+$(BUILD)/tests/test_compat: $(BUILD)/tests/unit/test_compat.o $(BUILD)/dispatcher/compat.o $(BUILD)/dispatcher/rstore.o $(BUILD)/dispatcher/anthropic.o $(BUILD)/dispatcher/vmetrics.o $(BUILD)/dispatcher/fleet.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
 # the embedding endpoints (POST /v1/embeddings, /api/embed, /api/embeddings)
@@ -354,6 +359,6 @@ $(BUILD)/tests/test_embed: $(BUILD)/tests/unit/test_embed.o $(BUILD)/dispatcher/
 $(BUILD)/tests/test_rerank: $(BUILD)/tests/unit/test_rerank.o $(BUILD)/dispatcher/rerank.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
-$(BUILD)/tests/bench_http: $(BUILD)/tests/bench/bench_http.o $(BUILD)/dispatcher/http.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/compat.o $(BUILD)/dispatcher/anthropic.o $(BUILD)/dispatcher/embed.o $(BUILD)/dispatcher/rerank.o $(BUILD)/dispatcher/vmetrics.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
+$(BUILD)/tests/bench_http: $(BUILD)/tests/bench/bench_http.o $(BUILD)/dispatcher/http.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/compat.o $(BUILD)/dispatcher/rstore.o $(BUILD)/dispatcher/anthropic.o $(BUILD)/dispatcher/embed.o $(BUILD)/dispatcher/rerank.o $(BUILD)/dispatcher/vmetrics.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) $(DAEMON_LIBS)

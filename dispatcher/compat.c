@@ -35,6 +35,7 @@ static int bad(struct oai_error *e, const char *code, const char *param, const c
 void cpt_request_clear(struct cpt_request *c)
 {
     free(c->echo);
+    free(c->input);
     memset(c, 0, sizeof *c);
 }
 
@@ -100,33 +101,95 @@ static cJSON *message(const char *role, const char *content)
     return m;
 }
 
-/* One input item onto the chat messages. */
-static int input_item(const cJSON *it, int i, cJSON *msgs, struct oai_error *e)
+/* The chat messages that input items become. A reasoning item's text
+ * waits for the assistant turn after it and becomes its reasoning_content:
+ * Qwen3's template shows the thinking of the turns after the last user
+ * message, so a tool loop continued from a stored response (or sent whole)
+ * keeps its thinking in view. */
+struct turns {
+    cJSON *msgs;
+    char *reasoning; /* malloc'd; NULL when none waits */
+};
+
+/* The text of a reasoning item: its content (reasoning_text parts), else
+ * its summary (summary_text), as the Responses API returns either.
+ * malloc'd; NULL when it has none (or out of memory). */
+static char *reasoning_text(const cJSON *it)
+{
+    struct text b = {0};
+    static const char *const lists[] = {"content", "summary"};
+    for (int k = 0; k < 2 && !b.n; k++) {
+        const cJSON *p;
+        cJSON_ArrayForEach(p, cJSON_GetObjectItemCaseSensitive(it, lists[k]))
+        {
+            const char *x = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(p, "text"));
+            if (x && text_add(&b, x, strlen(x))) {
+                text_free(&b);
+                return NULL;
+            }
+        }
+    }
+    if (!b.n || text_reserve(&b, 0)) {
+        text_free(&b);
+        return NULL;
+    }
+    return b.p;
+}
+
+/* A new assistant message, with the reasoning that waits for it. */
+static cJSON *assistant_turn(struct turns *t, const char *content)
+{
+    cJSON *m = message("assistant", content);
+    if (t->reasoning) {
+        cJSON_AddStringToObject(m, "reasoning_content", t->reasoning);
+        free(t->reasoning);
+        t->reasoning = NULL;
+    }
+    cJSON_AddItemToArray(t->msgs, m);
+    return m;
+}
+
+/* One input item (where[i]: its name in errors) onto the chat messages. */
+static int input_item(const cJSON *it, const char *where, int i, struct turns *t,
+                      struct oai_error *e)
 {
     char p[JOB_FIELD_MAX];
-    snprintf(p, sizeof p, "input[%d]", i);
+    snprintf(p, sizeof p, "%s[%d]", where, i);
     if (!cJSON_IsObject(it))
         return bad(e, "BAD_TYPE", p, "must be an object");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(it, "type");
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
     const char *ts = cJSON_IsString(type) ? type->valuestring : "message";
+    if (!strcmp(ts, "reasoning")) {
+        char *r = reasoning_text(it); /* an empty one (encrypted only) changes nothing */
+        if (r) {
+            free(t->reasoning);
+            t->reasoning = r;
+        }
+        return 0;
+    }
     if (!strcmp(ts, "message")) {
         static const char *const roles[] = {"user", "system", "developer", "assistant"};
         bool ok = false;
         for (int k = 0; k < 4 && cJSON_IsString(role); k++)
             ok = ok || !strcmp(role->valuestring, roles[k]);
         if (!ok) {
-            snprintf(p, sizeof p, "input[%d].role", i);
+            snprintf(p, sizeof p, "%s[%d].role", where, i);
             return bad(e, "BAD_VALUE", p, "must be user, system, developer or assistant");
         }
-        snprintf(p, sizeof p, "input[%d].content", i);
+        snprintf(p, sizeof p, "%s[%d].content", where, i);
         char *text = NULL;
         int rc = content_text(cJSON_GetObjectItemCaseSensitive(it, "content"), p, &text, e);
         if (rc)
             return rc;
-        cJSON *m = message(role->valuestring, text);
+        if (!strcmp(role->valuestring, "assistant")) {
+            assistant_turn(t, text);
+        } else {
+            free(t->reasoning); /* thinking before a user's turn is no turn's */
+            t->reasoning = NULL;
+            cJSON_AddItemToArray(t->msgs, message(role->valuestring, text));
+        }
         free(text);
-        cJSON_AddItemToArray(msgs, m);
         return 0;
     }
     if (!strcmp(ts, "function_call")) {
@@ -135,15 +198,18 @@ static int input_item(const cJSON *it, int i, cJSON *msgs, struct oai_error *e)
         const cJSON *cid = cJSON_GetObjectItemCaseSensitive(it, "call_id");
         if (!cJSON_IsString(name) || !cJSON_IsString(args))
             return bad(e, "BAD_TYPE", p, "a function_call needs name and arguments strings");
-        /* consecutive calls are one assistant turn */
-        cJSON *last = cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1);
+        /* consecutive calls are one assistant turn, and so are a message
+         * and the calls right after it (one answer's output items) */
+        cJSON *last = cJSON_GetArrayItem(t->msgs, cJSON_GetArraySize(t->msgs) - 1);
         cJSON *calls = last ? cJSON_GetObjectItemCaseSensitive(last, "tool_calls") : NULL;
         const cJSON *lr = last ? cJSON_GetObjectItemCaseSensitive(last, "role") : NULL;
-        if (!calls || !cJSON_IsString(lr) || strcmp(lr->valuestring, "assistant")) {
-            last = message("assistant", NULL);
-            calls = cJSON_AddArrayToObject(last, "tool_calls");
-            cJSON_AddItemToArray(msgs, last);
+        bool joins = !t->reasoning && cJSON_IsString(lr) && !strcmp(lr->valuestring, "assistant");
+        if (!joins) {
+            last = assistant_turn(t, NULL);
+            calls = NULL;
         }
+        if (!calls)
+            calls = cJSON_AddArrayToObject(last, "tool_calls");
         cJSON *c = cJSON_CreateObject();
         if (cJSON_IsString(cid))
             cJSON_AddStringToObject(c, "id", cid->valuestring);
@@ -156,7 +222,7 @@ static int input_item(const cJSON *it, int i, cJSON *msgs, struct oai_error *e)
     }
     if (!strcmp(ts, "function_call_output")) {
         const cJSON *cid = cJSON_GetObjectItemCaseSensitive(it, "call_id");
-        snprintf(p, sizeof p, "input[%d].output", i);
+        snprintf(p, sizeof p, "%s[%d].output", where, i);
         char *text = NULL;
         int rc = content_text(cJSON_GetObjectItemCaseSensitive(it, "output"), p, &text, e);
         if (rc)
@@ -165,12 +231,10 @@ static int input_item(const cJSON *it, int i, cJSON *msgs, struct oai_error *e)
         free(text);
         if (cJSON_IsString(cid))
             cJSON_AddStringToObject(m, "tool_call_id", cid->valuestring);
-        cJSON_AddItemToArray(msgs, m);
+        cJSON_AddItemToArray(t->msgs, m);
         return 0;
     }
-    if (!strcmp(ts, "reasoning"))
-        return 0; /* an earlier turn's reasoning, echoed back: the template drops it anyway */
-    snprintf(p, sizeof p, "input[%d].type", i);
+    snprintf(p, sizeof p, "%s[%d].type", where, i);
     return bad(e, "BAD_VALUE", p,
                "only message, function_call, function_call_output and reasoning items are "
                "supported");
@@ -236,17 +300,23 @@ static int tools_of(const cJSON *tools, cJSON *chat, struct oai_error *e)
 /* The members of a Responses body that are not chat's: mapped into chat
  * and echo, or dropped. Everything else is copied into the chat body as it
  * came (temperature, top_p, and the extensions openai.c knows). */
-static int responses_to_chat(const cJSON *root, cJSON *chat, cJSON *echo, struct oai_error *e)
+static int responses_members(const cJSON *root, const cJSON *prior, cJSON *chat, cJSON *echo,
+                             struct cpt_request *c, struct turns *t, struct oai_error *e)
 {
-    cJSON *msgs = cJSON_CreateArray();
     const cJSON *instr = cJSON_GetObjectItemCaseSensitive(root, "instructions");
     if (cJSON_IsString(instr) && instr->valuestring[0])
-        cJSON_AddItemToArray(msgs, message("system", instr->valuestring));
-    else if (instr && !cJSON_IsNull(instr) && !cJSON_IsString(instr)) {
-        cJSON_Delete(msgs);
+        cJSON_AddItemToArray(t->msgs, message("system", instr->valuestring));
+    else if (instr && !cJSON_IsNull(instr) && !cJSON_IsString(instr))
         return bad(e, "BAD_TYPE", "instructions", "must be a string");
+    /* the stored conversation first: its instructions are not carried */
+    int i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, prior)
+    {
+        int rc = input_item(it, "previous_response_id", i++, t, e);
+        if (rc)
+            return rc;
     }
-    cJSON_AddItemToObject(chat, "messages", msgs);
     for (const cJSON *v = root->child; v; v = v->next) {
         const char *k = v->string;
         int rc = 0;
@@ -254,13 +324,14 @@ static int responses_to_chat(const cJSON *root, cJSON *chat, cJSON *echo, struct
             continue;
         if (!strcmp(k, "input")) {
             if (cJSON_IsString(v)) {
-                cJSON_AddItemToArray(msgs, message("user", v->valuestring));
+                free(t->reasoning);
+                t->reasoning = NULL;
+                cJSON_AddItemToArray(t->msgs, message("user", v->valuestring));
             } else if (cJSON_IsArray(v)) {
-                int i = 0;
-                const cJSON *it;
+                i = 0;
                 cJSON_ArrayForEach(it, v)
                 {
-                    if ((rc = input_item(it, i++, msgs, e)))
+                    if ((rc = input_item(it, "input", i++, t, e)))
                         return rc;
                 }
             } else {
@@ -268,11 +339,25 @@ static int responses_to_chat(const cJSON *root, cJSON *chat, cJSON *echo, struct
             }
         } else if (!strcmp(k, "instructions")) {
             cJSON_AddItemToObject(echo, k, cJSON_Duplicate(v, 1));
-        } else if (!strcmp(k, "previous_response_id") || !strcmp(k, "conversation")) {
-            oai_error_set(e, 400, T_INVALID, "previous_response_not_found", k,
-                          "%s: redlm stores no responses (store is always false); send the "
-                          "whole conversation in input", k);
+        } else if (!strcmp(k, "previous_response_id")) {
+            if (!cJSON_IsString(v))
+                return bad(e, "BAD_TYPE", k, "must be a string");
+            if (!prior) { /* the caller found no record (or keeps none) */
+                oai_error_set(e, 400, T_INVALID, "previous_response_not_found", k,
+                              "Previous response with id '%.128s' not found.", v->valuestring);
+                return -RL_EINVAL;
+            }
+            snprintf(c->previous_id, sizeof c->previous_id, "%s", v->valuestring);
+            cJSON_AddItemToObject(echo, k, cJSON_Duplicate(v, 1));
+        } else if (!strcmp(k, "conversation")) {
+            oai_error_set(e, 400, T_INVALID, "BAD_VALUE", k,
+                          "%s: conversations are not served; name the last response in "
+                          "previous_response_id, or send the whole conversation in input", k);
             return -RL_EINVAL;
+        } else if (!strcmp(k, "store")) {
+            if (!cJSON_IsBool(v))
+                return bad(e, "BAD_TYPE", k, "must be a boolean");
+            c->store = cJSON_IsTrue(v);
         } else if (!strcmp(k, "background")) {
             if (cJSON_IsTrue(v))
                 return bad(e, "BAD_VALUE", k, "background responses are not supported");
@@ -299,15 +384,15 @@ static int responses_to_chat(const cJSON *root, cJSON *chat, cJSON *echo, struct
         } else if (!strcmp(k, "tool_choice")) {
             const cJSON *name = cJSON_GetObjectItemCaseSensitive(v, "name");
             if (cJSON_IsObject(v) && cJSON_IsString(name)) { /* {type: function, name} */
-                cJSON *c = cJSON_AddObjectToObject(chat, k);
-                cJSON_AddStringToObject(c, "type", "function");
-                cJSON_AddStringToObject(cJSON_AddObjectToObject(c, "function"), "name",
+                cJSON *tc = cJSON_AddObjectToObject(chat, k);
+                cJSON_AddStringToObject(tc, "type", "function");
+                cJSON_AddStringToObject(cJSON_AddObjectToObject(tc, "function"), "name",
                                         name->valuestring);
             } else {
                 cJSON_AddItemToObject(chat, k, cJSON_Duplicate(v, 1));
             }
             cJSON_AddItemToObject(echo, k, cJSON_Duplicate(v, 1));
-        } else if (!strcmp(k, "store") || !strcmp(k, "include") || !strcmp(k, "truncation") ||
+        } else if (!strcmp(k, "include") || !strcmp(k, "truncation") ||
                    !strcmp(k, "stream_options") || !strcmp(k, "top_logprobs") ||
                    !strcmp(k, "max_tool_calls")) {
             /* change nothing here: nothing is stored, nothing to include */
@@ -320,9 +405,48 @@ static int responses_to_chat(const cJSON *root, cJSON *chat, cJSON *echo, struct
     }
     if (!cJSON_GetObjectItemCaseSensitive(root, "input"))
         return bad(e, "MISSING_FIELD", "input", "required");
-    if (!msgs->child)
+    if (!t->msgs->child)
         return bad(e, "BAD_VALUE", "input", "holds no message");
     return 0;
+}
+
+/* The conversation as the store keeps it (rstore.h): prior's items, then
+ * the input's (a string input is one user message item). */
+static char *stored_input(const cJSON *root, const cJSON *prior)
+{
+    cJSON *all = prior ? cJSON_Duplicate(prior, 1) : cJSON_CreateArray();
+    const cJSON *in = cJSON_GetObjectItemCaseSensitive(root, "input");
+    if (cJSON_IsString(in)) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "type", "message");
+        cJSON_AddStringToObject(m, "role", "user");
+        cJSON *part = cJSON_CreateObject();
+        cJSON_AddStringToObject(part, "type", "input_text");
+        cJSON_AddStringToObject(part, "text", in->valuestring);
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(m, "content"), part);
+        cJSON_AddItemToArray(all, m);
+    } else {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, in)
+        {
+            cJSON_AddItemToArray(all, cJSON_Duplicate(it, 1));
+        }
+    }
+    char *s = all ? cJSON_PrintUnformatted(all) : NULL;
+    cJSON_Delete(all);
+    return s;
+}
+
+static int responses_to_chat(const cJSON *root, const cJSON *prior, cJSON *chat, cJSON *echo,
+                             struct cpt_request *c, struct oai_error *e)
+{
+    struct turns t = {cJSON_AddArrayToObject(chat, "messages"), NULL};
+    c->store = true; /* OpenAI's default */
+    int rc = t.msgs ? responses_members(root, prior, chat, echo, c, &t, e) : -RL_ENOMEM;
+    free(t.reasoning);
+    if (!rc && !(c->input = stored_input(root, prior)))
+        rc = -RL_ENOMEM;
+    return rc;
 }
 
 /* ---- requests: Ollama ---- */
@@ -557,9 +681,9 @@ static void rename_param(struct oai_error *e, const char *chat, const char *clie
     snprintf(e->param, sizeof e->param, "%s", p);
 }
 
-int cpt_parse(enum cpt_api api, const char *body, size_t len, const struct oai_limits *lim,
-              const char *id, int64_t deadline_ms, struct oai_request *out,
-              struct cpt_request *c, struct oai_error *e)
+static int parse(enum cpt_api api, const char *body, size_t len, const char *prior_json,
+                 const struct oai_limits *lim, const char *id, int64_t deadline_ms,
+                 struct oai_request *out, struct cpt_request *c, struct oai_error *e)
 {
     memset(out, 0, sizeof *out);
     memset(c, 0, sizeof *c);
@@ -582,9 +706,10 @@ int cpt_parse(enum cpt_api api, const char *body, size_t len, const struct oai_l
     }
     cJSON *chat = cJSON_CreateObject();
     cJSON *echo = cJSON_CreateObject();
+    cJSON *prior = prior_json ? cJSON_Parse(prior_json) : NULL;
     bool raw = false;
-    int rc = !chat || !echo ? -RL_ENOMEM
-             : api == CPT_RESPONSES ? responses_to_chat(root, chat, echo, e)
+    int rc = !chat || !echo || (prior_json && !cJSON_IsArray(prior)) ? -RL_ENOMEM
+             : api == CPT_RESPONSES ? responses_to_chat(root, prior, chat, echo, c, e)
              : api == CPT_ANTHROPIC || api == CPT_ANTHROPIC_COUNT
                  ? ant_to_chat(root, api == CPT_ANTHROPIC ? ANT_MESSAGES : ANT_COUNT_TOKENS, chat,
                                &c->omit_thinking, e)
@@ -620,8 +745,35 @@ int cpt_parse(enum cpt_api api, const char *body, size_t len, const struct oai_l
     }
     cJSON_Delete(chat);
     cJSON_Delete(echo);
+    cJSON_Delete(prior);
     cJSON_Delete(root);
     return rc;
+}
+
+int cpt_parse(enum cpt_api api, const char *body, size_t len, const struct oai_limits *lim,
+              const char *id, int64_t deadline_ms, struct oai_request *out,
+              struct cpt_request *c, struct oai_error *e)
+{
+    return parse(api, body, len, NULL, lim, id, deadline_ms, out, c, e);
+}
+
+int cpt_parse_responses(const char *body, size_t len, const char *prior,
+                        const struct oai_limits *lim, const char *id, int64_t deadline_ms,
+                        struct oai_request *out, struct cpt_request *c, struct oai_error *e)
+{
+    return parse(CPT_RESPONSES, body, len, prior, lim, id, deadline_ms, out, c, e);
+}
+
+bool cpt_previous_id(const char *body, size_t len, char *out, size_t size)
+{
+    out[0] = 0;
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    const char *v =
+        cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "previous_response_id"));
+    if (v && strlen(v) < size) /* a longer one names nothing: not found */
+        snprintf(out, size, "%s", v);
+    cJSON_Delete(root);
+    return v != NULL;
 }
 
 /* ---- responses ---- */
@@ -636,6 +788,7 @@ struct cpt_resp {
     char *model;
     int64_t created_ms;
     cJSON *echo;               /* Responses: the request fields to echo */
+    bool store;                /* Responses: stored when it ends (cpt_request's) */
     int64_t next_seq;          /* the job event seq expected */
     int state;
     struct oai_error failure;
@@ -672,6 +825,7 @@ int cpt_resp_create(struct cpt_resp **out, const struct cpt_request *c, const ch
     }
     r->api = c->api;
     r->stream = stream;
+    r->store = c->store;
     snprintf(r->id, sizeof r->id, "%s", id);
     const char *t = strrchr(r->id, '_');
     const char *d = strrchr(r->id, '-');
@@ -786,12 +940,12 @@ static cJSON *response_object(const struct cpt_resp *r)
     cJSON_AddItemToObject(o, "output", r->state == OAI_END || r->started
                                            ? cJSON_Duplicate(r->items, 1) : cJSON_CreateArray());
     echo_or(o, r->echo, "parallel_tool_calls", cJSON_CreateTrue());
-    cJSON_AddNullToObject(o, "previous_response_id");
+    echo_or(o, r->echo, "previous_response_id", cJSON_CreateNull());
     cJSON *reasoning = cJSON_CreateObject();
     cJSON_AddNullToObject(reasoning, "effort");
     cJSON_AddNullToObject(reasoning, "summary");
     echo_or(o, r->echo, "reasoning", reasoning);
-    cJSON_AddBoolToObject(o, "store", 0);
+    cJSON_AddBoolToObject(o, "store", r->store);
     echo_or(o, r->echo, "temperature", cJSON_CreateNull());
     cJSON *text = cJSON_CreateObject();
     cJSON_AddStringToObject(cJSON_AddObjectToObject(text, "format"), "type", "text");
@@ -1376,6 +1530,16 @@ char *cpt_resp_body(const struct cpt_resp *r)
         o = ollama_object(r, r->content.p ? r->content.p : "",
                           r->reasoning.p ? r->reasoning.p : "", true);
     }
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return s;
+}
+
+char *cpt_resp_stored(const struct cpt_resp *r)
+{
+    if (r->api != CPT_RESPONSES || !r->store || r->state != OAI_END)
+        return NULL;
+    cJSON *o = response_object(r);
     char *s = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     return s;

@@ -51,6 +51,15 @@ struct cpt_request {
     bool load_only;
     /* Anthropic: thinking.display "omitted" */
     bool omit_thinking;
+    /* Responses: the conversation up to this request as input items (the
+     * stored context it continues, then its own input), compact JSON
+     * array, malloc'd: what rstore.h keeps. NULL for the other APIs. */
+    char *input;
+    /* Responses: the previous_response_id it continues ("" for none) */
+    char previous_id[129];
+    /* Responses: store (true unless the request said false); the caller
+     * clears it when it keeps no responses, before cpt_resp_create */
+    bool store;
 };
 void cpt_request_clear(struct cpt_request *c);
 
@@ -58,11 +67,24 @@ void cpt_request_clear(struct cpt_request *c);
  * fills *out (oai_request_clear) and *c (cpt_request_clear), or
  * -RL_EINVAL with *e filled (400; 404 for another model; 413), or
  * -RL_ENOMEM (e: 500). On failure out->stream still says whether the
- * client wanted a stream. A previous_response_id is refused (400
- * `previous_response_not_found`: redlm stores no responses). */
+ * client wanted a stream. A previous_response_id is not found here (400
+ * `previous_response_not_found`): cpt_parse_responses continues one. */
 int cpt_parse(enum cpt_api api, const char *body, size_t len, const struct oai_limits *lim,
               const char *id, int64_t deadline_ms, struct oai_request *out,
               struct cpt_request *c, struct oai_error *e);
+
+/* A Responses body whose previous_response_id names a stored response:
+ * prior is that response's conversation (rst_context: a JSON array of
+ * input items), which goes before the input, after the instructions.
+ * prior NULL: as cpt_parse. */
+int cpt_parse_responses(const char *body, size_t len, const char *prior,
+                        const struct oai_limits *lim, const char *id, int64_t deadline_ms,
+                        struct oai_request *out, struct cpt_request *c, struct oai_error *e);
+
+/* The previous_response_id of a Responses body, copied into out (size
+ * bytes; "" when it does not fit, which names no response). Returns
+ * whether the body has one as a string. */
+bool cpt_previous_id(const char *body, size_t len, char *out, size_t size);
 
 struct cpt_resp;
 
@@ -91,6 +113,11 @@ int cpt_keepalive(const struct cpt_resp *r, struct text *out);
 /* Non-stream, after OAI_END: the response object, malloc'd; NULL when out
  * of memory. */
 char *cpt_resp_body(const struct cpt_resp *r);
+
+/* Responses with store, after OAI_END: the response object as the client
+ * gets it (store: true), to keep (rstore.h); malloc'd. NULL otherwise, or
+ * when out of memory. */
+char *cpt_resp_stored(const struct cpt_resp *r);
 
 /* prompt + completion tokens after OAI_END, else 0. */
 int64_t cpt_resp_total_tokens(const struct cpt_resp *r);

@@ -112,6 +112,7 @@
 #include "compat.h"
 #include "embed.h"
 #include "rerank.h"
+#include "rstore.h"
 #include "openai.h"
 #include "prompt.h"
 #include "rconn.h"
@@ -148,6 +149,7 @@ struct counters {
     int64_t evicted;     /* waiting connections closed to make room for a new one */
     int64_t refused;     /* connections refused: every one was being answered */
     int64_t auth_throttled; /* requests refused for their address's failed API keys */
+    int64_t stored, store_failed; /* Responses kept (rstore.h), and refused by Redis */
     int64_t first_event[N_BUCKETS + 1]; /* XADD -> first event read, ms buckets; last = +Inf */
     int64_t first_event_n;
     double first_event_sum_ms;
@@ -167,6 +169,7 @@ struct dhttp {
     int port, timeout_s, drain_s, max_conn, idle_s;
     int header_s, min_rate, per_ip;
     int max_pending, pending_per_ip, auth_per_min, lease_ms;
+    int store_ttl_s;      /* responses_store_ttl_s: stored Responses' TTL, 0 = none kept */
     bool ops;             /* the loopback ops listener: /healthz, /health, /metrics only */
     struct dhttp *front;  /* ops: the front door whose counters /metrics shows, or NULL */
     char **cors;          /* (n_cors) allowed origins; "*" = any; none = CORS off */
@@ -224,6 +227,7 @@ struct dhttp {
     /* requests with fields accepted but not applied, for one log line
      * per IGNORED_LOG_MS at most (under m_mu) */
     int64_t ignored_logged_ms, ignored_unlogged;
+    int64_t store_logged_ms; /* the last "not stored" line: one per IGNORED_LOG_MS */
     struct vmetrics *vm; /* vLLM-named request metrics (vmetrics.h) */
 };
 
@@ -247,6 +251,9 @@ enum route {
     /* Anthropic's Messages API (compat.c, anthropic.c): POST /v1/messages
      * and POST /v1/messages/count_tokens */
     R_ANTHROPIC, R_ANTHROPIC_COUNT,
+    /* stored Responses (rstore.h): GET and DELETE /v1/responses/{id},
+     * GET /v1/responses/{id}/input_items, POST /v1/responses/{id}/cancel */
+    R_STORED,
 };
 
 /* A route that answers with a job's events (chat()). */
@@ -472,6 +479,11 @@ static const struct {
     {"auth_throttled_total",
      "requests refused with 429 because their address sent too many wrong API keys",
      offsetof(struct counters, auth_throttled)},
+    {"responses_stored_total", "Responses API answers kept for previous_response_id",
+     offsetof(struct counters, stored)},
+    {"responses_store_failures_total",
+     "Responses API answers with store that Redis refused to keep (full: OOM)",
+     offsetof(struct counters, store_failed)},
 };
 
 /* The front door's own families (its counters, under m_mu). */
@@ -1210,6 +1222,51 @@ static void vm_end(struct req *q, const char *event, size_t len)
     q->vm = VM_NONE;
 }
 
+/* Whose stored responses a request may use: its API key's tenant, or
+ * everyone's ("") on a door without keys. */
+static const char *owner_of(const struct req *q)
+{
+    return q->has_tenant ? q->tenant : "";
+}
+
+/* A Responses answer with store, kept (rstore.h) before its last byte goes
+ * out: the response object of that byte is in q->sse, not yet sent, so a
+ * client that chains at once finds it. A Redis that refuses (full: OOM)
+ * costs the client only the chaining, and is said in the log. */
+static void store_response(struct req *q)
+{
+    struct dhttp *h = q->h;
+    char *obj = cpt_resp_stored(q->cresp);
+    if (!obj)
+        return; /* not the Responses API, or store false */
+    char *rec = NULL;
+    struct rl_err err = {0};
+    int rc = rst_record(owner_of(q), q->id, q->creq.input ? q->creq.input : "[]", obj, &rec);
+    if (rc)
+        rl_errf(&err, -rc, "out of memory");
+    else
+        rc = rst_put(q->rc, h->prefix, q->id, rec, h->store_ttl_s, &err);
+    free(rec);
+    free(obj);
+    if (!rc) {
+        BUMP(h, stored);
+        return;
+    }
+    /* a full Redis refuses every one: a line per IGNORED_LOG_MS, the
+     * counter has them all */
+    int64_t now = rl_mono_ms();
+    pthread_mutex_lock(&h->m_mu);
+    h->m.store_failed++;
+    bool say = now - h->store_logged_ms >= IGNORED_LOG_MS;
+    if (say)
+        h->store_logged_ms = now;
+    pthread_mutex_unlock(&h->m_mu);
+    if (say)
+        RL_LOG(h->log, RL_LOG_WARN, "http: %s: the response is not stored (previous_response_id "
+               "will not find it; redlm_http_responses_store_failures_total counts them): %s",
+               q->id, err.msg);
+}
+
 /* Feeds the entries of one XREAD reply. */
 static int take_events(struct req *q, const struct rconn_reply *r)
 {
@@ -1264,6 +1321,8 @@ static int take_events(struct req *q, const struct rconn_reply *r)
         if (rc == OAI_END) {
             q->job_ended = q->finished = true;
             charge_tokens(q);
+            if (q->compat)
+                store_response(q);
         } else if (rc == OAI_FAILED) {
             q->job_ended = true;
             if (q->oreq.stream && (q->headers_sent || q->sse.n > q->sse_off)) {
@@ -1765,6 +1824,48 @@ static const char *id_prefix(enum route r)
     }
 }
 
+/* The conversation a Responses body continues: its previous_response_id's
+ * stored context (rst_context) into *prior (malloc'd), NULL when it names
+ * none. A name not found, or another tenant's, is 400
+ * previous_response_not_found, as OpenAI answers (saying why when none are
+ * kept); Redis's refusal is 503. Returns 0 or -RL_EINVAL with *e. */
+static int previous_context(struct req *q, const char *body, char **prior, struct oai_error *e)
+{
+    struct dhttp *h = q->h;
+    char id[RST_ID_MAX + 1];
+    *prior = NULL;
+    if (q->too_big || !cpt_previous_id(body, q->body.n, id, sizeof id))
+        return 0;
+    if (!h->store_ttl_s) {
+        oai_error_set(e, 400, "invalid_request_error", "previous_response_not_found",
+                      "previous_response_id", "Previous response with id '%s' not found: this "
+                      "server keeps no responses (responses_store_ttl_s = 0); send the whole "
+                      "conversation in input", id);
+        return -RL_EINVAL;
+    }
+    struct rl_err err = {0};
+    char *record = NULL;
+    int rc = !id[0] ? 1
+             : !q->rc && !(q->rc = pool_get(h, &err))
+                 ? -RL_EIO
+                 : rst_get(q->rc, h->prefix, id, owner_of(q), h->store_ttl_s, &record, &err);
+    if (rc == 1) {
+        oai_error_set(e, 400, "invalid_request_error", "previous_response_not_found",
+                      "previous_response_id", "Previous response with id '%s' not found.", id);
+        return -RL_EINVAL;
+    }
+    if (!rc && !(*prior = rst_context(record)))
+        rc = rl_errf(&err, RL_ENOMEM, "out of memory");
+    free(record);
+    if (rc) {
+        oai_error_set(e, 503, "server_error", ev_code_name(EV_CODE_INTERNAL),
+                      "previous_response_id", "the stored response could not be read: %s",
+                      err.msg);
+        return -RL_EINVAL;
+    }
+    return 0;
+}
+
 static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
 {
     struct dhttp *h = q->h;
@@ -1787,22 +1888,30 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         return respond_error(q, conn, &e);
     }
     const char *body = q->body.p ? q->body.p : "";
-    int prc;
+    char *prior = NULL;
+    int prc = q->route == R_RESPONSES ? previous_context(q, body, &prior, &e) : 0;
+    if (prc)
+        return respond_error(q, conn, &e);
     if (q->embed)
         prc = emb_parse(emb_api_of(q->route), body, q->body.n, &h->lim, q->id, deadline,
                         &q->oreq, &q->ereq, &e);
     else if (q->rerank)
         prc = rr_parse(q->route == R_SCORE ? RR_SCORE : RR_RERANK, body, q->body.n, &h->lim,
                        q->id, deadline, &q->oreq, &q->rreq, &e);
+    else if (q->route == R_RESPONSES)
+        prc = cpt_parse_responses(body, q->body.n, prior, &h->lim, q->id, deadline, &q->oreq,
+                                  &q->creq, &e);
     else if (q->compat)
-        prc = cpt_parse(q->route == R_RESPONSES     ? CPT_RESPONSES
-                        : q->route == R_ANTHROPIC   ? CPT_ANTHROPIC
+        prc = cpt_parse(q->route == R_ANTHROPIC     ? CPT_ANTHROPIC
                         : q->route == R_OLLAMA_CHAT ? CPT_OLLAMA_CHAT
                                                     : CPT_OLLAMA_GENERATE,
                         body, q->body.n, &h->lim, q->id, deadline, &q->oreq, &q->creq, &e);
     else
         prc = (compl ? oai_parse_completion : oai_parse_request)(body, q->body.n, &h->lim, q->id,
                                                                 deadline, &q->oreq, &e);
+    free(prior);
+    if (!h->store_ttl_s)
+        q->creq.store = false; /* none kept: the response says so */
     if (!prc && q->compat && q->oreq.n_jobs > 1) {
         oai_error_set(&e, 400, "invalid_request_error", "OUT_OF_RANGE", "n",
                       "n: only 1 on this API (POST /v1/chat/completions takes more)");
@@ -1824,7 +1933,7 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     else
         BUMP(h, chat_plain);
     struct rl_err err = {0};
-    if (!(q->rc = pool_get(h, &err))) {
+    if (!q->rc && !(q->rc = pool_get(h, &err))) {
         oai_error_set(&e, 500, "server_error", ev_code_name(EV_CODE_INTERNAL), NULL, "%s", err.msg);
         return respond_error(q, conn, &e);
     }
@@ -1975,6 +2084,88 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     q->responded = true;
     q->status = 200;
     return mr;
+}
+
+/* GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items,
+ * POST /v1/responses/{id}/cancel (path: what follows /v1/responses/): a
+ * stored response (rstore.h), for its own tenant only; any other id is
+ * 404, whether it exists or not. */
+static enum MHD_Result stored(struct req *q, struct MHD_Connection *conn, const char *method,
+                              const char *path)
+{
+    struct dhttp *h = q->h;
+    struct oai_error e;
+    char id[RST_ID_MAX + 1];
+    const char *tail = strchr(path, '/');
+    size_t n = tail ? (size_t)(tail - path) : strlen(path);
+    snprintf(id, sizeof id, "%.*s", n < sizeof id ? (int)n : 0, path); /* too long: none */
+    if (tail && strcmp(tail, "/input_items") && strcmp(tail, "/cancel")) {
+        oai_error_set(&e, 404, "invalid_request_error", "not_found", NULL,
+                      "no such path: /v1/responses/%.*s%.40s", RST_ID_MAX, id, tail);
+        return respond_error(q, conn, &e);
+    }
+    if (tail && !strcmp(tail, "/cancel")) { /* every response here runs in its request */
+        oai_error_set(&e, 400, "invalid_request_error", "BAD_VALUE", "response_id",
+                      "Only background responses can be cancelled; a response here ends "
+                      "when its request does (close the connection to cancel it)");
+        return respond_error(q, conn, &e);
+    }
+    const char *stream = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "stream");
+    if (!tail && stream && !strcmp(stream, "true")) {
+        oai_error_set(&e, 400, "invalid_request_error", "BAD_VALUE", "stream",
+                      "stream: a stored response is not streamed again; GET it without stream");
+        return respond_error(q, conn, &e);
+    }
+    /* the query of input_items, checked before Redis is asked */
+    const char *order = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "order");
+    const char *after = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "after");
+    const char *ls = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "limit");
+    char *end = NULL;
+    long limit = ls ? strtol(ls, &end, 10) : 20;
+    if (ls && (!*ls || *end))
+        limit = 0;
+    struct rl_err err = {0};
+    char *record = NULL, *body = NULL;
+    int rc = !h->store_ttl_s || !id[0] ? 1
+             : !(q->rc = pool_get(h, &err))
+                 ? -RL_EIO
+             : !strcmp(method, "DELETE")
+                 ? rst_delete(q->rc, h->prefix, id, owner_of(q), &err)
+                 : rst_get(q->rc, h->prefix, id, owner_of(q), 0, &record, &err);
+    if (rc == 1) {
+        oai_error_set(&e, 404, "invalid_request_error", "not_found", "response_id",
+                      "Response with id '%s' not found.%s", id,
+                      h->store_ttl_s ? "" : " This server keeps no responses "
+                                           "(responses_store_ttl_s = 0).");
+        return respond_error(q, conn, &e);
+    }
+    if (rc) {
+        oai_error_set(&e, 503, "server_error", ev_code_name(EV_CODE_INTERNAL), NULL,
+                      "the stored response could not be read: %s", err.msg);
+        return respond_error(q, conn, &e);
+    }
+    if (!strcmp(method, "DELETE")) {
+        cJSON *o = cJSON_CreateObject();
+        if (o && cJSON_AddStringToObject(o, "id", id) &&
+            cJSON_AddStringToObject(o, "object", "response") &&
+            cJSON_AddBoolToObject(o, "deleted", 1))
+            body = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+    } else if (tail) {
+        char msg[RL_ERR_MSG_MAX], param[16];
+        rc = rst_input_items(record, order, limit < 0 || limit > 100 ? 0 : (int)limit, after,
+                             &body, msg, sizeof msg);
+        if (rc == -RL_EINVAL) { /* the message leads with the parameter's name */
+            free(record);
+            snprintf(param, sizeof param, "%.*s", (int)strcspn(msg, ":"), msg);
+            oai_error_set(&e, 400, "invalid_request_error", "BAD_VALUE", param, "%s", msg);
+            return respond_error(q, conn, &e);
+        }
+    } else {
+        body = rst_response(record);
+    }
+    free(record);
+    return respond(q, conn, 200, "application/json", body, NULL);
 }
 
 /* GET /v1/models (id NULL) or /v1/models/<id>. */
@@ -2275,6 +2466,15 @@ static enum route route_of(struct dhttp *h, const char *method, const char *url,
             return R_PREFLIGHT;
         return (compat[i].post ? !strcmp(method, "POST") : get) ? compat[i].r : R_BAD_METHOD;
     }
+    if (!h->ops && !strncmp(url, "/v1/responses/", 14) && url[14]) {
+        const char *tail = strchr(url + 14, '/');
+        bool cancel = tail && !strcmp(tail, "/cancel");
+        *allow = cancel ? "POST" : tail ? "GET, HEAD" : "GET, HEAD, DELETE";
+        if (options)
+            return R_PREFLIGHT;
+        bool ok = cancel ? !strcmp(method, "POST") : get || (!tail && !strcmp(method, "DELETE"));
+        return ok ? R_STORED : R_BAD_METHOD;
+    }
     if (!h->ops && !strcmp(url, "/v1/models"))
         r = R_MODELS;
     else if (!h->ops && !strncmp(url, "/v1/models/", 11) && url[11])
@@ -2423,9 +2623,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             if (!r)
                 return MHD_NO;
             add_cors(q, r);
-            MHD_add_response_header(r, "Access-Control-Allow-Methods",
-                                    !strcmp(q->allow, "POST") ? "POST, OPTIONS"
-                                                              : "GET, HEAD, OPTIONS");
+            char methods[64];
+            snprintf(methods, sizeof methods, "%s, OPTIONS", q->allow ? q->allow : "GET, HEAD");
+            MHD_add_response_header(r, "Access-Control-Allow-Methods", methods);
             const char *rh = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                          "Access-Control-Request-Headers");
             MHD_add_response_header(r, "Access-Control-Allow-Headers",
@@ -2470,6 +2670,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             if (!authorize(q, conn))
                 return refuse_auth(q, conn);
             return models(q, conn, q->route == R_MODEL ? url + 11 : NULL);
+        case R_STORED:
+            if (!authorize(q, conn))
+                return refuse_auth(q, conn);
+            return stored(q, conn, method, url + 14);
         case R_VERSION:
             return respond(q, conn, 200, "application/json",
                            strdup("{\"version\":\"" DHTTP_VERSION "\",\"server\":\"redlm\"}"),
@@ -2685,6 +2889,7 @@ static int start(struct dhttp **out, const struct cfg *cfg, const struct rl_log 
     h->pending_per_ip = cfg->http_max_pending_per_ip;
     h->auth_per_min = ops ? 0 : cfg->http_auth_failures_per_min;
     h->lease_ms = ops ? 0 : cfg->http_client_lease_ms;
+    h->store_ttl_s = cfg->responses_store_ttl_s;
     h->timeout_s = cfg->http_timeout_s;
     h->drain_s = cfg->drain_timeout_s;
     h->max_conn = cfg->http_max_connections;

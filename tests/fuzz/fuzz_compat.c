@@ -4,8 +4,10 @@
  *
  * The input's first byte picks what is fuzzed, the rest is the text:
  *   0-127   a body (bits 0-1: /v1/responses, /api/chat, /api/generate,
- *           /v1/messages; with bit 4 /v1/messages/count_tokens) for
- *           cpt_parse. A refused body has a status in {400, 404, 413} and a
+ *           /v1/messages; with bit 4 /v1/messages/count_tokens, or for
+ *           /v1/responses a stored conversation continued:
+ *           cpt_parse_responses) for cpt_parse. An accepted Responses body
+ *           keeps its conversation as a JSON array of items. A refused body has a status in {400, 404, 413} and a
  *           message, and its error body (OpenAI's object, Ollama's
  *           {"error"} or Anthropic's) is valid JSON; an accepted one a job
  *           that job_parse accepts again, or (generate) load_only with no
@@ -14,7 +16,9 @@
  *           one plain answer of the API of bits 0-1: the bytes of the stream
  *           are Responses SSE events ("event: <type>\ndata: <JSON whose type
  *           is that>\n\n"; Anthropic's too) or NDJSON lines of JSON objects, and a body
- *           exists exactly after OAI_END.
+ *           exists exactly after OAI_END. A Responses answer with store
+ *           gives the object to keep exactly then, and its record
+ *           (rstore.h) is valid JSON whose context and listing are too.
  *
  *   make fuzz && build-fuzz/fuzz/fuzz_compat -max_total_time=60 */
 #include <cjson/cJSON.h>
@@ -25,6 +29,18 @@
 #include <string.h>
 
 #include "dispatcher/compat.h"
+#include "dispatcher/rstore.h"
+
+/* A stored conversation, as rst_context gives one: a user's message, the
+ * answer's reasoning, text and call, the call's output. */
+static const char PRIOR[] =
+    "[{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"user\",\"content\":[{\"type\":"
+    "\"input_text\",\"text\":\"Hi\"}]},{\"id\":\"rs_1\",\"type\":\"reasoning\","
+    "\"summary\":[],\"content\":[{\"type\":\"reasoning_text\",\"text\":\"hmm\"}]},"
+    "{\"id\":\"msg_2\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[{\"type\":"
+    "\"output_text\",\"text\":\"Let me look.\"}]},{\"id\":\"fc_1\",\"type\":"
+    "\"function_call\",\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":\"{}\"},"
+    "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"42\"}]";
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -90,9 +106,11 @@ static void fuzz_request(const char *s, size_t n, uint8_t sel)
     enum cpt_api api = api_of(sel);
     if (api == CPT_ANTHROPIC && (sel & 16))
         api = CPT_ANTHROPIC_COUNT;
-    int rc = cpt_parse(api, s, n, &lim, "fz-1", 0, &r, &c, &e);
+    bool prior = api == CPT_RESPONSES && (sel & 16);
+    int rc = prior ? cpt_parse_responses(s, n, PRIOR, &lim, "fz-1", 0, &r, &c, &e)
+                   : cpt_parse(api, s, n, &lim, "fz-1", 0, &r, &c, &e);
     if (rc) {
-        if (r.job || c.echo || !e.message[0] ||
+        if (r.job || c.echo || c.input || !e.message[0] ||
             (e.status != 400 && e.status != 404 && e.status != 413 &&
              !(rc == -RL_ENOMEM && e.status == 500)))
             abort();
@@ -112,13 +130,19 @@ static void fuzz_request(const char *s, size_t n, uint8_t sel)
             abort();
         job_free(job);
     }
+    if (api == CPT_RESPONSES) {
+        cJSON *in = c.input ? cJSON_Parse(c.input) : NULL;
+        if (!cJSON_IsArray(in) || (prior && cJSON_GetArraySize(in) < 5))
+            abort();
+        cJSON_Delete(in);
+    }
     oai_request_clear(&r);
     cpt_request_clear(&c);
 }
 
 static void fuzz_events(const char *s, size_t n, uint8_t sel)
 {
-    struct cpt_request c = {.api = api_of(sel)};
+    struct cpt_request c = {.api = api_of(sel), .store = true};
     for (int stream = 0; stream < 2; stream++) {
         struct cpt_resp *r = NULL;
         struct rl_err err = {0};
@@ -147,6 +171,21 @@ static void fuzz_events(const char *s, size_t n, uint8_t sel)
         if (body)
             json_or_die(body, strlen(body));
         free(body);
+        char *kept = cpt_resp_stored(r);
+        if ((c.api == CPT_RESPONSES && last == OAI_END) != (kept != NULL))
+            abort();
+        char *rec = NULL, *ctx = NULL, *list = NULL, msg[128];
+        if (kept && (rst_record("t", "resp_fz1", PRIOR, kept, &rec) || !(ctx = rst_context(rec)) ||
+                     rst_input_items(rec, "asc", 3, "rs_1", &list, msg, sizeof msg)))
+            abort();
+        if (rec) {
+            json_or_die(rec, strlen(rec));
+            json_or_die(list, strlen(list));
+        }
+        free(list);
+        free(ctx);
+        free(rec);
+        free(kept);
         text_free(&out);
         cpt_resp_free(r);
     }

@@ -129,6 +129,17 @@ put("fuzz_compat", "anthropic-events", b"\x83" + "\n".join(json.dumps(e) for e i
      "usage": {"prompt_tokens": 9, "completion_tokens": 3, "cached_prompt_tokens": 4},
      "tool_calls": [{"id": "call_1", "type": "function",
                      "function": {"name": "w", "arguments": "{\"c\": \"P\"}"}}]}]).encode())
+# Responses bodies continued from a stored conversation (0x10: cpt_parse_responses),
+# items of every kind, and the same with store false
+for i, body in enumerate([
+        {"model": "redlm", "previous_response_id": "resp_1", "instructions": "Be brief.",
+         "input": [{"type": "function_call_output", "call_id": "c1", "output": "42"}]},
+        {"previous_response_id": "resp_1", "store": False, "input": [
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "s"}]},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "a"}]},
+            {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"},
+            {"role": "user", "content": "next"}]}]):
+    put("fuzz_compat", f"responses-continued-{i}", b"\x10" + json.dumps(body).encode())
 n = 0
 for f in ("schemas/examples/jobs-valid.json", "schemas/examples/jobs-invalid.json"):
     for j in json.loads(pathlib.Path(f).read_text()):

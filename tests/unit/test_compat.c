@@ -18,6 +18,7 @@
 
 #include "dispatcher/compat.h"
 #include "dispatcher/fleet.h"
+#include "dispatcher/rstore.h"
 #include "dispatcher/vmetrics.h"
 
 static struct oai_limits lim_any(void)
@@ -272,6 +273,131 @@ static void test_responses_events(void **state)
     free(body);
     cpt_resp_free(r);
     cpt_request_clear(&c);
+}
+
+/* A request that names a stored response: its conversation goes first
+ * (after this request's instructions), a reasoning item becomes the next
+ * assistant turn's reasoning_content, a message and the calls after it are
+ * one turn, and what the store keeps is that conversation plus the new
+ * input. The stored object says store and what it follows. */
+static void test_responses_continued(void **state)
+{
+    (void)state;
+    static const char prior[] =
+        "[{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"user\",\"content\":[{\"type\":"
+        "\"input_text\",\"text\":\"Hi\"}]},{\"id\":\"rs_1\",\"type\":\"reasoning\",\"summary\":[],"
+        "\"content\":[{\"type\":\"reasoning_text\",\"text\":\"hmm\"}]},{\"id\":\"msg_2\",\"type\":"
+        "\"message\",\"status\":\"completed\",\"role\":\"assistant\",\"content\":[{\"type\":"
+        "\"output_text\",\"text\":\"Let me look.\",\"annotations\":[]}]},{\"id\":\"fc_1\",\"type\":"
+        "\"function_call\",\"status\":\"completed\",\"call_id\":\"c1\",\"name\":\"f\","
+        "\"arguments\":\"{}\"}]";
+    static const char body[] =
+        "{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"42\"}],"
+        "\"previous_response_id\":\"resp_x\",\"instructions\":\"New.\"}";
+    struct oai_limits l = lim_any();
+    struct oai_error e;
+    struct cpt_request c;
+    struct oai_request r;
+    char id[RST_ID_MAX + 1];
+    assert_true(cpt_previous_id(body, strlen(body), id, sizeof id));
+    assert_string_equal(id, "resp_x");
+    assert_int_equal(cpt_parse_responses(body, strlen(body), prior, &l, "resp_y", 0, &r, &c, &e),
+                     0);
+    cJSON *j = cJSON_Parse(r.job);
+    char *s = cJSON_PrintUnformatted(cJSON_GetObjectItem(j, "messages"));
+    assert_string_equal(s, "[{\"role\":\"system\",\"content\":\"New.\"},{\"role\":\"user\","
+                           "\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":\"Let me look.\","
+                           "\"reasoning_content\":\"hmm\",\"tool_calls\":[{\"id\":\"c1\",\"type\":"
+                           "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+                           "{\"role\":\"tool\",\"content\":\"42\",\"tool_call_id\":\"c1\"}]");
+    free(s);
+    cJSON_Delete(j);
+    assert_string_equal(c.previous_id, "resp_x");
+    assert_true(c.store);
+    /* kept: the conversation, then the new input as sent */
+    cJSON *in = cJSON_Parse(c.input);
+    assert_int_equal(cJSON_GetArraySize(in), 5);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(in, 4), "type")->valuestring,
+                        "function_call_output");
+    cJSON_Delete(in);
+    /* the answer says what it follows, and that it is kept */
+    c.api = CPT_RESPONSES;
+    struct cpt_resp *resp;
+    struct rl_err err = {0};
+    assert_int_equal(cpt_resp_create(&resp, &c, "resp_y", "m", 1700000000123, false, &err), 0);
+    assert_null(cpt_resp_stored(resp)); /* not before it ends */
+    free(feed_all(resp));
+    char *obj = cpt_resp_stored(resp);
+    cJSON *o = cJSON_Parse(obj);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(o, "store")));
+    assert_string_equal(cJSON_GetObjectItem(o, "previous_response_id")->valuestring, "resp_x");
+    cJSON_Delete(o);
+    cpt_resp_free(resp);
+
+    /* the record: ids for the items without one, the context the next
+     * request continues, the listing */
+    char *rec = NULL;
+    assert_int_equal(rst_record("acme", "resp_y", c.input, obj, &rec), 0);
+    cJSON *rj = cJSON_Parse(rec);
+    assert_string_equal(cJSON_GetObjectItem(rj, "owner")->valuestring, "acme");
+    assert_string_equal(
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(rj, "input"), 4), "id")
+            ->valuestring,
+        "item_y_in4");
+    cJSON_Delete(rj);
+    char *ctx = rst_context(rec);
+    cJSON *cj = cJSON_Parse(ctx);
+    assert_int_equal(cJSON_GetArraySize(cj), 5 + 3); /* + reasoning, message, call */
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(cj, 5), "type")->valuestring,
+                        "reasoning");
+    cJSON_Delete(cj);
+    free(ctx);
+    char *resp_obj = rst_response(rec);
+    assert_string_equal(resp_obj, obj);
+    free(resp_obj);
+    char msg[128], *list = NULL;
+    assert_int_equal(rst_input_items(rec, "asc", 2, "rs_1", &list, msg, sizeof msg), 0);
+    assert_string_equal(list, "{\"data\":[{\"id\":\"msg_2\",\"type\":\"message\",\"status\":"
+                              "\"completed\",\"role\":\"assistant\",\"content\":[{\"type\":"
+                              "\"output_text\",\"text\":\"Let me look.\",\"annotations\":[]}]},"
+                              "{\"id\":\"fc_1\",\"type\":\"function_call\",\"status\":\"completed\","
+                              "\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":\"{}\"}],"
+                              "\"object\":\"list\",\"first_id\":\"msg_2\",\"last_id\":\"fc_1\","
+                              "\"has_more\":true}");
+    free(list);
+    assert_int_equal(rst_input_items(rec, NULL, 20, NULL, &list, msg, sizeof msg), 0);
+    cJSON *lj = cJSON_Parse(list);
+    assert_string_equal(cJSON_GetObjectItem(lj, "first_id")->valuestring, "item_y_in4");
+    assert_string_equal(cJSON_GetObjectItem(lj, "last_id")->valuestring, "msg_1");
+    assert_false(cJSON_IsTrue(cJSON_GetObjectItem(lj, "has_more")));
+    cJSON_Delete(lj);
+    free(list);
+    assert_int_equal(rst_input_items(rec, "sideways", 2, NULL, &list, msg, sizeof msg),
+                     -RL_EINVAL);
+    assert_int_equal(rst_input_items(rec, "asc", 101, NULL, &list, msg, sizeof msg), -RL_EINVAL);
+    assert_int_equal(rst_input_items(rec, "asc", 5, "msg_9", &list, msg, sizeof msg), -RL_EINVAL);
+    assert_null(list);
+    assert_int_equal(rst_record("", "resp_z", "{}", obj, &list), -RL_EINVAL);
+    free(rec);
+    free(obj);
+    oai_request_clear(&r);
+    cpt_request_clear(&c);
+
+    /* store false; without a stored conversation, previous_response_id
+     * is not found; reasoning before a user's message is no turn's */
+    static const char quiet[] =
+        "{\"store\":false,\"input\":[{\"type\":\"reasoning\",\"summary\":[{\"type\":"
+        "\"summary_text\",\"text\":\"x\"}]},{\"role\":\"user\",\"content\":\"q\"}]}";
+    assert_int_equal(cpt_parse(CPT_RESPONSES, quiet, strlen(quiet), &l, "resp_1", 0, &r, &c, &e),
+                     0);
+    assert_false(c.store);
+    assert_null(strstr(r.job, "reasoning_content"));
+    oai_request_clear(&r);
+    cpt_request_clear(&c);
+    assert_int_equal(cpt_parse_responses(body, strlen(body), NULL, &l, "resp_1", 0, &r, &c, &e),
+                     -RL_EINVAL);
+    assert_string_equal(e.code, "previous_response_not_found");
+    assert_string_equal(e.message, "Previous response with id 'resp_x' not found.");
 }
 
 /* An answer that is all reasoning (cut by max_output_tokens while it
@@ -984,6 +1110,7 @@ int main(void)
         cmocka_unit_test(test_responses_events),
         cmocka_unit_test(test_responses_streamed_call),
         cmocka_unit_test(test_responses_thinking_only),
+        cmocka_unit_test(test_responses_continued),
         cmocka_unit_test(test_ollama_lines),
         cmocka_unit_test(test_anthropic_requests),
         cmocka_unit_test(test_anthropic_streamed_call),
