@@ -426,6 +426,18 @@ def test_http_front_door_as_dispatcher_user(built, acl_redis, tmp_path):
         done = out_events(admin, job_id)[-1]
         assert done["finish_reason"] == "cancelled"
         assert f.request("GET", "/healthz")[0] == 200
+        # a stored response (SET EX), continued (GETEX), read and deleted (DEL)
+        body = {"model": MODEL_NAME, "input": "Hello", "max_output_tokens": 3,
+                "reasoning": {"effort": "low"}}
+        status, _, data = f.request("POST", "/v1/responses", body, auth)
+        assert status == 200 and json.loads(data)["store"] is True, data
+        rid = json.loads(data)["id"]
+        status, _, data = f.request("POST", "/v1/responses",
+                                    {**body, "previous_response_id": rid}, auth)
+        assert status == 200, data
+        assert f.request("GET", f"/v1/responses/{rid}", None, auth)[0] == 200
+        assert f.request("DELETE", f"/v1/responses/{rid}", None, auth)[0] == 200
+        assert not admin.exists(f"redlm:response:{rid}")
         # the events came through the shared reader, as the dispatcher user,
         # blocked on the bell the worker rang
         assert [c["user"] for c in admin.client_list()
@@ -500,6 +512,30 @@ def test_an_acl_from_before_the_bell(built, tmp_path):
         denied = [e for e in admin.acl_log(count=100) if e["username"] in ("worker", "dispatcher")]
         assert denied and all(e["object"] in ("redlm:bell", "xadd", "xread", "eval")
                               for e in denied), denied
+
+
+def test_an_acl_from_before_stored_responses(built, tmp_path):
+    """An ACL written before stored responses (no ~redlm:response:* for the
+    dispatcher): a Responses request is still answered in full; that it was
+    not kept is said in the log and counted, and chaining on it is a clear
+    503 naming Redis's refusal, not a hang or a crash."""
+    lines = [l.replace(" (~redlm:response:* +set +getex +del)", "") for l in acl_lines()]
+    assert lines != acl_lines()
+    from test_http import MODEL_NAME
+    with served_with_an_older_acl(tmp_path, lines, "acl-nostore") as (f, _, admin):
+        body = {"model": MODEL_NAME, "input": "Hello", "max_output_tokens": 4,
+                "reasoning": {"effort": "low"}}
+        status, _, data = f.request("POST", "/v1/responses", body)
+        assert status == 200 and json.loads(data)["usage"]["output_tokens"] == 4, data
+        rid = json.loads(data)["id"]
+        assert not admin.exists(f"redlm:response:{rid}")
+        log = f.log_path.read_text()
+        assert f"http: {rid}: the response is not stored" in log and "NOPERM" in log, log
+        status, _, data = f.request("GET", "/metrics")
+        assert b"redlm_http_responses_store_failures_total 1" in data, data
+        status, _, data = f.request("POST", "/v1/responses",
+                                    {**body, "previous_response_id": rid})
+        assert status == 503 and b"could not be read" in data, data
 
 
 def test_an_acl_without_xautoclaim_still_reads_jobs_after_memory_pressure(built, tmp_path):

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from conftest import connect, job_events
+from conftest import connect, job_events, tap
 from test_http import MODEL_NAME, deltas, front  # noqa: F401 (front is a fixture)
 
 CLIENTS = pathlib.Path(__file__).resolve().parent / "node-clients"
@@ -118,9 +118,19 @@ def test_langchain_chat_openai(front, workers, redis_addr, prefix, tmp_path, api
 
 
 def test_openai_agents_sdk(front, workers, redis_addr, prefix, tmp_path):  # noqa: F811
-    """The Agents SDK's default API is the Responses API."""
-    res = run_client(front, workers, tmp_path, "agents.mjs")
+    """The Agents SDK's default API is the Responses API; its
+    previousResponseId continues a stored response."""
     r = connect(redis_addr)
+    tap(r, f"{prefix}jobs:fast", f"{prefix}jobs:think")  # jobs stay readable
+    res = run_client(front, workers, tmp_path, "agents.mjs")
+    ch = res["chained"]
+    assert ch["previous"] == res["run"]["id"] and set(ch["output"]) == {"answer"}, ch
+    job = next(json.loads(x["job"]) for p in ("fast", "think")
+               for _, x in r.xrange(f"{prefix}jobs:{p}") if json.loads(x["job"])["id"] == ch["id"])
+    first = deltas(job_events(r, prefix, request_id(r, prefix, res["run"]["id"])), "content")
+    assert [(m["role"], m["content"]) for m in job["messages"]] == [
+        ("system", "You are a helpful assistant."), ("user", "Say hello."), ("assistant", first),
+        ("user", "Say it again.")]
     for key in ("run", "stream"):
         got = res[key]
         assert set(got["output"]) == {"answer"} and len(got["output"]["answer"]) <= 30, got

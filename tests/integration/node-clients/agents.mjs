@@ -20,6 +20,11 @@ const agent = new Agent({ name: "Assistant", instructions: "You are a helpful as
 const r1 = await run(agent, "Say hello.");
 out.run = { output: r1.finalOutput, id: r1.rawResponses?.[0]?.responseId, usage: r1.rawResponses?.[0]?.usage };
 
+// the next turn chained on the stored response, as the SDK's docs show it:
+// only the new input is sent
+const r2 = await run(agent, "Say it again.", { previousResponseId: r1.lastResponseId });
+out.chained = { output: r2.finalOutput, id: r2.lastResponseId, previous: r1.lastResponseId };
+
 const streamed = await run(agent, "Count to five.", { stream: true });
 let text = "", deltas = 0;
 for await (const ev of streamed) {

@@ -1,0 +1,262 @@
+"""Stored responses (dispatcher/rstore.h): the Responses API's `store` and
+`previous_response_id`, GET / DELETE /v1/responses/{id} and its
+input_items, end to end through a real redis-server, dispatcher and worker
+(or the test playing the worker where the exact output matters):
+
+  - a response is kept in Redis with its TTL before its last byte goes out;
+    the next request naming it continues its conversation (the job's
+    messages are the stored turns, then the new input; instructions are not
+    carried), streamed or not; a tool loop keeps the assistant's thinking
+    and its calls as one turn;
+  - GET returns the object the client got; input_items lists the
+    conversation in both orders, paged; DELETE removes it, and naming it
+    afterwards is 400 previous_response_not_found, as OpenAI answers;
+  - another tenant's id is not found (404 / 400), never its answer;
+  - store false keeps nothing; responses_store_ttl_s = 0 keeps nothing and
+    says so;
+  - the pinned `openai` npm client (responses.create with
+    previous_response_id, retrieve, inputItems.list, delete) and the OpenAI
+    Agents SDK's previousResponseId.
+"""
+import json
+import threading
+
+from conftest import connect, tap
+from test_compat_api import PLAYED, keyed_front, node, responses_sse, texts  # noqa: F401
+from test_http import MODEL_NAME, front, play_worker_error  # noqa: F401
+from conftest import job_events
+
+KEY = "sk-test-0123456789"
+OTHER = "sk-other-0123456789"
+
+
+def jobs_by_id(r, prefix):
+    return {json.loads(x["job"])["id"]: json.loads(x["job"])
+            for p in ("fast", "think") for _, x in r.xrange(f"{prefix}jobs:{p}")}
+
+
+def post(f, body, key=None):
+    h = {"Authorization": f"Bearer {key}"} if key else {}
+    status, _, data = f.request("POST", "/v1/responses", body, headers=h)
+    return status, json.loads(data)
+
+
+def get(f, path, key=None, method="GET"):
+    h = {"Authorization": f"Bearer {key}"} if key else {}
+    status, _, data = f.request(method, path, headers=h)
+    return status, json.loads(data)
+
+
+def text_of(resp):
+    return "".join(p["text"] for o in resp["output"] if o["type"] == "message"
+                   for p in o["content"])
+
+
+def test_previous_response_id_continues_the_conversation(front, workers, redis_addr,  # noqa: F811
+                                                         prefix):
+    r = connect(redis_addr)
+    tap(r, f"{prefix}jobs:fast", f"{prefix}jobs:think")  # jobs stay readable
+    workers("w1")
+    f = front()
+    fast = {"model": MODEL_NAME, "max_output_tokens": 6, "reasoning": {"effort": "low"}}
+    status, r1 = post(f, {**fast, "input": "Hello there", "instructions": "Be brief."})
+    assert status == 200, r1
+    assert r1["store"] is True and r1["previous_response_id"] is None
+    key = f"{prefix}response:{r1['id']}"
+    assert 0 < r.ttl(key) <= 3600  # kept, and not forever
+    # the next turn names it: the job is the stored conversation, then the new input
+    status, r2 = post(f, {**fast, "input": "And again?", "previous_response_id": r1["id"]})
+    assert status == 200, r2
+    assert r2["previous_response_id"] == r1["id"] and r2["instructions"] is None
+    jobs = jobs_by_id(r, prefix)
+    assert jobs[r1["id"]]["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert jobs[r2["id"]]["messages"] == [
+        {"role": "user", "content": "Hello there"},
+        {"role": "assistant", "content": text_of(r1)},
+        {"role": "user", "content": "And again?"}]
+    # streamed: the same, and the completed object says what it follows
+    evs = responses_sse(f, {**fast, "input": [{"role": "user", "content": "Third."}],
+                            "previous_response_id": r2["id"], "stream": True})
+    r3 = evs[-1]["response"]
+    assert r3["previous_response_id"] == r2["id"] and r3["store"] is True
+    assert [m["content"] for m in jobs_by_id(r, prefix)[r3["id"]]["messages"]] == [
+        "Hello there", text_of(r1), "And again?", text_of(r2), "Third."]
+    content, _ = texts(job_events(r, prefix, r3["id"]))
+    assert text_of(r3) == content
+    # GET: the object the client got
+    status, got = get(f, f"/v1/responses/{r1['id']}")
+    assert status == 200 and got == r1
+    status, got = get(f, f"/v1/responses/{r3['id']}")
+    assert status == 200 and got == r3
+    # input_items: the conversation up to r2, newest first by default, paged
+    status, items = get(f, f"/v1/responses/{r2['id']}/input_items?order=asc")
+    assert status == 200 and items["object"] == "list" and items["has_more"] is False
+    data = items["data"]
+    assert [(i["type"], i.get("role")) for i in data] == [
+        ("message", "user"), ("message", "assistant"), ("message", "user")]
+    assert data[1]["id"] == r1["output"][0]["id"]  # r1's own message item
+    assert data[2]["content"] == [{"type": "input_text", "text": "And again?"}]
+    ids = [i["id"] for i in data]
+    assert len(set(ids)) == 3 and items["first_id"] == ids[0] and items["last_id"] == ids[2]
+    status, desc = get(f, f"/v1/responses/{r2['id']}/input_items")
+    assert status == 200 and [i["id"] for i in desc["data"]] == ids[::-1]
+    status, page = get(f, f"/v1/responses/{r2['id']}/input_items?order=asc&limit=2")
+    assert [i["id"] for i in page["data"]] == ids[:2] and page["has_more"] is True
+    status, page = get(f, f"/v1/responses/{r2['id']}/input_items?order=asc&after={ids[1]}")
+    assert [i["id"] for i in page["data"]] == ids[2:] and page["has_more"] is False
+    for q, param in (("limit=0", "limit"), ("order=up", "order"), ("after=nope", "after")):
+        status, err = get(f, f"/v1/responses/{r2['id']}/input_items?{q}")
+        assert status == 400 and err["error"]["param"] == param, err
+    # DELETE: gone, and naming it is OpenAI's 400; what chained on it still works
+    status, d = get(f, f"/v1/responses/{r1['id']}", method="DELETE")
+    assert status == 200 and d == {"id": r1["id"], "object": "response", "deleted": True}
+    assert not r.exists(key)
+    status, err = get(f, f"/v1/responses/{r1['id']}")
+    assert status == 404 and err["error"]["param"] == "response_id"
+    status, err = get(f, f"/v1/responses/{r1['id']}", method="DELETE")
+    assert status == 404
+    status, err = post(f, {**fast, "input": "x", "previous_response_id": r1["id"]})
+    assert status == 400 and err["error"]["code"] == "previous_response_not_found"
+    assert err["error"]["param"] == "previous_response_id"
+    assert err["error"]["message"] == f"Previous response with id '{r1['id']}' not found."
+    status, r4 = post(f, {**fast, "input": "Still here?", "previous_response_id": r2["id"]})
+    assert status == 200 and len(jobs_by_id(r, prefix)[r4["id"]]["messages"]) == 5
+    # store false: kept nowhere
+    status, r5 = post(f, {**fast, "input": "Forget this.", "store": False})
+    assert status == 200 and r5["store"] is False
+    assert not r.exists(f"{prefix}response:{r5['id']}")
+    assert get(f, f"/v1/responses/{r5['id']}")[0] == 404
+    # what is not a stored response's path
+    assert get(f, "/v1/responses/" + "x" * 300)[0] == 404
+    assert get(f, f"/v1/responses/{r2['id']}/other")[0] == 404
+    status, err = get(f, f"/v1/responses/{r2['id']}/cancel", method="POST")
+    assert status == 400 and "background" in err["error"]["message"]
+    status, _, _ = f.request("PUT", f"/v1/responses/{r2['id']}")
+    assert status == 405
+    status, err = post(f, {**fast, "input": "x", "previous_response_id": 7})
+    assert status == 400 and err["error"]["param"] == "previous_response_id"
+    status, err = post(f, {**fast, "input": "x", "store": "yes"})
+    assert status == 400 and err["error"]["param"] == "store"
+
+
+def test_a_tool_loop_keeps_its_thinking_and_calls(front, redis_addr, prefix):  # noqa: F811
+    """The test plays the worker: an answer that thinks, says a word and
+    calls a tool. The call's output, sent with previous_response_id, makes
+    a job whose assistant turn has that thinking, that text and that call
+    (one turn, as the model produced it)."""
+    f = front()
+    r = connect(redis_addr)
+    tools = [{"type": "function", "name": "get_weather",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    body = {"model": MODEL_NAME, "input": "Weather in Paris?", "reasoning": {"effort": "high"},
+            "tools": tools}
+    t = threading.Thread(target=play_worker_error, args=(r, prefix, PLAYED))
+    t.start()
+    status, r1 = post(f, body)
+    t.join()
+    assert status == 200, r1
+    call = r1["output"][2]
+    assert call["type"] == "function_call"
+    done = {"seq": 0, "type": "done", "finish_reason": "stop",
+            "usage": {"prompt_tokens": 40, "completion_tokens": 1}}
+    holder = {}
+    t = threading.Thread(target=lambda: holder.update(id=play_worker_error(r, prefix, [done])))
+    t.start()
+    status, r2 = post(f, {"model": MODEL_NAME, "tools": tools, "previous_response_id": r1["id"],
+                          "input": [{"type": "function_call_output", "call_id": call["call_id"],
+                                     "output": "sunny"}]})
+    t.join()
+    assert status == 200, r2
+    job = jobs_by_id(r, prefix)[holder["id"]]
+    assert job["messages"] == [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "Let me think.",
+         "tool_calls": [{"id": call["call_id"], "type": "function",
+                         "function": {"name": "get_weather", "arguments": call["arguments"]}}]},
+        {"role": "tool", "content": "sunny", "tool_call_id": call["call_id"]}]
+
+
+def test_stored_responses_belong_to_their_tenant(front, workers, redis_addr, prefix,  # noqa: F811
+                                                 tmp_path):
+    workers("w1")
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY} acme\n{OTHER} beta\n")
+    f = front("--api-keys-file", str(keys))
+    fast = {"model": MODEL_NAME, "max_output_tokens": 4, "reasoning": {"effort": "low"}}
+    status, mine = post(f, {**fast, "input": "secret"}, key=KEY)
+    assert status == 200, mine
+    path = f"/v1/responses/{mine['id']}"
+    # the other tenant: not found, whatever it tries
+    assert get(f, path, key=OTHER)[0] == 404
+    assert get(f, path + "/input_items", key=OTHER)[0] == 404
+    assert get(f, path, key=OTHER, method="DELETE")[0] == 404
+    status, err = post(f, {**fast, "input": "x", "previous_response_id": mine["id"]}, key=OTHER)
+    assert status == 400 and err["error"]["code"] == "previous_response_not_found"
+    assert get(f, path)[0] == 401  # no key: no answer at all
+    # its own tenant: all of it, and it is still there
+    status, got = get(f, path, key=KEY)
+    assert status == 200 and got == mine
+    status, _ = post(f, {**fast, "input": "x", "previous_response_id": mine["id"]}, key=KEY)
+    assert status == 200
+    assert connect(redis_addr).exists(f"{prefix}response:{mine['id']}")
+
+
+def test_no_store(front, workers, redis_addr, prefix):  # noqa: F811
+    workers("w1")
+    f = front("--responses-store-ttl-s", "0")
+    status, r1 = post(f, {"model": MODEL_NAME, "input": "Hi", "max_output_tokens": 3,
+                          "reasoning": {"effort": "low"}})
+    assert status == 200 and r1["store"] is False
+    assert not connect(redis_addr).exists(f"{prefix}response:{r1['id']}")
+    status, err = get(f, f"/v1/responses/{r1['id']}")
+    assert status == 404 and "keeps no responses" in err["error"]["message"]
+    status, err = post(f, {"model": MODEL_NAME, "input": "x", "previous_response_id": r1["id"]})
+    assert status == 400 and err["error"]["code"] == "previous_response_not_found"
+    assert "responses_store_ttl_s = 0" in err["error"]["message"]
+
+
+SDK_SCRIPT = r"""
+const OpenAI = require('openai');
+const [base, model] = [process.argv[2], process.argv[3]];
+const client = new OpenAI({baseURL: base + '/v1', apiKey: 'sk-test-0123456789', maxRetries: 0});
+(async () => {
+  const out = {};
+  const opts = {model, max_output_tokens: 5, reasoning: {effort: 'low'}};
+  out.r1 = await client.responses.create({...opts, input: 'Name a colour.'});
+  out.r2 = await client.responses.create({...opts, input: 'Another one.',
+                                          previous_response_id: out.r1.id});
+  const s = await client.responses.create({...opts, input: 'And a third.', stream: true,
+                                           previous_response_id: out.r2.id});
+  for await (const ev of s) out.r3 = ev.response || out.r3;
+  out.retrieved = await client.responses.retrieve(out.r2.id);
+  out.items = [];
+  for await (const it of client.responses.inputItems.list(out.r3.id, {order: 'asc', limit: 2}))
+    out.items.push(it);
+  out.deleted = await client.responses.del(out.r1.id);  // delete() from openai 5 on
+  try { await client.responses.retrieve(out.r1.id); } catch (e) { out.gone = e.status; }
+  console.log(JSON.stringify(out));
+})().catch(e => { console.error(String(e)); process.exit(1); });
+"""
+
+
+def test_openai_npm_client_chains_responses(front, workers, redis_addr, prefix,  # noqa: F811
+                                            tmp_path):
+    r = connect(redis_addr)
+    tap(r, f"{prefix}jobs:fast", f"{prefix}jobs:think")
+    workers("w1")
+    f = keyed_front(front, tmp_path)
+    res = node(f, tmp_path, SDK_SCRIPT)
+    r1, r2, r3 = res["r1"], res["r2"], res["r3"]
+    assert r2["previous_response_id"] == r1["id"] and r3["previous_response_id"] == r2["id"]
+    jobs = jobs_by_id(r, prefix)
+    assert [m["content"] for m in jobs[r3["id"]]["messages"]] == [
+        "Name a colour.", text_of(r1), "Another one.", text_of(r2), "And a third."]
+    # (create's answer has the SDK's own output_text added)
+    assert res["retrieved"] == {k: v for k, v in r2.items() if k != "output_text"}
+    # the SDK pages by after= through the five items of r3's conversation
+    items = res["items"]
+    assert [(i["type"], i["role"]) for i in items] == [("message", r) for r in (
+        "user", "assistant", "user", "assistant", "user")]
+    assert items[1]["id"] == r1["output"][0]["id"] and items[3]["id"] == r2["output"][0]["id"]
+    assert res["deleted"] == {"id": r1["id"], "object": "response", "deleted": True}
+    assert res["gone"] == 404
