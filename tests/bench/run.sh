@@ -143,3 +143,12 @@ if command -v redis-server >/dev/null; then
 else
     echo "# read events: skipped (needs redis-server)"
 fi
+
+# ---- stored responses (tests/bench/bench_responses_store.py): the record's write on
+# each response, and a conversation chained by previous_response_id against sent whole ----
+if command -v redis-server >/dev/null; then
+    echo "# stored responses: store on / off; chained / whole (the tiny model, 8 output tokens)"
+    /usr/bin/python3 tests/bench/bench_responses_store.py
+else
+    echo "# stored responses: skipped (needs redis-server)"
+fi

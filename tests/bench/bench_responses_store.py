@@ -1,0 +1,158 @@
+"""Stored responses (dispatcher/rstore.h): what keeping a response costs a
+request, and a conversation chained by previous_response_id against the
+same conversation sent whole.
+
+    /usr/bin/python3 tests/bench/bench_responses_store.py [--model DIR]
+        [--requests 60] [--turns 12] [--conversations 4] [--tokens 8]
+
+Starts its own redis-server on a free loopback port, one worker (the tiny
+test model unless --model) and one dispatcher with its HTTP front door.
+Two measurements, each alternating its two arms request by request so
+that the machine's drift falls on both:
+  - "store": POST /v1/responses, one turn, --tokens output tokens, with
+    store (the default) and with store false: the median latency of each
+    and their ratio (what the SET of the record before the last byte
+    costs);
+  - "chain": --conversations conversations of --turns turns each, driven
+    as a client of previous_response_id does (the new user message only)
+    and as one that resends every turn (store false); the median latency
+    per turn, the bytes the client sent in all, and Redis's memory for the
+    chained conversation's last record (MEMORY USAGE).
+Prints one JSON line per measurement. The result cache is off, greedy
+decoding, so that every request runs on the worker.
+"""
+import argparse
+import http.client
+import json
+import pathlib
+import socket
+import statistics
+import sys
+import tempfile
+import time
+
+import redis
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "integration"))
+from conftest import DISPATCHER, MODEL, WORKER, Daemon, RedisServer, free_port  # noqa: E402
+
+PREFIX = "rs:"
+
+
+class BenchWorker(Daemon):
+    kind = "worker"
+
+    def __init__(self, addr, model, logdir):
+        self.start([str(WORKER), "--redis", addr, "--model", str(model), "--pools", "fast,think",
+                    "--name", "rsw", "--threads", "2", "--prefix", PREFIX, "--block-ms", "100",
+                    "--http-port", "0", "--result-cache", "false"],
+                   pathlib.Path(logdir) / "worker.log", self.logged_ready, timeout=120)
+
+
+class BenchFront(Daemon):
+    kind = "front door"
+
+    def __init__(self, addr, logdir):
+        self.port = free_port()
+        self.start([str(DISPATCHER), "--redis", addr, "--prefix", PREFIX, "--http", str(self.port),
+                    "--served-model-name", "m", "--http-port", "0", "--block-ms", "100",
+                    "--heartbeat-interval-ms", "500"],
+                   pathlib.Path(logdir) / "front.log", self.listening, timeout=30)
+
+    def listening(self):
+        if "ready:" not in self.text():
+            return False
+        try:
+            socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+            return True
+        except OSError:
+            return False
+
+    def post(self, body):
+        """(seconds, response object, bytes sent) of one POST /v1/responses."""
+        data = json.dumps(body)
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        t0 = time.monotonic()
+        c.request("POST", "/v1/responses", body=data, headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        obj = json.loads(r.read())
+        secs = time.monotonic() - t0
+        c.close()
+        assert r.status == 200, obj
+        return secs, obj, len(data)
+
+
+def text_of(resp):
+    return "".join(p["text"] for o in resp["output"] if o["type"] == "message"
+                   for p in o["content"])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=str(MODEL))
+    ap.add_argument("--requests", type=int, default=60)
+    ap.add_argument("--turns", type=int, default=12)
+    ap.add_argument("--conversations", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=8)
+    a = ap.parse_args()
+    base = {"model": "m", "max_output_tokens": a.tokens, "reasoning": {"effort": "low"},
+            "temperature": 0}
+    with tempfile.TemporaryDirectory(prefix="bench-rstore-") as tmp:
+        srv = RedisServer(pathlib.Path(tmp) / "redis")
+        addr = f"127.0.0.1:{srv.port}"
+        w = BenchWorker(addr, a.model, tmp)
+        f = BenchFront(addr, tmp)
+        r = redis.Redis(host="127.0.0.1", port=srv.port)
+        try:
+            f.post({**base, "input": "warm up"})
+            # one turn, store on and off by turns
+            lat = {True: [], False: []}
+            for i in range(2 * a.requests):
+                store = i % 2 == 0
+                s, obj, _ = f.post({**base, "input": f"Question number {i}.", "store": store})
+                assert obj["store"] is store
+                lat[store].append(s)
+            on, off = statistics.median(lat[True]), statistics.median(lat[False])
+            print(json.dumps({"bench": "responses_store", "requests": a.requests,
+                              "tokens": a.tokens, "store_ms": round(on * 1e3, 2),
+                              "no_store_ms": round(off * 1e3, 2),
+                              "store_over_no_store": round(on / off, 3)}))
+            # conversations: chained vs sent whole, turn by turn
+            per = {"chained": [], "whole": []}
+            sent = {"chained": 0, "whole": 0}
+            record_bytes = []
+            for c in range(a.conversations):
+                prev, history = None, []
+                for t in range(a.turns):
+                    # each arm its own words: neither finds the other's prompt
+                    # in the worker's prefix cache, each finds its own turns
+                    msg = {"role": "user", "content": f"Conversation {c}, turn {t}: go on."}
+                    other = {"role": "user", "content": f"Dialogue {c}, turn {t}: go on."}
+                    body = {**base, "input": [msg]}
+                    if prev:
+                        body["previous_response_id"] = prev
+                    s, obj, n = f.post(body)
+                    per["chained"].append(s)
+                    sent["chained"] += n
+                    prev = obj["id"]
+                    s, obj, n = f.post({**base, "store": False, "input": history + [other]})
+                    per["whole"].append(s)
+                    sent["whole"] += n
+                    history += [other, {"role": "assistant", "content": text_of(obj)}]
+                record_bytes.append(r.memory_usage(f"{PREFIX}response:{prev}"))
+            ch, wh = statistics.median(per["chained"]), statistics.median(per["whole"])
+            print(json.dumps({"bench": "responses_chain", "conversations": a.conversations,
+                              "turns": a.turns, "tokens": a.tokens,
+                              "chained_ms": round(ch * 1e3, 2), "whole_ms": round(wh * 1e3, 2),
+                              "chained_over_whole": round(ch / wh, 3),
+                              "client_bytes_chained": sent["chained"],
+                              "client_bytes_whole": sent["whole"],
+                              "last_record_bytes": int(statistics.median(record_bytes))}))
+        finally:
+            f.stop()
+            w.stop()
+            srv.stop()
+
+
+if __name__ == "__main__":
+    main()
