@@ -49,9 +49,9 @@ class BenchWorker(Daemon):
 class BenchFront(Daemon):
     kind = "front door"
 
-    def __init__(self, addr, logdir):
+    def __init__(self, addr, logdir, prefix="e:"):
         self.port = free_port()
-        self.start([str(DISPATCHER), "--redis", addr, "--prefix", "e:", "--http", str(self.port),
+        self.start([str(DISPATCHER), "--redis", addr, "--prefix", prefix, "--http", str(self.port),
                     "--served-model-name", "m", "--http-port", "0", "--block-ms", "100",
                     "--heartbeat-interval-ms", "500"],
                    pathlib.Path(logdir) / "front.log", self.listening, timeout=30)

@@ -25,7 +25,6 @@ import argparse
 import http.client
 import json
 import pathlib
-import socket
 import statistics
 import sys
 import tempfile
@@ -34,7 +33,10 @@ import time
 import redis
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "integration"))
-from conftest import DISPATCHER, MODEL, WORKER, Daemon, RedisServer, free_port  # noqa: E402
+from conftest import MODEL, WORKER, Daemon, RedisServer  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from bench_embed_front import BenchFront  # noqa: E402
 
 PREFIX = "rs:"
 
@@ -49,24 +51,11 @@ class BenchWorker(Daemon):
                    pathlib.Path(logdir) / "worker.log", self.logged_ready, timeout=120)
 
 
-class BenchFront(Daemon):
-    kind = "front door"
+class Front(BenchFront):
+    """bench_embed_front.py's front door (served name "m"), on our prefix."""
 
     def __init__(self, addr, logdir):
-        self.port = free_port()
-        self.start([str(DISPATCHER), "--redis", addr, "--prefix", PREFIX, "--http", str(self.port),
-                    "--served-model-name", "m", "--http-port", "0", "--block-ms", "100",
-                    "--heartbeat-interval-ms", "500"],
-                   pathlib.Path(logdir) / "front.log", self.listening, timeout=30)
-
-    def listening(self):
-        if "ready:" not in self.text():
-            return False
-        try:
-            socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-            return True
-        except OSError:
-            return False
+        super().__init__(addr, logdir, PREFIX)
 
     def post(self, body):
         """(seconds, response object, bytes sent) of one POST /v1/responses."""
@@ -101,7 +90,7 @@ def main():
         srv = RedisServer(pathlib.Path(tmp) / "redis")
         addr = f"127.0.0.1:{srv.port}"
         w = BenchWorker(addr, a.model, tmp)
-        f = BenchFront(addr, tmp)
+        f = Front(addr, tmp)
         r = redis.Redis(host="127.0.0.1", port=srv.port)
         try:
             f.post({**base, "input": "warm up"})
