@@ -359,8 +359,9 @@ static int responses_members(const cJSON *root, const cJSON *prior, cJSON *chat,
                 return bad(e, "BAD_TYPE", k, "must be a boolean");
             c->store = cJSON_IsTrue(v);
         } else if (!strcmp(k, "background")) {
-            if (cJSON_IsTrue(v))
-                return bad(e, "BAD_VALUE", k, "background responses are not supported");
+            if (!cJSON_IsBool(v))
+                return bad(e, "BAD_TYPE", k, "must be a boolean");
+            c->background = cJSON_IsTrue(v);
         } else if (!strcmp(k, "prompt")) {
             return bad(e, "BAD_VALUE", k, "stored prompts are not supported");
         } else if (!strcmp(k, "max_output_tokens")) {
@@ -444,6 +445,9 @@ static int responses_to_chat(const cJSON *root, const cJSON *prior, cJSON *chat,
     c->store = true; /* OpenAI's default */
     int rc = t.msgs ? responses_members(root, prior, chat, echo, c, &t, e) : -RL_ENOMEM;
     free(t.reasoning);
+    if (!rc && c->background && !c->store) /* nothing could be read back */
+        rc = bad(e, "BAD_VALUE", "background", "a background response must be stored (store: "
+                 "false asks for none)");
     if (!rc && !(c->input = stored_input(root, prior)))
         rc = -RL_ENOMEM;
     return rc;
@@ -764,16 +768,17 @@ int cpt_parse_responses(const char *body, size_t len, const char *prior,
     return parse(CPT_RESPONSES, body, len, prior, lim, id, deadline_ms, out, c, e);
 }
 
-bool cpt_previous_id(const char *body, size_t len, char *out, size_t size)
+void cpt_responses_peek(const char *body, size_t len, struct cpt_peek *out)
 {
-    out[0] = 0;
+    memset(out, 0, sizeof *out);
     cJSON *root = cJSON_ParseWithLength(body, len);
     const char *v =
         cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "previous_response_id"));
-    if (v && strlen(v) < size) /* a longer one names nothing: not found */
-        snprintf(out, size, "%s", v);
+    out->continues = v != NULL;
+    if (v && strlen(v) < sizeof out->previous_id) /* a longer one names nothing: not found */
+        snprintf(out->previous_id, sizeof out->previous_id, "%s", v);
+    out->background = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "background"));
     cJSON_Delete(root);
-    return v != NULL;
 }
 
 /* ---- responses ---- */
@@ -789,6 +794,8 @@ struct cpt_resp {
     int64_t created_ms;
     cJSON *echo;               /* Responses: the request fields to echo */
     bool store;                /* Responses: stored when it ends (cpt_request's) */
+    bool background;           /* Responses: its client does not wait (cpt_request's) */
+    bool cancelled;            /* ... and cancelled it (cpt_request's) */
     int64_t next_seq;          /* the job event seq expected */
     int state;
     struct oai_error failure;
@@ -826,6 +833,8 @@ int cpt_resp_create(struct cpt_resp **out, const struct cpt_request *c, const ch
     r->api = c->api;
     r->stream = stream;
     r->store = c->store;
+    r->background = c->background;
+    r->cancelled = c->cancelled;
     snprintf(r->id, sizeof r->id, "%s", id);
     const char *t = strrchr(r->id, '_');
     const char *d = strrchr(r->id, '-');
@@ -920,15 +929,29 @@ static cJSON *response_object(const struct cpt_resp *r)
     cJSON_AddStringToObject(o, "id", r->id);
     cJSON_AddStringToObject(o, "object", "response");
     cJSON_AddNumberToObject(o, "created_at", (double)(r->created_ms / 1000));
-    const char *status = "in_progress";
+    /* a background response is read while it runs: queued until its
+     * first event; one cancelled says so, as OpenAI's does */
+    const char *status = r->background && !r->next_seq ? "queued" : "in_progress";
     const char *why = NULL;
     if (r->state == OAI_END) {
-        status = !strcmp(r->finish, "stop") ? "completed" : "incomplete";
+        status = !strcmp(r->finish, "stop")                          ? "completed"
+                 : r->background && !strcmp(r->finish, "cancelled") ? "cancelled"
+                                                                      : "incomplete";
         why = !strcmp(r->finish, "length") ? "max_output_tokens" : r->finish;
+    } else if (r->state == OAI_FAILED) {
+        status = "failed";
+    } else if (r->background && r->cancelled) {
+        status = "cancelled"; /* the job stops within its worker's next check */
     }
     cJSON_AddStringToObject(o, "status", status);
-    cJSON_AddBoolToObject(o, "background", 0);
-    cJSON_AddNullToObject(o, "error");
+    cJSON_AddBoolToObject(o, "background", r->background);
+    if (r->state == OAI_FAILED) {
+        cJSON *err = cJSON_AddObjectToObject(o, "error");
+        cJSON_AddStringToObject(err, "code", r->failure.code);
+        cJSON_AddStringToObject(err, "message", r->failure.message);
+    } else {
+        cJSON_AddNullToObject(o, "error");
+    }
     if (!strcmp(status, "incomplete"))
         cJSON_AddStringToObject(cJSON_AddObjectToObject(o, "incomplete_details"), "reason", why);
     else
@@ -1537,7 +1560,14 @@ char *cpt_resp_body(const struct cpt_resp *r)
 
 char *cpt_resp_stored(const struct cpt_resp *r)
 {
-    if (r->api != CPT_RESPONSES || !r->store || r->state != OAI_END)
+    if (!r->store || r->state != OAI_END)
+        return NULL;
+    return cpt_resp_object(r);
+}
+
+char *cpt_resp_object(const struct cpt_resp *r)
+{
+    if (r->api != CPT_RESPONSES)
         return NULL;
     cJSON *o = response_object(r);
     char *s = o ? cJSON_PrintUnformatted(o) : NULL;

@@ -60,6 +60,12 @@ struct cpt_request {
     /* Responses: store (true unless the request said false); the caller
      * clears it when it keeps no responses, before cpt_resp_create */
     bool store;
+    /* Responses: background (its client reads it later: GET
+     * /v1/responses/{id}); always with store */
+    bool background;
+    /* Responses, background: its client cancelled it (the answer says
+     * "cancelled" before the job's end says so) */
+    bool cancelled;
 };
 void cpt_request_clear(struct cpt_request *c);
 
@@ -81,10 +87,16 @@ int cpt_parse_responses(const char *body, size_t len, const char *prior,
                         const struct oai_limits *lim, const char *id, int64_t deadline_ms,
                         struct oai_request *out, struct cpt_request *c, struct oai_error *e);
 
-/* The previous_response_id of a Responses body, copied into out (size
- * bytes; "" when it does not fit, which names no response). Returns
- * whether the body has one as a string. */
-bool cpt_previous_id(const char *body, size_t len, char *out, size_t size);
+/* What the front door must know of a Responses body before it parses it:
+ * whether it continues a stored response (read from Redis first, for
+ * cpt_parse_responses) and whether it runs in the background (its job then
+ * carries no client lease and no deadline: nobody waits for it). */
+struct cpt_peek {
+    bool continues;        /* previous_response_id is a string */
+    char previous_id[129]; /* that string; "" when longer (it names no response) */
+    bool background;       /* background: true */
+};
+void cpt_responses_peek(const char *body, size_t len, struct cpt_peek *out);
 
 struct cpt_resp;
 
@@ -118,6 +130,13 @@ char *cpt_resp_body(const struct cpt_resp *r);
  * gets it (store: true), to keep (rstore.h); malloc'd. NULL otherwise, or
  * when out of memory. */
 char *cpt_resp_stored(const struct cpt_resp *r);
+
+/* Responses: the response object as it stands, malloc'd: a background
+ * one "queued" before its first event, "in_progress" while it runs (the
+ * output items come with the end), then completed, incomplete, cancelled
+ * (background), or "failed" with its error. NULL for the other APIs or
+ * when out of memory. */
+char *cpt_resp_object(const struct cpt_resp *r);
 
 /* prompt + completion tokens after OAI_END, else 0. */
 int64_t cpt_resp_total_tokens(const struct cpt_resp *r);

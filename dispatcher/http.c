@@ -361,7 +361,8 @@ struct req {
     struct text sse;        /* bytes produced and not yet handed to MHD */
     size_t sse_off;
     bool enqueued;             /* the job is in Redis */
-    bool job_ended;            /* done or error seen: nothing to cancel */
+    bool job_ended;            /* done or error seen (or a background job's,
+                                  which its connection never cancels): nothing to cancel */
     bool finished;             /* the response's last byte is in sse */
     bool failed;               /* err holds an error not yet delivered */
     bool headers_sent;         /* the streaming response was queued */
@@ -1181,9 +1182,9 @@ static char *error_body(const struct req *q, const struct oai_error *e)
 }
 
 /* Adds prompt + completion tokens to the tenant's current minute. */
-static void charge_tokens(struct req *q)
+/* n tokens onto the tenant's count of this minute. */
+static void charge(struct req *q, int64_t n)
 {
-    int64_t n = resp_tokens(q);
     if (!q->has_tenant || !q->tpm || n <= 0)
         return;
     char key[320], num[24];
@@ -1200,6 +1201,26 @@ static void charge_tokens(struct req *q)
         rconn_command(q->rc, 3, a2, NULL, NULL, &err))
         RL_LOG(q->h->log, RL_LOG_WARN, "http: %s: tokens not charged to %s: %s", q->id,
                q->tenant, err.msg);
+}
+
+/* The answer's tokens, once it ended: a background response's were
+ * charged when it was queued (charge_budget). */
+static void charge_tokens(struct req *q)
+{
+    if (!q->creq.background)
+        charge(q, resp_tokens(q));
+}
+
+/* A background response: its output budget (the job's max_tokens, else
+ * http_max_tokens) charged when it is queued, as OpenAI's limits count
+ * max_tokens up front: its tokens are counted whether or not it is ever
+ * read back. */
+static void charge_budget(struct req *q)
+{
+    cJSON *job = cJSON_ParseWithLength(q->oreq.job, q->oreq.job_len);
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(job, "max_tokens");
+    charge(q, cJSON_IsNumber(mt) ? (int64_t)mt->valuedouble : q->h->lim.max_tokens);
+    cJSON_Delete(job);
 }
 
 /* The request leaves the vLLM gauges; done: its done event (NULL: it
@@ -1241,7 +1262,8 @@ static void store_response(struct req *q)
         return; /* not the Responses API, or store false */
     char *rec = NULL;
     struct rl_err err = {0};
-    int rc = rst_record(owner_of(q), q->id, q->creq.input ? q->creq.input : "[]", obj, &rec);
+    int rc = rst_record(owner_of(q), q->id, q->creq.input ? q->creq.input : "[]", obj, NULL,
+                        &rec);
     if (rc)
         rl_errf(&err, -rc, "out of memory");
     else
@@ -1824,17 +1846,121 @@ static const char *id_prefix(enum route r)
     }
 }
 
+/* Whether the last entry of an XREVRANGE reply is a job's last event
+ * (done or error). */
+static bool last_is_end(const struct rconn_reply *x)
+{
+    const struct rconn_reply *f =
+        x && x->type == RCONN_ARRAY && x->n_elem == 1 && x->elem[0].n_elem == 2
+            ? &x->elem[0].elem[1] : NULL;
+    bool end = false;
+    for (size_t k = 0; f && f->type == RCONN_ARRAY && k + 1 < f->n_elem; k += 2) {
+        if (!f->elem[k].str || strcmp(f->elem[k].str, "event"))
+            continue;
+        cJSON *ev = cJSON_ParseWithLength(f->elem[k + 1].str, f->elem[k + 1].len);
+        const char *t = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(ev, "type"));
+        end = t && (!strcmp(t, "done") || !strcmp(t, "error"));
+        cJSON_Delete(ev);
+    }
+    return end;
+}
+
+/* A running background response's answer as it stands, rebuilt from its
+ * job's events (<prefix>out:<id>): *obj (malloc'd) and whether they ended.
+ * The object carries its output only at the end, so a poll of one still
+ * running reads two entries (the last, the first), not the whole stream:
+ * a client that polls often costs Redis little. */
+static int replay(struct req *q, const char *id, const struct rst_running *run, char **obj,
+                  bool *ended, struct rl_err *err)
+{
+    struct dhttp *h = q->h;
+    *obj = NULL;
+    *ended = false;
+    struct cpt_request c = {.api = CPT_RESPONSES, .echo = run->echo, .store = true,
+                            .background = true, .cancelled = run->cancel};
+    struct cpt_resp *r = NULL;
+    int rc = cpt_resp_create(&r, &c, id, run->model, run->created_ms, false, err);
+    char key[320];
+    rcl_tagged_key(key, sizeof key, rconn_is_cluster(q->rc), h->prefix, "out:", id);
+    const char *last[] = {"XREVRANGE", key, "+", "-", "COUNT", "1"};
+    struct rconn_reply *x = NULL;
+    if (!rc)
+        rc = rconn_command(q->rc, 6, last, NULL, &x, err);
+    bool end = !rc && last_is_end(x);
+    rconn_reply_free(x);
+    x = NULL;
+    const char *argv[] = {"XRANGE", key, "-", "+", "COUNT", "1"};
+    if (!rc)
+        rc = rconn_command(q->rc, end ? 4 : 6, argv, NULL, &x, err);
+    struct text junk = {0}; /* not a stream: nothing is written */
+    for (size_t i = 0; !rc && !*ended && x && x->type == RCONN_ARRAY && i < x->n_elem; i++) {
+        const struct rconn_reply *f = x->elem[i].n_elem == 2 ? &x->elem[i].elem[1] : NULL;
+        for (size_t k = 0; f && f->type == RCONN_ARRAY && k + 1 < f->n_elem; k += 2) {
+            if (!f->elem[k].str || strcmp(f->elem[k].str, "event"))
+                continue;
+            struct oai_error e;
+            int fr = cpt_resp_feed(r, f->elem[k + 1].str, f->elem[k + 1].len, &junk, &e);
+            if (fr < 0)
+                rc = rl_errf(err, RL_ENOMEM, "out of memory");
+            *ended = fr == OAI_END || fr == OAI_FAILED;
+        }
+    }
+    text_free(&junk);
+    rconn_reply_free(x);
+    if (!rc && !(*obj = cpt_resp_object(r)))
+        rc = rl_errf(err, RL_ENOMEM, "out of memory");
+    cpt_resp_free(r);
+    return rc;
+}
+
+/* The record of stored response id for this request's tenant (rst_get,
+ * its TTL started again when ttl_s), a running background one brought up
+ * to date from its job's events: the finished record is written back
+ * once they end, so that it outlives its event stream. Returns 0 and
+ * *record (malloc'd), 1 when there is none, or a negative code with err. */
+static int stored_record(struct req *q, const char *id, int ttl_s, char **record,
+                         struct rl_err *err)
+{
+    struct dhttp *h = q->h;
+    int rc = rst_get(q->rc, h->prefix, id, owner_of(q), ttl_s, record, err);
+    struct rst_running run;
+    int running = rc ? 0 : rst_running_of(*record, &run);
+    if (running <= 0)
+        return rc ? rc : running ? rl_errf(err, RL_ENOMEM, "out of memory") : 0;
+    char *obj = NULL, *next = NULL;
+    bool ended = false;
+    rc = replay(q, id, &run, &obj, &ended, err);
+    if (!rc && rst_rewrite(*record, obj, ended ? NULL : &run, &next))
+        rc = rl_errf(err, RL_ENOMEM, "out of memory");
+    if (!rc && ended)
+        rc = rst_put(q->rc, h->prefix, id, next, h->store_ttl_s, err);
+    if (!rc) {
+        free(*record);
+        *record = next;
+        next = NULL;
+    }
+    free(next);
+    free(obj);
+    rst_running_clear(&run);
+    if (rc) {
+        free(*record);
+        *record = NULL;
+    }
+    return rc;
+}
+
 /* The conversation a Responses body continues: its previous_response_id's
  * stored context (rst_context) into *prior (malloc'd), NULL when it names
  * none. A name not found, or another tenant's, is 400
  * previous_response_not_found, as OpenAI answers (saying why when none are
  * kept); Redis's refusal is 503. Returns 0 or -RL_EINVAL with *e. */
-static int previous_context(struct req *q, const char *body, char **prior, struct oai_error *e)
+static int previous_context(struct req *q, const struct cpt_peek *pk, char **prior,
+                            struct oai_error *e)
 {
     struct dhttp *h = q->h;
-    char id[RST_ID_MAX + 1];
+    const char *id = pk->previous_id;
     *prior = NULL;
-    if (q->too_big || !cpt_previous_id(body, q->body.n, id, sizeof id))
+    if (!pk->continues)
         return 0;
     if (!h->store_ttl_s) {
         oai_error_set(e, 400, "invalid_request_error", "previous_response_not_found",
@@ -1845,16 +1971,26 @@ static int previous_context(struct req *q, const char *body, char **prior, struc
     }
     struct rl_err err = {0};
     char *record = NULL;
+    struct rst_running run = {0};
     int rc = !id[0] ? 1
              : !q->rc && !(q->rc = pool_get(h, &err))
                  ? -RL_EIO
-                 : rst_get(q->rc, h->prefix, id, owner_of(q), h->store_ttl_s, &record, &err);
+                 : stored_record(q, id, h->store_ttl_s, &record, &err);
     if (rc == 1) {
         oai_error_set(e, 400, "invalid_request_error", "previous_response_not_found",
                       "previous_response_id", "Previous response with id '%s' not found.", id);
         return -RL_EINVAL;
     }
-    if (!rc && !(*prior = rst_context(record)))
+    int running = rc ? 0 : rst_running_of(record, &run);
+    rst_running_clear(&run);
+    if (running == 1) {
+        free(record);
+        oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "previous_response_id",
+                      "Previous response with id '%s' has not finished (a background response "
+                      "still running): poll GET /v1/responses/%s until it has", id, id);
+        return -RL_EINVAL;
+    }
+    if (!rc && (running < 0 || !(*prior = rst_context(record))))
         rc = rl_errf(&err, RL_ENOMEM, "out of memory");
     free(record);
     if (rc) {
@@ -1864,6 +2000,46 @@ static int previous_context(struct req *q, const char *body, char **prior, struc
         return -RL_EINVAL;
     }
     return 0;
+}
+
+/* A background response is kept before its job is queued, "queued", with
+ * what rebuilds its answer (rst_running): a GET that comes before any
+ * event finds it. *queued: that object, the POST's answer (malloc'd).
+ * Returns 0, or -1 with *e (503: Redis refused; nothing was queued). */
+static int keep_background(struct req *q, int64_t now, char **queued, struct oai_error *e)
+{
+    struct dhttp *h = q->h;
+    struct rst_running run = {.echo = q->creq.echo, .created_ms = now}; /* echo borrowed */
+    snprintf(run.model, sizeof run.model, "%s", q->vm_model);
+    char *rec = NULL;
+    struct rl_err err = {0};
+    *queued = cpt_resp_object(q->cresp);
+    int rc = !*queued ? -RL_ENOMEM
+             : rst_record(owner_of(q), q->id, q->creq.input ? q->creq.input : "[]", *queued,
+                          &run, &rec);
+    if (rc)
+        rl_errf(&err, RL_ENOMEM, "out of memory");
+    else
+        rc = rst_put(q->rc, h->prefix, q->id, rec, h->store_ttl_s, &err);
+    free(rec);
+    if (!rc)
+        return 0;
+    free(*queued);
+    *queued = NULL;
+    oai_error_set(e, 503, "server_error", "REDIS_UNAVAILABLE", "background",
+                  "the background response could not be kept, so it was not started: %s",
+                  err.msg);
+    e->retry_after_s = 1;
+    return -1;
+}
+
+/* The record of a background response whose job could not be queued. */
+static void unkeep_background(struct req *q)
+{
+    struct rl_err err = {0};
+    if (rst_delete(q->rc, q->h->prefix, q->id, owner_of(q), &err) < 0)
+        RL_LOG(q->h->log, RL_LOG_WARN, "http: %s: its record stays until it expires: %s", q->id,
+               err.msg);
 }
 
 static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
@@ -1889,9 +2065,24 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     }
     const char *body = q->body.p ? q->body.p : "";
     char *prior = NULL;
-    int prc = q->route == R_RESPONSES ? previous_context(q, body, &prior, &e) : 0;
-    if (prc)
-        return respond_error(q, conn, &e);
+    struct cpt_peek pk = {0};
+    struct oai_limits lim = h->lim;
+    if (q->route == R_RESPONSES) {
+        cpt_responses_peek(body, q->body.n, &pk);
+        if (pk.background && !h->store_ttl_s) {
+            oai_error_set(&e, 400, "invalid_request_error", "BAD_VALUE", "background",
+                          "background: this server keeps no responses (responses_store_ttl_s "
+                          "= 0), so none could be read back");
+            return respond_error(q, conn, &e);
+        }
+        if (pk.background) { /* nobody waits: no client lease, no deadline of ours */
+            lim.client_lease_ms = 0;
+            deadline = 0;
+        }
+        if (previous_context(q, &pk, &prior, &e))
+            return respond_error(q, conn, &e);
+    }
+    int prc = 0;
     if (q->embed)
         prc = emb_parse(emb_api_of(q->route), body, q->body.n, &h->lim, q->id, deadline,
                         &q->oreq, &q->ereq, &e);
@@ -1899,7 +2090,7 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         prc = rr_parse(q->route == R_SCORE ? RR_SCORE : RR_RERANK, body, q->body.n, &h->lim,
                        q->id, deadline, &q->oreq, &q->rreq, &e);
     else if (q->route == R_RESPONSES)
-        prc = cpt_parse_responses(body, q->body.n, prior, &h->lim, q->id, deadline, &q->oreq,
+        prc = cpt_parse_responses(body, q->body.n, prior, &lim, q->id, deadline, &q->oreq,
                                   &q->creq, &e);
     else if (q->compat)
         prc = cpt_parse(q->route == R_ANTHROPIC     ? CPT_ANTHROPIC
@@ -1974,6 +2165,10 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         oai_error_set(&e, 500, "server_error", ev_code_name(EV_CODE_INTERNAL), NULL, "%s", err.msg);
         return respond_error(q, conn, &e);
     }
+    bool bg = q->creq.background;
+    char *queued = NULL; /* bg: the answer now, the object "queued" */
+    if (bg && keep_background(q, now, &queued, &e))
+        return respond_error(q, conn, &e);
     char key[300];
     /* connected first: the key layout depends on what the server is */
     rconn_ensure(q->rc, NULL);
@@ -2007,7 +2202,7 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         size_t lens[] = {n_jobs > 1 ? q->oreq.job_lens[i] : q->oreq.job_len};
         int lrc = 0;
         sub_id(q, i, jid);
-        if (h->lease_ms) { /* the job's client lease, before the job exists (lease_main) */
+        if (h->lease_ms && !bg) { /* the job's client lease, before the job exists (lease_main) */
             char ms[16];
             snprintf(ms, sizeof ms, "%d", h->lease_ms);
             char *lk = i ? q->more_leases[i - 1] : q->lease_key;
@@ -2025,18 +2220,40 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
             oai_error_set(&e, 503, "server_error", "REDIS_UNAVAILABLE", NULL,
                           "the request queue is unavailable: %s", err.msg);
             e.retry_after_s = 1;
+            if (bg)
+                unkeep_background(q);
+            free(queued);
             return respond_error(q, conn, &e);
         }
     }
     q->enqueued = true;
+    if (h->lease_ms && !bg)
+        lease_add(q);
+    RL_LOG(h->log, RL_LOG_DEBUG, "http: %s queued%s%s%s", q->id, bg ? " in the background" : "",
+           q->has_tenant ? " for " : "", q->has_tenant ? q->tenant : "");
+    if (bg) {
+        q->job_ended = true; /* not this connection's to cancel: it may leave */
+        charge_budget(q);
+        if (!q->oreq.stream) /* read back by GET /v1/responses/{id}: no request to count */
+            return respond(q, conn, 200, "application/json", queued, NULL);
+    }
+    free(queued);
     vm_move(h->vm, q->vm_model, VM_NONE, VM_WAITING);
     q->vm = VM_WAITING;
-    if (h->lease_ms)
-        lease_add(q);
-    RL_LOG(h->log, RL_LOG_DEBUG, "http: %s queued%s%s", q->id, q->has_tenant ? " for " : "",
-           q->has_tenant ? q->tenant : "");
 
     int rc = pump(q);
+    if (bg && (rc == P_GONE || rc == P_STOPPING || rc == P_TIMEOUT)) {
+        /* a background response runs on without its stream; read back by
+         * GET /v1/responses/{id} */
+        if (rc == P_GONE)
+            return MHD_NO;
+        oai_error_set(&e, rc == P_TIMEOUT ? 504 : 503, "server_error",
+                      rc == P_TIMEOUT ? ev_code_name(EV_CODE_DEADLINE_EXCEEDED) : "SHUTTING_DOWN",
+                      NULL, "%s; the background response runs on: GET /v1/responses/%s",
+                      rc == P_TIMEOUT ? "no answer within http_timeout_s"
+                                      : "the server is shutting down", q->id);
+        return respond_error(q, conn, &e);
+    }
     if (rc == P_GONE || rc == P_STOPPING || rc == P_NOMEM) {
         cancel_job(q, rc == P_GONE ? "the client left" : rc == P_STOPPING ? "shutting down"
                                                                           : "out of memory");
@@ -2086,10 +2303,56 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     return mr;
 }
 
+/* POST /v1/responses/{id}/cancel of record (stored_record's, freed): a
+ * running background response's job is cancelled (SET cancel:<id>, as a
+ * client that leaves) and its record says so until the job's end does;
+ * the answer is the object then. A finished one cannot be. */
+static enum MHD_Result cancel_stored(struct req *q, struct MHD_Connection *conn,
+                                     const char *id, char *record)
+{
+    struct dhttp *h = q->h;
+    struct oai_error e;
+    struct rst_running run;
+    struct rl_err err = {0};
+    int running = rst_running_of(record, &run);
+    if (running == 0) {
+        free(record);
+        oai_error_set(&e, 400, "invalid_request_error", "BAD_VALUE", "response_id",
+                      "Cannot cancel a response that has finished, and only background "
+                      "responses can be cancelled here: the others end when their request "
+                      "does (close the connection to cancel one)");
+        return respond_error(q, conn, &e);
+    }
+    char *next = NULL, *obj = NULL;
+    bool ended = false;
+    int rc = running < 0 ? rl_errf(&err, RL_ENOMEM, "out of memory") : 0;
+    if (!rc) {
+        snprintf(q->id, sizeof q->id, "%.63s", id); /* the job's id: cancel_job's (ours fit) */
+        cancel_job(q, "its client cancelled the background response");
+        run.cancel = true;
+        rc = replay(q, id, &run, &obj, &ended, &err);
+    }
+    if (!rc && rst_rewrite(record, obj, ended ? NULL : &run, &next))
+        rc = rl_errf(&err, RL_ENOMEM, "out of memory");
+    if (!rc)
+        rc = rst_put(q->rc, h->prefix, id, next, h->store_ttl_s, &err);
+    free(next);
+    free(record);
+    rst_running_clear(&run);
+    if (rc) {
+        free(obj);
+        oai_error_set(&e, 503, "server_error", ev_code_name(EV_CODE_INTERNAL), NULL,
+                      "the background response could not be cancelled: %s", err.msg);
+        return respond_error(q, conn, &e);
+    }
+    return respond(q, conn, 200, "application/json", obj, NULL);
+}
+
 /* GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items,
  * POST /v1/responses/{id}/cancel (path: what follows /v1/responses/): a
  * stored response (rstore.h), for its own tenant only; any other id is
- * 404, whether it exists or not. */
+ * 404, whether it exists or not. A running background response is read
+ * as it stands (stored_record); deleting one cancels its job. */
 static enum MHD_Result stored(struct req *q, struct MHD_Connection *conn, const char *method,
                               const char *path)
 {
@@ -2099,15 +2362,11 @@ static enum MHD_Result stored(struct req *q, struct MHD_Connection *conn, const 
     const char *tail = strchr(path, '/');
     size_t n = tail ? (size_t)(tail - path) : strlen(path);
     snprintf(id, sizeof id, "%.*s", n < sizeof id ? (int)n : 0, path); /* too long: none */
-    if (tail && strcmp(tail, "/input_items") && strcmp(tail, "/cancel")) {
+    bool items = tail && !strcmp(tail, "/input_items"), cancel = tail && !strcmp(tail, "/cancel");
+    bool del = !strcmp(method, "DELETE");
+    if (tail && !items && !cancel) {
         oai_error_set(&e, 404, "invalid_request_error", "not_found", NULL,
                       "no such path: /v1/responses/%.*s%.40s", RST_ID_MAX, id, tail);
-        return respond_error(q, conn, &e);
-    }
-    if (tail && !strcmp(tail, "/cancel")) { /* every response here runs in its request */
-        oai_error_set(&e, 400, "invalid_request_error", "BAD_VALUE", "response_id",
-                      "Only background responses can be cancelled; a response here ends "
-                      "when its request does (close the connection to cancel it)");
         return respond_error(q, conn, &e);
     }
     const char *stream = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "stream");
@@ -2126,12 +2385,11 @@ static enum MHD_Result stored(struct req *q, struct MHD_Connection *conn, const 
         limit = 0;
     struct rl_err err = {0};
     char *record = NULL, *body = NULL;
+    /* input_items and DELETE need no answer rebuilt */
     int rc = !h->store_ttl_s || !id[0] ? 1
-             : !(q->rc = pool_get(h, &err))
-                 ? -RL_EIO
-             : !strcmp(method, "DELETE")
-                 ? rst_delete(q->rc, h->prefix, id, owner_of(q), &err)
-                 : rst_get(q->rc, h->prefix, id, owner_of(q), 0, &record, &err);
+             : !(q->rc = pool_get(h, &err)) ? -RL_EIO
+             : items || del ? rst_get(q->rc, h->prefix, id, owner_of(q), 0, &record, &err)
+                            : stored_record(q, id, 0, &record, &err);
     if (rc == 1) {
         oai_error_set(&e, 404, "invalid_request_error", "not_found", "response_id",
                       "Response with id '%s' not found.%s", id,
@@ -2139,19 +2397,33 @@ static enum MHD_Result stored(struct req *q, struct MHD_Connection *conn, const 
                                            "(responses_store_ttl_s = 0).");
         return respond_error(q, conn, &e);
     }
+    if (!rc && del) {
+        struct rst_running run;
+        if (rst_running_of(record, &run) == 1) { /* no work left for nobody */
+            snprintf(q->id, sizeof q->id, "%.63s", id);
+            cancel_job(q, "its background response was deleted");
+        }
+        rst_running_clear(&run);
+        rc = rst_delete(q->rc, h->prefix, id, owner_of(q), &err);
+        if (rc == 1) /* deleted by another request meanwhile: the same answer */
+            rc = 0;
+    }
     if (rc) {
+        free(record);
         oai_error_set(&e, 503, "server_error", ev_code_name(EV_CODE_INTERNAL), NULL,
                       "the stored response could not be read: %s", err.msg);
         return respond_error(q, conn, &e);
     }
-    if (!strcmp(method, "DELETE")) {
+    if (cancel)
+        return cancel_stored(q, conn, id, record);
+    if (del) {
         cJSON *o = cJSON_CreateObject();
         if (o && cJSON_AddStringToObject(o, "id", id) &&
             cJSON_AddStringToObject(o, "object", "response") &&
             cJSON_AddBoolToObject(o, "deleted", 1))
             body = cJSON_PrintUnformatted(o);
         cJSON_Delete(o);
-    } else if (tail) {
+    } else if (items) {
         char msg[RL_ERR_MSG_MAX], param[16];
         rc = rst_input_items(record, order, limit < 0 || limit > 100 ? 0 : (int)limit, after,
                              &body, msg, sizeof msg);

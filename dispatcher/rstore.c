@@ -1,5 +1,4 @@
 /* dispatcher/rstore.c - stored responses in Redis (rstore.h). */
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,22 +8,33 @@
 #include "rconn.h"
 #include "rstore.h"
 
-int rst_record(const char *owner, const char *id, const char *input, const char *response,
-               char **out)
+void rst_running_clear(struct rst_running *r)
 {
-    *out = NULL;
-    cJSON *rec = cJSON_CreateObject();
-    cJSON *in = cJSON_Parse(input);
-    cJSON *resp = cJSON_Parse(response);
-    int rc = 0;
-    if (!rec) {
-        rc = -RL_ENOMEM;
-        goto done;
+    free(r->echo);
+    memset(r, 0, sizeof *r);
+}
+
+/* The record's "running" member for run, or NULL when out of memory. */
+static cJSON *running_json(const struct rst_running *run)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *echo = run->echo ? cJSON_Parse(run->echo) : cJSON_CreateObject();
+    bool ok = o && echo && cJSON_AddItemToObject(o, "echo", echo);
+    if (!ok)
+        cJSON_Delete(echo); /* not o's */
+    ok = ok && cJSON_AddStringToObject(o, "model", run->model) &&
+         cJSON_AddNumberToObject(o, "created_ms", (double)run->created_ms) &&
+         cJSON_AddBoolToObject(o, "cancel", run->cancel);
+    if (!ok) {
+        cJSON_Delete(o);
+        return NULL;
     }
-    if (!cJSON_IsArray(in) || !cJSON_IsObject(resp)) {
-        rc = -RL_EINVAL;
-        goto done;
-    }
+    return o;
+}
+
+/* Gives every item of in without an "id" one named after the response. */
+static int name_items(cJSON *in, const char *id)
+{
     /* the unique end of the response id names its items, as compat.c's
      * output items are named */
     const char *tail = strrchr(id, '_');
@@ -41,25 +51,87 @@ int rst_record(const char *owner, const char *id, const char *input, const char 
         char iid[RST_ID_MAX + 32];
         snprintf(iid, sizeof iid, "%s_%.*s_in%d",
                  !type || !strcmp(type, "message") ? "msg" : "item", RST_ID_MAX, tail, k++);
-        if (!cJSON_AddStringToObject(it, "id", iid)) {
-            rc = -RL_ENOMEM;
-            goto done;
-        }
+        if (!cJSON_AddStringToObject(it, "id", iid))
+            return -RL_ENOMEM;
     }
-    if (!cJSON_AddStringToObject(rec, "owner", owner ? owner : "")) {
+    return 0;
+}
+
+/* The record of its parts (each taken, freed on failure); run NULL: none. */
+static int assemble(const char *owner, cJSON *in, cJSON *resp, const struct rst_running *run,
+                    char **out)
+{
+    *out = NULL;
+    cJSON *rec = cJSON_CreateObject();
+    cJSON *rj = run ? running_json(run) : NULL;
+    int rc = 0;
+    if (!rec || (run && !rj))
         rc = -RL_ENOMEM;
-        goto done;
+    else if (!cJSON_IsArray(in) || !cJSON_IsObject(resp))
+        rc = -RL_EINVAL;
+    else if (!cJSON_AddStringToObject(rec, "owner", owner ? owner : ""))
+        rc = -RL_ENOMEM;
+    if (rc) {
+        cJSON_Delete(rec);
+        cJSON_Delete(rj);
+        cJSON_Delete(in);
+        cJSON_Delete(resp);
+        return rc;
     }
     cJSON_AddItemToObject(rec, "input", in);
-    in = NULL;
     cJSON_AddItemToObject(rec, "response", resp);
-    resp = NULL;
+    if (rj)
+        cJSON_AddItemToObject(rec, "running", rj);
     if (!(*out = cJSON_PrintUnformatted(rec)))
         rc = -RL_ENOMEM;
-done:
     cJSON_Delete(rec);
-    cJSON_Delete(in);
-    cJSON_Delete(resp);
+    return rc;
+}
+
+int rst_record(const char *owner, const char *id, const char *input, const char *response,
+               const struct rst_running *run, char **out)
+{
+    cJSON *in = cJSON_Parse(input);
+    if (cJSON_IsArray(in) && name_items(in, id)) {
+        cJSON_Delete(in);
+        return -RL_ENOMEM;
+    }
+    return assemble(owner, in, cJSON_Parse(response), run, out);
+}
+
+int rst_rewrite(const char *record, const char *response, const struct rst_running *run,
+                char **out)
+{
+    cJSON *rec = cJSON_Parse(record);
+    cJSON *in = cJSON_DetachItemFromObjectCaseSensitive(rec, "input");
+    cJSON *resp = response ? cJSON_Parse(response)
+                           : cJSON_DetachItemFromObjectCaseSensitive(rec, "response");
+    const char *owner = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(rec, "owner"));
+    int rc = owner ? assemble(owner, in, resp, run, out) : -RL_EINVAL;
+    if (!owner) {
+        cJSON_Delete(in);
+        cJSON_Delete(resp);
+    }
+    cJSON_Delete(rec);
+    return rc;
+}
+
+int rst_running_of(const char *record, struct rst_running *out)
+{
+    memset(out, 0, sizeof *out);
+    cJSON *rec = cJSON_Parse(record);
+    const cJSON *run = cJSON_GetObjectItemCaseSensitive(rec, "running");
+    int rc = 0;
+    if (cJSON_IsObject(run)) {
+        const cJSON *created = cJSON_GetObjectItemCaseSensitive(run, "created_ms");
+        const char *model = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(run, "model"));
+        snprintf(out->model, sizeof out->model, "%s", model ? model : "");
+        out->created_ms = cJSON_IsNumber(created) ? (int64_t)created->valuedouble : 0;
+        out->cancel = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(run, "cancel"));
+        out->echo = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(run, "echo"));
+        rc = out->echo ? 1 : -RL_ENOMEM;
+    }
+    cJSON_Delete(rec);
     return rc;
 }
 

@@ -19,13 +19,21 @@
  * OpenAI's are not); response is the object the client got. The next
  * turn's context is input then response.output (rst_context).
  *
- * The JSON side (rst_record, rst_context, rst_response, rst_input_items)
- * is pure; rst_put, rst_get and rst_delete are one command each on the
- * caller's connection. */
+ * A background response's record is written before its job is queued,
+ * with "running": {"echo", "model", "created_ms", "cancel"}: what the
+ * front door needs to rebuild its answer from the job's events
+ * (<prefix>out:<id>) whenever it is read, until one read finds it ended
+ * and writes the finished record, without "running" (rst_rewrite).
+ *
+ * The JSON side (rst_record, rst_rewrite, rst_running_of, rst_context,
+ * rst_response, rst_input_items) is pure; rst_put, rst_get and rst_delete
+ * are one command each on the caller's connection. */
 #ifndef RL_RSTORE_H
 #define RL_RSTORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "err.h"
 
@@ -35,13 +43,32 @@ struct rconn;
  * characters); a longer one is not found. */
 #define RST_ID_MAX 128
 
+/* A background response still running: what rebuilds its answer. */
+struct rst_running {
+    char *echo;          /* the request's fields echoed (cpt_request's), JSON, malloc'd */
+    char model[256];     /* the model name the answer gives */
+    int64_t created_ms;  /* Unix ms */
+    bool cancel;         /* its client cancelled it: said so until it ends */
+};
+void rst_running_clear(struct rst_running *r);
+
 /* The record of response id (its JSON object, compact) for owner, whose
  * input items are input (a JSON array; items without an "id" get one, as
- * the listing of input items needs). *out: malloc'd, the caller's. Returns
- * 0, -RL_EINVAL (input or response is not what it should be) or
- * -RL_ENOMEM. */
+ * the listing of input items needs); run: NULL for a finished response.
+ * *out: malloc'd, the caller's. Returns 0, -RL_EINVAL (input or response
+ * is not what it should be) or -RL_ENOMEM. */
 int rst_record(const char *owner, const char *id, const char *input, const char *response,
-               char **out);
+               const struct rst_running *run, char **out);
+
+/* record with its response replaced by response (NULL: kept) and its
+ * running part by run (NULL: finished), owner and input kept. Returns as
+ * rst_record. */
+int rst_rewrite(const char *record, const char *response, const struct rst_running *run,
+                char **out);
+
+/* Whether record's response is still running: 1 and *out filled
+ * (rst_running_clear), 0 when finished, -RL_ENOMEM. */
+int rst_running_of(const char *record, struct rst_running *out);
 
 /* The conversation that a request naming this record as its
  * previous_response_id continues: input then the response's output items,

@@ -16,7 +16,9 @@
  *           one plain answer of the API of bits 0-1: the bytes of the stream
  *           are Responses SSE events ("event: <type>\ndata: <JSON whose type
  *           is that>\n\n"; Anthropic's too) or NDJSON lines of JSON objects, and a body
- *           exists exactly after OAI_END. A Responses answer with store
+ *           exists exactly after OAI_END (bit 4: a background response,
+ *           bit 5: one its client cancelled; its object as it stands is
+ *           valid JSON at the end of any events). A Responses answer with store
  *           gives the object to keep exactly then, and its record
  *           (rstore.h) is valid JSON whose context and listing are too.
  *
@@ -142,7 +144,8 @@ static void fuzz_request(const char *s, size_t n, uint8_t sel)
 
 static void fuzz_events(const char *s, size_t n, uint8_t sel)
 {
-    struct cpt_request c = {.api = api_of(sel), .store = true};
+    struct cpt_request c = {.api = api_of(sel), .store = true, .background = sel & 16,
+                            .cancelled = sel & 32};
     for (int stream = 0; stream < 2; stream++) {
         struct cpt_resp *r = NULL;
         struct rl_err err = {0};
@@ -171,11 +174,17 @@ static void fuzz_events(const char *s, size_t n, uint8_t sel)
         if (body)
             json_or_die(body, strlen(body));
         free(body);
+        char *now = cpt_resp_object(r); /* a background response as read while it runs */
+        if ((c.api == CPT_RESPONSES) != (now != NULL))
+            abort();
+        if (now)
+            json_or_die(now, strlen(now));
+        free(now);
         char *kept = cpt_resp_stored(r);
         if ((c.api == CPT_RESPONSES && last == OAI_END) != (kept != NULL))
             abort();
         char *rec = NULL, *ctx = NULL, *list = NULL, msg[128];
-        if (kept && (rst_record("t", "resp_fz1", PRIOR, kept, &rec) || !(ctx = rst_context(rec)) ||
+        if (kept && (rst_record("t", "resp_fz1", PRIOR, kept, NULL, &rec) || !(ctx = rst_context(rec)) ||
                      rst_input_items(rec, "asc", 3, "rs_1", &list, msg, sizeof msg)))
             abort();
         if (rec) {

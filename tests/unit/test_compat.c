@@ -298,9 +298,10 @@ static void test_responses_continued(void **state)
     struct oai_error e;
     struct cpt_request c;
     struct oai_request r;
-    char id[RST_ID_MAX + 1];
-    assert_true(cpt_previous_id(body, strlen(body), id, sizeof id));
-    assert_string_equal(id, "resp_x");
+    struct cpt_peek pk;
+    cpt_responses_peek(body, strlen(body), &pk);
+    assert_true(pk.continues && !pk.background);
+    assert_string_equal(pk.previous_id, "resp_x");
     assert_int_equal(cpt_parse_responses(body, strlen(body), prior, &l, "resp_y", 0, &r, &c, &e),
                      0);
     cJSON *j = cJSON_Parse(r.job);
@@ -337,7 +338,7 @@ static void test_responses_continued(void **state)
     /* the record: ids for the items without one, the context the next
      * request continues, the listing */
     char *rec = NULL;
-    assert_int_equal(rst_record("acme", "resp_y", c.input, obj, &rec), 0);
+    assert_int_equal(rst_record("acme", "resp_y", c.input, obj, NULL, &rec), 0);
     cJSON *rj = cJSON_Parse(rec);
     assert_string_equal(cJSON_GetObjectItem(rj, "owner")->valuestring, "acme");
     assert_string_equal(
@@ -377,7 +378,7 @@ static void test_responses_continued(void **state)
     assert_int_equal(rst_input_items(rec, "asc", 101, NULL, &list, msg, sizeof msg), -RL_EINVAL);
     assert_int_equal(rst_input_items(rec, "asc", 5, "msg_9", &list, msg, sizeof msg), -RL_EINVAL);
     assert_null(list);
-    assert_int_equal(rst_record("", "resp_z", "{}", obj, &list), -RL_EINVAL);
+    assert_int_equal(rst_record("", "resp_z", "{}", obj, NULL, &list), -RL_EINVAL);
     free(rec);
     free(obj);
     oai_request_clear(&r);
@@ -398,6 +399,103 @@ static void test_responses_continued(void **state)
                      -RL_EINVAL);
     assert_string_equal(e.code, "previous_response_not_found");
     assert_string_equal(e.message, "Previous response with id 'resp_x' not found.");
+}
+
+/* The status of the object as it stands, for a background response. */
+static void assert_status(const struct cpt_resp *r, const char *want)
+{
+    char *s = cpt_resp_object(r);
+    cJSON *o = cJSON_Parse(s);
+    assert_string_equal(cJSON_GetObjectItem(o, "status")->valuestring, want);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(o, "background")));
+    cJSON_Delete(o);
+    free(s);
+}
+
+/* A background response: parsed (only with store), its object queued
+ * before any event, in progress, then completed; failed with its error;
+ * cancelled by its client before the end says so; and its record, running
+ * then finished (rst_rewrite), with what rebuilds it. */
+static void test_responses_background(void **state)
+{
+    (void)state;
+    struct oai_limits l = lim_any();
+    struct oai_error e;
+    struct cpt_request c;
+    struct oai_request r;
+    static const char body[] = "{\"input\":\"x\",\"background\":true}";
+    struct cpt_peek pk;
+    cpt_responses_peek(body, strlen(body), &pk);
+    assert_true(pk.background && !pk.continues);
+    assert_int_equal(cpt_parse(CPT_RESPONSES, body, strlen(body), &l, "resp_b", 0, &r, &c, &e),
+                     0);
+    assert_true(c.background && c.store);
+    oai_request_clear(&r);
+    cpt_request_clear(&c);
+    static const char *const bad[] = {"{\"input\":\"x\",\"background\":true,\"store\":false}",
+                                      "{\"input\":\"x\",\"background\":1}"};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(cpt_parse(CPT_RESPONSES, bad[i], strlen(bad[i]), &l, "resp_b", 0, &r,
+                                   &c, &e), -RL_EINVAL);
+        assert_string_equal(e.param, "background");
+    }
+    c = (struct cpt_request){.api = CPT_RESPONSES, .store = true, .background = true};
+    struct cpt_resp *resp;
+    struct rl_err err = {0};
+    struct text out = {0};
+    assert_int_equal(cpt_resp_create(&resp, &c, "resp_b", "m", 1700000000123, false, &err), 0);
+    assert_status(resp, "queued");
+    assert_int_equal(cpt_resp_feed(resp, EVENTS[0], strlen(EVENTS[0]), &out, &e), OAI_MORE);
+    assert_status(resp, "in_progress");
+    char *queued = cpt_resp_object(resp);
+    for (int i = 1; i < 4; i++)
+        cpt_resp_feed(resp, EVENTS[i], strlen(EVENTS[i]), &out, &e);
+    assert_status(resp, "completed");
+    char *final = cpt_resp_stored(resp);
+    assert_non_null(final);
+    cpt_resp_free(resp);
+
+    /* its record: running, with what rebuilds it; then finished */
+    struct rst_running run = {.echo = strdup("{\"instructions\":\"I\"}"), .created_ms = 5},
+                       back;
+    snprintf(run.model, sizeof run.model, "m");
+    char *rec = NULL, *fin = NULL;
+    assert_int_equal(rst_record("acme", "resp_b", "[]", queued, &run, &rec), 0);
+    assert_int_equal(rst_running_of(rec, &back), 1);
+    assert_string_equal(back.echo, run.echo);
+    assert_string_equal(back.model, "m");
+    assert_int_equal(back.created_ms, 5);
+    assert_false(back.cancel);
+    rst_running_clear(&back);
+    assert_int_equal(rst_rewrite(rec, final, NULL, &fin), 0);
+    assert_int_equal(rst_running_of(fin, &back), 0);
+    char *got = rst_response(fin);
+    assert_string_equal(got, final);
+    free(got);
+    cJSON *fj = cJSON_Parse(fin);
+    assert_string_equal(cJSON_GetObjectItem(fj, "owner")->valuestring, "acme");
+    cJSON_Delete(fj);
+    free(fin);
+    free(rec);
+    rst_running_clear(&run);
+    free(queued);
+    free(final);
+
+    /* failed: the error object; cancelled: said before the end */
+    assert_int_equal(cpt_resp_create(&resp, &c, "resp_b", "m", 1700000000123, false, &err), 0);
+    static const char failed[] =
+        "{\"seq\":0,\"type\":\"error\",\"code\":\"ENGINE_ERROR\",\"message\":\"broke\"}";
+    assert_int_equal(cpt_resp_feed(resp, failed, strlen(failed), &out, &e), OAI_FAILED);
+    assert_status(resp, "failed");
+    char *fo = cpt_resp_object(resp);
+    assert_non_null(strstr(fo, "\"message\":\"broke\""));
+    free(fo);
+    cpt_resp_free(resp);
+    c.cancelled = true;
+    assert_int_equal(cpt_resp_create(&resp, &c, "resp_b", "m", 1700000000123, false, &err), 0);
+    assert_status(resp, "cancelled");
+    cpt_resp_free(resp);
+    text_free(&out);
 }
 
 /* An answer that is all reasoning (cut by max_output_tokens while it
@@ -1111,6 +1209,7 @@ int main(void)
         cmocka_unit_test(test_responses_streamed_call),
         cmocka_unit_test(test_responses_thinking_only),
         cmocka_unit_test(test_responses_continued),
+        cmocka_unit_test(test_responses_background),
         cmocka_unit_test(test_ollama_lines),
         cmocka_unit_test(test_anthropic_requests),
         cmocka_unit_test(test_anthropic_streamed_call),
