@@ -438,6 +438,16 @@ def test_http_front_door_as_dispatcher_user(built, acl_redis, tmp_path):
         assert f.request("GET", f"/v1/responses/{rid}", None, auth)[0] == 200
         assert f.request("DELETE", f"/v1/responses/{rid}", None, auth)[0] == 200
         assert not admin.exists(f"redlm:response:{rid}")
+        # a background one, polled from its job's events (XREVRANGE, XRANGE)
+        status, _, data = f.request("POST", "/v1/responses", {**body, "background": True}, auth)
+        assert status == 200 and json.loads(data)["status"] == "queued", data
+        bid = json.loads(data)["id"]
+
+        def ended():
+            s, _, d = f.request("GET", f"/v1/responses/{bid}", None, auth)
+            assert s == 200, d
+            return json.loads(d)["status"] not in ("queued", "in_progress")
+        wait_for(ended, "the background response ended", timeout=60)
         # the events came through the shared reader, as the dispatcher user,
         # blocked on the bell the worker rang
         assert [c["user"] for c in admin.client_list()

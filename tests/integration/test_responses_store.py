@@ -14,14 +14,22 @@ input_items, end to end through a real redis-server, dispatcher and worker
   - another tenant's id is not found (404 / 400), never its answer;
   - store false keeps nothing; responses_store_ttl_s = 0 keeps nothing and
     says so;
+  - background responses: the POST answers "queued" at once, GET reads the
+    answer as it stands (queued, in_progress, then completed / failed /
+    cancelled) from the job's events and keeps it once ended, so it
+    outlives the event stream; cancel stops the job; a streamed one whose
+    client leaves runs on; the output budget is charged up front;
   - the pinned `openai` npm client (responses.create with
-    previous_response_id, retrieve, inputItems.list, delete) and the OpenAI
-    Agents SDK's previousResponseId.
+    previous_response_id, retrieve, inputItems.list, delete, background
+    with retrieve and cancel) and the OpenAI Agents SDK's
+    previousResponseId.
 """
 import json
+import socket
 import threading
+import time
 
-from conftest import connect, tap
+from conftest import connect, tap, wait_for
 from test_compat_api import PLAYED, keyed_front, node, responses_sse, texts  # noqa: F401
 from test_http import MODEL_NAME, front, play_worker_error  # noqa: F401
 from conftest import job_events
@@ -234,6 +242,17 @@ const client = new OpenAI({baseURL: base + '/v1', apiKey: 'sk-test-0123456789', 
     out.items.push(it);
   out.deleted = await client.responses.del(out.r1.id);  // delete() from openai 5 on
   try { await client.responses.retrieve(out.r1.id); } catch (e) { out.gone = e.status; }
+  // background: queued at once, polled until it ends; another cancelled
+  let bg = await client.responses.create({...opts, input: 'In the background.', background: true});
+  out.bg_first = bg.status;
+  while (bg.status === 'queued' || bg.status === 'in_progress') {
+    await new Promise(r => setTimeout(r, 50));
+    bg = await client.responses.retrieve(bg.id);
+  }
+  out.bg = bg;
+  const long = await client.responses.create({...opts, max_output_tokens: 4000, ignore_eos: true,
+                                              input: 'Go on forever.', background: true});
+  out.cancelled = await client.responses.cancel(long.id);
   console.log(JSON.stringify(out));
 })().catch(e => { console.error(String(e)); process.exit(1); });
 """
@@ -260,3 +279,141 @@ def test_openai_npm_client_chains_responses(front, workers, redis_addr, prefix, 
     assert items[1]["id"] == r1["output"][0]["id"] and items[3]["id"] == r2["output"][0]["id"]
     assert res["deleted"] == {"id": r1["id"], "object": "response", "deleted": True}
     assert res["gone"] == 404
+    bg = res["bg"]
+    assert res["bg_first"] == "queued" and bg["background"] is True
+    assert bg["status"] == "incomplete" and bg["usage"]["output_tokens"] == 5, bg
+    content, _ = texts(job_events(r, prefix, bg["id"]))
+    assert text_of(bg) == content
+    cancelled = res["cancelled"]
+    assert cancelled["status"] == "cancelled" and r.get(f"{prefix}cancel:{cancelled['id']}") == "1"
+    done = job_events(r, prefix, cancelled["id"], timeout=120)[-1]
+    assert done["finish_reason"] == "cancelled", done  # the worker stopped it
+
+
+def test_background_responses(front, redis_addr, prefix):  # noqa: F811
+    """The test plays the worker, so that each state is seen: queued (no
+    event yet), in_progress, completed with the played text and usage;
+    the record is then finished and outlives the job's events. A chain on
+    a running one is refused; one that fails says so with its error; a
+    cancelled one sets the job's cancel key and says cancelled."""
+    f = front()
+    r = connect(redis_addr)
+    body = {"model": MODEL_NAME, "input": "Write a poem.", "background": True,
+            "max_output_tokens": 50, "reasoning": {"effort": "low"}}
+    status, q = post(f, body)
+    assert status == 200 and q["status"] == "queued" and q["background"] is True, q
+    rid = q["id"]
+    rec = json.loads(r.get(f"{prefix}response:{rid}"))
+    assert "running" in rec and rec["response"]["status"] == "queued"
+    status, got = get(f, f"/v1/responses/{rid}")
+    assert status == 200 and got["status"] == "queued"
+    status, err = post(f, {**body, "background": False, "previous_response_id": rid})
+    assert status == 400 and "has not finished" in err["error"]["message"], err
+    # the worker starts: in_progress; it ends: completed
+    job = json.loads(wait_for(lambda: next((x["job"] for _, x in r.xrange(f"{prefix}jobs:fast")
+                                            if json.loads(x["job"])["id"] == rid), None),
+                              "the background job queued"))
+    assert "client_lease_ms" not in job and "deadline_ms" not in job  # nobody waits for it
+    out = f"{prefix}out:{rid}"
+    r.xadd(out, {"event": json.dumps({"seq": 0, "type": "delta", "delta": {"content": "Roses "},
+                                      "token_ids": [1]})}, id="0-1")
+    assert get(f, f"/v1/responses/{rid}")[1]["status"] == "in_progress"
+    r.xadd(out, {"event": json.dumps({"seq": 1, "type": "delta", "delta": {"content": "are red."},
+                                      "token_ids": [2]})}, id="0-2")
+    r.xadd(out, {"event": json.dumps({"seq": 2, "type": "done", "finish_reason": "stop",
+                                      "usage": {"prompt_tokens": 12, "completion_tokens": 2}})},
+           id="0-3")
+    status, done = get(f, f"/v1/responses/{rid}")
+    assert status == 200 and done["status"] == "completed", done
+    assert text_of(done) == "Roses are red." and done["usage"]["output_tokens"] == 2
+    assert done["id"] == rid and done["background"] is True
+    rec = json.loads(r.get(f"{prefix}response:{rid}"))
+    assert "running" not in rec and rec["response"] == done  # kept finished
+    # finished, it is a conversation to continue
+    fin = {"seq": 0, "type": "done", "finish_reason": "stop",
+           "usage": {"prompt_tokens": 20, "completion_tokens": 0}}
+    holder = {}
+    t = threading.Thread(target=lambda: holder.update(id=play_worker_error(r, prefix, [fin])))
+    t.start()
+    status, nxt = post(f, {**body, "background": False, "input": "Again.",
+                           "previous_response_id": rid})
+    t.join()
+    assert status == 200 and nxt["previous_response_id"] == rid, nxt
+    assert [m["content"] for m in jobs_by_id(r, prefix)[holder["id"]]["messages"]] == [
+        "Write a poem.", "Roses are red.", "Again."]
+    r.delete(out)  # the event stream expires: the answer stays
+    assert get(f, f"/v1/responses/{rid}")[1] == done
+    # one that fails
+    status, q = post(f, {**body, "input": "Fail."})
+    r.xadd(f"{prefix}out:{q['id']}", {"event": json.dumps(
+        {"seq": 0, "type": "error", "code": "PROMPT_TOO_LONG", "message": "prompt: too long"})},
+        id="0-1")
+    status, failed = get(f, f"/v1/responses/{q['id']}")
+    # (the error as OpenAI names it, as on every route)
+    assert failed["status"] == "failed" and failed["error"]["code"] == "context_length_exceeded", \
+        failed
+    # one cancelled before it ends: the job's cancel key, and the answer says so
+    status, q = post(f, {**body, "input": "Stop me."})
+    status, c = get(f, f"/v1/responses/{q['id']}/cancel", method="POST")
+    assert status == 200 and c["status"] == "cancelled", c
+    assert r.get(f"{prefix}cancel:{q['id']}") == "1"
+    assert get(f, f"/v1/responses/{q['id']}")[1]["status"] == "cancelled"
+    r.xadd(f"{prefix}out:{q['id']}", {"event": json.dumps(
+        {"seq": 0, "type": "done", "finish_reason": "cancelled",
+         "usage": {"prompt_tokens": 3, "completion_tokens": 0}})}, id="0-1")
+    status, c = get(f, f"/v1/responses/{q['id']}")
+    assert c["status"] == "cancelled" and "running" not in json.loads(
+        r.get(f"{prefix}response:{q['id']}"))
+    status, err = get(f, f"/v1/responses/{q['id']}/cancel", method="POST")
+    assert status == 400  # finished: nothing to cancel
+    # deleting a running one cancels its job too
+    status, q = post(f, {**body, "input": "Delete me."})
+    assert get(f, f"/v1/responses/{q['id']}", method="DELETE")[0] == 200
+    assert r.get(f"{prefix}cancel:{q['id']}") == "1"
+    # what background needs
+    status, err = post(f, {**body, "store": False})
+    assert status == 400 and err["error"]["param"] == "background", err
+    status, err = post(f, {**body, "background": "yes"})
+    assert status == 400 and err["error"]["param"] == "background", err
+
+
+def test_background_with_a_worker(front, workers, redis_addr, prefix, tmp_path):  # noqa: F811
+    """A real worker: the background answer read by polling equals the
+    job's events; a streamed background response whose client leaves runs
+    to its end (no cancel key), read back afterwards; a tenant's tokens per
+    minute are charged the output budget when it is queued."""
+    workers("w1")
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY} acme 1000 100000\n")
+    f = front("--api-keys-file", str(keys))
+    r = connect(redis_addr)
+    body = {"model": MODEL_NAME, "input": "Tell me a story.", "background": True,
+            "max_output_tokens": 30, "ignore_eos": True, "reasoning": {"effort": "low"}}
+    status, q = post(f, body, key=KEY)
+    assert status == 200, q
+    tpm = [k for k in r.keys(f"{prefix}ratelimit:acme:tpm:*")]
+    assert tpm and int(r.get(tpm[0])) == 30  # the budget, up front
+    done = wait_for(lambda: (lambda g: g if g["status"] != "queued" and g["status"] !=
+                             "in_progress" else None)(get(f, f"/v1/responses/{q['id']}", KEY)[1]),
+                    "the background response ended", timeout=120)
+    assert done["status"] == "incomplete" and done["usage"]["output_tokens"] == 30, done
+    from test_compat_api import texts as job_texts
+    content, _ = job_texts(job_events(r, prefix, q["id"]))
+    assert text_of(done) == content
+    assert int(r.get(tpm[0])) == 30  # charged once
+    # streamed, and the client leaves after the first event: it runs on
+    s = socket.create_connection(("127.0.0.1", f.port))
+    sb = json.dumps({**body, "stream": True, "max_output_tokens": 200})
+    s.sendall((f"POST /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(sb)}\r\n\r\n{sb}").encode())
+    got = b""
+    while b"response.created" not in got:
+        got += s.recv(65536)
+    rid = [l.split(":", 1)[1].strip() for l in got.decode().split("\r\n")
+           if l.lower().startswith("x-request-id:")][0]
+    s.close()
+    evs = job_events(r, prefix, rid, timeout=120)
+    assert evs[-1]["type"] == "done" and evs[-1]["finish_reason"] == "length", evs[-1]
+    assert not r.exists(f"{prefix}cancel:{rid}")
+    status, back = get(f, f"/v1/responses/{rid}", KEY)
+    assert back["status"] == "incomplete" and back["usage"]["output_tokens"] == 200, back
