@@ -13,6 +13,11 @@ that the machine's drift falls on both:
     store (the default) and with store false: the median latency of each
     and their ratio (what the SET of the record before the last byte
     costs);
+  - "poll": GET /v1/responses/{id} of a background response still running
+    whose job has written 16 or 2048 events (the record and the events
+    written here, as the front door and a worker write them): the median
+    latency of each, so that a poll is seen to cost the same whatever the
+    stream's length;
   - "chain": --conversations conversations of --turns turns each, driven
     as a client of previous_response_id does (the new user message only)
     and as one that resends every turn (store false); the median latency
@@ -56,6 +61,17 @@ class Front(BenchFront):
 
     def __init__(self, addr, logdir):
         super().__init__(addr, logdir, PREFIX)
+
+    def get(self, path):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        t0 = time.monotonic()
+        c.request("GET", path)
+        r = c.getresponse()
+        obj = json.loads(r.read())
+        secs = time.monotonic() - t0
+        c.close()
+        assert r.status == 200, obj
+        return secs, obj
 
     def post(self, body):
         """(seconds, response object, bytes sent) of one POST /v1/responses."""
@@ -106,6 +122,31 @@ def main():
                               "tokens": a.tokens, "store_ms": round(on * 1e3, 2),
                               "no_store_ms": round(off * 1e3, 2),
                               "store_over_no_store": round(on / off, 3)}))
+            # polls of a running background response, a short and a long stream
+            q = f.post({**base, "input": "queued", "background": True})[1]
+            rec = json.loads(r.get(f"{PREFIX}response:{q['id']}"))
+            polls = {}
+            for n in (16, 2048):
+                rid = f"resp_poll{n}"
+                rec["response"]["id"] = rid
+                r.set(f"{PREFIX}response:{rid}", json.dumps(rec), ex=600)
+                pipe = r.pipeline()
+                for k in range(n):
+                    pipe.xadd(f"{PREFIX}out:{rid}", {"event": json.dumps(
+                        {"seq": k, "type": "delta", "delta": {"content": "x"},
+                         "token_ids": [k]})}, id=f"0-{k + 1}")
+                pipe.execute()
+                polls[n] = []
+            for i in range(2 * a.requests):
+                n = (16, 2048)[i % 2]
+                s, obj = f.get(f"/v1/responses/resp_poll{n}")
+                assert obj["status"] == "in_progress"
+                polls[n].append(s)
+            p16, p2k = statistics.median(polls[16]), statistics.median(polls[2048])
+            print(json.dumps({"bench": "responses_poll", "polls": a.requests,
+                              "events_16_ms": round(p16 * 1e3, 3),
+                              "events_2048_ms": round(p2k * 1e3, 3),
+                              "2048_over_16": round(p2k / p16, 3)}))
             # conversations: chained vs sent whole, turn by turn
             per = {"chained": [], "whole": []}
             sent = {"chained": 0, "whole": 0}
