@@ -252,6 +252,8 @@ static const struct opt options[] = {
      "An HTTP request member the API does not know, or a value it accepts but does not apply (min_tokens > 0, stop_token_ids, logit_bias, chat_template_kwargs other than enable_thinking ...): ignore (vLLM's way) answers it all the same and names such fields in the X-Redlm-Ignored-Fields header and a log line (one per 10 s at most); refuse answers 400 (UNKNOWN_FIELD / BAD_VALUE)."},
     {"responses_store_ttl_s", T_INT, O(responses_store_ttl_s), "3600", 0, 2592000, NULL, CFG_DISPATCHER, 0,
      "How long a response made through POST /v1/responses with store (OpenAI's default) is kept in Redis (<prefix>response:<id>) for previous_response_id, GET and DELETE /v1/responses/<id>; each use starts it again; 0 = keep none (store is false in every response)."},
+    {"responses_store_max_kb", T_INT, O(responses_store_max_kb), "1024", 1, 1048576, NULL, CFG_DISPATCHER, 0,
+     "The largest conversation (input items, in KiB of JSON) a stored response keeps: a longer one is answered with store false (a background one is refused), so that one client cannot put max_body_kb into Redis with every request."},
     /* issue 26: tenants and bounded dead letters */
     {"tenants", T_LIST, O(tenants), "", 0, 0, NULL, CFG_DISPATCHER, F_NAMES | F_EMPTY,
      "Tenants (1-32 of [A-Za-z0-9_-]): the dispatcher also reads <prefix>requests:<tenant> for each, and a job read there lives in the id namespace \"<tenant>:\" (its id gets that prefix), so that with the shipped ACL one tenant can neither break another's intake nor use, pre-empt or read another's ids (config/README.md). As a flag, comma-separated."},

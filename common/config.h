@@ -123,6 +123,7 @@ struct cfg {
     int http_client_lease_ms;     /* jobs' client lease; 0 = off */
     char *http_unknown_fields;    /* ignore|refuse: unknown request fields (issue 29) */
     int responses_store_ttl_s;    /* stored Responses' TTL (dispatcher/rstore.h); 0 = none */
+    int responses_store_max_kb;   /* the largest conversation a stored response keeps */
     /* issue 26: tenants and bounded dead letters */
     struct cfg_strlist tenants;   /* dispatcher: also read <prefix>requests:<tenant>; may be empty */
     int dead_max_mb;              /* redlm:dead holds at most about this many MiB; 0 = no cap */

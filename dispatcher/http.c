@@ -170,6 +170,7 @@ struct dhttp {
     int header_s, min_rate, per_ip;
     int max_pending, pending_per_ip, auth_per_min, lease_ms;
     int store_ttl_s;      /* responses_store_ttl_s: stored Responses' TTL, 0 = none kept */
+    size_t store_max;     /* responses_store_max_kb, in bytes */
     bool ops;             /* the loopback ops listener: /healthz, /health, /metrics only */
     struct dhttp *front;  /* ops: the front door whose counters /metrics shows, or NULL */
     char **cors;          /* (n_cors) allowed origins; "*" = any; none = CORS off */
@@ -2103,6 +2104,17 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     free(prior);
     if (!h->store_ttl_s)
         q->creq.store = false; /* none kept: the response says so */
+    size_t kept = q->creq.input ? strlen(q->creq.input) : 0;
+    if (!prc && q->creq.store && kept > h->store_max) {
+        if (q->creq.background) { /* nothing could be read back */
+            oai_error_set(&e, 400, "invalid_request_error", "BAD_VALUE", "background",
+                          "background: the conversation is %zu KiB, over the %zu KiB a stored "
+                          "response keeps (responses_store_max_kb)", kept / 1024,
+                          h->store_max / 1024);
+            prc = -RL_EINVAL;
+        }
+        q->creq.store = false; /* answered, not kept: the response says so */
+    }
     if (!prc && q->compat && q->oreq.n_jobs > 1) {
         oai_error_set(&e, 400, "invalid_request_error", "OUT_OF_RANGE", "n",
                       "n: only 1 on this API (POST /v1/chat/completions takes more)");
@@ -3162,6 +3174,7 @@ static int start(struct dhttp **out, const struct cfg *cfg, const struct rl_log 
     h->auth_per_min = ops ? 0 : cfg->http_auth_failures_per_min;
     h->lease_ms = ops ? 0 : cfg->http_client_lease_ms;
     h->store_ttl_s = cfg->responses_store_ttl_s;
+    h->store_max = (size_t)cfg->responses_store_max_kb * 1024;
     h->timeout_s = cfg->http_timeout_s;
     h->drain_s = cfg->drain_timeout_s;
     h->max_conn = cfg->http_max_connections;

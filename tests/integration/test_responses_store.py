@@ -223,6 +223,25 @@ def test_no_store(front, workers, redis_addr, prefix):  # noqa: F811
     assert "responses_store_ttl_s = 0" in err["error"]["message"]
 
 
+def test_a_conversation_too_long_to_keep(front, workers, redis_addr, prefix):  # noqa: F811
+    """responses_store_max_kb: a longer conversation is answered and not
+    kept (the response says store false); a background one, which could
+    not be read back, is refused."""
+    workers("w1")
+    f = front("--responses-store-max-kb", "1")
+    big = "word " * 300  # 1.5 KiB
+    body = {"model": MODEL_NAME, "input": big, "max_output_tokens": 3,
+            "reasoning": {"effort": "low"}}
+    status, r1 = post(f, body)
+    assert status == 200 and r1["store"] is False, r1
+    assert not connect(redis_addr).exists(f"{prefix}response:{r1['id']}")
+    status, err = post(f, {**body, "background": True})
+    assert status == 400 and err["error"]["param"] == "background", err
+    assert "responses_store_max_kb" in err["error"]["message"]
+    status, small = post(f, {**body, "input": "short"})
+    assert status == 200 and small["store"] is True
+
+
 SDK_SCRIPT = r"""
 const OpenAI = require('openai');
 const [base, model] = [process.argv[2], process.argv[3]];
