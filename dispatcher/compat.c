@@ -801,6 +801,7 @@ struct cpt_resp {
     struct oai_error failure;
     /* Responses */
     int64_t seqno;             /* sequence_number of the next SSE event */
+    int64_t resume_after;      /* events numbered up to this one are not written */
     bool started;              /* response.created written */
     cJSON *items;              /* the output items closed so far */
     enum open_item open;
@@ -840,8 +841,14 @@ int cpt_resp_create(struct cpt_resp **out, const struct cpt_request *c, const ch
     const char *d = strrchr(r->id, '-');
     r->tail = (t && (!d || t > d) ? t : d) ? (t && (!d || t > d) ? t : d) + 1 : r->id;
     r->created_ms = created_ms;
+    r->resume_after = -1;
     *out = r;
     return 0;
+}
+
+void cpt_resp_resume(struct cpt_resp *r, int64_t after)
+{
+    r->resume_after = after;
 }
 
 void cpt_resp_free(struct cpt_resp *r)
@@ -873,7 +880,12 @@ static int sse_event(struct cpt_resp *r, cJSON *c, struct text *out)
 {
     if (!c)
         return -RL_ENOMEM;
-    cJSON_AddNumberToObject(c, "sequence_number", (double)r->seqno++);
+    int64_t n = r->seqno++;
+    if (n <= r->resume_after) { /* the client has it: a stream resumed after it */
+        cJSON_Delete(c);
+        return 0;
+    }
+    cJSON_AddNumberToObject(c, "sequence_number", (double)n);
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(c, "type");
     char *s = cJSON_PrintUnformatted(c);
     int rc = !s ? -RL_ENOMEM : text_add(out, "event: ", 7);

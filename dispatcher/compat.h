@@ -106,6 +106,11 @@ int cpt_resp_create(struct cpt_resp **out, const struct cpt_request *c, const ch
                     const char *model, int64_t created_ms, bool stream, struct rl_err *err);
 void cpt_resp_free(struct cpt_resp *r);
 
+/* Responses, stream: the events numbered up to after are not written (a
+ * stream resumed where its client left it: starting_after). The numbers
+ * are the same on every replay of the same job events. */
+void cpt_resp_resume(struct cpt_resp *r, int64_t after);
+
 /* As oai_resp_feed: the bytes of a stream are appended to *out; returns an
  * enum oai_feed or -RL_ENOMEM. */
 int cpt_resp_feed(struct cpt_resp *r, const char *event, size_t len, struct text *out,

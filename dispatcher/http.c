@@ -362,6 +362,8 @@ struct req {
     struct text sse;        /* bytes produced and not yet handed to MHD */
     size_t sse_off;
     bool enqueued;             /* the job is in Redis */
+    bool resumed;              /* GET /v1/responses/{id}?stream=true: a background
+                                  response's stream again, nothing to keep */
     bool job_ended;            /* done or error seen (or a background job's,
                                   which its connection never cancels): nothing to cancel */
     bool finished;             /* the response's last byte is in sse */
@@ -1344,7 +1346,7 @@ static int take_events(struct req *q, const struct rconn_reply *r)
         if (rc == OAI_END) {
             q->job_ended = q->finished = true;
             charge_tokens(q);
-            if (q->compat)
+            if (q->compat && !q->resumed)
                 store_response(q);
         } else if (rc == OAI_FAILED) {
             q->job_ended = true;
@@ -2003,6 +2005,34 @@ static int previous_context(struct req *q, const struct cpt_peek *pk, char **pri
     return 0;
 }
 
+/* The answer as it comes: chunked, each event written when it is read
+ * (sse_reader). */
+static enum MHD_Result stream_answer(struct req *q, struct MHD_Connection *conn)
+{
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, BLOCK_SIZE, sse_reader, q, NULL);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type",
+                            !q->oreq.stream ? "application/json"
+                            : ollama_route(q->route) ? "application/x-ndjson"
+                                                     : "text/event-stream; charset=utf-8");
+    if (q->oreq.stream)
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+    MHD_add_response_header(r, "X-Accel-Buffering", "no"); /* nginx: do not buffer */
+    MHD_add_response_header(r, "X-Request-Id", q->id);
+    if (q->oreq.ignored[0])
+        MHD_add_response_header(r, "X-Redlm-Ignored-Fields", q->oreq.ignored);
+    add_cors(q, r);
+    q->headers_sent = true;
+    q->t_last_byte_ms = rl_mono_ms();
+    enum MHD_Result mr = MHD_queue_response(conn, 200, r);
+    MHD_destroy_response(r);
+    q->responded = true;
+    q->status = 200;
+    return mr;
+}
+
 /* A background response is kept before its job is queued, "queued", with
  * what rebuilds its answer (rst_running): a GET that comes before any
  * event finds it. *queued: that object, the POST's answer (malloc'd).
@@ -2290,29 +2320,8 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         return respond(q, conn, 200, "application/json", resp_body(q), NULL);
     }
     /* a stream, or an answer the client's FIN made us commit before its
-     * end (pump): chunked, written as it comes */
-    struct MHD_Response *r =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, BLOCK_SIZE, sse_reader, q, NULL);
-    if (!r)
-        return MHD_NO;
-    MHD_add_response_header(r, "Content-Type",
-                            !q->oreq.stream ? "application/json"
-                            : ollama_route(q->route) ? "application/x-ndjson"
-                                                     : "text/event-stream; charset=utf-8");
-    if (q->oreq.stream)
-        MHD_add_response_header(r, "Cache-Control", "no-cache");
-    MHD_add_response_header(r, "X-Accel-Buffering", "no"); /* nginx: do not buffer */
-    MHD_add_response_header(r, "X-Request-Id", q->id);
-    if (q->oreq.ignored[0])
-        MHD_add_response_header(r, "X-Redlm-Ignored-Fields", q->oreq.ignored);
-    add_cors(q, r);
-    q->headers_sent = true;
-    q->t_last_byte_ms = rl_mono_ms();
-    enum MHD_Result mr = MHD_queue_response(conn, 200, r);
-    MHD_destroy_response(r);
-    q->responded = true;
-    q->status = 200;
-    return mr;
+     * end (pump) */
+    return stream_answer(q, conn);
 }
 
 /* POST /v1/responses/{id}/cancel of record (stored_record's, freed): a
@@ -2360,6 +2369,71 @@ static enum MHD_Result cancel_stored(struct req *q, struct MHD_Connection *conn,
     return respond(q, conn, 200, "application/json", obj, NULL);
 }
 
+/* GET /v1/responses/{id}?stream=true[&starting_after=N] of record
+ * (stored_record's, freed): a background response's stream, from its
+ * job's events, written as they come; events numbered up to N are left
+ * out (the client has them). The events are numbered the same on every
+ * replay, so a client that lost its stream goes on where it was. The
+ * record's response object is the request's fields to echo. Only a
+ * background response has a stream to give again, and only while its job's
+ * events last (stream_ttl_s after its end). */
+static enum MHD_Result resume_stream(struct req *q, struct MHD_Connection *conn,
+                                     const char *id, char *record, long long after)
+{
+    struct dhttp *h = q->h;
+    struct oai_error e;
+    struct rl_err err = {0};
+    char *resp = rst_response(record);
+    struct rst_running run;
+    int running = rst_running_of(record, &run);
+    bool cancelled = running == 1 && run.cancel;
+    rst_running_clear(&run);
+    free(record);
+    cJSON *o = resp ? cJSON_Parse(resp) : NULL;
+    const cJSON *created = cJSON_GetObjectItemCaseSensitive(o, "created_at");
+    const char *model = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "model"));
+    bool bg = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "background"));
+    int64_t created_ms = cJSON_IsNumber(created) ? (int64_t)created->valuedouble * 1000 : 0;
+    struct cpt_request c = {.api = CPT_RESPONSES, .echo = resp, .store = true,
+                            .background = true, .cancelled = cancelled};
+    char key[sizeof q->out_key];
+    rcl_tagged_key(key, sizeof key, rconn_is_cluster(q->rc), h->prefix, "out:", id);
+    const char *ex[] = {"EXISTS", key};
+    struct rconn_reply *x = NULL;
+    int rc = !o || running < 0 ? -RL_ENOMEM : 0;
+    if (!rc && bg && !running)
+        rc = rconn_command(q->rc, 2, ex, NULL, &x, &err);
+    bool gone = !rc && bg && !running && (!x || x->type != RCONN_INTEGER || !x->integer);
+    rconn_reply_free(x);
+    if (!rc && (!bg || gone)) {
+        cJSON_Delete(o);
+        free(resp);
+        oai_error_set(&e, 400, "invalid_request_error", "BAD_VALUE", "stream",
+                      !bg ? "stream: only a background response is streamed again; GET it "
+                            "without stream"
+                          : "stream: its job's events have expired; GET it without stream");
+        return respond_error(q, conn, &e);
+    }
+    if (!rc)
+        rc = cpt_resp_create(&q->cresp, &c, id, model ? model : "", created_ms, true, &err);
+    cJSON_Delete(o);
+    free(resp);
+    if (rc) {
+        oai_error_set(&e, 503, "server_error", ev_code_name(EV_CODE_INTERNAL), NULL,
+                      "the stream could not be resumed: %s", err.msg[0] ? err.msg : "out of memory");
+        return respond_error(q, conn, &e);
+    }
+    cpt_resp_resume(q->cresp, after);
+    snprintf(q->id, sizeof q->id, "%.63s", id);
+    snprintf(q->out_key, sizeof q->out_key, "%s", key);
+    snprintf(q->last, sizeof q->last, "0-0");
+    q->compat = q->resumed = q->oreq.stream = true;
+    q->job_ended = true; /* its job is not this connection's to cancel */
+    q->creq.api = CPT_RESPONSES;
+    q->creq.background = true; /* its tokens were charged when it was queued */
+    return stream_answer(q, conn);
+}
+
 /* GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items,
  * POST /v1/responses/{id}/cancel (path: what follows /v1/responses/): a
  * stored response (rstore.h), for its own tenant only; any other id is
@@ -2382,9 +2456,13 @@ static enum MHD_Result stored(struct req *q, struct MHD_Connection *conn, const 
         return respond_error(q, conn, &e);
     }
     const char *stream = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "stream");
-    if (!tail && stream && !strcmp(stream, "true")) {
-        oai_error_set(&e, 400, "invalid_request_error", "BAD_VALUE", "stream",
-                      "stream: a stored response is not streamed again; GET it without stream");
+    bool resume = !tail && !del && stream && !strcmp(stream, "true");
+    const char *sa = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "starting_after");
+    char *sa_end = NULL;
+    long long resume_after = sa ? strtoll(sa, &sa_end, 10) : -1;
+    if (resume && sa && (!*sa || *sa_end || resume_after < -1)) {
+        oai_error_set(&e, 400, "invalid_request_error", "BAD_VALUE", "starting_after",
+                      "starting_after: must be an event's sequence_number");
         return respond_error(q, conn, &e);
     }
     /* the query of input_items, checked before Redis is asked */
@@ -2428,6 +2506,8 @@ static enum MHD_Result stored(struct req *q, struct MHD_Connection *conn, const 
     }
     if (cancel)
         return cancel_stored(q, conn, id, record);
+    if (resume)
+        return resume_stream(q, conn, id, record, resume_after);
     if (del) {
         cJSON *o = cJSON_CreateObject();
         if (o && cJSON_AddStringToObject(o, "id", id) &&

@@ -31,7 +31,7 @@ import time
 
 from conftest import connect, tap, wait_for
 from test_compat_api import PLAYED, keyed_front, node, responses_sse, texts  # noqa: F401
-from test_http import MODEL_NAME, front, play_worker_error  # noqa: F401
+from test_http import MODEL_NAME, front, play_worker_error, sse_events  # noqa: F401
 from conftest import job_events
 
 KEY = "sk-test-0123456789"
@@ -134,6 +134,8 @@ def test_previous_response_id_continues_the_conversation(front, workers, redis_a
     assert status == 200 and r5["store"] is False
     assert not r.exists(f"{prefix}response:{r5['id']}")
     assert get(f, f"/v1/responses/{r5['id']}")[0] == 404
+    status, err = get(f, f"/v1/responses/{r2['id']}?stream=true")
+    assert status == 400 and "only a background response" in err["error"]["message"], err
     # what is not a stored response's path
     assert get(f, "/v1/responses/" + "x" * 300)[0] == 404
     assert get(f, f"/v1/responses/{r2['id']}/other")[0] == 404
@@ -269,6 +271,9 @@ const client = new OpenAI({baseURL: base + '/v1', apiKey: 'sk-test-0123456789', 
     bg = await client.responses.retrieve(bg.id);
   }
   out.bg = bg;
+  out.again = [];  // its stream again, after the SDK's starting_after
+  for await (const ev of await client.responses.retrieve(bg.id, {stream: true, starting_after: 2}))
+    out.again.push([ev.type, ev.sequence_number]);
   const long = await client.responses.create({...opts, max_output_tokens: 4000, ignore_eos: true,
                                               input: 'Go on forever.', background: true});
   out.cancelled = await client.responses.cancel(long.id);
@@ -303,6 +308,9 @@ def test_openai_npm_client_chains_responses(front, workers, redis_addr, prefix, 
     assert bg["status"] == "incomplete" and bg["usage"]["output_tokens"] == 5, bg
     content, _ = texts(job_events(r, prefix, bg["id"]))
     assert text_of(bg) == content
+    again = res["again"]
+    assert again[0][1] == 3 and [n for _, n in again] == list(range(3, 3 + len(again)))
+    assert again[-1][0] == "response.incomplete"
     cancelled = res["cancelled"]
     assert cancelled["status"] == "cancelled" and r.get(f"{prefix}cancel:{cancelled['id']}") == "1"
     done = job_events(r, prefix, cancelled["id"], timeout=120)[-1]
@@ -337,13 +345,37 @@ def test_background_responses(front, redis_addr, prefix):  # noqa: F811
     r.xadd(out, {"event": json.dumps({"seq": 0, "type": "delta", "delta": {"content": "Roses "},
                                       "token_ids": [1]})}, id="0-1")
     assert get(f, f"/v1/responses/{rid}")[1]["status"] == "in_progress"
+    # its stream, again: whole, and resumed after event 3, both read while it runs
+    streams = {}
+
+    def read_stream(name, query):
+        c = f.conn()
+        c.request("GET", f"/v1/responses/{rid}?stream=true{query}")
+        resp = c.getresponse()
+        assert resp.status == 200 and resp.getheader("Content-Type").startswith(
+            "text/event-stream")
+        streams[name] = [json.loads(d) for d in sse_events(resp)]
+        c.close()
+    readers = [threading.Thread(target=read_stream, args=a)
+               for a in (("whole", ""), ("resumed", "&starting_after=3"))]
+    for t in readers:
+        t.start()
     r.xadd(out, {"event": json.dumps({"seq": 1, "type": "delta", "delta": {"content": "are red."},
                                       "token_ids": [2]})}, id="0-2")
     r.xadd(out, {"event": json.dumps({"seq": 2, "type": "done", "finish_reason": "stop",
                                       "usage": {"prompt_tokens": 12, "completion_tokens": 2}})},
            id="0-3")
+    for t in readers:
+        t.join()
+    whole, resumed = streams["whole"], streams["resumed"]
+    assert [e["sequence_number"] for e in whole] == list(range(len(whole)))
+    assert whole[0]["type"] == "response.created" and whole[-1]["type"] == "response.completed"
+    assert "".join(e["delta"] for e in whole if e["type"] == "response.output_text.delta") == \
+        "Roses are red."
+    assert resumed == whole[4:]  # the same events, numbered the same
     status, done = get(f, f"/v1/responses/{rid}")
     assert status == 200 and done["status"] == "completed", done
+    assert whole[-1]["response"] == done
     assert text_of(done) == "Roses are red." and done["usage"]["output_tokens"] == 2
     assert done["id"] == rid and done["background"] is True
     rec = json.loads(r.get(f"{prefix}response:{rid}"))
@@ -362,6 +394,10 @@ def test_background_responses(front, redis_addr, prefix):  # noqa: F811
         "Write a poem.", "Roses are red.", "Again."]
     r.delete(out)  # the event stream expires: the answer stays
     assert get(f, f"/v1/responses/{rid}")[1] == done
+    status, err = get(f, f"/v1/responses/{rid}?stream=true")
+    assert status == 400 and "expired" in err["error"]["message"], err
+    status, err = get(f, f"/v1/responses/{rid}?stream=true&starting_after=x")
+    assert status == 400 and err["error"]["param"] == "starting_after", err
     # one that fails
     status, q = post(f, {**body, "input": "Fail."})
     r.xadd(f"{prefix}out:{q['id']}", {"event": json.dumps(

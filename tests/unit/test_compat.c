@@ -496,6 +496,23 @@ static void test_responses_background(void **state)
     assert_status(resp, "cancelled");
     cpt_resp_free(resp);
     text_free(&out);
+
+    /* a stream resumed after event 5: the same events from 6 on, the same
+     * bytes as the whole stream's tail */
+    c.cancelled = false;
+    assert_int_equal(cpt_resp_create(&resp, &c, "resp_b", "m", 1700000000123, true, &err), 0);
+    char *whole = feed_all(resp);
+    cpt_resp_free(resp);
+    assert_int_equal(cpt_resp_create(&resp, &c, "resp_b", "m", 1700000000123, true, &err), 0);
+    cpt_resp_resume(resp, 5);
+    char *tail = feed_all(resp);
+    cpt_resp_free(resp);
+    assert_memory_equal(tail, "event: ", 7);
+    assert_non_null(strstr(tail, "\"sequence_number\":6}"));
+    assert_null(strstr(tail, "\"sequence_number\":5}"));
+    assert_string_equal(strstr(whole, tail), tail);
+    free(whole);
+    free(tail);
 }
 
 /* An answer that is all reasoning (cut by max_output_tokens while it
