@@ -730,6 +730,11 @@ static int parse(enum cpt_api api, const char *body, size_t len, const char *pri
             rc = (raw ? oai_parse_completion : oai_parse_request)(text, strlen(text), lim, id,
                                                                   deadline_ms, out, e);
         free(text);
+        if (!rc && out->n_jobs > 1) { /* one answer per request on these APIs */
+            oai_error_set(e, 400, T_INVALID, "OUT_OF_RANGE", "n",
+                          "n: only 1 on this API (POST /v1/chat/completions takes more)");
+            rc = -RL_EINVAL;
+        }
         if (rc == -RL_EINVAL && api == CPT_RESPONSES)
             rename_param(e, "max_tokens", "max_output_tokens");
         if (rc == -RL_EINVAL && api >= CPT_ANTHROPIC) {

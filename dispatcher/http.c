@@ -2145,11 +2145,6 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         }
         q->creq.store = false; /* answered, not kept: the response says so */
     }
-    if (!prc && q->compat && q->oreq.n_jobs > 1) {
-        oai_error_set(&e, 400, "invalid_request_error", "OUT_OF_RANGE", "n",
-                      "n: only 1 on this API (POST /v1/chat/completions takes more)");
-        prc = -RL_EINVAL;
-    }
     if (prc)
         return respond_error(q, conn, &e);
     if (q->oreq.ignored[0])

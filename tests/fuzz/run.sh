@@ -119,6 +119,9 @@ put("fuzz_compat", "found-responses-thinking-only", b"\x80" + "\n".join(json.dum
 # found once: a second system member leaked the first
 put("fuzz_compat", "found-anthropic-system-twice", b'\x03{"max_tokens": 8, "system": "a", '
     b'"messages": [{"role": "user", "content": "q"}], "system": "b"}')
+# found once: n > 1 passed through an Ollama body made several jobs, which these
+# APIs (one answer per request) cannot answer; cpt_parse refuses it now
+put("fuzz_compat", "found-ollama-n", b'"{"n": 3,"prompt":": "}')
 put("fuzz_compat", "anthropic-events", b"\x83" + "\n".join(json.dumps(e) for e in [
     {"seq": 0, "type": "delta", "delta": {"reasoning_content": "Hm"}, "token_ids": [1]},
     {"seq": 1, "type": "delta", "delta": {"content": "Ok."}, "token_ids": [2]},

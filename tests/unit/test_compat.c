@@ -103,6 +103,7 @@ static void test_responses_requests(void **state)
         {"{\"input\":\"x\",\"reasoning\":{\"effort\":\"huge\"}}", "reasoning_effort", "BAD_VALUE",
          400},
         {"[1]", "", "NOT_OBJECT", 400},
+        {"{\"input\":\"x\",\"n\":2}", "n", "OUT_OF_RANGE", 400},
     };
     struct oai_limits l = lim_any();
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
