@@ -424,24 +424,31 @@ def test_openai_npm_client(front, workers, redis_addr, prefix, tmp_path):
     assert res["error"]["status"] == 400 and res["error"]["param"] == "messages"
 
 
-def stream_and_hang_up(port, messages, headers=""):
-    """A streamed chat completion of messages (4000 tokens wanted) on a raw
-    socket, read up to its first data: line, then the connection closed: a
-    client that goes away mid-stream. headers: extra header lines, each
-    ending in CRLF. Returns the job id (X-Request-Id)."""
+def post_and_hang_up(port, path, body, until, headers=""):
+    """POSTs body (a dict) to path on a raw socket, reads until the bytes
+    until have come, then closes the connection: a client that goes away
+    mid-stream. headers: extra header lines, each ending in CRLF. Returns
+    the request's id (X-Request-Id)."""
     s = socket.create_connection(("127.0.0.1", port))
-    body = json.dumps({"model": MODEL_NAME, "messages": messages, "stream": True,
-                       "max_tokens": 4000, "ignore_eos": True})
-    s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{headers}"
+    data = json.dumps(body)
+    s.sendall((f"POST {path} HTTP/1.1\r\nHost: x\r\n{headers}"
                f"Content-Type: application/json\r\n"
-               f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+               f"Content-Length: {len(data)}\r\n\r\n{data}").encode())
     got = b""
-    while b"data: " not in got:
+    while until not in got:
         got += s.recv(65536)
     job_id = [l.split(":", 1)[1].strip() for l in got.decode().split("\r\n")
               if l.lower().startswith("x-request-id:")][0]
     s.close()
     return job_id
+
+
+def stream_and_hang_up(port, messages, headers=""):
+    """A streamed chat completion of messages (4000 tokens wanted), left
+    after its first data: line. Returns the job id."""
+    return post_and_hang_up(port, "/v1/chat/completions",
+                            {"model": MODEL_NAME, "messages": messages, "stream": True,
+                             "max_tokens": 4000, "ignore_eos": True}, b"data: ", headers)
 
 
 def test_disconnect_cancels(front, workers, redis_addr, prefix):

@@ -25,13 +25,13 @@ input_items, end to end through a real redis-server, dispatcher and worker
     previousResponseId.
 """
 import json
-import socket
 import threading
 import time
 
 from conftest import connect, tap, wait_for
 from test_compat_api import PLAYED, keyed_front, node, responses_sse, texts  # noqa: F401
-from test_http import MODEL_NAME, front, play_worker_error, sse_events  # noqa: F401
+from test_http import (MODEL_NAME, front, play_worker_error, post_and_hang_up,  # noqa: F401
+                       sse_events)
 from conftest import job_events
 
 KEY = "sk-test-0123456789"
@@ -457,16 +457,9 @@ def test_background_with_a_worker(front, workers, redis_addr, prefix, tmp_path):
     assert text_of(done) == content
     assert int(r.get(tpm[0])) == 30  # charged once
     # streamed, and the client leaves after the first event: it runs on
-    s = socket.create_connection(("127.0.0.1", f.port))
-    sb = json.dumps({**body, "stream": True, "max_output_tokens": 200})
-    s.sendall((f"POST /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
-               f"Content-Type: application/json\r\nContent-Length: {len(sb)}\r\n\r\n{sb}").encode())
-    got = b""
-    while b"response.created" not in got:
-        got += s.recv(65536)
-    rid = [l.split(":", 1)[1].strip() for l in got.decode().split("\r\n")
-           if l.lower().startswith("x-request-id:")][0]
-    s.close()
+    rid = post_and_hang_up(f.port, "/v1/responses", {**body, "stream": True,
+                                                     "max_output_tokens": 200},
+                           b"response.created", f"Authorization: Bearer {KEY}\r\n")
     evs = job_events(r, prefix, rid, timeout=120)
     assert evs[-1]["type"] == "done" and evs[-1]["finish_reason"] == "length", evs[-1]
     assert not r.exists(f"{prefix}cancel:{rid}")
