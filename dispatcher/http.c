@@ -1868,21 +1868,43 @@ static bool last_is_end(const struct rconn_reply *x)
     return end;
 }
 
-/* A running background response's answer as it stands, rebuilt from its
- * job's events (<prefix>out:<id>): *obj (malloc'd) and whether they ended.
- * The object carries its output only at the end, so a poll of one still
- * running reads two entries (the last, the first), not the whole stream:
- * a client that polls often costs Redis little. */
-static int replay(struct req *q, const char *id, const struct rst_running *run, char **obj,
-                  bool *ended, struct rl_err *err)
+/* The answer of background response id made again from its record, to
+ * be fed its job's events: the record's response object holds all that
+ * the answer repeats (the request's fields, model, created_at). */
+static int rebuild(const char *id, const char *record, bool stream, struct cpt_resp **out,
+                   struct rl_err *err)
+{
+    *out = NULL;
+    char *resp = rst_response(record);
+    cJSON *o = resp ? cJSON_Parse(resp) : NULL;
+    const cJSON *created = cJSON_GetObjectItemCaseSensitive(o, "created_at");
+    const char *model = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "model"));
+    struct rst_running run;
+    struct cpt_request c = {.api = CPT_RESPONSES, .echo = resp, .store = true, .background = true,
+                            .cancelled = rst_running_of(record, &run) && run.cancel};
+    int rc = !o ? rl_errf(err, RL_ENOMEM, "response %s: not a record", id)
+                : cpt_resp_create(out, &c, id, model ? model : "",
+                                  cJSON_IsNumber(created) ? (int64_t)created->valuedouble * 1000
+                                                          : 0,
+                                  stream, err);
+    cJSON_Delete(o);
+    free(resp);
+    return rc;
+}
+
+/* A running background response's answer as it stands, made again from
+ * its record and its job's events (<prefix>out:<id>): *obj (malloc'd) and
+ * whether they ended. The object carries its output only at the end, so a
+ * poll of one still running reads two entries (the last, the first), not
+ * the whole stream: a client that polls often costs Redis little. */
+static int replay(struct req *q, const char *id, const char *record, char **obj, bool *ended,
+                  struct rl_err *err)
 {
     struct dhttp *h = q->h;
     *obj = NULL;
     *ended = false;
-    struct cpt_request c = {.api = CPT_RESPONSES, .echo = run->echo, .store = true,
-                            .background = true, .cancelled = run->cancel};
     struct cpt_resp *r = NULL;
-    int rc = cpt_resp_create(&r, &c, id, run->model, run->created_ms, false, err);
+    int rc = rebuild(id, record, false, &r, err);
     char key[320];
     rcl_tagged_key(key, sizeof key, rconn_is_cluster(q->rc), h->prefix, "out:", id);
     const char *last[] = {"XREVRANGE", key, "+", "-", "COUNT", "1"};
@@ -1927,12 +1949,11 @@ static int stored_record(struct req *q, const char *id, int ttl_s, char **record
     struct dhttp *h = q->h;
     int rc = rst_get(q->rc, h->prefix, id, owner_of(q), ttl_s, record, err);
     struct rst_running run;
-    int running = rc ? 0 : rst_running_of(*record, &run);
-    if (running <= 0)
-        return rc ? rc : running ? rl_errf(err, RL_ENOMEM, "out of memory") : 0;
+    if (rc || !rst_running_of(*record, &run))
+        return rc;
     char *obj = NULL, *next = NULL;
     bool ended = false;
-    rc = replay(q, id, &run, &obj, &ended, err);
+    rc = replay(q, id, *record, &obj, &ended, err);
     if (!rc && rst_rewrite(*record, obj, ended ? NULL : &run, &next))
         rc = rl_errf(err, RL_ENOMEM, "out of memory");
     if (!rc && ended)
@@ -1944,7 +1965,6 @@ static int stored_record(struct req *q, const char *id, int ttl_s, char **record
     }
     free(next);
     free(obj);
-    rst_running_clear(&run);
     if (rc) {
         free(*record);
         *record = NULL;
@@ -1974,7 +1994,7 @@ static int previous_context(struct req *q, const struct cpt_peek *pk, char **pri
     }
     struct rl_err err = {0};
     char *record = NULL;
-    struct rst_running run = {0};
+    struct rst_running run;
     int rc = !id[0] ? 1
              : !q->rc && !(q->rc = pool_get(h, &err))
                  ? -RL_EIO
@@ -1984,16 +2004,14 @@ static int previous_context(struct req *q, const struct cpt_peek *pk, char **pri
                       "previous_response_id", "Previous response with id '%s' not found.", id);
         return -RL_EINVAL;
     }
-    int running = rc ? 0 : rst_running_of(record, &run);
-    rst_running_clear(&run);
-    if (running == 1) {
+    if (!rc && rst_running_of(record, &run)) {
         free(record);
         oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "previous_response_id",
                       "Previous response with id '%s' has not finished (a background response "
                       "still running): poll GET /v1/responses/%s until it has", id, id);
         return -RL_EINVAL;
     }
-    if (!rc && (running < 0 || !(*prior = rst_context(record))))
+    if (!rc && !(*prior = rst_context(record)))
         rc = rl_errf(&err, RL_ENOMEM, "out of memory");
     free(record);
     if (rc) {
@@ -2033,15 +2051,14 @@ static enum MHD_Result stream_answer(struct req *q, struct MHD_Connection *conn)
     return mr;
 }
 
-/* A background response is kept before its job is queued, "queued", with
- * what rebuilds its answer (rst_running): a GET that comes before any
- * event finds it. *queued: that object, the POST's answer (malloc'd).
+/* A background response is kept before its job is queued, "queued" and
+ * marked running (its object holds what the answer repeats: rebuild): a
+ * GET that comes before any event finds it. *queued: that object, the POST's answer (malloc'd).
  * Returns 0, or -1 with *e (503: Redis refused; nothing was queued). */
-static int keep_background(struct req *q, int64_t now, char **queued, struct oai_error *e)
+static int keep_background(struct req *q, char **queued, struct oai_error *e)
 {
     struct dhttp *h = q->h;
-    struct rst_running run = {.echo = q->creq.echo, .created_ms = now}; /* echo borrowed */
-    snprintf(run.model, sizeof run.model, "%s", q->vm_model);
+    struct rst_running run = {.cancel = false};
     char *rec = NULL;
     struct rl_err err = {0};
     *queued = cpt_resp_object(q->cresp);
@@ -2204,7 +2221,7 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     }
     bool bg = q->creq.background;
     char *queued = NULL; /* bg: the answer now, the object "queued" */
-    if (bg && keep_background(q, now, &queued, &e))
+    if (bg && keep_background(q, &queued, &e))
         return respond_error(q, conn, &e);
     char key[300];
     /* connected first: the key layout depends on what the server is */
@@ -2328,10 +2345,9 @@ static enum MHD_Result cancel_stored(struct req *q, struct MHD_Connection *conn,
 {
     struct dhttp *h = q->h;
     struct oai_error e;
-    struct rst_running run;
+    struct rst_running run = {.cancel = true};
     struct rl_err err = {0};
-    int running = rst_running_of(record, &run);
-    if (running == 0) {
+    if (!rst_running_of(record, &(struct rst_running){0})) {
         free(record);
         oai_error_set(&e, 400, "invalid_request_error", "BAD_VALUE", "response_id",
                       "Cannot cancel a response that has finished, and only background "
@@ -2339,22 +2355,19 @@ static enum MHD_Result cancel_stored(struct req *q, struct MHD_Connection *conn,
                       "does (close the connection to cancel one)");
         return respond_error(q, conn, &e);
     }
-    char *next = NULL, *obj = NULL;
+    snprintf(q->id, sizeof q->id, "%.63s", id); /* the job's id: cancel_job's (ours fit) */
+    cancel_job(q, "its client cancelled the background response");
+    char *marked = NULL, *next = NULL, *obj = NULL;
     bool ended = false;
-    int rc = running < 0 ? rl_errf(&err, RL_ENOMEM, "out of memory") : 0;
-    if (!rc) {
-        snprintf(q->id, sizeof q->id, "%.63s", id); /* the job's id: cancel_job's (ours fit) */
-        cancel_job(q, "its client cancelled the background response");
-        run.cancel = true;
-        rc = replay(q, id, &run, &obj, &ended, &err);
-    }
-    if (!rc && rst_rewrite(record, obj, ended ? NULL : &run, &next))
+    int rc = rst_rewrite(record, NULL, &run, &marked) ? rl_errf(&err, RL_ENOMEM, "out of memory")
+                                                      : replay(q, id, marked, &obj, &ended, &err);
+    if (!rc && rst_rewrite(marked, obj, ended ? NULL : &run, &next))
         rc = rl_errf(&err, RL_ENOMEM, "out of memory");
     if (!rc)
         rc = rst_put(q->rc, h->prefix, id, next, h->store_ttl_s, &err);
     free(next);
+    free(marked);
     free(record);
-    rst_running_clear(&run);
     if (rc) {
         free(obj);
         oai_error_set(&e, 503, "server_error", ev_code_name(EV_CODE_INTERNAL), NULL,
@@ -2379,30 +2392,20 @@ static enum MHD_Result resume_stream(struct req *q, struct MHD_Connection *conn,
     struct oai_error e;
     struct rl_err err = {0};
     char *resp = rst_response(record);
-    struct rst_running run;
-    int running = rst_running_of(record, &run);
-    bool cancelled = running == 1 && run.cancel;
-    rst_running_clear(&run);
-    free(record);
     cJSON *o = resp ? cJSON_Parse(resp) : NULL;
-    const cJSON *created = cJSON_GetObjectItemCaseSensitive(o, "created_at");
-    const char *model = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "model"));
     bool bg = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "background"));
-    int64_t created_ms = cJSON_IsNumber(created) ? (int64_t)created->valuedouble * 1000 : 0;
-    struct cpt_request c = {.api = CPT_RESPONSES, .echo = resp, .store = true,
-                            .background = true, .cancelled = cancelled};
+    bool running = rst_running_of(record, &(struct rst_running){0});
+    cJSON_Delete(o);
+    free(resp);
     char key[sizeof q->out_key];
     rcl_tagged_key(key, sizeof key, rconn_is_cluster(q->rc), h->prefix, "out:", id);
     const char *ex[] = {"EXISTS", key};
     struct rconn_reply *x = NULL;
-    int rc = !o || running < 0 ? -RL_ENOMEM : 0;
-    if (!rc && bg && !running)
-        rc = rconn_command(q->rc, 2, ex, NULL, &x, &err);
+    int rc = bg && !running ? rconn_command(q->rc, 2, ex, NULL, &x, &err) : 0;
     bool gone = !rc && bg && !running && (!x || x->type != RCONN_INTEGER || !x->integer);
     rconn_reply_free(x);
     if (!rc && (!bg || gone)) {
-        cJSON_Delete(o);
-        free(resp);
+        free(record);
         oai_error_set(&e, 400, "invalid_request_error", "BAD_VALUE", "stream",
                       !bg ? "stream: only a background response is streamed again; GET it "
                             "without stream"
@@ -2410,12 +2413,11 @@ static enum MHD_Result resume_stream(struct req *q, struct MHD_Connection *conn,
         return respond_error(q, conn, &e);
     }
     if (!rc)
-        rc = cpt_resp_create(&q->cresp, &c, id, model ? model : "", created_ms, true, &err);
-    cJSON_Delete(o);
-    free(resp);
+        rc = rebuild(id, record, true, &q->cresp, &err);
+    free(record);
     if (rc) {
         oai_error_set(&e, 503, "server_error", ev_code_name(EV_CODE_INTERNAL), NULL,
-                      "the stream could not be resumed: %s", err.msg[0] ? err.msg : "out of memory");
+                      "the stream could not be resumed: %s", err.msg);
         return respond_error(q, conn, &e);
     }
     cpt_resp_resume(q->cresp, after);
@@ -2483,12 +2485,10 @@ static enum MHD_Result stored(struct req *q, struct MHD_Connection *conn, const 
         return respond_error(q, conn, &e);
     }
     if (!rc && del) {
-        struct rst_running run;
-        if (rst_running_of(record, &run) == 1) { /* no work left for nobody */
+        if (rst_running_of(record, &(struct rst_running){0})) { /* no work left for nobody */
             snprintf(q->id, sizeof q->id, "%.63s", id);
             cancel_job(q, "its background response was deleted");
         }
-        rst_running_clear(&run);
         rc = rst_delete(q->rc, h->prefix, id, owner_of(q), &err);
         if (rc == 1) /* deleted by another request meanwhile: the same answer */
             rc = 0;

@@ -8,24 +8,11 @@
 #include "rconn.h"
 #include "rstore.h"
 
-void rst_running_clear(struct rst_running *r)
-{
-    free(r->echo);
-    memset(r, 0, sizeof *r);
-}
-
 /* The record's "running" member for run, or NULL when out of memory. */
 static cJSON *running_json(const struct rst_running *run)
 {
     cJSON *o = cJSON_CreateObject();
-    cJSON *echo = run->echo ? cJSON_Parse(run->echo) : cJSON_CreateObject();
-    bool ok = o && echo && cJSON_AddItemToObject(o, "echo", echo);
-    if (!ok)
-        cJSON_Delete(echo); /* not o's */
-    ok = ok && cJSON_AddStringToObject(o, "model", run->model) &&
-         cJSON_AddNumberToObject(o, "created_ms", (double)run->created_ms) &&
-         cJSON_AddBoolToObject(o, "cancel", run->cancel);
-    if (!ok) {
+    if (o && !cJSON_AddBoolToObject(o, "cancel", run->cancel)) {
         cJSON_Delete(o);
         return NULL;
     }
@@ -116,23 +103,15 @@ int rst_rewrite(const char *record, const char *response, const struct rst_runni
     return rc;
 }
 
-int rst_running_of(const char *record, struct rst_running *out)
+bool rst_running_of(const char *record, struct rst_running *out)
 {
     memset(out, 0, sizeof *out);
     cJSON *rec = cJSON_Parse(record);
     const cJSON *run = cJSON_GetObjectItemCaseSensitive(rec, "running");
-    int rc = 0;
-    if (cJSON_IsObject(run)) {
-        const cJSON *created = cJSON_GetObjectItemCaseSensitive(run, "created_ms");
-        const char *model = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(run, "model"));
-        snprintf(out->model, sizeof out->model, "%s", model ? model : "");
-        out->created_ms = cJSON_IsNumber(created) ? (int64_t)created->valuedouble : 0;
-        out->cancel = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(run, "cancel"));
-        out->echo = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(run, "echo"));
-        rc = out->echo ? 1 : -RL_ENOMEM;
-    }
+    bool running = cJSON_IsObject(run);
+    out->cancel = running && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(run, "cancel"));
     cJSON_Delete(rec);
-    return rc;
+    return running;
 }
 
 char *rst_context(const char *record)

@@ -20,8 +20,9 @@
  * turn's context is input then response.output (rst_context).
  *
  * A background response's record is written before its job is queued,
- * with "running": {"echo", "model", "created_ms", "cancel"}: what the
- * front door needs to rebuild its answer from the job's events
+ * "queued", with "running": {"cancel": false}. Its response object holds
+ * all that the answer repeats (the request's fields, model, created_at),
+ * so the front door rebuilds the answer from it and the job's events
  * (<prefix>out:<id>) whenever it is read, until one read finds it ended
  * and writes the finished record, without "running" (rst_rewrite).
  *
@@ -33,7 +34,6 @@
 
 #include <stdbool.h>
 #include <stddef.h>
-#include <stdint.h>
 
 #include "err.h"
 
@@ -43,14 +43,10 @@ struct rconn;
  * characters); a longer one is not found. */
 #define RST_ID_MAX 128
 
-/* A background response still running: what rebuilds its answer. */
+/* A background response still running. */
 struct rst_running {
-    char *echo;          /* the request's fields echoed (cpt_request's), JSON, malloc'd */
-    char model[256];     /* the model name the answer gives */
-    int64_t created_ms;  /* Unix ms */
-    bool cancel;         /* its client cancelled it: said so until it ends */
+    bool cancel; /* its client cancelled it: said so until it ends */
 };
-void rst_running_clear(struct rst_running *r);
 
 /* The record of response id (its JSON object, compact) for owner, whose
  * input items are input (a JSON array; items without an "id" get one, as
@@ -66,9 +62,9 @@ int rst_record(const char *owner, const char *id, const char *input, const char 
 int rst_rewrite(const char *record, const char *response, const struct rst_running *run,
                 char **out);
 
-/* Whether record's response is still running: 1 and *out filled
- * (rst_running_clear), 0 when finished, -RL_ENOMEM. */
-int rst_running_of(const char *record, struct rst_running *out);
+/* Whether record's response is still running: true and *out filled, or
+ * false (finished, or not a record). */
+bool rst_running_of(const char *record, struct rst_running *out);
 
 /* The conversation that a request naming this record as its
  * previous_response_id continues: input then the response's output items,

@@ -456,29 +456,35 @@ static void test_responses_background(void **state)
     assert_non_null(final);
     cpt_resp_free(resp);
 
-    /* its record: running, with what rebuilds it; then finished */
-    struct rst_running run = {.echo = strdup("{\"instructions\":\"I\"}"), .created_ms = 5},
-                       back;
-    snprintf(run.model, sizeof run.model, "m");
-    char *rec = NULL, *fin = NULL;
+    /* its record: running (the queued object holds what the answer
+     * repeats: the request's fields, model, created_at), cancelled, then
+     * finished */
+    struct rst_running run = {.cancel = false}, back;
+    char *rec = NULL, *marked = NULL, *fin = NULL;
     assert_int_equal(rst_record("acme", "resp_b", "[]", queued, &run, &rec), 0);
-    assert_int_equal(rst_running_of(rec, &back), 1);
-    assert_string_equal(back.echo, run.echo);
-    assert_string_equal(back.model, "m");
-    assert_int_equal(back.created_ms, 5);
+    assert_true(rst_running_of(rec, &back));
     assert_false(back.cancel);
-    rst_running_clear(&back);
-    assert_int_equal(rst_rewrite(rec, final, NULL, &fin), 0);
-    assert_int_equal(rst_running_of(fin, &back), 0);
-    char *got = rst_response(fin);
+    run.cancel = true;
+    assert_int_equal(rst_rewrite(rec, NULL, &run, &marked), 0);
+    assert_true(rst_running_of(marked, &back) && back.cancel);
+    char *got = rst_response(marked);
+    assert_string_equal(got, queued); /* kept as it was */
+    free(got);
+    cJSON *qj = cJSON_Parse(queued);
+    assert_string_equal(cJSON_GetObjectItem(qj, "model")->valuestring, "m");
+    assert_int_equal(cJSON_GetObjectItem(qj, "created_at")->valueint, 1700000000);
+    cJSON_Delete(qj);
+    assert_int_equal(rst_rewrite(marked, final, NULL, &fin), 0);
+    assert_false(rst_running_of(fin, &back));
+    got = rst_response(fin);
     assert_string_equal(got, final);
     free(got);
     cJSON *fj = cJSON_Parse(fin);
     assert_string_equal(cJSON_GetObjectItem(fj, "owner")->valuestring, "acme");
     cJSON_Delete(fj);
     free(fin);
+    free(marked);
     free(rec);
-    rst_running_clear(&run);
     free(queued);
     free(final);
 
