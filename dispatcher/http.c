@@ -1263,15 +1263,14 @@ static void store_response(struct req *q)
     char *obj = cpt_resp_stored(q->cresp);
     if (!obj)
         return; /* not the Responses API, or store false */
-    char *rec = NULL;
+    struct rst_record *rec = NULL;
     struct rl_err err = {0};
-    int rc = rst_record(owner_of(q), q->id, q->creq.input ? q->creq.input : "[]", obj, NULL,
-                        &rec);
+    int rc = rst_new(owner_of(q), q->id, q->creq.input ? q->creq.input : "[]", obj, NULL, &rec);
     if (rc)
         rl_errf(&err, -rc, "out of memory");
     else
         rc = rst_put(q->rc, h->prefix, q->id, rec, h->store_ttl_s, &err);
-    free(rec);
+    rst_free(rec);
     free(obj);
     if (!rc) {
         BUMP(h, stored);
@@ -1871,23 +1870,19 @@ static bool last_is_end(const struct rconn_reply *x)
 /* The answer of background response id made again from its record, to
  * be fed its job's events: the record's response object holds all that
  * the answer repeats (the request's fields, model, created_at). */
-static int rebuild(const char *id, const char *record, bool stream, struct cpt_resp **out,
-                   struct rl_err *err)
+static int rebuild(const char *id, const struct rst_record *rec, bool stream,
+                   struct cpt_resp **out, struct rl_err *err)
 {
     *out = NULL;
-    char *resp = rst_response(record);
-    cJSON *o = resp ? cJSON_Parse(resp) : NULL;
-    const cJSON *created = cJSON_GetObjectItemCaseSensitive(o, "created_at");
-    const char *model = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "model"));
+    char *resp = rst_response(rec);
+    const char *model = rst_response_string(rec, "model");
     struct rst_running run;
     struct cpt_request c = {.api = CPT_RESPONSES, .echo = resp, .store = true, .background = true,
-                            .cancelled = rst_running_of(record, &run) && run.cancel};
-    int rc = !o ? rl_errf(err, RL_ENOMEM, "response %s: not a record", id)
-                : cpt_resp_create(out, &c, id, model ? model : "",
-                                  cJSON_IsNumber(created) ? (int64_t)created->valuedouble * 1000
-                                                          : 0,
-                                  stream, err);
-    cJSON_Delete(o);
+                            .cancelled = rst_running(rec, &run) && run.cancel};
+    int rc = !resp ? rl_errf(err, RL_ENOMEM, "response %s: out of memory", id)
+                   : cpt_resp_create(out, &c, id, model ? model : "",
+                                     (int64_t)rst_response_number(rec, "created_at") * 1000,
+                                     stream, err);
     free(resp);
     return rc;
 }
@@ -1897,14 +1892,14 @@ static int rebuild(const char *id, const char *record, bool stream, struct cpt_r
  * whether they ended. The object carries its output only at the end, so a
  * poll of one still running reads two entries (the last, the first), not
  * the whole stream: a client that polls often costs Redis little. */
-static int replay(struct req *q, const char *id, const char *record, char **obj, bool *ended,
-                  struct rl_err *err)
+static int replay(struct req *q, const char *id, const struct rst_record *rec, char **obj,
+                  bool *ended, struct rl_err *err)
 {
     struct dhttp *h = q->h;
     *obj = NULL;
     *ended = false;
     struct cpt_resp *r = NULL;
-    int rc = rebuild(id, record, false, &r, err);
+    int rc = rebuild(id, rec, false, &r, err);
     char key[320];
     rcl_tagged_key(key, sizeof key, rconn_is_cluster(q->rc), h->prefix, "out:", id);
     const char *last[] = {"XREVRANGE", key, "+", "-", "COUNT", "1"};
@@ -1938,36 +1933,45 @@ static int replay(struct req *q, const char *id, const char *record, char **obj,
     return rc;
 }
 
-/* The record of stored response id for this request's tenant (rst_get,
- * its TTL started again when ttl_s), a running background one brought up
- * to date from its job's events: the finished record is written back
- * once they end, so that it outlives its event stream. Returns 0 and
- * *record (malloc'd), 1 when there is none, or a negative code with err. */
-static int stored_record(struct req *q, const char *id, int ttl_s, char **record,
-                         struct rl_err *err)
+/* A running background record brought up to date from its job's events
+ * (replay): the answer as it stands into *obj (malloc'd; obj may be NULL),
+ * and, once they ended, the record finished and written back, so that it
+ * outlives its event stream. Returns 0 or a negative code with err. */
+static int catch_up(struct req *q, const char *id, struct rst_record *rec, char **obj,
+                    struct rl_err *err)
 {
-    struct dhttp *h = q->h;
-    int rc = rst_get(q->rc, h->prefix, id, owner_of(q), ttl_s, record, err);
-    struct rst_running run;
-    if (rc || !rst_running_of(*record, &run))
-        return rc;
-    char *obj = NULL, *next = NULL;
+    char *now = NULL;
     bool ended = false;
-    rc = replay(q, id, *record, &obj, &ended, err);
-    if (!rc && rst_rewrite(*record, obj, ended ? NULL : &run, &next))
+    int rc = replay(q, id, rec, &now, &ended, err);
+    if (!rc && ended && rst_update(rec, now, NULL))
         rc = rl_errf(err, RL_ENOMEM, "out of memory");
     if (!rc && ended)
-        rc = rst_put(q->rc, h->prefix, id, next, h->store_ttl_s, err);
-    if (!rc) {
-        free(*record);
-        *record = next;
-        next = NULL;
+        rc = rst_put(q->rc, q->h->prefix, id, rec, q->h->store_ttl_s, err);
+    if (!rc && obj) {
+        *obj = now;
+        now = NULL;
     }
-    free(next);
-    free(obj);
-    if (rc) {
-        free(*record);
-        *record = NULL;
+    free(now);
+    return rc;
+}
+
+/* The record of stored response id for this request's tenant (rst_get,
+ * its TTL started again when ttl_s), a running background one brought up
+ * to date (catch_up) with its answer as it stands in *obj (malloc'd; NULL
+ * for a finished one, whose record's object is the answer; obj may be
+ * NULL). Returns 0 and *rec, 1 when there is none, or a negative code
+ * with err. */
+static int stored_record(struct req *q, const char *id, int ttl_s, struct rst_record **rec,
+                         char **obj, struct rl_err *err)
+{
+    if (obj)
+        *obj = NULL;
+    int rc = rst_get(q->rc, q->h->prefix, id, owner_of(q), ttl_s, rec, err);
+    if (!rc && rst_running(*rec, NULL))
+        rc = catch_up(q, id, *rec, obj, err);
+    if (rc < 0) {
+        rst_free(*rec);
+        *rec = NULL;
     }
     return rc;
 }
@@ -1993,27 +1997,26 @@ static int previous_context(struct req *q, const struct cpt_peek *pk, char **pri
         return -RL_EINVAL;
     }
     struct rl_err err = {0};
-    char *record = NULL;
-    struct rst_running run;
+    struct rst_record *rec = NULL;
     int rc = !id[0] ? 1
              : !q->rc && !(q->rc = pool_get(h, &err))
                  ? -RL_EIO
-                 : stored_record(q, id, h->store_ttl_s, &record, &err);
+                 : stored_record(q, id, h->store_ttl_s, &rec, NULL, &err);
     if (rc == 1) {
         oai_error_set(e, 400, "invalid_request_error", "previous_response_not_found",
                       "previous_response_id", "Previous response with id '%s' not found.", id);
         return -RL_EINVAL;
     }
-    if (!rc && rst_running_of(record, &run)) {
-        free(record);
+    if (!rc && rst_running(rec, NULL)) {
+        rst_free(rec);
         oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "previous_response_id",
                       "Previous response with id '%s' has not finished (a background response "
                       "still running): poll GET /v1/responses/%s until it has", id, id);
         return -RL_EINVAL;
     }
-    if (!rc && !(*prior = rst_context(record)))
+    if (!rc && !(*prior = rst_context(rec)))
         rc = rl_errf(&err, RL_ENOMEM, "out of memory");
-    free(record);
+    rst_free(rec);
     if (rc) {
         oai_error_set(e, 503, "server_error", ev_code_name(EV_CODE_INTERNAL),
                       "previous_response_id", "the stored response could not be read: %s",
@@ -2059,17 +2062,17 @@ static int keep_background(struct req *q, char **queued, struct oai_error *e)
 {
     struct dhttp *h = q->h;
     struct rst_running run = {.cancel = false};
-    char *rec = NULL;
+    struct rst_record *rec = NULL;
     struct rl_err err = {0};
     *queued = cpt_resp_object(q->cresp);
     int rc = !*queued ? -RL_ENOMEM
-             : rst_record(owner_of(q), q->id, q->creq.input ? q->creq.input : "[]", *queued,
-                          &run, &rec);
+             : rst_new(owner_of(q), q->id, q->creq.input ? q->creq.input : "[]", *queued, &run,
+                       &rec);
     if (rc)
         rl_errf(&err, RL_ENOMEM, "out of memory");
     else
         rc = rst_put(q->rc, h->prefix, q->id, rec, h->store_ttl_s, &err);
-    free(rec);
+    rst_free(rec);
     if (!rc)
         return 0;
     free(*queued);
@@ -2336,49 +2339,50 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     return stream_answer(q, conn);
 }
 
-/* POST /v1/responses/{id}/cancel of record (stored_record's, freed): a
+/* POST /v1/responses/{id}/cancel of rec (rst_get's, freed here): a
  * running background response's job is cancelled (SET cancel:<id>, as a
  * client that leaves) and its record says so until the job's end does;
- * the answer is the object then. A finished one cannot be. */
+ * the answer is the object then, its events read once. A finished one
+ * cannot be, nor one whose events say it ended (catch_up finishes its
+ * record on the way). */
 static enum MHD_Result cancel_stored(struct req *q, struct MHD_Connection *conn,
-                                     const char *id, char *record)
+                                     const char *id, struct rst_record *rec)
 {
     struct dhttp *h = q->h;
     struct oai_error e;
     struct rst_running run = {.cancel = true};
     struct rl_err err = {0};
-    if (!rst_running_of(record, &(struct rst_running){0})) {
-        free(record);
-        oai_error_set(&e, 400, "invalid_request_error", "BAD_VALUE", "response_id",
-                      "Cannot cancel a response that has finished, and only background "
-                      "responses can be cancelled here: the others end when their request "
-                      "does (close the connection to cancel one)");
-        return respond_error(q, conn, &e);
+    char *obj = NULL;
+    bool running = rst_running(rec, NULL);
+    int rc = !running                      ? 0
+             : rst_update(rec, NULL, &run) ? rl_errf(&err, RL_ENOMEM, "out of memory")
+                                           : catch_up(q, id, rec, &obj, &err);
+    running = running && rst_running(rec, NULL);
+    if (!rc && running) {
+        snprintf(q->id, sizeof q->id, "%.63s", id); /* the job's id: cancel_job's (ours fit) */
+        cancel_job(q, "its client cancelled the background response");
+        rc = rst_put(q->rc, h->prefix, id, rec, h->store_ttl_s, &err);
     }
-    snprintf(q->id, sizeof q->id, "%.63s", id); /* the job's id: cancel_job's (ours fit) */
-    cancel_job(q, "its client cancelled the background response");
-    char *marked = NULL, *next = NULL, *obj = NULL;
-    bool ended = false;
-    int rc = rst_rewrite(record, NULL, &run, &marked) ? rl_errf(&err, RL_ENOMEM, "out of memory")
-                                                      : replay(q, id, marked, &obj, &ended, &err);
-    if (!rc && rst_rewrite(marked, obj, ended ? NULL : &run, &next))
-        rc = rl_errf(&err, RL_ENOMEM, "out of memory");
-    if (!rc)
-        rc = rst_put(q->rc, h->prefix, id, next, h->store_ttl_s, &err);
-    free(next);
-    free(marked);
-    free(record);
+    rst_free(rec);
     if (rc) {
         free(obj);
         oai_error_set(&e, 503, "server_error", ev_code_name(EV_CODE_INTERNAL), NULL,
                       "the background response could not be cancelled: %s", err.msg);
         return respond_error(q, conn, &e);
     }
+    if (!running) {
+        free(obj);
+        oai_error_set(&e, 400, "invalid_request_error", "BAD_VALUE", "response_id",
+                      "Cannot cancel a response that has finished, and only background "
+                      "responses can be cancelled here: the others end when their request "
+                      "does (close the connection to cancel one)");
+        return respond_error(q, conn, &e);
+    }
     return respond(q, conn, 200, "application/json", obj, NULL);
 }
 
-/* GET /v1/responses/{id}?stream=true[&starting_after=N] of record
- * (stored_record's, freed): a background response's stream, from its
+/* GET /v1/responses/{id}?stream=true[&starting_after=N] of rec
+ * (rst_get's, freed here): a background response's stream, from its
  * job's events, written as they come; events numbered up to N are left
  * out (the client has them). The events are numbered the same on every
  * replay, so a client that lost its stream goes on where it was. The
@@ -2386,17 +2390,13 @@ static enum MHD_Result cancel_stored(struct req *q, struct MHD_Connection *conn,
  * background response has a stream to give again, and only while its job's
  * events last (stream_ttl_s after its end). */
 static enum MHD_Result resume_stream(struct req *q, struct MHD_Connection *conn,
-                                     const char *id, char *record, long long after)
+                                     const char *id, struct rst_record *rec, long long after)
 {
     struct dhttp *h = q->h;
     struct oai_error e;
     struct rl_err err = {0};
-    char *resp = rst_response(record);
-    cJSON *o = resp ? cJSON_Parse(resp) : NULL;
-    bool bg = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "background"));
-    bool running = rst_running_of(record, &(struct rst_running){0});
-    cJSON_Delete(o);
-    free(resp);
+    bool bg = rst_response_true(rec, "background");
+    bool running = rst_running(rec, NULL);
     char key[sizeof q->out_key];
     rcl_tagged_key(key, sizeof key, rconn_is_cluster(q->rc), h->prefix, "out:", id);
     const char *ex[] = {"EXISTS", key};
@@ -2405,7 +2405,7 @@ static enum MHD_Result resume_stream(struct req *q, struct MHD_Connection *conn,
     bool gone = !rc && bg && !running && (!x || x->type != RCONN_INTEGER || !x->integer);
     rconn_reply_free(x);
     if (!rc && (!bg || gone)) {
-        free(record);
+        rst_free(rec);
         oai_error_set(&e, 400, "invalid_request_error", "BAD_VALUE", "stream",
                       !bg ? "stream: only a background response is streamed again; GET it "
                             "without stream"
@@ -2413,8 +2413,8 @@ static enum MHD_Result resume_stream(struct req *q, struct MHD_Connection *conn,
         return respond_error(q, conn, &e);
     }
     if (!rc)
-        rc = rebuild(id, record, true, &q->cresp, &err);
-    free(record);
+        rc = rebuild(id, rec, true, &q->cresp, &err);
+    rst_free(rec);
     if (rc) {
         oai_error_set(&e, 503, "server_error", ev_code_name(EV_CODE_INTERNAL), NULL,
                       "the stream could not be resumed: %s", err.msg);
@@ -2471,12 +2471,15 @@ static enum MHD_Result stored(struct req *q, struct MHD_Connection *conn, const 
     if (ls && (!*ls || *end))
         limit = 0;
     struct rl_err err = {0};
-    char *record = NULL, *body = NULL;
-    /* input_items and DELETE need no answer rebuilt */
-    int rc = !h->store_ttl_s || !id[0] ? 1
-             : !(q->rc = pool_get(h, &err)) ? -RL_EIO
-             : items || del ? rst_get(q->rc, h->prefix, id, owner_of(q), 0, &record, &err)
-                            : stored_record(q, id, 0, &record, &err);
+    struct rst_record *rec = NULL;
+    char *body = NULL;
+    /* only a plain GET needs the answer as it stands: the others read the
+     * record (cancel and a stream read the job's events themselves) */
+    bool plain = !items && !del && !cancel && !resume;
+    int rc = !h->store_ttl_s || !id[0]          ? 1
+             : !(q->rc = pool_get(h, &err))     ? -RL_EIO
+             : plain ? stored_record(q, id, 0, &rec, &body, &err)
+                     : rst_get(q->rc, h->prefix, id, owner_of(q), 0, &rec, &err);
     if (rc == 1) {
         oai_error_set(&e, 404, "invalid_request_error", "not_found", "response_id",
                       "Response with id '%s' not found.%s", id,
@@ -2485,7 +2488,7 @@ static enum MHD_Result stored(struct req *q, struct MHD_Connection *conn, const 
         return respond_error(q, conn, &e);
     }
     if (!rc && del) {
-        if (rst_running_of(record, &(struct rst_running){0})) { /* no work left for nobody */
+        if (rst_running(rec, NULL)) { /* no work left for nobody */
             snprintf(q->id, sizeof q->id, "%.63s", id);
             cancel_job(q, "its background response was deleted");
         }
@@ -2494,15 +2497,16 @@ static enum MHD_Result stored(struct req *q, struct MHD_Connection *conn, const 
             rc = 0;
     }
     if (rc) {
-        free(record);
+        rst_free(rec);
+        free(body);
         oai_error_set(&e, 503, "server_error", ev_code_name(EV_CODE_INTERNAL), NULL,
                       "the stored response could not be read: %s", err.msg);
         return respond_error(q, conn, &e);
     }
     if (cancel)
-        return cancel_stored(q, conn, id, record);
+        return cancel_stored(q, conn, id, rec);
     if (resume)
-        return resume_stream(q, conn, id, record, resume_after);
+        return resume_stream(q, conn, id, rec, resume_after);
     if (del) {
         cJSON *o = cJSON_CreateObject();
         if (o && cJSON_AddStringToObject(o, "id", id) &&
@@ -2512,18 +2516,18 @@ static enum MHD_Result stored(struct req *q, struct MHD_Connection *conn, const 
         cJSON_Delete(o);
     } else if (items) {
         char msg[RL_ERR_MSG_MAX], param[16];
-        rc = rst_input_items(record, order, limit < 0 || limit > 100 ? 0 : (int)limit, after,
-                             &body, msg, sizeof msg);
+        rc = rst_input_items(rec, order, limit < 0 || limit > 100 ? 0 : (int)limit, after, &body,
+                             msg, sizeof msg);
         if (rc == -RL_EINVAL) { /* the message leads with the parameter's name */
-            free(record);
+            rst_free(rec);
             snprintf(param, sizeof param, "%.*s", (int)strcspn(msg, ":"), msg);
             oai_error_set(&e, 400, "invalid_request_error", "BAD_VALUE", param, "%s", msg);
             return respond_error(q, conn, &e);
         }
-    } else {
-        body = rst_response(record);
+    } else if (!body) { /* finished: its record's object is the answer */
+        body = rst_response(rec);
     }
-    free(record);
+    rst_free(rec);
     return respond(q, conn, 200, "application/json", body, NULL);
 }
 

@@ -44,20 +44,38 @@ static int name_items(cJSON *in, const char *id)
     return 0;
 }
 
-/* The record of its parts (each taken, freed on failure); run NULL: none. */
-static int assemble(const char *owner, cJSON *in, cJSON *resp, const struct rst_running *run,
-                    char **out)
+struct rst_record {
+    cJSON *json; /* {"owner", "input", "response", "running"?}, checked by wrap */
+};
+
+/* r for a parsed record (taken), or NULL when it is not one (freed) or
+ * memory runs out. */
+static struct rst_record *wrap(cJSON *rec)
+{
+    struct rst_record *r = NULL;
+    if (cJSON_IsString(cJSON_GetObjectItemCaseSensitive(rec, "owner")) &&
+        cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(rec, "input")) &&
+        cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(rec, "response")) &&
+        (r = malloc(sizeof *r))) {
+        r->json = rec;
+        return r;
+    }
+    cJSON_Delete(rec);
+    return NULL;
+}
+
+int rst_new(const char *owner, const char *id, const char *input, const char *response,
+            const struct rst_running *run, struct rst_record **out)
 {
     *out = NULL;
     cJSON *rec = cJSON_CreateObject();
+    cJSON *in = cJSON_Parse(input), *resp = cJSON_Parse(response);
     cJSON *rj = run ? running_json(run) : NULL;
-    int rc = 0;
-    if (!rec || (run && !rj))
-        rc = -RL_ENOMEM;
-    else if (!cJSON_IsArray(in) || !cJSON_IsObject(resp))
-        rc = -RL_EINVAL;
-    else if (!cJSON_AddStringToObject(rec, "owner", owner ? owner : ""))
-        rc = -RL_ENOMEM;
+    int rc = !rec || (run && !rj)                         ? -RL_ENOMEM
+             : !cJSON_IsArray(in) || !cJSON_IsObject(resp) ? -RL_EINVAL
+             : name_items(in, id) || !cJSON_AddStringToObject(rec, "owner", owner ? owner : "")
+                 ? -RL_ENOMEM
+                 : 0;
     if (rc) {
         cJSON_Delete(rec);
         cJSON_Delete(rj);
@@ -69,84 +87,94 @@ static int assemble(const char *owner, cJSON *in, cJSON *resp, const struct rst_
     cJSON_AddItemToObject(rec, "response", resp);
     if (rj)
         cJSON_AddItemToObject(rec, "running", rj);
-    if (!(*out = cJSON_PrintUnformatted(rec)))
-        rc = -RL_ENOMEM;
-    cJSON_Delete(rec);
-    return rc;
+    return (*out = wrap(rec)) ? 0 : -RL_ENOMEM;
 }
 
-int rst_record(const char *owner, const char *id, const char *input, const char *response,
-               const struct rst_running *run, char **out)
+void rst_free(struct rst_record *r)
 {
-    cJSON *in = cJSON_Parse(input);
-    if (cJSON_IsArray(in) && name_items(in, id)) {
-        cJSON_Delete(in);
-        return -RL_ENOMEM;
-    }
-    return assemble(owner, in, cJSON_Parse(response), run, out);
+    if (!r)
+        return;
+    cJSON_Delete(r->json);
+    free(r);
 }
 
-int rst_rewrite(const char *record, const char *response, const struct rst_running *run,
-                char **out)
+bool rst_running(const struct rst_record *r, struct rst_running *out)
 {
-    cJSON *rec = cJSON_Parse(record);
-    cJSON *in = cJSON_DetachItemFromObjectCaseSensitive(rec, "input");
-    cJSON *resp = response ? cJSON_Parse(response)
-                           : cJSON_DetachItemFromObjectCaseSensitive(rec, "response");
-    const char *owner = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(rec, "owner"));
-    int rc = owner ? assemble(owner, in, resp, run, out) : -RL_EINVAL;
-    if (!owner) {
-        cJSON_Delete(in);
-        cJSON_Delete(resp);
-    }
-    cJSON_Delete(rec);
-    return rc;
-}
-
-bool rst_running_of(const char *record, struct rst_running *out)
-{
-    memset(out, 0, sizeof *out);
-    cJSON *rec = cJSON_Parse(record);
-    const cJSON *run = cJSON_GetObjectItemCaseSensitive(rec, "running");
+    const cJSON *run = cJSON_GetObjectItemCaseSensitive(r->json, "running");
     bool running = cJSON_IsObject(run);
-    out->cancel = running && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(run, "cancel"));
-    cJSON_Delete(rec);
+    if (out)
+        out->cancel = running && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(run, "cancel"));
     return running;
 }
 
-char *rst_context(const char *record)
+int rst_update(struct rst_record *r, const char *response, const struct rst_running *run)
 {
-    cJSON *rec = cJSON_Parse(record);
-    cJSON *in = cJSON_DetachItemFromObjectCaseSensitive(rec, "input");
-    const cJSON *out =
-        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(rec, "response"),
-                                         "output");
-    char *s = NULL;
-    if (cJSON_IsArray(in)) {
-        const cJSON *it;
-        bool ok = true;
-        cJSON_ArrayForEach(it, out)
-        {
-            ok = ok && cJSON_AddItemToArray(in, cJSON_Duplicate(it, 1));
-        }
-        if (ok)
-            s = cJSON_PrintUnformatted(in);
+    cJSON *rj = run ? running_json(run) : NULL;
+    cJSON *resp = !run && response ? cJSON_Parse(response) : NULL;
+    if ((run && !rj) || (!run && response && !cJSON_IsObject(resp))) {
+        cJSON_Delete(rj);
+        bool parsed = resp != NULL;
+        cJSON_Delete(resp);
+        return run || !parsed ? -RL_ENOMEM : -RL_EINVAL;
     }
-    cJSON_Delete(in);
-    cJSON_Delete(rec);
-    return s;
+    if (resp)
+        cJSON_ReplaceItemInObjectCaseSensitive(r->json, "response", resp);
+    if (rj && cJSON_GetObjectItemCaseSensitive(r->json, "running"))
+        cJSON_ReplaceItemInObjectCaseSensitive(r->json, "running", rj);
+    else if (rj)
+        cJSON_AddItemToObject(r->json, "running", rj);
+    else
+        cJSON_DeleteItemFromObjectCaseSensitive(r->json, "running");
+    return 0;
 }
 
-char *rst_response(const char *record)
+/* the record's response object (wrap made sure it is one) */
+static const cJSON *response_of(const struct rst_record *r)
 {
-    cJSON *rec = cJSON_Parse(record);
-    const cJSON *resp = cJSON_GetObjectItemCaseSensitive(rec, "response");
-    char *s = cJSON_IsObject(resp) ? cJSON_PrintUnformatted(resp) : NULL;
-    cJSON_Delete(rec);
+    return cJSON_GetObjectItemCaseSensitive(r->json, "response");
+}
+
+char *rst_response(const struct rst_record *r)
+{
+    return cJSON_PrintUnformatted(response_of(r));
+}
+
+const char *rst_response_string(const struct rst_record *r, const char *name)
+{
+    return cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(response_of(r), name));
+}
+
+double rst_response_number(const struct rst_record *r, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(response_of(r), name);
+    return cJSON_IsNumber(v) ? v->valuedouble : 0;
+}
+
+bool rst_response_true(const struct rst_record *r, const char *name)
+{
+    return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(response_of(r), name));
+}
+
+char *rst_context(const struct rst_record *r)
+{
+    /* a new array over the items' copies: r stays as it is */
+    cJSON *ctx = cJSON_CreateArray();
+    bool ok = ctx != NULL;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(r->json, "input"))
+    {
+        ok = ok && cJSON_AddItemToArray(ctx, cJSON_Duplicate(it, 1));
+    }
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(response_of(r), "output"))
+    {
+        ok = ok && cJSON_AddItemToArray(ctx, cJSON_Duplicate(it, 1));
+    }
+    char *s = ok ? cJSON_PrintUnformatted(ctx) : NULL;
+    cJSON_Delete(ctx);
     return s;
 }
 
-int rst_input_items(const char *record, const char *order, int limit, const char *after,
+int rst_input_items(const struct rst_record *r, const char *order, int limit, const char *after,
                     char **out, char *msg, size_t size)
 {
     *out = NULL;
@@ -159,8 +187,7 @@ int rst_input_items(const char *record, const char *order, int limit, const char
         snprintf(msg, size, "limit: must be 1 to 100");
         return -RL_EINVAL;
     }
-    cJSON *rec = cJSON_Parse(record);
-    const cJSON *in = cJSON_GetObjectItemCaseSensitive(rec, "input");
+    const cJSON *in = cJSON_GetObjectItemCaseSensitive(r->json, "input");
     int n = cJSON_GetArraySize(in);
     /* the items in the order asked, as an index walk */
     int first = desc ? n - 1 : 0, step = desc ? -1 : 1;
@@ -173,7 +200,6 @@ int rst_input_items(const char *record, const char *order, int limit, const char
                 break;
         }
         if (i < 0 || i >= n) {
-            cJSON_Delete(rec);
             snprintf(msg, size, "after: no input item %.*s in this response", RST_ID_MAX, after);
             return -RL_EINVAL;
         }
@@ -201,7 +227,6 @@ int rst_input_items(const char *record, const char *order, int limit, const char
         !(*out = cJSON_PrintUnformatted(list)))
         rc = -RL_ENOMEM;
     cJSON_Delete(list);
-    cJSON_Delete(rec);
     return rc;
 }
 
@@ -210,61 +235,70 @@ static void key_of(char *buf, size_t size, const char *prefix, const char *id)
     snprintf(buf, size, "%.64sresponse:%.*s", prefix, RST_ID_MAX, id);
 }
 
-int rst_put(struct rconn *c, const char *prefix, const char *id, const char *record, int ttl_s,
-            struct rl_err *err)
+char *rst_json(const struct rst_record *r)
+{
+    return cJSON_PrintUnformatted(r->json);
+}
+
+int rst_put(struct rconn *c, const char *prefix, const char *id, const struct rst_record *r,
+            int ttl_s, struct rl_err *err)
 {
     char key[RST_ID_MAX + 96], ttl[24];
     key_of(key, sizeof key, prefix, id);
     snprintf(ttl, sizeof ttl, "%d", ttl_s);
-    const char *argv[] = {"SET", key, record, "EX", ttl};
-    return rconn_command(c, 5, argv, NULL, NULL, err);
+    char *text = rst_json(r);
+    if (!text)
+        return rl_errf(err, RL_ENOMEM, "response %s: out of memory", id);
+    const char *argv[] = {"SET", key, text, "EX", ttl};
+    int rc = rconn_command(c, 5, argv, NULL, NULL, err);
+    free(text);
+    return rc;
 }
 
 int rst_get(struct rconn *c, const char *prefix, const char *id, const char *owner, int ttl_s,
-            char **record, struct rl_err *err)
+            struct rst_record **out, struct rl_err *err)
 {
-    *record = NULL;
+    *out = NULL;
     if (strlen(id) > RST_ID_MAX)
         return 1;
     char key[RST_ID_MAX + 96], ttl[24];
     key_of(key, sizeof key, prefix, id);
     snprintf(ttl, sizeof ttl, "%d", ttl_s);
     const char *argv[] = {"GETEX", key, "EX", ttl};
-    struct rconn_reply *r = NULL;
-    int rc = rconn_command(c, ttl_s > 0 ? 4 : 2, argv, NULL, &r, err);
-    if (rc || !r || r->type != RCONN_STRING) {
-        rconn_reply_free(r);
+    struct rconn_reply *x = NULL;
+    int rc = rconn_command(c, ttl_s > 0 ? 4 : 2, argv, NULL, &x, err);
+    if (rc || !x || x->type != RCONN_STRING) {
+        rconn_reply_free(x);
         return rc ? rc : 1; /* nil: none, or expired */
     }
-    cJSON *rec = cJSON_ParseWithLength(r->str, r->len);
-    const char *who = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(rec, "owner"));
-    bool mine = who && !strcmp(who, owner ? owner : "");
-    cJSON_Delete(rec);
-    if (mine && !(*record = malloc(r->len + 1)))
-        rc = rl_errf(err, RL_ENOMEM, "response %s: out of memory", id);
-    else if (mine) {
-        memcpy(*record, r->str, r->len);
-        (*record)[r->len] = 0;
+    /* not a record (written by someone else): as good as none */
+    struct rst_record *r = wrap(cJSON_ParseWithLength(x->str, x->len));
+    rconn_reply_free(x);
+    const char *who = r ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r->json, "owner"))
+                        : NULL;
+    if (!who || strcmp(who, owner ? owner : "")) {
+        rst_free(r);
+        return 1;
     }
-    rconn_reply_free(r);
-    return rc ? rc : mine ? 0 : 1;
+    *out = r;
+    return 0;
 }
 
 int rst_delete(struct rconn *c, const char *prefix, const char *id, const char *owner,
                struct rl_err *err)
 {
-    char *record = NULL;
-    int rc = rst_get(c, prefix, id, owner, 0, &record, err);
-    free(record);
+    struct rst_record *r = NULL;
+    int rc = rst_get(c, prefix, id, owner, 0, &r, err);
+    rst_free(r);
     if (rc)
         return rc;
     char key[RST_ID_MAX + 96];
     key_of(key, sizeof key, prefix, id);
     const char *argv[] = {"DEL", key};
-    struct rconn_reply *r = NULL;
-    rc = rconn_command(c, 2, argv, NULL, &r, err);
+    struct rconn_reply *x = NULL;
+    rc = rconn_command(c, 2, argv, NULL, &x, err);
     /* 0 deleted: another request deleted it between the two commands */
-    bool gone = !rc && r && r->type == RCONN_INTEGER && r->integer == 0;
-    rconn_reply_free(r);
+    bool gone = !rc && x && x->type == RCONN_INTEGER && x->integer == 0;
+    rconn_reply_free(x);
     return rc ? rc : gone ? 1 : 0;
 }

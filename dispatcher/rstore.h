@@ -24,11 +24,15 @@
  * all that the answer repeats (the request's fields, model, created_at),
  * so the front door rebuilds the answer from it and the job's events
  * (<prefix>out:<id>) whenever it is read, until one read finds it ended
- * and writes the finished record, without "running" (rst_rewrite).
+ * and writes the finished record, without "running" (rst_update).
  *
- * The JSON side (rst_record, rst_rewrite, rst_running_of, rst_context,
- * rst_response, rst_input_items) is pure; rst_put, rst_get and rst_delete
- * are one command each on the caller's connection. */
+ * A record is read once (rst_get) into an opaque struct rst_record, the
+ * parsed JSON, which every question asks of; only what is written back is
+ * printed again (rst_put): a record grows with its conversation, and a
+ * client polling a background response would otherwise pay for its whole
+ * history several times a poll. The JSON side (rst_new ... rst_input_items)
+ * is pure; rst_put, rst_get and rst_delete are one command each on the
+ * caller's connection. */
 #ifndef RL_RSTORE_H
 #define RL_RSTORE_H
 
@@ -38,6 +42,7 @@
 #include "err.h"
 
 struct rconn;
+struct rst_record; /* a record, parsed: its owner's, freed by rst_free */
 
 /* The longest response id a record is looked up by (ours are 30-40
  * characters); a longer one is not found. */
@@ -48,31 +53,39 @@ struct rst_running {
     bool cancel; /* its client cancelled it: said so until it ends */
 };
 
-/* The record of response id (its JSON object, compact) for owner, whose
- * input items are input (a JSON array; items without an "id" get one, as
- * the listing of input items needs); run: NULL for a finished response.
- * *out: malloc'd, the caller's. Returns 0, -RL_EINVAL (input or response
- * is not what it should be) or -RL_ENOMEM. */
-int rst_record(const char *owner, const char *id, const char *input, const char *response,
-               const struct rst_running *run, char **out);
+/* The record of response id for owner, whose input items are input (a
+ * JSON array; items without an "id" get one, as the listing of input items
+ * needs) and whose response object is response; run: NULL for a finished
+ * response. Returns 0 and *out, -RL_EINVAL (input or response is not what
+ * it should be) or -RL_ENOMEM. */
+int rst_new(const char *owner, const char *id, const char *input, const char *response,
+            const struct rst_running *run, struct rst_record **out);
 
-/* record with its response replaced by response (NULL: kept) and its
- * running part by run (NULL: finished), owner and input kept. Returns as
- * rst_record. */
-int rst_rewrite(const char *record, const char *response, const struct rst_running *run,
-                char **out);
+void rst_free(struct rst_record *r);
 
-/* Whether record's response is still running: true and *out filled, or
- * false (finished, or not a record). */
-bool rst_running_of(const char *record, struct rst_running *out);
+/* Whether r's response is still running: true and *out filled (out may be
+ * NULL), or false (finished). */
+bool rst_running(const struct rst_record *r, struct rst_running *out);
+
+/* r's running part set to run (its response running still, e.g. now
+ * cancelled), or, run NULL, r finished with response as its object (NULL:
+ * the object kept). Returns 0, -RL_EINVAL (response is no object) or
+ * -RL_ENOMEM; r is unchanged on failure. */
+int rst_update(struct rst_record *r, const char *response, const struct rst_running *run);
+
+/* The stored response object as JSON, malloc'd (NULL: out of memory). */
+char *rst_response(const struct rst_record *r);
+
+/* Members of the stored response object: a string's value (NULL when it
+ * is none), a number's (0 when none), whether one is true. */
+const char *rst_response_string(const struct rst_record *r, const char *name);
+double rst_response_number(const struct rst_record *r, const char *name);
+bool rst_response_true(const struct rst_record *r, const char *name);
 
 /* The conversation that a request naming this record as its
  * previous_response_id continues: input then the response's output items,
- * a JSON array, malloc'd; NULL when out of memory or not a record. */
-char *rst_context(const char *record);
-
-/* The stored response object, malloc'd; NULL as rst_context. */
-char *rst_response(const char *record);
+ * a JSON array, malloc'd; NULL when out of memory. */
+char *rst_context(const struct rst_record *r);
 
 /* GET /v1/responses/{id}/input_items: the list object
  * {"object": "list", "data": [...], "first_id", "last_id", "has_more"}
@@ -81,20 +94,25 @@ char *rst_response(const char *record);
  * from the first). Returns 0 and *out (malloc'd), -RL_EINVAL with msg
  * (order, limit or after is wrong: the message starts with its name and a
  * colon) or -RL_ENOMEM. */
-int rst_input_items(const char *record, const char *order, int limit, const char *after,
+int rst_input_items(const struct rst_record *r, const char *order, int limit, const char *after,
                     char **out, char *msg, size_t size);
 
-/* SET <prefix>response:<id> record EX ttl_s. Returns 0 or the connection's
- * error (a full Redis answers OOM: -RL_EINVAL with its message). */
-int rst_put(struct rconn *c, const char *prefix, const char *id, const char *record, int ttl_s,
-            struct rl_err *err);
+/* The record as it is stored (JSON, compact), malloc'd; NULL when out of
+ * memory. */
+char *rst_json(const struct rst_record *r);
 
-/* The record of id when owner may read it, its TTL started again (GETEX:
- * a conversation in use does not expire under it). Returns 0 and *record
- * (malloc'd), 1 when there is none or it is another owner's, or a negative
- * code with err. */
+/* SET <prefix>response:<id> (rst_json) EX ttl_s. Returns 0 or the
+ * connection's error (a full Redis answers OOM: -RL_EINVAL with its
+ * message). */
+int rst_put(struct rconn *c, const char *prefix, const char *id, const struct rst_record *r,
+            int ttl_s, struct rl_err *err);
+
+/* The record of id when owner may read it, its TTL started again when
+ * ttl_s > 0 (GETEX: a conversation in use does not expire under it).
+ * Returns 0 and *out (the caller's), 1 when there is none, it is another
+ * owner's or not a record, or a negative code with err. */
 int rst_get(struct rconn *c, const char *prefix, const char *id, const char *owner, int ttl_s,
-            char **record, struct rl_err *err);
+            struct rst_record **out, struct rl_err *err);
 
 /* Deletes the record of id when owner may. Returns 0, 1 as rst_get, or a
  * negative code with err. */

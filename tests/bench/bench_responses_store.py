@@ -4,6 +4,7 @@ same conversation sent whole.
 
     /usr/bin/python3 tests/bench/bench_responses_store.py [--model DIR]
         [--requests 60] [--turns 12] [--conversations 4] [--tokens 8]
+        [--history-items 400]
 
 Starts its own redis-server on a free loopback port, one worker (the tiny
 test model unless --model) and one dispatcher with its HTTP front door.
@@ -17,7 +18,9 @@ that the machine's drift falls on both:
     whose job has written 16 or 2048 events (the record and the events
     written here, as the front door and a worker write them): the median
     latency of each, so that a poll is seen to cost the same whatever the
-    stream's length;
+    stream's length; then one whose record holds a short and a long
+    conversation (--history-items items of ~650 bytes), 16 events each: what
+    a poll pays for the record it reads;
   - "chain": --conversations conversations of --turns turns each, driven
     as a client of previous_response_id does (the new user message only)
     and as one that resends every turn (store false); the median latency
@@ -99,6 +102,7 @@ def main():
     ap.add_argument("--turns", type=int, default=12)
     ap.add_argument("--conversations", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--history-items", type=int, default=400)
     a = ap.parse_args()
     base = {"model": "m", "max_output_tokens": a.tokens, "reasoning": {"effort": "low"},
             "temperature": 0}
@@ -147,6 +151,37 @@ def main():
                               "events_16_ms": round(p16 * 1e3, 3),
                               "events_2048_ms": round(p2k * 1e3, 3),
                               "2048_over_16": round(p2k / p16, 3)}))
+            # polls of a running background response that continues a long
+            # conversation: its record holds the whole history, which a poll
+            # parses; 16 events each
+            hist = [{"type": "message", "role": ("user", "assistant")[k % 2],
+                     "content": f"Turn {k} of a long conversation: " + "words " * 100}
+                    for k in range(a.history_items)]
+            sizes = {}
+            for name, items in (("short", []), ("long", hist)):
+                rid = f"resp_poll_{name}"
+                big = {**rec, "input": items, "response": {**rec["response"], "id": rid}}
+                text = json.dumps(big)
+                sizes[name] = len(text)
+                r.set(f"{PREFIX}response:{rid}", text, ex=600)
+                pipe = r.pipeline()
+                for k in range(16):
+                    pipe.xadd(f"{PREFIX}out:{rid}", {"event": json.dumps(
+                        {"seq": k, "type": "delta", "delta": {"content": "x"},
+                         "token_ids": [k]})}, id=f"0-{k + 1}")
+                pipe.execute()
+                polls[name] = []
+            for i in range(2 * a.requests):
+                name = ("short", "long")[i % 2]
+                s, obj = f.get(f"/v1/responses/resp_poll_{name}")
+                assert obj["status"] == "in_progress"
+                polls[name].append(s)
+            ps, pl = statistics.median(polls["short"]), statistics.median(polls["long"])
+            print(json.dumps({"bench": "responses_poll_record", "polls": a.requests,
+                              "short_record_bytes": sizes["short"],
+                              "long_record_bytes": sizes["long"],
+                              "short_ms": round(ps * 1e3, 3), "long_ms": round(pl * 1e3, 3),
+                              "long_over_short": round(pl / ps, 3)}))
             # conversations: chained vs sent whole, turn by turn
             per = {"chained": [], "whole": []}
             sent = {"chained": 0, "whole": 0}

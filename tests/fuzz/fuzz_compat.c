@@ -183,17 +183,24 @@ static void fuzz_events(const char *s, size_t n, uint8_t sel)
         char *kept = cpt_resp_stored(r);
         if ((c.api == CPT_RESPONSES && last == OAI_END) != (kept != NULL))
             abort();
-        char *rec = NULL, *ctx = NULL, *list = NULL, msg[128];
-        if (kept && (rst_record("t", "resp_fz1", PRIOR, kept, NULL, &rec) || !(ctx = rst_context(rec)) ||
-                     rst_input_items(rec, "asc", 3, "rs_1", &list, msg, sizeof msg)))
+        struct rst_record *rec = NULL;
+        char *text = NULL, *ctx = NULL, *list = NULL, msg[128];
+        if (kept && (rst_new("t", "resp_fz1", PRIOR, kept, NULL, &rec) || !(ctx = rst_context(rec)) ||
+                     rst_input_items(rec, "asc", 3, "rs_1", &list, msg, sizeof msg) ||
+                     !(text = rst_json(rec))))
             abort();
         if (rec) {
-            json_or_die(rec, strlen(rec));
+            json_or_die(text, strlen(text));
+            cJSON *cj = cJSON_Parse(ctx); /* the context is an array of items */
+            if (!cJSON_IsArray(cj))
+                abort();
+            cJSON_Delete(cj);
             json_or_die(list, strlen(list));
         }
         free(list);
         free(ctx);
-        free(rec);
+        free(text);
+        rst_free(rec);
         free(kept);
         text_free(&out);
         cpt_resp_free(r);

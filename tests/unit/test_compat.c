@@ -338,9 +338,12 @@ static void test_responses_continued(void **state)
 
     /* the record: ids for the items without one, the context the next
      * request continues, the listing */
-    char *rec = NULL;
-    assert_int_equal(rst_record("acme", "resp_y", c.input, obj, NULL, &rec), 0);
-    cJSON *rj = cJSON_Parse(rec);
+    struct rst_record *rec = NULL;
+    assert_int_equal(rst_new("acme", "resp_y", c.input, obj, NULL, &rec), 0);
+    assert_false(rst_running(rec, NULL));
+    char *text = rst_json(rec);
+    cJSON *rj = cJSON_Parse(text);
+    free(text);
     assert_string_equal(cJSON_GetObjectItem(rj, "owner")->valuestring, "acme");
     assert_string_equal(
         cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(rj, "input"), 4), "id")
@@ -379,8 +382,11 @@ static void test_responses_continued(void **state)
     assert_int_equal(rst_input_items(rec, "asc", 101, NULL, &list, msg, sizeof msg), -RL_EINVAL);
     assert_int_equal(rst_input_items(rec, "asc", 5, "msg_9", &list, msg, sizeof msg), -RL_EINVAL);
     assert_null(list);
-    assert_int_equal(rst_record("", "resp_z", "{}", obj, NULL, &list), -RL_EINVAL);
-    free(rec);
+    struct rst_record *none = NULL;
+    assert_int_equal(rst_new("", "resp_z", "{}", obj, NULL, &none), -RL_EINVAL);
+    assert_int_equal(rst_new("", "resp_z", "[]", "[]", NULL, &none), -RL_EINVAL);
+    assert_null(none);
+    rst_free(rec);
     free(obj);
     oai_request_clear(&r);
     cpt_request_clear(&c);
@@ -416,7 +422,7 @@ static void assert_status(const struct cpt_resp *r, const char *want)
 /* A background response: parsed (only with store), its object queued
  * before any event, in progress, then completed; failed with its error;
  * cancelled by its client before the end says so; and its record, running
- * then finished (rst_rewrite), with what rebuilds it. */
+ * then finished (rst_update), with what rebuilds it. */
 static void test_responses_background(void **state)
 {
     (void)state;
@@ -460,31 +466,36 @@ static void test_responses_background(void **state)
      * repeats: the request's fields, model, created_at), cancelled, then
      * finished */
     struct rst_running run = {.cancel = false}, back;
-    char *rec = NULL, *marked = NULL, *fin = NULL;
-    assert_int_equal(rst_record("acme", "resp_b", "[]", queued, &run, &rec), 0);
-    assert_true(rst_running_of(rec, &back));
+    struct rst_record *rec = NULL;
+    assert_int_equal(rst_new("acme", "resp_b", "[]", queued, &run, &rec), 0);
+    assert_true(rst_running(rec, &back));
     assert_false(back.cancel);
     run.cancel = true;
-    assert_int_equal(rst_rewrite(rec, NULL, &run, &marked), 0);
-    assert_true(rst_running_of(marked, &back) && back.cancel);
-    char *got = rst_response(marked);
+    assert_int_equal(rst_update(rec, NULL, &run), 0);
+    assert_true(rst_running(rec, &back) && back.cancel);
+    char *got = rst_response(rec);
     assert_string_equal(got, queued); /* kept as it was */
     free(got);
-    cJSON *qj = cJSON_Parse(queued);
-    assert_string_equal(cJSON_GetObjectItem(qj, "model")->valuestring, "m");
-    assert_int_equal(cJSON_GetObjectItem(qj, "created_at")->valueint, 1700000000);
-    cJSON_Delete(qj);
-    assert_int_equal(rst_rewrite(marked, final, NULL, &fin), 0);
-    assert_false(rst_running_of(fin, &back));
-    got = rst_response(fin);
+    /* what rebuilds the answer */
+    assert_string_equal(rst_response_string(rec, "model"), "m");
+    assert_true(rst_response_number(rec, "created_at") == 1700000000);
+    assert_true(rst_response_true(rec, "background"));
+    assert_null(rst_response_string(rec, "no_such_member"));
+    /* not an object: refused, the record as it was */
+    assert_int_equal(rst_update(rec, "[1]", NULL), -RL_EINVAL);
+    assert_true(rst_running(rec, NULL));
+    assert_int_equal(rst_update(rec, final, NULL), 0);
+    assert_false(rst_running(rec, &back));
+    got = rst_response(rec);
     assert_string_equal(got, final);
     free(got);
-    cJSON *fj = cJSON_Parse(fin);
+    char *text = rst_json(rec);
+    cJSON *fj = cJSON_Parse(text);
+    free(text);
     assert_string_equal(cJSON_GetObjectItem(fj, "owner")->valuestring, "acme");
+    assert_null(cJSON_GetObjectItem(fj, "running"));
     cJSON_Delete(fj);
-    free(fin);
-    free(marked);
-    free(rec);
+    rst_free(rec);
     free(queued);
     free(final);
 
