@@ -362,6 +362,11 @@ struct req {
     struct text sse;        /* bytes produced and not yet handed to MHD */
     size_t sse_off;
     bool enqueued;             /* the job is in Redis */
+    /* Responses with previous_response_id: the chain its record carries
+     * (rst_continue's, malloc'd; NULL: written whole) and how many of the
+     * conversation's first items that chain holds */
+    char *chain;
+    int n_prior;
     bool resumed;              /* GET /v1/responses/{id}?stream=true: a background
                                   response's stream again, nothing to keep */
     bool job_ended;            /* done or error seen (or a background job's,
@@ -1265,7 +1270,8 @@ static void store_response(struct req *q)
         return; /* not the Responses API, or store false */
     struct rst_record *rec = NULL;
     struct rl_err err = {0};
-    int rc = rst_new(owner_of(q), q->id, q->creq.input ? q->creq.input : "[]", obj, NULL, &rec);
+    int rc = rst_new(owner_of(q), q->id, q->creq.input ? q->creq.input : "[]", q->n_prior,
+                     q->chain, obj, NULL, &rec);
     if (rc)
         rl_errf(&err, -rc, "out of memory");
     else
@@ -1977,8 +1983,8 @@ static int stored_record(struct req *q, const char *id, int ttl_s, struct rst_re
 }
 
 /* The conversation a Responses body continues: its previous_response_id's
- * stored context (rst_context) into *prior (malloc'd), NULL when it names
- * none. A name not found, or another tenant's, is 400
+ * stored context (rst_continue) into *prior (malloc'd), NULL when it names
+ * none, and the chain of the record this request will write into q. A name not found, or another tenant's, is 400
  * previous_response_not_found, as OpenAI answers (saying why when none are
  * kept); Redis's refusal is 503. Returns 0 or -RL_EINVAL with *e. */
 static int previous_context(struct req *q, const struct cpt_peek *pk, char **prior,
@@ -2014,8 +2020,22 @@ static int previous_context(struct req *q, const struct cpt_peek *pk, char **pri
                       "still running): poll GET /v1/responses/%s until it has", id, id);
         return -RL_EINVAL;
     }
-    if (!rc && !(*prior = rst_context(rec)))
+    char missing[RST_ID_MAX + 1] = "";
+    if (!rc)
+        rc = rst_load_chain(q->rc, h->prefix, rec, owner_of(q), h->store_ttl_s, missing,
+                            sizeof missing, &err);
+    if (rc == 1) {
+        rst_free(rec);
+        oai_error_set(e, 400, "invalid_request_error", "previous_response_not_found",
+                      "previous_response_id", "Previous response with id '%s' not found: an "
+                      "earlier response of its conversation, '%s', is no longer stored "
+                      "(expired or deleted)", id, missing);
+        return -RL_EINVAL;
+    }
+    if (!rc && rst_continue(rec, id, prior, &q->n_prior, &q->chain))
         rc = rl_errf(&err, RL_ENOMEM, "out of memory");
+    if (!q->chain) /* the conversation is written whole */
+        q->n_prior = 0;
     rst_free(rec);
     if (rc) {
         oai_error_set(e, 503, "server_error", ev_code_name(EV_CODE_INTERNAL),
@@ -2066,8 +2086,8 @@ static int keep_background(struct req *q, char **queued, struct oai_error *e)
     struct rl_err err = {0};
     *queued = cpt_resp_object(q->cresp);
     int rc = !*queued ? -RL_ENOMEM
-             : rst_new(owner_of(q), q->id, q->creq.input ? q->creq.input : "[]", *queued, &run,
-                       &rec);
+             : rst_new(owner_of(q), q->id, q->creq.input ? q->creq.input : "[]", q->n_prior,
+                       q->chain, *queued, &run, &rec);
     if (rc)
         rl_errf(&err, RL_ENOMEM, "out of memory");
     else
@@ -2088,7 +2108,7 @@ static int keep_background(struct req *q, char **queued, struct oai_error *e)
 static void unkeep_background(struct req *q)
 {
     struct rl_err err = {0};
-    if (rst_delete(q->rc, q->h->prefix, q->id, owner_of(q), &err) < 0)
+    if (rst_delete(q->rc, q->h->prefix, q->id, owner_of(q), true, &err) < 0)
         RL_LOG(q->h->log, RL_LOG_WARN, "http: %s: its record stays until it expires: %s", q->id,
                err.msg);
 }
@@ -2151,14 +2171,18 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     else
         prc = (compl ? oai_parse_completion : oai_parse_request)(body, q->body.n, &h->lim, q->id,
                                                                 deadline, &q->oreq, &e);
+    /* what this request's record keeps: its own turn, the chain holds the
+     * rest */
+    size_t kept = q->creq.input ? strlen(q->creq.input) : 0;
+    size_t held = prior && q->chain ? strlen(prior) : 0;
+    kept = kept > held ? kept - held : 0;
     free(prior);
     if (!h->store_ttl_s)
         q->creq.store = false; /* none kept: the response says so */
-    size_t kept = q->creq.input ? strlen(q->creq.input) : 0;
     if (!prc && q->creq.store && kept > h->store_max) {
         if (q->creq.background) { /* nothing could be read back */
             oai_error_set(&e, 400, "invalid_request_error", "BAD_VALUE", "background",
-                          "background: the conversation is %zu KiB, over the %zu KiB a stored "
+                          "background: its input is %zu KiB, over the %zu KiB a stored "
                           "response keeps (responses_store_max_kb)", kept / 1024,
                           h->store_max / 1024);
             prc = -RL_EINVAL;
@@ -2487,12 +2511,23 @@ static enum MHD_Result stored(struct req *q, struct MHD_Connection *conn, const 
                                            "(responses_store_ttl_s = 0).");
         return respond_error(q, conn, &e);
     }
+    char missing[RST_ID_MAX + 1] = "";
+    if (!rc && items)
+        rc = rst_load_chain(q->rc, h->prefix, rec, owner_of(q), 0, missing, sizeof missing, &err);
+    if (rc == 1) {
+        rst_free(rec);
+        oai_error_set(&e, 404, "invalid_request_error", "not_found", "response_id",
+                      "The input items of response '%s' are not all stored: an earlier "
+                      "response of its conversation, '%s', has expired or was deleted", id,
+                      missing);
+        return respond_error(q, conn, &e);
+    }
     if (!rc && del) {
         if (rst_running(rec, NULL)) { /* no work left for nobody */
             snprintf(q->id, sizeof q->id, "%.63s", id);
             cancel_job(q, "its background response was deleted");
         }
-        rc = rst_delete(q->rc, h->prefix, id, owner_of(q), &err);
+        rc = rst_delete(q->rc, h->prefix, id, owner_of(q), false, &err);
         if (rc == 1) /* deleted by another request meanwhile: the same answer */
             rc = 0;
     }
@@ -3116,6 +3151,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     oai_resp_free(q->resp);
     cpt_resp_free(q->cresp);
     cpt_request_clear(&q->creq);
+    free(q->chain);
     emb_resp_free(q->eresp);
     rr_resp_free(q->rresp); /* before the request its documents are borrowed from */
     rr_request_clear(&q->rreq);

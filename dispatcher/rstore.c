@@ -45,18 +45,49 @@ static int name_items(cJSON *in, const char *id)
 }
 
 struct rst_record {
-    cJSON *json; /* {"owner", "input", "response", "running"?}, checked by wrap */
+    cJSON *json;                /* {"owner", "input" | "chain" + "turn", "response",
+                                   "running"?}, checked by wrap */
+    struct rst_record **chain;  /* the chain's records, oldest first (rst_load_chain) */
+    int n_chain;
 };
+
+/* The items r's own request added: "turn", or a whole record's "input". */
+static const cJSON *items_of(const struct rst_record *r)
+{
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(r->json, "turn");
+    return t ? t : cJSON_GetObjectItemCaseSensitive(r->json, "input");
+}
+
+static const cJSON *chain_ids(const struct rst_record *r)
+{
+    return cJSON_GetObjectItemCaseSensitive(r->json, "chain");
+}
+
+/* Whether ids is a chain: an array of ids, at most RST_CHAIN_MAX. */
+static bool is_chain(const cJSON *ids)
+{
+    if (!cJSON_IsArray(ids) || cJSON_GetArraySize(ids) > RST_CHAIN_MAX)
+        return false;
+    const cJSON *id;
+    cJSON_ArrayForEach(id, ids)
+    {
+        if (!cJSON_IsString(id) || strlen(id->valuestring) > RST_ID_MAX)
+            return false;
+    }
+    return true;
+}
 
 /* r for a parsed record (taken), or NULL when it is not one (freed) or
  * memory runs out. */
 static struct rst_record *wrap(cJSON *rec)
 {
     struct rst_record *r = NULL;
-    if (cJSON_IsString(cJSON_GetObjectItemCaseSensitive(rec, "owner")) &&
-        cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(rec, "input")) &&
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(rec, "chain");
+    bool whole = cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(rec, "input"));
+    bool part = is_chain(ids) && cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(rec, "turn"));
+    if (cJSON_IsString(cJSON_GetObjectItemCaseSensitive(rec, "owner")) && whole != part &&
         cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(rec, "response")) &&
-        (r = malloc(sizeof *r))) {
+        (r = calloc(1, sizeof *r))) {
         r->json = rec;
         return r;
     }
@@ -64,26 +95,39 @@ static struct rst_record *wrap(cJSON *rec)
     return NULL;
 }
 
-int rst_new(const char *owner, const char *id, const char *input, const char *response,
-            const struct rst_running *run, struct rst_record **out)
+int rst_new(const char *owner, const char *id, const char *input, int n_prior, const char *chain,
+            const char *response, const struct rst_running *run, struct rst_record **out)
 {
     *out = NULL;
     cJSON *rec = cJSON_CreateObject();
     cJSON *in = cJSON_Parse(input), *resp = cJSON_Parse(response);
+    cJSON *ids = chain ? cJSON_Parse(chain) : NULL;
     cJSON *rj = run ? running_json(run) : NULL;
-    int rc = !rec || (run && !rj)                         ? -RL_ENOMEM
-             : !cJSON_IsArray(in) || !cJSON_IsObject(resp) ? -RL_EINVAL
-             : name_items(in, id) || !cJSON_AddStringToObject(rec, "owner", owner ? owner : "")
-                 ? -RL_ENOMEM
+    int rc = !rec || (run && !rj) ? -RL_ENOMEM
+             : !cJSON_IsArray(in) || !cJSON_IsObject(resp) || n_prior < 0 ||
+                     n_prior > cJSON_GetArraySize(in) || (chain && !is_chain(ids)) ||
+                     (!chain && n_prior)
+                 ? -RL_EINVAL
                  : 0;
+    /* the items that the chain's records hold are not repeated */
+    for (int i = 0; !rc && i < n_prior; i++)
+        cJSON_DeleteItemFromArray(in, 0);
+    if (!rc && (name_items(in, id) || !cJSON_AddStringToObject(rec, "owner", owner ? owner : "")))
+        rc = -RL_ENOMEM;
     if (rc) {
         cJSON_Delete(rec);
         cJSON_Delete(rj);
         cJSON_Delete(in);
         cJSON_Delete(resp);
+        cJSON_Delete(ids);
         return rc;
     }
-    cJSON_AddItemToObject(rec, "input", in);
+    if (ids) {
+        cJSON_AddItemToObject(rec, "chain", ids);
+        cJSON_AddItemToObject(rec, "turn", in);
+    } else {
+        cJSON_AddItemToObject(rec, "input", in);
+    }
     cJSON_AddItemToObject(rec, "response", resp);
     if (rj)
         cJSON_AddItemToObject(rec, "running", rj);
@@ -94,6 +138,9 @@ void rst_free(struct rst_record *r)
 {
     if (!r)
         return;
+    for (int i = 0; i < r->n_chain; i++)
+        rst_free(r->chain[i]);
+    free(r->chain);
     cJSON_Delete(r->json);
     free(r);
 }
@@ -155,23 +202,64 @@ bool rst_response_true(const struct rst_record *r, const char *name)
     return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(response_of(r), name));
 }
 
-char *rst_context(const struct rst_record *r)
+/* The conversation up to r as references to the records' items (no
+ * copies: the array is only printed or walked, while r lives): each
+ * record of the chain's items and output, then r's items, then its output
+ * when with_output. NULL when out of memory. */
+static cJSON *gather(const struct rst_record *r, bool with_output)
 {
-    /* a new array over the items' copies: r stays as it is */
-    cJSON *ctx = cJSON_CreateArray();
-    bool ok = ctx != NULL;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(r->json, "input"))
-    {
-        ok = ok && cJSON_AddItemToArray(ctx, cJSON_Duplicate(it, 1));
+    cJSON *all = cJSON_CreateArray();
+    bool ok = all != NULL;
+    for (int i = 0; ok && i <= r->n_chain; i++) {
+        const struct rst_record *p = i < r->n_chain ? r->chain[i] : r;
+        cJSON *it;
+        cJSON_ArrayForEach(it, (cJSON *)items_of(p))
+        {
+            ok = ok && cJSON_AddItemReferenceToArray(all, it);
+        }
+        if (p == r && !with_output)
+            break;
+        cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(response_of(p), "output"))
+        {
+            ok = ok && cJSON_AddItemReferenceToArray(all, it);
+        }
     }
-    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(response_of(r), "output"))
-    {
-        ok = ok && cJSON_AddItemToArray(ctx, cJSON_Duplicate(it, 1));
+    if (!ok) {
+        cJSON_Delete(all);
+        return NULL;
     }
-    char *s = ok ? cJSON_PrintUnformatted(ctx) : NULL;
-    cJSON_Delete(ctx);
-    return s;
+    return all;
+}
+
+int rst_continue(const struct rst_record *r, const char *id, char **context, int *n_items,
+                 char **chain)
+{
+    *context = *chain = NULL;
+    *n_items = 0;
+    const cJSON *ids = chain_ids(r);
+    int n = cJSON_GetArraySize(ids);
+    if (n != r->n_chain)
+        return -RL_EINVAL; /* its chain not loaded: the context would miss it */
+    cJSON *all = gather(r, true);
+    /* the chain of the record that follows: r's, then r; past the bound,
+     * none (that record is written whole) */
+    cJSON *next = n >= RST_CHAIN_MAX ? NULL : ids ? cJSON_Duplicate(ids, 1) : cJSON_CreateArray();
+    bool ok = all && (n >= RST_CHAIN_MAX || (next && cJSON_AddItemToArray(
+                                                         next, cJSON_CreateString(id))));
+    if (ok && !(*context = cJSON_PrintUnformatted(all)))
+        ok = false;
+    if (ok && next && !(*chain = cJSON_PrintUnformatted(next)))
+        ok = false;
+    *n_items = ok ? cJSON_GetArraySize(all) : 0;
+    cJSON_Delete(all);
+    cJSON_Delete(next);
+    if (!ok) {
+        free(*context);
+        free(*chain);
+        *context = *chain = NULL;
+        return -RL_ENOMEM;
+    }
+    return 0;
 }
 
 int rst_input_items(const struct rst_record *r, const char *order, int limit, const char *after,
@@ -187,7 +275,9 @@ int rst_input_items(const struct rst_record *r, const char *order, int limit, co
         snprintf(msg, size, "limit: must be 1 to 100");
         return -RL_EINVAL;
     }
-    const cJSON *in = cJSON_GetObjectItemCaseSensitive(r->json, "input");
+    cJSON *in = gather(r, false);
+    if (!in)
+        return -RL_ENOMEM;
     int n = cJSON_GetArraySize(in);
     /* the items in the order asked, as an index walk */
     int first = desc ? n - 1 : 0, step = desc ? -1 : 1;
@@ -200,6 +290,7 @@ int rst_input_items(const struct rst_record *r, const char *order, int limit, co
                 break;
         }
         if (i < 0 || i >= n) {
+            cJSON_Delete(in);
             snprintf(msg, size, "after: no input item %.*s in this response", RST_ID_MAX, after);
             return -RL_EINVAL;
         }
@@ -227,6 +318,7 @@ int rst_input_items(const struct rst_record *r, const char *order, int limit, co
         !(*out = cJSON_PrintUnformatted(list)))
         rc = -RL_ENOMEM;
     cJSON_Delete(list);
+    cJSON_Delete(in);
     return rc;
 }
 
@@ -247,12 +339,57 @@ int rst_put(struct rconn *c, const char *prefix, const char *id, const struct rs
     key_of(key, sizeof key, prefix, id);
     snprintf(ttl, sizeof ttl, "%d", ttl_s);
     char *text = rst_json(r);
-    if (!text)
-        return rl_errf(err, RL_ENOMEM, "response %s: out of memory", id);
+    struct rconn_batch *b = NULL;
+    int rc = !text ? rl_errf(err, RL_ENOMEM, "response %s: out of memory", id)
+                   : rconn_batch_create(&b, err);
     const char *argv[] = {"SET", key, text, "EX", ttl};
-    int rc = rconn_command(c, 5, argv, NULL, NULL, err);
+    if (!rc)
+        rc = rconn_batch_add(b, 5, argv, NULL, err);
+    /* the records it continues live as long as it does: each was read
+     * (GETEX) when this one began, which may be long ago for a background
+     * response */
+    const cJSON *cid;
+    cJSON_ArrayForEach(cid, chain_ids(r))
+    {
+        char ck[RST_ID_MAX + 96];
+        key_of(ck, sizeof ck, prefix, cid->valuestring);
+        const char *ex[] = {"EXPIRE", ck, ttl};
+        if (!rc)
+            rc = rconn_batch_add(b, 3, ex, NULL, err);
+    }
+    if (!rc)
+        rc = rconn_batch_exec(c, b, err);
+    /* the SET's refusal (a full Redis: OOM) is the one that matters. An
+     * EXPIRE refused (an ACL without it) costs only a background
+     * response's chain that outlives its GETEX, and one of a record since
+     * gone answers 0 */
+    const struct rconn_reply *x = !rc ? rconn_batch_reply(b, 0) : NULL;
+    if (x && x->type == RCONN_ERROR)
+        rc = rl_errf(err, RL_EINVAL, "%s", x->str ? x->str : "SET refused");
+    rconn_batch_free(b);
     free(text);
     return rc;
+}
+
+/* The record in reply x for owner: 0 and *out, or 1 when there is none, it
+ * is another owner's, not a record, or (unless deleted_too) deleted. */
+static int record_of(const struct rconn_reply *x, const char *owner, bool deleted_too,
+                     struct rst_record **out)
+{
+    *out = NULL;
+    if (!x || x->type != RCONN_STRING)
+        return 1; /* nil: none, or expired */
+    /* not a record (written by someone else): as good as none */
+    struct rst_record *r = wrap(cJSON_ParseWithLength(x->str, x->len));
+    const char *who = r ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r->json, "owner"))
+                        : NULL;
+    if (!who || strcmp(who, owner ? owner : "") ||
+        (!deleted_too && cJSON_GetObjectItemCaseSensitive(r->json, "deleted"))) {
+        rst_free(r);
+        return 1;
+    }
+    *out = r;
+    return 0;
 }
 
 int rst_get(struct rconn *c, const char *prefix, const char *id, const char *owner, int ttl_s,
@@ -267,38 +404,103 @@ int rst_get(struct rconn *c, const char *prefix, const char *id, const char *own
     const char *argv[] = {"GETEX", key, "EX", ttl};
     struct rconn_reply *x = NULL;
     int rc = rconn_command(c, ttl_s > 0 ? 4 : 2, argv, NULL, &x, err);
-    if (rc || !x || x->type != RCONN_STRING) {
-        rconn_reply_free(x);
-        return rc ? rc : 1; /* nil: none, or expired */
-    }
-    /* not a record (written by someone else): as good as none */
-    struct rst_record *r = wrap(cJSON_ParseWithLength(x->str, x->len));
+    if (!rc)
+        rc = record_of(x, owner, false, out);
     rconn_reply_free(x);
-    const char *who = r ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r->json, "owner"))
-                        : NULL;
-    if (!who || strcmp(who, owner ? owner : "")) {
-        rst_free(r);
-        return 1;
+    return rc;
+}
+
+int rst_load_chain(struct rconn *c, const char *prefix, struct rst_record *r, const char *owner,
+                   int ttl_s, char *missing, size_t size, struct rl_err *err)
+{
+    const cJSON *ids = chain_ids(r);
+    int n = cJSON_GetArraySize(ids);
+    if (!n || r->n_chain)
+        return 0;
+    char ttl[24];
+    snprintf(ttl, sizeof ttl, "%d", ttl_s);
+    struct rconn_batch *b = NULL;
+    int rc = rconn_batch_create(&b, err);
+    const cJSON *cid;
+    cJSON_ArrayForEach(cid, ids)
+    {
+        char key[RST_ID_MAX + 96];
+        key_of(key, sizeof key, prefix, cid->valuestring);
+        const char *argv[] = {"GETEX", key, "EX", ttl};
+        if (!rc)
+            rc = rconn_batch_add(b, ttl_s > 0 ? 4 : 2, argv, NULL, err);
     }
-    *out = r;
-    return 0;
+    if (!rc)
+        rc = rconn_batch_exec(c, b, err);
+    if (!rc && !(r->chain = calloc((size_t)n, sizeof *r->chain)))
+        rc = rl_errf(err, RL_ENOMEM, "out of memory");
+    int i = 0;
+    cJSON_ArrayForEach(cid, ids)
+    {
+        if (rc)
+            break;
+        const struct rconn_reply *x = rconn_batch_reply(b, i);
+        if (x && x->type == RCONN_ERROR) {
+            rc = rl_errf(err, RL_EIO, "GETEX %s: %s", cid->valuestring, x->str ? x->str : "");
+        } else if (record_of(x, owner, true, &r->chain[i])) {
+            snprintf(missing, size, "%s", cid->valuestring);
+            rc = 1;
+        } else {
+            r->n_chain = ++i;
+        }
+    }
+    rconn_batch_free(b);
+    if (rc) { /* all or nothing */
+        for (int k = 0; k < r->n_chain; k++)
+            rst_free(r->chain[k]);
+        free(r->chain);
+        r->chain = NULL;
+        r->n_chain = 0;
+    }
+    return rc;
+}
+
+/* What is left of r once deleted: what the records that continue it read
+ * (its items and output, its chain), marked deleted, in place of the
+ * rest. */
+static char *tombstone(const struct rst_record *r)
+{
+    cJSON *t = cJSON_CreateObject();
+    bool ok = t && cJSON_AddStringToObject(t, "owner", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r->json, "owner"))) &&
+              cJSON_AddTrueToObject(t, "deleted");
+    static const char *const kept[] = {"chain", "turn", "input"};
+    for (size_t i = 0; ok && i < sizeof kept / sizeof *kept; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->json, kept[i]);
+        ok = !v || cJSON_AddItemToObject(t, kept[i], cJSON_Duplicate(v, 1));
+    }
+    cJSON *resp = ok ? cJSON_AddObjectToObject(t, "response") : NULL;
+    const cJSON *out = cJSON_GetObjectItemCaseSensitive(response_of(r), "output");
+    ok = resp && (!out || cJSON_AddItemToObject(resp, "output", cJSON_Duplicate(out, 1)));
+    char *s = ok ? cJSON_PrintUnformatted(t) : NULL;
+    cJSON_Delete(t);
+    return s;
 }
 
 int rst_delete(struct rconn *c, const char *prefix, const char *id, const char *owner,
-               struct rl_err *err)
+               bool erase, struct rl_err *err)
 {
     struct rst_record *r = NULL;
     int rc = rst_get(c, prefix, id, owner, 0, &r, err);
+    char *t = !rc && !erase ? tombstone(r) : NULL;
     rst_free(r);
     if (rc)
         return rc;
+    if (!erase && !t)
+        return rl_errf(err, RL_ENOMEM, "response %s: out of memory", id);
     char key[RST_ID_MAX + 96];
     key_of(key, sizeof key, prefix, id);
-    const char *argv[] = {"DEL", key};
+    /* XX: one that expired meanwhile is not made again, without a TTL */
+    const char *set[] = {"SET", key, t, "KEEPTTL", "XX"}, *del[] = {"DEL", key};
     struct rconn_reply *x = NULL;
-    rc = rconn_command(c, 2, argv, NULL, &x, err);
-    /* 0 deleted: another request deleted it between the two commands */
-    bool gone = !rc && x && x->type == RCONN_INTEGER && x->integer == 0;
+    rc = erase ? rconn_command(c, 2, del, NULL, &x, err) : rconn_command(c, 5, set, NULL, &x, err);
+    /* nil, or 0 deleted: it expired (or was erased) between the two commands */
+    bool gone = !rc && (!x || x->type == RCONN_NIL || (x->type == RCONN_INTEGER && !x->integer));
     rconn_reply_free(x);
+    free(t);
     return rc ? rc : gone ? 1 : 0;
 }

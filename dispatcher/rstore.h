@@ -10,14 +10,26 @@
  * (responses_store_ttl_s), written before the response's last byte goes
  * out, so that a client that chains at once always finds it.
  *
- * A record is a JSON object:
+ * A record is a JSON object, one of
+ *   {"owner": TENANT, "chain": [IDS], "turn": [ITEMS], "response": {RESPONSE}}
  *   {"owner": TENANT, "input": [ITEMS], "response": {RESPONSE}}
  * owner is the API key's tenant ("" without keys): another tenant's id is
- * "not found", never another client's answer. input is the conversation
- * as input items up to this response (the previous response's input and
- * output, then this request's input; instructions are not carried, as
- * OpenAI's are not); response is the object the client got. The next
- * turn's context is input then response.output (rst_context).
+ * "not found", never another client's answer; response is the object the
+ * client got. The first form is a response that continues others: chain
+ * names the records of its conversation, oldest first (the previous
+ * response's chain, then the previous response), turn the input items its
+ * own request added. The second is a conversation's first response (or
+ * one whose chain would pass RST_CHAIN_MAX, written whole), input all of
+ * it. A conversation of n turns is then kept once, not n times over (each
+ * record the whole history: n^2/2), and what bounds a record is its own
+ * turn (responses_store_max_kb), not the conversation. A request that
+ * continues a record reads its chain's records in one pipeline (GETEX
+ * each, so they live on with it) and rst_put keeps them as long as the
+ * record it writes (EXPIRE each); one of them expired leaves the records
+ * after it nothing to continue. A deleted record stays for them as a
+ * tombstone ("deleted": true, only what they read) until it expires. The conversation up to a
+ * record is each chain record's items and output, then its own items
+ * (rst_continue adds its output: the next turn's context).
  *
  * A background response's record is written before its job is queued,
  * "queued", with "running": {"cancel": false}. Its response object holds
@@ -48,18 +60,26 @@ struct rst_record; /* a record, parsed: its owner's, freed by rst_free */
  * characters); a longer one is not found. */
 #define RST_ID_MAX 128
 
+/* The most records a chain names (a conversation's turns before a
+ * record; past it a record is written whole): bounds a continuing
+ * request's pipeline of GETEX and a record's list of ids (~40 bytes
+ * each). */
+#define RST_CHAIN_MAX 256
+
 /* A background response still running. */
 struct rst_running {
     bool cancel; /* its client cancelled it: said so until it ends */
 };
 
-/* The record of response id for owner, whose input items are input (a
- * JSON array; items without an "id" get one, as the listing of input items
- * needs) and whose response object is response; run: NULL for a finished
- * response. Returns 0 and *out, -RL_EINVAL (input or response is not what
- * it should be) or -RL_ENOMEM. */
-int rst_new(const char *owner, const char *id, const char *input, const char *response,
-            const struct rst_running *run, struct rst_record **out);
+/* The record of response id for owner, whose conversation is input (a
+ * JSON array of input items), the first n_prior of them the context that
+ * chain (rst_continue's, a JSON array; NULL: none, n_prior 0) names, the
+ * rest what this request added (items without an "id" get one, as the
+ * listing of input items needs); response is its response object; run:
+ * NULL for a finished response. Returns 0 and *out, -RL_EINVAL (input,
+ * chain or response is not what it should be) or -RL_ENOMEM. */
+int rst_new(const char *owner, const char *id, const char *input, int n_prior, const char *chain,
+            const char *response, const struct rst_running *run, struct rst_record **out);
 
 void rst_free(struct rst_record *r);
 
@@ -82,12 +102,17 @@ const char *rst_response_string(const struct rst_record *r, const char *name);
 double rst_response_number(const struct rst_record *r, const char *name);
 bool rst_response_true(const struct rst_record *r, const char *name);
 
-/* The conversation that a request naming this record as its
- * previous_response_id continues: input then the response's output items,
- * a JSON array, malloc'd; NULL when out of memory. */
-char *rst_context(const struct rst_record *r);
+/* What a request naming r (whose id is id) as its previous_response_id
+ * needs, its chain loaded (rst_load_chain): *context, the conversation
+ * it continues (the items up to r and r's output items, a JSON array) of
+ * *n_items items, and *chain, the chain of the record it will write (r's,
+ * then id; NULL when that would pass RST_CHAIN_MAX: it is written whole).
+ * Both malloc'd. Returns 0, -RL_EINVAL (r's chain is not loaded) or
+ * -RL_ENOMEM. */
+int rst_continue(const struct rst_record *r, const char *id, char **context, int *n_items,
+                 char **chain);
 
-/* GET /v1/responses/{id}/input_items: the list object
+/* GET /v1/responses/{id}/input_items (r's chain loaded): the list object
  * {"object": "list", "data": [...], "first_id", "last_id", "has_more"}
  * of the record's input items, order "asc" or "desc" (NULL: desc, as
  * OpenAI's), at most limit (1-100) after the item whose id is after (NULL:
@@ -101,7 +126,8 @@ int rst_input_items(const struct rst_record *r, const char *order, int limit, co
  * memory. */
 char *rst_json(const struct rst_record *r);
 
-/* SET <prefix>response:<id> (rst_json) EX ttl_s. Returns 0 or the
+/* SET <prefix>response:<id> (rst_json) EX ttl_s, and EXPIRE of the
+ * records its chain names, in one pipeline. Returns 0 or the
  * connection's error (a full Redis answers OOM: -RL_EINVAL with its
  * message). */
 int rst_put(struct rconn *c, const char *prefix, const char *id, const struct rst_record *r,
@@ -114,9 +140,21 @@ int rst_put(struct rconn *c, const char *prefix, const char *id, const struct rs
 int rst_get(struct rconn *c, const char *prefix, const char *id, const char *owner, int ttl_s,
             struct rst_record **out, struct rl_err *err);
 
-/* Deletes the record of id when owner may. Returns 0, 1 as rst_get, or a
+/* The records r's chain names, read (GETEX each, their TTL started again
+ * when ttl_s > 0) in one pipeline into r, for rst_continue and
+ * rst_input_items; nothing to do for a record without a chain. Returns 0,
+ * 1 when one of them is gone (expired, deleted; its id into missing), or
+ * a negative code with err. */
+int rst_load_chain(struct rconn *c, const char *prefix, struct rst_record *r, const char *owner,
+                   int ttl_s, char *missing, size_t size, struct rl_err *err);
+
+/* Deletes the record of id when owner may: its id is then not found, but
+ * what the records that continue it read stays (its items, its output and
+ * its chain, marked deleted; SET KEEPTTL) until it expires, or, erase, the
+ * key goes (DEL: a record nothing continues yet, such as a background
+ * response's whose job was never queued). Returns 0, 1 as rst_get, or a
  * negative code with err. */
 int rst_delete(struct rconn *c, const char *prefix, const char *id, const char *owner,
-               struct rl_err *err);
+               bool erase, struct rl_err *err);
 
 #endif

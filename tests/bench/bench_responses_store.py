@@ -25,7 +25,8 @@ that the machine's drift falls on both:
     as a client of previous_response_id does (the new user message only)
     and as one that resends every turn (store false); the median latency
     per turn, the bytes the client sent in all, and Redis's memory for the
-    chained conversation's last record (MEMORY USAGE).
+    chained conversation's last record and for all its records (MEMORY
+    USAGE, medians over the conversations).
 Prints one JSON line per measurement. The result cache is off, greedy
 decoding, so that every request runs on the worker.
 """
@@ -185,9 +186,9 @@ def main():
             # conversations: chained vs sent whole, turn by turn
             per = {"chained": [], "whole": []}
             sent = {"chained": 0, "whole": 0}
-            record_bytes = []
+            record_bytes, conv_bytes = [], []
             for c in range(a.conversations):
-                prev, history = None, []
+                prev, history, kept = None, [], []
                 for t in range(a.turns):
                     # each arm its own words: neither finds the other's prompt
                     # in the worker's prefix cache, each finds its own turns
@@ -200,11 +201,13 @@ def main():
                     per["chained"].append(s)
                     sent["chained"] += n
                     prev = obj["id"]
+                    kept.append(prev)
                     s, obj, n = f.post({**base, "store": False, "input": history + [other]})
                     per["whole"].append(s)
                     sent["whole"] += n
                     history += [other, {"role": "assistant", "content": text_of(obj)}]
                 record_bytes.append(r.memory_usage(f"{PREFIX}response:{prev}"))
+                conv_bytes.append(sum(r.memory_usage(f"{PREFIX}response:{k}") for k in kept))
             ch, wh = statistics.median(per["chained"]), statistics.median(per["whole"])
             print(json.dumps({"bench": "responses_chain", "conversations": a.conversations,
                               "turns": a.turns, "tokens": a.tokens,
@@ -212,7 +215,8 @@ def main():
                               "chained_over_whole": round(ch / wh, 3),
                               "client_bytes_chained": sent["chained"],
                               "client_bytes_whole": sent["whole"],
-                              "last_record_bytes": int(statistics.median(record_bytes))}))
+                              "last_record_bytes": int(statistics.median(record_bytes)),
+                              "conversation_bytes": int(statistics.median(conv_bytes))}))
         finally:
             f.stop()
             w.stop()

@@ -184,8 +184,10 @@ static void fuzz_events(const char *s, size_t n, uint8_t sel)
         if ((c.api == CPT_RESPONSES && last == OAI_END) != (kept != NULL))
             abort();
         struct rst_record *rec = NULL;
-        char *text = NULL, *ctx = NULL, *list = NULL, msg[128];
-        if (kept && (rst_new("t", "resp_fz1", PRIOR, kept, NULL, &rec) || !(ctx = rst_context(rec)) ||
+        char *text = NULL, *ctx = NULL, *chain = NULL, *list = NULL, msg[128];
+        int n_ctx;
+        if (kept && (rst_new("t", "resp_fz1", PRIOR, 0, NULL, kept, NULL, &rec) ||
+                     rst_continue(rec, "resp_fz1", &ctx, &n_ctx, &chain) ||
                      rst_input_items(rec, "asc", 3, "rs_1", &list, msg, sizeof msg) ||
                      !(text = rst_json(rec))))
             abort();
@@ -199,6 +201,7 @@ static void fuzz_events(const char *s, size_t n, uint8_t sel)
         }
         free(list);
         free(ctx);
+        free(chain);
         free(text);
         rst_free(rec);
         free(kept);

@@ -426,18 +426,28 @@ def test_http_front_door_as_dispatcher_user(built, acl_redis, tmp_path):
         done = out_events(admin, job_id)[-1]
         assert done["finish_reason"] == "cancelled"
         assert f.request("GET", "/healthz")[0] == 200
-        # a stored response (SET EX), continued (GETEX), read and deleted (DEL)
+        # a stored response (SET EX), continued twice (GETEX of the record and
+        # its chain; SET of the next with EXPIRE of its chain), read, and
+        # deleted (SET KEEPTTL XX: a tombstone the next one still reads)
         body = {"model": MODEL_NAME, "input": "Hello", "max_output_tokens": 3,
                 "reasoning": {"effort": "low"}}
         status, _, data = f.request("POST", "/v1/responses", body, auth)
         assert status == 200 and json.loads(data)["store"] is True, data
         rid = json.loads(data)["id"]
-        status, _, data = f.request("POST", "/v1/responses",
-                                    {**body, "previous_response_id": rid}, auth)
-        assert status == 200, data
+        chained = rid
+        for _ in range(2):
+            status, _, data = f.request("POST", "/v1/responses",
+                                        {**body, "previous_response_id": chained}, auth)
+            assert status == 200 and json.loads(data)["store"] is True, data
+            chained = json.loads(data)["id"]
+        assert json.loads(admin.get(f"redlm:response:{chained}"))["chain"][0] == rid
         assert f.request("GET", f"/v1/responses/{rid}", None, auth)[0] == 200
         assert f.request("DELETE", f"/v1/responses/{rid}", None, auth)[0] == 200
-        assert not admin.exists(f"redlm:response:{rid}")
+        assert json.loads(admin.get(f"redlm:response:{rid}"))["deleted"] is True
+        assert f.request("GET", f"/v1/responses/{rid}", None, auth)[0] == 404
+        status, _, data = f.request("POST", "/v1/responses",
+                                    {**body, "previous_response_id": chained}, auth)
+        assert status == 200, data
         # a background one, polled from its job's events (XREVRANGE, XRANGE)
         status, _, data = f.request("POST", "/v1/responses", {**body, "background": True}, auth)
         assert status == 200 and json.loads(data)["status"] == "queued", data
@@ -529,7 +539,7 @@ def test_an_acl_from_before_stored_responses(built, tmp_path):
     dispatcher): a Responses request is still answered in full; that it was
     not kept is said in the log and counted, and chaining on it is a clear
     503 naming Redis's refusal, not a hang or a crash."""
-    lines = [l.replace(" (~redlm:response:* +set +getex +del)", "") for l in acl_lines()]
+    lines = [l.replace(" (~redlm:response:* +set +getex +del +expire)", "") for l in acl_lines()]
     assert lines != acl_lines()
     from test_http import MODEL_NAME
     with served_with_an_older_acl(tmp_path, lines, "acl-nostore") as (f, _, admin):

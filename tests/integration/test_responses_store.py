@@ -8,9 +8,12 @@ input_items, end to end through a real redis-server, dispatcher and worker
     messages are the stored turns, then the new input; instructions are not
     carried), streamed or not; a tool loop keeps the assistant's thinking
     and its calls as one turn;
+  - a record keeps its own turn and the chain of the records before it,
+    so a conversation is kept once, a turn bounded, not the whole;
   - GET returns the object the client got; input_items lists the
     conversation in both orders, paged; DELETE removes it, and naming it
-    afterwards is 400 previous_response_not_found, as OpenAI answers;
+    afterwards is 400 previous_response_not_found, as OpenAI answers,
+    while what continued it still reads its items;
   - another tenant's id is not found (404 / 400), never its answer;
   - store false keeps nothing; responses_store_ttl_s = 0 keeps nothing and
     says so;
@@ -115,10 +118,22 @@ def test_previous_response_id_continues_the_conversation(front, workers, redis_a
     for q, param in (("limit=0", "limit"), ("order=up", "order"), ("after=nope", "after")):
         status, err = get(f, f"/v1/responses/{r2['id']}/input_items?{q}")
         assert status == 400 and err["error"]["param"] == param, err
+    # the records: r1 whole (the first of its conversation), r2 and r3 only
+    # their own turn and the chain of what they continue
+    recs = {x["id"]: json.loads(r.get(f"{prefix}response:{x['id']}")) for x in (r1, r2, r3)}
+    assert "chain" not in recs[r1["id"]] and len(recs[r1["id"]]["input"]) == 1
+    assert recs[r2["id"]]["chain"] == [r1["id"]] and "input" not in recs[r2["id"]]
+    said = lambda c: c if isinstance(c, str) else c[0]["text"]  # noqa: E731
+    assert [said(i["content"]) for i in recs[r2["id"]]["turn"]] == ["And again?"]
+    assert recs[r3["id"]]["chain"] == [r1["id"], r2["id"]]
+    assert [said(i["content"]) for i in recs[r3["id"]]["turn"]] == ["Third."]
     # DELETE: gone, and naming it is OpenAI's 400; what chained on it still works
+    # (a tombstone keeps only what they read, until it expires)
     status, d = get(f, f"/v1/responses/{r1['id']}", method="DELETE")
     assert status == 200 and d == {"id": r1["id"], "object": "response", "deleted": True}
-    assert not r.exists(key)
+    stone = json.loads(r.get(key))
+    assert stone["deleted"] is True and set(stone) == {"owner", "deleted", "input", "response"}
+    assert stone["response"] == {"output": r1["output"]} and 0 < r.ttl(key) <= 3600
     status, err = get(f, f"/v1/responses/{r1['id']}")
     assert status == 404 and err["error"]["param"] == "response_id"
     status, err = get(f, f"/v1/responses/{r1['id']}", method="DELETE")
@@ -280,6 +295,51 @@ const client = new OpenAI({baseURL: base + '/v1', apiKey: 'sk-test-0123456789', 
   console.log(JSON.stringify(out));
 })().catch(e => { console.error(String(e)); process.exit(1); });
 """
+
+
+def test_a_long_conversation_is_kept_once(front, workers, redis_addr, prefix):  # noqa: F811
+    """A record keeps its own turn and names the records before it (its
+    chain): responses_store_max_kb bounds a turn, not the conversation;
+    continuing a response starts its chain's TTLs again; a record of the
+    chain that expired leaves nothing to continue, said by name."""
+    r = connect(redis_addr)
+    tap(r, f"{prefix}jobs:fast", f"{prefix}jobs:think")
+    workers("w1")
+    f = front("--responses-store-max-kb", "1")
+    fast = {"model": MODEL_NAME, "max_output_tokens": 3, "reasoning": {"effort": "low"}}
+    prev, ids = None, []
+    for t in range(4):  # 0.6 KiB a turn: the whole passes 1 KiB at the second
+        body = {**fast, "input": f"turn {t} " + "word " * 120}
+        if prev:
+            body["previous_response_id"] = prev
+        status, resp = post(f, body)
+        assert status == 200 and resp["store"] is True, (t, resp)
+        prev = resp["id"]
+        ids.append(prev)
+    recs = [json.loads(r.get(f"{prefix}response:{i}")) for i in ids]
+    assert [x.get("chain", []) for x in recs] == [ids[:k] for k in range(4)]
+    # a turn each, not the history (which grows ~1.4 KB a turn here)
+    sizes = [len(json.dumps(x)) for x in recs]
+    assert max(sizes) < sizes[0] + 300, sizes
+    msgs = jobs_by_id(r, prefix)[ids[3]]["messages"]
+    assert [m["role"] for m in msgs] == ["user", "assistant"] * 3 + ["user"]
+    assert [m["content"].split()[:2] for m in msgs[::2]] == [["turn", str(t)] for t in range(4)]
+    status, items = get(f, f"/v1/responses/{ids[3]}/input_items?order=asc&limit=100")
+    assert status == 200 and len(items["data"]) == 7
+    # continuing starts the chain's TTLs again
+    r.expire(f"{prefix}response:{ids[0]}", 50)
+    status, r5 = post(f, {**fast, "input": "and?", "previous_response_id": ids[3]})
+    assert status == 200 and r5["store"] is True
+    assert r.ttl(f"{prefix}response:{ids[0]}") > 3000
+    assert json.loads(r.get(f"{prefix}response:{r5['id']}"))["chain"] == ids
+    # one of the chain gone (as if expired): nothing to continue, said by name
+    r.delete(f"{prefix}response:{ids[1]}")
+    status, err = post(f, {**fast, "input": "x", "previous_response_id": ids[3]})
+    assert status == 400 and err["error"]["code"] == "previous_response_not_found", err
+    assert ids[1] in err["error"]["message"]
+    status, err = get(f, f"/v1/responses/{ids[3]}/input_items")
+    assert status == 404 and ids[1] in err["error"]["message"], err
+    assert get(f, f"/v1/responses/{ids[3]}")[0] == 200  # the response itself is there
 
 
 def test_openai_npm_client_chains_responses(front, workers, redis_addr, prefix,  # noqa: F811

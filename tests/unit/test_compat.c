@@ -339,7 +339,7 @@ static void test_responses_continued(void **state)
     /* the record: ids for the items without one, the context the next
      * request continues, the listing */
     struct rst_record *rec = NULL;
-    assert_int_equal(rst_new("acme", "resp_y", c.input, obj, NULL, &rec), 0);
+    assert_int_equal(rst_new("acme", "resp_y", c.input, 0, NULL, obj, NULL, &rec), 0);
     assert_false(rst_running(rec, NULL));
     char *text = rst_json(rec);
     cJSON *rj = cJSON_Parse(text);
@@ -350,13 +350,18 @@ static void test_responses_continued(void **state)
             ->valuestring,
         "item_y_in4");
     cJSON_Delete(rj);
-    char *ctx = rst_context(rec);
+    char *ctx = NULL, *chain = NULL;
+    int n_ctx = 0;
+    assert_int_equal(rst_continue(rec, "resp_y", &ctx, &n_ctx, &chain), 0);
     cJSON *cj = cJSON_Parse(ctx);
     assert_int_equal(cJSON_GetArraySize(cj), 5 + 3); /* + reasoning, message, call */
+    assert_int_equal(n_ctx, 5 + 3);
     assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(cj, 5), "type")->valuestring,
                         "reasoning");
     cJSON_Delete(cj);
     free(ctx);
+    assert_string_equal(chain, "[\"resp_y\"]"); /* the next record's chain */
+    free(chain);
     char *resp_obj = rst_response(rec);
     assert_string_equal(resp_obj, obj);
     free(resp_obj);
@@ -382,11 +387,45 @@ static void test_responses_continued(void **state)
     assert_int_equal(rst_input_items(rec, "asc", 101, NULL, &list, msg, sizeof msg), -RL_EINVAL);
     assert_int_equal(rst_input_items(rec, "asc", 5, "msg_9", &list, msg, sizeof msg), -RL_EINVAL);
     assert_null(list);
-    struct rst_record *none = NULL;
-    assert_int_equal(rst_new("", "resp_z", "{}", obj, NULL, &none), -RL_EINVAL);
-    assert_int_equal(rst_new("", "resp_z", "[]", "[]", NULL, &none), -RL_EINVAL);
-    assert_null(none);
     rst_free(rec);
+
+    /* continuing resp_x: the record keeps its own turn (the one new
+     * item) and the chain, not the conversation again */
+    assert_int_equal(rst_new("acme", "resp_y", c.input, 4, "[\"resp_x\"]", obj, NULL, &rec), 0);
+    char *text2 = rst_json(rec);
+    cJSON *tj = cJSON_Parse(text2);
+    free(text2);
+    assert_null(cJSON_GetObjectItem(tj, "input"));
+    const cJSON *ch = cJSON_GetObjectItem(tj, "chain");
+    assert_int_equal(cJSON_GetArraySize(ch), 1);
+    assert_string_equal(cJSON_GetArrayItem(ch, 0)->valuestring, "resp_x");
+    const cJSON *turn = cJSON_GetObjectItem(tj, "turn");
+    assert_int_equal(cJSON_GetArraySize(turn), 1);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(turn, 0), "type")->valuestring,
+                        "function_call_output");
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(turn, 0), "id")->valuestring,
+                        "item_y_in0");
+    cJSON_Delete(tj);
+    /* its chain not read: no context that would miss it */
+    assert_int_equal(rst_continue(rec, "resp_y", &ctx, &n_ctx, &chain), -RL_EINVAL);
+    assert_null(ctx);
+    rst_free(rec);
+    /* a chain longer than RST_CHAIN_MAX is refused */
+    struct text ids = {0};
+    text_printf(&ids, "[");
+    for (int i = 0; i <= RST_CHAIN_MAX; i++)
+        text_printf(&ids, "%s\"resp_%d\"", i ? "," : "", i);
+    text_printf(&ids, "]");
+    assert_int_equal(rst_new("acme", "resp_y", c.input, 4, ids.p, obj, NULL, &rec), -RL_EINVAL);
+    text_free(&ids);
+
+    struct rst_record *none = NULL;
+    assert_int_equal(rst_new("", "resp_z", "{}", 0, NULL, obj, NULL, &none), -RL_EINVAL);
+    assert_int_equal(rst_new("", "resp_z", "[]", 0, NULL, "[]", NULL, &none), -RL_EINVAL);
+    assert_int_equal(rst_new("", "resp_z", "[]", 1, "[]", obj, NULL, &none), -RL_EINVAL);
+    assert_int_equal(rst_new("", "resp_z", c.input, 1, NULL, obj, NULL, &none), -RL_EINVAL);
+    assert_int_equal(rst_new("", "resp_z", c.input, 1, "[1]", obj, NULL, &none), -RL_EINVAL);
+    assert_null(none);
     free(obj);
     oai_request_clear(&r);
     cpt_request_clear(&c);
@@ -467,7 +506,7 @@ static void test_responses_background(void **state)
      * finished */
     struct rst_running run = {.cancel = false}, back;
     struct rst_record *rec = NULL;
-    assert_int_equal(rst_new("acme", "resp_b", "[]", queued, &run, &rec), 0);
+    assert_int_equal(rst_new("acme", "resp_b", "[]", 0, NULL, queued, &run, &rec), 0);
     assert_true(rst_running(rec, &back));
     assert_false(back.cancel);
     run.cancel = true;
