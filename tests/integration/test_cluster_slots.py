@@ -16,7 +16,8 @@ common/rcluster.h) share one slot per master; then, on real processes:
     exactly those bells (one bell key per master, in the request slot);
   - the front door answers with ids on the request slots, streamed and
     not streamed, read by its shared readers, and never finds a stream
-    written without a ring;
+    written without a ring; a chained Responses conversation's records lie
+    on several masters and are read back as one conversation;
   - its readers (each sending its stream read and its next blocking bell
     read together, to its master) follow a CLUSTER FAILOVER of a master
     whose requests are mid-stream: every streamed answer comes whole.
@@ -167,6 +168,25 @@ def test_bench_and_front_door_ids_on_request_slots(redis_cluster, workers, prefi
             assert text == "".join(e["delta"].get("content", "") for _, e in evs
                                    if e["type"] == "delta"), jid
         assert "without ringing" not in f.text() and "not on the bell" not in f.text()
+        # a chained Responses conversation: its records on several masters,
+        # read back in one pipeline across them (dispatcher/rstore.h)
+        prev, ids = None, []
+        for t in range(6):
+            body = {"model": MODEL_NAME, "max_output_tokens": 4, "input": f"turn {t}",
+                    "reasoning": {"effort": "low"}}
+            if prev:
+                body["previous_response_id"] = prev
+            status, _, data = f.request("POST", "/v1/responses", body)
+            assert status == 200, data
+            prev = json.loads(data)["id"]
+            ids.append(prev)
+        assert json.loads(rc.get(f"{prefix}response:{prev}"))["chain"] == ids[:-1]
+        homes = {redis_cluster.master_of(f"{prefix}response:{i}") for i in ids}
+        assert len(homes) >= 2, homes
+        status, _, data = f.request("GET", f"/v1/responses/{prev}/input_items?order=asc")
+        assert status == 200, data
+        said = [i["content"][0]["text"] for i in json.loads(data)["data"] if i["role"] == "user"]
+        assert said == [f"turn {t}" for t in range(6)], said
     finally:
         f.stop()
 
