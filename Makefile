@@ -343,12 +343,12 @@ $(BUILD)/tests/test_dmetrics: $(BUILD)/tests/unit/test_dmetrics.o $(BUILD)/dispa
 # test, benchmark and fuzz target link the objects they need. The fuzz
 # targets are compiled by clang in one loop above; FUZZ_EXTRA_SRC is
 # compiled into each (the others never call it).
-FUZZ_EXTRA_SRC := dispatcher/openai.c dispatcher/compat.c dispatcher/rstore.c dispatcher/anthropic.c dispatcher/embed.c dispatcher/rerank.c dispatcher/route.c
+FUZZ_EXTRA_SRC := dispatcher/openai.c dispatcher/compat.c dispatcher/rstore.c dispatcher/pager.c dispatcher/convo.c dispatcher/anthropic.c dispatcher/embed.c dispatcher/rerank.c dispatcher/route.c
 $(BUILD)/tests/test_openai: $(BUILD)/tests/unit/test_openai.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
 # issue 29: the Responses API, Ollama's API and the vLLM-named metrics
-$(BUILD)/tests/test_compat: $(BUILD)/tests/unit/test_compat.o $(BUILD)/dispatcher/compat.o $(BUILD)/dispatcher/rstore.o $(BUILD)/dispatcher/anthropic.o $(BUILD)/dispatcher/vmetrics.o $(BUILD)/dispatcher/fleet.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
+$(BUILD)/tests/test_compat: $(BUILD)/tests/unit/test_compat.o $(BUILD)/dispatcher/compat.o $(BUILD)/dispatcher/rstore.o $(BUILD)/dispatcher/pager.o $(BUILD)/dispatcher/convo.o $(BUILD)/dispatcher/anthropic.o $(BUILD)/dispatcher/vmetrics.o $(BUILD)/dispatcher/fleet.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
 # the embedding endpoints (POST /v1/embeddings, /api/embed, /api/embeddings)
@@ -359,6 +359,6 @@ $(BUILD)/tests/test_embed: $(BUILD)/tests/unit/test_embed.o $(BUILD)/dispatcher/
 $(BUILD)/tests/test_rerank: $(BUILD)/tests/unit/test_rerank.o $(BUILD)/dispatcher/rerank.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
-$(BUILD)/tests/bench_http: $(BUILD)/tests/bench/bench_http.o $(BUILD)/dispatcher/http.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/compat.o $(BUILD)/dispatcher/rstore.o $(BUILD)/dispatcher/anthropic.o $(BUILD)/dispatcher/embed.o $(BUILD)/dispatcher/rerank.o $(BUILD)/dispatcher/vmetrics.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
+$(BUILD)/tests/bench_http: $(BUILD)/tests/bench/bench_http.o $(BUILD)/dispatcher/http.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/compat.o $(BUILD)/dispatcher/rstore.o $(BUILD)/dispatcher/pager.o $(BUILD)/dispatcher/convo.o $(BUILD)/dispatcher/anthropic.o $(BUILD)/dispatcher/embed.o $(BUILD)/dispatcher/rerank.o $(BUILD)/dispatcher/vmetrics.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) $(DAEMON_LIBS)

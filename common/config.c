@@ -254,6 +254,8 @@ static const struct opt options[] = {
      "How long a response made through POST /v1/responses with store (OpenAI's default) is kept in Redis (<prefix>response:<id>) for previous_response_id, GET and DELETE /v1/responses/<id>; each use starts it again; 0 = keep none (store is false in every response)."},
     {"responses_store_max_kb", T_INT, O(responses_store_max_kb), "1024", 1, 1048576, NULL, CFG_DISPATCHER, 0,
      "The largest input (items, in KiB of JSON) a stored response keeps: what its own request added, the conversation before it being kept by the responses it continues (a conversation's first response, or one past 256 turns, keeps it whole). A larger one is answered with store false (a background one is refused), so that one client cannot put max_body_kb into Redis with every request."},
+    {"conversation_ttl_s", T_INT, O(conversation_ttl_s), "2592000", 0, 31536000, NULL, CFG_DISPATCHER, 0,
+     "How long a conversation of the Conversations API (POST /v1/conversations, and a Responses request's conversation) is kept in Redis (<prefix>conversation:<id>) after its last use; each use starts it again; 0 = keep none (the Conversations routes answer 404, a conversation in a Responses request 400)."},
     /* issue 26: tenants and bounded dead letters */
     {"tenants", T_LIST, O(tenants), "", 0, 0, NULL, CFG_DISPATCHER, F_NAMES | F_EMPTY,
      "Tenants (1-32 of [A-Za-z0-9_-]): the dispatcher also reads <prefix>requests:<tenant> for each, and a job read there lives in the id namespace \"<tenant>:\" (its id gets that prefix), so that with the shipped ACL one tenant can neither break another's intake nor use, pre-empt or read another's ids (config/README.md). As a flag, comma-separated."},

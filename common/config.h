@@ -123,7 +123,8 @@ struct cfg {
     int http_client_lease_ms;     /* jobs' client lease; 0 = off */
     char *http_unknown_fields;    /* ignore|refuse: unknown request fields (issue 29) */
     int responses_store_ttl_s;    /* stored Responses' TTL (dispatcher/rstore.h); 0 = none */
-    int responses_store_max_kb;   /* the largest conversation a stored response keeps */
+    int responses_store_max_kb;   /* the largest input a stored response keeps */
+    int conversation_ttl_s;       /* Conversations' TTL (dispatcher/convo.h); 0 = none */
     /* issue 26: tenants and bounded dead letters */
     struct cfg_strlist tenants;   /* dispatcher: also read <prefix>requests:<tenant>; may be empty */
     int dead_max_mb;              /* redlm:dead holds at most about this many MiB; 0 = no cap */

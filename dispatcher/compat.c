@@ -309,11 +309,17 @@ static int responses_members(const cJSON *root, const cJSON *prior, cJSON *chat,
     else if (instr && !cJSON_IsNull(instr) && !cJSON_IsString(instr))
         return bad(e, "BAD_TYPE", "instructions", "must be a string");
     /* the stored conversation first: its instructions are not carried */
+    const cJSON *conv = cJSON_GetObjectItemCaseSensitive(root, "conversation");
+    bool in_conv = conv && !cJSON_IsNull(conv);
+    if (in_conv && cJSON_GetObjectItemCaseSensitive(root, "previous_response_id") &&
+        !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(root, "previous_response_id")))
+        return bad(e, "BAD_VALUE", "conversation",
+                   "conversation and previous_response_id cannot both be given");
     int i = 0;
     const cJSON *it;
     cJSON_ArrayForEach(it, prior)
     {
-        int rc = input_item(it, "previous_response_id", i++, t, e);
+        int rc = input_item(it, in_conv ? "conversation" : "previous_response_id", i++, t, e);
         if (rc)
             return rc;
     }
@@ -350,10 +356,20 @@ static int responses_members(const cJSON *root, const cJSON *prior, cJSON *chat,
             snprintf(c->previous_id, sizeof c->previous_id, "%s", v->valuestring);
             cJSON_AddItemToObject(echo, k, cJSON_Duplicate(v, 1));
         } else if (!strcmp(k, "conversation")) {
-            oai_error_set(e, 400, T_INVALID, "BAD_VALUE", k,
-                          "%s: conversations are not served; name the last response in "
-                          "previous_response_id, or send the whole conversation in input", k);
-            return -RL_EINVAL;
+            const char *cid = cJSON_IsObject(v) ? cJSON_GetStringValue(
+                                                      cJSON_GetObjectItemCaseSensitive(v, "id"))
+                                                : cJSON_GetStringValue(v);
+            if (!cid)
+                return bad(e, "BAD_TYPE", k, "must be a conversation id or {\"id\": id}");
+            if (!prior) { /* the caller found none (or keeps none) */
+                oai_error_set(e, 400, T_INVALID, "not_found", k,
+                              "Conversation with id '%.128s' not found.", cid);
+                return -RL_EINVAL;
+            }
+            snprintf(c->conversation, sizeof c->conversation, "%s", cid);
+            cJSON *o = cJSON_AddObjectToObject(echo, k);
+            if (!o || !cJSON_AddStringToObject(o, "id", cid))
+                return -RL_ENOMEM;
         } else if (!strcmp(k, "store")) {
             if (!cJSON_IsBool(v))
                 return bad(e, "BAD_TYPE", k, "must be a boolean");
@@ -783,6 +799,13 @@ void cpt_responses_peek(const char *body, size_t len, struct cpt_peek *out)
     if (v && strlen(v) < sizeof out->previous_id) /* a longer one names nothing: not found */
         snprintf(out->previous_id, sizeof out->previous_id, "%s", v);
     out->background = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "background"));
+    const cJSON *conv = cJSON_GetObjectItemCaseSensitive(root, "conversation");
+    const char *cid = cJSON_IsObject(conv)
+                          ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(conv, "id"))
+                          : cJSON_GetStringValue(conv);
+    out->in_conversation = cid != NULL;
+    if (cid && strlen(cid) < sizeof out->conversation)
+        snprintf(out->conversation, sizeof out->conversation, "%s", cid);
     cJSON_Delete(root);
 }
 
@@ -973,6 +996,7 @@ static cJSON *response_object(const struct cpt_resp *r)
         cJSON_AddStringToObject(cJSON_AddObjectToObject(o, "incomplete_details"), "reason", why);
     else
         cJSON_AddNullToObject(o, "incomplete_details");
+    echo_or(o, r->echo, "conversation", cJSON_CreateNull());
     echo_or(o, r->echo, "instructions", cJSON_CreateNull());
     echo_or(o, r->echo, "max_output_tokens", cJSON_CreateNull());
     echo_or(o, r->echo, "metadata", cJSON_CreateObject());

@@ -57,6 +57,10 @@ struct cpt_request {
     char *input;
     /* Responses: the previous_response_id it continues ("" for none) */
     char previous_id[129];
+    /* Responses: the conversation it runs in ("" for none): its items are
+     * the context given to cpt_parse_responses, and the caller adds the
+     * request's input and output to it at the end (convo.h) */
+    char conversation[129];
     /* Responses: store (true unless the request said false); the caller
      * clears it when it keeps no responses, before cpt_resp_create */
     bool store;
@@ -92,9 +96,11 @@ int cpt_parse_responses(const char *body, size_t len, const char *prior,
  * cpt_parse_responses) and whether it runs in the background (its job then
  * carries no client lease and no deadline: nobody waits for it). */
 struct cpt_peek {
-    bool continues;        /* previous_response_id is a string */
-    char previous_id[129]; /* that string; "" when longer (it names no response) */
-    bool background;       /* background: true */
+    bool continues;         /* previous_response_id is a string */
+    char previous_id[129];  /* that string; "" when longer (it names no response) */
+    bool background;        /* background: true */
+    bool in_conversation;   /* conversation is a string or {"id": string} */
+    char conversation[129]; /* that id; "" when longer (it names none) */
 };
 void cpt_responses_peek(const char *body, size_t len, struct cpt_peek *out);
 

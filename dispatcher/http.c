@@ -113,6 +113,8 @@
 #include "embed.h"
 #include "rerank.h"
 #include "rstore.h"
+#include "convo.h"
+#include "pager.h"
 #include "openai.h"
 #include "prompt.h"
 #include "rconn.h"
@@ -150,6 +152,7 @@ struct counters {
     int64_t refused;     /* connections refused: every one was being answered */
     int64_t auth_throttled; /* requests refused for their address's failed API keys */
     int64_t stored, store_failed; /* Responses kept (rstore.h), and refused by Redis */
+    int64_t conv_failed;  /* responses a conversation did not get (convo.h) */
     int64_t first_event[N_BUCKETS + 1]; /* XADD -> first event read, ms buckets; last = +Inf */
     int64_t first_event_n;
     double first_event_sum_ms;
@@ -171,6 +174,7 @@ struct dhttp {
     int max_pending, pending_per_ip, auth_per_min, lease_ms;
     int store_ttl_s;      /* responses_store_ttl_s: stored Responses' TTL, 0 = none kept */
     size_t store_max;     /* responses_store_max_kb, in bytes */
+    int conv_ttl_s;       /* conversation_ttl_s: conversations' TTL, 0 = none kept */
     bool ops;             /* the loopback ops listener: /healthz, /health, /metrics only */
     struct dhttp *front;  /* ops: the front door whose counters /metrics shows, or NULL */
     char **cors;          /* (n_cors) allowed origins; "*" = any; none = CORS off */
@@ -255,6 +259,8 @@ enum route {
     /* stored Responses (rstore.h): GET and DELETE /v1/responses/{id},
      * GET /v1/responses/{id}/input_items, POST /v1/responses/{id}/cancel */
     R_STORED,
+    /* the Conversations API (convo.h): /v1/conversations[/{id}[/items[/{item}]]] */
+    R_CONVERSATIONS,
 };
 
 /* A route that answers with a job's events (chat()). */
@@ -493,6 +499,10 @@ static const struct {
     {"responses_store_failures_total",
      "Responses API answers with store that Redis refused to keep (full: OOM)",
      offsetof(struct counters, store_failed)},
+    {"conversation_failures_total",
+     "Responses API answers not added to their conversation (deleted meanwhile, or Redis "
+     "refused)",
+     offsetof(struct counters, conv_failed)},
 };
 
 /* The front door's own families (its counters, under m_mu). */
@@ -1258,6 +1268,55 @@ static const char *owner_of(const struct req *q)
     return q->has_tenant ? q->tenant : "";
 }
 
+/* The store of conversations as request q sees it (convo.h). */
+static struct cnv_store conv_store(const struct req *q)
+{
+    return (struct cnv_store){q->rc, q->h->prefix, owner_of(q), q->h->conv_ttl_s,
+                              q->h->store_max};
+}
+
+/* A response in a conversation: its input items (those after the
+ * conversation's own) and its output items added to it (convo.h) before
+ * its last byte goes out, store or not, as OpenAI adds them. A
+ * conversation deleted meanwhile, or a Redis that refuses, costs the
+ * conversation this turn: said in the log and counted. */
+static void add_to_conversation(struct req *q)
+{
+    struct dhttp *h = q->h;
+    char *obj = cpt_resp_object(q->cresp);
+    cJSON *o = obj ? cJSON_Parse(obj) : NULL;
+    cJSON *in = q->creq.input ? cJSON_Parse(q->creq.input) : cJSON_CreateArray();
+    cJSON *out = cJSON_DetachItemFromObjectCaseSensitive(o, "output");
+    struct rl_err err = {0};
+    int rc = cJSON_IsArray(in) && cJSON_IsArray(out) ? 0 : rl_errf(&err, RL_ENOMEM, "out of memory");
+    for (int i = 0; !rc && i < q->n_prior && cJSON_GetArraySize(in); i++)
+        cJSON_DeleteItemFromArray(in, 0); /* the conversation's own */
+    cJSON *it;
+    while (!rc && (it = cJSON_DetachItemFromArray(out, 0)))
+        cJSON_AddItemToArray(in, it);
+    char *items = !rc ? cJSON_PrintUnformatted(in) : NULL;
+    if (!rc && !items)
+        rc = rl_errf(&err, RL_ENOMEM, "out of memory");
+    struct cnv_store s = conv_store(q);
+    if (!rc)
+        rc = cnv_append(&s, q->creq.conversation, items, &err);
+    if (rc == 1)
+        rl_errf(&err, RL_EINVAL, "it was deleted or expired meanwhile");
+    free(items);
+    cJSON_Delete(out);
+    cJSON_Delete(in);
+    cJSON_Delete(o);
+    free(obj);
+    if (!rc)
+        return;
+    pthread_mutex_lock(&h->m_mu);
+    h->m.conv_failed++;
+    pthread_mutex_unlock(&h->m_mu);
+    RL_LOG(h->log, RL_LOG_WARN, "http: %s: not added to conversation %s "
+           "(redlm_http_conversation_failures_total counts them): %s", q->id,
+           q->creq.conversation, err.msg);
+}
+
 /* A Responses answer with store, kept (rstore.h) before its last byte goes
  * out: the response object of that byte is in q->sse, not yet sent, so a
  * client that chains at once finds it. A Redis that refuses (full: OOM)
@@ -1265,13 +1324,16 @@ static const char *owner_of(const struct req *q)
 static void store_response(struct req *q)
 {
     struct dhttp *h = q->h;
+    if (q->creq.conversation[0])
+        add_to_conversation(q);
     char *obj = cpt_resp_stored(q->cresp);
     if (!obj)
         return; /* not the Responses API, or store false */
     struct rst_record *rec = NULL;
     struct rl_err err = {0};
-    int rc = rst_new(owner_of(q), q->id, q->creq.input ? q->creq.input : "[]", q->n_prior,
-                     q->chain, obj, NULL, &rec);
+    struct rst_origin from = {q->n_prior, q->chain, q->creq.conversation};
+    int rc = rst_new(owner_of(q), q->id, q->creq.input ? q->creq.input : "[]", &from, obj, NULL,
+                     &rec);
     if (rc)
         rl_errf(&err, -rc, "out of memory");
     else
@@ -2020,6 +2082,14 @@ static int previous_context(struct req *q, const struct cpt_peek *pk, char **pri
                       "still running): poll GET /v1/responses/%s until it has", id, id);
         return -RL_EINVAL;
     }
+    if (!rc && rst_conversation(rec)) {
+        oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "previous_response_id",
+                      "Previous response with id '%s' was made in conversation '%.128s': go "
+                      "on with it by naming the conversation (conversation) instead", id,
+                      rst_conversation(rec));
+        rst_free(rec);
+        return -RL_EINVAL;
+    }
     char missing[RST_ID_MAX + 1] = "";
     if (!rc)
         rc = rst_load_chain(q->rc, h->prefix, rec, owner_of(q), h->store_ttl_s, missing,
@@ -2044,6 +2114,43 @@ static int previous_context(struct req *q, const struct cpt_peek *pk, char **pri
         return -RL_EINVAL;
     }
     return 0;
+}
+
+/* The conversation a Responses body runs in: its items into *prior
+ * (malloc'd), how many into q->n_prior, whose items the record of this
+ * response then leaves to the conversation. Returns 0 or -RL_EINVAL with
+ * *e (400 not found, or none kept, or a background response; 503). */
+static int conversation_context(struct req *q, const struct cpt_peek *pk, char **prior,
+                                struct oai_error *e)
+{
+    struct dhttp *h = q->h;
+    *prior = NULL;
+    if (!h->conv_ttl_s) {
+        oai_error_set(e, 400, "invalid_request_error", "not_found", "conversation",
+                      "Conversation with id '%s' not found: this server keeps no "
+                      "conversations (conversation_ttl_s = 0)", pk->conversation);
+        return -RL_EINVAL;
+    }
+    if (pk->background) {
+        /* its items would be added by whichever poll first saw it end */
+        oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "background",
+                      "background: a response in a conversation is not run in the background "
+                      "here; leave out background, or conversation");
+        return -RL_EINVAL;
+    }
+    struct rl_err err = {0};
+    if (!q->rc && !(q->rc = pool_get(h, &err))) {
+        oai_error_set(e, 503, "server_error", "REDIS_UNAVAILABLE", "conversation", "%s",
+                      err.msg);
+        return -RL_EINVAL;
+    }
+    if (!pk->conversation[0]) { /* too long to be one of ours */
+        oai_error_set(e, 400, "invalid_request_error", "not_found", "conversation",
+                      "Conversation not found.");
+        return -RL_EINVAL;
+    }
+    struct cnv_store s = conv_store(q);
+    return cnv_context(&s, pk->conversation, prior, &q->n_prior, e);
 }
 
 /* The answer as it comes: chunked, each event written when it is read
@@ -2086,8 +2193,9 @@ static int keep_background(struct req *q, char **queued, struct oai_error *e)
     struct rl_err err = {0};
     *queued = cpt_resp_object(q->cresp);
     int rc = !*queued ? -RL_ENOMEM
-             : rst_new(owner_of(q), q->id, q->creq.input ? q->creq.input : "[]", q->n_prior,
-                       q->chain, *queued, &run, &rec);
+             : rst_new(owner_of(q), q->id, q->creq.input ? q->creq.input : "[]",
+                       &(struct rst_origin){q->n_prior, q->chain, q->creq.conversation},
+                       *queued, &run, &rec);
     if (rc)
         rl_errf(&err, RL_ENOMEM, "out of memory");
     else
@@ -2150,8 +2258,12 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
             lim.client_lease_ms = 0;
             deadline = 0;
         }
-        if (previous_context(q, &pk, &prior, &e))
+        if (pk.in_conversation && !pk.continues) {
+            if (conversation_context(q, &pk, &prior, &e))
+                return respond_error(q, conn, &e);
+        } else if (!pk.in_conversation && previous_context(q, &pk, &prior, &e)) {
             return respond_error(q, conn, &e);
+        } /* both: cpt_parse_responses refuses it */
     }
     int prc = 0;
     if (q->embed)
@@ -2174,7 +2286,7 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     /* what this request's record keeps: its own turn, the chain holds the
      * rest */
     size_t kept = q->creq.input ? strlen(q->creq.input) : 0;
-    size_t held = prior && q->chain ? strlen(prior) : 0;
+    size_t held = prior && (q->chain || q->creq.conversation[0]) ? strlen(prior) : 0;
     kept = kept > held ? kept - held : 0;
     free(prior);
     if (!h->store_ttl_s)
@@ -2566,6 +2678,77 @@ static enum MHD_Result stored(struct req *q, struct MHD_Connection *conn, const 
     return respond(q, conn, 200, "application/json", body, NULL);
 }
 
+/* The Conversations API (convo.h), path what follows /v1/conversations:
+ * route_of let through only its paths and methods. Another tenant's
+ * conversation is 404, as one that does not exist. */
+static enum MHD_Result conversations(struct req *q, struct MHD_Connection *conn,
+                                     const char *method, const char *path)
+{
+    struct dhttp *h = q->h;
+    struct oai_error e;
+    if (!h->conv_ttl_s) {
+        oai_error_set(&e, 404, "invalid_request_error", "not_found", NULL,
+                      "this server keeps no conversations (conversation_ttl_s = 0)");
+        return respond_error(q, conn, &e);
+    }
+    if (q->too_big) {
+        oai_error_set(&e, 413, "invalid_request_error", ev_code_name(EV_CODE_JOB_TOO_LARGE), NULL,
+                      "body: over the limit of %zu bytes", h->lim.max_body_bytes);
+        return respond_error(q, conn, &e);
+    }
+    /* /{id}[/items[/{item}]] into its parts; one too long names none */
+    char id[CNV_ID_MAX + 1] = "", item[PG_ID_MAX + 1] = "";
+    const char *p = path[0] ? path + 1 : path, *slash = strchr(p, '/');
+    size_t n = slash ? (size_t)(slash - p) : strlen(p);
+    snprintf(id, sizeof id, "%.*s", n < sizeof id ? (int)n : 0, p);
+    bool items = slash != NULL, one = items && slash[6] == '/';
+    if (one) {
+        size_t m = strlen(slash + 7);
+        snprintf(item, sizeof item, "%.*s", m < sizeof item ? (int)m : 0, slash + 7);
+    }
+    struct rl_err err = {0};
+    if (!(q->rc = pool_get(h, &err))) {
+        oai_error_set(&e, 503, "server_error", "REDIS_UNAVAILABLE", NULL, "%s", err.msg);
+        return respond_error(q, conn, &e);
+    }
+    struct cnv_store s = conv_store(q);
+    const char *body = q->body.p ? q->body.p : "";
+    bool post = !strcmp(method, "POST"), del = !strcmp(method, "DELETE");
+    char *out = NULL;
+    int rc;
+    if (path[0] && (!id[0] || (one && !item[0]))) { /* too long to be one of ours */
+        oai_error_set(&e, 404, "invalid_request_error", "not_found", NULL,
+                      "%s with id '%.40s...' not found.", !id[0] ? "Conversation" : "Item",
+                      !id[0] ? p : slash + 7);
+        return respond_error(q, conn, &e);
+    }
+    if (!path[0]) {
+        char cid[64];
+        new_id(h, cid, "conv_");
+        rc = cnv_create(&s, cid, rl_wall_ms() / 1000, body, q->body.n, &out, &e);
+    } else if (one) {
+        rc = del ? cnv_item_delete(&s, id, item, &out, &e) : cnv_item(&s, id, item, &out, &e);
+    } else if (items && post) {
+        rc = cnv_add(&s, id, body, q->body.n, &out, &e);
+    } else if (items) {
+        const char *order = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "order");
+        const char *after = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "after");
+        const char *ls = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "limit");
+        char *end = NULL;
+        long limit = ls ? strtol(ls, &end, 10) : 20;
+        if (ls && (!*ls || *end || limit < 0 || limit > 100))
+            limit = 0; /* pg_list says what is wrong */
+        rc = cnv_items(&s, id, order, (int)limit, after, &out, &e);
+    } else if (post) {
+        rc = cnv_update(&s, id, body, q->body.n, &out, &e);
+    } else {
+        rc = del ? cnv_delete(&s, id, &out, &e) : cnv_get(&s, id, &out, &e);
+    }
+    if (rc)
+        return respond_error(q, conn, &e);
+    return respond(q, conn, 200, "application/json", out, NULL);
+}
+
 /* GET /v1/models (id NULL) or /v1/models/<id>. */
 static enum MHD_Result models(struct req *q, struct MHD_Connection *conn, const char *id)
 {
@@ -2864,6 +3047,21 @@ static enum route route_of(struct dhttp *h, const char *method, const char *url,
             return R_PREFLIGHT;
         return (compat[i].post ? !strcmp(method, "POST") : get) ? compat[i].r : R_BAD_METHOD;
     }
+    if (!h->ops && !strncmp(url, "/v1/conversations", 17) && (!url[17] || url[17] == '/')) {
+        /* "", /{id}, /{id}/items, /{id}/items/{item} */
+        const char *p = url + 17, *id_end = p[0] ? strchr(p + 1, '/') : NULL;
+        bool items = id_end && !strncmp(id_end, "/items", 6) && (!id_end[6] || id_end[6] == '/');
+        bool item = items && id_end[6] == '/' && id_end[7] && !strchr(id_end + 7, '/');
+        if ((p[0] && !p[1]) || (id_end && !items) || (items && id_end[6] && !item))
+            return R_NOT_FOUND;
+        *allow = !p[0] ? "POST" : item ? "GET, HEAD, DELETE" : items ? "GET, HEAD, POST"
+                                                                     : "GET, HEAD, POST, DELETE";
+        if (options)
+            return R_PREFLIGHT;
+        bool post = !strcmp(method, "POST"), del = !strcmp(method, "DELETE");
+        bool ok = !p[0] ? post : item ? get || del : items ? get || post : get || post || del;
+        return ok ? R_CONVERSATIONS : R_BAD_METHOD;
+    }
     if (!h->ops && !strncmp(url, "/v1/responses/", 14) && url[14]) {
         const char *tail = strchr(url + 14, '/');
         bool cancel = tail && !strcmp(tail, "/cancel");
@@ -2980,7 +3178,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         q->cors_origin = cors_origin(h, conn);
         bool has_body = job_route(q->route) || q->route == R_OLLAMA_SHOW ||
                         q->route == R_TOKENIZE || q->route == R_DETOKENIZE ||
-                        q->route == R_ANTHROPIC_COUNT;
+                        q->route == R_ANTHROPIC_COUNT ||
+                        (q->route == R_CONVERSATIONS && !strcmp(method, "POST"));
         if (has_body) {
             /* the body's deadline: the grace, plus its length at the
              * minimum rate (without a length: the largest body's) */
@@ -3050,6 +3249,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         case R_SCORE:
         case R_ANTHROPIC:
         case R_ANTHROPIC_COUNT:
+        case R_CONVERSATIONS:
         case R_CHAT: {
             if (!authorize(q, conn))
                 return refuse_auth(q, conn);
@@ -3122,6 +3322,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return ollama_info(q, conn, q->body.p ? q->body.p : "");
     if (q->route == R_TOKENIZE || q->route == R_DETOKENIZE || q->route == R_ANTHROPIC_COUNT)
         return tokenize(q, conn);
+    if (q->route == R_CONVERSATIONS)
+        return conversations(q, conn, method, url + 17);
     return chat(q, conn);
 }
 
@@ -3290,6 +3492,7 @@ static int start(struct dhttp **out, const struct cfg *cfg, const struct rl_log 
     h->lease_ms = ops ? 0 : cfg->http_client_lease_ms;
     h->store_ttl_s = cfg->responses_store_ttl_s;
     h->store_max = (size_t)cfg->responses_store_max_kb * 1024;
+    h->conv_ttl_s = cfg->conversation_ttl_s;
     h->timeout_s = cfg->http_timeout_s;
     h->drain_s = cfg->drain_timeout_s;
     h->max_conn = cfg->http_max_connections;

@@ -5,6 +5,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "pager.h"
 #include "rconn.h"
 #include "rstore.h"
 
@@ -83,8 +84,10 @@ static struct rst_record *wrap(cJSON *rec)
 {
     struct rst_record *r = NULL;
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(rec, "chain");
+    const cJSON *conv = cJSON_GetObjectItemCaseSensitive(rec, "conversation");
     bool whole = cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(rec, "input"));
-    bool part = is_chain(ids) && cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(rec, "turn"));
+    bool part = (is_chain(ids) != cJSON_IsString(conv)) &&
+                cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(rec, "turn"));
     if (cJSON_IsString(cJSON_GetObjectItemCaseSensitive(rec, "owner")) && whole != part &&
         cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(rec, "response")) &&
         (r = calloc(1, sizeof *r))) {
@@ -95,10 +98,15 @@ static struct rst_record *wrap(cJSON *rec)
     return NULL;
 }
 
-int rst_new(const char *owner, const char *id, const char *input, int n_prior, const char *chain,
+int rst_new(const char *owner, const char *id, const char *input, const struct rst_origin *from,
             const char *response, const struct rst_running *run, struct rst_record **out)
 {
     *out = NULL;
+    int n_prior = from ? from->n_prior : 0;
+    const char *chain = from ? from->chain : NULL;
+    const char *conv = from && !chain && from->conversation && from->conversation[0]
+                           ? from->conversation
+                           : NULL;
     cJSON *rec = cJSON_CreateObject();
     cJSON *in = cJSON_Parse(input), *resp = cJSON_Parse(response);
     cJSON *ids = chain ? cJSON_Parse(chain) : NULL;
@@ -106,7 +114,7 @@ int rst_new(const char *owner, const char *id, const char *input, int n_prior, c
     int rc = !rec || (run && !rj) ? -RL_ENOMEM
              : !cJSON_IsArray(in) || !cJSON_IsObject(resp) || n_prior < 0 ||
                      n_prior > cJSON_GetArraySize(in) || (chain && !is_chain(ids)) ||
-                     (!chain && n_prior)
+                     (!chain && !conv && n_prior)
                  ? -RL_EINVAL
                  : 0;
     /* the items that the chain's records hold are not repeated */
@@ -122,8 +130,11 @@ int rst_new(const char *owner, const char *id, const char *input, int n_prior, c
         cJSON_Delete(ids);
         return rc;
     }
-    if (ids) {
-        cJSON_AddItemToObject(rec, "chain", ids);
+    if (ids || conv) {
+        if (ids)
+            cJSON_AddItemToObject(rec, "chain", ids);
+        else if (!cJSON_AddStringToObject(rec, "conversation", conv))
+            rc = -RL_ENOMEM;
         cJSON_AddItemToObject(rec, "turn", in);
     } else {
         cJSON_AddItemToObject(rec, "input", in);
@@ -131,7 +142,16 @@ int rst_new(const char *owner, const char *id, const char *input, int n_prior, c
     cJSON_AddItemToObject(rec, "response", resp);
     if (rj)
         cJSON_AddItemToObject(rec, "running", rj);
+    if (rc) {
+        cJSON_Delete(rec);
+        return rc;
+    }
     return (*out = wrap(rec)) ? 0 : -RL_ENOMEM;
+}
+
+const char *rst_conversation(const struct rst_record *r)
+{
+    return cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r->json, "conversation"));
 }
 
 void rst_free(struct rst_record *r)
@@ -238,8 +258,8 @@ int rst_continue(const struct rst_record *r, const char *id, char **context, int
     *n_items = 0;
     const cJSON *ids = chain_ids(r);
     int n = cJSON_GetArraySize(ids);
-    if (n != r->n_chain)
-        return -RL_EINVAL; /* its chain not loaded: the context would miss it */
+    if (n != r->n_chain || rst_conversation(r))
+        return -RL_EINVAL; /* the context would miss what its chain or conversation holds */
     cJSON *all = gather(r, true);
     /* the chain of the record that follows: r's, then r; past the bound,
      * none (that record is written whole) */
@@ -266,58 +286,8 @@ int rst_input_items(const struct rst_record *r, const char *order, int limit, co
                     char **out, char *msg, size_t size)
 {
     *out = NULL;
-    bool desc = !order || !strcmp(order, "desc");
-    if (!desc && strcmp(order, "asc")) {
-        snprintf(msg, size, "order: must be asc or desc");
-        return -RL_EINVAL;
-    }
-    if (limit < 1 || limit > 100) {
-        snprintf(msg, size, "limit: must be 1 to 100");
-        return -RL_EINVAL;
-    }
     cJSON *in = gather(r, false);
-    if (!in)
-        return -RL_ENOMEM;
-    int n = cJSON_GetArraySize(in);
-    /* the items in the order asked, as an index walk */
-    int first = desc ? n - 1 : 0, step = desc ? -1 : 1;
-    int i = first;
-    if (after) {
-        for (; i >= 0 && i < n; i += step) {
-            const char *iid = cJSON_GetStringValue(
-                cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(in, i), "id"));
-            if (iid && !strcmp(iid, after))
-                break;
-        }
-        if (i < 0 || i >= n) {
-            cJSON_Delete(in);
-            snprintf(msg, size, "after: no input item %.*s in this response", RST_ID_MAX, after);
-            return -RL_EINVAL;
-        }
-        i += step;
-    }
-    cJSON *list = cJSON_CreateObject();
-    cJSON *data = cJSON_AddArrayToObject(list, "data");
-    int taken = 0;
-    const char *first_id = NULL, *last_id = NULL;
-    for (; i >= 0 && i < n && taken < limit && data; i += step, taken++) {
-        const cJSON *it = cJSON_GetArrayItem(in, i);
-        const char *iid = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(it, "id"));
-        if (!first_id)
-            first_id = iid;
-        last_id = iid;
-        cJSON_AddItemToArray(data, cJSON_Duplicate(it, 1));
-    }
-    int rc = 0;
-    if (!list || !data || !cJSON_AddStringToObject(list, "object", "list") ||
-        !(first_id ? cJSON_AddStringToObject(list, "first_id", first_id)
-                   : cJSON_AddNullToObject(list, "first_id")) ||
-        !(last_id ? cJSON_AddStringToObject(list, "last_id", last_id)
-                  : cJSON_AddNullToObject(list, "last_id")) ||
-        !cJSON_AddBoolToObject(list, "has_more", i >= 0 && i < n) ||
-        !(*out = cJSON_PrintUnformatted(list)))
-        rc = -RL_ENOMEM;
-    cJSON_Delete(list);
+    int rc = in ? pg_list(in, order, limit, after, "input item", out, msg, size) : -RL_ENOMEM;
     cJSON_Delete(in);
     return rc;
 }

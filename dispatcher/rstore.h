@@ -71,15 +71,28 @@ struct rst_running {
     bool cancel; /* its client cancelled it: said so until it ends */
 };
 
+/* Where the conversation before a record is kept, when not in it. */
+struct rst_origin {
+    int n_prior;              /* the first n_prior items of its input are that */
+    const char *chain;        /* in the records of rst_continue's chain (a JSON array) */
+    const char *conversation; /* or in this conversation (convo.h; NULL or "": none): a request
+                                 that named it */
+};
+
 /* The record of response id for owner, whose conversation is input (a
- * JSON array of input items), the first n_prior of them the context that
- * chain (rst_continue's, a JSON array; NULL: none, n_prior 0) names, the
- * rest what this request added (items without an "id" get one, as the
- * listing of input items needs); response is its response object; run:
- * NULL for a finished response. Returns 0 and *out, -RL_EINVAL (input,
- * chain or response is not what it should be) or -RL_ENOMEM. */
-int rst_new(const char *owner, const char *id, const char *input, int n_prior, const char *chain,
+ * JSON array of input items), the first from->n_prior of them kept where
+ * from says (from NULL: none, the record holds it all), the rest what
+ * this request added (items without an "id" get one, as the listing of
+ * input items needs); response is its response object; run: NULL for a
+ * finished response. Returns 0 and *out, -RL_EINVAL (input, from or
+ * response is not what it should be) or -RL_ENOMEM. */
+int rst_new(const char *owner, const char *id, const char *input, const struct rst_origin *from,
             const char *response, const struct rst_running *run, struct rst_record **out);
+
+/* The conversation (convo.h) r's response was made in, or NULL: its
+ * context is the conversation's, which a previous_response_id does not
+ * continue (rst_continue refuses it), and its input items are its own. */
+const char *rst_conversation(const struct rst_record *r);
 
 void rst_free(struct rst_record *r);
 
@@ -107,8 +120,8 @@ bool rst_response_true(const struct rst_record *r, const char *name);
  * it continues (the items up to r and r's output items, a JSON array) of
  * *n_items items, and *chain, the chain of the record it will write (r's,
  * then id; NULL when that would pass RST_CHAIN_MAX: it is written whole).
- * Both malloc'd. Returns 0, -RL_EINVAL (r's chain is not loaded) or
- * -RL_ENOMEM. */
+ * Both malloc'd. Returns 0, -RL_EINVAL (r's chain is not loaded, or r is
+ * a conversation's: rst_conversation) or -RL_ENOMEM. */
 int rst_continue(const struct rst_record *r, const char *id, char **context, int *n_items,
                  char **chain);
 

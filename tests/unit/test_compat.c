@@ -339,7 +339,7 @@ static void test_responses_continued(void **state)
     /* the record: ids for the items without one, the context the next
      * request continues, the listing */
     struct rst_record *rec = NULL;
-    assert_int_equal(rst_new("acme", "resp_y", c.input, 0, NULL, obj, NULL, &rec), 0);
+    assert_int_equal(rst_new("acme", "resp_y", c.input, NULL, obj, NULL, &rec), 0);
     assert_false(rst_running(rec, NULL));
     char *text = rst_json(rec);
     cJSON *rj = cJSON_Parse(text);
@@ -391,7 +391,8 @@ static void test_responses_continued(void **state)
 
     /* continuing resp_x: the record keeps its own turn (the one new
      * item) and the chain, not the conversation again */
-    assert_int_equal(rst_new("acme", "resp_y", c.input, 4, "[\"resp_x\"]", obj, NULL, &rec), 0);
+    struct rst_origin after_x = {4, "[\"resp_x\"]", NULL};
+    assert_int_equal(rst_new("acme", "resp_y", c.input, &after_x, obj, NULL, &rec), 0);
     char *text2 = rst_json(rec);
     cJSON *tj = cJSON_Parse(text2);
     free(text2);
@@ -409,6 +410,20 @@ static void test_responses_continued(void **state)
     /* its chain not read: no context that would miss it */
     assert_int_equal(rst_continue(rec, "resp_y", &ctx, &n_ctx, &chain), -RL_EINVAL);
     assert_null(ctx);
+    assert_null(rst_conversation(rec));
+    rst_free(rec);
+    /* in a conversation: its own turn, and the conversation it was in,
+     * which a previous_response_id does not continue */
+    struct rst_origin in_conv = {4, NULL, "conv_1"};
+    assert_int_equal(rst_new("acme", "resp_y", c.input, &in_conv, obj, NULL, &rec), 0);
+    assert_string_equal(rst_conversation(rec), "conv_1");
+    text2 = rst_json(rec);
+    tj = cJSON_Parse(text2);
+    free(text2);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(tj, "turn")), 1);
+    assert_null(cJSON_GetObjectItem(tj, "chain"));
+    cJSON_Delete(tj);
+    assert_int_equal(rst_continue(rec, "resp_y", &ctx, &n_ctx, &chain), -RL_EINVAL);
     rst_free(rec);
     /* a chain longer than RST_CHAIN_MAX is refused */
     struct text ids = {0};
@@ -416,15 +431,17 @@ static void test_responses_continued(void **state)
     for (int i = 0; i <= RST_CHAIN_MAX; i++)
         text_printf(&ids, "%s\"resp_%d\"", i ? "," : "", i);
     text_printf(&ids, "]");
-    assert_int_equal(rst_new("acme", "resp_y", c.input, 4, ids.p, obj, NULL, &rec), -RL_EINVAL);
+    after_x.chain = ids.p;
+    assert_int_equal(rst_new("acme", "resp_y", c.input, &after_x, obj, NULL, &rec), -RL_EINVAL);
     text_free(&ids);
 
     struct rst_record *none = NULL;
-    assert_int_equal(rst_new("", "resp_z", "{}", 0, NULL, obj, NULL, &none), -RL_EINVAL);
-    assert_int_equal(rst_new("", "resp_z", "[]", 0, NULL, "[]", NULL, &none), -RL_EINVAL);
-    assert_int_equal(rst_new("", "resp_z", "[]", 1, "[]", obj, NULL, &none), -RL_EINVAL);
-    assert_int_equal(rst_new("", "resp_z", c.input, 1, NULL, obj, NULL, &none), -RL_EINVAL);
-    assert_int_equal(rst_new("", "resp_z", c.input, 1, "[1]", obj, NULL, &none), -RL_EINVAL);
+    assert_int_equal(rst_new("", "resp_z", "{}", NULL, obj, NULL, &none), -RL_EINVAL);
+    assert_int_equal(rst_new("", "resp_z", "[]", NULL, "[]", NULL, &none), -RL_EINVAL);
+    static const struct rst_origin wrong[] = {{1, "[]", NULL}, {1, NULL, NULL}, {1, "[1]", NULL}};
+    assert_int_equal(rst_new("", "resp_z", "[]", &wrong[0], obj, NULL, &none), -RL_EINVAL);
+    assert_int_equal(rst_new("", "resp_z", c.input, &wrong[1], obj, NULL, &none), -RL_EINVAL);
+    assert_int_equal(rst_new("", "resp_z", c.input, &wrong[2], obj, NULL, &none), -RL_EINVAL);
     assert_null(none);
     free(obj);
     oai_request_clear(&r);
@@ -506,7 +523,7 @@ static void test_responses_background(void **state)
      * finished */
     struct rst_running run = {.cancel = false}, back;
     struct rst_record *rec = NULL;
-    assert_int_equal(rst_new("acme", "resp_b", "[]", 0, NULL, queued, &run, &rec), 0);
+    assert_int_equal(rst_new("acme", "resp_b", "[]", NULL, queued, &run, &rec), 0);
     assert_true(rst_running(rec, &back));
     assert_false(back.cancel);
     run.cancel = true;
