@@ -22,8 +22,10 @@ that the machine's drift falls on both:
     conversation (--history-items items of ~650 bytes), 16 events each: what
     a poll pays for the record it reads;
   - "chain": --conversations conversations of --turns turns each, driven
-    as a client of previous_response_id does (the new user message only)
-    and as one that resends every turn (store false); the median latency
+    as a client of previous_response_id does (the new user message only),
+    as one in a conversation of the Conversations API (the new message,
+    store false: the conversation keeps the turns) and as one that resends
+    every turn (store false); the median latency
     per turn, the bytes the client sent in all, and Redis's memory for the
     chained conversation's last record and for all its records (MEMORY
     USAGE, medians over the conversations).
@@ -77,12 +79,12 @@ class Front(BenchFront):
         assert r.status == 200, obj
         return secs, obj
 
-    def post(self, body):
-        """(seconds, response object, bytes sent) of one POST /v1/responses."""
+    def post(self, body, path="/v1/responses"):
+        """(seconds, response object, bytes sent) of one POST (/v1/responses)."""
         data = json.dumps(body)
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
         t0 = time.monotonic()
-        c.request("POST", "/v1/responses", body=data, headers={"Content-Type": "application/json"})
+        c.request("POST", path, body=data, headers={"Content-Type": "application/json"})
         r = c.getresponse()
         obj = json.loads(r.read())
         secs = time.monotonic() - t0
@@ -184,11 +186,13 @@ def main():
                               "short_ms": round(ps * 1e3, 3), "long_ms": round(pl * 1e3, 3),
                               "long_over_short": round(pl / ps, 3)}))
             # conversations: chained vs sent whole, turn by turn
-            per = {"chained": [], "whole": []}
-            sent = {"chained": 0, "whole": 0}
+            per = {"chained": [], "conversation": [], "whole": []}
+            sent = {"chained": 0, "conversation": 0, "whole": 0}
+            conv_bytes_list = []
             record_bytes, conv_bytes = [], []
             for c in range(a.conversations):
                 prev, history, kept = None, [], []
+                conv = f.post({}, "/v1/conversations")[1]["id"]
                 for t in range(a.turns):
                     # each arm its own words: neither finds the other's prompt
                     # in the worker's prefix cache, each finds its own turns
@@ -202,17 +206,29 @@ def main():
                     sent["chained"] += n
                     prev = obj["id"]
                     kept.append(prev)
+                    # the same turn in a conversation (words of its own)
+                    third = {"role": "user", "content": f"Exchange {c}, turn {t}: go on."}
+                    s, obj, n = f.post({**base, "store": False, "input": [third],
+                                        "conversation": conv})
+                    per["conversation"].append(s)
+                    sent["conversation"] += n
                     s, obj, n = f.post({**base, "store": False, "input": history + [other]})
                     per["whole"].append(s)
                     sent["whole"] += n
                     history += [other, {"role": "assistant", "content": text_of(obj)}]
                 record_bytes.append(r.memory_usage(f"{PREFIX}response:{prev}"))
                 conv_bytes.append(sum(r.memory_usage(f"{PREFIX}response:{k}") for k in kept))
+                conv_bytes_list.append(r.memory_usage(f"{PREFIX}conversation:{conv}"))
             ch, wh = statistics.median(per["chained"]), statistics.median(per["whole"])
+            cv = statistics.median(per["conversation"])
             print(json.dumps({"bench": "responses_chain", "conversations": a.conversations,
                               "turns": a.turns, "tokens": a.tokens,
                               "chained_ms": round(ch * 1e3, 2), "whole_ms": round(wh * 1e3, 2),
                               "chained_over_whole": round(ch / wh, 3),
+                              "conversation_ms": round(cv * 1e3, 2),
+                              "conversation_over_whole": round(cv / wh, 3),
+                              "client_bytes_conversation": sent["conversation"],
+                              "conversation_key_bytes": int(statistics.median(conv_bytes_list)),
                               "client_bytes_chained": sent["chained"],
                               "client_bytes_whole": sent["whole"],
                               "last_record_bytes": int(statistics.median(record_bytes)),

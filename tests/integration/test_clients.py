@@ -141,3 +141,46 @@ def test_openai_agents_sdk(front, workers, redis_addr, prefix, tmp_path):  # noq
     assert res["tools"]["calls"], res["tools"]
     check_weather(res["tools"]["calls"][0])
     check_person(res["structured"])
+
+
+def test_conversations_with_openai_and_agents_sdk(front, workers, redis_addr, prefix,  # noqa: F811
+                                                  tmp_path):
+    """The Conversations API as the openai npm client drives it (with its
+    auto-pagination), a Responses request in a conversation, the Agents
+    SDK's conversationId and its OpenAIConversationsSession."""
+    r = connect(redis_addr)
+    tap(r, f"{prefix}jobs:fast", f"{prefix}jobs:think")  # jobs stay readable
+    res = run_client(front, workers, tmp_path, "conversations.mjs")
+    conv = res["created"]
+    cid = conv["id"]
+    assert conv["object"] == "conversation" and conv["metadata"] == {"topic": "names"}
+    assert res["retrieved"] == conv and res["updated"]["metadata"] == {"topic": "ada"}
+    assert len(res["paged"]) == 3 and res["paged"][1:] == res["added"]  # three pages of one
+    assert res["item"]["id"] == res["added"][0] and res["afterItemDelete"]["id"] == cid
+    resp = res["response"]
+    assert resp["conversation"] == {"id": cid}
+    items = res["items"]  # Ada, note two, Hi, the answer
+    assert [i["role"] for i in items] == ["user", "user", "user", "assistant"], items
+    assert items[-1]["id"] == resp["output"][-1]
+    jobs = {json.loads(x["job"])["id"]: json.loads(x["job"]) for p in ("fast", "think")
+            for _, x in r.xrange(f"{prefix}jobs:{p}")}
+    assert [m["content"] for m in jobs[resp["id"]]["messages"]] == [
+        "My name is Ada.", "Note two.", "Hi"]
+    # the agent's run in it: the conversation first, its turn added
+    run_job = jobs[res["agentRun"]["id"]]
+    assert [m["role"] for m in run_job["messages"]][:5] == [
+        "system", "user", "user", "user", "assistant"], run_job["messages"]
+    assert set(res["agentRun"]["output"]) == {"answer"}
+    assert res["itemsAfterRun"] == 6
+    # the session: its second run saw the first (the history the SDK read
+    # back from the conversation's items), then it was cleared
+    s = res["session"]
+    assert s["id"].startswith("conv_") and s["id"] != cid
+    second = [m["role"] for m in jobs[s["second"]]["messages"]]
+    assert second.count("user") == 2 and "assistant" in second, second
+    assert s["items"] == len(s["stored"]) >= 4 and s["stored"][0] == {"type": "message",
+                                                                       "role": "user"}
+    assert set(s["output"]) == {"answer"}
+    assert s["cleared"] == 404
+    assert res["deleted"] == {"id": cid, "object": "conversation.deleted", "deleted": True}
+    assert not r.exists(f"{prefix}conversation:{cid}")
