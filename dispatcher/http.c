@@ -2257,6 +2257,9 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
         if (pk.background) { /* nobody waits: no client lease, no deadline of ours */
             lim.client_lease_ms = 0;
             deadline = 0;
+            /* its answer is read back from its events as long as its record
+             * lives: they live as long (a job's bound: 7 days) */
+            lim.stream_ttl_s = h->store_ttl_s < 7 * 86400 ? h->store_ttl_s : 7 * 86400;
         }
         if (pk.in_conversation && !pk.continues) {
             if (conversation_context(q, &pk, &prior, &e))

@@ -355,6 +355,8 @@ int oai_seal_job(cJSON *j, const struct oai_limits *lim, int64_t deadline_ms, ch
         ok = cJSON_AddNumberToObject(j, "deadline_ms", (double)deadline_ms) != NULL;
     if (ok && lim->client_lease_ms > 0)
         ok = cJSON_AddNumberToObject(j, "client_lease_ms", lim->client_lease_ms) != NULL;
+    if (ok && lim->stream_ttl_s > 0)
+        ok = cJSON_AddNumberToObject(j, "stream_ttl_s", lim->stream_ttl_s) != NULL;
     char *t = ok ? cJSON_PrintUnformatted(j) : NULL;
     cJSON_Delete(j);
     if (!t)
@@ -1140,6 +1142,9 @@ static int build_job(struct parse_state *ps, int64_t deadline_ms)
         return -RL_ENOMEM;
     if (ps->lim->client_lease_ms > 0 &&
         !cJSON_AddNumberToObject(job, "client_lease_ms", ps->lim->client_lease_ms))
+        return -RL_ENOMEM;
+    if (ps->lim->stream_ttl_s > 0 &&
+        !cJSON_AddNumberToObject(job, "stream_ttl_s", ps->lim->stream_ttl_s))
         return -RL_ENOMEM;
     return 0;
 }

@@ -57,6 +57,9 @@ struct oai_limits {
     /* > 0: written as the job's client_lease_ms (the host renews the
      * lease key while its client waits: http_client_lease_ms) */
     int client_lease_ms;
+    /* > 0: written as the job's stream_ttl_s (a background response's
+     * events live as long as its record, which is read back from them) */
+    int stream_ttl_s;
     /* What to do with a member the API does not know, or a value it
      * accepts but does not apply (stream_options.continuous_usage_stats,
      * chat_template_kwargs other than enable_thinking, ...):

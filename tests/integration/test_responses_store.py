@@ -500,7 +500,8 @@ def test_background_with_a_worker(front, workers, redis_addr, prefix, tmp_path):
     workers("w1")
     keys = tmp_path / "keys"
     keys.write_text(f"{KEY} acme 1000 100000\n")
-    f = front("--api-keys-file", str(keys))
+    # records kept longer than the events of other jobs (stream_ttl_s 3600)
+    f = front("--api-keys-file", str(keys), "--responses-store-ttl-s", "7200")
     r = connect(redis_addr)
     body = {"model": MODEL_NAME, "input": "Tell me a story.", "background": True,
             "max_output_tokens": 30, "ignore_eos": True, "reasoning": {"effort": "low"}}
@@ -516,6 +517,8 @@ def test_background_with_a_worker(front, workers, redis_addr, prefix, tmp_path):
     content, _ = job_texts(job_events(r, prefix, q["id"]))
     assert text_of(done) == content
     assert int(r.get(tpm[0])) == 30  # charged once
+    # its events live as long as its record: it is read back from them
+    assert 3600 < r.ttl(f"{prefix}out:{q['id']}") <= 7200
     # streamed, and the client leaves after the first event: it runs on
     rid = post_and_hang_up(f.port, "/v1/responses", {**body, "stream": True,
                                                      "max_output_tokens": 200},
