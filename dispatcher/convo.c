@@ -311,24 +311,67 @@ static int push(const struct cnv_store *s, const char *id, const cJSON *items, s
     return rc;
 }
 
-int cnv_create(const struct cnv_store *s, const char *id, int64_t created_s, const char *body,
-               size_t len, char **out, struct oai_error *e)
+/* A POST body (len 0: {}) parsed and checked: its items (required when
+ * need_items) normalised in place, its metadata checked. Returns the root
+ * (the caller's) or NULL with *e (400). */
+static cJSON *parse_body(const char *body, size_t len, bool need_items, size_t max_bytes,
+                         struct oai_error *e)
 {
-    *out = NULL;
     cJSON *root = len ? cJSON_ParseWithLength(body, len) : cJSON_CreateObject();
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         oai_error_set(e, 400, T_INVALID, "BAD_JSON", NULL, "the body is not a JSON object");
-        return -RL_EINVAL;
+        return NULL;
     }
+    cJSON *items = cJSON_GetObjectItemCaseSensitive(root, "items");
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "metadata");
+    int rc = need_items && (!items || cJSON_IsNull(items))
+                 ? bad(e, "items", "%s: required, an array of items", "items")
+                 : 0;
+    if (!rc && items && !cJSON_IsNull(items))
+        rc = check_items(items, CNV_ADD_MAX, max_bytes, "items", e);
+    if (!rc && meta && !cJSON_IsNull(meta))
+        rc = check_metadata(meta, e);
+    if (rc) {
+        cJSON_Delete(root);
+        return NULL;
+    }
+    return root;
+}
+
+int cnv_parse_body(const char *body, size_t len, bool need_items, size_t max_bytes, char **items,
+                   char **metadata, struct oai_error *e)
+{
+    *items = *metadata = NULL;
+    cJSON *root = parse_body(body, len, need_items, max_bytes, e);
+    if (!root)
+        return -RL_EINVAL;
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, "items");
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "metadata");
+    *items = cJSON_IsArray(it) ? cJSON_PrintUnformatted(it) : strdup("[]");
+    if (meta && !cJSON_IsNull(meta))
+        *metadata = cJSON_PrintUnformatted(meta);
+    int rc = !*items || (meta && !cJSON_IsNull(meta) && !*metadata) ? no_memory(e) : 0;
+    cJSON_Delete(root);
+    if (rc) {
+        free(*items);
+        free(*metadata);
+        *items = *metadata = NULL;
+    }
+    return rc;
+}
+
+int cnv_create(const struct cnv_store *s, const char *id, int64_t created_s, const char *body,
+               size_t len, char **out, struct oai_error *e)
+{
+    *out = NULL;
+    cJSON *root = parse_body(body, len, false, s->max_bytes, e);
+    if (!root)
+        return -RL_EINVAL;
     cJSON *items = cJSON_GetObjectItemCaseSensitive(root, "items");
     cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "metadata");
     int rc = 0;
-    if (items && !cJSON_IsNull(items))
-        rc = check_items(items, CNV_ADD_MAX, s->max_bytes, "items", e);
-    if (!rc && meta && !cJSON_IsNull(meta))
-        rc = check_metadata(meta, e);
-    cJSON *rec = !rc ? cJSON_CreateObject() : NULL;
+    cJSON *rec = cJSON_CreateObject();
     char *rec_text = NULL;
     if (!rc && (!rec || !cJSON_AddStringToObject(rec, "owner", s->owner ? s->owner : "") ||
                 !cJSON_AddNumberToObject(rec, "created_at", (double)created_s) ||
@@ -492,11 +535,11 @@ int cnv_add(const struct cnv_store *s, const char *id, const char *body, size_t 
             struct oai_error *e)
 {
     *out = NULL;
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    cJSON *root = parse_body(body, len, true, s->max_bytes, e);
+    if (!root)
+        return -RL_EINVAL;
     cJSON *add = cJSON_GetObjectItemCaseSensitive(root, "items");
-    int rc = !cJSON_IsObject(root) || !add ? bad(e, "items", "%s: required, an array of items",
-                                                 "items")
-                                           : check_items(add, CNV_ADD_MAX, s->max_bytes, "items", e);
+    int rc = 0;
     cJSON *rec = NULL, *items = NULL;
     if (!rc)
         rc = load_for(s, id, &rec, &items, e);

@@ -24,6 +24,7 @@
 #ifndef RL_CONVO_H
 #define RL_CONVO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -46,6 +47,15 @@ struct cnv_store {
     int ttl_s;          /* conversation_ttl_s (> 0) */
     size_t max_bytes;   /* the most item JSON one request adds */
 };
+
+/* A POST body (len 0: {}) as cnv_create (need_items false) and cnv_add
+ * (true) take it: its items checked and normalised (a "type", content
+ * parts, an "id"; at most CNV_ADD_MAX, max_bytes of JSON) into *items (a
+ * JSON array, "[]" without any) and its metadata (at most 16 string
+ * values) into *metadata (NULL without), both malloc'd. Pure. Returns 0
+ * or -RL_EINVAL with *e (400; 500 out of memory). */
+int cnv_parse_body(const char *body, size_t len, bool need_items, size_t max_bytes, char **items,
+                   char **metadata, struct oai_error *e);
 
 /* POST /v1/conversations {items?, metadata?}: conversation id made,
  * created_s its time. *out: the conversation object. */

@@ -188,7 +188,7 @@ static void fuzz_events(const char *s, size_t n, uint8_t sel)
         int n_ctx;
         if (kept && (rst_new("t", "resp_fz1", PRIOR, NULL, kept, NULL, &rec) ||
                      rst_continue(rec, "resp_fz1", &ctx, &n_ctx, &chain) ||
-                     rst_input_items(rec, "asc", &(struct rst_origin){3, "rs_1", NULL}, &list, msg, sizeof msg) ||
+                     rst_input_items(rec, "asc", 3, "rs_1", &list, msg, sizeof msg) ||
                      !(text = rst_json(rec))))
             abort();
         if (rec) {

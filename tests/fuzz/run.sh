@@ -143,6 +143,18 @@ for i, body in enumerate([
             {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"},
             {"role": "user", "content": "next"}]}]):
     put("fuzz_compat", f"responses-continued-{i}", b"\x10" + json.dumps(body).encode())
+# fuzz_convo: Conversations API bodies (bit 0: an add, items required; bit 1: a
+# 1 KiB bound), items of every kind and metadata
+for i, (sel, body) in enumerate([
+        (0, {"items": [{"type": "message", "role": "user", "content": "Hi"},
+                       {"role": "assistant", "content": [{"type": "output_text", "text": "a"}]},
+                       {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                       {"type": "function_call_output", "call_id": "c1", "output": "42", "id": "x"}],
+             "metadata": {"topic": "t"}}),
+        (1, {"items": [{"type": "reasoning", "summary": []}, {"role": "user", "content": "q"}]}),
+        (3, {"items": [{"role": "user", "content": "word " * 300}]}),
+        (0, {})]):
+    put("fuzz_convo", f"body-{i}", bytes([sel]) + json.dumps(body).encode())
 n = 0
 for f in ("schemas/examples/jobs-valid.json", "schemas/examples/jobs-invalid.json"):
     for j in json.loads(pathlib.Path(f).read_text()):
