@@ -121,6 +121,15 @@ static int normalise(cJSON *item, char *msg, size_t size)
     return 0;
 }
 
+/* The bytes of a's JSON into *n. Returns 0 or -RL_ENOMEM. */
+static int json_bytes(const cJSON *a, size_t *n)
+{
+    char *s = cJSON_PrintUnformatted(a);
+    *n = s ? strlen(s) : 0;
+    free(s);
+    return s ? 0 : -RL_ENOMEM;
+}
+
 /* The conversation object of record rec (its element 0) and id. */
 static char *object_of(const cJSON *rec, const char *id)
 {
@@ -546,6 +555,15 @@ int cnv_add(const struct cnv_store *s, const char *id, const char *body, size_t 
     if (!rc && cJSON_GetArraySize(items) + cJSON_GetArraySize(add) > CNV_ITEMS_MAX) {
         oai_error_set(e, 400, T_INVALID, "BAD_VALUE", "items", "items: the conversation holds "
                       "%d items; it may hold %d", cJSON_GetArraySize(items), CNV_ITEMS_MAX);
+        rc = -RL_EINVAL;
+    }
+    size_t held = 0, more = 0;
+    if (!rc && (json_bytes(items, &held) || json_bytes(add, &more)))
+        rc = no_memory(e);
+    if (!rc && held + more > CNV_BYTES_X * s->max_bytes) {
+        oai_error_set(e, 400, T_INVALID, "BAD_VALUE", "items", "items: the conversation holds "
+                      "%zu KiB; it may hold %zu KiB (%d x responses_store_max_kb)", held / 1024,
+                      CNV_BYTES_X * s->max_bytes / 1024, CNV_BYTES_X);
         rc = -RL_EINVAL;
     }
     struct rl_err err = {0};

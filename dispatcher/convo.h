@@ -16,7 +16,9 @@
  * holds its record), on a cluster as on one instance. owner is the API
  * key's tenant ("" without keys): another tenant's conversation is not
  * found, never its items. A conversation holds at most CNV_ITEMS_MAX
- * items; one request adds at most max_kb of them (responses_store_max_kb).
+ * items and CNV_BYTES_X x max_bytes of them that a POST adds to; one
+ * request adds at most max_bytes (responses_store_max_kb). A response's
+ * turn is added past them (its answer is already the client's).
  *
  * Every function answers for a route: 0 and the answer's JSON (malloc'd,
  * the caller's), or -RL_EINVAL with *e filled as the client is to read it
@@ -38,6 +40,9 @@ struct rconn;
 #define CNV_ITEMS_MAX 4096
 /* The most items one POST adds (OpenAI's bound). */
 #define CNV_ADD_MAX 20
+/* The most item JSON a conversation holds that a POST may add to, in
+ * max_bytes (responses_store_max_kb): 16 MiB by default. */
+#define CNV_BYTES_X 16
 
 /* Where and for whom: one request's view of the store. */
 struct cnv_store {

@@ -2717,6 +2717,10 @@ static enum MHD_Result conversations(struct req *q, struct MHD_Connection *conn,
     struct cnv_store s = conv_store(q);
     const char *body = q->body.p ? q->body.p : "";
     bool post = !strcmp(method, "POST"), del = !strcmp(method, "DELETE");
+    /* what writes counts against its tenant's requests per minute, as a
+     * request does: a client cannot fill Redis with conversations faster */
+    if ((post || del) && rate_limit(q, &e))
+        return respond_error(q, conn, &e);
     char *out = NULL;
     int rc;
     if (path[0] && (!id[0] || (one && !item[0]))) { /* too long to be one of ours */

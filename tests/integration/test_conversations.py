@@ -200,3 +200,32 @@ def test_no_conversations_kept(front, workers, redis_addr, prefix):  # noqa: F81
     status, err = call(f, "POST", "/v1/responses", {"model": MODEL_NAME, "input": "x",
                                                    "conversation": "conv_x"})
     assert status == 400 and "conversation_ttl_s = 0" in err["error"]["message"], err
+
+
+def test_conversation_bounds(front, workers, redis_addr, prefix, tmp_path):  # noqa: F811
+    """What one client can put into Redis: a request adds at most
+    responses_store_max_kb, a conversation holds at most 16 times that, and
+    writes count against the tenant's requests per minute."""
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY} acme 1000 100000\n{OTHER} beta 3 100000\n")
+    f = front("--api-keys-file", str(keys), "--responses-store-max-kb", "1")
+    status, conv = call(f, "POST", "/v1/conversations", {}, key=KEY)
+    cid = conv["id"]
+    note = {"role": "user", "content": "x" * 800}  # ~0.9 KiB with its id
+    status, err = call(f, "POST", f"/v1/conversations/{cid}/items", {"items": [note, note]},
+                       key=KEY)
+    assert status == 400 and "responses_store_max_kb" in err["error"]["message"], err
+    added = 0
+    while True:
+        status, got = call(f, "POST", f"/v1/conversations/{cid}/items", {"items": [note]},
+                           key=KEY)
+        if status != 200:
+            break
+        added += 1
+        assert added < 30, "no bound on the conversation"
+    assert status == 400 and "may hold 16 KiB" in got["error"]["message"], got
+    assert 15 <= added <= 18, added
+    assert connect(redis_addr).llen(f"{prefix}conversation:{cid}") == added + 1
+    # beta's writes count against its 3 requests a minute; its reads do not
+    codes = [call(f, "POST", "/v1/conversations", {}, key=OTHER)[0] for _ in range(4)]
+    assert codes == [200, 200, 200, 429], codes
