@@ -1275,46 +1275,45 @@ static struct cnv_store conv_store(const struct req *q)
                               q->h->store_max};
 }
 
-/* A response in a conversation: its input items (those after the
- * conversation's own) and its output items added to it (convo.h) before
- * its last byte goes out, store or not, as OpenAI adds them. A
- * conversation deleted meanwhile, or a Redis that refuses, costs the
- * conversation this turn: said in the log and counted. */
-static void add_to_conversation(struct req *q)
+/* A response of conversation conv: the input items its request added (a
+ * JSON array, or NULL and in, which holds the conversation's n_prior items
+ * first) and the output items of its object obj added to the conversation
+ * (convo.h). A conversation deleted meanwhile, or a Redis that refuses,
+ * costs the conversation this turn: said in the log and counted. */
+static void add_turn(struct req *q, const char *conv, const char *turn, const char *in,
+                     int n_prior, const char *obj)
 {
     struct dhttp *h = q->h;
-    char *obj = cpt_resp_object(q->cresp);
     cJSON *o = obj ? cJSON_Parse(obj) : NULL;
-    cJSON *in = q->creq.input ? cJSON_Parse(q->creq.input) : cJSON_CreateArray();
+    cJSON *items = turn ? cJSON_Parse(turn) : in ? cJSON_Parse(in) : cJSON_CreateArray();
     cJSON *out = cJSON_DetachItemFromObjectCaseSensitive(o, "output");
     struct rl_err err = {0};
-    int rc = cJSON_IsArray(in) && cJSON_IsArray(out) ? 0 : rl_errf(&err, RL_ENOMEM, "out of memory");
-    for (int i = 0; !rc && i < q->n_prior && cJSON_GetArraySize(in); i++)
-        cJSON_DeleteItemFromArray(in, 0); /* the conversation's own */
+    int rc = cJSON_IsArray(items) && cJSON_IsArray(out) ? 0
+                                                        : rl_errf(&err, RL_ENOMEM, "out of memory");
+    for (int i = 0; !rc && !turn && i < n_prior && cJSON_GetArraySize(items); i++)
+        cJSON_DeleteItemFromArray(items, 0); /* the conversation's own */
     cJSON *it;
     while (!rc && (it = cJSON_DetachItemFromArray(out, 0)))
-        cJSON_AddItemToArray(in, it);
-    char *items = !rc ? cJSON_PrintUnformatted(in) : NULL;
-    if (!rc && !items)
+        cJSON_AddItemToArray(items, it);
+    char *text = !rc ? cJSON_PrintUnformatted(items) : NULL;
+    if (!rc && !text)
         rc = rl_errf(&err, RL_ENOMEM, "out of memory");
     struct cnv_store s = conv_store(q);
     if (!rc)
-        rc = cnv_append(&s, q->creq.conversation, items, &err);
+        rc = cnv_append(&s, conv, text, &err);
     if (rc == 1)
         rl_errf(&err, RL_EINVAL, "it was deleted or expired meanwhile");
-    free(items);
+    free(text);
     cJSON_Delete(out);
-    cJSON_Delete(in);
+    cJSON_Delete(items);
     cJSON_Delete(o);
-    free(obj);
     if (!rc)
         return;
     pthread_mutex_lock(&h->m_mu);
     h->m.conv_failed++;
     pthread_mutex_unlock(&h->m_mu);
     RL_LOG(h->log, RL_LOG_WARN, "http: %s: not added to conversation %s "
-           "(redlm_http_conversation_failures_total counts them): %s", q->id,
-           q->creq.conversation, err.msg);
+           "(redlm_http_conversation_failures_total counts them): %s", q->id, conv, err.msg);
 }
 
 /* A Responses answer with store, kept (rstore.h) before its last byte goes
@@ -1324,8 +1323,11 @@ static void add_to_conversation(struct req *q)
 static void store_response(struct req *q)
 {
     struct dhttp *h = q->h;
-    if (q->creq.conversation[0])
-        add_to_conversation(q);
+    if (q->creq.conversation[0]) { /* before its last byte, store or not, as OpenAI's */
+        char *now = cpt_resp_object(q->cresp);
+        add_turn(q, q->creq.conversation, NULL, q->creq.input, q->n_prior, now);
+        free(now);
+    }
     char *obj = cpt_resp_stored(q->cresp);
     if (!obj)
         return; /* not the Responses API, or store false */
@@ -2009,12 +2011,25 @@ static int catch_up(struct req *q, const char *id, struct rst_record *rec, char 
                     struct rl_err *err)
 {
     char *now = NULL;
-    bool ended = false;
+    bool ended = false, first = false;
     int rc = replay(q, id, rec, &now, &ended, err);
     if (!rc && ended && rst_update(rec, now, NULL))
         rc = rl_errf(err, RL_ENOMEM, "out of memory");
     if (!rc && ended)
-        rc = rst_put(q->rc, q->h->prefix, id, rec, q->h->store_ttl_s, err);
+        rc = rst_put_finished(q->rc, q->h->prefix, id, rec, q->h->store_ttl_s, &first, err);
+    /* in a conversation: its turn added by the one read that finished its
+     * record (at most once: a front door that dies in between costs the
+     * conversation the turn), when it answered */
+    const char *conv = !rc && first ? rst_conversation(rec) : NULL;
+    cJSON *o = conv ? cJSON_Parse(now) : NULL;
+    const char *status = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "status"));
+    if (status && (!strcmp(status, "completed") || !strcmp(status, "incomplete"))) {
+        char *turn = rst_turn(rec);
+        if (turn)
+            add_turn(q, conv, turn, NULL, 0, now);
+        free(turn);
+    }
+    cJSON_Delete(o);
     if (!rc && obj) {
         *obj = now;
         now = NULL;
@@ -2119,7 +2134,7 @@ static int previous_context(struct req *q, const struct cpt_peek *pk, char **pri
 /* The conversation a Responses body runs in: its items into *prior
  * (malloc'd), how many into q->n_prior, whose items the record of this
  * response then leaves to the conversation. Returns 0 or -RL_EINVAL with
- * *e (400 not found, or none kept, or a background response; 503). */
+ * *e (400 not found, or none kept; 503). */
 static int conversation_context(struct req *q, const struct cpt_peek *pk, char **prior,
                                 struct oai_error *e)
 {
@@ -2129,13 +2144,6 @@ static int conversation_context(struct req *q, const struct cpt_peek *pk, char *
         oai_error_set(e, 400, "invalid_request_error", "not_found", "conversation",
                       "Conversation with id '%s' not found: this server keeps no "
                       "conversations (conversation_ttl_s = 0)", pk->conversation);
-        return -RL_EINVAL;
-    }
-    if (pk->background) {
-        /* its items would be added by whichever poll first saw it end */
-        oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "background",
-                      "background: a response in a conversation is not run in the background "
-                      "here; leave out background, or conversation");
         return -RL_EINVAL;
     }
     struct rl_err err = {0};

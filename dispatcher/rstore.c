@@ -302,8 +302,10 @@ char *rst_json(const struct rst_record *r)
     return cJSON_PrintUnformatted(r->json);
 }
 
-int rst_put(struct rconn *c, const char *prefix, const char *id, const struct rst_record *r,
-            int ttl_s, struct rl_err *err)
+/* SET of r (with GET when first: whether the record it replaced was
+ * running into *first) and EXPIRE of its chain's records, one pipeline. */
+static int put(struct rconn *c, const char *prefix, const char *id, const struct rst_record *r,
+               int ttl_s, bool *first, struct rl_err *err)
 {
     char key[RST_ID_MAX + 96], ttl[24];
     key_of(key, sizeof key, prefix, id);
@@ -312,9 +314,9 @@ int rst_put(struct rconn *c, const char *prefix, const char *id, const struct rs
     struct rconn_batch *b = NULL;
     int rc = !text ? rl_errf(err, RL_ENOMEM, "response %s: out of memory", id)
                    : rconn_batch_create(&b, err);
-    const char *argv[] = {"SET", key, text, "EX", ttl};
+    const char *argv[] = {"SET", key, text, "EX", ttl, "GET"};
     if (!rc)
-        rc = rconn_batch_add(b, 5, argv, NULL, err);
+        rc = rconn_batch_add(b, first ? 6 : 5, argv, NULL, err);
     /* the records it continues live as long as it does: each was read
      * (GETEX) when this one began, which may be long ago for a background
      * response */
@@ -334,11 +336,34 @@ int rst_put(struct rconn *c, const char *prefix, const char *id, const struct rs
      * response's chain that outlives its GETEX, and one of a record since
      * gone answers 0 */
     const struct rconn_reply *x = !rc ? rconn_batch_reply(b, 0) : NULL;
-    if (x && x->type == RCONN_ERROR)
+    if (x && x->type == RCONN_ERROR) {
         rc = rl_errf(err, RL_EINVAL, "%s", x->str ? x->str : "SET refused");
+    } else if (x && first && x->type == RCONN_STRING) {
+        cJSON *was = cJSON_ParseWithLength(x->str, x->len);
+        *first = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(was, "running"));
+        cJSON_Delete(was);
+    }
     rconn_batch_free(b);
     free(text);
     return rc;
+}
+
+int rst_put(struct rconn *c, const char *prefix, const char *id, const struct rst_record *r,
+            int ttl_s, struct rl_err *err)
+{
+    return put(c, prefix, id, r, ttl_s, NULL, err);
+}
+
+int rst_put_finished(struct rconn *c, const char *prefix, const char *id,
+                     const struct rst_record *r, int ttl_s, bool *first, struct rl_err *err)
+{
+    *first = false;
+    return put(c, prefix, id, r, ttl_s, first, err);
+}
+
+char *rst_turn(const struct rst_record *r)
+{
+    return cJSON_PrintUnformatted(items_of(r));
 }
 
 /* The record in reply x for owner: 0 and *out, or 1 when there is none, it

@@ -153,6 +153,17 @@ int rst_put(struct rconn *c, const char *prefix, const char *id, const struct rs
 int rst_get(struct rconn *c, const char *prefix, const char *id, const char *owner, int ttl_s,
             struct rst_record **out, struct rl_err *err);
 
+/* rst_put of a record just finished (rst_update with run NULL), its SET
+ * with GET: *first is whether the record it replaced was still running, so
+ * that of the reads that find a background response ended at once, one
+ * only does what is done once (its conversation's turn). */
+int rst_put_finished(struct rconn *c, const char *prefix, const char *id,
+                     const struct rst_record *r, int ttl_s, bool *first, struct rl_err *err);
+
+/* The input items r's own request added (a JSON array, malloc'd; NULL
+ * when out of memory). */
+char *rst_turn(const struct rst_record *r);
+
 /* The records r's chain names, read (GETEX each, their TTL started again
  * when ttl_s > 0) in one pipeline into r, for rst_continue and
  * rst_input_items; nothing to do for a record without a chain. Returns 0,

@@ -19,8 +19,9 @@ The openai npm client and the Agents SDK (conversationId and
 OpenAIConversationsSession) are test_clients.py's.
 """
 import json
+import threading
 
-from conftest import connect, tap
+from conftest import connect, job_events, tap
 from test_compat_api import responses_sse
 from test_http import MODEL_NAME, front  # noqa: F401 (front is a fixture)
 from test_responses_store import get, jobs_by_id, text_of
@@ -181,7 +182,6 @@ def test_responses_in_a_conversation(front, workers, redis_addr, prefix):  # noq
     assert status == 200 and len(items["data"]) == 1  # its own input; the rest is cid's
     # what a conversation cannot be given with
     for extra, param in (({"previous_response_id": r1["id"]}, "conversation"),
-                         ({"background": True}, "background"),
                          ({"conversation": "conv_nope"}, "conversation"),
                          ({"conversation": 7}, "conversation")):
         status, err = call(f, "POST", "/v1/responses",
@@ -191,6 +191,51 @@ def test_responses_in_a_conversation(front, workers, redis_addr, prefix):  # noq
                                                    "conversation": "conv_nope"})
     assert err["error"]["message"] == "Conversation with id 'conv_nope' not found."
     assert r.llen(f"{prefix}conversation:{cid}") == 8  # nothing added by the refusals
+
+
+def test_a_background_response_in_a_conversation(front, workers, redis_addr,  # noqa: F811
+                                                  prefix):
+    """Its turn is added once, by the read that finds it ended and finishes
+    its record, however many reads find it so at once."""
+    r = connect(redis_addr)
+    workers("w1")
+    f = front()
+    status, conv = call(f, "POST", "/v1/conversations",
+                        {"items": [{"role": "user", "content": "My name is Ada."}]})
+    cid = conv["id"]
+    status, q = call(f, "POST", "/v1/responses", {
+        "model": MODEL_NAME, "input": "Tell me a story.", "conversation": cid,
+        "background": True, "max_output_tokens": 12, "ignore_eos": True,
+        "reasoning": {"effort": "low"}})
+    assert status == 200 and q["status"] == "queued" and q["conversation"] == {"id": cid}, q
+    job_events(r, prefix, q["id"], timeout=120)  # ended, as Redis says; nobody read it yet
+    assert r.llen(f"{prefix}conversation:{cid}") == 2  # not before a read finishes it
+    # many reads at once, each on a connection of its own opened before,
+    # sent together: several find the record running and finish it; the
+    # turn must be added once all the same
+    got, start = [], threading.Barrier(12)
+
+    def read():
+        c = f.conn()
+        c.connect()
+        start.wait()
+        c.request("GET", f"/v1/responses/{q['id']}")
+        resp = c.getresponse()
+        got.append((resp.status, json.loads(resp.read())))
+        c.close()
+    threads = [threading.Thread(target=read) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(s == 200 and o["status"] == "incomplete" for s, o in got), got
+    status, page = call(f, "GET", f"/v1/conversations/{cid}/items?order=asc")
+    data = page["data"]
+    assert [i["role"] for i in data] == ["user", "user", "assistant"], data
+    assert data[1]["content"] == [{"type": "input_text", "text": "Tell me a story."}]
+    assert data[2]["id"] == got[0][1]["output"][-1]["id"]
+    call(f, "GET", f"/v1/responses/{q['id']}")
+    assert r.llen(f"{prefix}conversation:{cid}") == 4  # once
 
 
 def test_no_conversations_kept(front, workers, redis_addr, prefix):  # noqa: F811
