@@ -554,7 +554,8 @@ static int queue_emits(struct worker *w, struct flush *f)
 {
     if (!w_cluster(w))
         return queue_emit(w, f, 0, f->n_emits);
-    qsort(f->emits, (size_t)f->n_emits, sizeof *f->emits, by_slot);
+    if (f->n_emits > 1) /* none: emits may be NULL, which qsort may not take */
+        qsort(f->emits, (size_t)f->n_emits, sizeof *f->emits, by_slot);
     int rc = 0;
     for (int g = 0, end; g < f->n_emits && !rc; g = end) {
         for (end = g + 1; end < f->n_emits && f->emits[end].slot == f->emits[g].slot; end++)
