@@ -342,6 +342,42 @@ def test_a_long_conversation_is_kept_once(front, workers, redis_addr, prefix):  
     assert get(f, f"/v1/responses/{ids[3]}")[0] == 200  # the response itself is there
 
 
+def test_a_chain_at_its_bound_is_written_whole(front, workers, redis_addr, prefix):  # noqa: F811
+    """Past RST_CHAIN_MAX (256) records, the next record is written whole
+    (its input the whole conversation, no chain), so a chain's pipeline
+    stays bounded; the conversation is the same. The 256 records are
+    written here as the front door writes them (an empty turn each)."""
+    r = connect(redis_addr)
+    tap(r, f"{prefix}jobs:fast", f"{prefix}jobs:think")
+    workers("w1")
+    f = front()
+    empty = {"owner": "", "input": [], "response": {"output": []}}
+    ids = [f"resp_bound{i:03d}" for i in range(256)]
+    pipe = r.pipeline()
+    for i in ids:
+        pipe.set(f"{prefix}response:{i}", json.dumps(empty), ex=600)
+    said = {"type": "message", "role": "user", "id": "msg_said",
+            "content": [{"type": "input_text", "text": "Remember 7."}]}
+    answer = {"type": "message", "role": "assistant", "id": "msg_answer", "status": "completed",
+              "content": [{"type": "output_text", "text": "Noted.", "annotations": []}]}
+    head = {"owner": "", "chain": ids, "turn": [said],
+            "response": {"id": "resp_boundhead", "object": "response", "output": [answer]}}
+    pipe.set(f"{prefix}response:resp_boundhead", json.dumps(head), ex=600)
+    pipe.execute()
+    status, nxt = post(f, {"model": MODEL_NAME, "max_output_tokens": 3, "input": "Which?",
+                           "reasoning": {"effort": "low"},
+                           "previous_response_id": "resp_boundhead"})
+    assert status == 200 and nxt["store"] is True, nxt
+    assert [m["content"] for m in jobs_by_id(r, prefix)[nxt["id"]]["messages"]] == [
+        "Remember 7.", "Noted.", "Which?"]
+    rec = json.loads(r.get(f"{prefix}response:{nxt['id']}"))
+    assert "chain" not in rec and [i["id"] for i in rec["input"][:2]] == ["msg_said",
+                                                                          "msg_answer"]
+    assert len(rec["input"]) == 3
+    # the chain's records were read and kept on (GETEX of all 256)
+    assert r.ttl(f"{prefix}response:{ids[0]}") > 600
+
+
 def test_openai_npm_client_chains_responses(front, workers, redis_addr, prefix,  # noqa: F811
                                             tmp_path):
     r = connect(redis_addr)
