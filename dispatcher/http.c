@@ -2731,10 +2731,13 @@ static enum MHD_Result conversations(struct req *q, struct MHD_Connection *conn,
         return respond_error(q, conn, &e);
     char *out = NULL;
     int rc;
-    if (path[0] && (!id[0] || (one && !item[0]))) { /* too long to be one of ours */
-        oai_error_set(&e, 404, "invalid_request_error", "not_found", NULL,
-                      "%s with id '%.40s...' not found.", !id[0] ? "Conversation" : "Item",
-                      !id[0] ? p : slash + 7);
+    if (path[0] && (!id[0] || (one && !item[0]))) { /* empty, or too long to be ours */
+        bool conv = !id[0];
+        size_t len = conv ? n : strlen(slash + 7);
+        oai_error_set(&e, 404, "invalid_request_error", "not_found",
+                      conv ? "conversation_id" : "item_id", "%s with id '%.*s%s' not found.",
+                      conv ? "Conversation" : "Item", len > 40 ? 40 : (int)len,
+                      conv ? p : slash + 7, len > 40 ? "..." : "");
         return respond_error(q, conn, &e);
     }
     if (!path[0]) {
