@@ -2059,6 +2059,50 @@ static int stored_record(struct req *q, const char *id, int ttl_s, struct rst_re
     return rc;
 }
 
+/* The context of stored response rec (id), made in a conversation: the
+ * conversation's first items, as many as it had then, its turn and its
+ * output, into *prior; the record the request writes is whole (q->chain
+ * NULL). The conversation gone is 400 previous_response_not_found naming
+ * it. Returns 0 or -RL_EINVAL with *e. */
+static int conversation_prefix(struct req *q, const struct rst_record *rec, const char *id,
+                               char **prior, struct oai_error *e)
+{
+    const char *conv = rst_conversation(rec);
+    if (!q->h->conv_ttl_s) {
+        oai_error_set(e, 400, "invalid_request_error", "previous_response_not_found",
+                      "previous_response_id", "Previous response with id '%s' was made in "
+                      "conversation '%.128s', and this server keeps no conversations "
+                      "(conversation_ttl_s = 0)", id, conv);
+        return -RL_EINVAL;
+    }
+    struct cnv_store s = conv_store(q);
+    char *items = NULL;
+    int n = 0;
+    if (cnv_context(&s, conv, &items, &n, e)) {
+        if (e->status == 400) /* gone */
+            oai_error_set(e, 400, "invalid_request_error", "previous_response_not_found",
+                          "previous_response_id", "Previous response with id '%s' not found: "
+                          "its conversation '%.128s' is no longer stored", id, conv);
+        return -RL_EINVAL;
+    }
+    /* the items it had then (later ones, and any deleted since, aside) */
+    cJSON *a = cJSON_Parse(items);
+    int keep = rst_conversation_items(rec);
+    while (cJSON_GetArraySize(a) > keep)
+        cJSON_DeleteItemFromArray(a, cJSON_GetArraySize(a) - 1);
+    char *before = a ? cJSON_PrintUnformatted(a) : NULL;
+    cJSON_Delete(a);
+    free(items);
+    *prior = before ? rst_continue_after(rec, before) : NULL;
+    free(before);
+    q->n_prior = 0;
+    if (!*prior) {
+        oai_error_set(e, 500, "server_error", "INTERNAL", NULL, "out of memory");
+        return -RL_EINVAL;
+    }
+    return 0;
+}
+
 /* The conversation a Responses body continues: its previous_response_id's
  * stored context (rst_continue) into *prior (malloc'd), NULL when it names
  * none, and the chain of the record this request will write into q. A name not found, or another tenant's, is 400
@@ -2098,12 +2142,12 @@ static int previous_context(struct req *q, const struct cpt_peek *pk, char **pri
         return -RL_EINVAL;
     }
     if (!rc && rst_conversation(rec)) {
-        oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "previous_response_id",
-                      "Previous response with id '%s' was made in conversation '%.128s': go "
-                      "on with it by naming the conversation (conversation) instead", id,
-                      rst_conversation(rec));
+        /* made in a conversation: its context is the conversation's items
+         * then, its turn and output after; the record this request writes
+         * holds all of it (no chain: a chain's records hold their turns) */
+        int r2 = conversation_prefix(q, rec, id, prior, e);
         rst_free(rec);
-        return -RL_EINVAL;
+        return r2;
     }
     char missing[RST_ID_MAX + 1] = "";
     if (!rc)

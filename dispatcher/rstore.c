@@ -133,7 +133,8 @@ int rst_new(const char *owner, const char *id, const char *input, const struct r
     if (ids || conv) {
         if (ids)
             cJSON_AddItemToObject(rec, "chain", ids);
-        else if (!cJSON_AddStringToObject(rec, "conversation", conv))
+        else if (!cJSON_AddStringToObject(rec, "conversation", conv) ||
+                 !cJSON_AddNumberToObject(rec, "conversation_items", n_prior))
             rc = -RL_ENOMEM;
         cJSON_AddItemToObject(rec, "turn", in);
     } else {
@@ -152,6 +153,31 @@ int rst_new(const char *owner, const char *id, const char *input, const struct r
 const char *rst_conversation(const struct rst_record *r)
 {
     return cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r->json, "conversation"));
+}
+
+int rst_conversation_items(const struct rst_record *r)
+{
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(r->json, "conversation_items");
+    return cJSON_IsNumber(n) && n->valuedouble > 0 ? (int)n->valuedouble : 0;
+}
+
+char *rst_continue_after(const struct rst_record *r, const char *before)
+{
+    cJSON *all = cJSON_Parse(before);
+    bool ok = cJSON_IsArray(all);
+    cJSON *it;
+    cJSON_ArrayForEach(it, (cJSON *)items_of(r))
+    {
+        ok = ok && cJSON_AddItemToArray(all, cJSON_Duplicate(it, 1));
+    }
+    const cJSON *resp = cJSON_GetObjectItemCaseSensitive(r->json, "response");
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(resp, "output"))
+    {
+        ok = ok && cJSON_AddItemToArray(all, cJSON_Duplicate(it, 1));
+    }
+    char *s = ok ? cJSON_PrintUnformatted(all) : NULL;
+    cJSON_Delete(all);
+    return s;
 }
 
 void rst_free(struct rst_record *r)

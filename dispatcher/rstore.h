@@ -90,9 +90,18 @@ int rst_new(const char *owner, const char *id, const char *input, const struct r
             const char *response, const struct rst_running *run, struct rst_record **out);
 
 /* The conversation (convo.h) r's response was made in, or NULL: its
- * context is the conversation's, which a previous_response_id does not
- * continue (rst_continue refuses it), and its input items are its own. */
+ * context is the conversation's first rst_conversation_items(r) items
+ * (rst_continue refuses it: a previous_response_id naming it reads them
+ * and continues it with rst_continue_after), and its input items are its
+ * own. */
 const char *rst_conversation(const struct rst_record *r);
+int rst_conversation_items(const struct rst_record *r);
+
+/* before (a JSON array of items: the context r's response had), then r's
+ * own input items and output items: the conversation a request naming r
+ * continues, a JSON array, malloc'd; NULL when out of memory or before is
+ * no array. */
+char *rst_continue_after(const struct rst_record *r, const char *before);
 
 void rst_free(struct rst_record *r);
 

@@ -175,9 +175,15 @@ def test_responses_in_a_conversation(front, workers, redis_addr, prefix):  # noq
     # its stored response keeps its own turn, and names the conversation
     rec = json.loads(r.get(f"{prefix}response:{r1['id']}"))
     assert rec["conversation"] == cid and len(rec["turn"]) == 1 and "input" not in rec
-    status, err = call(f, "POST", "/v1/responses", {**fast, "input": "x",
-                                                   "previous_response_id": r1["id"]})
-    assert status == 400 and cid in err["error"]["message"], err
+    # named as a previous_response_id: the conversation as it was then (its
+    # first item), then its turn, then the new input; that record whole
+    status, r4 = call(f, "POST", "/v1/responses", {**fast, "input": "x",
+                                                  "previous_response_id": r1["id"]})
+    assert status == 200 and r4["previous_response_id"] == r1["id"], r4
+    assert [m["content"] for m in jobs_by_id(r, prefix)[r4["id"]]["messages"]] == [
+        "My name is Ada.", "Hi", text_of(r1), "x"]
+    rec4 = json.loads(r.get(f"{prefix}response:{r4['id']}"))
+    assert len(rec4["input"]) == 4 and "chain" not in rec4 and "conversation" not in rec4
     status, items = get(f, f"/v1/responses/{r1['id']}/input_items")
     assert status == 200 and len(items["data"]) == 1  # its own input; the rest is cid's
     # what a conversation cannot be given with
@@ -191,6 +197,12 @@ def test_responses_in_a_conversation(front, workers, redis_addr, prefix):  # noq
                                                    "conversation": "conv_nope"})
     assert err["error"]["message"] == "Conversation with id 'conv_nope' not found."
     assert r.llen(f"{prefix}conversation:{cid}") == 8  # nothing added by the refusals
+    # the conversation gone: its responses have nothing to continue, said by name
+    assert call(f, "DELETE", f"/v1/conversations/{cid}")[0] == 200
+    status, err = call(f, "POST", "/v1/responses", {**fast, "input": "x",
+                                                   "previous_response_id": r1["id"]})
+    assert status == 400 and err["error"]["code"] == "previous_response_not_found", err
+    assert cid in err["error"]["message"]
 
 
 def test_a_background_response_in_a_conversation(front, workers, redis_addr,  # noqa: F811

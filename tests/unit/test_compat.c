@@ -417,6 +417,14 @@ static void test_responses_continued(void **state)
     struct rst_origin in_conv = {4, NULL, "conv_1"};
     assert_int_equal(rst_new("acme", "resp_y", c.input, &in_conv, obj, NULL, &rec), 0);
     assert_string_equal(rst_conversation(rec), "conv_1");
+    assert_int_equal(rst_conversation_items(rec), 4);
+    char *after = rst_continue_after(rec, "[{\"id\":\"c0\"}]");
+    cJSON *aj = cJSON_Parse(after);
+    free(after);
+    assert_int_equal(cJSON_GetArraySize(aj), 1 + 1 + 3); /* before, its turn, its output */
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(aj, 0), "id")->valuestring, "c0");
+    cJSON_Delete(aj);
+    assert_null(rst_continue_after(rec, "{}"));
     text2 = rst_json(rec);
     tj = cJSON_Parse(text2);
     free(text2);
