@@ -206,20 +206,23 @@ static int check_items(cJSON *items, int max, size_t max_bytes, const char *para
     return 0;
 }
 
-/* The whole conversation id for s's owner (LRANGE, its TTL started again):
- * *rec its record (element 0) and *items its items as a JSON array.
- * Returns 0, 1 (none, another owner's, or not a conversation), or a
- * negative code with err. */
-static int load(const struct cnv_store *s, const char *id, cJSON **rec, cJSON **items,
-                struct rl_err *err)
+/* Conversation id for s's owner (LRANGE, its TTL started again): *rec its
+ * record (element 0) and *items its first upto items (upto < 0: all) as a
+ * JSON array; bytes, when not NULL, the size of that array's compact JSON,
+ * counted from the reply (the elements are compact JSON as push wrote
+ * them), not printed again. Returns 0, 1 (none, another owner's, or not a
+ * conversation), or a negative code with err. */
+static int load(const struct cnv_store *s, const char *id, int upto, cJSON **rec, cJSON **items,
+                size_t *bytes, struct rl_err *err)
 {
     *rec = *items = NULL;
     if (strlen(id) > CNV_ID_MAX)
         return 1;
-    char key[CNV_ID_MAX + 96], ttl[24];
+    char key[CNV_ID_MAX + 96], ttl[24], stop[24];
     key_of(key, sizeof key, s->prefix, id);
     snprintf(ttl, sizeof ttl, "%d", s->ttl_s);
-    const char *range[] = {"LRANGE", key, "0", "-1"}, *ex[] = {"EXPIRE", key, ttl};
+    snprintf(stop, sizeof stop, "%d", upto < 0 ? -1 : upto); /* element 0 is the record */
+    const char *range[] = {"LRANGE", key, "0", stop}, *ex[] = {"EXPIRE", key, ttl};
     struct rconn_batch *b = NULL;
     int rc = rconn_batch_create(&b, err);
     if (!rc)
@@ -241,6 +244,7 @@ static int load(const struct cnv_store *s, const char *id, cJSON **rec, cJSON **
     cJSON *a = !rc ? cJSON_CreateArray() : NULL;
     if (!rc && !a)
         rc = rl_errf(err, RL_ENOMEM, "out of memory");
+    size_t sum = 2; /* [] */
     for (size_t i = 1; !rc && i < x->n_elem; i++) {
         cJSON *it = x->elem[i].type == RCONN_STRING
                         ? cJSON_ParseWithLength(x->elem[i].str, x->elem[i].len)
@@ -248,8 +252,12 @@ static int load(const struct cnv_store *s, const char *id, cJSON **rec, cJSON **
         if (it && !cJSON_AddItemToArray(a, it)) {
             cJSON_Delete(it);
             rc = rl_errf(err, RL_ENOMEM, "out of memory");
-        } /* an element that is no JSON (written by hand) is left out */
+        } else if (it) { /* an element that is no JSON (written by hand) is left out */
+            sum += x->elem[i].len + (sum > 2); /* and a comma before all but the first */
+        }
     }
+    if (bytes)
+        *bytes = sum;
     rconn_batch_free(b);
     if (rc) {
         cJSON_Delete(r);
@@ -266,7 +274,7 @@ static int load_for(const struct cnv_store *s, const char *id, cJSON **rec, cJSO
                     struct oai_error *e)
 {
     struct rl_err err = {0};
-    int rc = load(s, id, rec, items, &err);
+    int rc = load(s, id, -1, rec, items, NULL, &err);
     return rc == 1 ? not_found(e, id) : rc ? unavailable(e, &err) : 0;
 }
 
@@ -548,17 +556,17 @@ int cnv_add(const struct cnv_store *s, const char *id, const char *body, size_t 
     if (!root)
         return -RL_EINVAL;
     cJSON *add = cJSON_GetObjectItemCaseSensitive(root, "items");
-    int rc = 0;
     cJSON *rec = NULL, *items = NULL;
-    if (!rc)
-        rc = load_for(s, id, &rec, &items, e);
+    size_t held = 0, more = 0;
+    struct rl_err err = {0};
+    int rc = load(s, id, -1, &rec, &items, &held, &err);
+    rc = rc == 1 ? not_found(e, id) : rc ? unavailable(e, &err) : 0;
     if (!rc && cJSON_GetArraySize(items) + cJSON_GetArraySize(add) > CNV_ITEMS_MAX) {
         oai_error_set(e, 400, T_INVALID, "BAD_VALUE", "items", "items: the conversation holds "
                       "%d items; it may hold %d", cJSON_GetArraySize(items), CNV_ITEMS_MAX);
         rc = -RL_EINVAL;
     }
-    size_t held = 0, more = 0;
-    if (!rc && (json_bytes(items, &held) || json_bytes(add, &more)))
+    if (!rc && json_bytes(add, &more))
         rc = no_memory(e);
     if (!rc && held + more > CNV_BYTES_X * s->max_bytes) {
         oai_error_set(e, 400, T_INVALID, "BAD_VALUE", "items", "items: the conversation holds "
@@ -566,7 +574,6 @@ int cnv_add(const struct cnv_store *s, const char *id, const char *body, size_t 
                       CNV_BYTES_X * s->max_bytes / 1024, CNV_BYTES_X);
         rc = -RL_EINVAL;
     }
-    struct rl_err err = {0};
     int pr = rc ? 0 : push(s, id, add, &err);
     if (pr == 1)
         rc = not_found(e, id);
@@ -647,14 +654,14 @@ int cnv_item_delete(const struct cnv_store *s, const char *id, const char *item,
     return rc;
 }
 
-int cnv_context(const struct cnv_store *s, const char *id, char **items_out, int *n,
+int cnv_context(const struct cnv_store *s, const char *id, int upto, char **items_out, int *n,
                 struct oai_error *e)
 {
     *items_out = NULL;
     *n = 0;
     cJSON *rec, *items;
     struct rl_err err = {0};
-    int rc = load(s, id, &rec, &items, &err);
+    int rc = load(s, id, upto, &rec, &items, NULL, &err);
     if (rc == 1) {
         oai_error_set(e, 400, T_INVALID, "not_found", "conversation",
                       "Conversation with id '%.*s' not found.", CNV_ID_MAX, id);

@@ -95,10 +95,11 @@ int cnv_item(const struct cnv_store *s, const char *id, const char *item, char *
 int cnv_item_delete(const struct cnv_store *s, const char *id, const char *item, char **out,
                     struct oai_error *e);
 
-/* A Responses request naming conversation id: its items (a JSON array,
- * malloc'd) into *items, how many into *n. Not found is 400, param
- * "conversation", as the Responses API answers. */
-int cnv_context(const struct cnv_store *s, const char *id, char **items, int *n,
+/* A Responses request naming conversation id: its first upto items (upto
+ * < 0: all; Redis reads no more) as a JSON array, malloc'd, into *items,
+ * how many into *n. Not found is 400, param "conversation", as the
+ * Responses API answers. */
+int cnv_context(const struct cnv_store *s, const char *id, int upto, char **items, int *n,
                 struct oai_error *e);
 
 /* After a response of conversation id: items (a JSON array: its input

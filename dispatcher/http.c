@@ -2021,15 +2021,13 @@ static int catch_up(struct req *q, const char *id, struct rst_record *rec, char 
      * record (at most once: a front door that dies in between costs the
      * conversation the turn), when it answered */
     const char *conv = !rc && first ? rst_conversation(rec) : NULL;
-    cJSON *o = conv ? cJSON_Parse(now) : NULL;
-    const char *status = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "status"));
+    const char *status = conv ? rst_response_string(rec, "status") : NULL; /* now's */
     if (status && (!strcmp(status, "completed") || !strcmp(status, "incomplete"))) {
         char *turn = rst_turn(rec);
         if (turn)
             add_turn(q, conv, turn, NULL, 0, now);
         free(turn);
     }
-    cJSON_Delete(o);
     if (!rc && obj) {
         *obj = now;
         now = NULL;
@@ -2076,24 +2074,17 @@ static int conversation_prefix(struct req *q, const struct rst_record *rec, cons
         return -RL_EINVAL;
     }
     struct cnv_store s = conv_store(q);
-    char *items = NULL;
+    char *before = NULL;
     int n = 0;
-    if (cnv_context(&s, conv, &items, &n, e)) {
+    /* the items it had then (later ones, and any deleted since, aside) */
+    if (cnv_context(&s, conv, rst_conversation_items(rec), &before, &n, e)) {
         if (e->status == 400) /* gone */
             oai_error_set(e, 400, "invalid_request_error", "previous_response_not_found",
                           "previous_response_id", "Previous response with id '%s' not found: "
                           "its conversation '%.128s' is no longer stored", id, conv);
         return -RL_EINVAL;
     }
-    /* the items it had then (later ones, and any deleted since, aside) */
-    cJSON *a = cJSON_Parse(items);
-    int keep = rst_conversation_items(rec);
-    while (cJSON_GetArraySize(a) > keep)
-        cJSON_DeleteItemFromArray(a, cJSON_GetArraySize(a) - 1);
-    char *before = a ? cJSON_PrintUnformatted(a) : NULL;
-    cJSON_Delete(a);
-    free(items);
-    *prior = before ? rst_continue_after(rec, before) : NULL;
+    *prior = rst_continue_after(rec, before);
     free(before);
     q->n_prior = 0;
     if (!*prior) {
@@ -2202,7 +2193,7 @@ static int conversation_context(struct req *q, const struct cpt_peek *pk, char *
         return -RL_EINVAL;
     }
     struct cnv_store s = conv_store(q);
-    return cnv_context(&s, pk->conversation, prior, &q->n_prior, e);
+    return cnv_context(&s, pk->conversation, -1, prior, &q->n_prior, e);
 }
 
 /* The answer as it comes: chunked, each event written when it is read

@@ -161,25 +161,6 @@ int rst_conversation_items(const struct rst_record *r)
     return cJSON_IsNumber(n) && n->valuedouble > 0 ? (int)n->valuedouble : 0;
 }
 
-char *rst_continue_after(const struct rst_record *r, const char *before)
-{
-    cJSON *all = cJSON_Parse(before);
-    bool ok = cJSON_IsArray(all);
-    cJSON *it;
-    cJSON_ArrayForEach(it, (cJSON *)items_of(r))
-    {
-        ok = ok && cJSON_AddItemToArray(all, cJSON_Duplicate(it, 1));
-    }
-    const cJSON *resp = cJSON_GetObjectItemCaseSensitive(r->json, "response");
-    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(resp, "output"))
-    {
-        ok = ok && cJSON_AddItemToArray(all, cJSON_Duplicate(it, 1));
-    }
-    char *s = ok ? cJSON_PrintUnformatted(all) : NULL;
-    cJSON_Delete(all);
-    return s;
-}
-
 void rst_free(struct rst_record *r)
 {
     if (!r)
@@ -275,6 +256,22 @@ static cJSON *gather(const struct rst_record *r, bool with_output)
         return NULL;
     }
     return all;
+}
+
+char *rst_continue_after(const struct rst_record *r, const char *before)
+{
+    cJSON *all = cJSON_Parse(before);
+    cJSON *own = cJSON_IsArray(all) ? gather(r, true) : NULL; /* its items, its output */
+    bool ok = own != NULL;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, own)
+    {
+        ok = ok && cJSON_AddItemToArray(all, cJSON_Duplicate(it, 1));
+    }
+    char *s = ok ? cJSON_PrintUnformatted(all) : NULL;
+    cJSON_Delete(own);
+    cJSON_Delete(all);
+    return s;
 }
 
 int rst_continue(const struct rst_record *r, const char *id, char **context, int *n_items,

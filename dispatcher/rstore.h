@@ -98,7 +98,8 @@ const char *rst_conversation(const struct rst_record *r);
 int rst_conversation_items(const struct rst_record *r);
 
 /* before (a JSON array of items: the context r's response had), then r's
- * own input items and output items: the conversation a request naming r
+ * own input items and output items (rst_continue's gathering, for a record
+ * without a chain): the conversation a request naming r
  * continues, a JSON array, malloc'd; NULL when out of memory or before is
  * no array. */
 char *rst_continue_after(const struct rst_record *r, const char *before);
