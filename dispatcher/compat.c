@@ -297,6 +297,14 @@ static int tools_of(const cJSON *tools, cJSON *chat, struct oai_error *e)
     return 0;
 }
 
+/* A Responses body's conversation: its id, given as a string or as
+ * {"id": string}; NULL when v is neither. */
+static const char *conversation_id(const cJSON *v)
+{
+    return cJSON_IsObject(v) ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(v, "id"))
+                             : cJSON_GetStringValue(v);
+}
+
 /* The members of a Responses body that are not chat's: mapped into chat
  * and echo, or dropped. Everything else is copied into the chat body as it
  * came (temperature, top_p, and the extensions openai.c knows). */
@@ -356,9 +364,7 @@ static int responses_members(const cJSON *root, const cJSON *prior, cJSON *chat,
             snprintf(c->previous_id, sizeof c->previous_id, "%s", v->valuestring);
             cJSON_AddItemToObject(echo, k, cJSON_Duplicate(v, 1));
         } else if (!strcmp(k, "conversation")) {
-            const char *cid = cJSON_IsObject(v) ? cJSON_GetStringValue(
-                                                      cJSON_GetObjectItemCaseSensitive(v, "id"))
-                                                : cJSON_GetStringValue(v);
+            const char *cid = conversation_id(v);
             if (!cid)
                 return bad(e, "BAD_TYPE", k, "must be a conversation id or {\"id\": id}");
             if (!prior) { /* the caller found none (or keeps none) */
@@ -799,10 +805,7 @@ void cpt_responses_peek(const char *body, size_t len, struct cpt_peek *out)
     if (v && strlen(v) < sizeof out->previous_id) /* a longer one names nothing: not found */
         snprintf(out->previous_id, sizeof out->previous_id, "%s", v);
     out->background = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "background"));
-    const cJSON *conv = cJSON_GetObjectItemCaseSensitive(root, "conversation");
-    const char *cid = cJSON_IsObject(conv)
-                          ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(conv, "id"))
-                          : cJSON_GetStringValue(conv);
+    const char *cid = conversation_id(cJSON_GetObjectItemCaseSensitive(root, "conversation"));
     out->in_conversation = cid != NULL;
     if (cid && strlen(cid) < sizeof out->conversation)
         snprintf(out->conversation, sizeof out->conversation, "%s", cid);
