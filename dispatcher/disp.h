@@ -26,7 +26,7 @@
 
 #define D_MAX_POOLS 64 /* the shared pools, then every served model's own */
 #define D_MAX_MODELS 16
-#define D_KEY_MAX 320 /* <prefix>jobs:<model>:<pool> fits */
+#define D_KEY_MAX 384 /* <prefix>jobs:<model>:<pool> and :lora@<adapter> fit */
 #define D_BATCH 256 /* requests read and routed per round */
 
 /* Counters behind /metrics and the heartbeat; guarded by mu. */
@@ -98,6 +98,8 @@ struct dlora {
     int rank;                           /* as the first heartbeat naming it said */
     int holders;                        /* live workers announcing it, of its parent's */
     int of;                             /* ... n_workers, at the last refresh */
+    int readers;                        /* ... of the holders, those reading its stream */
+    int pool;                           /* d->pools index of its stream; -1 none yet */
 };
 
 /* One worker as affinity.c knows it from its heartbeat. */
@@ -224,6 +226,12 @@ void d_models_refresh(struct disp *d);
  * filled. */
 int d_model_pick(struct disp *d, const struct job *j, struct dmodel **m, bool *lora,
                  enum ev_code *code, char *msg, size_t size);
+/* The d->pools index of LoRA adapter name's own stream when its jobs go
+ * there: while some live worker of its parent lacks it and some holder
+ * reads the stream (workers started with it: worker/main.c). -1: its
+ * parent's pools, as the router says (every worker holds it, so any may
+ * take it, and prefix-affine offers apply). */
+int d_lora_pool(const struct disp *d, const char *name);
 void d_models_free(struct disp *d);
 /* The routers of models are re-made from d->cfg (SIGHUP). */
 void d_models_reroute(struct disp *d);

@@ -441,6 +441,15 @@ static void prepare(struct disp *d, struct dreq *q)
     }
     if (m && m->scoped)
         q->dec.pool = m->pool_idx[q->dec.pool];
+    /* an adapter some workers lack: its own stream, which only holders
+     * read (the router's decision keeps its mode, spelt out below); the
+     * job's pool hint named the parent's pool, not this stream */
+    int lp = q->lora ? d_lora_pool(d, q->job->model) : -1;
+    if (lp >= 0) {
+        q->dec.pool = lp;
+        q->job->pool[0] = 0;
+        q->job->given &= ~(unsigned)JOB_F_POOL;
+    }
     if (m && m->alias) {
         /* the dispatcher's own name for the shared pools: the workers
          * there announce their own, so the job must not carry this one */

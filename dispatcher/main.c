@@ -52,8 +52,12 @@ static int setup(struct disp *d, struct rl_err *err)
     if (d->cfg.pools.n > D_MAX_POOLS)
         return rl_errf(err, RL_EINVAL, "pools: more than %d pools", D_MAX_POOLS);
     d->n_pools = d->n_shared = d->cfg.pools.n;
-    for (int p = 0; p < d->n_pools; p++)
+    for (int p = 0; p < d->n_pools; p++) {
+        if (strchr(d->cfg.pools.v[p], '@')) /* lora@<name>: an adapter's stream (models.c) */
+            return rl_errf(err, RL_EINVAL, "pools: \"%.64s\": '@' is kept for the LoRA "
+                           "adapters' streams", d->cfg.pools.v[p]);
         snprintf(d->pools[p].name, sizeof d->pools[p].name, "%s", d->cfg.pools.v[p]);
+    }
     if (d->cfg.tenants.n > D_MAX_INTAKE - 1)
         return rl_errf(err, RL_EINVAL, "tenants: %d listed; at most %d", d->cfg.tenants.n,
                        D_MAX_INTAKE - 1);

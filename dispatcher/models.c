@@ -56,27 +56,29 @@ static struct dmodel *find(struct dmodel *ms, int n, const char *name)
     return NULL;
 }
 
-/* d->pools index of key, appended (and its workers group made) when new;
- * -1 when the table is full. */
-static int pool_slot(struct disp *d, const char *model, const char *pool)
+#define D_REST_MAX 300 /* jobs:<model>:lora@<adapter>, 267 at most */
+
+/* d->pools index of the stream <prefix><rest> (the pool called name),
+ * appended (and its workers group made) when new; -1 when the table is
+ * full. */
+static int stream_slot(struct disp *d, const char *rest, const char *name)
 {
-    char key[D_KEY_MAX + 32];
-    char pfx[72], rest[D_KEY_MAX];
+    char key[D_KEY_MAX];
+    char pfx[72];
     snprintf(pfx, sizeof pfx, "%.64s", d->cfg.prefix);
-    snprintf(rest, sizeof rest, "jobs:%.128s:%.64s", model, pool);
     rcl_queue_key(key, sizeof key, rconn_is_cluster(d->rc), pfx, rest);
     for (int p = d->n_shared; p < d->n_pools; p++)
         if (!strcmp(d->pools[p].key, key))
             return p;
     if (d->n_pools == D_MAX_POOLS) {
-        RL_LOG(&d->log, RL_LOG_ERROR, "model %s: more than %d pools in all; %s not routed", model,
+        RL_LOG(&d->log, RL_LOG_ERROR, "%s: more than %d pools in all; %s not routed", name,
                D_MAX_POOLS, key);
         return -1;
     }
     struct dpool *p = &d->pools[d->n_pools];
     memset(p, 0, sizeof *p);
-    snprintf(p->name, sizeof p->name, "%.128s:%.64s", model, pool);
-    snprintf(p->key, sizeof p->key, "%.255s", key);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    snprintf(p->key, sizeof p->key, "%s", key);
     struct rl_err err;
     for (int s = 0; s < d->n_shards || s == 0; s++) { /* every shard on a cluster (issue 27) */
         char sk[D_KEY_MAX + 72];
@@ -86,6 +88,30 @@ static int pool_slot(struct disp *d, const char *model, const char *pool)
             RL_LOG(&d->log, RL_LOG_DEBUG, "XGROUP CREATE %s: %s", sk, err.msg);
     }
     return d->n_pools++;
+}
+
+/* A scoped model's own pool. */
+static int pool_slot(struct disp *d, const char *model, const char *pool)
+{
+    char rest[D_REST_MAX], name[D_KEY_MAX];
+    snprintf(rest, sizeof rest, "jobs:%.128s:%.64s", model, pool);
+    snprintf(name, sizeof name, "%.128s:%.64s", model, pool);
+    return stream_slot(d, rest, name);
+}
+
+/* A LoRA adapter's stream (worker/main.c make_pool_keys names it alike):
+ * lora@<name> beside its parent's pools, scoped or shared. */
+static int lora_slot(struct disp *d, const struct dmodel *parent, const char *lora)
+{
+    char rest[D_REST_MAX], name[D_KEY_MAX];
+    if (parent->scoped) {
+        snprintf(rest, sizeof rest, "jobs:%.128s:lora@%.128s", parent->name, lora);
+        snprintf(name, sizeof name, "%.128s:lora@%.128s", parent->name, lora);
+    } else {
+        snprintf(rest, sizeof rest, "jobs:lora@%.128s", lora);
+        snprintf(name, sizeof name, "lora@%.128s", lora);
+    }
+    return stream_slot(d, rest, name);
 }
 
 /* (Re)makes m's router over its pools (names in pools, n of them). */
@@ -108,6 +134,7 @@ static void add_loras(struct disp *d, struct dlora *loras, int *n, const char *p
     cJSON_ArrayForEach(x, arr) {
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(x, "name");
         const cJSON *rank = cJSON_GetObjectItemCaseSensitive(x, "rank");
+        bool reads = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(x, "stream"));
         if (!cJSON_IsString(name) || !modelref_name_ok(name->valuestring))
             continue;
         struct dlora *l = NULL;
@@ -116,6 +143,7 @@ static void add_loras(struct disp *d, struct dlora *loras, int *n, const char *p
                 l = &loras[k];
         if (l) {
             l->holders += !strcmp(l->parent, parent);
+            l->readers += reads && !strcmp(l->parent, parent);
             if (strcmp(l->parent, parent) && !d->loras_warned) {
                 RL_LOG(&d->log, RL_LOG_WARN, "models: LoRA adapter %s is served by workers of "
                        "%s and of %s; its jobs go to %s's", l->name, l->parent, parent, l->parent);
@@ -132,6 +160,8 @@ static void add_loras(struct disp *d, struct dlora *loras, int *n, const char *p
         }
         l = &loras[(*n)++];
         l->holders = 1;
+        l->readers = reads;
+        l->pool = -1;
         snprintf(l->name, sizeof l->name, "%s", name->valuestring);
         snprintf(l->parent, sizeof l->parent, "%s", parent);
         l->rank = cJSON_IsNumber(rank) ? (int)rank->valuedouble : 0;
@@ -381,13 +411,25 @@ void d_models_refresh(struct disp *d)
                    l->parent, l->rank);
         struct dlora *k = &loras[n_kept++];
         *k = *l;
-        k->of = find(d->models, d->n_models, l->parent)->n_workers;
-        /* jobs for it go to the parent's pools, where a worker without it
-         * answers MODEL_NOT_FOUND: said whenever the share changes (a
-         * rollout by SIGHUP passes through it for a moment) */
-        if (k->holders < k->of && (!was || was->holders != k->holders || was->of != k->of))
+        const struct dmodel *pm = find(d->models, d->n_models, l->parent);
+        k->of = pm->n_workers;
+        /* its stream, once a holder reads it: where its jobs go while some
+         * worker of its parent lacks it (d_lora_pool) */
+        k->pool = k->readers > 0 ? lora_slot(d, pm, k->name) : -1;
+        bool news = !was || was->holders != k->holders || was->of != k->of ||
+                    (was->readers > 0) != (k->readers > 0);
+        if (k->holders < k->of && k->pool >= 0 && news)
+            RL_LOG(&d->log, RL_LOG_INFO, "LoRA adapter %s is served by %d of the %d live workers of "
+                   "%s: its jobs go to %s, which %d of them read", k->name, k->holders, k->of,
+                   k->parent, d->pools[k->pool].key, k->readers);
+        /* none reads a stream of it (loaded by SIGHUP, or workers from
+         * before adapter streams): its jobs go to the parent's pools, where
+         * a worker without it answers MODEL_NOT_FOUND. Said whenever the
+         * share changes */
+        else if (k->holders < k->of && news)
             RL_LOG(&d->log, RL_LOG_WARN, "LoRA adapter %s is served by %d of the %d live workers of "
-                   "%s: its jobs that one of the others takes fail with MODEL_NOT_FOUND; give every "
+                   "%s, none reading its stream: its jobs that one of the others takes fail with "
+                   "MODEL_NOT_FOUND; restart the workers that loaded it by SIGHUP, or give every "
                    "worker of %s the same lora_modules", k->name, k->holders, k->of, k->parent,
                    k->parent);
         else if (was && was->holders < was->of && k->holders == k->of)
@@ -449,6 +491,16 @@ static void served_list(const struct disp *d, char *buf, size_t size)
         snprintf(buf + used, size - used, ", %s (LoRA of %s)", d->loras[i].name,
                  d->loras[i].parent);
     }
+}
+
+int d_lora_pool(const struct disp *d, const char *name)
+{
+    for (int i = 0; i < d->n_loras; i++) {
+        const struct dlora *l = &d->loras[i];
+        if (!strcmp(l->name, name))
+            return l->holders < l->of ? l->pool : -1;
+    }
+    return -1;
 }
 
 /* The parent of the LoRA adapter named name, or NULL when it is none. */

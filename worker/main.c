@@ -157,13 +157,28 @@ static void pick_home(struct worker *w)
 static int make_pool_keys(struct worker *w, bool cluster, struct rl_err *err)
 {
     char rest[W_KEY_MAX];
-    int n = w->n_base_pools;
+    int c = w->n_cfg_pools;
     int k = cluster ? w->cfg.pool_shards : 1;
     if (k < 1)
         k = 1;
-    if (n * k > 64)
+    if (c * k > 64)
         return rl_errf(err, RL_EINVAL, "pool_shards: %d pools x %d shards = %d streams; one "
-                       "read takes 64 at most", n, k, n * k);
+                       "read takes 64 at most", c, k, c * k);
+    /* the adapters' streams, as many as one read (64 keys) and the offer
+     * streams leave room for; the others are served from the pools, as
+     * every adapter was before they had streams */
+    int room = 64 / k - c;
+    if (w->affinity && !cluster && room > W_MAX_STREAMS - 2 * c)
+        room = W_MAX_STREAMS - 2 * c;
+    int n_ls = w->n_lora_specs < room ? w->n_lora_specs : room;
+    if (n_ls < w->n_lora_specs && n_ls != w->n_lora_streams)
+        RL_LOG(&w->log, RL_LOG_WARN, "lora_modules: streams for the first %d of %d adapters "
+               "only (%d pools x %d shards; one read takes 64 streams): the others' jobs go to "
+               "the pools, which workers without them read too", n_ls, w->n_lora_specs, c, k);
+    w->n_lora_streams = n_ls;
+    int n = w->n_base_pools = c + n_ls;
+    for (int p = c; p < n; p++)
+        snprintf(w->pools[p], sizeof w->pools[p], "lora@%.58s", w->lora_stream[p - c]);
     /* the shards' tags are the same for every pool: searched once (rcl_shard_n) */
     long sn[RCL_MAX_SHARDS] = {0};
     char pfx[72];
@@ -172,10 +187,17 @@ static int make_pool_keys(struct worker *w, bool cluster, struct rl_err *err)
         if ((sn[s] = rcl_shard_n(pfx, strlen(pfx), s, k)) < 0)
             return rl_errf(err, RL_EINVAL, "pool_shards: prefix \"%s\" cannot be a hash tag", pfx);
     for (int p = 0; p < n; p++) {
+        /* an adapter's stream by its whole name (pools[p] may be cut) */
+        char lname[MODELREF_NAME_MAX + 8];
+        if (p >= c)
+            snprintf(lname, sizeof lname, "lora@%s", w->lora_stream[p - c]);
+        const char *pname = p >= c ? lname : w->pools[p];
+        w->pool_names[p] = w->pools[p];
+        w->pool_key_ptrs[p] = w->pool_keys[p];
         if (w->opt.pool_scope_model)
-            snprintf(rest, sizeof rest, "jobs:%.128s:%.64s", w->model.name, w->pools[p]);
+            snprintf(rest, sizeof rest, "jobs:%.128s:%.140s", w->model.name, pname);
         else
-            snprintf(rest, sizeof rest, "jobs:%.64s", w->pools[p]);
+            snprintf(rest, sizeof rest, "jobs:%.140s", pname);
         rcl_queue_key(w->pool_keys[p], W_KEY_MAX, cluster, pfx, rest);
         for (int s = 1; s < k; s++) {
             int i = p + s * n;
@@ -199,13 +221,16 @@ static int make_pool_keys(struct worker *w, bool cluster, struct rl_err *err)
         RL_LOG(&w->log, RL_LOG_INFO, "pools: %d shards each on the cluster (pool_shards)", k);
     if (!w->affinity)
         return 0;
-    for (int p = 0; p < n; p++) {
+    /* offers for the configured pools only: an adapter's job goes to its
+     * stream when not every worker holds it, else to the pools (and may be
+     * offered there) */
+    for (int p = 0; p < c; p++) {
         memcpy(w->pools[n + p], w->pools[p], sizeof w->pools[p]);
         w->pool_names[n + p] = w->pools[n + p];
         w->pool_key_ptrs[n + p] = w->pool_keys[n + p];
         snprintf(w->pool_keys[n + p], W_KEY_MAX, "%.250s:w:%.120s", w->pool_keys[p], w->opt.name);
     }
-    w->n_pools = 2 * n;
+    w->n_pools = n + c;
     return 0;
 }
 
@@ -359,7 +384,10 @@ static int setup_rest(struct worker *w, const struct modelref_lora *loras, int n
     int n = wopts_pools(&w->opt, pools, err);
     if (n < 0)
         return n;
-    w->n_pools = w->n_base_pools = n;
+    w->n_pools = w->n_base_pools = w->n_cfg_pools = n;
+    w->n_lora_specs = n_loras < W_MAX_STREAMS ? n_loras : W_MAX_STREAMS;
+    for (int i = 0; i < w->n_lora_specs; i++)
+        snprintf(w->lora_stream[i], sizeof w->lora_stream[i], "%s", loras[i].name);
     w->affinity = w->cfg.affinity;
     if (w->affinity) {
         w->aff_bytes = aff_size((size_t)w->cfg.affinity_filter_bytes);

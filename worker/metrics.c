@@ -356,7 +356,7 @@ char *wm_heartbeat_json(struct worker *w)
     engine_get_stats(w->eng, &st);
     cJSON *o = cJSON_CreateObject();
     cJSON *pools = cJSON_AddArrayToObject(o, "pools");
-    for (int p = 0; p < w->n_base_pools; p++)
+    for (int p = 0; p < w->n_cfg_pools; p++)
         cJSON_AddItemToArray(pools, cJSON_CreateString(w->pools[p]));
     cJSON_AddStringToObject(o, "name", w->opt.name);
     cJSON_AddNumberToObject(o, "running", st.n_running);
@@ -389,6 +389,10 @@ char *wm_heartbeat_json(struct worker *w)
                 break;
             cJSON_AddStringToObject(a, "name", engine_lora_name(w->eng, i));
             cJSON_AddNumberToObject(a, "rank", engine_lora_rank(w->eng, i));
+            /* read from its own stream (main.c make_pool_keys): an adapter
+             * loaded by SIGHUP has none until a restart */
+            if (i < w->n_lora_streams)
+                cJSON_AddTrueToObject(a, "stream");
             cJSON_AddItemToArray(la, a);
         }
     }

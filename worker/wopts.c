@@ -148,6 +148,9 @@ int wopts_pools(const struct wopts *o, char bufs[WOPTS_MAX_POOLS][64], struct rl
         size_t len = e ? (size_t)(e - s) : strlen(s);
         if (len == 0 || len >= 64)
             return rl_errf(err, RL_EINVAL, "pools: bad pool name in \"%s\"", o->pools);
+        if (memchr(s, '@', len)) /* lora@<name>: an adapter's stream (worker/main.c) */
+            return rl_errf(err, RL_EINVAL, "pools: \"%.*s\": '@' is kept for the LoRA "
+                           "adapters' streams", (int)len, s);
         if (n == WOPTS_MAX_POOLS)
             return rl_errf(err, RL_EINVAL, "pools: more than %d pools", WOPTS_MAX_POOLS);
         memcpy(bufs[n], s, len);

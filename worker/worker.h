@@ -277,7 +277,12 @@ struct worker {
                                      (an older config/redis-acl.conf): checks go alone */
     char holder[FENCE_HOLDER_MAX];/* this process as a job's holder (fence_holder) */
 
-    /* [0, n_base_pools): the configured pools; with affinity on, then
+    /* [0, n_cfg_pools): the configured pools, then [n_cfg_pools,
+     * n_base_pools) the streams of the LoRA adapters this worker started
+     * with (<pool scope>lora@<name>: lora_stream[i - n_cfg_pools] names
+     * it), which only workers holding the adapter read, so that the
+     * dispatcher can send an adapter's jobs where a worker without it never
+     * takes them (dispatcher/models.c); with affinity on, then
      * [n_base_pools, n_pools) this worker's offer streams, one per pool
      * (pools[n_base_pools + p] = pools[p], pool_keys = <pool key>:w:<name>),
      * so that leases, claims of our own PEL, acks and group creation cover
@@ -288,6 +293,12 @@ struct worker {
     const char *pool_key_ptrs[W_MAX_STREAMS];  /* -> pool_keys[i] */
     int n_pools;
     int n_base_pools;
+    int n_cfg_pools;
+    /* the adapters given streams (the first n_lora_streams of lora_modules
+     * at start, in its order: those the stream limit leaves room for) */
+    char lora_stream[W_MAX_STREAMS][MODELREF_NAME_MAX + 1];
+    int n_lora_streams;
+    int n_lora_specs;             /* lora_stream's names known (<= W_MAX_STREAMS) */
     /* Redis Cluster (issue 27): [0, n_base_pools * n_shards) are the pools'
      * shards, stream i being shard i / n_base_pools of pool i % n_base_pools
      * (pools[i] its name); n_shards is 1 on a single instance, and with

@@ -24,6 +24,9 @@ the reference, the base with the adapter merged into its weights
   - prefix-affine pulling hashes an adapter's prompts as the engine does
     (kv_salt_lora): the turns of an adapter conversation are offered to the
     worker holding its history and served from its prefix cache;
+  - where only some workers hold an adapter, its jobs go to its own stream,
+    which only they read: none lands on a worker without it, and a holder
+    killed mid-job is resumed by another holder;
   - a bad adapter (missing directory, malformed NAME=DIR, the served name,
     a name given twice) stops the worker at start with a message naming it.
 
@@ -176,7 +179,8 @@ def test_worker_serves_the_adapter_as_its_merged_checkpoint(models, procs, redis
                     f"a={models['adapter']}", "--lora", f"g={models['gguf']}", "--http-port", mport)
     hb = read_heartbeat(r, prefix, "worker", "wl", timeout=10)
     assert hb["model"] == base
-    assert hb["lora_adapters"] == [{"name": "a", "rank": RANK}, {"name": "g", "rank": RANK}], hb
+    assert hb["lora_adapters"] == [{"name": "a", "rank": RANK, "stream": True},
+                                   {"name": "g", "rank": RANK, "stream": True}], hb
     assert "lora_adapters" not in read_heartbeat(r, prefix, "worker", "ref", timeout=10)
 
     for i, ids in enumerate(PROMPTS):
@@ -549,15 +553,103 @@ def test_sighup_loads_the_adapters_added(models, procs, redis_addr, prefix, tmp_
     wait_no_pending(r, prefix, pools=("fast",))
 
 
-def test_dispatcher_warns_when_workers_disagree(models, procs, redis_addr, prefix):
-    """Two workers of one model, one with adapter a: the dispatcher says that
-    a is served by 1 of the 2 (its jobs may land on the other), and when the
-    one without it stops, that every live worker serves it now."""
-    procs["worker"]("w1", models["base"], "--lora", f"a={models['adapter']}")
-    w2 = procs["worker"]("w2", models["base"], "--heartbeat-ttl-s", "2")
+def test_adapter_jobs_go_to_the_workers_holding_it(models, procs, redis_addr, prefix):
+    """Two workers of one model, one started with adapter a (a rollout in
+    progress, or a fleet where only some GPUs carry an adapter): the
+    dispatcher says so and sends a's jobs to a's own stream (jobs:lora@a),
+    which only workers holding a read: none fails with MODEL_NOT_FOUND on
+    the other, all are a's answer, and the base model's jobs still go to
+    the pools. A holder killed in the middle of a job loses nothing: a
+    worker started with a resumes it from that stream (its claimer), every
+    seq once, and the worker without a never takes it. Once every live
+    worker holds a, its jobs go to the pools again."""
+    r = connect(redis_addr)
+    claim = ("--claim-idle-ms", "1500", "--lease-renew-ms", "300", "--claim-interval-ms", "300",
+             "--heartbeat-ttl-s", "2")
+    lora = ("--lora", f"a={models['adapter']}")
+    w1 = procs["worker"]("w1", models["base"], *lora, *claim)
+    w2 = procs["worker"]("w2", models["base"], *claim)
+    stream = f"{prefix}jobs:lora@a"
+    tap(r, stream, f"{prefix}jobs:fast")
+    assert read_heartbeat(r, prefix, "worker", "w1", timeout=10)["lora_adapters"] == \
+        [{"name": "a", "rank": RANK, "stream": True}]
+    assert not [p for p in read_heartbeat(r, prefix, "worker", "w1")["pools"] if "@" in p]
     d = procs["dispatcher"]()
-    wait_for(lambda: "LoRA adapter a is served by 1 of the 2 live workers" in d.text(),
-             "the dispatcher's warning", 15)
+    wait_for(lambda: "LoRA adapter a is served by 1 of the 2 live workers" in d.text() and
+             f"its jobs go to {stream}, which 1 of them read" in d.text(),
+             "the dispatcher naming a's stream", 15)
+    assert "fail with MODEL_NOT_FOUND" not in d.text()
+    req = f"{prefix}requests"
+    ids = PROMPTS[2]
+    for i in range(6):
+        r.xadd(req, {"job": json.dumps(greedy(f"a{i}", ids, "a", cache=False, mode="no_think"))})
+    r.xadd(req, {"job": json.dumps(greedy("b0", ids, models["base"].name, cache=False,
+                                          mode="no_think"))})
+    answers = [job_events(r, prefix, f"a{i}") for i in range(6)]
+    for evs in answers:
+        assert evs[-1]["type"] == "done", evs[-2:]
+    want = tokens(answers[0])
+    assert all(tokens(evs) == want for evs in answers), [tokens(e) for e in answers]
+    base = job_events(r, prefix, "b0")
+    assert base[-1]["type"] == "done" and tokens(base) != want
+    sent = [json.loads(f["job"])["id"] for _, f in r.xrange(stream)]
+    assert sorted(sent) == [f"a{i}" for i in range(6)], sent
+    assert "b0" in [json.loads(f["job"])["id"] for _, f in r.xrange(f"{prefix}jobs:fast")]
+
+    def jobs_done(name):
+        """name's jobs_done, from a heartbeat written after now."""
+        t = time.time() * 1000
+        return wait_for(lambda: (lambda h: h if h and h["time_ms"] > t else None)(
+            read_heartbeat(r, prefix, "worker", name)), f"{name}'s heartbeat")["jobs_done"]
+    done_w1, done_w2 = jobs_done("w1"), jobs_done("w2")
+    assert done_w1 + done_w2 == 7 and done_w1 >= 6, (done_w1, done_w2)
+
+    # the holder dies in the middle of a's job: a worker started with a
+    # takes it over from the stream; w2 never does
+    r.xadd(req, {"job": json.dumps(greedy("long", ids, "a", n=1500, cache=False,
+                                          mode="no_think"))})
+    wait_for(lambda: r.xlen(f"{prefix}out:long") >= 3, "the long job streaming", 30)
+    w1.signal(19)  # SIGSTOP: it holds what it read and publishes nothing
+    assert r.xpending(stream, "workers")["pending"] == 1
+    w1.kill()
+    w1.wait()
+    procs["worker"]("w3", models["base"], *lora, *claim)
+    evs = job_events(r, prefix, "long", timeout=120)
+    assert evs[-1]["type"] == "done" and evs[-1]["usage"]["completion_tokens"] == 1500, evs[-1]
+    seqs = [e["seq"] for e in evs]
+    assert seqs == list(range(len(seqs))), seqs
+    assert tokens(evs)[:len(want)] == want
+    assert jobs_done("w2") == done_w2 and jobs_done("w3") == 1
+    assert r.xpending(stream, "workers")["pending"] == 0
+
+    # the fleet agrees (w2 gone): a's jobs go to the pools again
     w2.stop()
     wait_for(lambda: "LoRA adapter a: every live worker of" in d.text(),
              "the dispatcher seeing the fleet agree", 20)
+    r.xadd(req, {"job": json.dumps(greedy("a9", ids, "a", cache=False, mode="no_think"))})
+    assert tokens(job_events(r, prefix, "a9")) == want
+    assert "a9" in [json.loads(f["job"])["id"] for _, f in r.xrange(f"{prefix}jobs:fast")]
+    assert r.xlen(stream) == 7
+    wait_no_pending(r, prefix)
+
+
+def test_sighup_adapter_has_no_stream_and_is_warned(models, procs, redis_addr, prefix,
+                                                    tmp_path):
+    """An adapter loaded by SIGHUP is not read from a stream of its own
+    until the worker restarts (its streams are laid out at start): the
+    heartbeat does not say "stream", and while another worker lacks it the
+    dispatcher warns that its jobs may fail there, naming the cure."""
+    import signal
+    r = connect(redis_addr)
+    conf = tmp_path / "worker.conf"
+    conf.write_text("lora_modules = [];\n")
+    w1 = procs["worker"]("w1", models["base"], "-c", conf)
+    procs["worker"]("w2", models["base"])
+    conf.write_text(f'lora_modules = ["a={models["adapter"]}"];\n')
+    w1.signal(signal.SIGHUP)
+    assert wait_for(lambda: (read_heartbeat(r, prefix, "worker", "w1") or {})
+                    .get("lora_adapters"), "w1 announcing a", 15) == [{"name": "a", "rank": RANK}]
+    d = procs["dispatcher"]()
+    wait_for(lambda: "LoRA adapter a is served by 1 of the 2 live workers" in d.text() and
+             "none reading its stream" in d.text() and "restart the workers" in d.text(),
+             "the dispatcher's warning", 15)
