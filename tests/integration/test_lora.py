@@ -43,7 +43,8 @@ import time
 import pytest
 
 from conftest import (CLI, DISPATCHER, MODEL, WORKER, Daemon, connect, free_port, job_events,
-                      read_heartbeat, tap, wait_for, wait_no_pending)
+                      pool_shards, read_heartbeat, stream_events, tap, wait_for,
+                      wait_no_pending)
 
 SHAPE = ["--hidden", "64", "--intermediate", "128", "--heads", "2", "--kv-heads", "1",
          "--head-dim", "32", "--layers", "2"]
@@ -653,3 +654,39 @@ def test_sighup_adapter_has_no_stream_and_is_warned(models, procs, redis_addr, p
     wait_for(lambda: "LoRA adapter a is served by 1 of the 2 live workers" in d.text() and
              "none reading its stream" in d.text() and "restart the workers" in d.text(),
              "the dispatcher's warning", 15)
+
+
+def test_adapter_stream_on_a_cluster(models, redis_cluster, prefix, tmp_path):
+    """On a Redis Cluster an adapter's stream is sharded like a pool (the
+    worker and the dispatcher derive the same shard keys from
+    {<prefix>}jobs:lora@a): a's jobs through the dispatcher land in its
+    shards, are all served by the one worker holding a, and none by the
+    other."""
+    rc = redis_cluster.client()
+    shards = pool_shards(prefix, "lora@a")
+    tap(rc, *shards)
+    common = ["--redis", redis_cluster.seeds, "--prefix", prefix, "--block-ms", "100",
+              "--heartbeat-interval-ms", "300", "--http-port", "0"]
+    started = []
+    try:
+        for name, extra in (("w1", ["--lora", f"a={models['adapter']}"]), ("w2", [])):
+            started.append(Proc([str(WORKER), *common, "--model", str(models["base"]), "--name",
+                                 name, "--threads", "1", *extra], tmp_path / f"worker-{name}.log"))
+        d = Proc([str(DISPATCHER), *common, "--name", "d1"], tmp_path / "dispatcher.log")
+        started.append(d)
+        wait_for(lambda: "LoRA adapter a is served by 1 of the 2 live workers" in d.text() and
+                 "jobs:lora@a, which 1 of them read" in d.text(), "the dispatcher naming a's stream",
+                 30)
+        jobs = [greedy(f"c{i}", PROMPTS[i % 2], "a", cache=False, mode="no_think")
+                for i in range(6)]
+        for j in jobs:
+            rc.xadd(f"{{{prefix}}}requests", {"job": json.dumps(j)})
+        for j in jobs:
+            evs = [ev for _, ev in stream_events(rc, f"{prefix}out:{{{j['id']}}}", 60)]
+            assert evs[-1]["type"] == "done", evs[-2:]
+        sent = sorted(json.loads(f["job"])["id"] for k in shards for _, f in rc.xrange(k))
+        assert sent == sorted(j["id"] for j in jobs), sent
+        assert "MODEL_NOT_FOUND" not in started[1].text()
+    finally:
+        for p in started:
+            p.stop()
