@@ -59,6 +59,7 @@ void w_job_free(struct wjob *j)
     free(j->cache_value);
     free(j->ids);
     free(j->raw);
+    free(j->hand_key);
     free(j->hold_ids);
     text_free(&j->hold_content);
     text_free(&j->hold_reasoning);
@@ -122,6 +123,22 @@ static void reject(struct worker *w, struct wjob *j, const char *raw, size_t raw
     w_push_error(w, j, code, msg);
     w_set_dead(w, j, raw, raw_len, code, msg);
     j->state = WJ_CLOSING;
+}
+
+void w_reject_model(struct worker *w, struct wjob *j, const char *raw, size_t raw_len)
+{
+    /* queued where another model's jobs go (a shared pool, or by hand):
+     * running it on these weights would answer for the wrong model */
+    char msg[RL_ERR_MSG_MAX], names[256] = "";
+    for (int i = 0; i < w->n_loras; i++) {
+        size_t used = strlen(names);
+        snprintf(names + used, sizeof names - used, "%s\"%s\"", i ? ", " : "",
+                 engine_lora_name(w->eng, i));
+    }
+    snprintf(msg, sizeof msg, "model: the job asks for \"%.128s\"; this worker (pool %s) serves "
+             "\"%s\"%s%s", j->job->model, w->pools[j->pool], w->model.name,
+             w->n_loras ? " and its LoRA adapters " : "", names);
+    reject(w, j, raw, raw_len, EV_CODE_MODEL_NOT_FOUND, msg);
 }
 
 /* The seed of a job that gives none: FNV-1a over its id, "\n" and its
@@ -407,18 +424,11 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
     }
     if (j->job->model[0] && strcmp(j->job->model, w->model.name) &&
         (j->lora = w_lora_find(w, j->job->model)) < 0) {
-        /* queued where another model's jobs go (a shared pool, or by hand):
-         * running it on these weights would answer for the wrong model */
-        char msg[RL_ERR_MSG_MAX], names[256] = "";
-        for (int i = 0; i < w->n_loras; i++) {
-            size_t used = strlen(names);
-            snprintf(names + used, sizeof names - used, "%s\"%s\"", i ? ", " : "",
-                     engine_lora_name(w->eng, i));
-        }
-        snprintf(msg, sizeof msg, "model: the job asks for \"%.128s\"; this worker (pool %s) serves "
-                 "\"%s\"%s%s", j->job->model, w->pools[pool], w->model.name,
-                 w->n_loras ? " and its LoRA adapters " : "", names);
-        reject(w, j, raw, raw_len, EV_CODE_MODEL_NOT_FOUND, msg);
+        /* an adapter that other workers hold, queued in the pools before
+         * the dispatcher knew this worker lacks it: to its stream */
+        if (!resumed && deliveries <= 1 && w_handoff_try(w, j, pool, raw, raw_len))
+            return 0;
+        w_reject_model(w, j, raw, raw_len);
         return 0;
     }
     enum ev_code code = EV_CODE_NONE;

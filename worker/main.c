@@ -154,9 +154,19 @@ static void pick_home(struct worker *w)
  * (group creation, leases, claims, acks) covers the shards as it covers
  * the pools; loop.c keeps a standing read per shard. Returns 0, or
  * -RL_EINVAL when the streams would not fit one read (64 keys). */
+void w_queue_key(const struct worker *w, const char *pool, bool cluster, char out[W_KEY_MAX])
+{
+    char rest[W_KEY_MAX], pfx[72];
+    snprintf(pfx, sizeof pfx, "%.64s", w->opt.prefix);
+    if (w->opt.pool_scope_model)
+        snprintf(rest, sizeof rest, "jobs:%.128s:%.140s", w->model.name, pool);
+    else
+        snprintf(rest, sizeof rest, "jobs:%.140s", pool);
+    rcl_queue_key(out, W_KEY_MAX, cluster, pfx, rest);
+}
+
 static int make_pool_keys(struct worker *w, bool cluster, struct rl_err *err)
 {
-    char rest[W_KEY_MAX];
     int c = w->n_cfg_pools;
     int k = cluster ? w->cfg.pool_shards : 1;
     if (k < 1)
@@ -180,7 +190,8 @@ static int make_pool_keys(struct worker *w, bool cluster, struct rl_err *err)
     for (int p = c; p < n; p++)
         snprintf(w->pools[p], sizeof w->pools[p], "lora@%.58s", w->lora_stream[p - c]);
     /* the shards' tags are the same for every pool: searched once (rcl_shard_n) */
-    long sn[RCL_MAX_SHARDS] = {0};
+    long *sn = w->shard_n;
+    memset(w->shard_n, 0, sizeof w->shard_n);
     char pfx[72];
     snprintf(pfx, sizeof pfx, "%.64s", w->opt.prefix);
     for (int s = 1; s < k; s++)
@@ -191,14 +202,9 @@ static int make_pool_keys(struct worker *w, bool cluster, struct rl_err *err)
         char lname[MODELREF_NAME_MAX + 8];
         if (p >= c)
             snprintf(lname, sizeof lname, "lora@%s", w->lora_stream[p - c]);
-        const char *pname = p >= c ? lname : w->pools[p];
         w->pool_names[p] = w->pools[p];
         w->pool_key_ptrs[p] = w->pool_keys[p];
-        if (w->opt.pool_scope_model)
-            snprintf(rest, sizeof rest, "jobs:%.128s:%.140s", w->model.name, pname);
-        else
-            snprintf(rest, sizeof rest, "jobs:%.140s", pname);
-        rcl_queue_key(w->pool_keys[p], W_KEY_MAX, cluster, pfx, rest);
+        w_queue_key(w, p >= c ? lname : w->pools[p], cluster, w->pool_keys[p]);
         for (int s = 1; s < k; s++) {
             int i = p + s * n;
             memcpy(w->pools[i], w->pools[p], sizeof w->pools[p]);

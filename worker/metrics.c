@@ -172,6 +172,7 @@ static const struct {
     {"redlm_prefix_cache_hit_tokens_total", "counter", "prompt tokens the prefix cache supplied", WM_F(prefix_hit_tokens), WM_I64},
     {"redlm_prefix_cache_miss_tokens_total", "counter", "prompt tokens the prefix cache did not have", WM_F(prefix_miss_tokens), WM_I64},
     {"redlm_affinity_taken_total", "counter", "jobs taken from this worker's offer streams (prefix-affine pulling)", WM_F(affinity_taken), WM_I64},
+    {"redlm_handed_off_total", "counter", "jobs for LoRA adapters this worker lacks, moved to the adapters' streams", WM_F(handed_off), WM_I64},
     {"redlm_foreign_taken_total", "counter", "jobs taken from pool shards other than this worker's home shard (Redis Cluster)", WM_F(foreign_taken), WM_I64},
     {"redlm_foreign_looks_total", "counter", "looks at pool shards other than this worker's home shard for jobs waiting there (Redis Cluster, a busy worker)", WM_F(foreign_looks), WM_I64},
     {"redlm_foreign_looks_drained_total", "counter", "of those looks, the ones that found nothing waiting (each slows that shard's next look)", WM_F(foreign_looks_drained), WM_I64},
@@ -414,6 +415,7 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddNumberToObject(o, "reclaimed", (double)w->m.reclaimed);
     cJSON_AddNumberToObject(o, "fenced", (double)w->m.fenced);
     cJSON_AddNumberToObject(o, "affinity_taken", (double)w->m.affinity_taken);
+    cJSON_AddNumberToObject(o, "handed_off", (double)w->m.handed_off);
     cJSON_AddNumberToObject(o, "foreign_taken", (double)w->m.foreign_taken);
     cJSON_AddNumberToObject(o, "foreign_looks", (double)w->m.foreign_looks);
     cJSON_AddNumberToObject(o, "foreign_looks_drained", (double)w->m.foreign_looks_drained);

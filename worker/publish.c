@@ -228,7 +228,7 @@ bool w_has_pending(const struct worker *w)
 
 /* What a command of the flush was for: reply i answers items[i]. */
 enum item_kind {
-    IT_TAKE, IT_EMIT, IT_LEASE, IT_OTHER, IT_DEAD, IT_ACK, IT_CANCEL, IT_CACHE, IT_CLIENT,
+    IT_TAKE, IT_EMIT, IT_LEASE, IT_OTHER, IT_DEAD, IT_ACK, IT_CANCEL, IT_CACHE, IT_CLIENT, IT_HAND,
     IT_HB, IT_RELEASE
 };
 
@@ -580,6 +580,31 @@ static int queue_ack(struct worker *w, struct flush *f, struct wjob *j)
     return queue_cmd(f, (struct item){IT_ACK, j, 0, 0, 0}, a, argv, NULL);
 }
 
+/* j, for an adapter another worker reads the stream of, moved there
+ * (handoff.c): its fields as the dispatcher forwarded them, and entry0,
+ * so that it keeps its identity, seed and queue time. Its reply is
+ * IT_HAND's. */
+static int queue_handoff(struct worker *w, struct flush *f, struct wjob *j)
+{
+    const char *argv[21] = {"EVAL", w_handoff_lua, "2", w->pool_keys[j->pool], j->hand_key,
+                            w->opt.group, j->entry_id, w->opt.name, "job", j->raw};
+    size_t lens[21] = {0};
+    int a = 10;
+    lens[9] = j->raw_len;
+    const char *e0 = j->entry0[0] ? j->entry0 : j->entry_id;
+    const char *kv[] = {"entry0", e0, "moved", "handoff", "req", j->req, "sha", j->sha,
+                        "tenant", j->tenant};
+    for (size_t i = 0; i < sizeof kv / sizeof *kv; i += 2)
+        if (kv[i + 1][0]) {
+            argv[a++] = kv[i];
+            argv[a++] = kv[i + 1];
+        }
+    for (int i = 0; i < a; i++)
+        if (i != 9)
+            lens[i] = strlen(argv[i]);
+    return queue_cmd(f, (struct item){IT_HAND, j, 0, 0, 0}, a, argv, lens);
+}
+
 /* The XACKs due (RIDE_MS): with the rest of a flush that sends anything,
  * or once one has waited RIDE_MS, or at once when nothing runs. Queued
  * last: each job's done was confirmed by an earlier flush, so its order
@@ -589,11 +614,13 @@ static int queue_acks(struct worker *w, struct flush *f, int64_t mono)
     bool now = rconn_batch_count(f->b) > 0 || engine_n_active(w->eng) == 0;
     for (int i = 0; i < w->n_jobs; i++) {
         struct wjob *j = w->jobs[i];
+        int rc;
+        if (j->state == WJ_HANDING && (rc = queue_handoff(w, f, j)))
+            return rc;
         if (j->state != WJ_ACKING)
             continue;
         if (!j->t_ack_due)
             j->t_ack_due = mono;
-        int rc;
         if ((now || mono - j->t_ack_due >= RIDE_MS) && (rc = queue_ack(w, f, j)))
             return rc;
     }
@@ -760,6 +787,33 @@ static int queue_release(struct worker *w, struct flush *f, struct wjob *j)
 
 /* The value r of j's cancel key (GET, or read by FENCE_EMIT): a cancel
  * meant for this request stops it in the engine. */
+/* A hand-off's reply: moved (gone from here), no longer ours (taken over
+ * meanwhile: gone from here too), or refused (an ACL without XADD on the
+ * queue, Redis out of memory): then answered MODEL_NOT_FOUND, as a worker
+ * without the adapter did before. No reply (the connection lost): tried
+ * again with the next flush, which the script makes harmless. */
+static void apply_handoff(struct worker *w, struct wjob *j, const struct rconn_reply *r)
+{
+    if (!r)
+        return;
+    if (r->type == RCONN_INTEGER && r->integer == 1) {
+        RL_LOG(&w->log, RL_LOG_INFO, "job %s: model %s is a LoRA adapter this worker lacks: "
+               "moved to %s, which workers holding it read", j->id, j->job->model, j->hand_key);
+        pthread_mutex_lock(&w->m.mu);
+        w->m.handed_off++;
+        pthread_mutex_unlock(&w->m.mu);
+        j->state = 0;
+    } else if (r->type == RCONN_INTEGER) {
+        RL_LOG(&w->log, RL_LOG_DEBUG, "job %s: entry %s is no longer ours; not moved", j->id,
+               j->entry_id);
+        j->state = 0;
+    } else {
+        RL_LOG(&w->log, RL_LOG_WARN, "job %s: moving it to %s: %s; answered MODEL_NOT_FOUND",
+               j->id, j->hand_key, r->type == RCONN_ERROR && r->str ? r->str : "unexpected reply");
+        w_reject_model(w, j, j->raw, j->raw_len);
+    }
+}
+
 static void apply_cancel(struct worker *w, struct wjob *j, const struct rconn_reply *r)
 {
     if (w_ident_cancel_meant(j, r) && j->eng_id && !j->cancel_sent) {
@@ -975,6 +1029,9 @@ static void apply_reply(struct worker *w, struct flush *f, struct item *it,
         } else {
             RL_LOG(&w->log, RL_LOG_WARN, "job %s: XACK: %s", it->j->id, r->str);
         }
+        break;
+    case IT_HAND:
+        apply_handoff(w, it->j, r);
         break;
     case IT_CANCEL:
         apply_cancel(w, it->j, r);

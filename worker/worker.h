@@ -71,7 +71,8 @@ struct wout {
     bool is_done;    /* EXPIRE the stream after it */
 };
 
-enum wj_state { WJ_RUNNING = 1, WJ_CLOSING, WJ_ACKING, WJ_DROPPED };
+enum wj_state { WJ_RUNNING = 1, WJ_CLOSING, WJ_ACKING, WJ_DROPPED,
+                WJ_HANDING /* for an adapter held elsewhere: moved to its stream (handoff.c) */ };
 
 struct wjob {
     enum wj_state state;
@@ -99,6 +100,7 @@ struct wjob {
     uint64_t cache_salt;          /* engine_request.cache_salt: 0, or the tenant's */
     int lora;                     /* the adapter its model names (worker.lora_id's index,
                                      engine_lora_name's), -1 = the base model */
+    char *hand_key;               /* WJ_HANDING: the adapter's stream it goes to (owned) */
 
     uint64_t eng_id;              /* engine request id, 0 when not in the engine */
     bool cancel_sent;             /* engine_cancel called */
@@ -197,6 +199,8 @@ struct wmetrics {
     int64_t prefix_hit_tokens, prefix_miss_tokens;
     int64_t grammar_cache_bytes;           /* the engine's compiled constraints */
     int64_t affinity_taken;                /* jobs read from our offer streams */
+    int64_t handed_off;                    /* jobs for adapters held elsewhere, moved
+                                              to their streams (handoff.c) */
     int64_t foreign_taken;                 /* jobs read from shards not our home */
     int64_t foreign_looks;                 /* looks at those shards (aged reads) */
     int64_t foreign_looks_drained;         /* of them, ones that found nothing waiting */
@@ -299,6 +303,12 @@ struct worker {
     char lora_stream[W_MAX_STREAMS][MODELREF_NAME_MAX + 1];
     int n_lora_streams;
     int n_lora_specs;             /* lora_stream's names known (<= W_MAX_STREAMS) */
+    long shard_n[RCL_MAX_SHARDS]; /* the shards' hash tags (rcl_shard_n), [0] unused */
+    /* handoff.c: whether a live worker reads adapter hand_name's stream,
+     * as the registry said at hand_t_ms (asked once a second at most) */
+    char hand_name[MODELREF_NAME_MAX + 1];
+    bool hand_read;
+    int64_t hand_t_ms;
     /* Redis Cluster (issue 27): [0, n_base_pools * n_shards) are the pools'
      * shards, stream i being shard i / n_base_pools of pool i % n_base_pools
      * (pools[i] its name); n_shards is 1 on a single instance, and with
@@ -392,6 +402,27 @@ void w_hold_due(struct worker *w, int64_t now_ms, bool all);
 /* Forgets what j holds back, unsent (a job another worker took over). */
 void w_hold_clear(struct wjob *j);
 int w_jobs_add(struct worker *w, struct wjob *j);
+/* Answers MODEL_NOT_FOUND to j, whose model is neither this worker's nor
+ * one of its adapters (raw: the job text, for the dead letter). */
+void w_reject_model(struct worker *w, struct wjob *j, const char *raw, size_t raw_len);
+
+/* main.c: the key of pool stream `pool` (a configured pool's name, or
+ * lora@<adapter>), shard 0, in this worker's scope (<prefix>jobs:<pool>,
+ * or jobs:<model>:<pool> with pool_scope = model). */
+void w_queue_key(const struct worker *w, const char *pool, bool cluster, char out[W_KEY_MAX]);
+
+/* handoff.c */
+/* For j (read from pool stream `pool`, its model an adapter this worker
+ * lacks): when some live worker of this model reads that adapter's
+ * stream, j becomes WJ_HANDING, to be moved there by the next flush
+ * (w_publish: one script, XADD there and the XACK here) instead of
+ * failing; keeps the job text (raw). Only a first delivery: one taken
+ * over may have a holder record naming this entry. Returns true when so. */
+bool w_handoff_try(struct worker *w, struct wjob *j, int pool, const char *raw, size_t raw_len);
+/* EVAL w_handoff_lua 2 <from> <to> <group> <entry ID> <consumer> <field>
+ * <value> ...: 1 when moved, 0 when the entry is no longer this consumer's
+ * pending one (then nothing was written). */
+extern const char w_handoff_lua[];
 
 /* publish.c */
 /* Appends an event to j's outbox (taking json), and to its cache history. */

@@ -569,7 +569,9 @@ def test_adapter_jobs_go_to_the_workers_holding_it(models, procs, redis_addr, pr
              "--heartbeat-ttl-s", "2")
     lora = ("--lora", f"a={models['adapter']}")
     w1 = procs["worker"]("w1", models["base"], *lora, *claim)
-    w2 = procs["worker"]("w2", models["base"], *claim)
+    # w2 also reads a pool of its own: jobs queued in the pools for a (as
+    # while every worker held it) are put there, where only it finds them
+    w2 = procs["worker"]("w2", models["base"], "--pools", "fast,think,extra", *claim)
     stream = f"{prefix}jobs:lora@a"
     tap(r, stream, f"{prefix}jobs:fast")
     assert read_heartbeat(r, prefix, "worker", "w1", timeout=10)["lora_adapters"] == \
@@ -605,6 +607,27 @@ def test_adapter_jobs_go_to_the_workers_holding_it(models, procs, redis_addr, pr
     done_w1, done_w2 = jobs_done("w1"), jobs_done("w2")
     assert done_w1 + done_w2 == 7 and done_w1 >= 6, (done_w1, done_w2)
 
+    # jobs for a that w2 reads from a pool are moved to a's stream (one
+    # script: there, and acknowledged here) with what they are known by;
+    # one for an adapter nobody holds is still MODEL_NOT_FOUND
+    queued = {}
+    for i in range(3):
+        queued[f"q{i}"] = r.xadd(f"{prefix}jobs:extra", {"job": json.dumps(
+            greedy(f"q{i}", ids, "a", cache=False, mode="no_think"))})
+    r.xadd(f"{prefix}jobs:extra", {"job": json.dumps(greedy("zz", ids, "zz", cache=False))})
+    for i in range(3):
+        assert tokens(job_events(r, prefix, f"q{i}")) == want
+    nf = job_events(r, prefix, "zz")
+    assert nf[0]["type"] == "error" and nf[0]["code"] == "MODEL_NOT_FOUND", nf
+    moved = {json.loads(f["job"])["id"]: f for _, f in r.xrange(stream)
+             if f.get("moved") == "handoff"}
+    assert sorted(moved) == sorted(queued), moved
+    assert all(moved[k]["entry0"] == queued[k] for k in queued), moved
+    assert jobs_done("w2") == done_w2 and \
+        read_heartbeat(r, prefix, "worker", "w2")["handed_off"] == 3
+    assert "moved to " + stream in w2.text()
+    assert r.xlen(f"{prefix}jobs:extra") == 0
+
     # the holder dies in the middle of a's job: a worker started with a
     # takes it over from the stream; w2 never does
     r.xadd(req, {"job": json.dumps(greedy("long", ids, "a", n=1500, cache=False,
@@ -630,7 +653,7 @@ def test_adapter_jobs_go_to_the_workers_holding_it(models, procs, redis_addr, pr
     r.xadd(req, {"job": json.dumps(greedy("a9", ids, "a", cache=False, mode="no_think"))})
     assert tokens(job_events(r, prefix, "a9")) == want
     assert "a9" in [json.loads(f["job"])["id"] for _, f in r.xrange(f"{prefix}jobs:fast")]
-    assert r.xlen(stream) == 7
+    assert r.xlen(stream) == 10
     wait_no_pending(r, prefix)
 
 

@@ -1,0 +1,120 @@
+/* worker/handoff.c - a job for a LoRA adapter this worker lacks, handed
+ * to the adapter's own stream instead of failing.
+ *
+ * The dispatcher sends an adapter's jobs to its stream (jobs:lora@<name>,
+ * read only by workers started with it) while some worker of its parent
+ * lacks it, and to the pools while every worker holds it. Jobs queued in
+ * the pools in the second case are still there when a worker without the
+ * adapter joins (a scale-out on a machine set up with the base model
+ * only), and that worker, with room to spare, would take them first. So a
+ * worker that reads such a job asks the registry whether a live worker of
+ * its model reads the adapter's stream (heartbeat lora_adapters[].stream),
+ * and if one does, moves the job there: one script, in the slot of the
+ * stream it came from (the adapter's stream of the same shard), XADDs the
+ * entry's fields there and acknowledges it here, so it is in one place or
+ * the other, never both and never neither. The moved entry keeps what the
+ * job is known by (req, sha, tenant: its identity; entry0: its derived
+ * seed and queue time), as a dispatcher's move of an offer does.
+ *
+ * Only a first delivery moves: a job taken over may have a holder record
+ * (own:<id>) naming the entry it came from, which a move would have to
+ * rewrite in another slot. Where nobody reads the adapter's stream, or the
+ * move fails (an ACL without XADD on jobs:*), the job is answered
+ * MODEL_NOT_FOUND, as before.
+ *
+ * Main thread only. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "qack.h"
+#include "registry.h"
+#include "worker.h"
+
+#define HAND_ASK_MS 1000 /* how long the registry's answer for one adapter holds */
+#define HAND_MAX_WORKERS 1000
+
+const char w_handoff_lua[] =
+    "local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)[1]\n"
+    "if not p or p[2] ~= ARGV[3] then return 0 end\n"
+    "redis.call('XADD', KEYS[2], '*', unpack(ARGV, 4))\n"
+    "local acked = (function()\n" QACK_LUA_BODY "end)()\n"
+    "return 1\n";
+
+/* Does a heartbeat (JSON) say its worker serves this worker's model and
+ * reads adapter name's stream? */
+static bool reads_stream(const struct worker *w, const char *json, size_t len, const char *name)
+{
+    cJSON *hb = cJSON_ParseWithLength(json, len);
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(hb, "model");
+    const cJSON *scope = cJSON_GetObjectItemCaseSensitive(hb, "pool_scope");
+    bool same = cJSON_IsString(model) && !strcmp(model->valuestring, w->model.name) &&
+                cJSON_IsString(scope) &&
+                !strcmp(scope->valuestring, w->opt.pool_scope_model ? "model" : "shared");
+    bool yes = false;
+    const cJSON *a, *list = same ? cJSON_GetObjectItemCaseSensitive(hb, "lora_adapters") : NULL;
+    cJSON_ArrayForEach(a, list) {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(a, "name");
+        if (cJSON_IsString(n) && !strcmp(n->valuestring, name) &&
+            cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(a, "stream")))
+            yes = true;
+    }
+    cJSON_Delete(hb);
+    return yes;
+}
+
+/* Whether some live worker reads adapter name's stream, from the registry
+ * (two round trips), or from the last answer for it within HAND_ASK_MS: a
+ * burst of such jobs asks once. */
+static bool read_elsewhere(struct worker *w, const char *name)
+{
+    int64_t now = rl_wall_ms();
+    if (!strcmp(w->hand_name, name) && now - w->hand_t_ms < HAND_ASK_MS)
+        return w->hand_read;
+    struct rconn_reply *names = NULL, *hbs = NULL;
+    struct rl_err err;
+    bool yes = false;
+    if (reg_read_heartbeats(w->rc, w->opt.prefix, HAND_MAX_WORKERS, &names, &hbs, &err)) {
+        RL_LOG(&w->log, RL_LOG_DEBUG, "registry: %s", err.msg);
+        return false; /* not cached: asked again with the next such job */
+    }
+    for (size_t i = 0; i < hbs->n_elem && !yes; i++)
+        if (hbs->elem[i].type == RCONN_STRING)
+            yes = reads_stream(w, hbs->elem[i].str, hbs->elem[i].len, name);
+    rconn_reply_free(names);
+    rconn_reply_free(hbs);
+    snprintf(w->hand_name, sizeof w->hand_name, "%s", name);
+    w->hand_read = yes;
+    w->hand_t_ms = now;
+    return yes;
+}
+
+bool w_handoff_try(struct worker *w, struct wjob *j, int pool, const char *raw, size_t raw_len)
+{
+    if (!raw || !j->id[0] || !read_elsewhere(w, j->job->model))
+        return false;
+    /* the adapter's stream in the slot of the one the job came from: the
+     * same shard on a cluster (offer streams exist on one instance only) */
+    char lname[MODELREF_NAME_MAX + 8], base[W_KEY_MAX], key[W_KEY_MAX];
+    snprintf(lname, sizeof lname, "lora@%s", j->job->model);
+    bool cluster = w_cluster(w);
+    w_queue_key(w, lname, cluster, base);
+    int s = pool < w_n_queue_streams(w) ? pool / w->n_base_pools : 0;
+    if (s == 0 || rcl_shard_key_n(key, sizeof key, base, s, w->shard_n[s]) < 0)
+        memcpy(key, base, sizeof key);
+    char *text = malloc(raw_len + 1), *to = strdup(key);
+    if (!text || !to) {
+        free(text);
+        free(to);
+        return false;
+    }
+    memcpy(text, raw, raw_len);
+    text[raw_len] = 0;
+    free(j->raw);
+    j->raw = text;
+    j->raw_len = raw_len;
+    j->hand_key = to;
+    j->state = WJ_HANDING;
+    return true;
+}
