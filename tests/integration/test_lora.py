@@ -684,7 +684,8 @@ def test_adapter_stream_on_a_cluster(models, redis_cluster, prefix, tmp_path):
     worker and the dispatcher derive the same shard keys from
     {<prefix>}jobs:lora@a): a's jobs through the dispatcher land in its
     shards, are all served by the one worker holding a, and none by the
-    other."""
+    other; a job for a in shard s of a pool only the other reads is moved
+    to a's shard s (the hand-off script runs in that slot)."""
     rc = redis_cluster.client()
     shards = pool_shards(prefix, "lora@a")
     tap(rc, *shards)
@@ -692,7 +693,8 @@ def test_adapter_stream_on_a_cluster(models, redis_cluster, prefix, tmp_path):
               "--heartbeat-interval-ms", "300", "--http-port", "0"]
     started = []
     try:
-        for name, extra in (("w1", ["--lora", f"a={models['adapter']}"]), ("w2", [])):
+        for name, extra in (("w1", ["--lora", f"a={models['adapter']}"]),
+                            ("w2", ["--pools", "fast,think,extra"])):
             started.append(Proc([str(WORKER), *common, "--model", str(models["base"]), "--name",
                                  name, "--threads", "1", *extra], tmp_path / f"worker-{name}.log"))
         d = Proc([str(DISPATCHER), *common, "--name", "d1"], tmp_path / "dispatcher.log")
@@ -709,6 +711,19 @@ def test_adapter_stream_on_a_cluster(models, redis_cluster, prefix, tmp_path):
             assert evs[-1]["type"] == "done", evs[-2:]
         sent = sorted(json.loads(f["job"])["id"] for k in shards for _, f in rc.xrange(k))
         assert sent == sorted(j["id"] for j in jobs), sent
+        # a's jobs in each shard of a pool only w2 reads: each moved to a's
+        # stream of the same shard (the slot the script runs in)
+        extra = pool_shards(prefix, "extra")
+        for s, k in enumerate(extra):
+            rc.xadd(k, {"job": json.dumps(greedy(f"h{s}", PROMPTS[0], "a", cache=False,
+                                                 mode="no_think"))})
+        for s in range(len(extra)):
+            evs = [ev for _, ev in stream_events(rc, f"{prefix}out:{{h{s}}}", 60)]
+            assert evs[-1]["type"] == "done", evs[-2:]
+        for s, k in enumerate(shards):
+            moved = [json.loads(f["job"])["id"] for _, f in rc.xrange(k)
+                     if f.get("moved") == "handoff"]
+            assert moved == [f"h{s}"], (k, moved)
         assert "MODEL_NOT_FOUND" not in started[1].text()
     finally:
         for p in started:
