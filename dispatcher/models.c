@@ -422,16 +422,17 @@ void d_models_refresh(struct disp *d)
             RL_LOG(&d->log, RL_LOG_INFO, "LoRA adapter %s is served by %d of the %d live workers of "
                    "%s: its jobs go to %s, which %d of them read", k->name, k->holders, k->of,
                    k->parent, d->pools[k->pool].key, k->readers);
-        /* none reads a stream of it (loaded by SIGHUP, or workers from
-         * before adapter streams): its jobs go to the parent's pools, where
-         * a worker without it answers MODEL_NOT_FOUND. Said whenever the
-         * share changes */
+        /* none reads a stream of it (workers from before adapter streams,
+         * past their 64 streams, or between a SIGHUP and their new
+         * layout): its jobs go to the parent's pools, where a worker
+         * without it answers MODEL_NOT_FOUND. Said whenever the share
+         * changes */
         else if (k->holders < k->of && news)
             RL_LOG(&d->log, RL_LOG_WARN, "LoRA adapter %s is served by %d of the %d live workers of "
                    "%s, none reading its stream: its jobs that one of the others takes fail with "
-                   "MODEL_NOT_FOUND; restart the workers that loaded it by SIGHUP, or give every "
-                   "worker of %s the same lora_modules", k->name, k->holders, k->of, k->parent,
-                   k->parent);
+                   "MODEL_NOT_FOUND; upgrade those workers, give them fewer adapters (64 streams "
+                   "a read), or give every worker of %s the same lora_modules", k->name,
+                   k->holders, k->of, k->parent, k->parent);
         else if (was && was->holders < was->of && k->holders == k->of)
             RL_LOG(&d->log, RL_LOG_INFO, "LoRA adapter %s: every live worker of %s serves it now",
                    k->name, k->parent);

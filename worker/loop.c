@@ -1237,7 +1237,7 @@ static int next_look_in(const struct worker *w, int room, int64_t now)
  * lane_mode), sharing room less what the reads out may still bring. */
 static void stand_send_all(struct worker *w, int room)
 {
-    if (room <= 0)
+    if (room <= 0 || w->relayout) /* its replies would meet another layout */
         return;
     int64_t now = rl_mono_ms();
     int idle = 0, promised = 0, mode[RCL_MAX_SHARDS];
@@ -1431,6 +1431,8 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
             *reload = 0;
             apply_reload(w);
         }
+        if (w->relayout && !w->flush && !stand_out(w))
+            w_relayout(w);
         if (*stop && !draining) {
             draining = true;
             drain_until = rl_mono_ms() + (int64_t)w->opt.drain_timeout_s * 1000;

@@ -240,6 +240,55 @@ static int make_pool_keys(struct worker *w, bool cluster, struct rl_err *err)
     return 0;
 }
 
+void w_relayout(struct worker *w)
+{
+    w->relayout = false;
+    int n_old = w->n_pools, had = w->n_lora_streams;
+    char (*old)[W_KEY_MAX] = malloc((size_t)n_old * sizeof *old);
+    if (!old) {
+        RL_LOG(&w->log, RL_LOG_ERROR, "adapters' streams: out of memory; they are served "
+               "from the pools until a restart");
+        return;
+    }
+    signed char scan[W_MAX_STREAMS];
+    char cursor[W_MAX_STREAMS][RCONN_ID_MAX];
+    memcpy(old, w->pool_keys, (size_t)n_old * sizeof *old);
+    memcpy(scan, w->reclaim_scan, sizeof scan);
+    memcpy(cursor, w->claim_cursor, sizeof cursor);
+    for (int i = w->n_lora_specs; i < w->n_loras && i < W_MAX_STREAMS; i++)
+        snprintf(w->lora_stream[i], sizeof w->lora_stream[i], "%s", engine_lora_name(w->eng, i));
+    w->n_lora_specs = w->n_loras < W_MAX_STREAMS ? w->n_loras : W_MAX_STREAMS;
+    struct rl_err err;
+    if (make_pool_keys(w, w_cluster(w), &err)) /* only grows: the old layout fitted */
+        RL_LOG(&w->log, RL_LOG_ERROR, "adapters' streams: %s", err.msg);
+    /* every old stream is still there (streams are only added) */
+    int map[W_MAX_STREAMS];
+    for (int i = 0; i < n_old; i++) {
+        map[i] = -1;
+        for (int k = 0; k < w->n_pools && map[i] < 0; k++)
+            if (!strcmp(old[i], w->pool_keys[k]))
+                map[i] = k;
+    }
+    for (int k = 0; k < w->n_pools; k++) {
+        w->reclaim_scan[k] = 0;
+        snprintf(w->claim_cursor[k], RCONN_ID_MAX, "0-0");
+    }
+    for (int i = 0; i < n_old; i++)
+        if (map[i] >= 0) {
+            w->reclaim_scan[map[i]] = scan[i];
+            memcpy(w->claim_cursor[map[i]], cursor[i], RCONN_ID_MAX);
+        }
+    for (int i = 0; i < w->n_jobs; i++) {
+        struct wjob *j = w->jobs[i];
+        if (j->pool >= 0 && j->pool < n_old && map[j->pool] >= 0)
+            j->pool = map[j->pool];
+    }
+    free(old);
+    w->groups_ok = false;
+    RL_LOG(&w->log, RL_LOG_INFO, "LoRA adapters: %d read from streams of their own now (%d "
+           "before)", w->n_lora_streams, had);
+}
+
 int w_lora_find(const struct worker *w, const char *name)
 {
     for (int i = 0; i < w->n_loras; i++)
@@ -342,6 +391,8 @@ void w_lora_reload(struct worker *w)
         else if (i < 0 && lora_add_one(w, &s[k], &err))
             RL_LOG(&w->log, RL_LOG_ERROR, "SIGHUP: %s; not served", err.msg);
     }
+    if (w->n_loras > w->n_lora_specs && w->n_lora_specs < W_MAX_STREAMS)
+        w->relayout = true; /* their streams (loop.c, once no read is out) */
     for (int i = 0; i < w->n_loras; i++) {
         bool listed = false;
         for (int k = 0; k < n && !listed; k++)

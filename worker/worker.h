@@ -304,6 +304,8 @@ struct worker {
     int n_lora_streams;
     int n_lora_specs;             /* lora_stream's names known (<= W_MAX_STREAMS) */
     long shard_n[RCL_MAX_SHARDS]; /* the shards' hash tags (rcl_shard_n), [0] unused */
+    bool relayout;                /* adapters loaded by SIGHUP wait for their streams:
+                                     no standing read is sent until w_relayout */
     /* handoff.c: whether a live worker reads adapter hand_name's stream,
      * as the registry said at hand_t_ms (asked once a second at most) */
     char hand_name[MODELREF_NAME_MAX + 1];
@@ -406,6 +408,12 @@ int w_jobs_add(struct worker *w, struct wjob *j);
  * one of its adapters (raw: the job text, for the dead letter). */
 void w_reject_model(struct worker *w, struct wjob *j, const char *raw, size_t raw_len);
 
+/* main.c: gives the adapters loaded since the layout (SIGHUP) streams of
+ * their own, the streams after them moving up: held jobs, claim cursors
+ * and reclaim scans follow their streams by key, and the new streams'
+ * groups are made by the next ensure_groups. Called with no flush and no
+ * standing read in flight (their replies are matched by stream index). */
+void w_relayout(struct worker *w);
 /* main.c: the key of pool stream `pool` (a configured pool's name, or
  * lora@<adapter>), shard 0, in this worker's scope (<prefix>jobs:<pool>,
  * or jobs:<model>:<pool> with pool_scope = model). */

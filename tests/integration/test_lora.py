@@ -539,10 +539,12 @@ def test_sighup_loads_the_adapters_added(models, procs, redis_addr, prefix, tmp_
     conf.write_text(f'lora_modules = ["a={models["adapter"]}", "g={models["gguf"]}", '
                     f'"bad={tmp_path}/nowhere"];\n')
     w.signal(signal.SIGHUP)
-    hb = wait_for(lambda: (lambda h: h if [x["name"] for x in h.get("lora_adapters", [])] ==
-                           ["a", "g"] else None)(read_heartbeat(r, prefix, "worker", "wh")),
-                  "the heartbeat announcing g", 15)
-    assert hb["lora_adapters"][1] == {"name": "g", "rank": RANK}
+    # g announced, and read from a stream of its own once the worker has
+    # laid its streams out again (worker/main.c w_relayout)
+    wait_for(lambda: (read_heartbeat(r, prefix, "worker", "wh") or {}).get("lora_adapters") ==
+             [{"name": "a", "rank": RANK, "stream": True}, {"name": "g", "rank": RANK,
+                                                            "stream": True}],
+             "the heartbeat announcing g and its stream", 15)
     assert tokens(answer(r, prefix, greedy("g1", ids, "g", cache=False))) == want
     assert "lora bad" in w.text() and "not served" in w.text()
 
@@ -657,27 +659,53 @@ def test_adapter_jobs_go_to_the_workers_holding_it(models, procs, redis_addr, pr
     wait_no_pending(r, prefix)
 
 
-def test_sighup_adapter_has_no_stream_and_is_warned(models, procs, redis_addr, prefix,
-                                                    tmp_path):
-    """An adapter loaded by SIGHUP is not read from a stream of its own
-    until the worker restarts (its streams are laid out at start): the
-    heartbeat does not say "stream", and while another worker lacks it the
-    dispatcher warns that its jobs may fail there, naming the cure."""
+LONG = 12000  # long enough to outlast the SIGHUP and the new layout
+
+
+def test_sighup_adapter_gets_its_stream(models, procs, redis_addr, prefix, tmp_path):
+    """An adapter loaded by SIGHUP gets a stream of its own: the worker lays
+    its streams out again once no read of its is out (the jobs it holds
+    meanwhile keep running and are acknowledged on their streams), its
+    heartbeat says "stream", and the dispatcher, seeing another worker
+    without it, sends its jobs there: none fails on the other worker."""
     import signal
     r = connect(redis_addr)
     conf = tmp_path / "worker.conf"
     conf.write_text("lora_modules = [];\n")
     w1 = procs["worker"]("w1", models["base"], "-c", conf)
     procs["worker"]("w2", models["base"])
+    d = procs["dispatcher"]()
+    req = f"{prefix}requests"
+    # a long base job held by w1 across the new layout, from its offer
+    # stream for fast, whose index the adapter's stream moves up: it must
+    # still be acknowledged there
+    offer = f"{prefix}jobs:fast:w:w1"
+    assert offer in read_heartbeat(r, prefix, "worker", "w1")["affinity"]["offer"]
+    r.xadd(offer, {"job": json.dumps(
+        greedy("long", PROMPTS[1], models["base"].name, n=LONG, cache=False, mode="no_think"))})
+    wait_for(lambda: r.xlen(f"{prefix}out:long") >= 3, "the long job streaming", 30)
     conf.write_text(f'lora_modules = ["a={models["adapter"]}"];\n')
     w1.signal(signal.SIGHUP)
-    assert wait_for(lambda: (read_heartbeat(r, prefix, "worker", "w1") or {})
-                    .get("lora_adapters"), "w1 announcing a", 15) == [{"name": "a", "rank": RANK}]
-    d = procs["dispatcher"]()
-    wait_for(lambda: "LoRA adapter a is served by 1 of the 2 live workers" in d.text() and
-             "none reading its stream" in d.text() and "restart the workers" in d.text(),
-             "the dispatcher's warning", 15)
-
+    wait_for(lambda: (read_heartbeat(r, prefix, "worker", "w1") or {}).get("lora_adapters") ==
+             [{"name": "a", "rank": RANK, "stream": True}], "w1 announcing a's stream", 15)
+    assert "read from streams of their own now" in w1.text()
+    assert not [f for _, f in r.xrange(f"{prefix}out:long")
+                if json.loads(f["event"])["type"] == "done"], \
+        "the long job ended before the new layout: it proves nothing"
+    wait_for(lambda: f"its jobs go to {prefix}jobs:lora@a, which 1 of them read" in d.text(),
+             "the dispatcher naming a's stream", 15)
+    for i in range(4):
+        r.xadd(req, {"job": json.dumps(greedy(f"a{i}", PROMPTS[2], "a", cache=False,
+                                              mode="no_think"))})
+    answers = [job_events(r, prefix, f"a{i}") for i in range(4)]
+    assert all(evs[-1]["type"] == "done" for evs in answers), [evs[-1] for evs in answers]
+    assert len({tuple(tokens(evs)) for evs in answers}) == 1
+    long = job_events(r, prefix, "long", timeout=180)
+    assert long[-1]["type"] == "done" and long[-1]["usage"]["completion_tokens"] == LONG
+    assert [e["seq"] for e in long] == list(range(len(long)))
+    wait_for(lambda: r.xpending(offer, "workers")["pending"] == 0 and r.xlen(offer) == 0,
+             "the long job acknowledged on the offer stream", 15)
+    wait_no_pending(r, prefix)
 
 def test_adapter_stream_on_a_cluster(models, redis_cluster, prefix, tmp_path):
     """On a Redis Cluster an adapter's stream is sharded like a pool (the
