@@ -158,6 +158,7 @@ struct disp {
     struct dlora loras[D_MAX_LORAS]; /* the LoRA adapters, by the same refresh */
     int n_loras;
     bool loras_warned;            /* logged once: an adapter table overflow */
+    bool pools_warned;            /* logged once: the pool table full (models.c) */
     pthread_mutex_t models_mu;    /* guards models_json, read by the HTTP threads */
     char *models_json;            /* [{"id","object","created","owned_by"}...], malloc'd */
     struct fleet *fleet;          /* the workers' figures for /metrics (fleet.h); owned */

@@ -71,8 +71,12 @@ static int stream_slot(struct disp *d, const char *rest, const char *name)
         if (!strcmp(d->pools[p].key, key))
             return p;
     if (d->n_pools == D_MAX_POOLS) {
-        RL_LOG(&d->log, RL_LOG_ERROR, "%s: more than %d pools in all; %s not routed", name,
-               D_MAX_POOLS, key);
+        /* asked again at every refresh: said once */
+        if (!d->pools_warned)
+            RL_LOG(&d->log, RL_LOG_ERROR, "%s: more than %d pools and adapter streams in all; "
+                   "%s not routed (an adapter's jobs go to its parent's pools)", name,
+                   D_MAX_POOLS, key);
+        d->pools_warned = true;
         return -1;
     }
     struct dpool *p = &d->pools[d->n_pools];
