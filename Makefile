@@ -115,7 +115,7 @@ LIBCOMMON  := $(BUILD)/libredlm_common.a
 .SECONDARY: $(TEST_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o) \
             $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/backend/test_*.c))
 
-.PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks bench-affinity bench-overlap bench-responses demo gpu-bundle fuzz asan deps clean install
+.PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks bench-affinity bench-overlap bench-responses bench-lora-fleet demo gpu-bundle fuzz asan deps clean install
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 ifeq ($(CUDA),1)
@@ -201,6 +201,12 @@ bench-overlap: all
 # conversation chained by previous_response_id vs sent whole, alternating.
 bench-responses: all
 	/usr/bin/python3 tests/bench/bench_responses_store.py $(RESPONSES_ARGS)
+
+# Workers carrying different LoRA adapters (tests/bench/bench_lora_fleet.py): every
+# worker holding the adapter, one of four (its own stream), the same on the binaries
+# of LORA_ARGS="--before DIR", and jobs handed on from the pools.
+bench-lora-fleet: all
+	BUILD=$(BUILD) /usr/bin/python3 tests/bench/bench_lora_fleet.py $(LORA_ARGS)
 
 demo: all
 	BUILD=$(BUILD) bash examples/demo.sh
