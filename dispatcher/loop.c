@@ -111,6 +111,8 @@ struct dreq {
     char *dead;                   /* dead letter JSON */
     char *fwd;                    /* the forwarded job JSON */
     char offer[D_KEY_MAX + RCONN_NAME_MAX + 4]; /* its worker's offer stream; "" = the pool */
+    int offer_pool;               /* the pool whose offer streams it may go to: dec.pool,
+                                     or for an adapter on its own stream the parent's */
     int exec_idx;                 /* index of the EXEC reply in the batch */
     /* sharded forwarding (cluster, pool_shards > 1: forward_first) */
     int fwd_idx;                  /* index of its forward script's reply; -1 none */
@@ -445,6 +447,7 @@ static void prepare(struct disp *d, struct dreq *q)
      * read (the router's decision keeps its mode, spelt out below); the
      * job's pool hint named the parent's pool, not this stream */
     int lp = q->lora ? d_lora_pool(d, q->job->model) : -1;
+    q->offer_pool = q->dec.pool;
     if (lp >= 0) {
         q->dec.pool = lp;
         q->job->pool[0] = 0;
@@ -552,12 +555,15 @@ static void decide(struct disp *d, struct dreq *qs, int n)
         }
         /* prefix-affine pulling (affinity.c): the worker holding the most
          * of its prompt first; only this model's jobs, whose tokens the
-         * dispatcher's tokenizer gives */
+         * dispatcher's tokenizer gives. An adapter's job bound for its own
+         * stream too: only a holder's filter has its blocks, and an offer
+         * not taken falls back to the parent's pool, where a worker without
+         * the adapter hands it on to the stream (worker/handoff.c) */
         struct dmodel *m = q->model;
         const char *offer = NULL;
         if (!(m && !m->alias && strcmp(m->name, d->fast_name)))
             offer = da_choose(d, q->job, q->dec.mode, d->intake[q->stream].tenant,
-                              q->lora ? q->job->model : NULL, q->dec.pool);
+                              q->lora ? q->job->model : NULL, q->offer_pool);
         if (offer) {
             snprintf(q->offer, sizeof q->offer, "%s", offer);
             continue;

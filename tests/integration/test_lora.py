@@ -355,18 +355,28 @@ def test_single_model_front_door_serves_adapters(models, procs, redis_addr, pref
     assert st == 404 and e["error"]["code"] == "model_not_found", e
 
 
-def test_adapter_turns_land_on_the_worker_holding_them(models, procs, redis_addr, prefix):
+
+@pytest.mark.parametrize("others", [0, 1], ids=["every-worker", "a-worker-without"])
+def test_adapter_turns_land_on_the_worker_holding_them(models, procs, redis_addr, prefix,
+                                                        others):
     """Prefix-affine pulling with adapter jobs: the dispatcher's hashes of an
     adapter's prompt (kv_salt_lora) are the engine's, so every turn after
     the first is offered to the worker that ran the earlier ones and found
     in its prefix cache; the base model's same prompt is not (its blocks
-    are another domain)."""
+    are another domain). Also where another worker lacks the adapter (its
+    jobs bound for the adapter's own stream): the offers go to the holder
+    of the history all the same."""
     r = connect(redis_addr)
     flags = ("--lora", f"a={models['adapter']}", "--heartbeat-ttl-s", "2")
     procs["worker"]("wa", models["base"], *flags)
     procs["worker"]("wb", models["base"], *flags)
+    for i in range(others):
+        procs["worker"](f"wn{i}", models["base"], "--heartbeat-ttl-s", "2")
     d = procs["dispatcher"]("--model", models["base"], "--affinity-refresh-ms", "20",
                             "--affinity-wait-ms", "5000")
+    if others:
+        wait_for(lambda: f"its jobs go to {prefix}jobs:lora@a, which 2 of them read" in d.text(),
+                 "the dispatcher naming a's stream", 15)
     system = ("You are a careful assistant for the redlm project. Answer briefly and name "
               "the module you mean. " * 4)
     msgs = [{"role": "system", "content": system}]
@@ -377,7 +387,7 @@ def test_adapter_turns_land_on_the_worker_holding_them(models, procs, redis_addr
         dispatcher heartbeat after those: it re-read the filters before
         writing it (as test_affinity.py waits)."""
         t0 = time.time() * 1000
-        for n in ("wa", "wb"):
+        for n in ["wa", "wb"] + [f"wn{i}" for i in range(others)]:
             wait_for(lambda: (read_heartbeat(r, prefix, "worker", n) or {}).get("time_ms", 0) >
                      t0 + 150, f"worker {n}'s heartbeat")
         t1 = time.time() * 1000
