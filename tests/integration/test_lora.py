@@ -669,6 +669,28 @@ def test_adapter_jobs_go_to_the_workers_holding_it(models, procs, redis_addr, pr
     wait_no_pending(r, prefix)
 
 
+def test_adapter_stream_of_a_model_with_its_own_pools(models, procs, redis_addr, prefix):
+    """pool_scope = model: the adapter's stream is the model's too,
+    jobs:<model>:lora@a, named alike by the worker and the dispatcher."""
+    r = connect(redis_addr)
+    base = models["base"].name
+    procs["worker"]("w1", models["base"], "--pool-scope", "model", "--lora",
+                    f"a={models['adapter']}")
+    procs["worker"]("w2", models["base"], "--pool-scope", "model")
+    stream = f"{prefix}jobs:{base}:lora@a"
+    tap(r, stream)
+    d = procs["dispatcher"]()
+    wait_for(lambda: f"its jobs go to {stream}, which 1 of them read" in d.text(),
+             "the dispatcher naming a's stream", 15)
+    for i in range(4):
+        r.xadd(f"{prefix}requests", {"job": json.dumps(greedy(f"s{i}", PROMPTS[3], "a",
+                                                              cache=False, mode="no_think"))})
+    answers = [job_events(r, prefix, f"s{i}") for i in range(4)]
+    assert all(evs[-1]["type"] == "done" for evs in answers), [evs[-1] for evs in answers]
+    assert sorted(json.loads(f["job"])["id"] for _, f in r.xrange(stream)) == \
+        [f"s{i}" for i in range(4)]
+
+
 LONG = 12000  # long enough to outlast the SIGHUP and the new layout
 
 
