@@ -146,14 +146,6 @@ static void pick_home(struct worker *w)
            w->home_lane, least, seen > 0 ? seen : 0, seen < 0 ? ": registry not readable" : "");
 }
 
-/* The pool stream keys (schemas/README.md: the key layout); a cluster's
- * share the prefix as hash tag, so they are known only once Redis has
- * answered. On a cluster each pool has pool_shards shard keys (issue 27,
- * rcl_shard_key): shard s of pool p is stream p + s * n_base_pools, with
- * the pool's name, so that everything the worker does per pool stream
- * (group creation, leases, claims, acks) covers the shards as it covers
- * the pools; loop.c keeps a standing read per shard. Returns 0, or
- * -RL_EINVAL when the streams would not fit one read (64 keys). */
 void w_queue_key(const struct worker *w, const char *pool, bool cluster, char out[W_KEY_MAX])
 {
     char rest[W_KEY_MAX], pfx[72];
@@ -165,6 +157,14 @@ void w_queue_key(const struct worker *w, const char *pool, bool cluster, char ou
     rcl_queue_key(out, W_KEY_MAX, cluster, pfx, rest);
 }
 
+/* The pool stream keys (schemas/README.md: the key layout); a cluster's
+ * share the prefix as hash tag, so they are known only once Redis has
+ * answered. On a cluster each pool has pool_shards shard keys (issue 27,
+ * rcl_shard_key): shard s of pool p is stream p + s * n_base_pools, with
+ * the pool's name, so that everything the worker does per pool stream
+ * (group creation, leases, claims, acks) covers the shards as it covers
+ * the pools; loop.c keeps a standing read per shard. Returns 0, or
+ * -RL_EINVAL when the streams would not fit one read (64 keys). */
 static int make_pool_keys(struct worker *w, bool cluster, struct rl_err *err)
 {
     int c = w->n_cfg_pools;
