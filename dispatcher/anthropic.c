@@ -94,6 +94,35 @@ static int text_content(const cJSON *c, const char *param, cJSON **out, struct o
     return 0;
 }
 
+/* is_error: the model is told the tool failed the way a chat template can
+ * say it, in the result's text ("Error: " first), since Qwen3's tool
+ * turn has no field for it. */
+static int mark_error(bool is_error, cJSON **content)
+{
+    if (!is_error)
+        return 0;
+    if (cJSON_IsString(*content)) {
+        size_t n = strlen((*content)->valuestring);
+        char *s = malloc(n + 8);
+        cJSON *v = NULL;
+        if (s) {
+            memcpy(s, "Error: ", 7);
+            memcpy(s + 7, (*content)->valuestring, n + 1);
+            v = cJSON_CreateString(s);
+            free(s);
+        }
+        if (!v)
+            return -RL_ENOMEM;
+        cJSON_Delete(*content);
+        *content = v;
+        return 0;
+    }
+    cJSON *first = text_part("Error: ");
+    if (!first)
+        return -RL_ENOMEM;
+    return cJSON_InsertItemInArray(*content, 0, first) ? 0 : -RL_ENOMEM;
+}
+
 static cJSON *chat_message(const char *role, cJSON *content)
 {
     cJSON *m = cJSON_CreateObject();
@@ -126,16 +155,24 @@ static int blocks_of(bool user, const cJSON *c, const char *mp, cJSON *msgs, str
                 cJSON_AddItemToArray(parts, text_part(x));
         } else if (user && !strcmp(t, "tool_result")) {
             const char *id = oai_str_member(b, "tool_use_id");
+            const cJSON *err = cJSON_GetObjectItemCaseSensitive(b, "is_error");
             cJSON *content = NULL;
             snprintf(p, sizeof p, "%.60s.content[%d].content", mp, j);
             if (!id) {
                 snprintf(p, sizeof p, "%.60s.content[%d].tool_use_id", mp, j);
                 rc = bad(e, "MISSING_FIELD", p, "required (a string)");
+            } else if (err && !cJSON_IsBool(err) && !cJSON_IsNull(err)) {
+                snprintf(p, sizeof p, "%.60s.content[%d].is_error", mp, j);
+                rc = bad(e, "BAD_TYPE", p, "must be a boolean");
             } else if (!(rc = text_content(cJSON_GetObjectItemCaseSensitive(b, "content"), p,
                                            &content, e))) {
-                cJSON *m = chat_message("tool", content);
-                cJSON_AddStringToObject(m, "tool_call_id", id);
-                cJSON_AddItemToArray(msgs, m);
+                if ((rc = mark_error(cJSON_IsTrue(err), &content))) {
+                    cJSON_Delete(content);
+                } else {
+                    cJSON *m = chat_message("tool", content);
+                    cJSON_AddStringToObject(m, "tool_call_id", id);
+                    cJSON_AddItemToArray(msgs, m);
+                }
             }
         } else if (!user && !strcmp(t, "thinking")) {
             const char *x = oai_str_member(b, "thinking");

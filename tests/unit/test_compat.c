@@ -823,6 +823,27 @@ static void test_anthropic_requests(void **state)
     cJSON_Delete(j);
     oai_request_clear(&r);
     cpt_request_clear(&c);
+    /* a tool that failed (is_error): the model reads it in the result, as a
+     * string or before the text blocks */
+    j = job_of(CPT_ANTHROPIC,
+               "{\"max_tokens\":7,\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":"
+               "\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t1\",\"name\":\"f\","
+               "\"input\":{}},{\"type\":\"tool_use\",\"id\":\"t2\",\"name\":\"f\",\"input\":{}}]},"
+               "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"t1\","
+               "\"content\":\"no such file\",\"is_error\":true},{\"type\":\"tool_result\","
+               "\"tool_use_id\":\"t2\",\"is_error\":true,\"content\":[{\"type\":\"text\",\"text\":"
+               "\"timed out\"}]}]}]}",
+               &c, &r);
+    m = cJSON_PrintUnformatted(cJSON_GetObjectItem(j, "messages"));
+    assert_non_null(strstr(m, "{\"role\":\"tool\",\"content\":\"Error: no such file\","
+                              "\"tool_call_id\":\"t1\"}"));
+    assert_non_null(strstr(m, "{\"role\":\"tool\",\"content\":[{\"type\":\"text\",\"text\":"
+                              "\"Error: \"},{\"type\":\"text\",\"text\":\"timed out\"}],"
+                              "\"tool_call_id\":\"t2\"}"));
+    free(m);
+    cJSON_Delete(j);
+    oai_request_clear(&r);
+    cpt_request_clear(&c);
     /* a last assistant message: a prefill, continued */
     j = job_of(CPT_ANTHROPIC, "{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
                               "{\"role\":\"assistant\",\"content\":\"{\\\"a\\\":\"}]}", &c, &r);
@@ -857,6 +878,9 @@ static void test_anthropic_requests(void **state)
          "{\"format\":{\"type\":\"json_object\"}}}", "output_config.format"},
         {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"stop_sequences\":[1]}",
          "stop_sequences[0]"},
+        {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+         "\"tool_result\",\"tool_use_id\":\"t\",\"is_error\":\"yes\"}]}]}",
+         "messages[0].content[0].is_error"},
         /* found by fuzz_compat: a second system leaked the first */
         {"{\"max_tokens\":1,\"system\":\"a\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],"
          "\"system\":\"b\"}", "system"},
