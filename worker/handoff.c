@@ -16,11 +16,14 @@
  * job is known by (req, sha, tenant: its identity; entry0: its derived
  * seed and queue time), as a dispatcher's move of an offer does.
  *
- * Only a first delivery moves: a job taken over may have a holder record
- * (own:<id>) naming the entry it came from, which a move would have to
- * rewrite in another slot. Where nobody reads the adapter's stream, or the
- * move fails (an ACL without XADD on jobs:*), the job is answered
- * MODEL_NOT_FOUND, as before.
+ * A job taken over (a dead worker's, reclaimed) may have a holder record
+ * (own:<id>) naming the entry it came from: on a single instance the same
+ * script points it at the new entry, which says "moved": "pending" and
+ * its deliveries, so the holder that takes it resumes it from its stream
+ * (as from a dispatcher's move of a taken offer) and the fencing sees one
+ * job that moved. On a cluster the record is in another slot: such a job
+ * is answered MODEL_NOT_FOUND, as is every job where nobody reads the
+ * adapter's stream or the move fails (an ACL without XADD on jobs:*).
  *
  * Main thread only. */
 #include <stdlib.h>
@@ -38,7 +41,10 @@
 const char w_handoff_lua[] =
     "local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)[1]\n"
     "if not p or p[2] ~= ARGV[3] then return 0 end\n"
-    "redis.call('XADD', KEYS[2], '*', unpack(ARGV, 4))\n"
+    "local nid = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 4))\n"
+    "if KEYS[3] and redis.call('HGET', KEYS[3], 'entry') == ARGV[2] then\n"
+    "  redis.call('HSET', KEYS[3], 'entry', nid)\n"
+    "end\n"
     "local acked = (function()\n" QACK_LUA_BODY "end)()\n"
     "return 1\n";
 

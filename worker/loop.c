@@ -116,10 +116,32 @@ static int render(struct worker *w, struct wjob *j, enum ev_code *code, struct r
 }
 
 /* Answers a job that will not run: error event + done(error) + dead
- * letter, acknowledged once all three are confirmed. */
+ * letter, acknowledged once all three are confirmed. A job taken over
+ * that has not been read back yet is first (w_resume_prepare): its answer
+ * goes on after what its stream holds, since one at seq 0 would meet the
+ * earlier worker's events there and be dropped, leaving its client
+ * without a done; one already answered is only acknowledged. */
 static void reject(struct worker *w, struct wjob *j, const char *raw, size_t raw_len,
                    enum ev_code code, const char *msg)
 {
+    if (j->resumed && !j->taken && j->out_key[0]) {
+        struct rl_err e2;
+        int r = w_resume_prepare(w, j, &e2);
+        if (r == 1) { /* its done is there */
+            j->state = WJ_ACKING;
+            return;
+        }
+        if (r == 2) { /* its error is there, not its done */
+            w_push_done(w, j, EV_FINISH_ERROR, NULL, NULL);
+            return;
+        }
+        if (r == 3) { /* another request owns the id (ident.c) */
+            w_ident_refuse(w, j, j->ident);
+            return;
+        }
+        if (r < 0)
+            RL_LOG(&w->log, RL_LOG_WARN, "job %s: reading its stream back: %s", j->id, e2.msg);
+    }
     w_push_error(w, j, code, msg);
     w_set_dead(w, j, raw, raw_len, code, msg);
     j->state = WJ_CLOSING;
@@ -426,7 +448,8 @@ int w_admit(struct worker *w, int pool, const struct rconn_entry *e, int64_t del
         (j->lora = w_lora_find(w, j->job->model)) < 0) {
         /* an adapter that other workers hold, queued in the pools before
          * the dispatcher knew this worker lacks it: to its stream */
-        if (!resumed && deliveries <= 1 && w_handoff_try(w, j, pool, raw, raw_len))
+        if (((!resumed && deliveries <= 1) || (resumed && !w_cluster(w))) &&
+            w_handoff_try(w, j, pool, raw, raw_len))
             return 0;
         w_reject_model(w, j, raw, raw_len);
         return 0;

@@ -586,22 +586,32 @@ static int queue_ack(struct worker *w, struct flush *f, struct wjob *j)
  * IT_HAND's. */
 static int queue_handoff(struct worker *w, struct flush *f, struct wjob *j)
 {
-    const char *argv[21] = {"EVAL", w_handoff_lua, "2", w->pool_keys[j->pool], j->hand_key,
-                            w->opt.group, j->entry_id, w->opt.name, "job", j->raw};
-    size_t lens[21] = {0};
-    int a = 10;
-    lens[9] = j->raw_len;
+    /* a job taken over: the holder record follows it (handoff.c) */
+    bool pend = j->resumed;
+    const char *argv[24] = {"EVAL", w_handoff_lua, pend ? "3" : "2", w->pool_keys[j->pool],
+                            j->hand_key};
+    size_t lens[24] = {0};
+    int a = 5, raw_at;
+    if (pend)
+        argv[a++] = j->own_key;
+    argv[a++] = w->opt.group;
+    argv[a++] = j->entry_id;
+    argv[a++] = w->opt.name;
+    argv[a++] = "job";
+    raw_at = a;
+    argv[a++] = j->raw;
+    char dlv[24];
+    snprintf(dlv, sizeof dlv, "%lld", (long long)j->deliveries);
     const char *e0 = j->entry0[0] ? j->entry0 : j->entry_id;
-    const char *kv[] = {"entry0", e0, "moved", "handoff", "req", j->req, "sha", j->sha,
-                        "tenant", j->tenant};
+    const char *kv[] = {"entry0", e0, "moved", pend ? "pending" : "handoff", "dlv", pend ? dlv : "",
+                        "req", j->req, "sha", j->sha, "tenant", j->tenant};
     for (size_t i = 0; i < sizeof kv / sizeof *kv; i += 2)
         if (kv[i + 1][0]) {
             argv[a++] = kv[i];
             argv[a++] = kv[i + 1];
         }
     for (int i = 0; i < a; i++)
-        if (i != 9)
-            lens[i] = strlen(argv[i]);
+        lens[i] = i == raw_at ? j->raw_len : strlen(argv[i]);
     return queue_cmd(f, (struct item){IT_HAND, j, 0, 0, 0}, a, argv, lens);
 }
 

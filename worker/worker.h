@@ -424,12 +424,14 @@ void w_queue_key(const struct worker *w, const char *pool, bool cluster, char ou
  * lacks): when some live worker of this model reads that adapter's
  * stream, j becomes WJ_HANDING, to be moved there by the next flush
  * (w_publish: one script, XADD there and the XACK here) instead of
- * failing; keeps the job text (raw). Only a first delivery: one taken
- * over may have a holder record naming this entry. Returns true when so. */
+ * failing; keeps the job text (raw). The caller offers a first delivery,
+ * or on a single instance one taken over (whose holder record the move
+ * points at the new entry). Returns true when so. */
 bool w_handoff_try(struct worker *w, struct wjob *j, int pool, const char *raw, size_t raw_len);
-/* EVAL w_handoff_lua 2 <from> <to> <group> <entry ID> <consumer> <field>
- * <value> ...: 1 when moved, 0 when the entry is no longer this consumer's
- * pending one (then nothing was written). */
+/* EVAL w_handoff_lua 2|3 <from> <to> [<holder record>] <group> <entry ID>
+ * <consumer> <field> <value> ...: 1 when moved (the holder record, when
+ * given and naming the entry, then names the new one), 0 when the entry is
+ * no longer this consumer's pending one (then nothing was written). */
 extern const char w_handoff_lua[];
 
 /* publish.c */

@@ -669,6 +669,76 @@ def test_adapter_jobs_go_to_the_workers_holding_it(models, procs, redis_addr, pr
     wait_no_pending(r, prefix)
 
 
+def test_taken_over_adapter_job_is_handed_on(models, procs, redis_addr, prefix):
+    """A job for a taken from a pool by a holder that dies mid-way and
+    reclaimed by a worker without a: on a single instance it is moved to
+    a's stream as a takeover ("moved": "pending" with its deliveries, its
+    holder record pointed at the new entry, in one script), and the holder
+    reading that stream resumes it from what its stream holds: every token
+    once, seqs 0..n-1, one done."""
+    import signal
+    r = connect(redis_addr)
+    claim = ("--claim-idle-ms", "1500", "--lease-renew-ms", "300", "--claim-interval-ms", "300",
+             "--heartbeat-ttl-s", "2")
+    lora = ("--lora", f"a={models['adapter']}")
+    stream = f"{prefix}jobs:lora@a"
+    tap(r, stream)
+    w1 = procs["worker"]("w1", models["base"], *lora, "--pools", "extra", *claim)
+    n = 4000
+    first = r.xadd(f"{prefix}jobs:extra", {"job": json.dumps(
+        greedy("t", PROMPTS[0], "a", n=n, cache=False, mode="no_think"))})
+    wait_for(lambda: r.xlen(f"{prefix}out:t") >= 3, "the job streaming", 30)
+    w1.signal(signal.SIGSTOP)  # it holds the entry, publishes nothing
+    assert r.hget(f"{prefix}own:t", "entry") == first
+    w1.kill()
+    w1.wait()
+    # the holder that resumes it reads a's stream, not the pool; the one
+    # that reclaims it from the pool lacks a
+    procs["worker"]("w3", models["base"], *lora, "--pools", "fast", *claim)
+    wait_for(lambda: (read_heartbeat(r, prefix, "worker", "w3") or {}).get("lora_adapters") ==
+             [{"name": "a", "rank": RANK, "stream": True}], "w3 reading a's stream", 15)
+    w2 = procs["worker"]("w2", models["base"], "--pools", "extra", *claim)
+    evs = job_events(r, prefix, "t", timeout=180)
+    assert evs[-1]["type"] == "done" and evs[-1]["usage"]["completion_tokens"] == n, evs[-1]
+    assert [e["seq"] for e in evs] == list(range(len(evs)))
+    assert len(tokens(evs)) == n
+    moved = [(i, f) for i, f in r.xrange(stream) if f.get("moved") == "pending"]
+    assert len(moved) == 1 and moved[0][1]["entry0"] == first and int(moved[0][1]["dlv"]) >= 2, \
+        moved
+    assert r.hget(f"{prefix}own:t", "entry") == moved[0][0]
+    assert "moved to " + stream in w2.text()
+    wait_no_pending(r, prefix, pools=("extra", "lora@a"))
+
+
+def test_taken_over_job_nobody_serves_is_answered(models, procs, redis_addr, prefix):
+    """The same takeover once no live worker holds a (the holder's heartbeat
+    gone): the worker without a answers MODEL_NOT_FOUND on the job's
+    stream after what the dead holder published (seqs 0..n-1, then error
+    and done), not at seq 0, where it met the earlier events and was
+    dropped, leaving the client without a done."""
+    import signal
+    r = connect(redis_addr)
+    claim = ("--claim-idle-ms", "1500", "--lease-renew-ms", "300", "--claim-interval-ms", "300",
+             "--heartbeat-ttl-s", "2")
+    w1 = procs["worker"]("w1", models["base"], "--lora", f"a={models['adapter']}", "--pools",
+                         "extra", *claim)
+    r.xadd(f"{prefix}jobs:extra", {"job": json.dumps(
+        greedy("t", PROMPTS[0], "a", n=4000, cache=False, mode="no_think"))})
+    wait_for(lambda: r.xlen(f"{prefix}out:t") >= 3, "the job streaming", 30)
+    w1.signal(signal.SIGSTOP)
+    w1.kill()
+    w1.wait()
+    wait_for(lambda: not r.exists(f"{prefix}worker:w1"), "w1's heartbeat gone", 15)
+    w2 = procs["worker"]("w2", models["base"], "--pools", "extra", *claim)
+    evs = job_events(r, prefix, "t", timeout=60)
+    assert [e["seq"] for e in evs] == list(range(len(evs)))
+    assert evs[-2]["type"] == "error" and evs[-2]["code"] == "MODEL_NOT_FOUND", evs[-2:]
+    assert evs[-1]["type"] == "done" and evs[-1]["finish_reason"] == "error", evs[-1]
+    assert len(evs) > 4  # after the dead holder's deltas
+    assert "MODEL_NOT_FOUND" in w2.text()
+    wait_no_pending(r, prefix, pools=("extra",))
+
+
 def test_adapter_stream_of_a_model_with_its_own_pools(models, procs, redis_addr, prefix):
     """pool_scope = model: the adapter's stream is the model's too,
     jobs:<model>:lora@a, named alike by the worker and the dispatcher."""
