@@ -42,7 +42,7 @@ import time
 import redis
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from local_cluster import free_port, stop_process, stop_processes, wait_ping  # noqa: E402
+from local_cluster import start_redis, stop_process, stop_processes  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("BUILD", ROOT / "build"))
@@ -265,13 +265,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     logdir = out / "logs"
     logdir.mkdir(exist_ok=True)
-    port = free_port()
-    redis_proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                                   "--save", "", "--appendonly", "no", "--logfile",
-                                   str(logdir / "redis.log")])
-    addr = f"127.0.0.1:{port}"
-    wait_ping(port, proc=redis_proc, log=logdir / "redis.log")
-    r = redis.Redis(host="127.0.0.1", port=port, decode_responses=True)
+    redis_proc, addr, r = start_redis(logdir)
     trace = make_trace(args.seed, args.conversations, args.min_turns, args.max_turns,
                        args.user_words)
     noreuse = make_noreuse(args.seed, args.noreuse_jobs)

@@ -40,7 +40,7 @@ import redis
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_affinity import Procs, pct  # noqa: E402
-from local_cluster import free_port, stop_process, wait_ping  # noqa: E402
+from local_cluster import start_redis, stop_process  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("BUILD", ROOT / "build"))
@@ -158,13 +158,7 @@ def main():
     logdir = out / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
     adapter = make_adapter(out)
-    port = free_port()
-    redis_proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                                   "--save", "", "--appendonly", "no", "--logfile",
-                                   str(logdir / "redis.log")])
-    addr = f"127.0.0.1:{port}"
-    wait_ping(port, proc=redis_proc, log=logdir / "redis.log")
-    r = redis.Redis(host="127.0.0.1", port=port, decode_responses=True)
+    redis_proc, addr, r = start_redis(logdir)
     plan = [("uniform", BUILD, args.workers, False), ("mixed", BUILD, 1, False)]
     if args.before:
         plan.append(("before", pathlib.Path(args.before), 1, False))

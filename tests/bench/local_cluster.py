@@ -127,6 +127,19 @@ def wait_ping(port, what="redis-server", username=None, password=None, proc=None
     raise RuntimeError(f"{what} did not start")
 
 
+def start_redis(logdir):
+    """A private redis-server on a free loopback port, no persistence, its
+    log in logdir/redis.log, answering PING: (process, "127.0.0.1:port",
+    a decoding client). The caller stops the process (stop_process)."""
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no", "--logfile",
+                             str(pathlib.Path(logdir) / "redis.log")])
+    wait_ping(port, proc=proc, log=pathlib.Path(logdir) / "redis.log")
+    return proc, f"127.0.0.1:{port}", redis.Redis(host="127.0.0.1", port=port,
+                                                  decode_responses=True)
+
+
 class RedisCluster:
     """A real local Redis Cluster: n_masters masters with one replica each
     (redis-server --cluster-enabled yes on free loopback ports, joined by
