@@ -42,7 +42,7 @@ const char *rl_code_name(int code)
 {
     static const char *const names[] = {
         "OK", "EINVAL", "EIO", "ENOMEM", "EFORMAT", "EUNSUPPORTED",
-        "ENOTFOUND", "EFULL", "EBACKEND", "EINTERNAL",
+        "ENOTFOUND", "EFULL", "EBACKEND", "EINTERNAL", "EBUSY",
     };
     if (code < 0)
         code = -code;

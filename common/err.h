@@ -20,6 +20,7 @@ enum rl_code {
     RL_EFULL = 7,        /* no capacity left (slots, blocks) */
     RL_EBACKEND = 8,     /* the compute backend failed */
     RL_EINTERNAL = 9,    /* a broken invariant, reported instead of abort() */
+    RL_EBUSY = 10,       /* a named thing is in use: try again later */
 };
 
 #define RL_ERR_MSG_MAX 512

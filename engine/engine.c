@@ -193,7 +193,8 @@ struct engine {
     char served_name[256];
     struct eng_lora {            /* engine_lora_add; slot k is loras[k - 1] */
         char name[129];
-        struct lora_adapter *a;
+        struct lora_adapter *a;  /* NULL once dropped (engine_lora_drop): the
+                                    slot and its index keep the name */
     } loras[LORA_MAX_ADAPTERS];
     int n_loras;
     struct lora_adapter *model_lora; /* engine_options.model_lora, in the last slot */
@@ -645,13 +646,20 @@ static int request_limit(const struct engine *e, const struct engine_request *r)
                                                                      : e->max_context;
 }
 
-/* The be_seq.lora slot of adapter `name`, -1 when none is loaded so. */
-static int lora_slot(const struct engine *e, const char *name)
+/* The index of adapter `name` in loras, loaded or dropped; -1 when none. */
+static int lora_index(const struct engine *e, const char *name)
 {
     for (int i = 0; i < e->n_loras; i++)
         if (!strcmp(e->loras[i].name, name))
-            return i + 1;
+            return i;
     return -1;
+}
+
+/* The be_seq.lora slot of adapter `name`, -1 when none is loaded so. */
+static int lora_slot(const struct engine *e, const char *name)
+{
+    int i = lora_index(e, name);
+    return i >= 0 && e->loras[i].a ? i + 1 : -1;
 }
 
 /* Every check of a request whose prompt is the n_prompt ids at prompt;
@@ -1932,16 +1940,49 @@ int engine_lora_add(struct engine *e, const char *name, const char *dir, struct 
                       "or '.'", name ? name : "");
     if (!strcmp(name, e->served_name) || lora_slot(e, name) > 0)
         return refuse(err, EV_CODE_BAD_PARAM, "adapter name \"%s\" is already served", name);
-    if (e->n_loras == LORA_MAX_ADAPTERS - 1) /* the last slot is model_lora's */
+    /* a dropped adapter's name comes back to its own slot */
+    int i = lora_index(e, name);
+    if (i < 0 && e->n_loras == LORA_MAX_ADAPTERS - 1) /* the last slot is model_lora's */
         return rl_errf(err, RL_EFULL, "adapter %s: %d adapters are served already", name,
                        LORA_MAX_ADAPTERS - 1);
     struct lora_adapter *a;
-    if (lora_into_slot(e, e->n_loras + 1, dir, &a, err))
+    if (lora_into_slot(e, (i < 0 ? e->n_loras : i) + 1, dir, &a, err))
         return rl_err_wrap(err, "adapter %s", name);
+    if (i >= 0) {
+        /* the prefix cache is salted by the adapter's name (kv_salt_lora,
+         * which the dispatcher's affinity hashes share), and the name may
+         * now stand for other weights: the idle cached blocks go, every
+         * adapter's alike (the drop waited for this one's sequences, so
+         * none of its blocks is in use) */
+        e->loras[i].a = a;
+        kv_drop_evictable(e->kv);
+        return 0;
+    }
     struct eng_lora *l = &e->loras[e->n_loras++];
     snprintf(l->name, sizeof l->name, "%s", name);
     l->a = a;
     return 0;
+}
+
+int engine_lora_drop(struct engine *e, const char *name, struct rl_err *err)
+{
+    int slot = lora_slot(e, name);
+    if (slot < 0)
+        return rl_errf(err, RL_ENOTFOUND, "adapter %s: not loaded", name);
+    for (int k = 0; k < e->n_reqs; k++)
+        if (e->reqs[k]->lora == slot && e->reqs[k]->finish == ENGINE_FINISH_NONE)
+            return rl_errf(err, RL_EBUSY, "adapter %s: requests run with it", name);
+    int rc = e->be->ops->lora_set(e->be->ctx, slot, NULL, err);
+    if (rc)
+        return rl_err_wrap(err, "adapter %s", name);
+    lora_free(e->loras[slot - 1].a); /* after the backend let go of it */
+    e->loras[slot - 1].a = NULL;
+    return 0;
+}
+
+bool engine_lora_loaded(const struct engine *e, int i)
+{
+    return i >= 0 && i < e->n_loras && e->loras[i].a;
 }
 
 int engine_lora_count(const struct engine *e) { return e->n_loras; }

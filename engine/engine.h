@@ -555,16 +555,26 @@ bool engine_embed_only(const struct engine *e);
 
 /* LoRA adapters (engine/lora.h): loads the PEFT adapter in dir and serves
  * it as `name` (1-128 of [A-Za-z0-9._:/-], not the served name), for
- * requests whose engine_request.lora names it. Before or between steps;
- * adapters stay until engine_free. Errors: BAD_PARAM when the backend has
- * no adapters (lora_set) or the name is taken or malformed, RL_EFULL past
- * LORA_MAX_ADAPTERS - 1 (the last slot is engine_options.model_lora's),
- * and lora_load's. */
+ * requests whose engine_request.lora names it. Before or between steps.
+ * Adapter i keeps its index and name for the engine's life: a dropped
+ * adapter added again (the same name, any dir) comes back to index i, and
+ * then the idle blocks of the prefix cache are dropped, whose salt
+ * (kv_salt_lora) knows the name only. Errors: BAD_PARAM when the backend
+ * has no adapters (lora_set) or the name is taken or malformed, RL_EFULL
+ * past LORA_MAX_ADAPTERS - 1 names (the last slot is
+ * engine_options.model_lora's), and lora_load's. */
 int engine_lora_add(struct engine *e, const char *name, const char *dir, struct rl_err *err);
+/* Stops serving adapter `name` and frees its weights (on the backend's
+ * device too): RL_EBUSY while a request not finished uses it (the caller
+ * stops submitting them and tries again between steps), RL_ENOTFOUND when
+ * it is not loaded. Its index stays, engine_lora_loaded false. */
+int engine_lora_drop(struct engine *e, const char *name, struct rl_err *err);
+/* Adapters' indexes are [0, count), dropped ones included. */
 int engine_lora_count(const struct engine *e);
+bool engine_lora_loaded(const struct engine *e, int i);
 /* Adapter i's name (owned by the engine), i < engine_lora_count; NULL past. */
 const char *engine_lora_name(const struct engine *e, int i);
-/* Adapter i's largest rank, 0 past the count. */
+/* Adapter i's largest rank, 0 past the count and for a dropped one. */
 int engine_lora_rank(const struct engine *e, int i);
 int engine_eos_id(const struct engine *e);        /* config.json's eos_token_id,
                                                      -1 when it names none */

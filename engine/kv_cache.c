@@ -415,6 +415,18 @@ void kv_get_stats(const struct kv_cache *kv, struct kv_stats *st)
     st->n_used = kv->n_blocks - kv->n_free - kv->n_evictable;
 }
 
+int kv_drop_evictable(struct kv_cache *kv)
+{
+    int n = 0;
+    for (int32_t b; (b = kv->lru_head) >= 0; n++) {
+        lru_remove(kv, b);
+        table_remove(kv, b);
+        kv->blk[b].state = BLK_FREE;
+        kv->free_stack[kv->n_free++] = b;
+    }
+    return n;
+}
+
 void kv_reset_stats(struct kv_cache *kv)
 {
     memset(&kv->st, 0, sizeof kv->st);

@@ -112,6 +112,10 @@ int kv_probe_prefix_salted(const struct kv_cache *kv, uint64_t salt, const int32
                            int n_tokens, int *n_cached);
 
 void kv_get_stats(const struct kv_cache *kv, struct kv_stats *st);
+/* Forgets every cached block no sequence holds (they become free), and
+ * returns how many: for when what a salt stands for changes (an adapter
+ * reloaded under its name). Blocks in use stay cached. */
+int kv_drop_evictable(struct kv_cache *kv);
 void kv_reset_stats(struct kv_cache *kv);
 
 /* The default block hash: XXH64-style over the token ids as little-endian

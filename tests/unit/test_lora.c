@@ -494,6 +494,91 @@ static void test_prefix_cache_domains(void **state)
     assert_true(kv_salt_lora(0, "a") == kv_salt_lora(0, "a"));
 }
 
+/* Dropping an adapter waits for its requests, frees its slot for its name
+ * only, and a reload under the name serves the new weights without a
+ * prefix-cache hit on the old ones' KV. */
+static void test_drop_and_reload(void **state)
+{
+    (void)state;
+    int32_t ids[48];
+    prompt(ids, 48, 11);
+    static struct result ra, r2, r, rb, rb2;
+    struct engine *ref = open_engine(base_dir, 4);
+    add_lora(ref, "a", ad_dir);
+    add_lora(ref, "b", ad2_dir);
+    run_one(ref, ids, 48, "a", 4, &ra);
+    run_one(ref, ids, 48, "b", 4, &r2);
+    engine_free(ref);
+
+    struct engine *e = open_engine(base_dir, 4);
+    struct rl_err err = {0};
+    add_lora(e, "a", ad_dir);
+    add_lora(e, "keep", ad2_dir);
+    submit(e, ids, 48, "a", 6, &r);
+    step_once(e);
+    assert_int_equal(engine_lora_drop(e, "a", &err), -RL_EBUSY); /* it runs */
+    assert_true(engine_lora_loaded(e, 0));
+    drain(e);
+    assert_int_equal(r.n_tokens, 6);
+    run_one(e, ids, 48, "keep", 2, &rb); /* keep's blocks are cached now */
+    assert_int_equal(engine_lora_drop(e, "a", &err), 0);
+    assert_false(engine_lora_loaded(e, 0));
+    assert_int_equal(engine_lora_count(e), 2); /* the index and name stay */
+    assert_string_equal(engine_lora_name(e, 0), "a");
+    assert_int_equal(engine_lora_rank(e, 0), 0);
+    assert_int_equal(engine_lora_drop(e, "a", &err), -RL_ENOTFOUND);
+    struct engine_request q;
+    engine_request_init(&q);
+    q.prompt_ids = ids;
+    q.n_prompt = 48;
+    q.lora = "a";
+    assert_true(engine_submit(e, &q, NULL, &err) < 0); /* no longer served */
+    assert_int_equal(err.code, EV_CODE_BAD_VALUE);
+    /* back under its name with ad2's weights: ad2's answer, none of the
+     * old KV (a hit would give a's tokens), and the same index */
+    add_lora(e, "a", ad2_dir);
+    assert_int_equal(engine_lora_count(e), 2);
+    assert_true(engine_lora_loaded(e, 0));
+    run_one(e, ids, 48, "a", 4, &r);
+    assert_int_equal(r.usage.cached_prompt_tokens, 0);
+    assert_memory_equal(r.tokens, r2.tokens, 4 * sizeof r.tokens[0]);
+    /* and once more with a's own */
+    assert_int_equal(engine_lora_drop(e, "a", &err), 0);
+    add_lora(e, "a", ad_dir);
+    run_one(e, ids, 48, "a", 4, &r);
+    assert_int_equal(r.usage.cached_prompt_tokens, 0);
+    assert_memory_equal(r.tokens, ra.tokens, 4 * sizeof r.tokens[0]);
+    /* the others were served throughout; their idle cache went too */
+    run_one(e, ids, 48, "keep", 2, &rb2);
+    assert_memory_equal(rb2.tokens, rb.tokens, 2 * sizeof rb.tokens[0]);
+    engine_free(e);
+
+    /* the cache's own part: idle cached blocks go, held ones stay */
+    struct kv_cache *kv = NULL;
+    assert_int_equal(kv_cache_create(&kv, 8, 4, &err), 0);
+    struct kv_seq *s1 = NULL, *s2 = NULL;
+    int32_t t[9] = {1, 2, 3, 4, 5, 6, 7, 8, 1}, u[5] = {9, 9, 9, 9, 1};
+    int c = -1;
+    assert_int_equal(kv_seq_create(kv, &s1, &err), 0);
+    assert_int_equal(kv_seq_create(kv, &s2, &err), 0);
+    assert_int_equal(kv_seq_append(s1, t, 8, &err), 0);
+    assert_int_equal(kv_seq_commit(s1, 8, &err), 0);
+    assert_int_equal(kv_seq_append(s2, u, 4, &err), 0);
+    assert_int_equal(kv_seq_commit(s2, 4, &err), 0);
+    kv_seq_free(s1);
+    kv_probe_prefix(kv, t, 9, &c);
+    assert_int_equal(c, 8);
+    assert_int_equal(kv_drop_evictable(kv), 2);
+    kv_probe_prefix(kv, t, 9, &c);
+    assert_int_equal(c, 0);
+    kv_probe_prefix(kv, u, 5, &c);
+    assert_int_equal(c, 4); /* s2 holds it */
+    assert_int_equal(kv_free_blocks(kv), 7);
+    assert_int_equal(kv_check(kv, &err), 0);
+    kv_seq_free(s2);
+    kv_cache_free(kv);
+}
+
 /* ---- refusals ---- */
 
 static void write_file(const char *dir, const char *name, const char *text)
@@ -624,6 +709,7 @@ int main(void)
         cmocka_unit_test(test_model_adapter),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_prefix_cache_domains),
+        cmocka_unit_test(test_drop_and_reload),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
