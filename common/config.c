@@ -76,6 +76,8 @@ static const struct opt options[] = {
      "Model directory (config.json, tokenizer.json, *.safetensors), or a Hugging Face repo id ORG/NAME[@REVISION] found offline in the Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub); the dispatcher loads only its tokenizer, for the result-cache fast path of that model (off when empty)."},
     {"lora_modules", T_LIST, O(lora_modules), "", 0, 0, NULL, CFG_WORKER, F_EMPTY | F_REPEAT | F_LIVE,
      "LoRA adapters served beside the model (vLLM's --lora-modules), each \"NAME=DIR\": the PEFT adapter in DIR (adapter_config.json, adapter_model.safetensors) answers jobs and HTTP requests whose model is NAME (1-128 of [A-Za-z0-9._:/-], not the served name); the worker announces them in its heartbeat and the dispatcher lists and routes them as models whose parent is this one. A bad adapter stops the worker at start; SIGHUP loads the ones added to the list (one that changed or left it stays served until a restart, since jobs may be running with it). Workers of a model may load different adapters: an adapter's jobs then go to a stream of its own (jobs:lora@NAME) that only the workers holding it read. As a flag: --lora NAME=DIR, once per adapter."},
+    {"lora_dirs", T_LIST, O(lora_dirs), "", 0, 0, NULL, CFG_WORKER, F_EMPTY | F_LIVE,
+     "Directories this worker may load LoRA adapters from at runtime, when the fleet is asked to (the front door's POST /v1/load_lora_adapter, with runtime_lora on): a relative lora_path is looked up in each in turn, an absolute one must lie inside one once symlinks are resolved. Empty = this worker loads no adapter at runtime and says so to the caller. Paths are this machine's: give each machine the same tree."},
     {"served_model_name", T_STR, O(served_model_name), "", 0, 0, NULL, CFG_BOTH, 0,
      "Worker: the name it serves its model under (in its heartbeat; jobs and HTTP requests select it with `model`); empty = the repo id given as model, else the model directory's name. Dispatcher: empty = the HTTP API serves the models live workers announce; a name = it serves that one name only and forwards to the shared pools (the single-model behaviour)."},
     {"pool_scope", T_ENUM, O(pool_scope), "shared", 0, 0, "shared|model", CFG_WORKER, 0,
@@ -137,6 +139,10 @@ static const struct opt options[] = {
      "more jobs until a compile ends (the rest stay in the pool for other workers); 0 = "
      "twice max_batch (a whole batch of new schemas compiles while plain jobs still start)."},
     /* jobs */
+    {"runtime_lora", T_BOOL, O(runtime_lora), "false", 0, 0, NULL, CFG_DISPATCHER, 0,
+     "Whether the front door takes vLLM's POST /v1/load_lora_adapter {lora_name, lora_path} and /v1/unload_lora_adapter {lora_name} (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING), for every live and future worker of the model at once; off = 404. Workers load only from their lora_dirs."},
+    {"runtime_lora_timeout_s", T_INT, O(runtime_lora_timeout_s), "60", 1, 3600, NULL, CFG_DISPATCHER, 0,
+     "How long a load or unload waits for every live worker of the model to say it is done."},
     {"default_max_tokens", T_INT, O(default_max_tokens), "1024", 1, 1048576, NULL, CFG_BOTH, F_LIVE,
      "max_tokens of a job that gives none."},
     {"max_job_kb", T_INT, O(max_job_kb), "4096", 1, 1048576, NULL, CFG_BOTH, F_LIVE,

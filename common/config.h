@@ -42,6 +42,9 @@ struct cfg {
     /* engine */
     char *model;                  /* model directory or Hugging Face repo id (modelref.h) */
     struct cfg_strlist lora_modules; /* worker: "NAME=DIR" LoRA adapters (modelref_lora_parse); may be empty */
+    struct cfg_strlist lora_dirs; /* worker: where runtime adapters may come from; empty = none */
+    bool runtime_lora;            /* dispatcher: POST /v1/load_lora_adapter and /v1/unload_lora_adapter */
+    int runtime_lora_timeout_s;   /* dispatcher: how long those wait for the workers */
     char *served_model_name;      /* "" = derived from model (modelref.h) */
     char *pool_scope;             /* "shared" (jobs:<pool>) or "model" (jobs:<name>:<pool>) */
     char *backend;                /* "cpu", "cuda" or "sim" */

@@ -45,7 +45,7 @@ const char w_handoff_lua[] =
     "if KEYS[3] and redis.call('HGET', KEYS[3], 'entry') == ARGV[2] then\n"
     "  redis.call('HSET', KEYS[3], 'entry', nid)\n"
     "end\n"
-    "local acked = (function()\n" QACK_LUA_BODY "end)()\n"
+    "(function()\n" QACK_LUA_BODY "end)()\n"
     "return 1\n";
 
 /* Does a heartbeat (JSON) say its worker serves this worker's model and
@@ -109,6 +109,11 @@ bool w_handoff_try(struct worker *w, struct wjob *j, int pool, const char *raw, 
     int s = pool < w_n_queue_streams(w) ? pool / w->n_base_pools : 0;
     if (s == 0 || rcl_shard_key_n(key, sizeof key, base, s, w->shard_n[s]) < 0)
         memcpy(key, base, sizeof key);
+    /* read from the adapter's own stream by a worker that no longer serves
+     * it (unloaded at runtime, lorart.c): the fleet is unloading it, and
+     * moving it back where it came from would only go round */
+    if (pool < w->n_pools && !strcmp(key, w->pool_keys[pool]))
+        return false;
     char *text = malloc(raw_len + 1), *to = strdup(key);
     if (!text || !to) {
         free(text);

@@ -1454,6 +1454,7 @@ int w_run(struct worker *w, volatile sig_atomic_t *stop, volatile sig_atomic_t *
             *reload = 0;
             apply_reload(w);
         }
+        w_lorart_step(w); /* runtime adapters: loads, unloads (lorart.c) */
         if (w->relayout && !w->flush && !stand_out(w))
             w_relayout(w);
         if (*stop && !draining) {

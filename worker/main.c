@@ -293,7 +293,7 @@ int w_lora_find(const struct worker *w, const char *name)
 {
     for (int i = 0; i < w->n_loras; i++)
         if (!strcmp(engine_lora_name(w->eng, i), name))
-            return i;
+            return w_lora_gone(w, i) ? -1 : i;
     return -1;
 }
 
@@ -332,37 +332,49 @@ static int lora_specs(struct worker *w, struct modelref_lora **out, int *n, stru
     return 0;
 }
 
+int w_lora_load(struct worker *w, const char *name, const char *dir, struct rl_err *err)
+{
+    int64_t t0 = rl_wall_ms();
+    char id[SHA256_HEX_LEN + 1];
+    char *d = strdup(dir);
+    if (!d)
+        return rl_errf(err, RL_ENOMEM, "lora %s: out of memory", name);
+    int rc = modelid_lora(w->model_id, dir, id, err);
+    if (rc) {
+        free(d);
+        return rl_err_wrap(err, "lora %s", name);
+    }
+    if ((rc = engine_lora_add(w->eng, name, dir, err))) {
+        free(d);
+        return rl_err_wrap(err, "lora %s (%s)", name, dir);
+    }
+    /* a name dropped before comes back to its index (engine.h) */
+    int i = 0;
+    while (strcmp(engine_lora_name(w->eng, i), name))
+        i++;
+    memcpy(w->lora_id[i], id, sizeof id);
+    free(w->lora_dir[i]);
+    w->lora_dir[i] = d;
+    w_lorart_forget(w, i); /* served as lora_modules's until lorart.c says otherwise */
+    if (i == w->n_loras) {
+        pthread_mutex_lock(&w->m.mu);
+        w->n_loras = i + 1;
+        pthread_mutex_unlock(&w->m.mu);
+    }
+    RL_LOG(&w->log, RL_LOG_INFO, "LoRA adapter \"%s\": %s, rank %d, loaded in %.1f s", name, dir,
+           engine_lora_rank(w->eng, i), (double)(rl_wall_ms() - t0) / 1000.0);
+    return i;
+}
+
+static int lora_add_one(struct worker *w, const struct modelref_lora *s, struct rl_err *err)
+{
+    int i = w_lora_load(w, s->name, s->dir, err);
+    return i < 0 ? i : 0;
+}
+
 /* Loads the adapters into the engine (after its weights) and computes each
  * one's result-cache identity. A failure names the adapter: the worker
  * does not start with part of what it was asked to serve. */
-/* Loads one adapter as the next one the worker serves. */
-static int lora_add_one(struct worker *w, const struct modelref_lora *s, struct rl_err *err)
-{
-    int i = w->n_loras;
-    int64_t t0 = rl_wall_ms();
-    char id[SHA256_HEX_LEN + 1];
-    char *dir = strdup(s->dir);
-    if (!dir)
-        return rl_errf(err, RL_ENOMEM, "lora %s: out of memory", s->name);
-    int rc = modelid_lora(w->model_id, s->dir, id, err);
-    if (rc) {
-        free(dir);
-        return rl_err_wrap(err, "lora %s", s->name);
-    }
-    if ((rc = engine_lora_add(w->eng, s->name, s->dir, err))) {
-        free(dir);
-        return rl_err_wrap(err, "lora %s (%s)", s->name, s->dir);
-    }
-    memcpy(w->lora_id[i], id, sizeof id);
-    w->lora_dir[i] = dir;
-    pthread_mutex_lock(&w->m.mu);
-    w->n_loras = i + 1;
-    pthread_mutex_unlock(&w->m.mu);
-    RL_LOG(&w->log, RL_LOG_INFO, "LoRA adapter \"%s\": %s, rank %d, loaded in %.1f s", s->name,
-           s->dir, engine_lora_rank(w->eng, i), (double)(rl_wall_ms() - t0) / 1000.0);
-    return 0;
-}
-
 static int lora_load_all(struct worker *w, const struct modelref_lora *s, int n,
                          struct rl_err *err)
 {
@@ -394,7 +406,7 @@ void w_lora_reload(struct worker *w)
     if (w->n_loras > w->n_lora_specs && w->n_lora_specs < W_MAX_STREAMS)
         w->relayout = true; /* their streams (loop.c, once no read is out) */
     for (int i = 0; i < w->n_loras; i++) {
-        bool listed = false;
+        bool listed = w_lorart_path(w, i) || w_lora_gone(w, i); /* not lora_modules's */
         for (int k = 0; k < n && !listed; k++)
             listed = !strcmp(s[k].name, engine_lora_name(w->eng, i));
         if (!listed)
@@ -588,8 +600,9 @@ int main(int argc, char **argv)
     struct worker *w = calloc(1, sizeof *w);
     struct rl_err err = {0};
     int status = 1;
-    if (!w) {
+    if (!w || w_lorart_create(w)) {
         fprintf(stderr, "redlm-worker: out of memory\n");
+        free(w);
         return 1;
     }
     wm_init(&w->m);
@@ -644,6 +657,7 @@ int main(int argc, char **argv)
             goto out;
         }
     pick_home(w);
+    w_lorart_start(w); /* the fleet's runtime adapters, before the first job */
     fence_holder(w->holder, w->opt.name, (long long)w->t_start_ms);
     /* a failed load is retried after a reconnect; bodies go by EVAL meanwhile */
     if (fence_load(&w->fence, w->rc, &err))
@@ -671,6 +685,7 @@ out:
     engine_free(w->eng);
     for (int i = 0; i < w->n_loras; i++)
         free(w->lora_dir[i]);
+    w_lorart_free(w);
     cfg_free(&w->cfg);
     free(w);
     return status;

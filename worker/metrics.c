@@ -385,18 +385,30 @@ char *wm_heartbeat_json(struct worker *w)
     if (w->n_loras > 0) {
         cJSON *la = cJSON_AddArrayToObject(o, "lora_adapters");
         for (int i = 0; la && i < w->n_loras; i++) {
+            if (w_lora_gone(w, i)) /* unloaded at runtime: not served */
+                continue;
+            /* loaded since start, its stream not laid out yet (loop.c): not
+             * announced until it is, so the dispatcher sends its jobs to a
+             * stream someone reads, never to pools where a worker without
+             * it finds no stream to hand them on to */
+            if (w->relayout && i >= w->n_lora_specs)
+                continue;
             cJSON *a = cJSON_CreateObject();
             if (!a)
                 break;
             cJSON_AddStringToObject(a, "name", engine_lora_name(w->eng, i));
             cJSON_AddNumberToObject(a, "rank", engine_lora_rank(w->eng, i));
-            /* read from its own stream (main.c make_pool_keys): an adapter
-             * loaded by SIGHUP has none until a restart */
+            /* loaded by the fleet's wish (lorart.c): from this lora_path */
+            if (w_lorart_path(w, i))
+                cJSON_AddStringToObject(a, "lora_path", w_lorart_path(w, i));
+            /* read from its own stream (main.c make_pool_keys): one loaded
+             * since start has it once the streams are laid out again */
             if (i < w->n_lora_streams)
                 cJSON_AddTrueToObject(a, "stream");
             cJSON_AddItemToArray(la, a);
         }
     }
+    w_lorart_heartbeat(w, o);
     /* the shards it reads per pool (issue 27; 1 on a single instance): the
      * dispatcher warns when its own pool_shards differs */
     cJSON_AddNumberToObject(o, "pool_shards", w->n_shards > 0 ? w->n_shards : 1);

@@ -229,7 +229,7 @@ bool w_has_pending(const struct worker *w)
 /* What a command of the flush was for: reply i answers items[i]. */
 enum item_kind {
     IT_TAKE, IT_EMIT, IT_LEASE, IT_OTHER, IT_DEAD, IT_ACK, IT_CANCEL, IT_CACHE, IT_CLIENT, IT_HAND,
-    IT_HB, IT_RELEASE
+    IT_HB, IT_RELEASE, IT_LORAS
 };
 
 /* Events per job in one FENCE_EMIT: a backlog (Redis was away or full)
@@ -765,6 +765,14 @@ static int queue_heartbeat(struct worker *w, struct flush *f, bool writes)
     free(v);
     if (rc)
         return rc;
+    /* the fleet's runtime adapters (lorart.c), read in the same round trip */
+    if (w_lorart_wanted(w)) {
+        char lk[W_KEY_MAX];
+        w_lorart_key(w, lk);
+        const char *la[2] = {"HGETALL", lk};
+        if ((rc = queue_cmd(f, (struct item){IT_LORAS, NULL, 0, 0, 0}, 2, la, NULL)))
+            return rc;
+    }
     /* the registry of workers (schemas/README.md): the dispatcher reads its
      * members' heartbeats instead of SCANning the key space; names silent
      * for a day are pruned, which a minute's delay does not change: once a
@@ -1056,6 +1064,9 @@ static void apply_reply(struct worker *w, struct flush *f, struct item *it,
     case IT_OTHER:
         if (is_err)
             RL_LOG(&w->log, RL_LOG_WARN, "flush: %s", r->str);
+        break;
+    case IT_LORAS:
+        w_lorart_reply(w, r);
         break;
     case IT_RELEASE:
         if (fence_noscript(&w->fence, FENCE_RELEASE, r))

@@ -218,6 +218,8 @@ struct wmetrics {
 };
 
 struct wmetrics_server; /* the libmicrohttpd daemon */
+struct w_lorart;        /* lorart.c */
+struct cJSON;
 
 struct worker {
     struct wopts opt;
@@ -238,6 +240,7 @@ struct worker {
                                      which the metrics page reads it under */
     char lora_id[LORA_MAX_ADAPTERS][SHA256_HEX_LEN + 1];
     char *lora_dir[LORA_MAX_ADAPTERS]; /* where adapter i came from (owned) */
+    struct w_lorart *rt;          /* runtime adapters (lorart.c), owned */
 
     struct rconn *rc;             /* publish, ack, claim, cancel checks */
     struct rconn_opts rc_opts;    /* how rc and the lanes' connections were made */
@@ -520,6 +523,36 @@ void w_ident_apply(struct worker *w, struct wjob *j);
 
 /* main.c: the index of the adapter served as name, -1 when none is. */
 int w_lora_find(const struct worker *w, const char *name);
+/* Loads the PEFT adapter in dir as name (a new index, or the one a
+ * dropped adapter of that name had) with its result-cache identity;
+ * returns its index or a negative rl_code (err filled). Main thread. */
+int w_lora_load(struct worker *w, const char *name, const char *dir, struct rl_err *err);
+
+/* lorart.c: LoRA adapters loaded and unloaded at runtime through the
+ * fleet's wish, <prefix>loras:<model> (see there). Main thread. */
+int w_lorart_create(struct worker *w);              /* -RL_ENOMEM */
+void w_lorart_free(struct worker *w);
+/* The wish's key; whether the heartbeat should read it (not when the ACL
+ * refused it once). */
+void w_lorart_key(const struct worker *w, char out[W_KEY_MAX]);
+bool w_lorart_wanted(const struct worker *w);
+/* The wish as read (an HGETALL reply, or its error): noted, followed by
+ * the next w_lorart_step. */
+void w_lorart_reply(struct worker *w, const struct rconn_reply *r);
+/* Between steps: loads and unloads what the wish changed, frees the
+ * weights of unloaded adapters whose jobs are done. */
+void w_lorart_step(struct worker *w);
+/* At start, once Redis answers: reads the wish and follows it, so a new
+ * worker serves what the fleet serves before it reads its first job. */
+int w_lorart_start(struct worker *w);
+/* Adapter i: unloaded (not served; w_lora_find skips it); its lora_path
+ * when the wish loaded it (NULL: lora_modules's); forgotten as a runtime
+ * adapter (w_lora_load of lora_modules's). */
+bool w_lora_gone(const struct worker *w, int i);
+const char *w_lorart_path(const struct worker *w, int i);
+void w_lorart_forget(struct worker *w, int i);
+/* Adds lora_failed (the wishes this worker could not follow) to o. */
+void w_lorart_heartbeat(const struct worker *w, struct cJSON *o);
 /* SIGHUP: loads the adapters lora_modules names now and the worker does not
  * serve yet (the loop thread, between steps); an adapter whose directory
  * changed or that left the list is logged and kept until a restart (jobs
