@@ -112,6 +112,7 @@
 #include "compat.h"
 #include "embed.h"
 #include "rerank.h"
+#include "loraadm.h"
 #include "rstore.h"
 #include "convo.h"
 #include "pager.h"
@@ -173,6 +174,8 @@ struct dhttp {
     int header_s, min_rate, per_ip;
     int max_pending, pending_per_ip, auth_per_min, lease_ms;
     int store_ttl_s;      /* responses_store_ttl_s: stored Responses' TTL, 0 = none kept */
+    bool runtime_lora;    /* the runtime LoRA routes (loraadm.h) are on */
+    int lora_timeout_ms;  /* and how long they wait for the workers */
     size_t store_max;     /* responses_store_max_kb, in bytes */
     int conv_ttl_s;       /* conversation_ttl_s: conversations' TTL, 0 = none kept */
     bool ops;             /* the loopback ops listener: /healthz, /health, /metrics only */
@@ -261,6 +264,8 @@ enum route {
     R_STORED,
     /* the Conversations API (convo.h): /v1/conversations[/{id}[/items[/{item}]]] */
     R_CONVERSATIONS,
+    /* vLLM's runtime LoRA API (loraadm.h), with runtime_lora on */
+    R_LORA_LOAD, R_LORA_UNLOAD,
 };
 
 /* A route that answers with a job's events (chat()). */
@@ -2928,6 +2933,35 @@ static enum MHD_Result ollama_info(struct req *q, struct MHD_Connection *conn, c
  * with the chat template and mode as a worker would) and POST /detokenize
  * ({"tokens": [ids]}), vLLM's shapes, with the tokenizer of the
  * dispatcher's model option. */
+/* POST /v1/load_lora_adapter, /v1/unload_lora_adapter (loraadm.h): the
+ * thread waits for the fleet, runtime_lora_timeout_s at most. */
+static enum MHD_Result lora_admin(struct req *q, struct MHD_Connection *conn)
+{
+    struct dhttp *h = q->h;
+    struct oai_error e;
+    if (q->too_big) {
+        oai_error_set(&e, 413, "invalid_request_error", ev_code_name(EV_CODE_JOB_TOO_LARGE), NULL,
+                      "body: over the limit of %zu bytes", h->lim.max_body_bytes);
+        return respond_error(q, conn, &e);
+    }
+    struct rl_err err;
+    struct rconn *c = pool_get(h, &err);
+    if (!c) {
+        oai_error_set(&e, 503, "server_error", "redis_unavailable", NULL, "redis: %s", err.msg);
+        return respond_error(q, conn, &e);
+    }
+    struct dla_opts o = {h->prefix, h->hooks.models_json, h->hooks.ctx, h->lora_timeout_ms, 100};
+    char *ok = NULL;
+    const char *body = q->body.p ? q->body.p : "";
+    int rc = q->route == R_LORA_LOAD ? dla_load(c, &o, body, q->body.n, &ok, &e)
+                                     : dla_unload(c, &o, body, q->body.n, &ok, &e);
+    pool_put(h, c);
+    if (rc)
+        return respond_error(q, conn, &e);
+    RL_LOG(h->log, RL_LOG_INFO, "http: %s", ok);
+    return respond(q, conn, 200, "text/plain; charset=utf-8", ok, NULL);
+}
+
 static enum MHD_Result tokenize(struct req *q, struct MHD_Connection *conn)
 {
     struct dhttp *h = q->h;
@@ -3091,10 +3125,14 @@ static enum route route_of(struct dhttp *h, const char *method, const char *url,
         {"/v2/rerank", R_RERANK, true},         {"/v1/score", R_SCORE, true},
         {"/score", R_SCORE, true},
         {"/v1/messages", R_ANTHROPIC, true},    {"/v1/messages/count_tokens", R_ANTHROPIC_COUNT, true},
+        {"/v1/load_lora_adapter", R_LORA_LOAD, true},
+        {"/v1/unload_lora_adapter", R_LORA_UNLOAD, true},
     };
     for (size_t i = 0; i < sizeof compat / sizeof compat[0] && !h->ops; i++) {
         if (strcmp(url, compat[i].url))
             continue;
+        if ((compat[i].r == R_LORA_LOAD || compat[i].r == R_LORA_UNLOAD) && !h->runtime_lora)
+            return R_NOT_FOUND; /* as vLLM without VLLM_ALLOW_RUNTIME_LORA_UPDATING */
         *allow = compat[i].post ? "POST" : "GET, HEAD";
         if (options)
             return R_PREFLIGHT;
@@ -3231,7 +3269,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         q->cors_origin = cors_origin(h, conn);
         bool has_body = job_route(q->route) || q->route == R_OLLAMA_SHOW ||
                         q->route == R_TOKENIZE || q->route == R_DETOKENIZE ||
-                        q->route == R_ANTHROPIC_COUNT ||
+                        q->route == R_ANTHROPIC_COUNT || q->route == R_LORA_LOAD ||
+                        q->route == R_LORA_UNLOAD ||
                         (q->route == R_CONVERSATIONS && !strcmp(method, "POST"));
         if (has_body) {
             /* the body's deadline: the grace, plus its length at the
@@ -3303,6 +3342,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         case R_ANTHROPIC:
         case R_ANTHROPIC_COUNT:
         case R_CONVERSATIONS:
+        case R_LORA_LOAD:
+        case R_LORA_UNLOAD:
         case R_CHAT: {
             if (!authorize(q, conn))
                 return refuse_auth(q, conn);
@@ -3377,6 +3418,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return tokenize(q, conn);
     if (q->route == R_CONVERSATIONS)
         return conversations(q, conn, method, url + 17);
+    if (q->route == R_LORA_LOAD || q->route == R_LORA_UNLOAD)
+        return lora_admin(q, conn);
     return chat(q, conn);
 }
 
@@ -3551,6 +3594,8 @@ static int start(struct dhttp **out, const struct cfg *cfg, const struct rl_log 
     h->max_conn = cfg->http_max_connections;
     h->idle_s = cfg->http_idle_timeout_s;
     h->shared_reader = !ops && cfg->http_shared_reader;
+    h->runtime_lora = !ops && cfg->runtime_lora;
+    h->lora_timeout_ms = cfg->runtime_lora_timeout_s * 1000;
     /* rconn waits io_timeout for a reply: a BLOCK as long would read as a
      * dead connection */
     int io = cfg->redis_io_timeout_ms;

@@ -1,0 +1,481 @@
+/* dispatcher/loraadm.c - runtime LoRA adapters for the fleet (loraadm.h).
+ *
+ * The wish is declarative, so a call only writes it and watches the
+ * fleet's heartbeats follow. A load that nobody could follow (every worker
+ * failed, none answered, none is alive) is withdrawn by a compare-and-
+ * delete, so a retry starts clean and a later load of the name by someone
+ * else is never deleted by our late withdrawal. */
+#include "loraadm.h"
+
+#include <cjson/cJSON.h>
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "clock.h"
+#include "modelref.h"
+#include "registry.h"
+#include "text.h"
+
+#define DLA_MAX_WORKERS 1000
+#define DLA_NOTE_MAX 600 /* the workers' reasons said in one answer, bytes */
+
+/* HDEL only while the wish is still ours (the path we wrote) */
+static const char withdraw_lua[] =
+    "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then\n"
+    "  return redis.call('HDEL', KEYS[1], ARGV[1])\n"
+    "end\n"
+    "return 0\n";
+
+struct wish {
+    char name[MODELREF_NAME_MAX + 1];
+    char path[PATH_MAX];
+    char model[MODELREF_NAME_MAX + 1];
+    char key[512];
+};
+
+/* What the fleet's heartbeats say of a wish, once. */
+struct tally {
+    int workers;        /* live workers of the model */
+    int done;           /* serve it from the path (load) / no longer serve it (unload) */
+    int failed;
+    int pending;
+    struct text why;    /* "worker: reason; ..." of the failed, then the pending names */
+    struct text waiting;
+};
+
+static void tally_free(struct tally *t)
+{
+    text_free(&t->why);
+    text_free(&t->waiting);
+}
+
+static const cJSON *item(const cJSON *o, const char *k)
+{
+    return cJSON_GetObjectItemCaseSensitive(o, k);
+}
+
+static bool str_is(const cJSON *v, const char *s)
+{
+    return cJSON_IsString(v) && !strcmp(v->valuestring, s);
+}
+
+/* ---- the body ---- */
+
+static int parse(const char *body, size_t len, bool load, struct wish *x, struct oai_error *e)
+{
+    memset(x, 0, sizeof *x);
+    cJSON *o = cJSON_ParseWithLength(body, len);
+    int rc = 0;
+    const cJSON *name = item(o, "lora_name"), *path = item(o, "lora_path"),
+                *model = item(o, "model"), *inplace = item(o, "load_inplace");
+    if (!cJSON_IsObject(o)) {
+        oai_error_set(e, 400, "invalid_request_error", "invalid_json", NULL,
+                      "the body is not a JSON object");
+        rc = 400;
+    } else if (!cJSON_IsString(name) || !name->valuestring[0]) {
+        oai_error_set(e, 400, "invalid_request_error", "MISSING_FIELD", "lora_name",
+                      "lora_name: required, a string");
+        rc = 400;
+    } else if (strlen(name->valuestring) > MODELREF_NAME_MAX ||
+               !modelref_name_ok(name->valuestring)) {
+        oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "lora_name",
+                      "lora_name \"%.200s\": 1-%d of [A-Za-z0-9._:/-], not starting with '/' "
+                      "or '.'", name->valuestring, MODELREF_NAME_MAX);
+        rc = 400;
+    } else if (load && (!cJSON_IsString(path) || !path->valuestring[0])) {
+        oai_error_set(e, 400, "invalid_request_error", "MISSING_FIELD", "lora_path",
+                      "lora_path: required, a string (a directory on the workers' machines)");
+        rc = 400;
+    } else if (load && strlen(path->valuestring) >= PATH_MAX) {
+        oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "lora_path",
+                      "lora_path: longer than %d bytes", PATH_MAX - 1);
+        rc = 400;
+    } else if (model && !cJSON_IsNull(model) &&
+               (!cJSON_IsString(model) || strlen(model->valuestring) > MODELREF_NAME_MAX)) {
+        oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "model",
+                      "model: the served base model's name, a string");
+        rc = 400;
+    } else if (load && inplace && !cJSON_IsNull(inplace) && !cJSON_IsBool(inplace)) {
+        oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "load_inplace",
+                      "load_inplace: a boolean");
+        rc = 400;
+    } else if (load && cJSON_IsTrue(inplace)) {
+        /* a running job would meet two sets of weights: unload, then load */
+        oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "load_inplace",
+                      "load_inplace: not supported; unload the adapter, then load it again");
+        rc = 400;
+    } else {
+        snprintf(x->name, sizeof x->name, "%s", name->valuestring);
+        if (load)
+            snprintf(x->path, sizeof x->path, "%s", path->valuestring);
+        if (cJSON_IsString(model))
+            snprintf(x->model, sizeof x->model, "%s", model->valuestring);
+    }
+    cJSON_Delete(o);
+    return rc;
+}
+
+/* ---- the served models ---- */
+
+static cJSON *models_now(const struct dla_opts *o)
+{
+    char *t = o->models_json ? o->models_json(o->ctx) : NULL;
+    cJSON *m = t ? cJSON_Parse(t) : NULL;
+    free(t);
+    return m;
+}
+
+/* The served model named id (base or adapter), or NULL. */
+static const cJSON *served(const cJSON *models, const char *id)
+{
+    const cJSON *m;
+    cJSON_ArrayForEach(m, models)
+    {
+        if (str_is(item(m, "id"), id))
+            return m;
+    }
+    return NULL;
+}
+
+#define DLA_MAX_MODELS 64
+
+/* The models the live workers serve (their heartbeats' "model"): what the
+ * wishes are kept under (each worker reads loras:<its model>). The
+ * dispatcher's table is not asked: it lags the heartbeats by a refresh, and
+ * holds served_model_name's alias, which no worker serves. */
+static int fleet_models(struct rconn *c, const struct dla_opts *o,
+                        char out[DLA_MAX_MODELS][MODELREF_NAME_MAX + 1], struct rl_err *err)
+{
+    struct rconn_reply *names = NULL, *hbs = NULL;
+    if (reg_read_heartbeats(c, o->prefix, DLA_MAX_WORKERS, &names, &hbs, err))
+        return -1;
+    int n = 0;
+    for (size_t i = 0; i < hbs->n_elem && n < DLA_MAX_MODELS; i++) {
+        if (hbs->elem[i].type != RCONN_STRING)
+            continue;
+        cJSON *hb = cJSON_ParseWithLength(hbs->elem[i].str, hbs->elem[i].len);
+        const cJSON *m = item(hb, "model");
+        bool have = !cJSON_IsString(m) || strlen(m->valuestring) > MODELREF_NAME_MAX;
+        for (int k = 0; k < n && !have; k++)
+            have = !strcmp(out[k], m->valuestring);
+        if (!have)
+            snprintf(out[n++], MODELREF_NAME_MAX + 1, "%s", m->valuestring);
+        cJSON_Delete(hb);
+    }
+    rconn_reply_free(names);
+    rconn_reply_free(hbs);
+    return n;
+}
+
+/* x->model: the one given (a model live workers serve), or the only one. */
+static int pick_model(struct rconn *c, const struct dla_opts *o, struct wish *x,
+                      struct oai_error *e)
+{
+    char models[DLA_MAX_MODELS][MODELREF_NAME_MAX + 1];
+    struct rl_err err;
+    int n = fleet_models(c, o, models, &err);
+    if (n < 0) {
+        oai_error_set(e, 503, "server_error", "redis_unavailable", NULL,
+                      "reading the workers' heartbeats: %.300s", err.msg);
+        return 503;
+    }
+    if (x->model[0]) {
+        for (int k = 0; k < n; k++)
+            if (!strcmp(models[k], x->model))
+                return 0;
+        oai_error_set(e, 404, "invalid_request_error", "model_not_found", "model",
+                      "model '%.200s': no live worker serves it (a LoRA adapter's base model "
+                      "is the name its workers serve)", x->model);
+        return 404;
+    }
+    if (n == 1) {
+        snprintf(x->model, sizeof x->model, "%s", models[0]);
+        return 0;
+    }
+    if (n == 0) {
+        oai_error_set(e, 503, "server_error", "no_workers", "model",
+                      "no live worker serves a model to load an adapter on");
+        return 503;
+    }
+    struct text names = {0};
+    for (int k = 0; k < n; k++)
+        text_printf(&names, "%s%s", k ? ", " : "", models[k]);
+    oai_error_set(e, 400, "invalid_request_error", "MODEL_REQUIRED", "model",
+                  "several models are served (%.300s): say which in \"model\"",
+                  names.p ? names.p : "");
+    text_free(&names);
+    return 400;
+}
+
+static void wish_key(const struct dla_opts *o, struct wish *x)
+{
+    snprintf(x->key, sizeof x->key, "%.64sloras:%.128s", o->prefix, x->model);
+}
+
+/* ---- the fleet ---- */
+
+/* Reads every live worker's heartbeat and counts, for the workers of
+ * x->model, who is done with the wish (load: serves x->name from x->path;
+ * unload: no longer serves it at runtime), who failed (load) and who has
+ * not said yet. */
+static int look(struct rconn *c, const struct dla_opts *o, const struct wish *x, bool load,
+                struct tally *t, struct rl_err *err)
+{
+    tally_free(t);
+    memset(t, 0, sizeof *t);
+    struct rconn_reply *names = NULL, *hbs = NULL;
+    if (reg_read_heartbeats(c, o->prefix, DLA_MAX_WORKERS, &names, &hbs, err))
+        return -1;
+    for (size_t i = 0; i < hbs->n_elem && i < names->n_elem; i++) {
+        if (hbs->elem[i].type != RCONN_STRING)
+            continue; /* expired: not live */
+        cJSON *hb = cJSON_ParseWithLength(hbs->elem[i].str, hbs->elem[i].len);
+        if (!str_is(item(hb, "model"), x->model)) {
+            cJSON_Delete(hb);
+            continue;
+        }
+        const char *who = names->elem[i].str ? names->elem[i].str : "?";
+        bool serves = false, from_path = false;
+        const char *failed = NULL;
+        const cJSON *a;
+        cJSON_ArrayForEach(a, item(hb, "lora_adapters"))
+        {
+            if (!str_is(item(a, "name"), x->name))
+                continue;
+            serves = true;
+            const cJSON *p = item(a, "lora_path");
+            from_path = load ? str_is(p, x->path) : cJSON_IsString(p);
+        }
+        cJSON_ArrayForEach(a, item(hb, "lora_failed"))
+        {
+            const cJSON *why = item(a, "error");
+            if (str_is(item(a, "name"), x->name) && str_is(item(a, "lora_path"), x->path))
+                failed = cJSON_IsString(why) ? why->valuestring : "failed";
+        }
+        t->workers++;
+        if (load && from_path) {
+            t->done++;
+        } else if (!load && !(serves && from_path)) {
+            t->done++;
+        } else if (load && failed) {
+            t->failed++;
+            if (t->why.n < DLA_NOTE_MAX)
+                text_printf(&t->why, "%s%.100s: %.300s", t->why.n ? "; " : "", who, failed);
+        } else {
+            t->pending++;
+            if (t->waiting.n < DLA_NOTE_MAX)
+                text_printf(&t->waiting, "%s%.100s", t->waiting.n ? ", " : "", who);
+        }
+        cJSON_Delete(hb);
+    }
+    rconn_reply_free(names);
+    rconn_reply_free(hbs);
+    return 0;
+}
+
+/* Looks until nobody is pending or the time is up; the last look in *t. */
+static int watch(struct rconn *c, const struct dla_opts *o, const struct wish *x, bool load,
+                 struct tally *t, struct rl_err *err)
+{
+    int64_t until = rl_mono_ms() + o->timeout_ms;
+    int poll = o->poll_ms > 0 ? o->poll_ms : 100;
+    for (;;) {
+        if (look(c, o, x, load, t, err))
+            return -1;
+        if (t->pending == 0 || rl_mono_ms() >= until)
+            return 0;
+        struct timespec ts = {poll / 1000, (long)(poll % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Waits (until the deadline the workers left) for this front door's model
+ * table to list adapter x->name (listed) or not. */
+static void settle(const struct dla_opts *o, const struct wish *x, bool listed, int64_t until)
+{
+    int poll = o->poll_ms > 0 ? o->poll_ms : 100;
+    for (;;) {
+        cJSON *m = models_now(o);
+        bool is = served(m, x->name) != NULL;
+        cJSON_Delete(m);
+        if (is == listed || rl_mono_ms() >= until)
+            return;
+        struct timespec ts = {poll / 1000, (long)(poll % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void withdraw(struct rconn *c, const struct wish *x)
+{
+    const char *argv[] = {"EVAL", withdraw_lua, "1", x->key, x->name, x->path};
+    struct rl_err err;
+    struct rconn_reply *r = NULL;
+    rconn_command(c, 6, argv, NULL, &r, &err);
+    rconn_reply_free(r);
+}
+
+static int redis_error(struct oai_error *e, const char *what, const char *msg)
+{
+    oai_error_set(e, 503, "server_error", "redis_unavailable", NULL, "%s: %.300s", what, msg);
+    return 503;
+}
+
+/* ---- the routes ---- */
+
+int dla_load(struct rconn *c, const struct dla_opts *o, const char *body, size_t len, char **ok,
+             struct oai_error *e)
+{
+    *ok = NULL;
+    struct wish x;
+    int64_t until = rl_mono_ms() + o->timeout_ms;
+    int rc = parse(body, len, true, &x, e);
+    cJSON *models = rc ? NULL : models_now(o);
+    if (!rc && served(models, x.name)) {
+        oai_error_set(e, 400, "invalid_request_error", "lora_already_loaded", "lora_name",
+                      "The lora adapter '%.200s' has already been loaded.", x.name);
+        rc = 400;
+    }
+    if (!rc)
+        rc = pick_model(c, o, &x, e);
+    cJSON_Delete(models);
+    if (rc)
+        return rc;
+    wish_key(o, &x);
+    const char *argv[] = {"HSETNX", x.key, x.name, x.path};
+    struct rconn_reply *r = NULL;
+    struct rl_err err;
+    if (rconn_command(c, 4, argv, NULL, &r, &err)) {
+        rconn_reply_free(r);
+        return redis_error(e, "writing the wish", err.msg);
+    }
+    bool mine = r && r->type == RCONN_INTEGER && r->integer == 1;
+    rconn_reply_free(r);
+    if (!mine) {
+        oai_error_set(e, 400, "invalid_request_error", "lora_already_loaded", "lora_name",
+                      "The lora adapter '%.200s' has already been loaded.", x.name);
+        return 400;
+    }
+    struct tally t = {0};
+    if (watch(c, o, &x, true, &t, &err)) {
+        tally_free(&t);
+        return redis_error(e, "reading the workers' heartbeats", err.msg);
+    }
+    if (t.done == 0) {
+        withdraw(c, &x);
+        if (t.workers == 0)
+            oai_error_set(e, 503, "server_error", "no_workers", "model",
+                          "no live worker serves %.200s", x.model);
+        else if (t.failed)
+            oai_error_set(e, 400, "invalid_request_error", "lora_load_failed", "lora_path",
+                          "Loading lora adapter '%.128s' failed: %.380s", x.name, t.why.p);
+        else
+            oai_error_set(e, 504, "server_error", "timeout", NULL,
+                          "no worker of %.128s loaded '%.128s' within %d s (waiting for %.200s)",
+                          x.model, x.name, o->timeout_ms / 1000, t.waiting.p);
+        rc = e->status;
+        tally_free(&t);
+        return rc;
+    }
+    settle(o, &x, true, until);
+    struct text s = {0};
+    text_printf(&s, "Success: LoRA adapter '%s' added successfully.", x.name);
+    if (t.failed || t.pending)
+        text_printf(&s, " Served by %d of the %d live workers of %s%s%s%s%s.", t.done, t.workers,
+                    x.model, t.failed ? "; failed: " : "", t.failed ? t.why.p : "",
+                    t.pending ? "; not answered yet: " : "", t.pending ? t.waiting.p : "");
+    text_printf(&s, "\n");
+    tally_free(&t);
+    if (!s.p) {
+        oai_error_set(e, 500, "server_error", "out_of_memory", NULL, "out of memory");
+        return 500;
+    }
+    *ok = s.p;
+    return 0;
+}
+
+int dla_unload(struct rconn *c, const struct dla_opts *o, const char *body, size_t len,
+               char **ok, struct oai_error *e)
+{
+    *ok = NULL;
+    struct wish x;
+    int64_t until = rl_mono_ms() + o->timeout_ms;
+    int rc = parse(body, len, false, &x, e);
+    if (rc)
+        return rc;
+    cJSON *models = models_now(o);
+    const cJSON *m = served(models, x.name);
+    bool is_served = m != NULL;
+    if (!x.model[0] && m && cJSON_IsString(item(m, "parent")))
+        snprintf(x.model, sizeof x.model, "%s", item(m, "parent")->valuestring);
+    /* not served now (every worker failed it, or none is alive): the
+     * wish may still be there, under one of the fleet's models */
+    char fleet[DLA_MAX_MODELS][MODELREF_NAME_MAX + 1];
+    struct rl_err ferr;
+    int n_fleet = x.model[0] ? 0 : fleet_models(c, o, fleet, &ferr);
+    for (int k = 0; k < n_fleet; k++) {
+        snprintf(x.model, sizeof x.model, "%.128s", fleet[k]);
+        wish_key(o, &x);
+        const char *argv[] = {"HEXISTS", x.key, x.name};
+        struct rconn_reply *r = NULL;
+        struct rl_err err;
+        bool has = !rconn_command(c, 3, argv, NULL, &r, &err) && r &&
+                   r->type == RCONN_INTEGER && r->integer == 1;
+        rconn_reply_free(r);
+        if (has)
+            break;
+        x.model[0] = 0;
+    }
+    cJSON_Delete(models);
+    if (!x.model[0]) {
+        oai_error_set(e, 404, "invalid_request_error", "lora_not_found", "lora_name",
+                      "The lora adapter '%.200s' cannot be found.", x.name);
+        return 404;
+    }
+    wish_key(o, &x);
+    const char *argv[] = {"HDEL", x.key, x.name};
+    struct rconn_reply *r = NULL;
+    struct rl_err err;
+    if (rconn_command(c, 3, argv, NULL, &r, &err)) {
+        rconn_reply_free(r);
+        return redis_error(e, "deleting the wish", err.msg);
+    }
+    bool had = r && r->type == RCONN_INTEGER && r->integer == 1;
+    rconn_reply_free(r);
+    if (!had && is_served) {
+        oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "lora_name",
+                      "The lora adapter '%.200s' comes from the workers' lora_modules, not from "
+                      "a load: remove it there", x.name);
+        return 400;
+    }
+    if (!had) {
+        oai_error_set(e, 404, "invalid_request_error", "lora_not_found", "lora_name",
+                      "The lora adapter '%.200s' cannot be found.", x.name);
+        return 404;
+    }
+    struct tally t = {0};
+    if (watch(c, o, &x, false, &t, &err)) {
+        tally_free(&t);
+        return redis_error(e, "reading the workers' heartbeats", err.msg);
+    }
+    if (t.pending) {
+        oai_error_set(e, 504, "server_error", "timeout", NULL,
+                      "'%.128s' is no longer wished, but %.200s still serve%s it after %d s",
+                      x.name, t.waiting.p, t.pending > 1 ? "" : "s", o->timeout_ms / 1000);
+        tally_free(&t);
+        return 504;
+    }
+    tally_free(&t);
+    settle(o, &x, false, until);
+    struct text s = {0};
+    text_printf(&s, "Success: LoRA adapter '%s' removed successfully.\n", x.name);
+    if (!s.p) {
+        oai_error_set(e, 500, "server_error", "out_of_memory", NULL, "out of memory");
+        return 500;
+    }
+    *ok = s.p;
+    return 0;
+}
