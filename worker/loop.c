@@ -301,7 +301,10 @@ static void lane_sent(struct w_lane *ln, int count, bool aged)
 static bool precheck_paired(struct worker *w, int l, int n, const int *argcs,
                             const char *const *const *argvs, struct rconn_reply **out)
 {
-    if (l < 0 || rconn_awaiting(w->lane[l].rc))
+    /* no read while the streams wait to be laid out again (w_relayout):
+     * under a steady load the read paired with each admission was always
+     * out, and an adapter loaded meanwhile never got its stream */
+    if (l < 0 || w->relayout || rconn_awaiting(w->lane[l].rc))
         return false;
     int room = w_admissible(w) - 1;
     if (room <= 0)
