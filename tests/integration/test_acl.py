@@ -503,6 +503,48 @@ def served_with_an_older_acl(tmp_path, lines, name, worker_args=()):
         srv.stop()
 
 
+def test_runtime_lora_as_acl_users(built, acl_redis, tmp_path):
+    """A runtime LoRA load and unload through the front door (dispatcher/
+    loraadm.c) with the `dispatcher` user's rights (HSETNX, HGET, HEXISTS,
+    HDEL, the withdrawal script on loras:*) and the worker following it with
+    the `worker` user's (HGETALL with its heartbeat): both answer, and
+    neither daemon meets a denial."""
+    pw = daemon_passwords(tmp_path)
+    from test_http import Front
+    root = tmp_path / "adapters"
+    p = subprocess.run([str(CLI), "mkmodel", "--lora-of", str(MODEL), "--lora-rank", "4",
+                        "--out", str(root / "a")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    admin = acl_redis.as_user("admin")
+    f = Front(acl_redis.addr, "redlm:", tmp_path,
+              ["--redis-user", "dispatcher", "--redis-password-file", str(pw["dispatcher"]),
+               "--runtime-lora"])
+    w = Worker(acl_redis.addr, "redlm:", "acl-lw", tmp_path,
+               ["--redis-user", "worker", "--redis-password-file", str(pw["worker"]),
+                "--lora-dirs", str(root), "--heartbeat-interval-ms", "300"])
+    try:
+        wait_for(lambda: admin.get("redlm:worker:acl-lw"), "the worker's heartbeat", 10)
+        status, _, data = f.request("POST", "/v1/load_lora_adapter",
+                                    {"lora_name": "a", "lora_path": "a"})
+        assert status == 200 and data.startswith(b"Success:"), data
+        hb = json.loads(admin.get("redlm:worker:acl-lw"))
+        assert [x["name"] for x in hb["lora_adapters"]] == ["a"], hb
+        # a load nobody can follow is withdrawn by the script
+        status, _, data = f.request("POST", "/v1/load_lora_adapter",
+                                    {"lora_name": "b", "lora_path": "nowhere"})
+        assert status == 400 and b"no such directory" in data, data
+        assert admin.hkeys(f"redlm:loras:{hb['model']}") == ["a"]
+        status, _, data = f.request("POST", "/v1/unload_lora_adapter", {"lora_name": "a"})
+        assert status == 200 and data.startswith(b"Success:"), data
+        assert not admin.exists(f"redlm:loras:{hb['model']}")
+        denied = [e for e in admin.acl_log(count=100)
+                  if e["username"] in ("worker", "dispatcher")]
+        assert denied == [], denied
+    finally:
+        w.stop()
+        f.stop()
+
+
 def test_http_front_door_with_an_acl_from_before_the_shared_reader(built, tmp_path):
     """An ACL written before the front door read every stream with one XREAD
     (its dispatcher user lacks client|id and client|unblock): the front door
