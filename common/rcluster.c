@@ -195,6 +195,19 @@ int rcl_queue_key(char *buf, size_t cap, bool cluster, const char *prefix, const
     return n < 0 || (size_t)n >= cap ? -1 : n;
 }
 
+int rcl_pool_rest(char *buf, size_t cap, const char *model, const char *pool)
+{
+    int n = model ? snprintf(buf, cap, "jobs:%s:%s", model, pool)
+                  : snprintf(buf, cap, "jobs:%s", pool);
+    return n < 0 || (size_t)n >= cap ? -1 : n;
+}
+
+int rcl_lora_pool(char *buf, size_t cap, const char *adapter)
+{
+    int n = snprintf(buf, cap, "lora@%s", adapter);
+    return n < 0 || (size_t)n >= cap ? -1 : n;
+}
+
 int rcl_tagged_key(char *buf, size_t cap, bool cluster, const char *prefix, const char *kind,
                    const char *id)
 {

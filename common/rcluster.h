@@ -85,6 +85,14 @@ int rcl_tagged_key(char *buf, size_t cap, bool cluster, const char *prefix, cons
  * MULTI (XADD jobs:<pool> + XACK requests) and a worker BLOCKs on all its
  * pools in one XREADGROUP. Returns the length, or -1 when it does not fit. */
 int rcl_queue_key(char *buf, size_t cap, bool cluster, const char *prefix, const char *rest);
+/* What rcl_queue_key's rest is for a pool: "jobs:<pool>", or
+ * "jobs:<model>:<pool>" for a model with pools of its own (model non-NULL:
+ * pool_scope = model); and the pool name of LoRA adapter `adapter`'s own
+ * stream, "lora@<adapter>" (schemas/README.md, "LoRA adapters"). The
+ * worker that reads these streams and the dispatcher that fills them spell
+ * them here, once. Each returns the length, or -1 when it does not fit. */
+int rcl_pool_rest(char *buf, size_t cap, const char *model, const char *pool);
+int rcl_lora_pool(char *buf, size_t cap, const char *adapter);
 
 /* Pool shards (issue 27, schemas/README.md "Key layout on a Redis
  * Cluster"): on a cluster each pool stream is split over pool_shards hash

@@ -98,23 +98,25 @@ static int stream_slot(struct disp *d, const char *rest, const char *name)
 static int pool_slot(struct disp *d, const char *model, const char *pool)
 {
     char rest[D_REST_MAX], name[D_KEY_MAX];
-    snprintf(rest, sizeof rest, "jobs:%.128s:%.64s", model, pool);
+    if (rcl_pool_rest(rest, sizeof rest, model, pool) < 0)
+        return -1;
     snprintf(name, sizeof name, "%.128s:%.64s", model, pool);
     return stream_slot(d, rest, name);
 }
 
-/* A LoRA adapter's stream (worker/main.c make_pool_keys names it alike):
- * lora@<name> beside its parent's pools, scoped or shared. */
+/* A LoRA adapter's stream: lora@<name> beside its parent's pools, scoped
+ * or shared (the worker reads it by the same names: common/rcluster.h). */
 static int lora_slot(struct disp *d, const struct dmodel *parent, const char *lora)
 {
-    char rest[D_REST_MAX], name[D_KEY_MAX];
-    if (parent->scoped) {
-        snprintf(rest, sizeof rest, "jobs:%.128s:lora@%.128s", parent->name, lora);
-        snprintf(name, sizeof name, "%.128s:lora@%.128s", parent->name, lora);
-    } else {
-        snprintf(rest, sizeof rest, "jobs:lora@%.128s", lora);
-        snprintf(name, sizeof name, "lora@%.128s", lora);
-    }
+    char rest[D_REST_MAX], name[D_KEY_MAX], pool[MODELREF_NAME_MAX + 8];
+    const char *model = parent->scoped ? parent->name : NULL;
+    if (rcl_lora_pool(pool, sizeof pool, lora) < 0 ||
+        rcl_pool_rest(rest, sizeof rest, model, pool) < 0)
+        return -1;
+    if (model)
+        snprintf(name, sizeof name, "%.128s:%s", model, pool);
+    else
+        snprintf(name, sizeof name, "%s", pool);
     return stream_slot(d, rest, name);
 }
 

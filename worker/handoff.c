@@ -103,7 +103,7 @@ bool w_handoff_try(struct worker *w, struct wjob *j, int pool, const char *raw, 
     /* the adapter's stream in the slot of the one the job came from: the
      * same shard on a cluster (offer streams exist on one instance only) */
     char lname[MODELREF_NAME_MAX + 8], base[W_KEY_MAX], key[W_KEY_MAX];
-    snprintf(lname, sizeof lname, "lora@%s", j->job->model);
+    rcl_lora_pool(lname, sizeof lname, j->job->model);
     bool cluster = w_cluster(w);
     w_queue_key(w, lname, cluster, base);
     int s = pool < w_n_queue_streams(w) ? pool / w->n_base_pools : 0;

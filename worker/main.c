@@ -150,10 +150,8 @@ void w_queue_key(const struct worker *w, const char *pool, bool cluster, char ou
 {
     char rest[W_KEY_MAX], pfx[72];
     snprintf(pfx, sizeof pfx, "%.64s", w->opt.prefix);
-    if (w->opt.pool_scope_model)
-        snprintf(rest, sizeof rest, "jobs:%.128s:%.140s", w->model.name, pool);
-    else
-        snprintf(rest, sizeof rest, "jobs:%.140s", pool);
+    /* names are bounded (MODELREF_NAME_MAX, pools 63): both fit */
+    rcl_pool_rest(rest, sizeof rest, w->opt.pool_scope_model ? w->model.name : NULL, pool);
     rcl_queue_key(out, W_KEY_MAX, cluster, pfx, rest);
 }
 
@@ -201,7 +199,7 @@ static int make_pool_keys(struct worker *w, bool cluster, struct rl_err *err)
         /* an adapter's stream by its whole name (pools[p] may be cut) */
         char lname[MODELREF_NAME_MAX + 8];
         if (p >= c)
-            snprintf(lname, sizeof lname, "lora@%s", w->lora_stream[p - c]);
+            rcl_lora_pool(lname, sizeof lname, w->lora_stream[p - c]);
         w->pool_names[p] = w->pools[p];
         w->pool_key_ptrs[p] = w->pool_keys[p];
         w_queue_key(w, p >= c ? lname : w->pools[p], cluster, w->pool_keys[p]);

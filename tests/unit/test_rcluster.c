@@ -64,6 +64,18 @@ static void test_hash_tags(void **state)
     rcl_tagged_key(out, sizeof out, false, "redlm:", "out:", "r1");
     assert_string_equal(out, "redlm:out:r1"); /* single instance: today's key */
     assert_int_equal(rcl_tagged_key(out, 8, true, "redlm:", "out:", "r1"), -1);
+    /* the pools' and adapters' streams, as worker and dispatcher spell them */
+    char pool[64], rest[64];
+    assert_int_equal(rcl_lora_pool(pool, sizeof pool, "sql"), 8);
+    assert_string_equal(pool, "lora@sql");
+    assert_int_equal(rcl_pool_rest(rest, sizeof rest, NULL, pool), 13);
+    assert_string_equal(rest, "jobs:lora@sql");
+    rcl_pool_rest(rest, sizeof rest, "Qwen/Qwen3-8B", "fast");
+    assert_string_equal(rest, "jobs:Qwen/Qwen3-8B:fast");
+    rcl_queue_key(out, sizeof out, true, "redlm:", rest);
+    assert_string_equal(out, "{redlm:}jobs:Qwen/Qwen3-8B:fast");
+    assert_int_equal(rcl_pool_rest(rest, 10, NULL, "lora@sql"), -1);
+    assert_int_equal(rcl_lora_pool(pool, 8, "sql"), -1);
 }
 
 static void test_command_keys(void **state)
