@@ -318,6 +318,18 @@ static void withdraw(struct rconn *c, const struct wish *x)
     rconn_reply_free(r);
 }
 
+/* One command whose reply is an integer (HSETNX, HDEL, HEXISTS): it, or
+ * -1 when Redis failed (err filled). */
+static long long ask_int(struct rconn *c, int argc, const char *const *argv, struct rl_err *err)
+{
+    struct rconn_reply *r = NULL;
+    long long v = -1;
+    if (!rconn_command(c, argc, argv, NULL, &r, err))
+        v = r && r->type == RCONN_INTEGER ? r->integer : 0;
+    rconn_reply_free(r);
+    return v;
+}
+
 static int redis_error(struct oai_error *e, const char *what, const char *msg)
 {
     oai_error_set(e, 503, "server_error", "redis_unavailable", NULL, "%s: %.300s", what, msg);
@@ -346,15 +358,11 @@ int dla_load(struct rconn *c, const struct dla_opts *o, const char *body, size_t
         return rc;
     wish_key(o, &x);
     const char *argv[] = {"HSETNX", x.key, x.name, x.path};
-    struct rconn_reply *r = NULL;
     struct rl_err err;
-    if (rconn_command(c, 4, argv, NULL, &r, &err)) {
-        rconn_reply_free(r);
+    long long mine = ask_int(c, 4, argv, &err);
+    if (mine < 0)
         return redis_error(e, "writing the wish", err.msg);
-    }
-    bool mine = r && r->type == RCONN_INTEGER && r->integer == 1;
-    rconn_reply_free(r);
-    if (!mine) {
+    if (mine != 1) {
         oai_error_set(e, 400, "invalid_request_error", "lora_already_loaded", "lora_name",
                       "The lora adapter '%.200s' has already been loaded.", x.name);
         return 400;
@@ -420,12 +428,7 @@ int dla_unload(struct rconn *c, const struct dla_opts *o, const char *body, size
         snprintf(x.model, sizeof x.model, "%.128s", fleet[k]);
         wish_key(o, &x);
         const char *argv[] = {"HEXISTS", x.key, x.name};
-        struct rconn_reply *r = NULL;
-        struct rl_err err;
-        bool has = !rconn_command(c, 3, argv, NULL, &r, &err) && r &&
-                   r->type == RCONN_INTEGER && r->integer == 1;
-        rconn_reply_free(r);
-        if (has)
+        if (ask_int(c, 3, argv, &ferr) == 1)
             break;
         x.model[0] = 0;
     }
@@ -437,14 +440,10 @@ int dla_unload(struct rconn *c, const struct dla_opts *o, const char *body, size
     }
     wish_key(o, &x);
     const char *argv[] = {"HDEL", x.key, x.name};
-    struct rconn_reply *r = NULL;
     struct rl_err err;
-    if (rconn_command(c, 3, argv, NULL, &r, &err)) {
-        rconn_reply_free(r);
+    long long had = ask_int(c, 3, argv, &err);
+    if (had < 0)
         return redis_error(e, "deleting the wish", err.msg);
-    }
-    bool had = r && r->type == RCONN_INTEGER && r->integer == 1;
-    rconn_reply_free(r);
     if (!had && is_served) {
         oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "lora_name",
                       "The lora adapter '%.200s' comes from the workers' lora_modules, not from "

@@ -89,26 +89,33 @@ def read_job(rc, prefix, jid, t0, timeout=120):
     return ttft, {"type": "done", "finish_reason": "lost"}
 
 
-def run_phase(args, name, build, holders, queued, adapter, r, addr, procs):
-    prefix = f"bl{name}{int(time.time() * 1000) % 100000}:"
-    jobs = [job(i, i % 2 == 0, args.max_tokens) for i in range(args.jobs)]
-    for i in range(args.workers):
-        lora = ["--lora", f"a={adapter}"] if i < holders else []
+def start_fleet(procs, name, build, prefix, addr, r, n_workers, worker_extra, disp_extra):
+    """n_workers CPU workers (worker_extra(i): more flags of worker i) and a
+    dispatcher, once each has its heartbeat and the dispatcher's model
+    table has seen them."""
+    for i in range(n_workers):
         procs.start(f"{name}-w{i}", [str(build / "redlm-worker"), "--redis", addr, "--model",
                                      str(MODEL), "--pools", "fast,think", "--name", f"w{i}",
                                      "--threads", "1", "--prefix", prefix, "--http-port", "0",
-                                     "--no-result-cache", *lora])
+                                     "--no-result-cache", *worker_extra(i)])
     procs.start(f"{name}-d", [str(build / "redlm-dispatcher"), "--redis", addr, "--prefix", prefix,
-                              "--name", "d", "--http-port", "0"])
+                              "--name", "d", "--http-port", "0", *disp_extra])
     deadline = time.time() + 300
     while time.time() < deadline:
         if r.exists(f"{prefix}dispatcher:d") and \
-                all(r.exists(f"{prefix}worker:w{i}") for i in range(args.workers)):
+                all(r.exists(f"{prefix}worker:w{i}") for i in range(n_workers)):
             break
         time.sleep(0.1)
     else:
         raise RuntimeError(f"{name}: the fleet did not come up")
     time.sleep(1.5)  # the dispatcher's model table refreshed with every heartbeat
+
+
+def run_phase(args, name, build, holders, queued, adapter, r, addr, procs):
+    prefix = f"bl{name}{int(time.time() * 1000) % 100000}:"
+    jobs = [job(i, i % 2 == 0, args.max_tokens) for i in range(args.jobs)]
+    start_fleet(procs, name, build, prefix, addr, r, args.workers,
+                lambda i: ["--lora", f"a={adapter}"] if i < holders else [], [])
     results, lock = [], threading.Lock()
     todo = list(jobs)
     t_start = time.time()
@@ -172,23 +179,8 @@ def run_runtime(args, adapter, r, addr, procs):
     if not (root / "a").exists():  # a copy: a link out of lora_dirs is refused
         shutil.copytree(adapter, root / "a")
     port = free_port()
-    for i in range(args.workers):
-        procs.start(f"runtime-w{i}", [str(BUILD / "redlm-worker"), "--redis", addr, "--model",
-                                      str(MODEL), "--pools", "fast,think", "--name", f"w{i}",
-                                      "--threads", "1", "--prefix", prefix, "--http-port", "0",
-                                      "--no-result-cache", "--lora-dirs", str(root)])
-    procs.start("runtime-d", [str(BUILD / "redlm-dispatcher"), "--redis", addr, "--prefix",
-                              prefix, "--name", "d", "--http-port", "0", "--http", str(port),
-                              "--runtime-lora"])
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if r.exists(f"{prefix}dispatcher:d") and \
-                all(r.exists(f"{prefix}worker:w{i}") for i in range(args.workers)):
-            break
-        time.sleep(0.1)
-    else:
-        raise RuntimeError("runtime: the fleet did not come up")
-    time.sleep(1.5)
+    start_fleet(procs, "runtime", BUILD, prefix, addr, r, args.workers,
+                lambda i: ["--lora-dirs", str(root)], ["--http", str(port), "--runtime-lora"])
     base_jobs = [job(i, False, args.max_tokens) for i in range(1, args.jobs, 2)]
     results, lock, todo = [], threading.Lock(), list(base_jobs)
     loads, unloads, a_results = [], [], []
