@@ -365,6 +365,6 @@ $(BUILD)/tests/test_embed: $(BUILD)/tests/unit/test_embed.o $(BUILD)/dispatcher/
 $(BUILD)/tests/test_rerank: $(BUILD)/tests/unit/test_rerank.o $(BUILD)/dispatcher/rerank.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) -lcmocka
-$(BUILD)/tests/bench_http: $(BUILD)/tests/bench/bench_http.o $(BUILD)/dispatcher/http.o $(BUILD)/dispatcher/loraadm.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/compat.o $(BUILD)/dispatcher/rstore.o $(BUILD)/dispatcher/pager.o $(BUILD)/dispatcher/convo.o $(BUILD)/dispatcher/anthropic.o $(BUILD)/dispatcher/embed.o $(BUILD)/dispatcher/rerank.o $(BUILD)/dispatcher/vmetrics.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
+$(BUILD)/tests/bench_http: $(BUILD)/tests/bench/bench_http.o $(BUILD)/dispatcher/http.o $(BUILD)/dispatcher/openai.o $(BUILD)/dispatcher/compat.o $(BUILD)/dispatcher/rstore.o $(BUILD)/dispatcher/pager.o $(BUILD)/dispatcher/convo.o $(BUILD)/dispatcher/anthropic.o $(BUILD)/dispatcher/embed.o $(BUILD)/dispatcher/rerank.o $(BUILD)/dispatcher/vmetrics.o $(BUILD)/dispatcher/route.o $(LIBENGINE) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBENGINE) $(LIBCOMMON) $(LDLIBS) $(DAEMON_LIBS)

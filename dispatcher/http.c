@@ -112,7 +112,7 @@
 #include "compat.h"
 #include "embed.h"
 #include "rerank.h"
-#include "loraadm.h"
+#include "lorafleet.h"
 #include "rstore.h"
 #include "convo.h"
 #include "pager.h"
@@ -174,7 +174,7 @@ struct dhttp {
     int header_s, min_rate, per_ip;
     int max_pending, pending_per_ip, auth_per_min, lease_ms;
     int store_ttl_s;      /* responses_store_ttl_s: stored Responses' TTL, 0 = none kept */
-    bool runtime_lora;    /* the runtime LoRA routes (loraadm.h) are on */
+    bool runtime_lora;    /* the runtime LoRA routes (lorafleet.h) are on */
     int lora_timeout_ms;  /* and how long they wait for the workers */
     size_t store_max;     /* responses_store_max_kb, in bytes */
     int conv_ttl_s;       /* conversation_ttl_s: conversations' TTL, 0 = none kept */
@@ -264,7 +264,7 @@ enum route {
     R_STORED,
     /* the Conversations API (convo.h): /v1/conversations[/{id}[/items[/{item}]]] */
     R_CONVERSATIONS,
-    /* vLLM's runtime LoRA API (loraadm.h), with runtime_lora on */
+    /* vLLM's runtime LoRA API (common/lorafleet.h), with runtime_lora on */
     R_LORA_LOAD, R_LORA_UNLOAD,
 };
 
@@ -2933,7 +2933,7 @@ static enum MHD_Result ollama_info(struct req *q, struct MHD_Connection *conn, c
  * with the chat template and mode as a worker would) and POST /detokenize
  * ({"tokens": [ids]}), vLLM's shapes, with the tokenizer of the
  * dispatcher's model option. */
-/* POST /v1/load_lora_adapter, /v1/unload_lora_adapter (loraadm.h): the
+/* POST /v1/load_lora_adapter, /v1/unload_lora_adapter (lorafleet.h): the
  * thread waits for the fleet, runtime_lora_timeout_s at most. */
 static enum MHD_Result lora_admin(struct req *q, struct MHD_Connection *conn)
 {
@@ -2950,14 +2950,18 @@ static enum MHD_Result lora_admin(struct req *q, struct MHD_Connection *conn)
         oai_error_set(&e, 503, "server_error", "redis_unavailable", NULL, "redis: %s", err.msg);
         return respond_error(q, conn, &e);
     }
-    struct dla_opts o = {h->prefix, h->hooks.models_json, h->hooks.ctx, h->lora_timeout_ms, 100};
+    struct lfl_opts o = {h->prefix, h->hooks.models_json, h->hooks.ctx, h->lora_timeout_ms, 100};
     char *ok = NULL;
     const char *body = q->body.p ? q->body.p : "";
-    int rc = q->route == R_LORA_LOAD ? dla_load(c, &o, body, q->body.n, &ok, &e)
-                                     : dla_unload(c, &o, body, q->body.n, &ok, &e);
+    struct lfl_error le;
+    int rc = q->route == R_LORA_LOAD ? lfl_load(c, &o, body, q->body.n, &ok, &le)
+                                     : lfl_unload(c, &o, body, q->body.n, &ok, &le);
     pool_put(h, c);
-    if (rc)
+    if (rc) {
+        oai_error_set(&e, le.status, le.status >= 500 ? "server_error" : "invalid_request_error",
+                      le.code, le.param, "%s", le.message);
         return respond_error(q, conn, &e);
+    }
     RL_LOG(h->log, RL_LOG_INFO, "http: %s", ok);
     return respond(q, conn, 200, "text/plain; charset=utf-8", ok, NULL);
 }

@@ -3,7 +3,7 @@
  * The fleet's wish is a hash in Redis, <prefix>loras:<model> (field: the
  * adapter's name, value: its lora_path), which the front door writes
  * (POST /v1/load_lora_adapter, /v1/unload_lora_adapter:
- * dispatcher/loraadm.c) and every worker of the model reads with its
+ * common/lorafleet.c) and every worker of the model reads with its
  * heartbeat (one HGETALL in the same pipelined round trip) and once at
  * start, so a worker that starts later serves what the fleet serves. What
  * each worker made of it is in its heartbeat: lora_adapters[] names the

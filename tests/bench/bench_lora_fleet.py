@@ -24,7 +24,7 @@ one ended). Phases, each on freshly started processes and a fresh prefix:
             sends a's jobs, and unloads it, --cycles times: each call's
             latency (to every worker serving it, or none), a's jobs done and
             failed, and the base jobs' TTFT beside the loads, to compare with
-            the uniform phase's (dispatcher/loraadm.c, worker/lorart.c)
+            the uniform phase's (common/lorafleet.c, worker/lorart.c)
 
 Per phase: a's jobs done and failed, the base's done and failed, the
 jobs moved by hand-off, jobs/s, and client-side TTFT (XADD to the first

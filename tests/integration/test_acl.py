@@ -504,8 +504,8 @@ def served_with_an_older_acl(tmp_path, lines, name, worker_args=()):
 
 
 def test_runtime_lora_as_acl_users(built, acl_redis, tmp_path):
-    """A runtime LoRA load and unload through the front door (dispatcher/
-    loraadm.c) with the `dispatcher` user's rights (HSETNX, HGET, HEXISTS,
+    """A runtime LoRA load and unload through the front door (common/
+    lorafleet.c) with the `dispatcher` user's rights (HSETNX, HGET, HEXISTS,
     HDEL, the withdrawal script on loras:*) and the worker following it with
     the `worker` user's (HGETALL with its heartbeat): both answer, and
     neither daemon meets a denial."""

@@ -1,4 +1,7 @@
-/* dispatcher/loraadm.h - vLLM's runtime LoRA API, for a whole fleet:
+/* common/lorafleet.h - LoRA adapters loaded and unloaded at runtime across a
+ * fleet: what vLLM's runtime LoRA API does to one server, done to every
+ * worker of a model. The front door serves it (dispatcher/http.c), and so
+ * does `redlm lora` for deployments without one:
  *
  *   POST /v1/load_lora_adapter    {"lora_name", "lora_path"[, "model"]}
  *   POST /v1/unload_lora_adapter  {"lora_name"[, "model"]}
@@ -33,15 +36,15 @@
  * long as it waits (runtime_lora_timeout_s at most), polling the
  * registry. Other dispatchers route the adapter once their own table
  * follows the heartbeats (their models refresh). */
-#ifndef RL_LORAADM_H
-#define RL_LORAADM_H
+#ifndef RL_LORAFLEET_H
+#define RL_LORAFLEET_H
 
 #include <stddef.h>
 
-#include "openai.h"
+#include "err.h"
 #include "rconn.h"
 
-struct dla_opts {
+struct lfl_opts {
     const char *prefix;       /* the key prefix, "redlm:" */
     /* the served models as this front door routes them now (a JSON array,
      * malloc'd, the caller of the hook frees it; NULL = none): read before
@@ -53,12 +56,30 @@ struct dla_opts {
     int poll_ms;              /* how often to look at their heartbeats */
 };
 
-/* One call of either route on body (len bytes). Returns 0 with *ok (a
- * malloc'd text/plain answer, the caller frees it) or > 0 with *e filled
- * (an HTTP status >= 400 and its OpenAI error), never both. */
-int dla_load(struct rconn *c, const struct dla_opts *o, const char *body, size_t len, char **ok,
-             struct oai_error *e);
-int dla_unload(struct rconn *c, const struct dla_opts *o, const char *body, size_t len, char **ok,
-               struct oai_error *e);
+/* An answer that is not a success: an HTTP status (>= 400; 5xx are the
+ * fleet's or Redis's fault), an error code and the field at fault ("" for
+ * none), as the front door's OpenAI error body carries them. */
+struct lfl_error {
+    int status;
+    char code[48];
+    char param[48];
+    char message[RL_ERR_MSG_MAX];
+};
+
+/* One call of either route on body (len bytes, a JSON object as vLLM's
+ * routes take). Returns 0 with *ok (a malloc'd one-line text answer, the
+ * caller frees it) or > 0 (the status) with *e filled, never both. */
+int lfl_load(struct rconn *c, const struct lfl_opts *o, const char *body, size_t len, char **ok,
+             struct lfl_error *e);
+int lfl_unload(struct rconn *c, const struct lfl_opts *o, const char *body, size_t len, char **ok,
+               struct lfl_error *e);
+
+/* What the fleet serves and wishes, for `redlm lora list`: *out (the
+ * caller frees it) is {"models": [{"model", "wished": {name: lora_path},
+ * "workers": [{"name", "adapters": [heartbeat's lora_adapters],
+ * "failed": [heartbeat's lora_failed]}]}]}, one entry per model a live
+ * worker serves. Returns 0 or a negative rl_code (err filled). */
+struct cJSON;
+int lfl_list(struct rconn *c, const char *prefix, struct cJSON **out, struct rl_err *err);
 
 #endif

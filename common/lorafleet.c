@@ -1,15 +1,16 @@
-/* dispatcher/loraadm.c - runtime LoRA adapters for the fleet (loraadm.h).
+/* common/lorafleet.c - runtime LoRA adapters for the fleet (lorafleet.h).
  *
  * The wish is declarative, so a call only writes it and watches the
  * fleet's heartbeats follow. A load that nobody could follow (every worker
  * failed, none answered, none is alive) is withdrawn by a compare-and-
  * delete, so a retry starts clean and a later load of the name by someone
  * else is never deleted by our late withdrawal. */
-#include "loraadm.h"
+#include "lorafleet.h"
 
 #include <cjson/cJSON.h>
 
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,8 +21,8 @@
 #include "registry.h"
 #include "text.h"
 
-#define DLA_MAX_WORKERS 1000
-#define DLA_NOTE_MAX 600 /* the workers' reasons said in one answer, bytes */
+#define LFL_MAX_WORKERS 1000
+#define LFL_NOTE_MAX 600 /* the workers' reasons said in one answer, bytes */
 
 /* HDEL only while the wish is still ours (the path we wrote) */
 static const char withdraw_lua[] =
@@ -29,6 +30,19 @@ static const char withdraw_lua[] =
     "  return redis.call('HDEL', KEYS[1], ARGV[1])\n"
     "end\n"
     "return 0\n";
+
+__attribute__((format(printf, 5, 6))) static void err_set(struct lfl_error *e, int status,
+                                                   const char *code, const char *param,
+                                                   const char *fmt, ...)
+{
+    e->status = status;
+    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+}
 
 struct wish {
     char name[MODELREF_NAME_MAX + 1];
@@ -65,7 +79,7 @@ static bool str_is(const cJSON *v, const char *s)
 
 /* ---- the body ---- */
 
-static int parse(const char *body, size_t len, bool load, struct wish *x, struct oai_error *e)
+static int parse(const char *body, size_t len, bool load, struct wish *x, struct lfl_error *e)
 {
     memset(x, 0, sizeof *x);
     cJSON *o = cJSON_ParseWithLength(body, len);
@@ -73,40 +87,40 @@ static int parse(const char *body, size_t len, bool load, struct wish *x, struct
     const cJSON *name = item(o, "lora_name"), *path = item(o, "lora_path"),
                 *model = item(o, "model"), *inplace = item(o, "load_inplace");
     if (!cJSON_IsObject(o)) {
-        oai_error_set(e, 400, "invalid_request_error", "invalid_json", NULL,
-                      "the body is not a JSON object");
+        err_set(e, 400, "invalid_json", NULL,
+                "the body is not a JSON object");
         rc = 400;
     } else if (!cJSON_IsString(name) || !name->valuestring[0]) {
-        oai_error_set(e, 400, "invalid_request_error", "MISSING_FIELD", "lora_name",
-                      "lora_name: required, a string");
+        err_set(e, 400, "MISSING_FIELD", "lora_name",
+                "lora_name: required, a string");
         rc = 400;
     } else if (strlen(name->valuestring) > MODELREF_NAME_MAX ||
                !modelref_name_ok(name->valuestring)) {
-        oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "lora_name",
-                      "lora_name \"%.200s\": 1-%d of [A-Za-z0-9._:/-], not starting with '/' "
-                      "or '.'", name->valuestring, MODELREF_NAME_MAX);
+        err_set(e, 400, "BAD_VALUE", "lora_name",
+                "lora_name \"%.200s\": 1-%d of [A-Za-z0-9._:/-], not starting with '/' "
+                "or '.'", name->valuestring, MODELREF_NAME_MAX);
         rc = 400;
     } else if (load && (!cJSON_IsString(path) || !path->valuestring[0])) {
-        oai_error_set(e, 400, "invalid_request_error", "MISSING_FIELD", "lora_path",
-                      "lora_path: required, a string (a directory on the workers' machines)");
+        err_set(e, 400, "MISSING_FIELD", "lora_path",
+                "lora_path: required, a string (a directory on the workers' machines)");
         rc = 400;
     } else if (load && strlen(path->valuestring) >= PATH_MAX) {
-        oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "lora_path",
-                      "lora_path: longer than %d bytes", PATH_MAX - 1);
+        err_set(e, 400, "BAD_VALUE", "lora_path",
+                "lora_path: longer than %d bytes", PATH_MAX - 1);
         rc = 400;
     } else if (model && !cJSON_IsNull(model) &&
                (!cJSON_IsString(model) || strlen(model->valuestring) > MODELREF_NAME_MAX)) {
-        oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "model",
-                      "model: the served base model's name, a string");
+        err_set(e, 400, "BAD_VALUE", "model",
+                "model: the served base model's name, a string");
         rc = 400;
     } else if (load && inplace && !cJSON_IsNull(inplace) && !cJSON_IsBool(inplace)) {
-        oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "load_inplace",
-                      "load_inplace: a boolean");
+        err_set(e, 400, "BAD_VALUE", "load_inplace",
+                "load_inplace: a boolean");
         rc = 400;
     } else if (load && cJSON_IsTrue(inplace)) {
         /* a running job would meet two sets of weights: unload, then load */
-        oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "load_inplace",
-                      "load_inplace: not supported; unload the adapter, then load it again");
+        err_set(e, 400, "BAD_VALUE", "load_inplace",
+                "load_inplace: not supported; unload the adapter, then load it again");
         rc = 400;
     } else {
         snprintf(x->name, sizeof x->name, "%s", name->valuestring);
@@ -121,7 +135,7 @@ static int parse(const char *body, size_t len, bool load, struct wish *x, struct
 
 /* ---- the served models ---- */
 
-static cJSON *models_now(const struct dla_opts *o)
+static cJSON *models_now(const struct lfl_opts *o)
 {
     char *t = o->models_json ? o->models_json(o->ctx) : NULL;
     cJSON *m = t ? cJSON_Parse(t) : NULL;
@@ -141,20 +155,23 @@ static const cJSON *served(const cJSON *models, const char *id)
     return NULL;
 }
 
-#define DLA_MAX_MODELS 64
+#define LFL_MAX_MODELS 64
 
 /* The models the live workers serve (their heartbeats' "model"): what the
  * wishes are kept under (each worker reads loras:<its model>). The
  * dispatcher's table is not asked: it lags the heartbeats by a refresh, and
  * holds served_model_name's alias, which no worker serves. */
-static int fleet_models(struct rconn *c, const struct dla_opts *o,
-                        char out[DLA_MAX_MODELS][MODELREF_NAME_MAX + 1], struct rl_err *err)
+static int fleet_models(struct rconn *c, const struct lfl_opts *o,
+                        char out[LFL_MAX_MODELS][MODELREF_NAME_MAX + 1], const char *name,
+                        bool *name_served, struct rl_err *err)
 {
+    if (name_served)
+        *name_served = false;
     struct rconn_reply *names = NULL, *hbs = NULL;
-    if (reg_read_heartbeats(c, o->prefix, DLA_MAX_WORKERS, &names, &hbs, err))
+    if (reg_read_heartbeats(c, o->prefix, LFL_MAX_WORKERS, &names, &hbs, err))
         return -1;
     int n = 0;
-    for (size_t i = 0; i < hbs->n_elem && n < DLA_MAX_MODELS; i++) {
+    for (size_t i = 0; i < hbs->n_elem && n < LFL_MAX_MODELS; i++) {
         if (hbs->elem[i].type != RCONN_STRING)
             continue;
         cJSON *hb = cJSON_ParseWithLength(hbs->elem[i].str, hbs->elem[i].len);
@@ -164,6 +181,15 @@ static int fleet_models(struct rconn *c, const struct dla_opts *o,
             have = !strcmp(out[k], m->valuestring);
         if (!have)
             snprintf(out[n++], MODELREF_NAME_MAX + 1, "%s", m->valuestring);
+        /* name already served here, as a model or an adapter? */
+        const cJSON *a, *list = name && name_served ? item(hb, "lora_adapters") : NULL;
+        if (name && name_served && str_is(m, name))
+            *name_served = true;
+        cJSON_ArrayForEach(a, list)
+        {
+            if (str_is(item(a, "name"), name))
+                *name_served = true;
+        }
         cJSON_Delete(hb);
     }
     rconn_reply_free(names);
@@ -172,24 +198,24 @@ static int fleet_models(struct rconn *c, const struct dla_opts *o,
 }
 
 /* x->model: the one given (a model live workers serve), or the only one. */
-static int pick_model(struct rconn *c, const struct dla_opts *o, struct wish *x,
-                      struct oai_error *e)
+static int pick_model(struct rconn *c, const struct lfl_opts *o, struct wish *x,
+                      bool *name_served, struct lfl_error *e)
 {
-    char models[DLA_MAX_MODELS][MODELREF_NAME_MAX + 1];
+    char models[LFL_MAX_MODELS][MODELREF_NAME_MAX + 1];
     struct rl_err err;
-    int n = fleet_models(c, o, models, &err);
+    int n = fleet_models(c, o, models, x->name, name_served, &err);
     if (n < 0) {
-        oai_error_set(e, 503, "server_error", "redis_unavailable", NULL,
-                      "reading the workers' heartbeats: %.300s", err.msg);
+        err_set(e, 503, "redis_unavailable", NULL,
+                "reading the workers' heartbeats: %.300s", err.msg);
         return 503;
     }
     if (x->model[0]) {
         for (int k = 0; k < n; k++)
             if (!strcmp(models[k], x->model))
                 return 0;
-        oai_error_set(e, 404, "invalid_request_error", "model_not_found", "model",
-                      "model '%.200s': no live worker serves it (a LoRA adapter's base model "
-                      "is the name its workers serve)", x->model);
+        err_set(e, 404, "model_not_found", "model",
+                "model '%.200s': no live worker serves it (a LoRA adapter's base model "
+                "is the name its workers serve)", x->model);
         return 404;
     }
     if (n == 1) {
@@ -197,21 +223,21 @@ static int pick_model(struct rconn *c, const struct dla_opts *o, struct wish *x,
         return 0;
     }
     if (n == 0) {
-        oai_error_set(e, 503, "server_error", "no_workers", "model",
-                      "no live worker serves a model to load an adapter on");
+        err_set(e, 503, "no_workers", "model",
+                "no live worker serves a model to load an adapter on");
         return 503;
     }
     struct text names = {0};
     for (int k = 0; k < n; k++)
         text_printf(&names, "%s%s", k ? ", " : "", models[k]);
-    oai_error_set(e, 400, "invalid_request_error", "MODEL_REQUIRED", "model",
-                  "several models are served (%.300s): say which in \"model\"",
-                  names.p ? names.p : "");
+    err_set(e, 400, "MODEL_REQUIRED", "model",
+            "several models are served (%.300s): say which in \"model\"",
+            names.p ? names.p : "");
     text_free(&names);
     return 400;
 }
 
-static void wish_key(const struct dla_opts *o, struct wish *x)
+static void wish_key(const struct lfl_opts *o, struct wish *x)
 {
     snprintf(x->key, sizeof x->key, "%.64sloras:%.128s", o->prefix, x->model);
 }
@@ -222,13 +248,13 @@ static void wish_key(const struct dla_opts *o, struct wish *x)
  * x->model, who is done with the wish (load: serves x->name from x->path;
  * unload: no longer serves it at runtime), who failed (load) and who has
  * not said yet. */
-static int look(struct rconn *c, const struct dla_opts *o, const struct wish *x, bool load,
+static int look(struct rconn *c, const struct lfl_opts *o, const struct wish *x, bool load,
                 struct tally *t, struct rl_err *err)
 {
     tally_free(t);
     memset(t, 0, sizeof *t);
     struct rconn_reply *names = NULL, *hbs = NULL;
-    if (reg_read_heartbeats(c, o->prefix, DLA_MAX_WORKERS, &names, &hbs, err))
+    if (reg_read_heartbeats(c, o->prefix, LFL_MAX_WORKERS, &names, &hbs, err))
         return -1;
     for (size_t i = 0; i < hbs->n_elem && i < names->n_elem; i++) {
         if (hbs->elem[i].type != RCONN_STRING)
@@ -263,11 +289,11 @@ static int look(struct rconn *c, const struct dla_opts *o, const struct wish *x,
             t->done++;
         } else if (load && failed) {
             t->failed++;
-            if (t->why.n < DLA_NOTE_MAX)
+            if (t->why.n < LFL_NOTE_MAX)
                 text_printf(&t->why, "%s%.100s: %.300s", t->why.n ? "; " : "", who, failed);
         } else {
             t->pending++;
-            if (t->waiting.n < DLA_NOTE_MAX)
+            if (t->waiting.n < LFL_NOTE_MAX)
                 text_printf(&t->waiting, "%s%.100s", t->waiting.n ? ", " : "", who);
         }
         cJSON_Delete(hb);
@@ -278,7 +304,7 @@ static int look(struct rconn *c, const struct dla_opts *o, const struct wish *x,
 }
 
 /* Looks until nobody is pending or the time is up; the last look in *t. */
-static int watch(struct rconn *c, const struct dla_opts *o, const struct wish *x, bool load,
+static int watch(struct rconn *c, const struct lfl_opts *o, const struct wish *x, bool load,
                  struct tally *t, struct rl_err *err)
 {
     int64_t until = rl_mono_ms() + o->timeout_ms;
@@ -295,8 +321,10 @@ static int watch(struct rconn *c, const struct dla_opts *o, const struct wish *x
 
 /* Waits (until the deadline the workers left) for this front door's model
  * table to list adapter x->name (listed) or not. */
-static void settle(const struct dla_opts *o, const struct wish *x, bool listed, int64_t until)
+static void settle(const struct lfl_opts *o, const struct wish *x, bool listed, int64_t until)
 {
+    if (!o->models_json)
+        return; /* no door of ours to wait for (redlm lora) */
     int poll = o->poll_ms > 0 ? o->poll_ms : 100;
     for (;;) {
         cJSON *m = models_now(o);
@@ -330,16 +358,16 @@ static long long ask_int(struct rconn *c, int argc, const char *const *argv, str
     return v;
 }
 
-static int redis_error(struct oai_error *e, const char *what, const char *msg)
+static int redis_error(struct lfl_error *e, const char *what, const char *msg)
 {
-    oai_error_set(e, 503, "server_error", "redis_unavailable", NULL, "%s: %.300s", what, msg);
+    err_set(e, 503, "redis_unavailable", NULL, "%s: %.300s", what, msg);
     return 503;
 }
 
 /* ---- the routes ---- */
 
-int dla_load(struct rconn *c, const struct dla_opts *o, const char *body, size_t len, char **ok,
-             struct oai_error *e)
+int lfl_load(struct rconn *c, const struct lfl_opts *o, const char *body, size_t len, char **ok,
+             struct lfl_error *e)
 {
     *ok = NULL;
     struct wish x;
@@ -347,12 +375,18 @@ int dla_load(struct rconn *c, const struct dla_opts *o, const char *body, size_t
     int rc = parse(body, len, true, &x, e);
     cJSON *models = rc ? NULL : models_now(o);
     if (!rc && served(models, x.name)) {
-        oai_error_set(e, 400, "invalid_request_error", "lora_already_loaded", "lora_name",
-                      "The lora adapter '%.200s' has already been loaded.", x.name);
+        err_set(e, 400, "lora_already_loaded", "lora_name",
+                "The lora adapter '%.200s' has already been loaded.", x.name);
         rc = 400;
     }
+    bool taken = false; /* by a worker the door's table has not seen yet */
     if (!rc)
-        rc = pick_model(c, o, &x, e);
+        rc = pick_model(c, o, &x, &taken, e);
+    if (!rc && taken) {
+        err_set(e, 400, "lora_already_loaded", "lora_name",
+                "The lora adapter '%.200s' has already been loaded.", x.name);
+        rc = 400;
+    }
     cJSON_Delete(models);
     if (rc)
         return rc;
@@ -363,8 +397,8 @@ int dla_load(struct rconn *c, const struct dla_opts *o, const char *body, size_t
     if (mine < 0)
         return redis_error(e, "writing the wish", err.msg);
     if (mine != 1) {
-        oai_error_set(e, 400, "invalid_request_error", "lora_already_loaded", "lora_name",
-                      "The lora adapter '%.200s' has already been loaded.", x.name);
+        err_set(e, 400, "lora_already_loaded", "lora_name",
+                "The lora adapter '%.200s' has already been loaded.", x.name);
         return 400;
     }
     struct tally t = {0};
@@ -375,15 +409,15 @@ int dla_load(struct rconn *c, const struct dla_opts *o, const char *body, size_t
     if (t.done == 0) {
         withdraw(c, &x);
         if (t.workers == 0)
-            oai_error_set(e, 503, "server_error", "no_workers", "model",
-                          "no live worker serves %.200s", x.model);
+            err_set(e, 503, "no_workers", "model",
+                    "no live worker serves %.200s", x.model);
         else if (t.failed)
-            oai_error_set(e, 400, "invalid_request_error", "lora_load_failed", "lora_path",
-                          "Loading lora adapter '%.128s' failed: %.380s", x.name, t.why.p);
+            err_set(e, 400, "lora_load_failed", "lora_path",
+                    "Loading lora adapter '%.128s' failed: %.380s", x.name, t.why.p);
         else
-            oai_error_set(e, 504, "server_error", "timeout", NULL,
-                          "no worker of %.128s loaded '%.128s' within %d s (waiting for %.200s)",
-                          x.model, x.name, o->timeout_ms / 1000, t.waiting.p);
+            err_set(e, 504, "timeout", NULL,
+                    "no worker of %.128s loaded '%.128s' within %d s (waiting for %.200s)",
+                    x.model, x.name, o->timeout_ms / 1000, t.waiting.p);
         rc = e->status;
         tally_free(&t);
         return rc;
@@ -398,15 +432,15 @@ int dla_load(struct rconn *c, const struct dla_opts *o, const char *body, size_t
     text_printf(&s, "\n");
     tally_free(&t);
     if (!s.p) {
-        oai_error_set(e, 500, "server_error", "out_of_memory", NULL, "out of memory");
+        err_set(e, 500, "out_of_memory", NULL, "out of memory");
         return 500;
     }
     *ok = s.p;
     return 0;
 }
 
-int dla_unload(struct rconn *c, const struct dla_opts *o, const char *body, size_t len,
-               char **ok, struct oai_error *e)
+int lfl_unload(struct rconn *c, const struct lfl_opts *o, const char *body, size_t len,
+               char **ok, struct lfl_error *e)
 {
     *ok = NULL;
     struct wish x;
@@ -421,9 +455,9 @@ int dla_unload(struct rconn *c, const struct dla_opts *o, const char *body, size
         snprintf(x.model, sizeof x.model, "%s", item(m, "parent")->valuestring);
     /* not served now (every worker failed it, or none is alive): the
      * wish may still be there, under one of the fleet's models */
-    char fleet[DLA_MAX_MODELS][MODELREF_NAME_MAX + 1];
+    char fleet[LFL_MAX_MODELS][MODELREF_NAME_MAX + 1];
     struct rl_err ferr;
-    int n_fleet = x.model[0] ? 0 : fleet_models(c, o, fleet, &ferr);
+    int n_fleet = x.model[0] ? 0 : fleet_models(c, o, fleet, NULL, NULL, &ferr);
     for (int k = 0; k < n_fleet; k++) {
         snprintf(x.model, sizeof x.model, "%.128s", fleet[k]);
         wish_key(o, &x);
@@ -434,8 +468,8 @@ int dla_unload(struct rconn *c, const struct dla_opts *o, const char *body, size
     }
     cJSON_Delete(models);
     if (!x.model[0]) {
-        oai_error_set(e, 404, "invalid_request_error", "lora_not_found", "lora_name",
-                      "The lora adapter '%.200s' cannot be found.", x.name);
+        err_set(e, 404, "lora_not_found", "lora_name",
+                "The lora adapter '%.200s' cannot be found.", x.name);
         return 404;
     }
     wish_key(o, &x);
@@ -445,14 +479,14 @@ int dla_unload(struct rconn *c, const struct dla_opts *o, const char *body, size
     if (had < 0)
         return redis_error(e, "deleting the wish", err.msg);
     if (!had && is_served) {
-        oai_error_set(e, 400, "invalid_request_error", "BAD_VALUE", "lora_name",
-                      "The lora adapter '%.200s' comes from the workers' lora_modules, not from "
-                      "a load: remove it there", x.name);
+        err_set(e, 400, "BAD_VALUE", "lora_name",
+                "The lora adapter '%.200s' comes from the workers' lora_modules, not from "
+                "a load: remove it there", x.name);
         return 400;
     }
     if (!had) {
-        oai_error_set(e, 404, "invalid_request_error", "lora_not_found", "lora_name",
-                      "The lora adapter '%.200s' cannot be found.", x.name);
+        err_set(e, 404, "lora_not_found", "lora_name",
+                "The lora adapter '%.200s' cannot be found.", x.name);
         return 404;
     }
     struct tally t = {0};
@@ -461,9 +495,9 @@ int dla_unload(struct rconn *c, const struct dla_opts *o, const char *body, size
         return redis_error(e, "reading the workers' heartbeats", err.msg);
     }
     if (t.pending) {
-        oai_error_set(e, 504, "server_error", "timeout", NULL,
-                      "'%.128s' is no longer wished, but %.200s still serve%s it after %d s",
-                      x.name, t.waiting.p, t.pending > 1 ? "" : "s", o->timeout_ms / 1000);
+        err_set(e, 504, "timeout", NULL,
+                "'%.128s' is no longer wished, but %.200s still serve%s it after %d s",
+                x.name, t.waiting.p, t.pending > 1 ? "" : "s", o->timeout_ms / 1000);
         tally_free(&t);
         return 504;
     }
@@ -472,9 +506,79 @@ int dla_unload(struct rconn *c, const struct dla_opts *o, const char *body, size
     struct text s = {0};
     text_printf(&s, "Success: LoRA adapter '%s' removed successfully.\n", x.name);
     if (!s.p) {
-        oai_error_set(e, 500, "server_error", "out_of_memory", NULL, "out of memory");
+        err_set(e, 500, "out_of_memory", NULL, "out of memory");
         return 500;
     }
     *ok = s.p;
+    return 0;
+}
+
+/* ---- the listing ---- */
+
+static cJSON *model_entry(cJSON *models, const char *name)
+{
+    cJSON *m;
+    cJSON_ArrayForEach(m, models)
+    {
+        if (str_is(item(m, "model"), name))
+            return m;
+    }
+    m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "model", name);
+    cJSON_AddObjectToObject(m, "wished");
+    cJSON_AddArrayToObject(m, "workers");
+    cJSON_AddItemToArray(models, m);
+    return m;
+}
+
+int lfl_list(struct rconn *c, const char *prefix, cJSON **out, struct rl_err *err)
+{
+    *out = NULL;
+    struct rconn_reply *names = NULL, *hbs = NULL;
+    if (reg_read_heartbeats(c, prefix, LFL_MAX_WORKERS, &names, &hbs, err))
+        return -err->code;
+    cJSON *o = cJSON_CreateObject(), *models = cJSON_AddArrayToObject(o, "models");
+    for (size_t i = 0; models && i < hbs->n_elem && i < names->n_elem; i++) {
+        if (hbs->elem[i].type != RCONN_STRING)
+            continue;
+        cJSON *hb = cJSON_ParseWithLength(hbs->elem[i].str, hbs->elem[i].len);
+        const cJSON *model = item(hb, "model");
+        if (cJSON_IsString(model)) {
+            cJSON *w = cJSON_CreateObject();
+            cJSON_AddStringToObject(w, "name", names->elem[i].str ? names->elem[i].str : "?");
+            const cJSON *a = item(hb, "lora_adapters"), *f = item(hb, "lora_failed");
+            cJSON_AddItemToObject(w, "adapters",
+                                  a ? cJSON_Duplicate(a, 1) : cJSON_CreateArray());
+            cJSON_AddItemToObject(w, "failed", f ? cJSON_Duplicate(f, 1) : cJSON_CreateArray());
+            cJSON_AddItemToArray(
+                cJSON_GetObjectItemCaseSensitive(model_entry(models, model->valuestring), "workers"), w);
+        }
+        cJSON_Delete(hb);
+    }
+    rconn_reply_free(names);
+    rconn_reply_free(hbs);
+    cJSON *m;
+    int rc = 0;
+    cJSON_ArrayForEach(m, models)
+    {
+        struct wish x = {0};
+        snprintf(x.model, sizeof x.model, "%.128s", item(m, "model")->valuestring);
+        struct lfl_opts lo = {.prefix = prefix};
+        wish_key(&lo, &x);
+        const char *argv[] = {"HGETALL", x.key};
+        struct rconn_reply *r = NULL;
+        if ((rc = rconn_command(c, 2, argv, NULL, &r, err)))
+            break;
+        cJSON *wished = cJSON_GetObjectItemCaseSensitive(m, "wished");
+        for (size_t k = 0; r && r->type == RCONN_ARRAY && k + 1 < r->n_elem; k += 2)
+            if (r->elem[k].type == RCONN_STRING && r->elem[k + 1].type == RCONN_STRING)
+                cJSON_AddStringToObject(wished, r->elem[k].str, r->elem[k + 1].str);
+        rconn_reply_free(r);
+    }
+    if (rc) {
+        cJSON_Delete(o);
+        return rc;
+    }
+    *out = o;
     return 0;
 }
