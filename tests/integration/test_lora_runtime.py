@@ -1,6 +1,6 @@
 """LoRA adapters loaded and unloaded at runtime for a whole fleet (vLLM's
 POST /v1/load_lora_adapter and /v1/unload_lora_adapter on the front door,
-dispatcher/loraadm.c; worker/lorart.c), against a real redis-server and
+common/lorafleet.c; worker/lorart.c), against a real redis-server and
 real worker and dispatcher processes.
 
 What is proved:
@@ -27,11 +27,12 @@ fixed sleeps.
 import http.client
 import json
 import shutil
+import subprocess
 import threading
 
 import pytest
 
-from conftest import connect, free_port, job_events, read_heartbeat, tap, wait_for
+from conftest import CLI, connect, free_port, job_events, read_heartbeat, tap, wait_for
 from test_lora import (PROMPTS, RANK, answer, chat, greedy, http_req, models, procs,  # noqa: F401
                        run, tokens)
 
@@ -229,3 +230,52 @@ def test_load_and_unload_across_the_fleet(models, roots, procs, redis_addr, pref
     again = chat(port, "sql", "Which module renders prompts?")
     assert again != ref_chat and again == chat(port, "other", "Which module renders prompts?")
     assert r.xpending(f"{prefix}jobs:lora@sql", "workers")["pending"] == 0
+
+
+def test_redlm_lora_without_a_front_door(models, roots, procs, redis_addr, prefix):
+    """`redlm lora` does what the front door's routes do, for a fleet fed by
+    the queue alone: the same wish, the same wait, the same refusals; list
+    shows the wish and each worker's adapters and failures."""
+    r = connect(redis_addr)
+
+    def lora(*args):
+        p = subprocess.run([str(CLI), "lora", *map(str, args), "--redis", redis_addr,
+                            "--prefix", prefix], capture_output=True, text=True, timeout=120)
+        return p.returncode, p.stdout, p.stderr
+
+    procs["worker"]("w1", models["base"], "--lora-dirs", roots["root"])
+    procs["worker"]("w2", models["base"])  # no lora_dirs
+    ref = procs["worker"]("ref", models["merged"], "--pools", "ref")
+    ids = PROMPTS[1]
+    want = tokens(answer(r, prefix, greedy("ref", ids, cache=False), pool="ref"))
+    ref.stop()
+    wait_for(lambda: read_heartbeat(r, prefix, "worker", "ref") is None, "ref's heartbeat gone",
+             15)
+    read_heartbeat(r, prefix, "worker", "w2", timeout=10)
+    rc, out, err = lora("load", "sql", "sql", "--timeout", "20")
+    assert rc == 0 and "added successfully. Served by 1 of the 2 live workers" in out, (out, err)
+    assert "w2: this worker loads no adapters at runtime" in out
+    # a job for it, straight to its stream: w1's answer, the merged checkpoint's
+    wait_for(lambda: (read_heartbeat(r, prefix, "worker", "w1") or {}).get("lora_adapters"),
+             "w1 serving sql")
+    evs = answer(r, prefix, greedy("s", ids, "sql", cache=False), stream=f"{prefix}jobs:lora@sql")
+    assert tokens(evs) == want
+    rc, out, err = lora("load", "sql", "v2")
+    assert rc == 1 and "has already been loaded" in err, (out, err)
+    rc, out, err = lora("load", "bad", "nowhere", "--timeout", "20")
+    assert rc == 1 and "no such directory" in err and "w1: " in err, (out, err)
+    rc, out, _ = lora("list", "--json")
+    m = json.loads(out)["models"]
+    assert [x["model"] for x in m] == [models["base"].name] and m[0]["wished"] == {"sql": "sql"}
+    by = {w["name"]: w for w in m[0]["workers"]}
+    assert [a["name"] for a in by["w1"]["adapters"]] == ["sql"] and by["w2"]["adapters"] == []
+    assert by["w2"]["failed"][0]["name"] == "sql"
+    rc, out, _ = lora("list")
+    assert "loaded at runtime: sql (sql)" in out and "failed sql: this worker loads" in out, out
+    rc, out, err = lora("unload", "sql")
+    assert rc == 0 and out == "Success: LoRA adapter 'sql' removed successfully.\n", (out, err)
+    assert "sql" not in [a["name"] for a in
+                         read_heartbeat(r, prefix, "worker", "w1").get("lora_adapters", [])]
+    rc, out, err = lora("unload", "sql")
+    assert rc == 1 and "cannot be found" in err
+    assert lora("frobnicate")[0] == 2 and lora("load", "x")[0] == 2

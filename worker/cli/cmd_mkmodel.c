@@ -138,7 +138,7 @@ static int lora_args(int argc, char **argv, struct mk_lora_opts *o, const char *
     return 0;
 }
 
-static int cmd_lora(int argc, char **argv)
+static int mkmodel_lora(int argc, char **argv)
 {
     struct mk_lora_opts o;
     const char *merge = NULL, *from = NULL;
@@ -299,7 +299,7 @@ int cmd_mkmodel(int argc, char **argv)
         }
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--lora-of") || !strcmp(argv[i], "--merge-lora"))
-            return cmd_lora(argc, argv);
+            return mkmodel_lora(argc, argv);
     struct mk_opts o;
     struct mk_result r;
     struct rl_err err = {0};

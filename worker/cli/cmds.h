@@ -9,6 +9,7 @@ int cmd_tail(int argc, char **argv);         /* cmd_client.c */
 int cmd_cancel(int argc, char **argv);       /* cmd_client.c */
 int cmd_chat(int argc, char **argv);         /* cmd_client.c */
 int cmd_stats(int argc, char **argv);        /* cmd_stats.c */
+int cmd_lora(int argc, char **argv);         /* cmd_lora.c */
 int cmd_top(int argc, char **argv);          /* cmd_stats.c */
 
 int cmd_logits(int argc, char **argv);       /* cmd_engine.c */

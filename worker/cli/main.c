@@ -18,6 +18,7 @@ static const struct cli_cmd cmds[] = {
     {"chat", cmd_chat, "[--mode M] [--pool P]: chat in the terminal through the queue"},
     {"stats", cmd_stats, "[--json]: workers, dispatchers, pools, dead letters"},
     {"top", cmd_top, "the same, live (q quits)"},
+    {"lora", cmd_lora, "load NAME PATH | unload NAME | list: runtime LoRA adapters of the fleet"},
     {"logits", cmd_logits, "-m DIR --tokens 1,2,3 [--all]: print logits as JSON"},
     {"run", cmd_run, "-m DIR --tokens 1,2,3 -n N [--temperature 0] [--ignore-eos]: generate"},
     {"bench-engine", cmd_bench_engine, "-m DIR --prompt P --gen G --batch B [--speculative oracle|ngram] [--json-schema FILE]: engine speed"},
