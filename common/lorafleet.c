@@ -171,7 +171,7 @@ static int fleet_models(struct rconn *c, const struct lfl_opts *o,
     if (reg_read_heartbeats(c, o->prefix, LFL_MAX_WORKERS, &names, &hbs, err))
         return -1;
     int n = 0;
-    for (size_t i = 0; i < hbs->n_elem && n < LFL_MAX_MODELS; i++) {
+    for (size_t i = 0; hbs && i < hbs->n_elem && n < LFL_MAX_MODELS; i++) {
         if (hbs->elem[i].type != RCONN_STRING)
             continue;
         cJSON *hb = cJSON_ParseWithLength(hbs->elem[i].str, hbs->elem[i].len);
@@ -256,7 +256,7 @@ static int look(struct rconn *c, const struct lfl_opts *o, const struct wish *x,
     struct rconn_reply *names = NULL, *hbs = NULL;
     if (reg_read_heartbeats(c, o->prefix, LFL_MAX_WORKERS, &names, &hbs, err))
         return -1;
-    for (size_t i = 0; i < hbs->n_elem && i < names->n_elem; i++) {
+    for (size_t i = 0; hbs && i < hbs->n_elem && i < names->n_elem; i++) {
         if (hbs->elem[i].type != RCONN_STRING)
             continue; /* expired: not live */
         cJSON *hb = cJSON_ParseWithLength(hbs->elem[i].str, hbs->elem[i].len);
@@ -538,7 +538,7 @@ int lfl_list(struct rconn *c, const char *prefix, cJSON **out, struct rl_err *er
     if (reg_read_heartbeats(c, prefix, LFL_MAX_WORKERS, &names, &hbs, err))
         return -err->code;
     cJSON *o = cJSON_CreateObject(), *models = cJSON_AddArrayToObject(o, "models");
-    for (size_t i = 0; models && i < hbs->n_elem && i < names->n_elem; i++) {
+    for (size_t i = 0; models && hbs && i < hbs->n_elem && i < names->n_elem; i++) {
         if (hbs->elem[i].type != RCONN_STRING)
             continue;
         cJSON *hb = cJSON_ParseWithLength(hbs->elem[i].str, hbs->elem[i].len);

@@ -13,7 +13,8 @@
 /* The first max registered workers (ZRANGE) and their heartbeats (one
  * MGET, one reply per name: nil for an expired one), in two round trips.
  * The caller frees both replies; both are NULL on failure, then err is
- * filled (-RL_EFORMAT when the registry is not a sorted set). */
+ * filled (-RL_EFORMAT when the registry is not a sorted set). With no
+ * worker registered *hbs is NULL on success too (no MGET is sent). */
 int reg_read_heartbeats(struct rconn *c, const char *prefix, int max,
                         struct rconn_reply **names, struct rconn_reply **hbs, struct rl_err *err);
 

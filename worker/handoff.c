@@ -85,7 +85,7 @@ static bool read_elsewhere(struct worker *w, const char *name)
         RL_LOG(&w->log, RL_LOG_DEBUG, "registry: %s", err.msg);
         return false; /* not cached: asked again with the next such job */
     }
-    for (size_t i = 0; i < hbs->n_elem && !yes; i++)
+    for (size_t i = 0; hbs && i < hbs->n_elem && !yes; i++)
         if (hbs->elem[i].type == RCONN_STRING)
             yes = reads_stream(w, hbs->elem[i].str, hbs->elem[i].len, name);
     rconn_reply_free(names);
