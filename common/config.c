@@ -141,6 +141,8 @@ static const struct opt options[] = {
     /* jobs */
     {"runtime_lora", T_BOOL, O(runtime_lora), "false", 0, 0, NULL, CFG_DISPATCHER, 0,
      "Whether the front door takes vLLM's POST /v1/load_lora_adapter {lora_name, lora_path} and /v1/unload_lora_adapter {lora_name} (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING), for every live and future worker of the model at once; off = 404. Workers load only from their lora_dirs."},
+    {"runtime_lora_tenants", T_LIST, O(runtime_lora_tenants), "", 0, 0, NULL, CFG_DISPATCHER, F_EMPTY,
+     "With API keys on (api_keys_file), the tenants (the keys file's second column) whose keys may call the runtime LoRA routes; another key gets 403. Empty = every key: keep runtime_lora off, or name the operators here, where the keys go to clients."},
     {"runtime_lora_timeout_s", T_INT, O(runtime_lora_timeout_s), "60", 1, 3600, NULL, CFG_DISPATCHER, 0,
      "How long a load or unload waits for every live worker of the model to say it is done."},
     {"default_max_tokens", T_INT, O(default_max_tokens), "1024", 1, 1048576, NULL, CFG_BOTH, F_LIVE,

@@ -45,6 +45,7 @@ struct cfg {
     struct cfg_strlist lora_dirs; /* worker: where runtime adapters may come from; empty = none */
     bool runtime_lora;            /* dispatcher: POST /v1/load_lora_adapter and /v1/unload_lora_adapter */
     int runtime_lora_timeout_s;   /* dispatcher: how long those wait for the workers */
+    struct cfg_strlist runtime_lora_tenants; /* dispatcher: with API keys, who may call them; empty = every key */
     char *served_model_name;      /* "" = derived from model (modelref.h) */
     char *pool_scope;             /* "shared" (jobs:<pool>) or "model" (jobs:<name>:<pool>) */
     char *backend;                /* "cpu", "cuda" or "sim" */

@@ -175,6 +175,7 @@ struct dhttp {
     int max_pending, pending_per_ip, auth_per_min, lease_ms;
     int store_ttl_s;      /* responses_store_ttl_s: stored Responses' TTL, 0 = none kept */
     bool runtime_lora;    /* the runtime LoRA routes (lorafleet.h) are on */
+    char *lora_tenants;   /* runtime_lora_tenants as ",a,b," ("" = any key), owned */
     int lora_timeout_ms;  /* and how long they wait for the workers */
     size_t store_max;     /* responses_store_max_kb, in bytes */
     int conv_ttl_s;       /* conversation_ttl_s: conversations' TTL, 0 = none kept */
@@ -2944,6 +2945,15 @@ static enum MHD_Result lora_admin(struct req *q, struct MHD_Connection *conn)
                       "body: over the limit of %zu bytes", h->lim.max_body_bytes);
         return respond_error(q, conn, &e);
     }
+    /* keys go to clients; loading adapters is the operators' */
+    char me[OAI_TENANT_MAX + 3];
+    snprintf(me, sizeof me, ",%s,", q->tenant);
+    if (q->has_tenant && h->lora_tenants && h->lora_tenants[0] && !strstr(h->lora_tenants, me)) {
+        oai_error_set(&e, 403, "invalid_request_error", "permission_denied", NULL,
+                      "tenant %s may not load or unload LoRA adapters (runtime_lora_tenants)",
+                      q->tenant);
+        return respond_error(q, conn, &e);
+    }
     struct rl_err err;
     struct rconn *c = pool_get(h, &err);
     if (!c) {
@@ -3516,6 +3526,7 @@ static void free_dhttp(struct dhttp *h)
     free(h->prefix);
     free(h->model);
     free(h->keys_path);
+    free(h->lora_tenants);
     free(h->bind);
     free(h->redis_addr);
     free(h->redis_user);
@@ -3600,6 +3611,12 @@ static int start(struct dhttp **out, const struct cfg *cfg, const struct rl_log 
     h->shared_reader = !ops && cfg->http_shared_reader;
     h->runtime_lora = !ops && cfg->runtime_lora;
     h->lora_timeout_ms = cfg->runtime_lora_timeout_s * 1000;
+    {
+        struct text t = {0};
+        for (int i = 0; i < cfg->runtime_lora_tenants.n; i++)
+            text_printf(&t, "%s%s,", i ? "" : ",", cfg->runtime_lora_tenants.v[i]);
+        h->lora_tenants = t.p ? t.p : strdup("");
+    }
     /* rconn waits io_timeout for a reply: a BLOCK as long would read as a
      * dead connection */
     int io = cfg->redis_io_timeout_ms;

@@ -37,11 +37,11 @@ from test_lora import (PROMPTS, RANK, answer, chat, greedy, http_req, models, pr
                        run, tokens)
 
 
-def post(port, path, body):
+def post(port, path, body, headers=None):
     """(status, text) of a POST; an error's JSON is decoded."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     c.request("POST", path, body=json.dumps(body) if not isinstance(body, str) else body,
-              headers={"Content-Type": "application/json"})
+              headers={"Content-Type": "application/json", **(headers or {})})
     resp = c.getresponse()
     data = resp.read().decode()
     c.close()
@@ -279,3 +279,23 @@ def test_redlm_lora_without_a_front_door(models, roots, procs, redis_addr, prefi
     rc, out, err = lora("unload", "sql")
     assert rc == 1 and "cannot be found" in err
     assert lora("frobnicate")[0] == 2 and lora("load", "x")[0] == 2
+
+
+def test_only_the_operators_keys_load_adapters(procs, tmp_path):
+    """With API keys on, runtime_lora_tenants names who may load and unload:
+    a client's key gets 403 before anything is wished, no key 401, an
+    operator's key passes (here to "no live worker")."""
+    keys = tmp_path / "keys"
+    keys.write_text("sk-ops-000000001 ops\nsk-team-00000001 team\n")
+    port = free_port()
+    procs["dispatcher"]("--runtime-lora", "--api-keys-file", keys, "--runtime-lora-tenants",
+                        "ops", http_port=port)
+    body = {"lora_name": "sql", "lora_path": "sql"}
+    for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+        st, e = post(port, path, body, {"Authorization": "Bearer sk-team-00000001"})
+        assert st == 403 and e["error"]["code"] == "permission_denied", e
+        assert "tenant team" in e["error"]["message"]
+        st, e = post(port, path, body)
+        assert st == 401, e
+    st, e = post(port, "/v1/load_lora_adapter", body, {"Authorization": "Bearer sk-ops-000000001"})
+    assert st == 503 and e["error"]["code"] == "no_workers", e
