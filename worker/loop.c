@@ -971,6 +971,7 @@ static void apply_reload(struct worker *w)
         w->log.level = lvl;
     cfg_job_opts(&w->cfg, &w->jopts);
     w_lora_reload(w); /* adapters added to lora_modules load now */
+    w_lorart_retry(w); /* runtime ones that failed, with lora_dirs as they are now */
     RL_LOG(&w->log, RL_LOG_INFO, "SIGHUP: settings reloaded");
 }
 

@@ -310,7 +310,7 @@ static void follow(struct worker *w)
     /* failures of wishes that changed or went are forgotten */
     for (int k = rt->n_fail - 1; k >= 0; k--) {
         const struct rt_wish *x = wish_of(rt, rt->fail[k].name);
-        if (!x || strcmp(x->path, rt->fail[k].path))
+        if (!x || !rt->fail[k].path || strcmp(x->path, rt->fail[k].path))
             fail_drop(rt, k);
     }
     /* runtime adapters the wish no longer names, or names with another path */
@@ -396,6 +396,16 @@ int w_lorart_start(struct worker *w)
     rconn_reply_free(r);
     w_lorart_step(w);
     return 0;
+}
+
+void w_lorart_retry(struct worker *w)
+{
+    struct w_lorart *rt = w->rt;
+    if (!rt)
+        return;
+    while (rt->n_fail > 0)
+        fail_drop(rt, rt->n_fail - 1);
+    rt->dirty = true;
 }
 
 /* ---- the heartbeat ---- */

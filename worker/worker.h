@@ -542,6 +542,9 @@ void w_lorart_reply(struct worker *w, const struct rconn_reply *r);
 /* Between steps: loads and unloads what the wish changed, frees the
  * weights of unloaded adapters whose jobs are done. */
 void w_lorart_step(struct worker *w);
+/* SIGHUP (lora_dirs may have changed): the wishes that failed are tried
+ * again. */
+void w_lorart_retry(struct worker *w);
 /* At start, once Redis answers: reads the wish and follows it, so a new
  * worker serves what the fleet serves before it reads its first job. */
 int w_lorart_start(struct worker *w);

@@ -27,6 +27,7 @@ fixed sleeps.
 import http.client
 import json
 import shutil
+import signal
 import subprocess
 import threading
 
@@ -232,7 +233,7 @@ def test_load_and_unload_across_the_fleet(models, roots, procs, redis_addr, pref
     assert r.xpending(f"{prefix}jobs:lora@sql", "workers")["pending"] == 0
 
 
-def test_redlm_lora_without_a_front_door(models, roots, procs, redis_addr, prefix):
+def test_redlm_lora_without_a_front_door(models, roots, procs, redis_addr, prefix, tmp_path):
     """`redlm lora` does what the front door's routes do, for a fleet fed by
     the queue alone: the same wish, the same wait, the same refusals; list
     shows the wish and each worker's adapters and failures."""
@@ -244,7 +245,9 @@ def test_redlm_lora_without_a_front_door(models, roots, procs, redis_addr, prefi
         return p.returncode, p.stdout, p.stderr
 
     procs["worker"]("w1", models["base"], "--lora-dirs", roots["root"])
-    procs["worker"]("w2", models["base"])  # no lora_dirs
+    conf = tmp_path / "w2.conf"
+    conf.write_text("lora_dirs = [];\n")
+    w2 = procs["worker"]("w2", models["base"], "-c", conf)  # no lora_dirs, for now
     ref = procs["worker"]("ref", models["merged"], "--pools", "ref")
     ids = PROMPTS[1]
     want = tokens(answer(r, prefix, greedy("ref", ids, cache=False), pool="ref"))
@@ -272,10 +275,17 @@ def test_redlm_lora_without_a_front_door(models, roots, procs, redis_addr, prefi
     assert by["w2"]["failed"][0]["name"] == "sql"
     rc, out, _ = lora("list")
     assert "loaded at runtime: sql (sql)" in out and "failed sql: this worker loads" in out, out
+    # lora_dirs given to w2 and SIGHUP: what failed there is tried again
+    conf.write_text(f'lora_dirs = ["{roots["root"]}"];\n')
+    w2.signal(signal.SIGHUP)
+    wait_for(lambda: [a.get("lora_path") for a in (read_heartbeat(r, prefix, "worker", "w2") or {})
+                      .get("lora_adapters", [])] == ["sql"], "w2 serving sql after SIGHUP", 15)
+    assert "lora_failed" not in read_heartbeat(r, prefix, "worker", "w2")
     rc, out, err = lora("unload", "sql")
     assert rc == 0 and out == "Success: LoRA adapter 'sql' removed successfully.\n", (out, err)
-    assert "sql" not in [a["name"] for a in
-                         read_heartbeat(r, prefix, "worker", "w1").get("lora_adapters", [])]
+    for w in ("w1", "w2"):
+        assert "sql" not in [a["name"] for a in
+                             read_heartbeat(r, prefix, "worker", w).get("lora_adapters", [])]
     rc, out, err = lora("unload", "sql")
     assert rc == 1 and "cannot be found" in err
     assert lora("frobnicate")[0] == 2 and lora("load", "x")[0] == 2
