@@ -1927,8 +1927,11 @@ static int lora_into_slot(struct engine *e, int slot, const char *path, struct l
     return rc;
 }
 
-int engine_lora_add(struct engine *e, const char *name, const char *dir, struct rl_err *err)
+/* Whether name may be added now: its index when a dropped adapter had it
+ * (*i, else -1), or the refusal. */
+static int lora_name_check(const struct engine *e, const char *name, int *i, struct rl_err *err)
 {
+    *i = -1;
     if (!e->be->ops->lora_set)
         return refuse(err, EV_CODE_BAD_PARAM, "adapter %s: the %s backend serves no LoRA adapters",
                       name ? name : "?", e->be->ops->name);
@@ -1941,12 +1944,33 @@ int engine_lora_add(struct engine *e, const char *name, const char *dir, struct 
     if (!strcmp(name, e->served_name) || lora_slot(e, name) > 0)
         return refuse(err, EV_CODE_BAD_PARAM, "adapter name \"%s\" is already served", name);
     /* a dropped adapter's name comes back to its own slot */
-    int i = lora_index(e, name);
-    if (i < 0 && e->n_loras == LORA_MAX_ADAPTERS - 1) /* the last slot is model_lora's */
+    *i = lora_index(e, name);
+    if (*i < 0 && e->n_loras == LORA_MAX_ADAPTERS - 1) /* the last slot is model_lora's */
         return rl_errf(err, RL_EFULL, "adapter %s: %d adapters are served already", name,
                        LORA_MAX_ADAPTERS - 1);
-    struct lora_adapter *a;
-    if (lora_into_slot(e, (i < 0 ? e->n_loras : i) + 1, dir, &a, err))
+    return 0;
+}
+
+int engine_lora_add(struct engine *e, const char *name, const char *dir, struct rl_err *err)
+{
+    int i, rc = lora_name_check(e, name, &i, err); /* before the slow part */
+    if (rc)
+        return rc;
+    struct lora_adapter *a = NULL;
+    if (lora_load(&a, dir, e->cfg, err))
+        return rl_err_wrap(err, "adapter %s", name);
+    if ((rc = engine_lora_add_loaded(e, name, a, err)))
+        lora_free(a);
+    return rc;
+}
+
+int engine_lora_add_loaded(struct engine *e, const char *name, struct lora_adapter *a,
+                           struct rl_err *err)
+{
+    int i, rc = lora_name_check(e, name, &i, err);
+    if (rc)
+        return rc;
+    if (e->be->ops->lora_set(e->be->ctx, (i < 0 ? e->n_loras : i) + 1, a, err))
         return rl_err_wrap(err, "adapter %s", name);
     if (i >= 0) {
         /* the prefix cache is salted by the adapter's name (kv_salt_lora,
@@ -1963,6 +1987,8 @@ int engine_lora_add(struct engine *e, const char *name, const char *dir, struct 
     l->a = a;
     return 0;
 }
+
+const struct model_config *engine_model_config(const struct engine *e) { return e->cfg; }
 
 int engine_lora_drop(struct engine *e, const char *name, struct rl_err *err)
 {

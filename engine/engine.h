@@ -111,6 +111,8 @@
 struct engine;    /* model, backend, KV pool, scheduler, requests */
 struct tokenizer; /* tokenizer.h */
 struct cJSON;     /* chat messages and tools, as cJSON trees */
+struct lora_adapter; /* lora.h */
+struct model_config; /* model.h */
 
 /* Qwen3's own early-stop phrase for an exhausted thinking budget. */
 #define ENGINE_THINK_STOP_TEXT                                                       \
@@ -564,6 +566,15 @@ bool engine_embed_only(const struct engine *e);
  * past LORA_MAX_ADAPTERS - 1 names (the last slot is
  * engine_options.model_lora's), and lora_load's. */
 int engine_lora_add(struct engine *e, const char *name, const char *dir, struct rl_err *err);
+/* The same for an adapter already loaded (lora_load, with
+ * engine_model_config's shape: the slow part, which any thread may do
+ * while the engine steps): only the backend's slot is filled here. On
+ * success the engine owns a; on failure the caller still does. */
+int engine_lora_add_loaded(struct engine *e, const char *name, struct lora_adapter *a,
+                           struct rl_err *err);
+/* The model's shape (immutable for the engine's life: any thread may read
+ * it, as lora_load does). */
+const struct model_config *engine_model_config(const struct engine *e);
 /* Stops serving adapter `name` and frees its weights (on the backend's
  * device too): RL_EBUSY while a request not finished uses it (the caller
  * stops submitting them and tries again between steps), RL_ENOTFOUND when

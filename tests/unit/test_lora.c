@@ -548,6 +548,13 @@ static void test_drop_and_reload(void **state)
     run_one(e, ids, 48, "a", 4, &r);
     assert_int_equal(r.usage.cached_prompt_tokens, 0);
     assert_memory_equal(r.tokens, ra.tokens, 4 * sizeof r.tokens[0]);
+    /* read elsewhere (any thread), installed here: the same adapter */
+    struct lora_adapter *pre = NULL;
+    assert_int_equal(lora_load(&pre, ad_dir, engine_model_config(e), &err), 0);
+    assert_true(engine_lora_add_loaded(e, "keep", pre, &err) < 0); /* taken: still ours */
+    assert_int_equal(engine_lora_add_loaded(e, "pre", pre, &err), 0); /* the engine's now */
+    run_one(e, ids, 48, "pre", 4, &r);
+    assert_memory_equal(r.tokens, ra.tokens, 4 * sizeof r.tokens[0]);
     /* the others were served throughout; their idle cache went too */
     run_one(e, ids, 48, "keep", 2, &rb2);
     assert_memory_equal(rb2.tokens, rb.tokens, 2 * sizeof rb.tokens[0]);
