@@ -33,8 +33,11 @@
  * Main thread only. */
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 
@@ -58,6 +61,23 @@ struct w_lorart {
     char *path[RT_MAX];             /* its lora_path as the wish said (runtime only) */
     bool gone[RT_MAX];              /* unloaded or unloading: not served */
     bool dropping[RT_MAX];          /* engine_lora_drop still to be done */
+    /* the adapter being read and hashed off the loop thread (one at a
+     * time): for a 14B rank-16 adapter about 1.5 s that every running
+     * stream would otherwise wait (BENCHMARKS.md) */
+    struct rt_job {
+        pthread_t th;
+        bool running;               /* started, not joined */
+        atomic_bool done;
+        char name[MODELREF_NAME_MAX + 1];
+        char *path;                 /* the wish's lora_path, owned */
+        char dir[PATH_MAX];         /* resolved */
+        char id[SHA256_HEX_LEN + 1];
+        struct lora_adapter *a;     /* the result, owned until installed */
+        struct rl_err err;
+        int rc;
+        int64_t t0;
+        const struct worker *w;
+    } job;
     /* wishes that failed here, kept until the wish for the name changes */
     struct rt_fail {
         char name[MODELREF_NAME_MAX + 1];
@@ -78,6 +98,10 @@ void w_lorart_free(struct worker *w)
     struct w_lorart *rt = w->rt;
     if (!rt)
         return;
+    if (rt->job.running)
+        pthread_join(rt->job.th, NULL);
+    lora_free(rt->job.a); /* read, not installed */
+    free(rt->job.path);
     for (int i = 0; i < rt->n_want; i++)
         free(rt->want[i].path);
     for (int i = 0; i < RT_MAX; i++)
@@ -258,27 +282,82 @@ static int lora_index(const struct worker *w, const char *name)
     return -1;
 }
 
-/* Loads wish x (nothing is served as x->name now). */
+static void *prepare_main(void *arg)
+{
+    struct rt_job *jb = arg;
+    jb->rc = w_lora_prepare(jb->w, jb->dir, jb->id, &jb->a, &jb->err);
+    atomic_store(&jb->done, true);
+    return NULL;
+}
+
+/* Starts loading wish x (nothing is served as x->name now): its files are
+ * read on a thread of their own, installed by w_lorart_step once read. */
 static void load(struct worker *w, const struct rt_wish *x)
 {
     struct w_lorart *rt = w->rt;
-    char dir[PATH_MAX];
+    struct rt_job *jb = &rt->job;
+    if (jb->running)
+        return; /* after the one being read: its install follows the wish again */
     struct rl_err err = {0};
-    if (resolve(w, x->path, dir, &err)) {
+    if (resolve(w, x->path, jb->dir, &err)) {
         fail_note(w, x, err.msg);
         return;
     }
-    char *p = strdup(x->path);
-    int i = p ? w_lora_load(w, x->name, dir, &err) : rl_errf(&err, RL_ENOMEM, "out of memory");
+    free(jb->path);
+    if (!(jb->path = strdup(x->path))) {
+        fail_note(w, x, "out of memory");
+        return;
+    }
+    snprintf(jb->name, sizeof jb->name, "%s", x->name);
+    jb->a = NULL;
+    jb->rc = 0;
+    jb->err = (struct rl_err){0};
+    jb->w = w;
+    jb->t0 = rl_wall_ms();
+    atomic_store(&jb->done, false);
+    jb->running = !pthread_create(&jb->th, NULL, prepare_main, jb);
+    if (!jb->running)
+        prepare_main(jb); /* no thread: here, as lora_modules's are */
+}
+
+/* The adapter the job read, into the engine, if the wish still wants it
+ * from that path; else it is dropped. */
+static void install(struct worker *w)
+{
+    struct w_lorart *rt = w->rt;
+    struct rt_job *jb = &rt->job;
+    const struct rt_wish *x = wish_of(rt, jb->name);
+    struct rt_wish me = {.path = jb->path};
+    snprintf(me.name, sizeof me.name, "%s", jb->name);
+    if (!x || strcmp(x->path, jb->path)) {
+        lora_free(jb->a);
+        jb->a = NULL;
+        return;
+    }
+    if (jb->rc) {
+        rl_err_wrap(&jb->err, "lora %s (%s)", jb->name, jb->dir);
+        fail_note(w, &me, jb->err.msg);
+        return;
+    }
+    struct rl_err err = {0};
+    char *p = strdup(jb->path);
+    int i = p ? w_lora_install(w, jb->name, jb->dir, jb->id, jb->a, &err)
+              : rl_errf(&err, RL_ENOMEM, "out of memory");
     if (i < 0) {
         free(p);
-        fail_note(w, x, err.msg);
+        lora_free(jb->a);
+        jb->a = NULL;
+        fail_note(w, &me, err.msg);
         return;
     }
+    jb->a = NULL; /* the engine's */
     free(rt->path[i]);
     rt->path[i] = p;
     rt->runtime[i] = true;
     rt->gone[i] = false;
+    RL_LOG(&w->log, RL_LOG_INFO, "runtime LoRA adapter \"%s\": %s, rank %d, read in %.1f s off "
+           "the loop", jb->name, jb->dir, engine_lora_rank(w->eng, i),
+           (double)(rl_wall_ms() - jb->t0) / 1000.0);
     /* a new name reads from a stream of its own once no read is out */
     if (w->n_loras > w->n_lora_specs && w->n_lora_specs < W_MAX_STREAMS)
         w->relayout = true;
@@ -356,6 +435,15 @@ void w_lorart_step(struct worker *w)
     if (!rt)
         return;
     bool dropped = false;
+    struct rt_job *jb = &rt->job;
+    if (atomic_load(&jb->done)) {
+        if (jb->running) /* (not: read here, no thread could be started) */
+            pthread_join(jb->th, NULL);
+        jb->running = false;
+        atomic_store(&jb->done, false);
+        install(w);
+        dropped = true; /* follow again: more may wait for their turn */
+    }
     for (int i = 0; i < w->n_loras; i++) {
         if (!rt->dropping[i] || jobs_with(w, i))
             continue;
@@ -394,7 +482,13 @@ int w_lorart_start(struct worker *w)
     }
     w_lorart_reply(w, r);
     rconn_reply_free(r);
+    /* before the first job: every wished adapter read, one after another */
     w_lorart_step(w);
+    while (w->rt->job.running || w->rt->dirty) {
+        struct timespec ts = {0, 5 * 1000000L};
+        nanosleep(&ts, NULL);
+        w_lorart_step(w);
+    }
     return 0;
 }
 

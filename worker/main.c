@@ -330,19 +330,24 @@ static int lora_specs(struct worker *w, struct modelref_lora **out, int *n, stru
     return 0;
 }
 
-int w_lora_load(struct worker *w, const char *name, const char *dir, struct rl_err *err)
+int w_lora_prepare(const struct worker *w, const char *dir, char id[SHA256_HEX_LEN + 1],
+                   struct lora_adapter **out, struct rl_err *err)
 {
-    int64_t t0 = rl_wall_ms();
-    char id[SHA256_HEX_LEN + 1];
+    *out = NULL;
+    int rc = modelid_lora(w->model_id, dir, id, err);
+    if (!rc)
+        rc = lora_load(out, dir, engine_model_config(w->eng), err);
+    return rc;
+}
+
+int w_lora_install(struct worker *w, const char *name, const char *dir,
+                   const char id[SHA256_HEX_LEN + 1], struct lora_adapter *a, struct rl_err *err)
+{
     char *d = strdup(dir);
     if (!d)
         return rl_errf(err, RL_ENOMEM, "lora %s: out of memory", name);
-    int rc = modelid_lora(w->model_id, dir, id, err);
+    int rc = engine_lora_add_loaded(w->eng, name, a, err);
     if (rc) {
-        free(d);
-        return rl_err_wrap(err, "lora %s", name);
-    }
-    if ((rc = engine_lora_add(w->eng, name, dir, err))) {
         free(d);
         return rl_err_wrap(err, "lora %s (%s)", name, dir);
     }
@@ -350,7 +355,7 @@ int w_lora_load(struct worker *w, const char *name, const char *dir, struct rl_e
     int i = 0;
     while (strcmp(engine_lora_name(w->eng, i), name))
         i++;
-    memcpy(w->lora_id[i], id, sizeof id);
+    memcpy(w->lora_id[i], id, SHA256_HEX_LEN + 1);
     free(w->lora_dir[i]);
     w->lora_dir[i] = d;
     w_lorart_forget(w, i); /* served as lora_modules's until lorart.c says otherwise */
@@ -358,6 +363,21 @@ int w_lora_load(struct worker *w, const char *name, const char *dir, struct rl_e
         pthread_mutex_lock(&w->m.mu);
         w->n_loras = i + 1;
         pthread_mutex_unlock(&w->m.mu);
+    }
+    return i;
+}
+
+int w_lora_load(struct worker *w, const char *name, const char *dir, struct rl_err *err)
+{
+    int64_t t0 = rl_wall_ms();
+    char id[SHA256_HEX_LEN + 1];
+    struct lora_adapter *a = NULL;
+    if (w_lora_prepare(w, dir, id, &a, err))
+        return rl_err_wrap(err, "lora %s (%s)", name, dir);
+    int i = w_lora_install(w, name, dir, id, a, err);
+    if (i < 0) {
+        lora_free(a);
+        return i;
     }
     RL_LOG(&w->log, RL_LOG_INFO, "LoRA adapter \"%s\": %s, rank %d, loaded in %.1f s", name, dir,
            engine_lora_rank(w->eng, i), (double)(rl_wall_ms() - t0) / 1000.0);

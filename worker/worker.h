@@ -527,6 +527,14 @@ int w_lora_find(const struct worker *w, const char *name);
  * dropped adapter of that name had) with its result-cache identity;
  * returns its index or a negative rl_code (err filled). Main thread. */
 int w_lora_load(struct worker *w, const char *name, const char *dir, struct rl_err *err);
+/* w_lora_load in two: the slow part, any thread (the adapter's files read
+ * and hashed: *out owned by the caller), then, on the main thread between
+ * steps, the engine's slot and the tables (on success the engine owns a;
+ * returns the index, or a negative rl_code and the caller still owns a). */
+int w_lora_prepare(const struct worker *w, const char *dir, char id[SHA256_HEX_LEN + 1],
+                   struct lora_adapter **out, struct rl_err *err);
+int w_lora_install(struct worker *w, const char *name, const char *dir,
+                   const char id[SHA256_HEX_LEN + 1], struct lora_adapter *a, struct rl_err *err);
 
 /* lorart.c: LoRA adapters loaded and unloaded at runtime through the
  * fleet's wish, <prefix>loras:<model> (see there). Main thread. */
