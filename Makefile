@@ -115,7 +115,7 @@ LIBCOMMON  := $(BUILD)/libredlm_common.a
 .SECONDARY: $(TEST_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o) \
             $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/backend/test_*.c))
 
-.PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks bench-affinity bench-overlap bench-responses bench-lora-fleet demo gpu-bundle fuzz asan deps clean install
+.PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks bench-affinity bench-overlap bench-responses bench-lora-fleet bench-lora-stall demo gpu-bundle fuzz asan deps clean install
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 ifeq ($(CUDA),1)
@@ -207,6 +207,9 @@ bench-responses: all
 # of LORA_ARGS="--before DIR", and jobs handed on from the pools.
 bench-lora-fleet: all
 	BUILD=$(BUILD) /usr/bin/python3 tests/bench/bench_lora_fleet.py $(LORA_ARGS)
+
+bench-lora-stall: all
+	BUILD=$(BUILD) /usr/bin/python3 tests/bench/bench_lora_stall.py $(STALL_ARGS)
 
 demo: all
 	BUILD=$(BUILD) bash examples/demo.sh
