@@ -646,8 +646,7 @@ static int request_limit(const struct engine *e, const struct engine_request *r)
                                                                      : e->max_context;
 }
 
-/* The index of adapter `name` in loras, loaded or dropped; -1 when none. */
-static int lora_index(const struct engine *e, const char *name)
+int engine_lora_index(const struct engine *e, const char *name)
 {
     for (int i = 0; i < e->n_loras; i++)
         if (!strcmp(e->loras[i].name, name))
@@ -658,7 +657,7 @@ static int lora_index(const struct engine *e, const char *name)
 /* The be_seq.lora slot of adapter `name`, -1 when none is loaded so. */
 static int lora_slot(const struct engine *e, const char *name)
 {
-    int i = lora_index(e, name);
+    int i = engine_lora_index(e, name);
     return i >= 0 && e->loras[i].a ? i + 1 : -1;
 }
 
@@ -1944,7 +1943,7 @@ static int lora_name_check(const struct engine *e, const char *name, int *i, str
     if (!strcmp(name, e->served_name) || lora_slot(e, name) > 0)
         return refuse(err, EV_CODE_BAD_PARAM, "adapter name \"%s\" is already served", name);
     /* a dropped adapter's name comes back to its own slot */
-    *i = lora_index(e, name);
+    *i = engine_lora_index(e, name);
     if (*i < 0 && e->n_loras == LORA_MAX_ADAPTERS - 1) /* the last slot is model_lora's */
         return rl_errf(err, RL_EFULL, "adapter %s: %d adapters are served already", name,
                        LORA_MAX_ADAPTERS - 1);

@@ -580,8 +580,10 @@ const struct model_config *engine_model_config(const struct engine *e);
  * stops submitting them and tries again between steps), RL_ENOTFOUND when
  * it is not loaded. Its index stays, engine_lora_loaded false. */
 int engine_lora_drop(struct engine *e, const char *name, struct rl_err *err);
-/* Adapters' indexes are [0, count), dropped ones included. */
+/* Adapters' indexes are [0, count), dropped ones included; the index of
+ * adapter `name`, loaded or dropped, -1 when the engine never had it. */
 int engine_lora_count(const struct engine *e);
+int engine_lora_index(const struct engine *e, const char *name);
 bool engine_lora_loaded(const struct engine *e, int i);
 /* Adapter i's name (owned by the engine), i < engine_lora_count; NULL past. */
 const char *engine_lora_name(const struct engine *e, int i);

@@ -289,10 +289,8 @@ void w_relayout(struct worker *w)
 
 int w_lora_find(const struct worker *w, const char *name)
 {
-    for (int i = 0; i < w->n_loras; i++)
-        if (!strcmp(engine_lora_name(w->eng, i), name))
-            return w_lora_gone(w, i) ? -1 : i;
-    return -1;
+    int i = engine_lora_index(w->eng, name);
+    return i >= 0 && !w_lora_gone(w, i) ? i : -1;
 }
 
 /* lora_modules, parsed and checked against each other and the served name
@@ -352,9 +350,7 @@ int w_lora_install(struct worker *w, const char *name, const char *dir,
         return rl_err_wrap(err, "lora %s (%s)", name, dir);
     }
     /* a name dropped before comes back to its index (engine.h) */
-    int i = 0;
-    while (strcmp(engine_lora_name(w->eng, i), name))
-        i++;
+    int i = engine_lora_index(w->eng, name);
     memcpy(w->lora_id[i], id, SHA256_HEX_LEN + 1);
     free(w->lora_dir[i]);
     w->lora_dir[i] = d;
