@@ -57,8 +57,8 @@ struct tally {
     int done;           /* serve it from the path (load) / no longer serve it (unload) */
     int failed;
     int pending;
-    struct text why;    /* "worker: reason; ..." of the failed, then the pending names */
-    struct text waiting;
+    struct text why;    /* "worker: reason; ..." of the failed */
+    struct text waiting; /* "worker, ..." of the pending */
 };
 
 static void tally_free(struct tally *t)
@@ -161,40 +161,43 @@ static const cJSON *served(const cJSON *models, const char *id)
  * wishes are kept under (each worker reads loras:<its model>). The
  * dispatcher's table is not asked: it lags the heartbeats by a refresh, and
  * holds served_model_name's alias, which no worker serves. */
+struct fleet {
+    char (*out)[MODELREF_NAME_MAX + 1];
+    int n;
+    const char *name;   /* NULL: not asked */
+    bool name_served;
+};
+
+static void fleet_one(void *ctx, const char *who, const cJSON *hb)
+{
+    (void)who;
+    struct fleet *f = ctx;
+    const cJSON *m = item(hb, "model"), *a;
+    if (!cJSON_IsString(m) || strlen(m->valuestring) > MODELREF_NAME_MAX)
+        return;
+    bool have = false;
+    for (int k = 0; k < f->n && !have; k++)
+        have = !strcmp(f->out[k], m->valuestring);
+    if (!have && f->n < LFL_MAX_MODELS)
+        snprintf(f->out[f->n++], MODELREF_NAME_MAX + 1, "%s", m->valuestring);
+    /* name already served here, as a model or an adapter? */
+    if (!f->name)
+        return;
+    f->name_served |= str_is(m, f->name);
+    cJSON_ArrayForEach(a, item(hb, "lora_adapters"))
+        f->name_served |= str_is(item(a, "name"), f->name);
+}
+
 static int fleet_models(struct rconn *c, const struct lfl_opts *o,
                         char out[LFL_MAX_MODELS][MODELREF_NAME_MAX + 1], const char *name,
                         bool *name_served, struct rl_err *err)
 {
-    if (name_served)
-        *name_served = false;
-    struct rconn_reply *names = NULL, *hbs = NULL;
-    if (reg_read_heartbeats(c, o->prefix, LFL_MAX_WORKERS, &names, &hbs, err))
+    struct fleet f = {out, 0, name, false};
+    if (reg_each_heartbeat(c, o->prefix, LFL_MAX_WORKERS, fleet_one, &f, err))
         return -1;
-    int n = 0;
-    for (size_t i = 0; hbs && i < hbs->n_elem && n < LFL_MAX_MODELS; i++) {
-        if (hbs->elem[i].type != RCONN_STRING)
-            continue;
-        cJSON *hb = cJSON_ParseWithLength(hbs->elem[i].str, hbs->elem[i].len);
-        const cJSON *m = item(hb, "model");
-        bool have = !cJSON_IsString(m) || strlen(m->valuestring) > MODELREF_NAME_MAX;
-        for (int k = 0; k < n && !have; k++)
-            have = !strcmp(out[k], m->valuestring);
-        if (!have)
-            snprintf(out[n++], MODELREF_NAME_MAX + 1, "%s", m->valuestring);
-        /* name already served here, as a model or an adapter? */
-        const cJSON *a, *list = name && name_served ? item(hb, "lora_adapters") : NULL;
-        if (name && name_served && str_is(m, name))
-            *name_served = true;
-        cJSON_ArrayForEach(a, list)
-        {
-            if (str_is(item(a, "name"), name))
-                *name_served = true;
-        }
-        cJSON_Delete(hb);
-    }
-    rconn_reply_free(names);
-    rconn_reply_free(hbs);
-    return n;
+    if (name_served)
+        *name_served = f.name_served;
+    return f.n;
 }
 
 /* x->model: the one given (a model live workers serve), or the only one. */
@@ -237,12 +240,65 @@ static int pick_model(struct rconn *c, const struct lfl_opts *o, struct wish *x,
     return 400;
 }
 
-static void wish_key(const struct lfl_opts *o, struct wish *x)
+int lfl_wish_key(char *buf, size_t cap, const char *prefix, const char *model)
 {
-    snprintf(x->key, sizeof x->key, "%.64sloras:%.128s", o->prefix, x->model);
+    int n = snprintf(buf, cap, "%.64sloras:%.128s", prefix, model);
+    return n < 0 || (size_t)n >= cap ? -1 : n;
+}
+
+static void wish_key(const char *prefix, struct wish *x)
+{
+    lfl_wish_key(x->key, sizeof x->key, prefix, x->model);
 }
 
 /* ---- the fleet ---- */
+
+/* What look() asks of each heartbeat. */
+struct look {
+    const struct wish *x;
+    bool load;
+    struct tally *t;
+};
+
+static void look_one(void *ctx, const char *who, const cJSON *hb)
+{
+    struct look *lk = ctx;
+    const struct wish *x = lk->x;
+    struct tally *t = lk->t;
+    if (!str_is(item(hb, "model"), x->model))
+        return;
+    bool serves = false, from_path = false;
+    const char *failed = NULL;
+    const cJSON *a;
+    cJSON_ArrayForEach(a, item(hb, "lora_adapters"))
+    {
+        if (!str_is(item(a, "name"), x->name))
+            continue;
+        serves = true;
+        const cJSON *p = item(a, "lora_path");
+        from_path = lk->load ? str_is(p, x->path) : cJSON_IsString(p);
+    }
+    cJSON_ArrayForEach(a, item(hb, "lora_failed"))
+    {
+        const cJSON *why = item(a, "error");
+        if (str_is(item(a, "name"), x->name) && str_is(item(a, "lora_path"), x->path))
+            failed = cJSON_IsString(why) ? why->valuestring : "failed";
+    }
+    t->workers++;
+    if (lk->load && from_path) {
+        t->done++;
+    } else if (!lk->load && !(serves && from_path)) {
+        t->done++;
+    } else if (lk->load && failed) {
+        t->failed++;
+        if (t->why.n < LFL_NOTE_MAX)
+            text_printf(&t->why, "%s%.100s: %.300s", t->why.n ? "; " : "", who, failed);
+    } else {
+        t->pending++;
+        if (t->waiting.n < LFL_NOTE_MAX)
+            text_printf(&t->waiting, "%s%.100s", t->waiting.n ? ", " : "", who);
+    }
+}
 
 /* Reads every live worker's heartbeat and counts, for the workers of
  * x->model, who is done with the wish (load: serves x->name from x->path;
@@ -253,54 +309,15 @@ static int look(struct rconn *c, const struct lfl_opts *o, const struct wish *x,
 {
     tally_free(t);
     memset(t, 0, sizeof *t);
-    struct rconn_reply *names = NULL, *hbs = NULL;
-    if (reg_read_heartbeats(c, o->prefix, LFL_MAX_WORKERS, &names, &hbs, err))
-        return -1;
-    for (size_t i = 0; hbs && i < hbs->n_elem && i < names->n_elem; i++) {
-        if (hbs->elem[i].type != RCONN_STRING)
-            continue; /* expired: not live */
-        cJSON *hb = cJSON_ParseWithLength(hbs->elem[i].str, hbs->elem[i].len);
-        if (!str_is(item(hb, "model"), x->model)) {
-            cJSON_Delete(hb);
-            continue;
-        }
-        const char *who = names->elem[i].str ? names->elem[i].str : "?";
-        bool serves = false, from_path = false;
-        const char *failed = NULL;
-        const cJSON *a;
-        cJSON_ArrayForEach(a, item(hb, "lora_adapters"))
-        {
-            if (!str_is(item(a, "name"), x->name))
-                continue;
-            serves = true;
-            const cJSON *p = item(a, "lora_path");
-            from_path = load ? str_is(p, x->path) : cJSON_IsString(p);
-        }
-        cJSON_ArrayForEach(a, item(hb, "lora_failed"))
-        {
-            const cJSON *why = item(a, "error");
-            if (str_is(item(a, "name"), x->name) && str_is(item(a, "lora_path"), x->path))
-                failed = cJSON_IsString(why) ? why->valuestring : "failed";
-        }
-        t->workers++;
-        if (load && from_path) {
-            t->done++;
-        } else if (!load && !(serves && from_path)) {
-            t->done++;
-        } else if (load && failed) {
-            t->failed++;
-            if (t->why.n < LFL_NOTE_MAX)
-                text_printf(&t->why, "%s%.100s: %.300s", t->why.n ? "; " : "", who, failed);
-        } else {
-            t->pending++;
-            if (t->waiting.n < LFL_NOTE_MAX)
-                text_printf(&t->waiting, "%s%.100s", t->waiting.n ? ", " : "", who);
-        }
-        cJSON_Delete(hb);
-    }
-    rconn_reply_free(names);
-    rconn_reply_free(hbs);
-    return 0;
+    struct look lk = {x, load, t};
+    return reg_each_heartbeat(c, o->prefix, LFL_MAX_WORKERS, look_one, &lk, err) ? -1 : 0;
+}
+
+static void nap(const struct lfl_opts *o)
+{
+    int poll = o->poll_ms > 0 ? o->poll_ms : 100;
+    struct timespec ts = {poll / 1000, (long)(poll % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
 }
 
 /* Looks until nobody is pending or the time is up; the last look in *t. */
@@ -308,14 +325,12 @@ static int watch(struct rconn *c, const struct lfl_opts *o, const struct wish *x
                  struct tally *t, struct rl_err *err)
 {
     int64_t until = rl_mono_ms() + o->timeout_ms;
-    int poll = o->poll_ms > 0 ? o->poll_ms : 100;
     for (;;) {
         if (look(c, o, x, load, t, err))
             return -1;
         if (t->pending == 0 || rl_mono_ms() >= until)
             return 0;
-        struct timespec ts = {poll / 1000, (long)(poll % 1000) * 1000000L};
-        nanosleep(&ts, NULL);
+        nap(o);
     }
 }
 
@@ -325,15 +340,13 @@ static void settle(const struct lfl_opts *o, const struct wish *x, bool listed, 
 {
     if (!o->models_json)
         return; /* no door of ours to wait for (redlm lora) */
-    int poll = o->poll_ms > 0 ? o->poll_ms : 100;
     for (;;) {
         cJSON *m = models_now(o);
         bool is = served(m, x->name) != NULL;
         cJSON_Delete(m);
         if (is == listed || rl_mono_ms() >= until)
             return;
-        struct timespec ts = {poll / 1000, (long)(poll % 1000) * 1000000L};
-        nanosleep(&ts, NULL);
+        nap(o);
     }
 }
 
@@ -358,6 +371,13 @@ static long long ask_int(struct rconn *c, int argc, const char *const *argv, str
     return v;
 }
 
+static int already_loaded(struct lfl_error *e, const char *name)
+{
+    err_set(e, 400, "lora_already_loaded", "lora_name",
+            "The lora adapter '%.200s' has already been loaded.", name);
+    return 400;
+}
+
 static int redis_error(struct lfl_error *e, const char *what, const char *msg)
 {
     err_set(e, 503, "redis_unavailable", NULL, "%s: %.300s", what, msg);
@@ -373,34 +393,27 @@ int lfl_load(struct rconn *c, const struct lfl_opts *o, const char *body, size_t
     struct wish x;
     int64_t until = rl_mono_ms() + o->timeout_ms;
     int rc = parse(body, len, true, &x, e);
-    cJSON *models = rc ? NULL : models_now(o);
-    if (!rc && served(models, x.name)) {
-        err_set(e, 400, "lora_already_loaded", "lora_name",
-                "The lora adapter '%.200s' has already been loaded.", x.name);
-        rc = 400;
-    }
-    bool taken = false; /* by a worker the door's table has not seen yet */
-    if (!rc)
-        rc = pick_model(c, o, &x, &taken, e);
-    if (!rc && taken) {
-        err_set(e, 400, "lora_already_loaded", "lora_name",
-                "The lora adapter '%.200s' has already been loaded.", x.name);
-        rc = 400;
-    }
-    cJSON_Delete(models);
     if (rc)
         return rc;
-    wish_key(o, &x);
+    /* the door's table (it also holds served_model_name's alias), then the
+     * heartbeats (what it has not seen yet) */
+    cJSON *models = models_now(o);
+    bool taken = served(models, x.name) != NULL;
+    cJSON_Delete(models);
+    if (taken)
+        return already_loaded(e, x.name);
+    if ((rc = pick_model(c, o, &x, &taken, e)))
+        return rc;
+    if (taken)
+        return already_loaded(e, x.name);
+    wish_key(o->prefix, &x);
     const char *argv[] = {"HSETNX", x.key, x.name, x.path};
     struct rl_err err;
     long long mine = ask_int(c, 4, argv, &err);
     if (mine < 0)
         return redis_error(e, "writing the wish", err.msg);
-    if (mine != 1) {
-        err_set(e, 400, "lora_already_loaded", "lora_name",
-                "The lora adapter '%.200s' has already been loaded.", x.name);
-        return 400;
-    }
+    if (mine != 1)
+        return already_loaded(e, x.name);
     struct tally t = {0};
     if (watch(c, o, &x, true, &t, &err)) {
         tally_free(&t);
@@ -460,7 +473,7 @@ int lfl_unload(struct rconn *c, const struct lfl_opts *o, const char *body, size
     int n_fleet = x.model[0] ? 0 : fleet_models(c, o, fleet, NULL, NULL, &ferr);
     for (int k = 0; k < n_fleet; k++) {
         snprintf(x.model, sizeof x.model, "%.128s", fleet[k]);
-        wish_key(o, &x);
+        wish_key(o->prefix, &x);
         const char *argv[] = {"HEXISTS", x.key, x.name};
         if (ask_int(c, 3, argv, &ferr) == 1)
             break;
@@ -472,7 +485,7 @@ int lfl_unload(struct rconn *c, const struct lfl_opts *o, const char *body, size
                 "The lora adapter '%.200s' cannot be found.", x.name);
         return 404;
     }
-    wish_key(o, &x);
+    wish_key(o->prefix, &x);
     const char *argv[] = {"HDEL", x.key, x.name};
     struct rl_err err;
     long long had = ask_int(c, 3, argv, &err);
@@ -531,40 +544,40 @@ static cJSON *model_entry(cJSON *models, const char *name)
     return m;
 }
 
+static void list_one(void *ctx, const char *who, const cJSON *hb)
+{
+    cJSON *models = ctx;
+    const cJSON *model = item(hb, "model");
+    if (!cJSON_IsString(model))
+        return;
+    cJSON *w = cJSON_CreateObject();
+    cJSON_AddStringToObject(w, "name", who);
+    const cJSON *a = item(hb, "lora_adapters"), *f = item(hb, "lora_failed");
+    cJSON_AddItemToObject(w, "adapters", a ? cJSON_Duplicate(a, 1) : cJSON_CreateArray());
+    cJSON_AddItemToObject(w, "failed", f ? cJSON_Duplicate(f, 1) : cJSON_CreateArray());
+    cJSON_AddItemToArray(
+        cJSON_GetObjectItemCaseSensitive(model_entry(models, model->valuestring), "workers"), w);
+}
+
 int lfl_list(struct rconn *c, const char *prefix, cJSON **out, struct rl_err *err)
 {
     *out = NULL;
-    struct rconn_reply *names = NULL, *hbs = NULL;
-    if (reg_read_heartbeats(c, prefix, LFL_MAX_WORKERS, &names, &hbs, err))
-        return -err->code;
     cJSON *o = cJSON_CreateObject(), *models = cJSON_AddArrayToObject(o, "models");
-    for (size_t i = 0; models && hbs && i < hbs->n_elem && i < names->n_elem; i++) {
-        if (hbs->elem[i].type != RCONN_STRING)
-            continue;
-        cJSON *hb = cJSON_ParseWithLength(hbs->elem[i].str, hbs->elem[i].len);
-        const cJSON *model = item(hb, "model");
-        if (cJSON_IsString(model)) {
-            cJSON *w = cJSON_CreateObject();
-            cJSON_AddStringToObject(w, "name", names->elem[i].str ? names->elem[i].str : "?");
-            const cJSON *a = item(hb, "lora_adapters"), *f = item(hb, "lora_failed");
-            cJSON_AddItemToObject(w, "adapters",
-                                  a ? cJSON_Duplicate(a, 1) : cJSON_CreateArray());
-            cJSON_AddItemToObject(w, "failed", f ? cJSON_Duplicate(f, 1) : cJSON_CreateArray());
-            cJSON_AddItemToArray(
-                cJSON_GetObjectItemCaseSensitive(model_entry(models, model->valuestring), "workers"), w);
-        }
-        cJSON_Delete(hb);
+    if (!models) {
+        cJSON_Delete(o);
+        return rl_errf(err, RL_ENOMEM, "out of memory");
     }
-    rconn_reply_free(names);
-    rconn_reply_free(hbs);
+    int rc = reg_each_heartbeat(c, prefix, LFL_MAX_WORKERS, list_one, models, err);
+    if (rc) {
+        cJSON_Delete(o);
+        return rc;
+    }
     cJSON *m;
-    int rc = 0;
     cJSON_ArrayForEach(m, models)
     {
         struct wish x = {0};
         snprintf(x.model, sizeof x.model, "%.128s", item(m, "model")->valuestring);
-        struct lfl_opts lo = {.prefix = prefix};
-        wish_key(&lo, &x);
+        wish_key(prefix, &x);
         const char *argv[] = {"HGETALL", x.key};
         struct rconn_reply *r = NULL;
         if ((rc = rconn_command(c, 2, argv, NULL, &r, err)))

@@ -56,6 +56,12 @@ struct lfl_opts {
     int poll_ms;              /* how often to look at their heartbeats */
 };
 
+/* The wish's key, <prefix>loras:<model> (the prefix's first 64 bytes, the
+ * name's 128), as the front door writes it and the workers of model read
+ * it (worker/lorart.c); the length, or -1 when it does not fit (it fits
+ * 200 bytes). */
+int lfl_wish_key(char *buf, size_t cap, const char *prefix, const char *model);
+
 /* An answer that is not a success: an HTTP status (>= 400; 5xx are the
  * fleet's or Redis's fault), an error code and the field at fault ("" for
  * none), as the front door's OpenAI error body carries them. */

@@ -1,6 +1,8 @@
 /* common/registry.c - see registry.h. */
 #include "registry.h"
 
+#include <cjson/cJSON.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,4 +53,25 @@ int reg_read_heartbeats(struct rconn *c, const char *prefix, int max,
         *names = *hbs = NULL;
     }
     return rc;
+}
+
+int reg_each_heartbeat(struct rconn *c, const char *prefix, int max,
+                       void (*fn)(void *ctx, const char *name, const cJSON *hb), void *ctx,
+                       struct rl_err *err)
+{
+    struct rconn_reply *names = NULL, *hbs = NULL;
+    int rc = reg_read_heartbeats(c, prefix, max, &names, &hbs, err);
+    if (rc)
+        return rc;
+    for (size_t i = 0; hbs && i < hbs->n_elem && i < names->n_elem; i++) {
+        if (hbs->elem[i].type != RCONN_STRING)
+            continue; /* expired: not live */
+        cJSON *hb = cJSON_ParseWithLength(hbs->elem[i].str, hbs->elem[i].len);
+        if (hb)
+            fn(ctx, names->elem[i].str ? names->elem[i].str : "?", hb);
+        cJSON_Delete(hb);
+    }
+    rconn_reply_free(names);
+    rconn_reply_free(hbs);
+    return 0;
 }

@@ -18,4 +18,12 @@
 int reg_read_heartbeats(struct rconn *c, const char *prefix, int max,
                         struct rconn_reply **names, struct rconn_reply **hbs, struct rl_err *err);
 
+/* reg_read_heartbeats, then fn(ctx, name, hb) for each live worker whose
+ * heartbeat is JSON (expired and malformed ones are skipped; hb is freed
+ * once fn returns). Returns 0, or reg_read_heartbeats' error. */
+struct cJSON;
+int reg_each_heartbeat(struct rconn *c, const char *prefix, int max,
+                       void (*fn)(void *ctx, const char *name, const struct cJSON *hb), void *ctx,
+                       struct rl_err *err);
+
 #endif

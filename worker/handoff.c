@@ -48,26 +48,30 @@ const char w_handoff_lua[] =
     "(function()\n" QACK_LUA_BODY "end)()\n"
     "return 1\n";
 
-/* Does a heartbeat (JSON) say its worker serves this worker's model and
- * reads adapter name's stream? */
-static bool reads_stream(const struct worker *w, const char *json, size_t len, const char *name)
+struct ask {
+    const struct worker *w;
+    const char *name;
+    bool yes;
+};
+
+/* Does a heartbeat say its worker serves this worker's model and reads
+ * adapter name's stream? */
+static void reads_stream(void *ctx, const char *who, const cJSON *hb)
 {
-    cJSON *hb = cJSON_ParseWithLength(json, len);
+    (void)who;
+    struct ask *q = ctx;
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(hb, "model");
     const cJSON *scope = cJSON_GetObjectItemCaseSensitive(hb, "pool_scope");
-    bool same = cJSON_IsString(model) && !strcmp(model->valuestring, w->model.name) &&
+    bool same = cJSON_IsString(model) && !strcmp(model->valuestring, q->w->model.name) &&
                 cJSON_IsString(scope) &&
-                !strcmp(scope->valuestring, w->opt.pool_scope_model ? "model" : "shared");
-    bool yes = false;
+                !strcmp(scope->valuestring, q->w->opt.pool_scope_model ? "model" : "shared");
     const cJSON *a, *list = same ? cJSON_GetObjectItemCaseSensitive(hb, "lora_adapters") : NULL;
     cJSON_ArrayForEach(a, list) {
         const cJSON *n = cJSON_GetObjectItemCaseSensitive(a, "name");
-        if (cJSON_IsString(n) && !strcmp(n->valuestring, name) &&
+        if (cJSON_IsString(n) && !strcmp(n->valuestring, q->name) &&
             cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(a, "stream")))
-            yes = true;
+            q->yes = true;
     }
-    cJSON_Delete(hb);
-    return yes;
 }
 
 /* Whether some live worker reads adapter name's stream, from the registry
@@ -78,22 +82,16 @@ static bool read_elsewhere(struct worker *w, const char *name)
     int64_t now = rl_wall_ms();
     if (!strcmp(w->hand_name, name) && now - w->hand_t_ms < HAND_ASK_MS)
         return w->hand_read;
-    struct rconn_reply *names = NULL, *hbs = NULL;
+    struct ask q = {w, name, false};
     struct rl_err err;
-    bool yes = false;
-    if (reg_read_heartbeats(w->rc, w->opt.prefix, HAND_MAX_WORKERS, &names, &hbs, &err)) {
+    if (reg_each_heartbeat(w->rc, w->opt.prefix, HAND_MAX_WORKERS, reads_stream, &q, &err)) {
         RL_LOG(&w->log, RL_LOG_DEBUG, "registry: %s", err.msg);
         return false; /* not cached: asked again with the next such job */
     }
-    for (size_t i = 0; hbs && i < hbs->n_elem && !yes; i++)
-        if (hbs->elem[i].type == RCONN_STRING)
-            yes = reads_stream(w, hbs->elem[i].str, hbs->elem[i].len, name);
-    rconn_reply_free(names);
-    rconn_reply_free(hbs);
     snprintf(w->hand_name, sizeof w->hand_name, "%s", name);
-    w->hand_read = yes;
+    w->hand_read = q.yes;
     w->hand_t_ms = now;
-    return yes;
+    return q.yes;
 }
 
 bool w_handoff_try(struct worker *w, struct wjob *j, int pool, const char *raw, size_t raw_len)

@@ -41,6 +41,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "lorafleet.h"
 #include "worker.h"
 
 #define RT_MAX LORA_MAX_ADAPTERS
@@ -57,8 +58,8 @@ struct w_lorart {
     bool dirty;                     /* want changed, or a load waits for a drop */
     bool denied;                    /* the ACL refuses HGETALL: asked no more */
     /* per adapter index (engine_lora_name's) */
-    bool runtime[RT_MAX];           /* loaded from the wish, not lora_modules */
-    char *path[RT_MAX];             /* its lora_path as the wish said (runtime only) */
+    char *path[RT_MAX];             /* its lora_path as the wish said; NULL: not loaded
+                                       from the wish (lora_modules's) */
     bool gone[RT_MAX];              /* unloaded or unloading: not served */
     bool dropping[RT_MAX];          /* engine_lora_drop still to be done */
     /* the adapter being read and hashed off the loop thread (one at a
@@ -119,7 +120,7 @@ bool w_lora_gone(const struct worker *w, int i)
 
 void w_lorart_key(const struct worker *w, char out[W_KEY_MAX])
 {
-    snprintf(out, W_KEY_MAX, "%.64sloras:%.128s", w->opt.prefix, w->model.name);
+    lfl_wish_key(out, W_KEY_MAX, w->opt.prefix, w->model.name);
 }
 
 bool w_lorart_wanted(const struct worker *w) { return w->rt && !w->rt->denied; }
@@ -131,7 +132,7 @@ void w_lorart_forget(struct worker *w, int i)
         return;
     free(rt->path[i]);
     rt->path[i] = NULL;
-    rt->runtime[i] = rt->gone[i] = rt->dropping[i] = false;
+    rt->gone[i] = rt->dropping[i] = false;
 }
 
 /* ---- the wish ---- */
@@ -274,14 +275,6 @@ static int resolve(const struct worker *w, const char *path, char out[PATH_MAX],
 
 /* ---- following the wish ---- */
 
-static int lora_index(const struct worker *w, const char *name)
-{
-    for (int i = 0; i < w->n_loras; i++)
-        if (!strcmp(engine_lora_name(w->eng, i), name))
-            return i;
-    return -1;
-}
-
 static void *prepare_main(void *arg)
 {
     struct rt_job *jb = arg;
@@ -353,7 +346,6 @@ static void install(struct worker *w)
     jb->a = NULL; /* the engine's */
     free(rt->path[i]);
     rt->path[i] = p;
-    rt->runtime[i] = true;
     rt->gone[i] = false;
     RL_LOG(&w->log, RL_LOG_INFO, "runtime LoRA adapter \"%s\": %s, rank %d, read in %.1f s off "
            "the loop", jb->name, jb->dir, engine_lora_rank(w->eng, i),
@@ -394,7 +386,7 @@ static void follow(struct worker *w)
     }
     /* runtime adapters the wish no longer names, or names with another path */
     for (int i = 0; i < w->n_loras; i++) {
-        if (!rt->runtime[i] || rt->gone[i])
+        if (!rt->path[i] || rt->gone[i])
             continue;
         const struct rt_wish *x = wish_of(rt, engine_lora_name(w->eng, i));
         if (!x)
@@ -404,13 +396,13 @@ static void follow(struct worker *w)
     }
     for (int k = 0; k < rt->n_want; k++) {
         const struct rt_wish *x = &rt->want[k];
-        int i = lora_index(w, x->name);
+        int i = engine_lora_index(w->eng, x->name);
         const struct rt_fail *f = fail_of(rt, x->name);
         if (f)
             continue; /* until the wish changes */
         if (!strcmp(x->name, w->model.name)) {
             fail_note(w, x, "that is the name of the model itself");
-        } else if (i >= 0 && !rt->runtime[i]) {
+        } else if (i >= 0 && !rt->path[i]) {
             /* lora_modules's: fine when it is the same directory */
             char dir[PATH_MAX], mine[PATH_MAX];
             struct rl_err err;
@@ -506,7 +498,7 @@ void w_lorart_retry(struct worker *w)
 
 const char *w_lorart_path(const struct worker *w, int i)
 {
-    return w->rt && i >= 0 && i < RT_MAX && w->rt->runtime[i] ? w->rt->path[i] : NULL;
+    return w->rt && i >= 0 && i < RT_MAX ? w->rt->path[i] : NULL;
 }
 
 void w_lorart_heartbeat(const struct worker *w, cJSON *o)
