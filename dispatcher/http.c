@@ -1082,6 +1082,15 @@ static enum MHD_Result respond_error(struct req *q, struct MHD_Connection *conn,
                    route_error_json(q->route, e), e);
 }
 
+/* 413 for a body past max_body_kb (read on to its end, refused here). */
+static enum MHD_Result refuse_too_big(struct req *q, struct MHD_Connection *conn)
+{
+    struct oai_error e;
+    oai_error_set(&e, 413, "invalid_request_error", ev_code_name(EV_CODE_JOB_TOO_LARGE), NULL,
+                  "body: over the limit of %zu bytes", q->h->lim.max_body_bytes);
+    return respond_error(q, conn, &e);
+}
+
 /* ---- the job's events ---- */
 
 /* What the client's socket says while we wait. A reset (or a FIN after
@@ -2286,11 +2295,8 @@ static enum MHD_Result chat(struct req *q, struct MHD_Connection *conn)
     new_id(h, q->id, id_prefix(q->route));
     int64_t now = rl_wall_ms();
     int64_t deadline = h->timeout_s ? now + (int64_t)h->timeout_s * 1000 : 0;
-    if (q->too_big) {
-        oai_error_set(&e, 413, "invalid_request_error", ev_code_name(EV_CODE_JOB_TOO_LARGE), NULL,
-                      "body: over the limit of %zu bytes", h->lim.max_body_bytes);
-        return respond_error(q, conn, &e);
-    }
+    if (q->too_big)
+        return refuse_too_big(q, conn);
     const char *body = q->body.p ? q->body.p : "";
     char *prior = NULL;
     struct cpt_peek pk = {0};
@@ -2743,11 +2749,8 @@ static enum MHD_Result conversations(struct req *q, struct MHD_Connection *conn,
                       "this server keeps no conversations (conversation_ttl_s = 0)");
         return respond_error(q, conn, &e);
     }
-    if (q->too_big) {
-        oai_error_set(&e, 413, "invalid_request_error", ev_code_name(EV_CODE_JOB_TOO_LARGE), NULL,
-                      "body: over the limit of %zu bytes", h->lim.max_body_bytes);
-        return respond_error(q, conn, &e);
-    }
+    if (q->too_big)
+        return refuse_too_big(q, conn);
     /* /{id}[/items[/{item}]] into its parts; one too long names none */
     char id[CNV_ID_MAX + 1] = "", item[PG_ID_MAX + 1] = "";
     const char *p = path[0] ? path + 1 : path, *slash = strchr(p, '/');
@@ -2930,21 +2933,14 @@ static enum MHD_Result ollama_info(struct req *q, struct MHD_Connection *conn, c
     return respond(q, conn, 200, "application/json", out, NULL);
 }
 
-/* POST /tokenize ({"prompt": text} or a chat request's "messages", rendered
- * with the chat template and mode as a worker would) and POST /detokenize
- * ({"tokens": [ids]}), vLLM's shapes, with the tokenizer of the
- * dispatcher's model option. */
 /* POST /v1/load_lora_adapter, /v1/unload_lora_adapter (lorafleet.h): the
  * thread waits for the fleet, runtime_lora_timeout_s at most. */
 static enum MHD_Result lora_admin(struct req *q, struct MHD_Connection *conn)
 {
     struct dhttp *h = q->h;
     struct oai_error e;
-    if (q->too_big) {
-        oai_error_set(&e, 413, "invalid_request_error", ev_code_name(EV_CODE_JOB_TOO_LARGE), NULL,
-                      "body: over the limit of %zu bytes", h->lim.max_body_bytes);
-        return respond_error(q, conn, &e);
-    }
+    if (q->too_big)
+        return refuse_too_big(q, conn);
     /* keys go to clients; loading adapters is the operators' */
     char me[OAI_TENANT_MAX + 3];
     snprintf(me, sizeof me, ",%s,", q->tenant);
@@ -2976,6 +2972,10 @@ static enum MHD_Result lora_admin(struct req *q, struct MHD_Connection *conn)
     return respond(q, conn, 200, "text/plain; charset=utf-8", ok, NULL);
 }
 
+/* POST /tokenize ({"prompt": text} or a chat request's "messages", rendered
+ * with the chat template and mode as a worker would) and POST /detokenize
+ * ({"tokens": [ids]}), vLLM's shapes, with the tokenizer of the
+ * dispatcher's model option. */
 static enum MHD_Result tokenize(struct req *q, struct MHD_Connection *conn)
 {
     struct dhttp *h = q->h;
@@ -2987,11 +2987,8 @@ static enum MHD_Result tokenize(struct req *q, struct MHD_Connection *conn)
                       "(--model DIR)");
         return respond_error(q, conn, &e);
     }
-    if (q->too_big) {
-        oai_error_set(&e, 413, "invalid_request_error", ev_code_name(EV_CODE_JOB_TOO_LARGE), NULL,
-                      "body: over the limit of %zu bytes", h->lim.max_body_bytes);
-        return respond_error(q, conn, &e);
-    }
+    if (q->too_big)
+        return refuse_too_big(q, conn);
     cJSON *b = cJSON_ParseWithLength(q->body.p ? q->body.p : "", q->body.n);
     struct rl_err err = {0};
     cJSON *out = cJSON_CreateObject();
