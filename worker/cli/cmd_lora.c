@@ -147,12 +147,16 @@ int cmd_lora(int argc, char **argv)
         cJSON_AddStringToObject(b, "model", model);
     char *body = cJSON_PrintUnformatted(b);
     cJSON_Delete(b);
+    if (!body) {
+        fprintf(stderr, "redlm lora %s: out of memory\n", verb);
+        rconn_free(c);
+        return 1;
+    }
     struct lfl_opts o = {.prefix = ra.prefix, .timeout_ms = timeout_s * 1000, .poll_ms = 100};
     char *ok = NULL;
     struct lfl_error e;
-    int rc = !body ? (e.status = 500, snprintf(e.message, sizeof e.message, "out of memory"), 500)
-             : load ? lfl_load(c, &o, body, strlen(body), &ok, &e)
-                    : lfl_unload(c, &o, body, strlen(body), &ok, &e);
+    int rc = load ? lfl_load(c, &o, body, strlen(body), &ok, &e)
+                  : lfl_unload(c, &o, body, strlen(body), &ok, &e);
     free(body);
     rconn_free(c);
     if (rc) {
