@@ -46,10 +46,18 @@ enum gguf_vtype {
 enum gguf_ttype {
     GGUF_T_F32 = 0,
     GGUF_T_F16 = 1,
+    GGUF_T_Q4_0 = 2,
+    GGUF_T_Q4_1 = 3,
+    GGUF_T_Q5_0 = 6,
+    GGUF_T_Q5_1 = 7,
     GGUF_T_Q8_0 = 8,
+    GGUF_T_Q2_K = 10,
+    GGUF_T_Q3_K = 11,
     GGUF_T_Q4_K = 12,
     GGUF_T_Q5_K = 13,
     GGUF_T_Q6_K = 14,
+    GGUF_T_IQ4_NL = 20,
+    GGUF_T_IQ4_XS = 23,
     GGUF_T_BF16 = 30,
 };
 

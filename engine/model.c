@@ -51,6 +51,14 @@ const char *model_dtype_name(enum model_dtype dt)
     case MODEL_Q5_K: return "Q5_K";
     case MODEL_Q6_K: return "Q6_K";
     case MODEL_AWQ4: return "AWQ4";
+    case MODEL_Q4_0: return "Q4_0";
+    case MODEL_Q4_1: return "Q4_1";
+    case MODEL_Q5_0: return "Q5_0";
+    case MODEL_Q5_1: return "Q5_1";
+    case MODEL_Q2_K: return "Q2_K";
+    case MODEL_Q3_K: return "Q3_K";
+    case MODEL_IQ4_NL: return "IQ4_NL";
+    case MODEL_IQ4_XS: return "IQ4_XS";
     }
     return "?";
 }
@@ -664,6 +672,14 @@ static int dtype_from_gguf(uint32_t t, enum model_dtype *out)
     case GGUF_T_Q4_K: *out = MODEL_Q4_K; return 0;
     case GGUF_T_Q5_K: *out = MODEL_Q5_K; return 0;
     case GGUF_T_Q6_K: *out = MODEL_Q6_K; return 0;
+    case GGUF_T_Q4_0: *out = MODEL_Q4_0; return 0;
+    case GGUF_T_Q4_1: *out = MODEL_Q4_1; return 0;
+    case GGUF_T_Q5_0: *out = MODEL_Q5_0; return 0;
+    case GGUF_T_Q5_1: *out = MODEL_Q5_1; return 0;
+    case GGUF_T_Q2_K: *out = MODEL_Q2_K; return 0;
+    case GGUF_T_Q3_K: *out = MODEL_Q3_K; return 0;
+    case GGUF_T_IQ4_NL: *out = MODEL_IQ4_NL; return 0;
+    case GGUF_T_IQ4_XS: *out = MODEL_IQ4_XS; return 0;
     default: return -1;
     }
 }
@@ -681,7 +697,8 @@ static int bind_gguf(struct model *m, struct model_tensor *t, const char *name, 
     const char *tn = gguf_type_name(g->type, tb);
     if (dtype_from_gguf(g->type, &t->dtype))
         return rl_errf(err, RL_EUNSUPPORTED, "%s: tensor \"%s\" has type %s, which redlm does not read "
-                                             "(F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K)",
+                                             "(F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, "
+                                             "Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)",
                        m->dir, name, tn);
     int is_vec = rows == 0;
     int ok = is_vec ? g->n_dims == 1 && g->ne[0] == cols

@@ -26,6 +26,14 @@ enum model_dtype {
     MODEL_Q5_K,   /* GGUF Q5_K super-blocks of 256 */
     MODEL_Q6_K,   /* GGUF Q6_K super-blocks of 256 */
     MODEL_AWQ4,   /* AutoAWQ INT4, GEMM layout, f16 scales per group */
+    MODEL_Q4_0,   /* GGUF Q4_0 blocks of 32 */
+    MODEL_Q4_1,   /* GGUF Q4_1 blocks of 32 */
+    MODEL_Q5_0,   /* GGUF Q5_0 blocks of 32 */
+    MODEL_Q5_1,   /* GGUF Q5_1 blocks of 32 */
+    MODEL_Q2_K,   /* GGUF Q2_K super-blocks of 256 */
+    MODEL_Q3_K,   /* GGUF Q3_K super-blocks of 256 */
+    MODEL_IQ4_NL, /* GGUF IQ4_NL blocks of 32 */
+    MODEL_IQ4_XS, /* GGUF IQ4_XS super-blocks of 256 */
 };
 
 struct model_config {

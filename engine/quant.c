@@ -8,12 +8,15 @@
 #include "quant.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "dtype.h"
 #include "err.h"
 
 const int QUANT_AWQ_NIBBLE[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+const int8_t QUANT_IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                     1,    13,   25,  38,  53,  69,  89,  113};
 
 int quant_is_quantized(enum model_dtype dt)
 {
@@ -22,7 +25,15 @@ int quant_is_quantized(enum model_dtype dt)
     case MODEL_Q4_K:
     case MODEL_Q5_K:
     case MODEL_Q6_K:
-    case MODEL_AWQ4: return 1;
+    case MODEL_AWQ4:
+    case MODEL_Q4_0:
+    case MODEL_Q4_1:
+    case MODEL_Q5_0:
+    case MODEL_Q5_1:
+    case MODEL_Q2_K:
+    case MODEL_Q3_K:
+    case MODEL_IQ4_NL:
+    case MODEL_IQ4_XS: return 1;
     default: return 0;
     }
 }
@@ -30,10 +41,18 @@ int quant_is_quantized(enum model_dtype dt)
 int quant_block_elems(enum model_dtype dt)
 {
     switch (dt) {
-    case MODEL_Q8_0: return QUANT_QK8_0;
+    case MODEL_Q8_0:
+    case MODEL_Q4_0:
+    case MODEL_Q4_1:
+    case MODEL_Q5_0:
+    case MODEL_Q5_1:
+    case MODEL_IQ4_NL: return QUANT_QK8_0;
     case MODEL_Q4_K:
     case MODEL_Q5_K:
-    case MODEL_Q6_K: return QUANT_QK_K;
+    case MODEL_Q6_K:
+    case MODEL_Q2_K:
+    case MODEL_Q3_K:
+    case MODEL_IQ4_XS: return QUANT_QK_K;
     default: return 1;
     }
 }
@@ -45,6 +64,14 @@ size_t quant_block_bytes(enum model_dtype dt)
     case MODEL_Q4_K: return sizeof(struct quant_block_q4_k);
     case MODEL_Q5_K: return sizeof(struct quant_block_q5_k);
     case MODEL_Q6_K: return sizeof(struct quant_block_q6_k);
+    case MODEL_Q4_0: return sizeof(struct quant_block_q4_0);
+    case MODEL_Q4_1: return sizeof(struct quant_block_q4_1);
+    case MODEL_Q5_0: return sizeof(struct quant_block_q5_0);
+    case MODEL_Q5_1: return sizeof(struct quant_block_q5_1);
+    case MODEL_IQ4_NL: return sizeof(struct quant_block_iq4_nl);
+    case MODEL_Q2_K: return sizeof(struct quant_block_q2_k);
+    case MODEL_Q3_K: return sizeof(struct quant_block_q3_k);
+    case MODEL_IQ4_XS: return sizeof(struct quant_block_iq4_xs);
     default: return 0;
     }
 }
@@ -154,6 +181,146 @@ void quant_dequant_q6_k(const struct quant_block_q6_k *x, float *out, int64_t n)
     }
 }
 
+int quant_q3_k_scale(const uint8_t scales[12], int s)
+{
+    int lo = s < 8 ? scales[s] & 0xF : scales[s - 8] >> 4;
+    return lo | ((scales[8 + s % 4] >> (2 * (s / 4))) & 3) << 4;
+}
+
+int quant_iq4_xs_scale(const struct quant_block_iq4_xs *b, int j)
+{
+    return ((b->scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | ((b->scales_h >> (2 * j)) & 3) << 4;
+}
+
+/* The fifth bits of a Q5_0 / Q5_1 block, as the little-endian word. */
+static uint32_t q5_high(const uint8_t qh[4])
+{
+    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+}
+
+void quant_dequant_q4_0(const struct quant_block_q4_0 *x, float *out, int64_t n)
+{
+    for (int64_t b = 0; b < n / 32; b++, out += 32) {
+        float d = f16_to_f32(x[b].d);
+        for (int l = 0; l < 16; l++) {
+            out[l] = (float)((x[b].qs[l] & 0xF) - 8) * d;
+            out[l + 16] = (float)((x[b].qs[l] >> 4) - 8) * d;
+        }
+    }
+}
+
+void quant_dequant_q4_1(const struct quant_block_q4_1 *x, float *out, int64_t n)
+{
+    for (int64_t b = 0; b < n / 32; b++, out += 32) {
+        float d = f16_to_f32(x[b].d), m = f16_to_f32(x[b].m);
+        for (int l = 0; l < 16; l++) {
+            out[l] = (float)(x[b].qs[l] & 0xF) * d + m;
+            out[l + 16] = (float)(x[b].qs[l] >> 4) * d + m;
+        }
+    }
+}
+
+void quant_dequant_q5_0(const struct quant_block_q5_0 *x, float *out, int64_t n)
+{
+    for (int64_t b = 0; b < n / 32; b++, out += 32) {
+        float d = f16_to_f32(x[b].d);
+        uint32_t h = q5_high(x[b].qh);
+        for (int l = 0; l < 16; l++) {
+            int q0 = (int)((x[b].qs[l] & 0xF) | ((h >> l) & 1) << 4);
+            int q1 = (int)((x[b].qs[l] >> 4) | ((h >> (l + 16)) & 1) << 4);
+            out[l] = (float)(q0 - 16) * d;
+            out[l + 16] = (float)(q1 - 16) * d;
+        }
+    }
+}
+
+void quant_dequant_q5_1(const struct quant_block_q5_1 *x, float *out, int64_t n)
+{
+    for (int64_t b = 0; b < n / 32; b++, out += 32) {
+        float d = f16_to_f32(x[b].d), m = f16_to_f32(x[b].m);
+        uint32_t h = q5_high(x[b].qh);
+        for (int l = 0; l < 16; l++) {
+            int q0 = (int)((x[b].qs[l] & 0xF) | ((h >> l) & 1) << 4);
+            int q1 = (int)((x[b].qs[l] >> 4) | ((h >> (l + 16)) & 1) << 4);
+            out[l] = (float)q0 * d + m;
+            out[l + 16] = (float)q1 * d + m;
+        }
+    }
+}
+
+void quant_dequant_iq4_nl(const struct quant_block_iq4_nl *x, float *out, int64_t n)
+{
+    for (int64_t b = 0; b < n / 32; b++, out += 32) {
+        float d = f16_to_f32(x[b].d);
+        for (int l = 0; l < 16; l++) {
+            out[l] = d * (float)QUANT_IQ4_VALUES[x[b].qs[l] & 0xF];
+            out[l + 16] = d * (float)QUANT_IQ4_VALUES[x[b].qs[l] >> 4];
+        }
+    }
+}
+
+void quant_dequant_q2_k(const struct quant_block_q2_k *x, float *out, int64_t n)
+{
+    for (int64_t b = 0; b < n / QUANT_QK_K; b++, out += QUANT_QK_K) {
+        float d = f16_to_f32(x[b].d), dmin = f16_to_f32(x[b].dmin);
+        for (int c = 0; c < QUANT_QK_K; c++) {
+            int h = c / 128, k = (c % 128) / 32, l = c % 32, sc = x[b].scales[c / 16];
+            float dl = d * (float)(sc & 0xF), ml = dmin * (float)(sc >> 4);
+            out[c] = dl * (float)((x[b].qs[32 * h + l] >> (2 * k)) & 3) - ml;
+        }
+    }
+}
+
+void quant_dequant_q3_k(const struct quant_block_q3_k *x, float *out, int64_t n)
+{
+    for (int64_t b = 0; b < n / QUANT_QK_K; b++, out += QUANT_QK_K) {
+        float d = f16_to_f32(x[b].d);
+        for (int c = 0; c < QUANT_QK_K; c++) {
+            int h = c / 128, k = (c % 128) / 32, l = c % 32;
+            float dl = d * (float)(quant_q3_k_scale(x[b].scales, c / 16) - 32);
+            int q = ((x[b].qs[32 * h + l] >> (2 * k)) & 3) - ((x[b].hmask[l] >> (4 * h + k)) & 1 ? 0 : 4);
+            out[c] = dl * (float)q;
+        }
+    }
+}
+
+void quant_dequant_iq4_xs(const struct quant_block_iq4_xs *x, float *out, int64_t n)
+{
+    for (int64_t b = 0; b < n / QUANT_QK_K; b++) {
+        float d = f16_to_f32(x[b].d);
+        for (int j = 0; j < 8; j++, out += 32) {
+            float dl = d * (float)(quant_iq4_xs_scale(&x[b], j) - 32);
+            const uint8_t *qs = x[b].qs + 16 * j;
+            for (int l = 0; l < 16; l++) {
+                out[l] = dl * (float)QUANT_IQ4_VALUES[qs[l] & 0xF];
+                out[l + 16] = dl * (float)QUANT_IQ4_VALUES[qs[l] >> 4];
+            }
+        }
+    }
+}
+
+int quant_dequant_blocks(enum model_dtype dt, const void *x, float *out, int64_t n)
+{
+    if (!quant_row_bytes(dt, n))
+        return -RL_EINVAL;
+    switch (dt) {
+    case MODEL_Q8_0: quant_dequant_q8_0(x, out, n); break;
+    case MODEL_Q4_K: quant_dequant_q4_k(x, out, n); break;
+    case MODEL_Q5_K: quant_dequant_q5_k(x, out, n); break;
+    case MODEL_Q6_K: quant_dequant_q6_k(x, out, n); break;
+    case MODEL_Q4_0: quant_dequant_q4_0(x, out, n); break;
+    case MODEL_Q4_1: quant_dequant_q4_1(x, out, n); break;
+    case MODEL_Q5_0: quant_dequant_q5_0(x, out, n); break;
+    case MODEL_Q5_1: quant_dequant_q5_1(x, out, n); break;
+    case MODEL_IQ4_NL: quant_dequant_iq4_nl(x, out, n); break;
+    case MODEL_Q2_K: quant_dequant_q2_k(x, out, n); break;
+    case MODEL_Q3_K: quant_dequant_q3_k(x, out, n); break;
+    case MODEL_IQ4_XS: quant_dequant_iq4_xs(x, out, n); break;
+    default: return -RL_EINVAL;
+    }
+    return 0;
+}
+
 static void dequant_awq_row(const struct model_tensor *t, int64_t r, float *out)
 {
     const int32_t *qw = t->data;
@@ -184,15 +351,7 @@ int quant_dequant_row(const struct model_tensor *t, int64_t r, float *out)
     size_t rb = quant_row_bytes(t->dtype, t->cols);
     if (!rb)
         return -RL_EINVAL;
-    const void *row = (const char *)t->data + (size_t)r * rb;
-    switch (t->dtype) {
-    case MODEL_Q8_0: quant_dequant_q8_0(row, out, t->cols); break;
-    case MODEL_Q4_K: quant_dequant_q4_k(row, out, t->cols); break;
-    case MODEL_Q5_K: quant_dequant_q5_k(row, out, t->cols); break;
-    case MODEL_Q6_K: quant_dequant_q6_k(row, out, t->cols); break;
-    default: return -RL_EINVAL;
-    }
-    return 0;
+    return quant_dequant_blocks(t->dtype, (const char *)t->data + (size_t)r * rb, out, t->cols);
 }
 
 /* ---- reference quantizers ----
@@ -324,6 +483,217 @@ void quant_quantize_q6_k(const float *x, struct quant_block_q6_k *out, int64_t n
     }
 }
 
+/* The element of largest magnitude, with its sign: the symmetric formats
+ * map it to their most negative code, which reaches one step further than
+ * the positive side (Q4_0: -8..7), as llama.cpp's reference does. */
+static float signed_amax(const float *x, int n)
+{
+    float m = 0.0f;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > fabsf(m))
+            m = x[i];
+    return m;
+}
+
+/* Q4_0 / Q5_0 (half = 8 or 16): d = amax / -half, q = x / d + half. */
+static void quantize_sym32(const float *x, uint16_t *d16, uint8_t qs[16], uint32_t *high, int half)
+{
+    *d16 = f32_to_f16(signed_amax(x, 32) / (float)-half);
+    float d = f16_to_f32(*d16), id = d != 0.0f ? 1.0f / d : 0.0f;
+    *high = 0;
+    for (int l = 0; l < 16; l++) {
+        int q0 = clampi((int)lrintf(x[l] * id) + half, 0, 2 * half - 1);
+        int q1 = clampi((int)lrintf(x[l + 16] * id) + half, 0, 2 * half - 1);
+        qs[l] = (uint8_t)((q0 & 0xF) | (q1 & 0xF) << 4);
+        *high |= (uint32_t)(q0 >> 4) << l | (uint32_t)(q1 >> 4) << (l + 16);
+    }
+}
+
+/* Q4_1 / Q5_1 (nmax = 15 or 31): d = (max - min) / nmax, m = min. */
+static void quantize_affine32(const float *x, uint16_t *d16, uint16_t *m16, uint8_t qs[16],
+                              uint32_t *high, int nmax)
+{
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < 32; i++) {
+        lo = fminf(lo, x[i]);
+        hi = fmaxf(hi, x[i]);
+    }
+    *d16 = f32_to_f16((hi - lo) / (float)nmax);
+    *m16 = f32_to_f16(lo);
+    float d = f16_to_f32(*d16), m = f16_to_f32(*m16), id = d > 0.0f ? 1.0f / d : 0.0f;
+    *high = 0;
+    for (int l = 0; l < 16; l++) {
+        int q0 = clampi((int)lrintf((x[l] - m) * id), 0, nmax);
+        int q1 = clampi((int)lrintf((x[l + 16] - m) * id), 0, nmax);
+        qs[l] = (uint8_t)((q0 & 0xF) | (q1 & 0xF) << 4);
+        *high |= (uint32_t)(q0 >> 4) << l | (uint32_t)(q1 >> 4) << (l + 16);
+    }
+}
+
+static void put_high(uint8_t qh[4], uint32_t h)
+{
+    for (int i = 0; i < 4; i++)
+        qh[i] = (uint8_t)(h >> (8 * i));
+}
+
+void quant_quantize_q4_0(const float *x, struct quant_block_q4_0 *out, int64_t n)
+{
+    uint32_t h;
+    for (int64_t b = 0; b < n / 32; b++, x += 32)
+        quantize_sym32(x, &out[b].d, out[b].qs, &h, 8);
+}
+
+void quant_quantize_q5_0(const float *x, struct quant_block_q5_0 *out, int64_t n)
+{
+    uint32_t h;
+    for (int64_t b = 0; b < n / 32; b++, x += 32) {
+        quantize_sym32(x, &out[b].d, out[b].qs, &h, 16);
+        put_high(out[b].qh, h);
+    }
+}
+
+void quant_quantize_q4_1(const float *x, struct quant_block_q4_1 *out, int64_t n)
+{
+    uint32_t h;
+    for (int64_t b = 0; b < n / 32; b++, x += 32)
+        quantize_affine32(x, &out[b].d, &out[b].m, out[b].qs, &h, 15);
+}
+
+void quant_quantize_q5_1(const float *x, struct quant_block_q5_1 *out, int64_t n)
+{
+    uint32_t h;
+    for (int64_t b = 0; b < n / 32; b++, x += 32) {
+        quantize_affine32(x, &out[b].d, &out[b].m, out[b].qs, &h, 31);
+        put_high(out[b].qh, h);
+    }
+}
+
+/* The IQ4 level nearest v (in units of the block's step). */
+static int iq4_code(float v)
+{
+    int best = 0;
+    for (int i = 1; i < 16; i++)
+        if (fabsf(v - (float)QUANT_IQ4_VALUES[i]) < fabsf(v - (float)QUANT_IQ4_VALUES[best]))
+            best = i;
+    return best;
+}
+
+/* 32 values against step d (the largest at level -127: d = amax / -127). */
+static void iq4_codes(const float *x, float d, uint8_t qs[16])
+{
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int l = 0; l < 16; l++)
+        qs[l] = (uint8_t)(iq4_code(x[l] * id) | iq4_code(x[l + 16] * id) << 4);
+}
+
+void quant_quantize_iq4_nl(const float *x, struct quant_block_iq4_nl *out, int64_t n)
+{
+    for (int64_t b = 0; b < n / 32; b++, x += 32) {
+        out[b].d = f32_to_f16(signed_amax(x, 32) / -127.0f);
+        iq4_codes(x, f16_to_f32(out[b].d), out[b].qs);
+    }
+}
+
+/* A signed sub-block scale s (step of its codes) as a 6-bit code c of a
+ * super-block step d: s ~ d * (c - 32), c - 32 in -32..31, never 0 for a
+ * sub-block that has a step. */
+static int sub_scale(float s, float d)
+{
+    if (d <= 0.0f)
+        return 32;
+    int v = clampi((int)lrintf(s / d), -32, 31);
+    if (!v && s != 0.0f)
+        v = s > 0.0f ? 1 : -1;
+    return v + 32;
+}
+
+void quant_quantize_iq4_xs(const float *x, struct quant_block_iq4_xs *out, int64_t n)
+{
+    for (int64_t b = 0; b < n / QUANT_QK_K; b++, x += QUANT_QK_K) {
+        struct quant_block_iq4_xs *y = &out[b];
+        float s[8], smax = 0.0f;
+        for (int j = 0; j < 8; j++) {
+            s[j] = signed_amax(x + 32 * j, 32) / -127.0f;
+            smax = fmaxf(smax, fabsf(s[j]));
+        }
+        y->d = f32_to_f16(smax / 32.0f);
+        float d = f16_to_f32(y->d);
+        y->scales_h = 0;
+        memset(y->scales_l, 0, sizeof y->scales_l);
+        for (int j = 0; j < 8; j++) {
+            int c = sub_scale(s[j], d);
+            y->scales_l[j / 2] |= (uint8_t)((c & 0xF) << (4 * (j % 2)));
+            y->scales_h |= (uint16_t)((c >> 4) << (2 * j));
+            iq4_codes(x + 32 * j, d * (float)(c - 32), y->qs + 16 * j);
+        }
+    }
+}
+
+void quant_quantize_q3_k(const float *x, struct quant_block_q3_k *out, int64_t n)
+{
+    for (int64_t b = 0; b < n / QUANT_QK_K; b++, x += QUANT_QK_K) {
+        struct quant_block_q3_k *y = &out[b];
+        float s[16], smax = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            s[j] = signed_amax(x + 16 * j, 16) / -4.0f; /* codes -4..3 */
+            smax = fmaxf(smax, fabsf(s[j]));
+        }
+        y->d = f32_to_f16(smax / 32.0f);
+        float d = f16_to_f32(y->d), step[16];
+        memset(y, 0, offsetof(struct quant_block_q3_k, d));
+        for (int j = 0; j < 16; j++) {
+            int c = sub_scale(s[j], d);
+            y->scales[j < 8 ? j : j - 8] |= (uint8_t)((c & 0xF) << (j < 8 ? 0 : 4));
+            y->scales[8 + j % 4] |= (uint8_t)((c >> 4) << (2 * (j / 4)));
+            step[j] = d * (float)(c - 32);
+        }
+        for (int e = 0; e < QUANT_QK_K; e++) {
+            int h = e / 128, k = (e % 128) / 32, l = e % 32, j = e / 16;
+            int q = step[j] != 0.0f ? clampi((int)lrintf(x[e] / step[j]), -4, 3) : 0;
+            int u = q + 4;
+            y->qs[32 * h + l] |= (uint8_t)((u & 3) << (2 * k));
+            y->hmask[l] |= (uint8_t)((u >> 2) << (4 * h + k));
+        }
+    }
+}
+
+void quant_quantize_q2_k(const float *x, struct quant_block_q2_k *out, int64_t n)
+{
+    for (int64_t b = 0; b < n / QUANT_QK_K; b++, x += QUANT_QK_K) {
+        struct quant_block_q2_k *y = &out[b];
+        float sc[16], mn[16], max_sc = 0.0f, max_mn = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            float lo = 0.0f, hi = 0.0f; /* the offset is stored positive, so lo <= 0 */
+            for (int l = 0; l < 16; l++) {
+                lo = fminf(lo, x[16 * j + l]);
+                hi = fmaxf(hi, x[16 * j + l]);
+            }
+            sc[j] = (hi - lo) / 3.0f;
+            mn[j] = -lo;
+            max_sc = fmaxf(max_sc, sc[j]);
+            max_mn = fmaxf(max_mn, mn[j]);
+        }
+        y->d = f32_to_f16(max_sc / 15.0f);
+        y->dmin = f32_to_f16(max_mn / 15.0f);
+        float d = f16_to_f32(y->d), dmin = f16_to_f32(y->dmin), step[16], off[16];
+        for (int j = 0; j < 16; j++) {
+            int qs = d > 0.0f ? clampi((int)lrintf(sc[j] / d), 0, 15) : 0;
+            int qm = dmin > 0.0f ? clampi((int)lrintf(mn[j] / dmin), 0, 15) : 0;
+            if (!qs && sc[j] > 0.0f && d > 0.0f)
+                qs = 1;
+            y->scales[j] = (uint8_t)(qs | qm << 4);
+            step[j] = d * (float)qs;
+            off[j] = dmin * (float)qm;
+        }
+        memset(y->qs, 0, sizeof y->qs);
+        for (int e = 0; e < QUANT_QK_K; e++) {
+            int h = e / 128, k = (e % 128) / 32, l = e % 32;
+            int q = k_code(x[e], step[e / 16], off[e / 16], 3);
+            y->qs[32 * h + l] |= (uint8_t)(q << (2 * k));
+        }
+    }
+}
+
 int quant_quantize_row(enum model_dtype dt, const float *x, void *out, int64_t n)
 {
     if (!quant_row_bytes(dt, n))
@@ -333,6 +703,14 @@ int quant_quantize_row(enum model_dtype dt, const float *x, void *out, int64_t n
     case MODEL_Q4_K: quant_quantize_q4_k(x, out, n); return 0;
     case MODEL_Q5_K: quant_quantize_q5_k(x, out, n); return 0;
     case MODEL_Q6_K: quant_quantize_q6_k(x, out, n); return 0;
+    case MODEL_Q4_0: quant_quantize_q4_0(x, out, n); return 0;
+    case MODEL_Q4_1: quant_quantize_q4_1(x, out, n); return 0;
+    case MODEL_Q5_0: quant_quantize_q5_0(x, out, n); return 0;
+    case MODEL_Q5_1: quant_quantize_q5_1(x, out, n); return 0;
+    case MODEL_IQ4_NL: quant_quantize_iq4_nl(x, out, n); return 0;
+    case MODEL_Q2_K: quant_quantize_q2_k(x, out, n); return 0;
+    case MODEL_Q3_K: quant_quantize_q3_k(x, out, n); return 0;
+    case MODEL_IQ4_XS: quant_quantize_iq4_xs(x, out, n); return 0;
     default: return -RL_EINVAL;
     }
 }

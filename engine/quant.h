@@ -1,18 +1,22 @@
 /* engine/quant.h - the quantized weight formats redlm reads, as data.
  *
- * Four block formats of GGUF files (llama.cpp's ggml layouts, byte for
- * byte, so a GGUF tensor's data is used in place) and AutoAWQ's INT4 GEMM
- * layout. This module owns their definitions: the block records, how many
+ * Twelve block formats of GGUF files (llama.cpp's ggml layouts, byte for
+ * byte, so a GGUF tensor's data is used in place): what Qwen's own GGUF
+ * releases and the usual community quantizations (Q4_K_M, Q3_K_M, IQ4_XS,
+ * Q4_0, ...) contain, every tensor type of their mixes; and AutoAWQ's INT4
+ * GEMM layout. This module owns their definitions: the block records, how many
  * bytes a row takes, and the scalar reference dequantization that every
  * kernel (engine/cpu/, engine/cuda/) and every fidelity test is checked
  * against. It does no I/O and holds no state.
  *
  * Row convention (struct model_tensor): a matrix has `rows` output features
  * and `cols` input features.
- *  - Block formats (Q8_0, Q4_K, Q5_K, Q6_K): each row is cols / QUANT_BLOCK(dt)
- *    consecutive blocks, rows one after another, exactly GGUF's order for a
- *    tensor with ne[0] = cols, ne[1] = rows. cols must be a multiple of the
- *    block size (32 or 256); a loader refuses other shapes.
+ *  - Block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL: blocks of 32;
+ *    Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS: super-blocks of 256): each row is
+ *    cols / quant_block_elems(dt) consecutive blocks, rows one after
+ *    another, exactly GGUF's order for a tensor with ne[0] = cols,
+ *    ne[1] = rows. cols must be a multiple of the block size; a loader
+ *    refuses other shapes.
  *  - AWQ INT4 (GEMM layout, AutoAWQ WQLinear_GEMM, what Qwen3-*-AWQ ships):
  *    stored transposed and packed: qweight int32 (cols, rows / 8),
  *    qzeros int32 (cols / group, rows / 8), scales f16 (cols / group, rows);
@@ -72,6 +76,79 @@ struct quant_block_q6_k {
     uint16_t d;             /* f16 */
 };
 
+/* The 32-element formats keep element l (l < 16) of a block in the low
+ * nibble of qs[l] and element l + 16 in its high nibble. */
+
+/* Q4_0: x = d * (q - 8), q in 0..15. 18 bytes per 32 elements. */
+struct quant_block_q4_0 {
+    uint16_t d;
+    uint8_t qs[16];
+};
+
+/* Q4_1: x = d * q + m, q in 0..15. 20 bytes per 32 elements. */
+struct quant_block_q4_1 {
+    uint16_t d;
+    uint16_t m;             /* f16 offset (the block's minimum) */
+    uint8_t qs[16];
+};
+
+/* Q5_0: x = d * (q - 16), q in 0..31; bit e of the little-endian 32-bit
+ * qh is the fifth bit of element e. 22 bytes per 32 elements. */
+struct quant_block_q5_0 {
+    uint16_t d;
+    uint8_t qh[4];
+    uint8_t qs[16];
+};
+
+/* Q5_1: x = d * q + m, q in 0..31, qh as Q5_0's. 24 bytes per 32. */
+struct quant_block_q5_1 {
+    uint16_t d;
+    uint16_t m;
+    uint8_t qh[4];
+    uint8_t qs[16];
+};
+
+/* IQ4_NL: x = d * QUANT_IQ4_VALUES[q], q in 0..15 (a non-linear grid of
+ * 16 int8 levels). 18 bytes per 32 elements. */
+struct quant_block_iq4_nl {
+    uint16_t d;
+    uint8_t qs[16];
+};
+
+/* The 2- and 3-bit K-quants: 16 sub-blocks of 16. Element c of a
+ * super-block (h = c / 128, k = (c % 128) / 32, l = c % 32) keeps its
+ * two low bits at bits 2k of qs[32 h + l]; sub-block s = c / 16. */
+
+/* Q2_K: x = d * sc_s * q - dmin * m_s, q in 0..3; scales[s] holds sc_s
+ * (low nibble) and m_s (high nibble). 84 bytes per 256 elements. */
+struct quant_block_q2_k {
+    uint8_t scales[16];
+    uint8_t qs[64];
+    uint16_t d;
+    uint16_t dmin;
+};
+
+/* Q3_K: x = d * (sc_s - 32) * q, q = the two low bits less 4 unless bit
+ * 4h + k of hmask[l] is set (q in -4..3); sc_s 6 bits (quant_q3_k_scale).
+ * 110 bytes per 256 elements. */
+struct quant_block_q3_k {
+    uint8_t hmask[32];
+    uint8_t qs[64];
+    uint8_t scales[12];
+    uint16_t d;
+};
+
+/* IQ4_XS: 8 sub-blocks of 32 with 6-bit scales ls_j (low 4 bits: nibble
+ * j % 2 of scales_l[j / 2]; high 2 bits: bits 2j of scales_h);
+ * x = d * (ls_j - 32) * QUANT_IQ4_VALUES[q]; the codes of sub-block j are
+ * qs[16 j ..] in IQ4_NL's nibble order. 136 bytes per 256 elements. */
+struct quant_block_iq4_xs {
+    uint16_t d;
+    uint16_t scales_h;
+    uint8_t scales_l[4];
+    uint8_t qs[128];
+};
+
 /* C11's _Static_assert is static_assert in the C++ nvcc compiles .cu as */
 #ifdef __cplusplus
 #define QUANT_STATIC_ASSERT(c, m) static_assert(c, m)
@@ -82,11 +159,22 @@ QUANT_STATIC_ASSERT(sizeof(struct quant_block_q8_0) == 34, "Q8_0 block is 34 byt
 QUANT_STATIC_ASSERT(sizeof(struct quant_block_q4_k) == 144, "Q4_K block is 144 bytes");
 QUANT_STATIC_ASSERT(sizeof(struct quant_block_q5_k) == 176, "Q5_K block is 176 bytes");
 QUANT_STATIC_ASSERT(sizeof(struct quant_block_q6_k) == 210, "Q6_K block is 210 bytes");
+QUANT_STATIC_ASSERT(sizeof(struct quant_block_q4_0) == 18, "Q4_0 block is 18 bytes");
+QUANT_STATIC_ASSERT(sizeof(struct quant_block_q4_1) == 20, "Q4_1 block is 20 bytes");
+QUANT_STATIC_ASSERT(sizeof(struct quant_block_q5_0) == 22, "Q5_0 block is 22 bytes");
+QUANT_STATIC_ASSERT(sizeof(struct quant_block_q5_1) == 24, "Q5_1 block is 24 bytes");
+QUANT_STATIC_ASSERT(sizeof(struct quant_block_iq4_nl) == 18, "IQ4_NL block is 18 bytes");
+QUANT_STATIC_ASSERT(sizeof(struct quant_block_q2_k) == 84, "Q2_K block is 84 bytes");
+QUANT_STATIC_ASSERT(sizeof(struct quant_block_q3_k) == 110, "Q3_K block is 110 bytes");
+QUANT_STATIC_ASSERT(sizeof(struct quant_block_iq4_xs) == 136, "IQ4_XS block is 136 bytes");
+
+/* IQ4_NL's and IQ4_XS's 16 levels (ggml's kvalues_iq4nl). */
+extern const int8_t QUANT_IQ4_VALUES[16];
 
 /* AutoAWQ's nibble of feature 8j + k inside a packed int32 (see above). */
 extern const int QUANT_AWQ_NIBBLE[8];
 
-/* 1 when dt is one of this module's formats (Q8_0, Q4_K, Q5_K, Q6_K, AWQ4). */
+/* 1 when dt is one of this module's formats (the GGUF blocks and AWQ4). */
 int quant_is_quantized(enum model_dtype dt);
 /* Elements per block of a block format (32 or 256); 1 for AWQ4 and the
  * plain dtypes. */
@@ -101,6 +189,14 @@ size_t quant_row_bytes(enum model_dtype dt, int64_t n);
 void quant_k_scale_min(const uint8_t scales[QUANT_K_SCALE_BYTES], int j, uint8_t *sc,
                        uint8_t *m);
 
+/* The 6-bit scale (0..63, before the - 32) of sub-block s (0..15) of a
+ * Q3_K block: low 4 bits from a nibble of bytes 0..7, high 2 from bytes
+ * 8..11. */
+int quant_q3_k_scale(const uint8_t scales[12], int s);
+/* The 6-bit scale (0..63, before the - 32) of sub-block j of an IQ4_XS
+ * block. */
+int quant_iq4_xs_scale(const struct quant_block_iq4_xs *b, int j);
+
 /* Reference dequantization of n elements (a multiple of the block) of one
  * row of blocks into out (n floats). Arithmetic in float, in the order the
  * format's definition gives, so kernels can be checked against it. */
@@ -108,6 +204,17 @@ void quant_dequant_q8_0(const struct quant_block_q8_0 *x, float *out, int64_t n)
 void quant_dequant_q4_k(const struct quant_block_q4_k *x, float *out, int64_t n);
 void quant_dequant_q5_k(const struct quant_block_q5_k *x, float *out, int64_t n);
 void quant_dequant_q6_k(const struct quant_block_q6_k *x, float *out, int64_t n);
+void quant_dequant_q4_0(const struct quant_block_q4_0 *x, float *out, int64_t n);
+void quant_dequant_q4_1(const struct quant_block_q4_1 *x, float *out, int64_t n);
+void quant_dequant_q5_0(const struct quant_block_q5_0 *x, float *out, int64_t n);
+void quant_dequant_q5_1(const struct quant_block_q5_1 *x, float *out, int64_t n);
+void quant_dequant_iq4_nl(const struct quant_block_iq4_nl *x, float *out, int64_t n);
+void quant_dequant_q2_k(const struct quant_block_q2_k *x, float *out, int64_t n);
+void quant_dequant_q3_k(const struct quant_block_q3_k *x, float *out, int64_t n);
+void quant_dequant_iq4_xs(const struct quant_block_iq4_xs *x, float *out, int64_t n);
+/* Any block format dt (a row of n elements at x). Returns 0, or -RL_EINVAL
+ * when dt is not a block format or n not a multiple of its block. */
+int quant_dequant_blocks(enum model_dtype dt, const void *x, float *out, int64_t n);
 
 /* Row r (an output feature, cols floats into out) of a quantized matrix t:
  * any block format or AWQ4 (then t->awq_* are used). Returns 0, or
@@ -126,6 +233,14 @@ void quant_quantize_q8_0(const float *x, struct quant_block_q8_0 *out, int64_t n
 void quant_quantize_q4_k(const float *x, struct quant_block_q4_k *out, int64_t n);
 void quant_quantize_q5_k(const float *x, struct quant_block_q5_k *out, int64_t n);
 void quant_quantize_q6_k(const float *x, struct quant_block_q6_k *out, int64_t n);
+void quant_quantize_q4_0(const float *x, struct quant_block_q4_0 *out, int64_t n);
+void quant_quantize_q4_1(const float *x, struct quant_block_q4_1 *out, int64_t n);
+void quant_quantize_q5_0(const float *x, struct quant_block_q5_0 *out, int64_t n);
+void quant_quantize_q5_1(const float *x, struct quant_block_q5_1 *out, int64_t n);
+void quant_quantize_iq4_nl(const float *x, struct quant_block_iq4_nl *out, int64_t n);
+void quant_quantize_q2_k(const float *x, struct quant_block_q2_k *out, int64_t n);
+void quant_quantize_q3_k(const float *x, struct quant_block_q3_k *out, int64_t n);
+void quant_quantize_iq4_xs(const float *x, struct quant_block_iq4_xs *out, int64_t n);
 
 /* One row of n floats into block format dt (quant_row_bytes(dt, n) bytes at
  * out). Returns 0, or -RL_EINVAL when dt is not a block format or n is not

@@ -260,7 +260,7 @@ static void test_hand_made(void **state)
     u32(&m, GGUF_VT_STRING);
     str(&m, "tiny");
     tinfo(&m, "a.weight", 1, NE_V, GGUF_T_F32, 0);
-    tinfo(&m, "q.weight", 2, (uint64_t[2]){32, 2}, 2 /* Q4_0 */, 256);
+    tinfo(&m, "q.weight", 2, (uint64_t[2]){32, 2}, 16 /* IQ2_XXS */, 256);
     pad_data(&m, 64, 512);
     struct gguf_file *f;
     struct rl_err err = {0};
@@ -274,7 +274,7 @@ static void test_hand_made(void **state)
     assert_int_equal(((const uint8_t *)a->data)[1], 1);
     assert_int_equal(q->n_bytes, 0); /* not sized: not a type redlm reads */
     char tb[16];
-    assert_string_equal(gguf_type_name(q->type, tb), "Q4_0");
+    assert_string_equal(gguf_type_name(q->type, tb), "IQ2_XXS");
     assert_string_equal(gguf_type_name(4, tb), "type 4");
     const char *s;
     size_t n;
@@ -484,7 +484,7 @@ static void test_writer_errors(void **state)
     assert_int_equal(access(path, F_OK), -1);
     gguf_writer_free(w);
     assert_int_equal(gguf_writer_create(&w, &err), 0);
-    assert_int_equal(gguf_writer_tensor(w, "q", 2 /* Q4_0 */, 1, (int64_t[1]){32}, x, NULL, NULL),
+    assert_int_equal(gguf_writer_tensor(w, "q", 16 /* IQ2_XXS */, 1, (int64_t[1]){256}, x, NULL, NULL),
                      -RL_EINVAL);
     gguf_writer_free(w);
 }

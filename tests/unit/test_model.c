@@ -656,9 +656,9 @@ static void test_bad_quantized(void **state)
 {
     char p[600];
     /* GGUF: a tensor type redlm does not read is named with the file and
-     * tensor (Q8_0 relabelled Q4_0: the reader does not size it, the
+     * tensor (Q8_0 relabelled IQ2_XXS: the reader does not size it, the
      * loader refuses it) */
-    snprintf(p, sizeof p, "%s/q40.gguf", tmpdir);
+    snprintf(p, sizeof p, "%s/iq2.gguf", tmpdir);
     make_quant(p, MK_Q8_0);
     char from[64] = "blk.1.attn_k.weight";
     {
@@ -668,13 +668,13 @@ static void test_bad_quantized(void **state)
         assert_non_null(at);
         at += strlen(from) + 4 + 2 * 8; /* n_dims, ne[0], ne[1]: then the type */
         assert_int_equal((uint8_t)at[0], 8);
-        at[0] = 2; /* Q4_0 */
+        at[0] = 16; /* IQ2_XXS */
         FILE *f = fopen(p, "wb");
         fwrite(b, 1, len, f);
         fclose(f);
         free(b);
     }
-    expect_load_error(p, RL_EUNSUPPORTED, "q40.gguf: tensor \"blk.1.attn_k.weight\" has type Q4_0, which redlm does not read");
+    expect_load_error(p, RL_EUNSUPPORTED, "iq2.gguf: tensor \"blk.1.attn_k.weight\" has type IQ2_XXS, which redlm does not read");
     /* another architecture */
     snprintf(p, sizeof p, "%s/llama.gguf", tmpdir);
     make_quant(p, MK_Q4_K_M);

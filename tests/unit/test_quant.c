@@ -22,6 +22,7 @@
 
 #include "dtype.h"
 #include "quant.h"
+#include "test_util.h"
 
 /* f16 bit patterns of a few exact values */
 #define H_0_125 0x3000
@@ -337,12 +338,16 @@ static void test_quantize_round_trip(void **state)
     fill(x, N, 1);
     /* bounds: the figures measured when this was written (Q8_0 0.0063,
      * Q6_K 0.021, Q5_K 0.039, Q4_K 0.080 on these values, whose one 6x
-     * outlier per 256 widens its block's grid) plus ~25%; each format
-     * roughly halves the error of the one with one bit less, as it should */
+     * outlier per 256 widens its block's grid; Q4_0 0.100, Q4_1 0.079,
+     * Q5_0 0.050, Q5_1 0.039, IQ4_NL 0.087, Q2_K 0.344, Q3_K 0.171,
+     * IQ4_XS 0.088) plus ~25%; each format roughly halves the error of the
+     * one with one bit less, as it should */
     static const struct {
         enum model_dtype dt;
         double bound;
-    } fmts[] = {{MODEL_Q8_0, 0.008}, {MODEL_Q6_K, 0.027}, {MODEL_Q5_K, 0.05}, {MODEL_Q4_K, 0.1}};
+    } fmts[] = {{MODEL_Q8_0, 0.008}, {MODEL_Q6_K, 0.027}, {MODEL_Q5_K, 0.05}, {MODEL_Q4_K, 0.1},
+                {MODEL_Q4_0, 0.125}, {MODEL_Q4_1, 0.1}, {MODEL_Q5_0, 0.063}, {MODEL_Q5_1, 0.05},
+                {MODEL_IQ4_NL, 0.11}, {MODEL_Q2_K, 0.43}, {MODEL_Q3_K, 0.22}, {MODEL_IQ4_XS, 0.11}};
     for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
         struct model_tensor t = {.dtype = fmts[f].dt, .rows = 1, .cols = N, .data = buf};
         assert_int_equal(quant_quantize_row(fmts[f].dt, x, buf, N), 0);
@@ -418,6 +423,95 @@ static void test_awq_quantize(void **state)
     assert_int_equal(quant_quantize_awq(w, ROWS, 200, GROUP, qw, qz, sc), -RL_EINVAL);
 }
 
+/* ---- against ggml itself ----
+ *
+ * tests/data/quant/ggml_blocks.json: blocks and the floats ggml's
+ * dequantize_row_* makes of them (tests/data/quant/README.md). The
+ * dequantizers must give the same floats bit for bit: the same arithmetic
+ * in the same order (this file is built with -std=c11, no contraction). */
+
+static const struct {
+    const char *name;
+    enum model_dtype dt;
+} GGML_FMTS[] = {
+    {"Q4_0", MODEL_Q4_0}, {"Q4_1", MODEL_Q4_1}, {"Q5_0", MODEL_Q5_0},     {"Q5_1", MODEL_Q5_1},
+    {"Q8_0", MODEL_Q8_0}, {"Q2_K", MODEL_Q2_K}, {"Q3_K", MODEL_Q3_K},     {"Q4_K", MODEL_Q4_K},
+    {"Q5_K", MODEL_Q5_K}, {"Q6_K", MODEL_Q6_K}, {"IQ4_NL", MODEL_IQ4_NL}, {"IQ4_XS", MODEL_IQ4_XS},
+};
+
+static size_t unhex(const char *h, uint8_t *out, size_t cap)
+{
+    size_t n = strlen(h) / 2;
+    assert_true(n <= cap);
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        assert_int_equal(sscanf(h + 2 * i, "%2x", &v), 1);
+        out[i] = (uint8_t)v;
+    }
+    return n;
+}
+
+static void floats(const cJSON *a, float *out, int n)
+{
+    assert_int_equal(cJSON_GetArraySize(a), n);
+    for (int i = 0; i < n; i++)
+        out[i] = (float)cJSON_GetArrayItem(a, i)->valuedouble;
+}
+
+static void test_ggml_reference(void **state)
+{
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/quant/ggml_blocks.json", tu_data_dir());
+    cJSON *root = tu_read_json(path);
+    assert_non_null(root);
+    const cJSON *f, *fmts = cJSON_GetObjectItemCaseSensitive(root, "formats");
+    int seen = 0;
+    cJSON_ArrayForEach(f, fmts) {
+        const char *name = cJSON_GetObjectItemCaseSensitive(f, "name")->valuestring;
+        size_t k = 0;
+        while (k < sizeof GGML_FMTS / sizeof GGML_FMTS[0] && strcmp(GGML_FMTS[k].name, name))
+            k++;
+        if (k == sizeof GGML_FMTS / sizeof GGML_FMTS[0])
+            fail_msg("ggml_blocks.json: format %s is not one redlm reads", name);
+        enum model_dtype dt = GGML_FMTS[k].dt;
+        seen++;
+        assert_int_equal(quant_block_elems(dt), cJSON_GetObjectItemCaseSensitive(f, "block_elems")->valueint);
+        assert_int_equal(quant_block_bytes(dt), cJSON_GetObjectItemCaseSensitive(f, "block_bytes")->valueint);
+        const cJSON *c;
+        cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(f, "cases")) {
+            const char *cname = cJSON_GetObjectItemCaseSensitive(c, "case")->valuestring;
+            int n = cJSON_GetObjectItemCaseSensitive(c, "n")->valueint;
+            static uint8_t blk[4096];
+            static float want[1024], got[1024], in[1024];
+            assert_true(n <= 1024);
+            size_t nb = unhex(cJSON_GetObjectItemCaseSensitive(c, "blocks_hex")->valuestring, blk, sizeof blk);
+            assert_int_equal(nb, quant_row_bytes(dt, n));
+            floats(cJSON_GetObjectItemCaseSensitive(c, "dequant"), want, n);
+            assert_int_equal(quant_dequant_blocks(dt, blk, got, n), 0);
+            for (int i = 0; i < n; i++)
+                if (memcmp(&got[i], &want[i], sizeof got[i]))
+                    fail_msg("%s %s element %d: %.9g, ggml %.9g", name, cname, i, got[i], want[i]);
+            const cJSON *input = cJSON_GetObjectItemCaseSensitive(c, "input");
+            if (!input)
+                continue;
+            /* our reference quantizer on ggml's input: its error stays
+             * within a bound of ggml's own (make_qkx2_quants and friends
+             * search for better scales; ours take them from the range) */
+            floats(input, in, n);
+            assert_int_equal(quant_quantize_row(dt, in, blk, n), 0);
+            assert_int_equal(quant_dequant_blocks(dt, blk, got, n), 0);
+            double ours = rel_rms(in, got, n), theirs = rel_rms(in, want, n);
+            printf("  %-6s relative rms error: ours %.4f, ggml's %.4f (%.2fx)\n", name, ours, theirs,
+                   ours / theirs);
+            if (ours > 1.6 * theirs)
+                fail_msg("%s: our quantizer's error %g > 1.6 x ggml's %g", name, ours, theirs);
+        }
+    }
+    assert_int_equal(seen, (int)(sizeof GGML_FMTS / sizeof GGML_FMTS[0]));
+    cJSON_Delete(root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -433,6 +527,7 @@ int main(void)
         cmocka_unit_test(test_quantize_round_trip),
         cmocka_unit_test(test_q8_0_bound),
         cmocka_unit_test(test_awq_quantize),
+        cmocka_unit_test(test_ggml_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
