@@ -30,6 +30,14 @@
  *   AWQ (G a multiple of 64), per group of G columns (64 + G * 8 bytes): s[16] f16, z[16] u8,
  *     16 spare bytes; G / 8 vectors of nibbles, u holding group u low and
  *     group u + G / 8 high.
+ *   Q4_1, Q5_1, per 2 blocks (1152 bytes): Q8_0's, with the offsets m[blk][r]
+ *     f16 after the scales and the codes as they are (0..31, no + 128).
+ *   IQ4_XS (2368 bytes): Q4_K's, the scale pairs signed (ls - 32), no dmin or
+ *     mins, the nibbles the level indexes.
+ *   Q2_K, per super-block (1600 bytes): d[16], dmin[16] f16; scale pairs
+ *     (sc_i, sc_{i+8}) u8 (i < 8, 256 bytes); min pairs likewise (256 bytes);
+ *     16 vectors of 2-bit codes, vector v holding group v + 16 j at bits 2j.
+ *   Q4_0, Q5_0, IQ4_NL: Q8_0's, Q3_K: Q6_K's, after widen_row.
  * Any thread; no state. */
 #include "cpu/qgemm.h"
 
@@ -51,7 +59,7 @@
 
 enum cpu_xq cpu_xq_for(enum model_dtype dt)
 {
-    return dt == MODEL_Q4_K || dt == MODEL_Q5_K || dt == MODEL_Q6_K ? CPU_XQ_256 : CPU_XQ_32;
+    return quant_block_elems(dt) == QUANT_QK_K ? CPU_XQ_256 : CPU_XQ_32;
 }
 
 int cpu_xq_block(enum cpu_xq f) { return f == CPU_XQ_256 ? 256 : 32; }
@@ -66,14 +74,9 @@ int cpu_q_supported(enum model_dtype dt, int rows, int cols, int g)
 {
     if (rows <= 0 || cols <= 0)
         return 0;
-    switch (dt) {
-    case MODEL_Q8_0: return cols % 32 == 0;
-    case MODEL_Q4_K:
-    case MODEL_Q5_K:
-    case MODEL_Q6_K: return cols % 256 == 0;
-    case MODEL_AWQ4: return g > 0 && g % 32 == 0 && cols % g == 0 && rows % 8 == 0;
-    default: return 0;
-    }
+    if (dt == MODEL_AWQ4)
+        return g > 0 && g % 32 == 0 && cols % g == 0 && rows % 8 == 0;
+    return quant_is_quantized(dt) && cols % quant_block_elems(dt) == 0;
 }
 
 size_t cpu_q_row_bytes(enum model_dtype dt, int cols, int g)
@@ -269,6 +272,160 @@ static AI float row_q6_k(const struct quant_block_q6_k *w, const struct cpu_xq25
     return acc;
 }
 
+/* The codes of one block of a 32-element format as int8 (Q4_0, Q5_0:
+ * q - 8, q - 16; Q4_1, Q5_1: q; IQ4_NL: the level), its scale d and, for
+ * Q4_1 / Q5_1, its offset m. dt is a constant where this is inlined, so
+ * each format's loop is its own. */
+static AI void codes32(enum model_dtype dt, const uint8_t *blk, int8_t q8[32], uint16_t *d, uint16_t *m)
+{
+    const uint8_t *qs = blk + (dt == MODEL_Q4_1 ? 4 : dt == MODEL_Q5_0 ? 6 : dt == MODEL_Q5_1 ? 8 : 2);
+    memcpy(d, blk, 2);
+    if (dt == MODEL_Q4_1 || dt == MODEL_Q5_1)
+        memcpy(m, blk + 2, 2);
+    uint32_t h = 0;
+    if (dt == MODEL_Q5_0 || dt == MODEL_Q5_1) {
+        const uint8_t *qh = blk + (dt == MODEL_Q5_0 ? 2 : 4);
+        h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+    }
+    for (int l = 0; l < 16; l++) {
+        int lo = qs[l] & 0xF, hi = qs[l] >> 4;
+        if (dt == MODEL_IQ4_NL) {
+            q8[l] = QUANT_IQ4_VALUES[lo];
+            q8[l + 16] = QUANT_IQ4_VALUES[hi];
+            continue;
+        }
+        if (dt == MODEL_Q5_0 || dt == MODEL_Q5_1) {
+            lo |= (int)((h >> l) & 1) << 4;
+            hi |= (int)((h >> (l + 16)) & 1) << 4;
+        }
+        int z = dt == MODEL_Q4_0 ? 8 : dt == MODEL_Q5_0 ? 16 : 0;
+        q8[l] = (int8_t)(lo - z);
+        q8[l + 16] = (int8_t)(hi - z);
+    }
+}
+
+static AI int dot16(const int8_t *a, const int8_t *b)
+{
+    int s = 0;
+    for (int i = 0; i < 16; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* A super-block of Q2_K, Q3_K or IQ4_XS decoded: codes as int8 in element
+ * order, the integer sub-block scales (Q2_K, Q3_K: 16 of 16 elements;
+ * IQ4_XS: 8 of 32) and Q2_K's mins, d and dmin. */
+struct kblk {
+    int8_t q[256];
+    int sc[16], mn[16];
+    float d, dmin;
+};
+
+static AI void decode_k(enum model_dtype dt, const uint8_t *blk, struct kblk *o)
+{
+    if (dt == MODEL_IQ4_XS) {
+        const struct quant_block_iq4_xs *w = (const void *)blk;
+        o->d = f16_to_f32(w->d);
+        for (int j = 0; j < 8; j++) {
+            o->sc[j] = quant_iq4_xs_scale(w, j) - 32;
+            for (int l = 0; l < 16; l++) {
+                o->q[32 * j + l] = QUANT_IQ4_VALUES[w->qs[16 * j + l] & 0xF];
+                o->q[32 * j + l + 16] = QUANT_IQ4_VALUES[w->qs[16 * j + l] >> 4];
+            }
+        }
+        return;
+    }
+    if (dt == MODEL_Q2_K) {
+        const struct quant_block_q2_k *w = (const void *)blk;
+        o->d = f16_to_f32(w->d), o->dmin = f16_to_f32(w->dmin);
+        for (int s = 0; s < 16; s++)
+            o->sc[s] = w->scales[s] & 0xF, o->mn[s] = w->scales[s] >> 4;
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < 32; l++)
+                    o->q[128 * h + 32 * k + l] = (int8_t)((w->qs[32 * h + l] >> (2 * k)) & 3);
+        return;
+    }
+    const struct quant_block_q3_k *w = (const void *)blk;
+    o->d = f16_to_f32(w->d);
+    for (int s = 0; s < 16; s++)
+        o->sc[s] = quant_q3_k_scale(w->scales, s) - 32;
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 4; k++)
+            for (int l = 0; l < 32; l++) {
+                int lo = (w->qs[32 * h + l] >> (2 * k)) & 3, hb = (w->hmask[l] >> (4 * h + k)) & 1;
+                o->q[128 * h + 32 * k + l] = (int8_t)(lo - 4 + 4 * hb);
+            }
+}
+
+/* Block b's term of one output row x (qgemm.h's recipe for the format). */
+static AI float term_k(enum model_dtype dt, const struct kblk *k, const struct cpu_xq256 *x, float acc)
+{
+    int32_t I = 0, J = 0;
+    if (dt == MODEL_IQ4_XS) {
+        for (int j = 0; j < 8; j++)
+            I += k->sc[j] * dot32(k->q + 32 * j, x->q + 32 * j);
+    } else {
+        for (int s = 0; s < 16; s++)
+            I += k->sc[s] * dot16(k->q + 16 * s, x->q + 16 * s);
+    }
+    acc = fmaf((float)I, k->d * x->d, acc);
+    if (dt == MODEL_Q2_K) {
+        for (int s = 0; s < 16; s++) /* the sums over 16, as xq256_sums pairs them */
+            J += k->mn[s] * x->s16p[s < 8 ? 2 * s : 2 * (s - 8) + 1];
+        acc = fmaf((float)-J, k->dmin * x->d, acc);
+    }
+    return acc;
+}
+
+#define QB_ROWS 32 /* activation rows one decoded block serves at a time */
+
+/* NATIVE rows of the eight GGUF formats after the first four (the scalar
+ * table's product; the AVX2 one's is below, which the AVX-512 table uses
+ * for matrices it did not pack): each weight block is decoded once for up to QB_ROWS
+ * activation rows, not once per row, so a prefill pays the unpacking
+ * (nibbles, the IQ4 table, Q3_K's scattered bits) once per block. Each
+ * output's chain is the same fmaf steps in the same block order as a row
+ * alone. */
+static AI void gemm_q_blocks(enum model_dtype dt, int M, int n0, int n1, const struct cpu_qmat *w,
+                             const void *xq, size_t ldxq, float *y, int ldy)
+{
+    size_t rb = cpu_q_row_bytes(dt, w->cols, 0), bb = quant_block_bytes(dt);
+    int q32 = quant_block_elems(dt) == 32, nb = w->cols / quant_block_elems(dt);
+    int offset = dt == MODEL_Q4_1 || dt == MODEL_Q5_1;
+    for (int m0 = 0; m0 < M; m0 += QB_ROWS) {
+        int mc = M - m0 < QB_ROWS ? M - m0 : QB_ROWS;
+        const char *x0 = (const char *)xq + (size_t)m0 * ldxq;
+        for (int n = n0; n < n1; n++) {
+            const uint8_t *wr = (const uint8_t *)w->w + (size_t)n * rb;
+            float acc[QB_ROWS];
+            for (int m = 0; m < mc; m++)
+                acc[m] = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                if (q32) {
+                    int8_t q8[32];
+                    uint16_t d16, m16 = 0;
+                    codes32(dt, wr + (size_t)b * bb, q8, &d16, &m16);
+                    float d = f16_to_f32(d16), mf = f16_to_f32(m16);
+                    for (int m = 0; m < mc; m++) {
+                        const struct cpu_xq32 *x = (const struct cpu_xq32 *)(x0 + (size_t)m * ldxq) + b;
+                        acc[m] = fmaf((float)dot32(q8, x->q), d * x->d, acc[m]);
+                        if (offset)
+                            acc[m] = fmaf((float)x->s, mf * x->d, acc[m]);
+                    }
+                } else {
+                    struct kblk k;
+                    decode_k(dt, wr + (size_t)b * bb, &k);
+                    for (int m = 0; m < mc; m++)
+                        acc[m] = term_k(dt, &k, (const struct cpu_xq256 *)(x0 + (size_t)m * ldxq) + b, acc[m]);
+                }
+            }
+            for (int m = 0; m < mc; m++)
+                y[(size_t)(m0 + m) * (size_t)ldy + (size_t)n] = acc[m];
+        }
+    }
+}
+
 /* AWQ rows (cpu_q_awq_convert): one fmaf per activation block of 32. */
 static AI float row_awq(const uint8_t *w, int G, const struct cpu_xq32 *x, int nb)
 {
@@ -293,6 +450,17 @@ static AI float row_awq(const uint8_t *w, int G, const struct cpu_xq32 *x, int n
 static AI void gemm_q_body(int M, int n0, int n1, const struct cpu_qmat *w, const void *xq,
                            size_t ldxq, float *y, int ldy)
 {
+    switch (w->dt) { /* dt a constant in each call: one loop per format */
+    case MODEL_Q4_0: gemm_q_blocks(MODEL_Q4_0, M, n0, n1, w, xq, ldxq, y, ldy); return;
+    case MODEL_Q4_1: gemm_q_blocks(MODEL_Q4_1, M, n0, n1, w, xq, ldxq, y, ldy); return;
+    case MODEL_Q5_0: gemm_q_blocks(MODEL_Q5_0, M, n0, n1, w, xq, ldxq, y, ldy); return;
+    case MODEL_Q5_1: gemm_q_blocks(MODEL_Q5_1, M, n0, n1, w, xq, ldxq, y, ldy); return;
+    case MODEL_IQ4_NL: gemm_q_blocks(MODEL_IQ4_NL, M, n0, n1, w, xq, ldxq, y, ldy); return;
+    case MODEL_Q2_K: gemm_q_blocks(MODEL_Q2_K, M, n0, n1, w, xq, ldxq, y, ldy); return;
+    case MODEL_Q3_K: gemm_q_blocks(MODEL_Q3_K, M, n0, n1, w, xq, ldxq, y, ldy); return;
+    case MODEL_IQ4_XS: gemm_q_blocks(MODEL_IQ4_XS, M, n0, n1, w, xq, ldxq, y, ldy); return;
+    default: break;
+    }
     size_t rb = cpu_q_row_bytes(w->dt, w->cols, w->awq_group);
     for (int m = 0; m < M; m++) {
         const void *x = (const char *)xq + (size_t)m * ldxq;
@@ -318,10 +486,187 @@ void cpu_gemm_q_scalar(int M, int n0, int n1, const struct cpu_qmat *w, const vo
 }
 
 #if defined(__x86_64__)
+/* ---- gemm_q_blocks with AVX2 ----
+ *
+ * The same recipe and so the same bits: each block's codes are decoded
+ * once into int8 vectors in element order (nibbles split, the IQ4 levels
+ * by vpshufb, Q5's fifth bits and Q3_K's high bits as byte masks), then
+ * per activation row the exact int32 sums come from vpmaddubsw (|w| times
+ * x with w's sign: no pair saturates, 2 x 127 x 127 < 32768) and vpmaddwd
+ * (by 1, or by the sub-block scales), and the format's fmaf steps follow
+ * in block order. */
+
+T2 static inline int hsum8(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* int16 pair sums of w . x; signed: w's codes may be negative */
+T2 static inline __m256i pairs(__m256i w, __m256i x, int sgn)
+{
+    if (sgn)
+        return _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    return _mm256_maddubs_epi16(w, x);
+}
+
+/* 16 bytes of nibbles as 32 codes: the low nibbles, then the high */
+T2 static inline __m256i nibbles(const uint8_t *qs)
+{
+    __m128i b = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0xF);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+T2 static inline __m256i iq4_levels(__m256i q)
+{
+    const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)QUANT_IQ4_VALUES));
+    return _mm256_shuffle_epi8(t, q);
+}
+
+/* A 32-element block's codes as codes32 gives them */
+T2 static inline __m256i codes32_avx2(enum model_dtype dt, const uint8_t *blk)
+{
+    __m256i q = nibbles(blk + (dt == MODEL_Q4_1 ? 4 : dt == MODEL_Q5_0 ? 6 : dt == MODEL_Q5_1 ? 8 : 2));
+    if (dt == MODEL_IQ4_NL)
+        return iq4_levels(q);
+    if (dt == MODEL_Q5_0 || dt == MODEL_Q5_1) { /* byte e gets bit e of qh */
+        uint32_t h;
+        memcpy(&h, blk + (dt == MODEL_Q5_0 ? 2 : 4), 4);
+        __m256i hv = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h),
+                                         _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                           0x0101010101010101, 0));
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+        hv = _mm256_cmpeq_epi8(_mm256_and_si256(hv, bit), bit);
+        q = _mm256_or_si256(q, _mm256_and_si256(hv, _mm256_set1_epi8(0x10)));
+    }
+    if (dt == MODEL_Q4_0 || dt == MODEL_Q5_0)
+        q = _mm256_sub_epi8(q, _mm256_set1_epi8(dt == MODEL_Q4_0 ? 8 : 16));
+    return q;
+}
+
+/* A super-block's 8 vectors of 32 codes (element order) and, per vector,
+ * the int16 scales of its pair sums: Q2_K / Q3_K sub-blocks of 16 (low
+ * half, high half), IQ4_XS one of 32. */
+T2 static inline void decode_k_avx2(enum model_dtype dt, const uint8_t *blk, __m256i q[8], __m256i sv[8],
+                                    __m256i *mins, struct kblk *k)
+{
+    if (dt == MODEL_IQ4_XS) {
+        const struct quant_block_iq4_xs *w = (const void *)blk;
+        k->d = f16_to_f32(w->d);
+        for (int j = 0; j < 8; j++) {
+            q[j] = iq4_levels(nibbles(w->qs + 16 * j));
+            sv[j] = _mm256_set1_epi16((short)(quant_iq4_xs_scale(w, j) - 32));
+        }
+        return;
+    }
+    const uint8_t *qs = blk + (dt == MODEL_Q2_K ? 16 : 32);
+    int sc[16];
+    if (dt == MODEL_Q2_K) {
+        const struct quant_block_q2_k *w = (const void *)blk;
+        k->d = f16_to_f32(w->d), k->dmin = f16_to_f32(w->dmin);
+        for (int s = 0; s < 16; s++)
+            sc[s] = w->scales[s] & 0xF;
+        /* the mins as int16 in the order of the activation's s16p pairs
+         * (sub-blocks 0, 8, 1, 9, ...): J is one vpmaddwd a row */
+        __m128i m = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)w->scales), 4),
+                                  _mm_set1_epi8(0xF));
+        m = _mm_shuffle_epi8(m, _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15));
+        *mins = _mm256_cvtepu8_epi16(m);
+    } else {
+        const struct quant_block_q3_k *w = (const void *)blk;
+        k->d = f16_to_f32(w->d);
+        for (int s = 0; s < 16; s++)
+            sc[s] = quant_q3_k_scale(w->scales, s) - 32;
+    }
+    const __m256i three = _mm256_set1_epi8(3);
+    __m256i hm = _mm256_loadu_si256((const __m256i *)blk); /* Q3_K's hmask */
+    for (int v = 0; v < 8; v++) { /* elements 32 v ..: qs[32 (v / 4) ..] >> 2 (v % 4) */
+        __m256i b = _mm256_loadu_si256((const __m256i *)(qs + 32 * (v / 4)));
+        __m256i c = _mm256_and_si256(_mm256_srli_epi16(b, 2 * (v % 4)), three);
+        if (dt == MODEL_Q3_K) { /* less 4 where bit v of hmask[l] is clear */
+            __m256i bit = _mm256_set1_epi8((char)(1 << v));
+            __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), _mm256_setzero_si256());
+            c = _mm256_sub_epi8(c, _mm256_and_si256(clear, _mm256_set1_epi8(4)));
+        }
+        q[v] = c;
+        sv[v] = _mm256_set_m128i(_mm_set1_epi16((short)sc[2 * v + 1]), _mm_set1_epi16((short)sc[2 * v]));
+    }
+}
+
+T2 static void gemm_q_blocks_avx2(enum model_dtype dt, int M, int n0, int n1, const struct cpu_qmat *w,
+                                  const void *xq, size_t ldxq, float *y, int ldy)
+{
+    size_t rb = cpu_q_row_bytes(dt, w->cols, 0), bb = quant_block_bytes(dt);
+    int q32 = quant_block_elems(dt) == 32, nb = w->cols / quant_block_elems(dt);
+    int offset = dt == MODEL_Q4_1 || dt == MODEL_Q5_1;
+    int sgn = !(offset || dt == MODEL_Q2_K);
+    const __m256i one = _mm256_set1_epi16(1);
+    for (int m0 = 0; m0 < M; m0 += QB_ROWS) {
+        int mc = M - m0 < QB_ROWS ? M - m0 : QB_ROWS;
+        const char *x0 = (const char *)xq + (size_t)m0 * ldxq;
+        for (int n = n0; n < n1; n++) {
+            const uint8_t *wr = (const uint8_t *)w->w + (size_t)n * rb;
+            float acc[QB_ROWS];
+            for (int m = 0; m < mc; m++)
+                acc[m] = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *blk = wr + (size_t)b * bb;
+                if (q32) {
+                    __m256i q = codes32_avx2(dt, blk);
+                    uint16_t d16, m16 = 0;
+                    memcpy(&d16, blk, 2);
+                    if (offset)
+                        memcpy(&m16, blk + 2, 2);
+                    float d = f16_to_f32(d16), mf = f16_to_f32(m16);
+                    for (int m = 0; m < mc; m++) {
+                        const struct cpu_xq32 *x = (const struct cpu_xq32 *)(x0 + (size_t)m * ldxq) + b;
+                        __m256i xv = _mm256_loadu_si256((const __m256i *)x->q);
+                        int I = hsum8(_mm256_madd_epi16(pairs(q, xv, sgn), one));
+                        acc[m] = fmaf((float)I, d * x->d, acc[m]);
+                        if (offset)
+                            acc[m] = fmaf((float)x->s, mf * x->d, acc[m]);
+                    }
+                } else {
+                    __m256i q[8], sv[8], mins = _mm256_setzero_si256();
+                    struct kblk k;
+                    decode_k_avx2(dt, blk, q, sv, &mins, &k);
+                    for (int m = 0; m < mc; m++) {
+                        const struct cpu_xq256 *x = (const struct cpu_xq256 *)(x0 + (size_t)m * ldxq) + b;
+                        __m256i s = _mm256_setzero_si256();
+                        for (int v = 0; v < 8; v++)
+                            s = _mm256_add_epi32(s, _mm256_madd_epi16(
+                                                        pairs(q[v], _mm256_loadu_si256((const __m256i *)(x->q + 32 * v)), sgn),
+                                                        sv[v]));
+                        acc[m] = fmaf((float)hsum8(s), k.d * x->d, acc[m]);
+                        if (dt == MODEL_Q2_K) {
+                            int J = hsum8(_mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)x->s16p)));
+                            acc[m] = fmaf((float)-J, k.dmin * x->d, acc[m]);
+                        }
+                    }
+                }
+            }
+            for (int m = 0; m < mc; m++)
+                y[(size_t)(m0 + m) * (size_t)ldy + (size_t)n] = acc[m];
+        }
+    }
+}
+
 T2 void cpu_gemm_q_avx2(int M, int n0, int n1, const struct cpu_qmat *w, const void *xq, size_t ldxq,
                         float *y, int ldy)
 {
-    gemm_q_body(M, n0, n1, w, xq, ldxq, y, ldy);
+    switch (w->dt) {
+    case MODEL_Q4_0:
+    case MODEL_Q4_1:
+    case MODEL_Q5_0:
+    case MODEL_Q5_1:
+    case MODEL_IQ4_NL:
+    case MODEL_Q2_K:
+    case MODEL_Q3_K:
+    case MODEL_IQ4_XS: gemm_q_blocks_avx2(w->dt, M, n0, n1, w, xq, ldxq, y, ldy); return;
+    default: gemm_q_body(M, n0, n1, w, xq, ldxq, y, ldy); return;
+    }
 }
 #else
 void cpu_gemm_q_avx2(int M, int n0, int n1, const struct cpu_qmat *w, const void *xq, size_t ldxq,
@@ -357,32 +702,92 @@ void cpu_q_awq_convert(const struct model_tensor *t, void *out)
 
 /* ---------------------------------------------------------------- panels */
 
+enum model_dtype cpu_q_panel_dt(enum model_dtype dt)
+{
+    switch (dt) {
+    case MODEL_Q4_0:
+    case MODEL_Q5_0:
+    case MODEL_IQ4_NL: return MODEL_Q8_0;
+    case MODEL_Q3_K: return MODEL_Q6_K;
+    default: return dt;
+    }
+}
+
+/* One NATIVE row of a format packed as another (cpu_q_panel_dt) in that
+ * format's blocks: Q4_0 / Q5_0 / IQ4_NL's codes (q - 8, q - 16, the level)
+ * as Q8_0's with the same d; Q3_K's codes (-4..3) and scales (-32..31) as
+ * Q6_K's with the same d. Exact, and the two recipes (qgemm.h) then sum
+ * the same integers with the same scales: the same bits. */
+static void widen_row(enum model_dtype dt, const uint8_t *src, uint8_t *dst, int cols)
+{
+    if (dt == MODEL_Q3_K) {
+        const struct quant_block_q3_k *x = (const void *)src;
+        struct quant_block_q6_k *y = (void *)dst;
+        for (int b = 0; b < cols / 256; b++) {
+            memset(&y[b], 0, sizeof y[b]);
+            y[b].d = x[b].d;
+            for (int s = 0; s < 16; s++)
+                y[b].scales[s] = (int8_t)(quant_q3_k_scale(x[b].scales, s) - 32);
+            for (int e = 0; e < 256; e++) { /* quant.h's element order of each */
+                int h = e / 128, k = (e % 128) / 32, l = e % 32;
+                int q = ((x[b].qs[32 * h + l] >> (2 * k)) & 3) - ((x[b].hmask[l] >> (4 * h + k)) & 1 ? 0 : 4);
+                int u = q + 32;
+                y[b].ql[64 * h + l + 32 * (k & 1)] |= (uint8_t)((u & 0xF) << (k < 2 ? 0 : 4));
+                y[b].qh[32 * h + l] |= (uint8_t)((u >> 4) << (2 * k));
+            }
+        }
+        return;
+    }
+    size_t bb = quant_block_bytes(dt);
+    struct quant_block_q8_0 *y = (void *)dst;
+    for (int b = 0; b < cols / 32; b++) {
+        uint16_t m;
+        switch (dt) {
+        case MODEL_Q4_0: codes32(MODEL_Q4_0, src + (size_t)b * bb, y[b].qs, &y[b].d, &m); break;
+        case MODEL_Q5_0: codes32(MODEL_Q5_0, src + (size_t)b * bb, y[b].qs, &y[b].d, &m); break;
+        default: codes32(MODEL_IQ4_NL, src + (size_t)b * bb, y[b].qs, &y[b].d, &m); break;
+        }
+    }
+}
+
 int cpu_q_can_pack(enum model_dtype dt, int rows, int cols, int g)
 {
     if (!cpu_q_supported(dt, rows, cols, g) || rows % 16)
         return 0;
+    if (cpu_q_panel_dt(dt) != dt)
+        return cpu_q_can_pack(cpu_q_panel_dt(dt), rows, cols, 0);
     switch (dt) {
-    case MODEL_Q8_0: return cols % 64 == 0;
+    case MODEL_Q8_0:
+    case MODEL_Q4_1:
+    case MODEL_Q5_1: return cols % 64 == 0;
     case MODEL_Q4_K:
     case MODEL_Q5_K:
-    case MODEL_Q6_K: return 1; /* cols % 256 already */
+    case MODEL_Q6_K:
+    case MODEL_IQ4_XS:
+    case MODEL_Q2_K: return 1; /* cols % 256 already */
     case MODEL_AWQ4: return g % 64 == 0; /* an activation block in one nibble half */
     default: return 0;
     }
 }
 
 #define P80_BYTES 1088 /* 2 blocks */
+#define P8M_BYTES 1152 /* 2 blocks of Q4_1 / Q5_1 */
+#define P2K_BYTES 1600
 #define P4K_BYTES 2368
 #define P5K_BYTES 2880
 #define P6K_BYTES 3392
 
 size_t cpu_q_panel_bytes(enum model_dtype dt, int cols, int g)
 {
-    switch (dt) {
+    switch (cpu_q_panel_dt(dt)) {
     case MODEL_Q8_0: return (size_t)(cols / 64) * P80_BYTES;
-    case MODEL_Q4_K: return (size_t)(cols / 256) * P4K_BYTES;
+    case MODEL_Q4_1:
+    case MODEL_Q5_1: return (size_t)(cols / 64) * P8M_BYTES;
+    case MODEL_Q4_K:
+    case MODEL_IQ4_XS: return (size_t)(cols / 256) * P4K_BYTES;
     case MODEL_Q5_K: return (size_t)(cols / 256) * P5K_BYTES;
     case MODEL_Q6_K: return (size_t)(cols / 256) * P6K_BYTES;
+    case MODEL_Q2_K: return (size_t)(cols / 256) * P2K_BYTES;
     case MODEL_AWQ4: return (size_t)(cols / g) * (size_t)(64 + g * 8);
     default: return 0;
     }
@@ -392,6 +797,14 @@ size_t cpu_q_panel_bytes(enum model_dtype dt, int cols, int g)
  * q + 32) in column order. */
 static void k_codes(enum model_dtype dt, const void *blk, uint8_t q[256])
 {
+    if (dt == MODEL_IQ4_XS) { /* the level indexes */
+        const uint8_t *qs = ((const struct quant_block_iq4_xs *)blk)->qs;
+        for (int c = 0; c < 256; c++) {
+            int j = c / 32, l = c % 32;
+            q[c] = (uint8_t)(l < 16 ? qs[16 * j + l] & 0xF : qs[16 * j + l - 16] >> 4);
+        }
+        return;
+    }
     if (dt == MODEL_Q4_K || dt == MODEL_Q5_K) {
         const uint8_t *qs = dt == MODEL_Q4_K ? ((const struct quant_block_q4_k *)blk)->qs
                                              : ((const struct quant_block_q5_k *)blk)->qs;
@@ -429,6 +842,23 @@ static size_t nib_at(int r, int c, int half, int *hi)
 
 void cpu_q_pack(enum model_dtype dt, int rows, int cols, int G, const void *src, void *out)
 {
+    enum model_dtype pd = cpu_q_panel_dt(dt);
+    if (pd != dt) { /* widened a panel's 16 rows at a time, then packed as pd */
+        size_t rb = cpu_q_row_bytes(dt, cols, 0), wb = cpu_q_row_bytes(pd, cols, 0);
+        size_t pb = cpu_q_panel_bytes(pd, cols, 0);
+        uint8_t *wide = malloc(16 * wb);
+        if (!wide) { /* cannot happen for real shapes (16 rows); keep the bytes defined */
+            memset(out, 0, pb * (size_t)(rows / 16));
+            return;
+        }
+        for (int p = 0; p < rows / 16; p++) {
+            for (int r = 0; r < 16; r++)
+                widen_row(dt, (const uint8_t *)src + (size_t)(16 * p + r) * rb, wide + (size_t)r * wb, cols);
+            cpu_q_pack(pd, 16, cols, 0, wide, (uint8_t *)out + (size_t)p * pb);
+        }
+        free(wide);
+        return;
+    }
     size_t rb = cpu_q_row_bytes(dt, cols, G), pb = cpu_q_panel_bytes(dt, cols, G);
     memset(out, 0, pb * (size_t)(rows / 16));
     for (int p = 0; p < rows / 16; p++) {
@@ -444,13 +874,62 @@ void cpu_q_pack(enum model_dtype dt, int rows, int cols, int G, const void *src,
                     for (int c = 0; c < 32; c++)
                         Q[(c / 4) * 64 + r * 4 + c % 4] = (uint8_t)(w[b].qs[c] + 128);
                 }
-            } else if (dt == MODEL_Q4_K || dt == MODEL_Q5_K || dt == MODEL_Q6_K) {
+            } else if (dt == MODEL_Q2_K) {
+                const struct quant_block_q2_k *w = (const void *)row;
+                for (int b = 0; b < cols / 256; b++) {
+                    uint8_t *B = P + (size_t)b * P2K_BYTES;
+                    memcpy(B + 2 * r, &w[b].d, 2);
+                    memcpy(B + 32 + 2 * r, &w[b].dmin, 2);
+                    for (int i = 0; i < 8; i++) {
+                        B[64 + 32 * i + 2 * r] = w[b].scales[i] & 0xF;
+                        B[64 + 32 * i + 2 * r + 1] = w[b].scales[i + 8] & 0xF;
+                        B[320 + 32 * i + 2 * r] = w[b].scales[i] >> 4;
+                        B[320 + 32 * i + 2 * r + 1] = w[b].scales[i + 8] >> 4;
+                    }
+                    for (int c = 0; c < 256; c++) { /* group g: vector g % 16, bits 2 (g / 16) */
+                        int h = c / 128, k = (c % 128) / 32, l = c % 32, grp = c / 4;
+                        int q = (w[b].qs[32 * h + l] >> (2 * k)) & 3;
+                        B[576 + (size_t)(grp % 16) * 64 + (size_t)r * 4 + (size_t)(c % 4)] |=
+                            (uint8_t)(q << (2 * (grp / 16)));
+                    }
+                }
+            } else if (dt == MODEL_Q4_1 || dt == MODEL_Q5_1) {
+                size_t bb = quant_block_bytes(dt);
+                for (int b = 0; b < cols / 32; b++) {
+                    const uint8_t *blk = row + (size_t)b * bb;
+                    int8_t q8[32];
+                    uint16_t d16, m16;
+                    if (dt == MODEL_Q4_1)
+                        codes32(MODEL_Q4_1, blk, q8, &d16, &m16);
+                    else
+                        codes32(MODEL_Q5_1, blk, q8, &d16, &m16);
+                    uint8_t *B = P + (size_t)(b / 2) * P8M_BYTES;
+                    memcpy(B + 32 * (b % 2) + 2 * r, &d16, 2);
+                    memcpy(B + 64 + 32 * (b % 2) + 2 * r, &m16, 2);
+                    uint8_t *Q = B + 128 + 512 * (b % 2);
+                    for (int c = 0; c < 32; c++)
+                        Q[(c / 4) * 64 + r * 4 + c % 4] = (uint8_t)q8[c];
+                }
+            } else if (dt == MODEL_Q4_K || dt == MODEL_Q5_K || dt == MODEL_Q6_K || dt == MODEL_IQ4_XS) {
                 size_t bb = quant_block_bytes(dt);
                 for (int b = 0; b < cols / 256; b++) {
                     const void *blk = row + (size_t)b * bb;
                     uint8_t q[256];
                     k_codes(dt, blk, q);
-                    if (dt == MODEL_Q4_K || dt == MODEL_Q5_K) {
+                    if (dt == MODEL_IQ4_XS) { /* Q4_K's panel, signed scales, no mins */
+                        const struct quant_block_iq4_xs *w = blk;
+                        uint8_t *B = P + (size_t)b * P4K_BYTES;
+                        memcpy(B + 2 * r, &w->d, 2);
+                        for (int i = 0; i < 4; i++) {
+                            B[64 + 32 * i + 2 * r] = (uint8_t)(int8_t)(quant_iq4_xs_scale(w, i) - 32);
+                            B[64 + 32 * i + 2 * r + 1] = (uint8_t)(int8_t)(quant_iq4_xs_scale(w, i + 4) - 32);
+                        }
+                        for (int c = 0; c < 256; c++) {
+                            int hi;
+                            size_t at = nib_at(r, c, 32, &hi);
+                            B[320 + at] |= (uint8_t)(hi ? (q[c] & 0xF) << 4 : q[c] & 0xF);
+                        }
+                    } else if (dt == MODEL_Q4_K || dt == MODEL_Q5_K) {
                         /* Q5_K's d, dmin and scales sit where Q4_K's do */
                         const struct quant_block_q4_k *w = blk;
                         uint8_t *B = P + (size_t)b * (dt == MODEL_Q4_K ? P4K_BYTES : P5K_BYTES);
@@ -562,6 +1041,62 @@ static void unpack_row(const struct cpu_qmat *m, int r, uint8_t *row)
                     w5->qh[l] |= (uint8_t)(1u << j);
             }
         }
+    } else if (m->dt == MODEL_Q2_K) {
+        struct quant_block_q2_k *w = (void *)row;
+        for (int b = 0; b < cols / 256; b++) {
+            const uint8_t *B = P + (size_t)b * P2K_BYTES;
+            memcpy(&w[b].d, B + 2 * rr, 2);
+            memcpy(&w[b].dmin, B + 32 + 2 * rr, 2);
+            for (int i = 0; i < 8; i++) {
+                w[b].scales[i] = (uint8_t)(B[64 + 32 * i + 2 * rr] | B[320 + 32 * i + 2 * rr] << 4);
+                w[b].scales[i + 8] = (uint8_t)(B[64 + 32 * i + 2 * rr + 1] | B[320 + 32 * i + 2 * rr + 1] << 4);
+            }
+            memset(w[b].qs, 0, sizeof w[b].qs);
+            for (int c = 0; c < 256; c++) {
+                int h = c / 128, k = (c % 128) / 32, l = c % 32, grp = c / 4;
+                int q = (B[576 + (size_t)(grp % 16) * 64 + (size_t)rr * 4 + (size_t)(c % 4)] >> (2 * (grp / 16))) & 3;
+                w[b].qs[32 * h + l] |= (uint8_t)(q << (2 * k));
+            }
+        }
+    } else if (m->dt == MODEL_Q4_1 || m->dt == MODEL_Q5_1) {
+        size_t bb = quant_block_bytes(m->dt);
+        for (int b = 0; b < cols / 32; b++) {
+            uint8_t *blk = row + (size_t)b * bb;
+            const uint8_t *B = P + (size_t)(b / 2) * P8M_BYTES;
+            const uint8_t *Q = B + 128 + 512 * (b % 2);
+            memcpy(blk, B + 32 * (b % 2) + 2 * rr, 2);
+            memcpy(blk + 2, B + 64 + 32 * (b % 2) + 2 * rr, 2);
+            uint8_t *qs = blk + (m->dt == MODEL_Q4_1 ? 4 : 8);
+            uint32_t h = 0;
+            for (int l = 0; l < 16; l++) {
+                int q0 = Q[(l / 4) * 64 + rr * 4 + l % 4], q1 = Q[((l + 16) / 4) * 64 + rr * 4 + l % 4];
+                qs[l] = (uint8_t)((q0 & 0xF) | (q1 & 0xF) << 4);
+                h |= (uint32_t)(q0 >> 4) << l | (uint32_t)(q1 >> 4) << (l + 16);
+            }
+            if (m->dt == MODEL_Q5_1)
+                for (int i = 0; i < 4; i++)
+                    blk[4 + i] = (uint8_t)(h >> (8 * i));
+        }
+    } else if (m->dt == MODEL_IQ4_XS) {
+        struct quant_block_iq4_xs *w = (void *)row;
+        for (int b = 0; b < cols / 256; b++) {
+            const uint8_t *B = P + (size_t)b * P4K_BYTES;
+            memcpy(&w[b].d, B + 2 * rr, 2);
+            w[b].scales_h = 0;
+            memset(w[b].scales_l, 0, sizeof w[b].scales_l);
+            for (int j = 0; j < 8; j++) {
+                int ls = (int8_t)B[64 + 32 * (j % 4) + 2 * rr + j / 4] + 32;
+                w[b].scales_l[j / 2] |= (uint8_t)((ls & 0xF) << (4 * (j % 2)));
+                w[b].scales_h |= (uint16_t)((ls >> 4) << (2 * j));
+            }
+            memset(w[b].qs, 0, sizeof w[b].qs);
+            for (int c = 0; c < 256; c++) {
+                int hi, j = c / 32, l = c % 32;
+                size_t at = nib_at(rr, c, 32, &hi);
+                uint8_t v = (uint8_t)(hi ? B[320 + at] >> 4 : B[320 + at] & 0xF);
+                w[b].qs[16 * j + (l & 15)] |= (uint8_t)(l < 16 ? v : v << 4);
+            }
+        }
     } else if (m->dt == MODEL_Q6_K) {
         struct quant_block_q6_k *w = (void *)row;
         for (int b = 0; b < cols / 256; b++) {
@@ -608,6 +1143,14 @@ static void unpack_row(const struct cpu_qmat *m, int r, uint8_t *row)
 
 void cpu_q_dequant_row(const struct cpu_qmat *m, int r, float *out)
 {
+    struct cpu_qmat pm;
+    if (m->layout == CPU_QL_PANELS && cpu_q_panel_dt(m->dt) != m->dt) {
+        /* packed as another format, whose dequantization gives the same
+         * floats (widen_row): read it as that */
+        pm = *m;
+        pm.dt = cpu_q_panel_dt(m->dt);
+        m = &pm;
+    }
     size_t rb = cpu_q_row_bytes(m->dt, m->cols, m->awq_group);
     uint8_t stack[8192];
     const uint8_t *row = (const uint8_t *)m->w + (size_t)r * rb;
@@ -622,10 +1165,6 @@ void cpu_q_dequant_row(const struct cpu_qmat *m, int r, float *out)
         row = tmp;
     }
     switch (m->dt) {
-    case MODEL_Q8_0: quant_dequant_q8_0((const void *)row, out, m->cols); break;
-    case MODEL_Q4_K: quant_dequant_q4_k((const void *)row, out, m->cols); break;
-    case MODEL_Q5_K: quant_dequant_q5_k((const void *)row, out, m->cols); break;
-    case MODEL_Q6_K: quant_dequant_q6_k((const void *)row, out, m->cols); break;
     case MODEL_AWQ4: {
         int G = m->awq_group;
         for (int g = 0; g < m->cols / G; g++) {
@@ -640,7 +1179,10 @@ void cpu_q_dequant_row(const struct cpu_qmat *m, int r, float *out)
         }
         break;
     }
-    default: memset(out, 0, (size_t)m->cols * sizeof *out); break;
+    default:
+        if (quant_dequant_blocks(m->dt, row, out, m->cols))
+            memset(out, 0, (size_t)m->cols * sizeof *out);
+        break;
     }
     if (tmp && tmp != stack)
         free(tmp);

@@ -1,5 +1,6 @@
-/* engine/cpu/qgemm.h - the CPU's products with quantized weights (Q8_0,
- * Q4_K, Q5_K, Q6_K, AWQ INT4) and the activation formats they read.
+/* engine/cpu/qgemm.h - the CPU's products with quantized weights (GGUF's
+ * block formats of engine/quant.h, AWQ INT4) and the activation formats
+ * they read.
  *
  * Integer dot products, as llama.cpp's: each row of activations is
  * quantized once per product input to int8 in blocks (cpu_xq_quantize),
@@ -9,11 +10,12 @@
  * (scalar, AVX2, AVX-512 VNNI) computes the same bits, not only the same
  * values within a bound:
  *
- *   Activations. CPU_XQ_32 (for Q8_0 and AWQ): blocks of 32, scale
- *   d = amax / 127 (f32 division), q = nearest-even(x * (1 / d)), 0 when
- *   amax is 0. CPU_XQ_256 (K-quants): the same with blocks of 256 (one
- *   scale per super-block, llama.cpp's Q8_K), plus the sums of q over each
- *   16 and 32 elements for the formats' min and offset terms.
+ *   Activations. CPU_XQ_32 (for the 32-element formats and AWQ): blocks
+ *   of 32, scale d = amax / 127 (f32 division), q = nearest-even(x *
+ *   (1 / d)), 0 when amax is 0, and the block's sum of q. CPU_XQ_256 (the
+ *   K-quants and IQ4_XS): the same with blocks of 256 (one scale per
+ *   super-block, llama.cpp's Q8_K), plus the sums of q over each 16 and 32
+ *   elements for the formats' min and offset terms.
  *
  *   Output (m, n), one f32 chain over the blocks b of the row, ascending,
  *   from +0 (dw, dmin, s: the f16 scales as f32; dx: the activation
@@ -25,19 +27,31 @@
  *     Q6_K:  acc = fmaf((float)I, dw * dx, acc),  I = sum_s sc_s sum_{i in s} (q_i - 32) qx_i
  *     AWQ:   per activation block of 32 (inside weight group g):
  *            acc = fmaf((float)I, s_g * dx, acc),  I = sum (q_i - z_g) qx_i
+ *     Q4_0, Q5_0, IQ4_NL:  acc = fmaf((float)I, dw * dx, acc),
+ *            I = sum c_i qx_i, c = q - 8, q - 16, or the IQ4 level of q
+ *     Q4_1, Q5_1:  acc = fmaf((float)I, dw * dx, acc);
+ *            acc = fmaf((float)S, m * dx, acc),  I = sum q_i qx_i, S = sum qx_i
+ *     Q2_K:  as Q4_K over 16 sub-blocks of 16 (4-bit scales and mins)
+ *     Q3_K:  acc = fmaf((float)I, dw * dx, acc),  I = sum_s (sc_s - 32) sum_{i in s} q_i qx_i
+ *     IQ4_XS: acc = fmaf((float)I, dw * dx, acc),
+ *            I = sum_j (ls_j - 32) sum_{i in j} level(q_i) qx_i
  *   The value of (m, n) thus depends on row m of x and row n of w only:
  *   batch invariant (kernels.h's contract) whatever M, the tile or the
  *   split, and the same on every table.
  *
  * Weight layouts. CPU_QL_NATIVE: GGUF's blocks, row after row (quant.h),
- * for Q8_0 / Q4_K / Q5_K / Q6_K; for AWQ the rows of cpu_q_awq_convert
+ * for every GGUF format; for AWQ the rows of cpu_q_awq_convert
  * below (AutoAWQ's transposed layout is no use to a row kernel).
  * CPU_QL_PANELS: rows in panels of 16 with the codes of 16 rows
  * interleaved four bytes at a time, so one VNNI instruction (vpdpbusd) does
  * 4 products for each of 16 rows against one broadcast dword of x: the
  * AVX-512 table's layout (cpu_q_pack), about the size of the native one
  * (Q8_0 34 bytes per 32 weights as native, Q4_K 148 per 256 against 144,
- * Q5_K 180 against 176, Q6_K 212 against 210, AWQ 68 per 128). Which layouts a table reads:
+ * Q5_K 180 against 176, Q6_K 212 against 210, AWQ 68 per 128, IQ4_XS 148
+ * against 136, Q4_1 and Q5_1 36 per 32 against 20 and 24, Q2_K 100 per
+ * 256 against 84; Q4_0, Q5_0 and IQ4_NL in Q8_0's panels, Q3_K in Q6_K's:
+ * cpu_q_panel_dt).
+ * Which layouts a table reads:
  * cpu_kernels.gemm_q always takes NATIVE; PANELS only where the table has
  * q_panels set.
  *
@@ -88,7 +102,7 @@ enum cpu_qlayout { CPU_QL_NATIVE = 0, CPU_QL_PANELS };
 /* A quantized matrix as the CPU backend holds it. rows x cols as in
  * struct model_tensor (rows = output features). */
 struct cpu_qmat {
-    enum model_dtype dt;       /* MODEL_Q8_0 .. MODEL_AWQ4 */
+    enum model_dtype dt;       /* a GGUF block format or MODEL_AWQ4 */
     int rows, cols;
     int awq_group;             /* AWQ4: the group along cols, else 0 */
     enum cpu_qlayout layout;
@@ -119,9 +133,16 @@ size_t cpu_q_row_bytes(enum model_dtype dt, int cols, int awq_group);
  * out: rows * cpu_q_row_bytes(MODEL_AWQ4, cols, G) bytes. */
 void cpu_q_awq_convert(const struct model_tensor *t, void *out);
 
+/* The format whose panels a matrix of dt is packed in: dt itself, or for
+ * Q4_0, Q5_0 and IQ4_NL Q8_0's, for Q3_K Q6_K's (their codes and scales
+ * widened exactly: the same products, bit for bit, at the wider format's
+ * speed and about 1.9x the bytes). */
+enum model_dtype cpu_q_panel_dt(enum model_dtype dt);
+
 /* PANELS: whether a matrix can be packed (rows % 16 == 0; cols % 64 for
- * Q8_0, % 256 for K-quants, a multiple of the group for AWQ with the group
- * a multiple of 64), the bytes of one panel, and the packing of NATIVE rows
+ * Q8_0, Q4_1, Q5_1 and the formats in Q8_0's panels, % 256 for K-quants
+ * and IQ4_XS, a multiple of the group for AWQ with the group a multiple
+ * of 64), the bytes of one panel, and the packing of NATIVE rows
  * (src, rows * cpu_q_row_bytes) into panels (out, rows / 16 panels). */
 int cpu_q_can_pack(enum model_dtype dt, int rows, int cols, int awq_group);
 size_t cpu_q_panel_bytes(enum model_dtype dt, int cols, int awq_group);

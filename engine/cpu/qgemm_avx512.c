@@ -1,5 +1,6 @@
 /* engine/cpu/qgemm_avx512.c - the AVX-512 VNNI products on the panel
- * layouts of qgemm.c (Q8_0, Q4_K, Q5_K, Q6_K, AWQ), the AVX-512 table's gemm_q.
+ * layouts of qgemm.c (Q8_0, Q4_1, Q5_1, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_XS, AWQ; and
+ * the formats packed in another's panels), the AVX-512 table's gemm_q.
  *
  * Outer-product tiles, as gemm_bf16p's: a tile is MR rows of activations
  * against NV panels of 16 weight rows. One 64-byte vector of a panel holds
@@ -75,14 +76,19 @@ TQ static AI __m512 ld_f16x16(const uint8_t *p)
 
 /* ---------------------------------------------------------------- Q8_0 */
 
-TQ static AI void q80_tile(const int MR, const int NV, const int PF, int nb2, const uint8_t *w,
+/* OFS (compile time): Q4_1 / Q5_1, in Q8_0's panels with their offsets m
+ * as a second header (per 2 blocks 1152 bytes: d, m, then the codes):
+ * codes unsigned as they are (no + 128), and after each block's step the
+ * offset's, S m dx, S the activation block's sum (qgemm.h). */
+TQ static AI void q8x_tile(const int OFS, const int MR, const int NV, const int PF, int nb2, const uint8_t *w,
                            size_t ps, const uint8_t *xq, size_t ldxq, float *y, int ldy)
 {
+    const size_t b2b = OFS ? 1152 : 1088, hdr = OFS ? 128 : 64;
     __m512 acc[6][4];
     _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[m][j] = _mm512_setzero_ps();
     for (int b2 = 0; b2 < nb2; b2++) {
-        const uint8_t *B = w + (size_t)b2 * 1088;
+        const uint8_t *B = w + (size_t)b2 * b2b;
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
         {
             const struct cpu_xq32 *xb[6];
@@ -96,7 +102,7 @@ TQ static AI void q80_tile(const int MR, const int NV, const int PF, int nb2, co
                 __m512i wv[4];
                 _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
                 {
-                    const uint8_t *src = B + (size_t)j * ps + 64 + 512 * h + 64 * g;
+                    const uint8_t *src = B + (size_t)j * ps + hdr + 512 * h + 64 * g;
                     if (PF)
                         _mm_prefetch((const char *)src + QP_PF_AHEAD, QP_PF_HINT);
                     wv[j] = _mm512_load_si512((const void *)src);
@@ -110,12 +116,20 @@ TQ static AI void q80_tile(const int MR, const int NV, const int PF, int nb2, co
             }
             __m512 dw[4];
             _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) dw[j] = ld_f16x16(B + (size_t)j * ps + 32 * h);
+            __m512 mw[4];
+            if (OFS)
+                _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) mw[j] = ld_f16x16(B + (size_t)j * ps + 64 + 32 * h);
             _Pragma("GCC unroll 6") for (int m = 0; m < MR; m++)
             {
-                __m512i corr = _mm512_set1_epi32(128 * xb[m]->s);
+                __m512i corr = _mm512_set1_epi32(OFS ? 0 : 128 * xb[m]->s);
                 __m512 dx = _mm512_set1_ps(xb[m]->d);
                 _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[m][j] = _mm512_fmadd_ps(
                     _mm512_cvtepi32_ps(_mm512_sub_epi32(is[m][j], corr)), _mm512_mul_ps(dw[j], dx), acc[m][j]);
+                if (OFS) {
+                    __m512 sx = _mm512_set1_ps((float)xb[m]->s);
+                    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[m][j] =
+                        _mm512_fmadd_ps(sx, _mm512_mul_ps(mw[j], dx), acc[m][j]);
+                }
             }
         }
     }
@@ -124,17 +138,39 @@ TQ static AI void q80_tile(const int MR, const int NV, const int PF, int nb2, co
             _mm512_storeu_ps(y + (size_t)m * ldy + 16 * j, acc[m][j]);
 }
 
+TQ static AI void q80_tile(const int MR, const int NV, const int PF, int nb2, const uint8_t *w, size_t ps,
+                           const uint8_t *xq, size_t ldxq, float *y, int ldy)
+{
+    q8x_tile(0, MR, NV, PF, nb2, w, ps, xq, ldxq, y, ldy);
+}
+
+TQ static AI void q8m_tile(const int MR, const int NV, const int PF, int nb2, const uint8_t *w, size_t ps,
+                           const uint8_t *xq, size_t ldxq, float *y, int ldy)
+{
+    q8x_tile(1, MR, NV, PF, nb2, w, ps, xq, ldxq, y, ldy);
+}
+
 /* ---------------------------------------------------------- Q4_K, Q5_K */
 
-/* Q5 (compile time): Q5_K, whose panels add 8 vectors of fifth bits after
- * Q4_K's; the fifth bit of group 8 s + g (sub-block s) is bit s of vector
- * g, moved to bit 4 and merged into the nibble with one vpternlogd. */
+/* Q5 (compile time): 1 for Q5_K, whose panels add 8 vectors of fifth bits
+ * after Q4_K's; the fifth bit of group 8 s + g (sub-block s) is bit s of
+ * vector g, moved to bit 4 and merged into the nibble with one vpternlogd.
+ * 2 for IQ4_XS, in Q4_K's panels with signed scales (ls - 32) and no mins:
+ * each nibble becomes its level + 128 by vpshufb (the unsigned operand),
+ * and the 128 sum qx that adds, times the scales, comes off the int32 sum
+ * as Q4_K's min term would (the scale pairs against the 32-element sums). */
 TQ static AI void q45k_tile(const int Q5, const int MR, const int NV, const int PF, int nsb, const uint8_t *w,
                             size_t ps, const uint8_t *xq, size_t ldxq, float *y, int ldy)
 {
     const __m512i lo4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
     const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
-    const size_t sbb = Q5 ? 2880 : 2368;
+    const __m512i lev = _mm512_set_epi8(/* QUANT_IQ4_VALUES + 128, per 128-bit lane, high byte first */
+        (char)241, (char)217, (char)197, (char)181, (char)166, (char)153, (char)141, (char)129,
+        118, 106, 93, 79, 63, 45, 24, 1, (char)241, (char)217, (char)197, (char)181, (char)166, (char)153,
+        (char)141, (char)129, 118, 106, 93, 79, 63, 45, 24, 1, (char)241, (char)217, (char)197, (char)181,
+        (char)166, (char)153, (char)141, (char)129, 118, 106, 93, 79, 63, 45, 24, 1, (char)241, (char)217,
+        (char)197, (char)181, (char)166, (char)153, (char)141, (char)129, 118, 106, 93, 79, 63, 45, 24, 1);
+    const size_t sbb = Q5 == 1 ? 2880 : 2368;
     __m512 acc[4][4];
     _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[m][j] = _mm512_setzero_ps();
@@ -162,7 +198,9 @@ TQ static AI void q45k_tile(const int Q5, const int MR, const int NV, const int 
                         _mm_prefetch((const char *)src + QP_PF_AHEAD, QP_PF_HINT);
                     __m512i raw = _mm512_load_si512((const void *)src);
                     wv[j] = _mm512_and_si512(h ? _mm512_srli_epi16(raw, 4) : raw, lo4);
-                    if (Q5) {
+                    if (Q5 == 2)
+                        wv[j] = _mm512_shuffle_epi8(lev, wv[j]);
+                    if (Q5 == 1) {
                         const uint8_t *hp = B + (size_t)j * ps + 2368 + 64 * g;
                         if (PF && s == 0)
                             _mm_prefetch((const char *)hp + QP_PF_AHEAD, QP_PF_HINT);
@@ -180,8 +218,15 @@ TQ static AI void q45k_tile(const int Q5, const int MR, const int NV, const int 
             }
             _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
             {
-                __m512i sp = _mm512_cvtepu8_epi16(_mm256_load_si256((const void *)(B + (size_t)j * ps + 64 + 32 * i)));
-                __m512i sc = h ? _mm512_srli_epi32(sp, 16) : _mm512_and_si512(sp, lo16);
+                const void *spp = B + (size_t)j * ps + 64 + 32 * i;
+                __m512i sc;
+                if (Q5 == 2) { /* signed */
+                    __m512i sp = _mm512_cvtepi8_epi16(_mm256_load_si256(spp));
+                    sc = h ? _mm512_srai_epi32(sp, 16) : _mm512_srai_epi32(_mm512_slli_epi32(sp, 16), 16);
+                } else {
+                    __m512i sp = _mm512_cvtepu8_epi16(_mm256_load_si256(spp));
+                    sc = h ? _mm512_srli_epi32(sp, 16) : _mm512_and_si512(sp, lo16);
+                }
                 _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++) ia[m][j] =
                     _mm512_add_epi32(ia[m][j], _mm512_mullo_epi32(a[m][j], sc));
             }
@@ -192,7 +237,8 @@ TQ static AI void q45k_tile(const int Q5, const int MR, const int NV, const int 
             __m512 d = ld_f16x16(Bj), dmin = ld_f16x16(Bj + 32);
             __m512i mp[4];
             _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) mp[i] =
-                _mm512_cvtepu8_epi16(_mm256_load_si256((const void *)(Bj + 192 + 32 * i)));
+                Q5 == 2 ? _mm512_cvtepi8_epi16(_mm256_load_si256((const void *)(Bj + 64 + 32 * i)))
+                        : _mm512_cvtepu8_epi16(_mm256_load_si256((const void *)(Bj + 192 + 32 * i)));
             _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
             {
                 __m512i J = _mm512_setzero_si512();
@@ -203,6 +249,11 @@ TQ static AI void q45k_tile(const int Q5, const int MR, const int NV, const int 
                     J = _mm512_dpwssd_epi32(J, mp[i], _mm512_set1_epi32(pr));
                 }
                 __m512 dx = _mm512_set1_ps(xb[m]->d);
+                if (Q5 == 2) { /* I = sum (level + 128) qx - 128 sum_j sc_j S32_j */
+                    __m512i I = _mm512_sub_epi32(ia[m][j], _mm512_slli_epi32(J, 7));
+                    acc[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(d, dx), acc[m][j]);
+                    continue;
+                }
                 acc[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[m][j]), _mm512_mul_ps(d, dx), acc[m][j]);
                 acc[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), J)),
                                             _mm512_mul_ps(dmin, dx), acc[m][j]);
@@ -224,6 +275,91 @@ TQ static AI void q5k_tile(const int MR, const int NV, const int PF, int nsb, co
                            const uint8_t *xq, size_t ldxq, float *y, int ldy)
 {
     q45k_tile(1, MR, NV, PF, nsb, w, ps, xq, ldxq, y, ldy);
+}
+
+TQ static AI void iq4xs_tile(const int MR, const int NV, const int PF, int nsb, const uint8_t *w, size_t ps,
+                             const uint8_t *xq, size_t ldxq, float *y, int ldy)
+{
+    q45k_tile(2, MR, NV, PF, nsb, w, ps, xq, ldxq, y, ldy);
+}
+
+/* ---------------------------------------------------------------- Q2_K */
+
+/* Q2_K: 16 sub-blocks of 16 (4 groups each), 2-bit unsigned codes, 4-bit
+ * scales and mins. Sub-block s reads groups 4 s .. 4 s + 3 from vectors
+ * (4 s + g) % 16 at bits 2 (s / 4); its int32 sums are scaled at once
+ * (vpmulld), so one accumulator per (row, panel) suffices; the min term is
+ * a vpdpwssd of the min pairs against the activation's 16-element sum
+ * pairs, as Q6_K's offset. */
+TQ static AI void q2k_tile(const int MR, const int NV, const int PF, int nsb, const uint8_t *w, size_t ps,
+                           const uint8_t *xq, size_t ldxq, float *y, int ldy)
+{
+    const __m512i three = _mm512_set1_epi8(3), lo16 = _mm512_set1_epi32(0xFFFF);
+    __m512 acc[4][4];
+    _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) acc[m][j] = _mm512_setzero_ps();
+    for (int sb = 0; sb < nsb; sb++) {
+        const uint8_t *B = w + (size_t)sb * 1600;
+        const struct cpu_xq256 *xb[4];
+        _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++) xb[m] =
+            (const struct cpu_xq256 *)(xq + (size_t)m * ldxq) + sb;
+        __m512i ia[4][4];
+        _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+            _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) ia[m][j] = _mm512_setzero_si512();
+        for (int s = 0; s < 16; s++) {
+            __m128i sh = _mm_cvtsi32_si128(2 * (s / 4));
+            __m512i a[4][4];
+            _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+                _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) a[m][j] = _mm512_setzero_si512();
+            _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++)
+            {
+                __m512i wv[4];
+                _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+                {
+                    const uint8_t *src = B + (size_t)j * ps + 576 + 64 * ((4 * s + g) % 16);
+                    if (PF && s < 4)
+                        _mm_prefetch((const char *)src + QP_PF_AHEAD, QP_PF_HINT);
+                    wv[j] = _mm512_and_si512(_mm512_srl_epi16(_mm512_load_si512((const void *)src), sh), three);
+                }
+                _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+                {
+                    __m512i xv = bcast32(xb[m]->q + 16 * s + 4 * g);
+                    _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++) a[m][j] =
+                        _mm512_dpbusd_epi32(a[m][j], wv[j], xv);
+                }
+            }
+            _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+            {
+                __m512i sp = _mm512_cvtepu8_epi16(_mm256_load_si256((const void *)(B + (size_t)j * ps + 64 + 32 * (s % 8))));
+                __m512i sc = s >= 8 ? _mm512_srli_epi32(sp, 16) : _mm512_and_si512(sp, lo16);
+                _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++) ia[m][j] =
+                    _mm512_add_epi32(ia[m][j], _mm512_mullo_epi32(a[m][j], sc));
+            }
+        }
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+        {
+            const uint8_t *Bj = B + (size_t)j * ps;
+            __m512 d = ld_f16x16(Bj), dmin = ld_f16x16(Bj + 32);
+            _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+            {
+                __m512i J = _mm512_setzero_si512();
+                _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++)
+                {
+                    int32_t pr;
+                    memcpy(&pr, &xb[m]->s16p[2 * i], 4);
+                    J = _mm512_dpwssd_epi32(J, _mm512_cvtepu8_epi16(_mm256_load_si256((const void *)(Bj + 320 + 32 * i))),
+                                            _mm512_set1_epi32(pr));
+                }
+                __m512 dx = _mm512_set1_ps(xb[m]->d);
+                acc[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[m][j]), _mm512_mul_ps(d, dx), acc[m][j]);
+                acc[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), J)),
+                                            _mm512_mul_ps(dmin, dx), acc[m][j]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int m = 0; m < MR; m++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; j++)
+            _mm512_storeu_ps(y + (size_t)m * ldy + 16 * j, acc[m][j]);
 }
 
 /* ---------------------------------------------------------------- Q6_K */
@@ -975,6 +1111,10 @@ TQ static void tile_q80(int mr, int nv, int pf, const struct qargs *a)
 {
     switch (mr * 16 + nv * 2 + pf) { QT_DECODE(QT_CASE, q80) QT_PREFILL6(QT_CASE, q80) default: break; }
 }
+TQ static void tile_q8m(int mr, int nv, int pf, const struct qargs *a)
+{
+    switch (mr * 16 + nv * 2 + pf) { QT_DECODE(QT_CASE, q8m) QT_PREFILL6(QT_CASE, q8m) default: break; }
+}
 TQ static void tile_q4k(int mr, int nv, int pf, const struct qargs *a)
 {
     switch (mr * 16 + nv * 2 + pf) { QT_DECODE(QT_CASE, q4k) QT_PREFILL4(QT_CASE, q4k) default: break; }
@@ -982,6 +1122,14 @@ TQ static void tile_q4k(int mr, int nv, int pf, const struct qargs *a)
 TQ static void tile_q5k(int mr, int nv, int pf, const struct qargs *a)
 {
     switch (mr * 16 + nv * 2 + pf) { QT_DECODE(QT_CASE, q5k) QT_PREFILL4(QT_CASE, q5k) default: break; }
+}
+TQ static void tile_q2k(int mr, int nv, int pf, const struct qargs *a)
+{
+    switch (mr * 16 + nv * 2 + pf) { QT_DECODE(QT_CASE, q2k) QT_PREFILL4(QT_CASE, q2k) default: break; }
+}
+TQ static void tile_iq4xs(int mr, int nv, int pf, const struct qargs *a)
+{
+    switch (mr * 16 + nv * 2 + pf) { QT_DECODE(QT_CASE, iq4xs) QT_PREFILL4(QT_CASE, iq4xs) default: break; }
 }
 #define C_Q6(mr, nv, pf) QT_CASE(q6kd, mr, nv, pf)
 #define QT_DECODE2(C, F)                                                      \
@@ -1006,8 +1154,12 @@ TQ static void tile_any(enum model_dtype dt, int mr, int nv, int pf, const struc
 {
     switch (dt) {
     case MODEL_Q8_0: tile_q80(mr, nv, pf, a); break;
+    case MODEL_Q4_1:
+    case MODEL_Q5_1: tile_q8m(mr, nv, pf, a); break;
     case MODEL_Q4_K: tile_q4k(mr, nv, pf, a); break;
     case MODEL_Q5_K: tile_q5k(mr, nv, pf, a); break;
+    case MODEL_IQ4_XS: tile_iq4xs(mr, nv, pf, a); break;
+    case MODEL_Q2_K: tile_q2k(mr, nv, pf, a); break;
     case MODEL_Q6_K: tile_q6k(mr, nv, pf, a); break;
     case MODEL_AWQ4: tile_awq(mr, nv, pf, a); break;
     default: break;
@@ -1020,7 +1172,9 @@ TQ static void gemm_q_panels(int M, int n0, int n1, const struct cpu_qmat *w, co
 {
     size_t ps = cpu_q_panel_bytes(w->dt, w->cols, w->awq_group);
     int G = w->awq_group;
-    int nblk = w->dt == MODEL_Q8_0 ? w->cols / 64 : w->dt == MODEL_AWQ4 ? w->cols / G : w->cols / 256;
+    int nblk = w->dt == MODEL_Q8_0 || w->dt == MODEL_Q4_1 || w->dt == MODEL_Q5_1 ? w->cols / 64
+               : w->dt == MODEL_AWQ4                                              ? w->cols / G
+                                                                                  : w->cols / 256;
     int p0 = n0 / 16, p1 = n1 / 16;
     const uint8_t *W = w->w;
     if (M <= 3) { /* decode: four far streams, prefetched */
@@ -1042,7 +1196,10 @@ TQ static void gemm_q_panels(int M, int n0, int n1, const struct cpu_qmat *w, co
         y += (size_t)M16 * ldy;
         M -= M16;
     }
-    int mrmax = w->dt == MODEL_Q4_K || w->dt == MODEL_Q5_K || w->dt == MODEL_Q6_K ? 4 : 6;
+    int mrmax = w->dt == MODEL_Q4_K || w->dt == MODEL_Q5_K || w->dt == MODEL_Q6_K || w->dt == MODEL_IQ4_XS ||
+                        w->dt == MODEL_Q2_K
+                    ? 4
+                    : 6;
     int nvs = w->dt == MODEL_Q6_K ? 1 : 2; /* Q6_K: the one-panel tiles of q6kd_tile */
     int mc = (int)(QP_MC_BYTES / ldxq);
     mc = mc < mrmax ? mrmax : mc / mrmax * mrmax;
@@ -1074,7 +1231,9 @@ void cpu_gemm_q_avx512(int M, int n0, int n1, const struct cpu_qmat *w, const vo
         cpu_gemm_q_avx2(M, n0, n1, w, xq, ldxq, y, ldy);
         return;
     }
-    gemm_q_panels(M, n0, n1, w, xq, ldxq, y, ldy);
+    struct cpu_qmat pw = *w; /* packed as its panel format (cpu_q_panel_dt) */
+    pw.dt = cpu_q_panel_dt(w->dt);
+    gemm_q_panels(M, n0, n1, &pw, xq, ldxq, y, ldy);
 }
 #else
 void cpu_gemm_q_avx512(int M, int n0, int n1, const struct cpu_qmat *w, const void *xq, size_t ldxq,

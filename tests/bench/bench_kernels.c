@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -183,17 +184,39 @@ static size_t make_q(const struct cpu_kernels *k, enum model_dtype dt, int N, in
     return mbytes;
 }
 
-static int quant_ab(const struct cpu_kernels *k, struct cpu_pool *pool, uint16_t *wbuf, size_t wbytes,
-                    const uint16_t *xb, const float *xf, float *y)
+/* Whether format dt is in the comma-separated list (model_dtype_name's
+ * words, any case); every format when the list is NULL. */
+static int wanted(const char *list, enum model_dtype dt)
 {
-    static const enum model_dtype dts[] = {MODEL_Q8_0, MODEL_Q4_K, MODEL_Q6_K, MODEL_AWQ4};
+    if (!list)
+        return 1;
+    const char *name = model_dtype_name(dt);
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && !strncasecmp(p, name, n))
+            return 1;
+        p += len + (e ? 1 : 0);
+    }
+    return 0;
+}
+
+static int quant_ab(const struct cpu_kernels *k, struct cpu_pool *pool, uint16_t *wbuf, size_t wbytes,
+                    const uint16_t *xb, const float *xf, float *y, const char *formats)
+{
+    static const enum model_dtype dts[] = {MODEL_Q8_0,   MODEL_Q4_K, MODEL_Q6_K, MODEL_AWQ4, MODEL_Q4_0,
+                                           MODEL_Q4_1,   MODEL_Q5_0, MODEL_Q5_1, MODEL_Q5_K, MODEL_Q2_K,
+                                           MODEL_Q3_K,   MODEL_IQ4_NL, MODEL_IQ4_XS};
+    if (!formats) /* the four the figures were first kept for */
+        formats = "Q8_0,Q4_K,Q6_K,AWQ4";
     static const int Ms[] = {1, 16, 512};
     uint8_t *qbuf = aligned_alloc(4096, wbytes);
     void *xq = aligned_alloc(64, cpu_xq_row_bytes(CPU_XQ_32, 3072) * 512);
     if (!qbuf || !xq)
         return 1;
     for (size_t d = 0; d < sizeof dts / sizeof *dts; d++)
-        for (size_t s = 0; s < N_SHAPES; s++) {
+        for (size_t s = 0; s < N_SHAPES && wanted(formats, dts[d]); s++) {
             int N = shapes[s].N, K = shapes[s].K;
             size_t copies;
             enum cpu_qlayout lay;
@@ -240,7 +263,7 @@ static int quant_ab(const struct cpu_kernels *k, struct cpu_pool *pool, uint16_t
 int main(int argc, char **argv)
 {
     int n_threads = 2, quick = 0, ab = 0, quant = 0;
-    const char *isa_name = "auto";
+    const char *isa_name = "auto", *formats = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
             n_threads = atoi(argv[++i]);
@@ -252,8 +275,10 @@ int main(int argc, char **argv)
             quick = 1;
         else if (strcmp(argv[i], "--quant") == 0)
             quant = 1;
+        else if (strcmp(argv[i], "--formats") == 0 && i + 1 < argc)
+            formats = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--isa auto|avx512bf16|avx2|scalar] [--quick] [--ab | --quant]\n",
+            fprintf(stderr, "usage: %s [--threads N] [--isa auto|avx512bf16|avx2|scalar] [--quick] [--ab | --quant [--formats Q4_0,IQ4_XS,...]]\n",
                     argv[0]);
             return 2;
         }
@@ -329,7 +354,7 @@ int main(int argc, char **argv)
     }
 
     if (quant && k->gemm_bf16p)
-        return quant_ab(k, pool, wbuf, wbytes, xb, xf, y);
+        return quant_ab(k, pool, wbuf, wbytes, xb, xf, y, formats);
     if (ab && k->gemm_bf16p) {
         /* --ab: gemm_bf16 against gemm_bf16p (packed panels), interleaved
          * rounds of best-of trials, so both see the same machine load. */

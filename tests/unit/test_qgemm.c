@@ -9,7 +9,8 @@
  *    the f32 chain over the blocks (and the rounding of I to f32);
  *  - every table, layout, M, tile and split gives the scalar table's bits
  *    (qgemm.h's one recipe), so logits stay batch invariant;
- *  - panels unpack to the native bytes (the token embedding reads them);
+ *  - panels unpack to the native bytes (the token embedding reads them),
+ *    also where a format is packed in another's panels (cpu_q_panel_dt);
  *  - AWQ's conversion dequantizes as quant.c reads AutoAWQ's layout;
  *  - the accuracy of quantizing the activations themselves, against the
  *    float64 product with unquantized x, printed and bounded per format
@@ -104,7 +105,22 @@ static void *rand_native(enum model_dtype dt, int rows, int cols, int G)
                 gr[3] = 0;
             }
             break;
-        default: break;
+        default: { /* the other GGUF formats: their f16 fields by offset (quant.h) */
+            size_t bb = quant_block_bytes(dt), offs[2] = {0, 0};
+            int nf = 1;
+            if (dt == MODEL_Q4_1 || dt == MODEL_Q5_1)
+                offs[1] = 2, nf = 2;
+            else if (dt == MODEL_Q2_K)
+                offs[0] = 80, offs[1] = 82, nf = 2;
+            else if (dt == MODEL_Q3_K)
+                offs[0] = 108;
+            for (int b = 0; b < cols / quant_block_elems(dt); b++)
+                for (int i = 0; i < nf; i++) {
+                    uint16_t s = rnd_scale();
+                    memcpy(row + (size_t)b * bb + offs[i], &s, 2);
+                }
+            break;
+        }
         }
     }
     return w;
@@ -170,6 +186,10 @@ static const struct qcase cases[] = {
     {MODEL_Q8_0, 48, 128, 0},   {MODEL_Q8_0, 64, 96, 0},   /* 96: not packable */
     {MODEL_Q4_K, 48, 512, 0},   {MODEL_Q5_K, 32, 512, 0},  {MODEL_Q6_K, 48, 512, 0},
     {MODEL_AWQ4, 48, 256, 128}, {MODEL_AWQ4, 32, 192, 64}, {MODEL_AWQ4, 24, 96, 32},
+    {MODEL_Q4_0, 48, 128, 0},   {MODEL_Q4_1, 32, 96, 0},   {MODEL_Q5_0, 48, 128, 0},
+    {MODEL_Q5_1, 32, 160, 0},   {MODEL_IQ4_NL, 48, 128, 0}, {MODEL_Q2_K, 32, 512, 0},
+    {MODEL_Q3_K, 48, 512, 0},   {MODEL_IQ4_XS, 32, 512, 0}, {MODEL_Q4_1, 48, 128, 0},
+    {MODEL_Q5_1, 48, 192, 0}, /* Q4_1 96 and Q5_1 160 above: not packable */
 };
 
 /* The matrix in NATIVE form and, where the AVX-512 table packs it, PANELS. */
@@ -394,9 +414,10 @@ static void test_products(void **state)
 static void test_prefill_vs_decode(void **state)
 {
     (void)state;
-    const enum model_dtype dts[] = {MODEL_Q8_0, MODEL_Q4_K, MODEL_Q5_K, MODEL_Q6_K, MODEL_AWQ4};
+    const enum model_dtype dts[] = {MODEL_Q8_0, MODEL_Q4_K, MODEL_Q5_K, MODEL_Q6_K, MODEL_AWQ4,
+                                    MODEL_Q4_0, MODEL_Q5_1, MODEL_Q3_K, MODEL_IQ4_XS, MODEL_Q2_K};
     for (int t = 0; t < n_tables; t++)
-        for (int i = 0; i < 5; i++) {
+        for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
             struct qcase c = {dts[i], 80, 1024, dts[i] == MODEL_AWQ4 ? 128 : 0};
             struct qmats q;
             mats_make(&c, &q);
@@ -428,7 +449,9 @@ static void test_prefill_shapes(void **state)
 {
     (void)state;
     const struct qcase cs[] = {{MODEL_Q8_0, 80, 192, 0}, {MODEL_Q8_0, 48, 512, 0}, {MODEL_Q4_K, 48, 512, 0},
-                               {MODEL_Q6_K, 32, 256, 0}};
+                               {MODEL_Q6_K, 32, 256, 0}, {MODEL_Q4_0, 48, 192, 0}, {MODEL_IQ4_NL, 32, 256, 0},
+                               {MODEL_Q3_K, 32, 512, 0}, {MODEL_IQ4_XS, 48, 512, 0}, {MODEL_Q5_1, 32, 192, 0},
+                               {MODEL_Q2_K, 48, 256, 0}};
     const int Ms[] = {16, 17, 31, 48, 53};
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         struct qmats q;
@@ -462,16 +485,19 @@ static void test_prefill_shapes(void **state)
  * the original x: max over outputs of |y - exact| / sqrt(sum (w x)^2),
  * the error relative to the size of a typical output (random signs). The
  * bounds are about 1.5x the figures measured (printed: 0.015, 0.017,
- * 0.021, 0.016 on this test's seed), so a coarser rounding fails. */
+ * 0.021, 0.016 on this test's seed; 0.016-0.021 for the other GGUF
+ * formats), so a coarser rounding fails. */
 static void test_activation_accuracy(void **state)
 {
     (void)state;
     const struct {
         enum model_dtype dt;
         double bound;
-    } f[] = {{MODEL_Q8_0, 0.025}, {MODEL_Q4_K, 0.03}, {MODEL_Q6_K, 0.035}, {MODEL_AWQ4, 0.025}};
+    } f[] = {{MODEL_Q8_0, 0.025}, {MODEL_Q4_K, 0.03}, {MODEL_Q6_K, 0.035}, {MODEL_AWQ4, 0.025},
+             {MODEL_Q4_0, 0.03}, {MODEL_Q4_1, 0.03}, {MODEL_Q5_0, 0.03}, {MODEL_Q5_1, 0.03},
+             {MODEL_IQ4_NL, 0.03}, {MODEL_Q2_K, 0.03}, {MODEL_Q3_K, 0.03}, {MODEL_IQ4_XS, 0.03}};
     const struct cpu_kernels *k = cpu_kernels_get(cpu_isa_detect());
-    for (int i = 0; i < 4; i++) {
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         struct qcase c = {f[i].dt, 64, 1024, f[i].dt == MODEL_AWQ4 ? 128 : 0};
         struct qmats q;
         mats_make(&c, &q);
