@@ -90,7 +90,7 @@ int cuda_measure_gemm(int device, enum model_dtype dt, int M, int N, int K, doub
  * cuda_backend_set_gemm_path. */
 int cuda_test_gemm(int M, int N, int K, enum model_dtype dt, const void *w, const float *scale, int br,
                    int bc, const float *x, float *y, int path, struct rl_err *err);
-/* The same for a quantized matrix (Q8_0, Q4_K, Q5_K, Q6_K in GGUF's
+/* The same for a quantized matrix (any GGUF block format of quant.h in its
  * blocks, or AWQ4 in the CPU's converted rows, engine/cpu/qgemm.h; group
  * for AWQ4): the skinny kernel for M <= 8, dequantized BF16 panels through
  * cuBLASLt above; x rounded to bf16. */

@@ -89,7 +89,7 @@ int cu_linear_run(struct cu_gemm *g, const struct cu_linear *l, int M, const voi
  * without it. */
 int cu_gemm_reserve_dequant(struct cu_gemm *g, size_t bytes, struct rl_err *err);
 
-/* ---- qgemm.cu: quantized weights (Q8_0, Q4_K, Q5_K, Q6_K, AWQ) ---- */
+/* ---- qgemm.cu: quantized weights (the GGUF block formats of quant.h, AWQ) ---- */
 
 /* y = x . W^T for M <= 8, BF16 x, W a quantized cu_mat. */
 int cu_qgemm_skinny(const struct cu_mat *m, int M, const void *x, float *y, int ldy, cudaStream_t st,

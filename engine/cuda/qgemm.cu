@@ -1,5 +1,6 @@
-/* engine/cuda/qgemm.cu - products with quantized weights (GGUF Q8_0, Q4_K,
- * Q5_K, Q6_K; AWQ INT4) on the device, in their own bytes.
+/* engine/cuda/qgemm.cu - products with quantized weights (GGUF's twelve
+ * block formats, engine/quant.h; AWQ INT4) on the device, in their own
+ * bytes.
  *
  * Layouts are the CPU's NATIVE rows (engine/cpu/qgemm.h): GGUF's blocks
  * row after row, exactly as the file holds them, and AWQ converted at
@@ -47,6 +48,40 @@ __device__ __forceinline__ void q_k_sm(const uint8_t *q, int j, int *sc, int *m)
     }
 }
 
+/* IQ4_NL's and IQ4_XS's levels (QUANT_IQ4_VALUES) */
+__constant__ int8_t q_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                        1,    13,   25,  38,  53,  69,  89,  113};
+
+/* The 32-element formats: byte offsets of qs and of qh (the fifth bits);
+ * element c of a block is the low nibble of qs[c] (c < 16) or the high
+ * nibble of qs[c - 16]. */
+template <int DT> __device__ __forceinline__ void dq8_32(const uint8_t *b, int c, float w[8])
+{
+    const int qo = DT == MODEL_Q4_1 ? 4 : DT == MODEL_Q5_0 ? 6 : DT == MODEL_Q5_1 ? 8 : 2;
+    const int ho = DT == MODEL_Q5_0 ? 2 : 4;
+    float d = q_h2f(b), m = DT == MODEL_Q4_1 || DT == MODEL_Q5_1 ? q_h2f(b + 2) : 0.0f;
+    const uint8_t *qs = b + qo + (c & 15);
+    uint32_t h = 0;
+    if (DT == MODEL_Q5_0 || DT == MODEL_Q5_1)
+        h = (uint32_t)b[ho] | (uint32_t)b[ho + 1] << 8 | (uint32_t)b[ho + 2] << 16 | (uint32_t)b[ho + 3] << 24;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int q = c < 16 ? qs[i] & 0xF : qs[i] >> 4;
+        if (DT == MODEL_IQ4_NL) {
+            w[i] = d * (float)q_iq4_values[q];
+            continue;
+        }
+        if (DT == MODEL_Q5_0 || DT == MODEL_Q5_1)
+            q |= (int)((h >> (c + i)) & 1) << 4;
+        if (DT == MODEL_Q4_0)
+            w[i] = (float)(q - 8) * d;
+        else if (DT == MODEL_Q5_0)
+            w[i] = (float)(q - 16) * d;
+        else
+            w[i] = (float)q * d + m;
+    }
+}
+
 /* Elements e .. e + 7 (e % 8 == 0) of one row of format DT into w. G: the
  * AWQ group. */
 template <int DT> __device__ __forceinline__ void dq8(const uint8_t *row, int G, int e, float w[8])
@@ -83,6 +118,39 @@ template <int DT> __device__ __forceinline__ void dq8(const uint8_t *row, int G,
             int q = (lo | (((qh[i] >> (2 * k)) & 3) << 4)) - 32;
             w[i] = d * (float)q;
         }
+    } else if (DT == MODEL_Q4_0 || DT == MODEL_Q4_1 || DT == MODEL_Q5_0 || DT == MODEL_Q5_1 ||
+               DT == MODEL_IQ4_NL) {
+        const int bb = DT == MODEL_Q4_1 ? 20 : DT == MODEL_Q5_0 ? 22 : DT == MODEL_Q5_1 ? 24 : 18;
+        dq8_32<DT>(row + (size_t)(e / 32) * bb, e % 32, w);
+    } else if (DT == MODEL_Q2_K || DT == MODEL_Q3_K) {
+        /* 8 elements share h, k and a sub-block of 16 (quant.h) */
+        const uint8_t *b = row + (size_t)(e / 256) * (DT == MODEL_Q2_K ? 84 : 110);
+        int c = e % 256, h = c / 128, k = (c % 128) / 32, l = c % 32;
+        const uint8_t *qs = b + (DT == MODEL_Q2_K ? 16 : 32) + 32 * h + l;
+        if (DT == MODEL_Q2_K) {
+            int sc = b[c / 16];
+            float dl = q_h2f(b + 80) * (float)(sc & 0xF), ml = q_h2f(b + 82) * (float)(sc >> 4);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                w[i] = dl * (float)((qs[i] >> (2 * k)) & 3) - ml;
+        } else {
+            const uint8_t *sc = b + 96, *hm = b + l;
+            int s = c / 16, lo = s < 8 ? sc[s] & 0xF : sc[s - 8] >> 4;
+            float dl = q_h2f(b + 108) * (float)((lo | ((sc[8 + s % 4] >> (2 * (s / 4))) & 3) << 4) - 32);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                w[i] = dl * (float)(((qs[i] >> (2 * k)) & 3) - ((hm[i] >> (4 * h + k)) & 1 ? 0 : 4));
+        }
+    } else if (DT == MODEL_IQ4_XS) {
+        const uint8_t *b = row + (size_t)(e / 256) * 136;
+        int c = e % 256, j = c / 32, l = c % 32;
+        int sh = b[2] | b[3] << 8;
+        int ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 0xF) | ((sh >> (2 * j)) & 3) << 4;
+        float dl = q_h2f(b) * (float)(ls - 32);
+        const uint8_t *qs = b + 8 + 16 * j + (l & 15);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            w[i] = dl * (float)q_iq4_values[l < 16 ? qs[i] & 0xF : qs[i] >> 4];
     } else { /* AWQ rows */
         const uint8_t *g = row + (size_t)(e / G) * (size_t)(4 + G / 2);
         float s = q_h2f(g);
@@ -190,6 +258,14 @@ static size_t q_rb(const struct cu_mat *m) { return cpu_q_row_bytes(m->dt, m->co
     case MODEL_Q5_K: LAUNCH(MODEL_Q5_K); break;                                                    \
     case MODEL_Q6_K: LAUNCH(MODEL_Q6_K); break;                                                    \
     case MODEL_AWQ4: LAUNCH(MODEL_AWQ4); break;                                                    \
+    case MODEL_Q4_0: LAUNCH(MODEL_Q4_0); break;                                                    \
+    case MODEL_Q4_1: LAUNCH(MODEL_Q4_1); break;                                                    \
+    case MODEL_Q5_0: LAUNCH(MODEL_Q5_0); break;                                                    \
+    case MODEL_Q5_1: LAUNCH(MODEL_Q5_1); break;                                                    \
+    case MODEL_IQ4_NL: LAUNCH(MODEL_IQ4_NL); break;                                                \
+    case MODEL_Q2_K: LAUNCH(MODEL_Q2_K); break;                                                    \
+    case MODEL_Q3_K: LAUNCH(MODEL_Q3_K); break;                                                    \
+    case MODEL_IQ4_XS: LAUNCH(MODEL_IQ4_XS); break;                                                \
     default: return rl_errf(err, RL_EINTERNAL, "quantized gemm: %s is not a quantized format",    \
                             model_dtype_name(dt));                                                 \
     }

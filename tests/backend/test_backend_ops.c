@@ -270,6 +270,10 @@ static void test_qgemm(void **state)
         qgemm_case(MODEL_Q5_K, Ms[i], 384, 512, 0);
         qgemm_case(MODEL_Q6_K, Ms[i], 384, 512, 0);
         qgemm_case(MODEL_AWQ4, Ms[i], 384, 512, 128);
+        static const enum model_dtype more[] = {MODEL_Q4_0, MODEL_Q4_1, MODEL_Q5_0,   MODEL_Q5_1,
+                                                MODEL_Q2_K, MODEL_Q3_K, MODEL_IQ4_NL, MODEL_IQ4_XS};
+        for (size_t j = 0; j < sizeof more / sizeof more[0]; j++)
+            qgemm_case(more[j], Ms[i], 384, 512, 0);
     }
 }
 
