@@ -838,13 +838,63 @@ void mk_opts_init(struct mk_opts *o)
     o->eos_id = -1;
 }
 
+/* Every --dtype: its name, and for the GGUF ones the mix written (base:
+ * most matrices; more: attn_v and ffn_down of the use_more_bits layers;
+ * out: output, or token_embd when tied) and llama.cpp's llama_ftype. */
+static const struct {
+    const char *name;
+    enum model_dtype base, more, out;
+    uint32_t ftype;
+} MK_DTYPES[MK_N] = {
+    [MK_F32] = {"f32", 0, 0, 0, 0},
+    [MK_BF16] = {"bf16", 0, 0, 0, 0},
+    [MK_FP8] = {"fp8", 0, 0, 0, 0},
+    [MK_AWQ] = {"awq", 0, 0, 0, 0},
+    [MK_Q8_0] = {"q8_0", MODEL_Q8_0, MODEL_Q8_0, MODEL_Q8_0, 7},
+    [MK_Q4_K_M] = {"q4_k_m", MODEL_Q4_K, MODEL_Q6_K, MODEL_Q6_K, 15},
+    [MK_Q5_K_M] = {"q5_k_m", MODEL_Q5_K, MODEL_Q6_K, MODEL_Q6_K, 17},
+    [MK_Q6_K] = {"q6_k", MODEL_Q6_K, MODEL_Q6_K, MODEL_Q6_K, 18},
+    [MK_Q4_0] = {"q4_0", MODEL_Q4_0, MODEL_Q4_0, MODEL_Q6_K, 2},
+    [MK_Q4_1] = {"q4_1", MODEL_Q4_1, MODEL_Q4_1, MODEL_Q6_K, 3},
+    [MK_Q5_0] = {"q5_0", MODEL_Q5_0, MODEL_Q5_0, MODEL_Q6_K, 8},
+    [MK_Q5_1] = {"q5_1", MODEL_Q5_1, MODEL_Q5_1, MODEL_Q6_K, 9},
+    [MK_Q2_K] = {"q2_k", MODEL_Q2_K, MODEL_Q3_K, MODEL_Q6_K, 10},
+    [MK_Q3_K_M] = {"q3_k_m", MODEL_Q3_K, MODEL_Q4_K, MODEL_Q6_K, 12},
+    [MK_IQ4_NL] = {"iq4_nl", MODEL_IQ4_NL, MODEL_IQ4_NL, MODEL_Q6_K, 25},
+    [MK_IQ4_XS] = {"iq4_xs", MODEL_IQ4_XS, MODEL_IQ4_XS, MODEL_Q6_K, 30},
+};
+
+const char *mk_dtype_name(enum mk_dtype d)
+{
+    return (unsigned)d < MK_N ? MK_DTYPES[d].name : "?";
+}
+
+int mk_dtype_parse(const char *s, enum mk_dtype *out)
+{
+    for (int d = 0; d < MK_N; d++)
+        if (!strcmp(s, MK_DTYPES[d].name)) {
+            *out = (enum mk_dtype)d;
+            return 0;
+        }
+    return -1;
+}
+
+int mk_dtype_is_gguf(enum mk_dtype d) { return d >= MK_Q8_0 && d < MK_N; }
+
 /* The quantized formats split rows into blocks or groups: every matrix's
  * input features (hidden, heads x head_dim, intermediate) must be whole
  * blocks, and AWQ packs 8 output features per int32. */
 static int check_quant_shape(const struct mk_opts *o, struct rl_err *err)
 {
-    int blk = o->dtype == MK_AWQ ? (o->awq_group ? o->awq_group : 128)
-              : o->dtype == MK_Q8_0 ? 32 : o->dtype > MK_Q8_0 ? 256 : 1;
+    int blk = 1;
+    if (o->dtype == MK_AWQ) {
+        blk = o->awq_group ? o->awq_group : 128;
+    } else if (mk_dtype_is_gguf(o->dtype)) { /* the largest block of the mix */
+        enum model_dtype ts[3] = {MK_DTYPES[o->dtype].base, MK_DTYPES[o->dtype].more,
+                                  MK_DTYPES[o->dtype].out};
+        for (int i = 0; i < 3; i++)
+            blk = quant_block_elems(ts[i]) > blk ? quant_block_elems(ts[i]) : blk;
+    }
     const char *what = o->dtype == MK_AWQ ? "the AWQ group size" : "the quantization block";
     const struct {
         const char *dim;
@@ -866,7 +916,7 @@ static int check_opts(const struct mk_opts *o, struct rl_err *err)
 {
     if (!o->out_dir || !*o->out_dir)
         return rl_errf(err, RL_EINVAL, "no output directory (--out)");
-    if ((unsigned)o->dtype > MK_Q6_K)
+    if ((unsigned)o->dtype >= MK_N)
         return rl_errf(err, RL_EINVAL, "bad dtype %d", (int)o->dtype);
     if (o->from_dir && o->dtype >= MK_AWQ)
             return rl_errf(err, RL_EINVAL, "--from converts to f32, bf16 or fp8 only; awq and GGUF "
@@ -1016,9 +1066,23 @@ static int qt_fill(void *ctx, uint64_t off, void *buf, size_t n, struct rl_err *
 
 static uint32_t gguf_type_of(enum model_dtype dt)
 {
-    return dt == MODEL_Q8_0 ? GGUF_T_Q8_0 : dt == MODEL_Q4_K ? GGUF_T_Q4_K
-           : dt == MODEL_Q5_K ? GGUF_T_Q5_K : dt == MODEL_Q6_K ? GGUF_T_Q6_K : GGUF_T_F32;
+    switch (dt) {
+    case MODEL_Q8_0: return GGUF_T_Q8_0;
+    case MODEL_Q4_K: return GGUF_T_Q4_K;
+    case MODEL_Q5_K: return GGUF_T_Q5_K;
+    case MODEL_Q6_K: return GGUF_T_Q6_K;
+    case MODEL_Q4_0: return GGUF_T_Q4_0;
+    case MODEL_Q4_1: return GGUF_T_Q4_1;
+    case MODEL_Q5_0: return GGUF_T_Q5_0;
+    case MODEL_Q5_1: return GGUF_T_Q5_1;
+    case MODEL_Q2_K: return GGUF_T_Q2_K;
+    case MODEL_Q3_K: return GGUF_T_Q3_K;
+    case MODEL_IQ4_NL: return GGUF_T_IQ4_NL;
+    case MODEL_IQ4_XS: return GGUF_T_IQ4_XS;
+    default: return GGUF_T_F32;
+    }
 }
+
 
 /* llama.cpp's use_more_bits: the layers whose attn_v and ffn_down Q4_K_M
  * keeps at 6 bits. */
@@ -1220,13 +1284,8 @@ static int mk_write_gguf(const struct mk_opts *o, struct mk_result *res, struct 
         return rl_errf(err, RL_ENOMEM, "out of memory");
     if ((rc = gguf_writer_create(&w, err)))
         goto out;
-    /* llama_ftype: MOSTLY_Q8_0 7, Q4_K_M 15, Q5_K_M 17, Q6_K 18 */
-    static const struct {
-        enum model_dtype base, six;
-        uint32_t ftype;
-    } lay[] = {[MK_Q8_0] = {MODEL_Q8_0, MODEL_Q8_0, 7}, [MK_Q4_K_M] = {MODEL_Q4_K, MODEL_Q6_K, 15},
-               [MK_Q5_K_M] = {MODEL_Q5_K, MODEL_Q6_K, 17}, [MK_Q6_K] = {MODEL_Q6_K, MODEL_Q6_K, 18}};
-    enum model_dtype base = lay[o->dtype].base, six = lay[o->dtype].six;
+    enum model_dtype base = MK_DTYPES[o->dtype].base, more = MK_DTYPES[o->dtype].more,
+                     outq = MK_DTYPES[o->dtype].out;
     float wstd = o->weight_std > 0 ? o->weight_std : 0.02f;
 #define ADD(gname, hfname, r, c, d)                                                     \
     do {                                                                                \
@@ -1242,8 +1301,8 @@ static int mk_write_gguf(const struct mk_opts *o, struct mk_result *res, struct 
         q_->row_bytes = q_->dt == MODEL_F32 ? (size_t)q_->cols * 4                      \
                                             : quant_row_bytes(q_->dt, q_->cols);        \
     } while (0)
-    /* tied: the embedding is also the output, so it gets the output's 6 bits */
-    ADD("token_embd.weight", "model.embed_tokens.weight", V, H, o->tied ? six : base);
+    /* tied: the embedding is also the output, so it gets the output's type */
+    ADD("token_embd.weight", "model.embed_tokens.weight", V, H, o->tied ? outq : base);
     for (int l = 0; l < L; l++) {
         for (int i = 0; i < N_LAYER_TENSORS; i++) {
             char a[96], b[160];
@@ -1251,17 +1310,17 @@ static int mk_write_gguf(const struct mk_opts *o, struct mk_result *res, struct 
             layer_shape(o, i, &rows, &cols);
             snprintf(a, sizeof a, "blk.%d.%s.weight", l, layer_tensors[i].gguf);
             snprintf(b, sizeof b, "model.layers.%d.%s", l, layer_tensors[i].hf);
-            int six_bits = (i == LT_ATTN_V || i == LT_FFN_DOWN) && more_bits(l, L);
-            ADD(a, b, rows, cols, six_bits ? six : base);
+            int more_b = (i == LT_ATTN_V || i == LT_FFN_DOWN) && more_bits(l, L);
+            ADD(a, b, rows, cols, more_b ? more : base);
         }
     }
     ADD("output_norm.weight", "model.norm.weight", 0, H, MODEL_F32);
     if (!o->tied)
-        ADD("output.weight", "lm_head.weight", V, H, six);
+        ADD("output.weight", "lm_head.weight", V, H, outq);
 #undef ADD
     gguf_writer_str(w, "general.architecture", "qwen3", 5);
     gguf_writer_str(w, "general.name", "redlm random", 12);
-    gguf_writer_u32(w, "general.file_type", lay[o->dtype].ftype);
+    gguf_writer_u32(w, "general.file_type", MK_DTYPES[o->dtype].ftype);
     gguf_writer_u32(w, "general.quantization_version", 2);
     gguf_writer_u32(w, "qwen3.block_count", (uint32_t)L);
     gguf_writer_u32(w, "qwen3.context_length", 40960);
@@ -1324,7 +1383,7 @@ int mk_write(const struct mk_opts *o, struct mk_result *res, struct rl_err *err)
     int rc = check_opts(o, err);
     if (rc)
         return rc;
-    if (o->dtype >= MK_Q8_0)
+    if (mk_dtype_is_gguf(o->dtype))
         return mk_write_gguf(o, res, err);
     struct plan p = {0};
     struct st_file *src = NULL;

@@ -28,7 +28,27 @@ enum mk_dtype {
                  * output (or, tied, token_embd); norms F32 */
     MK_Q5_K_M,  /* the same with Q5_K for Q4_K (llama.cpp's Q5_K_M) */
     MK_Q6_K,    /* every matrix Q6_K (llama.cpp's Q6_K) */
+    /* the other GGUF mixes (mk_gguf_mix): the base type everywhere, output
+     * (or, tied, token_embd) Q6_K as llama.cpp gives it; Q2_K and Q3_K_M
+     * keep attn_v and ffn_down of the use_more_bits layers one step up
+     * (Q3_K, Q4_K), as llama.cpp does in its own way */
+    MK_Q4_0,
+    MK_Q4_1,
+    MK_Q5_0,
+    MK_Q5_1,
+    MK_Q2_K,
+    MK_Q3_K_M,
+    MK_IQ4_NL,
+    MK_IQ4_XS,
+    MK_N        /* not a dtype: the count */
 };
+
+/* The --dtype spelling of d ("bf16", "q4_k_m", ...); "?" when out of range. */
+const char *mk_dtype_name(enum mk_dtype d);
+/* The dtype spelt s (mk_dtype_name's words); 0, or -1 when s names none. */
+int mk_dtype_parse(const char *s, enum mk_dtype *out);
+/* 1 when d writes one GGUF file (MK_Q8_0 and after). */
+int mk_dtype_is_gguf(enum mk_dtype d);
 
 struct mk_opts {
     const char *out_dir;       /* created (with parents) if missing; for the GGUF dtypes

@@ -1,8 +1,8 @@
 """Quantized checkpoints as users have them (issue 28), against a real
 redis-server and real worker processes:
 
-  - a worker serves jobs from an AutoAWQ INT4 safetensors checkpoint, a GGUF
-    Q8_0 file and a GGUF Q4_K_M file (tied: its embedding is Q6_K), all made
+  - a worker serves jobs from an AutoAWQ INT4 safetensors checkpoint, GGUF
+    Q8_0, Q4_K_M (tied: its embedding is Q6_K), Q5_0, Q3_K_M and IQ4_XS files, all made
     by `redlm mkmodel` with the tiny tokenizer (in the GGUF files, as
     metadata): every stream is schema-valid and gapless, greedy tokens equal
     `redlm run` on the same checkpoint, and a chat job (tokenized with the
@@ -30,6 +30,11 @@ FORMATS = {  # name -> (dtype, --out relative to the models dir, tied)
     "awq": ("awq", "awq", False),
     "q8_0": ("q8_0", "q8", False),
     "q4_k_m": ("q4_k_m", "q4km.gguf", True),
+    # Qwen's own GGUF releases' Q5_0, and the two 3-4 bit mixes people fit
+    # Qwen3-32B into 24 GB with
+    "q5_0": ("q5_0", "q50.gguf", False),
+    "q3_k_m": ("q3_k_m", "q3km.gguf", True),
+    "iq4_xs": ("iq4_xs", "iq4xs.gguf", False),
 }
 
 

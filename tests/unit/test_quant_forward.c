@@ -3,8 +3,8 @@
  * float64 forward over the *dequantized* weights written here.
  *
  * The model maker writes one tiny Qwen3 per format from one seed (GGUF
- * Q8_0, Q4_K_M with its tied Q6_K embedding, Q5_K_M, Q6_K; AutoAWQ INT4
- * safetensors); each is loaded with model_load and run by the CPU backend
+ * Q8_0, Q4_K_M with its tied Q6_K embedding, Q5_K_M, Q6_K, Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q2_K, Q3_K_M, IQ4_NL, IQ4_XS; AutoAWQ INT4 safetensors); each is loaded with model_load and run by the CPU backend
  * on a teacher-forced sequence (a prefill, then token-by-token decode), on
  * every kernel path this CPU has, as test_model.c does; the reference reads
  * the same model_tensor records through quant_dequant_row and computes in
@@ -59,7 +59,10 @@ static const struct fmt {
     int tied;
 } fmts[] = {
     {"q8_0", MK_Q8_0, 1},     {"q4_k_m", MK_Q4_K_M, 1}, {"q5_k_m", MK_Q5_K_M, 0},
-    {"q6_k", MK_Q6_K, 0},     {"awq", MK_AWQ, 0},
+    {"q6_k", MK_Q6_K, 0},     {"awq", MK_AWQ, 0},       {"q4_0", MK_Q4_0, 1},
+    {"q4_1", MK_Q4_1, 0},     {"q5_0", MK_Q5_0, 0},     {"q5_1", MK_Q5_1, 1},
+    {"q2_k", MK_Q2_K, 0},     {"q3_k_m", MK_Q3_K_M, 1}, {"iq4_nl", MK_IQ4_NL, 0},
+    {"iq4_xs", MK_IQ4_XS, 1},
 };
 
 static void model_path(const struct fmt *f, char *buf, size_t n)
@@ -372,6 +375,14 @@ static void test_layouts(void **state)
          {MODEL_Q8_0, MODEL_Q8_0, MODEL_Q8_0, MODEL_Q8_0}, MODEL_Q8_0},
         {"awq", MODEL_F16, MODEL_F16, {MODEL_AWQ4, MODEL_AWQ4, MODEL_AWQ4, MODEL_AWQ4},
          {MODEL_AWQ4, MODEL_AWQ4, MODEL_AWQ4, MODEL_AWQ4}, MODEL_AWQ4},
+        /* the legacy and IQ mixes: Q6_K only for the output (tied: the embedding) */
+        {"q4_0", MODEL_Q6_K, MODEL_Q6_K, {MODEL_Q4_0, MODEL_Q4_0, MODEL_Q4_0, MODEL_Q4_0},
+         {MODEL_Q4_0, MODEL_Q4_0, MODEL_Q4_0, MODEL_Q4_0}, MODEL_Q4_0},
+        {"iq4_nl", MODEL_IQ4_NL, MODEL_Q6_K, {MODEL_IQ4_NL, MODEL_IQ4_NL, MODEL_IQ4_NL, MODEL_IQ4_NL},
+         {MODEL_IQ4_NL, MODEL_IQ4_NL, MODEL_IQ4_NL, MODEL_IQ4_NL}, MODEL_IQ4_NL},
+        /* Q3_K_M: the use_more_bits layers' attn_v and ffn_down at Q4_K */
+        {"q3_k_m", MODEL_Q6_K, MODEL_Q6_K, {MODEL_Q3_K, MODEL_Q3_K, MODEL_Q4_K, MODEL_Q4_K},
+         {MODEL_Q3_K, MODEL_Q3_K, MODEL_Q4_K, MODEL_Q4_K}, MODEL_Q3_K},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const struct fmt *f = NULL;
@@ -420,7 +431,8 @@ static void test_same_weights(void **state)
     static const struct {
         const char *fmt;
         double rel; /* max |dw| / max |w| over a row, per format */
-    } cases[] = {{"q6_k", 0.05}, {"q5_k_m", 0.1}, {"awq", 0.15}};
+    } cases[] = {{"q6_k", 0.05}, {"q5_k_m", 0.1}, {"awq", 0.15}, {"q5_1", 0.05}, {"q4_0", 0.1},
+                 {"iq4_xs", 0.12}, {"q3_k_m", 0.2}, {"q2_k", 0.4}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const struct fmt *f = NULL;
         for (size_t k = 0; k < sizeof fmts / sizeof fmts[0]; k++)

@@ -24,13 +24,14 @@ static void usage(FILE *f)
           "                      qwen3-14b, qwen3-32b; the flags below override its fields\n"
           "  --hidden N --intermediate N --layers N --heads N --kv-heads N --head-dim N\n"
           "  --vocab N --tied | --untied\n"
-          "  --dtype f32|bf16|fp8|awq|q8_0|q4_k_m|q5_k_m|q6_k  (default bf16; fp8 = E4M3\n"
-          "                      projections with 128x128 block weight_scale_inv, the rest\n"
-          "                      BF16; awq = AutoAWQ INT4 GEMM projections, the rest F16;\n"
-          "                      q8_0 .. q6_k write one GGUF file, DIR/model.gguf or --out\n"
-          "                      FILE.gguf, in llama.cpp's layouts; they need the input dims\n"
-          "                      in whole blocks: 32 for q8_0, 256 for the K-quants, --group\n"
-          "                      for awq)\n"
+          "  --dtype f32|bf16|fp8|awq|q8_0|q4_k_m|q5_k_m|q6_k|q4_0|q4_1|q5_0|q5_1|q2_k|\n"
+          "          q3_k_m|iq4_nl|iq4_xs  (default bf16; fp8 = E4M3 projections with\n"
+          "                      128x128 block weight_scale_inv, the rest BF16; awq =\n"
+          "                      AutoAWQ INT4 GEMM projections, the rest F16; q8_0 and\n"
+          "                      after write one GGUF file, DIR/model.gguf or --out\n"
+          "                      FILE.gguf, in llama.cpp's layouts (output Q6_K, or Q8_0);\n"
+          "                      they need the input dims in whole blocks: 32 for q8_0, 256 where a\n"
+          "                      K-quant or IQ4_XS is in the mix, --group for awq)\n"
           "  --group N           AWQ group size (default 128)\n"
           "  --scale-dtype f32|bf16  dtype of the FP8 scales (default f32; Qwen's FP8\n"
           "                      releases use bf16)\n"
@@ -244,25 +245,10 @@ static int parse_args(int argc, char **argv, struct mk_opts *o, struct rl_err *e
         } else if (!strcmp(a, "--tokenizer")) {
             o->tokenizer_dir = v;
         } else if (!strcmp(a, "--dtype")) {
-            if (!strcmp(v, "f32"))
-                o->dtype = MK_F32;
-            else if (!strcmp(v, "bf16"))
-                o->dtype = MK_BF16;
-            else if (!strcmp(v, "fp8"))
-                o->dtype = MK_FP8;
-            else if (!strcmp(v, "awq"))
-                o->dtype = MK_AWQ;
-            else if (!strcmp(v, "q8_0"))
-                o->dtype = MK_Q8_0;
-            else if (!strcmp(v, "q4_k_m"))
-                o->dtype = MK_Q4_K_M;
-            else if (!strcmp(v, "q5_k_m"))
-                o->dtype = MK_Q5_K_M;
-            else if (!strcmp(v, "q6_k"))
-                o->dtype = MK_Q6_K;
-            else
+            if (mk_dtype_parse(v, &o->dtype))
                 return rl_errf(err, RL_EINVAL,
-                               "--dtype: \"%s\" is not f32, bf16, fp8, awq, q8_0, q4_k_m, q5_k_m or q6_k", v);
+                               "--dtype: \"%s\" is not f32, bf16, fp8, awq, q8_0, q4_k_m, q5_k_m, q6_k, "
+                               "q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_m, iq4_nl or iq4_xs", v);
         } else if (!strcmp(a, "--scale-dtype")) {
             if (strcmp(v, "f32") && strcmp(v, "bf16"))
                 return rl_errf(err, RL_EINVAL, "--scale-dtype: \"%s\" is not f32 or bf16", v);
@@ -314,7 +300,7 @@ int cmd_mkmodel(int argc, char **argv)
     cJSON *j = cJSON_CreateObject();
     char gpath[4096];
     mk_gguf_path(o.out_dir, gpath, sizeof gpath);
-    cJSON_AddStringToObject(j, "out", o.dtype >= MK_Q8_0 ? gpath : o.out_dir);
+    cJSON_AddStringToObject(j, "out", mk_dtype_is_gguf(o.dtype) ? gpath : o.out_dir);
     cJSON_AddNumberToObject(j, "params", (double)r.n_params);
     cJSON_AddNumberToObject(j, "bytes", (double)r.n_bytes);
     cJSON_AddNumberToObject(j, "files", r.n_files);
