@@ -115,7 +115,7 @@ LIBCOMMON  := $(BUILD)/libredlm_common.a
 .SECONDARY: $(TEST_SRC:%.c=$(BUILD)/%.o) $(BENCH_SRC:%.c=$(BUILD)/%.o) \
             $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/backend/test_*.c))
 
-.PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks bench-affinity bench-overlap bench-responses bench-lora-fleet bench-lora-stall demo gpu-bundle fuzz asan deps clean install
+.PHONY: all test bench bench-fleet bench-fleet-cluster bench-attacks bench-affinity bench-overlap bench-responses bench-lora-fleet bench-lora-stall bench-quant-formats demo gpu-bundle fuzz asan deps clean install
 all: $(BINS) $(TEST_BIN) $(BENCH_BIN)
 
 ifeq ($(CUDA),1)
@@ -210,6 +210,12 @@ bench-lora-fleet: all
 
 bench-lora-stall: all
 	BUILD=$(BUILD) /usr/bin/python3 tests/bench/bench_lora_stall.py $(STALL_ARGS)
+
+# Every GGUF block format (tests/bench/quant_formats.sh): the 0.6B shape in each of
+# llama.cpp's mixes, redlm's decode and prefill beside llama.cpp's on the same file
+# (node-llama-cpp, pinned in tests/bench/llama) where node is installed.
+bench-quant-formats: all
+	BUILD=$(BUILD) bash tests/bench/quant_formats.sh
 
 demo: all
 	BUILD=$(BUILD) bash examples/demo.sh
