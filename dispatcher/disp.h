@@ -86,6 +86,12 @@ struct dmodel {
     int n_pools;
     char pool_sig[512];           /* scoped: the pool names it was built for */
     int n_workers;                /* live workers announcing it (models.c, each refresh) */
+    /* what its weights are, as the first heartbeat of the refresh said
+     * (model_format, model_quantization, model_parameters): "" / 0 when a
+     * worker from before did not say */
+    char format[16];
+    char quant[24];
+    int64_t params;
 };
 
 /* One LoRA adapter a live worker serves beside its model (heartbeat

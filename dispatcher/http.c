@@ -1739,7 +1739,8 @@ static cJSON *served_models(struct dhttp *h)
         cJSON_AddNumberToObject(o, "created", (double)h->started_s);
         cJSON_AddStringToObject(o, "owned_by", "redlm");
         cJSON_AddItemToArray(a, o);
-        /* the dispatcher's entry of the same name knows its workers' context */
+        /* the dispatcher's entry of the same name knows its workers'
+         * context and what their weights are */
         char *t = h->hooks.models_json ? h->hooks.models_json(h->hooks.ctx) : NULL;
         cJSON *all = t ? cJSON_Parse(t) : NULL;
         free(t);
@@ -1747,9 +1748,14 @@ static cJSON *served_models(struct dhttp *h)
         cJSON_ArrayForEach(m, all)
         {
             const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
+            if (!cJSON_IsString(id) || strcmp(id->valuestring, h->model))
+                continue;
             const cJSON *ml = cJSON_GetObjectItemCaseSensitive(m, "max_model_len");
-            if (cJSON_IsString(id) && !strcmp(id->valuestring, h->model) && cJSON_IsNumber(ml))
+            const cJSON *det = cJSON_GetObjectItemCaseSensitive(m, "details");
+            if (cJSON_IsNumber(ml))
                 cJSON_AddNumberToObject(o, "max_model_len", ml->valuedouble);
+            if (cJSON_IsObject(det))
+                cJSON_AddItemToObject(o, "details", cJSON_Duplicate(det, 1));
         }
         /* the workers' LoRA adapters are served too, as adapters of the one
          * name this door shows: their parent is said to be it */
@@ -2849,13 +2855,19 @@ static cJSON *ollama_details(const cJSON *model)
     /* a LoRA adapter's base model (its /v1/models parent) */
     const cJSON *parent = cJSON_GetObjectItemCaseSensitive(model, "parent");
     cJSON *d = cJSON_CreateObject();
+    /* what its workers' heartbeats said of the weights (models.c) */
+    const cJSON *w = cJSON_GetObjectItemCaseSensitive(model, "details");
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(w, "format");
+    const cJSON *ps = cJSON_GetObjectItemCaseSensitive(w, "parameter_size");
+    const cJSON *ql = cJSON_GetObjectItemCaseSensitive(w, "quantization_level");
     cJSON_AddStringToObject(d, "parent_model", cJSON_IsString(parent) ? parent->valuestring : "");
-    cJSON_AddStringToObject(d, "format", "safetensors");
+    cJSON_AddStringToObject(d, "format", cJSON_IsString(fmt) && *fmt->valuestring ? fmt->valuestring
+                                                                                   : "safetensors");
     cJSON_AddStringToObject(d, "family", "qwen3");
     cJSON *f = cJSON_AddArrayToObject(d, "families");
     cJSON_AddItemToArray(f, cJSON_CreateString("qwen3"));
-    cJSON_AddStringToObject(d, "parameter_size", "");
-    cJSON_AddStringToObject(d, "quantization_level", "");
+    cJSON_AddStringToObject(d, "parameter_size", cJSON_IsString(ps) ? ps->valuestring : "");
+    cJSON_AddStringToObject(d, "quantization_level", cJSON_IsString(ql) ? ql->valuestring : "");
     return d;
 }
 

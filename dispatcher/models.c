@@ -174,6 +174,37 @@ static void add_loras(struct disp *d, struct dlora *loras, int *n, const char *p
     }
 }
 
+/* What a worker's heartbeat says its weights are (metrics.c). */
+static void weights_of(struct dmodel *m, const cJSON *hb)
+{
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(hb, "model_format");
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(hb, "model_quantization");
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(hb, "model_parameters");
+    snprintf(m->format, sizeof m->format, "%.15s", cJSON_IsString(f) ? f->valuestring : "");
+    snprintf(m->quant, sizeof m->quant, "%.23s", cJSON_IsString(q) ? q->valuestring : "");
+    m->params = cJSON_IsNumber(p) && p->valuedouble > 0 && p->valuedouble < 1e15 ? (int64_t)p->valuedouble : 0;
+}
+
+/* Ollama's details of m (its /api/tags and /api/show): the parameter
+ * count as Ollama writes it ("14.8B", "596.05M"). */
+static void add_details(cJSON *o, const struct dmodel *m)
+{
+    if (!m->quant[0])
+        return;
+    cJSON *d = cJSON_AddObjectToObject(o, "details");
+    char ps[32] = "";
+    double p = (double)m->params;
+    if (p >= 1e9)
+        snprintf(ps, sizeof ps, "%.1fB", p / 1e9);
+    else if (p >= 1e6)
+        snprintf(ps, sizeof ps, "%.2fM", p / 1e6);
+    else if (p > 0)
+        snprintf(ps, sizeof ps, "%.2fK", p / 1e3);
+    cJSON_AddStringToObject(d, "format", m->format);
+    cJSON_AddStringToObject(d, "parameter_size", ps);
+    cJSON_AddStringToObject(d, "quantization_level", m->quant);
+}
+
 static void publish_json(struct disp *d)
 {
     cJSON *a = cJSON_CreateArray();
@@ -187,6 +218,7 @@ static void publish_json(struct disp *d)
         cJSON_AddStringToObject(o, "owned_by", d->models[i].owned_by);
         if (d->models[i].max_model_len) /* vLLM's: the context its workers take */
             cJSON_AddNumberToObject(o, "max_model_len", (double)d->models[i].max_model_len);
+        add_details(o, &d->models[i]);
         cJSON_AddItemToArray(a, o);
     }
     /* LoRA adapters as vLLM lists them: a model whose parent is the base
@@ -204,6 +236,7 @@ static void publish_json(struct disp *d)
         cJSON_AddStringToObject(o, "parent", l->parent);
         if (m->max_model_len)
             cJSON_AddNumberToObject(o, "max_model_len", (double)m->max_model_len);
+        add_details(o, m);
         cJSON_AddItemToArray(a, o);
     }
     char *s = a ? cJSON_PrintUnformatted(a) : NULL;
@@ -317,6 +350,7 @@ void d_models_refresh(struct disp *d)
                      cJSON_IsString(ob) ? ob->valuestring : "redlm");
             m->created = cJSON_IsNumber(cr) ? (int64_t)cr->valuedouble : 0;
             m->scoped = scoped;
+            weights_of(m, hb);
         } else if (!m) {
             RL_LOG(&d->log, RL_LOG_WARN, "models: more than %d models served; %s left out",
                    D_MAX_MODELS, name->valuestring);
@@ -343,6 +377,8 @@ void d_models_refresh(struct disp *d)
         if (len && !scoped && n && fresh[0].alias &&
             (!fresh[0].max_model_len || len < fresh[0].max_model_len))
             fresh[0].max_model_len = len;
+        if (!scoped && n && fresh[0].alias && !fresh[0].quant[0])
+            weights_of(&fresh[0], hb);
         cJSON_Delete(hb);
     }
     fleet_end(d->fleet);

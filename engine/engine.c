@@ -1989,6 +1989,8 @@ int engine_lora_add_loaded(struct engine *e, const char *name, struct lora_adapt
 
 const struct model_config *engine_model_config(const struct engine *e) { return e->cfg; }
 
+const struct model *engine_model(const struct engine *e) { return e->model; }
+
 int engine_lora_drop(struct engine *e, const char *name, struct rl_err *err)
 {
     int slot = lora_slot(e, name);

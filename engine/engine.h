@@ -575,6 +575,8 @@ int engine_lora_add_loaded(struct engine *e, const char *name, struct lora_adapt
 /* The model's shape (immutable for the engine's life: any thread may read
  * it, as lora_load does). */
 const struct model_config *engine_model_config(const struct engine *e);
+/* The model itself (immutable too): model_quant_label and the like. */
+const struct model *engine_model(const struct engine *e);
 /* Stops serving adapter `name` and frees its weights (on the backend's
  * device too): RL_EBUSY while a request not finished uses it (the caller
  * stops submitting them and tries again between steps), RL_ENOTFOUND when

@@ -863,6 +863,46 @@ void model_free(struct model *m)
 
 const char *model_get_gguf(const struct model *m) { return m->gguf_path; }
 
+/* llama.cpp's llama_ftype names (general.file_type), the ones a Qwen3 GGUF
+ * is published in */
+static const char *ftype_name(int64_t t)
+{
+    static const struct {
+        int id;
+        const char *name;
+    } names[] = {{0, "F32"},     {1, "F16"},     {2, "Q4_0"},    {3, "Q4_1"},    {7, "Q8_0"},
+                 {8, "Q5_0"},    {9, "Q5_1"},    {10, "Q2_K"},   {11, "Q3_K_S"}, {12, "Q3_K_M"},
+                 {13, "Q3_K_L"}, {14, "Q4_K_S"}, {15, "Q4_K_M"}, {16, "Q5_K_S"}, {17, "Q5_K_M"},
+                 {18, "Q6_K"},   {21, "Q2_K_S"}, {25, "IQ4_NL"}, {30, "IQ4_XS"}, {32, "BF16"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (names[i].id == t)
+            return names[i].name;
+    return NULL;
+}
+
+void model_quant_label(const struct model *m, char *buf, size_t n)
+{
+    const struct model_config *c = &m->cfg;
+    const char *s = NULL;
+    int64_t ft;
+    struct rl_err err;
+    if (m->gg && gguf_has_key(m->gg, "general.file_type") &&
+        !gguf_get_int(m->gg, "general.file_type", &ft, &err))
+        s = ftype_name(ft);
+    if (!s && m->gg && c->n_layers > 0)
+        s = model_dtype_name(m->w.layers[0].w_up.dtype);
+    if (!s)
+        s = c->fp8_block_rows ? "FP8" : c->awq_group ? "AWQ" : model_dtype_name(c->dtype);
+    snprintf(buf, n, "%s", s);
+}
+
+int64_t model_n_params(const struct model_config *c)
+{
+    int64_t H = c->hidden, D = c->head_dim, I = c->intermediate, V = c->vocab;
+    int64_t layer = H * D * (2 * (int64_t)c->n_heads + 2 * (int64_t)c->n_kv_heads) + 3 * H * I + 2 * H + 2 * D;
+    return V * H * (c->tied ? 1 : 2) + (int64_t)c->n_layers * layer + H;
+}
+
 void model_rope_inv_freq(const struct model_config *cfg, float *inv_freq, float *mscale)
 {
     int half = cfg->head_dim / 2, dim = cfg->head_dim;

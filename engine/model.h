@@ -149,4 +149,14 @@ const char *model_dtype_name(enum model_dtype dt);
  * checkpoint (its tokenizer lives in the metadata: tok_load reads it). */
 const char *model_get_gguf(const struct model *m);
 
+/* What the weights are, as Ollama's /api/show names it, into buf (at
+ * least 16 bytes): for a GGUF file llama.cpp's name of its
+ * general.file_type ("Q4_K_M", "Q8_0", "IQ4_XS", ...), else the type of
+ * its first layer's ffn_up; for safetensors "FP8", "AWQ" or the torch
+ * dtype ("BF16", "F16", "F32"). */
+void model_quant_label(const struct model *m, char *buf, size_t n);
+/* The parameters a checkpoint of shape c holds (every matrix and norm;
+ * the embedding once when tied). */
+int64_t model_n_params(const struct model_config *c);
+
 #endif

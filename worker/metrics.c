@@ -379,6 +379,12 @@ char *wm_heartbeat_json(struct worker *w)
     cJSON_AddStringToObject(o, "model_dir", w->model.dir);
     cJSON_AddNumberToObject(o, "model_created", (double)w->model.created);
     cJSON_AddStringToObject(o, "model_owned_by", w->model.owned_by);
+    /* what its weights are: Ollama's /api/tags and /api/show details */
+    char ql[24];
+    model_quant_label(engine_model(w->eng), ql, sizeof ql);
+    cJSON_AddStringToObject(o, "model_format", model_get_gguf(engine_model(w->eng)) ? "gguf" : "safetensors");
+    cJSON_AddStringToObject(o, "model_quantization", ql);
+    cJSON_AddNumberToObject(o, "model_parameters", (double)model_n_params(engine_model_config(w->eng)));
     cJSON_AddStringToObject(o, "pool_scope", w->opt.pool_scope_model ? "model" : "shared");
     /* the LoRA adapters it serves beside model (lora_modules): more model
      * names, which the dispatcher routes to this model's pools */

@@ -23,7 +23,7 @@ import threading
 import jsonschema
 import pytest
 
-from conftest import connect, job_events, tap
+from conftest import MODEL, connect, job_events, tap
 from test_http import MODEL_NAME, front, npm_openai, play_worker_error, sse_events  # noqa: F401
 from test_structured import TOOLS, vocab_model, worker  # noqa: F401
 
@@ -43,6 +43,21 @@ def node(f, tmp_path, script, *args, timeout=180):
                          env={**os.environ, "NODE_PATH": str(d / "node_modules")})
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+def safetensors_params(path):
+    """Elements of every tensor a safetensors file holds (its header)."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    total = 0
+    for name, t in header.items():
+        if name != "__metadata__":
+            k = 1
+            for dim in t["shape"]:
+                k *= dim
+            total += k
+    return total
 
 
 def keyed_front(front, tmp_path, *flags):  # noqa: F811
@@ -313,6 +328,13 @@ def test_ollama_npm_client(front, workers, redis_addr, prefix, tmp_path):  # noq
     assert [m["name"] for m in res["list"]["models"]] == [MODEL_NAME]
     assert [m["name"] for m in res["ps"]["models"]] == [MODEL_NAME]
     assert "tools" in res["show"]["capabilities"]
+    # the details Ollama's clients show, from the worker's heartbeat: the
+    # tiny checkpoint's format, dtype and parameter count (its safetensors
+    # header's element counts, read here)
+    want = {"format": "safetensors", "quantization_level": "F32",
+            "parameter_size": "%.2fK" % (safetensors_params(MODEL / "model.safetensors") / 1e3)}
+    for d in (res["show"]["details"], res["list"]["models"][0]["details"]):
+        assert {k: d[k] for k in want} == want and d["family"] == "qwen3"
     chat = res["chat"]
     assert chat["done"] is True and chat["done_reason"] == "length" and chat["eval_count"] == 6
     assert chat["message"]["role"] == "assistant" and chat["model"] == MODEL_NAME

@@ -293,6 +293,11 @@ def test_dispatcher_routes_and_lists_adapters(models, procs, redis_addr, prefix)
     st, tags = http_req(port, "GET", "/api/tags")
     t = {x["name"]: x for x in tags["models"]}
     assert st == 200 and t["a"]["details"]["parent_model"] == base
+    # what the weights are, from the workers' heartbeats: an adapter shows its base's
+    for name in (base, "a"):
+        d = t[name]["details"]
+        assert (d["format"], d["quantization_level"]) == ("safetensors", "F32"), d
+        assert d["parameter_size"].endswith("K") and d["parameter_size"] == t[base]["details"]["parameter_size"]
 
     # HTTP: the adapter answers what the merged checkpoint answers
     for text in ("Hello there", "Which module renders prompts?"):

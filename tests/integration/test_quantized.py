@@ -38,6 +38,12 @@ FORMATS = {  # name -> (dtype, --out relative to the models dir, tied)
 }
 
 
+# what each worker's heartbeat says its weights are (Ollama's /api/show
+# details): llama.cpp's name of the GGUF's general.file_type
+WEIGHTS = {"awq": ("safetensors", "AWQ"), "q8_0": ("gguf", "Q8_0"), "q4_k_m": ("gguf", "Q4_K_M"),
+           "q5_0": ("gguf", "Q5_0"), "q3_k_m": ("gguf", "Q3_K_M"), "iq4_xs": ("gguf", "IQ4_XS")}
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("quant")
@@ -96,6 +102,8 @@ def test_worker_serves_quantized(fmt, models, procs, redis_addr, prefix,  # noqa
     from conftest import connect
     r = connect(redis_addr)
     procs["worker"](f"q-{fmt}", models[fmt], "--pools", "fast")
+    hb = heartbeat(r, prefix, f"q-{fmt}")
+    assert (hb["model_format"], hb["model_quantization"]) == WEIGHTS[fmt]
     got = serve_and_check(r, prefix, connect(redis_addr), fmt, event_validator)
     want = [run_greedy(models[fmt], ids, 8) for ids in PROMPTS]
     assert got == want

@@ -652,6 +652,40 @@ static void make_quant(const char *out, enum mk_dtype dt)
         fail_msg("mk_write %s: %s", out, err.msg);
 }
 
+/* What /api/show says of the weights: llama.cpp's file type name of a
+ * GGUF (every mix the maker writes), FP8 / AWQ / the dtype for
+ * safetensors; and the parameter count of the real Qwen3-0.6B shape
+ * (0.44 B without the tied embedding, as Qwen's card says). */
+static void test_quant_label(void **state)
+{
+    (void)state;
+    static const struct {
+        enum mk_dtype dt;
+        const char *label;
+    } cases[] = {{MK_Q8_0, "Q8_0"},     {MK_Q4_K_M, "Q4_K_M"},   {MK_Q5_K_M, "Q5_K_M"}, {MK_Q6_K, "Q6_K"},
+                 {MK_Q4_0, "Q4_0"},     {MK_Q4_1, "Q4_1"},       {MK_Q5_0, "Q5_0"},     {MK_Q5_1, "Q5_1"},
+                 {MK_Q2_K, "Q2_K"},     {MK_Q3_K_M, "Q3_K_M"},   {MK_IQ4_NL, "IQ4_NL"}, {MK_IQ4_XS, "IQ4_XS"},
+                 {MK_BF16, "BF16"},     {MK_F32, "F32"},         {MK_FP8, "FP8"},       {MK_AWQ, "AWQ"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char p[600], label[24];
+        snprintf(p, sizeof p, "%s/label-%s%s", tmpdir, mk_dtype_name(cases[i].dt),
+                 mk_dtype_is_gguf(cases[i].dt) ? ".gguf" : "");
+        make_quant(p, cases[i].dt);
+        struct model *m;
+        struct rl_err err = {0};
+        if (model_load(&m, p, &err))
+            fail_msg("%s: %s", p, err.msg);
+        model_quant_label(m, label, sizeof label);
+        if (strcmp(label, cases[i].label))
+            fail_msg("%s: labelled %s", mk_dtype_name(cases[i].dt), label);
+        model_free(m);
+    }
+    struct model_config c = {.hidden = 1024, .intermediate = 3072, .n_layers = 28, .n_heads = 16,
+                             .n_kv_heads = 8, .head_dim = 128, .vocab = 151936, .tied = 1};
+    assert_int_equal(model_n_params(&c), 596049920);
+    assert_int_equal(model_n_params(&c) - (int64_t)c.vocab * c.hidden, 440467456);
+}
+
 static void test_bad_quantized(void **state)
 {
     char p[600];
@@ -835,6 +869,7 @@ int main(void)
         cmocka_unit_test(test_quantize_at_load),
         cmocka_unit_test(test_bad_checkpoints),
         cmocka_unit_test(test_bad_quantized),
+        cmocka_unit_test(test_quant_label),
     };
     return cmocka_run_group_tests_name("model", tests, setup_tmp, teardown_tmp);
 }
