@@ -187,6 +187,19 @@ int quant_q3_k_scale(const uint8_t scales[12], int s)
     return lo | ((scales[8 + s % 4] >> (2 * (s / 4))) & 3) << 4;
 }
 
+int quant_q3_k_code(const struct quant_block_q3_k *b, int e)
+{
+    int h = e / 128, k = (e % 128) / 32, l = e % 32;
+    return ((b->qs[32 * h + l] >> (2 * k)) & 3) - ((b->hmask[l] >> (4 * h + k)) & 1 ? 0 : 4);
+}
+
+void quant_q6_k_put(struct quant_block_q6_k *b, int e, int q)
+{
+    int h = e / 128, k = (e % 128) / 32, l = e % 32, u = q + 32;
+    b->ql[64 * h + l + 32 * (k & 1)] |= (uint8_t)((u & 0xF) << (k < 2 ? 0 : 4));
+    b->qh[32 * h + l] |= (uint8_t)((u >> 4) << (2 * k));
+}
+
 int quant_iq4_xs_scale(const struct quant_block_iq4_xs *b, int j)
 {
     return ((b->scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | ((b->scales_h >> (2 * j)) & 3) << 4;
@@ -276,10 +289,8 @@ void quant_dequant_q3_k(const struct quant_block_q3_k *x, float *out, int64_t n)
     for (int64_t b = 0; b < n / QUANT_QK_K; b++, out += QUANT_QK_K) {
         float d = f16_to_f32(x[b].d);
         for (int c = 0; c < QUANT_QK_K; c++) {
-            int h = c / 128, k = (c % 128) / 32, l = c % 32;
             float dl = d * (float)(quant_q3_k_scale(x[b].scales, c / 16) - 32);
-            int q = ((x[b].qs[32 * h + l] >> (2 * k)) & 3) - ((x[b].hmask[l] >> (4 * h + k)) & 1 ? 0 : 4);
-            out[c] = dl * (float)q;
+            out[c] = dl * (float)quant_q3_k_code(&x[b], c);
         }
     }
 }
@@ -472,13 +483,9 @@ void quant_quantize_q6_k(const float *x, struct quant_block_q6_k *out, int64_t n
         }
         memset(y->ql, 0, sizeof y->ql);
         memset(y->qh, 0, sizeof y->qh);
-        /* element 128 h + 32 k + l: see quant_dequant_q6_k */
         for (int e = 0; e < QUANT_QK_K; e++) {
-            int h = e / 128, k = (e % 128) / 32, l = e % 32, s = e / 16;
-            int q = step[s] > 0.0f ? clampi((int)lrintf(x[e] / step[s]), -32, 31) : 0;
-            int u = q + 32;
-            y->ql[64 * h + l + 32 * (k & 1)] |= (uint8_t)((u & 0xF) << (k < 2 ? 0 : 4));
-            y->qh[32 * h + l] |= (uint8_t)((u >> 4) << (2 * k));
+            int s = e / 16;
+            quant_q6_k_put(y, e, step[s] > 0.0f ? clampi((int)lrintf(x[e] / step[s]), -32, 31) : 0);
         }
     }
 }

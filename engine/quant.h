@@ -193,6 +193,11 @@ void quant_k_scale_min(const uint8_t scales[QUANT_K_SCALE_BYTES], int j, uint8_t
  * Q3_K block: low 4 bits from a nibble of bytes 0..7, high 2 from bytes
  * 8..11. */
 int quant_q3_k_scale(const uint8_t scales[12], int s);
+/* The code (-4..3) of element e (0..255) of a Q3_K block. */
+int quant_q3_k_code(const struct quant_block_q3_k *b, int e);
+/* Sets element e of a Q6_K block whose ql and qh were zeroed to code q
+ * (-32..31): the inverse of quant_dequant_q6_k's indexing. */
+void quant_q6_k_put(struct quant_block_q6_k *b, int e, int q);
 /* The 6-bit scale (0..63, before the - 32) of sub-block j of an IQ4_XS
  * block. */
 int quant_iq4_xs_scale(const struct quant_block_iq4_xs *b, int j);

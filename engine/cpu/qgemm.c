@@ -350,12 +350,8 @@ static AI void decode_k(enum model_dtype dt, const uint8_t *blk, struct kblk *o)
     o->d = f16_to_f32(w->d);
     for (int s = 0; s < 16; s++)
         o->sc[s] = quant_q3_k_scale(w->scales, s) - 32;
-    for (int h = 0; h < 2; h++)
-        for (int k = 0; k < 4; k++)
-            for (int l = 0; l < 32; l++) {
-                int lo = (w->qs[32 * h + l] >> (2 * k)) & 3, hb = (w->hmask[l] >> (4 * h + k)) & 1;
-                o->q[128 * h + 32 * k + l] = (int8_t)(lo - 4 + 4 * hb);
-            }
+    for (int e = 0; e < 256; e++)
+        o->q[e] = (int8_t)quant_q3_k_code(w, e);
 }
 
 /* Block b's term of one output row x (qgemm.h's recipe for the format). */
@@ -728,13 +724,8 @@ static void widen_row(enum model_dtype dt, const uint8_t *src, uint8_t *dst, int
             y[b].d = x[b].d;
             for (int s = 0; s < 16; s++)
                 y[b].scales[s] = (int8_t)(quant_q3_k_scale(x[b].scales, s) - 32);
-            for (int e = 0; e < 256; e++) { /* quant.h's element order of each */
-                int h = e / 128, k = (e % 128) / 32, l = e % 32;
-                int q = ((x[b].qs[32 * h + l] >> (2 * k)) & 3) - ((x[b].hmask[l] >> (4 * h + k)) & 1 ? 0 : 4);
-                int u = q + 32;
-                y[b].ql[64 * h + l + 32 * (k & 1)] |= (uint8_t)((u & 0xF) << (k < 2 ? 0 : 4));
-                y[b].qh[32 * h + l] |= (uint8_t)((u >> 4) << (2 * k));
-            }
+            for (int e = 0; e < 256; e++)
+                quant_q6_k_put(&y[b], e, quant_q3_k_code(&x[b], e));
         }
         return;
     }
